@@ -1,0 +1,209 @@
+// Chapter 0: the device mesh, and the single-device reference trainer.
+//
+// Part 1, the mesh. Every later chapter arranges its ranks in a grid with named
+// axes (dp, tp, pp, cp, ep) and talks along one axis at a time. This program
+// builds that grid from the flags, draws it, and proves that every axis
+// communicator holds exactly the ranks the picture says: a sum along each axis
+// must equal the sum the coordinates predict.
+//
+//   mpirun -np 4 build/chapter-0 --dp 2 --tp 2
+//
+// Part 2, the reference. On one rank it trains the GPT the plain way: forward,
+// backward, clip, AdamW. Every other chapter must reproduce these losses step
+// for step; this is the yardstick.
+//
+//   mpirun -np 1 build/chapter-0 --steps 20
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "args.h"
+#include "common.h"
+#include "memory.h"
+#include "mesh.h"
+#include "model.h"
+#include "report.h"
+#include "runtime.h"
+#include "train.h"
+
+// ---------------------------------------------------------------- part 1: the mesh
+
+// Along each axis, every rank adds up the world ranks of its group with one
+// MPI_Allreduce on that axis's communicator, and compares the sum with the one
+// its own coordinates predict. A wrong split (a rank in the wrong group, groups
+// in the wrong order) changes some sum.
+static void mesh_check(const Mesh* mesh) {
+    char msg[256] = "";
+    int failed = 0;
+    for (int a = 0; a < NUM_AXES; a++) {
+        int group_size = 0, group_rank = 0;
+        MPI_CHECK(MPI_Comm_size(mesh->axis_comm[a], &group_size));
+        MPI_CHECK(MPI_Comm_rank(mesh->axis_comm[a], &group_rank));
+        long mine = mesh->rank, sum = 0, expected = 0;
+        MPI_CHECK(MPI_Allreduce(&mine, &sum, 1, MPI_LONG, MPI_SUM, mesh->axis_comm[a]));
+        int coord[NUM_AXES];
+        for (int k = 0; k < NUM_AXES; k++) coord[k] = mesh->coord[k];
+        for (int k = 0; k < mesh->size[a]; k++) {
+            coord[a] = k;
+            expected += mesh_rank_at(mesh, coord);
+        }
+        if (group_size != mesh->size[a] || group_rank != mesh->coord[a] || sum != expected) {
+            failed = 1;
+            snprintf(msg, sizeof(msg), "rank %d: %s group has size %d, my index %d, rank sum %ld; expected %d, %d, %ld",
+                     mesh->rank, mesh_axis_name(a), group_size, group_rank, sum, mesh->size[a],
+                     mesh->coord[a], expected);
+        }
+    }
+    fail_if_any(failed, msg);
+    print0("mesh check: the sum of ranks along every axis matches the picture\n");
+}
+
+// ---------------------------------------------------------------- part 2: the reference
+
+// One training step of the reference, on the whole model and the whole batch.
+// Returns the loss; *norm gets the gradient norm before clipping.
+static float train_step(GPT* model, const TrainArgs* args, int step, const int* inputs,
+                        const int* targets, float* norm) {
+    // forward: embed, every block, final LayerNorm, LM head, cross-entropy
+    float loss = gpt_forward(model, inputs, targets);
+    // backward: the same in reverse; gradients accumulate, so zero them first
+    gpt_zero_grad(model);
+    gpt_backward(model);
+    // clip by the global norm: here "global" is one rank; sharded chapters sum
+    // grad_sumsq across ranks before the square root
+    double sumsq = grad_sumsq(model->grads, model->num_params);
+    *norm = (float)sqrt(sumsq);
+    float scale = grad_clip_scale(*norm, args->clip);
+    // AdamW on the whole flat buffer: parameters, gradients and both moments
+    // share the layout, so one call updates everything
+    AdamWConfig opt = {.lr = args->lr, .beta1 = 0.9f, .beta2 = 0.999f, .eps = 1e-8f,
+                       .weight_decay = args->wd};
+    adamw_update(model->params, model->grads, model->m, model->v, model->num_params, opt,
+                 step + 1, scale);
+    return loss;
+}
+
+static void train_reference(const TrainArgs* args, const Mesh* mesh) {
+    TrainSetup setup;
+    train_setup(&setup, args);
+    const GPTConfig* cfg = &setup.cfg;
+    int B = setup.B, T = setup.T;
+
+    double peak_gflops = args->peak_gflops > 0 ? args->peak_gflops : measure_matmul_gflops();
+    GPT model;
+    gpt_create(&model, cfg, B, T, (uint64_t)args->seed);
+    if (setup.checkpoint) {
+        float* host = xmalloc(model.num_params * sizeof(float));
+        train_load_checkpoint(&setup, host);
+        mem_to_device(model.params, host, model.num_params * sizeof(float));
+        free(host);
+    }
+    print0("model %s: L=%d C=%d NH=%d V=%d (padded %d) maxT=%d, %zu parameters\n",
+           setup.model_name, cfg->num_layers, cfg->channels, cfg->num_heads, cfg->vocab_size,
+           cfg->padded_vocab_size, cfg->max_seq_len, model.num_params);
+    print0("batch %d x %d tokens, %zu training tokens, %zu validation tokens\n", B, T,
+           setup.train.count, setup.val.count);
+
+    char msg[1024];
+    JsonLog log;
+    const char* bad = jsonl_open(&log, args->log, msg, sizeof(msg));
+    fail_if_any(bad != NULL, bad);
+
+    int* inputs = xmalloc((size_t)B * T * sizeof(int));
+    int* targets = xmalloc((size_t)B * T * sizeof(int));
+    double timed = 0.0;
+    int timed_steps = 0;
+    float loss = 0.0f, val_loss = -1.0f;
+    for (int step = 0; step < args->steps; step++) {
+        data_batch(&setup.train, step, B, T, 0, B, inputs, targets);
+        double t0 = now_seconds();
+        float norm;
+        loss = train_step(&model, args, step, inputs, targets, &norm);
+        device_synchronize();
+        double dt = now_seconds() - t0;
+        // the first step warms caches and thread pools; time the rest
+        if (step > 0 || args->steps == 1) {
+            timed += dt;
+            timed_steps++;
+        }
+        report_step(&log, step, args->steps, loss, norm, 1e3 * dt, (double)B * T / dt);
+        int last = step == args->steps - 1;
+        if ((args->val_every > 0 && (step + 1) % args->val_every == 0) || last) {
+            val_loss = train_val_loss(&model, &setup, args->val_batches);
+            if (val_loss >= 0) report_val(&log, step, val_loss);
+        }
+    }
+
+    double sec_per_step = timed_steps ? timed / timed_steps : 0.0;
+    RunSummary summary = {
+        .chapter = 0, .model = setup.model_name, .num_params = model.num_params,
+        .batch = B, .seq = T, .steps = args->steps, .ms_per_step = 1e3 * sec_per_step,
+        .tokens_per_s = sec_per_step > 0 ? (double)B * T / sec_per_step : 0.0,
+        .flops_per_token = gpt_flops_per_token(cfg, T), .peak_gflops = peak_gflops,
+        .final_loss = loss, .val_loss = val_loss, .extra_json = NULL};
+    report_summary(&log, mesh, &summary);
+    jsonl_close(&log);
+
+    if (args->sample > 0) {
+        // prompt: a newline, as if a new fortune began
+        int prompt = '\n';
+        int* out = xmalloc((size_t)args->sample * sizeof(int));
+        gpt_sample(&model, &prompt, 1, out, args->sample, (uint64_t)args->seed);
+        print0("\nsample (%d characters):\n", args->sample);
+        for (int i = 0; i < args->sample; i++) {
+            if (cfg->vocab_size <= 256) print0("%c", (char)out[i]);
+            else print0("%d ", out[i]);  // GPT-2 tokens: ids (decoding needs llm.c's tokenizer)
+        }
+        print0("\n");
+        free(out);
+    }
+    if (args->save) {
+        float* host = xmalloc(model.num_params * sizeof(float));
+        mem_to_host(host, model.params, model.num_params * sizeof(float));
+        bad = checkpoint_write(args->save, cfg, host, msg, sizeof(msg));
+        free(host);
+        fail_if_any(bad != NULL, bad);
+        print0("saved %s\n", args->save);
+    }
+    free(inputs);
+    free(targets);
+    gpt_free(&model);
+    train_setup_free(&setup);
+}
+
+int main(int argc, char** argv) {
+    runtime_init(&argc, &argv);
+    TrainArgs args;
+    char msg[1024];
+    unsigned axes = (1u << AXIS_DP) | (1u << AXIS_TP) | (1u << AXIS_PP) | (1u << AXIS_CP) | (1u << AXIS_EP);
+    const char* bad = args_parse(argc, argv, &args, NULL, 0, axes, msg, sizeof(msg));
+    if (bad && !strcmp(bad, "help")) {
+        if (world_rank() == 0)
+            args_usage("build/chapter-0",
+                       "Chapter 0: builds the device mesh from the axis flags, draws it and checks\n"
+                       "every axis communicator; on one rank, trains the single-device reference GPT.",
+                       NULL, 0, axes);
+        runtime_finalize();
+        return 0;
+    }
+    if (bad) fail_all("%s", bad);
+
+    Mesh mesh;
+    bad = mesh_create(&mesh, args.mesh, msg, sizeof(msg));
+    if (bad) fail_all("%s", bad);
+    int threads = runtime_set_threads(args.threads);
+    const char* device = device_init(runtime_local_rank());
+
+    mesh_print(&mesh);
+    mesh_check(&mesh);
+    if (mesh.world_size == 1) {
+        print0("%d thread%s, device %s\n", threads, threads == 1 ? "" : "s", device);
+        train_reference(&args, &mesh);
+    } else {
+        print0("the reference trains on one rank: mpirun -np 1 build/chapter-0 (later chapters train on the mesh)\n");
+    }
+    mesh_destroy(&mesh);
+    runtime_finalize();
+    return 0;
+}

@@ -1,0 +1,185 @@
+// args.c: command-line parsing shared by every chapter.
+#include "args.h"
+
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+typedef struct {
+    const char* name;
+    ArgType type;
+    const char* help;
+} SharedFlag;
+
+static const SharedFlag shared_flags[] = {
+    {"model", ARG_STRING, "tiny | small | FILE.bin (llm.c GPT-2 checkpoint)  [tiny]"},
+    {"data", ARG_STRING, "text file or llm.c token file  [the fortunes corpus]"},
+    {"val", ARG_STRING, "validation token file  [last 10% of a text --data]"},
+    {"steps", ARG_INT, "training steps  [50]"},
+    {"batch", ARG_INT, "global batch, sequences per step  [tiny 4, small 8, file 4]"},
+    {"seq", ARG_INT, "tokens per sequence  [tiny 64, small 256, file min(64, maxT)]"},
+    {"lr", ARG_FLOAT, "AdamW learning rate  [1e-3]"},
+    {"wd", ARG_FLOAT, "AdamW weight decay  [0]"},
+    {"clip", ARG_FLOAT, "clip the global gradient norm to this, 0 = off  [1.0]"},
+    {"seed", ARG_INT, "init and sampling seed  [1337]"},
+    {"log", ARG_STRING, "write JSONL records (steps, summary) to FILE"},
+    {"sample", ARG_INT, "after training, print N generated characters  [0]"},
+    {"save", ARG_STRING, "after training, write the model to FILE.bin (llm.c format)"},
+    {"val-every", ARG_INT, "validation loss every N steps, 0 = at the end only  [0]"},
+    {"val-batches", ARG_INT, "batches per validation loss  [4]"},
+    {"threads", ARG_INT, "threads per rank  [cores / ranks on the node]"},
+    {"peak-gflops", ARG_FLOAT, "matmul peak for MFU in GFLOP/s  [measured at start-up]"},
+};
+#define NUM_SHARED (int)(sizeof(shared_flags) / sizeof(shared_flags[0]))
+
+static void set_defaults(TrainArgs* a) {
+    memset(a, 0, sizeof(*a));
+    a->model = "tiny";
+    a->steps = 50;
+    a->lr = 1e-3f;
+    a->wd = 0.0f;
+    a->clip = 1.0f;
+    a->seed = 1337;
+    a->val_batches = 4;
+    for (int i = 0; i < NUM_AXES; i++) a->mesh[i] = 1;
+}
+
+// Parses value into dest by type; returns 0 if it is not a number.
+static int parse_value(const char* value, ArgType type, void* dest) {
+    char* end = NULL;
+    errno = 0;
+    if (type == ARG_INT) {
+        long v = strtol(value, &end, 10);
+        if (errno || end == value || *end || v < -2147483647L || v > 2147483647L) return 0;
+        *(int*)dest = (int)v;
+    } else if (type == ARG_FLOAT) {
+        double v = strtod(value, &end);
+        if (errno || end == value || *end) return 0;
+        *(float*)dest = (float)v;
+    } else {
+        *(const char**)dest = value;
+    }
+    return 1;
+}
+
+static void* shared_dest(TrainArgs* a, const char* name) {
+    if (!strcmp(name, "model")) return &a->model;
+    if (!strcmp(name, "data")) return &a->data;
+    if (!strcmp(name, "val")) return &a->val;
+    if (!strcmp(name, "steps")) return &a->steps;
+    if (!strcmp(name, "batch")) return &a->batch;
+    if (!strcmp(name, "seq")) return &a->seq;
+    if (!strcmp(name, "lr")) return &a->lr;
+    if (!strcmp(name, "wd")) return &a->wd;
+    if (!strcmp(name, "clip")) return &a->clip;
+    if (!strcmp(name, "seed")) return &a->seed;
+    if (!strcmp(name, "log")) return &a->log;
+    if (!strcmp(name, "sample")) return &a->sample;
+    if (!strcmp(name, "save")) return &a->save;
+    if (!strcmp(name, "val-every")) return &a->val_every;
+    if (!strcmp(name, "val-batches")) return &a->val_batches;
+    if (!strcmp(name, "threads")) return &a->threads;
+    if (!strcmp(name, "peak-gflops")) return &a->peak_gflops;
+    return NULL;
+}
+
+const char* args_parse(int argc, char** argv, TrainArgs* a, const ArgSpec* extra, int n_extra,
+                       unsigned axes, char* msg, size_t msg_len) {
+    set_defaults(a);
+    for (int i = 1; i < argc; i++) {
+        const char* flag = argv[i];
+        if (!strcmp(flag, "--help") || !strcmp(flag, "-h")) return "help";
+        if (strncmp(flag, "--", 2) != 0) {
+            snprintf(msg, msg_len, "unexpected argument '%s': flags start with -- (see --help)", flag);
+            return msg;
+        }
+        const char* name = flag + 2;
+        if (i + 1 >= argc) {
+            snprintf(msg, msg_len, "flag %s needs a value (see --help)", flag);
+            return msg;
+        }
+        const char* value = argv[++i];
+        ArgType type = ARG_STRING;
+        void* dest = NULL;
+        // mesh axes
+        for (int ax = 0; ax < NUM_AXES && !dest; ax++) {
+            if (strcmp(name, mesh_axis_name(ax)) != 0) continue;
+            if (!(axes & (1u << ax))) {
+                snprintf(msg, msg_len, "this chapter has no %s axis: drop %s (see --help)", name, flag);
+                return msg;
+            }
+            dest = &a->mesh[ax];
+            type = ARG_INT;
+        }
+        // shared flags
+        for (int k = 0; k < NUM_SHARED && !dest; k++) {
+            if (strcmp(name, shared_flags[k].name) != 0) continue;
+            dest = shared_dest(a, name);
+            type = shared_flags[k].type;
+        }
+        // the chapter's flags
+        for (int k = 0; k < n_extra && !dest; k++) {
+            if (strcmp(name, extra[k].name) != 0) continue;
+            dest = extra[k].dest;
+            type = extra[k].type;
+        }
+        if (!dest) {
+            snprintf(msg, msg_len, "unknown flag %s (see --help for the flags of this chapter)", flag);
+            return msg;
+        }
+        if (!parse_value(value, type, dest)) {
+            snprintf(msg, msg_len, "flag %s needs %s, got '%s'", flag,
+                     type == ARG_INT ? "an integer" : "a number", value);
+            return msg;
+        }
+    }
+    // values that can never work, whatever the model
+    const char* bad = NULL;
+    if (a->steps < 0) bad = "--steps must be >= 0";
+    else if (a->batch < 0) bad = "--batch must be positive";
+    else if (a->seq < 0) bad = "--seq must be positive";
+    else if (!(a->lr > 0.0f)) bad = "--lr must be positive";
+    else if (a->wd < 0.0f) bad = "--wd must be >= 0";
+    else if (a->clip < 0.0f) bad = "--clip must be >= 0 (0 turns clipping off)";
+    else if (a->sample < 0) bad = "--sample must be >= 0";
+    else if (a->val_every < 0) bad = "--val-every must be >= 0";
+    else if (a->val_batches < 1) bad = "--val-batches must be >= 1";
+    else if (a->threads < 0) bad = "--threads must be >= 0";
+    else if (a->peak_gflops < 0) bad = "--peak-gflops must be >= 0";
+    for (int ax = 0; ax < NUM_AXES && !bad; ax++)
+        if (a->mesh[ax] < 1) bad = "mesh axis sizes (--dp, --tp, ...) must be >= 1";
+    if (bad) {
+        snprintf(msg, msg_len, "%s", bad);
+        return msg;
+    }
+    return NULL;
+}
+
+static void print_flag(const char* name, ArgType type, const char* help) {
+    const char* v = type == ARG_INT ? "N" : type == ARG_FLOAT ? "X" : "S";
+    char left[64];
+    snprintf(left, sizeof(left), "--%s %s", name, v);
+    printf("  %-22s %s\n", left, help);
+}
+
+void args_usage(const char* program, const char* summary, const ArgSpec* extra, int n_extra,
+                unsigned axes) {
+    printf("usage: mpirun -np N %s [flags]\n%s\n\nflags:\n", program, summary);
+    for (int k = 0; k < NUM_SHARED; k++)
+        print_flag(shared_flags[k].name, shared_flags[k].type, shared_flags[k].help);
+    if (axes) {
+        printf("\nmesh (the product of the sizes must equal -np):\n");
+        for (int ax = 0; ax < NUM_AXES; ax++) {
+            if (!(axes & (1u << ax))) continue;
+            char help[64];
+            snprintf(help, sizeof(help), "size of the %s axis  [1]", mesh_axis_name(ax));
+            print_flag(mesh_axis_name(ax), ARG_INT, help);
+        }
+    }
+    if (n_extra) {
+        printf("\nthis chapter:\n");
+        for (int k = 0; k < n_extra; k++) print_flag(extra[k].name, extra[k].type, extra[k].help);
+    }
+    fflush(stdout);
+}

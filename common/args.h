@@ -1,0 +1,48 @@
+// args.h: the command line every chapter shares, plus a chapter's own flags.
+#ifndef ARGS_H
+#define ARGS_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "mesh.h"
+
+typedef struct {
+    const char* model;     // --model tiny|small|FILE.bin
+    const char* data;      // --data FILE (text or token file); NULL: default corpus
+    const char* val;       // --val FILE (token file); NULL: the split of --data
+    int steps;             // --steps
+    int batch;             // --batch: global sequences per step (0: the model's default)
+    int seq;               // --seq: tokens per sequence (0: the model's default)
+    float lr, wd, clip;    // --lr, --wd, --clip (0: no clipping)
+    int seed;              // --seed
+    const char* log;       // --log FILE.jsonl
+    int sample;            // --sample N characters after training
+    const char* save;      // --save FILE.bin: checkpoint after training
+    int val_every;         // --val-every N steps (0: only at the end)
+    int val_batches;       // --val-batches
+    int threads;           // --threads per rank (0: cores / ranks on the node)
+    float peak_gflops;     // --peak-gflops (0: measure at start-up)
+    int mesh[NUM_AXES];    // --dp --tp --pp --cp --ep
+} TrainArgs;
+
+typedef enum { ARG_INT, ARG_FLOAT, ARG_STRING } ArgType;
+
+// A chapter's own flag: --name VALUE stored in *dest.
+typedef struct {
+    const char* name;  // without the leading dashes
+    ArgType type;      // dest is int*, float* or const char**
+    void* dest;
+    const char* help;
+} ArgSpec;
+
+// Sets the defaults, then parses argv. axes is a bit mask (1 << AXIS_DP | ...)
+// of the mesh flags the chapter accepts. Returns NULL, "help" when --help was
+// given, or a message naming the bad flag and the fix.
+const char* args_parse(int argc, char** argv, TrainArgs* a, const ArgSpec* extra, int n_extra,
+                       unsigned axes, char* msg, size_t msg_len);
+// Prints the usage to stdout (rank 0 calls it).
+void args_usage(const char* program, const char* summary, const ArgSpec* extra, int n_extra,
+                unsigned axes);
+
+#endif

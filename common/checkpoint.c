@@ -1,0 +1,126 @@
+// checkpoint.c: llm.c's GPT-2 checkpoint file, read and written.
+//
+// File: 256 int32 header, then the 16 tensors in order, each with all layers
+// contiguous (tensor-major). Memory is layer-major (model.h), so reading and
+// writing walk tensor by tensor, layer by layer, and place each piece.
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "common.h"
+#include "model.h"
+
+#define CKPT_MAGIC 20240326
+#define CKPT_VERSION_FP32 3
+#define CKPT_VERSION_BF16 5
+
+const char* checkpoint_read_config(const char* path, GPTConfig* cfg, char* msg, size_t msg_len) {
+    FILE* f = fopen(path, "rb");
+    if (!f) {
+        snprintf(msg, msg_len, "cannot open checkpoint '%s': %s (give a preset, --model tiny|small, or an llm.c GPT-2 .bin file)",
+                 path, strerror(errno));
+        return msg;
+    }
+    int header[256];
+    size_t got = fread(header, sizeof(int), 256, f);
+    fseek(f, 0, SEEK_END);
+    long size = ftell(f);
+    fclose(f);
+    if (got != 256) {
+        snprintf(msg, msg_len, "checkpoint '%s' is too short for its 1024-byte header (%ld bytes)", path, size);
+        return msg;
+    }
+    if (header[0] != CKPT_MAGIC) {
+        snprintf(msg, msg_len, "'%s' is not an llm.c GPT-2 checkpoint: magic %d, expected %d", path, header[0], CKPT_MAGIC);
+        return msg;
+    }
+    if (header[1] == CKPT_VERSION_BF16) {
+        snprintf(msg, msg_len, "checkpoint '%s' is bf16 (version %d); this course reads fp32 files (version %d): export fp32 from llm.c", path, header[1], CKPT_VERSION_FP32);
+        return msg;
+    }
+    if (header[1] != CKPT_VERSION_FP32) {
+        snprintf(msg, msg_len, "checkpoint '%s' has version %d, expected %d (fp32)", path, header[1], CKPT_VERSION_FP32);
+        return msg;
+    }
+    cfg->max_seq_len = header[2];
+    cfg->vocab_size = header[3];
+    cfg->num_layers = header[4];
+    cfg->num_heads = header[5];
+    cfg->channels = header[6];
+    cfg->padded_vocab_size = header[7];
+    const char* bad = gpt_config_problem(cfg);
+    if (bad) {
+        snprintf(msg, msg_len, "checkpoint '%s' has an invalid header: %s", path, bad);
+        return msg;
+    }
+    long expected = 1024 + (long)gpt_num_params(cfg) * 4;
+    if (size != expected) {
+        snprintf(msg, msg_len, "checkpoint '%s' has %ld bytes, but its header needs %ld: the file is truncated or corrupt", path, size, expected);
+        return msg;
+    }
+    return NULL;
+}
+
+const char* checkpoint_read_params(const char* path, const GPTConfig* cfg, float* params,
+                                   char* msg, size_t msg_len) {
+    FILE* f = fopen(path, "rb");
+    if (!f) {
+        snprintf(msg, msg_len, "cannot open checkpoint '%s': %s", path, strerror(errno));
+        return msg;
+    }
+    fseek(f, 1024, SEEK_SET);
+    for (ParamTensor t = 0; t < NUM_PARAM_TENSORS; t++) {
+        int layers = param_tensor_is_block(t) ? cfg->num_layers : 1;
+        size_t n = param_tensor_numel(cfg, t);
+        for (int l = 0; l < layers; l++) {
+            if (fread(params + gpt_tensor_offset(cfg, t, l), sizeof(float), n, f) != n) {
+                fclose(f);
+                snprintf(msg, msg_len, "checkpoint '%s' ended inside tensor %s", path, param_tensor_name(t));
+                return msg;
+            }
+        }
+    }
+    fclose(f);
+    return NULL;
+}
+
+const char* checkpoint_write(const char* path, const GPTConfig* cfg, const float* params,
+                             char* msg, size_t msg_len) {
+    // write next to the target, then rename: a reader never sees half a file
+    size_t tmp_len = strlen(path) + 32;
+    char* tmp = xmalloc(tmp_len);
+    snprintf(tmp, tmp_len, "%s.tmp.%d", path, (int)getpid());
+    FILE* f = fopen(tmp, "wb");
+    if (!f) {
+        snprintf(msg, msg_len, "cannot write checkpoint '%s': %s", tmp, strerror(errno));
+        free(tmp);
+        return msg;
+    }
+    int header[256] = {0};
+    header[0] = CKPT_MAGIC;
+    header[1] = CKPT_VERSION_FP32;
+    header[2] = cfg->max_seq_len;
+    header[3] = cfg->vocab_size;
+    header[4] = cfg->num_layers;
+    header[5] = cfg->num_heads;
+    header[6] = cfg->channels;
+    header[7] = cfg->padded_vocab_size;
+    int ok = fwrite(header, sizeof(int), 256, f) == 256;
+    for (ParamTensor t = 0; ok && t < NUM_PARAM_TENSORS; t++) {
+        int layers = param_tensor_is_block(t) ? cfg->num_layers : 1;
+        size_t n = param_tensor_numel(cfg, t);
+        for (int l = 0; ok && l < layers; l++)
+            ok = fwrite(params + gpt_tensor_offset(cfg, t, l), sizeof(float), n, f) == n;
+    }
+    ok = (fclose(f) == 0) && ok;
+    if (!ok || rename(tmp, path) != 0) {
+        snprintf(msg, msg_len, "writing checkpoint '%s' failed: %s", path, strerror(errno));
+        remove(tmp);
+        free(tmp);
+        return msg;
+    }
+    free(tmp);
+    return NULL;
+}

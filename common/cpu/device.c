@@ -1,0 +1,40 @@
+// device.c: the CPU backend's "device" is host memory.
+#include <cblas.h>
+#include <omp.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "device.h"
+#include "memory.h"
+
+// 64-byte alignment: a cache line, and what AVX-512 loads like.
+void* device_raw_alloc(size_t bytes) {
+    size_t rounded = (bytes + 63) / 64 * 64;
+    void* p = aligned_alloc(64, rounded ? rounded : 64);
+    if (p) memset(p, 0, rounded);
+    return p;
+}
+
+void device_raw_free(void* ptr) { free(ptr); }
+
+void mem_to_device(void* dst_device, const void* src_host, size_t bytes) {
+    memcpy(dst_device, src_host, bytes);
+}
+
+void mem_to_host(void* dst_host, const void* src_device, size_t bytes) {
+    memcpy(dst_host, src_device, bytes);
+}
+
+void mem_zero(void* device_ptr, size_t bytes) { memset(device_ptr, 0, bytes); }
+
+const char* device_init(int local_rank) {
+    (void)local_rank;
+    return "cpu";
+}
+
+void device_synchronize(void) {}
+
+void device_set_threads(int n) {
+    omp_set_num_threads(n);
+    openblas_set_num_threads(n);
+}

@@ -1,0 +1,353 @@
+// ops.c: the GPT ops on the CPU, in C11 with OpenMP; matmuls through CBLAS.
+// Shapes and semantics are documented in common/ops.h.
+//
+// Threading: loops use OpenMP; OpenBLAS is the OpenMP build, so a cblas call
+// made outside a parallel region uses the same thread team, and one made inside
+// a parallel region (attention, one head per thread) runs single-threaded.
+#include "ops.h"
+
+#include <cblas.h>
+#include <math.h>
+#include <string.h>
+
+// ---------------------------------------------------------------- embedding
+
+void encoder_forward(float* out, const int* tokens, const float* wte, const float* wpe,
+                     int B, int T, int C) {
+    #pragma omp parallel for
+    for (int n = 0; n < B * T; n++) {
+        const float* wt = wte + (size_t)tokens[n] * C;
+        const float* wp = wpe + (size_t)(n % T) * C;
+        float* o = out + (size_t)n * C;
+        for (int c = 0; c < C; c++) o[c] = wt[c] + wp[c];
+    }
+}
+
+void encoder_backward(float* dwte, float* dwpe, const float* dout, const int* tokens,
+                      int B, int T, int C) {
+    // Two rows of dout may add into the same row of dwte (a repeated token), so
+    // the scatter runs over channels in parallel, never over tokens.
+    #pragma omp parallel for
+    for (int c = 0; c < C; c++) {
+        for (int n = 0; n < B * T; n++) {
+            float d = dout[(size_t)n * C + c];
+            if (dwte) dwte[(size_t)tokens[n] * C + c] += d;
+            if (dwpe) dwpe[(size_t)(n % T) * C + c] += d;
+        }
+    }
+}
+
+// ---------------------------------------------------------------- layernorm
+
+void layernorm_forward(float* out, float* mean, float* rstd, const float* inp,
+                       const float* w, const float* b, int N, int C) {
+    const float eps = 1e-5f;
+    #pragma omp parallel for
+    for (int n = 0; n < N; n++) {
+        const float* x = inp + (size_t)n * C;
+        float m = 0.0f;
+        for (int c = 0; c < C; c++) m += x[c];
+        m /= C;
+        float var = 0.0f;
+        for (int c = 0; c < C; c++) var += (x[c] - m) * (x[c] - m);
+        var /= C;
+        float s = 1.0f / sqrtf(var + eps);
+        float* o = out + (size_t)n * C;
+        for (int c = 0; c < C; c++) o[c] = (x[c] - m) * s * w[c] + b[c];
+        mean[n] = m;
+        rstd[n] = s;
+    }
+}
+
+void layernorm_backward(float* dinp, float* dw, float* db, const float* dout,
+                        const float* inp, const float* w, const float* mean,
+                        const float* rstd, int N, int C) {
+    // dinp: rows are independent, parallel over rows.
+    #pragma omp parallel for
+    for (int n = 0; n < N; n++) {
+        const float* x = inp + (size_t)n * C;
+        const float* d = dout + (size_t)n * C;
+        float m = mean[n], s = rstd[n];
+        // the two means that the normalisation couples every channel through
+        float dnorm_mean = 0.0f, dnorm_norm_mean = 0.0f;
+        for (int c = 0; c < C; c++) {
+            float norm = (x[c] - m) * s;
+            float dnorm = w[c] * d[c];
+            dnorm_mean += dnorm;
+            dnorm_norm_mean += dnorm * norm;
+        }
+        dnorm_mean /= C;
+        dnorm_norm_mean /= C;
+        float* di = dinp + (size_t)n * C;
+        for (int c = 0; c < C; c++) {
+            float norm = (x[c] - m) * s;
+            float dnorm = w[c] * d[c];
+            di[c] += (dnorm - dnorm_mean - norm * dnorm_norm_mean) * s;
+        }
+    }
+    // dw, db: sums over rows, parallel over channels.
+    #pragma omp parallel for
+    for (int c = 0; c < C; c++) {
+        float sw = 0.0f, sb = 0.0f;
+        for (int n = 0; n < N; n++) {
+            float norm = (inp[(size_t)n * C + c] - mean[n]) * rstd[n];
+            sw += norm * dout[(size_t)n * C + c];
+            sb += dout[(size_t)n * C + c];
+        }
+        dw[c] += sw;
+        db[c] += sb;
+    }
+}
+
+// ---------------------------------------------------------------- linear
+
+void matmul_forward(float* out, const float* inp, const float* w, const float* bias,
+                    int N, int C, int OC) {
+    // out (N, OC) = inp (N, C) @ w^T, w stored (OC, C)
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, N, OC, C,
+                1.0f, inp, C, w, C, 0.0f, out, OC);
+    if (bias) {
+        #pragma omp parallel for
+        for (int n = 0; n < N; n++) {
+            float* o = out + (size_t)n * OC;
+            for (int k = 0; k < OC; k++) o[k] += bias[k];
+        }
+    }
+}
+
+void matmul_backward(float* dinp, float* dw, float* dbias, const float* dout,
+                     const float* inp, const float* w, int N, int C, int OC) {
+    // dinp (N, C) += dout (N, OC) @ w (OC, C)
+    if (dinp)
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, N, C, OC,
+                    1.0f, dout, OC, w, C, 1.0f, dinp, C);
+    // dw (OC, C) += dout^T (OC, N) @ inp (N, C)
+    if (dw)
+        cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, OC, C, N,
+                    1.0f, dout, OC, inp, C, 1.0f, dw, C);
+    if (dbias) {
+        #pragma omp parallel for
+        for (int k = 0; k < OC; k++) {
+            float s = 0.0f;
+            for (int n = 0; n < N; n++) s += dout[(size_t)n * OC + k];
+            dbias[k] += s;
+        }
+    }
+}
+
+// ---------------------------------------------------------------- attention
+// One (batch, head) pair is a (T, hs) slice of q, k and v with row stride 3C,
+// so each pair is a few small matmuls; pairs run in parallel, one per thread.
+
+void attention_forward(float* out, float* att, const float* qkv, int B, int T, int C, int NH) {
+    const int hs = C / NH;
+    const float scale = 1.0f / sqrtf((float)hs);
+    const int ld = 3 * C;
+    #pragma omp parallel for collapse(2)
+    for (int b = 0; b < B; b++) {
+        for (int h = 0; h < NH; h++) {
+            const float* q = qkv + (size_t)b * T * ld + h * hs;
+            const float* k = q + C;
+            const float* v = q + 2 * C;
+            float* a = att + ((size_t)b * NH + h) * T * T;     // (T, T)
+            float* o = out + (size_t)b * T * C + h * hs;       // (T, hs), row stride C
+            // scores (T, T) = q k^T * scale; the upper triangle is overwritten below
+            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, T, T, hs,
+                        scale, q, ld, k, ld, 0.0f, a, T);
+            // causal softmax: row t sees keys 0..t; future keys get probability 0
+            for (int t = 0; t < T; t++) {
+                float* row = a + (size_t)t * T;
+                float mx = row[0];
+                for (int s = 1; s <= t; s++) mx = row[s] > mx ? row[s] : mx;
+                float sum = 0.0f;
+                for (int s = 0; s <= t; s++) {
+                    row[s] = expf(row[s] - mx);
+                    sum += row[s];
+                }
+                float inv = 1.0f / sum;
+                for (int s = 0; s <= t; s++) row[s] *= inv;
+                for (int s = t + 1; s < T; s++) row[s] = 0.0f;
+            }
+            // out (T, hs) = att (T, T) @ v (T, hs)
+            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, T, hs, T,
+                        1.0f, a, T, v, ld, 0.0f, o, C);
+        }
+    }
+}
+
+void attention_backward(float* dqkv, float* datt, const float* dout, const float* qkv,
+                        const float* att, int B, int T, int C, int NH) {
+    const int hs = C / NH;
+    const float scale = 1.0f / sqrtf((float)hs);
+    const int ld = 3 * C;
+    #pragma omp parallel for collapse(2)
+    for (int b = 0; b < B; b++) {
+        for (int h = 0; h < NH; h++) {
+            size_t off = (size_t)b * T * ld + h * hs;
+            const float* q = qkv + off;
+            const float* k = q + C;
+            const float* v = q + 2 * C;
+            float* dq = dqkv + off;
+            float* dk = dq + C;
+            float* dv = dq + 2 * C;
+            const float* a = att + ((size_t)b * NH + h) * T * T;
+            float* da = datt + ((size_t)b * NH + h) * T * T;
+            const float* d = dout + (size_t)b * T * C + h * hs;
+            // datt (T, T) = dout (T, hs) @ v^T
+            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, T, T, hs,
+                        1.0f, d, C, v, ld, 0.0f, da, T);
+            // dv (T, hs) += att^T (T, T) @ dout (T, hs)
+            cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, T, hs, T,
+                        1.0f, a, T, d, C, 1.0f, dv, ld);
+            // softmax backward, in place: dscore = att * (datt - sum(att * datt))
+            for (int t = 0; t < T; t++) {
+                const float* arow = a + (size_t)t * T;
+                float* drow = da + (size_t)t * T;
+                float dot = 0.0f;
+                for (int s = 0; s <= t; s++) dot += arow[s] * drow[s];
+                for (int s = 0; s <= t; s++) drow[s] = arow[s] * (drow[s] - dot);
+                for (int s = t + 1; s < T; s++) drow[s] = 0.0f;
+            }
+            // dq (T, hs) += dscore @ k * scale;  dk (T, hs) += dscore^T @ q * scale
+            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, T, hs, T,
+                        scale, da, T, k, ld, 1.0f, dq, ld);
+            cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, T, hs, T,
+                        scale, da, T, q, ld, 1.0f, dk, ld);
+        }
+    }
+}
+
+// ---------------------------------------------------------------- pointwise
+
+#define GELU_SCALE 0.7978845608028654f  // sqrt(2 / pi)
+
+void gelu_forward(float* out, const float* inp, size_t n) {
+    #pragma omp parallel for
+    for (size_t i = 0; i < n; i++) {
+        float x = inp[i];
+        float u = GELU_SCALE * (x + 0.044715f * x * x * x);
+        out[i] = 0.5f * x * (1.0f + tanhf(u));
+    }
+}
+
+void gelu_backward(float* dinp, const float* inp, const float* dout, size_t n) {
+    #pragma omp parallel for
+    for (size_t i = 0; i < n; i++) {
+        float x = inp[i];
+        float u = GELU_SCALE * (x + 0.044715f * x * x * x);
+        float th = tanhf(u);
+        float sech2 = 1.0f - th * th;
+        float local = 0.5f * (1.0f + th) +
+                      0.5f * x * sech2 * GELU_SCALE * (1.0f + 3.0f * 0.044715f * x * x);
+        dinp[i] += local * dout[i];
+    }
+}
+
+void residual_forward(float* out, const float* a, const float* b, size_t n) {
+    #pragma omp parallel for
+    for (size_t i = 0; i < n; i++) out[i] = a[i] + b[i];
+}
+
+void residual_backward(float* da, float* db, const float* dout, size_t n) {
+    #pragma omp parallel for
+    for (size_t i = 0; i < n; i++) {
+        if (da) da[i] += dout[i];
+        if (db) db[i] += dout[i];
+    }
+}
+
+// ---------------------------------------------------------------- loss
+
+void crossentropy_partials(float* rowmax, float* sumexp, float* tlogit, const float* logits,
+                           const int* targets, int N, int width, int nvalid, int v0) {
+    #pragma omp parallel for
+    for (int n = 0; n < N; n++) {
+        const float* row = logits + (size_t)n * width;
+        float mx = -INFINITY;
+        for (int j = 0; j < nvalid; j++) mx = row[j] > mx ? row[j] : mx;
+        float sum = 0.0f;
+        for (int j = 0; j < nvalid; j++) sum += expf(row[j] - mx);
+        int local = targets[n] - v0;
+        rowmax[n] = mx;
+        sumexp[n] = sum;
+        tlogit[n] = (local >= 0 && local < nvalid) ? row[local] : 0.0f;
+    }
+}
+
+void crossentropy_merge(float* rowmax, float* sumexp, float* tlogit, const float* max2,
+                        const float* sum2, const float* tlog2, int N) {
+    for (int n = 0; n < N; n++) {
+        // rescale both sums to the larger of the two maxima
+        float m = rowmax[n] > max2[n] ? rowmax[n] : max2[n];
+        float s = 0.0f;
+        if (sumexp[n] > 0.0f) s += sumexp[n] * expf(rowmax[n] - m);
+        if (sum2[n] > 0.0f) s += sum2[n] * expf(max2[n] - m);
+        rowmax[n] = m;
+        sumexp[n] = s;
+        tlogit[n] += tlog2[n];
+    }
+}
+
+void crossentropy_loss(float* losses, const float* rowmax, const float* sumexp,
+                       const float* tlogit, int N) {
+    for (int n = 0; n < N; n++) losses[n] = logf(sumexp[n]) + rowmax[n] - tlogit[n];
+}
+
+void crossentropy_backward(float* dlogits, const float* logits, const int* targets,
+                           const float* rowmax, const float* sumexp, float dloss,
+                           int N, int width, int nvalid, int v0) {
+    #pragma omp parallel for
+    for (int n = 0; n < N; n++) {
+        const float* row = logits + (size_t)n * width;
+        float* drow = dlogits + (size_t)n * width;
+        float inv = 1.0f / sumexp[n];
+        int local = targets[n] - v0;
+        for (int j = 0; j < nvalid; j++) {
+            float p = expf(row[j] - rowmax[n]) * inv;
+            drow[j] = (p - (j == local ? 1.0f : 0.0f)) * dloss;
+        }
+        for (int j = nvalid; j < width; j++) drow[j] = 0.0f;
+    }
+}
+
+// ---------------------------------------------------------------- optimizer
+
+void adamw_update(float* params, const float* grads, float* m, float* v, size_t n,
+                  AdamWConfig cfg, int t, float grad_scale) {
+    float bc1 = 1.0f - powf(cfg.beta1, (float)t);
+    float bc2 = 1.0f - powf(cfg.beta2, (float)t);
+    #pragma omp parallel for
+    for (size_t i = 0; i < n; i++) {
+        float g = grads[i] * grad_scale;
+        float mi = cfg.beta1 * m[i] + (1.0f - cfg.beta1) * g;
+        float vi = cfg.beta2 * v[i] + (1.0f - cfg.beta2) * g * g;
+        float mhat = mi / bc1;
+        float vhat = vi / bc2;
+        m[i] = mi;
+        v[i] = vi;
+        params[i] -= cfg.lr * (mhat / (sqrtf(vhat) + cfg.eps) + cfg.weight_decay * params[i]);
+    }
+}
+
+double grad_sumsq(const float* grads, size_t n) {
+    double s = 0.0;
+    #pragma omp parallel for reduction(+ : s)
+    for (size_t i = 0; i < n; i++) s += (double)grads[i] * grads[i];
+    return s;
+}
+
+float grad_clip_scale(double norm, float clip) {
+    if (clip <= 0.0f || norm <= clip) return 1.0f;
+    return (float)(clip / norm);
+}
+
+// ---------------------------------------------------------------- utilities
+
+void ops_zero(float* x, size_t n) { memset(x, 0, n * sizeof(float)); }
+
+void ops_scale(float* x, size_t n, float s) {
+    #pragma omp parallel for
+    for (size_t i = 0; i < n; i++) x[i] *= s;
+}
+
+void ops_copy(float* dst, const float* src, size_t n) { memcpy(dst, src, n * sizeof(float)); }

@@ -1,0 +1,46 @@
+// memory.h: the device (host on the CPU backend) and the tracking allocator.
+//
+// Every device allocation of every chapter goes through mem_alloc with a
+// category, so that each rank can report its peak bytes per category and the
+// docs' memory formulas can be checked against what was really allocated.
+#ifndef MEMORY_H
+#define MEMORY_H
+
+#include <stddef.h>
+
+typedef enum {
+    MEM_PARAMS,
+    MEM_GRADS,
+    MEM_OPTIMIZER,
+    MEM_ACTIVATIONS,
+    MEM_COMM,
+    MEM_OTHER,
+    MEM_NUM_CATEGORIES
+} MemCategory;
+
+// "params", "grads", "optimizer", "activations", "comm", "other"
+const char* mem_category_name(MemCategory c);
+
+// Device memory, zero-filled. Aborts with a message if the device is full.
+void* mem_alloc(size_t bytes, MemCategory category);
+float* mem_alloc_floats(size_t count, MemCategory category);
+void mem_free(void* ptr);
+
+// Bytes allocated now and at peak, per category and in total.
+size_t mem_current(MemCategory c);
+size_t mem_peak(MemCategory c);
+size_t mem_peak_total(void);
+void mem_reset_peaks(void);
+
+// Copies between host memory and device memory, and zeroing on the device.
+void mem_to_device(void* dst_device, const void* src_host, size_t bytes);
+void mem_to_host(void* dst_host, const void* src_device, size_t bytes);
+void mem_zero(void* device_ptr, size_t bytes);
+
+// Picks and prepares this rank's device (the GPU of its node-local rank on
+// CUDA; nothing on the CPU). Returns a printable name.
+const char* device_init(int local_rank);
+// Waits for all work queued on the device (a no-op on the CPU).
+void device_synchronize(void);
+
+#endif

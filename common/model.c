@@ -1,0 +1,408 @@
+// model.c: layout, presets and the GPT's forward and backward passes.
+// (Init and checkpoint files are in init.c and checkpoint.c.)
+#include "model.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "common.h"
+#include "memory.h"
+
+// ---------------------------------------------------------------- tensors
+
+const char* param_tensor_name(ParamTensor t) {
+    static const char* names[NUM_PARAM_TENSORS] = {
+        "wte", "wpe", "ln1w", "ln1b", "qkvw", "qkvb", "attprojw", "attprojb",
+        "ln2w", "ln2b", "fcw", "fcb", "fcprojw", "fcprojb", "lnfw", "lnfb"};
+    return names[t];
+}
+
+int param_tensor_is_block(ParamTensor t) { return t >= P_LN1W && t <= P_FCPROJB; }
+
+size_t param_tensor_numel(const GPTConfig* cfg, ParamTensor t) {
+    size_t C = (size_t)cfg->channels;
+    switch (t) {
+        case P_WTE: return (size_t)cfg->padded_vocab_size * C;
+        case P_WPE: return (size_t)cfg->max_seq_len * C;
+        case P_LN1W: case P_LN1B: case P_ATTPROJB: case P_LN2W: case P_LN2B:
+        case P_FCPROJB: case P_LNFW: case P_LNFB: return C;
+        case P_QKVW: return 3 * C * C;
+        case P_QKVB: return 3 * C;
+        case P_ATTPROJW: return C * C;
+        case P_FCW: return 4 * C * C;
+        case P_FCB: return 4 * C;
+        case P_FCPROJW: return 4 * C * C;
+        default: return 0;
+    }
+}
+
+// ---------------------------------------------------------------- presets
+
+int gpt_preset(const char* name, GPTConfig* cfg) {
+    if (strcmp(name, "tiny") == 0) {
+        *cfg = (GPTConfig){.max_seq_len = 64, .vocab_size = 256, .padded_vocab_size = 256,
+                           .num_layers = 2, .num_heads = 4, .channels = 64};
+        return 1;
+    }
+    if (strcmp(name, "small") == 0) {
+        *cfg = (GPTConfig){.max_seq_len = 256, .vocab_size = 256, .padded_vocab_size = 256,
+                           .num_layers = 6, .num_heads = 6, .channels = 384};
+        return 1;
+    }
+    return 0;
+}
+
+const char* gpt_config_problem(const GPTConfig* cfg) {
+    if (cfg->max_seq_len <= 0 || cfg->vocab_size <= 0 || cfg->num_layers <= 0 ||
+        cfg->num_heads <= 0 || cfg->channels <= 0)
+        return "every model size (maxT, V, L, NH, C) must be positive";
+    if (cfg->padded_vocab_size < cfg->vocab_size)
+        return "the padded vocabulary is smaller than the vocabulary";
+    if (cfg->channels % cfg->num_heads != 0)
+        return "channels must be divisible by the number of heads";
+    return NULL;
+}
+
+// ---------------------------------------------------------------- layout
+
+size_t gpt_block_numel(int C) { return 12 * (size_t)C * C + 13 * (size_t)C; }
+
+size_t gpt_num_params(const GPTConfig* cfg) {
+    size_t C = (size_t)cfg->channels;
+    return param_tensor_numel(cfg, P_WTE) + param_tensor_numel(cfg, P_WPE) +
+           (size_t)cfg->num_layers * gpt_block_numel(cfg->channels) + 2 * C;
+}
+
+size_t gpt_block_offset(const GPTConfig* cfg, int layer) {
+    return param_tensor_numel(cfg, P_WTE) + param_tensor_numel(cfg, P_WPE) +
+           (size_t)layer * gpt_block_numel(cfg->channels);
+}
+
+size_t gpt_tensor_offset(const GPTConfig* cfg, ParamTensor t, int layer) {
+    if (t == P_WTE) return 0;
+    if (t == P_WPE) return param_tensor_numel(cfg, P_WTE);
+    if (t == P_LNFW) return gpt_block_offset(cfg, cfg->num_layers);
+    if (t == P_LNFB) return gpt_block_offset(cfg, cfg->num_layers) + (size_t)cfg->channels;
+    size_t off = gpt_block_offset(cfg, layer);
+    for (ParamTensor u = P_LN1W; u < t; u++) off += param_tensor_numel(cfg, u);
+    return off;
+}
+
+BlockParams block_params_at(float* base, int C) {
+    size_t c = (size_t)C;
+    BlockParams p;
+    p.ln1w = base;             base += c;
+    p.ln1b = base;             base += c;
+    p.qkvw = base;             base += 3 * c * c;
+    p.qkvb = base;             base += 3 * c;
+    p.attprojw = base;         base += c * c;
+    p.attprojb = base;         base += c;
+    p.ln2w = base;             base += c;
+    p.ln2b = base;             base += c;
+    p.fcw = base;              base += 4 * c * c;
+    p.fcb = base;              base += 4 * c;
+    p.fcprojw = base;          base += 4 * c * c;
+    p.fcprojb = base;
+    return p;
+}
+
+// ---------------------------------------------------------------- activations
+
+size_t block_acts_numel(int B, int T, int C, int NH) {
+    size_t BT = (size_t)B * T;
+    return BT * (18 * (size_t)C + (size_t)NH * T + 4);
+}
+
+BlockActs block_acts_at(float* base, int B, int T, int C, int NH) {
+    size_t BT = (size_t)B * T, c = (size_t)C;
+    BlockActs a;
+    a.ln1 = base;        base += BT * c;
+    a.ln1_mean = base;   base += BT;
+    a.ln1_rstd = base;   base += BT;
+    a.qkv = base;        base += BT * 3 * c;
+    a.atty = base;       base += BT * c;
+    a.att = base;        base += BT * (size_t)NH * T;
+    a.attproj = base;    base += BT * c;
+    a.res2 = base;       base += BT * c;
+    a.ln2 = base;        base += BT * c;
+    a.ln2_mean = base;   base += BT;
+    a.ln2_rstd = base;   base += BT;
+    a.fch = base;        base += BT * 4 * c;
+    a.fch_gelu = base;   base += BT * 4 * c;
+    a.fcproj = base;     base += BT * c;
+    a.res3 = base;
+    return a;
+}
+
+size_t block_scratch_numel(int B, int T, int C, int NH) {
+    size_t BT = (size_t)B * T;
+    return BT * (13 * (size_t)C + (size_t)NH * T);
+}
+
+BlockScratch block_scratch_at(float* base, int B, int T, int C, int NH) {
+    size_t BT = (size_t)B * T, c = (size_t)C;
+    BlockScratch s;
+    s.dln = base;        base += BT * c;
+    s.dqkv = base;       base += BT * 3 * c;
+    s.datty = base;      base += BT * c;
+    s.datt = base;       base += BT * (size_t)NH * T;
+    s.dfch = base;       base += BT * 4 * c;
+    s.dfch_gelu = base;
+    return s;
+}
+
+size_t head_acts_numel(int B, int T, int C, int Vp) {
+    return (size_t)B * T * ((size_t)C + (size_t)Vp + 6);
+}
+
+HeadActs head_acts_at(float* base, int B, int T, int C, int Vp) {
+    size_t BT = (size_t)B * T;
+    HeadActs h;
+    h.lnf = base;        base += BT * C;
+    h.lnf_mean = base;   base += BT;
+    h.lnf_rstd = base;   base += BT;
+    h.logits = base;     base += BT * Vp;
+    h.rowmax = base;     base += BT;
+    h.sumexp = base;     base += BT;
+    h.tlogit = base;     base += BT;
+    h.losses = base;
+    return h;
+}
+
+// ---------------------------------------------------------------- the block
+
+void block_forward(const BlockParams* p, BlockActs* a, const float* x,
+                   int B, int T, int C, int NH) {
+    int N = B * T;
+    // attention half: res2 = x + attproj(attention(qkv(ln1(x))))
+    layernorm_forward(a->ln1, a->ln1_mean, a->ln1_rstd, x, p->ln1w, p->ln1b, N, C);
+    matmul_forward(a->qkv, a->ln1, p->qkvw, p->qkvb, N, C, 3 * C);
+    attention_forward(a->atty, a->att, a->qkv, B, T, C, NH);
+    matmul_forward(a->attproj, a->atty, p->attprojw, p->attprojb, N, C, C);
+    residual_forward(a->res2, x, a->attproj, (size_t)N * C);
+    // MLP half: res3 = res2 + fcproj(gelu(fc(ln2(res2))))
+    layernorm_forward(a->ln2, a->ln2_mean, a->ln2_rstd, a->res2, p->ln2w, p->ln2b, N, C);
+    matmul_forward(a->fch, a->ln2, p->fcw, p->fcb, N, C, 4 * C);
+    gelu_forward(a->fch_gelu, a->fch, (size_t)N * 4 * C);
+    matmul_forward(a->fcproj, a->fch_gelu, p->fcprojw, p->fcprojb, N, 4 * C, C);
+    residual_forward(a->res3, a->res2, a->fcproj, (size_t)N * C);
+}
+
+void block_backward(const BlockParams* p, BlockParams* g, const BlockActs* a,
+                    const BlockScratch* s, const float* x, float* dres,
+                    int B, int T, int C, int NH) {
+    int N = B * T;
+    size_t NC = (size_t)N * C;
+    // The residual adds pass their gradient through unchanged, so dres is
+    // updated in place: it holds d res3, then d res2, then d x.
+    // MLP half, backwards
+    ops_zero(s->dfch_gelu, 4 * NC);
+    matmul_backward(s->dfch_gelu, g->fcprojw, g->fcprojb, dres, a->fch_gelu, p->fcprojw, N, 4 * C, C);
+    ops_zero(s->dfch, 4 * NC);
+    gelu_backward(s->dfch, a->fch, s->dfch_gelu, 4 * NC);
+    ops_zero(s->dln, NC);
+    matmul_backward(s->dln, g->fcw, g->fcb, s->dfch, a->ln2, p->fcw, N, C, 4 * C);
+    layernorm_backward(dres, g->ln2w, g->ln2b, s->dln, a->res2, p->ln2w, a->ln2_mean, a->ln2_rstd, N, C);
+    // attention half, backwards
+    ops_zero(s->datty, NC);
+    matmul_backward(s->datty, g->attprojw, g->attprojb, dres, a->atty, p->attprojw, N, C, C);
+    ops_zero(s->dqkv, 3 * NC);
+    attention_backward(s->dqkv, s->datt, s->datty, a->qkv, a->att, B, T, C, NH);
+    ops_zero(s->dln, NC);
+    matmul_backward(s->dln, g->qkvw, g->qkvb, s->dqkv, a->ln1, p->qkvw, N, C, 3 * C);
+    layernorm_backward(dres, g->ln1w, g->ln1b, s->dln, x, p->ln1w, a->ln1_mean, a->ln1_rstd, N, C);
+}
+
+// ---------------------------------------------------------------- the head
+
+void head_forward(const GPTConfig* cfg, const float* wte, const float* lnfw, const float* lnfb,
+                  HeadActs* h, const float* x, const int* targets, int B, int T) {
+    int N = B * T, C = cfg->channels, Vp = cfg->padded_vocab_size;
+    layernorm_forward(h->lnf, h->lnf_mean, h->lnf_rstd, x, lnfw, lnfb, N, C);
+    // logits (N, Vp) = lnf @ wte^T: the LM head is the token embedding, tied
+    matmul_forward(h->logits, h->lnf, wte, NULL, N, C, Vp);
+    crossentropy_partials(h->rowmax, h->sumexp, h->tlogit, h->logits, targets, N, Vp,
+                          cfg->vocab_size, 0);
+    crossentropy_loss(h->losses, h->rowmax, h->sumexp, h->tlogit, N);
+}
+
+void head_backward(const GPTConfig* cfg, const float* wte, const float* lnfw, float* dwte,
+                   float* dlnfw, float* dlnfb, HeadActs* h, const float* x, const int* targets,
+                   float dloss, float* dln, float* dres, int B, int T) {
+    int N = B * T, C = cfg->channels, Vp = cfg->padded_vocab_size;
+    // dlogits overwrite the logits: the fused softmax cross-entropy never
+    // stores the probabilities
+    crossentropy_backward(h->logits, h->logits, targets, h->rowmax, h->sumexp, dloss, N, Vp,
+                          cfg->vocab_size, 0);
+    ops_zero(dln, (size_t)N * C);
+    matmul_backward(dln, dwte, NULL, h->logits, h->lnf, wte, N, C, Vp);
+    ops_zero(dres, (size_t)N * C);
+    layernorm_backward(dres, dlnfw, dlnfb, dln, x, lnfw, h->lnf_mean, h->lnf_rstd, N, C);
+}
+
+// ---------------------------------------------------------------- the whole model
+
+void gpt_create(GPT* m, const GPTConfig* cfg, int B, int T, uint64_t seed) {
+    memset(m, 0, sizeof(*m));
+    m->cfg = *cfg;
+    m->B = B;
+    m->T = T;
+    int C = cfg->channels, NH = cfg->num_heads, L = cfg->num_layers, Vp = cfg->padded_vocab_size;
+    size_t P = gpt_num_params(cfg), BT = (size_t)B * T;
+    m->num_params = P;
+    m->params = mem_alloc_floats(P, MEM_PARAMS);
+    m->grads = mem_alloc_floats(P, MEM_GRADS);
+    m->m = mem_alloc_floats(P, MEM_OPTIMIZER);
+    m->v = mem_alloc_floats(P, MEM_OPTIMIZER);
+    m->encoded = mem_alloc_floats(BT * C, MEM_ACTIVATIONS);
+    m->block_acts = mem_alloc_floats((size_t)L * block_acts_numel(B, T, C, NH), MEM_ACTIVATIONS);
+    m->head_acts = mem_alloc_floats(head_acts_numel(B, T, C, Vp), MEM_ACTIVATIONS);
+    m->scratch = mem_alloc_floats(block_scratch_numel(B, T, C, NH), MEM_ACTIVATIONS);
+    m->dres = mem_alloc_floats(BT * C, MEM_ACTIVATIONS);
+    m->inputs = (int*)mem_alloc(BT * sizeof(int), MEM_ACTIVATIONS);
+    m->targets = (int*)mem_alloc(BT * sizeof(int), MEM_ACTIVATIONS);
+    m->losses_host = xmalloc(BT * sizeof(float));
+    // init on the host, in chunks, then copy to the device
+    size_t chunk = 1 << 20;
+    float* host = xmalloc(chunk * sizeof(float));
+    for (size_t start = 0; start < P; start += chunk) {
+        size_t n = P - start < chunk ? P - start : chunk;
+        gpt_init_range(host, start, n, cfg, seed);
+        mem_to_device(m->params + start, host, n * sizeof(float));
+    }
+    free(host);
+}
+
+void gpt_free(GPT* m) {
+    mem_free(m->params);
+    mem_free(m->grads);
+    mem_free(m->m);
+    mem_free(m->v);
+    mem_free(m->encoded);
+    mem_free(m->block_acts);
+    mem_free(m->head_acts);
+    mem_free(m->scratch);
+    mem_free(m->dres);
+    mem_free(m->inputs);
+    mem_free(m->targets);
+    free(m->losses_host);
+    memset(m, 0, sizeof(*m));
+}
+
+// The activations of layer l for a batch of (B, T) <= the model's (B, T):
+// same strides, so a smaller batch (sampling) reuses the same buffers.
+static BlockActs acts_for(const GPT* m, int layer, int B, int T) {
+    const GPTConfig* c = &m->cfg;
+    float* base = m->block_acts + (size_t)layer * block_acts_numel(m->B, m->T, c->channels, c->num_heads);
+    return block_acts_at(base, B, T, c->channels, c->num_heads);
+}
+
+BlockActs gpt_block_acts(const GPT* m, int layer) { return acts_for(m, layer, m->B, m->T); }
+
+// Forward for B sequences of T tokens already on the device.
+static void forward_bt(GPT* m, int B, int T) {
+    const GPTConfig* c = &m->cfg;
+    int C = c->channels, NH = c->num_heads;
+    float* P = m->params;
+    encoder_forward(m->encoded, m->inputs, P + gpt_tensor_offset(c, P_WTE, 0),
+                    P + gpt_tensor_offset(c, P_WPE, 0), B, T, C);
+    const float* x = m->encoded;
+    for (int l = 0; l < c->num_layers; l++) {
+        BlockParams p = block_params_at(P + gpt_block_offset(c, l), C);
+        BlockActs a = acts_for(m, l, B, T);
+        block_forward(&p, &a, x, B, T, C, NH);
+        x = a.res3;
+    }
+    HeadActs h = head_acts_at(m->head_acts, B, T, C, c->padded_vocab_size);
+    head_forward(c, P + gpt_tensor_offset(c, P_WTE, 0), P + gpt_tensor_offset(c, P_LNFW, 0),
+                 P + gpt_tensor_offset(c, P_LNFB, 0), &h, x, m->targets, B, T);
+}
+
+float gpt_forward(GPT* m, const int* inputs, const int* targets) {
+    size_t BT = (size_t)m->B * m->T;
+    mem_to_device(m->inputs, inputs, BT * sizeof(int));
+    mem_to_device(m->targets, targets, BT * sizeof(int));
+    forward_bt(m, m->B, m->T);
+    HeadActs h = head_acts_at(m->head_acts, m->B, m->T, m->cfg.channels, m->cfg.padded_vocab_size);
+    mem_to_host(m->losses_host, h.losses, BT * sizeof(float));
+    double sum = 0.0;
+    for (size_t i = 0; i < BT; i++) sum += m->losses_host[i];
+    return (float)(sum / (double)BT);
+}
+
+void gpt_zero_grad(GPT* m) { mem_zero(m->grads, m->num_params * sizeof(float)); }
+
+void gpt_backward(GPT* m) {
+    const GPTConfig* c = &m->cfg;
+    int B = m->B, T = m->T, C = c->channels, NH = c->num_heads, L = c->num_layers;
+    float *P = m->params, *G = m->grads;
+    HeadActs h = head_acts_at(m->head_acts, B, T, C, c->padded_vocab_size);
+    BlockScratch s = block_scratch_at(m->scratch, B, T, C, NH);
+    const float* last = L > 0 ? acts_for(m, L - 1, B, T).res3 : m->encoded;
+    head_backward(c, P + gpt_tensor_offset(c, P_WTE, 0), P + gpt_tensor_offset(c, P_LNFW, 0),
+                  G + gpt_tensor_offset(c, P_WTE, 0), G + gpt_tensor_offset(c, P_LNFW, 0),
+                  G + gpt_tensor_offset(c, P_LNFB, 0), &h, last, m->targets,
+                  1.0f / (float)(B * T), s.dln, m->dres, B, T);
+    for (int l = L - 1; l >= 0; l--) {
+        BlockParams p = block_params_at(P + gpt_block_offset(c, l), C);
+        BlockParams g = block_params_at(G + gpt_block_offset(c, l), C);
+        BlockActs a = acts_for(m, l, B, T);
+        const float* x = l > 0 ? acts_for(m, l - 1, B, T).res3 : m->encoded;
+        block_backward(&p, &g, &a, &s, x, m->dres, B, T, C, NH);
+    }
+    encoder_backward(G + gpt_tensor_offset(c, P_WTE, 0), G + gpt_tensor_offset(c, P_WPE, 0),
+                     m->dres, m->inputs, B, T, C);
+}
+
+double gpt_flops_per_token(const GPTConfig* cfg, int T) {
+    double C = cfg->channels, L = cfg->num_layers, Vp = cfg->padded_vocab_size;
+    double matmul_weights = L * 12.0 * C * C + Vp * C;
+    return 6.0 * matmul_weights + 12.0 * L * (double)T * C;
+}
+
+// ---------------------------------------------------------------- sampling
+
+// splitmix64: a tiny, well-mixed random number generator for sampling
+static uint64_t sample_next(uint64_t* state) {
+    uint64_t z = (*state += 0x9E3779B97F4A7C15ull);
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    return z ^ (z >> 31);
+}
+
+void gpt_sample(GPT* m, const int* prompt, int len, int* out, int n, uint64_t seed) {
+    const GPTConfig* c = &m->cfg;
+    int T = m->T, V = c->vocab_size, Vp = c->padded_vocab_size;
+    int total = len + n;
+    int* seq = xmalloc((size_t)total * sizeof(int));
+    int* zeros = xcalloc((size_t)T, sizeof(int));
+    float* row = xmalloc((size_t)Vp * sizeof(float));
+    memcpy(seq, prompt, (size_t)len * sizeof(int));
+    uint64_t state = seed;
+    for (int i = len; i < total; i++) {
+        // the model sees at most the last T tokens
+        int start = i > T ? i - T : 0, t = i - start;
+        mem_to_device(m->inputs, seq + start, (size_t)t * sizeof(int));
+        mem_to_device(m->targets, zeros, (size_t)t * sizeof(int));
+        forward_bt(m, 1, t);
+        HeadActs h = head_acts_at(m->head_acts, 1, t, c->channels, Vp);
+        mem_to_host(row, h.logits + (size_t)(t - 1) * Vp, (size_t)Vp * sizeof(float));
+        float mx = row[0];
+        for (int v = 1; v < V; v++) mx = row[v] > mx ? row[v] : mx;
+        double sum = 0.0;
+        for (int v = 0; v < V; v++) sum += exp((double)(row[v] - mx));
+        double u = (double)(sample_next(&state) >> 11) / 9007199254740992.0 * sum, acc = 0.0;
+        int pick = V - 1;
+        for (int v = 0; v < V; v++) {
+            acc += exp((double)(row[v] - mx));
+            if (u < acc) { pick = v; break; }
+        }
+        seq[i] = pick;
+        out[i - len] = pick;
+    }
+    free(seq);
+    free(zeros);
+    free(row);
+}

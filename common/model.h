@@ -1,0 +1,189 @@
+// model.h: the GPT-2 model: config, parameter layout, init, checkpoint files,
+// and the forward and backward passes composed from the ops of ops.h.
+//
+// Parameters live in ONE flat buffer, layer-major:
+//   [wte wpe] [block 0: ln1w ln1b qkvw qkvb attprojw attprojb ln2w ln2b fcw fcb
+//   fcprojw fcprojb] ... [block L-1] [lnfw lnfb]
+// so one block is one contiguous range. Gradients and AdamW state use the same
+// layout. The checkpoint file keeps llm.c's tensor-major order; load and save
+// convert.
+#ifndef MODEL_H
+#define MODEL_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "ops.h"
+
+typedef struct {
+    int max_seq_len;        // maxT: rows of wpe
+    int vocab_size;         // V: real tokens, the softmax runs over these
+    int padded_vocab_size;  // Vp >= V: rows of wte (llm.c pads to a multiple of 128)
+    int num_layers;         // L
+    int num_heads;          // NH
+    int channels;           // C
+} GPTConfig;
+
+// The 16 tensors, in the checkpoint file's order (llm.c's).
+typedef enum {
+    P_WTE, P_WPE, P_LN1W, P_LN1B, P_QKVW, P_QKVB, P_ATTPROJW, P_ATTPROJB,
+    P_LN2W, P_LN2B, P_FCW, P_FCB, P_FCPROJW, P_FCPROJB, P_LNFW, P_LNFB,
+    NUM_PARAM_TENSORS
+} ParamTensor;
+
+const char* param_tensor_name(ParamTensor t);
+// 1 for the 12 per-layer tensors, 0 for wte, wpe, lnfw, lnfb.
+int param_tensor_is_block(ParamTensor t);
+// Elements of one layer's copy of tensor t (of the whole tensor for non-block ones).
+size_t param_tensor_numel(const GPTConfig* cfg, ParamTensor t);
+
+// ---------------------------------------------------------------- presets
+// "tiny" (tests) and "small" (demos, plots); returns 0 if name is not a preset.
+int gpt_preset(const char* name, GPTConfig* cfg);
+// A config a chapter can run: every size positive, C divisible by NH, V <= Vp.
+// Returns NULL if valid, else a message saying what is wrong.
+const char* gpt_config_problem(const GPTConfig* cfg);
+
+// ---------------------------------------------------------------- layout
+size_t gpt_block_numel(int C);                 // 12C^2 + 13C
+size_t gpt_num_params(const GPTConfig* cfg);
+size_t gpt_block_offset(const GPTConfig* cfg, int layer);  // start of block `layer`
+// Offset of tensor t (of `layer`, for block tensors) in the flat buffer.
+size_t gpt_tensor_offset(const GPTConfig* cfg, ParamTensor t, int layer);
+
+// One block's parameters (or gradients), pointing into a contiguous range of
+// gpt_block_numel(C) floats wherever it lives: the full model, an FSDP gather
+// buffer, a pipeline stage's own layers.
+typedef struct {
+    float *ln1w, *ln1b;          // (C), (C)
+    float *qkvw, *qkvb;          // (3C, C), (3C)
+    float *attprojw, *attprojb;  // (C, C), (C)
+    float *ln2w, *ln2b;          // (C), (C)
+    float *fcw, *fcb;            // (4C, C), (4C)
+    float *fcprojw, *fcprojb;    // (C, 4C), (C)
+} BlockParams;
+BlockParams block_params_at(float* base, int C);
+
+// ---------------------------------------------------------------- init
+// Counter-based init: the value of element i of tensor t of layer l depends on
+// (seed, t, l, i) only, never on where it sits in memory. Fills the flat-layout
+// range [start, start + count) into out, so a rank can initialise just its shard
+// and get exactly that slice of the full model.
+//   weights: N(0, 0.02), the two residual projections N(0, 0.02 / sqrt(2L));
+//   LayerNorm weights 1; biases 0; padded rows of wte (ids >= V) 0.
+// out is host memory.
+void gpt_init_range(float* out, size_t start, size_t count, const GPTConfig* cfg, uint64_t seed);
+// The initial value of one element (the rule above).
+float gpt_init_value(const GPTConfig* cfg, uint64_t seed, ParamTensor t, int layer, size_t index);
+
+// ---------------------------------------------------------------- checkpoint
+// llm.c's GPT-2 file: 256 int32 header (magic 20240326, version 3 = fp32,
+// maxT, V, L, NH, C, Vp) then the 16 tensors, tensor-major.
+// Reads the header only; returns NULL or a message naming the problem.
+const char* checkpoint_read_config(const char* path, GPTConfig* cfg, char* msg, size_t msg_len);
+// Reads the parameters into params_host (gpt_num_params floats, flat layout).
+const char* checkpoint_read_params(const char* path, const GPTConfig* cfg, float* params_host,
+                                   char* msg, size_t msg_len);
+// Writes atomically (a temporary file renamed over the target): never a half file.
+const char* checkpoint_write(const char* path, const GPTConfig* cfg, const float* params_host,
+                             char* msg, size_t msg_len);
+
+// ---------------------------------------------------------------- activations
+// What one block saves in forward for backward. Sizes for B sequences of T tokens.
+typedef struct {
+    float *ln1, *ln1_mean, *ln1_rstd;  // (B,T,C), (B,T), (B,T)
+    float* qkv;                        // (B,T,3C)
+    float* atty;                       // (B,T,C) attention output, heads side by side
+    float* att;                        // (B,NH,T,T) softmax probabilities
+    float* attproj;                    // (B,T,C)
+    float* res2;                       // (B,T,C) x + attproj
+    float *ln2, *ln2_mean, *ln2_rstd;  // (B,T,C), (B,T), (B,T)
+    float* fch;                        // (B,T,4C)
+    float* fch_gelu;                   // (B,T,4C)
+    float* fcproj;                     // (B,T,C)
+    float* res3;                       // (B,T,C) the block's output
+} BlockActs;
+size_t block_acts_numel(int B, int T, int C, int NH);  // B*T*(18C + NH*T + 4)
+BlockActs block_acts_at(float* base, int B, int T, int C, int NH);
+
+// Gradient buffers a block's backward needs, reused by every layer.
+typedef struct {
+    float* dln;       // (B,T,C)  d of a LayerNorm output
+    float* dqkv;      // (B,T,3C)
+    float* datty;     // (B,T,C)
+    float* datt;      // (B,NH,T,T)
+    float* dfch;      // (B,T,4C)
+    float* dfch_gelu; // (B,T,4C)
+} BlockScratch;
+size_t block_scratch_numel(int B, int T, int C, int NH);  // B*T*(13C + NH*T)
+BlockScratch block_scratch_at(float* base, int B, int T, int C, int NH);
+
+// The block: x (B,T,C) -> a->res3 (B,T,C).
+void block_forward(const BlockParams* p, BlockActs* a, const float* x,
+                   int B, int T, int C, int NH);
+// dres (B,T,C): on entry d loss / d block output; on return d loss / d x.
+// Parameter gradients are accumulated into g.
+void block_backward(const BlockParams* p, BlockParams* g, const BlockActs* a,
+                    const BlockScratch* s, const float* x, float* dres,
+                    int B, int T, int C, int NH);
+
+// The head: final LayerNorm, LM head tied to wte, softmax cross-entropy.
+typedef struct {
+    float *lnf, *lnf_mean, *lnf_rstd;    // (B,T,C), (B,T), (B,T)
+    float* logits;                       // (B,T,Vp); backward overwrites it with dlogits
+    float *rowmax, *sumexp, *tlogit;     // (B,T) cross-entropy partials
+    float* losses;                       // (B,T)
+} HeadActs;
+size_t head_acts_numel(int B, int T, int C, int Vp);  // B*T*(C + Vp + 6)
+HeadActs head_acts_at(float* base, int B, int T, int C, int Vp);
+
+// x (B,T,C) is the last block's output; losses land in h->losses.
+void head_forward(const GPTConfig* cfg, const float* wte, const float* lnfw, const float* lnfb,
+                  HeadActs* h, const float* x, const int* targets, int B, int T);
+// dloss: d objective / d each token's loss (1/(B*T) for the batch mean).
+// Writes dres (B,T,C) = d objective / d x; accumulates dwte, dlnfw, dlnfb.
+// dln (B,T,C) is scratch.
+void head_backward(const GPTConfig* cfg, const float* wte, const float* lnfw, float* dwte,
+                   float* dlnfw, float* dlnfb, HeadActs* h, const float* x, const int* targets,
+                   float dloss, float* dln, float* dres, int B, int T);
+
+// ---------------------------------------------------------------- the whole model
+// The single-device model: every parameter, gradient and AdamW moment, and the
+// activations of a (B, T) batch. This is chapter 0's reference; the other
+// chapters compose the same steps on their own pieces of it.
+typedef struct {
+    GPTConfig cfg;
+    int B, T;
+    size_t num_params;
+    float* params;  // (num_params) flat, layer-major
+    float* grads;   // (num_params)
+    float* m;       // (num_params) AdamW first moment
+    float* v;       // (num_params) AdamW second moment
+    float* encoded;       // (B,T,C) embedding output, the input of block 0
+    float* block_acts;    // L * block_acts_numel
+    float* head_acts;     // head_acts_numel
+    float* scratch;       // block_scratch_numel
+    float* dres;          // (B,T,C) the gradient flowing down the residual stream
+    int* inputs;          // (B,T) on the device
+    int* targets;         // (B,T)
+    float* losses_host;   // (B,T)
+} GPT;
+
+// Allocates everything (params with init from seed; grads and moments zero).
+void gpt_create(GPT* m, const GPTConfig* cfg, int B, int T, uint64_t seed);
+void gpt_free(GPT* m);
+BlockActs gpt_block_acts(const GPT* m, int layer);
+// Forward over host token arrays (B,T); returns the mean loss.
+float gpt_forward(GPT* m, const int* inputs, const int* targets);
+void gpt_zero_grad(GPT* m);
+// Backward of the mean loss of the last forward; accumulates into m->grads.
+void gpt_backward(GPT* m);
+// Model FLOPs per token for a forward and backward pass: 6 * (matmul weights) +
+// 12 * L * T * C for attention (PaLM's convention; causal masking not discounted).
+double gpt_flops_per_token(const GPTConfig* cfg, int T);
+
+// Samples n tokens after the prompt (host array, len tokens, len >= 1) from the
+// model with temperature 1, using forward passes of batch 1. Writes to out.
+void gpt_sample(GPT* m, const int* prompt, int len, int* out, int n, uint64_t seed);
+
+#endif

@@ -1,0 +1,111 @@
+// ops.h: the GPT's building blocks, forward and backward, on device memory.
+//
+// Every op takes the shapes its caller passes and never assumes it sees the
+// whole model: later chapters call these same ops on a subset of heads, a slice
+// of the MLP, a slice of the vocabulary, a chunk of the sequence or a
+// sub-batch. Pointers are device pointers (host memory on the CPU backend).
+//
+// Conventions (as in llm.c):
+//   - N is a count of token rows (N = B*T when a caller passes a batch).
+//   - weights are stored (out, in): a linear layer computes out = inp @ w^T + b.
+//   - backward ops ACCUMULATE (+=) into every gradient they write, parameter
+//     and activation gradients alike, so callers zero what must start at zero.
+//     A gradient pointer may be NULL when the caller does not need it.
+#ifndef OPS_H
+#define OPS_H
+
+#include <stddef.h>
+
+// ---------------------------------------------------------------- embedding
+// out[n, :] = wte[tokens[n], :] + wpe[n % T, :]     out (N, C), N = B*T
+// wpe points at the row of the first position the caller's sequence chunk
+// starts at (a context-parallel chunk passes wpe + t0*C).
+void encoder_forward(float* out, const int* tokens, const float* wte, const float* wpe,
+                     int B, int T, int C);
+void encoder_backward(float* dwte, float* dwpe, const float* dout, const int* tokens,
+                      int B, int T, int C);
+
+// ---------------------------------------------------------------- layernorm
+// out = (inp - mean) * rstd * w + b per row; mean, rstd (N) are saved for backward.
+void layernorm_forward(float* out, float* mean, float* rstd, const float* inp,
+                       const float* w, const float* b, int N, int C);
+void layernorm_backward(float* dinp, float* dw, float* db, const float* dout,
+                        const float* inp, const float* w, const float* mean,
+                        const float* rstd, int N, int C);
+
+// ---------------------------------------------------------------- linear
+// out (N, OC) = inp (N, C) @ w (OC, C)^T + bias (OC); bias may be NULL.
+void matmul_forward(float* out, const float* inp, const float* w, const float* bias,
+                    int N, int C, int OC);
+// dinp (N, C) += dout @ w; dw (OC, C) += dout^T @ inp; dbias (OC) += sum_n dout.
+void matmul_backward(float* dinp, float* dw, float* dbias, const float* dout,
+                     const float* inp, const float* w, int N, int C, int OC);
+
+// ---------------------------------------------------------------- attention
+// Causal multi-head self-attention over NH heads of size hs = C / NH.
+// qkv (B, T, 3C) holds, per token, the queries of all NH heads (C values), then
+// the keys (C), then the values (C); a caller that owns a subset of heads
+// passes that subset's qkv and its own C and NH.
+// out (B, T, C) = softmax(q k^T / sqrt(hs), causal) v, heads side by side.
+// att (B, NH, T, T) keeps the softmax probabilities for backward.
+void attention_forward(float* out, float* att, const float* qkv, int B, int T, int C, int NH);
+// datt (B, NH, T, T) is scratch; dqkv (B, T, 3C) is accumulated.
+void attention_backward(float* dqkv, float* datt, const float* dout, const float* qkv,
+                        const float* att, int B, int T, int C, int NH);
+
+// ---------------------------------------------------------------- pointwise
+// GELU, tanh approximation, over n values.
+void gelu_forward(float* out, const float* inp, size_t n);
+void gelu_backward(float* dinp, const float* inp, const float* dout, size_t n);
+// out = a + b over n values; backward: da += dout, db += dout.
+void residual_forward(float* out, const float* a, const float* b, size_t n);
+void residual_backward(float* da, float* db, const float* dout, size_t n);
+
+// ---------------------------------------------------------------- loss
+// Softmax cross-entropy, fused, in two phases so that a chapter can combine the
+// partials across vocabulary shards before the loss and the gradient.
+//
+// logits (N, width): each row holds the logits of vocabulary ids
+// [v0, v0 + width); only the first nvalid columns are real tokens (the rest is
+// llm.c's vocabulary padding and never enters the softmax).
+// targets (N) are global vocabulary ids.
+//
+// Phase 1, per row: rowmax = max of the valid logits, sumexp = sum of
+// exp(logit - rowmax), tlogit = logit of the target if this shard holds it, else 0.
+void crossentropy_partials(float* rowmax, float* sumexp, float* tlogit, const float* logits,
+                           const int* targets, int N, int width, int nvalid, int v0);
+// Merge the partials of another shard (max2, sum2, tlog2) into (rowmax, sumexp, tlogit).
+void crossentropy_merge(float* rowmax, float* sumexp, float* tlogit, const float* max2,
+                        const float* sum2, const float* tlog2, int N);
+// losses (N) = log(sumexp) + rowmax - tlogit, from the partials of the whole vocabulary.
+void crossentropy_loss(float* losses, const float* rowmax, const float* sumexp,
+                       const float* tlogit, int N);
+// Phase 2: dlogits = (softmax - onehot(target)) * dloss on valid columns, 0 on
+// padding. Written, not accumulated; dlogits may equal logits (in place).
+void crossentropy_backward(float* dlogits, const float* logits, const int* targets,
+                           const float* rowmax, const float* sumexp, float dloss,
+                           int N, int width, int nvalid, int v0);
+
+// ---------------------------------------------------------------- optimizer
+typedef struct {
+    float lr, beta1, beta2, eps, weight_decay;
+} AdamWConfig;
+
+// AdamW (bias-corrected, decoupled weight decay) on any slice of a flat parameter
+// buffer. t is the 1-based step. Gradients are multiplied by grad_scale first
+// (the global-norm clip factor; 1 for no clipping).
+void adamw_update(float* params, const float* grads, float* m, float* v, size_t n,
+                  AdamWConfig cfg, int t, float grad_scale);
+// Sum of squares of a slice, in double. A caller sums this across ranks before
+// taking the square root, so clipping sees the global norm.
+double grad_sumsq(const float* grads, size_t n);
+// The clip factor for a global norm: clip / norm if norm > clip, else 1
+// (clip <= 0 disables clipping).
+float grad_clip_scale(double norm, float clip);
+
+// ---------------------------------------------------------------- utilities
+void ops_zero(float* x, size_t n);
+void ops_scale(float* x, size_t n, float s);
+void ops_copy(float* dst, const float* src, size_t n);
+
+#endif

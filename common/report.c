@@ -1,0 +1,109 @@
+// report.c: step lines, JSONL records, the gathered summary.
+#include "report.h"
+
+#include <errno.h>
+#include <mpi.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "common.h"
+#include "memory.h"
+
+const char* jsonl_open(JsonLog* log, const char* path, char* msg, size_t msg_len) {
+    log->f = NULL;
+    if (!path || world_rank() != 0) return NULL;
+    log->f = fopen(path, "w");
+    if (!log->f) {
+        snprintf(msg, msg_len, "cannot write log file '%s': %s", path, strerror(errno));
+        return msg;
+    }
+    return NULL;
+}
+
+void jsonl_close(JsonLog* log) {
+    if (log->f) fclose(log->f);
+    log->f = NULL;
+}
+
+void report_step(JsonLog* log, int step, int steps, float loss, float norm, double ms,
+                 double tokens_per_s) {
+    if (world_rank() != 0) return;
+    printf("step %4d/%d | loss %.6f | norm %7.4f | %8.2f ms | %9.0f tok/s\n", step + 1, steps,
+           loss, norm, ms, tokens_per_s);
+    fflush(stdout);
+    if (log->f) {
+        fprintf(log->f,
+                "{\"type\":\"step\",\"step\":%d,\"loss\":%.7f,\"norm\":%.6f,\"ms\":%.3f,"
+                "\"tokens_per_s\":%.1f}\n",
+                step, loss, norm, ms, tokens_per_s);
+        fflush(log->f);
+    }
+}
+
+void report_val(JsonLog* log, int step, float val_loss) {
+    if (world_rank() != 0) return;
+    printf("step %4d | val loss %.6f\n", step + 1, val_loss);
+    fflush(stdout);
+    if (log->f) {
+        fprintf(log->f, "{\"type\":\"val\",\"step\":%d,\"val_loss\":%.7f}\n", step, val_loss);
+        fflush(log->f);
+    }
+}
+
+void report_summary(JsonLog* log, const Mesh* mesh, const RunSummary* s) {
+    int n = mesh->world_size, rank = mesh->rank;
+    // every rank's peak bytes per category, plus its total and its matmul peak
+    double mine[MEM_NUM_CATEGORIES + 2];
+    for (int c = 0; c < MEM_NUM_CATEGORIES; c++) mine[c] = (double)mem_peak(c);
+    mine[MEM_NUM_CATEGORIES] = (double)mem_peak_total();
+    mine[MEM_NUM_CATEGORIES + 1] = s->peak_gflops;
+    int width = MEM_NUM_CATEGORIES + 2;
+    double* all = rank == 0 ? xmalloc((size_t)n * width * sizeof(double)) : NULL;
+    MPI_CHECK(MPI_Gather(mine, width, MPI_DOUBLE, all, width, MPI_DOUBLE, 0, MPI_COMM_WORLD));
+    if (rank != 0) return;
+
+    double peak_sum = 0.0;
+    for (int r = 0; r < n; r++) peak_sum += all[(size_t)r * width + MEM_NUM_CATEGORIES + 1];
+    double mfu = peak_sum > 0 ? s->tokens_per_s * s->flops_per_token / (peak_sum * 1e9) : 0.0;
+    char shape[128];
+    mesh_describe(mesh, shape, sizeof(shape));
+
+    printf("\n%s | %zu parameters | %d x %d tokens per step\n", s->model, s->num_params, s->batch, s->seq);
+    printf("throughput: %.1f ms/step, %.0f tokens/s, %.2f GFLOP/s, MFU %.1f%% of %.1f GFLOP/s measured matmul peak\n",
+           s->ms_per_step, s->tokens_per_s, s->tokens_per_s * s->flops_per_token / 1e9, 100.0 * mfu, peak_sum);
+    printf("peak memory per rank (MiB):\n  rank");
+    for (int c = 0; c < MEM_NUM_CATEGORIES; c++) printf(" %11s", mem_category_name(c));
+    printf(" %11s\n", "total");
+    for (int r = 0; r < n; r++) {
+        printf("  %4d", r);
+        for (int c = 0; c <= MEM_NUM_CATEGORIES; c++)
+            printf(" %11.3f", all[(size_t)r * width + c] / (1024.0 * 1024.0));
+        printf("\n");
+    }
+    fflush(stdout);
+
+    if (log->f) {
+        FILE* f = log->f;
+        fprintf(f, "{\"type\":\"summary\",\"chapter\":%d,\"world_size\":%d,\"mesh\":{", s->chapter, n);
+        for (int a = 0; a < NUM_AXES; a++)
+            fprintf(f, "%s\"%s\":%d", a ? "," : "", mesh_axis_name(a), mesh->size[a]);
+        fprintf(f, "},\"mesh_shape\":\"%s\",\"model\":\"%s\",\"params\":%zu,\"batch\":%d,\"seq\":%d,"
+                   "\"steps\":%d,\"ms_per_step\":%.3f,\"tokens_per_s\":%.1f,\"flops_per_token\":%.0f,"
+                   "\"peak_gflops\":%.2f,\"mfu\":%.5f,\"final_loss\":%.7f",
+                shape, s->model, s->num_params, s->batch, s->seq, s->steps, s->ms_per_step,
+                s->tokens_per_s, s->flops_per_token, peak_sum, mfu, s->final_loss);
+        if (s->val_loss >= 0) fprintf(f, ",\"val_loss\":%.7f", s->val_loss);
+        // peak bytes: one array per category, one entry per rank
+        fprintf(f, ",\"peak_bytes\":{");
+        for (int c = 0; c <= MEM_NUM_CATEGORIES; c++) {
+            fprintf(f, "%s\"%s\":[", c ? "," : "", c < MEM_NUM_CATEGORIES ? mem_category_name(c) : "total");
+            for (int r = 0; r < n; r++) fprintf(f, "%s%.0f", r ? "," : "", all[(size_t)r * width + c]);
+            fprintf(f, "]");
+        }
+        fprintf(f, "}");
+        if (s->extra_json && s->extra_json[0]) fprintf(f, ",%s", s->extra_json);
+        fprintf(f, "}\n");
+        fflush(f);
+    }
+    free(all);
+}

@@ -1,0 +1,42 @@
+// report.h: what a run tells: one human line per step on stdout, JSONL records
+// with --log, and the summary that gathers every rank's figures.
+#ifndef REPORT_H
+#define REPORT_H
+
+#include <stdio.h>
+
+#include "mesh.h"
+
+typedef struct {
+    FILE* f;  // rank 0's --log file, or NULL
+} JsonLog;
+
+// Rank 0 opens path (NULL: no log). Returns NULL or a message.
+const char* jsonl_open(JsonLog* log, const char* path, char* msg, size_t msg_len);
+void jsonl_close(JsonLog* log);
+
+// One training step: the human line and {"type":"step",...}. Rank 0 only.
+void report_step(JsonLog* log, int step, int steps, float loss, float norm, double ms,
+                 double tokens_per_s);
+// A validation loss: {"type":"val","step":s,"val_loss":x}. Rank 0 only.
+void report_val(JsonLog* log, int step, float val_loss);
+
+typedef struct {
+    int chapter;
+    const char* model;
+    size_t num_params;
+    int batch, seq, steps;
+    double ms_per_step;        // mean over the timed steps
+    double tokens_per_s;       // global tokens per second
+    double flops_per_token;
+    double peak_gflops;        // this rank's measured (or given) matmul peak
+    float final_loss, val_loss;  // val_loss < 0: none
+    const char* extra_json;    // a chapter's own fields, "\"k\":v,..." or NULL
+} RunSummary;
+
+// Collective: gathers every rank's peak bytes per category and matmul peak;
+// rank 0 prints the memory table and MFU and writes {"type":"summary",...}.
+// MFU = tokens/s * flops/token / (sum of the ranks' matmul peaks).
+void report_summary(JsonLog* log, const Mesh* mesh, const RunSummary* s);
+
+#endif

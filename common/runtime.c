@@ -1,0 +1,70 @@
+// runtime.c: start-up, threads, clocks, measured matmul peak.
+#include "runtime.h"
+
+#include <mpi.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "common.h"
+#include "device.h"
+#include "memory.h"
+#include "ops.h"
+
+static int local_size = 1, local_rank = 0;
+
+void runtime_init(int* argc, char*** argv) {
+    MPI_Init(argc, argv);
+    MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_RETURN);
+    // ranks that share memory are the ranks of one node
+    MPI_Comm node;
+    MPI_CHECK(MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, 0, MPI_INFO_NULL, &node));
+    MPI_CHECK(MPI_Comm_size(node, &local_size));
+    MPI_CHECK(MPI_Comm_rank(node, &local_rank));
+    MPI_Comm_free(&node);
+}
+
+void runtime_finalize(void) { MPI_Finalize(); }
+
+int runtime_local_size(void) { return local_size; }
+int runtime_local_rank(void) { return local_rank; }
+
+int runtime_set_threads(int requested) {
+    int n = requested;
+    if (n <= 0) {
+        long cores = sysconf(_SC_NPROCESSORS_ONLN);
+        n = (int)(cores / local_size);
+        if (n < 1) n = 1;
+    }
+    device_set_threads(n);
+    return n;
+}
+
+double now_seconds(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+double measure_matmul_gflops(void) {
+    // square matmuls big enough to reach the library's peak, small enough to
+    // take a fraction of a second
+    const int n = 768, reps = 4;
+    float* a = mem_alloc_floats((size_t)n * n, MEM_OTHER);
+    float* b = mem_alloc_floats((size_t)n * n, MEM_OTHER);
+    float* c = mem_alloc_floats((size_t)n * n, MEM_OTHER);
+    matmul_forward(c, a, b, NULL, n, n, n);  // warm-up: threads, caches
+    device_synchronize();
+    double best = 1e30;
+    for (int r = 0; r < reps; r++) {
+        double t0 = now_seconds();
+        matmul_forward(c, a, b, NULL, n, n, n);
+        device_synchronize();
+        double dt = now_seconds() - t0;
+        if (dt < best) best = dt;
+    }
+    mem_free(a);
+    mem_free(b);
+    mem_free(c);
+    mem_reset_peaks();
+    return 2.0 * n * n * (double)n / best / 1e9;
+}

@@ -1,0 +1,27 @@
+// runtime.h: process start-up and shutdown, threads, clocks and the machine's
+// measured matmul peak (for MFU).
+#ifndef RUNTIME_H
+#define RUNTIME_H
+
+// MPI_Init; MPI errors are returned to the caller (MPI_CHECK reports them).
+void runtime_init(int* argc, char*** argv);
+void runtime_finalize(void);
+
+// Ranks of MPI_COMM_WORLD on this node, and this rank's index among them.
+int runtime_local_size(void);
+int runtime_local_rank(void);
+
+// Threads per rank: requested if > 0, else (cores on the node / ranks on the
+// node), at least 1, so oversubscribed ranks never spin threads against each
+// other. Sets OpenMP's and OpenBLAS's thread counts; returns the count.
+int runtime_set_threads(int requested);
+
+// Seconds on a monotonic clock.
+double now_seconds(void);
+
+// Measured single-precision matmul rate of this rank's device (GFLOP/s): the
+// best of a few square sgemms through matmul_forward. Allocations it makes are
+// freed and the allocator's peaks reset.
+double measure_matmul_gflops(void);
+
+#endif

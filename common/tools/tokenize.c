@@ -1,0 +1,45 @@
+// tokenize: turns any text file into llm.c token files, byte-level.
+//
+//   build/tokenize input.txt data/corpus
+//
+// writes data/corpus_train.bin (first 90% of the bytes) and data/corpus_val.bin
+// (last 10%), the split the chapters make themselves from a text --data file.
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "data.h"
+
+int main(int argc, char** argv) {
+    if (argc != 3 || !strcmp(argv[1], "--help")) {
+        fprintf(argc == 3 ? stdout : stderr,
+                "usage: %s INPUT.txt OUTPUT_PREFIX\n"
+                "writes OUTPUT_PREFIX_train.bin (first 90%%) and OUTPUT_PREFIX_val.bin (last 10%%)\n",
+                argv[0]);
+        return argc == 3 ? 0 : 1;
+    }
+    char msg[1024];
+    TokenSet train, val;
+    const char* bad = data_open(argv[1], &train, &val, msg, sizeof(msg));
+    if (!bad && train.map) {
+        fprintf(stderr, "error: '%s' is already a token file\n", argv[1]);
+        return 1;
+    }
+    size_t len = strlen(argv[2]) + 16;
+    char* train_path = malloc(len);
+    char* val_path = malloc(len);
+    snprintf(train_path, len, "%s_train.bin", argv[2]);
+    snprintf(val_path, len, "%s_val.bin", argv[2]);
+    if (!bad) bad = data_write_tokens(train_path, train.tokens, train.count, msg, sizeof(msg));
+    if (!bad) bad = data_write_tokens(val_path, val.tokens, val.count, msg, sizeof(msg));
+    if (bad) {
+        fprintf(stderr, "error: %s\n", bad);
+        return 1;
+    }
+    printf("%s: %zu tokens\n%s: %zu tokens\n", train_path, train.count, val_path, val.count);
+    free(train_path);
+    free(val_path);
+    data_close(&train);
+    data_close(&val);
+    return 0;
+}

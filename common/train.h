@@ -1,0 +1,35 @@
+// train.h: what every chapter does before and around its training loop:
+// resolve the model and batch from the flags, open and check the data, and
+// compute a validation loss.
+#ifndef TRAIN_H
+#define TRAIN_H
+
+#include "args.h"
+#include "data.h"
+#include "model.h"
+
+typedef struct {
+    GPTConfig cfg;
+    const char* model_name;  // "tiny", "small" or the checkpoint's path
+    const char* checkpoint;  // the path when --model is a file, else NULL
+    int B, T;                // global batch (sequences) and sequence length
+    TokenSet train, val;     // val.count == 0: no validation data
+} TrainSetup;
+
+// Every rank calls it. Resolves the model (a preset, or a checkpoint's header),
+// the batch and sequence defaults, opens the data and checks that everything
+// fits together (sequence <= the model's positions, tokens < vocabulary, one
+// batch fits the data). On any problem, every rank exits non-zero after one
+// clear message: it never returns half set up.
+void train_setup(TrainSetup* s, const TrainArgs* a);
+void train_setup_free(TrainSetup* s);
+
+// Loads the checkpoint's parameters (flat layout, host memory) on every rank,
+// exiting every rank with a message if the file cannot be read.
+void train_load_checkpoint(const TrainSetup* s, float* params_host);
+
+// Mean loss over n_batches batches of the validation set (the reference
+// model's forward); -1 if there is no validation data.
+float train_val_loss(GPT* m, const TrainSetup* s, int n_batches);
+
+#endif

@@ -1,0 +1,33 @@
+// test.h: the smallest test harness that can fail.
+// Each CHECK prints one line, "PASS name" or "FAIL name: why", which the runner
+// (tests/run.sh) counts; a test program exits non-zero when any check failed.
+#ifndef TEST_H
+#define TEST_H
+
+#include <stdarg.h>
+#include <stdio.h>
+
+static int test_failures = 0;
+static int test_checks = 0;
+
+// Reports one check. name says what was checked; on failure the printf-style
+// message says what was seen.
+static void check(int ok, const char* name, const char* fmt, ...) {
+    test_checks++;
+    if (ok) {
+        printf("PASS %s\n", name);
+    } else {
+        test_failures++;
+        printf("FAIL %s: ", name);
+        va_list ap;
+        va_start(ap, fmt);
+        vprintf(fmt, ap);
+        va_end(ap);
+        printf("\n");
+    }
+    fflush(stdout);
+}
+
+static int test_exit_code(void) { return test_failures == 0 ? 0 : 1; }
+
+#endif
