@@ -128,12 +128,14 @@ static void train_reference(const TrainArgs* args, const Mesh* mesh) {
             timed_steps++;
         }
         report_step(&log, step, args->steps, loss, norm, 1e3 * dt, (double)B * T / dt);
-        int last = step == args->steps - 1;
-        if ((args->val_every > 0 && (step + 1) % args->val_every == 0) || last) {
+        if (args->val_every > 0 && (step + 1) % args->val_every == 0 && step + 1 < args->steps) {
             val_loss = train_val_loss(&model, &setup, args->val_batches);
             if (val_loss >= 0) report_val(&log, step, val_loss);
         }
     }
+    // the validation loss of the final model (of the loaded one when --steps 0)
+    val_loss = train_val_loss(&model, &setup, args->val_batches);
+    if (val_loss >= 0) report_val(&log, args->steps - 1, val_loss);
 
     double sec_per_step = timed_steps ? timed / timed_steps : 0.0;
     RunSummary summary = {

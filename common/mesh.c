@@ -43,9 +43,14 @@ const char* mesh_create(Mesh* m, const int sizes[NUM_AXES], char* msg, size_t ms
     if (product != m->world_size) {
         char shape[128];
         mesh_describe(m, shape, sizeof(shape));
-        snprintf(msg, msg_len,
-                 "the mesh %s has %ld ranks but mpirun started %d: make the product of the axis sizes equal -np",
-                 shape, product, m->world_size);
+        if (product == 1)
+            snprintf(msg, msg_len,
+                     "no mesh axis was given (a mesh of 1 rank) but mpirun started %d ranks: give axis sizes whose product is %d (--dp %d, for example) or run with -np 1",
+                     m->world_size, m->world_size, m->world_size);
+        else
+            snprintf(msg, msg_len,
+                     "the mesh %s has %ld ranks but mpirun started %d: make the product of the axis sizes equal -np",
+                     shape, product, m->world_size);
         return msg;
     }
     mesh_coord_of(m, m->rank, m->coord);

@@ -1,0 +1,161 @@
+// test_data.c: tokenizer, token files, the train/val split, and batches that
+// are the same whatever the world size.
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "data.h"
+#include "test.h"
+
+static const char* tmp_path(const char* name) {
+    static char buf[4][256];
+    static int k = 0;
+    k = (k + 1) % 4;
+    const char* dir = getenv("TEST_TMPDIR") ? getenv("TEST_TMPDIR") : "/tmp";
+    snprintf(buf[k], sizeof(buf[k]), "%s/%s", dir, name);
+    return buf[k];
+}
+
+static void write_bytes(const char* path, const void* data, size_t n) {
+    FILE* f = fopen(path, "wb");
+    fwrite(data, 1, n, f);
+    fclose(f);
+}
+
+static void test_tokenizer_and_files(void) {
+    const char* text = "Hello\n\xc3\xa9!";  // UTF-8 bytes above 127 stay bytes
+    uint16_t tok[9];
+    tokenize_bytes(text, 9, tok);
+    check(tok[0] == 'H' && tok[5] == '\n' && tok[6] == 0xc3 && tok[7] == 0xa9 && tok[8] == '!',
+          "data: byte-level tokenizer maps each byte to its value", "got %d %d %d", tok[0], tok[6], tok[7]);
+
+    // token file round trip, in llm.c's format
+    uint16_t tokens[1000];
+    int want_max = 0;
+    for (int i = 0; i < 1000; i++) {
+        tokens[i] = (uint16_t)((i * 7919) % 50257);
+        if (tokens[i] > want_max) want_max = tokens[i];
+    }
+    char msg[1024];
+    const char* path = tmp_path("test_data_tokens.bin");
+    const char* bad = data_write_tokens(path, tokens, 1000, msg, sizeof(msg));
+    TokenSet set, val;
+    if (!bad) bad = data_open(path, &set, &val, msg, sizeof(msg));
+    check(bad == NULL && set.count == 1000 && memcmp(set.tokens, tokens, sizeof(tokens)) == 0 &&
+              val.count == 0 && set.max_token == want_max && want_max > 50000,
+          "data: token file round trip (a token file is used whole, ids up to GPT-2's)", "%s", bad ? bad : "content differs");
+    FILE* f = fopen(path, "rb");
+    int header[256];
+    size_t got = fread(header, sizeof(int), 256, f);
+    fclose(f);
+    check(got == 256 && header[0] == 20240520 && header[1] == 1 && header[2] == 1000,
+          "data: token file header is llm.c's (20240520, 1, count)", "header %d %d %d", header[0], header[1], header[2]);
+    data_close(&set);
+
+    // broken token files
+    unsigned char* bytes = malloc(1024 + 2000);
+    f = fopen(path, "rb");
+    got = fread(bytes, 1, 1024 + 2000, f);
+    fclose(f);
+    const char* broken = tmp_path("test_data_broken.bin");
+    struct { const char* name; int field; int value; size_t len; const char* expect; } cases[] = {
+        {"wrong magic", 0, 20240326, 3024, "not an llm.c token file"},
+        {"wrong version", 1, 2, 3024, "version"},
+        {"truncated", -1, 0, 3022, "truncated"},
+        {"count larger than the file", 2, 5000, 3024, "truncated"},
+        {"shorter than its header", -1, 0, 512, "too short"},
+    };
+    for (size_t k = 0; k < sizeof(cases) / sizeof(cases[0]); k++) {
+        int saved = 0;
+        if (cases[k].field >= 0) {
+            memcpy(&saved, bytes + 4 * cases[k].field, 4);
+            memcpy(bytes + 4 * cases[k].field, &cases[k].value, 4);
+        }
+        write_bytes(broken, bytes, cases[k].len);
+        if (cases[k].field >= 0) memcpy(bytes + 4 * cases[k].field, &saved, 4);
+        TokenSet s;
+        bad = data_open_tokens(broken, &s, msg, sizeof(msg));
+        char name[128];
+        snprintf(name, sizeof(name), "data: token file with %s is refused with a message", cases[k].name);
+        check(bad != NULL && strstr(bad, cases[k].expect) != NULL, name, "got: %s", bad ? bad : "(accepted)");
+        if (!bad) data_close(&s);
+    }
+    bad = data_open(tmp_path("no_such_data.txt"), &set, &val, msg, sizeof(msg));
+    check(bad && strstr(bad, "cannot open"), "data: a missing data file is refused with a message", "got: %s", bad ? bad : "(accepted)");
+    free(bytes);
+    remove(path);
+    remove(broken);
+}
+
+static void test_text_split(void) {
+    char text[1000];
+    for (int i = 0; i < 1000; i++) text[i] = (char)('a' + i % 26);
+    const char* path = tmp_path("test_data_text.txt");
+    write_bytes(path, text, 1000);
+    TokenSet train, val;
+    char msg[1024];
+    const char* bad = data_open(path, &train, &val, msg, sizeof(msg));
+    check(bad == NULL && train.count == 900 && val.count == 100 && train.tokens[0] == 'a' &&
+              val.tokens[0] == (uint16_t)text[900] && val.tokens[99] == (uint16_t)text[999],
+          "data: a text file splits into the first 90% (train) and last 10% (val)",
+          "train %zu, val %zu", train.count, val.count);
+    data_close(&train);
+    data_close(&val);
+    remove(path);
+}
+
+static void test_batches(void) {
+    // a token set where token i is i % 60000, so positions can be read back
+    size_t n = 10007;
+    uint16_t* tokens = malloc(n * sizeof(uint16_t));
+    for (size_t i = 0; i < n; i++) tokens[i] = (uint16_t)(i % 60000);
+    TokenSet set = {.tokens = tokens, .count = n, .max_token = 10006};
+    int B = 12, T = 16;
+    size_t per_epoch = data_batches_per_epoch(&set, B, T);
+    check(per_epoch == (n - 1) / (size_t)(B * T), "data: whole batches per epoch = (count - 1) / (B*T)",
+          "%zu", per_epoch);
+    int* in = malloc(sizeof(int) * B * T);
+    int* tg = malloc(sizeof(int) * B * T);
+    int ok_pos = 1, ok_split = 1;
+    for (long step = 0; step < 3 * (long)per_epoch + 5; step++) {
+        data_batch(&set, step, B, T, 0, B, in, tg);
+        // llm.c's order: sequence b of step s starts at (s*B + b)*T, and the
+        // loader goes back to 0 when a whole batch no longer fits
+        long s = step % (long)per_epoch;
+        for (int b = 0; b < B; b++)
+            for (int t = 0; t < T; t++) {
+                long want = (s * B + b) * T + t;
+                if (in[b * T + t] != want || tg[b * T + t] != want + 1) ok_pos = 0;
+            }
+        // the global batch is the same whatever the world size: each of n
+        // ranks reads only its B/n sequences, and together they are the batch
+        for (int world = 1; world <= 4; world++) {
+            if (B % world) continue;
+            int per = B / world;
+            for (int r = 0; r < world; r++) {
+                int* rin = malloc(sizeof(int) * per * T);
+                int* rtg = malloc(sizeof(int) * per * T);
+                data_batch(&set, step, B, T, r * per, per, rin, rtg);
+                if (memcmp(rin, in + r * per * T, sizeof(int) * per * T) ||
+                    memcmp(rtg, tg + r * per * T, sizeof(int) * per * T))
+                    ok_split = 0;
+                free(rin);
+                free(rtg);
+            }
+        }
+    }
+    check(ok_pos, "data: sequence b of step s starts at token (s*B + b)*T, wrapping per whole batch",
+          "a sequence started elsewhere");
+    check(ok_split, "data: ranks' slices of a step concatenate to the global batch (world 1..4)",
+          "a rank's slice differs from the global batch");
+    free(in);
+    free(tg);
+    free(tokens);
+}
+
+int main(void) {
+    test_tokenizer_and_files();
+    test_text_split();
+    test_batches();
+    return test_exit_code();
+}
