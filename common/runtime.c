@@ -2,6 +2,7 @@
 #include "runtime.h"
 
 #include <mpi.h>
+#include <sched.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -28,11 +29,20 @@ void runtime_finalize(void) { MPI_Finalize(); }
 int runtime_local_size(void) { return local_size; }
 int runtime_local_rank(void) { return local_rank; }
 
+int runtime_cores_allowed(void) {
+    cpu_set_t set;
+    if (sched_getaffinity(0, sizeof(set), &set) != 0) return (int)sysconf(_SC_NPROCESSORS_ONLN);
+    return CPU_COUNT(&set);
+}
+
 int runtime_set_threads(int requested) {
     int n = requested;
     if (n <= 0) {
-        long cores = sysconf(_SC_NPROCESSORS_ONLN);
-        n = (int)(cores / local_size);
+        // a fair share of the node's cores, but never more than the cores this
+        // rank may run on (mpirun binds ranks to cores unless --bind-to none)
+        int share = (int)(sysconf(_SC_NPROCESSORS_ONLN) / local_size);
+        int allowed = runtime_cores_allowed();
+        n = share < allowed ? share : allowed;
         if (n < 1) n = 1;
     }
     device_set_threads(n);
@@ -48,7 +58,7 @@ double now_seconds(void) {
 double measure_matmul_gflops(void) {
     // square matmuls big enough to reach the library's peak, small enough to
     // take a fraction of a second
-    const int n = 768, reps = 4;
+    const int n = 1536, reps = 5;
     float* a = mem_alloc_floats((size_t)n * n, MEM_OTHER);
     float* b = mem_alloc_floats((size_t)n * n, MEM_OTHER);
     float* c = mem_alloc_floats((size_t)n * n, MEM_OTHER);

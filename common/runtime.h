@@ -12,9 +12,12 @@ int runtime_local_size(void);
 int runtime_local_rank(void);
 
 // Threads per rank: requested if > 0, else (cores on the node / ranks on the
-// node), at least 1, so oversubscribed ranks never spin threads against each
-// other. Sets OpenMP's and OpenBLAS's thread counts; returns the count.
+// node), capped by the cores this rank is bound to, at least 1, so
+// oversubscribed ranks never spin threads against each other. Sets OpenMP's
+// and OpenBLAS's thread counts; returns the count.
 int runtime_set_threads(int requested);
+// The cores this process may run on (its CPU affinity).
+int runtime_cores_allowed(void);
 
 // Seconds on a monotonic clock.
 double now_seconds(void);

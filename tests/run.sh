@@ -99,6 +99,17 @@ else
     fail "reference: save and load" "val loss when saved '$saved', after loading '$loaded'"
 fi
 
+# a text file turned into token files trains exactly like the text file itself
+head -c 200000 /usr/share/games/fortunes/fortunes > "$TEST_TMPDIR/corpus.txt"
+"$BUILD/tokenize" "$TEST_TMPDIR/corpus.txt" "$TEST_TMPDIR/corpus" >/dev/null
+from_text=$(timeout 60 $MPIRUN -np 1 "$BUILD/chapter-0" --data "$TEST_TMPDIR/corpus.txt" --steps 3 --peak-gflops 10 2>&1 | grep -E 'loss' | sed 's/|[^|]*ms.*//')
+from_tokens=$(timeout 60 $MPIRUN -np 1 "$BUILD/chapter-0" --data "$TEST_TMPDIR/corpus_train.bin" --val "$TEST_TMPDIR/corpus_val.bin" --steps 3 --peak-gflops 10 2>&1 | grep -E 'loss' | sed 's/|[^|]*ms.*//')
+if [ -n "$from_text" ] && [ "$from_text" = "$from_tokens" ] && [ "$(echo "$from_text" | wc -l)" = 4 ]; then
+    pass "tokenize: token files from a text file give the same losses as the text file"
+else
+    fail "tokenize" "text: $from_text / tokens: $from_tokens"
+fi
+
 echo "== errors: one message from rank 0, non-zero exit, no hang"
 # np, flags, a phrase the message must contain
 error_case() {

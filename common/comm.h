@@ -1,0 +1,113 @@
+// comm.h: the communication layer every chapter calls.
+//
+// One Comm per mesh axis and one for the world. Buffers are device buffers of
+// floats (host memory on the CPU backend). The CPU backend runs every call on
+// MPI; the CUDA backend runs them on NCCL behind this same header.
+//
+// Every call is counted per collective and per axis: calls, bytes (the size of
+// the data the call works on, per rank: nccl-tests' "size") and bus bytes (what
+// a bandwidth-optimal algorithm makes each rank send: size times nccl-tests'
+// bus factor, 2(n-1)/n for all-reduce, (n-1)/n for all-gather, reduce-scatter
+// and all-to-all, 1 for broadcast, reduce, send). The counts go into the JSONL
+// summary.
+#ifndef COMM_H
+#define COMM_H
+
+#include <mpi.h>
+#include <stddef.h>
+
+#include "mesh.h"
+
+// the world is counted as one more "axis" after the mesh's
+#define COMM_WORLD_AXIS NUM_AXES
+#define COMM_NUM_AXES (NUM_AXES + 1)
+
+typedef struct {
+    MPI_Comm mpi;
+    int axis;        // AXIS_DP ... or COMM_WORLD_AXIS
+    int size, rank;  // of this group, and this rank's index in it
+} Comm;
+
+typedef enum { COMM_SUM, COMM_AVG } CommOp;
+
+typedef enum {
+    COLL_ALLREDUCE, COLL_REDUCE_SCATTER, COLL_ALLGATHER, COLL_BROADCAST, COLL_REDUCE,
+    COLL_SCATTER, COLL_GATHER, COLL_ALLTOALL, COLL_SEND, COLL_RECV, COLL_BARRIER,
+    NUM_COLLECTIVES
+} Collective;
+
+// An operation in flight (non-blocking forms). comm_wait completes it.
+typedef struct {
+    MPI_Request mpi;
+    int active;
+    // for COMM_AVG the division happens on completion
+    float* scale_buf;
+    size_t scale_count;
+    float scale;
+    void* device_event;  // CUDA backend: the event recorded after the operation
+} CommRequest;
+
+// The world communicator and one per mesh axis (the mesh's own MPI groups).
+void comm_create(Comm* world, Comm axes[NUM_AXES], const Mesh* mesh);
+void comm_destroy(Comm* world, Comm axes[NUM_AXES]);
+const char* collective_name(Collective c);
+const char* comm_axis_name(int axis);  // "dp" ... "ep", "world"
+
+// ---------------------------------------------------------------- blocking
+// buf (count) on every rank becomes the sum (or mean) over the group. In place.
+void comm_allreduce(const Comm* c, float* buf, size_t count, CommOp op);
+// send (size * count): rank r receives the reduction of block r into recv (count).
+void comm_reduce_scatter(const Comm* c, const float* send, float* recv, size_t count, CommOp op);
+// send (count) from every rank, concatenated in rank order into recv (size * count).
+void comm_allgather(const Comm* c, const float* send, float* recv, size_t count);
+// Uneven: rank r sends counts[r] floats, placed at recv + displs[r].
+void comm_allgatherv(const Comm* c, const float* send, float* recv, const size_t* counts,
+                     const size_t* displs);
+// buf (count) of root is copied to every rank.
+void comm_broadcast(const Comm* c, float* buf, size_t count, int root);
+// The reduction of send (count) over the group lands in recv (count) on root.
+void comm_reduce(const Comm* c, const float* send, float* recv, size_t count, int root, CommOp op);
+// root's send (size * count): block r goes to rank r's recv (count).
+void comm_scatter(const Comm* c, const float* send, float* recv, size_t count, int root);
+// every rank's send (count) lands at block r of root's recv (size * count).
+void comm_gather(const Comm* c, const float* send, float* recv, size_t count, int root);
+// block j (count) of rank i's send lands at block i of rank j's recv.
+void comm_alltoall(const Comm* c, const float* send, float* recv, size_t count);
+// Uneven all-to-all: rank i sends send_counts[j] floats from send + send_displs[j]
+// to rank j, which receives recv_counts[i] floats at recv + recv_displs[i].
+void comm_alltoallv(const Comm* c, const float* send, const size_t* send_counts,
+                    const size_t* send_displs, float* recv, const size_t* recv_counts,
+                    const size_t* recv_displs);
+void comm_send(const Comm* c, const float* buf, size_t count, int peer);
+void comm_recv(const Comm* c, float* buf, size_t count, int peer);
+// Sends to one peer while receiving from another (a ring step), without deadlock.
+void comm_sendrecv(const Comm* c, const float* send, size_t send_count, int dest, float* recv,
+                   size_t recv_count, int source);
+void comm_barrier(const Comm* c);
+
+// ---------------------------------------------------------------- non-blocking
+// Start the operation and return at once; the buffers must not be touched
+// until comm_wait. Compute placed between start and wait overlaps with it.
+void comm_iallreduce(const Comm* c, float* buf, size_t count, CommOp op, CommRequest* req);
+void comm_ireduce_scatter(const Comm* c, const float* send, float* recv, size_t count, CommOp op,
+                          CommRequest* req);
+void comm_iallgather(const Comm* c, const float* send, float* recv, size_t count, CommRequest* req);
+void comm_ibroadcast(const Comm* c, float* buf, size_t count, int root, CommRequest* req);
+void comm_isend(const Comm* c, const float* buf, size_t count, int peer, CommRequest* req);
+void comm_irecv(const Comm* c, float* buf, size_t count, int peer, CommRequest* req);
+// Completes req (a no-op on a request that is not active).
+void comm_wait(CommRequest* req);
+// Non-zero when req has completed (req stays to be waited on).
+int comm_test(CommRequest* req);
+
+// ---------------------------------------------------------------- counters
+typedef struct {
+    double calls, bytes, bus_bytes;
+} CommCount;
+CommCount comm_count(Collective coll, int axis);
+void comm_counts_reset(void);
+// Seconds spent inside blocking calls and comm_wait: time a rank waited on
+// communication that compute did not hide.
+double comm_wait_seconds(void);
+
+#endif

@@ -1,0 +1,280 @@
+// comm.c: the communication layer on MPI (the CPU backend). See comm.h.
+#include "comm.h"
+
+#include <limits.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "common.h"
+#include "ops.h"
+#include "runtime.h"
+
+static CommCount counts[NUM_COLLECTIVES][COMM_NUM_AXES];
+static double wait_seconds = 0.0;
+
+const char* collective_name(Collective c) {
+    static const char* names[NUM_COLLECTIVES] = {
+        "allreduce", "reduce_scatter", "allgather", "broadcast", "reduce", "scatter",
+        "gather", "alltoall", "send", "recv", "barrier"};
+    return names[c];
+}
+
+const char* comm_axis_name(int axis) {
+    return axis == COMM_WORLD_AXIS ? "world" : mesh_axis_name((MeshAxis)axis);
+}
+
+CommCount comm_count(Collective coll, int axis) { return counts[coll][axis]; }
+void comm_counts_reset(void) {
+    memset(counts, 0, sizeof(counts));
+    wait_seconds = 0.0;
+}
+double comm_wait_seconds(void) { return wait_seconds; }
+
+// Counts one call: bytes is the size it works on per rank, factor nccl-tests'
+// bus factor for it.
+static void tally(const Comm* c, Collective coll, size_t bytes, double factor) {
+    CommCount* k = &counts[coll][c->axis];
+    k->calls += 1;
+    k->bytes += (double)bytes;
+    k->bus_bytes += (double)bytes * factor;
+}
+
+static double ring_factor(const Comm* c) {
+    return c->size > 1 ? (double)(c->size - 1) / c->size : 0.0;
+}
+
+static int as_int(size_t n) {
+    CHECK(n <= INT_MAX, "a message of %zu floats is too large for one MPI call", n);
+    return (int)n;
+}
+
+static void make_comm(Comm* c, MPI_Comm mpi, int axis) {
+    c->mpi = mpi;
+    c->axis = axis;
+    MPI_CHECK(MPI_Comm_size(mpi, &c->size));
+    MPI_CHECK(MPI_Comm_rank(mpi, &c->rank));
+}
+
+void comm_create(Comm* world, Comm axes[NUM_AXES], const Mesh* mesh) {
+    make_comm(world, MPI_COMM_WORLD, COMM_WORLD_AXIS);
+    for (int a = 0; a < NUM_AXES; a++) make_comm(&axes[a], mesh->axis_comm[a], a);
+}
+
+void comm_destroy(Comm* world, Comm axes[NUM_AXES]) {
+    // the MPI communicators belong to the mesh, which frees them
+    memset(world, 0, sizeof(*world));
+    memset(axes, 0, sizeof(Comm) * NUM_AXES);
+}
+
+static void scale_for_avg(const Comm* c, float* buf, size_t n, CommOp op) {
+    if (op == COMM_AVG && c->size > 1) ops_scale(buf, n, 1.0f / (float)c->size);
+}
+
+// ---------------------------------------------------------------- blocking
+
+void comm_allreduce(const Comm* c, float* buf, size_t n, CommOp op) {
+    tally(c, COLL_ALLREDUCE, n * sizeof(float), 2.0 * ring_factor(c));
+    double t0 = now_seconds();
+    MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, buf, as_int(n), MPI_FLOAT, MPI_SUM, c->mpi));
+    wait_seconds += now_seconds() - t0;
+    scale_for_avg(c, buf, n, op);
+}
+
+void comm_reduce_scatter(const Comm* c, const float* send, float* recv, size_t n, CommOp op) {
+    tally(c, COLL_REDUCE_SCATTER, n * c->size * sizeof(float), ring_factor(c));
+    double t0 = now_seconds();
+    MPI_CHECK(MPI_Reduce_scatter_block(send, recv, as_int(n), MPI_FLOAT, MPI_SUM, c->mpi));
+    wait_seconds += now_seconds() - t0;
+    scale_for_avg(c, recv, n, op);
+}
+
+void comm_allgather(const Comm* c, const float* send, float* recv, size_t n) {
+    tally(c, COLL_ALLGATHER, n * c->size * sizeof(float), ring_factor(c));
+    double t0 = now_seconds();
+    MPI_CHECK(MPI_Allgather(send, as_int(n), MPI_FLOAT, recv, as_int(n), MPI_FLOAT, c->mpi));
+    wait_seconds += now_seconds() - t0;
+}
+
+void comm_allgatherv(const Comm* c, const float* send, float* recv, const size_t* counts_in,
+                     const size_t* displs_in) {
+    int* cnt = xmalloc(sizeof(int) * c->size);
+    int* dsp = xmalloc(sizeof(int) * c->size);
+    size_t total = 0;
+    for (int r = 0; r < c->size; r++) {
+        cnt[r] = as_int(counts_in[r]);
+        dsp[r] = as_int(displs_in[r]);
+        total += counts_in[r];
+    }
+    tally(c, COLL_ALLGATHER, total * sizeof(float), ring_factor(c));
+    double t0 = now_seconds();
+    MPI_CHECK(MPI_Allgatherv(send, cnt[c->rank], MPI_FLOAT, recv, cnt, dsp, MPI_FLOAT, c->mpi));
+    wait_seconds += now_seconds() - t0;
+    free(cnt);
+    free(dsp);
+}
+
+void comm_broadcast(const Comm* c, float* buf, size_t n, int root) {
+    tally(c, COLL_BROADCAST, n * sizeof(float), c->size > 1 ? 1.0 : 0.0);
+    double t0 = now_seconds();
+    MPI_CHECK(MPI_Bcast(buf, as_int(n), MPI_FLOAT, root, c->mpi));
+    wait_seconds += now_seconds() - t0;
+}
+
+void comm_reduce(const Comm* c, const float* send, float* recv, size_t n, int root, CommOp op) {
+    tally(c, COLL_REDUCE, n * sizeof(float), c->size > 1 ? 1.0 : 0.0);
+    double t0 = now_seconds();
+    MPI_CHECK(MPI_Reduce(send, recv, as_int(n), MPI_FLOAT, MPI_SUM, root, c->mpi));
+    wait_seconds += now_seconds() - t0;
+    if (c->rank == root) scale_for_avg(c, recv, n, op);
+}
+
+void comm_scatter(const Comm* c, const float* send, float* recv, size_t n, int root) {
+    tally(c, COLL_SCATTER, n * c->size * sizeof(float), ring_factor(c));
+    double t0 = now_seconds();
+    MPI_CHECK(MPI_Scatter(send, as_int(n), MPI_FLOAT, recv, as_int(n), MPI_FLOAT, root, c->mpi));
+    wait_seconds += now_seconds() - t0;
+}
+
+void comm_gather(const Comm* c, const float* send, float* recv, size_t n, int root) {
+    tally(c, COLL_GATHER, n * c->size * sizeof(float), ring_factor(c));
+    double t0 = now_seconds();
+    MPI_CHECK(MPI_Gather(send, as_int(n), MPI_FLOAT, recv, as_int(n), MPI_FLOAT, root, c->mpi));
+    wait_seconds += now_seconds() - t0;
+}
+
+void comm_alltoall(const Comm* c, const float* send, float* recv, size_t n) {
+    tally(c, COLL_ALLTOALL, n * c->size * sizeof(float), ring_factor(c));
+    double t0 = now_seconds();
+    MPI_CHECK(MPI_Alltoall(send, as_int(n), MPI_FLOAT, recv, as_int(n), MPI_FLOAT, c->mpi));
+    wait_seconds += now_seconds() - t0;
+}
+
+void comm_alltoallv(const Comm* c, const float* send, const size_t* send_counts,
+                    const size_t* send_displs, float* recv, const size_t* recv_counts,
+                    const size_t* recv_displs) {
+    int p = c->size;
+    int* sc = xmalloc(sizeof(int) * 4 * p);
+    int *sd = sc + p, *rc = sc + 2 * p, *rd = sc + 3 * p;
+    size_t sent = 0;
+    for (int r = 0; r < p; r++) {
+        sc[r] = as_int(send_counts[r]);
+        sd[r] = as_int(send_displs[r]);
+        rc[r] = as_int(recv_counts[r]);
+        rd[r] = as_int(recv_displs[r]);
+        sent += send_counts[r];
+    }
+    // bytes: what this rank sends; bus bytes: of that, what leaves the rank
+    CommCount* k = &counts[COLL_ALLTOALL][c->axis];
+    k->calls += 1;
+    k->bytes += (double)sent * sizeof(float);
+    k->bus_bytes += (double)(sent - send_counts[c->rank]) * sizeof(float);
+    double t0 = now_seconds();
+    MPI_CHECK(MPI_Alltoallv(send, sc, sd, MPI_FLOAT, recv, rc, rd, MPI_FLOAT, c->mpi));
+    wait_seconds += now_seconds() - t0;
+    free(sc);
+}
+
+void comm_send(const Comm* c, const float* buf, size_t n, int peer) {
+    tally(c, COLL_SEND, n * sizeof(float), 1.0);
+    double t0 = now_seconds();
+    MPI_CHECK(MPI_Send(buf, as_int(n), MPI_FLOAT, peer, 0, c->mpi));
+    wait_seconds += now_seconds() - t0;
+}
+
+void comm_recv(const Comm* c, float* buf, size_t n, int peer) {
+    tally(c, COLL_RECV, n * sizeof(float), 0.0);
+    double t0 = now_seconds();
+    MPI_CHECK(MPI_Recv(buf, as_int(n), MPI_FLOAT, peer, 0, c->mpi, MPI_STATUS_IGNORE));
+    wait_seconds += now_seconds() - t0;
+}
+
+void comm_sendrecv(const Comm* c, const float* send, size_t send_n, int dest, float* recv,
+                   size_t recv_n, int source) {
+    tally(c, COLL_SEND, send_n * sizeof(float), 1.0);
+    tally(c, COLL_RECV, recv_n * sizeof(float), 0.0);
+    double t0 = now_seconds();
+    MPI_CHECK(MPI_Sendrecv(send, as_int(send_n), MPI_FLOAT, dest, 0, recv, as_int(recv_n),
+                           MPI_FLOAT, source, 0, c->mpi, MPI_STATUS_IGNORE));
+    wait_seconds += now_seconds() - t0;
+}
+
+void comm_barrier(const Comm* c) {
+    tally(c, COLL_BARRIER, 0, 0.0);
+    double t0 = now_seconds();
+    MPI_CHECK(MPI_Barrier(c->mpi));
+    wait_seconds += now_seconds() - t0;
+}
+
+// ---------------------------------------------------------------- non-blocking
+
+static void start(CommRequest* req) {
+    memset(req, 0, sizeof(*req));
+    req->active = 1;
+}
+
+void comm_iallreduce(const Comm* c, float* buf, size_t n, CommOp op, CommRequest* req) {
+    tally(c, COLL_ALLREDUCE, n * sizeof(float), 2.0 * ring_factor(c));
+    start(req);
+    if (op == COMM_AVG && c->size > 1) {
+        req->scale_buf = buf;
+        req->scale_count = n;
+        req->scale = 1.0f / (float)c->size;
+    }
+    MPI_CHECK(MPI_Iallreduce(MPI_IN_PLACE, buf, as_int(n), MPI_FLOAT, MPI_SUM, c->mpi, &req->mpi));
+}
+
+void comm_ireduce_scatter(const Comm* c, const float* send, float* recv, size_t n, CommOp op,
+                          CommRequest* req) {
+    tally(c, COLL_REDUCE_SCATTER, n * c->size * sizeof(float), ring_factor(c));
+    start(req);
+    if (op == COMM_AVG && c->size > 1) {
+        req->scale_buf = recv;
+        req->scale_count = n;
+        req->scale = 1.0f / (float)c->size;
+    }
+    MPI_CHECK(MPI_Ireduce_scatter_block(send, recv, as_int(n), MPI_FLOAT, MPI_SUM, c->mpi, &req->mpi));
+}
+
+void comm_iallgather(const Comm* c, const float* send, float* recv, size_t n, CommRequest* req) {
+    tally(c, COLL_ALLGATHER, n * c->size * sizeof(float), ring_factor(c));
+    start(req);
+    MPI_CHECK(MPI_Iallgather(send, as_int(n), MPI_FLOAT, recv, as_int(n), MPI_FLOAT, c->mpi, &req->mpi));
+}
+
+void comm_ibroadcast(const Comm* c, float* buf, size_t n, int root, CommRequest* req) {
+    tally(c, COLL_BROADCAST, n * sizeof(float), c->size > 1 ? 1.0 : 0.0);
+    start(req);
+    MPI_CHECK(MPI_Ibcast(buf, as_int(n), MPI_FLOAT, root, c->mpi, &req->mpi));
+}
+
+void comm_isend(const Comm* c, const float* buf, size_t n, int peer, CommRequest* req) {
+    tally(c, COLL_SEND, n * sizeof(float), 1.0);
+    start(req);
+    MPI_CHECK(MPI_Isend(buf, as_int(n), MPI_FLOAT, peer, 0, c->mpi, &req->mpi));
+}
+
+void comm_irecv(const Comm* c, float* buf, size_t n, int peer, CommRequest* req) {
+    tally(c, COLL_RECV, n * sizeof(float), 0.0);
+    start(req);
+    MPI_CHECK(MPI_Irecv(buf, as_int(n), MPI_FLOAT, peer, 0, c->mpi, &req->mpi));
+}
+
+void comm_wait(CommRequest* req) {
+    if (!req->active) return;
+    double t0 = now_seconds();
+    MPI_CHECK(MPI_Wait(&req->mpi, MPI_STATUS_IGNORE));
+    wait_seconds += now_seconds() - t0;
+    if (req->scale_buf) ops_scale(req->scale_buf, req->scale_count, req->scale);
+    req->active = 0;
+}
+
+int comm_test(CommRequest* req) {
+    if (!req->active) return 1;
+    int done = 0;
+    MPI_CHECK(MPI_Test(&req->mpi, &done, MPI_STATUS_IGNORE));
+    if (done) {
+        if (req->scale_buf) ops_scale(req->scale_buf, req->scale_count, req->scale);
+        req->active = 0;
+    }
+    return done;
+}
