@@ -26,20 +26,23 @@ COMMON_SRC := common/common.c common/memory.c common/model.c common/init.c \
               common/checkpoint.c common/data.c common/mesh.c common/runtime.c \
               common/args.c common/report.c common/train.c
 ifeq ($(BACKEND),cpu)
-  BACKEND_SRC := common/cpu/ops.c common/cpu/device.c
+  BACKEND_SRC := common/cpu/ops.c common/cpu/device.c common/cpu/comm.c
 else
   $(error BACKEND=$(BACKEND) is not available yet: use BACKEND=cpu)
 endif
 COMMON_OBJ := $(patsubst %.c,$(BUILD)/obj/%.o,$(COMMON_SRC) $(BACKEND_SRC))
 
-CHAPTERS := 0
-CHAPTER_DIR_0 := 00_mesh
+CHAPTERS := 0 1
 
 .PHONY: all test demo bench setup clean $(addprefix chapter-,$(CHAPTERS)) tools tests
 all: $(addprefix chapter-,$(CHAPTERS)) tools
 
 chapter-0: $(BUILD)/chapter-0
 $(BUILD)/chapter-0: $(BUILD)/obj/00_mesh/main.o $(COMMON_OBJ)
+	$(CC) $(CFLAGS) -o $@ $^ $(LDLIBS)
+
+chapter-1: $(BUILD)/chapter-1
+$(BUILD)/chapter-1: $(BUILD)/obj/01_collectives/main.o $(COMMON_OBJ)
 	$(CC) $(CFLAGS) -o $@ $^ $(LDLIBS)
 
 tools: $(BUILD)/tokenize

@@ -84,9 +84,9 @@ static void* shared_dest(TrainArgs* a, const char* name) {
     return NULL;
 }
 
-const char* args_parse(int argc, char** argv, TrainArgs* a, const ArgSpec* extra, int n_extra,
-                       unsigned axes, char* msg, size_t msg_len) {
-    set_defaults(a);
+// The flag loop: shared flags and mesh axes only when a is not NULL.
+static const char* parse_flags(int argc, char** argv, TrainArgs* a, const ArgSpec* extra,
+                               int n_extra, unsigned axes, char* msg, size_t msg_len) {
     for (int i = 1; i < argc; i++) {
         const char* flag = argv[i];
         if (!strcmp(flag, "--help") || !strcmp(flag, "-h")) return "help";
@@ -95,15 +95,10 @@ const char* args_parse(int argc, char** argv, TrainArgs* a, const ArgSpec* extra
             return msg;
         }
         const char* name = flag + 2;
-        if (i + 1 >= argc) {
-            snprintf(msg, msg_len, "flag %s needs a value (see --help)", flag);
-            return msg;
-        }
-        const char* value = argv[++i];
         ArgType type = ARG_STRING;
         void* dest = NULL;
         // mesh axes
-        for (int ax = 0; ax < NUM_AXES && !dest; ax++) {
+        for (int ax = 0; a && ax < NUM_AXES && !dest; ax++) {
             if (strcmp(name, mesh_axis_name(ax)) != 0) continue;
             if (!(axes & (1u << ax))) {
                 snprintf(msg, msg_len, "this chapter has no %s axis: drop %s (see --help)", name, flag);
@@ -113,7 +108,7 @@ const char* args_parse(int argc, char** argv, TrainArgs* a, const ArgSpec* extra
             type = ARG_INT;
         }
         // shared flags
-        for (int k = 0; k < NUM_SHARED && !dest; k++) {
+        for (int k = 0; a && k < NUM_SHARED && !dest; k++) {
             if (strcmp(name, shared_flags[k].name) != 0) continue;
             dest = shared_dest(a, name);
             type = shared_flags[k].type;
@@ -128,14 +123,36 @@ const char* args_parse(int argc, char** argv, TrainArgs* a, const ArgSpec* extra
             snprintf(msg, msg_len, "unknown flag %s (see --help for the flags of this chapter)", flag);
             return msg;
         }
+        if (type == ARG_FLAG) {
+            *(int*)dest = 1;
+            continue;
+        }
+        if (i + 1 >= argc) {
+            snprintf(msg, msg_len, "flag %s needs a value (see --help)", flag);
+            return msg;
+        }
+        const char* value = argv[++i];
         if (!parse_value(value, type, dest)) {
             snprintf(msg, msg_len, "flag %s needs %s, got '%s'", flag,
                      type == ARG_INT ? "an integer" : "a number", value);
             return msg;
         }
     }
+    return NULL;
+}
+
+const char* args_parse_only(int argc, char** argv, const ArgSpec* flags, int n_flags, char* msg,
+                            size_t msg_len) {
+    return parse_flags(argc, argv, NULL, flags, n_flags, 0, msg, msg_len);
+}
+
+const char* args_parse(int argc, char** argv, TrainArgs* a, const ArgSpec* extra, int n_extra,
+                       unsigned axes, char* msg, size_t msg_len) {
+    set_defaults(a);
+    const char* bad = parse_flags(argc, argv, a, extra, n_extra, axes, msg, msg_len);
+    if (bad) return bad;
     // values that can never work, whatever the model
-    const char* bad = NULL;
+    bad = NULL;
     if (a->steps < 0) bad = "--steps must be >= 0";
     else if (a->batch < 0) bad = "--batch must be positive";
     else if (a->seq < 0) bad = "--seq must be positive";
@@ -157,7 +174,7 @@ const char* args_parse(int argc, char** argv, TrainArgs* a, const ArgSpec* extra
 }
 
 static void print_flag(const char* name, ArgType type, const char* help) {
-    const char* v = type == ARG_INT ? "N" : type == ARG_FLOAT ? "X" : "S";
+    const char* v = type == ARG_INT ? "N" : type == ARG_FLOAT ? "X" : type == ARG_FLAG ? "" : "S";
     char left[64];
     snprintf(left, sizeof(left), "--%s %s", name, v);
     printf("  %-22s %s\n", left, help);
@@ -165,10 +182,13 @@ static void print_flag(const char* name, ArgType type, const char* help) {
 
 void args_usage(const char* program, const char* summary, const ArgSpec* extra, int n_extra,
                 unsigned axes) {
-    printf("usage: mpirun -np N %s [flags]\n%s\n\nflags:\n", program, summary);
-    for (int k = 0; k < NUM_SHARED; k++)
-        print_flag(shared_flags[k].name, shared_flags[k].type, shared_flags[k].help);
-    if (axes) {
+    printf("usage: mpirun -np N %s [flags]\n%s\n", program, summary ? summary : "");
+    if (axes != ARGS_NO_SHARED) {
+        printf("\nflags:\n");
+        for (int k = 0; k < NUM_SHARED; k++)
+            print_flag(shared_flags[k].name, shared_flags[k].type, shared_flags[k].help);
+    }
+    if (axes && axes != ARGS_NO_SHARED) {
         printf("\nmesh (the product of the sizes must equal -np):\n");
         for (int ax = 0; ax < NUM_AXES; ax++) {
             if (!(axes & (1u << ax))) continue;

@@ -26,12 +26,13 @@ typedef struct {
     int mesh[NUM_AXES];    // --dp --tp --pp --cp --ep
 } TrainArgs;
 
-typedef enum { ARG_INT, ARG_FLOAT, ARG_STRING } ArgType;
+// ARG_FLAG takes no value and sets its int to 1.
+typedef enum { ARG_INT, ARG_FLOAT, ARG_STRING, ARG_FLAG } ArgType;
 
 // A chapter's own flag: --name VALUE stored in *dest.
 typedef struct {
     const char* name;  // without the leading dashes
-    ArgType type;      // dest is int*, float* or const char**
+    ArgType type;      // dest is int* (ARG_INT, ARG_FLAG), float* or const char**
     void* dest;
     const char* help;
 } ArgSpec;
@@ -41,7 +42,14 @@ typedef struct {
 // given, or a message naming the bad flag and the fix.
 const char* args_parse(int argc, char** argv, TrainArgs* a, const ArgSpec* extra, int n_extra,
                        unsigned axes, char* msg, size_t msg_len);
-// Prints the usage to stdout (rank 0 calls it).
+// For a program that is not a trainer (chapter 1): only its own flags.
+// Returns NULL, "help", or a message.
+const char* args_parse_only(int argc, char** argv, const ArgSpec* flags, int n_flags, char* msg,
+                            size_t msg_len);
+
+// Prints the usage to stdout (rank 0 calls it). a NULL summary prints nothing
+// above the flags; shared flags are listed unless axes is ARGS_NO_SHARED.
+#define ARGS_NO_SHARED 0xFFFFFFFFu
 void args_usage(const char* program, const char* summary, const ArgSpec* extra, int n_extra,
                 unsigned axes);
 

@@ -48,6 +48,7 @@ typedef struct {
 } CommRequest;
 
 // The world communicator and one per mesh axis (the mesh's own MPI groups).
+// mesh and axes may be NULL: the world alone.
 void comm_create(Comm* world, Comm axes[NUM_AXES], const Mesh* mesh);
 void comm_destroy(Comm* world, Comm axes[NUM_AXES]);
 const char* collective_name(Collective c);

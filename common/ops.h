@@ -107,5 +107,7 @@ float grad_clip_scale(double norm, float clip);
 void ops_zero(float* x, size_t n);
 void ops_scale(float* x, size_t n, float s);
 void ops_copy(float* dst, const float* src, size_t n);
+// y += x over n values (the reduction step of hand-written collectives).
+void ops_add(float* y, const float* x, size_t n);
 
 #endif

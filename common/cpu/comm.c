@@ -57,13 +57,14 @@ static void make_comm(Comm* c, MPI_Comm mpi, int axis) {
 
 void comm_create(Comm* world, Comm axes[NUM_AXES], const Mesh* mesh) {
     make_comm(world, MPI_COMM_WORLD, COMM_WORLD_AXIS);
+    if (!mesh || !axes) return;
     for (int a = 0; a < NUM_AXES; a++) make_comm(&axes[a], mesh->axis_comm[a], a);
 }
 
 void comm_destroy(Comm* world, Comm axes[NUM_AXES]) {
     // the MPI communicators belong to the mesh, which frees them
     memset(world, 0, sizeof(*world));
-    memset(axes, 0, sizeof(Comm) * NUM_AXES);
+    if (axes) memset(axes, 0, sizeof(Comm) * NUM_AXES);
 }
 
 static void scale_for_avg(const Comm* c, float* buf, size_t n, CommOp op) {

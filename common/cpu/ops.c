@@ -355,3 +355,8 @@ void ops_scale(float* x, size_t n, float s) {
 }
 
 void ops_copy(float* dst, const float* src, size_t n) { memcpy(dst, src, n * sizeof(float)); }
+
+void ops_add(float* y, const float* x, size_t n) {
+    #pragma omp parallel for
+    for (size_t i = 0; i < n; i++) y[i] += x[i];
+}

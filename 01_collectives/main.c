@@ -1,0 +1,843 @@
+// Chapter 1: the collectives, written by hand over point-to-point messages.
+//
+// Every later chapter is built from a handful of collectives: all-reduce,
+// reduce-scatter, all-gather, broadcast, reduce, scatter, gather, all-to-all.
+// Here each one is written with nothing but send and receive (comm_send,
+// comm_recv, comm_sendrecv), so a student sees which chunk moves where at each
+// step, and then measured against the library (MPI here, NCCL on GPUs).
+//
+//   mpirun -np 4 build/chapter-1 --trace      who sends what to whom, step by step
+//   mpirun -np 4 build/chapter-1 --check      every algorithm against the library
+//   mpirun -np 4 build/chapter-1 --bench      nccl-tests-style table, hand vs library
+//
+// Notation: p ranks in the group, r this rank, n floats. A buffer of n floats
+// is cut into p chunks; chunk i is [start(i), start(i+1)) with
+// start(i) = floor(n*i/p), so sizes differ by at most one and n need not
+// divide by p.
+#include <math.h>
+#include <stdint.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "args.h"
+#include "comm.h"
+#include "common.h"
+#include "memory.h"
+#include "mesh.h"
+#include "ops.h"
+#include "report.h"
+#include "runtime.h"
+
+// ---------------------------------------------------------------- tracing
+// With --trace each algorithm records one line per message; the lines are
+// printed by rank 0, step by step, after the algorithm ends.
+
+static int trace_on = 0;
+static int trace_first_step = 0;  // where a composed algorithm's second phase starts
+static char trace_text[16384];
+static size_t trace_used = 0;
+
+static void trace(int step, const char* fmt, ...) {
+    if (!trace_on) return;
+    char line[256];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(line, sizeof(line), fmt, ap);
+    va_end(ap);
+    int w = snprintf(trace_text + trace_used, sizeof(trace_text) - trace_used, "%04d|  step %d: rank %d %s\n",
+                     trace_first_step + step, trace_first_step + step, world_rank(), line);
+    if (w > 0 && trace_used + (size_t)w < sizeof(trace_text)) trace_used += (size_t)w;
+}
+
+static void trace_print(const Comm* world, const char* title);
+
+// ---------------------------------------------------------------- chunks
+
+static size_t chunk_start(size_t n, int p, int i) { return n * (size_t)i / (size_t)p; }
+static size_t chunk_size(size_t n, int p, int i) { return chunk_start(n, p, i + 1) - chunk_start(n, p, i); }
+static int mod(int a, int p) { return ((a % p) + p) % p; }
+
+// ---------------------------------------------------------------- ring reduce-scatter
+// In place: afterwards chunk r of buf on rank r holds the sum over all ranks
+// of their chunk r; the other chunks hold partial sums. tmp holds one chunk.
+//
+// The ring: every rank sends to r+1 and receives from r-1, all at once. At
+// step k (k = 0 .. p-2) rank r sends its running sum of chunk (r-1-k) and
+// receives the running sum of chunk (r-2-k) from its left neighbour, adding
+// it to its own. Each chunk travels once around the ring collecting one
+// contribution per hop, and the chunk that arrives last at rank r is chunk r.
+//
+//   p = 3, step 0: rank 0 sends chunk 2, rank 1 chunk 0, rank 2 chunk 1
+//          step 1: rank 0 sends chunk 1 (now 2 terms), rank 1 chunk 2, rank 2 chunk 0
+//          done:   rank 0 holds sum of chunk 0, rank 1 of chunk 1, rank 2 of chunk 2
+//
+// Each rank sends (p-1) chunks of n/p: (p-1)/p * n floats, the minimum.
+static void hand_reduce_scatter_ring(const Comm* c, float* buf, size_t n, float* tmp) {
+    int p = c->size, r = c->rank;
+    int right = mod(r + 1, p), left = mod(r - 1, p);
+    for (int k = 0; k < p - 1; k++) {
+        int send_chunk = mod(r - 1 - k, p), recv_chunk = mod(r - 2 - k, p);
+        trace(k, "sends chunk %d to rank %d, adds chunk %d from rank %d", send_chunk, right, recv_chunk, left);
+        comm_sendrecv(c, buf + chunk_start(n, p, send_chunk), chunk_size(n, p, send_chunk), right,
+                      tmp, chunk_size(n, p, recv_chunk), left);
+        ops_add(buf + chunk_start(n, p, recv_chunk), tmp, chunk_size(n, p, recv_chunk));
+    }
+}
+
+// ---------------------------------------------------------------- ring all-gather
+// In place: on entry rank r holds block r of buf (block i is [starts[i],
+// starts[i+1]), any sizes: the uneven all-gather); afterwards every rank holds
+// every block. At step k rank r forwards block (r-k), which it received at
+// step k-1 (or owns, at step 0), and receives block (r-1-k). (p-1) steps.
+static void hand_allgather_ring(const Comm* c, float* buf, const size_t* starts) {
+    int p = c->size, r = c->rank;
+    int right = mod(r + 1, p), left = mod(r - 1, p);
+    for (int k = 0; k < p - 1; k++) {
+        int send_block = mod(r - k, p), recv_block = mod(r - 1 - k, p);
+        trace(k, "sends block %d to rank %d, receives block %d from rank %d", send_block, right, recv_block, left);
+        comm_sendrecv(c, buf + starts[send_block], starts[send_block + 1] - starts[send_block], right,
+                      buf + starts[recv_block], starts[recv_block + 1] - starts[recv_block], left);
+    }
+}
+
+// ---------------------------------------------------------------- ring all-reduce
+// = reduce-scatter, then all-gather of the reduced chunks. Every rank sends
+// 2(p-1)/p * n floats, independent of p for large p: bandwidth-optimal.
+static void hand_allreduce_ring(const Comm* c, float* buf, size_t n, float* tmp) {
+    hand_reduce_scatter_ring(c, buf, n, tmp);
+    int p = c->size;
+    size_t* starts = xmalloc(sizeof(size_t) * (p + 1));
+    for (int i = 0; i <= p; i++) starts[i] = chunk_start(n, p, i);
+    trace_first_step = p - 1;
+    hand_allgather_ring(c, buf, starts);
+    trace_first_step = 0;
+    free(starts);
+}
+
+// ---------------------------------------------------------------- recursive doubling all-reduce
+// For small messages latency dominates: log2(p) steps beat the ring's 2(p-1).
+// At step k rank r swaps its whole buffer with rank r XOR 2^k and both add:
+// after step k every rank holds the sum over a group of 2^(k+1) ranks.
+//
+// When p is not a power of two, the first 2*rem ranks (rem = p - 2^m) pair
+// up: each even rank hands its buffer to the odd one above it and sits out;
+// the remaining 2^m ranks double; at the end the odd ranks hand the result
+// back. tmp holds n floats.
+static void hand_allreduce_doubling(const Comm* c, float* buf, size_t n, float* tmp) {
+    int p = c->size, r = c->rank;
+    int pow2 = 1;
+    while (pow2 * 2 <= p) pow2 *= 2;
+    int rem = p - pow2;
+    int step = 0;
+    // fold the extra ranks in
+    int vrank;  // this rank's index among the pow2 that double, or -1
+    if (r < 2 * rem) {
+        if (r % 2 == 0) {
+            trace(step, "sends its buffer to rank %d and sits out", r + 1);
+            comm_send(c, buf, n, r + 1);
+            vrank = -1;
+        } else {
+            trace(step, "adds the buffer of rank %d", r - 1);
+            comm_recv(c, tmp, n, r - 1);
+            ops_add(buf, tmp, n);
+            vrank = r / 2;
+        }
+        step++;
+    } else {
+        vrank = r - rem;
+        if (rem) step++;
+    }
+    // double among pow2 ranks
+    if (vrank >= 0) {
+        for (int mask = 1; mask < pow2; mask <<= 1, step++) {
+            int vpeer = vrank ^ mask;
+            int peer = vpeer < rem ? 2 * vpeer + 1 : vpeer + rem;
+            trace(step, "swaps its buffer with rank %d and adds", peer);
+            comm_sendrecv(c, buf, n, peer, tmp, n, peer);
+            ops_add(buf, tmp, n);
+        }
+    } else {
+        for (int mask = 1; mask < pow2; mask <<= 1) step++;
+    }
+    // hand the result back to the ranks that sat out
+    if (r < 2 * rem) {
+        if (r % 2 == 1) {
+            trace(step, "sends the result to rank %d", r - 1);
+            comm_send(c, buf, n, r - 1);
+        } else {
+            trace(step, "receives the result from rank %d", r + 1);
+            comm_recv(c, buf, n, r + 1);
+        }
+    }
+}
+
+// ---------------------------------------------------------------- binomial-tree broadcast
+// Ranks are numbered relative to the root (v = r - root). In round k the 2^k
+// ranks that have the data (v < 2^k) each send it to v + 2^k. log2(p) rounds
+// instead of the root's p-1 sends.
+static void hand_broadcast_tree(const Comm* c, float* buf, size_t n, int root) {
+    int p = c->size, v = mod(c->rank - root, p);
+    int round = 0;
+    for (int mask = 1; mask < p; mask <<= 1, round++) {
+        if (v < mask && v + mask < p) {
+            int dst = mod(v + mask + root, p);
+            trace(round, "sends the buffer to rank %d", dst);
+            comm_send(c, buf, n, dst);
+        } else if (v >= mask && v < 2 * mask) {
+            int src = mod(v - mask + root, p);
+            trace(round, "receives the buffer from rank %d", src);
+            comm_recv(c, buf, n, src);
+        }
+    }
+}
+
+// ---------------------------------------------------------------- binomial-tree reduce
+// The broadcast run backwards: in round k a rank whose bit k is set sends its
+// partial sum to v - 2^k and is done; the rank below adds it. After log2(p)
+// rounds the root holds the sum. buf is overwritten with partial sums on the
+// other ranks. tmp holds n floats.
+static void hand_reduce_tree(const Comm* c, float* buf, size_t n, int root, float* tmp) {
+    int p = c->size, v = mod(c->rank - root, p);
+    int round = 0;
+    for (int mask = 1; mask < p; mask <<= 1, round++) {
+        if (v & mask) {
+            int dst = mod(v - mask + root, p);
+            trace(round, "sends its partial sum to rank %d", dst);
+            comm_send(c, buf, n, dst);
+            break;
+        }
+        if (v + mask < p) {
+            int src = mod(v + mask + root, p);
+            trace(round, "adds the partial sum of rank %d", src);
+            comm_recv(c, tmp, n, src);
+            ops_add(buf, tmp, n);
+        }
+    }
+}
+
+// ---------------------------------------------------------------- scatter and gather
+// The root talks to every other rank in turn: p-1 messages of n floats. (A
+// tree would take log2(p) rounds but sends the same bytes out of the root.)
+static void hand_scatter(const Comm* c, const float* send, float* recv, size_t n, int root) {
+    if (c->rank == root) {
+        for (int i = 0; i < c->size; i++) {
+            if (i == root) continue;
+            trace(mod(i - root, c->size) - 1, "sends block %d to rank %d", i, i);
+            comm_send(c, send + (size_t)i * n, n, i);
+        }
+        ops_copy(recv, send + (size_t)root * n, n);
+    } else {
+        comm_recv(c, recv, n, root);
+    }
+}
+
+static void hand_gather(const Comm* c, const float* send, float* recv, size_t n, int root) {
+    if (c->rank == root) {
+        for (int i = 0; i < c->size; i++) {
+            if (i == root) continue;
+            trace(mod(i - root, c->size) - 1, "receives block %d from rank %d", i, i);
+            comm_recv(c, recv + (size_t)i * n, n, i);
+        }
+        ops_copy(recv + (size_t)root * n, send, n);
+    } else {
+        comm_send(c, send, n, root);
+    }
+}
+
+// ---------------------------------------------------------------- pairwise all-to-all
+// Block j of rank i goes to rank j. In step k (k = 1 .. p-1) rank r sends
+// its block r+k to rank r+k and receives block r of rank r-k: every rank
+// sends and receives exactly once per step, no rank is idle or flooded.
+static void hand_alltoall_pairwise(const Comm* c, const float* send, float* recv, size_t n) {
+    int p = c->size, r = c->rank;
+    ops_copy(recv + (size_t)r * n, send + (size_t)r * n, n);
+    for (int k = 1; k < p; k++) {
+        int dst = mod(r + k, p), src = mod(r - k, p);
+        trace(k - 1, "sends its block %d to rank %d, receives block %d of rank %d", dst, dst, r, src);
+        comm_sendrecv(c, send + (size_t)dst * n, n, dst, recv + (size_t)src * n, n, src);
+    }
+}
+
+// ================================================================ the harness
+// Everything below runs the algorithms above against the library: --trace,
+// --check and --bench. It is plumbing; the lesson is above.
+
+typedef enum {
+    ALG_ALLREDUCE_RING, ALG_ALLREDUCE_DOUBLING, ALG_REDUCE_SCATTER, ALG_ALLGATHER,
+    ALG_BROADCAST, ALG_REDUCE, ALG_SCATTER, ALG_GATHER, ALG_ALLTOALL, NUM_ALGS
+} Algorithm;
+
+static const char* alg_names[NUM_ALGS] = {
+    "allreduce_ring", "allreduce_doubling", "reduce_scatter", "allgather",
+    "broadcast", "reduce", "scatter", "gather", "alltoall"};
+
+// nccl-tests' bus-bandwidth factors and "size" conventions
+static double bus_factor(Algorithm a, int p) {
+    if (p == 1) return 0.0;
+    switch (a) {
+        case ALG_ALLREDUCE_RING: case ALG_ALLREDUCE_DOUBLING: return 2.0 * (p - 1) / p;
+        case ALG_BROADCAST: case ALG_REDUCE: return 1.0;
+        default: return (double)(p - 1) / p;
+    }
+}
+
+// Buffers for one run: n is the floats of the "size" (the whole buffer for
+// all-reduce, broadcast and reduce; the total over ranks for the others).
+typedef struct {
+    float *send, *recv, *tmp, *lib;
+    size_t n;
+} Buffers;
+
+// Two kinds of data, both a pure function of (rank, index), so any rank can
+// compute what every other rank holds:
+//   integer-valued floats: sums are exact in any order, results compare bit
+//   for bit with the exact answer;
+//   random floats in [-1, 1): sums depend on the order of additions, results
+//   compare with a rounding bound.
+static int random_data = 0;
+
+static float value_at(int rank, size_t i) {
+    if (!random_data) return (float)((int)((i * 7 + (size_t)rank * 13) % 17) - 8 + rank);
+    uint64_t z = (uint64_t)i * 0x9E3779B97F4A7C15ull + (uint64_t)(rank + 1) * 0xD1B54A32D192ED03ull;
+    z = (z ^ (z >> 31)) * 0xBF58476D1CE4E5B9ull;
+    z ^= z >> 29;
+    return (float)((double)(z >> 40) / 8388608.0 - 1.0);
+}
+
+static void fill(float* x, size_t n, int rank) {
+    for (size_t i = 0; i < n; i++) x[i] = value_at(rank, i);
+}
+
+// The exact result at output index i of algorithm a on rank r, in double, and
+// the sum of magnitudes that bounds its rounding error.
+static double expected_at(Algorithm a, int p, int r, int root, size_t n, size_t i, double* magnitude) {
+    size_t per = n / p;
+    double sum = 0.0, mag = 0.0;
+    switch (a) {
+        case ALG_ALLREDUCE_RING: case ALG_ALLREDUCE_DOUBLING: case ALG_REDUCE_SCATTER: case ALG_REDUCE:
+            for (int q = 0; q < p; q++) {
+                sum += value_at(q, i);
+                mag += fabs(value_at(q, i));
+            }
+            break;
+        case ALG_ALLGATHER: {  // index i lies in the chunk of its owner
+            int owner = 0;
+            while (chunk_start(n, p, owner + 1) <= i) owner++;
+            sum = value_at(owner, i);
+            break;
+        }
+        case ALG_BROADCAST: sum = value_at(root, i); break;
+        case ALG_SCATTER: sum = value_at(root, (size_t)r * per + i); break;
+        case ALG_GATHER: sum = value_at((int)(i / per), i % per); break;
+        case ALG_ALLTOALL: sum = value_at((int)(i / per), (size_t)r * per + i % per); break;
+        default: break;
+    }
+    *magnitude = mag;
+    return sum;
+}
+
+// Runs the hand-written algorithm a: its input is in b->send (size n), its
+// output lands in b->recv (all-reduce, reduce-scatter, all-gather, broadcast
+// and reduce work in place on recv, after a copy of send).
+static void run_hand(const Comm* c, Algorithm a, Buffers* b, int root) {
+    int p = c->size;
+    size_t n = b->n, per = n / p;
+    switch (a) {
+        case ALG_ALLREDUCE_RING:
+            ops_copy(b->recv, b->send, n);
+            hand_allreduce_ring(c, b->recv, n, b->tmp);
+            break;
+        case ALG_ALLREDUCE_DOUBLING:
+            ops_copy(b->recv, b->send, n);
+            hand_allreduce_doubling(c, b->recv, n, b->tmp);
+            break;
+        case ALG_REDUCE_SCATTER:
+            ops_copy(b->recv, b->send, n);
+            hand_reduce_scatter_ring(c, b->recv, n, b->tmp);
+            break;
+        case ALG_ALLGATHER: {
+            size_t* starts = xmalloc(sizeof(size_t) * (p + 1));
+            for (int i = 0; i <= p; i++) starts[i] = chunk_start(n, p, i);
+            ops_copy(b->recv + starts[c->rank], b->send + starts[c->rank], starts[c->rank + 1] - starts[c->rank]);
+            hand_allgather_ring(c, b->recv, starts);
+            free(starts);
+            break;
+        }
+        case ALG_BROADCAST:
+            ops_copy(b->recv, b->send, n);
+            hand_broadcast_tree(c, b->recv, n, root);
+            break;
+        case ALG_REDUCE:
+            ops_copy(b->recv, b->send, n);
+            hand_reduce_tree(c, b->recv, n, root, b->tmp);
+            break;
+        case ALG_SCATTER: hand_scatter(c, b->send, b->recv, per, root); break;
+        case ALG_GATHER: hand_gather(c, b->send, b->recv, per, root); break;
+        case ALG_ALLTOALL: hand_alltoall_pairwise(c, b->send, b->recv, per); break;
+        default: break;
+    }
+}
+
+// The same operation through the library (comm_* calls MPI_Allreduce & co.).
+static void run_library(const Comm* c, Algorithm a, Buffers* b, int root) {
+    int p = c->size;
+    size_t n = b->n, per = n / p;
+    switch (a) {
+        case ALG_ALLREDUCE_RING: case ALG_ALLREDUCE_DOUBLING:
+            ops_copy(b->lib, b->send, n);
+            comm_allreduce(c, b->lib, n, COMM_SUM);
+            break;
+        case ALG_REDUCE_SCATTER:
+            if (n % p == 0) {
+                comm_reduce_scatter(c, b->send, b->lib + chunk_start(n, p, c->rank), per, COMM_SUM);
+            } else {  // uneven chunks: the library's all-reduce gives every chunk
+                ops_copy(b->lib, b->send, n);
+                comm_allreduce(c, b->lib, n, COMM_SUM);
+            }
+            break;
+        case ALG_ALLGATHER: {
+            size_t* counts = xmalloc(sizeof(size_t) * p);
+            size_t* displs = xmalloc(sizeof(size_t) * p);
+            for (int i = 0; i < p; i++) {
+                displs[i] = chunk_start(n, p, i);
+                counts[i] = chunk_size(n, p, i);
+            }
+            if (n % p == 0) comm_allgather(c, b->send + displs[c->rank], b->lib, per);
+            else comm_allgatherv(c, b->send + displs[c->rank], b->lib, counts, displs);
+            free(counts);
+            free(displs);
+            break;
+        }
+        case ALG_BROADCAST:
+            ops_copy(b->lib, b->send, n);
+            comm_broadcast(c, b->lib, n, root);
+            break;
+        case ALG_REDUCE: comm_reduce(c, b->send, b->lib, n, root, COMM_SUM); break;
+        case ALG_SCATTER: comm_scatter(c, b->send, b->lib, per, root); break;
+        case ALG_GATHER: comm_gather(c, b->send, b->lib, per, root); break;
+        case ALG_ALLTOALL: comm_alltoall(c, b->send, b->lib, per); break;
+        default: break;
+    }
+}
+
+// The range of the output that is defined on this rank: [*lo, *hi).
+static void defined_range(const Comm* c, Algorithm a, size_t n, int root, size_t* lo, size_t* hi) {
+    int p = c->size;
+    *lo = 0;
+    *hi = n;
+    if (a == ALG_REDUCE_SCATTER) {
+        *lo = chunk_start(n, p, c->rank);
+        *hi = chunk_start(n, p, c->rank + 1);
+    } else if (a == ALG_REDUCE || a == ALG_GATHER) {
+        if (c->rank != root) *hi = 0;
+        else if (a == ALG_GATHER) *hi = (n / p) * p;
+    } else if (a == ALG_SCATTER) {
+        *hi = n / p;
+    } else if (a == ALG_ALLTOALL) {
+        *hi = (n / p) * p;
+    }
+}
+
+// Elements of out (the hand-written or the library's output) that differ from
+// the exact result, summed over the group: none may on integer data; on
+// random data an element may be off by p * FLT_EPSILON * (sum of |terms|),
+// the worst case of p - 1 additions in any order.
+static long count_wrong(const Comm* c, Algorithm a, const float* out, size_t n, int root) {
+    size_t lo, hi;
+    defined_range(c, a, n, root, &lo, &hi);
+    float* host = xmalloc(sizeof(float) * (n ? n : 1));
+    mem_to_host(host, out, sizeof(float) * n);
+    float mine = 0.0f;
+    for (size_t i = lo; i < hi; i++) {
+        double mag;
+        double want = expected_at(a, c->size, c->rank, root, n, i, &mag);
+        double bound = random_data ? c->size * 1.1920929e-7 * mag : 0.0;
+        if (fabs((double)host[i] - want) > bound) mine += 1.0f;
+    }
+    free(host);
+    // the count travels as a float through the library's all-reduce
+    comm_allreduce(c, &mine, 1, COMM_SUM);
+    return (long)mine;
+}
+
+static void buffers_alloc(Buffers* b, size_t n) {
+    size_t m = n ? n : 1;
+    b->n = n;
+    b->send = mem_alloc_floats(m, MEM_COMM);
+    b->recv = mem_alloc_floats(m, MEM_COMM);
+    b->tmp = mem_alloc_floats(m, MEM_COMM);
+    b->lib = mem_alloc_floats(m, MEM_COMM);
+}
+
+static void buffers_free(Buffers* b) {
+    mem_free(b->send);
+    mem_free(b->recv);
+    mem_free(b->tmp);
+    mem_free(b->lib);
+}
+
+static void buffers_fill(Buffers* b, int rank) {
+    float* host = xmalloc(sizeof(float) * (b->n ? b->n : 1));
+    fill(host, b->n, rank);
+    mem_to_device(b->send, host, sizeof(float) * b->n);
+    free(host);
+    mem_zero(b->recv, sizeof(float) * b->n);
+    mem_zero(b->lib, sizeof(float) * b->n);
+}
+
+// ---------------------------------------------------------------- --trace
+
+static void trace_print(const Comm* world, const char* title) {
+    // every rank's lines to rank 0, which sorts them by step (the 4-digit
+    // prefix) and prints them without the prefix
+    int p = world->size;
+    char* all = world->rank == 0 ? xmalloc(sizeof(trace_text) * p) : NULL;
+    MPI_CHECK(MPI_Gather(trace_text, sizeof(trace_text), MPI_CHAR, all, sizeof(trace_text), MPI_CHAR, 0, world->mpi));
+    if (world->rank == 0) {
+        printf("\n%s\n", title);
+        int lines = 0;
+        char* line_ptr[4096];
+        for (int r = 0; r < p; r++) {
+            char* text = all + sizeof(trace_text) * r;
+            text[sizeof(trace_text) - 1] = '\0';
+            for (char* s = strtok(text, "\n"); s && lines < 4096; s = strtok(NULL, "\n")) line_ptr[lines++] = s;
+        }
+        // stable insertion sort by step: ranks stay in order within a step
+        for (int i = 1; i < lines; i++) {
+            char* x = line_ptr[i];
+            int j = i - 1;
+            while (j >= 0 && strncmp(line_ptr[j], x, 4) > 0) {
+                line_ptr[j + 1] = line_ptr[j];
+                j--;
+            }
+            line_ptr[j + 1] = x;
+        }
+        for (int i = 0; i < lines; i++) printf("%s\n", line_ptr[i] + 5);
+        fflush(stdout);
+        free(all);
+    }
+    memset(trace_text, 0, sizeof(trace_text));
+    trace_used = 0;
+}
+
+static void run_trace(const Comm* world) {
+    int p = world->size;
+    if (p > 8) {
+        print0("--trace prints every message; it is meant for 2 to 8 ranks (this run has %d)\n", p);
+        return;
+    }
+    static const char* what[NUM_ALGS] = {
+        "ring all-reduce = ring reduce-scatter, then ring all-gather (2(p-1) steps)",
+        "recursive-doubling all-reduce (log2 p steps, whole buffer each step)",
+        "ring reduce-scatter (p-1 steps): rank r ends with the sum of chunk r",
+        "ring all-gather (p-1 steps): rank r starts with block r",
+        "binomial-tree broadcast from rank 0 (log2 p rounds)",
+        "binomial-tree reduce to rank 0 (log2 p rounds)",
+        "scatter from rank 0 (p-1 messages)",
+        "gather to rank 0 (p-1 messages)",
+        "pairwise all-to-all (p-1 steps)"};
+    Buffers b;
+    buffers_alloc(&b, (size_t)p * 2);
+    for (int a = 0; a < NUM_ALGS; a++) {
+        buffers_fill(&b, world->rank);
+        trace_on = 1;
+        run_hand(world, (Algorithm)a, &b, 0);
+        trace_on = 0;
+        char title[256];
+        snprintf(title, sizeof(title), "== %s: %s", alg_names[a], what[a]);
+        trace_print(world, title);
+    }
+    buffers_free(&b);
+}
+
+// ---------------------------------------------------------------- --check
+
+static int check_one(const Comm* c, Algorithm a, size_t n, int root, int verbose) {
+    Buffers b;
+    buffers_alloc(&b, n);
+    buffers_fill(&b, c->rank);
+    run_hand(c, a, &b, root);
+    run_library(c, a, &b, root);
+    long wrong_hand = count_wrong(c, a, b.recv, n, root);
+    long wrong_lib = count_wrong(c, a, b.lib, n, root);
+    buffers_free(&b);
+    if ((wrong_hand || wrong_lib) && verbose)
+        print0("  FAIL %s n=%zu root=%d %s data: %ld elements wrong by hand, %ld by the library\n", alg_names[a], n,
+               root, random_data ? "random" : "integer", wrong_hand, wrong_lib);
+    return wrong_hand == 0 && wrong_lib == 0;
+}
+
+// Non-blocking forms: start, compute (a matmul) while the operation is in
+// flight, wait, and compare with the blocking result.
+static int check_nonblocking(const Comm* c) {
+    int p = c->size, ok = 1;
+    size_t n = (size_t)p * 1000;
+    float* a = mem_alloc_floats(n, MEM_COMM);
+    float* b = mem_alloc_floats(n, MEM_COMM);
+    float* out = mem_alloc_floats(n, MEM_COMM);
+    float* ref = mem_alloc_floats(n, MEM_COMM);
+    float* host = xmalloc(sizeof(float) * n);
+    float* host2 = xmalloc(sizeof(float) * n);
+    const int m = 128;
+    float* x = mem_alloc_floats((size_t)m * m, MEM_OTHER);
+    float* y = mem_alloc_floats((size_t)m * m, MEM_OTHER);
+    CommRequest req;
+    for (int kind = 0; kind < 5; kind++) {
+        fill(host, n, c->rank);
+        mem_to_device(a, host, sizeof(float) * n);
+        mem_to_device(b, host, sizeof(float) * n);
+        mem_zero(out, sizeof(float) * n);
+        mem_zero(ref, sizeof(float) * n);
+        size_t cmp = n;
+        if (kind == 0) {
+            comm_iallreduce(c, a, n, COMM_AVG, &req);
+            matmul_forward(y, x, x, NULL, m, m, m);  // compute while it flies
+            comm_wait(&req);
+            comm_allreduce(c, b, n, COMM_AVG);
+            mem_to_host(host, a, sizeof(float) * n);
+            mem_to_host(host2, b, sizeof(float) * n);
+        } else if (kind == 1) {
+            comm_ireduce_scatter(c, a, out, n / p, COMM_SUM, &req);
+            matmul_forward(y, x, x, NULL, m, m, m);
+            comm_wait(&req);
+            comm_reduce_scatter(c, b, ref, n / p, COMM_SUM);
+            cmp = n / p;
+            mem_to_host(host, out, sizeof(float) * cmp);
+            mem_to_host(host2, ref, sizeof(float) * cmp);
+        } else if (kind == 2) {
+            comm_iallgather(c, a, out, n / p, &req);
+            matmul_forward(y, x, x, NULL, m, m, m);
+            comm_wait(&req);
+            comm_allgather(c, b, ref, n / p);
+            mem_to_host(host, out, sizeof(float) * n);
+            mem_to_host(host2, ref, sizeof(float) * n);
+        } else if (kind == 3) {
+            comm_ibroadcast(c, a, n, p - 1, &req);
+            matmul_forward(y, x, x, NULL, m, m, m);
+            comm_wait(&req);
+            comm_broadcast(c, b, n, p - 1);
+            mem_to_host(host, a, sizeof(float) * n);
+            mem_to_host(host2, b, sizeof(float) * n);
+        } else {
+            // a ring shift with isend/irecv: receive the left neighbour's data
+            CommRequest send_req;
+            int right = mod(c->rank + 1, p), left = mod(c->rank - 1, p);
+            comm_irecv(c, out, n, left, &req);
+            comm_isend(c, a, n, right, &send_req);
+            matmul_forward(y, x, x, NULL, m, m, m);
+            comm_wait(&req);
+            comm_wait(&send_req);
+            fill(host2, n, left);
+            mem_to_host(host, out, sizeof(float) * n);
+        }
+        if (memcmp(host, host2, sizeof(float) * cmp) != 0) {
+            ok = 0;
+            printf("  FAIL non-blocking form %d on rank %d differs from the blocking one\n", kind, c->rank);
+        }
+    }
+    mem_free(a);
+    mem_free(b);
+    mem_free(out);
+    mem_free(ref);
+    mem_free(x);
+    mem_free(y);
+    free(host);
+    free(host2);
+    float bad = ok ? 0.0f : 1.0f;
+    comm_allreduce(c, &bad, 1, COMM_SUM);
+    return bad == 0.0f;
+}
+
+// The counters: one all-reduce of n floats counts 1 call, 4n bytes, and
+// 4n * 2(p-1)/p bus bytes on its axis.
+static int check_counters(const Comm* c) {
+    comm_counts_reset();
+    size_t n = 1000;
+    float* buf = mem_alloc_floats(n, MEM_COMM);
+    comm_allreduce(c, buf, n, COMM_SUM);
+    comm_allgather(c, buf, buf, 0);
+    mem_free(buf);
+    CommCount k = comm_count(COLL_ALLREDUCE, c->axis);
+    CommCount g = comm_count(COLL_ALLGATHER, c->axis);
+    int p = c->size;
+    double bus = 4.0 * n * (p > 1 ? 2.0 * (p - 1) / p : 0.0);
+    int ok = k.calls == 1 && k.bytes == 4.0 * n && fabs(k.bus_bytes - bus) < 1e-6 && g.calls == 1 && g.bytes == 0;
+    comm_counts_reset();
+    return ok;
+}
+
+static int run_check(const Comm* world) {
+    int p = world->size;
+    // counts that do not divide by p: 0, 1, small primes, p-1, p, p+1,
+    // and large ones (a prime over a million)
+    size_t counts[] = {0, 1, 2, 3, 5, 7, 13, 31, (size_t)p, (size_t)p + 1, 97, 1000, 4099, 65537, 1048583};
+    int ncounts = sizeof(counts) / sizeof(counts[0]);
+    int failures = 0, runs = 0;
+    for (int a = 0; a < NUM_ALGS; a++) {
+        int alg_fail = 0, alg_runs = 0;
+        for (int k = 0; k < 2 * ncounts; k++) {
+            random_data = k >= ncounts;  // integer data, then random data
+            size_t n = counts[k % ncounts];
+            // scatter, gather, all-to-all move n/p per rank: use multiples of p
+            if (a == ALG_SCATTER || a == ALG_GATHER || a == ALG_ALLTOALL) n = (n / p + (n % p != 0)) * p;
+            int roots[2] = {0, p - 1};
+            int nroots = (a == ALG_BROADCAST || a == ALG_REDUCE || a == ALG_SCATTER || a == ALG_GATHER) && p > 1 ? 2 : 1;
+            for (int ri = 0; ri < nroots; ri++) {
+                alg_runs++;
+                if (!check_one(world, (Algorithm)a, n, roots[ri], 1)) alg_fail++;
+            }
+        }
+        random_data = 0;
+        print0("check %-19s %2d runs (n = 0 .. 1048583, roots 0 and p-1): %s\n", alg_names[a], alg_runs,
+               alg_fail ? "FAIL" : "exact on integer data, within p*eps*sum|x| on random data, as the library");
+        failures += alg_fail;
+        runs += alg_runs;
+    }
+    int nb = check_nonblocking(world);
+    print0("check non-blocking forms (all-reduce, reduce-scatter, all-gather, broadcast, isend/irecv) with compute in flight: %s\n",
+           nb ? "same as blocking" : "FAIL");
+    int cn = check_counters(world);
+    print0("check counters (calls, bytes, bus bytes per collective and axis): %s\n", cn ? "ok" : "FAIL");
+    // one line the test runner reads
+    print0("check summary: %d of %d collective runs match on %d ranks%s\n", runs - failures, runs, p,
+           (failures || !nb || !cn) ? ", FAILED" : "");
+    return failures == 0 && nb && cn;
+}
+
+// ---------------------------------------------------------------- --bench
+
+static double time_runs(const Comm* c, Algorithm a, Buffers* b, int hand, int iters) {
+    comm_barrier(c);
+    double t0 = now_seconds();
+    for (int i = 0; i < iters; i++) {
+        if (hand) run_hand(c, a, b, 0);
+        else run_library(c, a, b, 0);
+    }
+    device_synchronize();
+    double dt = (now_seconds() - t0) / iters;
+    // the slowest rank sets the time
+    float mine = (float)dt;
+    float slowest = mine;
+    MPI_CHECK(MPI_Allreduce(&mine, &slowest, 1, MPI_FLOAT, MPI_MAX, c->mpi));
+    return slowest;
+}
+
+static void run_bench(const Comm* world, size_t min_bytes, size_t max_bytes, int max_iters,
+                      const char* only, JsonLog* log) {
+    int p = world->size;
+    print0("\n# nccl-tests-style table, %d ranks, float sum, times in us, bandwidths in GB/s\n"
+           "# algbw = size / time; busbw = algbw * (2(p-1)/p all-reduce, (p-1)/p gather/scatter/all-to-all, 1 broadcast/reduce)\n", p);
+    for (int a = 0; a < NUM_ALGS; a++) {
+        if (only && strcmp(only, "all") != 0 && strstr(alg_names[a], only) == NULL) continue;
+        print0("\n# %s\n#%12s %12s %6s %6s | %10s %8s %8s %6s | %10s %8s %8s %6s | %9s\n", alg_names[a], "size (B)",
+               "count", "type", "redop", "hand (us)", "algbw", "busbw", "#wrong", "lib (us)", "algbw", "busbw", "#wrong",
+               "hand/lib");
+        for (size_t bytes = min_bytes; bytes <= max_bytes; bytes *= 2) {
+            size_t n = bytes / sizeof(float);
+            if (a == ALG_SCATTER || a == ALG_GATHER || a == ALG_ALLTOALL || a == ALG_ALLGATHER || a == ALG_REDUCE_SCATTER)
+                n = n / p * p;  // equal blocks, as nccl-tests
+            if (n == 0) continue;
+            Buffers b;
+            buffers_alloc(&b, n);
+            buffers_fill(&b, world->rank);
+            // correctness first, on fresh data
+            run_hand(world, (Algorithm)a, &b, 0);
+            run_library(world, (Algorithm)a, &b, 0);
+            long wrong_hand = count_wrong(world, (Algorithm)a, b.recv, n, 0);
+            long wrong_lib = count_wrong(world, (Algorithm)a, b.lib, n, 0);
+            int iters = (int)((size_t)1 << 28) / (int)(bytes > 1 ? bytes : 1);
+            if (iters > max_iters) iters = max_iters;
+            if (iters < 3) iters = 3;
+            time_runs(world, (Algorithm)a, &b, 1, 1);  // warm-up
+            time_runs(world, (Algorithm)a, &b, 0, 1);
+            double th = time_runs(world, (Algorithm)a, &b, 1, iters);
+            double tl = time_runs(world, (Algorithm)a, &b, 0, iters);
+            double size = (double)n * sizeof(float);
+            double f = bus_factor((Algorithm)a, p);
+            double ah = size / th / 1e9, al = size / tl / 1e9;
+            print0(" %12.0f %12zu %6s %6s | %10.1f %8.3f %8.3f %6ld | %10.1f %8.3f %8.3f %6ld | %9.3f\n", size, n,
+                   "float", "sum", th * 1e6, ah, ah * f, wrong_hand, tl * 1e6, al, al * f, wrong_lib, tl / th);
+            if (log->f) {
+                fprintf(log->f,
+                        "{\"type\":\"collective\",\"op\":\"%s\",\"ranks\":%d,\"bytes\":%.0f,\"count\":%zu,"
+                        "\"hand_us\":%.3f,\"hand_algbw\":%.5f,\"hand_busbw\":%.5f,\"hand_wrong\":%ld,"
+                        "\"lib_us\":%.3f,\"lib_algbw\":%.5f,\"lib_busbw\":%.5f,\"lib_wrong\":%ld}\n",
+                        alg_names[a], p, size, n, th * 1e6, ah, ah * f, wrong_hand, tl * 1e6, al, al * f, wrong_lib);
+                fflush(log->f);
+            }
+            buffers_free(&b);
+        }
+    }
+}
+
+// ---------------------------------------------------------------- main
+
+int main(int argc, char** argv) {
+    runtime_init(&argc, &argv);
+    int do_trace = 0, do_check = 0, do_bench = 0, iters = 20, threads = 0;
+    const char* min_size = "8";
+    const char* max_size = "4M";
+    const char* only = "all";
+    const char* log_path = NULL;
+    ArgSpec flags[] = {
+        {"trace", ARG_FLAG, &do_trace, "print who sends which chunk to whom, step by step (2-8 ranks)"},
+        {"check", ARG_FLAG, &do_check, "check every algorithm against the library (odd counts, two roots)"},
+        {"bench", ARG_FLAG, &do_bench, "nccl-tests-style table: hand-written vs library"},
+        {"min-bytes", ARG_STRING, &min_size, "smallest bench size, e.g. 8, 64K, 1M  [8]"},
+        {"max-bytes", ARG_STRING, &max_size, "largest bench size, up to 256M  [4M]"},
+        {"op", ARG_STRING, &only, "bench only algorithms whose name contains this  [all]"},
+        {"iters", ARG_INT, &iters, "timed repetitions per size, at most  [20]"},
+        {"threads", ARG_INT, &threads, "threads per rank  [cores / ranks on the node]"},
+        {"log", ARG_STRING, &log_path, "write the bench rows as JSONL to FILE"},
+    };
+    int n_flags = sizeof(flags) / sizeof(flags[0]);
+    char msg[1024];
+    const char* bad = args_parse_only(argc, argv, flags, n_flags, msg, sizeof(msg));
+    if (bad && !strcmp(bad, "help")) {
+        if (world_rank() == 0)
+            args_usage("build/chapter-1",
+                       "Chapter 1: every collective by hand over send/recv, checked and timed against the library.\n"
+                       "With no flag: --trace (up to 8 ranks), --check and a short --bench.",
+                       flags, n_flags, ARGS_NO_SHARED);
+        runtime_finalize();
+        return 0;
+    }
+    if (bad) fail_all("%s", bad);
+    size_t min_bytes = 0, max_bytes = 0;
+    const char* sizes[2] = {min_size, max_size};
+    size_t* outs[2] = {&min_bytes, &max_bytes};
+    for (int i = 0; i < 2; i++) {
+        char* end = NULL;
+        double v = strtod(sizes[i], &end);
+        if (end && (*end == 'K' || *end == 'k')) v *= 1024, end++;
+        else if (end && (*end == 'M' || *end == 'm')) v *= 1024 * 1024, end++;
+        else if (end && (*end == 'G' || *end == 'g')) v *= 1024.0 * 1024 * 1024, end++;
+        if (!end || *end || v < 4 || v > 1024.0 * 1024 * 1024)
+            fail_all("--%s-bytes '%s' is not a size from 4 to 1G (e.g. 8, 64K, 256M)", i ? "max" : "min", sizes[i]);
+        *outs[i] = (size_t)v;
+    }
+    if (min_bytes > max_bytes) fail_all("--min-bytes is larger than --max-bytes");
+    if (iters < 1) fail_all("--iters must be >= 1");
+    if (!do_trace && !do_check && !do_bench) do_trace = do_check = do_bench = 1;
+
+    runtime_set_threads(threads);
+    device_init(runtime_local_rank());
+    // chapter 1 talks over the whole world; the mesh comes back in chapter 2
+    Comm world;
+    comm_create(&world, NULL, NULL);
+    JsonLog log;
+    bad = jsonl_open(&log, log_path, msg, sizeof(msg));
+    fail_if_any(bad != NULL, bad);
+
+    print0("chapter 1: collectives by hand on %d rank%s\n", world.size, world.size == 1 ? "" : "s");
+    if (do_trace) run_trace(&world);
+    int ok = 1;
+    if (do_check) ok = run_check(&world);
+    if (do_bench) run_bench(&world, min_bytes, max_bytes, iters, only, &log);
+    jsonl_close(&log);
+    comm_destroy(&world, NULL);
+    runtime_finalize();
+    return ok ? 0 : 1;
+}

@@ -1,0 +1,876 @@
+// test_ops.c: every op in ops.h against a plain double-precision reference.
+//
+// For each op the test
+//   1. runs the fp32 forward and compares it with a reference forward written
+//      from the math in double, with simple loops;
+//   2. compares every fp32 backward gradient with central finite differences of
+//      the double reference forward, for the scalar objective L = sum(out * R)
+//      with R a fixed random tensor (so dout = R);
+//   3. checks the conventions of ops.h: backward ops accumulate (+=), NULL
+//      gradient pointers are accepted, crossentropy_backward writes (not
+//      accumulates), works in place and works on vocabulary shards.
+//
+// Run with -v to print the measured error of every numeric check.
+#include <math.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "ops.h"
+#include "test.h"
+
+// ---------------------------------------------------------------- bounds
+// Forward: max|fp32 - double| / max|double|. The fp32 ops sum at most a few
+// dozen terms of size ~1, so a correct implementation is off by a few units of
+// fp32 rounding (6e-8), i.e. ~1e-6 at worst; any real bug (a wrong index, a
+// missing term, a wrong constant) is off by 1e-3 or more.
+#define FWD_TOL 1e-5
+// Backward: max|fp32 analytic - double FD| / (max|FD| + 1e-6). The central
+// difference in double with eps = 1e-6 is accurate to ~1e-8 relative
+// (truncation eps^2 ~ 1e-12, cancellation 1e-16 * |L| / eps ~ 1e-9), so the
+// error measured is the fp32 rounding of the analytic gradient: ~1e-6 for
+// these sizes, a bit more where layernorm's rstd or attention's softmax chain
+// amplifies it (measured on the CPU backend: <= 2.5e-7, gelu's being the
+// largest). 1e-5 leaves a 40x margin for that, while a wrong gradient (a
+// missing term, a transposed index, a wrong constant) is off by 1e-4 or more.
+#define BWD_TOL 1e-5
+// Accumulate: a backward called on a buffer prefilled with P must give
+// P + G, where G is what it gives on a zeroed buffer. Only rounding of the
+// final add differs (a few fp32 ulps, ~1e-7 relative); an op that overwrites
+// is off by |P| ~ 1.
+#define ACC_TOL 1e-6
+// Step size of the central finite differences (in double).
+#define FD_EPS 1e-6
+
+static int verbose = 0;
+
+// ---------------------------------------------------------------- helpers
+// xorshift64: deterministic inputs, the same on every machine.
+static uint64_t rng_state = 0x9E3779B97F4A7C15ull;
+
+// Uniform in [-1, 1).
+static double rng_uniform(void) {
+    rng_state ^= rng_state << 13;
+    rng_state ^= rng_state >> 7;
+    rng_state ^= rng_state << 17;
+    return (double)(rng_state >> 11) * (2.0 / 9007199254740992.0) - 1.0;
+}
+
+static void fill(float* x, size_t n, double scale) {
+    for (size_t i = 0; i < n; i++) x[i] = (float)(scale * rng_uniform());
+}
+
+// The reference sees exactly the values the fp32 op sees.
+static void to_double(double* d, const float* f, size_t n) {
+    for (size_t i = 0; i < n; i++) d[i] = (double)f[i];
+}
+
+static double dot_d(const double* a, const double* b, size_t n) {
+    double s = 0.0;
+    for (size_t i = 0; i < n; i++) s += a[i] * b[i];
+    return s;
+}
+
+static double max_abs(const double* x, size_t n) {
+    double m = 0.0;
+    for (size_t i = 0; i < n; i++) m = fmax(m, fabs(x[i]));
+    return m;
+}
+
+// max |a - b|; a NaN anywhere makes the result NaN, which fails every bound
+// (fmax would silently drop it).
+static double max_abs_diff(const float* a, const double* b, size_t n) {
+    double m = 0.0;
+    for (size_t i = 0; i < n; i++) {
+        double d = fabs((double)a[i] - b[i]);
+        if (isnan(d)) return NAN;
+        if (d > m) m = d;
+    }
+    return m;
+}
+
+// Error relative to the scale of the reference.
+static double rel_err(const float* a, const double* b, size_t n) {
+    return max_abs_diff(a, b, n) / (max_abs(b, n) + 1e-6);
+}
+
+// Same, between two fp32 results.
+static double rel_err_ff(const float* a, const float* b, size_t n) {
+    double m = 0.0, s = 0.0;
+    for (size_t i = 0; i < n; i++) {
+        double d = fabs((double)a[i] - (double)b[i]);
+        if (isnan(d)) return NAN;
+        if (d > m) m = d;
+        s = fmax(s, fabs((double)b[i]));
+    }
+    return m / (s + 1e-6);
+}
+
+// got must equal base + delta up to the rounding of one fp32 add.
+static double accum_err(const float* got, const float* base, const float* delta, size_t n) {
+    double m = 0.0, s = 0.0;
+    for (size_t i = 0; i < n; i++) {
+        double want = (double)base[i] + (double)delta[i];
+        double d = fabs((double)got[i] - want);
+        if (isnan(d)) return NAN;
+        if (d > m) m = d;
+        s = fmax(s, fabs(want));
+    }
+    return m / (s + 1e-6);
+}
+
+static void check_err(const char* name, double err, double bound) {
+    if (verbose) printf("# %-60s err %.3g (bound %.3g)\n", name, err, bound);
+    check(err <= bound, name, "error %.3g exceeds bound %.3g", err, bound);
+}
+
+// Central differences of a scalar objective w.r.t. each element of x, which
+// the objective reads through its context.
+typedef double (*objective_fn)(void* ctx);
+
+static void fd_gradient(objective_fn f, void* ctx, double* x, size_t n, double* grad) {
+    for (size_t i = 0; i < n; i++) {
+        double saved = x[i];
+        x[i] = saved + FD_EPS;
+        double lp = f(ctx);
+        x[i] = saved - FD_EPS;
+        double lm = f(ctx);
+        x[i] = saved;
+        grad[i] = (lp - lm) / (2.0 * FD_EPS);
+    }
+}
+
+// ================================================================ encoder
+static void encoder_ref(double* out, const int* tokens, const double* wte, const double* wpe,
+                        int B, int T, int C) {
+    for (int b = 0; b < B; b++)
+        for (int t = 0; t < T; t++)
+            for (int c = 0; c < C; c++)
+                out[(b * T + t) * C + c] = wte[tokens[b * T + t] * C + c] + wpe[t * C + c];
+}
+
+typedef struct {
+    const int* tokens;
+    const double *wte, *wpe, *r;
+    double* out;
+    int B, T, C;
+} encoder_ctx;
+
+static double encoder_objective(void* p) {
+    encoder_ctx* e = p;
+    encoder_ref(e->out, e->tokens, e->wte, e->wpe, e->B, e->T, e->C);
+    return dot_d(e->out, e->r, (size_t)e->B * e->T * e->C);
+}
+
+static void test_encoder(void) {
+    enum { B = 2, T = 3, C = 5, V = 7, OFF = 2, TMAX = T + OFF, N = B * T };
+    // Token 3 appears three times, so dwte must sum over rows.
+    const int tokens[N] = {3, 1, 3, 6, 0, 3};
+    float wte[V * C], wpe[TMAX * C], out[N * C], r[N * C];
+    double wte_d[V * C], wpe_d[TMAX * C], out_d[N * C], r_d[N * C];
+    fill(wte, V * C, 1.0);
+    fill(wpe, TMAX * C, 1.0);
+    fill(r, N * C, 1.0);
+    to_double(wte_d, wte, V * C);
+    to_double(wpe_d, wpe, TMAX * C);
+    to_double(r_d, r, N * C);
+
+    // A chunk starting at position 0, then one starting at OFF (context
+    // parallelism passes wpe + t0*C).
+    for (int off = 0; off <= OFF; off += OFF) {
+        char name[128];
+        encoder_forward(out, tokens, wte, wpe + off * C, B, T, C);
+        encoder_ref(out_d, tokens, wte_d, wpe_d + off * C, B, T, C);
+        snprintf(name, sizeof name, "encoder_forward out (wpe offset %d)", off);
+        check_err(name, rel_err(out, out_d, N * C), FWD_TOL);
+
+        // The whole dwpe buffer is compared, so rows outside the chunk must
+        // stay zero (their FD gradient is exactly 0).
+        float dwte[V * C] = {0}, dwpe[TMAX * C] = {0};
+        encoder_backward(dwte, dwpe + off * C, r, tokens, B, T, C);
+        encoder_ctx ctx = {tokens, wte_d, wpe_d + off * C, r_d, out_d, B, T, C};
+        double g[V * C > TMAX * C ? V * C : TMAX * C];
+        fd_gradient(encoder_objective, &ctx, wte_d, V * C, g);
+        snprintf(name, sizeof name, "encoder_backward dwte vs FD (wpe offset %d)", off);
+        check_err(name, rel_err(dwte, g, V * C), BWD_TOL);
+        fd_gradient(encoder_objective, &ctx, wpe_d, TMAX * C, g);
+        snprintf(name, sizeof name, "encoder_backward dwpe vs FD (wpe offset %d)", off);
+        check_err(name, rel_err(dwpe, g, TMAX * C), BWD_TOL);
+
+        // Accumulate: prefilled buffers get the same gradient added.
+        float pte[V * C], ppe[TMAX * C], ate[V * C], ape[TMAX * C];
+        fill(pte, V * C, 1.0);
+        fill(ppe, TMAX * C, 1.0);
+        memcpy(ate, pte, sizeof ate);
+        memcpy(ape, ppe, sizeof ape);
+        encoder_backward(ate, ape + off * C, r, tokens, B, T, C);
+        snprintf(name, sizeof name, "encoder_backward accumulates (wpe offset %d)", off);
+        double e = fmax(accum_err(ate, pte, dwte, V * C), accum_err(ape, ppe, dwpe, TMAX * C));
+        check_err(name, e, ACC_TOL);
+    }
+}
+
+// ================================================================ layernorm
+// GPT-2 / llm.c layernorm: biased variance, eps = 1e-5 inside the sqrt.
+static void layernorm_ref(double* out, double* mean, double* rstd, const double* inp,
+                          const double* w, const double* b, int N, int C) {
+    for (int n = 0; n < N; n++) {
+        const double* x = inp + n * C;
+        double m = 0.0;
+        for (int c = 0; c < C; c++) m += x[c];
+        m /= C;
+        double var = 0.0;
+        for (int c = 0; c < C; c++) var += (x[c] - m) * (x[c] - m);
+        var /= C;
+        double s = 1.0 / sqrt(var + 1e-5);
+        for (int c = 0; c < C; c++) out[n * C + c] = (x[c] - m) * s * w[c] + b[c];
+        if (mean) mean[n] = m;
+        if (rstd) rstd[n] = s;
+    }
+}
+
+typedef struct {
+    const double *inp, *w, *b, *r;
+    double* out;
+    int N, C;
+} layernorm_ctx;
+
+static double layernorm_objective(void* p) {
+    layernorm_ctx* l = p;
+    layernorm_ref(l->out, NULL, NULL, l->inp, l->w, l->b, l->N, l->C);
+    return dot_d(l->out, l->r, (size_t)l->N * l->C);
+}
+
+static void test_layernorm(void) {
+    enum { N = 4, C = 7 };
+    float inp[N * C], w[C], b[C], out[N * C], mean[N], rstd[N], r[N * C];
+    double inp_d[N * C], w_d[C], b_d[C], out_d[N * C], mean_d[N], rstd_d[N], r_d[N * C];
+    fill(inp, N * C, 1.0);
+    // Give rows different means and spreads so mean and rstd both matter.
+    for (int n = 0; n < N; n++)
+        for (int c = 0; c < C; c++) inp[n * C + c] = inp[n * C + c] * (float)(0.5 + n) + 0.3f * (float)n;
+    fill(w, C, 1.0);
+    fill(b, C, 1.0);
+    fill(r, N * C, 1.0);
+    to_double(inp_d, inp, N * C);
+    to_double(w_d, w, C);
+    to_double(b_d, b, C);
+    to_double(r_d, r, N * C);
+
+    layernorm_forward(out, mean, rstd, inp, w, b, N, C);
+    layernorm_ref(out_d, mean_d, rstd_d, inp_d, w_d, b_d, N, C);
+    check_err("layernorm_forward out", rel_err(out, out_d, N * C), FWD_TOL);
+    // mean is compared against the scale of the inputs (a row mean can be ~0).
+    check_err("layernorm_forward mean", max_abs_diff(mean, mean_d, N) / max_abs(inp_d, N * C),
+              FWD_TOL);
+    check_err("layernorm_forward rstd", rel_err(rstd, rstd_d, N), FWD_TOL);
+
+    float dinp[N * C] = {0}, dw[C] = {0}, db[C] = {0};
+    layernorm_backward(dinp, dw, db, r, inp, w, mean, rstd, N, C);
+    layernorm_ctx ctx = {inp_d, w_d, b_d, r_d, out_d, N, C};
+    double g[N * C];
+    fd_gradient(layernorm_objective, &ctx, inp_d, N * C, g);
+    check_err("layernorm_backward dinp vs FD", rel_err(dinp, g, N * C), BWD_TOL);
+    fd_gradient(layernorm_objective, &ctx, w_d, C, g);
+    check_err("layernorm_backward dw vs FD", rel_err(dw, g, C), BWD_TOL);
+    fd_gradient(layernorm_objective, &ctx, b_d, C, g);
+    check_err("layernorm_backward db vs FD", rel_err(db, g, C), BWD_TOL);
+
+    // Accumulate into all three prefilled buffers.
+    float pi[N * C], pw[C], pb[C], ai[N * C], aw[C], ab[C];
+    fill(pi, N * C, 1.0);
+    fill(pw, C, 1.0);
+    fill(pb, C, 1.0);
+    memcpy(ai, pi, sizeof ai);
+    memcpy(aw, pw, sizeof aw);
+    memcpy(ab, pb, sizeof ab);
+    layernorm_backward(ai, aw, ab, r, inp, w, mean, rstd, N, C);
+    check_err("layernorm_backward dinp accumulates", accum_err(ai, pi, dinp, N * C), ACC_TOL);
+    check_err("layernorm_backward dw accumulates", accum_err(aw, pw, dw, C), ACC_TOL);
+    check_err("layernorm_backward db accumulates", accum_err(ab, pb, db, C), ACC_TOL);
+}
+
+// ================================================================ matmul
+static void matmul_ref(double* out, const double* inp, const double* w, const double* bias,
+                       int N, int C, int OC) {
+    for (int n = 0; n < N; n++)
+        for (int o = 0; o < OC; o++) {
+            double s = bias ? bias[o] : 0.0;
+            for (int c = 0; c < C; c++) s += inp[n * C + c] * w[o * C + c];
+            out[n * OC + o] = s;
+        }
+}
+
+typedef struct {
+    const double *inp, *w, *bias, *r;
+    double* out;
+    int N, C, OC;
+} matmul_ctx;
+
+static double matmul_objective(void* p) {
+    matmul_ctx* m = p;
+    matmul_ref(m->out, m->inp, m->w, m->bias, m->N, m->C, m->OC);
+    return dot_d(m->out, m->r, (size_t)m->N * m->OC);
+}
+
+static void test_matmul(void) {
+    // Odd sizes, so no blocking or vector width divides them.
+    enum { N = 5, C = 7, OC = 3 };
+    float inp[N * C], w[OC * C], bias[OC], out[N * OC], r[N * OC];
+    double inp_d[N * C], w_d[OC * C], bias_d[OC], out_d[N * OC], r_d[N * OC];
+    fill(inp, N * C, 1.0);
+    fill(w, OC * C, 1.0);
+    fill(bias, OC, 1.0);
+    fill(r, N * OC, 1.0);
+    to_double(inp_d, inp, N * C);
+    to_double(w_d, w, OC * C);
+    to_double(bias_d, bias, OC);
+    to_double(r_d, r, N * OC);
+
+    matmul_forward(out, inp, w, bias, N, C, OC);
+    matmul_ref(out_d, inp_d, w_d, bias_d, N, C, OC);
+    check_err("matmul_forward out (bias)", rel_err(out, out_d, N * OC), FWD_TOL);
+    // Prefill out with garbage: forward writes, and a NULL bias adds nothing.
+    for (int i = 0; i < N * OC; i++) out[i] = 99.0f;
+    matmul_forward(out, inp, w, NULL, N, C, OC);
+    matmul_ref(out_d, inp_d, w_d, NULL, N, C, OC);
+    check_err("matmul_forward out (bias NULL)", rel_err(out, out_d, N * OC), FWD_TOL);
+
+    // The backward does not depend on whether the forward had a bias; dbias is
+    // the gradient w.r.t. a bias, so the FD runs with one.
+    float dinp[N * C] = {0}, dw[OC * C] = {0}, dbias[OC] = {0};
+    matmul_backward(dinp, dw, dbias, r, inp, w, N, C, OC);
+    matmul_ctx ctx = {inp_d, w_d, bias_d, r_d, out_d, N, C, OC};
+    double g_inp[N * C], g_w[OC * C], g_b[OC];
+    fd_gradient(matmul_objective, &ctx, inp_d, N * C, g_inp);
+    fd_gradient(matmul_objective, &ctx, w_d, OC * C, g_w);
+    fd_gradient(matmul_objective, &ctx, bias_d, OC, g_b);
+    check_err("matmul_backward dinp vs FD", rel_err(dinp, g_inp, N * C), BWD_TOL);
+    check_err("matmul_backward dw vs FD", rel_err(dw, g_w, OC * C), BWD_TOL);
+    check_err("matmul_backward dbias vs FD", rel_err(dbias, g_b, OC), BWD_TOL);
+
+    // Accumulate into prefilled buffers.
+    float pi[N * C], pw[OC * C], pb[OC], ai[N * C], aw[OC * C], ab[OC];
+    fill(pi, N * C, 1.0);
+    fill(pw, OC * C, 1.0);
+    fill(pb, OC, 1.0);
+    memcpy(ai, pi, sizeof ai);
+    memcpy(aw, pw, sizeof aw);
+    memcpy(ab, pb, sizeof ab);
+    matmul_backward(ai, aw, ab, r, inp, w, N, C, OC);
+    check_err("matmul_backward dinp accumulates", accum_err(ai, pi, dinp, N * C), ACC_TOL);
+    check_err("matmul_backward dw accumulates", accum_err(aw, pw, dw, OC * C), ACC_TOL);
+    check_err("matmul_backward dbias accumulates", accum_err(ab, pb, dbias, OC), ACC_TOL);
+
+    // NULL dinp and dbias (the first layer needs no dinp; a bias-free layer
+    // has no dbias): dw is still right and nothing crashes.
+    float dw2[OC * C] = {0};
+    matmul_backward(NULL, dw2, NULL, r, inp, w, N, C, OC);
+    check_err("matmul_backward dinp=NULL dbias=NULL, dw vs FD", rel_err(dw2, g_w, OC * C), BWD_TOL);
+    float dinp3[N * C] = {0}, dw3[OC * C] = {0};
+    matmul_backward(dinp3, dw3, NULL, r, inp, w, N, C, OC);
+    check_err("matmul_backward dbias=NULL, dinp and dw vs FD",
+              fmax(rel_err(dinp3, g_inp, N * C), rel_err(dw3, g_w, OC * C)), BWD_TOL);
+}
+
+// ================================================================ attention
+// Causal attention written from the definition: per (b, t, head), scores of
+// the query against keys 0..t, softmax, weighted sum of the values.
+static void attention_ref(double* out, double* att, const double* qkv, int B, int T, int C, int NH) {
+    int hs = C / NH;
+    double scale = 1.0 / sqrt((double)hs);
+    for (int b = 0; b < B; b++)
+        for (int t = 0; t < T; t++)
+            for (int h = 0; h < NH; h++) {
+                const double* q = qkv + (b * T + t) * 3 * C + h * hs;
+                double* a = att + ((b * NH + h) * T + t) * T;
+                double mx = -INFINITY;
+                for (int t2 = 0; t2 <= t; t2++) {
+                    const double* k = qkv + (b * T + t2) * 3 * C + C + h * hs;
+                    double s = 0.0;
+                    for (int i = 0; i < hs; i++) s += q[i] * k[i];
+                    a[t2] = s * scale;
+                    mx = fmax(mx, a[t2]);
+                }
+                double sum = 0.0;
+                for (int t2 = 0; t2 <= t; t2++) {
+                    a[t2] = exp(a[t2] - mx);
+                    sum += a[t2];
+                }
+                for (int t2 = 0; t2 <= t; t2++) a[t2] /= sum;
+                for (int t2 = t + 1; t2 < T; t2++) a[t2] = 0.0;
+                double* o = out + (b * T + t) * C + h * hs;
+                for (int i = 0; i < hs; i++) {
+                    double s = 0.0;
+                    for (int t2 = 0; t2 <= t; t2++)
+                        s += a[t2] * qkv[(b * T + t2) * 3 * C + 2 * C + h * hs + i];
+                    o[i] = s;
+                }
+            }
+}
+
+typedef struct {
+    const double *qkv, *r;
+    double *out, *att;
+    int B, T, C, NH;
+} attention_ctx;
+
+static double attention_objective(void* p) {
+    attention_ctx* a = p;
+    attention_ref(a->out, a->att, a->qkv, a->B, a->T, a->C, a->NH);
+    return dot_d(a->out, a->r, (size_t)a->B * a->T * a->C);
+}
+
+static void test_attention(void) {
+    enum { B = 2, T = 5, C = 8, NH = 2, QKV = B * T * 3 * C, ATT = B * NH * T * T };
+    float qkv[QKV], out[B * T * C], att[ATT], r[B * T * C];
+    double qkv_d[QKV], out_d[B * T * C], att_d[ATT], r_d[B * T * C];
+    // Scale 1.5 makes the softmax clearly non-uniform.
+    fill(qkv, QKV, 1.5);
+    fill(r, B * T * C, 1.0);
+    to_double(qkv_d, qkv, QKV);
+    to_double(r_d, r, B * T * C);
+
+    attention_forward(out, att, qkv, B, T, C, NH);
+    attention_ref(out_d, att_d, qkv_d, B, T, C, NH);
+    check_err("attention_forward out", rel_err(out, out_d, B * T * C), FWD_TOL);
+    // Only the causal part (t2 <= t) of att is defined; probabilities are <= 1.
+    double e = 0.0;
+    for (int bh = 0; bh < B * NH; bh++)
+        for (int t = 0; t < T; t++)
+            e = fmax(e, max_abs_diff(att + (bh * T + t) * T, att_d + (bh * T + t) * T, (size_t)t + 1));
+    check_err("attention_forward att (causal part)", e, FWD_TOL);
+
+    float dqkv[QKV] = {0}, datt[ATT] = {0};
+    attention_backward(dqkv, datt, r, qkv, att, B, T, C, NH);
+    attention_ctx ctx = {qkv_d, r_d, out_d, att_d, B, T, C, NH};
+    double g[QKV];
+    fd_gradient(attention_objective, &ctx, qkv_d, QKV, g);
+    check_err("attention_backward dqkv vs FD", rel_err(dqkv, g, QKV), BWD_TOL);
+
+    // Accumulate into a prefilled dqkv.
+    float p[QKV], a[QKV];
+    fill(p, QKV, 1.0);
+    memcpy(a, p, sizeof a);
+    memset(datt, 0, sizeof datt);
+    attention_backward(a, datt, r, qkv, att, B, T, C, NH);
+    check_err("attention_backward dqkv accumulates", accum_err(a, p, dqkv, QKV), ACC_TOL);
+
+    // datt is scratch: whatever it holds on entry must not change dqkv.
+    float d2[QKV] = {0};
+    for (int i = 0; i < ATT; i++) datt[i] = 7.0f;
+    attention_backward(d2, datt, r, qkv, att, B, T, C, NH);
+    check_err("attention_backward ignores datt contents (scratch)", rel_err_ff(d2, dqkv, QKV),
+              ACC_TOL);
+}
+
+// ================================================================ pointwise
+static double gelu_ref(double x) {
+    const double pi = 3.14159265358979323846;
+    return 0.5 * x * (1.0 + tanh(sqrt(2.0 / pi) * (x + 0.044715 * x * x * x)));
+}
+
+typedef struct {
+    const double *inp, *r;
+    size_t n;
+} gelu_ctx;
+
+static double gelu_objective(void* p) {
+    gelu_ctx* g = p;
+    double s = 0.0;
+    for (size_t i = 0; i < g->n; i++) s += gelu_ref(g->inp[i]) * g->r[i];
+    return s;
+}
+
+static void test_gelu(void) {
+    enum { N = 41 };
+    float inp[N], out[N], r[N];
+    double inp_d[N], out_d[N], r_d[N];
+    // [-4, 4] covers the linear, curved and saturated parts.
+    fill(inp, N, 4.0);
+    fill(r, N, 1.0);
+    to_double(inp_d, inp, N);
+    to_double(r_d, r, N);
+    gelu_forward(out, inp, N);
+    for (int i = 0; i < N; i++) out_d[i] = gelu_ref(inp_d[i]);
+    check_err("gelu_forward out", rel_err(out, out_d, N), FWD_TOL);
+
+    float dinp[N] = {0};
+    gelu_backward(dinp, inp, r, N);
+    gelu_ctx ctx = {inp_d, r_d, N};
+    double g[N];
+    fd_gradient(gelu_objective, &ctx, inp_d, N, g);
+    check_err("gelu_backward dinp vs FD", rel_err(dinp, g, N), BWD_TOL);
+
+    float p[N], a[N];
+    fill(p, N, 1.0);
+    memcpy(a, p, sizeof a);
+    gelu_backward(a, inp, r, N);
+    check_err("gelu_backward accumulates", accum_err(a, p, dinp, N), ACC_TOL);
+}
+
+typedef struct {
+    const double *a, *b, *r;
+    size_t n;
+} residual_ctx;
+
+static double residual_objective(void* p) {
+    residual_ctx* c = p;
+    double s = 0.0;
+    for (size_t i = 0; i < c->n; i++) s += (c->a[i] + c->b[i]) * c->r[i];
+    return s;
+}
+
+static void test_residual(void) {
+    enum { N = 13 };
+    float a[N], b[N], out[N], r[N];
+    double a_d[N], b_d[N], out_d[N], r_d[N];
+    fill(a, N, 1.0);
+    fill(b, N, 1.0);
+    fill(r, N, 1.0);
+    to_double(a_d, a, N);
+    to_double(b_d, b, N);
+    to_double(r_d, r, N);
+    residual_forward(out, a, b, N);
+    for (int i = 0; i < N; i++) out_d[i] = a_d[i] + b_d[i];
+    check_err("residual_forward out", rel_err(out, out_d, N), FWD_TOL);
+
+    float da[N] = {0}, db[N] = {0};
+    residual_backward(da, db, r, N);
+    residual_ctx ctx = {a_d, b_d, r_d, N};
+    double g[N];
+    fd_gradient(residual_objective, &ctx, a_d, N, g);
+    check_err("residual_backward da vs FD", rel_err(da, g, N), BWD_TOL);
+    fd_gradient(residual_objective, &ctx, b_d, N, g);
+    check_err("residual_backward db vs FD", rel_err(db, g, N), BWD_TOL);
+
+    float pa[N], pb[N], aa[N], ab[N];
+    fill(pa, N, 1.0);
+    fill(pb, N, 1.0);
+    memcpy(aa, pa, sizeof aa);
+    memcpy(ab, pb, sizeof ab);
+    residual_backward(aa, ab, r, N);
+    check_err("residual_backward accumulates",
+              fmax(accum_err(aa, pa, da, N), accum_err(ab, pb, db, N)), ACC_TOL);
+}
+
+// ================================================================ cross-entropy
+// Reference partials and losses from the definition: softmax over the first
+// nvalid columns (ids v0 ..), the target's logit if it is one of them.
+static void crossentropy_ref(double* losses, double* rowmax, double* sumexp, double* tlogit,
+                             const double* logits, const int* targets, int N, int width,
+                             int nvalid, int v0) {
+    for (int n = 0; n < N; n++) {
+        const double* l = logits + n * width;
+        double mx = -INFINITY;
+        for (int i = 0; i < nvalid; i++) mx = fmax(mx, l[i]);
+        double s = 0.0;
+        for (int i = 0; i < nvalid; i++) s += exp(l[i] - mx);
+        int k = targets[n] - v0;
+        double tl = (k >= 0 && k < nvalid) ? l[k] : 0.0;
+        if (rowmax) rowmax[n] = mx;
+        if (sumexp) sumexp[n] = s;
+        if (tlogit) tlogit[n] = tl;
+        if (losses) losses[n] = log(s) + mx - tl;
+    }
+}
+
+typedef struct {
+    const double* logits;
+    const int* targets;
+    double* losses;
+    int N, width, nvalid, v0;
+    double dloss;
+} crossentropy_ctx;
+
+// dloss * sum of the losses: its gradient is what crossentropy_backward writes.
+static double crossentropy_objective(void* p) {
+    crossentropy_ctx* c = p;
+    crossentropy_ref(c->losses, NULL, NULL, NULL, c->logits, c->targets, c->N, c->width,
+                     c->nvalid, c->v0);
+    double s = 0.0;
+    for (int n = 0; n < c->N; n++) s += c->losses[n];
+    return c->dloss * s;
+}
+
+static void test_crossentropy(void) {
+    enum { N = 4, W = 6, NV = 5 };
+    const float dloss = 0.25f;
+    const int targets[N] = {0, 4, 2, 3};
+    float logits[N * W];
+    double logits_d[N * W];
+    fill(logits, N * W, 3.0);
+    // The padding column holds a huge logit: if it entered the softmax it would
+    // dominate rowmax, sumexp and the loss.
+    for (int n = 0; n < N; n++) logits[n * W + NV] = 50.0f;
+    to_double(logits_d, logits, N * W);
+
+    float rowmax[N], sumexp[N], tlogit[N], losses[N];
+    double rowmax_d[N], sumexp_d[N], tlogit_d[N], losses_d[N];
+    crossentropy_partials(rowmax, sumexp, tlogit, logits, targets, N, W, NV, 0);
+    crossentropy_loss(losses, rowmax, sumexp, tlogit, N);
+    crossentropy_ref(losses_d, rowmax_d, sumexp_d, tlogit_d, logits_d, targets, N, W, NV, 0);
+    check_err("crossentropy_partials rowmax", rel_err(rowmax, rowmax_d, N), FWD_TOL);
+    check_err("crossentropy_partials sumexp", rel_err(sumexp, sumexp_d, N), FWD_TOL);
+    check_err("crossentropy_partials tlogit", rel_err(tlogit, tlogit_d, N), FWD_TOL);
+    check_err("crossentropy_loss vs double log-softmax", rel_err(losses, losses_d, N), FWD_TOL);
+
+    // Backward into a buffer full of garbage: it must be written, not added to.
+    float dlogits[N * W];
+    for (int i = 0; i < N * W; i++) dlogits[i] = 123.0f;
+    crossentropy_backward(dlogits, logits, targets, rowmax, sumexp, dloss, N, W, NV, 0);
+    crossentropy_ctx ctx = {logits_d, targets, losses_d, N, W, NV, 0, (double)dloss};
+    double g[N * W];
+    // FD over every column; padding columns do not enter the loss, so their FD is 0.
+    fd_gradient(crossentropy_objective, &ctx, logits_d, N * W, g);
+    check_err("crossentropy_backward dlogits vs FD (written over garbage)",
+              rel_err(dlogits, g, N * W), BWD_TOL);
+    int pad_zero = 1;
+    for (int n = 0; n < N; n++) pad_zero &= dlogits[n * W + NV] == 0.0f;
+    check(pad_zero, "crossentropy_backward padding dlogits exactly 0",
+          "a padding column got a nonzero gradient");
+
+    // In place: dlogits == logits gives the same result.
+    float inplace[N * W];
+    memcpy(inplace, logits, sizeof inplace);
+    crossentropy_backward(inplace, inplace, targets, rowmax, sumexp, dloss, N, W, NV, 0);
+    check_err("crossentropy_backward in place (dlogits == logits)",
+              rel_err_ff(inplace, dlogits, N * W), ACC_TOL);
+}
+
+// Two vocabulary shards [0, 6) and [6, 10) of one 10-logit vocabulary: the
+// merged partials must give the unsharded loss, and each shard's backward with
+// the merged (global) rowmax/sumexp the unsharded dlogits of its columns.
+static void test_crossentropy_shards(void) {
+    enum { N = 4, V = 10, WA = 6, WB = 4 };
+    const float dloss = 0.25f;
+    // Targets in shard A (2, and 5 at its last column) and in shard B (7, and
+    // 6 at its first column).
+    const int targets[N] = {2, 7, 5, 6};
+    float logits[N * V], la[N * WA], lb[N * WB];
+    double logits_d[N * V];
+    fill(logits, N * V, 3.0);
+    // Row 0's max lies in shard A, row 1's in shard B, so the merge has to
+    // rescale each side's sumexp at least once.
+    logits[0 * V + 1] = 5.0f;
+    logits[1 * V + 8] = 5.0f;
+    for (int n = 0; n < N; n++) {
+        memcpy(la + n * WA, logits + n * V, WA * sizeof(float));
+        memcpy(lb + n * WB, logits + n * V + WA, WB * sizeof(float));
+    }
+    to_double(logits_d, logits, N * V);
+
+    // Unsharded.
+    float m[N], s[N], t[N], loss[N], dl[N * V];
+    double loss_d[N];
+    crossentropy_partials(m, s, t, logits, targets, N, V, V, 0);
+    crossentropy_loss(loss, m, s, t, N);
+    crossentropy_ref(loss_d, NULL, NULL, NULL, logits_d, targets, N, V, V, 0);
+    check_err("crossentropy unsharded loss (width 10) vs double", rel_err(loss, loss_d, N),
+              FWD_TOL);
+    crossentropy_backward(dl, logits, targets, m, s, dloss, N, V, V, 0);
+    crossentropy_ctx ctx = {logits_d, targets, loss_d, N, V, V, 0, (double)dloss};
+    double g[N * V];
+    fd_gradient(crossentropy_objective, &ctx, logits_d, N * V, g);
+    check_err("crossentropy unsharded dlogits (width 10) vs FD", rel_err(dl, g, N * V), BWD_TOL);
+
+    // Per shard.
+    float ma[N], sa[N], ta[N], mb[N], sb[N], tb[N];
+    crossentropy_partials(ma, sa, ta, la, targets, N, WA, WA, 0);
+    crossentropy_partials(mb, sb, tb, lb, targets, N, WB, WB, WA);
+    int zero_ok = 1;
+    for (int n = 0; n < N; n++) {
+        if (targets[n] < WA) zero_ok &= tb[n] == 0.0f && ta[n] == logits[n * V + targets[n]];
+        else zero_ok &= ta[n] == 0.0f && tb[n] == logits[n * V + targets[n]];
+    }
+    check(zero_ok, "crossentropy_partials tlogit per shard (target logit or exactly 0)",
+          "a shard reported a wrong tlogit");
+
+    // Merge B into A, and A into B: both orders must give the same stats.
+    float m1[N], s1[N], t1[N], m2[N], s2[N], t2[N], loss1[N], loss2[N];
+    memcpy(m1, ma, sizeof m1);
+    memcpy(s1, sa, sizeof s1);
+    memcpy(t1, ta, sizeof t1);
+    crossentropy_merge(m1, s1, t1, mb, sb, tb, N);
+    memcpy(m2, mb, sizeof m2);
+    memcpy(s2, sb, sizeof s2);
+    memcpy(t2, tb, sizeof t2);
+    crossentropy_merge(m2, s2, t2, ma, sa, ta, N);
+    int max_ok = 1;
+    for (int n = 0; n < N; n++) max_ok &= m1[n] == m[n] && m2[n] == m[n];
+    check(max_ok, "crossentropy_merge rowmax equals unsharded rowmax", "merged max differs");
+    check_err("crossentropy_merge sumexp equals unsharded sumexp",
+              fmax(rel_err_ff(s1, s, N), rel_err_ff(s2, s, N)), FWD_TOL);
+    crossentropy_loss(loss1, m1, s1, t1, N);
+    crossentropy_loss(loss2, m2, s2, t2, N);
+    check_err("crossentropy merged loss equals unsharded loss",
+              fmax(rel_err_ff(loss1, loss, N), rel_err_ff(loss2, loss, N)), FWD_TOL);
+    check_err("crossentropy merged loss vs double", rel_err(loss1, loss_d, N), FWD_TOL);
+
+    // Backward per shard with the global statistics.
+    float da[N * WA], db[N * WB], want_a[N * WA], want_b[N * WB];
+    crossentropy_backward(da, la, targets, m1, s1, dloss, N, WA, WA, 0);
+    crossentropy_backward(db, lb, targets, m1, s1, dloss, N, WB, WB, WA);
+    for (int n = 0; n < N; n++) {
+        memcpy(want_a + n * WA, dl + n * V, WA * sizeof(float));
+        memcpy(want_b + n * WB, dl + n * V + WA, WB * sizeof(float));
+    }
+    check_err("crossentropy_backward shard [0,6) equals unsharded columns",
+              rel_err_ff(da, want_a, N * WA), FWD_TOL);
+    check_err("crossentropy_backward shard [6,10) equals unsharded columns",
+              rel_err_ff(db, want_b, N * WB), FWD_TOL);
+}
+
+// ================================================================ optimizer
+static void test_adamw(void) {
+    enum { N = 23, STEPS = 3 };
+    // eps = 1e-3 (larger than usual) so that putting eps inside the sqrt, a
+    // common slip, changes the step by ~1e-3 of its size and is caught.
+    const AdamWConfig cfg = {0.05f, 0.9f, 0.95f, 1e-3f, 0.1f};
+    const float grad_scale = 0.5f;
+    float p[N], m[N] = {0}, v[N] = {0}, grads[N];
+    double p_d[N], m_d[N] = {0}, v_d[N] = {0};
+    fill(p, N, 1.0);
+    to_double(p_d, p, N);
+    // The reference uses the fp32 hyperparameters promoted to double, so both
+    // sides start from the same numbers.
+    const double lr = cfg.lr, b1 = cfg.beta1, b2 = cfg.beta2, eps = cfg.eps,
+                 wd = cfg.weight_decay, gs = grad_scale;
+    double ep = 0.0, em = 0.0, ev = 0.0;
+    for (int t = 1; t <= STEPS; t++) {
+        fill(grads, N, 1.0);
+        adamw_update(p, grads, m, v, N, cfg, t, grad_scale);
+        for (int i = 0; i < N; i++) {
+            double g = gs * (double)grads[i];
+            m_d[i] = b1 * m_d[i] + (1.0 - b1) * g;
+            v_d[i] = b2 * v_d[i] + (1.0 - b2) * g * g;
+            double mhat = m_d[i] / (1.0 - pow(b1, t));
+            double vhat = v_d[i] / (1.0 - pow(b2, t));
+            p_d[i] -= lr * (mhat / (sqrt(vhat) + eps) + wd * p_d[i]);
+        }
+        // The parameter error is measured in units of the step size lr: a
+        // correct fp32 update is off by a few ulps of p (~1e-7 / 0.05 ~ 1e-5
+        // of a step after 3 steps); a wrong formula by 1e-3 of a step or more.
+        ep = fmax(ep, max_abs_diff(p, p_d, N) / lr);
+        em = fmax(em, rel_err(m, m_d, N));
+        ev = fmax(ev, rel_err(v, v_d, N));
+    }
+    check_err("adamw_update params over 3 steps (error / lr)", ep, 1e-4);
+    check_err("adamw_update m over 3 steps", em, FWD_TOL);
+    check_err("adamw_update v over 3 steps", ev, FWD_TOL);
+}
+
+static void test_grad_norm(void) {
+    // Large enough that a float accumulator loses ~1e-5 relative and fails the
+    // bound; fp32 products summed in double stay near 1e-10.
+    enum { N = 100003 };
+    float* g = malloc(N * sizeof(float));
+    if (!g) {
+        check(0, "grad_sumsq", "out of memory");
+        return;
+    }
+    fill(g, N, 1.0);
+    double want = 0.0;
+    for (int i = 0; i < N; i++) want += (double)g[i] * (double)g[i];
+    double got = grad_sumsq(g, N);
+    check_err("grad_sumsq vs double sum", fabs(got - want) / want, 1e-9);
+    free(g);
+
+    float s;
+    s = grad_clip_scale(0.5, 1.0f);
+    check(s == 1.0f, "grad_clip_scale norm below clip -> 1", "got %g", (double)s);
+    s = grad_clip_scale(1.0, 1.0f);
+    check(s == 1.0f, "grad_clip_scale norm equal to clip -> 1", "got %g", (double)s);
+    s = grad_clip_scale(3.0, 1.0f);
+    check(fabs((double)s - 1.0 / 3.0) <= 1e-7, "grad_clip_scale norm above clip -> clip/norm",
+          "got %.9g, want %.9g", (double)s, 1.0 / 3.0);
+    s = grad_clip_scale(8.0, 2.0f);
+    check(s == 0.25f, "grad_clip_scale norm 8 clip 2 -> 0.25", "got %g", (double)s);
+    s = grad_clip_scale(5.0, 0.0f);
+    check(s == 1.0f, "grad_clip_scale clip 0 disables -> 1", "got %g", (double)s);
+    s = grad_clip_scale(5.0, -1.0f);
+    check(s == 1.0f, "grad_clip_scale clip < 0 disables -> 1", "got %g", (double)s);
+}
+
+// ================================================================ utilities
+static void test_utilities(void) {
+    enum { N = 17 };
+    float x[N], y[N], z[N];
+    fill(x, N, 1.0);
+    memcpy(y, x, sizeof y);
+    ops_scale(y, N, -2.5f);
+    int ok = 1;
+    // A single fp32 multiply is exactly reproducible.
+    for (int i = 0; i < N; i++) ok &= y[i] == x[i] * -2.5f;
+    check(ok, "ops_scale", "a value differs from x * s");
+    for (int i = 0; i < N; i++) z[i] = 42.0f;
+    ops_copy(z, x, N);
+    check(memcmp(z, x, sizeof z) == 0, "ops_copy", "copy differs");
+    ops_zero(z, N - 1);
+    ok = z[N - 1] == x[N - 1];
+    for (int i = 0; i < N - 1; i++) ok &= z[i] == 0.0f;
+    check(ok, "ops_zero (exactly n values)", "not zeroed, or wrote past n");
+}
+
+// ================================================================ NULL gradients
+// ops.h: "A gradient pointer may be NULL when the caller does not need it."
+// Beyond matmul's dinp/dbias (tested above), these run last so that a crash
+// cannot hide the results of the other checks.
+static void test_null_gradients(void) {
+    enum { N = 3, C = 4, OC = 2, V = 5 };
+    float inp[N * C], w[OC * C], r[N * OC], dinp[N * C] = {0}, dinp_ref[N * C] = {0};
+    float dw_ref[OC * C] = {0}, dummy_b[OC] = {0}, dout[N * C];
+    fill(inp, N * C, 1.0);
+    fill(w, OC * C, 1.0);
+    fill(r, N * OC, 1.0);
+    fill(dout, N * C, 1.0);
+    matmul_backward(dinp_ref, dw_ref, dummy_b, r, inp, w, N, C, OC);
+    matmul_backward(dinp, NULL, NULL, r, inp, w, N, C, OC);
+    check_err("matmul_backward dw=NULL dbias=NULL, dinp unchanged", rel_err_ff(dinp, dinp_ref, N * C),
+              ACC_TOL);
+
+    // Encoder with only dwte.
+    const int tokens[N] = {1, 4, 1};
+    float dwte[V * C] = {0}, dwte2[V * C] = {0}, dwpe[N * C] = {0};
+    encoder_backward(dwte, dwpe, dout, tokens, 1, N, C);
+    encoder_backward(dwte2, NULL, dout, tokens, 1, N, C);
+    check_err("encoder_backward dwpe=NULL", rel_err_ff(dwte2, dwte, V * C), ACC_TOL);
+
+    // Residual with one side only.
+    float da[N * C] = {0}, db3[N * C] = {0};
+    residual_backward(da, NULL, dout, N * C);
+    residual_backward(NULL, db3, dout, N * C);
+    check_err("residual_backward one side NULL",
+              fmax(rel_err_ff(da, dout, N * C), rel_err_ff(db3, dout, N * C)), ACC_TOL);
+
+    // Layernorm last: with only dinp, then only dw/db.
+    float lw[C], lb[C], out[N * C], mean[N], rstd[N];
+    float di[N * C] = {0}, dw[C] = {0}, db[C] = {0}, di2[N * C] = {0}, dw2[C] = {0}, db2[C] = {0};
+    fill(lw, C, 1.0);
+    fill(lb, C, 1.0);
+    layernorm_forward(out, mean, rstd, inp, lw, lb, N, C);
+    layernorm_backward(di, dw, db, dout, inp, lw, mean, rstd, N, C);
+    layernorm_backward(di2, NULL, NULL, dout, inp, lw, mean, rstd, N, C);
+    layernorm_backward(NULL, dw2, db2, dout, inp, lw, mean, rstd, N, C);
+    check_err("layernorm_backward with NULL gradients",
+              fmax(rel_err_ff(di2, di, N * C), fmax(rel_err_ff(dw2, dw, C), rel_err_ff(db2, db, C))),
+              ACC_TOL);
+}
+
+int main(int argc, char** argv) {
+    verbose = argc > 1 && strcmp(argv[1], "-v") == 0;
+    test_encoder();
+    test_layernorm();
+    test_matmul();
+    test_attention();
+    test_gelu();
+    test_residual();
+    test_crossentropy();
+    test_crossentropy_shards();
+    test_adamw();
+    test_grad_norm();
+    test_utilities();
+    test_null_gradients();
+    return test_exit_code();
+}
