@@ -724,9 +724,34 @@ static double time_runs(const Comm* c, Algorithm a, Buffers* b, int hand, int it
     return slowest;
 }
 
+// The physical limit on one machine: every byte a collective moves between
+// ranks is copied through memory at least once (read + write), so one rank's
+// memory copy bandwidth bounds busbw. Measured with every rank copying at once,
+// as during a collective.
+static double measure_copy_gbps(const Comm* world) {
+    size_t n = (size_t)16 << 20;  // 64 MiB of floats
+    float* a = mem_alloc_floats(n, MEM_COMM);
+    float* b = mem_alloc_floats(n, MEM_COMM);
+    double best = 1e30;
+    for (int i = 0; i < 5; i++) {
+        comm_barrier(world);
+        double t0 = now_seconds();
+        ops_copy(b, a, n);
+        device_synchronize();
+        double dt = now_seconds() - t0;
+        if (dt < best) best = dt;
+    }
+    mem_free(a);
+    mem_free(b);
+    return (double)n * sizeof(float) / best / 1e9;
+}
+
 static void run_bench(const Comm* world, size_t min_bytes, size_t max_bytes, int max_iters,
                       const char* only, JsonLog* log) {
     int p = world->size;
+    double copy = measure_copy_gbps(world);
+    print0("\n# memory copy bandwidth per rank, all ranks copying at once: %.2f GB/s (64 MiB memcpy, best of 5)\n", copy);
+    if (log->f) fprintf(log->f, "{\"type\":\"copy_bandwidth\",\"ranks\":%d,\"gbps\":%.4f}\n", p, copy);
     print0("\n# nccl-tests-style table, %d ranks, float sum, times in us, bandwidths in GB/s\n"
            "# algbw = size / time; busbw = algbw * (2(p-1)/p all-reduce, (p-1)/p gather/scatter/all-to-all, 1 broadcast/reduce)\n", p);
     for (int a = 0; a < NUM_ALGS; a++) {

@@ -157,6 +157,50 @@ else
     fail "--help" "$(echo "$out" | head -5)"
 fi
 
+echo "== chapter 1: collectives by hand"
+# every algorithm against the exact result and the library, odd counts,
+# both roots, integer and random data, non-blocking forms, counters
+for np in 1 2 3 4 5 8; do
+    out=$(timeout 120 $MPIRUN -np $np "$BUILD/chapter-1" --check 2>&1)
+    rc=$?
+    if [ $rc -eq 0 ] && echo "$out" | grep -q "check summary: \([0-9]*\) of \1 collective runs match on $np ranks$"; then
+        pass "collectives on $np ranks: $(echo "$out" | grep 'check summary' | sed 's/check summary: //')"
+    else
+        fail "collectives on $np ranks" "exit $rc; $(echo "$out" | grep -E 'FAIL|summary|error' | head -5)"
+    fi
+done
+# the trace shows p-1 ring steps per rank for reduce-scatter: p(p-1) lines
+out=$(timeout 60 $MPIRUN -np 4 "$BUILD/chapter-1" --trace 2>&1)
+n=$(echo "$out" | sed -n '/^== reduce_scatter/,/^$/p' | grep -c 'sends chunk')
+if [ "$n" = 12 ] && echo "$out" | grep -q "step 2: rank 3 sends chunk 0 to rank 0, adds chunk 3 from rank 2"; then
+    pass "collectives: --trace on 4 ranks shows the 12 messages of the ring reduce-scatter"
+else
+    fail "collectives: --trace" "$n ring lines; $(echo "$out" | head -12)"
+fi
+# the bench runs, finds nothing wrong, and writes the rows the plots read
+blog=$TEST_TMPDIR/bench.jsonl
+out=$(timeout 120 $MPIRUN -np 2 "$BUILD/chapter-1" --bench --min-bytes 8 --max-bytes 64K --iters 3 --log "$blog" 2>&1)
+rows=$(grep -c '"type":"collective"' "$blog" 2>/dev/null)
+if [ $? -eq 0 ] && [ "$rows" -ge 90 ] && ! grep -q '"hand_wrong":[1-9]' "$blog" && ! grep -q '"lib_wrong":[1-9]' "$blog" &&
+    grep '"type":"collective"' "$blog" | head -1 | grep -q '"hand_busbw":.*"lib_busbw":' && grep -q '"type":"copy_bandwidth"' "$blog"; then
+    pass "collectives: --bench writes $rows rows, none wrong, with busbw for hand and library"
+else
+    fail "collectives: --bench" "$rows rows; $(echo "$out" | tail -5)"
+fi
+error_case_1() {
+    local np=$1 flags=$2 expect=$3 out rc
+    out=$(timeout 60 $MPIRUN -np "$np" "$BUILD/chapter-1" $flags 2>&1)
+    rc=$?
+    if [ $rc -ne 0 ] && [ $rc -ne 124 ] && [ "$(echo "$out" | grep -c '^error: ')" = 1 ] && echo "$out" | grep '^error: ' | grep -qF -- "$expect"; then
+        pass "chapter 1 error for '$flags': '$expect'"
+    else
+        fail "chapter 1 error for '$flags'" "exit $rc; $(echo "$out" | head -4)"
+    fi
+}
+error_case_1 2 "--steps 3" "unknown flag --steps"
+error_case_1 2 "--max-bytes 12Q" "is not a size"
+error_case_1 1 "--bench --min-bytes 1M --max-bytes 1K" "larger than --max-bytes"
+
 echo "== GPU"
 skip "CUDA backend tests" "the CUDA backend is not built yet (issue: CUDA backend)"
 

@@ -23,17 +23,19 @@
 // ---------------------------------------------------------------- bounds
 // Forward: max|fp32 - double| / max|double|. The fp32 ops sum at most a few
 // dozen terms of size ~1, so a correct implementation is off by a few units of
-// fp32 rounding (6e-8), i.e. ~1e-6 at worst; any real bug (a wrong index, a
-// missing term, a wrong constant) is off by 1e-3 or more.
+// fp32 rounding (6e-8), i.e. ~1e-6 at worst (measured on the CPU backend:
+// <= 1e-7); a real bug (a wrong index, a missing term, layernorm's eps at 1e-6
+// instead of 1e-5) is off by 5e-5 or more.
 #define FWD_TOL 1e-5
 // Backward: max|fp32 analytic - double FD| / (max|FD| + 1e-6). The central
 // difference in double with eps = 1e-6 is accurate to ~1e-8 relative
 // (truncation eps^2 ~ 1e-12, cancellation 1e-16 * |L| / eps ~ 1e-9), so the
-// error measured is the fp32 rounding of the analytic gradient: ~1e-6 for
-// these sizes, a bit more where layernorm's rstd or attention's softmax chain
-// amplifies it (measured on the CPU backend: <= 2.5e-7, gelu's being the
-// largest). 1e-5 leaves a 40x margin for that, while a wrong gradient (a
-// missing term, a transposed index, a wrong constant) is off by 1e-4 or more.
+// error measured is the fp32 rounding of the analytic gradient: a few 1e-7
+// for these sizes, somewhat more where layernorm's rstd or attention's softmax
+// chain amplifies it (measured on the CPU backend: <= 2.5e-7, gelu's being the
+// largest). 1e-5 leaves a 40x margin for that, yet is tight enough to catch
+// gelu's constant 0.044715 written as 0.0447 (1.3e-5); a missing term or a
+// transposed index is off by 1e-2 or more.
 #define BWD_TOL 1e-5
 // Accumulate: a backward called on a buffer prefilled with P must give
 // P + G, where G is what it gives on a zeroed buffer. Only rounding of the

@@ -63,26 +63,28 @@ void layernorm_backward(float* dinp, float* dw, float* db, const float* dout,
                         const float* inp, const float* w, const float* mean,
                         const float* rstd, int N, int C) {
     // dinp: rows are independent, parallel over rows.
-    #pragma omp parallel for
-    for (int n = 0; n < N; n++) {
-        const float* x = inp + (size_t)n * C;
-        const float* d = dout + (size_t)n * C;
-        float m = mean[n], s = rstd[n];
-        // the two means that the normalisation couples every channel through
-        float dnorm_mean = 0.0f, dnorm_norm_mean = 0.0f;
-        for (int c = 0; c < C; c++) {
-            float norm = (x[c] - m) * s;
-            float dnorm = w[c] * d[c];
-            dnorm_mean += dnorm;
-            dnorm_norm_mean += dnorm * norm;
-        }
-        dnorm_mean /= C;
-        dnorm_norm_mean /= C;
-        float* di = dinp + (size_t)n * C;
-        for (int c = 0; c < C; c++) {
-            float norm = (x[c] - m) * s;
-            float dnorm = w[c] * d[c];
-            di[c] += (dnorm - dnorm_mean - norm * dnorm_norm_mean) * s;
+    if (dinp) {
+        #pragma omp parallel for
+        for (int n = 0; n < N; n++) {
+            const float* x = inp + (size_t)n * C;
+            const float* d = dout + (size_t)n * C;
+            float m = mean[n], s = rstd[n];
+            // the two means that the normalisation couples every channel through
+            float dnorm_mean = 0.0f, dnorm_norm_mean = 0.0f;
+            for (int c = 0; c < C; c++) {
+                float norm = (x[c] - m) * s;
+                float dnorm = w[c] * d[c];
+                dnorm_mean += dnorm;
+                dnorm_norm_mean += dnorm * norm;
+            }
+            dnorm_mean /= C;
+            dnorm_norm_mean /= C;
+            float* di = dinp + (size_t)n * C;
+            for (int c = 0; c < C; c++) {
+                float norm = (x[c] - m) * s;
+                float dnorm = w[c] * d[c];
+                di[c] += (dnorm - dnorm_mean - norm * dnorm_norm_mean) * s;
+            }
         }
     }
     // dw, db: sums over rows, parallel over channels.
@@ -94,8 +96,8 @@ void layernorm_backward(float* dinp, float* dw, float* db, const float* dout,
             sw += norm * dout[(size_t)n * C + c];
             sb += dout[(size_t)n * C + c];
         }
-        dw[c] += sw;
-        db[c] += sb;
+        if (dw) dw[c] += sw;
+        if (db) db[c] += sb;
     }
 }
 
