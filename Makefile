@@ -1,86 +1,129 @@
-# The course's build. `make chapter-N`, `make all`, `make test`, `make demo`,
-# `make bench`, `make setup`, `make clean`.
-#   BACKEND=cpu   C + OpenMP + OpenBLAS, collectives over MPI (the default)
+# The course's build.
+#   make chapter-N     build/chapter-N (N = 0..7, the chapters that exist)
+#   make all           every chapter and the tools
+#   make test          every test; ends with "N passed, N failed, N skipped"
+#   make demo          set-up, then train the small model and print a sample
+#   make bench         the reference's speed on the small model
+#   make setup         install the Debian packages (as root) or print the line
+#   make clean
+#
+#   BACKEND=cpu    C + OpenMP + OpenBLAS, collectives over MPI; binaries in build/
+#   BACKEND=cuda   CUDA + cuBLAS, collectives over NCCL; binaries in build/cuda/
+#   The default is cuda where nvidia-smi lists a GPU and nvcc exists, else cpu.
 
-BACKEND ?= cpu
+HAVE_GPU := $(shell nvidia-smi -L 2>/dev/null | grep -c '^GPU' || true)
+HAVE_NVCC := $(shell command -v nvcc 2>/dev/null || ls /usr/local/cuda/bin/nvcc 2>/dev/null)
+ifeq ($(filter-out 0,$(HAVE_GPU)),)
+  DEFAULT_BACKEND := cpu
+else ifeq ($(HAVE_NVCC),)
+  DEFAULT_BACKEND := cpu
+else
+  DEFAULT_BACKEND := cuda
+endif
+BACKEND ?= $(DEFAULT_BACKEND)
+
 CC      := mpicc
 ARCH    ?= -march=native
-CFLAGS  ?= -O3 $(ARCH)
-CFLAGS  += -std=c11 -D_GNU_SOURCE -fopenmp -Wall -Wextra -Werror -Icommon -MMD -MP
+OPT     ?= -O3 $(ARCH)
+CFLAGS  := $(OPT) -std=c11 -D_GNU_SOURCE -fopenmp -Wall -Wextra -Werror -Icommon -MMD -MP
 LDLIBS  := -lm
 
-# OpenBLAS, the OpenMP build: one thread pool shared with our OpenMP loops, and
-# single-threaded when called inside a parallel region (attention heads).
-MULTIARCH := $(shell gcc -print-multiarch 2>/dev/null)
-BLAS_DIR  ?= /usr/lib/$(MULTIARCH)/openblas-openmp
-BLAS_INC  ?= /usr/include/$(MULTIARCH)/openblas-openmp
-ifneq ($(wildcard $(BLAS_DIR)/libopenblas.so),)
-  CFLAGS += -I$(BLAS_INC)
-  LDLIBS += -L$(BLAS_DIR) -Wl,-rpath,$(BLAS_DIR) -lopenblas
-else
-  LDLIBS += -lopenblas
-endif
-
-BUILD := build
 COMMON_SRC := common/common.c common/memory.c common/model.c common/init.c \
               common/checkpoint.c common/data.c common/mesh.c common/runtime.c \
               common/args.c common/report.c common/train.c
+
 ifeq ($(BACKEND),cpu)
-  BACKEND_SRC := common/cpu/ops.c common/cpu/device.c common/cpu/comm.c
+  BIN := build
+  # OpenBLAS, the OpenMP build: one thread pool shared with our OpenMP loops,
+  # and single-threaded when called inside a parallel region (attention heads)
+  MULTIARCH := $(shell gcc -print-multiarch 2>/dev/null)
+  BLAS_DIR  ?= /usr/lib/$(MULTIARCH)/openblas-openmp
+  BLAS_INC  ?= /usr/include/$(MULTIARCH)/openblas-openmp
+  ifneq ($(wildcard $(BLAS_DIR)/libopenblas.so),)
+    CFLAGS += -I$(BLAS_INC)
+    LDLIBS += -L$(BLAS_DIR) -Wl,-rpath,$(BLAS_DIR) -lopenblas
+  else
+    LDLIBS += -lopenblas
+  endif
+  BACKEND_C  := common/cpu/ops.c common/cpu/device.c common/cpu/comm.c
+  BACKEND_CU :=
+else ifeq ($(BACKEND),cuda)
+  BIN := build/cuda
+  CUDA_HOME ?= $(patsubst %/bin/nvcc,%,$(HAVE_NVCC))
+  NVCC      ?= $(CUDA_HOME)/bin/nvcc
+  CUDA_ARCH ?=
+  NVCCFLAGS := -O3 $(CUDA_ARCH) -std=c++17 -Icommon -I$(CUDA_HOME)/include -Werror all-warnings \
+               -Xcompiler -Wall,-Wextra,-Werror,-fopenmp -MMD -MP
+  CFLAGS    += -I$(CUDA_HOME)/include
+  LDLIBS    += -L$(CUDA_HOME)/lib64 -Wl,-rpath,$(CUDA_HOME)/lib64 -lcublas -lnccl -lcudart -lstdc++
+  BACKEND_C  := $(wildcard common/cuda/*.c)
+  BACKEND_CU := $(wildcard common/cuda/*.cu)
 else
-  $(error BACKEND=$(BACKEND) is not available yet: use BACKEND=cpu)
+  $(error BACKEND=$(BACKEND): choose cpu or cuda)
 endif
-COMMON_OBJ := $(patsubst %.c,$(BUILD)/obj/%.o,$(COMMON_SRC) $(BACKEND_SRC))
 
-CHAPTERS := 0 1
+OBJ := build/obj/$(BACKEND)
+COMMON_OBJ := $(patsubst %.c,$(OBJ)/%.o,$(COMMON_SRC) $(BACKEND_C)) \
+              $(patsubst %.cu,$(OBJ)/%.o,$(BACKEND_CU))
 
-.PHONY: all test demo bench setup clean $(addprefix chapter-,$(CHAPTERS)) tools tests
+# ---------------------------------------------------------------- chapters
+# Every NN_name/main.c that exists becomes chapter-N.
+CHAPTER_DIRS := $(sort $(patsubst %/main.c,%,$(wildcard 0[0-7]_*/main.c)))
+chapter_number = $(patsubst 0%,%,$(firstword $(subst _, ,$(1))))
+CHAPTERS := $(foreach d,$(CHAPTER_DIRS),$(call chapter_number,$(d)))
+
+define CHAPTER_RULE
+.PHONY: chapter-$(call chapter_number,$(1))
+chapter-$(call chapter_number,$(1)): $(BIN)/chapter-$(call chapter_number,$(1))
+$(BIN)/chapter-$(call chapter_number,$(1)): $(OBJ)/$(1)/main.o $(COMMON_OBJ)
+	@mkdir -p $$(dir $$@)
+	$(CC) $(CFLAGS) -o $$@ $$^ $(LDLIBS)
+endef
+$(foreach d,$(CHAPTER_DIRS),$(eval $(call CHAPTER_RULE,$(d))))
+
+.PHONY: all test tests tools demo bench setup clean
 all: $(addprefix chapter-,$(CHAPTERS)) tools
 
-chapter-0: $(BUILD)/chapter-0
-$(BUILD)/chapter-0: $(BUILD)/obj/00_mesh/main.o $(COMMON_OBJ)
+tools: $(BIN)/tokenize
+$(BIN)/tokenize: $(OBJ)/common/tools/tokenize.o $(COMMON_OBJ)
+	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) -o $@ $^ $(LDLIBS)
 
-chapter-1: $(BUILD)/chapter-1
-$(BUILD)/chapter-1: $(BUILD)/obj/01_collectives/main.o $(COMMON_OBJ)
-	$(CC) $(CFLAGS) -o $@ $^ $(LDLIBS)
-
-tools: $(BUILD)/tokenize
-$(BUILD)/tokenize: $(BUILD)/obj/common/tools/tokenize.o $(COMMON_OBJ)
-	$(CC) $(CFLAGS) -o $@ $^ $(LDLIBS)
-
-$(BUILD)/obj/%.o: %.c
+$(OBJ)/%.o: %.c
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) -c -o $@ $<
 
+$(OBJ)/%.o: %.cu
+	@mkdir -p $(dir $@)
+	$(NVCC) $(NVCCFLAGS) -c -o $@ $<
+
 # ---------------------------------------------------------------- tests
+# The CPU tests always run on the CPU build; GPU tests run where a GPU is.
 TESTS := test_ops test_model test_data
-tests: $(addprefix $(BUILD)/tests/,$(TESTS))
-$(BUILD)/tests/%: $(BUILD)/obj/tests/%.o $(COMMON_OBJ)
+tests: $(addprefix build/tests/,$(TESTS))
+build/tests/%: build/obj/cpu/tests/%.o $(patsubst %.c,build/obj/cpu/%.o,$(COMMON_SRC) common/cpu/ops.c common/cpu/device.c common/cpu/comm.c)
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) -o $@ $^ $(LDLIBS)
-$(BUILD)/obj/tests/%.o: CFLAGS += -Itests
+build/obj/cpu/tests/%.o: CFLAGS += -Itests
 
-test: all tests
+test:
+	@$(MAKE) --no-print-directory BACKEND=cpu all tests
 	@bash tests/run.sh
 
 # ---------------------------------------------------------------- running
-# The set-up: Debian packages (installed when root, else the apt-get line).
 setup:
 	@bash .ci/install-deps.sh
 
-# Trains the small model on the default corpus and prints what it writes.
 DEMO_STEPS ?= 300
 demo: setup
 	@$(MAKE) --no-print-directory all
-	bash tests/mpirun.sh -np 1 $(BUILD)/chapter-0 --model small --steps $(DEMO_STEPS) \
-	    --val-every 100 --sample 400 --log $(BUILD)/demo.jsonl
+	bash tests/mpirun.sh -np 1 $(BIN)/chapter-0 --model small --steps $(DEMO_STEPS) \
+	    --val-every 100 --sample 400 --log build/demo.jsonl
 
-# The reference's speed on the small preset, one rank.
 bench: all
-	bash tests/mpirun.sh -np 1 $(BUILD)/chapter-0 --model small --steps 12 --log $(BUILD)/bench-ref.jsonl
+	bash tests/mpirun.sh -np 1 $(BIN)/chapter-0 --model small --steps 12 --log build/bench-ref.jsonl
 
 clean:
-	rm -rf $(BUILD)
+	rm -rf build
 
--include $(shell find $(BUILD)/obj -name '*.d' 2>/dev/null)
+-include $(shell find build/obj -name '*.d' 2>/dev/null)

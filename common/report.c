@@ -6,6 +6,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "comm.h"
 #include "common.h"
 #include "memory.h"
 
@@ -60,6 +61,22 @@ void report_summary(JsonLog* log, const Mesh* mesh, const RunSummary* s) {
     int width = MEM_NUM_CATEGORIES + 2;
     double* all = rank == 0 ? xmalloc((size_t)n * width * sizeof(double)) : NULL;
     MPI_CHECK(MPI_Gather(mine, width, MPI_DOUBLE, all, width, MPI_DOUBLE, 0, MPI_COMM_WORLD));
+    // every rank's communication counts: calls, bytes, bus bytes per
+    // collective and axis, then the seconds it waited on communication
+    int ncomm = NUM_COLLECTIVES * COMM_NUM_AXES * 3 + 1;
+    double* comm_mine = xmalloc(sizeof(double) * ncomm);
+    for (int c = 0; c < NUM_COLLECTIVES; c++)
+        for (int a = 0; a < COMM_NUM_AXES; a++) {
+            CommCount k = comm_count((Collective)c, a);
+            double* slot = comm_mine + (c * COMM_NUM_AXES + a) * 3;
+            slot[0] = k.calls;
+            slot[1] = k.bytes;
+            slot[2] = k.bus_bytes;
+        }
+    comm_mine[ncomm - 1] = comm_wait_seconds();
+    double* comm_all = rank == 0 ? xmalloc(sizeof(double) * ncomm * n) : NULL;
+    MPI_CHECK(MPI_Gather(comm_mine, ncomm, MPI_DOUBLE, comm_all, ncomm, MPI_DOUBLE, 0, MPI_COMM_WORLD));
+    free(comm_mine);
     if (rank != 0) return;
 
     double peak_sum = 0.0;
@@ -101,9 +118,37 @@ void report_summary(JsonLog* log, const Mesh* mesh, const RunSummary* s) {
             fprintf(f, "]");
         }
         fprintf(f, "}");
+        // communication: only the (collective, axis) pairs some rank used
+        fprintf(f, ",\"comm\":{");
+        int first_coll = 1;
+        for (int c = 0; c < NUM_COLLECTIVES; c++) {
+            int first_axis = 1;
+            for (int a = 0; a < COMM_NUM_AXES; a++) {
+                double used = 0.0;
+                for (int r = 0; r < n; r++) used += comm_all[(size_t)r * ncomm + (c * COMM_NUM_AXES + a) * 3];
+                if (used == 0.0) continue;
+                if (first_axis) fprintf(f, "%s\"%s\":{", first_coll ? "" : ",", collective_name((Collective)c));
+                fprintf(f, "%s\"%s\":{", first_axis ? "" : ",", comm_axis_name(a));
+                const char* fields[3] = {"calls", "bytes", "bus_bytes"};
+                for (int k = 0; k < 3; k++) {
+                    fprintf(f, "%s\"%s\":[", k ? "," : "", fields[k]);
+                    for (int r = 0; r < n; r++)
+                        fprintf(f, "%s%.0f", r ? "," : "", comm_all[(size_t)r * ncomm + (c * COMM_NUM_AXES + a) * 3 + k]);
+                    fprintf(f, "]");
+                }
+                fprintf(f, "}");
+                first_axis = 0;
+                first_coll = 0;
+            }
+            if (!first_axis) fprintf(f, "}");
+        }
+        fprintf(f, "},\"comm_wait_s\":[");
+        for (int r = 0; r < n; r++) fprintf(f, "%s%.6f", r ? "," : "", comm_all[(size_t)r * ncomm + ncomm - 1]);
+        fprintf(f, "]");
         if (s->extra_json && s->extra_json[0]) fprintf(f, ",%s", s->extra_json);
         fprintf(f, "}\n");
         fflush(f);
     }
     free(all);
+    free(comm_all);
 }

@@ -34,8 +34,10 @@ typedef struct {
     const char* extra_json;    // a chapter's own fields, "\"k\":v,..." or NULL
 } RunSummary;
 
-// Collective: gathers every rank's peak bytes per category and matmul peak;
-// rank 0 prints the memory table and MFU and writes {"type":"summary",...}.
+// Collective: gathers every rank's peak bytes per category, matmul peak and
+// communication counts (comm.h); rank 0 prints the memory table and MFU and
+// writes {"type":"summary",...} with "peak_bytes" and "comm" arrays indexed by
+// rank.
 // MFU = tokens/s * flops/token / (sum of the ranks' matmul peaks).
 void report_summary(JsonLog* log, const Mesh* mesh, const RunSummary* s);
 
