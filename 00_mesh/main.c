@@ -93,6 +93,7 @@ static void train_reference(const TrainArgs* args, const Mesh* mesh) {
     double peak_gflops = args->peak_gflops > 0 ? args->peak_gflops : measure_matmul_gflops();
     GPT model;
     gpt_create(&model, cfg, B, T, (uint64_t)args->seed);
+    gpt_create_optimizer(&model);
     if (setup.checkpoint) {
         float* host = xmalloc(model.num_params * sizeof(float));
         train_load_checkpoint(&setup, host);
@@ -147,26 +148,12 @@ static void train_reference(const TrainArgs* args, const Mesh* mesh) {
     report_summary(&log, mesh, &summary);
     jsonl_close(&log);
 
-    if (args->sample > 0) {
-        // prompt: a newline, as if a new fortune began
-        int prompt = '\n';
-        int* out = xmalloc((size_t)args->sample * sizeof(int));
-        gpt_sample(&model, &prompt, 1, out, args->sample, (uint64_t)args->seed);
-        print0("\nsample (%d characters):\n", args->sample);
-        for (int i = 0; i < args->sample; i++) {
-            if (cfg->vocab_size <= 256) print0("%c", (char)out[i]);
-            else print0("%d ", out[i]);  // GPT-2 tokens: ids (decoding needs llm.c's tokenizer)
-        }
-        print0("\n");
-        free(out);
-    }
+    train_sample(&model, args);
     if (args->save) {
         float* host = xmalloc(model.num_params * sizeof(float));
         mem_to_host(host, model.params, model.num_params * sizeof(float));
-        bad = checkpoint_write(args->save, cfg, host, msg, sizeof(msg));
+        train_save(args, cfg, host, 1);
         free(host);
-        fail_if_any(bad != NULL, bad);
-        print0("saved %s\n", args->save);
     }
     free(inputs);
     free(targets);

@@ -254,8 +254,7 @@ void gpt_create(GPT* m, const GPTConfig* cfg, int B, int T, uint64_t seed) {
     m->num_params = P;
     m->params = mem_alloc_floats(P, MEM_PARAMS);
     m->grads = mem_alloc_floats(P, MEM_GRADS);
-    m->m = mem_alloc_floats(P, MEM_OPTIMIZER);
-    m->v = mem_alloc_floats(P, MEM_OPTIMIZER);
+    m->loss_scale = 1.0f;
     m->encoded = mem_alloc_floats(BT * C, MEM_ACTIVATIONS);
     m->block_acts = mem_alloc_floats((size_t)L * block_acts_numel(B, T, C, NH), MEM_ACTIVATIONS);
     m->head_acts = mem_alloc_floats(head_acts_numel(B, T, C, Vp), MEM_ACTIVATIONS);
@@ -273,6 +272,11 @@ void gpt_create(GPT* m, const GPTConfig* cfg, int B, int T, uint64_t seed) {
         mem_to_device(m->params + start, host, n * sizeof(float));
     }
     free(host);
+}
+
+void gpt_create_optimizer(GPT* m) {
+    m->m = mem_alloc_floats(m->num_params, MEM_OPTIMIZER);
+    m->v = mem_alloc_floats(m->num_params, MEM_OPTIMIZER);
 }
 
 void gpt_free(GPT* m) {
@@ -334,7 +338,9 @@ float gpt_forward(GPT* m, const int* inputs, const int* targets) {
 
 void gpt_zero_grad(GPT* m) { mem_zero(m->grads, m->num_params * sizeof(float)); }
 
-void gpt_backward(GPT* m) {
+void gpt_backward(GPT* m) { gpt_backward_hooked(m, NULL, NULL); }
+
+void gpt_backward_hooked(GPT* m, void (*ready)(void* ctx, size_t boundary), void* ctx) {
     const GPTConfig* c = &m->cfg;
     int B = m->B, T = m->T, C = c->channels, NH = c->num_heads, L = c->num_layers;
     float *P = m->params, *G = m->grads;
@@ -344,16 +350,19 @@ void gpt_backward(GPT* m) {
     head_backward(c, P + gpt_tensor_offset(c, P_WTE, 0), P + gpt_tensor_offset(c, P_LNFW, 0),
                   G + gpt_tensor_offset(c, P_WTE, 0), G + gpt_tensor_offset(c, P_LNFW, 0),
                   G + gpt_tensor_offset(c, P_LNFB, 0), &h, last, m->targets,
-                  1.0f / (float)(B * T), s.dln, m->dres, B, T);
+                  m->loss_scale / (float)(B * T), s.dln, m->dres, B, T);
+    if (ready) ready(ctx, gpt_tensor_offset(c, P_LNFW, 0));
     for (int l = L - 1; l >= 0; l--) {
         BlockParams p = block_params_at(P + gpt_block_offset(c, l), C);
         BlockParams g = block_params_at(G + gpt_block_offset(c, l), C);
         BlockActs a = acts_for(m, l, B, T);
         const float* x = l > 0 ? acts_for(m, l - 1, B, T).res3 : m->encoded;
         block_backward(&p, &g, &a, &s, x, m->dres, B, T, C, NH);
+        if (ready) ready(ctx, gpt_block_offset(c, l));
     }
     encoder_backward(G + gpt_tensor_offset(c, P_WTE, 0), G + gpt_tensor_offset(c, P_WPE, 0),
                      m->dres, m->inputs, B, T, C);
+    if (ready) ready(ctx, 0);
 }
 
 double gpt_flops_per_token(const GPTConfig* cfg, int T) {

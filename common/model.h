@@ -157,8 +157,9 @@ typedef struct {
     size_t num_params;
     float* params;  // (num_params) flat, layer-major
     float* grads;   // (num_params)
-    float* m;       // (num_params) AdamW first moment
+    float* m;       // (num_params) AdamW first moment (NULL until gpt_create_optimizer)
     float* v;       // (num_params) AdamW second moment
+    float loss_scale;  // backward differentiates loss_scale * mean loss (1 by default)
     float* encoded;       // (B,T,C) embedding output, the input of block 0
     float* block_acts;    // L * block_acts_numel
     float* head_acts;     // head_acts_numel
@@ -169,15 +170,26 @@ typedef struct {
     float* losses_host;   // (B,T)
 } GPT;
 
-// Allocates everything (params with init from seed; grads and moments zero).
+// Allocates params (init from seed), grads (zero) and the activations of a
+// (B, T) batch. The AdamW moments come separately, since not every rank of
+// every chapter keeps them.
 void gpt_create(GPT* m, const GPTConfig* cfg, int B, int T, uint64_t seed);
+// Allocates the AdamW moments m and v (zero).
+void gpt_create_optimizer(GPT* m);
 void gpt_free(GPT* m);
 BlockActs gpt_block_acts(const GPT* m, int layer);
 // Forward over host token arrays (B,T); returns the mean loss.
 float gpt_forward(GPT* m, const int* inputs, const int* targets);
 void gpt_zero_grad(GPT* m);
-// Backward of the mean loss of the last forward; accumulates into m->grads.
+// Backward of loss_scale * the mean loss of the last forward; accumulates
+// into m->grads.
 void gpt_backward(GPT* m);
+// The same, calling ready(ctx, boundary) each time backward has finished the
+// gradients of every parameter at flat offset >= boundary: after the head
+// (boundary = lnfw's offset: the tied wte is not finished there), after each
+// block l (its first offset), and after the embedding (0). A data-parallel
+// chapter starts the all-reduce of every bucket above the boundary there.
+void gpt_backward_hooked(GPT* m, void (*ready)(void* ctx, size_t boundary), void* ctx);
 // Model FLOPs per token for a forward and backward pass: 6 * (matmul weights) +
 // 12 * L * T * C for attention (PaLM's convention; causal masking not discounted).
 double gpt_flops_per_token(const GPTConfig* cfg, int T);

@@ -65,18 +65,48 @@ void train_load_checkpoint(const TrainSetup* s, float* params_host) {
 }
 
 float train_val_loss(GPT* m, const TrainSetup* s, int n_batches) {
-    size_t per_epoch = data_batches_per_epoch(&s->val, m->B, m->T);
-    if (per_epoch == 0) return -1.0f;
+    // the same tokens whatever the model's batch: n_batches global batches of
+    // s->B sequences, run m->B sequences at a time
+    size_t per_epoch = data_batches_per_epoch(&s->val, s->B, s->T);
+    if (per_epoch == 0 || s->B % m->B != 0 || m->T != s->T) return -1.0f;
     if ((size_t)n_batches > per_epoch) n_batches = (int)per_epoch;
     size_t BT = (size_t)m->B * m->T;
     int* inputs = xmalloc(BT * sizeof(int));
     int* targets = xmalloc(BT * sizeof(int));
     double sum = 0.0;
+    int pieces = 0;
     for (int i = 0; i < n_batches; i++) {
-        data_batch(&s->val, i, m->B, m->T, 0, m->B, inputs, targets);
-        sum += gpt_forward(m, inputs, targets);
+        for (int b0 = 0; b0 < s->B; b0 += m->B) {
+            data_batch(&s->val, i, s->B, s->T, b0, m->B, inputs, targets);
+            sum += gpt_forward(m, inputs, targets);
+            pieces++;
+        }
     }
     free(inputs);
     free(targets);
-    return (float)(sum / n_batches);
+    return (float)(sum / pieces);
+}
+
+void train_sample(GPT* m, const TrainArgs* a) {
+    if (a->sample <= 0 || world_rank() != 0) return;
+    // prompt: a newline, as if a new line of text began
+    int prompt = '\n';
+    int* out = xmalloc((size_t)a->sample * sizeof(int));
+    gpt_sample(m, &prompt, 1, out, a->sample, (uint64_t)a->seed);
+    printf("\nsample (%d tokens):\n", a->sample);
+    for (int i = 0; i < a->sample; i++) {
+        if (m->cfg.vocab_size <= 256) putchar(out[i]);
+        else printf("%d ", out[i]);  // GPT-2 tokens: ids (decoding needs llm.c's tokenizer)
+    }
+    printf("\n");
+    fflush(stdout);
+    free(out);
+}
+
+void train_save(const TrainArgs* a, const GPTConfig* cfg, const float* params_host, int writer) {
+    if (!a->save) return;
+    char msg[1024];
+    const char* bad = writer ? checkpoint_write(a->save, cfg, params_host, msg, sizeof(msg)) : NULL;
+    fail_if_any(bad != NULL, bad);
+    print0("saved %s\n", a->save);
 }

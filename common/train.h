@@ -28,8 +28,15 @@ void train_setup_free(TrainSetup* s);
 // exiting every rank with a message if the file cannot be read.
 void train_load_checkpoint(const TrainSetup* s, float* params_host);
 
-// Mean loss over n_batches batches of the validation set (the reference
-// model's forward); -1 if there is no validation data.
+// Mean loss over the first n_batches global batches (s->B x s->T) of the
+// validation set, run through m in pieces of m->B sequences, so every chapter
+// validates on the same tokens; -1 if there is no validation data.
 float train_val_loss(GPT* m, const TrainSetup* s, int n_batches);
+
+// After training: prints --sample N generated characters (rank 0), and writes
+// --save FILE from the given host copy of the full parameters. Collective:
+// every rank calls it; writer says which rank holds the parameters to write.
+void train_sample(GPT* m, const TrainArgs* a);
+void train_save(const TrainArgs* a, const GPTConfig* cfg, const float* params_host, int writer);
 
 #endif

@@ -132,6 +132,7 @@ static void test_loss_at_init_and_overfit(void) {
     int B = 4, T = 32;
     GPT m;
     gpt_create(&m, &cfg, B, T, 1337);
+    gpt_create_optimizer(&m);
     int inputs[128], targets[128];
     random_tokens(inputs, B * T, cfg.vocab_size);
     random_tokens(targets, B * T, cfg.vocab_size);
@@ -335,6 +336,7 @@ static void test_memory_formula(void) {
     for (int c = 0; c < MEM_NUM_CATEGORIES; c++) before[c] = mem_current(c);
     GPT m;
     gpt_create(&m, &cfg, B, T, 1);
+    gpt_create_optimizer(&m);
     int inputs[21] = {0}, targets[21] = {0};
     gpt_forward(&m, inputs, targets);
     gpt_backward(&m);

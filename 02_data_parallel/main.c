@@ -1,0 +1,348 @@
+// Chapter 2: data parallelism.
+//
+// Every rank holds a full replica of the model and takes its own share of the
+// global batch. After backward each rank has the gradient of ITS sequences;
+// averaging the gradients over the dp ranks gives exactly the gradient of the
+// whole batch, so every replica takes the same AdamW step and stays identical
+// to the others, and to the single-device reference.
+//
+//   mpirun -np 4 build/chapter-2 --dp 4 --dp-mode overlapped
+//
+// --dp-mode picks how the gradients are averaged, in the order the chapter
+// builds them up:
+//   naive       one blocking all-reduce per parameter tensor, after backward
+//   bucketed    gradients in flat buckets of --bucket-kb, one all-reduce each
+//   overlapped  each bucket's all-reduce starts, non-blocking, as soon as
+//               backward has produced its last gradient; the step waits for all
+//   ps          a parameter server, for contrast: rank 0 collects the summed
+//               gradients, steps alone, and broadcasts the new parameters
+//
+// --grad-accum K splits each rank's share into K micro-batches and
+// communicates only after the last one.
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "args.h"
+#include "comm.h"
+#include "common.h"
+#include "memory.h"
+#include "mesh.h"
+#include "model.h"
+#include "report.h"
+#include "runtime.h"
+#include "train.h"
+
+typedef enum { MODE_NAIVE, MODE_BUCKETED, MODE_OVERLAPPED, MODE_PS } DPMode;
+static const char* mode_names[] = {"naive", "bucketed", "overlapped", "ps"};
+
+// ---------------------------------------------------------------- buckets
+// A bucket is a flat range [lo, hi) of the gradient buffer. Buckets are cut
+// from the END of the buffer, because backward produces gradients from the
+// last layer to the first: bucket 0 is the final LayerNorm and the last
+// block, the last bucket holds the embeddings.
+typedef struct {
+    size_t lo, hi;
+    CommRequest req;
+    int started;
+} Bucket;
+
+typedef struct {
+    Bucket* b;
+    int n;
+    const Comm* dp;  // the data-parallel group
+    float* grads;
+    int communicate;  // 0 on all but the last micro-batch
+} Buckets;
+
+static void buckets_make(Buckets* bs, size_t num_params, size_t bucket_floats) {
+    bs->n = (int)((num_params + bucket_floats - 1) / bucket_floats);
+    bs->b = xcalloc((size_t)bs->n, sizeof(Bucket));
+    size_t hi = num_params;
+    for (int i = 0; i < bs->n; i++) {
+        size_t lo = hi > bucket_floats ? hi - bucket_floats : 0;
+        bs->b[i].lo = lo;
+        bs->b[i].hi = hi;
+        hi = lo;
+    }
+}
+
+// The backward hook of the overlapped mode: every gradient at offset >=
+// boundary is final, so every bucket that lies above the boundary starts its
+// all-reduce now, while backward goes on with the layers below.
+static void start_ready_buckets(void* ctx, size_t boundary) {
+    Buckets* bs = ctx;
+    if (!bs->communicate) return;
+    for (int i = 0; i < bs->n; i++) {
+        Bucket* b = &bs->b[i];
+        if (b->started || b->lo < boundary) continue;
+        comm_iallreduce(bs->dp, bs->grads + b->lo, b->hi - b->lo, COMM_AVG, &b->req);
+        b->started = 1;
+    }
+    // MPI moves a non-blocking collective forward only inside MPI calls:
+    // poke the ones in flight so they progress while we compute
+    for (int i = 0; i < bs->n; i++)
+        if (bs->b[i].started) comm_test(&bs->b[i].req);
+}
+
+// ---------------------------------------------------------------- averaging the gradients
+
+// naive: one all-reduce per parameter tensor (per layer for block tensors),
+// each waiting for the one before: many small messages, nothing overlapped.
+static void average_naive(const Comm* dp, GPT* m) {
+    const GPTConfig* cfg = &m->cfg;
+    for (ParamTensor t = 0; t < NUM_PARAM_TENSORS; t++) {
+        int layers = param_tensor_is_block(t) ? cfg->num_layers : 1;
+        for (int l = 0; l < layers; l++)
+            comm_allreduce(dp, m->grads + gpt_tensor_offset(cfg, t, l), param_tensor_numel(cfg, t), COMM_AVG);
+    }
+}
+
+// bucketed: after backward, one blocking all-reduce per bucket: fewer, larger
+// messages (latency paid once per bucket), still nothing overlapped.
+static void average_bucketed(Buckets* bs) {
+    for (int i = 0; i < bs->n; i++)
+        comm_allreduce(bs->dp, bs->grads + bs->b[i].lo, bs->b[i].hi - bs->b[i].lo, COMM_AVG);
+}
+
+// overlapped: the all-reduces were started during backward; wait for them.
+static void wait_buckets(Buckets* bs) {
+    for (int i = 0; i < bs->n; i++) {
+        comm_wait(&bs->b[i].req);
+        bs->b[i].started = 0;
+    }
+}
+
+// ---------------------------------------------------------------- the step
+
+typedef struct {
+    const Comm* dp;
+    DPMode mode;
+    int accum;          // micro-batches per step
+    Buckets buckets;
+    float* ps_grads;    // rank 0's buffer for the summed gradients (ps mode)
+} DataParallel;
+
+// The clipped AdamW step on a full replica (every mode but ps).
+static float clip_and_step(GPT* m, const TrainArgs* args, int step) {
+    // after the all-reduce every replica holds the global gradient, so the
+    // norm each rank computes alone is already the global norm
+    double norm = sqrt(grad_sumsq(m->grads, m->num_params));
+    AdamWConfig opt = {.lr = args->lr, .beta1 = 0.9f, .beta2 = 0.999f, .eps = 1e-8f, .weight_decay = args->wd};
+    adamw_update(m->params, m->grads, m->m, m->v, m->num_params, opt, step + 1, grad_clip_scale(norm, args->clip));
+    return (float)norm;
+}
+
+// One training step. Rank r owns sequences [r*B/dp, (r+1)*B/dp) of the
+// global batch, cut into `accum` micro-batches. Returns the global mean loss.
+static float train_step(DataParallel* dp, GPT* m, const TrainSetup* setup, const TrainArgs* args,
+                        int step, int* inputs, int* targets, float* norm) {
+    int B = setup->B, T = setup->T, per_rank = B / dp->dp->size, micro = per_rank / dp->accum;
+    // each micro-batch's backward differentiates its mean loss / accum, so the
+    // accumulated gradient is the mean over this rank's sequences
+    m->loss_scale = 1.0f / (float)dp->accum;
+    gpt_zero_grad(m);
+    double loss_sum = 0.0;
+    for (int k = 0; k < dp->accum; k++) {
+        int b0 = dp->dp->rank * per_rank + k * micro;
+        data_batch(&setup->train, step, B, T, b0, micro, inputs, targets);
+        loss_sum += gpt_forward(m, inputs, targets);
+        int last = k == dp->accum - 1;
+        if (dp->mode == MODE_OVERLAPPED) {
+            // communicate while backward runs, but only on the last micro-batch
+            dp->buckets.communicate = last;
+            gpt_backward_hooked(m, start_ready_buckets, &dp->buckets);
+        } else {
+            gpt_backward(m);
+        }
+    }
+    // the average of the gradients over the dp group = the gradient of the
+    // global batch
+    switch (dp->mode) {
+        case MODE_NAIVE: average_naive(dp->dp, m); break;
+        case MODE_BUCKETED: average_bucketed(&dp->buckets); break;
+        case MODE_OVERLAPPED: wait_buckets(&dp->buckets); break;
+        case MODE_PS: break;
+    }
+    if (dp->mode != MODE_PS) {
+        *norm = clip_and_step(m, args, step);
+    } else {
+        // parameter server: the sum of all gradients travels to rank 0 (every
+        // byte of every rank into one rank's link), rank 0 steps, and the new
+        // parameters travel back out of that one link
+        comm_reduce(dp->dp, m->grads, dp->ps_grads, m->num_params, 0, COMM_AVG);
+        float nrm = 0.0f;
+        if (dp->dp->rank == 0) {
+            ops_copy(m->grads, dp->ps_grads, m->num_params);
+            nrm = clip_and_step(m, args, step);
+        }
+        comm_broadcast(dp->dp, m->params, m->num_params, 0);
+        // the norm is a host scalar: plain MPI, for the log line
+        MPI_CHECK(MPI_Bcast(&nrm, 1, MPI_FLOAT, 0, dp->dp->mpi));
+        *norm = nrm;
+    }
+    // the loss of the global batch: mean over ranks of each rank's mean
+    // (a host scalar for the log line: plain MPI, not the gradient path)
+    double mine = loss_sum / dp->accum, total = 0.0;
+    MPI_CHECK(MPI_Allreduce(&mine, &total, 1, MPI_DOUBLE, MPI_SUM, dp->dp->mpi));
+    return (float)(total / dp->dp->size);
+}
+
+// After training, every replica must hold bit-identical parameters: rank 0
+// sends its copy to everyone, every rank compares. A check, not part of the
+// strategy, so it runs on host copies through plain MPI (and is not counted).
+static int replicas_identical(const Comm* dp, const GPT* m) {
+    float* mine = xmalloc(m->num_params * sizeof(float));
+    float* first = xmalloc(m->num_params * sizeof(float));
+    mem_to_host(mine, m->params, m->num_params * sizeof(float));
+    memcpy(first, mine, m->num_params * sizeof(float));
+    for (size_t off = 0; off < m->num_params; off += 1 << 28) {
+        size_t n = m->num_params - off < (1u << 28) ? m->num_params - off : (1u << 28);
+        MPI_CHECK(MPI_Bcast(first + off, (int)n, MPI_FLOAT, 0, dp->mpi));
+    }
+    int same = memcmp(mine, first, m->num_params * sizeof(float)) == 0, all = 0;
+    MPI_CHECK(MPI_Allreduce(&same, &all, 1, MPI_INT, MPI_MIN, dp->mpi));
+    free(mine);
+    free(first);
+    return all;
+}
+
+// ---------------------------------------------------------------- main
+
+int main(int argc, char** argv) {
+    runtime_init(&argc, &argv);
+    TrainArgs args;
+    const char* mode_name = "overlapped";
+    int accum = 1, bucket_kb = 1024;
+    ArgSpec extra[] = {
+        {"dp-mode", ARG_STRING, &mode_name, "naive | bucketed | overlapped | ps  [overlapped]"},
+        {"bucket-kb", ARG_INT, &bucket_kb, "gradient bucket size in KiB (bucketed, overlapped)  [1024]"},
+        {"grad-accum", ARG_INT, &accum, "micro-batches per step; communicate after the last  [1]"},
+    };
+    int n_extra = sizeof(extra) / sizeof(extra[0]);
+    unsigned axes = 1u << AXIS_DP;
+    char msg[1024];
+    const char* bad = args_parse(argc, argv, &args, extra, n_extra, axes, msg, sizeof(msg));
+    if (bad && !strcmp(bad, "help")) {
+        if (world_rank() == 0)
+            args_usage("build/chapter-2", "Chapter 2: data parallelism: replicas, gradient all-reduce, buckets, overlap.",
+                       extra, n_extra, axes);
+        runtime_finalize();
+        return 0;
+    }
+    if (bad) fail_all("%s", bad);
+    DPMode mode = MODE_NAIVE;
+    int found = 0;
+    for (int i = 0; i < 4; i++)
+        if (!strcmp(mode_name, mode_names[i])) mode = (DPMode)i, found = 1;
+    if (!found) fail_all("--dp-mode %s is not one of naive, bucketed, overlapped, ps", mode_name);
+    if (accum < 1) fail_all("--grad-accum must be >= 1");
+    if (bucket_kb < 1) fail_all("--bucket-kb must be >= 1");
+
+    Mesh mesh;
+    bad = mesh_create(&mesh, args.mesh, msg, sizeof(msg));
+    if (bad) fail_all("%s", bad);
+    runtime_set_threads(args.threads);
+    const char* device = device_init(runtime_local_rank());
+    Comm world, axes_comm[NUM_AXES];
+    comm_create(&world, axes_comm, &mesh);
+    const Comm* dpc = &axes_comm[AXIS_DP];
+
+    TrainSetup setup;
+    train_setup(&setup, &args);
+    int B = setup.B, T = setup.T, ndp = dpc->size;
+    if (B % (ndp * accum) != 0)
+        fail_all("--batch %d does not split into dp=%d ranks x %d micro-batches: use a batch divisible by %d",
+                 B, ndp, accum, ndp * accum);
+    int micro = B / ndp / accum;
+
+    double peak_gflops = args.peak_gflops > 0 ? args.peak_gflops : measure_matmul_gflops();
+    // a full replica on every rank, activations for one micro-batch
+    GPT model;
+    gpt_create(&model, &setup.cfg, micro, T, (uint64_t)args.seed);
+    if (setup.checkpoint) {
+        float* host = xmalloc(model.num_params * sizeof(float));
+        train_load_checkpoint(&setup, host);
+        mem_to_device(model.params, host, model.num_params * sizeof(float));
+        free(host);
+    }
+    // every replica starts from rank 0's parameters (counter-based init makes
+    // them equal already; the broadcast is what makes any start equal)
+    comm_broadcast(dpc, model.params, model.num_params, 0);
+    DataParallel dp = {.dp = dpc, .mode = mode, .accum = accum};
+    if (mode != MODE_PS || dpc->rank == 0) gpt_create_optimizer(&model);  // ps: only rank 0 steps
+    if (mode == MODE_PS && dpc->rank == 0) dp.ps_grads = mem_alloc_floats(model.num_params, MEM_COMM);
+    buckets_make(&dp.buckets, model.num_params, (size_t)bucket_kb * 1024 / sizeof(float));
+    dp.buckets.dp = dpc;
+    dp.buckets.grads = model.grads;
+
+    print0("chapter 2: data parallel, dp=%d, mode %s, %d bucket%s of %d KiB, %d micro-batch%s of %d sequences per rank, device %s\n",
+           ndp, mode_names[mode], dp.buckets.n, dp.buckets.n == 1 ? "" : "s", bucket_kb, accum,
+           accum == 1 ? "" : "es", micro, device);
+    print0("model %s: %zu parameters, global batch %d x %d\n", setup.model_name, model.num_params, B, T);
+    JsonLog log;
+    bad = jsonl_open(&log, args.log, msg, sizeof(msg));
+    fail_if_any(bad != NULL, bad);
+
+    int* inputs = xmalloc((size_t)micro * T * sizeof(int));
+    int* targets = xmalloc((size_t)micro * T * sizeof(int));
+    double timed = 0.0, timed_wait = 0.0;
+    int timed_steps = 0;
+    float loss = 0.0f;
+    comm_counts_reset();
+    for (int step = 0; step < args.steps; step++) {
+        double w0 = comm_wait_seconds();
+        double t0 = now_seconds();
+        float norm;
+        loss = train_step(&dp, &model, &setup, &args, step, inputs, targets, &norm);
+        device_synchronize();
+        double dt = now_seconds() - t0;
+        if (step > 0 || args.steps == 1) {
+            timed += dt;
+            timed_wait += comm_wait_seconds() - w0;
+            timed_steps++;
+        }
+        report_step(&log, step, args.steps, loss, norm, 1e3 * dt, (double)B * T / dt);
+    }
+    // every replica holds the same model: validate and sample on any of them
+    float val_loss = train_val_loss(&model, &setup, args.val_batches);
+    if (val_loss >= 0) report_val(&log, args.steps - 1, val_loss);
+    int same = replicas_identical(dpc, &model);
+    print0("replicas after %d steps: %s\n", args.steps, same ? "bit-identical on every rank" : "DIFFERENT");
+
+    double sec = timed_steps ? timed / timed_steps : 0.0;
+    print0("communication: %.2f ms per step blocked in all-reduce or wait (rank 0), of %.2f ms per step\n",
+           timed_steps ? 1e3 * timed_wait / timed_steps : 0.0, 1e3 * sec);
+    char extra_json[256];
+    snprintf(extra_json, sizeof(extra_json),
+             "\"dp_mode\":\"%s\",\"bucket_kb\":%d,\"grad_accum\":%d,\"buckets\":%d,\"replicas_identical\":%s,"
+             "\"comm_wait_ms_per_step\":%.3f",
+             mode_names[mode], bucket_kb, accum, dp.buckets.n, same ? "true" : "false",
+             timed_steps ? 1e3 * timed_wait / timed_steps : 0.0);
+    RunSummary summary = {
+        .chapter = 2, .model = setup.model_name, .num_params = model.num_params, .batch = B, .seq = T,
+        .steps = args.steps, .ms_per_step = 1e3 * sec, .tokens_per_s = sec > 0 ? (double)B * T / sec : 0.0,
+        .flops_per_token = gpt_flops_per_token(&setup.cfg, T), .peak_gflops = peak_gflops,
+        .final_loss = loss, .val_loss = val_loss, .extra_json = extra_json};
+    report_summary(&log, &mesh, &summary);
+    jsonl_close(&log);
+    train_sample(&model, &args);
+    if (args.save) {
+        float* host = xmalloc(model.num_params * sizeof(float));
+        mem_to_host(host, model.params, model.num_params * sizeof(float));
+        train_save(&args, &setup.cfg, host, dpc->rank == 0);
+        free(host);
+    }
+
+    free(inputs);
+    free(targets);
+    free(dp.buckets.b);
+    mem_free(dp.ps_grads);
+    gpt_free(&model);
+    train_setup_free(&setup);
+    comm_destroy(&world, axes_comm);
+    mesh_destroy(&mesh);
+    runtime_finalize();
+    return same ? 0 : 1;
+}

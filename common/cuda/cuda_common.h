@@ -1,0 +1,65 @@
+// cuda_common.h: what the CUDA backend's files share: the compute stream, the
+// cuBLAS handle, and the macros that check every CUDA, cuBLAS and NCCL call.
+//
+// Included by ops.cu and device.cu (C++, nvcc) and by comm.c (C, mpicc).
+// A .cu file includes this header first and the project's other headers
+// inside extern "C" { }: they are C headers without C++ guards of their own.
+//
+// A failed call is a bug or a broken system, never bad input: the macros
+// print "[rank r] file:line: call failed: reason" and abort every rank
+// (fatal_at, common.h), so no rank is left waiting in a collective.
+#ifndef CUDA_COMMON_H
+#define CUDA_COMMON_H
+
+#include <cublas_v2.h>
+#include <cuda_runtime.h>
+#include <nccl.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#include "common.h"
+
+// All compute (kernels, cuBLAS, copies, memsets) runs in order on this one
+// stream. The communication layer has a stream of its own and orders itself
+// against this one with events (comm.c). Created by device_init.
+extern cudaStream_t cuda_compute_stream;
+// The one cuBLAS handle, bound to the compute stream. Created by device_init.
+extern cublasHandle_t cuda_cublas;
+
+#ifdef __cplusplus
+}
+#endif
+
+#define CUDA_CHECK(call)                                                              \
+    do {                                                                              \
+        cudaError_t cuda_rc_ = (call);                                                \
+        if (cuda_rc_ != cudaSuccess)                                                  \
+            fatal_at(__FILE__, __LINE__, "%s failed: %s (%s)", #call,                 \
+                     cudaGetErrorString(cuda_rc_), cudaGetErrorName(cuda_rc_));       \
+    } while (0)
+
+// After every kernel launch: a bad launch configuration shows up here at once;
+// a fault inside a kernel shows up at the next call that synchronizes.
+#define KERNEL_CHECK() CUDA_CHECK(cudaGetLastError())
+
+#define CUBLAS_CHECK(call)                                                            \
+    do {                                                                              \
+        cublasStatus_t cublas_rc_ = (call);                                           \
+        if (cublas_rc_ != CUBLAS_STATUS_SUCCESS)                                      \
+            fatal_at(__FILE__, __LINE__, "%s failed: %s (cuBLAS status %d)", #call,   \
+                     cublasGetStatusString(cublas_rc_), (int)cublas_rc_);             \
+    } while (0)
+
+#define NCCL_CHECK(call)                                                              \
+    do {                                                                              \
+        ncclResult_t nccl_rc_ = (call);                                               \
+        if (nccl_rc_ != ncclSuccess)                                                  \
+            fatal_at(__FILE__, __LINE__, "%s failed: %s (NCCL error %d)", #call,      \
+                     ncclGetErrorString(nccl_rc_), (int)nccl_rc_);                    \
+    } while (0)
+
+#endif

@@ -1,0 +1,661 @@
+// ops.cu: the GPT ops on the GPU, in CUDA; matmuls through cuBLAS.
+// Shapes and semantics are documented in common/ops.h. This file is the twin
+// of common/cpu/ops.c: the same functions in the same order, the same
+// formulas, the same conventions (backward ops accumulate, NULL gradients are
+// skipped, crossentropy_backward writes and may run in place).
+//
+// How the CPU's loops become kernels:
+//   - a loop over independent elements: one thread per element (grid-stride
+//     loops, so any n fits in a bounded grid);
+//   - a loop over rows with a reduction inside (LayerNorm, softmax,
+//     cross-entropy): one block per row, the reduction a tree in shared memory;
+//   - a sum over rows per column (dw, db, dbias of LayerNorm and matmul): one
+//     block per column, the same tree;
+//   - the embedding scatter, where two rows may add into the same row of dwte:
+//     one thread per channel walking the rows in order, as the CPU does.
+// Every reduction adds in a fixed order, so two runs give identical bits.
+//
+// All work goes, in order, to the compute stream (cuda_common.h), and every
+// kernel launch is followed by KERNEL_CHECK(). Nothing here synchronizes
+// with the host except grad_sumsq, which returns a number.
+#include "cuda_common.h"
+
+#include <math.h>
+
+extern "C" {
+#include "ops.h"
+}
+
+// Threads per block. A power of two: the tree reductions halve it.
+#define THREADS 256
+
+// Blocks for a grid-stride loop over n elements: enough to fill any GPU,
+// never more than the x-dimension limit cares about.
+static unsigned grid_for(size_t n) {
+    size_t blocks = (n + THREADS - 1) / THREADS;
+    return (unsigned)(blocks < 65535 ? blocks : 65535);
+}
+
+// The grid-stride loop: thread i handles elements i, i + (all threads), ...
+#define FOR_EACH_INDEX(i, n)                                                  \
+    for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < (n);   \
+         i += (size_t)gridDim.x * blockDim.x)
+
+// ---------------------------------------------------------------- block reductions
+// Every thread of the block passes one value; every thread gets back the sum
+// (or max) over the block. A tree in shared memory: at each level the first
+// half of the threads combines its value with the second half's. Needs
+// blockDim.x == THREADS, and every thread of the block must call it.
+
+__device__ float block_sum(float v) {
+    __shared__ float buf[THREADS];
+    buf[threadIdx.x] = v;
+    __syncthreads();
+    for (int half = THREADS / 2; half > 0; half /= 2) {
+        if ((int)threadIdx.x < half) buf[threadIdx.x] += buf[threadIdx.x + half];
+        __syncthreads();
+    }
+    float total = buf[0];
+    __syncthreads();  // all have read buf[0] before a next call overwrites buf
+    return total;
+}
+
+__device__ float block_max(float v) {
+    __shared__ float buf[THREADS];
+    buf[threadIdx.x] = v;
+    __syncthreads();
+    for (int half = THREADS / 2; half > 0; half /= 2) {
+        if ((int)threadIdx.x < half) buf[threadIdx.x] = fmaxf(buf[threadIdx.x], buf[threadIdx.x + half]);
+        __syncthreads();
+    }
+    float m = buf[0];
+    __syncthreads();
+    return m;
+}
+
+__device__ double block_sum_double(double v) {
+    __shared__ double buf[THREADS];
+    buf[threadIdx.x] = v;
+    __syncthreads();
+    for (int half = THREADS / 2; half > 0; half /= 2) {
+        if ((int)threadIdx.x < half) buf[threadIdx.x] += buf[threadIdx.x + half];
+        __syncthreads();
+    }
+    double total = buf[0];
+    __syncthreads();
+    return total;
+}
+
+// ---------------------------------------------------------------- row-major sgemm on cuBLAS
+// cuBLAS is column-major; every matrix here is row-major. The bridge:
+//
+//   A row-major matrix X (r x c, leading dimension ld) lies in memory exactly
+//   as the column-major matrix X^T (c x r, same ld).
+//
+// The CPU computes, row-major,  C (M x N) = alpha * op(A) (M x K) @ op(B) (K x N) + beta * C
+// with cblas_sgemm(CblasRowMajor, opA, opB, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc).
+// Read column-major, the memory of C is C^T (N x M), and
+//
+//   C^T = alpha * op(B)^T @ op(A)^T + beta * C^T.
+//
+// So cuBLAS gets B as its first operand and A as its second, with M and N
+// swapped and K, the leading dimensions and alpha/beta unchanged. The
+// transpose flags carry over unchanged too:
+//   opB = N: B is stored K x N row-major, i.e. column-major B^T (N x K),
+//            which is op(B)^T itself: cuBLAS flag N.
+//   opB = T: B is stored N x K row-major, i.e. column-major B_stored^T
+//            (K x N); op(B)^T = B_stored, its transpose: cuBLAS flag T.
+// (the same argument for A). Hence, with the row-major arguments:
+//
+//   cublasSgemm(h, opB, opA, N, M, K, &alpha, B, ldb, A, lda, &beta, C, ldc)
+//
+// sgemm_rm takes exactly the CPU's cblas arguments (ta/tb: 1 = transposed), so
+// each call below reads like its twin in cpu/ops.c.
+
+static cublasOperation_t op(int transposed) { return transposed ? CUBLAS_OP_T : CUBLAS_OP_N; }
+
+static void sgemm_rm(int ta, int tb, int M, int N, int K, float alpha, const float* A, int lda,
+                     const float* B, int ldb, float beta, float* C, int ldc) {
+    if (M <= 0 || N <= 0) return;
+    CUBLAS_CHECK(cublasSgemm(cuda_cublas, op(tb), op(ta), N, M, K, &alpha, B, ldb, A, lda, &beta,
+                             C, ldc));
+}
+
+// The same for `count` independent products: product i uses A + i*strideA,
+// B + i*strideB, C + i*strideC (cublasSgemmStridedBatched, operands swapped
+// as above, each with its own stride).
+static void sgemm_rm_batched(int ta, int tb, int M, int N, int K, float alpha, const float* A,
+                             int lda, long long strideA, const float* B, int ldb,
+                             long long strideB, float beta, float* C, int ldc,
+                             long long strideC, int count) {
+    if (M <= 0 || N <= 0 || count <= 0) return;
+    CUBLAS_CHECK(cublasSgemmStridedBatched(cuda_cublas, op(tb), op(ta), N, M, K, &alpha, B, ldb,
+                                           strideB, A, lda, strideA, &beta, C, ldc, strideC,
+                                           count));
+}
+
+// ---------------------------------------------------------------- embedding
+
+__global__ void encoder_forward_kernel(float* out, const int* tokens, const float* wte,
+                                       const float* wpe, int N, int T, int C) {
+    FOR_EACH_INDEX(i, (size_t)N * C) {
+        int n = (int)(i / C), c = (int)(i % C);
+        out[i] = wte[(size_t)tokens[n] * C + c] + wpe[(size_t)(n % T) * C + c];
+    }
+}
+
+extern "C" void encoder_forward(float* out, const int* tokens, const float* wte, const float* wpe,
+                                int B, int T, int C) {
+    size_t n = (size_t)B * T * C;
+    if (n == 0) return;
+    encoder_forward_kernel<<<grid_for(n), THREADS, 0, cuda_compute_stream>>>(out, tokens, wte, wpe,
+                                                                            B * T, T, C);
+    KERNEL_CHECK();
+}
+
+// Thread c owns channel c of every row of dwte and dwpe and walks the token
+// rows in order, so a token repeated in the batch never races with itself.
+__global__ void encoder_backward_kernel(float* dwte, float* dwpe, const float* dout,
+                                        const int* tokens, int N, int T, int C) {
+    int c = blockIdx.x * blockDim.x + threadIdx.x;
+    if (c >= C) return;
+    for (int n = 0; n < N; n++) {
+        float d = dout[(size_t)n * C + c];
+        if (dwte) dwte[(size_t)tokens[n] * C + c] += d;
+        if (dwpe) dwpe[(size_t)(n % T) * C + c] += d;
+    }
+}
+
+extern "C" void encoder_backward(float* dwte, float* dwpe, const float* dout, const int* tokens,
+                                 int B, int T, int C) {
+    if ((!dwte && !dwpe) || B * T == 0 || C == 0) return;
+    encoder_backward_kernel<<<(C + THREADS - 1) / THREADS, THREADS, 0, cuda_compute_stream>>>(
+        dwte, dwpe, dout, tokens, B * T, T, C);
+    KERNEL_CHECK();
+}
+
+// ---------------------------------------------------------------- layernorm
+
+// One block per row n.
+__global__ void layernorm_forward_kernel(float* out, float* mean, float* rstd, const float* inp,
+                                         const float* w, const float* b, int C) {
+    const float eps = 1e-5f;
+    int n = blockIdx.x;
+    const float* x = inp + (size_t)n * C;
+    float part = 0.0f;
+    for (int c = threadIdx.x; c < C; c += THREADS) part += x[c];
+    float m = block_sum(part) / C;
+    part = 0.0f;
+    for (int c = threadIdx.x; c < C; c += THREADS) part += (x[c] - m) * (x[c] - m);
+    float var = block_sum(part) / C;
+    float s = 1.0f / sqrtf(var + eps);
+    float* o = out + (size_t)n * C;
+    for (int c = threadIdx.x; c < C; c += THREADS) o[c] = (x[c] - m) * s * w[c] + b[c];
+    if (threadIdx.x == 0) {
+        mean[n] = m;
+        rstd[n] = s;
+    }
+}
+
+extern "C" void layernorm_forward(float* out, float* mean, float* rstd, const float* inp,
+                                  const float* w, const float* b, int N, int C) {
+    if (N <= 0 || C <= 0) return;
+    layernorm_forward_kernel<<<N, THREADS, 0, cuda_compute_stream>>>(out, mean, rstd, inp, w, b, C);
+    KERNEL_CHECK();
+}
+
+// dinp: one block per row n (the rows are independent).
+__global__ void layernorm_backward_dinp_kernel(float* dinp, const float* dout, const float* inp,
+                                               const float* w, const float* mean,
+                                               const float* rstd, int C) {
+    int n = blockIdx.x;
+    const float* x = inp + (size_t)n * C;
+    const float* d = dout + (size_t)n * C;
+    float m = mean[n], s = rstd[n];
+    // the two means that the normalisation couples every channel through
+    float part_mean = 0.0f, part_norm_mean = 0.0f;
+    for (int c = threadIdx.x; c < C; c += THREADS) {
+        float norm = (x[c] - m) * s;
+        float dnorm = w[c] * d[c];
+        part_mean += dnorm;
+        part_norm_mean += dnorm * norm;
+    }
+    float dnorm_mean = block_sum(part_mean) / C;
+    float dnorm_norm_mean = block_sum(part_norm_mean) / C;
+    float* di = dinp + (size_t)n * C;
+    for (int c = threadIdx.x; c < C; c += THREADS) {
+        float norm = (x[c] - m) * s;
+        float dnorm = w[c] * d[c];
+        di[c] += (dnorm - dnorm_mean - norm * dnorm_norm_mean) * s;
+    }
+}
+
+// dw, db: one block per channel c, summing over the rows.
+__global__ void layernorm_backward_dwdb_kernel(float* dw, float* db, const float* dout,
+                                               const float* inp, const float* mean,
+                                               const float* rstd, int N, int C) {
+    int c = blockIdx.x;
+    float sw = 0.0f, sb = 0.0f;
+    for (int n = threadIdx.x; n < N; n += THREADS) {
+        float norm = (inp[(size_t)n * C + c] - mean[n]) * rstd[n];
+        sw += norm * dout[(size_t)n * C + c];
+        sb += dout[(size_t)n * C + c];
+    }
+    sw = block_sum(sw);
+    sb = block_sum(sb);
+    if (threadIdx.x == 0) {
+        if (dw) dw[c] += sw;
+        if (db) db[c] += sb;
+    }
+}
+
+extern "C" void layernorm_backward(float* dinp, float* dw, float* db, const float* dout,
+                                   const float* inp, const float* w, const float* mean,
+                                   const float* rstd, int N, int C) {
+    if (N <= 0 || C <= 0) return;
+    if (dinp) {
+        layernorm_backward_dinp_kernel<<<N, THREADS, 0, cuda_compute_stream>>>(dinp, dout, inp, w,
+                                                                               mean, rstd, C);
+        KERNEL_CHECK();
+    }
+    if (dw || db) {
+        layernorm_backward_dwdb_kernel<<<C, THREADS, 0, cuda_compute_stream>>>(dw, db, dout, inp,
+                                                                               mean, rstd, N, C);
+        KERNEL_CHECK();
+    }
+}
+
+// ---------------------------------------------------------------- linear
+
+__global__ void add_bias_kernel(float* out, const float* bias, int N, int OC) {
+    FOR_EACH_INDEX(i, (size_t)N * OC) out[i] += bias[i % OC];
+}
+
+extern "C" void matmul_forward(float* out, const float* inp, const float* w, const float* bias,
+                               int N, int C, int OC) {
+    if (N <= 0 || OC <= 0) return;
+    // out (N, OC) = inp (N, C) @ w^T, w stored (OC, C)
+    sgemm_rm(0, 1, N, OC, C, 1.0f, inp, C, w, C, 0.0f, out, OC);
+    if (bias) {
+        add_bias_kernel<<<grid_for((size_t)N * OC), THREADS, 0, cuda_compute_stream>>>(out, bias, N, OC);
+        KERNEL_CHECK();
+    }
+}
+
+// dbias: one block per output column k, summing over the rows.
+__global__ void bias_backward_kernel(float* dbias, const float* dout, int N, int OC) {
+    int k = blockIdx.x;
+    float s = 0.0f;
+    for (int n = threadIdx.x; n < N; n += THREADS) s += dout[(size_t)n * OC + k];
+    s = block_sum(s);
+    if (threadIdx.x == 0) dbias[k] += s;
+}
+
+extern "C" void matmul_backward(float* dinp, float* dw, float* dbias, const float* dout,
+                                const float* inp, const float* w, int N, int C, int OC) {
+    if (N <= 0 || C <= 0 || OC <= 0) return;
+    // dinp (N, C) += dout (N, OC) @ w (OC, C)
+    if (dinp) sgemm_rm(0, 0, N, C, OC, 1.0f, dout, OC, w, C, 1.0f, dinp, C);
+    // dw (OC, C) += dout^T (OC, N) @ inp (N, C)
+    if (dw) sgemm_rm(1, 0, OC, C, N, 1.0f, dout, OC, inp, C, 1.0f, dw, C);
+    if (dbias) {
+        bias_backward_kernel<<<OC, THREADS, 0, cuda_compute_stream>>>(dbias, dout, N, OC);
+        KERNEL_CHECK();
+    }
+}
+
+// ---------------------------------------------------------------- attention
+// As on the CPU, one (batch, head) pair is a (T, hs) slice of q, k and v with
+// row stride 3C, and each pair is a few small matmuls. Here the heads of one
+// batch row go to cuBLAS as one strided batch: head h starts hs floats after
+// head h-1 in q, k, v, out (their rows interleave, but the elements each head
+// reads and writes are its own), and T*T floats after it in att. The batch
+// index b is a plain loop: b and h together do not form one stride.
+// The softmax runs between the matmuls, one block per row of att.
+
+// Causal softmax of one row of scores: row t sees keys 0..t; future keys get
+// probability 0. Rows are numbered (b, h, t), so t = row % T.
+__global__ void causal_softmax_kernel(float* att, int T) {
+    int t = blockIdx.x % T;
+    float* row = att + (size_t)blockIdx.x * T;
+    float mx = -INFINITY;
+    for (int s = threadIdx.x; s <= t; s += THREADS) mx = fmaxf(mx, row[s]);
+    mx = block_max(mx);
+    float part = 0.0f;
+    for (int s = threadIdx.x; s <= t; s += THREADS) {
+        row[s] = expf(row[s] - mx);
+        part += row[s];
+    }
+    float inv = 1.0f / block_sum(part);
+    for (int s = threadIdx.x; s <= t; s += THREADS) row[s] *= inv;
+    for (int s = t + 1 + threadIdx.x; s < T; s += THREADS) row[s] = 0.0f;
+}
+
+extern "C" void attention_forward(float* out, float* att, const float* qkv, int B, int T, int C,
+                                  int NH) {
+    if (B <= 0 || T <= 0 || NH <= 0) return;
+    const int hs = C / NH;
+    const float scale = 1.0f / sqrtf((float)hs);
+    const int ld = 3 * C;
+    const long long TT = (long long)T * T;
+    // scores (T, T) = q k^T * scale, per head; the upper triangle is overwritten below
+    for (int b = 0; b < B; b++) {
+        const float* q = qkv + (size_t)b * T * ld;
+        const float* k = q + C;
+        float* a = att + (size_t)b * NH * TT;
+        sgemm_rm_batched(0, 1, T, T, hs, scale, q, ld, hs, k, ld, hs, 0.0f, a, T, TT, NH);
+    }
+    causal_softmax_kernel<<<B * NH * T, THREADS, 0, cuda_compute_stream>>>(att, T);
+    KERNEL_CHECK();
+    // out (T, hs) = att (T, T) @ v (T, hs), per head, row stride C
+    for (int b = 0; b < B; b++) {
+        const float* v = qkv + (size_t)b * T * ld + 2 * C;
+        const float* a = att + (size_t)b * NH * TT;
+        float* o = out + (size_t)b * T * C;
+        sgemm_rm_batched(0, 0, T, hs, T, 1.0f, a, T, TT, v, ld, hs, 0.0f, o, C, hs, NH);
+    }
+}
+
+// Softmax backward of one row, in place: dscore = att * (datt - sum(att * datt))
+// over keys 0..t; 0 for future keys.
+__global__ void causal_softmax_backward_kernel(float* datt, const float* att, int T) {
+    int t = blockIdx.x % T;
+    const float* arow = att + (size_t)blockIdx.x * T;
+    float* drow = datt + (size_t)blockIdx.x * T;
+    float part = 0.0f;
+    for (int s = threadIdx.x; s <= t; s += THREADS) part += arow[s] * drow[s];
+    float dot = block_sum(part);
+    for (int s = threadIdx.x; s <= t; s += THREADS) drow[s] = arow[s] * (drow[s] - dot);
+    for (int s = t + 1 + threadIdx.x; s < T; s += THREADS) drow[s] = 0.0f;
+}
+
+extern "C" void attention_backward(float* dqkv, float* datt, const float* dout, const float* qkv,
+                                   const float* att, int B, int T, int C, int NH) {
+    if (B <= 0 || T <= 0 || NH <= 0) return;
+    const int hs = C / NH;
+    const float scale = 1.0f / sqrtf((float)hs);
+    const int ld = 3 * C;
+    const long long TT = (long long)T * T;
+    for (int b = 0; b < B; b++) {
+        size_t off = (size_t)b * T * ld;
+        const float* v = qkv + off + 2 * C;
+        float* dv = dqkv + off + 2 * C;
+        const float* a = att + (size_t)b * NH * TT;
+        float* da = datt + (size_t)b * NH * TT;
+        const float* d = dout + (size_t)b * T * C;
+        // datt (T, T) = dout (T, hs) @ v^T
+        sgemm_rm_batched(0, 1, T, T, hs, 1.0f, d, C, hs, v, ld, hs, 0.0f, da, T, TT, NH);
+        // dv (T, hs) += att^T (T, T) @ dout (T, hs)
+        sgemm_rm_batched(1, 0, T, hs, T, 1.0f, a, T, TT, d, C, hs, 1.0f, dv, ld, hs, NH);
+    }
+    causal_softmax_backward_kernel<<<B * NH * T, THREADS, 0, cuda_compute_stream>>>(datt, att, T);
+    KERNEL_CHECK();
+    for (int b = 0; b < B; b++) {
+        size_t off = (size_t)b * T * ld;
+        const float* q = qkv + off;
+        const float* k = q + C;
+        float* dq = dqkv + off;
+        float* dk = dq + C;
+        const float* da = datt + (size_t)b * NH * TT;
+        // dq (T, hs) += dscore @ k * scale;  dk (T, hs) += dscore^T @ q * scale
+        sgemm_rm_batched(0, 0, T, hs, T, scale, da, T, TT, k, ld, hs, 1.0f, dq, ld, hs, NH);
+        sgemm_rm_batched(1, 0, T, hs, T, scale, da, T, TT, q, ld, hs, 1.0f, dk, ld, hs, NH);
+    }
+}
+
+// ---------------------------------------------------------------- pointwise
+
+#define GELU_SCALE 0.7978845608028654f  // sqrt(2 / pi)
+
+// tanh(u) = 1 - 2 / (exp(2u) + 1), the CPU's formula, so both backends round alike.
+__device__ float tanh_via_exp(float u) { return 1.0f - 2.0f / (expf(2.0f * u) + 1.0f); }
+
+__global__ void gelu_forward_kernel(float* out, const float* inp, size_t n) {
+    FOR_EACH_INDEX(i, n) {
+        float x = inp[i];
+        float u = GELU_SCALE * (x + 0.044715f * x * x * x);
+        out[i] = 0.5f * x * (1.0f + tanh_via_exp(u));
+    }
+}
+
+extern "C" void gelu_forward(float* out, const float* inp, size_t n) {
+    if (n == 0) return;
+    gelu_forward_kernel<<<grid_for(n), THREADS, 0, cuda_compute_stream>>>(out, inp, n);
+    KERNEL_CHECK();
+}
+
+__global__ void gelu_backward_kernel(float* dinp, const float* inp, const float* dout, size_t n) {
+    FOR_EACH_INDEX(i, n) {
+        float x = inp[i];
+        float u = GELU_SCALE * (x + 0.044715f * x * x * x);
+        float th = tanh_via_exp(u);
+        float sech2 = 1.0f - th * th;
+        float local = 0.5f * (1.0f + th) +
+                      0.5f * x * sech2 * GELU_SCALE * (1.0f + 3.0f * 0.044715f * x * x);
+        dinp[i] += local * dout[i];
+    }
+}
+
+extern "C" void gelu_backward(float* dinp, const float* inp, const float* dout, size_t n) {
+    if (n == 0) return;
+    gelu_backward_kernel<<<grid_for(n), THREADS, 0, cuda_compute_stream>>>(dinp, inp, dout, n);
+    KERNEL_CHECK();
+}
+
+__global__ void residual_forward_kernel(float* out, const float* a, const float* b, size_t n) {
+    FOR_EACH_INDEX(i, n) out[i] = a[i] + b[i];
+}
+
+extern "C" void residual_forward(float* out, const float* a, const float* b, size_t n) {
+    if (n == 0) return;
+    residual_forward_kernel<<<grid_for(n), THREADS, 0, cuda_compute_stream>>>(out, a, b, n);
+    KERNEL_CHECK();
+}
+
+__global__ void residual_backward_kernel(float* da, float* db, const float* dout, size_t n) {
+    FOR_EACH_INDEX(i, n) {
+        if (da) da[i] += dout[i];
+        if (db) db[i] += dout[i];
+    }
+}
+
+extern "C" void residual_backward(float* da, float* db, const float* dout, size_t n) {
+    if (n == 0 || (!da && !db)) return;
+    residual_backward_kernel<<<grid_for(n), THREADS, 0, cuda_compute_stream>>>(da, db, dout, n);
+    KERNEL_CHECK();
+}
+
+// ---------------------------------------------------------------- loss
+
+// One block per row n.
+__global__ void crossentropy_partials_kernel(float* rowmax, float* sumexp, float* tlogit,
+                                             const float* logits, const int* targets, int width,
+                                             int nvalid, int v0) {
+    int n = blockIdx.x;
+    const float* row = logits + (size_t)n * width;
+    float mx = -INFINITY;
+    for (int j = threadIdx.x; j < nvalid; j += THREADS) mx = fmaxf(mx, row[j]);
+    mx = block_max(mx);
+    float part = 0.0f;
+    for (int j = threadIdx.x; j < nvalid; j += THREADS) part += expf(row[j] - mx);
+    float sum = block_sum(part);
+    if (threadIdx.x == 0) {
+        int local = targets[n] - v0;
+        rowmax[n] = mx;
+        sumexp[n] = sum;
+        tlogit[n] = (local >= 0 && local < nvalid) ? row[local] : 0.0f;
+    }
+}
+
+extern "C" void crossentropy_partials(float* rowmax, float* sumexp, float* tlogit,
+                                      const float* logits, const int* targets, int N, int width,
+                                      int nvalid, int v0) {
+    if (N <= 0) return;
+    crossentropy_partials_kernel<<<N, THREADS, 0, cuda_compute_stream>>>(
+        rowmax, sumexp, tlogit, logits, targets, width, nvalid, v0);
+    KERNEL_CHECK();
+}
+
+// One thread per row.
+__global__ void crossentropy_merge_kernel(float* rowmax, float* sumexp, float* tlogit,
+                                          const float* max2, const float* sum2,
+                                          const float* tlog2, int N) {
+    FOR_EACH_INDEX(n, (size_t)N) {
+        // rescale both sums to the larger of the two maxima
+        float m = rowmax[n] > max2[n] ? rowmax[n] : max2[n];
+        float s = 0.0f;
+        if (sumexp[n] > 0.0f) s += sumexp[n] * expf(rowmax[n] - m);
+        if (sum2[n] > 0.0f) s += sum2[n] * expf(max2[n] - m);
+        rowmax[n] = m;
+        sumexp[n] = s;
+        tlogit[n] += tlog2[n];
+    }
+}
+
+extern "C" void crossentropy_merge(float* rowmax, float* sumexp, float* tlogit, const float* max2,
+                                   const float* sum2, const float* tlog2, int N) {
+    if (N <= 0) return;
+    crossentropy_merge_kernel<<<grid_for((size_t)N), THREADS, 0, cuda_compute_stream>>>(
+        rowmax, sumexp, tlogit, max2, sum2, tlog2, N);
+    KERNEL_CHECK();
+}
+
+__global__ void crossentropy_loss_kernel(float* losses, const float* rowmax, const float* sumexp,
+                                         const float* tlogit, int N) {
+    FOR_EACH_INDEX(n, (size_t)N) losses[n] = logf(sumexp[n]) + rowmax[n] - tlogit[n];
+}
+
+extern "C" void crossentropy_loss(float* losses, const float* rowmax, const float* sumexp,
+                                  const float* tlogit, int N) {
+    if (N <= 0) return;
+    crossentropy_loss_kernel<<<grid_for((size_t)N), THREADS, 0, cuda_compute_stream>>>(
+        losses, rowmax, sumexp, tlogit, N);
+    KERNEL_CHECK();
+}
+
+// One block per row n. In place is safe: each element is read, then written,
+// by the same thread.
+__global__ void crossentropy_backward_kernel(float* dlogits, const float* logits,
+                                             const int* targets, const float* rowmax,
+                                             const float* sumexp, float dloss, int width,
+                                             int nvalid, int v0) {
+    int n = blockIdx.x;
+    const float* row = logits + (size_t)n * width;
+    float* drow = dlogits + (size_t)n * width;
+    float inv = 1.0f / sumexp[n];
+    float mx = rowmax[n];
+    int local = targets[n] - v0;
+    for (int j = threadIdx.x; j < nvalid; j += THREADS) {
+        float p = expf(row[j] - mx) * inv;
+        drow[j] = (p - (j == local ? 1.0f : 0.0f)) * dloss;
+    }
+    for (int j = nvalid + threadIdx.x; j < width; j += THREADS) drow[j] = 0.0f;
+}
+
+extern "C" void crossentropy_backward(float* dlogits, const float* logits, const int* targets,
+                                      const float* rowmax, const float* sumexp, float dloss,
+                                      int N, int width, int nvalid, int v0) {
+    if (N <= 0) return;
+    crossentropy_backward_kernel<<<N, THREADS, 0, cuda_compute_stream>>>(
+        dlogits, logits, targets, rowmax, sumexp, dloss, width, nvalid, v0);
+    KERNEL_CHECK();
+}
+
+// ---------------------------------------------------------------- optimizer
+
+__global__ void adamw_kernel(float* params, const float* grads, float* m, float* v, size_t n,
+                             AdamWConfig cfg, float bc1, float bc2, float grad_scale) {
+    FOR_EACH_INDEX(i, n) {
+        float g = grads[i] * grad_scale;
+        float mi = cfg.beta1 * m[i] + (1.0f - cfg.beta1) * g;
+        float vi = cfg.beta2 * v[i] + (1.0f - cfg.beta2) * g * g;
+        float mhat = mi / bc1;
+        float vhat = vi / bc2;
+        m[i] = mi;
+        v[i] = vi;
+        params[i] -= cfg.lr * (mhat / (sqrtf(vhat) + cfg.eps) + cfg.weight_decay * params[i]);
+    }
+}
+
+extern "C" void adamw_update(float* params, const float* grads, float* m, float* v, size_t n,
+                             AdamWConfig cfg, int t, float grad_scale) {
+    if (n == 0) return;
+    // the bias corrections, on the host as on the CPU
+    float bc1 = 1.0f - powf(cfg.beta1, (float)t);
+    float bc2 = 1.0f - powf(cfg.beta2, (float)t);
+    adamw_kernel<<<grid_for(n), THREADS, 0, cuda_compute_stream>>>(params, grads, m, v, n, cfg,
+                                                                   bc1, bc2, grad_scale);
+    KERNEL_CHECK();
+}
+
+// grad_sumsq in two passes, in a fixed order: SUMSQ_BLOCKS blocks each sum a
+// grid-stride share of the squares into one double, then one block sums those
+// partials. The partials and the result live in static device memory (no
+// allocation: nothing for the tracking allocator to count), and the result is
+// copied back to the host.
+#define SUMSQ_BLOCKS THREADS  // the final pass gives each partial one thread
+__device__ double sumsq_partials[SUMSQ_BLOCKS];
+__device__ double sumsq_result;
+
+__global__ void sumsq_partials_kernel(const float* grads, size_t n) {
+    double part = 0.0;
+    FOR_EACH_INDEX(i, n) part += (double)grads[i] * grads[i];
+    part = block_sum_double(part);
+    if (threadIdx.x == 0) sumsq_partials[blockIdx.x] = part;
+}
+
+__global__ void sumsq_final_kernel(void) {
+    double total = block_sum_double(sumsq_partials[threadIdx.x]);
+    if (threadIdx.x == 0) sumsq_result = total;
+}
+
+extern "C" double grad_sumsq(const float* grads, size_t n) {
+    if (n == 0) return 0.0;
+    sumsq_partials_kernel<<<SUMSQ_BLOCKS, THREADS, 0, cuda_compute_stream>>>(grads, n);
+    KERNEL_CHECK();
+    sumsq_final_kernel<<<1, THREADS, 0, cuda_compute_stream>>>();
+    KERNEL_CHECK();
+    double s = 0.0;
+    CUDA_CHECK(cudaMemcpyFromSymbolAsync(&s, sumsq_result, sizeof(double), 0,
+                                         cudaMemcpyDeviceToHost, cuda_compute_stream));
+    CUDA_CHECK(cudaStreamSynchronize(cuda_compute_stream));
+    return s;
+}
+
+extern "C" float grad_clip_scale(double norm, float clip) {
+    if (clip <= 0.0f || norm <= clip) return 1.0f;
+    return (float)(clip / norm);
+}
+
+// ---------------------------------------------------------------- utilities
+
+extern "C" void ops_zero(float* x, size_t n) {
+    if (n == 0) return;
+    CUDA_CHECK(cudaMemsetAsync(x, 0, n * sizeof(float), cuda_compute_stream));
+}
+
+__global__ void scale_kernel(float* x, size_t n, float s) {
+    FOR_EACH_INDEX(i, n) x[i] *= s;
+}
+
+extern "C" void ops_scale(float* x, size_t n, float s) {
+    if (n == 0) return;
+    scale_kernel<<<grid_for(n), THREADS, 0, cuda_compute_stream>>>(x, n, s);
+    KERNEL_CHECK();
+}
+
+extern "C" void ops_copy(float* dst, const float* src, size_t n) {
+    if (n == 0 || dst == src) return;
+    CUDA_CHECK(cudaMemcpyAsync(dst, src, n * sizeof(float), cudaMemcpyDeviceToDevice,
+                               cuda_compute_stream));
+}
+
+__global__ void add_kernel(float* y, const float* x, size_t n) {
+    FOR_EACH_INDEX(i, n) y[i] += x[i];
+}
+
+extern "C" void ops_add(float* y, const float* x, size_t n) {
+    if (n == 0) return;
+    add_kernel<<<grid_for(n), THREADS, 0, cuda_compute_stream>>>(y, x, n);
+    KERNEL_CHECK();
+}
