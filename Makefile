@@ -3,7 +3,8 @@
 #   make all           every chapter and the tools
 #   make test          every test; ends with "N passed, N failed, N skipped"
 #   make demo          set-up, then train the small model and print a sample
-#   make bench         the reference's speed on the small model
+#   make bench-ref     the reference's speed on the small model (one rank)
+#   make bench, plots  the sweep over chapters and its plots (docs/plots/plots.mk)
 #   make setup         install the Debian packages (as root) or print the line
 #   make clean
 #
@@ -81,7 +82,7 @@ $(BIN)/chapter-$(call chapter_number,$(1)): $(OBJ)/$(1)/main.o $(COMMON_OBJ)
 endef
 $(foreach d,$(CHAPTER_DIRS),$(eval $(call CHAPTER_RULE,$(d))))
 
-.PHONY: all test tests tools demo bench setup clean
+.PHONY: all test tests tools demo bench-ref setup clean
 all: $(addprefix chapter-,$(CHAPTERS)) tools
 
 tools: $(BIN)/tokenize
@@ -120,8 +121,12 @@ demo: setup
 	bash tests/mpirun.sh -np 1 $(BIN)/chapter-0 --model small --steps $(DEMO_STEPS) \
 	    --val-every 100 --sample 400 --log build/demo.jsonl
 
-bench: all
+# The reference's speed on the small preset, one rank: ms/step, tokens/s, MFU.
+bench-ref: all
 	bash tests/mpirun.sh -np 1 $(BIN)/chapter-0 --model small --steps 12 --log build/bench-ref.jsonl
+
+# make bench (the sweep over chapters) and make plots live in docs/plots/.
+-include docs/plots/plots.mk
 
 clean:
 	rm -rf build

@@ -242,6 +242,64 @@ void head_backward(const GPTConfig* cfg, const float* wte, const float* lnfw, fl
     layernorm_backward(dres, dlnfw, dlnfb, dln, x, lnfw, h->lnf_mean, h->lnf_rstd, N, C);
 }
 
+// ---------------------------------------------------------------- activations of the whole model
+
+void gpt_acts_create(GPTActs* a, const GPTConfig* cfg, int B, int T) {
+    memset(a, 0, sizeof(*a));
+    a->B = B;
+    a->T = T;
+    int C = cfg->channels, NH = cfg->num_heads, L = cfg->num_layers, Vp = cfg->padded_vocab_size;
+    size_t BT = (size_t)B * T;
+    a->encoded = mem_alloc_floats(BT * C, MEM_ACTIVATIONS);
+    a->blocks = mem_alloc_floats((size_t)L * block_acts_numel(B, T, C, NH), MEM_ACTIVATIONS);
+    a->head = mem_alloc_floats(head_acts_numel(B, T, C, Vp), MEM_ACTIVATIONS);
+    a->scratch = mem_alloc_floats(block_scratch_numel(B, T, C, NH), MEM_ACTIVATIONS);
+    a->dres = mem_alloc_floats(BT * C, MEM_ACTIVATIONS);
+    a->inputs = (int*)mem_alloc(BT * sizeof(int), MEM_ACTIVATIONS);
+    a->targets = (int*)mem_alloc(BT * sizeof(int), MEM_ACTIVATIONS);
+    a->losses_host = xmalloc(BT * sizeof(float));
+}
+
+void gpt_acts_free(GPTActs* a) {
+    mem_free(a->encoded);
+    mem_free(a->blocks);
+    mem_free(a->head);
+    mem_free(a->scratch);
+    mem_free(a->dres);
+    mem_free(a->inputs);
+    mem_free(a->targets);
+    free(a->losses_host);
+    memset(a, 0, sizeof(*a));
+}
+
+BlockActs gpt_acts_block(const GPTActs* a, const GPTConfig* cfg, int layer, int B, int T) {
+    float* base = a->blocks + (size_t)layer * block_acts_numel(a->B, a->T, cfg->channels, cfg->num_heads);
+    return block_acts_at(base, B, T, cfg->channels, cfg->num_heads);
+}
+
+HeadActs gpt_acts_head(const GPTActs* a, const GPTConfig* cfg, int B, int T) {
+    return head_acts_at(a->head, B, T, cfg->channels, cfg->padded_vocab_size);
+}
+
+BlockScratch gpt_acts_scratch(const GPTActs* a, const GPTConfig* cfg) {
+    return block_scratch_at(a->scratch, a->B, a->T, cfg->channels, cfg->num_heads);
+}
+
+void gpt_acts_load(GPTActs* a, const int* inputs, const int* targets) {
+    size_t BT = (size_t)a->B * a->T;
+    mem_to_device(a->inputs, inputs, BT * sizeof(int));
+    mem_to_device(a->targets, targets, BT * sizeof(int));
+}
+
+float gpt_acts_mean_loss(GPTActs* a, const GPTConfig* cfg) {
+    size_t BT = (size_t)a->B * a->T;
+    HeadActs h = gpt_acts_head(a, cfg, a->B, a->T);
+    mem_to_host(a->losses_host, h.losses, BT * sizeof(float));
+    double sum = 0.0;
+    for (size_t i = 0; i < BT; i++) sum += a->losses_host[i];
+    return (float)(sum / (double)BT);
+}
+
 // ---------------------------------------------------------------- the whole model
 
 void gpt_create(GPT* m, const GPTConfig* cfg, int B, int T, uint64_t seed) {
@@ -249,20 +307,12 @@ void gpt_create(GPT* m, const GPTConfig* cfg, int B, int T, uint64_t seed) {
     m->cfg = *cfg;
     m->B = B;
     m->T = T;
-    int C = cfg->channels, NH = cfg->num_heads, L = cfg->num_layers, Vp = cfg->padded_vocab_size;
-    size_t P = gpt_num_params(cfg), BT = (size_t)B * T;
+    size_t P = gpt_num_params(cfg);
     m->num_params = P;
     m->params = mem_alloc_floats(P, MEM_PARAMS);
     m->grads = mem_alloc_floats(P, MEM_GRADS);
     m->loss_scale = 1.0f;
-    m->encoded = mem_alloc_floats(BT * C, MEM_ACTIVATIONS);
-    m->block_acts = mem_alloc_floats((size_t)L * block_acts_numel(B, T, C, NH), MEM_ACTIVATIONS);
-    m->head_acts = mem_alloc_floats(head_acts_numel(B, T, C, Vp), MEM_ACTIVATIONS);
-    m->scratch = mem_alloc_floats(block_scratch_numel(B, T, C, NH), MEM_ACTIVATIONS);
-    m->dres = mem_alloc_floats(BT * C, MEM_ACTIVATIONS);
-    m->inputs = (int*)mem_alloc(BT * sizeof(int), MEM_ACTIVATIONS);
-    m->targets = (int*)mem_alloc(BT * sizeof(int), MEM_ACTIVATIONS);
-    m->losses_host = xmalloc(BT * sizeof(float));
+    gpt_acts_create(&m->acts, cfg, B, T);
     // init on the host, in chunks, then copy to the device
     size_t chunk = 1 << 20;
     float* host = xmalloc(chunk * sizeof(float));
@@ -284,56 +334,33 @@ void gpt_free(GPT* m) {
     mem_free(m->grads);
     mem_free(m->m);
     mem_free(m->v);
-    mem_free(m->encoded);
-    mem_free(m->block_acts);
-    mem_free(m->head_acts);
-    mem_free(m->scratch);
-    mem_free(m->dres);
-    mem_free(m->inputs);
-    mem_free(m->targets);
-    free(m->losses_host);
+    gpt_acts_free(&m->acts);
     memset(m, 0, sizeof(*m));
 }
-
-// The activations of layer l for a batch of (B, T) <= the model's (B, T):
-// same strides, so a smaller batch (sampling) reuses the same buffers.
-static BlockActs acts_for(const GPT* m, int layer, int B, int T) {
-    const GPTConfig* c = &m->cfg;
-    float* base = m->block_acts + (size_t)layer * block_acts_numel(m->B, m->T, c->channels, c->num_heads);
-    return block_acts_at(base, B, T, c->channels, c->num_heads);
-}
-
-BlockActs gpt_block_acts(const GPT* m, int layer) { return acts_for(m, layer, m->B, m->T); }
 
 // Forward for B sequences of T tokens already on the device.
 static void forward_bt(GPT* m, int B, int T) {
     const GPTConfig* c = &m->cfg;
     int C = c->channels, NH = c->num_heads;
     float* P = m->params;
-    encoder_forward(m->encoded, m->inputs, P + gpt_tensor_offset(c, P_WTE, 0),
+    encoder_forward(m->acts.encoded, m->acts.inputs, P + gpt_tensor_offset(c, P_WTE, 0),
                     P + gpt_tensor_offset(c, P_WPE, 0), B, T, C);
-    const float* x = m->encoded;
+    const float* x = m->acts.encoded;
     for (int l = 0; l < c->num_layers; l++) {
         BlockParams p = block_params_at(P + gpt_block_offset(c, l), C);
-        BlockActs a = acts_for(m, l, B, T);
+        BlockActs a = gpt_acts_block(&m->acts, c, l, B, T);
         block_forward(&p, &a, x, B, T, C, NH);
         x = a.res3;
     }
-    HeadActs h = head_acts_at(m->head_acts, B, T, C, c->padded_vocab_size);
+    HeadActs h = gpt_acts_head(&m->acts, c, B, T);
     head_forward(c, P + gpt_tensor_offset(c, P_WTE, 0), P + gpt_tensor_offset(c, P_LNFW, 0),
-                 P + gpt_tensor_offset(c, P_LNFB, 0), &h, x, m->targets, B, T);
+                 P + gpt_tensor_offset(c, P_LNFB, 0), &h, x, m->acts.targets, B, T);
 }
 
 float gpt_forward(GPT* m, const int* inputs, const int* targets) {
-    size_t BT = (size_t)m->B * m->T;
-    mem_to_device(m->inputs, inputs, BT * sizeof(int));
-    mem_to_device(m->targets, targets, BT * sizeof(int));
+    gpt_acts_load(&m->acts, inputs, targets);
     forward_bt(m, m->B, m->T);
-    HeadActs h = head_acts_at(m->head_acts, m->B, m->T, m->cfg.channels, m->cfg.padded_vocab_size);
-    mem_to_host(m->losses_host, h.losses, BT * sizeof(float));
-    double sum = 0.0;
-    for (size_t i = 0; i < BT; i++) sum += m->losses_host[i];
-    return (float)(sum / (double)BT);
+    return gpt_acts_mean_loss(&m->acts, &m->cfg);
 }
 
 void gpt_zero_grad(GPT* m) { mem_zero(m->grads, m->num_params * sizeof(float)); }
@@ -344,24 +371,24 @@ void gpt_backward_hooked(GPT* m, void (*ready)(void* ctx, size_t boundary), void
     const GPTConfig* c = &m->cfg;
     int B = m->B, T = m->T, C = c->channels, NH = c->num_heads, L = c->num_layers;
     float *P = m->params, *G = m->grads;
-    HeadActs h = head_acts_at(m->head_acts, B, T, C, c->padded_vocab_size);
-    BlockScratch s = block_scratch_at(m->scratch, B, T, C, NH);
-    const float* last = L > 0 ? acts_for(m, L - 1, B, T).res3 : m->encoded;
+    HeadActs h = gpt_acts_head(&m->acts, c, B, T);
+    BlockScratch s = gpt_acts_scratch(&m->acts, c);
+    const float* last = L > 0 ? gpt_acts_block(&m->acts, c, L - 1, B, T).res3 : m->acts.encoded;
     head_backward(c, P + gpt_tensor_offset(c, P_WTE, 0), P + gpt_tensor_offset(c, P_LNFW, 0),
                   G + gpt_tensor_offset(c, P_WTE, 0), G + gpt_tensor_offset(c, P_LNFW, 0),
-                  G + gpt_tensor_offset(c, P_LNFB, 0), &h, last, m->targets,
-                  m->loss_scale / (float)(B * T), s.dln, m->dres, B, T);
+                  G + gpt_tensor_offset(c, P_LNFB, 0), &h, last, m->acts.targets,
+                  m->loss_scale / (float)(B * T), s.dln, m->acts.dres, B, T);
     if (ready) ready(ctx, gpt_tensor_offset(c, P_LNFW, 0));
     for (int l = L - 1; l >= 0; l--) {
         BlockParams p = block_params_at(P + gpt_block_offset(c, l), C);
         BlockParams g = block_params_at(G + gpt_block_offset(c, l), C);
-        BlockActs a = acts_for(m, l, B, T);
-        const float* x = l > 0 ? acts_for(m, l - 1, B, T).res3 : m->encoded;
-        block_backward(&p, &g, &a, &s, x, m->dres, B, T, C, NH);
+        BlockActs a = gpt_acts_block(&m->acts, c, l, B, T);
+        const float* x = l > 0 ? gpt_acts_block(&m->acts, c, l - 1, B, T).res3 : m->acts.encoded;
+        block_backward(&p, &g, &a, &s, x, m->acts.dres, B, T, C, NH);
         if (ready) ready(ctx, gpt_block_offset(c, l));
     }
     encoder_backward(G + gpt_tensor_offset(c, P_WTE, 0), G + gpt_tensor_offset(c, P_WPE, 0),
-                     m->dres, m->inputs, B, T, C);
+                     m->acts.dres, m->acts.inputs, B, T, C);
     if (ready) ready(ctx, 0);
 }
 
@@ -393,10 +420,10 @@ void gpt_sample(GPT* m, const int* prompt, int len, int* out, int n, uint64_t se
     for (int i = len; i < total; i++) {
         // the model sees at most the last T tokens
         int start = i > T ? i - T : 0, t = i - start;
-        mem_to_device(m->inputs, seq + start, (size_t)t * sizeof(int));
-        mem_to_device(m->targets, zeros, (size_t)t * sizeof(int));
+        mem_to_device(m->acts.inputs, seq + start, (size_t)t * sizeof(int));
+        mem_to_device(m->acts.targets, zeros, (size_t)t * sizeof(int));
         forward_bt(m, 1, t);
-        HeadActs h = head_acts_at(m->head_acts, 1, t, c->channels, Vp);
+        HeadActs h = gpt_acts_head(&m->acts, c, 1, t);
         mem_to_host(row, h.logits + (size_t)(t - 1) * Vp, (size_t)Vp * sizeof(float));
         float mx = row[0];
         for (int v = 1; v < V; v++) mx = row[v] > mx ? row[v] : mx;

@@ -148,6 +148,32 @@ void head_backward(const GPTConfig* cfg, const float* wte, const float* lnfw, fl
                    float dloss, float* dln, float* dres, int B, int T);
 
 // ---------------------------------------------------------------- the whole model
+// The activations of a (B, T) batch through the whole model, wherever the
+// parameters live (a replica, an FSDP gather buffer, ...).
+typedef struct {
+    int B, T;
+    float* encoded;       // (B,T,C) embedding output, the input of block 0
+    float* blocks;        // L * block_acts_numel
+    float* head;          // head_acts_numel
+    float* scratch;       // block_scratch_numel, reused by every block's backward
+    float* dres;          // (B,T,C) the gradient flowing down the residual stream
+    int* inputs;          // (B,T) token ids on the device
+    int* targets;         // (B,T)
+    float* losses_host;   // (B,T)
+} GPTActs;
+
+void gpt_acts_create(GPTActs* a, const GPTConfig* cfg, int B, int T);
+void gpt_acts_free(GPTActs* a);
+// Views for a batch of (B, T) <= the batch a was made for (same strides, so
+// a smaller batch, as in sampling, reuses the same buffers).
+BlockActs gpt_acts_block(const GPTActs* a, const GPTConfig* cfg, int layer, int B, int T);
+HeadActs gpt_acts_head(const GPTActs* a, const GPTConfig* cfg, int B, int T);
+BlockScratch gpt_acts_scratch(const GPTActs* a, const GPTConfig* cfg);
+// Copies a host batch of token ids (B,T) to the device.
+void gpt_acts_load(GPTActs* a, const int* inputs, const int* targets);
+// Copies the per-token losses of the last head_forward to the host; their mean.
+float gpt_acts_mean_loss(GPTActs* a, const GPTConfig* cfg);
+
 // The single-device model: every parameter, gradient and AdamW moment, and the
 // activations of a (B, T) batch. This is chapter 0's reference; the other
 // chapters compose the same steps on their own pieces of it.
@@ -160,14 +186,7 @@ typedef struct {
     float* m;       // (num_params) AdamW first moment (NULL until gpt_create_optimizer)
     float* v;       // (num_params) AdamW second moment
     float loss_scale;  // backward differentiates loss_scale * mean loss (1 by default)
-    float* encoded;       // (B,T,C) embedding output, the input of block 0
-    float* block_acts;    // L * block_acts_numel
-    float* head_acts;     // head_acts_numel
-    float* scratch;       // block_scratch_numel
-    float* dres;          // (B,T,C) the gradient flowing down the residual stream
-    int* inputs;          // (B,T) on the device
-    int* targets;         // (B,T)
-    float* losses_host;   // (B,T)
+    GPTActs acts;
 } GPT;
 
 // Allocates params (init from seed), grads (zero) and the activations of a
@@ -177,7 +196,6 @@ void gpt_create(GPT* m, const GPTConfig* cfg, int B, int T, uint64_t seed);
 // Allocates the AdamW moments m and v (zero).
 void gpt_create_optimizer(GPT* m);
 void gpt_free(GPT* m);
-BlockActs gpt_block_acts(const GPT* m, int layer);
 // Forward over host token arrays (B,T); returns the mean loss.
 float gpt_forward(GPT* m, const int* inputs, const int* targets);
 void gpt_zero_grad(GPT* m);

@@ -252,6 +252,15 @@ error_case_2 2 "--dp 2 --dp-mode rings" "--dp-mode rings is not one of"
 error_case_2 2 "--dp 2 --tp 1" "this chapter has no tp axis"
 error_case_2 2 "--dp 2 --model $TEST_TMPDIR/truncated.bin" "truncated or corrupt"
 
+echo "== plots"
+if [ -f tests/test_plots.sh ]; then
+    out=$(bash tests/test_plots.sh 2>&1)
+    echo "$out" | grep -E '^(PASS|FAIL|SKIP)'
+    passed=$((passed + $(echo "$out" | grep -c '^PASS')))
+    failed=$((failed + $(echo "$out" | grep -c '^FAIL')))
+    skipped=$((skipped + $(echo "$out" | grep -c '^SKIP')))
+fi
+
 echo "== GPU"
 skip "CUDA backend tests" "the CUDA backend is not built yet (issue: CUDA backend)"
 

@@ -112,12 +112,12 @@ __device__ double block_sum_double(double v) {
 // sgemm_rm takes exactly the CPU's cblas arguments (ta/tb: 1 = transposed), so
 // each call below reads like its twin in cpu/ops.c.
 
-static cublasOperation_t op(int transposed) { return transposed ? CUBLAS_OP_T : CUBLAS_OP_N; }
+static cublasOperation_t cublas_op(int transposed) { return transposed ? CUBLAS_OP_T : CUBLAS_OP_N; }
 
 static void sgemm_rm(int ta, int tb, int M, int N, int K, float alpha, const float* A, int lda,
                      const float* B, int ldb, float beta, float* C, int ldc) {
     if (M <= 0 || N <= 0) return;
-    CUBLAS_CHECK(cublasSgemm(cuda_cublas, op(tb), op(ta), N, M, K, &alpha, B, ldb, A, lda, &beta,
+    CUBLAS_CHECK(cublasSgemm(cuda_cublas, cublas_op(tb), cublas_op(ta), N, M, K, &alpha, B, ldb, A, lda, &beta,
                              C, ldc));
 }
 
@@ -129,7 +129,7 @@ static void sgemm_rm_batched(int ta, int tb, int M, int N, int K, float alpha, c
                              long long strideB, float beta, float* C, int ldc,
                              long long strideC, int count) {
     if (M <= 0 || N <= 0 || count <= 0) return;
-    CUBLAS_CHECK(cublasSgemmStridedBatched(cuda_cublas, op(tb), op(ta), N, M, K, &alpha, B, ldb,
+    CUBLAS_CHECK(cublasSgemmStridedBatched(cuda_cublas, cublas_op(tb), cublas_op(ta), N, M, K, &alpha, B, ldb,
                                            strideB, A, lda, strideA, &beta, C, ldc, strideC,
                                            count));
 }

@@ -1,0 +1,111 @@
+// device.cu: the CUDA backend's device: one GPU per rank, memory from
+// cudaMalloc. The twin of common/cpu/device.c (device.h and the device part
+// of memory.h).
+//
+// Every copy, memset and kernel runs on one compute stream, created here
+// together with the cuBLAS handle that runs the matmuls on it. The stream is
+// a non-blocking one: it never waits on CUDA's legacy default stream, so the
+// only orderings are the ones written down (this stream's own order, and the
+// events of the communication layer in comm.c).
+#include "cuda_common.h"
+
+#include <omp.h>
+#include <stdio.h>
+
+extern "C" {
+#include "device.h"
+#include "memory.h"
+}
+
+cudaStream_t cuda_compute_stream = NULL;
+cublasHandle_t cuda_cublas = NULL;
+
+// ---------------------------------------------------------------- device.h
+
+// Plain device memory (never managed memory: a rank's data lives on its GPU
+// and moves only through mem_to_device, mem_to_host and the comm layer),
+// zero-filled before it is handed out. Sizes round up to cudaMalloc's 256-byte
+// granule, and a request for 0 bytes still gets a block, as on the CPU.
+extern "C" void* device_raw_alloc(size_t bytes) {
+    size_t rounded = (bytes + 255) / 256 * 256;
+    if (rounded == 0) rounded = 256;
+    void* p = NULL;
+    cudaError_t rc = cudaMalloc(&p, rounded);
+    if (rc == cudaErrorMemoryAllocation) {
+        (void)cudaGetLastError();  // clear it; mem_alloc reports the failure with the category
+        return NULL;
+    }
+    CUDA_CHECK(rc);
+    CUDA_CHECK(cudaMemsetAsync(p, 0, rounded, cuda_compute_stream));
+    CUDA_CHECK(cudaStreamSynchronize(cuda_compute_stream));  // zero before anyone sees it
+    return p;
+}
+
+extern "C" void device_raw_free(void* ptr) { CUDA_CHECK(cudaFree(ptr)); }
+
+// The host threads left to a GPU rank: OpenMP's, for whatever host loops run.
+extern "C" void device_set_threads(int n) { omp_set_num_threads(n); }
+
+// ---------------------------------------------------------------- memory.h
+// Copies go on the compute stream, so they come after the kernels queued
+// before them, and wait for completion, so the host buffer can be reused (or
+// read) as soon as the call returns, as with memcpy on the CPU.
+
+extern "C" void mem_to_device(void* dst_device, const void* src_host, size_t bytes) {
+    if (bytes == 0) return;
+    CUDA_CHECK(cudaMemcpyAsync(dst_device, src_host, bytes, cudaMemcpyHostToDevice,
+                               cuda_compute_stream));
+    CUDA_CHECK(cudaStreamSynchronize(cuda_compute_stream));
+}
+
+extern "C" void mem_to_host(void* dst_host, const void* src_device, size_t bytes) {
+    if (bytes == 0) return;
+    CUDA_CHECK(cudaMemcpyAsync(dst_host, src_device, bytes, cudaMemcpyDeviceToHost,
+                               cuda_compute_stream));
+    CUDA_CHECK(cudaStreamSynchronize(cuda_compute_stream));
+}
+
+// Queued like a kernel: later work on the stream sees zeros.
+extern "C" void mem_zero(void* device_ptr, size_t bytes) {
+    if (bytes == 0) return;
+    CUDA_CHECK(cudaMemsetAsync(device_ptr, 0, bytes, cuda_compute_stream));
+}
+
+// Every rank calls this. Without a usable GPU every rank stops with one
+// message (fail_if_any is collective over MPI_COMM_WORLD); else this rank
+// takes GPU (local_rank mod count) of its node: one rank per GPU when mpirun
+// starts as many ranks per node as the node has GPUs.
+extern "C" const char* device_init(int local_rank) {
+    static char name[512];
+    char msg[512] = "";
+    int count = 0;
+    cudaError_t rc = cudaGetDeviceCount(&count);
+    if (rc != cudaSuccess) {
+        snprintf(msg, sizeof(msg),
+                 "no CUDA GPU found (cudaGetDeviceCount: %s): this binary was built with "
+                 "BACKEND=cuda; build with `make BACKEND=cpu` to run on the CPU",
+                 cudaGetErrorString(rc));
+        (void)cudaGetLastError();
+    } else if (count == 0) {
+        snprintf(msg, sizeof(msg),
+                 "no CUDA GPU found (cudaGetDeviceCount: 0 devices): this binary was built with "
+                 "BACKEND=cuda; build with `make BACKEND=cpu` to run on the CPU");
+    }
+    fail_if_any(rc != cudaSuccess || count == 0, msg);
+
+    int dev = local_rank % count;
+    CUDA_CHECK(cudaSetDevice(dev));
+    CUDA_CHECK(cudaStreamCreateWithFlags(&cuda_compute_stream, cudaStreamNonBlocking));
+    CUBLAS_CHECK(cublasCreate(&cuda_cublas));
+    CUBLAS_CHECK(cublasSetStream(cuda_cublas, cuda_compute_stream));
+    // full fp32 matmuls (no TF32), so the GPU trains the model the CPU trains
+    CUBLAS_CHECK(cublasSetMathMode(cuda_cublas, CUBLAS_DEFAULT_MATH));
+    cudaDeviceProp prop;
+    CUDA_CHECK(cudaGetDeviceProperties(&prop, dev));
+    snprintf(name, sizeof(name), "%s (GPU %d of %d on this node)", prop.name, dev, count);
+    return name;
+}
+
+// Waits for everything queued on the compute stream (which includes waiting
+// for the communication that comm_wait made it depend on).
+extern "C" void device_synchronize(void) { CUDA_CHECK(cudaStreamSynchronize(cuda_compute_stream)); }
