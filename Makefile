@@ -106,6 +106,12 @@ build/tests/%: build/obj/cpu/tests/%.o $(patsubst %.c,build/obj/cpu/%.o,$(COMMON
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) -o $@ $^ $(LDLIBS)
 build/obj/cpu/tests/%.o: CFLAGS += -Itests
+ifeq ($(BACKEND),cuda)
+# the op tests on the CUDA backend (tests/run.sh runs them where a GPU is)
+$(BIN)/tests/test_ops: $(OBJ)/tests/test_ops.o $(COMMON_OBJ)
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) -o $@ $^ $(LDLIBS)
+endif
 
 test:
 	@$(MAKE) --no-print-directory BACKEND=cpu all tests

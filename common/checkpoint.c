@@ -86,6 +86,34 @@ const char* checkpoint_read_params(const char* path, const GPTConfig* cfg, float
     return NULL;
 }
 
+const char* checkpoint_read_range(const char* path, const GPTConfig* cfg, float* out, size_t start,
+                                  size_t count, char* msg, size_t msg_len) {
+    FILE* f = fopen(path, "rb");
+    if (!f) {
+        snprintf(msg, msg_len, "cannot open checkpoint '%s': %s", path, strerror(errno));
+        return msg;
+    }
+    size_t end = start + count;
+    long file_pos = 1024;  // where tensor t of layer l starts in the file
+    for (ParamTensor t = 0; t < NUM_PARAM_TENSORS; t++) {
+        int layers = param_tensor_is_block(t) ? cfg->num_layers : 1;
+        size_t n = param_tensor_numel(cfg, t);
+        for (int l = 0; l < layers; l++, file_pos += (long)(n * sizeof(float))) {
+            size_t off = gpt_tensor_offset(cfg, t, l);
+            size_t lo = off > start ? off : start, hi = off + n < end ? off + n : end;
+            if (lo >= hi) continue;
+            if (fseek(f, file_pos + (long)((lo - off) * sizeof(float)), SEEK_SET) != 0 ||
+                fread(out + (lo - start), sizeof(float), hi - lo, f) != hi - lo) {
+                fclose(f);
+                snprintf(msg, msg_len, "checkpoint '%s' ended inside tensor %s", path, param_tensor_name(t));
+                return msg;
+            }
+        }
+    }
+    fclose(f);
+    return NULL;
+}
+
 const char* checkpoint_write(const char* path, const GPTConfig* cfg, const float* params,
                              char* msg, size_t msg_len) {
     // write next to the target, then rename: a reader never sees half a file

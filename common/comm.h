@@ -60,6 +60,7 @@ void comm_allreduce(const Comm* c, float* buf, size_t count, CommOp op);
 // send (size * count): rank r receives the reduction of block r into recv (count).
 void comm_reduce_scatter(const Comm* c, const float* send, float* recv, size_t count, CommOp op);
 // send (count) from every rank, concatenated in rank order into recv (size * count).
+// In place when send == recv + rank * count (this rank's block already sits there).
 void comm_allgather(const Comm* c, const float* send, float* recv, size_t count);
 // Uneven: rank r sends counts[r] floats, placed at recv + displs[r].
 void comm_allgatherv(const Comm* c, const float* send, float* recv, const size_t* counts,

@@ -84,6 +84,11 @@ const char* checkpoint_read_config(const char* path, GPTConfig* cfg, char* msg, 
 // Reads the parameters into params_host (gpt_num_params floats, flat layout).
 const char* checkpoint_read_params(const char* path, const GPTConfig* cfg, float* params_host,
                                    char* msg, size_t msg_len);
+// Reads the flat-layout range [start, start + count) of the parameters into
+// out (host memory), seeking to each tensor piece in the file: a rank loads
+// only its shard. The file must have passed checkpoint_read_config.
+const char* checkpoint_read_range(const char* path, const GPTConfig* cfg, float* out, size_t start,
+                                  size_t count, char* msg, size_t msg_len);
 // Writes atomically (a temporary file renamed over the target): never a half file.
 const char* checkpoint_write(const char* path, const GPTConfig* cfg, const float* params_host,
                              char* msg, size_t msg_len);

@@ -10,6 +10,11 @@
 //      gradient pointers are accepted, crossentropy_backward writes (not
 //      accumulates), works in place and works on vocabulary shards.
 //
+// The same file tests either backend (build/tests/test_ops on the CPU,
+// build/cuda/tests/test_ops on a GPU): every buffer an op touches is device
+// memory from the tracking allocator, inputs are copied in from host arrays
+// and results copied back out, and all checking is done on the host copies.
+//
 // Run with -v to print the measured error of every numeric check.
 #include <math.h>
 #include <stdint.h>
@@ -17,7 +22,9 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "memory.h"
 #include "ops.h"
+#include "runtime.h"
 #include "test.h"
 
 // ---------------------------------------------------------------- bounds
@@ -143,6 +150,48 @@ static void fd_gradient(objective_fn f, void* ctx, double* x, size_t n, double* 
     }
 }
 
+// ---------------------------------------------------------------- device buffers
+// Buffers on the device (host memory on the CPU backend), category "other".
+// A test frees all of its buffers at its end with dev_free_all().
+#define MAX_DEV 128
+static void* dev_bufs[MAX_DEV];
+static int num_dev = 0;
+
+static void* dev_alloc(size_t bytes) {
+    if (num_dev == MAX_DEV) {
+        fprintf(stderr, "test_ops: more than %d device buffers in one test\n", MAX_DEV);
+        exit(1);
+    }
+    void* p = mem_alloc(bytes, MEM_OTHER);  // zero-filled
+    dev_bufs[num_dev++] = p;
+    return p;
+}
+
+// n device floats, all zero.
+static float* dev_zeros(size_t n) { return (float*)dev_alloc(n * sizeof(float)); }
+
+// A device copy of n host floats (ints).
+static float* dev_copy(const float* host, size_t n) {
+    float* d = dev_zeros(n);
+    mem_to_device(d, host, n * sizeof(float));
+    return d;
+}
+
+static int* dev_copy_int(const int* host, size_t n) {
+    int* d = (int*)dev_alloc(n * sizeof(int));
+    mem_to_device(d, host, n * sizeof(int));
+    return d;
+}
+
+// Host floats into an existing device buffer, and device floats back out.
+static void to_device(float* dev, const float* host, size_t n) { mem_to_device(dev, host, n * sizeof(float)); }
+static void to_host(float* host, const float* dev, size_t n) { mem_to_host(host, dev, n * sizeof(float)); }
+
+static void dev_free_all(void) {
+    for (int i = 0; i < num_dev; i++) mem_free(dev_bufs[i]);
+    num_dev = 0;
+}
+
 // ================================================================ encoder
 static void encoder_ref(double* out, const int* tokens, const double* wte, const double* wpe,
                         int B, int T, int C) {
@@ -177,20 +226,30 @@ static void test_encoder(void) {
     to_double(wte_d, wte, V * C);
     to_double(wpe_d, wpe, TMAX * C);
     to_double(r_d, r, N * C);
+    int* tokens_dev = dev_copy_int(tokens, N);
+    float* wte_dev = dev_copy(wte, V * C);
+    float* wpe_dev = dev_copy(wpe, TMAX * C);
+    float* r_dev = dev_copy(r, N * C);
+    float* out_dev = dev_zeros(N * C);
 
     // A chunk starting at position 0, then one starting at OFF (context
     // parallelism passes wpe + t0*C).
     for (int off = 0; off <= OFF; off += OFF) {
         char name[128];
-        encoder_forward(out, tokens, wte, wpe + off * C, B, T, C);
+        encoder_forward(out_dev, tokens_dev, wte_dev, wpe_dev + off * C, B, T, C);
+        to_host(out, out_dev, N * C);
         encoder_ref(out_d, tokens, wte_d, wpe_d + off * C, B, T, C);
         snprintf(name, sizeof name, "encoder_forward out (wpe offset %d)", off);
         check_err(name, rel_err(out, out_d, N * C), FWD_TOL);
 
         // The whole dwpe buffer is compared, so rows outside the chunk must
         // stay zero (their FD gradient is exactly 0).
-        float dwte[V * C] = {0}, dwpe[TMAX * C] = {0};
-        encoder_backward(dwte, dwpe + off * C, r, tokens, B, T, C);
+        float dwte[V * C], dwpe[TMAX * C];
+        float* dwte_dev = dev_zeros(V * C);
+        float* dwpe_dev = dev_zeros(TMAX * C);
+        encoder_backward(dwte_dev, dwpe_dev + off * C, r_dev, tokens_dev, B, T, C);
+        to_host(dwte, dwte_dev, V * C);
+        to_host(dwpe, dwpe_dev, TMAX * C);
         encoder_ctx ctx = {tokens, wte_d, wpe_d + off * C, r_d, out_d, B, T, C};
         double g[V * C > TMAX * C ? V * C : TMAX * C];
         fd_gradient(encoder_objective, &ctx, wte_d, V * C, g);
@@ -204,13 +263,16 @@ static void test_encoder(void) {
         float pte[V * C], ppe[TMAX * C], ate[V * C], ape[TMAX * C];
         fill(pte, V * C, 1.0);
         fill(ppe, TMAX * C, 1.0);
-        memcpy(ate, pte, sizeof ate);
-        memcpy(ape, ppe, sizeof ape);
-        encoder_backward(ate, ape + off * C, r, tokens, B, T, C);
+        float* ate_dev = dev_copy(pte, V * C);
+        float* ape_dev = dev_copy(ppe, TMAX * C);
+        encoder_backward(ate_dev, ape_dev + off * C, r_dev, tokens_dev, B, T, C);
+        to_host(ate, ate_dev, V * C);
+        to_host(ape, ape_dev, TMAX * C);
         snprintf(name, sizeof name, "encoder_backward accumulates (wpe offset %d)", off);
         double e = fmax(accum_err(ate, pte, dwte, V * C), accum_err(ape, ppe, dwpe, TMAX * C));
         check_err(name, e, ACC_TOL);
     }
+    dev_free_all();
 }
 
 // ================================================================ layernorm
@@ -259,8 +321,18 @@ static void test_layernorm(void) {
     to_double(w_d, w, C);
     to_double(b_d, b, C);
     to_double(r_d, r, N * C);
+    float* inp_dev = dev_copy(inp, N * C);
+    float* w_dev = dev_copy(w, C);
+    float* b_dev = dev_copy(b, C);
+    float* r_dev = dev_copy(r, N * C);
+    float* out_dev = dev_zeros(N * C);
+    float* mean_dev = dev_zeros(N);
+    float* rstd_dev = dev_zeros(N);
 
-    layernorm_forward(out, mean, rstd, inp, w, b, N, C);
+    layernorm_forward(out_dev, mean_dev, rstd_dev, inp_dev, w_dev, b_dev, N, C);
+    to_host(out, out_dev, N * C);
+    to_host(mean, mean_dev, N);
+    to_host(rstd, rstd_dev, N);
     layernorm_ref(out_d, mean_d, rstd_d, inp_d, w_d, b_d, N, C);
     check_err("layernorm_forward out", rel_err(out, out_d, N * C), FWD_TOL);
     // mean is compared against the scale of the inputs (a row mean can be ~0).
@@ -268,8 +340,14 @@ static void test_layernorm(void) {
               FWD_TOL);
     check_err("layernorm_forward rstd", rel_err(rstd, rstd_d, N), FWD_TOL);
 
-    float dinp[N * C] = {0}, dw[C] = {0}, db[C] = {0};
-    layernorm_backward(dinp, dw, db, r, inp, w, mean, rstd, N, C);
+    float dinp[N * C], dw[C], db[C];
+    float* dinp_dev = dev_zeros(N * C);
+    float* dw_dev = dev_zeros(C);
+    float* db_dev = dev_zeros(C);
+    layernorm_backward(dinp_dev, dw_dev, db_dev, r_dev, inp_dev, w_dev, mean_dev, rstd_dev, N, C);
+    to_host(dinp, dinp_dev, N * C);
+    to_host(dw, dw_dev, C);
+    to_host(db, db_dev, C);
     layernorm_ctx ctx = {inp_d, w_d, b_d, r_d, out_d, N, C};
     double g[N * C];
     fd_gradient(layernorm_objective, &ctx, inp_d, N * C, g);
@@ -284,13 +362,17 @@ static void test_layernorm(void) {
     fill(pi, N * C, 1.0);
     fill(pw, C, 1.0);
     fill(pb, C, 1.0);
-    memcpy(ai, pi, sizeof ai);
-    memcpy(aw, pw, sizeof aw);
-    memcpy(ab, pb, sizeof ab);
-    layernorm_backward(ai, aw, ab, r, inp, w, mean, rstd, N, C);
+    float* ai_dev = dev_copy(pi, N * C);
+    float* aw_dev = dev_copy(pw, C);
+    float* ab_dev = dev_copy(pb, C);
+    layernorm_backward(ai_dev, aw_dev, ab_dev, r_dev, inp_dev, w_dev, mean_dev, rstd_dev, N, C);
+    to_host(ai, ai_dev, N * C);
+    to_host(aw, aw_dev, C);
+    to_host(ab, ab_dev, C);
     check_err("layernorm_backward dinp accumulates", accum_err(ai, pi, dinp, N * C), ACC_TOL);
     check_err("layernorm_backward dw accumulates", accum_err(aw, pw, dw, C), ACC_TOL);
     check_err("layernorm_backward db accumulates", accum_err(ab, pb, db, C), ACC_TOL);
+    dev_free_all();
 }
 
 // ================================================================ matmul
@@ -329,20 +411,34 @@ static void test_matmul(void) {
     to_double(w_d, w, OC * C);
     to_double(bias_d, bias, OC);
     to_double(r_d, r, N * OC);
+    float* inp_dev = dev_copy(inp, N * C);
+    float* w_dev = dev_copy(w, OC * C);
+    float* bias_dev = dev_copy(bias, OC);
+    float* r_dev = dev_copy(r, N * OC);
+    float* out_dev = dev_zeros(N * OC);
 
-    matmul_forward(out, inp, w, bias, N, C, OC);
+    matmul_forward(out_dev, inp_dev, w_dev, bias_dev, N, C, OC);
+    to_host(out, out_dev, N * OC);
     matmul_ref(out_d, inp_d, w_d, bias_d, N, C, OC);
     check_err("matmul_forward out (bias)", rel_err(out, out_d, N * OC), FWD_TOL);
     // Prefill out with garbage: forward writes, and a NULL bias adds nothing.
     for (int i = 0; i < N * OC; i++) out[i] = 99.0f;
-    matmul_forward(out, inp, w, NULL, N, C, OC);
+    to_device(out_dev, out, N * OC);
+    matmul_forward(out_dev, inp_dev, w_dev, NULL, N, C, OC);
+    to_host(out, out_dev, N * OC);
     matmul_ref(out_d, inp_d, w_d, NULL, N, C, OC);
     check_err("matmul_forward out (bias NULL)", rel_err(out, out_d, N * OC), FWD_TOL);
 
     // The backward does not depend on whether the forward had a bias; dbias is
     // the gradient w.r.t. a bias, so the FD runs with one.
-    float dinp[N * C] = {0}, dw[OC * C] = {0}, dbias[OC] = {0};
-    matmul_backward(dinp, dw, dbias, r, inp, w, N, C, OC);
+    float dinp[N * C], dw[OC * C], dbias[OC];
+    float* dinp_dev = dev_zeros(N * C);
+    float* dw_dev = dev_zeros(OC * C);
+    float* dbias_dev = dev_zeros(OC);
+    matmul_backward(dinp_dev, dw_dev, dbias_dev, r_dev, inp_dev, w_dev, N, C, OC);
+    to_host(dinp, dinp_dev, N * C);
+    to_host(dw, dw_dev, OC * C);
+    to_host(dbias, dbias_dev, OC);
     matmul_ctx ctx = {inp_d, w_d, bias_d, r_d, out_d, N, C, OC};
     double g_inp[N * C], g_w[OC * C], g_b[OC];
     fd_gradient(matmul_objective, &ctx, inp_d, N * C, g_inp);
@@ -357,23 +453,33 @@ static void test_matmul(void) {
     fill(pi, N * C, 1.0);
     fill(pw, OC * C, 1.0);
     fill(pb, OC, 1.0);
-    memcpy(ai, pi, sizeof ai);
-    memcpy(aw, pw, sizeof aw);
-    memcpy(ab, pb, sizeof ab);
-    matmul_backward(ai, aw, ab, r, inp, w, N, C, OC);
+    float* ai_dev = dev_copy(pi, N * C);
+    float* aw_dev = dev_copy(pw, OC * C);
+    float* ab_dev = dev_copy(pb, OC);
+    matmul_backward(ai_dev, aw_dev, ab_dev, r_dev, inp_dev, w_dev, N, C, OC);
+    to_host(ai, ai_dev, N * C);
+    to_host(aw, aw_dev, OC * C);
+    to_host(ab, ab_dev, OC);
     check_err("matmul_backward dinp accumulates", accum_err(ai, pi, dinp, N * C), ACC_TOL);
     check_err("matmul_backward dw accumulates", accum_err(aw, pw, dw, OC * C), ACC_TOL);
     check_err("matmul_backward dbias accumulates", accum_err(ab, pb, dbias, OC), ACC_TOL);
 
     // NULL dinp and dbias (the first layer needs no dinp; a bias-free layer
     // has no dbias): dw is still right and nothing crashes.
-    float dw2[OC * C] = {0};
-    matmul_backward(NULL, dw2, NULL, r, inp, w, N, C, OC);
+    float dw2[OC * C];
+    float* dw2_dev = dev_zeros(OC * C);
+    matmul_backward(NULL, dw2_dev, NULL, r_dev, inp_dev, w_dev, N, C, OC);
+    to_host(dw2, dw2_dev, OC * C);
     check_err("matmul_backward dinp=NULL dbias=NULL, dw vs FD", rel_err(dw2, g_w, OC * C), BWD_TOL);
-    float dinp3[N * C] = {0}, dw3[OC * C] = {0};
-    matmul_backward(dinp3, dw3, NULL, r, inp, w, N, C, OC);
+    float dinp3[N * C], dw3[OC * C];
+    float* dinp3_dev = dev_zeros(N * C);
+    float* dw3_dev = dev_zeros(OC * C);
+    matmul_backward(dinp3_dev, dw3_dev, NULL, r_dev, inp_dev, w_dev, N, C, OC);
+    to_host(dinp3, dinp3_dev, N * C);
+    to_host(dw3, dw3_dev, OC * C);
     check_err("matmul_backward dbias=NULL, dinp and dw vs FD",
               fmax(rel_err(dinp3, g_inp, N * C), rel_err(dw3, g_w, OC * C)), BWD_TOL);
+    dev_free_all();
 }
 
 // ================================================================ attention
@@ -433,8 +539,14 @@ static void test_attention(void) {
     fill(r, B * T * C, 1.0);
     to_double(qkv_d, qkv, QKV);
     to_double(r_d, r, B * T * C);
+    float* qkv_dev = dev_copy(qkv, QKV);
+    float* r_dev = dev_copy(r, B * T * C);
+    float* out_dev = dev_zeros(B * T * C);
+    float* att_dev = dev_zeros(ATT);
 
-    attention_forward(out, att, qkv, B, T, C, NH);
+    attention_forward(out_dev, att_dev, qkv_dev, B, T, C, NH);
+    to_host(out, out_dev, B * T * C);
+    to_host(att, att_dev, ATT);
     attention_ref(out_d, att_d, qkv_d, B, T, C, NH);
     check_err("attention_forward out", rel_err(out, out_d, B * T * C), FWD_TOL);
     // Only the causal part (t2 <= t) of att is defined; probabilities are <= 1.
@@ -444,8 +556,11 @@ static void test_attention(void) {
             e = fmax(e, max_abs_diff(att + (bh * T + t) * T, att_d + (bh * T + t) * T, (size_t)t + 1));
     check_err("attention_forward att (causal part)", e, FWD_TOL);
 
-    float dqkv[QKV] = {0}, datt[ATT] = {0};
-    attention_backward(dqkv, datt, r, qkv, att, B, T, C, NH);
+    float dqkv[QKV];
+    float* dqkv_dev = dev_zeros(QKV);
+    float* datt_dev = dev_zeros(ATT);
+    attention_backward(dqkv_dev, datt_dev, r_dev, qkv_dev, att_dev, B, T, C, NH);
+    to_host(dqkv, dqkv_dev, QKV);
     attention_ctx ctx = {qkv_d, r_d, out_d, att_d, B, T, C, NH};
     double g[QKV];
     fd_gradient(attention_objective, &ctx, qkv_d, QKV, g);
@@ -454,17 +569,22 @@ static void test_attention(void) {
     // Accumulate into a prefilled dqkv.
     float p[QKV], a[QKV];
     fill(p, QKV, 1.0);
-    memcpy(a, p, sizeof a);
-    memset(datt, 0, sizeof datt);
-    attention_backward(a, datt, r, qkv, att, B, T, C, NH);
+    float* a_dev = dev_copy(p, QKV);
+    mem_zero(datt_dev, ATT * sizeof(float));
+    attention_backward(a_dev, datt_dev, r_dev, qkv_dev, att_dev, B, T, C, NH);
+    to_host(a, a_dev, QKV);
     check_err("attention_backward dqkv accumulates", accum_err(a, p, dqkv, QKV), ACC_TOL);
 
     // datt is scratch: whatever it holds on entry must not change dqkv.
-    float d2[QKV] = {0};
+    float d2[QKV], datt[ATT];
+    float* d2_dev = dev_zeros(QKV);
     for (int i = 0; i < ATT; i++) datt[i] = 7.0f;
-    attention_backward(d2, datt, r, qkv, att, B, T, C, NH);
+    to_device(datt_dev, datt, ATT);
+    attention_backward(d2_dev, datt_dev, r_dev, qkv_dev, att_dev, B, T, C, NH);
+    to_host(d2, d2_dev, QKV);
     check_err("attention_backward ignores datt contents (scratch)", rel_err_ff(d2, dqkv, QKV),
               ACC_TOL);
+    dev_free_all();
 }
 
 // ================================================================ pointwise
@@ -494,12 +614,18 @@ static void test_gelu(void) {
     fill(r, N, 1.0);
     to_double(inp_d, inp, N);
     to_double(r_d, r, N);
-    gelu_forward(out, inp, N);
+    float* inp_dev = dev_copy(inp, N);
+    float* r_dev = dev_copy(r, N);
+    float* out_dev = dev_zeros(N);
+    gelu_forward(out_dev, inp_dev, N);
+    to_host(out, out_dev, N);
     for (int i = 0; i < N; i++) out_d[i] = gelu_ref(inp_d[i]);
     check_err("gelu_forward out", rel_err(out, out_d, N), FWD_TOL);
 
-    float dinp[N] = {0};
-    gelu_backward(dinp, inp, r, N);
+    float dinp[N];
+    float* dinp_dev = dev_zeros(N);
+    gelu_backward(dinp_dev, inp_dev, r_dev, N);
+    to_host(dinp, dinp_dev, N);
     gelu_ctx ctx = {inp_d, r_d, N};
     double g[N];
     fd_gradient(gelu_objective, &ctx, inp_d, N, g);
@@ -507,9 +633,11 @@ static void test_gelu(void) {
 
     float p[N], a[N];
     fill(p, N, 1.0);
-    memcpy(a, p, sizeof a);
-    gelu_backward(a, inp, r, N);
+    float* a_dev = dev_copy(p, N);
+    gelu_backward(a_dev, inp_dev, r_dev, N);
+    to_host(a, a_dev, N);
     check_err("gelu_backward accumulates", accum_err(a, p, dinp, N), ACC_TOL);
+    dev_free_all();
 }
 
 typedef struct {
@@ -534,12 +662,21 @@ static void test_residual(void) {
     to_double(a_d, a, N);
     to_double(b_d, b, N);
     to_double(r_d, r, N);
-    residual_forward(out, a, b, N);
+    float* a_dev = dev_copy(a, N);
+    float* b_dev = dev_copy(b, N);
+    float* r_dev = dev_copy(r, N);
+    float* out_dev = dev_zeros(N);
+    residual_forward(out_dev, a_dev, b_dev, N);
+    to_host(out, out_dev, N);
     for (int i = 0; i < N; i++) out_d[i] = a_d[i] + b_d[i];
     check_err("residual_forward out", rel_err(out, out_d, N), FWD_TOL);
 
-    float da[N] = {0}, db[N] = {0};
-    residual_backward(da, db, r, N);
+    float da[N], db[N];
+    float* da_dev = dev_zeros(N);
+    float* db_dev = dev_zeros(N);
+    residual_backward(da_dev, db_dev, r_dev, N);
+    to_host(da, da_dev, N);
+    to_host(db, db_dev, N);
     residual_ctx ctx = {a_d, b_d, r_d, N};
     double g[N];
     fd_gradient(residual_objective, &ctx, a_d, N, g);
@@ -550,11 +687,14 @@ static void test_residual(void) {
     float pa[N], pb[N], aa[N], ab[N];
     fill(pa, N, 1.0);
     fill(pb, N, 1.0);
-    memcpy(aa, pa, sizeof aa);
-    memcpy(ab, pb, sizeof ab);
-    residual_backward(aa, ab, r, N);
+    float* aa_dev = dev_copy(pa, N);
+    float* ab_dev = dev_copy(pb, N);
+    residual_backward(aa_dev, ab_dev, r_dev, N);
+    to_host(aa, aa_dev, N);
+    to_host(ab, ab_dev, N);
     check_err("residual_backward accumulates",
               fmax(accum_err(aa, pa, da, N), accum_err(ab, pb, db, N)), ACC_TOL);
+    dev_free_all();
 }
 
 // ================================================================ cross-entropy
@@ -607,11 +747,21 @@ static void test_crossentropy(void) {
     // dominate rowmax, sumexp and the loss.
     for (int n = 0; n < N; n++) logits[n * W + NV] = 50.0f;
     to_double(logits_d, logits, N * W);
+    float* logits_dev = dev_copy(logits, N * W);
+    int* targets_dev = dev_copy_int(targets, N);
 
     float rowmax[N], sumexp[N], tlogit[N], losses[N];
     double rowmax_d[N], sumexp_d[N], tlogit_d[N], losses_d[N];
-    crossentropy_partials(rowmax, sumexp, tlogit, logits, targets, N, W, NV, 0);
-    crossentropy_loss(losses, rowmax, sumexp, tlogit, N);
+    float* rowmax_dev = dev_zeros(N);
+    float* sumexp_dev = dev_zeros(N);
+    float* tlogit_dev = dev_zeros(N);
+    float* losses_dev = dev_zeros(N);
+    crossentropy_partials(rowmax_dev, sumexp_dev, tlogit_dev, logits_dev, targets_dev, N, W, NV, 0);
+    crossentropy_loss(losses_dev, rowmax_dev, sumexp_dev, tlogit_dev, N);
+    to_host(rowmax, rowmax_dev, N);
+    to_host(sumexp, sumexp_dev, N);
+    to_host(tlogit, tlogit_dev, N);
+    to_host(losses, losses_dev, N);
     crossentropy_ref(losses_d, rowmax_d, sumexp_d, tlogit_d, logits_d, targets, N, W, NV, 0);
     check_err("crossentropy_partials rowmax", rel_err(rowmax, rowmax_d, N), FWD_TOL);
     check_err("crossentropy_partials sumexp", rel_err(sumexp, sumexp_d, N), FWD_TOL);
@@ -621,7 +771,10 @@ static void test_crossentropy(void) {
     // Backward into a buffer full of garbage: it must be written, not added to.
     float dlogits[N * W];
     for (int i = 0; i < N * W; i++) dlogits[i] = 123.0f;
-    crossentropy_backward(dlogits, logits, targets, rowmax, sumexp, dloss, N, W, NV, 0);
+    float* dlogits_dev = dev_copy(dlogits, N * W);
+    crossentropy_backward(dlogits_dev, logits_dev, targets_dev, rowmax_dev, sumexp_dev, dloss, N, W,
+                          NV, 0);
+    to_host(dlogits, dlogits_dev, N * W);
     crossentropy_ctx ctx = {logits_d, targets, losses_d, N, W, NV, 0, (double)dloss};
     double g[N * W];
     // FD over every column; padding columns do not enter the loss, so their FD is 0.
@@ -635,10 +788,13 @@ static void test_crossentropy(void) {
 
     // In place: dlogits == logits gives the same result.
     float inplace[N * W];
-    memcpy(inplace, logits, sizeof inplace);
-    crossentropy_backward(inplace, inplace, targets, rowmax, sumexp, dloss, N, W, NV, 0);
+    float* inplace_dev = dev_copy(logits, N * W);
+    crossentropy_backward(inplace_dev, inplace_dev, targets_dev, rowmax_dev, sumexp_dev, dloss, N, W,
+                          NV, 0);
+    to_host(inplace, inplace_dev, N * W);
     check_err("crossentropy_backward in place (dlogits == logits)",
               rel_err_ff(inplace, dlogits, N * W), ACC_TOL);
+    dev_free_all();
 }
 
 // Two vocabulary shards [0, 6) and [6, 10) of one 10-logit vocabulary: the
@@ -662,16 +818,30 @@ static void test_crossentropy_shards(void) {
         memcpy(lb + n * WB, logits + n * V + WA, WB * sizeof(float));
     }
     to_double(logits_d, logits, N * V);
+    float* logits_dev = dev_copy(logits, N * V);
+    float* la_dev = dev_copy(la, N * WA);
+    float* lb_dev = dev_copy(lb, N * WB);
+    int* targets_dev = dev_copy_int(targets, N);
 
     // Unsharded.
     float m[N], s[N], t[N], loss[N], dl[N * V];
     double loss_d[N];
-    crossentropy_partials(m, s, t, logits, targets, N, V, V, 0);
-    crossentropy_loss(loss, m, s, t, N);
+    float* m_dev = dev_zeros(N);
+    float* s_dev = dev_zeros(N);
+    float* t_dev = dev_zeros(N);
+    float* loss_dev = dev_zeros(N);
+    float* dl_dev = dev_zeros(N * V);
+    crossentropy_partials(m_dev, s_dev, t_dev, logits_dev, targets_dev, N, V, V, 0);
+    crossentropy_loss(loss_dev, m_dev, s_dev, t_dev, N);
+    to_host(m, m_dev, N);
+    to_host(s, s_dev, N);
+    to_host(t, t_dev, N);
+    to_host(loss, loss_dev, N);
     crossentropy_ref(loss_d, NULL, NULL, NULL, logits_d, targets, N, V, V, 0);
     check_err("crossentropy unsharded loss (width 10) vs double", rel_err(loss, loss_d, N),
               FWD_TOL);
-    crossentropy_backward(dl, logits, targets, m, s, dloss, N, V, V, 0);
+    crossentropy_backward(dl_dev, logits_dev, targets_dev, m_dev, s_dev, dloss, N, V, V, 0);
+    to_host(dl, dl_dev, N * V);
     crossentropy_ctx ctx = {logits_d, targets, loss_d, N, V, V, 0, (double)dloss};
     double g[N * V];
     fd_gradient(crossentropy_objective, &ctx, logits_d, N * V, g);
@@ -679,8 +849,20 @@ static void test_crossentropy_shards(void) {
 
     // Per shard.
     float ma[N], sa[N], ta[N], mb[N], sb[N], tb[N];
-    crossentropy_partials(ma, sa, ta, la, targets, N, WA, WA, 0);
-    crossentropy_partials(mb, sb, tb, lb, targets, N, WB, WB, WA);
+    float* ma_dev = dev_zeros(N);
+    float* sa_dev = dev_zeros(N);
+    float* ta_dev = dev_zeros(N);
+    float* mb_dev = dev_zeros(N);
+    float* sb_dev = dev_zeros(N);
+    float* tb_dev = dev_zeros(N);
+    crossentropy_partials(ma_dev, sa_dev, ta_dev, la_dev, targets_dev, N, WA, WA, 0);
+    crossentropy_partials(mb_dev, sb_dev, tb_dev, lb_dev, targets_dev, N, WB, WB, WA);
+    to_host(ma, ma_dev, N);
+    to_host(sa, sa_dev, N);
+    to_host(ta, ta_dev, N);
+    to_host(mb, mb_dev, N);
+    to_host(sb, sb_dev, N);
+    to_host(tb, tb_dev, N);
     int zero_ok = 1;
     for (int n = 0; n < N; n++) {
         if (targets[n] < WA) zero_ok &= tb[n] == 0.0f && ta[n] == logits[n * V + targets[n]];
@@ -691,29 +873,43 @@ static void test_crossentropy_shards(void) {
 
     // Merge B into A, and A into B: both orders must give the same stats.
     float m1[N], s1[N], t1[N], m2[N], s2[N], t2[N], loss1[N], loss2[N];
-    memcpy(m1, ma, sizeof m1);
-    memcpy(s1, sa, sizeof s1);
-    memcpy(t1, ta, sizeof t1);
-    crossentropy_merge(m1, s1, t1, mb, sb, tb, N);
-    memcpy(m2, mb, sizeof m2);
-    memcpy(s2, sb, sizeof s2);
-    memcpy(t2, tb, sizeof t2);
-    crossentropy_merge(m2, s2, t2, ma, sa, ta, N);
+    float* m1_dev = dev_copy(ma, N);
+    float* s1_dev = dev_copy(sa, N);
+    float* t1_dev = dev_copy(ta, N);
+    crossentropy_merge(m1_dev, s1_dev, t1_dev, mb_dev, sb_dev, tb_dev, N);
+    float* m2_dev = dev_copy(mb, N);
+    float* s2_dev = dev_copy(sb, N);
+    float* t2_dev = dev_copy(tb, N);
+    crossentropy_merge(m2_dev, s2_dev, t2_dev, ma_dev, sa_dev, ta_dev, N);
+    to_host(m1, m1_dev, N);
+    to_host(s1, s1_dev, N);
+    to_host(t1, t1_dev, N);
+    to_host(m2, m2_dev, N);
+    to_host(s2, s2_dev, N);
+    to_host(t2, t2_dev, N);
     int max_ok = 1;
     for (int n = 0; n < N; n++) max_ok &= m1[n] == m[n] && m2[n] == m[n];
     check(max_ok, "crossentropy_merge rowmax equals unsharded rowmax", "merged max differs");
     check_err("crossentropy_merge sumexp equals unsharded sumexp",
               fmax(rel_err_ff(s1, s, N), rel_err_ff(s2, s, N)), FWD_TOL);
-    crossentropy_loss(loss1, m1, s1, t1, N);
-    crossentropy_loss(loss2, m2, s2, t2, N);
+    float* loss1_dev = dev_zeros(N);
+    float* loss2_dev = dev_zeros(N);
+    crossentropy_loss(loss1_dev, m1_dev, s1_dev, t1_dev, N);
+    crossentropy_loss(loss2_dev, m2_dev, s2_dev, t2_dev, N);
+    to_host(loss1, loss1_dev, N);
+    to_host(loss2, loss2_dev, N);
     check_err("crossentropy merged loss equals unsharded loss",
               fmax(rel_err_ff(loss1, loss, N), rel_err_ff(loss2, loss, N)), FWD_TOL);
     check_err("crossentropy merged loss vs double", rel_err(loss1, loss_d, N), FWD_TOL);
 
     // Backward per shard with the global statistics.
     float da[N * WA], db[N * WB], want_a[N * WA], want_b[N * WB];
-    crossentropy_backward(da, la, targets, m1, s1, dloss, N, WA, WA, 0);
-    crossentropy_backward(db, lb, targets, m1, s1, dloss, N, WB, WB, WA);
+    float* da_dev = dev_zeros(N * WA);
+    float* db_dev = dev_zeros(N * WB);
+    crossentropy_backward(da_dev, la_dev, targets_dev, m1_dev, s1_dev, dloss, N, WA, WA, 0);
+    crossentropy_backward(db_dev, lb_dev, targets_dev, m1_dev, s1_dev, dloss, N, WB, WB, WA);
+    to_host(da, da_dev, N * WA);
+    to_host(db, db_dev, N * WB);
     for (int n = 0; n < N; n++) {
         memcpy(want_a + n * WA, dl + n * V, WA * sizeof(float));
         memcpy(want_b + n * WB, dl + n * V + WA, WB * sizeof(float));
@@ -722,6 +918,7 @@ static void test_crossentropy_shards(void) {
               rel_err_ff(da, want_a, N * WA), FWD_TOL);
     check_err("crossentropy_backward shard [6,10) equals unsharded columns",
               rel_err_ff(db, want_b, N * WB), FWD_TOL);
+    dev_free_all();
 }
 
 // ================================================================ optimizer
@@ -731,10 +928,14 @@ static void test_adamw(void) {
     // common slip, changes the step by ~1e-3 of its size and is caught.
     const AdamWConfig cfg = {0.05f, 0.9f, 0.95f, 1e-3f, 0.1f};
     const float grad_scale = 0.5f;
-    float p[N], m[N] = {0}, v[N] = {0}, grads[N];
+    float p[N], m[N], v[N], grads[N];
     double p_d[N], m_d[N] = {0}, v_d[N] = {0};
     fill(p, N, 1.0);
     to_double(p_d, p, N);
+    float* p_dev = dev_copy(p, N);
+    float* m_dev = dev_zeros(N);
+    float* v_dev = dev_zeros(N);
+    float* grads_dev = dev_zeros(N);
     // The reference uses the fp32 hyperparameters promoted to double, so both
     // sides start from the same numbers.
     const double lr = cfg.lr, b1 = cfg.beta1, b2 = cfg.beta2, eps = cfg.eps,
@@ -742,7 +943,11 @@ static void test_adamw(void) {
     double ep = 0.0, em = 0.0, ev = 0.0;
     for (int t = 1; t <= STEPS; t++) {
         fill(grads, N, 1.0);
-        adamw_update(p, grads, m, v, N, cfg, t, grad_scale);
+        to_device(grads_dev, grads, N);
+        adamw_update(p_dev, grads_dev, m_dev, v_dev, N, cfg, t, grad_scale);
+        to_host(p, p_dev, N);
+        to_host(m, m_dev, N);
+        to_host(v, v_dev, N);
         for (int i = 0; i < N; i++) {
             double g = gs * (double)grads[i];
             m_d[i] = b1 * m_d[i] + (1.0 - b1) * g;
@@ -761,6 +966,7 @@ static void test_adamw(void) {
     check_err("adamw_update params over 3 steps (error / lr)", ep, 1e-4);
     check_err("adamw_update m over 3 steps", em, FWD_TOL);
     check_err("adamw_update v over 3 steps", ev, FWD_TOL);
+    dev_free_all();
 }
 
 static void test_grad_norm(void) {
@@ -775,9 +981,11 @@ static void test_grad_norm(void) {
     fill(g, N, 1.0);
     double want = 0.0;
     for (int i = 0; i < N; i++) want += (double)g[i] * (double)g[i];
-    double got = grad_sumsq(g, N);
+    float* g_dev = dev_copy(g, N);
+    double got = grad_sumsq(g_dev, N);
     check_err("grad_sumsq vs double sum", fabs(got - want) / want, 1e-9);
     free(g);
+    dev_free_all();
 
     float s;
     s = grad_clip_scale(0.5, 1.0f);
@@ -800,19 +1008,36 @@ static void test_utilities(void) {
     enum { N = 17 };
     float x[N], y[N], z[N];
     fill(x, N, 1.0);
-    memcpy(y, x, sizeof y);
-    ops_scale(y, N, -2.5f);
+    float* x_dev = dev_copy(x, N);
+    float* y_dev = dev_copy(x, N);
+    ops_scale(y_dev, N, -2.5f);
+    to_host(y, y_dev, N);
     int ok = 1;
     // A single fp32 multiply is exactly reproducible.
     for (int i = 0; i < N; i++) ok &= y[i] == x[i] * -2.5f;
     check(ok, "ops_scale", "a value differs from x * s");
     for (int i = 0; i < N; i++) z[i] = 42.0f;
-    ops_copy(z, x, N);
+    float* z_dev = dev_copy(z, N);
+    ops_copy(z_dev, x_dev, N);
+    to_host(z, z_dev, N);
     check(memcmp(z, x, sizeof z) == 0, "ops_copy", "copy differs");
-    ops_zero(z, N - 1);
+    ops_zero(z_dev, N - 1);
+    to_host(z, z_dev, N);
     ok = z[N - 1] == x[N - 1];
     for (int i = 0; i < N - 1; i++) ok &= z[i] == 0.0f;
     check(ok, "ops_zero (exactly n values)", "not zeroed, or wrote past n");
+    // ops_add over N - 1 values: a single fp32 add is exactly reproducible,
+    // and the last value stays as it was. (No fill: the random stream of the
+    // later tests stays as it was.)
+    float w[N], sum[N];
+    for (int i = 0; i < N; i++) w[i] = 0.25f * (float)i - 2.0f;
+    float* w_dev = dev_copy(w, N);
+    ops_add(w_dev, x_dev, N - 1);
+    to_host(sum, w_dev, N);
+    ok = sum[N - 1] == w[N - 1];
+    for (int i = 0; i < N - 1; i++) ok &= sum[i] == w[i] + x[i];
+    check(ok, "ops_add (exactly n values)", "a value differs from y + x, or wrote past n");
+    dev_free_all();
 }
 
 // ================================================================ NULL gradients
@@ -821,47 +1046,89 @@ static void test_utilities(void) {
 // cannot hide the results of the other checks.
 static void test_null_gradients(void) {
     enum { N = 3, C = 4, OC = 2, V = 5 };
-    float inp[N * C], w[OC * C], r[N * OC], dinp[N * C] = {0}, dinp_ref[N * C] = {0};
-    float dw_ref[OC * C] = {0}, dummy_b[OC] = {0}, dout[N * C];
+    float inp[N * C], w[OC * C], r[N * OC], dinp[N * C], dinp_ref[N * C], dout[N * C];
     fill(inp, N * C, 1.0);
     fill(w, OC * C, 1.0);
     fill(r, N * OC, 1.0);
     fill(dout, N * C, 1.0);
-    matmul_backward(dinp_ref, dw_ref, dummy_b, r, inp, w, N, C, OC);
-    matmul_backward(dinp, NULL, NULL, r, inp, w, N, C, OC);
+    float* inp_dev = dev_copy(inp, N * C);
+    float* w_dev = dev_copy(w, OC * C);
+    float* r_dev = dev_copy(r, N * OC);
+    float* dout_dev = dev_copy(dout, N * C);
+    float* dinp_dev = dev_zeros(N * C);
+    float* dinp_ref_dev = dev_zeros(N * C);
+    float* dw_ref_dev = dev_zeros(OC * C);
+    float* dummy_b_dev = dev_zeros(OC);
+    matmul_backward(dinp_ref_dev, dw_ref_dev, dummy_b_dev, r_dev, inp_dev, w_dev, N, C, OC);
+    matmul_backward(dinp_dev, NULL, NULL, r_dev, inp_dev, w_dev, N, C, OC);
+    to_host(dinp, dinp_dev, N * C);
+    to_host(dinp_ref, dinp_ref_dev, N * C);
     check_err("matmul_backward dw=NULL dbias=NULL, dinp unchanged", rel_err_ff(dinp, dinp_ref, N * C),
               ACC_TOL);
 
     // Encoder with only dwte.
     const int tokens[N] = {1, 4, 1};
-    float dwte[V * C] = {0}, dwte2[V * C] = {0}, dwpe[N * C] = {0};
-    encoder_backward(dwte, dwpe, dout, tokens, 1, N, C);
-    encoder_backward(dwte2, NULL, dout, tokens, 1, N, C);
+    float dwte[V * C], dwte2[V * C];
+    int* tokens_dev = dev_copy_int(tokens, N);
+    float* dwte_dev = dev_zeros(V * C);
+    float* dwte2_dev = dev_zeros(V * C);
+    float* dwpe_dev = dev_zeros(N * C);
+    encoder_backward(dwte_dev, dwpe_dev, dout_dev, tokens_dev, 1, N, C);
+    encoder_backward(dwte2_dev, NULL, dout_dev, tokens_dev, 1, N, C);
+    to_host(dwte, dwte_dev, V * C);
+    to_host(dwte2, dwte2_dev, V * C);
     check_err("encoder_backward dwpe=NULL", rel_err_ff(dwte2, dwte, V * C), ACC_TOL);
 
     // Residual with one side only.
-    float da[N * C] = {0}, db3[N * C] = {0};
-    residual_backward(da, NULL, dout, N * C);
-    residual_backward(NULL, db3, dout, N * C);
+    float da[N * C], db3[N * C];
+    float* da_dev = dev_zeros(N * C);
+    float* db3_dev = dev_zeros(N * C);
+    residual_backward(da_dev, NULL, dout_dev, N * C);
+    residual_backward(NULL, db3_dev, dout_dev, N * C);
+    to_host(da, da_dev, N * C);
+    to_host(db3, db3_dev, N * C);
     check_err("residual_backward one side NULL",
               fmax(rel_err_ff(da, dout, N * C), rel_err_ff(db3, dout, N * C)), ACC_TOL);
 
     // Layernorm last: with only dinp, then only dw/db.
-    float lw[C], lb[C], out[N * C], mean[N], rstd[N];
-    float di[N * C] = {0}, dw[C] = {0}, db[C] = {0}, di2[N * C] = {0}, dw2[C] = {0}, db2[C] = {0};
+    float lw[C], lb[C];
+    float di[N * C], dw[C], db[C], di2[N * C], dw2[C], db2[C];
     fill(lw, C, 1.0);
     fill(lb, C, 1.0);
-    layernorm_forward(out, mean, rstd, inp, lw, lb, N, C);
-    layernorm_backward(di, dw, db, dout, inp, lw, mean, rstd, N, C);
-    layernorm_backward(di2, NULL, NULL, dout, inp, lw, mean, rstd, N, C);
-    layernorm_backward(NULL, dw2, db2, dout, inp, lw, mean, rstd, N, C);
+    float* lw_dev = dev_copy(lw, C);
+    float* lb_dev = dev_copy(lb, C);
+    float* out_dev = dev_zeros(N * C);
+    float* mean_dev = dev_zeros(N);
+    float* rstd_dev = dev_zeros(N);
+    float* di_dev = dev_zeros(N * C);
+    float* dw_dev = dev_zeros(C);
+    float* db_dev = dev_zeros(C);
+    float* di2_dev = dev_zeros(N * C);
+    float* dw2_dev = dev_zeros(C);
+    float* db2_dev = dev_zeros(C);
+    layernorm_forward(out_dev, mean_dev, rstd_dev, inp_dev, lw_dev, lb_dev, N, C);
+    layernorm_backward(di_dev, dw_dev, db_dev, dout_dev, inp_dev, lw_dev, mean_dev, rstd_dev, N, C);
+    layernorm_backward(di2_dev, NULL, NULL, dout_dev, inp_dev, lw_dev, mean_dev, rstd_dev, N, C);
+    layernorm_backward(NULL, dw2_dev, db2_dev, dout_dev, inp_dev, lw_dev, mean_dev, rstd_dev, N, C);
+    to_host(di, di_dev, N * C);
+    to_host(dw, dw_dev, C);
+    to_host(db, db_dev, C);
+    to_host(di2, di2_dev, N * C);
+    to_host(dw2, dw2_dev, C);
+    to_host(db2, db2_dev, C);
     check_err("layernorm_backward with NULL gradients",
               fmax(rel_err_ff(di2, di, N * C), fmax(rel_err_ff(dw2, dw, C), rel_err_ff(db2, db, C))),
               ACC_TOL);
+    dev_free_all();
 }
 
+// MPI and the device are started as in the chapters: the CUDA backend's
+// device_init needs MPI (every rank must agree that a GPU was found).
 int main(int argc, char** argv) {
+    runtime_init(&argc, &argv);
     verbose = argc > 1 && strcmp(argv[1], "-v") == 0;
+    const char* device = device_init(0);
+    if (verbose) printf("# device: %s\n", device);
     test_encoder();
     test_layernorm();
     test_matmul();
@@ -874,5 +1141,7 @@ int main(int argc, char** argv) {
     test_grad_norm();
     test_utilities();
     test_null_gradients();
-    return test_exit_code();
+    int rc = test_exit_code();
+    runtime_finalize();
+    return rc;
 }

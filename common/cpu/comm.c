@@ -92,7 +92,8 @@ void comm_reduce_scatter(const Comm* c, const float* send, float* recv, size_t n
 void comm_allgather(const Comm* c, const float* send, float* recv, size_t n) {
     tally(c, COLL_ALLGATHER, n * c->size * sizeof(float), ring_factor(c));
     double t0 = now_seconds();
-    MPI_CHECK(MPI_Allgather(send, as_int(n), MPI_FLOAT, recv, as_int(n), MPI_FLOAT, c->mpi));
+    const void* src = send == recv + (size_t)c->rank * n ? MPI_IN_PLACE : (const void*)send;
+    MPI_CHECK(MPI_Allgather(src, as_int(n), MPI_FLOAT, recv, as_int(n), MPI_FLOAT, c->mpi));
     wait_seconds += now_seconds() - t0;
 }
 
@@ -239,7 +240,8 @@ void comm_ireduce_scatter(const Comm* c, const float* send, float* recv, size_t 
 void comm_iallgather(const Comm* c, const float* send, float* recv, size_t n, CommRequest* req) {
     tally(c, COLL_ALLGATHER, n * c->size * sizeof(float), ring_factor(c));
     start(req);
-    MPI_CHECK(MPI_Iallgather(send, as_int(n), MPI_FLOAT, recv, as_int(n), MPI_FLOAT, c->mpi, &req->mpi));
+    const void* src = send == recv + (size_t)c->rank * n ? MPI_IN_PLACE : (const void*)send;
+    MPI_CHECK(MPI_Iallgather(src, as_int(n), MPI_FLOAT, recv, as_int(n), MPI_FLOAT, c->mpi, &req->mpi));
 }
 
 void comm_ibroadcast(const Comm* c, float* buf, size_t n, int root, CommRequest* req) {

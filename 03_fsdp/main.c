@@ -1,0 +1,507 @@
+// Chapter 3: fully sharded data parallelism (ZeRO stages 1, 2 and 3).
+//
+// Data parallelism (chapter 2) keeps N full copies of everything: parameters,
+// gradients and the two AdamW moments, 16 bytes per parameter on every rank.
+// ZeRO removes the copies, one kind of state at a time:
+//   --zero 1  the AdamW moments are sharded: rank r keeps and updates only
+//             its 1/N; gradients are reduce-scattered (each rank needs only
+//             the sum of its shard) and the updated shards all-gathered.
+//   --zero 2  the gradients too: each unit's gradient is reduce-scattered as
+//             soon as backward has produced it, and its full buffer reused.
+//   --zero 3  the parameters too: a unit's parameters exist in full only in a
+//             gather buffer, all-gathered just before the unit runs.
+//
+//   mpirun -np 4 build/chapter-3 --dp 4 --zero 3
+//
+// A "unit" is what is gathered at once, one contiguous range of the flat
+// layer-major layout: unit 0 = [wte wpe], unit 1+l = block l, unit L+1 =
+// [lnfw lnfb]. Rank r owns floats [r*S, (r+1)*S) of each unit of n floats,
+// S = ceil(n / N); the last ranks' tails past n are padding that starts at
+// zero and stays zero (its gradient is zero, so AdamW never moves it).
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "args.h"
+#include "comm.h"
+#include "common.h"
+#include "memory.h"
+#include "mesh.h"
+#include "model.h"
+#include "report.h"
+#include "runtime.h"
+#include "train.h"
+
+// ---------------------------------------------------------------- units and shards
+
+typedef struct {
+    int n;               // number of units: L + 2
+    size_t* off;         // flat offset of unit u in the model's layout
+    size_t* numel;       // floats in unit u
+    size_t* shard;       // S_u = ceil(numel_u / N), floats each rank owns of unit u
+    size_t* shard_off;   // where unit u's shard starts in this rank's shard buffers
+    size_t* padded_off;  // where unit u starts in a padded full layout (N*S_u per unit)
+    size_t shard_total;  // sum of S_u: this rank's floats of each kind of state
+    size_t padded_total; // N * shard_total: the full model with padding
+    size_t max_padded;   // max N*S_u: one gather buffer
+} Units;
+
+static void units_make(Units* u, const GPTConfig* cfg, int N) {
+    int L = cfg->num_layers;
+    u->n = L + 2;
+    u->off = xmalloc(sizeof(size_t) * u->n);
+    u->numel = xmalloc(sizeof(size_t) * u->n);
+    u->shard = xmalloc(sizeof(size_t) * u->n);
+    u->shard_off = xmalloc(sizeof(size_t) * u->n);
+    u->padded_off = xmalloc(sizeof(size_t) * u->n);
+    u->off[0] = 0;
+    u->numel[0] = param_tensor_numel(cfg, P_WTE) + param_tensor_numel(cfg, P_WPE);
+    for (int l = 0; l < L; l++) {
+        u->off[1 + l] = gpt_block_offset(cfg, l);
+        u->numel[1 + l] = gpt_block_numel(cfg->channels);
+    }
+    u->off[L + 1] = gpt_tensor_offset(cfg, P_LNFW, 0);
+    u->numel[L + 1] = 2 * (size_t)cfg->channels;
+    u->shard_total = u->padded_total = u->max_padded = 0;
+    for (int i = 0; i < u->n; i++) {
+        u->shard[i] = (u->numel[i] + N - 1) / N;
+        u->shard_off[i] = u->shard_total;
+        u->padded_off[i] = u->padded_total;
+        u->shard_total += u->shard[i];
+        u->padded_total += u->shard[i] * N;
+        if (u->shard[i] * N > u->max_padded) u->max_padded = u->shard[i] * N;
+    }
+}
+
+// The part of rank r's shard of unit i that is real (not padding): [lo, hi)
+// as offsets inside the unit.
+static void shard_range(const Units* u, int i, int r, size_t* lo, size_t* hi) {
+    *lo = (size_t)r * u->shard[i];
+    *hi = *lo + u->shard[i];
+    if (*lo > u->numel[i]) *lo = u->numel[i];
+    if (*hi > u->numel[i]) *hi = u->numel[i];
+}
+
+// ---------------------------------------------------------------- the sharded state
+
+typedef struct {
+    const Comm* dp;
+    int zero, prefetch, reshard;
+    GPTConfig cfg;
+    Units u;
+    // zero 3: this rank's parameter shard; zero 1, 2: full parameters in the
+    // padded layout (each rank updates its shard of them in place)
+    float* shard_params;   // (shard_total)           zero 3
+    float* full_params;    // (padded_total)          zero 1, 2
+    float* shard_grads;    // (shard_total) the reduced gradient of this rank's shard
+    float* full_grads;     // (padded_total)          zero 1: backward writes here
+    float* unit_grads;     // (max_padded)            zero 2, 3: one unit's gradient
+    float* unit0_grads;    // (N*S_0)                 zero 2, 3: the tied embedding's
+    float* m;              // (shard_total) AdamW moments of this rank's shard
+    float* v;
+    // zero 3: gather buffers. With resharding, two slots that alternate: one
+    // unit computes while the next arrives. Without, one slot per unit.
+    int n_slots, next_slot;
+    float** slot_buf;      // (n_slots) x (max_padded), or slot i x (N*S_i)
+    int* slot_of_unit;     // (units) the slot holding unit u, or -1
+    int* unit_in_slot;     // (n_slots)
+    CommRequest* slot_req; // the gather in flight into each slot
+    float* norm_buf;       // (1) the sum of squares to all-reduce
+    GPTActs acts;
+} FSDP;
+
+// ---------------------------------------------------------------- gathering a unit (zero 3)
+
+// Starts gathering unit i into a free slot: every rank contributes its shard,
+// every rank receives the whole (padded) unit.
+static void request_unit(FSDP* f, int i) {
+    if (f->slot_of_unit[i] >= 0) return;  // already here (or on its way)
+    int s = f->reshard ? f->next_slot : i;
+    f->next_slot ^= 1;
+    if (f->unit_in_slot[s] >= 0) f->slot_of_unit[f->unit_in_slot[s]] = -1;  // evict
+    f->unit_in_slot[s] = i;
+    f->slot_of_unit[i] = s;
+    const float* mine = f->shard_params + f->u.shard_off[i];
+    if (f->prefetch) {
+        comm_iallgather(f->dp, mine, f->slot_buf[s], f->u.shard[i], &f->slot_req[s]);
+    } else {
+        comm_allgather(f->dp, mine, f->slot_buf[s], f->u.shard[i]);
+    }
+}
+
+// Unit i's full parameters, waiting for its gather if it is still in flight.
+static float* unit_params(FSDP* f, int i) {
+    if (f->zero < 3) return f->full_params + f->u.padded_off[i];
+    request_unit(f, i);
+    int s = f->slot_of_unit[i];
+    comm_wait(&f->slot_req[s]);
+    return f->slot_buf[s];
+}
+
+// With --prefetch, the next unit's all-gather starts before the current unit
+// computes, so the transfer hides behind the compute; without, it is gathered
+// (blocking) when needed.
+static void prefetch_unit(FSDP* f, int i) {
+    if (f->zero == 3 && f->prefetch) request_unit(f, i);
+}
+
+// ---------------------------------------------------------------- reducing a unit's gradient
+
+// The gradient buffer backward writes unit i's gradient into.
+static float* unit_grad_buffer(FSDP* f, int i) {
+    if (f->zero == 1) return f->full_grads + f->u.padded_off[i];
+    return i == 0 ? f->unit0_grads : f->unit_grads;
+}
+
+// Reduce-scatter: rank r receives the sum over ranks of its shard of unit
+// i's gradient, averaged (every rank's gradient is the mean over its own
+// sequences; the average of those is the mean over the global batch).
+static void reduce_unit_grads(FSDP* f, int i) {
+    comm_reduce_scatter(f->dp, unit_grad_buffer(f, i), f->shard_grads + f->u.shard_off[i], f->u.shard[i],
+                        COMM_AVG);
+}
+
+// ---------------------------------------------------------------- forward and backward
+
+// After the optimizer step every gathered copy is stale: forget them all.
+static void drop_gathered_units(FSDP* f) {
+    for (int i = 0; i < f->u.n; i++) f->slot_of_unit[i] = -1;
+    for (int s = 0; s < f->n_slots; s++) f->unit_in_slot[s] = -1;
+}
+
+// The order units are used in forward: the embedding, the blocks, the final
+// LayerNorm, and the embedding again for the tied LM head.
+static float forward(FSDP* f, const int* inputs, const int* targets) {
+    const GPTConfig* c = &f->cfg;
+    int B = f->acts.B, T = f->acts.T, C = c->channels, NH = c->num_heads, L = c->num_layers;
+    drop_gathered_units(f);
+    gpt_acts_load(&f->acts, inputs, targets);
+    float* emb = unit_params(f, 0);
+    prefetch_unit(f, 1);
+    encoder_forward(f->acts.encoded, f->acts.inputs, emb, emb + param_tensor_numel(c, P_WTE), B, T, C);
+    const float* x = f->acts.encoded;
+    for (int l = 0; l < L; l++) {
+        BlockParams p = block_params_at(unit_params(f, 1 + l), C);
+        prefetch_unit(f, l + 2 <= L + 1 ? l + 2 : 0);
+        BlockActs a = gpt_acts_block(&f->acts, c, l, B, T);
+        block_forward(&p, &a, x, B, T, C, NH);
+        x = a.res3;
+    }
+    float* lnf = unit_params(f, L + 1);
+    prefetch_unit(f, 0);
+    // the LM head is the token embedding: unit 0 is needed again (with
+    // resharding it was freed after the embedding and is gathered anew)
+    float* wte = unit_params(f, 0);
+    HeadActs h = gpt_acts_head(&f->acts, c, B, T);
+    head_forward(c, wte, lnf, lnf + C, &h, x, f->acts.targets, B, T);
+    return gpt_acts_mean_loss(&f->acts, c);
+}
+
+static void backward(FSDP* f) {
+    const GPTConfig* c = &f->cfg;
+    int B = f->acts.B, T = f->acts.T, C = c->channels, NH = c->num_heads, L = c->num_layers;
+    HeadActs h = gpt_acts_head(&f->acts, c, B, T);
+    BlockScratch s = gpt_acts_scratch(&f->acts, c);
+    // the head: the final LayerNorm's and the tied embedding's gradients. The
+    // embedding's stays in its own buffer until the embedding backward at the
+    // very end has added the token lookups' share.
+    float* g_emb = unit_grad_buffer(f, 0);
+    float* g_lnf = unit_grad_buffer(f, L + 1);
+    if (f->zero > 1) {
+        ops_zero(g_emb, f->u.shard[0] * f->dp->size);
+        ops_zero(g_lnf, f->u.shard[L + 1] * f->dp->size);
+    }
+    float* lnf = unit_params(f, L + 1);
+    float* wte = unit_params(f, 0);
+    const float* last = gpt_acts_block(&f->acts, c, L - 1, B, T).res3;
+    head_backward(c, wte, lnf, g_emb, g_lnf, g_lnf + C, &h, last, f->acts.targets, 1.0f / (float)(B * T), s.dln,
+                  f->acts.dres, B, T);
+    if (f->zero > 1) reduce_unit_grads(f, L + 1);
+    // the blocks, last to first: gather, backward, reduce-scatter
+    prefetch_unit(f, L);
+    for (int l = L - 1; l >= 0; l--) {
+        BlockParams p = block_params_at(unit_params(f, 1 + l), C);
+        if (l > 0) prefetch_unit(f, l);
+        float* g_unit = unit_grad_buffer(f, 1 + l);
+        if (f->zero > 1) ops_zero(g_unit, f->u.shard[1 + l] * f->dp->size);
+        BlockParams g = block_params_at(g_unit, C);
+        BlockActs a = gpt_acts_block(&f->acts, c, l, B, T);
+        const float* x = l > 0 ? gpt_acts_block(&f->acts, c, l - 1, B, T).res3 : f->acts.encoded;
+        block_backward(&p, &g, &a, &s, x, f->acts.dres, B, T, C, NH);
+        if (f->zero > 1) reduce_unit_grads(f, 1 + l);
+    }
+    // the embedding: token lookups add into the tied wte's gradient
+    encoder_backward(g_emb, g_emb + param_tensor_numel(c, P_WTE), f->acts.dres, f->acts.inputs, B, T, C);
+    if (f->zero > 1) {
+        reduce_unit_grads(f, 0);
+    } else {
+        // zero 1: backward filled the full gradient; now every unit at once
+        for (int i = 0; i < f->u.n; i++) reduce_unit_grads(f, i);
+    }
+}
+
+// ---------------------------------------------------------------- the optimizer step on the shard
+
+static float step(FSDP* f, const TrainArgs* args, int t) {
+    // global norm: each rank's shards hold disjoint pieces of the gradient, so
+    // the sum of squares is summed over ranks before the square root
+    double local = grad_sumsq(f->shard_grads, f->u.shard_total);
+    float sumsq = (float)local;
+    mem_to_device(f->norm_buf, &sumsq, sizeof(float));
+    comm_allreduce(f->dp, f->norm_buf, 1, COMM_SUM);
+    mem_to_host(&sumsq, f->norm_buf, sizeof(float));
+    double norm = sqrt((double)sumsq);
+    float scale = grad_clip_scale(norm, args->clip);
+    AdamWConfig opt = {.lr = args->lr, .beta1 = 0.9f, .beta2 = 0.999f, .eps = 1e-8f, .weight_decay = args->wd};
+    int r = f->dp->rank;
+    if (f->zero == 3) {
+        // the shard is the only copy of the parameters: update it, done
+        adamw_update(f->shard_params, f->shard_grads, f->m, f->v, f->u.shard_total, opt, t, scale);
+    } else {
+        // zero 1, 2: update this rank's shard of the full parameters in
+        // place, then all-gather so every rank has every updated shard
+        for (int i = 0; i < f->u.n; i++) {
+            float* full = f->full_params + f->u.padded_off[i];
+            size_t S = f->u.shard[i], so = f->u.shard_off[i];
+            adamw_update(full + (size_t)r * S, f->shard_grads + so, f->m + so, f->v + so, S, opt, t, scale);
+        }
+        for (int i = 0; i < f->u.n; i++) {
+            float* full = f->full_params + f->u.padded_off[i];
+            comm_allgather(f->dp, full + (size_t)r * f->u.shard[i], full, f->u.shard[i]);
+        }
+    }
+    return (float)norm;
+}
+
+// ---------------------------------------------------------------- set-up
+
+// Each rank initialises (or reads) only its own shard of every unit.
+static void fsdp_create(FSDP* f, const Comm* dp, const TrainSetup* setup, const TrainArgs* args, int zero,
+                        int prefetch, int reshard, int micro) {
+    memset(f, 0, sizeof(*f));
+    f->dp = dp;
+    f->zero = zero;
+    f->prefetch = prefetch;
+    f->reshard = reshard;
+    f->cfg = setup->cfg;
+    int N = dp->size, r = dp->rank;
+    units_make(&f->u, &f->cfg, N);
+    Units* u = &f->u;
+    // this rank's shard of the initial parameters, on the host
+    float* shard_host = xcalloc(u->shard_total, sizeof(float));
+    char msg[1024];
+    const char* bad = NULL;
+    for (int i = 0; i < u->n && !bad; i++) {
+        size_t lo, hi;
+        shard_range(u, i, r, &lo, &hi);
+        float* dst = shard_host + u->shard_off[i];
+        if (setup->checkpoint)
+            bad = checkpoint_read_range(setup->checkpoint, &f->cfg, dst, u->off[i] + lo, hi - lo, msg, sizeof(msg));
+        else
+            gpt_init_range(dst, u->off[i] + lo, hi - lo, &f->cfg, (uint64_t)args->seed);
+    }
+    fail_if_any(bad != NULL, bad);
+    if (zero == 3) {
+        f->shard_params = mem_alloc_floats(u->shard_total, MEM_PARAMS);
+        mem_to_device(f->shard_params, shard_host, u->shard_total * sizeof(float));
+        f->n_slots = reshard ? 2 : u->n;
+        f->slot_buf = xmalloc(sizeof(float*) * f->n_slots);
+        f->slot_req = xcalloc((size_t)f->n_slots, sizeof(CommRequest));
+        f->unit_in_slot = xmalloc(sizeof(int) * f->n_slots);
+        for (int s = 0; s < f->n_slots; s++) {
+            // resharding: two slots, each big enough for any unit; keeping:
+            // slot i holds unit i, so together they hold the padded model
+            size_t size = reshard ? u->max_padded : u->shard[s] * N;
+            f->slot_buf[s] = mem_alloc_floats(size, MEM_PARAMS);
+            f->unit_in_slot[s] = -1;
+        }
+    } else {
+        // full parameters, assembled once from the shards
+        f->full_params = mem_alloc_floats(u->padded_total, MEM_PARAMS);
+        for (int i = 0; i < u->n; i++) {
+            float* full = f->full_params + u->padded_off[i];
+            mem_to_device(full + (size_t)r * u->shard[i], shard_host + u->shard_off[i], u->shard[i] * sizeof(float));
+            comm_allgather(dp, full + (size_t)r * u->shard[i], full, u->shard[i]);
+        }
+    }
+    free(shard_host);
+    f->slot_of_unit = xmalloc(sizeof(int) * u->n);
+    for (int i = 0; i < u->n; i++) f->slot_of_unit[i] = -1;
+    f->shard_grads = mem_alloc_floats(u->shard_total, MEM_GRADS);
+    if (zero == 1) {
+        f->full_grads = mem_alloc_floats(u->padded_total, MEM_GRADS);
+    } else {
+        f->unit_grads = mem_alloc_floats(u->max_padded, MEM_GRADS);
+        f->unit0_grads = mem_alloc_floats(u->shard[0] * N, MEM_GRADS);
+    }
+    f->m = mem_alloc_floats(u->shard_total, MEM_OPTIMIZER);
+    f->v = mem_alloc_floats(u->shard_total, MEM_OPTIMIZER);
+    f->norm_buf = mem_alloc_floats(1, MEM_OTHER);
+    gpt_acts_create(&f->acts, &f->cfg, micro, setup->T);
+}
+
+static void fsdp_free(FSDP* f) {
+    mem_free(f->shard_params);
+    mem_free(f->full_params);
+    mem_free(f->shard_grads);
+    mem_free(f->full_grads);
+    mem_free(f->unit_grads);
+    mem_free(f->unit0_grads);
+    mem_free(f->m);
+    mem_free(f->v);
+    mem_free(f->norm_buf);
+    for (int s = 0; s < f->n_slots; s++) mem_free(f->slot_buf[s]);
+    free(f->slot_buf);
+    free(f->slot_req);
+    free(f->unit_in_slot);
+    free(f->slot_of_unit);
+    free(f->u.off);
+    free(f->u.numel);
+    free(f->u.shard);
+    free(f->u.shard_off);
+    free(f->u.padded_off);
+    gpt_acts_free(&f->acts);
+}
+
+// The full model in the flat layout, on the host of rank 0, for --save and
+// sampling: every unit gathered once (the only time it exists whole).
+static float* gather_full_model(FSDP* f) {
+    size_t P = gpt_num_params(&f->cfg);
+    float* host = f->dp->rank == 0 ? xmalloc(P * sizeof(float)) : NULL;
+    float* buf = mem_alloc_floats(f->u.max_padded, MEM_OTHER);
+    for (int i = 0; i < f->u.n; i++) {
+        const float* unit;
+        if (f->zero == 3) {
+            comm_allgather(f->dp, f->shard_params + f->u.shard_off[i], buf, f->u.shard[i]);
+            unit = buf;
+        } else {
+            unit = f->full_params + f->u.padded_off[i];
+        }
+        if (host) mem_to_host(host + f->u.off[i], unit, f->u.numel[i] * sizeof(float));
+    }
+    mem_free(buf);
+    return host;
+}
+
+// ---------------------------------------------------------------- main
+
+int main(int argc, char** argv) {
+    runtime_init(&argc, &argv);
+    TrainArgs args;
+    int zero = 3, prefetch = 1, reshard = 1;
+    ArgSpec extra[] = {
+        {"zero", ARG_INT, &zero, "ZeRO stage: 1 optimizer state, 2 + gradients, 3 + parameters  [3]"},
+        {"prefetch", ARG_INT, &prefetch, "1: all-gather the next unit while this one computes (zero 3)  [1]"},
+        {"reshard", ARG_INT, &reshard, "1: free a unit's parameters after use and gather again in backward;\n"
+                                       "                         0: keep them from forward (memory for communication)  [1]"},
+    };
+    int n_extra = sizeof(extra) / sizeof(extra[0]);
+    unsigned axes = 1u << AXIS_DP;
+    char msg[1024];
+    const char* bad = args_parse(argc, argv, &args, extra, n_extra, axes, msg, sizeof(msg));
+    if (bad && !strcmp(bad, "help")) {
+        if (world_rank() == 0)
+            args_usage("build/chapter-3", "Chapter 3: fully sharded data parallelism, ZeRO stages 1, 2 and 3.", extra,
+                       n_extra, axes);
+        runtime_finalize();
+        return 0;
+    }
+    if (bad) fail_all("%s", bad);
+    if (zero < 1 || zero > 3) fail_all("--zero %d: the stages are 1, 2 and 3", zero);
+    if ((prefetch != 0 && prefetch != 1) || (reshard != 0 && reshard != 1))
+        fail_all("--prefetch and --reshard take 0 or 1");
+
+    Mesh mesh;
+    bad = mesh_create(&mesh, args.mesh, msg, sizeof(msg));
+    if (bad) fail_all("%s", bad);
+    runtime_set_threads(args.threads);
+    const char* device = device_init(runtime_local_rank());
+    Comm world, axes_comm[NUM_AXES];
+    comm_create(&world, axes_comm, &mesh);
+    const Comm* dpc = &axes_comm[AXIS_DP];
+
+    TrainSetup setup;
+    train_setup(&setup, &args);
+    int B = setup.B, T = setup.T, N = dpc->size;
+    if (B % N != 0) fail_all("--batch %d does not split over dp=%d ranks: use a batch divisible by %d", B, N, N);
+    int micro = B / N;
+    double peak_gflops = args.peak_gflops > 0 ? args.peak_gflops : measure_matmul_gflops();
+
+    FSDP f;
+    fsdp_create(&f, dpc, &setup, &args, zero, prefetch, reshard, micro);
+    size_t P = gpt_num_params(&setup.cfg);
+    print0("chapter 3: ZeRO-%d over dp=%d, %d units, shard %zu of %zu parameters per rank (%zu padding), "
+           "prefetch %s, reshard %s, device %s\n",
+           zero, N, f.u.n, f.u.shard_total, P, f.u.padded_total - P, prefetch ? "on" : "off",
+           reshard ? "on" : "off", device);
+    JsonLog log;
+    bad = jsonl_open(&log, args.log, msg, sizeof(msg));
+    fail_if_any(bad != NULL, bad);
+
+    int* inputs = xmalloc((size_t)micro * T * sizeof(int));
+    int* targets = xmalloc((size_t)micro * T * sizeof(int));
+    double timed = 0.0, timed_wait = 0.0;
+    int timed_steps = 0;
+    float loss = 0.0f;
+    comm_counts_reset();
+    for (int s = 0; s < args.steps; s++) {
+        double w0 = comm_wait_seconds(), t0 = now_seconds();
+        data_batch(&setup.train, s, B, T, dpc->rank * micro, micro, inputs, targets);
+        double mine = forward(&f, inputs, targets);
+        if (f.zero == 1) mem_zero(f.full_grads, f.u.padded_total * sizeof(float));
+        backward(&f);
+        float norm = step(&f, &args, s + 1);
+        device_synchronize();
+        double dt = now_seconds() - t0;
+        // the global loss for the log line: a host scalar, plain MPI
+        double total = 0.0;
+        MPI_CHECK(MPI_Allreduce(&mine, &total, 1, MPI_DOUBLE, MPI_SUM, dpc->mpi));
+        loss = (float)(total / N);
+        if (s > 0 || args.steps == 1) {
+            timed += dt;
+            timed_wait += comm_wait_seconds() - w0;
+            timed_steps++;
+        }
+        report_step(&log, s, args.steps, loss, norm, 1e3 * dt, (double)B * T / dt);
+    }
+    double sec = timed_steps ? timed / timed_steps : 0.0;
+    double wait_ms = timed_steps ? 1e3 * timed_wait / timed_steps : 0.0;
+    print0("communication: %.2f ms per step blocked in collectives or waits (rank 0), of %.2f ms per step\n",
+           wait_ms, 1e3 * sec);
+    char extra_json[256];
+    snprintf(extra_json, sizeof(extra_json),
+             "\"zero\":%d,\"prefetch\":%d,\"reshard\":%d,\"units\":%d,\"shard_params\":%zu,\"padded_params\":%zu,"
+             "\"max_unit_padded\":%zu,\"unit0_padded\":%zu,\"comm_wait_ms_per_step\":%.3f",
+             zero, prefetch, reshard, f.u.n, f.u.shard_total, f.u.padded_total, f.u.max_padded, f.u.shard[0] * N,
+             wait_ms);
+    RunSummary summary = {
+        .chapter = 3, .model = setup.model_name, .num_params = P, .batch = B, .seq = T, .steps = args.steps,
+        .ms_per_step = 1e3 * sec, .tokens_per_s = sec > 0 ? (double)B * T / sec : 0.0,
+        .flops_per_token = gpt_flops_per_token(&setup.cfg, T), .peak_gflops = peak_gflops, .final_loss = loss,
+        .val_loss = -1.0f, .extra_json = extra_json};
+    report_summary(&log, &mesh, &summary);
+    jsonl_close(&log);
+
+    if (args.save || args.sample > 0) {
+        float* host = gather_full_model(&f);
+        if (args.sample > 0 && dpc->rank == 0) {
+            // sampling runs the whole model on rank 0, from the gathered copy
+            GPT m;
+            gpt_create(&m, &setup.cfg, 1, T, 0);
+            mem_to_device(m.params, host, P * sizeof(float));
+            train_sample(&m, &args);
+            gpt_free(&m);
+        }
+        train_save(&args, &setup.cfg, host, dpc->rank == 0);
+        free(host);
+    }
+    free(inputs);
+    free(targets);
+    fsdp_free(&f);
+    train_setup_free(&setup);
+    comm_destroy(&world, axes_comm);
+    mesh_destroy(&mesh);
+    runtime_finalize();
+    return 0;
+}

@@ -1,0 +1,253 @@
+#!/bin/bash
+# extract.sh: turn the programs' JSONL logs into whitespace tables for gnuplot
+# (gnuplot cannot parse JSON). Only bash, grep, sed, sort and awk: no python, no jq.
+#
+#   bash docs/plots/extract.sh [DATA_DIR] [TABLE_DIR]     [docs/plots/data] [build/plots]
+#   bash docs/plots/extract.sh --fields                   the fields the tables are made of
+#
+# Every DATA_DIR/*.jsonl with a {"type":"summary",...} record is one training
+# run. From its summary (the last one in the file) come:
+#
+#   runs.dat      one row per run: x label chapter ranks mode batch steps
+#                 ms_per_step tokens_per_s mfu
+#   memory.dat    peak MiB per category (params grads optimizer activations comm
+#                 other), rank 0; and a second bar, the rank whose peaks differ
+#                 most from rank 0's, when the ranks differ
+#   comm.dat      MiB per step per rank (rank 0) by collective, summed over
+#                 axes: "bytes" (the buffer each call works on) / steps, and the
+#                 total "bus_bytes" / steps (what the algorithm sends per rank)
+#   time.dat      ms per step, split into communication wait and the rest
+#   scaling.dat   chapter 2's overlapped runs (grad-accum 1): ranks, batch,
+#                 batch per rank, tokens/s: the strong- and weak-scaling series
+#
+# Every DATA_DIR/*.jsonl with {"type":"collective",...} rows (chapter 1's
+# --bench) becomes TABLE_DIR/collectives_npP.dat through collectives_table.sh.
+#
+# x is the bar position: runs sorted by chapter, ranks, mode, batch, with a gap
+# between chapters. A record that lacks a field the tables need stops the
+# extraction with the file and the field named.
+set -euo pipefail
+here="$(cd "$(dirname "$0")" && pwd)"
+
+# The fields read, as "record-type field" ("summary:N" = chapter N's summaries
+# only). tests/test_plots.sh checks that the programs' logs carry every one.
+fields() {
+    cat <<'EOF'
+summary chapter
+summary world_size
+summary mesh_shape
+summary batch
+summary steps
+summary ms_per_step
+summary tokens_per_s
+summary mfu
+summary peak_bytes
+summary params
+summary grads
+summary optimizer
+summary activations
+summary comm
+summary other
+summary total
+summary comm_wait_s
+summary:2 dp_mode
+summary:2 grad_accum
+collective op
+collective ranks
+collective bytes
+collective hand_busbw
+collective lib_busbw
+copy_bandwidth gbps
+EOF
+}
+if [ "${1:-}" = "--fields" ]; then
+    fields
+    exit 0
+fi
+
+data="${1:-docs/plots/data}"
+out="${2:-build/plots}"
+if [ ! -d "$data" ]; then
+    echo "extract.sh: no data folder '$data'" >&2
+    exit 1
+fi
+mkdir -p "$out"
+
+shopt -s nullglob
+runs=()
+benches=()
+for f in "$data"/*.jsonl; do
+    if grep -q '"type":"summary"' "$f"; then runs+=("$f"); fi
+    if grep -q '"type":"collective"' "$f"; then benches+=("$f"); fi
+done
+
+# ---------------------------------------------------------------- training runs
+# One line per run on standard input: FILE<TAB>summary JSON. The awk below
+# flattens the JSON into F["peak_bytes.params.0"] = "43376640" and so on, then
+# writes one line per table row, "TABLE<TAB>sortkey<TAB>row"; sort and split.
+summaries() {
+    local f
+    for f in "${runs[@]}"; do
+        printf '%s\t%s\n' "$(basename "$f" .jsonl)" "$(grep '"type":"summary"' "$f" | tail -1)"
+    done
+}
+
+rows=$(summaries | awk -F'\t' '
+# ---- a small JSON flattener: objects, arrays, strings, numbers
+function skip() { while (P <= N && index(" \t\r\n", substr(S, P, 1))) P++ }
+function str(    v, c) {
+    P++; v = ""
+    while (P <= N && (c = substr(S, P, 1)) != "\"") {
+        if (c == "\\") { P++; c = substr(S, P, 1) }
+        v = v c; P++
+    }
+    P++
+    return v
+}
+function val(path,    c, k, i, v) {
+    skip(); c = substr(S, P, 1)
+    if (c == "{") {
+        P++; skip()
+        if (substr(S, P, 1) == "}") { P++; return }
+        while (P <= N) {
+            skip(); k = str(); skip(); P++          # the key and its colon
+            val(path == "" ? k : path "." k)
+            skip(); c = substr(S, P, 1); P++
+            if (c != ",") return
+        }
+    } else if (c == "[") {
+        P++; skip(); i = 0
+        if (substr(S, P, 1) == "]") { P++; F[path ".len"] = 0; return }
+        while (P <= N) {
+            val(path "." i); i++
+            skip(); c = substr(S, P, 1); P++
+            if (c != ",") break
+        }
+        F[path ".len"] = i
+    } else if (c == "\"") {
+        F[path] = str(); K[++NK] = path
+    } else {
+        v = ""
+        while (P <= N && !index(",]} \t", (c = substr(S, P, 1)))) { v = v c; P++ }
+        F[path] = v; K[++NK] = path
+    }
+}
+function need(key) {
+    if (!(key in F)) {
+        printf "extract.sh: %s.jsonl: the summary has no \"%s\" (the plots need it)\n", RUN, key > "/dev/stderr"
+        bad = 1
+        exit 1
+    }
+    return F[key]
+}
+function mib(b) { return b / 1048576 }
+BEGIN {
+    ncat = split("params grads optimizer activations comm other", cat, " ")
+    ncoll = split("allreduce reduce_scatter allgather broadcast reduce scatter gather alltoall send recv", coll, " ")
+    mode_order["naive"] = 1; mode_order["bucketed"] = 2; mode_order["overlapped"] = 3; mode_order["ps"] = 4
+}
+{
+    RUN = $1; S = $2; N = length(S); P = 1
+    split("", F); NK = 0
+    val("")
+    ch = need("chapter") + 0; n = need("world_size") + 0
+    steps = need("steps") + 0; batch = need("batch") + 0
+    ms = need("ms_per_step") + 0; tps = need("tokens_per_s") + 0; mfu = need("mfu") + 0
+    shape = need("mesh_shape")
+    for (c = 1; c <= ncat; c++) for (r = 0; r < n; r++) need("peak_bytes." cat[c] "." r)
+    for (r = 0; r < n; r++) need("comm_wait_s." r)
+
+    # the label under the bar, and where the run sorts
+    mode = ""; order = 0
+    if ("dp_mode" in F) { mode = F["dp_mode"]; order = mode_order[mode] + 0 }
+    else if ("zero" in F) { mode = "ZeRO-" F["zero"]; order = F["zero"] + 0 }
+    else if ("zero_stage" in F) { mode = "ZeRO-" F["zero_stage"]; order = F["zero_stage"] + 0 }
+    else if (ch == 0) mode = "reference"
+    else mode = RUN
+    if (ch == 2 && need("grad_accum") + 0 > 1) mode = mode ", accum " F["grad_accum"]
+    label = sprintf("ch%d %s\\n%s, batch %d", ch, mode, shape, batch)
+    key = sprintf("%02d %04d %02d %06d %s", ch, n, order, batch, RUN)
+
+    printf "runs\t%s\t\"%s\" %d %d %s %d %d %.3f %.1f %.5f\n", key, label, ch, n, (mode ~ / / ? "\"" mode "\"" : mode), batch, steps, ms, tps, mfu
+
+    # memory: rank 0; and the rank that differs most from it, if any differs
+    far = -1; fardist = 0
+    for (r = 1; r < n; r++) {
+        d = 0
+        for (c = 1; c <= ncat; c++) {
+            x = F["peak_bytes." cat[c] "." r] - F["peak_bytes." cat[c] ".0"]
+            d += (x < 0 ? -x : x)
+        }
+        if (d > fardist) { fardist = d; far = r }
+    }
+    rowl = (far >= 0) ? sprintf("ch%d %s\\n%s, rank 0", ch, mode, shape) : label
+    line = sprintf("\"%s\" 0", rowl)
+    for (c = 1; c <= ncat; c++) line = line sprintf(" %.3f", mib(F["peak_bytes." cat[c] ".0"]))
+    printf "memory\t%s 0\t%s\n", key, line
+    if (far >= 0) {
+        line = sprintf("\"rank %d of the\\nsame run\" %d", far, far)
+        for (c = 1; c <= ncat; c++) line = line sprintf(" %.3f", mib(F["peak_bytes." cat[c] "." far]))
+        printf "memory\t%s 1\t%s\n", key, line
+    }
+
+    # communication per step, rank 0, each collective summed over its axes
+    line = sprintf("\"%s\"", label); bus = 0
+    for (c = 1; c <= ncoll; c++) {
+        b = 0
+        for (i = 1; i <= NK; i++)
+            if (index(K[i], "comm." coll[c] ".") == 1 && K[i] ~ /\.bytes\.0$/ && K[i] !~ /bus_bytes/) {
+                b += F[K[i]]
+                p = K[i]; sub(/\.bytes\.0$/, ".bus_bytes.0", p)
+                bus += F[p]
+            }
+        line = line sprintf(" %.4f", steps > 0 ? mib(b) / steps : 0)
+    }
+    printf "comm\t%s\t%s %.4f\n", key, line, (steps > 0 ? mib(bus) / steps : 0)
+
+    # time: ms per timed step; the wait is comm_wait_s over ALL steps / steps
+    # (the first step is in the wait, not in ms_per_step: see docs/README.md)
+    w0 = steps > 0 ? 1000 * F["comm_wait_s.0"] / steps : 0
+    wmax = 0
+    for (r = 0; r < n; r++) { w = steps > 0 ? 1000 * F["comm_wait_s." r] / steps : 0; if (w > wmax) wmax = w }
+    rest = ms - w0; if (rest < 0) rest = 0
+    exact = ("comm_wait_ms_per_step" in F) ? F["comm_wait_ms_per_step"] : "NaN"
+    printf "time\t%s\t\"%s\" %.3f %.3f %.3f %.3f %s\n", key, label, ms, (w0 < ms ? w0 : ms), rest, wmax, exact
+
+    # scaling: chapter 2, overlapped, no accumulation
+    if (ch == 2 && F["dp_mode"] == "overlapped" && F["grad_accum"] + 0 == 1)
+        printf "scaling\t%s\t%d %d %g %.1f\n", key, n, batch, batch / n, tps
+}')
+
+# the x position of each bar: one apart, a gap of one where the chapter changes
+split_table() {
+    local table=$1 header=$2 file=$3
+    {
+        echo "$header"
+        printf '%s\n' "$rows" | awk -F'\t' -v t="$table" '$1 == t' | sort -t"$(printf '\t')" -k2,2 |
+            awk -F'\t' '{ ch = substr($2, 1, 2) + 0
+                          if (NR > 1 && ch != last) x++
+                          last = ch; printf "%d %s\n", x++, $3 }'
+    } > "$file"
+}
+if [ ${#runs[@]} -gt 0 ]; then
+    split_table runs "# x label chapter ranks mode batch steps ms_per_step tokens_per_s mfu" "$out/runs.dat"
+    split_table memory "# x label rank params_MiB grads_MiB optimizer_MiB activations_MiB comm_MiB other_MiB (peak per category)" "$out/memory.dat"
+    split_table comm "# x label MiB/step/rank (rank 0, 'bytes'): allreduce reduce_scatter allgather broadcast reduce scatter gather alltoall send recv | bus_MiB_per_step" "$out/comm.dat"
+    split_table time "# x label ms_per_step wait_ms_rank0 rest_ms wait_ms_max_over_ranks wait_ms_rank0_timed_steps_only(chapter 2, else NaN)" "$out/time.dat"
+    { echo "# ranks batch batch_per_rank tokens_per_s   (chapter 2, overlapped, grad-accum 1)"
+      printf '%s\n' "$rows" | awk -F'\t' '$1 == "scaling" { print $3 }' | sort -n -k1,1 -k2,2; } > "$out/scaling.dat"
+else
+    rm -f "$out/runs.dat" "$out/memory.dat" "$out/comm.dat" "$out/time.dat" "$out/scaling.dat"
+fi
+
+# ---------------------------------------------------------------- chapter 1's bench
+rm -f "$out"/collectives_np*.dat
+for f in "${benches[@]}"; do
+    p=$(grep -m1 '"type":"collective"' "$f" | sed 's/.*"ranks":\([0-9]*\).*/\1/')
+    if [ -e "$out/collectives_np$p.dat" ]; then
+        echo "extract.sh: $(basename "$f") is a second $p-rank bench; it replaces the first" >&2
+    fi
+    bash "$here/collectives_table.sh" "$f" "$out/collectives_np$p.dat"
+done
+
+echo "extract.sh: ${#runs[@]} training run(s), ${#benches[@]} collective bench(es) -> $out/"
