@@ -211,8 +211,6 @@ static int replicas_identical(const Comm* dp, const GPT* m) {
 // ---------------------------------------------------------------- main
 
 int main(int argc, char** argv) {
-    runtime_init(&argc, &argv);
-    TrainArgs args;
     const char* mode_name = "overlapped";
     int accum = 1, bucket_kb = 1024;
     ArgSpec extra[] = {
@@ -220,18 +218,11 @@ int main(int argc, char** argv) {
         {"bucket-kb", ARG_INT, &bucket_kb, "gradient bucket size in KiB (bucketed, overlapped)  [1024]"},
         {"grad-accum", ARG_INT, &accum, "micro-batches per step; communicate after the last  [1]"},
     };
-    int n_extra = sizeof(extra) / sizeof(extra[0]);
-    unsigned axes = 1u << AXIS_DP;
-    char msg[1024];
-    const char* bad = args_parse(argc, argv, &args, extra, n_extra, axes, msg, sizeof(msg));
-    if (bad && !strcmp(bad, "help")) {
-        if (world_rank() == 0)
-            args_usage("build/chapter-2", "Chapter 2: data parallelism: replicas, gradient all-reduce, buckets, overlap.",
-                       extra, n_extra, axes);
-        runtime_finalize();
+    Run run;
+    if (!run_start(&run, argc, argv, "build/chapter-2",
+                   "Chapter 2: data parallelism: replicas, gradient all-reduce, buckets, overlap.", extra,
+                   sizeof(extra) / sizeof(extra[0]), 1u << AXIS_DP))
         return 0;
-    }
-    if (bad) fail_all("%s", bad);
     DPMode mode = MODE_NAIVE;
     int found = 0;
     for (int i = 0; i < 4; i++)
@@ -239,31 +230,21 @@ int main(int argc, char** argv) {
     if (!found) fail_all("--dp-mode %s is not one of naive, bucketed, overlapped, ps", mode_name);
     if (accum < 1) fail_all("--grad-accum must be >= 1");
     if (bucket_kb < 1) fail_all("--bucket-kb must be >= 1");
-
-    Mesh mesh;
-    bad = mesh_create(&mesh, args.mesh, msg, sizeof(msg));
-    if (bad) fail_all("%s", bad);
-    runtime_set_threads(args.threads);
-    const char* device = device_init(runtime_local_rank());
-    Comm world, axes_comm[NUM_AXES];
-    comm_create(&world, axes_comm, &mesh);
-    const Comm* dpc = &axes_comm[AXIS_DP];
-
-    TrainSetup setup;
-    train_setup(&setup, &args);
-    int B = setup.B, T = setup.T, ndp = dpc->size;
+    const TrainArgs* args = &run.args;
+    const TrainSetup* setup = &run.setup;
+    const Comm* dpc = &run.axes[AXIS_DP];
+    int B = setup->B, T = setup->T, ndp = dpc->size;
     if (B % (ndp * accum) != 0)
         fail_all("--batch %d does not split into dp=%d ranks x %d micro-batches: use a batch divisible by %d",
                  B, ndp, accum, ndp * accum);
     int micro = B / ndp / accum;
 
-    double peak_gflops = args.peak_gflops > 0 ? args.peak_gflops : measure_matmul_gflops();
     // a full replica on every rank, activations for one micro-batch
     GPT model;
-    gpt_create(&model, &setup.cfg, micro, T, (uint64_t)args.seed);
-    if (setup.checkpoint) {
+    gpt_create(&model, &setup->cfg, micro, T, (uint64_t)args->seed);
+    if (setup->checkpoint) {
         float* host = xmalloc(model.num_params * sizeof(float));
-        train_load_checkpoint(&setup, host);
+        train_load_checkpoint(setup, host);
         mem_to_device(model.params, host, model.num_params * sizeof(float));
         free(host);
     }
@@ -279,59 +260,50 @@ int main(int argc, char** argv) {
 
     print0("chapter 2: data parallel, dp=%d, mode %s, %d bucket%s of %d KiB, %d micro-batch%s of %d sequences per rank, device %s\n",
            ndp, mode_names[mode], dp.buckets.n, dp.buckets.n == 1 ? "" : "s", bucket_kb, accum,
-           accum == 1 ? "" : "es", micro, device);
-    print0("model %s: %zu parameters, global batch %d x %d\n", setup.model_name, model.num_params, B, T);
+           accum == 1 ? "" : "es", micro, run.device);
+    print0("model %s: %zu parameters, global batch %d x %d\n", setup->model_name, model.num_params, B, T);
+    char msg[1024];
     JsonLog log;
-    bad = jsonl_open(&log, args.log, msg, sizeof(msg));
+    const char* bad = jsonl_open(&log, args->log, msg, sizeof(msg));
     fail_if_any(bad != NULL, bad);
 
     int* inputs = xmalloc((size_t)micro * T * sizeof(int));
     int* targets = xmalloc((size_t)micro * T * sizeof(int));
-    double timed = 0.0, timed_wait = 0.0;
-    int timed_steps = 0;
+    StepClock clock = {0};
     float loss = 0.0f;
-    comm_counts_reset();
-    for (int step = 0; step < args.steps; step++) {
-        double w0 = comm_wait_seconds();
-        double t0 = now_seconds();
+    comm_counts_reset();  // count the training only, not the start-up broadcast
+    for (int step = 0; step < args->steps; step++) {
+        clock_begin(&clock);
         float norm;
-        loss = train_step(&dp, &model, &setup, &args, step, inputs, targets, &norm);
-        device_synchronize();
-        double dt = now_seconds() - t0;
-        if (step > 0 || args.steps == 1) {
-            timed += dt;
-            timed_wait += comm_wait_seconds() - w0;
-            timed_steps++;
-        }
-        report_step(&log, step, args.steps, loss, norm, 1e3 * dt, (double)B * T / dt);
+        loss = train_step(&dp, &model, setup, args, step, inputs, targets, &norm);
+        double dt = clock_end(&clock, step, args->steps);
+        report_step(&log, step, args->steps, loss, norm, 1e3 * dt, (double)B * T / dt);
     }
     // every replica holds the same model: validate and sample on any of them
-    float val_loss = train_val_loss(&model, &setup, args.val_batches);
-    if (val_loss >= 0) report_val(&log, args.steps - 1, val_loss);
+    float val_loss = train_val_loss(&model, setup, args->val_batches);
+    if (val_loss >= 0) report_val(&log, args->steps - 1, val_loss);
     int same = replicas_identical(dpc, &model);
-    print0("replicas after %d steps: %s\n", args.steps, same ? "bit-identical on every rank" : "DIFFERENT");
+    print0("replicas after %d steps: %s\n", args->steps, same ? "bit-identical on every rank" : "DIFFERENT");
 
-    double sec = timed_steps ? timed / timed_steps : 0.0;
-    print0("communication: %.2f ms per step blocked in all-reduce or wait (rank 0), of %.2f ms per step\n",
-           timed_steps ? 1e3 * timed_wait / timed_steps : 0.0, 1e3 * sec);
+    double ms = clock_ms_per_step(&clock), wait_ms = clock_wait_ms_per_step(&clock);
+    print0("communication: %.2f ms per step blocked in all-reduce or wait (rank 0), of %.2f ms per step\n", wait_ms, ms);
     char extra_json[256];
     snprintf(extra_json, sizeof(extra_json),
              "\"dp_mode\":\"%s\",\"bucket_kb\":%d,\"grad_accum\":%d,\"buckets\":%d,\"replicas_identical\":%s,"
              "\"comm_wait_ms_per_step\":%.3f",
-             mode_names[mode], bucket_kb, accum, dp.buckets.n, same ? "true" : "false",
-             timed_steps ? 1e3 * timed_wait / timed_steps : 0.0);
+             mode_names[mode], bucket_kb, accum, dp.buckets.n, same ? "true" : "false", wait_ms);
     RunSummary summary = {
-        .chapter = 2, .model = setup.model_name, .num_params = model.num_params, .batch = B, .seq = T,
-        .steps = args.steps, .ms_per_step = 1e3 * sec, .tokens_per_s = sec > 0 ? (double)B * T / sec : 0.0,
-        .flops_per_token = gpt_flops_per_token(&setup.cfg, T), .peak_gflops = peak_gflops,
+        .chapter = 2, .model = setup->model_name, .num_params = model.num_params, .batch = B, .seq = T,
+        .steps = args->steps, .ms_per_step = ms, .tokens_per_s = ms > 0 ? (double)B * T / (ms / 1e3) : 0.0,
+        .flops_per_token = gpt_flops_per_token(&setup->cfg, T), .peak_gflops = run.peak_gflops,
         .final_loss = loss, .val_loss = val_loss, .extra_json = extra_json};
-    report_summary(&log, &mesh, &summary);
+    report_summary(&log, &run.mesh, &summary);
     jsonl_close(&log);
-    train_sample(&model, &args);
-    if (args.save) {
+    train_sample(&model, args);
+    if (args->save) {
         float* host = xmalloc(model.num_params * sizeof(float));
         mem_to_host(host, model.params, model.num_params * sizeof(float));
-        train_save(&args, &setup.cfg, host, dpc->rank == 0);
+        train_save(args, &setup->cfg, host, dpc->rank == 0);
         free(host);
     }
 
@@ -340,9 +312,6 @@ int main(int argc, char** argv) {
     free(dp.buckets.b);
     mem_free(dp.ps_grads);
     gpt_free(&model);
-    train_setup_free(&setup);
-    comm_destroy(&world, axes_comm);
-    mesh_destroy(&mesh);
-    runtime_finalize();
+    run_finish(&run);
     return same ? 0 : 1;
 }

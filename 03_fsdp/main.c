@@ -387,8 +387,6 @@ static float* gather_full_model(FSDP* f) {
 // ---------------------------------------------------------------- main
 
 int main(int argc, char** argv) {
-    runtime_init(&argc, &argv);
-    TrainArgs args;
     int zero = 3, prefetch = 1, reshard = 1;
     ArgSpec extra[] = {
         {"zero", ARG_INT, &zero, "ZeRO stage: 1 optimizer state, 2 + gradients, 3 + parameters  [3]"},
@@ -396,79 +394,55 @@ int main(int argc, char** argv) {
         {"reshard", ARG_INT, &reshard, "1: free a unit's parameters after use and gather again in backward;\n"
                                        "                         0: keep them from forward (memory for communication)  [1]"},
     };
-    int n_extra = sizeof(extra) / sizeof(extra[0]);
-    unsigned axes = 1u << AXIS_DP;
-    char msg[1024];
-    const char* bad = args_parse(argc, argv, &args, extra, n_extra, axes, msg, sizeof(msg));
-    if (bad && !strcmp(bad, "help")) {
-        if (world_rank() == 0)
-            args_usage("build/chapter-3", "Chapter 3: fully sharded data parallelism, ZeRO stages 1, 2 and 3.", extra,
-                       n_extra, axes);
-        runtime_finalize();
+    Run run;
+    if (!run_start(&run, argc, argv, "build/chapter-3",
+                   "Chapter 3: fully sharded data parallelism, ZeRO stages 1, 2 and 3.", extra,
+                   sizeof(extra) / sizeof(extra[0]), 1u << AXIS_DP))
         return 0;
-    }
-    if (bad) fail_all("%s", bad);
     if (zero < 1 || zero > 3) fail_all("--zero %d: the stages are 1, 2 and 3", zero);
     if ((prefetch != 0 && prefetch != 1) || (reshard != 0 && reshard != 1))
         fail_all("--prefetch and --reshard take 0 or 1");
-
-    Mesh mesh;
-    bad = mesh_create(&mesh, args.mesh, msg, sizeof(msg));
-    if (bad) fail_all("%s", bad);
-    runtime_set_threads(args.threads);
-    const char* device = device_init(runtime_local_rank());
-    Comm world, axes_comm[NUM_AXES];
-    comm_create(&world, axes_comm, &mesh);
-    const Comm* dpc = &axes_comm[AXIS_DP];
-
-    TrainSetup setup;
-    train_setup(&setup, &args);
-    int B = setup.B, T = setup.T, N = dpc->size;
+    const TrainArgs* args = &run.args;
+    const TrainSetup* setup = &run.setup;
+    const Comm* dpc = &run.axes[AXIS_DP];
+    int B = setup->B, T = setup->T, N = dpc->size;
     if (B % N != 0) fail_all("--batch %d does not split over dp=%d ranks: use a batch divisible by %d", B, N, N);
     int micro = B / N;
-    double peak_gflops = args.peak_gflops > 0 ? args.peak_gflops : measure_matmul_gflops();
 
     FSDP f;
-    fsdp_create(&f, dpc, &setup, &args, zero, prefetch, reshard, micro);
-    size_t P = gpt_num_params(&setup.cfg);
+    fsdp_create(&f, dpc, setup, args, zero, prefetch, reshard, micro);
+    size_t P = gpt_num_params(&setup->cfg);
     print0("chapter 3: ZeRO-%d over dp=%d, %d units, shard %zu of %zu parameters per rank (%zu padding), "
            "prefetch %s, reshard %s, device %s\n",
            zero, N, f.u.n, f.u.shard_total, P, f.u.padded_total - P, prefetch ? "on" : "off",
-           reshard ? "on" : "off", device);
+           reshard ? "on" : "off", run.device);
+    char msg[1024];
     JsonLog log;
-    bad = jsonl_open(&log, args.log, msg, sizeof(msg));
+    const char* bad = jsonl_open(&log, args->log, msg, sizeof(msg));
     fail_if_any(bad != NULL, bad);
 
     int* inputs = xmalloc((size_t)micro * T * sizeof(int));
     int* targets = xmalloc((size_t)micro * T * sizeof(int));
-    double timed = 0.0, timed_wait = 0.0;
-    int timed_steps = 0;
+    StepClock clock = {0};
     float loss = 0.0f;
-    comm_counts_reset();
-    for (int s = 0; s < args.steps; s++) {
-        double w0 = comm_wait_seconds(), t0 = now_seconds();
-        data_batch(&setup.train, s, B, T, dpc->rank * micro, micro, inputs, targets);
+    comm_counts_reset();  // count the training only, not the start-up gathers
+    for (int s = 0; s < args->steps; s++) {
+        clock_begin(&clock);
+        data_batch(&setup->train, s, B, T, dpc->rank * micro, micro, inputs, targets);
         double mine = forward(&f, inputs, targets);
         if (f.zero == 1) mem_zero(f.full_grads, f.u.padded_total * sizeof(float));
         backward(&f);
-        float norm = step(&f, &args, s + 1);
-        device_synchronize();
-        double dt = now_seconds() - t0;
+        float norm = step(&f, args, s + 1);
+        double dt = clock_end(&clock, s, args->steps);
         // the global loss for the log line: a host scalar, plain MPI
         double total = 0.0;
         MPI_CHECK(MPI_Allreduce(&mine, &total, 1, MPI_DOUBLE, MPI_SUM, dpc->mpi));
         loss = (float)(total / N);
-        if (s > 0 || args.steps == 1) {
-            timed += dt;
-            timed_wait += comm_wait_seconds() - w0;
-            timed_steps++;
-        }
-        report_step(&log, s, args.steps, loss, norm, 1e3 * dt, (double)B * T / dt);
+        report_step(&log, s, args->steps, loss, norm, 1e3 * dt, (double)B * T / dt);
     }
-    double sec = timed_steps ? timed / timed_steps : 0.0;
-    double wait_ms = timed_steps ? 1e3 * timed_wait / timed_steps : 0.0;
+    double ms = clock_ms_per_step(&clock), wait_ms = clock_wait_ms_per_step(&clock);
     print0("communication: %.2f ms per step blocked in collectives or waits (rank 0), of %.2f ms per step\n",
-           wait_ms, 1e3 * sec);
+           wait_ms, ms);
     char extra_json[256];
     snprintf(extra_json, sizeof(extra_json),
              "\"zero\":%d,\"prefetch\":%d,\"reshard\":%d,\"units\":%d,\"shard_params\":%zu,\"padded_params\":%zu,"
@@ -476,32 +450,29 @@ int main(int argc, char** argv) {
              zero, prefetch, reshard, f.u.n, f.u.shard_total, f.u.padded_total, f.u.max_padded, f.u.shard[0] * N,
              wait_ms);
     RunSummary summary = {
-        .chapter = 3, .model = setup.model_name, .num_params = P, .batch = B, .seq = T, .steps = args.steps,
-        .ms_per_step = 1e3 * sec, .tokens_per_s = sec > 0 ? (double)B * T / sec : 0.0,
-        .flops_per_token = gpt_flops_per_token(&setup.cfg, T), .peak_gflops = peak_gflops, .final_loss = loss,
+        .chapter = 3, .model = setup->model_name, .num_params = P, .batch = B, .seq = T, .steps = args->steps,
+        .ms_per_step = ms, .tokens_per_s = ms > 0 ? (double)B * T / (ms / 1e3) : 0.0,
+        .flops_per_token = gpt_flops_per_token(&setup->cfg, T), .peak_gflops = run.peak_gflops, .final_loss = loss,
         .val_loss = -1.0f, .extra_json = extra_json};
-    report_summary(&log, &mesh, &summary);
+    report_summary(&log, &run.mesh, &summary);
     jsonl_close(&log);
 
-    if (args.save || args.sample > 0) {
+    if (args->save || args->sample > 0) {
         float* host = gather_full_model(&f);
-        if (args.sample > 0 && dpc->rank == 0) {
+        if (args->sample > 0 && dpc->rank == 0) {
             // sampling runs the whole model on rank 0, from the gathered copy
             GPT m;
-            gpt_create(&m, &setup.cfg, 1, T, 0);
+            gpt_create(&m, &setup->cfg, 1, T, 0);
             mem_to_device(m.params, host, P * sizeof(float));
-            train_sample(&m, &args);
+            train_sample(&m, args);
             gpt_free(&m);
         }
-        train_save(&args, &setup.cfg, host, dpc->rank == 0);
+        train_save(args, &setup->cfg, host, dpc->rank == 0);
         free(host);
     }
     free(inputs);
     free(targets);
     fsdp_free(&f);
-    train_setup_free(&setup);
-    comm_destroy(&world, axes_comm);
-    mesh_destroy(&mesh);
-    runtime_finalize();
+    run_finish(&run);
     return 0;
 }

@@ -6,6 +6,8 @@
 #include <string.h>
 
 #include "common.h"
+#include "memory.h"
+#include "runtime.h"
 
 void train_setup(TrainSetup* s, const TrainArgs* a) {
     memset(s, 0, sizeof(*s));
@@ -110,3 +112,52 @@ void train_save(const TrainArgs* a, const GPTConfig* cfg, const float* params_ho
     fail_if_any(bad != NULL, bad);
     print0("saved %s\n", a->save);
 }
+
+int run_start(Run* r, int argc, char** argv, const char* program, const char* summary,
+              const ArgSpec* extra, int n_extra, unsigned axes) {
+    memset(r, 0, sizeof(*r));
+    runtime_init(&argc, &argv);
+    char msg[1024];
+    const char* bad = args_parse(argc, argv, &r->args, extra, n_extra, axes, msg, sizeof(msg));
+    if (bad && !strcmp(bad, "help")) {
+        if (world_rank() == 0) args_usage(program, summary, extra, n_extra, axes);
+        runtime_finalize();
+        return 0;
+    }
+    if (bad) fail_all("%s", bad);
+    bad = mesh_create(&r->mesh, r->args.mesh, msg, sizeof(msg));
+    if (bad) fail_all("%s", bad);
+    runtime_set_threads(r->args.threads);
+    r->device = device_init(runtime_local_rank());
+    comm_create(&r->world, r->axes, &r->mesh);
+    train_setup(&r->setup, &r->args);
+    r->peak_gflops = r->args.peak_gflops > 0 ? r->args.peak_gflops : measure_matmul_gflops();
+    comm_counts_reset();
+    return 1;
+}
+
+void run_finish(Run* r) {
+    train_setup_free(&r->setup);
+    comm_destroy(&r->world, r->axes);
+    mesh_destroy(&r->mesh);
+    runtime_finalize();
+}
+
+void clock_begin(StepClock* c) {
+    c->t0 = now_seconds();
+    c->w0 = comm_wait_seconds();
+}
+
+double clock_end(StepClock* c, int step, int steps) {
+    device_synchronize();
+    double dt = now_seconds() - c->t0;
+    if (step > 0 || steps == 1) {
+        c->seconds += dt;
+        c->wait += comm_wait_seconds() - c->w0;
+        c->timed++;
+    }
+    return dt;
+}
+
+double clock_ms_per_step(const StepClock* c) { return c->timed ? 1e3 * c->seconds / c->timed : 0.0; }
+double clock_wait_ms_per_step(const StepClock* c) { return c->timed ? 1e3 * c->wait / c->timed : 0.0; }

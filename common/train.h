@@ -5,7 +5,9 @@
 #define TRAIN_H
 
 #include "args.h"
+#include "comm.h"
 #include "data.h"
+#include "mesh.h"
 #include "model.h"
 
 typedef struct {
@@ -32,6 +34,38 @@ void train_load_checkpoint(const TrainSetup* s, float* params_host);
 // validation set, run through m in pieces of m->B sequences, so every chapter
 // validates on the same tokens; -1 if there is no validation data.
 float train_val_loss(GPT* m, const TrainSetup* s, int n_batches);
+
+// ---------------------------------------------------------------- a training run
+// What every training chapter starts with, in this order: MPI, the flags
+// (shared and the chapter's own), the mesh, threads, the device, one
+// communicator per axis, the model and data set-up, the matmul peak for MFU.
+typedef struct {
+    TrainArgs args;
+    Mesh mesh;
+    Comm world, axes[NUM_AXES];
+    const char* device;
+    TrainSetup setup;
+    double peak_gflops;
+} Run;
+
+// Returns 1 to go on; 0 when --help was printed (main returns 0). Any bad
+// input ends every rank with one message.
+int run_start(Run* r, int argc, char** argv, const char* program, const char* summary,
+              const ArgSpec* extra, int n_extra, unsigned axes);
+void run_finish(Run* r);
+
+// Step timing: the first step (caches, thread pools) is left out of the
+// averages unless it is the only one.
+typedef struct {
+    double t0, w0;        // when the step started; comm wait seconds then
+    double seconds, wait; // summed over the timed steps
+    int timed;
+} StepClock;
+void clock_begin(StepClock* c);
+// Ends step `step` of `steps`; returns its seconds.
+double clock_end(StepClock* c, int step, int steps);
+double clock_ms_per_step(const StepClock* c);
+double clock_wait_ms_per_step(const StepClock* c);
 
 // After training: prints --sample N generated characters (rank 0), and writes
 // --save FILE from the given host copy of the full parameters. Collective:

@@ -111,51 +111,47 @@ else
 fi
 
 echo "== errors: one message from rank 0, non-zero exit, no hang"
-# np, flags, a phrase the message must contain
+# error_case BINARY NP "FLAGS" "PHRASE": the run must end non-zero (not by the
+# 60 s timeout), with exactly one line "error: ..." that contains PHRASE
 error_case() {
-    local np=$1 flags=$2 expect=$3 out rc start end n
+    local bin=$1 np=$2 flags=$3 expect=$4 out rc start end n
     start=$(date +%s)
-    out=$(timeout 60 $MPIRUN -np "$np" "$BUILD/chapter-0" $flags 2>&1)
+    out=$(timeout 60 $MPIRUN -np "$np" "$BUILD/$bin" $flags 2>&1)
     rc=$?
     end=$(date +%s)
     n=$(echo "$out" | grep -c '^error: ')
     if [ $rc -ne 0 ] && [ $rc -ne 124 ] && [ "$n" = 1 ] && echo "$out" | grep '^error: ' | grep -qF -- "$expect"; then
-        pass "error on $np rank(s) for '$flags': '$expect' ($((end - start)) s)"
+        pass "$bin on $np rank(s), '$flags': error '$expect' ($((end - start)) s)"
     else
-        fail "error on $np rank(s) for '$flags'" "exit $rc (124 = hang), $n error lines; output: $(echo "$out" | head -8)"
+        fail "$bin on $np rank(s), '$flags'" "exit $rc (124 = hang), $n error lines; output: $(echo "$out" | head -8)"
     fi
 }
 printf 'not a checkpoint at all, just some text that is long enough to fill a header ............................................................................................................................................................................................................................................................................................................................................................................................................................................................................................................................................................................................................................................................................................................................................................................................................................................................................................................................................................................................................................................................................................................\n' > "$TEST_TMPDIR/text.bin"
 head -c 2000 "$ckpt" > "$TEST_TMPDIR/truncated.bin"
 printf 'short' > "$TEST_TMPDIR/short.txt"
-error_case 1 "--bogus 3" "unknown flag --bogus"
-error_case 2 "--steps abc" "--steps needs an integer"
-error_case 2 "--steps" "needs a value"
-error_case 2 "--lr -1" "--lr must be positive"
-error_case 2 "--dp 3" "has 3 ranks but mpirun started 2"
-error_case 4 "--dp 2 --tp 4" "has 8 ranks but mpirun started 4"
-error_case 1 "--model nosuch.bin" "cannot open checkpoint 'nosuch.bin'"
-error_case 1 "--model $TEST_TMPDIR/text.bin" "not an llm.c GPT-2 checkpoint"
-error_case 1 "--model $TEST_TMPDIR/truncated.bin" "truncated or corrupt"
-error_case 1 "--data $TEST_TMPDIR/nosuch.txt" "cannot open data file"
-error_case 1 "--data $TEST_TMPDIR/short.txt" "fewer than one batch needs"
-error_case 1 "--val $TEST_TMPDIR/short.txt" "too short for its 1024-byte header"
-error_case 1 "--val $TEST_TMPDIR/text.bin" "not an llm.c token file"
-error_case 1 "--seq 100" "longer than the model's 64 positions"
-error_case 1 "--log /nonexistent-dir/x.jsonl" "cannot write log file"
-error_case 1 "--save /nonexistent-dir/x.bin --steps 1" "cannot write checkpoint"
-error_case 3 "--steps 5" "mpirun started 3 ranks: give axis sizes whose product is 3"
+error_case chapter-0 1 "--bogus 3" "unknown flag --bogus"
+error_case chapter-0 2 "--steps abc" "--steps needs an integer"
+error_case chapter-0 2 "--steps" "needs a value"
+error_case chapter-0 2 "--lr -1" "--lr must be positive"
+error_case chapter-0 2 "--dp 3" "has 3 ranks but mpirun started 2"
+error_case chapter-0 4 "--dp 2 --tp 4" "has 8 ranks but mpirun started 4"
+error_case chapter-0 1 "--model nosuch.bin" "cannot open checkpoint 'nosuch.bin'"
+error_case chapter-0 1 "--model $TEST_TMPDIR/text.bin" "not an llm.c GPT-2 checkpoint"
+error_case chapter-0 1 "--model $TEST_TMPDIR/truncated.bin" "truncated or corrupt"
+error_case chapter-0 1 "--data $TEST_TMPDIR/nosuch.txt" "cannot open data file"
+error_case chapter-0 1 "--data $TEST_TMPDIR/short.txt" "fewer than one batch needs"
+error_case chapter-0 1 "--val $TEST_TMPDIR/short.txt" "too short for its 1024-byte header"
+error_case chapter-0 1 "--val $TEST_TMPDIR/text.bin" "not an llm.c token file"
+error_case chapter-0 1 "--seq 100" "longer than the model's 64 positions"
+error_case chapter-0 1 "--log /nonexistent-dir/x.jsonl" "cannot write log file"
+error_case chapter-0 1 "--save /nonexistent-dir/x.bin --steps 1" "cannot write checkpoint"
+error_case chapter-0 3 "--steps 5" "mpirun started 3 ranks: give axis sizes whose product is 3"
 if [ -e /nonexistent-dir/x.bin ] || ls /nonexistent-dir 2>/dev/null | grep -q tmp; then
     fail "errors: no partial checkpoint left behind" "found a file"
 else
     pass "errors: no partial checkpoint left behind"
 fi
-out=$($MPIRUN -np 1 "$BUILD/chapter-0" --help 2>&1)
-if [ $? -eq 0 ] && echo "$out" | grep -q -- "--dp N" && echo "$out" | grep -q -- "--model S"; then
-    pass "--help lists the flags and exits 0"
-else
-    fail "--help" "$(echo "$out" | head -5)"
-fi
+
 
 echo "== chapter 1: collectives by hand"
 # every algorithm against the exact result and the library, odd counts,
@@ -187,19 +183,9 @@ if [ $? -eq 0 ] && [ "$rows" -ge 90 ] && ! grep -q '"hand_wrong":[1-9]' "$blog" 
 else
     fail "collectives: --bench" "$rows rows; $(echo "$out" | tail -5)"
 fi
-error_case_1() {
-    local np=$1 flags=$2 expect=$3 out rc
-    out=$(timeout 60 $MPIRUN -np "$np" "$BUILD/chapter-1" $flags 2>&1)
-    rc=$?
-    if [ $rc -ne 0 ] && [ $rc -ne 124 ] && [ "$(echo "$out" | grep -c '^error: ')" = 1 ] && echo "$out" | grep '^error: ' | grep -qF -- "$expect"; then
-        pass "chapter 1 error for '$flags': '$expect'"
-    else
-        fail "chapter 1 error for '$flags'" "exit $rc; $(echo "$out" | head -4)"
-    fi
-}
-error_case_1 2 "--steps 3" "unknown flag --steps"
-error_case_1 2 "--max-bytes 12Q" "is not a size"
-error_case_1 1 "--bench --min-bytes 1M --max-bytes 1K" "larger than --max-bytes"
+error_case chapter-1 2 "--steps 3" "unknown flag --steps"
+error_case chapter-1 2 "--max-bytes 12Q" "is not a size"
+error_case chapter-1 1 "--bench --min-bytes 1M --max-bytes 1K" "larger than --max-bytes"
 
 echo "== chapter 2: data parallel"
 # the invariant: every mode, dp = 1..4, with and without gradient accumulation,
@@ -236,21 +222,11 @@ if echo "$sum" | grep -q "\"broadcast\":{\"dp\":{\"calls\":\[10,10,10,10\],\"byt
 else
     fail "data parallel: summary" "$sum"
 fi
-error_case_2() {
-    local np=$1 flags=$2 expect=$3 out rc
-    out=$(timeout 60 $MPIRUN -np "$np" "$BUILD/chapter-2" $flags 2>&1)
-    rc=$?
-    if [ $rc -ne 0 ] && [ $rc -ne 124 ] && [ "$(echo "$out" | grep -c '^error: ')" = 1 ] && echo "$out" | grep '^error: ' | grep -qF -- "$expect"; then
-        pass "chapter 2 error on $np ranks for '$flags': '$expect'"
-    else
-        fail "chapter 2 error for '$flags'" "exit $rc; $(echo "$out" | head -4)"
-    fi
-}
-error_case_2 3 "--dp 3 --batch 4" "--batch 4 does not split into dp=3 ranks"
-error_case_2 2 "--dp 2 --batch 4 --grad-accum 3" "use a batch divisible by 6"
-error_case_2 2 "--dp 2 --dp-mode rings" "--dp-mode rings is not one of"
-error_case_2 2 "--dp 2 --tp 1" "this chapter has no tp axis"
-error_case_2 2 "--dp 2 --model $TEST_TMPDIR/truncated.bin" "truncated or corrupt"
+error_case chapter-2 3 "--dp 3 --batch 4" "--batch 4 does not split into dp=3 ranks"
+error_case chapter-2 2 "--dp 2 --batch 4 --grad-accum 3" "use a batch divisible by 6"
+error_case chapter-2 2 "--dp 2 --dp-mode rings" "--dp-mode rings is not one of"
+error_case chapter-2 2 "--dp 2 --tp 1" "this chapter has no tp axis"
+error_case chapter-2 2 "--dp 2 --model $TEST_TMPDIR/truncated.bin" "truncated or corrupt"
 
 echo "== chapter 3: fully sharded data parallel"
 # The expected per-rank figures, from the doc's formulas, for the tiny model
@@ -316,19 +292,9 @@ for z in 1 2 3; do
 done
 fsdp_run 2 3 1 0
 fsdp_run 3 3 0 0
-error_case_3() {
-    local np=$1 flags=$2 expect=$3 out rc
-    out=$(timeout 60 $MPIRUN -np "$np" "$BUILD/chapter-3" $flags 2>&1)
-    rc=$?
-    if [ $rc -ne 0 ] && [ $rc -ne 124 ] && [ "$(echo "$out" | grep -c '^error: ')" = 1 ] && echo "$out" | grep '^error: ' | grep -qF -- "$expect"; then
-        pass "chapter 3 error on $np ranks for '$flags': '$expect'"
-    else
-        fail "chapter 3 error for '$flags'" "exit $rc; $(echo "$out" | head -4)"
-    fi
-}
-error_case_3 2 "--dp 2 --zero 4" "--zero 4: the stages are 1, 2 and 3"
-error_case_3 3 "--dp 3 --batch 4" "does not split over dp=3"
-error_case_3 2 "--dp 2 --model $TEST_TMPDIR/truncated.bin" "truncated or corrupt"
+error_case chapter-3 2 "--dp 2 --zero 4" "--zero 4: the stages are 1, 2 and 3"
+error_case chapter-3 3 "--dp 3 --batch 4" "does not split over dp=3"
+error_case chapter-3 2 "--dp 2 --model $TEST_TMPDIR/truncated.bin" "truncated or corrupt"
 # a checkpoint read shard by shard gives the same model as one read whole
 saved3=$TEST_TMPDIR/fsdp_saved.bin
 timeout 60 $MPIRUN -np 3 "$BUILD/chapter-3" --dp 3 --batch 12 --steps 3 --peak-gflops 10 --save "$saved3" >/dev/null 2>&1
@@ -340,6 +306,23 @@ if [ -n "$v0" ] && [ -n "$l3" ] && [ "$l3" = "$l0" ]; then
 else
     fail "fsdp: save and sharded load" "val '$v0', first loss sharded '$l3' vs whole '$l0'"
 fi
+
+echo "== --help"
+# every chapter lists its own flags and exits 0
+help_case() {  # binary, a flag the help must list
+    local out rc
+    out=$($MPIRUN -np 1 "$BUILD/$1" --help 2>&1)
+    rc=$?
+    if [ $rc -eq 0 ] && echo "$out" | grep -q -- "$2" && ! echo "$out" | grep -q '^error'; then
+        pass "$1 --help lists $2 and exits 0"
+    else
+        fail "$1 --help" "exit $rc; $(echo "$out" | head -5)"
+    fi
+}
+help_case chapter-0 "--dp N"
+help_case chapter-1 "--trace"
+help_case chapter-2 "--dp-mode S"
+help_case chapter-3 "--zero N"
 
 echo "== plots"
 if [ -f tests/test_plots.sh ]; then

@@ -6,6 +6,7 @@
 
 #include <stdarg.h>
 #include <stdio.h>
+#include <stdlib.h>
 
 static int test_failures = 0;
 static int test_checks = 0;
@@ -29,5 +30,22 @@ static void check(int ok, const char* name, const char* fmt, ...) {
 }
 
 static int test_exit_code(void) { return test_failures == 0 ? 0 : 1; }
+
+// A path in the runner's scratch directory (TEST_TMPDIR), or /tmp.
+static inline const char* tmp_path(const char* name) {
+    static char buf[4][256];
+    static int k = 0;
+    k = (k + 1) % 4;
+    const char* dir = getenv("TEST_TMPDIR") ? getenv("TEST_TMPDIR") : "/tmp";
+    snprintf(buf[k], sizeof(buf[k]), "%s/%s", dir, name);
+    return buf[k];
+}
+
+// Writes n bytes to path (a fixture: a broken file, a small corpus).
+static inline void write_bytes(const char* path, const void* data, size_t n) {
+    FILE* f = fopen(path, "wb");
+    fwrite(data, 1, n, f);
+    fclose(f);
+}
 
 #endif

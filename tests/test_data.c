@@ -7,21 +7,6 @@
 #include "data.h"
 #include "test.h"
 
-static const char* tmp_path(const char* name) {
-    static char buf[4][256];
-    static int k = 0;
-    k = (k + 1) % 4;
-    const char* dir = getenv("TEST_TMPDIR") ? getenv("TEST_TMPDIR") : "/tmp";
-    snprintf(buf[k], sizeof(buf[k]), "%s/%s", dir, name);
-    return buf[k];
-}
-
-static void write_bytes(const char* path, const void* data, size_t n) {
-    FILE* f = fopen(path, "wb");
-    fwrite(data, 1, n, f);
-    fclose(f);
-}
-
 static void test_tokenizer_and_files(void) {
     const char* text = "Hello\n\xc3\xa9!";  // UTF-8 bytes above 127 stay bytes
     uint16_t tok[9];

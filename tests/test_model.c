@@ -226,21 +226,6 @@ static void test_init_slices(void) {
 
 // ---------------------------------------------------------------- checkpoint
 
-static const char* tmp_path(const char* name) {
-    static char buf[4][256];
-    static int k = 0;
-    k = (k + 1) % 4;
-    const char* dir = getenv("TEST_TMPDIR") ? getenv("TEST_TMPDIR") : "/tmp";
-    snprintf(buf[k], sizeof(buf[k]), "%s/%s", dir, name);
-    return buf[k];
-}
-
-static void write_bytes(const char* path, const void* data, size_t n) {
-    FILE* f = fopen(path, "wb");
-    fwrite(data, 1, n, f);
-    fclose(f);
-}
-
 static void test_checkpoint(void) {
     GPTConfig cfg = small_cfg;
     size_t P = gpt_num_params(&cfg);
@@ -354,11 +339,66 @@ static void test_memory_formula(void) {
           mem_current(MEM_PARAMS), mem_current(MEM_ACTIVATIONS));
 }
 
+// The hook of gpt_backward_hooked reports boundaries from the top of the
+// layout down to 0, and every gradient above a reported boundary is final
+// then: nothing written later lands above it.
+typedef struct {
+    GPT* m;
+    size_t boundaries[16];
+    int n;
+    float* snapshot;  // the gradients when each boundary was reported
+    int ok;
+} HookLog;
+
+static void record_boundary(void* ctx, size_t boundary) {
+    HookLog* h = ctx;
+    if (h->n > 0 && boundary >= h->boundaries[h->n - 1]) h->ok = 0;
+    h->boundaries[h->n++] = boundary;
+    memcpy(h->snapshot + (size_t)(h->n - 1) * h->m->num_params, h->m->grads, h->m->num_params * sizeof(float));
+}
+
+static void test_backward_hook_and_loss_scale(void) {
+    const GPTConfig* cfg = &small_cfg;
+    GPT m;
+    gpt_create(&m, cfg, 2, 5, 3);
+    int inputs[10], targets[10];
+    random_tokens(inputs, 10, cfg->vocab_size);
+    random_tokens(targets, 10, cfg->vocab_size);
+    HookLog h = {.m = &m, .n = 0, .ok = 1};
+    h.snapshot = malloc(sizeof(float) * m.num_params * (cfg->num_layers + 2));
+    gpt_forward(&m, inputs, targets);
+    gpt_zero_grad(&m);
+    gpt_backward_hooked(&m, record_boundary, &h);
+    int final_ok = h.n == cfg->num_layers + 2 && h.boundaries[h.n - 1] == 0;
+    for (int k = 0; k < h.n && final_ok; k++)
+        for (size_t i = h.boundaries[k]; i < m.num_params; i++)
+            if (h.snapshot[(size_t)k * m.num_params + i] != m.grads[i]) { final_ok = 0; break; }
+    check(h.ok && final_ok, "model: backward hook reports falling boundaries, gradients above each are final",
+          "%d boundaries, order ok %d, final ok %d", h.n, h.ok, final_ok);
+    // loss_scale scales every gradient
+    float* g1 = malloc(m.num_params * sizeof(float));
+    memcpy(g1, m.grads, m.num_params * sizeof(float));
+    m.loss_scale = 0.25f;
+    gpt_forward(&m, inputs, targets);
+    gpt_zero_grad(&m);
+    gpt_backward(&m);
+    double worst = 0.0;
+    for (size_t i = 0; i < m.num_params; i++) {
+        double d = fabs(m.grads[i] - 0.25 * g1[i]);
+        if (d > worst) worst = d;
+    }
+    check(worst < 1e-7, "model: loss_scale multiplies the gradients", "max |g - 0.25 g1| = %g", worst);
+    free(g1);
+    free(h.snapshot);
+    gpt_free(&m);
+}
+
 int main(void) {
     test_whole_model_gradient();
     test_loss_at_init_and_overfit();
     test_init_slices();
     test_checkpoint();
     test_memory_formula();
+    test_backward_hook_and_loss_scale();
     return test_exit_code();
 }

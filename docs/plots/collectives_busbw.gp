@@ -41,7 +41,9 @@ set output outfile
 
 # x: message size in bytes, log2 axis, tick labels in K/M (powers of 1024)
 set logscale x 2
-set xrange [6:384*1024*1024]
+# the range follows the data: from 8 B to 1.5 x the largest size benched
+stats datafile using 3 nooutput
+set xrange [6:1.5*STATS_max]
 set xtics ("8" 8, "64" 64, "512" 512, "4K" 4096, "32K" 32768, "256K" 262144, \
            "2M" 2097152, "16M" 16777216, "128M" 134217728)
 set mxtics 3

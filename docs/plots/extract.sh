@@ -8,8 +8,8 @@
 # Every DATA_DIR/*.jsonl with a {"type":"summary",...} record is one training
 # run. From its summary (the last one in the file) come:
 #
-#   runs.dat      one row per run: x label chapter ranks mode batch steps
-#                 ms_per_step tokens_per_s mfu
+#   runs.dat      one row per run: x chapter ranks batch steps ms_per_step
+#                 tokens_per_s mfu mode label
 #   memory.dat    peak MiB per category (params grads optimizer activations comm
 #                 other), rank 0; and a second bar, the rank whose peaks differ
 #                 most from rank 0's, when the ranks differ
@@ -22,6 +22,10 @@
 #
 # Every DATA_DIR/*.jsonl with {"type":"collective",...} rows (chapter 1's
 # --bench) becomes TABLE_DIR/collectives_npP.dat through collectives_table.sh.
+#
+# Every table's first column, x, is the bar position, and its last column the
+# quoted label under the bar ("ch2 naive\ndp=2, batch 8"; gnuplot reads the \n
+# as a line break); the numbers in between can be read with awk as well.
 #
 # x is the bar position: runs sorted by chapter, ranks, mode, batch, with a gap
 # between chapters. A record that lacks a field the tables need stops the
@@ -52,6 +56,7 @@ summary total
 summary comm_wait_s
 summary:2 dp_mode
 summary:2 grad_accum
+summary:3 zero
 collective op
 collective ranks
 collective bytes
@@ -168,7 +173,7 @@ BEGIN {
     label = sprintf("ch%d %s\\n%s, batch %d", ch, mode, shape, batch)
     key = sprintf("%02d %04d %02d %06d %s", ch, n, order, batch, RUN)
 
-    printf "runs\t%s\t\"%s\" %d %d %s %d %d %.3f %.1f %.5f\n", key, label, ch, n, (mode ~ / / ? "\"" mode "\"" : mode), batch, steps, ms, tps, mfu
+    printf "runs\t%s\t%d %d %d %d %.3f %.1f %.5f \"%s\" \"%s\"\n", key, ch, n, batch, steps, ms, tps, mfu, mode, label
 
     # memory: rank 0; and the rank that differs most from it, if any differs
     far = -1; fardist = 0
@@ -181,17 +186,17 @@ BEGIN {
         if (d > fardist) { fardist = d; far = r }
     }
     rowl = (far >= 0) ? sprintf("ch%d %s\\n%s, rank 0", ch, mode, shape) : label
-    line = sprintf("\"%s\" 0", rowl)
+    line = "0"
     for (c = 1; c <= ncat; c++) line = line sprintf(" %.3f", mib(F["peak_bytes." cat[c] ".0"]))
-    printf "memory\t%s 0\t%s\n", key, line
+    printf "memory\t%s 0\t%s \"%s\"\n", key, line, rowl
     if (far >= 0) {
-        line = sprintf("\"rank %d of the\\nsame run\" %d", far, far)
+        line = far ""
         for (c = 1; c <= ncat; c++) line = line sprintf(" %.3f", mib(F["peak_bytes." cat[c] "." far]))
-        printf "memory\t%s 1\t%s\n", key, line
+        printf "memory\t%s 1\t%s \"rank %d of the\\nsame run\"\n", key, line, far
     }
 
     # communication per step, rank 0, each collective summed over its axes
-    line = sprintf("\"%s\"", label); bus = 0
+    line = ""; bus = 0
     for (c = 1; c <= ncoll; c++) {
         b = 0
         for (i = 1; i <= NK; i++)
@@ -200,9 +205,9 @@ BEGIN {
                 p = K[i]; sub(/\.bytes\.0$/, ".bus_bytes.0", p)
                 bus += F[p]
             }
-        line = line sprintf(" %.4f", steps > 0 ? mib(b) / steps : 0)
+        line = line sprintf("%s%.4f", (c > 1 ? " " : ""), (steps > 0 ? mib(b) / steps : 0))
     }
-    printf "comm\t%s\t%s %.4f\n", key, line, (steps > 0 ? mib(bus) / steps : 0)
+    printf "comm\t%s\t%s %.4f \"%s\"\n", key, line, (steps > 0 ? mib(bus) / steps : 0), label
 
     # time: ms per timed step; the wait is comm_wait_s over ALL steps / steps
     # (the first step is in the wait, not in ms_per_step: see docs/README.md)
@@ -211,7 +216,7 @@ BEGIN {
     for (r = 0; r < n; r++) { w = steps > 0 ? 1000 * F["comm_wait_s." r] / steps : 0; if (w > wmax) wmax = w }
     rest = ms - w0; if (rest < 0) rest = 0
     exact = ("comm_wait_ms_per_step" in F) ? F["comm_wait_ms_per_step"] : "NaN"
-    printf "time\t%s\t\"%s\" %.3f %.3f %.3f %.3f %s\n", key, label, ms, (w0 < ms ? w0 : ms), rest, wmax, exact
+    printf "time\t%s\t%.3f %.3f %.3f %.3f %s \"%s\"\n", key, ms, (w0 < ms ? w0 : ms), rest, wmax, exact, label
 
     # scaling: chapter 2, overlapped, no accumulation
     if (ch == 2 && F["dp_mode"] == "overlapped" && F["grad_accum"] + 0 == 1)
@@ -230,10 +235,10 @@ split_table() {
     } > "$file"
 }
 if [ ${#runs[@]} -gt 0 ]; then
-    split_table runs "# x label chapter ranks mode batch steps ms_per_step tokens_per_s mfu" "$out/runs.dat"
-    split_table memory "# x label rank params_MiB grads_MiB optimizer_MiB activations_MiB comm_MiB other_MiB (peak per category)" "$out/memory.dat"
-    split_table comm "# x label MiB/step/rank (rank 0, 'bytes'): allreduce reduce_scatter allgather broadcast reduce scatter gather alltoall send recv | bus_MiB_per_step" "$out/comm.dat"
-    split_table time "# x label ms_per_step wait_ms_rank0 rest_ms wait_ms_max_over_ranks wait_ms_rank0_timed_steps_only(chapter 2, else NaN)" "$out/time.dat"
+    split_table runs "# x chapter ranks batch steps ms_per_step tokens_per_s mfu mode label" "$out/runs.dat"
+    split_table memory "# x rank params grads optimizer activations comm other label   (peak MiB per category)" "$out/memory.dat"
+    split_table comm "# x allreduce reduce_scatter allgather broadcast reduce scatter gather alltoall send recv bus label   (MiB per step, rank 0: bytes per collective, then all bus_bytes)" "$out/comm.dat"
+    split_table time "# x ms_per_step wait_rank0 rest wait_max_over_ranks wait_rank0_timed_steps(chapter 2 only, else NaN) label   (ms per step)" "$out/time.dat"
     { echo "# ranks batch batch_per_rank tokens_per_s   (chapter 2, overlapped, grad-accum 1)"
       printf '%s\n' "$rows" | awk -F'\t' '$1 == "scaling" { print $3 }' | sort -n -k1,1 -k2,2; } > "$out/scaling.dat"
 else

@@ -1,0 +1,147 @@
+#!/bin/bash
+# bench.sh: the sweep behind the plots in docs/plots/ (`make bench` runs it).
+#
+# Every run is one program on the `small` preset (or chapter 1's collective
+# bench), launched with tests/mpirun.sh, logging JSONL into docs/plots/data/,
+# one file per run, named after what it is:
+#
+#   ch0_reference_np1          chapter 0, one rank: the yardstick
+#   ch1_collectives_npP        chapter 1 --bench, 8 B .. 64 MiB, P = 2 and 4 ranks
+#   ch2_MODE_dp2               chapter 2, each --dp-mode at dp=2 (global batch 8 x 256)
+#   ch2_overlapped_dpN         strong scaling: overlapped at dp = 1, 2, 4, global batch 8
+#   ch2_overlapped_dpN_bB      weak scaling: 4 sequences per rank (dp=1 batch 4, dp=4
+#                              batch 16; dp=2 batch 8 is ch2_overlapped_dp2)
+#   ch3_zeroZ_dpN              chapter 3, --zero 1, 2, 3 at dp = 2 and 4
+#
+# A chapter's runs are in the sweep only if its binary ($BIN/chapter-N) exists.
+# Each run first writes a temporary file and replaces the old one only when it
+# succeeds. Every run's console output is kept in build/plots/logs/NAME.out.
+# At the end sweep.txt in the data folder lists the runs, their command lines,
+# the machine and its load: plots.sh reads it.
+#
+# Environment: BIN (build), OUT (docs/plots/data), STEPS (5; the programs time
+# steps 2..STEPS), ONLY (run only the runs whose name contains this).
+set -u
+cd "$(dirname "$0")/../.."
+BIN=${BIN:-build}
+OUT=${OUT:-docs/plots/data}
+STEPS=${STEPS:-5}
+ONLY=${ONLY:-}
+LOGS=build/plots/logs
+MPIRUN="bash tests/mpirun.sh"
+mkdir -p "$OUT" "$LOGS"
+
+TRAIN="--model small --steps $STEPS --val-batches 1"
+
+names=()
+nps=()
+cmds=()
+# add NAME NP ARGS...: one run, if its program exists
+add() {
+    local name=$1 np=$2
+    shift 2
+    if [ -n "$ONLY" ] && [[ "$name" != *"$ONLY"* ]]; then return; fi
+    names+=("$name")
+    nps+=("$np")
+    cmds+=("$*")
+}
+have() { [ -x "$BIN/chapter-$1" ]; }
+skipped=""
+
+if have 0; then
+    add ch0_reference_np1 1 "$BIN/chapter-0" $TRAIN
+else skipped="$skipped 0"; fi
+
+if have 1; then
+    for np in 2 4; do
+        add ch1_collectives_np$np $np "$BIN/chapter-1" --bench --min-bytes 8 --max-bytes 64M
+    done
+else skipped="$skipped 1"; fi
+
+if have 2; then
+    for mode in naive bucketed overlapped ps; do
+        add ch2_${mode}_dp2 2 "$BIN/chapter-2" --dp 2 --dp-mode $mode $TRAIN
+    done
+    # strong scaling: the global batch stays 8 x 256 (dp=2 is above)
+    add ch2_overlapped_dp1 1 "$BIN/chapter-2" --dp 1 --dp-mode overlapped $TRAIN
+    add ch2_overlapped_dp4 4 "$BIN/chapter-2" --dp 4 --dp-mode overlapped $TRAIN
+    # weak scaling: 4 sequences per rank (dp=2, batch 8 is ch2_overlapped_dp2)
+    add ch2_overlapped_dp1_b4 1 "$BIN/chapter-2" --dp 1 --dp-mode overlapped $TRAIN --batch 4
+    add ch2_overlapped_dp4_b16 4 "$BIN/chapter-2" --dp 4 --dp-mode overlapped $TRAIN --batch 16
+else skipped="$skipped 2"; fi
+
+if have 3; then
+    for dp in 2 4; do
+        for z in 1 2 3; do
+            add ch3_zero${z}_dp$dp $dp "$BIN/chapter-3" --dp $dp --zero $z $TRAIN
+        done
+    done
+else skipped="$skipped 3"; fi
+
+total=${#names[@]}
+if [ "$total" = 0 ]; then
+    echo "bench: nothing to run: no $BIN/chapter-N binaries${ONLY:+ with runs matching '$ONLY'} (make all builds them)" >&2
+    exit 1
+fi
+[ -n "$skipped" ] && echo "bench: leaving out chapter(s)$skipped: no $BIN/chapter-N binary"
+echo "bench: $total runs, $STEPS steps each on the small model, logs to $OUT/, console output to $LOGS/"
+echo "bench: this machine has $(nproc) cores; load average at start: $(cut -d' ' -f1-3 /proc/loadavg)"
+
+# the figure each run reports when done
+result() {
+    local log=$1
+    if grep -q '"type":"summary"' "$log"; then
+        grep '"type":"summary"' "$log" | tail -1 |
+            sed 's/.*"tokens_per_s":\([0-9.]*\).*"mfu":\([0-9.]*\).*/\1 \2/' |
+            awk '{ printf "%.0f tokens/s, MFU %.1f%%", $1, 100 * $2 }'
+    else
+        # chapter 1: the largest all-reduce, hand-written ring against the library
+        grep '"op":"allreduce_ring"' "$log" | tail -1 |
+            sed 's/.*"bytes":\([0-9]*\).*"hand_busbw":\([0-9.]*\).*"lib_busbw":\([0-9.]*\).*/\1 \2 \3/' |
+            awk '{ printf "%d rows; ring all-reduce of %.0f MiB: busbw %.2f GB/s by hand, %.2f library", n, $1 / 1048576, $2, $3 }' \
+                n="$(grep -c '"type":"collective"' "$log")"
+    fi
+}
+
+start=$(date +%s)
+failed=0
+manifest=""
+for i in $(seq 0 $((total - 1))); do
+    name=${names[$i]}
+    np=${nps[$i]}
+    cmd=${cmds[$i]}
+    tmp="$OUT/$name.jsonl.tmp.$$"
+    printf '[%2d/%d] %-24s np=%d  %s ... ' $((i + 1)) "$total" "$name" "$np" "${cmd#$BIN/}"
+    t0=$(date +%s)
+    # shellcheck disable=SC2086
+    timeout 600 $MPIRUN -np "$np" $cmd --log "$tmp" > "$LOGS/$name.out" 2>&1
+    rc=$?
+    t1=$(date +%s)
+    if [ $rc = 0 ] && [ -s "$tmp" ]; then
+        mv "$tmp" "$OUT/$name.jsonl"
+        echo "$(result "$OUT/$name.jsonl") ($((t1 - t0)) s)"
+        manifest="$manifest$name.jsonl  np=$np  $cmd  ($((t1 - t0)) s)"$'\n'
+    else
+        rm -f "$tmp"
+        echo "FAILED, exit $rc ($((t1 - t0)) s): see $LOGS/$name.out"
+        tail -3 "$LOGS/$name.out" | sed 's/^/    /'
+        failed=$((failed + 1))
+    fi
+done
+end=$(date +%s)
+load_end=$(cut -d' ' -f1-3 /proc/loadavg)
+echo "bench: $((total - failed)) of $total runs done in $((end - start)) s; load average at the end: $load_end"
+
+if [ -z "$ONLY" ] && [ $((total - failed)) -gt 0 ]; then
+    cpu=$(grep -m1 'model name' /proc/cpuinfo | sed 's/.*: //; s/  */ /g')
+    {
+        echo "# the sweep that wrote these files: bash docs/plots/bench.sh (make bench)"
+        echo "date: $(date -u '+%Y-%m-%d %H:%M UTC')"
+        echo "machine: ${cpu:-unknown CPU}, $(nproc) cores"
+        echo "duration: $((end - start)) s"
+        echo "note: ${cpu:-unknown CPU}, $(nproc) cores shared with other jobs (load average at the end $load_end): expect noise; $STEPS steps per run, first step not timed"
+        echo "runs:"
+        printf '%s' "$manifest"
+    } > "$OUT/sweep.txt"
+fi
+[ $failed = 0 ]

@@ -1,0 +1,49 @@
+# memory.gp: peak memory per rank by category, one stacked bar per run.
+#
+#   gnuplot -e "dir='build/plots'; outfile='docs/plots/memory_per_rank.png'" docs/plots/memory.gp
+#
+# Reads dir/memory.dat (docs/plots/extract.sh): x rank params grads optimizer
+# activations comm other label, in MiB. A run whose ranks hold different
+# amounts has a second bar: the rank that differs most from rank 0.
+# note: one line under the title (where and how the data was measured).
+
+if (!exists("dir")) dir = "build/plots"
+if (!exists("outfile")) outfile = "docs/plots/memory_per_rank.png"
+if (!exists("note")) note = ""
+f = dir . "/memory.dat"
+
+if (strstrt(GPVAL_TERMINALS, "pngcairo") > 0) {
+    set terminal pngcairo size 1800,950 font "Sans,11" noenhanced
+} else {
+    set terminal png size 1800,950 font "Sans,11" noenhanced
+}
+set output outfile
+
+t = "Peak memory per rank, by what it holds (stacked), for every run of the sweep: lower is better"
+t = t . "\nData parallel (ch2) copies everything on every rank; ZeRO (ch3) shards optimizer state, then gradients, then parameters over dp"
+if (strlen(note) > 0) t = t . "\n" . note
+set title t font ",13"
+
+stats f using 1 nooutput
+set xrange [STATS_min - 0.7 : STATS_max + 0.7]
+stats f using ($3 + $4 + $5 + $6 + $7 + $8) nooutput
+set yrange [0 : 1.15 * STATS_max]
+
+set ylabel "peak MiB per rank (MiB = 2^20 bytes)"
+set xlabel "run (chapter, strategy, mesh, global batch in sequences)" offset 0,-1.2
+set xtics nomirror font ",9" scale 0
+set grid ytics lc rgb "#dddddd"
+set key above box opaque samplen 2 spacing 1.1 title "what the memory holds"
+set style fill solid 0.9 border rgb "#333333"
+set boxwidth 0.8
+set bmargin 6
+
+# columns 3..8 are params grads optimizer activations comm other: bar k is
+# the sum of columns 3..k, drawn from the top down so each shows its band
+upto(k) = sum [c = 3:k] column(c)
+names = "params grads optimizer activations comm other"
+colors = "#0072B2 #56B4E9 #009E73 #E69F00 #D55E00 #999999"
+plot for [k = 8:3:-1] f using 1:(upto(k)) with boxes lc rgb word(colors, k - 2) \
+         title (k == 7 ? "comm buffers" : word(names, k - 2)), \
+     f using 1:(upto(8)):(sprintf("%.0f", upto(8))):xtic(9) with labels offset 0,0.8 font ",9" notitle
+set output

@@ -1,0 +1,20 @@
+# plots.mk: the sweep over chapters and its plots (the Makefile includes this).
+#
+#   make bench   runs docs/plots/bench.sh: the fixed sweep on the `small` preset
+#                over the chapters whose build/chapter-N exists, one JSONL file per
+#                run in docs/plots/data/ (about 10 minutes on 2 cores)
+#   make plots   draws docs/plots/*.png from docs/plots/data/ with gnuplot
+#                (docs/plots/plots.sh; never runs the sweep; takes seconds)
+#
+# The tables gnuplot reads are written to build/plots/ (not committed).
+
+.PHONY: bench plots
+
+# Build what builds (a chapter being written may not compile yet: the sweep
+# then leaves it out, or uses the binary that is there), then sweep.
+bench:
+	@$(MAKE) --no-print-directory -k all || echo "bench: some targets did not build; the sweep uses the binaries in $(BIN)/ that exist"
+	@BIN=$(BIN) bash docs/plots/bench.sh
+
+plots:
+	@bash docs/plots/plots.sh docs/plots/data build/plots docs/plots

@@ -1,0 +1,74 @@
+#!/bin/bash
+# plots.sh: draw the course's plots from the sweep's JSONL files (`make plots`).
+# It never runs the sweep: `make bench` (docs/plots/bench.sh) writes the data.
+#
+#   bash docs/plots/plots.sh [DATA_DIR] [TABLE_DIR] [PNG_DIR]
+#        defaults:            docs/plots/data build/plots docs/plots
+#
+# 1. docs/plots/extract.sh turns DATA_DIR/*.jsonl into tables in TABLE_DIR;
+# 2. gnuplot draws, from those tables, into PNG_DIR:
+#      memory_per_rank.png        memory.gp        peak memory per rank by category
+#      tokens_per_s.png           throughput.gp    tokens/s per run; strong and weak scaling
+#      comm_bytes_per_step.png    comm_bytes.gp    bytes communicated per step per rank
+#      step_time_split.png        step_time.gp     ms per step: waiting on communication vs the rest
+#      collectives_busbw_npP.png  collectives_busbw.gp   chapter 1: busbw, hand-written vs library
+#
+# GP_VARS (environment) is passed to every script before its own settings,
+# e.g. GP_VARS="strong_batch=4; weak_per_rank=2" for a sweep with other batches.
+set -u
+cd "$(dirname "$0")/../.."
+data=${1:-docs/plots/data}
+tables=${2:-build/plots}
+pngs=${3:-docs/plots}
+vars=${GP_VARS:-}
+gp=docs/plots
+
+if ! command -v gnuplot >/dev/null 2>&1; then
+    echo "plots: gnuplot is not installed (Debian: apt-get install gnuplot-nox, or make setup)" >&2
+    exit 1
+fi
+
+# ---------------------------------------------------------------- is the data there?
+missing() {
+    echo "plots: $1" >&2
+    echo "plots: \`make bench\` writes the data into docs/plots/data/ (about 10 minutes on 2 cores); then \`make plots\`" >&2
+    exit 1
+}
+[ -d "$data" ] || missing "no data folder $data"
+nruns=$(grep -l '"type":"summary"' "$data"/*.jsonl 2>/dev/null | wc -l)
+nbench=$(grep -l '"type":"collective"' "$data"/*.jsonl 2>/dev/null | wc -l)
+[ "$nruns" -gt 0 ] || missing "no training run summaries ({\"type\":\"summary\"} records) in $data/*.jsonl"
+[ "$nbench" -gt 0 ] || missing "no chapter-1 collective bench rows ({\"type\":\"collective\"} records) in $data/*.jsonl"
+# the sweep's list of files: every one must be there
+if [ -f "$data/sweep.txt" ]; then
+    lost=$(sed -n '/^runs:/,$p' "$data/sweep.txt" | awk 'NR > 1 { print $1 }' |
+        while read -r f; do [ -f "$data/$f" ] || printf ' %s' "$f"; done)
+    [ -z "$lost" ] || missing "$data/sweep.txt lists files that are not there:$lost"
+fi
+note=$(sed -n 's/^note: //p' "$data/sweep.txt" 2>/dev/null | head -1 | tr -d "'\"")
+
+# ---------------------------------------------------------------- tables, then plots
+bash "$gp/extract.sh" "$data" "$tables" || exit 1
+mkdir -p "$pngs"
+failed=0
+draw() {  # script, output, extra variables
+    local script=$1 out=$2 extra=${3:-} err
+    err=$(gnuplot -e "$vars; dir='$tables'; outfile='$out'; note='$note'; $extra" "$gp/$script" 2>&1)
+    if [ $? -eq 0 ] && [ -s "$out" ]; then
+        echo "plots: $out"
+    else
+        echo "plots: FAILED $script -> $out:" >&2
+        echo "$err" | grep -v 'warning: Skipping data file' | tail -5 >&2
+        failed=$((failed + 1))
+    fi
+}
+draw memory.gp "$pngs/memory_per_rank.png"
+draw throughput.gp "$pngs/tokens_per_s.png"
+draw comm_bytes.gp "$pngs/comm_bytes_per_step.png"
+draw step_time.gp "$pngs/step_time_split.png"
+for t in "$tables"/collectives_np*.dat; do
+    [ -f "$t" ] || continue
+    p=$(basename "$t" .dat | sed 's/collectives_np//')
+    draw collectives_busbw.gp "$pngs/collectives_busbw_np$p.png" "datafile='$t'"
+done
+[ $failed -eq 0 ]

@@ -1,0 +1,142 @@
+#!/bin/bash
+# test_plots.sh: the plotting pipeline end to end, on a small fixture written by
+# the built programs themselves (so a field the programs stop writing, or a
+# broken extractor or gnuplot script, fails here). Prints PASS/FAIL/SKIP lines;
+# tests/run.sh counts them. Takes ~10-20 s.
+#
+#   1. chapter 0 (tiny, 3 steps), chapter 2 (dp 2, tiny, 3 steps), chapter 3 if
+#      built (ZeRO-3, dp 2), chapter 1 (--bench up to 1 KiB) log JSONL files;
+#   2. every field docs/plots/extract.sh reads (extract.sh --fields) must be in
+#      the fixture's records;
+#   3. docs/plots/plots.sh runs extract.sh and every gnuplot script on the
+#      fixture into a temporary folder; each PNG must exist, be a PNG and not
+#      be trivially small;
+#   4. the pipeline refuses what it must refuse: a summary without a field, a
+#      data folder without data.
+set -u
+cd "$(dirname "$0")/.."
+BUILD=${BUILD:-build}
+MPIRUN="bash tests/mpirun.sh"
+pass() { echo "PASS $1"; }
+fail() { echo "FAIL $1: $2"; }
+skip() { echo "SKIP $1: $2"; }
+
+if ! command -v gnuplot >/dev/null 2>&1; then
+    skip "plots" "gnuplot not installed"
+    exit 0
+fi
+for n in 0 1 2; do
+    if [ ! -x "$BUILD/chapter-$n" ]; then
+        fail "plots" "$BUILD/chapter-$n is not built (make all)"
+        exit 1
+    fi
+done
+
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
+data=$tmp/data
+mkdir -p "$data"
+
+# ---------------------------------------------------------------- 1. the fixture
+fixture() {  # name np program args...
+    local name=$1 np=$2 out
+    shift 2
+    if out=$(timeout 60 $MPIRUN -np "$np" "$@" --log "$data/$name.jsonl" 2>&1) && [ -s "$data/$name.jsonl" ]; then
+        pass "plots fixture: $name ($np rank(s)) writes its JSONL log"
+    else
+        fail "plots fixture: $name" "$(echo "$out" | tail -3 | tr '\n' ' ')"
+    fi
+}
+fixture ch0_reference_np1 1 "$BUILD/chapter-0" --steps 3 --val-batches 1 --peak-gflops 10
+fixture ch2_overlapped_dp2 2 "$BUILD/chapter-2" --dp 2 --steps 3 --val-batches 1 --peak-gflops 10
+if [ -x "$BUILD/chapter-3" ]; then
+    fixture ch3_zero3_dp2 2 "$BUILD/chapter-3" --dp 2 --zero 3 --steps 3 --val-batches 1 --peak-gflops 10
+fi
+fixture ch1_collectives_np2 2 "$BUILD/chapter-1" --bench --min-bytes 8 --max-bytes 1K --iters 3
+
+# ---------------------------------------------------------------- 2. the fields
+# "summary FIELD": every summary; "summary:N FIELD": chapter N's summaries
+fields=$(bash docs/plots/extract.sh --fields)
+if [ -z "$fields" ]; then
+    fail "plots fields" "docs/plots/extract.sh --fields lists nothing"
+fi
+for type in $(echo "$fields" | awk '{ print $1 }' | sort -u); do
+    rtype=${type%%:*}
+    records=$(cat "$data"/*.jsonl 2>/dev/null | grep "\"type\":\"$rtype\"")
+    if [ "$type" != "$rtype" ]; then
+        records=$(echo "$records" | grep "\"chapter\":${type#*:},")
+        if [ -z "$records" ]; then
+            skip "plots fields of $type records" "no chapter-${type#*:} run in the fixture"
+            continue
+        fi
+    fi
+    if [ -z "$records" ]; then
+        fail "plots fields of $type records" "the fixture has no {\"type\":\"$rtype\"} record"
+        continue
+    fi
+    names=$(echo "$fields" | awk -v t="$type" '$1 == t { print $2 }')
+    lacking=""
+    for name in $names; do
+        # every record of the type must carry the field
+        n_without=$(echo "$records" | grep -vc "\"$name\":")
+        [ "$n_without" = 0 ] || lacking="$lacking $name"
+    done
+    if [ -z "$lacking" ]; then
+        pass "plots fields: the programs' $type records carry all $(echo $names | wc -w) fields the plots read"
+    else
+        fail "plots fields of $type records" "missing:$lacking"
+    fi
+done
+
+# ---------------------------------------------------------------- 3. every plot
+out=$(GP_VARS="strong_batch=4; weak_per_rank=2" bash docs/plots/plots.sh "$data" "$tmp/tables" "$tmp/png" 2>&1)
+rc=$?
+if [ $rc = 0 ]; then
+    pass "plots: extract.sh and the gnuplot scripts run on the fixture"
+else
+    fail "plots: plots.sh on the fixture" "exit $rc: $(echo "$out" | tail -4 | tr '\n' ' ')"
+fi
+for t in runs memory comm time scaling collectives_np2; do
+    if [ -s "$tmp/tables/$t.dat" ] && grep -qv '^#' "$tmp/tables/$t.dat"; then
+        pass "plots: extract.sh writes the $t table"
+    else
+        fail "plots: the $t table" "$tmp/tables/$t.dat is missing or has no rows"
+    fi
+done
+# every gnuplot script is drawn by plots.sh
+for g in docs/plots/*.gp; do
+    if ! grep -q "draw $(basename "$g") " docs/plots/plots.sh; then
+        fail "plots: $(basename "$g")" "docs/plots/plots.sh never draws it"
+    fi
+done
+for png in memory_per_rank tokens_per_s comm_bytes_per_step step_time_split collectives_busbw_np2; do
+    f=$tmp/png/$png.png
+    size=$(stat -c %s "$f" 2>/dev/null || echo 0)
+    magic=$(head -c 8 "$f" 2>/dev/null | od -An -tx1 | tr -d ' \n')
+    if [ "$magic" != 89504e470d0a1a0a ]; then
+        fail "plots: $png.png" "missing or not a PNG (magic '$magic')"
+    elif [ "$size" -lt 20000 ]; then
+        fail "plots: $png.png" "only $size bytes: an empty plot?"
+    else
+        pass "plots: $png.png is a PNG of $((size / 1024)) KiB"
+    fi
+done
+
+# ---------------------------------------------------------------- 4. refusals
+bad=$tmp/bad
+mkdir -p "$bad"
+grep -v '"type":"summary"' "$data/ch0_reference_np1.jsonl" > "$bad/ch0.jsonl"
+grep '"type":"summary"' "$data/ch0_reference_np1.jsonl" | sed 's/"tokens_per_s":[0-9.]*,//' >> "$bad/ch0.jsonl"
+out=$(bash docs/plots/extract.sh "$bad" "$tmp/badtables" 2>&1)
+if [ $? -ne 0 ] && echo "$out" | grep -q 'tokens_per_s'; then
+    pass "plots: extract.sh refuses a summary without tokens_per_s and names the field"
+else
+    fail "plots: extract.sh on a summary without tokens_per_s" "exit 0 or no field named: $out"
+fi
+mkdir -p "$tmp/empty"
+out=$(bash docs/plots/plots.sh "$tmp/empty" "$tmp/t2" "$tmp/p2" 2>&1)
+if [ $? -ne 0 ] && echo "$out" | grep -q 'make bench'; then
+    pass "plots: plots.sh on a folder without data exits non-zero and points to make bench"
+else
+    fail "plots: plots.sh without data" "$out"
+fi
