@@ -74,15 +74,15 @@ for type in $(echo "$fields" | awk '{ print $1 }' | sort -u); do
         fail "plots fields of $type records" "the fixture has no {\"type\":\"$rtype\"} record"
         continue
     fi
-    names=$(echo "$fields" | awk -v t="$type" '$1 == t { print $2 }')
+    patterns=$(echo "$fields" | awk -v t="$type" '$1 == t { print $2 }')
     lacking=""
-    for name in $names; do
+    while read -r pattern; do
         # every record of the type must carry the field
-        n_without=$(echo "$records" | grep -vc "\"$name\":")
-        [ "$n_without" = 0 ] || lacking="$lacking $name"
-    done
+        n_without=$(echo "$records" | grep -vcF -- "$pattern")
+        [ "$n_without" = 0 ] || lacking="$lacking $pattern"
+    done <<< "$patterns"
     if [ -z "$lacking" ]; then
-        pass "plots fields: the programs' $type records carry all $(echo $names | wc -w) fields the plots read"
+        pass "plots fields: the programs' $type records carry all $(echo "$patterns" | wc -l) fields the plots read"
     else
         fail "plots fields of $type records" "missing:$lacking"
     fi

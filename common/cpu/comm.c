@@ -1,5 +1,6 @@
 // comm.c: the communication layer on MPI (the CPU backend). See comm.h.
 #include "comm.h"
+#include "comm_count.h"
 
 #include <limits.h>
 #include <stdlib.h>
@@ -9,39 +10,6 @@
 #include "ops.h"
 #include "runtime.h"
 
-static CommCount counts[NUM_COLLECTIVES][COMM_NUM_AXES];
-static double wait_seconds = 0.0;
-
-const char* collective_name(Collective c) {
-    static const char* names[NUM_COLLECTIVES] = {
-        "allreduce", "reduce_scatter", "allgather", "broadcast", "reduce", "scatter",
-        "gather", "alltoall", "send", "recv", "barrier"};
-    return names[c];
-}
-
-const char* comm_axis_name(int axis) {
-    return axis == COMM_WORLD_AXIS ? "world" : mesh_axis_name((MeshAxis)axis);
-}
-
-CommCount comm_count(Collective coll, int axis) { return counts[coll][axis]; }
-void comm_counts_reset(void) {
-    memset(counts, 0, sizeof(counts));
-    wait_seconds = 0.0;
-}
-double comm_wait_seconds(void) { return wait_seconds; }
-
-// Counts one call: bytes is the size it works on per rank, factor nccl-tests'
-// bus factor for it.
-static void tally(const Comm* c, Collective coll, size_t bytes, double factor) {
-    CommCount* k = &counts[coll][c->axis];
-    k->calls += 1;
-    k->bytes += (double)bytes;
-    k->bus_bytes += (double)bytes * factor;
-}
-
-static double ring_factor(const Comm* c) {
-    return c->size > 1 ? (double)(c->size - 1) / c->size : 0.0;
-}
 
 static int as_int(size_t n) {
     CHECK(n <= INT_MAX, "a message of %zu floats is too large for one MPI call", n);
@@ -74,27 +42,27 @@ static void scale_for_avg(const Comm* c, float* buf, size_t n, CommOp op) {
 // ---------------------------------------------------------------- blocking
 
 void comm_allreduce(const Comm* c, float* buf, size_t n, CommOp op) {
-    tally(c, COLL_ALLREDUCE, n * sizeof(float), 2.0 * ring_factor(c));
+    comm_tally(c, COLL_ALLREDUCE, n * sizeof(float), 2.0 * comm_ring_factor(c));
     double t0 = now_seconds();
     MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, buf, as_int(n), MPI_FLOAT, MPI_SUM, c->mpi));
-    wait_seconds += now_seconds() - t0;
+    comm_add_wait(now_seconds() - t0);
     scale_for_avg(c, buf, n, op);
 }
 
 void comm_reduce_scatter(const Comm* c, const float* send, float* recv, size_t n, CommOp op) {
-    tally(c, COLL_REDUCE_SCATTER, n * c->size * sizeof(float), ring_factor(c));
+    comm_tally(c, COLL_REDUCE_SCATTER, n * c->size * sizeof(float), comm_ring_factor(c));
     double t0 = now_seconds();
     MPI_CHECK(MPI_Reduce_scatter_block(send, recv, as_int(n), MPI_FLOAT, MPI_SUM, c->mpi));
-    wait_seconds += now_seconds() - t0;
+    comm_add_wait(now_seconds() - t0);
     scale_for_avg(c, recv, n, op);
 }
 
 void comm_allgather(const Comm* c, const float* send, float* recv, size_t n) {
-    tally(c, COLL_ALLGATHER, n * c->size * sizeof(float), ring_factor(c));
+    comm_tally(c, COLL_ALLGATHER, n * c->size * sizeof(float), comm_ring_factor(c));
     double t0 = now_seconds();
     const void* src = send == recv + (size_t)c->rank * n ? MPI_IN_PLACE : (const void*)send;
     MPI_CHECK(MPI_Allgather(src, as_int(n), MPI_FLOAT, recv, as_int(n), MPI_FLOAT, c->mpi));
-    wait_seconds += now_seconds() - t0;
+    comm_add_wait(now_seconds() - t0);
 }
 
 void comm_allgatherv(const Comm* c, const float* send, float* recv, const size_t* counts_in,
@@ -107,48 +75,48 @@ void comm_allgatherv(const Comm* c, const float* send, float* recv, const size_t
         dsp[r] = as_int(displs_in[r]);
         total += counts_in[r];
     }
-    tally(c, COLL_ALLGATHER, total * sizeof(float), ring_factor(c));
+    comm_tally(c, COLL_ALLGATHER, total * sizeof(float), comm_ring_factor(c));
     double t0 = now_seconds();
     MPI_CHECK(MPI_Allgatherv(send, cnt[c->rank], MPI_FLOAT, recv, cnt, dsp, MPI_FLOAT, c->mpi));
-    wait_seconds += now_seconds() - t0;
+    comm_add_wait(now_seconds() - t0);
     free(cnt);
     free(dsp);
 }
 
 void comm_broadcast(const Comm* c, float* buf, size_t n, int root) {
-    tally(c, COLL_BROADCAST, n * sizeof(float), c->size > 1 ? 1.0 : 0.0);
+    comm_tally(c, COLL_BROADCAST, n * sizeof(float), c->size > 1 ? 1.0 : 0.0);
     double t0 = now_seconds();
     MPI_CHECK(MPI_Bcast(buf, as_int(n), MPI_FLOAT, root, c->mpi));
-    wait_seconds += now_seconds() - t0;
+    comm_add_wait(now_seconds() - t0);
 }
 
 void comm_reduce(const Comm* c, const float* send, float* recv, size_t n, int root, CommOp op) {
-    tally(c, COLL_REDUCE, n * sizeof(float), c->size > 1 ? 1.0 : 0.0);
+    comm_tally(c, COLL_REDUCE, n * sizeof(float), c->size > 1 ? 1.0 : 0.0);
     double t0 = now_seconds();
     MPI_CHECK(MPI_Reduce(send, recv, as_int(n), MPI_FLOAT, MPI_SUM, root, c->mpi));
-    wait_seconds += now_seconds() - t0;
+    comm_add_wait(now_seconds() - t0);
     if (c->rank == root) scale_for_avg(c, recv, n, op);
 }
 
 void comm_scatter(const Comm* c, const float* send, float* recv, size_t n, int root) {
-    tally(c, COLL_SCATTER, n * c->size * sizeof(float), ring_factor(c));
+    comm_tally(c, COLL_SCATTER, n * c->size * sizeof(float), comm_ring_factor(c));
     double t0 = now_seconds();
     MPI_CHECK(MPI_Scatter(send, as_int(n), MPI_FLOAT, recv, as_int(n), MPI_FLOAT, root, c->mpi));
-    wait_seconds += now_seconds() - t0;
+    comm_add_wait(now_seconds() - t0);
 }
 
 void comm_gather(const Comm* c, const float* send, float* recv, size_t n, int root) {
-    tally(c, COLL_GATHER, n * c->size * sizeof(float), ring_factor(c));
+    comm_tally(c, COLL_GATHER, n * c->size * sizeof(float), comm_ring_factor(c));
     double t0 = now_seconds();
     MPI_CHECK(MPI_Gather(send, as_int(n), MPI_FLOAT, recv, as_int(n), MPI_FLOAT, root, c->mpi));
-    wait_seconds += now_seconds() - t0;
+    comm_add_wait(now_seconds() - t0);
 }
 
 void comm_alltoall(const Comm* c, const float* send, float* recv, size_t n) {
-    tally(c, COLL_ALLTOALL, n * c->size * sizeof(float), ring_factor(c));
+    comm_tally(c, COLL_ALLTOALL, n * c->size * sizeof(float), comm_ring_factor(c));
     double t0 = now_seconds();
     MPI_CHECK(MPI_Alltoall(send, as_int(n), MPI_FLOAT, recv, as_int(n), MPI_FLOAT, c->mpi));
-    wait_seconds += now_seconds() - t0;
+    comm_add_wait(now_seconds() - t0);
 }
 
 void comm_alltoallv(const Comm* c, const float* send, const size_t* send_counts,
@@ -166,45 +134,43 @@ void comm_alltoallv(const Comm* c, const float* send, const size_t* send_counts,
         sent += send_counts[r];
     }
     // bytes: what this rank sends; bus bytes: of that, what leaves the rank
-    CommCount* k = &counts[COLL_ALLTOALL][c->axis];
-    k->calls += 1;
-    k->bytes += (double)sent * sizeof(float);
-    k->bus_bytes += (double)(sent - send_counts[c->rank]) * sizeof(float);
+    comm_tally_bytes(c, COLL_ALLTOALL, (double)sent * sizeof(float),
+                     (double)(sent - send_counts[c->rank]) * sizeof(float));
     double t0 = now_seconds();
     MPI_CHECK(MPI_Alltoallv(send, sc, sd, MPI_FLOAT, recv, rc, rd, MPI_FLOAT, c->mpi));
-    wait_seconds += now_seconds() - t0;
+    comm_add_wait(now_seconds() - t0);
     free(sc);
 }
 
 void comm_send(const Comm* c, const float* buf, size_t n, int peer) {
-    tally(c, COLL_SEND, n * sizeof(float), 1.0);
+    comm_tally(c, COLL_SEND, n * sizeof(float), 1.0);
     double t0 = now_seconds();
     MPI_CHECK(MPI_Send(buf, as_int(n), MPI_FLOAT, peer, 0, c->mpi));
-    wait_seconds += now_seconds() - t0;
+    comm_add_wait(now_seconds() - t0);
 }
 
 void comm_recv(const Comm* c, float* buf, size_t n, int peer) {
-    tally(c, COLL_RECV, n * sizeof(float), 0.0);
+    comm_tally(c, COLL_RECV, n * sizeof(float), 0.0);
     double t0 = now_seconds();
     MPI_CHECK(MPI_Recv(buf, as_int(n), MPI_FLOAT, peer, 0, c->mpi, MPI_STATUS_IGNORE));
-    wait_seconds += now_seconds() - t0;
+    comm_add_wait(now_seconds() - t0);
 }
 
 void comm_sendrecv(const Comm* c, const float* send, size_t send_n, int dest, float* recv,
                    size_t recv_n, int source) {
-    tally(c, COLL_SEND, send_n * sizeof(float), 1.0);
-    tally(c, COLL_RECV, recv_n * sizeof(float), 0.0);
+    comm_tally(c, COLL_SEND, send_n * sizeof(float), 1.0);
+    comm_tally(c, COLL_RECV, recv_n * sizeof(float), 0.0);
     double t0 = now_seconds();
     MPI_CHECK(MPI_Sendrecv(send, as_int(send_n), MPI_FLOAT, dest, 0, recv, as_int(recv_n),
                            MPI_FLOAT, source, 0, c->mpi, MPI_STATUS_IGNORE));
-    wait_seconds += now_seconds() - t0;
+    comm_add_wait(now_seconds() - t0);
 }
 
 void comm_barrier(const Comm* c) {
-    tally(c, COLL_BARRIER, 0, 0.0);
+    comm_tally(c, COLL_BARRIER, 0, 0.0);
     double t0 = now_seconds();
     MPI_CHECK(MPI_Barrier(c->mpi));
-    wait_seconds += now_seconds() - t0;
+    comm_add_wait(now_seconds() - t0);
 }
 
 // ---------------------------------------------------------------- non-blocking
@@ -215,7 +181,7 @@ static void start(CommRequest* req) {
 }
 
 void comm_iallreduce(const Comm* c, float* buf, size_t n, CommOp op, CommRequest* req) {
-    tally(c, COLL_ALLREDUCE, n * sizeof(float), 2.0 * ring_factor(c));
+    comm_tally(c, COLL_ALLREDUCE, n * sizeof(float), 2.0 * comm_ring_factor(c));
     start(req);
     if (op == COMM_AVG && c->size > 1) {
         req->scale_buf = buf;
@@ -227,7 +193,7 @@ void comm_iallreduce(const Comm* c, float* buf, size_t n, CommOp op, CommRequest
 
 void comm_ireduce_scatter(const Comm* c, const float* send, float* recv, size_t n, CommOp op,
                           CommRequest* req) {
-    tally(c, COLL_REDUCE_SCATTER, n * c->size * sizeof(float), ring_factor(c));
+    comm_tally(c, COLL_REDUCE_SCATTER, n * c->size * sizeof(float), comm_ring_factor(c));
     start(req);
     if (op == COMM_AVG && c->size > 1) {
         req->scale_buf = recv;
@@ -238,26 +204,26 @@ void comm_ireduce_scatter(const Comm* c, const float* send, float* recv, size_t 
 }
 
 void comm_iallgather(const Comm* c, const float* send, float* recv, size_t n, CommRequest* req) {
-    tally(c, COLL_ALLGATHER, n * c->size * sizeof(float), ring_factor(c));
+    comm_tally(c, COLL_ALLGATHER, n * c->size * sizeof(float), comm_ring_factor(c));
     start(req);
     const void* src = send == recv + (size_t)c->rank * n ? MPI_IN_PLACE : (const void*)send;
     MPI_CHECK(MPI_Iallgather(src, as_int(n), MPI_FLOAT, recv, as_int(n), MPI_FLOAT, c->mpi, &req->mpi));
 }
 
 void comm_ibroadcast(const Comm* c, float* buf, size_t n, int root, CommRequest* req) {
-    tally(c, COLL_BROADCAST, n * sizeof(float), c->size > 1 ? 1.0 : 0.0);
+    comm_tally(c, COLL_BROADCAST, n * sizeof(float), c->size > 1 ? 1.0 : 0.0);
     start(req);
     MPI_CHECK(MPI_Ibcast(buf, as_int(n), MPI_FLOAT, root, c->mpi, &req->mpi));
 }
 
 void comm_isend(const Comm* c, const float* buf, size_t n, int peer, CommRequest* req) {
-    tally(c, COLL_SEND, n * sizeof(float), 1.0);
+    comm_tally(c, COLL_SEND, n * sizeof(float), 1.0);
     start(req);
     MPI_CHECK(MPI_Isend(buf, as_int(n), MPI_FLOAT, peer, 0, c->mpi, &req->mpi));
 }
 
 void comm_irecv(const Comm* c, float* buf, size_t n, int peer, CommRequest* req) {
-    tally(c, COLL_RECV, n * sizeof(float), 0.0);
+    comm_tally(c, COLL_RECV, n * sizeof(float), 0.0);
     start(req);
     MPI_CHECK(MPI_Irecv(buf, as_int(n), MPI_FLOAT, peer, 0, c->mpi, &req->mpi));
 }
@@ -266,7 +232,7 @@ void comm_wait(CommRequest* req) {
     if (!req->active) return;
     double t0 = now_seconds();
     MPI_CHECK(MPI_Wait(&req->mpi, MPI_STATUS_IGNORE));
-    wait_seconds += now_seconds() - t0;
+    comm_add_wait(now_seconds() - t0);
     if (req->scale_buf) ops_scale(req->scale_buf, req->scale_count, req->scale);
     req->active = 0;
 }

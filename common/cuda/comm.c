@@ -23,15 +23,17 @@
 // and an ncclRecv queued alone blocks the stream behind it. So comm_isend and
 // comm_irecv do not queue at once: they are held, and the held operations are
 // queued together in one ncclGroupStart/End at the next comm_* call (the
-// comm_wait of one of them at the latest). "irecv from left, isend to right,
-// compute, wait" then runs as one group on every rank: no rank's receive
-// waits behind its own send. Each held operation still waits only for the
-// compute queued before its own start, so the compute between start and wait
-// overlaps with it on the GPU.
+// comm_wait of one of them at the latest; a blocking send, recv or sendrecv
+// takes them into its own group). "irecv from left, isend to right, compute,
+// wait" then runs as one group on every rank: no rank's receive waits behind
+// its own send. Each held operation still waits only for the compute queued
+// before its own start, so the compute between start and wait overlaps with
+// it on the GPU.
 //
 // AVG is a sum followed by ops_scale(1/size) on the compute stream, as on
 // the CPU (not ncclAvg), so both backends round the same way.
 #include "comm.h"
+#include "comm_count.h"
 
 #include <stdio.h>
 #include <string.h>
@@ -40,39 +42,6 @@
 #include "ops.h"
 #include "runtime.h"
 
-static CommCount counts[NUM_COLLECTIVES][COMM_NUM_AXES];
-static double wait_seconds = 0.0;
-
-const char* collective_name(Collective c) {
-    static const char* names[NUM_COLLECTIVES] = {
-        "allreduce", "reduce_scatter", "allgather", "broadcast", "reduce", "scatter",
-        "gather", "alltoall", "send", "recv", "barrier"};
-    return names[c];
-}
-
-const char* comm_axis_name(int axis) {
-    return axis == COMM_WORLD_AXIS ? "world" : mesh_axis_name((MeshAxis)axis);
-}
-
-CommCount comm_count(Collective coll, int axis) { return counts[coll][axis]; }
-void comm_counts_reset(void) {
-    memset(counts, 0, sizeof(counts));
-    wait_seconds = 0.0;
-}
-double comm_wait_seconds(void) { return wait_seconds; }
-
-// Counts one call: bytes is the size it works on per rank, factor nccl-tests'
-// bus factor for it.
-static void tally(const Comm* c, Collective coll, size_t bytes, double factor) {
-    CommCount* k = &counts[coll][c->axis];
-    k->calls += 1;
-    k->bytes += (double)bytes;
-    k->bus_bytes += (double)bytes * factor;
-}
-
-static double ring_factor(const Comm* c) {
-    return c->size > 1 ? (double)(c->size - 1) / c->size : 0.0;
-}
 
 // ---------------------------------------------------------------- NCCL state
 
@@ -137,6 +106,75 @@ void comm_destroy(Comm* world, Comm axes[NUM_AXES]) {
     if (axes) memset(axes, 0, sizeof(Comm) * NUM_AXES);
 }
 
+// ---------------------------------------------------------------- held point-to-point
+
+// A request owns one event, created here and destroyed when it completes.
+static void start(CommRequest* req) {
+    memset(req, 0, sizeof(*req));
+    req->active = 1;
+    cudaEvent_t ev;
+    CUDA_CHECK(cudaEventCreateWithFlags(&ev, cudaEventDisableTiming));
+    req->device_event = (void*)ev;
+}
+
+// comm_isend and comm_irecv (see the top of the file) are held here until
+// the next comm_* call queues them. Each remembers its request, whose event
+// first marks the compute queued before the start (recorded on the compute
+// stream) and, once the operation is queued, its end (recorded again, on the
+// communication stream).
+typedef struct {
+    int is_send;
+    float* buf;
+    size_t count;
+    int peer;
+    ncclComm_t comm;
+    CommRequest* req;
+} HeldP2P;
+
+#define MAX_HELD 1024
+static HeldP2P held[MAX_HELD];
+static int num_held = 0;
+
+static void hold_p2p(const Comm* c, int is_send, float* buf, size_t n, int peer, CommRequest* req) {
+    CHECK(num_held < MAX_HELD, "more than %d comm_isend/comm_irecv started and not waited for", MAX_HELD);
+    start(req);
+    CUDA_CHECK(cudaEventRecord((cudaEvent_t)req->device_event, cuda_compute_stream));
+    held[num_held++] = (HeldP2P){is_send, buf, n, peer, nccl_of(c), req};
+}
+
+// The held operations' waits for their compute; then, inside the caller's
+// ncclGroupStart/End, the operations themselves.
+static void held_wait_for_compute(void) {
+    for (int i = 0; i < num_held; i++)
+        CUDA_CHECK(cudaStreamWaitEvent(comm_stream, (cudaEvent_t)held[i].req->device_event, 0));
+}
+
+static void queue_held_in_group(void) {
+    for (int i = 0; i < num_held; i++) {
+        HeldP2P* h = &held[i];
+        if (h->count == 0) continue;
+        if (h->is_send) NCCL_CHECK(ncclSend(h->buf, h->count, ncclFloat, h->peer, h->comm, comm_stream));
+        else NCCL_CHECK(ncclRecv(h->buf, h->count, ncclFloat, h->peer, h->comm, comm_stream));
+    }
+}
+
+// After the group: each held request's event now marks its end.
+static void held_done(void) {
+    for (int i = 0; i < num_held; i++)
+        CUDA_CHECK(cudaEventRecord((cudaEvent_t)held[i].req->device_event, comm_stream));
+    num_held = 0;
+}
+
+// Queues the held operations as one group of their own.
+static void flush_p2p(void) {
+    if (num_held == 0) return;
+    held_wait_for_compute();
+    NCCL_CHECK(ncclGroupStart());
+    queue_held_in_group();
+    NCCL_CHECK(ncclGroupEnd());
+    held_done();
+}
+
 // ---------------------------------------------------------------- ordering helpers
 
 // The communication stream waits for all compute queued so far.
@@ -158,7 +196,28 @@ static double begin_blocking(void) {
 // ... and waits for the communication stream: the result is in place.
 static void end_blocking(double t0) {
     CUDA_CHECK(cudaStreamSynchronize(comm_stream));
-    wait_seconds += now_seconds() - t0;
+    comm_add_wait(now_seconds() - t0);
+}
+
+// Blocking send, recv and sendrecv take the held operations into their own
+// group instead: "irecv from a peer, then a blocking send to it" on both
+// ranks is one group per rank, in which receive and send progress together
+// (two groups in a row would leave each receive waiting for a send queued
+// behind it).
+static double begin_blocking_p2p(void) {
+    held_wait_for_compute();
+    after_compute();
+    CUDA_CHECK(cudaEventSynchronize(compute_ready));
+    double t0 = now_seconds();
+    NCCL_CHECK(ncclGroupStart());
+    queue_held_in_group();
+    return t0;
+}
+
+static void end_blocking_p2p(double t0) {
+    NCCL_CHECK(ncclGroupEnd());
+    held_done();
+    end_blocking(t0);
 }
 
 static void scale_for_avg(const Comm* c, float* buf, size_t n, CommOp op) {
@@ -176,7 +235,7 @@ static void copy_on_comm_stream(float* dst, const float* src, size_t n) {
 // A count of 0 moves nothing: it is counted, and NCCL is not called.
 
 void comm_allreduce(const Comm* c, float* buf, size_t n, CommOp op) {
-    tally(c, COLL_ALLREDUCE, n * sizeof(float), 2.0 * ring_factor(c));
+    comm_tally(c, COLL_ALLREDUCE, n * sizeof(float), 2.0 * comm_ring_factor(c));
     if (n == 0) return;
     double t0 = begin_blocking();
     NCCL_CHECK(ncclAllReduce(buf, buf, n, ncclFloat, ncclSum, nccl_of(c), comm_stream));
@@ -185,7 +244,7 @@ void comm_allreduce(const Comm* c, float* buf, size_t n, CommOp op) {
 }
 
 void comm_reduce_scatter(const Comm* c, const float* send, float* recv, size_t n, CommOp op) {
-    tally(c, COLL_REDUCE_SCATTER, n * c->size * sizeof(float), ring_factor(c));
+    comm_tally(c, COLL_REDUCE_SCATTER, n * c->size * sizeof(float), comm_ring_factor(c));
     if (n == 0) return;
     double t0 = begin_blocking();
     NCCL_CHECK(ncclReduceScatter(send, recv, n, ncclFloat, ncclSum, nccl_of(c), comm_stream));
@@ -194,7 +253,7 @@ void comm_reduce_scatter(const Comm* c, const float* send, float* recv, size_t n
 }
 
 void comm_allgather(const Comm* c, const float* send, float* recv, size_t n) {
-    tally(c, COLL_ALLGATHER, n * c->size * sizeof(float), ring_factor(c));
+    comm_tally(c, COLL_ALLGATHER, n * c->size * sizeof(float), comm_ring_factor(c));
     if (n == 0) return;
     double t0 = begin_blocking();
     NCCL_CHECK(ncclAllGather(send, recv, n, ncclFloat, nccl_of(c), comm_stream));
@@ -207,7 +266,7 @@ void comm_allgatherv(const Comm* c, const float* send, float* recv, const size_t
                      const size_t* displs_in) {
     size_t total = 0;
     for (int r = 0; r < c->size; r++) total += counts_in[r];
-    tally(c, COLL_ALLGATHER, total * sizeof(float), ring_factor(c));
+    comm_tally(c, COLL_ALLGATHER, total * sizeof(float), comm_ring_factor(c));
     double t0 = begin_blocking();
     size_t mine = counts_in[c->rank];
     copy_on_comm_stream(recv + displs_in[c->rank], send, mine);
@@ -223,7 +282,7 @@ void comm_allgatherv(const Comm* c, const float* send, float* recv, const size_t
 }
 
 void comm_broadcast(const Comm* c, float* buf, size_t n, int root) {
-    tally(c, COLL_BROADCAST, n * sizeof(float), c->size > 1 ? 1.0 : 0.0);
+    comm_tally(c, COLL_BROADCAST, n * sizeof(float), c->size > 1 ? 1.0 : 0.0);
     if (n == 0) return;
     double t0 = begin_blocking();
     NCCL_CHECK(ncclBroadcast(buf, buf, n, ncclFloat, root, nccl_of(c), comm_stream));
@@ -231,7 +290,7 @@ void comm_broadcast(const Comm* c, float* buf, size_t n, int root) {
 }
 
 void comm_reduce(const Comm* c, const float* send, float* recv, size_t n, int root, CommOp op) {
-    tally(c, COLL_REDUCE, n * sizeof(float), c->size > 1 ? 1.0 : 0.0);
+    comm_tally(c, COLL_REDUCE, n * sizeof(float), c->size > 1 ? 1.0 : 0.0);
     if (n == 0) return;
     double t0 = begin_blocking();
     NCCL_CHECK(ncclReduce(send, recv, n, ncclFloat, ncclSum, root, nccl_of(c), comm_stream));
@@ -241,7 +300,7 @@ void comm_reduce(const Comm* c, const float* send, float* recv, size_t n, int ro
 
 // The root sends block r to rank r, every other rank receives one block.
 void comm_scatter(const Comm* c, const float* send, float* recv, size_t n, int root) {
-    tally(c, COLL_SCATTER, n * c->size * sizeof(float), ring_factor(c));
+    comm_tally(c, COLL_SCATTER, n * c->size * sizeof(float), comm_ring_factor(c));
     if (n == 0) return;
     double t0 = begin_blocking();
     if (c->rank == root) copy_on_comm_stream(recv, send + (size_t)root * n, n);
@@ -258,7 +317,7 @@ void comm_scatter(const Comm* c, const float* send, float* recv, size_t n, int r
 
 // Every rank sends its block to the root, which receives block r from rank r.
 void comm_gather(const Comm* c, const float* send, float* recv, size_t n, int root) {
-    tally(c, COLL_GATHER, n * c->size * sizeof(float), ring_factor(c));
+    comm_tally(c, COLL_GATHER, n * c->size * sizeof(float), comm_ring_factor(c));
     if (n == 0) return;
     double t0 = begin_blocking();
     if (c->rank == root) copy_on_comm_stream(recv + (size_t)root * n, send, n);
@@ -276,7 +335,7 @@ void comm_gather(const Comm* c, const float* send, float* recv, size_t n, int ro
 // Block j goes to rank j, block i arrives from rank i: p-1 sends and p-1
 // receives in one group, the own block a local copy.
 void comm_alltoall(const Comm* c, const float* send, float* recv, size_t n) {
-    tally(c, COLL_ALLTOALL, n * c->size * sizeof(float), ring_factor(c));
+    comm_tally(c, COLL_ALLTOALL, n * c->size * sizeof(float), comm_ring_factor(c));
     if (n == 0) return;
     double t0 = begin_blocking();
     copy_on_comm_stream(recv + (size_t)c->rank * n, send + (size_t)c->rank * n, n);
@@ -297,10 +356,8 @@ void comm_alltoallv(const Comm* c, const float* send, const size_t* send_counts,
     size_t sent = 0;
     for (int r = 0; r < p; r++) sent += send_counts[r];
     // bytes: what this rank sends; bus bytes: of that, what leaves the rank
-    CommCount* k = &counts[COLL_ALLTOALL][c->axis];
-    k->calls += 1;
-    k->bytes += (double)sent * sizeof(float);
-    k->bus_bytes += (double)(sent - send_counts[me]) * sizeof(float);
+    comm_tally_bytes(c, COLL_ALLTOALL, (double)sent * sizeof(float),
+                     (double)(sent - send_counts[me]) * sizeof(float));
     CHECK(send_counts[me] == recv_counts[me], "comm_alltoallv: this rank sends itself %zu floats but expects %zu",
           send_counts[me], recv_counts[me]);
     double t0 = begin_blocking();
@@ -320,57 +377,46 @@ void comm_alltoallv(const Comm* c, const float* send, const size_t* send_counts,
 // A blocking send returns when the data has arrived: like an MPI_Send that
 // waits for its receive (the hand-written collectives never rely on buffering).
 void comm_send(const Comm* c, const float* buf, size_t n, int peer) {
-    tally(c, COLL_SEND, n * sizeof(float), 1.0);
+    comm_tally(c, COLL_SEND, n * sizeof(float), 1.0);
     if (n == 0) return;
-    double t0 = begin_blocking();
+    double t0 = begin_blocking_p2p();
     NCCL_CHECK(ncclSend(buf, n, ncclFloat, peer, nccl_of(c), comm_stream));
-    end_blocking(t0);
+    end_blocking_p2p(t0);
 }
 
 void comm_recv(const Comm* c, float* buf, size_t n, int peer) {
-    tally(c, COLL_RECV, n * sizeof(float), 0.0);
+    comm_tally(c, COLL_RECV, n * sizeof(float), 0.0);
     if (n == 0) return;
-    double t0 = begin_blocking();
+    double t0 = begin_blocking_p2p();
     NCCL_CHECK(ncclRecv(buf, n, ncclFloat, peer, nccl_of(c), comm_stream));
-    end_blocking(t0);
+    end_blocking_p2p(t0);
 }
 
 // The send and the receive in one group, so they progress together: a ring
 // step where every rank sends right and receives from the left cannot deadlock.
 void comm_sendrecv(const Comm* c, const float* send, size_t send_n, int dest, float* recv,
                    size_t recv_n, int source) {
-    tally(c, COLL_SEND, send_n * sizeof(float), 1.0);
-    tally(c, COLL_RECV, recv_n * sizeof(float), 0.0);
+    comm_tally(c, COLL_SEND, send_n * sizeof(float), 1.0);
+    comm_tally(c, COLL_RECV, recv_n * sizeof(float), 0.0);
     if (send_n == 0 && recv_n == 0) return;
-    double t0 = begin_blocking();
-    NCCL_CHECK(ncclGroupStart());
+    double t0 = begin_blocking_p2p();
     if (send_n) NCCL_CHECK(ncclSend(send, send_n, ncclFloat, dest, nccl_of(c), comm_stream));
     if (recv_n) NCCL_CHECK(ncclRecv(recv, recv_n, ncclFloat, source, nccl_of(c), comm_stream));
-    NCCL_CHECK(ncclGroupEnd());
-    end_blocking(t0);
+    end_blocking_p2p(t0);
 }
 
 // Every rank's queued work is done, then the ranks meet.
 void comm_barrier(const Comm* c) {
-    tally(c, COLL_BARRIER, 0, 0.0);
+    comm_tally(c, COLL_BARRIER, 0, 0.0);
     flush_p2p();
     CUDA_CHECK(cudaStreamSynchronize(cuda_compute_stream));
     double t0 = now_seconds();
     CUDA_CHECK(cudaStreamSynchronize(comm_stream));
     MPI_CHECK(MPI_Barrier(c->mpi));
-    wait_seconds += now_seconds() - t0;
+    comm_add_wait(now_seconds() - t0);
 }
 
 // ---------------------------------------------------------------- non-blocking
-
-// A request owns one event, created here and destroyed when it completes.
-static void start(CommRequest* req) {
-    memset(req, 0, sizeof(*req));
-    req->active = 1;
-    cudaEvent_t ev;
-    CUDA_CHECK(cudaEventCreateWithFlags(&ev, cudaEventDisableTiming));
-    req->device_event = (void*)ev;
-}
 
 // A non-blocking collective: queued at once (after held point-to-point
 // operations and the compute queued so far), the request's event recorded
@@ -385,7 +431,7 @@ static void end_nonblocking(CommRequest* req) {
 }
 
 void comm_iallreduce(const Comm* c, float* buf, size_t n, CommOp op, CommRequest* req) {
-    tally(c, COLL_ALLREDUCE, n * sizeof(float), 2.0 * ring_factor(c));
+    comm_tally(c, COLL_ALLREDUCE, n * sizeof(float), 2.0 * comm_ring_factor(c));
     start(req);
     if (op == COMM_AVG && c->size > 1) {
         req->scale_buf = buf;
@@ -399,7 +445,7 @@ void comm_iallreduce(const Comm* c, float* buf, size_t n, CommOp op, CommRequest
 
 void comm_ireduce_scatter(const Comm* c, const float* send, float* recv, size_t n, CommOp op,
                           CommRequest* req) {
-    tally(c, COLL_REDUCE_SCATTER, n * c->size * sizeof(float), ring_factor(c));
+    comm_tally(c, COLL_REDUCE_SCATTER, n * c->size * sizeof(float), comm_ring_factor(c));
     start(req);
     if (op == COMM_AVG && c->size > 1) {
         req->scale_buf = recv;
@@ -412,7 +458,7 @@ void comm_ireduce_scatter(const Comm* c, const float* send, float* recv, size_t 
 }
 
 void comm_iallgather(const Comm* c, const float* send, float* recv, size_t n, CommRequest* req) {
-    tally(c, COLL_ALLGATHER, n * c->size * sizeof(float), ring_factor(c));
+    comm_tally(c, COLL_ALLGATHER, n * c->size * sizeof(float), comm_ring_factor(c));
     start(req);
     begin_nonblocking();
     if (n) NCCL_CHECK(ncclAllGather(send, recv, n, ncclFloat, nccl_of(c), comm_stream));
@@ -420,62 +466,20 @@ void comm_iallgather(const Comm* c, const float* send, float* recv, size_t n, Co
 }
 
 void comm_ibroadcast(const Comm* c, float* buf, size_t n, int root, CommRequest* req) {
-    tally(c, COLL_BROADCAST, n * sizeof(float), c->size > 1 ? 1.0 : 0.0);
+    comm_tally(c, COLL_BROADCAST, n * sizeof(float), c->size > 1 ? 1.0 : 0.0);
     start(req);
     begin_nonblocking();
     if (n) NCCL_CHECK(ncclBroadcast(buf, buf, n, ncclFloat, root, nccl_of(c), comm_stream));
     end_nonblocking(req);
 }
 
-// Held point-to-point operations (see the top of the file). Each remembers
-// its request, whose event first marks the compute queued before the start
-// (recorded on the compute stream) and, once the group is queued, the end of
-// the operation (recorded again, on the communication stream).
-typedef struct {
-    int is_send;
-    float* buf;
-    size_t count;
-    int peer;
-    ncclComm_t comm;
-    CommRequest* req;
-} HeldP2P;
-
-#define MAX_HELD 1024
-static HeldP2P held[MAX_HELD];
-static int num_held = 0;
-
-static void hold_p2p(const Comm* c, int is_send, float* buf, size_t n, int peer, CommRequest* req) {
-    CHECK(num_held < MAX_HELD, "more than %d comm_isend/comm_irecv started and not waited for", MAX_HELD);
-    start(req);
-    CUDA_CHECK(cudaEventRecord((cudaEvent_t)req->device_event, cuda_compute_stream));
-    held[num_held++] = (HeldP2P){is_send, buf, n, peer, nccl_of(c), req};
-}
-
-static void flush_p2p(void) {
-    if (num_held == 0) return;
-    // the group's operations may start once the compute before each start is done
-    for (int i = 0; i < num_held; i++)
-        CUDA_CHECK(cudaStreamWaitEvent(comm_stream, (cudaEvent_t)held[i].req->device_event, 0));
-    NCCL_CHECK(ncclGroupStart());
-    for (int i = 0; i < num_held; i++) {
-        HeldP2P* h = &held[i];
-        if (h->count == 0) continue;
-        if (h->is_send) NCCL_CHECK(ncclSend(h->buf, h->count, ncclFloat, h->peer, h->comm, comm_stream));
-        else NCCL_CHECK(ncclRecv(h->buf, h->count, ncclFloat, h->peer, h->comm, comm_stream));
-    }
-    NCCL_CHECK(ncclGroupEnd());
-    for (int i = 0; i < num_held; i++)
-        CUDA_CHECK(cudaEventRecord((cudaEvent_t)held[i].req->device_event, comm_stream));
-    num_held = 0;
-}
-
 void comm_isend(const Comm* c, const float* buf, size_t n, int peer, CommRequest* req) {
-    tally(c, COLL_SEND, n * sizeof(float), 1.0);
+    comm_tally(c, COLL_SEND, n * sizeof(float), 1.0);
     hold_p2p(c, 1, (float*)buf, n, peer, req);
 }
 
 void comm_irecv(const Comm* c, float* buf, size_t n, int peer, CommRequest* req) {
-    tally(c, COLL_RECV, n * sizeof(float), 0.0);
+    comm_tally(c, COLL_RECV, n * sizeof(float), 0.0);
     hold_p2p(c, 0, buf, n, peer, req);
 }
 
@@ -495,7 +499,7 @@ void comm_wait(CommRequest* req) {
     flush_p2p();
     double t0 = now_seconds();
     CUDA_CHECK(cudaEventSynchronize((cudaEvent_t)req->device_event));
-    wait_seconds += now_seconds() - t0;
+    comm_add_wait(now_seconds() - t0);
     finish(req);
 }
 

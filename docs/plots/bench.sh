@@ -6,7 +6,8 @@
 # one file per run, named after what it is:
 #
 #   ch0_reference_np1          chapter 0, one rank: the yardstick
-#   ch1_collectives_npP        chapter 1 --bench, 8 B .. 64 MiB, P = 2 and 4 ranks
+#   collectives_npP            chapter 1 --bench, 8 B .. 256 MiB, P = 2 and 4 ranks
+#                              (and its console table, collectives_npP.txt)
 #   ch2_MODE_dp2               chapter 2, each --dp-mode at dp=2 (global batch 8 x 256)
 #   ch2_overlapped_dpN         strong scaling: overlapped at dp = 1, 2, 4, global batch 8
 #   ch2_overlapped_dpN_bB      weak scaling: 4 sequences per rank (dp=1 batch 4, dp=4
@@ -54,7 +55,7 @@ else skipped="$skipped 0"; fi
 
 if have 1; then
     for np in 2 4; do
-        add ch1_collectives_np$np $np "$BIN/chapter-1" --bench --min-bytes 8 --max-bytes 64M
+        add collectives_np$np $np "$BIN/chapter-1" --bench --min-bytes 8 --max-bytes 256M
     done
 else skipped="$skipped 1"; fi
 
@@ -119,6 +120,8 @@ for i in $(seq 0 $((total - 1))); do
     t1=$(date +%s)
     if [ $rc = 0 ] && [ -s "$tmp" ]; then
         mv "$tmp" "$OUT/$name.jsonl"
+        # chapter 1's console table is worth reading next to its plot
+        case $name in collectives_np*) cp "$LOGS/$name.out" "$OUT/$name.txt" ;; esac
         echo "$(result "$OUT/$name.jsonl") ($((t1 - t0)) s)"
         manifest="$manifest$name.jsonl  np=$np  $cmd  ($((t1 - t0)) s)"$'\n'
     else
@@ -139,7 +142,7 @@ if [ -z "$ONLY" ] && [ $((total - failed)) -gt 0 ]; then
         echo "date: $(date -u '+%Y-%m-%d %H:%M UTC')"
         echo "machine: ${cpu:-unknown CPU}, $(nproc) cores"
         echo "duration: $((end - start)) s"
-        echo "note: ${cpu:-unknown CPU}, $(nproc) cores shared with other jobs (load average at the end $load_end): expect noise; $STEPS steps per run, first step not timed"
+        echo "note: ${cpu:-unknown CPU}, $(nproc) cores shared with other jobs (load average at the end $load_end): expect noise"
         echo "runs:"
         printf '%s' "$manifest"
     } > "$OUT/sweep.txt"

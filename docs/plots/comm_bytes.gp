@@ -27,17 +27,17 @@ set title t font ",12"
 
 stats f using 1 nooutput
 set xrange [STATS_min - 0.7 : STATS_max + 0.7]
-stats f using (sum [c = 2:12] column(c)) nooutput
+stats f using ((sum [c = 2:11] column(c)) > $12 ? (sum [c = 2:11] column(c)) : $12) nooutput
 ymax = STATS_max > 0 ? STATS_max : 1
 set yrange [0 : 1.2 * ymax]
 set ylabel "MiB per step per rank (MiB = 2^20 bytes)"
-set xlabel "run (chapter, strategy, mesh, global batch in sequences)" offset 0,-1.2
+set xlabel "run (chapter, strategy, mesh, global batch in sequences)" offset 0,-3.2
+set bmargin 11
 set xtics nomirror font ",9" scale 0
 set grid ytics lc rgb "#dddddd"
-set key above box opaque samplen 2 spacing 1.1
+set key below box opaque invert samplen 2 spacing 1.1
 set style fill solid 0.9 border rgb "#333333"
 set boxwidth 0.8
-set bmargin 6
 
 names = "all-reduce reduce-scatter all-gather broadcast reduce scatter gather all-to-all send recv"
 colors = "#0072B2 #009E73 #56B4E9 #E69F00 #D55E00 #CC79A7 #F0E442 #999999 #444444 #BBBBBB"

@@ -24,7 +24,7 @@
 # --bench) becomes TABLE_DIR/collectives_npP.dat through collectives_table.sh.
 #
 # Every table's first column, x, is the bar position, and its last column the
-# quoted label under the bar ("ch2 naive\ndp=2, batch 8"; gnuplot reads the \n
+# quoted label under the bar ("ch2\nnaive\ndp=2\nbatch 8"; gnuplot reads the \n
 # as a line break); the numbers in between can be read with awk as well.
 #
 # x is the bar position: runs sorted by chapter, ranks, mode, batch, with a gap
@@ -33,36 +33,37 @@
 set -euo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"
 
-# The fields read, as "record-type field" ("summary:N" = chapter N's summaries
-# only). tests/test_plots.sh checks that the programs' logs carry every one.
+# The fields read, as "record-type pattern" ("summary:N" = chapter N's
+# summaries only); the pattern is the text the field starts with in the JSON.
+# tests/test_plots.sh checks that the programs' logs carry every one.
 fields() {
     cat <<'EOF'
-summary chapter
-summary world_size
-summary mesh_shape
-summary batch
-summary steps
-summary ms_per_step
-summary tokens_per_s
-summary mfu
-summary peak_bytes
-summary params
-summary grads
-summary optimizer
-summary activations
-summary comm
-summary other
-summary total
-summary comm_wait_s
-summary:2 dp_mode
-summary:2 grad_accum
-summary:3 zero
-collective op
-collective ranks
-collective bytes
-collective hand_busbw
-collective lib_busbw
-copy_bandwidth gbps
+summary "chapter":
+summary "world_size":
+summary "mesh_shape":"
+summary "batch":
+summary "steps":
+summary "ms_per_step":
+summary "tokens_per_s":
+summary "mfu":
+summary "peak_bytes":{
+summary "params":[
+summary "grads":[
+summary "optimizer":[
+summary "activations":[
+summary "comm":[
+summary "other":[
+summary "comm":{
+summary "comm_wait_s":[
+summary:2 "dp_mode":"
+summary:2 "grad_accum":
+summary:3 "zero":
+collective "op":"
+collective "ranks":
+collective "bytes":
+collective "hand_busbw":
+collective "lib_busbw":
+copy_bandwidth "gbps":
 EOF
 }
 if [ "${1:-}" = "--fields" ]; then
@@ -170,7 +171,7 @@ BEGIN {
     else if (ch == 0) mode = "reference"
     else mode = RUN
     if (ch == 2 && need("grad_accum") + 0 > 1) mode = mode ", accum " F["grad_accum"]
-    label = sprintf("ch%d %s\\n%s, batch %d", ch, mode, shape, batch)
+    label = sprintf("ch%d\\n%s\\n%s\\nbatch %d", ch, mode, shape, batch)
     key = sprintf("%02d %04d %02d %06d %s", ch, n, order, batch, RUN)
 
     printf "runs\t%s\t%d %d %d %d %.3f %.1f %.5f \"%s\" \"%s\"\n", key, ch, n, batch, steps, ms, tps, mfu, mode, label
@@ -185,14 +186,14 @@ BEGIN {
         }
         if (d > fardist) { fardist = d; far = r }
     }
-    rowl = (far >= 0) ? sprintf("ch%d %s\\n%s, rank 0", ch, mode, shape) : label
+    rowl = (far >= 0) ? sprintf("ch%d\\n%s\\n%s\\nrank 0", ch, mode, shape) : label
     line = "0"
     for (c = 1; c <= ncat; c++) line = line sprintf(" %.3f", mib(F["peak_bytes." cat[c] ".0"]))
     printf "memory\t%s 0\t%s \"%s\"\n", key, line, rowl
     if (far >= 0) {
         line = far ""
         for (c = 1; c <= ncat; c++) line = line sprintf(" %.3f", mib(F["peak_bytes." cat[c] "." far]))
-        printf "memory\t%s 1\t%s \"rank %d of the\\nsame run\"\n", key, line, far
+        printf "memory\t%s 1\t%s \"the same\\nrun,\\nrank %d\"\n", key, line, far
     }
 
     # communication per step, rank 0, each collective summed over its axes

@@ -30,13 +30,13 @@ stats f using ($3 + $4 + $5 + $6 + $7 + $8) nooutput
 set yrange [0 : 1.15 * STATS_max]
 
 set ylabel "peak MiB per rank (MiB = 2^20 bytes)"
-set xlabel "run (chapter, strategy, mesh, global batch in sequences)" offset 0,-1.2
+set xlabel "run (chapter, strategy, mesh, global batch in sequences)" offset 0,-3.2
+set bmargin 11
 set xtics nomirror font ",9" scale 0
 set grid ytics lc rgb "#dddddd"
-set key above box opaque samplen 2 spacing 1.1 title "what the memory holds"
+set key below box opaque invert samplen 2 spacing 1.1 title "what the memory holds (bottom to top)"
 set style fill solid 0.9 border rgb "#333333"
 set boxwidth 0.8
-set bmargin 6
 
 # columns 3..8 are params grads optimizer activations comm other: bar k is
 # the sum of columns 3..k, drawn from the top down so each shows its band

@@ -15,34 +15,56 @@ if (!exists("note")) note = ""
 f = dir . "/time.dat"
 
 if (strstrt(GPVAL_TERMINALS, "pngcairo") > 0) {
-    set terminal pngcairo size 1800,950 font "Sans,11" noenhanced
+    set terminal pngcairo size 1800,1050 font "Sans,11" noenhanced
 } else {
-    set terminal png size 1800,950 font "Sans,11" noenhanced
+    set terminal png size 1800,1050 font "Sans,11" noenhanced
 }
 set output outfile
 
-t = "Time per training step: blocked waiting on communication (bottom) vs the rest (computing, and communication hidden under it), rank 0; lower is better"
+t = "Time per training step: blocked waiting on communication vs the rest (computing, and communication hidden under it); lower is better"
 t = t . "\nwait = the seconds a rank spent inside blocking collectives and waits (comm_wait_s) / steps; bar height = ms per step of steps 2..N"
 if (strlen(note) > 0) t = t . "\n" . note
-set title t font ",12"
+set multiplot title t font ",12"
 
 stats f using 1 nooutput
 set xrange [STATS_min - 0.7 : STATS_max + 0.7]
-stats f using ($2 > $5 ? $2 : $5) nooutput
-set yrange [0 : 1.15 * STATS_max]
-set ylabel "ms per step"
-set xlabel "run (chapter, strategy, mesh, global batch in sequences)" offset 0,-1.2
 set xtics nomirror font ",9" scale 0
 set grid ytics lc rgb "#dddddd"
-set key above box opaque samplen 2 spacing 1.1
 set style fill solid 0.9 border rgb "#333333"
 set boxwidth 0.8
-set bmargin 6
+set lmargin 12
+set rmargin 3
 
-plot f using 1:(0):xtic(7) with points ps 0 notitle, \
-     f using 1:2 with boxes lc rgb "#56B4E9" title "the rest: computing (and communication that overlapped it)", \
+# ---------------------------------------------------------------- top: ms per step
+set origin 0, 0.40
+set size 1, 0.52
+set tmargin 1
+set bmargin 1
+set format x ""
+stats f using ($2 > $5 ? $2 : $5) nooutput
+set yrange [0 : 1.18 * STATS_max]
+set ylabel "ms per step"
+set key top left box opaque samplen 2 spacing 1.1 maxrows 2 width 1
+plot f using 1:2 with boxes lc rgb "#56B4E9" title "the rest: computing (and communication that overlapped it)", \
      f using 1:3 with boxes lc rgb "#D55E00" title "waiting on communication, rank 0 (all steps' wait / steps)", \
-     f using 1:5 with points pt 9 ps 2 lc rgb "black" title "largest wait of any rank (same rule)", \
-     f using 1:6 with points pt 6 ps 2 lw 2 lc rgb "#7F3C8D" title "rank 0's wait in steps 2..N only (chapter 2 logs it)", \
-     f using 1:2:(sprintf("%.0f ms\nwait %.0f", $2, $3)) with labels offset 0,1.2 font ",9" notitle
+     f using 1:5 with points pt 9 ps 1.8 lc rgb "black" title "largest wait of any rank (same rule)", \
+     f using 1:6 with points pt 6 ps 1.8 lw 2 lc rgb "#7F3C8D" title "rank 0's wait in steps 2..N only (comm_wait_ms_per_step, where logged)", \
+     f using 1:2:(sprintf("%.0f ms", $2)) with labels offset 0,0.7 font ",9" notitle
+
+# ---------------------------------------------------------------- bottom: the share
+set origin 0, 0
+set size 1, 0.39
+set tmargin 0.5
+set bmargin 9
+set format x "% h"
+stats f using ($2 > 0 ? 100 * ($5 > $3 ? $5 : $3) / $2 : 0) nooutput
+set yrange [0 : (STATS_max > 0 ? 1.45 * STATS_max : 1)]
+set ylabel "wait, % of the step"
+set xlabel "run (chapter, strategy, mesh, global batch in sequences)" offset 0,-3.2
+set key top left box opaque samplen 2 maxrows 1
+plot f using 1:(0):xtic(7) with points ps 0 notitle, \
+     f using 1:(100 * $3 / $2) with boxes lc rgb "#D55E00" title "rank 0's wait as a share of its step (the orange band above / the bar)", \
+     f using 1:(100 * $5 / $2) with points pt 9 ps 1.8 lc rgb "black" title "largest wait of any rank / the step", \
+     f using 1:(100 * $3 / $2):(sprintf("%.0f%%", 100 * $3 / $2)) with labels offset 0,0.7 font ",9" notitle
+unset multiplot
 set output

@@ -17,9 +17,9 @@ f = dir . "/runs.dat"
 g = dir . "/scaling.dat"
 
 if (strstrt(GPVAL_TERMINALS, "pngcairo") > 0) {
-    set terminal pngcairo size 1800,950 font "Sans,11" noenhanced
+    set terminal pngcairo size 2000,1000 font "Sans,11" noenhanced
 } else {
-    set terminal png size 1800,950 font "Sans,11" noenhanced
+    set terminal png size 2000,1000 font "Sans,11" noenhanced
 }
 set output outfile
 
@@ -29,20 +29,20 @@ set multiplot title t font ",13"
 
 # ---------------------------------------------------------------- left: every run
 set origin 0, 0
-set size 0.64, 0.93
-set title "every run: colour = chapter; label = tokens/s and MFU (share of the ranks' measured matmul peak)"
+set size 0.66, 0.93
+set title "every run (colour = chapter), tokens/s over the bar"
 stats f using 1 nooutput
 set xrange [STATS_min - 0.7 : STATS_max + 0.7]
 stats f using 7 nooutput
 set yrange [0 : 1.2 * STATS_max]
 set ylabel "tokens/s (whole job)"
-set xlabel "run (chapter, strategy, mesh, global batch in sequences)" offset 0,-1.2
+set xlabel "run (chapter, strategy, mesh, global batch in sequences)" offset 0,-3.2
+set bmargin 11
 set xtics nomirror font ",9" scale 0
 set grid ytics lc rgb "#dddddd"
 set style fill solid 0.85 border rgb "#333333"
 set boxwidth 0.75
-set bmargin 6
-set key above box opaque samplen 2
+set key below box opaque samplen 2
 
 chapters = system("awk '!/^#/ && NF { print $2 }' '" . f . "' | sort -un | tr '\\n' ' '")
 chname(c) = c == 0 ? "chapter 0: the single-rank reference" : \
@@ -51,14 +51,14 @@ chname(c) = c == 0 ? "chapter 0: the single-rank reference" : \
 chcolor(c) = c == 0 ? 0x555555 : c == 2 ? 0x0072B2 : c == 3 ? 0x009E73 : c == 4 ? 0xE69F00 : 0xCC79A7
 plot f using 1:(0):xtic(10) with points ps 0 notitle, \
      for [c in chapters] f using 1:(column(2) == int(c) ? column(7) : NaN) with boxes lc rgb chcolor(int(c)) title chname(int(c)), \
-     f using 1:7:(sprintf("%.0f\nMFU %.0f%%", column(7), 100 * column(8))) with labels offset 0,1.1 font ",9" notitle
+     f using 1:7:(sprintf("%.0f", column(7))) with labels offset 0,0.7 font ",9" notitle
 
 # ---------------------------------------------------------------- right: scaling
 unset title
 reset
-set origin 0.64, 0
-set size 0.36, 0.93
-set title sprintf("chapter 2 (overlapped) on 1, 2 and 4 ranks: scaling\nstrong: global batch fixed at %d sequences; weak: %d sequences per rank", \
+set origin 0.66, 0
+set size 0.34, 0.93
+set title sprintf("chapter 2 (overlapped) on 1, 2 and 4 ranks\nstrong scaling: global batch fixed at %d sequences\nweak scaling: %d sequences per rank", \
                   strong_batch, weak_per_rank)
 rows = int(system("grep -vc '^#' '" . g . "' || true"))
 ymax = 0

@@ -1,0 +1,18 @@
+// comm_count.h: the counters both communication backends keep (comm.h
+// reads them out). Only common/cpu/comm.c and common/cuda/comm.c call these.
+#ifndef COMM_COUNT_H
+#define COMM_COUNT_H
+
+#include "comm.h"
+
+// Counts one call on c's axis: bytes is the size it works on per rank
+// (nccl-tests' "size"), factor nccl-tests' bus factor for it.
+void comm_tally(const Comm* c, Collective coll, size_t bytes, double factor);
+// Counts bytes sent and bus bytes separately (all-to-all-v: what leaves the rank).
+void comm_tally_bytes(const Comm* c, Collective coll, double bytes, double bus_bytes);
+// (p - 1) / p for a group of p ranks, 0 for one rank.
+double comm_ring_factor(const Comm* c);
+// Adds seconds spent blocked in communication.
+void comm_add_wait(double seconds);
+
+#endif
