@@ -691,7 +691,9 @@ static int run_check(const Comm* world) {
             }
         }
         random_data = 0;
-        print0("check %-19s %2d runs (n = 0 .. 1048583, roots 0 and p-1): %s\n", alg_names[a], alg_runs,
+        int rooted = a == ALG_BROADCAST || a == ALG_REDUCE || a == ALG_SCATTER || a == ALG_GATHER;
+        print0("check %-19s %2d runs (n = 0 .. 1048583%s): %s\n", alg_names[a], alg_runs,
+               rooted ? ", roots 0 and p-1" : "",
                alg_fail ? "FAIL" : "exact on integer data, within p*eps*sum|x| on random data, as the library");
         failures += alg_fail;
         runs += alg_runs;
@@ -812,7 +814,7 @@ int main(int argc, char** argv) {
         {"check", ARG_FLAG, &do_check, "check every algorithm against the library (odd counts, two roots)"},
         {"bench", ARG_FLAG, &do_bench, "nccl-tests-style table: hand-written vs library"},
         {"min-bytes", ARG_STRING, &min_size, "smallest bench size, e.g. 8, 64K, 1M  [8]"},
-        {"max-bytes", ARG_STRING, &max_size, "largest bench size, up to 256M  [4M]"},
+        {"max-bytes", ARG_STRING, &max_size, "largest bench size, up to 1G (256M is the usual top)  [4M]"},
         {"op", ARG_STRING, &only, "bench only algorithms whose name contains this  [all]"},
         {"iters", ARG_INT, &iters, "timed repetitions per size, at most  [20]"},
         {"threads", ARG_INT, &threads, "threads per rank  [cores / ranks on the node]"},

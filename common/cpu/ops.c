@@ -352,13 +352,15 @@ float grad_clip_scale(double norm, float clip) {
 void ops_zero(float* x, size_t n) { memset(x, 0, n * sizeof(float)); }
 
 void ops_scale(float* x, size_t n, float s) {
-    #pragma omp parallel for
+    #pragma omp parallel for if (n > 16384)
     for (size_t i = 0; i < n; i++) x[i] *= s;
 }
 
 void ops_copy(float* dst, const float* src, size_t n) { memcpy(dst, src, n * sizeof(float)); }
 
 void ops_add(float* y, const float* x, size_t n) {
-    #pragma omp parallel for
+    // small adds (a collective's chunk of a few floats) are not worth waking
+    // the thread team for
+    #pragma omp parallel for if (n > 16384)
     for (size_t i = 0; i < n; i++) y[i] += x[i];
 }

@@ -62,6 +62,7 @@ make_table() {
 }
 
 if [ -n "$outfile" ]; then
+    mkdir -p "$(dirname "$outfile")"
     tmp="$outfile.tmp.$$"
     trap 'rm -f "$tmp"' EXIT
     make_table > "$tmp"

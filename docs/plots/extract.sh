@@ -11,8 +11,9 @@
 #   runs.dat      one row per run: x chapter ranks batch steps ms_per_step
 #                 tokens_per_s mfu mode label
 #   memory.dat    peak MiB per category (params grads optimizer activations comm
-#                 other), rank 0; and a second bar, the rank whose peaks differ
-#                 most from rank 0's, when the ranks differ
+#                 other) and the peak of their sum (total), rank 0; and a second
+#                 bar, the rank whose peaks differ most from rank 0's, when the
+#                 ranks differ
 #   comm.dat      MiB per step per rank (rank 0) by collective, summed over
 #                 axes: "bytes" (the buffer each call works on) / steps, and the
 #                 total "bus_bytes" / steps (what the algorithm sends per rank)
@@ -53,6 +54,7 @@ summary "optimizer":[
 summary "activations":[
 summary "comm":[
 summary "other":[
+summary "total":[
 summary "comm":{
 summary "comm_wait_s":[
 summary:2 "dp_mode":"
@@ -161,6 +163,7 @@ BEGIN {
     ms = need("ms_per_step") + 0; tps = need("tokens_per_s") + 0; mfu = need("mfu") + 0
     shape = need("mesh_shape")
     for (c = 1; c <= ncat; c++) for (r = 0; r < n; r++) need("peak_bytes." cat[c] "." r)
+    for (r = 0; r < n; r++) need("peak_bytes.total." r)
     for (r = 0; r < n; r++) need("comm_wait_s." r)
 
     # the label under the bar, and where the run sorts
@@ -189,10 +192,12 @@ BEGIN {
     rowl = (far >= 0) ? sprintf("ch%d\\n%s\\n%s\\nrank 0", ch, mode, shape) : label
     line = "0"
     for (c = 1; c <= ncat; c++) line = line sprintf(" %.3f", mib(F["peak_bytes." cat[c] ".0"]))
+    line = line sprintf(" %.3f", mib(F["peak_bytes.total.0"]))
     printf "memory\t%s 0\t%s \"%s\"\n", key, line, rowl
     if (far >= 0) {
         line = far ""
         for (c = 1; c <= ncat; c++) line = line sprintf(" %.3f", mib(F["peak_bytes." cat[c] "." far]))
+        line = line sprintf(" %.3f", mib(F["peak_bytes.total." far]))
         printf "memory\t%s 1\t%s \"the same\\nrun,\\nrank %d\"\n", key, line, far
     }
 
@@ -237,7 +242,7 @@ split_table() {
 }
 if [ ${#runs[@]} -gt 0 ]; then
     split_table runs "# x chapter ranks batch steps ms_per_step tokens_per_s mfu mode label" "$out/runs.dat"
-    split_table memory "# x rank params grads optimizer activations comm other label   (peak MiB per category)" "$out/memory.dat"
+    split_table memory "# x rank params grads optimizer activations comm other total label   (peak MiB per category; total = peak of the sum)" "$out/memory.dat"
     split_table comm "# x allreduce reduce_scatter allgather broadcast reduce scatter gather alltoall send recv bus label   (MiB per step, rank 0: bytes per collective, then all bus_bytes)" "$out/comm.dat"
     split_table time "# x ms_per_step wait_rank0 rest wait_max_over_ranks wait_rank0_timed_steps(chapter 2 only, else NaN) label   (ms per step)" "$out/time.dat"
     { echo "# ranks batch batch_per_rank tokens_per_s   (chapter 2, overlapped, grad-accum 1)"

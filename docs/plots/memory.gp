@@ -3,7 +3,9 @@
 #   gnuplot -e "dir='build/plots'; outfile='docs/plots/memory_per_rank.png'" docs/plots/memory.gp
 #
 # Reads dir/memory.dat (docs/plots/extract.sh): x rank params grads optimizer
-# activations comm other label, in MiB. A run whose ranks hold different
+# activations comm other total label, in MiB. The bar stacks each category's
+# own peak; "total" (a black dash) is the peak of the sum, which is lower when
+# categories peak at different moments. A run whose ranks hold different
 # amounts has a second bar: the rank that differs most from rank 0.
 # note: one line under the title (where and how the data was measured).
 
@@ -45,5 +47,7 @@ names = "params grads optimizer activations comm other"
 colors = "#0072B2 #56B4E9 #009E73 #E69F00 #D55E00 #999999"
 plot for [k = 8:3:-1] f using 1:(upto(k)) with boxes lc rgb word(colors, k - 2) \
          title (k == 7 ? "comm buffers" : word(names, k - 2)), \
-     f using 1:(upto(8)):(sprintf("%.0f", upto(8))):xtic(9) with labels offset 0,0.8 font ",9" notitle
+     f using ($1 - 0.4):9:(0.8):(0) with vectors nohead lw 3 lc rgb "black" \
+         title "peak of the total (when categories peak at different times it is below the bar top)", \
+     f using 1:(upto(8)):(sprintf("%.0f", upto(8))):xtic(10) with labels offset 0,0.8 font ",9" notitle
 set output

@@ -52,11 +52,13 @@ bash "$gp/extract.sh" "$data" "$tables" || exit 1
 mkdir -p "$pngs"
 failed=0
 draw() {  # script, output, extra variables
-    local script=$1 out=$2 extra=${3:-} err
-    err=$(gnuplot -e "$vars; dir='$tables'; outfile='$out'; note='$note'; $extra" "$gp/$script" 2>&1)
-    if [ $? -eq 0 ] && [ -s "$out" ]; then
+    local script=$1 out=$2 extra=${3:-} err tmp="$2.tmp.$$.png"
+    # draw into a temporary file: a script that fails half-way leaves no PNG
+    err=$(gnuplot -e "$vars; dir='$tables'; outfile='$tmp'; note='$note'; $extra" "$gp/$script" 2>&1)
+    if [ $? -eq 0 ] && [ -s "$tmp" ] && mv "$tmp" "$out"; then
         echo "plots: $out"
     else
+        rm -f "$tmp"
         echo "plots: FAILED $script -> $out:" >&2
         echo "$err" | grep -v 'warning: Skipping data file' | tail -5 >&2
         failed=$((failed + 1))
