@@ -82,7 +82,7 @@ for type in $(echo "$fields" | awk '{ print $1 }' | sort -u); do
         [ "$n_without" = 0 ] || lacking="$lacking $pattern"
     done <<< "$patterns"
     if [ -z "$lacking" ]; then
-        pass "plots fields: the programs' $type records carry all $(echo "$patterns" | wc -l) fields the plots read"
+        pass "plots fields: the programs' $type records carry every field the plots read ($(echo "$patterns" | wc -l))"
     else
         fail "plots fields of $type records" "missing:$lacking"
     fi
@@ -94,7 +94,8 @@ rc=$?
 if [ $rc = 0 ]; then
     pass "plots: extract.sh and the gnuplot scripts run on the fixture"
 else
-    fail "plots: plots.sh on the fixture" "exit $rc: $(echo "$out" | tail -4 | tr '\n' ' ')"
+    why=$(echo "$out" | grep -A4 -E 'FAILED|^plots: [^/]' | head -6 | tr '\n' ' ')
+    fail "plots: plots.sh on the fixture" "exit $rc: ${why:-$(echo "$out" | tail -4 | tr '\n' ' ')}"
 fi
 for t in runs memory comm time scaling collectives_np2; do
     if [ -s "$tmp/tables/$t.dat" ] && grep -qv '^#' "$tmp/tables/$t.dat"; then

@@ -24,12 +24,12 @@
 # Every DATA_DIR/*.jsonl with {"type":"collective",...} rows (chapter 1's
 # --bench) becomes TABLE_DIR/collectives_npP.dat through collectives_table.sh.
 #
-# Every table's first column, x, is the bar position, and its last column the
+# Every table's first column, x, is the bar position (runs sorted by chapter,
+# ranks, mode, batch, with a gap between chapters), and its last column the
 # quoted label under the bar ("ch2\nnaive\ndp=2\nbatch 8"; gnuplot reads the \n
 # as a line break); the numbers in between can be read with awk as well.
 #
-# x is the bar position: runs sorted by chapter, ranks, mode, batch, with a gap
-# between chapters. A record that lacks a field the tables need stops the
+# A record that lacks a field the tables need stops the
 # extraction with the file and the field named.
 set -euo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"

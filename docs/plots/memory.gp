@@ -36,18 +36,19 @@ set xlabel "run (chapter, strategy, mesh, global batch in sequences)" offset 0,-
 set bmargin 11
 set xtics nomirror font ",9" scale 0
 set grid ytics lc rgb "#dddddd"
-set key below box opaque invert samplen 2 spacing 1.1 title "what the memory holds (bottom to top)"
+set key below horizontal box opaque samplen 2 spacing 1.1 maxcols 7 title "what the memory holds (bottom to top); black line: peak of the sum, below the bar top when categories peak at different times"
 set style fill solid 0.9 border rgb "#333333"
 set boxwidth 0.8
 
-# columns 3..8 are params grads optimizer activations comm other: bar k is
-# the sum of columns 3..k, drawn from the top down so each shows its band
-upto(k) = sum [c = 3:k] column(c)
+# columns 3..8 are params grads optimizer activations comm other: band k
+# runs from the sum of columns 3..k-1 to the sum of columns 3..k
+upto(k) = (k < 3) ? 0 : sum [c = 3:k] column(c)
 names = "params grads optimizer activations comm other"
 colors = "#0072B2 #56B4E9 #009E73 #E69F00 #D55E00 #999999"
-plot for [k = 8:3:-1] f using 1:(upto(k)) with boxes lc rgb word(colors, k - 2) \
+plot for [k = 3:8] f using 1:((upto(k - 1) + upto(k)) / 2):(0.4):((upto(k) - upto(k - 1)) / 2) \
+         with boxxyerror fs solid 0.9 border rgb "#333333" lc rgb word(colors, k - 2) \
          title (k == 7 ? "comm buffers" : word(names, k - 2)), \
      f using ($1 - 0.4):9:(0.8):(0) with vectors nohead lw 3 lc rgb "black" \
-         title "peak of the total (when categories peak at different times it is below the bar top)", \
+         title "peak of the sum", \
      f using 1:(upto(8)):(sprintf("%.0f", upto(8))):xtic(10) with labels offset 0,0.8 font ",9" notitle
 set output

@@ -83,6 +83,8 @@ set ylabel "tokens/s (whole job)"
 set grid xtics ytics lc rgb "#dddddd"
 set key top left box opaque samplen 3
 set samples 400
+set label 1 "Here every rank shares the same machine's cores, and one rank\nalready uses all of them (threads = cores / ranks): more ranks\ncannot add compute, so flat is the best case on one machine.\nThe N x lines are what N machines would give." \
+    at graph 0.03, graph 0.84 left font ",9" textcolor rgb "#333333"
 strong = sprintf("< awk '!/^#/ && $2 == %d' '%s'", strong_batch, g)
 weak = sprintf("< awk '!/^#/ && $3 == %d' '%s'", weak_per_rank, g)
 line(b, u) = (b == b && u >= 1 && u <= 4) ? b * u : NaN
