@@ -113,21 +113,14 @@ static void train_reference(const TrainArgs* args, const Mesh* mesh) {
 
     int* inputs = xmalloc((size_t)B * T * sizeof(int));
     int* targets = xmalloc((size_t)B * T * sizeof(int));
-    double timed = 0.0;
-    int timed_steps = 0;
+    StepClock clock = {0};  // leaves out the first step, which warms caches and threads
     float loss = 0.0f, val_loss = -1.0f;
     for (int step = 0; step < args->steps; step++) {
         data_batch(&setup.train, step, B, T, 0, B, inputs, targets);
-        double t0 = now_seconds();
+        clock_begin(&clock);
         float norm;
         loss = train_step(&model, args, step, inputs, targets, &norm);
-        device_synchronize();
-        double dt = now_seconds() - t0;
-        // the first step warms caches and thread pools; time the rest
-        if (step > 0 || args->steps == 1) {
-            timed += dt;
-            timed_steps++;
-        }
+        double dt = clock_end(&clock, step, args->steps);
         report_step(&log, step, args->steps, loss, norm, 1e3 * dt, (double)B * T / dt);
         if (args->val_every > 0 && (step + 1) % args->val_every == 0 && step + 1 < args->steps) {
             val_loss = train_val_loss(&model, &setup, args->val_batches);
@@ -138,11 +131,11 @@ static void train_reference(const TrainArgs* args, const Mesh* mesh) {
     val_loss = train_val_loss(&model, &setup, args->val_batches);
     if (val_loss >= 0) report_val(&log, args->steps - 1, val_loss);
 
-    double sec_per_step = timed_steps ? timed / timed_steps : 0.0;
+    double ms = clock_ms_per_step(&clock);
     RunSummary summary = {
         .chapter = 0, .model = setup.model_name, .num_params = model.num_params,
-        .batch = B, .seq = T, .steps = args->steps, .ms_per_step = 1e3 * sec_per_step,
-        .tokens_per_s = sec_per_step > 0 ? (double)B * T / sec_per_step : 0.0,
+        .batch = B, .seq = T, .steps = args->steps, .ms_per_step = ms,
+        .tokens_per_s = ms > 0 ? (double)B * T / (ms / 1e3) : 0.0,
         .flops_per_token = gpt_flops_per_token(cfg, T), .peak_gflops = peak_gflops,
         .final_loss = loss, .val_loss = val_loss, .extra_json = NULL};
     report_summary(&log, mesh, &summary);
