@@ -7,6 +7,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "common.h"
@@ -17,6 +18,12 @@
 #define CKPT_VERSION_BF16 5
 
 const char* checkpoint_read_config(const char* path, GPTConfig* cfg, char* msg, size_t msg_len) {
+    struct stat st;
+    if (stat(path, &st) == 0 && !S_ISREG(st.st_mode)) {
+        snprintf(msg, msg_len, "checkpoint '%s' is not a regular file%s (give a preset, --model tiny|small, or an llm.c GPT-2 .bin file)",
+                 path, S_ISDIR(st.st_mode) ? " but a directory" : "");
+        return msg;
+    }
     FILE* f = fopen(path, "rb");
     if (!f) {
         snprintf(msg, msg_len, "cannot open checkpoint '%s': %s (give a preset, --model tiny|small, or an llm.c GPT-2 .bin file)",

@@ -30,16 +30,27 @@ void tokenize_bytes(const char* text, size_t len, uint16_t* tokens) {
     for (size_t i = 0; i < len; i++) tokens[i] = (unsigned char)text[i];
 }
 
-// Reads a whole file into memory; *len gets its size.
+// Reads a whole regular file into memory; *len gets its size. Returns NULL
+// with errno set when the file cannot be read (EISDIR for a directory).
 static char* read_file(const char* path, size_t* len) {
+    struct stat st;
+    if (stat(path, &st) != 0) return NULL;
+    if (!S_ISREG(st.st_mode)) {
+        errno = S_ISDIR(st.st_mode) ? EISDIR : EINVAL;
+        return NULL;
+    }
     FILE* f = fopen(path, "rb");
     if (!f) return NULL;
-    fseek(f, 0, SEEK_END);
-    long size = ftell(f);
-    fseek(f, 0, SEEK_SET);
-    char* buf = xmalloc(size > 0 ? (size_t)size : 1);
-    size_t got = fread(buf, 1, (size_t)size, f);
+    size_t size = (size_t)st.st_size;
+    char* buf = xmalloc(size);
+    size_t got = fread(buf, 1, size, f);
+    int failed = ferror(f);
     fclose(f);
+    if (failed) {
+        free(buf);
+        errno = EIO;
+        return NULL;
+    }
     *len = got;
     return buf;
 }
