@@ -90,6 +90,13 @@ void comm_barrier(const Comm* c);
 // ---------------------------------------------------------------- non-blocking
 // Start the operation and return at once; the buffers must not be touched
 // until comm_wait. Compute placed between start and wait overlaps with it.
+// Every rank starts its collectives in the same order (NCCL requires it).
+// Point-to-point on the CUDA backend: comm_isend and comm_irecv are held and
+// queued together at this rank's next comm_* call (see common/cuda/comm.c).
+// So (1) do not make a host MPI call between comm_isend/irecv and the next
+// comm_* call if a peer may be waiting for that transfer, and (2) a peer's
+// matching receive must not sit behind a collective that this rank starts
+// after its isend: pair sends and receives before the next collective.
 void comm_iallreduce(const Comm* c, float* buf, size_t count, CommOp op, CommRequest* req);
 void comm_ireduce_scatter(const Comm* c, const float* send, float* recv, size_t count, CommOp op,
                           CommRequest* req);
@@ -111,5 +118,9 @@ void comm_counts_reset(void);
 // Seconds spent inside blocking calls and comm_wait: time a rank waited on
 // communication that compute did not hide.
 double comm_wait_seconds(void);
+// Seconds spent inside the non-blocking starts and comm_test: the host's own
+// work on communication that is in flight (on MPI the library copies and
+// reduces there; on NCCL it is only queueing). Not waiting, not computing.
+double comm_progress_seconds(void);
 
 #endif

@@ -6,6 +6,7 @@
 
 static CommCount counts[NUM_COLLECTIVES][COMM_NUM_AXES];
 static double wait_seconds = 0.0;
+static double progress_seconds = 0.0;
 
 const char* collective_name(Collective c) {
     static const char* names[NUM_COLLECTIVES] = {
@@ -23,9 +24,11 @@ CommCount comm_count(Collective coll, int axis) { return counts[coll][axis]; }
 void comm_counts_reset(void) {
     memset(counts, 0, sizeof(counts));
     wait_seconds = 0.0;
+    progress_seconds = 0.0;
 }
 
 double comm_wait_seconds(void) { return wait_seconds; }
+double comm_progress_seconds(void) { return progress_seconds; }
 
 void comm_tally(const Comm* c, Collective coll, size_t bytes, double factor) {
     comm_tally_bytes(c, coll, (double)bytes, (double)bytes * factor);
@@ -41,3 +44,4 @@ void comm_tally_bytes(const Comm* c, Collective coll, double bytes, double bus_b
 double comm_ring_factor(const Comm* c) { return c->size > 1 ? (double)(c->size - 1) / c->size : 0.0; }
 
 void comm_add_wait(double seconds) { wait_seconds += seconds; }
+void comm_add_progress(double seconds) { progress_seconds += seconds; }

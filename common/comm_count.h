@@ -14,5 +14,7 @@ void comm_tally_bytes(const Comm* c, Collective coll, double bytes, double bus_b
 double comm_ring_factor(const Comm* c);
 // Adds seconds spent blocked in communication.
 void comm_add_wait(double seconds);
+// Adds seconds spent inside a non-blocking start or comm_test.
+void comm_add_progress(double seconds);
 
 #endif

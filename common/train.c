@@ -146,6 +146,7 @@ void run_finish(Run* r) {
 void clock_begin(StepClock* c) {
     c->t0 = now_seconds();
     c->w0 = comm_wait_seconds();
+    c->p0 = comm_progress_seconds();
 }
 
 double clock_end(StepClock* c, int step, int steps) {
@@ -154,6 +155,7 @@ double clock_end(StepClock* c, int step, int steps) {
     if (step > 0 || steps == 1) {
         c->seconds += dt;
         c->wait += comm_wait_seconds() - c->w0;
+        c->progress += comm_progress_seconds() - c->p0;
         c->timed++;
     }
     return dt;
@@ -161,3 +163,4 @@ double clock_end(StepClock* c, int step, int steps) {
 
 double clock_ms_per_step(const StepClock* c) { return c->timed ? 1e3 * c->seconds / c->timed : 0.0; }
 double clock_wait_ms_per_step(const StepClock* c) { return c->timed ? 1e3 * c->wait / c->timed : 0.0; }
+double clock_progress_ms_per_step(const StepClock* c) { return c->timed ? 1e3 * c->progress / c->timed : 0.0; }

@@ -57,15 +57,16 @@ void run_finish(Run* r);
 // Step timing: the first step (caches, thread pools) is left out of the
 // averages unless it is the only one.
 typedef struct {
-    double t0, w0;        // when the step started; comm wait seconds then
-    double seconds, wait; // summed over the timed steps
+    double t0, w0, p0;              // when the step started; comm wait and progress seconds then
+    double seconds, wait, progress; // summed over the timed steps
     int timed;
 } StepClock;
 void clock_begin(StepClock* c);
 // Ends step `step` of `steps`; returns its seconds.
 double clock_end(StepClock* c, int step, int steps);
 double clock_ms_per_step(const StepClock* c);
-double clock_wait_ms_per_step(const StepClock* c);
+double clock_wait_ms_per_step(const StepClock* c);      // blocked in communication
+double clock_progress_ms_per_step(const StepClock* c);  // in non-blocking starts and tests
 
 // After training: prints --sample N generated characters (rank 0), and writes
 // --save FILE from the given host copy of the full parameters. Collective:

@@ -104,6 +104,34 @@ for t in runs memory comm time scaling collectives_np2; do
         fail "plots: the $t table" "$tmp/tables/$t.dat is missing or has no rows"
     fi
 done
+# each training table has one row per run in the fixture (a silently dropped
+# run, or a table of nothing but its header, fails here)
+n_runs=$(grep -l '"type":"summary"' "$data"/*.jsonl | wc -l)
+for t in runs time comm; do
+    rows=$(grep -vc '^#' "$tmp/tables/$t.dat" 2>/dev/null || echo 0)
+    if [ "$rows" = "$n_runs" ]; then
+        pass "plots: the $t table has one row per fixture run ($rows)"
+    else
+        fail "plots: the $t table" "$rows rows for $n_runs runs"
+    fi
+done
+# gnuplot says "all points y value undefined" or "No valid points" when a
+# series reads a column that is not there: no script may draw an empty series
+if echo "$out" | grep -qiE 'no valid points|all points .* undefined'; then
+    fail "plots: every series has points" "$(echo "$out" | grep -iE 'no valid points|all points .* undefined' | head -2 | tr '\n' ' ')"
+else
+    pass "plots: every series of every plot has points"
+fi
+# the committed data in docs/plots/data goes through the same pipeline, so a
+# field the plots start to need fails here before it fails make plots
+if [ -d docs/plots/data ] && ls docs/plots/data/*.jsonl >/dev/null 2>&1; then
+    out2=$(bash docs/plots/plots.sh docs/plots/data "$tmp/ctables" "$tmp/cpng" 2>&1)
+    if [ $? = 0 ]; then
+        pass "plots: the committed docs/plots/data draws every plot"
+    else
+        fail "plots: the committed docs/plots/data (make bench writes it anew)" "$(echo "$out2" | tail -3 | tr '\n' ' ')"
+    fi
+fi
 # every gnuplot script is drawn by plots.sh
 for g in docs/plots/*.gp; do
     if ! grep -q "draw $(basename "$g") " docs/plots/plots.sh; then

@@ -175,57 +175,66 @@ void comm_barrier(const Comm* c) {
 
 // ---------------------------------------------------------------- non-blocking
 
-static void start(CommRequest* req) {
+// Every start returns the time it began: the seconds until the MPI call
+// returns are the host's progress work on the operation (comm_progress_seconds).
+static double start(CommRequest* req) {
     memset(req, 0, sizeof(*req));
     req->active = 1;
+    return now_seconds();
 }
 
 void comm_iallreduce(const Comm* c, float* buf, size_t n, CommOp op, CommRequest* req) {
     comm_tally(c, COLL_ALLREDUCE, n * sizeof(float), 2.0 * comm_ring_factor(c));
-    start(req);
+    double t0 = start(req);
     if (op == COMM_AVG && c->size > 1) {
         req->scale_buf = buf;
         req->scale_count = n;
         req->scale = 1.0f / (float)c->size;
     }
     MPI_CHECK(MPI_Iallreduce(MPI_IN_PLACE, buf, as_int(n), MPI_FLOAT, MPI_SUM, c->mpi, &req->mpi));
+    comm_add_progress(now_seconds() - t0);
 }
 
 void comm_ireduce_scatter(const Comm* c, const float* send, float* recv, size_t n, CommOp op,
                           CommRequest* req) {
     comm_tally(c, COLL_REDUCE_SCATTER, n * c->size * sizeof(float), comm_ring_factor(c));
-    start(req);
+    double t0 = start(req);
     if (op == COMM_AVG && c->size > 1) {
         req->scale_buf = recv;
         req->scale_count = n;
         req->scale = 1.0f / (float)c->size;
     }
     MPI_CHECK(MPI_Ireduce_scatter_block(send, recv, as_int(n), MPI_FLOAT, MPI_SUM, c->mpi, &req->mpi));
+    comm_add_progress(now_seconds() - t0);
 }
 
 void comm_iallgather(const Comm* c, const float* send, float* recv, size_t n, CommRequest* req) {
     comm_tally(c, COLL_ALLGATHER, n * c->size * sizeof(float), comm_ring_factor(c));
-    start(req);
+    double t0 = start(req);
     const void* src = send == recv + (size_t)c->rank * n ? MPI_IN_PLACE : (const void*)send;
     MPI_CHECK(MPI_Iallgather(src, as_int(n), MPI_FLOAT, recv, as_int(n), MPI_FLOAT, c->mpi, &req->mpi));
+    comm_add_progress(now_seconds() - t0);
 }
 
 void comm_ibroadcast(const Comm* c, float* buf, size_t n, int root, CommRequest* req) {
     comm_tally(c, COLL_BROADCAST, n * sizeof(float), c->size > 1 ? 1.0 : 0.0);
-    start(req);
+    double t0 = start(req);
     MPI_CHECK(MPI_Ibcast(buf, as_int(n), MPI_FLOAT, root, c->mpi, &req->mpi));
+    comm_add_progress(now_seconds() - t0);
 }
 
 void comm_isend(const Comm* c, const float* buf, size_t n, int peer, CommRequest* req) {
     comm_tally(c, COLL_SEND, n * sizeof(float), 1.0);
-    start(req);
+    double t0 = start(req);
     MPI_CHECK(MPI_Isend(buf, as_int(n), MPI_FLOAT, peer, 0, c->mpi, &req->mpi));
+    comm_add_progress(now_seconds() - t0);
 }
 
 void comm_irecv(const Comm* c, float* buf, size_t n, int peer, CommRequest* req) {
     comm_tally(c, COLL_RECV, n * sizeof(float), 0.0);
-    start(req);
+    double t0 = start(req);
     MPI_CHECK(MPI_Irecv(buf, as_int(n), MPI_FLOAT, peer, 0, c->mpi, &req->mpi));
+    comm_add_progress(now_seconds() - t0);
 }
 
 void comm_wait(CommRequest* req) {
@@ -240,10 +249,12 @@ void comm_wait(CommRequest* req) {
 int comm_test(CommRequest* req) {
     if (!req->active) return 1;
     int done = 0;
+    double t0 = now_seconds();
     MPI_CHECK(MPI_Test(&req->mpi, &done, MPI_STATUS_IGNORE));
     if (done) {
         if (req->scale_buf) ops_scale(req->scale_buf, req->scale_count, req->scale);
         req->active = 0;
     }
+    comm_add_progress(now_seconds() - t0);
     return done;
 }

@@ -421,13 +421,17 @@ void comm_barrier(const Comm* c) {
 // A non-blocking collective: queued at once (after held point-to-point
 // operations and the compute queued so far), the request's event recorded
 // behind it.
-static void begin_nonblocking(void) {
+// The seconds spent queueing count as progress (comm_progress_seconds).
+static double begin_nonblocking(void) {
+    double t0 = now_seconds();
     flush_p2p();
     after_compute();
+    return t0;
 }
 
-static void end_nonblocking(CommRequest* req) {
+static void end_nonblocking(CommRequest* req, double t0) {
     CUDA_CHECK(cudaEventRecord((cudaEvent_t)req->device_event, comm_stream));
+    comm_add_progress(now_seconds() - t0);
 }
 
 void comm_iallreduce(const Comm* c, float* buf, size_t n, CommOp op, CommRequest* req) {
@@ -438,9 +442,9 @@ void comm_iallreduce(const Comm* c, float* buf, size_t n, CommOp op, CommRequest
         req->scale_count = n;
         req->scale = 1.0f / (float)c->size;
     }
-    begin_nonblocking();
+    double t0 = begin_nonblocking();
     if (n) NCCL_CHECK(ncclAllReduce(buf, buf, n, ncclFloat, ncclSum, nccl_of(c), comm_stream));
-    end_nonblocking(req);
+    end_nonblocking(req, t0);
 }
 
 void comm_ireduce_scatter(const Comm* c, const float* send, float* recv, size_t n, CommOp op,
@@ -452,25 +456,25 @@ void comm_ireduce_scatter(const Comm* c, const float* send, float* recv, size_t 
         req->scale_count = n;
         req->scale = 1.0f / (float)c->size;
     }
-    begin_nonblocking();
+    double t0 = begin_nonblocking();
     if (n) NCCL_CHECK(ncclReduceScatter(send, recv, n, ncclFloat, ncclSum, nccl_of(c), comm_stream));
-    end_nonblocking(req);
+    end_nonblocking(req, t0);
 }
 
 void comm_iallgather(const Comm* c, const float* send, float* recv, size_t n, CommRequest* req) {
     comm_tally(c, COLL_ALLGATHER, n * c->size * sizeof(float), comm_ring_factor(c));
     start(req);
-    begin_nonblocking();
+    double t0 = begin_nonblocking();
     if (n) NCCL_CHECK(ncclAllGather(send, recv, n, ncclFloat, nccl_of(c), comm_stream));
-    end_nonblocking(req);
+    end_nonblocking(req, t0);
 }
 
 void comm_ibroadcast(const Comm* c, float* buf, size_t n, int root, CommRequest* req) {
     comm_tally(c, COLL_BROADCAST, n * sizeof(float), c->size > 1 ? 1.0 : 0.0);
     start(req);
-    begin_nonblocking();
+    double t0 = begin_nonblocking();
     if (n) NCCL_CHECK(ncclBroadcast(buf, buf, n, ncclFloat, root, nccl_of(c), comm_stream));
-    end_nonblocking(req);
+    end_nonblocking(req, t0);
 }
 
 void comm_isend(const Comm* c, const float* buf, size_t n, int peer, CommRequest* req) {
@@ -497,6 +501,12 @@ static void finish(CommRequest* req) {
 void comm_wait(CommRequest* req) {
     if (!req->active) return;
     flush_p2p();
+    // The host first waits for the compute queued so far, outside the timer
+    // (as the blocking calls do): the request's event sits behind the compute
+    // queued before its start, and the host usually runs far ahead of the
+    // GPU, so timing the event alone would count compute as waiting.
+    CUDA_CHECK(cudaEventRecord(compute_ready, cuda_compute_stream));
+    CUDA_CHECK(cudaEventSynchronize(compute_ready));
     double t0 = now_seconds();
     CUDA_CHECK(cudaEventSynchronize((cudaEvent_t)req->device_event));
     comm_add_wait(now_seconds() - t0);
@@ -505,15 +515,18 @@ void comm_wait(CommRequest* req) {
 
 int comm_test(CommRequest* req) {
     if (!req->active) return 1;
+    double t0 = now_seconds();
     flush_p2p();
     cudaError_t rc = cudaEventQuery((cudaEvent_t)req->device_event);
-    if (rc == cudaErrorNotReady) {
+    int done = rc != cudaErrorNotReady;
+    if (!done) {
         // not an error: still in flight. Clear it in case the runtime kept it
         // as the last error, so the next kernel launch check does not see it.
         if (cudaPeekAtLastError() == cudaErrorNotReady) (void)cudaGetLastError();
-        return 0;
+    } else {
+        CUDA_CHECK(rc);
+        finish(req);
     }
-    CUDA_CHECK(rc);
-    finish(req);
-    return 1;
+    comm_add_progress(now_seconds() - t0);
+    return done;
 }

@@ -9,10 +9,12 @@
 #   collectives_npP            chapter 1 --bench, 8 B .. 256 MiB, P = 2 and 4 ranks
 #                              (and its console table, collectives_npP.txt)
 #   ch2_MODE_dp2               chapter 2, each --dp-mode at dp=2 (global batch 8 x 256)
+#   ch2_ps_dp4                 the parameter server at dp=4: its cost grows with the ranks
 #   ch2_overlapped_dpN         strong scaling: overlapped at dp = 1, 2, 4, global batch 8
 #   ch2_overlapped_dpN_bB      weak scaling: 4 sequences per rank (dp=1 batch 4, dp=4
 #                              batch 16; dp=2 batch 8 is ch2_overlapped_dp2)
-#   ch3_zeroZ_dpN              chapter 3, --zero 1, 2, 3 at dp = 2 and 4
+#   ch3_zeroZ_dpN              chapter 3, --zero 1, 2, 3 at dp = 2 and 4, and ZeRO-3 at
+#                              dp = 1 (memory per rank against N = 1, 2, 4)
 #
 # A chapter's runs are in the sweep only if its binary ($BIN/chapter-N) exists.
 # Each run first writes a temporary file and replaces the old one only when it
@@ -63,6 +65,7 @@ if have 2; then
     for mode in naive bucketed overlapped ps; do
         add ch2_${mode}_dp2 2 "$BIN/chapter-2" --dp 2 --dp-mode $mode $TRAIN
     done
+    add ch2_ps_dp4 4 "$BIN/chapter-2" --dp 4 --dp-mode ps $TRAIN
     # strong scaling: the global batch stays 8 x 256 (dp=2 is above)
     add ch2_overlapped_dp1 1 "$BIN/chapter-2" --dp 1 --dp-mode overlapped $TRAIN
     add ch2_overlapped_dp4 4 "$BIN/chapter-2" --dp 4 --dp-mode overlapped $TRAIN
@@ -72,6 +75,7 @@ if have 2; then
 else skipped="$skipped 2"; fi
 
 if have 3; then
+    add ch3_zero3_dp1 1 "$BIN/chapter-3" --dp 1 --zero 3 $TRAIN
     for dp in 2 4; do
         for z in 1 2 3; do
             add ch3_zero${z}_dp$dp $dp "$BIN/chapter-3" --dp $dp --zero $z $TRAIN
@@ -106,6 +110,7 @@ result() {
 
 start=$(date +%s)
 failed=0
+failed_names=""
 manifest=""
 for i in $(seq 0 $((total - 1))); do
     name=${names[$i]}
@@ -129,6 +134,7 @@ for i in $(seq 0 $((total - 1))); do
         echo "FAILED, exit $rc ($((t1 - t0)) s): see $LOGS/$name.out"
         tail -3 "$LOGS/$name.out" | sed 's/^/    /'
         failed=$((failed + 1))
+        failed_names="$failed_names $name"
     fi
 done
 end=$(date +%s)
@@ -145,6 +151,8 @@ if [ -z "$ONLY" ] && [ $((total - failed)) -gt 0 ]; then
         echo "note: ${cpu:-unknown CPU}, $(nproc) cores shared with other jobs (load average at the end $load_end): expect noise"
         echo "runs:"
         printf '%s' "$manifest"
+        # a failed run keeps its older JSONL file, which the plots still draw
+        [ -n "$failed_names" ] && echo "failed (their files, if any, are from an older sweep):$failed_names"
     } > "$OUT/sweep.txt"
 fi
 [ $failed = 0 ]

@@ -57,6 +57,8 @@ draw() {  # script, output, extra variables
     err=$(gnuplot -e "$vars; dir='$tables'; outfile='$tmp'; note='$note'; $extra" "$gp/$script" 2>&1)
     if [ $? -eq 0 ] && [ -s "$tmp" ] && mv "$tmp" "$out"; then
         echo "plots: $out"
+        # gnuplot's warnings (a series with no valid points, ...) are shown
+        echo "$err" | grep -i 'warning' | sed "s|^|plots: $script: |" >&2
     else
         rm -f "$tmp"
         echo "plots: FAILED $script -> $out:" >&2

@@ -1,11 +1,14 @@
-# step_time.gp: where each run's step time goes: waiting on communication
-# versus everything else (computing, and communication that overlapped it).
+# step_time.gp: where each run's step time goes, three ways: blocked waiting
+# on communication, driving non-blocking communication (the host inside the
+# starts and comm_test), and the rest (computing, with any communication that
+# ran under it).
 #
 #   gnuplot -e "dir='build/plots'; outfile='docs/plots/step_time_split.png'" docs/plots/step_time.gp
 #
 # Reads dir/time.dat (docs/plots/extract.sh): x ms_per_step wait_rank0 rest
-# wait_max_over_ranks wait_rank0_timed_steps label, in ms per step.
-# The wait is comm_wait_s / steps: it averages ALL steps, the first included,
+# wait_max_over_ranks wait_rank0_timed_steps progress_rank0 label, in ms per
+# step. The wait is comm_wait_s / steps (the progress likewise
+# comm_progress_s / steps): it averages ALL steps, the first included,
 # while ms_per_step averages steps 2..N (see docs/README.md, "Plots").
 # note: one line under the title.
 
@@ -21,8 +24,8 @@ if (strstrt(GPVAL_TERMINALS, "pngcairo") > 0) {
 }
 set output outfile
 
-t = "Time per training step: blocked waiting on communication vs the rest (computing, and communication hidden under it); lower is better"
-t = t . "\nwait = the seconds a rank spent inside blocking collectives and waits (comm_wait_s) / steps; bar height = ms per step of steps 2..N"
+t = "Time per training step, rank 0: computing vs communicating (inside non-blocking starts and tests) vs blocked waiting on communication; lower is better"
+t = t . "\nwait = seconds inside blocking collectives and waits (comm_wait_s) / steps; communicating = seconds inside non-blocking starts and comm_test (comm_progress_s) / steps; bar = ms per step of steps 2..N"
 if (strlen(note) > 0) t = t . "\n" . note
 set multiplot title t font ",12"
 
@@ -45,8 +48,9 @@ stats f using ($2 > $5 ? $2 : $5) nooutput
 set yrange [0 : 1.18 * STATS_max]
 set ylabel "ms per step"
 set key top left box opaque samplen 2 spacing 1.1 maxrows 2 width 1
-plot f using 1:2 with boxes lc rgb "#56B4E9" title "the rest: computing (and communication that overlapped it)", \
-     f using 1:3 with boxes lc rgb "#D55E00" title "waiting on communication, rank 0 (all steps' wait / steps)", \
+plot f using 1:2 with boxes lc rgb "#56B4E9" title "computing (and communication that ran under it)", \
+     f using 1:($3 + $7) with boxes lc rgb "#009E73" title "communicating: inside non-blocking starts and tests, rank 0", \
+     f using 1:3 with boxes lc rgb "#D55E00" title "blocked waiting on communication, rank 0 (all steps' wait / steps)", \
      f using 1:5 with points pt 9 ps 1.8 lc rgb "black" title "largest wait of any rank (same rule)", \
      f using 1:6 with points pt 6 ps 1.8 lw 2 lc rgb "#7F3C8D" title "rank 0's wait in steps 2..N only (comm_wait_ms_per_step, where logged)", \
      f using 1:2:(sprintf("%.0f ms", $2)) with labels offset 0,0.7 font ",9" notitle
@@ -57,14 +61,15 @@ set size 1, 0.39
 set tmargin 0.5
 set bmargin 9
 set format x "% h"
-stats f using ($2 > 0 ? 100 * ($5 > $3 ? $5 : $3) / $2 : 0) nooutput
+stats f using ($2 > 0 ? 100 * ($5 > $3 + $7 ? $5 : $3 + $7) / $2 : 0) nooutput
 set yrange [0 : (STATS_max > 0 ? 1.45 * STATS_max : 1)]
-set ylabel "wait, % of the step"
+set ylabel "% of the step"
 set xlabel "run (chapter, strategy, mesh, global batch in sequences)" offset 0,-3.2
 set key top left box opaque samplen 2 maxrows 1
-plot f using 1:(0):xtic(7) with points ps 0 notitle, \
+plot f using 1:(0):xtic(8) with points ps 0 notitle, \
+     f using 1:(100 * ($3 + $7) / $2) with boxes lc rgb "#009E73" title "communicating + waiting, rank 0, share of its step", \
      f using 1:(100 * $3 / $2) with boxes lc rgb "#D55E00" title "rank 0's wait as a share of its step (the orange band above / the bar)", \
      f using 1:(100 * $5 / $2) with points pt 9 ps 1.8 lc rgb "black" title "largest wait of any rank / the step", \
-     f using 1:(100 * $3 / $2):(sprintf("%.0f%%", 100 * $3 / $2)) with labels offset 0,0.7 font ",9" notitle
+     f using 1:(100 * (($3 + $7) > $5 ? $3 + $7 : $5) / $2):(sprintf("%.0f%%", 100 * $3 / $2)) with labels offset 0,1.1 font ",9" notitle
 unset multiplot
 set output
