@@ -49,11 +49,16 @@ ifeq ($(BACKEND),cpu)
   BACKEND_C  := common/cpu/ops.c common/cpu/device.c common/cpu/comm.c
   BACKEND_CU :=
 else ifeq ($(BACKEND),cuda)
+  ifeq ($(HAVE_NVCC),)
+    $(error BACKEND=cuda needs nvcc (the CUDA Toolkit): put it on PATH or in /usr/local/cuda/bin, or build with BACKEND=cpu)
+  endif
   BIN := build/cuda
   CUDA_HOME ?= $(patsubst %/bin/nvcc,%,$(HAVE_NVCC))
   NVCC      ?= $(CUDA_HOME)/bin/nvcc
   CUDA_ARCH ?=
-  NVCCFLAGS := -O3 $(CUDA_ARCH) -std=c++17 -Icommon -I$(CUDA_HOME)/include -Werror all-warnings \
+  # --fmad=false: no fused multiply-adds, as gcc compiles the CPU twin, so the
+  # two backends round the same formulas alike (reduction orders still differ)
+  NVCCFLAGS := -O3 --fmad=false $(CUDA_ARCH) -std=c++17 -Icommon -I$(CUDA_HOME)/include -Werror all-warnings \
                -Xcompiler -Wall,-Wextra,-Werror,-fopenmp -MMD -MP
   CFLAGS    += -I$(CUDA_HOME)/include
   LDLIBS    += -L$(CUDA_HOME)/lib64 -Wl,-rpath,$(CUDA_HOME)/lib64 -lcublas -lnccl -lcudart -lstdc++

@@ -22,6 +22,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "common.h"
 #include "memory.h"
 #include "ops.h"
 #include "runtime.h"
@@ -1124,6 +1125,200 @@ static void test_null_gradients(void) {
 
 // MPI and the device are started as in the chapters: the CUDA backend's
 // device_init needs MPI (every rank must agree that a GPU was found).
+// ================================================================ wide rows
+// The sizes above fit in one CUDA block of 256 threads, so a GPU kernel's
+// "i += blockDim" loops would run one pass only. Here every row (a LayerNorm
+// row, an attention row, a vocabulary row, a bias sum, an encoder channel
+// range) is wider than 256, so a striding bug in any of them shows up. On the
+// CPU the same checks run as one more size. Backward is checked against
+// finite differences on a fixed sample of entries where the full FD would be
+// slow (attention: every entry costs a whole forward).
+#define WIDE 600
+
+// FD of the objective at k entries of x (every stride-th one), into grad (k),
+// and the matching entries of the fp32 gradient into got (k).
+static void fd_sample(objective_fn f, void* ctx, double* x, size_t n, size_t stride,
+                      const float* analytic, double* grad, float* got, size_t* k) {
+    *k = 0;
+    for (size_t i = 0; i < n; i += stride) {
+        double saved = x[i];
+        x[i] = saved + FD_EPS;
+        double lp = f(ctx);
+        x[i] = saved - FD_EPS;
+        double lm = f(ctx);
+        x[i] = saved;
+        grad[*k] = (lp - lm) / (2.0 * FD_EPS);
+        got[*k] = analytic[i];
+        (*k)++;
+    }
+}
+
+static void test_wide_rows(void) {
+    // LayerNorm: rows of C = 600
+    {
+        enum { N = 3, C = WIDE };
+        float *inp = xmalloc(N * C * sizeof(float)), *w = xmalloc(C * sizeof(float)),
+              *b = xmalloc(C * sizeof(float)), *r = xmalloc(N * C * sizeof(float)),
+              *out = xmalloc(N * C * sizeof(float)), *dinp = xmalloc(N * C * sizeof(float)),
+              *dw = xmalloc(C * sizeof(float));
+        double *inp_d = xmalloc(N * C * sizeof(double)), *w_d = xmalloc(C * sizeof(double)),
+               *b_d = xmalloc(C * sizeof(double)), *r_d = xmalloc(N * C * sizeof(double)),
+               *out_d = xmalloc(N * C * sizeof(double)), mean_d[N], rstd_d[N],
+               *g = xmalloc(N * C * sizeof(double));
+        fill(inp, N * C, 2.0);
+        fill(w, C, 1.0);
+        fill(b, C, 1.0);
+        fill(r, N * C, 1.0);
+        to_double(inp_d, inp, N * C);
+        to_double(w_d, w, C);
+        to_double(b_d, b, C);
+        to_double(r_d, r, N * C);
+        float* inp_dev = dev_copy(inp, N * C);
+        float* w_dev = dev_copy(w, C);
+        float* b_dev = dev_copy(b, C);
+        float* r_dev = dev_copy(r, N * C);
+        float* out_dev = dev_zeros(N * C);
+        float* mean_dev = dev_zeros(N);
+        float* rstd_dev = dev_zeros(N);
+        layernorm_forward(out_dev, mean_dev, rstd_dev, inp_dev, w_dev, b_dev, N, C);
+        to_host(out, out_dev, N * C);
+        layernorm_ref(out_d, mean_d, rstd_d, inp_d, w_d, b_d, N, C);
+        check_err("layernorm_forward out, C = 600", rel_err(out, out_d, N * C), FWD_TOL);
+        float* dinp_dev = dev_zeros(N * C);
+        float* dw_dev = dev_zeros(C);
+        layernorm_backward(dinp_dev, dw_dev, NULL, r_dev, inp_dev, w_dev, mean_dev, rstd_dev, N, C);
+        to_host(dinp, dinp_dev, N * C);
+        to_host(dw, dw_dev, C);
+        layernorm_ctx ctx = {inp_d, w_d, b_d, r_d, out_d, N, C};
+        fd_gradient(layernorm_objective, &ctx, inp_d, N * C, g);
+        check_err("layernorm_backward dinp vs FD, C = 600", rel_err(dinp, g, N * C), BWD_TOL);
+        fd_gradient(layernorm_objective, &ctx, w_d, C, g);
+        check_err("layernorm_backward dw vs FD, C = 600", rel_err(dw, g, C), BWD_TOL);
+        free(inp); free(w); free(b); free(r); free(out); free(dinp); free(dw);
+        free(inp_d); free(w_d); free(b_d); free(r_d); free(out_d); free(g);
+        dev_free_all();
+    }
+    // Attention: rows of T = 300 keys (one head of size 8)
+    {
+        enum { B = 1, T = WIDE / 2, C = 8, NH = 1, QKV = B * T * 3 * C, ATT = B * NH * T * T };
+        float *qkv = xmalloc(QKV * sizeof(float)), *r = xmalloc(B * T * C * sizeof(float)),
+              *out = xmalloc(B * T * C * sizeof(float)), *dqkv = xmalloc(QKV * sizeof(float));
+        double *qkv_d = xmalloc(QKV * sizeof(double)), *r_d = xmalloc(B * T * C * sizeof(double)),
+               *out_d = xmalloc(B * T * C * sizeof(double)), *att_d = xmalloc(ATT * sizeof(double));
+        fill(qkv, QKV, 1.5);
+        fill(r, B * T * C, 1.0);
+        to_double(qkv_d, qkv, QKV);
+        to_double(r_d, r, B * T * C);
+        float* qkv_dev = dev_copy(qkv, QKV);
+        float* r_dev = dev_copy(r, B * T * C);
+        float* out_dev = dev_zeros(B * T * C);
+        float* att_dev = dev_zeros(ATT);
+        attention_forward(out_dev, att_dev, qkv_dev, B, T, C, NH);
+        to_host(out, out_dev, B * T * C);
+        attention_ref(out_d, att_d, qkv_d, B, T, C, NH);
+        check_err("attention_forward out, T = 300", rel_err(out, out_d, B * T * C), FWD_TOL);
+        float* dqkv_dev = dev_zeros(QKV);
+        float* datt_dev = dev_zeros(ATT);
+        attention_backward(dqkv_dev, datt_dev, r_dev, qkv_dev, att_dev, B, T, C, NH);
+        to_host(dqkv, dqkv_dev, QKV);
+        attention_ctx ctx = {qkv_d, r_d, out_d, att_d, B, T, C, NH};
+        double g[QKV / 97 + 1];
+        float got[QKV / 97 + 1];
+        size_t k = 0;
+        fd_sample(attention_objective, &ctx, qkv_d, QKV, 97, dqkv, g, got, &k);
+        check_err("attention_backward dqkv vs FD, T = 300 (every 97th entry)", rel_err(got, g, k), BWD_TOL);
+        free(qkv); free(r); free(out); free(dqkv);
+        free(qkv_d); free(r_d); free(out_d); free(att_d);
+        dev_free_all();
+    }
+    // Cross-entropy: rows of 600 logits, the first 550 real
+    {
+        enum { N = 3, W = WIDE, NV = 550 };
+        const int targets[N] = {0, 549, 300};
+        const float dloss = 0.5f;
+        float *logits = xmalloc(N * W * sizeof(float)), *dlogits = xmalloc(N * W * sizeof(float));
+        double *logits_d = xmalloc(N * W * sizeof(double)), losses_d[N], rowmax_d[N], sumexp_d[N],
+               tlogit_d[N], *g = xmalloc(N * W * sizeof(double));
+        float losses[N];
+        fill(logits, N * W, 3.0);
+        for (int n = 0; n < N; n++)
+            for (int v = NV; v < W; v++) logits[n * W + v] = 50.0f;  // padding must not count
+        to_double(logits_d, logits, N * W);
+        float* logits_dev = dev_copy(logits, N * W);
+        int* targets_dev = dev_copy_int(targets, N);
+        float* rowmax_dev = dev_zeros(N);
+        float* sumexp_dev = dev_zeros(N);
+        float* tlogit_dev = dev_zeros(N);
+        float* losses_dev = dev_zeros(N);
+        crossentropy_partials(rowmax_dev, sumexp_dev, tlogit_dev, logits_dev, targets_dev, N, W, NV, 0);
+        crossentropy_loss(losses_dev, rowmax_dev, sumexp_dev, tlogit_dev, N);
+        to_host(losses, losses_dev, N);
+        crossentropy_ref(losses_d, rowmax_d, sumexp_d, tlogit_d, logits_d, targets, N, W, NV, 0);
+        check_err("crossentropy_loss, 600-wide rows (550 real)", rel_err(losses, losses_d, N), FWD_TOL);
+        float* dlogits_dev = dev_zeros(N * W);
+        crossentropy_backward(dlogits_dev, logits_dev, targets_dev, rowmax_dev, sumexp_dev, dloss, N, W, NV, 0);
+        to_host(dlogits, dlogits_dev, N * W);
+        crossentropy_ctx ctx = {logits_d, targets, losses_d, N, W, NV, 0, (double)dloss};
+        fd_gradient(crossentropy_objective, &ctx, logits_d, N * W, g);
+        check_err("crossentropy_backward dlogits vs FD, 600-wide rows", rel_err(dlogits, g, N * W), BWD_TOL);
+        free(logits); free(dlogits); free(logits_d); free(g);
+        dev_free_all();
+    }
+    // Bias gradient: a sum over N = 600 rows
+    {
+        enum { N = WIDE, C = 2, OC = 3 };
+        float inp[N * C], w[OC * C], bias[OC], r[N * OC], dbias[OC];
+        double inp_d[N * C], w_d[OC * C], bias_d[OC], r_d[N * OC], out_d[N * OC], g[OC];
+        fill(inp, N * C, 1.0);
+        fill(w, OC * C, 1.0);
+        fill(bias, OC, 1.0);
+        fill(r, N * OC, 1.0);
+        to_double(inp_d, inp, N * C);
+        to_double(w_d, w, OC * C);
+        to_double(bias_d, bias, OC);
+        to_double(r_d, r, N * OC);
+        float* inp_dev = dev_copy(inp, N * C);
+        float* w_dev = dev_copy(w, OC * C);
+        float* r_dev = dev_copy(r, N * OC);
+        float* dw_dev = dev_zeros(OC * C);
+        float* dbias_dev = dev_zeros(OC);
+        matmul_backward(NULL, dw_dev, dbias_dev, r_dev, inp_dev, w_dev, N, C, OC);
+        to_host(dbias, dbias_dev, OC);
+        matmul_ctx ctx = {inp_d, w_d, bias_d, r_d, out_d, N, C, OC};
+        fd_gradient(matmul_objective, &ctx, bias_d, OC, g);
+        check_err("matmul_backward dbias vs FD, a sum over 600 rows", rel_err(dbias, g, OC), BWD_TOL);
+        dev_free_all();
+    }
+    // Encoder: C = 600 channels (more than one block of channels)
+    {
+        enum { B = 1, T = 2, C = WIDE, V = 3 };
+        const int tokens[B * T] = {2, 2};
+        float *wte = xmalloc(V * C * sizeof(float)), *wpe = xmalloc(T * C * sizeof(float)),
+              *r = xmalloc(B * T * C * sizeof(float)), *dwte = xmalloc(V * C * sizeof(float));
+        double *wte_d = xmalloc(V * C * sizeof(double)), *wpe_d = xmalloc(T * C * sizeof(double)),
+               *r_d = xmalloc(B * T * C * sizeof(double)), *out_d = xmalloc(B * T * C * sizeof(double)),
+               *g = xmalloc(V * C * sizeof(double));
+        fill(wte, V * C, 1.0);
+        fill(wpe, T * C, 1.0);
+        fill(r, B * T * C, 1.0);
+        to_double(wte_d, wte, V * C);
+        to_double(wpe_d, wpe, T * C);
+        to_double(r_d, r, B * T * C);
+        int* tokens_dev = dev_copy_int(tokens, B * T);
+        float* r_dev = dev_copy(r, B * T * C);
+        float* dwte_dev = dev_zeros(V * C);
+        float* dwpe_dev = dev_zeros(T * C);
+        encoder_backward(dwte_dev, dwpe_dev, r_dev, tokens_dev, B, T, C);
+        to_host(dwte, dwte_dev, V * C);
+        encoder_ctx ctx = {tokens, wte_d, wpe_d, r_d, out_d, B, T, C};
+        fd_gradient(encoder_objective, &ctx, wte_d, V * C, g);
+        check_err("encoder_backward dwte vs FD, C = 600, one token twice", rel_err(dwte, g, V * C), BWD_TOL);
+        free(wte); free(wpe); free(r); free(dwte);
+        free(wte_d); free(wpe_d); free(r_d); free(out_d); free(g);
+        dev_free_all();
+    }
+}
+
 int main(int argc, char** argv) {
     runtime_init(&argc, &argv);
     verbose = argc > 1 && strcmp(argv[1], "-v") == 0;
@@ -1141,6 +1336,7 @@ int main(int argc, char** argv) {
     test_grad_norm();
     test_utilities();
     test_null_gradients();
+    test_wide_rows();
     int rc = test_exit_code();
     runtime_finalize();
     return rc;
