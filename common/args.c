@@ -2,6 +2,7 @@
 #include "args.h"
 
 #include <errno.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -55,7 +56,8 @@ static int parse_value(const char* value, ArgType type, void* dest) {
         *(int*)dest = (int)v;
     } else if (type == ARG_FLOAT) {
         double v = strtod(value, &end);
-        if (errno || end == value || *end) return 0;
+        // inf and nan parse as numbers, but no flag of the course means them
+        if (errno || end == value || *end || !isfinite((float)v)) return 0;
         *(float*)dest = (float)v;
     } else {
         *(const char**)dest = value;

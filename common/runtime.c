@@ -44,6 +44,12 @@ int runtime_set_threads(int requested) {
         int allowed = runtime_cores_allowed();
         n = share < allowed ? share : allowed;
         if (n < 1) n = 1;
+        // Open MPI binds each rank to one core when it starts 2 ranks or
+        // fewer: say so, or a student's first run is silently half as fast
+        if (allowed < share)
+            print0("note: mpirun bound each rank to %d core(s) of its share of %d: %d thread(s) per rank; "
+                   "run mpirun with --bind-to none (tests/mpirun.sh does) to use them all\n",
+                   allowed, share, n);
     }
     device_set_threads(n);
     return n;

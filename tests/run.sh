@@ -110,6 +110,31 @@ else
     fail "tokenize" "text: $from_text / tokens: $from_tokens"
 fi
 
+# --sample N prints N generated characters after training
+out=$(timeout 60 $MPIRUN -np 1 "$BUILD/chapter-0" --steps 2 --sample 50 --peak-gflops 10 2>&1)
+sample=$(echo "$out" | sed -n '/^sample (50 tokens):/,$p' | tail -n +2)
+if echo "$out" | grep -q '^sample (50 tokens):' && [ "$(printf '%s' "$sample" | head -c 50 | wc -c)" = 50 ]; then
+    pass "--sample 50 prints a sample of 50 generated characters"
+else
+    fail "--sample 50" "$(echo "$out" | tail -4)"
+fi
+
+# the summary's MFU is tokens/s * flops/token / peak (docs/00_mesh.md, section 6.2)
+mfu_log=$TEST_TMPDIR/mfu.jsonl
+timeout 60 $MPIRUN -np 1 "$BUILD/chapter-0" --steps 3 --peak-gflops 10 --log "$mfu_log" >/dev/null 2>&1
+mfu_check=$(grep '"type":"summary"' "$mfu_log" | awk '{
+    match($0, /"tokens_per_s":[0-9.e+-]+/); tps = substr($0, RSTART + 15, RLENGTH - 15)
+    match($0, /"flops_per_token":[0-9.e+-]+/); fpt = substr($0, RSTART + 18, RLENGTH - 18)
+    match($0, /"peak_gflops":[0-9.e+-]+/); pk = substr($0, RSTART + 14, RLENGTH - 14)
+    match($0, /"mfu":[0-9.e+-]+/); mfu = substr($0, RSTART + 6, RLENGTH - 6)
+    want = tps * fpt / (pk * 1e9); d = mfu - want; if (d < 0) d = -d
+    printf "%s %.5f %.5f %s", (fpt + 0 == 786432 && pk + 0 == 10 && d <= 1e-5 + 1e-3 * want) ? "ok" : "bad", mfu, want, fpt }')
+if [ "${mfu_check%% *}" = ok ]; then
+    pass "summary: flops_per_token 786432 for tiny at T=64, mfu = tokens/s * flops/token / peak ($mfu_check)"
+else
+    fail "summary MFU" "${mfu_check:-no summary record}"
+fi
+
 echo "== errors: one message from rank 0, non-zero exit, no hang"
 # error_case BINARY NP "FLAGS" "PHRASE": the run must end non-zero (not by the
 # 60 s timeout), with exactly one line "error: ..." that contains PHRASE
@@ -139,6 +164,9 @@ error_case chapter-0 1 "--model nosuch.bin" "cannot open checkpoint 'nosuch.bin'
 error_case chapter-0 1 "--model $TEST_TMPDIR/text.bin" "not an llm.c GPT-2 checkpoint"
 error_case chapter-0 1 "--model $TEST_TMPDIR/truncated.bin" "truncated or corrupt"
 error_case chapter-0 1 "--data $TEST_TMPDIR/nosuch.txt" "cannot open data file"
+error_case chapter-0 1 "--data $TEST_TMPDIR" "Is a directory"
+error_case chapter-0 1 "--model $TEST_TMPDIR" "is not a regular file but a directory"
+error_case chapter-0 1 "--lr inf" "--lr needs a number, got 'inf'"
 error_case chapter-0 1 "--data $TEST_TMPDIR/short.txt" "fewer than one batch needs"
 error_case chapter-0 1 "--val $TEST_TMPDIR/short.txt" "too short for its 1024-byte header"
 error_case chapter-0 1 "--val $TEST_TMPDIR/text.bin" "not an llm.c token file"

@@ -393,6 +393,18 @@ static void test_backward_hook_and_loss_scale(void) {
     gpt_free(&m);
 }
 
+// FLOPs per token (docs/00_mesh.md, section 6.1): 6 * (12*L*C^2 + Vp*C) +
+// 12*L*T*C, worked out by hand for the two presets.
+static void test_flops_per_token(void) {
+    GPTConfig tiny, small;
+    check(gpt_preset("tiny", &tiny) && gpt_preset("small", &small), "presets tiny and small exist", "missing");
+    // tiny: 6 * (12*2*64^2 + 256*64) + 12*2*64*64 = 6 * 114688 + 98304
+    double t = gpt_flops_per_token(&tiny, 64), s = gpt_flops_per_token(&small, 256);
+    check(t == 786432.0, "flops per token, tiny at T=64: 786,432", "got %.0f", t);
+    // small: 6 * (12*6*384^2 + 256*384) + 12*6*256*384 = 6 * 10715136 + 7077888
+    check(s == 71368704.0, "flops per token, small at T=256: 71,368,704", "got %.0f", s);
+}
+
 int main(void) {
     test_whole_model_gradient();
     test_loss_at_init_and_overfit();
@@ -400,5 +412,6 @@ int main(void) {
     test_checkpoint();
     test_memory_formula();
     test_backward_hook_and_loss_scale();
+    test_flops_per_token();
     return test_exit_code();
 }
