@@ -23,7 +23,9 @@
 # the machine and its load: plots.sh reads it.
 #
 # Environment: BIN (build), OUT (docs/plots/data), STEPS (5; the programs time
-# steps 2..STEPS), ONLY (run only the runs whose name contains this).
+# steps 2..STEPS), ONLY (run only the runs whose name matches this extended
+# regular expression, e.g. ONLY='^ch' for every training run; sweep.txt then
+# keeps the other runs' lines and notes the partial rerun).
 set -u
 cd "$(dirname "$0")/../.."
 BIN=${BIN:-build}
@@ -43,7 +45,7 @@ cmds=()
 add() {
     local name=$1 np=$2
     shift 2
-    if [ -n "$ONLY" ] && [[ "$name" != *"$ONLY"* ]]; then return; fi
+    if [ -n "$ONLY" ] && ! [[ "$name" =~ $ONLY ]]; then return; fi
     names+=("$name")
     nps+=("$np")
     cmds+=("$*")
@@ -141,18 +143,37 @@ end=$(date +%s)
 load_end=$(cut -d' ' -f1-3 /proc/loadavg)
 echo "bench: $((total - failed)) of $total runs done in $((end - start)) s; load average at the end: $load_end"
 
-if [ -z "$ONLY" ] && [ $((total - failed)) -gt 0 ]; then
+# sweep.txt: the runs behind the files. A partial sweep (ONLY=...) keeps the
+# lines of the runs it did not repeat and says which runs are newer.
+if [ $((total - failed)) -gt 0 ]; then
     cpu=$(grep -m1 'model name' /proc/cpuinfo | sed 's/.*: //; s/  */ /g')
+    now=$(date -u '+%Y-%m-%d %H:%M UTC')
+    kept=""
+    header_date="date: $now"
+    duration="duration: $((end - start)) s"
+    if [ -n "$ONLY" ] && [ -f "$OUT/sweep.txt" ]; then
+        kept=$(sed -n '/^runs:$/,$p' "$OUT/sweep.txt" | tail -n +2 | grep '\.jsonl ' || true)
+        for name in "${names[@]}"; do
+            case " $failed_names " in *" $name "*) continue ;; esac
+            kept=$(printf '%s\n' "$kept" | grep -v "^$name\.jsonl " || true)
+        done
+        header_date="$(grep -m1 '^date:' "$OUT/sweep.txt"); runs matching '$ONLY' again on $now"
+        duration="$(grep -m1 '^duration:' "$OUT/sweep.txt"); runs matching '$ONLY': $((end - start)) s"
+    fi
     {
         echo "# the sweep that wrote these files: bash docs/plots/bench.sh (make bench)"
-        echo "date: $(date -u '+%Y-%m-%d %H:%M UTC')"
+        echo "$header_date"
         echo "machine: ${cpu:-unknown CPU}, $(nproc) cores"
-        echo "duration: $((end - start)) s"
+        echo "$duration"
         echo "note: ${cpu:-unknown CPU}, $(nproc) cores shared with other jobs (load average at the end $load_end): expect noise"
         echo "runs:"
+        if [ -n "$kept" ]; then printf '%s\n' "$kept"; fi
         printf '%s' "$manifest"
         # a failed run keeps its older JSONL file, which the plots still draw
-        [ -n "$failed_names" ] && echo "failed (their files, if any, are from an older sweep):$failed_names"
-    } > "$OUT/sweep.txt"
+        if [ -n "$failed_names" ]; then
+            echo "failed (their files, if any, are from an older sweep):$failed_names"
+        fi
+    } > "$OUT/sweep.txt.tmp.$$"
+    mv "$OUT/sweep.txt.tmp.$$" "$OUT/sweep.txt"
 fi
 [ $failed = 0 ]

@@ -41,7 +41,7 @@ nbench=$(grep -l '"type":"collective"' "$data"/*.jsonl 2>/dev/null | wc -l)
 [ "$nbench" -gt 0 ] || missing "no chapter-1 collective bench rows ({\"type\":\"collective\"} records) in $data/*.jsonl"
 # the sweep's list of files: every one must be there
 if [ -f "$data/sweep.txt" ]; then
-    lost=$(sed -n '/^runs:/,$p' "$data/sweep.txt" | awk 'NR > 1 { print $1 }' |
+    lost=$(sed -n '/^runs:/,$p' "$data/sweep.txt" | awk 'NR > 1 && $1 ~ /\.jsonl$/ { print $1 }' |
         while read -r f; do [ -f "$data/$f" ] || printf ' %s' "$f"; done)
     [ -z "$lost" ] || missing "$data/sweep.txt lists files that are not there:$lost"
 fi
