@@ -225,7 +225,7 @@ int main(int argc, char** argv) {
         return 0;
     DPMode mode = MODE_NAIVE;
     int found = 0;
-    for (int i = 0; i < 4; i++)
+    for (int i = 0; i < (int)(sizeof mode_names / sizeof *mode_names); i++)
         if (!strcmp(mode_name, mode_names[i])) mode = (DPMode)i, found = 1;
     if (!found) fail_all("--dp-mode %s is not one of naive, bucketed, overlapped, ps", mode_name);
     if (accum < 1) fail_all("--grad-accum must be >= 1");
