@@ -12,8 +12,9 @@
 // builds them up:
 //   naive       one blocking all-reduce per parameter tensor, after backward
 //   bucketed    gradients in flat buckets of --bucket-kb, one all-reduce each
-//   overlapped  each bucket's all-reduce starts, non-blocking, as soon as
-//               backward has produced its last gradient; the step waits for all
+//   overlapped  each bucket's all-reduce starts, non-blocking, at the first
+//               block boundary of backward after which all its gradients are
+//               final; the step waits for all
 //   ps          a parameter server, for contrast: rank 0 collects the summed
 //               gradients, steps alone, and broadcasts the new parameters
 //
