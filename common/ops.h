@@ -53,6 +53,58 @@ void attention_forward(float* out, float* att, const float* qkv, int B, int T, i
 void attention_backward(float* dqkv, float* datt, const float* dout, const float* qkv,
                         const float* att, int B, int T, int C, int NH);
 
+// ---------------------------------------------------------------- attention on sequence chunks
+// The same attention, cut by sequence chunks (context parallelism: a rank holds
+// one chunk of queries and meets the keys and values of the other chunks one
+// chunk at a time). The softmax over all keys is assembled from per-chunk
+// partials, the online-softmax (flash-attention) identity: for one query row
+// and two disjoint sets of keys with partials (m1, l1, o1) and (m2, l2, o2),
+//   m = max(m1, m2),  l = l1 e^(m1-m) + l2 e^(m2-m),  o = o1 e^(m1-m) + o2 e^(m2-m),
+// and the attention output of the row is o / l.
+//
+// q_qkv (B, Tq, 3C) is the qkv buffer of the query chunk (only its queries are
+// read); kv_qkv (B, Tk, 3C) that of the key/value chunk (only its keys and
+// values are read); the two may be the same buffer. Query i sits at global
+// position q0 + i, key j at k0 + j, and key j is visible to query i iff
+// k0 + j <= q0 + i (causal). Scores are q.k / sqrt(hs), as in attention_forward.
+// The per-row statistics rowmax, sumexp, lse are (B, Tq, NH): one value per
+// (token, head), heads side by side as in out.
+//
+// Forward WRITES (overwrites) the partials of one (query chunk, kv chunk) pair:
+// rowmax = max visible score, sumexp = sum of exp(score - rowmax) over the
+// visible keys, out (B, Tq, C) = the same sum of exp(score - rowmax) * v,
+// NOT normalised. A row that sees no key of this chunk gets rowmax = -INFINITY,
+// sumexp = 0, out = 0.
+void attention_chunk_forward(float* out, float* rowmax, float* sumexp, const float* q_qkv,
+                             const float* kv_qkv, int B, int Tq, int Tk, int q0, int k0,
+                             int C, int NH);
+// Folds the partials of another kv chunk (out2, rowmax2, sumexp2) into
+// (out, rowmax, sumexp), in place, by the identity above. A row empty on one
+// side (sumexp 0, rowmax -INFINITY) takes the other side's partials; empty on
+// both, it stays empty (no NaN).
+void attention_chunk_merge(float* out, float* rowmax, float* sumexp, const float* out2,
+                           const float* rowmax2, const float* sumexp2, int B, int Tq, int C,
+                           int NH);
+// After the last merge: out /= sumexp in place (a row with sumexp 0 gives 0),
+// and WRITES lse (B, Tq, NH) = rowmax + log(sumexp), the log of the softmax
+// denominator, which is all of the forward statistics backward needs
+// (-INFINITY for an empty row). lse may be the rowmax buffer (in place).
+void attention_chunk_finish(float* out, float* lse, const float* rowmax, const float* sumexp,
+                            int B, int Tq, int C, int NH);
+// Backward of one (query chunk, kv chunk) pair. out (B, Tq, C) and lse are the
+// finished forward of the query chunk over ALL its kv chunks, dout (B, Tq, C)
+// the gradient of out. With p = exp(score - lse) for each visible pair and
+// D = dout . out per row, it ACCUMULATES this pair's share
+//   dv_j += p_ij dout_i,  ds_ij = p_ij (dout_i . v_j - D_i),
+//   dq_i += ds_ij k_j / sqrt(hs),  dk_j += ds_ij q_i / sqrt(hs)
+// into the query part of dq_qkv (B, Tq, 3C) and the key and value parts of
+// dkv_qkv (B, Tk, 3C). Nothing else is written, so dq_qkv and dkv_qkv may be
+// the same buffer (the diagonal pair). Summed over all kv chunks of every query
+// chunk this is attention_backward's dqkv.
+void attention_chunk_backward(float* dq_qkv, float* dkv_qkv, const float* dout, const float* out,
+                              const float* lse, const float* q_qkv, const float* kv_qkv, int B,
+                              int Tq, int Tk, int q0, int k0, int C, int NH);
+
 // ---------------------------------------------------------------- pointwise
 // GELU, tanh approximation, over n values.
 void gelu_forward(float* out, const float* inp, size_t n);

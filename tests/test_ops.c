@@ -1319,6 +1319,306 @@ static void test_wide_rows(void) {
     }
 }
 
+// ================================================================ attention on sequence chunks
+// Context parallelism runs attention chunk by chunk: a query chunk meets each
+// kv chunk in turn (forward of the pair, merge into the partials so far), then
+// finish; backward runs once per (query chunk, kv chunk) pair. These checks cut
+// one sequence into chunks, each its own device buffer as on a rank, and
+// compare with the whole-sequence ops and with finite differences of a double
+// reference of the chunked forward.
+#define MAX_CHUNKS 4
+
+// A (B, T, width) tensor in chunks of sz[0..n) positions: chunk c is its own
+// (B, sz[c], width) tensor, and the chunks lie one after the other, so chunk c
+// starts at B * (positions before c) * width.
+static void split_chunks(float* dst, const float* src, int B, int T, int width, const int* sz, int n) {
+    for (int c = 0, t0 = 0; c < n; t0 += sz[c], c++)
+        for (int b = 0; b < B; b++)
+            for (int t = 0; t < sz[c]; t++)
+                memcpy(dst + ((size_t)B * t0 + (size_t)b * sz[c] + t) * width,
+                       src + ((size_t)b * T + t0 + t) * width, (size_t)width * sizeof(float));
+}
+
+// The inverse, adding: dst (B, T, width) += the chunks of src.
+static void join_chunks_add(float* dst, const float* src, int B, int T, int width, const int* sz, int n) {
+    for (int c = 0, t0 = 0; c < n; t0 += sz[c], c++)
+        for (int b = 0; b < B; b++)
+            for (int t = 0; t < sz[c]; t++)
+                for (int x = 0; x < width; x++)
+                    dst[((size_t)b * T + t0 + t) * width + x] +=
+                        src[((size_t)B * t0 + (size_t)b * sz[c] + t) * width + x];
+}
+
+typedef struct {
+    int B, T, C, NH;
+    const int* qsz;  // positions of each query chunk
+    int nq;
+    const int* ksz;  // positions of each kv chunk
+    int nk;
+    int shared;      // the same cut for both, and chunk c's queries, keys and values in
+                     // one buffer with one gradient buffer, as a context-parallel rank holds them
+} chunk_setup;
+
+// Host in: q_ch, kv_ch (qkv in the query cut and the kv cut; kv_ch is ignored
+// when shared), dout_ch (query cut). Host out: out_ch (query cut, finished),
+// dq_ch (query cut, 3C), dkv_ch (kv cut, 3C; zero when shared, where dq_ch
+// holds the whole gradient). Query chunk c meets the kv chunks c, c+1, ...
+// (mod nk), its own first, as a ring brings them. Leaves its device buffers to
+// the caller's dev_free_all.
+static void chunk_attention_run(const chunk_setup* s, float* out_ch, float* dq_ch, float* dkv_ch,
+                                const float* q_ch, const float* kv_ch, const float* dout_ch) {
+    const int B = s->B, C = s->C, NH = s->NH;
+    float *q_dev[MAX_CHUNKS], *dq_dev[MAX_CHUNKS], *out_dev[MAX_CHUNKS], *dout_dev[MAX_CHUNKS],
+          *m_dev[MAX_CHUNKS], *l_dev[MAX_CHUNKS], *kv_dev[MAX_CHUNKS], *dkv_dev[MAX_CHUNKS];
+    int q0[MAX_CHUNKS], k0[MAX_CHUNKS], tmax = 0;
+    for (int c = 0; c < s->nq; c++) {
+        q0[c] = c ? q0[c - 1] + s->qsz[c - 1] : 0;
+        size_t rows = (size_t)B * s->qsz[c];
+        q_dev[c] = dev_copy(q_ch + (size_t)B * q0[c] * 3 * C, rows * 3 * C);
+        dq_dev[c] = dev_zeros(rows * 3 * C);
+        dout_dev[c] = dev_copy(dout_ch + (size_t)B * q0[c] * C, rows * C);
+        out_dev[c] = dev_zeros(rows * C);
+        m_dev[c] = dev_zeros(rows * NH);
+        l_dev[c] = dev_zeros(rows * NH);
+        tmax = s->qsz[c] > tmax ? s->qsz[c] : tmax;
+    }
+    for (int c = 0; c < s->nk; c++) {
+        k0[c] = c ? k0[c - 1] + s->ksz[c - 1] : 0;
+        if (s->shared) {
+            kv_dev[c] = q_dev[c];
+            dkv_dev[c] = dq_dev[c];
+        } else {
+            kv_dev[c] = dev_copy(kv_ch + (size_t)B * k0[c] * 3 * C, (size_t)B * s->ksz[c] * 3 * C);
+            dkv_dev[c] = dev_zeros((size_t)B * s->ksz[c] * 3 * C);
+        }
+    }
+    // The partials of the next pair, reused from pair to pair: forward must
+    // overwrite them, so they start as garbage.
+    size_t n2 = (size_t)B * tmax * C;
+    float* junk = xmalloc(n2 * sizeof(float));
+    for (size_t i = 0; i < n2; i++) junk[i] = 7.0f;
+    float* o2 = dev_copy(junk, n2);
+    float* m2 = dev_copy(junk, (size_t)B * tmax * NH);
+    float* l2 = dev_copy(junk, (size_t)B * tmax * NH);
+    free(junk);
+
+    for (int c = 0; c < s->nq; c++) {
+        const int Tq = s->qsz[c];
+        for (int step = 0; step < s->nk; step++) {
+            int kc = (c + step) % s->nk;
+            if (step == 0) {
+                attention_chunk_forward(out_dev[c], m_dev[c], l_dev[c], q_dev[c], kv_dev[kc], B, Tq,
+                                        s->ksz[kc], q0[c], k0[kc], C, NH);
+            } else {
+                attention_chunk_forward(o2, m2, l2, q_dev[c], kv_dev[kc], B, Tq, s->ksz[kc], q0[c],
+                                        k0[kc], C, NH);
+                attention_chunk_merge(out_dev[c], m_dev[c], l_dev[c], o2, m2, l2, B, Tq, C, NH);
+            }
+        }
+        // lse written over rowmax (in place, as ops.h allows): m_dev holds lse from here on
+        attention_chunk_finish(out_dev[c], m_dev[c], m_dev[c], l_dev[c], B, Tq, C, NH);
+    }
+    for (int c = 0; c < s->nq; c++)
+        for (int kc = 0; kc < s->nk; kc++)
+            attention_chunk_backward(dq_dev[c], dkv_dev[kc], dout_dev[c], out_dev[c], m_dev[c],
+                                     q_dev[c], kv_dev[kc], B, s->qsz[c], s->ksz[kc], q0[c], k0[kc],
+                                     C, NH);
+    for (int c = 0; c < s->nq; c++) {
+        size_t rows = (size_t)B * s->qsz[c];
+        to_host(out_ch + (size_t)B * q0[c] * C, out_dev[c], rows * C);
+        to_host(dq_ch + (size_t)B * q0[c] * 3 * C, dq_dev[c], rows * 3 * C);
+    }
+    if (s->shared)
+        memset(dkv_ch, 0, (size_t)B * s->T * 3 * C * sizeof(float));
+    else
+        for (int c = 0; c < s->nk; c++)
+            to_host(dkv_ch + (size_t)B * k0[c] * 3 * C, dkv_dev[c], (size_t)B * s->ksz[c] * 3 * C);
+}
+
+// The finished output of every query chunk, from the definition in double:
+// query i of chunk c against every visible key of every kv chunk, one softmax.
+// Inputs and output in the chunk layout of split_chunks.
+static void attention_chunks_ref(double* out_ch, const double* q_ch, const double* kv_ch,
+                                 const chunk_setup* s) {
+    const int B = s->B, C = s->C, NH = s->NH, hs = C / NH, ld = 3 * C;
+    const double scale = 1.0 / sqrt((double)hs);
+    for (int c = 0, q0 = 0; c < s->nq; q0 += s->qsz[c], c++) {
+        const int Tq = s->qsz[c];
+        for (int b = 0; b < B; b++)
+            for (int i = 0; i < Tq; i++)
+                for (int h = 0; h < NH; h++) {
+                    const double* q = q_ch + ((size_t)B * q0 + (size_t)b * Tq + i) * ld + h * hs;
+                    double* o = out_ch + ((size_t)B * q0 + (size_t)b * Tq + i) * C + h * hs;
+                    for (int x = 0; x < hs; x++) o[x] = 0.0;
+                    // pass 0: the max over all visible keys; pass 1: the sums
+                    double mx = -INFINITY, sum = 0.0;
+                    for (int pass = 0; pass < 2; pass++)
+                        for (int kc = 0, k0 = 0; kc < s->nk; k0 += s->ksz[kc], kc++)
+                            for (int j = 0; j < s->ksz[kc] && k0 + j <= q0 + i; j++) {
+                                const double* k = kv_ch + ((size_t)B * k0 + (size_t)b * s->ksz[kc] + j) * ld + C + h * hs;
+                                double sc = 0.0;
+                                for (int x = 0; x < hs; x++) sc += q[x] * k[x];
+                                sc *= scale;
+                                if (pass == 0) {
+                                    mx = fmax(mx, sc);
+                                } else {
+                                    double e = exp(sc - mx);
+                                    sum += e;
+                                    for (int x = 0; x < hs; x++) o[x] += e * k[C + x];
+                                }
+                            }
+                    for (int x = 0; x < hs; x++) o[x] = sum > 0.0 ? o[x] / sum : 0.0;
+                }
+    }
+}
+
+typedef struct {
+    const chunk_setup* s;
+    const double *q_ch, *kv_ch, *r_ch;
+    double* out_ch;
+} attention_chunks_ctx;
+
+// L = sum(out * R) over every query chunk's finished output.
+static double attention_chunks_objective(void* p) {
+    attention_chunks_ctx* a = p;
+    attention_chunks_ref(a->out_ch, a->q_ch, a->kv_ch, a->s);
+    return dot_d(a->out_ch, a->r_ch, (size_t)a->s->B * a->s->T * a->s->C);
+}
+
+static void test_attention_chunks(void) {
+    // B = 2, T = 7, C = 8, NH = 2; query chunks of 3 and 4 positions, kv
+    // chunks of 4 and 3, so that the cuts do not line up:
+    //   queries 0..2 x keys 0..3: key 3 is in every query's future (a cut inside the pair);
+    //   queries 0..2 x keys 4..6: every key in the future, every row empty;
+    //   queries 3..6 x keys 4..6: query 3 sees none of them (an empty row in a live pair).
+    // In the ring order (own chunk first) queries 0..2 merge the empty pair in
+    // second, and queries 3..6 start from the pair whose query-3 row is empty,
+    // so the merge meets -inf on either side.
+    enum { B = 2, T = 7, C = 8, NH = 2, QKV = B * T * 3 * C, OUT = B * T * C, ATT = B * NH * T * T };
+    const int qsz[2] = {3, 4}, ksz[2] = {4, 3};
+    chunk_setup s = {B, T, C, NH, qsz, 2, ksz, 2, 0};
+    float qkv[QKV], r[OUT], out[OUT], dqkv[QKV];
+    fill(qkv, QKV, 1.5);  // as test_attention: a clearly non-uniform softmax
+    fill(r, OUT, 1.0);
+
+    // The whole sequence through attention_forward / attention_backward.
+    float* qkv_dev = dev_copy(qkv, QKV);
+    float* r_dev = dev_copy(r, OUT);
+    float* out_dev = dev_zeros(OUT);
+    float* att_dev = dev_zeros(ATT);
+    float* dqkv_dev = dev_zeros(QKV);
+    float* datt_dev = dev_zeros(ATT);
+    attention_forward(out_dev, att_dev, qkv_dev, B, T, C, NH);
+    attention_backward(dqkv_dev, datt_dev, r_dev, qkv_dev, att_dev, B, T, C, NH);
+    to_host(out, out_dev, OUT);
+    to_host(dqkv, dqkv_dev, QKV);
+
+    // The same in chunks.
+    float q_ch[QKV], kv_ch[QKV], r_ch[OUT], out_ch[OUT], dq_ch[QKV], dkv_ch[QKV];
+    split_chunks(q_ch, qkv, B, T, 3 * C, qsz, 2);
+    split_chunks(kv_ch, qkv, B, T, 3 * C, ksz, 2);
+    split_chunks(r_ch, r, B, T, C, qsz, 2);
+    chunk_attention_run(&s, out_ch, dq_ch, dkv_ch, q_ch, kv_ch, r_ch);
+    float out_j[OUT] = {0}, g_j[QKV] = {0};
+    join_chunks_add(out_j, out_ch, B, T, C, qsz, 2);
+    join_chunks_add(g_j, dq_ch, B, T, 3 * C, qsz, 2);
+    join_chunks_add(g_j, dkv_ch, B, T, 3 * C, ksz, 2);
+    check_err("attention_chunk_forward+merge+finish vs attention_forward, T = 7 (q 3+4, kv 4+3)",
+              rel_err_ff(out_j, out, OUT), FWD_TOL);
+    // Summed over the pairs, and accumulated: a backward that overwrote would
+    // keep only the last pair of each chunk.
+    check_err("attention_chunk_backward summed over pairs vs attention_backward, T = 7",
+              rel_err_ff(g_j, dqkv, QKV), BWD_TOL);
+
+    // Finite differences of the chunked forward in double, per chunk buffer:
+    // dq_ch must hold the queries' gradient and nothing in its key and value
+    // parts, dkv_ch the keys' and values' and nothing in its query part.
+    double q_d[QKV], kv_d[QKV], r_d[OUT], out_d[OUT], g[QKV];
+    to_double(q_d, q_ch, QKV);
+    to_double(kv_d, kv_ch, QKV);
+    to_double(r_d, r_ch, OUT);
+    attention_chunks_ctx ctx = {&s, q_d, kv_d, r_d, out_d};
+    fd_gradient(attention_chunks_objective, &ctx, q_d, QKV, g);
+    check_err("attention_chunk_backward query chunks' dqkv vs FD of the chunked forward",
+              rel_err(dq_ch, g, QKV), BWD_TOL);
+    fd_gradient(attention_chunks_objective, &ctx, kv_d, QKV, g);
+    check_err("attention_chunk_backward kv chunks' dqkv vs FD of the chunked forward",
+              rel_err(dkv_ch, g, QKV), BWD_TOL);
+
+    // A pair with every key in the future (queries 0..2, keys 4..6), twice,
+    // merged and finished: empty rows stay empty, with no NaN on the way.
+    {
+        enum { TQ = 3, TK = 3, R = B * TQ * NH, O = B * TQ * C };
+        float o[O], m[R], l[R];
+        float* q_dev = dev_copy(q_ch, (size_t)B * TQ * 3 * C);
+        float* kv_dev = dev_copy(kv_ch + (size_t)B * 4 * 3 * C, (size_t)B * TK * 3 * C);
+        float *o_dev = dev_zeros(O), *m_dev = dev_zeros(R), *l_dev = dev_zeros(R);
+        float *o2_dev = dev_zeros(O), *m2_dev = dev_zeros(R), *l2_dev = dev_zeros(R);
+        attention_chunk_forward(o_dev, m_dev, l_dev, q_dev, kv_dev, B, TQ, TK, 0, 4, C, NH);
+        to_host(o, o_dev, O);
+        to_host(m, m_dev, R);
+        to_host(l, l_dev, R);
+        int ok = 1;
+        for (int i = 0; i < R; i++) ok &= isinf(m[i]) && m[i] < 0 && l[i] == 0.0f;
+        for (int i = 0; i < O; i++) ok &= o[i] == 0.0f;
+        check(ok, "attention_chunk_forward, every key in the future: rowmax -inf, sumexp 0, out 0",
+              "a row is not empty");
+        attention_chunk_forward(o2_dev, m2_dev, l2_dev, q_dev, kv_dev, B, TQ, TK, 0, 4, C, NH);
+        attention_chunk_merge(o_dev, m_dev, l_dev, o2_dev, m2_dev, l2_dev, B, TQ, C, NH);
+        attention_chunk_finish(o_dev, m_dev, m_dev, l_dev, B, TQ, C, NH);
+        to_host(o, o_dev, O);
+        to_host(m, m_dev, R);
+        ok = 1;
+        for (int i = 0; i < R; i++) ok &= isinf(m[i]) && m[i] < 0;
+        for (int i = 0; i < O; i++) ok &= o[i] == 0.0f;
+        check(ok, "attention_chunk_merge+finish of two empty pairs: out 0, lse -inf (no NaN)",
+              "a value is NaN or not empty");
+    }
+    dev_free_all();
+
+    // Rows of 300 keys (more than one CUDA block of threads, so every striding
+    // loop of the GPU kernels makes two passes): T = 600 in two chunks of 300,
+    // queries, keys and values of a chunk in one buffer with one gradient
+    // buffer, as a rank holds them. The whole-sequence ops are checked
+    // against FD at this width in test_wide_rows.
+    {
+        enum { B1 = 1, T1 = 2 * (WIDE / 2), C1 = 8, NH1 = 1, QKV1 = B1 * T1 * 3 * C1,
+               OUT1 = B1 * T1 * C1, ATT1 = B1 * NH1 * T1 * T1 };
+        const int sz[2] = {WIDE / 2, WIDE / 2};
+        chunk_setup s1 = {B1, T1, C1, NH1, sz, 2, sz, 2, 1};
+        float *qkv1 = xmalloc(QKV1 * sizeof(float)), *r1 = xmalloc(OUT1 * sizeof(float)),
+              *out1 = xmalloc(OUT1 * sizeof(float)), *dqkv1 = xmalloc(QKV1 * sizeof(float)),
+              *q1_ch = xmalloc(QKV1 * sizeof(float)), *r1_ch = xmalloc(OUT1 * sizeof(float)),
+              *out1_ch = xmalloc(OUT1 * sizeof(float)), *dq1_ch = xmalloc(QKV1 * sizeof(float)),
+              *dkv1_ch = xmalloc(QKV1 * sizeof(float)), *out1_j = xcalloc(OUT1, sizeof(float)),
+              *g1_j = xcalloc(QKV1, sizeof(float));
+        fill(qkv1, QKV1, 1.5);
+        fill(r1, OUT1, 1.0);
+        float* qkv1_dev = dev_copy(qkv1, QKV1);
+        float* r1_dev = dev_copy(r1, OUT1);
+        float* out1_dev = dev_zeros(OUT1);
+        float* att1_dev = dev_zeros(ATT1);
+        float* dqkv1_dev = dev_zeros(QKV1);
+        float* datt1_dev = dev_zeros(ATT1);
+        attention_forward(out1_dev, att1_dev, qkv1_dev, B1, T1, C1, NH1);
+        attention_backward(dqkv1_dev, datt1_dev, r1_dev, qkv1_dev, att1_dev, B1, T1, C1, NH1);
+        to_host(out1, out1_dev, OUT1);
+        to_host(dqkv1, dqkv1_dev, QKV1);
+        split_chunks(q1_ch, qkv1, B1, T1, 3 * C1, sz, 2);
+        split_chunks(r1_ch, r1, B1, T1, C1, sz, 2);
+        chunk_attention_run(&s1, out1_ch, dq1_ch, dkv1_ch, q1_ch, NULL, r1_ch);
+        join_chunks_add(out1_j, out1_ch, B1, T1, C1, sz, 2);
+        join_chunks_add(g1_j, dq1_ch, B1, T1, 3 * C1, sz, 2);
+        check_err("attention_chunk_forward+merge+finish vs attention_forward, T = 600 (chunks of 300)",
+                  rel_err_ff(out1_j, out1, OUT1), FWD_TOL);
+        check_err("attention_chunk_backward summed vs attention_backward, T = 600 (chunks of 300)",
+                  rel_err_ff(g1_j, dqkv1, QKV1), BWD_TOL);
+        free(qkv1); free(r1); free(out1); free(dqkv1); free(q1_ch); free(r1_ch);
+        free(out1_ch); free(dq1_ch); free(dkv1_ch); free(out1_j); free(g1_j);
+        dev_free_all();
+    }
+}
+
 int main(int argc, char** argv) {
     runtime_init(&argc, &argv);
     verbose = argc > 1 && strcmp(argv[1], "-v") == 0;
@@ -1337,6 +1637,7 @@ int main(int argc, char** argv) {
     test_utilities();
     test_null_gradients();
     test_wide_rows();
+    test_attention_chunks();
     int rc = test_exit_code();
     runtime_finalize();
     return rc;

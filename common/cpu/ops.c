@@ -219,6 +219,137 @@ void attention_backward(float* dqkv, float* datt, const float* dout, const float
     }
 }
 
+// ---------------------------------------------------------------- attention on sequence chunks
+// A (query chunk, kv chunk) pair is a rectangle of the score matrix, cut by the
+// causal diagonal where the two chunks overlap in position. The keys a query
+// sees are always a prefix of the kv chunk, so plain loops state the cut
+// directly where a matmul would also compute the masked scores. As above, one
+// (batch, head) pair per thread: it owns that head's slice of every row it
+// writes, queries and keys alike, so nothing races.
+
+static inline float row_dot(const float* a, const float* b, int n) {
+    float s = 0.0f;
+    for (int c = 0; c < n; c++) s += a[c] * b[c];
+    return s;
+}
+
+// How many keys of the chunk query i sees: keys 0 .. q0 + i - k0, within 0..Tk.
+static inline int chunk_keys_visible(int i, int q0, int k0, int Tk) {
+    int n = q0 + i - k0 + 1;
+    return n < 0 ? 0 : (n > Tk ? Tk : n);
+}
+
+void attention_chunk_forward(float* out, float* rowmax, float* sumexp, const float* q_qkv,
+                             const float* kv_qkv, int B, int Tq, int Tk, int q0, int k0,
+                             int C, int NH) {
+    const int hs = C / NH;
+    const float scale = 1.0f / sqrtf((float)hs);
+    const int ld = 3 * C;
+    #pragma omp parallel for collapse(2)
+    for (int b = 0; b < B; b++) {
+        for (int h = 0; h < NH; h++) {
+            const float* kv = kv_qkv + (size_t)b * Tk * ld + h * hs;  // key j: kv + j*ld + C
+            for (int i = 0; i < Tq; i++) {
+                size_t r = ((size_t)b * Tq + i) * NH + h;  // (token, head) row of the stats
+                const float* q = q_qkv + ((size_t)b * Tq + i) * ld + h * hs;
+                float* o = out + r * hs;                   // = out + (b*Tq + i)*C + h*hs
+                int nvis = chunk_keys_visible(i, q0, k0, Tk);
+                // two passes over the keys, the max first, so no row of scores is stored
+                float mx = -INFINITY;
+                for (int j = 0; j < nvis; j++) {
+                    float s = scale * row_dot(q, kv + (size_t)j * ld + C, hs);
+                    mx = s > mx ? s : mx;
+                }
+                for (int c = 0; c < hs; c++) o[c] = 0.0f;
+                float sum = 0.0f;
+                for (int j = 0; j < nvis; j++) {
+                    float e = expf(scale * row_dot(q, kv + (size_t)j * ld + C, hs) - mx);
+                    const float* v = kv + (size_t)j * ld + 2 * C;
+                    sum += e;
+                    for (int c = 0; c < hs; c++) o[c] += e * v[c];
+                }
+                rowmax[r] = mx;
+                sumexp[r] = sum;
+            }
+        }
+    }
+}
+
+// Stats (B, Tq, NH) and out (B, Tq, C) = (B*Tq*NH, hs) list the (token, head)
+// rows in the same order, so row r of the stats owns out[r*hs .. r*hs + hs).
+void attention_chunk_merge(float* out, float* rowmax, float* sumexp, const float* out2,
+                           const float* rowmax2, const float* sumexp2, int B, int Tq, int C,
+                           int NH) {
+    const int hs = C / NH;
+    const size_t rows = (size_t)B * Tq * NH;
+    #pragma omp parallel for
+    for (size_t r = 0; r < rows; r++) {
+        float m = rowmax[r] > rowmax2[r] ? rowmax[r] : rowmax2[r];
+        // an empty side (sumexp 0, rowmax -inf) weighs 0: exp(-inf - m) would be
+        // NaN when the other side is empty too
+        float a1 = sumexp[r] > 0.0f ? expf(rowmax[r] - m) : 0.0f;
+        float a2 = sumexp2[r] > 0.0f ? expf(rowmax2[r] - m) : 0.0f;
+        float* o = out + r * hs;
+        const float* o2 = out2 + r * hs;
+        for (int c = 0; c < hs; c++) o[c] = o[c] * a1 + o2[c] * a2;
+        sumexp[r] = sumexp[r] * a1 + sumexp2[r] * a2;
+        rowmax[r] = m;
+    }
+}
+
+void attention_chunk_finish(float* out, float* lse, const float* rowmax, const float* sumexp,
+                            int B, int Tq, int C, int NH) {
+    const int hs = C / NH;
+    const size_t rows = (size_t)B * Tq * NH;
+    #pragma omp parallel for
+    for (size_t r = 0; r < rows; r++) {
+        float l = sumexp[r];
+        float inv = l > 0.0f ? 1.0f / l : 0.0f;
+        float* o = out + r * hs;
+        for (int c = 0; c < hs; c++) o[c] *= inv;
+        lse[r] = l > 0.0f ? rowmax[r] + logf(l) : -INFINITY;  // rowmax read first: lse may be rowmax
+    }
+}
+
+void attention_chunk_backward(float* dq_qkv, float* dkv_qkv, const float* dout, const float* out,
+                              const float* lse, const float* q_qkv, const float* kv_qkv, int B,
+                              int Tq, int Tk, int q0, int k0, int C, int NH) {
+    const int hs = C / NH;
+    const float scale = 1.0f / sqrtf((float)hs);
+    const int ld = 3 * C;
+    #pragma omp parallel for collapse(2)
+    for (int b = 0; b < B; b++) {
+        for (int h = 0; h < NH; h++) {
+            const float* kv = kv_qkv + (size_t)b * Tk * ld + h * hs;
+            float* dkv = dkv_qkv + (size_t)b * Tk * ld + h * hs;
+            for (int i = 0; i < Tq; i++) {
+                size_t r = ((size_t)b * Tq + i) * NH + h;
+                const float* q = q_qkv + ((size_t)b * Tq + i) * ld + h * hs;
+                float* dq = dq_qkv + ((size_t)b * Tq + i) * ld + h * hs;
+                const float* d = dout + r * hs;
+                int nvis = chunk_keys_visible(i, q0, k0, Tk);
+                // D_i = dout_i . out_i = sum over ALL keys of p_ij (dout_i . v_j): the
+                // softmax's coupling term, known from the finished out alone
+                float D = row_dot(d, out + r * hs, hs);
+                for (int j = 0; j < nvis; j++) {
+                    const float* k = kv + (size_t)j * ld + C;
+                    const float* v = k + C;
+                    float* dk = dkv + (size_t)j * ld + C;
+                    float* dv = dk + C;
+                    // the softmax probability, recomputed from the score and the row's lse
+                    float p = expf(scale * row_dot(q, k, hs) - lse[r]);
+                    float ds = p * (row_dot(d, v, hs) - D);
+                    for (int c = 0; c < hs; c++) {
+                        dv[c] += p * d[c];
+                        dq[c] += scale * ds * k[c];
+                        dk[c] += scale * ds * q[c];
+                    }
+                }
+            }
+        }
+    }
+}
+
 // ---------------------------------------------------------------- pointwise
 
 #define GELU_SCALE 0.7978845608028654f  // sqrt(2 / pi)

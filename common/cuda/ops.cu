@@ -403,6 +403,238 @@ extern "C" void attention_backward(float* dqkv, float* datt, const float* dout, 
     }
 }
 
+// ---------------------------------------------------------------- attention on sequence chunks
+// The CPU's loops, one block per (token, head) row: the row's keys (or, for
+// dk and dv, a key's queries) go THREADS at a time. Each thread computes one
+// score of the tile and leaves its weight in shared memory; then thread c adds
+// the weighted rows into channels c, c + THREADS, ... of the output, keys in
+// order as on the CPU. Every tile loop runs the same number of times in every
+// thread of the block (its bound is the block's, not the thread's), so the
+// __syncthreads() inside it are reached by all.
+//
+// Blocks are numbered like the stats (B, Tq, NH): r = (b*Tq + i)*NH + h, and
+// out (B, Tq, C) = (B*Tq*NH, hs) puts that row's slice at out + r*hs.
+
+__device__ float row_dot(const float* a, const float* b, int n) {
+    float s = 0.0f;
+    for (int c = 0; c < n; c++) s += a[c] * b[c];
+    return s;
+}
+
+// How many keys of the chunk query i sees: keys 0 .. q0 + i - k0, within 0..Tk.
+__device__ int chunk_keys_visible(int i, int q0, int k0, int Tk) {
+    int n = q0 + i - k0 + 1;
+    return n < 0 ? 0 : (n > Tk ? Tk : n);
+}
+
+__global__ void attention_chunk_forward_kernel(float* out, float* rowmax, float* sumexp,
+                                               const float* q_qkv, const float* kv_qkv, int Tq,
+                                               int Tk, int q0, int k0, int C, int NH,
+                                               float scale) {
+    __shared__ float weight[THREADS];
+    const int hs = C / NH, ld = 3 * C;
+    const int r = blockIdx.x, h = r % NH, bi = r / NH, b = bi / Tq, i = bi % Tq;
+    const float* q = q_qkv + (size_t)bi * ld + h * hs;
+    const float* kv = kv_qkv + (size_t)b * Tk * ld + h * hs;  // key j: kv + j*ld + C
+    float* o = out + (size_t)r * hs;
+    const int nvis = chunk_keys_visible(i, q0, k0, Tk);
+    // the max first, as on the CPU; -inf for a row that sees no key
+    float mx = -INFINITY;
+    for (int j = threadIdx.x; j < nvis; j += THREADS)
+        mx = fmaxf(mx, scale * row_dot(q, kv + (size_t)j * ld + C, hs));
+    mx = block_max(mx);
+    for (int c = threadIdx.x; c < hs; c += THREADS) o[c] = 0.0f;
+    float part = 0.0f;
+    for (int j0 = 0; j0 < nvis; j0 += THREADS) {
+        int j = j0 + threadIdx.x;
+        float e = j < nvis ? expf(scale * row_dot(q, kv + (size_t)j * ld + C, hs) - mx) : 0.0f;
+        part += e;
+        weight[threadIdx.x] = e;
+        __syncthreads();
+        int n = min(THREADS, nvis - j0);
+        for (int c = threadIdx.x; c < hs; c += THREADS) {
+            float acc = o[c];  // channel c is this thread's alone
+            for (int jj = 0; jj < n; jj++) acc += weight[jj] * kv[(size_t)(j0 + jj) * ld + 2 * C + c];
+            o[c] = acc;
+        }
+        __syncthreads();  // all have read weight before the next tile overwrites it
+    }
+    float sum = block_sum(part);
+    if (threadIdx.x == 0) {
+        rowmax[r] = mx;
+        sumexp[r] = sum;
+    }
+}
+
+extern "C" void attention_chunk_forward(float* out, float* rowmax, float* sumexp, const float* q_qkv,
+                                        const float* kv_qkv, int B, int Tq, int Tk, int q0, int k0,
+                                        int C, int NH) {
+    // Tk = 0 still runs: every row is written as empty
+    if (B <= 0 || Tq <= 0 || NH <= 0) return;
+    const float scale = 1.0f / sqrtf((float)(C / NH));
+    attention_chunk_forward_kernel<<<B * Tq * NH, THREADS, 0, cuda_compute_stream>>>(
+        out, rowmax, sumexp, q_qkv, kv_qkv, Tq, Tk, q0, k0, C, NH, scale);
+    KERNEL_CHECK();
+}
+
+// One thread per (token, head) row.
+__global__ void attention_chunk_merge_kernel(float* out, float* rowmax, float* sumexp,
+                                             const float* out2, const float* rowmax2,
+                                             const float* sumexp2, size_t rows, int hs) {
+    FOR_EACH_INDEX(r, rows) {
+        float m = rowmax[r] > rowmax2[r] ? rowmax[r] : rowmax2[r];
+        // an empty side (sumexp 0, rowmax -inf) weighs 0: exp(-inf - m) would be
+        // NaN when the other side is empty too
+        float a1 = sumexp[r] > 0.0f ? expf(rowmax[r] - m) : 0.0f;
+        float a2 = sumexp2[r] > 0.0f ? expf(rowmax2[r] - m) : 0.0f;
+        float* o = out + r * hs;
+        const float* o2 = out2 + r * hs;
+        for (int c = 0; c < hs; c++) o[c] = o[c] * a1 + o2[c] * a2;
+        sumexp[r] = sumexp[r] * a1 + sumexp2[r] * a2;
+        rowmax[r] = m;
+    }
+}
+
+extern "C" void attention_chunk_merge(float* out, float* rowmax, float* sumexp, const float* out2,
+                                      const float* rowmax2, const float* sumexp2, int B, int Tq,
+                                      int C, int NH) {
+    if (B <= 0 || Tq <= 0 || NH <= 0) return;
+    size_t rows = (size_t)B * Tq * NH;
+    attention_chunk_merge_kernel<<<grid_for(rows), THREADS, 0, cuda_compute_stream>>>(
+        out, rowmax, sumexp, out2, rowmax2, sumexp2, rows, C / NH);
+    KERNEL_CHECK();
+}
+
+// One thread per (token, head) row.
+__global__ void attention_chunk_finish_kernel(float* out, float* lse, const float* rowmax,
+                                              const float* sumexp, size_t rows, int hs) {
+    FOR_EACH_INDEX(r, rows) {
+        float l = sumexp[r];
+        float inv = l > 0.0f ? 1.0f / l : 0.0f;
+        float* o = out + r * hs;
+        for (int c = 0; c < hs; c++) o[c] *= inv;
+        lse[r] = l > 0.0f ? rowmax[r] + logf(l) : -INFINITY;  // rowmax read first: lse may be rowmax
+    }
+}
+
+extern "C" void attention_chunk_finish(float* out, float* lse, const float* rowmax,
+                                       const float* sumexp, int B, int Tq, int C, int NH) {
+    if (B <= 0 || Tq <= 0 || NH <= 0) return;
+    size_t rows = (size_t)B * Tq * NH;
+    attention_chunk_finish_kernel<<<grid_for(rows), THREADS, 0, cuda_compute_stream>>>(
+        out, lse, rowmax, sumexp, rows, C / NH);
+    KERNEL_CHECK();
+}
+
+// Backward, in two kernels where the CPU has one loop over (query, key) pairs:
+// dq_i sums over the keys of row i, dk_j and dv_j over the queries of key j.
+// One block per query row for dq and one per key row for dk, dv means no two
+// blocks ever add into the same value: no atomics, and the sums run in a fixed
+// order. Both kernels recompute p_ij and ds_ij from q, k, v, lse and D.
+
+// dq: one block per query row r = (b*Tq + i)*NH + h, over its visible keys.
+__global__ void attention_chunk_backward_dq_kernel(float* dq_qkv, const float* dout,
+                                                   const float* out, const float* lse,
+                                                   const float* q_qkv, const float* kv_qkv,
+                                                   int Tq, int Tk, int q0, int k0, int C, int NH,
+                                                   float scale) {
+    __shared__ float weight[THREADS];
+    const int hs = C / NH, ld = 3 * C;
+    const int r = blockIdx.x, h = r % NH, bi = r / NH, b = bi / Tq, i = bi % Tq;
+    const int nvis = chunk_keys_visible(i, q0, k0, Tk);
+    if (nvis == 0) return;  // the whole block returns: no __syncthreads() is left waiting
+    const float* q = q_qkv + (size_t)bi * ld + h * hs;
+    float* dq = dq_qkv + (size_t)bi * ld + h * hs;
+    const float* kv = kv_qkv + (size_t)b * Tk * ld + h * hs;
+    const float* d = dout + (size_t)r * hs;
+    const float* o = out + (size_t)r * hs;
+    // D_i = dout_i . out_i, the softmax's coupling term; every thread takes the
+    // same sequential dot as the CPU (and the dk, dv kernel) does
+    const float D = row_dot(d, o, hs);
+    const float L = lse[r];
+    for (int j0 = 0; j0 < nvis; j0 += THREADS) {
+        int j = j0 + threadIdx.x;
+        float ds = 0.0f;
+        if (j < nvis) {
+            const float* k = kv + (size_t)j * ld + C;
+            float p = expf(scale * row_dot(q, k, hs) - L);
+            ds = p * (row_dot(d, k + C, hs) - D);
+        }
+        weight[threadIdx.x] = ds;
+        __syncthreads();
+        int n = min(THREADS, nvis - j0);
+        for (int c = threadIdx.x; c < hs; c += THREADS) {
+            float acc = dq[c];  // channel c is this thread's alone
+            for (int jj = 0; jj < n; jj++) acc += scale * weight[jj] * kv[(size_t)(j0 + jj) * ld + C + c];
+            dq[c] = acc;
+        }
+        __syncthreads();
+    }
+}
+
+// dk, dv: one block per key row r = (b*Tk + j)*NH + h, over the queries that
+// see key j: i >= k0 + j - q0, up to the end of the query chunk.
+__global__ void attention_chunk_backward_dkv_kernel(float* dkv_qkv, const float* dout,
+                                                    const float* out, const float* lse,
+                                                    const float* q_qkv, const float* kv_qkv,
+                                                    int Tq, int Tk, int q0, int k0, int C,
+                                                    int NH, float scale) {
+    __shared__ float pw[THREADS];   // p_ij of the tile's queries
+    __shared__ float dsw[THREADS];  // ds_ij of the tile's queries
+    const int hs = C / NH, ld = 3 * C;
+    const int r = blockIdx.x, h = r % NH, bj = r / NH, b = bj / Tk, j = bj % Tk;
+    const int first = max(k0 + j - q0, 0);
+    if (first >= Tq) return;  // the whole block returns: no query sees key j
+    const float* k = kv_qkv + (size_t)bj * ld + C + h * hs;
+    const float* v = k + C;
+    float* dk = dkv_qkv + (size_t)bj * ld + C + h * hs;
+    float* dv = dk + C;
+    const float* qb = q_qkv + (size_t)b * Tq * ld + h * hs;  // query i: qb + i*ld
+    const size_t rb = (size_t)b * Tq * NH + h;               // stats row of query i: rb + i*NH
+    for (int i0 = first; i0 < Tq; i0 += THREADS) {
+        int i = i0 + threadIdx.x;
+        float p = 0.0f, ds = 0.0f;
+        if (i < Tq) {
+            size_t ri = rb + (size_t)i * NH;
+            const float* d = dout + ri * hs;
+            float D = row_dot(d, out + ri * hs, hs);
+            p = expf(scale * row_dot(qb + (size_t)i * ld, k, hs) - lse[ri]);
+            ds = p * (row_dot(d, v, hs) - D);
+        }
+        pw[threadIdx.x] = p;
+        dsw[threadIdx.x] = ds;
+        __syncthreads();
+        int n = min(THREADS, Tq - i0);
+        for (int c = threadIdx.x; c < hs; c += THREADS) {
+            float accv = dv[c], acck = dk[c];  // channel c is this thread's alone
+            for (int ii = 0; ii < n; ii++) {
+                size_t ri = rb + (size_t)(i0 + ii) * NH;
+                accv += pw[ii] * dout[ri * hs + c];
+                acck += scale * dsw[ii] * qb[(size_t)(i0 + ii) * ld + c];
+            }
+            dv[c] = accv;
+            dk[c] = acck;
+        }
+        __syncthreads();
+    }
+}
+
+extern "C" void attention_chunk_backward(float* dq_qkv, float* dkv_qkv, const float* dout,
+                                         const float* out, const float* lse, const float* q_qkv,
+                                         const float* kv_qkv, int B, int Tq, int Tk, int q0, int k0,
+                                         int C, int NH) {
+    if (B <= 0 || Tq <= 0 || Tk <= 0 || NH <= 0) return;
+    const float scale = 1.0f / sqrtf((float)(C / NH));
+    // The two kernels write disjoint parts (queries; keys and values), so
+    // dq_qkv may be dkv_qkv.
+    attention_chunk_backward_dq_kernel<<<B * Tq * NH, THREADS, 0, cuda_compute_stream>>>(
+        dq_qkv, dout, out, lse, q_qkv, kv_qkv, Tq, Tk, q0, k0, C, NH, scale);
+    KERNEL_CHECK();
+    attention_chunk_backward_dkv_kernel<<<B * Tk * NH, THREADS, 0, cuda_compute_stream>>>(
+        dkv_qkv, dout, out, lse, q_qkv, kv_qkv, Tq, Tk, q0, k0, C, NH, scale);
+    KERNEL_CHECK();
+}
+
 // ---------------------------------------------------------------- pointwise
 
 #define GELU_SCALE 0.7978845608028654f  // sqrt(2 / pi)
