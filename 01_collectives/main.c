@@ -742,6 +742,7 @@ static int check_avg_one(const Comm* c, AvgForm form, size_t n) {
     const double u = 1.1920928955078125e-7 / 2;
     // reduce-scatter forms: n per rank, p*n in; the others: n in, n out
     int scatter = form == AVG_REDUCE_SCATTER || form == AVG_IREDUCE_SCATTER;
+    random_data = 0;  // integer data: the sum is exact
     size_t in_n = scatter ? (size_t)p * n : n;
     float* host = xmalloc(sizeof(float) * (in_n ? in_n : 1));
     fill(host, in_n, r);
@@ -824,7 +825,7 @@ static int check_counters(const Comm* c) {
     double ring = p > 1 ? (double)(p - 1) / p : 0.0, one = p > 1 ? 1.0 : 0.0;
     const size_t n = 1000, m = 250;  // n floats for the whole-buffer forms, m per rank for the others
     double B = 4.0 * n, M = 4.0 * m * p;
-    size_t big = (size_t)(m > 8 ? m : 8) * p;
+    size_t big = m * (size_t)p;
     float* buf = mem_alloc_floats(n, MEM_COMM);
     float* buf2 = mem_alloc_floats(n, MEM_COMM);
     float* x = mem_alloc_floats(big, MEM_COMM);
