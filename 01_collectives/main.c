@@ -454,7 +454,8 @@ static long count_wrong(const Comm* c, Algorithm a, const float* out, size_t n, 
         double mag;
         double want = expected_at(a, c->size, c->rank, root, n, i, &mag);
         double bound = random_data ? c->size * 1.1920929e-7 * mag : 0.0;
-        if (fabs((double)host[i] - want) > bound) mine += 1.0f;
+        // written so that a NaN (every comparison false) counts as wrong
+        if (!(fabs((double)host[i] - want) <= bound)) mine += 1.0f;
     }
     free(host);
     // bookkeeping on the host, so through MPI itself, not the device comm layer
@@ -584,6 +585,9 @@ static int check_nonblocking(const Comm* c) {
     const int m = 128;
     float* x = mem_alloc_floats((size_t)m * m, MEM_OTHER);
     float* y = mem_alloc_floats((size_t)m * m, MEM_OTHER);
+    // the matmul is only there to keep the rank busy, but it must not read
+    // uninitialised memory (NaNs and denormals would change its speed too)
+    mem_zero(x, sizeof(float) * m * m);
     CommRequest req;
     for (int kind = 0; kind < 5; kind++) {
         fill(host, n, c->rank);
@@ -651,22 +655,262 @@ static int check_nonblocking(const Comm* c) {
     return !any_bad;
 }
 
-// The counters: one all-reduce of n floats counts 1 call, 4n bytes, and
-// 4n * 2(p-1)/p bus bytes on its axis.
-static int check_counters(const Comm* c) {
-    comm_counts_reset();
-    size_t n = 1000;
-    float* buf = mem_alloc_floats(n, MEM_COMM);
-    comm_allreduce(c, buf, n, COMM_SUM);
-    comm_allgather(c, buf, buf, 0);
-    mem_free(buf);
-    CommCount k = comm_count(COLL_ALLREDUCE, c->axis);
-    CommCount g = comm_count(COLL_ALLGATHER, c->axis);
-    int p = c->size;
-    double bus = 4.0 * n * (p > 1 ? 2.0 * (p - 1) / p : 0.0);
-    int ok = k.calls == 1 && k.bytes == 4.0 * n && fabs(k.bus_bytes - bus) < 1e-6 && g.calls == 1 && g.bytes == 0;
-    comm_counts_reset();
+// All-to-all-v (comm_alltoallv): every pair of ranks has its own count, 0
+// included. Chapter 1 has no hand-written all-to-all-v (the pairwise
+// all-to-all above would do it with a count per pair), so the library is
+// compared with the exact result, which every rank can compute: element k of
+// what rank i sends to rank j is 1000 i + 10 j + (k mod 10), an integer, so a
+// block from the wrong sender, for the wrong receiver or at the wrong offset
+// changes some element. The blocks sit in the buffers out of rank order with
+// gaps between them (displacements are not prefix sums of the counts), and
+// the gaps of the receive buffer must come back untouched.
+static size_t a2av_count(int pattern, int i, int j, int p) {
+    switch (pattern) {
+        case 0: return (size_t)((i + 2 * j) % 4);                    // 0 to 3
+        case 1: return i == j ? 0 : (size_t)((i * p + j) * 7 % 13);   // nothing to itself
+        case 2: return i == 0 ? 0 : (size_t)(4099 + i + 3 * j);       // rank 0 sends nothing
+        case 3: return 0;                                             // nobody sends anything
+        default: return (size_t)(65537 + (i + 5 * j) % 7);            // large (ops run threaded)
+    }
+}
+#define A2AV_PATTERNS 5
+#define A2AV_GAP_VALUE 1e6f
+
+static float a2av_value(int from, int to, size_t k) { return (float)(1000 * from + 10 * to + (int)(k % 10)); }
+
+static int check_alltoallv_one(const Comm* c, int pattern) {
+    int p = c->size, r = c->rank;
+    size_t* sc = xmalloc(sizeof(size_t) * 4 * p);
+    size_t *sd = sc + p, *rc = sc + 2 * p, *rd = sc + 3 * p;
+    // send blocks in reverse rank order, one float apart; receive blocks in
+    // rank order, two floats apart
+    size_t send_len = 0, recv_len = 0;
+    for (int j = p - 1; j >= 0; j--) {
+        sc[j] = a2av_count(pattern, r, j, p);
+        sd[j] = send_len;
+        send_len += sc[j] + 1;
+    }
+    for (int i = 0; i < p; i++) {
+        rc[i] = a2av_count(pattern, i, r, p);
+        rd[i] = recv_len;
+        recv_len += rc[i] + 2;
+    }
+    float* hsend = xmalloc(sizeof(float) * send_len);
+    float* hrecv = xmalloc(sizeof(float) * recv_len);
+    for (size_t k = 0; k < send_len; k++) hsend[k] = -A2AV_GAP_VALUE;  // must never arrive anywhere
+    for (int j = 0; j < p; j++)
+        for (size_t k = 0; k < sc[j]; k++) hsend[sd[j] + k] = a2av_value(r, j, k);
+    for (size_t k = 0; k < recv_len; k++) hrecv[k] = A2AV_GAP_VALUE;
+    float* send = mem_alloc_floats(send_len, MEM_COMM);
+    float* recv = mem_alloc_floats(recv_len, MEM_COMM);
+    mem_to_device(send, hsend, sizeof(float) * send_len);
+    mem_to_device(recv, hrecv, sizeof(float) * recv_len);
+
+    comm_alltoallv(c, send, sc, sd, recv, rc, rd);
+
+    mem_to_host(hrecv, recv, sizeof(float) * recv_len);
+    long wrong = 0;
+    size_t at = 0;
+    for (int i = 0; i < p; i++) {
+        for (size_t k = 0; k < rc[i]; k++, at++)
+            if (hrecv[at] != a2av_value(i, r, k)) wrong++;
+        for (int g = 0; g < 2; g++, at++)
+            if (hrecv[at] != A2AV_GAP_VALUE) wrong++;
+    }
+    mem_free(send);
+    mem_free(recv);
+    free(hsend);
+    free(hrecv);
+    free(sc);
+    long total = 0;
+    MPI_CHECK(MPI_Allreduce(&wrong, &total, 1, MPI_LONG, MPI_SUM, c->mpi));
+    if (total) print0("  FAIL alltoallv count pattern %d: %ld elements wrong\n", pattern, total);
+    return total == 0;
+}
+
+// COMM_AVG (the mean, which chapter 2 uses for gradients) against the exact
+// mean of integer data. The sum S is exact; the layer then multiplies by
+// fl(1/p). When p is a power of two, 1/p and S/p are exact: the result must be
+// bit-exact. Otherwise two roundings (of 1/p, then of the product) bound the
+// error by (2u + u^2) |S/p|, u = FLT_EPSILON/2, and that is the bound used.
+typedef enum { AVG_ALLREDUCE, AVG_REDUCE_SCATTER, AVG_REDUCE, AVG_IALLREDUCE, AVG_IREDUCE_SCATTER, NUM_AVG } AvgForm;
+static const char* avg_names[NUM_AVG] = {"allreduce", "reduce_scatter", "reduce", "iallreduce", "ireduce_scatter"};
+
+static int check_avg_one(const Comm* c, AvgForm form, size_t n) {
+    int p = c->size, r = c->rank, root = p - 1;
+    int pow2 = (p & (p - 1)) == 0;
+    const double u = 1.1920928955078125e-7 / 2;
+    // reduce-scatter forms: n per rank, p*n in; the others: n in, n out
+    int scatter = form == AVG_REDUCE_SCATTER || form == AVG_IREDUCE_SCATTER;
+    random_data = 0;  // integer data: the sum is exact
+    size_t in_n = scatter ? (size_t)p * n : n;
+    float* host = xmalloc(sizeof(float) * (in_n ? in_n : 1));
+    fill(host, in_n, r);
+    float* in = mem_alloc_floats(in_n ? in_n : 1, MEM_COMM);
+    float* out = mem_alloc_floats(n ? n : 1, MEM_COMM);
+    mem_to_device(in, host, sizeof(float) * in_n);
+    mem_zero(out, sizeof(float) * n);
+    CommRequest req;
+    float* result = out;
+    switch (form) {
+        case AVG_ALLREDUCE: comm_allreduce(c, in, n, COMM_AVG); result = in; break;
+        case AVG_REDUCE_SCATTER: comm_reduce_scatter(c, in, out, n, COMM_AVG); break;
+        case AVG_REDUCE: comm_reduce(c, in, out, n, root, COMM_AVG); break;
+        case AVG_IALLREDUCE:
+            comm_iallreduce(c, in, n, COMM_AVG, &req);
+            comm_wait(&req);
+            result = in;
+            break;
+        default:
+            comm_ireduce_scatter(c, in, out, n, COMM_AVG, &req);
+            comm_wait(&req);
+            break;
+    }
+    mem_to_host(host, result, sizeof(float) * n);
+    long wrong = 0;
+    // the element of the global buffer that output i stands for
+    size_t first = scatter ? (size_t)r * n : 0;
+    if (form != AVG_REDUCE || r == root) {
+        for (size_t i = 0; i < n; i++) {
+            double sum = 0.0;
+            for (int q = 0; q < p; q++) sum += value_at(q, first + i);
+            double want = sum / p;
+            double bound = pow2 ? 0.0 : (2 * u + u * u) * fabs(want);
+            if (!(fabs((double)host[i] - want) <= bound)) wrong++;
+        }
+    }
+    mem_free(in);
+    mem_free(out);
+    free(host);
+    long total = 0;
+    MPI_CHECK(MPI_Allreduce(&wrong, &total, 1, MPI_LONG, MPI_SUM, c->mpi));
+    if (total) print0("  FAIL COMM_AVG %s n=%zu: %ld elements differ from sum/p\n", avg_names[form], n, total);
+    return total == 0;
+}
+
+// The counters: one call of every collective (and a second pass with the
+// non-blocking forms), each compared with nccl-tests' conventions written out
+// here: bytes = the size per rank (count for all-reduce, broadcast and reduce,
+// count * p for the others), bus bytes = bytes * 2(p-1)/p for all-reduce,
+// (p-1)/p for reduce-scatter, all-gather, scatter, gather and all-to-all, 1 for
+// broadcast, reduce and send, 0 for recv and barrier. allgatherv and
+// alltoallv are counted as allgather and alltoall; alltoallv counts what this
+// rank sends, and as bus bytes what of that leaves the rank. Every counter not
+// named must stay 0, on every axis.
+typedef struct {
+    double calls, bytes, bus;
+} Want;
+
+static int counters_match(const Comm* c, const Want want[NUM_COLLECTIVES], const char* pass) {
+    int ok = 1;
+    for (int axis = 0; axis < COMM_NUM_AXES; axis++) {
+        for (int k = 0; k < NUM_COLLECTIVES; k++) {
+            CommCount got = comm_count((Collective)k, axis);
+            Want w = axis == c->axis ? want[k] : (Want){0, 0, 0};
+            // bus bytes go through a floating-point factor: allow its rounding
+            if (got.calls != w.calls || got.bytes != w.bytes || !(fabs(got.bus_bytes - w.bus) <= 1e-9 * (1.0 + w.bus))) {
+                printf("  FAIL counters (%s) on rank %d, %s on axis %s: calls %.0f bytes %.0f bus %.1f, want %.0f %.0f %.1f\n",
+                       pass, c->rank, collective_name((Collective)k), comm_axis_name(axis), got.calls, got.bytes,
+                       got.bus_bytes, w.calls, w.bytes, w.bus);
+                ok = 0;
+            }
+        }
+    }
     return ok;
+}
+
+static int check_counters(const Comm* c) {
+    int p = c->size, r = c->rank;
+    int right = mod(r + 1, p), left = mod(r - 1, p);
+    double ring = p > 1 ? (double)(p - 1) / p : 0.0, one = p > 1 ? 1.0 : 0.0;
+    const size_t n = 1000, m = 250;  // n floats for the whole-buffer forms, m per rank for the others
+    double B = 4.0 * n, M = 4.0 * m * p;
+    size_t big = m * (size_t)p;
+    float* buf = mem_alloc_floats(n, MEM_COMM);
+    float* buf2 = mem_alloc_floats(n, MEM_COMM);
+    float* x = mem_alloc_floats(big, MEM_COMM);
+    float* y = mem_alloc_floats(big, MEM_COMM);
+    mem_zero(buf, sizeof(float) * n);
+    mem_zero(x, sizeof(float) * big);
+    // uneven counts: allgatherv, rank i brings i+1 floats; alltoallv, rank i
+    // sends (i + j) mod 3 floats to rank j (0 included)
+    size_t* v = xmalloc(sizeof(size_t) * 6 * p);
+    size_t *gc = v, *gd = v + p, *sc = v + 2 * p, *sd = v + 3 * p, *rc = v + 4 * p, *rd = v + 5 * p;
+    size_t gtotal = 0, sent = 0, so = 0, ro = 0;
+    for (int i = 0; i < p; i++) {
+        gc[i] = (size_t)i + 1;
+        gd[i] = gtotal;
+        gtotal += gc[i];
+        sc[i] = (size_t)((r + i) % 3);
+        sd[i] = so;
+        so += sc[i];
+        rc[i] = (size_t)((i + r) % 3);
+        rd[i] = ro;
+        ro += rc[i];
+        sent += sc[i];
+    }
+
+    // pass 1: one call of every blocking collective
+    Want want[NUM_COLLECTIVES] = {{0, 0, 0}};
+    comm_counts_reset();
+    comm_allreduce(c, buf, n, COMM_SUM);
+    want[COLL_ALLREDUCE] = (Want){1, B, B * 2 * ring};
+    comm_reduce_scatter(c, x, y, m, COMM_SUM);
+    want[COLL_REDUCE_SCATTER] = (Want){1, M, M * ring};
+    comm_allgather(c, y, x, m);
+    comm_allgatherv(c, y, x, gc, gd);
+    want[COLL_ALLGATHER] = (Want){2, M + 4.0 * gtotal, (M + 4.0 * gtotal) * ring};
+    comm_broadcast(c, buf, n, 0);
+    want[COLL_BROADCAST] = (Want){1, B, B * one};
+    comm_reduce(c, buf, buf2, n, p - 1, COMM_SUM);
+    want[COLL_REDUCE] = (Want){1, B, B * one};
+    comm_scatter(c, x, y, m, 0);
+    want[COLL_SCATTER] = (Want){1, M, M * ring};
+    comm_gather(c, y, x, m, p - 1);
+    want[COLL_GATHER] = (Want){1, M, M * ring};
+    comm_alltoall(c, x, y, m);
+    comm_alltoallv(c, x, sc, sd, y, rc, rd);
+    want[COLL_ALLTOALL] = (Want){2, M + 4.0 * sent, M * ring + 4.0 * (sent - sc[r])};
+    comm_sendrecv(c, buf, n, right, buf2, n, left);
+    want[COLL_SEND] = (Want){1, B, B};
+    want[COLL_RECV] = (Want){1, B, 0};
+    comm_barrier(c);
+    want[COLL_BARRIER] = (Want){1, 0, 0};
+    int ok = counters_match(c, want, "blocking");
+
+    // pass 2: the non-blocking forms count as their blocking twins
+    Want want2[NUM_COLLECTIVES] = {{0, 0, 0}};
+    CommRequest req, req2;
+    comm_counts_reset();
+    comm_iallreduce(c, buf, n, COMM_SUM, &req);
+    comm_wait(&req);
+    want2[COLL_ALLREDUCE] = want[COLL_ALLREDUCE];
+    comm_ireduce_scatter(c, x, y, m, COMM_SUM, &req);
+    comm_wait(&req);
+    want2[COLL_REDUCE_SCATTER] = want[COLL_REDUCE_SCATTER];
+    comm_iallgather(c, y, x, m, &req);
+    comm_wait(&req);
+    want2[COLL_ALLGATHER] = (Want){1, M, M * ring};
+    comm_ibroadcast(c, buf, n, 0, &req);
+    comm_wait(&req);
+    want2[COLL_BROADCAST] = want[COLL_BROADCAST];
+    comm_irecv(c, buf2, n, left, &req);
+    comm_isend(c, buf, n, right, &req2);
+    comm_wait(&req);
+    comm_wait(&req2);
+    want2[COLL_SEND] = want[COLL_SEND];
+    want2[COLL_RECV] = want[COLL_RECV];
+    ok = counters_match(c, want2, "non-blocking") && ok;
+
+    comm_counts_reset();
+    free(v);
+    mem_free(buf);
+    mem_free(buf2);
+    mem_free(x);
+    mem_free(y);
+    int bad = !ok, any_bad = 0;
+    MPI_CHECK(MPI_Allreduce(&bad, &any_bad, 1, MPI_INT, MPI_MAX, c->mpi));
+    return !any_bad;
 }
 
 static int run_check(const Comm* world) {
@@ -698,11 +942,34 @@ static int run_check(const Comm* world) {
         failures += alg_fail;
         runs += alg_runs;
     }
+    // all-to-all-v: the library against the exact result
+    int a2av_fail = 0;
+    for (int pattern = 0; pattern < A2AV_PATTERNS; pattern++)
+        if (!check_alltoallv_one(world, pattern)) a2av_fail++;
+    print0("check %-19s %2d runs (uneven counts, 0 included, blocks out of order with gaps): %s\n", "alltoallv",
+           A2AV_PATTERNS, a2av_fail ? "FAIL" : "exact, the library against the expected blocks (no hand version)");
+    failures += a2av_fail;
+    runs += A2AV_PATTERNS;
+    // the mean: every form that takes COMM_AVG, against sum / p; 65537 floats
+    // is above ops_scale's threshold for threads
+    size_t avg_counts[] = {1, 1000, 65537};
+    int avg_fail = 0, avg_runs = 0;
+    for (int f = 0; f < NUM_AVG; f++)
+        for (int k = 0; k < 3; k++, avg_runs++)
+            if (!check_avg_one(world, (AvgForm)f, avg_counts[k])) avg_fail++;
+    print0("check %-19s %2d runs (allreduce, reduce_scatter, reduce, iallreduce, ireduce_scatter; n = 1, 1000, 65537): %s\n",
+           "average (COMM_AVG)", avg_runs,
+           avg_fail ? "FAIL"
+           : (p & (p - 1)) == 0 ? "exact sum/p on integer data (p is a power of two)"
+                                : "sum/p on integer data within (2u+u^2)|sum/p|, u = FLT_EPSILON/2 (p is not a power of two)");
+    failures += avg_fail;
+    runs += avg_runs;
     int nb = check_nonblocking(world);
     print0("check non-blocking forms (all-reduce, reduce-scatter, all-gather, broadcast, isend/irecv) with compute in flight: %s\n",
            nb ? "same as blocking" : "FAIL");
     int cn = check_counters(world);
-    print0("check counters (calls, bytes, bus bytes per collective and axis): %s\n", cn ? "ok" : "FAIL");
+    print0("check counters (calls, bytes, bus bytes of one call of every collective, blocking and non-blocking, per axis): %s\n",
+           cn ? "ok" : "FAIL");
     // one line the test runner reads
     print0("check summary: %d of %d collective runs match on %d ranks%s\n", runs - failures, runs, p,
            (failures || !nb || !cn) ? ", FAILED" : "");

@@ -482,8 +482,19 @@ float grad_clip_scale(double norm, float clip) {
 
 void ops_zero(float* x, size_t n) { memset(x, 0, n * sizeof(float)); }
 
+// Below this many floats ops_add and ops_scale run a plain loop. An OpenMP
+// "parallel for if (small)" is not free: even when the if-clause is false the
+// runtime still sets up a (one-thread) parallel region on every call, which
+// costs more than adding a few floats (chapter 1's 8-byte all-reduce showed
+// it). An explicit branch keeps small calls to a bare loop.
+#define OPS_PARALLEL_MIN 16384
+
 void ops_scale(float* x, size_t n, float s) {
-    #pragma omp parallel for if (n > 16384)
+    if (n <= OPS_PARALLEL_MIN) {
+        for (size_t i = 0; i < n; i++) x[i] *= s;
+        return;
+    }
+    #pragma omp parallel for
     for (size_t i = 0; i < n; i++) x[i] *= s;
 }
 
@@ -491,7 +502,11 @@ void ops_copy(float* dst, const float* src, size_t n) { memcpy(dst, src, n * siz
 
 void ops_add(float* y, const float* x, size_t n) {
     // small adds (a collective's chunk of a few floats) are not worth waking
-    // the thread team for
-    #pragma omp parallel for if (n > 16384)
+    // the thread team for, or even entering a parallel region (see above)
+    if (n <= OPS_PARALLEL_MIN) {
+        for (size_t i = 0; i < n; i++) y[i] += x[i];
+        return;
+    }
+    #pragma omp parallel for
     for (size_t i = 0; i < n; i++) y[i] += x[i];
 }
