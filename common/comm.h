@@ -63,6 +63,7 @@ void comm_reduce_scatter(const Comm* c, const float* send, float* recv, size_t c
 // In place when send == recv + rank * count (this rank's block already sits there).
 void comm_allgather(const Comm* c, const float* send, float* recv, size_t count);
 // Uneven: rank r sends counts[r] floats, placed at recv + displs[r].
+// Counted as COLL_ALLGATHER (no counter of its own).
 void comm_allgatherv(const Comm* c, const float* send, float* recv, const size_t* counts,
                      const size_t* displs);
 // buf (count) of root is copied to every rank.
@@ -77,6 +78,8 @@ void comm_gather(const Comm* c, const float* send, float* recv, size_t count, in
 void comm_alltoall(const Comm* c, const float* send, float* recv, size_t count);
 // Uneven all-to-all: rank i sends send_counts[j] floats from send + send_displs[j]
 // to rank j, which receives recv_counts[i] floats at recv + recv_displs[i].
+// Counted as COLL_ALLTOALL: bytes = what this rank sends, bus bytes = what
+// leaves the rank (its block to itself excluded).
 void comm_alltoallv(const Comm* c, const float* send, const size_t* send_counts,
                     const size_t* send_displs, float* recv, const size_t* recv_counts,
                     const size_t* recv_displs);
