@@ -431,8 +431,8 @@ int main(int argc, char** argv) {
     ArgSpec extra[] = {
         {"zero", ARG_INT, &zero, "ZeRO stage: 1 optimizer state, 2 + gradients, 3 + parameters  [3]"},
         {"prefetch", ARG_INT, &prefetch, "1: all-gather the next unit while this one computes (zero 3)  [1]"},
-        {"reshard", ARG_INT, &reshard, "1: free a unit's parameters after use and gather again in backward;\n"
-                                       "                         0: keep them from forward (memory for communication) (zero 3)  [1]"},
+        {"reshard", ARG_INT, &reshard, "(zero 3) 1: free a unit's parameters after use and gather again in\n"
+                                       "                         backward; 0: keep them from forward (memory for communication)  [1]"},
     };
     Run run;
     if (!run_start(&run, argc, argv, "build/chapter-3",
