@@ -109,14 +109,21 @@ typedef struct {
     CommRequest* slot_req; // the gather in flight into each slot
     float* norm_buf;       // (1) the sum of squares to all-reduce
     GPTActs acts;
+    // what the prefetch does, for the summary: unit gathers started ahead of
+    // need (compute runs between their start and their wait), and the seconds
+    // blocked on parameter all-gathers (the comm layer's wait clock, so it is
+    // the all-gather part of comm_wait_seconds)
+    long gathers_prefetched;
+    double allgather_wait_s;
 } FSDP;
 
 // ---------------------------------------------------------------- gathering a unit (zero 3)
 
 // Starts gathering unit i into a free slot: every rank contributes its shard,
-// every rank receives the whole (padded) unit.
-static void request_unit(FSDP* f, int i) {
-    if (f->slot_of_unit[i] >= 0) return;  // already here (or on its way)
+// every rank receives the whole (padded) unit. Returns 0 when there was
+// nothing to start.
+static int request_unit(FSDP* f, int i) {
+    if (f->slot_of_unit[i] >= 0) return 0;  // already here (or on its way)
     int s = f->reshard ? f->next_slot : i;
     f->next_slot ^= 1;
     if (f->unit_in_slot[s] >= 0) f->slot_of_unit[f->unit_in_slot[s]] = -1;  // evict
@@ -128,14 +135,19 @@ static void request_unit(FSDP* f, int i) {
     } else {
         comm_allgather(f->dp, mine, f->slot_buf[s], f->u.shard[i]);
     }
+    return 1;
 }
 
 // Unit i's full parameters, waiting for its gather if it is still in flight.
+// The time blocked here (a blocking gather, or the wait on a gather still in
+// flight) is the all-gather wait that prefetching tries to remove.
 static float* unit_params(FSDP* f, int i) {
     if (f->zero < 3) return f->full_params + f->u.padded_off[i];
+    double w0 = comm_wait_seconds();
     request_unit(f, i);
     int s = f->slot_of_unit[i];
     comm_wait(&f->slot_req[s]);
+    f->allgather_wait_s += comm_wait_seconds() - w0;
     return f->slot_buf[s];
 }
 
@@ -143,7 +155,7 @@ static float* unit_params(FSDP* f, int i) {
 // computes, so the transfer hides behind the compute; without, it is gathered
 // (blocking) when needed.
 static void prefetch_unit(FSDP* f, int i) {
-    if (f->zero == 3 && f->prefetch) request_unit(f, i);
+    if (f->zero == 3 && f->prefetch && request_unit(f, i)) f->gathers_prefetched++;
 }
 
 // ---------------------------------------------------------------- reducing a unit's gradient
@@ -171,7 +183,8 @@ static void drop_gathered_units(FSDP* f) {
 }
 
 // The order units are used in forward: the embedding, the blocks, the final
-// LayerNorm, and the embedding again for the tied LM head.
+// LayerNorm, and the embedding again for the tied LM head. Each prefetch sits
+// where the next unit's gather can run behind compute.
 static float forward(FSDP* f, const int* inputs, const int* targets) {
     const GPTConfig* c = &f->cfg;
     int B = f->acts.B, T = f->acts.T, C = c->channels, NH = c->num_heads, L = c->num_layers;
@@ -183,15 +196,16 @@ static float forward(FSDP* f, const int* inputs, const int* targets) {
     const float* x = f->acts.encoded;
     for (int l = 0; l < L; l++) {
         BlockParams p = block_params_at(unit_params(f, 1 + l), C);
-        prefetch_unit(f, l + 2 <= L + 1 ? l + 2 : 0);
+        prefetch_unit(f, l + 2);  // the next block, or [lnfw lnfb] after the last
         BlockActs a = gpt_acts_block(&f->acts, c, l, B, T);
         block_forward(&p, &a, x, B, T, C, NH);
         x = a.res3;
     }
     float* lnf = unit_params(f, L + 1);
-    prefetch_unit(f, 0);
     // the LM head is the token embedding: unit 0 is needed again (with
-    // resharding it was freed after the embedding and is gathered anew)
+    // resharding it was freed after the embedding and is gathered anew). No
+    // prefetch can hide this gather: until now both slots were busy (the
+    // last block computing, [lnfw lnfb] arriving), and the head needs both.
     float* wte = unit_params(f, 0);
     HeadActs h = gpt_acts_head(&f->acts, c, B, T);
     head_forward(c, wte, lnf, lnf + C, &h, x, f->acts.targets, B, T);
@@ -218,8 +232,9 @@ static void backward(FSDP* f) {
     head_backward(c, wte, lnf, g_emb, g_lnf, g_lnf + C, &h, last, f->acts.targets, 1.0f / (float)(B * T), s.dln,
                   f->acts.dres, B, T);
     if (f->zero > 1) reduce_unit_grads(f, L + 1);
-    // the blocks, last to first: gather, backward, reduce-scatter
-    prefetch_unit(f, L);
+    // the blocks, last to first: gather, backward, reduce-scatter. The last
+    // block's gather cannot be prefetched (the head's backward needed both
+    // slots); each block's backward hides the gather of the block before it.
     for (int l = L - 1; l >= 0; l--) {
         BlockParams p = block_params_at(unit_params(f, 1 + l), C);
         if (l > 0) prefetch_unit(f, l);
@@ -239,6 +254,29 @@ static void backward(FSDP* f) {
         // zero 1: backward filled the full gradient; now every unit at once
         for (int i = 0; i < f->u.n; i++) reduce_unit_grads(f, i);
     }
+}
+
+// ---------------------------------------------------------------- validation
+
+// Mean loss over the first n_batches global batches of the validation set,
+// the same tokens as train_val_loss in every other chapter: each rank runs
+// its B/N sequences of every batch through the same sharded forward (same
+// gathers) as training, and the means are averaged over ranks and batches.
+// -1 when there is no validation data.
+static float val_loss(FSDP* f, const TrainSetup* s, int n_batches, int* inputs, int* targets) {
+    size_t per_epoch = data_batches_per_epoch(&s->val, s->B, s->T);
+    if (per_epoch == 0) return -1.0f;
+    if ((size_t)n_batches > per_epoch) n_batches = (int)per_epoch;
+    int micro = f->acts.B;
+    double mine = 0.0;
+    for (int i = 0; i < n_batches; i++) {
+        data_batch(&s->val, i, s->B, s->T, f->dp->rank * micro, micro, inputs, targets);
+        mine += forward(f, inputs, targets);
+    }
+    // a host scalar for the log, plain MPI like the training loss
+    double total = 0.0;
+    MPI_CHECK(MPI_Allreduce(&mine, &total, 1, MPI_DOUBLE, MPI_SUM, f->dp->mpi));
+    return (float)(total / ((double)f->dp->size * n_batches));
 }
 
 // ---------------------------------------------------------------- the optimizer step on the shard
@@ -266,10 +304,12 @@ static float step(FSDP* f, const TrainArgs* args, int t) {
             size_t S = f->u.shard[i], so = f->u.shard_off[i];
             adamw_update(full + (size_t)r * S, f->shard_grads + so, f->m + so, f->v + so, S, opt, t, scale);
         }
+        double w0 = comm_wait_seconds();
         for (int i = 0; i < f->u.n; i++) {
             float* full = f->full_params + f->u.padded_off[i];
             comm_allgather(f->dp, full + (size_t)r * f->u.shard[i], full, f->u.shard[i]);
         }
+        f->allgather_wait_s += comm_wait_seconds() - w0;
     }
     return (float)norm;
 }
@@ -391,8 +431,8 @@ int main(int argc, char** argv) {
     ArgSpec extra[] = {
         {"zero", ARG_INT, &zero, "ZeRO stage: 1 optimizer state, 2 + gradients, 3 + parameters  [3]"},
         {"prefetch", ARG_INT, &prefetch, "1: all-gather the next unit while this one computes (zero 3)  [1]"},
-        {"reshard", ARG_INT, &reshard, "1: free a unit's parameters after use and gather again in backward;\n"
-                                       "                         0: keep them from forward (memory for communication)  [1]"},
+        {"reshard", ARG_INT, &reshard, "(zero 3) 1: free a unit's parameters after use and gather again in\n"
+                                       "                         backward; 0: keep them from forward (memory for communication)  [1]"},
     };
     Run run;
     if (!run_start(&run, argc, argv, "build/chapter-3",
@@ -402,6 +442,12 @@ int main(int argc, char** argv) {
     if (zero < 1 || zero > 3) fail_all("--zero %d: the stages are 1, 2 and 3", zero);
     if ((prefetch != 0 && prefetch != 1) || (reshard != 0 && reshard != 1))
         fail_all("--prefetch and --reshard take 0 or 1");
+    // ZeRO-1/2 keep the full parameters all the time: nothing is freed after
+    // forward, so there is nothing to keep instead (--prefetch 0 is allowed
+    // there and does nothing: no unit is ever gathered in forward)
+    if (reshard == 0 && zero != 3)
+        fail_all("--reshard 0 applies to --zero 3 only: ZeRO-%d never frees parameters; drop --reshard or use --zero 3",
+                 zero);
     const TrainArgs* args = &run.args;
     const TrainSetup* setup = &run.setup;
     const Comm* dpc = &run.axes[AXIS_DP];
@@ -424,9 +470,14 @@ int main(int argc, char** argv) {
     int* inputs = xmalloc((size_t)micro * T * sizeof(int));
     int* targets = xmalloc((size_t)micro * T * sizeof(int));
     StepClock clock = {0};
-    float loss = 0.0f;
+    float loss = 0.0f, vloss = -1.0f;
+    long prefetched = 0;        // unit gathers started ahead by prefetch_unit, all steps
+    double allgather_wait = 0;  // seconds blocked on all-gathers, timed steps (as the clock)
     comm_counts_reset();  // count the training only, not the start-up gathers
     for (int s = 0; s < args->steps; s++) {
+        long p0 = f.gathers_prefetched;
+        double w0 = f.allgather_wait_s;
+        int timed = clock.timed;
         clock_begin(&clock);
         data_batch(&setup->train, s, B, T, dpc->rank * micro, micro, inputs, targets);
         double mine = forward(&f, inputs, targets);
@@ -434,27 +485,46 @@ int main(int argc, char** argv) {
         backward(&f);
         float norm = step(&f, args, s + 1);
         double dt = clock_end(&clock, s, args->steps);
+        prefetched += f.gathers_prefetched - p0;
+        if (clock.timed > timed) allgather_wait += f.allgather_wait_s - w0;
         // the global loss for the log line: a host scalar, plain MPI
         double total = 0.0;
         MPI_CHECK(MPI_Allreduce(&mine, &total, 1, MPI_DOUBLE, MPI_SUM, dpc->mpi));
         loss = (float)(total / N);
         report_step(&log, s, args->steps, loss, norm, 1e3 * dt, (double)B * T / dt);
+        if (args->val_every > 0 && (s + 1) % args->val_every == 0 && s + 1 < args->steps) {
+            // a forward-only pass through the same gathers (counted with the
+            // steps' communication: it happens before the summary)
+            vloss = val_loss(&f, setup, args->val_batches, inputs, targets);
+            if (vloss >= 0) report_val(&log, s, vloss);
+        }
     }
     double ms = clock_ms_per_step(&clock), wait_ms = clock_wait_ms_per_step(&clock);
-    print0("communication: %.2f ms per step blocked in collectives or waits (rank 0), of %.2f ms per step\n",
-           wait_ms, ms);
-    char extra_json[256];
+    double ag_wait_ms = clock.timed ? 1e3 * allgather_wait / clock.timed : 0.0;
+    double prefetched_per_step = args->steps ? (double)prefetched / args->steps : 0.0;
+    print0("communication: %.2f ms per step blocked in collectives or waits (rank 0), %.2f of them in all-gathers, "
+           "of %.2f ms per step; %.2f unit gathers per step prefetched\n",
+           wait_ms, ag_wait_ms, ms, prefetched_per_step);
+    char extra_json[512];
     snprintf(extra_json, sizeof(extra_json),
              "\"zero\":%d,\"prefetch\":%d,\"reshard\":%d,\"units\":%d,\"shard_params\":%zu,\"padded_params\":%zu,"
-             "\"max_unit_padded\":%zu,\"unit0_padded\":%zu,\"comm_wait_ms_per_step\":%.3f",
+             "\"max_unit_padded\":%zu,\"unit0_padded\":%zu,\"comm_wait_ms_per_step\":%.3f,"
+             "\"allgather_wait_ms_per_step\":%.3f,\"gathers_prefetched_per_step\":%g",
              zero, prefetch, reshard, f.u.n, f.u.shard_total, f.u.padded_total, f.u.max_padded, f.u.shard[0] * N,
-             wait_ms);
+             wait_ms, ag_wait_ms, prefetched_per_step);
     RunSummary summary = {
         .chapter = 3, .model = setup->model_name, .num_params = P, .batch = B, .seq = T, .steps = args->steps,
         .ms_per_step = ms, .tokens_per_s = ms > 0 ? (double)B * T / (ms / 1e3) : 0.0,
         .flops_per_token = gpt_flops_per_token(&setup->cfg, T), .peak_gflops = run.peak_gflops, .final_loss = loss,
         .val_loss = -1.0f, .extra_json = extra_json};
     report_summary(&log, &run.mesh, &summary);
+    // The validation loss of the final model (of the loaded one when --steps
+    // 0). It runs after the summary has read the counters, so that without
+    // --val-every the summary's communication is the training steps' alone
+    // (ZeRO-3's validation gathers every unit again); its record follows the
+    // summary's in the log.
+    vloss = val_loss(&f, setup, args->val_batches, inputs, targets);
+    if (vloss >= 0) report_val(&log, args->steps - 1, vloss);
     jsonl_close(&log);
 
     if (args->save || args->sample > 0) {
