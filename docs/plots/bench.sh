@@ -38,6 +38,25 @@ mkdir -p "$OUT" "$LOGS"
 
 TRAIN="--model small --steps $STEPS --val-batches 1"
 
+# One matmul peak for the whole sweep. Each program measures its own at
+# start-up, but on a shared machine a measurement made while another job
+# runs comes out low, and the MFU of that run then looks high (past 100% in
+# one sweep). So the node's peak is measured here, best of three one-rank
+# runs with every core, and each run gets it split over its ranks
+# (--peak-gflops is per rank; the summary sums the ranks). PEAK=X skips it.
+PEAK=${PEAK:-}
+if [ -z "$PEAK" ] && [ -x "$BIN/chapter-0" ]; then
+    for i in 1 2 3; do
+        $MPIRUN -np 1 "$BIN/chapter-0" --steps 1 --log "$LOGS/peak$i.jsonl" > /dev/null 2>&1 || continue
+        p=$(grep -o '"peak_gflops":[0-9.]*' "$LOGS/peak$i.jsonl" | cut -d: -f2)
+        PEAK=$(awk -v a="${PEAK:-0}" -v b="$p" 'BEGIN { print (b + 0 > a + 0) ? b : a }')
+    done
+fi
+if [ -z "$PEAK" ] || [ "$PEAK" = 0 ]; then
+    echo "bench: could not measure the matmul peak (build chapter 0, or give PEAK=GFLOPS)" >&2
+    exit 1
+fi
+
 names=()
 nps=()
 cmds=()
@@ -93,6 +112,7 @@ fi
 [ -n "$skipped" ] && echo "bench: leaving out chapter(s)$skipped: no $BIN/chapter-N binary"
 echo "bench: $total runs, $STEPS steps each on the small model, logs to $OUT/, console output to $LOGS/"
 echo "bench: this machine has $(nproc) cores; load average at start: $(cut -d' ' -f1-3 /proc/loadavg)"
+echo "bench: matmul peak of the node: $PEAK GFLOP/s (best of 3 measurements; every run's MFU is against it)"
 
 # the figure each run reports when done
 result() {
@@ -121,8 +141,10 @@ for i in $(seq 0 $((total - 1))); do
     tmp="$OUT/$name.jsonl.tmp.$$"
     printf '[%2d/%d] %-24s np=%d  %s ... ' $((i + 1)) "$total" "$name" "$np" "${cmd#$BIN/}"
     t0=$(date +%s)
+    peak_flag=""
+    case $name in ch*) peak_flag="--peak-gflops $(awk -v p="$PEAK" -v n="$np" 'BEGIN { printf "%.3f", p / n }')" ;; esac
     # shellcheck disable=SC2086
-    timeout 600 $MPIRUN -np "$np" $cmd --log "$tmp" > "$LOGS/$name.out" 2>&1
+    timeout 600 $MPIRUN -np "$np" $cmd $peak_flag --log "$tmp" > "$LOGS/$name.out" 2>&1
     rc=$?
     t1=$(date +%s)
     if [ $rc = 0 ] && [ -s "$tmp" ]; then
@@ -130,7 +152,7 @@ for i in $(seq 0 $((total - 1))); do
         # chapter 1's console table is worth reading next to its plot
         case $name in collectives_np*) cp "$LOGS/$name.out" "$OUT/$name.txt" ;; esac
         echo "$(result "$OUT/$name.jsonl") ($((t1 - t0)) s)"
-        manifest="$manifest$name.jsonl  np=$np  $cmd  ($((t1 - t0)) s)"$'\n'
+        manifest="$manifest$name.jsonl  np=$np  $cmd${peak_flag:+ $peak_flag}  ($((t1 - t0)) s)"$'\n'
     else
         rm -f "$tmp"
         echo "FAILED, exit $rc ($((t1 - t0)) s): see $LOGS/$name.out"
@@ -165,6 +187,7 @@ if [ $((total - failed)) -gt 0 ]; then
         echo "$header_date"
         echo "machine: ${cpu:-unknown CPU}, $(nproc) cores"
         echo "$duration"
+        echo "peak: $PEAK GFLOP/s, the node's matmul peak, for every run's MFU (--peak-gflops peak/ranks)"
         echo "note: ${cpu:-unknown CPU}, $(nproc) cores shared with other jobs (load average at the end $load_end): expect noise"
         echo "runs:"
         if [ -n "$kept" ]; then printf '%s\n' "$kept"; fi

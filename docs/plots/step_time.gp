@@ -47,7 +47,7 @@ set format x ""
 stats f using ($2 > $5 ? $2 : $5) nooutput
 set yrange [0 : 1.18 * STATS_max]
 set ylabel "ms per step"
-set key top left box opaque samplen 2 spacing 1.1 maxrows 2 width 1
+set key top left box opaque samplen 2 spacing 1.1 maxrows 3 width 1
 plot f using 1:2 with boxes lc rgb "#56B4E9" title "computing (and communication that ran under it)", \
      f using 1:($3 + $7) with boxes lc rgb "#009E73" title "communicating: inside non-blocking starts and tests, rank 0", \
      f using 1:3 with boxes lc rgb "#D55E00" title "blocked waiting on communication, rank 0 (all steps' wait / steps)", \
@@ -65,7 +65,7 @@ stats f using ($2 > 0 ? 100 * ($5 > $3 + $7 ? $5 : $3 + $7) / $2 : 0) nooutput
 set yrange [0 : (STATS_max > 0 ? 1.45 * STATS_max : 1)]
 set ylabel "% of the step"
 set xlabel "run (chapter, strategy, mesh, global batch in sequences)" offset 0,-3.2
-set key top left box opaque samplen 2 maxrows 1
+set key top left box opaque samplen 2 maxrows 2
 plot f using 1:(0):xtic(8) with points ps 0 notitle, \
      f using 1:(100 * ($3 + $7) / $2) with boxes lc rgb "#009E73" title "communicating + waiting, rank 0, share of its step", \
      f using 1:(100 * $3 / $2) with boxes lc rgb "#D55E00" title "rank 0's wait as a share of its step (the orange band above / the bar)", \
