@@ -36,6 +36,7 @@
 #include "comm_count.h"
 
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "cuda_common.h"
@@ -73,15 +74,38 @@ static void make_comm(Comm* c, MPI_Comm mpi, int axis) {
     NCCL_CHECK(ncclCommInitRank(&nccl_comms[axis], c->size, id, c->rank));
 }
 
+// Non-zero when another rank of this node drives the same GPU as this rank.
+// GPUs are told apart by PCI bus id, not by index: a launcher that gives each
+// rank its own GPU through CUDA_VISIBLE_DEVICES shows every rank "GPU 0".
+static int gpu_shared_on_node(void) {
+    int dev = 0;
+    CUDA_CHECK(cudaGetDevice(&dev));
+    char mine[32] = {0};
+    CUDA_CHECK(cudaDeviceGetPCIBusId(mine, (int)sizeof(mine), dev));
+    MPI_Comm node;
+    MPI_CHECK(MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, 0, MPI_INFO_NULL, &node));
+    int n = 1, me = 0;
+    MPI_CHECK(MPI_Comm_size(node, &n));
+    MPI_CHECK(MPI_Comm_rank(node, &me));
+    char* all = (char*)xmalloc((size_t)n * sizeof(mine));
+    MPI_CHECK(MPI_Allgather(mine, (int)sizeof(mine), MPI_CHAR, all, (int)sizeof(mine), MPI_CHAR, node));
+    MPI_Comm_free(&node);
+    int shared = 0;
+    for (int r = 0; r < n; r++)
+        if (r != me && strncmp(all + r * sizeof(mine), mine, sizeof(mine)) == 0) shared = 1;
+    free(all);
+    return shared;
+}
+
 void comm_create(Comm* world, Comm axes[NUM_AXES], const Mesh* mesh) {
     // NCCL needs one GPU per rank of a communicator; say so instead of hanging
     int gpus = 0;
     CUDA_CHECK(cudaGetDeviceCount(&gpus));
     char msg[256];
-    snprintf(msg, sizeof(msg), "%d ranks run on one node that has %d GPU%s: NCCL needs one GPU per rank; "
-             "start at most %d rank%s per node", runtime_local_size(), gpus, gpus == 1 ? "" : "s", gpus,
-             gpus == 1 ? "" : "s");
-    fail_if_any(runtime_local_size() > gpus, msg);
+    snprintf(msg, sizeof(msg), "%d ranks run on one node and some of them share a GPU (this rank sees %d): "
+             "NCCL needs one GPU per rank; start at most one rank per GPU on each node",
+             runtime_local_size(), gpus);
+    fail_if_any(gpu_shared_on_node(), msg);
     if (!comm_stream) {
         CUDA_CHECK(cudaStreamCreateWithFlags(&comm_stream, cudaStreamNonBlocking));
         CUDA_CHECK(cudaEventCreateWithFlags(&compute_ready, cudaEventDisableTiming));
@@ -101,6 +125,12 @@ void comm_destroy(Comm* world, Comm axes[NUM_AXES]) {
     for (int a = 0; a < COMM_NUM_AXES; a++) {
         if (nccl_comms[a]) NCCL_CHECK(ncclCommDestroy(nccl_comms[a]));
         nccl_comms[a] = NULL;
+    }
+    if (comm_stream) {
+        CUDA_CHECK(cudaEventDestroy(compute_ready));
+        CUDA_CHECK(cudaStreamDestroy(comm_stream));
+        compute_ready = NULL;
+        comm_stream = NULL;
     }
     memset(world, 0, sizeof(*world));
     if (axes) memset(axes, 0, sizeof(Comm) * NUM_AXES);
