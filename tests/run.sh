@@ -534,6 +534,7 @@ help_case chapter-0 "--dp N"
 help_case chapter-1 "--trace"
 help_case chapter-2 "--dp-mode S"
 help_case chapter-3 "--zero N"
+help_case tokenize "OUTPUT_PREFIX"
 
 echo "== plots"
 if [ -f tests/test_plots.sh ]; then

@@ -11,12 +11,13 @@
 #include "data.h"
 
 int main(int argc, char** argv) {
-    if (argc != 3 || !strcmp(argv[1], "--help")) {
-        fprintf(argc == 3 ? stdout : stderr,
+    int help = argc >= 2 && !strcmp(argv[1], "--help");
+    if (argc != 3 || help) {
+        fprintf(help ? stdout : stderr,
                 "usage: %s INPUT.txt OUTPUT_PREFIX\n"
                 "writes OUTPUT_PREFIX_train.bin (first 90%%) and OUTPUT_PREFIX_val.bin (last 10%%)\n",
                 argv[0]);
-        return argc == 3 ? 0 : 1;
+        return help ? 0 : 1;
     }
     char msg[1024];
     TokenSet train, val;
