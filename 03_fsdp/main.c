@@ -500,6 +500,7 @@ int main(int argc, char** argv) {
         }
     }
     double ms = clock_ms_per_step(&clock), wait_ms = clock_wait_ms_per_step(&clock);
+    double progress_ms = clock_progress_ms_per_step(&clock);
     double ag_wait_ms = clock.timed ? 1e3 * allgather_wait / clock.timed : 0.0;
     double prefetched_per_step = args->steps ? (double)prefetched / args->steps : 0.0;
     print0("communication: %.2f ms per step blocked in collectives or waits (rank 0), %.2f of them in all-gathers, "
@@ -509,9 +510,9 @@ int main(int argc, char** argv) {
     snprintf(extra_json, sizeof(extra_json),
              "\"zero\":%d,\"prefetch\":%d,\"reshard\":%d,\"units\":%d,\"shard_params\":%zu,\"padded_params\":%zu,"
              "\"max_unit_padded\":%zu,\"unit0_padded\":%zu,\"comm_wait_ms_per_step\":%.3f,"
-             "\"allgather_wait_ms_per_step\":%.3f,\"gathers_prefetched_per_step\":%g",
+             "\"comm_progress_ms_per_step\":%.3f,\"allgather_wait_ms_per_step\":%.3f,\"gathers_prefetched_per_step\":%g",
              zero, prefetch, reshard, f.u.n, f.u.shard_total, f.u.padded_total, f.u.max_padded, f.u.shard[0] * N,
-             wait_ms, ag_wait_ms, prefetched_per_step);
+             wait_ms, progress_ms, ag_wait_ms, prefetched_per_step);
     RunSummary summary = {
         .chapter = 3, .model = setup->model_name, .num_params = P, .batch = B, .seq = T, .steps = args->steps,
         .ms_per_step = ms, .tokens_per_s = ms > 0 ? (double)B * T / (ms / 1e3) : 0.0,

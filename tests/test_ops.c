@@ -1123,8 +1123,6 @@ static void test_null_gradients(void) {
     dev_free_all();
 }
 
-// MPI and the device are started as in the chapters: the CUDA backend's
-// device_init needs MPI (every rank must agree that a GPU was found).
 // ================================================================ wide rows
 // The sizes above fit in one CUDA block of 256 threads, so a GPU kernel's
 // "i += blockDim" loops would run one pass only. Here every row (a LayerNorm
@@ -1619,6 +1617,8 @@ static void test_attention_chunks(void) {
     }
 }
 
+// MPI and the device are started as in the chapters: the CUDA backend's
+// device_init needs MPI (every rank must agree that a GPU was found).
 int main(int argc, char** argv) {
     runtime_init(&argc, &argv);
     verbose = argc > 1 && strcmp(argv[1], "-v") == 0;

@@ -108,7 +108,8 @@ done
 # run, or a table of nothing but its header, fails here)
 n_runs=$(grep -l '"type":"summary"' "$data"/*.jsonl | wc -l)
 for t in runs time comm; do
-    rows=$(grep -vc '^#' "$tmp/tables/$t.dat" 2>/dev/null || echo 0)
+    rows=$(grep -vc '^#' "$tmp/tables/$t.dat" 2>/dev/null)
+    rows=${rows:-0}
     if [ "$rows" = "$n_runs" ]; then
         pass "plots: the $t table has one row per fixture run ($rows)"
     else

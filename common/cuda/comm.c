@@ -89,7 +89,7 @@ static int gpu_shared_on_node(void) {
     MPI_CHECK(MPI_Comm_rank(node, &me));
     char* all = (char*)xmalloc((size_t)n * sizeof(mine));
     MPI_CHECK(MPI_Allgather(mine, (int)sizeof(mine), MPI_CHAR, all, (int)sizeof(mine), MPI_CHAR, node));
-    MPI_Comm_free(&node);
+    MPI_CHECK(MPI_Comm_free(&node));
     int shared = 0;
     for (int r = 0; r < n; r++)
         if (r != me && strncmp(all + r * sizeof(mine), mine, sizeof(mine)) == 0) shared = 1;

@@ -38,25 +38,6 @@ mkdir -p "$OUT" "$LOGS"
 
 TRAIN="--model small --steps $STEPS --val-batches 1"
 
-# One matmul peak for the whole sweep. Each program measures its own at
-# start-up, but on a shared machine a measurement made while another job
-# runs comes out low, and the MFU of that run then looks high (past 100% in
-# one sweep). So the node's peak is measured here, best of three one-rank
-# runs with every core, and each run gets it split over its ranks
-# (--peak-gflops is per rank; the summary sums the ranks). PEAK=X skips it.
-PEAK=${PEAK:-}
-if [ -z "$PEAK" ] && [ -x "$BIN/chapter-0" ]; then
-    for i in 1 2 3; do
-        $MPIRUN -np 1 "$BIN/chapter-0" --steps 1 --log "$LOGS/peak$i.jsonl" > /dev/null 2>&1 || continue
-        p=$(grep -o '"peak_gflops":[0-9.]*' "$LOGS/peak$i.jsonl" | cut -d: -f2)
-        PEAK=$(awk -v a="${PEAK:-0}" -v b="$p" 'BEGIN { print (b + 0 > a + 0) ? b : a }')
-    done
-fi
-if [ -z "$PEAK" ] || [ "$PEAK" = 0 ]; then
-    echo "bench: could not measure the matmul peak (build chapter 0, or give PEAK=GFLOPS)" >&2
-    exit 1
-fi
-
 names=()
 nps=()
 cmds=()
@@ -109,10 +90,34 @@ if [ "$total" = 0 ]; then
     echo "bench: nothing to run: no $BIN/chapter-N binaries${ONLY:+ with runs matching '$ONLY'} (make all builds them)" >&2
     exit 1
 fi
+# One matmul peak for the whole sweep. Each program measures its own at
+# start-up, but on a shared machine a measurement made while another job
+# runs comes out low, and the MFU of that run then looks high (past 100% in
+# one sweep). So the node's peak is measured here, best of three one-rank
+# runs with every core, and each run gets it split over its ranks
+# (--peak-gflops is per rank; the summary sums the ranks). PEAK=X skips it.
+# A partial sweep (ONLY=...) keeps the peak of the sweep it joins.
+PEAK=${PEAK:-}
+if [ -z "$PEAK" ] && [ -n "$ONLY" ] && [ -f "$OUT/sweep.txt" ]; then
+    PEAK=$(sed -n 's/^peak: \([0-9.]*\) GFLOP.*/\1/p' "$OUT/sweep.txt" | head -1)
+fi
+needs_peak=0
+for name in "${names[@]}"; do case $name in ch*) needs_peak=1 ;; esac; done
+if [ -z "$PEAK" ] && [ $needs_peak = 1 ] && [ -x "$BIN/chapter-0" ]; then
+    for i in 1 2 3; do
+        $MPIRUN -np 1 "$BIN/chapter-0" --steps 1 --log "$LOGS/peak$i.jsonl" > /dev/null 2>&1 || continue
+        p=$(grep -o '"peak_gflops":[0-9.]*' "$LOGS/peak$i.jsonl" | cut -d: -f2)
+        PEAK=$(awk -v a="${PEAK:-0}" -v b="$p" 'BEGIN { print (b + 0 > a + 0) ? b : a }')
+    done
+fi
+if [ $needs_peak = 1 ] && { [ -z "$PEAK" ] || [ "$PEAK" = 0 ]; }; then
+    echo "bench: could not measure the matmul peak (build chapter 0, or give PEAK=GFLOPS)" >&2
+    exit 1
+fi
 [ -n "$skipped" ] && echo "bench: leaving out chapter(s)$skipped: no $BIN/chapter-N binary"
 echo "bench: $total runs, $STEPS steps each on the small model, logs to $OUT/, console output to $LOGS/"
 echo "bench: this machine has $(nproc) cores; load average at start: $(cut -d' ' -f1-3 /proc/loadavg)"
-echo "bench: matmul peak of the node: $PEAK GFLOP/s (best of 3 measurements; every run's MFU is against it)"
+[ $needs_peak = 1 ] && echo "bench: matmul peak of the node: $PEAK GFLOP/s (every run's MFU is against it)"
 
 # the figure each run reports when done
 result() {
