@@ -5,7 +5,8 @@
 #   make docs-check    the docs' code references, links and quoted figures (docs/TEMPLATE.md)
 #   make demo          set-up, then train the small model and print a sample
 #   make bench-ref     the reference's speed on the small model (one rank)
-#   make bench, plots  the sweep over chapters and its plots (docs/plots/plots.mk)
+#   make bench, plots  the sweep over chapters and its plots in build/plots/ (docs/plots/plots.mk)
+#   make docs-plots    redraws the docs' figures, docs/plots/*.png, from docs/plots/data/
 #   make setup         install the Debian packages (as root) or print the line
 #   make clean
 #
