@@ -463,7 +463,7 @@ def main(argv):
             problems, counts = checker.check(rel)
             for k in total:
                 total[k] += counts[k]
-            what = '%d references (%d quoted), %d links, %d figures' % (
+            what = 'references %d (quoted %d), links %d, figures %d' % (
                 counts['references'], counts['quotes'], counts['links'], counts['figures'])
             if problems:
                 nfail += 1
@@ -475,7 +475,7 @@ def main(argv):
             sys.stdout.flush()
     finally:
         subprocess.run(['rm', '-rf', checker.tmp])
-    print('docs-check: %d of %d docs pass; %d references (%d quoted), %d links, %d figures from %d commands '
+    print('docs-check: %d of %d docs pass; references %d (quoted %d), links %d, figures %d from %d commands '
           '(%.1f s running them, %.1f s in all)' % (
               len(files) - nfail, len(files), total['references'], total['quotes'], total['links'],
               total['figures'], checker.ran, checker.run_seconds, time.time() - t0))

@@ -115,12 +115,12 @@ check_tree() { out=$(python3 "$checker" --root "$1" 2>&1); rc=$?; }
 
 check_tree "$good"
 if [ $rc = 0 ] && [ "$(echo "$out" | grep -c '^PASS docs-check')" = 3 ] && ! echo "$out" | grep -q '^FAIL'; then
-    pass "docs-check: the correct tree passes ($(echo "$out" | tail -1 | sed 's/^docs-check: //; s/ (.*//'))"
+    pass "docs-check: the correct tree passes ($(echo "$out" | tail -1 | sed 's/^docs-check: //; s/ from .*//'))"
 else
     fail "docs-check: the correct tree" "exit $rc: $(echo "$out" | tr '\n' ' ')"
 fi
 # each quoted block, reference, link and figure was seen
-if echo "$out" | grep -q 'docs/01_sum.md (5 references (2 quoted), 4 links, 4 figures)'; then
+if echo "$out" | grep -q 'docs/01_sum.md (references 5 (quoted 2), links 4, figures 4)'; then
     pass "docs-check: counts every reference, quote, link and figure of the tree"
 else
     fail "docs-check: counts" "$(echo "$out" | grep 01_sum)"

@@ -9,7 +9,7 @@
 # wait_max_over_ranks wait_rank0_timed_steps progress_rank0 label, in ms per
 # step. The wait is comm_wait_s / steps (the progress likewise
 # comm_progress_s / steps): it averages ALL steps, the first included,
-# while ms_per_step averages steps 2..N (see docs/README.md, "Plots").
+# while ms_per_step averages steps 2..N (see docs/plots.md, "Where the step time goes").
 # note: one line under the title.
 
 if (!exists("dir")) dir = "build/plots"
