@@ -323,7 +323,10 @@ class Checker:
         path, a = m.group(1), int(m.group(2))
         b = int(m.group(3)) if m.group(3) else a
         if not self.repo.is_file(path):
-            return 'code reference `%s`: no file %s in the repository' % (m.group(0), path)
+            # paths count from the top of the repository: name the files meant
+            same = sorted(f for f in self.repo.files if os.path.basename(f) == os.path.basename(path))
+            hint = '; paths start at the top of the repository: %s?' % ' or '.join(same[:3]) if same else ''
+            return 'code reference `%s`: no file %s in the repository%s' % (m.group(0), path, hint)
         n = len(self.repo.lines(path))
         if a < 1 or b < a:
             return 'code reference `%s`: not a range of lines' % m.group(0)
