@@ -1622,8 +1622,9 @@ static void test_attention_chunks(void) {
 // matmul_backward and layernorm_backward twice: with dinp alone (and no inp
 // for the matmul), then with the weight gradients alone (and no w). The two
 // calls must give the very bits of one call with all three, accumulating
-// onto the same prefilled buffers. Rows wider than 256 so every CUDA kernel
-// loops. The calls that must read nothing come last: a crash there cannot
+// onto the same prefilled buffers (cuBLAS documents bitwise-reproducible
+// results for the same call on one GPU with one stream computing). Rows wider
+// than 256 so every CUDA kernel loops. The calls that must read nothing come last: a crash there cannot
 // hide the other results.
 static void test_backward_halves(void) {
     enum { N = 37, C = 300, OC = 260 };
