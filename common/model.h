@@ -111,7 +111,9 @@ typedef struct {
 size_t block_acts_numel(int B, int T, int C, int NH);  // B*T*(18C + NH*T + 4)
 BlockActs block_acts_at(float* base, int B, int T, int C, int NH);
 
-// Gradient buffers a block's backward needs, reused by every layer.
+// Gradient buffers a block's backward needs, reused by every layer
+// (block_backward lays its stash over them; the input half alone uses only
+// dfch_gelu, datty and datt; head_backward takes dln).
 typedef struct {
     float* dln;       // (B,T,C)  d of a LayerNorm output
     float* dqkv;      // (B,T,3C)
