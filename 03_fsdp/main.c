@@ -23,7 +23,6 @@
 // and the sharded AdamW step; later chapters link it. This file is the
 // lesson: the model cut into units, and the forward and backward traversal
 // that says where each unit is gathered, prefetched and reduce-scattered.
-#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
