@@ -179,7 +179,9 @@ void train_check_mesh(const Mesh* mesh, const TrainSetup* s, const MeshNeeds* ne
     if (s->T % cp != 0)
         fail_all("--seq %d does not split over cp=%d rank%s: use a sequence length divisible by %d", s->T,
                  RANKS(cp), cp);
-    if (ep > 1 && (experts <= 0 || experts % ep != 0))
+    if (ep > 1 && experts <= 0)
+        fail_all("the model has no experts to split over ep=%d ranks: use --ep 1, or a model with experts", ep);
+    if (ep > 1 && experts % ep != 0)
         fail_all("the model's %d experts do not split over ep=%d rank%s: use an ep that divides %d", experts,
                  RANKS(ep), experts);
 #undef RANKS
