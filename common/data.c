@@ -72,7 +72,12 @@ const char* data_open_tokens(const char* path, TokenSet* set, char* msg, size_t 
         return msg;
     }
     struct stat st;
-    fstat(fd, &st);
+    if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
+        close(fd);
+        snprintf(msg, msg_len, "token file '%s' is not a regular file%s: give an llm.c token file", path,
+                 S_ISDIR(st.st_mode) ? " but a directory" : "");
+        return msg;
+    }
     size_t bytes = (size_t)st.st_size;
     int header[256];
     if (bytes < sizeof(header) || pread(fd, header, sizeof(header), 0) != (ssize_t)sizeof(header)) {
@@ -264,9 +269,12 @@ const char* data_write_tokens(const char* path, const uint16_t* tokens, size_t c
     size_t tmp_len = strlen(path) + 32;
     char* tmp = xmalloc(tmp_len);
     snprintf(tmp, tmp_len, "%s.tmp.%d", path, (int)getpid());
+    tmpfile_guard_begin(tmp);
     FILE* f = fopen(tmp, "wb");
     if (!f) {
-        snprintf(msg, msg_len, "cannot write '%s': %s", tmp, strerror(errno));
+        int err = errno;
+        tmpfile_guard_end();
+        snprintf(msg, msg_len, "cannot write '%s' (through the temporary file '%s'): %s", path, tmp, strerror(err));
         free(tmp);
         return msg;
     }
@@ -276,13 +284,23 @@ const char* data_write_tokens(const char* path, const uint16_t* tokens, size_t c
     header[2] = (int)count;
     int ok = fwrite(header, sizeof(int), 256, f) == 256;
     ok = ok && fwrite(tokens, sizeof(uint16_t), count, f) == count;
-    ok = (fclose(f) == 0) && ok;
-    if (!ok || rename(tmp, path) != 0) {
-        snprintf(msg, msg_len, "writing '%s' failed: %s", path, strerror(errno));
+    int err = ok ? 0 : errno;  // what made a write fail
+    if (fclose(f) != 0 && ok) {
+        ok = 0;
+        err = errno;
+    }
+    if (ok && rename(tmp, path) != 0) {
+        ok = 0;
+        err = errno;
+    }
+    if (!ok) {
+        snprintf(msg, msg_len, "writing '%s' failed: %s", path, strerror(err));
         remove(tmp);
+        tmpfile_guard_end();
         free(tmp);
         return msg;
     }
+    tmpfile_guard_end();
     free(tmp);
     return NULL;
 }

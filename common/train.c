@@ -51,8 +51,17 @@ void train_setup(TrainSetup* s, const TrainArgs* a) {
         snprintf(msg, sizeof(msg), "%s has %zu training tokens, fewer than one batch needs (%d x %d + 1): use more data or a smaller --batch/--seq",
                  name, s->train.count, s->B, s->T);
         bad = msg;
+    } else if (a->val && data_batches_per_epoch(&s->val, s->B, s->T) == 0) {
+        snprintf(msg, sizeof(msg), "validation file '%s' has %zu tokens, fewer than one batch needs (%d x %d + 1): give a longer --val or a smaller --batch/--seq",
+                 a->val, s->val.count, s->B, s->T);
+        bad = msg;
     }
     fail_if_any(bad != NULL, bad);
+    // the last 10% of a text file may be too short to validate on: say so
+    // rather than silently logging no validation loss
+    if (!a->val && s->val.count > 0 && data_batches_per_epoch(&s->val, s->B, s->T) == 0)
+        print0("note: the validation split of %s (%zu tokens) is shorter than one batch (%d x %d + 1): no validation loss\n",
+               name, s->val.count, s->B, s->T);
 }
 
 void train_setup_free(TrainSetup* s) {

@@ -2,8 +2,12 @@
 // are the same whatever the world size.
 #include <stdio.h>
 #include <stdlib.h>
+#include <signal.h>
 #include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
+#include "common.h"
 #include "data.h"
 #include "test.h"
 
@@ -190,10 +194,45 @@ static void test_not_text(void) {
     remove(path);
 }
 
+// A write stopped by SIGINT or SIGTERM leaves no temporary file behind, and
+// the process still dies of the signal.
+static void test_tmpfile_guard(void) {
+    int sigs[2] = {SIGINT, SIGTERM};
+    for (int k = 0; k < 2; k++) {
+        const char* tmp = tmp_path("test_data_guard.tmp.1");
+        write_bytes(tmp, "half a file", 11);
+        pid_t pid = fork();
+        if (pid == 0) {
+            tmpfile_guard_begin(tmp);
+            raise(sigs[k]);
+            _exit(0);  // not reached
+        }
+        int status = 0;
+        waitpid(pid, &status, 0);
+        int gone = access(tmp, F_OK) != 0;
+        char name[128];
+        snprintf(name, sizeof(name), "data: %s during an atomic write removes its temporary file", k ? "SIGTERM" : "SIGINT");
+        check(gone && WIFSIGNALED(status) && WTERMSIG(status) == sigs[k], name, "file %s, status %d",
+              gone ? "removed" : "left behind", status);
+        remove(tmp);
+    }
+    // after the write, the signals are the process's own again
+    const char* tmp = tmp_path("test_data_guard.tmp.2");
+    write_bytes(tmp, "x", 1);
+    tmpfile_guard_begin(tmp);
+    tmpfile_guard_end();
+    struct sigaction now;
+    sigaction(SIGTERM, NULL, &now);
+    check(now.sa_handler == SIG_DFL && access(tmp, F_OK) == 0, "data: tmpfile_guard_end restores the signal handlers",
+          "handler not restored");
+    remove(tmp);
+}
+
 int main(void) {
     test_tokenizer_and_files();
     test_text_split();
     test_not_text();
+    test_tmpfile_guard();
     test_batches();
     return test_exit_code();
 }
