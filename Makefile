@@ -6,6 +6,7 @@
 #   make bench-ref     the reference's speed on the small model (one rank)
 #   make bench, plots  the sweep over chapters and its plots (docs/plots/plots.mk)
 #   make setup         install the Debian packages (as root) or print the line
+#   make fuzz          fuzz the file loaders (libFuzzer, FUZZ_SECONDS each)
 #   make clean
 #
 #   BACKEND=cpu    C + OpenMP + OpenBLAS, collectives over MPI; binaries in build/
@@ -31,7 +32,7 @@ LDLIBS  := -lm
 
 COMMON_SRC := common/common.c common/memory.c common/model.c common/init.c \
               common/checkpoint.c common/data.c common/mesh.c common/runtime.c \
-              common/args.c common/report.c common/train.c common/comm_count.c
+              common/args.c common/report.c common/train.c common/comm_count.c common/paths.c
 
 ifeq ($(BACKEND),cpu)
   BIN := build
@@ -87,7 +88,7 @@ $(BIN)/chapter-$(call chapter_number,$(1)): $(OBJ)/$(1)/main.o $(COMMON_OBJ)
 endef
 $(foreach d,$(CHAPTER_DIRS),$(eval $(call CHAPTER_RULE,$(d))))
 
-.PHONY: all test tests tools demo bench-ref setup clean
+.PHONY: all test tests tools demo bench-ref setup clean fuzz
 all: $(addprefix chapter-,$(CHAPTERS)) tools
 
 tools: $(BIN)/tokenize
@@ -135,6 +136,11 @@ demo: setup
 # The reference's speed on the small preset, one rank: ms/step, tokens/s, MFU.
 bench-ref: all
 	bash tests/mpirun.sh -np 1 $(BIN)/chapter-0 --model small --steps 12 --log build/bench-ref.jsonl
+
+# Fuzz the loaders a user feeds files to (checkpoint, token file, text) with
+# libFuzzer for FUZZ_SECONDS each (installs clang as root; not part of test).
+fuzz:
+	@bash tests/fuzz/run.sh
 
 # make bench (the sweep over chapters) and make plots live in docs/plots/.
 -include docs/plots/plots.mk

@@ -2,10 +2,14 @@
 #include "report.h"
 
 #include <errno.h>
+#include <fcntl.h>
 #include <math.h>
 #include <mpi.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/file.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 #include "comm.h"
 #include "common.h"
@@ -15,9 +19,22 @@ const char* jsonl_open(JsonLog* log, const char* path, char* msg, size_t msg_len
     log->f = NULL;
     log->path = path;
     if (!path || world_rank() != 0) return NULL;
-    log->f = fopen(path, "w");
-    if (!log->f) {
+    // Opened without truncating, then locked: a second run given the same
+    // log fails here instead of interleaving its records with the first's.
+    int fd = open(path, O_WRONLY | O_CREAT, 0644);
+    if (fd < 0) {
         snprintf(msg, msg_len, "cannot write log file '%s': %s", path, strerror(errno));
+        return msg;
+    }
+    if (flock(fd, LOCK_EX | LOCK_NB) != 0) {
+        close(fd);
+        snprintf(msg, msg_len, "log file '%s' is being written by another run: give each run its own --log", path);
+        return msg;
+    }
+    struct stat st;  // truncate a regular file (not /dev/stdout or a pipe)
+    if ((fstat(fd, &st) == 0 && S_ISREG(st.st_mode) && ftruncate(fd, 0) != 0) || !(log->f = fdopen(fd, "w"))) {
+        snprintf(msg, msg_len, "cannot write log file '%s': %s", path, strerror(errno));
+        close(fd);
         return msg;
     }
     return NULL;

@@ -7,12 +7,20 @@
 
 #include "common.h"
 #include "memory.h"
+#include "paths.h"
 #include "runtime.h"
 
 void train_setup(TrainSetup* s, const TrainArgs* a) {
     memset(s, 0, sizeof(*s));
     char msg[1024];
-    const char* bad = NULL;
+    // before anything is opened for writing: no output may be an input, and
+    // --save must be writable now, not found unwritable after training
+    PathArg inputs[] = {{"--model", a->model}, {"--data", a->data}, {"--val", a->val}};
+    PathArg outputs[] = {{"--log", a->log}, {"--save", a->save}};
+    int n_in = sizeof(inputs) / sizeof(inputs[0]), n_out = sizeof(outputs) / sizeof(outputs[0]);
+    const char* bad = paths_check_distinct(inputs, n_in, outputs, n_out, msg, sizeof(msg));
+    for (int o = 0; o < n_out && !bad; o++) bad = paths_check_writable(&outputs[o], msg, sizeof(msg));
+    fail_if_any(bad != NULL, bad);
     s->model_name = a->model;
     // the model: a preset by name, else a checkpoint file by path
     if (!gpt_preset(a->model, &s->cfg)) {

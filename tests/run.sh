@@ -173,8 +173,8 @@ error_case chapter-0 1 "--data $TEST_TMPDIR/short.txt" "fewer than one batch nee
 error_case chapter-0 1 "--val $TEST_TMPDIR/short.txt" "too short for its 1024-byte header"
 error_case chapter-0 1 "--val $TEST_TMPDIR/text.bin" "not an llm.c token file"
 error_case chapter-0 1 "--seq 100" "longer than the model's 64 positions"
-error_case chapter-0 1 "--log /nonexistent-dir/x.jsonl" "cannot write log file"
-error_case chapter-0 1 "--save /nonexistent-dir/x.bin --steps 1" "cannot write checkpoint"
+error_case chapter-0 1 "--log /nonexistent-dir/x.jsonl" "cannot write --log '/nonexistent-dir/x.jsonl': its directory '/nonexistent-dir' does not exist"
+error_case chapter-0 1 "--save /nonexistent-dir/x.bin --steps 1" "cannot write --save '/nonexistent-dir/x.bin': its directory '/nonexistent-dir' does not exist"
 error_case chapter-0 3 "--steps 5" "mpirun started 3 ranks: give axis sizes whose product is 3"
 if [ -e /nonexistent-dir/x.bin ] || ls /nonexistent-dir 2>/dev/null | grep -q tmp; then
     fail "errors: no partial checkpoint left behind" "found a file"
@@ -241,6 +241,27 @@ if [ $rc -ne 0 ] && echo "$out" | grep -q "writing '$TEST_TMPDIR/limited_train.b
 else
     fail "hardening: file-size limit" "exit $rc; $out; $(ls "$TEST_TMPDIR" | grep limited)"
 fi
+# an output that is an input is refused before anything is written (same
+# device and inode: a hard link counts), and the input is left intact
+"$BUILD/tokenize" "$TEST_TMPDIR/corpus.txt" "$TEST_TMPDIR/same" >/dev/null
+cp "$TEST_TMPDIR/same_train.bin" "$TEST_TMPDIR/same_before.bin"
+error_case chapter-0 1 "--data $TEST_TMPDIR/same_train.bin --log $TEST_TMPDIR/same_train.bin" "--log '$TEST_TMPDIR/same_train.bin' is the same file as --data"
+ln -f "$ckpt" "$TEST_TMPDIR/hardlink.bin"
+error_case chapter-0 1 "--model $ckpt --save $TEST_TMPDIR/hardlink.bin" "--save '$TEST_TMPDIR/hardlink.bin' is the same file as --model"
+error_case chapter-3 2 "--dp 2 --model $ckpt --log $ckpt" "--log '$ckpt' is the same file as --model"
+error_case chapter-0 1 "--save $TEST_TMPDIR" "it is a directory"
+if cmp -s "$TEST_TMPDIR/same_train.bin" "$TEST_TMPDIR/same_before.bin" && head -c 4 "$ckpt" | od -An -tu4 | grep -q 20240326; then
+    pass "hardening: refused outputs left their inputs intact"
+else
+    fail "hardening: inputs intact" "an input was changed"
+fi
+# two runs given one log: the second fails clearly, the first keeps writing
+timeout 120 $MPIRUN -np 1 "$BUILD/chapter-0" --steps 400 --log "$TEST_TMPDIR/shared.jsonl" >/dev/null 2>&1 &
+first=$!
+for i in $(seq 1 100); do grep -q '"type":"step"' "$TEST_TMPDIR/shared.jsonl" 2>/dev/null && break; sleep 0.2; done
+error_case chapter-0 1 "--steps 1 --log $TEST_TMPDIR/shared.jsonl" "is being written by another run"
+kill $first 2>/dev/null
+wait $first 2>/dev/null
 # ==== end of new tests: hardening ====
 
 
