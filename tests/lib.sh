@@ -225,12 +225,14 @@ invariant() {
 
 # ---------------------------------------------------------------- shared files
 # ref_checkpoint: chapter 0 trained 3 steps and saved (--save); sets CKPT to
-# the file and CKPT_OUT to the run's output. Made once per test run.
+# the file, CKPT_OUT to the run's output and CKPT_LOG to its --log. Made once
+# per test run.
 ref_checkpoint() {
     CKPT=$TEST_TMPDIR/ref.bin
     CKPT_OUT=$TEST_TMPDIR/ref.bin.out
+    CKPT_LOG=$TEST_TMPDIR/ref.bin.jsonl
     if [ ! -e "$CKPT_OUT" ]; then
-        mpi_run $T_RUN 1 "$BUILD/chapter-0" --steps 3 --peak-gflops 10 --save "$CKPT"
+        mpi_run $T_RUN 1 "$BUILD/chapter-0" --steps 3 --peak-gflops 10 --save "$CKPT" --log "$CKPT_LOG"
         cp "$OUT_FILE" "$CKPT_OUT"
     fi
 }

@@ -53,7 +53,7 @@ for f in "${scripts[@]}"; do
         read -r p q s < "$counts"
     else
         # a script that stops early (a syntax error, an exit) fails as a whole
-        echo "FAIL $f: ended with exit $rc before its last check"
+        echo "FAIL $f: ended (exit $rc) before reaching finish; its checks are not counted"
         p=0 q=1 s=0
     fi
     passed=$((passed + p)) failed=$((failed + q)) skipped=$((skipped + s))
