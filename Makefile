@@ -105,7 +105,7 @@ $(OBJ)/%.o: %.cu
 
 # ---------------------------------------------------------------- tests
 # The CPU tests always run on the CPU build; GPU tests run where a GPU is.
-TESTS := test_ops test_model test_data
+TESTS := test_ops test_model test_data test_comm
 tests: $(addprefix build/tests/,$(TESTS))
 build/tests/%: build/obj/cpu/tests/%.o $(patsubst %.c,build/obj/cpu/%.o,$(COMMON_SRC) common/cpu/ops.c common/cpu/device.c common/cpu/comm.c)
 	@mkdir -p $(dir $@)

@@ -3,8 +3,11 @@
 #include "comm_count.h"
 
 #include <limits.h>
+#include <pthread.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "common.h"
 #include "ops.h"
@@ -17,11 +20,14 @@ static int as_int(size_t n) {
 }
 
 static void make_comm(Comm* c, MPI_Comm mpi, int axis) {
+    memset(c, 0, sizeof(*c));
     c->mpi = mpi;
     c->axis = axis;
     MPI_CHECK(MPI_Comm_size(mpi, &c->size));
     MPI_CHECK(MPI_Comm_rank(mpi, &c->rank));
 }
+
+static void progress_stop(void);
 
 void comm_create(Comm* world, Comm axes[NUM_AXES], const Mesh* mesh) {
     make_comm(world, MPI_COMM_WORLD, COMM_WORLD_AXIS);
@@ -31,8 +37,50 @@ void comm_create(Comm* world, Comm axes[NUM_AXES], const Mesh* mesh) {
 
 void comm_destroy(Comm* world, Comm axes[NUM_AXES]) {
     // the MPI communicators belong to the mesh, which frees them
+    progress_stop();
     memset(world, 0, sizeof(*world));
-    if (axes) memset(axes, 0, sizeof(Comm) * NUM_AXES);
+    if (axes) for (int a = 0; a < NUM_AXES; a++) memset(&axes[a], 0, sizeof(Comm));
+}
+
+void comm_create_group(Comm* g, const Mesh* mesh, unsigned axes) {
+    CHECK(axes != 0 && axes < (1u << NUM_AXES), "comm_create_group: 0x%x is not a set of mesh axes", axes);
+    char name[64];
+    comm_group_slot_name(mesh, axes, name, sizeof(name));
+    MPI_Comm mpi;
+    // key: the world rank, so group ranks follow the mesh's rank order
+    MPI_CHECK(MPI_Comm_split(MPI_COMM_WORLD, comm_group_color(mesh, axes), mesh->rank, &mpi));
+    make_comm(g, mpi, comm_slot_for(name));
+    g->axes = axes;
+    g->owns_mpi = 1;
+}
+
+void comm_create_group_ranks(Comm* g, const int* ranks, int n, const char* name) {
+    int world_size = 1, me = world_rank();
+    MPI_CHECK(MPI_Comm_size(MPI_COMM_WORLD, &world_size));
+    char msg[256];
+    const char* bad = comm_check_rank_list(ranks, n, world_size, msg, sizeof(msg));
+    if (bad) fail_all("%s", bad);  // the same list, so the same verdict, on every rank
+    int index = -1;
+    for (int i = 0; i < n; i++)
+        if (ranks[i] == me) index = i;
+    MPI_Comm mpi;
+    MPI_CHECK(MPI_Comm_split(MPI_COMM_WORLD, index >= 0 ? 0 : MPI_UNDEFINED, index, &mpi));
+    int slot = comm_slot_for(name);  // every rank registers it: the summary's slots agree
+    if (index < 0) {
+        memset(g, 0, sizeof(*g));
+        g->mpi = MPI_COMM_NULL;
+        g->axis = slot;
+        g->rank = -1;
+        return;
+    }
+    make_comm(g, mpi, slot);
+    g->owns_mpi = 1;
+}
+
+void comm_destroy_group(Comm* g) {
+    if (g->owns_mpi && g->mpi != MPI_COMM_NULL) MPI_CHECK(MPI_Comm_free(&g->mpi));
+    memset(g, 0, sizeof(*g));
+    g->mpi = MPI_COMM_NULL;
 }
 
 static void scale_for_avg(const Comm* c, float* buf, size_t n, CommOp op) {
@@ -173,6 +221,133 @@ void comm_barrier(const Comm* c) {
     comm_add_wait(now_seconds() - t0);
 }
 
+// ---------------------------------------------------------------- progress
+
+// MPI moves a non-blocking operation only while the rank is inside an MPI
+// call: Open MPI's libnbc runs a collective as a schedule of sends and
+// receives, and starts each round, and each rendezvous of a large message,
+// from its progress engine. A rank that computes between start and wait
+// makes no MPI call, so without help the whole transfer happens inside
+// comm_wait. The progress thread makes those calls for it: while requests
+// are in flight it asks MPI about each of them (MPI_Request_get_status runs
+// the progress engine and leaves the request as it is), then sleeps
+// interval_us. Its calls need MPI_THREAD_MULTIPLE.
+//
+// The requests in flight are a list under a lock: a start adds its request
+// after MPI returned it; comm_wait and comm_test take it out before they
+// complete it (completion frees the MPI request, which the thread must no
+// longer touch).
+#define MAX_IN_FLIGHT 1024
+static struct {
+    pthread_mutex_t lock;
+    pthread_cond_t wake;
+    pthread_t thread;
+    int state;             // 0 not decided yet, 1 thread running, -1 off
+    int stop;
+    long interval_us;
+    CommRequest* in_flight[MAX_IN_FLIGHT];
+    int n_in_flight;
+    double busy_s;         // seconds the thread spent inside MPI
+} progress = {.lock = PTHREAD_MUTEX_INITIALIZER, .wake = PTHREAD_COND_INITIALIZER};
+
+static void* progress_main(void* arg) {
+    (void)arg;
+    struct timespec nap = {0, progress.interval_us * 1000L};
+    pthread_mutex_lock(&progress.lock);
+    while (!progress.stop) {
+        if (progress.n_in_flight == 0) {
+            pthread_cond_wait(&progress.wake, &progress.lock);
+            continue;
+        }
+        double t0 = now_seconds();
+        for (int i = 0; i < progress.n_in_flight; i++) {
+            int done = 0;
+            MPI_CHECK(MPI_Request_get_status(progress.in_flight[i]->mpi, &done, MPI_STATUS_IGNORE));
+        }
+        progress.busy_s += now_seconds() - t0;
+        pthread_mutex_unlock(&progress.lock);
+        nanosleep(&nap, NULL);
+        pthread_mutex_lock(&progress.lock);
+    }
+    pthread_mutex_unlock(&progress.lock);
+    return NULL;
+}
+
+// Joins the thread. From comm_destroy, and from MPI_Finalize through the
+// delete callback of an attribute on MPI_COMM_SELF (MPI runs those first
+// thing in MPI_Finalize, while MPI still works), so an exit through
+// fail_all never finalizes MPI under a running thread.
+static void progress_stop(void) {
+    pthread_mutex_lock(&progress.lock);
+    int running = progress.state == 1;
+    progress.stop = 1;
+    pthread_cond_signal(&progress.wake);
+    pthread_mutex_unlock(&progress.lock);
+    if (running) pthread_join(progress.thread, NULL);
+    pthread_mutex_lock(&progress.lock);
+    if (running) progress.state = 0;  // a later comm_* may start it again
+    progress.stop = 0;
+    progress.n_in_flight = 0;
+    pthread_mutex_unlock(&progress.lock);
+}
+
+static int progress_at_finalize(MPI_Comm comm, int key, void* value, void* extra) {
+    (void)comm, (void)key, (void)value, (void)extra;
+    progress_stop();
+    return MPI_SUCCESS;
+}
+
+// Decided at the first non-blocking start: a thread if MPI gives
+// MPI_THREAD_MULTIPLE and COMM_PROGRESS_US is not 0.
+static void progress_start(void) {
+    int level = MPI_THREAD_SINGLE;
+    MPI_CHECK(MPI_Query_thread(&level));
+    const char* env = getenv("COMM_PROGRESS_US");
+    long us = env && *env ? strtol(env, NULL, 10) : 200;
+    if (level < MPI_THREAD_MULTIPLE || us <= 0 || us >= 1000000) {
+        progress.state = -1;
+        return;
+    }
+    progress.interval_us = us;
+    static int key = MPI_KEYVAL_INVALID;
+    if (key == MPI_KEYVAL_INVALID) {
+        MPI_CHECK(MPI_Comm_create_keyval(MPI_COMM_NULL_COPY_FN, progress_at_finalize, &key, NULL));
+        MPI_CHECK(MPI_Comm_set_attr(MPI_COMM_SELF, key, NULL));
+    }
+    CHECK(pthread_create(&progress.thread, NULL, progress_main, NULL) == 0, "cannot start the progress thread");
+    progress.state = 1;
+}
+
+static void track(CommRequest* req) {
+    pthread_mutex_lock(&progress.lock);
+    if (progress.state == 0) progress_start();
+    if (progress.state == 1) {
+        CHECK(progress.n_in_flight < MAX_IN_FLIGHT, "more than %d non-blocking operations in flight", MAX_IN_FLIGHT);
+        progress.in_flight[progress.n_in_flight++] = req;
+        pthread_cond_signal(&progress.wake);
+    }
+    pthread_mutex_unlock(&progress.lock);
+}
+
+static void untrack(CommRequest* req) {
+    pthread_mutex_lock(&progress.lock);
+    for (int i = 0; i < progress.n_in_flight; i++)
+        if (progress.in_flight[i] == req) {
+            progress.in_flight[i] = progress.in_flight[--progress.n_in_flight];
+            break;
+        }
+    pthread_mutex_unlock(&progress.lock);
+}
+
+int comm_progress_thread_on(void) { return progress.state == 1; }
+
+double comm_progress_thread_seconds(void) {
+    pthread_mutex_lock(&progress.lock);
+    double s = progress.busy_s;
+    pthread_mutex_unlock(&progress.lock);
+    return s;
+}
+
 // ---------------------------------------------------------------- non-blocking
 
 // Every start returns the time it began: the seconds until the MPI call
@@ -192,6 +367,7 @@ void comm_iallreduce(const Comm* c, float* buf, size_t n, CommOp op, CommRequest
         req->scale = 1.0f / (float)c->size;
     }
     MPI_CHECK(MPI_Iallreduce(MPI_IN_PLACE, buf, as_int(n), MPI_FLOAT, MPI_SUM, c->mpi, &req->mpi));
+    track(req);
     comm_add_progress(now_seconds() - t0);
 }
 
@@ -205,6 +381,7 @@ void comm_ireduce_scatter(const Comm* c, const float* send, float* recv, size_t 
         req->scale = 1.0f / (float)c->size;
     }
     MPI_CHECK(MPI_Ireduce_scatter_block(send, recv, as_int(n), MPI_FLOAT, MPI_SUM, c->mpi, &req->mpi));
+    track(req);
     comm_add_progress(now_seconds() - t0);
 }
 
@@ -213,6 +390,7 @@ void comm_iallgather(const Comm* c, const float* send, float* recv, size_t n, Co
     double t0 = start(req);
     const void* src = send == recv + (size_t)c->rank * n ? MPI_IN_PLACE : (const void*)send;
     MPI_CHECK(MPI_Iallgather(src, as_int(n), MPI_FLOAT, recv, as_int(n), MPI_FLOAT, c->mpi, &req->mpi));
+    track(req);
     comm_add_progress(now_seconds() - t0);
 }
 
@@ -220,6 +398,7 @@ void comm_ibroadcast(const Comm* c, float* buf, size_t n, int root, CommRequest*
     comm_tally(c, COLL_BROADCAST, n * sizeof(float), c->size > 1 ? 1.0 : 0.0);
     double t0 = start(req);
     MPI_CHECK(MPI_Ibcast(buf, as_int(n), MPI_FLOAT, root, c->mpi, &req->mpi));
+    track(req);
     comm_add_progress(now_seconds() - t0);
 }
 
@@ -227,6 +406,7 @@ void comm_isend(const Comm* c, const float* buf, size_t n, int peer, CommRequest
     comm_tally(c, COLL_SEND, n * sizeof(float), 1.0);
     double t0 = start(req);
     MPI_CHECK(MPI_Isend(buf, as_int(n), MPI_FLOAT, peer, 0, c->mpi, &req->mpi));
+    track(req);
     comm_add_progress(now_seconds() - t0);
 }
 
@@ -234,11 +414,13 @@ void comm_irecv(const Comm* c, float* buf, size_t n, int peer, CommRequest* req)
     comm_tally(c, COLL_RECV, n * sizeof(float), 0.0);
     double t0 = start(req);
     MPI_CHECK(MPI_Irecv(buf, as_int(n), MPI_FLOAT, peer, 0, c->mpi, &req->mpi));
+    track(req);
     comm_add_progress(now_seconds() - t0);
 }
 
 void comm_wait(CommRequest* req) {
     if (!req->active) return;
+    untrack(req);
     double t0 = now_seconds();
     MPI_CHECK(MPI_Wait(&req->mpi, MPI_STATUS_IGNORE));
     comm_add_wait(now_seconds() - t0);
@@ -250,10 +432,13 @@ int comm_test(CommRequest* req) {
     if (!req->active) return 1;
     int done = 0;
     double t0 = now_seconds();
+    untrack(req);
     MPI_CHECK(MPI_Test(&req->mpi, &done, MPI_STATUS_IGNORE));
     if (done) {
         if (req->scale_buf) ops_scale(req->scale_buf, req->scale_count, req->scale);
         req->active = 0;
+    } else {
+        track(req);
     }
     comm_add_progress(now_seconds() - t0);
     return done;
