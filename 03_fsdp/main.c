@@ -115,6 +115,12 @@ typedef struct {
     // the all-gather part of comm_wait_seconds)
     long gathers_prefetched;
     double allgather_wait_s;
+    // how much of the prefetched gathers' time in flight compute hid: each
+    // slot remembers when its prefetched gather started; unit_params adds
+    // the seconds from that start to the end of its wait (in flight) and
+    // the seconds of the wait itself (blocked)
+    double* slot_started;  // (n_slots) now_seconds() at the start, < 0: not prefetched
+    double prefetch_inflight_s, prefetch_blocked_s;
 } FSDP;
 
 // ---------------------------------------------------------------- gathering a unit (zero 3)
@@ -146,7 +152,15 @@ static float* unit_params(FSDP* f, int i) {
     double w0 = comm_wait_seconds();
     request_unit(f, i);
     int s = f->slot_of_unit[i];
+    double t0 = now_seconds();
+    int prefetched = f->slot_req[s].active && f->slot_started[s] >= 0;
     comm_wait(&f->slot_req[s]);
+    if (prefetched) {
+        double t1 = now_seconds();
+        f->prefetch_inflight_s += t1 - f->slot_started[s];
+        f->prefetch_blocked_s += t1 - t0;
+        f->slot_started[s] = -1;
+    }
     f->allgather_wait_s += comm_wait_seconds() - w0;
     return f->slot_buf[s];
 }
@@ -155,7 +169,10 @@ static float* unit_params(FSDP* f, int i) {
 // computes, so the transfer hides behind the compute; without, it is gathered
 // (blocking) when needed.
 static void prefetch_unit(FSDP* f, int i) {
-    if (f->zero == 3 && f->prefetch && request_unit(f, i)) f->gathers_prefetched++;
+    if (f->zero == 3 && f->prefetch && request_unit(f, i)) {
+        f->gathers_prefetched++;
+        f->slot_started[f->slot_of_unit[i]] = now_seconds();
+    }
 }
 
 // ---------------------------------------------------------------- reducing a unit's gradient
@@ -349,7 +366,9 @@ static void fsdp_create(FSDP* f, const Comm* dp, const TrainSetup* setup, const 
         f->slot_buf = xmalloc(sizeof(float*) * f->n_slots);
         f->slot_req = xcalloc((size_t)f->n_slots, sizeof(CommRequest));
         f->unit_in_slot = xmalloc(sizeof(int) * f->n_slots);
+        f->slot_started = xmalloc(sizeof(double) * f->n_slots);
         for (int s = 0; s < f->n_slots; s++) {
+            f->slot_started[s] = -1;
             // resharding: two slots, each big enough for any unit; keeping:
             // slot i holds unit i, so together they hold the padded model
             size_t size = reshard ? u->max_padded : u->shard[s] * N;
@@ -395,6 +414,7 @@ static void fsdp_free(FSDP* f) {
     free(f->slot_buf);
     free(f->slot_req);
     free(f->unit_in_slot);
+    free(f->slot_started);
     free(f->slot_of_unit);
     free(f->u.off);
     free(f->u.numel);
@@ -473,10 +493,11 @@ int main(int argc, char** argv) {
     float loss = 0.0f, vloss = -1.0f;
     long prefetched = 0;        // unit gathers started ahead by prefetch_unit, all steps
     double allgather_wait = 0;  // seconds blocked on all-gathers, timed steps (as the clock)
+    double pf_inflight = 0, pf_blocked = 0;  // the prefetched gathers, timed steps
     comm_counts_reset();  // count the training only, not the start-up gathers
     for (int s = 0; s < args->steps; s++) {
         long p0 = f.gathers_prefetched;
-        double w0 = f.allgather_wait_s;
+        double w0 = f.allgather_wait_s, i0 = f.prefetch_inflight_s, b0 = f.prefetch_blocked_s;
         int timed = clock.timed;
         clock_begin(&clock);
         data_batch(&setup->train, s, B, T, dpc->rank * micro, micro, inputs, targets);
@@ -486,7 +507,11 @@ int main(int argc, char** argv) {
         float norm = step(&f, args, s + 1);
         double dt = clock_end(&clock, s, args->steps);
         prefetched += f.gathers_prefetched - p0;
-        if (clock.timed > timed) allgather_wait += f.allgather_wait_s - w0;
+        if (clock.timed > timed) {
+            allgather_wait += f.allgather_wait_s - w0;
+            pf_inflight += f.prefetch_inflight_s - i0;
+            pf_blocked += f.prefetch_blocked_s - b0;
+        }
         // the global loss for the log line: a host scalar, plain MPI
         double total = 0.0;
         MPI_CHECK(MPI_Allreduce(&mine, &total, 1, MPI_DOUBLE, MPI_SUM, dpc->mpi));
@@ -506,13 +531,26 @@ int main(int argc, char** argv) {
     print0("communication: %.2f ms per step blocked in collectives or waits (rank 0), %.2f of them in all-gathers, "
            "of %.2f ms per step; %.2f unit gathers per step prefetched\n",
            wait_ms, ag_wait_ms, ms, prefetched_per_step);
-    char extra_json[512];
+    // share hidden: of the time the prefetched gathers were in flight (start
+    // to the end of their wait), the part the rank computed instead of
+    // waiting; -1 when nothing was prefetched
+    double hidden = pf_inflight > 0 ? 1.0 - pf_blocked / pf_inflight : -1.0;
+    if (hidden >= 0)
+        print0("prefetch: %.1f%% of the prefetched gathers' time in flight hidden behind compute (rank 0: %.2f ms "
+               "blocked of %.2f ms in flight per step; progress thread %s)\n",
+               100.0 * hidden, clock.timed ? 1e3 * pf_blocked / clock.timed : 0.0,
+               clock.timed ? 1e3 * pf_inflight / clock.timed : 0.0, comm_progress_thread_on() ? "on" : "off");
+    char extra_json[768];
     snprintf(extra_json, sizeof(extra_json),
              "\"zero\":%d,\"prefetch\":%d,\"reshard\":%d,\"units\":%d,\"shard_params\":%zu,\"padded_params\":%zu,"
              "\"max_unit_padded\":%zu,\"unit0_padded\":%zu,\"comm_wait_ms_per_step\":%.3f,"
-             "\"comm_progress_ms_per_step\":%.3f,\"allgather_wait_ms_per_step\":%.3f,\"gathers_prefetched_per_step\":%g",
+             "\"comm_progress_ms_per_step\":%.3f,\"allgather_wait_ms_per_step\":%.3f,\"gathers_prefetched_per_step\":%g,"
+             "\"prefetch_hidden_share\":%.4f,\"prefetch_blocked_ms_per_step\":%.3f,\"prefetch_inflight_ms_per_step\":%.3f,"
+             "\"progress_thread\":%d",
              zero, prefetch, reshard, f.u.n, f.u.shard_total, f.u.padded_total, f.u.max_padded, f.u.shard[0] * N,
-             wait_ms, progress_ms, ag_wait_ms, prefetched_per_step);
+             wait_ms, progress_ms, ag_wait_ms, prefetched_per_step, hidden,
+             clock.timed ? 1e3 * pf_blocked / clock.timed : 0.0, clock.timed ? 1e3 * pf_inflight / clock.timed : 0.0,
+             comm_progress_thread_on());
     RunSummary summary = {
         .chapter = 3, .model = setup->model_name, .num_params = P, .batch = B, .seq = T, .steps = args->steps,
         .ms_per_step = ms, .tokens_per_s = ms > 0 ? (double)B * T / (ms / 1e3) : 0.0,

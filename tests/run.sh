@@ -523,6 +523,47 @@ else
     fail "fsdp: ZeRO-2 save" "val loss of the saved file '$vl', of chapter 0 trained alike '$vt'"
 fi
 
+# ==== new tests: comm groups and progress ====
+# test_comm on 4 ranks: every group over every set of axes of a 2x2 (dp x
+# tp) and a 2x1x2 (dp x tp x cp) mesh reduces over exactly its ranks and is
+# counted in its own slot; a group of listed ranks too; the summary's "comm"
+# has a key per group. Then a bad rank list, and chapter 3's prefetch line
+# with the progress thread on and off (the losses must not move: the thread
+# only moves bytes sooner).
+echo "== comm: groups over several axes, the progress thread"
+comm_log=$TEST_TMPDIR/test_comm.jsonl
+out=$(timeout 300 $MPIRUN -np 4 "$BUILD/tests/test_comm" --log "$comm_log" 2>&1)
+rc=$?
+echo "$out" | grep -E '^(PASS|FAIL)'
+passed=$((passed + $(echo "$out" | grep -c '^PASS')))
+failed=$((failed + $(echo "$out" | grep -c '^FAIL')))
+if [ $rc -ne 0 ] && ! echo "$out" | grep -q '^FAIL'; then
+    fail "test_comm on 4 ranks" "exit $rc (124 = hang) without a failed check: $(echo "$out" | tail -3)"
+fi
+if grep '"type":"summary"' "$comm_log" 2>/dev/null | grep -q '"allreduce":{"dp":{"calls":\[4,4,4,4\].*"dp+cp":{"calls":\[4,4,4,4\].*"ends":{"calls":\[1,0,0,1\]'; then
+    pass "summary: a group over several axes is its own key beside the axes (\"dp+cp\"), a listed group under its name"
+else
+    fail "summary keys for groups" "$(grep -o '"comm":{.\{0,300\}' "$comm_log" 2>/dev/null)"
+fi
+error_case tests/test_comm 4 "--bad-list" "comm_create_group_ranks: rank 0 is listed twice"
+for us in 200 0; do
+    run=$TEST_TMPDIR/pt_run.jsonl
+    rm -f "$run"
+    out=$(COMM_PROGRESS_US=$us timeout 120 $MPIRUN -x COMM_PROGRESS_US -np 2 "$BUILD/chapter-3" --dp 2 --zero 3 \
+        --steps 10 --batch 24 --seq 32 --peak-gflops 10 --log "$run" 2>&1)
+    rc=$?
+    cmp=$(bash tests/compare_losses.sh "$ref" "$run" $TOL 2>&1)
+    crc=$?
+    want=on; [ $us = 0 ] && want=off
+    if [ $rc -eq 0 ] && [ $crc -eq 0 ] && echo "$out" | grep -q "^prefetch: .* hidden behind compute .*progress thread $want)" &&
+        grep '"type":"summary"' "$run" | grep -q "\"prefetch_hidden_share\":[01]\.[0-9]*,.*\"progress_thread\":$([ $want = on ] && echo 1 || echo 0)"; then
+        pass "chapter 3 ZeRO-3 dp=2, COMM_PROGRESS_US=$us: progress thread $want, chapter 0's losses ($cmp), share hidden reported"
+    else
+        fail "chapter 3 with COMM_PROGRESS_US=$us" "exit $rc; $cmp; $(echo "$out" | grep -E '^prefetch|^error|rank' | head -3)"
+    fi
+done
+# ==== end of new tests: comm groups and progress ====
+
 echo "== --help"
 # every chapter lists its own flags and exits 0
 help_case() {  # binary, a flag the help must list
