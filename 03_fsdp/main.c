@@ -546,11 +546,11 @@ int main(int argc, char** argv) {
              "\"max_unit_padded\":%zu,\"unit0_padded\":%zu,\"comm_wait_ms_per_step\":%.3f,"
              "\"comm_progress_ms_per_step\":%.3f,\"allgather_wait_ms_per_step\":%.3f,\"gathers_prefetched_per_step\":%g,"
              "\"prefetch_hidden_share\":%.4f,\"prefetch_blocked_ms_per_step\":%.3f,\"prefetch_inflight_ms_per_step\":%.3f,"
-             "\"progress_thread\":%d",
+             "\"progress_thread\":%d,\"progress_thread_s\":%.4f",
              zero, prefetch, reshard, f.u.n, f.u.shard_total, f.u.padded_total, f.u.max_padded, f.u.shard[0] * N,
              wait_ms, progress_ms, ag_wait_ms, prefetched_per_step, hidden,
              clock.timed ? 1e3 * pf_blocked / clock.timed : 0.0, clock.timed ? 1e3 * pf_inflight / clock.timed : 0.0,
-             comm_progress_thread_on());
+             comm_progress_thread_on(), comm_progress_thread_seconds());
     RunSummary summary = {
         .chapter = 3, .model = setup->model_name, .num_params = P, .batch = B, .seq = T, .steps = args->steps,
         .ms_per_step = ms, .tokens_per_s = ms > 0 ? (double)B * T / (ms / 1e3) : 0.0,
