@@ -546,6 +546,7 @@ else
     fail "summary keys for groups" "$(grep -o '"comm":{.\{0,300\}' "$comm_log" 2>/dev/null)"
 fi
 error_case tests/test_comm 4 "--bad-list" "comm_create_group_ranks: rank 0 is listed twice"
+error_case tests/test_comm 4 "--exit-with-thread" "leaving with the progress thread running"
 for us in 200 0; do
     run=$TEST_TMPDIR/pt_run.jsonl
     rm -f "$run"

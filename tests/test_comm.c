@@ -12,7 +12,9 @@
 // the progress thread on. A group of listed ranks reduces over exactly them.
 // Every check is agreed over all ranks; rank 0 prints PASS/FAIL lines.
 // --bad-list: creates a group from a list with a rank twice (must end every
-// rank with one message). --log: writes a summary whose "comm" has the groups.
+// rank with one message). --exit-with-thread: starts the progress thread,
+// then exits through fail_all without comm_destroy (MPI_Finalize must stop
+// the thread: one message, every rank exits 1, no hang). --log: writes a summary whose "comm" has the groups.
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -152,11 +154,12 @@ static void test_rank_list(void) {
 int main(int argc, char** argv) {
     runtime_init(&argc, &argv);
     const char* log_path = NULL;
-    int bad_list = 0;
+    int bad_list = 0, exit_with_thread = 0;
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--log") && i + 1 < argc) log_path = argv[++i];
         else if (!strcmp(argv[i], "--bad-list")) bad_list = 1;
-        else fail_all("test_comm: unknown argument '%s' (takes --log FILE and --bad-list)", argv[i]);
+        else if (!strcmp(argv[i], "--exit-with-thread")) exit_with_thread = 1;
+        else fail_all("test_comm: unknown argument '%s' (takes --log FILE, --bad-list, --exit-with-thread)", argv[i]);
     }
     int n = 0;
     MPI_CHECK(MPI_Comm_size(MPI_COMM_WORLD, &n));
@@ -170,6 +173,14 @@ int main(int argc, char** argv) {
         Comm g;
         comm_create_group_ranks(&g, ranks, 3, "bad");  // must not return
         fail_all("test_comm --bad-list: a list with rank 0 twice was accepted");
+    }
+    if (exit_with_thread) {
+        float* buf = mem_alloc_floats(1, MEM_COMM);
+        CommRequest req;
+        comm_iallreduce(&world, buf, 1, COMM_SUM, &req);
+        comm_wait(&req);
+        fail_all("test_comm --exit-with-thread: leaving with the progress thread %s",
+                 comm_progress_thread_on() ? "running" : "off");
     }
     comm_counts_reset();
     test_mesh((const int[NUM_AXES]){[AXIS_DP] = 2, [AXIS_TP] = 2}, "dp=2 x tp=2");
