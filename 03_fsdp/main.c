@@ -537,20 +537,20 @@ int main(int argc, char** argv) {
     double hidden = pf_inflight > 0 ? 1.0 - pf_blocked / pf_inflight : -1.0;
     if (hidden >= 0)
         print0("prefetch: %.1f%% of the prefetched gathers' time in flight hidden behind compute (rank 0: %.2f ms "
-               "blocked of %.2f ms in flight per step; progress thread %s)\n",
+               "blocked of %.2f ms in flight per step; comm_progress %s)\n",
                100.0 * hidden, clock.timed ? 1e3 * pf_blocked / clock.timed : 0.0,
-               clock.timed ? 1e3 * pf_inflight / clock.timed : 0.0, comm_progress_thread_on() ? "on" : "off");
+               clock.timed ? 1e3 * pf_inflight / clock.timed : 0.0, comm_progress_on() ? "on" : "off");
     char extra_json[768];
     snprintf(extra_json, sizeof(extra_json),
              "\"zero\":%d,\"prefetch\":%d,\"reshard\":%d,\"units\":%d,\"shard_params\":%zu,\"padded_params\":%zu,"
              "\"max_unit_padded\":%zu,\"unit0_padded\":%zu,\"comm_wait_ms_per_step\":%.3f,"
              "\"comm_progress_ms_per_step\":%.3f,\"allgather_wait_ms_per_step\":%.3f,\"gathers_prefetched_per_step\":%g,"
              "\"prefetch_hidden_share\":%.4f,\"prefetch_blocked_ms_per_step\":%.3f,\"prefetch_inflight_ms_per_step\":%.3f,"
-             "\"progress_thread\":%d,\"progress_thread_s\":%.4f",
+             "\"comm_progress\":%d",
              zero, prefetch, reshard, f.u.n, f.u.shard_total, f.u.padded_total, f.u.max_padded, f.u.shard[0] * N,
              wait_ms, progress_ms, ag_wait_ms, prefetched_per_step, hidden,
              clock.timed ? 1e3 * pf_blocked / clock.timed : 0.0, clock.timed ? 1e3 * pf_inflight / clock.timed : 0.0,
-             comm_progress_thread_on(), comm_progress_thread_seconds());
+             comm_progress_on());
     RunSummary summary = {
         .chapter = 3, .model = setup->model_name, .num_params = P, .batch = B, .seq = T, .steps = args->steps,
         .ms_per_step = ms, .tokens_per_s = ms > 0 ? (double)B * T / (ms / 1e3) : 0.0,

@@ -15,9 +15,10 @@
 // summary.
 //
 // Overlap. A non-blocking operation (comm_i*) moves while the rank computes:
-// on NCCL the GPU runs it by itself; on MPI a progress thread of this layer
-// drives it (MPI moves a non-blocking collective only inside MPI calls, and
-// a chapter computing between start and wait makes none). See docs/design.md.
+// on NCCL the GPU runs it by itself; on MPI comm_progress, which the CPU ops
+// call, drives it (MPI moves a non-blocking collective only inside MPI
+// calls, and a chapter computing between start and wait makes none). See
+// docs/design.md.
 #ifndef COMM_H
 #define COMM_H
 
@@ -148,20 +149,18 @@ void comm_irecv(const Comm* c, float* buf, size_t count, int peer, CommRequest* 
 void comm_wait(CommRequest* req);
 // Non-zero when req has completed (req stays to be waited on).
 int comm_test(CommRequest* req);
-// Progress. On MPI, from the first non-blocking start on, a thread of this
-// layer wakes every COMM_PROGRESS_US microseconds (env, default 200) while an
-// operation is in flight and asks MPI about it (MPI_Request_get_status, which
-// runs MPI's progress engine and neither completes nor frees the request).
-// It needs MPI_THREAD_MULTIPLE (runtime_init asks for it); where MPI grants
-// less, or with COMM_PROGRESS_US=0, there is no thread and operations move
-// only inside MPI calls, as before. Results are the same either way: the
-// thread only moves bytes sooner. comm_destroy stops it, and so does
-// MPI_Finalize (an exit through fail_all). On NCCL it is a no-op: the GPU
-// progresses its operations by itself. Returns 1 when the thread is on.
-int comm_progress_thread_on(void);
-// Seconds the progress thread spent inside MPI calls (0 without one): its
-// cost, taken from the cores the ranks compute on.
-double comm_progress_thread_seconds(void);
+// Progress. Drives the non-blocking operations in flight: on MPI it asks
+// MPI about each (MPI_Request_get_status runs MPI's progress engine and
+// neither completes nor frees the request); nothing in flight, nothing done.
+// The CPU ops call it at their start (matmul, attention: common/cpu/ops.c),
+// so the compute a chapter places between start and wait moves the bytes
+// without a line of its own, in every chapter. Results are the same with it
+// or without (COMM_PROGRESS=0 turns it off): it only moves bytes sooner. Its
+// seconds count as comm_progress_seconds. On NCCL it is a no-op: the GPU and
+// NCCL's proxy progress their operations by themselves.
+void comm_progress(void);
+// 1 when comm_progress drives MPI operations (CPU backend, COMM_PROGRESS not 0).
+int comm_progress_on(void);
 
 // ---------------------------------------------------------------- counters
 typedef struct {
@@ -172,9 +171,10 @@ void comm_counts_reset(void);
 // Seconds spent inside blocking calls and comm_wait: time a rank waited on
 // communication that compute did not hide.
 double comm_wait_seconds(void);
-// Seconds spent inside the non-blocking starts and comm_test: the host's own
-// work on communication that is in flight (on MPI the library copies and
-// reduces there; on NCCL it is only queueing). Not waiting, not computing.
+// Seconds spent inside the non-blocking starts, comm_test and comm_progress:
+// the host's own work on communication that is in flight (on MPI the
+// library copies and reduces there; on NCCL it is only queueing). Not
+// waiting, not computing.
 double comm_progress_seconds(void);
 
 #endif

@@ -14,11 +14,7 @@
 static int local_size = 1, local_rank = 0;
 
 void runtime_init(int* argc, char*** argv) {
-    // MPI_THREAD_MULTIPLE: the CPU backend's progress thread calls MPI while
-    // the main thread does (common/cpu/comm.c); it stays off where MPI
-    // provides less
-    int provided = MPI_THREAD_SINGLE;
-    MPI_Init_thread(argc, argv, MPI_THREAD_MULTIPLE, &provided);
+    MPI_Init(argc, argv);
     MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_RETURN);
     // ranks that share memory are the ranks of one node
     MPI_Comm node;

@@ -3,7 +3,7 @@
 #ifndef RUNTIME_H
 #define RUNTIME_H
 
-// MPI_Init_thread (asking for MPI_THREAD_MULTIPLE); MPI errors are returned to the caller (MPI_CHECK reports them).
+// MPI_Init; MPI errors are returned to the caller (MPI_CHECK reports them).
 void runtime_init(int* argc, char*** argv);
 void runtime_finalize(void);
 

@@ -528,9 +528,9 @@ fi
 # tp) and a 2x1x2 (dp x tp x cp) mesh reduces over exactly its ranks and is
 # counted in its own slot; a group of listed ranks too; the summary's "comm"
 # has a key per group. Then a bad rank list, and chapter 3's prefetch line
-# with the progress thread on and off (the losses must not move: the thread
-# only moves bytes sooner).
-echo "== comm: groups over several axes, the progress thread"
+# with comm_progress on and off (the losses must not move: progress only
+# moves bytes sooner).
+echo "== comm: groups over several axes, progress"
 comm_log=$TEST_TMPDIR/test_comm.jsonl
 out=$(timeout 300 $MPIRUN -np 4 "$BUILD/tests/test_comm" --log "$comm_log" 2>&1)
 rc=$?
@@ -546,21 +546,20 @@ else
     fail "summary keys for groups" "$(grep -o '"comm":{.\{0,300\}' "$comm_log" 2>/dev/null)"
 fi
 error_case tests/test_comm 4 "--bad-list" "comm_create_group_ranks: rank 0 is listed twice"
-error_case tests/test_comm 4 "--exit-with-thread" "leaving with the progress thread running"
-for us in 200 0; do
+for us in 1 0; do
     run=$TEST_TMPDIR/pt_run.jsonl
     rm -f "$run"
-    out=$(COMM_PROGRESS_US=$us timeout 120 $MPIRUN -x COMM_PROGRESS_US -np 2 "$BUILD/chapter-3" --dp 2 --zero 3 \
+    out=$(COMM_PROGRESS=$us timeout 120 $MPIRUN -x COMM_PROGRESS -np 2 "$BUILD/chapter-3" --dp 2 --zero 3 \
         --steps 10 --batch 24 --seq 32 --peak-gflops 10 --log "$run" 2>&1)
     rc=$?
     cmp=$(bash tests/compare_losses.sh "$ref" "$run" $TOL 2>&1)
     crc=$?
     want=on; [ $us = 0 ] && want=off
-    if [ $rc -eq 0 ] && [ $crc -eq 0 ] && echo "$out" | grep -q "^prefetch: .* hidden behind compute .*progress thread $want)" &&
-        grep '"type":"summary"' "$run" | grep -q "\"prefetch_hidden_share\":[01]\.[0-9]*,.*\"progress_thread\":$([ $want = on ] && echo 1 || echo 0)"; then
-        pass "chapter 3 ZeRO-3 dp=2, COMM_PROGRESS_US=$us: progress thread $want, chapter 0's losses ($cmp), share hidden reported"
+    if [ $rc -eq 0 ] && [ $crc -eq 0 ] && echo "$out" | grep -q "^prefetch: .* hidden behind compute .*comm_progress $want)" &&
+        grep '"type":"summary"' "$run" | grep -q "\"prefetch_hidden_share\":[01]\.[0-9]*,.*\"comm_progress\":$us"; then
+        pass "chapter 3 ZeRO-3 dp=2, COMM_PROGRESS=$us: comm_progress $want, chapter 0's losses ($cmp), share hidden reported"
     else
-        fail "chapter 3 with COMM_PROGRESS_US=$us" "exit $rc; $cmp; $(echo "$out" | grep -E '^prefetch|^error|rank' | head -3)"
+        fail "chapter 3 with COMM_PROGRESS=$us" "exit $rc; $cmp; $(echo "$out" | grep -E '^prefetch|^error|rank' | head -3)"
     fi
 done
 # ==== end of new tests: comm groups and progress ====

@@ -9,12 +9,10 @@
 // outside the group's axes (worked out here from mesh_coord_of, not from the
 // communicator). Each group is counted in its own slot ("dp+cp"); a single
 // axis in that axis's. The same holds for the non-blocking all-reduce, with
-// the progress thread on. A group of listed ranks reduces over exactly them.
+// comm_progress driving it. A group of listed ranks reduces over exactly them.
 // Every check is agreed over all ranks; rank 0 prints PASS/FAIL lines.
 // --bad-list: creates a group from a list with a rank twice (must end every
-// rank with one message). --exit-with-thread: starts the progress thread,
-// then exits through fail_all without comm_destroy (MPI_Finalize must stop
-// the thread: one message, every rank exits 1, no hang). --log: writes a summary whose "comm" has the groups.
+// rank with one message). --log: writes a summary whose "comm" has the groups.
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -105,6 +103,7 @@ static void test_mesh(const int sizes[NUM_AXES], const char* shape) {
         mem_to_device(buf, mine, sizeof(mine));
         CommRequest req;
         comm_iallreduce(&g, buf, 3, COMM_SUM, &req);
+        comm_progress();  // what the CPU ops call while it is in flight
         comm_wait(&req);
         mem_to_host(got, buf, sizeof(got));
         int nb_ok = (long)got[1] == want && (int)got[0] == members;
@@ -154,12 +153,11 @@ static void test_rank_list(void) {
 int main(int argc, char** argv) {
     runtime_init(&argc, &argv);
     const char* log_path = NULL;
-    int bad_list = 0, exit_with_thread = 0;
+    int bad_list = 0;
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--log") && i + 1 < argc) log_path = argv[++i];
         else if (!strcmp(argv[i], "--bad-list")) bad_list = 1;
-        else if (!strcmp(argv[i], "--exit-with-thread")) exit_with_thread = 1;
-        else fail_all("test_comm: unknown argument '%s' (takes --log FILE, --bad-list, --exit-with-thread)", argv[i]);
+        else fail_all("test_comm: unknown argument '%s' (takes --log FILE and --bad-list)", argv[i]);
     }
     int n = 0;
     MPI_CHECK(MPI_Comm_size(MPI_COMM_WORLD, &n));
@@ -174,20 +172,10 @@ int main(int argc, char** argv) {
         comm_create_group_ranks(&g, ranks, 3, "bad");  // must not return
         fail_all("test_comm --bad-list: a list with rank 0 twice was accepted");
     }
-    if (exit_with_thread) {
-        float* buf = mem_alloc_floats(1, MEM_COMM);
-        CommRequest req;
-        comm_iallreduce(&world, buf, 1, COMM_SUM, &req);
-        comm_wait(&req);
-        fail_all("test_comm --exit-with-thread: leaving with the progress thread %s",
-                 comm_progress_thread_on() ? "running" : "off");
-    }
     comm_counts_reset();
     test_mesh((const int[NUM_AXES]){[AXIS_DP] = 2, [AXIS_TP] = 2}, "dp=2 x tp=2");
     test_mesh((const int[NUM_AXES]){[AXIS_DP] = 2, [AXIS_TP] = 1, [AXIS_CP] = 2}, "dp=2 x tp=1 x cp=2");
     test_rank_list();
-    agree(comm_progress_thread_on() || getenv("COMM_PROGRESS_US") != NULL,
-          "the progress thread runs after a non-blocking start (MPI_THREAD_MULTIPLE granted)");
 
     // the summary: every group's slot is a key of "comm" beside the axes
     if (log_path) {

@@ -3,11 +3,9 @@
 #include "comm_count.h"
 
 #include <limits.h>
-#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 
 #include "common.h"
 #include "ops.h"
@@ -27,7 +25,6 @@ static void make_comm(Comm* c, MPI_Comm mpi, int axis) {
     MPI_CHECK(MPI_Comm_rank(mpi, &c->rank));
 }
 
-static void progress_stop(void);
 
 void comm_create(Comm* world, Comm axes[NUM_AXES], const Mesh* mesh) {
     make_comm(world, MPI_COMM_WORLD, COMM_WORLD_AXIS);
@@ -37,7 +34,6 @@ void comm_create(Comm* world, Comm axes[NUM_AXES], const Mesh* mesh) {
 
 void comm_destroy(Comm* world, Comm axes[NUM_AXES]) {
     // the MPI communicators belong to the mesh, which frees them
-    progress_stop();
     memset(world, 0, sizeof(*world));
     if (axes) for (int a = 0; a < NUM_AXES; a++) memset(&axes[a], 0, sizeof(Comm));
 }
@@ -228,124 +224,45 @@ void comm_barrier(const Comm* c) {
 // receives, and starts each round, and each rendezvous of a large message,
 // from its progress engine. A rank that computes between start and wait
 // makes no MPI call, so without help the whole transfer happens inside
-// comm_wait. The progress thread makes those calls for it: while requests
-// are in flight it asks MPI about each of them (MPI_Request_get_status runs
-// the progress engine and leaves the request as it is), then sleeps
-// interval_us. Its calls need MPI_THREAD_MULTIPLE.
-//
-// The requests in flight are a list under a lock: a start adds its request
-// after MPI returned it; comm_wait and comm_test take it out before they
-// complete it (completion frees the MPI request, which the thread must no
-// longer touch).
+// comm_wait. comm_progress makes those calls: the CPU ops call it at their
+// start (common/cpu/ops.c), and it asks MPI about each request in flight
+// (MPI_Request_get_status runs the progress engine and leaves the request
+// as it is). A start adds its request to the list; comm_wait and comm_test
+// take it out before they complete it.
 #define MAX_IN_FLIGHT 1024
-static struct {
-    pthread_mutex_t lock;
-    pthread_cond_t wake;
-    pthread_t thread;
-    int state;             // 0 not decided yet, 1 thread running, -1 off
-    int stop;
-    long interval_us;
-    CommRequest* in_flight[MAX_IN_FLIGHT];
-    int n_in_flight;
-    double busy_s;         // seconds the thread spent inside MPI
-} progress = {.lock = PTHREAD_MUTEX_INITIALIZER, .wake = PTHREAD_COND_INITIALIZER};
+static CommRequest* in_flight[MAX_IN_FLIGHT];
+static int n_in_flight = 0;
+static int progress_enabled = -1;  // COMM_PROGRESS=0 turns comm_progress off
 
-static void* progress_main(void* arg) {
-    (void)arg;
-    struct timespec nap = {0, progress.interval_us * 1000L};
-    pthread_mutex_lock(&progress.lock);
-    while (!progress.stop) {
-        if (progress.n_in_flight == 0) {
-            pthread_cond_wait(&progress.wake, &progress.lock);
-            continue;
-        }
-        double t0 = now_seconds();
-        for (int i = 0; i < progress.n_in_flight; i++) {
-            int done = 0;
-            MPI_CHECK(MPI_Request_get_status(progress.in_flight[i]->mpi, &done, MPI_STATUS_IGNORE));
-        }
-        progress.busy_s += now_seconds() - t0;
-        pthread_mutex_unlock(&progress.lock);
-        nanosleep(&nap, NULL);
-        pthread_mutex_lock(&progress.lock);
+int comm_progress_on(void) {
+    if (progress_enabled < 0) {
+        const char* env = getenv("COMM_PROGRESS");
+        progress_enabled = !(env && strcmp(env, "0") == 0);
     }
-    pthread_mutex_unlock(&progress.lock);
-    return NULL;
+    return progress_enabled;
 }
 
-// Joins the thread. From comm_destroy, and from MPI_Finalize through the
-// delete callback of an attribute on MPI_COMM_SELF (MPI runs those first
-// thing in MPI_Finalize, while MPI still works), so an exit through
-// fail_all never finalizes MPI under a running thread.
-static void progress_stop(void) {
-    pthread_mutex_lock(&progress.lock);
-    int running = progress.state == 1;
-    progress.stop = 1;
-    pthread_cond_signal(&progress.wake);
-    pthread_mutex_unlock(&progress.lock);
-    if (running) pthread_join(progress.thread, NULL);
-    pthread_mutex_lock(&progress.lock);
-    if (running) progress.state = 0;  // a later comm_* may start it again
-    progress.stop = 0;
-    progress.n_in_flight = 0;
-    pthread_mutex_unlock(&progress.lock);
-}
-
-static int progress_at_finalize(MPI_Comm comm, int key, void* value, void* extra) {
-    (void)comm, (void)key, (void)value, (void)extra;
-    progress_stop();
-    return MPI_SUCCESS;
-}
-
-// Decided at the first non-blocking start: a thread if MPI gives
-// MPI_THREAD_MULTIPLE and COMM_PROGRESS_US is not 0.
-static void progress_start(void) {
-    int level = MPI_THREAD_SINGLE;
-    MPI_CHECK(MPI_Query_thread(&level));
-    const char* env = getenv("COMM_PROGRESS_US");
-    long us = env && *env ? strtol(env, NULL, 10) : 200;
-    if (level < MPI_THREAD_MULTIPLE || us <= 0 || us >= 1000000) {
-        progress.state = -1;
-        return;
+void comm_progress(void) {
+    if (n_in_flight == 0 || !comm_progress_on()) return;
+    double t0 = now_seconds();
+    for (int i = 0; i < n_in_flight; i++) {
+        int done = 0;
+        MPI_CHECK(MPI_Request_get_status(in_flight[i]->mpi, &done, MPI_STATUS_IGNORE));
     }
-    progress.interval_us = us;
-    static int key = MPI_KEYVAL_INVALID;
-    if (key == MPI_KEYVAL_INVALID) {
-        MPI_CHECK(MPI_Comm_create_keyval(MPI_COMM_NULL_COPY_FN, progress_at_finalize, &key, NULL));
-        MPI_CHECK(MPI_Comm_set_attr(MPI_COMM_SELF, key, NULL));
-    }
-    CHECK(pthread_create(&progress.thread, NULL, progress_main, NULL) == 0, "cannot start the progress thread");
-    progress.state = 1;
+    comm_add_progress(now_seconds() - t0);
 }
 
 static void track(CommRequest* req) {
-    pthread_mutex_lock(&progress.lock);
-    if (progress.state == 0) progress_start();
-    if (progress.state == 1) {
-        CHECK(progress.n_in_flight < MAX_IN_FLIGHT, "more than %d non-blocking operations in flight", MAX_IN_FLIGHT);
-        progress.in_flight[progress.n_in_flight++] = req;
-        pthread_cond_signal(&progress.wake);
-    }
-    pthread_mutex_unlock(&progress.lock);
+    CHECK(n_in_flight < MAX_IN_FLIGHT, "more than %d non-blocking operations in flight", MAX_IN_FLIGHT);
+    in_flight[n_in_flight++] = req;
 }
 
 static void untrack(CommRequest* req) {
-    pthread_mutex_lock(&progress.lock);
-    for (int i = 0; i < progress.n_in_flight; i++)
-        if (progress.in_flight[i] == req) {
-            progress.in_flight[i] = progress.in_flight[--progress.n_in_flight];
-            break;
+    for (int i = 0; i < n_in_flight; i++)
+        if (in_flight[i] == req) {
+            in_flight[i] = in_flight[--n_in_flight];
+            return;
         }
-    pthread_mutex_unlock(&progress.lock);
-}
-
-int comm_progress_thread_on(void) { return progress.state == 1; }
-
-double comm_progress_thread_seconds(void) {
-    pthread_mutex_lock(&progress.lock);
-    double s = progress.busy_s;
-    pthread_mutex_unlock(&progress.lock);
-    return s;
 }
 
 // ---------------------------------------------------------------- non-blocking

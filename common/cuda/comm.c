@@ -27,7 +27,7 @@
 // must start their operations in the same order, as the chapters do.
 //
 // Progress: NCCL's kernels and proxy thread move the data by themselves, so
-// the CPU backend's progress thread has no twin here.
+// comm_progress (the CPU backend's, called by its ops) is a no-op here.
 //
 // Point-to-point. An ncclSend and its ncclRecv must run at the same time,
 // and an ncclRecv queued alone blocks the stream behind it. So comm_isend and
@@ -238,9 +238,9 @@ void comm_destroy_group(Comm* g) {
     shared_resources_release_if_unused();
 }
 
-// NCCL progresses by itself: no thread here (see the top of the file).
-int comm_progress_thread_on(void) { return 0; }
-double comm_progress_thread_seconds(void) { return 0.0; }
+// NCCL progresses by itself (see the top of the file): nothing to drive.
+int comm_progress_on(void) { return 0; }
+void comm_progress(void) {}
 
 // ---------------------------------------------------------------- held point-to-point
 
