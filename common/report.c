@@ -29,7 +29,8 @@ void jsonl_close(JsonLog* log) {
 void report_step(JsonLog* log, int step, int steps, float loss, float norm, double ms,
                  double tokens_per_s) {
     if (world_rank() != 0) return;
-    printf("step %4d/%d | loss %.6f | norm %7.4f | %8.2f ms | %9.0f tok/s\n", step + 1, steps,
+    // the step index as the JSONL record has it: 0 .. steps-1
+    printf("step %4d/%d | loss %.6f | norm %7.4f | %8.2f ms | %9.0f tok/s\n", step, steps,
            loss, norm, ms, tokens_per_s);
     fflush(stdout);
     if (log->f) {
@@ -43,7 +44,9 @@ void report_step(JsonLog* log, int step, int steps, float loss, float norm, doub
 
 void report_val(JsonLog* log, int step, float val_loss) {
     if (world_rank() != 0) return;
-    printf("step %4d | val loss %.6f\n", step + 1, val_loss);
+    // after step `step` (0-based, as the record); -1: before any step (--steps 0)
+    if (step < 0) printf("before training | val loss %.6f\n", val_loss);
+    else printf("step %4d | val loss %.6f\n", step, val_loss);
     fflush(stdout);
     if (log->f) {
         fprintf(log->f, "{\"type\":\"val\",\"step\":%d,\"val_loss\":%.7f}\n", step, val_loss);

@@ -16,9 +16,12 @@ const char* jsonl_open(JsonLog* log, const char* path, char* msg, size_t msg_len
 void jsonl_close(JsonLog* log);
 
 // One training step: the human line and {"type":"step",...}. Rank 0 only.
+// Both number the steps alike, from 0: "step    0/5" ... "step    4/5".
 void report_step(JsonLog* log, int step, int steps, float loss, float norm, double ms,
                  double tokens_per_s);
-// A validation loss: {"type":"val","step":s,"val_loss":x}. Rank 0 only.
+// A validation loss after step s: {"type":"val","step":s,"val_loss":x} and
+// "step    s | val loss x" (s = -1, before any step: "before training | ...").
+// Rank 0 only.
 void report_val(JsonLog* log, int step, float val_loss);
 
 typedef struct {

@@ -160,26 +160,31 @@ void train_check_mesh(const Mesh* mesh, const TrainSetup* s, const MeshNeeds* ne
     int micro = needs && needs->microbatches > 1 ? needs->microbatches : 1;
     int experts = needs ? needs->experts : 0;
     // every check in one style: what, its value, the axis, the fix
+#define RANKS(n) (n), (n) == 1 ? "" : "s"
     if (s->B % (dp * micro) != 0) {
         if (micro == 1)
-            fail_all("--batch %d does not split over dp=%d ranks: use a batch divisible by %d", s->B, dp, dp);
-        fail_all("--batch %d does not split over dp=%d ranks x %d micro-batches: use a batch divisible by %d",
-                 s->B, dp, micro, dp * micro);
+            fail_all("--batch %d does not split over dp=%d rank%s: use a batch divisible by %d", s->B, RANKS(dp), dp);
+        fail_all("--batch %d does not split over dp=%d rank%s x %d micro-batches: use a batch divisible by %d",
+                 s->B, RANKS(dp), micro, dp * micro);
     }
     if (c->num_heads % tp != 0)
-        fail_all("the model's %d heads do not split over tp=%d ranks: use a tp that divides %d", c->num_heads, tp,
-                 c->num_heads);
+        fail_all("the model's %d heads do not split over tp=%d rank%s: use a tp that divides %d", c->num_heads,
+                 RANKS(tp), c->num_heads);
     if (c->padded_vocab_size % tp != 0)
-        fail_all("the model's padded vocabulary of %d does not split over tp=%d ranks: use a tp that divides %d",
-                 c->padded_vocab_size, tp, c->padded_vocab_size);
+        fail_all("the model's padded vocabulary of %d does not split over tp=%d rank%s: use a tp that divides %d",
+                 c->padded_vocab_size, RANKS(tp), c->padded_vocab_size);
     if (c->num_layers % pp != 0)
-        fail_all("the model's %d layers do not split over pp=%d ranks: use a pp that divides %d", c->num_layers, pp,
-                 c->num_layers);
+        fail_all("the model's %d layers do not split over pp=%d rank%s: use a pp that divides %d", c->num_layers,
+                 RANKS(pp), c->num_layers);
     if (s->T % cp != 0)
-        fail_all("--seq %d does not split over cp=%d ranks: use a sequence length divisible by %d", s->T, cp, cp);
-    if (ep > 1 && (experts <= 0 || experts % ep != 0))
-        fail_all("the model's %d experts do not split over ep=%d ranks: use an ep that divides %d", experts, ep,
-                 experts);
+        fail_all("--seq %d does not split over cp=%d rank%s: use a sequence length divisible by %d", s->T,
+                 RANKS(cp), cp);
+    if (ep > 1 && experts <= 0)
+        fail_all("the model has no experts to split over ep=%d ranks: use --ep 1, or a model with experts", ep);
+    if (ep > 1 && experts % ep != 0)
+        fail_all("the model's %d experts do not split over ep=%d rank%s: use an ep that divides %d", experts,
+                 RANKS(ep), experts);
+#undef RANKS
 }
 
 // ---------------------------------------------------------------- glue of the training loop

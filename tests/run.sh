@@ -377,7 +377,7 @@ for mode in naive bucketed overlapped ps; do
         done
     done
 done
-error_case chapter-2 3 "--dp 3 --batch 4" "--batch 4 does not split into dp=3 ranks"
+error_case chapter-2 3 "--dp 3 --batch 4" "--batch 4 does not split over dp=3 ranks"
 error_case chapter-2 2 "--dp 2 --batch 4 --grad-accum 3" "use a batch divisible by 6"
 error_case chapter-2 2 "--dp 2 --dp-mode rings" "--dp-mode rings is not one of"
 error_case chapter-2 2 "--dp 2 --tp 1" "this chapter has no tp axis"
@@ -504,8 +504,8 @@ error_case chapter-3 2 "--dp 2 --model $TEST_TMPDIR/truncated.bin" "truncated or
 saved3=$TEST_TMPDIR/fsdp_saved.bin
 timeout 60 $MPIRUN -np 3 "$BUILD/chapter-3" --dp 3 --batch 12 --steps 3 --peak-gflops 10 --save "$saved3" >/dev/null 2>&1
 v0=$(timeout 60 $MPIRUN -np 1 "$BUILD/chapter-0" --model "$saved3" --steps 0 --peak-gflops 10 2>&1 | grep 'val loss' | sed 's/.*val loss //')
-l3=$(timeout 60 $MPIRUN -np 3 "$BUILD/chapter-3" --dp 3 --model "$saved3" --batch 12 --steps 1 --peak-gflops 10 2>&1 | grep 'step    1/1' | sed 's/.*loss \([0-9.]*\).*/\1/')
-l0=$(timeout 60 $MPIRUN -np 1 "$BUILD/chapter-0" --model "$saved3" --batch 12 --steps 1 --peak-gflops 10 2>&1 | grep 'step    1/1' | sed 's/.*loss \([0-9.]*\).*/\1/')
+l3=$(timeout 60 $MPIRUN -np 3 "$BUILD/chapter-3" --dp 3 --model "$saved3" --batch 12 --steps 1 --peak-gflops 10 2>&1 | grep 'step    0/1' | sed 's/.*loss \([0-9.]*\).*/\1/')
+l0=$(timeout 60 $MPIRUN -np 1 "$BUILD/chapter-0" --model "$saved3" --batch 12 --steps 1 --peak-gflops 10 2>&1 | grep 'step    0/1' | sed 's/.*loss \([0-9.]*\).*/\1/')
 if [ -n "$v0" ] && [ -n "$l3" ] && [ "$l3" = "$l0" ]; then
     pass "fsdp: --save gathers the shards into an llm.c file; loading it shard by shard gives the reference's loss ($l3)"
 else
@@ -522,6 +522,38 @@ if [ -n "$vl" ] && [ -n "$vt" ] && awk -v a="$vl" -v b="$vt" -v tol="$TOL" 'BEGI
 else
     fail "fsdp: ZeRO-2 save" "val loss of the saved file '$vl', of chapter 0 trained alike '$vt'"
 fi
+
+# ==== new tests: fsdp engine and train.h glue ====
+echo "== chapter 3's engine (03_fsdp/fsdp.c) and the train.h glue, over MPI"
+# test_fsdp: units of odd sizes through every ZeRO stage (gather, prefetch,
+# reduce-scatter, sumsq, the sharded step, gather to rank 0), and the mean,
+# norm and AdamW helpers; on 4 ranks the norm runs over a dp x tp mesh
+for np in 1 3 4; do
+    out=$(timeout 120 $MPIRUN -np $np "$BUILD/tests/test_fsdp" 2>&1)
+    rc=$?
+    echo "$out" | grep -E '^(PASS|FAIL)' | sed "s/^\(PASS\|FAIL\) /\1 [np $np] /"
+    passed=$((passed + $(echo "$out" | grep -c '^PASS')))
+    failed=$((failed + $(echo "$out" | grep -c '^FAIL')))
+    if [ $rc -ne 0 ] && ! echo "$out" | grep -q '^FAIL'; then
+        fail "test_fsdp on $np ranks" "exited $rc without a failed check: $(echo "$out" | tail -3)"
+    fi
+done
+# train_check_mesh: one message style per axis (the tiny model: NH 4, L 2)
+error_case tests/test_fsdp 3 "--check-mesh dp=3 4 64" "--batch 4 does not split over dp=3 ranks: use a batch divisible by 3"
+error_case tests/test_fsdp 2 "--check-mesh dp=2 4 64 3" "--batch 4 does not split over dp=2 ranks x 3 micro-batches: use a batch divisible by 6"
+error_case tests/test_fsdp 3 "--check-mesh tp=3 6 64" "the model's 4 heads do not split over tp=3 ranks: use a tp that divides 4"
+error_case tests/test_fsdp 3 "--check-mesh tp=3 6 64 1 0 small" "the model's padded vocabulary of 256 does not split over tp=3 ranks: use a tp that divides 256"
+error_case tests/test_fsdp 4 "--check-mesh pp=4 4 64" "the model's 2 layers do not split over pp=4 ranks: use a pp that divides 2"
+error_case tests/test_fsdp 3 "--check-mesh cp=3 4 64" "--seq 64 does not split over cp=3 ranks: use a sequence length divisible by 3"
+error_case tests/test_fsdp 2 "--check-mesh ep=2 4 64" "the model has no experts to split over ep=2 ranks"
+error_case tests/test_fsdp 3 "--check-mesh ep=3 4 64 1 8" "the model's 8 experts do not split over ep=3 ranks: use an ep that divides 8"
+out=$(timeout 60 $MPIRUN -np 4 "$BUILD/tests/test_fsdp" --check-mesh dp=2,tp=2 4 64 2 2>&1)
+if [ $? -eq 0 ] && echo "$out" | grep -q '^mesh ok'; then
+    pass "train_check_mesh: dp=2 x tp=2, batch 4 in 2 micro-batches per rank, fits the tiny model"
+else
+    fail "train_check_mesh: dp=2 x tp=2" "$(echo "$out" | head -3)"
+fi
+# ==== end of new tests: fsdp engine and train.h glue ====
 
 echo "== --help"
 # every chapter lists its own flags and exits 0
