@@ -8,6 +8,7 @@
 #   make bench, plots  the sweep over chapters and its plots in build/plots/ (docs/plots/plots.mk)
 #   make docs-plots    redraws the docs' figures, docs/plots/*.png, from docs/plots/data/
 #   make setup         install the Debian packages (as root) or print the line
+#   make fuzz          fuzz the file loaders (libFuzzer, FUZZ_SECONDS each)
 #   make clean
 #
 #   BACKEND=cpu    C + OpenMP + OpenBLAS, collectives over MPI; binaries in build/
@@ -33,7 +34,7 @@ LDLIBS  := -lm
 
 COMMON_SRC := common/common.c common/memory.c common/model.c common/init.c \
               common/checkpoint.c common/data.c common/mesh.c common/runtime.c \
-              common/args.c common/report.c common/train.c common/comm_count.c
+              common/args.c common/report.c common/train.c common/comm_count.c common/paths.c
 
 ifeq ($(BACKEND),cpu)
   BIN := build
@@ -98,7 +99,7 @@ $(OBJ)/$(1)/%.o: CFLAGS += $(patsubst %,-I%,$(sort $(dir $(call chapter_modules,
 endef
 $(foreach d,$(CHAPTER_DIRS),$(eval $(call CHAPTER_RULE,$(d))))
 
-.PHONY: all modules test tests tools demo bench-ref setup clean docs-check
+.PHONY: all modules test tests tools demo bench-ref setup clean docs-check fuzz
 all: $(addprefix chapter-,$(CHAPTERS)) modules tools
 
 # every module compiles, linked by a chapter or not yet
@@ -159,6 +160,11 @@ demo: setup
 # The reference's speed on the small preset, one rank: ms/step, tokens/s, MFU.
 bench-ref: all
 	bash tests/mpirun.sh -np 1 $(BIN)/chapter-0 --model small --steps 12 --log build/bench-ref.jsonl
+
+# Fuzz the loaders a user feeds files to (checkpoint, token file, text) with
+# libFuzzer for FUZZ_SECONDS each (installs clang as root; not part of test).
+fuzz:
+	@bash tests/fuzz/run.sh
 
 # make bench (the sweep over chapters) and make plots live in docs/plots/.
 -include docs/plots/plots.mk

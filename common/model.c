@@ -62,6 +62,17 @@ const char* gpt_config_problem(const GPTConfig* cfg) {
         return "the padded vocabulary is smaller than the vocabulary";
     if (cfg->channels % cfg->num_heads != 0)
         return "channels must be divisible by the number of heads";
+    // The parameter count, in 64 bits with every product checked: a crafted
+    // header must not wrap it around to a small number that passes the
+    // file-size check. 2^40 floats (4 TiB) is far beyond any model here.
+    const uint64_t limit = (uint64_t)1 << 40;
+    uint64_t C = (uint64_t)cfg->channels, wte, wpe, block, blocks, total;
+    if (__builtin_mul_overflow((uint64_t)cfg->padded_vocab_size, C, &wte) ||
+        __builtin_mul_overflow((uint64_t)cfg->max_seq_len, C, &wpe) ||
+        __builtin_mul_overflow(C, 12 * C + 13, &block) ||
+        __builtin_mul_overflow((uint64_t)cfg->num_layers, block, &blocks) ||
+        __builtin_add_overflow(wte + wpe, blocks, &total) || wte > limit || wpe > limit || total > limit)
+        return "the model is too large: its parameter count exceeds 2^40";
     return NULL;
 }
 

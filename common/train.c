@@ -8,12 +8,20 @@
 
 #include "common.h"
 #include "memory.h"
+#include "paths.h"
 #include "runtime.h"
 
 void train_setup(TrainSetup* s, const TrainArgs* a) {
     memset(s, 0, sizeof(*s));
     char msg[1024];
-    const char* bad = NULL;
+    // before anything is opened for writing: no output may be an input, and
+    // --save must be writable now, not found unwritable after training
+    PathArg inputs[] = {{"--model", a->model}, {"--data", a->data}, {"--val", a->val}};
+    PathArg outputs[] = {{"--log", a->log}, {"--save", a->save}};
+    int n_in = sizeof(inputs) / sizeof(inputs[0]), n_out = sizeof(outputs) / sizeof(outputs[0]);
+    const char* bad = paths_check_distinct(inputs, n_in, outputs, n_out, msg, sizeof(msg));
+    for (int o = 0; o < n_out && !bad; o++) bad = paths_check_writable(&outputs[o], msg, sizeof(msg));
+    fail_if_any(bad != NULL, bad);
     s->model_name = a->model;
     // the model: a preset by name, else a checkpoint file by path
     if (!gpt_preset(a->model, &s->cfg)) {
@@ -52,8 +60,17 @@ void train_setup(TrainSetup* s, const TrainArgs* a) {
         snprintf(msg, sizeof(msg), "%s has %zu training tokens, fewer than one batch needs (%d x %d + 1): use more data or a smaller --batch/--seq",
                  name, s->train.count, s->B, s->T);
         bad = msg;
+    } else if (a->val && data_batches_per_epoch(&s->val, s->B, s->T) == 0) {
+        snprintf(msg, sizeof(msg), "validation file '%s' has %zu tokens, fewer than one batch needs (%d x %d + 1): give a longer --val or a smaller --batch/--seq",
+                 a->val, s->val.count, s->B, s->T);
+        bad = msg;
     }
     fail_if_any(bad != NULL, bad);
+    // the last 10% of a text file may be too short to validate on: say so
+    // rather than silently logging no validation loss
+    if (!a->val && s->val.count > 0 && data_batches_per_epoch(&s->val, s->B, s->T) == 0)
+        print0("note: the validation split of %s (%zu tokens) is shorter than one batch (%d x %d + 1): no validation loss\n",
+               name, s->val.count, s->B, s->T);
 }
 
 void train_setup_free(TrainSetup* s) {

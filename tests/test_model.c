@@ -292,6 +292,14 @@ static void test_checkpoint(void) {
         snprintf(name, sizeof(name), "checkpoint: %s is refused with a message", cases[k].name);
         check(bad != NULL && strstr(bad, cases[k].expect) != NULL, name, "got: %s", bad ? bad : "(accepted)");
     }
+    // a crafted header whose 64-bit parameter count wraps around to exactly 0
+    // (C = 2^30, L = 1321528368, maxT = 142, V = Vp = 256): a header-only
+    // file would match the size it promises if the count were not checked
+    int crafted[256] = {20240326, 3, 142, 256, 1321528368, 1, 1 << 30, 256};
+    write_bytes(broken, crafted, sizeof(crafted));
+    bad = checkpoint_read_config(broken, &back, msg, sizeof(msg));
+    check(bad != NULL && strstr(bad, "too large") != NULL,
+          "checkpoint: a header whose parameter count overflows 64 bits is refused", "got: %s", bad ? bad : "(accepted)");
     bad = checkpoint_read_config(tmp_path("no_such_checkpoint.bin"), &back, msg, sizeof(msg));
     check(bad && strstr(bad, "cannot open"), "checkpoint: a missing file is refused with a message", "got: %s", bad ? bad : "(accepted)");
     // writing into a directory that does not exist fails cleanly, leaving no file
