@@ -3,6 +3,9 @@
 #   make all           every chapter and the tools
 #   make test          every test; ends with "N passed, N failed, N skipped"
 #   make docs-check    the docs' code references, links and quoted figures (docs/TEMPLATE.md)
+#   make test CHAPTER=N   only chapter N's tests (tests/chapter_N.sh: its mesh,
+#                      invariant, accounting, error and --help cases);
+#                      CHAPTER=unit, plots or gpu runs that script (tests/run.sh)
 #   make demo          set-up, then train the small model and print a sample
 #   make bench-ref     the reference's speed on the small model (one rank)
 #   make bench, plots  the sweep over chapters and its plots in build/plots/ (docs/plots/plots.mk)
@@ -147,9 +150,11 @@ $(BIN)/tests/test_ops: $(OBJ)/tests/test_ops.o $(COMMON_OBJ)
 	$(CC) $(CFLAGS) -o $@ $^ $(LDLIBS)
 endif
 
+# tests/run.sh runs tests/unit.sh, every tests/chapter_N.sh, plots.sh, gpu.sh;
+# with CHAPTER=N only tests/chapter_N.sh (a word W: tests/W.sh)
 test:
 	@$(MAKE) --no-print-directory BACKEND=cpu all tests
-	@bash tests/run.sh
+	@bash tests/run.sh $(CHAPTER)
 
 # Every `path:N` reference, relative link and `<!-- check: CMD -->` figure of
 # README.md and docs/*.md (docs/TEMPLATE.md says what is checked); make test
