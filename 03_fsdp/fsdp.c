@@ -215,9 +215,12 @@ size_t fsdp_padding_nonzero(const FSDP* f) {
         if (!shard_bufs[k]) continue;
         mem_to_host(host, shard_bufs[k], f->shard_total * sizeof(float));
         for (int i = 0; i < f->n; i++) {
-            size_t lo, hi;
-            shard_range(f, i, r, &lo, &hi);
-            for (size_t j = hi - lo; j < f->shard[i]; j++) bad += host[f->shard_off[i] + j] != 0.0f;
+            // worked out here, not by shard_range, so that a wrong range
+            // cannot hide its own overrun: rank r's real floats of unit i
+            size_t start = (size_t)r * f->shard[i];
+            size_t real = start >= f->numel[i] ? 0 : f->numel[i] - start;
+            if (real > f->shard[i]) real = f->shard[i];
+            for (size_t j = real; j < f->shard[i]; j++) bad += host[f->shard_off[i] + j] != 0.0f;
         }
     }
     if (f->zero < 3) {
