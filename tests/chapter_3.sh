@@ -125,6 +125,18 @@ if [ -n "$v0" ] && [ -n "$l3" ] && [ "$l3" = "$l0" ]; then
 else
     fail "fsdp: save and sharded load" "val '$v0', first loss sharded '$l3' vs whole '$l0'"
 fi
+# the gather for --save puts every float where chapter 0 has it: an
+# untrained model saved by each stage on 3 ranks (padding) is chapter 0's
+# file byte for byte (init is counter-based, so the bits are the same)
+mpi_run $T_SHORT 1 "$BUILD/chapter-0" --steps 0 --peak-gflops 10 --save "$TEST_TMPDIR/init0.bin"
+for z in 1 2 3; do
+    mpi_run $T_SHORT 3 "$BUILD/chapter-3" --dp 3 --batch 12 --zero $z --steps 0 --peak-gflops 10 --save "$TEST_TMPDIR/init3_z$z.bin"
+    if [ $RC = 0 ] && cmp -s "$TEST_TMPDIR/init0.bin" "$TEST_TMPDIR/init3_z$z.bin"; then
+        pass "fsdp: ZeRO-$z --save of the untrained model on 3 ranks = chapter 0's file, byte for byte"
+    else
+        fail "fsdp: ZeRO-$z untrained save" "exit $RC; $(cmp "$TEST_TMPDIR/init0.bin" "$TEST_TMPDIR/init3_z$z.bin" 2>&1 | head -1)"
+    fi
+done
 # ...and the file holds the trained model: its val loss is the one chapter 0
 # reaches training alike (a gather that misplaces one float fails here)
 mpi_run $T_SHORT 1 "$BUILD/chapter-0" --model "$saved3" --batch 12 --steps 0 --peak-gflops 10
