@@ -203,6 +203,36 @@ double fsdp_grad_sumsq_range(const FSDP* f, int i, size_t lo, size_t n) {
     return grad_sumsq(f->shard_grads + f->shard_off[i] + (lo - s_lo), hi - lo);
 }
 
+// Padding is every float of a shard past its unit's end (the last ranks'
+// tails): it starts at zero and, its gradient being zero, AdamW never moves
+// it. A nonzero one means a shard range overran its unit somewhere.
+size_t fsdp_padding_nonzero(const FSDP* f) {
+    int r = f->dp->rank, N = f->dp->size;
+    size_t bad = 0;
+    const float* shard_bufs[4] = {f->zero == 3 ? f->shard_params : NULL, f->shard_grads, f->m, f->v};
+    float* host = xmalloc((f->zero == 3 ? f->shard_total : f->padded_total) * sizeof(float));
+    for (int k = 0; k < 4; k++) {
+        if (!shard_bufs[k]) continue;
+        mem_to_host(host, shard_bufs[k], f->shard_total * sizeof(float));
+        for (int i = 0; i < f->n; i++) {
+            // worked out here, not by shard_range, so that a wrong range
+            // cannot hide its own overrun: rank r's real floats of unit i
+            size_t start = (size_t)r * f->shard[i];
+            size_t real = start >= f->numel[i] ? 0 : f->numel[i] - start;
+            if (real > f->shard[i]) real = f->shard[i];
+            for (size_t j = real; j < f->shard[i]; j++) bad += host[f->shard_off[i] + j] != 0.0f;
+        }
+    }
+    if (f->zero < 3) {
+        // every rank holds the full padded parameters
+        mem_to_host(host, f->full_params, f->padded_total * sizeof(float));
+        for (int i = 0; i < f->n; i++)
+            for (size_t j = f->numel[i]; j < f->shard[i] * (size_t)N; j++) bad += host[f->padded_off[i] + j] != 0.0f;
+    }
+    free(host);
+    return bad;
+}
+
 // ---------------------------------------------------------------- the step
 
 void fsdp_step(FSDP* f, AdamWConfig opt, int t, float scale) {

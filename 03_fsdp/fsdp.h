@@ -122,6 +122,10 @@ void fsdp_reduce_grads(FSDP* f, int i);
 double fsdp_grad_sumsq(const FSDP* f);
 double fsdp_grad_sumsq_range(const FSDP* f, int i, size_t lo, size_t n);
 
+// How many floats of this rank's padding (parameters, gradient shard, AdamW
+// moments) are not zero: 0 unless a shard range overran its unit.
+size_t fsdp_padding_nonzero(const FSDP* f);
+
 // ---------------------------------------------------------------- the step
 // AdamW on this rank's shard (step t >= 1, gradients scaled by `scale` for
 // clipping). ZeRO-1 and 2 then all-gather the updated shards into every

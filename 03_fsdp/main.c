@@ -307,16 +307,20 @@ int main(int argc, char** argv) {
         print0("prefetch: %.1f%% of the prefetched gathers' time in flight hidden behind compute (rank 0: %.2f ms "
                "blocked of %.2f ms in flight per step; comm_progress %s)\n",
                100.0 * hidden, pf_blocked_ms, pf_inflight_ms, comm_progress_on() ? "on" : "off");
-    char extra_json[768];
+    // the shards' padding must still be zero after training (a check a
+    // student's shard range must pass); a host count, so plain MPI
+    long padding_mine = (long)fsdp_padding_nonzero(f), padding_nonzero = 0;
+    MPI_CHECK(MPI_Allreduce(&padding_mine, &padding_nonzero, 1, MPI_LONG, MPI_SUM, dpc->mpi));
+    char extra_json[800];
     snprintf(extra_json, sizeof(extra_json),
              "\"zero\":%d,\"prefetch\":%d,\"reshard\":%d,\"units\":%d,\"shard_params\":%zu,\"padded_params\":%zu,"
              "\"max_unit_padded\":%zu,\"unit0_padded\":%zu,\"comm_wait_ms_per_step\":%.3f,"
              "\"comm_progress_ms_per_step\":%.3f,\"allgather_wait_ms_per_step\":%.3f,\"gathers_prefetched_per_step\":%g,"
              "\"prefetch_hidden_share\":%.4f,\"prefetch_blocked_ms_per_step\":%.3f,\"prefetch_inflight_ms_per_step\":%.3f,"
-             "\"comm_progress\":%d",
+             "\"comm_progress\":%d,\"padding_nonzero\":%ld",
              zero, prefetch, reshard, f->n, f->shard_total, f->padded_total, f->max_padded, f->shard[0] * N,
              wait_ms, progress_ms, ag_wait_ms, prefetched_per_step, hidden, pf_blocked_ms, pf_inflight_ms,
-             comm_progress_on());
+             comm_progress_on(), padding_nonzero);
     RunSummary summary = {
         .chapter = 3, .model = setup->model_name, .num_params = P, .batch = B, .seq = T, .steps = args->steps,
         .ms_per_step = ms, .tokens_per_s = ms > 0 ? (double)B * T / (ms / 1e3) : 0.0,

@@ -59,9 +59,9 @@ dp_accounting() {
         opt=$(rank_array $((8 * dp_P)) $np)
         comm=$(rank_array 0 $np)
         echo "$sum" | grep -qF "\"allreduce\":{\"dp\":{\"calls\":$(rank_array $((n * calls)) $np),\"bytes\":$(rank_array $((n * 4 * dp_P)) $np)," || ok=0
-        want="$calls all-reduces per step, together 4P bytes"
+        want="$calls all-reduces per step, together 4P bytes, 4P of params and of grads per rank"
     fi
-    echo "$sum" | grep -qF "\"optimizer\":$opt,\"activations\":$(rank_array $((dp_seq_acts * dp_B / (np * acc))) $np),\"comm\":$comm," || ok=0
+    echo "$sum" | grep -qF "\"peak_bytes\":{\"params\":$(rank_array $((4 * dp_P)) $np),\"grads\":$(rank_array $((4 * dp_P)) $np),\"optimizer\":$opt,\"activations\":$(rank_array $((dp_seq_acts * dp_B / (np * acc))) $np),\"comm\":$comm," || ok=0
     # only overlapped mode may start an all-reduce before backward has ended
     early=0; [ $mode = overlapped ] && early=$dp_early
     echo "$sum" | grep -qE "\"early_buckets_per_step\":$early[,}]" || ok=0
@@ -82,6 +82,13 @@ for mode in naive bucketed overlapped ps; do
             dp_accounting $mode $np $acc "$INV_LOG"
         done
     done
+done
+
+# without clipping a missing or doubled gradient average moves the losses
+# (with clipping on every step, the clip hides it); and weight decay
+for extra in "--clip 0" "--wd 0.1"; do
+    invariant --norm "data parallel overlapped dp=2 $extra" "$INV_FLAGS $extra" 2 chapter-2 "--dp 2 --bucket-kb 64 $extra"
+    invariant --norm "data parallel ps dp=3 $extra" "$INV_FLAGS $extra" 3 chapter-2 "--dp 3 --dp-mode ps $extra"
 done
 
 echo "== chapter 2: errors and --help"

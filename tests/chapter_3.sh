@@ -38,7 +38,7 @@ fsdp_expect() {  # N zero reshard prefetch -> "params grads optimizer allgather_
 }
 fsdp_run() {  # np zero prefetch reshard
     local np=$1 z=$2 pf=$3 rs=$4 name="ZeRO-$2 dp=$1 prefetch=$3 reshard=$4" sum
-    invariant --val "fsdp $name" "$INV_FLAGS" $np chapter-3 "--dp $np --zero $z --prefetch $pf --reshard $rs"
+    invariant --norm --val "fsdp $name" "$INV_FLAGS" $np chapter-3 "--dp $np --zero $z --prefetch $pf --reshard $rs"
     read -r e_params e_grads e_opt e_ag e_rs e_agc e_ahead <<< "$(fsdp_expect $np $z $rs $pf)"
     sum=$(grep '"type":"summary"' "$INV_LOG")
     if echo "$sum" | grep -qF "\"params\":$(rank_array $e_params $np),\"grads\":$(rank_array $e_grads $np),\"optimizer\":$(rank_array $e_opt $np)"; then
@@ -53,6 +53,11 @@ fsdp_run() {  # np zero prefetch reshard
         pass "fsdp $name: per step $e_agc all-gathers of $e_ag bytes, 4 reduce-scatters of $e_rs, 1 all-reduce of 4 = formula"
     else
         fail "fsdp $name: comm" "want per step allgather $e_agc calls $e_ag bytes, reduce_scatter 4 / $e_rs, allreduce 1 / 4; got $(echo "$sum" | sed 's/.*"comm":\({.*}\),"comm_wait_s".*/\1/')"
+    fi
+    if echo "$sum" | grep -qE "\"padding_nonzero\":0[,}]"; then
+        pass "fsdp $name: every shard's padding is still zero after training"
+    else
+        fail "fsdp $name: padding" "$(echo "$sum" | grep -o '"padding_nonzero":[0-9]*')"
     fi
     if echo "$sum" | grep -qE "\"gathers_prefetched_per_step\":$e_ahead[,}]"; then
         pass "fsdp $name: $e_ahead unit gathers per step started ahead by prefetch"
@@ -90,6 +95,15 @@ else
     fail "fsdp: --val-every" "$vcmp; command: $CMD; $(grep -o '"allgather":{[^}]*}' "$vrun")"
 fi
 
+# without clipping a missing or doubled gradient average moves the losses
+# (with clipping on every step, the clip hides it); and weight decay, which
+# the sharded step applies to the shard: every stage, on 3 ranks (padding)
+for extra in "--clip 0" "--wd 0.1"; do
+    for z in 1 2 3; do
+        invariant --norm "fsdp ZeRO-$z dp=3 $extra" "$INV_FLAGS $extra" 3 chapter-3 "--dp 3 --zero $z $extra"
+    done
+done
+
 echo "== chapter 3: errors, save and load, --help"
 bad_inputs
 error_case chapter-3 2 "--dp 2 --zero 4" "--zero 4: the stages are 1, 2 and 3"
@@ -110,6 +124,29 @@ if [ -n "$v0" ] && [ -n "$l3" ] && [ "$l3" = "$l0" ]; then
     pass "fsdp: --save gathers the shards into an llm.c file; loading it shard by shard gives the reference's loss ($l3)"
 else
     fail "fsdp: save and sharded load" "val '$v0', first loss sharded '$l3' vs whole '$l0'"
+fi
+# the gather for --save puts every float where chapter 0 has it: an
+# untrained model saved by each stage on 3 ranks (padding) is chapter 0's
+# file byte for byte (init is counter-based, so the bits are the same)
+mpi_run $T_SHORT 1 "$BUILD/chapter-0" --steps 0 --peak-gflops 10 --save "$TEST_TMPDIR/init0.bin"
+for z in 1 2 3; do
+    mpi_run $T_SHORT 3 "$BUILD/chapter-3" --dp 3 --batch 12 --zero $z --steps 0 --peak-gflops 10 --save "$TEST_TMPDIR/init3_z$z.bin"
+    if [ $RC = 0 ] && cmp -s "$TEST_TMPDIR/init0.bin" "$TEST_TMPDIR/init3_z$z.bin"; then
+        pass "fsdp: ZeRO-$z --save of the untrained model on 3 ranks = chapter 0's file, byte for byte"
+    else
+        fail "fsdp: ZeRO-$z untrained save" "exit $RC; $(cmp "$TEST_TMPDIR/init0.bin" "$TEST_TMPDIR/init3_z$z.bin" 2>&1 | head -1)"
+    fi
+done
+# ...and the file holds the trained model: its val loss is the one chapter 0
+# reaches training alike (a gather that misplaces one float fails here)
+mpi_run $T_SHORT 1 "$BUILD/chapter-0" --model "$saved3" --batch 12 --steps 0 --peak-gflops 10
+vs3=$(echo "$OUT" | grep 'val loss' | sed 's/.*val loss //')
+mpi_run $T_SHORT 1 "$BUILD/chapter-0" --batch 12 --steps 3 --peak-gflops 10
+vt3=$(echo "$OUT" | grep 'val loss' | tail -1 | sed 's/.*val loss //')
+if [ -n "$vs3" ] && [ -n "$vt3" ] && awk -v a="$vs3" -v b="$vt3" -v tol="$TOL" 'BEGIN { d = a - b; if (d < 0) d = -d; exit !(d <= tol) }'; then
+    pass "fsdp: a ZeRO-3 --save on 3 ranks loads in chapter 0 with the val loss chapter 0 trains to ($vs3 vs $vt3)"
+else
+    fail "fsdp: ZeRO-3 save" "val loss of the saved file '$vs3', of chapter 0 trained alike '$vt3'"
 fi
 # ZeRO-2 keeps full (padded) parameters: --save from 3 ranks (padding) must
 # hold the trained model, whose validation loss chapter 0 reaches itself

@@ -4,6 +4,11 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
+#include <sys/wait.h>
+#include <sys/stat.h>
+#include <sys/resource.h>
+#include <dirent.h>
 
 #include "data.h"
 #include "memory.h"
@@ -302,6 +307,43 @@ static void test_checkpoint(void) {
           "checkpoint: a header whose parameter count overflows 64 bits is refused", "got: %s", bad ? bad : "(accepted)");
     bad = checkpoint_read_config(tmp_path("no_such_checkpoint.bin"), &back, msg, sizeof(msg));
     check(bad && strstr(bad, "cannot open"), "checkpoint: a missing file is refused with a message", "got: %s", bad ? bad : "(accepted)");
+    // a write that fails half way (past a file-size limit of half the file,
+    // in a directory it can write) leaves neither the target nor its temporary
+    // file, and says why; in a child, so the limit stays there
+    char dir[256];
+    snprintf(dir, sizeof(dir), "%s", tmp_path("test_model_partial"));
+    mkdir(dir, 0755);
+    char target[300];
+    snprintf(target, sizeof(target), "%s/x.bin", dir);
+    remove(target);  // left by an earlier run, if any
+    int pipefd[2];
+    if (pipe(pipefd) != 0) abort();
+    pid_t pid = fork();
+    if (pid == 0) {
+        rlim_t half = (rlim_t)(1024 + 4 * P) / 2;
+        struct rlimit lim = {half, half};
+        setrlimit(RLIMIT_FSIZE, &lim);
+        char cmsg[1024];
+        const char* cbad = checkpoint_write(target, &cfg, params, cmsg, sizeof(cmsg));
+        if (write(pipefd[1], cbad ? cbad : "", cbad ? strlen(cbad) : 0) < 0) _exit(2);
+        _exit(cbad ? 0 : 1);
+    }
+    close(pipefd[1]);
+    char child_msg[1024] = "";
+    ssize_t got_msg = read(pipefd[0], child_msg, sizeof(child_msg) - 1);
+    if (got_msg > 0) child_msg[got_msg] = 0;
+    close(pipefd[0]);
+    int status = 0;
+    waitpid(pid, &status, 0);
+    DIR* d = opendir(dir);
+    int entries = 0;
+    for (struct dirent* e; d && (e = readdir(d));) entries += e->d_name[0] != '.';
+    if (d) closedir(d);
+    check(WIFEXITED(status) && WEXITSTATUS(status) == 0 && strstr(child_msg, "File too large") && strstr(child_msg, target) &&
+              entries == 0,
+          "checkpoint: a write that fails half way (file-size limit) leaves no file and no temporary file, naming the target",
+          "exit status %d, %d files left, message '%s'", status, entries, child_msg);
+    rmdir(dir);
     // writing into a directory that does not exist fails cleanly, leaving no file
     bad = checkpoint_write("/nonexistent-dir/x.bin", &cfg, params, msg, sizeof(msg));
     check(bad != NULL, "checkpoint: an unwritable path is refused with a message", "write claimed success");

@@ -45,6 +45,7 @@
 #include "comm.h"
 #include "comm_count.h"
 
+#include <sched.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -69,6 +70,40 @@ static int own_streams = -1;               // decided at the first group
 static cudaStream_t shared_stream = NULL;  // every group's, when not own_streams
 static cudaEvent_t compute_ready = NULL;   // "compute queued so far", for blocking calls
 
+// ---------------------------------------------------------------- waiting, with NCCL's errors
+
+// NCCL reports a failure found while an operation runs (a dead peer, a broken
+// transport) only through ncclCommGetAsyncError, and the operation's kernel
+// may then never finish: a plain cudaStreamSynchronize would wait forever.
+// So every wait here polls, and on each turn asks every communicator for its
+// asynchronous error; on one, it aborts every communicator (their kernels
+// end) and stops the job with a message.
+static void check_async_errors(void) {
+    for (NcclGroup* g = live_groups; g; g = g->next) {
+        ncclResult_t state = ncclSuccess;
+        NCCL_CHECK(ncclCommGetAsyncError(g->nccl, &state));
+        if (state == ncclSuccess || state == ncclInProgress) continue;
+        for (NcclGroup* a = live_groups; a; a = a->next) ncclCommAbort(a->nccl);
+        FATAL("NCCL failed while communicating: %s (a peer died, or the network failed); every communicator was "
+              "aborted", ncclGetErrorString(state));
+    }
+}
+
+// Waits for a stream (event NULL) or an event, as above.
+static void wait_checked(cudaStream_t stream, cudaEvent_t event) {
+    for (;;) {
+        cudaError_t q = event ? cudaEventQuery(event) : cudaStreamQuery(stream);
+        if (q == cudaSuccess) return;
+        if (q != cudaErrorNotReady) CUDA_CHECK(q);
+        check_async_errors();
+        sched_yield();
+    }
+}
+
+// device_synchronize (device.cu) waits for the compute stream, which may wait
+// for communication: it polls through this too.
+static void device_wait_checked(void) { wait_checked(cuda_compute_stream, NULL); }
+
 static NcclGroup* group_of(const Comm* c) {
     CHECK(c->backend != NULL, "the %s communicator has no NCCL communicator: call comm_create (or this rank is "
           "not in the group)", comm_axis_name(c->axis));
@@ -91,6 +126,7 @@ static void decide_streams(void) {
 static void shared_resources_create(void) {
     if (compute_ready) return;
     CUDA_CHECK(cudaEventCreateWithFlags(&compute_ready, cudaEventDisableTiming));
+    cuda_compute_wait = device_wait_checked;
     if (!own_streams) CUDA_CHECK(cudaStreamCreateWithFlags(&shared_stream, cudaStreamNonBlocking));
 }
 
@@ -124,7 +160,7 @@ static void free_nccl_group(Comm* c) {
     NcclGroup* g = (NcclGroup*)c->backend;
     if (!g) return;
     flush_p2p();
-    CUDA_CHECK(cudaStreamSynchronize(g->stream));
+    wait_checked(g->stream, NULL);
     NCCL_CHECK(ncclCommDestroy(g->nccl));
     if (own_streams) CUDA_CHECK(cudaStreamDestroy(g->stream));
     for (NcclGroup** p = &live_groups; *p; p = &(*p)->next)
@@ -327,13 +363,13 @@ static void after_compute(cudaStream_t stream) {
 static double begin_blocking(const Comm* c) {
     flush_p2p();
     after_compute(stream_of(c));
-    CUDA_CHECK(cudaEventSynchronize(compute_ready));
+    wait_checked(NULL, compute_ready);
     return now_seconds();
 }
 
 // ... and waits for the group's stream: the result is in place.
 static void end_blocking(const Comm* c, double t0) {
-    CUDA_CHECK(cudaStreamSynchronize(stream_of(c)));
+    wait_checked(stream_of(c), NULL);
     comm_add_wait(now_seconds() - t0);
 }
 
@@ -345,7 +381,7 @@ static void end_blocking(const Comm* c, double t0) {
 static double begin_blocking_p2p(const Comm* c) {
     held_wait_for_compute();
     after_compute(stream_of(c));
-    CUDA_CHECK(cudaEventSynchronize(compute_ready));
+    wait_checked(NULL, compute_ready);
     double t0 = now_seconds();
     NCCL_CHECK(ncclGroupStart());
     queue_held_in_group();
@@ -547,9 +583,9 @@ void comm_sendrecv(const Comm* c, const float* send, size_t send_n, int dest, fl
 void comm_barrier(const Comm* c) {
     comm_tally(c, COLL_BARRIER, 0, 0.0);
     flush_p2p();
-    CUDA_CHECK(cudaStreamSynchronize(cuda_compute_stream));
+    wait_checked(cuda_compute_stream, NULL);
     double t0 = now_seconds();
-    for (NcclGroup* g = live_groups; g; g = g->next) CUDA_CHECK(cudaStreamSynchronize(g->stream));
+    for (NcclGroup* g = live_groups; g; g = g->next) wait_checked(g->stream, NULL);
     MPI_CHECK(MPI_Barrier(c->mpi));
     comm_add_wait(now_seconds() - t0);
 }
@@ -644,9 +680,9 @@ void comm_wait(CommRequest* req) {
     // queued before its start, and the host usually runs far ahead of the
     // GPU, so timing the event alone would count compute as waiting.
     CUDA_CHECK(cudaEventRecord(compute_ready, cuda_compute_stream));
-    CUDA_CHECK(cudaEventSynchronize(compute_ready));
+    wait_checked(NULL, compute_ready);
     double t0 = now_seconds();
-    CUDA_CHECK(cudaEventSynchronize((cudaEvent_t)req->device_event));
+    wait_checked(NULL, (cudaEvent_t)req->device_event);
     comm_add_wait(now_seconds() - t0);
     finish(req);
 }

@@ -29,6 +29,10 @@ extern "C" {
 extern cudaStream_t cuda_compute_stream;
 // The one cuBLAS handle, bound to the compute stream. Created by device_init.
 extern cublasHandle_t cuda_cublas;
+// How device_synchronize waits for the compute stream: NULL (a plain
+// synchronize) until the NCCL layer sets its polling wait, which also stops
+// the job on an asynchronous NCCL error (comm.c).
+extern void (*cuda_compute_wait)(void);
 
 #ifdef __cplusplus
 }
