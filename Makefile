@@ -30,11 +30,12 @@ CC      := mpicc
 ARCH    ?= -march=native
 OPT     ?= -O3 $(ARCH)
 CFLAGS  := $(OPT) -std=c11 -D_GNU_SOURCE -fopenmp -Wall -Wextra -Werror -Icommon -MMD -MP
-LDLIBS  := -lm
+LDLIBS  := -lm -lpthread
 
 COMMON_SRC := common/common.c common/memory.c common/model.c common/init.c \
               common/checkpoint.c common/data.c common/mesh.c common/runtime.c \
-              common/args.c common/report.c common/train.c common/comm_count.c common/paths.c
+              common/args.c common/report.c common/train.c common/comm_count.c common/paths.c \
+              common/ckpt.c
 
 ifeq ($(BACKEND),cpu)
   BIN := build
