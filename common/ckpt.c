@@ -78,6 +78,12 @@ void ckpt_add_flat(CkptList* l, const GPTConfig* cfg, CkptKind kind, size_t lo, 
     }
 }
 
+void ckpt_add_state(CkptList* l, const GPTConfig* cfg, size_t lo, size_t n, float* params, float* m, float* v) {
+    if (params) ckpt_add_flat(l, cfg, CKPT_PARAMS, lo, n, params);
+    if (m) ckpt_add_flat(l, cfg, CKPT_M, lo, n, m);
+    if (v) ckpt_add_flat(l, cfg, CKPT_V, lo, n, v);
+}
+
 void ckpt_list_free(CkptList* l) {
     free(l->s);
     memset(l, 0, sizeof(*l));

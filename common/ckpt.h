@@ -68,6 +68,9 @@ void ckpt_add(CkptList* l, CkptSlice s);
 // layout: a replica, a ZeRO shard, a unit), whose values are at data: one
 // slice per (tensor, layer) piece it overlaps.
 void ckpt_add_flat(CkptList* l, const GPTConfig* cfg, CkptKind kind, size_t lo, size_t n, float* data);
+// The same range of all three kinds at once: params, m and v (m and v may
+// be NULL: a rank that keeps no AdamW state).
+void ckpt_add_state(CkptList* l, const GPTConfig* cfg, size_t lo, size_t n, float* params, float* m, float* v);
 void ckpt_list_free(CkptList* l);
 
 typedef struct {
