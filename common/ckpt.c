@@ -641,9 +641,18 @@ static const char* read_manifest(const char* dir, const GPTConfig* want, Manifes
         if (line_no == 1) ok = !strcmp(line, CKPT_MANIFEST_MAGIC);
         else if (!strncmp(line, "chapter ", 8)) ok = sscanf(line, "chapter %d", &m->chapter) == 1;
         else if (!strncmp(line, "mesh ", 5)) ok = sscanf(strstr(line, "world="), "world=%d", &m->world) == 1;
-        else if (!strncmp(line, "model ", 6))
+        else if (!strncmp(line, "model ", 6)) {
             ok = sscanf(line, "model maxT=%d V=%d Vp=%d L=%d NH=%d C=%d", &g->max_seq_len, &g->vocab_size,
                         &g->padded_vocab_size, &g->num_layers, &g->num_heads, &g->channels) == 6;
+            // a checkpoint of another model is refused whole, before its tensors
+            if (ok && memcmp(g, want, sizeof(GPTConfig)) != 0) {
+                snprintf(msg, msg_len, "checkpoint '%s' holds a model with L=%d C=%d NH=%d V=%d Vp=%d maxT=%d; this run's has L=%d C=%d NH=%d V=%d Vp=%d maxT=%d: resume with the model it was saved from",
+                         dir, g->num_layers, g->channels, g->num_heads, g->vocab_size, g->padded_vocab_size,
+                         g->max_seq_len, want->num_layers, want->channels, want->num_heads, want->vocab_size,
+                         want->padded_vocab_size, want->max_seq_len);
+                bad = msg;
+            }
+        }
         else if (!strncmp(line, "step ", 5)) ok = sscanf(line, "step %d", &m->step) == 1 && m->step >= 0;
         else if (!strncmp(line, "data ", 5)) ok = sscanf(line, "data batch=%d seq=%d", &m->B, &m->T) == 2;
         else if (!strncmp(line, "rng ", 4)) ok = sscanf(line, "rng seed=%d", &m->seed) == 1;
@@ -693,16 +702,6 @@ static const char* read_manifest(const char* dir, const GPTConfig* want, Manifes
             snprintf(msg, msg_len, "checkpoint manifest '%s' line %d is not understood or out of range: '%.80s'", path,
                      line_no, line);
             bad = msg;
-        }
-        if (!bad && line_no == 5) {
-            // by the model line: a checkpoint of another model is refused whole
-            if (memcmp(g, want, sizeof(GPTConfig)) != 0) {
-                snprintf(msg, msg_len, "checkpoint '%s' holds a model with L=%d C=%d NH=%d V=%d Vp=%d maxT=%d; this run's has L=%d C=%d NH=%d V=%d Vp=%d maxT=%d: resume with the model it was saved from",
-                         dir, g->num_layers, g->channels, g->num_heads, g->vocab_size, g->padded_vocab_size,
-                         g->max_seq_len, want->num_layers, want->channels, want->num_heads, want->vocab_size,
-                         want->padded_vocab_size, want->max_seq_len);
-                bad = msg;
-            }
         }
     }
     free(text);

@@ -637,6 +637,11 @@ else
 fi
 # ==== end of new tests: fsdp engine and train.h glue ====
 
+# ==== new tests: checkpoints ====
+# training-state checkpoints (issue 19): the checks live in their own script
+source tests/checkpoints.sh
+# ==== end of new tests: checkpoints ====
+
 echo "== --help"
 # every chapter lists its own flags and exits 0
 help_case() {  # binary, a flag the help must list
