@@ -121,7 +121,7 @@ $(OBJ)/%.o: %.cu
 
 # ---------------------------------------------------------------- tests
 # The CPU tests always run on the CPU build; GPU tests run where a GPU is.
-TESTS := test_ops test_model test_data test_fsdp
+TESTS := test_ops test_model test_data test_fsdp test_ckpt
 # test_fsdp tests chapter 3's engine: it links the module (an MPI program)
 build/tests/test_fsdp: build/obj/cpu/03_fsdp/fsdp.o
 build/obj/cpu/tests/test_fsdp.o: CFLAGS += -I03_fsdp

@@ -25,6 +25,18 @@ mkdir -p "$CK"
 CKF="--steps 8 --batch 12 --seq 32 --peak-gflops 10"
 CK_TOL=3e-5  # the invariant's tolerance (tests/run.sh, chapter 2)
 
+# the engine alone: tp tiles (strided slices) against uneven flat ranges
+for np in 2 3; do
+    out=$(timeout 120 $MPIRUN -np $np "$BUILD/tests/test_ckpt" 2>&1)
+    rc=$?
+    echo "$out" | grep -E '^(PASS|FAIL)' | sed "s/\$/ [$np ranks]/"
+    passed=$((passed + $(echo "$out" | grep -c '^PASS')))
+    failed=$((failed + $(echo "$out" | grep -c '^FAIL')))
+    if [ $rc -ne 0 ] && ! echo "$out" | grep -q '^FAIL'; then
+        fail "test_ckpt on $np ranks" "exited $rc without a failed check: $(echo "$out" | tail -3)"
+    fi
+done
+
 # ck_run NAME NP CHAPTER FLAGS...: runs, keeps the output in $CK/NAME.out
 # and the log in $CK/NAME.jsonl; returns the exit status
 ck_run() {
