@@ -905,7 +905,7 @@ void ckpt_finish(Ckpt* c, JsonLog* log) {
     if (c->pending) {
         double t0 = now_seconds();
         join_and_commit(c);
-        c->stall_s += now_seconds() - t0;
+        c->finish_s += now_seconds() - t0;
     }
     if (c->saves > 0 || c->resume) {
         // every rank's figures, for the summary line and the log
@@ -916,14 +916,14 @@ void ckpt_finish(Ckpt* c, JsonLog* log) {
         if (c->rank == 0) {
             double per = c->saves ? 1e3 / c->saves : 0.0;
             if (c->saves)
-                printf("checkpoint: %d save%s (%s), %.1f KiB on rank 0, training stalled %.2f ms per save, file write %.2f ms per save on rank 0\n",
+                printf("checkpoint: %d save%s (%s), %.1f KiB on rank 0, training stalled %.2f ms per save, file write %.2f ms per save on rank 0, %.2f ms waiting for the last save at the end\n",
                        c->saves, c->saves == 1 ? "" : "s", c->async ? "async" : "sync", mine[0] / 1024.0,
-                       c->stall_s * per, c->write_s * per);
+                       c->stall_s * per, c->write_s * per, 1e3 * c->finish_s);
             if (c->resume) printf("checkpoint: loaded %.1f KiB on rank 0 in %.2f ms\n", mine[1] / 1024.0, 1e3 * c->load_s);
             fflush(stdout);
             if (log && log->f) {
-                fprintf(log->f, "{\"type\":\"checkpoint\",\"saves\":%d,\"async\":%s,\"stall_ms_per_save\":%.3f,\"save_bytes\":[",
-                        c->saves, c->async ? "true" : "false", c->stall_s * per);
+                fprintf(log->f, "{\"type\":\"checkpoint\",\"saves\":%d,\"async\":%s,\"stall_ms_per_save\":%.3f,\"final_wait_ms\":%.3f,\"save_bytes\":[",
+                        c->saves, c->async ? "true" : "false", c->stall_s * per, 1e3 * c->finish_s);
                 for (int r = 0; r < c->world; r++) fprintf(log->f, "%s%.0f", r ? "," : "", all[4 * r]);
                 fprintf(log->f, "],\"write_ms_per_save\":[");
                 for (int r = 0; r < c->world; r++) fprintf(log->f, "%s%.3f", r ? "," : "", all[4 * r + 3] * per);

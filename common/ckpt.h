@@ -99,7 +99,8 @@ typedef struct {
     char file_path[4096];
     // figures: saves, bytes, the time the training loop was stalled
     int saves;
-    double stall_s;   // main thread inside ckpt calls for saves
+    double stall_s;   // main thread inside ckpt calls for saves, in the training loop
+    double finish_s;  // ckpt_finish waiting for the last save (nothing left to overlap)
     double write_s;   // the file writes themselves (in the thread when async)
     double load_s;
     size_t load_bytes;
