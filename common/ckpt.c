@@ -640,7 +640,7 @@ static const char* read_manifest(const char* dir, const GPTConfig* want, Manifes
         int ok = 1;
         if (line_no == 1) ok = !strcmp(line, CKPT_MANIFEST_MAGIC);
         else if (!strncmp(line, "chapter ", 8)) ok = sscanf(line, "chapter %d", &m->chapter) == 1;
-        else if (!strncmp(line, "mesh ", 5)) ok = sscanf(strstr(line, "world="), "world=%d", &m->world) == 1;
+        else if (!strncmp(line, "mesh ", 5)) ok = strstr(line, "world=") && sscanf(strstr(line, "world="), "world=%d", &m->world) == 1;
         else if (!strncmp(line, "model ", 6)) {
             ok = sscanf(line, "model maxT=%d V=%d Vp=%d L=%d NH=%d C=%d", &g->max_seq_len, &g->vocab_size,
                         &g->padded_vocab_size, &g->num_layers, &g->num_heads, &g->channels) == 6;

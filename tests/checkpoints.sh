@@ -144,10 +144,10 @@ if [ $rc -ne 0 ] && [ $rc -ne 124 ] && [ -f "$CK/k2/step-00000003/MANIFEST" ] &&
 else
     fail "checkpoint: kill during a save" "exit $rc; $(ls "$CK/k2" | tr '\n' ' ')"
 fi
-ck_run k2r 4 3 --dp 4 --zero 3 --resume "$CK/k2" --ckpt-dir "$CK/k2" --save-every 3 --save "$CK/k2r.bin"
+ck_run k2r 4 3 --dp 4 --zero 3 --resume "$CK/k2" --ckpt-dir "$CK/k2" --save-every 3 --keep 2 --save "$CK/k2r.bin"
 ck_expect k2r "after a kill during a save, --resume (step 3) repeats the run that was never killed bit for bit" c3 3 0 "$CK/c3.bin" "$CK/k2r.bin"
-if [ ! -e "$CK/k2/step-00000006.tmp" ] && [ -f "$CK/k2/step-00000006/MANIFEST" ]; then
-    pass "checkpoint: the resumed run removes the crashed save's .tmp and writes step 6 complete"
+if [ "$(ls "$CK/k2" | tr '\n' ' ')" = "step-00000006 step-00000008 " ] && [ -f "$CK/k2/step-00000006/MANIFEST" ]; then
+    pass "checkpoint: the resumed run removes the crashed save's .tmp, writes step 6 complete, and --keep 2 leaves steps 6 and 8"
 else
     fail "checkpoint: stale .tmp" "$(ls "$CK/k2" | tr '\n' ' ')"
 fi
@@ -200,5 +200,22 @@ ck_copy batch
 ck_bad batch "another batch" "was trained with batch 12 x 32" 2 --dp 2 --seq 16
 rm -rf "$CK/none" && mkdir "$CK/none"
 ck_bad none "a directory without a checkpoint" "no complete checkpoint there" 1 --dp 1
+
+# flags that cannot work: one message, exit 1, before any step
+ck_flag() {  # DESCRIPTION EXPECTED-TEXT FLAGS...
+    local what=$1 expect=$2 out rc
+    shift 2
+    out=$(timeout 60 $MPIRUN -np 2 "$BUILD/chapter-2" --dp 2 $CKF "$@" 2>&1)
+    rc=$?
+    if [ $rc -eq 1 ] && [ "$(echo "$out" | grep -c '^error')" = 1 ] && echo "$out" | grep -qF -- "$expect" &&
+        ! echo "$out" | grep -q '^step'; then
+        pass "checkpoint flags: $what: exit 1, '$expect'"
+    else
+        fail "checkpoint flags: $what" "exit $rc; $(echo "$out" | grep -E '^error' | head -2)"
+    fi
+}
+ck_flag "--save-every without --ckpt-dir" "--save-every and --async-save need --ckpt-dir DIR" --save-every 2
+ck_flag "--resume of a directory that does not exist" "--resume '$CK/nosuch' does not exist" --resume "$CK/nosuch"
+ck_flag "--ckpt-dir naming a file" "--ckpt-dir '$CK/ref.bin' is a file, not a directory" --ckpt-dir "$CK/ref.bin"
 
 if [ -n "${ck_alone:-}" ]; then echo "$passed passed, $failed failed"; [ $failed = 0 ]; fi
