@@ -194,6 +194,26 @@ ck_bad missing "a missing shard" "missing/rank-00002.bin' is missing" 1 --dp 1
 ck_copy manifest
 sed -i 's/^step 3$/step 4/' "$CK/manifest/MANIFEST"
 ck_bad manifest "an edited manifest" "MANIFEST' is corrupt or truncated" 2 --dp 2
+# a manifest that no longer covers the model (rank 3's slices dropped, its
+# checksum line recomputed, so only the coverage check can catch it)
+ck_copy cover
+python3 - "$CK/cover/MANIFEST" <<'PYEOF'
+import sys
+path = sys.argv[1]
+lines = open(path).read().split("\n")
+body = [l for l in lines if l and not l.startswith("end ") and " file=3 " not in l]
+n = sum(1 for l in body if l.startswith("slice "))
+body = [("slices %d" % n) if l.startswith("slices ") else l for l in body]
+text = ("\n".join(body) + "\n").encode()
+h, prime, mask = 0xcbf29ce484222325, 0x100000001b3, (1 << 64) - 1
+words = len(text) // 8
+for i in range(words):
+    h = ((h ^ int.from_bytes(text[8 * i:8 * i + 8], "little")) * prime) & mask
+for b in text[8 * words:]:
+    h = ((h ^ b) * prime) & mask
+open(path, "wb").write(text + ("end %016x\n" % h).encode())
+PYEOF
+ck_bad cover "a manifest whose slices do not cover the model" "its manifest does not match this model" 2 --dp 2
 ck_copy model
 ck_bad model "a checkpoint of another model" "holds a model with L=2 C=64" 1 --dp 1 --model small
 ck_copy batch
