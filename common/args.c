@@ -29,7 +29,7 @@ static const SharedFlag shared_flags[] = {
     {"save", ARG_STRING, "after training, write the model to FILE.bin (llm.c format)"},
     {"ckpt-dir", ARG_STRING, "write training-state checkpoints under DIR (at the end, and every --save-every)"},
     {"save-every", ARG_INT, "with --ckpt-dir, a checkpoint every N steps too  [0: at the end only]"},
-    {"keep", ARG_INT, "keep the K newest checkpoints in --ckpt-dir, 0 = all  [3]"},
+    {"keep", ARG_INT, "keep the N newest checkpoints in --ckpt-dir, 0 = all  [3]"},
     {"async-save", ARG_FLAG, "write checkpoints from a background thread while training goes on"},
     {"resume", ARG_STRING, "resume from the latest complete checkpoint in DIR (any chapter, any mesh)"},
     {"val-every", ARG_INT, "validation loss every N steps, 0 = at the end only  [0]"},

@@ -437,7 +437,16 @@ static const char* write_manifest(const Ckpt* c, int step, const int* counts, co
 static void commit(Ckpt* c) {
     int step = c->pending_step;
     int has_file = c->own.n > 0;
-    fail_if_any(has_file && c->file_err[0], c->file_err);
+    // a failed write on any rank: the .tmp directory goes, the previous
+    // checkpoint stays the latest, and every rank ends with the message
+    int failed = has_file && c->file_err[0], any = 0;
+    MPI_CHECK(MPI_Allreduce(&failed, &any, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD));
+    if (any && c->rank == 0) {
+        char tmp[4096];
+        tmp_dir_of(c, step, tmp, sizeof(tmp));
+        remove_dir(tmp);
+    }
+    fail_if_any(failed, c->file_err);
     // what each rank wrote: 6 numbers per slice, 3 per file
     int n = c->own.n;
     uint64_t* mine = xmalloc(sizeof(uint64_t) * 6 * (size_t)(n ? n : 1));
@@ -496,6 +505,9 @@ static void join_and_commit(Ckpt* c) {
 
 static void save(Ckpt* c, int step) {
     double t0 = now_seconds();
+    // past a file-size limit a write must fail with EFBIG and be reported,
+    // not kill the process (the writer may be a thread: process-wide)
+    signal(SIGXFSZ, SIG_IGN);
     join_and_commit(c);  // one save at a time: the buffer is reused
     // the state, off the device, before training changes it
     if (c->own.floats > c->host_cap) {

@@ -221,6 +221,20 @@ ck_bad batch "another batch" "was trained with batch 12 x 32" 2 --dp 2 --seq 16
 rm -rf "$CK/none" && mkdir "$CK/none"
 ck_bad none "a directory without a checkpoint" "no complete checkpoint there" 1 --dp 1
 
+# a save that cannot be written (a file-size limit of 64 MiB, which MPI's own
+# start-up needs; the small model's state is 124 MiB): the message names the
+# file, the .tmp directory goes, the checkpoint already there stays
+rm -rf "$CK/full" && mkdir "$CK/full" && cp -r "$CK/c0/step-00000004" "$CK/full/"
+out=$( (ulimit -f 65536; timeout 120 $MPIRUN -np 1 "$BUILD/chapter-0" --model small --steps 1 --batch 1 --seq 16 \
+    --peak-gflops 10 --ckpt-dir "$CK/full") 2>&1)
+rc=$?
+if [ $rc -eq 1 ] && echo "$out" | grep -q "^error: writing checkpoint file '.*full/step-00000001.tmp/rank-00000.bin' failed: File too large" &&
+    [ "$(ls "$CK/full" | tr '\n' ' ')" = "step-00000004 " ]; then
+    pass "checkpoint: a save past a file-size limit fails with the file's name; the older checkpoint stays, no .tmp is left"
+else
+    fail "checkpoint: failed save" "exit $rc; $(echo "$out" | grep error | head -2); files: $(ls "$CK/full" | tr '\n' ' ')"
+fi
+
 # flags that cannot work: one message, exit 1, before any step
 ck_flag() {  # DESCRIPTION EXPECTED-TEXT FLAGS...
     local what=$1 expect=$2 out rc
