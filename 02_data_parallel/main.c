@@ -291,7 +291,6 @@ int main(int argc, char** argv) {
         report_step(&log, step, args->steps, loss, norm, 1e3 * dt, (double)B * T / dt);
         ckpt_after_step(&ck, step);  // --save-every, --ckpt-dir
     }
-    ckpt_finish(&ck, &log);
     // every replica holds the same model: validate and sample on any of them
     float val_loss = train_val_loss(&model, setup, args->val_batches);
     if (val_loss >= 0) report_val(&log, args->steps - 1, val_loss);
@@ -319,6 +318,7 @@ int main(int argc, char** argv) {
         .steps = args->steps, .ms_per_step = ms, .tokens_per_s = ms > 0 ? (double)B * T / (ms / 1e3) : 0.0,
         .flops_per_token = gpt_flops_per_token(&setup->cfg, T), .peak_gflops = run.peak_gflops,
         .final_loss = loss, .val_loss = val_loss, .extra_json = extra_json};
+    ckpt_finish(&ck, &log);  // an async save still in flight is joined here
     report_summary(&log, &run.mesh, &summary);
     jsonl_close(&log);
     if (train_wants_params(args)) {  // --sample, --save: from rank 0's replica
