@@ -38,11 +38,12 @@ CC      := mpicc
 ARCH    ?= -march=native
 OPT     ?= -O3 $(ARCH)
 CFLAGS  := $(OPT) -std=c11 -D_GNU_SOURCE -fopenmp -Wall -Wextra -Werror -Icommon -MMD -MP
-LDLIBS  := -lm
+LDLIBS  := -lm -lpthread
 
 COMMON_SRC := common/common.c common/memory.c common/model.c common/init.c \
               common/checkpoint.c common/data.c common/mesh.c common/runtime.c \
-              common/args.c common/report.c common/train.c common/comm_count.c common/paths.c
+              common/args.c common/report.c common/train.c common/comm_count.c common/paths.c \
+              common/ckpt.c
 
 ifeq ($(BACKEND),cpu)
   BIN := $(BUILD)
@@ -134,7 +135,7 @@ $(OBJ)/%.o: %.cu $(FLAGS_STAMP)
 
 # ---------------------------------------------------------------- tests
 # The CPU tests always run on the CPU build; GPU tests run where a GPU is.
-TESTS := test_ops test_model test_data test_fsdp test_comm
+TESTS := test_ops test_model test_data test_fsdp test_comm test_ckpt
 # test_fsdp tests chapter 3's engine: it links the module (an MPI program)
 $(BUILD)/tests/test_fsdp: $(BUILD)/obj/cpu/03_fsdp/fsdp.o
 $(BUILD)/obj/cpu/tests/test_fsdp.o: CFLAGS += -I03_fsdp

@@ -18,6 +18,7 @@
 #include <string.h>
 
 #include "args.h"
+#include "ckpt.h"
 #include "common.h"
 #include "memory.h"
 #include "mesh.h"
@@ -97,6 +98,13 @@ static void train_reference(const TrainArgs* args, const Mesh* mesh) {
         mem_to_device(model.params, host, model.num_params * sizeof(float));
         free(host);
     }
+    // training-state checkpoints: one rank holds the whole state, so it
+    // writes all of it and reads all of it (--resume: from any chapter's)
+    Ckpt ck;
+    ckpt_init(&ck, args, &setup, mesh, 0);
+    ckpt_add_state(&ck.own, cfg, 0, model.num_params, model.params, model.m, model.v);
+    ckpt_add_state(&ck.need, cfg, 0, model.num_params, model.params, model.m, model.v);
+    int start = ckpt_resume(&ck);
     print0("model %s: L=%d C=%d NH=%d V=%d (padded %d) maxT=%d, %zu parameters\n",
            setup.model_name, cfg->num_layers, cfg->channels, cfg->num_heads, cfg->vocab_size,
            cfg->padded_vocab_size, cfg->max_seq_len, model.num_params);
@@ -112,22 +120,24 @@ static void train_reference(const TrainArgs* args, const Mesh* mesh) {
     int* targets = xmalloc((size_t)B * T * sizeof(int));
     StepClock clock = {0};  // leaves out the first step, which warms caches and threads
     float loss = 0.0f, val_loss = -1.0f;
-    for (int step = 0; step < args->steps; step++) {
+    for (int step = start; step < args->steps; step++) {
         data_batch(&setup.train, step, B, T, 0, B, inputs, targets);
         clock_begin(&clock);
         float norm;
         loss = train_step(&model, args, step, inputs, targets, &norm);
-        double dt = clock_end(&clock, step, args->steps);
+        double dt = clock_end(&clock, step - start, args->steps - start);
         report_step(&log, step, args->steps, loss, norm, 1e3 * dt, (double)B * T / dt);
         if (args->val_every > 0 && (step + 1) % args->val_every == 0 && step + 1 < args->steps) {
             val_loss = train_val_loss(&model, &setup, args->val_batches);
             if (val_loss >= 0) report_val(&log, step, val_loss);
         }
+        ckpt_after_step(&ck, step);  // --save-every, --ckpt-dir
     }
     // the validation loss of the final model (of the loaded one when --steps 0)
     val_loss = train_val_loss(&model, &setup, args->val_batches);
     if (val_loss >= 0) report_val(&log, args->steps - 1, val_loss);
 
+    ckpt_finish(&ck, &log);
     double ms = clock_ms_per_step(&clock);
     RunSummary summary = {
         .chapter = 0, .model = setup.model_name, .num_params = model.num_params,

@@ -25,6 +25,7 @@
 #include <string.h>
 
 #include "args.h"
+#include "ckpt.h"
 #include "comm.h"
 #include "common.h"
 #include "memory.h"
@@ -256,6 +257,14 @@ int main(int argc, char** argv) {
     DataParallel dp = {.dp = dpc, .mode = mode, .accum = accum};
     if (mode != MODE_PS || dpc->rank == 0) gpt_create_optimizer(&model);  // ps: only rank 0 steps
     if (mode == MODE_PS && dpc->rank == 0) dp.ps_grads = mem_alloc_floats(model.num_params, MEM_COMM);
+    // training-state checkpoints: the replicas are identical, so dp rank 0
+    // alone writes the state; every rank reads the parameters and the AdamW
+    // moments it keeps (ps mode: rank 0 alone keeps them)
+    Ckpt ck;
+    ckpt_init(&ck, args, setup, &run.mesh, 2);
+    if (dpc->rank == 0) ckpt_add_state(&ck.own, &setup->cfg, 0, model.num_params, model.params, model.m, model.v);
+    ckpt_add_state(&ck.need, &setup->cfg, 0, model.num_params, model.params, model.m, model.v);
+    int start = ckpt_resume(&ck);
     buckets_make(&dp.buckets, model.num_params, (size_t)bucket_kb * 1024 / sizeof(float));
     dp.buckets.dp = dpc;
     dp.buckets.grads = model.grads;
@@ -274,12 +283,13 @@ int main(int argc, char** argv) {
     StepClock clock = {0};
     float loss = 0.0f;
     comm_counts_reset();  // count the training only, not the start-up broadcast
-    for (int step = 0; step < args->steps; step++) {
+    for (int step = start; step < args->steps; step++) {
         clock_begin(&clock);
         float norm;
         loss = train_step(&dp, &model, setup, args, step, inputs, targets, &norm);
-        double dt = clock_end(&clock, step, args->steps);
+        double dt = clock_end(&clock, step - start, args->steps - start);
         report_step(&log, step, args->steps, loss, norm, 1e3 * dt, (double)B * T / dt);
+        ckpt_after_step(&ck, step);  // --save-every, --ckpt-dir
     }
     // every replica holds the same model: validate and sample on any of them
     float val_loss = train_val_loss(&model, setup, args->val_batches);
@@ -295,7 +305,7 @@ int main(int argc, char** argv) {
     print0("communication: %.2f ms per step blocked in %s, %.2f in non-blocking starts and "
            "tests (rank 0), of %.2f ms per step\n", wait_ms, blocked, progress_ms, ms);
     // every rank starts the same buckets at the same hooks: rank 0's count is everyone's
-    double early = args->steps > 0 ? (double)dp.buckets.started_early / args->steps : 0.0;
+    double early = args->steps > start ? (double)dp.buckets.started_early / (args->steps - start) : 0.0;
     if (mode == MODE_OVERLAPPED)
         print0("overlap: %g of %d buckets per step started before backward finished\n", early, dp.buckets.n);
     char extra_json[512];
@@ -308,6 +318,7 @@ int main(int argc, char** argv) {
         .steps = args->steps, .ms_per_step = ms, .tokens_per_s = ms > 0 ? (double)B * T / (ms / 1e3) : 0.0,
         .flops_per_token = gpt_flops_per_token(&setup->cfg, T), .peak_gflops = run.peak_gflops,
         .final_loss = loss, .val_loss = val_loss, .extra_json = extra_json};
+    ckpt_finish(&ck, &log);  // an async save still in flight is joined here
     report_summary(&log, &run.mesh, &summary);
     jsonl_close(&log);
     if (train_wants_params(args)) {  // --sample, --save: from rank 0's replica

@@ -28,6 +28,7 @@
 #include <string.h>
 
 #include "args.h"
+#include "ckpt.h"
 #include "comm.h"
 #include "common.h"
 #include "memory.h"
@@ -100,6 +101,41 @@ static void sharded_gpt_create(ShardedGPT* g, const Comm* dp, const TrainSetup* 
     free(numel);
     free(own_grads);
     gpt_acts_create(&g->acts, &g->cfg, micro, setup->T);
+}
+
+// ---------------------------------------------------------------- checkpoints
+
+// What this rank writes and reads of the training state (ckpt.h), unit by
+// unit: a shard is a range of the flat layout, so ckpt_add_flat cuts it into
+// the llm.c tensors it overlaps. The padding past a unit's end is no part of
+// the model: it is neither written nor read (it stays zero).
+static void sharded_gpt_ckpt(Ckpt* ck, const FSDP* f, const GPTConfig* cfg) {
+    int r = f->dp->rank;
+    size_t* off = xmalloc(sizeof(size_t) * f->n);
+    size_t* numel = xmalloc(sizeof(size_t) * f->n);
+    gpt_units(cfg, off, numel);
+    for (int i = 0; i < f->n; i++) {
+        // this rank's real floats of unit i: [lo, hi)
+        size_t lo = (size_t)r * f->shard[i], hi = lo + f->shard[i];
+        if (lo > numel[i]) lo = numel[i];
+        if (hi > numel[i]) hi = numel[i];
+        size_t so = f->shard_off[i];
+        if (f->zero == 3) {
+            // everything sharded: each rank writes and reads its own shard
+            ckpt_add_state(&ck->own, cfg, off[i] + lo, hi - lo, f->shard_params + so, f->m + so, f->v + so);
+            ckpt_add_state(&ck->need, cfg, off[i] + lo, hi - lo, f->shard_params + so, f->m + so, f->v + so);
+        } else {
+            // ZeRO-1/2: the moments sharded, the parameters replicated in
+            // full: dp rank 0 writes them, every rank reads them whole
+            ckpt_add_state(&ck->own, cfg, off[i] + lo, hi - lo, NULL, f->m + so, f->v + so);
+            ckpt_add_state(&ck->need, cfg, off[i] + lo, hi - lo, NULL, f->m + so, f->v + so);
+            float* full = f->full_params + f->padded_off[i];
+            if (r == 0) ckpt_add_flat(&ck->own, cfg, CKPT_PARAMS, off[i], numel[i], full);
+            ckpt_add_flat(&ck->need, cfg, CKPT_PARAMS, off[i], numel[i], full);
+        }
+    }
+    free(off);
+    free(numel);
 }
 
 // ---------------------------------------------------------------- forward and backward
@@ -245,6 +281,10 @@ int main(int argc, char** argv) {
     sharded_gpt_create(&g, dpc, setup, args, zero, prefetch, reshard, micro);
     FSDP* f = &g.f;
     size_t P = gpt_num_params(&setup->cfg);
+    Ckpt ck;
+    ckpt_init(&ck, args, setup, &run.mesh, 3);
+    sharded_gpt_ckpt(&ck, f, &setup->cfg);
+    int start = ckpt_resume(&ck);  // --resume: this rank's slices, from whatever mesh saved them
     char zero3[64] = "";
     if (zero == 3)  // prefetch and resharding are about gathering units: ZeRO-3 only
         snprintf(zero3, sizeof(zero3), ", prefetch %s, reshard %s", prefetch ? "on" : "off", reshard ? "on" : "off");
@@ -264,7 +304,7 @@ int main(int argc, char** argv) {
     double allgather_wait = 0;  // seconds blocked on all-gathers, timed steps (as the clock)
     double pf_inflight = 0, pf_blocked = 0;  // the prefetched gathers, timed steps
     comm_counts_reset();  // count the training only, not the start-up gathers
-    for (int s = 0; s < args->steps; s++) {
+    for (int s = start; s < args->steps; s++) {
         long p0 = f->gathers_prefetched;
         double w0 = f->allgather_wait_s, i0 = f->prefetch_inflight_s, b0 = f->prefetch_blocked_s;
         int timed = clock.timed;
@@ -273,7 +313,7 @@ int main(int argc, char** argv) {
         double mine = forward(&g, inputs, targets);
         backward(&g);
         float norm = step(&g, args, s + 1);
-        double dt = clock_end(&clock, s, args->steps);
+        double dt = clock_end(&clock, s - start, args->steps - start);
         prefetched += f->gathers_prefetched - p0;
         if (clock.timed > timed) {
             allgather_wait += f->allgather_wait_s - w0;
@@ -289,11 +329,13 @@ int main(int argc, char** argv) {
             vloss = val_loss(&g, setup, args->val_batches);
             if (vloss >= 0) report_val(&log, s, vloss);
         }
+        ckpt_after_step(&ck, s);  // --save-every, --ckpt-dir
     }
+    ckpt_finish(&ck, &log);
     double ms = clock_ms_per_step(&clock), wait_ms = clock_wait_ms_per_step(&clock);
     double progress_ms = clock_progress_ms_per_step(&clock);
     double ag_wait_ms = clock.timed ? 1e3 * allgather_wait / clock.timed : 0.0;
-    double prefetched_per_step = args->steps ? (double)prefetched / args->steps : 0.0;
+    double prefetched_per_step = args->steps > start ? (double)prefetched / (args->steps - start) : 0.0;
     print0("communication: %.2f ms per step blocked in collectives or waits (rank 0), %.2f of them in all-gathers, "
            "of %.2f ms per step; %.2f unit gathers per step prefetched\n",
            wait_ms, ag_wait_ms, ms, prefetched_per_step);

@@ -27,6 +27,11 @@ static const SharedFlag shared_flags[] = {
     {"log", ARG_STRING, "write JSONL records (steps, summary) to FILE"},
     {"sample", ARG_INT, "after training, print N generated characters  [0]"},
     {"save", ARG_STRING, "after training, write the model to FILE.bin (llm.c format)"},
+    {"ckpt-dir", ARG_STRING, "write training-state checkpoints under DIR (at the end, and every --save-every)"},
+    {"save-every", ARG_INT, "with --ckpt-dir, a checkpoint every N steps too  [0: at the end only]"},
+    {"keep", ARG_INT, "keep the N newest checkpoints in --ckpt-dir, 0 = all  [3]"},
+    {"async-save", ARG_FLAG, "write checkpoints from a background thread while training goes on"},
+    {"resume", ARG_STRING, "resume from the latest complete checkpoint in DIR (any chapter, any mesh)"},
     {"val-every", ARG_INT, "validation loss every N steps, 0 = at the end only  [0]"},
     {"val-batches", ARG_INT, "batches per validation loss  [4]"},
     {"threads", ARG_INT, "threads per rank  [cores / ranks on the node]"},
@@ -49,6 +54,7 @@ static void set_defaults(TrainArgs* a) {
     a->clip = 1.0f;
     a->seed = 1337;
     a->val_batches = 4;
+    a->keep = 3;
     for (int i = 0; i < NUM_AXES; i++) a->mesh[i] = 1;
 }
 
@@ -87,6 +93,11 @@ static void* shared_dest(TrainArgs* a, const char* name) {
     if (!strcmp(name, "log")) return &a->log;
     if (!strcmp(name, "sample")) return &a->sample;
     if (!strcmp(name, "save")) return &a->save;
+    if (!strcmp(name, "ckpt-dir")) return &a->ckpt_dir;
+    if (!strcmp(name, "save-every")) return &a->save_every;
+    if (!strcmp(name, "keep")) return &a->keep;
+    if (!strcmp(name, "async-save")) return &a->async_save;
+    if (!strcmp(name, "resume")) return &a->resume;
     if (!strcmp(name, "val-every")) return &a->val_every;
     if (!strcmp(name, "val-batches")) return &a->val_batches;
     if (!strcmp(name, "threads")) return &a->threads;
@@ -177,6 +188,10 @@ const char* args_parse(int argc, char** argv, TrainArgs* a, const ArgSpec* extra
     else if (a->clip < 0.0f) bad = "--clip must be >= 0 (0 turns clipping off)";
     else if (a->sample < 0 || a->sample > ARGS_MAX_SAMPLE)
         bad = "--sample must be between 0 and 100000 (characters generated one forward pass each)";
+    else if (a->save_every < 0) bad = "--save-every must be >= 0";
+    else if (a->keep < 0) bad = "--keep must be >= 0 (0 keeps every checkpoint)";
+    else if ((a->save_every > 0 || a->async_save) && !a->ckpt_dir)
+        bad = "--save-every and --async-save need --ckpt-dir DIR (where the checkpoints go)";
     else if (a->val_every < 0) bad = "--val-every must be >= 0";
     else if (a->val_batches < 1) bad = "--val-batches must be >= 1";
     else if (a->threads < 0) bad = "--threads must be >= 0";

@@ -19,6 +19,11 @@ typedef struct {
     const char* log;       // --log FILE.jsonl
     int sample;            // --sample N characters after training (at most ARGS_MAX_SAMPLE)
     const char* save;      // --save FILE.bin: checkpoint after training
+    const char* ckpt_dir;  // --ckpt-dir DIR: training-state checkpoints (ckpt.h)
+    int save_every;        // --save-every N steps (0: only at the end, with --ckpt-dir)
+    int keep;              // --keep K newest checkpoints (0: all)
+    int async_save;        // --async-save: a thread writes while training goes on
+    const char* resume;    // --resume DIR: the latest complete checkpoint in DIR
     int val_every;         // --val-every N steps (0: only at the end)
     int val_batches;       // --val-batches
     int threads;           // --threads per rank (0: cores / ranks on the node)

@@ -49,3 +49,27 @@ const char* paths_check_writable(const PathArg* output, char* msg, size_t msg_le
     free(copy);
     return bad;
 }
+
+const char* paths_check_dir(const PathArg* dir, int output, char* msg, size_t msg_len) {
+    if (!dir->path) return NULL;
+    struct stat st;
+    if (stat(dir->path, &st) == 0) {
+        if (!S_ISDIR(st.st_mode)) {
+            snprintf(msg, msg_len, "%s '%s' is a file, not a directory: give a directory", dir->flag, dir->path);
+            return msg;
+        }
+        if (output && access(dir->path, W_OK | X_OK) != 0) {
+            snprintf(msg, msg_len, "%s '%s' is not writable (%s)", dir->flag, dir->path, strerror(errno));
+            return msg;
+        }
+        return NULL;
+    }
+    if (!output) {
+        snprintf(msg, msg_len, "%s '%s' does not exist: give a directory of checkpoints (--ckpt-dir of an earlier run)",
+                 dir->flag, dir->path);
+        return msg;
+    }
+    // a new directory: its parent must exist and be writable (it is made at the first save)
+    PathArg as_file = {dir->flag, dir->path};
+    return paths_check_writable(&as_file, msg, msg_len);
+}

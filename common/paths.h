@@ -21,4 +21,9 @@ const char* paths_check_distinct(const PathArg* inputs, int n_in, const PathArg*
 // the path is not a directory. Returns NULL or a message naming the target.
 const char* paths_check_writable(const PathArg* output, char* msg, size_t msg_len);
 
+// A directory named by a flag. An output directory (--ckpt-dir) must be a
+// writable directory or creatable in a writable one, never a file; an input
+// directory (--resume) must exist. Returns NULL or a message naming it.
+const char* paths_check_dir(const PathArg* dir, int output, char* msg, size_t msg_len);
+
 #endif

@@ -21,6 +21,10 @@ void train_setup(TrainSetup* s, const TrainArgs* a) {
     int n_in = sizeof(inputs) / sizeof(inputs[0]), n_out = sizeof(outputs) / sizeof(outputs[0]);
     const char* bad = paths_check_distinct(inputs, n_in, outputs, n_out, msg, sizeof(msg));
     for (int o = 0; o < n_out && !bad; o++) bad = paths_check_writable(&outputs[o], msg, sizeof(msg));
+    // training-state checkpoints (ckpt.h): a directory to write, one to read
+    PathArg ckpt_dir = {"--ckpt-dir", a->ckpt_dir}, resume = {"--resume", a->resume};
+    if (!bad) bad = paths_check_dir(&ckpt_dir, 1, msg, sizeof(msg));
+    if (!bad) bad = paths_check_dir(&resume, 0, msg, sizeof(msg));
     fail_if_any(bad != NULL, bad);
     s->model_name = a->model;
     // the model: a preset by name, else a checkpoint file by path

@@ -1,0 +1,956 @@
+// ckpt.c: training-state checkpoints (ckpt.h, docs/checkpoints.md).
+//
+// Save: every rank copies the slices it owns to a host buffer and writes
+// them, behind a 64-byte header, to DIR/step-N.tmp/rank-R.bin (fsync'ed, a
+// checksum computed on the way); rank 0 gathers every rank's slice list and
+// checksum, writes the MANIFEST last (fsync'ed), and renames the directory
+// to DIR/step-N. A crash before the rename leaves a .tmp directory that no
+// reader looks at; the previous checkpoint is untouched. With --async-save a
+// thread writes the file while training goes on; the commit (gather,
+// manifest, rename) happens on the main thread once every rank's file is on
+// disk, checked after each step.
+//
+// Load: the manifest is read and checked against the model and the batch;
+// each rank cuts every run it needs against every saved slice of the same
+// tensor and reads the overlaps from the files that hold them, after
+// checking those files' sizes and checksums.
+#include "ckpt.h"
+
+// Paths and messages live in fixed buffers (4 KiB, 1 KiB); a longer one is
+// cut, which gcc warns about at every snprintf. A cut message still names
+// the start of the path; a path that long fails at open with a message.
+#pragma GCC diagnostic ignored "-Wformat-truncation"
+
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <mpi.h>
+#include <signal.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "common.h"
+#include "memory.h"
+#include "runtime.h"
+
+#define CKPT_FILE_MAGIC "GPTSTATE"
+#define CKPT_FILE_VERSION 1u
+#define CKPT_HEADER_BYTES 64
+#define CKPT_MANIFEST_MAGIC "gpt-training-state 1"
+
+static const char* kind_names[CKPT_NUM_KINDS] = {"params", "m", "v"};
+
+// ---------------------------------------------------------------- slices
+
+void ckpt_add(CkptList* l, CkptSlice s) {
+    if (s.count == 1) s.stride = s.len;
+    if (s.len == 0 || s.count == 0) return;
+    if (l->n == l->cap) {
+        l->cap = l->cap ? 2 * l->cap : 64;
+        CkptSlice* grown = xmalloc(sizeof(CkptSlice) * (size_t)l->cap);
+        if (l->n) memcpy(grown, l->s, sizeof(CkptSlice) * (size_t)l->n);
+        free(l->s);
+        l->s = grown;
+    }
+    l->s[l->n++] = s;
+    l->floats += s.len * s.count;
+}
+
+void ckpt_add_flat(CkptList* l, const GPTConfig* cfg, CkptKind kind, size_t lo, size_t n, float* data) {
+    size_t hi = lo + n;
+    // each (tensor, layer) piece of the layer-major layout is one run of the
+    // tensor's global index space: layer l's copy starts at l * numel
+    for (ParamTensor t = 0; t < NUM_PARAM_TENSORS; t++) {
+        int layers = param_tensor_is_block(t) ? cfg->num_layers : 1;
+        size_t numel = param_tensor_numel(cfg, t);
+        for (int layer = 0; layer < layers; layer++) {
+            size_t off = gpt_tensor_offset(cfg, t, layer);
+            size_t a = off > lo ? off : lo, b = off + numel < hi ? off + numel : hi;
+            if (a >= b) continue;
+            CkptSlice s = {.kind = kind, .tensor = t, .start = (size_t)layer * numel + (a - off),
+                           .len = b - a, .stride = b - a, .count = 1, .data = data + (a - lo)};
+            ckpt_add(l, s);
+        }
+    }
+}
+
+void ckpt_add_state(CkptList* l, const GPTConfig* cfg, size_t lo, size_t n, float* params, float* m, float* v) {
+    if (params) ckpt_add_flat(l, cfg, CKPT_PARAMS, lo, n, params);
+    if (m) ckpt_add_flat(l, cfg, CKPT_M, lo, n, m);
+    if (v) ckpt_add_flat(l, cfg, CKPT_V, lo, n, v);
+}
+
+void ckpt_list_free(CkptList* l) {
+    free(l->s);
+    memset(l, 0, sizeof(*l));
+}
+
+// The global shape of tensor t (llm.c's: block tensors have L outermost).
+static int tensor_shape(const GPTConfig* cfg, ParamTensor t, size_t dims[3]) {
+    size_t C = (size_t)cfg->channels, L = (size_t)cfg->num_layers;
+    switch (t) {
+        case P_WTE: dims[0] = (size_t)cfg->padded_vocab_size; dims[1] = C; return 2;
+        case P_WPE: dims[0] = (size_t)cfg->max_seq_len; dims[1] = C; return 2;
+        case P_LNFW: case P_LNFB: dims[0] = C; return 1;
+        case P_QKVW: dims[0] = L; dims[1] = 3 * C; dims[2] = C; return 3;
+        case P_ATTPROJW: dims[0] = L; dims[1] = C; dims[2] = C; return 3;
+        case P_FCW: dims[0] = L; dims[1] = 4 * C; dims[2] = C; return 3;
+        case P_FCPROJW: dims[0] = L; dims[1] = C; dims[2] = 4 * C; return 3;
+        case P_QKVB: dims[0] = L; dims[1] = 3 * C; return 2;
+        case P_FCB: dims[0] = L; dims[1] = 4 * C; return 2;
+        default: dims[0] = L; dims[1] = C; return 2;  // the LayerNorms, attprojb, fcprojb
+    }
+}
+
+static size_t tensor_numel(const GPTConfig* cfg, ParamTensor t) {
+    return (param_tensor_is_block(t) ? (size_t)cfg->num_layers : 1) * param_tensor_numel(cfg, t);
+}
+
+// ---------------------------------------------------------------- the checksum
+
+unsigned long long ckpt_hash(unsigned long long h, const void* buf, size_t n) {
+    const unsigned char* p = buf;
+    const unsigned long long prime = 0x100000001b3ull;
+    size_t words = n / 8;
+    for (size_t i = 0; i < words; i++) {
+        uint64_t w;
+        memcpy(&w, p + 8 * i, 8);
+        h = (h ^ w) * prime;  // odd multiplier: a bijection, so no change cancels out
+    }
+    for (size_t i = 8 * words; i < n; i++) h = (h ^ p[i]) * prime;
+    return h;
+}
+
+// ---------------------------------------------------------------- small file helpers
+
+static int fsync_path(const char* path) {
+    int fd = open(path, O_RDONLY);
+    if (fd < 0) return -1;
+    int rc = fsync(fd);
+    close(fd);
+    return rc;
+}
+
+// Removes a directory of plain files (a checkpoint or a stale .tmp).
+static void remove_dir(const char* path) {
+    DIR* d = opendir(path);
+    if (d) {
+        struct dirent* e;
+        char file[4096 + 256];
+        while ((e = readdir(d)) != NULL) {
+            if (!strcmp(e->d_name, ".") || !strcmp(e->d_name, "..")) continue;
+            snprintf(file, sizeof(file), "%s/%s", path, e->d_name);
+            unlink(file);
+        }
+        closedir(d);
+    }
+    rmdir(path);
+}
+
+// "step-00000006" and nothing more: a complete checkpoint's name; its step.
+static int parse_step_name(const char* name, int* step) {
+    int n = 0, used = 0;
+    if (strlen(name) != 13 || sscanf(name, "step-%8d%n", &n, &used) != 1 || used != 13) return 0;
+    *step = n;
+    return 1;
+}
+
+static int has_manifest(const char* dir) {
+    char path[4096 + 16];
+    snprintf(path, sizeof(path), "%s/MANIFEST", dir);
+    struct stat st;
+    return stat(path, &st) == 0 && S_ISREG(st.st_mode);
+}
+
+const char* ckpt_latest(const char* dir, char* out, size_t out_len) {
+    if (has_manifest(dir)) {
+        snprintf(out, out_len, "%s", dir);
+        return out;
+    }
+    DIR* d = opendir(dir);
+    if (!d) return NULL;
+    int best = -1;
+    struct dirent* e;
+    char path[4096 + 256];
+    while ((e = readdir(d)) != NULL) {
+        int step;
+        if (!parse_step_name(e->d_name, &step) || step <= best) continue;
+        snprintf(path, sizeof(path), "%s/%s", dir, e->d_name);
+        if (has_manifest(path)) best = step;
+    }
+    closedir(d);
+    if (best < 0) return NULL;
+    snprintf(out, out_len, "%s/step-%08d", dir, best);
+    return out;
+}
+
+// Keeps the newest `keep` complete checkpoints of dir (0: all).
+static void prune(const char* dir, int keep) {
+    if (keep <= 0) return;
+    DIR* d = opendir(dir);
+    if (!d) return;
+    int* steps = NULL;
+    int n = 0, cap = 0;
+    struct dirent* e;
+    while ((e = readdir(d)) != NULL) {
+        int step;
+        if (!parse_step_name(e->d_name, &step)) continue;
+        if (n == cap) {
+            cap = cap ? 2 * cap : 16;
+            int* grown = xmalloc(sizeof(int) * (size_t)cap);
+            if (n) memcpy(grown, steps, sizeof(int) * (size_t)n);
+            free(steps);
+            steps = grown;
+        }
+        steps[n++] = step;
+    }
+    closedir(d);
+    // drop the oldest while more than keep remain
+    char path[4096 + 32];
+    while (n > keep) {
+        int oldest = 0;
+        for (int i = 1; i < n; i++)
+            if (steps[i] < steps[oldest]) oldest = i;
+        snprintf(path, sizeof(path), "%s/step-%08d", dir, steps[oldest]);
+        remove_dir(path);
+        steps[oldest] = steps[--n];
+    }
+    free(steps);
+}
+
+// ---------------------------------------------------------------- fault injection (tests)
+
+// CKPT_KILL=step:S:R kills rank R with SIGKILL after step S; save:S:R kills
+// it halfway through writing its file of the checkpoint of step S. Only in a
+// run that did not resume, so a restarted job runs through. The tests and
+// docs/checkpoints.md use it to kill a rank at a known moment.
+static int fault_fires(const Ckpt* c, const char* where, int step) {
+    const char* spec = getenv("CKPT_KILL");
+    if (!spec || c->start_step != 0) return 0;
+    char what[16];
+    int s = -1, r = -1;
+    if (sscanf(spec, "%15[a-z]:%d:%d", what, &s, &r) != 3) return 0;
+    return !strcmp(what, where) && s == step && r == c->rank;
+}
+
+static void fault_kill(void) {
+    fprintf(stderr, "[rank %d] CKPT_KILL: killing this rank (SIGKILL)\n", world_rank());
+    fflush(stderr);
+    raise(SIGKILL);
+}
+
+// ---------------------------------------------------------------- set-up
+
+void ckpt_init(Ckpt* c, const TrainArgs* a, const TrainSetup* s, const Mesh* mesh, int chapter) {
+    memset(c, 0, sizeof(*c));
+    c->dir = a->ckpt_dir;
+    c->resume = a->resume;
+    c->every = a->save_every;
+    c->keep = a->keep;
+    c->async = a->async_save;
+    c->chapter = chapter;
+    c->cfg = s->cfg;
+    c->B = s->B;
+    c->T = s->T;
+    c->seed = a->seed;
+    c->steps = a->steps;
+    c->lr = a->lr;
+    c->wd = a->wd;
+    c->clip = a->clip;
+    for (int ax = 0; ax < NUM_AXES; ax++) c->mesh[ax] = mesh ? mesh->size[ax] : 1;
+    MPI_CHECK(MPI_Comm_size(MPI_COMM_WORLD, &c->world));
+    MPI_CHECK(MPI_Comm_rank(MPI_COMM_WORLD, &c->rank));
+}
+
+// ---------------------------------------------------------------- writing a rank's file
+
+// Writes c->host behind the header to c->file_path: fsync'ed, its checksum
+// and size in c->file_hash / c->file_bytes, an error in c->file_err. Runs on
+// the main thread (sync) or the writer thread (async); no MPI here.
+static void write_file(Ckpt* c) {
+    double t0 = now_seconds();
+    c->file_err[0] = 0;
+    unsigned char header[CKPT_HEADER_BYTES] = {0};
+    uint32_t version = CKPT_FILE_VERSION, rank = (uint32_t)c->rank;
+    uint64_t step = (uint64_t)c->pending_step, floats = c->own.floats;
+    memcpy(header, CKPT_FILE_MAGIC, 8);
+    memcpy(header + 8, &version, 4);
+    memcpy(header + 12, &rank, 4);
+    memcpy(header + 16, &step, 8);
+    memcpy(header + 24, &floats, 8);
+    int fd = open(c->file_path, O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    if (fd < 0) {
+        snprintf(c->file_err, sizeof(c->file_err), "cannot write checkpoint file '%s': %s", c->file_path, strerror(errno));
+        return;
+    }
+    unsigned long long h = ckpt_hash(CKPT_HASH_INIT, header, sizeof(header));
+    h = ckpt_hash(h, c->host, floats * sizeof(float));
+    const unsigned char* parts[2] = {header, (const unsigned char*)c->host};
+    size_t sizes[2] = {sizeof(header), floats * sizeof(float)};
+    int kill_here = fault_fires(c, "save", c->pending_step);
+    int err = 0;
+    for (int p = 0; p < 2 && !err; p++) {
+        size_t done = 0;
+        while (done < sizes[p]) {
+            // the test hook: die with half the data written
+            if (kill_here && p == 1 && done >= sizes[p] / 2) fault_kill();
+            size_t chunk = sizes[p] - done < (1u << 24) ? sizes[p] - done : (1u << 24);
+            if (kill_here && p == 1 && done < sizes[p] / 2 && done + chunk > sizes[p] / 2) chunk = sizes[p] / 2 - done;
+            ssize_t w = write(fd, parts[p] + done, chunk);
+            if (w < 0 && errno == EINTR) continue;
+            if (w <= 0) {
+                err = w < 0 ? errno : EIO;
+                break;
+            }
+            done += (size_t)w;
+        }
+    }
+    if (kill_here) fault_kill();  // an empty payload: die anyway
+    if (!err && fsync(fd) != 0) err = errno;
+    if (close(fd) != 0 && !err) err = errno;
+    if (err) {
+        snprintf(c->file_err, sizeof(c->file_err), "writing checkpoint file '%s' failed: %s", c->file_path, strerror(err));
+        return;
+    }
+    c->file_hash = h;
+    c->file_bytes = sizeof(header) + floats * sizeof(float);
+    c->write_s += now_seconds() - t0;
+}
+
+static void* writer_thread(void* arg) {
+    Ckpt* c = arg;
+    write_file(c);
+    __atomic_store_n(&c->thread_done, 1, __ATOMIC_RELEASE);
+    return NULL;
+}
+
+// ---------------------------------------------------------------- commit: manifest last, then rename
+
+static void tmp_dir_of(const Ckpt* c, int step, char* out, size_t len) {
+    snprintf(out, len, "%s/step-%08d.tmp", c->dir, step);
+}
+
+// Rank 0 writes the manifest from every rank's slice list and file, into the
+// .tmp directory, then renames it into place. Returns NULL or a message.
+static const char* write_manifest(const Ckpt* c, int step, const int* counts, const uint64_t* meta,
+                                  const uint64_t* files, char* msg, size_t msg_len) {
+    char tmp[4096], final[4096], path[4096 + 16];
+    tmp_dir_of(c, step, tmp, sizeof(tmp));
+    snprintf(final, sizeof(final), "%s/step-%08d", c->dir, step);
+    snprintf(path, sizeof(path), "%s/MANIFEST", tmp);
+    // the manifest as text in memory, then written in one go
+    size_t cap = 4096, len = 0;
+    int total = 0;
+    for (int r = 0; r < c->world; r++) total += counts[r];
+    cap += (size_t)total * 160 + (size_t)c->world * 96 + 48 * 96;
+    char* text = xmalloc(cap);
+#define OUT(...) len += (size_t)snprintf(text + len, cap - len, __VA_ARGS__)
+    const GPTConfig* g = &c->cfg;
+    OUT("%s\n", CKPT_MANIFEST_MAGIC);
+    OUT("chapter %d\n", c->chapter);
+    OUT("mesh dp=%d tp=%d pp=%d cp=%d ep=%d world=%d\n", c->mesh[AXIS_DP], c->mesh[AXIS_TP], c->mesh[AXIS_PP],
+        c->mesh[AXIS_CP], c->mesh[AXIS_EP], c->world);
+    OUT("model maxT=%d V=%d Vp=%d L=%d NH=%d C=%d\n", g->max_seq_len, g->vocab_size, g->padded_vocab_size,
+        g->num_layers, g->num_heads, g->channels);
+    OUT("step %d\n", step);
+    // the data position: llm.c's order, batch s starts at sequence s*B
+    OUT("data batch=%d seq=%d next_sequence=%lld\n", c->B, c->T, (long long)step * c->B);
+    // init is counter-based and sampling seeds itself from --seed: the seed
+    // is the whole RNG state
+    OUT("rng seed=%d\n", c->seed);
+    OUT("adamw lr=%.9g wd=%.9g clip=%.9g t=%d\n", c->lr, c->wd, c->clip, step);
+    int n_files = 0;
+    for (int r = 0; r < c->world; r++) n_files += files[3 * r] != 0;
+    OUT("files %d\n", n_files);
+    int* file_index = xmalloc(sizeof(int) * (size_t)c->world);
+    for (int r = 0, f = 0; r < c->world; r++) {
+        file_index[r] = files[3 * r] ? f++ : -1;
+        if (files[3 * r])
+            OUT("file %d rank-%05d.bin bytes=%llu hash=%016llx\n", file_index[r], r,
+                (unsigned long long)files[3 * r + 1], (unsigned long long)files[3 * r + 2]);
+    }
+    OUT("tensors %d\n", CKPT_NUM_KINDS * NUM_PARAM_TENSORS);
+    for (int k = 0; k < CKPT_NUM_KINDS; k++)
+        for (ParamTensor t = 0; t < NUM_PARAM_TENSORS; t++) {
+            size_t dims[3];
+            int nd = tensor_shape(g, t, dims);
+            OUT("tensor %s.%s %d", kind_names[k], param_tensor_name(t), nd);
+            for (int d = 0; d < nd; d++) OUT(" %zu", dims[d]);
+            OUT("\n");
+        }
+    OUT("slices %d\n", total);
+    const uint64_t* m = meta;
+    for (int r = 0; r < c->world; r++) {
+        uint64_t offset = CKPT_HEADER_BYTES;
+        for (int i = 0; i < counts[r]; i++, m += 6) {
+            OUT("slice %s.%s file=%d offset=%llu start=%llu len=%llu stride=%llu count=%llu\n", kind_names[m[0]],
+                param_tensor_name((ParamTensor)m[1]), file_index[r], (unsigned long long)offset,
+                (unsigned long long)m[2], (unsigned long long)m[3], (unsigned long long)m[4],
+                (unsigned long long)m[5]);
+            offset += m[3] * m[5] * sizeof(float);
+        }
+    }
+    // the manifest's own checksum, over every byte before this line
+    unsigned long long h = ckpt_hash(CKPT_HASH_INIT, text, len);
+    OUT("end %016llx\n", h);
+#undef OUT
+    free(file_index);
+    const char* bad = NULL;
+    int fd = open(path, O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    if (fd < 0 || write(fd, text, len) != (ssize_t)len || fsync(fd) != 0) {
+        snprintf(msg, msg_len, "cannot write the checkpoint manifest '%s': %s", path, strerror(errno));
+        bad = msg;
+    }
+    if (fd >= 0) close(fd);
+    free(text);
+    if (bad) return bad;
+    // every file and the manifest are on disk; the directory entries too
+    fsync_path(tmp);
+    // into place: a checkpoint of this step already there (a run restarted
+    // from an older one) moves aside first, since rename cannot replace a
+    // non-empty directory
+    struct stat st;
+    char old[4096 + 16];
+    snprintf(old, sizeof(old), "%s.old", final);
+    int replacing = stat(final, &st) == 0;
+    if (replacing) {
+        remove_dir(old);
+        if (rename(final, old) != 0) replacing = 0;
+    }
+    if (rename(tmp, final) != 0) {
+        snprintf(msg, msg_len, "cannot rename checkpoint '%s' to '%s': %s", tmp, final, strerror(errno));
+        return msg;
+    }
+    fsync_path(c->dir);
+    if (replacing) remove_dir(old);
+    prune(c->dir, c->keep);
+    return NULL;
+}
+
+// After every rank's file is on disk (or failed): the collective part of a
+// save. Gathers the slice lists and file figures on rank 0, which writes the
+// manifest and renames the directory.
+static void commit(Ckpt* c) {
+    int step = c->pending_step;
+    int has_file = c->own.n > 0;
+    // a failed write on any rank: the .tmp directory goes, the previous
+    // checkpoint stays the latest, and every rank ends with the message
+    int failed = has_file && c->file_err[0], any = 0;
+    MPI_CHECK(MPI_Allreduce(&failed, &any, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD));
+    if (any && c->rank == 0) {
+        char tmp[4096];
+        tmp_dir_of(c, step, tmp, sizeof(tmp));
+        remove_dir(tmp);
+    }
+    fail_if_any(failed, c->file_err);
+    // what each rank wrote: 6 numbers per slice, 3 per file
+    int n = c->own.n;
+    uint64_t* mine = xmalloc(sizeof(uint64_t) * 6 * (size_t)(n ? n : 1));
+    for (int i = 0; i < n; i++) {
+        const CkptSlice* s = &c->own.s[i];
+        uint64_t row[6] = {(uint64_t)s->kind, (uint64_t)s->tensor, s->start, s->len, s->stride, s->count};
+        memcpy(mine + 6 * i, row, sizeof(row));
+    }
+    uint64_t file[3] = {(uint64_t)has_file, has_file ? c->file_bytes : 0, has_file ? c->file_hash : 0};
+    int* counts = NULL;
+    int* displs = NULL;
+    uint64_t *meta = NULL, *files = NULL;
+    if (c->rank == 0) {
+        counts = xmalloc(sizeof(int) * (size_t)c->world);
+        displs = xmalloc(sizeof(int) * (size_t)c->world);
+        files = xmalloc(sizeof(uint64_t) * 3 * (size_t)c->world);
+    }
+    int n6 = 6 * n;
+    MPI_CHECK(MPI_Gather(&n6, 1, MPI_INT, counts, 1, MPI_INT, 0, MPI_COMM_WORLD));
+    MPI_CHECK(MPI_Gather(file, 3, MPI_UINT64_T, files, 3, MPI_UINT64_T, 0, MPI_COMM_WORLD));
+    if (c->rank == 0) {
+        int total = 0;
+        for (int r = 0; r < c->world; r++) {
+            displs[r] = total;
+            total += counts[r];
+        }
+        meta = xmalloc(sizeof(uint64_t) * (size_t)(total ? total : 1));
+    }
+    MPI_CHECK(MPI_Gatherv(mine, n6, MPI_UINT64_T, meta, counts, displs, MPI_UINT64_T, 0, MPI_COMM_WORLD));
+    char msg[1024];
+    const char* bad = NULL;
+    if (c->rank == 0) {
+        for (int r = 0; r < c->world; r++) counts[r] /= 6;
+        bad = write_manifest(c, step, counts, meta, files, msg, sizeof(msg));
+    }
+    fail_if_any(bad != NULL, bad);
+    free(mine);
+    free(counts);
+    free(displs);
+    free(meta);
+    free(files);
+    c->pending = 0;
+    c->saves++;
+    print0("checkpoint: saved %s/step-%08d\n", c->dir, step);
+}
+
+// Waits for the writer thread and commits its save.
+static void join_and_commit(Ckpt* c) {
+    if (!c->pending) return;
+    if (c->thread_running) pthread_join(c->thread, NULL);
+    c->thread_running = 0;
+    commit(c);
+}
+
+// ---------------------------------------------------------------- save
+
+static void save(Ckpt* c, int step) {
+    double t0 = now_seconds();
+    // past a file-size limit a write must fail with EFBIG and be reported,
+    // not kill the process (the writer may be a thread: process-wide)
+    signal(SIGXFSZ, SIG_IGN);
+    join_and_commit(c);  // one save at a time: the buffer is reused
+    // the state, off the device, before training changes it
+    if (c->own.floats > c->host_cap) {
+        free(c->host);
+        c->host = xmalloc(c->own.floats * sizeof(float));
+        c->host_cap = c->own.floats;
+    }
+    size_t at = 0;
+    for (int i = 0; i < c->own.n; i++) {
+        const CkptSlice* s = &c->own.s[i];
+        mem_to_host(c->host + at, s->data, s->len * s->count * sizeof(float));
+        at += s->len * s->count;
+    }
+    // rank 0 makes the .tmp directory (a stale one from a crash goes first)
+    char msg[1024], tmp[4096];
+    const char* bad = NULL;
+    tmp_dir_of(c, step, tmp, sizeof(tmp));
+    if (c->rank == 0) {
+        mkdir(c->dir, 0755);  // may exist; the checks below say if it is unusable
+        if (c->saves == 0) {
+            // leftovers of a crashed save of any step: never read, removed
+            DIR* d = opendir(c->dir);
+            struct dirent* e;
+            char path[4096 + 256];
+            while (d && (e = readdir(d)) != NULL) {
+                size_t nl = strlen(e->d_name);
+                if (strncmp(e->d_name, "step-", 5) || nl < 5 || strcmp(e->d_name + nl - 4, ".tmp")) continue;
+                snprintf(path, sizeof(path), "%s/%s", c->dir, e->d_name);
+                remove_dir(path);
+            }
+            if (d) closedir(d);
+        }
+        remove_dir(tmp);
+        if (mkdir(tmp, 0755) != 0) {
+            snprintf(msg, sizeof(msg), "cannot create the checkpoint directory '%s': %s (check --ckpt-dir)", tmp,
+                     strerror(errno));
+            bad = msg;
+        }
+    }
+    fail_if_any(bad != NULL, bad);
+    snprintf(c->file_path, sizeof(c->file_path), "%s/rank-%05d.bin", tmp, c->rank);
+    c->pending = 1;
+    c->pending_step = step;
+    c->thread_done = 0;
+    if (c->async) {
+        // a rank that owns nothing has no file to write: done at once
+        if (c->own.n > 0) {
+            if (pthread_create(&c->thread, NULL, writer_thread, c) != 0) FATAL("cannot start the checkpoint writer thread");
+            c->thread_running = 1;
+        } else {
+            c->thread_done = 1;
+        }
+    } else {
+        if (c->own.n > 0) write_file(c);
+        commit(c);
+    }
+    c->stall_s += now_seconds() - t0;
+}
+
+void ckpt_after_step(Ckpt* c, int step) {
+    if (fault_fires(c, "step", step)) fault_kill();
+    if (!c->dir) return;
+    if (c->pending && c->async) {
+        // commit as soon as every rank's writer is done: one int over the world
+        double t0 = now_seconds();
+        int done = __atomic_load_n(&c->thread_done, __ATOMIC_ACQUIRE), all = 0;
+        MPI_CHECK(MPI_Allreduce(&done, &all, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD));
+        if (all) join_and_commit(c);
+        c->stall_s += now_seconds() - t0;
+    }
+    int completed = step + 1;
+    if ((c->every > 0 && completed % c->every == 0) || completed == c->steps) save(c, completed);
+}
+
+// ---------------------------------------------------------------- load
+
+typedef struct {
+    int kind, tensor, file;
+    size_t offset, start, len, stride, count;
+} SavedSlice;
+
+typedef struct {
+    char name[64];
+    unsigned long long bytes, hash;
+} SavedFile;
+
+typedef struct {
+    int step, B, T, seed, chapter, world;
+    GPTConfig cfg;
+    float lr, wd, clip;
+    int n_files, n_slices;
+    SavedFile* files;
+    SavedSlice* slices;
+} Manifest;
+
+static int find_tensor(const char* name, int* kind, int* tensor) {
+    for (int k = 0; k < CKPT_NUM_KINDS; k++)
+        for (ParamTensor t = 0; t < NUM_PARAM_TENSORS; t++) {
+            char full[64];
+            snprintf(full, sizeof(full), "%s.%s", kind_names[k], param_tensor_name(t));
+            if (!strcmp(full, name)) {
+                *kind = k;
+                *tensor = (int)t;
+                return 1;
+            }
+        }
+    return 0;
+}
+
+// Reads and checks DIR/MANIFEST. Returns NULL or a message naming it.
+static const char* read_manifest(const char* dir, const GPTConfig* want, Manifest* m, char* msg, size_t msg_len) {
+    memset(m, 0, sizeof(*m));
+    char path[4096 + 16];
+    snprintf(path, sizeof(path), "%s/MANIFEST", dir);
+    FILE* f = fopen(path, "rb");
+    if (!f) {
+        snprintf(msg, msg_len, "cannot open the checkpoint manifest '%s': %s", path, strerror(errno));
+        return msg;
+    }
+    fseek(f, 0, SEEK_END);
+    long size = ftell(f);
+    fseek(f, 0, SEEK_SET);
+    char* text = xmalloc((size_t)(size > 0 ? size : 0) + 1);
+    size_t got = fread(text, 1, (size_t)(size > 0 ? size : 0), f);
+    fclose(f);
+    text[got] = 0;
+    // the last line is "end HASH" over every byte before it
+    char* end = NULL;
+    for (char* p = strstr(text, "\nend "); p; p = strstr(p + 1, "\nend ")) end = p + 1;
+    unsigned long long h = 0;
+    if (!end || sscanf(end, "end %llx", &h) != 1 || h != ckpt_hash(CKPT_HASH_INIT, text, (size_t)(end - text))) {
+        snprintf(msg, msg_len, "checkpoint manifest '%s' is corrupt or truncated (its checksum line does not match): resume from another checkpoint",
+                 path);
+        free(text);
+        return msg;
+    }
+    const char* bad = NULL;
+    int line_no = 0, files_seen = 0, slices_seen = 0, tensors_seen = 0;
+    GPTConfig* g = &m->cfg;
+    for (char* line = strtok(text, "\n"); line && line < end && !bad; line = strtok(NULL, "\n")) {
+        line_no++;
+        int ok = 1;
+        if (line_no == 1) ok = !strcmp(line, CKPT_MANIFEST_MAGIC);
+        else if (!strncmp(line, "chapter ", 8)) ok = sscanf(line, "chapter %d", &m->chapter) == 1;
+        else if (!strncmp(line, "mesh ", 5)) ok = strstr(line, "world=") && sscanf(strstr(line, "world="), "world=%d", &m->world) == 1;
+        else if (!strncmp(line, "model ", 6)) {
+            ok = sscanf(line, "model maxT=%d V=%d Vp=%d L=%d NH=%d C=%d", &g->max_seq_len, &g->vocab_size,
+                        &g->padded_vocab_size, &g->num_layers, &g->num_heads, &g->channels) == 6;
+            // a checkpoint of another model is refused whole, before its tensors
+            if (ok && memcmp(g, want, sizeof(GPTConfig)) != 0) {
+                snprintf(msg, msg_len, "checkpoint '%s' holds a model with L=%d C=%d NH=%d V=%d Vp=%d maxT=%d; this run's has L=%d C=%d NH=%d V=%d Vp=%d maxT=%d: resume with the model it was saved from",
+                         dir, g->num_layers, g->channels, g->num_heads, g->vocab_size, g->padded_vocab_size,
+                         g->max_seq_len, want->num_layers, want->channels, want->num_heads, want->vocab_size,
+                         want->padded_vocab_size, want->max_seq_len);
+                bad = msg;
+            }
+        }
+        else if (!strncmp(line, "step ", 5)) ok = sscanf(line, "step %d", &m->step) == 1 && m->step >= 0;
+        else if (!strncmp(line, "data ", 5)) ok = sscanf(line, "data batch=%d seq=%d", &m->B, &m->T) == 2;
+        else if (!strncmp(line, "rng ", 4)) ok = sscanf(line, "rng seed=%d", &m->seed) == 1;
+        else if (!strncmp(line, "adamw ", 6)) ok = sscanf(line, "adamw lr=%f wd=%f clip=%f", &m->lr, &m->wd, &m->clip) == 3;
+        else if (!strncmp(line, "files ", 6)) {
+            ok = sscanf(line, "files %d", &m->n_files) == 1 && m->n_files >= 0 && m->n_files < (1 << 24);
+            if (ok) m->files = xcalloc((size_t)m->n_files + 1, sizeof(SavedFile));
+        } else if (!strncmp(line, "file ", 5)) {
+            int i = -1;
+            ok = m->files && sscanf(line, "file %d", &i) == 1 && i == files_seen && i < m->n_files &&
+                 sscanf(line, "file %*d %63s bytes=%llu hash=%llx", m->files[i].name, &m->files[i].bytes,
+                        &m->files[i].hash) == 3 && !strchr(m->files[i].name, '/');
+            files_seen++;
+        } else if (!strncmp(line, "tensors ", 8)) {
+            ok = 1;
+        } else if (!strncmp(line, "tensor ", 7)) {
+            // the global shapes must be this model's
+            char name[64];
+            int kind, tensor, nd;
+            size_t d[3] = {0, 0, 0}, want_d[3];
+            ok = sscanf(line, "tensor %63s %d %zu %zu %zu", name, &nd, &d[0], &d[1], &d[2]) >= 3 &&
+                 find_tensor(name, &kind, &tensor);
+            if (ok && (tensor_shape(want, (ParamTensor)tensor, want_d) != nd || d[0] != want_d[0] ||
+                       (nd > 1 && d[1] != want_d[1]) || (nd > 2 && d[2] != want_d[2]))) {
+                snprintf(msg, msg_len, "checkpoint manifest '%s' has tensor %s of another shape than this model's: resume with the model it was saved from",
+                         path, name);
+                bad = msg;
+            }
+            tensors_seen++;
+        } else if (!strncmp(line, "slices ", 7)) {
+            ok = sscanf(line, "slices %d", &m->n_slices) == 1 && m->n_slices >= 0 && m->n_slices < (1 << 26);
+            if (ok) m->slices = xcalloc((size_t)m->n_slices + 1, sizeof(SavedSlice));
+        } else if (!strncmp(line, "slice ", 6)) {
+            char name[64];
+            SavedSlice s;
+            ok = m->slices && slices_seen < m->n_slices &&
+                 sscanf(line, "slice %63s file=%d offset=%zu start=%zu len=%zu stride=%zu count=%zu", name, &s.file,
+                        &s.offset, &s.start, &s.len, &s.stride, &s.count) == 7 &&
+                 find_tensor(name, &s.kind, &s.tensor) && s.file >= 0 && s.file < m->n_files && s.len > 0 &&
+                 s.count > 0 && s.stride >= s.len &&
+                 s.start + (s.count - 1) * s.stride + s.len <= tensor_numel(want, (ParamTensor)s.tensor);
+            if (ok) m->slices[slices_seen++] = s;
+        } else {
+            ok = 0;
+        }
+        if (!ok && !bad) {
+            snprintf(msg, msg_len, "checkpoint manifest '%s' line %d is not understood or out of range: '%.80s'", path,
+                     line_no, line);
+            bad = msg;
+        }
+    }
+    free(text);
+    if (!bad && (files_seen != m->n_files || slices_seen != m->n_slices || tensors_seen != CKPT_NUM_KINDS * NUM_PARAM_TENSORS)) {
+        snprintf(msg, msg_len, "checkpoint manifest '%s' lists %d of %d files, %d of %d slices, %d of %d tensors", path,
+                 files_seen, m->n_files, slices_seen, m->n_slices, tensors_seen, CKPT_NUM_KINDS * NUM_PARAM_TENSORS);
+        bad = msg;
+    }
+    return bad;
+}
+
+// Checks file i of the checkpoint: present, the size and checksum the
+// manifest says, and a header naming this step.
+static const char* verify_file(const char* dir, const Manifest* m, int i, char* msg, size_t msg_len) {
+    char path[4096 + 80];
+    snprintf(path, sizeof(path), "%s/%s", dir, m->files[i].name);
+    int fd = open(path, O_RDONLY);
+    if (fd < 0) {
+        snprintf(msg, msg_len, "checkpoint file '%s' is missing or unreadable (%s): the checkpoint is incomplete; resume from another one",
+                 path, strerror(errno));
+        return msg;
+    }
+    struct stat st;
+    fstat(fd, &st);
+    if ((unsigned long long)st.st_size != m->files[i].bytes) {
+        close(fd);
+        snprintf(msg, msg_len, "checkpoint file '%s' has %lld bytes, the manifest says %llu: it is truncated or was replaced",
+                 path, (long long)st.st_size, m->files[i].bytes);
+        return msg;
+    }
+    size_t cap = 1u << 22;
+    unsigned char* buf = xmalloc(cap);
+    unsigned long long h = CKPT_HASH_INIT;
+    unsigned char header[CKPT_HEADER_BYTES] = {0};
+    size_t total = 0;
+    for (;;) {
+        ssize_t r = read(fd, buf, cap);  // cap is a multiple of 8: only the last chunk has a tail
+        if (r < 0 && errno == EINTR) continue;
+        if (r <= 0) break;
+        if (total < CKPT_HEADER_BYTES) {
+            size_t n = (size_t)r < CKPT_HEADER_BYTES - total ? (size_t)r : CKPT_HEADER_BYTES - total;
+            memcpy(header + total, buf, n);
+        }
+        h = ckpt_hash(h, buf, (size_t)r);
+        total += (size_t)r;
+    }
+    free(buf);
+    close(fd);
+    uint64_t step = 0;
+    memcpy(&step, header + 16, 8);
+    if (h != m->files[i].hash) {
+        snprintf(msg, msg_len, "checkpoint file '%s' is corrupt: its checksum %016llx is not the manifest's %016llx",
+                 path, h, m->files[i].hash);
+        return msg;
+    }
+    if (memcmp(header, CKPT_FILE_MAGIC, 8) != 0 || step != (uint64_t)m->step) {
+        snprintf(msg, msg_len, "checkpoint file '%s' is not a state file of step %d", path, m->step);
+        return msg;
+    }
+    return NULL;
+}
+
+// For each run of need slice s, the overlaps with saved slice v:
+// fn(ctx, dst floats offset in s's data, file offset in bytes, floats).
+typedef void (*PieceFn)(void* ctx, size_t dst, size_t file_offset, size_t n);
+
+static size_t intersect(const CkptSlice* s, const SavedSlice* v, PieceFn fn, void* ctx) {
+    size_t found = 0;
+    size_t v_end = v->start + (v->count - 1) * v->stride + v->len;
+    for (size_t kn = 0; kn < s->count; kn++) {
+        size_t a = s->start + kn * s->stride, b = a + s->len;
+        if (b <= v->start || a >= v_end) continue;
+        // the saved runs that can overlap [a, b): ks from the first run ending past a
+        size_t ks = a >= v->start + v->len ? (a - v->start - v->len) / v->stride + 1 : 0;
+        for (; ks < v->count; ks++) {
+            size_t rs = v->start + ks * v->stride;
+            if (rs >= b) break;
+            size_t lo = a > rs ? a : rs, hi = b < rs + v->len ? b : rs + v->len;
+            if (lo >= hi) continue;
+            if (fn) fn(ctx, kn * s->len + (lo - a), v->offset + (ks * v->len + (lo - rs)) * sizeof(float), hi - lo);
+            found += hi - lo;
+        }
+    }
+    return found;
+}
+
+typedef struct {
+    int fd;
+    float* dst;
+    const char* path;
+    int failed;
+    size_t bytes;
+} ReadCtx;
+
+static void read_piece(void* ctx, size_t dst, size_t file_offset, size_t n) {
+    ReadCtx* r = ctx;
+    size_t want = n * sizeof(float), done = 0;
+    while (done < want && !r->failed) {
+        ssize_t got = pread(r->fd, (char*)(r->dst + dst) + done, want - done, (off_t)(file_offset + done));
+        if (got < 0 && errno == EINTR) continue;
+        if (got <= 0) r->failed = 1;
+        else done += (size_t)got;
+    }
+    r->bytes += want;
+}
+
+int ckpt_resume(Ckpt* c) {
+    if (!c->resume) return 0;
+    double t0 = now_seconds();
+    char msg[1024], dir[4096] = "";
+    const char* bad = NULL;
+    // rank 0 picks the checkpoint, so every rank reads the same one
+    if (c->rank == 0 && !ckpt_latest(c->resume, dir, sizeof(dir))) {
+        snprintf(msg, sizeof(msg), "--resume '%s': no complete checkpoint there (a directory with a MANIFEST, or step-N directories holding one)",
+                 c->resume);
+        bad = msg;
+    }
+    fail_if_any(bad != NULL, bad);
+    MPI_CHECK(MPI_Bcast(dir, sizeof(dir), MPI_CHAR, 0, MPI_COMM_WORLD));
+    Manifest m;
+    bad = read_manifest(dir, &c->cfg, &m, msg, sizeof(msg));
+    fail_if_any(bad != NULL, bad);
+    if (m.B != c->B || m.T != c->T) {
+        snprintf(msg, sizeof(msg), "checkpoint '%s' was trained with batch %d x %d; this run has %d x %d: resume with --batch %d --seq %d (the data position and the losses depend on them)",
+                 dir, m.B, m.T, c->B, c->T, m.B, m.T);
+        bad = msg;
+    }
+    fail_if_any(bad != NULL, bad);
+    if (m.lr != c->lr || m.wd != c->wd || m.clip != c->clip || m.seed != c->seed)
+        print0("note: checkpoint '%s' was trained with --lr %g --wd %g --clip %g --seed %d; this run continues with --lr %g --wd %g --clip %g --seed %d\n",
+               dir, m.lr, m.wd, m.clip, m.seed, c->lr, c->wd, c->clip, c->seed);
+    // which files this rank reads, and which it checks for everyone: every
+    // file is checked by at least one rank, so one flipped byte anywhere is found
+    int* use = xcalloc((size_t)m.n_files + 1, sizeof(int));
+    for (int i = 0; i < c->need.n; i++)
+        for (int j = 0; j < m.n_slices; j++) {
+            const SavedSlice* v = &m.slices[j];
+            if (v->kind == c->need.s[i].kind && v->tensor == c->need.s[i].tensor && intersect(&c->need.s[i], v, NULL, NULL))
+                use[v->file] = 1;
+        }
+    for (int f = 0; f < m.n_files && !bad; f++)
+        if (use[f] || f % c->world == c->rank) bad = verify_file(dir, &m, f, msg, sizeof(msg));
+    fail_if_any(bad != NULL, bad);
+    // the reads: each needed slice assembled in a host buffer from every
+    // saved slice it overlaps, then copied to the device
+    size_t max_floats = 0;
+    for (int i = 0; i < c->need.n; i++)
+        if (c->need.s[i].len * c->need.s[i].count > max_floats) max_floats = c->need.s[i].len * c->need.s[i].count;
+    float* stage = xmalloc((max_floats ? max_floats : 1) * sizeof(float));
+    int* fds = xmalloc(sizeof(int) * ((size_t)m.n_files + 1));
+    for (int f = 0; f < m.n_files; f++) {
+        char path[4096 + 80];
+        snprintf(path, sizeof(path), "%s/%s", dir, m.files[f].name);
+        fds[f] = use[f] ? open(path, O_RDONLY) : -1;
+    }
+    for (int i = 0; i < c->need.n && !bad; i++) {
+        const CkptSlice* s = &c->need.s[i];
+        size_t found = 0, want = s->len * s->count;
+        ReadCtx r = {.dst = stage};
+        for (int j = 0; j < m.n_slices && !r.failed; j++) {
+            const SavedSlice* v = &m.slices[j];
+            if (v->kind != s->kind || v->tensor != s->tensor) continue;
+            r.fd = fds[v->file];
+            r.path = m.files[v->file].name;
+            found += intersect(s, v, read_piece, &r);
+        }
+        c->load_bytes += r.bytes;
+        char name[64];
+        snprintf(name, sizeof(name), "%s.%s", kind_names[s->kind], param_tensor_name((ParamTensor)s->tensor));
+        if (r.failed) {
+            snprintf(msg, sizeof(msg), "reading %s from checkpoint '%s' (file %s) failed", name, dir, r.path);
+            bad = msg;
+        } else if (found != want) {
+            // saved slices are disjoint, so every element must be found once
+            snprintf(msg, sizeof(msg), "checkpoint '%s' holds %zu of the %zu elements of %s this rank needs (elements %zu.. of it): its manifest does not match this model",
+                     dir, found, want, name, s->start);
+            bad = msg;
+        } else {
+            mem_to_device(s->data, stage, want * sizeof(float));
+        }
+    }
+    for (int f = 0; f < m.n_files; f++)
+        if (fds[f] >= 0) close(fds[f]);
+    free(fds);
+    free(stage);
+    free(use);
+    free(m.files);
+    free(m.slices);
+    fail_if_any(bad != NULL, bad);
+    c->start_step = m.step;
+    c->load_s = now_seconds() - t0;
+    print0("checkpoint: resumed from %s (chapter %d, world %d): step %d, the next batch starts at sequence %lld\n", dir,
+           m.chapter, m.world, m.step, (long long)m.step * m.B);
+    if (m.step >= c->steps) print0("note: the checkpoint is at step %d, --steps %d: nothing left to train\n", m.step, c->steps);
+    return m.step;
+}
+
+// ---------------------------------------------------------------- the end
+
+void ckpt_finish(Ckpt* c, JsonLog* log) {
+    if (c->pending) {
+        double t0 = now_seconds();
+        join_and_commit(c);
+        c->finish_s += now_seconds() - t0;
+    }
+    if (c->saves > 0 || c->resume) {
+        // every rank's figures, for the summary line and the log
+        double mine[4] = {(double)(c->own.n ? CKPT_HEADER_BYTES + c->own.floats * sizeof(float) : 0),
+                          (double)c->load_bytes, c->load_s, c->write_s};
+        double* all = c->rank == 0 ? xmalloc(sizeof(double) * 4 * (size_t)c->world) : NULL;
+        MPI_CHECK(MPI_Gather(mine, 4, MPI_DOUBLE, all, 4, MPI_DOUBLE, 0, MPI_COMM_WORLD));
+        if (c->rank == 0) {
+            double per = c->saves ? 1e3 / c->saves : 0.0;
+            if (c->saves)
+                printf("checkpoint: %d save%s (%s), %.1f KiB on rank 0, training stalled %.2f ms per save, file write %.2f ms per save on rank 0, %.2f ms waiting for the last save at the end\n",
+                       c->saves, c->saves == 1 ? "" : "s", c->async ? "async" : "sync", mine[0] / 1024.0,
+                       c->stall_s * per, c->write_s * per, 1e3 * c->finish_s);
+            if (c->resume) printf("checkpoint: loaded %.1f KiB on rank 0 in %.2f ms\n", mine[1] / 1024.0, 1e3 * c->load_s);
+            fflush(stdout);
+            if (log && log->f) {
+                fprintf(log->f, "{\"type\":\"checkpoint\",\"saves\":%d,\"async\":%s,\"stall_ms_per_save\":%.3f,\"final_wait_ms\":%.3f,\"save_bytes\":[",
+                        c->saves, c->async ? "true" : "false", c->stall_s * per, 1e3 * c->finish_s);
+                for (int r = 0; r < c->world; r++) fprintf(log->f, "%s%.0f", r ? "," : "", all[4 * r]);
+                fprintf(log->f, "],\"write_ms_per_save\":[");
+                for (int r = 0; r < c->world; r++) fprintf(log->f, "%s%.3f", r ? "," : "", all[4 * r + 3] * per);
+                fprintf(log->f, "],\"load_bytes\":[");
+                for (int r = 0; r < c->world; r++) fprintf(log->f, "%s%.0f", r ? "," : "", all[4 * r + 1]);
+                fprintf(log->f, "],\"load_ms\":[");
+                for (int r = 0; r < c->world; r++) fprintf(log->f, "%s%.3f", r ? "," : "", 1e3 * all[4 * r + 2]);
+                fprintf(log->f, "]}\n");
+                fflush(log->f);
+            }
+        }
+        free(all);
+    }
+    free(c->host);
+    c->host = NULL;
+    ckpt_list_free(&c->own);
+    ckpt_list_free(&c->need);
+}

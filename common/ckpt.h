@@ -1,0 +1,135 @@
+// ckpt.h: training-state checkpoints, sharded, atomic, asynchronous and
+// resumable on another chapter and mesh (docs/checkpoints.md).
+//
+// A training state is the parameters, both AdamW moments, the step (which is
+// also the data position: batch s starts at sequence s*B) and the seed. On
+// disk it is one directory per checkpoint,
+//
+//   DIR/step-00000006/rank-00000.bin ... rank-NNNNN.bin   what each rank owns
+//   DIR/step-00000006/MANIFEST                             written last
+//
+// and the MANIFEST names every global tensor (params.qkvw, m.qkvw, v.qkvw,
+// ... in llm.c's names and global shapes), which file holds which slice of
+// it, and a checksum per file.
+//
+// A slice is a set of runs in the tensor's global index space (row-major,
+// llm.c's shape, layers outermost): `count` runs of `len` floats, run k
+// starting at element start + k*stride. A flat range is one run (count 1);
+// a tensor-parallel tile, columns [c0, c0+w) of a (L, R, C) weight, is
+// start c0, len w, stride C, count L*R; rows [r0, r1) of every layer of it
+// are start r0*C, len (r1-r0)*C, stride R*C, count L. The slice's values sit
+// contiguous in memory, run after run.
+//
+// A chapter lists what its rank owns (to save) and what it needs (to load),
+// then calls ckpt_resume once and ckpt_after_step after every step:
+//
+//   Ckpt ck;
+//   ckpt_init(&ck, args, setup, mesh, chapter);
+//   ckpt_add_flat(&ck.own, cfg, CKPT_PARAMS, 0, P, params);   // what I write
+//   ckpt_add_flat(&ck.need, cfg, CKPT_PARAMS, 0, P, params);  // what I read
+//   int start = ckpt_resume(&ck);           // 0, or the checkpoint's step
+//   for (step = start; step < steps; step++) { ...; ckpt_after_step(&ck, step); }
+//   ckpt_finish(&ck, &log);                 // joins an async save, reports
+//
+// Loading is slice intersection: each needed run is cut against every saved
+// slice of the same tensor, and the overlaps are read from whichever files
+// hold them. Whatever mesh saved it, every element must be found once.
+#ifndef CKPT_H
+#define CKPT_H
+
+#include <pthread.h>
+#include <stddef.h>
+
+#include "mesh.h"
+#include "model.h"
+#include "report.h"
+#include "train.h"
+
+typedef enum { CKPT_PARAMS, CKPT_M, CKPT_V, CKPT_NUM_KINDS } CkptKind;
+
+// count runs of len floats of tensor `tensor` (a ParamTensor) of kind `kind`,
+// run k at global element start + k*stride; data: their values, contiguous
+// (device memory: read by a save, written by a load).
+typedef struct {
+    int kind, tensor;
+    size_t start, len, stride, count;
+    float* data;
+} CkptSlice;
+
+typedef struct {
+    CkptSlice* s;
+    int n, cap;
+    size_t floats;  // sum of len * count
+} CkptList;
+
+// Appends a slice (stride is set to len when count is 1).
+void ckpt_add(CkptList* l, CkptSlice s);
+// Appends the flat layer-major range [lo, lo + n) of kind `kind` (model.h's
+// layout: a replica, a ZeRO shard, a unit), whose values are at data: one
+// slice per (tensor, layer) piece it overlaps.
+void ckpt_add_flat(CkptList* l, const GPTConfig* cfg, CkptKind kind, size_t lo, size_t n, float* data);
+// The same range of all three kinds at once: params, m and v (m and v may
+// be NULL: a rank that keeps no AdamW state).
+void ckpt_add_state(CkptList* l, const GPTConfig* cfg, size_t lo, size_t n, float* params, float* m, float* v);
+void ckpt_list_free(CkptList* l);
+
+typedef struct {
+    // settings: the flags, the model and the run
+    const char* dir;   // --ckpt-dir (NULL: no saves)
+    const char* resume;
+    int every, keep, async, chapter;
+    GPTConfig cfg;
+    int B, T, seed, steps;
+    int mesh[NUM_AXES];
+    float lr, wd, clip;
+    int world, rank;
+    // what this rank writes and what it reads
+    CkptList own, need;
+    int start_step;  // the resumed step (0 without --resume)
+    // the save in flight (async: written by the thread, committed later)
+    int pending, pending_step;
+    pthread_t thread;
+    int thread_running;        // a writer thread to join
+    volatile int thread_done;  // set by the thread when the file is on disk
+    float* host;       // (own.floats) the state copied off the device
+    size_t host_cap;
+    size_t file_bytes;
+    unsigned long long file_hash;
+    char file_err[1024];  // empty when the write succeeded
+    char file_path[4096];
+    // figures: saves, bytes, the time the training loop was stalled
+    int saves;
+    double stall_s;   // main thread inside ckpt calls for saves, in the training loop
+    double finish_s;  // ckpt_finish waiting for the last save (nothing left to overlap)
+    double write_s;   // the file writes themselves (in the thread when async)
+    double load_s;
+    size_t load_bytes;
+} Ckpt;
+
+// Reads the checkpoint flags; no file is touched yet.
+void ckpt_init(Ckpt* c, const TrainArgs* a, const TrainSetup* s, const Mesh* mesh, int chapter);
+// With --resume: finds the latest complete checkpoint, checks its manifest
+// against the model, the batch and the files' checksums, and fills every
+// slice of c->need. Returns the step to start at (0 without --resume).
+// Collective over the world; any problem ends every rank with a message
+// naming the file.
+int ckpt_resume(Ckpt* c);
+// After step `step` (0-based) has updated the state: commits an async save
+// that has finished, and saves when step + 1 is a multiple of --save-every
+// or the last step (with --ckpt-dir). Collective over the world.
+void ckpt_after_step(Ckpt* c, int step);
+// Joins and commits a save in flight, prints and logs the figures.
+// Collective. Frees the lists.
+void ckpt_finish(Ckpt* c, JsonLog* log);
+
+// The latest complete checkpoint under dir (dir itself if it holds a
+// MANIFEST), written into out; NULL if there is none, else out.
+const char* ckpt_latest(const char* dir, char* out, size_t out_len);
+
+// 64-bit FNV-1a over 64-bit words (the tail bytewise): any one changed byte
+// changes the hash. h starts at CKPT_HASH_INIT; every call but the last must
+// pass a multiple of 8 bytes.
+#define CKPT_HASH_INIT 0xcbf29ce484222325ull
+unsigned long long ckpt_hash(unsigned long long h, const void* buf, size_t n);
+
+#endif

@@ -1,0 +1,243 @@
+#!/bin/bash
+# Training-state checkpoints (common/ckpt.c, docs/checkpoints.md): resume
+# equality on chapters 0, 2 and 3; the reshard matrix; a rank killed during a
+# step and during a save, then resumed (and under the supervisor); corrupt,
+# truncated and missing files and mismatched manifests; async = sync content.
+# A topic script of tests/run.sh (make test CHAPTER=checkpoints runs it alone).
+. "$(dirname "$0")/lib.sh"
+
+echo "== checkpoints: save, resume, reshard, faults"
+CK=$TEST_TMPDIR/ckpt
+mkdir -p "$CK"
+# the tiny model, a batch that splits over 1, 2, 3 and 4 ranks, 8 steps
+CKF="--steps 8 --batch 12 --seq 32 --peak-gflops 10"
+CK_TOL=3e-5  # the invariant's tolerance (tests/run.sh, chapter 2)
+
+# the engine alone: tp tiles (strided slices) against uneven flat ranges
+for np in 2 3; do
+    out=$(timeout 120 $MPIRUN -np $np "$BUILD/tests/test_ckpt" 2>&1)
+    rc=$?
+    echo "$out" | grep -E '^(PASS|FAIL)' | sed "s/\$/ [$np ranks]/"
+    passed=$((passed + $(echo "$out" | grep -c '^PASS')))
+    failed=$((failed + $(echo "$out" | grep -c '^FAIL')))
+    if [ $rc -ne 0 ] && ! echo "$out" | grep -q '^FAIL'; then
+        fail "test_ckpt on $np ranks" "exited $rc without a failed check: $(echo "$out" | tail -3)"
+    fi
+done
+
+# ck_run NAME NP CHAPTER FLAGS...: runs, keeps the output in $CK/NAME.out
+# and the log in $CK/NAME.jsonl; returns the exit status
+ck_run() {
+    local name=$1 np=$2 ch=$3
+    shift 3
+    timeout 120 $MPIRUN -np "$np" "$BUILD/chapter-$ch" $CKF --log "$CK/$name.jsonl" "$@" >"$CK/$name.out" 2>&1
+}
+
+# ck_cmp REF RUN TOL FIRST: RUN logged exactly steps FIRST..7, and each
+# step's loss and norm is within TOL of REF's same step (TOL 0: the same
+# printed bits). Prints what it found.
+ck_cmp() {
+    awk -v tol="$3" -v first="$4" '
+        FNR == 1 { file++ }
+        /"type":"step"/ {
+            match($0, /"step":[0-9]+/); s = substr($0, RSTART + 7, RLENGTH - 7) + 0
+            match($0, /"loss":[-0-9.e]+/); l = substr($0, RSTART + 7, RLENGTH - 7)
+            match($0, /"norm":[-0-9.e]+/); n = substr($0, RSTART + 7, RLENGTH - 7)
+            if (file == 1) { rl[s] = l; rn[s] = n; next }
+            if (s != first + seen) bad = 1
+            seen++
+            if (!(s in rl)) { bad = 1; next }
+            d = l - rl[s]; if (d < 0) d = -d; if (d > max) max = d
+            d = n - rn[s]; if (d < 0) d = -d; if (d > maxn) maxn = d
+        }
+        END { printf "steps %d..%d, max |dloss| %.1e, |dnorm| %.1e", first, first + seen - 1, max, maxn
+              exit (!bad && seen == 8 - first && max <= tol && maxn <= tol) ? 0 : 1 }' "$1" "$2"
+}
+
+# ck_expect NAME DESCRIPTION REF FIRST TOL [BIN_A BIN_B]: the run succeeded and
+# continues REF from step FIRST; with two --save files, they are equal bytes.
+ck_expect() {
+    local name=$1 what=$2 ref=$3 first=$4 tol=$5 a=${6:-} b=${7:-} cmp rc=0
+    cmp=$(ck_cmp "$CK/$ref.jsonl" "$CK/$name.jsonl" "$tol" "$first") || rc=1
+    if [ -n "$a" ]; then
+        if cmp -s "$a" "$b"; then cmp="$cmp, final parameters bit-identical"; else rc=1; cmp="$cmp, final parameters DIFFER"; fi
+    fi
+    if [ $rc = 0 ] && grep -q "checkpoint: resumed from" "$CK/$name.out"; then
+        pass "checkpoint: $what ($cmp)"
+    else
+        fail "checkpoint: $what" "$cmp; $(grep -E 'error|resumed' "$CK/$name.out" | head -3)"
+    fi
+}
+
+# --- the reference, saving every 4 steps; chapter 0 resumed from step 4
+ck_run ref 1 0 --ckpt-dir "$CK/c0" --save-every 4 --save "$CK/ref.bin"
+ck_run c0r 1 0 --resume "$CK/c0/step-00000004" --save "$CK/c0r.bin"
+ck_expect c0r "chapter 0 resumed at step 4 repeats the uninterrupted run bit for bit" ref 4 0 "$CK/ref.bin" "$CK/c0r.bin"
+
+# --- chapter 2, dp 2: rank 0 alone writes the replica
+ck_run c2 2 2 --dp 2 --ckpt-dir "$CK/c2" --save-every 4 --save "$CK/c2.bin"
+ck_run c2r 2 2 --dp 2 --resume "$CK/c2/step-00000004" --save "$CK/c2r.bin"
+ck_expect c2r "chapter 2 dp=2 resumed at step 4 repeats its uninterrupted run bit for bit" c2 4 0 "$CK/c2.bin" "$CK/c2r.bin"
+if [ "$(ls "$CK/c2/step-00000004")" = "$(printf 'MANIFEST\nrank-00000.bin')" ]; then
+    pass "checkpoint: chapter 2's replicas are written once, by dp rank 0 (MANIFEST, rank-00000.bin)"
+else
+    fail "checkpoint: chapter 2 writes one replica" "$(ls "$CK/c2/step-00000004" | tr '\n' ' ')"
+fi
+
+# --- chapter 3, dp 4, ZeRO-3: every rank writes its shard
+ck_run c3 4 3 --dp 4 --zero 3 --ckpt-dir "$CK/c3" --save-every 3 --save "$CK/c3.bin"
+ck_run c3r 4 3 --dp 4 --zero 3 --resume "$CK/c3/step-00000003" --save "$CK/c3r.bin"
+ck_expect c3r "chapter 3 dp=4 ZeRO-3 resumed at step 3 repeats its uninterrupted run bit for bit" c3 3 0 "$CK/c3.bin" "$CK/c3r.bin"
+sizes=$(cd "$CK/c3/step-00000003" && stat -c %s rank-*.bin | sort -u | wc -l)
+if [ "$(ls "$CK/c3/step-00000003" | grep -c '^rank-')" = 4 ] && [ "$(ls "$CK/c3" | tr '\n' ' ')" = "step-00000003 step-00000006 step-00000008 " ]; then
+    pass "checkpoint: chapter 3 ZeRO-3 on 4 ranks writes 4 shard files ($sizes size(s)); saves at steps 3, 6 and the end"
+else
+    fail "checkpoint: chapter 3 ZeRO-3 files" "$(ls -R "$CK/c3" | tr '\n' ' ')"
+fi
+
+# --- the reshard matrix: chapter 3 dp 4 ZeRO-3 -> chapter 2 dp 2 -> chapter 0;
+# ZeRO-1 dp 2 -> ZeRO-3 dp 3 (shards with padding); each continues the reference
+ck_run m2 2 2 --dp 2 --resume "$CK/c3/step-00000003" --ckpt-dir "$CK/m2" --save-every 3
+ck_expect m2 "chapter 3 dp=4 ZeRO-3 -> chapter 2 dp=2 at step 3 continues the reference within $CK_TOL" ref 3 $CK_TOL
+ck_run m0 1 0 --resume "$CK/m2/step-00000006"
+ck_expect m0 "-> chapter 0 at step 6 (chapter 2's checkpoint) continues the reference within $CK_TOL" ref 6 $CK_TOL
+ck_run z1 2 3 --dp 2 --zero 1 --ckpt-dir "$CK/z1" --save-every 4
+ck_run z3 3 3 --dp 3 --zero 3 --resume "$CK/z1/step-00000004"
+ck_expect z3 "chapter 3 dp=2 ZeRO-1 -> dp=3 ZeRO-3 at step 4 continues the reference within $CK_TOL" ref 4 $CK_TOL
+
+# --- async: the thread writes the same bytes the sync save writes
+ck_run z1a 2 3 --dp 2 --zero 1 --ckpt-dir "$CK/z1a" --save-every 4 --async-save
+if diff -r "$CK/z1" "$CK/z1a" >/dev/null && grep -q "2 saves (async)" "$CK/z1a.out" && [ "$(ls "$CK/z1a" | wc -l)" = 2 ]; then
+    pass "checkpoint: --async-save writes byte-identical files and manifests to the sync save (ZeRO-1, dp=2, steps 4 and 8)"
+else
+    fail "checkpoint: async content" "$(diff -rq "$CK/z1" "$CK/z1a" | head -3); $(grep 'saves' "$CK/z1a.out")"
+fi
+
+# --- faults. A rank killed (SIGKILL) after step 5: the job ends, no hang
+# (the timeout is 120 s); --resume takes the last complete checkpoint (4)
+CKPT_KILL=step:5:1 ck_run k1 4 3 --dp 4 --zero 3 --ckpt-dir "$CK/k1" --save-every 2
+rc=$?
+if [ $rc -ne 0 ] && [ $rc -ne 124 ] && grep -q "CKPT_KILL" "$CK/k1.out"; then
+    pass "checkpoint: kill -9 of rank 1 after step 5 ends the 4-rank job (exit $rc, no hang)"
+else
+    fail "checkpoint: kill during a step" "exit $rc; $(tail -3 "$CK/k1.out")"
+fi
+ck_run k1r 4 3 --dp 4 --zero 3 --resume "$CK/k1" --save "$CK/k1r.bin"
+ck_expect k1r "after the kill, --resume from the last checkpoint (step 4) repeats the run that was never killed bit for bit" c3 4 0 "$CK/c3.bin" "$CK/k1r.bin"
+# killed halfway through writing its file of step 6: step 3 stays the latest
+CKPT_KILL=save:6:2 ck_run k2 4 3 --dp 4 --zero 3 --ckpt-dir "$CK/k2" --save-every 3
+rc=$?
+if [ $rc -ne 0 ] && [ $rc -ne 124 ] && [ -f "$CK/k2/step-00000003/MANIFEST" ] && [ ! -e "$CK/k2/step-00000006" ]; then
+    pass "checkpoint: a rank killed while writing step 6 ends the job (exit $rc); step 3 stays complete, step 6 only a .tmp"
+else
+    fail "checkpoint: kill during a save" "exit $rc; $(ls "$CK/k2" | tr '\n' ' ')"
+fi
+ck_run k2r 4 3 --dp 4 --zero 3 --resume "$CK/k2" --ckpt-dir "$CK/k2" --save-every 3 --keep 2 --save "$CK/k2r.bin"
+ck_expect k2r "after a kill during a save, --resume (step 3) repeats the run that was never killed bit for bit" c3 3 0 "$CK/c3.bin" "$CK/k2r.bin"
+if [ "$(ls "$CK/k2" | tr '\n' ' ')" = "step-00000006 step-00000008 " ] && [ -f "$CK/k2/step-00000006/MANIFEST" ]; then
+    pass "checkpoint: the resumed run removes the crashed save's .tmp, writes step 6 complete, and --keep 2 leaves steps 6 and 8"
+else
+    fail "checkpoint: stale .tmp" "$(ls "$CK/k2" | tr '\n' ' ')"
+fi
+# the supervisor: rank 1 killed after step 5 on 4 ranks, restarted on 2
+CKPT_KILL=step:5:1 timeout 240 bash common/tools/supervise.sh --np 4 --fallback-np 2 -- \
+    "$BUILD/chapter-3" --dp {np} --zero 3 $CKF --ckpt-dir "$CK/sv" --save-every 2 --log "$CK/sv.jsonl" >"$CK/sv.out" 2>&1
+rc=$?
+if [ $rc -eq 0 ] && grep -q "restarting on 2 rank(s)" "$CK/sv.out"; then
+    ck_expect sv "the supervisor restarts a killed 4-rank job on 2 ranks from step 4, continuing the reference within $CK_TOL" ref 4 $CK_TOL
+else
+    fail "checkpoint: supervisor" "exit $rc; $(grep -E 'supervise|error' "$CK/sv.out" | head -5)"
+fi
+
+# --- bad checkpoints: one message naming the file, exit 1 on every rank,
+# nothing written. Each case works on a copy of chapter 3's step 3.
+# ck_bad NAME DESCRIPTION EXPECTED-TEXT NP FLAGS...
+ck_bad() {
+    local name=$1 what=$2 expect=$3 np=$4 before after rc
+    shift 4
+    before=$(cd "$CK/$name" && find . -type f | sort | xargs md5sum)
+    timeout 120 $MPIRUN -np "$np" "$BUILD/chapter-3" $CKF --resume "$CK/$name" --ckpt-dir "$CK/$name" --save-every 1 "$@" >"$CK/$name.out" 2>&1
+    rc=$?
+    after=$(cd "$CK/$name" && find . -type f | sort | xargs md5sum)
+    if [ $rc -eq 1 ] && [ "$(grep -c '^error' "$CK/$name.out")" = 1 ] && grep -qF -- "$expect" "$CK/$name.out" &&
+        [ "$before" = "$after" ] && ! grep -q '^step' "$CK/$name.out"; then
+        pass "checkpoint: $what: exit 1, one message ('$expect'), nothing written"
+    else
+        fail "checkpoint: $what" "exit $rc; $(grep -E '^error' "$CK/$name.out" | head -2); files changed: $([ "$before" = "$after" ] && echo no || echo yes)"
+    fi
+}
+ck_copy() { rm -rf "$CK/$1"; cp -r "$CK/c3/step-00000003" "$CK/$1"; }
+ck_copy flip
+# one byte flipped in the middle of rank 3's shard (read by rank 1 of dp 2)
+size=$(stat -c %s "$CK/flip/rank-00003.bin")
+byte=$(od -An -tu1 -j $((size / 2)) -N1 "$CK/flip/rank-00003.bin" | tr -d ' ')
+printf "$(printf '\\%03o' $(((byte + 1) % 256)))" | dd of="$CK/flip/rank-00003.bin" bs=1 seek=$((size / 2)) conv=notrunc 2>/dev/null
+ck_bad flip "one flipped byte in a shard" "flip/rank-00003.bin' is corrupt" 2 --dp 2
+ck_copy trunc
+truncate -s -100 "$CK/trunc/rank-00001.bin"
+ck_bad trunc "a truncated shard" "trunc/rank-00001.bin' has" 4 --dp 4
+ck_copy missing
+rm "$CK/missing/rank-00002.bin"
+ck_bad missing "a missing shard" "missing/rank-00002.bin' is missing" 1 --dp 1
+ck_copy manifest
+sed -i 's/^step 3$/step 4/' "$CK/manifest/MANIFEST"
+ck_bad manifest "an edited manifest" "MANIFEST' is corrupt or truncated" 2 --dp 2
+# a manifest that no longer covers the model (rank 3's slices dropped, its
+# checksum line recomputed, so only the coverage check can catch it)
+ck_copy cover
+python3 - "$CK/cover/MANIFEST" <<'PYEOF'
+import sys
+path = sys.argv[1]
+lines = open(path).read().split("\n")
+body = [l for l in lines if l and not l.startswith("end ") and " file=3 " not in l]
+n = sum(1 for l in body if l.startswith("slice "))
+body = [("slices %d" % n) if l.startswith("slices ") else l for l in body]
+text = ("\n".join(body) + "\n").encode()
+h, prime, mask = 0xcbf29ce484222325, 0x100000001b3, (1 << 64) - 1
+words = len(text) // 8
+for i in range(words):
+    h = ((h ^ int.from_bytes(text[8 * i:8 * i + 8], "little")) * prime) & mask
+for b in text[8 * words:]:
+    h = ((h ^ b) * prime) & mask
+open(path, "wb").write(text + ("end %016x\n" % h).encode())
+PYEOF
+ck_bad cover "a manifest whose slices do not cover the model" "its manifest does not match this model" 2 --dp 2
+ck_copy model
+ck_bad model "a checkpoint of another model" "holds a model with L=2 C=64" 1 --dp 1 --model small
+ck_copy batch
+ck_bad batch "another batch" "was trained with batch 12 x 32" 2 --dp 2 --seq 16
+rm -rf "$CK/none" && mkdir "$CK/none"
+ck_bad none "a directory without a checkpoint" "no complete checkpoint there" 1 --dp 1
+
+# a save that cannot be written (a file-size limit of 64 MiB, which MPI's own
+# start-up needs; the small model's state is 124 MiB): the message names the
+# file, the .tmp directory goes, the checkpoint already there stays
+rm -rf "$CK/full" && mkdir "$CK/full" && cp -r "$CK/c0/step-00000004" "$CK/full/"
+out=$( (ulimit -f 65536; timeout 120 $MPIRUN -np 1 "$BUILD/chapter-0" --model small --steps 1 --batch 1 --seq 16 \
+    --peak-gflops 10 --ckpt-dir "$CK/full") 2>&1)
+rc=$?
+if [ $rc -eq 1 ] && echo "$out" | grep -q "^error: writing checkpoint file '.*full/step-00000001.tmp/rank-00000.bin' failed: File too large" &&
+    [ "$(ls "$CK/full" | tr '\n' ' ')" = "step-00000004 " ]; then
+    pass "checkpoint: a save past a file-size limit fails with the file's name; the older checkpoint stays, no .tmp is left"
+else
+    fail "checkpoint: failed save" "exit $rc; $(echo "$out" | grep error | head -2); files: $(ls "$CK/full" | tr '\n' ' ')"
+fi
+
+# flags that cannot work: one message, exit 1, before any step
+ck_flag() {  # DESCRIPTION EXPECTED-TEXT FLAGS...
+    local what=$1 expect=$2 out rc
+    shift 2
+    out=$(timeout 60 $MPIRUN -np 2 "$BUILD/chapter-2" --dp 2 $CKF "$@" 2>&1)
+    rc=$?
+    if [ $rc -eq 1 ] && [ "$(echo "$out" | grep -c '^error')" = 1 ] && echo "$out" | grep -qF -- "$expect" &&
+        ! echo "$out" | grep -q '^step'; then
+        pass "checkpoint flags: $what: exit 1, '$expect'"
+    else
+        fail "checkpoint flags: $what" "exit $rc; $(echo "$out" | grep -E '^error' | head -2)"
+    fi
+}
+ck_flag "--save-every without --ckpt-dir" "--save-every and --async-save need --ckpt-dir DIR" --save-every 2
+ck_flag "--resume of a directory that does not exist" "--resume '$CK/nosuch' does not exist" --resume "$CK/nosuch"
+ck_flag "--ckpt-dir naming a file" "--ckpt-dir '$CK/ref.bin' is a file, not a directory" --ckpt-dir "$CK/ref.bin"
+
+finish
