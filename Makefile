@@ -120,10 +120,13 @@ $(OBJ)/%.o: %.cu
 
 # ---------------------------------------------------------------- tests
 # The CPU tests always run on the CPU build; GPU tests run where a GPU is.
-TESTS := test_ops test_model test_data test_fsdp
+TESTS := test_ops test_model test_data test_fsdp test_schedule
 # test_fsdp tests chapter 3's engine: it links the module (an MPI program)
 build/tests/test_fsdp: build/obj/cpu/03_fsdp/fsdp.o
 build/obj/cpu/tests/test_fsdp.o: CFLAGS += -I03_fsdp
+# test_schedule tests chapter 5's schedules (no training, no MPI ranks needed)
+build/tests/test_schedule: build/obj/cpu/05_pipeline/schedule.o
+build/obj/cpu/tests/test_schedule.o: CFLAGS += -I05_pipeline
 tests: $(addprefix build/tests/,$(TESTS))
 build/tests/%: build/obj/cpu/tests/%.o $(patsubst %.c,build/obj/cpu/%.o,$(COMMON_SRC) common/cpu/ops.c common/cpu/device.c common/cpu/comm.c)
 	@mkdir -p $(dir $@)
