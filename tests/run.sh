@@ -655,6 +655,96 @@ help_case chapter-2 "--dp-mode S"
 help_case chapter-3 "--zero N"
 help_case tokenize "OUTPUT_PREFIX"
 
+# ==== new tests: chapter 5 pipeline ====
+echo "== chapter 5: pipeline parallelism"
+# the schedules as data, on a grid of (pp, m, v), without training
+run_program "$BUILD/tests/test_schedule"
+# The invariant: every schedule, pp = 2, 3, 4, m = 1, pp, 2pp, an uneven
+# split (tiny6's 6 layers over pp=4: 2,2,1,1), dp x pp = 2 x 2, against
+# chapter 0 on the same model and batch (tiny for pp=2 on its 2 layers).
+pp_T=32
+for spec in "tiny 8" "tiny6 8" "tiny6 6"; do
+    set -- $spec
+    timeout 120 $MPIRUN -np 1 "$BUILD/chapter-0" --model $1 --steps 10 --batch $2 --seq $pp_T --peak-gflops 10 \
+        --log "$TEST_TMPDIR/pp_ref_$1_$2.jsonl" >/dev/null 2>&1
+done
+# pp_acts MODEL B DP PP M SCHED LAYERS...: the activation bytes of each stage
+# from the formula: a fixed BlockScratch plus, per microbatch in flight, a
+# slot: chunk input and dres (2btC), the layers' activations, the head's on
+# the last stage, the stash with a split backward, the token ids at the ends.
+pp_acts() {
+    local model=$1 B=$2 dp=$3 pp=$4 m=$5 sched=$6; shift 6
+    awk -v B=$B -v dp=$dp -v pp=$pp -v m=$m -v sched=$sched -v T=$pp_T -v layers="$*" 'BEGIN {
+        C = 64; NH = 4; Vp = 256; b = B / (dp * m); bt = b * T; split(layers, n, " ")
+        for (s = 0; s < pp; s++) {
+            L = n[s + 1]; first = s == 0; last = s == pp - 1
+            slot = 2 * bt * C + L * bt * (18 * C + NH * T + 4) + (last ? bt * (C + Vp + 6) : 0) + (first ? bt : 0) + (last ? bt : 0)
+            if (sched == "zb") slot += L * bt * 11 * C + (last ? bt * C : 0)
+            if (sched == "gpipe") k = m; else if (sched == "zb") k = (pp < m ? pp : m); else k = (pp - s < m ? pp - s : m)
+            for (d = 0; d < dp; d++) out = out (out == "" ? "" : ",") 4 * (bt * (13 * C + NH * T) + k * slot)
+        }
+        print "[" out "]" }'
+}
+pp_case() {  # MODEL B DP PP M SCHED V LAYERS-PER-STAGE
+    local model=$1 B=$2 dp=$3 pp=$4 m=$5 sched=$6 v=$7 layers=$8 np=$(($3 * $4)) run out rc cmp ncmp want got
+    run=$TEST_TMPDIR/pp_${model}_${dp}x${pp}_${sched}_m${m}.jsonl
+    out=$(timeout 120 $MPIRUN -np $np "$BUILD/chapter-5" --model $model --dp $dp --pp $pp --schedule $sched --virtual $v \
+        --microbatches $m --steps 10 --batch $B --seq $pp_T --peak-gflops 10 --log "$run" 2>&1)
+    rc=$?
+    cmp=$(bash tests/compare_losses.sh "$TEST_TMPDIR/pp_ref_${model}_$B.jsonl" "$run" $TOL 2>&1)
+    local crc=$?
+    ncmp=$(bash tests/compare_losses.sh "$TEST_TMPDIR/pp_ref_${model}_$B.jsonl" "$run" $TOL_NORM norm 2>&1)
+    local nrc=$?
+    local name="pipeline $sched dp=$dp pp=$pp m=$m v=$v ($model, layers per stage $layers)"
+    if [ $rc -eq 0 ] && [ $crc -eq 0 ] && [ $nrc -eq 0 ]; then
+        pass "$name: reference losses ($cmp) and norms (${ncmp#* steps, })"
+    else
+        fail "$name" "exit $rc; $cmp; $ncmp; $(echo "$out" | grep -E 'error|FAIL' | head -3)"
+    fi
+    # each rank logs its timeline every step: an action list of the schedule's length
+    if [ "$(grep -c '"type":"timeline"' "$run")" = $((10 * np)) ] && grep -q '"bubble_measured":' "$run"; then
+        pass "$name: a timeline per rank per step and the measured bubble in the log"
+    else
+        fail "$name: timelines" "$(grep -c '"type":"timeline"' "$run") timeline records, want $((10 * np))"
+    fi
+    # the activation memory = the formula, exactly, on every rank (v = 1)
+    if [ $v = 1 ]; then
+        want=$(pp_acts $model $B $dp $pp $m $sched $(echo $layers | tr ',' ' '))
+        got=$(grep '"type":"summary"' "$run" | sed 's/.*"activations":\(\[[0-9,]*\]\).*/\1/')
+        if [ "$want" = "$got" ]; then
+            pass "$name: peak activation bytes per rank = the formula $want"
+        else
+            fail "$name: activation memory" "want $want, got $got"
+        fi
+    fi
+}
+pp_case tiny 8 1 2 1 gpipe 1 "1,1"
+pp_case tiny 8 1 2 2 1f1b 1 "1,1"
+pp_case tiny6 8 1 2 4 interleaved 3 "3,3"
+pp_case tiny6 8 1 2 2 zb 1 "3,3"
+pp_case tiny6 8 1 4 8 1f1b 1 "2,2,1,1"
+pp_case tiny6 8 1 4 4 zb 1 "2,2,1,1"
+pp_case tiny6 8 1 4 1 gpipe 1 "2,2,1,1"
+pp_case tiny6 8 2 2 4 zb 1 "3,3"
+pp_case tiny6 6 1 3 3 interleaved 2 "2,2,2"
+pp_case tiny6 6 1 3 6 gpipe 1 "2,2,2"
+pp_case tiny6 6 1 3 1 1f1b 1 "2,2,2"
+out=$(timeout 60 $MPIRUN -np 2 "$BUILD/chapter-5" --pp 2 --microbatches 3 --batch 6 --schedule zb --steps 0 --show-schedule 2>&1)
+if echo "$out" | grep -q '^rank 1 | \.   F0  B0  F1  B1  W0  F2  B2  W1  W2$' && echo "$out" | grep -q '^bubble: 0.100 of 2 rank x 10 units'; then
+    pass "--show-schedule prints the zb timeline of pp=2, m=3 and its bubble"
+else
+    fail "--show-schedule" "$(echo "$out" | grep -E '^(rank|bubble)')"
+fi
+error_case chapter-5 4 "--pp 4 --peak-gflops 10" "the model's 2 layers cannot fill pp=4"
+error_case chapter-5 2 "--pp 2 --model tiny6 --schedule interleaved --virtual 2 --peak-gflops 10" "do not cut into pp=2 x 2 equal chunks"
+error_case chapter-5 2 "--pp 2 --virtual 2 --peak-gflops 10" "--virtual 2 needs --schedule interleaved"
+error_case chapter-5 2 "--pp 2 --schedule pipedream --peak-gflops 10" "--schedule pipedream is not one of"
+error_case chapter-5 2 "--pp 2 --microbatches 3 --peak-gflops 10" "use a batch divisible by 3"
+error_case chapter-5 2 "--pp 2 --model tiny6 --schedule interleaved --virtual 3 --microbatches 3 --batch 6 --peak-gflops 10" "groups of pp=2"
+error_case chapter-5 2 "--pp 2 --tp 2 --peak-gflops 10" "this chapter has no tp axis"
+help_case chapter-5 "--schedule S"
+# ==== end of new tests: chapter 5 pipeline ====
+
 echo "== plots"
 if [ -f tests/test_plots.sh ]; then
     out=$(bash tests/test_plots.sh 2>&1)

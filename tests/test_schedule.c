@@ -2,7 +2,7 @@
 // of (pp, m, v), without training: every list is valid (one F, B and, for zb,
 // W per microbatch-chunk, in order; no deadlock; every message received),
 // the peak microbatches in flight match the memory formulas (GPipe: m on
-// every stage; 1F1B: min(pp - s, m) on stage s; ZB-H1: at most pp), and the
+// every stage; 1F1B: min(pp - s, m) on stage s; ZB-H1: min(pp, m)), and the
 // simulated bubble of GPipe and 1F1B is (pp-1)/(m+pp-1). Then the validator
 // must catch broken lists.
 //   build/tests/test_schedule [--show SCHEDULE PP M V]
@@ -37,9 +37,9 @@ static int grid(ScheduleKind kind) {
                         int p = sim.peak_in_flight[r], want = -1;
                         if (kind == SCHED_GPIPE) want = m;
                         if (kind == SCHED_1F1B) want = pp - r < m ? pp - r : m;
-                        if ((want >= 0 && p != want) || (kind == SCHED_ZB && p > (pp < m ? pp : m)))
-                            snprintf(detail, sizeof(detail), "rank %d holds %d microbatches at peak, want %d", r, p,
-                                     want >= 0 ? want : (pp < m ? pp : m));
+                        if (kind == SCHED_ZB) want = pp < m ? pp : m;
+                        if (want >= 0 && p != want)
+                            snprintf(detail, sizeof(detail), "rank %d holds %d microbatches at peak, want %d", r, p, want);
                     }
                     double f = schedule_bubble_formula(kind, pp, m, v);
                     if ((kind == SCHED_GPIPE || kind == SCHED_1F1B) && fabs(sim.bubble - f) > 1e-12)
