@@ -726,6 +726,7 @@ int main(int argc, char** argv) {
     if (m < 1) fail_all("--microbatches must be >= 1");
     if (v < 1) fail_all("--virtual must be >= 1");
     if (v > 1 && kind != SCHED_INTERLEAVED) fail_all("--virtual %d needs --schedule interleaved", v);
+    if (v > 1 && pp == 1) fail_all("--virtual %d interleaves chunks over pp ranks: use --pp 2 or more", v);
     if (pp * v > 64) fail_all("pp x virtual = %d: at most 64 virtual stages", pp * v);
     // the layers over the stages: every stage needs one; chunks must be equal
     if (pp * v > L)
