@@ -742,6 +742,7 @@ error_case chapter-5 2 "--pp 2 --schedule pipedream --peak-gflops 10" "--schedul
 error_case chapter-5 2 "--pp 2 --microbatches 3 --peak-gflops 10" "use a batch divisible by 3"
 error_case chapter-5 2 "--pp 2 --model tiny6 --schedule interleaved --virtual 3 --microbatches 3 --batch 6 --peak-gflops 10" "groups of pp=2"
 error_case chapter-5 2 "--pp 2 --tp 2 --peak-gflops 10" "this chapter has no tp axis"
+error_case chapter-5 1 "--schedule interleaved --virtual 2 --peak-gflops 10" "use --pp 2 or more"
 help_case chapter-5 "--schedule S"
 # ==== end of new tests: chapter 5 pipeline ====
 
