@@ -151,6 +151,7 @@ typedef struct {
     float* loss_host;
     double loss_sum;
     int peak_slots;
+    double t_start;  // when the running action started computing (after its receive)
 } Pipe;
 
 static size_t slot_floats(const Pipe* P, int c, int* n_ints) {
@@ -277,7 +278,11 @@ static void receive(Pipe* P, int grad, int mb, int c) {
         Message msg = in->msg[in->next++];
         Slot* sl = msg.grad ? slot_find(P, msg.chunk, msg.mb) : slot_get(P, msg.chunk, msg.mb);
         comm_recv(P->pp, msg.grad ? sl->dres : sl->x, BTC, peer);
-        if (msg.grad == grad && msg.mb == mb && msg.chunk == c) return;
+        if (msg.grad == grad && msg.mb == mb && msg.chunk == c) {
+            // the time spent waiting for the input is bubble, not work
+            P->t_start = now_seconds();
+            return;
+        }
     }
     FATAL("stage %d: rank %d never sends the %s of microbatch %d", P->s, peer, grad ? "gradient" : "activation", mb);
 }
@@ -403,7 +408,9 @@ static void weights(Pipe* P, int mb, int c) {
 
 // ---------------------------------------------------------------- the step
 
-// Each action's start and end (host clock, seconds), for the timelines.
+// Each action's start and end (host clock, seconds), for the timelines. The
+// start is when the action's input is there: a wait in its receive is idle
+// time, the bubble, and not part of the action.
 typedef struct {
     double* t;  // (n actions, 2)
     int n;
@@ -416,14 +423,14 @@ static void run_schedule(Pipe* P, long step, Timeline* tl) {
     for (int i = 0; i < P->n_in; i++) P->in[i].next = 0;  // each step's messages from the start
     for (int i = 0; i < P->sched.n[r]; i++) {
         Action a = P->sched.list[r][i];
-        double t0 = now_seconds();
+        P->t_start = now_seconds();
         switch (a.type) {
             case ACT_F: forward(P, a.mb, a.chunk, step, &P->setup->train); break;
             case ACT_B: backward(P, a.mb, a.chunk); break;
             case ACT_W: weights(P, a.mb, a.chunk); break;
         }
         device_synchronize();  // the action's end on the device, for its timeline
-        tl->t[2 * i] = t0;
+        tl->t[2 * i] = P->t_start;
         tl->t[2 * i + 1] = now_seconds();
     }
     sends_wait(P);
