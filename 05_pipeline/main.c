@@ -439,31 +439,45 @@ static void run_schedule(Pipe* P, long step, Timeline* tl) {
 // The tied embedding: stage 0 holds wte for the lookup and accumulated the
 // lookup's gradient; the last stage holds a copy for the LM head and
 // accumulated the head's. The model's gradient is their sum, so the two ends
-// swap their gradients and each adds the other's: both hold the same sum
-// (a + b = b + a, bit for bit), take the same AdamW step and stay equal.
-// Megatron-LM does the same with an all-reduce in its "embedding group" of
-// the first and last stage; a group of two ranks is one send and one receive
-// each, here on the pp communicator.
-static void sum_tied_embedding(Pipe* P, float* tmp) {
+// all-reduce it in their group of two (a + b = b + a, bit for bit): both hold
+// the same sum, take the same AdamW step and stay equal. Megatron-LM does the
+// same in its "embedding group" of the first and last stage.
+static void sum_tied_embedding(Pipe* P, const Comm* embed) {
     if (P->npp == 1 || (P->s != 0 && P->s != P->npp - 1)) return;
-    size_t n = param_tensor_numel(P->cfg, P_WTE);
     float* mine = P->s == 0 ? P->dwte : P->dhead_wte;
-    int peer = P->s == 0 ? P->npp - 1 : 0;
-    comm_sendrecv(P->pp, mine, n, peer, tmp, n, peer);
-    ops_add(mine, tmp, n);
+    comm_allreduce(embed, mine, param_tensor_numel(P->cfg, P_WTE), COMM_SUM);
+}
+
+// The embedding group of each pipeline (one per dp rank): world ranks of
+// stage 0 and stage pp-1 with this dp coordinate. Every rank takes part in
+// making every group (collective over the world) and keeps its own.
+static void embedding_group(Comm* embed, const Mesh* mesh) {
+    memset(embed, 0, sizeof(*embed));
+    int pp = mesh->size[AXIS_PP];
+    if (pp == 1) return;
+    for (int d = 0; d < mesh->size[AXIS_DP]; d++) {
+        int coord[NUM_AXES] = {0}, ends[2];
+        coord[AXIS_DP] = d;
+        ends[0] = mesh_rank_at(mesh, coord);
+        coord[AXIS_PP] = pp - 1;
+        ends[1] = mesh_rank_at(mesh, coord);
+        Comm g;
+        comm_create_group_ranks(&g, ends, 2, "embedding");
+        if (g.size > 0) *embed = g;
+    }
 }
 
 typedef struct {
     Pipe* P;
     const TrainArgs* args;
-    float* tied_tmp;
+    Comm embed;  // the first and last stage of this pipeline (size 0 elsewhere)
 } Trainer;
 
 static float train_step(Trainer* tr, long step, Timeline* tl, float* norm) {
     Pipe* P = tr->P;
     mem_zero(P->grads, P->n_local * sizeof(float));
     run_schedule(P, step, tl);
-    sum_tied_embedding(P, tr->tied_tmp);
+    sum_tied_embedding(P, &tr->embed);
     // data parallel: each stage's gradients averaged over its dp replicas
     if (P->dp->size > 1) comm_allreduce(P->dp, P->grads, P->n_local, COMM_AVG);
     // the norm: each parameter once (the tied copy left out), summed over
@@ -778,7 +792,7 @@ int main(int argc, char** argv) {
     const char* bad = jsonl_open(&log, args->log, msg, sizeof(msg));
     fail_if_any(bad != NULL, bad);
     Trainer tr = {.P = &P, .args = args};
-    if (pp > 1 && (P.s == 0 || P.s == pp - 1)) tr.tied_tmp = mem_alloc_floats(param_tensor_numel(cfg, P_WTE), MEM_COMM);
+    embedding_group(&tr.embed, &run.mesh);
     Timeline tl = {.t = xcalloc((size_t)2 * P.sched.n[P.s] + 2, sizeof(double)), .n = P.sched.n[P.s]};
     StepClock clock = {0};
     float loss = 0.0f, vl = -1.0f;
@@ -833,7 +847,7 @@ int main(int argc, char** argv) {
         free(host);
     }
     free(tl.t);
-    mem_free(tr.tied_tmp);
+    if (tr.embed.size > 0) comm_destroy_group(&tr.embed);
     pipe_free(&P);
     run_finish(&run);
     return 0;
