@@ -28,6 +28,7 @@
 // L % S stages one more (an uneven split when pp does not divide L, printed
 // at start-up). With v > 1 the chunks must be equal: v must divide L / pp.
 // A stage with no layer is refused (pp * v > L).
+#include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -711,7 +712,8 @@ static double timeline_step(const Pipe* P, const Timeline* tl, JsonLog* log, int
                     fprintf(log->f, "%s[\"%c\",%d,%d,%.6f,%.6f]", i ? "," : "", "FBW"[a.type], a.mb, a.chunk,
                             all[displs[r] + 2 * i] - t_min, all[displs[r] + 2 * i + 1] - t_min);
                 }
-                if (fprintf(log->f, "]}\n") < 0 || fflush(log->f) != 0) FATAL("writing the log file '%s' failed", log->path);
+                if (fprintf(log->f, "]}\n") < 0 || fflush(log->f) != 0)
+                    FATAL("writing the log file '%s' failed: %s", log->path, strerror(errno));
             }
         }
         free(all);
