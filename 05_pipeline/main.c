@@ -103,8 +103,10 @@ typedef struct {
     int* targets;  // (b,T) next tokens, the last stage
 } Slot;
 
+// The slots of one chunk. Each slot is allocated on its own and never moves:
+// an action holds a pointer to its slot while a receive may add another.
 typedef struct {
-    Slot* s;
+    Slot** s;
     int n;
 } SlotPool;
 
@@ -170,13 +172,14 @@ static Slot* slot_get(Pipe* P, int c, int mb) {
     SlotPool* pool = &P->pool[c];
     Slot* free_slot = NULL;
     for (int i = 0; i < pool->n; i++) {
-        if (pool->s[i].busy && pool->s[i].mb == mb) return &pool->s[i];
-        if (!pool->s[i].busy && !free_slot) free_slot = &pool->s[i];
+        if (pool->s[i]->busy && pool->s[i]->mb == mb) return pool->s[i];
+        if (!pool->s[i]->busy && !free_slot) free_slot = pool->s[i];
     }
     if (!free_slot) {
-        pool->s = realloc(pool->s, (size_t)(pool->n + 1) * sizeof(Slot));
-        if (!pool->s) FATAL("out of host memory for activation slots");
-        free_slot = &pool->s[pool->n++];
+        Slot** grown = realloc(pool->s, (size_t)(pool->n + 1) * sizeof(Slot*));
+        if (!grown) FATAL("out of host memory for activation slots");
+        pool->s = grown;
+        free_slot = pool->s[pool->n++] = xmalloc(sizeof(Slot));
         const GPTConfig* g = P->cfg;
         int C = g->channels, NH = g->num_heads, n = P->layers[c].count, k = c * P->npp + P->s, ints;
         size_t BT = (size_t)P->b * P->T, total = slot_floats(P, c, &ints);
@@ -209,7 +212,7 @@ static Slot* slot_get(Pipe* P, int c, int mb) {
 
 static Slot* slot_find(Pipe* P, int c, int mb) {
     for (int i = 0; i < P->pool[c].n; i++)
-        if (P->pool[c].s[i].busy && P->pool[c].s[i].mb == mb) return &P->pool[c].s[i];
+        if (P->pool[c].s[i]->busy && P->pool[c].s[i]->mb == mb) return P->pool[c].s[i];
     FATAL("stage %d: no activations of microbatch %d chunk %d (a backward before its forward?)", P->s, mb, c);
 }
 
@@ -249,7 +252,9 @@ static HeadActs slot_head(const Pipe* P, const Slot* sl) {
 // which this rank needs them. So a rank knows, from its peers' lists, the
 // order in which each peer sends to it, and when it needs a message it
 // receives everything that peer sent before it first, each into the slot
-// where it belongs (an early activation takes its slot early).
+// where it belongs (an early activation takes its slot early). The built-in
+// schedules never need this (their channels carry one kind of message, or
+// run in lockstep); a schedule of your own may.
 static void incoming_build(Pipe* P) {
     int pp = P->npp;
     if (pp == 1) return;
@@ -624,7 +629,10 @@ static void pipe_create(Pipe* P, const Run* run, ScheduleKind kind, int m, int v
 
 static void pipe_free(Pipe* P) {
     for (int c = 0; c < P->v; c++) {
-        for (int i = 0; i < P->pool[c].n; i++) mem_free(P->pool[c].s[i].x);
+        for (int i = 0; i < P->pool[c].n; i++) {
+            mem_free(P->pool[c].s[i]->x);
+            free(P->pool[c].s[i]);
+        }
         free(P->pool[c].s);
     }
     for (int i = 0; i < P->n_sends; i++) mem_free(P->sends[i].buf);
