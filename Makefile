@@ -135,10 +135,13 @@ $(OBJ)/%.o: %.cu $(FLAGS_STAMP)
 
 # ---------------------------------------------------------------- tests
 # The CPU tests always run on the CPU build; GPU tests run where a GPU is.
-TESTS := test_ops test_model test_data test_fsdp test_comm test_ckpt
+TESTS := test_ops test_model test_data test_fsdp test_comm test_ckpt test_schedule
 # test_fsdp tests chapter 3's engine: it links the module (an MPI program)
 $(BUILD)/tests/test_fsdp: $(BUILD)/obj/cpu/03_fsdp/fsdp.o
 $(BUILD)/obj/cpu/tests/test_fsdp.o: CFLAGS += -I03_fsdp
+# test_schedule tests chapter 5's schedules (no training, no MPI ranks needed)
+$(BUILD)/tests/test_schedule: $(BUILD)/obj/cpu/05_pipeline/schedule.o
+$(BUILD)/obj/cpu/tests/test_schedule.o: CFLAGS += -I05_pipeline
 tests: $(addprefix $(BUILD)/tests/,$(TESTS))
 $(BUILD)/tests/%: $(BUILD)/obj/cpu/tests/%.o $(patsubst %.c,$(BUILD)/obj/cpu/%.o,$(COMMON_SRC) common/cpu/ops.c common/cpu/device.c common/cpu/comm.c)
 	@mkdir -p $(dir $@)

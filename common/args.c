@@ -14,7 +14,7 @@ typedef struct {
 } SharedFlag;
 
 static const SharedFlag shared_flags[] = {
-    {"model", ARG_STRING, "tiny | small | FILE.bin (llm.c GPT-2 checkpoint)  [tiny]"},
+    {"model", ARG_STRING, "tiny | tiny6 | small | FILE.bin (llm.c GPT-2 checkpoint)  [tiny]"},
     {"data", ARG_STRING, "text file or llm.c token file  [the fortunes corpus]"},
     {"val", ARG_STRING, "validation token file  [last 10% of a text --data]"},
     {"steps", ARG_INT, "training steps  [50]"},

@@ -46,6 +46,13 @@ int gpt_preset(const char* name, GPTConfig* cfg) {
                            .num_layers = 2, .num_heads = 4, .channels = 64};
         return 1;
     }
+    // tiny with 6 layers: deep enough to cut into 2, 3 or 4 pipeline stages
+    // (and 4 unevenly); everything else as tiny
+    if (strcmp(name, "tiny6") == 0) {
+        gpt_preset("tiny", cfg);
+        cfg->num_layers = 6;
+        return 1;
+    }
     if (strcmp(name, "small") == 0) {
         *cfg = (GPTConfig){.max_seq_len = 256, .vocab_size = 256, .padded_vocab_size = 256,
                            .num_layers = 6, .num_heads = 6, .channels = 384};

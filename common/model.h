@@ -38,7 +38,8 @@ int param_tensor_is_block(ParamTensor t);
 size_t param_tensor_numel(const GPTConfig* cfg, ParamTensor t);
 
 // ---------------------------------------------------------------- presets
-// "tiny" (tests) and "small" (demos, plots); returns 0 if name is not a preset.
+// "tiny" (tests), "tiny6" (tiny with 6 layers: pipeline tests) and "small"
+// (demos, plots); returns 0 if name is not a preset.
 int gpt_preset(const char* name, GPTConfig* cfg);
 // A config a chapter can run: every size positive, C divisible by NH, V <= Vp.
 // Returns NULL if valid, else a message saying what is wrong.

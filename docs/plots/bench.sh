@@ -85,6 +85,17 @@ if have 3; then
     done
 else skipped="$skipped 3"; fi
 
+if have 5; then
+    # chapter 5: each schedule on pp=2 (small's 6 layers: 3 per stage), 4
+    # microbatches of 2 sequences; 1F1B on pp=4 (2,2,1,1 layers) and dp x pp
+    for sched in gpipe 1f1b zb; do
+        add ch5_${sched}_pp2 2 "$BIN/chapter-5" --pp 2 --schedule $sched --microbatches 4 $TRAIN
+    done
+    add ch5_interleaved_pp2 2 "$BIN/chapter-5" --pp 2 --schedule interleaved --virtual 3 --microbatches 4 $TRAIN
+    add ch5_1f1b_pp4 4 "$BIN/chapter-5" --pp 4 --schedule 1f1b --microbatches 8 $TRAIN
+    add ch5_1f1b_dp2_pp2 4 "$BIN/chapter-5" --dp 2 --pp 2 --schedule 1f1b --microbatches 2 $TRAIN
+else skipped="$skipped 5"; fi
+
 total=${#names[@]}
 if [ "$total" = 0 ]; then
     echo "bench: nothing to run: no $BIN/chapter-N binaries${ONLY:+ with runs matching '$ONLY'} (make all builds them)" >&2

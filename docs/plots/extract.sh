@@ -175,6 +175,7 @@ BEGIN {
     if ("dp_mode" in F) { mode = F["dp_mode"]; order = mode_order[mode] + 0 }
     else if ("zero" in F) { mode = "ZeRO-" F["zero"]; order = F["zero"] + 0 }
     else if ("zero_stage" in F) { mode = "ZeRO-" F["zero_stage"]; order = F["zero_stage"] + 0 }
+    else if ("schedule" in F) { mode = F["schedule"] ((F["virtual"] + 0) > 1 ? " v=" F["virtual"] : "") ", m=" F["microbatches"] }
     else if (ch == 0) mode = "reference"
     else mode = RUN
     if (ch == 2 && need("grad_accum") + 0 > 1) mode = mode ", accum " F["grad_accum"]

@@ -16,6 +16,7 @@
 #      comm_bytes_per_step.png    comm_bytes.gp    bytes communicated per step per rank
 #      step_time_split.png        step_time.gp     ms per step: waiting on communication vs the rest
 #      collectives_busbw_npP.png  collectives_busbw.gp   chapter 1: busbw, hand-written vs library
+#      pipeline_NAME.png          gantt.gp         chapter 5: per-rank timeline of a step, per run
 #
 # GP_VARS (environment) is passed to every script before its own settings,
 # e.g. GP_VARS="strong_batch=4; weak_per_rank=2" for a sweep with other batches.
@@ -85,5 +86,21 @@ for t in "$tables"/collectives_np*.dat; do
     [ -f "$t" ] || continue
     p=$(basename "$t" .dat | sed 's/collectives_np//')
     draw collectives_busbw.gp "$pngs/collectives_busbw_np$p.png" "datafile='$t'; ymax=$ymax"
+done
+# chapter 5: a Gantt chart of the last logged step of each pipeline run,
+# from its {"type":"timeline"} records (times in ms from the step's start)
+for f in "$data"/ch5_*.jsonl; do
+    [ -f "$f" ] || continue
+    name=$(basename "$f" .jsonl)
+    t="$tables/gantt_$name.dat"
+    last=$(grep '"type":"timeline"' "$f" | tail -1 | sed 's/.*"step":\([0-9]*\),.*/\1/')
+    grep '"type":"timeline","step":'"$last"',' "$f" | awk '{
+        match($0, /"rank":[0-9]+/); r = substr($0, RSTART + 7, RLENGTH - 7)
+        s = $0; sub(/.*"actions":\[/, "", s); gsub(/\]\]\}/, "", s); n = split(s, a, /\],\[/)
+        for (i = 1; i <= n; i++) { gsub(/[\[\]"]/, "", a[i]); split(a[i], f, ",")
+            printf "%s %.3f %.3f %d %s %s\n", r, 1e3 * f[4], 1e3 * f[5], index("FBW", f[1]) - 1, f[2], f[3] } }' > "$t"
+    sched=$(grep -m1 '"type":"summary"' "$f" | sed 's/.*"schedule":"\([a-z0-9]*\)".*/\1/')
+    bubble=$(grep -m1 '"type":"summary"' "$f" | sed 's/.*"bubble_measured":\([0-9.]*\),"bubble_simulated":\([0-9.]*\),"bubble_formula":\([0-9.]*\).*/measured \1, simulated \2, formula \3/')
+    draw gantt.gp "$pngs/pipeline_${name#ch5_}.png" "datafile='$t'; title='chapter 5, ${name#ch5_} ($sched), step $last; bubble $bubble'"
 done
 [ $failed -eq 0 ]

@@ -1,0 +1,82 @@
+// schedule.h: pipeline schedules as data.
+//
+// A schedule is, for every pipeline rank, the list of actions it runs in one
+// training step, in order:
+//   F(mb, chunk)  forward of microbatch mb through the rank's chunk
+//   B(mb, chunk)  backward: with a split backward (zb) only the input
+//                 gradient, which the stage before waits for; else the whole
+//                 backward (input and weight gradients)
+//   W(mb, chunk)  the weight gradients of a split backward, deferred
+// A rank holds v chunks (virtual stages); chunk c of rank r is virtual stage
+// k = c * pp + r of S = pp * v, so the model runs ranks 0, 1, ..., pp-1, 0,
+// 1, ... (Megatron's interleaving). With v = 1, chunk 0 is the whole stage.
+//
+// One small builder per schedule fills the lists; the validator simulates
+// them (without training) and the executor in main.c runs any list that
+// passes. A student writes a new schedule as one more builder.
+#ifndef SCHEDULE_H
+#define SCHEDULE_H
+
+#include <stddef.h>
+
+typedef enum { ACT_F, ACT_B, ACT_W } ActionType;
+
+typedef struct {
+    ActionType type;
+    int mb, chunk;
+} Action;
+
+typedef enum { SCHED_GPIPE, SCHED_1F1B, SCHED_INTERLEAVED, SCHED_ZB, NUM_SCHEDULES } ScheduleKind;
+
+typedef struct {
+    ScheduleKind kind;
+    int pp, m, v;        // ranks, microbatches per step, chunks per rank
+    int split_backward;  // 1: B is the input half and W the weight half (zb)
+    int* n;              // (pp) actions of each rank
+    Action** list;       // (pp) each rank's actions, in order
+} Schedule;
+
+const char* schedule_name(ScheduleKind k);  // "gpipe", "1f1b", "interleaved", "zb"
+// The kind named s; returns -1 if none.
+int schedule_parse(const char* s);
+
+// Builds the lists for pp ranks, m microbatches and v chunks per rank (v > 1
+// only for interleaved). Returns NULL, or a message when (pp, m, v) does not
+// suit the schedule; the lists are then not built.
+const char* schedule_build(Schedule* s, ScheduleKind kind, int pp, int m, int v, char* msg, size_t len);
+void schedule_free(Schedule* s);
+
+// What a simulation of the lists finds, with F, W and the input half of B
+// taking one time unit each and a whole B two (the zero-bubble paper's
+// model, where F = B = W).
+typedef struct {
+    int makespan;         // time units from the first action to the last
+    int busy;             // time units of work summed over the ranks
+    int peak_in_flight[64];  // per rank (pp <= 64): microbatch-chunks whose
+                             // activations are held at once (from F to the
+                             // last backward action of that microbatch-chunk)
+    double bubble;        // 1 - busy / (pp * makespan)
+} ScheduleSim;
+
+// Checks every list: each (mb, chunk) of the rank has exactly one F, one B
+// and (split backward) one W, in that order, and nothing else; then runs the
+// lists against each other with blocking receives and non-blocking sends,
+// as the executor does: F of virtual stage k > 0 waits for F of k - 1 (its
+// activation), B of k < S - 1 waits for B of k + 1 (its gradient). A list
+// that stops with every rank waiting is a deadlock. Every message sent is
+// received exactly once. Returns NULL, or a message naming the first
+// problem; fills sim (if not NULL) when valid.
+const char* schedule_validate(const Schedule* s, ScheduleSim* sim, char* msg, size_t len);
+
+// The closed-form bubble fraction of the schedule with F = B = W:
+// (pp-1)/(m+pp-1) for gpipe and 1f1b, (pp-1)/(v*m+pp-1) interleaved,
+// (pp-1)/(3m+pp-1) for zb (ZB-H1: the bubble shrinks from (pp-1)(F+B+W) to
+// (pp-1)(F+B-W)).
+double schedule_bubble_formula(ScheduleKind kind, int pp, int m, int v);
+
+// Prints the ASCII timeline of the simulation to stdout: one row per rank,
+// one 4-character cell (5 with chunks) per time unit ("F3" forward of microbatch 3, "B3",
+// "W3", ".2" suffix for chunk 2 when v > 1, "." idle).
+void schedule_print(const Schedule* s);
+
+#endif

@@ -1,0 +1,94 @@
+#!/bin/bash
+# Chapter 5: pipeline parallelism. The schedules as data on a grid without
+# training (test_schedule); the invariant for every schedule on pp = 2, 3, 4,
+# m = 1, pp, 2 pp, an uneven layer split and dp x pp = 2 x 2; each stage's
+# activation bytes against the formula; the timelines in the log;
+# --show-schedule; bad input; --help.
+. "$(dirname "$0")/lib.sh"
+
+echo "== chapter 5: pipeline parallelism"
+# the schedules: valid lists, peaks in flight and bubbles = the formulas
+run_program "$BUILD/tests/test_schedule"
+
+# The invariant against chapter 0 on the same model and batch: tiny (2 layers)
+# for pp = 2 with a layer a stage, tiny6 (6 layers) for pp = 2, 3, 4 (6 over
+# 4 stages is the uneven 2, 2, 1, 1). Batch 8 splits into m = 1, 2, 4, 8;
+# batch 6 into m = 1, 3, 6 for pp = 3. 10 AdamW steps of 32 tokens a sequence.
+pp_T=32
+pp_flags() { echo "--model $1 --steps 10 --batch $2 --seq $pp_T --peak-gflops 10"; }
+# pp_acts B DP PP M SCHED LAYERS...: each rank's activation bytes from the
+# formula (docs/05_pipeline.md, "The idea"): a shared BlockScratch, plus per
+# microbatch in flight a slot: the chunk's input and dres (2btC), its layers'
+# activations, the head's on the last stage, the stash with a split backward,
+# the token ids at the ends. Slots in flight: m (gpipe), min(pp, m) (zb),
+# min(pp - s, m) (1f1b). tiny's C = 64, NH = 4, Vp = 256.
+pp_acts() {
+    local B=$1 dp=$2 pp=$3 m=$4 sched=$5
+    shift 5
+    awk -v B=$B -v dp=$dp -v pp=$pp -v m=$m -v sched=$sched -v T=$pp_T -v layers="$*" 'BEGIN {
+        C = 64; NH = 4; Vp = 256; b = B / (dp * m); bt = b * T; split(layers, n, " ")
+        for (s = 0; s < pp; s++) {
+            L = n[s + 1]; first = s == 0; last = s == pp - 1
+            slot = 2 * bt * C + L * bt * (18 * C + NH * T + 4) + (last ? bt * (C + Vp + 6) : 0) + (first ? bt : 0) + (last ? bt : 0)
+            if (sched == "zb") slot += L * bt * 11 * C + (last ? bt * C : 0)
+            if (sched == "gpipe") k = m; else if (sched == "zb") k = (pp < m ? pp : m); else k = (pp - s < m ? pp - s : m)
+            for (d = 0; d < dp; d++) out = out (out == "" ? "" : ",") 4 * (bt * (13 * C + NH * T) + k * slot)
+        }
+        print "[" out "]" }'
+}
+# pp_case MODEL B DP PP M SCHED V LAYERS: the invariant (losses and norms),
+# the timelines, and (v = 1) the activation bytes of every rank
+pp_case() {
+    local model=$1 B=$2 dp=$3 pp=$4 m=$5 sched=$6 v=$7 layers=$8 want got n
+    local name="pipeline $sched dp=$dp pp=$pp m=$m v=$v ($model, layers per stage $layers)"
+    invariant --norm "$name" "$(pp_flags $model $B)" $((dp * pp)) chapter-5 \
+        "--dp $dp --pp $pp --schedule $sched --virtual $v --microbatches $m"
+    # each rank logs its timeline every step, and the summary the measured bubble
+    n=$(grep -c '"type":"timeline"' "$INV_LOG")
+    if [ "$n" = $((10 * dp * pp)) ] && grep -q '"bubble_measured":' "$INV_LOG"; then
+        pass "$name: a timeline per rank per step and the measured bubble in the log"
+    else
+        fail "$name: timelines" "$n timeline records, want $((10 * dp * pp)); command: $CMD"
+    fi
+    [ $v = 1 ] || return 0
+    want=$(pp_acts $B $dp $pp $m $sched $(echo $layers | tr ',' ' '))
+    got=$(grep '"type":"summary"' "$INV_LOG" | sed 's/.*"activations":\(\[[0-9,]*\]\).*/\1/')
+    if [ "$want" = "$got" ]; then
+        pass "$name: peak activation bytes per rank = the formula $want"
+    else
+        fail "$name: activation memory" "want $want, got $got; command: $CMD"
+    fi
+}
+pp_case tiny 8 1 2 1 gpipe 1 "1,1"
+pp_case tiny 8 1 2 2 1f1b 1 "1,1"
+pp_case tiny6 8 1 2 4 interleaved 3 "3,3"
+pp_case tiny6 8 1 2 2 zb 1 "3,3"
+pp_case tiny6 8 1 4 8 1f1b 1 "2,2,1,1"
+pp_case tiny6 8 1 4 4 zb 1 "2,2,1,1"
+pp_case tiny6 8 1 4 1 gpipe 1 "2,2,1,1"
+pp_case tiny6 8 2 2 4 zb 1 "3,3"
+pp_case tiny6 6 1 3 3 interleaved 2 "2,2,2"
+pp_case tiny6 6 1 3 6 gpipe 1 "2,2,2"
+pp_case tiny6 6 1 3 1 1f1b 1 "2,2,2"
+
+# --show-schedule: the simulated timeline before training
+mpi_run $T_SHORT 2 "$BUILD/chapter-5" --pp 2 --microbatches 3 --batch 6 --schedule zb --steps 0 --show-schedule --peak-gflops 10
+if [ $RC = 0 ] && echo "$OUT" | grep -q '^rank 1 | \.   F0  B0  F1  B1  W0  F2  B2  W1  W2$' &&
+    echo "$OUT" | grep -q '^bubble: 0.100 of 2 rank x 10 units'; then
+    pass "--show-schedule prints the zb timeline of pp=2, m=3 and its bubble"
+else
+    fail "--show-schedule" "exit $RC; command: $CMD; $(echo "$OUT" | grep -E '^(rank|bubble)')"
+fi
+
+# bad input: one message, every rank non-zero, no hang
+error_case chapter-5 4 "--pp 4 --peak-gflops 10" "the model's 2 layers cannot fill pp=4"
+error_case chapter-5 2 "--pp 2 --model tiny6 --schedule interleaved --virtual 2 --peak-gflops 10" "do not cut into pp=2 x 2 equal chunks"
+error_case chapter-5 2 "--pp 2 --virtual 2 --peak-gflops 10" "--virtual 2 needs --schedule interleaved"
+error_case chapter-5 1 "--schedule interleaved --virtual 2 --peak-gflops 10" "use --pp 2 or more"
+error_case chapter-5 2 "--pp 2 --schedule pipedream --peak-gflops 10" "--schedule pipedream is not one of"
+error_case chapter-5 2 "--pp 2 --microbatches 3 --peak-gflops 10" "use a batch divisible by 3"
+error_case chapter-5 2 "--pp 2 --model tiny6 --schedule interleaved --virtual 3 --microbatches 3 --batch 6 --peak-gflops 10" "groups of pp=2"
+error_case chapter-5 2 "--pp 2 --tp 2 --peak-gflops 10" "this chapter has no tp axis"
+help_case chapter-5 "--schedule S"
+
+finish
