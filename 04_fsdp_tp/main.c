@@ -11,8 +11,8 @@
 //              the output, and one all-reduce over tp adds them.
 //   MLP        fcw column-parallel (4C/tp hidden units each), GELU local,
 //              fcprojw row-parallel, one all-reduce.
-//   embedding  vocabulary-parallel: rank r holds rows [r*Vp/tp, (r+1)*Vp/tp)
-//              of wte; a token looks itself up on the rank that holds it (zero
+//   embedding  vocabulary-parallel: rank r holds about Vp/tp rows of wte
+//              (vocab_rows); a token looks itself up on the rank that holds it (zero
 //              elsewhere) and one all-reduce sums.
 //   LM head    the same wte rows give each rank the logits of its vocabulary
 //              slice; the cross-entropy combines per-rank (max, sum of
@@ -58,13 +58,25 @@ typedef struct {
     int replicated;  // the whole tensor: every tp rank holds the same copy
 } Tile;
 
+// The vocabulary rows [v0, v0 + rows) of tp rank r: ceil(Vp/tp) each, the
+// last rank fewer when tp does not divide Vp (small's 256 rows over tp = 3
+// are 86, 86, 84). Only the sizes of the wte slices differ between ranks.
+static void vocab_rows(const GPTConfig* cfg, int tp, int r, int* v0, int* rows) {
+    int per = (cfg->padded_vocab_size + tp - 1) / tp;
+    *v0 = r * per;
+    int left = cfg->padded_vocab_size - *v0;
+    *rows = left < per ? left : per;
+}
+
 // The shard layout of a tp rank, in the order its flat buffer holds it:
 //   [wte rows of rank r] [wpe] [block 0's shard] ... [block L-1's shard] [lnfw lnfb]
 // where a block's shard is model_tp.h's. Writes the tiles (if out is given)
 // and returns their number. This function is the whole answer to "which rank
 // holds which slice of every weight".
 static int shard_tiles(const GPTConfig* cfg, int tp, int r, Tile* out) {
-    size_t C = (size_t)cfg->channels, Cl = C / tp, Fl = 4 * C / tp, Vl = (size_t)cfg->padded_vocab_size / tp;
+    size_t C = (size_t)cfg->channels, Cl = C / tp, Fl = 4 * C / tp;
+    int v0, Vl;
+    vocab_rows(cfg, tp, r, &v0, &Vl);
     size_t off = 0;
     int n = 0;
 #define TILE(T_, L_, R0, NR, C0, NC)                                                              \
@@ -75,7 +87,7 @@ static int shard_tiles(const GPTConfig* cfg, int tp, int r, Tile* out) {
         off += (size_t)(NR) * (NC);                                                               \
         n++;                                                                                      \
     } while (0)
-    TILE(P_WTE, 0, r * Vl, Vl, 0, C);                      // vocabulary rows
+    TILE(P_WTE, 0, (size_t)v0, (size_t)Vl, 0, C);          // vocabulary rows
     TILE(P_WPE, 0, 0, (size_t)cfg->max_seq_len, 0, C);     // replicated
     for (int l = 0; l < cfg->num_layers; l++) {
         TILE(P_LN1W, l, 0, C, 0, 1);
@@ -218,7 +230,7 @@ static float forward(TP* m, const int* inputs, const int* targets) {
         x = a.res3;
     }
     // the head: final LayerNorm (replicated), then f (identity) and this
-    // rank's slice of the logits, (N, Vp/tp): the LM head is the wte rows it holds
+    // rank's slice of the logits, (N, Vl): the LM head is the wte rows it holds
     HeadActs h = head_acts_at(m->head, B, T, C, m->Vl);
     layernorm_forward(h.lnf, h.lnf_mean, h.lnf_rstd, x, P + m->lnf_off, P + m->lnf_off + C, N, C);
     matmul_forward(h.logits, h.lnf, P, NULL, N, C, m->Vl);
@@ -314,8 +326,7 @@ static void tp_create(TP* m, const Run* run, int B) {
     m->ntp = m->tp->size;
     m->rtp = m->tp->rank;
     int C = c->channels, L = c->num_layers, NH = c->num_heads, tp = m->ntp;
-    m->Vl = c->padded_vocab_size / tp;
-    m->v0 = m->rtp * m->Vl;
+    vocab_rows(c, tp, m->rtp, &m->v0, &m->Vl);
     int valid = c->vocab_size - m->v0;
     m->nvalid = valid < 0 ? 0 : (valid > m->Vl ? m->Vl : valid);
     m->ntiles = shard_tiles(c, tp, m->rtp, NULL);
@@ -425,19 +436,27 @@ static int replicas_agree(const TP* m) {
 // group of dp rank 0 gathers its shards there, which are placed tile by tile.
 static float* gather_full_model(const TP* m) {
     if (m->dp->rank != 0) return NULL;
-    float* all = mem_alloc_floats(m->numel * (size_t)m->ntp, MEM_OTHER);
-    comm_gather(m->tp, m->params, all, m->numel, 0);
+    // shards differ in size when the vocabulary splits unevenly: each is sent
+    // in a block of the largest (tp rank 0's) size
+    size_t S = m->numel;
+    unsigned long long mine = m->numel, most = 0;
+    MPI_CHECK(MPI_Allreduce(&mine, &most, 1, MPI_UNSIGNED_LONG_LONG, MPI_MAX, m->tp->mpi));
+    S = (size_t)most;
+    float* send = mem_alloc_floats(S, MEM_OTHER);
+    ops_copy(send, m->params, m->numel);
+    float* all = mem_alloc_floats(S * (size_t)m->ntp, MEM_OTHER);
+    comm_gather(m->tp, send, all, S, 0);
     float* full = NULL;
     if (m->rtp == 0) {
-        float* shards = xmalloc(m->numel * (size_t)m->ntp * sizeof(float));
-        mem_to_host(shards, all, m->numel * (size_t)m->ntp * sizeof(float));
+        float* shards = xmalloc(S * (size_t)m->ntp * sizeof(float));
+        mem_to_host(shards, all, S * (size_t)m->ntp * sizeof(float));
         full = xmalloc(gpt_num_params(&m->cfg) * sizeof(float));
         Tile* tiles = xmalloc(sizeof(Tile) * (size_t)m->ntiles);
         for (int r = 0; r < m->ntp; r++) {
             shard_tiles(&m->cfg, m->ntp, r, tiles);
             for (int i = 0; i < m->ntiles; i++) {
                 const Tile* tl = &tiles[i];
-                gpt_place_tile(full, &m->cfg, shards + (size_t)r * m->numel + tl->off, tl->t, tl->layer, tl->row0,
+                gpt_place_tile(full, &m->cfg, shards + (size_t)r * S + tl->off, tl->t, tl->layer, tl->row0,
                                tl->nrows, tl->col0, tl->ncols);
             }
         }
@@ -445,6 +464,7 @@ static float* gather_full_model(const TP* m) {
         free(shards);
     }
     mem_free(all);
+    mem_free(send);
     return full;
 }
 
@@ -470,9 +490,12 @@ int main(int argc, char** argv) {
     if ((4 * cfg->channels) % tp != 0)
         fail_all("--tp %d does not divide the MLP's %d hidden units (4C): use a tp that divides %d", tp,
                  4 * cfg->channels, 4 * cfg->channels);
-    if (cfg->padded_vocab_size % tp != 0)
-        fail_all("--tp %d does not divide the padded vocabulary of %d rows: use a tp that divides %d", tp,
-                 cfg->padded_vocab_size, cfg->padded_vocab_size);
+    // the vocabulary may split unevenly (vocab_rows), but every rank needs rows
+    int v0_last, rows_last;
+    vocab_rows(cfg, tp, tp - 1, &v0_last, &rows_last);
+    if (rows_last <= 0)
+        fail_all("--tp %d leaves the last tp rank no rows of the padded vocabulary (%d rows, %d per rank): use a "
+                 "smaller tp", tp, cfg->padded_vocab_size, (cfg->padded_vocab_size + tp - 1) / tp);
     if (B % dp != 0) fail_all("--batch %d does not split over dp=%d ranks: use a batch divisible by %d", B, dp, dp);
     int micro = B / dp;
 
