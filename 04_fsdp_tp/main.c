@@ -542,9 +542,9 @@ int main(int argc, char** argv) {
     double ms = clock_ms_per_step(&clock);
     char extra_json[512];
     snprintf(extra_json, sizeof(extra_json),
-             "\"tp\":%d,\"dp\":%d,\"shard_params\":%zu,\"vocab_rows\":%d,\"replicas_agree\":%d,"
+             "\"shard_params\":%zu,\"vocab_rows\":%d,\"replicas_agree\":%d,"
              "\"comm_wait_ms_per_step\":%.3f,\"comm_progress_ms_per_step\":%.3f",
-             tp, dp, m.numel, m.Vl, agree, clock_wait_ms_per_step(&clock), clock_progress_ms_per_step(&clock));
+             m.numel, m.Vl, agree, clock_wait_ms_per_step(&clock), clock_progress_ms_per_step(&clock));
     RunSummary summary = {
         .chapter = 4, .model = setup->model_name, .num_params = P, .batch = B, .seq = T, .steps = args->steps,
         .ms_per_step = ms, .tokens_per_s = ms > 0 ? (double)B * T / (ms / 1e3) : 0.0,
