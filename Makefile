@@ -74,22 +74,34 @@ COMMON_OBJ := $(patsubst %.c,$(OBJ)/%.o,$(COMMON_SRC) $(BACKEND_C)) \
               $(patsubst %.cu,$(OBJ)/%.o,$(BACKEND_CU))
 
 # ---------------------------------------------------------------- chapters
-# Every NN_name/main.c that exists becomes chapter-N.
+# Every NN_name/main.c that exists becomes chapter-N. Every other
+# NN_name/*.c is a module: the chapter's strategy engine (03_fsdp/fsdp.c).
+# chapter-N links its main.c, the modules of its own directory, and the
+# modules of earlier chapters it names in NN_name/modules (paths without .c,
+# e.g. "03_fsdp/fsdp"). A chapter never links another chapter's main.c.
 CHAPTER_DIRS := $(sort $(patsubst %/main.c,%,$(wildcard 0[0-7]_*/main.c)))
 chapter_number = $(patsubst 0%,%,$(firstword $(subst _, ,$(1))))
 CHAPTERS := $(foreach d,$(CHAPTER_DIRS),$(call chapter_number,$(d)))
+MODULE_SRC := $(filter-out %/main.c,$(wildcard 0[0-7]_*/*.c))
+own_modules = $(filter $(1)/%,$(MODULE_SRC:.c=))
+declared_modules = $(if $(wildcard $(1)/modules),$(shell cat $(1)/modules))
+chapter_modules = $(sort $(call own_modules,$(1)) $(call declared_modules,$(1)))
 
 define CHAPTER_RULE
 .PHONY: chapter-$(call chapter_number,$(1))
 chapter-$(call chapter_number,$(1)): $(BIN)/chapter-$(call chapter_number,$(1))
-$(BIN)/chapter-$(call chapter_number,$(1)): $(OBJ)/$(1)/main.o $(COMMON_OBJ)
+$(BIN)/chapter-$(call chapter_number,$(1)): $(OBJ)/$(1)/main.o $(patsubst %,$(OBJ)/%.o,$(call chapter_modules,$(1))) $(COMMON_OBJ)
 	@mkdir -p $$(dir $$@)
 	$(CC) $(CFLAGS) -o $$@ $$^ $(LDLIBS)
+$(OBJ)/$(1)/%.o: CFLAGS += $(patsubst %,-I%,$(sort $(dir $(call chapter_modules,$(1)))))
 endef
 $(foreach d,$(CHAPTER_DIRS),$(eval $(call CHAPTER_RULE,$(d))))
 
-.PHONY: all test tests tools demo bench-ref setup clean
-all: $(addprefix chapter-,$(CHAPTERS)) tools
+.PHONY: all modules test tests tools demo bench-ref setup clean
+all: $(addprefix chapter-,$(CHAPTERS)) modules tools
+
+# every module compiles, linked by a chapter or not yet
+modules: $(patsubst %.c,$(OBJ)/%.o,$(MODULE_SRC))
 
 tools: $(BIN)/tokenize
 $(BIN)/tokenize: $(OBJ)/common/tools/tokenize.o $(COMMON_OBJ)

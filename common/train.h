@@ -1,6 +1,8 @@
 // train.h: what every chapter does before and around its training loop:
-// resolve the model and batch from the flags, open and check the data, and
-// compute a validation loss.
+// resolve the model and batch from the flags, open and check the data, check
+// the mesh against the model, and the glue every training loop repeats (the
+// AdamW settings, the loss and gradient norm over ranks, validation, the
+// end-of-run sample and save).
 #ifndef TRAIN_H
 #define TRAIN_H
 
@@ -9,6 +11,7 @@
 #include "data.h"
 #include "mesh.h"
 #include "model.h"
+#include "ops.h"
 
 typedef struct {
     GPTConfig cfg;
@@ -53,6 +56,60 @@ typedef struct {
 int run_start(Run* r, int argc, char** argv, const char* program, const char* summary,
               const ArgSpec* extra, int n_extra, unsigned axes);
 void run_finish(Run* r);
+
+// ---------------------------------------------------------------- what a mesh needs of the model
+// What a chapter splits along each axis, beyond what every chapter splits
+// (the global batch over dp). Zero fields need nothing.
+typedef struct {
+    int microbatches;  // a dp rank's share of the batch runs in this many pieces (0: 1)
+    int experts;       // MoE experts, split over ep (0: no experts)
+} MeshNeeds;
+
+// One check for every chapter, one message style: the batch over dp x
+// microbatches, the heads and the padded vocabulary over tp, the layers over
+// pp, the sequence over cp, the experts over ep. On a mismatch every rank
+// exits after rank 0 prints "X does not split over axis=N: use ...".
+// needs may be NULL.
+void train_check_mesh(const Mesh* mesh, const TrainSetup* s, const MeshNeeds* needs);
+
+// ---------------------------------------------------------------- glue of the training loop
+// The AdamW settings from the flags (DESIGN.md's betas and eps, --lr, --wd).
+AdamWConfig train_adamw(const TrainArgs* a);
+
+// The mean of a host scalar (a loss) over a group: every rank gets it. Plain
+// MPI on the host, not counted with the strategy's communication.
+double train_mean(const Comm* group, double mine);
+
+// The global gradient norm: sqrt of the sum over ranks of each rank's sum of
+// squares. mine is this rank's share, which the caller makes disjoint: a
+// tensor replicated over an axis (a LayerNorm over tp) enters on one rank of
+// that axis only, so it counts once, not tp times. The sum is all-reduced
+// (as one float, a counted all-reduce on the device) over each of the
+// n_groups groups in turn, which together span the ranks that hold
+// different parts. With no groups, sqrt(mine).
+double train_global_norm(double mine, const Comm* const* groups, int n_groups);
+
+// A forward on (micro, T) tokens of the caller's model, returning their mean
+// loss. ctx is the caller's.
+typedef float (*TrainForward)(void* ctx, const int* inputs, const int* targets);
+
+// Mean loss over the first n_batches global batches (s->B x s->T) of the
+// validation set, so every chapter validates on the same tokens: this rank
+// runs sequences [b0, b0 + count) of each batch through forward, micro at a
+// time; the losses are summed over `group` (NULL: this rank alone) and
+// averaged over every piece run. Collective over group. -1 if there is no
+// validation data.
+float train_val_loss_with(const TrainSetup* s, int n_batches, TrainForward forward, void* ctx, int b0,
+                          int count, int micro, const Comm* group);
+
+// The end of a run: --sample N characters generated and --save FILE written
+// from params_host, the full parameters in the flat layout on the one rank
+// that holds them (NULL on every other rank). Sampling builds a model of
+// sequence length T there. Collective: every rank calls it; a write error
+// ends every rank. Whether a chapter needs to assemble params_host at all:
+// train_wants_params.
+void train_finish_params(const TrainArgs* a, const GPTConfig* cfg, int T, const float* params_host);
+int train_wants_params(const TrainArgs* a);
 
 // Step timing: the first step (caches, thread pools) is left out of the
 // averages unless it is the only one.

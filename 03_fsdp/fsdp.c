@@ -1,0 +1,236 @@
+// fsdp.c: the FSDP engine (fsdp.h): shards, gather slots, reduce-scatter,
+// the sharded AdamW step.
+#include "fsdp.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+#include "common.h"
+#include "memory.h"
+
+// ---------------------------------------------------------------- units and shards
+
+static void units_make(FSDP* f, const FsdpSpec* spec, int N) {
+    f->n = spec->n_units;
+    f->numel = xmalloc(sizeof(size_t) * f->n);
+    f->shard = xmalloc(sizeof(size_t) * f->n);
+    f->shard_off = xmalloc(sizeof(size_t) * f->n);
+    f->padded_off = xmalloc(sizeof(size_t) * f->n);
+    f->shard_total = f->padded_total = f->max_padded = 0;
+    for (int i = 0; i < f->n; i++) {
+        f->numel[i] = spec->numel[i];
+        f->shard[i] = (f->numel[i] + N - 1) / N;
+        f->shard_off[i] = f->shard_total;
+        f->padded_off[i] = f->padded_total;
+        f->shard_total += f->shard[i];
+        f->padded_total += f->shard[i] * N;
+        if (f->shard[i] * N > f->max_padded) f->max_padded = f->shard[i] * N;
+    }
+}
+
+// The part of rank r's shard of unit i that is real (not padding): [lo, hi)
+// as offsets inside the unit.
+static void shard_range(const FSDP* f, int i, int r, size_t* lo, size_t* hi) {
+    *lo = (size_t)r * f->shard[i];
+    *hi = *lo + f->shard[i];
+    if (*lo > f->numel[i]) *lo = f->numel[i];
+    if (*hi > f->numel[i]) *hi = f->numel[i];
+}
+
+// ---------------------------------------------------------------- set-up
+
+void fsdp_create(FSDP* f, const Comm* dp, const FsdpSpec* spec, int zero, int prefetch, int reshard) {
+    memset(f, 0, sizeof(*f));
+    f->dp = dp;
+    f->zero = zero;
+    f->prefetch = prefetch;
+    f->reshard = reshard;
+    int N = dp->size, r = dp->rank;
+    units_make(f, spec, N);
+    // this rank's shard of the initial parameters, on the host
+    float* shard_host = xcalloc(f->shard_total, sizeof(float));
+    char msg[1024];
+    const char* bad = NULL;
+    for (int i = 0; i < f->n && !bad; i++) {
+        size_t lo, hi;
+        shard_range(f, i, r, &lo, &hi);
+        bad = spec->fill(spec->fill_ctx, i, lo, hi - lo, shard_host + f->shard_off[i], msg, sizeof(msg));
+    }
+    fail_if_any(bad != NULL, bad);
+    if (zero == 3) {
+        f->shard_params = mem_alloc_floats(f->shard_total, MEM_PARAMS);
+        mem_to_device(f->shard_params, shard_host, f->shard_total * sizeof(float));
+        f->n_slots = reshard ? 2 : f->n;
+        f->slot_buf = xmalloc(sizeof(float*) * f->n_slots);
+        f->slot_req = xcalloc((size_t)f->n_slots, sizeof(CommRequest));
+        f->unit_in_slot = xmalloc(sizeof(int) * f->n_slots);
+        for (int s = 0; s < f->n_slots; s++) {
+            // resharding: two slots, each big enough for any unit; keeping:
+            // slot i holds unit i, so together they hold the padded model
+            size_t size = reshard ? f->max_padded : f->shard[s] * N;
+            f->slot_buf[s] = mem_alloc_floats(size, MEM_PARAMS);
+            f->unit_in_slot[s] = -1;
+        }
+    } else {
+        // full parameters, assembled once from the shards
+        f->full_params = mem_alloc_floats(f->padded_total, MEM_PARAMS);
+        for (int i = 0; i < f->n; i++) {
+            float* full = f->full_params + f->padded_off[i];
+            mem_to_device(full + (size_t)r * f->shard[i], shard_host + f->shard_off[i], f->shard[i] * sizeof(float));
+            comm_allgather(dp, full + (size_t)r * f->shard[i], full, f->shard[i]);
+        }
+    }
+    free(shard_host);
+    f->slot_of_unit = xmalloc(sizeof(int) * f->n);
+    for (int i = 0; i < f->n; i++) f->slot_of_unit[i] = -1;
+    f->shard_grads = mem_alloc_floats(f->shard_total, MEM_GRADS);
+    f->own_grads = xcalloc((size_t)f->n, sizeof(float*));
+    if (zero == 1) {
+        f->full_grads = mem_alloc_floats(f->padded_total, MEM_GRADS);
+    } else {
+        f->unit_grads = mem_alloc_floats(f->max_padded, MEM_GRADS);
+        for (int i = 0; i < f->n; i++)
+            if (spec->own_grads && spec->own_grads[i]) f->own_grads[i] = mem_alloc_floats(f->shard[i] * N, MEM_GRADS);
+    }
+    f->m = mem_alloc_floats(f->shard_total, MEM_OPTIMIZER);
+    f->v = mem_alloc_floats(f->shard_total, MEM_OPTIMIZER);
+}
+
+void fsdp_free(FSDP* f) {
+    mem_free(f->shard_params);
+    mem_free(f->full_params);
+    mem_free(f->shard_grads);
+    mem_free(f->full_grads);
+    mem_free(f->unit_grads);
+    for (int i = 0; i < f->n; i++) mem_free(f->own_grads[i]);
+    free(f->own_grads);
+    mem_free(f->m);
+    mem_free(f->v);
+    for (int s = 0; s < f->n_slots; s++) mem_free(f->slot_buf[s]);
+    free(f->slot_buf);
+    free(f->slot_req);
+    free(f->unit_in_slot);
+    free(f->slot_of_unit);
+    free(f->numel);
+    free(f->shard);
+    free(f->shard_off);
+    free(f->padded_off);
+}
+
+// ---------------------------------------------------------------- gathering a unit (zero 3)
+
+// Starts gathering unit i into a free slot: every rank contributes its shard,
+// every rank receives the whole (padded) unit. Returns 0 when there was
+// nothing to start.
+static int request_unit(FSDP* f, int i) {
+    if (f->slot_of_unit[i] >= 0) return 0;  // already here (or on its way)
+    int s = f->reshard ? f->next_slot : i;
+    f->next_slot ^= 1;
+    if (f->unit_in_slot[s] >= 0) f->slot_of_unit[f->unit_in_slot[s]] = -1;  // evict
+    f->unit_in_slot[s] = i;
+    f->slot_of_unit[i] = s;
+    const float* mine = f->shard_params + f->shard_off[i];
+    if (f->prefetch) {
+        comm_iallgather(f->dp, mine, f->slot_buf[s], f->shard[i], &f->slot_req[s]);
+    } else {
+        comm_allgather(f->dp, mine, f->slot_buf[s], f->shard[i]);
+    }
+    return 1;
+}
+
+// The time blocked here (a blocking gather, or the wait on a gather still in
+// flight) is the all-gather wait that prefetching tries to remove.
+float* fsdp_unit_params(FSDP* f, int i) {
+    if (f->zero < 3) return f->full_params + f->padded_off[i];
+    double w0 = comm_wait_seconds();
+    request_unit(f, i);
+    int s = f->slot_of_unit[i];
+    comm_wait(&f->slot_req[s]);
+    f->allgather_wait_s += comm_wait_seconds() - w0;
+    return f->slot_buf[s];
+}
+
+void fsdp_prefetch(FSDP* f, int i) {
+    if (f->zero == 3 && f->prefetch && request_unit(f, i)) f->gathers_prefetched++;
+}
+
+void fsdp_drop_gathered(FSDP* f) {
+    for (int i = 0; i < f->n; i++) f->slot_of_unit[i] = -1;
+    for (int s = 0; s < f->n_slots; s++) f->unit_in_slot[s] = -1;
+}
+
+// ---------------------------------------------------------------- gradients
+
+float* fsdp_grads_begin(FSDP* f, int i) {
+    float* g;
+    if (f->zero == 1) g = f->full_grads + f->padded_off[i];
+    else g = f->own_grads[i] ? f->own_grads[i] : f->unit_grads;
+    ops_zero(g, f->shard[i] * f->dp->size);
+    return g;
+}
+
+void fsdp_reduce_grads(FSDP* f, int i) {
+    const float* g;
+    if (f->zero == 1) g = f->full_grads + f->padded_off[i];
+    else g = f->own_grads[i] ? f->own_grads[i] : f->unit_grads;
+    comm_reduce_scatter(f->dp, g, f->shard_grads + f->shard_off[i], f->shard[i], COMM_AVG);
+}
+
+double fsdp_grad_sumsq(const FSDP* f) { return grad_sumsq(f->shard_grads, f->shard_total); }
+
+double fsdp_grad_sumsq_range(const FSDP* f, int i, size_t lo, size_t n) {
+    // the overlap of [lo, lo + n) with this rank's shard of unit i
+    size_t s_lo, s_hi, hi = lo + n;
+    shard_range(f, i, f->dp->rank, &s_lo, &s_hi);
+    if (lo < s_lo) lo = s_lo;
+    if (hi > s_hi) hi = s_hi;
+    if (lo >= hi) return 0.0;
+    return grad_sumsq(f->shard_grads + f->shard_off[i] + (lo - s_lo), hi - lo);
+}
+
+// ---------------------------------------------------------------- the step
+
+void fsdp_step(FSDP* f, AdamWConfig opt, int t, float scale) {
+    int r = f->dp->rank;
+    if (f->zero == 3) {
+        // the shard is the only copy of the parameters: update it, done
+        adamw_update(f->shard_params, f->shard_grads, f->m, f->v, f->shard_total, opt, t, scale);
+        return;
+    }
+    // zero 1, 2: update this rank's shard of the full parameters in place,
+    // then all-gather so every rank has every updated shard
+    for (int i = 0; i < f->n; i++) {
+        float* full = f->full_params + f->padded_off[i];
+        size_t S = f->shard[i], so = f->shard_off[i];
+        adamw_update(full + (size_t)r * S, f->shard_grads + so, f->m + so, f->v + so, S, opt, t, scale);
+    }
+    double w0 = comm_wait_seconds();
+    for (int i = 0; i < f->n; i++) {
+        float* full = f->full_params + f->padded_off[i];
+        comm_allgather(f->dp, full + (size_t)r * f->shard[i], full, f->shard[i]);
+    }
+    f->allgather_wait_s += comm_wait_seconds() - w0;
+}
+
+// ---------------------------------------------------------------- the whole
+
+float* fsdp_gather_host(FSDP* f) {
+    size_t total = 0;
+    for (int i = 0; i < f->n; i++) total += f->numel[i];
+    float* host = f->dp->rank == 0 ? xmalloc(total * sizeof(float)) : NULL;
+    float* buf = mem_alloc_floats(f->max_padded, MEM_OTHER);
+    size_t off = 0;
+    for (int i = 0; i < f->n; i++) {
+        const float* unit;
+        if (f->zero == 3) {
+            comm_allgather(f->dp, f->shard_params + f->shard_off[i], buf, f->shard[i]);
+            unit = buf;
+        } else {
+            unit = f->full_params + f->padded_off[i];
+        }
+        if (host) mem_to_host(host + off, unit, f->numel[i] * sizeof(float));
+        off += f->numel[i];
+    }
+    mem_free(buf);
+    return host;
+}
