@@ -25,8 +25,12 @@
 //      backward identity.
 // Every collective of the step is written below, where it happens.
 //
-// The dp axis (outer, ranks tp apart) splits the batch as chapter 2 does: each
-// tp shard is replicated over dp and its gradient averaged with one all-reduce.
+// The dp axis (outer, ranks tp apart) is chapter 3's FSDP, linked from
+// 03_fsdp/fsdp.c: each tp rank's shard of the model is cut into units
+// ([wte rows, wpe], one block's tp shard per block, [lnfw lnfb]) and those
+// are sharded again over the dp ranks that hold the same tp slice (ZeRO-3 by
+// default: gathered just before use, with prefetch). A tp rank never sees
+// another tp rank's slice; a dp rank never holds more than 1/dp of its own.
 //
 //   mpirun -np 4 build/chapter-4 --dp 2 --tp 2
 #include <math.h>
@@ -44,6 +48,8 @@
 #include "report.h"
 #include "runtime.h"
 #include "train.h"
+
+#include "fsdp.h"
 
 // ---------------------------------------------------------------- which rank holds what
 
@@ -122,10 +128,12 @@ typedef struct {
     int Vl, v0, nvalid;      // vocabulary rows held [v0, v0 + Vl), nvalid of them real tokens
     Tile* tiles;
     int ntiles;
-    size_t numel;            // floats of the shard
-    size_t wpe_off, block0_off, block_numel, lnf_off;
-    float *params, *grads, *m, *v;  // (numel) each
-    float* norm_buf;         // (1)
+    size_t numel;            // floats of the tp shard
+    size_t wpe_off, block0_off, block_numel, lnf_off;  // where things sit in the tp shard
+    // the tp shard as FSDP units over dp: unit 0 = [wte rows, wpe], unit 1+l =
+    // block l's tp shard, unit L+1 = [lnfw lnfb]
+    FSDP f;
+    size_t* unit_off;        // (L+2) where each unit starts in the tp shard
     // activations of B sequences (this dp rank's share) of T tokens
     int B, T;
     float* encoded;          // (B,T,C)
@@ -138,8 +146,11 @@ typedef struct {
     float* losses_host;
 } TP;
 
-static BlockParams tp_block(const TP* m, float* base, int l) {
-    return block_params_at_tp(base + m->block0_off + (size_t)l * m->block_numel, m->cfg.channels, m->ntp);
+// The unit a tile of the tp shard lies in (no tile straddles two).
+static int tile_unit(const TP* m, const Tile* tl) {
+    if (tl->off < m->block0_off) return 0;
+    if (tl->off >= m->lnf_off) return m->cfg.num_layers + 1;
+    return 1 + (int)((tl->off - m->block0_off) / m->block_numel);
 }
 
 static BlockActs tp_acts(const TP* m, int l) {
@@ -211,29 +222,39 @@ static void block_backward_tp(const TP* m, const BlockParams* p, BlockParams* g,
 
 // ---------------------------------------------------------------- forward and backward
 
+// fsdp_unit_params(f, i) returns unit i of this tp rank's shard, whole (under
+// ZeRO-3 all-gathered over dp, or waited for if a prefetch started it);
+// fsdp_prefetch(f, i) starts unit i's gather to arrive behind the compute
+// that follows, as in chapter 3. The tp collectives are the new part.
 static float forward(TP* m, const int* inputs, const int* targets) {
+    FSDP* f = &m->f;
     const GPTConfig* c = &m->cfg;
-    int B = m->B, T = m->T, N = B * T, C = c->channels, L = c->num_layers;
+    int B = m->B, T = m->T, N = B * T, C = c->channels, L = c->num_layers, tp = m->ntp;
     size_t NC = (size_t)N * C;
-    float* P = m->params;
+    fsdp_drop_gathered(f);  // stale after the optimizer step
     mem_to_device(m->inputs, inputs, (size_t)N * sizeof(int));
     mem_to_device(m->targets, targets, (size_t)N * sizeof(int));
+    float* emb = fsdp_unit_params(f, 0);  // [wte rows (Vl, C), wpe (maxT, C)]
+    fsdp_prefetch(f, 1);
     // vocabulary-parallel embedding: a token's row on the rank that holds it,
     // zero on the others; wpe added by tp rank 0 only. g (all-reduce) sums.
-    encoder_forward_vocab(m->encoded, m->inputs, P, m->rtp == 0 ? P + m->wpe_off : NULL, B, T, C, m->v0, m->Vl);
+    encoder_forward_vocab(m->encoded, m->inputs, emb, m->rtp == 0 ? emb + m->wpe_off : NULL, B, T, C, m->v0, m->Vl);
     comm_allreduce(m->tp, m->encoded, NC, COMM_SUM);
     const float* x = m->encoded;
     for (int l = 0; l < L; l++) {
-        BlockParams p = tp_block(m, P, l);
+        BlockParams p = block_params_at_tp(fsdp_unit_params(f, 1 + l), C, tp);
+        fsdp_prefetch(f, l + 2);  // the next block, or [lnfw lnfb] after the last
         BlockActs a = tp_acts(m, l);
         block_forward_tp(m, &p, &a, x);
         x = a.res3;
     }
+    float* lnf = fsdp_unit_params(f, L + 1);
+    float* wte = fsdp_unit_params(f, 0);  // the tied LM head: this rank's wte rows again
     // the head: final LayerNorm (replicated), then f (identity) and this
-    // rank's slice of the logits, (N, Vl): the LM head is the wte rows it holds
+    // rank's slice of the logits, (N, Vl): never the whole (N, Vp)
     HeadActs h = head_acts_at(m->head, B, T, C, m->Vl);
-    layernorm_forward(h.lnf, h.lnf_mean, h.lnf_rstd, x, P + m->lnf_off, P + m->lnf_off + C, N, C);
-    matmul_forward(h.logits, h.lnf, P, NULL, N, C, m->Vl);
+    layernorm_forward(h.lnf, h.lnf_mean, h.lnf_rstd, x, lnf, lnf + C, N, C);
+    matmul_forward(h.logits, h.lnf, wte, NULL, N, C, m->Vl);
     // vocabulary-parallel cross-entropy: per row, this slice's max, sum of
     // exponentials and target logit (0 if another rank holds the target) ...
     crossentropy_partials(h.rowmax, h.sumexp, h.tlogit, h.logits, m->targets, N, m->Vl, m->nvalid, m->v0);
@@ -242,7 +263,7 @@ static float forward(TP* m, const int* inputs, const int* targets) {
     // gets the same statistics of the whole vocabulary, bit for bit
     comm_allgather(m->tp, h.rowmax, m->gathered, 3 * (size_t)N);
     ops_copy(h.rowmax, m->gathered, 3 * (size_t)N);
-    for (int r = 1; r < m->ntp; r++) {
+    for (int r = 1; r < tp; r++) {
         const float* g = m->gathered + (size_t)r * 3 * N;
         crossentropy_merge(h.rowmax, h.sumexp, h.tlogit, g, g + N, g + 2 * N, N);
     }
@@ -253,69 +274,131 @@ static float forward(TP* m, const int* inputs, const int* targets) {
     return (float)(sum / N);
 }
 
+// fsdp_grads_begin(f, i) gives the zeroed buffer unit i's gradient
+// accumulates in; fsdp_reduce_grads(f, i) reduce-scatters it over dp (the
+// mean over the dp ranks, each rank keeping its shard), as in chapter 3.
 static void backward(TP* m) {
+    FSDP* f = &m->f;
     const GPTConfig* c = &m->cfg;
-    int B = m->B, T = m->T, N = B * T, C = c->channels, NH = c->num_heads, L = c->num_layers;
+    int B = m->B, T = m->T, N = B * T, C = c->channels, NH = c->num_heads, L = c->num_layers, tp = m->ntp;
     size_t NC = (size_t)N * C;
-    float *P = m->params, *G = m->grads;
     HeadActs h = head_acts_at(m->head, B, T, C, m->Vl);
-    BlockScratch s = block_scratch_at_tp(m->scratch, B, T, C, NH, m->ntp);
+    BlockScratch s = block_scratch_at_tp(m->scratch, B, T, C, NH, tp);
+    float* g_emb = fsdp_grads_begin(f, 0);
+    float* g_lnf = fsdp_grads_begin(f, L + 1);
+    float* lnf = fsdp_unit_params(f, L + 1);
+    float* wte = fsdp_unit_params(f, 0);
     // the head: dlogits of this rank's slice from the merged statistics (in
     // place of the logits), then the partial dlnf and this slice's dwte
     crossentropy_backward(h.logits, h.logits, m->targets, h.rowmax, h.sumexp, 1.0f / (float)N, N, m->Vl,
                           m->nvalid, m->v0);
     ops_zero(s.dln, NC);
-    matmul_backward(s.dln, G, NULL, h.logits, h.lnf, P, N, C, m->Vl);
+    matmul_backward(s.dln, g_emb, NULL, h.logits, h.lnf, wte, N, C, m->Vl);
     // f (backward: all-reduce): every vocabulary slice adds to dlnf
     comm_allreduce(m->tp, s.dln, NC, COMM_SUM);
     ops_zero(m->dres, NC);
     const float* last = tp_acts(m, L - 1).res3;
-    layernorm_backward(m->dres, G + m->lnf_off, G + m->lnf_off + C, s.dln, last, P + m->lnf_off, h.lnf_mean,
-                       h.lnf_rstd, N, C);
+    layernorm_backward(m->dres, g_lnf, g_lnf + C, s.dln, last, lnf, h.lnf_mean, h.lnf_rstd, N, C);
+    if (f->zero > 1) fsdp_reduce_grads(f, L + 1);
+    // the blocks, last to first: gather (prefetching the one before),
+    // backward with its tp all-reduces, reduce-scatter over dp
     for (int l = L - 1; l >= 0; l--) {
-        BlockParams p = tp_block(m, P, l), g = tp_block(m, G, l);
+        BlockParams p = block_params_at_tp(fsdp_unit_params(f, 1 + l), C, tp);
+        if (l > 0) fsdp_prefetch(f, l);
+        BlockParams g = block_params_at_tp(fsdp_grads_begin(f, 1 + l), C, tp);
         BlockActs a = tp_acts(m, l);
         const float* x = l > 0 ? tp_acts(m, l - 1).res3 : m->encoded;
         block_backward_tp(m, &p, &g, &a, &s, x, m->dres);
+        if (f->zero > 1) fsdp_reduce_grads(f, 1 + l);
     }
     // the embedding: dres is whole on every rank (g backward: identity). The
     // token rows this rank holds add into its wte slice, which already holds
     // the LM head's share: the tied gradient collects both uses. Every rank
     // computes the whole dwpe (wpe is replicated).
-    encoder_backward_vocab(G, G + m->wpe_off, m->dres, m->inputs, B, T, C, m->v0, m->Vl);
+    encoder_backward_vocab(g_emb, g_emb + m->wpe_off, m->dres, m->inputs, B, T, C, m->v0, m->Vl);
+    if (f->zero > 1) {
+        fsdp_reduce_grads(f, 0);
+    } else {
+        for (int i = 0; i < f->n; i++) fsdp_reduce_grads(f, i);  // ZeRO-1: every unit now
+    }
 }
 
 // ---------------------------------------------------------------- the optimizer step
 
-// The global gradient norm. The tp shards of a split tensor are disjoint
+// The global gradient norm. The tp slices of a split tensor are disjoint
 // pieces, summed over tp; a replicated tensor (LayerNorms, the row-parallel
 // biases, wpe, lnf) has the same gradient on every tp rank, so only tp rank 0
-// counts it, and dp replicas count once (dp rank 0). One all-reduce over the
-// world.
+// counts it: it enters the norm once, not tp times. The dp shards are
+// disjoint (fsdp_grad_sumsq_range counts this rank's shard only). Then one
+// all-reduce over dp and one over tp.
 static float step(TP* m, const TrainArgs* args, int t) {
-    double local = 0.0;
-    if (m->dp->rank == 0)
-        for (int i = 0; i < m->ntiles; i++) {
-            const Tile* tl = &m->tiles[i];
-            if (tl->replicated && m->rtp != 0) continue;
-            local += grad_sumsq(m->grads + tl->off, tl->nrows * tl->ncols);
-        }
-    float sumsq = (float)local;
-    mem_to_device(m->norm_buf, &sumsq, sizeof(float));
-    comm_allreduce(m->world, m->norm_buf, 1, COMM_SUM);
-    mem_to_host(&sumsq, m->norm_buf, sizeof(float));
-    double norm = sqrt((double)sumsq);
-    float scale = grad_clip_scale(norm, args->clip);
-    AdamWConfig opt = {.lr = args->lr, .beta1 = 0.9f, .beta2 = 0.999f, .eps = 1e-8f, .weight_decay = args->wd};
-    // every rank updates its own shard; replicated tensors get the same
-    // gradient and so the same update on every tp rank
-    adamw_update(m->params, m->grads, m->m, m->v, m->numel, opt, t, scale);
+    double mine = 0.0;
+    for (int i = 0; i < m->ntiles; i++) {
+        const Tile* tl = &m->tiles[i];
+        if (tl->replicated && m->rtp != 0) continue;
+        int u = tile_unit(m, tl);
+        mine += fsdp_grad_sumsq_range(&m->f, u, tl->off - m->unit_off[u], tl->nrows * tl->ncols);
+    }
+    const Comm* groups[] = {m->dp, m->tp};
+    double norm = train_global_norm(mine, groups, 2);
+    // AdamW on this rank's shard of its tp slice; replicated tensors get the
+    // same gradient and so the same update on every tp rank
+    fsdp_step(&m->f, train_adamw(args), t, grad_clip_scale(norm, args->clip));
     return (float)norm;
 }
 
 // ---------------------------------------------------------------- set-up
 
-static void tp_create(TP* m, const Run* run, int B) {
+// The engine's fill callback: floats [lo, lo + n) of a unit are a range of
+// this tp rank's shard; each tile that meets the range is initialised or read
+// for the part that lies inside it (a partial first row, whole rows, a
+// partial last row), so a rank builds or reads only its slices of its shard.
+typedef struct {
+    const TP* m;
+    const char* checkpoint;  // NULL: initialise from the seed
+    uint64_t seed;
+} TileSource;
+
+static const char* fill_piece(const TileSource* src, const Tile* tl, size_t row, size_t nrows, size_t col,
+                              size_t ncols, float* dst, char* msg, size_t msg_len) {
+    const GPTConfig* c = &src->m->cfg;
+    if (src->checkpoint)
+        return checkpoint_read_tile(src->checkpoint, c, dst, tl->t, tl->layer, tl->row0 + row, nrows,
+                                    tl->col0 + col, ncols, msg, msg_len);
+    gpt_init_tile(dst, c, src->seed, tl->t, tl->layer, tl->row0 + row, nrows, tl->col0 + col, ncols);
+    return NULL;
+}
+
+static const char* fill_unit(void* ctx, int unit, size_t lo, size_t n, float* dst, char* msg, size_t msg_len) {
+    const TileSource* src = ctx;
+    const TP* m = src->m;
+    size_t a0 = m->unit_off[unit] + lo, b0 = a0 + n;  // the range in the tp shard
+    for (int i = 0; i < m->ntiles; i++) {
+        const Tile* tl = &m->tiles[i];
+        size_t size = tl->nrows * tl->ncols;
+        size_t a = a0 > tl->off ? a0 - tl->off : 0, b = b0 - tl->off < size ? b0 - tl->off : size;
+        if (b0 <= tl->off || a >= b) continue;
+        // [a, b) of the tile's row-major storage
+        float* out = dst + (tl->off + a - a0);
+        size_t w = tl->ncols, r = a / w, col = a % w;
+        const char* bad = NULL;
+        if (col > 0) {  // the tail of a first, partial row
+            size_t k = w - col < b - a ? w - col : b - a;
+            bad = fill_piece(src, tl, r, 1, col, k, out, msg, msg_len);
+            out += k, a += k, r++;
+        }
+        if (!bad && b - a >= w) {  // whole rows
+            size_t rows = (b - a) / w;
+            bad = fill_piece(src, tl, r, rows, 0, w, out, msg, msg_len);
+            out += rows * w, a += rows * w, r += rows;
+        }
+        if (!bad && a < b) bad = fill_piece(src, tl, r, 1, 0, b - a, out, msg, msg_len);  // a last partial row
+        if (bad) return bad;
+    }
+    return NULL;
+}
+
+static void tp_create(TP* m, const Run* run, int B, int zero, int prefetch, int reshard) {
     memset(m, 0, sizeof(*m));
     const TrainSetup* setup = &run->setup;
     m->cfg = setup->cfg;
@@ -340,27 +423,26 @@ static void tp_create(TP* m, const Run* run, int B) {
     const Tile* lt = &m->tiles[m->ntiles - 1];
     CHECK(lt->off + lt->nrows * lt->ncols == m->numel, "shard tiles and layout disagree");
 
-    // this rank's tiles only: initialised from the counter-based rule, or read from the file
-    float* host = xcalloc(m->numel, sizeof(float));
-    char msg[1024];
-    const char* bad = NULL;
-    for (int i = 0; i < m->ntiles && !bad; i++) {
-        const Tile* tl = &m->tiles[i];
-        if (setup->checkpoint)
-            bad = checkpoint_read_tile(setup->checkpoint, c, host + tl->off, tl->t, tl->layer, tl->row0, tl->nrows,
-                                       tl->col0, tl->ncols, msg, sizeof(msg));
-        else
-            gpt_init_tile(host + tl->off, c, (uint64_t)run->args.seed, tl->t, tl->layer, tl->row0, tl->nrows,
-                          tl->col0, tl->ncols);
+    // the tp shard as units, sharded over dp by the engine
+    int n_units = L + 2;
+    m->unit_off = xmalloc(sizeof(size_t) * n_units);
+    size_t* numel = xmalloc(sizeof(size_t) * n_units);
+    int* own_grads = xcalloc((size_t)n_units, sizeof(int));
+    m->unit_off[0] = 0;
+    numel[0] = m->block0_off;
+    for (int l = 0; l < L; l++) {
+        m->unit_off[1 + l] = m->block0_off + (size_t)l * m->block_numel;
+        numel[1 + l] = m->block_numel;
     }
-    fail_if_any(bad != NULL, bad);
-    m->params = mem_alloc_floats(m->numel, MEM_PARAMS);
-    mem_to_device(m->params, host, m->numel * sizeof(float));
-    free(host);
-    m->grads = mem_alloc_floats(m->numel, MEM_GRADS);
-    m->m = mem_alloc_floats(m->numel, MEM_OPTIMIZER);
-    m->v = mem_alloc_floats(m->numel, MEM_OPTIMIZER);
-    m->norm_buf = mem_alloc_floats(1, MEM_OTHER);
+    m->unit_off[L + 1] = m->lnf_off;
+    numel[L + 1] = 2 * (size_t)C;
+    own_grads[0] = 1;  // the tied wte rows: used by the head first, by the embedding last
+    TileSource source = {.m = m, .checkpoint = setup->checkpoint, .seed = (uint64_t)run->args.seed};
+    FsdpSpec spec = {.n_units = n_units, .numel = numel, .own_grads = own_grads, .fill = fill_unit,
+                     .fill_ctx = &source};
+    fsdp_create(&m->f, m->dp, &spec, zero, prefetch, reshard);
+    free(numel);
+    free(own_grads);
 
     m->B = B;
     m->T = setup->T;
@@ -377,73 +459,63 @@ static void tp_create(TP* m, const Run* run, int B) {
 }
 
 static void tp_free(TP* m) {
-    float* bufs[] = {m->params, m->grads, m->m, m->v, m->norm_buf, m->encoded, m->blocks,
-                     m->head, m->gathered, m->scratch, m->dres};
+    float* bufs[] = {m->encoded, m->blocks, m->head, m->gathered, m->scratch, m->dres};
     for (size_t i = 0; i < sizeof(bufs) / sizeof(bufs[0]); i++) mem_free(bufs[i]);
     mem_free(m->inputs);
     mem_free(m->targets);
     free(m->losses_host);
     free(m->tiles);
+    free(m->unit_off);
+    fsdp_free(&m->f);
 }
 
 // ---------------------------------------------------------------- validation, checks, saving
 
 // The same validation tokens as every chapter: each dp rank runs its share
-// of every global batch through the tensor-parallel forward.
-static float val_loss(TP* m, const TrainSetup* s, int n_batches, int* inputs, int* targets) {
-    size_t per_epoch = data_batches_per_epoch(&s->val, s->B, s->T);
-    if (per_epoch == 0) return -1.0f;
-    if ((size_t)n_batches > per_epoch) n_batches = (int)per_epoch;
-    double mine = 0.0;
-    for (int i = 0; i < n_batches; i++) {
-        data_batch(&s->val, i, s->B, s->T, m->dp->rank * m->B, m->B, inputs, targets);
-        mine += forward(m, inputs, targets);
-    }
-    double total = 0.0;  // a host scalar for the log: plain MPI
-    MPI_CHECK(MPI_Allreduce(&mine, &total, 1, MPI_DOUBLE, MPI_SUM, m->dp->mpi));
-    return (float)(total / ((double)m->dp->size * n_batches));
+// of every global batch through the same forward (same gathers and tp
+// collectives) as training.
+static float forward_cb(void* ctx, const int* inputs, const int* targets) { return forward(ctx, inputs, targets); }
+
+static float val_loss(TP* m, const TrainSetup* s, int n_batches) {
+    return train_val_loss_with(s, n_batches, forward_cb, m, m->dp->rank * m->B, m->B, m->B, m->dp);
 }
 
-// A bitwise fingerprint of the replicated tensors (parameters and the last
-// step's gradients): equal on every tp rank iff their copies agree exactly.
-// Returns 1 when they do, on every rank.
-static int replicas_agree(const TP* m) {
-    float* host = xmalloc(m->numel * sizeof(float));
-    unsigned long long h[2] = {0, 0};
-    const float* bufs[2] = {m->params, m->grads};
-    for (int b = 0; b < 2; b++) {
-        mem_to_host(host, bufs[b], m->numel * sizeof(float));
+// A bitwise fingerprint of the replicated tensors in this tp rank's whole
+// shard (host, on dp rank 0): equal on every tp rank iff their copies agree
+// exactly. Returns 1 when they do, on every rank. Plain MPI, uncounted.
+static int replicas_agree(const TP* m, const float* shard) {
+    int mine = 1, all = 0;
+    if (shard) {
+        unsigned long long h = 0, lo, hi;
         for (int i = 0; i < m->ntiles; i++) {
             const Tile* tl = &m->tiles[i];
             if (!tl->replicated) continue;
             for (size_t k = 0; k < tl->nrows * tl->ncols; k++) {
                 unsigned int bits;
-                memcpy(&bits, host + tl->off + k, sizeof(bits));
-                h[b] = h[b] * 1099511628211ull + bits + 1;
+                memcpy(&bits, shard + tl->off + k, sizeof(bits));
+                h = h * 1099511628211ull + bits + 1;
             }
         }
+        MPI_CHECK(MPI_Allreduce(&h, &lo, 1, MPI_UNSIGNED_LONG_LONG, MPI_MIN, m->tp->mpi));
+        MPI_CHECK(MPI_Allreduce(&h, &hi, 1, MPI_UNSIGNED_LONG_LONG, MPI_MAX, m->tp->mpi));
+        mine = lo == hi;
     }
-    free(host);
-    unsigned long long lo[2], hi[2];
-    MPI_CHECK(MPI_Allreduce(h, lo, 2, MPI_UNSIGNED_LONG_LONG, MPI_MIN, m->tp->mpi));
-    MPI_CHECK(MPI_Allreduce(h, hi, 2, MPI_UNSIGNED_LONG_LONG, MPI_MAX, m->tp->mpi));
-    int mine = lo[0] == hi[0] && lo[1] == hi[1], all = 0;
     MPI_CHECK(MPI_Allreduce(&mine, &all, 1, MPI_INT, MPI_MIN, m->world->mpi));
     return all;
 }
 
 // The full model in the flat layout on world rank 0 (dp 0, tp 0): the tp
-// group of dp rank 0 gathers its shards there, which are placed tile by tile.
-static float* gather_full_model(const TP* m) {
+// ranks of dp rank 0 send it their whole shards (shard: fsdp_gather_host's),
+// which it places tile by tile. NULL on every other rank.
+static float* gather_full_model(const TP* m, const float* shard) {
     if (m->dp->rank != 0) return NULL;
     // shards differ in size when the vocabulary splits unevenly: each is sent
-    // in a block of the largest (tp rank 0's) size
-    size_t S = m->numel;
+    // in a block of the largest size
     unsigned long long mine = m->numel, most = 0;
     MPI_CHECK(MPI_Allreduce(&mine, &most, 1, MPI_UNSIGNED_LONG_LONG, MPI_MAX, m->tp->mpi));
-    S = (size_t)most;
+    size_t S = (size_t)most;
     float* send = mem_alloc_floats(S, MEM_OTHER);
-    ops_copy(send, m->params, m->numel);
+    mem_to_device(send, shard, m->numel * sizeof(float));
     float* all = mem_alloc_floats(S * (size_t)m->ntp, MEM_OTHER);
     comm_gather(m->tp, send, all, S, 0);
     float* full = NULL;
@@ -471,40 +543,59 @@ static float* gather_full_model(const TP* m) {
 // ---------------------------------------------------------------- main
 
 int main(int argc, char** argv) {
+    int zero = 3, prefetch = 1, reshard = 1;
+    ArgSpec extra[] = {
+        {"zero", ARG_INT, &zero, "ZeRO stage over dp (chapter 3): 1, 2 or 3  [3]"},
+        {"prefetch", ARG_INT, &prefetch, "1: all-gather the next unit while this one computes (zero 3)  [1]"},
+        {"reshard", ARG_INT, &reshard, "(zero 3) 1: free a unit after use and gather again in backward  [1]"},
+    };
     Run run;
     if (!run_start(&run, argc, argv, "build/chapter-4",
-                   "Chapter 4: tensor parallelism (Megatron) inside every block, on --tp ranks that share a\n"
-                   "batch, times data parallelism over --dp groups. tp is the inner axis (neighbouring ranks).",
-                   NULL, 0, (1u << AXIS_DP) | (1u << AXIS_TP)))
+                   "Chapter 4: tensor parallelism (Megatron) inside every block on --tp ranks that share a\n"
+                   "batch, and FSDP (chapter 3) over --dp groups. tp is the inner axis (neighbouring ranks).",
+                   extra, sizeof(extra) / sizeof(extra[0]), (1u << AXIS_DP) | (1u << AXIS_TP)))
         return 0;
+    if (zero < 1 || zero > 3) fail_all("--zero %d: the stages are 1, 2 and 3", zero);
+    if ((prefetch != 0 && prefetch != 1) || (reshard != 0 && reshard != 1))
+        fail_all("--prefetch and --reshard take 0 or 1");
+    if (reshard == 0 && zero != 3)
+        fail_all("--reshard 0 applies to --zero 3 only: ZeRO-%d never frees parameters; drop --reshard or use --zero 3",
+                 zero);
     const TrainArgs* args = &run.args;
     const TrainSetup* setup = &run.setup;
     const GPTConfig* cfg = &setup->cfg;
     int tp = run.axes[AXIS_TP].size, dp = run.axes[AXIS_DP].size;
     int B = setup->B, T = setup->T;
-    // every split must be exact: whole heads, whole hidden units, whole
-    // vocabulary rows per tp rank, whole sequences per dp rank
+    // every split must be exact: whole sequences per dp rank, whole heads and
+    // whole hidden units per tp rank, and vocabulary rows for every tp rank
+    // (the vocabulary may split unevenly: vocab_rows). Not train_check_mesh:
+    // it asks tp to divide the padded vocabulary, which small (256) on tp = 3
+    // does not need.
+    if (B % dp != 0) fail_all("--batch %d does not split over dp=%d ranks: use a batch divisible by %d", B, dp, dp);
     if (cfg->num_heads % tp != 0)
-        fail_all("--tp %d does not divide the model's %d heads: use a tp that divides %d", tp, cfg->num_heads,
+        fail_all("the model's %d heads do not split over tp=%d ranks: use a tp that divides %d", cfg->num_heads, tp,
                  cfg->num_heads);
     if ((4 * cfg->channels) % tp != 0)
-        fail_all("--tp %d does not divide the MLP's %d hidden units (4C): use a tp that divides %d", tp,
-                 4 * cfg->channels, 4 * cfg->channels);
-    // the vocabulary may split unevenly (vocab_rows), but every rank needs rows
+        fail_all("the MLP's %d hidden units (4C) do not split over tp=%d ranks: use a tp that divides %d",
+                 4 * cfg->channels, tp, 4 * cfg->channels);
     int v0_last, rows_last;
     vocab_rows(cfg, tp, tp - 1, &v0_last, &rows_last);
     if (rows_last <= 0)
-        fail_all("--tp %d leaves the last tp rank no rows of the padded vocabulary (%d rows, %d per rank): use a "
-                 "smaller tp", tp, cfg->padded_vocab_size, (cfg->padded_vocab_size + tp - 1) / tp);
-    if (B % dp != 0) fail_all("--batch %d does not split over dp=%d ranks: use a batch divisible by %d", B, dp, dp);
+        fail_all("the model's padded vocabulary of %d rows leaves the last of tp=%d ranks none: use a smaller tp",
+                 cfg->padded_vocab_size, tp);
     int micro = B / dp;
 
     TP m;
-    tp_create(&m, &run, micro);
+    tp_create(&m, &run, micro, zero, prefetch, reshard);
+    FSDP* f = &m.f;
     size_t P = gpt_num_params(cfg);
-    print0("chapter 4: tp=%d x dp=%d, %zu of %zu parameters per rank (%d heads, %d hidden units, %d vocabulary "
-           "rows each), %d sequences per dp rank, device %s\n",
-           tp, dp, m.numel, P, cfg->num_heads / tp, 4 * cfg->channels / tp, m.Vl, micro, run.device);
+    char zero3[64] = "";
+    if (zero == 3)
+        snprintf(zero3, sizeof(zero3), ", prefetch %s, reshard %s", prefetch ? "on" : "off", reshard ? "on" : "off");
+    print0("chapter 4: tp=%d x dp=%d; a tp rank holds %zu of %zu parameters (%d heads, %d hidden units, %d "
+           "vocabulary rows), ZeRO-%d shards them over dp: %zu per rank%s; %d sequences per dp group, device %s\n",
+           tp, dp, m.numel, P, cfg->num_heads / tp, 4 * cfg->channels / tp, m.Vl, zero, f->shard_total, zero3,
+           micro, run.device);
     char msg[1024];
     JsonLog log;
     const char* bad = jsonl_open(&log, args->log, msg, sizeof(msg));
@@ -514,63 +605,57 @@ int main(int argc, char** argv) {
     int* targets = xmalloc((size_t)micro * T * sizeof(int));
     StepClock clock = {0};
     float loss = 0.0f, vloss = -1.0f;
-    comm_counts_reset();  // count the training only
+    long prefetched = 0;
+    comm_counts_reset();  // count the training only, not the start-up
     for (int s = 0; s < args->steps; s++) {
+        long p0 = f->gathers_prefetched;
         clock_begin(&clock);
         // the tp ranks of a dp group read the same sequences
         data_batch(&setup->train, s, B, T, m.dp->rank * micro, micro, inputs, targets);
         double mine = forward(&m, inputs, targets);
-        mem_zero(m.grads, m.numel * sizeof(float));
         backward(&m);
-        // dp: every replica of this tp shard averages its gradient (each is
-        // the mean over its own sequences; the average is the global mean)
-        if (dp > 1) comm_allreduce(m.dp, m.grads, m.numel, COMM_AVG);
         float norm = step(&m, args, s + 1);
         double dt = clock_end(&clock, s, args->steps);
-        double total = 0.0;  // the global loss for the log line: a host scalar, plain MPI
-        MPI_CHECK(MPI_Allreduce(&mine, &total, 1, MPI_DOUBLE, MPI_SUM, m.dp->mpi));
-        loss = (float)(total / dp);
+        prefetched += f->gathers_prefetched - p0;
+        loss = (float)train_mean(m.dp, mine);  // every tp rank has the same loss
         report_step(&log, s, args->steps, loss, norm, 1e3 * dt, (double)B * T / dt);
         if (args->val_every > 0 && (s + 1) % args->val_every == 0 && s + 1 < args->steps) {
-            vloss = val_loss(&m, setup, args->val_batches, inputs, targets);
+            vloss = val_loss(&m, setup, args->val_batches);
             if (vloss >= 0) report_val(&log, s, vloss);
         }
     }
-    int agree = replicas_agree(&m);
-    print0("replicated tensors (LayerNorms, row-parallel biases, wpe): %s on every tp rank\n",
-           agree ? "bit-identical" : "DIFFERENT");
     double ms = clock_ms_per_step(&clock);
+    double prefetched_per_step = args->steps ? (double)prefetched / args->steps : 0.0;
     char extra_json[512];
     snprintf(extra_json, sizeof(extra_json),
-             "\"shard_params\":%zu,\"vocab_rows\":%d,\"replicas_agree\":%d,"
-             "\"comm_wait_ms_per_step\":%.3f,\"comm_progress_ms_per_step\":%.3f",
-             m.numel, m.Vl, agree, clock_wait_ms_per_step(&clock), clock_progress_ms_per_step(&clock));
+             "\"zero\":%d,\"prefetch\":%d,\"reshard\":%d,\"tp_shard_params\":%zu,\"shard_params\":%zu,"
+             "\"padded_params\":%zu,\"vocab_rows\":%d,\"comm_wait_ms_per_step\":%.3f,"
+             "\"comm_progress_ms_per_step\":%.3f,\"gathers_prefetched_per_step\":%g",
+             zero, prefetch, reshard, m.numel, f->shard_total, f->padded_total, m.Vl,
+             clock_wait_ms_per_step(&clock), clock_progress_ms_per_step(&clock), prefetched_per_step);
     RunSummary summary = {
         .chapter = 4, .model = setup->model_name, .num_params = P, .batch = B, .seq = T, .steps = args->steps,
         .ms_per_step = ms, .tokens_per_s = ms > 0 ? (double)B * T / (ms / 1e3) : 0.0,
         .flops_per_token = gpt_flops_per_token(cfg, T), .peak_gflops = run.peak_gflops, .final_loss = loss,
         .val_loss = -1.0f, .extra_json = extra_json};
     report_summary(&log, &run.mesh, &summary);
-    // the final validation loss, after the summary has read the counters
-    vloss = val_loss(&m, setup, args->val_batches, inputs, targets);
+    // after the summary has read the counters: the final validation loss ...
+    vloss = val_loss(&m, setup, args->val_batches);
     if (vloss >= 0) report_val(&log, args->steps - 1, vloss);
     jsonl_close(&log);
-
-    if (args->save || args->sample > 0) {
-        float* host = gather_full_model(&m);
-        if (args->sample > 0 && world_rank() == 0) {
-            GPT g;
-            gpt_create(&g, cfg, 1, T, 0);
-            mem_to_device(g.params, host, P * sizeof(float));
-            train_sample(&g, args);
-            gpt_free(&g);
-        }
-        train_save(args, cfg, host, world_rank() == 0);
-        free(host);
-    }
+    // ... the check that every tp rank holds the same replicated tensors, and
+    // --sample / --save from the whole model assembled on rank 0
+    float* shard = fsdp_gather_host(f);  // this tp rank's whole shard, on dp rank 0
+    int agree = replicas_agree(&m, shard);
+    print0("replicated tensors (LayerNorms, row-parallel biases, wpe, lnf): %s on every tp rank\n",
+           agree ? "bit-identical" : "DIFFERENT");
+    float* full = train_wants_params(args) ? gather_full_model(&m, shard) : NULL;
+    train_finish_params(args, cfg, T, full);
+    free(full);
+    free(shard);
     free(inputs);
     free(targets);
     tp_free(&m);
     run_finish(&run);
-    return 0;
+    return agree ? 0 : 1;
 }
