@@ -2,9 +2,11 @@
 #   make chapter-N     build/chapter-N (N = 0..7, the chapters that exist)
 #   make all           every chapter and the tools
 #   make test          every test; ends with "N passed, N failed, N skipped"
+#   make docs-check    the docs' code references, links and quoted figures (docs/TEMPLATE.md)
 #   make demo          set-up, then train the small model and print a sample
 #   make bench-ref     the reference's speed on the small model (one rank)
-#   make bench, plots  the sweep over chapters and its plots (docs/plots/plots.mk)
+#   make bench, plots  the sweep over chapters and its plots in build/plots/ (docs/plots/plots.mk)
+#   make docs-plots    redraws the docs' figures, docs/plots/*.png, from docs/plots/data/
 #   make setup         install the Debian packages (as root) or print the line
 #   make clean
 #
@@ -97,7 +99,7 @@ $(OBJ)/$(1)/%.o: CFLAGS += $(patsubst %,-I%,$(sort $(dir $(call chapter_modules,
 endef
 $(foreach d,$(CHAPTER_DIRS),$(eval $(call CHAPTER_RULE,$(d))))
 
-.PHONY: all modules test tests tools demo bench-ref setup clean
+.PHONY: all modules test tests tools demo bench-ref setup clean docs-check
 all: $(addprefix chapter-,$(CHAPTERS)) modules tools
 
 # every module compiles, linked by a chapter or not yet
@@ -134,6 +136,13 @@ endif
 test:
 	@$(MAKE) --no-print-directory BACKEND=cpu all tests
 	@bash tests/run.sh
+
+# Every `path:N` reference, relative link and `<!-- check: CMD -->` figure of
+# README.md and docs/*.md (docs/TEMPLATE.md says what is checked); make test
+# runs it too. The checks run the CPU build's programs.
+docs-check:
+	@$(MAKE) --no-print-directory BACKEND=cpu all
+	@python3 tests/docs_check.py
 
 # ---------------------------------------------------------------- running
 setup:

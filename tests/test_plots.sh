@@ -12,7 +12,9 @@
 #      fixture into a temporary folder; each PNG must exist, be a PNG and not
 #      be trivially small;
 #   4. the pipeline refuses what it must refuse: a summary without a field, a
-#      data folder without data.
+#      data folder without data;
+#   5. `make plots` draws into build/plots/ and leaves the docs' figures in
+#      docs/plots/ as they are (only `make docs-plots` rewrites those).
 set -u
 cd "$(dirname "$0")/.."
 BUILD=${BUILD:-build}
@@ -169,4 +171,28 @@ if [ $? -ne 0 ] && echo "$out" | grep -q 'make bench'; then
     pass "plots: plots.sh on a folder without data exits non-zero and points to make bench"
 else
     fail "plots: plots.sh without data" "$out"
+fi
+
+# ---------------------------------------------------------------- 5. where make plots draws
+if [ -d docs/plots/data ] && ls docs/plots/data/*.jsonl >/dev/null 2>&1; then
+    # a redraw from the same data gives the same bytes: the test looks at the
+    # files' times, not only their contents
+    touch "$tmp/before_make_plots"
+    before=$(md5sum docs/plots/*.png 2>/dev/null)
+    rm -f build/plots/memory_per_rank.png
+    out=$(make --no-print-directory plots 2>&1)
+    rc=$?
+    after=$(md5sum docs/plots/*.png 2>/dev/null)
+    [ -z "$(find docs/plots -maxdepth 1 -name '*.png' -newer "$tmp/before_make_plots")" ] || after="$after rewritten"
+    if [ $rc = 0 ] && [ -s build/plots/memory_per_rank.png ] && [ "$before" = "$after" ]; then
+        pass "plots: make plots draws into build/plots/ and leaves docs/plots/*.png as they are"
+    else
+        fail "plots: make plots" "exit $rc; build/plots/memory_per_rank.png $([ -s build/plots/memory_per_rank.png ] && echo drawn || echo missing); docs/plots/*.png $([ "$before" = "$after" ] && echo unchanged || echo CHANGED); $(echo "$out" | tail -2 | tr '\n' ' ')"
+    fi
+    if make -n --no-print-directory docs-plots 2>/dev/null | grep -q 'plots.sh docs/plots/data build/plots docs/plots$' &&
+        make -n --no-print-directory plots DOCS=1 2>/dev/null | grep -q 'plots.sh docs/plots/data build/plots docs/plots$'; then
+        pass "plots: make docs-plots and make plots DOCS=1 draw into docs/plots/"
+    else
+        fail "plots: make docs-plots / make plots DOCS=1" "$(make -n --no-print-directory docs-plots 2>&1 | tail -1)"
+    fi
 fi

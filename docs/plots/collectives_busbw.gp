@@ -1,9 +1,9 @@
 # collectives_busbw.gp: bus bandwidth of chapter 1's hand-written collectives
 # against the library's, one panel per collective, from one bench run.
 #
-#   build/chapter-1 --bench --log run.jsonl                       (under mpirun)
-#   bash docs/plots/collectives_table.sh run.jsonl run.dat         (JSONL -> table)
-#   gnuplot -e "datafile='run.dat'; outfile='run.png'" docs/plots/collectives_busbw.gp
+#   build/chapter-1 --bench --log build/bench.jsonl                       (under mpirun)
+#   bash docs/plots/collectives_table.sh build/bench.jsonl build/bench.dat   (JSONL -> table)
+#   gnuplot -e "datafile='build/bench.dat'; outfile='build/bench.png'" docs/plots/collectives_busbw.gp
 #
 # Variables (set with -e before the script name):
 #   datafile  the table written by collectives_table.sh       [required]
@@ -11,6 +11,9 @@
 #   note      one line printed under the title (machine, caveats)   [none]
 #   copybw    the memory copy bandwidth per rank in GB/s, drawn as a dashed line
 #             [read from the table's "# copy_gbps" line; 0 = leave the line out]
+#   ymax      the highest busbw (or copy bandwidth) of all the tables drawn
+#             together, so the plots of several rank counts share one y scale
+#             (plots.sh sets it) [this table's own highest]
 #
 # The table: op ranks bytes hand_busbw lib_busbw, one row per (op, size).
 
@@ -57,8 +60,10 @@ plotted(c) = (strcol(1) eq "allreduce_ring" || strcol(1) eq "allreduce_doubling"
 stats datafile using (plotted(4)) nooutput
 ymax_hand = STATS_max
 stats datafile using (plotted(5)) nooutput
-ymax = (STATS_max > ymax_hand ? STATS_max : ymax_hand)
-ymax = (copybw > ymax ? copybw : ymax)
+ymax_own = (STATS_max > ymax_hand ? STATS_max : ymax_hand)
+ymax_own = (copybw > ymax_own ? copybw : ymax_own)
+if (!exists("ymax")) ymax = ymax_own
+ymax = (ymax_own > ymax ? ymax_own : ymax)
 set yrange [0:1.4 * ymax]
 set grid xtics ytics mxtics lc rgb "#dddddd" lw 1
 

@@ -6,11 +6,11 @@
 # Reads dir/comm.dat (docs/plots/extract.sh): x, then MiB per step for rank 0
 # for allreduce reduce_scatter allgather broadcast reduce scatter gather
 # alltoall send recv (columns 2..11), the bus MiB per step (12), label (13).
-# note: one line under the title.
+# The figures are exact counts of the comm layer, the same on every run, so
+# the sweep's note on machine load (variable note) is not printed.
 
 if (!exists("dir")) dir = "build/plots"
 if (!exists("outfile")) outfile = "docs/plots/comm_bytes_per_step.png"
-if (!exists("note")) note = ""
 f = dir . "/comm.dat"
 
 if (strstrt(GPVAL_TERMINALS, "pngcairo") > 0) {
@@ -22,7 +22,7 @@ set output outfile
 
 t = "Communication per training step and rank (rank 0), by collective: the size of the buffers the calls work on (comm counters' \"bytes\" / steps)"
 t = t . "\nBlack diamond: the bus bytes of the same calls, what a bandwidth-optimal algorithm sends per rank (all-reduce 2(p-1)/p x size, reduce-scatter and all-gather (p-1)/p)"
-if (strlen(note) > 0) t = t . "\n" . note
+t = t . "\nExact counts of the comm layer's counters: the same on every run of the same command"
 set title t font ",12"
 
 stats f using 1 nooutput

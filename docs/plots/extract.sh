@@ -220,7 +220,7 @@ BEGIN {
     printf "comm\t%s\t%s %.4f \"%s\"\n", key, line, (steps > 0 ? mib(bus) / steps : 0), label
 
     # time: ms per timed step; the wait is comm_wait_s over ALL steps / steps
-    # (the first step is in the wait, not in ms_per_step: see docs/README.md)
+    # (the first step is in the wait, not in ms_per_step: see docs/plots.md)
     w0 = steps > 0 ? 1000 * F["comm_wait_s.0"] / steps : 0
     wmax = 0
     for (r = 0; r < n; r++) { w = steps > 0 ? 1000 * F["comm_wait_s." r] / steps : 0; if (w > wmax) wmax = w }

@@ -3,12 +3,16 @@
 #   make bench   runs docs/plots/bench.sh: the fixed sweep on the `small` preset
 #                over the chapters whose build/chapter-N exists, one JSONL file per
 #                run in docs/plots/data/ (about 10 minutes on 2 cores)
-#   make plots   draws docs/plots/*.png from docs/plots/data/ with gnuplot
-#                (docs/plots/plots.sh; never runs the sweep; takes seconds)
+#   make plots   draws the plots from docs/plots/data/ with gnuplot into
+#                build/plots/*.png (docs/plots/plots.sh; never runs the sweep;
+#                takes seconds); the figures the docs show stay as they are
+#   make docs-plots, or make plots DOCS=1
+#                the same, into docs/plots/*.png: refreshes the docs' figures
+#                (commit them with the data they were drawn from)
 #
 # The tables gnuplot reads are written to build/plots/ (not committed).
 
-.PHONY: bench plots
+.PHONY: bench plots docs-plots
 
 # Build what builds (a chapter being written may not compile yet: the sweep
 # then leaves it out, or uses the binary that is there), then sweep.
@@ -16,5 +20,9 @@ bench:
 	@$(MAKE) --no-print-directory -k all || echo "bench: some targets did not build; the sweep uses the binaries in $(BIN)/ that exist"
 	@BIN=$(BIN) bash docs/plots/bench.sh
 
+PLOTS_OUT := $(if $(filter-out 0,$(DOCS)),docs/plots,build/plots)
 plots:
+	@bash docs/plots/plots.sh docs/plots/data build/plots $(PLOTS_OUT)
+
+docs-plots:
 	@bash docs/plots/plots.sh docs/plots/data build/plots docs/plots

@@ -3,7 +3,11 @@
 # It never runs the sweep: `make bench` (docs/plots/bench.sh) writes the data.
 #
 #   bash docs/plots/plots.sh [DATA_DIR] [TABLE_DIR] [PNG_DIR]
-#        defaults:            docs/plots/data build/plots docs/plots
+#        defaults:            docs/plots/data build/plots build/plots
+#
+# The PNGs go to build/plots/ unless PNG_DIR says otherwise: the tracked
+# figures in docs/plots/ change only when asked (`make docs-plots`, or
+# `make plots DOCS=1`, which pass docs/plots as PNG_DIR).
 #
 # 1. docs/plots/extract.sh turns DATA_DIR/*.jsonl into tables in TABLE_DIR;
 # 2. gnuplot draws, from those tables, into PNG_DIR:
@@ -19,7 +23,7 @@ set -u
 cd "$(dirname "$0")/../.."
 data=${1:-docs/plots/data}
 tables=${2:-build/plots}
-pngs=${3:-docs/plots}
+pngs=${3:-build/plots}
 vars=${GP_VARS:-}
 gp=docs/plots
 
@@ -70,9 +74,16 @@ draw memory.gp "$pngs/memory_per_rank.png"
 draw throughput.gp "$pngs/tokens_per_s.png"
 draw comm_bytes.gp "$pngs/comm_bytes_per_step.png"
 draw step_time.gp "$pngs/step_time_split.png"
+# one y scale for every rank count, so the plots compare at a glance: the
+# highest busbw of the four plotted collectives, or copy bandwidth, of all tables
+ymax=$(cat "$tables"/collectives_np*.dat 2>/dev/null | awk '
+    $1 == "#" && $2 == "copy_gbps" { if ($3 > m) m = $3 }
+    $1 ~ /^(allreduce_ring|allreduce_doubling|reduce_scatter|allgather)$/ {
+        if ($4 > m) m = $4; if ($5 > m) m = $5 }
+    END { printf "%g", m + 0 }')
 for t in "$tables"/collectives_np*.dat; do
     [ -f "$t" ] || continue
     p=$(basename "$t" .dat | sed 's/collectives_np//')
-    draw collectives_busbw.gp "$pngs/collectives_busbw_np$p.png" "datafile='$t'"
+    draw collectives_busbw.gp "$pngs/collectives_busbw_np$p.png" "datafile='$t'; ymax=$ymax"
 done
 [ $failed -eq 0 ]

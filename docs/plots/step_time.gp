@@ -9,7 +9,7 @@
 # wait_max_over_ranks wait_rank0_timed_steps progress_rank0 label, in ms per
 # step. The wait is comm_wait_s / steps (the progress likewise
 # comm_progress_s / steps): it averages ALL steps, the first included,
-# while ms_per_step averages steps 2..N (see docs/README.md, "Plots").
+# while ms_per_step averages steps 2..N (see docs/plots.md, "Where the step time goes").
 # note: one line under the title.
 
 if (!exists("dir")) dir = "build/plots"
@@ -35,19 +35,19 @@ set xtics nomirror font ",9" scale 0
 set grid ytics lc rgb "#dddddd"
 set style fill solid 0.9 border rgb "#333333"
 set boxwidth 0.8
-set lmargin 12
-set rmargin 3
+set lmargin at screen 0.06
+set rmargin at screen 0.985
+# each panel's legend sits above the panel, outside it, so no bar (the
+# batch-16 run's is twice as tall as the others) runs into it
 
 # ---------------------------------------------------------------- top: ms per step
-set origin 0, 0.40
-set size 1, 0.52
-set tmargin 1
-set bmargin 1
+set tmargin at screen 0.825
+set bmargin at screen 0.465
 set format x ""
 stats f using ($2 > $5 ? $2 : $5) nooutput
-set yrange [0 : 1.18 * STATS_max]
+set yrange [0 : 1.12 * STATS_max]
 set ylabel "ms per step"
-set key top left box opaque samplen 2 spacing 1.1 maxrows 3 width 1
+set key at screen 0.5, screen 0.905 center top horizontal maxrows 3 box opaque samplen 2 spacing 1.1 width 1
 plot f using 1:2 with boxes lc rgb "#56B4E9" title "computing (and communication that ran under it)", \
      f using 1:($3 + $7) with boxes lc rgb "#009E73" title "communicating: inside non-blocking starts and tests, rank 0", \
      f using 1:3 with boxes lc rgb "#D55E00" title "blocked waiting on communication, rank 0 (all steps' wait / steps)", \
@@ -56,20 +56,23 @@ plot f using 1:2 with boxes lc rgb "#56B4E9" title "computing (and communication
      f using 1:2:(sprintf("%.0f ms", $2)) with labels offset 0,0.7 font ",9" notitle
 
 # ---------------------------------------------------------------- bottom: the share
-set origin 0, 0
-set size 1, 0.39
-set tmargin 0.5
-set bmargin 9
+set tmargin at screen 0.37
+set bmargin at screen 0.14
 set format x "% h"
 stats f using ($2 > 0 ? 100 * ($5 > $3 + $7 ? $5 : $3 + $7) / $2 : 0) nooutput
-set yrange [0 : (STATS_max > 0 ? 1.45 * STATS_max : 1)]
+share_top = (STATS_max > 0 ? 1.3 * STATS_max : 1)
+set yrange [0 : share_top]
 set ylabel "% of the step"
 set xlabel "run (chapter, strategy, mesh, global batch in sequences)" offset 0,-3.2
-set key top left box opaque samplen 2 maxrows 2
+set key at screen 0.5, screen 0.44 center top horizontal maxrows 2 box opaque samplen 2 spacing 1.1 width 1
+# the number over each bar is the bar's own height (green + orange); it sits
+# on the bar, or above the triangle where the triangle would cover it
+bar(a, b, c) = 100 * (a + b) / c
+label_y(bar, tri) = (tri > bar && tri - bar < 0.12 * share_top) ? tri : bar
 plot f using 1:(0):xtic(8) with points ps 0 notitle, \
-     f using 1:(100 * ($3 + $7) / $2) with boxes lc rgb "#009E73" title "communicating + waiting, rank 0, share of its step", \
-     f using 1:(100 * $3 / $2) with boxes lc rgb "#D55E00" title "rank 0's wait as a share of its step (the orange band above / the bar)", \
+     f using 1:(100 * ($3 + $7) / $2) with boxes lc rgb "#009E73" title "communicating + waiting, rank 0, share of its step (the number over the bar)", \
+     f using 1:(100 * $3 / $2) with boxes lc rgb "#D55E00" title "of which blocked waiting (the orange band above / the bar)", \
      f using 1:(100 * $5 / $2) with points pt 9 ps 1.8 lc rgb "black" title "largest wait of any rank / the step", \
-     f using 1:(100 * (($3 + $7) > $5 ? $3 + $7 : $5) / $2):(sprintf("%.0f%%", 100 * $3 / $2)) with labels offset 0,1.1 font ",9" notitle
+     f using 1:(label_y(bar($3, $7, $2), 100 * $5 / $2)):(sprintf("%.1f%%", bar($3, $7, $2))) with labels offset 0,1.2 font ",9" notitle
 unset multiplot
 set output

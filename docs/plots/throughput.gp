@@ -17,9 +17,9 @@ f = dir . "/runs.dat"
 g = dir . "/scaling.dat"
 
 if (strstrt(GPVAL_TERMINALS, "pngcairo") > 0) {
-    set terminal pngcairo size 2000,1000 font "Sans,11" noenhanced
+    set terminal pngcairo size 2300,1000 font "Sans,11" noenhanced
 } else {
-    set terminal png size 2000,1000 font "Sans,11" noenhanced
+    set terminal png size 2300,1000 font "Sans,11" noenhanced
 }
 set output outfile
 
@@ -28,8 +28,9 @@ if (strlen(note) > 0) t = t . "\n" . note
 set multiplot title t font ",13"
 
 # ---------------------------------------------------------------- left: every run
+# wide enough that the two-line run labels ("overlapped") do not touch
 set origin 0, 0
-set size 0.66, 0.93
+set size 0.70, 0.93
 set title "every run (colour = chapter), tokens/s over the bar"
 stats f using 1 nooutput
 set xrange [STATS_min - 0.7 : STATS_max + 0.7]
@@ -56,8 +57,8 @@ plot f using 1:(0):xtic(10) with points ps 0 notitle, \
 # ---------------------------------------------------------------- right: scaling
 unset title
 reset
-set origin 0.66, 0
-set size 0.34, 0.93
+set origin 0.70, 0
+set size 0.30, 0.93
 set title sprintf("chapter 2 (overlapped) on 1, 2 and 4 ranks\nstrong scaling: global batch fixed at %d sequences\nweak scaling: %d sequences per rank", \
                   strong_batch, weak_per_rank)
 rows = int(system("grep -vc '^#' '" . g . "' || true"))

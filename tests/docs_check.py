@@ -1,0 +1,489 @@
+#!/usr/bin/env python3
+"""docs_check.py: `make docs-check`. Keeps the docs true to the code.
+
+    python3 tests/docs_check.py [--root DIR] [FILE.md ...]
+
+Without files it reads every docs/*.md but docs/TEMPLATE.md (docs/notes/ are
+run records and are not read) and the top-level README.md. docs/TEMPLATE.md
+says what is checked; in short:
+
+1. Code references: every `path:N` or `path:N-M` in backquotes names a file of
+   the repository (from the root, not from the doc) and lines that exist. When
+   the next non-blank line after the reference's line opens a fenced code
+   block, the block equals lines N..M exactly (trailing white space ignored).
+   Where one line holds several references, the block must equal one of them.
+2. Links and images: every relative [text](path), ![alt](path) and
+   [label]: path resolves (from the doc's folder) to a file or folder of the
+   repository; a #anchor on a Markdown file matches one of its headings
+   (GitHub's rule), #Ln or #Ln-Lm on another file names lines that exist.
+3. Quoted figures: a line that starts with <!-- check: CMD --> (the comment
+   may go on over several lines) runs CMD with bash from the root, with
+   $DOCS_TMP a scratch folder; CMD must exit 0 and every non-empty line it
+   prints must appear verbatim in the next block: the next fenced code block,
+   or else the next paragraph (there white space runs count as one space, as
+   Markdown renders them). Outputs are cached per command text.
+
+"A file of the repository" is a file git tracks or would track (not ignored,
+so nothing under build/); outside a git work tree, any file under the root.
+
+Prints one PASS or FAIL line per doc, and under a FAIL one line per problem,
+"  doc:line: what differs". Exits 1 if anything failed, 2 on bad usage.
+"""
+import os
+import re
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.parse
+
+CMD_TIMEOUT = 300  # s; a hang, not a slow machine, is what this catches
+
+FENCE_RE = re.compile(r'^(\s*)(`{3,}|~{3,})(.*)$')
+CODE_SPAN_RE = re.compile(r'(?<!`)(`+)(?!`)(.+?)(?<!`)\1(?!`)')
+REF_RE = re.compile(r'^([A-Za-z0-9_.][A-Za-z0-9_./+-]*):([0-9]+)(?:-([0-9]+))?$')
+LINK_RE = re.compile(r'(!?)\[((?:[^\[\]]|\[[^\[\]]*\])*)\]\(\s*(<[^>]*>|[^\s)]*)(?:\s+("[^"]*"|\'[^\']*\'|\([^)]*\)))?\s*\)')
+REFDEF_RE = re.compile(r'^\s{0,3}\[([^\]]+)\]:\s*(<[^>]*>|\S+)')
+HEADING_RE = re.compile(r'^\s{0,3}(#{1,6})\s+(.*?)\s*#*\s*$')
+HTML_ID_RE = re.compile(r'<a\s+[^>]*(?:name|id)\s*=\s*"([^"]+)"', re.I)
+SCHEME_RE = re.compile(r'^[A-Za-z][A-Za-z0-9+.-]*:')
+LINE_ANCHOR_RE = re.compile(r'^L([0-9]+)(?:-L([0-9]+))?$')
+
+
+class Repo:
+    """The files of the repository and their lines, read once."""
+
+    def __init__(self, root):
+        self.root = os.path.abspath(root)
+        self.files = None
+        self.dirs = set()
+        try:
+            out = subprocess.run(
+                ['git', '-C', self.root, 'ls-files', '-z', '--cached', '--others', '--exclude-standard'],
+                capture_output=True, check=True).stdout.decode()
+            inside = subprocess.run(['git', '-C', self.root, 'rev-parse', '--show-prefix'],
+                                    capture_output=True, check=True).stdout.decode().strip()
+            if inside == '':  # root is the top of a work tree
+                # deleted files are still listed by ls-files until committed
+                self.files = {f for f in out.split('\0') if f and os.path.isfile(os.path.join(self.root, f))}
+        except (OSError, subprocess.CalledProcessError):
+            pass
+        if self.files is None:
+            self.files = set()
+            for d, subdirs, names in os.walk(self.root):
+                subdirs[:] = [s for s in subdirs if s not in ('.git', 'build')]
+                for n in names:
+                    self.files.add(os.path.relpath(os.path.join(d, n), self.root))
+        for f in self.files:
+            d = os.path.dirname(f)
+            while d:
+                self.dirs.add(d)
+                d = os.path.dirname(d)
+        self._lines = {}
+        self._anchors = {}
+
+    def is_file(self, rel):
+        return rel in self.files
+
+    def is_dir(self, rel):
+        return rel in ('', '.') or rel.rstrip('/') in self.dirs
+
+    def lines(self, rel):
+        if rel not in self._lines:
+            with open(os.path.join(self.root, rel), encoding='utf-8', errors='replace') as f:
+                self._lines[rel] = f.read().split('\n')
+            if self._lines[rel] and self._lines[rel][-1] == '':
+                self._lines[rel].pop()  # the newline that ends the last line
+        return self._lines[rel]
+
+    def anchors(self, rel):
+        if rel not in self._anchors:
+            self._anchors[rel] = markdown_anchors(self.lines(rel))
+        return self._anchors[rel]
+
+
+def slug(text):
+    """GitHub's heading anchor: the rendered text, lower case, punctuation
+    dropped (letters, digits, '_', '-' and spaces stay), spaces to hyphens."""
+    text = re.sub(r'!?\[([^\]]*)\]\([^)]*\)', r'\1', text)  # links: their text
+    text = re.sub(r'<[^>]+>', '', text)  # inline HTML tags
+    text = text.replace('`', '').replace('*', '')
+    text = text.strip().lower()
+    text = re.sub(r'[^\w\- ]', '', text)
+    return text.replace(' ', '-')
+
+
+def markdown_anchors(lines):
+    anchors = set()
+    seen = {}
+    fence = None
+    prev = ''
+    for line in lines:
+        m = FENCE_RE.match(line)
+        if fence:
+            if m and m.group(2)[0] == fence[0] and len(m.group(2)) >= len(fence) and not m.group(3).strip():
+                fence = None
+            prev = ''
+            continue
+        if m:
+            fence = m.group(2)
+            prev = ''
+            continue
+        text = None
+        h = HEADING_RE.match(line)
+        if h:
+            text = h.group(2)
+        elif re.match(r'^\s{0,3}(=+|-+)\s*$', line) and prev.strip() and not prev.lstrip().startswith(('-', '*', '|')):
+            text = prev.strip()  # a setext heading: the line above, underlined
+        if text is not None:
+            s = slug(text)
+            n = seen.get(s, 0)
+            seen[s] = n + 1
+            anchors.add(s if n == 0 else '%s-%d' % (s, n))
+        for a in HTML_ID_RE.findall(line):
+            anchors.add(a)
+        prev = line
+    return anchors
+
+
+class Doc:
+    """One Markdown file cut into what the checks need: prose lines (outside
+    fences and comments), fenced blocks and check comments."""
+
+    def __init__(self, rel, lines):
+        self.rel = rel
+        self.lines = lines
+        self.prose = []     # (line index, text)
+        self.fences = {}    # index of the opening line -> (body lines, index of the first body line, indent)
+        self.checks = []    # (index of the comment's first line, command, index after the comment)
+        self.kind = ['prose'] * len(lines)  # prose, fence, comment, blank
+        i = 0
+        n = len(lines)
+        while i < n:
+            line = lines[i]
+            m = FENCE_RE.match(line)
+            if m:
+                indent, fence = len(m.group(1)), m.group(2)
+                j = i + 1
+                body = []
+                while j < n:
+                    c = FENCE_RE.match(lines[j])
+                    if c and c.group(2)[0] == fence[0] and len(c.group(2)) >= len(fence) and not c.group(3).strip():
+                        break
+                    # the fence's indent is not part of the block (fences in lists)
+                    body.append(lines[j][indent:] if lines[j][:indent].strip() == '' else lines[j].lstrip())
+                    j += 1
+                self.fences[i] = (body, i + 1, indent)
+                for k in range(i, min(j + 1, n)):
+                    self.kind[k] = 'fence'
+                i = j + 1
+                continue
+            if line.lstrip().startswith('<!--'):
+                j = i
+                while j < n and '-->' not in lines[j]:
+                    j += 1
+                text = '\n'.join(lines[i:j + 1])
+                for k in range(i, min(j + 1, n)):
+                    self.kind[k] = 'comment'
+                c = re.match(r'^\s*<!--\s*check:(.*?)-->', text, re.S)
+                if c:
+                    self.checks.append((i, c.group(1).strip(), j + 1))
+                rest = lines[j][lines[j].index('-->') + 3:] if j < n else ''
+                if rest.strip():
+                    self.prose.append((j, rest))
+                i = j + 1
+                continue
+            if not line.strip():
+                self.kind[i] = 'blank'
+            else:
+                self.prose.append((i, re.sub(r'<!--.*?-->', '', line)))
+            i += 1
+
+    def next_nonblank(self, i):
+        while i < len(self.lines) and not self.lines[i].strip():
+            i += 1
+        return i
+
+    def block_after(self, i):
+        """The block a check quotes: the next fenced block, or else the next
+        paragraph. Returns (kind, text, index of its first line) or None."""
+        i = self.next_nonblank(i)
+        if i >= len(self.lines):
+            return None
+        if i in self.fences:
+            body, first, _ = self.fences[i]
+            return ('fenced block', '\n'.join(l.rstrip() for l in body), first)
+        j = i
+        while j < len(self.lines) and self.lines[j].strip() and self.kind[j] == 'prose':
+            j += 1
+        return ('paragraph', ' '.join(self.lines[i:j]), i)
+
+
+class Checker:
+    def __init__(self, repo):
+        self.repo = repo
+        self.cache = {}
+        self.tmp = tempfile.mkdtemp(prefix='docs-check.')
+        self.ran = 0
+        self.run_seconds = 0.0
+
+    def run(self, cmd):
+        if cmd not in self.cache:
+            env = dict(os.environ, DOCS_TMP=self.tmp)
+            t0 = time.time()
+            try:
+                p = subprocess.run(['bash', '-c', cmd], cwd=self.repo.root, env=env,
+                                   stdin=subprocess.DEVNULL, capture_output=True, timeout=CMD_TIMEOUT)
+                self.cache[cmd] = (p.returncode, p.stdout.decode(errors='replace'), p.stderr.decode(errors='replace'))
+            except subprocess.TimeoutExpired:
+                self.cache[cmd] = (None, '', 'timed out after %d s' % CMD_TIMEOUT)
+            self.ran += 1
+            self.run_seconds += time.time() - t0
+        return self.cache[cmd]
+
+    def check(self, rel):
+        """Returns (problems, counts) for one doc."""
+        problems = []
+        counts = {'references': 0, 'quotes': 0, 'links': 0, 'figures': 0}
+        try:
+            lines = self.repo.lines(rel) if self.repo.is_file(rel) else open(
+                os.path.join(self.repo.root, rel), encoding='utf-8').read().split('\n')
+        except OSError as e:
+            return ['%s: cannot read: %s' % (rel, e.strerror)], counts
+        doc = Doc(rel, lines)
+
+        def problem(i, what):
+            problems.append('%s:%d: %s' % (rel, i + 1, what))
+
+        # reference-style link definitions, for [text][label] links
+        for i, text in doc.prose:
+            m = REFDEF_RE.match(text)
+            if m:
+                counts['links'] += 1
+                self.check_link(rel, m.group(2), lambda w, i=i: problem(i, w))
+        for i, text in doc.prose:
+            refs = []
+            for span in CODE_SPAN_RE.finditer(text):
+                m = REF_RE.match(span.group(2).strip())
+                if m:
+                    refs.append(m)
+            # links: outside code spans
+            bare = CODE_SPAN_RE.sub(lambda s: ' ' * len(s.group(0)), text)
+            for m in LINK_RE.finditer(bare):
+                counts['links'] += 1
+                self.check_link(rel, m.group(3), lambda w, i=i: problem(i, w))
+            if not refs:
+                continue
+            counts['references'] += len(refs)
+            ok = []
+            for m in refs:
+                what = self.check_ref(m)
+                if what:
+                    problem(i, what)
+                else:
+                    ok.append(m)
+            j = doc.next_nonblank(i + 1)
+            if j in doc.fences and len(ok) == len(refs):
+                counts['quotes'] += 1
+                body, first, _ = doc.fences[j]
+                diffs = [self.compare_quote(m, body, first, rel) for m in refs]
+                if all(diffs):
+                    for d in diffs:
+                        problem(d[0], d[1])
+
+        for i, cmd, after in doc.checks:
+            counts['figures'] += 1
+            block = doc.block_after(after)
+            if block is None:
+                problem(i, 'check: no block after the comment to hold the figures')
+                continue
+            kind, text, first = block
+            rc, out, err = self.run(cmd)
+            if rc != 0:
+                why = 'timed out' if rc is None else 'exit %d' % rc
+                problem(i, 'check: the command failed (%s): %s; %s' % (
+                    why, cmd, ' | '.join((err or out).strip().split('\n')[-3:])))
+                continue
+            outlines = [l.rstrip() for l in out.split('\n') if l.strip()]
+            if not outlines:
+                problem(i, 'check: the command prints nothing, so it checks nothing: %s' % cmd)
+                continue
+            hay = text if kind == 'fenced block' else ' '.join(text.split())
+            for l in outlines:
+                needle = l if kind == 'fenced block' else ' '.join(l.split())
+                if needle not in hay:
+                    near, k = closest(needle, hay, kind)
+                    # a fenced block's nearest line is where the figure went wrong
+                    at = first + k if kind == 'fenced block' and near else first
+                    problem(at, 'check: the command prints "%s", which the %s at line %d does not hold%s' % (
+                        l, kind, first + 1, '; nearest there: "%s"' % near if near else ''))
+        return problems, counts
+
+    def check_ref(self, m):
+        path, a = m.group(1), int(m.group(2))
+        b = int(m.group(3)) if m.group(3) else a
+        if not self.repo.is_file(path):
+            # paths count from the top of the repository: name the files meant
+            same = sorted(f for f in self.repo.files if os.path.basename(f) == os.path.basename(path))
+            hint = '; paths start at the top of the repository: %s?' % ' or '.join(same[:3]) if same else ''
+            return 'code reference `%s`: no file %s in the repository%s' % (m.group(0), path, hint)
+        n = len(self.repo.lines(path))
+        if a < 1 or b < a:
+            return 'code reference `%s`: not a range of lines' % m.group(0)
+        if b > n:
+            return 'code reference `%s`: %s has %d lines' % (m.group(0), path, n)
+        return None
+
+    def compare_quote(self, m, body, first, rel):
+        """None if the block equals the lines, else (doc line index, what differs)."""
+        path, a = m.group(1), int(m.group(2))
+        b = int(m.group(3)) if m.group(3) else a
+        want = [l.rstrip() for l in self.repo.lines(path)[a - 1:b]]
+        got = [l.rstrip() for l in body]
+        if want == got:
+            return None
+        where = ''
+        flines = [l.rstrip() for l in self.repo.lines(path)]
+        for s in range(len(flines) - len(got) + 1):
+            if got and flines[s:s + len(got)] == got:
+                where = '; the quote is at %s:%s now' % (
+                    path, s + 1 if len(got) == 1 else '%d-%d' % (s + 1, s + len(got)))
+                break
+        for k in range(max(len(want), len(got))):
+            w = want[k] if k < len(want) else None
+            g = got[k] if k < len(got) else None
+            if w != g:
+                if g is None:
+                    return (first + len(got), 'quote of `%s` ends after %d lines; %s:%d is "%s"%s' % (
+                        m.group(0), len(got), path, a + k, w, where))
+                if w is None:
+                    return (first + k, 'quote of `%s` has %d lines, the range %d; extra line "%s"%s' % (
+                        m.group(0), len(got), len(want), g, where))
+                return (first + k, 'quote of `%s` differs from %s:%d: quoted "%s", the file has "%s"%s' % (
+                    m.group(0), path, a + k, g.strip(), w.strip(), where))
+        return None
+
+    def check_link(self, rel, target, problem):
+        target = target.strip()
+        if target.startswith('<') and target.endswith('>'):
+            target = target[1:-1]
+        if not target or SCHEME_RE.match(target) or target.startswith('//'):
+            return  # absolute URLs are not checked (the check runs offline)
+        path, _, anchor = target.partition('#')
+        path = urllib.parse.unquote(path)
+        anchor = urllib.parse.unquote(anchor)
+        if path == '':
+            dest = rel
+        elif path.startswith('/'):
+            dest = os.path.normpath(path.lstrip('/'))
+        else:
+            dest = os.path.normpath(os.path.join(os.path.dirname(rel), path))
+        if dest.startswith('..'):
+            problem('link %s: leads outside the repository' % target)
+            return
+        if self.repo.is_dir(dest) and not self.repo.is_file(dest):
+            if anchor:
+                problem('link %s: an anchor on a folder' % target)
+            return
+        if not self.repo.is_file(dest):
+            problem('link %s: no file %s in the repository' % (target, dest))
+            return
+        if not anchor:
+            return
+        if dest.endswith('.md'):
+            if anchor not in self.repo.anchors(dest):
+                near = sorted(self.repo.anchors(dest), key=lambda a: -similarity(a, anchor))[:1]
+                problem('link %s: %s has no heading with anchor #%s%s' % (
+                    target, dest, anchor, '; nearest: #%s' % near[0] if near else ''))
+        else:
+            m = LINE_ANCHOR_RE.match(anchor)
+            if m:
+                n = len(self.repo.lines(dest))
+                last = int(m.group(2) or m.group(1))
+                if last > n:
+                    problem('link %s: %s has %d lines' % (target, dest, n))
+
+
+def similarity(a, b):
+    """Shared characters in order, cheaply: the longest common prefix plus suffix."""
+    p = len(os.path.commonprefix([a, b]))
+    s = len(os.path.commonprefix([a[::-1], b[::-1]]))
+    return p + s
+
+
+def closest(needle, hay, kind):
+    """The piece of the block that looks most like the missing line, and its
+    line in a fenced block: ('', 0) if nothing shares a word with it."""
+    cands = hay.split('\n') if kind == 'fenced block' else re.split(r'(?<=[.;:)])\s+', hay)
+    words = set(needle.split())
+    best, k = '', 0
+    score = (0, 0)
+    for j, c in enumerate(cands):
+        sc = (len(words & set(c.split())), similarity(c.strip(), needle.strip()))
+        if sc[0] and sc > score:
+            best, k, score = c.strip(), j, sc
+    return (best if len(best) <= 160 else best[:157] + '...'), k
+
+
+def default_docs(repo):
+    docs = sorted(f for f in repo.files
+                  if f.startswith('docs/') and f.count('/') == 1 and f.endswith('.md') and f != 'docs/TEMPLATE.md')
+    if repo.is_file('README.md'):
+        docs.insert(0, 'README.md')
+    return docs
+
+
+def main(argv):
+    root = os.path.join(os.path.dirname(os.path.abspath(__file__)), '..')
+    files = []
+    i = 0
+    while i < len(argv):
+        a = argv[i]
+        if a == '--root' and i + 1 < len(argv):
+            root = argv[i + 1]
+            i += 2
+            continue
+        if a in ('-h', '--help'):
+            print(__doc__.strip())
+            return 0
+        if a.startswith('-'):
+            print('docs-check: unknown option %s (see --help)' % a, file=sys.stderr)
+            return 2
+        files.append(a)
+        i += 1
+    repo = Repo(root)
+    if not files:
+        files = default_docs(repo)
+    else:
+        files = [os.path.relpath(os.path.abspath(f), repo.root) if os.path.isabs(f) or os.path.exists(f) else f
+                 for f in files]
+    t0 = time.time()
+    checker = Checker(repo)
+    nfail = 0
+    total = {'references': 0, 'quotes': 0, 'links': 0, 'figures': 0}
+    try:
+        for rel in files:
+            problems, counts = checker.check(rel)
+            for k in total:
+                total[k] += counts[k]
+            what = 'references %d (quoted %d), links %d, figures %d' % (
+                counts['references'], counts['quotes'], counts['links'], counts['figures'])
+            if problems:
+                nfail += 1
+                print('FAIL docs-check %s: %d problem%s (%s)' % (rel, len(problems), 's' * (len(problems) != 1), what))
+                for p in problems:
+                    print('  ' + p)
+            else:
+                print('PASS docs-check %s (%s)' % (rel, what))
+            sys.stdout.flush()
+    finally:
+        subprocess.run(['rm', '-rf', checker.tmp])
+    print('docs-check: %d of %d docs pass; references %d (quoted %d), links %d, figures %d from %d commands '
+          '(%.1f s running them, %.1f s in all)' % (
+              len(files) - nfail, len(files), total['references'], total['quotes'], total['links'],
+              total['figures'], checker.ran, checker.run_seconds, time.time() - t0))
+    return 1 if nfail else 0
+
+
+if __name__ == '__main__':
+    sys.exit(main(sys.argv[1:]))

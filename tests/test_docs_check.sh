@@ -1,0 +1,170 @@
+#!/bin/bash
+# test_docs_check.sh: the docs checker (tests/docs_check.py) on a small doc
+# tree it writes in a temporary folder. The correct tree must pass; each
+# defect must fail, exit non-zero and name the doc's file:line:
+#   a. one digit changed in a quoted figure (a fenced block and a paragraph);
+#   b. a quoted code line moved (a line inserted above it in the source) or
+#      edited in the doc; a reference past the end of the file;
+#   c. a broken link, a broken #anchor, a broken image;
+#   d. a check command that fails.
+# Prints PASS/FAIL lines; tests/run.sh counts them. Takes about a second.
+set -u
+cd "$(dirname "$0")/.."
+pass() { echo "PASS $1"; }
+fail() { echo "FAIL $1: $2"; }
+
+if ! command -v python3 >/dev/null 2>&1; then
+    fail "docs-check" "python3 is not installed (make setup)"
+    exit 0
+fi
+checker=$PWD/tests/docs_check.py
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
+
+# ---------------------------------------------------------------- the correct tree
+good=$tmp/good
+mkdir -p "$good/docs/plots" "$good/src"
+cat > "$good/src/sum.c" <<'EOF'
+// sum.c: a file the docs quote
+#include <stdio.h>
+
+int main(void) {
+    int s = 0;
+    for (int i = 1; i <= 10; i++) s += i;
+    printf("sum %d\n", s);
+    return 0;
+}
+EOF
+printf 'P5 1 1 255 x' > "$good/docs/plots/fig.png"
+cat > "$good/README.md" <<'EOF'
+# The project
+
+Start at [the course map](docs/README.md) and the
+[sum lesson](docs/01_sum.md#2-the-code-in-the-order-it-runs).
+EOF
+cat > "$good/docs/README.md" <<'EOF'
+# Course map
+
+| chapter | lesson |
+| --- | --- |
+| 1 | [01_sum.md](01_sum.md) |
+
+Back to [the top](../README.md#the-project). The checker's syntax:
+`<!-- check: CMD -->` in code is not a check, nor is `[a](nowhere.md)`.
+EOF
+cat > "$good/docs/01_sum.md" <<'EOF'
+# Chapter 1: sums
+
+## 1. The idea
+
+![a figure](plots/fig.png)
+
+The loop is `src/sum.c:6`:
+
+```c
+    for (int i = 1; i <= 10; i++) s += i;
+```
+
+## 2. The code, in the order it runs
+
+1. The whole of `main`, `src/sum.c:4-9`:
+
+   ```c
+   int main(void) {
+       int s = 0;
+       for (int i = 1; i <= 10; i++) s += i;
+       printf("sum %d\n", s);
+       return 0;
+   }
+   ```
+
+2. A reference without a quote: `src/sum.c:7`, and one in a list of two,
+   `src/sum.c:1` and `src/sum.c:2`.
+
+## 3. Measure it
+
+<!-- check: printf 'sum 55\nsteps 10\n' -->
+```
+sum 55
+steps 10
+ms 12.3 (noise, not checked)
+```
+
+The same figures in prose, wrapped over two lines:
+<!-- check: printf 'the sum is 55\n' -->
+after ten steps the sum
+is 55, as Gauss said.
+
+Cached: the counter runs once for both comments.
+<!-- check: echo x >> "$DOCS_TMP/n"; wc -l < "$DOCS_TMP/n" -->
+count 1
+
+<!-- check: echo x >> "$DOCS_TMP/n"; wc -l < "$DOCS_TMP/n" -->
+count 1 again
+
+See [section 1](#1-the-idea) and [the sum](../src/sum.c#L4-L9).
+
+Setext heading
+--------------
+
+Links to [it](#setext-heading).
+EOF
+
+# run the checker on a tree: sets rc and out
+check_tree() { out=$(python3 "$checker" --root "$1" 2>&1); rc=$?; }
+
+check_tree "$good"
+if [ $rc = 0 ] && [ "$(echo "$out" | grep -c '^PASS docs-check')" = 3 ] && ! echo "$out" | grep -q '^FAIL'; then
+    pass "docs-check: the correct tree passes ($(echo "$out" | tail -1 | sed 's/^docs-check: //; s/ from .*//'))"
+else
+    fail "docs-check: the correct tree" "exit $rc: $(echo "$out" | tr '\n' ' ')"
+fi
+# each quoted block, reference, link and figure was seen
+if echo "$out" | grep -q 'docs/01_sum.md (references 5 (quoted 2), links 4, figures 4)'; then
+    pass "docs-check: counts every reference, quote, link and figure of the tree"
+else
+    fail "docs-check: counts" "$(echo "$out" | grep 01_sum)"
+fi
+
+# ---------------------------------------------------------------- the defects
+# name, sed script on a file of the good tree, that file, what the report must name
+defect() {
+    local name=$1 script=$2 file=$3 expect=$4 tree=$tmp/bad
+    rm -rf "$tree"
+    cp -r "$good" "$tree"
+    sed -i "$script" "$tree/$file"
+    if cmp -s "$good/$file" "$tree/$file"; then
+        fail "docs-check: $name" "the sed script changed nothing (test bug)"
+        return
+    fi
+    check_tree "$tree"
+    if [ $rc != 0 ] && echo "$out" | grep -q '^FAIL docs-check' && echo "$out" | grep -qF -- "$expect"; then
+        pass "docs-check: $name fails: $(echo "$out" | grep -F -- "$expect" | head -1 | sed 's/^ *//')"
+    else
+        fail "docs-check: $name" "exit $rc, expected a failure naming '$expect': $(echo "$out" | tr '\n' ' ')"
+    fi
+}
+defect "(a) one digit changed in a quoted figure (fenced block)" 's/^sum 55$/sum 56/' docs/01_sum.md \
+    'docs/01_sum.md:33: check: the command prints "sum 55", which the fenced block at line 33 does not hold; nearest there: "sum 56"'
+defect "(a) one digit changed in a quoted figure (paragraph)" 's/^is 55, as/is 54, as/' docs/01_sum.md \
+    'docs/01_sum.md:40: check: the command prints "the sum is 55"'
+defect "(b) a quoted code line moved in the source" '5i\    // a new line above the loop' src/sum.c \
+    'docs/01_sum.md:10: quote of `src/sum.c:6` differs from src/sum.c:6'
+defect "(b) a quoted code line edited in the doc" 's/printf("sum %d\\n", s);/printf("%d\\n", s);/' docs/01_sum.md \
+    'docs/01_sum.md:21: quote of `src/sum.c:4-9` differs from src/sum.c:7'
+defect "(b) a quoted line edited in the source" 's/i <= 10/i < 10/' src/sum.c \
+    'docs/01_sum.md:10: quote of `src/sum.c:6` differs'
+defect "(b) a reference past the end of the file" 's/`src\/sum.c:7`/`src\/sum.c:70`/' docs/01_sum.md \
+    'docs/01_sum.md:26: code reference `src/sum.c:70`: src/sum.c has 9 lines'
+defect "(b) a reference to a missing file" 's/`src\/sum.c:1`/`src\/sums.c:1`/' docs/01_sum.md \
+    'docs/01_sum.md:27: code reference `src/sums.c:1`: no file src/sums.c'
+defect "(c) a broken link" 's/(01_sum.md)/(01_sums.md)/' docs/README.md \
+    'docs/README.md:5: link 01_sums.md: no file docs/01_sums.md in the repository'
+defect "(c) a broken anchor" 's/#2-the-code-in-the-order-it-runs/#2-the-code/' README.md \
+    'README.md:4: link docs/01_sum.md#2-the-code: docs/01_sum.md has no heading with anchor #2-the-code'
+defect "(c) a broken image" 's/plots\/fig.png/plots\/fig2.png/' docs/01_sum.md \
+    'docs/01_sum.md:5: link plots/fig2.png: no file docs/plots/fig2.png'
+defect "(c) a line anchor past the end" 's/#L4-L9/#L4-L19/' docs/01_sum.md \
+    'src/sum.c has 9 lines'
+defect "(d) a check command that fails" "s/check: printf 'the sum/check: exit 3; printf 'the sum/" docs/01_sum.md \
+    'docs/01_sum.md:39: check: the command failed (exit 3)'
