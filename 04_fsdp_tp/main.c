@@ -159,6 +159,17 @@ static BlockActs tp_acts(const TP* m, int l) {
     return block_acts_at_tp(m->blocks + (size_t)l * n, m->B, m->T, c->channels, c->num_heads, m->ntp);
 }
 
+// ---------------------------------------------------------------- Megatron's f and g
+
+// f sits where a column-parallel layer reads a whole input that every tp rank
+// holds: forward nothing (each rank already has it), backward the ranks'
+// partial input gradients are summed. g sits after a row-parallel layer:
+// forward the ranks' partial outputs are summed, backward nothing (every
+// rank needs the whole output gradient, and has it). Each is one all-reduce
+// over tp of a (B,T,C) tensor, in place.
+static void f_backward(const TP* m, float* dx, size_t n) { comm_allreduce(m->tp, dx, n, COMM_SUM); }
+static void g_forward(const TP* m, float* y, size_t n) { comm_allreduce(m->tp, y, n, COMM_SUM); }
+
 // ---------------------------------------------------------------- the block, split over tp
 
 static void block_forward_tp(const TP* m, const BlockParams* p, BlockActs* a, const float* x) {
@@ -168,23 +179,23 @@ static void block_forward_tp(const TP* m, const BlockParams* p, BlockActs* a, co
     // attention: res2 = x + attproj(attention(qkv(ln1(x)))). The LayerNorm
     // is replicated: every tp rank normalises the same x.
     layernorm_forward(a->ln1, a->ln1_mean, a->ln1_rstd, x, p->ln1w, p->ln1b, N, C);
-    // f (forward: identity) -- column-parallel qkv: this rank's heads only
+    // f forward (identity) -- column-parallel qkv: this rank's heads only
     matmul_forward(a->qkv, a->ln1, p->qkvw, p->qkvb, N, C, 3 * Cl);          // (N, 3C/tp)
     attention_forward(a->atty, a->att, a->qkv, B, T, Cl, NHl);               // (N, C/tp)
     // row-parallel projection: a partial sum of the output; the bias is
     // added by one rank, so the sum holds it once
     matmul_forward(a->attproj, a->atty, p->attprojw, m->rtp == 0 ? p->attprojb : NULL, N, Cl, C);
-    // g (forward: all-reduce): the partial sums become the output
-    comm_allreduce(m->tp, a->attproj, NC, COMM_SUM);                         // (N, C)
+    // g forward (all-reduce): the partial sums become the output
+    g_forward(m, a->attproj, NC);                                            // (N, C)
     residual_forward(a->res2, x, a->attproj, NC);
     // MLP: res3 = res2 + fcproj(gelu(fc(ln2(res2))))
     layernorm_forward(a->ln2, a->ln2_mean, a->ln2_rstd, a->res2, p->ln2w, p->ln2b, N, C);
-    // f (forward: identity) -- column-parallel fc: this rank's hidden units
+    // f forward (identity) -- column-parallel fc: this rank's hidden units
     matmul_forward(a->fch, a->ln2, p->fcw, p->fcb, N, C, Fl);                // (N, 4C/tp)
     gelu_forward(a->fch_gelu, a->fch, (size_t)N * Fl);
     matmul_forward(a->fcproj, a->fch_gelu, p->fcprojw, m->rtp == 0 ? p->fcprojb : NULL, N, Fl, C);
-    // g (forward: all-reduce)
-    comm_allreduce(m->tp, a->fcproj, NC, COMM_SUM);
+    // g forward (all-reduce)
+    g_forward(m, a->fcproj, NC);
     residual_forward(a->res3, a->res2, a->fcproj, NC);
 }
 
@@ -195,7 +206,7 @@ static void block_backward_tp(const TP* m, const BlockParams* p, BlockParams* g,
     int B = m->B, T = m->T, N = B * T, C = m->cfg.channels, tp = m->ntp;
     int Cl = C / tp, Fl = 4 * C / tp, NHl = m->cfg.num_heads / tp;
     size_t NC = (size_t)N * C;
-    // MLP, backwards. g (backward: identity): dres is already whole on every
+    // MLP, backwards. g backward (identity): dres is already whole on every
     // rank. The row-parallel bias's gradient (sum of dres) is computed by
     // every rank alike, so the replicated bias stays the same everywhere.
     ops_zero(s->dfch_gelu, (size_t)N * Fl);
@@ -204,9 +215,9 @@ static void block_backward_tp(const TP* m, const BlockParams* p, BlockParams* g,
     gelu_backward(s->dfch, a->fch, s->dfch_gelu, (size_t)N * Fl);
     ops_zero(s->dln, NC);
     matmul_backward(s->dln, g->fcw, g->fcb, s->dfch, a->ln2, p->fcw, N, C, Fl);
-    // f (backward: all-reduce): each rank's dln is the share of its hidden
+    // f backward (all-reduce): each rank's dln is the share of its hidden
     // units; the LayerNorm's input gradient needs all of them
-    comm_allreduce(m->tp, s->dln, NC, COMM_SUM);
+    f_backward(m, s->dln, NC);
     layernorm_backward(dres, g->ln2w, g->ln2b, s->dln, a->res2, p->ln2w, a->ln2_mean, a->ln2_rstd, N, C);
     // attention, backwards: the same pattern
     ops_zero(s->datty, (size_t)N * Cl);
@@ -215,8 +226,8 @@ static void block_backward_tp(const TP* m, const BlockParams* p, BlockParams* g,
     attention_backward(s->dqkv, s->datt, s->datty, a->qkv, a->att, B, T, Cl, NHl);
     ops_zero(s->dln, NC);
     matmul_backward(s->dln, g->qkvw, g->qkvb, s->dqkv, a->ln1, p->qkvw, N, C, 3 * Cl);
-    // f (backward: all-reduce)
-    comm_allreduce(m->tp, s->dln, NC, COMM_SUM);
+    // f backward (all-reduce)
+    f_backward(m, s->dln, NC);
     layernorm_backward(dres, g->ln1w, g->ln1b, s->dln, x, p->ln1w, a->ln1_mean, a->ln1_rstd, N, C);
 }
 
@@ -237,9 +248,9 @@ static float forward(TP* m, const int* inputs, const int* targets) {
     float* emb = fsdp_unit_params(f, 0);  // [wte rows (Vl, C), wpe (maxT, C)]
     fsdp_prefetch(f, 1);
     // vocabulary-parallel embedding: a token's row on the rank that holds it,
-    // zero on the others; wpe added by tp rank 0 only. g (all-reduce) sums.
+    // zero on the others; wpe added by tp rank 0 only. g forward sums them.
     encoder_forward_vocab(m->encoded, m->inputs, emb, m->rtp == 0 ? emb + m->wpe_off : NULL, B, T, C, m->v0, m->Vl);
-    comm_allreduce(m->tp, m->encoded, NC, COMM_SUM);
+    g_forward(m, m->encoded, NC);
     const float* x = m->encoded;
     for (int l = 0; l < L; l++) {
         BlockParams p = block_params_at_tp(fsdp_unit_params(f, 1 + l), C, tp);
@@ -250,7 +261,7 @@ static float forward(TP* m, const int* inputs, const int* targets) {
     }
     float* lnf = fsdp_unit_params(f, L + 1);
     float* wte = fsdp_unit_params(f, 0);  // the tied LM head: this rank's wte rows again
-    // the head: final LayerNorm (replicated), then f (identity) and this
+    // the head: final LayerNorm (replicated), then f forward (identity) and this
     // rank's slice of the logits, (N, Vl): never the whole (N, Vp)
     HeadActs h = head_acts_at(m->head, B, T, C, m->Vl);
     layernorm_forward(h.lnf, h.lnf_mean, h.lnf_rstd, x, lnf, lnf + C, N, C);
@@ -294,8 +305,8 @@ static void backward(TP* m) {
                           m->nvalid, m->v0);
     ops_zero(s.dln, NC);
     matmul_backward(s.dln, g_emb, NULL, h.logits, h.lnf, wte, N, C, m->Vl);
-    // f (backward: all-reduce): every vocabulary slice adds to dlnf
-    comm_allreduce(m->tp, s.dln, NC, COMM_SUM);
+    // f backward (all-reduce): every vocabulary slice adds to dlnf
+    f_backward(m, s.dln, NC);
     ops_zero(m->dres, NC);
     const float* last = tp_acts(m, L - 1).res3;
     layernorm_backward(m->dres, g_lnf, g_lnf + C, s.dln, last, lnf, h.lnf_mean, h.lnf_rstd, N, C);
