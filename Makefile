@@ -8,6 +8,7 @@
 #   make bench, plots  the sweep over chapters and its plots in build/plots/ (docs/plots/plots.mk)
 #   make docs-plots    redraws the docs' figures, docs/plots/*.png, from docs/plots/data/
 #   make setup         install the Debian packages (as root) or print the line
+#   make fuzz          fuzz the file loaders (libFuzzer, FUZZ_SECONDS each)
 #   make clean
 #
 #   BACKEND=cpu    C + OpenMP + OpenBLAS, collectives over MPI; binaries in build/
@@ -33,7 +34,7 @@ LDLIBS  := -lm
 
 COMMON_SRC := common/common.c common/memory.c common/model.c common/init.c \
               common/checkpoint.c common/data.c common/mesh.c common/runtime.c \
-              common/args.c common/report.c common/train.c common/comm_count.c \
+              common/args.c common/report.c common/train.c common/comm_count.c common/paths.c \
               common/model_tp.c
 
 ifeq ($(BACKEND),cpu)
@@ -99,7 +100,7 @@ $(OBJ)/$(1)/%.o: CFLAGS += $(patsubst %,-I%,$(sort $(dir $(call chapter_modules,
 endef
 $(foreach d,$(CHAPTER_DIRS),$(eval $(call CHAPTER_RULE,$(d))))
 
-.PHONY: all modules test tests tools demo bench-ref setup clean docs-check
+.PHONY: all modules test tests tools demo bench-ref setup clean docs-check fuzz
 all: $(addprefix chapter-,$(CHAPTERS)) modules tools
 
 # every module compiles, linked by a chapter or not yet
@@ -120,7 +121,10 @@ $(OBJ)/%.o: %.cu
 
 # ---------------------------------------------------------------- tests
 # The CPU tests always run on the CPU build; GPU tests run where a GPU is.
-TESTS := test_ops test_model test_data
+TESTS := test_ops test_model test_data test_fsdp
+# test_fsdp tests chapter 3's engine: it links the module (an MPI program)
+build/tests/test_fsdp: build/obj/cpu/03_fsdp/fsdp.o
+build/obj/cpu/tests/test_fsdp.o: CFLAGS += -I03_fsdp
 tests: $(addprefix build/tests/,$(TESTS))
 build/tests/%: build/obj/cpu/tests/%.o $(patsubst %.c,build/obj/cpu/%.o,$(COMMON_SRC) common/cpu/ops.c common/cpu/device.c common/cpu/comm.c)
 	@mkdir -p $(dir $@)
@@ -157,6 +161,11 @@ demo: setup
 # The reference's speed on the small preset, one rank: ms/step, tokens/s, MFU.
 bench-ref: all
 	bash tests/mpirun.sh -np 1 $(BIN)/chapter-0 --model small --steps 12 --log build/bench-ref.jsonl
+
+# Fuzz the loaders a user feeds files to (checkpoint, token file, text) with
+# libFuzzer for FUZZ_SECONDS each (installs clang as root; not part of test).
+fuzz:
+	@bash tests/fuzz/run.sh
 
 # make bench (the sweep over chapters) and make plots live in docs/plots/.
 -include docs/plots/plots.mk

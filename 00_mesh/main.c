@@ -13,7 +13,6 @@
 // for step; this is the yardstick.
 //
 //   mpirun -np 1 build/chapter-0 --steps 20
-#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -70,16 +69,13 @@ static float train_step(GPT* model, const TrainArgs* args, int step, const int* 
     // backward: the same in reverse; gradients accumulate, so zero them first
     gpt_zero_grad(model);
     gpt_backward(model);
-    // clip by the global norm: here "global" is one rank; sharded chapters sum
-    // grad_sumsq across ranks before the square root
-    double sumsq = grad_sumsq(model->grads, model->num_params);
-    *norm = (float)sqrt(sumsq);
+    // clip by the global norm: here "global" is one rank (no groups to sum
+    // over); sharded chapters pass the groups their shards are spread over
+    *norm = (float)train_global_norm(grad_sumsq(model->grads, model->num_params), NULL, 0);
     float scale = grad_clip_scale(*norm, args->clip);
     // AdamW on the whole flat buffer: parameters, gradients and both moments
     // share the layout, so one call updates everything
-    AdamWConfig opt = {.lr = args->lr, .beta1 = 0.9f, .beta2 = 0.999f, .eps = 1e-8f,
-                       .weight_decay = args->wd};
-    adamw_update(model->params, model->grads, model->m, model->v, model->num_params, opt,
+    adamw_update(model->params, model->grads, model->m, model->v, model->num_params, train_adamw(args),
                  step + 1, scale);
     return loss;
 }
@@ -89,6 +85,7 @@ static void train_reference(const TrainArgs* args, const Mesh* mesh) {
     train_setup(&setup, args);
     const GPTConfig* cfg = &setup.cfg;
     int B = setup.B, T = setup.T;
+    train_check_mesh(mesh, &setup, NULL);  // one rank: every split is whole
 
     double peak_gflops = args->peak_gflops > 0 ? args->peak_gflops : measure_matmul_gflops();
     GPT model;
@@ -141,11 +138,10 @@ static void train_reference(const TrainArgs* args, const Mesh* mesh) {
     report_summary(&log, mesh, &summary);
     jsonl_close(&log);
 
-    train_sample(&model, args);
-    if (args->save) {
+    if (train_wants_params(args)) {  // --sample, --save
         float* host = xmalloc(model.num_params * sizeof(float));
         mem_to_host(host, model.params, model.num_params * sizeof(float));
-        train_save(args, cfg, host, 1);
+        train_finish_params(args, cfg, T, host);
         free(host);
     }
     free(inputs);

@@ -1115,6 +1115,14 @@ int main(int argc, char** argv) {
     }
     if (min_bytes > max_bytes) fail_all("--min-bytes is larger than --max-bytes");
     if (iters < 1) fail_all("--iters must be >= 1");
+    int matched = 0;  // --op must name at least one algorithm
+    for (int a = 0; a < NUM_ALGS; a++) matched += strcmp(only, "all") == 0 || strstr(alg_names[a], only) != NULL;
+    if (!matched) {
+        char names[512] = "";
+        for (int a = 0; a < NUM_ALGS; a++)
+            snprintf(names + strlen(names), sizeof(names) - strlen(names), "%s%s", a ? ", " : "", alg_names[a]);
+        fail_all("--op '%s' matches no algorithm: give part of one of %s (or all)", only, names);
+    }
     if (!do_trace && !do_check && !do_bench) do_trace = do_check = do_bench = 1;
 
     runtime_set_threads(threads);

@@ -20,7 +20,6 @@
 //
 // --grad-accum K splits each rank's share into K micro-batches and
 // communicates only after the last one.
-#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -133,10 +132,10 @@ typedef struct {
 // The clipped AdamW step on a full replica (every mode but ps).
 static float clip_and_step(GPT* m, const TrainArgs* args, int step) {
     // after the all-reduce every replica holds the global gradient, so the
-    // norm each rank computes alone is already the global norm
-    double norm = sqrt(grad_sumsq(m->grads, m->num_params));
-    AdamWConfig opt = {.lr = args->lr, .beta1 = 0.9f, .beta2 = 0.999f, .eps = 1e-8f, .weight_decay = args->wd};
-    adamw_update(m->params, m->grads, m->m, m->v, m->num_params, opt, step + 1, grad_clip_scale(norm, args->clip));
+    // norm each rank computes alone is already the global norm (no groups)
+    double norm = train_global_norm(grad_sumsq(m->grads, m->num_params), NULL, 0);
+    adamw_update(m->params, m->grads, m->m, m->v, m->num_params, train_adamw(args), step + 1,
+                 grad_clip_scale(norm, args->clip));
     return (float)norm;
 }
 
@@ -190,9 +189,7 @@ static float train_step(DataParallel* dp, GPT* m, const TrainSetup* setup, const
     }
     // the loss of the global batch: mean over ranks of each rank's mean
     // (a host scalar for the log line: plain MPI, not the gradient path)
-    double mine = loss_sum / dp->accum, total = 0.0;
-    MPI_CHECK(MPI_Allreduce(&mine, &total, 1, MPI_DOUBLE, MPI_SUM, dp->dp->mpi));
-    return (float)(total / dp->dp->size);
+    return (float)train_mean(dp->dp, loss_sum / dp->accum);
 }
 
 // After training, every replica must hold bit-identical parameters: rank 0
@@ -240,9 +237,8 @@ int main(int argc, char** argv) {
     const TrainSetup* setup = &run.setup;
     const Comm* dpc = &run.axes[AXIS_DP];
     int B = setup->B, T = setup->T, ndp = dpc->size;
-    if (B % (ndp * accum) != 0)
-        fail_all("--batch %d does not split into dp=%d ranks x %d micro-batches: use a batch divisible by %d",
-                 B, ndp, accum, ndp * accum);
+    MeshNeeds needs = {.microbatches = accum};
+    train_check_mesh(&run.mesh, setup, &needs);
     int micro = B / ndp / accum;
 
     // a full replica on every rank, activations for one micro-batch
@@ -264,9 +260,9 @@ int main(int argc, char** argv) {
     dp.buckets.dp = dpc;
     dp.buckets.grads = model.grads;
 
-    print0("chapter 2: data parallel, dp=%d, mode %s, %d bucket%s of %d KiB, %d micro-batch%s of %d sequences per rank, device %s\n",
+    print0("chapter 2: data parallel, dp=%d, mode %s, %d bucket%s of %d KiB, %d micro-batch%s of %d sequence%s per rank, device %s\n",
            ndp, mode_names[mode], dp.buckets.n, dp.buckets.n == 1 ? "" : "s", bucket_kb, accum,
-           accum == 1 ? "" : "es", micro, run.device);
+           accum == 1 ? "" : "es", micro, micro == 1 ? "" : "s", run.device);
     print0("model %s: %zu parameters, global batch %d x %d\n", setup->model_name, model.num_params, B, T);
     char msg[1024];
     JsonLog log;
@@ -293,8 +289,11 @@ int main(int argc, char** argv) {
 
     double ms = clock_ms_per_step(&clock), wait_ms = clock_wait_ms_per_step(&clock);
     double progress_ms = clock_progress_ms_per_step(&clock);
-    print0("communication: %.2f ms per step blocked in all-reduce or wait, %.2f in non-blocking starts and "
-           "tests (rank 0), of %.2f ms per step\n", wait_ms, progress_ms, ms);
+    // what a rank is blocked in: the all-reduces (or, overlapped, the wait
+    // for them); the parameter server's reduce to rank 0 and broadcast back
+    const char* blocked = mode == MODE_PS ? "the reduce to rank 0 and the broadcast from it" : "all-reduce or wait";
+    print0("communication: %.2f ms per step blocked in %s, %.2f in non-blocking starts and "
+           "tests (rank 0), of %.2f ms per step\n", wait_ms, blocked, progress_ms, ms);
     // every rank starts the same buckets at the same hooks: rank 0's count is everyone's
     double early = args->steps > 0 ? (double)dp.buckets.started_early / args->steps : 0.0;
     if (mode == MODE_OVERLAPPED)
@@ -311,11 +310,13 @@ int main(int argc, char** argv) {
         .final_loss = loss, .val_loss = val_loss, .extra_json = extra_json};
     report_summary(&log, &run.mesh, &summary);
     jsonl_close(&log);
-    train_sample(&model, args);
-    if (args->save) {
-        float* host = xmalloc(model.num_params * sizeof(float));
-        mem_to_host(host, model.params, model.num_params * sizeof(float));
-        train_save(args, &setup->cfg, host, dpc->rank == 0);
+    if (train_wants_params(args)) {  // --sample, --save: from rank 0's replica
+        float* host = NULL;
+        if (dpc->rank == 0) {
+            host = xmalloc(model.num_params * sizeof(float));
+            mem_to_host(host, model.params, model.num_params * sizeof(float));
+        }
+        train_finish_params(args, &setup->cfg, T, host);
         free(host);
     }
 

@@ -23,7 +23,6 @@
 // and the sharded AdamW step; later chapters link it. This file is the
 // lesson: the model cut into units, and the forward and backward traversal
 // that says where each unit is gathered, prefetched and reduce-scattered.
-#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -81,15 +80,38 @@ typedef struct {
     GPTActs acts;
 } ShardedGPT;
 
+// The model as units, each rank filling only its own shard of them;
+// activations for micro sequences.
+static void sharded_gpt_create(ShardedGPT* g, const Comm* dp, const TrainSetup* setup, const TrainArgs* args,
+                               int zero, int prefetch, int reshard, int micro) {
+    memset(g, 0, sizeof(*g));
+    g->cfg = setup->cfg;
+    int n_units = g->cfg.num_layers + 2;
+    size_t* off = xmalloc(sizeof(size_t) * n_units);
+    size_t* numel = xmalloc(sizeof(size_t) * n_units);
+    int* own_grads = xcalloc((size_t)n_units, sizeof(int));
+    gpt_units(&g->cfg, off, numel);
+    own_grads[0] = 1;  // the tied embedding: used by the head first, by the embedding last
+    UnitSource source = {.cfg = &g->cfg, .checkpoint = setup->checkpoint, .seed = (uint64_t)args->seed, .off = off};
+    FsdpSpec spec = {.n_units = n_units, .numel = numel, .own_grads = own_grads, .fill = fill_unit,
+                     .fill_ctx = &source};
+    fsdp_create(&g->f, dp, &spec, zero, prefetch, reshard);
+    free(off);
+    free(numel);
+    free(own_grads);
+    gpt_acts_create(&g->acts, &g->cfg, micro, setup->T);
+}
+
 // ---------------------------------------------------------------- forward and backward
 
 // The order units are used in forward: the embedding, the blocks, the final
 // LayerNorm, and the embedding again for the tied LM head. Each prefetch sits
 // where the next unit's gather can run behind compute.
-// fsdp_fsdp_unit_params(f, i) returns unit i in full: under ZeRO-3 it waits for
-// the unit's all-gather (started here if no prefetch did); fsdp_prefetch(f,
-// i) starts unit i's all-gather now, to arrive behind the compute that
-// follows. Under ZeRO-1 and 2 the full parameters are always there.
+//   fsdp_unit_params(f, i)  unit i in full: under ZeRO-3 it waits for the
+//                           unit's all-gather (started there if no prefetch
+//                           did); under ZeRO-1 and 2 it is always there
+//   fsdp_prefetch(f, i)     (ZeRO-3) starts unit i's all-gather now, so it
+//                           arrives behind the compute that follows
 static float forward(ShardedGPT* g, const int* inputs, const int* targets) {
     FSDP* f = &g->f;
     const GPTConfig* c = &g->cfg;
@@ -119,11 +141,13 @@ static float forward(ShardedGPT* g, const int* inputs, const int* targets) {
     return gpt_acts_mean_loss(&g->acts, c);
 }
 
-// fsdp_grads_begin(f, i) gives the zeroed buffer unit i's gradient
-// accumulates in (ZeRO-1: its slice of the full gradient; ZeRO-2/3: a buffer
-// reused by the next unit, but the tied embedding's has its own);
-// fsdp_reduce_grads(f, i) reduce-scatters it: rank r keeps the mean over
-// ranks of its shard.
+// Backward runs the units in reverse, each gathered again under ZeRO-3.
+//   fsdp_grads_begin(f, i)   the zeroed buffer unit i's gradient accumulates
+//                            in (ZeRO-1: its slice of a full gradient;
+//                            ZeRO-2/3: one buffer every unit reuses, but the
+//                            tied embedding has its own)
+//   fsdp_reduce_grads(f, i)  reduce-scatter: rank r keeps the mean over ranks
+//                            of its shard of the gradient
 static void backward(ShardedGPT* g) {
     FSDP* f = &g->f;
     const GPTConfig* c = &g->cfg;
@@ -217,23 +241,8 @@ int main(int argc, char** argv) {
     train_check_mesh(&run.mesh, setup, NULL);
     int micro = B / N;
 
-    // the model as units, each rank filling only its own shard of them
-    ShardedGPT g = {.cfg = setup->cfg};
-    int n_units = setup->cfg.num_layers + 2;
-    size_t* off = xmalloc(sizeof(size_t) * n_units);
-    size_t* numel = xmalloc(sizeof(size_t) * n_units);
-    int* own_grads = xcalloc((size_t)n_units, sizeof(int));
-    gpt_units(&setup->cfg, off, numel);
-    own_grads[0] = 1;  // the tied embedding: used by the head first, by the embedding last
-    UnitSource source = {.cfg = &setup->cfg, .checkpoint = setup->checkpoint, .seed = (uint64_t)args->seed,
-                         .off = off};
-    FsdpSpec spec = {.n_units = n_units, .numel = numel, .own_grads = own_grads, .fill = fill_unit,
-                     .fill_ctx = &source};
-    fsdp_create(&g.f, dpc, &spec, zero, prefetch, reshard);
-    free(off);
-    free(numel);
-    free(own_grads);
-    gpt_acts_create(&g.acts, &g.cfg, micro, T);
+    ShardedGPT g;
+    sharded_gpt_create(&g, dpc, setup, args, zero, prefetch, reshard, micro);
     FSDP* f = &g.f;
     size_t P = gpt_num_params(&setup->cfg);
     char zero3[64] = "";
@@ -251,7 +260,7 @@ int main(int argc, char** argv) {
     int* targets = xmalloc((size_t)micro * T * sizeof(int));
     StepClock clock = {0};
     float loss = 0.0f, vloss = -1.0f;
-    long prefetched = 0;        // unit gathers started ahead by prefetch_unit, all steps
+    long prefetched = 0;        // unit gathers started ahead by fsdp_prefetch, all steps
     double allgather_wait = 0;  // seconds blocked on all-gathers, timed steps (as the clock)
     comm_counts_reset();  // count the training only, not the start-up gathers
     for (int s = 0; s < args->steps; s++) {

@@ -34,8 +34,14 @@ static const SharedFlag shared_flags[] = {
 };
 #define NUM_SHARED (int)(sizeof(shared_flags) / sizeof(shared_flags[0]))
 
+// --batch and --seq left out mean the model's default (0 after parsing);
+// given, they must be positive, so "--batch 0" is an error, not the default.
+#define ARG_NOT_GIVEN (-2147483647 - 1)
+
 static void set_defaults(TrainArgs* a) {
     memset(a, 0, sizeof(*a));
+    a->batch = ARG_NOT_GIVEN;
+    a->seq = ARG_NOT_GIVEN;
     a->model = "tiny";
     a->steps = 50;
     a->lr = 1e-3f;
@@ -46,7 +52,8 @@ static void set_defaults(TrainArgs* a) {
     for (int i = 0; i < NUM_AXES; i++) a->mesh[i] = 1;
 }
 
-// Parses value into dest by type; returns 0 if it is not a number.
+// Parses value into dest by type; returns 0 if it is not a number, -1 if it
+// is a non-zero number too small for a float (it would become 0).
 static int parse_value(const char* value, ArgType type, void* dest) {
     char* end = NULL;
     errno = 0;
@@ -57,6 +64,7 @@ static int parse_value(const char* value, ArgType type, void* dest) {
     } else if (type == ARG_FLOAT) {
         double v = strtod(value, &end);
         // inf and nan parse as numbers, but no flag of the course means them
+        if (end != value && !*end && v != 0.0 && (float)v == 0.0f) return -1;
         if (errno || end == value || *end || !isfinite((float)v)) return 0;
         *(float*)dest = (float)v;
     } else {
@@ -134,7 +142,13 @@ static const char* parse_flags(int argc, char** argv, TrainArgs* a, const ArgSpe
             return msg;
         }
         const char* value = argv[++i];
-        if (!parse_value(value, type, dest)) {
+        int parsed = parse_value(value, type, dest);
+        if (parsed < 0) {
+            snprintf(msg, msg_len, "flag %s: %s is too small for a float (it would be 0; the smallest positive float is about 1.4e-45)",
+                     flag, value);
+            return msg;
+        }
+        if (!parsed) {
             snprintf(msg, msg_len, "flag %s needs %s, got '%s'", flag,
                      type == ARG_INT ? "an integer" : "a number", value);
             return msg;
@@ -156,12 +170,13 @@ const char* args_parse(int argc, char** argv, TrainArgs* a, const ArgSpec* extra
     // values that can never work, whatever the model
     bad = NULL;
     if (a->steps < 0) bad = "--steps must be >= 0";
-    else if (a->batch < 0) bad = "--batch must be positive";
-    else if (a->seq < 0) bad = "--seq must be positive";
+    else if (a->batch != ARG_NOT_GIVEN && a->batch <= 0) bad = "--batch must be positive (leave it out for the model's default)";
+    else if (a->seq != ARG_NOT_GIVEN && a->seq <= 0) bad = "--seq must be positive (leave it out for the model's default)";
     else if (!(a->lr > 0.0f)) bad = "--lr must be positive";
     else if (a->wd < 0.0f) bad = "--wd must be >= 0";
     else if (a->clip < 0.0f) bad = "--clip must be >= 0 (0 turns clipping off)";
-    else if (a->sample < 0) bad = "--sample must be >= 0";
+    else if (a->sample < 0 || a->sample > ARGS_MAX_SAMPLE)
+        bad = "--sample must be between 0 and 100000 (characters generated one forward pass each)";
     else if (a->val_every < 0) bad = "--val-every must be >= 0";
     else if (a->val_batches < 1) bad = "--val-batches must be >= 1";
     else if (a->threads < 0) bad = "--threads must be >= 0";
@@ -172,6 +187,8 @@ const char* args_parse(int argc, char** argv, TrainArgs* a, const ArgSpec* extra
         snprintf(msg, msg_len, "%s", bad);
         return msg;
     }
+    if (a->batch == ARG_NOT_GIVEN) a->batch = 0;
+    if (a->seq == ARG_NOT_GIVEN) a->seq = 0;
     return NULL;
 }
 

@@ -17,7 +17,7 @@ typedef struct {
     float lr, wd, clip;    // --lr, --wd, --clip (0: no clipping)
     int seed;              // --seed
     const char* log;       // --log FILE.jsonl
-    int sample;            // --sample N characters after training
+    int sample;            // --sample N characters after training (at most ARGS_MAX_SAMPLE)
     const char* save;      // --save FILE.bin: checkpoint after training
     int val_every;         // --val-every N steps (0: only at the end)
     int val_batches;       // --val-batches
@@ -25,6 +25,8 @@ typedef struct {
     float peak_gflops;     // --peak-gflops (0: measure at start-up)
     int mesh[NUM_AXES];    // --dp --tp --pp --cp --ep
 } TrainArgs;
+
+#define ARGS_MAX_SAMPLE 100000
 
 // ARG_FLAG takes no value and sets its int to 1.
 typedef enum { ARG_INT, ARG_FLOAT, ARG_STRING, ARG_FLAG } ArgType;

@@ -127,9 +127,12 @@ const char* checkpoint_write(const char* path, const GPTConfig* cfg, const float
     size_t tmp_len = strlen(path) + 32;
     char* tmp = xmalloc(tmp_len);
     snprintf(tmp, tmp_len, "%s.tmp.%d", path, (int)getpid());
+    tmpfile_guard_begin(tmp);
     FILE* f = fopen(tmp, "wb");
     if (!f) {
-        snprintf(msg, msg_len, "cannot write checkpoint '%s': %s", tmp, strerror(errno));
+        int err = errno;
+        tmpfile_guard_end();
+        snprintf(msg, msg_len, "cannot write checkpoint '%s' (through the temporary file '%s'): %s", path, tmp, strerror(err));
         free(tmp);
         return msg;
     }
@@ -149,13 +152,23 @@ const char* checkpoint_write(const char* path, const GPTConfig* cfg, const float
         for (int l = 0; ok && l < layers; l++)
             ok = fwrite(params + gpt_tensor_offset(cfg, t, l), sizeof(float), n, f) == n;
     }
-    ok = (fclose(f) == 0) && ok;
-    if (!ok || rename(tmp, path) != 0) {
-        snprintf(msg, msg_len, "writing checkpoint '%s' failed: %s", path, strerror(errno));
+    int err = ok ? 0 : errno;  // what made a write fail
+    if (fclose(f) != 0 && ok) {
+        ok = 0;
+        err = errno;
+    }
+    if (ok && rename(tmp, path) != 0) {
+        ok = 0;
+        err = errno;
+    }
+    if (!ok) {
+        snprintf(msg, msg_len, "writing checkpoint '%s' failed: %s", path, strerror(err));
         remove(tmp);
+        tmpfile_guard_end();
         free(tmp);
         return msg;
     }
+    tmpfile_guard_end();
     free(tmp);
     return NULL;
 }

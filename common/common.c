@@ -4,7 +4,10 @@
 #include <mpi.h>
 #include <stdarg.h>
 #include <stdio.h>
+#include <signal.h>
 #include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
 
 int world_rank(void) {
     int initialized = 0, finalized = 0, rank = 0;
@@ -15,13 +18,18 @@ int world_rank(void) {
 }
 
 void fatal_at(const char* file, int line, const char* fmt, ...) {
-    fprintf(stderr, "[rank %d] %s:%d: ", world_rank(), file, line);
+    // the whole line in one write, so lines of several ranks do not interleave
+    char text[2048];
+    int n = snprintf(text, sizeof(text), "[rank %d] %s:%d: ", world_rank(), file, line);
     va_list ap;
     va_start(ap, fmt);
-    vfprintf(stderr, fmt, ap);
+    if (n >= 0 && (size_t)n < sizeof(text)) vsnprintf(text + n, sizeof(text) - (size_t)n, fmt, ap);
     va_end(ap);
-    fprintf(stderr, "\n");
-    fflush(stderr);
+    size_t len = strlen(text);
+    if (len == sizeof(text) - 1) len--;  // truncated: keep room for the newline
+    text[len++] = '\n';
+    ssize_t wrote = write(STDERR_FILENO, text, len);
+    (void)wrote;  // nothing left to report a failed write of an error to
     int initialized = 0;
     MPI_Initialized(&initialized);
     if (initialized) MPI_Abort(MPI_COMM_WORLD, 1);
@@ -79,4 +87,38 @@ void print0(const char* fmt, ...) {
     vprintf(fmt, ap);
     va_end(ap);
     fflush(stdout);
+}
+
+// ---------------------------------------------------------------- temporary files
+
+// The one temporary file being written now (writes are atomic: a temporary
+// file renamed over the target), removed if SIGINT or SIGTERM stops us.
+static char guard_path[4096];
+static struct sigaction guard_old_int, guard_old_term, guard_old_xfsz;
+
+static void guard_on_signal(int sig) {
+    if (guard_path[0]) unlink(guard_path);  // async-signal-safe
+    signal(sig, SIG_DFL);
+    raise(sig);
+}
+
+void tmpfile_guard_begin(const char* tmp_path) {
+    snprintf(guard_path, sizeof(guard_path), "%s", tmp_path);
+    struct sigaction sa;
+    memset(&sa, 0, sizeof(sa));
+    sa.sa_handler = guard_on_signal;
+    sigemptyset(&sa.sa_mask);
+    sigaction(SIGINT, &sa, &guard_old_int);
+    sigaction(SIGTERM, &sa, &guard_old_term);
+    // past a file-size limit, a write should fail (EFBIG) and be reported,
+    // not kill the process with the temporary file left behind
+    sa.sa_handler = SIG_IGN;
+    sigaction(SIGXFSZ, &sa, &guard_old_xfsz);
+}
+
+void tmpfile_guard_end(void) {
+    sigaction(SIGINT, &guard_old_int, NULL);
+    sigaction(SIGTERM, &guard_old_term, NULL);
+    sigaction(SIGXFSZ, &guard_old_xfsz, NULL);
+    guard_path[0] = 0;
 }

@@ -43,6 +43,14 @@ void fail_if_any(int failed, const char* message);
 void* xmalloc(size_t bytes);
 void* xcalloc(size_t count, size_t size);
 
+// Atomic writes go to a temporary file renamed over the target. Between
+// begin and end, SIGINT and SIGTERM remove that temporary file before the
+// process dies, and SIGXFSZ (a file-size limit) is ignored so the write fails
+// with an error instead. After kill -9 the temporary file (NAME.tmp.PID)
+// remains; the target is never half written.
+void tmpfile_guard_begin(const char* tmp_path);
+void tmpfile_guard_end(void);
+
 // This process's rank in MPI_COMM_WORLD (0 before MPI is initialised).
 int world_rank(void);
 

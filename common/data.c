@@ -72,7 +72,12 @@ const char* data_open_tokens(const char* path, TokenSet* set, char* msg, size_t 
         return msg;
     }
     struct stat st;
-    fstat(fd, &st);
+    if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
+        close(fd);
+        snprintf(msg, msg_len, "token file '%s' is not a regular file%s: give an llm.c token file", path,
+                 S_ISDIR(st.st_mode) ? " but a directory" : "");
+        return msg;
+    }
     size_t bytes = (size_t)st.st_size;
     int header[256];
     if (bytes < sizeof(header) || pread(fd, header, sizeof(header), 0) != (ssize_t)sizeof(header)) {
@@ -187,6 +192,47 @@ static const char* open_default_corpus(TokenSet* train, TokenSet* val, char* msg
     return NULL;
 }
 
+// Bytes of text that are not part of a well-formed UTF-8 sequence (ASCII is
+// UTF-8). Overlong forms and surrogates are not told apart: this only has to
+// tell text from binary.
+static size_t invalid_utf8_bytes(const unsigned char* s, size_t len) {
+    size_t bad = 0, i = 0;
+    while (i < len) {
+        unsigned char c = s[i];
+        int follow = c < 0x80 ? 0 : (c >> 5) == 0x6 ? 1 : (c >> 4) == 0xE ? 2 : (c >> 3) == 0x1E ? 3 : -1;
+        int ok = follow >= 0 && i + (size_t)follow < len;
+        for (int k = 1; ok && k <= follow; k++) ok = (s[i + k] & 0xC0) == 0x80;
+        if (ok) {
+            i += (size_t)follow + 1;
+        } else {
+            bad++;
+            i++;
+        }
+    }
+    return bad;
+}
+
+// A --data file that is not a token file must be text: a model checkpoint or
+// a token file whose header is corrupt would otherwise train as bytes. Text
+// has no NUL byte, and at most a small share (1%) of bytes that are not UTF-8
+// (a Latin-1 accent here and there is fine; binary data is not).
+static const char* check_text(const char* path, const char* text, size_t len, char* msg, size_t msg_len) {
+    int magic = 0;
+    if (len >= sizeof(int)) memcpy(&magic, text, sizeof(int));
+    if (magic == 20240326) {  // llm.c's checkpoint magic (checkpoint.c)
+        snprintf(msg, msg_len, "'%s' is an llm.c model checkpoint, not training data: give it with --model, and a text or token file with --data", path);
+        return msg;
+    }
+    size_t nul = len ? (size_t)(memchr(text, 0, len) != NULL) : 0;
+    size_t bad = invalid_utf8_bytes((const unsigned char*)text, len);
+    if (nul || bad > len / 100) {
+        snprintf(msg, msg_len, "data file '%s' is not text (%s%zu of %zu bytes are not UTF-8) and not an llm.c token file (magic 20240520): give a text file, or a token file made by build/tokenize",
+                 path, nul ? "it holds NUL bytes; " : "", bad, len);
+        return msg;
+    }
+    return NULL;
+}
+
 const char* data_open(const char* path, TokenSet* train, TokenSet* val, char* msg, size_t msg_len) {
     memset(train, 0, sizeof(*train));
     memset(val, 0, sizeof(*val));
@@ -197,6 +243,11 @@ const char* data_open(const char* path, TokenSet* train, TokenSet* val, char* ms
     if (!text) {
         snprintf(msg, msg_len, "cannot open data file '%s': %s (give a text file or an llm.c token file)", path, strerror(errno));
         return msg;
+    }
+    const char* bad = check_text(path, text, len, msg, msg_len);
+    if (bad) {
+        free(text);
+        return bad;
     }
     split_text(text, len, train, val);
     free(text);
@@ -218,9 +269,12 @@ const char* data_write_tokens(const char* path, const uint16_t* tokens, size_t c
     size_t tmp_len = strlen(path) + 32;
     char* tmp = xmalloc(tmp_len);
     snprintf(tmp, tmp_len, "%s.tmp.%d", path, (int)getpid());
+    tmpfile_guard_begin(tmp);
     FILE* f = fopen(tmp, "wb");
     if (!f) {
-        snprintf(msg, msg_len, "cannot write '%s': %s", tmp, strerror(errno));
+        int err = errno;
+        tmpfile_guard_end();
+        snprintf(msg, msg_len, "cannot write '%s' (through the temporary file '%s'): %s", path, tmp, strerror(err));
         free(tmp);
         return msg;
     }
@@ -230,13 +284,23 @@ const char* data_write_tokens(const char* path, const uint16_t* tokens, size_t c
     header[2] = (int)count;
     int ok = fwrite(header, sizeof(int), 256, f) == 256;
     ok = ok && fwrite(tokens, sizeof(uint16_t), count, f) == count;
-    ok = (fclose(f) == 0) && ok;
-    if (!ok || rename(tmp, path) != 0) {
-        snprintf(msg, msg_len, "writing '%s' failed: %s", path, strerror(errno));
+    int err = ok ? 0 : errno;  // what made a write fail
+    if (fclose(f) != 0 && ok) {
+        ok = 0;
+        err = errno;
+    }
+    if (ok && rename(tmp, path) != 0) {
+        ok = 0;
+        err = errno;
+    }
+    if (!ok) {
+        snprintf(msg, msg_len, "writing '%s' failed: %s", path, strerror(err));
         remove(tmp);
+        tmpfile_guard_end();
         free(tmp);
         return msg;
     }
+    tmpfile_guard_end();
     free(tmp);
     return NULL;
 }

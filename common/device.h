@@ -9,6 +9,10 @@
 void* device_raw_alloc(size_t bytes);
 void device_raw_free(void* ptr);
 
+// What the device's memory is called in messages: "host memory" on the CPU
+// backend, "GPU memory" on CUDA.
+const char* device_memory_name(void);
+
 // Host threads for this rank's ops (OpenMP and the BLAS library).
 void device_set_threads(int n);
 

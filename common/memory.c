@@ -27,7 +27,7 @@ const char* mem_category_name(MemCategory c) {
 void* mem_alloc(size_t bytes, MemCategory category) {
     CHECK(category >= 0 && category < MEM_NUM_CATEGORIES, "bad memory category %d", category);
     void* p = device_raw_alloc(bytes);
-    CHECK(p != NULL, "out of device memory allocating %zu bytes of %s (in use: %zu bytes)",
+    CHECK(p != NULL, "out of %s allocating %zu bytes of %s (in use: %zu bytes)", device_memory_name(),
           bytes, mem_category_name(category), current_total);
     if (num_live == cap_live) {
         cap_live = cap_live ? 2 * cap_live : 64;

@@ -35,10 +35,14 @@ const char* mesh_create(Mesh* m, const int sizes[NUM_AXES], char* msg, size_t ms
     memset(m, 0, sizeof(*m));
     MPI_CHECK(MPI_Comm_size(MPI_COMM_WORLD, &m->world_size));
     MPI_CHECK(MPI_Comm_rank(MPI_COMM_WORLD, &m->rank));
+    // the product of the sizes, stopped before it can overflow: once it
+    // passes the world size it can never equal it again
     long product = 1;
+    double shown = 1.0;  // the whole product, for the message
     for (int a = 0; a < NUM_AXES; a++) {
         m->size[a] = sizes[a] > 0 ? sizes[a] : 1;
-        product *= m->size[a];
+        if (product <= m->world_size) product *= m->size[a];
+        shown *= m->size[a];
     }
     if (product != m->world_size) {
         char shape[128];
@@ -49,8 +53,8 @@ const char* mesh_create(Mesh* m, const int sizes[NUM_AXES], char* msg, size_t ms
                      m->world_size, m->world_size, m->world_size);
         else
             snprintf(msg, msg_len,
-                     "the mesh %s has %ld ranks but mpirun started %d: make the product of the axis sizes equal -np",
-                     shape, product, m->world_size);
+                     "the mesh %s has %.0f ranks but mpirun started %d: make the product of the axis sizes equal -np",
+                     shape, shown, m->world_size);
         return msg;
     }
     mesh_coord_of(m, m->rank, m->coord);

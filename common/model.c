@@ -62,6 +62,17 @@ const char* gpt_config_problem(const GPTConfig* cfg) {
         return "the padded vocabulary is smaller than the vocabulary";
     if (cfg->channels % cfg->num_heads != 0)
         return "channels must be divisible by the number of heads";
+    // The parameter count, in 64 bits with every product checked: a crafted
+    // header must not wrap it around to a small number that passes the
+    // file-size check. 2^40 floats (4 TiB) is far beyond any model here.
+    const uint64_t limit = (uint64_t)1 << 40;
+    uint64_t C = (uint64_t)cfg->channels, wte, wpe, block, blocks, total;
+    if (__builtin_mul_overflow((uint64_t)cfg->padded_vocab_size, C, &wte) ||
+        __builtin_mul_overflow((uint64_t)cfg->max_seq_len, C, &wpe) ||
+        __builtin_mul_overflow(C, 12 * C + 13, &block) ||
+        __builtin_mul_overflow((uint64_t)cfg->num_layers, block, &blocks) ||
+        __builtin_add_overflow(wte + wpe, blocks, &total) || wte > limit || wpe > limit || total > limit)
+        return "the model is too large: its parameter count exceeds 2^40";
     return NULL;
 }
 
@@ -153,6 +164,20 @@ BlockScratch block_scratch_at(float* base, int B, int T, int C, int NH) {
     return s;
 }
 
+size_t block_stash_numel(int B, int T, int C) { return (size_t)B * T * 11 * (size_t)C; }
+
+BlockStash block_stash_at(float* base, int B, int T, int C) {
+    size_t BT = (size_t)B * T, c = (size_t)C;
+    BlockStash st;
+    st.dfcproj = base;   base += BT * c;
+    st.dfch = base;      base += BT * 4 * c;
+    st.dln2 = base;      base += BT * c;
+    st.dattproj = base;  base += BT * c;
+    st.dqkv = base;      base += BT * 3 * c;
+    st.dln1 = base;
+    return st;
+}
+
 size_t head_acts_numel(int B, int T, int C, int Vp) {
     return (size_t)B * T * ((size_t)C + (size_t)Vp + 6);
 }
@@ -193,26 +218,61 @@ void block_forward(const BlockParams* p, BlockActs* a, const float* x,
 void block_backward(const BlockParams* p, BlockParams* g, const BlockActs* a,
                     const BlockScratch* s, const float* x, float* dres,
                     int B, int T, int C, int NH) {
+    size_t NC = (size_t)B * T * C;
+    // The stash of one block that runs its two halves back to back lives in
+    // the scratch, so the fused form needs no memory of its own: dfch and
+    // dqkv are where they always were, and the four C-wide slots fill
+    // dfch_gelu, which the input half is done with before it writes them.
+    // (s->dln is left unused.)
+    BlockStash st = {.dfcproj = s->dfch_gelu, .dfch = s->dfch, .dln2 = s->dfch_gelu + NC,
+                     .dattproj = s->dfch_gelu + 2 * NC, .dqkv = s->dqkv,
+                     .dln1 = s->dfch_gelu + 3 * NC};
+    block_backward_input(p, a, s, &st, x, dres, B, T, C, NH);
+    block_backward_weights(g, a, &st, x, B, T, C);
+}
+
+void block_backward_input(const BlockParams* p, const BlockActs* a, const BlockScratch* s,
+                          BlockStash* st, const float* x, float* dres,
+                          int B, int T, int C, int NH) {
     int N = B * T;
     size_t NC = (size_t)N * C;
     // The residual adds pass their gradient through unchanged, so dres is
-    // updated in place: it holds d res3, then d res2, then d x.
+    // updated in place: it holds d res3, then d res2, then d x. The weight
+    // half needs d res3 and d res2 (the d-outputs of fcproj and attproj), so
+    // they are copied out before each is overwritten.
     // MLP half, backwards
     ops_zero(s->dfch_gelu, 4 * NC);
-    matmul_backward(s->dfch_gelu, g->fcprojw, g->fcprojb, dres, a->fch_gelu, p->fcprojw, N, 4 * C, C);
-    ops_zero(s->dfch, 4 * NC);
-    gelu_backward(s->dfch, a->fch, s->dfch_gelu, 4 * NC);
-    ops_zero(s->dln, NC);
-    matmul_backward(s->dln, g->fcw, g->fcb, s->dfch, a->ln2, p->fcw, N, C, 4 * C);
-    layernorm_backward(dres, g->ln2w, g->ln2b, s->dln, a->res2, p->ln2w, a->ln2_mean, a->ln2_rstd, N, C);
+    matmul_backward(s->dfch_gelu, NULL, NULL, dres, NULL, p->fcprojw, N, 4 * C, C);
+    ops_zero(st->dfch, 4 * NC);
+    gelu_backward(st->dfch, a->fch, s->dfch_gelu, 4 * NC);
+    // s->dfch_gelu is dead from here on
+    ops_copy(st->dfcproj, dres, NC);
+    ops_zero(st->dln2, NC);
+    matmul_backward(st->dln2, NULL, NULL, st->dfch, NULL, p->fcw, N, C, 4 * C);
+    layernorm_backward(dres, NULL, NULL, st->dln2, a->res2, p->ln2w, a->ln2_mean, a->ln2_rstd, N, C);
+    ops_copy(st->dattproj, dres, NC);
     // attention half, backwards
     ops_zero(s->datty, NC);
-    matmul_backward(s->datty, g->attprojw, g->attprojb, dres, a->atty, p->attprojw, N, C, C);
-    ops_zero(s->dqkv, 3 * NC);
-    attention_backward(s->dqkv, s->datt, s->datty, a->qkv, a->att, B, T, C, NH);
-    ops_zero(s->dln, NC);
-    matmul_backward(s->dln, g->qkvw, g->qkvb, s->dqkv, a->ln1, p->qkvw, N, C, 3 * C);
-    layernorm_backward(dres, g->ln1w, g->ln1b, s->dln, x, p->ln1w, a->ln1_mean, a->ln1_rstd, N, C);
+    matmul_backward(s->datty, NULL, NULL, dres, NULL, p->attprojw, N, C, C);
+    ops_zero(st->dqkv, 3 * NC);
+    attention_backward(st->dqkv, s->datt, s->datty, a->qkv, a->att, B, T, C, NH);
+    ops_zero(st->dln1, NC);
+    matmul_backward(st->dln1, NULL, NULL, st->dqkv, NULL, p->qkvw, N, C, 3 * C);
+    layernorm_backward(dres, NULL, NULL, st->dln1, x, p->ln1w, a->ln1_mean, a->ln1_rstd, N, C);
+}
+
+void block_backward_weights(BlockParams* g, const BlockActs* a, const BlockStash* st,
+                            const float* x, int B, int T, int C) {
+    int N = B * T;
+    // Each parameter gradient is one reduction over the tokens of a stashed
+    // d-output against a forward activation; the five are independent, so
+    // their order does not change a bit.
+    matmul_backward(NULL, g->fcprojw, g->fcprojb, st->dfcproj, a->fch_gelu, NULL, N, 4 * C, C);
+    matmul_backward(NULL, g->fcw, g->fcb, st->dfch, a->ln2, NULL, N, C, 4 * C);
+    layernorm_backward(NULL, g->ln2w, g->ln2b, st->dln2, a->res2, NULL, a->ln2_mean, a->ln2_rstd, N, C);
+    matmul_backward(NULL, g->attprojw, g->attprojb, st->dattproj, a->atty, NULL, N, C, C);
+    matmul_backward(NULL, g->qkvw, g->qkvb, st->dqkv, a->ln1, NULL, N, C, 3 * C);
+    layernorm_backward(NULL, g->ln1w, g->ln1b, st->dln1, x, NULL, a->ln1_mean, a->ln1_rstd, N, C);
 }
 
 // ---------------------------------------------------------------- the head
@@ -231,15 +291,30 @@ void head_forward(const GPTConfig* cfg, const float* wte, const float* lnfw, con
 void head_backward(const GPTConfig* cfg, const float* wte, const float* lnfw, float* dwte,
                    float* dlnfw, float* dlnfb, HeadActs* h, const float* x, const int* targets,
                    float dloss, float* dln, float* dres, int B, int T) {
+    head_backward_input(cfg, wte, lnfw, h, x, targets, dloss, dln, dres, B, T);
+    head_backward_weights(cfg, dwte, dlnfw, dlnfb, h, x, dln, B, T);
+}
+
+void head_backward_input(const GPTConfig* cfg, const float* wte, const float* lnfw, HeadActs* h,
+                         const float* x, const int* targets, float dloss, float* dlnf,
+                         float* dres, int B, int T) {
     int N = B * T, C = cfg->channels, Vp = cfg->padded_vocab_size;
     // dlogits overwrite the logits: the fused softmax cross-entropy never
     // stores the probabilities
     crossentropy_backward(h->logits, h->logits, targets, h->rowmax, h->sumexp, dloss, N, Vp,
                           cfg->vocab_size, 0);
-    ops_zero(dln, (size_t)N * C);
-    matmul_backward(dln, dwte, NULL, h->logits, h->lnf, wte, N, C, Vp);
+    ops_zero(dlnf, (size_t)N * C);
+    matmul_backward(dlnf, NULL, NULL, h->logits, NULL, wte, N, C, Vp);
     ops_zero(dres, (size_t)N * C);
-    layernorm_backward(dres, dlnfw, dlnfb, dln, x, lnfw, h->lnf_mean, h->lnf_rstd, N, C);
+    layernorm_backward(dres, NULL, NULL, dlnf, x, lnfw, h->lnf_mean, h->lnf_rstd, N, C);
+}
+
+void head_backward_weights(const GPTConfig* cfg, float* dwte, float* dlnfw, float* dlnfb,
+                           const HeadActs* h, const float* x, const float* dlnf, int B, int T) {
+    int N = B * T, C = cfg->channels, Vp = cfg->padded_vocab_size;
+    // dwte (Vp, C) += dlogits^T @ lnf: the LM head's share of the tied embedding
+    matmul_backward(NULL, dwte, NULL, h->logits, h->lnf, NULL, N, C, Vp);
+    layernorm_backward(NULL, dlnfw, dlnfb, dlnf, x, NULL, h->lnf_mean, h->lnf_rstd, N, C);
 }
 
 // ---------------------------------------------------------------- activations of the whole model

@@ -111,7 +111,9 @@ typedef struct {
 size_t block_acts_numel(int B, int T, int C, int NH);  // B*T*(18C + NH*T + 4)
 BlockActs block_acts_at(float* base, int B, int T, int C, int NH);
 
-// Gradient buffers a block's backward needs, reused by every layer.
+// Gradient buffers a block's backward needs, reused by every layer
+// (block_backward lays its stash over them; the input half alone uses only
+// dfch_gelu, datty and datt; head_backward takes dln).
 typedef struct {
     float* dln;       // (B,T,C)  d of a LayerNorm output
     float* dqkv;      // (B,T,3C)
@@ -127,10 +129,56 @@ BlockScratch block_scratch_at(float* base, int B, int T, int C, int NH);
 void block_forward(const BlockParams* p, BlockActs* a, const float* x,
                    int B, int T, int C, int NH);
 // dres (B,T,C): on entry d loss / d block output; on return d loss / d x.
-// Parameter gradients are accumulated into g.
+// Parameter gradients are accumulated into g. This is the two halves below
+// called in a row, with the stash laid over the scratch s.
 void block_backward(const BlockParams* p, BlockParams* g, const BlockActs* a,
                     const BlockScratch* s, const float* x, float* dres,
                     int B, int T, int C, int NH);
+
+// ---------------------------------------------------------------- backward in two halves
+// Backward is two jobs: the input gradient (d x, which the layer below waits
+// for) and the weight gradients (which nobody waits for until the optimizer
+// step). A zero-bubble pipeline runs the first at once and the second later,
+// possibly several microbatches later, with other layers' backward in
+// between. The input half leaves in a stash what the weight half needs that
+// is neither a parameter nor a forward activation: the gradient at the output
+// of each of the block's four matmuls and two LayerNorms. Each weight
+// gradient is one reduction over the tokens of (that gradient) x (a forward
+// activation), so nothing smaller than these d-outputs can stand in for them
+// without recomputing a matmul.
+//   stash: 11C floats per token, i.e. B*T*11C per layer per microbatch
+//   (beside the block's activations, B*T*(18C + NH*T + 4)).
+typedef struct {
+    float* dfcproj;   // (B,T,C)  d fcproj output = d res3 (dres on entry)
+    float* dfch;      // (B,T,4C) d fc output (d of the GELU input)
+    float* dln2;      // (B,T,C)  d ln2 output
+    float* dattproj;  // (B,T,C)  d attproj output = d res2
+    float* dqkv;      // (B,T,3C) d qkv output
+    float* dln1;      // (B,T,C)  d ln1 output
+} BlockStash;
+size_t block_stash_numel(int B, int T, int C);  // B*T*11C
+BlockStash block_stash_at(float* base, int B, int T, int C);
+
+// Input half: dres (B,T,C) from d block output to d x, exactly as
+// block_backward; writes every field of st and no parameter gradient. Reads
+// p, x and, of a, qkv, att, res2, fch and the four LayerNorm statistics
+// (the weight gradients' own inputs it leaves alone). Uses only
+// s->dfch_gelu, s->datty and s->datt of the scratch (5C + NH*T per token),
+// which may be shared by every layer; the stash must be this (layer,
+// microbatch)'s own until its weight half has run. (It is done with
+// s->dfch_gelu before it writes dfcproj, dln2, dattproj or dln1, so those
+// four may lie inside s->dfch_gelu: block_backward relies on this.)
+void block_backward_input(const BlockParams* p, const BlockActs* a, const BlockScratch* s,
+                          BlockStash* st, const float* x, float* dres,
+                          int B, int T, int C, int NH);
+// Weight half: accumulates all 12 parameter gradients of the block into g,
+// bit-identical to block_backward's, from the stash and, of the forward, x
+// and a's ln1, ln1_mean, ln1_rstd, atty, res2, ln2, ln2_mean, ln2_rstd,
+// fch_gelu (9C + 4 floats per token, which must still hold this
+// microbatch's forward). Needs no parameter: an FSDP rank runs it without
+// gathering the block.
+void block_backward_weights(BlockParams* g, const BlockActs* a, const BlockStash* st,
+                            const float* x, int B, int T, int C);
 
 // The head: final LayerNorm, LM head tied to wte, softmax cross-entropy.
 typedef struct {
@@ -147,10 +195,24 @@ void head_forward(const GPTConfig* cfg, const float* wte, const float* lnfw, con
                   HeadActs* h, const float* x, const int* targets, int B, int T);
 // dloss: d objective / d each token's loss (1/(B*T) for the batch mean).
 // Writes dres (B,T,C) = d objective / d x; accumulates dwte, dlnfw, dlnfb.
-// dln (B,T,C) is scratch.
+// dln (B,T,C) is scratch. This is the two halves below called in a row.
 void head_backward(const GPTConfig* cfg, const float* wte, const float* lnfw, float* dwte,
                    float* dlnfw, float* dlnfb, HeadActs* h, const float* x, const int* targets,
                    float dloss, float* dln, float* dres, int B, int T);
+// The head in two halves, as the block. The input half writes dres, the
+// dlogits (into h->logits, in place) and dlnf (B,T,C), the d of the final
+// LayerNorm's output; those two are the head's stash (Vp + C floats per
+// token, the Vp already inside HeadActs), so h and dlnf must be this
+// microbatch's own until the weight half has run. The weight half
+// accumulates dwte (the tied LM head's share), dlnfw and dlnfb from them and
+// x, h->lnf, h->lnf_mean, h->lnf_rstd; it reads no parameter. dwte also
+// takes encoder_backward's share: the fused order (head first) is needed
+// for bit-identical sums.
+void head_backward_input(const GPTConfig* cfg, const float* wte, const float* lnfw, HeadActs* h,
+                         const float* x, const int* targets, float dloss, float* dlnf,
+                         float* dres, int B, int T);
+void head_backward_weights(const GPTConfig* cfg, float* dwte, float* dlnfw, float* dlnfb,
+                           const HeadActs* h, const float* x, const float* dlnf, int B, int T);
 
 // ---------------------------------------------------------------- the whole model
 // The activations of a (B, T) batch through the whole model, wherever the

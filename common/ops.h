@@ -41,6 +41,8 @@ void encoder_backward_vocab(float* dwte_shard, float* dwpe, const float* dout,
 // out = (inp - mean) * rstd * w + b per row; mean, rstd (N) are saved for backward.
 void layernorm_forward(float* out, float* mean, float* rstd, const float* inp,
                        const float* w, const float* b, int N, int C);
+// backward reads w only for dinp; with dw and db both NULL it does no
+// weight-gradient work at all, with all three NULL nothing.
 void layernorm_backward(float* dinp, float* dw, float* db, const float* dout,
                         const float* inp, const float* w, const float* mean,
                         const float* rstd, int N, int C);
@@ -50,6 +52,10 @@ void layernorm_backward(float* dinp, float* dw, float* db, const float* dout,
 void matmul_forward(float* out, const float* inp, const float* w, const float* bias,
                     int N, int C, int OC);
 // dinp (N, C) += dout @ w; dw (OC, C) += dout^T @ inp; dbias (OC) += sum_n dout.
+// Each is skipped when its pointer is NULL; w is read only for dinp and inp
+// only for dw (so either may be NULL then): the two halves of a split
+// backward call it with dinp alone, then with dw and dbias alone, and get
+// the same bits as one call with all three.
 void matmul_backward(float* dinp, float* dw, float* dbias, const float* dout,
                      const float* inp, const float* w, int N, int C, int OC);
 

@@ -2,9 +2,14 @@
 #include "report.h"
 
 #include <errno.h>
+#include <fcntl.h>
+#include <math.h>
 #include <mpi.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/file.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 #include "comm.h"
 #include "common.h"
@@ -12,43 +17,106 @@
 
 const char* jsonl_open(JsonLog* log, const char* path, char* msg, size_t msg_len) {
     log->f = NULL;
+    log->path = path;
     if (!path || world_rank() != 0) return NULL;
-    log->f = fopen(path, "w");
-    if (!log->f) {
+    // Opened without truncating, then locked: a second run given the same
+    // log fails here instead of interleaving its records with the first's.
+    int fd = open(path, O_WRONLY | O_CREAT, 0644);
+    if (fd < 0) {
         snprintf(msg, msg_len, "cannot write log file '%s': %s", path, strerror(errno));
+        return msg;
+    }
+    if (flock(fd, LOCK_EX | LOCK_NB) != 0) {
+        close(fd);
+        snprintf(msg, msg_len, "log file '%s' is being written by another run: give each run its own --log", path);
+        return msg;
+    }
+    struct stat st;  // truncate a regular file (not /dev/stdout or a pipe)
+    if ((fstat(fd, &st) == 0 && S_ISREG(st.st_mode) && ftruncate(fd, 0) != 0) || !(log->f = fdopen(fd, "w"))) {
+        snprintf(msg, msg_len, "cannot write log file '%s': %s", path, strerror(errno));
+        close(fd);
         return msg;
     }
     return NULL;
 }
 
+// A log that cannot be written (a full disk, a vanished directory) ends the
+// run: a run that exits 0 with an empty log would look like a success. Only
+// rank 0 writes, so it aborts the job (every rank exits non-zero).
+static void check_log(JsonLog* log, int ok) {
+    if (ok && fflush(log->f) == 0 && !ferror(log->f)) return;
+    FATAL("writing the log file '%s' failed: %s", log->path, strerror(errno));
+}
+
 void jsonl_close(JsonLog* log) {
-    if (log->f) fclose(log->f);
+    if (log->f && fclose(log->f) != 0) FATAL("closing the log file '%s' failed: %s", log->path, strerror(errno));
     log->f = NULL;
+}
+
+// A JSON number, or null for inf and NaN (JSON has no such numbers).
+static void json_number(char* out, size_t len, const char* fmt, double x) {
+    if (isfinite(x))
+        snprintf(out, len, fmt, x);
+    else
+        snprintf(out, len, "null");
 }
 
 void report_step(JsonLog* log, int step, int steps, float loss, float norm, double ms,
                  double tokens_per_s) {
+    // Divergence stops the run on every rank before anything is logged or
+    // saved: a NaN model must not be written over a good checkpoint.
+    static float last_loss = NAN;
+    static int last_step = -1;
+    char msg[512];
+    int diverged = !isfinite(loss) || !isfinite(norm);
+    if (diverged) {
+        char last[128] = "no step had a finite loss";
+        if (last_step >= 0) snprintf(last, sizeof(last), "the last finite loss was %.6f at step %d", last_loss, last_step);
+        snprintf(msg, sizeof(msg), "training diverged at step %d: loss %g, gradient norm %g (%s); nothing was saved: lower --lr or keep --clip on",
+                 step, loss, norm, last);
+    }
+    fail_if_any(diverged, msg);
+    last_loss = loss;
+    last_step = step;
     if (world_rank() != 0) return;
-    printf("step %4d/%d | loss %.6f | norm %7.4f | %8.2f ms | %9.0f tok/s\n", step + 1, steps,
+    // the step index as the JSONL record has it: 0 .. steps-1
+    printf("step %4d/%d | loss %.6f | norm %7.4f | %8.2f ms | %9.0f tok/s\n", step, steps,
            loss, norm, ms, tokens_per_s);
     fflush(stdout);
     if (log->f) {
-        fprintf(log->f,
-                "{\"type\":\"step\",\"step\":%d,\"loss\":%.7f,\"norm\":%.6f,\"ms\":%.3f,"
-                "\"tokens_per_s\":%.1f}\n",
-                step, loss, norm, ms, tokens_per_s);
-        fflush(log->f);
+        int ok = fprintf(log->f,
+                         "{\"type\":\"step\",\"step\":%d,\"loss\":%.7f,\"norm\":%.6f,\"ms\":%.3f,"
+                         "\"tokens_per_s\":%.1f}\n",
+                         step, loss, norm, ms, tokens_per_s) > 0;
+        check_log(log, ok);
     }
 }
 
 void report_val(JsonLog* log, int step, float val_loss) {
     if (world_rank() != 0) return;
-    printf("step %4d | val loss %.6f\n", step + 1, val_loss);
+    // after step `step` (0-based, as the record); -1: before any step (--steps 0)
+    if (step < 0) printf("before training | val loss %.6f\n", val_loss);
+    else printf("step %4d | val loss %.6f\n", step, val_loss);
     fflush(stdout);
     if (log->f) {
-        fprintf(log->f, "{\"type\":\"val\",\"step\":%d,\"val_loss\":%.7f}\n", step, val_loss);
-        fflush(log->f);
+        char v[64];
+        json_number(v, sizeof(v), "%.7f", val_loss);
+        check_log(log, fprintf(log->f, "{\"type\":\"val\",\"step\":%d,\"val_loss\":%s}\n", step, v) > 0);
     }
+}
+
+// Writes s as a JSON string (quotes, backslashes and control characters escaped).
+static int json_string(FILE* f, const char* s) {
+    int ok = fputc('"', f) != EOF;
+    for (const unsigned char* p = (const unsigned char*)s; ok && *p; p++) {
+        if (*p == '"' || *p == '\\')
+            ok = fprintf(f, "\\%c", *p) > 0;
+        else if (*p < 0x20)
+            ok = fprintf(f, "\\u%04x", *p) > 0;
+        else
+            ok = fputc(*p, f) != EOF;
+    }
+    return ok && fputc('"', f) != EOF;
 }
 
 void report_summary(JsonLog* log, const Mesh* mesh, const RunSummary* s) {
@@ -106,12 +174,17 @@ void report_summary(JsonLog* log, const Mesh* mesh, const RunSummary* s) {
         fprintf(f, "{\"type\":\"summary\",\"chapter\":%d,\"world_size\":%d,\"mesh\":{", s->chapter, n);
         for (int a = 0; a < NUM_AXES; a++)
             fprintf(f, "%s\"%s\":%d", a ? "," : "", mesh_axis_name(a), mesh->size[a]);
-        fprintf(f, "},\"mesh_shape\":\"%s\",\"model\":\"%s\",\"params\":%zu,\"batch\":%d,\"seq\":%d,"
+        fprintf(f, "},\"mesh_shape\":\"%s\",\"model\":", shape);
+        json_string(f, s->model);
+        char final_loss[64], val_loss[64];
+        json_number(final_loss, sizeof(final_loss), "%.7f", s->final_loss);
+        json_number(val_loss, sizeof(val_loss), "%.7f", s->val_loss);
+        fprintf(f, ",\"params\":%zu,\"batch\":%d,\"seq\":%d,"
                    "\"steps\":%d,\"ms_per_step\":%.3f,\"tokens_per_s\":%.1f,\"flops_per_token\":%.0f,"
-                   "\"peak_gflops\":%.2f,\"mfu\":%.5f,\"final_loss\":%.7f",
-                shape, s->model, s->num_params, s->batch, s->seq, s->steps, s->ms_per_step,
-                s->tokens_per_s, s->flops_per_token, peak_sum, mfu, s->final_loss);
-        if (s->val_loss >= 0) fprintf(f, ",\"val_loss\":%.7f", s->val_loss);
+                   "\"peak_gflops\":%.2f,\"mfu\":%.5f,\"final_loss\":%s",
+                s->num_params, s->batch, s->seq, s->steps, s->ms_per_step,
+                s->tokens_per_s, s->flops_per_token, peak_sum, mfu, final_loss);
+        if (!(s->val_loss < 0)) fprintf(f, ",\"val_loss\":%s", val_loss);
         // peak bytes: one array per category, one entry per rank
         fprintf(f, ",\"peak_bytes\":{");
         for (int c = 0; c <= MEM_NUM_CATEGORIES; c++) {
@@ -150,8 +223,7 @@ void report_summary(JsonLog* log, const Mesh* mesh, const RunSummary* s) {
         for (int r = 0; r < n; r++) fprintf(f, "%s%.6f", r ? "," : "", comm_all[(size_t)r * ncomm + ncomm - 1]);
         fprintf(f, "]");
         if (s->extra_json && s->extra_json[0]) fprintf(f, ",%s", s->extra_json);
-        fprintf(f, "}\n");
-        fflush(f);
+        check_log(log, fprintf(f, "}\n") > 0);
     }
     free(all);
     free(comm_all);

@@ -8,17 +8,25 @@
 #include "mesh.h"
 
 typedef struct {
-    FILE* f;  // rank 0's --log file, or NULL
+    FILE* f;           // rank 0's --log file, or NULL
+    const char* path;  // its name, for messages
 } JsonLog;
 
 // Rank 0 opens path (NULL: no log). Returns NULL or a message.
 const char* jsonl_open(JsonLog* log, const char* path, char* msg, size_t msg_len);
 void jsonl_close(JsonLog* log);
 
-// One training step: the human line and {"type":"step",...}. Rank 0 only.
+// One training step: the human line and {"type":"step",...} (rank 0 writes).
+// Both number the steps alike, from 0: "step    0/5" ... "step    4/5".
+// Collective: every rank calls it with the same loss and norm. A non-finite
+// loss or norm ends every rank with a message naming the step and the last
+// finite loss, before anything of that step is logged. A failed log write
+// ends the run too.
 void report_step(JsonLog* log, int step, int steps, float loss, float norm, double ms,
                  double tokens_per_s);
-// A validation loss: {"type":"val","step":s,"val_loss":x}. Rank 0 only.
+// A validation loss after step s: {"type":"val","step":s,"val_loss":x} and
+// "step    s | val loss x" (s = -1, before any step: "before training | ...").
+// Rank 0 only.
 void report_val(JsonLog* log, int step, float val_loss);
 
 typedef struct {

@@ -8,12 +8,20 @@
 
 #include "common.h"
 #include "memory.h"
+#include "paths.h"
 #include "runtime.h"
 
 void train_setup(TrainSetup* s, const TrainArgs* a) {
     memset(s, 0, sizeof(*s));
     char msg[1024];
-    const char* bad = NULL;
+    // before anything is opened for writing: no output may be an input, and
+    // --save must be writable now, not found unwritable after training
+    PathArg inputs[] = {{"--model", a->model}, {"--data", a->data}, {"--val", a->val}};
+    PathArg outputs[] = {{"--log", a->log}, {"--save", a->save}};
+    int n_in = sizeof(inputs) / sizeof(inputs[0]), n_out = sizeof(outputs) / sizeof(outputs[0]);
+    const char* bad = paths_check_distinct(inputs, n_in, outputs, n_out, msg, sizeof(msg));
+    for (int o = 0; o < n_out && !bad; o++) bad = paths_check_writable(&outputs[o], msg, sizeof(msg));
+    fail_if_any(bad != NULL, bad);
     s->model_name = a->model;
     // the model: a preset by name, else a checkpoint file by path
     if (!gpt_preset(a->model, &s->cfg)) {
@@ -52,8 +60,17 @@ void train_setup(TrainSetup* s, const TrainArgs* a) {
         snprintf(msg, sizeof(msg), "%s has %zu training tokens, fewer than one batch needs (%d x %d + 1): use more data or a smaller --batch/--seq",
                  name, s->train.count, s->B, s->T);
         bad = msg;
+    } else if (a->val && data_batches_per_epoch(&s->val, s->B, s->T) == 0) {
+        snprintf(msg, sizeof(msg), "validation file '%s' has %zu tokens, fewer than one batch needs (%d x %d + 1): give a longer --val or a smaller --batch/--seq",
+                 a->val, s->val.count, s->B, s->T);
+        bad = msg;
     }
     fail_if_any(bad != NULL, bad);
+    // the last 10% of a text file may be too short to validate on: say so
+    // rather than silently logging no validation loss
+    if (!a->val && s->val.count > 0 && data_batches_per_epoch(&s->val, s->B, s->T) == 0)
+        print0("note: the validation split of %s (%zu tokens) is shorter than one batch (%d x %d + 1): no validation loss\n",
+               name, s->val.count, s->B, s->T);
 }
 
 void train_setup_free(TrainSetup* s) {
@@ -160,26 +177,31 @@ void train_check_mesh(const Mesh* mesh, const TrainSetup* s, const MeshNeeds* ne
     int micro = needs && needs->microbatches > 1 ? needs->microbatches : 1;
     int experts = needs ? needs->experts : 0;
     // every check in one style: what, its value, the axis, the fix
+#define RANKS(n) (n), (n) == 1 ? "" : "s"
     if (s->B % (dp * micro) != 0) {
         if (micro == 1)
-            fail_all("--batch %d does not split over dp=%d ranks: use a batch divisible by %d", s->B, dp, dp);
-        fail_all("--batch %d does not split over dp=%d ranks x %d micro-batches: use a batch divisible by %d",
-                 s->B, dp, micro, dp * micro);
+            fail_all("--batch %d does not split over dp=%d rank%s: use a batch divisible by %d", s->B, RANKS(dp), dp);
+        fail_all("--batch %d does not split over dp=%d rank%s x %d micro-batches: use a batch divisible by %d",
+                 s->B, RANKS(dp), micro, dp * micro);
     }
     if (c->num_heads % tp != 0)
-        fail_all("the model's %d heads do not split over tp=%d ranks: use a tp that divides %d", c->num_heads, tp,
-                 c->num_heads);
+        fail_all("the model's %d heads do not split over tp=%d rank%s: use a tp that divides %d", c->num_heads,
+                 RANKS(tp), c->num_heads);
     if (c->padded_vocab_size % tp != 0)
-        fail_all("the model's padded vocabulary of %d does not split over tp=%d ranks: use a tp that divides %d",
-                 c->padded_vocab_size, tp, c->padded_vocab_size);
+        fail_all("the model's padded vocabulary of %d does not split over tp=%d rank%s: use a tp that divides %d",
+                 c->padded_vocab_size, RANKS(tp), c->padded_vocab_size);
     if (c->num_layers % pp != 0)
-        fail_all("the model's %d layers do not split over pp=%d ranks: use a pp that divides %d", c->num_layers, pp,
-                 c->num_layers);
+        fail_all("the model's %d layers do not split over pp=%d rank%s: use a pp that divides %d", c->num_layers,
+                 RANKS(pp), c->num_layers);
     if (s->T % cp != 0)
-        fail_all("--seq %d does not split over cp=%d ranks: use a sequence length divisible by %d", s->T, cp, cp);
-    if (ep > 1 && (experts <= 0 || experts % ep != 0))
-        fail_all("the model's %d experts do not split over ep=%d ranks: use an ep that divides %d", experts, ep,
-                 experts);
+        fail_all("--seq %d does not split over cp=%d rank%s: use a sequence length divisible by %d", s->T,
+                 RANKS(cp), cp);
+    if (ep > 1 && experts <= 0)
+        fail_all("the model has no experts to split over ep=%d ranks: use --ep 1, or a model with experts", ep);
+    if (ep > 1 && experts % ep != 0)
+        fail_all("the model's %d experts do not split over ep=%d rank%s: use an ep that divides %d", experts,
+                 RANKS(ep), experts);
+#undef RANKS
 }
 
 // ---------------------------------------------------------------- glue of the training loop

@@ -173,14 +173,96 @@ error_case chapter-0 1 "--data $TEST_TMPDIR/short.txt" "fewer than one batch nee
 error_case chapter-0 1 "--val $TEST_TMPDIR/short.txt" "too short for its 1024-byte header"
 error_case chapter-0 1 "--val $TEST_TMPDIR/text.bin" "not an llm.c token file"
 error_case chapter-0 1 "--seq 100" "longer than the model's 64 positions"
-error_case chapter-0 1 "--log /nonexistent-dir/x.jsonl" "cannot write log file"
-error_case chapter-0 1 "--save /nonexistent-dir/x.bin --steps 1" "cannot write checkpoint"
+error_case chapter-0 1 "--log /nonexistent-dir/x.jsonl" "cannot write --log '/nonexistent-dir/x.jsonl': its directory '/nonexistent-dir' does not exist"
+error_case chapter-0 1 "--save /nonexistent-dir/x.bin --steps 1" "cannot write --save '/nonexistent-dir/x.bin': its directory '/nonexistent-dir' does not exist"
 error_case chapter-0 3 "--steps 5" "mpirun started 3 ranks: give axis sizes whose product is 3"
 if [ -e /nonexistent-dir/x.bin ] || ls /nonexistent-dir 2>/dev/null | grep -q tmp; then
     fail "errors: no partial checkpoint left behind" "found a file"
 else
     pass "errors: no partial checkpoint left behind"
 fi
+
+# ==== new tests: hardening (issue 23) ====
+echo "== hardening: divergence, log writes, input checks"
+# divergence stops every chapter with the step and the last finite loss;
+# the log stays valid JSON and a good checkpoint is not overwritten
+bash tests/mpirun.sh -np 1 "$BUILD/chapter-0" --steps 2 --save "$TEST_TMPDIR/good.bin" >/dev/null 2>&1
+cp "$TEST_TMPDIR/good.bin" "$TEST_TMPDIR/good_before.bin"
+for spec in "chapter-0 1" "chapter-2 2 --dp 2" "chapter-3 2 --dp 2"; do
+    set -- $spec
+    bin=$1 np=$2
+    shift 2
+    rm -f "$TEST_TMPDIR/div.jsonl"
+    out=$(timeout 60 $MPIRUN -np "$np" "$BUILD/$bin" "$@" --steps 3 --lr 1e30 --clip 0 --log "$TEST_TMPDIR/div.jsonl" \
+          --save "$TEST_TMPDIR/good.bin" 2>&1)
+    rc=$?
+    n=$(echo "$out" | grep -c '^error: training diverged at step 1: .*the last finite loss was [0-9.]* at step 0')
+    if [ $rc -ne 0 ] && [ $rc -ne 124 ] && [ "$n" = 1 ] && ! grep -qiE 'nan|inf' "$TEST_TMPDIR/div.jsonl" &&
+        cmp -s "$TEST_TMPDIR/good.bin" "$TEST_TMPDIR/good_before.bin"; then
+        pass "hardening: $bin on $np rank(s) stops at a non-finite loss (step, last finite loss; log valid; checkpoint kept)"
+    else
+        fail "hardening: $bin divergence" "exit $rc, $n matching error lines; log: $(head -c 300 "$TEST_TMPDIR/div.jsonl"); output: $(echo "$out" | grep -v '^step' | head -5)"
+    fi
+done
+# a log that cannot be written ends the run (here: a full disk)
+out=$(timeout 60 $MPIRUN -np 2 "$BUILD/chapter-2" --dp 2 --steps 2 --log /dev/full 2>&1)
+rc=$?
+if [ $rc -ne 0 ] && [ $rc -ne 124 ] && echo "$out" | grep -q "writing the log file '/dev/full' failed: No space left on device"; then
+    pass "hardening: a failed log write (full disk) ends the run with a message"
+else
+    fail "hardening: full-disk log" "exit $rc; $(echo "$out" | head -5)"
+fi
+error_case chapter-0 1 "--batch 0" "--batch must be positive"
+error_case chapter-0 1 "--seq 0" "--seq must be positive"
+error_case chapter-0 1 "--lr 1e-50" "1e-50 is too small for a float"
+error_case chapter-0 1 "--val $TEST_TMPDIR" "is not a regular file but a directory"
+error_case chapter-0 1 "--sample 1000000" "--sample must be between 0 and 100000"
+error_case chapter-0 1 "--dp 65536 --tp 65536 --pp 65536 --cp 65536" "has 18446744073709551616 ranks but mpirun started 1"
+error_case chapter-1 2 "--bench --op nosuch" "--op 'nosuch' matches no algorithm"
+head -c 5000 "$TEST_TMPDIR/corpus.txt" > "$TEST_TMPDIR/short_val.txt"
+"$BUILD/tokenize" "$TEST_TMPDIR/short_val.txt" "$TEST_TMPDIR/short_val" >/dev/null
+error_case chapter-0 1 "--val $TEST_TMPDIR/short_val_val.bin --batch 8" "validation file '$TEST_TMPDIR/short_val_val.bin' has 500 tokens, fewer than one batch"
+error_case chapter-0 1 "--data $ckpt" "is an llm.c model checkpoint, not training data"
+# a model path with a quote is escaped in the JSON summary
+cp "$ckpt" "$TEST_TMPDIR/a\"b.bin"
+timeout 60 $MPIRUN -np 1 "$BUILD/chapter-0" --model "$TEST_TMPDIR/a\"b.bin" --steps 1 --log "$TEST_TMPDIR/quote.jsonl" >/dev/null 2>&1
+if grep -qF "\"model\":\"$TEST_TMPDIR/a\\\"b.bin\"" "$TEST_TMPDIR/quote.jsonl"; then
+    pass "hardening: a model path with a quote is escaped in the JSON summary"
+else
+    fail "hardening: model path escaping" "$(grep -o '"model":[^,]*' "$TEST_TMPDIR/quote.jsonl")"
+fi
+# past a file-size limit the token writer fails with a message naming its
+# target and leaves no temporary file (SIGXFSZ is ignored during the write)
+out=$( (ulimit -f 10; "$BUILD/tokenize" "$TEST_TMPDIR/corpus.txt" "$TEST_TMPDIR/limited") 2>&1)
+rc=$?
+if [ $rc -ne 0 ] && echo "$out" | grep -q "writing '$TEST_TMPDIR/limited_train.bin' failed: File too large" &&
+    [ -z "$(ls "$TEST_TMPDIR" | grep 'limited.*tmp')" ]; then
+    pass "hardening: a write past the file-size limit fails with a message and leaves no temporary file"
+else
+    fail "hardening: file-size limit" "exit $rc; $out; $(ls "$TEST_TMPDIR" | grep limited)"
+fi
+# an output that is an input is refused before anything is written (same
+# device and inode: a hard link counts), and the input is left intact
+"$BUILD/tokenize" "$TEST_TMPDIR/corpus.txt" "$TEST_TMPDIR/same" >/dev/null
+cp "$TEST_TMPDIR/same_train.bin" "$TEST_TMPDIR/same_before.bin"
+error_case chapter-0 1 "--data $TEST_TMPDIR/same_train.bin --log $TEST_TMPDIR/same_train.bin" "--log '$TEST_TMPDIR/same_train.bin' is the same file as --data"
+ln -f "$ckpt" "$TEST_TMPDIR/hardlink.bin"
+error_case chapter-0 1 "--model $ckpt --save $TEST_TMPDIR/hardlink.bin" "--save '$TEST_TMPDIR/hardlink.bin' is the same file as --model"
+error_case chapter-3 2 "--dp 2 --model $ckpt --log $ckpt" "--log '$ckpt' is the same file as --model"
+error_case chapter-0 1 "--save $TEST_TMPDIR" "it is a directory"
+if cmp -s "$TEST_TMPDIR/same_train.bin" "$TEST_TMPDIR/same_before.bin" && head -c 4 "$ckpt" | od -An -tu4 | grep -q 20240326; then
+    pass "hardening: refused outputs left their inputs intact"
+else
+    fail "hardening: inputs intact" "an input was changed"
+fi
+# two runs given one log: the second fails clearly, the first keeps writing
+timeout 120 $MPIRUN -np 1 "$BUILD/chapter-0" --steps 400 --log "$TEST_TMPDIR/shared.jsonl" >/dev/null 2>&1 &
+first=$!
+for i in $(seq 1 100); do grep -q '"type":"step"' "$TEST_TMPDIR/shared.jsonl" 2>/dev/null && break; sleep 0.2; done
+error_case chapter-0 1 "--steps 1 --log $TEST_TMPDIR/shared.jsonl" "is being written by another run"
+kill $first 2>/dev/null
+wait $first 2>/dev/null
+# ==== end of new tests: hardening ====
 
 
 echo "== chapter 1: collectives by hand"
@@ -377,7 +459,7 @@ for mode in naive bucketed overlapped ps; do
         done
     done
 done
-error_case chapter-2 3 "--dp 3 --batch 4" "--batch 4 does not split into dp=3 ranks"
+error_case chapter-2 3 "--dp 3 --batch 4" "--batch 4 does not split over dp=3 ranks"
 error_case chapter-2 2 "--dp 2 --batch 4 --grad-accum 3" "use a batch divisible by 6"
 error_case chapter-2 2 "--dp 2 --dp-mode rings" "--dp-mode rings is not one of"
 error_case chapter-2 2 "--dp 2 --tp 1" "this chapter has no tp axis"
@@ -504,8 +586,8 @@ error_case chapter-3 2 "--dp 2 --model $TEST_TMPDIR/truncated.bin" "truncated or
 saved3=$TEST_TMPDIR/fsdp_saved.bin
 timeout 60 $MPIRUN -np 3 "$BUILD/chapter-3" --dp 3 --batch 12 --steps 3 --peak-gflops 10 --save "$saved3" >/dev/null 2>&1
 v0=$(timeout 60 $MPIRUN -np 1 "$BUILD/chapter-0" --model "$saved3" --steps 0 --peak-gflops 10 2>&1 | grep 'val loss' | sed 's/.*val loss //')
-l3=$(timeout 60 $MPIRUN -np 3 "$BUILD/chapter-3" --dp 3 --model "$saved3" --batch 12 --steps 1 --peak-gflops 10 2>&1 | grep 'step    1/1' | sed 's/.*loss \([0-9.]*\).*/\1/')
-l0=$(timeout 60 $MPIRUN -np 1 "$BUILD/chapter-0" --model "$saved3" --batch 12 --steps 1 --peak-gflops 10 2>&1 | grep 'step    1/1' | sed 's/.*loss \([0-9.]*\).*/\1/')
+l3=$(timeout 60 $MPIRUN -np 3 "$BUILD/chapter-3" --dp 3 --model "$saved3" --batch 12 --steps 1 --peak-gflops 10 2>&1 | grep 'step    0/1' | sed 's/.*loss \([0-9.]*\).*/\1/')
+l0=$(timeout 60 $MPIRUN -np 1 "$BUILD/chapter-0" --model "$saved3" --batch 12 --steps 1 --peak-gflops 10 2>&1 | grep 'step    0/1' | sed 's/.*loss \([0-9.]*\).*/\1/')
 if [ -n "$v0" ] && [ -n "$l3" ] && [ "$l3" = "$l0" ]; then
     pass "fsdp: --save gathers the shards into an llm.c file; loading it shard by shard gives the reference's loss ($l3)"
 else
@@ -522,6 +604,38 @@ if [ -n "$vl" ] && [ -n "$vt" ] && awk -v a="$vl" -v b="$vt" -v tol="$TOL" 'BEGI
 else
     fail "fsdp: ZeRO-2 save" "val loss of the saved file '$vl', of chapter 0 trained alike '$vt'"
 fi
+
+# ==== new tests: fsdp engine and train.h glue ====
+echo "== chapter 3's engine (03_fsdp/fsdp.c) and the train.h glue, over MPI"
+# test_fsdp: units of odd sizes through every ZeRO stage (gather, prefetch,
+# reduce-scatter, sumsq, the sharded step, gather to rank 0), and the mean,
+# norm and AdamW helpers; on 4 ranks the norm runs over a dp x tp mesh
+for np in 1 3 4; do
+    out=$(timeout 120 $MPIRUN -np $np "$BUILD/tests/test_fsdp" 2>&1)
+    rc=$?
+    echo "$out" | grep -E '^(PASS|FAIL)' | sed "s/^\(PASS\|FAIL\) /\1 [np $np] /"
+    passed=$((passed + $(echo "$out" | grep -c '^PASS')))
+    failed=$((failed + $(echo "$out" | grep -c '^FAIL')))
+    if [ $rc -ne 0 ] && ! echo "$out" | grep -q '^FAIL'; then
+        fail "test_fsdp on $np ranks" "exited $rc without a failed check: $(echo "$out" | tail -3)"
+    fi
+done
+# train_check_mesh: one message style per axis (the tiny model: NH 4, L 2)
+error_case tests/test_fsdp 3 "--check-mesh dp=3 4 64" "--batch 4 does not split over dp=3 ranks: use a batch divisible by 3"
+error_case tests/test_fsdp 2 "--check-mesh dp=2 4 64 3" "--batch 4 does not split over dp=2 ranks x 3 micro-batches: use a batch divisible by 6"
+error_case tests/test_fsdp 3 "--check-mesh tp=3 6 64" "the model's 4 heads do not split over tp=3 ranks: use a tp that divides 4"
+error_case tests/test_fsdp 3 "--check-mesh tp=3 6 64 1 0 small" "the model's padded vocabulary of 256 does not split over tp=3 ranks: use a tp that divides 256"
+error_case tests/test_fsdp 4 "--check-mesh pp=4 4 64" "the model's 2 layers do not split over pp=4 ranks: use a pp that divides 2"
+error_case tests/test_fsdp 3 "--check-mesh cp=3 4 64" "--seq 64 does not split over cp=3 ranks: use a sequence length divisible by 3"
+error_case tests/test_fsdp 2 "--check-mesh ep=2 4 64" "the model has no experts to split over ep=2 ranks"
+error_case tests/test_fsdp 3 "--check-mesh ep=3 4 64 1 8" "the model's 8 experts do not split over ep=3 ranks: use an ep that divides 8"
+out=$(timeout 60 $MPIRUN -np 4 "$BUILD/tests/test_fsdp" --check-mesh dp=2,tp=2 4 64 2 2>&1)
+if [ $? -eq 0 ] && echo "$out" | grep -q '^mesh ok'; then
+    pass "train_check_mesh: dp=2 x tp=2, batch 4 in 2 micro-batches per rank, fits the tiny model"
+else
+    fail "train_check_mesh: dp=2 x tp=2" "$(echo "$out" | head -3)"
+fi
+# ==== end of new tests: fsdp engine and train.h glue ====
 
 echo "== --help"
 # every chapter lists its own flags and exits 0

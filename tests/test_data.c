@@ -2,8 +2,12 @@
 // are the same whatever the world size.
 #include <stdio.h>
 #include <stdlib.h>
+#include <signal.h>
 #include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
+#include "common.h"
 #include "data.h"
 #include "test.h"
 
@@ -138,9 +142,97 @@ static void test_batches(void) {
     free(tokens);
 }
 
+// --data takes text or a token file; anything else is refused by name.
+static void test_not_text(void) {
+    char msg[1024];
+    TokenSet train, val;
+    const char* path = tmp_path("test_data_not_text.bin");
+    static unsigned char buf[4096];
+    struct { const char* name; int kind; const char* expect; } cases[] = {
+        {"an llm.c checkpoint (magic 20240326)", 0, "--model"},
+        {"a token file whose magic is corrupt", 1, "not text"},
+        {"random bytes", 2, "not text"},
+        {"text with one NUL byte", 3, "NUL"},
+    };
+    for (size_t k = 0; k < sizeof(cases) / sizeof(cases[0]); k++) {
+        memset(buf, 'a', sizeof(buf));
+        int header[256] = {0};
+        if (cases[k].kind <= 1) {
+            header[0] = cases[k].kind == 0 ? 20240326 : 20240521;
+            header[1] = cases[k].kind == 0 ? 3 : 1;
+            header[2] = 1000;
+            memcpy(buf, header, sizeof(header));
+        } else if (cases[k].kind == 2) {
+            unsigned x = 12345;
+            for (size_t i = 0; i < sizeof(buf); i++) buf[i] = (unsigned char)((x = x * 1103515245u + 12345u) >> 24);
+        } else {
+            buf[2000] = 0;
+        }
+        write_bytes(path, buf, sizeof(buf));
+        const char* bad = data_open(path, &train, &val, msg, sizeof(msg));
+        char name[160];
+        snprintf(name, sizeof(name), "data: --data with %s is refused, naming the file", cases[k].name);
+        check(bad && strstr(bad, cases[k].expect) && strstr(bad, path), name, "got: %s", bad ? bad : "(accepted as text)");
+        if (!bad) {
+            data_close(&train);
+            data_close(&val);
+        }
+    }
+    // Latin-1 text: a few bytes that are not UTF-8 (under 1%) are still text
+    memset(buf, 'a', sizeof(buf));
+    for (size_t i = 0; i < 30; i++) buf[100 * i + 7] = 0xE9;  // Latin-1 e-acute, alone
+    buf[3000] = 0xC3;  // and one real UTF-8 e-acute
+    buf[3001] = 0xA9;
+    write_bytes(path, buf, sizeof(buf));
+    const char* bad = data_open(path, &train, &val, msg, sizeof(msg));
+    check(bad == NULL && train.count + val.count == sizeof(buf), "data: text with a few Latin-1 bytes (under 1%) is accepted",
+          "%s", bad ? bad : "wrong count");
+    if (!bad) {
+        data_close(&train);
+        data_close(&val);
+    }
+    remove(path);
+}
+
+// A write stopped by SIGINT or SIGTERM leaves no temporary file behind, and
+// the process still dies of the signal.
+static void test_tmpfile_guard(void) {
+    int sigs[2] = {SIGINT, SIGTERM};
+    for (int k = 0; k < 2; k++) {
+        const char* tmp = tmp_path("test_data_guard.tmp.1");
+        write_bytes(tmp, "half a file", 11);
+        pid_t pid = fork();
+        if (pid == 0) {
+            tmpfile_guard_begin(tmp);
+            raise(sigs[k]);
+            _exit(0);  // not reached
+        }
+        int status = 0;
+        waitpid(pid, &status, 0);
+        int gone = access(tmp, F_OK) != 0;
+        char name[128];
+        snprintf(name, sizeof(name), "data: %s during an atomic write removes its temporary file", k ? "SIGTERM" : "SIGINT");
+        check(gone && WIFSIGNALED(status) && WTERMSIG(status) == sigs[k], name, "file %s, status %d",
+              gone ? "removed" : "left behind", status);
+        remove(tmp);
+    }
+    // after the write, the signals are the process's own again
+    const char* tmp = tmp_path("test_data_guard.tmp.2");
+    write_bytes(tmp, "x", 1);
+    tmpfile_guard_begin(tmp);
+    tmpfile_guard_end();
+    struct sigaction now;
+    sigaction(SIGTERM, NULL, &now);
+    check(now.sa_handler == SIG_DFL && access(tmp, F_OK) == 0, "data: tmpfile_guard_end restores the signal handlers",
+          "handler not restored");
+    remove(tmp);
+}
+
 int main(void) {
     test_tokenizer_and_files();
     test_text_split();
+    test_not_text();
+    test_tmpfile_guard();
     test_batches();
     return test_exit_code();
 }

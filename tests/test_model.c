@@ -294,6 +294,14 @@ static void test_checkpoint(void) {
         snprintf(name, sizeof(name), "checkpoint: %s is refused with a message", cases[k].name);
         check(bad != NULL && strstr(bad, cases[k].expect) != NULL, name, "got: %s", bad ? bad : "(accepted)");
     }
+    // a crafted header whose 64-bit parameter count wraps around to exactly 0
+    // (C = 2^30, L = 1321528368, maxT = 142, V = Vp = 256): a header-only
+    // file would match the size it promises if the count were not checked
+    int crafted[256] = {20240326, 3, 142, 256, 1321528368, 1, 1 << 30, 256};
+    write_bytes(broken, crafted, sizeof(crafted));
+    bad = checkpoint_read_config(broken, &back, msg, sizeof(msg));
+    check(bad != NULL && strstr(bad, "too large") != NULL,
+          "checkpoint: a header whose parameter count overflows 64 bits is refused", "got: %s", bad ? bad : "(accepted)");
     bad = checkpoint_read_config(tmp_path("no_such_checkpoint.bin"), &back, msg, sizeof(msg));
     check(bad && strstr(bad, "cannot open"), "checkpoint: a missing file is refused with a message", "got: %s", bad ? bad : "(accepted)");
     // writing into a directory that does not exist fails cleanly, leaving no file
@@ -392,6 +400,193 @@ static void test_backward_hook_and_loss_scale(void) {
     check(worst < 1e-7, "model: loss_scale multiplies the gradients", "max |g - 0.25 g1| = %g", worst);
     free(g1);
     free(h.snapshot);
+    gpt_free(&m);
+}
+
+// ---------------------------------------------------------------- backward in two halves
+
+// Three layers, so that the input halves of other layers run between a
+// layer's two halves, and vocabulary padding (V = 61, Vp = 64).
+static const GPTConfig split_cfg = {.max_seq_len = 16, .vocab_size = 61, .padded_vocab_size = 64,
+                                    .num_layers = 3, .num_heads = 4, .channels = 32};
+
+static int same_floats(const float* a, const float* b, size_t n) {
+    return memcmp(a, b, n * sizeof(float)) == 0;
+}
+
+// A model moved well away from init (LayerNorm weights of 1 and zero biases
+// would leave some paths untested), with a forward done on random tokens.
+static void split_model(GPT* m, int B, int T, int* inputs, int* targets) {
+    gpt_create(m, &split_cfg, B, T, 11);
+    for (size_t i = 0; i < m->num_params; i++) m->params[i] += (float)(uniform() - 0.5);
+    size_t pad0 = (size_t)split_cfg.vocab_size * split_cfg.channels;
+    for (size_t i = pad0; i < param_tensor_numel(&split_cfg, P_WTE); i++) m->params[i] = 0.0f;
+    random_tokens(inputs, B * T, split_cfg.vocab_size);
+    random_tokens(targets, B * T, split_cfg.vocab_size);
+    gpt_forward(m, inputs, targets);
+}
+
+// The input halves of every layer (l = L-1..0, sharing one scratch as a
+// pipeline stage would, each leaving its own stash) and the weight halves
+// afterwards in another order (0..L-1) give the bits of block_backward for
+// l = L-1..0: every parameter gradient and the input gradient. The stash is
+// what carries the weight gradients' inputs across the other layers' input
+// halves: with the stash laid over the shared scratch (as block_backward lays
+// it) this fails (tried).
+static void test_split_block_backward(void) {
+    const GPTConfig* c = &split_cfg;
+    int B = 2, T = 8, C = c->channels, NH = c->num_heads, L = c->num_layers;
+    int inputs[16], targets[16];
+    GPT m;
+    split_model(&m, B, T, inputs, targets);
+    size_t NC = (size_t)B * T * C, G = (size_t)L * gpt_block_numel(C);
+    float* dtop = malloc(NC * sizeof(float));  // d loss / d last block's output: random
+    for (size_t i = 0; i < NC; i++) dtop[i] = (float)(uniform() - 0.5);
+    float* g_fused = calloc(G, sizeof(float));
+    float* g_split = calloc(G, sizeof(float));
+    float* d_fused = malloc(NC * sizeof(float));
+    float* d_split = malloc(NC * sizeof(float));
+    float* stash = malloc((size_t)L * block_stash_numel(B, T, C) * sizeof(float));
+    BlockScratch s = gpt_acts_scratch(&m.acts, c);
+    float* block0 = m.params + gpt_block_offset(c, 0);
+
+    memcpy(d_fused, dtop, NC * sizeof(float));
+    for (int l = L - 1; l >= 0; l--) {
+        BlockParams p = block_params_at(block0 + (size_t)l * gpt_block_numel(C), C);
+        BlockParams g = block_params_at(g_fused + (size_t)l * gpt_block_numel(C), C);
+        BlockActs a = gpt_acts_block(&m.acts, c, l, B, T);
+        const float* x = l > 0 ? gpt_acts_block(&m.acts, c, l - 1, B, T).res3 : m.acts.encoded;
+        block_backward(&p, &g, &a, &s, x, d_fused, B, T, C, NH);
+    }
+
+    memcpy(d_split, dtop, NC * sizeof(float));
+    for (int l = L - 1; l >= 0; l--) {
+        BlockParams p = block_params_at(block0 + (size_t)l * gpt_block_numel(C), C);
+        BlockActs a = gpt_acts_block(&m.acts, c, l, B, T);
+        const float* x = l > 0 ? gpt_acts_block(&m.acts, c, l - 1, B, T).res3 : m.acts.encoded;
+        BlockStash st = block_stash_at(stash + (size_t)l * block_stash_numel(B, T, C), B, T, C);
+        block_backward_input(&p, &a, &s, &st, x, d_split, B, T, C, NH);
+    }
+    // d x of block 0 is final before any weight gradient exists
+    int input_same = same_floats(d_split, d_fused, NC);
+    double untouched = 0.0;
+    for (size_t i = 0; i < G; i++) untouched += fabs(g_split[i]);
+    for (int l = 0; l < L; l++) {
+        BlockParams g = block_params_at(g_split + (size_t)l * gpt_block_numel(C), C);
+        BlockActs a = gpt_acts_block(&m.acts, c, l, B, T);
+        const float* x = l > 0 ? gpt_acts_block(&m.acts, c, l - 1, B, T).res3 : m.acts.encoded;
+        BlockStash st = block_stash_at(stash + (size_t)l * block_stash_numel(B, T, C), B, T, C);
+        block_backward_weights(&g, &a, &st, x, B, T, C);
+    }
+    check(input_same && untouched == 0.0,
+          "split backward: input halves of 3 layers give block_backward's d x bitwise, writing no parameter gradient",
+          "d x same %d, |parameter gradients| after the input halves %g", input_same, untouched);
+    size_t first_diff = G;
+    for (size_t i = 0; i < G && first_diff == G; i++)
+        if (memcmp(&g_split[i], &g_fused[i], sizeof(float)) != 0) first_diff = i;
+    check(first_diff == G,
+          "split backward: weight halves run later, in another layer order, give block_backward's gradients bitwise",
+          "first difference at block-gradient index %zu (layer %zu): %.9g vs %.9g", first_diff,
+          first_diff / gpt_block_numel(C), first_diff < G ? g_split[first_diff] : 0.0,
+          first_diff < G ? g_fused[first_diff] : 0.0);
+    free(dtop); free(g_fused); free(g_split); free(d_fused); free(d_split); free(stash);
+    gpt_free(&m);
+}
+
+// The head, the same way: head_backward against its input half, then a
+// block's input half on the shared scratch (clobbering it), then its weight
+// half. head_backward overwrites the logits with dlogits, so each runs after
+// its own forward (the same bits: forward is deterministic).
+static void test_split_head_backward(void) {
+    const GPTConfig* c = &split_cfg;
+    int B = 2, T = 8, C = c->channels, NH = c->num_heads, L = c->num_layers;
+    int inputs[16], targets[16];
+    GPT m;
+    split_model(&m, B, T, inputs, targets);
+    size_t NC = (size_t)B * T * C, Vp = (size_t)c->padded_vocab_size;
+    size_t nhead = Vp * C + 2 * (size_t)C;  // dwte, dlnfw, dlnfb
+    float* g_fused = calloc(nhead, sizeof(float));
+    float* g_split = calloc(nhead, sizeof(float));
+    float* d_fused = malloc(NC * sizeof(float));
+    float* dlnf = malloc(NC * sizeof(float));
+    float* stash = malloc(block_stash_numel(B, T, C) * sizeof(float));
+    const float* wte = m.params + gpt_tensor_offset(c, P_WTE, 0);
+    const float* lnfw = m.params + gpt_tensor_offset(c, P_LNFW, 0);
+    const float* last = gpt_acts_block(&m.acts, c, L - 1, B, T).res3;
+    HeadActs h = gpt_acts_head(&m.acts, c, B, T);
+    BlockScratch s = gpt_acts_scratch(&m.acts, c);
+    float dloss = 1.0f / (float)(B * T);
+    head_backward(c, wte, lnfw, g_fused, g_fused + Vp * C, g_fused + Vp * C + C, &h, last,
+                  m.acts.targets, dloss, s.dln, d_fused, B, T);
+
+    gpt_forward(&m, inputs, targets);
+    head_backward_input(c, wte, lnfw, &h, last, m.acts.targets, dloss, dlnf, m.acts.dres, B, T);
+    int input_same = same_floats(m.acts.dres, d_fused, NC);
+    // the block below runs its input half, on the shared scratch, in between
+    BlockParams p = block_params_at(m.params + gpt_block_offset(c, L - 1), C);
+    BlockActs a = gpt_acts_block(&m.acts, c, L - 1, B, T);
+    BlockStash st = block_stash_at(stash, B, T, C);
+    block_backward_input(&p, &a, &s, &st, gpt_acts_block(&m.acts, c, L - 2, B, T).res3, m.acts.dres, B, T, C, NH);
+    head_backward_weights(c, g_split, g_split + Vp * C, g_split + Vp * C + C, &h, last, dlnf, B, T);
+    check(input_same, "split backward: the head's input half gives head_backward's d x bitwise", "differs");
+    check(same_floats(g_split, g_fused, nhead),
+          "split backward: the head's weight half, run after a block's input half, gives dwte, dlnfw, dlnfb bitwise",
+          "differs");
+    free(g_fused); free(g_split); free(d_fused); free(dlnf); free(stash);
+    gpt_free(&m);
+}
+
+// The whole model both ways: gpt_backward against every input half first
+// (head, blocks L-1..0, the embedding needs only d x), then every weight half
+// (blocks 0..L-1, the head), then the embedding. All gradients, bitwise. The
+// head's weight half goes before encoder_backward: both add into dwte, and
+// that is the fused order.
+static void test_split_model_backward(void) {
+    const GPTConfig* c = &split_cfg;
+    int B = 2, T = 8, C = c->channels, NH = c->num_heads, L = c->num_layers;
+    int inputs[16], targets[16];
+    GPT m;
+    split_model(&m, B, T, inputs, targets);
+    size_t P = m.num_params, NC = (size_t)B * T * C;
+    gpt_zero_grad(&m);
+    gpt_backward(&m);
+    float* g_fused = malloc(P * sizeof(float));
+    memcpy(g_fused, m.grads, P * sizeof(float));
+
+    gpt_forward(&m, inputs, targets);
+    gpt_zero_grad(&m);
+    float *Pm = m.params, *G = m.grads;
+    float* dlnf = malloc(NC * sizeof(float));
+    float* stash = malloc((size_t)L * block_stash_numel(B, T, C) * sizeof(float));
+    HeadActs h = gpt_acts_head(&m.acts, c, B, T);
+    BlockScratch s = gpt_acts_scratch(&m.acts, c);
+    const float* last = gpt_acts_block(&m.acts, c, L - 1, B, T).res3;
+    head_backward_input(c, Pm + gpt_tensor_offset(c, P_WTE, 0), Pm + gpt_tensor_offset(c, P_LNFW, 0), &h,
+                        last, m.acts.targets, 1.0f / (float)(B * T), dlnf, m.acts.dres, B, T);
+    for (int l = L - 1; l >= 0; l--) {
+        BlockParams p = block_params_at(Pm + gpt_block_offset(c, l), C);
+        BlockActs a = gpt_acts_block(&m.acts, c, l, B, T);
+        const float* x = l > 0 ? gpt_acts_block(&m.acts, c, l - 1, B, T).res3 : m.acts.encoded;
+        BlockStash st = block_stash_at(stash + (size_t)l * block_stash_numel(B, T, C), B, T, C);
+        block_backward_input(&p, &a, &s, &st, x, m.acts.dres, B, T, C, NH);
+    }
+    for (int l = 0; l < L; l++) {
+        BlockParams g = block_params_at(G + gpt_block_offset(c, l), C);
+        BlockActs a = gpt_acts_block(&m.acts, c, l, B, T);
+        const float* x = l > 0 ? gpt_acts_block(&m.acts, c, l - 1, B, T).res3 : m.acts.encoded;
+        BlockStash st = block_stash_at(stash + (size_t)l * block_stash_numel(B, T, C), B, T, C);
+        block_backward_weights(&g, &a, &st, x, B, T, C);
+    }
+    head_backward_weights(c, G + gpt_tensor_offset(c, P_WTE, 0), G + gpt_tensor_offset(c, P_LNFW, 0),
+                          G + gpt_tensor_offset(c, P_LNFB, 0), &h, last, dlnf, B, T);
+    encoder_backward(G + gpt_tensor_offset(c, P_WTE, 0), G + gpt_tensor_offset(c, P_WPE, 0), m.acts.dres,
+                     m.acts.inputs, B, T, C);
+    size_t first_diff = P;
+    for (size_t i = 0; i < P && first_diff == P; i++)
+        if (memcmp(&G[i], &g_fused[i], sizeof(float)) != 0) first_diff = i;
+    check(first_diff == P, "split backward: the whole model, all input halves then all weight halves, gives gpt_backward's gradients bitwise",
+          "first difference at flat offset %zu of %zu", first_diff, P);
+    free(g_fused); free(dlnf); free(stash);
     gpt_free(&m);
 }
 
@@ -663,6 +858,9 @@ int main(void) {
     test_memory_formula();
     test_backward_hook_and_loss_scale();
     test_flops_per_token();
+    test_split_block_backward();
+    test_split_head_backward();
+    test_split_model_backward();
     test_tp_layouts();
     test_tiles();
     test_tp_block();

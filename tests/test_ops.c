@@ -1689,6 +1689,106 @@ static void test_attention_chunks(void) {
     }
 }
 
+// ================================================================ backward in two halves
+// A split backward (common/model.h, block_backward_input / _weights) calls
+// matmul_backward and layernorm_backward twice: with dinp alone (and no inp
+// for the matmul), then with the weight gradients alone (and no w). The two
+// calls must give the very bits of one call with all three, accumulating
+// onto the same prefilled buffers (cuBLAS documents bitwise-reproducible
+// results for the same call on one GPU with one stream computing). Rows wider
+// than 256 so every CUDA kernel loops. The calls that must read nothing come last: a crash there cannot
+// hide the other results.
+static void test_backward_halves(void) {
+    enum { N = 37, C = 300, OC = 260 };
+    float* inp = malloc(sizeof(float) * N * C);
+    float* w = malloc(sizeof(float) * OC * C);
+    float* b = malloc(sizeof(float) * OC);
+    float* dout = malloc(sizeof(float) * N * OC);
+    float* pre_i = malloc(sizeof(float) * N * C);
+    float* pre_w = malloc(sizeof(float) * OC * C);
+    float* pre_b = malloc(sizeof(float) * OC);
+    fill(inp, N * C, 1.0);
+    fill(w, OC * C, 1.0);
+    fill(b, OC, 1.0);
+    fill(dout, N * OC, 1.0);
+    fill(pre_i, N * C, 1.0);
+    fill(pre_w, OC * C, 1.0);
+    fill(pre_b, OC, 1.0);
+    float* inp_dev = dev_copy(inp, N * C);
+    float* w_dev = dev_copy(w, OC * C);
+    float* dout_dev = dev_copy(dout, N * OC);
+
+    // matmul: one call against the two halves, onto the same prefilled buffers
+    float* i1_dev = dev_copy(pre_i, N * C);
+    float* w1_dev = dev_copy(pre_w, OC * C);
+    float* b1_dev = dev_copy(pre_b, OC);
+    float* i2_dev = dev_copy(pre_i, N * C);
+    float* w2_dev = dev_copy(pre_w, OC * C);
+    float* b2_dev = dev_copy(pre_b, OC);
+    matmul_backward(i1_dev, w1_dev, b1_dev, dout_dev, inp_dev, w_dev, N, C, OC);
+    matmul_backward(i2_dev, NULL, NULL, dout_dev, NULL, w_dev, N, C, OC);
+    matmul_backward(NULL, w2_dev, b2_dev, dout_dev, inp_dev, NULL, N, C, OC);
+    float *i1 = malloc(sizeof(float) * N * C), *i2 = malloc(sizeof(float) * N * C);
+    float *w1 = malloc(sizeof(float) * OC * C), *w2 = malloc(sizeof(float) * OC * C);
+    float b1[OC], b2[OC];
+    to_host(i1, i1_dev, N * C);
+    to_host(i2, i2_dev, N * C);
+    to_host(w1, w1_dev, OC * C);
+    to_host(w2, w2_dev, OC * C);
+    to_host(b1, b1_dev, OC);
+    to_host(b2, b2_dev, OC);
+    int same = memcmp(i1, i2, sizeof(float) * N * C) == 0 && memcmp(w1, w2, sizeof(float) * OC * C) == 0 &&
+               memcmp(b1, b2, sizeof(b1)) == 0;
+    check(same, "matmul_backward in two halves (dinp, no inp; then dw+dbias, no w) == one call, bitwise",
+          "a gradient differs from the one-call result");
+
+    // layernorm: the same, in a (N, C) layout
+    float* ln_w = malloc(sizeof(float) * C);
+    float* ln_b = malloc(sizeof(float) * C);
+    float* ln_dout = malloc(sizeof(float) * N * C);
+    fill(ln_w, C, 1.0);
+    fill(ln_b, C, 1.0);
+    fill(ln_dout, N * C, 1.0);
+    float* lw_dev = dev_copy(ln_w, C);
+    float* lb_dev = dev_copy(ln_b, C);
+    float* ldout_dev = dev_copy(ln_dout, N * C);
+    float* out_dev = dev_zeros(N * C);
+    float* mean_dev = dev_zeros(N);
+    float* rstd_dev = dev_zeros(N);
+    layernorm_forward(out_dev, mean_dev, rstd_dev, inp_dev, lw_dev, lb_dev, N, C);
+    float* li1_dev = dev_copy(pre_i, N * C);
+    float* lw1_dev = dev_copy(pre_w, C);
+    float* lb1_dev = dev_copy(pre_b, C);
+    float* li2_dev = dev_copy(pre_i, N * C);
+    float* lw2_dev = dev_copy(pre_w, C);
+    float* lb2_dev = dev_copy(pre_b, C);
+    layernorm_backward(li1_dev, lw1_dev, lb1_dev, ldout_dev, inp_dev, lw_dev, mean_dev, rstd_dev, N, C);
+    layernorm_backward(li2_dev, NULL, NULL, ldout_dev, inp_dev, lw_dev, mean_dev, rstd_dev, N, C);
+    layernorm_backward(NULL, lw2_dev, lb2_dev, ldout_dev, inp_dev, NULL, mean_dev, rstd_dev, N, C);
+    float lw1[C], lw2[C], lb1[C], lb2[C];
+    to_host(i1, li1_dev, N * C);
+    to_host(i2, li2_dev, N * C);
+    to_host(lw1, lw1_dev, C);
+    to_host(lw2, lw2_dev, C);
+    to_host(lb1, lb1_dev, C);
+    to_host(lb2, lb2_dev, C);
+    same = memcmp(i1, i2, sizeof(float) * N * C) == 0 && memcmp(lw1, lw2, sizeof(lw1)) == 0 &&
+           memcmp(lb1, lb2, sizeof(lb1)) == 0;
+    check(same, "layernorm_backward in two halves (dinp; then dw+db, no w) == one call, bitwise",
+          "a gradient differs from the one-call result");
+
+    // With every gradient NULL there is no work, so nothing is read: every
+    // input may be NULL. (The CPU layernorm ran its dw/db loop regardless
+    // before: this crashed.)
+    layernorm_backward(NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, N, C);
+    matmul_backward(NULL, NULL, NULL, NULL, NULL, NULL, N, C, OC);
+    device_synchronize();
+    check(1, "layernorm_backward and matmul_backward with no gradient wanted read nothing", "");
+    free(inp); free(w); free(b); free(dout); free(pre_i); free(pre_w); free(pre_b);
+    free(i1); free(i2); free(w1); free(w2); free(ln_w); free(ln_b); free(ln_dout);
+    dev_free_all();
+}
+
 // MPI and the device are started as in the chapters: the CUDA backend's
 // device_init needs MPI (every rank must agree that a GPU was found).
 int main(int argc, char** argv) {
@@ -1711,6 +1811,7 @@ int main(int argc, char** argv) {
     test_null_gradients();
     test_wide_rows();
     test_attention_chunks();
+    test_backward_halves();
     int rc = test_exit_code();
     runtime_finalize();
     return rc;

@@ -17,6 +17,8 @@ void* device_raw_alloc(size_t bytes) {
 
 void device_raw_free(void* ptr) { free(ptr); }
 
+const char* device_memory_name(void) { return "host memory"; }
+
 void mem_to_device(void* dst_device, const void* src_host, size_t bytes) {
     memcpy(dst_device, src_host, bytes);
 }

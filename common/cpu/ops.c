@@ -113,7 +113,9 @@ void layernorm_backward(float* dinp, float* dw, float* db, const float* dout,
             }
         }
     }
-    // dw, db: sums over rows, parallel over channels.
+    // dw, db: sums over rows, parallel over channels; skipped when neither is
+    // wanted (the input half of a split backward), as on the GPU.
+    if (!dw && !db) return;
     #pragma omp parallel for
     for (int c = 0; c < C; c++) {
         float sw = 0.0f, sb = 0.0f;

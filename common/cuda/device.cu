@@ -43,6 +43,8 @@ extern "C" void* device_raw_alloc(size_t bytes) {
 
 extern "C" void device_raw_free(void* ptr) { CUDA_CHECK(cudaFree(ptr)); }
 
+extern "C" const char* device_memory_name(void) { return "GPU memory"; }
+
 // The host threads left to a GPU rank: OpenMP's, for whatever host loops run.
 extern "C" void device_set_threads(int n) { omp_set_num_threads(n); }
 

@@ -1,0 +1,51 @@
+// paths.c: input and output files checked before a run starts (see paths.h).
+#include "paths.h"
+
+#include <errno.h>
+#include <libgen.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+const char* paths_check_distinct(const PathArg* inputs, int n_in, const PathArg* outputs, int n_out,
+                                 char* msg, size_t msg_len) {
+    for (int o = 0; o < n_out; o++) {
+        struct stat out;
+        // an output that does not exist yet cannot be an input
+        if (!outputs[o].path || stat(outputs[o].path, &out) != 0) continue;
+        for (int i = 0; i < n_in; i++) {
+            struct stat in;
+            if (!inputs[i].path || stat(inputs[i].path, &in) != 0) continue;
+            if (in.st_dev == out.st_dev && in.st_ino == out.st_ino) {
+                snprintf(msg, msg_len, "%s '%s' is the same file as %s '%s': writing it would destroy the input; give %s another path",
+                         outputs[o].flag, outputs[o].path, inputs[i].flag, inputs[i].path, outputs[o].flag);
+                return msg;
+            }
+        }
+    }
+    return NULL;
+}
+
+const char* paths_check_writable(const PathArg* output, char* msg, size_t msg_len) {
+    if (!output->path) return NULL;
+    struct stat st;
+    if (stat(output->path, &st) == 0 && S_ISDIR(st.st_mode)) {
+        snprintf(msg, msg_len, "cannot write %s '%s': it is a directory; give a file name", output->flag, output->path);
+        return msg;
+    }
+    char* copy = strdup(output->path);
+    const char* dir = dirname(copy);  // "." for a bare name
+    const char* bad = NULL;
+    if (stat(dir, &st) != 0 || !S_ISDIR(st.st_mode)) {
+        snprintf(msg, msg_len, "cannot write %s '%s': its directory '%s' does not exist", output->flag, output->path, dir);
+        bad = msg;
+    } else if (access(dir, W_OK | X_OK) != 0) {
+        snprintf(msg, msg_len, "cannot write %s '%s': its directory '%s' is not writable (%s)", output->flag,
+                 output->path, dir, strerror(errno));
+        bad = msg;
+    }
+    free(copy);
+    return bad;
+}
