@@ -850,6 +850,91 @@ static void test_tp_block(void) {
     for (size_t i = 0; i < sizeof(all) / sizeof(all[0]); i++) mem_free(all[i]);
 }
 
+// The LM head and loss split over the vocabulary as chapter 4 splits them:
+// rows [v0, v0 + Vl) of wte on each of 3 shards (uneven: 11, 11, 10 of Vp =
+// 32, the last shard holding the 3 padded rows), per-shard logits and
+// cross-entropy partials merged in shard order, per-shard dlogits from the
+// merged statistics, dlnf summed over shards (the f all-reduce). Losses,
+// dres, dlnf's parameter gradients and every shard's dwte rows must equal
+// head_forward / head_backward on the whole vocabulary.
+static void test_tp_head(void) {
+    GPTConfig cfg = small_cfg;  // V = 29, Vp = 32, C = 8
+    enum { B = 2, T = 3, N = B * T, S = 3 };
+    int C = cfg.channels, Vp = cfg.padded_vocab_size, V = cfg.vocab_size;
+    const int v0s[S] = {0, 11, 22}, rows[S] = {11, 11, 10};
+    size_t P = gpt_num_params(&cfg);
+    float* host = malloc(P * sizeof(float));
+    gpt_init_range(host, 0, P, &cfg, 3);
+    int targets_h[N];
+    random_tokens(targets_h, N, V);
+    float* wte = mem_alloc_floats((size_t)Vp * C, MEM_OTHER);
+    float* lnf = mem_alloc_floats(2 * (size_t)C, MEM_OTHER);
+    mem_to_device(wte, host, (size_t)Vp * C * sizeof(float));
+    mem_to_device(lnf, host + gpt_tensor_offset(&cfg, P_LNFW, 0), 2 * (size_t)C * sizeof(float));
+    float* x = mem_alloc_floats((size_t)N * C, MEM_OTHER);
+    for (int i = 0; i < N * C; i++) x[i] = (float)(uniform() - 0.5);
+    int* targets = mem_alloc(N * sizeof(int), MEM_OTHER);
+    mem_to_device(targets, targets_h, sizeof(targets_h));
+    // the whole head
+    float* hbuf = mem_alloc_floats(head_acts_numel(B, T, C, Vp), MEM_OTHER);
+    HeadActs h = head_acts_at(hbuf, B, T, C, Vp);
+    float* dwte = mem_alloc_floats((size_t)Vp * C, MEM_OTHER);
+    float* dlnf = mem_alloc_floats(2 * (size_t)C, MEM_OTHER);
+    float* dln = mem_alloc_floats((size_t)N * C, MEM_OTHER);
+    float* dres = mem_alloc_floats((size_t)N * C, MEM_OTHER);
+    head_forward(&cfg, wte, lnf, lnf + C, &h, x, targets, B, T);
+    head_backward(&cfg, wte, lnf, dwte, dlnf, dlnf + C, &h, x, targets, 1.0f / N, dln, dres, B, T);
+    // the shards
+    float *sbuf[S], *sdw[S];
+    HeadActs sh[S];
+    float* partials = mem_alloc_floats(3 * (size_t)N, MEM_OTHER);
+    for (int k = 0; k < S; k++) {
+        sbuf[k] = mem_alloc_floats(head_acts_numel(B, T, C, rows[k]), MEM_OTHER);
+        sdw[k] = mem_alloc_floats((size_t)rows[k] * C, MEM_OTHER);
+        sh[k] = head_acts_at(sbuf[k], B, T, C, rows[k]);
+        int nvalid = V - v0s[k] < rows[k] ? V - v0s[k] : rows[k];
+        layernorm_forward(sh[k].lnf, sh[k].lnf_mean, sh[k].lnf_rstd, x, lnf, lnf + C, N, C);
+        matmul_forward(sh[k].logits, sh[k].lnf, wte + (size_t)v0s[k] * C, NULL, N, C, rows[k]);
+        crossentropy_partials(sh[k].rowmax, sh[k].sumexp, sh[k].tlogit, sh[k].logits, targets, N, rows[k], nvalid,
+                              v0s[k]);
+    }
+    // the all-gather and the merge in shard order, as every tp rank does
+    ops_copy(partials, sh[0].rowmax, 3 * (size_t)N);
+    for (int k = 1; k < S; k++)
+        crossentropy_merge(partials, partials + N, partials + 2 * N, sh[k].rowmax, sh[k].sumexp, sh[k].tlogit, N);
+    float* losses = mem_alloc_floats(N, MEM_OTHER);
+    crossentropy_loss(losses, partials, partials + N, partials + 2 * N, N);
+    double fwd = 0.0;
+    for (int n = 0; n < N; n++) fwd = fmax(fwd, fabs(losses[n] - h.losses[n]));
+    check(fwd < 1e-5, "tp head: losses from 3 uneven vocabulary shards (partials merged) equal head_forward's",
+          "max |diff| %g", fwd);
+    float* dln_sum = mem_alloc_floats((size_t)N * C, MEM_OTHER);
+    float* dln_k = mem_alloc_floats((size_t)N * C, MEM_OTHER);
+    for (int k = 0; k < S; k++) {
+        int nvalid = V - v0s[k] < rows[k] ? V - v0s[k] : rows[k];
+        crossentropy_backward(sh[k].logits, sh[k].logits, targets, partials, partials + N, 1.0f / N, N, rows[k],
+                              nvalid, v0s[k]);
+        ops_zero(dln_k, (size_t)N * C);
+        matmul_backward(dln_k, sdw[k], NULL, sh[k].logits, sh[k].lnf, wte + (size_t)v0s[k] * C, N, C, rows[k]);
+        ops_add(dln_sum, dln_k, (size_t)N * C);  // f backward: the all-reduce's sum
+    }
+    float* dres_tp = mem_alloc_floats((size_t)N * C, MEM_OTHER);
+    float* dlnf_tp = mem_alloc_floats(2 * (size_t)C, MEM_OTHER);
+    layernorm_backward(dres_tp, dlnf_tp, dlnf_tp + C, dln_sum, x, lnf, sh[0].lnf_mean, sh[0].lnf_rstd, N, C);
+    double bwd = 0.0;
+    for (int i = 0; i < N * C; i++) bwd = fmax(bwd, fabs(dres_tp[i] - dres[i]));
+    for (int i = 0; i < 2 * C; i++) bwd = fmax(bwd, fabs(dlnf_tp[i] - dlnf[i]));
+    for (int k = 0; k < S; k++)
+        for (int i = 0; i < rows[k] * C; i++) bwd = fmax(bwd, fabs(sdw[k][i] - dwte[(size_t)v0s[k] * C + i]));
+    check(bwd < 1e-6, "tp head: dres, dlnfw, dlnfb and every shard's dwte rows equal head_backward's",
+          "max |diff| %g", bwd);
+    float* all[] = {wte, lnf, x, hbuf, dwte, dlnf, dln, dres, partials, losses, dln_sum, dln_k, dres_tp, dlnf_tp,
+                    sbuf[0], sbuf[1], sbuf[2], sdw[0], sdw[1], sdw[2]};
+    for (size_t i = 0; i < sizeof(all) / sizeof(all[0]); i++) mem_free(all[i]);
+    mem_free(targets);
+    free(host);
+}
+
 int main(void) {
     test_whole_model_gradient();
     test_loss_at_init_and_overfit();
@@ -864,5 +949,6 @@ int main(void) {
     test_tp_layouts();
     test_tiles();
     test_tp_block();
+    test_tp_head();
     return test_exit_code();
 }
