@@ -865,12 +865,16 @@ tp_case() {  # dp tp ref flags model-sizes (Vp V maxT L NH C)
     crc=$?
     ncmp=$(bash tests/compare_losses.sh "$ref" "$run" $TOL_NORM norm 2>&1)
     nrc=$?
-    local name="chapter 4 dp=$dp tp=$tp ($flags)"
+    local name="chapter 4 dp=$dp tp=$tp ($flags)" vref vrun
     sum=$(grep '"type":"summary"' "$run")
-    if [ $rc -eq 0 ] && [ $crc -eq 0 ] && [ $nrc -eq 0 ] && echo "$out" | grep -q 'bit-identical on every tp rank'; then
-        pass "$name: chapter 0's losses ($cmp) and norms ($ncmp); replicated tensors bit-identical across tp"
+    # the final validation loss, through the same sharded forward
+    vref=$(grep '"type":"val"' "$ref" | tail -1 | sed 's/.*"val_loss":\([-0-9.e]*\).*/\1/')
+    vrun=$(grep '"type":"val"' "$run" | tail -1 | sed 's/.*"val_loss":\([-0-9.e]*\).*/\1/')
+    if [ $rc -eq 0 ] && [ $crc -eq 0 ] && [ $nrc -eq 0 ] && echo "$out" | grep -q 'bit-identical on every tp rank' &&
+        [ -n "$vrun" ] && awk -v a="$vref" -v b="$vrun" -v tol="$TOL" 'BEGIN { d = a - b; if (d < 0) d = -d; exit !(d <= tol) }'; then
+        pass "$name: chapter 0's losses ($cmp), norms ($ncmp) and val loss ($vrun); replicated tensors bit-identical across tp"
     else
-        fail "$name" "exit $rc; $cmp; $ncmp; $(echo "$out" | grep -E 'replicated|error' | head -3)"
+        fail "$name" "exit $rc; $cmp; $ncmp; val loss '$vrun' vs '$vref'; $(echo "$out" | grep -E 'replicated|error' | head -3)"
     fi
     local B T sz e
     B=$(echo "$flags" | sed 's/.*--batch \([0-9]*\).*/\1/'); T=$(echo "$flags" | sed 's/.*--seq \([0-9]*\).*/\1/')
@@ -906,6 +910,21 @@ done
 small_ref=$TEST_TMPDIR/tp_small_ref.jsonl
 timeout 300 $MPIRUN -np 1 "$BUILD/chapter-0" --model small --steps 10 --batch 4 --seq 64 --peak-gflops 10 --log "$small_ref" >/dev/null 2>&1
 tp_case 1 3 "$small_ref" "--model small --batch 4 --seq 64" 256 256 256 6 6 384
+# the other ZeRO stages and ZeRO-3 without prefetch or resharding, over dp
+# with tp = 2: the same losses (the engine is chapter 3's, tested there)
+for zf in "--zero 1" "--zero 2" "--zero 3 --prefetch 0 --reshard 0"; do
+    zrun=$TEST_TMPDIR/tp_zero.jsonl
+    rm -f "$zrun"
+    out=$(timeout 300 $MPIRUN -np 4 "$BUILD/chapter-4" --dp 2 --tp 2 $zf --batch 24 --seq 32 --steps 10 --peak-gflops 10 --log "$zrun" 2>&1)
+    rc=$?
+    cmp=$(bash tests/compare_losses.sh "$tp_ref" "$zrun" $TOL 2>&1)
+    crc=$?
+    if [ $rc -eq 0 ] && [ $crc -eq 0 ]; then
+        pass "chapter 4 dp=2 tp=2 $zf: chapter 0's losses ($cmp)"
+    else
+        fail "chapter 4 dp=2 tp=2 $zf" "exit $rc; $cmp; $(echo "$out" | grep -E 'error' | head -3)"
+    fi
+done
 # --save from (dp, tp) = (2, 2) writes the reference's model after the same 3
 # steps: the same header, every parameter within 1e-4 (a tenth of one AdamW
 # step at lr 1e-3; a misplaced tile is off by ~0.02, the init's scale), and
