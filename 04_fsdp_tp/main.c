@@ -1,4 +1,4 @@
-// Chapter 4: tensor parallelism inside every block, data parallelism across.
+// Chapter 4: tensor parallelism inside every block, FSDP across.
 //
 // Chapters 2 and 3 cut the batch: every rank still runs whole matmuls. Tensor
 // parallelism (Megatron-LM) cuts the matmuls themselves. The tp ranks of a
@@ -12,8 +12,8 @@
 //   MLP        fcw column-parallel (4C/tp hidden units each), GELU local,
 //              fcprojw row-parallel, one all-reduce.
 //   embedding  vocabulary-parallel: rank r holds about Vp/tp rows of wte
-//              (vocab_rows); a token looks itself up on the rank that holds it (zero
-//              elsewhere) and one all-reduce sums.
+//              (vocab_rows); a token looks itself up on the rank that holds
+//              it (zero elsewhere) and one all-reduce sums.
 //   LM head    the same wte rows give each rank the logits of its vocabulary
 //              slice; the cross-entropy combines per-rank (max, sum of
 //              exponentials, target logit), never a full (B,T,Vp) tensor.
@@ -33,7 +33,6 @@
 // another tp rank's slice; a dp rank never holds more than 1/dp of its own.
 //
 //   mpirun -np 4 build/chapter-4 --dp 2 --tp 2
-#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
