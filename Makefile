@@ -9,11 +9,16 @@
 #   make docs-plots    redraws the docs' figures, docs/plots/*.png, from docs/plots/data/
 #   make setup         install the Debian packages (as root) or print the line
 #   make fuzz          fuzz the file loaders (libFuzzer, FUZZ_SECONDS each)
+#   make sanitize      the tiny tests under ASan and UBSan (build/sanitize/)
+#   OPT, CFLAGS, CUDA_ARCH: a change rebuilds everything (flags.stamp)
 #   make clean
 #
 #   BACKEND=cpu    C + OpenMP + OpenBLAS, collectives over MPI; binaries in build/
 #   BACKEND=cuda   CUDA + cuBLAS, collectives over NCCL; binaries in build/cuda/
 #   The default is cuda where nvidia-smi lists a GPU and nvcc exists, else cpu.
+
+# Everything built goes under BUILD (make sanitize builds into its own).
+BUILD ?= build
 
 HAVE_GPU := $(shell nvidia-smi -L 2>/dev/null | grep -c '^GPU' || true)
 HAVE_NVCC := $(shell command -v nvcc 2>/dev/null || ls /usr/local/cuda/bin/nvcc 2>/dev/null)
@@ -38,7 +43,7 @@ COMMON_SRC := common/common.c common/memory.c common/model.c common/init.c \
               common/model_tp.c
 
 ifeq ($(BACKEND),cpu)
-  BIN := build
+  BIN := $(BUILD)
   # OpenBLAS, the OpenMP build: one thread pool shared with our OpenMP loops,
   # and single-threaded when called inside a parallel region (attention heads)
   MULTIARCH := $(shell gcc -print-multiarch 2>/dev/null)
@@ -56,7 +61,7 @@ else ifeq ($(BACKEND),cuda)
   ifeq ($(HAVE_NVCC),)
     $(error BACKEND=cuda needs nvcc (the CUDA Toolkit): put it on PATH or in /usr/local/cuda/bin, or build with BACKEND=cpu)
   endif
-  BIN := build/cuda
+  BIN := $(BUILD)/cuda
   CUDA_HOME ?= $(patsubst %/bin/nvcc,%,$(HAVE_NVCC))
   NVCC      ?= $(CUDA_HOME)/bin/nvcc
   CUDA_ARCH ?=
@@ -72,9 +77,15 @@ else
   $(error BACKEND=$(BACKEND): choose cpu or cuda)
 endif
 
-OBJ := build/obj/$(BACKEND)
+OBJ := $(BUILD)/obj/$(BACKEND)
 COMMON_OBJ := $(patsubst %.c,$(OBJ)/%.o,$(COMMON_SRC) $(BACKEND_C)) \
               $(patsubst %.cu,$(OBJ)/%.o,$(BACKEND_CU))
+
+# The flags are part of every object: a stamp file holds them and changes
+# (so everything rebuilds) only when they do, e.g. a new OPT or CUDA_ARCH.
+FLAGS_STAMP := $(OBJ)/flags.stamp
+FLAGS_NOW := $(CC) $(CFLAGS) | $(NVCC) $(NVCCFLAGS) | $(LDLIBS)
+$(shell mkdir -p $(OBJ) && (echo '$(FLAGS_NOW)' | cmp -s - $(FLAGS_STAMP) || echo '$(FLAGS_NOW)' > $(FLAGS_STAMP)))
 
 # ---------------------------------------------------------------- chapters
 # Every NN_name/main.c that exists becomes chapter-N. Every other
@@ -100,7 +111,7 @@ $(OBJ)/$(1)/%.o: CFLAGS += $(patsubst %,-I%,$(sort $(dir $(call chapter_modules,
 endef
 $(foreach d,$(CHAPTER_DIRS),$(eval $(call CHAPTER_RULE,$(d))))
 
-.PHONY: all modules test tests tools demo bench-ref setup clean docs-check fuzz
+.PHONY: all modules test tests tools demo bench-ref setup clean docs-check fuzz sanitize
 all: $(addprefix chapter-,$(CHAPTERS)) modules tools
 
 # every module compiles, linked by a chapter or not yet
@@ -111,11 +122,11 @@ $(BIN)/tokenize: $(OBJ)/common/tools/tokenize.o $(COMMON_OBJ)
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) -o $@ $^ $(LDLIBS)
 
-$(OBJ)/%.o: %.c
+$(OBJ)/%.o: %.c $(FLAGS_STAMP)
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) -c -o $@ $<
 
-$(OBJ)/%.o: %.cu
+$(OBJ)/%.o: %.cu $(FLAGS_STAMP)
 	@mkdir -p $(dir $@)
 	$(NVCC) $(NVCCFLAGS) -c -o $@ $<
 
@@ -123,13 +134,13 @@ $(OBJ)/%.o: %.cu
 # The CPU tests always run on the CPU build; GPU tests run where a GPU is.
 TESTS := test_ops test_model test_data test_fsdp
 # test_fsdp tests chapter 3's engine: it links the module (an MPI program)
-build/tests/test_fsdp: build/obj/cpu/03_fsdp/fsdp.o
-build/obj/cpu/tests/test_fsdp.o: CFLAGS += -I03_fsdp
-tests: $(addprefix build/tests/,$(TESTS))
-build/tests/%: build/obj/cpu/tests/%.o $(patsubst %.c,build/obj/cpu/%.o,$(COMMON_SRC) common/cpu/ops.c common/cpu/device.c common/cpu/comm.c)
+$(BUILD)/tests/test_fsdp: $(BUILD)/obj/cpu/03_fsdp/fsdp.o
+$(BUILD)/obj/cpu/tests/test_fsdp.o: CFLAGS += -I03_fsdp
+tests: $(addprefix $(BUILD)/tests/,$(TESTS))
+$(BUILD)/tests/%: $(BUILD)/obj/cpu/tests/%.o $(patsubst %.c,$(BUILD)/obj/cpu/%.o,$(COMMON_SRC) common/cpu/ops.c common/cpu/device.c common/cpu/comm.c)
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) -o $@ $^ $(LDLIBS)
-build/obj/cpu/tests/%.o: CFLAGS += -Itests
+$(BUILD)/obj/cpu/tests/%.o: CFLAGS += -Itests
 ifeq ($(BACKEND),cuda)
 # the op tests on the CUDA backend (tests/run.sh runs them where a GPU is)
 $(BIN)/tests/test_ops: $(OBJ)/tests/test_ops.o $(COMMON_OBJ)
@@ -162,6 +173,14 @@ demo: setup
 bench-ref: all
 	bash tests/mpirun.sh -np 1 $(BIN)/chapter-0 --model small --steps 12 --log build/bench-ref.jsonl
 
+# The tiny tests under AddressSanitizer and UBSan, built into build/sanitize/
+# (the flags are in the objects' stamp, so a sanitized build never mixes with
+# the normal one).
+SANITIZE_OPT := -O1 -g -fno-omit-frame-pointer -fsanitize=address,undefined -fno-sanitize-recover=undefined
+sanitize:
+	@$(MAKE) --no-print-directory BACKEND=cpu BUILD=build/sanitize OPT='$(SANITIZE_OPT)' all tests
+	@BUILD=build/sanitize bash tests/sanitize.sh
+
 # Fuzz the loaders a user feeds files to (checkpoint, token file, text) with
 # libFuzzer for FUZZ_SECONDS each (installs clang as root; not part of test).
 fuzz:
@@ -173,4 +192,4 @@ fuzz:
 clean:
 	rm -rf build
 
--include $(shell find build/obj -name '*.d' 2>/dev/null)
+-include $(shell find $(BUILD)/obj -name '*.d' 2>/dev/null)

@@ -262,6 +262,19 @@ for i in $(seq 1 100); do grep -q '"type":"step"' "$TEST_TMPDIR/shared.jsonl" 2>
 error_case chapter-0 1 "--steps 1 --log $TEST_TMPDIR/shared.jsonl" "is being written by another run"
 kill $first 2>/dev/null
 wait $first 2>/dev/null
+# objects depend on the flags: a new OPT rebuilds, the same OPT does not
+fb="$TEST_TMPDIR/flagbuild"
+obj="$fb/obj/cpu/common/comm_count.o"
+make -s BACKEND=cpu BUILD="$fb" OPT=-O0 "$obj" >/dev/null 2>&1
+make -q BACKEND=cpu BUILD="$fb" OPT=-O0 "$obj" >/dev/null 2>&1
+same=$?
+make -q BACKEND=cpu BUILD="$fb" OPT=-O1 "$obj" >/dev/null 2>&1
+changed=$?
+if [ -f "$obj" ] && [ $same -eq 0 ] && [ $changed -eq 1 ]; then
+    pass "hardening: objects rebuild when OPT changes, and only then (flags.stamp)"
+else
+    fail "hardening: flags stamp" "same OPT: make -q $same (want 0); new OPT: $changed (want 1)"
+fi
 # ==== end of new tests: hardening ====
 
 
