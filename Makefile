@@ -3,6 +3,9 @@
 #   make all           every chapter and the tools
 #   make test          every test; ends with "N passed, N failed, N skipped"
 #   make docs-check    the docs' code references, links and quoted figures (docs/TEMPLATE.md)
+#   make test CHAPTER=N   only chapter N's tests (tests/chapter_N.sh: its mesh,
+#                      invariant, accounting, error and --help cases);
+#                      CHAPTER=unit, plots or gpu runs that script (tests/run.sh)
 #   make demo          set-up, then train the small model and print a sample
 #   make bench-ref     the reference's speed on the small model (one rank)
 #   make bench, plots  the sweep over chapters and its plots in build/plots/ (docs/plots/plots.mk)
@@ -132,7 +135,7 @@ $(OBJ)/%.o: %.cu $(FLAGS_STAMP)
 
 # ---------------------------------------------------------------- tests
 # The CPU tests always run on the CPU build; GPU tests run where a GPU is.
-TESTS := test_ops test_model test_data test_fsdp
+TESTS := test_ops test_model test_data test_fsdp test_comm
 # test_fsdp tests chapter 3's engine: it links the module (an MPI program)
 $(BUILD)/tests/test_fsdp: $(BUILD)/obj/cpu/03_fsdp/fsdp.o
 $(BUILD)/obj/cpu/tests/test_fsdp.o: CFLAGS += -I03_fsdp
@@ -148,9 +151,11 @@ $(BIN)/tests/test_ops: $(OBJ)/tests/test_ops.o $(COMMON_OBJ)
 	$(CC) $(CFLAGS) -o $@ $^ $(LDLIBS)
 endif
 
+# tests/run.sh runs tests/unit.sh, every tests/chapter_N.sh, plots.sh, gpu.sh;
+# with CHAPTER=N only tests/chapter_N.sh (a word W: tests/W.sh)
 test:
 	@$(MAKE) --no-print-directory BACKEND=cpu all tests
-	@bash tests/run.sh
+	@bash tests/run.sh $(CHAPTER)
 
 # Every `path:N` reference, relative link and `<!-- check: CMD -->` figure of
 # README.md and docs/*.md (docs/TEMPLATE.md says what is checked); make test
