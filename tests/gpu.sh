@@ -105,6 +105,8 @@ for z in 1 2 3; do
         gpu_invariant "chapter 3 ZeRO-$z dp=2 prefetch=$pf" 3 "--dp 2 --zero $z --prefetch $pf"
     done
 done
+# chapter 4: the tp all-reduces and the vocabulary-parallel loss on NCCL
+gpu_invariant "chapter 4 tp=2" 4 "--tp 2"
 
 # without a GPU the CUDA build stops every rank with one clear message
 for np in 1 2; do

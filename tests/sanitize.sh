@@ -41,6 +41,9 @@ done
 for zero in 1 2 3; do
     run "chapter 3 ZeRO-$zero on 3 ranks" $MPIRUN -np 3 "$BUILD/chapter-3" --dp 3 --batch 6 --zero "$zero" --steps 2 --peak-gflops 10
 done
+run "chapter 4 dp=2 tp=2 (with --save) on 4 ranks" $MPIRUN -np 4 "$BUILD/chapter-4" --dp 2 --tp 2 --steps 2 --peak-gflops 10 --save "$TEST_TMPDIR/s4.bin"
+run "chapter 4 from its checkpoint, tile by tile, on tp=4" $MPIRUN -np 4 "$BUILD/chapter-4" --tp 4 --model "$TEST_TMPDIR/s4.bin" --steps 1 --peak-gflops 10
+run "chapter 4 small on tp=3 (uneven vocabulary)" $MPIRUN -np 3 "$BUILD/chapter-4" --tp 3 --model small --batch 1 --seq 16 --steps 1 --val-batches 1 --peak-gflops 10
 head -c 50000 /usr/share/games/fortunes/fortunes > "$TEST_TMPDIR/c.txt"
 run "tokenize" "$BUILD/tokenize" "$TEST_TMPDIR/c.txt" "$TEST_TMPDIR/c"
 echo

@@ -13,6 +13,8 @@
 #include "data.h"
 #include "memory.h"
 #include "model.h"
+#include "model_tp.h"
+#include "ops.h"
 #include "test.h"
 
 static uint64_t rng_state = 42;
@@ -642,6 +644,339 @@ static void test_flops_per_token(void) {
     check(s == 71368704.0, "flops per token, small at T=256: 71,368,704", "got %.0f", s);
 }
 
+// ---------------------------------------------------------------- tensor-parallel layouts and tiles
+
+// With tp = 1 the tp layouts are model.h's; with tp > 1 every view lies inside
+// the size the _numel function states, and the pieces have the split sizes.
+static void test_tp_layouts(void) {
+    int B = 3, T = 5, C = 24, NH = 6;
+    float* base = (float*)64;  // pointer arithmetic only, never dereferenced
+    BlockParams a = block_params_at(base, C), b = block_params_at_tp(base, C, 1);
+    BlockActs x = block_acts_at(base, B, T, C, NH), y = block_acts_at_tp(base, B, T, C, NH, 1);
+    BlockScratch u = block_scratch_at(base, B, T, C, NH), v = block_scratch_at_tp(base, B, T, C, NH, 1);
+    int same = gpt_block_numel_tp(C, 1) == gpt_block_numel(C) &&
+               block_acts_numel_tp(B, T, C, NH, 1) == block_acts_numel(B, T, C, NH) &&
+               block_scratch_numel_tp(B, T, C, NH, 1) == block_scratch_numel(B, T, C, NH) &&
+               memcmp(&a, &b, sizeof(a)) == 0 && memcmp(&x, &y, sizeof(x)) == 0 && memcmp(&u, &v, sizeof(u)) == 0;
+    check(same, "tp layouts: tp = 1 gives model.h's block, activation and scratch layouts", "they differ");
+    int ok = 1;
+    for (int tp = 2; tp <= 6; tp *= 3) {  // 2 and 6 divide NH = 6
+        size_t cl = (size_t)C / tp;
+        BlockParams p = block_params_at_tp(base, C, tp);
+        ok &= gpt_block_numel_tp(C, tp) == 12 * cl * C + 7 * cl + 6 * (size_t)C;
+        ok &= (size_t)(p.fcprojb + C - base) == gpt_block_numel_tp(C, tp);
+        ok &= (size_t)(p.qkvb - p.qkvw) == 3 * cl * C && (size_t)(p.fcb - p.fcw) == 4 * cl * C &&
+              (size_t)(p.attprojb - p.attprojw) == C * cl && (size_t)(p.fcprojb - p.fcprojw) == 4 * cl * C;
+        BlockActs q = block_acts_at_tp(base, B, T, C, NH, tp);
+        ok &= (size_t)(q.res3 + (size_t)B * T * C - base) == block_acts_numel_tp(B, T, C, NH, tp);
+        ok &= (size_t)(q.atty - q.qkv) == (size_t)B * T * 3 * cl && (size_t)(q.attproj - q.att) == (size_t)B * NH / tp * T * T;
+        BlockScratch w = block_scratch_at_tp(base, B, T, C, NH, tp);
+        ok &= (size_t)(w.dfch_gelu + (size_t)B * T * 4 * cl - base) == block_scratch_numel_tp(B, T, C, NH, tp);
+    }
+    check(ok, "tp layouts: tp = 2, 6 split qkvw, attprojw, fcw, fcprojw, the activations and scratch by tp",
+          "a view or a size is wrong");
+}
+
+// A tile initialised alone, or read from a checkpoint, equals the same rows
+// and columns of the full model; placing the tiles of every tp rank's shard
+// (three row ranges of qkvw, a column slice of attprojw and fcprojw, ...)
+// rebuilds the full model.
+static void test_tiles(void) {
+    GPTConfig cfg = small_cfg;  // C = 8, NH = 2, Vp = 32
+    size_t P = gpt_num_params(&cfg);
+    float* full = malloc(P * sizeof(float));
+    gpt_init_range(full, 0, P, &cfg, 7);
+    for (size_t i = 0; i < P; i++) full[i] += (float)(0.01 * (uniform() - 0.5));  // biases nonzero too
+    const char* path = tmp_path("tiles.bin");
+    char msg[256];
+    check(checkpoint_write(path, &cfg, full, msg, sizeof msg) == NULL, "tiles: checkpoint written", "%s", msg);
+    float* init_full = malloc(P * sizeof(float));
+    gpt_init_range(init_full, 0, P, &cfg, 7);
+    float* rebuilt = calloc(P, sizeof(float));
+    float tile[4 * 8 * 8], want[4 * 8 * 8];
+    int init_ok = 1, read_ok = 1;
+    int tp = 2;
+    size_t C = 8, Cl = C / tp, Fl = 4 * C / tp;
+    for (int r = 0; r < tp; r++) {
+        for (int l = 0; l < cfg.num_layers; l++) {
+            // (tensor, row0, nrows, col0, ncols) of rank r, as chapter 4 cuts them
+            struct { ParamTensor t; size_t r0, nr, c0, nc; } ts[] = {
+                {P_QKVW, 0 * C + r * Cl, Cl, 0, C}, {P_QKVW, 1 * C + r * Cl, Cl, 0, C}, {P_QKVW, 2 * C + r * Cl, Cl, 0, C},
+                {P_QKVB, 0 * C + r * Cl, Cl, 0, 1}, {P_QKVB, 1 * C + r * Cl, Cl, 0, 1}, {P_QKVB, 2 * C + r * Cl, Cl, 0, 1},
+                {P_ATTPROJW, 0, C, r * Cl, Cl}, {P_FCW, r * Fl, Fl, 0, C}, {P_FCB, r * Fl, Fl, 0, 1},
+                {P_FCPROJW, 0, C, r * Fl, Fl}, {P_LN1W, 0, C, 0, 1}, {P_LN1B, 0, C, 0, 1}, {P_ATTPROJB, 0, C, 0, 1},
+                {P_LN2W, 0, C, 0, 1}, {P_LN2B, 0, C, 0, 1}, {P_FCPROJB, 0, C, 0, 1}};
+            for (size_t k = 0; k < sizeof(ts) / sizeof(ts[0]); k++) {
+                size_t rows, cols, n = ts[k].nr * ts[k].nc;
+                param_tensor_shape(&cfg, ts[k].t, &rows, &cols);
+                const float* src = init_full + gpt_tensor_offset(&cfg, ts[k].t, l);
+                gpt_init_tile(tile, &cfg, 7, ts[k].t, l, ts[k].r0, ts[k].nr, ts[k].c0, ts[k].nc);
+                for (size_t i = 0; i < ts[k].nr; i++)
+                    for (size_t j = 0; j < ts[k].nc; j++)
+                        init_ok &= tile[i * ts[k].nc + j] == src[(ts[k].r0 + i) * cols + ts[k].c0 + j];
+                src = full + gpt_tensor_offset(&cfg, ts[k].t, l);
+                read_ok &= checkpoint_read_tile(path, &cfg, tile, ts[k].t, l, ts[k].r0, ts[k].nr, ts[k].c0, ts[k].nc,
+                                                msg, sizeof msg) == NULL;
+                for (size_t i = 0; i < ts[k].nr; i++)
+                    for (size_t j = 0; j < ts[k].nc; j++) want[i * ts[k].nc + j] = src[(ts[k].r0 + i) * cols + ts[k].c0 + j];
+                read_ok &= memcmp(tile, want, n * sizeof(float)) == 0;
+                gpt_place_tile(rebuilt, &cfg, tile, ts[k].t, l, ts[k].r0, ts[k].nr, ts[k].c0, ts[k].nc);
+            }
+        }
+        // the vocabulary rows and the unsplit tensors
+        size_t Vl = (size_t)cfg.padded_vocab_size / tp;
+        float* wte = malloc(Vl * C * sizeof(float));
+        read_ok &= checkpoint_read_tile(path, &cfg, wte, P_WTE, 0, r * Vl, Vl, 0, C, msg, sizeof msg) == NULL;
+        read_ok &= memcmp(wte, full + r * Vl * C, Vl * C * sizeof(float)) == 0;
+        gpt_place_tile(rebuilt, &cfg, wte, P_WTE, 0, r * Vl, Vl, 0, C);
+        free(wte);
+    }
+    ParamTensor whole[] = {P_WPE, P_LNFW, P_LNFB};
+    for (int k = 0; k < 3; k++) {
+        size_t rows, cols;
+        param_tensor_shape(&cfg, whole[k], &rows, &cols);
+        float* t = malloc(rows * cols * sizeof(float));
+        read_ok &= checkpoint_read_tile(path, &cfg, t, whole[k], 0, 0, rows, 0, cols, msg, sizeof msg) == NULL;
+        gpt_place_tile(rebuilt, &cfg, t, whole[k], 0, 0, rows, 0, cols);
+        free(t);
+    }
+    check(init_ok, "tiles: gpt_init_tile of qkvw's row ranges, attprojw's and fcprojw's column slices equals the full init",
+          "a tile differs");
+    check(read_ok, "tiles: checkpoint_read_tile of every tp=2 tile equals the same rows and columns of the file",
+          "a tile differs or a read failed");
+    check(memcmp(rebuilt, full, P * sizeof(float)) == 0, "tiles: gpt_place_tile of both ranks' tiles rebuilds the model",
+          "the rebuilt model differs");
+    free(full);
+    free(init_full);
+    free(rebuilt);
+}
+
+// One block split over tp = 2 ranks, run rank after rank on one process with
+// the all-reduces as sums (ops_add), against block_forward and block_backward
+// of the whole block: column-parallel qkv and fc, attention on each rank's
+// heads, row-parallel projections with the bias added once, and the f / g
+// all-reduces. Outputs and every gradient (the split tensors' slices, the
+// replicated tensors' copies on each rank) must agree.
+static void test_tp_block(void) {
+    enum { B = 2, T = 4, C = 8, NH = 2, TP = 2, N = B * T };
+    const size_t NC = (size_t)N * C, Cl = C / TP, Fl = 4 * C / TP;
+    size_t nb = gpt_block_numel(C), nbt = gpt_block_numel_tp(C, TP);
+    float* w = mem_alloc_floats(nb, MEM_OTHER);
+    float* g = mem_alloc_floats(nb, MEM_OTHER);
+    for (size_t i = 0; i < nb; i++) w[i] = (float)(0.4 * (uniform() - 0.5));
+    BlockParams pw = block_params_at(w, C), pg = block_params_at(g, C);
+    for (int c = 0; c < C; c++) pw.ln1w[c] += 1.0f, pw.ln2w[c] += 1.0f;
+    float* x = mem_alloc_floats(NC, MEM_OTHER);
+    float* dout = mem_alloc_floats(NC, MEM_OTHER);
+    for (size_t i = 0; i < NC; i++) x[i] = (float)(uniform() - 0.5), dout[i] = (float)(uniform() - 0.5);
+    float* acts = mem_alloc_floats(block_acts_numel(B, T, C, NH), MEM_OTHER);
+    float* scr = mem_alloc_floats(block_scratch_numel(B, T, C, NH), MEM_OTHER);
+    float* dres = mem_alloc_floats(NC, MEM_OTHER);
+    BlockActs a = block_acts_at(acts, B, T, C, NH);
+    BlockScratch s = block_scratch_at(scr, B, T, C, NH);
+    block_forward(&pw, &a, x, B, T, C, NH);
+    ops_copy(dres, dout, NC);
+    block_backward(&pw, &pg, &a, &s, x, dres, B, T, C, NH);
+
+    // the shards: tiles copied out of the whole block, layout block_params_at_tp
+    float *sp[TP], *sg[TP], *sa[TP], *ss[TP];
+    BlockParams P[TP], G[TP];
+    BlockActs A[TP];
+    BlockScratch S[TP];
+    for (int r = 0; r < TP; r++) {
+        sp[r] = mem_alloc_floats(nbt, MEM_OTHER);
+        sg[r] = mem_alloc_floats(nbt, MEM_OTHER);
+        sa[r] = mem_alloc_floats(block_acts_numel_tp(B, T, C, NH, TP), MEM_OTHER);
+        ss[r] = mem_alloc_floats(block_scratch_numel_tp(B, T, C, NH, TP), MEM_OTHER);
+        P[r] = block_params_at_tp(sp[r], C, TP);
+        G[r] = block_params_at_tp(sg[r], C, TP);
+        A[r] = block_acts_at_tp(sa[r], B, T, C, NH, TP);
+        S[r] = block_scratch_at_tp(ss[r], B, T, C, NH, TP);
+        for (int k = 0; k < 3; k++) {
+            memcpy(P[r].qkvw + k * Cl * C, pw.qkvw + (k * C + r * Cl) * C, Cl * C * sizeof(float));
+            memcpy(P[r].qkvb + k * Cl, pw.qkvb + k * C + r * Cl, Cl * sizeof(float));
+        }
+        for (size_t i = 0; i < C; i++) {
+            memcpy(P[r].attprojw + i * Cl, pw.attprojw + i * C + r * Cl, Cl * sizeof(float));
+            memcpy(P[r].fcprojw + i * Fl, pw.fcprojw + i * 4 * C + r * Fl, Fl * sizeof(float));
+        }
+        memcpy(P[r].fcw, pw.fcw + r * Fl * C, Fl * C * sizeof(float));
+        memcpy(P[r].fcb, pw.fcb + r * Fl, Fl * sizeof(float));
+        float* rep_src[] = {pw.ln1w, pw.ln1b, pw.attprojb, pw.ln2w, pw.ln2b, pw.fcprojb};
+        float* rep_dst[] = {P[r].ln1w, P[r].ln1b, P[r].attprojb, P[r].ln2w, P[r].ln2b, P[r].fcprojb};
+        for (int k = 0; k < 6; k++) memcpy(rep_dst[k], rep_src[k], C * sizeof(float));
+    }
+    float* sum = mem_alloc_floats(NC, MEM_OTHER);
+    // forward, attention half
+    for (int r = 0; r < TP; r++) {
+        layernorm_forward(A[r].ln1, A[r].ln1_mean, A[r].ln1_rstd, x, P[r].ln1w, P[r].ln1b, N, C);
+        matmul_forward(A[r].qkv, A[r].ln1, P[r].qkvw, P[r].qkvb, N, C, 3 * Cl);
+        attention_forward(A[r].atty, A[r].att, A[r].qkv, B, T, Cl, NH / TP);
+        matmul_forward(A[r].attproj, A[r].atty, P[r].attprojw, r == 0 ? P[r].attprojb : NULL, N, Cl, C);
+    }
+    ops_zero(sum, NC);
+    for (int r = 0; r < TP; r++) ops_add(sum, A[r].attproj, NC);  // g: all-reduce
+    for (int r = 0; r < TP; r++) {
+        ops_copy(A[r].attproj, sum, NC);
+        residual_forward(A[r].res2, x, A[r].attproj, NC);
+        layernorm_forward(A[r].ln2, A[r].ln2_mean, A[r].ln2_rstd, A[r].res2, P[r].ln2w, P[r].ln2b, N, C);
+        matmul_forward(A[r].fch, A[r].ln2, P[r].fcw, P[r].fcb, N, C, Fl);
+        gelu_forward(A[r].fch_gelu, A[r].fch, N * Fl);
+        matmul_forward(A[r].fcproj, A[r].fch_gelu, P[r].fcprojw, r == 0 ? P[r].fcprojb : NULL, N, Fl, C);
+    }
+    ops_zero(sum, NC);
+    for (int r = 0; r < TP; r++) ops_add(sum, A[r].fcproj, NC);  // g: all-reduce
+    double fwd = 0.0;
+    for (int r = 0; r < TP; r++) {
+        ops_copy(A[r].fcproj, sum, NC);
+        residual_forward(A[r].res3, A[r].res2, A[r].fcproj, NC);
+        for (size_t i = 0; i < NC; i++) fwd = fmax(fwd, fabs(A[r].res3[i] - a.res3[i]));
+    }
+    check(fwd < 1e-5, "tp block: forward on 2 ranks (column/row-parallel, g all-reduces) equals block_forward",
+          "max |diff| %g", fwd);
+    // backward
+    float* dr[TP];
+    for (int r = 0; r < TP; r++) {
+        dr[r] = mem_alloc_floats(NC, MEM_OTHER);
+        ops_copy(dr[r], dout, NC);
+        ops_zero(S[r].dfch_gelu, N * Fl);
+        matmul_backward(S[r].dfch_gelu, G[r].fcprojw, G[r].fcprojb, dr[r], A[r].fch_gelu, P[r].fcprojw, N, Fl, C);
+        ops_zero(S[r].dfch, N * Fl);
+        gelu_backward(S[r].dfch, A[r].fch, S[r].dfch_gelu, N * Fl);
+        ops_zero(S[r].dln, NC);
+        matmul_backward(S[r].dln, G[r].fcw, G[r].fcb, S[r].dfch, A[r].ln2, P[r].fcw, N, C, Fl);
+    }
+    ops_zero(sum, NC);
+    for (int r = 0; r < TP; r++) ops_add(sum, S[r].dln, NC);  // f backward: all-reduce
+    for (int r = 0; r < TP; r++) {
+        ops_copy(S[r].dln, sum, NC);
+        layernorm_backward(dr[r], G[r].ln2w, G[r].ln2b, S[r].dln, A[r].res2, P[r].ln2w, A[r].ln2_mean, A[r].ln2_rstd, N, C);
+        ops_zero(S[r].datty, N * Cl);
+        matmul_backward(S[r].datty, G[r].attprojw, G[r].attprojb, dr[r], A[r].atty, P[r].attprojw, N, Cl, C);
+        ops_zero(S[r].dqkv, N * 3 * Cl);
+        attention_backward(S[r].dqkv, S[r].datt, S[r].datty, A[r].qkv, A[r].att, B, T, Cl, NH / TP);
+        ops_zero(S[r].dln, NC);
+        matmul_backward(S[r].dln, G[r].qkvw, G[r].qkvb, S[r].dqkv, A[r].ln1, P[r].qkvw, N, C, 3 * Cl);
+    }
+    ops_zero(sum, NC);
+    for (int r = 0; r < TP; r++) ops_add(sum, S[r].dln, NC);  // f backward: all-reduce
+    double bwd = 0.0;
+    for (int r = 0; r < TP; r++) {
+        ops_copy(S[r].dln, sum, NC);
+        layernorm_backward(dr[r], G[r].ln1w, G[r].ln1b, S[r].dln, x, P[r].ln1w, A[r].ln1_mean, A[r].ln1_rstd, N, C);
+        for (size_t i = 0; i < NC; i++) bwd = fmax(bwd, fabs(dr[r][i] - dres[i]));
+        // every gradient against the same tile of the whole block's
+        for (int k = 0; k < 3; k++) {
+            for (size_t i = 0; i < Cl * C; i++) bwd = fmax(bwd, fabs(G[r].qkvw[k * Cl * C + i] - pg.qkvw[(k * C + r * Cl) * C + i]));
+            for (size_t i = 0; i < Cl; i++) bwd = fmax(bwd, fabs(G[r].qkvb[k * Cl + i] - pg.qkvb[k * C + r * Cl + i]));
+        }
+        for (size_t i = 0; i < C; i++) {
+            for (size_t j = 0; j < Cl; j++) bwd = fmax(bwd, fabs(G[r].attprojw[i * Cl + j] - pg.attprojw[i * C + r * Cl + j]));
+            for (size_t j = 0; j < Fl; j++) bwd = fmax(bwd, fabs(G[r].fcprojw[i * Fl + j] - pg.fcprojw[i * 4 * C + r * Fl + j]));
+        }
+        for (size_t i = 0; i < Fl * C; i++) bwd = fmax(bwd, fabs(G[r].fcw[i] - pg.fcw[r * Fl * C + i]));
+        for (size_t i = 0; i < Fl; i++) bwd = fmax(bwd, fabs(G[r].fcb[i] - pg.fcb[r * Fl + i]));
+        float* rs[] = {G[r].ln1w, G[r].ln1b, G[r].attprojb, G[r].ln2w, G[r].ln2b, G[r].fcprojb};
+        float* rw[] = {pg.ln1w, pg.ln1b, pg.attprojb, pg.ln2w, pg.ln2b, pg.fcprojb};
+        for (int k = 0; k < 6; k++)
+            for (size_t i = 0; i < C; i++) bwd = fmax(bwd, fabs(rs[k][i] - rw[k][i]));
+    }
+    check(bwd < 1e-5, "tp block: backward on 2 ranks (f all-reduces) gives block_backward's dx and every gradient's slice",
+          "max |diff| %g", bwd);
+    int agree = 1;
+    float* r0[] = {G[0].ln1w, G[0].ln1b, G[0].attprojb, G[0].ln2w, G[0].ln2b, G[0].fcprojb};
+    float* r1[] = {G[1].ln1w, G[1].ln1b, G[1].attprojb, G[1].ln2w, G[1].ln2b, G[1].fcprojb};
+    for (int k = 0; k < 6; k++) agree &= memcmp(r0[k], r1[k], C * sizeof(float)) == 0;
+    check(agree, "tp block: the replicated tensors' gradients are bit-identical on both ranks", "they differ");
+    float* all[] = {w, g, x, dout, acts, scr, dres, sum, sp[0], sp[1], sg[0], sg[1], sa[0], sa[1], ss[0], ss[1], dr[0], dr[1]};
+    for (size_t i = 0; i < sizeof(all) / sizeof(all[0]); i++) mem_free(all[i]);
+}
+
+// The LM head and loss split over the vocabulary as chapter 4 splits them:
+// rows [v0, v0 + Vl) of wte on each of 3 shards (uneven: 11, 11, 10 of Vp =
+// 32, the last shard holding the 3 padded rows), per-shard logits and
+// cross-entropy partials merged in shard order, per-shard dlogits from the
+// merged statistics, dlnf summed over shards (the f all-reduce). Losses,
+// dres, dlnf's parameter gradients and every shard's dwte rows must equal
+// head_forward / head_backward on the whole vocabulary.
+static void test_tp_head(void) {
+    GPTConfig cfg = small_cfg;  // V = 29, Vp = 32, C = 8
+    enum { B = 2, T = 3, N = B * T, S = 3 };
+    int C = cfg.channels, Vp = cfg.padded_vocab_size, V = cfg.vocab_size;
+    const int v0s[S] = {0, 11, 22}, rows[S] = {11, 11, 10};
+    size_t P = gpt_num_params(&cfg);
+    float* host = malloc(P * sizeof(float));
+    gpt_init_range(host, 0, P, &cfg, 3);
+    int targets_h[N];
+    random_tokens(targets_h, N, V);
+    float* wte = mem_alloc_floats((size_t)Vp * C, MEM_OTHER);
+    float* lnf = mem_alloc_floats(2 * (size_t)C, MEM_OTHER);
+    mem_to_device(wte, host, (size_t)Vp * C * sizeof(float));
+    mem_to_device(lnf, host + gpt_tensor_offset(&cfg, P_LNFW, 0), 2 * (size_t)C * sizeof(float));
+    float* x = mem_alloc_floats((size_t)N * C, MEM_OTHER);
+    for (int i = 0; i < N * C; i++) x[i] = (float)(uniform() - 0.5);
+    int* targets = mem_alloc(N * sizeof(int), MEM_OTHER);
+    mem_to_device(targets, targets_h, sizeof(targets_h));
+    // the whole head
+    float* hbuf = mem_alloc_floats(head_acts_numel(B, T, C, Vp), MEM_OTHER);
+    HeadActs h = head_acts_at(hbuf, B, T, C, Vp);
+    float* dwte = mem_alloc_floats((size_t)Vp * C, MEM_OTHER);
+    float* dlnf = mem_alloc_floats(2 * (size_t)C, MEM_OTHER);
+    float* dln = mem_alloc_floats((size_t)N * C, MEM_OTHER);
+    float* dres = mem_alloc_floats((size_t)N * C, MEM_OTHER);
+    head_forward(&cfg, wte, lnf, lnf + C, &h, x, targets, B, T);
+    head_backward(&cfg, wte, lnf, dwte, dlnf, dlnf + C, &h, x, targets, 1.0f / N, dln, dres, B, T);
+    // the shards
+    float *sbuf[S], *sdw[S];
+    HeadActs sh[S];
+    float* partials = mem_alloc_floats(3 * (size_t)N, MEM_OTHER);
+    for (int k = 0; k < S; k++) {
+        sbuf[k] = mem_alloc_floats(head_acts_numel(B, T, C, rows[k]), MEM_OTHER);
+        sdw[k] = mem_alloc_floats((size_t)rows[k] * C, MEM_OTHER);
+        sh[k] = head_acts_at(sbuf[k], B, T, C, rows[k]);
+        int nvalid = V - v0s[k] < rows[k] ? V - v0s[k] : rows[k];
+        layernorm_forward(sh[k].lnf, sh[k].lnf_mean, sh[k].lnf_rstd, x, lnf, lnf + C, N, C);
+        matmul_forward(sh[k].logits, sh[k].lnf, wte + (size_t)v0s[k] * C, NULL, N, C, rows[k]);
+        crossentropy_partials(sh[k].rowmax, sh[k].sumexp, sh[k].tlogit, sh[k].logits, targets, N, rows[k], nvalid,
+                              v0s[k]);
+    }
+    // the all-gather and the merge in shard order, as every tp rank does
+    ops_copy(partials, sh[0].rowmax, 3 * (size_t)N);
+    for (int k = 1; k < S; k++)
+        crossentropy_merge(partials, partials + N, partials + 2 * N, sh[k].rowmax, sh[k].sumexp, sh[k].tlogit, N);
+    float* losses = mem_alloc_floats(N, MEM_OTHER);
+    crossentropy_loss(losses, partials, partials + N, partials + 2 * N, N);
+    double fwd = 0.0;
+    for (int n = 0; n < N; n++) fwd = fmax(fwd, fabs(losses[n] - h.losses[n]));
+    check(fwd < 1e-5, "tp head: losses from 3 uneven vocabulary shards (partials merged) equal head_forward's",
+          "max |diff| %g", fwd);
+    float* dln_sum = mem_alloc_floats((size_t)N * C, MEM_OTHER);
+    float* dln_k = mem_alloc_floats((size_t)N * C, MEM_OTHER);
+    for (int k = 0; k < S; k++) {
+        int nvalid = V - v0s[k] < rows[k] ? V - v0s[k] : rows[k];
+        crossentropy_backward(sh[k].logits, sh[k].logits, targets, partials, partials + N, 1.0f / N, N, rows[k],
+                              nvalid, v0s[k]);
+        ops_zero(dln_k, (size_t)N * C);
+        matmul_backward(dln_k, sdw[k], NULL, sh[k].logits, sh[k].lnf, wte + (size_t)v0s[k] * C, N, C, rows[k]);
+        ops_add(dln_sum, dln_k, (size_t)N * C);  // f backward: the all-reduce's sum
+    }
+    float* dres_tp = mem_alloc_floats((size_t)N * C, MEM_OTHER);
+    float* dlnf_tp = mem_alloc_floats(2 * (size_t)C, MEM_OTHER);
+    layernorm_backward(dres_tp, dlnf_tp, dlnf_tp + C, dln_sum, x, lnf, sh[0].lnf_mean, sh[0].lnf_rstd, N, C);
+    double bwd = 0.0;
+    for (int i = 0; i < N * C; i++) bwd = fmax(bwd, fabs(dres_tp[i] - dres[i]));
+    for (int i = 0; i < 2 * C; i++) bwd = fmax(bwd, fabs(dlnf_tp[i] - dlnf[i]));
+    for (int k = 0; k < S; k++)
+        for (int i = 0; i < rows[k] * C; i++) bwd = fmax(bwd, fabs(sdw[k][i] - dwte[(size_t)v0s[k] * C + i]));
+    check(bwd < 1e-6, "tp head: dres, dlnfw, dlnfb and every shard's dwte rows equal head_backward's",
+          "max |diff| %g", bwd);
+    float* all[] = {wte, lnf, x, hbuf, dwte, dlnf, dln, dres, partials, losses, dln_sum, dln_k, dres_tp, dlnf_tp,
+                    sbuf[0], sbuf[1], sbuf[2], sdw[0], sdw[1], sdw[2]};
+    for (size_t i = 0; i < sizeof(all) / sizeof(all[0]); i++) mem_free(all[i]);
+    mem_free(targets);
+    free(host);
+}
+
 int main(void) {
     test_whole_model_gradient();
     test_loss_at_init_and_overfit();
@@ -653,5 +988,9 @@ int main(void) {
     test_split_block_backward();
     test_split_head_backward();
     test_split_model_backward();
+    test_tp_layouts();
+    test_tiles();
+    test_tp_block();
+    test_tp_head();
     return test_exit_code();
 }

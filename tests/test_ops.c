@@ -276,6 +276,78 @@ static void test_encoder(void) {
     dev_free_all();
 }
 
+// ================================================================ vocabulary-parallel encoder
+// The embedding split over vocabulary rows (tensor parallelism): each shard
+// looks up only the tokens it holds, one shard adds wpe, and the sum over the
+// shards must be encoder_forward's output; the shards' backward must be the
+// matching rows of encoder_backward's dwte, and every shard's dwpe the whole
+// dwpe. Shards of 3, 3 and 1 rows (uneven, as a vocabulary tp does not divide).
+static void test_encoder_vocab(void) {
+    enum { B = 2, T = 3, C = 5, V = 7, N = B * T, S = 3 };
+    const int v0s[S] = {0, 3, 6}, rows[S] = {3, 3, 1};
+    const int tokens[N] = {3, 1, 3, 6, 0, 5};
+    float wte[V * C], wpe[T * C], r[N * C];
+    fill(wte, V * C, 1.0);
+    fill(wpe, T * C, 1.0);
+    fill(r, N * C, 1.0);
+    int* tokens_dev = dev_copy_int(tokens, N);
+    float* wte_dev = dev_copy(wte, V * C);
+    float* wpe_dev = dev_copy(wpe, T * C);
+    float* r_dev = dev_copy(r, N * C);
+    // the full op
+    float full[N * C], dwte[V * C], dwpe[T * C];
+    float* full_dev = dev_zeros(N * C);
+    float* dwte_dev = dev_zeros(V * C);
+    float* dwpe_dev = dev_zeros(T * C);
+    encoder_forward(full_dev, tokens_dev, wte_dev, wpe_dev, B, T, C);
+    encoder_backward(dwte_dev, dwpe_dev, r_dev, tokens_dev, B, T, C);
+    to_host(full, full_dev, N * C);
+    to_host(dwte, dwte_dev, V * C);
+    to_host(dwpe, dwpe_dev, T * C);
+    // the shards: forward outputs summed with ops_add (the all-reduce's sum)
+    float sum[N * C], shard_dwte[V * C], part[N * C], dwpe_s[T * C];
+    float* sum_dev = dev_zeros(N * C);
+    float* part_dev = dev_zeros(N * C);
+    int zero_rows_ok = 1;
+    double dwpe_err = 0.0;
+    for (int k = 0; k < S; k++) {
+        encoder_forward_vocab(part_dev, tokens_dev, wte_dev + v0s[k] * C, k == 0 ? wpe_dev : NULL, B, T, C,
+                              v0s[k], rows[k]);
+        to_host(part, part_dev, N * C);
+        // a token this shard does not hold contributes exactly zero (shards
+        // other than the first add no wpe)
+        for (int n = 0; n < N; n++) {
+            int held = tokens[n] >= v0s[k] && tokens[n] < v0s[k] + rows[k];
+            for (int c = 0; c < C && k > 0; c++)
+                zero_rows_ok &= held ? part[n * C + c] == wte[tokens[n] * C + c] : part[n * C + c] == 0.0f;
+        }
+        ops_add(sum_dev, part_dev, N * C);
+        float* dw_dev = dev_zeros(rows[k] * C);
+        float* dp_dev = dev_zeros(T * C);
+        encoder_backward_vocab(dw_dev, dp_dev, r_dev, tokens_dev, B, T, C, v0s[k], rows[k]);
+        to_host(shard_dwte + v0s[k] * C, dw_dev, rows[k] * C);
+        to_host(dwpe_s, dp_dev, T * C);
+        dwpe_err = fmax(dwpe_err, rel_err_ff(dwpe_s, dwpe, T * C));
+    }
+    to_host(sum, sum_dev, N * C);
+    check(zero_rows_ok, "encoder_forward_vocab: held tokens give their row, others exactly 0",
+          "a shard wrote a row it does not hold");
+    check_err("encoder_forward_vocab summed over 3 uneven shards equals encoder_forward",
+              rel_err_ff(sum, full, N * C), FWD_TOL);
+    check_err("encoder_backward_vocab shards' dwte equal encoder_backward's rows",
+              rel_err_ff(shard_dwte, dwte, V * C), FWD_TOL);
+    check_err("encoder_backward_vocab dwpe on every shard equals encoder_backward's", dwpe_err, FWD_TOL);
+    // accumulates, and a NULL gradient is skipped
+    float pre[3 * C], got[3 * C];
+    fill(pre, 3 * C, 1.0);
+    float* acc_dev = dev_copy(pre, 3 * C);
+    encoder_backward_vocab(acc_dev, NULL, r_dev, tokens_dev, B, T, C, 3, 3);
+    to_host(got, acc_dev, 3 * C);
+    check_err("encoder_backward_vocab accumulates (dwpe NULL)", accum_err(got, pre, shard_dwte + 3 * C, 3 * C),
+              ACC_TOL);
+    dev_free_all();
+}
+
 // ================================================================ layernorm
 // GPT-2 / llm.c layernorm: biased variance, eps = 1e-5 inside the sqrt.
 static void layernorm_ref(double* out, double* mean, double* rstd, const double* inp,
@@ -1725,6 +1797,7 @@ int main(int argc, char** argv) {
     const char* device = device_init(0);
     if (verbose) printf("# device: %s\n", device);
     test_encoder();
+    test_encoder_vocab();
     test_layernorm();
     test_matmul();
     test_attention();

@@ -43,6 +43,32 @@ void encoder_backward(float* dwte, float* dwpe, const float* dout, const int* to
     }
 }
 
+void encoder_forward_vocab(float* out, const int* tokens, const float* wte_shard,
+                           const float* wpe, int B, int T, int C, int v0, int nrows) {
+    #pragma omp parallel for
+    for (int n = 0; n < B * T; n++) {
+        int row = tokens[n] - v0;
+        const float* wt = row >= 0 && row < nrows ? wte_shard + (size_t)row * C : NULL;
+        const float* wp = wpe ? wpe + (size_t)(n % T) * C : NULL;
+        float* o = out + (size_t)n * C;
+        for (int c = 0; c < C; c++) o[c] = (wt ? wt[c] : 0.0f) + (wp ? wp[c] : 0.0f);
+    }
+}
+
+void encoder_backward_vocab(float* dwte_shard, float* dwpe, const float* dout,
+                            const int* tokens, int B, int T, int C, int v0, int nrows) {
+    // as encoder_backward: parallel over channels, so a repeated token never races
+    #pragma omp parallel for
+    for (int c = 0; c < C; c++) {
+        for (int n = 0; n < B * T; n++) {
+            float d = dout[(size_t)n * C + c];
+            int row = tokens[n] - v0;
+            if (dwte_shard && row >= 0 && row < nrows) dwte_shard[(size_t)row * C + c] += d;
+            if (dwpe) dwpe[(size_t)(n % T) * C + c] += d;
+        }
+    }
+}
+
 // ---------------------------------------------------------------- layernorm
 
 void layernorm_forward(float* out, float* mean, float* rstd, const float* inp,

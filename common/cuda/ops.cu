@@ -174,6 +174,48 @@ extern "C" void encoder_backward(float* dwte, float* dwpe, const float* dout, co
     KERNEL_CHECK();
 }
 
+// The vocabulary-parallel twins: a token outside [v0, v0 + nrows) reads (and
+// writes) no row of the shard; wpe / dwpe may be NULL.
+__global__ void encoder_forward_vocab_kernel(float* out, const int* tokens, const float* wte_shard,
+                                             const float* wpe, int N, int T, int C, int v0, int nrows) {
+    FOR_EACH_INDEX(i, (size_t)N * C) {
+        int n = (int)(i / C), c = (int)(i % C);
+        int row = tokens[n] - v0;
+        float wt = row >= 0 && row < nrows ? wte_shard[(size_t)row * C + c] : 0.0f;
+        float wp = wpe ? wpe[(size_t)(n % T) * C + c] : 0.0f;
+        out[i] = wt + wp;
+    }
+}
+
+extern "C" void encoder_forward_vocab(float* out, const int* tokens, const float* wte_shard,
+                                      const float* wpe, int B, int T, int C, int v0, int nrows) {
+    size_t n = (size_t)B * T * C;
+    if (n == 0) return;
+    encoder_forward_vocab_kernel<<<grid_for(n), THREADS, 0, cuda_compute_stream>>>(
+        out, tokens, wte_shard, wpe, B * T, T, C, v0, nrows);
+    KERNEL_CHECK();
+}
+
+__global__ void encoder_backward_vocab_kernel(float* dwte_shard, float* dwpe, const float* dout,
+                                              const int* tokens, int N, int T, int C, int v0, int nrows) {
+    int c = blockIdx.x * blockDim.x + threadIdx.x;
+    if (c >= C) return;
+    for (int n = 0; n < N; n++) {
+        float d = dout[(size_t)n * C + c];
+        int row = tokens[n] - v0;
+        if (dwte_shard && row >= 0 && row < nrows) dwte_shard[(size_t)row * C + c] += d;
+        if (dwpe) dwpe[(size_t)(n % T) * C + c] += d;
+    }
+}
+
+extern "C" void encoder_backward_vocab(float* dwte_shard, float* dwpe, const float* dout,
+                                       const int* tokens, int B, int T, int C, int v0, int nrows) {
+    if ((!dwte_shard && !dwpe) || B * T == 0 || C == 0) return;
+    encoder_backward_vocab_kernel<<<(C + THREADS - 1) / THREADS, THREADS, 0, cuda_compute_stream>>>(
+        dwte_shard, dwpe, dout, tokens, B * T, T, C, v0, nrows);
+    KERNEL_CHECK();
+}
+
 // ---------------------------------------------------------------- layernorm
 
 // One block per row n.

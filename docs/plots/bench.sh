@@ -15,6 +15,8 @@
 #                              batch 16; dp=2 batch 8 is ch2_overlapped_dp2)
 #   ch3_zeroZ_dpN              chapter 3, --zero 1, 2, 3 at dp = 2 and 4, and ZeRO-3 at
 #                              dp = 1 (memory per rank against N = 1, 2, 4)
+#   ch4_tpT_dpD                chapter 4 (ZeRO-3 over dp): (tp, dp) = (1, 2), (2, 1),
+#                              (1, 4), (2, 2), (3, 1): tp x dp ranks against chapter 3
 #
 # A chapter's runs are in the sweep only if its binary ($BIN/chapter-N) exists.
 # Each run first writes a temporary file and replaces the old one only when it
@@ -85,6 +87,15 @@ if have 3; then
     done
 else skipped="$skipped 3"; fi
 
+if have 4; then
+    # tensor parallelism against FSDP at the same rank count: tp = 1 is
+    # chapter 3's ZeRO-3 run through chapter 4; small's 6 heads split over
+    # tp = 1, 2, 3 (not 4)
+    for mesh in "2 1" "1 2" "4 1" "2 2" "1 3"; do
+        set -- $mesh
+        add ch4_tp$2_dp$1 $(($1 * $2)) "$BIN/chapter-4" --dp $1 --tp $2 $TRAIN
+    done
+else skipped="$skipped 4"; fi
 if have 5; then
     # chapter 5: each schedule on pp=2 (small's 6 layers: 3 per stage), 4
     # microbatches of 2 sequences; 1F1B on pp=4 (2,2,1,1 layers) and dp x pp
