@@ -34,7 +34,8 @@ LDLIBS  := -lm
 
 COMMON_SRC := common/common.c common/memory.c common/model.c common/init.c \
               common/checkpoint.c common/data.c common/mesh.c common/runtime.c \
-              common/args.c common/report.c common/train.c common/comm_count.c common/paths.c
+              common/args.c common/report.c common/train.c common/comm_count.c common/paths.c \
+              common/trace.c
 
 ifeq ($(BACKEND),cpu)
   BIN := build
