@@ -7,6 +7,7 @@
 #   make bench-ref     the reference's speed on the small model (one rank)
 #   make bench, plots  the sweep over chapters and its plots in build/plots/ (docs/plots/plots.mk)
 #   make docs-plots    redraws the docs' figures, docs/plots/*.png, from docs/plots/data/
+#   make timeline TRACE=FILE.json   a --trace file as a Gantt chart PNG (docs/tracing.md)
 #   make setup         install the Debian packages (as root) or print the line
 #   make fuzz          fuzz the file loaders (libFuzzer, FUZZ_SECONDS each)
 #   make clean
@@ -147,6 +148,14 @@ test:
 docs-check:
 	@$(MAKE) --no-print-directory BACKEND=cpu all
 	@python3 tests/docs_check.py
+
+# A --trace file as a Gantt chart: compute, communication and waiting per
+# rank (docs/tracing.md). STEPS=FIRST:LAST picks the steps (default: the first
+# two timed ones); OUT defaults to the trace's name with .png.
+.PHONY: timeline
+timeline:
+	@test -n "$(TRACE)" || { echo "usage: make timeline TRACE=FILE.json [OUT=FILE.png] [STEPS=1:2]"; exit 2; }
+	@python3 docs/plots/timeline.py "$(TRACE)" "$(or $(OUT),$(basename $(TRACE)).png)" "$(STEPS)" "$(TITLE)"
 
 # ---------------------------------------------------------------- running
 setup:
