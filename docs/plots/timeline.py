@@ -3,8 +3,8 @@
 
 usage: timeline.py TRACE.json OUT.png [FIRST:LAST] [TITLE]
 
-Two rows per rank: the host (what the rank's thread is doing: compute in
-blue, a recomputed forward in violet, the optimizer in teal, host work in a
+Two rows per rank: the host (what the rank's thread is doing: forward in
+light blue, backward in blue, a recomputed forward in violet, the optimizer in teal, host work in a
 non-blocking start or test in orange, blocked waiting in red) and the
 collectives in flight (green: started, not yet completed; overlapping ones
 stack up darker). Steps FIRST..LAST (rank 0's step spans) are drawn; the
@@ -17,7 +17,8 @@ import sys
 import tempfile
 
 COLORS = {  # kind -> (rgb, legend)
-    "compute": (0x4477AA, "compute"),
+    "forward": (0x88BBEE, "forward"),
+    "compute": (0x3366AA, "backward"),
     "recompute": (0xAA66CC, "recompute (forward again)"),
     "optimizer": (0x228833, "optimizer"),
     "comm": (0xEE7733, "comm start/test (host)"),
@@ -66,14 +67,16 @@ def main(argv):
             if t1 < t_lo or t0 > t_hi:
                 continue
             kind = e["cat"]
-            if kind == "compute" and "recompute" in e["name"]:
+            if kind == "compute" and "forward" in e["name"]:
+                kind = "forward"
+            elif kind == "compute" and "recompute" in e["name"]:
                 kind = "recompute"
             elif kind == "compute" and e["name"] == "optimizer":
                 kind = "optimizer"
             # rank r: host row at y = 2r + 1, in-flight row at 2r + 0.35
             y, h = (2 * len(ranks) - 2 * r - 1, 0.4) if kind != "inflight" else (2 * len(ranks) - 2 * r - 1.6, 0.25)
             # nested spans draw after their parents, so the innermost shows
-            depth = {"compute": 0, "optimizer": 0, "recompute": 1, "comm": 2, "wait": 2, "inflight": 0}[kind]
+            depth = {"forward": 0, "compute": 0, "optimizer": 0, "recompute": 1, "comm": 2, "wait": 2, "inflight": 0}[kind]
             rows.append((depth, (t0 - t_lo) / 1000.0, (t1 - t_lo) / 1000.0, y, h, COLORS[kind][0]))
     rows.sort()
     with tempfile.TemporaryDirectory() as tmp:
