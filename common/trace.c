@@ -148,8 +148,7 @@ void trace_finish(void) {
     MPI_CHECK(MPI_Comm_rank(MPI_COMM_WORLD, &rank));
     MPI_CHECK(MPI_Comm_size(MPI_COMM_WORLD, &world));
     assign_rows();
-    // spans before negative times cannot happen (t0 is taken first), and a
-    // span's own order is kept: sorted by start, the nesting reads top-down
+    // sorted by start (assign_rows), so each rank's events read top-down
     CHECK(n_spans * sizeof(Span) <= (size_t)2147483647, "too many trace spans (%zu) to gather", n_spans);
     int mine = (int)(n_spans * sizeof(Span));
     int* counts = rank == 0 ? xmalloc(sizeof(int) * world) : NULL;
@@ -190,9 +189,9 @@ void trace_finish(void) {
     free(counts);
     free(displs);
     fail_if_any(failed, msg);
-    size_t total_spans = 0, n = n_spans;
-    MPI_CHECK(MPI_Reduce(&n, &total_spans, 1, MPI_UNSIGNED_LONG, MPI_SUM, 0, MPI_COMM_WORLD));
-    print0("trace: %zu spans of %d rank%s in %s (chrome://tracing, ui.perfetto.dev, make timeline TRACE=%s)\n",
+    unsigned long long total_spans = 0, n = n_spans;
+    MPI_CHECK(MPI_Reduce(&n, &total_spans, 1, MPI_UNSIGNED_LONG_LONG, MPI_SUM, 0, MPI_COMM_WORLD));
+    print0("trace: %llu spans of %d rank%s in %s (chrome://tracing, ui.perfetto.dev, make timeline TRACE=%s)\n",
            total_spans, world, world == 1 ? "" : "s", path_, path_);
     free(spans);
     spans = NULL;
