@@ -3,6 +3,9 @@
 #   make all           every chapter and the tools
 #   make test          every test; ends with "N passed, N failed, N skipped"
 #   make docs-check    the docs' code references, links and quoted figures (docs/TEMPLATE.md)
+#   make test CHAPTER=N   only chapter N's tests (tests/chapter_N.sh: its mesh,
+#                      invariant, accounting, error and --help cases);
+#                      CHAPTER=unit, plots or gpu runs that script (tests/run.sh)
 #   make demo          set-up, then train the small model and print a sample
 #   make bench-ref     the reference's speed on the small model (one rank)
 #   make bench, plots  the sweep over chapters and its plots in build/plots/ (docs/plots/plots.mk)
@@ -10,11 +13,16 @@
 #   make timeline TRACE=FILE.json   a --trace file as a Gantt chart PNG (docs/tracing.md)
 #   make setup         install the Debian packages (as root) or print the line
 #   make fuzz          fuzz the file loaders (libFuzzer, FUZZ_SECONDS each)
+#   make sanitize      the tiny tests under ASan and UBSan (build/sanitize/)
+#   OPT, CFLAGS, CUDA_ARCH: a change rebuilds everything (flags.stamp)
 #   make clean
 #
 #   BACKEND=cpu    C + OpenMP + OpenBLAS, collectives over MPI; binaries in build/
 #   BACKEND=cuda   CUDA + cuBLAS, collectives over NCCL; binaries in build/cuda/
 #   The default is cuda where nvidia-smi lists a GPU and nvcc exists, else cpu.
+
+# Everything built goes under BUILD (make sanitize builds into its own).
+BUILD ?= build
 
 HAVE_GPU := $(shell nvidia-smi -L 2>/dev/null | grep -c '^GPU' || true)
 HAVE_NVCC := $(shell command -v nvcc 2>/dev/null || ls /usr/local/cuda/bin/nvcc 2>/dev/null)
@@ -39,7 +47,7 @@ COMMON_SRC := common/common.c common/memory.c common/model.c common/init.c \
               common/trace.c
 
 ifeq ($(BACKEND),cpu)
-  BIN := build
+  BIN := $(BUILD)
   # OpenBLAS, the OpenMP build: one thread pool shared with our OpenMP loops,
   # and single-threaded when called inside a parallel region (attention heads)
   MULTIARCH := $(shell gcc -print-multiarch 2>/dev/null)
@@ -57,7 +65,7 @@ else ifeq ($(BACKEND),cuda)
   ifeq ($(HAVE_NVCC),)
     $(error BACKEND=cuda needs nvcc (the CUDA Toolkit): put it on PATH or in /usr/local/cuda/bin, or build with BACKEND=cpu)
   endif
-  BIN := build/cuda
+  BIN := $(BUILD)/cuda
   CUDA_HOME ?= $(patsubst %/bin/nvcc,%,$(HAVE_NVCC))
   NVCC      ?= $(CUDA_HOME)/bin/nvcc
   CUDA_ARCH ?=
@@ -73,9 +81,15 @@ else
   $(error BACKEND=$(BACKEND): choose cpu or cuda)
 endif
 
-OBJ := build/obj/$(BACKEND)
+OBJ := $(BUILD)/obj/$(BACKEND)
 COMMON_OBJ := $(patsubst %.c,$(OBJ)/%.o,$(COMMON_SRC) $(BACKEND_C)) \
               $(patsubst %.cu,$(OBJ)/%.o,$(BACKEND_CU))
+
+# The flags are part of every object: a stamp file holds them and changes
+# (so everything rebuilds) only when they do, e.g. a new OPT or CUDA_ARCH.
+FLAGS_STAMP := $(OBJ)/flags.stamp
+FLAGS_NOW := $(CC) $(CFLAGS) | $(NVCC) $(NVCCFLAGS) | $(LDLIBS)
+$(shell mkdir -p $(OBJ) && (echo '$(FLAGS_NOW)' | cmp -s - $(FLAGS_STAMP) || echo '$(FLAGS_NOW)' > $(FLAGS_STAMP)))
 
 # ---------------------------------------------------------------- chapters
 # Every NN_name/main.c that exists becomes chapter-N. Every other
@@ -101,7 +115,7 @@ $(OBJ)/$(1)/%.o: CFLAGS += $(patsubst %,-I%,$(sort $(dir $(call chapter_modules,
 endef
 $(foreach d,$(CHAPTER_DIRS),$(eval $(call CHAPTER_RULE,$(d))))
 
-.PHONY: all modules test tests tools demo bench-ref setup clean docs-check fuzz
+.PHONY: all modules test tests tools demo bench-ref setup clean docs-check fuzz sanitize
 all: $(addprefix chapter-,$(CHAPTERS)) modules tools
 
 # every module compiles, linked by a chapter or not yet
@@ -112,25 +126,25 @@ $(BIN)/tokenize: $(OBJ)/common/tools/tokenize.o $(COMMON_OBJ)
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) -o $@ $^ $(LDLIBS)
 
-$(OBJ)/%.o: %.c
+$(OBJ)/%.o: %.c $(FLAGS_STAMP)
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) -c -o $@ $<
 
-$(OBJ)/%.o: %.cu
+$(OBJ)/%.o: %.cu $(FLAGS_STAMP)
 	@mkdir -p $(dir $@)
 	$(NVCC) $(NVCCFLAGS) -c -o $@ $<
 
 # ---------------------------------------------------------------- tests
 # The CPU tests always run on the CPU build; GPU tests run where a GPU is.
-TESTS := test_ops test_model test_data test_fsdp
+TESTS := test_ops test_model test_data test_fsdp test_comm
 # test_fsdp tests chapter 3's engine: it links the module (an MPI program)
-build/tests/test_fsdp: build/obj/cpu/03_fsdp/fsdp.o
-build/obj/cpu/tests/test_fsdp.o: CFLAGS += -I03_fsdp
-tests: $(addprefix build/tests/,$(TESTS))
-build/tests/%: build/obj/cpu/tests/%.o $(patsubst %.c,build/obj/cpu/%.o,$(COMMON_SRC) common/cpu/ops.c common/cpu/device.c common/cpu/comm.c)
+$(BUILD)/tests/test_fsdp: $(BUILD)/obj/cpu/03_fsdp/fsdp.o
+$(BUILD)/obj/cpu/tests/test_fsdp.o: CFLAGS += -I03_fsdp
+tests: $(addprefix $(BUILD)/tests/,$(TESTS))
+$(BUILD)/tests/%: $(BUILD)/obj/cpu/tests/%.o $(patsubst %.c,$(BUILD)/obj/cpu/%.o,$(COMMON_SRC) common/cpu/ops.c common/cpu/device.c common/cpu/comm.c)
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) -o $@ $^ $(LDLIBS)
-build/obj/cpu/tests/%.o: CFLAGS += -Itests
+$(BUILD)/obj/cpu/tests/%.o: CFLAGS += -Itests
 ifeq ($(BACKEND),cuda)
 # the op tests on the CUDA backend (tests/run.sh runs them where a GPU is)
 $(BIN)/tests/test_ops: $(OBJ)/tests/test_ops.o $(COMMON_OBJ)
@@ -138,9 +152,11 @@ $(BIN)/tests/test_ops: $(OBJ)/tests/test_ops.o $(COMMON_OBJ)
 	$(CC) $(CFLAGS) -o $@ $^ $(LDLIBS)
 endif
 
+# tests/run.sh runs tests/unit.sh, every tests/chapter_N.sh, plots.sh, gpu.sh;
+# with CHAPTER=N only tests/chapter_N.sh (a word W: tests/W.sh)
 test:
 	@$(MAKE) --no-print-directory BACKEND=cpu all tests
-	@bash tests/run.sh
+	@bash tests/run.sh $(CHAPTER)
 
 # Every `path:N` reference, relative link and `<!-- check: CMD -->` figure of
 # README.md and docs/*.md (docs/TEMPLATE.md says what is checked); make test
@@ -171,6 +187,14 @@ demo: setup
 bench-ref: all
 	bash tests/mpirun.sh -np 1 $(BIN)/chapter-0 --model small --steps 12 --log build/bench-ref.jsonl
 
+# The tiny tests under AddressSanitizer and UBSan, built into build/sanitize/
+# (the flags are in the objects' stamp, so a sanitized build never mixes with
+# the normal one).
+SANITIZE_OPT := -O1 -g -fno-omit-frame-pointer -fsanitize=address,undefined -fno-sanitize-recover=undefined
+sanitize:
+	@$(MAKE) --no-print-directory BACKEND=cpu BUILD=build/sanitize OPT='$(SANITIZE_OPT)' all tests
+	@BUILD=build/sanitize bash tests/sanitize.sh
+
 # Fuzz the loaders a user feeds files to (checkpoint, token file, text) with
 # libFuzzer for FUZZ_SECONDS each (installs clang as root; not part of test).
 fuzz:
@@ -182,4 +206,4 @@ fuzz:
 clean:
 	rm -rf build
 
--include $(shell find build/obj -name '*.d' 2>/dev/null)
+-include $(shell find $(BUILD)/obj -name '*.d' 2>/dev/null)

@@ -1,6 +1,7 @@
 // test.h: the smallest test harness that can fail.
 // Each CHECK prints one line, "PASS name" or "FAIL name: why", which the runner
-// (tests/run.sh) counts; a test program exits non-zero when any check failed.
+// (run_program in tests/lib.sh) counts; a test program exits non-zero when any
+// check failed.
 #ifndef TEST_H
 #define TEST_H
 

@@ -1686,10 +1686,10 @@ static void test_backward_halves(void) {
     layernorm_forward(out_dev, mean_dev, rstd_dev, inp_dev, lw_dev, lb_dev, N, C);
     float* li1_dev = dev_copy(pre_i, N * C);
     float* lw1_dev = dev_copy(pre_w, C);
-    float* lb1_dev = dev_copy(pre_b, C);
+    float* lb1_dev = dev_copy(pre_w + C, C);  // pre_b has only OC < C floats
     float* li2_dev = dev_copy(pre_i, N * C);
     float* lw2_dev = dev_copy(pre_w, C);
-    float* lb2_dev = dev_copy(pre_b, C);
+    float* lb2_dev = dev_copy(pre_w + C, C);
     layernorm_backward(li1_dev, lw1_dev, lb1_dev, ldout_dev, inp_dev, lw_dev, mean_dev, rstd_dev, N, C);
     layernorm_backward(li2_dev, NULL, NULL, ldout_dev, inp_dev, lw_dev, mean_dev, rstd_dev, N, C);
     layernorm_backward(NULL, lw2_dev, lb2_dev, ldout_dev, inp_dev, NULL, mean_dev, rstd_dev, N, C);

@@ -2,7 +2,7 @@
 # test_plots.sh: the plotting pipeline end to end, on a small fixture written by
 # the built programs themselves (so a field the programs stop writing, or a
 # broken extractor or gnuplot script, fails here). Prints PASS/FAIL/SKIP lines;
-# tests/run.sh counts them. Takes ~10-20 s.
+# tests/plots.sh counts them. Takes ~10-20 s.
 #
 #   1. chapter 0 (tiny, 3 steps), chapter 2 (dp 2, tiny, 3 steps), chapter 3 if
 #      built (ZeRO-3, dp 2), chapter 1 (--bench up to 1 KiB) log JSONL files;

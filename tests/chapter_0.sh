@@ -1,0 +1,144 @@
+#!/bin/bash
+# Chapter 0: the mesh and the reference trainer (and the tokenizer), bad
+# input ending every rank with one message, --help.
+. "$(dirname "$0")/lib.sh"
+
+echo "== chapter 0: the mesh"
+# np, flags, a group line the picture must show
+mesh_case() {
+    local np=$1 flags=$2 expect=$3
+    mpi_run $T_SHORT "$np" "$BUILD/chapter-0" $flags --steps 0
+    if [ $RC -eq 0 ] && echo "$OUT" | grep -q "mesh check: the sum of ranks along every axis matches" &&
+        echo "$OUT" | grep -qF -- "$expect"; then
+        pass "mesh on $np ranks ($flags) checks out and shows '$expect'"
+    else
+        fail "mesh on $np ranks ($flags)" "exit $RC; command: $CMD; output: $(echo "$OUT" | head -20)"
+    fi
+}
+mesh_case 1 "" "rank 0 holds the whole model"
+mesh_case 2 "--dp 2" "dp groups: {0,1}"
+mesh_case 2 "--tp 2" "tp groups: {0,1}"
+mesh_case 4 "--dp 2 --tp 2" "dp groups: {0,2} {1,3}"
+mesh_case 4 "--dp 2 --tp 2" "tp groups: {0,1} {2,3}"
+mesh_case 4 "--pp 2 --dp 2" "pp groups: {0,2} {1,3}"
+mesh_case 4 "--pp 4" "pp groups: {0,1,2,3}"
+mesh_case 6 "--dp 3 --tp 2" "dp groups: {0,2,4} {1,3,5}"
+mesh_case 6 "--pp 2 --cp 3" "cp groups: {0,1,2} {3,4,5}"
+mesh_case 6 "--dp 2 --ep 3" "ep groups: {0,1,2} {3,4,5}"
+
+echo "== chapter 0: the reference trainer"
+log1=$TEST_TMPDIR/ref1.jsonl
+log2=$TEST_TMPDIR/ref2.jsonl
+mpi_run $T_RUN 1 "$BUILD/chapter-0" --steps 12 --peak-gflops 10 --log "$log1"
+if [ $RC -eq 0 ] && [ "$(grep -c '"type":"step"' "$log1")" = 12 ] && grep -q '"type":"summary"' "$log1"; then
+    pass "reference: 12 steps on the default corpus write 12 step records and a summary"
+else
+    fail "reference: 12 steps" "exit $RC; command: $CMD; $(echo "$OUT" | tail -5)"
+fi
+first=$(grep '"type":"step"' "$log1" | head -1 | sed 's/.*"loss":\([0-9.]*\).*/\1/')
+last=$(grep '"type":"step"' "$log1" | tail -1 | sed 's/.*"loss":\([0-9.]*\).*/\1/')
+if awk -v a="$first" -v b="$last" 'BEGIN { exit !(b < a - 0.3) }'; then
+    pass "reference: loss falls over 12 steps ($first -> $last)"
+else
+    fail "reference: loss falls" "first $first, last $last"
+fi
+for field in '"peak_bytes":{"params":\[' '"grads":\[' '"optimizer":\[' '"activations":\[' '"comm":\[' '"other":\[' '"tokens_per_s":' '"mfu":' '"mesh":{"dp":1'; do
+    if grep '"type":"summary"' "$log1" | grep -q "$field"; then
+        pass "reference: summary carries $field"
+    else
+        fail "reference: summary carries $field" "$(grep summary "$log1")"
+    fi
+done
+mpi_run $T_RUN 1 "$BUILD/chapter-0" --steps 12 --peak-gflops 10 --log "$log2"
+if [ "$(grep '"type":"step"' "$log1" | sed 's/,"ms".*//')" = "$(grep '"type":"step"' "$log2" | sed 's/,"ms".*//')" ]; then
+    pass "reference: two runs give bit-identical losses"
+else
+    fail "reference: two runs give bit-identical losses" "losses differ; command: $CMD"
+fi
+# save, then load the saved file as the model: the loaded model has the same
+# validation loss as the one that was saved
+ref_checkpoint
+saved=$(grep 'val loss' "$CKPT_OUT" | tail -1 | sed 's/.*val loss //')
+mpi_run $T_RUN 1 "$BUILD/chapter-0" --model "$CKPT" --steps 0 --peak-gflops 10
+loaded=$(echo "$OUT" | grep 'val loss' | tail -1 | sed 's/.*val loss //')
+if [ -f "$CKPT" ] && [ -n "$saved" ] && [ "$saved" = "$loaded" ]; then
+    pass "reference: a saved checkpoint loads back with the same validation loss ($loaded)"
+else
+    fail "reference: save and load" "val loss when saved '$saved', after loading '$loaded' ($CMD)"
+fi
+
+# a text file turned into token files trains exactly like the text file itself
+head -c 200000 /usr/share/games/fortunes/fortunes > "$TEST_TMPDIR/corpus.txt"
+"$BUILD/tokenize" "$TEST_TMPDIR/corpus.txt" "$TEST_TMPDIR/corpus" >/dev/null
+mpi_run $T_SHORT 1 "$BUILD/chapter-0" --data "$TEST_TMPDIR/corpus.txt" --steps 3 --peak-gflops 10
+from_text=$(echo "$OUT" | grep -E 'loss' | sed 's/|[^|]*ms.*//')
+mpi_run $T_SHORT 1 "$BUILD/chapter-0" --data "$TEST_TMPDIR/corpus_train.bin" --val "$TEST_TMPDIR/corpus_val.bin" --steps 3 --peak-gflops 10
+from_tokens=$(echo "$OUT" | grep -E 'loss' | sed 's/|[^|]*ms.*//')
+if [ -n "$from_text" ] && [ "$from_text" = "$from_tokens" ] && [ "$(echo "$from_text" | wc -l)" = 4 ]; then
+    pass "tokenize: token files from a text file give the same losses as the text file"
+else
+    fail "tokenize" "text: $from_text / tokens: $from_tokens"
+fi
+
+# --sample N prints N generated characters after training, then a newline.
+# Counted through a file: the byte-level sampler may emit a NUL, which a shell
+# variable would drop.
+mpi_run $T_SHORT 1 "$BUILD/chapter-0" --steps 2 --sample 50 --peak-gflops 10
+cp "$OUT_FILE" "$TEST_TMPDIR/sample.out"
+n=$(sed -n '/^sample (50 tokens):/,$p' "$TEST_TMPDIR/sample.out" | tail -n +2 | wc -c)
+if grep -q '^sample (50 tokens):' "$TEST_TMPDIR/sample.out" && [ "$n" = 51 ]; then
+    pass "--sample 50 prints a sample of 50 generated characters"
+else
+    fail "--sample 50" "$n bytes after the header, want 51; $(tail -4 "$TEST_TMPDIR/sample.out")"
+fi
+
+# the summary's MFU is tokens/s * flops/token / peak (docs/00_mesh.md, section
+# 6.2), in the log of the 3-step run that saved the checkpoint above
+mfu_log=$CKPT_LOG
+mfu_check=$(grep '"type":"summary"' "$mfu_log" | awk '{
+    match($0, /"tokens_per_s":[0-9.e+-]+/); tps = substr($0, RSTART + 15, RLENGTH - 15)
+    match($0, /"flops_per_token":[0-9.e+-]+/); fpt = substr($0, RSTART + 18, RLENGTH - 18)
+    match($0, /"peak_gflops":[0-9.e+-]+/); pk = substr($0, RSTART + 14, RLENGTH - 14)
+    match($0, /"mfu":[0-9.e+-]+/); mfu = substr($0, RSTART + 6, RLENGTH - 6)
+    want = tps * fpt / (pk * 1e9); d = mfu - want; if (d < 0) d = -d
+    printf "%s %.5f %.5f %s", (fpt + 0 == 786432 && pk + 0 == 10 && d <= 1e-5 + 1e-3 * want) ? "ok" : "bad", mfu, want, fpt }')
+if [ "${mfu_check%% *}" = ok ]; then
+    pass "summary: flops_per_token 786432 for tiny at T=64, mfu = tokens/s * flops/token / peak ($mfu_check)"
+else
+    fail "summary MFU" "${mfu_check:-no summary record}"
+fi
+
+echo "== chapter 0: errors: one message from rank 0, non-zero exit, no hang"
+bad_inputs
+error_case chapter-0 1 "--bogus 3" "unknown flag --bogus"
+error_case chapter-0 2 "--steps abc" "--steps needs an integer"
+error_case chapter-0 2 "--steps" "needs a value"
+error_case chapter-0 2 "--lr -1" "--lr must be positive"
+error_case chapter-0 2 "--dp 3" "has 3 ranks but mpirun started 2"
+error_case chapter-0 4 "--dp 2 --tp 4" "has 8 ranks but mpirun started 4"
+error_case chapter-0 1 "--model nosuch.bin" "cannot open checkpoint 'nosuch.bin'"
+error_case chapter-0 1 "--model $TEST_TMPDIR/text.bin" "not an llm.c GPT-2 checkpoint"
+error_case chapter-0 1 "--model $TEST_TMPDIR/truncated.bin" "truncated or corrupt"
+error_case chapter-0 1 "--data $TEST_TMPDIR/nosuch.txt" "cannot open data file"
+error_case chapter-0 1 "--data $TEST_TMPDIR" "Is a directory"
+error_case chapter-0 1 "--model $TEST_TMPDIR" "is not a regular file but a directory"
+error_case chapter-0 1 "--lr inf" "--lr needs a number, got 'inf'"
+error_case chapter-0 1 "--data $TEST_TMPDIR/short.txt" "fewer than one batch needs"
+error_case chapter-0 1 "--val $TEST_TMPDIR/short.txt" "too short for its 1024-byte header"
+error_case chapter-0 1 "--val $TEST_TMPDIR/text.bin" "not an llm.c token file"
+error_case chapter-0 1 "--seq 100" "longer than the model's 64 positions"
+error_case chapter-0 1 "--log /nonexistent-dir/x.jsonl" "cannot write --log '/nonexistent-dir/x.jsonl': its directory '/nonexistent-dir' does not exist"
+error_case chapter-0 1 "--save /nonexistent-dir/x.bin --steps 1" "cannot write --save '/nonexistent-dir/x.bin': its directory '/nonexistent-dir' does not exist"
+error_case chapter-0 3 "--steps 5" "mpirun started 3 ranks: give axis sizes whose product is 3"
+if [ -e /nonexistent-dir/x.bin ] || ls /nonexistent-dir 2>/dev/null | grep -q tmp; then
+    fail "errors: no partial checkpoint left behind" "found a file"
+else
+    pass "errors: no partial checkpoint left behind"
+fi
+
+echo "== chapter 0: --help"
+# the chapter and the tokenizer list their own flags and exit 0
+help_case chapter-0 "--dp N"
+help_case tokenize "OUTPUT_PREFIX"
+
+finish

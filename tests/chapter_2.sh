@@ -1,0 +1,96 @@
+#!/bin/bash
+# Chapter 2: data parallel. The invariant in every mode on 1 to 4 ranks, with
+# and without gradient accumulation, the accounting formulas, bad input, --help.
+. "$(dirname "$0")/lib.sh"
+
+echo "== chapter 2: data parallel"
+# the invariant: every mode, dp = 1..4, with and without gradient accumulation,
+# reproduces the reference's losses and gradient norms (the norm before
+# clipping, as chapter 0 logs it; TOL and TOL_NORM in tests/lib.sh); every run
+# ends with bit-identical replicas.
+dp_steps=$INV_STEPS; dp_B=$INV_BATCH; dp_T=$INV_SEQ
+reference "$INV_FLAGS"
+if [ "$(cat "$REF.rc")" = 0 ] && [ "$(grep -c '"type":"step"' "$REF")" = $dp_steps ]; then
+    pass "data parallel: the reference run (chapter 0, 10 steps, batch 24 x 32) writes 10 step records"
+else
+    fail "data parallel: the reference run" "exit $(cat "$REF.rc"); command: $(cat "$REF.cmd"); $(tail -3 "$REF.out")"
+fi
+# The expected accounting, from the doc's formulas, for the tiny model (Vp =
+# 256, C = 64, maxT = 64, L = 2, NH = 4) at T = 32 and --bucket-kb 64.
+dp_C=64; dp_L=2; dp_NH=4; dp_Vp=256; dp_maxT=64
+dp_P=$((dp_Vp * dp_C + dp_maxT * dp_C + dp_L * (12 * dp_C * dp_C + 13 * dp_C) + 2 * dp_C))  # 120,576
+dp_tensors=$((4 + 12 * dp_L))  # naive: one all-reduce per tensor per layer
+dp_bf=$((64 * 1024 / 4))       # floats per bucket
+dp_nb=$(( (dp_P + dp_bf - 1) / dp_bf ))
+# A bucket starts before backward ends when it lies wholly above a hook's
+# boundary other than the embedding's (0); the lowest such boundary is block
+# 0's first offset, just after wte and wpe. Bucket i is [max(P-(i+1)bf, 0), P-i*bf).
+dp_block0=$((dp_Vp * dp_C + dp_maxT * dp_C))
+dp_early=0
+for ((dp_i = 0; dp_i < dp_nb; dp_i++)); do
+    dp_lo=$((dp_P - (dp_i + 1) * dp_bf)); [ $dp_lo -lt 0 ] && dp_lo=0
+    [ $dp_lo -ge $dp_block0 ] && dp_early=$((dp_early + 1))
+done  # 6 of 8 buckets for tiny at 64 KiB
+# activation bytes of one sequence: chapter 0's formula (docs/00_mesh.md, section 5)
+dp_seq_acts=$((4 * dp_T * (dp_C + dp_L * (18 * dp_C + dp_NH * dp_T + 4) + (dp_C + dp_Vp + 6) + (13 * dp_C + dp_NH * dp_T) + dp_C + 2)))
+dp_rank0() {  # value N -> [value,0,...,0]: rank 0 alone holds it
+    local out=$1 i
+    for ((i = 1; i < $2; i++)); do out="$out,0"; done
+    echo "[$out]"
+}
+# dp_accounting MODE NP ACC LOG: the summary's counters and peaks = the formulas
+dp_accounting() {
+    local mode=$1 np=$2 acc=$3 log=$4 sum calls early opt comm want="" ok=1 n=$dp_steps
+    sum=$(grep '"type":"summary"' "$log")
+    case $mode in
+        naive) calls=$dp_tensors ;;
+        *) calls=$dp_nb ;;
+    esac
+    if [ $mode = ps ]; then
+        # one reduce and one broadcast of 4P per step; only rank 0 keeps AdamW
+        # state (8P) and the receive buffer (4P)
+        opt=$(dp_rank0 $((8 * dp_P)) $np)
+        comm=$(dp_rank0 $((4 * dp_P)) $np)
+        echo "$sum" | grep -qF "\"broadcast\":{\"dp\":{\"calls\":$(rank_array $n $np),\"bytes\":$(rank_array $((n * 4 * dp_P)) $np)," &&
+            echo "$sum" | grep -qF "\"reduce\":{\"dp\":{\"calls\":$(rank_array $n $np),\"bytes\":$(rank_array $((n * 4 * dp_P)) $np)," &&
+            ! echo "$sum" | grep -qF '"allreduce"' || ok=0
+        want="1 reduce and 1 broadcast of 4P bytes per step, AdamW state and receive buffer on rank 0 only"
+    else
+        opt=$(rank_array $((8 * dp_P)) $np)
+        comm=$(rank_array 0 $np)
+        echo "$sum" | grep -qF "\"allreduce\":{\"dp\":{\"calls\":$(rank_array $((n * calls)) $np),\"bytes\":$(rank_array $((n * 4 * dp_P)) $np)," || ok=0
+        want="$calls all-reduces per step, together 4P bytes"
+    fi
+    echo "$sum" | grep -qF "\"optimizer\":$opt,\"activations\":$(rank_array $((dp_seq_acts * dp_B / (np * acc))) $np),\"comm\":$comm," || ok=0
+    # only overlapped mode may start an all-reduce before backward has ended
+    early=0; [ $mode = overlapped ] && early=$dp_early
+    echo "$sum" | grep -qE "\"early_buckets_per_step\":$early[,}]" || ok=0
+    case $mode in
+        bucketed | overlapped) want="$want, $early of $dp_nb buckets started before backward ended" ;;
+    esac
+    if [ $ok = 1 ]; then
+        pass "data parallel $mode dp=$np grad-accum=$acc: $want; activations of $((dp_B / (np * acc))) sequences"
+    else
+        fail "data parallel $mode dp=$np grad-accum=$acc: accounting" "want $want, activations $((dp_seq_acts * dp_B / (np * acc))) per rank, early_buckets_per_step $early; got $(echo "$sum" | sed 's/.*"peak_bytes"://')"
+    fi
+}
+for mode in naive bucketed overlapped ps; do
+    for np in 1 2 3 4; do
+        for acc in 1 2; do
+            invariant --norm --expect "bit-identical on every rank" "data parallel $mode dp=$np grad-accum=$acc" \
+                "$INV_FLAGS" $np chapter-2 "--dp $np --dp-mode $mode --grad-accum $acc --bucket-kb 64"
+            dp_accounting $mode $np $acc "$INV_LOG"
+        done
+    done
+done
+
+echo "== chapter 2: errors and --help"
+bad_inputs
+error_case chapter-2 3 "--dp 3 --batch 4" "--batch 4 does not split over dp=3 ranks"
+error_case chapter-2 2 "--dp 2 --batch 4 --grad-accum 3" "use a batch divisible by 6"
+error_case chapter-2 2 "--dp 2 --dp-mode rings" "--dp-mode rings is not one of"
+error_case chapter-2 2 "--dp 2 --tp 1" "this chapter has no tp axis"
+error_case chapter-2 2 "--dp 2 --model $TEST_TMPDIR/truncated.bin" "truncated or corrupt"
+help_case chapter-2 "--dp-mode S"
+
+finish

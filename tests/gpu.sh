@@ -1,0 +1,130 @@
+#!/bin/bash
+# The GPU tests: the CUDA backend builds wherever nvcc is; the op tests, the
+# reference across backends, the collectives on NCCL and the chapter
+# invariants run where nvidia-smi lists a GPU and say "skipped" elsewhere.
+. "$(dirname "$0")/lib.sh"
+
+echo "== GPU"
+# The CUDA backend compiles and links wherever nvcc is; its tests run where
+# nvidia-smi lists a GPU and say "skipped" elsewhere.
+CUDA_BUILD=build/cuda
+nvcc_path=$(command -v nvcc 2>/dev/null || ls /usr/local/cuda/bin/nvcc 2>/dev/null)
+gpus=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU')
+cuda_built=0
+if [ -z "$nvcc_path" ]; then
+    skip "CUDA backend build" "nvcc not found"
+elif make --no-print-directory BACKEND=cuda all "$CUDA_BUILD/tests/test_ops" >"$TEST_TMPDIR/cuda-build.log" 2>&1; then
+    cuda_built=1
+    pass "CUDA backend compiles and links (make BACKEND=cuda all $CUDA_BUILD/tests/test_ops)"
+else
+    fail "CUDA backend build" "$(grep -E 'error|warning' "$TEST_TMPDIR/cuda-build.log" | head -5; tail -3 "$TEST_TMPDIR/cuda-build.log")"
+fi
+# the reason a GPU check cannot run here, or nothing when it can
+gpu_missing=""
+if [ "$gpus" = 0 ]; then gpu_missing="no GPU here (nvidia-smi -L lists none)"
+elif [ $cuda_built = 0 ]; then gpu_missing="the CUDA backend was not built (see above)"
+fi
+
+# every op against the double-precision reference, on the GPU
+if [ -z "$gpu_missing" ]; then
+    run_program "$CUDA_BUILD/tests/test_ops"
+else
+    skip "CUDA op tests ($CUDA_BUILD/tests/test_ops)" "$gpu_missing"
+fi
+
+# the reference invariant across backends: chapter 0, tiny model, 10 steps,
+# the same per-step losses on the GPU as on the CPU within 1e-4
+if [ -z "$gpu_missing" ]; then
+    reference "--steps 10 --peak-gflops 10"
+    cpu_losses=$(step_losses < "$REF.out")
+    mpi_run $T_RUN 1 "$CUDA_BUILD/chapter-0" --steps 10 --peak-gflops 10
+    gpu_out=$OUT
+    gpu_losses=$(echo "$gpu_out" | step_losses)
+    diff=$(paste <(echo "$cpu_losses") <(echo "$gpu_losses") | awk '
+        { n++; d = $1 - $2; if (d < 0) d = -d; if (d > max) max = d }
+        END { if (n == 10) printf "%.2e", max; else print "steps missing" }')
+    if [ "$(echo "$cpu_losses" | wc -l)" = 10 ] && [ "$(echo "$gpu_losses" | wc -l)" = 10 ] &&
+        awk -v d="$diff" 'BEGIN { exit !(d + 0 <= 1e-4 && d != "steps missing") }'; then
+        pass "chapter 0 on the GPU reproduces the CPU reference: 10 steps, max |dloss| $diff <= 1e-4"
+    else
+        fail "chapter 0 GPU vs CPU losses" "max |dloss| $diff; cpu: $(echo $cpu_losses); gpu: $(echo $gpu_losses); $(echo "$gpu_out" | grep -E '^error|rank' | head -3)"
+    fi
+else
+    skip "chapter 0 on the GPU vs the CPU reference (10 steps, 1e-4)" "$gpu_missing"
+fi
+
+# the collectives on NCCL: hand-written and library against the exact results
+for np in 1 2; do
+    if [ -n "$gpu_missing" ]; then
+        skip "chapter 1 --check on $np GPU rank(s)" "$gpu_missing"
+    elif [ "$gpus" -lt $np ]; then
+        skip "chapter 1 --check on $np GPU ranks" "$gpus GPU(s) here, one rank per GPU"
+    else
+        mpi_run 300 $np "$CUDA_BUILD/chapter-1" --check
+        if [ $RC -eq 0 ] && echo "$OUT" | grep -q "check summary: \([0-9]*\) of \1 collective runs match on $np ranks$"; then
+            pass "collectives on $np GPU rank(s), NCCL: $(echo "$OUT" | grep 'check summary' | sed 's/check summary: //')"
+        else
+            fail "collectives on $np GPU rank(s)" "exit $RC; command: $CMD; $(echo "$OUT" | grep -E 'FAIL|summary|error' | head -5)"
+        fi
+    fi
+done
+
+# the chapter invariants on the GPU: chapters 2 and 3 on 2 GPU ranks reproduce
+# chapter 0 on one GPU (same backend, so the same tolerance as on the CPU).
+# These runs exercise the stream and event ordering of the non-blocking
+# collectives (overlapped buckets, prefetched gathers).
+gpu_invariant() {  # name, chapter, flags
+    local name=$1 ch=$2 flags=$3 run cmp crc
+    if [ -n "$gpu_missing" ]; then skip "$name on 2 GPU ranks" "$gpu_missing"; return; fi
+    if [ "$gpus" -lt 2 ]; then skip "$name on 2 GPU ranks" "$gpus GPU(s) here, one rank per GPU"; return; fi
+    if [ ! -x "$CUDA_BUILD/chapter-$ch" ]; then skip "$name on 2 GPU ranks" "$CUDA_BUILD/chapter-$ch is not built"; return; fi
+    run=$TEST_TMPDIR/gpu_run.jsonl
+    rm -f "$run"
+    mpi_run 300 2 "$CUDA_BUILD/chapter-$ch" $flags $gpu_common --log "$run"
+    cmp=$(bash tests/compare_losses.sh "$gpu_ref" "$run" 3e-5 2>&1)
+    crc=$?
+    if [ $RC -eq 0 ] && [ $crc -eq 0 ]; then
+        pass "$name on 2 GPU ranks: chapter 0's GPU losses ($cmp)"
+    else
+        fail "$name on 2 GPU ranks" "exit $RC; $cmp; command: $CMD; $(echo "$OUT" | grep -E '^error|rank' | head -3)"
+    fi
+}
+gpu_common="--steps 10 --batch 24 --seq 32 --peak-gflops 10"
+gpu_ref=$TEST_TMPDIR/gpu_ref.jsonl
+if [ -z "$gpu_missing" ] && [ "$gpus" -ge 2 ]; then
+    mpi_run $T_RUN 1 "$CUDA_BUILD/chapter-0" $gpu_common --log "$gpu_ref"
+fi
+for mode in naive overlapped; do
+    gpu_invariant "chapter 2 $mode dp=2" 2 "--dp 2 --dp-mode $mode --bucket-kb 64"
+done
+gpu_invariant "chapter 2 overlapped dp=2 grad-accum=2" 2 "--dp 2 --dp-mode overlapped --bucket-kb 64 --grad-accum 2"
+for z in 1 2 3; do
+    pfs="1"
+    [ $z = 3 ] && pfs="0 1"
+    for pf in $pfs; do
+        gpu_invariant "chapter 3 ZeRO-$z dp=2 prefetch=$pf" 3 "--dp 2 --zero $z --prefetch $pf"
+    done
+done
+
+# without a GPU the CUDA build stops every rank with one clear message
+for np in 1 2; do
+    flags="--steps 1"
+    [ $np = 2 ] && flags="--dp 2 --steps 1"
+    if [ -z "$nvcc_path" ]; then
+        skip "CUDA build without a GPU on $np rank(s)" "nvcc not found"
+    elif [ "$gpus" != 0 ]; then
+        skip "CUDA build without a GPU on $np rank(s)" "this machine has a GPU"
+    elif [ $cuda_built = 0 ]; then
+        skip "CUDA build without a GPU on $np rank(s)" "the CUDA backend was not built (see above)"
+    else
+        mpi_run --may-fail $T_SHORT $np "$CUDA_BUILD/chapter-0" $flags
+        n=$(echo "$OUT" | grep -c '^error: ')
+        if [ $RC -ne 0 ] && ! timed_out && [ "$n" = 1 ] && echo "$OUT" | grep -q '^error: no CUDA GPU found'; then
+            pass "CUDA build without a GPU on $np rank(s): exit $RC, one line '$(echo "$OUT" | grep '^error: ' | cut -c1-60)...'"
+        else
+            fail "CUDA build without a GPU on $np rank(s)" "exit $RC (124 = hang), $n error lines; command: $CMD; $(echo "$OUT" | head -4)"
+        fi
+    fi
+done
+
+finish

@@ -1,0 +1,104 @@
+#!/bin/bash
+# Hardening: a diverging run stops, a log that cannot be written stops the run,
+# no output destroys an input, bad input values are refused, counts cannot
+# overflow, atomic writes leave no temporary file, objects follow the flags.
+. "$(dirname "$0")/lib.sh"
+ref_checkpoint
+bad_inputs
+if [ ! -e "$TEST_TMPDIR/corpus.txt" ]; then
+    head -c 200000 /usr/share/games/fortunes/fortunes > "$TEST_TMPDIR/corpus.txt"
+fi
+echo "== hardening: divergence, log writes, input checks"
+# divergence stops every chapter with the step and the last finite loss;
+# the log stays valid JSON and a good checkpoint is not overwritten
+bash tests/mpirun.sh -np 1 "$BUILD/chapter-0" --steps 2 --save "$TEST_TMPDIR/good.bin" >/dev/null 2>&1
+cp "$TEST_TMPDIR/good.bin" "$TEST_TMPDIR/good_before.bin"
+for spec in "chapter-0 1" "chapter-2 2 --dp 2" "chapter-3 2 --dp 2"; do
+    set -- $spec
+    bin=$1 np=$2
+    shift 2
+    rm -f "$TEST_TMPDIR/div.jsonl"
+    out=$(timeout 60 $MPIRUN -np "$np" "$BUILD/$bin" "$@" --steps 3 --lr 1e30 --clip 0 --log "$TEST_TMPDIR/div.jsonl" \
+          --save "$TEST_TMPDIR/good.bin" 2>&1)
+    rc=$?
+    n=$(echo "$out" | grep -c '^error: training diverged at step 1: .*the last finite loss was [0-9.]* at step 0')
+    if [ $rc -ne 0 ] && [ $rc -ne 124 ] && [ "$n" = 1 ] && ! grep -qiE 'nan|inf' "$TEST_TMPDIR/div.jsonl" &&
+        cmp -s "$TEST_TMPDIR/good.bin" "$TEST_TMPDIR/good_before.bin"; then
+        pass "hardening: $bin on $np rank(s) stops at a non-finite loss (step, last finite loss; log valid; checkpoint kept)"
+    else
+        fail "hardening: $bin divergence" "exit $rc, $n matching error lines; log: $(head -c 300 "$TEST_TMPDIR/div.jsonl"); output: $(echo "$out" | grep -v '^step' | head -5)"
+    fi
+done
+# a log that cannot be written ends the run (here: a full disk)
+out=$(timeout 60 $MPIRUN -np 2 "$BUILD/chapter-2" --dp 2 --steps 2 --log /dev/full 2>&1)
+rc=$?
+if [ $rc -ne 0 ] && [ $rc -ne 124 ] && echo "$out" | grep -q "writing the log file '/dev/full' failed: No space left on device"; then
+    pass "hardening: a failed log write (full disk) ends the run with a message"
+else
+    fail "hardening: full-disk log" "exit $rc; $(echo "$out" | head -5)"
+fi
+error_case chapter-0 1 "--batch 0" "--batch must be positive"
+error_case chapter-0 1 "--seq 0" "--seq must be positive"
+error_case chapter-0 1 "--lr 1e-50" "1e-50 is too small for a float"
+error_case chapter-0 1 "--val $TEST_TMPDIR" "is not a regular file but a directory"
+error_case chapter-0 1 "--sample 1000000" "--sample must be between 0 and 100000"
+error_case chapter-0 1 "--dp 65536 --tp 65536 --pp 65536 --cp 65536" "has 18446744073709551616 ranks but mpirun started 1"
+error_case chapter-1 2 "--bench --op nosuch" "--op 'nosuch' matches no algorithm"
+head -c 5000 "$TEST_TMPDIR/corpus.txt" > "$TEST_TMPDIR/short_val.txt"
+"$BUILD/tokenize" "$TEST_TMPDIR/short_val.txt" "$TEST_TMPDIR/short_val" >/dev/null
+error_case chapter-0 1 "--val $TEST_TMPDIR/short_val_val.bin --batch 8" "validation file '$TEST_TMPDIR/short_val_val.bin' has 500 tokens, fewer than one batch"
+error_case chapter-0 1 "--data $CKPT" "is an llm.c model checkpoint, not training data"
+# a model path with a quote is escaped in the JSON summary
+cp "$CKPT" "$TEST_TMPDIR/a\"b.bin"
+timeout 60 $MPIRUN -np 1 "$BUILD/chapter-0" --model "$TEST_TMPDIR/a\"b.bin" --steps 1 --log "$TEST_TMPDIR/quote.jsonl" >/dev/null 2>&1
+if grep -qF "\"model\":\"$TEST_TMPDIR/a\\\"b.bin\"" "$TEST_TMPDIR/quote.jsonl"; then
+    pass "hardening: a model path with a quote is escaped in the JSON summary"
+else
+    fail "hardening: model path escaping" "$(grep -o '"model":[^,]*' "$TEST_TMPDIR/quote.jsonl")"
+fi
+# past a file-size limit the token writer fails with a message naming its
+# target and leaves no temporary file (SIGXFSZ is ignored during the write)
+out=$( (ulimit -f 10; "$BUILD/tokenize" "$TEST_TMPDIR/corpus.txt" "$TEST_TMPDIR/limited") 2>&1)
+rc=$?
+if [ $rc -ne 0 ] && echo "$out" | grep -q "writing '$TEST_TMPDIR/limited_train.bin' failed: File too large" &&
+    [ -z "$(ls "$TEST_TMPDIR" | grep 'limited.*tmp')" ]; then
+    pass "hardening: a write past the file-size limit fails with a message and leaves no temporary file"
+else
+    fail "hardening: file-size limit" "exit $rc; $out; $(ls "$TEST_TMPDIR" | grep limited)"
+fi
+# an output that is an input is refused before anything is written (same
+# device and inode: a hard link counts), and the input is left intact
+"$BUILD/tokenize" "$TEST_TMPDIR/corpus.txt" "$TEST_TMPDIR/same" >/dev/null
+cp "$TEST_TMPDIR/same_train.bin" "$TEST_TMPDIR/same_before.bin"
+error_case chapter-0 1 "--data $TEST_TMPDIR/same_train.bin --log $TEST_TMPDIR/same_train.bin" "--log '$TEST_TMPDIR/same_train.bin' is the same file as --data"
+ln -f "$CKPT" "$TEST_TMPDIR/hardlink.bin"
+error_case chapter-0 1 "--model $CKPT --save $TEST_TMPDIR/hardlink.bin" "--save '$TEST_TMPDIR/hardlink.bin' is the same file as --model"
+error_case chapter-3 2 "--dp 2 --model $CKPT --log $CKPT" "--log '$CKPT' is the same file as --model"
+error_case chapter-0 1 "--save $TEST_TMPDIR" "it is a directory"
+if cmp -s "$TEST_TMPDIR/same_train.bin" "$TEST_TMPDIR/same_before.bin" && head -c 4 "$CKPT" | od -An -tu4 | grep -q 20240326; then
+    pass "hardening: refused outputs left their inputs intact"
+else
+    fail "hardening: inputs intact" "an input was changed"
+fi
+# two runs given one log: the second fails clearly, the first keeps writing
+timeout 120 $MPIRUN -np 1 "$BUILD/chapter-0" --steps 400 --log "$TEST_TMPDIR/shared.jsonl" >/dev/null 2>&1 &
+first=$!
+for i in $(seq 1 100); do grep -q '"type":"step"' "$TEST_TMPDIR/shared.jsonl" 2>/dev/null && break; sleep 0.2; done
+error_case chapter-0 1 "--steps 1 --log $TEST_TMPDIR/shared.jsonl" "is being written by another run"
+kill $first 2>/dev/null
+wait $first 2>/dev/null
+# objects depend on the flags: a new OPT rebuilds, the same OPT does not
+fb="$TEST_TMPDIR/flagbuild"
+obj="$fb/obj/cpu/common/comm_count.o"
+make -s BACKEND=cpu BUILD="$fb" OPT=-O0 "$obj" >/dev/null 2>&1
+make -q BACKEND=cpu BUILD="$fb" OPT=-O0 "$obj" >/dev/null 2>&1
+same=$?
+make -q BACKEND=cpu BUILD="$fb" OPT=-O1 "$obj" >/dev/null 2>&1
+changed=$?
+if [ -f "$obj" ] && [ $same -eq 0 ] && [ $changed -eq 1 ]; then
+    pass "hardening: objects rebuild when OPT changes, and only then (flags.stamp)"
+else
+    fail "hardening: flags stamp" "same OPT: make -q $same (want 0); new OPT: $changed (want 1)"
+fi
+
+finish

@@ -1,0 +1,248 @@
+#!/bin/bash
+# tests/lib.sh: what every test script shares. A script starts with
+#     . "$(dirname "$0")/lib.sh"
+# makes its checks with the helpers below and ends with `finish`.
+#
+# Run alone (`bash tests/chapter_2.sh`) a script prints its own summary line;
+# run by tests/run.sh it hands its counts to the runner (TEST_COUNTS), which
+# prints the one summary line of the whole run. The runner also shares one
+# scratch directory (TEST_TMPDIR) between the scripts, so a cached run (the
+# reference, the saved checkpoint) is made once per test run.
+#
+#   pass NAME / fail NAME WHY / skip NAME WHY      count one check
+#   mpi_run [--may-fail] LIMIT NP PROGRAM ARGS...  an MPI run under a timeout
+#   run_program PROGRAM                            a C test program (PASS/FAIL lines)
+#   count_lines TEXT                               adds the PASS/FAIL/SKIP lines of TEXT
+#   error_case, help_case                          bad input / --help of a program
+#   reference "FLAGS"                              chapter 0's run with FLAGS (cached)
+#   invariant [...] NAME "REF_FLAGS" NP PROGRAM "FLAGS"   a layout vs the reference
+#   step_losses, val_records, compare_val, rank_array     readers of logs and summaries
+#   ref_checkpoint, bad_inputs                     files several chapters' tests use
+set -u
+cd "$(dirname "${BASH_SOURCE[0]}")/.."
+BUILD=${BUILD:-build}
+MPIRUN="bash tests/mpirun.sh"
+if [ -z "${TEST_TMPDIR:-}" ]; then
+    TEST_TMPDIR=$(mktemp -d)
+    export TEST_TMPDIR
+    trap 'rm -rf "$TEST_TMPDIR"' EXIT
+fi
+passed=0
+failed=0
+skipped=0
+
+pass() { echo "PASS $1"; passed=$((passed + 1)); }
+fail() { echo "FAIL $1: $2"; failed=$((failed + 1)); }
+skip() { echo "SKIP $1: $2"; skipped=$((skipped + 1)); }
+
+# The end of a script: its counts to the runner, or its summary line when it
+# runs alone. The exit status is non-zero when a check failed.
+finish() {
+    if [ -n "${TEST_COUNTS:-}" ]; then
+        echo "$passed $failed $skipped" > "$TEST_COUNTS"
+    else
+        echo
+        echo "$passed passed, $failed failed, $skipped skipped"
+    fi
+    [ $failed -eq 0 ]
+}
+
+# Per-call limits of an MPI run, in seconds. A hang (a rank waiting for a
+# collective another rank never calls) fails after the limit instead of
+# stopping the suite. Generous: 8 ranks on a loaded 2-core machine start
+# slowly; a tiny-model run takes a few seconds there.
+T_SHORT=60    # mesh pictures, bad input, --help, runs of a few steps
+T_RUN=120     # training runs of 10 or more steps, collective checks
+
+# mpi_run [--may-fail] LIMIT NP PROGRAM ARGS...: runs PROGRAM on NP ranks
+# (tests/mpirun.sh) under `timeout LIMIT`, stdin closed. Sets OUT (stdout and
+# stderr together), OUT_FILE (the same bytes, NULs included; overwritten by
+# the next call), RC (124 or 137 = timed out) and CMD (the full command). A
+# timeout always prints the command; another non-zero exit prints it unless
+# --may-fail (a run that is meant to fail, such as an error case).
+mpi_run() {
+    local may_fail=0 limit np
+    if [ "$1" = --may-fail ]; then may_fail=1; shift; fi
+    limit=$1 np=$2
+    shift 2
+    OUT_FILE=$TEST_TMPDIR/mpi_run.out
+    CMD="$MPIRUN -np $np $*"
+    # -k: an mpirun that ignores SIGTERM is killed 10 s later
+    timeout -k 10 "$limit" $MPIRUN -np "$np" "$@" < /dev/null > "$OUT_FILE" 2>&1
+    RC=$?
+    OUT=$(tr -d '\0' < "$OUT_FILE")
+    if [ $RC = 124 ] || [ $RC = 137 ]; then
+        echo "  TIMEOUT after $limit s (a hang?), exit $RC: $CMD"
+    elif [ $RC != 0 ] && [ $may_fail = 0 ]; then
+        echo "  exit $RC: $CMD"
+    fi
+}
+timed_out() { [ "$RC" = 124 ] || [ "$RC" = 137 ]; }
+
+# A C test program prints PASS/FAIL lines; a crash or a hang counts as one
+# failure.
+run_program() {
+    local prog=$1 out rc
+    out=$(timeout -k 10 600 "$prog" < /dev/null 2>&1)
+    rc=$?
+    echo "$out" | grep -E '^(PASS|FAIL)'
+    passed=$((passed + $(echo "$out" | grep -c '^PASS')))
+    failed=$((failed + $(echo "$out" | grep -c '^FAIL')))
+    if [ $rc -ne 0 ] && ! echo "$out" | grep -q '^FAIL'; then
+        fail "$(basename "$prog")" "exited $rc (124 = timed out after 600 s) without a failed check: $(echo "$out" | tail -3)"
+    fi
+}
+
+# count_lines TEXT: prints and counts the PASS/FAIL/SKIP lines of another
+# script's output (tests/test_plots.sh)
+count_lines() {
+    echo "$1" | grep -E '^(PASS|FAIL|SKIP)'
+    passed=$((passed + $(echo "$1" | grep -c '^PASS')))
+    failed=$((failed + $(echo "$1" | grep -c '^FAIL')))
+    skipped=$((skipped + $(echo "$1" | grep -c '^SKIP')))
+}
+
+# error_case PROGRAM NP "FLAGS" "PHRASE": the run must end non-zero (not by the
+# timeout), with exactly one line "error: ..." that contains PHRASE
+error_case() {
+    local bin=$1 np=$2 flags=$3 expect=$4 start end n
+    start=$(date +%s)
+    mpi_run --may-fail $T_SHORT "$np" "$BUILD/$bin" $flags
+    end=$(date +%s)
+    n=$(echo "$OUT" | grep -c '^error: ')
+    if [ $RC -ne 0 ] && ! timed_out && [ "$n" = 1 ] && echo "$OUT" | grep '^error: ' | grep -qF -- "$expect"; then
+        pass "$bin on $np rank(s), '$flags': error '$expect' ($((end - start)) s)"
+    else
+        fail "$bin on $np rank(s), '$flags'" "exit $RC (124 = hang), $n error lines; command: $CMD; output: $(echo "$OUT" | head -8)"
+    fi
+}
+
+# help_case PROGRAM FLAG: --help lists FLAG and exits 0
+help_case() {
+    mpi_run $T_SHORT 1 "$BUILD/$1" --help
+    if [ $RC -eq 0 ] && echo "$OUT" | grep -q -- "$2" && ! echo "$OUT" | grep -q '^error'; then
+        pass "$1 --help lists $2 and exits 0"
+    else
+        fail "$1 --help" "exit $RC; command: $CMD; $(echo "$OUT" | head -5)"
+    fi
+}
+
+# The losses of the human step lines ("step ... | loss X ..."), one a line
+step_losses() { grep '^step .*| loss ' | sed 's/.*| loss \([-0-9.e]*\) .*/\1/'; }
+
+# rank_array VALUE N -> [VALUE,VALUE,...]: a summary's per-rank array
+rank_array() {
+    local v=$1 N=$2 out="" i
+    for ((i = 0; i < N; i++)); do out="$out${out:+,}$v"; done
+    echo "[$out]"
+}
+
+# ---------------------------------------------------------------- the invariant
+# Every layout reproduces chapter 0's per-step losses within TOL (DESIGN.md,
+# "The invariant"). The gradient norm's tolerance is the loss tolerance scaled
+# to the norm's size: 3e-5 on losses of 4.6 to 5.6 is about 6e-6 relative, and
+# the reference's norms over the 10 steps of INV_FLAGS are 1.56 to 2.47, so
+# 1e-5 absolute (10 times the log's printed resolution of the norm, 1e-6).
+TOL=3e-5
+TOL_NORM=1e-5
+# The invariant's run on the test model: 10 AdamW steps of a global batch of
+# 24 sequences of 32 tokens (24 splits over 1, 2, 3, 4, 6, 8 ranks).
+INV_STEPS=10 INV_BATCH=24 INV_SEQ=32
+INV_FLAGS="--steps $INV_STEPS --batch $INV_BATCH --seq $INV_SEQ --peak-gflops 10"
+
+# reference "FLAGS": chapter 0 on one rank with FLAGS --log. Sets REF to the
+# log's path; the run's output and exit code sit beside it ($REF.out,
+# $REF.rc). Cached by FLAGS (whitespace aside) for the whole test run, so
+# every chapter's invariant with the same flags shares one reference run.
+reference() {
+    local key
+    key=$(echo $1 | md5sum | cut -c1-16)
+    REF=$TEST_TMPDIR/ref_cache/$key.jsonl
+    if [ ! -e "$REF.rc" ]; then
+        mkdir -p "$TEST_TMPDIR/ref_cache"
+        mpi_run $T_RUN 1 "$BUILD/chapter-0" $1 --log "$REF"
+        cp "$OUT_FILE" "$REF.out"
+        echo "$CMD" > "$REF.cmd"
+        echo $RC > "$REF.rc"
+    fi
+}
+
+# val_records FILE: "step val_loss" per validation record
+val_records() { grep '"type":"val"' "$1" | sed 's/.*"step":\([0-9]*\),"val_loss":\([-0-9.e]*\).*/\1 \2/'; }
+# compare_val REF RUN: the same validation steps, every val loss within TOL
+compare_val() {
+    paste <(val_records "$1") <(val_records "$2") | awk -v tol="$TOL" '
+        { n++; if (NF != 4 || $1 != $3) bad = 1
+          d = $2 - $4; if (d < 0) d = -d; if (d > max) max = d }
+        END { printf "%d val losses, max |dval| %.2e", n, max
+              exit (n >= 1 && !bad && max <= tol) ? 0 : 1 }'
+}
+
+# invariant [--norm] [--val] [--expect PHRASE] NAME "REF_FLAGS" NP PROGRAM "FLAGS"
+# One check, NAME: PROGRAM ($BUILD/PROGRAM) on NP ranks with FLAGS REF_FLAGS
+# exits 0 and reproduces the per-step losses of `reference "REF_FLAGS"` within
+# TOL. --norm: the gradient norms too, within TOL_NORM; --val: the validation
+# losses, within TOL; --expect PHRASE: the output contains PHRASE. Leaves
+# INV_LOG (the run's log), REF, OUT, RC and CMD for further checks of the
+# same run. Example: invariant "tp=2" "$INV_FLAGS" 2 chapter-4 "--tp 2"
+INV_RUNS=0
+invariant() {
+    local norm=0 val=0 expect="" name ref_flags np prog flags ok=1 got="" why="" cmp
+    while :; do
+        case $1 in
+            --norm) norm=1; shift ;;
+            --val) val=1; shift ;;
+            --expect) expect=$2; shift 2 ;;
+            *) break ;;
+        esac
+    done
+    name=$1 ref_flags=$2 np=$3 prog=$4 flags=$5
+    reference "$ref_flags"
+    INV_RUNS=$((INV_RUNS + 1))
+    INV_LOG=$TEST_TMPDIR/inv_$INV_RUNS.jsonl
+    mpi_run $T_RUN "$np" "$BUILD/$prog" $flags $ref_flags --log "$INV_LOG"
+    [ $RC -eq 0 ] || { ok=0; why="exit $RC (124 = hang)"; }
+    cmp=$(bash tests/compare_losses.sh "$REF" "$INV_LOG" $TOL 2>&1) || ok=0
+    got="reference losses ($cmp)"
+    if [ $norm = 1 ]; then
+        cmp=$(bash tests/compare_losses.sh "$REF" "$INV_LOG" $TOL_NORM norm 2>&1) || ok=0
+        got="$got, norms (${cmp#* steps, })"
+    fi
+    if [ $val = 1 ]; then
+        cmp=$(compare_val "$REF" "$INV_LOG" 2>&1) || ok=0
+        got="$got, validation loss ($cmp)"
+    fi
+    if [ -n "$expect" ]; then
+        if echo "$OUT" | grep -qF -- "$expect"; then got="$got, '$expect'"
+        else ok=0; got="$got, no '$expect' in the output"; fi
+    fi
+    if [ $ok = 1 ]; then
+        pass "$name: $got"
+    else
+        fail "$name" "${why:+$why; }$got; command: $CMD; reference: $(cat "$REF.cmd") (exit $(cat "$REF.rc")); $(echo "$OUT" | grep -E 'error|FAIL|replicas' | head -3)"
+    fi
+}
+
+# ---------------------------------------------------------------- shared files
+# ref_checkpoint: chapter 0 trained 3 steps and saved (--save); sets CKPT to
+# the file, CKPT_OUT to the run's output and CKPT_LOG to its --log. Made once
+# per test run.
+ref_checkpoint() {
+    CKPT=$TEST_TMPDIR/ref.bin
+    CKPT_OUT=$TEST_TMPDIR/ref.bin.out
+    CKPT_LOG=$TEST_TMPDIR/ref.bin.jsonl
+    if [ ! -e "$CKPT_OUT" ]; then
+        mpi_run $T_RUN 1 "$BUILD/chapter-0" --steps 3 --peak-gflops 10 --save "$CKPT" --log "$CKPT_LOG"
+        cp "$OUT_FILE" "$CKPT_OUT"
+    fi
+}
+# bad_inputs: files the error cases feed the programs: text.bin (text, not a
+# checkpoint or token file), truncated.bin (the first 2000 bytes of a real
+# checkpoint), short.txt (5 bytes)
+bad_inputs() {
+    [ -e "$TEST_TMPDIR/truncated.bin" ] && return
+    printf 'not a checkpoint at all, just some text that is long enough to fill a header ............................................................................................................................................................................................................................................................................................................................................................................................................................................................................................................................................................................................................................................................................................................................................................................................................................................................................................................................................................................................................................................................................................................\n' > "$TEST_TMPDIR/text.bin"
+    ref_checkpoint
+    head -c 2000 "$CKPT" > "$TEST_TMPDIR/truncated.bin"
+    printf 'short' > "$TEST_TMPDIR/short.txt"
+}

@@ -1,0 +1,17 @@
+#!/bin/bash
+# The plotting pipeline end to end: tests/test_plots.sh (its own PASS/FAIL/SKIP
+# lines, counted here).
+. "$(dirname "$0")/lib.sh"
+
+echo "== plots"
+if [ -f tests/test_plots.sh ]; then
+    # its MPI runs have their own 60 s timeouts; this one catches the rest
+    out=$(timeout -k 10 600 bash tests/test_plots.sh < /dev/null 2>&1)
+    rc=$?
+    count_lines "$out"
+    if [ $rc = 124 ] || [ $rc = 137 ]; then
+        fail "plots" "tests/test_plots.sh timed out after 600 s: $(echo "$out" | tail -3)"
+    fi
+fi
+
+finish

@@ -1,0 +1,48 @@
+#!/bin/bash
+# make sanitize: the tiny tests under AddressSanitizer and UndefinedBehavior-
+# Sanitizer, on a build of their own (BUILD=build/sanitize, made by the
+# Makefile). Any sanitizer report fails its run. Ends "N passed, N failed".
+set -u
+cd "$(dirname "$0")/.."
+BUILD=${BUILD:-build/sanitize}
+MPIRUN="bash tests/mpirun.sh"
+# Open MPI keeps its own allocations to the end: leaks are not ours to judge
+export ASAN_OPTIONS=detect_leaks=0:abort_on_error=1
+export UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1
+export TEST_TMPDIR=$(mktemp -d)
+trap 'rm -rf "$TEST_TMPDIR"' EXIT
+passed=0
+failed=0
+
+# run NAME COMMAND...: passes when the command exits 0 and no sanitizer spoke
+run() {
+    local name=$1 out rc
+    shift
+    out=$(timeout 300 "$@" 2>&1)
+    rc=$?
+    if [ $rc -eq 0 ] && ! echo "$out" | grep -qE 'AddressSanitizer|runtime error:|LeakSanitizer'; then
+        echo "PASS sanitize: $name"
+        passed=$((passed + 1))
+    else
+        echo "FAIL sanitize: $name: exit $rc"
+        echo "$out" | grep -m5 -E 'ERROR|runtime error|SUMMARY|^error' | sed 's/^/    /'
+        failed=$((failed + 1))
+    fi
+}
+
+for t in test_ops test_model test_data; do run "$t" "$BUILD/tests/$t"; done
+run "test_fsdp on 3 ranks" $MPIRUN -np 3 "$BUILD/tests/test_fsdp"
+run "chapter 0, 3 steps" $MPIRUN -np 1 "$BUILD/chapter-0" --steps 3 --peak-gflops 10 --sample 20 --save "$TEST_TMPDIR/s.bin"
+run "chapter 0 from a checkpoint" $MPIRUN -np 1 "$BUILD/chapter-0" --steps 1 --peak-gflops 10 --model "$TEST_TMPDIR/s.bin"
+run "chapter 1 --check on 3 ranks" $MPIRUN -np 3 "$BUILD/chapter-1" --check
+for mode in naive bucketed overlapped ps; do
+    run "chapter 2 $mode on 2 ranks" $MPIRUN -np 2 "$BUILD/chapter-2" --dp 2 --dp-mode "$mode" --bucket-kb 64 --steps 2 --peak-gflops 10
+done
+for zero in 1 2 3; do
+    run "chapter 3 ZeRO-$zero on 3 ranks" $MPIRUN -np 3 "$BUILD/chapter-3" --dp 3 --batch 6 --zero "$zero" --steps 2 --peak-gflops 10
+done
+head -c 50000 /usr/share/games/fortunes/fortunes > "$TEST_TMPDIR/c.txt"
+run "tokenize" "$BUILD/tokenize" "$TEST_TMPDIR/c.txt" "$TEST_TMPDIR/c"
+echo
+echo "$passed passed, $failed failed"
+[ $failed -eq 0 ]
