@@ -104,8 +104,11 @@ static void train_reference(const TrainArgs* args, const Mesh* mesh) {
     print0("model %s: L=%d C=%d NH=%d V=%d (padded %d) maxT=%d, %zu parameters\n",
            setup.model_name, cfg->num_layers, cfg->channels, cfg->num_heads, cfg->vocab_size,
            cfg->padded_vocab_size, cfg->max_seq_len, model.num_params);
-    print0("batch %d x %d tokens, %zu training tokens, %zu validation tokens, recompute %s\n", B, T,
-           setup.train.count, setup.val.count, recompute_name((RecomputeMode)args->recompute));
+    print0("batch %d x %d tokens, %zu training tokens, %zu validation tokens\n", B, T,
+           setup.train.count, setup.val.count);
+    if (args->recompute != RECOMPUTE_NONE)
+        print0("recompute %s: backward recomputes what the blocks did not keep (docs/recompute.md)\n",
+               recompute_name((RecomputeMode)args->recompute));
     trace_open(args->trace);
 
     char msg[1024];

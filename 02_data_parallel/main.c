@@ -263,11 +263,12 @@ int main(int argc, char** argv) {
     dp.buckets.dp = dpc;
     dp.buckets.grads = model.grads;
 
-    print0("chapter 2: data parallel, dp=%d, mode %s, %d bucket%s of %d KiB, %d micro-batch%s of %d sequence%s per rank, "
-           "recompute %s, device %s\n",
+    print0("chapter 2: data parallel, dp=%d, mode %s, %d bucket%s of %d KiB, %d micro-batch%s of %d sequence%s per rank, device %s\n",
            ndp, mode_names[mode], dp.buckets.n, dp.buckets.n == 1 ? "" : "s", bucket_kb, accum,
-           accum == 1 ? "" : "es", micro, micro == 1 ? "" : "s", recompute_name((RecomputeMode)args->recompute),
-           run.device);
+           accum == 1 ? "" : "es", micro, micro == 1 ? "" : "s", run.device);
+    if (args->recompute != RECOMPUTE_NONE)
+        print0("recompute %s: backward recomputes what the blocks did not keep (docs/recompute.md)\n",
+               recompute_name((RecomputeMode)args->recompute));
     print0("model %s: %zu parameters, global batch %d x %d\n", setup->model_name, model.num_params, B, T);
     char msg[1024];
     JsonLog log;

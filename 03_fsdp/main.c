@@ -254,9 +254,11 @@ int main(int argc, char** argv) {
     if (zero == 3)  // prefetch and resharding are about gathering units: ZeRO-3 only
         snprintf(zero3, sizeof(zero3), ", prefetch %s, reshard %s", prefetch ? "on" : "off", reshard ? "on" : "off");
     print0("chapter 3: ZeRO-%d over dp=%d, %d units, shard %zu of %zu parameters per rank (%zu padding)%s, "
-           "recompute %s, device %s\n",
-           zero, N, f->n, f->shard_total, P, f->padded_total - P, zero3,
-           recompute_name((RecomputeMode)args->recompute), run.device);
+           "device %s\n",
+           zero, N, f->n, f->shard_total, P, f->padded_total - P, zero3, run.device);
+    if (args->recompute != RECOMPUTE_NONE)  // after the gather of each block in backward under ZeRO-3
+        print0("recompute %s: backward recomputes what the blocks did not keep (docs/recompute.md)\n",
+               recompute_name((RecomputeMode)args->recompute));
     char msg[1024];
     JsonLog log;
     const char* bad = jsonl_open(&log, args->log, msg, sizeof(msg));
