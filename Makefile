@@ -10,6 +10,7 @@
 #   make bench-ref     the reference's speed on the small model (one rank)
 #   make bench, plots  the sweep over chapters and its plots in build/plots/ (docs/plots/plots.mk)
 #   make docs-plots    redraws the docs' figures, docs/plots/*.png, from docs/plots/data/
+#   make timeline TRACE=FILE.json   a --trace file as a Gantt chart PNG (docs/tracing.md)
 #   make setup         install the Debian packages (as root) or print the line
 #   make fuzz          fuzz the file loaders (libFuzzer, FUZZ_SECONDS each)
 #   make sanitize      the tiny tests under ASan and UBSan (build/sanitize/)
@@ -43,7 +44,7 @@ LDLIBS  := -lm -lpthread
 COMMON_SRC := common/common.c common/memory.c common/model.c common/init.c \
               common/checkpoint.c common/data.c common/mesh.c common/runtime.c \
               common/args.c common/report.c common/train.c common/comm_count.c common/paths.c \
-              common/ckpt.c common/model_tp.c
+              common/ckpt.c common/model_tp.c common/trace.c
 
 ifeq ($(BACKEND),cpu)
   BIN := $(BUILD)
@@ -166,6 +167,14 @@ test:
 docs-check:
 	@$(MAKE) --no-print-directory BACKEND=cpu all
 	@python3 tests/docs_check.py
+
+# A --trace file as a Gantt chart: compute, communication and waiting per
+# rank (docs/tracing.md). STEPS=FIRST:LAST picks the steps (default: the first
+# two timed ones); OUT defaults to the trace's name with .png.
+.PHONY: timeline
+timeline:
+	@test -n "$(TRACE)" || { echo "usage: make timeline TRACE=FILE.json [OUT=FILE.png] [STEPS=1:2]"; exit 2; }
+	@python3 docs/plots/timeline.py "$(TRACE)" "$(or $(OUT),$(basename $(TRACE)).png)" "$(STEPS)" "$(TITLE)"
 
 # ---------------------------------------------------------------- running
 setup:

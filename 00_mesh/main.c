@@ -25,6 +25,7 @@
 #include "model.h"
 #include "report.h"
 #include "runtime.h"
+#include "trace.h"
 #include "train.h"
 
 // ---------------------------------------------------------------- part 1: the mesh
@@ -76,8 +77,10 @@ static float train_step(GPT* model, const TrainArgs* args, int step, const int* 
     float scale = grad_clip_scale(*norm, args->clip);
     // AdamW on the whole flat buffer: parameters, gradients and both moments
     // share the layout, so one call updates everything
+    double t0 = trace_start();
     adamw_update(model->params, model->grads, model->m, model->v, model->num_params, train_adamw(args),
                  step + 1, scale);
+    trace_compute(t0, "optimizer");
     return loss;
 }
 
@@ -90,7 +93,8 @@ static void train_reference(const TrainArgs* args, const Mesh* mesh) {
 
     double peak_gflops = args->peak_gflops > 0 ? args->peak_gflops : measure_matmul_gflops();
     GPT model;
-    gpt_create(&model, cfg, B, T, (uint64_t)args->seed);
+    // --recompute: how much of each block's forward is kept for backward
+    gpt_create_recompute(&model, cfg, B, T, (uint64_t)args->seed, (RecomputeMode)args->recompute);
     gpt_create_optimizer(&model);
     if (setup.checkpoint) {
         float* host = xmalloc(model.num_params * sizeof(float));
@@ -110,6 +114,10 @@ static void train_reference(const TrainArgs* args, const Mesh* mesh) {
            cfg->padded_vocab_size, cfg->max_seq_len, model.num_params);
     print0("batch %d x %d tokens, %zu training tokens, %zu validation tokens\n", B, T,
            setup.train.count, setup.val.count);
+    if (args->recompute != RECOMPUTE_NONE)
+        print0("recompute %s: backward recomputes what the blocks did not keep (docs/recompute.md)\n",
+               recompute_name((RecomputeMode)args->recompute));
+    trace_open(args->trace);
 
     char msg[1024];
     JsonLog log;
@@ -147,6 +155,7 @@ static void train_reference(const TrainArgs* args, const Mesh* mesh) {
         .final_loss = loss, .val_loss = val_loss, .extra_json = NULL};
     report_summary(&log, mesh, &summary);
     jsonl_close(&log);
+    trace_finish();
 
     if (train_wants_params(args)) {  // --sample, --save
         float* host = xmalloc(model.num_params * sizeof(float));

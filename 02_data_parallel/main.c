@@ -33,6 +33,7 @@
 #include "model.h"
 #include "report.h"
 #include "runtime.h"
+#include "trace.h"
 #include "train.h"
 
 typedef enum { MODE_NAIVE, MODE_BUCKETED, MODE_OVERLAPPED, MODE_PS } DPMode;
@@ -135,8 +136,10 @@ static float clip_and_step(GPT* m, const TrainArgs* args, int step) {
     // after the all-reduce every replica holds the global gradient, so the
     // norm each rank computes alone is already the global norm (no groups)
     double norm = train_global_norm(grad_sumsq(m->grads, m->num_params), NULL, 0);
+    double t0 = trace_start();
     adamw_update(m->params, m->grads, m->m, m->v, m->num_params, train_adamw(args), step + 1,
                  grad_clip_scale(norm, args->clip));
+    trace_compute(t0, "optimizer");
     return (float)norm;
 }
 
@@ -244,7 +247,7 @@ int main(int argc, char** argv) {
 
     // a full replica on every rank, activations for one micro-batch
     GPT model;
-    gpt_create(&model, &setup->cfg, micro, T, (uint64_t)args->seed);
+    gpt_create_recompute(&model, &setup->cfg, micro, T, (uint64_t)args->seed, (RecomputeMode)args->recompute);
     if (setup->checkpoint) {
         float* host = xmalloc(model.num_params * sizeof(float));
         train_load_checkpoint(setup, host);
@@ -272,6 +275,9 @@ int main(int argc, char** argv) {
     print0("chapter 2: data parallel, dp=%d, mode %s, %d bucket%s of %d KiB, %d micro-batch%s of %d sequence%s per rank, device %s\n",
            ndp, mode_names[mode], dp.buckets.n, dp.buckets.n == 1 ? "" : "s", bucket_kb, accum,
            accum == 1 ? "" : "es", micro, micro == 1 ? "" : "s", run.device);
+    if (args->recompute != RECOMPUTE_NONE)
+        print0("recompute %s: backward recomputes what the blocks did not keep (docs/recompute.md)\n",
+               recompute_name((RecomputeMode)args->recompute));
     print0("model %s: %zu parameters, global batch %d x %d\n", setup->model_name, model.num_params, B, T);
     char msg[1024];
     JsonLog log;

@@ -36,6 +36,7 @@
 #include "model.h"
 #include "report.h"
 #include "runtime.h"
+#include "trace.h"
 #include "train.h"
 
 #include "fsdp.h"
@@ -100,7 +101,7 @@ static void sharded_gpt_create(ShardedGPT* g, const Comm* dp, const TrainSetup* 
     free(off);
     free(numel);
     free(own_grads);
-    gpt_acts_create(&g->acts, &g->cfg, micro, setup->T);
+    gpt_acts_create_recompute(&g->acts, &g->cfg, micro, setup->T, (RecomputeMode)args->recompute);
 }
 
 // ---------------------------------------------------------------- checkpoints
@@ -151,21 +152,21 @@ static void sharded_gpt_ckpt(Ckpt* ck, const FSDP* f, const GPTConfig* cfg) {
 static float forward(ShardedGPT* g, const int* inputs, const int* targets) {
     FSDP* f = &g->f;
     const GPTConfig* c = &g->cfg;
-    int B = g->acts.B, T = g->acts.T, C = c->channels, NH = c->num_heads, L = c->num_layers;
+    int B = g->acts.B, T = g->acts.T, C = c->channels, L = c->num_layers;
     // after the optimizer step every gathered copy is stale: forget them all
     fsdp_drop_gathered(f);
     gpt_acts_load(&g->acts, inputs, targets);
     float* emb = fsdp_unit_params(f, 0);
     fsdp_prefetch(f, 1);
+    double t0 = trace_start();
     encoder_forward(g->acts.encoded, g->acts.inputs, emb, emb + param_tensor_numel(c, P_WTE), B, T, C);
-    const float* x = g->acts.encoded;
+    trace_compute(t0, "embedding forward");
     for (int l = 0; l < L; l++) {
         BlockParams p = block_params_at(fsdp_unit_params(f, 1 + l), C);
         fsdp_prefetch(f, l + 2);  // the next block, or [lnfw lnfb] after the last
-        BlockActs a = gpt_acts_block(&g->acts, c, l, B, T);
-        block_forward(&p, &a, x, B, T, C, NH);
-        x = a.res3;
+        gpt_block_forward(&g->acts, c, l, &p, B, T);
     }
+    const float* x = gpt_acts_block_output(&g->acts, c, L - 1, B, T);
     float* lnf = fsdp_unit_params(f, L + 1);
     // the LM head is the token embedding: unit 0 is needed again (with
     // resharding it was freed after the embedding and is gathered anew). No
@@ -187,7 +188,7 @@ static float forward(ShardedGPT* g, const int* inputs, const int* targets) {
 static void backward(ShardedGPT* g) {
     FSDP* f = &g->f;
     const GPTConfig* c = &g->cfg;
-    int B = g->acts.B, T = g->acts.T, C = c->channels, NH = c->num_heads, L = c->num_layers;
+    int B = g->acts.B, T = g->acts.T, C = c->channels, L = c->num_layers;
     HeadActs h = gpt_acts_head(&g->acts, c, B, T);
     BlockScratch s = gpt_acts_scratch(&g->acts, c);
     // the head: the final LayerNorm's and the tied embedding's gradients. The
@@ -197,24 +198,26 @@ static void backward(ShardedGPT* g) {
     float* g_lnf = fsdp_grads_begin(f, L + 1);
     float* lnf = fsdp_unit_params(f, L + 1);
     float* wte = fsdp_unit_params(f, 0);
-    const float* last = gpt_acts_block(&g->acts, c, L - 1, B, T).res3;
+    const float* last = gpt_acts_block_output(&g->acts, c, L - 1, B, T);
     head_backward(c, wte, lnf, g_emb, g_lnf, g_lnf + C, &h, last, g->acts.targets, 1.0f / (float)(B * T), s.dln,
                   g->acts.dres, B, T);
     if (f->zero > 1) fsdp_reduce_grads(f, L + 1);
     // the blocks, last to first: gather, backward, reduce-scatter. The last
     // block's gather cannot be prefetched (the head's backward needed both
     // slots); each block's backward hides the gather of the block before it.
+    // With --recompute the block's forward reruns inside gpt_block_backward,
+    // after the gather: under ZeRO-3 the gathered unit serves both.
     for (int l = L - 1; l >= 0; l--) {
         BlockParams p = block_params_at(fsdp_unit_params(f, 1 + l), C);
         if (l > 0) fsdp_prefetch(f, l);
         BlockParams gr = block_params_at(fsdp_grads_begin(f, 1 + l), C);
-        BlockActs a = gpt_acts_block(&g->acts, c, l, B, T);
-        const float* x = l > 0 ? gpt_acts_block(&g->acts, c, l - 1, B, T).res3 : g->acts.encoded;
-        block_backward(&p, &gr, &a, &s, x, g->acts.dres, B, T, C, NH);
+        gpt_block_backward(&g->acts, c, l, &p, &gr, B, T);
         if (f->zero > 1) fsdp_reduce_grads(f, 1 + l);
     }
     // the embedding: token lookups add into the tied wte's gradient
+    double t0 = trace_start();
     encoder_backward(g_emb, g_emb + param_tensor_numel(c, P_WTE), g->acts.dres, g->acts.inputs, B, T, C);
+    trace_compute(t0, "embedding backward");
     if (f->zero > 1) {
         fsdp_reduce_grads(f, 0);
     } else {
@@ -242,7 +245,9 @@ static float step(ShardedGPT* g, const TrainArgs* args, int t) {
     const Comm* groups[] = {g->f.dp};
     double norm = train_global_norm(fsdp_grad_sumsq(&g->f), groups, 1);
     // AdamW on this rank's shard; ZeRO-1/2 then all-gather the updated shards
+    double t0 = trace_start();
     fsdp_step(&g->f, train_adamw(args), t, grad_clip_scale(norm, args->clip));
+    trace_compute(t0, "optimizer");
     return (float)norm;
 }
 
@@ -291,6 +296,9 @@ int main(int argc, char** argv) {
     print0("chapter 3: ZeRO-%d over dp=%d, %d units, shard %zu of %zu parameters per rank (%zu padding)%s, "
            "device %s\n",
            zero, N, f->n, f->shard_total, P, f->padded_total - P, zero3, run.device);
+    if (args->recompute != RECOMPUTE_NONE)  // after the gather of each block in backward under ZeRO-3
+        print0("recompute %s: backward recomputes what the blocks did not keep (docs/recompute.md)\n",
+               recompute_name((RecomputeMode)args->recompute));
     char msg[1024];
     JsonLog log;
     const char* bad = jsonl_open(&log, args->log, msg, sizeof(msg));

@@ -7,6 +7,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "model.h"
+
 typedef struct {
     const char* name;
     ArgType type;
@@ -36,6 +38,8 @@ static const SharedFlag shared_flags[] = {
     {"val-batches", ARG_INT, "batches per validation loss  [4]"},
     {"threads", ARG_INT, "threads per rank  [cores / ranks on the node]"},
     {"peak-gflops", ARG_FLOAT, "matmul peak for MFU in GFLOP/s  [measured at start-up]"},
+    {"recompute", ARG_STRING, "none | selective | full: activations kept for backward  [none]"},
+    {"trace", ARG_STRING, "write every rank's timeline to FILE.json (Chrome trace events)"},
 };
 #define NUM_SHARED (int)(sizeof(shared_flags) / sizeof(shared_flags[0]))
 
@@ -79,6 +83,9 @@ static int parse_value(const char* value, ArgType type, void* dest) {
     return 1;
 }
 
+// --recompute's word, turned into TrainArgs.recompute after parsing
+static const char* recompute_arg = NULL;
+
 static void* shared_dest(TrainArgs* a, const char* name) {
     if (!strcmp(name, "model")) return &a->model;
     if (!strcmp(name, "data")) return &a->data;
@@ -102,6 +109,8 @@ static void* shared_dest(TrainArgs* a, const char* name) {
     if (!strcmp(name, "val-batches")) return &a->val_batches;
     if (!strcmp(name, "threads")) return &a->threads;
     if (!strcmp(name, "peak-gflops")) return &a->peak_gflops;
+    if (!strcmp(name, "recompute")) return &recompute_arg;
+    if (!strcmp(name, "trace")) return &a->trace;
     return NULL;
 }
 
@@ -176,8 +185,19 @@ const char* args_parse_only(int argc, char** argv, const ArgSpec* flags, int n_f
 const char* args_parse(int argc, char** argv, TrainArgs* a, const ArgSpec* extra, int n_extra,
                        unsigned axes, char* msg, size_t msg_len) {
     set_defaults(a);
+    recompute_arg = NULL;
     const char* bad = parse_flags(argc, argv, a, extra, n_extra, axes, msg, msg_len);
     if (bad) return bad;
+    a->recompute = RECOMPUTE_NONE;
+    if (recompute_arg) {
+        int found = 0;
+        for (int m = 0; m < NUM_RECOMPUTE_MODES; m++)
+            if (!strcmp(recompute_arg, recompute_name((RecomputeMode)m))) a->recompute = m, found = 1;
+        if (!found) {
+            snprintf(msg, msg_len, "--recompute %s is not one of none, selective, full", recompute_arg);
+            return msg;
+        }
+    }
     // values that can never work, whatever the model
     bad = NULL;
     if (a->steps < 0) bad = "--steps must be >= 0";

@@ -29,6 +29,8 @@ typedef struct {
     int threads;           // --threads per rank (0: cores / ranks on the node)
     float peak_gflops;     // --peak-gflops (0: measure at start-up)
     int mesh[NUM_AXES];    // --dp --tp --pp --cp --ep
+    int recompute;         // --recompute none|selective|full: a RecomputeMode (model.h)
+    const char* trace;     // --trace FILE.json: per-rank timelines (trace.h)
 } TrainArgs;
 
 #define ARGS_MAX_SAMPLE 100000

@@ -59,6 +59,8 @@ typedef struct {
     size_t scale_count;
     float scale;
     void* device_event;  // CUDA backend: the event recorded after the operation
+    int coll, axis;      // what it is and when it started, for the trace (trace.h)
+    double t_start;
 } CommRequest;
 
 // The world communicator and one per mesh axis (the mesh's own MPI groups).

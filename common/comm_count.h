@@ -24,9 +24,19 @@ void comm_tally(const Comm* c, Collective coll, size_t bytes, double factor);
 void comm_tally_bytes(const Comm* c, Collective coll, double bytes, double bus_bytes);
 // (p - 1) / p for a group of p ranks, 0 for one rank.
 double comm_ring_factor(const Comm* c);
-// Adds seconds spent blocked in communication.
+// Adds seconds spent blocked in communication (and, with --trace, a wait
+// span of exactly that length, ending now, named after the last comm_tally
+// or comm_request_current).
 void comm_add_wait(double seconds);
-// Adds seconds spent inside a non-blocking start or comm_test.
+// Adds seconds spent inside a non-blocking start or comm_test (a comm span).
 void comm_add_progress(double seconds);
+// The trace's view of a request: tagged with the operation just tallied
+// when it starts (call after the request is cleared), named by the wait or
+// test working on it, and drawn in flight from its start to its completion.
+void comm_request_started(CommRequest* req);
+void comm_request_current(const CommRequest* req);
+void comm_request_done(const CommRequest* req);
+// The next progress seconds are comm_progress's polling ("progress" spans).
+void comm_note_progress(void);
 
 #endif

@@ -9,6 +9,7 @@
 
 #include "common.h"
 #include "memory.h"
+#include "trace.h"
 
 // ---------------------------------------------------------------- tensors
 
@@ -154,6 +155,55 @@ BlockActs block_acts_at(float* base, int B, int T, int C, int NH) {
     return a;
 }
 
+// ---------------------------------------------------------------- recomputation: what a layer keeps
+
+const char* recompute_name(RecomputeMode mode) {
+    static const char* names[NUM_RECOMPUTE_MODES] = {"none", "selective", "full"};
+    return mode >= 0 && mode < NUM_RECOMPUTE_MODES ? names[mode] : "?";
+}
+
+size_t block_store_numel(int B, int T, int C, int NH, RecomputeMode mode) {
+    size_t BT = (size_t)B * T, c = (size_t)C;
+    switch (mode) {
+        case RECOMPUTE_SELECTIVE: return BT * (12 * c + 4);
+        case RECOMPUTE_FULL: return BT * c;
+        default: return block_acts_numel(B, T, C, NH);
+    }
+}
+
+size_t block_transient_numel(int B, int T, int C, int NH, RecomputeMode mode) {
+    size_t BT = (size_t)B * T, c = (size_t)C;
+    switch (mode) {
+        case RECOMPUTE_SELECTIVE: return BT * (6 * c + (size_t)NH * T);
+        case RECOMPUTE_FULL: return block_acts_numel(B, T, C, NH);
+        default: return 0;
+    }
+}
+
+// Selective: the kept fields packed in the layer's store (ln1 + stats, qkv,
+// atty, res2, ln2 + stats, fch, res3: 12C + 4 per token), the dropped ones
+// (att, fch_gelu, attproj, fcproj: 6C + NH*T) in the transient.
+static BlockActs block_acts_selective(float* store, float* transient, int B, int T, int C, int NH) {
+    size_t BT = (size_t)B * T, c = (size_t)C;
+    BlockActs a;
+    a.ln1 = store;        store += BT * c;
+    a.ln1_mean = store;   store += BT;
+    a.ln1_rstd = store;   store += BT;
+    a.qkv = store;        store += BT * 3 * c;
+    a.atty = store;       store += BT * c;
+    a.res2 = store;       store += BT * c;
+    a.ln2 = store;        store += BT * c;
+    a.ln2_mean = store;   store += BT;
+    a.ln2_rstd = store;   store += BT;
+    a.fch = store;        store += BT * 4 * c;
+    a.res3 = store;
+    a.att = transient;       transient += BT * (size_t)NH * T;
+    a.fch_gelu = transient;  transient += BT * 4 * c;
+    a.attproj = transient;   transient += BT * c;
+    a.fcproj = transient;
+    return a;
+}
+
 size_t block_scratch_numel(int B, int T, int C, int NH) {
     size_t BT = (size_t)B * T;
     return BT * (13 * (size_t)C + (size_t)NH * T);
@@ -287,19 +337,23 @@ void block_backward_weights(BlockParams* g, const BlockActs* a, const BlockStash
 void head_forward(const GPTConfig* cfg, const float* wte, const float* lnfw, const float* lnfb,
                   HeadActs* h, const float* x, const int* targets, int B, int T) {
     int N = B * T, C = cfg->channels, Vp = cfg->padded_vocab_size;
+    double t0 = trace_start();
     layernorm_forward(h->lnf, h->lnf_mean, h->lnf_rstd, x, lnfw, lnfb, N, C);
     // logits (N, Vp) = lnf @ wte^T: the LM head is the token embedding, tied
     matmul_forward(h->logits, h->lnf, wte, NULL, N, C, Vp);
     crossentropy_partials(h->rowmax, h->sumexp, h->tlogit, h->logits, targets, N, Vp,
                           cfg->vocab_size, 0);
     crossentropy_loss(h->losses, h->rowmax, h->sumexp, h->tlogit, N);
+    trace_compute(t0, "head forward");
 }
 
 void head_backward(const GPTConfig* cfg, const float* wte, const float* lnfw, float* dwte,
                    float* dlnfw, float* dlnfb, HeadActs* h, const float* x, const int* targets,
                    float dloss, float* dln, float* dres, int B, int T) {
+    double t0 = trace_start();
     head_backward_input(cfg, wte, lnfw, h, x, targets, dloss, dln, dres, B, T);
     head_backward_weights(cfg, dwte, dlnfw, dlnfb, h, x, dln, B, T);
+    trace_compute(t0, "head backward");
 }
 
 void head_backward_input(const GPTConfig* cfg, const float* wte, const float* lnfw, HeadActs* h,
@@ -327,13 +381,20 @@ void head_backward_weights(const GPTConfig* cfg, float* dwte, float* dlnfw, floa
 // ---------------------------------------------------------------- activations of the whole model
 
 void gpt_acts_create(GPTActs* a, const GPTConfig* cfg, int B, int T) {
+    gpt_acts_create_recompute(a, cfg, B, T, RECOMPUTE_NONE);
+}
+
+void gpt_acts_create_recompute(GPTActs* a, const GPTConfig* cfg, int B, int T, RecomputeMode mode) {
     memset(a, 0, sizeof(*a));
     a->B = B;
     a->T = T;
+    a->recompute = mode;
     int C = cfg->channels, NH = cfg->num_heads, L = cfg->num_layers, Vp = cfg->padded_vocab_size;
     size_t BT = (size_t)B * T;
     a->encoded = mem_alloc_floats(BT * C, MEM_ACTIVATIONS);
-    a->blocks = mem_alloc_floats((size_t)L * block_acts_numel(B, T, C, NH), MEM_ACTIVATIONS);
+    a->blocks = mem_alloc_floats((size_t)L * block_store_numel(B, T, C, NH, mode), MEM_ACTIVATIONS);
+    if (mode != RECOMPUTE_NONE)
+        a->transient = mem_alloc_floats(block_transient_numel(B, T, C, NH, mode), MEM_ACTIVATIONS);
     a->head = mem_alloc_floats(head_acts_numel(B, T, C, Vp), MEM_ACTIVATIONS);
     a->scratch = mem_alloc_floats(block_scratch_numel(B, T, C, NH), MEM_ACTIVATIONS);
     a->dres = mem_alloc_floats(BT * C, MEM_ACTIVATIONS);
@@ -345,6 +406,7 @@ void gpt_acts_create(GPTActs* a, const GPTConfig* cfg, int B, int T) {
 void gpt_acts_free(GPTActs* a) {
     mem_free(a->encoded);
     mem_free(a->blocks);
+    mem_free(a->transient);
     mem_free(a->head);
     mem_free(a->scratch);
     mem_free(a->dres);
@@ -354,9 +416,72 @@ void gpt_acts_free(GPTActs* a) {
     memset(a, 0, sizeof(*a));
 }
 
+// Layer `layer`'s store: the same stride whatever (B, T) <= (a->B, a->T).
+static float* layer_store(const GPTActs* a, const GPTConfig* cfg, int layer) {
+    return a->blocks + (size_t)layer * block_store_numel(a->B, a->T, cfg->channels, cfg->num_heads, a->recompute);
+}
+
 BlockActs gpt_acts_block(const GPTActs* a, const GPTConfig* cfg, int layer, int B, int T) {
-    float* base = a->blocks + (size_t)layer * block_acts_numel(a->B, a->T, cfg->channels, cfg->num_heads);
-    return block_acts_at(base, B, T, cfg->channels, cfg->num_heads);
+    int C = cfg->channels, NH = cfg->num_heads;
+    float* store = layer_store(a, cfg, layer);
+    switch (a->recompute) {
+        case RECOMPUTE_SELECTIVE: return block_acts_selective(store, a->transient, B, T, C, NH);
+        case RECOMPUTE_FULL: {
+            // everything in the one-layer transient but the output, which
+            // the next block (and this block's recompute) reads
+            BlockActs v = block_acts_at(a->transient, B, T, C, NH);
+            v.res3 = store;
+            return v;
+        }
+        default: return block_acts_at(store, B, T, C, NH);
+    }
+}
+
+const float* gpt_acts_block_output(const GPTActs* a, const GPTConfig* cfg, int layer, int B, int T) {
+    return gpt_acts_block(a, cfg, layer, B, T).res3;
+}
+
+const float* gpt_acts_block_input(const GPTActs* a, const GPTConfig* cfg, int layer, int B, int T) {
+    return layer > 0 ? gpt_acts_block_output(a, cfg, layer - 1, B, T) : a->encoded;
+}
+
+void gpt_block_forward(const GPTActs* a, const GPTConfig* cfg, int layer, const BlockParams* p, int B, int T) {
+    double t0 = trace_start();
+    BlockActs v = gpt_acts_block(a, cfg, layer, B, T);
+    block_forward(p, &v, gpt_acts_block_input(a, cfg, layer, B, T), B, T, cfg->channels, cfg->num_heads);
+    trace_compute(t0, "block %d forward", layer);
+}
+
+BlockActs gpt_acts_block_recompute(const GPTActs* a, const GPTConfig* cfg, int layer, const BlockParams* p,
+                                   int B, int T) {
+    int C = cfg->channels, NH = cfg->num_heads, N = B * T;
+    BlockActs v = gpt_acts_block(a, cfg, layer, B, T);
+    if (a->recompute == RECOMPUTE_NONE) return v;
+    double t0 = trace_start();
+    if (a->recompute == RECOMPUTE_SELECTIVE) {
+        // the same two ops as block_forward on the same kept inputs: the same
+        // bits. attention_forward also rewrites its output atty, which is
+        // kept: the copy goes to attproj's slot (backward never reads it).
+        attention_forward(v.attproj, v.att, v.qkv, B, T, C, NH);
+        gelu_forward(v.fch_gelu, v.fch, (size_t)N * 4 * C);
+    } else {
+        // the whole block again from its kept input, every output in the
+        // transient (its res3 too: the kept one stays as it was)
+        v = block_acts_at(a->transient, B, T, C, NH);
+        block_forward(p, &v, gpt_acts_block_input(a, cfg, layer, B, T), B, T, C, NH);
+    }
+    trace_compute(t0, "block %d recompute", layer);
+    return v;
+}
+
+void gpt_block_backward(const GPTActs* a, const GPTConfig* cfg, int layer, const BlockParams* p, BlockParams* g,
+                        int B, int T) {
+    double t0 = trace_start();
+    BlockActs v = gpt_acts_block_recompute(a, cfg, layer, p, B, T);
+    BlockScratch s = gpt_acts_scratch(a, cfg);
+    block_backward(p, g, &v, &s, gpt_acts_block_input(a, cfg, layer, B, T), a->dres, B, T, cfg->channels,
+                   cfg->num_heads);
+    trace_compute(t0, "block %d backward", layer);
 }
 
 HeadActs gpt_acts_head(const GPTActs* a, const GPTConfig* cfg, int B, int T) {
@@ -385,6 +510,10 @@ float gpt_acts_mean_loss(GPTActs* a, const GPTConfig* cfg) {
 // ---------------------------------------------------------------- the whole model
 
 void gpt_create(GPT* m, const GPTConfig* cfg, int B, int T, uint64_t seed) {
+    gpt_create_recompute(m, cfg, B, T, seed, RECOMPUTE_NONE);
+}
+
+void gpt_create_recompute(GPT* m, const GPTConfig* cfg, int B, int T, uint64_t seed, RecomputeMode mode) {
     memset(m, 0, sizeof(*m));
     m->cfg = *cfg;
     m->B = B;
@@ -394,7 +523,7 @@ void gpt_create(GPT* m, const GPTConfig* cfg, int B, int T, uint64_t seed) {
     m->params = mem_alloc_floats(P, MEM_PARAMS);
     m->grads = mem_alloc_floats(P, MEM_GRADS);
     m->loss_scale = 1.0f;
-    gpt_acts_create(&m->acts, cfg, B, T);
+    gpt_acts_create_recompute(&m->acts, cfg, B, T, mode);
     // init on the host, in chunks, then copy to the device
     size_t chunk = 1 << 20;
     float* host = xmalloc(chunk * sizeof(float));
@@ -423,17 +552,17 @@ void gpt_free(GPT* m) {
 // Forward for B sequences of T tokens already on the device.
 static void forward_bt(GPT* m, int B, int T) {
     const GPTConfig* c = &m->cfg;
-    int C = c->channels, NH = c->num_heads;
+    int C = c->channels;
     float* P = m->params;
+    double t0 = trace_start();
     encoder_forward(m->acts.encoded, m->acts.inputs, P + gpt_tensor_offset(c, P_WTE, 0),
                     P + gpt_tensor_offset(c, P_WPE, 0), B, T, C);
-    const float* x = m->acts.encoded;
+    trace_compute(t0, "embedding forward");
     for (int l = 0; l < c->num_layers; l++) {
         BlockParams p = block_params_at(P + gpt_block_offset(c, l), C);
-        BlockActs a = gpt_acts_block(&m->acts, c, l, B, T);
-        block_forward(&p, &a, x, B, T, C, NH);
-        x = a.res3;
+        gpt_block_forward(&m->acts, c, l, &p, B, T);
     }
+    const float* x = gpt_acts_block_input(&m->acts, c, c->num_layers, B, T);
     HeadActs h = gpt_acts_head(&m->acts, c, B, T);
     head_forward(c, P + gpt_tensor_offset(c, P_WTE, 0), P + gpt_tensor_offset(c, P_LNFW, 0),
                  P + gpt_tensor_offset(c, P_LNFB, 0), &h, x, m->acts.targets, B, T);
@@ -451,11 +580,11 @@ void gpt_backward(GPT* m) { gpt_backward_hooked(m, NULL, NULL); }
 
 void gpt_backward_hooked(GPT* m, void (*ready)(void* ctx, size_t boundary), void* ctx) {
     const GPTConfig* c = &m->cfg;
-    int B = m->B, T = m->T, C = c->channels, NH = c->num_heads, L = c->num_layers;
+    int B = m->B, T = m->T, C = c->channels, L = c->num_layers;
     float *P = m->params, *G = m->grads;
     HeadActs h = gpt_acts_head(&m->acts, c, B, T);
     BlockScratch s = gpt_acts_scratch(&m->acts, c);
-    const float* last = L > 0 ? gpt_acts_block(&m->acts, c, L - 1, B, T).res3 : m->acts.encoded;
+    const float* last = gpt_acts_block_input(&m->acts, c, L, B, T);
     head_backward(c, P + gpt_tensor_offset(c, P_WTE, 0), P + gpt_tensor_offset(c, P_LNFW, 0),
                   G + gpt_tensor_offset(c, P_WTE, 0), G + gpt_tensor_offset(c, P_LNFW, 0),
                   G + gpt_tensor_offset(c, P_LNFB, 0), &h, last, m->acts.targets,
@@ -464,13 +593,13 @@ void gpt_backward_hooked(GPT* m, void (*ready)(void* ctx, size_t boundary), void
     for (int l = L - 1; l >= 0; l--) {
         BlockParams p = block_params_at(P + gpt_block_offset(c, l), C);
         BlockParams g = block_params_at(G + gpt_block_offset(c, l), C);
-        BlockActs a = gpt_acts_block(&m->acts, c, l, B, T);
-        const float* x = l > 0 ? gpt_acts_block(&m->acts, c, l - 1, B, T).res3 : m->acts.encoded;
-        block_backward(&p, &g, &a, &s, x, m->acts.dres, B, T, C, NH);
+        gpt_block_backward(&m->acts, c, l, &p, &g, B, T);
         if (ready) ready(ctx, gpt_block_offset(c, l));
     }
+    double t0 = trace_start();
     encoder_backward(G + gpt_tensor_offset(c, P_WTE, 0), G + gpt_tensor_offset(c, P_WPE, 0),
                      m->acts.dres, m->acts.inputs, B, T, C);
+    trace_compute(t0, "embedding backward");
     if (ready) ready(ctx, 0);
 }
 

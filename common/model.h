@@ -215,13 +215,37 @@ void head_backward_input(const GPTConfig* cfg, const float* wte, const float* ln
 void head_backward_weights(const GPTConfig* cfg, float* dwte, float* dlnfw, float* dlnfb,
                            const HeadActs* h, const float* x, const float* dlnf, int B, int T);
 
+// ---------------------------------------------------------------- activation recomputation
+// What each layer keeps from forward for backward (--recompute):
+//   none       every BlockActs field: B*T*(18C + NH*T + 4) per layer
+//   selective  drops what is cheap to recompute and large: the attention
+//              probabilities att (NH*T per token, rebuilt from the kept qkv
+//              by attention_forward) and fch_gelu (4C, gelu of the kept
+//              fch), and attproj and fcproj (C each), which backward never
+//              reads: B*T*(12C + 4) per layer; the matmul outputs stay
+//              (Korthikanti et al., 2022)
+//   full       keeps only the block's output res3 (C per token), the next
+//              block's input; backward reruns the block's forward from its
+//              input into a one-layer buffer first: B*T*C per layer
+// The dropped fields live in ONE buffer shared by every layer, the
+// transient: selective B*T*(6C + NH*T), full a whole BlockActs. Recomputing
+// repeats the same ops on the same inputs, so gradients and losses are the
+// same bits as with none.
+typedef enum { RECOMPUTE_NONE, RECOMPUTE_SELECTIVE, RECOMPUTE_FULL, NUM_RECOMPUTE_MODES } RecomputeMode;
+const char* recompute_name(RecomputeMode mode);  // "none", "selective", "full"
+// Floats one layer keeps, and floats of the one transient buffer.
+size_t block_store_numel(int B, int T, int C, int NH, RecomputeMode mode);
+size_t block_transient_numel(int B, int T, int C, int NH, RecomputeMode mode);
+
 // ---------------------------------------------------------------- the whole model
 // The activations of a (B, T) batch through the whole model, wherever the
 // parameters live (a replica, an FSDP gather buffer, ...).
 typedef struct {
     int B, T;
+    RecomputeMode recompute;
     float* encoded;       // (B,T,C) embedding output, the input of block 0
-    float* blocks;        // L * block_acts_numel
+    float* blocks;        // L * block_store_numel(mode)
+    float* transient;     // block_transient_numel(mode), shared by every layer (NULL for none)
     float* head;          // head_acts_numel
     float* scratch;       // block_scratch_numel, reused by every block's backward
     float* dres;          // (B,T,C) the gradient flowing down the residual stream
@@ -230,11 +254,32 @@ typedef struct {
     float* losses_host;   // (B,T)
 } GPTActs;
 
-void gpt_acts_create(GPTActs* a, const GPTConfig* cfg, int B, int T);
+void gpt_acts_create(GPTActs* a, const GPTConfig* cfg, int B, int T);  // recompute none
+void gpt_acts_create_recompute(GPTActs* a, const GPTConfig* cfg, int B, int T, RecomputeMode mode);
 void gpt_acts_free(GPTActs* a);
 // Views for a batch of (B, T) <= the batch a was made for (same strides, so
 // a smaller batch, as in sampling, reuses the same buffers).
+// Where block `layer`'s forward writes: the kept fields in the layer's own
+// store, the dropped ones (recompute selective, full) in the transient.
 BlockActs gpt_acts_block(const GPTActs* a, const GPTConfig* cfg, int layer, int B, int T);
+// Block `layer`'s input (the embedding output or block layer-1's res3) and
+// output (its res3): kept in every mode.
+const float* gpt_acts_block_input(const GPTActs* a, const GPTConfig* cfg, int layer, int B, int T);
+const float* gpt_acts_block_output(const GPTActs* a, const GPTConfig* cfg, int layer, int B, int T);
+// Block `layer`'s forward from its input, into the activations (traced as
+// "block l forward").
+void gpt_block_forward(const GPTActs* a, const GPTConfig* cfg, int layer, const BlockParams* p, int B, int T);
+// Block `layer`'s backward (traced as "block l backward"): first recomputes
+// what the mode dropped (p must be the block's parameters, gathered if they
+// are sharded), then block_backward with a->dres and the scratch. With
+// recompute on, the recomputed tensors live in the shared transient: run a
+// layer's backward (both halves) before another layer's recompute.
+void gpt_block_backward(const GPTActs* a, const GPTConfig* cfg, int layer, const BlockParams* p, BlockParams* g,
+                        int B, int T);
+// The activations backward reads for block `layer`: for selective and full,
+// recomputed into the transient from the kept ones (the "recompute" span).
+BlockActs gpt_acts_block_recompute(const GPTActs* a, const GPTConfig* cfg, int layer, const BlockParams* p,
+                                   int B, int T);
 HeadActs gpt_acts_head(const GPTActs* a, const GPTConfig* cfg, int B, int T);
 BlockScratch gpt_acts_scratch(const GPTActs* a, const GPTConfig* cfg);
 // Copies a host batch of token ids (B,T) to the device.
@@ -261,6 +306,8 @@ typedef struct {
 // (B, T) batch. The AdamW moments come separately, since not every rank of
 // every chapter keeps them.
 void gpt_create(GPT* m, const GPTConfig* cfg, int B, int T, uint64_t seed);
+// The same, with activations kept as --recompute says.
+void gpt_create_recompute(GPT* m, const GPTConfig* cfg, int B, int T, uint64_t seed, RecomputeMode mode);
 // Allocates the AdamW moments m and v (zero).
 void gpt_create_optimizer(GPT* m);
 void gpt_free(GPT* m);

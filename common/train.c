@@ -10,6 +10,7 @@
 #include "memory.h"
 #include "paths.h"
 #include "runtime.h"
+#include "trace.h"
 
 void train_setup(TrainSetup* s, const TrainArgs* a) {
     memset(s, 0, sizeof(*s));
@@ -17,7 +18,7 @@ void train_setup(TrainSetup* s, const TrainArgs* a) {
     // before anything is opened for writing: no output may be an input, and
     // --save must be writable now, not found unwritable after training
     PathArg inputs[] = {{"--model", a->model}, {"--data", a->data}, {"--val", a->val}};
-    PathArg outputs[] = {{"--log", a->log}, {"--save", a->save}};
+    PathArg outputs[] = {{"--log", a->log}, {"--save", a->save}, {"--trace", a->trace}};
     int n_in = sizeof(inputs) / sizeof(inputs[0]), n_out = sizeof(outputs) / sizeof(outputs[0]);
     const char* bad = paths_check_distinct(inputs, n_in, outputs, n_out, msg, sizeof(msg));
     for (int o = 0; o < n_out && !bad; o++) bad = paths_check_writable(&outputs[o], msg, sizeof(msg));
@@ -254,10 +255,12 @@ int run_start(Run* r, int argc, char** argv, const char* program, const char* su
     train_setup(&r->setup, &r->args);
     r->peak_gflops = r->args.peak_gflops > 0 ? r->args.peak_gflops : measure_matmul_gflops();
     comm_counts_reset();
+    trace_open(r->args.trace);
     return 1;
 }
 
 void run_finish(Run* r) {
+    trace_finish();
     train_setup_free(&r->setup);
     comm_destroy(&r->world, r->axes);
     mesh_destroy(&r->mesh);
@@ -272,8 +275,14 @@ void clock_begin(StepClock* c) {
 
 double clock_end(StepClock* c, int step, int steps) {
     device_synchronize();
-    double dt = now_seconds() - c->t0;
-    if (step > 0 || steps == 1) {
+    double t1 = now_seconds(), dt = t1 - c->t0;
+    int timed = step > 0 || steps == 1;
+    char name[32];
+    snprintf(name, sizeof(name), "step %d", step);
+    // the same two clock reads as the step's time: the trace's timed step
+    // spans add up to the summary's ms per step
+    trace_span(TRACE_STEP, c->t0, t1, 0, step, timed, name);
+    if (timed) {
         c->seconds += dt;
         c->wait += comm_wait_seconds() - c->w0;
         c->progress += comm_progress_seconds() - c->p0;

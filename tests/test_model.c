@@ -975,6 +975,67 @@ static void test_tp_head(void) {
     for (size_t i = 0; i < sizeof(all) / sizeof(all[0]); i++) mem_free(all[i]);
     mem_free(targets);
     free(host);
+// --recompute (model.h): selective and full recompute what they dropped by
+// repeating the same ops on the same inputs, so the loss and every gradient
+// are the same bits as with none; what each mode allocates for activations
+// is its formula to the byte (docs/recompute.md); sampling (a smaller batch
+// through the same buffers) gives the same tokens.
+static void test_recompute(void) {
+    const GPTConfig* c = &small_cfg;
+    int B = 3, T = 8, C = c->channels, NH = c->num_heads, L = c->num_layers, Vp = c->padded_vocab_size;
+    int inputs[24], targets[24];
+    random_tokens(inputs, B * T, c->vocab_size);
+    random_tokens(targets, B * T, c->vocab_size);
+    float* ref = NULL;
+    float ref_loss = 0.0f;
+    int ref_sample[12];
+    for (int mode = RECOMPUTE_NONE; mode < NUM_RECOMPUTE_MODES; mode++) {
+        const char* name = recompute_name((RecomputeMode)mode);
+        size_t before = mem_current(MEM_ACTIVATIONS);
+        GPT m;
+        gpt_create_recompute(&m, c, B, T, 7, (RecomputeMode)mode);
+        gpt_create_optimizer(&m);
+        size_t got = mem_current(MEM_ACTIVATIONS) - before;
+        size_t per_layer = mode == RECOMPUTE_NONE ? 18 * (size_t)C + (size_t)NH * T + 4
+                           : mode == RECOMPUTE_SELECTIVE ? 12 * (size_t)C + 4 : (size_t)C;
+        size_t transient = mode == RECOMPUTE_NONE ? 0
+                           : mode == RECOMPUTE_SELECTIVE ? 6 * (size_t)C + (size_t)NH * T
+                                                         : 18 * (size_t)C + (size_t)NH * T + 4;
+        size_t want = 4 * (size_t)B * T * (C + L * per_layer + transient + (C + Vp + 6) + (13 * C + NH * T) + C + 2);
+        char what[160];
+        snprintf(what, sizeof(what), "recompute %s: activation bytes = 4BT[C + L*%zu + %zu + (C+Vp+6) + (13C+NH*T) + C + 2] = %zu",
+                 name, per_layer, transient, want);
+        check(got == want, what, "allocated %zu", got);
+        // two steps, so the second runs on parameters the first changed
+        float loss = 0.0f;
+        for (int step = 0; step < 2; step++) {
+            loss = gpt_forward(&m, inputs, targets);
+            gpt_zero_grad(&m);
+            gpt_backward(&m);
+            if (step == 0)
+                adamw_update(m.params, m.grads, m.m, m.v, m.num_params,
+                             (AdamWConfig){.lr = 1e-2f, .beta1 = 0.9f, .beta2 = 0.999f, .eps = 1e-8f}, 1, 1.0f);
+        }
+        int sample[12];
+        gpt_sample(&m, inputs, 3, sample, 12, 5);
+        if (mode == RECOMPUTE_NONE) {
+            ref = malloc(m.num_params * sizeof(float));
+            memcpy(ref, m.grads, m.num_params * sizeof(float));
+            ref_loss = loss;
+            memcpy(ref_sample, sample, sizeof(sample));
+        } else {
+            size_t first = m.num_params;
+            for (size_t i = 0; i < m.num_params && first == m.num_params; i++)
+                if (memcmp(&m.grads[i], &ref[i], sizeof(float)) != 0) first = i;
+            snprintf(what, sizeof(what), "recompute %s: the loss and every gradient of a second step are none's bitwise, and sampling gives the same tokens", name);
+            check(first == m.num_params && memcmp(&loss, &ref_loss, sizeof(float)) == 0 &&
+                      memcmp(sample, ref_sample, sizeof(sample)) == 0,
+                  what, "loss %.9g vs %.9g, first gradient difference at %zu of %zu", loss, ref_loss, first,
+                  m.num_params);
+        }
+        gpt_free(&m);
+    }
+    free(ref);
 }
 
 int main(void) {
@@ -992,5 +1053,6 @@ int main(void) {
     test_tiles();
     test_tp_block();
     test_tp_head();
+    test_recompute();
     return test_exit_code();
 }

@@ -249,6 +249,7 @@ void comm_progress(void) {
         int done = 0;
         MPI_CHECK(MPI_Request_get_status(in_flight[i]->mpi, &done, MPI_STATUS_IGNORE));
     }
+    comm_note_progress();
     comm_add_progress(now_seconds() - t0);
 }
 
@@ -272,6 +273,7 @@ static void untrack(CommRequest* req) {
 static double start(CommRequest* req) {
     memset(req, 0, sizeof(*req));
     req->active = 1;
+    comm_request_started(req);
     return now_seconds();
 }
 
@@ -337,10 +339,12 @@ void comm_irecv(const Comm* c, float* buf, size_t n, int peer, CommRequest* req)
 
 void comm_wait(CommRequest* req) {
     if (!req->active) return;
+    comm_request_current(req);
     untrack(req);
     double t0 = now_seconds();
     MPI_CHECK(MPI_Wait(&req->mpi, MPI_STATUS_IGNORE));
     comm_add_wait(now_seconds() - t0);
+    comm_request_done(req);
     if (req->scale_buf) ops_scale(req->scale_buf, req->scale_count, req->scale);
     req->active = 0;
 }
@@ -348,10 +352,12 @@ void comm_wait(CommRequest* req) {
 int comm_test(CommRequest* req) {
     if (!req->active) return 1;
     int done = 0;
+    comm_request_current(req);
     double t0 = now_seconds();
     untrack(req);
     MPI_CHECK(MPI_Test(&req->mpi, &done, MPI_STATUS_IGNORE));
     if (done) {
+        comm_request_done(req);
         if (req->scale_buf) ops_scale(req->scale_buf, req->scale_count, req->scale);
         req->active = 0;
     } else {

@@ -284,6 +284,7 @@ void comm_progress(void) {}
 static void start(CommRequest* req) {
     memset(req, 0, sizeof(*req));
     req->active = 1;
+    comm_request_started(req);
     cudaEvent_t ev;
     CUDA_CHECK(cudaEventCreateWithFlags(&ev, cudaEventDisableTiming));
     req->device_event = (void*)ev;
@@ -664,6 +665,7 @@ void comm_irecv(const Comm* c, float* buf, size_t n, int peer, CommRequest* req)
 // The end of a completed request: later compute is ordered after it, AVG is
 // applied (on the compute stream, after that), the event is freed.
 static void finish(CommRequest* req) {
+    comm_request_done(req);
     cudaEvent_t ev = (cudaEvent_t)req->device_event;
     CUDA_CHECK(cudaStreamWaitEvent(cuda_compute_stream, ev, 0));
     if (req->scale_buf) ops_scale(req->scale_buf, req->scale_count, req->scale);
@@ -675,6 +677,7 @@ static void finish(CommRequest* req) {
 void comm_wait(CommRequest* req) {
     if (!req->active) return;
     flush_p2p();
+    comm_request_current(req);
     // The host first waits for the compute queued so far, outside the timer
     // (as the blocking calls do): the request's event sits behind the compute
     // queued before its start, and the host usually runs far ahead of the
@@ -691,6 +694,7 @@ int comm_test(CommRequest* req) {
     if (!req->active) return 1;
     double t0 = now_seconds();
     flush_p2p();
+    comm_request_current(req);
     cudaError_t rc = cudaEventQuery((cudaEvent_t)req->device_event);
     int done = rc != cudaErrorNotReady;
     if (!done) {

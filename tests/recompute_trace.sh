@@ -1,0 +1,94 @@
+#!/bin/bash
+# --recompute and --trace (docs/recompute.md, docs/tracing.md): recomputation
+# logs the same losses and norms as none, bit for bit, in chapters 0, 2 and 3,
+# and each rank's activation peak is the mode's formula; a trace is valid
+# JSON, nested per rank and adds up to its run's summary (tests/trace_check.py),
+# and the checker fails on a broken trace; bad flags give one message.
+. "$(dirname "$0")/lib.sh"
+echo "== --recompute and --trace"
+# rc_steps RUN.jsonl: the step records without their timings, for a bitwise
+# comparison of loss and norm (the log prints them in full: %.8g and %.6f)
+rc_steps() { grep '"type":"step"' "$1" | sed 's/,"ms":.*//'; }
+rc_run() {  # LABEL NP BIN FLAGS...: runs into $TEST_TMPDIR/rc_LABEL.jsonl, fails on a non-zero exit
+    local label=$1 np=$2 bin=$3
+    shift 3
+    mpi_run $T_RUN "$np" "$BUILD/$bin" --steps 6 --batch 8 --seq 32 --peak-gflops 10 \
+        --log "$TEST_TMPDIR/rc_$label.jsonl" "$@"
+    [ "$RC" -eq 0 ] || fail "recompute/trace: $label" "exit $RC; $(echo "$OUT" | tail -3)"
+}
+# the same losses and norms, bit for bit, as recompute none in the same chapter
+rc_same() {  # LABEL REF_LABEL WHAT
+    if [ -s "$TEST_TMPDIR/rc_$1.jsonl" ] && [ "$(rc_steps "$TEST_TMPDIR/rc_$1.jsonl")" = "$(rc_steps "$TEST_TMPDIR/rc_$2.jsonl")" ]; then
+        pass "recompute: $3 logs the same 6 losses and norms as none, bit for bit"
+    else
+        fail "recompute: $3" "$(diff <(rc_steps "$TEST_TMPDIR/rc_$1.jsonl") <(rc_steps "$TEST_TMPDIR/rc_$2.jsonl") | head -4)"
+    fi
+}
+# activation bytes per rank, docs/recompute.md: 4BT[C + L*store + transient +
+# (C+Vp+6) + (13C+NH*T) + C + 2] for tiny (C 64, NH 4, L 2, Vp 256) at T 32
+rc_acts() {  # MODE B: the formula's bytes for B sequences
+    local C=64 NH=4 L=2 Vp=256 T=32 store transient
+    case $1 in
+        none) store=$((18 * C + NH * T + 4)); transient=0 ;;
+        selective) store=$((12 * C + 4)); transient=$((6 * C + NH * T)) ;;
+        full) store=$C; transient=$((18 * C + NH * T + 4)) ;;
+    esac
+    echo $((4 * $2 * T * (C + L * store + transient + (C + Vp + 6) + (13 * C + NH * T) + C + 2)))
+}
+rc_peak() {  # LABEL MODE B NP WHAT: every rank's activation peak = the formula
+    local want got i list=""
+    want=$(rc_acts "$2" "$3")
+    for ((i = 0; i < $4; i++)); do list="$list${list:+,}$want"; done
+    got=$(grep '"type":"summary"' "$TEST_TMPDIR/rc_$1.jsonl" | grep -o '"activations":\[[0-9,]*\]')
+    if [ "$got" = "\"activations\":[$list]" ]; then
+        pass "recompute: $5 peak activation bytes per rank = the $2 formula ($want)"
+    else
+        fail "recompute: $5 activation peak" "want [$list], got $got"
+    fi
+}
+rc_trace() {  # LABEL WHAT ARGS...: the trace is valid and agrees with the log
+    local label=$1 what=$2 out
+    shift 2
+    if out=$(python3 tests/trace_check.py "$TEST_TMPDIR/rc_$label.json" "$TEST_TMPDIR/rc_$label.jsonl" "$@" 2>&1) &&
+        python3 -m json.tool "$TEST_TMPDIR/rc_$label.json" >/dev/null 2>&1; then
+        pass "trace: $what: valid JSON, nested spans, $(echo "$out" | grep -c '^PASS') checks against the log"
+    else
+        fail "trace: $what" "$(echo "$out" | grep -v '^PASS' | head -4)"
+    fi
+}
+rc_run c0none 1 chapter-0
+rc_run c0sel 1 chapter-0 --recompute selective
+rc_run c0full 1 chapter-0 --recompute full --trace "$TEST_TMPDIR/rc_c0full.json"
+rc_same c0sel c0none "chapter 0 selective"
+rc_same c0full c0none "chapter 0 full"
+rc_peak c0none none 8 1 "chapter 0 none"
+rc_peak c0sel selective 8 1 "chapter 0 selective"
+rc_peak c0full full 8 1 "chapter 0 full"
+rc_trace c0full "chapter 0, recompute full" --layers 2 --recompute full
+# chapter 2: overlapped buckets, 2 micro-batches per rank
+rc_run c2none 2 chapter-2 --dp 2 --grad-accum 2 --bucket-kb 64
+rc_run c2full 2 chapter-2 --dp 2 --grad-accum 2 --bucket-kb 64 --recompute full --trace "$TEST_TMPDIR/rc_c2full.json"
+rc_same c2full c2none "chapter 2 dp=2 overlapped, grad-accum 2, full"
+rc_peak c2full full 2 2 "chapter 2 dp=2 grad-accum 2 full"
+rc_trace c2full "chapter 2 dp=2 overlapped, grad-accum 2" --layers 2 --micro 2 --recompute full
+# chapter 3: ZeRO-3 recomputes after the block's gather in backward
+rc_run c3none 2 chapter-3 --dp 2 --zero 3
+rc_run c3sel 2 chapter-3 --dp 2 --zero 3 --recompute selective --trace "$TEST_TMPDIR/rc_c3sel.json"
+rc_run c3full 2 chapter-3 --dp 2 --zero 2 --recompute full
+rc_same c3sel c3none "chapter 3 ZeRO-3 dp=2 selective"
+rc_same c3full c3none "chapter 3 ZeRO-2 dp=2 full"
+rc_peak c3sel selective 4 2 "chapter 3 dp=2 selective"
+rc_trace c3sel "chapter 3 ZeRO-3 dp=2, recompute selective" --layers 2 --recompute selective
+# the checker can fail: the first block 0 forward made to last past its step
+sed '0,/\("name":"block 0 forward","cat":"compute","ph":"X","ts":[0-9.]*,"dur":\)/s//\199999999/' \
+    "$TEST_TMPDIR/rc_c3sel.json" > "$TEST_TMPDIR/rc_broken.json"
+cp "$TEST_TMPDIR/rc_c3sel.jsonl" "$TEST_TMPDIR/rc_broken.jsonl"
+if ! python3 tests/trace_check.py "$TEST_TMPDIR/rc_broken.json" "$TEST_TMPDIR/rc_broken.jsonl" --layers 2 \
+    --recompute selective 2>&1 | grep -q '^FAIL every rank.s host row is well nested'; then
+    fail "trace: the checker finds a span that crosses its neighbour" "no FAIL line for the nesting"
+else
+    pass "trace: the checker finds a span that crosses its neighbour"
+fi
+error_case chapter-2 2 "--dp 2 --recompute some" "--recompute some is not one of none, selective, full"
+error_case chapter-3 2 "--dp 2 --trace /nonexistent-dir/t.json" "cannot write --trace '/nonexistent-dir/t.json'"
+finish
