@@ -975,6 +975,8 @@ static void test_tp_head(void) {
     for (size_t i = 0; i < sizeof(all) / sizeof(all[0]); i++) mem_free(all[i]);
     mem_free(targets);
     free(host);
+}
+
 // --recompute (model.h): selective and full recompute what they dropped by
 // repeating the same ops on the same inputs, so the loss and every gradient
 // are the same bits as with none; what each mode allocates for activations
