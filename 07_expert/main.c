@@ -458,6 +458,54 @@ static float forward_for_val(void* ctx, const int* inputs, const int* targets) {
     return loss;
 }
 
+// ---------------------------------------------------------------- the MoE file
+
+// --model FILE: chapter 7 reads its own file (moe.h); a dense llm.c file
+// is refused there, with the reason.
+static MoeConfig file_cfg;
+static const char* read_moe_config(const char* path, GPTConfig* cfg, char* msg, size_t len) {
+    const char* bad = moe_checkpoint_read_config(path, &file_cfg, msg, len);
+    if (!bad) *cfg = file_cfg.gpt;
+    return bad;
+}
+
+// --save FILE: rank 0 writes the replicated parameters and every expert,
+// gathered over ep (dp rank 0's ep group; every dp replica holds the same
+// experts). A host-side copy for the file, not part of training.
+static void save_model(ExpertModel* m, const char* path) {
+    int Lm = moe_num_moe_layers(&m->cfg), E = m->cfg.experts, El = m->E_local;
+    size_t ne = moe_expert_numel(&m->cfg);
+    float* all = NULL;
+    if (m->dp->rank == 0) {
+        // all ep ranks' buffers, rank after rank, then reordered to
+        // [layer][expert] (each rank holds [layer][its experts])
+        float* gathered = m->epc->rank == 0 ? mem_alloc_floats(m->n_experts * m->ep, MEM_OTHER) : NULL;
+        comm_gather(m->epc, m->experts, gathered, m->n_experts, 0);
+        if (m->epc->rank == 0) {
+            float* host = xmalloc(m->n_experts * m->ep * sizeof(float));
+            mem_to_host(host, gathered, m->n_experts * m->ep * sizeof(float));
+            all = xmalloc((size_t)Lm * E * ne * sizeof(float));
+            for (int r = 0; r < m->ep; r++)
+                for (int l = 0; l < Lm; l++)
+                    memcpy(all + ((size_t)l * E + (size_t)r * El) * ne, host + (size_t)r * m->n_experts + (size_t)l * El * ne,
+                           (size_t)El * ne * sizeof(float));
+            free(host);
+        }
+        mem_free(gathered);
+    }
+    char msg[1024];
+    const char* bad = NULL;
+    if (m->world->rank == 0) {
+        float* shared = xmalloc(m->n_shared * sizeof(float));
+        mem_to_host(shared, m->shared, m->n_shared * sizeof(float));
+        bad = moe_checkpoint_write(path, &m->cfg, shared, all, msg, sizeof(msg));
+        free(shared);
+        if (!bad) printf("saved %s (mixture of experts, version %d)\n", path, MOE_CHECKPOINT_VERSION);
+    }
+    free(all);
+    fail_if_any(bad != NULL, bad);
+}
+
 // ---------------------------------------------------------------- main
 
 int main(int argc, char** argv) {
@@ -473,6 +521,7 @@ int main(int argc, char** argv) {
          "f > 0: each expert takes at most floor(f k tokens / E) slots per step, the rest are dropped  [0: dropless]"},
     };
     Run run;
+    train_config_reader = read_moe_config;
     if (!run_start(&run, argc, argv, "build/chapter-7",
                    "Chapter 7: mixture of experts, experts sharded over ep: route, count, all-to-all-v\n"
                    "dispatch, experts, all-to-all-v combine; replicated gradients over dp x ep, experts over dp.",
@@ -482,6 +531,13 @@ int main(int argc, char** argv) {
     const TrainSetup* setup = &run.setup;
     MoeConfig cfg = {.gpt = setup->cfg, .experts = experts, .top_k = top_k,
                      .hidden = hidden > 0 ? hidden : 4 * setup->cfg.channels, .moe_every = moe_every};
+    if (setup->checkpoint) {
+        // the file's experts, router and widths win over the flags
+        cfg = file_cfg;
+        print0("--model %s: E=%d, top-%d, H=%d, every %d layer%s MoE (from the file)\n", setup->checkpoint, cfg.experts,
+               cfg.top_k, cfg.hidden, cfg.moe_every, cfg.moe_every == 1 ? "" : "s");
+        experts = cfg.experts, top_k = cfg.top_k, moe_every = cfg.moe_every;
+    }
     const char* bad = moe_config_problem(&cfg);
     if (bad) fail_all("%s", bad);
     if (hidden < 0) fail_all("--expert-hidden must be >= 1 (or 0 for 4C)");
@@ -500,8 +556,19 @@ int main(int argc, char** argv) {
     // my share of the batch: shares follow the world rank order (dp, then ep)
     int share = run.mesh.coord[AXIS_DP] * nep + run.mesh.coord[AXIS_EP];
 
+    char msg[1024];
     ExpertModel model;
     model_create(&model, &cfg, per_rank, T, &run.mesh, &run, (uint64_t)args->seed);
+    if (setup->checkpoint) {
+        float* shared = xmalloc(model.n_shared * sizeof(float));
+        float* mine = xmalloc((model.n_experts ? model.n_experts : 1) * sizeof(float));
+        bad = moe_checkpoint_read(setup->checkpoint, &cfg, shared, mine, model.e0, model.E_local, msg, sizeof(msg));
+        fail_if_any(bad != NULL, bad);
+        mem_to_device(model.shared, shared, model.n_shared * sizeof(float));
+        mem_to_device(model.experts, mine, model.n_experts * sizeof(float));
+        free(shared);
+        free(mine);
+    }
     model.aux_coef = aux_coef;
     model.capacity_factor = capacity;
     model.record = 1;
@@ -513,7 +580,6 @@ int main(int argc, char** argv) {
     print0("model %s: %zu parameters (%zu replicated, %zu in experts), %zu active per token; global batch %d x %d, %d per rank\n",
            setup->model_name, total_params, model.n_shared, total_params - model.n_shared, moe_active_params(&cfg), B, T,
            per_rank);
-    char msg[1024];
     JsonLog log;
     bad = jsonl_open(&log, args->log, msg, sizeof(msg));
     fail_if_any(bad != NULL, bad);
@@ -579,6 +645,7 @@ int main(int argc, char** argv) {
         .final_loss = loss, .val_loss = val_loss, .extra_json = extra_json};
     report_summary(&log, &run.mesh, &summary);
     jsonl_close(&log);
+    if (args->save) save_model(&model, args->save);
     free(inputs);
     free(targets);
     run_finish(&run);

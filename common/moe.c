@@ -223,8 +223,8 @@ const char* moe_checkpoint_read_config(const char* path, MoeConfig* c, char* msg
         return msg;
     }
     if (h[1] != MOE_CHECKPOINT_VERSION) {
-        snprintf(msg, len, "'%s' is a dense llm.c checkpoint (version %d), not a mixture of experts (version %d): "
-                 "it has no router and no experts; start from a preset (--model tiny) with --experts E",
+        snprintf(msg, len, "'%s' is not a mixture-of-experts checkpoint (version %d, ours is %d): a dense llm.c "
+                 "file has no router and no experts to load; start from a preset (--model tiny) with --experts E",
                  path, h[1], MOE_CHECKPOINT_VERSION);
         return msg;
     }
@@ -243,6 +243,16 @@ const char* moe_checkpoint_read_config(const char* path, MoeConfig* c, char* msg
     if (!bad) bad = moe_config_problem(c);
     if (bad) {
         snprintf(msg, len, "checkpoint '%s' has an unusable config: %s", path, bad);
+        return msg;
+    }
+    f = fopen(path, "rb");
+    long size = f && fseek(f, 0, SEEK_END) == 0 ? ftell(f) : -1;
+    if (f) fclose(f);
+    long want = (long)(256 * sizeof(int) + (moe_num_shared(c) + (size_t)moe_num_moe_layers(c) * c->experts *
+                                            moe_expert_numel(c)) * sizeof(float));
+    if (size != want) {
+        snprintf(msg, len, "checkpoint '%s' has %ld bytes, but its header needs %ld: the file is truncated or corrupt",
+                 path, size, want);
         return msg;
     }
     return NULL;
