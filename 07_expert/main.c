@@ -625,12 +625,17 @@ int main(int argc, char** argv) {
     }
     free(ex);
     // the all-to-all traffic of training alone (validation below adds its own)
+    // A rank sends its N k token-slots in dispatch and, in combine, what its
+    // experts received: this varies by rank, the mean over the ranks is
+    // N k C floats per exchange (a host figure for the log: plain MPI)
     CommCount a2a = comm_count(COLL_ALLTOALL, AXIS_EP);
+    MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, &a2a.bytes, 1, MPI_DOUBLE, MPI_SUM, model.world->mpi));
+    a2a.bytes /= model.world->size;
     float val_loss = train_val_loss_with(setup, args->val_batches, forward_for_val, &model, share * per_rank, per_rank,
                                          per_rank, model.world);
     if (val_loss >= 0) report_val(&log, args->steps - 1, val_loss);
     double ms = clock_ms_per_step(&clock);
-    print0("dispatch and combine: %.0f bytes sent per rank per step in all-to-all-v (rank 0), %ld token-slots dropped\n",
+    print0("dispatch and combine: %.0f bytes sent per rank per step in all-to-all-v (mean over ranks), %ld token-slots dropped\n",
            args->steps > 0 ? a2a.bytes / args->steps : 0.0, dropped_total);
     char extra_json[512];
     snprintf(extra_json, sizeof(extra_json),
