@@ -15,6 +15,8 @@
 #                              batch 16; dp=2 batch 8 is ch2_overlapped_dp2)
 #   ch3_zeroZ_dpN              chapter 3, --zero 1, 2, 3 at dp = 2 and 4, and ZeRO-3 at
 #                              dp = 1 (memory per rank against N = 1, 2, 4)
+#   ch7_e4k1_epN               chapter 7, 4 experts, top-1 (the dense model's active
+#                              parameters), ep = 1 and 4
 #
 # A chapter's runs are in the sweep only if its binary ($BIN/chapter-N) exists.
 # Each run first writes a temporary file and replaces the old one only when it
@@ -85,6 +87,12 @@ if have 3; then
     done
 else skipped="$skipped 3"; fi
 
+if have 7; then
+    # chapter 7: 4 experts of width 4C, top-1: a token meets as many weights
+    # as in the dense model (plus the router's E C per layer), on 1 and 4 ranks
+    add ch7_e4k1_ep1 1 "$BIN/chapter-7" --experts 4 --top-k 1 $TRAIN
+    add ch7_e4k1_ep4 4 "$BIN/chapter-7" --ep 4 --experts 4 --top-k 1 $TRAIN
+else skipped="$skipped 7"; fi
 total=${#names[@]}
 if [ "$total" = 0 ]; then
     echo "bench: nothing to run: no $BIN/chapter-N binaries${ONLY:+ with runs matching '$ONLY'} (make all builds them)" >&2

@@ -16,6 +16,7 @@
 #      comm_bytes_per_step.png    comm_bytes.gp    bytes communicated per step per rank
 #      step_time_split.png        step_time.gp     ms per step: waiting on communication vs the rest
 #      collectives_busbw_npP.png  collectives_busbw.gp   chapter 1: busbw, hand-written vs library
+#      expert_load.png            expert_load.gp   chapter 7: tokens per expert per step (expert_load.sh)
 #
 # GP_VARS (environment) is passed to every script before its own settings,
 # e.g. GP_VARS="strong_batch=4; weak_per_rank=2" for a sweep with other batches.
@@ -86,4 +87,6 @@ for t in "$tables"/collectives_np*.dat; do
     p=$(basename "$t" .dat | sed 's/collectives_np//')
     draw collectives_busbw.gp "$pngs/collectives_busbw_np$p.png" "datafile='$t'; ymax=$ymax"
 done
+# chapter 7's load balance, from its own runs in DATA_DIR/ch7/
+bash "$gp/expert_load.sh" "$data" "$tables" "$pngs" || failed=$((failed + 1))
 [ $failed -eq 0 ]
