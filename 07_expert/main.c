@@ -450,6 +450,28 @@ static void model_create(ExpertModel* m, const MoeConfig* cfg, int B, int T, con
     m->routed = xcalloc((size_t)Lm * E, sizeof(long));
 }
 
+static void model_free(ExpertModel* m) {
+    float* dev[] = {m->shared, m->dshared, m->m_s, m->v_s, m->experts, m->dexperts, m->m_e, m->v_e,
+                    m->encoded, m->blocks, m->head, m->scratch, m->dres, m->recv, m->xbuf, m->ybuf,
+                    m->dfch, m->dfch_gelu, m->dsend, m->dgates, m->dlogits, m->dln2};
+    for (size_t i = 0; i < sizeof(dev) / sizeof(dev[0]); i++) mem_free(dev[i]);
+    mem_free(m->inputs);
+    mem_free(m->targets);
+    free(m->losses_host);
+    for (int i = 0; i < moe_num_moe_layers(&m->cfg); i++) {
+        MoeLayer* q = &m->moe[i];
+        float* f[] = {q->logits, q->probs, q->gates, q->send, q->back, q->exp_in, q->fch, q->fch_gelu, q->aux_dprobs};
+        for (size_t j = 0; j < sizeof(f) / sizeof(f[0]); j++) mem_free(f[j]);
+        int* d[] = {q->idx, q->pos, q->send_src, q->perm, q->inv_perm};
+        for (size_t j = 0; j < sizeof(d) / sizeof(d[0]); j++) mem_free(d[j]);
+        void* h[] = {q->idx_host, q->pos_host, q->src_host, q->perm_host, q->cnt_send, q->cnt_recv,
+                     q->expert_off, q->sc, q->sd, q->rc, q->rd};
+        for (size_t j = 0; j < sizeof(h) / sizeof(h[0]); j++) free(h[j]);
+    }
+    free(m->moe);
+    free(m->routed);
+}
+
 static float forward_for_val(void* ctx, const int* inputs, const int* targets) {
     ExpertModel* m = ctx;
     m->record = 0;
@@ -653,6 +675,7 @@ int main(int argc, char** argv) {
     if (args->save) save_model(&model, args->save);
     free(inputs);
     free(targets);
+    model_free(&model);
     run_finish(&run);
     return 0;
 }

@@ -41,6 +41,10 @@ done
 for zero in 1 2 3; do
     run "chapter 3 ZeRO-$zero on 3 ranks" $MPIRUN -np 3 "$BUILD/chapter-3" --dp 3 --batch 6 --zero "$zero" --steps 2 --peak-gflops 10
 done
+if [ -x "$BUILD/chapter-7" ]; then
+    run "chapter 7 dp 2 x ep 2, capacity, save" $MPIRUN -np 4 "$BUILD/chapter-7" --dp 2 --ep 2 --batch 8 --steps 2 --capacity-factor 1 --peak-gflops 10 --save "$TEST_TMPDIR/m.bin"
+    run "chapter 7 from its file on ep 4" $MPIRUN -np 4 "$BUILD/chapter-7" --ep 4 --batch 8 --steps 1 --peak-gflops 10 --model "$TEST_TMPDIR/m.bin"
+fi
 head -c 50000 /usr/share/games/fortunes/fortunes > "$TEST_TMPDIR/c.txt"
 run "tokenize" "$BUILD/tokenize" "$TEST_TMPDIR/c.txt" "$TEST_TMPDIR/c"
 echo
