@@ -61,6 +61,17 @@ fi
 c7_same "ep=4" 4 "--ep 4"
 c7_same "dp=2 x ep=2" 4 "--dp 2 --ep 2"
 
+# a dense layer below an MoE layer (--moe-every 2), experts of width 96, and
+# k = 3 > the 2 experts of a rank (the receive buffers' bound min(k, E/ep))
+c7_odd="--steps 4 --batch 24 --seq 32 --peak-gflops 10 --experts 4 --top-k 3 --moe-every 2 --expert-hidden 96"
+mpi_run $T_RUN 1 "$BUILD/chapter-7" $c7_odd --log "$TEST_TMPDIR/c7_odd1.jsonl"
+mpi_run $T_RUN 2 "$BUILD/chapter-7" $c7_odd --ep 2 --log "$TEST_TMPDIR/c7_odd2.jsonl"
+if [ $RC = 0 ] && a=$(bash tests/compare_losses.sh "$TEST_TMPDIR/c7_odd1.jsonl" "$TEST_TMPDIR/c7_odd2.jsonl" $TOL 2>&1); then
+    pass "experts: --moe-every 2, H=96, k=3 on ep=2 reproduces ep=1 ($a)"
+else
+    fail "experts: --moe-every 2, H=96, k=3" "exit $RC; $a; command: $CMD"
+fi
+
 # Capacity mode, by hand: E = 2, k = 2 sends every token to both experts,
 # 768 slots each per layer; f = 0.25 keeps floor(0.25 x 2 x 768 / 2) = 192,
 # drops 576 per expert: 2 x 576 x 2 layers = 2304 per step, on any mesh.
