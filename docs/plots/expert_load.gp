@@ -4,7 +4,7 @@
 set terminal pngcairo size 1100,460 font "sans,10"
 set output outfile
 n = words(coefs)
-set multiplot layout 1, n title "Chapter 7: token-slots per expert (layer 0) / fair share, tiny model, E=8, k=2"
+set multiplot layout 1, n title "Chapter 7: token-slots per expert of the first MoE layer / fair share (1 = k N / E)"
 set xlabel "step"
 set ylabel "load / fair load"
 set yrange [0:*]
@@ -14,6 +14,8 @@ do for [i = 1:n] {
     c = word(coefs, i)
     set title sprintf("--aux-coef %s", c)
     f = sprintf("%s/ch7_load_aux%s.dat", dir, c)
-    plot for [e = 2:9] f using 1:e with lines lw 1 title sprintf("expert %d", e - 2), 1 with lines dt 2 lc "black"
+    stats f nooutput
+    ncols = STATS_columns
+    plot for [e = 2:ncols] f using 1:e with lines lw 1 title sprintf("expert %d", e - 2), 1 with lines dt 2 lc "black"
 }
 unset multiplot

@@ -1,21 +1,22 @@
 #!/bin/bash
 # expert_load.sh: chapter 7's load-balance plot (plots.sh calls it).
 #
-#   bash docs/plots/expert_load.sh DATA_DIR TABLE_DIR PNG_DIR
+#   bash docs/plots/expert_load.sh DATA_DIR TABLE_DIR
 #
 # Reads DATA_DIR/ch7/ch7_load_aux*.jsonl: chapter 7 runs of the same model,
 # one per --aux-coef (the file name ends in the coefficient). From each step
 # record's "expert_tokens" (token-slots routed to each expert, per MoE layer,
 # over the global batch) it writes TABLE_DIR/ch7_load_auxC.dat: step, then
 # layer 0's slots per expert as a share of the fair load (k N / E), and
-# draws PNG_DIR/expert_load.png with docs/plots/expert_load.gp: one panel
-# per coefficient. Nothing to read: nothing drawn, no error.
+# prints the coefficients it found, which plots.sh hands to
+# docs/plots/expert_load.gp (one panel each) to draw expert_load.png.
+# Nothing to read: prints nothing, no error.
 set -u
 cd "$(dirname "$0")/../.."
-data=$1 tables=$2 pngs=$3
+data=$1 tables=$2
 files=$(ls "$data"/ch7/ch7_load_aux*.jsonl 2>/dev/null) || exit 0
 [ -n "$files" ] || exit 0
-mkdir -p "$tables" "$pngs"
+mkdir -p "$tables"
 list=""
 for f in $files; do
     c=$(basename "$f" .jsonl | sed 's/ch7_load_aux//')
@@ -25,5 +26,4 @@ for f in $files; do
         > "$tables/ch7_load_aux$c.dat"
     list="$list $c"
 done
-gnuplot -e "dir='$tables'; outfile='$pngs/expert_load.png'; coefs='$list'" docs/plots/expert_load.gp &&
-    echo "plots: $pngs/expert_load.png"
+echo $list
