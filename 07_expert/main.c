@@ -62,7 +62,8 @@ typedef struct {
     int B, T, N;           // this rank's sequences, their length, B*T token rows
     int ep, E_local, e0;   // ep ranks; my experts are [e0, e0 + E_local)
     int R;                 // most rows my experts can receive in one layer
-    const Comm *world, *dp, *epc;
+    Comm dpep;             // every rank that holds the replicated parameters: dp x ep
+    const Comm *world, *dp, *epc;  // world: rank 0 writes the file
     float aux_coef, capacity_factor;  // capacity_factor 0: dropless
     // parameters: the replicated ones and my experts (moe.h's two buffers)
     size_t n_shared, n_experts;
@@ -103,7 +104,7 @@ static void plan_dispatch(ExpertModel* m, MoeLayer* L, int layer_index) {
     // the load-balancing loss (Switch / GShard), over the GLOBAL batch so that
     // every mesh trains the same objective: f_e = share of the token-slots
     // routed to e, P_e = mean router prob of e, aux = E sum_e f_e P_e
-    // (1 when balanced). Both sums are all-reduced over the world.
+    // (1 when balanced). Both sums are all-reduced over dp x ep.
     long* cnt = xmalloc((size_t)E * sizeof(long));
     double* psum = xmalloc((size_t)E * sizeof(double));
     float* probs = xmalloc((size_t)N * E * sizeof(float));
@@ -114,22 +115,22 @@ static void plan_dispatch(ExpertModel* m, MoeLayer* L, int layer_index) {
         for (int e = 0; e < E; e++) psum[e] += probs[(size_t)t * E + e];
     long* cnt_before = xmalloc((size_t)E * sizeof(long));  // slots to e on the ranks before me
     for (int e = 0; e < E; e++) cnt_before[e] = 0;
-    // world rank order = the order of the batch's shares (share = dp * ep +
-    // ep coordinate, the mesh's rank order), so an exclusive scan counts the
-    // slots of the tokens before mine: capacity keeps the first ones
-    MPI_CHECK(MPI_Exscan(cnt, cnt_before, E, MPI_LONG, MPI_SUM, m->world->mpi));
-    if (m->world->rank == 0)
+    // the group's rank order (world order) = the order of the batch's
+    // shares (share = dp * ep + ep coordinate), so an exclusive scan counts
+    // the slots of the tokens before mine: capacity keeps the first ones
+    MPI_CHECK(MPI_Exscan(cnt, cnt_before, E, MPI_LONG, MPI_SUM, m->dpep.mpi));
+    if (m->dpep.rank == 0)
         for (int e = 0; e < E; e++) cnt_before[e] = 0;  // Exscan leaves rank 0's undefined
-    MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, cnt, E, MPI_LONG, MPI_SUM, m->world->mpi));
-    MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, psum, E, MPI_DOUBLE, MPI_SUM, m->world->mpi));
-    double n_global = (double)N * m->world->size, aux = 0.0;
+    MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, cnt, E, MPI_LONG, MPI_SUM, m->dpep.mpi));
+    MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, psum, E, MPI_DOUBLE, MPI_SUM, m->dpep.mpi));
+    double n_global = (double)N * m->dpep.size, aux = 0.0;
     float* aux_host = xmalloc((size_t)E * sizeof(float));
     for (int e = 0; e < E; e++) {
         double f = (double)cnt[e] / (n_global * k), P = psum[e] / n_global;
         aux += E * f * P;
         // d (coef * aux) / d prob[t, e] = coef E f_e / N_global for every
-        // token; this rank's gradient is averaged over the world later
-        // (x 1 / world), so it carries world x that: coef E f_e / N
+        // token; this rank's gradient is averaged over dp x ep later
+        // (x 1 / (dp ep)), so it carries dp ep x that: coef E f_e / N
         aux_host[e] = (float)(m->aux_coef * E * f / N);
         if (m->record) m->routed[(size_t)layer_index * E + e] = cnt[e];
     }
@@ -165,7 +166,7 @@ static void plan_dispatch(ExpertModel* m, MoeLayer* L, int layer_index) {
         L->pos_host[i] = row;
         L->src_host[row] = i / k;
     }
-    MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, &dropped, 1, MPI_LONG, MPI_SUM, m->world->mpi));
+    MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, &dropped, 1, MPI_LONG, MPI_SUM, m->dpep.mpi));
     if (m->record) m->dropped += dropped;
 
     // exchange the counts: rank s learns how many rows of each of my experts
@@ -338,19 +339,19 @@ static void model_backward(ExpertModel* m) {
 // ---------------------------------------------------------------- the two gradient groups
 
 // Every rank's gradient is of ITS tokens' mean loss. The replicated
-// parameters saw every token of the world, one share per rank: their
-// gradient is the mean over dp x ep, the world here (the mesh has no other
-// axis). An expert saw only the tokens routed to it, from the ep ranks of
+// parameters saw every token of the batch, one share per rank: their
+// gradient is the mean over the dp x ep group. An expert saw only the
+// tokens routed to it, from the ep ranks of
 // its own dp replica (the all-to-all brought them to it), already summed
 // over those ranks by backward; its copies on the other dp replicas saw the
 // other replicas' tokens. So its gradient is the sum over dp (the expert-
 // data-parallel group), and over ep there is nothing to reduce: every ep
-// rank holds different experts. Scaled by 1 / world, as each rank's share
-// counts 1 / world of the global mean.
+// rank holds different experts. Scaled by 1 / (dp ep), as each rank's
+// share counts 1 / (dp ep) of the global mean.
 static void reduce_gradients(ExpertModel* m) {
-    comm_allreduce(m->world, m->dshared, m->n_shared, COMM_AVG);
+    comm_allreduce(&m->dpep, m->dshared, m->n_shared, COMM_AVG);
     comm_allreduce(m->dp, m->dexperts, m->n_experts, COMM_SUM);
-    ops_scale(m->dexperts, m->n_experts, 1.0f / (float)m->world->size);
+    ops_scale(m->dexperts, m->n_experts, 1.0f / (float)m->dpep.size);
 }
 
 // The global norm: the replicated gradients enter once (on ep rank 0; they
@@ -376,6 +377,7 @@ static void model_create(ExpertModel* m, const MoeConfig* cfg, int B, int T, con
     m->cfg = *cfg;
     m->B = B, m->T = T, m->N = B * T;
     m->world = &run->world, m->dp = &run->axes[AXIS_DP], m->epc = &run->axes[AXIS_EP];
+    comm_create_group(&m->dpep, mesh, (1u << AXIS_DP) | (1u << AXIS_EP));
     m->ep = mesh->size[AXIS_EP];
     m->E_local = cfg->experts / m->ep;
     m->e0 = m->epc->rank * m->E_local;
@@ -470,6 +472,7 @@ static void model_free(ExpertModel* m) {
     }
     free(m->moe);
     free(m->routed);
+    comm_destroy_group(&m->dpep);
 }
 
 static float forward_for_val(void* ctx, const int* inputs, const int* targets) {
@@ -624,7 +627,7 @@ int main(int argc, char** argv) {
         reduce_gradients(&model);
         float norm = clip_and_step(&model, args, step);
         // the language-model loss of the global batch (a host scalar: plain MPI)
-        loss = (float)train_mean(model.world, my_loss);
+        loss = (float)train_mean(&model.dpep, my_loss);
         double dt = clock_end(&clock, step, args->steps);
         dropped_total += model.dropped;
         // the step record: "loss" is the LM loss; the load-balancing loss, the
@@ -641,7 +644,7 @@ int main(int argc, char** argv) {
         report_step_extra(&log, step, args->steps, loss, norm, 1e3 * dt, (double)B * T / dt, ex);
         if (args->val_every > 0 && (step + 1) % args->val_every == 0 && step + 1 < args->steps) {
             float v = train_val_loss_with(setup, args->val_batches, forward_for_val, &model, share * per_rank, per_rank,
-                                          per_rank, model.world);
+                                          per_rank, &model.dpep);
             if (v >= 0) report_val(&log, step, v);
         }
     }
@@ -651,10 +654,10 @@ int main(int argc, char** argv) {
     // experts received: this varies by rank, the mean over the ranks is
     // N k C floats per exchange (a host figure for the log: plain MPI)
     CommCount a2a = comm_count(COLL_ALLTOALL, AXIS_EP);
-    MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, &a2a.bytes, 1, MPI_DOUBLE, MPI_SUM, model.world->mpi));
-    a2a.bytes /= model.world->size;
+    MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, &a2a.bytes, 1, MPI_DOUBLE, MPI_SUM, model.dpep.mpi));
+    a2a.bytes /= model.dpep.size;
     float val_loss = train_val_loss_with(setup, args->val_batches, forward_for_val, &model, share * per_rank, per_rank,
-                                         per_rank, model.world);
+                                         per_rank, &model.dpep);
     if (val_loss >= 0) report_val(&log, args->steps - 1, val_loss);
     double ms = clock_ms_per_step(&clock);
     print0("dispatch and combine: %.0f bytes sent per rank per step in all-to-all-v (mean over ranks), %ld token-slots dropped\n",
