@@ -58,6 +58,16 @@ if grep '"type":"summary"' "$C7_LOG" | grep -q "\"alltoall_bytes_per_step\":$c7_
 else
     fail "experts: all-to-all bytes" "want $c7_bytes; $(grep -o '"alltoall_bytes_per_step":[0-9]*' "$C7_LOG")"
 fi
+# parameters per rank: the replicated ones (54,912 for tiny with E = 4:
+# wte, wpe, lnf and 2 blocks of 4C^2 + 8C + E C) and half of the
+# 2 x 4 experts of 2HC + H + C (H = 4C = 256): 4 bytes each, the gradients
+# the same, AdamW twice that
+c7_p=$(( (256 * 64 + 64 * 64 + 2 * 64 + 2 * (4 * 64 * 64 + 8 * 64 + 4 * 64) + 2 * 4 / 2 * (2 * 256 * 64 + 256 + 64)) * 4 ))
+if grep '"type":"summary"' "$C7_LOG" | grep -qF "\"peak_bytes\":{\"params\":[$c7_p,$c7_p],\"grads\":[$c7_p,$c7_p],\"optimizer\":[$((2 * c7_p)),$((2 * c7_p))]"; then
+    pass "experts: ep=2 holds $c7_p bytes of parameters per rank (replicated + E/ep experts), as many of gradients, twice of AdamW"
+else
+    fail "experts: parameter memory at ep=2" "want $c7_p; $(grep -o '"peak_bytes":{"params":[^]]*]' "$C7_LOG")"
+fi
 c7_same "ep=4" 4 "--ep 4"
 c7_same "dp=2 x ep=2" 4 "--dp 2 --ep 2"
 
