@@ -16,7 +16,7 @@ static uint64_t mix64(uint64_t z) {
     return z ^ (z >> 31);
 }
 
-static double normal_at(uint64_t seed, int t, int layer, size_t index) {
+double init_normal_at(uint64_t seed, int t, int layer, size_t index) {
     uint64_t h = mix64(seed + 0x9E3779B97F4A7C15ull);
     h = mix64(h ^ ((uint64_t)t + 1) * 0x9E3779B97F4A7C15ull);
     h = mix64(h ^ ((uint64_t)layer + 1) * 0xD1B54A32D192ED03ull);
@@ -33,12 +33,12 @@ float gpt_init_value(const GPTConfig* cfg, uint64_t seed, ParamTensor t, int lay
         case P_WTE:
             // padded vocabulary rows start (and stay) at zero
             if (index / (size_t)cfg->channels >= (size_t)cfg->vocab_size) return 0.0f;
-            return (float)(std * normal_at(seed, t, layer, index));
+            return (float)(std * init_normal_at(seed, t, layer, index));
         case P_WPE: case P_QKVW: case P_FCW:
-            return (float)(std * normal_at(seed, t, layer, index));
+            return (float)(std * init_normal_at(seed, t, layer, index));
         case P_ATTPROJW: case P_FCPROJW:
             // GPT-2: residual projections scaled by 1/sqrt(2L), one per residual add
-            return (float)(std / sqrt(2.0 * cfg->num_layers) * normal_at(seed, t, layer, index));
+            return (float)(std / sqrt(2.0 * cfg->num_layers) * init_normal_at(seed, t, layer, index));
         case P_LN1W: case P_LN2W: case P_LNFW:
             return 1.0f;
         default:

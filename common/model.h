@@ -74,6 +74,10 @@ BlockParams block_params_at(float* base, int C);
 //   LayerNorm weights 1; biases 0; padded rows of wte (ids >= V) 0.
 // out is host memory.
 void gpt_init_range(float* out, size_t start, size_t count, const GPTConfig* cfg, uint64_t seed);
+// A standard normal from (seed, tensor id, layer, index) alone: the counter
+// under the rule above (tensor ids >= NUM_PARAM_TENSORS name other models'
+// tensors, as the MoE router in common/moe.c).
+double init_normal_at(uint64_t seed, int t, int layer, size_t index);
 // The initial value of one element (the rule above).
 float gpt_init_value(const GPTConfig* cfg, uint64_t seed, ParamTensor t, int layer, size_t index);
 

@@ -63,6 +63,11 @@ static void json_number(char* out, size_t len, const char* fmt, double x) {
 
 void report_step(JsonLog* log, int step, int steps, float loss, float norm, double ms,
                  double tokens_per_s) {
+    report_step_extra(log, step, steps, loss, norm, ms, tokens_per_s, NULL);
+}
+
+void report_step_extra(JsonLog* log, int step, int steps, float loss, float norm, double ms,
+                       double tokens_per_s, const char* extra_json) {
     // Divergence stops the run on every rank before anything is logged or
     // saved: a NaN model must not be written over a good checkpoint.
     static float last_loss = NAN;
@@ -86,8 +91,9 @@ void report_step(JsonLog* log, int step, int steps, float loss, float norm, doub
     if (log->f) {
         int ok = fprintf(log->f,
                          "{\"type\":\"step\",\"step\":%d,\"loss\":%.7f,\"norm\":%.6f,\"ms\":%.3f,"
-                         "\"tokens_per_s\":%.1f}\n",
-                         step, loss, norm, ms, tokens_per_s) > 0;
+                         "\"tokens_per_s\":%.1f%s%s}\n",
+                         step, loss, norm, ms, tokens_per_s, extra_json ? "," : "",
+                         extra_json ? extra_json : "") > 0;
         check_log(log, ok);
     }
 }

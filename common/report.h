@@ -24,6 +24,11 @@ void jsonl_close(JsonLog* log);
 // ends the run too.
 void report_step(JsonLog* log, int step, int steps, float loss, float norm, double ms,
                  double tokens_per_s);
+// The same with a chapter's own fields appended to the step record
+// ("\"k\":v,...", or NULL): other losses under their own names (chapter 7's
+// "aux_loss"), never "loss".
+void report_step_extra(JsonLog* log, int step, int steps, float loss, float norm, double ms,
+                       double tokens_per_s, const char* extra_json);
 // A validation loss after step s: {"type":"val","step":s,"val_loss":x} and
 // "step    s | val loss x" (s = -1, before any step: "before training | ...").
 // Rank 0 only.

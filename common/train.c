@@ -12,6 +12,8 @@
 #include "runtime.h"
 #include "trace.h"
 
+TrainConfigReader train_config_reader = NULL;
+
 void train_setup(TrainSetup* s, const TrainArgs* a) {
     memset(s, 0, sizeof(*s));
     char msg[1024];
@@ -31,7 +33,8 @@ void train_setup(TrainSetup* s, const TrainArgs* a) {
     // the model: a preset by name, else a checkpoint file by path
     if (!gpt_preset(a->model, &s->cfg)) {
         s->checkpoint = a->model;
-        bad = checkpoint_read_config(a->model, &s->cfg, msg, sizeof(msg));
+        bad = train_config_reader ? train_config_reader(a->model, &s->cfg, msg, sizeof(msg))
+                                  : checkpoint_read_config(a->model, &s->cfg, msg, sizeof(msg));
     }
     fail_if_any(bad != NULL, bad);
     // batch defaults: DESIGN.md's presets; 4 x min(64, maxT) for a file

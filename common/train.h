@@ -27,6 +27,11 @@ typedef struct {
 // batch fits the data). On any problem, every rank exits non-zero after one
 // clear message: it never returns half set up.
 void train_setup(TrainSetup* s, const TrainArgs* a);
+// A chapter whose checkpoint file is not llm.c's (chapter 7's MoE file) sets
+// this before run_start: train_setup then reads --model FILE's config with
+// it instead of checkpoint_read_config (NULL or a message, as that one).
+typedef const char* (*TrainConfigReader)(const char* path, GPTConfig* cfg, char* msg, size_t msg_len);
+extern TrainConfigReader train_config_reader;
 void train_setup_free(TrainSetup* s);
 
 // Loads the checkpoint's parameters (flat layout, host memory) on every rank,

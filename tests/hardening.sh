@@ -13,7 +13,7 @@ echo "== hardening: divergence, log writes, input checks"
 # the log stays valid JSON and a good checkpoint is not overwritten
 bash tests/mpirun.sh -np 1 "$BUILD/chapter-0" --steps 2 --save "$TEST_TMPDIR/good.bin" >/dev/null 2>&1
 cp "$TEST_TMPDIR/good.bin" "$TEST_TMPDIR/good_before.bin"
-for spec in "chapter-0 1" "chapter-2 2 --dp 2" "chapter-3 2 --dp 2" "chapter-5 2 --pp 2"; do
+for spec in "chapter-0 1" "chapter-2 2 --dp 2" "chapter-3 2 --dp 2" "chapter-5 2 --pp 2" "chapter-7 2 --ep 2"; do
     set -- $spec
     bin=$1 np=$2
     shift 2

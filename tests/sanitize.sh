@@ -44,6 +44,10 @@ done
 run "chapter 4 dp=2 tp=2 (with --save) on 4 ranks" $MPIRUN -np 4 "$BUILD/chapter-4" --dp 2 --tp 2 --steps 2 --peak-gflops 10 --save "$TEST_TMPDIR/s4.bin"
 run "chapter 4 from its checkpoint, tile by tile, on tp=4" $MPIRUN -np 4 "$BUILD/chapter-4" --tp 4 --model "$TEST_TMPDIR/s4.bin" --steps 1 --peak-gflops 10
 run "chapter 4 small on tp=3 (uneven vocabulary)" $MPIRUN -np 3 "$BUILD/chapter-4" --tp 3 --model small --batch 1 --seq 16 --steps 1 --val-batches 1 --peak-gflops 10
+if [ -x "$BUILD/chapter-7" ]; then
+    run "chapter 7 dp 2 x ep 2, capacity, save" $MPIRUN -np 4 "$BUILD/chapter-7" --dp 2 --ep 2 --batch 8 --steps 2 --capacity-factor 1 --peak-gflops 10 --save "$TEST_TMPDIR/m.bin"
+    run "chapter 7 from its file on ep 4" $MPIRUN -np 4 "$BUILD/chapter-7" --ep 4 --batch 8 --steps 1 --peak-gflops 10 --model "$TEST_TMPDIR/m.bin"
+fi
 head -c 50000 /usr/share/games/fortunes/fortunes > "$TEST_TMPDIR/c.txt"
 run "tokenize" "$BUILD/tokenize" "$TEST_TMPDIR/c.txt" "$TEST_TMPDIR/c"
 echo

@@ -1791,6 +1791,211 @@ static void test_backward_halves(void) {
 
 // MPI and the device are started as in the chapters: the CUDA backend's
 // device_init needs MPI (every rank must agree that a GPU was found).
+
+// ================================================================ mixture of experts
+// Router: softmax, top-k (ties to the lower expert), gates renormalised;
+// backward through the gates and a per-expert term (the auxiliary loss's)
+// against central differences of the double-precision objective
+//   sum_n sum_j r[n,j] gates[n,j] + sum_e w[e] sum_n probs[n,e]
+// with the experts chosen by the forward held fixed (top-k is piecewise
+// constant). w = E f_e / N makes the second term the load-balancing loss
+// E sum_e f_e P_e, so its gradient is checked by the same differences.
+typedef struct {
+    const double* logits;
+    const double *r, *w;
+    const int* idx;
+    int N, E, k;
+} router_ctx;
+
+static void router_ref(double* probs, double* gates, const double* logits, const int* idx, int N, int E, int k) {
+    for (int n = 0; n < N; n++) {
+        double mx = -INFINITY, sum = 0.0;
+        for (int e = 0; e < E; e++) mx = fmax(mx, logits[n * E + e]);
+        for (int e = 0; e < E; e++) sum += probs[n * E + e] = exp(logits[n * E + e] - mx);
+        for (int e = 0; e < E; e++) probs[n * E + e] /= sum;
+        double s = 0.0;
+        for (int j = 0; j < k; j++) s += probs[n * E + idx[n * k + j]];
+        for (int j = 0; j < k; j++) gates[n * k + j] = probs[n * E + idx[n * k + j]] / s;
+    }
+}
+
+static double router_objective(void* p) {
+    router_ctx* c = p;
+    double probs[64 * 8], gates[64 * 8], o = 0.0;
+    router_ref(probs, gates, c->logits, c->idx, c->N, c->E, c->k);
+    for (int i = 0; i < c->N * c->k; i++) o += c->r[i] * gates[i];
+    for (int n = 0; n < c->N; n++)
+        for (int e = 0; e < c->E; e++) o += c->w[e] * probs[n * c->E + e];
+    return o;
+}
+
+static void test_moe_router(void) {
+    enum { N = 13, E = 5, K = 2 };
+    float logits[N * E], probs[N * E], gates[N * K], r[N * K], w[E];
+    int idx[N * K];
+    fill(logits, N * E, 2.0);
+    // row 0 all equal: every prob ties, the top-2 are experts 0 and 1;
+    // row 1 ties experts 3 and 1 for the best: 1 first, then 3
+    for (int e = 0; e < E; e++) logits[e] = 0.5f;
+    logits[E + 0] = 0.1f, logits[E + 1] = 1.5f, logits[E + 2] = -1.0f, logits[E + 3] = 1.5f, logits[E + 4] = 0.0f;
+    fill(r, N * K, 1.0);
+    float* l_dev = dev_copy(logits, N * E);
+    float* p_dev = dev_zeros(N * E);
+    float* g_dev = dev_zeros(N * K);
+    int* i_dev = (int*)dev_alloc(N * K * sizeof(int));
+    moe_router_forward(p_dev, i_dev, g_dev, l_dev, N, E, K);
+    to_host(probs, p_dev, N * E);
+    to_host(gates, g_dev, N * K);
+    mem_to_host(idx, i_dev, sizeof(idx));
+    // the reference top-k: largest first, the lower index on a tie
+    int ok = 1;
+    double logits_d[N * E], probs_d[N * E], gates_d[N * K];
+    to_double(logits_d, logits, N * E);
+    for (int n = 0; n < N; n++)
+        for (int j = 0; j < K; j++) {
+            int best = -1;
+            for (int e = 0; e < E; e++) {
+                int taken = 0;
+                for (int i = 0; i < j; i++) taken |= idx[n * K + i] == e;
+                if (!taken && (best < 0 || logits[n * E + e] > logits[n * E + best])) best = e;
+            }
+            ok &= idx[n * K + j] == best;
+        }
+    ok &= idx[0] == 0 && idx[1] == 1 && idx[K] == 1 && idx[K + 1] == 3;
+    check(ok, "moe_router_forward top-k, ties to the lower expert", "wrong experts chosen");
+    router_ref(probs_d, gates_d, logits_d, idx, N, E, K);
+    check_err("moe_router_forward probs", rel_err(probs, probs_d, N * E), FWD_TOL);
+    check_err("moe_router_forward gates", rel_err(gates, gates_d, N * K), FWD_TOL);
+    // the auxiliary loss's weights: E f_e / N from the forward's counts
+    double f[E] = {0}, r_d[N * K], w_d[E];
+    for (int i = 0; i < N * K; i++) f[idx[i]] += 1.0 / (N * K);
+    for (int e = 0; e < E; e++) w[e] = (float)(E * f[e] / N);
+    to_double(r_d, r, N * K);
+    to_double(w_d, w, E);
+    float dl[N * E];
+    double g[N * E];
+    float* dl_dev = dev_zeros(N * E);
+    float* r_dev = dev_copy(r, N * K);
+    float* w_dev = dev_copy(w, E);
+    // the gates alone
+    moe_router_backward(dl_dev, r_dev, NULL, p_dev, i_dev, g_dev, N, E, K);
+    to_host(dl, dl_dev, N * E);
+    double no_w[E] = {0};
+    router_ctx ctx = {logits_d, r_d, no_w, idx, N, E, K};
+    fd_gradient(router_objective, &ctx, logits_d, N * E, g);
+    check_err("moe_router_backward dlogits (gates) vs FD", rel_err(dl, g, N * E), BWD_TOL);
+    // the auxiliary loss alone
+    double zr[N * K] = {0};
+    ctx.r = zr, ctx.w = w_d;
+    fd_gradient(router_objective, &ctx, logits_d, N * E, g);
+    float* dl2_dev = dev_zeros(N * E);
+    moe_router_backward(dl2_dev, NULL, w_dev, p_dev, i_dev, g_dev, N, E, K);
+    to_host(dl, dl2_dev, N * E);
+    check_err("moe_router_backward dlogits (auxiliary loss) vs FD", rel_err(dl, g, N * E), BWD_TOL);
+    // both, accumulated onto what was there
+    float base[N * E], acc[N * E], both[N * E];
+    ctx.r = r_d;
+    fd_gradient(router_objective, &ctx, logits_d, N * E, g);
+    fill(base, N * E, 1.0);
+    float* acc_dev = dev_copy(base, N * E);
+    moe_router_backward(acc_dev, r_dev, w_dev, p_dev, i_dev, g_dev, N, E, K);
+    to_host(acc, acc_dev, N * E);
+    for (int i = 0; i < N * E; i++) both[i] = acc[i] - base[i];
+    check_err("moe_router_backward dlogits (both) vs FD", rel_err(both, g, N * E), BWD_TOL);
+    dev_free_all();
+}
+
+// Dispatch and combine: token rows gathered into expert order and back.
+// Loads are skewed (most slots to expert 0) and expert 2 of 4 gets nothing.
+typedef struct {
+    const double *rows, *gates, *r;
+    const int* pos;
+    int N, k, C;
+} combine_ctx;
+
+static double combine_objective(void* p) {
+    combine_ctx* c = p;
+    double o = 0.0;
+    for (int t = 0; t < c->N; t++)
+        for (int j = 0; j < c->k; j++) {
+            int row = c->pos[t * c->k + j];
+            if (row < 0) continue;
+            for (int ch = 0; ch < c->C; ch++) o += c->r[t * c->C + ch] * c->gates[t * c->k + j] * c->rows[row * c->C + ch];
+        }
+    return o;
+}
+
+static void test_moe_dispatch_combine(void) {
+    enum { N = 11, K = 2, C = 7, E = 4 };
+    int idx[N * K], pos[N * K], src[N * K], cnt[E] = {0}, fill_at[E];
+    for (int t = 0; t < N; t++) {
+        idx[t * K] = 0;                  // every token to expert 0
+        idx[t * K + 1] = t % 3 ? 1 : 3;  // then 1 or 3; never 2
+    }
+    for (int i = 0; i < N * K; i++) cnt[idx[i]]++;
+    fill_at[0] = 0;
+    for (int e = 1; e < E; e++) fill_at[e] = fill_at[e - 1] + cnt[e - 1];
+    for (int i = 0; i < N * K; i++) {
+        pos[i] = fill_at[idx[i]]++;
+        src[pos[i]] = i / K;
+    }
+    pos[3 * K + 1] = -1;  // token 3's second slot dropped (capacity)
+    float x[N * C], sent[N * K * C], gates[N * K], back[N * C];
+    fill(x, N * C, 1.0);
+    for (int t = 0; t < N; t++) gates[t * K] = 0.25f, gates[t * K + 1] = 0.75f;
+    gates[3 * K] = 1.0f;  // its kept slot carries it whole
+    float* x_dev = dev_copy(x, N * C);
+    float* s_dev = dev_zeros(N * K * C);
+    int* src_dev = dev_copy_int(src, N * K);
+    int* pos_dev = dev_copy_int(pos, N * K);
+    float* g_dev = dev_copy(gates, N * K);
+    moe_gather_forward(s_dev, x_dev, src_dev, N * K, C);
+    to_host(sent, s_dev, N * K * C);
+    int ok = 1;
+    for (int i = 0; i < N * K; i++) ok &= !memcmp(sent + i * C, x + src[i] * C, C * sizeof(float));
+    check(ok, "moe_gather_forward copies every token row to its experts' rows", "a row differs");
+    ok = cnt[2] == 0 && cnt[0] == N;
+    check(ok, "moe dispatch: skewed load, an empty expert", "counts %d %d %d %d", cnt[0], cnt[1], cnt[2], cnt[3]);
+    // identity experts: combining the rows with gates that sum to 1 gives every token back
+    float* b_dev = dev_zeros(N * C);
+    moe_combine_forward(b_dev, s_dev, g_dev, pos_dev, N, K, C);
+    to_host(back, b_dev, N * C);
+    double x_d[N * C];
+    to_double(x_d, x, N * C);
+    check_err("moe_combine_forward round trip returns every token", rel_err(back, x_d, N * C), FWD_TOL);
+    // the gather's backward: every token gets the sum of its kept rows
+    float ones[N * K * C], dx[N * C];
+    double want[N * C];
+    for (int i = 0; i < N * K * C; i++) ones[i] = 1.0f;
+    float* o_dev = dev_copy(ones, N * K * C);
+    float* dx_dev = dev_zeros(N * C);
+    moe_gather_backward(dx_dev, o_dev, pos_dev, N, K, C);
+    to_host(dx, dx_dev, N * C);
+    for (int t = 0; t < N; t++)
+        for (int ch = 0; ch < C; ch++) want[t * C + ch] = t == 3 ? 1.0 : 2.0;
+    check_err("moe_gather_backward sums each token's kept rows", rel_err(dx, want, N * C), FWD_TOL);
+    // combine backward against central differences, rows and gates
+    float r[N * C], drows[N * K * C], dgates[N * K];
+    fill(r, N * C, 1.0);
+    double rows_d[N * K * C], gates_d[N * K], r_d[N * C], grow[N * K * C], ggate[N * K];
+    to_double(rows_d, sent, N * K * C);
+    to_double(gates_d, gates, N * K);
+    to_double(r_d, r, N * C);
+    combine_ctx cc = {rows_d, gates_d, r_d, pos, N, K, C};
+    fd_gradient(combine_objective, &cc, rows_d, N * K * C, grow);
+    fd_gradient(combine_objective, &cc, gates_d, N * K, ggate);
+    float* r_dev = dev_copy(r, N * C);
+    float* dr_dev = dev_zeros(N * K * C);
+    float* dg_dev = dev_zeros(N * K);
+    moe_combine_backward(dr_dev, dg_dev, r_dev, s_dev, g_dev, pos_dev, N, K, C);
+    to_host(drows, dr_dev, N * K * C);
+    to_host(dgates, dg_dev, N * K);
+    // the dropped slot's gate gets no gradient: FD agrees (it adds nothing)
+    check_err("moe_combine_backward drows vs FD", rel_err(drows, grow, N * K * C), BWD_TOL);
+    check_err("moe_combine_backward dgates vs FD", rel_err(dgates, ggate, N * K), BWD_TOL);
+    dev_free_all();
+}
+
 int main(int argc, char** argv) {
     runtime_init(&argc, &argv);
     verbose = argc > 1 && strcmp(argv[1], "-v") == 0;
@@ -1812,6 +2017,8 @@ int main(int argc, char** argv) {
     test_wide_rows();
     test_attention_chunks();
     test_backward_halves();
+    test_moe_router();
+    test_moe_dispatch_combine();
     int rc = test_exit_code();
     runtime_finalize();
     return rc;

@@ -17,6 +17,8 @@
 #                              dp = 1 (memory per rank against N = 1, 2, 4)
 #   ch4_tpT_dpD                chapter 4 (ZeRO-3 over dp): (tp, dp) = (1, 2), (2, 1),
 #                              (1, 4), (2, 2), (3, 1): tp x dp ranks against chapter 3
+#   ch7_e4k1_epN               chapter 7, 4 experts, top-1 (the dense model's active
+#                              parameters), ep = 1 and 4
 #
 # A chapter's runs are in the sweep only if its binary ($BIN/chapter-N) exists.
 # Each run first writes a temporary file and replaces the old one only when it
@@ -107,6 +109,12 @@ if have 5; then
     add ch5_1f1b_dp2_pp2 4 "$BIN/chapter-5" --dp 2 --pp 2 --schedule 1f1b --microbatches 2 $TRAIN
 else skipped="$skipped 5"; fi
 
+if have 7; then
+    # chapter 7: 4 experts of width 4C, top-1: a token meets as many weights
+    # as in the dense model (plus the router's E C per layer), on 1 and 4 ranks
+    add ch7_e4k1_ep1 1 "$BIN/chapter-7" --experts 4 --top-k 1 $TRAIN
+    add ch7_e4k1_ep4 4 "$BIN/chapter-7" --ep 4 --experts 4 --top-k 1 $TRAIN
+else skipped="$skipped 7"; fi
 total=${#names[@]}
 if [ "$total" = 0 ]; then
     echo "bench: nothing to run: no $BIN/chapter-N binaries${ONLY:+ with runs matching '$ONLY'} (make all builds them)" >&2

@@ -17,6 +17,7 @@
 #      step_time_split.png        step_time.gp     ms per step: waiting on communication vs the rest
 #      collectives_busbw_npP.png  collectives_busbw.gp   chapter 1: busbw, hand-written vs library
 #      pipeline_NAME.png          gantt.gp         chapter 5: per-rank timeline of a step, per run
+#      expert_load.png            expert_load.gp   chapter 7: tokens per expert per step (expert_load.sh)
 #
 # GP_VARS (environment) is passed to every script before its own settings,
 # e.g. GP_VARS="strong_batch=4; weak_per_rank=2" for a sweep with other batches.
@@ -103,4 +104,8 @@ for f in "$data"/ch5_*.jsonl; do
     bubble=$(grep -m1 '"type":"summary"' "$f" | sed 's/.*"bubble_measured":\([0-9.]*\),"bubble_simulated":\([0-9.]*\),"bubble_formula":\([0-9.]*\).*/measured \1, simulated \2, formula \3/')
     draw gantt.gp "$pngs/pipeline_${name#ch5_}.png" "datafile='$t'; title='chapter 5, ${name#ch5_} ($sched), step $last; bubble $bubble'"
 done
+# chapter 7's load balance, from its own runs in DATA_DIR/ch7/ (expert_load.sh
+# writes the tables and names the --aux-coef values it found)
+coefs=$(bash "$gp/expert_load.sh" "$data" "$tables") || failed=$((failed + 1))
+[ -n "$coefs" ] && draw expert_load.gp "$pngs/expert_load.png" "coefs='$coefs'"
 [ $failed -eq 0 ]

@@ -1,0 +1,321 @@
+// moe.c: the mixture-of-experts GPT's layout, init, block pieces and file
+// (moe.h). The communication of expert parallelism is not here: it is the
+// chapter's (07_expert/main.c).
+#include "moe.h"
+
+#include <errno.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "common.h"
+#include "ops.h"
+
+const char* moe_config_problem(const MoeConfig* c) {
+    if (c->experts < 1 || c->experts > MOE_MAX_EXPERTS) return "--experts must be between 1 and 256";
+    if (c->top_k < 1 || c->top_k > c->experts) return "--top-k must be between 1 and --experts";
+    if (c->hidden < 1) return "--expert-hidden must be >= 1";
+    if (c->moe_every < 1) return "--moe-every must be >= 1";
+    if (moe_num_moe_layers(c) == 0) return "--moe-every is larger than the number of layers: no layer has experts";
+    return NULL;
+}
+
+int moe_is_moe_layer(const MoeConfig* c, int l) { return (l + 1) % c->moe_every == 0; }
+int moe_num_moe_layers(const MoeConfig* c) { return c->gpt.num_layers / c->moe_every; }
+int moe_layer_index(const MoeConfig* c, int l) { return (l + 1) / c->moe_every - 1; }
+
+// ---------------------------------------------------------------- shared parameters
+
+size_t moe_attn_numel(int C) { return 4 * (size_t)C * C + 8 * (size_t)C; }
+
+size_t moe_block_numel(const MoeConfig* c, int l) {
+    int C = c->gpt.channels;
+    return moe_is_moe_layer(c, l) ? moe_attn_numel(C) + (size_t)c->experts * C : gpt_block_numel(C);
+}
+
+size_t moe_wte_offset(const MoeConfig* c) { (void)c; return 0; }
+size_t moe_wpe_offset(const MoeConfig* c) { return (size_t)c->gpt.padded_vocab_size * c->gpt.channels; }
+
+size_t moe_block_offset(const MoeConfig* c, int l) {
+    size_t off = moe_wpe_offset(c) + (size_t)c->gpt.max_seq_len * c->gpt.channels;
+    for (int i = 0; i < l; i++) off += moe_block_numel(c, i);
+    return off;
+}
+
+size_t moe_lnf_offset(const MoeConfig* c) { return moe_block_offset(c, c->gpt.num_layers); }
+size_t moe_num_shared(const MoeConfig* c) { return moe_lnf_offset(c) + 2 * (size_t)c->gpt.channels; }
+
+BlockParams moe_block_params(const MoeConfig* c, float* shared, int l) {
+    int C = c->gpt.channels;
+    // the first 8 tensors are laid out as in a dense block: block_params_at
+    // places them; an MoE block has no fc* (its router follows ln2b)
+    BlockParams p = block_params_at(shared + moe_block_offset(c, l), C);
+    if (moe_is_moe_layer(c, l)) p.fcw = p.fcb = p.fcprojw = p.fcprojb = NULL;
+    return p;
+}
+
+float* moe_router_at(const MoeConfig* c, float* shared, int l) {
+    return shared + moe_block_offset(c, l) + moe_attn_numel(c->gpt.channels);
+}
+
+// ---------------------------------------------------------------- expert parameters
+
+size_t moe_expert_numel(const MoeConfig* c) {
+    size_t H = (size_t)c->hidden, C = (size_t)c->gpt.channels;
+    return 2 * H * C + H + C;
+}
+
+ExpertParams moe_expert_at(const MoeConfig* c, float* experts, int m, int le, int n_local) {
+    size_t H = (size_t)c->hidden, C = (size_t)c->gpt.channels;
+    float* base = experts + ((size_t)m * n_local + le) * moe_expert_numel(c);
+    ExpertParams p;
+    p.fcw = base;
+    p.fcb = base + H * C;
+    p.fcprojw = p.fcb + H;
+    p.fcprojb = p.fcprojw + C * H;
+    return p;
+}
+
+// ---------------------------------------------------------------- init
+
+// the router's tensor id for init_normal_at: past the GPT's 16
+#define ROUTER_TENSOR_ID NUM_PARAM_TENSORS
+
+void moe_init_shared(float* out, const MoeConfig* c, uint64_t seed) {
+    const GPTConfig* g = &c->gpt;
+    int C = g->channels, L = g->num_layers;
+    size_t n = param_tensor_numel(g, P_WTE);
+    for (size_t i = 0; i < n; i++) out[moe_wte_offset(c) + i] = gpt_init_value(g, seed, P_WTE, 0, i);
+    n = param_tensor_numel(g, P_WPE);
+    for (size_t i = 0; i < n; i++) out[moe_wpe_offset(c) + i] = gpt_init_value(g, seed, P_WPE, 0, i);
+    for (int l = 0; l < L; l++) {
+        float* b = out + moe_block_offset(c, l);
+        // the dense block's tensors in their order, the 8 of the attention
+        // half alone in an MoE block
+        ParamTensor last = moe_is_moe_layer(c, l) ? P_LN2B : P_FCPROJB;
+        for (ParamTensor t = P_LN1W; t <= last; t++) {
+            size_t tn = param_tensor_numel(g, t);
+            for (size_t i = 0; i < tn; i++) *b++ = gpt_init_value(g, seed, t, l, i);
+        }
+        if (moe_is_moe_layer(c, l))
+            for (size_t i = 0; i < (size_t)c->experts * C; i++)
+                *b++ = (float)(0.02 * init_normal_at(seed, ROUTER_TENSOR_ID, l, i));
+    }
+    for (int i = 0; i < C; i++) {
+        out[moe_lnf_offset(c) + i] = gpt_init_value(g, seed, P_LNFW, 0, (size_t)i);
+        out[moe_lnf_offset(c) + C + i] = gpt_init_value(g, seed, P_LNFB, 0, (size_t)i);
+    }
+}
+
+void moe_init_experts(float* out, const MoeConfig* c, int e0, int n_local, uint64_t seed) {
+    const GPTConfig* g = &c->gpt;
+    size_t H = (size_t)c->hidden, C = (size_t)g->channels;
+    for (int l = 0; l < g->num_layers; l++) {
+        if (!moe_is_moe_layer(c, l)) continue;
+        int m = moe_layer_index(c, l);
+        for (int le = 0; le < n_local; le++) {
+            // expert e takes the dense MLP's init of "layer" l + e*L: expert
+            // 0 is the dense model's MLP, the others differ
+            int layer = l + (e0 + le) * g->num_layers;
+            ExpertParams p = moe_expert_at(c, out, m, le, n_local);
+            for (size_t i = 0; i < H * C; i++) p.fcw[i] = gpt_init_value(g, seed, P_FCW, layer, i);
+            for (size_t i = 0; i < H; i++) p.fcb[i] = gpt_init_value(g, seed, P_FCB, layer, i);
+            for (size_t i = 0; i < C * H; i++) p.fcprojw[i] = gpt_init_value(g, seed, P_FCPROJW, layer, i);
+            for (size_t i = 0; i < C; i++) p.fcprojb[i] = gpt_init_value(g, seed, P_FCPROJB, layer, i);
+        }
+    }
+}
+
+// ---------------------------------------------------------------- the block's pieces
+
+void moe_attention_forward(const BlockParams* p, BlockActs* a, const float* x, int B, int T,
+                           int C, int NH) {
+    int N = B * T;
+    // block_forward's attention half, line for line
+    layernorm_forward(a->ln1, a->ln1_mean, a->ln1_rstd, x, p->ln1w, p->ln1b, N, C);
+    matmul_forward(a->qkv, a->ln1, p->qkvw, p->qkvb, N, C, 3 * C);
+    attention_forward(a->atty, a->att, a->qkv, B, T, C, NH);
+    matmul_forward(a->attproj, a->atty, p->attprojw, p->attprojb, N, C, C);
+    residual_forward(a->res2, x, a->attproj, (size_t)N * C);
+    layernorm_forward(a->ln2, a->ln2_mean, a->ln2_rstd, a->res2, p->ln2w, p->ln2b, N, C);
+}
+
+void moe_attention_backward(const BlockParams* p, BlockParams* g, const BlockActs* a,
+                            const BlockScratch* s, const float* x, const float* dln2, float* dres,
+                            int B, int T, int C, int NH) {
+    int N = B * T;
+    size_t NC = (size_t)N * C;
+    // block_backward_input from ln2 down, then the weight half's five
+    // gradients of these tensors, in block_backward's order
+    layernorm_backward(dres, NULL, NULL, dln2, a->res2, p->ln2w, a->ln2_mean, a->ln2_rstd, N, C);
+    // d res2 is attproj's d-output: kept for its weight gradient
+    float* dattproj = s->dfch_gelu;  // (N, C) of the (N, 4C) scratch
+    float* dln1 = s->dfch_gelu + NC;
+    ops_copy(dattproj, dres, NC);
+    ops_zero(s->datty, NC);
+    matmul_backward(s->datty, NULL, NULL, dres, NULL, p->attprojw, N, C, C);
+    ops_zero(s->dqkv, 3 * NC);
+    attention_backward(s->dqkv, s->datt, s->datty, a->qkv, a->att, B, T, C, NH);
+    ops_zero(dln1, NC);
+    matmul_backward(dln1, NULL, NULL, s->dqkv, NULL, p->qkvw, N, C, 3 * C);
+    layernorm_backward(dres, NULL, NULL, dln1, x, p->ln1w, a->ln1_mean, a->ln1_rstd, N, C);
+    layernorm_backward(NULL, g->ln2w, g->ln2b, dln2, a->res2, NULL, a->ln2_mean, a->ln2_rstd, N, C);
+    matmul_backward(NULL, g->attprojw, g->attprojb, dattproj, a->atty, NULL, N, C, C);
+    matmul_backward(NULL, g->qkvw, g->qkvb, s->dqkv, a->ln1, NULL, N, C, 3 * C);
+    layernorm_backward(NULL, g->ln1w, g->ln1b, dln1, x, NULL, a->ln1_mean, a->ln1_rstd, N, C);
+}
+
+void moe_expert_forward(const ExpertParams* p, float* out, float* fch, float* fch_gelu,
+                        const float* in, int n, int C, int H) {
+    if (n == 0) return;
+    // the dense block's MLP half, on this expert's rows
+    matmul_forward(fch, in, p->fcw, p->fcb, n, C, H);
+    gelu_forward(fch_gelu, fch, (size_t)n * H);
+    matmul_forward(out, fch_gelu, p->fcprojw, p->fcprojb, n, H, C);
+}
+
+void moe_expert_backward(const ExpertParams* p, ExpertParams* g, float* din, const float* dout,
+                         const float* in, const float* fch, const float* fch_gelu, float* dfch,
+                         float* dfch_gelu, int n, int C, int H) {
+    if (n == 0) return;
+    size_t nH = (size_t)n * H;
+    ops_zero(dfch_gelu, nH);
+    matmul_backward(dfch_gelu, NULL, NULL, dout, NULL, p->fcprojw, n, H, C);
+    ops_zero(dfch, nH);
+    gelu_backward(dfch, fch, dfch_gelu, nH);
+    matmul_backward(din, NULL, NULL, dfch, NULL, p->fcw, n, C, H);
+    matmul_backward(NULL, g->fcprojw, g->fcprojb, dout, fch_gelu, NULL, n, H, C);
+    matmul_backward(NULL, g->fcw, g->fcb, dfch, in, NULL, n, C, H);
+}
+
+double moe_flops_per_token(const MoeConfig* c, int T) {
+    const GPTConfig* g = &c->gpt;
+    double C = g->channels, L = g->num_layers, weights = (double)g->padded_vocab_size * C;
+    for (int l = 0; l < g->num_layers; l++) {
+        weights += 4.0 * C * C;  // qkv, attproj
+        if (moe_is_moe_layer(c, l)) weights += (double)c->experts * C + c->top_k * 2.0 * c->hidden * C;
+        else weights += 8.0 * C * C;
+    }
+    return 6.0 * weights + 12.0 * L * T * C;
+}
+
+size_t moe_active_params(const MoeConfig* c) {
+    return moe_num_shared(c) + (size_t)moe_num_moe_layers(c) * c->top_k * moe_expert_numel(c);
+}
+
+// ---------------------------------------------------------------- checkpoint
+
+#define CKPT_MAGIC 20240326
+
+const char* moe_checkpoint_read_config(const char* path, MoeConfig* c, char* msg, size_t len) {
+    FILE* f = fopen(path, "rb");
+    if (!f) {
+        snprintf(msg, len, "cannot open checkpoint '%s': %s", path, strerror(errno));
+        return msg;
+    }
+    int h[256];
+    size_t got = fread(h, sizeof(int), 256, f);
+    fclose(f);
+    if (got != 256 || h[0] != CKPT_MAGIC) {
+        snprintf(msg, len, "'%s' is not a checkpoint (no llm.c header)", path);
+        return msg;
+    }
+    if (h[1] != MOE_CHECKPOINT_VERSION) {
+        snprintf(msg, len, "'%s' is not a mixture-of-experts checkpoint (version %d, ours is %d): a dense llm.c "
+                 "file has no router and no experts to load; start from a preset (--model tiny) with --experts E",
+                 path, h[1], MOE_CHECKPOINT_VERSION);
+        return msg;
+    }
+    memset(c, 0, sizeof(*c));
+    c->gpt.max_seq_len = h[2];
+    c->gpt.vocab_size = h[3];
+    c->gpt.num_layers = h[4];
+    c->gpt.num_heads = h[5];
+    c->gpt.channels = h[6];
+    c->gpt.padded_vocab_size = h[7];
+    c->experts = h[8];
+    c->top_k = h[9];
+    c->hidden = h[10];
+    c->moe_every = h[11];
+    const char* bad = gpt_config_problem(&c->gpt);
+    if (!bad) bad = moe_config_problem(c);
+    if (bad) {
+        snprintf(msg, len, "checkpoint '%s' has an unusable config: %s", path, bad);
+        return msg;
+    }
+    f = fopen(path, "rb");
+    long size = f && fseek(f, 0, SEEK_END) == 0 ? ftell(f) : -1;
+    if (f) fclose(f);
+    long want = (long)(256 * sizeof(int) + (moe_num_shared(c) + (size_t)moe_num_moe_layers(c) * c->experts *
+                                            moe_expert_numel(c)) * sizeof(float));
+    if (size != want) {
+        snprintf(msg, len, "checkpoint '%s' has %ld bytes, but its header needs %ld: the file is truncated or corrupt",
+                 path, size, want);
+        return msg;
+    }
+    return NULL;
+}
+
+const char* moe_checkpoint_read(const char* path, const MoeConfig* c, float* shared, float* experts,
+                                int e0, int n_local, char* msg, size_t len) {
+    FILE* f = fopen(path, "rb");
+    if (!f) {
+        snprintf(msg, len, "cannot open checkpoint '%s': %s", path, strerror(errno));
+        return msg;
+    }
+    size_t ns = moe_num_shared(c), ne = moe_expert_numel(c);
+    int ok = fseek(f, 256 * sizeof(int), SEEK_SET) == 0 && fread(shared, sizeof(float), ns, f) == ns;
+    for (int m = 0; ok && m < moe_num_moe_layers(c); m++) {
+        // experts [e0, e0 + n_local) of layer m sit together: one seek, one read
+        long off = (long)(256 * sizeof(int) + (ns + ((size_t)m * c->experts + e0) * ne) * sizeof(float));
+        ok = fseek(f, off, SEEK_SET) == 0 &&
+             fread(experts + (size_t)m * n_local * ne, sizeof(float), n_local * ne, f) == n_local * ne;
+    }
+    fclose(f);
+    if (!ok) {
+        snprintf(msg, len, "checkpoint '%s' is shorter than its header says", path);
+        return msg;
+    }
+    return NULL;
+}
+
+const char* moe_checkpoint_write(const char* path, const MoeConfig* c, const float* shared,
+                                 const float* experts, char* msg, size_t len) {
+    size_t tmp_len = strlen(path) + 32;
+    char* tmp = xmalloc(tmp_len);
+    snprintf(tmp, tmp_len, "%s.tmp.%d", path, (int)getpid());
+    tmpfile_guard_begin(tmp);
+    FILE* f = fopen(tmp, "wb");
+    int ok = f != NULL, err = ok ? 0 : errno;
+    if (ok) {
+        int h[256] = {0};
+        h[0] = CKPT_MAGIC;
+        h[1] = MOE_CHECKPOINT_VERSION;
+        h[2] = c->gpt.max_seq_len;
+        h[3] = c->gpt.vocab_size;
+        h[4] = c->gpt.num_layers;
+        h[5] = c->gpt.num_heads;
+        h[6] = c->gpt.channels;
+        h[7] = c->gpt.padded_vocab_size;
+        h[8] = c->experts;
+        h[9] = c->top_k;
+        h[10] = c->hidden;
+        h[11] = c->moe_every;
+        size_t ns = moe_num_shared(c), ne = (size_t)moe_num_moe_layers(c) * c->experts * moe_expert_numel(c);
+        ok = fwrite(h, sizeof(int), 256, f) == 256 && fwrite(shared, sizeof(float), ns, f) == ns &&
+             fwrite(experts, sizeof(float), ne, f) == ne;
+        if (!ok) err = errno;
+        if (fclose(f) != 0 && ok) ok = 0, err = errno;
+        if (ok && rename(tmp, path) != 0) ok = 0, err = errno;
+        if (!ok) remove(tmp);
+    }
+    tmpfile_guard_end();
+    free(tmp);
+    if (!ok) {
+        snprintf(msg, len, "writing checkpoint '%s' failed: %s", path, strerror(err));
+        return msg;
+    }
+    return NULL;
+}

@@ -1,0 +1,116 @@
+// moe.h: the mixture-of-experts GPT (chapter 7): its config, the layout of
+// its parameters, init, and the pieces of an MoE block that are not
+// communication (the attention half, the router, one expert's MLP).
+//
+// In an MoE layer the block's MLP becomes E experts, each a GPT MLP of
+// hidden width H (fc (H, C), GELU, fcproj (C, H)), and a router, a linear
+// C -> E without bias. Layer l is an MoE layer when (l + 1) % moe_every == 0
+// (every layer for 1, the odd ones for 2, as GShard); the others keep the
+// dense MLP of width 4C.
+//
+// Parameters live in TWO flat buffers, because they are reduced over two
+// different groups (07_expert/main.c says why):
+//   shared  (replicated on every rank), layer-major like the GPT's:
+//     [wte wpe] [block 0] ... [block L-1] [lnfw lnfb], where a dense block is
+//     the GPT's 12 tensors (model.h) and an MoE block is
+//     ln1w ln1b qkvw qkvb attprojw attprojb ln2w ln2b router(E, C)
+//   experts (one rank's own experts): for each MoE layer in order, for each
+//     of this rank's experts in order, fcw(H, C) fcb(H) fcprojw(C, H) fcprojb(C)
+// Init is counter-based as the GPT's: expert e of layer l takes the values
+// model.h's init gives the dense MLP tensors of "layer" l + e*L, so expert 0
+// equals the dense model's MLP and E = 1, k = 1 is chapter 0's model.
+#ifndef MOE_H
+#define MOE_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "model.h"
+
+typedef struct {
+    GPTConfig gpt;
+    int experts;    // E
+    int top_k;      // k <= E experts per token
+    int hidden;     // H, each expert's MLP width (default 4C)
+    int moe_every;  // layer l is MoE iff (l + 1) % moe_every == 0
+} MoeConfig;
+
+// NULL if the config is usable, else a message.
+const char* moe_config_problem(const MoeConfig* c);
+int moe_is_moe_layer(const MoeConfig* c, int l);
+int moe_num_moe_layers(const MoeConfig* c);
+// The index of MoE layer l among the MoE layers (l must be one).
+int moe_layer_index(const MoeConfig* c, int l);
+
+// ---------------------------------------------------------------- shared parameters
+size_t moe_attn_numel(int C);  // 4C^2 + 8C: ln1w .. ln2b
+size_t moe_block_numel(const MoeConfig* c, int l);
+size_t moe_block_offset(const MoeConfig* c, int l);
+size_t moe_num_shared(const MoeConfig* c);
+size_t moe_wte_offset(const MoeConfig* c);   // 0
+size_t moe_wpe_offset(const MoeConfig* c);
+size_t moe_lnf_offset(const MoeConfig* c);   // lnfw, then lnfb
+// Layer l's parameters in a shared buffer; an MoE layer's fc* are NULL.
+BlockParams moe_block_params(const MoeConfig* c, float* shared, int l);
+float* moe_router_at(const MoeConfig* c, float* shared, int l);  // (E, C)
+
+// ---------------------------------------------------------------- expert parameters
+size_t moe_expert_numel(const MoeConfig* c);  // 2HC + H + C
+typedef struct {
+    float *fcw, *fcb;          // (H, C), (H)
+    float *fcprojw, *fcprojb;  // (C, H), (C)
+} ExpertParams;
+// Local expert le of MoE layer m in a buffer of n_local experts per layer.
+ExpertParams moe_expert_at(const MoeConfig* c, float* experts, int m, int le, int n_local);
+
+// ---------------------------------------------------------------- init
+// The shared buffer (host memory), and experts [e0, e0 + n_local) of every
+// MoE layer (host memory, the layout above).
+void moe_init_shared(float* out, const MoeConfig* c, uint64_t seed);
+void moe_init_experts(float* out, const MoeConfig* c, int e0, int n_local, uint64_t seed);
+
+// ---------------------------------------------------------------- the block's pieces
+// The attention half and ln2, as block_forward computes them (same ops, same
+// order): a->res2 = x + attproj(attention(qkv(ln1(x)))), a->ln2 = ln2(res2).
+void moe_attention_forward(const BlockParams* p, BlockActs* a, const float* x, int B, int T,
+                           int C, int NH);
+// Backward of the above given dln2 (d of ln2's output): dres holds d res2
+// minus what ln2 adds (on entry: d res3, which the residual passes through);
+// on return d x. Parameter gradients accumulate into g (ln2, attention).
+// Mirrors block_backward_input then block_backward_weights.
+void moe_attention_backward(const BlockParams* p, BlockParams* g, const BlockActs* a,
+                            const BlockScratch* s, const float* x, const float* dln2, float* dres,
+                            int B, int T, int C, int NH);
+// One expert on its n rows: out (n, C) = fcproj(gelu(fc(in (n, C)))); fch,
+// fch_gelu (n, H) are kept for backward.
+void moe_expert_forward(const ExpertParams* p, float* out, float* fch, float* fch_gelu,
+                        const float* in, int n, int C, int H);
+// din (n, C) += d in; the expert's gradients accumulate into g. dfch,
+// dfch_gelu (n, H) are scratch.
+void moe_expert_backward(const ExpertParams* p, ExpertParams* g, float* din, const float* dout,
+                         const float* in, const float* fch, const float* fch_gelu, float* dfch,
+                         float* dfch_gelu, int n, int C, int H);
+
+// FLOPs per token of a forward and backward (6 x the weights a token meets:
+// k experts in an MoE layer), plus attention as gpt_flops_per_token.
+double moe_flops_per_token(const MoeConfig* c, int T);
+// Parameters a token meets (the "active" ones): the shared ones and k experts.
+size_t moe_active_params(const MoeConfig* c);
+
+// ---------------------------------------------------------------- checkpoint
+// llm.c's 256-int32 header with our own version MOE_CHECKPOINT_VERSION in
+// [1] (so llm.c refuses it instead of misreading it) and [8] = E, [9] = k,
+// [10] = H, [11] = moe_every; then the shared buffer as laid out above, then
+// every expert of every MoE layer in the experts layout (all E per layer).
+#define MOE_CHECKPOINT_VERSION 7001
+// Reads the header; NULL or a message (a dense llm.c file is refused: it has
+// no router and no experts).
+const char* moe_checkpoint_read_config(const char* path, MoeConfig* c, char* msg, size_t len);
+// Reads the shared buffer and experts [e0, e0 + n_local) of each MoE layer.
+const char* moe_checkpoint_read(const char* path, const MoeConfig* c, float* shared, float* experts,
+                                int e0, int n_local, char* msg, size_t len);
+// Writes atomically from host copies of the shared buffer and ALL experts.
+const char* moe_checkpoint_write(const char* path, const MoeConfig* c, const float* shared,
+                                 const float* experts, char* msg, size_t len);
+
+#endif

@@ -1,0 +1,120 @@
+#!/bin/bash
+# Chapter 7: mixture of experts with expert parallelism. The link to the
+# reference (E = 1, k = 1 is chapter 0's model, bit for bit), every mesh
+# reproducing the ep = 1 MoE run, the all-to-all bytes against the formula,
+# capacity mode's dropped count against a hand count, the MoE file, bad
+# input, --help. (The router, gating, auxiliary loss, dispatch and combine
+# ops are checked against finite differences in tests/test_ops.c.)
+. "$(dirname "$0")/lib.sh"
+
+echo "== chapter 7: experts"
+# E = 1, k = 1: the router's softmax over one expert is exactly 1, the one
+# gate is 1, expert 0's init is the dense MLP's: chapter 0's model. Within
+# TOL (the invariant) and, stronger, the same bits (tolerance 0).
+invariant --norm --val "experts: E=1, k=1 is chapter 0's dense model" "$INV_FLAGS" 1 chapter-7 "--experts 1 --top-k 1"
+if cmp=$(bash tests/compare_losses.sh "$REF" "$INV_LOG" 0 2>&1) &&
+    cmpn=$(bash tests/compare_losses.sh "$REF" "$INV_LOG" 0 norm 2>&1); then
+    pass "experts: E=1, k=1 gives chapter 0's losses and norms bit for bit ($cmp; ${cmpn#* steps, })"
+else
+    fail "experts: E=1, k=1 bit for bit" "$cmp; $cmpn"
+fi
+# E = 1: f = P = 1 in each of the tiny model's 2 MoE layers, so aux = 2 exactly
+if grep '"type":"step"' "$INV_LOG" | grep -q '"aux_loss":2.0000000,"dropped":0,"expert_tokens":\[\[768\],\[768\]\]'; then
+    pass "experts: E=1 logs aux_loss 2 (1 per MoE layer), no drop, 768 tokens per expert per layer"
+else
+    fail "experts: E=1 step fields" "$(grep '"type":"step"' "$INV_LOG" | head -1)"
+fi
+
+# The MoE model (E = 4, k = 2) on one rank is the reference of the meshes.
+c7_flags="$INV_FLAGS --experts 4 --top-k 2"
+c7_ref=$TEST_TMPDIR/c7_ref.jsonl
+mpi_run $T_RUN 1 "$BUILD/chapter-7" $c7_flags --log "$c7_ref"
+if [ $RC = 0 ] && [ "$(grep -c '"type":"step"' "$c7_ref")" = $INV_STEPS ]; then
+    pass "experts: E=4, k=2 on one rank trains $INV_STEPS steps"
+else
+    fail "experts: the ep=1 run" "exit $RC; command: $CMD; $(echo "$OUT" | tail -3)"
+fi
+# c7_same NAME NP FLAGS: the run reproduces the ep = 1 losses and norms
+c7_same() {
+    local log=$TEST_TMPDIR/c7_$2_$(echo "$3" | tr -d ' -').jsonl a b
+    mpi_run $T_RUN "$2" "$BUILD/chapter-7" $c7_flags $3 --log "$log"
+    C7_LOG=$log
+    if [ $RC = 0 ] && a=$(bash tests/compare_losses.sh "$c7_ref" "$log" $TOL 2>&1) &&
+        b=$(bash tests/compare_losses.sh "$c7_ref" "$log" $TOL_NORM norm 2>&1); then
+        pass "experts: $1 reproduces ep=1 ($a; ${b#* steps, })"
+    else
+        fail "experts: $1" "exit $RC; $a; $b; command: $CMD; $(echo "$OUT" | grep -E 'error' | head -3)"
+    fi
+}
+c7_same "ep=2" 2 "--ep 2"
+# the all-to-all bytes: per step, 2 MoE layers x 4 exchanges (dispatch,
+# combine, and both again in backward). Dispatch sends a rank's N k
+# token-slots, combine what its experts received; over the ranks the two
+# are equal, so the mean per rank is 4 x 2 x N k C x 4 bytes, N = 24 x 32 / 2
+# tokens per rank, dropless
+c7_bytes=$((2 * 4 * (24 * 32 / 2) * 2 * 64 * 4))  # 1,572,864
+if grep '"type":"summary"' "$C7_LOG" | grep -q "\"alltoall_bytes_per_step\":$c7_bytes,"; then
+    pass "experts: ep=2 sends $c7_bytes all-to-all bytes per rank per step, the mean over ranks (L_moe x 4 x N k C x 4)"
+else
+    fail "experts: all-to-all bytes" "want $c7_bytes; $(grep -o '"alltoall_bytes_per_step":[0-9]*' "$C7_LOG")"
+fi
+# parameters per rank: the replicated ones (54,912 for tiny with E = 4:
+# wte, wpe, lnf and 2 blocks of 4C^2 + 8C + E C) and half of the
+# 2 x 4 experts of 2HC + H + C (H = 4C = 256): 4 bytes each, the gradients
+# the same, AdamW twice that
+c7_p=$(( (256 * 64 + 64 * 64 + 2 * 64 + 2 * (4 * 64 * 64 + 8 * 64 + 4 * 64) + 2 * 4 / 2 * (2 * 256 * 64 + 256 + 64)) * 4 ))
+if grep '"type":"summary"' "$C7_LOG" | grep -qF "\"peak_bytes\":{\"params\":[$c7_p,$c7_p],\"grads\":[$c7_p,$c7_p],\"optimizer\":[$((2 * c7_p)),$((2 * c7_p))]"; then
+    pass "experts: ep=2 holds $c7_p bytes of parameters per rank (replicated + E/ep experts), as many of gradients, twice of AdamW"
+else
+    fail "experts: parameter memory at ep=2" "want $c7_p; $(grep -o '"peak_bytes":{"params":[^]]*]' "$C7_LOG")"
+fi
+c7_same "ep=4" 4 "--ep 4"
+c7_same "dp=2 x ep=2" 4 "--dp 2 --ep 2"
+
+# a dense layer below an MoE layer (--moe-every 2), experts of width 96, and
+# k = 3 > the 2 experts of a rank (the receive buffers' bound min(k, E/ep))
+c7_odd="--steps 4 --batch 24 --seq 32 --peak-gflops 10 --experts 4 --top-k 3 --moe-every 2 --expert-hidden 96"
+mpi_run $T_RUN 1 "$BUILD/chapter-7" $c7_odd --log "$TEST_TMPDIR/c7_odd1.jsonl"
+mpi_run $T_RUN 2 "$BUILD/chapter-7" $c7_odd --ep 2 --log "$TEST_TMPDIR/c7_odd2.jsonl"
+if [ $RC = 0 ] && a=$(bash tests/compare_losses.sh "$TEST_TMPDIR/c7_odd1.jsonl" "$TEST_TMPDIR/c7_odd2.jsonl" $TOL 2>&1); then
+    pass "experts: --moe-every 2, H=96, k=3 on ep=2 reproduces ep=1 ($a)"
+else
+    fail "experts: --moe-every 2, H=96, k=3" "exit $RC; $a; command: $CMD"
+fi
+
+# Capacity mode, by hand: E = 2, k = 2 sends every token to both experts,
+# 768 slots each per layer; f = 0.25 keeps floor(0.25 x 2 x 768 / 2) = 192,
+# drops 576 per expert: 2 x 576 x 2 layers = 2304 per step, on any mesh.
+c7_cap="--steps 3 --batch 24 --seq 32 --peak-gflops 10 --experts 2 --top-k 2 --capacity-factor 0.25"
+mpi_run $T_RUN 1 "$BUILD/chapter-7" $c7_cap --log "$TEST_TMPDIR/c7_cap1.jsonl"
+n1=$(grep -c '"dropped":2304,' "$TEST_TMPDIR/c7_cap1.jsonl")
+mpi_run $T_RUN 2 "$BUILD/chapter-7" $c7_cap --ep 2 --log "$TEST_TMPDIR/c7_cap2.jsonl"
+n2=$(grep -c '"dropped":2304,' "$TEST_TMPDIR/c7_cap2.jsonl")
+if [ "$n1" = 3 ] && [ "$n2" = 3 ] && a=$(bash tests/compare_losses.sh "$TEST_TMPDIR/c7_cap1.jsonl" "$TEST_TMPDIR/c7_cap2.jsonl" $TOL 2>&1); then
+    pass "experts: capacity 0.25 drops 2304 token-slots per step (hand count), ep=2 drops the same and matches ($a)"
+else
+    fail "experts: capacity mode" "steps with 2304 dropped: $n1 (ep=1), $n2 (ep=2); $a"
+fi
+
+# The MoE file: saved on ep=2, read on ep=4 and one rank, the same model
+mpi_run $T_RUN 2 "$BUILD/chapter-7" $c7_flags --steps 3 --ep 2 --save "$TEST_TMPDIR/c7.bin" --log "$TEST_TMPDIR/c7_save.jsonl"
+c7_val() { grep '"type":"val"' "$1" | tail -1 | sed 's/.*"val_loss":\([-0-9.e]*\).*/\1/'; }
+v0=$(c7_val "$TEST_TMPDIR/c7_save.jsonl")
+mpi_run $T_RUN 4 "$BUILD/chapter-7" --batch 24 --seq 32 --peak-gflops 10 --steps 0 --ep 4 --model "$TEST_TMPDIR/c7.bin" --log "$TEST_TMPDIR/c7_load.jsonl"
+v1=$(c7_val "$TEST_TMPDIR/c7_load.jsonl")
+if [ -n "$v0" ] && awk -v a="$v0" -v b="$v1" -v t=$TOL 'BEGIN { d = a - b; if (d < 0) d = -d; exit !(b != "" && d <= t) }'; then
+    pass "experts: the MoE file saved on ep=2 reads back on ep=4 (val loss $v0 then $v1)"
+else
+    fail "experts: MoE file" "val loss $v0 after saving, '$v1' after loading; $(echo "$OUT" | grep error)"
+fi
+ref_checkpoint
+error_case chapter-7 1 "--model $CKPT" "a dense llm.c file has no router and no experts"
+error_case chapter-0 1 "--model $TEST_TMPDIR/c7.bin" "is a mixture-of-experts model (version 7001): only chapter 7"
+
+error_case chapter-7 3 "--ep 3 --experts 4" "do not split over ep=3"
+error_case chapter-7 4 "--dp 2 --ep 2 --batch 6" "does not split over dp x ep = 4 ranks"
+error_case chapter-7 1 "--experts 4 --top-k 5" "--top-k must be between 1 and --experts"
+error_case chapter-7 1 "--moe-every 3" "no layer has experts"
+error_case chapter-7 1 "--capacity-factor -1" "--capacity-factor must be >= 0"
+help_case chapter-7 "--capacity-factor"
+finish
