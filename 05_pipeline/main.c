@@ -34,6 +34,7 @@
 #include <string.h>
 
 #include "args.h"
+#include "ckpt.h"
 #include "comm.h"
 #include "common.h"
 #include "memory.h"
@@ -682,6 +683,23 @@ static float* gather_params(Pipe* P) {
     return full;
 }
 
+// ---------------------------------------------------------------- checkpoints
+// What this rank writes and reads of the training state (ckpt.h): its
+// pieces are ranges of the flat layout, so ckpt_add_state cuts each into the
+// llm.c tensors it overlaps. The dp replicas of a stage are identical, so
+// dp rank 0 of each stage writes its pieces, and wte once: the first stage's
+// (the last stage's copy is the same parameters and, taking the same summed
+// gradient through the same AdamW step, the same moments). Every rank reads
+// all of its pieces, the copy too, whatever chapter and mesh saved them.
+static void pipe_ckpt(Ckpt* ck, const Pipe* P) {
+    for (int i = 0; i < P->n_pieces; i++) {
+        const Piece* pc = &P->piece[i];
+        float *p = P->params + pc->local, *m = P->mom + pc->local, *v = P->vel + pc->local;
+        if (P->dp->rank == 0 && !pc->tied_copy) ckpt_add_state(&ck->own, P->cfg, pc->global, pc->count, p, m, v);
+        ckpt_add_state(&ck->need, P->cfg, pc->global, pc->count, p, m, v);
+    }
+}
+
 // ---------------------------------------------------------------- timelines in the log
 // Rank 0 gathers every rank's action times of the step. The bubble of the
 // step: 1 - (time spent in actions, summed over ranks) / (ranks x the span
@@ -808,16 +826,22 @@ int main(int argc, char** argv) {
     float loss = 0.0f, vl = -1.0f;
     double bubble_sum = 0.0;
     int bubble_n = 0;
+    // training-state checkpoints: --ckpt-dir, --save-every, --resume
+    Ckpt ck;
+    ckpt_init(&ck, args, setup, &run.mesh, 5);
+    pipe_ckpt(&ck, &P);
+    int start = ckpt_resume(&ck);  // --resume: this rank's pieces, from whatever mesh saved them
     comm_counts_reset();
     MPI_CHECK(MPI_Barrier(MPI_COMM_WORLD));  // the timelines start together
-    for (int step = 0; step < args->steps; step++) {
+    for (int step = start; step < args->steps; step++) {
         clock_begin(&clock);
         float norm;
         loss = train_step(&tr, step, &tl, &norm);
-        double dt = clock_end(&clock, step, args->steps);
+        double dt = clock_end(&clock, step - start, args->steps - start);
         double bubble = timeline_step(&P, &tl, &log, step, 1);
-        if (step > 0 || args->steps == 1) bubble_sum += bubble, bubble_n++;
+        if (step > start || args->steps - start == 1) bubble_sum += bubble, bubble_n++;
         report_step(&log, step, args->steps, loss, norm, 1e3 * dt, (double)B * T / dt);
+        ckpt_after_step(&ck, step);  // --save-every, --ckpt-dir
         if (args->val_every > 0 && (step + 1) % args->val_every == 0 && step + 1 < args->steps) {
             vl = val_loss(&P, args->val_batches);
             if (vl >= 0) report_val(&log, step, vl);
@@ -849,6 +873,7 @@ int main(int argc, char** argv) {
         .steps = args->steps, .ms_per_step = ms, .tokens_per_s = ms > 0 ? (double)B * T / (ms / 1e3) : 0.0,
         .flops_per_token = gpt_flops_per_token(cfg, T), .peak_gflops = run.peak_gflops,
         .final_loss = loss, .val_loss = vl, .extra_json = extra_json};
+    ckpt_finish(&ck, &log);  // an async save still in flight is joined here
     report_summary(&log, &run.mesh, &summary);
     jsonl_close(&log);
     if (train_wants_params(args)) {

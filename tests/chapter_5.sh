@@ -3,6 +3,7 @@
 # training (test_schedule); the invariant for every schedule on pp = 2, 3, 4,
 # m = 1, pp, 2 pp, an uneven layer split and dp x pp = 2 x 2; each stage's
 # activation bytes against the formula; the timelines in the log;
+# training-state checkpoints (resume on pp=2, chapter 5 <-> chapter 0);
 # --show-schedule; bad input; --help.
 . "$(dirname "$0")/lib.sh"
 
@@ -70,6 +71,61 @@ pp_case tiny6 8 2 2 4 zb 1 "3,3"
 pp_case tiny6 6 1 3 3 interleaved 2 "2,2,2"
 pp_case tiny6 6 1 3 6 gpipe 1 "2,2,2"
 pp_case tiny6 6 1 3 1 1f1b 1 "2,2,2"
+
+# Training-state checkpoints (docs/checkpoints.md): each stage's dp rank 0
+# writes its own layers, wte once (from the first stage). On the invariant's
+# tiny6 run (10 steps, batch 8), saved at step 5: chapter 5 pp=2 resumed on
+# the same mesh repeats its uninterrupted run bit for bit (losses, norms, the
+# final --save); its checkpoint resumed by chapter 0, and chapter 0's resumed
+# by chapter 5 dp=2 x pp=2, continue chapter 0's losses within TOL.
+CK5=$TEST_TMPDIR/ckpt5
+rm -rf "$CK5" && mkdir -p "$CK5"
+CK5_FLAGS=$(pp_flags tiny6 8)
+reference "$CK5_FLAGS"
+# ck5_cmp REF RUN TOL: RUN logged exactly steps 5..9, each step's loss and
+# norm within TOL of REF's same step (TOL 0: the same printed digits)
+ck5_cmp() {
+    awk -v tol="$3" '
+        FNR == 1 { file++ }
+        /"type":"step"/ {
+            match($0, /"step":[0-9]+/); s = substr($0, RSTART + 7, RLENGTH - 7) + 0
+            match($0, /"loss":[-0-9.e]+/); l = substr($0, RSTART + 7, RLENGTH - 7)
+            match($0, /"norm":[-0-9.e]+/); n = substr($0, RSTART + 7, RLENGTH - 7)
+            if (file == 1) { rl[s] = l; rn[s] = n; next }
+            if (s != 5 + seen || !(s in rl)) bad = 1
+            seen++
+            d = l - rl[s]; if (d < 0) d = -d; if (d > max) max = d
+            d = n - rn[s]; if (d < 0) d = -d; if (d > maxn) maxn = d
+        }
+        END { printf "steps 5..%d, max |dloss| %.1e, |dnorm| %.1e", 4 + seen, max, maxn
+              exit (!bad && seen == 5 && max <= tol && maxn <= tol) ? 0 : 1 }' "$1" "$2"
+}
+# ck5_case NAME DESCRIPTION REF TOL NP PROGRAM FLAGS... [-- BIN_A BIN_B]
+ck5_case() {
+    local name=$1 what=$2 ref=$3 tol=$4 np=$5 prog=$6 a="" b="" cmp ok=1 args=()
+    shift 6
+    while [ $# -gt 0 ] && [ "$1" != -- ]; do args+=("$1"); shift; done
+    [ "${1:-}" = -- ] && a=$2 b=$3
+    mpi_run $T_RUN "$np" "$BUILD/$prog" $CK5_FLAGS "${args[@]}" --log "$CK5/$name.jsonl"
+    [ $RC = 0 ] || ok=0
+    cmp=$(ck5_cmp "$ref" "$CK5/$name.jsonl" "$tol") || ok=0
+    echo "$OUT" | grep -q "checkpoint: resumed from" || { ok=0; cmp="$cmp, not resumed"; }
+    if [ -n "$a" ]; then
+        if cmp -s "$a" "$b"; then cmp="$cmp, final parameters bit-identical"; else ok=0; cmp="$cmp, final parameters DIFFER"; fi
+    fi
+    if [ $ok = 1 ]; then pass "checkpoint: $what ($cmp)"
+    else fail "checkpoint: $what" "exit $RC; $cmp; command: $CMD; $(echo "$OUT" | grep -E 'error' | head -3)"; fi
+}
+invariant "checkpoint: chapter 5 pp=2 saving at steps 5 and 10" "$CK5_FLAGS" 2 chapter-5 \
+    "--pp 2 --ckpt-dir $CK5/p2 --save-every 5 --save $CK5/p2.bin"
+P2_LOG=$INV_LOG
+ck5_case p2r "chapter 5 pp=2 resumed at step 5 repeats its uninterrupted run bit for bit" "$P2_LOG" 0 \
+    2 chapter-5 --pp 2 --resume "$CK5/p2/step-00000005" --save "$CK5/p2r.bin" -- "$CK5/p2.bin" "$CK5/p2r.bin"
+ck5_case c0r "chapter 0 resumed from chapter 5 pp=2's step 5 continues chapter 0's losses" "$REF" $TOL \
+    1 chapter-0 --resume "$CK5/p2/step-00000005"
+mpi_run $T_RUN 1 "$BUILD/chapter-0" $CK5_FLAGS --ckpt-dir "$CK5/c0" --save-every 5
+ck5_case dp2pp2 "chapter 5 dp=2 x pp=2 resumed from chapter 0's step 5 continues chapter 0's losses" "$REF" $TOL \
+    4 chapter-5 --dp 2 --pp 2 --resume "$CK5/c0/step-00000005"
 
 # --show-schedule: the simulated timeline before training
 mpi_run $T_SHORT 2 "$BUILD/chapter-5" --pp 2 --microbatches 3 --batch 6 --schedule zb --steps 0 --show-schedule --peak-gflops 10
