@@ -57,7 +57,9 @@ ifeq ($(BACKEND),cpu)
   else
     LDLIBS += -lopenblas
   endif
-  BACKEND_C  := common/cpu/ops.c common/cpu/device.c common/cpu/comm.c
+  # the CPU comm layer links chapter 1's module: its hand-written collectives
+  # run the collectives under --comm hand (common/cpu/comm.c)
+  BACKEND_C  := common/cpu/ops.c common/cpu/device.c common/cpu/comm.c 01_collectives/collectives.c
   BACKEND_CU :=
 else ifeq ($(BACKEND),cuda)
   ifeq ($(HAVE_NVCC),)
@@ -124,6 +126,8 @@ $(BIN)/tokenize: $(OBJ)/common/tools/tokenize.o $(COMMON_OBJ)
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) -o $@ $^ $(LDLIBS)
 
+$(BUILD)/obj/cpu/common/cpu/comm.o: CFLAGS += -I01_collectives
+
 $(OBJ)/%.o: %.c $(FLAGS_STAMP)
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) -c -o $@ $<
@@ -139,7 +143,7 @@ TESTS := test_ops test_model test_data test_fsdp
 $(BUILD)/tests/test_fsdp: $(BUILD)/obj/cpu/03_fsdp/fsdp.o
 $(BUILD)/obj/cpu/tests/test_fsdp.o: CFLAGS += -I03_fsdp
 tests: $(addprefix $(BUILD)/tests/,$(TESTS))
-$(BUILD)/tests/%: $(BUILD)/obj/cpu/tests/%.o $(patsubst %.c,$(BUILD)/obj/cpu/%.o,$(COMMON_SRC) common/cpu/ops.c common/cpu/device.c common/cpu/comm.c)
+$(BUILD)/tests/%: $(BUILD)/obj/cpu/tests/%.o $(patsubst %.c,$(BUILD)/obj/cpu/%.o,$(COMMON_SRC) common/cpu/ops.c common/cpu/device.c common/cpu/comm.c 01_collectives/collectives.c)
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) -o $@ $^ $(LDLIBS)
 $(BUILD)/obj/cpu/tests/%.o: CFLAGS += -Itests

@@ -49,6 +49,7 @@ static void set_defaults(TrainArgs* a) {
     a->clip = 1.0f;
     a->seed = 1337;
     a->val_batches = 4;
+    a->comm = "library";
     for (int i = 0; i < NUM_AXES; i++) a->mesh[i] = 1;
 }
 

@@ -24,6 +24,7 @@ typedef struct {
     int threads;           // --threads per rank (0: cores / ranks on the node)
     float peak_gflops;     // --peak-gflops (0: measure at start-up)
     int mesh[NUM_AXES];    // --dp --tp --pp --cp --ep
+    const char* comm;      // --comm library|hand (chapters 2+: run_start adds the flag)
 } TrainArgs;
 
 #define ARGS_MAX_SAMPLE 100000

@@ -7,6 +7,10 @@
 static CommCount counts[NUM_COLLECTIVES][COMM_NUM_AXES];
 static double wait_seconds = 0.0;
 static double progress_seconds = 0.0;
+// > 0 inside a hand-written collective (--comm hand): its sends, receives
+// and waits are part of the one collective already counted, not calls of
+// their own
+static int quiet = 0;
 
 const char* collective_name(Collective c) {
     static const char* names[NUM_COLLECTIVES] = {
@@ -35,6 +39,7 @@ void comm_tally(const Comm* c, Collective coll, size_t bytes, double factor) {
 }
 
 void comm_tally_bytes(const Comm* c, Collective coll, double bytes, double bus_bytes) {
+    if (quiet) return;
     CommCount* k = &counts[coll][c->axis];
     k->calls += 1;
     k->bytes += bytes;
@@ -43,5 +48,10 @@ void comm_tally_bytes(const Comm* c, Collective coll, double bytes, double bus_b
 
 double comm_ring_factor(const Comm* c) { return c->size > 1 ? (double)(c->size - 1) / c->size : 0.0; }
 
-void comm_add_wait(double seconds) { wait_seconds += seconds; }
-void comm_add_progress(double seconds) { progress_seconds += seconds; }
+void comm_add_wait(double seconds) {
+    if (!quiet) wait_seconds += seconds;
+}
+void comm_add_progress(double seconds) {
+    if (!quiet) progress_seconds += seconds;
+}
+void comm_count_quiet(int on) { quiet += on ? 1 : -1; }

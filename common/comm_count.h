@@ -16,5 +16,8 @@ double comm_ring_factor(const Comm* c);
 void comm_add_wait(double seconds);
 // Adds seconds spent inside a non-blocking start or comm_test.
 void comm_add_progress(double seconds);
+// on = 1 while a collective made of other comm_* calls runs (--comm hand),
+// 0 after it: the calls inside it are not counted, nor their seconds.
+void comm_count_quiet(int on);
 
 #endif
