@@ -62,6 +62,7 @@ static int mod(int a, int p) { return ((a % p) + p) % p; }
 //
 // Each rank sends (p-1) chunks of n/p: (p-1)/p * n floats, the minimum.
 void hand_reduce_scatter_ring(const Comm* c, float* buf, size_t n, float* tmp) {
+    // EXERCISE 2: ring reduce-scatter: p-1 steps, rank r ends with the sum of chunk r (any n, any p)
     int p = c->size, r = c->rank;
     int right = mod(r + 1, p), left = mod(r - 1, p);
     for (int k = 0; k < p - 1; k++) {
@@ -71,6 +72,7 @@ void hand_reduce_scatter_ring(const Comm* c, float* buf, size_t n, float* tmp) {
                       tmp, chunk_size(n, p, recv_chunk), left);
         ops_add(buf + chunk_start(n, p, recv_chunk), tmp, chunk_size(n, p, recv_chunk));
     }
+    // END EXERCISE 2
 }
 
 // ---------------------------------------------------------------- ring all-gather
@@ -79,6 +81,7 @@ void hand_reduce_scatter_ring(const Comm* c, float* buf, size_t n, float* tmp) {
 // every block. At step k rank r forwards block (r-k), which it received at
 // step k-1 (or owns, at step 0), and receives block (r-1-k). (p-1) steps.
 void hand_allgather_ring(const Comm* c, float* buf, const size_t* starts) {
+    // EXERCISE 3: ring all-gather: p-1 steps, every rank ends with every block (blocks of any size)
     int p = c->size, r = c->rank;
     int right = mod(r + 1, p), left = mod(r - 1, p);
     for (int k = 0; k < p - 1; k++) {
@@ -87,6 +90,7 @@ void hand_allgather_ring(const Comm* c, float* buf, const size_t* starts) {
         comm_sendrecv(c, buf + starts[send_block], starts[send_block + 1] - starts[send_block], right,
                       buf + starts[recv_block], starts[recv_block + 1] - starts[recv_block], left);
     }
+    // END EXERCISE 3
 }
 
 // ---------------------------------------------------------------- ring all-reduce
@@ -113,6 +117,7 @@ void hand_allreduce_ring(const Comm* c, float* buf, size_t n, float* tmp) {
 // the remaining 2^m ranks double; at the end the odd ranks hand the result
 // back. tmp holds n floats.
 void hand_allreduce_doubling(const Comm* c, float* buf, size_t n, float* tmp) {
+    // EXERCISE 5: recursive-doubling all-reduce, for any p (fold the ranks above a power of two in and out)
     int p = c->size, r = c->rank;
     int pow2 = 1;
     while (pow2 * 2 <= p) pow2 *= 2;
@@ -158,6 +163,7 @@ void hand_allreduce_doubling(const Comm* c, float* buf, size_t n, float* tmp) {
             comm_recv(c, buf, n, r + 1);
         }
     }
+    // END EXERCISE 5
 }
 
 // ---------------------------------------------------------------- binomial-tree broadcast
@@ -165,6 +171,7 @@ void hand_allreduce_doubling(const Comm* c, float* buf, size_t n, float* tmp) {
 // ranks that have the data (v < 2^k) each send it to v + 2^k. log2(p) rounds
 // instead of the root's p-1 sends.
 void hand_broadcast_tree(const Comm* c, float* buf, size_t n, int root) {
+    // EXERCISE 1: binomial-tree broadcast: root's buffer to every rank in ceil(log2 p) rounds
     int p = c->size, v = mod(c->rank - root, p);
     int round = 0;
     for (int mask = 1; mask < p; mask <<= 1, round++) {
@@ -178,6 +185,7 @@ void hand_broadcast_tree(const Comm* c, float* buf, size_t n, int root) {
             comm_recv(c, buf, n, src);
         }
     }
+    // END EXERCISE 1
 }
 
 // ---------------------------------------------------------------- binomial-tree reduce
@@ -238,6 +246,7 @@ void hand_gather(const Comm* c, const float* send, float* recv, size_t n, int ro
 // its block r+k to rank r+k and receives block r of rank r-k: every rank
 // sends and receives exactly once per step, no rank is idle or flooded.
 void hand_alltoall_pairwise(const Comm* c, const float* send, float* recv, size_t n) {
+    // EXERCISE 4: pairwise all-to-all: p-1 steps, one send and one receive per rank per step
     int p = c->size, r = c->rank;
     ops_copy(recv + (size_t)r * n, send + (size_t)r * n, n);
     for (int k = 1; k < p; k++) {
@@ -245,6 +254,7 @@ void hand_alltoall_pairwise(const Comm* c, const float* send, float* recv, size_
         trace(k - 1, "sends its block %d to rank %d, receives block %d of rank %d", dst, dst, r, src);
         comm_sendrecv(c, send + (size_t)dst * n, n, dst, recv + (size_t)src * n, n, src);
     }
+    // END EXERCISE 4
 }
 
 // ---------------------------------------------------------------- pairwise all-to-all-v
