@@ -13,6 +13,8 @@
 #   make setup         install the Debian packages (as root) or print the line
 #   make fuzz          fuzz the file loaders (libFuzzer, FUZZ_SECONDS each)
 #   make sanitize      the tiny tests under ASan and UBSan (build/sanitize/)
+#   make homework CHAPTER=N [DEST=dir]   a student tree: chapter N's exercises cut out
+#   make grade CHAPTER=N [EXERCISE=K]    grade them: "grade chapter N: S / T"
 #   OPT, CFLAGS, CUDA_ARCH: a change rebuilds everything (flags.stamp)
 #   make clean
 #
@@ -115,7 +117,7 @@ $(OBJ)/$(1)/%.o: CFLAGS += $(patsubst %,-I%,$(sort $(dir $(call chapter_modules,
 endef
 $(foreach d,$(CHAPTER_DIRS),$(eval $(call CHAPTER_RULE,$(d))))
 
-.PHONY: all modules test tests tools demo bench-ref setup clean docs-check fuzz sanitize
+.PHONY: all modules test tests tools demo bench-ref setup clean docs-check fuzz sanitize homework grade
 all: $(addprefix chapter-,$(CHAPTERS)) modules tools
 
 # every module compiles, linked by a chapter or not yet
@@ -166,6 +168,16 @@ test:
 docs-check:
 	@$(MAKE) --no-print-directory BACKEND=cpu all
 	@python3 tests/docs_check.py
+
+# ---------------------------------------------------------------- homework
+# make homework CHAPTER=N [DEST=dir]: the student tree of chapter N (its
+# EXERCISE regions stubbed out, HOMEWORK.md); make grade CHAPTER=N
+# [EXERCISE=K]: builds and grades chapter N's exercises, last line
+# "grade chapter N: S / T" (tests/homework/, docs/teaching.md).
+homework:
+	@python3 tests/homework/cut.py student "$(CHAPTER)" "$(or $(DEST),build/homework-$(CHAPTER))"
+grade:
+	@EXERCISE="$(EXERCISE)" bash tests/homework/grade.sh "$(CHAPTER)"
 
 # ---------------------------------------------------------------- running
 setup:
