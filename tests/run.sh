@@ -22,7 +22,7 @@ export TEST_TMPDIR
 trap 'rm -rf "$TEST_TMPDIR"' EXIT
 
 # the scripts that are not a chapter's, in the order a full run takes them
-TOPICS="hardening docs plots gpu"
+TOPICS="hardening docs plots homework gpu"
 scripts=()
 if [ $# -eq 0 ]; then
     scripts+=(tests/unit.sh)
