@@ -84,6 +84,17 @@ for mode in naive bucketed overlapped ps; do
     done
 done
 
+# --comm hand: chapter 1's collectives (01_collectives/collectives.c) run the
+# all-reduces and the start-up broadcast; the same invariant, and the
+# counters count each hand collective once, as the library's
+for np in 2 3 4; do
+    invariant --norm --expect "bit-identical on every rank" "data parallel overlapped dp=$np --comm hand" \
+        "$INV_FLAGS" $np chapter-2 "--dp $np --dp-mode overlapped --bucket-kb 64 --comm hand"
+    dp_accounting overlapped $np 1 "$INV_LOG"
+done
+invariant --norm --expect "bit-identical on every rank" "data parallel ps dp=3 --comm hand" \
+    "$INV_FLAGS" 3 chapter-2 "--dp 3 --dp-mode ps --comm hand"
+
 echo "== chapter 2: errors and --help"
 bad_inputs
 error_case chapter-2 3 "--dp 3 --batch 4" "--batch 4 does not split over dp=3 ranks"
@@ -92,5 +103,7 @@ error_case chapter-2 2 "--dp 2 --dp-mode rings" "--dp-mode rings is not one of"
 error_case chapter-2 2 "--dp 2 --tp 1" "this chapter has no tp axis"
 error_case chapter-2 2 "--dp 2 --model $TEST_TMPDIR/truncated.bin" "truncated or corrupt"
 help_case chapter-2 "--dp-mode S"
+help_case chapter-2 "--comm S"
+error_case chapter-2 2 "--dp 2 --comm mpi" "--comm mpi is not one of library, hand"
 
 finish
