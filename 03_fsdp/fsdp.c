@@ -7,6 +7,7 @@
 
 #include "common.h"
 #include "memory.h"
+#include "runtime.h"
 
 // ---------------------------------------------------------------- units and shards
 
@@ -68,7 +69,9 @@ void fsdp_create(FSDP* f, const Comm* dp, const FsdpSpec* spec, int zero, int pr
         f->slot_buf = xmalloc(sizeof(float*) * f->n_slots);
         f->slot_req = xcalloc((size_t)f->n_slots, sizeof(CommRequest));
         f->unit_in_slot = xmalloc(sizeof(int) * f->n_slots);
+        f->slot_started = xmalloc(sizeof(double) * f->n_slots);
         for (int s = 0; s < f->n_slots; s++) {
+            f->slot_started[s] = -1;
             // resharding: two slots, each big enough for any unit; keeping:
             // slot i holds unit i, so together they hold the padded model
             size_t size = reshard ? f->max_padded : f->shard[s] * N;
@@ -113,6 +116,7 @@ void fsdp_free(FSDP* f) {
     for (int s = 0; s < f->n_slots; s++) mem_free(f->slot_buf[s]);
     free(f->slot_buf);
     free(f->slot_req);
+    free(f->slot_started);
     free(f->unit_in_slot);
     free(f->slot_of_unit);
     free(f->numel);
@@ -151,13 +155,24 @@ float* fsdp_unit_params(FSDP* f, int i) {
     double w0 = comm_wait_seconds();
     request_unit(f, i);
     int s = f->slot_of_unit[i];
+    double t0 = now_seconds();
+    int prefetched = f->slot_req[s].active && f->slot_started[s] >= 0;
     comm_wait(&f->slot_req[s]);
+    if (prefetched) {
+        double t1 = now_seconds();
+        f->prefetch_inflight_s += t1 - f->slot_started[s];
+        f->prefetch_blocked_s += t1 - t0;
+        f->slot_started[s] = -1;
+    }
     f->allgather_wait_s += comm_wait_seconds() - w0;
     return f->slot_buf[s];
 }
 
 void fsdp_prefetch(FSDP* f, int i) {
-    if (f->zero == 3 && f->prefetch && request_unit(f, i)) f->gathers_prefetched++;
+    if (f->zero == 3 && f->prefetch && request_unit(f, i)) {
+        f->gathers_prefetched++;
+        f->slot_started[f->slot_of_unit[i]] = now_seconds();
+    }
 }
 
 void fsdp_drop_gathered(FSDP* f) {

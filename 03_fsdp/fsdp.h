@@ -83,6 +83,12 @@ typedef struct {
     // the all-gather part of comm_wait_seconds)
     long gathers_prefetched;
     double allgather_wait_s;
+    // how much of the prefetched gathers' time in flight compute hid: each
+    // slot remembers when its prefetched gather started; fsdp_unit_params
+    // adds the seconds from that start to the end of its wait (in flight)
+    // and the seconds of the wait itself (blocked)
+    double* slot_started;  // (n_slots) now_seconds() at the start, < 0: not prefetched
+    double prefetch_inflight_s, prefetch_blocked_s;
 } FSDP;
 
 // Collective over dp. Each rank fills (through spec->fill) only its own shard

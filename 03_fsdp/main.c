@@ -262,10 +262,11 @@ int main(int argc, char** argv) {
     float loss = 0.0f, vloss = -1.0f;
     long prefetched = 0;        // unit gathers started ahead by fsdp_prefetch, all steps
     double allgather_wait = 0;  // seconds blocked on all-gathers, timed steps (as the clock)
+    double pf_inflight = 0, pf_blocked = 0;  // the prefetched gathers, timed steps
     comm_counts_reset();  // count the training only, not the start-up gathers
     for (int s = 0; s < args->steps; s++) {
         long p0 = f->gathers_prefetched;
-        double w0 = f->allgather_wait_s;
+        double w0 = f->allgather_wait_s, i0 = f->prefetch_inflight_s, b0 = f->prefetch_blocked_s;
         int timed = clock.timed;
         clock_begin(&clock);
         data_batch(&setup->train, s, B, T, dpc->rank * micro, micro, inputs, targets);
@@ -274,7 +275,11 @@ int main(int argc, char** argv) {
         float norm = step(&g, args, s + 1);
         double dt = clock_end(&clock, s, args->steps);
         prefetched += f->gathers_prefetched - p0;
-        if (clock.timed > timed) allgather_wait += f->allgather_wait_s - w0;
+        if (clock.timed > timed) {
+            allgather_wait += f->allgather_wait_s - w0;
+            pf_inflight += f->prefetch_inflight_s - i0;
+            pf_blocked += f->prefetch_blocked_s - b0;
+        }
         // the global loss for the log line: the mean over ranks of their means
         loss = (float)train_mean(dpc, mine);
         report_step(&log, s, args->steps, loss, norm, 1e3 * dt, (double)B * T / dt);
@@ -292,13 +297,26 @@ int main(int argc, char** argv) {
     print0("communication: %.2f ms per step blocked in collectives or waits (rank 0), %.2f of them in all-gathers, "
            "of %.2f ms per step; %.2f unit gathers per step prefetched\n",
            wait_ms, ag_wait_ms, ms, prefetched_per_step);
-    char extra_json[512];
+    // share hidden: of the time the prefetched gathers were in flight (start
+    // to the end of their wait), the part the rank computed instead of
+    // waiting; -1 when nothing was prefetched
+    double hidden = pf_inflight > 0 ? 1.0 - pf_blocked / pf_inflight : -1.0;
+    double pf_blocked_ms = clock.timed ? 1e3 * pf_blocked / clock.timed : 0.0;
+    double pf_inflight_ms = clock.timed ? 1e3 * pf_inflight / clock.timed : 0.0;
+    if (hidden >= 0)
+        print0("prefetch: %.1f%% of the prefetched gathers' time in flight hidden behind compute (rank 0: %.2f ms "
+               "blocked of %.2f ms in flight per step; comm_progress %s)\n",
+               100.0 * hidden, pf_blocked_ms, pf_inflight_ms, comm_progress_on() ? "on" : "off");
+    char extra_json[768];
     snprintf(extra_json, sizeof(extra_json),
              "\"zero\":%d,\"prefetch\":%d,\"reshard\":%d,\"units\":%d,\"shard_params\":%zu,\"padded_params\":%zu,"
              "\"max_unit_padded\":%zu,\"unit0_padded\":%zu,\"comm_wait_ms_per_step\":%.3f,"
-             "\"comm_progress_ms_per_step\":%.3f,\"allgather_wait_ms_per_step\":%.3f,\"gathers_prefetched_per_step\":%g",
+             "\"comm_progress_ms_per_step\":%.3f,\"allgather_wait_ms_per_step\":%.3f,\"gathers_prefetched_per_step\":%g,"
+             "\"prefetch_hidden_share\":%.4f,\"prefetch_blocked_ms_per_step\":%.3f,\"prefetch_inflight_ms_per_step\":%.3f,"
+             "\"comm_progress\":%d",
              zero, prefetch, reshard, f->n, f->shard_total, f->padded_total, f->max_padded, f->shard[0] * N,
-             wait_ms, progress_ms, ag_wait_ms, prefetched_per_step);
+             wait_ms, progress_ms, ag_wait_ms, prefetched_per_step, hidden, pf_blocked_ms, pf_inflight_ms,
+             comm_progress_on());
     RunSummary summary = {
         .chapter = 3, .model = setup->model_name, .num_params = P, .batch = B, .seq = T, .steps = args->steps,
         .ms_per_step = ms, .tokens_per_s = ms > 0 ? (double)B * T / (ms / 1e3) : 0.0,

@@ -1,15 +1,24 @@
 // comm.h: the communication layer every chapter calls.
 //
-// One Comm per mesh axis and one for the world. Buffers are device buffers of
+// One Comm per mesh axis and one for the world, and groups over several axes
+// or over listed ranks (comm_create_group*). Buffers are device buffers of
 // floats (host memory on the CPU backend). The CPU backend runs every call on
 // MPI; the CUDA backend runs them on NCCL behind this same header.
 //
-// Every call is counted per collective and per axis: calls, bytes (the size of
-// the data the call works on, per rank: nccl-tests' "size") and bus bytes (what
-// a bandwidth-optimal algorithm makes each rank send: size times nccl-tests'
+// Every call is counted per collective and per counter slot: one slot per
+// axis, one for the world, one per kind of group ("dp+cp", or the name given
+// to a group of listed ranks). Counted are calls, bytes (the size of the data
+// the call works on, per rank: nccl-tests' "size") and bus bytes (what a
+// bandwidth-optimal algorithm makes each rank send: size times nccl-tests'
 // bus factor, 2(n-1)/n for all-reduce, (n-1)/n for all-gather, reduce-scatter
 // and all-to-all, 1 for broadcast, reduce, send). The counts go into the JSONL
 // summary.
+//
+// Overlap. A non-blocking operation (comm_i*) moves while the rank computes:
+// on NCCL the GPU runs it by itself; on MPI comm_progress, which the CPU ops
+// call, drives it (MPI moves a non-blocking collective only inside MPI
+// calls, and a chapter computing between start and wait makes none). See
+// docs/design.md.
 #ifndef COMM_H
 #define COMM_H
 
@@ -18,14 +27,19 @@
 
 #include "mesh.h"
 
-// the world is counted as one more "axis" after the mesh's
+// the world is counted as one more "axis" after the mesh's; groups over
+// several axes or listed ranks get slots after that, up to COMM_MAX_SLOTS
 #define COMM_WORLD_AXIS NUM_AXES
 #define COMM_NUM_AXES (NUM_AXES + 1)
+#define COMM_MAX_SLOTS (COMM_NUM_AXES + 40)  // every combination of axes (26) and some more
 
 typedef struct {
-    MPI_Comm mpi;
-    int axis;        // AXIS_DP ... or COMM_WORLD_AXIS
-    int size, rank;  // of this group, and this rank's index in it
+    MPI_Comm mpi;    // MPI_COMM_NULL on a rank outside a group of listed ranks
+    int axis;        // counter slot: AXIS_DP ... AXIS_EP, COMM_WORLD_AXIS, or a group's
+    int size, rank;  // of this group, and this rank's index in it (size 0: not a member)
+    unsigned axes;   // the mesh axes a group spans (1u << AXIS_DP | ...); 0 otherwise
+    int owns_mpi;    // the group made mpi itself (comm_destroy_group frees it)
+    void* backend;   // CUDA backend: this group's NCCL communicator and stream
 } Comm;
 
 typedef enum { COMM_SUM, COMM_AVG } CommOp;
@@ -64,8 +78,32 @@ const char* comm_impl_name(void);  // "library" or "hand"
 // mesh and axes may be NULL: the world alone.
 void comm_create(Comm* world, Comm axes[NUM_AXES], const Mesh* mesh);
 void comm_destroy(Comm* world, Comm axes[NUM_AXES]);
+
+// One group over several mesh axes: this rank and every rank that shares its
+// coordinates on the axes outside `axes` (a set of bits 1u << AXIS_DP | 1u <<
+// AXIS_CP). Group ranks follow world-rank order. The dp x cp group reduces
+// gradients over every rank that holds the same parameters. A single axis
+// gives that axis's group again (counted under its name); several are counted
+// together in one slot named by the axes in enum order ("dp+cp"), whatever
+// their sizes, so a chapter's log keys do not depend on the mesh.
+// Collective over the world: every rank calls it with the same axes.
+void comm_create_group(Comm* g, const Mesh* mesh, unsigned axes);
+// A group of the listed world ranks, in list order (the first and last
+// pipeline stages, which share the tied embedding), counted under `name`.
+// Collective over the world, every rank with the same list; a rank not in it
+// gets g->size == 0 and must not use g. A bad list (empty, a rank out of
+// range or twice) ends every rank with one message.
+void comm_create_group_ranks(Comm* g, const int* ranks, int n, const char* name);
+// Frees what comm_create_group* made (not collective on the CPU; on NCCL it
+// waits for the group's operations).
+void comm_destroy_group(Comm* g);
+
 const char* collective_name(Collective c);
-const char* comm_axis_name(int axis);  // "dp" ... "ep", "world"
+// The name of a counter slot: "dp" ... "ep", "world", "dp+cp", a group's name.
+const char* comm_axis_name(int axis);
+// Counter slots in use (COMM_NUM_AXES plus one per kind of group created),
+// the same on every rank since groups are created collectively.
+int comm_num_slots(void);
 
 // ---------------------------------------------------------------- blocking
 // buf (count) on every rank becomes the sum (or mean) over the group. In place.
@@ -124,6 +162,18 @@ void comm_irecv(const Comm* c, float* buf, size_t count, int peer, CommRequest* 
 void comm_wait(CommRequest* req);
 // Non-zero when req has completed (req stays to be waited on).
 int comm_test(CommRequest* req);
+// Progress. Drives the non-blocking operations in flight: on MPI it asks
+// MPI about each (MPI_Request_get_status runs MPI's progress engine and
+// neither completes nor frees the request); nothing in flight, nothing done.
+// The CPU ops call it at their start (matmul, attention: common/cpu/ops.c),
+// so the compute a chapter places between start and wait moves the bytes
+// without a line of its own, in every chapter. Results are the same with it
+// or without (COMM_PROGRESS=0 turns it off): it only moves bytes sooner. Its
+// seconds count as comm_progress_seconds. On NCCL it is a no-op: the GPU and
+// NCCL's proxy progress their operations by themselves.
+void comm_progress(void);
+// 1 when comm_progress drives MPI operations (CPU backend, COMM_PROGRESS not 0).
+int comm_progress_on(void);
 
 // ---------------------------------------------------------------- counters
 typedef struct {
@@ -134,9 +184,10 @@ void comm_counts_reset(void);
 // Seconds spent inside blocking calls and comm_wait: time a rank waited on
 // communication that compute did not hide.
 double comm_wait_seconds(void);
-// Seconds spent inside the non-blocking starts and comm_test: the host's own
-// work on communication that is in flight (on MPI the library copies and
-// reduces there; on NCCL it is only queueing). Not waiting, not computing.
+// Seconds spent inside the non-blocking starts, comm_test and comm_progress:
+// the host's own work on communication that is in flight (on MPI the
+// library copies and reduces there; on NCCL it is only queueing). Not
+// waiting, not computing.
 double comm_progress_seconds(void);
 
 #endif

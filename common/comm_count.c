@@ -2,9 +2,16 @@
 // seconds spent waiting, for whichever backend runs the calls.
 #include "comm_count.h"
 
+#include <stdio.h>
 #include <string.h>
 
-static CommCount counts[NUM_COLLECTIVES][COMM_NUM_AXES];
+#include "common.h"
+
+static CommCount counts[NUM_COLLECTIVES][COMM_MAX_SLOTS];
+// the slots after the axes' and the world's: one per kind of group
+#define SLOT_NAME_LEN 48
+static char group_slot_names[COMM_MAX_SLOTS - COMM_NUM_AXES][SLOT_NAME_LEN];
+static int num_group_slots = 0;
 static double wait_seconds = 0.0;
 static double progress_seconds = 0.0;
 // > 0 inside a hand-written collective (--comm hand): its sends, receives
@@ -20,7 +27,57 @@ const char* collective_name(Collective c) {
 }
 
 const char* comm_axis_name(int axis) {
+    if (axis >= COMM_NUM_AXES) return group_slot_names[axis - COMM_NUM_AXES];
     return axis == COMM_WORLD_AXIS ? "world" : mesh_axis_name((MeshAxis)axis);
+}
+
+int comm_num_slots(void) { return COMM_NUM_AXES + num_group_slots; }
+
+int comm_slot_for(const char* name) {
+    for (int a = 0; a < comm_num_slots(); a++)
+        if (strcmp(comm_axis_name(a), name) == 0) return a;
+    CHECK(num_group_slots < COMM_MAX_SLOTS - COMM_NUM_AXES,
+          "more than %d kinds of communication group: raise COMM_MAX_SLOTS in comm.h",
+          COMM_MAX_SLOTS - COMM_NUM_AXES);
+    CHECK(strlen(name) < SLOT_NAME_LEN, "group name '%s' is longer than %d characters", name, SLOT_NAME_LEN - 1);
+    strcpy(group_slot_names[num_group_slots], name);
+    return COMM_NUM_AXES + num_group_slots++;
+}
+
+void comm_group_slot_name(const Mesh* mesh, unsigned axes, char* out, size_t len) {
+    (void)mesh;
+    size_t used = 0;
+    out[0] = '\0';
+    for (int a = 0; a < NUM_AXES; a++)
+        if (axes & (1u << a))
+            used += snprintf(out + used, used < len ? len - used : 0, "%s%s", used ? "+" : "",
+                             mesh_axis_name((MeshAxis)a));
+}
+
+int comm_group_color(const Mesh* mesh, unsigned axes) {
+    // the group's member with coordinate 0 on every grouped axis names it
+    int base[NUM_AXES];
+    for (int a = 0; a < NUM_AXES; a++) base[a] = (axes & (1u << a)) ? 0 : mesh->coord[a];
+    return mesh_rank_at(mesh, base);
+}
+
+const char* comm_check_rank_list(const int* ranks, int n, int world_size, char* msg, size_t len) {
+    if (n < 1 || !ranks) {
+        snprintf(msg, len, "comm_create_group_ranks: the list of ranks is empty");
+        return msg;
+    }
+    for (int i = 0; i < n; i++) {
+        if (ranks[i] < 0 || ranks[i] >= world_size) {
+            snprintf(msg, len, "comm_create_group_ranks: rank %d is not in a world of %d ranks", ranks[i], world_size);
+            return msg;
+        }
+        for (int j = 0; j < i; j++)
+            if (ranks[j] == ranks[i]) {
+                snprintf(msg, len, "comm_create_group_ranks: rank %d is listed twice", ranks[i]);
+                return msg;
+            }
+    }
+    return NULL;
 }
 
 CommCount comm_count(Collective coll, int axis) { return counts[coll][axis]; }

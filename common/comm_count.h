@@ -5,6 +5,18 @@
 
 #include "comm.h"
 
+// The counter slot named `name`: an axis's, the world's, or a group's,
+// registered at its first use (groups are created collectively, so every
+// rank numbers the slots alike).
+int comm_slot_for(const char* name);
+// "dp+cp": the name of a group over `axes` (axes in enum order).
+void comm_group_slot_name(const Mesh* mesh, unsigned axes, char* out, size_t len);
+// The MPI_Comm_split colour of this rank's group over `axes`: the world rank
+// of its member with coordinate 0 on every grouped axis.
+int comm_group_color(const Mesh* mesh, unsigned axes);
+// NULL if ranks[0..n) is a valid list of distinct world ranks, else msg.
+const char* comm_check_rank_list(const int* ranks, int n, int world_size, char* msg, size_t len);
+
 // Counts one call on c's axis: bytes is the size it works on per rank
 // (nccl-tests' "size"), factor nccl-tests' bus factor for it.
 void comm_tally(const Comm* c, Collective coll, size_t bytes, double factor);

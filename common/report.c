@@ -130,14 +130,15 @@ void report_summary(JsonLog* log, const Mesh* mesh, const RunSummary* s) {
     double* all = rank == 0 ? xmalloc((size_t)n * width * sizeof(double)) : NULL;
     MPI_CHECK(MPI_Gather(mine, width, MPI_DOUBLE, all, width, MPI_DOUBLE, 0, MPI_COMM_WORLD));
     // every rank's communication counts: calls, bytes, bus bytes per
-    // collective and axis, then the seconds it waited on communication and
-    // the seconds it spent driving non-blocking communication
-    int ncomm = NUM_COLLECTIVES * COMM_NUM_AXES * 3 + 2;
-    double* comm_mine = xmalloc(sizeof(double) * ncomm);
+    // collective and counter slot (axes, world, groups: every slot, so every
+    // rank sends the same width), then the seconds it waited on
+    // communication and the seconds it spent driving non-blocking communication
+    int ncomm = NUM_COLLECTIVES * COMM_MAX_SLOTS * 3 + 2;
+    double* comm_mine = xcalloc((size_t)ncomm, sizeof(double));
     for (int c = 0; c < NUM_COLLECTIVES; c++)
-        for (int a = 0; a < COMM_NUM_AXES; a++) {
+        for (int a = 0; a < comm_num_slots(); a++) {
             CommCount k = comm_count((Collective)c, a);
-            double* slot = comm_mine + (c * COMM_NUM_AXES + a) * 3;
+            double* slot = comm_mine + (c * COMM_MAX_SLOTS + a) * 3;
             slot[0] = k.calls;
             slot[1] = k.bytes;
             slot[2] = k.bus_bytes;
@@ -193,14 +194,15 @@ void report_summary(JsonLog* log, const Mesh* mesh, const RunSummary* s) {
             fprintf(f, "]");
         }
         fprintf(f, "}");
-        // communication: only the (collective, axis) pairs some rank used
+        // communication: only the (collective, slot) pairs some rank used; a
+        // group over several axes is its own key ("dp+cp") beside the axes
         fprintf(f, ",\"comm\":{");
         int first_coll = 1;
         for (int c = 0; c < NUM_COLLECTIVES; c++) {
             int first_axis = 1;
-            for (int a = 0; a < COMM_NUM_AXES; a++) {
+            for (int a = 0; a < comm_num_slots(); a++) {
                 double used = 0.0;
-                for (int r = 0; r < n; r++) used += comm_all[(size_t)r * ncomm + (c * COMM_NUM_AXES + a) * 3];
+                for (int r = 0; r < n; r++) used += comm_all[(size_t)r * ncomm + (c * COMM_MAX_SLOTS + a) * 3];
                 if (used == 0.0) continue;
                 if (first_axis) fprintf(f, "%s\"%s\":{", first_coll ? "" : ",", collective_name((Collective)c));
                 fprintf(f, "%s\"%s\":{", first_axis ? "" : ",", comm_axis_name(a));
@@ -208,7 +210,7 @@ void report_summary(JsonLog* log, const Mesh* mesh, const RunSummary* s) {
                 for (int k = 0; k < 3; k++) {
                     fprintf(f, "%s\"%s\":[", k ? "," : "", fields[k]);
                     for (int r = 0; r < n; r++)
-                        fprintf(f, "%s%.0f", r ? "," : "", comm_all[(size_t)r * ncomm + (c * COMM_NUM_AXES + a) * 3 + k]);
+                        fprintf(f, "%s%.0f", r ? "," : "", comm_all[(size_t)r * ncomm + (c * COMM_MAX_SLOTS + a) * 3 + k]);
                     fprintf(f, "]");
                 }
                 fprintf(f, "}");

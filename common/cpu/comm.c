@@ -5,6 +5,7 @@
 #include "collectives.h"  // chapter 1's module: the algorithms of --comm hand
 
 #include <limits.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -107,11 +108,13 @@ static int as_int(size_t n) {
 }
 
 static void make_comm(Comm* c, MPI_Comm mpi, int axis) {
+    memset(c, 0, sizeof(*c));
     c->mpi = mpi;
     c->axis = axis;
     MPI_CHECK(MPI_Comm_size(mpi, &c->size));
     MPI_CHECK(MPI_Comm_rank(mpi, &c->rank));
 }
+
 
 void comm_create(Comm* world, Comm axes[NUM_AXES], const Mesh* mesh) {
     make_comm(world, MPI_COMM_WORLD, COMM_WORLD_AXIS);
@@ -122,7 +125,48 @@ void comm_create(Comm* world, Comm axes[NUM_AXES], const Mesh* mesh) {
 void comm_destroy(Comm* world, Comm axes[NUM_AXES]) {
     // the MPI communicators belong to the mesh, which frees them
     memset(world, 0, sizeof(*world));
-    if (axes) memset(axes, 0, sizeof(Comm) * NUM_AXES);
+    if (axes) for (int a = 0; a < NUM_AXES; a++) memset(&axes[a], 0, sizeof(Comm));
+}
+
+void comm_create_group(Comm* g, const Mesh* mesh, unsigned axes) {
+    CHECK(axes != 0 && axes < (1u << NUM_AXES), "comm_create_group: 0x%x is not a set of mesh axes", axes);
+    char name[64];
+    comm_group_slot_name(mesh, axes, name, sizeof(name));
+    MPI_Comm mpi;
+    // key: the world rank, so group ranks follow the mesh's rank order
+    MPI_CHECK(MPI_Comm_split(MPI_COMM_WORLD, comm_group_color(mesh, axes), mesh->rank, &mpi));
+    make_comm(g, mpi, comm_slot_for(name));
+    g->axes = axes;
+    g->owns_mpi = 1;
+}
+
+void comm_create_group_ranks(Comm* g, const int* ranks, int n, const char* name) {
+    int world_size = 1, me = world_rank();
+    MPI_CHECK(MPI_Comm_size(MPI_COMM_WORLD, &world_size));
+    char msg[256];
+    const char* bad = comm_check_rank_list(ranks, n, world_size, msg, sizeof(msg));
+    if (bad) fail_all("%s", bad);  // the same list, so the same verdict, on every rank
+    int index = -1;
+    for (int i = 0; i < n; i++)
+        if (ranks[i] == me) index = i;
+    MPI_Comm mpi;
+    MPI_CHECK(MPI_Comm_split(MPI_COMM_WORLD, index >= 0 ? 0 : MPI_UNDEFINED, index, &mpi));
+    int slot = comm_slot_for(name);  // every rank registers it: the summary's slots agree
+    if (index < 0) {
+        memset(g, 0, sizeof(*g));
+        g->mpi = MPI_COMM_NULL;
+        g->axis = slot;
+        g->rank = -1;
+        return;
+    }
+    make_comm(g, mpi, slot);
+    g->owns_mpi = 1;
+}
+
+void comm_destroy_group(Comm* g) {
+    if (g->owns_mpi && g->mpi != MPI_COMM_NULL) MPI_CHECK(MPI_Comm_free(&g->mpi));
+    memset(g, 0, sizeof(*g));
+    g->mpi = MPI_COMM_NULL;
 }
 
 static void scale_for_avg(const Comm* c, float* buf, size_t n, CommOp op) {
@@ -298,6 +342,54 @@ void comm_barrier(const Comm* c) {
     comm_add_wait(now_seconds() - t0);
 }
 
+// ---------------------------------------------------------------- progress
+
+// MPI moves a non-blocking operation only while the rank is inside an MPI
+// call: Open MPI's libnbc runs a collective as a schedule of sends and
+// receives, and starts each round, and each rendezvous of a large message,
+// from its progress engine. A rank that computes between start and wait
+// makes no MPI call, so without help the whole transfer happens inside
+// comm_wait. comm_progress makes those calls: the CPU ops call it at their
+// start (common/cpu/ops.c), and it asks MPI about each request in flight
+// (MPI_Request_get_status runs the progress engine and leaves the request
+// as it is). A start adds its request to the list; comm_wait and comm_test
+// take it out before they complete it.
+#define MAX_IN_FLIGHT 1024
+static CommRequest* in_flight[MAX_IN_FLIGHT];
+static int n_in_flight = 0;
+static int progress_enabled = -1;  // COMM_PROGRESS=0 turns comm_progress off
+
+int comm_progress_on(void) {
+    if (progress_enabled < 0) {
+        const char* env = getenv("COMM_PROGRESS");
+        progress_enabled = !(env && strcmp(env, "0") == 0);
+    }
+    return progress_enabled;
+}
+
+void comm_progress(void) {
+    if (n_in_flight == 0 || !comm_progress_on()) return;
+    double t0 = now_seconds();
+    for (int i = 0; i < n_in_flight; i++) {
+        int done = 0;
+        MPI_CHECK(MPI_Request_get_status(in_flight[i]->mpi, &done, MPI_STATUS_IGNORE));
+    }
+    comm_add_progress(now_seconds() - t0);
+}
+
+static void track(CommRequest* req) {
+    CHECK(n_in_flight < MAX_IN_FLIGHT, "more than %d non-blocking operations in flight", MAX_IN_FLIGHT);
+    in_flight[n_in_flight++] = req;
+}
+
+static void untrack(CommRequest* req) {
+    for (int i = 0; i < n_in_flight; i++)
+        if (in_flight[i] == req) {
+            in_flight[i] = in_flight[--n_in_flight];
+            return;
+        }
+}
+
 // ---------------------------------------------------------------- non-blocking
 
 // Every start returns the time it began: the seconds until the MPI call
@@ -327,6 +419,7 @@ void comm_iallreduce(const Comm* c, float* buf, size_t n, CommOp op, CommRequest
         req->scale = 1.0f / (float)c->size;
     }
     MPI_CHECK(MPI_Iallreduce(MPI_IN_PLACE, buf, as_int(n), MPI_FLOAT, MPI_SUM, c->mpi, &req->mpi));
+    track(req);
     comm_add_progress(now_seconds() - t0);
 }
 
@@ -345,6 +438,7 @@ void comm_ireduce_scatter(const Comm* c, const float* send, float* recv, size_t 
         req->scale = 1.0f / (float)c->size;
     }
     MPI_CHECK(MPI_Ireduce_scatter_block(send, recv, as_int(n), MPI_FLOAT, MPI_SUM, c->mpi, &req->mpi));
+    track(req);
     comm_add_progress(now_seconds() - t0);
 }
 
@@ -358,6 +452,7 @@ void comm_iallgather(const Comm* c, const float* send, float* recv, size_t n, Co
     double t0 = start(req);
     const void* src = send == recv + (size_t)c->rank * n ? MPI_IN_PLACE : (const void*)send;
     MPI_CHECK(MPI_Iallgather(src, as_int(n), MPI_FLOAT, recv, as_int(n), MPI_FLOAT, c->mpi, &req->mpi));
+    track(req);
     comm_add_progress(now_seconds() - t0);
 }
 
@@ -370,6 +465,7 @@ void comm_ibroadcast(const Comm* c, float* buf, size_t n, int root, CommRequest*
     comm_tally(c, COLL_BROADCAST, n * sizeof(float), c->size > 1 ? 1.0 : 0.0);
     double t0 = start(req);
     MPI_CHECK(MPI_Ibcast(buf, as_int(n), MPI_FLOAT, root, c->mpi, &req->mpi));
+    track(req);
     comm_add_progress(now_seconds() - t0);
 }
 
@@ -377,6 +473,7 @@ void comm_isend(const Comm* c, const float* buf, size_t n, int peer, CommRequest
     comm_tally(c, COLL_SEND, n * sizeof(float), 1.0);
     double t0 = start(req);
     MPI_CHECK(MPI_Isend(buf, as_int(n), MPI_FLOAT, peer, p2p_tag, c->mpi, &req->mpi));
+    track(req);
     comm_add_progress(now_seconds() - t0);
 }
 
@@ -384,11 +481,13 @@ void comm_irecv(const Comm* c, float* buf, size_t n, int peer, CommRequest* req)
     comm_tally(c, COLL_RECV, n * sizeof(float), 0.0);
     double t0 = start(req);
     MPI_CHECK(MPI_Irecv(buf, as_int(n), MPI_FLOAT, peer, p2p_tag, c->mpi, &req->mpi));
+    track(req);
     comm_add_progress(now_seconds() - t0);
 }
 
 void comm_wait(CommRequest* req) {
     if (!req->active) return;
+    untrack(req);
     double t0 = now_seconds();
     MPI_CHECK(MPI_Wait(&req->mpi, MPI_STATUS_IGNORE));
     comm_add_wait(now_seconds() - t0);
@@ -400,10 +499,13 @@ int comm_test(CommRequest* req) {
     if (!req->active) return 1;
     int done = 0;
     double t0 = now_seconds();
+    untrack(req);
     MPI_CHECK(MPI_Test(&req->mpi, &done, MPI_STATUS_IGNORE));
     if (done) {
         if (req->scale_buf) ops_scale(req->scale_buf, req->scale_count, req->scale);
         req->active = 0;
+    } else {
+        track(req);
     }
     comm_add_progress(now_seconds() - t0);
     return done;

@@ -4,11 +4,17 @@
 // Threading: loops use OpenMP; OpenBLAS is the OpenMP build, so a cblas call
 // made outside a parallel region uses the same thread team, and one made inside
 // a parallel region (attention, one head per thread) runs single-threaded.
+//
+// Progress: the long ops (matmuls, attention) start with comm_progress(), so
+// non-blocking MPI operations in flight move while the rank computes (MPI
+// moves them only inside MPI calls; see common/comm.h). A no-op when none is.
 #include "ops.h"
 
 #include <cblas.h>
 #include <math.h>
 #include <string.h>
+
+#include "comm.h"
 
 // ---------------------------------------------------------------- embedding
 
@@ -107,6 +113,7 @@ void layernorm_backward(float* dinp, float* dw, float* db, const float* dout,
 
 void matmul_forward(float* out, const float* inp, const float* w, const float* bias,
                     int N, int C, int OC) {
+    comm_progress();
     // out (N, OC) = inp (N, C) @ w^T, w stored (OC, C)
     cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, N, OC, C,
                 1.0f, inp, C, w, C, 0.0f, out, OC);
@@ -121,6 +128,7 @@ void matmul_forward(float* out, const float* inp, const float* w, const float* b
 
 void matmul_backward(float* dinp, float* dw, float* dbias, const float* dout,
                      const float* inp, const float* w, int N, int C, int OC) {
+    comm_progress();
     // dinp (N, C) += dout (N, OC) @ w (OC, C)
     if (dinp)
         cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, N, C, OC,
@@ -144,6 +152,7 @@ void matmul_backward(float* dinp, float* dw, float* dbias, const float* dout,
 // so each pair is a few small matmuls; pairs run in parallel, one per thread.
 
 void attention_forward(float* out, float* att, const float* qkv, int B, int T, int C, int NH) {
+    comm_progress();
     const int hs = C / NH;
     const float scale = 1.0f / sqrtf((float)hs);
     const int ld = 3 * C;
@@ -181,6 +190,7 @@ void attention_forward(float* out, float* att, const float* qkv, int B, int T, i
 
 void attention_backward(float* dqkv, float* datt, const float* dout, const float* qkv,
                         const float* att, int B, int T, int C, int NH) {
+    comm_progress();
     const int hs = C / NH;
     const float scale = 1.0f / sqrtf((float)hs);
     const int ld = 3 * C;

@@ -6,18 +6,28 @@
 // MPI only hands out the NCCL unique ids and runs the barrier.
 //
 // Streams and order. Compute runs on the compute stream (device.cu); every
-// NCCL operation runs on one communication stream, in program order. Before
-// an operation is queued, the communication stream waits (an event) for all
-// compute queued so far, so the operation sees the results of the kernels
-// that came before it in the program.
+// group (axis, world, comm_create_group*) has its own NCCL communicator and
+// its own communication stream, so a tp all-reduce does not queue behind a
+// dp prefetch. Before an operation is queued, its group's stream waits (an
+// event) for all compute queued so far, so the operation sees the results
+// of the kernels that came before it in the program.
 //   - blocking calls then wait for the communication stream: when they
 //     return, the result is in place for the host and for any later kernel;
 //   - non-blocking calls record an event after the operation instead
 //     (CommRequest.device_event); comm_wait makes the compute stream wait for
 //     it and waits for it on the host, as MPI_Wait returns after completion.
-// One stream for every communicator keeps all NCCL operations in one order
-// that every rank shares (NCCL's rule for several communicators); so all
-// ranks must start their operations in the same order, as the chapters do.
+// Several communicators on one GPU: before NCCL 2.26, all their operations
+// had to be serialised into one order every rank shares, or they could
+// deadlock. From 2.26, NCCL_LAUNCH_ORDER_IMPLICIT=1 makes NCCL order them by
+// the order the host issues them ("Using multiple NCCL communicators
+// concurrently" in NCCL's user guide). So: with NCCL >= 2.26 this file sets
+// NCCL_LAUNCH_ORDER_IMPLICIT=1 (unless the user set it) and gives each group
+// its own stream; with an older NCCL, or NCCL_LAUNCH_ORDER_IMPLICIT=0, every
+// group shares one stream, the serial order of before. Either way all ranks
+// must start their operations in the same order, as the chapters do.
+//
+// Progress: NCCL's kernels and proxy thread move the data by themselves, so
+// comm_progress (the CPU backend's, called by its ops) is a no-op here.
 //
 // Point-to-point. An ncclSend and its ncclRecv must run at the same time,
 // and an ncclRecv queued alone blocks the stream behind it. So comm_isend and
@@ -46,32 +56,93 @@
 
 // ---------------------------------------------------------------- NCCL state
 
-// This rank's NCCL communicator on each axis (index: Comm.axis), made from
-// the MPI communicator of the same group.
-static ncclComm_t nccl_comms[COMM_NUM_AXES];
-static cudaStream_t comm_stream = NULL;
-static cudaEvent_t compute_ready = NULL;  // "compute queued so far", for blocking calls
+// One group's NCCL side (Comm.backend): its communicator, made from the MPI
+// communicator of the same group, and the stream its operations run on.
+typedef struct NcclGroup {
+    ncclComm_t nccl;
+    cudaStream_t stream;      // its own, or shared_stream
+    struct NcclGroup* next;   // every live group, for comm_barrier
+} NcclGroup;
 
-static ncclComm_t nccl_of(const Comm* c) {
-    CHECK(nccl_comms[c->axis] != NULL, "the %s communicator has no NCCL communicator: call comm_create first",
-          comm_axis_name(c->axis));
-    return nccl_comms[c->axis];
+static NcclGroup* live_groups = NULL;
+static int own_streams = -1;               // decided at the first group
+static cudaStream_t shared_stream = NULL;  // every group's, when not own_streams
+static cudaEvent_t compute_ready = NULL;   // "compute queued so far", for blocking calls
+
+static NcclGroup* group_of(const Comm* c) {
+    CHECK(c->backend != NULL, "the %s communicator has no NCCL communicator: call comm_create (or this rank is "
+          "not in the group)", comm_axis_name(c->axis));
+    return (NcclGroup*)c->backend;
+}
+static ncclComm_t nccl_of(const Comm* c) { return group_of(c)->nccl; }
+static cudaStream_t stream_of(const Comm* c) { return group_of(c)->stream; }
+
+// Own streams need NCCL >= 2.26 with implicit launch order (see the top).
+// Runs before any other NCCL call, so NCCL reads the variable we set.
+static void decide_streams(void) {
+    if (own_streams >= 0) return;
+    int version = 0;
+    NCCL_CHECK(ncclGetVersion(&version));
+    const char* env = getenv("NCCL_LAUNCH_ORDER_IMPLICIT");
+    own_streams = version >= 22600 && !(env && strcmp(env, "0") == 0);
+    if (own_streams) setenv("NCCL_LAUNCH_ORDER_IMPLICIT", "1", 0);
+}
+
+static void shared_resources_create(void) {
+    if (compute_ready) return;
+    CUDA_CHECK(cudaEventCreateWithFlags(&compute_ready, cudaEventDisableTiming));
+    if (!own_streams) CUDA_CHECK(cudaStreamCreateWithFlags(&shared_stream, cudaStreamNonBlocking));
 }
 
 // The group's rank 0 makes a unique id, MPI carries it to the rest of the
 // group, and every rank of the group joins the NCCL communicator with it.
 static void make_comm(Comm* c, MPI_Comm mpi, int axis) {
+    decide_streams();
+    shared_resources_create();
+    memset(c, 0, sizeof(*c));
     c->mpi = mpi;
     c->axis = axis;
     MPI_CHECK(MPI_Comm_size(mpi, &c->size));
     MPI_CHECK(MPI_Comm_rank(mpi, &c->rank));
-    CHECK(nccl_comms[axis] == NULL, "comm_create called twice for the %s axis without comm_destroy",
-          comm_axis_name(axis));
+    NcclGroup* g = (NcclGroup*)xcalloc(1, sizeof(NcclGroup));
     ncclUniqueId id;
     memset(&id, 0, sizeof(id));
     if (c->rank == 0) NCCL_CHECK(ncclGetUniqueId(&id));
     MPI_CHECK(MPI_Bcast(&id, (int)sizeof(id), MPI_BYTE, 0, mpi));
-    NCCL_CHECK(ncclCommInitRank(&nccl_comms[axis], c->size, id, c->rank));
+    NCCL_CHECK(ncclCommInitRank(&g->nccl, c->size, id, c->rank));
+    if (own_streams) CUDA_CHECK(cudaStreamCreateWithFlags(&g->stream, cudaStreamNonBlocking));
+    else g->stream = shared_stream;
+    g->next = live_groups;
+    live_groups = g;
+    c->backend = g;
+}
+
+static void flush_p2p(void);
+
+// Waits for the group's operations, then frees its communicator and stream.
+static void free_nccl_group(Comm* c) {
+    NcclGroup* g = (NcclGroup*)c->backend;
+    if (!g) return;
+    flush_p2p();
+    CUDA_CHECK(cudaStreamSynchronize(g->stream));
+    NCCL_CHECK(ncclCommDestroy(g->nccl));
+    if (own_streams) CUDA_CHECK(cudaStreamDestroy(g->stream));
+    for (NcclGroup** p = &live_groups; *p; p = &(*p)->next)
+        if (*p == g) {
+            *p = g->next;
+            break;
+        }
+    free(g);
+    c->backend = NULL;
+}
+
+// The event (and the shared stream) go with the last group.
+static void shared_resources_release_if_unused(void) {
+    if (live_groups || !compute_ready) return;
+    CUDA_CHECK(cudaEventDestroy(compute_ready));
+    compute_ready = NULL;
+    if (shared_stream) CUDA_CHECK(cudaStreamDestroy(shared_stream));
+    shared_stream = NULL;
 }
 
 // Non-zero when another rank of this node drives the same GPU as this rank.
@@ -106,10 +177,6 @@ void comm_create(Comm* world, Comm axes[NUM_AXES], const Mesh* mesh) {
              "NCCL needs one GPU per rank; start at most one rank per GPU on each node",
              runtime_local_size(), gpus);
     fail_if_any(gpu_shared_on_node(), msg);
-    if (!comm_stream) {
-        CUDA_CHECK(cudaStreamCreateWithFlags(&comm_stream, cudaStreamNonBlocking));
-        CUDA_CHECK(cudaEventCreateWithFlags(&compute_ready, cudaEventDisableTiming));
-    }
     make_comm(world, MPI_COMM_WORLD, COMM_WORLD_AXIS);
     if (!mesh || !axes) return;
     for (int a = 0; a < NUM_AXES; a++) make_comm(&axes[a], mesh->axis_comm[a], a);
@@ -125,26 +192,65 @@ const char* comm_set_impl(CommImpl which) {
 }
 const char* comm_impl_name(void) { return "library"; }
 
-static void flush_p2p(void);
-
 void comm_destroy(Comm* world, Comm axes[NUM_AXES]) {
     // the MPI communicators belong to the mesh, which frees them; the NCCL
     // ones are ours
-    flush_p2p();
-    if (comm_stream) CUDA_CHECK(cudaStreamSynchronize(comm_stream));
-    for (int a = 0; a < COMM_NUM_AXES; a++) {
-        if (nccl_comms[a]) NCCL_CHECK(ncclCommDestroy(nccl_comms[a]));
-        nccl_comms[a] = NULL;
-    }
-    if (comm_stream) {
-        CUDA_CHECK(cudaEventDestroy(compute_ready));
-        CUDA_CHECK(cudaStreamDestroy(comm_stream));
-        compute_ready = NULL;
-        comm_stream = NULL;
-    }
+    free_nccl_group(world);
     memset(world, 0, sizeof(*world));
-    if (axes) memset(axes, 0, sizeof(Comm) * NUM_AXES);
+    if (axes)
+        for (int a = 0; a < NUM_AXES; a++) {
+            free_nccl_group(&axes[a]);
+            memset(&axes[a], 0, sizeof(Comm));
+        }
+    shared_resources_release_if_unused();
 }
+
+void comm_create_group(Comm* g, const Mesh* mesh, unsigned axes) {
+    CHECK(axes != 0 && axes < (1u << NUM_AXES), "comm_create_group: 0x%x is not a set of mesh axes", axes);
+    char name[64];
+    comm_group_slot_name(mesh, axes, name, sizeof(name));
+    MPI_Comm mpi;
+    // key: the world rank, so group ranks follow the mesh's rank order
+    MPI_CHECK(MPI_Comm_split(MPI_COMM_WORLD, comm_group_color(mesh, axes), mesh->rank, &mpi));
+    make_comm(g, mpi, comm_slot_for(name));
+    g->axes = axes;
+    g->owns_mpi = 1;
+}
+
+void comm_create_group_ranks(Comm* g, const int* ranks, int n, const char* name) {
+    int world_size = 1, me = world_rank();
+    MPI_CHECK(MPI_Comm_size(MPI_COMM_WORLD, &world_size));
+    char msg[256];
+    const char* bad = comm_check_rank_list(ranks, n, world_size, msg, sizeof(msg));
+    if (bad) fail_all("%s", bad);  // the same list, so the same verdict, on every rank
+    int index = -1;
+    for (int i = 0; i < n; i++)
+        if (ranks[i] == me) index = i;
+    MPI_Comm mpi;
+    MPI_CHECK(MPI_Comm_split(MPI_COMM_WORLD, index >= 0 ? 0 : MPI_UNDEFINED, index, &mpi));
+    int slot = comm_slot_for(name);  // every rank registers it: the summary's slots agree
+    if (index < 0) {
+        memset(g, 0, sizeof(*g));
+        g->mpi = MPI_COMM_NULL;
+        g->axis = slot;
+        g->rank = -1;
+        return;
+    }
+    make_comm(g, mpi, slot);  // the NCCL communicator: the members only
+    g->owns_mpi = 1;
+}
+
+void comm_destroy_group(Comm* g) {
+    free_nccl_group(g);
+    if (g->owns_mpi && g->mpi != MPI_COMM_NULL) MPI_CHECK(MPI_Comm_free(&g->mpi));
+    memset(g, 0, sizeof(*g));
+    g->mpi = MPI_COMM_NULL;
+    shared_resources_release_if_unused();
+}
+
+// NCCL progresses by itself (see the top of the file): nothing to drive.
+int comm_progress_on(void) { return 0; }
+void comm_progress(void) {}
 
 // ---------------------------------------------------------------- held point-to-point
 
@@ -167,7 +273,7 @@ typedef struct {
     float* buf;
     size_t count;
     int peer;
-    ncclComm_t comm;
+    NcclGroup* group;
     CommRequest* req;
 } HeldP2P;
 
@@ -179,29 +285,31 @@ static void hold_p2p(const Comm* c, int is_send, float* buf, size_t n, int peer,
     CHECK(num_held < MAX_HELD, "more than %d comm_isend/comm_irecv started and not waited for", MAX_HELD);
     start(req);
     CUDA_CHECK(cudaEventRecord((cudaEvent_t)req->device_event, cuda_compute_stream));
-    held[num_held++] = (HeldP2P){is_send, buf, n, peer, nccl_of(c), req};
+    held[num_held++] = (HeldP2P){is_send, buf, n, peer, group_of(c), req};
 }
 
 // The held operations' waits for their compute; then, inside the caller's
 // ncclGroupStart/End, the operations themselves.
 static void held_wait_for_compute(void) {
     for (int i = 0; i < num_held; i++)
-        CUDA_CHECK(cudaStreamWaitEvent(comm_stream, (cudaEvent_t)held[i].req->device_event, 0));
+        CUDA_CHECK(cudaStreamWaitEvent(held[i].group->stream, (cudaEvent_t)held[i].req->device_event, 0));
 }
 
 static void queue_held_in_group(void) {
     for (int i = 0; i < num_held; i++) {
         HeldP2P* h = &held[i];
         if (h->count == 0) continue;
-        if (h->is_send) NCCL_CHECK(ncclSend(h->buf, h->count, ncclFloat, h->peer, h->comm, comm_stream));
-        else NCCL_CHECK(ncclRecv(h->buf, h->count, ncclFloat, h->peer, h->comm, comm_stream));
+        // a group over several streams makes them all wait for each other
+        // (NCCL: "Mixing multiple streams within the same group")
+        if (h->is_send) NCCL_CHECK(ncclSend(h->buf, h->count, ncclFloat, h->peer, h->group->nccl, h->group->stream));
+        else NCCL_CHECK(ncclRecv(h->buf, h->count, ncclFloat, h->peer, h->group->nccl, h->group->stream));
     }
 }
 
 // After the group: each held request's event now marks its end.
 static void held_done(void) {
     for (int i = 0; i < num_held; i++)
-        CUDA_CHECK(cudaEventRecord((cudaEvent_t)held[i].req->device_event, comm_stream));
+        CUDA_CHECK(cudaEventRecord((cudaEvent_t)held[i].req->device_event, held[i].group->stream));
     num_held = 0;
 }
 
@@ -217,25 +325,25 @@ static void flush_p2p(void) {
 
 // ---------------------------------------------------------------- ordering helpers
 
-// The communication stream waits for all compute queued so far.
-static void after_compute(void) {
+// The group's communication stream waits for all compute queued so far.
+static void after_compute(cudaStream_t stream) {
     CUDA_CHECK(cudaEventRecord(compute_ready, cuda_compute_stream));
-    CUDA_CHECK(cudaStreamWaitEvent(comm_stream, compute_ready, 0));
+    CUDA_CHECK(cudaStreamWaitEvent(stream, compute_ready, 0));
 }
 
 // Every blocking call: held point-to-point operations go first, then the
 // communication stream waits for compute. The host waits for that compute
 // too, outside the timer, so comm_wait_seconds counts communication only.
-static double begin_blocking(void) {
+static double begin_blocking(const Comm* c) {
     flush_p2p();
-    after_compute();
+    after_compute(stream_of(c));
     CUDA_CHECK(cudaEventSynchronize(compute_ready));
     return now_seconds();
 }
 
-// ... and waits for the communication stream: the result is in place.
-static void end_blocking(double t0) {
-    CUDA_CHECK(cudaStreamSynchronize(comm_stream));
+// ... and waits for the group's stream: the result is in place.
+static void end_blocking(const Comm* c, double t0) {
+    CUDA_CHECK(cudaStreamSynchronize(stream_of(c)));
     comm_add_wait(now_seconds() - t0);
 }
 
@@ -244,9 +352,9 @@ static void end_blocking(double t0) {
 // ranks is one group per rank, in which receive and send progress together
 // (two groups in a row would leave each receive waiting for a send queued
 // behind it).
-static double begin_blocking_p2p(void) {
+static double begin_blocking_p2p(const Comm* c) {
     held_wait_for_compute();
-    after_compute();
+    after_compute(stream_of(c));
     CUDA_CHECK(cudaEventSynchronize(compute_ready));
     double t0 = now_seconds();
     NCCL_CHECK(ncclGroupStart());
@@ -254,10 +362,10 @@ static double begin_blocking_p2p(void) {
     return t0;
 }
 
-static void end_blocking_p2p(double t0) {
+static void end_blocking_p2p(const Comm* c, double t0) {
     NCCL_CHECK(ncclGroupEnd());
     held_done();
-    end_blocking(t0);
+    end_blocking(c, t0);
 }
 
 static void scale_for_avg(const Comm* c, float* buf, size_t n, CommOp op) {
@@ -265,10 +373,10 @@ static void scale_for_avg(const Comm* c, float* buf, size_t n, CommOp op) {
 }
 
 // A local block copy that is part of a collective (scatter, gather, ...),
-// queued on the communication stream with the NCCL operations.
-static void copy_on_comm_stream(float* dst, const float* src, size_t n) {
+// queued on the group's stream with the NCCL operations.
+static void copy_on_comm_stream(const Comm* c, float* dst, const float* src, size_t n) {
     if (n == 0 || dst == src) return;
-    CUDA_CHECK(cudaMemcpyAsync(dst, src, n * sizeof(float), cudaMemcpyDeviceToDevice, comm_stream));
+    CUDA_CHECK(cudaMemcpyAsync(dst, src, n * sizeof(float), cudaMemcpyDeviceToDevice, stream_of(c)));
 }
 
 // ---------------------------------------------------------------- blocking
@@ -277,27 +385,27 @@ static void copy_on_comm_stream(float* dst, const float* src, size_t n) {
 void comm_allreduce(const Comm* c, float* buf, size_t n, CommOp op) {
     comm_tally(c, COLL_ALLREDUCE, n * sizeof(float), 2.0 * comm_ring_factor(c));
     if (n == 0) return;
-    double t0 = begin_blocking();
-    NCCL_CHECK(ncclAllReduce(buf, buf, n, ncclFloat, ncclSum, nccl_of(c), comm_stream));
-    end_blocking(t0);
+    double t0 = begin_blocking(c);
+    NCCL_CHECK(ncclAllReduce(buf, buf, n, ncclFloat, ncclSum, nccl_of(c), stream_of(c)));
+    end_blocking(c, t0);
     scale_for_avg(c, buf, n, op);
 }
 
 void comm_reduce_scatter(const Comm* c, const float* send, float* recv, size_t n, CommOp op) {
     comm_tally(c, COLL_REDUCE_SCATTER, n * c->size * sizeof(float), comm_ring_factor(c));
     if (n == 0) return;
-    double t0 = begin_blocking();
-    NCCL_CHECK(ncclReduceScatter(send, recv, n, ncclFloat, ncclSum, nccl_of(c), comm_stream));
-    end_blocking(t0);
+    double t0 = begin_blocking(c);
+    NCCL_CHECK(ncclReduceScatter(send, recv, n, ncclFloat, ncclSum, nccl_of(c), stream_of(c)));
+    end_blocking(c, t0);
     scale_for_avg(c, recv, n, op);
 }
 
 void comm_allgather(const Comm* c, const float* send, float* recv, size_t n) {
     comm_tally(c, COLL_ALLGATHER, n * c->size * sizeof(float), comm_ring_factor(c));
     if (n == 0) return;
-    double t0 = begin_blocking();
-    NCCL_CHECK(ncclAllGather(send, recv, n, ncclFloat, nccl_of(c), comm_stream));
-    end_blocking(t0);
+    double t0 = begin_blocking(c);
+    NCCL_CHECK(ncclAllGather(send, recv, n, ncclFloat, nccl_of(c), stream_of(c)));
+    end_blocking(c, t0);
 }
 
 // Uneven blocks: every rank sends its block to every other rank and receives
@@ -307,34 +415,34 @@ void comm_allgatherv(const Comm* c, const float* send, float* recv, const size_t
     size_t total = 0;
     for (int r = 0; r < c->size; r++) total += counts_in[r];
     comm_tally(c, COLL_ALLGATHER, total * sizeof(float), comm_ring_factor(c));
-    double t0 = begin_blocking();
+    double t0 = begin_blocking(c);
     size_t mine = counts_in[c->rank];
-    copy_on_comm_stream(recv + displs_in[c->rank], send, mine);
+    copy_on_comm_stream(c, recv + displs_in[c->rank], send, mine);
     NCCL_CHECK(ncclGroupStart());
     for (int r = 0; r < c->size; r++) {
         if (r == c->rank) continue;
-        if (mine) NCCL_CHECK(ncclSend(send, mine, ncclFloat, r, nccl_of(c), comm_stream));
+        if (mine) NCCL_CHECK(ncclSend(send, mine, ncclFloat, r, nccl_of(c), stream_of(c)));
         if (counts_in[r])
-            NCCL_CHECK(ncclRecv(recv + displs_in[r], counts_in[r], ncclFloat, r, nccl_of(c), comm_stream));
+            NCCL_CHECK(ncclRecv(recv + displs_in[r], counts_in[r], ncclFloat, r, nccl_of(c), stream_of(c)));
     }
     NCCL_CHECK(ncclGroupEnd());
-    end_blocking(t0);
+    end_blocking(c, t0);
 }
 
 void comm_broadcast(const Comm* c, float* buf, size_t n, int root) {
     comm_tally(c, COLL_BROADCAST, n * sizeof(float), c->size > 1 ? 1.0 : 0.0);
     if (n == 0) return;
-    double t0 = begin_blocking();
-    NCCL_CHECK(ncclBroadcast(buf, buf, n, ncclFloat, root, nccl_of(c), comm_stream));
-    end_blocking(t0);
+    double t0 = begin_blocking(c);
+    NCCL_CHECK(ncclBroadcast(buf, buf, n, ncclFloat, root, nccl_of(c), stream_of(c)));
+    end_blocking(c, t0);
 }
 
 void comm_reduce(const Comm* c, const float* send, float* recv, size_t n, int root, CommOp op) {
     comm_tally(c, COLL_REDUCE, n * sizeof(float), c->size > 1 ? 1.0 : 0.0);
     if (n == 0) return;
-    double t0 = begin_blocking();
-    NCCL_CHECK(ncclReduce(send, recv, n, ncclFloat, ncclSum, root, nccl_of(c), comm_stream));
-    end_blocking(t0);
+    double t0 = begin_blocking(c);
+    NCCL_CHECK(ncclReduce(send, recv, n, ncclFloat, ncclSum, root, nccl_of(c), stream_of(c)));
+    end_blocking(c, t0);
     if (c->rank == root) scale_for_avg(c, recv, n, op);
 }
 
@@ -342,34 +450,34 @@ void comm_reduce(const Comm* c, const float* send, float* recv, size_t n, int ro
 void comm_scatter(const Comm* c, const float* send, float* recv, size_t n, int root) {
     comm_tally(c, COLL_SCATTER, n * c->size * sizeof(float), comm_ring_factor(c));
     if (n == 0) return;
-    double t0 = begin_blocking();
-    if (c->rank == root) copy_on_comm_stream(recv, send + (size_t)root * n, n);
+    double t0 = begin_blocking(c);
+    if (c->rank == root) copy_on_comm_stream(c, recv, send + (size_t)root * n, n);
     NCCL_CHECK(ncclGroupStart());
     if (c->rank == root) {
         for (int r = 0; r < c->size; r++)
-            if (r != root) NCCL_CHECK(ncclSend(send + (size_t)r * n, n, ncclFloat, r, nccl_of(c), comm_stream));
+            if (r != root) NCCL_CHECK(ncclSend(send + (size_t)r * n, n, ncclFloat, r, nccl_of(c), stream_of(c)));
     } else {
-        NCCL_CHECK(ncclRecv(recv, n, ncclFloat, root, nccl_of(c), comm_stream));
+        NCCL_CHECK(ncclRecv(recv, n, ncclFloat, root, nccl_of(c), stream_of(c)));
     }
     NCCL_CHECK(ncclGroupEnd());
-    end_blocking(t0);
+    end_blocking(c, t0);
 }
 
 // Every rank sends its block to the root, which receives block r from rank r.
 void comm_gather(const Comm* c, const float* send, float* recv, size_t n, int root) {
     comm_tally(c, COLL_GATHER, n * c->size * sizeof(float), comm_ring_factor(c));
     if (n == 0) return;
-    double t0 = begin_blocking();
-    if (c->rank == root) copy_on_comm_stream(recv + (size_t)root * n, send, n);
+    double t0 = begin_blocking(c);
+    if (c->rank == root) copy_on_comm_stream(c, recv + (size_t)root * n, send, n);
     NCCL_CHECK(ncclGroupStart());
     if (c->rank == root) {
         for (int r = 0; r < c->size; r++)
-            if (r != root) NCCL_CHECK(ncclRecv(recv + (size_t)r * n, n, ncclFloat, r, nccl_of(c), comm_stream));
+            if (r != root) NCCL_CHECK(ncclRecv(recv + (size_t)r * n, n, ncclFloat, r, nccl_of(c), stream_of(c)));
     } else {
-        NCCL_CHECK(ncclSend(send, n, ncclFloat, root, nccl_of(c), comm_stream));
+        NCCL_CHECK(ncclSend(send, n, ncclFloat, root, nccl_of(c), stream_of(c)));
     }
     NCCL_CHECK(ncclGroupEnd());
-    end_blocking(t0);
+    end_blocking(c, t0);
 }
 
 // Block j goes to rank j, block i arrives from rank i: p-1 sends and p-1
@@ -377,16 +485,16 @@ void comm_gather(const Comm* c, const float* send, float* recv, size_t n, int ro
 void comm_alltoall(const Comm* c, const float* send, float* recv, size_t n) {
     comm_tally(c, COLL_ALLTOALL, n * c->size * sizeof(float), comm_ring_factor(c));
     if (n == 0) return;
-    double t0 = begin_blocking();
-    copy_on_comm_stream(recv + (size_t)c->rank * n, send + (size_t)c->rank * n, n);
+    double t0 = begin_blocking(c);
+    copy_on_comm_stream(c, recv + (size_t)c->rank * n, send + (size_t)c->rank * n, n);
     NCCL_CHECK(ncclGroupStart());
     for (int r = 0; r < c->size; r++) {
         if (r == c->rank) continue;
-        NCCL_CHECK(ncclSend(send + (size_t)r * n, n, ncclFloat, r, nccl_of(c), comm_stream));
-        NCCL_CHECK(ncclRecv(recv + (size_t)r * n, n, ncclFloat, r, nccl_of(c), comm_stream));
+        NCCL_CHECK(ncclSend(send + (size_t)r * n, n, ncclFloat, r, nccl_of(c), stream_of(c)));
+        NCCL_CHECK(ncclRecv(recv + (size_t)r * n, n, ncclFloat, r, nccl_of(c), stream_of(c)));
     }
     NCCL_CHECK(ncclGroupEnd());
-    end_blocking(t0);
+    end_blocking(c, t0);
 }
 
 void comm_alltoallv(const Comm* c, const float* send, const size_t* send_counts,
@@ -400,18 +508,18 @@ void comm_alltoallv(const Comm* c, const float* send, const size_t* send_counts,
                      (double)(sent - send_counts[me]) * sizeof(float));
     CHECK(send_counts[me] == recv_counts[me], "comm_alltoallv: this rank sends itself %zu floats but expects %zu",
           send_counts[me], recv_counts[me]);
-    double t0 = begin_blocking();
-    copy_on_comm_stream(recv + recv_displs[me], send + send_displs[me], send_counts[me]);
+    double t0 = begin_blocking(c);
+    copy_on_comm_stream(c, recv + recv_displs[me], send + send_displs[me], send_counts[me]);
     NCCL_CHECK(ncclGroupStart());
     for (int r = 0; r < p; r++) {
         if (r == me) continue;
         if (send_counts[r])
-            NCCL_CHECK(ncclSend(send + send_displs[r], send_counts[r], ncclFloat, r, nccl_of(c), comm_stream));
+            NCCL_CHECK(ncclSend(send + send_displs[r], send_counts[r], ncclFloat, r, nccl_of(c), stream_of(c)));
         if (recv_counts[r])
-            NCCL_CHECK(ncclRecv(recv + recv_displs[r], recv_counts[r], ncclFloat, r, nccl_of(c), comm_stream));
+            NCCL_CHECK(ncclRecv(recv + recv_displs[r], recv_counts[r], ncclFloat, r, nccl_of(c), stream_of(c)));
     }
     NCCL_CHECK(ncclGroupEnd());
-    end_blocking(t0);
+    end_blocking(c, t0);
 }
 
 // A blocking send returns when the data has arrived: like an MPI_Send that
@@ -419,17 +527,17 @@ void comm_alltoallv(const Comm* c, const float* send, const size_t* send_counts,
 void comm_send(const Comm* c, const float* buf, size_t n, int peer) {
     comm_tally(c, COLL_SEND, n * sizeof(float), 1.0);
     if (n == 0) return;
-    double t0 = begin_blocking_p2p();
-    NCCL_CHECK(ncclSend(buf, n, ncclFloat, peer, nccl_of(c), comm_stream));
-    end_blocking_p2p(t0);
+    double t0 = begin_blocking_p2p(c);
+    NCCL_CHECK(ncclSend(buf, n, ncclFloat, peer, nccl_of(c), stream_of(c)));
+    end_blocking_p2p(c, t0);
 }
 
 void comm_recv(const Comm* c, float* buf, size_t n, int peer) {
     comm_tally(c, COLL_RECV, n * sizeof(float), 0.0);
     if (n == 0) return;
-    double t0 = begin_blocking_p2p();
-    NCCL_CHECK(ncclRecv(buf, n, ncclFloat, peer, nccl_of(c), comm_stream));
-    end_blocking_p2p(t0);
+    double t0 = begin_blocking_p2p(c);
+    NCCL_CHECK(ncclRecv(buf, n, ncclFloat, peer, nccl_of(c), stream_of(c)));
+    end_blocking_p2p(c, t0);
 }
 
 // The send and the receive in one group, so they progress together: a ring
@@ -439,10 +547,10 @@ void comm_sendrecv(const Comm* c, const float* send, size_t send_n, int dest, fl
     comm_tally(c, COLL_SEND, send_n * sizeof(float), 1.0);
     comm_tally(c, COLL_RECV, recv_n * sizeof(float), 0.0);
     if (send_n == 0 && recv_n == 0) return;
-    double t0 = begin_blocking_p2p();
-    if (send_n) NCCL_CHECK(ncclSend(send, send_n, ncclFloat, dest, nccl_of(c), comm_stream));
-    if (recv_n) NCCL_CHECK(ncclRecv(recv, recv_n, ncclFloat, source, nccl_of(c), comm_stream));
-    end_blocking_p2p(t0);
+    double t0 = begin_blocking_p2p(c);
+    if (send_n) NCCL_CHECK(ncclSend(send, send_n, ncclFloat, dest, nccl_of(c), stream_of(c)));
+    if (recv_n) NCCL_CHECK(ncclRecv(recv, recv_n, ncclFloat, source, nccl_of(c), stream_of(c)));
+    end_blocking_p2p(c, t0);
 }
 
 // Every rank's queued work is done, then the ranks meet.
@@ -451,7 +559,7 @@ void comm_barrier(const Comm* c) {
     flush_p2p();
     CUDA_CHECK(cudaStreamSynchronize(cuda_compute_stream));
     double t0 = now_seconds();
-    CUDA_CHECK(cudaStreamSynchronize(comm_stream));
+    for (NcclGroup* g = live_groups; g; g = g->next) CUDA_CHECK(cudaStreamSynchronize(g->stream));
     MPI_CHECK(MPI_Barrier(c->mpi));
     comm_add_wait(now_seconds() - t0);
 }
@@ -462,15 +570,15 @@ void comm_barrier(const Comm* c) {
 // operations and the compute queued so far), the request's event recorded
 // behind it.
 // The seconds spent queueing count as progress (comm_progress_seconds).
-static double begin_nonblocking(void) {
+static double begin_nonblocking(const Comm* c) {
     double t0 = now_seconds();
     flush_p2p();
-    after_compute();
+    after_compute(stream_of(c));
     return t0;
 }
 
-static void end_nonblocking(CommRequest* req, double t0) {
-    CUDA_CHECK(cudaEventRecord((cudaEvent_t)req->device_event, comm_stream));
+static void end_nonblocking(const Comm* c, CommRequest* req, double t0) {
+    CUDA_CHECK(cudaEventRecord((cudaEvent_t)req->device_event, stream_of(c)));
     comm_add_progress(now_seconds() - t0);
 }
 
@@ -482,9 +590,9 @@ void comm_iallreduce(const Comm* c, float* buf, size_t n, CommOp op, CommRequest
         req->scale_count = n;
         req->scale = 1.0f / (float)c->size;
     }
-    double t0 = begin_nonblocking();
-    if (n) NCCL_CHECK(ncclAllReduce(buf, buf, n, ncclFloat, ncclSum, nccl_of(c), comm_stream));
-    end_nonblocking(req, t0);
+    double t0 = begin_nonblocking(c);
+    if (n) NCCL_CHECK(ncclAllReduce(buf, buf, n, ncclFloat, ncclSum, nccl_of(c), stream_of(c)));
+    end_nonblocking(c, req, t0);
 }
 
 void comm_ireduce_scatter(const Comm* c, const float* send, float* recv, size_t n, CommOp op,
@@ -496,25 +604,25 @@ void comm_ireduce_scatter(const Comm* c, const float* send, float* recv, size_t 
         req->scale_count = n;
         req->scale = 1.0f / (float)c->size;
     }
-    double t0 = begin_nonblocking();
-    if (n) NCCL_CHECK(ncclReduceScatter(send, recv, n, ncclFloat, ncclSum, nccl_of(c), comm_stream));
-    end_nonblocking(req, t0);
+    double t0 = begin_nonblocking(c);
+    if (n) NCCL_CHECK(ncclReduceScatter(send, recv, n, ncclFloat, ncclSum, nccl_of(c), stream_of(c)));
+    end_nonblocking(c, req, t0);
 }
 
 void comm_iallgather(const Comm* c, const float* send, float* recv, size_t n, CommRequest* req) {
     comm_tally(c, COLL_ALLGATHER, n * c->size * sizeof(float), comm_ring_factor(c));
     start(req);
-    double t0 = begin_nonblocking();
-    if (n) NCCL_CHECK(ncclAllGather(send, recv, n, ncclFloat, nccl_of(c), comm_stream));
-    end_nonblocking(req, t0);
+    double t0 = begin_nonblocking(c);
+    if (n) NCCL_CHECK(ncclAllGather(send, recv, n, ncclFloat, nccl_of(c), stream_of(c)));
+    end_nonblocking(c, req, t0);
 }
 
 void comm_ibroadcast(const Comm* c, float* buf, size_t n, int root, CommRequest* req) {
     comm_tally(c, COLL_BROADCAST, n * sizeof(float), c->size > 1 ? 1.0 : 0.0);
     start(req);
-    double t0 = begin_nonblocking();
-    if (n) NCCL_CHECK(ncclBroadcast(buf, buf, n, ncclFloat, root, nccl_of(c), comm_stream));
-    end_nonblocking(req, t0);
+    double t0 = begin_nonblocking(c);
+    if (n) NCCL_CHECK(ncclBroadcast(buf, buf, n, ncclFloat, root, nccl_of(c), stream_of(c)));
+    end_nonblocking(c, req, t0);
 }
 
 void comm_isend(const Comm* c, const float* buf, size_t n, int peer, CommRequest* req) {

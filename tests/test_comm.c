@@ -1,0 +1,197 @@
+// test_comm.c: communication groups over several mesh axes and over listed
+// ranks, run under mpirun (tests/run.sh runs it on 4 ranks).
+//
+//   mpirun -np 4 build/tests/test_comm [--log FILE.jsonl] [--bad-list]
+//
+// On a 2x2 (dp x tp) and a 2x1x2 (dp x tp x cp) mesh, every group over every
+// non-empty set of axes all-reduces 1 << world_rank from each rank: the sum
+// must be the OR of exactly the ranks that share this rank's coordinates
+// outside the group's axes (worked out here from mesh_coord_of, not from the
+// communicator). Each group is counted in its own slot ("dp+cp"); a single
+// axis in that axis's. The same holds for the non-blocking all-reduce, with
+// comm_progress driving it. A group of listed ranks reduces over exactly them.
+// Every check is agreed over all ranks; rank 0 prints PASS/FAIL lines.
+// --bad-list: creates a group from a list with a rank twice (must end every
+// rank with one message). --log: writes a summary whose "comm" has the groups.
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "comm.h"
+#include "common.h"
+#include "device.h"
+#include "memory.h"
+#include "mesh.h"
+#include "report.h"
+#include "runtime.h"
+
+static int failures = 0;
+
+// One check, agreed over the world: it passes only if it passed on every rank.
+static void agree(int ok, const char* fmt, ...) __attribute__((format(printf, 2, 3)));
+static void agree(int ok, const char* fmt, ...) {
+    int all = 0;
+    MPI_CHECK(MPI_Allreduce(&ok, &all, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD));
+    if (!all) failures++;
+    if (world_rank() != 0) return;
+    char name[256];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(name, sizeof(name), fmt, ap);
+    va_end(ap);
+    if (all) printf("PASS %s\n", name);
+    else printf("FAIL %s: some rank saw a wrong result (see its line above)\n", name);
+    fflush(stdout);
+}
+
+// The OR of 1 << r over the world ranks r in this rank's group over axes.
+static long expected_members(const Mesh* m, unsigned axes, int* count) {
+    long bits = 0;
+    *count = 0;
+    for (int r = 0; r < m->world_size; r++) {
+        int c[NUM_AXES];
+        mesh_coord_of(m, r, c);
+        int same = 1;
+        for (int a = 0; a < NUM_AXES; a++)
+            if (!(axes & (1u << a)) && c[a] != m->coord[a]) same = 0;
+        if (same) {
+            bits |= 1L << r;
+            (*count)++;
+        }
+    }
+    return bits;
+}
+
+static void axes_name(unsigned axes, char* out, size_t len) {
+    size_t used = 0;
+    out[0] = '\0';
+    for (int a = 0; a < NUM_AXES; a++)
+        if (axes & (1u << a)) used += snprintf(out + used, len - used, "%s%s", used ? "+" : "", mesh_axis_name(a));
+}
+
+// Every group over every non-empty set of axes of one mesh.
+static void test_mesh(const int sizes[NUM_AXES], const char* shape) {
+    Mesh mesh;
+    char msg[256];
+    const char* bad = mesh_create(&mesh, sizes, msg, sizeof(msg));
+    if (bad) fail_all("%s", bad);
+    float* buf = mem_alloc_floats(3, MEM_COMM);
+    for (unsigned axes = 1; axes < (1u << NUM_AXES); axes++) {
+        char name[64];
+        axes_name(axes, name, sizeof(name));
+        int members = 0;
+        long want = expected_members(&mesh, axes, &members);
+        Comm g;
+        comm_create_group(&g, &mesh, axes);
+        int single = __builtin_popcount(axes) == 1;
+        int slot_ok = strcmp(comm_axis_name(g.axis), name) == 0 &&
+                      (!single || g.axis == __builtin_ctz(axes)) && (single || g.axis >= COMM_NUM_AXES);
+        CommCount before = comm_count(COLL_ALLREDUCE, g.axis);
+        // blocking: three floats, 1 << world_rank in the middle, exact in fp32
+        float mine[3] = {1.0f, (float)(1L << mesh.rank), 0.0f};
+        mem_to_device(buf, mine, sizeof(mine));
+        comm_allreduce(&g, buf, 3, COMM_SUM);
+        float got[3];
+        mem_to_host(got, buf, sizeof(got));
+        int ok = g.size == members && (long)got[1] == want && (int)got[0] == members;
+        // group ranks follow world-rank order: this rank's index is the
+        // number of members below it
+        int below = __builtin_popcountl(want & ((1L << mesh.rank) - 1));
+        ok = ok && g.rank == below;
+        // non-blocking: the same sum through comm_iallreduce and comm_wait
+        mem_to_device(buf, mine, sizeof(mine));
+        CommRequest req;
+        comm_iallreduce(&g, buf, 3, COMM_SUM, &req);
+        comm_progress();  // what the CPU ops call while it is in flight
+        comm_wait(&req);
+        mem_to_host(got, buf, sizeof(got));
+        int nb_ok = (long)got[1] == want && (int)got[0] == members;
+        CommCount after = comm_count(COLL_ALLREDUCE, g.axis);
+        int count_ok = after.calls - before.calls == 2 && after.bytes - before.bytes == 2 * 3 * sizeof(float);
+        if (!ok || !nb_ok || !slot_ok || !count_ok)
+            printf("  rank %d, %s group %s: size %d rank %d (want %d, %d), sum %ld (want %ld), "
+                   "non-blocking %s, slot %d '%s', counted %.0f calls %.0f bytes\n",
+                   mesh.rank, shape, name, g.size, g.rank, members, below, (long)got[1], want,
+                   nb_ok ? "ok" : "wrong", g.axis, comm_axis_name(g.axis), after.calls - before.calls,
+                   after.bytes - before.bytes);
+        agree(ok, "%s: the %s group all-reduces over exactly its %d rank(s)", shape, name, members);
+        agree(nb_ok, "%s: the %s group's non-blocking all-reduce too", shape, name);
+        agree(slot_ok && count_ok, "%s: the %s group is counted in slot '%s'", shape, name, name);
+        comm_destroy_group(&g);
+    }
+    mem_free(buf);
+    mesh_destroy(&mesh);
+}
+
+// A group of listed ranks: the ends of a 4-rank pipeline, listed last first.
+static void test_rank_list(void) {
+    int n = 0, me = world_rank();
+    MPI_CHECK(MPI_Comm_size(MPI_COMM_WORLD, &n));
+    int ranks[2] = {n - 1, 0};
+    Comm g;
+    comm_create_group_ranks(&g, ranks, 2, "ends");
+    int member = me == 0 || me == n - 1;
+    int ok = member ? g.size == 2 && g.rank == (me == n - 1 ? 0 : 1) : g.size == 0;
+    if (member) {
+        float* buf = mem_alloc_floats(1, MEM_COMM);
+        float mine = (float)(1L << me), got = 0.0f;
+        mem_to_device(buf, &mine, sizeof(mine));
+        comm_allreduce(&g, buf, 1, COMM_SUM);
+        mem_to_host(&got, buf, sizeof(got));
+        ok = ok && (long)got == (1L | (1L << (n - 1)));
+        mem_free(buf);
+    }
+    int slot_ok = strcmp(comm_axis_name(g.axis), "ends") == 0 &&
+                  comm_count(COLL_ALLREDUCE, g.axis).calls == (member ? 1 : 0);
+    if (!ok || !slot_ok) printf("  rank %d: the ranks {%d,0} group has size %d rank %d\n", me, n - 1, g.size, g.rank);
+    agree(ok, "a group of listed ranks {%d,0} reduces over exactly them, in list order; others are outside", n - 1);
+    agree(slot_ok, "a group of listed ranks is counted under its name ('ends')");
+    comm_destroy_group(&g);
+}
+
+int main(int argc, char** argv) {
+    runtime_init(&argc, &argv);
+    const char* log_path = NULL;
+    int bad_list = 0;
+    for (int i = 1; i < argc; i++) {
+        if (!strcmp(argv[i], "--log") && i + 1 < argc) log_path = argv[++i];
+        else if (!strcmp(argv[i], "--bad-list")) bad_list = 1;
+        else fail_all("test_comm: unknown argument '%s' (takes --log FILE and --bad-list)", argv[i]);
+    }
+    int n = 0;
+    MPI_CHECK(MPI_Comm_size(MPI_COMM_WORLD, &n));
+    if (n != 4) fail_all("test_comm runs on 4 ranks (mpirun -np 4), not %d", n);
+    runtime_set_threads(1);
+    device_init(runtime_local_rank());
+    Comm world;
+    comm_create(&world, NULL, NULL);
+    if (bad_list) {
+        int ranks[3] = {0, 2, 0};
+        Comm g;
+        comm_create_group_ranks(&g, ranks, 3, "bad");  // must not return
+        fail_all("test_comm --bad-list: a list with rank 0 twice was accepted");
+    }
+    comm_counts_reset();
+    test_mesh((const int[NUM_AXES]){[AXIS_DP] = 2, [AXIS_TP] = 2}, "dp=2 x tp=2");
+    test_mesh((const int[NUM_AXES]){[AXIS_DP] = 2, [AXIS_TP] = 1, [AXIS_CP] = 2}, "dp=2 x tp=1 x cp=2");
+    test_rank_list();
+
+    // the summary: every group's slot is a key of "comm" beside the axes
+    if (log_path) {
+        JsonLog log;
+        char msg[256];
+        const char* bad = jsonl_open(&log, log_path, msg, sizeof(msg));
+        fail_if_any(bad != NULL, bad);
+        Mesh mesh;
+        const char* mbad = mesh_create(&mesh, (const int[NUM_AXES]){[AXIS_DP] = 2, [AXIS_CP] = 2}, msg, sizeof(msg));
+        if (mbad) fail_all("%s", mbad);
+        RunSummary s = {.chapter = -1, .model = "none", .val_loss = -1.0f};
+        report_summary(&log, &mesh, &s);
+        jsonl_close(&log);
+        mesh_destroy(&mesh);
+    }
+    comm_destroy(&world, NULL);
+    runtime_finalize();
+    return failures ? 1 : 0;
+}
