@@ -14,6 +14,8 @@
 #   make setup         install the Debian packages (as root) or print the line
 #   make fuzz          fuzz the file loaders (libFuzzer, FUZZ_SECONDS each)
 #   make sanitize      the tiny tests under ASan and UBSan (build/sanitize/)
+#   make homework CHAPTER=N [DEST=dir]   a student tree: chapter N's exercises cut out
+#   make grade CHAPTER=N [EXERCISE=K]    grade them: "grade chapter N: S / T"
 #   OPT, CFLAGS, CUDA_ARCH: a change rebuilds everything (flags.stamp)
 #   make clean
 #
@@ -59,7 +61,9 @@ ifeq ($(BACKEND),cpu)
   else
     LDLIBS += -lopenblas
   endif
-  BACKEND_C  := common/cpu/ops.c common/cpu/device.c common/cpu/comm.c
+  # the CPU comm layer links chapter 1's module: its hand-written collectives
+  # run the collectives under --comm hand (common/cpu/comm.c)
+  BACKEND_C  := common/cpu/ops.c common/cpu/device.c common/cpu/comm.c 01_collectives/collectives.c
   BACKEND_CU :=
 else ifeq ($(BACKEND),cuda)
   ifeq ($(HAVE_NVCC),)
@@ -115,7 +119,7 @@ $(OBJ)/$(1)/%.o: CFLAGS += $(patsubst %,-I%,$(sort $(dir $(call chapter_modules,
 endef
 $(foreach d,$(CHAPTER_DIRS),$(eval $(call CHAPTER_RULE,$(d))))
 
-.PHONY: all modules test tests tools demo bench-ref setup clean docs-check fuzz sanitize
+.PHONY: all modules test tests tools demo bench-ref setup clean docs-check fuzz sanitize homework grade
 all: $(addprefix chapter-,$(CHAPTERS)) modules tools
 
 # every module compiles, linked by a chapter or not yet
@@ -125,6 +129,8 @@ tools: $(BIN)/tokenize
 $(BIN)/tokenize: $(OBJ)/common/tools/tokenize.o $(COMMON_OBJ)
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) -o $@ $^ $(LDLIBS)
+
+$(BUILD)/obj/cpu/common/cpu/comm.o: CFLAGS += -I01_collectives
 
 $(OBJ)/%.o: %.c $(FLAGS_STAMP)
 	@mkdir -p $(dir $@)
@@ -144,7 +150,7 @@ $(BUILD)/obj/cpu/tests/test_fsdp.o: CFLAGS += -I03_fsdp
 $(BUILD)/tests/test_schedule: $(BUILD)/obj/cpu/05_pipeline/schedule.o
 $(BUILD)/obj/cpu/tests/test_schedule.o: CFLAGS += -I05_pipeline
 tests: $(addprefix $(BUILD)/tests/,$(TESTS))
-$(BUILD)/tests/%: $(BUILD)/obj/cpu/tests/%.o $(patsubst %.c,$(BUILD)/obj/cpu/%.o,$(COMMON_SRC) common/cpu/ops.c common/cpu/device.c common/cpu/comm.c)
+$(BUILD)/tests/%: $(BUILD)/obj/cpu/tests/%.o $(patsubst %.c,$(BUILD)/obj/cpu/%.o,$(COMMON_SRC) common/cpu/ops.c common/cpu/device.c common/cpu/comm.c 01_collectives/collectives.c)
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) -o $@ $^ $(LDLIBS)
 $(BUILD)/obj/cpu/tests/%.o: CFLAGS += -Itests
@@ -175,6 +181,15 @@ docs-check:
 timeline:
 	@test -n "$(TRACE)" || { echo "usage: make timeline TRACE=FILE.json [OUT=FILE.png] [STEPS=1:2]"; exit 2; }
 	@python3 docs/plots/timeline.py "$(TRACE)" "$(or $(OUT),$(basename $(TRACE)).png)" "$(STEPS)" "$(TITLE)"
+# ---------------------------------------------------------------- homework
+# make homework CHAPTER=N [DEST=dir]: the student tree of chapter N (its
+# EXERCISE regions stubbed out, HOMEWORK.md); make grade CHAPTER=N
+# [EXERCISE=K]: builds and grades chapter N's exercises, last line
+# "grade chapter N: S / T" (tests/homework/, docs/teaching.md).
+homework:
+	@python3 tests/homework/cut.py student "$(CHAPTER)" "$(or $(DEST),build/homework-$(CHAPTER))"
+grade:
+	@EXERCISE="$(EXERCISE)" bash tests/homework/grade.sh "$(CHAPTER)"
 
 # ---------------------------------------------------------------- running
 setup:

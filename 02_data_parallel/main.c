@@ -75,6 +75,7 @@ static void buckets_make(Buckets* bs, size_t num_params, size_t bucket_floats) {
 // boundary is final, so every bucket that lies above the boundary starts its
 // all-reduce now, while backward goes on with the layers below.
 static void start_ready_buckets(void* ctx, size_t boundary) {
+    // EXERCISE 3: the bucket boundary hook: start (non-blocking) every bucket whose gradients are all final, and only on the last micro-batch
     Buckets* bs = ctx;
     if (!bs->communicate) return;
     for (int i = 0; i < bs->n; i++) {
@@ -91,6 +92,7 @@ static void start_ready_buckets(void* ctx, size_t boundary) {
     // poke the ones in flight so they progress while we compute
     for (int i = 0; i < bs->n; i++)
         if (bs->b[i].started) comm_test(&bs->b[i].req);
+    // END EXERCISE 3
 }
 
 // ---------------------------------------------------------------- averaging the gradients
@@ -98,12 +100,14 @@ static void start_ready_buckets(void* ctx, size_t boundary) {
 // naive: one all-reduce per parameter tensor (per layer for block tensors),
 // each waiting for the one before: many small messages, nothing overlapped.
 static void average_naive(const Comm* dp, GPT* m) {
+    // EXERCISE 1: naive averaging: one blocking all-reduce per parameter tensor (per layer for block tensors), the mean over dp
     const GPTConfig* cfg = &m->cfg;
     for (ParamTensor t = 0; t < NUM_PARAM_TENSORS; t++) {
         int layers = param_tensor_is_block(t) ? cfg->num_layers : 1;
         for (int l = 0; l < layers; l++)
             comm_allreduce(dp, m->grads + gpt_tensor_offset(cfg, t, l), param_tensor_numel(cfg, t), COMM_AVG);
     }
+    // END EXERCISE 1
 }
 
 // bucketed: after backward, one blocking all-reduce per bucket: fewer, larger
@@ -115,10 +119,12 @@ static void average_bucketed(Buckets* bs) {
 
 // overlapped: the all-reduces were started during backward; wait for them.
 static void wait_buckets(Buckets* bs) {
+    // EXERCISE 4: the overlapped wait: complete every bucket's all-reduce and make the buckets ready for the next step
     for (int i = 0; i < bs->n; i++) {
         comm_wait(&bs->b[i].req);
         bs->b[i].started = 0;
     }
+    // END EXERCISE 4
 }
 
 // ---------------------------------------------------------------- the step
@@ -177,6 +183,7 @@ static float train_step(DataParallel* dp, GPT* m, const TrainSetup* setup, const
     if (dp->mode != MODE_PS) {
         *norm = clip_and_step(m, args, step);
     } else {
+        // EXERCISE 2: the parameter server: the mean gradient to rank 0, rank 0 steps alone, the new parameters back to every rank
         // parameter server: the sum of all gradients travels to rank 0 (every
         // byte of every rank into one rank's link), rank 0 steps, and the new
         // parameters travel back out of that one link
@@ -190,6 +197,7 @@ static float train_step(DataParallel* dp, GPT* m, const TrainSetup* setup, const
         // the norm is a host scalar: plain MPI, for the log line
         MPI_CHECK(MPI_Bcast(&nrm, 1, MPI_FLOAT, 0, dp->dp->mpi));
         *norm = nrm;
+        // END EXERCISE 2
     }
     // the loss of the global batch: mean over ranks of each rank's mean
     // (a host scalar for the log line: plain MPI, not the gradient path)

@@ -12,6 +12,7 @@
 // ---------------------------------------------------------------- units and shards
 
 static void units_make(FSDP* f, const FsdpSpec* spec, int N) {
+    // EXERCISE 1: the shard layout: each unit's shard size S = ceil(n / N), where each rank's shard and each padded unit start, the totals
     f->n = spec->n_units;
     f->numel = xmalloc(sizeof(size_t) * f->n);
     f->shard = xmalloc(sizeof(size_t) * f->n);
@@ -27,15 +28,18 @@ static void units_make(FSDP* f, const FsdpSpec* spec, int N) {
         f->padded_total += f->shard[i] * N;
         if (f->shard[i] * N > f->max_padded) f->max_padded = f->shard[i] * N;
     }
+    // END EXERCISE 1
 }
 
 // The part of rank r's shard of unit i that is real (not padding): [lo, hi)
 // as offsets inside the unit.
 static void shard_range(const FSDP* f, int i, int r, size_t* lo, size_t* hi) {
+    // EXERCISE 2: the shard range: the part [lo, hi) of rank r's shard of unit i that is real, not padding
     *lo = (size_t)r * f->shard[i];
     *hi = *lo + f->shard[i];
     if (*lo > f->numel[i]) *lo = f->numel[i];
     if (*hi > f->numel[i]) *hi = f->numel[i];
+    // END EXERCISE 2
 }
 
 // ---------------------------------------------------------------- set-up
@@ -133,6 +137,7 @@ static int request_unit(FSDP* f, int i) {
     if (f->unit_in_slot[s] >= 0) f->slot_of_unit[f->unit_in_slot[s]] = -1;  // evict
     f->unit_in_slot[s] = i;
     f->slot_of_unit[i] = s;
+    // EXERCISE 4: the ZeRO-3 gather: all-gather unit i from every rank's shard into slot s (non-blocking when prefetching)
     const float* mine = f->shard_params + f->shard_off[i];
     if (f->prefetch) {
         comm_iallgather(f->dp, mine, f->slot_buf[s], f->shard[i], &f->slot_req[s]);
@@ -140,6 +145,7 @@ static int request_unit(FSDP* f, int i) {
         comm_allgather(f->dp, mine, f->slot_buf[s], f->shard[i]);
     }
     return 1;
+    // END EXERCISE 4
 }
 
 // The time blocked here (a blocking gather, or the wait on a gather still in
@@ -185,10 +191,12 @@ float* fsdp_grads_begin(FSDP* f, int i) {
 }
 
 void fsdp_reduce_grads(FSDP* f, int i) {
+    // EXERCISE 3: the reduce-scatter of a unit: rank r keeps the mean over ranks of its shard of the unit's gradient
     const float* g;
     if (f->zero == 1) g = f->full_grads + f->padded_off[i];
     else g = f->own_grads[i] ? f->own_grads[i] : f->unit_grads;
     comm_reduce_scatter(f->dp, g, f->shard_grads + f->shard_off[i], f->shard[i], COMM_AVG);
+    // END EXERCISE 3
 }
 
 double fsdp_grad_sumsq(const FSDP* f) { return grad_sumsq(f->shard_grads, f->shard_total); }
@@ -236,7 +244,6 @@ size_t fsdp_padding_nonzero(const FSDP* f) {
 // ---------------------------------------------------------------- the step
 
 void fsdp_step(FSDP* f, AdamWConfig opt, int t, float scale) {
-    int r = f->dp->rank;
     if (f->zero == 3) {
         // the shard is the only copy of the parameters: update it, done
         adamw_update(f->shard_params, f->shard_grads, f->m, f->v, f->shard_total, opt, t, scale);
@@ -244,6 +251,8 @@ void fsdp_step(FSDP* f, AdamWConfig opt, int t, float scale) {
     }
     // zero 1, 2: update this rank's shard of the full parameters in place,
     // then all-gather so every rank has every updated shard
+    // EXERCISE 5: the ZeRO-1/2 step: AdamW on this rank's shard of each unit, then every rank gets every updated shard
+    int r = f->dp->rank;
     for (int i = 0; i < f->n; i++) {
         float* full = f->full_params + f->padded_off[i];
         size_t S = f->shard[i], so = f->shard_off[i];
@@ -255,6 +264,7 @@ void fsdp_step(FSDP* f, AdamWConfig opt, int t, float scale) {
         comm_allgather(f->dp, full + (size_t)r * f->shard[i], full, f->shard[i]);
     }
     f->allgather_wait_s += comm_wait_seconds() - w0;
+    // END EXERCISE 5
 }
 
 // ---------------------------------------------------------------- the whole

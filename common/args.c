@@ -59,6 +59,7 @@ static void set_defaults(TrainArgs* a) {
     a->seed = 1337;
     a->val_batches = 4;
     a->keep = 3;
+    a->comm = "library";
     for (int i = 0; i < NUM_AXES; i++) a->mesh[i] = 1;
 }
 

@@ -31,6 +31,7 @@ typedef struct {
     int mesh[NUM_AXES];    // --dp --tp --pp --cp --ep
     int recompute;         // --recompute none|selective|full: a RecomputeMode (model.h)
     const char* trace;     // --trace FILE.json: per-rank timelines (trace.h)
+    const char* comm;      // --comm library|hand (chapters 2+: run_start adds the flag)
 } TrainArgs;
 
 #define ARGS_MAX_SAMPLE 100000

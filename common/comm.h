@@ -63,6 +63,19 @@ typedef struct {
     double t_start;
 } CommRequest;
 
+// Who runs the collectives: the library (MPI on the CPU backend, NCCL on the
+// CUDA one), or chapter 1's hand-written algorithms over send and receive
+// (01_collectives/collectives.c: ring all-reduce, reduce-scatter and
+// all-gather, binomial-tree broadcast and reduce, pairwise all-to-all),
+// `--comm hand`. The counters count a hand collective as the library's
+// (one call, the same bytes), not the messages inside it; its non-blocking
+// forms run to completion at their start (nothing overlaps). Point-to-point
+// calls and the barrier are the library's either way.
+typedef enum { COMM_IMPL_LIBRARY, COMM_IMPL_HAND } CommImpl;
+// Returns NULL, or a message when this backend cannot run impl (hand on CUDA).
+const char* comm_set_impl(CommImpl impl);
+const char* comm_impl_name(void);  // "library" or "hand"
+
 // The world communicator and one per mesh axis (the mesh's own MPI groups).
 // mesh and axes may be NULL: the world alone.
 void comm_create(Comm* world, Comm axes[NUM_AXES], const Mesh* mesh);

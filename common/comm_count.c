@@ -16,6 +16,10 @@ static char group_slot_names[COMM_MAX_SLOTS - COMM_NUM_AXES][SLOT_NAME_LEN];
 static int num_group_slots = 0;
 static double wait_seconds = 0.0;
 static double progress_seconds = 0.0;
+// > 0 inside a hand-written collective (--comm hand): its sends, receives
+// and waits are part of the one collective already counted, not calls of
+// their own
+static int quiet = 0;
 
 const char* collective_name(Collective c) {
     static const char* names[NUM_COLLECTIVES] = {
@@ -101,6 +105,7 @@ static _Thread_local int cur_coll = 0, cur_axis = 0;
 static _Thread_local Phase cur_phase = PHASE_BLOCKING;
 
 void comm_tally_bytes(const Comm* c, Collective coll, double bytes, double bus_bytes) {
+    if (quiet) return;  // inside a hand collective: counted once, as a whole
     cur_coll = coll;
     cur_axis = c->axis;
     cur_phase = PHASE_BLOCKING;
@@ -123,11 +128,13 @@ static void trace_comm(TraceKind kind, double seconds, const char* what) {
 }
 
 void comm_add_wait(double seconds) {
+    if (quiet) return;
     wait_seconds += seconds;
     trace_comm(TRACE_WAIT, seconds, cur_phase == PHASE_REQUEST ? "wait " : "");
 }
 
 void comm_add_progress(double seconds) {
+    if (quiet) return;
     progress_seconds += seconds;
     if (cur_phase == PHASE_PROGRESS) {
         // polling every operation in flight from inside an op: no one name
@@ -162,3 +169,5 @@ void comm_request_done(const CommRequest* req) {
     snprintf(name, sizeof(name), "%s (%s)", collective_name((Collective)req->coll), comm_axis_name(req->axis));
     trace_span(TRACE_INFLIGHT, req->t_start, now_seconds(), 1, -1, 0, name);
 }
+
+void comm_count_quiet(int on) { quiet += on ? 1 : -1; }

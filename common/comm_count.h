@@ -38,5 +38,8 @@ void comm_request_current(const CommRequest* req);
 void comm_request_done(const CommRequest* req);
 // The next progress seconds are comm_progress's polling ("progress" spans).
 void comm_note_progress(void);
+// on = 1 while a collective made of other comm_* calls runs (--comm hand),
+// 0 after it: the calls inside it are not counted, nor their seconds.
+void comm_count_quiet(int on);
 
 #endif

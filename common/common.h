@@ -33,6 +33,13 @@ void fatal_at(const char* file, int line, const char* fmt, ...)
 // stderr, then every rank finalizes MPI and exits with status 1.
 void fail_all(const char* fmt, ...) __attribute__((format(printf, 1, 2), noreturn));
 
+// The stub that `make homework` puts in place of exercise n of a chapter:
+// "error: exercise n of chapter N is not done", then every rank exits with
+// status 3 (MPI_Abort). Rank 0 speaks at once; another rank that reaches a
+// stub waits a moment first, so the one message comes from rank 0 whenever
+// rank 0 reaches it too, and from that rank when rank 0 never does.
+void exercise_not_done(int chapter, int n) __attribute__((noreturn));
+
 // For a check that may fail on some ranks only (a file one node cannot read):
 // every rank passes whether it failed and its message; if any rank failed, the
 // lowest failing rank prints its message and every rank exits with status 1.

@@ -243,12 +243,23 @@ int run_start(Run* r, int argc, char** argv, const char* program, const char* su
     memset(r, 0, sizeof(*r));
     runtime_init(&argc, &argv);
     char msg[1024];
-    const char* bad = args_parse(argc, argv, &r->args, extra, n_extra, axes, msg, sizeof(msg));
+    // every trainer from chapter 2 on takes --comm: the chapter's flags, then it
+    ArgSpec* flags = xmalloc(sizeof(ArgSpec) * (size_t)(n_extra + 1));
+    if (n_extra) memcpy(flags, extra, sizeof(ArgSpec) * (size_t)n_extra);
+    flags[n_extra] = (ArgSpec){"comm", ARG_STRING, &r->args.comm,
+                               "library | hand: MPI's collectives, or chapter 1's by hand (CPU only)  [library]"};
+    const char* bad = args_parse(argc, argv, &r->args, flags, n_extra + 1, axes, msg, sizeof(msg));
     if (bad && !strcmp(bad, "help")) {
-        if (world_rank() == 0) args_usage(program, summary, extra, n_extra, axes);
+        if (world_rank() == 0) args_usage(program, summary, flags, n_extra + 1, axes);
+        free(flags);
         runtime_finalize();
         return 0;
     }
+    free(flags);
+    if (bad) fail_all("%s", bad);
+    if (strcmp(r->args.comm, "library") != 0 && strcmp(r->args.comm, "hand") != 0)
+        fail_all("--comm %s is not one of library, hand", r->args.comm);
+    bad = comm_set_impl(!strcmp(r->args.comm, "hand") ? COMM_IMPL_HAND : COMM_IMPL_LIBRARY);
     if (bad) fail_all("%s", bad);
     bad = mesh_create(&r->mesh, r->args.mesh, msg, sizeof(msg));
     if (bad) fail_all("%s", bad);

@@ -77,6 +77,11 @@ for z in 1 2 3; do
 done
 fsdp_run 2 3 1 0
 fsdp_run 3 3 0 0
+# --comm hand: chapter 1's ring reduce-scatter and all-gather move the shards
+# (prefetch then gathers at once: a hand collective completes at its start)
+invariant --norm "fsdp ZeRO-3 dp=2 --comm hand" "$INV_FLAGS" 2 chapter-3 "--dp 2 --zero 3 --comm hand"
+invariant --norm "fsdp ZeRO-1 dp=3 --comm hand" "$INV_FLAGS" 3 chapter-3 "--dp 3 --zero 1 --comm hand"
+invariant --norm "fsdp ZeRO-2 dp=4 --comm hand" "$INV_FLAGS" 4 chapter-3 "--dp 4 --zero 2 --comm hand"
 # validation during training (--val-every) runs the same sharded forward:
 # chapter 0's validation losses, and under ZeRO-3 each of the 4 validation
 # batches costs one forward's gathers (L + 3 = 5 calls, Ppad + U0 floats)

@@ -2,6 +2,8 @@
 #include "comm.h"
 #include "comm_count.h"
 
+#include "collectives.h"  // chapter 1's module: the algorithms of --comm hand
+
 #include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -9,7 +11,95 @@
 
 #include "common.h"
 #include "ops.h"
+#include "memory.h"
 #include "runtime.h"
+
+// ---------------------------------------------------------------- --comm hand
+// With COMM_IMPL_HAND the collectives below call chapter 1's algorithms
+// (01_collectives/collectives.c) instead of MPI's. Their messages use a tag of
+// their own, so they never match a point-to-point message of the caller's in
+// flight on the same communicator.
+#define TAG_USER 0
+#define TAG_HAND 1
+static CommImpl impl = COMM_IMPL_LIBRARY;
+static int p2p_tag = TAG_USER;
+
+const char* comm_set_impl(CommImpl which) {
+    impl = which;
+    return NULL;
+}
+const char* comm_impl_name(void) { return impl == COMM_IMPL_HAND ? "hand" : "library"; }
+
+static int hand(void) { return impl == COMM_IMPL_HAND; }
+// Around every hand collective: its inner calls are not counted on their own.
+static void hand_begin(void) {
+    comm_count_quiet(1);
+    p2p_tag = TAG_HAND;
+}
+static void hand_end(void) {
+    p2p_tag = TAG_USER;
+    comm_count_quiet(0);
+}
+
+static void hand_allreduce(const Comm* c, float* buf, size_t n) {
+    hand_begin();
+    float* tmp = mem_alloc_floats(n / (size_t)c->size + 1, MEM_COMM);  // one chunk
+    hand_allreduce_ring(c, buf, n, tmp);
+    mem_free(tmp);
+    hand_end();
+}
+
+// send (p * n) -> recv (n): the ring works in place on a copy; chunk r of
+// p * n floats is exactly [r * n, (r + 1) * n).
+static void hand_reduce_scatter(const Comm* c, const float* send, float* recv, size_t n) {
+    hand_begin();
+    size_t total = n * (size_t)c->size;
+    float* work = mem_alloc_floats(total ? total : 1, MEM_COMM);
+    float* tmp = mem_alloc_floats(n + 1, MEM_COMM);
+    ops_copy(work, send, total);
+    hand_reduce_scatter_ring(c, work, total, tmp);
+    ops_copy(recv, work + (size_t)c->rank * n, n);
+    mem_free(work);
+    mem_free(tmp);
+    hand_end();
+}
+
+// counts/displs may leave gaps or reorder blocks: pack, ring, unpack.
+static void hand_allgatherv(const Comm* c, const float* send, float* recv, const size_t* counts,
+                            const size_t* displs) {
+    hand_begin();
+    int p = c->size;
+    size_t* starts = xmalloc(sizeof(size_t) * (p + 1));
+    starts[0] = 0;
+    for (int i = 0; i < p; i++) starts[i + 1] = starts[i] + counts[i];
+    float* work = mem_alloc_floats(starts[p] ? starts[p] : 1, MEM_COMM);
+    ops_copy(work + starts[c->rank], send, counts[c->rank]);
+    hand_allgather_ring(c, work, starts);
+    for (int i = 0; i < p; i++) ops_copy(recv + displs[i], work + starts[i], counts[i]);
+    mem_free(work);
+    free(starts);
+    hand_end();
+}
+
+static void hand_allgather(const Comm* c, const float* send, float* recv, size_t n) {
+    int p = c->size;
+    size_t* counts = xmalloc(sizeof(size_t) * 2 * p);
+    for (int i = 0; i < p; i++) counts[i] = n, counts[p + i] = (size_t)i * n;
+    hand_allgatherv(c, send, recv, counts, counts + p);
+    free(counts);
+}
+
+static void hand_reduce(const Comm* c, const float* send, float* recv, size_t n, int root) {
+    hand_begin();
+    float* work = mem_alloc_floats(n ? n : 1, MEM_COMM);
+    float* tmp = mem_alloc_floats(n ? n : 1, MEM_COMM);
+    ops_copy(work, send, n);
+    hand_reduce_tree(c, work, n, root, tmp);
+    if (c->rank == root) ops_copy(recv, work, n);
+    mem_free(work);
+    mem_free(tmp);
+    hand_end();
+}
 
 
 static int as_int(size_t n) {
@@ -88,7 +178,8 @@ static void scale_for_avg(const Comm* c, float* buf, size_t n, CommOp op) {
 void comm_allreduce(const Comm* c, float* buf, size_t n, CommOp op) {
     comm_tally(c, COLL_ALLREDUCE, n * sizeof(float), 2.0 * comm_ring_factor(c));
     double t0 = now_seconds();
-    MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, buf, as_int(n), MPI_FLOAT, MPI_SUM, c->mpi));
+    if (hand()) hand_allreduce(c, buf, n);
+    else MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, buf, as_int(n), MPI_FLOAT, MPI_SUM, c->mpi));
     comm_add_wait(now_seconds() - t0);
     scale_for_avg(c, buf, n, op);
 }
@@ -96,7 +187,8 @@ void comm_allreduce(const Comm* c, float* buf, size_t n, CommOp op) {
 void comm_reduce_scatter(const Comm* c, const float* send, float* recv, size_t n, CommOp op) {
     comm_tally(c, COLL_REDUCE_SCATTER, n * c->size * sizeof(float), comm_ring_factor(c));
     double t0 = now_seconds();
-    MPI_CHECK(MPI_Reduce_scatter_block(send, recv, as_int(n), MPI_FLOAT, MPI_SUM, c->mpi));
+    if (hand()) hand_reduce_scatter(c, send, recv, n);
+    else MPI_CHECK(MPI_Reduce_scatter_block(send, recv, as_int(n), MPI_FLOAT, MPI_SUM, c->mpi));
     comm_add_wait(now_seconds() - t0);
     scale_for_avg(c, recv, n, op);
 }
@@ -105,7 +197,8 @@ void comm_allgather(const Comm* c, const float* send, float* recv, size_t n) {
     comm_tally(c, COLL_ALLGATHER, n * c->size * sizeof(float), comm_ring_factor(c));
     double t0 = now_seconds();
     const void* src = send == recv + (size_t)c->rank * n ? MPI_IN_PLACE : (const void*)send;
-    MPI_CHECK(MPI_Allgather(src, as_int(n), MPI_FLOAT, recv, as_int(n), MPI_FLOAT, c->mpi));
+    if (hand()) hand_allgather(c, send, recv, n);
+    else MPI_CHECK(MPI_Allgather(src, as_int(n), MPI_FLOAT, recv, as_int(n), MPI_FLOAT, c->mpi));
     comm_add_wait(now_seconds() - t0);
 }
 
@@ -121,7 +214,8 @@ void comm_allgatherv(const Comm* c, const float* send, float* recv, const size_t
     }
     comm_tally(c, COLL_ALLGATHER, total * sizeof(float), comm_ring_factor(c));
     double t0 = now_seconds();
-    MPI_CHECK(MPI_Allgatherv(send, cnt[c->rank], MPI_FLOAT, recv, cnt, dsp, MPI_FLOAT, c->mpi));
+    if (hand()) hand_allgatherv(c, send, recv, counts_in, displs_in);
+    else MPI_CHECK(MPI_Allgatherv(send, cnt[c->rank], MPI_FLOAT, recv, cnt, dsp, MPI_FLOAT, c->mpi));
     comm_add_wait(now_seconds() - t0);
     free(cnt);
     free(dsp);
@@ -130,14 +224,21 @@ void comm_allgatherv(const Comm* c, const float* send, float* recv, const size_t
 void comm_broadcast(const Comm* c, float* buf, size_t n, int root) {
     comm_tally(c, COLL_BROADCAST, n * sizeof(float), c->size > 1 ? 1.0 : 0.0);
     double t0 = now_seconds();
-    MPI_CHECK(MPI_Bcast(buf, as_int(n), MPI_FLOAT, root, c->mpi));
+    if (hand()) {
+        hand_begin();
+        hand_broadcast_tree(c, buf, n, root);
+        hand_end();
+    } else {
+        MPI_CHECK(MPI_Bcast(buf, as_int(n), MPI_FLOAT, root, c->mpi));
+    }
     comm_add_wait(now_seconds() - t0);
 }
 
 void comm_reduce(const Comm* c, const float* send, float* recv, size_t n, int root, CommOp op) {
     comm_tally(c, COLL_REDUCE, n * sizeof(float), c->size > 1 ? 1.0 : 0.0);
     double t0 = now_seconds();
-    MPI_CHECK(MPI_Reduce(send, recv, as_int(n), MPI_FLOAT, MPI_SUM, root, c->mpi));
+    if (hand()) hand_reduce(c, send, recv, n, root);
+    else MPI_CHECK(MPI_Reduce(send, recv, as_int(n), MPI_FLOAT, MPI_SUM, root, c->mpi));
     comm_add_wait(now_seconds() - t0);
     if (c->rank == root) scale_for_avg(c, recv, n, op);
 }
@@ -145,21 +246,39 @@ void comm_reduce(const Comm* c, const float* send, float* recv, size_t n, int ro
 void comm_scatter(const Comm* c, const float* send, float* recv, size_t n, int root) {
     comm_tally(c, COLL_SCATTER, n * c->size * sizeof(float), comm_ring_factor(c));
     double t0 = now_seconds();
-    MPI_CHECK(MPI_Scatter(send, as_int(n), MPI_FLOAT, recv, as_int(n), MPI_FLOAT, root, c->mpi));
+    if (hand()) {
+        hand_begin();
+        hand_scatter(c, send, recv, n, root);
+        hand_end();
+    } else {
+        MPI_CHECK(MPI_Scatter(send, as_int(n), MPI_FLOAT, recv, as_int(n), MPI_FLOAT, root, c->mpi));
+    }
     comm_add_wait(now_seconds() - t0);
 }
 
 void comm_gather(const Comm* c, const float* send, float* recv, size_t n, int root) {
     comm_tally(c, COLL_GATHER, n * c->size * sizeof(float), comm_ring_factor(c));
     double t0 = now_seconds();
-    MPI_CHECK(MPI_Gather(send, as_int(n), MPI_FLOAT, recv, as_int(n), MPI_FLOAT, root, c->mpi));
+    if (hand()) {
+        hand_begin();
+        hand_gather(c, send, recv, n, root);
+        hand_end();
+    } else {
+        MPI_CHECK(MPI_Gather(send, as_int(n), MPI_FLOAT, recv, as_int(n), MPI_FLOAT, root, c->mpi));
+    }
     comm_add_wait(now_seconds() - t0);
 }
 
 void comm_alltoall(const Comm* c, const float* send, float* recv, size_t n) {
     comm_tally(c, COLL_ALLTOALL, n * c->size * sizeof(float), comm_ring_factor(c));
     double t0 = now_seconds();
-    MPI_CHECK(MPI_Alltoall(send, as_int(n), MPI_FLOAT, recv, as_int(n), MPI_FLOAT, c->mpi));
+    if (hand()) {
+        hand_begin();
+        hand_alltoall_pairwise(c, send, recv, n);
+        hand_end();
+    } else {
+        MPI_CHECK(MPI_Alltoall(send, as_int(n), MPI_FLOAT, recv, as_int(n), MPI_FLOAT, c->mpi));
+    }
     comm_add_wait(now_seconds() - t0);
 }
 
@@ -181,7 +300,13 @@ void comm_alltoallv(const Comm* c, const float* send, const size_t* send_counts,
     comm_tally_bytes(c, COLL_ALLTOALL, (double)sent * sizeof(float),
                      (double)(sent - send_counts[c->rank]) * sizeof(float));
     double t0 = now_seconds();
-    MPI_CHECK(MPI_Alltoallv(send, sc, sd, MPI_FLOAT, recv, rc, rd, MPI_FLOAT, c->mpi));
+    if (hand()) {
+        hand_begin();
+        hand_alltoallv_pairwise(c, send, send_counts, send_displs, recv, recv_counts, recv_displs);
+        hand_end();
+    } else {
+        MPI_CHECK(MPI_Alltoallv(send, sc, sd, MPI_FLOAT, recv, rc, rd, MPI_FLOAT, c->mpi));
+    }
     comm_add_wait(now_seconds() - t0);
     free(sc);
 }
@@ -189,14 +314,14 @@ void comm_alltoallv(const Comm* c, const float* send, const size_t* send_counts,
 void comm_send(const Comm* c, const float* buf, size_t n, int peer) {
     comm_tally(c, COLL_SEND, n * sizeof(float), 1.0);
     double t0 = now_seconds();
-    MPI_CHECK(MPI_Send(buf, as_int(n), MPI_FLOAT, peer, 0, c->mpi));
+    MPI_CHECK(MPI_Send(buf, as_int(n), MPI_FLOAT, peer, p2p_tag, c->mpi));
     comm_add_wait(now_seconds() - t0);
 }
 
 void comm_recv(const Comm* c, float* buf, size_t n, int peer) {
     comm_tally(c, COLL_RECV, n * sizeof(float), 0.0);
     double t0 = now_seconds();
-    MPI_CHECK(MPI_Recv(buf, as_int(n), MPI_FLOAT, peer, 0, c->mpi, MPI_STATUS_IGNORE));
+    MPI_CHECK(MPI_Recv(buf, as_int(n), MPI_FLOAT, peer, p2p_tag, c->mpi, MPI_STATUS_IGNORE));
     comm_add_wait(now_seconds() - t0);
 }
 
@@ -205,8 +330,8 @@ void comm_sendrecv(const Comm* c, const float* send, size_t send_n, int dest, fl
     comm_tally(c, COLL_SEND, send_n * sizeof(float), 1.0);
     comm_tally(c, COLL_RECV, recv_n * sizeof(float), 0.0);
     double t0 = now_seconds();
-    MPI_CHECK(MPI_Sendrecv(send, as_int(send_n), MPI_FLOAT, dest, 0, recv, as_int(recv_n),
-                           MPI_FLOAT, source, 0, c->mpi, MPI_STATUS_IGNORE));
+    MPI_CHECK(MPI_Sendrecv(send, as_int(send_n), MPI_FLOAT, dest, p2p_tag, recv, as_int(recv_n),
+                           MPI_FLOAT, source, p2p_tag, c->mpi, MPI_STATUS_IGNORE));
     comm_add_wait(now_seconds() - t0);
 }
 
@@ -277,7 +402,17 @@ static double start(CommRequest* req) {
     return now_seconds();
 }
 
+// --comm hand: chapter 1's algorithms are blocking, so a non-blocking
+// collective runs whole at its start (counted as a blocking call's wait) and
+// leaves a request that is already complete.
+static void done_at_start(CommRequest* req) { memset(req, 0, sizeof(*req)); }
+
 void comm_iallreduce(const Comm* c, float* buf, size_t n, CommOp op, CommRequest* req) {
+    if (hand()) {
+        done_at_start(req);
+        comm_allreduce(c, buf, n, op);
+        return;
+    }
     comm_tally(c, COLL_ALLREDUCE, n * sizeof(float), 2.0 * comm_ring_factor(c));
     double t0 = start(req);
     if (op == COMM_AVG && c->size > 1) {
@@ -292,6 +427,11 @@ void comm_iallreduce(const Comm* c, float* buf, size_t n, CommOp op, CommRequest
 
 void comm_ireduce_scatter(const Comm* c, const float* send, float* recv, size_t n, CommOp op,
                           CommRequest* req) {
+    if (hand()) {
+        done_at_start(req);
+        comm_reduce_scatter(c, send, recv, n, op);
+        return;
+    }
     comm_tally(c, COLL_REDUCE_SCATTER, n * c->size * sizeof(float), comm_ring_factor(c));
     double t0 = start(req);
     if (op == COMM_AVG && c->size > 1) {
@@ -305,6 +445,11 @@ void comm_ireduce_scatter(const Comm* c, const float* send, float* recv, size_t 
 }
 
 void comm_iallgather(const Comm* c, const float* send, float* recv, size_t n, CommRequest* req) {
+    if (hand()) {
+        done_at_start(req);
+        comm_allgather(c, send, recv, n);
+        return;
+    }
     comm_tally(c, COLL_ALLGATHER, n * c->size * sizeof(float), comm_ring_factor(c));
     double t0 = start(req);
     const void* src = send == recv + (size_t)c->rank * n ? MPI_IN_PLACE : (const void*)send;
@@ -314,6 +459,11 @@ void comm_iallgather(const Comm* c, const float* send, float* recv, size_t n, Co
 }
 
 void comm_ibroadcast(const Comm* c, float* buf, size_t n, int root, CommRequest* req) {
+    if (hand()) {
+        done_at_start(req);
+        comm_broadcast(c, buf, n, root);
+        return;
+    }
     comm_tally(c, COLL_BROADCAST, n * sizeof(float), c->size > 1 ? 1.0 : 0.0);
     double t0 = start(req);
     MPI_CHECK(MPI_Ibcast(buf, as_int(n), MPI_FLOAT, root, c->mpi, &req->mpi));
@@ -324,7 +474,7 @@ void comm_ibroadcast(const Comm* c, float* buf, size_t n, int root, CommRequest*
 void comm_isend(const Comm* c, const float* buf, size_t n, int peer, CommRequest* req) {
     comm_tally(c, COLL_SEND, n * sizeof(float), 1.0);
     double t0 = start(req);
-    MPI_CHECK(MPI_Isend(buf, as_int(n), MPI_FLOAT, peer, 0, c->mpi, &req->mpi));
+    MPI_CHECK(MPI_Isend(buf, as_int(n), MPI_FLOAT, peer, p2p_tag, c->mpi, &req->mpi));
     track(req);
     comm_add_progress(now_seconds() - t0);
 }
@@ -332,7 +482,7 @@ void comm_isend(const Comm* c, const float* buf, size_t n, int peer, CommRequest
 void comm_irecv(const Comm* c, float* buf, size_t n, int peer, CommRequest* req) {
     comm_tally(c, COLL_RECV, n * sizeof(float), 0.0);
     double t0 = start(req);
-    MPI_CHECK(MPI_Irecv(buf, as_int(n), MPI_FLOAT, peer, 0, c->mpi, &req->mpi));
+    MPI_CHECK(MPI_Irecv(buf, as_int(n), MPI_FLOAT, peer, p2p_tag, c->mpi, &req->mpi));
     track(req);
     comm_add_progress(now_seconds() - t0);
 }

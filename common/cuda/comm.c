@@ -218,6 +218,16 @@ void comm_create(Comm* world, Comm axes[NUM_AXES], const Mesh* mesh) {
     for (int a = 0; a < NUM_AXES; a++) make_comm(&axes[a], mesh->axis_comm[a], a);
 }
 
+// --comm hand runs chapter 1's algorithms over MPI on host buffers: the
+// CPU backend's. Here the library (NCCL) runs every collective.
+const char* comm_set_impl(CommImpl which) {
+    if (which == COMM_IMPL_HAND)
+        return "--comm hand runs chapter 1's hand-written collectives on the CPU backend only; "
+               "use --comm library here, or build with BACKEND=cpu";
+    return NULL;
+}
+const char* comm_impl_name(void) { return "library"; }
+
 void comm_destroy(Comm* world, Comm axes[NUM_AXES]) {
     // the MPI communicators belong to the mesh, which frees them; the NCCL
     // ones are ours

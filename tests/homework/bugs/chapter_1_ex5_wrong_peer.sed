@@ -1,0 +1,4 @@
+# file: 01_collectives/collectives.c
+# Recursive doubling swaps with virtual rank vrank^mask as if it were a real
+# rank: right when p is a power of two, wrong peer otherwise.
+s/int peer = vpeer < rem ? 2 \* vpeer + 1 : vpeer + rem;/int peer = vpeer;/

@@ -1,0 +1,288 @@
+#!/usr/bin/env python3
+"""Homework mode: the exercises marked in a chapter's code, and the student tree.
+
+  cut.py check [N ...]          the markers of chapters N (all chapters if none)
+                                are well formed; exit 1 with one line per problem
+  cut.py list N                 the exercises of chapter N, one a line
+  cut.py student N DEST         writes the student tree of chapter N to DEST
+
+An exercise is a region of a chapter's own code (NN_name/*.c, *.h):
+
+    // EXERCISE n: <one-line task>
+    ...the solution...
+    // END EXERCISE n
+
+Well formed: every region opens and closes in the same file, regions do not
+nest, the numbers of a chapter are 1..k with no gap or repeat, every task line
+says something. A chapter with markers has 3 to 6 exercises; a chapter
+without any has no homework yet.
+
+The student tree is the whole repository (the files git tracks, or every file
+but build/ outside git) with each region of chapter N replaced by a stub that
+compiles under the project's flags (-Wall -Wextra -Werror: the enclosing
+function's parameters are cast to void) and stops the run at once with
+"exercise n of chapter N is not done" (exercise_not_done, common/common.h),
+plus HOMEWORK.md. The instructor's material stays out: docs/answers.md and
+the buggy variants of tests/homework/bugs/ (their context lines are the
+solutions).
+"""
+import os
+import re
+import shutil
+import subprocess
+import sys
+
+ROOT = os.path.normpath(os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", ".."))
+OPEN = re.compile(r"^(\s*)// EXERCISE (\d+): ?(.*)$")
+CLOSE = re.compile(r"^\s*// END EXERCISE (\d+)\s*$")
+ANY = re.compile(r"//\s*(END\s+)?EXERCISE\b")
+# kept out of a student tree (paths relative to the root)
+INSTRUCTOR_ONLY = ("docs/answers.md", "tests/homework/bugs/")
+
+
+def chapter_dir(n):
+    for d in sorted(os.listdir(ROOT)):
+        if re.match(r"^0*%d_" % int(n), d) and os.path.isdir(os.path.join(ROOT, d)):
+            return d
+    return None
+
+
+def chapters():
+    return sorted(int(d.split("_")[0]) for d in os.listdir(ROOT)
+                  if re.match(r"^\d\d_", d) and os.path.isfile(os.path.join(ROOT, d, "main.c")))
+
+
+def chapter_files(n):
+    d = chapter_dir(n)
+    if d is None:
+        return []
+    return sorted(os.path.join(d, f) for f in os.listdir(os.path.join(ROOT, d)) if f.endswith((".c", ".h")))
+
+
+def regions(n):
+    """(exercises, problems): exercises as dicts (n, task, path, first, last
+    line indexes of the markers, indent)."""
+    found, problems = [], []
+    for path in chapter_files(n):
+        lines = open(os.path.join(ROOT, path)).read().split("\n")
+        current = None
+        for i, line in enumerate(lines):
+            m, c = OPEN.match(line), CLOSE.match(line)
+            where = "%s:%d" % (path, i + 1)
+            if m:
+                if current:
+                    problems.append("%s: EXERCISE %s opens inside EXERCISE %d (regions do not nest)" % (where, m.group(2), current["n"]))
+                    continue
+                task = m.group(3).strip()
+                if not task:
+                    problems.append("%s: EXERCISE %s has no task after the colon" % (where, m.group(2)))
+                current = {"n": int(m.group(2)), "task": task, "path": path, "first": i, "indent": m.group(1)}
+            elif c:
+                if not current:
+                    problems.append("%s: END EXERCISE %s closes nothing" % (where, c.group(1)))
+                elif int(c.group(1)) != current["n"]:
+                    problems.append("%s: END EXERCISE %s closes EXERCISE %d" % (where, c.group(1), current["n"]))
+                    current = None
+                else:
+                    current["last"] = i
+                    found.append(current)
+                    current = None
+            elif ANY.search(line):
+                problems.append("%s: a malformed marker (write '// EXERCISE n: task' and '// END EXERCISE n'): %s" % (where, line.strip()))
+        if current:
+            problems.append("%s:%d: EXERCISE %d is never closed" % (path, current["first"] + 1, current["n"]))
+    numbers = sorted(e["n"] for e in found)
+    for k in set(numbers):
+        if numbers.count(k) > 1:
+            problems.append("chapter %d: EXERCISE %d is marked %d times" % (n, k, numbers.count(k)))
+    if found and sorted(set(numbers)) != list(range(1, max(numbers) + 1)):
+        problems.append("chapter %d: exercises are numbered %s, not 1..%d" % (n, sorted(set(numbers)), max(numbers)))
+    if found and not 3 <= len(set(numbers)) <= 6:
+        problems.append("chapter %d: %d exercises; a chapter marks 3 to 6" % (n, len(set(numbers))))
+    found.sort(key=lambda e: e["n"])
+    return found, problems
+
+
+def enclosing_params(lines, first):
+    """The parameter names of the function whose body holds line `first`.
+    A function definition starts at column 0 in this code base: the nearest
+    such line above (not a comment, preprocessor line or closing brace) starts
+    the signature, which ends at the first line ending in '{'."""
+    j = first - 1
+    while j >= 0 and (not lines[j][:1] or lines[j][:1].isspace() or lines[j].startswith(("//", "#", "}"))):
+        j -= 1
+    if j < 0:
+        return []
+    k = j
+    while k < first and not lines[k].rstrip().endswith("{"):
+        k += 1
+    sig = " ".join(l.strip() for l in lines[j:k + 1])
+    if "(" not in sig or ")" not in sig:
+        return []
+    inside = sig[sig.index("(") + 1:sig.rindex(")")]
+    names = []
+    for p in inside.split(","):
+        p = re.sub(r"\[.*?\]", "", p).strip()
+        if not p or p == "void" or p == "...":
+            continue
+        m = re.search(r"(\w+)\s*$", p)
+        if m:
+            names.append(m.group(1))
+    return names
+
+
+def stub(ex, chapter, lines):
+    ind = ex["indent"]
+    out = [lines[ex["first"]],
+           ind + "// Your code here: HOMEWORK.md says what to build and how it is graded.",
+           ind + "// Until then the stub below stops the run.",]
+    params = enclosing_params(lines, ex["first"])
+    if params:
+        out.append(ind + " ".join("(void)%s;" % p for p in params))
+    out.append(ind + "exercise_not_done(%d, %d);" % (chapter, ex["n"]))
+    out.append(lines[ex["last"]])
+    return out
+
+
+def tracked_files():
+    try:
+        out = subprocess.run(["git", "ls-files", "-z"], cwd=ROOT, capture_output=True, check=True).stdout
+        files = [f for f in out.decode().split("\0") if f]
+        if files:
+            return files
+    except (OSError, subprocess.CalledProcessError):
+        pass
+    files = []
+    for d, subdirs, names in os.walk(ROOT):
+        rel = os.path.relpath(d, ROOT)
+        subdirs[:] = [s for s in subdirs if not (rel == "." and s in ("build", ".git"))]
+        files += [os.path.normpath(os.path.join(rel, n)) for n in names]
+    return files
+
+
+def grade_entries(chapter):
+    """(exercise, points, title) and (exercise, what is checked) of
+    tests/homework/chapter_N.grade."""
+    path = os.path.join(ROOT, "tests", "homework", "chapter_%d.grade" % chapter)
+    exercises, checks = [], []
+    if not os.path.exists(path):
+        return exercises, checks
+    for line in open(path):
+        m = re.match(r'^exercise (\d+) (\d+) "(.*)"', line)
+        if m:
+            exercises.append((int(m.group(1)), int(m.group(2)), m.group(3)))
+        m = re.match(r'^check (\d+) "(.*?)"', line)
+        if m:
+            checks.append((int(m.group(1)), m.group(2)))
+    return exercises, checks
+
+
+def homework_md(chapter, exs):
+    entries, checks = grade_entries(chapter)
+    points = {e: (p, t) for e, p, t in entries}
+    total = sum(p for _, p, _ in entries)
+    d = chapter_dir(chapter)
+    doc = "docs/%s.md" % d
+    out = ["# Homework: chapter %d (%s)" % (chapter, d), "",
+           "This tree is the course with %d regions of chapter %d's code cut out. Each is" % (len(exs), chapter),
+           "marked `// EXERCISE n: task` ... `// END EXERCISE n`; in between, a stub stops",
+           "every run that reaches it with `exercise n of chapter %d is not done`." % chapter,
+           "Replace the stub (keep the two marker lines) until the grader gives full marks.",
+           "The lesson, %s, explains the ideas; its section *Exercises* has hints." % doc, "",
+           "| # | where | task | points |", "|---|---|---|---|"]
+    for e in exs:
+        p = points.get(e["n"], (0, ""))[0]
+        out.append("| %d | `%s:%d` | %s | %d |" % (e["n"], e["path"], e["first"] + 1, e["task"], p))
+    out += ["", "## Build, run, grade", "",
+            "    make -j2 all                  # the CPU build; it compiles with the stubs in place",
+            "    make grade CHAPTER=%d          # builds, then runs each exercise's checks" % chapter, "",
+            "The grader prints PASS or FAIL for every check, a score per exercise (all of",
+            "an exercise's points when every one of its checks passes, none otherwise),",
+            "and as its last line `grade chapter %d: S / %d`. Only exercise k:" % (chapter, total),
+            "`make grade CHAPTER=%d EXERCISE=k`." % chapter, "",
+            "## What each exercise is graded on", ""]
+    for e in exs:
+        out.append("%d. %s" % (e["n"], points.get(e["n"], (0, e["task"]))[1] or e["task"]))
+        for k, what in checks:
+            if k == e["n"]:
+                out.append("   - %s" % what)
+    out += ["", "The invariant (every chapter on every mesh reproduces chapter 0's per-step",
+            "losses and gradient norms within 3e-5 and 1e-5) is the main check: a wrong",
+            "chunk, peer or scale trains a different model. `make docs-check` does not",
+            "hold in this tree: the docs quote the full code.", ""]
+    return "\n".join(out)
+
+
+def write_student(chapter, dest):
+    exs, problems = regions(chapter)
+    if problems:
+        sys.exit("error: chapter %d's exercise markers are not well formed:\n  %s" % (chapter, "\n  ".join(problems)))
+    if not exs:
+        sys.exit("error: chapter %d has no exercises marked yet (chapters with homework: %s)"
+                 % (chapter, ", ".join(str(c) for c in chapters() if regions(c)[0]) or "none"))
+    dest = os.path.abspath(dest)
+    if os.path.realpath(dest).startswith(os.path.realpath(ROOT) + os.sep) and not os.path.realpath(dest).startswith(
+            os.path.realpath(os.path.join(ROOT, "build")) + os.sep):
+        sys.exit("error: DEST=%s lies inside the repository; give a path outside it or under build/" % dest)
+    if os.path.exists(dest) and os.listdir(dest):
+        sys.exit("error: DEST=%s exists and is not empty; remove it or give another DEST" % dest)
+    by_path = {}
+    for e in exs:
+        by_path.setdefault(e["path"], []).append(e)
+    for f in tracked_files():
+        if f.startswith(INSTRUCTOR_ONLY):
+            continue
+        src, dst = os.path.join(ROOT, f), os.path.join(dest, f)
+        if not os.path.isfile(src):
+            continue
+        os.makedirs(os.path.dirname(dst), exist_ok=True)
+        if f in by_path:
+            lines = open(src).read().split("\n")
+            out, at = [], 0
+            for e in sorted(by_path[f], key=lambda e: e["first"]):
+                out += lines[at:e["first"]] + stub(e, chapter, lines)
+                at = e["last"] + 1
+            out += lines[at:]
+            open(dst, "w").write("\n".join(out))
+            shutil.copymode(src, dst)
+        else:
+            shutil.copy2(src, dst)  # keeps the time stamp: a copied build stays valid
+    open(os.path.join(dest, "HOMEWORK.md"), "w").write(homework_md(chapter, exs))
+    print("wrote the student tree of chapter %d to %s: %d exercises stubbed (%s), HOMEWORK.md"
+          % (chapter, dest, len(exs), ", ".join("%d" % e["n"] for e in exs)))
+
+
+def main(argv):
+    if len(argv) < 2 or argv[1] not in ("check", "list", "student"):
+        sys.exit(__doc__)
+    cmd = argv[1]
+    if cmd == "check":
+        which = [int(a) for a in argv[2:]] or chapters()
+        bad = 0
+        for c in which:
+            exs, problems = regions(c)
+            for p in problems:
+                print("error: %s" % p)
+            bad += len(problems)
+            if exs and not problems:
+                print("chapter %d: %d exercises, markers well formed" % (c, len(exs)))
+        sys.exit(1 if bad else 0)
+    if len(argv) < 3 or not argv[2].isdigit():
+        sys.exit("error: give a chapter number, e.g. CHAPTER=1")
+    chapter = int(argv[2])
+    if chapter_dir(chapter) is None:
+        sys.exit("error: there is no chapter %d (chapters: %s)" % (chapter, " ".join(map(str, chapters()))))
+    if cmd == "list":
+        exs, problems = regions(chapter)
+        for p in problems:
+            print("error: %s" % p)
+        for e in exs:
+            print("%d %s:%d %s" % (e["n"], e["path"], e["first"] + 1, e["task"]))
+        sys.exit(1 if problems else 0)
+    if len(argv) < 4:
+        sys.exit("error: give the destination directory (DEST=dir)")
+    write_student(chapter, argv[3])
+
+
+if __name__ == "__main__":
+    main(sys.argv)
