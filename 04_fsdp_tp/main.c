@@ -565,6 +565,7 @@ int main(int argc, char** argv) {
                    "batch, and FSDP (chapter 3) over --dp groups. tp is the inner axis (neighbouring ranks).",
                    extra, sizeof(extra) / sizeof(extra[0]), (1u << AXIS_DP) | (1u << AXIS_TP)))
         return 0;
+    run_refuse_flags(&run, RUN_NO_CHECKPOINTS | RUN_NO_RECOMPUTE, "chapter 4");
     if (zero < 1 || zero > 3) fail_all("--zero %d: the stages are 1, 2 and 3", zero);
     if ((prefetch != 0 && prefetch != 1) || (reshard != 0 && reshard != 1))
         fail_all("--prefetch and --reshard take 0 or 1");

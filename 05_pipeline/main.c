@@ -765,6 +765,7 @@ int main(int argc, char** argv) {
                    "Chapter 5: pipeline parallelism: stages, microbatches, GPipe, 1F1B, interleaved and zero-bubble schedules.",
                    extra, sizeof(extra) / sizeof(extra[0]), (1u << AXIS_DP) | (1u << AXIS_PP)))
         return 0;
+    run_refuse_flags(&run, RUN_NO_RECOMPUTE, "chapter 5");
     const TrainArgs* args = &run.args;
     const TrainSetup* setup = &run.setup;
     const GPTConfig* cfg = &setup->cfg;

@@ -552,6 +552,7 @@ int main(int argc, char** argv) {
                    "dispatch, experts, all-to-all-v combine; replicated gradients over dp x ep, experts over dp.",
                    extra, sizeof(extra) / sizeof(extra[0]), (1u << AXIS_DP) | (1u << AXIS_EP)))
         return 0;
+    run_refuse_flags(&run, RUN_NO_CHECKPOINTS | RUN_NO_RECOMPUTE, "chapter 7");
     const TrainArgs* args = &run.args;
     const TrainSetup* setup = &run.setup;
     MoeConfig cfg = {.gpt = setup->cfg, .experts = experts, .top_k = top_k,

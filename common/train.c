@@ -273,6 +273,15 @@ int run_start(Run* r, int argc, char** argv, const char* program, const char* su
     return 1;
 }
 
+void run_refuse_flags(const Run* r, unsigned missing, const char* chapter) {
+    const TrainArgs* a = &r->args;
+    if ((missing & RUN_NO_CHECKPOINTS) && (a->ckpt_dir || a->resume || a->save_every || a->async_save))
+        fail_all("%s does not save or resume training state yet: drop --ckpt-dir, --resume, --save-every and "
+                 "--async-save (--save FILE.bin writes the weights)", chapter);
+    if ((missing & RUN_NO_RECOMPUTE) && a->recompute != RECOMPUTE_NONE)
+        fail_all("%s keeps its activations its own way and does not recompute them yet: drop --recompute", chapter);
+}
+
 void run_finish(Run* r) {
     trace_finish();
     train_setup_free(&r->setup);

@@ -62,6 +62,13 @@ int run_start(Run* r, int argc, char** argv, const char* program, const char* su
               const ArgSpec* extra, int n_extra, unsigned axes);
 void run_finish(Run* r);
 
+// Shared flags a chapter does not implement yet: it names them here, right
+// after run_start, and a run that sets one ends with a message instead of
+// silently ignoring it. Collective (every rank sees the same flags).
+#define RUN_NO_CHECKPOINTS 1u  // --ckpt-dir, --resume, --save-every, --async-save
+#define RUN_NO_RECOMPUTE 2u    // --recompute other than none
+void run_refuse_flags(const Run* r, unsigned missing, const char* chapter);
+
 // ---------------------------------------------------------------- what a mesh needs of the model
 // What a chapter splits along each axis, beyond what every chapter splits
 // (the global batch over dp). Zero fields need nothing.

@@ -130,4 +130,8 @@ error_case chapter-4 2 "--pp 2" "--pp"
 error_case chapter-4 4 "--tp 2" "has 2 ranks but mpirun started 4"
 help_case chapter-4 "--tp N"
 
+# shared flags this chapter does not implement yet are refused, not ignored
+error_case chapter-4 1 "--ckpt-dir $TEST_TMPDIR/ck4" "chapter 4 does not save or resume training state yet"
+error_case chapter-4 1 "--recompute full" "chapter 4 keeps its activations its own way and does not recompute them yet"
+
 finish

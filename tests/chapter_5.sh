@@ -147,4 +147,7 @@ error_case chapter-5 2 "--pp 2 --model tiny6 --schedule interleaved --virtual 3 
 error_case chapter-5 2 "--pp 2 --tp 2 --peak-gflops 10" "this chapter has no tp axis"
 help_case chapter-5 "--schedule S"
 
+# shared flags this chapter does not implement yet are refused, not ignored
+error_case chapter-5 2 "--pp 2 --recompute full" "chapter 5 keeps its activations its own way and does not recompute them yet"
+
 finish

@@ -117,4 +117,8 @@ error_case chapter-7 1 "--experts 4 --top-k 5" "--top-k must be between 1 and --
 error_case chapter-7 1 "--moe-every 3" "no layer has experts"
 error_case chapter-7 1 "--capacity-factor -1" "--capacity-factor must be >= 0"
 help_case chapter-7 "--capacity-factor"
+# shared flags this chapter does not implement yet are refused, not ignored
+error_case chapter-7 1 "--ckpt-dir $TEST_TMPDIR/ck7" "chapter 7 does not save or resume training state yet"
+error_case chapter-7 1 "--recompute full" "chapter 7 keeps its activations its own way and does not recompute them yet"
+
 finish
