@@ -128,18 +128,14 @@ const char* checkpoint_read_range(const char* path, const GPTConfig* cfg, float*
 const char* checkpoint_write(const char* path, const GPTConfig* cfg, const float* params,
                              char* msg, size_t msg_len) {
     // write next to the target, then rename: a reader never sees half a file
-    size_t tmp_len = strlen(path) + 32;
-    char* tmp = xmalloc(tmp_len);
-    snprintf(tmp, tmp_len, "%s.tmp.%d", path, (int)getpid());
-    tmpfile_guard_begin(tmp);
-    FILE* f = fopen(tmp, "wb");
-    if (!f) {
-        int err = errno;
-        tmpfile_guard_end();
-        snprintf(msg, msg_len, "cannot write checkpoint '%s' (through the temporary file '%s'): %s", path, tmp, strerror(err));
-        free(tmp);
+    AtomicFile out;
+    int err = atomic_open(&out, path);
+    if (err) {
+        snprintf(msg, msg_len, "cannot write checkpoint '%s' (through a temporary file next to it): %s", path,
+                 strerror(err));
         return msg;
     }
+    FILE* f = out.f;
     int header[256] = {0};
     header[0] = CKPT_MAGIC;
     header[1] = CKPT_VERSION_FP32;
@@ -156,23 +152,10 @@ const char* checkpoint_write(const char* path, const GPTConfig* cfg, const float
         for (int l = 0; ok && l < layers; l++)
             ok = fwrite(params + gpt_tensor_offset(cfg, t, l), sizeof(float), n, f) == n;
     }
-    int err = ok ? 0 : errno;  // what made a write fail
-    if (fclose(f) != 0 && ok) {
-        ok = 0;
-        err = errno;
-    }
-    if (ok && rename(tmp, path) != 0) {
-        ok = 0;
-        err = errno;
-    }
-    if (!ok) {
+    err = atomic_close(&out, ok);
+    if (err) {
         snprintf(msg, msg_len, "writing checkpoint '%s' failed: %s", path, strerror(err));
-        remove(tmp);
-        tmpfile_guard_end();
-        free(tmp);
         return msg;
     }
-    tmpfile_guard_end();
-    free(tmp);
     return NULL;
 }

@@ -1,6 +1,7 @@
 // common.c: error handling and small helpers (see common.h).
 #include "common.h"
 
+#include <errno.h>
 #include <mpi.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -134,4 +135,31 @@ void tmpfile_guard_end(void) {
     sigaction(SIGTERM, &guard_old_term, NULL);
     sigaction(SIGXFSZ, &guard_old_xfsz, NULL);
     guard_path[0] = 0;
+}
+
+int atomic_open(AtomicFile* a, const char* path) {
+    size_t len = strlen(path) + 32;
+    a->path = path;
+    a->tmp = xmalloc(len);
+    snprintf(a->tmp, len, "%s.tmp.%d", path, (int)getpid());
+    tmpfile_guard_begin(a->tmp);
+    a->f = fopen(a->tmp, "wb");
+    if (a->f) return 0;
+    int err = errno;
+    tmpfile_guard_end();
+    free(a->tmp);
+    a->tmp = NULL;
+    return err;
+}
+
+int atomic_close(AtomicFile* a, int ok) {
+    int err = ok ? 0 : (errno ? errno : EIO);  // what made a write fail
+    if (fclose(a->f) != 0 && !err) err = errno;
+    if (!err && rename(a->tmp, a->path) != 0) err = errno;
+    if (err) remove(a->tmp);
+    tmpfile_guard_end();
+    free(a->tmp);
+    a->tmp = NULL;
+    a->f = NULL;
+    return err;
 }

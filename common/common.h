@@ -11,6 +11,7 @@
 #define COMMON_H
 
 #include <stddef.h>
+#include <stdio.h>
 #include <stdint.h>
 
 // Prints "file:line: message" with the rank, then aborts every rank.
@@ -57,6 +58,19 @@ void* xcalloc(size_t count, size_t size);
 // remains; the target is never half written.
 void tmpfile_guard_begin(const char* tmp_path);
 void tmpfile_guard_end(void);
+
+// One atomic file write, with the guard above: atomic_open creates
+// PATH.tmp.PID and returns 0 or the errno; the caller writes to a->f and
+// passes to atomic_close whether every write succeeded. atomic_close renames
+// the temporary file over path, or removes it, and returns 0 or the errno of
+// what failed (the first failed write, the close, or the rename).
+typedef struct {
+    FILE* f;
+    char* tmp;
+    const char* path;
+} AtomicFile;
+int atomic_open(AtomicFile* a, const char* path);
+int atomic_close(AtomicFile* a, int ok);
 
 // This process's rank in MPI_COMM_WORLD (0 before MPI is initialised).
 int world_rank(void);

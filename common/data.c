@@ -266,42 +266,24 @@ const char* data_write_tokens(const char* path, const uint16_t* tokens, size_t c
         snprintf(msg, msg_len, "'%s': %zu tokens do not fit the int32 count of the file header", path, count);
         return msg;
     }
-    size_t tmp_len = strlen(path) + 32;
-    char* tmp = xmalloc(tmp_len);
-    snprintf(tmp, tmp_len, "%s.tmp.%d", path, (int)getpid());
-    tmpfile_guard_begin(tmp);
-    FILE* f = fopen(tmp, "wb");
-    if (!f) {
-        int err = errno;
-        tmpfile_guard_end();
-        snprintf(msg, msg_len, "cannot write '%s' (through the temporary file '%s'): %s", path, tmp, strerror(err));
-        free(tmp);
+    AtomicFile out;  // a temporary file renamed over the target when complete
+    int err = atomic_open(&out, path);
+    if (err) {
+        snprintf(msg, msg_len, "cannot write '%s' (through a temporary file next to it): %s", path, strerror(err));
         return msg;
     }
+    FILE* f = out.f;
     int header[256] = {0};
     header[0] = TOKENS_MAGIC;
     header[1] = TOKENS_VERSION;
     header[2] = (int)count;
     int ok = fwrite(header, sizeof(int), 256, f) == 256;
     ok = ok && fwrite(tokens, sizeof(uint16_t), count, f) == count;
-    int err = ok ? 0 : errno;  // what made a write fail
-    if (fclose(f) != 0 && ok) {
-        ok = 0;
-        err = errno;
-    }
-    if (ok && rename(tmp, path) != 0) {
-        ok = 0;
-        err = errno;
-    }
-    if (!ok) {
+    err = atomic_close(&out, ok);
+    if (err) {
         snprintf(msg, msg_len, "writing '%s' failed: %s", path, strerror(err));
-        remove(tmp);
-        tmpfile_guard_end();
-        free(tmp);
         return msg;
     }
-    tmpfile_guard_end();
-    free(tmp);
     return NULL;
 }
 
