@@ -283,13 +283,9 @@ const char* moe_checkpoint_read(const char* path, const MoeConfig* c, float* sha
 
 const char* moe_checkpoint_write(const char* path, const MoeConfig* c, const float* shared,
                                  const float* experts, char* msg, size_t len) {
-    size_t tmp_len = strlen(path) + 32;
-    char* tmp = xmalloc(tmp_len);
-    snprintf(tmp, tmp_len, "%s.tmp.%d", path, (int)getpid());
-    tmpfile_guard_begin(tmp);
-    FILE* f = fopen(tmp, "wb");
-    int ok = f != NULL, err = ok ? 0 : errno;
-    if (ok) {
+    AtomicFile out;  // a temporary file renamed over the target when complete
+    int err = atomic_open(&out, path);
+    if (!err) {
         int h[256] = {0};
         h[0] = CKPT_MAGIC;
         h[1] = MOE_CHECKPOINT_VERSION;
@@ -304,16 +300,11 @@ const char* moe_checkpoint_write(const char* path, const MoeConfig* c, const flo
         h[10] = c->hidden;
         h[11] = c->moe_every;
         size_t ns = moe_num_shared(c), ne = (size_t)moe_num_moe_layers(c) * c->experts * moe_expert_numel(c);
-        ok = fwrite(h, sizeof(int), 256, f) == 256 && fwrite(shared, sizeof(float), ns, f) == ns &&
-             fwrite(experts, sizeof(float), ne, f) == ne;
-        if (!ok) err = errno;
-        if (fclose(f) != 0 && ok) ok = 0, err = errno;
-        if (ok && rename(tmp, path) != 0) ok = 0, err = errno;
-        if (!ok) remove(tmp);
+        int ok = fwrite(h, sizeof(int), 256, out.f) == 256 && fwrite(shared, sizeof(float), ns, out.f) == ns &&
+                 fwrite(experts, sizeof(float), ne, out.f) == ne;
+        err = atomic_close(&out, ok);
     }
-    tmpfile_guard_end();
-    free(tmp);
-    if (!ok) {
+    if (err) {
         snprintf(msg, len, "writing checkpoint '%s' failed: %s", path, strerror(err));
         return msg;
     }

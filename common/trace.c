@@ -170,20 +170,13 @@ void trace_finish(void) {
     if (rank == 0) {
         for (int r = 0; r < world; r++) counts[r] /= (int)sizeof(Span);
         // write next to the target, then rename: never a half file
-        char tmp[4200];
-        snprintf(tmp, sizeof(tmp), "%s.tmp.%d", path_, (int)getpid());
-        tmpfile_guard_begin(tmp);
-        FILE* f = fopen(tmp, "w");
-        int ok = f != NULL && write_events(f, all, counts, world);
-        int err = errno;
-        if (f && fclose(f) != 0 && ok) ok = 0, err = errno;
-        if (ok && rename(tmp, path_) != 0) ok = 0, err = errno;
-        if (!ok) {
-            remove(tmp);
+        AtomicFile out;
+        int err = atomic_open(&out, path_);
+        if (!err) err = atomic_close(&out, write_events(out.f, all, counts, world));
+        if (err) {
             snprintf(msg, sizeof(msg), "cannot write the trace '%s': %s", path_, strerror(err));
             failed = 1;
         }
-        tmpfile_guard_end();
     }
     free(all);
     free(counts);
