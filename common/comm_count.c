@@ -171,3 +171,29 @@ void comm_request_done(const CommRequest* req) {
 }
 
 void comm_count_quiet(int on) { quiet += on ? 1 : -1; }
+
+MPI_Comm comm_group_split_axes(const Mesh* mesh, unsigned axes, int* slot) {
+    CHECK(axes != 0 && axes < (1u << NUM_AXES), "comm_create_group: 0x%x is not a set of mesh axes", axes);
+    char name[64];
+    comm_group_slot_name(mesh, axes, name, sizeof(name));
+    *slot = comm_slot_for(name);
+    MPI_Comm mpi;
+    // key: the world rank, so group ranks follow the mesh's rank order
+    MPI_CHECK(MPI_Comm_split(MPI_COMM_WORLD, comm_group_color(mesh, axes), mesh->rank, &mpi));
+    return mpi;
+}
+
+MPI_Comm comm_group_split_ranks(const int* ranks, int n, const char* name, int* slot) {
+    int world_size = 1, me = world_rank();
+    MPI_CHECK(MPI_Comm_size(MPI_COMM_WORLD, &world_size));
+    char msg[256];
+    const char* bad = comm_check_rank_list(ranks, n, world_size, msg, sizeof(msg));
+    if (bad) fail_all("%s", bad);  // the same list, so the same verdict, on every rank
+    int index = -1;
+    for (int i = 0; i < n; i++)
+        if (ranks[i] == me) index = i;
+    MPI_Comm mpi;
+    MPI_CHECK(MPI_Comm_split(MPI_COMM_WORLD, index >= 0 ? 0 : MPI_UNDEFINED, index, &mpi));
+    *slot = comm_slot_for(name);
+    return mpi;
+}

@@ -16,6 +16,13 @@ void comm_group_slot_name(const Mesh* mesh, unsigned axes, char* out, size_t len
 int comm_group_color(const Mesh* mesh, unsigned axes);
 // NULL if ranks[0..n) is a valid list of distinct world ranks, else msg.
 const char* comm_check_rank_list(const int* ranks, int n, int world_size, char* msg, size_t len);
+// The MPI side of a group, the same on both backends (each then makes its
+// own Comm from it). Over a set of mesh axes: every rank is in one group;
+// *slot gets the group's counter slot. Over listed ranks: a bad list ends
+// every rank with a message; every rank registers the slot (the summary's
+// slots agree), and a rank not listed gets MPI_COMM_NULL.
+MPI_Comm comm_group_split_axes(const Mesh* mesh, unsigned axes, int* slot);
+MPI_Comm comm_group_split_ranks(const int* ranks, int n, const char* name, int* slot);
 
 // Counts one call on c's axis: bytes is the size it works on per rank
 // (nccl-tests' "size"), factor nccl-tests' bus factor for it.

@@ -129,30 +129,17 @@ void comm_destroy(Comm* world, Comm axes[NUM_AXES]) {
 }
 
 void comm_create_group(Comm* g, const Mesh* mesh, unsigned axes) {
-    CHECK(axes != 0 && axes < (1u << NUM_AXES), "comm_create_group: 0x%x is not a set of mesh axes", axes);
-    char name[64];
-    comm_group_slot_name(mesh, axes, name, sizeof(name));
-    MPI_Comm mpi;
-    // key: the world rank, so group ranks follow the mesh's rank order
-    MPI_CHECK(MPI_Comm_split(MPI_COMM_WORLD, comm_group_color(mesh, axes), mesh->rank, &mpi));
-    make_comm(g, mpi, comm_slot_for(name));
+    int slot;
+    MPI_Comm mpi = comm_group_split_axes(mesh, axes, &slot);
+    make_comm(g, mpi, slot);
     g->axes = axes;
     g->owns_mpi = 1;
 }
 
 void comm_create_group_ranks(Comm* g, const int* ranks, int n, const char* name) {
-    int world_size = 1, me = world_rank();
-    MPI_CHECK(MPI_Comm_size(MPI_COMM_WORLD, &world_size));
-    char msg[256];
-    const char* bad = comm_check_rank_list(ranks, n, world_size, msg, sizeof(msg));
-    if (bad) fail_all("%s", bad);  // the same list, so the same verdict, on every rank
-    int index = -1;
-    for (int i = 0; i < n; i++)
-        if (ranks[i] == me) index = i;
-    MPI_Comm mpi;
-    MPI_CHECK(MPI_Comm_split(MPI_COMM_WORLD, index >= 0 ? 0 : MPI_UNDEFINED, index, &mpi));
-    int slot = comm_slot_for(name);  // every rank registers it: the summary's slots agree
-    if (index < 0) {
+    int slot;
+    MPI_Comm mpi = comm_group_split_ranks(ranks, n, name, &slot);
+    if (mpi == MPI_COMM_NULL) {  // not a member
         memset(g, 0, sizeof(*g));
         g->mpi = MPI_COMM_NULL;
         g->axis = slot;
