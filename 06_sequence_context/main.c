@@ -184,6 +184,7 @@ static void ring_attention_forward(CPModel* m, const float* qkv, float* atty, fl
 // and passes it on; after cp hops (one more than K/V makes) it is home.
 static void ring_attention_backward(CPModel* m, const float* qkv, const float* atty, const float* lse,
                                     const float* datty, float* dqkv) {
+    // EXERCISE 3: ring backward: K/V go around again; each rank adds its queries' dK/dV share to the partial sum that arrived and sends it on; after cp hops it is home in dqkv
     const int C = m->cfg.channels, NH = m->cfg.num_heads, N = m->N;
     const int n = m->cpc->size, r = m->cpc->rank, right = (r + 1) % n, left = (r - 1 + n) % n;
     const size_t kv_count = (size_t)N * 2 * C;
@@ -219,6 +220,7 @@ static void ring_attention_backward(CPModel* m, const float* qkv, const float* a
     // home: d of my keys and values from every query of the sequence (on
     // one rank it never left)
     ops_copy_2d(dqkv + C, 3 * C, n > 1 ? m->dkv_in : m->dkv[0], 2 * C, N, 2 * C);
+    // END EXERCISE 3
 }
 
 // ---------------------------------------------------------------- Ulysses attention
@@ -229,6 +231,7 @@ static void ring_attention_backward(CPModel* m, const float* qkv, const float* a
 // block j of the send buffer with head group j's columns of my tokens,
 // exchange, and lay each rank's tokens at their positions.
 static void seq_to_heads(CPModel* m, float* dst, const float* src, int w) {
+    // EXERCISE 4: Ulysses: pack head group j's columns of my tokens into block j, all-to-all over cp, lay each rank's tokens at their positions in whole sequences
     const CPShard* sh = &m->sh;
     const int n = m->cpc->size, C = m->cfg.channels, c = C / n, wc = w * c, N = m->N;
     const size_t block = (size_t)N * wc;
@@ -241,6 +244,7 @@ static void seq_to_heads(CPModel* m, float* dst, const float* src, int w) {
             for (int b = 0; b < sh->B; b++)
                 ops_copy(dst + ((size_t)b * sh->T + cp_shard_pos(sh, s, p)) * wc,
                          m->recv + s * block + ((size_t)p * sh->B + b) * sh->len * wc, (size_t)sh->len * wc);
+    // END EXERCISE 4
 }
 
 // Head shards back to sequence shards: the inverse of seq_to_heads.
