@@ -65,7 +65,7 @@ static const char* balance_names[] = {"none", "zigzag"};
 //   balance none, cp = 4, T = 16        balance zigzag, cp = 4, T = 16
 //   positions 0-3  4-7  8-11 12-15      0-1 2-3 4-5 6-7 8-9 10-11 12-13 14-15
 //   rank      0    1    2    3          0   1   2   3   3   2     1     0
-//
+
 // ---------------------------------------------------------------- the model on a cp rank
 typedef struct {
     BlockActs a;   // the block's activations on my N tokens (a.att unused)
@@ -107,7 +107,7 @@ typedef struct {
 } CPModel;
 
 static LayerActs layer_at(const CPModel* m, int l) {
-    int N = m->N, C = m->cfg.channels, NH = m->cfg.num_heads;
+    int N = m->N, C = m->cfg.channels;
     size_t NC = (size_t)N * C;
     float* p = m->layers + (size_t)l * m->layer_numel;
     LayerActs la = {0};
@@ -132,7 +132,6 @@ static LayerActs layer_at(const CPModel* m, int l) {
         la.qkv_h = p, p += 3 * NC;
         la.att_h = p;
     }
-    (void)NH;
     return la;
 }
 
