@@ -80,22 +80,26 @@ void attention_backward(float* dqkv, float* datt, const float* dout, const float
 //   m = max(m1, m2),  l = l1 e^(m1-m) + l2 e^(m2-m),  o = o1 e^(m1-m) + o2 e^(m2-m),
 // and the attention output of the row is o / l.
 //
-// q_qkv (B, Tq, 3C) is the qkv buffer of the query chunk (only its queries are
-// read); kv_qkv (B, Tk, 3C) that of the key/value chunk (only its keys and
-// values are read); the two may be the same buffer. Query i sits at global
-// position q0 + i, key j at k0 + j, and key j is visible to query i iff
-// k0 + j <= q0 + i (causal). Scores are q.k / sqrt(hs), as in attention_forward.
-// The per-row statistics rowmax, sumexp, lse are (B, Tq, NH): one value per
-// (token, head), heads side by side as in out.
+// Queries and keys/values come through separate pointers and row strides, so
+// a caller passes them wherever they live: q (B*Tq rows, one every q_stride
+// floats) holds each query token's C values, heads side by side; k and v
+// (B*Tk rows, one every kv_stride floats) the keys and values of the kv
+// chunk. Out of a (B, T, 3C) qkv buffer: q = qkv, k = qkv + C, v = qkv + 2C,
+// both strides 3C. Out of a packed (B, Tk, 2C) [k | v] buffer (what a ring
+// sends, so only K and V travel): k = kv, v = kv + C, kv_stride 2C. Query i
+// sits at global position q0 + i, key j at k0 + j, and key j is visible to
+// query i iff k0 + j <= q0 + i (causal). Scores are q.k / sqrt(hs), as in
+// attention_forward. The per-row statistics rowmax, sumexp, lse are
+// (B, Tq, NH): one value per (token, head), heads side by side as in out.
 //
 // Forward WRITES (overwrites) the partials of one (query chunk, kv chunk) pair:
 // rowmax = max visible score, sumexp = sum of exp(score - rowmax) over the
 // visible keys, out (B, Tq, C) = the same sum of exp(score - rowmax) * v,
 // NOT normalised. A row that sees no key of this chunk gets rowmax = -INFINITY,
 // sumexp = 0, out = 0.
-void attention_chunk_forward(float* out, float* rowmax, float* sumexp, const float* q_qkv,
-                             const float* kv_qkv, int B, int Tq, int Tk, int q0, int k0,
-                             int C, int NH);
+void attention_chunk_forward(float* out, float* rowmax, float* sumexp, const float* q,
+                             int q_stride, const float* k, const float* v, int kv_stride, int B,
+                             int Tq, int Tk, int q0, int k0, int C, int NH);
 // Folds the partials of another kv chunk (out2, rowmax2, sumexp2) into
 // (out, rowmax, sumexp), in place, by the identity above. A row empty on one
 // side (sumexp 0, rowmax -INFINITY) takes the other side's partials; empty on
@@ -115,13 +119,21 @@ void attention_chunk_finish(float* out, float* lse, const float* rowmax, const f
 // D = dout . out per row, it ACCUMULATES this pair's share
 //   dv_j += p_ij dout_i,  ds_ij = p_ij (dout_i . v_j - D_i),
 //   dq_i += ds_ij k_j / sqrt(hs),  dk_j += ds_ij q_i / sqrt(hs)
-// into the query part of dq_qkv (B, Tq, 3C) and the key and value parts of
-// dkv_qkv (B, Tk, 3C). Nothing else is written, so dq_qkv and dkv_qkv may be
-// the same buffer (the diagonal pair). Summed over all kv chunks of every query
+// into dq (row stride q_stride, like q) and dk, dv (row stride kv_stride, like
+// k and v). Nothing else is written, so dq, dk, dv may be the three parts of
+// one dqkv buffer (the diagonal pair). Summed over all kv chunks of every query
 // chunk this is attention_backward's dqkv.
-void attention_chunk_backward(float* dq_qkv, float* dkv_qkv, const float* dout, const float* out,
-                              const float* lse, const float* q_qkv, const float* kv_qkv, int B,
-                              int Tq, int Tk, int q0, int k0, int C, int NH);
+void attention_chunk_backward(float* dq, float* dk, float* dv, const float* dout,
+                              const float* out, const float* lse, const float* q, int q_stride,
+                              const float* k, const float* v, int kv_stride, int B, int Tq, int Tk,
+                              int q0, int k0, int C, int NH);
+
+// ---------------------------------------------------------------- strided copy
+// A 2-D copy: rows rows of cols floats, row r from src + r*src_stride to
+// dst + r*dst_stride (strides in floats, >= cols; the two regions do not
+// overlap). Packs K and V out of a qkv buffer, and one head group's columns
+// out of (or back into) a (N, C) tensor for Ulysses' all-to-all.
+void ops_copy_2d(float* dst, int dst_stride, const float* src, int src_stride, int rows, int cols);
 
 // ---------------------------------------------------------------- pointwise
 // GELU, tanh approximation, over n values.

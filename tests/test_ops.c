@@ -1111,6 +1111,24 @@ static void test_utilities(void) {
     for (int i = 0; i < N - 1; i++) ok &= sum[i] == w[i] + x[i];
     check(ok, "ops_add (exactly n values)", "a value differs from y + x, or wrote past n");
     dev_free_all();
+
+    // ops_copy_2d: 5 rows of 3 floats from a stride of 7 (starting at column 2)
+    // into a stride of 4 (starting at column 1); every other value of dst stays.
+    {
+        enum { R = 5, COLS = 3, SS = 7, DS = 4 };
+        float src[R * SS], dst[R * DS], want[R * DS];
+        for (int i = 0; i < R * SS; i++) src[i] = (float)i;
+        for (int i = 0; i < R * DS; i++) want[i] = dst[i] = -1.0f - (float)i;
+        for (int r = 0; r < R; r++)
+            for (int c = 0; c < COLS; c++) want[r * DS + 1 + c] = src[r * SS + 2 + c];
+        float* s_dev = dev_copy(src, R * SS);
+        float* d_dev = dev_copy(dst, R * DS);
+        ops_copy_2d(d_dev + 1, DS, s_dev + 2, SS, R, COLS);
+        to_host(dst, d_dev, R * DS);
+        check(memcmp(dst, want, sizeof dst) == 0, "ops_copy_2d (rows x cols, both strides)",
+              "a value differs, or a value outside the rows' columns was written");
+        dev_free_all();
+    }
 }
 
 // ================================================================ NULL gradients
@@ -1458,8 +1476,13 @@ static void chunk_attention_run(const chunk_setup* s, float* out_ch, float* dq_c
             kv_dev[c] = q_dev[c];
             dkv_dev[c] = dq_dev[c];
         } else {
-            kv_dev[c] = dev_copy(kv_ch + (size_t)B * k0[c] * 3 * C, (size_t)B * s->ksz[c] * 3 * C);
-            dkv_dev[c] = dev_zeros((size_t)B * s->ksz[c] * 3 * C);
+            // packed (B, Tk, 2C) [k | v], as a ring sends it: cut out of the
+            // chunk's qkv by the strided copy, so only K and V are held
+            size_t rows = (size_t)B * s->ksz[c];
+            float* qkv_c = dev_copy(kv_ch + (size_t)B * k0[c] * 3 * C, rows * 3 * C);
+            kv_dev[c] = dev_zeros(rows * 2 * C);
+            ops_copy_2d(kv_dev[c], 2 * C, qkv_c + C, 3 * C, (int)rows, 2 * C);
+            dkv_dev[c] = dev_zeros(rows * 2 * C);
         }
     }
     // The partials of the next pair, reused from pair to pair: forward must
@@ -1476,23 +1499,28 @@ static void chunk_attention_run(const chunk_setup* s, float* out_ch, float* dq_c
         const int Tq = s->qsz[c];
         for (int step = 0; step < s->nk; step++) {
             int kc = (c + step) % s->nk;
+            // K and V: inside the chunk's qkv (stride 3C) when shared, else packed (stride 2C)
+            const int kvs = s->shared ? 3 * C : 2 * C;
+            const float* k = kv_dev[kc] + (s->shared ? C : 0);
             if (step == 0) {
-                attention_chunk_forward(out_dev[c], m_dev[c], l_dev[c], q_dev[c], kv_dev[kc], B, Tq,
-                                        s->ksz[kc], q0[c], k0[kc], C, NH);
+                attention_chunk_forward(out_dev[c], m_dev[c], l_dev[c], q_dev[c], 3 * C, k, k + C,
+                                        kvs, B, Tq, s->ksz[kc], q0[c], k0[kc], C, NH);
             } else {
-                attention_chunk_forward(o2, m2, l2, q_dev[c], kv_dev[kc], B, Tq, s->ksz[kc], q0[c],
-                                        k0[kc], C, NH);
+                attention_chunk_forward(o2, m2, l2, q_dev[c], 3 * C, k, k + C, kvs, B, Tq,
+                                        s->ksz[kc], q0[c], k0[kc], C, NH);
                 attention_chunk_merge(out_dev[c], m_dev[c], l_dev[c], o2, m2, l2, B, Tq, C, NH);
             }
         }
         // lse written over rowmax (in place, as ops.h allows): m_dev holds lse from here on
         attention_chunk_finish(out_dev[c], m_dev[c], m_dev[c], l_dev[c], B, Tq, C, NH);
     }
+    const int kvs = s->shared ? 3 * C : 2 * C, koff = s->shared ? C : 0;
     for (int c = 0; c < s->nq; c++)
         for (int kc = 0; kc < s->nk; kc++)
-            attention_chunk_backward(dq_dev[c], dkv_dev[kc], dout_dev[c], out_dev[c], m_dev[c],
-                                     q_dev[c], kv_dev[kc], B, s->qsz[c], s->ksz[kc], q0[c], k0[kc],
-                                     C, NH);
+            attention_chunk_backward(dq_dev[c], dkv_dev[kc] + koff, dkv_dev[kc] + koff + C,
+                                     dout_dev[c], out_dev[c], m_dev[c], q_dev[c], 3 * C,
+                                     kv_dev[kc] + koff, kv_dev[kc] + koff + C, kvs, B, s->qsz[c],
+                                     s->ksz[kc], q0[c], k0[kc], C, NH);
     for (int c = 0; c < s->nq; c++) {
         size_t rows = (size_t)B * s->qsz[c];
         to_host(out_ch + (size_t)B * q0[c] * C, out_dev[c], rows * C);
@@ -1501,8 +1529,13 @@ static void chunk_attention_run(const chunk_setup* s, float* out_ch, float* dq_c
     if (s->shared)
         memset(dkv_ch, 0, (size_t)B * s->T * 3 * C * sizeof(float));
     else
-        for (int c = 0; c < s->nk; c++)
-            to_host(dkv_ch + (size_t)B * k0[c] * 3 * C, dkv_dev[c], (size_t)B * s->ksz[c] * 3 * C);
+        for (int c = 0; c < s->nk; c++) {
+            // unpacked back into the qkv layout (query part zero) by the strided copy
+            size_t rows = (size_t)B * s->ksz[c];
+            float* g3 = dev_zeros(rows * 3 * C);
+            ops_copy_2d(g3 + C, 3 * C, dkv_dev[c], 2 * C, (int)rows, 2 * C);
+            to_host(dkv_ch + (size_t)B * k0[c] * 3 * C, g3, rows * 3 * C);
+        }
 }
 
 // The finished output of every query chunk, from the definition in double:
@@ -1624,7 +1657,8 @@ static void test_attention_chunks(void) {
         float* kv_dev = dev_copy(kv_ch + (size_t)B * 4 * 3 * C, (size_t)B * TK * 3 * C);
         float *o_dev = dev_zeros(O), *m_dev = dev_zeros(R), *l_dev = dev_zeros(R);
         float *o2_dev = dev_zeros(O), *m2_dev = dev_zeros(R), *l2_dev = dev_zeros(R);
-        attention_chunk_forward(o_dev, m_dev, l_dev, q_dev, kv_dev, B, TQ, TK, 0, 4, C, NH);
+        attention_chunk_forward(o_dev, m_dev, l_dev, q_dev, 3 * C, kv_dev + C, kv_dev + 2 * C,
+                                3 * C, B, TQ, TK, 0, 4, C, NH);
         to_host(o, o_dev, O);
         to_host(m, m_dev, R);
         to_host(l, l_dev, R);
@@ -1633,7 +1667,8 @@ static void test_attention_chunks(void) {
         for (int i = 0; i < O; i++) ok &= o[i] == 0.0f;
         check(ok, "attention_chunk_forward, every key in the future: rowmax -inf, sumexp 0, out 0",
               "a row is not empty");
-        attention_chunk_forward(o2_dev, m2_dev, l2_dev, q_dev, kv_dev, B, TQ, TK, 0, 4, C, NH);
+        attention_chunk_forward(o2_dev, m2_dev, l2_dev, q_dev, 3 * C, kv_dev + C, kv_dev + 2 * C,
+                                3 * C, B, TQ, TK, 0, 4, C, NH);
         attention_chunk_merge(o_dev, m_dev, l_dev, o2_dev, m2_dev, l2_dev, B, TQ, C, NH);
         attention_chunk_finish(o_dev, m_dev, m_dev, l_dev, B, TQ, C, NH);
         to_host(o, o_dev, O);

@@ -277,32 +277,34 @@ static inline int chunk_keys_visible(int i, int q0, int k0, int Tk) {
     return n < 0 ? 0 : (n > Tk ? Tk : n);
 }
 
-void attention_chunk_forward(float* out, float* rowmax, float* sumexp, const float* q_qkv,
-                             const float* kv_qkv, int B, int Tq, int Tk, int q0, int k0,
-                             int C, int NH) {
+void attention_chunk_forward(float* out, float* rowmax, float* sumexp, const float* q_all,
+                             int q_stride, const float* k_all, const float* v_all, int kv_stride,
+                             int B, int Tq, int Tk, int q0, int k0, int C, int NH) {
+    comm_progress();  // a ring's K/V block moves while this runs (chapter 6)
     const int hs = C / NH;
     const float scale = 1.0f / sqrtf((float)hs);
-    const int ld = 3 * C;
     #pragma omp parallel for collapse(2)
     for (int b = 0; b < B; b++) {
         for (int h = 0; h < NH; h++) {
-            const float* kv = kv_qkv + (size_t)b * Tk * ld + h * hs;  // key j: kv + j*ld + C
+            // key j: kb + j*kv_stride, value j: vb + j*kv_stride
+            const float* kb = k_all + (size_t)b * Tk * kv_stride + h * hs;
+            const float* vb = v_all + (size_t)b * Tk * kv_stride + h * hs;
             for (int i = 0; i < Tq; i++) {
                 size_t r = ((size_t)b * Tq + i) * NH + h;  // (token, head) row of the stats
-                const float* q = q_qkv + ((size_t)b * Tq + i) * ld + h * hs;
+                const float* q = q_all + ((size_t)b * Tq + i) * q_stride + h * hs;
                 float* o = out + r * hs;                   // = out + (b*Tq + i)*C + h*hs
                 int nvis = chunk_keys_visible(i, q0, k0, Tk);
                 // two passes over the keys, the max first, so no row of scores is stored
                 float mx = -INFINITY;
                 for (int j = 0; j < nvis; j++) {
-                    float s = scale * row_dot(q, kv + (size_t)j * ld + C, hs);
+                    float s = scale * row_dot(q, kb + (size_t)j * kv_stride, hs);
                     mx = s > mx ? s : mx;
                 }
                 for (int c = 0; c < hs; c++) o[c] = 0.0f;
                 float sum = 0.0f;
                 for (int j = 0; j < nvis; j++) {
-                    float e = expf(scale * row_dot(q, kv + (size_t)j * ld + C, hs) - mx);
-                    const float* v = kv + (size_t)j * ld + 2 * C;
+                    float e = expf(scale * row_dot(q, kb + (size_t)j * kv_stride, hs) - mx);
+                    const float* v = vb + (size_t)j * kv_stride;
                     sum += e;
                     for (int c = 0; c < hs; c++) o[c] += e * v[c];
                 }
@@ -349,31 +351,32 @@ void attention_chunk_finish(float* out, float* lse, const float* rowmax, const f
     }
 }
 
-void attention_chunk_backward(float* dq_qkv, float* dkv_qkv, const float* dout, const float* out,
-                              const float* lse, const float* q_qkv, const float* kv_qkv, int B,
-                              int Tq, int Tk, int q0, int k0, int C, int NH) {
+void attention_chunk_backward(float* dq_all, float* dk_all, float* dv_all, const float* dout,
+                              const float* out, const float* lse, const float* q_all, int q_stride,
+                              const float* k_all, const float* v_all, int kv_stride, int B, int Tq,
+                              int Tk, int q0, int k0, int C, int NH) {
+    comm_progress();
     const int hs = C / NH;
     const float scale = 1.0f / sqrtf((float)hs);
-    const int ld = 3 * C;
     #pragma omp parallel for collapse(2)
     for (int b = 0; b < B; b++) {
         for (int h = 0; h < NH; h++) {
-            const float* kv = kv_qkv + (size_t)b * Tk * ld + h * hs;
-            float* dkv = dkv_qkv + (size_t)b * Tk * ld + h * hs;
+            size_t kv_base = (size_t)b * Tk * kv_stride + h * hs;
             for (int i = 0; i < Tq; i++) {
                 size_t r = ((size_t)b * Tq + i) * NH + h;
-                const float* q = q_qkv + ((size_t)b * Tq + i) * ld + h * hs;
-                float* dq = dq_qkv + ((size_t)b * Tq + i) * ld + h * hs;
+                const float* q = q_all + ((size_t)b * Tq + i) * q_stride + h * hs;
+                float* dq = dq_all + ((size_t)b * Tq + i) * q_stride + h * hs;
                 const float* d = dout + r * hs;
                 int nvis = chunk_keys_visible(i, q0, k0, Tk);
                 // D_i = dout_i . out_i = sum over ALL keys of p_ij (dout_i . v_j): the
                 // softmax's coupling term, known from the finished out alone
                 float D = row_dot(d, out + r * hs, hs);
                 for (int j = 0; j < nvis; j++) {
-                    const float* k = kv + (size_t)j * ld + C;
-                    const float* v = k + C;
-                    float* dk = dkv + (size_t)j * ld + C;
-                    float* dv = dk + C;
+                    size_t kj = kv_base + (size_t)j * kv_stride;
+                    const float* k = k_all + kj;
+                    const float* v = v_all + kj;
+                    float* dk = dk_all + kj;
+                    float* dv = dv_all + kj;
                     // the softmax probability, recomputed from the score and the row's lse
                     float p = expf(scale * row_dot(q, k, hs) - lse[r]);
                     float ds = p * (row_dot(d, v, hs) - D);
@@ -547,6 +550,15 @@ void ops_add(float* y, const float* x, size_t n) {
     }
     #pragma omp parallel for
     for (size_t i = 0; i < n; i++) y[i] += x[i];
+}
+
+void ops_copy_2d(float* dst, int dst_stride, const float* src, int src_stride, int rows, int cols) {
+    if (rows <= 0 || cols <= 0) return;
+    // a row is one memcpy; the rows are short (a head's channels), so threads
+    // pay only for many of them
+    #pragma omp parallel for if ((size_t)rows * cols > OPS_PARALLEL_MIN)
+    for (int r = 0; r < rows; r++)
+        memcpy(dst + (size_t)r * dst_stride, src + (size_t)r * src_stride, (size_t)cols * sizeof(float));
 }
 
 // ---------------------------------------------------------------- mixture of experts

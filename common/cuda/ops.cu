@@ -470,33 +470,35 @@ __device__ int chunk_keys_visible(int i, int q0, int k0, int Tk) {
 }
 
 __global__ void attention_chunk_forward_kernel(float* out, float* rowmax, float* sumexp,
-                                               const float* q_qkv, const float* kv_qkv, int Tq,
-                                               int Tk, int q0, int k0, int C, int NH,
-                                               float scale) {
+                                               const float* q_all, int q_stride,
+                                               const float* k_all, const float* v_all,
+                                               int kv_stride, int Tq, int Tk, int q0, int k0,
+                                               int C, int NH, float scale) {
     __shared__ float weight[THREADS];
-    const int hs = C / NH, ld = 3 * C;
+    const int hs = C / NH;
     const int r = blockIdx.x, h = r % NH, bi = r / NH, b = bi / Tq, i = bi % Tq;
-    const float* q = q_qkv + (size_t)bi * ld + h * hs;
-    const float* kv = kv_qkv + (size_t)b * Tk * ld + h * hs;  // key j: kv + j*ld + C
+    const float* q = q_all + (size_t)bi * q_stride + h * hs;
+    const float* kb = k_all + (size_t)b * Tk * kv_stride + h * hs;  // key j: kb + j*kv_stride
+    const float* vb = v_all + (size_t)b * Tk * kv_stride + h * hs;  // value j: vb + j*kv_stride
     float* o = out + (size_t)r * hs;
     const int nvis = chunk_keys_visible(i, q0, k0, Tk);
     // the max first, as on the CPU; -inf for a row that sees no key
     float mx = -INFINITY;
     for (int j = threadIdx.x; j < nvis; j += THREADS)
-        mx = fmaxf(mx, scale * row_dot(q, kv + (size_t)j * ld + C, hs));
+        mx = fmaxf(mx, scale * row_dot(q, kb + (size_t)j * kv_stride, hs));
     mx = block_max(mx);
     for (int c = threadIdx.x; c < hs; c += THREADS) o[c] = 0.0f;
     float part = 0.0f;
     for (int j0 = 0; j0 < nvis; j0 += THREADS) {
         int j = j0 + threadIdx.x;
-        float e = j < nvis ? expf(scale * row_dot(q, kv + (size_t)j * ld + C, hs) - mx) : 0.0f;
+        float e = j < nvis ? expf(scale * row_dot(q, kb + (size_t)j * kv_stride, hs) - mx) : 0.0f;
         part += e;
         weight[threadIdx.x] = e;
         __syncthreads();
         int n = min(THREADS, nvis - j0);
         for (int c = threadIdx.x; c < hs; c += THREADS) {
             float acc = o[c];  // channel c is this thread's alone
-            for (int jj = 0; jj < n; jj++) acc += weight[jj] * kv[(size_t)(j0 + jj) * ld + 2 * C + c];
+            for (int jj = 0; jj < n; jj++) acc += weight[jj] * vb[(size_t)(j0 + jj) * kv_stride + c];
             o[c] = acc;
         }
         __syncthreads();  // all have read weight before the next tile overwrites it
@@ -508,14 +510,15 @@ __global__ void attention_chunk_forward_kernel(float* out, float* rowmax, float*
     }
 }
 
-extern "C" void attention_chunk_forward(float* out, float* rowmax, float* sumexp, const float* q_qkv,
-                                        const float* kv_qkv, int B, int Tq, int Tk, int q0, int k0,
+extern "C" void attention_chunk_forward(float* out, float* rowmax, float* sumexp, const float* q,
+                                        int q_stride, const float* k, const float* v,
+                                        int kv_stride, int B, int Tq, int Tk, int q0, int k0,
                                         int C, int NH) {
     // Tk = 0 still runs: every row is written as empty
     if (B <= 0 || Tq <= 0 || NH <= 0) return;
     const float scale = 1.0f / sqrtf((float)(C / NH));
     attention_chunk_forward_kernel<<<B * Tq * NH, THREADS, 0, cuda_compute_stream>>>(
-        out, rowmax, sumexp, q_qkv, kv_qkv, Tq, Tk, q0, k0, C, NH, scale);
+        out, rowmax, sumexp, q, q_stride, k, v, kv_stride, Tq, Tk, q0, k0, C, NH, scale);
     KERNEL_CHECK();
 }
 
@@ -575,19 +578,21 @@ extern "C" void attention_chunk_finish(float* out, float* lse, const float* rowm
 // order. Both kernels recompute p_ij and ds_ij from q, k, v, lse and D.
 
 // dq: one block per query row r = (b*Tq + i)*NH + h, over its visible keys.
-__global__ void attention_chunk_backward_dq_kernel(float* dq_qkv, const float* dout,
+__global__ void attention_chunk_backward_dq_kernel(float* dq_all, const float* dout,
                                                    const float* out, const float* lse,
-                                                   const float* q_qkv, const float* kv_qkv,
-                                                   int Tq, int Tk, int q0, int k0, int C, int NH,
-                                                   float scale) {
+                                                   const float* q_all, int q_stride,
+                                                   const float* k_all, const float* v_all,
+                                                   int kv_stride, int Tq, int Tk, int q0, int k0,
+                                                   int C, int NH, float scale) {
     __shared__ float weight[THREADS];
-    const int hs = C / NH, ld = 3 * C;
+    const int hs = C / NH;
     const int r = blockIdx.x, h = r % NH, bi = r / NH, b = bi / Tq, i = bi % Tq;
     const int nvis = chunk_keys_visible(i, q0, k0, Tk);
     if (nvis == 0) return;  // the whole block returns: no __syncthreads() is left waiting
-    const float* q = q_qkv + (size_t)bi * ld + h * hs;
-    float* dq = dq_qkv + (size_t)bi * ld + h * hs;
-    const float* kv = kv_qkv + (size_t)b * Tk * ld + h * hs;
+    const float* q = q_all + (size_t)bi * q_stride + h * hs;
+    float* dq = dq_all + (size_t)bi * q_stride + h * hs;
+    const float* kb = k_all + (size_t)b * Tk * kv_stride + h * hs;
+    const float* vb = v_all + (size_t)b * Tk * kv_stride + h * hs;
     const float* d = dout + (size_t)r * hs;
     const float* o = out + (size_t)r * hs;
     // D_i = dout_i . out_i, the softmax's coupling term; every thread takes the
@@ -598,16 +603,15 @@ __global__ void attention_chunk_backward_dq_kernel(float* dq_qkv, const float* d
         int j = j0 + threadIdx.x;
         float ds = 0.0f;
         if (j < nvis) {
-            const float* k = kv + (size_t)j * ld + C;
-            float p = expf(scale * row_dot(q, k, hs) - L);
-            ds = p * (row_dot(d, k + C, hs) - D);
+            float p = expf(scale * row_dot(q, kb + (size_t)j * kv_stride, hs) - L);
+            ds = p * (row_dot(d, vb + (size_t)j * kv_stride, hs) - D);
         }
         weight[threadIdx.x] = ds;
         __syncthreads();
         int n = min(THREADS, nvis - j0);
         for (int c = threadIdx.x; c < hs; c += THREADS) {
             float acc = dq[c];  // channel c is this thread's alone
-            for (int jj = 0; jj < n; jj++) acc += scale * weight[jj] * kv[(size_t)(j0 + jj) * ld + C + c];
+            for (int jj = 0; jj < n; jj++) acc += scale * weight[jj] * kb[(size_t)(j0 + jj) * kv_stride + c];
             dq[c] = acc;
         }
         __syncthreads();
@@ -616,23 +620,26 @@ __global__ void attention_chunk_backward_dq_kernel(float* dq_qkv, const float* d
 
 // dk, dv: one block per key row r = (b*Tk + j)*NH + h, over the queries that
 // see key j: i >= k0 + j - q0, up to the end of the query chunk.
-__global__ void attention_chunk_backward_dkv_kernel(float* dkv_qkv, const float* dout,
-                                                    const float* out, const float* lse,
-                                                    const float* q_qkv, const float* kv_qkv,
-                                                    int Tq, int Tk, int q0, int k0, int C,
-                                                    int NH, float scale) {
+__global__ void attention_chunk_backward_dkv_kernel(float* dk_all, float* dv_all,
+                                                    const float* dout, const float* out,
+                                                    const float* lse, const float* q_all,
+                                                    int q_stride, const float* k_all,
+                                                    const float* v_all, int kv_stride, int Tq,
+                                                    int Tk, int q0, int k0, int C, int NH,
+                                                    float scale) {
     __shared__ float pw[THREADS];   // p_ij of the tile's queries
     __shared__ float dsw[THREADS];  // ds_ij of the tile's queries
-    const int hs = C / NH, ld = 3 * C;
+    const int hs = C / NH;
     const int r = blockIdx.x, h = r % NH, bj = r / NH, b = bj / Tk, j = bj % Tk;
     const int first = max(k0 + j - q0, 0);
     if (first >= Tq) return;  // the whole block returns: no query sees key j
-    const float* k = kv_qkv + (size_t)bj * ld + C + h * hs;
-    const float* v = k + C;
-    float* dk = dkv_qkv + (size_t)bj * ld + C + h * hs;
-    float* dv = dk + C;
-    const float* qb = q_qkv + (size_t)b * Tq * ld + h * hs;  // query i: qb + i*ld
-    const size_t rb = (size_t)b * Tq * NH + h;               // stats row of query i: rb + i*NH
+    const size_t kj = (size_t)bj * kv_stride + h * hs;
+    const float* k = k_all + kj;
+    const float* v = v_all + kj;
+    float* dk = dk_all + kj;
+    float* dv = dv_all + kj;
+    const float* qb = q_all + (size_t)b * Tq * q_stride + h * hs;  // query i: qb + i*q_stride
+    const size_t rb = (size_t)b * Tq * NH + h;                     // stats row of query i: rb + i*NH
     for (int i0 = first; i0 < Tq; i0 += THREADS) {
         int i = i0 + threadIdx.x;
         float p = 0.0f, ds = 0.0f;
@@ -640,7 +647,7 @@ __global__ void attention_chunk_backward_dkv_kernel(float* dkv_qkv, const float*
             size_t ri = rb + (size_t)i * NH;
             const float* d = dout + ri * hs;
             float D = row_dot(d, out + ri * hs, hs);
-            p = expf(scale * row_dot(qb + (size_t)i * ld, k, hs) - lse[ri]);
+            p = expf(scale * row_dot(qb + (size_t)i * q_stride, k, hs) - lse[ri]);
             ds = p * (row_dot(d, v, hs) - D);
         }
         pw[threadIdx.x] = p;
@@ -652,7 +659,7 @@ __global__ void attention_chunk_backward_dkv_kernel(float* dkv_qkv, const float*
             for (int ii = 0; ii < n; ii++) {
                 size_t ri = rb + (size_t)(i0 + ii) * NH;
                 accv += pw[ii] * dout[ri * hs + c];
-                acck += scale * dsw[ii] * qb[(size_t)(i0 + ii) * ld + c];
+                acck += scale * dsw[ii] * qb[(size_t)(i0 + ii) * q_stride + c];
             }
             dv[c] = accv;
             dk[c] = acck;
@@ -661,19 +668,20 @@ __global__ void attention_chunk_backward_dkv_kernel(float* dkv_qkv, const float*
     }
 }
 
-extern "C" void attention_chunk_backward(float* dq_qkv, float* dkv_qkv, const float* dout,
-                                         const float* out, const float* lse, const float* q_qkv,
-                                         const float* kv_qkv, int B, int Tq, int Tk, int q0, int k0,
+extern "C" void attention_chunk_backward(float* dq, float* dk, float* dv, const float* dout,
+                                         const float* out, const float* lse, const float* q,
+                                         int q_stride, const float* k, const float* v,
+                                         int kv_stride, int B, int Tq, int Tk, int q0, int k0,
                                          int C, int NH) {
     if (B <= 0 || Tq <= 0 || Tk <= 0 || NH <= 0) return;
     const float scale = 1.0f / sqrtf((float)(C / NH));
-    // The two kernels write disjoint parts (queries; keys and values), so
-    // dq_qkv may be dkv_qkv.
+    // The two kernels write disjoint parts (queries; keys and values), so dq,
+    // dk and dv may be the three parts of one dqkv buffer.
     attention_chunk_backward_dq_kernel<<<B * Tq * NH, THREADS, 0, cuda_compute_stream>>>(
-        dq_qkv, dout, out, lse, q_qkv, kv_qkv, Tq, Tk, q0, k0, C, NH, scale);
+        dq, dout, out, lse, q, q_stride, k, v, kv_stride, Tq, Tk, q0, k0, C, NH, scale);
     KERNEL_CHECK();
     attention_chunk_backward_dkv_kernel<<<B * Tk * NH, THREADS, 0, cuda_compute_stream>>>(
-        dkv_qkv, dout, out, lse, q_qkv, kv_qkv, Tq, Tk, q0, k0, C, NH, scale);
+        dk, dv, dout, out, lse, q, q_stride, k, v, kv_stride, Tq, Tk, q0, k0, C, NH, scale);
     KERNEL_CHECK();
 }
 
@@ -932,6 +940,16 @@ extern "C" void ops_add(float* y, const float* x, size_t n) {
     if (n == 0) return;
     add_kernel<<<grid_for(n), THREADS, 0, cuda_compute_stream>>>(y, x, n);
     KERNEL_CHECK();
+}
+
+// cudaMemcpy2DAsync is the strided copy itself (pitches in bytes): one call,
+// the driver's own kernel.
+extern "C" void ops_copy_2d(float* dst, int dst_stride, const float* src, int src_stride,
+                            int rows, int cols) {
+    if (rows <= 0 || cols <= 0) return;
+    CUDA_CHECK(cudaMemcpy2DAsync(dst, (size_t)dst_stride * sizeof(float), src,
+                                 (size_t)src_stride * sizeof(float), (size_t)cols * sizeof(float),
+                                 (size_t)rows, cudaMemcpyDeviceToDevice, cuda_compute_stream));
 }
 
 // ---------------------------------------------------------------- mixture of experts
