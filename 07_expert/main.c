@@ -26,6 +26,7 @@
 #include <string.h>
 
 #include "args.h"
+#include "ckpt.h"
 #include "comm.h"
 #include "common.h"
 #include "memory.h"
@@ -531,6 +532,43 @@ static void save_model(ExpertModel* m, const char* path) {
     fail_if_any(bad != NULL, bad);
 }
 
+// ---------------------------------------------------------------- training-state checkpoints
+
+// What this rank writes and reads of the training state (ckpt.h), in the
+// MoE model's own tensors (moe.h: the router and the experts have global
+// shapes of their own). Who writes what, so that nothing is written twice:
+//   - the experts, with their AdamW moments, exist once per dp replica, on
+//     the ep rank that holds them: dp replica 0 writes them, each ep rank
+//     its own E/ep experts;
+//   - the replicated parameters and moments are the same on all dp x ep
+//     ranks: dp replica 0's ep ranks write 1/ep of the flat buffer each, so
+//     the write is spread over as many ranks (and files) as the experts';
+//     the other replicas write nothing.
+// Every rank reads all the replicated state and its own experts. The slices
+// are global (experts [e0, e0 + E/ep) of every MoE layer), so a checkpoint
+// saved on one dp x ep mesh resumes on any other.
+static CkptTensor ckpt_table[MOE_CKPT_TENSORS];
+
+static void model_ckpt(Ckpt* ck, ExpertModel* m) {
+    char variant[256];
+    moe_ckpt_tensors(&m->cfg, ckpt_table);
+    moe_ckpt_variant(&m->cfg, variant, sizeof(variant));
+    ckpt_set_model(ck, ckpt_table, MOE_CKPT_TENSORS, variant);
+    float* shared[CKPT_NUM_KINDS] = {m->shared, m->m_s, m->v_s};
+    float* experts[CKPT_NUM_KINDS] = {m->experts, m->m_e, m->v_e};
+    size_t per = (m->n_shared + m->ep - 1) / m->ep, lo = (size_t)m->epc->rank * per;
+    if (lo > m->n_shared) lo = m->n_shared;
+    size_t n = m->n_shared - lo < per ? m->n_shared - lo : per;
+    for (int k = 0; k < CKPT_NUM_KINDS; k++) {
+        if (m->dp->rank == 0) {
+            moe_ckpt_add_shared(&ck->own, &m->cfg, (CkptKind)k, lo, n, shared[k] + lo);
+            moe_ckpt_add_experts(&ck->own, &m->cfg, (CkptKind)k, m->e0, m->E_local, experts[k]);
+        }
+        moe_ckpt_add_shared(&ck->need, &m->cfg, (CkptKind)k, 0, m->n_shared, shared[k]);
+        moe_ckpt_add_experts(&ck->need, &m->cfg, (CkptKind)k, m->e0, m->E_local, experts[k]);
+    }
+}
+
 // ---------------------------------------------------------------- main
 
 int main(int argc, char** argv) {
@@ -552,7 +590,7 @@ int main(int argc, char** argv) {
                    "dispatch, experts, all-to-all-v combine; replicated gradients over dp x ep, experts over dp.",
                    extra, sizeof(extra) / sizeof(extra[0]), (1u << AXIS_DP) | (1u << AXIS_EP)))
         return 0;
-    run_refuse_flags(&run, RUN_NO_CHECKPOINTS | RUN_NO_RECOMPUTE, "chapter 7");
+    run_refuse_flags(&run, RUN_NO_RECOMPUTE, "chapter 7");
     const TrainArgs* args = &run.args;
     const TrainSetup* setup = &run.setup;
     MoeConfig cfg = {.gpt = setup->cfg, .experts = experts, .top_k = top_k,
@@ -606,6 +644,11 @@ int main(int argc, char** argv) {
     print0("model %s: %zu parameters (%zu replicated, %zu in experts), %zu active per token; global batch %d x %d, %d per rank\n",
            setup->model_name, total_params, model.n_shared, total_params - model.n_shared, moe_active_params(&cfg), B, T,
            per_rank);
+    // --ckpt-dir, --save-every, --resume: this rank's slices, from whatever mesh saved them
+    Ckpt ck;
+    ckpt_init(&ck, args, setup, &run.mesh, 7);
+    model_ckpt(&ck, &model);
+    int start = ckpt_resume(&ck);
     JsonLog log;
     bad = jsonl_open(&log, args->log, msg, sizeof(msg));
     fail_if_any(bad != NULL, bad);
@@ -618,7 +661,7 @@ int main(int argc, char** argv) {
     comm_counts_reset();
     size_t ex_len = 64 + (size_t)Lm * experts * 24;
     char* ex = xmalloc(ex_len);
-    for (int step = 0; step < args->steps; step++) {
+    for (int step = start; step < args->steps; step++) {
         clock_begin(&clock);
         data_batch(&setup->train, step, B, T, share * per_rank, per_rank, inputs, targets);
         float my_loss = model_forward(&model, inputs, targets);
@@ -629,7 +672,7 @@ int main(int argc, char** argv) {
         float norm = clip_and_step(&model, args, step);
         // the language-model loss of the global batch (a host scalar: plain MPI)
         loss = (float)train_mean(&model.dpep, my_loss);
-        double dt = clock_end(&clock, step, args->steps);
+        double dt = clock_end(&clock, step - start, args->steps - start);
         dropped_total += model.dropped;
         // the step record: "loss" is the LM loss; the load-balancing loss, the
         // dropped slots and the slots routed to each expert per MoE layer
@@ -648,8 +691,11 @@ int main(int argc, char** argv) {
                                           per_rank, &model.dpep);
             if (v >= 0) report_val(&log, step, v);
         }
+        ckpt_after_step(&ck, step);  // --save-every, --ckpt-dir
     }
+    ckpt_finish(&ck, &log);  // an async save still in flight is joined here
     free(ex);
+    int trained = args->steps - start;  // the steps this run trained
     // the all-to-all traffic of training alone (validation below adds its own)
     // A rank sends its N k token-slots in dispatch and, in combine, what its
     // experts received: this varies by rank, the mean over the ranks is
@@ -662,13 +708,13 @@ int main(int argc, char** argv) {
     if (val_loss >= 0) report_val(&log, args->steps - 1, val_loss);
     double ms = clock_ms_per_step(&clock);
     print0("dispatch and combine: %.0f bytes sent per rank per step in all-to-all-v (mean over ranks), %ld token-slots dropped\n",
-           args->steps > 0 ? a2a.bytes / args->steps : 0.0, dropped_total);
+           trained > 0 ? a2a.bytes / trained : 0.0, dropped_total);
     char extra_json[512];
     snprintf(extra_json, sizeof(extra_json),
              "\"experts\":%d,\"top_k\":%d,\"expert_hidden\":%d,\"moe_every\":%d,\"aux_coef\":%g,\"capacity_factor\":%g,"
              "\"active_params\":%zu,\"alltoall_bytes_per_step\":%.0f,\"dropped_total\":%ld",
              experts, top_k, cfg.hidden, moe_every, aux_coef, capacity, moe_active_params(&cfg),
-             args->steps > 0 ? a2a.bytes / args->steps : 0.0, dropped_total);
+             trained > 0 ? a2a.bytes / trained : 0.0, dropped_total);
     RunSummary summary = {
         .chapter = 7, .model = setup->model_name, .num_params = total_params, .batch = B, .seq = T,
         .steps = args->steps, .ms_per_step = ms, .tokens_per_s = ms > 0 ? (double)B * T / (ms / 1e3) : 0.0,
