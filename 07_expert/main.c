@@ -70,11 +70,13 @@ typedef struct {
     size_t n_shared, n_experts;
     float *shared, *dshared, *m_s, *v_s;
     float *experts, *dexperts, *m_e, *v_e;
-    // activations
-    float *encoded, *blocks, *head, *scratch, *dres;
-    int *inputs, *targets;
-    float* losses_host;
-    MoeLayer* moe;  // one per MoE layer
+    // activations: the GPT's (embedding, the blocks' attention halves and
+    // dense MLPs as --recompute keeps them, head, scratch, dres, token ids)
+    // and each MoE layer's own
+    GPTActs acts;
+    RecomputeMode recompute;
+    MoeLayer* moe;  // one per MoE layer (--recompute full: one for all)
+    float *send_shared, *gelu_shared;  // --recompute selective: every layer's send and fch_gelu
     // scratch shared by the layers
     float *recv, *xbuf, *ybuf, *dfch, *dfch_gelu, *dsend, *dgates, *dlogits, *dln2;
     // statistics of the last forward, summed over the MoE layers (global)
@@ -84,13 +86,14 @@ typedef struct {
     int record;      // 1: this forward is a training step's (statistics kept)
 } ExpertModel;
 
-static MoeLayer* layer_of(ExpertModel* m, int l) { return &m->moe[moe_layer_index(&m->cfg, l)]; }
-
-static BlockActs acts_of(ExpertModel* m, int l) {
-    const GPTConfig* g = &m->cfg.gpt;
-    return block_acts_at(m->blocks + (size_t)l * block_acts_numel(m->B, m->T, g->channels, g->num_heads),
-                         m->B, m->T, g->channels, g->num_heads);
+static MoeLayer* layer_of(ExpertModel* m, int l) {
+    return &m->moe[m->recompute == RECOMPUTE_FULL ? 0 : moe_layer_index(&m->cfg, l)];
 }
+
+// Where layer l's forward writes its attention half (and a dense layer its
+// MLP): the kept fields in the layer's store, the dropped ones in the
+// transient (model.h, --recompute)
+static BlockActs acts_of(ExpertModel* m, int l) { return gpt_acts_block(&m->acts, &m->cfg.gpt, l, m->B, m->T); }
 
 // ---------------------------------------------------------------- 1-2. route and count
 
@@ -214,20 +217,21 @@ static void plan_dispatch(ExpertModel* m, MoeLayer* L, int layer_index) {
 
 // ---------------------------------------------------------------- the MoE layer
 
-static void moe_layer_forward(ExpertModel* m, int l, const float* x) {
+// a: where the attention half and the layer's output go (acts_of, or the
+// transient when --recompute full runs the layer again in backward).
+static void moe_layer_forward(ExpertModel* m, int l, BlockActs* a, const float* x) {
     const MoeConfig* c = &m->cfg;
     int N = m->N, C = c->gpt.channels, H = c->hidden, E = c->experts, k = c->top_k;
     MoeLayer* L = layer_of(m, l);
     BlockParams p = moe_block_params(c, m->shared, l);
-    BlockActs a = acts_of(m, l);
-    moe_attention_forward(&p, &a, x, m->B, m->T, C, c->gpt.num_heads);
+    moe_attention_forward(&p, a, x, m->B, m->T, C, c->gpt.num_heads);
     // 1. route: logits (N, E) = ln2 @ router^T, softmax, top-k, gates
-    matmul_forward(L->logits, a.ln2, moe_router_at(c, m->shared, l), NULL, N, C, E);
+    matmul_forward(L->logits, a->ln2, moe_router_at(c, m->shared, l), NULL, N, C, E);
     moe_router_forward(L->probs, L->idx, L->gates, L->logits, N, E, k);
     // 2. count and exchange the counts
     plan_dispatch(m, L, moe_layer_index(c, l));
     // 3. dispatch: my rows in destination order, then the all-to-all-v
-    moe_gather_forward(L->send, a.ln2, L->send_src, L->n_send, C);
+    moe_gather_forward(L->send, a->ln2, L->send_src, L->n_send, C);
     comm_alltoallv(m->epc, L->send, L->sc, L->sd, m->recv, L->rc, L->rd);
     // 4. experts: the received rows grouped by expert, one expert at a time
     moe_gather_forward(L->exp_in, m->recv, L->perm, L->n_recv, C);
@@ -241,23 +245,57 @@ static void moe_layer_forward(ExpertModel* m, int l, const float* x) {
     // each token's k outputs summed with its gates (a.fcproj holds the sum)
     moe_gather_forward(m->recv, m->xbuf, L->inv_perm, L->n_recv, C);
     comm_alltoallv(m->epc, m->recv, L->rc, L->rd, L->back, L->sc, L->sd);
-    moe_combine_forward(a.fcproj, L->back, L->gates, L->pos, N, k, C);
-    residual_forward(a.res3, a.res2, a.fcproj, (size_t)N * C);
+    moe_combine_forward(a->fcproj, L->back, L->gates, L->pos, N, k, C);
+    residual_forward(a->res3, a->res2, a->fcproj, (size_t)N * C);
+}
+
+// --recompute: what layer l's forward did not keep, again, before its
+// backward (docs/recompute.md). Returns the activations backward reads.
+//   selective  keeps the router's choices, the plan and every row that
+//              crossed the network (exp_in, fch, back): no exchange is
+//              repeated. Recomputed: the attention probabilities from qkv,
+//              and gelu(fch) of the experts' rows.
+//   full       keeps only the layer's output; the whole layer runs again,
+//              the router included: the same ops on the same input choose
+//              the same experts, but the dispatch and combine all-to-all-v
+//              are issued again, 2 more exchanges per MoE layer per step
+//              (counted in the summary's alltoall bytes).
+static BlockActs moe_layer_recompute(ExpertModel* m, int l, const float* x) {
+    const MoeConfig* c = &m->cfg;
+    int C = c->gpt.channels, NH = c->gpt.num_heads;
+    BlockActs a = acts_of(m, l);
+    MoeLayer* L = layer_of(m, l);
+    if (m->recompute == RECOMPUTE_SELECTIVE) {
+        // as model.c: attention_forward rewrites atty (kept, the same bits)
+        // into attproj's slot, which backward never reads
+        attention_forward(a.attproj, a.att, a.qkv, m->B, m->T, C, NH);
+        gelu_forward(L->fch_gelu, L->fch, (size_t)L->n_recv * c->hidden);
+    } else if (m->recompute == RECOMPUTE_FULL) {
+        // everything into the transient (its res3 too: the kept one stays);
+        // the step's statistics were counted by the first forward
+        a = block_acts_at(m->acts.transient, m->B, m->T, C, NH);
+        int record = m->record;
+        m->record = 0;
+        moe_layer_forward(m, l, &a, x);
+        m->record = record;
+    }
+    return a;
 }
 
 // dres: d res3 on entry, d x on return. The exchanges of forward, reversed.
 static void moe_layer_backward(ExpertModel* m, int l, const float* x) {
     const MoeConfig* c = &m->cfg;
     int N = m->N, C = c->gpt.channels, H = c->hidden, E = c->experts, k = c->top_k;
+    BlockActs a = moe_layer_recompute(m, l, x);
     MoeLayer* L = layer_of(m, l);
     BlockParams p = moe_block_params(c, m->shared, l);
     BlockParams g = moe_block_params(c, m->dshared, l);
-    BlockActs a = acts_of(m, l);
-    BlockScratch s = block_scratch_at(m->scratch, m->B, m->T, C, c->gpt.num_heads);
+    BlockScratch s = gpt_acts_scratch(&m->acts, &c->gpt);
+    float* dres = m->acts.dres;
     // combine, backwards: d of each returned row, and of each gate
     ops_zero(m->dsend, (size_t)N * k * C);
     ops_zero(m->dgates, (size_t)N * k);
-    moe_combine_backward(m->dsend, m->dgates, m->dres, L->back, L->gates, L->pos, N, k, C);
+    moe_combine_backward(m->dsend, m->dgates, dres, L->back, L->gates, L->pos, N, k, C);
     // the combine's all-to-all-v reversed: the gradients go to the experts
     comm_alltoallv(m->epc, m->dsend, L->sc, L->sd, m->recv, L->rc, L->rd);
     moe_gather_forward(m->xbuf, m->recv, L->perm, L->n_recv, C);
@@ -281,60 +319,53 @@ static void moe_layer_backward(ExpertModel* m, int l, const float* x) {
     moe_router_backward(m->dlogits, m->dgates, L->aux_dprobs, L->probs, L->idx, L->gates, N, E, k);
     matmul_backward(m->dln2, moe_router_at(c, m->dshared, l), NULL, m->dlogits, a.ln2,
                     moe_router_at(c, m->shared, l), N, C, E);
-    moe_attention_backward(&p, &g, &a, &s, x, m->dln2, m->dres, m->B, m->T, C, c->gpt.num_heads);
+    moe_attention_backward(&p, &g, &a, &s, x, m->dln2, dres, m->B, m->T, C, c->gpt.num_heads);
 }
 
 // ---------------------------------------------------------------- the whole model
 
 static float model_forward(ExpertModel* m, const int* inputs, const int* targets) {
     const GPTConfig* g = &m->cfg.gpt;
-    int B = m->B, T = m->T, C = g->channels, N = m->N;
-    mem_to_device(m->inputs, inputs, (size_t)N * sizeof(int));
-    mem_to_device(m->targets, targets, (size_t)N * sizeof(int));
+    int B = m->B, T = m->T, C = g->channels;
+    gpt_acts_load(&m->acts, inputs, targets);
     if (m->record) m->aux = 0.0, m->dropped = 0;
-    encoder_forward(m->encoded, m->inputs, m->shared + moe_wte_offset(&m->cfg), m->shared + moe_wpe_offset(&m->cfg),
-                    B, T, C);
-    const float* x = m->encoded;
+    encoder_forward(m->acts.encoded, m->acts.inputs, m->shared + moe_wte_offset(&m->cfg),
+                    m->shared + moe_wpe_offset(&m->cfg), B, T, C);
     for (int l = 0; l < g->num_layers; l++) {
         if (moe_is_moe_layer(&m->cfg, l)) {
-            moe_layer_forward(m, l, x);
+            BlockActs a = acts_of(m, l);
+            moe_layer_forward(m, l, &a, gpt_acts_block_input(&m->acts, g, l, B, T));
         } else {
             BlockParams p = moe_block_params(&m->cfg, m->shared, l);
-            BlockActs a = acts_of(m, l);
-            block_forward(&p, &a, x, B, T, C, g->num_heads);
+            gpt_block_forward(&m->acts, g, l, &p, B, T);
         }
-        x = acts_of(m, l).res3;
     }
-    HeadActs h = head_acts_at(m->head, B, T, C, g->padded_vocab_size);
+    HeadActs h = gpt_acts_head(&m->acts, g, B, T);
     float* lnf = m->shared + moe_lnf_offset(&m->cfg);
-    head_forward(g, m->shared + moe_wte_offset(&m->cfg), lnf, lnf + C, &h, x, m->targets, B, T);
-    mem_to_host(m->losses_host, h.losses, (size_t)N * sizeof(float));
-    double sum = 0.0;
-    for (int i = 0; i < N; i++) sum += m->losses_host[i];
-    return (float)(sum / (double)N);
+    head_forward(g, m->shared + moe_wte_offset(&m->cfg), lnf, lnf + C, &h,
+                 gpt_acts_block_output(&m->acts, g, g->num_layers - 1, B, T), m->acts.targets, B, T);
+    return gpt_acts_mean_loss(&m->acts, g);
 }
 
 static void model_backward(ExpertModel* m) {
     const GPTConfig* g = &m->cfg.gpt;
     int B = m->B, T = m->T, C = g->channels, L = g->num_layers;
-    HeadActs h = head_acts_at(m->head, B, T, C, g->padded_vocab_size);
-    BlockScratch s = block_scratch_at(m->scratch, B, T, C, g->num_heads);
+    HeadActs h = gpt_acts_head(&m->acts, g, B, T);
+    BlockScratch s = gpt_acts_scratch(&m->acts, g);
     float *P = m->shared, *G = m->dshared;
     size_t lnf = moe_lnf_offset(&m->cfg), wte = moe_wte_offset(&m->cfg);
-    const float* last = L > 0 ? acts_of(m, L - 1).res3 : m->encoded;
-    head_backward(g, P + wte, P + lnf, G + wte, G + lnf, G + lnf + C, &h, last, m->targets,
-                  1.0f / (float)(B * T), s.dln, m->dres, B, T);
+    head_backward(g, P + wte, P + lnf, G + wte, G + lnf, G + lnf + C, &h, gpt_acts_block_output(&m->acts, g, L - 1, B, T),
+                  m->acts.targets, 1.0f / (float)(B * T), s.dln, m->acts.dres, B, T);
     for (int l = L - 1; l >= 0; l--) {
-        const float* x = l > 0 ? acts_of(m, l - 1).res3 : m->encoded;
         if (moe_is_moe_layer(&m->cfg, l)) {
-            moe_layer_backward(m, l, x);
+            moe_layer_backward(m, l, gpt_acts_block_input(&m->acts, g, l, B, T));
         } else {
+            // a dense layer: the GPT's block, recomputed as model.h says
             BlockParams p = moe_block_params(&m->cfg, P, l), gp = moe_block_params(&m->cfg, G, l);
-            BlockActs a = acts_of(m, l);
-            block_backward(&p, &gp, &a, &s, x, m->dres, B, T, C, g->num_heads);
+            gpt_block_backward(&m->acts, g, l, &p, &gp, B, T);
         }
     }
-    encoder_backward(G + wte, G + moe_wpe_offset(&m->cfg), m->dres, m->inputs, B, T, C);
+    encoder_backward(G + wte, G + moe_wpe_offset(&m->cfg), m->acts.dres, m->acts.inputs, B, T, C);
 }
 
 // ---------------------------------------------------------------- the two gradient groups
@@ -373,8 +404,9 @@ static float clip_and_step(ExpertModel* m, const TrainArgs* args, int step) {
 // ---------------------------------------------------------------- set-up
 
 static void model_create(ExpertModel* m, const MoeConfig* cfg, int B, int T, const Mesh* mesh, const Run* run,
-                         uint64_t seed) {
+                         uint64_t seed, RecomputeMode recompute) {
     memset(m, 0, sizeof(*m));
+    m->recompute = recompute;
     m->cfg = *cfg;
     m->B = B, m->T = T, m->N = B * T;
     m->world = &run->world, m->dp = &run->axes[AXIS_DP], m->epc = &run->axes[AXIS_EP];
@@ -383,7 +415,7 @@ static void model_create(ExpertModel* m, const MoeConfig* cfg, int B, int T, con
     m->E_local = cfg->experts / m->ep;
     m->e0 = m->epc->rank * m->E_local;
     int N = m->N, C = cfg->gpt.channels, H = cfg->hidden, E = cfg->experts, k = cfg->top_k;
-    int NH = cfg->gpt.num_heads, L = cfg->gpt.num_layers, Lm = moe_num_moe_layers(cfg);
+    int Lm = moe_num_moe_layers(cfg);
     // dropless: my experts may receive every slot of every token of my ep
     // group that can choose them (a token picks an expert at most once)
     m->R = N * m->ep * (k < m->E_local ? k : m->E_local);
@@ -403,17 +435,19 @@ static void model_create(ExpertModel* m, const MoeConfig* cfg, int B, int T, con
     moe_init_experts(host, cfg, m->e0, m->E_local, seed);
     mem_to_device(m->experts, host, m->n_experts * sizeof(float));
     free(host);
-    m->encoded = mem_alloc_floats((size_t)N * C, MEM_ACTIVATIONS);
-    m->blocks = mem_alloc_floats((size_t)L * block_acts_numel(B, T, C, NH), MEM_ACTIVATIONS);
-    m->head = mem_alloc_floats(head_acts_numel(B, T, C, cfg->gpt.padded_vocab_size), MEM_ACTIVATIONS);
-    m->scratch = mem_alloc_floats(block_scratch_numel(B, T, C, NH), MEM_ACTIVATIONS);
-    m->dres = mem_alloc_floats((size_t)N * C, MEM_ACTIVATIONS);
-    m->inputs = mem_alloc((size_t)N * sizeof(int), MEM_ACTIVATIONS);
-    m->targets = mem_alloc((size_t)N * sizeof(int), MEM_ACTIVATIONS);
-    m->losses_host = xmalloc((size_t)N * sizeof(float));
+    gpt_acts_create_recompute(&m->acts, &cfg->gpt, B, T, recompute);
     size_t R = (size_t)m->R, Nk = (size_t)N * k;
-    m->moe = xcalloc((size_t)Lm, sizeof(MoeLayer));
-    for (int i = 0; i < Lm; i++) {
+    // --recompute full: one MoE layer's state, reused by every layer (each
+    // layer's forward runs again before its backward); selective: each
+    // layer's own, but send (read by no backward) and fch_gelu (recomputed)
+    // in one buffer each
+    int n_moe = recompute == RECOMPUTE_FULL ? 1 : Lm;
+    if (recompute == RECOMPUTE_SELECTIVE) {
+        m->send_shared = mem_alloc_floats(Nk * C, MEM_COMM);
+        m->gelu_shared = mem_alloc_floats(R * H, MEM_ACTIVATIONS);
+    }
+    m->moe = xcalloc((size_t)n_moe, sizeof(MoeLayer));
+    for (int i = 0; i < n_moe; i++) {
         MoeLayer* q = &m->moe[i];
         q->logits = mem_alloc_floats((size_t)N * E, MEM_ACTIVATIONS);
         q->probs = mem_alloc_floats((size_t)N * E, MEM_ACTIVATIONS);
@@ -423,11 +457,11 @@ static void model_create(ExpertModel* m, const MoeConfig* cfg, int B, int T, con
         q->send_src = mem_alloc(Nk * sizeof(int), MEM_ACTIVATIONS);
         q->perm = mem_alloc(R * sizeof(int), MEM_ACTIVATIONS);
         q->inv_perm = mem_alloc(R * sizeof(int), MEM_ACTIVATIONS);
-        q->send = mem_alloc_floats(Nk * C, MEM_COMM);
+        q->send = m->send_shared ? m->send_shared : mem_alloc_floats(Nk * C, MEM_COMM);
         q->back = mem_alloc_floats(Nk * C, MEM_COMM);
         q->exp_in = mem_alloc_floats(R * C, MEM_ACTIVATIONS);
         q->fch = mem_alloc_floats(R * H, MEM_ACTIVATIONS);
-        q->fch_gelu = mem_alloc_floats(R * H, MEM_ACTIVATIONS);
+        q->fch_gelu = m->gelu_shared ? m->gelu_shared : mem_alloc_floats(R * H, MEM_ACTIVATIONS);
         q->aux_dprobs = mem_alloc_floats((size_t)E, MEM_ACTIVATIONS);
         q->idx_host = xmalloc(Nk * sizeof(int));
         q->pos_host = xmalloc(Nk * sizeof(int));
@@ -455,15 +489,15 @@ static void model_create(ExpertModel* m, const MoeConfig* cfg, int B, int T, con
 
 static void model_free(ExpertModel* m) {
     float* dev[] = {m->shared, m->dshared, m->m_s, m->v_s, m->experts, m->dexperts, m->m_e, m->v_e,
-                    m->encoded, m->blocks, m->head, m->scratch, m->dres, m->recv, m->xbuf, m->ybuf,
-                    m->dfch, m->dfch_gelu, m->dsend, m->dgates, m->dlogits, m->dln2};
+                    m->recv, m->xbuf, m->ybuf, m->dfch, m->dfch_gelu, m->dsend, m->dgates, m->dlogits, m->dln2,
+                    m->send_shared, m->gelu_shared};
     for (size_t i = 0; i < sizeof(dev) / sizeof(dev[0]); i++) mem_free(dev[i]);
-    mem_free(m->inputs);
-    mem_free(m->targets);
-    free(m->losses_host);
-    for (int i = 0; i < moe_num_moe_layers(&m->cfg); i++) {
+    gpt_acts_free(&m->acts);
+    int n_moe = m->recompute == RECOMPUTE_FULL ? 1 : moe_num_moe_layers(&m->cfg);
+    for (int i = 0; i < n_moe; i++) {
         MoeLayer* q = &m->moe[i];
-        float* f[] = {q->logits, q->probs, q->gates, q->send, q->back, q->exp_in, q->fch, q->fch_gelu, q->aux_dprobs};
+        float* f[] = {q->logits, q->probs, q->gates, m->send_shared ? NULL : q->send, q->back, q->exp_in, q->fch,
+                      m->gelu_shared ? NULL : q->fch_gelu, q->aux_dprobs};
         for (size_t j = 0; j < sizeof(f) / sizeof(f[0]); j++) mem_free(f[j]);
         int* d[] = {q->idx, q->pos, q->send_src, q->perm, q->inv_perm};
         for (size_t j = 0; j < sizeof(d) / sizeof(d[0]); j++) mem_free(d[j]);
@@ -590,7 +624,6 @@ int main(int argc, char** argv) {
                    "dispatch, experts, all-to-all-v combine; replicated gradients over dp x ep, experts over dp.",
                    extra, sizeof(extra) / sizeof(extra[0]), (1u << AXIS_DP) | (1u << AXIS_EP)))
         return 0;
-    run_refuse_flags(&run, RUN_NO_RECOMPUTE, "chapter 7");
     const TrainArgs* args = &run.args;
     const TrainSetup* setup = &run.setup;
     MoeConfig cfg = {.gpt = setup->cfg, .experts = experts, .top_k = top_k,
@@ -622,7 +655,7 @@ int main(int argc, char** argv) {
 
     char msg[1024];
     ExpertModel model;
-    model_create(&model, &cfg, per_rank, T, &run.mesh, &run, (uint64_t)args->seed);
+    model_create(&model, &cfg, per_rank, T, &run.mesh, &run, (uint64_t)args->seed, (RecomputeMode)args->recompute);
     if (setup->checkpoint) {
         float* shared = xmalloc(model.n_shared * sizeof(float));
         float* mine = xmalloc((model.n_experts ? model.n_experts : 1) * sizeof(float));
