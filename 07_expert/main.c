@@ -97,38 +97,29 @@ static BlockActs acts_of(ExpertModel* m, int l) { return gpt_acts_block(&m->acts
 
 // ---------------------------------------------------------------- 1-2. route and count
 
-// From the router's choices (on the host), the plan of the exchanges.
-// Integer data: counts and indices go through the host by plain MPI, never
-// through the float collectives of the comm layer.
-static void plan_dispatch(ExpertModel* m, MoeLayer* L, int layer_index) {
-    int N = m->N, k = m->cfg.top_k, E = m->cfg.experts, El = m->E_local, ep = m->ep;
-    int C = m->cfg.gpt.channels;
-    mem_to_host(L->idx_host, L->idx, (size_t)N * k * sizeof(int));
-
-    // the load-balancing loss (Switch / GShard), over the GLOBAL batch so that
-    // every mesh trains the same objective: f_e = share of the token-slots
-    // routed to e, P_e = mean router prob of e, aux = E sum_e f_e P_e
-    // (1 when balanced). Both sums are all-reduced over dp x ep.
+// The load-balancing loss (Switch / GShard) of one MoE layer, over the
+// GLOBAL batch so that every mesh trains the same objective: f_e = share of
+// the token-slots routed to e, P_e = mean router prob of e,
+// aux = E sum_e f_e P_e (1 when balanced). Writes d (aux_coef aux) / d each
+// prob into L->aux_dprobs (one value per expert) and, in a training step,
+// adds aux to m->aux and the slots per expert to m->routed.
+static void balance_loss(ExpertModel* m, MoeLayer* L, int layer_index) {
+    // EXERCISE 1: the load-balancing loss over the global batch (the sums over dp x ep) and its gradient per prob, scaled for the mean over dp x ep
+    int N = m->N, k = m->cfg.top_k, E = m->cfg.experts;
     long* cnt = xmalloc((size_t)E * sizeof(long));
     double* psum = xmalloc((size_t)E * sizeof(double));
     float* probs = xmalloc((size_t)N * E * sizeof(float));
+    float* aux_host = xmalloc((size_t)E * sizeof(float));
     mem_to_host(probs, L->probs, (size_t)N * E * sizeof(float));
     for (int e = 0; e < E; e++) cnt[e] = 0, psum[e] = 0.0;
     for (int i = 0; i < N * k; i++) cnt[L->idx_host[i]]++;
     for (int t = 0; t < N; t++)
         for (int e = 0; e < E; e++) psum[e] += probs[(size_t)t * E + e];
-    long* cnt_before = xmalloc((size_t)E * sizeof(long));  // slots to e on the ranks before me
-    for (int e = 0; e < E; e++) cnt_before[e] = 0;
-    // the group's rank order (world order) = the order of the batch's
-    // shares (share = dp * ep + ep coordinate), so an exclusive scan counts
-    // the slots of the tokens before mine: capacity keeps the first ones
-    MPI_CHECK(MPI_Exscan(cnt, cnt_before, E, MPI_LONG, MPI_SUM, m->dpep.mpi));
-    if (m->dpep.rank == 0)
-        for (int e = 0; e < E; e++) cnt_before[e] = 0;  // Exscan leaves rank 0's undefined
+    // both sums over every token of the batch: all-reduced over dp x ep
+    // (host data: plain MPI)
     MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, cnt, E, MPI_LONG, MPI_SUM, m->dpep.mpi));
     MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, psum, E, MPI_DOUBLE, MPI_SUM, m->dpep.mpi));
     double n_global = (double)N * m->dpep.size, aux = 0.0;
-    float* aux_host = xmalloc((size_t)E * sizeof(float));
     for (int e = 0; e < E; e++) {
         double f = (double)cnt[e] / (n_global * k), P = psum[e] / n_global;
         aux += E * f * P;
@@ -140,20 +131,37 @@ static void plan_dispatch(ExpertModel* m, MoeLayer* L, int layer_index) {
     }
     mem_to_device(L->aux_dprobs, aux_host, (size_t)E * sizeof(float));
     if (m->record) m->aux += aux;
+    free(aux_host);
+    free(probs);
+    free(psum);
+    free(cnt);
+    // END EXERCISE 1
+}
 
-    // capacity: at most floor(f * k * N_global / E) slots per expert over
-    // the global batch, kept in batch order (token, then slot); the rest are
-    // dropped and pass through the residual. 0: dropless.
-    long cap = m->capacity_factor > 0 ? (long)(m->capacity_factor * k * n_global / E) : -1;
+// Capacity mode: at most floor(f k N_global / E) slots per expert over the
+// global batch, kept in batch order (token, then slot); the rest are dropped
+// and pass through the residual. f = 0: dropless. Sets L->pos_host[i] to 0
+// for a kept slot i (token i / k, its (i % k)-th choice), -1 for a dropped
+// one, and L->cnt_send[e] to my kept slots of expert e. Returns the slots
+// dropped over the global batch.
+static long plan_capacity(ExpertModel* m, MoeLayer* L) {
+    // EXERCISE 2: capacity: keep the first slots of each expert in the order of the global batch, drop the rest, count them
+    int N = m->N, k = m->cfg.top_k, E = m->cfg.experts;
+    long cap = m->capacity_factor > 0 ? (long)(m->capacity_factor * k * (double)N * m->dpep.size / E) : -1;
+    long* cnt = xmalloc((size_t)E * sizeof(long));
+    long* before = xmalloc((size_t)E * sizeof(long));  // slots to e on the ranks before me
+    for (int e = 0; e < E; e++) cnt[e] = 0, before[e] = 0, L->cnt_send[e] = 0;
+    for (int i = 0; i < N * k; i++) cnt[L->idx_host[i]]++;
+    // the group's rank order (world order) = the order of the batch's
+    // shares (share = dp * ep + ep coordinate), so an exclusive scan counts
+    // the slots of the tokens before mine
+    MPI_CHECK(MPI_Exscan(cnt, before, E, MPI_LONG, MPI_SUM, m->dpep.mpi));
+    if (m->dpep.rank == 0)
+        for (int e = 0; e < E; e++) before[e] = 0;  // Exscan leaves rank 0's undefined
     long dropped = 0;
-    // kept slots sorted by expert (so by destination rank), stable in token
-    // order: send row i is token src_host[i]
-    int* fill = xmalloc((size_t)E * sizeof(int));
-    for (int e = 0; e < E; e++) L->cnt_send[e] = 0;
     for (int i = 0; i < N * k; i++) {
         int e = L->idx_host[i];
-        long before = cnt_before[e]++;
-        if (cap >= 0 && before >= cap) {
+        if (cap >= 0 && before[e]++ >= cap) {
             L->pos_host[i] = -1;
             dropped++;
         } else {
@@ -161,20 +169,23 @@ static void plan_dispatch(ExpertModel* m, MoeLayer* L, int layer_index) {
             L->cnt_send[e]++;
         }
     }
-    fill[0] = 0;
-    for (int e = 1; e < E; e++) fill[e] = fill[e - 1] + L->cnt_send[e - 1];
-    L->n_send = fill[E - 1] + L->cnt_send[E - 1];
-    for (int i = 0; i < N * k; i++) {
-        if (L->pos_host[i] < 0) continue;
-        int row = fill[L->idx_host[i]]++;
-        L->pos_host[i] = row;
-        L->src_host[row] = i / k;
-    }
     MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, &dropped, 1, MPI_LONG, MPI_SUM, m->dpep.mpi));
-    if (m->record) m->dropped += dropped;
+    free(before);
+    free(cnt);
+    return dropped;
+    // END EXERCISE 2
+}
 
-    // exchange the counts: rank s learns how many rows of each of my experts
-    // it will receive from me (an all-to-all of E/ep ints per pair)
+// The exchanges' plan from my kept slots per expert (L->cnt_send, in expert
+// order, so in destination order: rank r holds experts [r E/ep, (r+1) E/ep)):
+// exchange the counts, then the floats sent to and received from each ep
+// rank and where they sit (sc, sd, rc, rd), L->n_recv, and the order the
+// experts take the received rows in (perm, expert_off).
+static void plan_exchange(ExpertModel* m, MoeLayer* L) {
+    // EXERCISE 3: the exchange plan: the counts' all-to-all, the all-to-all-v counts and offsets, the received rows grouped by expert
+    int El = m->E_local, ep = m->ep, C = m->cfg.gpt.channels;
+    // rank s learns how many rows of each of my experts it will receive
+    // from me (an all-to-all of E/ep ints per pair; integers: plain MPI)
     MPI_CHECK(MPI_Alltoall(L->cnt_send, El, MPI_INT, L->cnt_recv, El, MPI_INT, m->epc->mpi));
     size_t so = 0, ro = 0;
     for (int r = 0; r < ep; r++) {
@@ -199,6 +210,34 @@ static void plan_dispatch(ExpertModel* m, MoeLayer* L, int layer_index) {
             for (int i = 0; i < L->cnt_recv[s * El + le]; i++) L->perm_host[row++] = src_off[s * El + le] + i;
     }
     L->expert_off[El] = row;
+    free(src_off);
+    // END EXERCISE 3
+}
+
+// From the router's choices, the plan of the exchanges. Integer data:
+// counts and indices go through the host by plain MPI, never through the
+// float collectives of the comm layer.
+static void plan_dispatch(ExpertModel* m, MoeLayer* L, int layer_index) {
+    int N = m->N, k = m->cfg.top_k, E = m->cfg.experts;
+    mem_to_host(L->idx_host, L->idx, (size_t)N * k * sizeof(int));
+    balance_loss(m, L, layer_index);
+    long dropped = plan_capacity(m, L);
+    if (m->record) m->dropped += dropped;
+    // kept slots sorted by expert (so by destination rank), stable in token
+    // order: send row i is token src_host[i], slot j of token t goes to row
+    // pos_host[t k + j]
+    int* fill = xmalloc((size_t)E * sizeof(int));
+    fill[0] = 0;
+    for (int e = 1; e < E; e++) fill[e] = fill[e - 1] + L->cnt_send[e - 1];
+    L->n_send = fill[E - 1] + L->cnt_send[E - 1];
+    for (int i = 0; i < N * k; i++) {
+        if (L->pos_host[i] < 0) continue;
+        int row = fill[L->idx_host[i]]++;
+        L->pos_host[i] = row;
+        L->src_host[row] = i / k;
+    }
+    free(fill);
+    plan_exchange(m, L);
     mem_to_device(L->pos, L->pos_host, (size_t)N * k * sizeof(int));
     mem_to_device(L->send_src, L->src_host, (size_t)L->n_send * sizeof(int));
     mem_to_device(L->perm, L->perm_host, (size_t)L->n_recv * sizeof(int));
@@ -206,13 +245,6 @@ static void plan_dispatch(ExpertModel* m, MoeLayer* L, int layer_index) {
     for (int i = 0; i < L->n_recv; i++) inv[L->perm_host[i]] = i;
     mem_to_device(L->inv_perm, inv, (size_t)L->n_recv * sizeof(int));
     free(inv);
-    free(src_off);
-    free(fill);
-    free(aux_host);
-    free(cnt_before);
-    free(probs);
-    free(psum);
-    free(cnt);
 }
 
 // ---------------------------------------------------------------- the MoE layer
@@ -381,9 +413,11 @@ static void model_backward(ExpertModel* m) {
 // rank holds different experts. Scaled by 1 / (dp ep), as each rank's
 // share counts 1 / (dp ep) of the global mean.
 static void reduce_gradients(ExpertModel* m) {
+    // EXERCISE 4: the two gradient groups: the replicated parameters' mean over dp x ep, the experts' over dp only, scaled for the global mean
     comm_allreduce(&m->dpep, m->dshared, m->n_shared, COMM_AVG);
     comm_allreduce(m->dp, m->dexperts, m->n_experts, COMM_SUM);
     ops_scale(m->dexperts, m->n_experts, 1.0f / (float)m->dpep.size);
+    // END EXERCISE 4
 }
 
 // The global norm: the replicated gradients enter once (on ep rank 0; they
