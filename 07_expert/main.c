@@ -274,7 +274,7 @@ static void moe_layer_forward(ExpertModel* m, int l, BlockActs* a, const float* 
                            L->expert_off[le + 1] - L->expert_off[le], C, H);
     }
     // 5. combine: back to source-major order, the reverse all-to-all-v, and
-    // each token's k outputs summed with its gates (a.fcproj holds the sum)
+    // each token's k outputs summed with its gates (a->fcproj holds the sum)
     moe_gather_forward(m->recv, m->xbuf, L->inv_perm, L->n_recv, C);
     comm_alltoallv(m->epc, m->recv, L->rc, L->rd, L->back, L->sc, L->sd);
     moe_combine_forward(a->fcproj, L->back, L->gates, L->pos, N, k, C);
