@@ -291,7 +291,8 @@ static void moe_layer_forward(ExpertModel* m, int l, BlockActs* a, const float* 
 //              the router included: the same ops on the same input choose
 //              the same experts, but the dispatch and combine all-to-all-v
 //              are issued again, 2 more exchanges per MoE layer per step
-//              (counted in the summary's alltoall bytes).
+//              (counted in the summary's alltoall bytes), and so are the
+//              plan's small host exchanges (the counts, the scan, the sums).
 static BlockActs moe_layer_recompute(ExpertModel* m, int l, const float* x) {
     const MoeConfig* c = &m->cfg;
     int C = c->gpt.channels, NH = c->gpt.num_heads;
