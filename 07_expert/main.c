@@ -26,6 +26,7 @@
 #include <string.h>
 
 #include "args.h"
+#include "ckpt.h"
 #include "comm.h"
 #include "common.h"
 #include "memory.h"
@@ -69,11 +70,13 @@ typedef struct {
     size_t n_shared, n_experts;
     float *shared, *dshared, *m_s, *v_s;
     float *experts, *dexperts, *m_e, *v_e;
-    // activations
-    float *encoded, *blocks, *head, *scratch, *dres;
-    int *inputs, *targets;
-    float* losses_host;
-    MoeLayer* moe;  // one per MoE layer
+    // activations: the GPT's (embedding, the blocks' attention halves and
+    // dense MLPs as --recompute keeps them, head, scratch, dres, token ids)
+    // and each MoE layer's own
+    GPTActs acts;
+    RecomputeMode recompute;
+    MoeLayer* moe;  // one per MoE layer (--recompute full: one for all)
+    float *send_shared, *gelu_shared;  // --recompute selective: every layer's send and fch_gelu
     // scratch shared by the layers
     float *recv, *xbuf, *ybuf, *dfch, *dfch_gelu, *dsend, *dgates, *dlogits, *dln2;
     // statistics of the last forward, summed over the MoE layers (global)
@@ -83,48 +86,40 @@ typedef struct {
     int record;      // 1: this forward is a training step's (statistics kept)
 } ExpertModel;
 
-static MoeLayer* layer_of(ExpertModel* m, int l) { return &m->moe[moe_layer_index(&m->cfg, l)]; }
-
-static BlockActs acts_of(ExpertModel* m, int l) {
-    const GPTConfig* g = &m->cfg.gpt;
-    return block_acts_at(m->blocks + (size_t)l * block_acts_numel(m->B, m->T, g->channels, g->num_heads),
-                         m->B, m->T, g->channels, g->num_heads);
+static MoeLayer* layer_of(ExpertModel* m, int l) {
+    return &m->moe[m->recompute == RECOMPUTE_FULL ? 0 : moe_layer_index(&m->cfg, l)];
 }
+
+// Where layer l's forward writes its attention half (and a dense layer its
+// MLP): the kept fields in the layer's store, the dropped ones in the
+// transient (model.h, --recompute)
+static BlockActs acts_of(ExpertModel* m, int l) { return gpt_acts_block(&m->acts, &m->cfg.gpt, l, m->B, m->T); }
 
 // ---------------------------------------------------------------- 1-2. route and count
 
-// From the router's choices (on the host), the plan of the exchanges.
-// Integer data: counts and indices go through the host by plain MPI, never
-// through the float collectives of the comm layer.
-static void plan_dispatch(ExpertModel* m, MoeLayer* L, int layer_index) {
-    int N = m->N, k = m->cfg.top_k, E = m->cfg.experts, El = m->E_local, ep = m->ep;
-    int C = m->cfg.gpt.channels;
-    mem_to_host(L->idx_host, L->idx, (size_t)N * k * sizeof(int));
-
-    // the load-balancing loss (Switch / GShard), over the GLOBAL batch so that
-    // every mesh trains the same objective: f_e = share of the token-slots
-    // routed to e, P_e = mean router prob of e, aux = E sum_e f_e P_e
-    // (1 when balanced). Both sums are all-reduced over dp x ep.
+// The load-balancing loss (Switch / GShard) of one MoE layer, over the
+// GLOBAL batch so that every mesh trains the same objective: f_e = share of
+// the token-slots routed to e, P_e = mean router prob of e,
+// aux = E sum_e f_e P_e (1 when balanced). Writes d (aux_coef aux) / d each
+// prob into L->aux_dprobs (one value per expert) and, in a training step,
+// adds aux to m->aux and the slots per expert to m->routed.
+static void balance_loss(ExpertModel* m, MoeLayer* L, int layer_index) {
+    // EXERCISE 1: the load-balancing loss over the global batch (the sums over dp x ep) and its gradient per prob, scaled for the mean over dp x ep
+    int N = m->N, k = m->cfg.top_k, E = m->cfg.experts;
     long* cnt = xmalloc((size_t)E * sizeof(long));
     double* psum = xmalloc((size_t)E * sizeof(double));
     float* probs = xmalloc((size_t)N * E * sizeof(float));
+    float* aux_host = xmalloc((size_t)E * sizeof(float));
     mem_to_host(probs, L->probs, (size_t)N * E * sizeof(float));
     for (int e = 0; e < E; e++) cnt[e] = 0, psum[e] = 0.0;
     for (int i = 0; i < N * k; i++) cnt[L->idx_host[i]]++;
     for (int t = 0; t < N; t++)
         for (int e = 0; e < E; e++) psum[e] += probs[(size_t)t * E + e];
-    long* cnt_before = xmalloc((size_t)E * sizeof(long));  // slots to e on the ranks before me
-    for (int e = 0; e < E; e++) cnt_before[e] = 0;
-    // the group's rank order (world order) = the order of the batch's
-    // shares (share = dp * ep + ep coordinate), so an exclusive scan counts
-    // the slots of the tokens before mine: capacity keeps the first ones
-    MPI_CHECK(MPI_Exscan(cnt, cnt_before, E, MPI_LONG, MPI_SUM, m->dpep.mpi));
-    if (m->dpep.rank == 0)
-        for (int e = 0; e < E; e++) cnt_before[e] = 0;  // Exscan leaves rank 0's undefined
+    // both sums over every token of the batch: all-reduced over dp x ep
+    // (host data: plain MPI)
     MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, cnt, E, MPI_LONG, MPI_SUM, m->dpep.mpi));
     MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, psum, E, MPI_DOUBLE, MPI_SUM, m->dpep.mpi));
     double n_global = (double)N * m->dpep.size, aux = 0.0;
-    float* aux_host = xmalloc((size_t)E * sizeof(float));
     for (int e = 0; e < E; e++) {
         double f = (double)cnt[e] / (n_global * k), P = psum[e] / n_global;
         aux += E * f * P;
@@ -136,20 +131,37 @@ static void plan_dispatch(ExpertModel* m, MoeLayer* L, int layer_index) {
     }
     mem_to_device(L->aux_dprobs, aux_host, (size_t)E * sizeof(float));
     if (m->record) m->aux += aux;
+    free(aux_host);
+    free(probs);
+    free(psum);
+    free(cnt);
+    // END EXERCISE 1
+}
 
-    // capacity: at most floor(f * k * N_global / E) slots per expert over
-    // the global batch, kept in batch order (token, then slot); the rest are
-    // dropped and pass through the residual. 0: dropless.
-    long cap = m->capacity_factor > 0 ? (long)(m->capacity_factor * k * n_global / E) : -1;
+// Capacity mode: at most floor(f k N_global / E) slots per expert over the
+// global batch, kept in batch order (token, then slot); the rest are dropped
+// and pass through the residual. f = 0: dropless. Sets L->pos_host[i] to 0
+// for a kept slot i (token i / k, its (i % k)-th choice), -1 for a dropped
+// one, and L->cnt_send[e] to my kept slots of expert e. Returns the slots
+// dropped over the global batch.
+static long plan_capacity(ExpertModel* m, MoeLayer* L) {
+    // EXERCISE 2: capacity: keep the first slots of each expert in the order of the global batch, drop the rest, count them
+    int N = m->N, k = m->cfg.top_k, E = m->cfg.experts;
+    long cap = m->capacity_factor > 0 ? (long)(m->capacity_factor * k * (double)N * m->dpep.size / E) : -1;
+    long* cnt = xmalloc((size_t)E * sizeof(long));
+    long* before = xmalloc((size_t)E * sizeof(long));  // slots to e on the ranks before me
+    for (int e = 0; e < E; e++) cnt[e] = 0, before[e] = 0, L->cnt_send[e] = 0;
+    for (int i = 0; i < N * k; i++) cnt[L->idx_host[i]]++;
+    // the group's rank order (world order) = the order of the batch's
+    // shares (share = dp * ep + ep coordinate), so an exclusive scan counts
+    // the slots of the tokens before mine
+    MPI_CHECK(MPI_Exscan(cnt, before, E, MPI_LONG, MPI_SUM, m->dpep.mpi));
+    if (m->dpep.rank == 0)
+        for (int e = 0; e < E; e++) before[e] = 0;  // Exscan leaves rank 0's undefined
     long dropped = 0;
-    // kept slots sorted by expert (so by destination rank), stable in token
-    // order: send row i is token src_host[i]
-    int* fill = xmalloc((size_t)E * sizeof(int));
-    for (int e = 0; e < E; e++) L->cnt_send[e] = 0;
     for (int i = 0; i < N * k; i++) {
         int e = L->idx_host[i];
-        long before = cnt_before[e]++;
-        if (cap >= 0 && before >= cap) {
+        if (cap >= 0 && before[e]++ >= cap) {
             L->pos_host[i] = -1;
             dropped++;
         } else {
@@ -157,20 +169,23 @@ static void plan_dispatch(ExpertModel* m, MoeLayer* L, int layer_index) {
             L->cnt_send[e]++;
         }
     }
-    fill[0] = 0;
-    for (int e = 1; e < E; e++) fill[e] = fill[e - 1] + L->cnt_send[e - 1];
-    L->n_send = fill[E - 1] + L->cnt_send[E - 1];
-    for (int i = 0; i < N * k; i++) {
-        if (L->pos_host[i] < 0) continue;
-        int row = fill[L->idx_host[i]]++;
-        L->pos_host[i] = row;
-        L->src_host[row] = i / k;
-    }
     MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, &dropped, 1, MPI_LONG, MPI_SUM, m->dpep.mpi));
-    if (m->record) m->dropped += dropped;
+    free(before);
+    free(cnt);
+    return dropped;
+    // END EXERCISE 2
+}
 
-    // exchange the counts: rank s learns how many rows of each of my experts
-    // it will receive from me (an all-to-all of E/ep ints per pair)
+// The exchanges' plan from my kept slots per expert (L->cnt_send, in expert
+// order, so in destination order: rank r holds experts [r E/ep, (r+1) E/ep)):
+// exchange the counts, then the floats sent to and received from each ep
+// rank and where they sit (sc, sd, rc, rd), L->n_recv, and the order the
+// experts take the received rows in (perm, expert_off).
+static void plan_exchange(ExpertModel* m, MoeLayer* L) {
+    // EXERCISE 3: the exchange plan: the counts' all-to-all, the all-to-all-v counts and offsets, the received rows grouped by expert
+    int El = m->E_local, ep = m->ep, C = m->cfg.gpt.channels;
+    // rank s learns how many rows of each of my experts it will receive
+    // from me (an all-to-all of E/ep ints per pair; integers: plain MPI)
     MPI_CHECK(MPI_Alltoall(L->cnt_send, El, MPI_INT, L->cnt_recv, El, MPI_INT, m->epc->mpi));
     size_t so = 0, ro = 0;
     for (int r = 0; r < ep; r++) {
@@ -195,6 +210,34 @@ static void plan_dispatch(ExpertModel* m, MoeLayer* L, int layer_index) {
             for (int i = 0; i < L->cnt_recv[s * El + le]; i++) L->perm_host[row++] = src_off[s * El + le] + i;
     }
     L->expert_off[El] = row;
+    free(src_off);
+    // END EXERCISE 3
+}
+
+// From the router's choices, the plan of the exchanges. Integer data:
+// counts and indices go through the host by plain MPI, never through the
+// float collectives of the comm layer.
+static void plan_dispatch(ExpertModel* m, MoeLayer* L, int layer_index) {
+    int N = m->N, k = m->cfg.top_k, E = m->cfg.experts;
+    mem_to_host(L->idx_host, L->idx, (size_t)N * k * sizeof(int));
+    balance_loss(m, L, layer_index);
+    long dropped = plan_capacity(m, L);
+    if (m->record) m->dropped += dropped;
+    // kept slots sorted by expert (so by destination rank), stable in token
+    // order: send row i is token src_host[i], slot j of token t goes to row
+    // pos_host[t k + j]
+    int* fill = xmalloc((size_t)E * sizeof(int));
+    fill[0] = 0;
+    for (int e = 1; e < E; e++) fill[e] = fill[e - 1] + L->cnt_send[e - 1];
+    L->n_send = fill[E - 1] + L->cnt_send[E - 1];
+    for (int i = 0; i < N * k; i++) {
+        if (L->pos_host[i] < 0) continue;
+        int row = fill[L->idx_host[i]]++;
+        L->pos_host[i] = row;
+        L->src_host[row] = i / k;
+    }
+    free(fill);
+    plan_exchange(m, L);
     mem_to_device(L->pos, L->pos_host, (size_t)N * k * sizeof(int));
     mem_to_device(L->send_src, L->src_host, (size_t)L->n_send * sizeof(int));
     mem_to_device(L->perm, L->perm_host, (size_t)L->n_recv * sizeof(int));
@@ -202,31 +245,25 @@ static void plan_dispatch(ExpertModel* m, MoeLayer* L, int layer_index) {
     for (int i = 0; i < L->n_recv; i++) inv[L->perm_host[i]] = i;
     mem_to_device(L->inv_perm, inv, (size_t)L->n_recv * sizeof(int));
     free(inv);
-    free(src_off);
-    free(fill);
-    free(aux_host);
-    free(cnt_before);
-    free(probs);
-    free(psum);
-    free(cnt);
 }
 
 // ---------------------------------------------------------------- the MoE layer
 
-static void moe_layer_forward(ExpertModel* m, int l, const float* x) {
+// a: where the attention half and the layer's output go (acts_of, or the
+// transient when --recompute full runs the layer again in backward).
+static void moe_layer_forward(ExpertModel* m, int l, BlockActs* a, const float* x) {
     const MoeConfig* c = &m->cfg;
     int N = m->N, C = c->gpt.channels, H = c->hidden, E = c->experts, k = c->top_k;
     MoeLayer* L = layer_of(m, l);
     BlockParams p = moe_block_params(c, m->shared, l);
-    BlockActs a = acts_of(m, l);
-    moe_attention_forward(&p, &a, x, m->B, m->T, C, c->gpt.num_heads);
+    moe_attention_forward(&p, a, x, m->B, m->T, C, c->gpt.num_heads);
     // 1. route: logits (N, E) = ln2 @ router^T, softmax, top-k, gates
-    matmul_forward(L->logits, a.ln2, moe_router_at(c, m->shared, l), NULL, N, C, E);
+    matmul_forward(L->logits, a->ln2, moe_router_at(c, m->shared, l), NULL, N, C, E);
     moe_router_forward(L->probs, L->idx, L->gates, L->logits, N, E, k);
     // 2. count and exchange the counts
     plan_dispatch(m, L, moe_layer_index(c, l));
     // 3. dispatch: my rows in destination order, then the all-to-all-v
-    moe_gather_forward(L->send, a.ln2, L->send_src, L->n_send, C);
+    moe_gather_forward(L->send, a->ln2, L->send_src, L->n_send, C);
     comm_alltoallv(m->epc, L->send, L->sc, L->sd, m->recv, L->rc, L->rd);
     // 4. experts: the received rows grouped by expert, one expert at a time
     moe_gather_forward(L->exp_in, m->recv, L->perm, L->n_recv, C);
@@ -237,26 +274,61 @@ static void moe_layer_forward(ExpertModel* m, int l, const float* x) {
                            L->expert_off[le + 1] - L->expert_off[le], C, H);
     }
     // 5. combine: back to source-major order, the reverse all-to-all-v, and
-    // each token's k outputs summed with its gates (a.fcproj holds the sum)
+    // each token's k outputs summed with its gates (a->fcproj holds the sum)
     moe_gather_forward(m->recv, m->xbuf, L->inv_perm, L->n_recv, C);
     comm_alltoallv(m->epc, m->recv, L->rc, L->rd, L->back, L->sc, L->sd);
-    moe_combine_forward(a.fcproj, L->back, L->gates, L->pos, N, k, C);
-    residual_forward(a.res3, a.res2, a.fcproj, (size_t)N * C);
+    moe_combine_forward(a->fcproj, L->back, L->gates, L->pos, N, k, C);
+    residual_forward(a->res3, a->res2, a->fcproj, (size_t)N * C);
+}
+
+// --recompute: what layer l's forward did not keep, again, before its
+// backward (docs/recompute.md). Returns the activations backward reads.
+//   selective  keeps the router's choices, the plan and every row that
+//              crossed the network (exp_in, fch, back): no exchange is
+//              repeated. Recomputed: the attention probabilities from qkv,
+//              and gelu(fch) of the experts' rows.
+//   full       keeps only the layer's output; the whole layer runs again,
+//              the router included: the same ops on the same input choose
+//              the same experts, but the dispatch and combine all-to-all-v
+//              are issued again, 2 more exchanges per MoE layer per step
+//              (counted in the summary's alltoall bytes), and so are the
+//              plan's small host exchanges (the counts, the scan, the sums).
+static BlockActs moe_layer_recompute(ExpertModel* m, int l, const float* x) {
+    const MoeConfig* c = &m->cfg;
+    int C = c->gpt.channels, NH = c->gpt.num_heads;
+    BlockActs a = acts_of(m, l);
+    MoeLayer* L = layer_of(m, l);
+    if (m->recompute == RECOMPUTE_SELECTIVE) {
+        // as model.c: attention_forward rewrites atty (kept, the same bits)
+        // into attproj's slot, which backward never reads
+        attention_forward(a.attproj, a.att, a.qkv, m->B, m->T, C, NH);
+        gelu_forward(L->fch_gelu, L->fch, (size_t)L->n_recv * c->hidden);
+    } else if (m->recompute == RECOMPUTE_FULL) {
+        // everything into the transient (its res3 too: the kept one stays);
+        // the step's statistics were counted by the first forward
+        a = block_acts_at(m->acts.transient, m->B, m->T, C, NH);
+        int record = m->record;
+        m->record = 0;
+        moe_layer_forward(m, l, &a, x);
+        m->record = record;
+    }
+    return a;
 }
 
 // dres: d res3 on entry, d x on return. The exchanges of forward, reversed.
 static void moe_layer_backward(ExpertModel* m, int l, const float* x) {
     const MoeConfig* c = &m->cfg;
     int N = m->N, C = c->gpt.channels, H = c->hidden, E = c->experts, k = c->top_k;
+    BlockActs a = moe_layer_recompute(m, l, x);
     MoeLayer* L = layer_of(m, l);
     BlockParams p = moe_block_params(c, m->shared, l);
     BlockParams g = moe_block_params(c, m->dshared, l);
-    BlockActs a = acts_of(m, l);
-    BlockScratch s = block_scratch_at(m->scratch, m->B, m->T, C, c->gpt.num_heads);
+    BlockScratch s = gpt_acts_scratch(&m->acts, &c->gpt);
+    float* dres = m->acts.dres;
     // combine, backwards: d of each returned row, and of each gate
     ops_zero(m->dsend, (size_t)N * k * C);
     ops_zero(m->dgates, (size_t)N * k);
-    moe_combine_backward(m->dsend, m->dgates, m->dres, L->back, L->gates, L->pos, N, k, C);
+    moe_combine_backward(m->dsend, m->dgates, dres, L->back, L->gates, L->pos, N, k, C);
     // the combine's all-to-all-v reversed: the gradients go to the experts
     comm_alltoallv(m->epc, m->dsend, L->sc, L->sd, m->recv, L->rc, L->rd);
     moe_gather_forward(m->xbuf, m->recv, L->perm, L->n_recv, C);
@@ -280,60 +352,53 @@ static void moe_layer_backward(ExpertModel* m, int l, const float* x) {
     moe_router_backward(m->dlogits, m->dgates, L->aux_dprobs, L->probs, L->idx, L->gates, N, E, k);
     matmul_backward(m->dln2, moe_router_at(c, m->dshared, l), NULL, m->dlogits, a.ln2,
                     moe_router_at(c, m->shared, l), N, C, E);
-    moe_attention_backward(&p, &g, &a, &s, x, m->dln2, m->dres, m->B, m->T, C, c->gpt.num_heads);
+    moe_attention_backward(&p, &g, &a, &s, x, m->dln2, dres, m->B, m->T, C, c->gpt.num_heads);
 }
 
 // ---------------------------------------------------------------- the whole model
 
 static float model_forward(ExpertModel* m, const int* inputs, const int* targets) {
     const GPTConfig* g = &m->cfg.gpt;
-    int B = m->B, T = m->T, C = g->channels, N = m->N;
-    mem_to_device(m->inputs, inputs, (size_t)N * sizeof(int));
-    mem_to_device(m->targets, targets, (size_t)N * sizeof(int));
+    int B = m->B, T = m->T, C = g->channels;
+    gpt_acts_load(&m->acts, inputs, targets);
     if (m->record) m->aux = 0.0, m->dropped = 0;
-    encoder_forward(m->encoded, m->inputs, m->shared + moe_wte_offset(&m->cfg), m->shared + moe_wpe_offset(&m->cfg),
-                    B, T, C);
-    const float* x = m->encoded;
+    encoder_forward(m->acts.encoded, m->acts.inputs, m->shared + moe_wte_offset(&m->cfg),
+                    m->shared + moe_wpe_offset(&m->cfg), B, T, C);
     for (int l = 0; l < g->num_layers; l++) {
         if (moe_is_moe_layer(&m->cfg, l)) {
-            moe_layer_forward(m, l, x);
+            BlockActs a = acts_of(m, l);
+            moe_layer_forward(m, l, &a, gpt_acts_block_input(&m->acts, g, l, B, T));
         } else {
             BlockParams p = moe_block_params(&m->cfg, m->shared, l);
-            BlockActs a = acts_of(m, l);
-            block_forward(&p, &a, x, B, T, C, g->num_heads);
+            gpt_block_forward(&m->acts, g, l, &p, B, T);
         }
-        x = acts_of(m, l).res3;
     }
-    HeadActs h = head_acts_at(m->head, B, T, C, g->padded_vocab_size);
+    HeadActs h = gpt_acts_head(&m->acts, g, B, T);
     float* lnf = m->shared + moe_lnf_offset(&m->cfg);
-    head_forward(g, m->shared + moe_wte_offset(&m->cfg), lnf, lnf + C, &h, x, m->targets, B, T);
-    mem_to_host(m->losses_host, h.losses, (size_t)N * sizeof(float));
-    double sum = 0.0;
-    for (int i = 0; i < N; i++) sum += m->losses_host[i];
-    return (float)(sum / (double)N);
+    head_forward(g, m->shared + moe_wte_offset(&m->cfg), lnf, lnf + C, &h,
+                 gpt_acts_block_output(&m->acts, g, g->num_layers - 1, B, T), m->acts.targets, B, T);
+    return gpt_acts_mean_loss(&m->acts, g);
 }
 
 static void model_backward(ExpertModel* m) {
     const GPTConfig* g = &m->cfg.gpt;
     int B = m->B, T = m->T, C = g->channels, L = g->num_layers;
-    HeadActs h = head_acts_at(m->head, B, T, C, g->padded_vocab_size);
-    BlockScratch s = block_scratch_at(m->scratch, B, T, C, g->num_heads);
+    HeadActs h = gpt_acts_head(&m->acts, g, B, T);
+    BlockScratch s = gpt_acts_scratch(&m->acts, g);
     float *P = m->shared, *G = m->dshared;
     size_t lnf = moe_lnf_offset(&m->cfg), wte = moe_wte_offset(&m->cfg);
-    const float* last = L > 0 ? acts_of(m, L - 1).res3 : m->encoded;
-    head_backward(g, P + wte, P + lnf, G + wte, G + lnf, G + lnf + C, &h, last, m->targets,
-                  1.0f / (float)(B * T), s.dln, m->dres, B, T);
+    head_backward(g, P + wte, P + lnf, G + wte, G + lnf, G + lnf + C, &h, gpt_acts_block_output(&m->acts, g, L - 1, B, T),
+                  m->acts.targets, 1.0f / (float)(B * T), s.dln, m->acts.dres, B, T);
     for (int l = L - 1; l >= 0; l--) {
-        const float* x = l > 0 ? acts_of(m, l - 1).res3 : m->encoded;
         if (moe_is_moe_layer(&m->cfg, l)) {
-            moe_layer_backward(m, l, x);
+            moe_layer_backward(m, l, gpt_acts_block_input(&m->acts, g, l, B, T));
         } else {
+            // a dense layer: the GPT's block, recomputed as model.h says
             BlockParams p = moe_block_params(&m->cfg, P, l), gp = moe_block_params(&m->cfg, G, l);
-            BlockActs a = acts_of(m, l);
-            block_backward(&p, &gp, &a, &s, x, m->dres, B, T, C, g->num_heads);
+            gpt_block_backward(&m->acts, g, l, &p, &gp, B, T);
         }
     }
-    encoder_backward(G + wte, G + moe_wpe_offset(&m->cfg), m->dres, m->inputs, B, T, C);
+    encoder_backward(G + wte, G + moe_wpe_offset(&m->cfg), m->acts.dres, m->acts.inputs, B, T, C);
 }
 
 // ---------------------------------------------------------------- the two gradient groups
@@ -349,9 +414,11 @@ static void model_backward(ExpertModel* m) {
 // rank holds different experts. Scaled by 1 / (dp ep), as each rank's
 // share counts 1 / (dp ep) of the global mean.
 static void reduce_gradients(ExpertModel* m) {
+    // EXERCISE 4: the two gradient groups: the replicated parameters' mean over dp x ep, the experts' over dp only, scaled for the global mean
     comm_allreduce(&m->dpep, m->dshared, m->n_shared, COMM_AVG);
     comm_allreduce(m->dp, m->dexperts, m->n_experts, COMM_SUM);
     ops_scale(m->dexperts, m->n_experts, 1.0f / (float)m->dpep.size);
+    // END EXERCISE 4
 }
 
 // The global norm: the replicated gradients enter once (on ep rank 0; they
@@ -372,8 +439,9 @@ static float clip_and_step(ExpertModel* m, const TrainArgs* args, int step) {
 // ---------------------------------------------------------------- set-up
 
 static void model_create(ExpertModel* m, const MoeConfig* cfg, int B, int T, const Mesh* mesh, const Run* run,
-                         uint64_t seed) {
+                         uint64_t seed, RecomputeMode recompute) {
     memset(m, 0, sizeof(*m));
+    m->recompute = recompute;
     m->cfg = *cfg;
     m->B = B, m->T = T, m->N = B * T;
     m->world = &run->world, m->dp = &run->axes[AXIS_DP], m->epc = &run->axes[AXIS_EP];
@@ -382,7 +450,7 @@ static void model_create(ExpertModel* m, const MoeConfig* cfg, int B, int T, con
     m->E_local = cfg->experts / m->ep;
     m->e0 = m->epc->rank * m->E_local;
     int N = m->N, C = cfg->gpt.channels, H = cfg->hidden, E = cfg->experts, k = cfg->top_k;
-    int NH = cfg->gpt.num_heads, L = cfg->gpt.num_layers, Lm = moe_num_moe_layers(cfg);
+    int Lm = moe_num_moe_layers(cfg);
     // dropless: my experts may receive every slot of every token of my ep
     // group that can choose them (a token picks an expert at most once)
     m->R = N * m->ep * (k < m->E_local ? k : m->E_local);
@@ -402,17 +470,19 @@ static void model_create(ExpertModel* m, const MoeConfig* cfg, int B, int T, con
     moe_init_experts(host, cfg, m->e0, m->E_local, seed);
     mem_to_device(m->experts, host, m->n_experts * sizeof(float));
     free(host);
-    m->encoded = mem_alloc_floats((size_t)N * C, MEM_ACTIVATIONS);
-    m->blocks = mem_alloc_floats((size_t)L * block_acts_numel(B, T, C, NH), MEM_ACTIVATIONS);
-    m->head = mem_alloc_floats(head_acts_numel(B, T, C, cfg->gpt.padded_vocab_size), MEM_ACTIVATIONS);
-    m->scratch = mem_alloc_floats(block_scratch_numel(B, T, C, NH), MEM_ACTIVATIONS);
-    m->dres = mem_alloc_floats((size_t)N * C, MEM_ACTIVATIONS);
-    m->inputs = mem_alloc((size_t)N * sizeof(int), MEM_ACTIVATIONS);
-    m->targets = mem_alloc((size_t)N * sizeof(int), MEM_ACTIVATIONS);
-    m->losses_host = xmalloc((size_t)N * sizeof(float));
+    gpt_acts_create_recompute(&m->acts, &cfg->gpt, B, T, recompute);
     size_t R = (size_t)m->R, Nk = (size_t)N * k;
-    m->moe = xcalloc((size_t)Lm, sizeof(MoeLayer));
-    for (int i = 0; i < Lm; i++) {
+    // --recompute full: one MoE layer's state, reused by every layer (each
+    // layer's forward runs again before its backward); selective: each
+    // layer's own, but send (read by no backward) and fch_gelu (recomputed)
+    // in one buffer each
+    int n_moe = recompute == RECOMPUTE_FULL ? 1 : Lm;
+    if (recompute == RECOMPUTE_SELECTIVE) {
+        m->send_shared = mem_alloc_floats(Nk * C, MEM_COMM);
+        m->gelu_shared = mem_alloc_floats(R * H, MEM_ACTIVATIONS);
+    }
+    m->moe = xcalloc((size_t)n_moe, sizeof(MoeLayer));
+    for (int i = 0; i < n_moe; i++) {
         MoeLayer* q = &m->moe[i];
         q->logits = mem_alloc_floats((size_t)N * E, MEM_ACTIVATIONS);
         q->probs = mem_alloc_floats((size_t)N * E, MEM_ACTIVATIONS);
@@ -422,11 +492,11 @@ static void model_create(ExpertModel* m, const MoeConfig* cfg, int B, int T, con
         q->send_src = mem_alloc(Nk * sizeof(int), MEM_ACTIVATIONS);
         q->perm = mem_alloc(R * sizeof(int), MEM_ACTIVATIONS);
         q->inv_perm = mem_alloc(R * sizeof(int), MEM_ACTIVATIONS);
-        q->send = mem_alloc_floats(Nk * C, MEM_COMM);
+        q->send = m->send_shared ? m->send_shared : mem_alloc_floats(Nk * C, MEM_COMM);
         q->back = mem_alloc_floats(Nk * C, MEM_COMM);
         q->exp_in = mem_alloc_floats(R * C, MEM_ACTIVATIONS);
         q->fch = mem_alloc_floats(R * H, MEM_ACTIVATIONS);
-        q->fch_gelu = mem_alloc_floats(R * H, MEM_ACTIVATIONS);
+        q->fch_gelu = m->gelu_shared ? m->gelu_shared : mem_alloc_floats(R * H, MEM_ACTIVATIONS);
         q->aux_dprobs = mem_alloc_floats((size_t)E, MEM_ACTIVATIONS);
         q->idx_host = xmalloc(Nk * sizeof(int));
         q->pos_host = xmalloc(Nk * sizeof(int));
@@ -454,15 +524,15 @@ static void model_create(ExpertModel* m, const MoeConfig* cfg, int B, int T, con
 
 static void model_free(ExpertModel* m) {
     float* dev[] = {m->shared, m->dshared, m->m_s, m->v_s, m->experts, m->dexperts, m->m_e, m->v_e,
-                    m->encoded, m->blocks, m->head, m->scratch, m->dres, m->recv, m->xbuf, m->ybuf,
-                    m->dfch, m->dfch_gelu, m->dsend, m->dgates, m->dlogits, m->dln2};
+                    m->recv, m->xbuf, m->ybuf, m->dfch, m->dfch_gelu, m->dsend, m->dgates, m->dlogits, m->dln2,
+                    m->send_shared, m->gelu_shared};
     for (size_t i = 0; i < sizeof(dev) / sizeof(dev[0]); i++) mem_free(dev[i]);
-    mem_free(m->inputs);
-    mem_free(m->targets);
-    free(m->losses_host);
-    for (int i = 0; i < moe_num_moe_layers(&m->cfg); i++) {
+    gpt_acts_free(&m->acts);
+    int n_moe = m->recompute == RECOMPUTE_FULL ? 1 : moe_num_moe_layers(&m->cfg);
+    for (int i = 0; i < n_moe; i++) {
         MoeLayer* q = &m->moe[i];
-        float* f[] = {q->logits, q->probs, q->gates, q->send, q->back, q->exp_in, q->fch, q->fch_gelu, q->aux_dprobs};
+        float* f[] = {q->logits, q->probs, q->gates, m->send_shared ? NULL : q->send, q->back, q->exp_in, q->fch,
+                      m->gelu_shared ? NULL : q->fch_gelu, q->aux_dprobs};
         for (size_t j = 0; j < sizeof(f) / sizeof(f[0]); j++) mem_free(f[j]);
         int* d[] = {q->idx, q->pos, q->send_src, q->perm, q->inv_perm};
         for (size_t j = 0; j < sizeof(d) / sizeof(d[0]); j++) mem_free(d[j]);
@@ -531,6 +601,43 @@ static void save_model(ExpertModel* m, const char* path) {
     fail_if_any(bad != NULL, bad);
 }
 
+// ---------------------------------------------------------------- training-state checkpoints
+
+// What this rank writes and reads of the training state (ckpt.h), in the
+// MoE model's own tensors (moe.h: the router and the experts have global
+// shapes of their own). Who writes what, so that nothing is written twice:
+//   - the experts, with their AdamW moments, exist once per dp replica, on
+//     the ep rank that holds them: dp replica 0 writes them, each ep rank
+//     its own E/ep experts;
+//   - the replicated parameters and moments are the same on all dp x ep
+//     ranks: dp replica 0's ep ranks write 1/ep of the flat buffer each, so
+//     the write is spread over as many ranks (and files) as the experts';
+//     the other replicas write nothing.
+// Every rank reads all the replicated state and its own experts. The slices
+// are global (experts [e0, e0 + E/ep) of every MoE layer), so a checkpoint
+// saved on one dp x ep mesh resumes on any other.
+static CkptTensor ckpt_table[MOE_CKPT_TENSORS];
+
+static void model_ckpt(Ckpt* ck, ExpertModel* m) {
+    char variant[256];
+    moe_ckpt_tensors(&m->cfg, ckpt_table);
+    moe_ckpt_variant(&m->cfg, variant, sizeof(variant));
+    ckpt_set_model(ck, ckpt_table, MOE_CKPT_TENSORS, variant);
+    float* shared[CKPT_NUM_KINDS] = {m->shared, m->m_s, m->v_s};
+    float* experts[CKPT_NUM_KINDS] = {m->experts, m->m_e, m->v_e};
+    size_t per = (m->n_shared + m->ep - 1) / m->ep, lo = (size_t)m->epc->rank * per;
+    if (lo > m->n_shared) lo = m->n_shared;
+    size_t n = m->n_shared - lo < per ? m->n_shared - lo : per;
+    for (int k = 0; k < CKPT_NUM_KINDS; k++) {
+        if (m->dp->rank == 0) {
+            moe_ckpt_add_shared(&ck->own, &m->cfg, (CkptKind)k, lo, n, shared[k] + lo);
+            moe_ckpt_add_experts(&ck->own, &m->cfg, (CkptKind)k, m->e0, m->E_local, experts[k]);
+        }
+        moe_ckpt_add_shared(&ck->need, &m->cfg, (CkptKind)k, 0, m->n_shared, shared[k]);
+        moe_ckpt_add_experts(&ck->need, &m->cfg, (CkptKind)k, m->e0, m->E_local, experts[k]);
+    }
+}
+
 // ---------------------------------------------------------------- main
 
 int main(int argc, char** argv) {
@@ -552,7 +659,6 @@ int main(int argc, char** argv) {
                    "dispatch, experts, all-to-all-v combine; replicated gradients over dp x ep, experts over dp.",
                    extra, sizeof(extra) / sizeof(extra[0]), (1u << AXIS_DP) | (1u << AXIS_EP)))
         return 0;
-    run_refuse_flags(&run, RUN_NO_CHECKPOINTS | RUN_NO_RECOMPUTE, "chapter 7");
     const TrainArgs* args = &run.args;
     const TrainSetup* setup = &run.setup;
     MoeConfig cfg = {.gpt = setup->cfg, .experts = experts, .top_k = top_k,
@@ -584,7 +690,7 @@ int main(int argc, char** argv) {
 
     char msg[1024];
     ExpertModel model;
-    model_create(&model, &cfg, per_rank, T, &run.mesh, &run, (uint64_t)args->seed);
+    model_create(&model, &cfg, per_rank, T, &run.mesh, &run, (uint64_t)args->seed, (RecomputeMode)args->recompute);
     if (setup->checkpoint) {
         float* shared = xmalloc(model.n_shared * sizeof(float));
         float* mine = xmalloc((model.n_experts ? model.n_experts : 1) * sizeof(float));
@@ -606,6 +712,11 @@ int main(int argc, char** argv) {
     print0("model %s: %zu parameters (%zu replicated, %zu in experts), %zu active per token; global batch %d x %d, %d per rank\n",
            setup->model_name, total_params, model.n_shared, total_params - model.n_shared, moe_active_params(&cfg), B, T,
            per_rank);
+    // --ckpt-dir, --save-every, --resume: this rank's slices, from whatever mesh saved them
+    Ckpt ck;
+    ckpt_init(&ck, args, setup, &run.mesh, 7);
+    model_ckpt(&ck, &model);
+    int start = ckpt_resume(&ck);
     JsonLog log;
     bad = jsonl_open(&log, args->log, msg, sizeof(msg));
     fail_if_any(bad != NULL, bad);
@@ -618,7 +729,7 @@ int main(int argc, char** argv) {
     comm_counts_reset();
     size_t ex_len = 64 + (size_t)Lm * experts * 24;
     char* ex = xmalloc(ex_len);
-    for (int step = 0; step < args->steps; step++) {
+    for (int step = start; step < args->steps; step++) {
         clock_begin(&clock);
         data_batch(&setup->train, step, B, T, share * per_rank, per_rank, inputs, targets);
         float my_loss = model_forward(&model, inputs, targets);
@@ -629,7 +740,7 @@ int main(int argc, char** argv) {
         float norm = clip_and_step(&model, args, step);
         // the language-model loss of the global batch (a host scalar: plain MPI)
         loss = (float)train_mean(&model.dpep, my_loss);
-        double dt = clock_end(&clock, step, args->steps);
+        double dt = clock_end(&clock, step - start, args->steps - start);
         dropped_total += model.dropped;
         // the step record: "loss" is the LM loss; the load-balancing loss, the
         // dropped slots and the slots routed to each expert per MoE layer
@@ -648,8 +759,11 @@ int main(int argc, char** argv) {
                                           per_rank, &model.dpep);
             if (v >= 0) report_val(&log, step, v);
         }
+        ckpt_after_step(&ck, step);  // --save-every, --ckpt-dir
     }
+    ckpt_finish(&ck, &log);  // an async save still in flight is joined here
     free(ex);
+    int trained = args->steps - start;  // the steps this run trained
     // the all-to-all traffic of training alone (validation below adds its own)
     // A rank sends its N k token-slots in dispatch and, in combine, what its
     // experts received: this varies by rank, the mean over the ranks is
@@ -662,13 +776,13 @@ int main(int argc, char** argv) {
     if (val_loss >= 0) report_val(&log, args->steps - 1, val_loss);
     double ms = clock_ms_per_step(&clock);
     print0("dispatch and combine: %.0f bytes sent per rank per step in all-to-all-v (mean over ranks), %ld token-slots dropped\n",
-           args->steps > 0 ? a2a.bytes / args->steps : 0.0, dropped_total);
+           trained > 0 ? a2a.bytes / trained : 0.0, dropped_total);
     char extra_json[512];
     snprintf(extra_json, sizeof(extra_json),
              "\"experts\":%d,\"top_k\":%d,\"expert_hidden\":%d,\"moe_every\":%d,\"aux_coef\":%g,\"capacity_factor\":%g,"
              "\"active_params\":%zu,\"alltoall_bytes_per_step\":%.0f,\"dropped_total\":%ld",
              experts, top_k, cfg.hidden, moe_every, aux_coef, capacity, moe_active_params(&cfg),
-             args->steps > 0 ? a2a.bytes / args->steps : 0.0, dropped_total);
+             trained > 0 ? a2a.bytes / trained : 0.0, dropped_total);
     RunSummary summary = {
         .chapter = 7, .model = setup->model_name, .num_params = total_params, .batch = B, .seq = T,
         .steps = args->steps, .ms_per_step = ms, .tokens_per_s = ms > 0 ? (double)B * T / (ms / 1e3) : 0.0,

@@ -110,6 +110,26 @@ static size_t tensor_numel(const GPTConfig* cfg, ParamTensor t) {
     return (param_tensor_is_block(t) ? (size_t)cfg->num_layers : 1) * param_tensor_numel(cfg, t);
 }
 
+// The tensor table of c's model: the GPT's, or the one ckpt_set_model gave.
+static int n_tensors_of(const Ckpt* c) { return c->tensors ? c->n_tensors : NUM_PARAM_TENSORS; }
+
+static const char* tensor_name_of(const Ckpt* c, int t) {
+    return c->tensors ? c->tensors[t].name : param_tensor_name((ParamTensor)t);
+}
+
+static int shape_of(const Ckpt* c, int t, size_t dims[4]) {
+    if (!c->tensors) return tensor_shape(&c->cfg, (ParamTensor)t, dims);
+    for (int d = 0; d < c->tensors[t].nd; d++) dims[d] = c->tensors[t].dims[d];
+    return c->tensors[t].nd;
+}
+
+static size_t numel_of(const Ckpt* c, int t) {
+    if (!c->tensors) return tensor_numel(&c->cfg, (ParamTensor)t);
+    size_t n = 1;
+    for (int d = 0; d < c->tensors[t].nd; d++) n *= c->tensors[t].dims[d];
+    return n;
+}
+
 // ---------------------------------------------------------------- the checksum
 
 unsigned long long ckpt_hash(unsigned long long h, const void* buf, size_t n) {
@@ -266,6 +286,12 @@ void ckpt_init(Ckpt* c, const TrainArgs* a, const TrainSetup* s, const Mesh* mes
     MPI_CHECK(MPI_Comm_rank(MPI_COMM_WORLD, &c->rank));
 }
 
+void ckpt_set_model(Ckpt* c, const CkptTensor* tensors, int n, const char* variant) {
+    c->tensors = tensors;
+    c->n_tensors = n;
+    snprintf(c->variant, sizeof(c->variant), "%s", variant ? variant : "");
+}
+
 // ---------------------------------------------------------------- writing a rank's file
 
 // Writes c->host behind the header to c->file_path: fsync'ed, its checksum
@@ -346,7 +372,7 @@ static const char* write_manifest(const Ckpt* c, int step, const int* counts, co
     size_t cap = 4096, len = 0;
     int total = 0;
     for (int r = 0; r < c->world; r++) total += counts[r];
-    cap += (size_t)total * 160 + (size_t)c->world * 96 + 48 * 96;
+    cap += (size_t)total * 160 + (size_t)c->world * 96 + (size_t)(3 * n_tensors_of(c) + 16) * 112 + sizeof(c->variant);
     char* text = xmalloc(cap);
 #define OUT(...) len += (size_t)snprintf(text + len, cap - len, __VA_ARGS__)
     const GPTConfig* g = &c->cfg;
@@ -356,6 +382,7 @@ static const char* write_manifest(const Ckpt* c, int step, const int* counts, co
         c->mesh[AXIS_CP], c->mesh[AXIS_EP], c->world);
     OUT("model maxT=%d V=%d Vp=%d L=%d NH=%d C=%d\n", g->max_seq_len, g->vocab_size, g->padded_vocab_size,
         g->num_layers, g->num_heads, g->channels);
+    if (c->variant[0]) OUT("variant %s\n", c->variant);
     OUT("step %d\n", step);
     // the data position: llm.c's order, batch s starts at sequence s*B
     OUT("data batch=%d seq=%d next_sequence=%lld\n", c->B, c->T, (long long)step * c->B);
@@ -373,12 +400,12 @@ static const char* write_manifest(const Ckpt* c, int step, const int* counts, co
             OUT("file %d rank-%05d.bin bytes=%llu hash=%016llx\n", file_index[r], r,
                 (unsigned long long)files[3 * r + 1], (unsigned long long)files[3 * r + 2]);
     }
-    OUT("tensors %d\n", CKPT_NUM_KINDS * NUM_PARAM_TENSORS);
+    OUT("tensors %d\n", CKPT_NUM_KINDS * n_tensors_of(c));
     for (int k = 0; k < CKPT_NUM_KINDS; k++)
-        for (ParamTensor t = 0; t < NUM_PARAM_TENSORS; t++) {
-            size_t dims[3];
-            int nd = tensor_shape(g, t, dims);
-            OUT("tensor %s.%s %d", kind_names[k], param_tensor_name(t), nd);
+        for (int t = 0; t < n_tensors_of(c); t++) {
+            size_t dims[4];
+            int nd = shape_of(c, t, dims);
+            OUT("tensor %s.%s %d", kind_names[k], tensor_name_of(c, t), nd);
             for (int d = 0; d < nd; d++) OUT(" %zu", dims[d]);
             OUT("\n");
         }
@@ -388,7 +415,7 @@ static const char* write_manifest(const Ckpt* c, int step, const int* counts, co
         uint64_t offset = CKPT_HEADER_BYTES;
         for (int i = 0; i < counts[r]; i++, m += 6) {
             OUT("slice %s.%s file=%d offset=%llu start=%llu len=%llu stride=%llu count=%llu\n", kind_names[m[0]],
-                param_tensor_name((ParamTensor)m[1]), file_index[r], (unsigned long long)offset,
+                tensor_name_of(c, (int)m[1]), file_index[r], (unsigned long long)offset,
                 (unsigned long long)m[2], (unsigned long long)m[3], (unsigned long long)m[4],
                 (unsigned long long)m[5]);
             offset += m[3] * m[5] * sizeof(float);
@@ -603,11 +630,11 @@ typedef struct {
     SavedSlice* slices;
 } Manifest;
 
-static int find_tensor(const char* name, int* kind, int* tensor) {
+static int find_tensor(const Ckpt* c, const char* name, int* kind, int* tensor) {
     for (int k = 0; k < CKPT_NUM_KINDS; k++)
-        for (ParamTensor t = 0; t < NUM_PARAM_TENSORS; t++) {
+        for (int t = 0; t < n_tensors_of(c); t++) {
             char full[64];
-            snprintf(full, sizeof(full), "%s.%s", kind_names[k], param_tensor_name(t));
+            snprintf(full, sizeof(full), "%s.%s", kind_names[k], tensor_name_of(c, t));
             if (!strcmp(full, name)) {
                 *kind = k;
                 *tensor = (int)t;
@@ -618,7 +645,9 @@ static int find_tensor(const char* name, int* kind, int* tensor) {
 }
 
 // Reads and checks DIR/MANIFEST. Returns NULL or a message naming it.
-static const char* read_manifest(const char* dir, const GPTConfig* want, Manifest* m, char* msg, size_t msg_len) {
+static const char* read_manifest(const char* dir, const Ckpt* c, Manifest* m, char* msg, size_t msg_len) {
+    const GPTConfig* want = &c->cfg;
+    char variant[256] = "";  // the manifest's variant line (none: the GPT)
     memset(m, 0, sizeof(*m));
     char path[4096 + 16];
     snprintf(path, sizeof(path), "%s/MANIFEST", dir);
@@ -665,6 +694,7 @@ static const char* read_manifest(const char* dir, const GPTConfig* want, Manifes
                 bad = msg;
             }
         }
+        else if (!strncmp(line, "variant ", 8)) snprintf(variant, sizeof(variant), "%s", line + 8);
         else if (!strncmp(line, "step ", 5)) ok = sscanf(line, "step %d", &m->step) == 1 && m->step >= 0;
         else if (!strncmp(line, "data ", 5)) ok = sscanf(line, "data batch=%d seq=%d", &m->B, &m->T) == 2;
         else if (!strncmp(line, "rng ", 4)) ok = sscanf(line, "rng seed=%d", &m->seed) == 1;
@@ -680,15 +710,22 @@ static const char* read_manifest(const char* dir, const GPTConfig* want, Manifes
             files_seen++;
         } else if (!strncmp(line, "tensors ", 8)) {
             ok = 1;
+            // another kind of model (a dense GPT and a mixture of experts,
+            // or two different MoE set-ups) is refused whole, before its tensors
+            if (strcmp(variant, c->variant) != 0) {
+                snprintf(msg, msg_len, "checkpoint '%s' holds a %s%s model; this run's is a %s%s model: resume with the model it was saved from",
+                         dir, variant[0] ? "" : "dense GPT", variant, c->variant[0] ? "" : "dense GPT", c->variant);
+                bad = msg;
+            }
         } else if (!strncmp(line, "tensor ", 7)) {
             // the global shapes must be this model's
             char name[64];
             int kind, tensor, nd;
-            size_t d[3] = {0, 0, 0}, want_d[3];
-            ok = sscanf(line, "tensor %63s %d %zu %zu %zu", name, &nd, &d[0], &d[1], &d[2]) >= 3 &&
-                 find_tensor(name, &kind, &tensor);
-            if (ok && (tensor_shape(want, (ParamTensor)tensor, want_d) != nd || d[0] != want_d[0] ||
-                       (nd > 1 && d[1] != want_d[1]) || (nd > 2 && d[2] != want_d[2]))) {
+            size_t d[4] = {0, 0, 0, 0}, want_d[4];
+            ok = sscanf(line, "tensor %63s %d %zu %zu %zu %zu", name, &nd, &d[0], &d[1], &d[2], &d[3]) >= 3 &&
+                 find_tensor(c, name, &kind, &tensor);
+            if (ok && (shape_of(c, tensor, want_d) != nd || d[0] != want_d[0] || (nd > 1 && d[1] != want_d[1]) ||
+                       (nd > 2 && d[2] != want_d[2]) || (nd > 3 && d[3] != want_d[3]))) {
                 snprintf(msg, msg_len, "checkpoint manifest '%s' has tensor %s of another shape than this model's: resume with the model it was saved from",
                          path, name);
                 bad = msg;
@@ -703,9 +740,9 @@ static const char* read_manifest(const char* dir, const GPTConfig* want, Manifes
             ok = m->slices && slices_seen < m->n_slices &&
                  sscanf(line, "slice %63s file=%d offset=%zu start=%zu len=%zu stride=%zu count=%zu", name, &s.file,
                         &s.offset, &s.start, &s.len, &s.stride, &s.count) == 7 &&
-                 find_tensor(name, &s.kind, &s.tensor) && s.file >= 0 && s.file < m->n_files && s.len > 0 &&
+                 find_tensor(c, name, &s.kind, &s.tensor) && s.file >= 0 && s.file < m->n_files && s.len > 0 &&
                  s.count > 0 && s.stride >= s.len &&
-                 s.start + (s.count - 1) * s.stride + s.len <= tensor_numel(want, (ParamTensor)s.tensor);
+                 s.start + (s.count - 1) * s.stride + s.len <= numel_of(c, s.tensor);
             if (ok) m->slices[slices_seen++] = s;
         } else {
             ok = 0;
@@ -717,9 +754,9 @@ static const char* read_manifest(const char* dir, const GPTConfig* want, Manifes
         }
     }
     free(text);
-    if (!bad && (files_seen != m->n_files || slices_seen != m->n_slices || tensors_seen != CKPT_NUM_KINDS * NUM_PARAM_TENSORS)) {
+    if (!bad && (files_seen != m->n_files || slices_seen != m->n_slices || tensors_seen != CKPT_NUM_KINDS * n_tensors_of(c))) {
         snprintf(msg, msg_len, "checkpoint manifest '%s' lists %d of %d files, %d of %d slices, %d of %d tensors", path,
-                 files_seen, m->n_files, slices_seen, m->n_slices, tensors_seen, CKPT_NUM_KINDS * NUM_PARAM_TENSORS);
+                 files_seen, m->n_files, slices_seen, m->n_slices, tensors_seen, CKPT_NUM_KINDS * n_tensors_of(c));
         bad = msg;
     }
     return bad;
@@ -834,7 +871,7 @@ int ckpt_resume(Ckpt* c) {
     fail_if_any(bad != NULL, bad);
     MPI_CHECK(MPI_Bcast(dir, sizeof(dir), MPI_CHAR, 0, MPI_COMM_WORLD));
     Manifest m;
-    bad = read_manifest(dir, &c->cfg, &m, msg, sizeof(msg));
+    bad = read_manifest(dir, c, &m, msg, sizeof(msg));
     fail_if_any(bad != NULL, bad);
     if (m.B != c->B || m.T != c->T) {
         snprintf(msg, sizeof(msg), "checkpoint '%s' was trained with batch %d x %d; this run has %d x %d: resume with --batch %d --seq %d (the data position and the losses depend on them)",
@@ -882,7 +919,7 @@ int ckpt_resume(Ckpt* c) {
         }
         c->load_bytes += r.bytes;
         char name[64];
-        snprintf(name, sizeof(name), "%s.%s", kind_names[s->kind], param_tensor_name((ParamTensor)s->tensor));
+        snprintf(name, sizeof(name), "%s.%s", kind_names[s->kind], tensor_name_of(c, s->tensor));
         if (r.failed) {
             snprintf(msg, sizeof(msg), "reading %s from checkpoint '%s' (file %s) failed", name, dir, r.path);
             bad = msg;

@@ -62,6 +62,16 @@ typedef struct {
     size_t floats;  // sum of len * count
 } CkptList;
 
+// A model that is not the GPT (chapter 7's mixture of experts) names its own
+// tensors: CkptSlice.tensor indexes this table, each tensor's global index
+// space is its dims, row-major. A dimension may be 0 (a tensor the model
+// does not have, such as the dense MLP when every layer is MoE).
+typedef struct {
+    char name[32];
+    int nd;  // 1..4
+    size_t dims[4];
+} CkptTensor;
+
 // Appends a slice (stride is set to len when count is 1).
 void ckpt_add(CkptList* l, CkptSlice s);
 // Appends the flat layer-major range [lo, lo + n) of kind `kind` (model.h's
@@ -79,6 +89,12 @@ typedef struct {
     const char* resume;
     int every, keep, async, chapter;
     GPTConfig cfg;
+    // NULL: the GPT's 16 tensors (ParamTensor). Else the model's own table
+    // (ckpt_set_model), and `variant` names what GPTConfig does not say
+    // ("moe experts=4 ..."): a checkpoint must have the same to be resumed.
+    const CkptTensor* tensors;
+    int n_tensors;
+    char variant[256];
     int B, T, seed, steps;
     int mesh[NUM_AXES];
     float lr, wd, clip;
@@ -108,6 +124,9 @@ typedef struct {
 
 // Reads the checkpoint flags; no file is touched yet.
 void ckpt_init(Ckpt* c, const TrainArgs* a, const TrainSetup* s, const Mesh* mesh, int chapter);
+// For a model other than the GPT, before ckpt_resume: its tensor table
+// (kept by pointer: it must outlive c) and its variant line.
+void ckpt_set_model(Ckpt* c, const CkptTensor* tensors, int n, const char* variant);
 // With --resume: finds the latest complete checkpoint, checks its manifest
 // against the model, the batch and the files' checksums, and fills every
 // slice of c->need. Returns the step to start at (0 without --resume).

@@ -310,3 +310,107 @@ const char* moe_checkpoint_write(const char* path, const MoeConfig* c, const flo
     }
     return NULL;
 }
+
+// ---------------------------------------------------------------- training-state checkpoint
+
+// The table's order: the tensor ids of moe_ckpt_add_shared and _experts.
+enum {
+    T_WTE, T_WPE, T_LN1W, T_LN2B = T_LN1W + 7, T_FCW, T_FCPROJB = T_FCW + 3, T_ROUTER, T_EFCW, T_EFCB, T_EFCPROJW,
+    T_EFCPROJB, T_LNFW, T_LNFB
+};
+_Static_assert(T_LNFB + 1 == MOE_CKPT_TENSORS, "the MoE checkpoint table");
+
+static CkptTensor tensor_of(const char* name, int nd, size_t d0, size_t d1, size_t d2, size_t d3) {
+    CkptTensor t = {.nd = nd, .dims = {d0, d1, d2, d3}};
+    snprintf(t.name, sizeof(t.name), "%s", name);
+    return t;
+}
+
+void moe_ckpt_tensors(const MoeConfig* c, CkptTensor out[MOE_CKPT_TENSORS]) {
+    const GPTConfig* g = &c->gpt;
+    size_t C = (size_t)g->channels, L = (size_t)g->num_layers, Lm = (size_t)moe_num_moe_layers(c), Ld = L - Lm;
+    size_t E = (size_t)c->experts, H = (size_t)c->hidden;
+    out[T_WTE] = tensor_of("wte", 2, (size_t)g->padded_vocab_size, C, 0, 0);
+    out[T_WPE] = tensor_of("wpe", 2, (size_t)g->max_seq_len, C, 0, 0);
+    // ln1w .. ln2b: every layer has them, as in the GPT: (L, numel)
+    for (ParamTensor t = P_LN1W; t <= P_LN2B; t++) {
+        size_t n = param_tensor_numel(g, t);
+        out[T_LN1W + (t - P_LN1W)] = t == P_QKVW       ? tensor_of("qkvw", 3, L, 3 * C, C, 0)
+                                     : t == P_ATTPROJW ? tensor_of("attprojw", 3, L, C, C, 0)
+                                                       : tensor_of(param_tensor_name(t), 2, L, n, 0, 0);
+    }
+    // the dense MLP over the dense layers only
+    out[T_FCW] = tensor_of("fcw", 3, Ld, 4 * C, C, 0);
+    out[T_FCW + 1] = tensor_of("fcb", 2, Ld, 4 * C, 0, 0);
+    out[T_FCW + 2] = tensor_of("fcprojw", 3, Ld, C, 4 * C, 0);
+    out[T_FCPROJB] = tensor_of("fcprojb", 2, Ld, C, 0, 0);
+    out[T_ROUTER] = tensor_of("router", 3, Lm, E, C, 0);
+    out[T_EFCW] = tensor_of("expert_fcw", 4, Lm, E, H, C);
+    out[T_EFCB] = tensor_of("expert_fcb", 3, Lm, E, H, 0);
+    out[T_EFCPROJW] = tensor_of("expert_fcprojw", 4, Lm, E, C, H);
+    out[T_EFCPROJB] = tensor_of("expert_fcprojb", 3, Lm, E, C, 0);
+    out[T_LNFW] = tensor_of("lnfw", 1, C, 0, 0, 0);
+    out[T_LNFB] = tensor_of("lnfb", 1, C, 0, 0, 0);
+}
+
+void moe_ckpt_variant(const MoeConfig* c, char* out, size_t len) {
+    snprintf(out, len, "mixture-of-experts experts=%d top_k=%d expert_hidden=%d moe_every=%d", c->experts, c->top_k,
+             c->hidden, c->moe_every);
+}
+
+// The part of [lo, hi) of a flat buffer (values from data, which holds
+// element lo) that falls on the piece at flat offset `off` of n floats,
+// which is elements [gstart, gstart + n) of tensor t.
+static void add_piece(CkptList* l, CkptKind kind, int t, size_t off, size_t n, size_t gstart, size_t lo, size_t hi,
+                      float* data) {
+    size_t a = off > lo ? off : lo, b = off + n < hi ? off + n : hi;
+    if (a >= b) return;
+    CkptSlice s = {.kind = kind, .tensor = t, .start = gstart + (a - off), .len = b - a, .count = 1,
+                   .data = data + (a - lo)};
+    ckpt_add(l, s);
+}
+
+void moe_ckpt_add_shared(CkptList* l, const MoeConfig* c, CkptKind kind, size_t lo, size_t n, float* data) {
+    const GPTConfig* g = &c->gpt;
+    size_t hi = lo + n, C = (size_t)g->channels;
+    add_piece(l, kind, T_WTE, moe_wte_offset(c), param_tensor_numel(g, P_WTE), 0, lo, hi, data);
+    add_piece(l, kind, T_WPE, moe_wpe_offset(c), param_tensor_numel(g, P_WPE), 0, lo, hi, data);
+    for (int layer = 0, dense = 0; layer < g->num_layers; layer++) {
+        size_t off = moe_block_offset(c, layer);
+        // the attention half: the dense block's first 8 tensors, in order
+        for (ParamTensor t = P_LN1W; t <= P_LN2B; t++) {
+            size_t tn = param_tensor_numel(g, t);
+            add_piece(l, kind, T_LN1W + (t - P_LN1W), off, tn, (size_t)layer * tn, lo, hi, data);
+            off += tn;
+        }
+        if (moe_is_moe_layer(c, layer)) {
+            size_t rn = (size_t)c->experts * C;
+            add_piece(l, kind, T_ROUTER, off, rn, (size_t)moe_layer_index(c, layer) * rn, lo, hi, data);
+        } else {
+            for (ParamTensor t = P_FCW; t <= P_FCPROJB; t++) {
+                size_t tn = param_tensor_numel(g, t);
+                add_piece(l, kind, T_FCW + (t - P_FCW), off, tn, (size_t)dense * tn, lo, hi, data);
+                off += tn;
+            }
+            dense++;
+        }
+    }
+    add_piece(l, kind, T_LNFW, moe_lnf_offset(c), C, 0, lo, hi, data);
+    add_piece(l, kind, T_LNFB, moe_lnf_offset(c) + C, C, 0, lo, hi, data);
+}
+
+void moe_ckpt_add_experts(CkptList* l, const MoeConfig* c, CkptKind kind, int e0, int n_local, float* data) {
+    size_t H = (size_t)c->hidden, C = (size_t)c->gpt.channels, E = (size_t)c->experts;
+    size_t numel[4] = {H * C, H, C * H, C};
+    for (int m = 0; m < moe_num_moe_layers(c); m++)
+        for (int le = 0; le < n_local; le++) {
+            ExpertParams p = moe_expert_at(c, data, m, le, n_local);
+            float* at[4] = {p.fcw, p.fcb, p.fcprojw, p.fcprojb};
+            size_t e = (size_t)m * E + (size_t)(e0 + le);  // the global (layer, expert)
+            for (int t = 0; t < 4; t++) {
+                CkptSlice s = {.kind = kind, .tensor = T_EFCW + t, .start = e * numel[t], .len = numel[t],
+                               .count = 1, .data = at[t]};
+                ckpt_add(l, s);
+            }
+        }
+}

@@ -25,6 +25,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "ckpt.h"
 #include "model.h"
 
 typedef struct {
@@ -112,5 +113,27 @@ const char* moe_checkpoint_read(const char* path, const MoeConfig* c, float* sha
 // Writes atomically from host copies of the shared buffer and ALL experts.
 const char* moe_checkpoint_write(const char* path, const MoeConfig* c, const float* shared,
                                  const float* experts, char* msg, size_t len);
+
+
+// ---------------------------------------------------------------- training-state checkpoint (ckpt.h)
+// The model's tensors in a training-state checkpoint, each in its own
+// global index space (ckpt_set_model): the GPT's names where the GPT has the
+// tensor, but the dense MLP's four only over the dense layers, plus
+//   router          (L_moe, E, C)
+//   expert_fcw      (L_moe, E, H, C)   expert_fcb      (L_moe, E, H)
+//   expert_fcprojw  (L_moe, E, C, H)   expert_fcprojb  (L_moe, E, C)
+// so a slice of experts [e0, e0 + n) is the same elements whatever mesh
+// wrote it, and a checkpoint reshards over ep like any other.
+#define MOE_CKPT_TENSORS 21
+void moe_ckpt_tensors(const MoeConfig* c, CkptTensor out[MOE_CKPT_TENSORS]);
+// The manifest's variant line: E, k, H and moe_every (k and moe_every
+// change the model without changing every shape).
+void moe_ckpt_variant(const MoeConfig* c, char* out, size_t len);
+// The flat range [lo, lo + n) of the shared buffer (a replica or a piece of
+// it), values at data: one slice per (tensor, layer) piece it overlaps.
+void moe_ckpt_add_shared(CkptList* l, const MoeConfig* c, CkptKind kind, size_t lo, size_t n, float* data);
+// A rank's experts buffer (experts [e0, e0 + n_local) of every MoE layer):
+// one slice per (layer, expert, tensor).
+void moe_ckpt_add_experts(CkptList* l, const MoeConfig* c, CkptKind kind, int e0, int n_local, float* data);
 
 #endif

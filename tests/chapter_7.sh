@@ -36,7 +36,7 @@ else
 fi
 # c7_same NAME NP FLAGS: the run reproduces the ep = 1 losses and norms
 c7_same() {
-    local log=$TEST_TMPDIR/c7_$2_$(echo "$3" | tr -d ' -').jsonl a b
+    local log=$TEST_TMPDIR/c7_$2_$(echo "$1" | tr -cd 'a-z0-9').jsonl a b
     mpi_run $T_RUN "$2" "$BUILD/chapter-7" $c7_flags $3 --log "$log"
     C7_LOG=$log
     if [ $RC = 0 ] && a=$(bash tests/compare_losses.sh "$c7_ref" "$log" $TOL 2>&1) &&
@@ -69,7 +69,89 @@ else
     fail "experts: parameter memory at ep=2" "want $c7_p; $(grep -o '"peak_bytes":{"params":[^]]*]' "$C7_LOG")"
 fi
 c7_same "ep=4" 4 "--ep 4"
-c7_same "dp=2 x ep=2" 4 "--dp 2 --ep 2"
+# the dp x ep = 2 x 2 run also saves its training state every 4 steps
+# (asynchronously): the checkpoint tests below resume from it
+c7_ck=$TEST_TMPDIR/c7_ck
+c7_same "dp=2 x ep=2" 4 "--dp 2 --ep 2 --ckpt-dir $c7_ck --save-every 4 --async-save"
+c7_full=$C7_LOG
+
+# Training-state checkpoints. c7_tail LOG FIRST: the step records from step
+# FIRST on, without the timings: loss, norm, aux_loss, dropped and
+# expert_tokens as printed.
+c7_tail() { grep '"type":"step"' "$1" | awk -v f="$2" '{ match($0, /"step":[0-9]+/); if (substr($0, RSTART + 7, RLENGTH - 7) + 0 >= f) print }' |
+    sed 's/"ms":[^,]*,"tokens_per_s":[^,]*,//'; }
+# stopped after step 4 and resumed on the same mesh: the uninterrupted run's
+# records, every field, the same bits
+mpi_run $T_RUN 4 "$BUILD/chapter-7" $c7_flags --dp 2 --ep 2 --resume "$c7_ck/step-00000004" --log "$TEST_TMPDIR/c7_res.jsonl"
+a=$(c7_tail "$c7_full" 4)
+b=$(c7_tail "$TEST_TMPDIR/c7_res.jsonl" 0)
+if [ $RC = 0 ] && echo "$OUT" | grep -q "checkpoint: resumed from" && [ -n "$a" ] && [ "$a" = "$b" ] &&
+    [ "$(echo "$b" | wc -l)" = $((INV_STEPS - 4)) ]; then
+    pass "experts: dp x ep = 2 x 2 resumed at step 4 repeats steps 4..$((INV_STEPS - 1)) bit for bit (loss, norm, aux_loss, expert_tokens)"
+else
+    fail "experts: resume on dp x ep = 2 x 2" "exit $RC; $(diff <(echo "$a") <(echo "$b") | head -4); $(echo "$OUT" | grep -E 'error|resumed' | head -2)"
+fi
+# on another mesh (ep = 4: every expert moves to another rank): it works,
+# the slices are global; the losses within the invariant's tolerance
+mpi_run $T_RUN 4 "$BUILD/chapter-7" $c7_flags --ep 4 --resume "$c7_ck/step-00000004" --log "$TEST_TMPDIR/c7_res4.jsonl"
+c7_tail "$c7_full" 4 >"$TEST_TMPDIR/c7_tail4.jsonl"
+if [ $RC = 0 ] && echo "$OUT" | grep -q "checkpoint: resumed from" &&
+    a=$(bash tests/compare_losses.sh "$TEST_TMPDIR/c7_tail4.jsonl" "$TEST_TMPDIR/c7_res4.jsonl" $TOL 2>&1) &&
+    b=$(bash tests/compare_losses.sh "$TEST_TMPDIR/c7_tail4.jsonl" "$TEST_TMPDIR/c7_res4.jsonl" $TOL aux_loss 2>&1); then
+    pass "experts: the 2 x 2 checkpoint of step 4 resumes on ep=4 and continues the 2 x 2 run ($a; ${b#* steps, })"
+else
+    fail "experts: resume on ep=4" "exit $RC; $a; $b; $(echo "$OUT" | grep -E 'error' | head -3)"
+fi
+# --recompute (docs/recompute.md): on dp x ep = 2 x 2, selective and full
+# give the step records of none, every field the same bits (so the
+# invariant holds per mode); the activation and exchange-buffer bytes per
+# rank are the formula's to the byte (docs/07_expert.md), and full, which
+# runs each MoE layer's dispatch and combine again, sends 6 exchanges' bytes
+# per MoE layer instead of 4.
+# Per rank: N = 24 x 32 / 4 = 192 tokens, C 64, NH 4, T 32, L = L_moe = 2,
+# Vp 256, E 4, k 2, H 256, R = N ep min(k, E/ep) = 768 received rows at most.
+c7_rc_bytes() {  # MODE -> "ACTIVATIONS COMM" in bytes
+    local N=192 C=64 NH=4 T=32 L=2 Lm=2 Vp=256 E=4 k=2 H=256 R=768 acts store tr n gelu send
+    acts=$((18 * C + NH * T + 4))
+    case $1 in
+        none) store=$acts tr=0 n=$Lm gelu=$((Lm * R * H)) send=$((Lm * N * k * C)) ;;
+        selective) store=$((12 * C + 4)) tr=$((6 * C + NH * T)) n=$Lm gelu=$((R * H)) send=$((N * k * C)) ;;
+        full) store=$C tr=$acts n=1 gelu=$((R * H)) send=$((N * k * C)) ;;
+    esac
+    # the GPT's activations (docs/recompute.md's formula), each MoE layer's
+    # own (router, plan, received rows, fch: n of them) with fch_gelu, and
+    # the scratch every MoE layer shares
+    local gpt=$((N * (C + L * store + tr + C + Vp + 6 + 13 * C + NH * T + C + 2)))
+    local moe=$((n * (2 * N * E + 4 * N * k + 2 * R + R * C + R * H + E) + gelu + 2 * R * C + 2 * R * H + N * k + N * E + N * C))
+    echo "$((4 * (gpt + moe))) $((4 * (send + n * N * k * C + R * C + N * k * C)))"
+}
+c7_peak() { grep '"type":"summary"' "$1" | sed 's/.*"activations":\[\([0-9]*\),.*"comm":\[\([0-9]*\),.*/\1 \2/'; }
+c7_a2a() { grep '"type":"summary"' "$1" | sed 's/.*"alltoall_bytes_per_step":\([0-9]*\),.*/\1/'; }
+want=$(c7_rc_bytes none)
+if [ "$(c7_peak "$c7_full")" = "$want" ]; then
+    pass "experts: --recompute none holds $want bytes of activations and exchange buffers per rank (the formula)"
+else
+    fail "experts: recompute none memory" "want $want; got $(c7_peak "$c7_full")"
+fi
+a=$(c7_tail "$c7_full" 0)
+for mode in selective full; do
+    log=$TEST_TMPDIR/c7_rc_$mode.jsonl
+    mpi_run $T_RUN 4 "$BUILD/chapter-7" $c7_flags --dp 2 --ep 2 --recompute $mode --log "$log"
+    want=$(c7_peak "$log")
+    x=4; [ $mode = full ] && x=6  # exchanges per MoE layer per step
+    a2a=$((2 * x * 192 * 2 * 64 * 4))
+    if [ $RC = 0 ] && [ "$(c7_tail "$log" 0)" = "$a" ] && [ "$want" = "$(c7_rc_bytes $mode)" ] &&
+        [ "$(c7_a2a "$log")" = $a2a ] && b=$(bash tests/compare_losses.sh "$c7_ref" "$log" $TOL 2>&1); then
+        pass "experts: --recompute $mode on 2 x 2 gives none's records bit for bit ($b against ep=1), $want bytes (the formula), $a2a all-to-all bytes per step"
+    else
+        fail "experts: --recompute $mode" "exit $RC; bytes $want, formula $(c7_rc_bytes $mode); all-to-all $(c7_a2a "$log"), want $a2a; $(diff <(echo "$a") <(c7_tail "$log" 0) | head -3)"
+    fi
+done
+
+# another model: a checkpoint of E=4, k=2 is refused by a k=1 run and by a
+# dense chapter, with what each holds
+error_case chapter-7 1 "$c7_flags --top-k 1 --resume $c7_ck" "holds a mixture-of-experts experts=4 top_k=2"
+error_case chapter-0 1 "$INV_FLAGS --resume $c7_ck" "this run's is a dense GPT model"
 
 # a dense layer below an MoE layer (--moe-every 2), experts of width 96, and
 # k = 3 > the 2 experts of a rank (the receive buffers' bound min(k, E/ep))
@@ -80,6 +162,15 @@ if [ $RC = 0 ] && a=$(bash tests/compare_losses.sh "$TEST_TMPDIR/c7_odd1.jsonl" 
     pass "experts: --moe-every 2, H=96, k=3 on ep=2 reproduces ep=1 ($a)"
 else
     fail "experts: --moe-every 2, H=96, k=3" "exit $RC; $a; command: $CMD"
+fi
+# the same with --recompute full: the dense layer recomputed by model.h, the
+# MoE layer by the chapter, the same bits as without
+mpi_run $T_RUN 2 "$BUILD/chapter-7" $c7_odd --ep 2 --recompute full --log "$TEST_TMPDIR/c7_odd2f.jsonl"
+if [ $RC = 0 ] && [ -n "$(c7_tail "$TEST_TMPDIR/c7_odd2.jsonl" 0)" ] &&
+    [ "$(c7_tail "$TEST_TMPDIR/c7_odd2.jsonl" 0)" = "$(c7_tail "$TEST_TMPDIR/c7_odd2f.jsonl" 0)" ]; then
+    pass "experts: --moe-every 2 with --recompute full (a dense and an MoE layer recomputed) gives the records of none bit for bit"
+else
+    fail "experts: --moe-every 2 --recompute full" "exit $RC; $(diff <(c7_tail "$TEST_TMPDIR/c7_odd2.jsonl" 0) <(c7_tail "$TEST_TMPDIR/c7_odd2f.jsonl" 0) | head -3)"
 fi
 
 # Capacity mode, by hand: E = 2, k = 2 sends every token to both experts,
@@ -117,8 +208,5 @@ error_case chapter-7 1 "--experts 4 --top-k 5" "--top-k must be between 1 and --
 error_case chapter-7 1 "--moe-every 3" "no layer has experts"
 error_case chapter-7 1 "--capacity-factor -1" "--capacity-factor must be >= 0"
 help_case chapter-7 "--capacity-factor"
-# shared flags this chapter does not implement yet are refused, not ignored
-error_case chapter-7 1 "--ckpt-dir $TEST_TMPDIR/ck7" "chapter 7 does not save or resume training state yet"
-error_case chapter-7 1 "--recompute full" "chapter 7 keeps its activations its own way and does not recompute them yet"
 
 finish
