@@ -65,9 +65,11 @@ typedef struct {
 
 // The layers of virtual stage k of S: L / S each, the first L % S one more.
 static LayerRange stage_layers(int L, int S, int k) {
+    // EXERCISE 1: the layer split: the first layer and the layer count of virtual stage k of S, L / S each and the first L % S one more
     int base = L / S, extra = L % S;
     LayerRange r = {k * base + (k < extra ? k : extra), base + (k < extra ? 1 : 0)};
     return r;
+    // END EXERCISE 1
 }
 
 static int rank_pieces(const GPTConfig* cfg, int pp, int v, int r, Piece* p) {
@@ -305,6 +307,7 @@ static void incoming_build(Pipe* P) {
 }
 
 static void receive(Pipe* P, int grad, int mb, int c) {
+    // EXERCISE 3: receive the input of an action from its peer: the messages that peer sent before it first, each into its own slot; one that came early is already there
     int pp = P->npp, peer = grad ? (P->s + 1) % pp : (P->s + pp - 1) % pp;
     Incoming* in = P->in[0].peer == peer ? &P->in[0] : &P->in[1];
     size_t BTC = (size_t)P->b * P->T * P->cfg->channels;
@@ -323,6 +326,7 @@ static void receive(Pipe* P, int grad, int mb, int c) {
         P->early++;  // another action's input, kept in its slot until that action runs
     }
     FATAL("stage %d: rank %d never sends the %s of microbatch %d", P->s, peer, grad ? "gradient" : "activation", mb);
+    // END EXERCISE 3
 }
 
 static void send(Pipe* P, const float* src, int peer) {
@@ -426,6 +430,7 @@ static void backward(Pipe* P, int mb, int c) {
 
 // W: the weight gradients the input half left in the stash.
 static void weights(Pipe* P, int mb, int c) {
+    // EXERCISE 5: the W action of a split backward: the head's and every layer's weight halves from the stash (recomputing what they read), the embedding's gradient on stage 0, then free the slot
     const GPTConfig* g = P->cfg;
     int C = g->channels, k = c * P->npp + P->s, b = P->b, T = P->T, n = P->layers[c].count;
     Slot* sl = slot_find(P, c, mb);
@@ -443,6 +448,7 @@ static void weights(Pipe* P, int mb, int c) {
     // the embedding's gradient is a weight gradient too: d encoded sits in dres
     if (k == 0) encoder_backward(P->dwte, P->dwpe, sl->dres, sl->inputs, b, T, C);
     sl->busy = 0;
+    // END EXERCISE 5
 }
 
 // ---------------------------------------------------------------- the step
@@ -482,9 +488,11 @@ static void run_schedule(Pipe* P, long step, Timeline* tl) {
 // the same sum, take the same AdamW step and stay equal. Megatron-LM does the
 // same in its "embedding group" of the first and last stage.
 static void sum_tied_embedding(Pipe* P, const Comm* embed) {
+    // EXERCISE 4: the tied embedding: the first and the last stage sum their two wte gradients in their group of two
     if (P->npp == 1 || (P->s != 0 && P->s != P->npp - 1)) return;
     float* mine = P->s == 0 ? P->dwte : P->dhead_wte;
     comm_allreduce(embed, mine, param_tensor_numel(P->cfg, P_WTE), COMM_SUM);
+    // END EXERCISE 4
 }
 
 // The embedding group of each pipeline (one per dp rank): world ranks of

@@ -43,6 +43,7 @@ static void build_gpipe(Schedule* s, int r) {
 // waiting for the gradient to reach stage 0, spend that time on their
 // deferred W's. Stage r then holds at most pp microbatches (pp-r + r).
 static void build_1f1b(Schedule* s, int r, int split) {
+    // EXERCISE 2: the 1F1B list of rank r (warm-up of pp - r - 1 forwards, one forward one backward, cool-down); with split, a W after each B once r of them wait, and the rest at the end
     int m = s->m, warmup = s->pp - r - 1 < m ? s->pp - r - 1 : m, next_f = 0, next_w = 0;
     for (; next_f < warmup; next_f++) push(s, r, ACT_F, next_f, 0);
     for (int i = 0; i < m; i++) {
@@ -52,6 +53,7 @@ static void build_1f1b(Schedule* s, int r, int split) {
         if (split && i + 1 - next_w > r) push(s, r, ACT_W, next_w++, 0);
     }
     while (split && next_w < m) push(s, r, ACT_W, next_w++, 0);
+    // END EXERCISE 2
 }
 
 // Interleaved 1F1B (Megatron-LM): each rank holds v chunks, and the
