@@ -204,47 +204,6 @@ static BlockActs block_acts_selective(float* store, float* transient, int B, int
     return a;
 }
 
-BlockActs block_acts_kept(float* store, float* transient, int B, int T, int C, int NH, RecomputeMode mode) {
-    switch (mode) {
-        case RECOMPUTE_SELECTIVE: return block_acts_selective(store, transient, B, T, C, NH);
-        case RECOMPUTE_FULL: {
-            // everything in the one-layer transient but the output, which
-            // the next block (and this block's recompute) reads
-            BlockActs v = block_acts_at(transient, B, T, C, NH);
-            v.res3 = store;
-            return v;
-        }
-        default: return block_acts_at(store, B, T, C, NH);
-    }
-}
-
-BlockActs block_acts_recompute(const BlockParams* p, float* store, float* transient, const float* x, int B, int T,
-                               int C, int NH, RecomputeMode mode) {
-    BlockActs v = block_acts_kept(store, transient, B, T, C, NH, mode);
-    if (mode == RECOMPUTE_SELECTIVE) {
-        // the same two ops as block_forward on the same kept inputs: the same
-        // bits. attention_forward also rewrites its output atty, which is
-        // kept: the copy goes to attproj's slot (backward never reads it).
-        attention_forward(v.attproj, v.att, v.qkv, B, T, C, NH);
-        gelu_forward(v.fch_gelu, v.fch, (size_t)B * T * 4 * C);
-    } else if (mode == RECOMPUTE_FULL) {
-        // the whole block again from its kept input, every output in the
-        // transient (its res3 too: the kept one stays as it was)
-        v = block_acts_at(transient, B, T, C, NH);
-        block_forward(p, &v, x, B, T, C, NH);
-    }
-    return v;
-}
-
-BlockActs block_acts_recompute_weights(const BlockParams* p, float* store, float* transient, const float* x, int B,
-                                       int T, int C, int NH, RecomputeMode mode) {
-    if (mode != RECOMPUTE_SELECTIVE) return block_acts_recompute(p, store, transient, x, B, T, C, NH, mode);
-    // of the dropped fields, the weight half reads fch_gelu only
-    BlockActs v = block_acts_kept(store, transient, B, T, C, NH, mode);
-    gelu_forward(v.fch_gelu, v.fch, (size_t)B * T * 4 * C);
-    return v;
-}
-
 size_t block_scratch_numel(int B, int T, int C, int NH) {
     size_t BT = (size_t)B * T;
     return BT * (13 * (size_t)C + (size_t)NH * T);
@@ -455,6 +414,49 @@ void gpt_acts_free(GPTActs* a) {
     mem_free(a->targets);
     free(a->losses_host);
     memset(a, 0, sizeof(*a));
+}
+
+// ---------------------------------------------------------------- recomputation: one layer's views
+
+BlockActs block_acts_kept(float* store, float* transient, int B, int T, int C, int NH, RecomputeMode mode) {
+    switch (mode) {
+        case RECOMPUTE_SELECTIVE: return block_acts_selective(store, transient, B, T, C, NH);
+        case RECOMPUTE_FULL: {
+            // everything in the one-layer transient but the output, which
+            // the next block (and this block's recompute) reads
+            BlockActs v = block_acts_at(transient, B, T, C, NH);
+            v.res3 = store;
+            return v;
+        }
+        default: return block_acts_at(store, B, T, C, NH);
+    }
+}
+
+BlockActs block_acts_recompute(const BlockParams* p, float* store, float* transient, const float* x, int B, int T,
+                               int C, int NH, RecomputeMode mode) {
+    BlockActs v = block_acts_kept(store, transient, B, T, C, NH, mode);
+    if (mode == RECOMPUTE_SELECTIVE) {
+        // the same two ops as block_forward on the same kept inputs: the same
+        // bits. attention_forward also rewrites its output atty, which is
+        // kept: the copy goes to attproj's slot (backward never reads it).
+        attention_forward(v.attproj, v.att, v.qkv, B, T, C, NH);
+        gelu_forward(v.fch_gelu, v.fch, (size_t)B * T * 4 * C);
+    } else if (mode == RECOMPUTE_FULL) {
+        // the whole block again from its kept input, every output in the
+        // transient (its res3 too: the kept one stays as it was)
+        v = block_acts_at(transient, B, T, C, NH);
+        block_forward(p, &v, x, B, T, C, NH);
+    }
+    return v;
+}
+
+BlockActs block_acts_recompute_weights(const BlockParams* p, float* store, float* transient, const float* x, int B,
+                                       int T, int C, int NH, RecomputeMode mode) {
+    if (mode != RECOMPUTE_SELECTIVE) return block_acts_recompute(p, store, transient, x, B, T, C, NH, mode);
+    // of the dropped fields, the weight half reads fch_gelu only
+    BlockActs v = block_acts_kept(store, transient, B, T, C, NH, mode);
+    gelu_forward(v.fch_gelu, v.fch, (size_t)B * T * 4 * C);
+    return v;
 }
 
 // Layer `layer`'s store: the same stride whatever (B, T) <= (a->B, a->T).
