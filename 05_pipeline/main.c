@@ -65,9 +65,11 @@ typedef struct {
 
 // The layers of virtual stage k of S: L / S each, the first L % S one more.
 static LayerRange stage_layers(int L, int S, int k) {
+    // EXERCISE 1: the layer split: the first layer and the layer count of virtual stage k of S, L / S each and the first L % S one more
     int base = L / S, extra = L % S;
     LayerRange r = {k * base + (k < extra ? k : extra), base + (k < extra ? 1 : 0)};
     return r;
+    // END EXERCISE 1
 }
 
 static int rank_pieces(const GPTConfig* cfg, int pp, int v, int r, Piece* p) {
@@ -95,7 +97,7 @@ static int rank_pieces(const GPTConfig* cfg, int pp, int v, int r, Piece* p) {
 typedef struct {
     int mb, busy;
     float* x;      // (b,T,C) the chunk's input: the embedding's output on stage 0, else received
-    float* acts;   // layers x block_acts_numel
+    float* acts;   // layers x block_store_numel: what --recompute keeps of each layer
     float* head;   // head_acts_numel, on the last virtual stage
     float* dres;   // (b,T,C) d loss / d the residual stream, received or from the head
     float* stash;  // layers x block_stash_numel, with a split backward
@@ -146,6 +148,8 @@ typedef struct {
     float *head_wte, *dhead_wte;      // the LM head's wte and its gradient (the copy, or wte itself)
     float *dwte, *dwpe, *dlnfw, *dlnfb;
     float* scratch;                   // one BlockScratch, shared by every backward
+    RecomputeMode recompute;          // --recompute: what a slot keeps of each layer
+    float* transient;                 // the dropped fields of one layer, shared by every layer and slot
     SlotPool pool[64];
     SendBuf* sends;
     int n_sends, max_sends;
@@ -155,13 +159,14 @@ typedef struct {
     float* loss_host;
     double loss_sum;
     int peak_slots;
+    int early;       // messages received before the one an action waited for (receive)
     double t_start;  // when the running action started computing (after its receive)
 } Pipe;
 
 static size_t slot_floats(const Pipe* P, int c, int* n_ints) {
     const GPTConfig* g = P->cfg;
     int C = g->channels, NH = g->num_heads, n = P->layers[c].count, k = c * P->npp + P->s;
-    size_t BT = (size_t)P->b * P->T, f = 2 * BT * C + (size_t)n * block_acts_numel(P->b, P->T, C, NH);
+    size_t BT = (size_t)P->b * P->T, f = 2 * BT * C + (size_t)n * block_store_numel(P->b, P->T, C, NH, P->recompute);
     if (k == P->S - 1) f += head_acts_numel(P->b, P->T, C, g->padded_vocab_size);
     if (P->sched.split_backward) f += (size_t)n * block_stash_numel(P->b, P->T, C) + (k == P->S - 1 ? BT * C : 0);
     *n_ints = (k == 0 ? (int)BT : 0) + (k == P->S - 1 ? (int)BT : 0);
@@ -189,7 +194,7 @@ static Slot* slot_get(Pipe* P, int c, int mb) {
         memset(free_slot, 0, sizeof(*free_slot));
         free_slot->x = base;                 base += BT * C;
         free_slot->dres = base;              base += BT * C;
-        free_slot->acts = base;              base += (size_t)n * block_acts_numel(P->b, P->T, C, NH);
+        free_slot->acts = base;              base += (size_t)n * block_store_numel(P->b, P->T, C, NH, P->recompute);
         if (k == P->S - 1) {
             free_slot->head = base;          base += head_acts_numel(P->b, P->T, C, g->padded_vocab_size);
         }
@@ -217,9 +222,15 @@ static Slot* slot_find(Pipe* P, int c, int mb) {
     FATAL("stage %d: no activations of microbatch %d chunk %d (a backward before its forward?)", P->s, mb, c);
 }
 
+// Layer j's activations as its forward writes them: the kept fields in the
+// slot, the ones --recompute drops in the rank's one transient buffer.
+static float* slot_store(const Pipe* P, const Slot* sl, int j) {
+    return sl->acts + (size_t)j * block_store_numel(P->b, P->T, P->cfg->channels, P->cfg->num_heads, P->recompute);
+}
+
 static BlockActs slot_block(const Pipe* P, const Slot* sl, int j) {
-    int C = P->cfg->channels, NH = P->cfg->num_heads;
-    return block_acts_at(sl->acts + (size_t)j * block_acts_numel(P->b, P->T, C, NH), P->b, P->T, C, NH);
+    return block_acts_kept(slot_store(P, sl, j), P->transient, P->b, P->T, P->cfg->channels, P->cfg->num_heads,
+                           P->recompute);
 }
 
 static BlockStash slot_stash(const Pipe* P, const Slot* sl, int j) {
@@ -230,6 +241,22 @@ static BlockStash slot_stash(const Pipe* P, const Slot* sl, int j) {
 // The input of layer j of the chunk: the previous layer's output, or the chunk's input.
 static const float* layer_input(const Pipe* P, const Slot* sl, int j) {
     return j > 0 ? slot_block(P, sl, j - 1).res3 : sl->x;
+}
+
+// Before layer j's backward: what --recompute dropped, recomputed into the
+// transient from the layer's kept fields and input (full: its whole forward
+// again). With a split backward this runs before the input half (B), and
+// the weight half (W, later, after other layers used the transient) redoes
+// what it reads: the GELU (selective) or the whole forward (full). Keeping
+// those from B to W instead would hold what the mode meant to drop for every
+// microbatch between its B and its W.
+static BlockActs slot_recompute(const Pipe* P, const Slot* sl, int j, const BlockParams* p, int weights_only) {
+    const GPTConfig* g = P->cfg;
+    if (weights_only)
+        return block_acts_recompute_weights(p, slot_store(P, sl, j), P->transient, layer_input(P, sl, j), P->b, P->T,
+                                            g->channels, g->num_heads, P->recompute);
+    return block_acts_recompute(p, slot_store(P, sl, j), P->transient, layer_input(P, sl, j), P->b, P->T, g->channels,
+                                g->num_heads, P->recompute);
 }
 
 static HeadActs slot_head(const Pipe* P, const Slot* sl) {
@@ -253,9 +280,11 @@ static HeadActs slot_head(const Pipe* P, const Slot* sl) {
 // which this rank needs them. So a rank knows, from its peers' lists, the
 // order in which each peer sends to it, and when it needs a message it
 // receives everything that peer sent before it first, each into the slot
-// where it belongs (an early activation takes its slot early). The built-in
-// schedules never need this (their channels carry one kind of message, or
-// run in lockstep); a schedule of your own may.
+// where it belongs (an early activation takes its slot early), and the
+// action that needs it later finds it already there. The built-in schedules
+// never need this (their channels carry one kind of message, or run in
+// lockstep); a schedule of your own (--schedule-file) may, and the summary
+// counts such messages per rank ("early_receives").
 static void incoming_build(Pipe* P) {
     int pp = P->npp;
     if (pp == 1) return;
@@ -278,9 +307,13 @@ static void incoming_build(Pipe* P) {
 }
 
 static void receive(Pipe* P, int grad, int mb, int c) {
+    // EXERCISE 3: receive the input of an action from its peer: the messages that peer sent before it first, each into its own slot; one that came early is already there
     int pp = P->npp, peer = grad ? (P->s + 1) % pp : (P->s + pp - 1) % pp;
     Incoming* in = P->in[0].peer == peer ? &P->in[0] : &P->in[1];
     size_t BTC = (size_t)P->b * P->T * P->cfg->channels;
+    // already here: it came early, before the one another action waited for
+    for (int i = 0; i < in->next; i++)
+        if (in->msg[i].grad == grad && in->msg[i].mb == mb && in->msg[i].chunk == c) return;
     while (in->next < in->n) {
         Message msg = in->msg[in->next++];
         Slot* sl = msg.grad ? slot_find(P, msg.chunk, msg.mb) : slot_get(P, msg.chunk, msg.mb);
@@ -290,8 +323,10 @@ static void receive(Pipe* P, int grad, int mb, int c) {
             P->t_start = now_seconds();
             return;
         }
+        P->early++;  // another action's input, kept in its slot until that action runs
     }
     FATAL("stage %d: rank %d never sends the %s of microbatch %d", P->s, peer, grad ? "gradient" : "activation", mb);
+    // END EXERCISE 3
 }
 
 static void send(Pipe* P, const float* src, int peer) {
@@ -377,7 +412,7 @@ static void backward(Pipe* P, int mb, int c) {
     for (int j = n - 1; j >= 0; j--) {
         size_t off = P->chunk_off[c] + (size_t)j * gpt_block_numel(C);
         BlockParams p = block_params_at(P->params + off, C);
-        BlockActs a = slot_block(P, sl, j);
+        BlockActs a = slot_recompute(P, sl, j, &p, 0);
         if (split) {
             BlockStash st = slot_stash(P, sl, j);
             block_backward_input(&p, &a, &scr, &st, layer_input(P, sl, j), sl->dres, b, T, C, NH);
@@ -395,6 +430,7 @@ static void backward(Pipe* P, int mb, int c) {
 
 // W: the weight gradients the input half left in the stash.
 static void weights(Pipe* P, int mb, int c) {
+    // EXERCISE 5: the W action of a split backward: the head's and every layer's weight halves from the stash (recomputing what they read), the embedding's gradient on stage 0, then free the slot
     const GPTConfig* g = P->cfg;
     int C = g->channels, k = c * P->npp + P->s, b = P->b, T = P->T, n = P->layers[c].count;
     Slot* sl = slot_find(P, c, mb);
@@ -403,14 +439,16 @@ static void weights(Pipe* P, int mb, int c) {
         head_backward_weights(g, P->dhead_wte, P->dlnfw, P->dlnfb, &h, layer_input(P, sl, n), sl->dlnf, b, T);
     }
     for (int j = n - 1; j >= 0; j--) {
-        BlockParams gr = block_params_at(P->grads + P->chunk_off[c] + (size_t)j * gpt_block_numel(C), C);
-        BlockActs a = slot_block(P, sl, j);
+        size_t off = P->chunk_off[c] + (size_t)j * gpt_block_numel(C);
+        BlockParams p = block_params_at(P->params + off, C), gr = block_params_at(P->grads + off, C);
+        BlockActs a = slot_recompute(P, sl, j, &p, 1);
         BlockStash st = slot_stash(P, sl, j);
         block_backward_weights(&gr, &a, &st, layer_input(P, sl, j), b, T, C);
     }
     // the embedding's gradient is a weight gradient too: d encoded sits in dres
     if (k == 0) encoder_backward(P->dwte, P->dwpe, sl->dres, sl->inputs, b, T, C);
     sl->busy = 0;
+    // END EXERCISE 5
 }
 
 // ---------------------------------------------------------------- the step
@@ -450,9 +488,11 @@ static void run_schedule(Pipe* P, long step, Timeline* tl) {
 // the same sum, take the same AdamW step and stay equal. Megatron-LM does the
 // same in its "embedding group" of the first and last stage.
 static void sum_tied_embedding(Pipe* P, const Comm* embed) {
+    // EXERCISE 4: the tied embedding: the first and the last stage sum their two wte gradients in their group of two
     if (P->npp == 1 || (P->s != 0 && P->s != P->npp - 1)) return;
     float* mine = P->s == 0 ? P->dwte : P->dhead_wte;
     comm_allreduce(embed, mine, param_tensor_numel(P->cfg, P_WTE), COMM_SUM);
+    // END EXERCISE 4
 }
 
 // The embedding group of each pipeline (one per dp rank): world ranks of
@@ -554,7 +594,8 @@ static float val_loss(Pipe* P, int n_batches) {
 
 // ---------------------------------------------------------------- set-up
 
-static void pipe_create(Pipe* P, const Run* run, ScheduleKind kind, int m, int v) {
+// given: lists read from --schedule-file (taken over), or NULL to build kind's
+static void pipe_create(Pipe* P, const Run* run, ScheduleKind kind, int m, int v, Schedule* given) {
     memset(P, 0, sizeof(*P));
     const TrainSetup* setup = &run->setup;
     const GPTConfig* cfg = &setup->cfg;
@@ -570,7 +611,9 @@ static void pipe_create(Pipe* P, const Run* run, ScheduleKind kind, int m, int v
     P->T = setup->T;
     P->b = setup->B / P->dp->size / m;
     char msg[512];
-    const char* bad = schedule_build(&P->sched, kind, P->npp, m, v, msg, sizeof(msg));
+    const char* bad = NULL;
+    if (given) P->sched = *given;
+    else bad = schedule_build(&P->sched, kind, P->npp, m, v, msg, sizeof(msg));
     if (bad) fail_all("%s", bad);
     // every rank checks every rank's list: a list that could deadlock never runs
     bad = schedule_validate(&P->sched, NULL, msg, sizeof(msg));
@@ -619,6 +662,10 @@ static void pipe_create(Pipe* P, const Run* run, ScheduleKind kind, int m, int v
     }
     free(host);
     P->scratch = mem_alloc_floats(block_scratch_numel(P->b, P->T, cfg->channels, cfg->num_heads), MEM_ACTIVATIONS);
+    P->recompute = (RecomputeMode)run->args.recompute;
+    if (P->recompute != RECOMPUTE_NONE)
+        P->transient = mem_alloc_floats(block_transient_numel(P->b, P->T, cfg->channels, cfg->num_heads, P->recompute),
+                                        MEM_ACTIVATIONS);
     P->max_sends = 2 * m * v + 1;
     P->sends = xcalloc((size_t)P->max_sends, sizeof(SendBuf));
     incoming_build(P);
@@ -644,6 +691,7 @@ static void pipe_free(Pipe* P) {
     mem_free(P->mom);
     mem_free(P->vel);
     mem_free(P->scratch);
+    mem_free(P->transient);
     free(P->in_host);
     free(P->tg_host);
     free(P->loss_host);
@@ -753,11 +801,14 @@ static double timeline_step(const Pipe* P, const Timeline* tl, JsonLog* log, int
 
 int main(int argc, char** argv) {
     const char* sched_name = "1f1b";
+    const char* sched_file = NULL;
     int m = 0, v = 1, show = 0;
     ArgSpec extra[] = {
         {"schedule", ARG_STRING, &sched_name, "gpipe | 1f1b | interleaved | zb  [1f1b]"},
         {"microbatches", ARG_INT, &m, "microbatches per step of each dp rank's share  [pp]"},
         {"virtual", ARG_INT, &v, "chunks (virtual stages) per rank, interleaved only  [1]"},
+        {"schedule-file", ARG_STRING, &sched_file,
+         "FILE: every rank's actions from a text file, a schedule of your own (05_pipeline/schedule.h); instead of --schedule"},
         {"show-schedule", ARG_FLAG, &show, "print every rank's actions as an ASCII timeline before training"},
     };
     Run run;
@@ -765,17 +816,27 @@ int main(int argc, char** argv) {
                    "Chapter 5: pipeline parallelism: stages, microbatches, GPipe, 1F1B, interleaved and zero-bubble schedules.",
                    extra, sizeof(extra) / sizeof(extra[0]), (1u << AXIS_DP) | (1u << AXIS_PP)))
         return 0;
-    run_refuse_flags(&run, RUN_NO_RECOMPUTE, "chapter 5");
     const TrainArgs* args = &run.args;
     const TrainSetup* setup = &run.setup;
     const GPTConfig* cfg = &setup->cfg;
     int kind = schedule_parse(sched_name);
     if (kind < 0) fail_all("--schedule %s is not one of gpipe, 1f1b, interleaved, zb", sched_name);
     int pp = run.mesh.size[AXIS_PP], ndp = run.mesh.size[AXIS_DP], L = cfg->num_layers;
+    // a schedule of one's own: m and v are the file's
+    Schedule from_file;
+    if (sched_file) {
+        char why[512];
+        const char* bad = schedule_read(&from_file, sched_file, pp, why, sizeof(why));
+        if (bad) fail_all("%s", bad);
+        if ((m && m != from_file.m) || (v != 1 && v != from_file.v))
+            fail_all("--schedule-file %s runs %d microbatch%s of %d chunk%s: drop --microbatches and --virtual", sched_file,
+                     from_file.m, from_file.m == 1 ? "" : "es", from_file.v, from_file.v == 1 ? "" : "s");
+        kind = SCHED_FILE, sched_name = schedule_name(SCHED_FILE), m = from_file.m, v = from_file.v;
+    }
     if (m == 0) m = pp;
     if (m < 1) fail_all("--microbatches must be >= 1");
     if (v < 1) fail_all("--virtual must be >= 1");
-    if (v > 1 && kind != SCHED_INTERLEAVED) fail_all("--virtual %d needs --schedule interleaved", v);
+    if (v > 1 && kind != SCHED_INTERLEAVED && kind != SCHED_FILE) fail_all("--virtual %d needs --schedule interleaved", v);
     if (v > 1 && pp == 1) fail_all("--virtual %d interleaves chunks over pp ranks: use --pp 2 or more", v);
     if (pp * v > 64) fail_all("pp x virtual = %d: at most 64 virtual stages", pp * v);
     // the layers over the stages: every stage needs one; chunks must be equal
@@ -794,11 +855,16 @@ int main(int argc, char** argv) {
     train_check_mesh(&flat, setup, &needs);
 
     Pipe P;
-    pipe_create(&P, &run, (ScheduleKind)kind, m, v);
+    pipe_create(&P, &run, (ScheduleKind)kind, m, v, sched_file ? &from_file : NULL);
     int B = setup->B, T = setup->T;
     print0("chapter 5: pipeline, pp=%d dp=%d, schedule %s, %d microbatch%s of %d sequence%s per dp rank, device %s\n",
            pp, ndp, sched_name, m, m == 1 ? "" : "es", P.b, P.b == 1 ? "" : "s", run.device);
-    if (v > 1) print0("interleaved: %d chunks per rank, %d virtual stages\n", v, pp * v);
+    if (sched_file) print0("schedule from %s\n", sched_file);
+    if (v > 1) print0("%d chunks per rank, %d virtual stages\n", v, pp * v);
+    if (P.recompute != RECOMPUTE_NONE)
+        print0("recompute %s: a slot keeps %zu of %zu floats a token of each layer, the rest recomputed in backward\n",
+               recompute_name(P.recompute), block_store_numel(1, 1, cfg->channels, cfg->num_heads, P.recompute),
+               block_acts_numel(1, 1, cfg->channels, cfg->num_heads));
     print0("model %s: %zu parameters, %d layers, global batch %d x %d\n", setup->model_name, gpt_num_params(cfg), L, B, T);
     for (int r = 0; r < pp; r++) {
         char line[512];
@@ -851,11 +917,11 @@ int main(int argc, char** argv) {
     vl = val_loss(&P, args->val_batches);
     if (vl >= 0) report_val(&log, args->steps - 1, vl);
 
-    // every rank's figures for the summary: layers, peak slots
+    // every rank's figures for the summary: layers, peak slots, early receives
     int world = run.mesh.world_size;
-    int mine[2] = {0, P.peak_slots}, *all = xmalloc((size_t)world * 2 * sizeof(int));
+    int mine[3] = {0, P.peak_slots, P.early}, *all = xmalloc((size_t)world * 3 * sizeof(int));
     for (int c = 0; c < v; c++) mine[0] += P.layers[c].count;
-    MPI_CHECK(MPI_Gather(mine, 2, MPI_INT, all, 2, MPI_INT, 0, MPI_COMM_WORLD));
+    MPI_CHECK(MPI_Gather(mine, 3, MPI_INT, all, 3, MPI_INT, 0, MPI_COMM_WORLD));
     double ms = clock_ms_per_step(&clock), bubble = bubble_n ? bubble_sum / bubble_n : 0.0;
     double formula = schedule_bubble_formula(kind, pp, m, v);
     print0("bubble: measured %.3f of the ranks' time idle in the schedule, simulated %.3f, formula %.3f\n", bubble,
@@ -864,9 +930,11 @@ int main(int argc, char** argv) {
     int n = snprintf(extra_json, sizeof(extra_json),
                      "\"schedule\":\"%s\",\"microbatches\":%d,\"virtual\":%d,\"bubble_measured\":%.4f,\"bubble_simulated\":%.4f,"
                      "\"bubble_formula\":%.4f,\"layers\":[", sched_name, m, v, bubble, sim.bubble, formula);
-    for (int r = 0; r < world && n < (int)sizeof(extra_json) - 64; r++) n += snprintf(extra_json + n, sizeof(extra_json) - (size_t)n, "%s%d", r ? "," : "", all[2 * r]);
+    for (int r = 0; r < world && n < (int)sizeof(extra_json) - 64; r++) n += snprintf(extra_json + n, sizeof(extra_json) - (size_t)n, "%s%d", r ? "," : "", all[3 * r]);
     n += snprintf(extra_json + n, sizeof(extra_json) - (size_t)n, "],\"activation_slots\":[");
-    for (int r = 0; r < world && n < (int)sizeof(extra_json) - 8; r++) n += snprintf(extra_json + n, sizeof(extra_json) - (size_t)n, "%s%d", r ? "," : "", all[2 * r + 1]);
+    for (int r = 0; r < world && n < (int)sizeof(extra_json) - 64; r++) n += snprintf(extra_json + n, sizeof(extra_json) - (size_t)n, "%s%d", r ? "," : "", all[3 * r + 1]);
+    n += snprintf(extra_json + n, sizeof(extra_json) - (size_t)n, "],\"early_receives\":[");
+    for (int r = 0; r < world && n < (int)sizeof(extra_json) - 8; r++) n += snprintf(extra_json + n, sizeof(extra_json) - (size_t)n, "%s%d", r ? "," : "", all[3 * r + 2]);
     snprintf(extra_json + n, sizeof(extra_json) - (size_t)n, "]");
     free(all);
     RunSummary summary = {

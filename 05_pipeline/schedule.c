@@ -8,7 +8,7 @@
 
 #include "common.h"
 
-static const char* names[NUM_SCHEDULES] = {"gpipe", "1f1b", "interleaved", "zb"};
+static const char* names[NUM_SCHEDULES + 1] = {"gpipe", "1f1b", "interleaved", "zb", "file"};
 
 const char* schedule_name(ScheduleKind k) { return names[k]; }
 
@@ -43,6 +43,7 @@ static void build_gpipe(Schedule* s, int r) {
 // waiting for the gradient to reach stage 0, spend that time on their
 // deferred W's. Stage r then holds at most pp microbatches (pp-r + r).
 static void build_1f1b(Schedule* s, int r, int split) {
+    // EXERCISE 2: the 1F1B list of rank r (warm-up of pp - r - 1 forwards, one forward one backward, cool-down); with split, a W after each B once r of them wait, and the rest at the end
     int m = s->m, warmup = s->pp - r - 1 < m ? s->pp - r - 1 : m, next_f = 0, next_w = 0;
     for (; next_f < warmup; next_f++) push(s, r, ACT_F, next_f, 0);
     for (int i = 0; i < m; i++) {
@@ -52,6 +53,7 @@ static void build_1f1b(Schedule* s, int r, int split) {
         if (split && i + 1 - next_w > r) push(s, r, ACT_W, next_w++, 0);
     }
     while (split && next_w < m) push(s, r, ACT_W, next_w++, 0);
+    // END EXERCISE 2
 }
 
 // Interleaved 1F1B (Megatron-LM): each rank holds v chunks, and the
@@ -119,6 +121,87 @@ const char* schedule_build(Schedule* s, ScheduleKind kind, int pp, int m, int v,
         }
     }
     return NULL;
+}
+
+// ---------------------------------------------------------------- from a file
+
+// "F3" or "F3.1" (microbatch 3, chunk 1); 0 if tok is not one
+static int parse_action(const char* tok, Action* a) {
+    const char* types = "FBW";
+    if (!tok[0] || !strchr(types, tok[0])) return 0;
+    char* end;
+    a->type = (ActionType)(strchr(types, tok[0]) - types);
+    a->mb = (int)strtol(tok + 1, &end, 10);
+    a->chunk = 0;
+    if (end == tok + 1 || a->mb < 0 || a->mb > 1 << 20) return 0;
+    if (*end == '.') {
+        const char* c = end + 1;
+        a->chunk = (int)strtol(c, &end, 10);
+        if (end == c || a->chunk < 0 || a->chunk >= 64) return 0;
+    }
+    return *end == 0;
+}
+
+const char* schedule_read(Schedule* s, const char* path, int pp, char* msg, size_t len) {
+    memset(s, 0, sizeof(*s));
+    FILE* f = fopen(path, "r");
+    if (!f) {
+        snprintf(msg, len, "cannot read --schedule-file '%s'", path);
+        return msg;
+    }
+    s->kind = SCHED_FILE;
+    s->pp = pp;
+    s->n = xcalloc((size_t)pp, sizeof(int));
+    s->list = xcalloc((size_t)pp, sizeof(Action*));
+    int* cap = xcalloc((size_t)pp, sizeof(int));
+    int* seen = xcalloc((size_t)pp, sizeof(int));
+    char line[4096];
+    const char* bad = NULL;
+    for (int ln = 1; !bad && fgets(line, sizeof(line), f); ln++) {
+        char* hash = strchr(line, '#');
+        if (hash) *hash = 0;
+        char* tok = strtok(line, " \t\r\n");
+        if (!tok) continue;  // blank or comment
+        int r = -1, used = 0;
+        char* rest = strtok(NULL, " \t\r\n");
+        if (strcmp(tok, "rank") || !rest || sscanf(rest, "%d:%n", &r, &used) != 1 || rest[used] || r < 0 ||
+            r >= pp || seen[r]) {
+            snprintf(msg, len, "--schedule-file %s line %d: want 'rank R: ACTIONS' with R a new rank of 0..%d", path, ln,
+                     pp - 1);
+            bad = msg;
+            break;
+        }
+        seen[r] = 1;
+        while ((tok = strtok(NULL, " \t\r\n")) && !bad) {
+            Action a;
+            if (!parse_action(tok, &a)) {
+                snprintf(msg, len, "--schedule-file %s line %d: '%s' is not an action (F3, B3, W3, F3.1 for chunk 1)",
+                         path, ln, tok);
+                bad = msg;
+                break;
+            }
+            if (a.type == ACT_W) s->split_backward = 1;
+            if (a.mb + 1 > s->m) s->m = a.mb + 1;
+            if (a.chunk + 1 > s->v) s->v = a.chunk + 1;
+            if (s->n[r] == cap[r]) {
+                cap[r] = cap[r] ? 2 * cap[r] : 16;
+                Action* grown = realloc(s->list[r], (size_t)cap[r] * sizeof(Action));
+                if (!grown) FATAL("out of host memory for a schedule");
+                s->list[r] = grown;
+            }
+            s->list[r][s->n[r]++] = a;
+        }
+    }
+    fclose(f);
+    for (int r = 0; r < pp && !bad; r++)
+        if (!seen[r]) {
+            snprintf(msg, len, "--schedule-file %s has no line for rank %d (it needs one per rank of pp=%d)", path, r, pp);
+            bad = msg;
+        }
+    free(cap);
+    free(seen);
+    if (bad) schedule_free(s);
+    return bad;
 }
 
 void schedule_free(Schedule* s) {
@@ -256,6 +339,8 @@ double schedule_bubble_formula(ScheduleKind kind, int pp, int m, int v) {
     double p1 = pp - 1;
     switch (kind) {
         case SCHED_INTERLEAVED: return p1 / ((double)v * m + p1);
+        // a file's lists: the formula of its closest kind
+        case SCHED_FILE: return v > 1 ? p1 / ((double)v * m + p1) : p1 / ((double)m + p1);
         case SCHED_ZB: return p1 / (3.0 * m + p1);
         default: return p1 / ((double)m + p1);
     }

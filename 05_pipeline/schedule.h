@@ -26,7 +26,8 @@ typedef struct {
     int mb, chunk;
 } Action;
 
-typedef enum { SCHED_GPIPE, SCHED_1F1B, SCHED_INTERLEAVED, SCHED_ZB, NUM_SCHEDULES } ScheduleKind;
+// SCHED_FILE: lists read from a file (schedule_read), not built
+typedef enum { SCHED_GPIPE, SCHED_1F1B, SCHED_INTERLEAVED, SCHED_ZB, NUM_SCHEDULES, SCHED_FILE = NUM_SCHEDULES } ScheduleKind;
 
 typedef struct {
     ScheduleKind kind;
@@ -36,7 +37,7 @@ typedef struct {
     Action** list;       // (pp) each rank's actions, in order
 } Schedule;
 
-const char* schedule_name(ScheduleKind k);  // "gpipe", "1f1b", "interleaved", "zb"
+const char* schedule_name(ScheduleKind k);  // "gpipe", "1f1b", "interleaved", "zb", "file"
 // The kind named s; returns -1 if none.
 int schedule_parse(const char* s);
 
@@ -44,6 +45,16 @@ int schedule_parse(const char* s);
 // only for interleaved). Returns NULL, or a message when (pp, m, v) does not
 // suit the schedule; the lists are then not built.
 const char* schedule_build(Schedule* s, ScheduleKind kind, int pp, int m, int v, char* msg, size_t len);
+// Reads the lists of pp ranks from a text file (--schedule-file), a schedule
+// of your own without writing a builder: one line per rank,
+//     rank 0: F0 F1 B0 B1
+//     rank 1: F0 B0 F1 B1
+// F3.1 is microbatch 3 of chunk 1 (chunk 0 when left out); a W anywhere
+// makes the backward split (B the input half, W the weight half); '#'
+// starts a comment. m and v are the largest microbatch and chunk plus one.
+// Returns NULL, or a message naming the file, line and problem; the lists
+// are then not built. The validator still has to accept the lists.
+const char* schedule_read(Schedule* s, const char* path, int pp, char* msg, size_t len);
 void schedule_free(Schedule* s);
 
 // What a simulation of the lists finds, with F, W and the input half of B

@@ -416,25 +416,57 @@ void gpt_acts_free(GPTActs* a) {
     memset(a, 0, sizeof(*a));
 }
 
+// ---------------------------------------------------------------- recomputation: one layer's views
+
+BlockActs block_acts_kept(float* store, float* transient, int B, int T, int C, int NH, RecomputeMode mode) {
+    switch (mode) {
+        case RECOMPUTE_SELECTIVE: return block_acts_selective(store, transient, B, T, C, NH);
+        case RECOMPUTE_FULL: {
+            // everything in the one-layer transient but the output, which
+            // the next block (and this block's recompute) reads
+            BlockActs v = block_acts_at(transient, B, T, C, NH);
+            v.res3 = store;
+            return v;
+        }
+        default: return block_acts_at(store, B, T, C, NH);
+    }
+}
+
+BlockActs block_acts_recompute(const BlockParams* p, float* store, float* transient, const float* x, int B, int T,
+                               int C, int NH, RecomputeMode mode) {
+    BlockActs v = block_acts_kept(store, transient, B, T, C, NH, mode);
+    if (mode == RECOMPUTE_SELECTIVE) {
+        // the same two ops as block_forward on the same kept inputs: the same
+        // bits. attention_forward also rewrites its output atty, which is
+        // kept: the copy goes to attproj's slot (backward never reads it).
+        attention_forward(v.attproj, v.att, v.qkv, B, T, C, NH);
+        gelu_forward(v.fch_gelu, v.fch, (size_t)B * T * 4 * C);
+    } else if (mode == RECOMPUTE_FULL) {
+        // the whole block again from its kept input, every output in the
+        // transient (its res3 too: the kept one stays as it was)
+        v = block_acts_at(transient, B, T, C, NH);
+        block_forward(p, &v, x, B, T, C, NH);
+    }
+    return v;
+}
+
+BlockActs block_acts_recompute_weights(const BlockParams* p, float* store, float* transient, const float* x, int B,
+                                       int T, int C, int NH, RecomputeMode mode) {
+    if (mode != RECOMPUTE_SELECTIVE) return block_acts_recompute(p, store, transient, x, B, T, C, NH, mode);
+    // of the dropped fields, the weight half reads fch_gelu only
+    BlockActs v = block_acts_kept(store, transient, B, T, C, NH, mode);
+    gelu_forward(v.fch_gelu, v.fch, (size_t)B * T * 4 * C);
+    return v;
+}
+
 // Layer `layer`'s store: the same stride whatever (B, T) <= (a->B, a->T).
 static float* layer_store(const GPTActs* a, const GPTConfig* cfg, int layer) {
     return a->blocks + (size_t)layer * block_store_numel(a->B, a->T, cfg->channels, cfg->num_heads, a->recompute);
 }
 
 BlockActs gpt_acts_block(const GPTActs* a, const GPTConfig* cfg, int layer, int B, int T) {
-    int C = cfg->channels, NH = cfg->num_heads;
-    float* store = layer_store(a, cfg, layer);
-    switch (a->recompute) {
-        case RECOMPUTE_SELECTIVE: return block_acts_selective(store, a->transient, B, T, C, NH);
-        case RECOMPUTE_FULL: {
-            // everything in the one-layer transient but the output, which
-            // the next block (and this block's recompute) reads
-            BlockActs v = block_acts_at(a->transient, B, T, C, NH);
-            v.res3 = store;
-            return v;
-        }
-        default: return block_acts_at(store, B, T, C, NH);
-    }
+    return block_acts_kept(layer_store(a, cfg, layer), a->transient, B, T, cfg->channels, cfg->num_heads,
+                           a->recompute);
 }
 
 const float* gpt_acts_block_output(const GPTActs* a, const GPTConfig* cfg, int layer, int B, int T) {
@@ -454,22 +486,11 @@ void gpt_block_forward(const GPTActs* a, const GPTConfig* cfg, int layer, const 
 
 BlockActs gpt_acts_block_recompute(const GPTActs* a, const GPTConfig* cfg, int layer, const BlockParams* p,
                                    int B, int T) {
-    int C = cfg->channels, NH = cfg->num_heads, N = B * T;
-    BlockActs v = gpt_acts_block(a, cfg, layer, B, T);
-    if (a->recompute == RECOMPUTE_NONE) return v;
+    if (a->recompute == RECOMPUTE_NONE) return gpt_acts_block(a, cfg, layer, B, T);
     double t0 = trace_start();
-    if (a->recompute == RECOMPUTE_SELECTIVE) {
-        // the same two ops as block_forward on the same kept inputs: the same
-        // bits. attention_forward also rewrites its output atty, which is
-        // kept: the copy goes to attproj's slot (backward never reads it).
-        attention_forward(v.attproj, v.att, v.qkv, B, T, C, NH);
-        gelu_forward(v.fch_gelu, v.fch, (size_t)N * 4 * C);
-    } else {
-        // the whole block again from its kept input, every output in the
-        // transient (its res3 too: the kept one stays as it was)
-        v = block_acts_at(a->transient, B, T, C, NH);
-        block_forward(p, &v, gpt_acts_block_input(a, cfg, layer, B, T), B, T, C, NH);
-    }
+    BlockActs v = block_acts_recompute(p, layer_store(a, cfg, layer), a->transient,
+                                       gpt_acts_block_input(a, cfg, layer, B, T), B, T, cfg->channels,
+                                       cfg->num_heads, a->recompute);
     trace_compute(t0, "block %d recompute", layer);
     return v;
 }

@@ -240,6 +240,21 @@ const char* recompute_name(RecomputeMode mode);  // "none", "selective", "full"
 // Floats one layer keeps, and floats of the one transient buffer.
 size_t block_store_numel(int B, int T, int C, int NH, RecomputeMode mode);
 size_t block_transient_numel(int B, int T, int C, int NH, RecomputeMode mode);
+// The same split for activations a chapter keeps its own way (a pipeline
+// stage's slots): the view of one layer whose kept fields sit at `store`
+// (block_store_numel floats) and dropped ones in `transient`, as
+// gpt_acts_block returns it (block_forward writes through it).
+BlockActs block_acts_kept(float* store, float* transient, int B, int T, int C, int NH, RecomputeMode mode);
+// Recomputes into the transient what `mode` dropped, from the kept fields and
+// the block's input x (full reruns the whole block: p its parameters), and
+// returns the view block_backward or block_backward_input reads.
+BlockActs block_acts_recompute(const BlockParams* p, float* store, float* transient, const float* x, int B, int T,
+                               int C, int NH, RecomputeMode mode);
+// Only what block_backward_weights reads (a weight half run later than its
+// input half, after the transient served other layers): selective recomputes
+// the GELU alone, full the whole block again.
+BlockActs block_acts_recompute_weights(const BlockParams* p, float* store, float* transient, const float* x, int B,
+                                       int T, int C, int NH, RecomputeMode mode);
 
 // ---------------------------------------------------------------- the whole model
 // The activations of a (B, T) batch through the whole model, wherever the

@@ -4,7 +4,8 @@
 # m = 1, pp, 2 pp, an uneven layer split and dp x pp = 2 x 2; each stage's
 # activation bytes against the formula; the timelines in the log;
 # training-state checkpoints (resume on pp=2, chapter 5 <-> chapter 0);
-# --show-schedule; bad input; --help.
+# --show-schedule; bad input; --help. --recompute selective and full run with
+# every schedule among the invariant's cases, their activation bytes too.
 . "$(dirname "$0")/lib.sh"
 
 echo "== chapter 5: pipeline parallelism"
@@ -17,33 +18,39 @@ run_program "$BUILD/tests/test_schedule"
 # batch 6 into m = 1, 3, 6 for pp = 3. 10 AdamW steps of 32 tokens a sequence.
 pp_T=32
 pp_flags() { echo "--model $1 --steps 10 --batch $2 --seq $pp_T --peak-gflops 10"; }
-# pp_acts B DP PP M SCHED LAYERS...: each rank's activation bytes from the
-# formula (docs/05_pipeline.md, "The idea"): a shared BlockScratch, plus per
-# microbatch in flight a slot: the chunk's input and dres (2btC), its layers'
-# activations, the head's on the last stage, the stash with a split backward,
-# the token ids at the ends. Slots in flight: m (gpipe), min(pp, m) (zb),
-# min(pp - s, m) (1f1b). tiny's C = 64, NH = 4, Vp = 256.
+# pp_acts B DP PP M SCHED RECOMPUTE LAYERS...: each rank's activation bytes
+# from the formula (docs/05_pipeline.md, "The idea"): a shared BlockScratch
+# and (--recompute selective, full) the one transient of docs/recompute.md,
+# plus per microbatch in flight a slot: the chunk's input and dres (2btC),
+# what its layers keep (store: 18C + NH*T + 4 floats a token for none,
+# 12C + 4 selective, C full), the head's on the last stage, the stash with a
+# split backward, the token ids at the ends. Slots in flight: m (gpipe),
+# min(pp, m) (zb), min(pp - s, m) (1f1b). tiny's C = 64, NH = 4, Vp = 256.
 pp_acts() {
-    local B=$1 dp=$2 pp=$3 m=$4 sched=$5
-    shift 5
-    awk -v B=$B -v dp=$dp -v pp=$pp -v m=$m -v sched=$sched -v T=$pp_T -v layers="$*" 'BEGIN {
+    local B=$1 dp=$2 pp=$3 m=$4 sched=$5 rc=$6
+    shift 6
+    awk -v B=$B -v dp=$dp -v pp=$pp -v m=$m -v sched=$sched -v rc=$rc -v T=$pp_T -v layers="$*" 'BEGIN {
         C = 64; NH = 4; Vp = 256; b = B / (dp * m); bt = b * T; split(layers, n, " ")
+        store = 18 * C + NH * T + 4; transient = 0
+        if (rc == "selective") { store = 12 * C + 4; transient = 6 * C + NH * T }
+        if (rc == "full") { store = C; transient = 18 * C + NH * T + 4 }
         for (s = 0; s < pp; s++) {
             L = n[s + 1]; first = s == 0; last = s == pp - 1
-            slot = 2 * bt * C + L * bt * (18 * C + NH * T + 4) + (last ? bt * (C + Vp + 6) : 0) + (first ? bt : 0) + (last ? bt : 0)
+            slot = 2 * bt * C + L * bt * store + (last ? bt * (C + Vp + 6) : 0) + (first ? bt : 0) + (last ? bt : 0)
             if (sched == "zb") slot += L * bt * 11 * C + (last ? bt * C : 0)
             if (sched == "gpipe") k = m; else if (sched == "zb") k = (pp < m ? pp : m); else k = (pp - s < m ? pp - s : m)
-            for (d = 0; d < dp; d++) out = out (out == "" ? "" : ",") 4 * (bt * (13 * C + NH * T) + k * slot)
+            for (d = 0; d < dp; d++) out = out (out == "" ? "" : ",") 4 * (bt * (13 * C + NH * T + transient) + k * slot)
         }
         print "[" out "]" }'
 }
-# pp_case MODEL B DP PP M SCHED V LAYERS: the invariant (losses and norms),
-# the timelines, and (v = 1) the activation bytes of every rank
+# pp_case MODEL B DP PP M SCHED V LAYERS [RECOMPUTE]: the invariant (losses
+# and norms), the timelines, and (v = 1) the activation bytes of every rank
 pp_case() {
-    local model=$1 B=$2 dp=$3 pp=$4 m=$5 sched=$6 v=$7 layers=$8 want got n
+    local model=$1 B=$2 dp=$3 pp=$4 m=$5 sched=$6 v=$7 layers=$8 rc=${9:-none} want got n
     local name="pipeline $sched dp=$dp pp=$pp m=$m v=$v ($model, layers per stage $layers)"
+    [ $rc = none ] || name="$name, recompute $rc"
     invariant --norm "$name" "$(pp_flags $model $B)" $((dp * pp)) chapter-5 \
-        "--dp $dp --pp $pp --schedule $sched --virtual $v --microbatches $m"
+        "--dp $dp --pp $pp --schedule $sched --virtual $v --microbatches $m --recompute $rc"
     # each rank logs its timeline every step, and the summary the measured bubble
     n=$(grep -c '"type":"timeline"' "$INV_LOG")
     if [ "$n" = $((10 * dp * pp)) ] && grep -q '"bubble_measured":' "$INV_LOG"; then
@@ -52,7 +59,7 @@ pp_case() {
         fail "$name: timelines" "$n timeline records, want $((10 * dp * pp)); command: $CMD"
     fi
     [ $v = 1 ] || return 0
-    want=$(pp_acts $B $dp $pp $m $sched $(echo $layers | tr ',' ' '))
+    want=$(pp_acts $B $dp $pp $m $sched $rc $(echo $layers | tr ',' ' '))
     got=$(grep '"type":"summary"' "$INV_LOG" | sed 's/.*"activations":\(\[[0-9,]*\]\).*/\1/')
     if [ "$want" = "$got" ]; then
         pass "$name: peak activation bytes per rank = the formula $want"
@@ -60,17 +67,48 @@ pp_case() {
         fail "$name: activation memory" "want $want, got $got; command: $CMD"
     fi
 }
+# --recompute (docs/recompute.md): every schedule with each mode, among the
+# cases (a slot keeps less of each layer; the rank holds one transient)
 pp_case tiny 8 1 2 1 gpipe 1 "1,1"
 pp_case tiny 8 1 2 2 1f1b 1 "1,1"
 pp_case tiny6 8 1 2 4 interleaved 3 "3,3"
+pp_case tiny6 8 1 2 4 interleaved 3 "3,3" full
 pp_case tiny6 8 1 2 2 zb 1 "3,3"
-pp_case tiny6 8 1 4 8 1f1b 1 "2,2,1,1"
-pp_case tiny6 8 1 4 4 zb 1 "2,2,1,1"
-pp_case tiny6 8 1 4 1 gpipe 1 "2,2,1,1"
-pp_case tiny6 8 2 2 4 zb 1 "3,3"
-pp_case tiny6 6 1 3 3 interleaved 2 "2,2,2"
-pp_case tiny6 6 1 3 6 gpipe 1 "2,2,2"
-pp_case tiny6 6 1 3 1 1f1b 1 "2,2,2"
+pp_case tiny6 8 1 4 8 1f1b 1 "2,2,1,1" selective
+pp_case tiny6 8 1 4 4 zb 1 "2,2,1,1" full
+pp_case tiny6 8 1 4 1 gpipe 1 "2,2,1,1" full
+pp_case tiny6 8 2 2 4 zb 1 "3,3" selective
+pp_case tiny6 6 1 3 3 interleaved 2 "2,2,2" selective
+pp_case tiny6 6 1 3 6 gpipe 1 "2,2,2" selective
+pp_case tiny6 6 1 3 1 1f1b 1 "2,2,2" full
+PP3_LOG=$INV_LOG
+
+# A schedule of one's own (--schedule-file) that makes every message arrive
+# before the one its receiver waits for: each rank runs its microbatches in
+# the order its peer does not send them. The early message goes into its own
+# slot and the action that needs it later finds it there (receive); the
+# summary counts them, one per rank per step. The second file also splits the
+# backward (W) and recomputes.
+printf 'rank 0: F0 F1 B0 B1\nrank 1: F1 F0 B1 B0\n' > "$TEST_TMPDIR/pp_reverse.sched"
+printf '# pp=2, 2 microbatches, split backward\nrank 0: F0 F1 B0 W0 B1 W1\nrank 1: F1 F0 B1 W1 B0 W0\n' > "$TEST_TMPDIR/pp_reverse_zb.sched"
+for f in pp_reverse pp_reverse_zb; do
+    rc=none
+    [ $f = pp_reverse_zb ] && rc=selective
+    invariant --norm "pipeline --schedule-file $f (tiny, pp=2, recompute $rc)" "$(pp_flags tiny 8)" 2 chapter-5 \
+        "--pp 2 --schedule-file $TEST_TMPDIR/$f.sched --recompute $rc"
+    got=$(grep '"type":"summary"' "$INV_LOG" | grep -o '"early_receives":\[[0-9,]*\]')
+    if [ "$got" = '"early_receives":[10,10]' ]; then
+        pass "pipeline --schedule-file $f: every step each rank took one message early and used it later ($got)"
+    else
+        fail "pipeline --schedule-file $f: early messages" "want \"early_receives\":[10,10], got '$got'; command: $CMD"
+    fi
+done
+# the built-in schedules never receive early (the last case above: 1f1b on pp=3)
+if grep -q '"early_receives":\[0,0,0\]' "$PP3_LOG"; then
+    pass "pipeline 1f1b pp=3: no message arrives early"
+else
+    fail "pipeline 1f1b pp=3: early messages" "$(grep -o '"early_receives":[^]]*]' "$PP3_LOG")"
+fi
 
 # Training-state checkpoints (docs/checkpoints.md): each stage's dp rank 0
 # writes its own layers, wte once (from the first stage). On the invariant's
@@ -146,8 +184,14 @@ error_case chapter-5 2 "--pp 2 --microbatches 3 --peak-gflops 10" "use a batch d
 error_case chapter-5 2 "--pp 2 --model tiny6 --schedule interleaved --virtual 3 --microbatches 3 --batch 6 --peak-gflops 10" "groups of pp=2"
 error_case chapter-5 2 "--pp 2 --tp 2 --peak-gflops 10" "this chapter has no tp axis"
 help_case chapter-5 "--schedule S"
-
-# shared flags this chapter does not implement yet are refused, not ignored
-error_case chapter-5 2 "--pp 2 --recompute full" "chapter 5 keeps its activations its own way and does not recompute them yet"
+# a schedule file: a bad action, a missing rank, a deadlock (the validator), all before training
+printf 'rank 0: F0 X1\nrank 1: F0 B0\n' > "$TEST_TMPDIR/pp_bad.sched"
+printf 'rank 0: F0 B0\n' > "$TEST_TMPDIR/pp_short.sched"
+printf 'rank 0: F0 B0 F1 B1\nrank 1: B0 F0 F1 B1\n' > "$TEST_TMPDIR/pp_before.sched"
+printf 'rank 0: F0 B0 F1 B1\nrank 1: F1 F0 B0 B1\n' > "$TEST_TMPDIR/pp_cycle.sched"
+error_case chapter-5 2 "--pp 2 --schedule-file $TEST_TMPDIR/pp_bad.sched --peak-gflops 10" "'X1' is not an action"
+error_case chapter-5 2 "--pp 2 --schedule-file $TEST_TMPDIR/pp_short.sched --peak-gflops 10" "has no line for rank 1"
+error_case chapter-5 2 "--pp 2 --schedule-file $TEST_TMPDIR/pp_before.sched --peak-gflops 10" "B(0, chunk 0) comes before its F"
+error_case chapter-5 2 "--pp 2 --schedule-file $TEST_TMPDIR/pp_cycle.sched --peak-gflops 10" "deadlock: every rank waits"
 
 finish
