@@ -1,0 +1,413 @@
+// tp.c: chapter 4's tensor-parallel engine (tp.h): the tiles, the tp rank's
+// state over chapter 3's FSDP engine, sharded init, the vocabulary-parallel
+// embedding and head, the step, the end-of-run checks.
+#include "tp.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "common.h"
+#include "memory.h"
+#include "runtime.h"
+
+// ---------------------------------------------------------------- which rank holds what
+
+// The vocabulary rows [v0, v0 + rows) of tp rank r: ceil(Vp/tp) each, the
+// last rank fewer when tp does not divide Vp (small's 256 rows over tp = 3
+// are 86, 86, 84). Only the sizes of the wte slices differ between ranks.
+void tp_vocab_rows(const GPTConfig* cfg, int tp, int r, int* v0, int* rows) {
+    int per = (cfg->padded_vocab_size + tp - 1) / tp;
+    *v0 = r * per;
+    int left = cfg->padded_vocab_size - *v0;
+    *rows = left < per ? left : per;
+}
+
+// The shard layout of a tp rank, in the order its flat buffer holds it:
+//   [wte rows of rank r] [wpe] [block 0's shard] ... [block L-1's shard] [lnfw lnfb]
+// where a block's shard is model_tp.h's. Writes the tiles (if out is given)
+// and returns their number. This function is the whole answer to "which rank
+// holds which slice of every weight".
+int tp_shard_tiles(const GPTConfig* cfg, int tp, int r, Tile* out) {
+    size_t C = (size_t)cfg->channels, Cl = C / tp, Fl = 4 * C / tp;
+    int v0, Vl;
+    tp_vocab_rows(cfg, tp, r, &v0, &Vl);
+    size_t off = 0;
+    int n = 0;
+#define TILE(T_, L_, R0, NR, C0, NC)                                                              \
+    do {                                                                                          \
+        size_t rows_, cols_;                                                                      \
+        param_tensor_shape(cfg, T_, &rows_, &cols_);                                              \
+        if (out) out[n] = (Tile){T_, L_, R0, NR, C0, NC, off, (NR) == rows_ && (NC) == cols_};    \
+        off += (size_t)(NR) * (NC);                                                               \
+        n++;                                                                                      \
+    } while (0)
+    TILE(P_WTE, 0, (size_t)v0, (size_t)Vl, 0, C);          // vocabulary rows
+    TILE(P_WPE, 0, 0, (size_t)cfg->max_seq_len, 0, C);     // replicated
+    for (int l = 0; l < cfg->num_layers; l++) {
+        TILE(P_LN1W, l, 0, C, 0, 1);
+        TILE(P_LN1B, l, 0, C, 0, 1);
+        // qkvw is [q; k; v] stacked, each C rows, head h at rows h*hs..: the
+        // heads of rank r are rows [r*Cl, (r+1)*Cl) of each of the three, so
+        // the shard is three row ranges, and its qkv output is [q k v] of
+        // those heads, the layout attention_forward reads
+        for (int k = 0; k < 3; k++) TILE(P_QKVW, l, k * C + r * Cl, Cl, 0, C);
+        for (int k = 0; k < 3; k++) TILE(P_QKVB, l, k * C + r * Cl, Cl, 0, 1);
+        TILE(P_ATTPROJW, l, 0, C, r * Cl, Cl);             // the columns that read rank r's heads
+        TILE(P_ATTPROJB, l, 0, C, 0, 1);                   // replicated, added once
+        TILE(P_LN2W, l, 0, C, 0, 1);
+        TILE(P_LN2B, l, 0, C, 0, 1);
+        TILE(P_FCW, l, r * Fl, Fl, 0, C);                  // rank r's hidden units
+        TILE(P_FCB, l, r * Fl, Fl, 0, 1);
+        TILE(P_FCPROJW, l, 0, C, r * Fl, Fl);              // the columns that read them
+        TILE(P_FCPROJB, l, 0, C, 0, 1);                    // replicated, added once
+    }
+    TILE(P_LNFW, 0, 0, C, 0, 1);
+    TILE(P_LNFB, 0, 0, C, 0, 1);
+#undef TILE
+    return n;
+}
+
+void tp_check_mesh(const GPTConfig* cfg, int B, int dp, int tp) {
+    // Not train_check_mesh: it asks tp to divide the padded vocabulary, which
+    // small (256) on tp = 3 does not need (the vocabulary may split unevenly)
+    if (B % dp != 0) fail_all("--batch %d does not split over dp=%d ranks: use a batch divisible by %d", B, dp, dp);
+    if (cfg->num_heads % tp != 0)
+        fail_all("the model's %d heads do not split over tp=%d ranks: use a tp that divides %d", cfg->num_heads, tp,
+                 cfg->num_heads);
+    if ((4 * cfg->channels) % tp != 0)
+        fail_all("the MLP's %d hidden units (4C) do not split over tp=%d ranks: use a tp that divides %d",
+                 4 * cfg->channels, tp, 4 * cfg->channels);
+    int v0_last, rows_last;
+    tp_vocab_rows(cfg, tp, tp - 1, &v0_last, &rows_last);
+    if (rows_last <= 0)
+        fail_all("the model's padded vocabulary of %d rows leaves the last of tp=%d ranks none: use a smaller tp",
+                 cfg->padded_vocab_size, tp);
+}
+
+// ---------------------------------------------------------------- the tp rank's state
+
+// The unit a tile of the tp shard lies in (no tile straddles two).
+static int tile_unit(const TPModel* m, const Tile* tl) {
+    if (tl->off < m->block0_off) return 0;
+    if (tl->off >= m->lnf_off) return m->cfg.num_layers + 1;
+    return 1 + (int)((tl->off - m->block0_off) / m->block_numel);
+}
+
+BlockActs tp_acts(const TPModel* m, int l) {
+    const GPTConfig* c = &m->cfg;
+    size_t n = block_acts_numel_tp(m->B, m->T, c->channels, c->num_heads, m->ntp);
+    return block_acts_at_tp(m->blocks + (size_t)l * n, m->B, m->T, c->channels, c->num_heads, m->ntp);
+}
+
+HeadActs tp_head_acts(const TPModel* m) { return head_acts_at(m->head, m->B, m->T, m->cfg.channels, m->Vl); }
+
+BlockParams tp_block_params(TPModel* m, int l) {
+    return block_params_at_tp(fsdp_unit_params(&m->f, 1 + l), m->cfg.channels, m->ntp);
+}
+
+BlockParams tp_block_grads_begin(TPModel* m, int l) {
+    return block_params_at_tp(fsdp_grads_begin(&m->f, 1 + l), m->cfg.channels, m->ntp);
+}
+
+// The engine's fill callback: floats [lo, lo + n) of a unit are a range of
+// this tp rank's shard; each tile that meets the range is initialised or read
+// for the part that lies inside it (a partial first row, whole rows, a
+// partial last row), so a rank builds or reads only its slices of its shard.
+typedef struct {
+    const TPModel* m;
+    const char* checkpoint;  // NULL: initialise from the seed
+    uint64_t seed;
+} TileSource;
+
+static const char* fill_piece(const TileSource* src, const Tile* tl, size_t row, size_t nrows, size_t col,
+                              size_t ncols, float* dst, char* msg, size_t msg_len) {
+    const GPTConfig* c = &src->m->cfg;
+    if (src->checkpoint)
+        return checkpoint_read_tile(src->checkpoint, c, dst, tl->t, tl->layer, tl->row0 + row, nrows,
+                                    tl->col0 + col, ncols, msg, msg_len);
+    gpt_init_tile(dst, c, src->seed, tl->t, tl->layer, tl->row0 + row, nrows, tl->col0 + col, ncols);
+    return NULL;
+}
+
+static const char* fill_unit(void* ctx, int unit, size_t lo, size_t n, float* dst, char* msg, size_t msg_len) {
+    const TileSource* src = ctx;
+    const TPModel* m = src->m;
+    size_t a0 = m->unit_off[unit] + lo, b0 = a0 + n;  // the range in the tp shard
+    for (int i = 0; i < m->ntiles; i++) {
+        const Tile* tl = &m->tiles[i];
+        size_t size = tl->nrows * tl->ncols;
+        size_t a = a0 > tl->off ? a0 - tl->off : 0, b = b0 - tl->off < size ? b0 - tl->off : size;
+        if (b0 <= tl->off || a >= b) continue;
+        // [a, b) of the tile's row-major storage
+        float* out = dst + (tl->off + a - a0);
+        size_t w = tl->ncols, r = a / w, col = a % w;
+        const char* bad = NULL;
+        if (col > 0) {  // the tail of a first, partial row
+            size_t k = w - col < b - a ? w - col : b - a;
+            bad = fill_piece(src, tl, r, 1, col, k, out, msg, msg_len);
+            out += k, a += k, r++;
+        }
+        if (!bad && b - a >= w) {  // whole rows
+            size_t rows = (b - a) / w;
+            bad = fill_piece(src, tl, r, rows, 0, w, out, msg, msg_len);
+            out += rows * w, a += rows * w, r += rows;
+        }
+        if (!bad && a < b) bad = fill_piece(src, tl, r, 1, 0, b - a, out, msg, msg_len);  // a last partial row
+        if (bad) return bad;
+    }
+    return NULL;
+}
+
+void tp_create(TPModel* m, const Run* run, int B, int zero, int prefetch, int reshard) {
+    memset(m, 0, sizeof(*m));
+    const TrainSetup* setup = &run->setup;
+    m->cfg = setup->cfg;
+    const GPTConfig* c = &m->cfg;
+    m->tp = &run->axes[AXIS_TP];
+    m->dp = &run->axes[AXIS_DP];
+    m->world = &run->world;
+    m->ntp = m->tp->size;
+    m->rtp = m->tp->rank;
+    int C = c->channels, L = c->num_layers, NH = c->num_heads, tp = m->ntp;
+    tp_vocab_rows(c, tp, m->rtp, &m->v0, &m->Vl);
+    int valid = c->vocab_size - m->v0;
+    m->nvalid = valid < 0 ? 0 : (valid > m->Vl ? m->Vl : valid);
+    m->ntiles = tp_shard_tiles(c, tp, m->rtp, NULL);
+    m->tiles = xmalloc(sizeof(Tile) * (size_t)m->ntiles);
+    tp_shard_tiles(c, tp, m->rtp, m->tiles);
+    m->wpe_off = (size_t)m->Vl * C;
+    m->block0_off = m->wpe_off + (size_t)c->max_seq_len * C;
+    m->block_numel = gpt_block_numel_tp(C, tp);
+    m->lnf_off = m->block0_off + (size_t)L * m->block_numel;
+    m->numel = m->lnf_off + 2 * (size_t)C;
+    const Tile* lt = &m->tiles[m->ntiles - 1];
+    CHECK(lt->off + lt->nrows * lt->ncols == m->numel, "shard tiles and layout disagree");
+
+    // the tp shard as units, sharded over dp by the engine
+    int n_units = L + 2;
+    m->unit_off = xmalloc(sizeof(size_t) * n_units);
+    size_t* numel = xmalloc(sizeof(size_t) * n_units);
+    int* own_grads = xcalloc((size_t)n_units, sizeof(int));
+    m->unit_off[0] = 0;
+    numel[0] = m->block0_off;
+    for (int l = 0; l < L; l++) {
+        m->unit_off[1 + l] = m->block0_off + (size_t)l * m->block_numel;
+        numel[1 + l] = m->block_numel;
+    }
+    m->unit_off[L + 1] = m->lnf_off;
+    numel[L + 1] = 2 * (size_t)C;
+    own_grads[0] = 1;  // the tied wte rows: used by the head first, by the embedding last
+    TileSource source = {.m = m, .checkpoint = setup->checkpoint, .seed = (uint64_t)run->args.seed};
+    FsdpSpec spec = {.n_units = n_units, .numel = numel, .own_grads = own_grads, .fill = fill_unit,
+                     .fill_ctx = &source};
+    fsdp_create(&m->f, m->dp, &spec, zero, prefetch, reshard);
+    free(numel);
+    free(own_grads);
+
+    m->B = B;
+    m->T = setup->T;
+    size_t N = (size_t)B * m->T;
+    m->encoded = mem_alloc_floats(N * C, MEM_ACTIVATIONS);
+    m->blocks = mem_alloc_floats((size_t)L * block_acts_numel_tp(B, m->T, C, NH, tp), MEM_ACTIVATIONS);
+    m->head = mem_alloc_floats(head_acts_numel(B, m->T, C, m->Vl), MEM_ACTIVATIONS);
+    m->gathered = mem_alloc_floats((size_t)tp * 3 * N, MEM_ACTIVATIONS);
+    m->scratch = mem_alloc_floats(block_scratch_numel_tp(B, m->T, C, NH, tp), MEM_ACTIVATIONS);
+    m->dres = mem_alloc_floats(N * C, MEM_ACTIVATIONS);
+    m->inputs = mem_alloc(N * sizeof(int), MEM_ACTIVATIONS);
+    m->targets = mem_alloc(N * sizeof(int), MEM_ACTIVATIONS);
+    m->losses_host = xmalloc(N * sizeof(float));
+}
+
+void tp_free(TPModel* m) {
+    float* bufs[] = {m->encoded, m->blocks, m->head, m->gathered, m->scratch, m->dres};
+    for (size_t i = 0; i < sizeof(bufs) / sizeof(bufs[0]); i++) mem_free(bufs[i]);
+    mem_free(m->inputs);
+    mem_free(m->targets);
+    free(m->losses_host);
+    free(m->tiles);
+    free(m->unit_off);
+    fsdp_free(&m->f);
+}
+
+// ---------------------------------------------------------------- the embedding and the head
+
+float* tp_embed_forward(TPModel* m, const int* inputs, const int* targets) {
+    FSDP* f = &m->f;
+    int B = m->B, T = m->T, N = B * T, C = m->cfg.channels;
+    fsdp_drop_gathered(f);  // stale after the optimizer step
+    mem_to_device(m->inputs, inputs, (size_t)N * sizeof(int));
+    mem_to_device(m->targets, targets, (size_t)N * sizeof(int));
+    float* emb = fsdp_unit_params(f, 0);  // [wte rows (Vl, C), wpe (maxT, C)]
+    fsdp_prefetch(f, 1);
+    // vocabulary-parallel embedding: a token's row on the rank that holds it,
+    // zero on the others; wpe added by tp rank 0 only, so the sum over tp
+    // holds it once
+    encoder_forward_vocab(m->encoded, m->inputs, emb, m->rtp == 0 ? emb + m->wpe_off : NULL, B, T, C, m->v0, m->Vl);
+    return m->encoded;
+}
+
+void tp_final_layernorm_forward(TPModel* m, const float* x) {
+    int N = m->B * m->T, C = m->cfg.channels;
+    float* lnf = fsdp_unit_params(&m->f, m->cfg.num_layers + 1);
+    HeadActs h = tp_head_acts(m);
+    layernorm_forward(h.lnf, h.lnf_mean, h.lnf_rstd, x, lnf, lnf + C, N, C);
+}
+
+float tp_head_forward(TPModel* m) {
+    int N = m->B * m->T, C = m->cfg.channels, tp = m->ntp;
+    float* wte = fsdp_unit_params(&m->f, 0);  // the tied LM head: this rank's wte rows again
+    HeadActs h = tp_head_acts(m);
+    // this rank's slice of the logits, (N, Vl): never the whole (N, Vp)
+    matmul_forward(h.logits, h.lnf, wte, NULL, N, C, m->Vl);
+    // vocabulary-parallel cross-entropy: per row, this slice's max, sum of
+    // exponentials and target logit (0 if another rank holds the target) ...
+    crossentropy_partials(h.rowmax, h.sumexp, h.tlogit, h.logits, m->targets, N, m->Vl, m->nvalid, m->v0);
+    // ... all-gathered (3 floats per token per rank: rowmax, sumexp, tlogit
+    // sit side by side in HeadActs) and merged in rank order, so every tp rank
+    // gets the same statistics of the whole vocabulary, bit for bit
+    comm_allgather(m->tp, h.rowmax, m->gathered, 3 * (size_t)N);
+    ops_copy(h.rowmax, m->gathered, 3 * (size_t)N);
+    for (int r = 1; r < tp; r++) {
+        const float* g = m->gathered + (size_t)r * 3 * N;
+        crossentropy_merge(h.rowmax, h.sumexp, h.tlogit, g, g + N, g + 2 * N, N);
+    }
+    crossentropy_loss(h.losses, h.rowmax, h.sumexp, h.tlogit, N);
+    mem_to_host(m->losses_host, h.losses, (size_t)N * sizeof(float));
+    double sum = 0.0;
+    for (int n = 0; n < N; n++) sum += m->losses_host[n];
+    return (float)(sum / N);
+}
+
+void tp_head_backward(TPModel* m, float* dlnf) {
+    FSDP* f = &m->f;
+    int N = m->B * m->T, C = m->cfg.channels;
+    HeadActs h = tp_head_acts(m);
+    float* g_emb = m->g_emb = fsdp_grads_begin(f, 0);  // open until tp_embed_backward
+    float* wte = fsdp_unit_params(f, 0);
+    // dlogits of this rank's slice from the merged statistics (in place of
+    // the logits), then the partial dlnf and this slice's dwte
+    crossentropy_backward(h.logits, h.logits, m->targets, h.rowmax, h.sumexp, 1.0f / (float)N, N, m->Vl,
+                          m->nvalid, m->v0);
+    ops_zero(dlnf, (size_t)N * C);
+    matmul_backward(dlnf, g_emb, NULL, h.logits, h.lnf, wte, N, C, m->Vl);
+}
+
+void tp_final_layernorm_backward(TPModel* m, const float* dlnf, const float* x, float* dres) {
+    FSDP* f = &m->f;
+    int N = m->B * m->T, C = m->cfg.channels, L = m->cfg.num_layers;
+    HeadActs h = tp_head_acts(m);
+    float* lnf = fsdp_unit_params(f, L + 1);
+    float* g_lnf = fsdp_grads_begin(f, L + 1);
+    ops_zero(dres, (size_t)N * C);
+    layernorm_backward(dres, g_lnf, g_lnf + C, dlnf, x, lnf, h.lnf_mean, h.lnf_rstd, N, C);
+    if (f->zero > 1) fsdp_reduce_grads(f, L + 1);
+}
+
+void tp_embed_backward(TPModel* m, const float* dres) {
+    FSDP* f = &m->f;
+    int B = m->B, T = m->T, C = m->cfg.channels;
+    float* g_emb = m->g_emb;  // opened by tp_head_backward
+    // the token rows this rank holds add into its wte slice, which already
+    // holds the LM head's share: the tied gradient collects both uses. Every
+    // rank computes the whole dwpe (wpe is replicated).
+    encoder_backward_vocab(g_emb, g_emb + m->wpe_off, dres, m->inputs, B, T, C, m->v0, m->Vl);
+    if (f->zero > 1) {
+        fsdp_reduce_grads(f, 0);
+    } else {
+        for (int i = 0; i < f->n; i++) fsdp_reduce_grads(f, i);  // ZeRO-1: every unit now
+    }
+}
+
+// ---------------------------------------------------------------- the step
+
+// The global gradient norm. The tp slices of a split tensor are disjoint
+// pieces, summed over tp; a replicated tensor (LayerNorms, the row-parallel
+// biases, wpe, lnf) has the same gradient on every tp rank, so only tp rank 0
+// counts it: it enters the norm once, not tp times. The dp shards are
+// disjoint (fsdp_grad_sumsq_range counts this rank's shard only). Then one
+// all-reduce over dp and one over tp.
+float tp_step(TPModel* m, const TrainArgs* args, int t) {
+    double mine = 0.0;
+    for (int i = 0; i < m->ntiles; i++) {
+        const Tile* tl = &m->tiles[i];
+        if (tl->replicated && m->rtp != 0) continue;
+        int u = tile_unit(m, tl);
+        mine += fsdp_grad_sumsq_range(&m->f, u, tl->off - m->unit_off[u], tl->nrows * tl->ncols);
+    }
+    const Comm* groups[] = {m->dp, m->tp};
+    double norm = train_global_norm(mine, groups, 2);
+    // AdamW on this rank's shard of its tp slice; replicated tensors get the
+    // same gradient and so the same update on every tp rank
+    fsdp_step(&m->f, train_adamw(args), t, grad_clip_scale(norm, args->clip));
+    return (float)norm;
+}
+
+// ---------------------------------------------------------------- validation, checks, saving
+
+// The same validation tokens as every chapter: each dp rank runs its share
+// of every global batch through the chapter's forward (same gathers and tp
+// collectives) as training.
+float tp_val_loss(TPModel* m, const TrainSetup* s, int n_batches, TrainForward forward, void* ctx) {
+    return train_val_loss_with(s, n_batches, forward, ctx, m->dp->rank * m->B, m->B, m->B, m->dp);
+}
+
+// A bitwise fingerprint of the replicated tensors in this tp rank's whole
+// shard (host, on dp rank 0): equal on every tp rank iff their copies agree
+// exactly. Returns 1 when they do, on every rank. Plain MPI, uncounted.
+int tp_replicas_agree(const TPModel* m, const float* shard) {
+    int mine = 1, all = 0;
+    if (shard) {
+        unsigned long long h = 0, lo, hi;
+        for (int i = 0; i < m->ntiles; i++) {
+            const Tile* tl = &m->tiles[i];
+            if (!tl->replicated) continue;
+            for (size_t k = 0; k < tl->nrows * tl->ncols; k++) {
+                unsigned int bits;
+                memcpy(&bits, shard + tl->off + k, sizeof(bits));
+                h = h * 1099511628211ull + bits + 1;
+            }
+        }
+        MPI_CHECK(MPI_Allreduce(&h, &lo, 1, MPI_UNSIGNED_LONG_LONG, MPI_MIN, m->tp->mpi));
+        MPI_CHECK(MPI_Allreduce(&h, &hi, 1, MPI_UNSIGNED_LONG_LONG, MPI_MAX, m->tp->mpi));
+        mine = lo == hi;
+    }
+    MPI_CHECK(MPI_Allreduce(&mine, &all, 1, MPI_INT, MPI_MIN, m->world->mpi));
+    return all;
+}
+
+// The full model in the flat layout on world rank 0 (dp 0, tp 0): the tp
+// ranks of dp rank 0 send it their whole shards (shard: fsdp_gather_host's),
+// which it places tile by tile. NULL on every other rank.
+float* tp_gather_full_model(const TPModel* m, const float* shard) {
+    if (m->dp->rank != 0) return NULL;
+    // shards differ in size when the vocabulary splits unevenly: each is sent
+    // in a block of the largest size
+    unsigned long long mine = m->numel, most = 0;
+    MPI_CHECK(MPI_Allreduce(&mine, &most, 1, MPI_UNSIGNED_LONG_LONG, MPI_MAX, m->tp->mpi));
+    size_t S = (size_t)most;
+    float* send = mem_alloc_floats(S, MEM_OTHER);
+    mem_to_device(send, shard, m->numel * sizeof(float));
+    float* all = mem_alloc_floats(S * (size_t)m->ntp, MEM_OTHER);
+    comm_gather(m->tp, send, all, S, 0);
+    float* full = NULL;
+    if (m->rtp == 0) {
+        float* shards = xmalloc(S * (size_t)m->ntp * sizeof(float));
+        mem_to_host(shards, all, S * (size_t)m->ntp * sizeof(float));
+        full = xmalloc(gpt_num_params(&m->cfg) * sizeof(float));
+        Tile* tiles = xmalloc(sizeof(Tile) * (size_t)m->ntiles);
+        for (int r = 0; r < m->ntp; r++) {
+            tp_shard_tiles(&m->cfg, m->ntp, r, tiles);
+            for (int i = 0; i < m->ntiles; i++) {
+                const Tile* tl = &tiles[i];
+                gpt_place_tile(full, &m->cfg, shards + (size_t)r * S + tl->off, tl->t, tl->layer, tl->row0,
+                               tl->nrows, tl->col0, tl->ncols);
+            }
+        }
+        free(tiles);
+        free(shards);
+    }
+    mem_free(all);
+    mem_free(send);
+    return full;
+}
