@@ -50,6 +50,8 @@
 #include "trace.h"
 #include "train.h"
 
+#include "sequence.h"
+
 typedef enum { CP_RING, CP_ULYSSES } CPMode;
 static const char* cp_mode_names[] = {"ring", "ulysses"};
 typedef enum { BALANCE_NONE, BALANCE_ZIGZAG } CPBalance;
@@ -707,8 +709,9 @@ int main(int argc, char** argv) {
     if (!found_balance) fail_all("--cp-balance %s is not one of none, zigzag", balance_name);
     int rc = 1;
     if (sp) {
-        // sequence parallelism (06_sequence_context/sequence.c)
-        fail_all("--sp (Megatron sequence parallelism) is not yet in this chapter: use --cp N");
+        // sequence parallelism (06_sequence_context/sequence.c): chapter 4's
+        // tensor parallelism with its FSDP over dp (ZeRO-3, prefetch, reshard)
+        rc = sp_train(&run, 3, 1, 1);
     } else {
         if (run.mesh.size[AXIS_TP] > 1)
             fail_all("--tp %d without --sp: tensor parallelism is chapter 4's; here it comes with sequence "
