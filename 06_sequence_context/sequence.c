@@ -167,12 +167,12 @@ static void column_parallel_backward(const SP* s, float* dw, float* db, float* d
     int N = s->N;
     size_t NlC = (size_t)s->Nl * C;
     CommRequest gather, scatter;
-    comm_iallgather(m->tp, in_shard, s->dfull, NlC, &gather);                 // (N, C), in flight
+    comm_iallgather(m->tp, in_shard, s->dfull, NlC, &gather);                 // (N, C) in flight
     ops_zero(dpartial, (size_t)N * C);
-    matmul_backward(dpartial, NULL, NULL, dout, NULL, w, N, C, OC);      // partial d in (N, C)
+    matmul_backward(dpartial, NULL, NULL, dout, NULL, w, N, C, OC);           // partial d in (N, C)
     comm_wait(&gather);
-    comm_ireduce_scatter(m->tp, dpartial, dshard, NlC, COMM_SUM, &scatter);  // (Nl, C), in flight
-    matmul_backward(NULL, dw, db, dout, s->dfull, NULL, N, C, OC);           // every token's share
+    comm_ireduce_scatter(m->tp, dpartial, dshard, NlC, COMM_SUM, &scatter);   // (Nl, C) in flight
+    matmul_backward(NULL, dw, db, dout, s->dfull, NULL, N, C, OC);            // dw, db from every token
     comm_wait(&scatter);
 }
 
