@@ -149,6 +149,10 @@ $(BUILD)/obj/cpu/tests/test_fsdp.o: CFLAGS += -I03_fsdp
 # test_schedule tests chapter 5's schedules (no training, no MPI ranks needed)
 $(BUILD)/tests/test_schedule: $(BUILD)/obj/cpu/05_pipeline/schedule.o
 $(BUILD)/obj/cpu/tests/test_schedule.o: CFLAGS += -I05_pipeline
+# test_ring tests chapter 6's ring attention over a simulated ring (no MPI ranks needed)
+TESTS += test_ring
+$(BUILD)/tests/test_ring: $(BUILD)/obj/cpu/06_sequence_context/ring.o
+$(BUILD)/obj/cpu/tests/test_ring.o: CFLAGS += -I06_sequence_context
 tests: $(addprefix $(BUILD)/tests/,$(TESTS))
 $(BUILD)/tests/%: $(BUILD)/obj/cpu/tests/%.o $(patsubst %.c,$(BUILD)/obj/cpu/%.o,$(COMMON_SRC) common/cpu/ops.c common/cpu/device.c common/cpu/comm.c 01_collectives/collectives.c)
 	@mkdir -p $(dir $@)

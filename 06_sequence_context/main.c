@@ -50,6 +50,7 @@
 #include "trace.h"
 #include "train.h"
 
+#include "ring.h"
 #include "sequence.h"
 
 typedef enum { CP_RING, CP_ULYSSES } CPMode;
@@ -58,50 +59,14 @@ typedef enum { BALANCE_NONE, BALANCE_ZIGZAG } CPBalance;
 static const char* balance_names[] = {"none", "zigzag"};
 
 // ---------------------------------------------------------------- who holds which tokens
-// A rank holds `parts` runs of `len` consecutive positions of each of its B
-// sequences: none, one run of T/cp (rank r: positions r*T/cp ...); zigzag,
-// two runs of T/(2cp) (rank r: half-chunks r and 2cp-1-r). Its token rows
-// are part-major: row (p*B + b)*len + t is sequence b, position
-// shard_pos(rank, p) + t. Every op but attention works on rows and does not
-// care; attention gets each part as a (B, len) chunk at its position.
-typedef struct {
-    int cp, rank;  // the cp group's size, this rank's place in it
-    int parts;     // 1 (none) or 2 (zigzag)
-    int len;       // positions per part
-    int B, T;      // this rank's sequences, and their length
-} Shard;
-
-// The first global position of part p on cp rank `rank`.
-static int shard_pos(const Shard* s, int rank, int p) {
-    if (s->parts == 1) return rank * s->len;
-    return (p == 0 ? rank : 2 * s->cp - 1 - rank) * s->len;
-}
-
-// Host int work on token ids (not tensor data): cut this rank's rows out of
-// B whole sequences (B, T), in the part-major row order above.
-static void shard_tokens(const Shard* s, int* dst, const int* src) {
-    for (int p = 0; p < s->parts; p++)
-        for (int b = 0; b < s->B; b++)
-            memcpy(dst + ((size_t)p * s->B + b) * s->len, src + (size_t)b * s->T + shard_pos(s, s->rank, p),
-                   (size_t)s->len * sizeof(int));
-}
-
-// (query part, key part) pairs the causal mask leaves something of: the
-// first key must not lie after the last query. The pairs it skips are the
-// work a plain cut piles onto the late ranks.
-static int pair_visible(const Shard* s, int q0, int k0) { return k0 <= q0 + s->len - 1; }
-
-// Score pairs (query, visible key) of one such pair, per sequence and head:
-// the work the ring does for it, counted to show the balance.
-static long pair_scores(const Shard* s, int q0, int k0) {
-    long n = 0;
-    for (int i = 0; i < s->len; i++) {
-        int v = q0 + i - k0 + 1;
-        n += v < 0 ? 0 : (v > s->len ? s->len : v);
-    }
-    return n;
-}
-
+// The layout (CPShard) and the compute of ring attention with one K/V block
+// in hand live in ring.c beside this file (tests/test_ring.c runs them over
+// a simulated ring); the communication is here.
+//
+//   balance none, cp = 4, T = 16        balance zigzag, cp = 4, T = 16
+//   positions 0-3  4-7  8-11 12-15      0-1 2-3 4-5 6-7 8-9 10-11 12-13 14-15
+//   rank      0    1    2    3          0   1   2   3   3   2     1     0
+//
 // ---------------------------------------------------------------- the model on a cp rank
 typedef struct {
     BlockActs a;   // the block's activations on my N tokens (a.att unused)
@@ -113,7 +78,7 @@ typedef struct {
 typedef struct {
     GPTConfig cfg;
     CPMode mode;
-    Shard sh;
+    CPShard sh;
     const Comm* cpc;    // the ring / all-to-all group
     Comm dpcp;          // every rank holding the same weights: the gradient group
     int N;              // my token rows: B * T / cp
@@ -131,15 +96,15 @@ typedef struct {
     // ring buffers: packed [k | v] rows (N, 2C), the block in hand and the
     // next; dK|dV partial sums (N, 2C) two deep (one may still be sending)
     // and the one arriving; the partials of one pair and the running sumexp
-    float *kv[2], *dkv[2], *dkv_in, *o2, *m2, *l2, *sumexp;
+    float *kv[2], *dkv[2], *dkv_in;
+    RingForward ring;  // the running partials of my queries (ring.h)
     // ulysses buffers: all-to-all send and receive (N, 3C); my heads'
     // attention output or its gradient (B, T, C/cp), dqkv (B, T, 3C/cp),
     // datt (B, NH/cp, T, T)
     float *send, *recv, *y_h, *dqkv_h, *datt_h;
     // what the chapter measures
     double attn_seconds;  // attention compute (not waiting), this rank
-    long attn_scores;     // score pairs computed in forward, this rank
-    long pairs_skipped;   // fully masked (query part, key part) pairs, forward
+    long attn_scores;     // unmasked scores computed in forward, this rank (ulysses; the ring's in ring)
 } CPModel;
 
 static LayerActs layer_at(const CPModel* m, int l) {
@@ -189,13 +154,12 @@ static size_t layer_numel(CPMode mode, int N, int C, int NH, int T) {
 //
 //   step 0: r holds K/V of r      step 1: of r-1      ...   step cp-1: of r+1
 static void ring_attention_forward(CPModel* m, const float* qkv, float* atty, float* lse) {
-    const Shard* sh = &m->sh;
-    const int C = m->cfg.channels, NH = m->cfg.num_heads, N = m->N, B = sh->B, L = sh->len;
+    const int C = m->cfg.channels, NH = m->cfg.num_heads, N = m->N;
     const int n = m->cpc->size, r = m->cpc->rank, right = (r + 1) % n, left = (r - 1 + n) % n;
-    const size_t part_rows = (size_t)B * L, kv_count = (size_t)N * 2 * C;
+    const size_t kv_count = (size_t)N * 2 * C;
     // pack my K and V out of qkv: only they travel (2C of the 3C per token)
     ops_copy_2d(m->kv[0], 2 * C, qkv + C, 3 * C, N, 2 * C);
-    int started[2] = {0, 0};
+    ring_forward_begin(&m->ring);
     for (int s = 0; s < n; s++) {
         const int src = (r - s + n) % n;
         const float* kv = m->kv[s % 2];
@@ -205,35 +169,13 @@ static void ring_attention_forward(CPModel* m, const float* qkv, float* atty, fl
             comm_isend(m->cpc, kv, kv_count, right, &to_right);
         }
         double t0 = now_seconds();
-        for (int qp = 0; qp < sh->parts; qp++)
-            for (int kp = 0; kp < sh->parts; kp++) {
-                int q0 = shard_pos(sh, r, qp), k0 = shard_pos(sh, src, kp);
-                if (!pair_visible(sh, q0, k0)) {
-                    m->pairs_skipped++;
-                    continue;
-                }
-                m->attn_scores += (long)B * NH * pair_scores(sh, q0, k0);
-                const float* q = qkv + qp * part_rows * 3 * C;
-                const float* k = kv + kp * part_rows * 2 * C;
-                float* o = atty + qp * part_rows * C;
-                float* mx = lse + qp * part_rows * NH;  // rowmax until finish writes lse over it
-                float* l = m->sumexp + qp * part_rows * NH;
-                if (!started[qp]) {  // the first pair of this query part writes the partials
-                    attention_chunk_forward(o, mx, l, q, 3 * C, k, k + C, 2 * C, B, L, L, q0, k0, C, NH);
-                    started[qp] = 1;
-                } else {  // the others fold theirs in
-                    attention_chunk_forward(m->o2, m->m2, m->l2, q, 3 * C, k, k + C, 2 * C, B, L, L, q0, k0, C, NH);
-                    attention_chunk_merge(o, mx, l, m->o2, m->m2, m->l2, B, L, C, NH);
-                }
-            }
+        ring_forward_block(&m->sh, &m->ring, qkv, kv, src, atty, lse, C, NH);
         m->attn_seconds += now_seconds() - t0;
         comm_wait(&from_left);
         comm_wait(&to_right);
     }
     // out / sumexp, and lse = rowmax + log(sumexp) in place of rowmax
-    for (int qp = 0; qp < sh->parts; qp++)
-        attention_chunk_finish(atty + qp * part_rows * C, lse + qp * part_rows * NH, lse + qp * part_rows * NH,
-                               m->sumexp + qp * part_rows * NH, B, L, C, NH);
+    ring_forward_finish(&m->sh, &m->ring, atty, lse, C, NH);
 }
 
 // Backward. datty (N, C) is d atty; dqkv (N, 3C), zero on entry, gets d of
@@ -243,10 +185,9 @@ static void ring_attention_forward(CPModel* m, const float* qkv, float* atty, fl
 // and passes it on; after cp hops (one more than K/V makes) it is home.
 static void ring_attention_backward(CPModel* m, const float* qkv, const float* atty, const float* lse,
                                     const float* datty, float* dqkv) {
-    const Shard* sh = &m->sh;
-    const int C = m->cfg.channels, NH = m->cfg.num_heads, N = m->N, B = sh->B, L = sh->len;
+    const int C = m->cfg.channels, NH = m->cfg.num_heads, N = m->N;
     const int n = m->cpc->size, r = m->cpc->rank, right = (r + 1) % n, left = (r - 1 + n) % n;
-    const size_t part_rows = (size_t)B * L, kv_count = (size_t)N * 2 * C;
+    const size_t kv_count = (size_t)N * 2 * C;
     ops_copy_2d(m->kv[0], 2 * C, qkv + C, 3 * C, N, 2 * C);
     CommRequest d_to_right = {0}, d_from_left = {0};
     for (int s = 0; s < n; s++) {
@@ -260,15 +201,7 @@ static void ring_attention_backward(CPModel* m, const float* qkv, const float* a
         }
         double t0 = now_seconds();
         ops_zero(dkv, kv_count);
-        for (int qp = 0; qp < sh->parts; qp++)
-            for (int kp = 0; kp < sh->parts; kp++) {
-                int q0 = shard_pos(sh, r, qp), k0 = shard_pos(sh, src, kp);
-                if (!pair_visible(sh, q0, k0)) continue;
-                size_t qo = qp * part_rows, ko = kp * part_rows;
-                attention_chunk_backward(dqkv + qo * 3 * C, dkv + ko * 2 * C, dkv + ko * 2 * C + C,
-                                         datty + qo * C, atty + qo * C, lse + qo * NH, qkv + qo * 3 * C, 3 * C,
-                                         kv + ko * 2 * C, kv + ko * 2 * C + C, 2 * C, B, L, L, q0, k0, C, NH);
-            }
+        ring_backward_block(&m->sh, qkv, atty, lse, datty, kv, src, dqkv, dkv, C, NH);
         m->attn_seconds += now_seconds() - t0;
         if (s > 0) {  // what the ranks before me added for src's keys
             comm_wait(&d_from_left);
@@ -297,7 +230,7 @@ static void ring_attention_backward(CPModel* m, const float* qkv, const float* a
 // block j of the send buffer with head group j's columns of my tokens,
 // exchange, and lay each rank's tokens at their positions.
 static void seq_to_heads(CPModel* m, float* dst, const float* src, int w) {
-    const Shard* sh = &m->sh;
+    const CPShard* sh = &m->sh;
     const int n = m->cpc->size, C = m->cfg.channels, c = C / n, wc = w * c, N = m->N;
     const size_t block = (size_t)N * wc;
     for (int j = 0; j < n; j++)
@@ -307,20 +240,20 @@ static void seq_to_heads(CPModel* m, float* dst, const float* src, int w) {
     for (int s = 0; s < n; s++)
         for (int p = 0; p < sh->parts; p++)
             for (int b = 0; b < sh->B; b++)
-                ops_copy(dst + ((size_t)b * sh->T + shard_pos(sh, s, p)) * wc,
+                ops_copy(dst + ((size_t)b * sh->T + cp_shard_pos(sh, s, p)) * wc,
                          m->recv + s * block + ((size_t)p * sh->B + b) * sh->len * wc, (size_t)sh->len * wc);
 }
 
 // Head shards back to sequence shards: the inverse of seq_to_heads.
 static void heads_to_seq(CPModel* m, float* dst, const float* src, int w) {
-    const Shard* sh = &m->sh;
+    const CPShard* sh = &m->sh;
     const int n = m->cpc->size, C = m->cfg.channels, c = C / n, wc = w * c, N = m->N;
     const size_t block = (size_t)N * wc;
     for (int s = 0; s < n; s++)
         for (int p = 0; p < sh->parts; p++)
             for (int b = 0; b < sh->B; b++)
                 ops_copy(m->send + s * block + ((size_t)p * sh->B + b) * sh->len * wc,
-                         src + ((size_t)b * sh->T + shard_pos(sh, s, p)) * wc, (size_t)sh->len * wc);
+                         src + ((size_t)b * sh->T + cp_shard_pos(sh, s, p)) * wc, (size_t)sh->len * wc);
     comm_alltoall(m->cpc, m->send, m->recv, block);
     for (int j = 0; j < n; j++)
         for (int t = 0; t < w; t++)
@@ -340,7 +273,7 @@ static void ulysses_attention_forward(CPModel* m, LayerActs* la) {
 
 static void ulysses_attention_backward(CPModel* m, const LayerActs* la, const float* datty, float* dqkv) {
     const int n = m->cpc->size, C = m->cfg.channels, NH = m->cfg.num_heads;
-    const Shard* sh = &m->sh;
+    const CPShard* sh = &m->sh;
     seq_to_heads(m, m->y_h, datty, 1);
     double t0 = now_seconds();
     ops_zero(m->dqkv_h, (size_t)m->N * 3 * C);
@@ -415,11 +348,11 @@ static const float* last_output(const CPModel* m) {
 // the mean loss of my N tokens.
 static float model_forward(CPModel* m, const int* inputs, const int* targets) {
     const GPTConfig* c = &m->cfg;
-    const Shard* sh = &m->sh;
+    const CPShard* sh = &m->sh;
     const int C = c->channels, N = m->N;
     int* rows = xmalloc((size_t)N * 2 * sizeof(int));
-    shard_tokens(sh, rows, inputs);
-    shard_tokens(sh, rows + N, targets);
+    cp_shard_tokens(sh, rows, inputs);
+    cp_shard_tokens(sh, rows + N, targets);
     mem_to_device(m->inputs, rows, (size_t)N * sizeof(int));
     mem_to_device(m->targets, rows + N, (size_t)N * sizeof(int));
     free(rows);
@@ -428,7 +361,7 @@ static float model_forward(CPModel* m, const int* inputs, const int* targets) {
     for (int p = 0; p < sh->parts; p++) {
         size_t r0 = (size_t)p * sh->B * sh->len;
         encoder_forward(m->encoded + r0 * C, m->inputs + r0, WTE(m, m->params),
-                        WPE(m, m->params) + (size_t)shard_pos(sh, sh->rank, p) * C, sh->B, sh->len, C);
+                        WPE(m, m->params) + (size_t)cp_shard_pos(sh, sh->rank, p) * C, sh->B, sh->len, C);
     }
     trace_compute(t0, "embedding forward");
     const float* x = m->encoded;
@@ -451,7 +384,7 @@ static float model_forward(CPModel* m, const int* inputs, const int* targets) {
 // Backward of my tokens' mean loss; accumulates into m->grads.
 static void model_backward(CPModel* m) {
     const GPTConfig* c = &m->cfg;
-    const Shard* sh = &m->sh;
+    const CPShard* sh = &m->sh;
     const int C = c->channels, N = m->N;
     HeadActs h = head_acts_at(m->head, 1, N, C, c->padded_vocab_size);
     head_backward(c, WTE(m, m->params), LNFW(m, m->params), WTE(m, m->grads), LNFW(m, m->grads), LNFB(m, m->grads),
@@ -467,7 +400,7 @@ static void model_backward(CPModel* m) {
     double t0 = trace_start();
     for (int p = 0; p < sh->parts; p++) {
         size_t r0 = (size_t)p * sh->B * sh->len;
-        encoder_backward(WTE(m, m->grads), WPE(m, m->grads) + (size_t)shard_pos(sh, sh->rank, p) * C,
+        encoder_backward(WTE(m, m->grads), WPE(m, m->grads) + (size_t)cp_shard_pos(sh, sh->rank, p) * C,
                          m->dres + r0 * C, m->inputs + r0, sh->B, sh->len, C);
     }
     trace_compute(t0, "embedding backward");
@@ -493,7 +426,7 @@ static void model_create(CPModel* m, const Run* run, CPMode mode, CPBalance bala
     m->cpc = &run->axes[AXIS_CP];
     comm_create_group(&m->dpcp, &run->mesh, (1u << AXIS_DP) | (1u << AXIS_CP));
     int n = m->cpc->size, T = setup->T, C = m->cfg.channels, NH = m->cfg.num_heads, L = m->cfg.num_layers;
-    m->sh = (Shard){.cp = n, .rank = m->cpc->rank, .parts = balance == BALANCE_ZIGZAG ? 2 : 1,
+    m->sh = (CPShard){.cp = n, .rank = m->cpc->rank, .parts = balance == BALANCE_ZIGZAG ? 2 : 1,
                     .len = balance == BALANCE_ZIGZAG ? T / (2 * n) : T / n, .B = B, .T = T};
     int N = m->N = B * (T / n);
     size_t NC = (size_t)N * C;
@@ -529,10 +462,11 @@ static void model_create(CPModel* m, const Run* run, CPMode mode, CPBalance bala
             m->dkv[i] = mem_alloc_floats(2 * NC, MEM_COMM);
         }
         m->dkv_in = mem_alloc_floats(2 * NC, MEM_COMM);
-        m->o2 = mem_alloc_floats(NC, MEM_ACTIVATIONS);
-        m->m2 = mem_alloc_floats((size_t)N * NH, MEM_ACTIVATIONS);
-        m->l2 = mem_alloc_floats((size_t)N * NH, MEM_ACTIVATIONS);
-        m->sumexp = mem_alloc_floats((size_t)N * NH, MEM_ACTIVATIONS);
+        // one pair's partials are one part's rows: at most N
+        m->ring.o2 = mem_alloc_floats(NC, MEM_ACTIVATIONS);
+        m->ring.m2 = mem_alloc_floats((size_t)N * NH, MEM_ACTIVATIONS);
+        m->ring.l2 = mem_alloc_floats((size_t)N * NH, MEM_ACTIVATIONS);
+        m->ring.sumexp = mem_alloc_floats((size_t)N * NH, MEM_ACTIVATIONS);
     } else {
         m->send = mem_alloc_floats(3 * NC, MEM_COMM);
         m->recv = mem_alloc_floats(3 * NC, MEM_COMM);
@@ -545,7 +479,7 @@ static void model_create(CPModel* m, const Run* run, CPMode mode, CPBalance bala
 static void model_free(CPModel* m) {
     float* bufs[] = {m->params, m->grads, m->m, m->v, m->encoded, m->layers, m->head, m->dres, m->dln,
                      m->stash, m->dfch_gelu, m->datty, m->kv[0], m->kv[1], m->dkv[0], m->dkv[1], m->dkv_in,
-                     m->o2, m->m2, m->l2, m->sumexp, m->send, m->recv, m->y_h, m->dqkv_h, m->datt_h};
+                     m->ring.o2, m->ring.m2, m->ring.l2, m->ring.sumexp, m->send, m->recv, m->y_h, m->dqkv_h, m->datt_h};
     for (size_t i = 0; i < sizeof bufs / sizeof *bufs; i++) mem_free(bufs[i]);
     mem_free(m->inputs);
     mem_free(m->targets);
@@ -624,8 +558,17 @@ static int train_context_parallel(Run* run, CPMode mode, CPBalance balance) {
         ckpt_after_step(&ck, step);
     }
     int steps_run = args->steps - start;
+    // the cp axis's traffic of training alone (validation below adds its
+    // own): the ring's sends, or Ulysses' all-to-alls, per step
+    CommCount cp_send = comm_count(mode == CP_RING ? COLL_SEND : COLL_ALLTOALL, AXIS_CP);
+    double cp_calls = steps_run > 0 ? cp_send.calls / steps_run : 0.0;
+    double cp_bytes = steps_run > 0 ? cp_send.bytes / steps_run : 0.0;
+    print0("cp traffic per rank per step: %.0f %s, %.0f bytes\n", cp_calls,
+           mode == CP_RING ? "sends" : "all-to-alls", cp_bytes);
     // the balance: attention work and time per cp rank (host figures: plain MPI)
-    double attn[2] = {steps_run > 0 ? (double)model.attn_scores / steps_run : 0.0,
+    // (scores per sequence and head in the ring's count: x B x NH)
+    long my_scores = mode == CP_RING ? model.ring.scores * per_dp * setup->cfg.num_heads : model.attn_scores;
+    double attn[2] = {steps_run > 0 ? (double)my_scores / steps_run : 0.0,
                       steps_run > 0 ? 1e3 * model.attn_seconds / steps_run : 0.0};
     double* all = xmalloc((size_t)ncp * 2 * sizeof(double));
     MPI_CHECK(MPI_Allgather(attn, 2, MPI_DOUBLE, all, 2, MPI_DOUBLE, model.cpc->mpi));
@@ -647,7 +590,7 @@ static int train_context_parallel(Run* run, CPMode mode, CPBalance balance) {
     print0("attention compute per cp rank, ms per step: %s (max/min %.2f)\n", times, tmin > 0 ? tmax / tmin : 0.0);
     if (mode == CP_RING)
         print0("ring: fully masked (query part, key part) pairs skipped per step, forward, cp rank 0: %ld\n",
-               steps_run > 0 ? model.pairs_skipped / steps_run : 0);
+               steps_run > 0 ? model.ring.skipped / steps_run : 0);
     float val_loss = train_val_loss_with(setup, args->val_batches, forward_for_val, &model, b0, per_dp, per_dp,
                                          &model.dpcp);
     if (val_loss >= 0) report_val(&log, args->steps - 1, val_loss);
@@ -656,8 +599,9 @@ static int train_context_parallel(Run* run, CPMode mode, CPBalance balance) {
     char extra_json[1024];
     snprintf(extra_json, sizeof(extra_json),
              "\"cp_mode\":\"%s\",\"cp_balance\":\"%s\",\"attention_scores_per_rank\":[%s],"
-             "\"attention_ms_per_rank\":[%s],\"comm_wait_ms_per_step\":%.3f",
-             cp_mode_names[mode], balance_names[balance], scores_json, times_json, wait_ms);
+             "\"attention_ms_per_rank\":[%s],\"comm_wait_ms_per_step\":%.3f,\"cp_calls_per_step\":%.0f,"
+             "\"cp_bytes_per_step\":%.0f",
+             cp_mode_names[mode], balance_names[balance], scores_json, times_json, wait_ms, cp_calls, cp_bytes);
     RunSummary summary = {
         .chapter = 6, .model = setup->model_name, .num_params = model.P, .batch = B, .seq = T,
         .steps = args->steps, .ms_per_step = ms, .tokens_per_s = ms > 0 ? (double)B * T / (ms / 1e3) : 0.0,
