@@ -41,6 +41,7 @@
 #include <string.h>
 
 #include "args.h"
+#include "ckpt.h"
 #include "comm.h"
 #include "common.h"
 #include "memory.h"
@@ -207,7 +208,7 @@ int main(int argc, char** argv) {
                    "batch, and FSDP (chapter 3) over --dp groups. tp is the inner axis (neighbouring ranks).",
                    extra, sizeof(extra) / sizeof(extra[0]), (1u << AXIS_DP) | (1u << AXIS_TP)))
         return 0;
-    run_refuse_flags(&run, RUN_NO_CHECKPOINTS | RUN_NO_RECOMPUTE, "chapter 4");
+    run_refuse_flags(&run, RUN_NO_RECOMPUTE, "chapter 4");
     if (zero < 1 || zero > 3) fail_all("--zero %d: the stages are 1, 2 and 3", zero);
     if ((prefetch != 0 && prefetch != 1) || (reshard != 0 && reshard != 1))
         fail_all("--prefetch and --reshard take 0 or 1");
@@ -228,6 +229,13 @@ int main(int argc, char** argv) {
     tp_create(&m, &run, micro, zero, prefetch, reshard);
     FSDP* f = &m.f;
     size_t P = gpt_num_params(cfg);
+    // training-state checkpoints: each rank writes its dp shard of its tiles
+    // (a replicated tile once, by tp rank 0) and --resume reads them back
+    // from whatever mesh saved them
+    Ckpt ck;
+    ckpt_init(&ck, args, setup, &run.mesh, 4);
+    tp_ckpt_lists(&ck, &m);
+    int start = ckpt_resume(&ck);
     char zero3[64] = "";
     if (zero == 3)
         snprintf(zero3, sizeof(zero3), ", prefetch %s, reshard %s", prefetch ? "on" : "off", reshard ? "on" : "off");
@@ -246,7 +254,7 @@ int main(int argc, char** argv) {
     float loss = 0.0f, vloss = -1.0f;
     long prefetched = 0;
     comm_counts_reset();  // count the training only, not the start-up
-    for (int s = 0; s < args->steps; s++) {
+    for (int s = start; s < args->steps; s++) {
         long p0 = f->gathers_prefetched;
         clock_begin(&clock);
         // the tp ranks of a dp group read the same sequences
@@ -254,7 +262,7 @@ int main(int argc, char** argv) {
         double mine = forward(&m, inputs, targets);
         backward(&m);
         float norm = tp_step(&m, args, s + 1);
-        double dt = clock_end(&clock, s, args->steps);
+        double dt = clock_end(&clock, s - start, args->steps - start);
         prefetched += f->gathers_prefetched - p0;
         loss = (float)train_mean(m.dp, mine);  // every tp rank has the same loss
         report_step(&log, s, args->steps, loss, norm, 1e3 * dt, (double)B * T / dt);
@@ -262,9 +270,11 @@ int main(int argc, char** argv) {
             vloss = tp_val_loss(&m, setup, args->val_batches, forward_cb, &m);
             if (vloss >= 0) report_val(&log, s, vloss);
         }
+        ckpt_after_step(&ck, s);  // --save-every, --ckpt-dir
     }
+    ckpt_finish(&ck, &log);
     double ms = clock_ms_per_step(&clock);
-    double prefetched_per_step = args->steps ? (double)prefetched / args->steps : 0.0;
+    double prefetched_per_step = args->steps > start ? (double)prefetched / (args->steps - start) : 0.0;
     char extra_json[512];
     snprintf(extra_json, sizeof(extra_json),
              "\"zero\":%d,\"prefetch\":%d,\"reshard\":%d,\"tp_shard_params\":%zu,\"shard_params\":%zu,"

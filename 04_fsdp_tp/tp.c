@@ -411,3 +411,67 @@ float* tp_gather_full_model(const TPModel* m, const float* shard) {
     mem_free(send);
     return full;
 }
+
+// ---------------------------------------------------------------- checkpoints
+
+// The floats [q0, q1) of this tp rank's shard, whose values sit at data (the
+// value of shard float q at data[q - q0]), as checkpoint slices of kind
+// `kind`: each tile meeting the range gives at most a partial first row,
+// whole rows (one strided slice: ncols of every global row) and a partial
+// last row. Replicated tiles are left out when `skip_replicated`.
+static void ckpt_add_shard_range(CkptList* l, const TPModel* m, CkptKind kind, size_t q0, size_t q1, float* data,
+                                 int skip_replicated) {
+    if (!data) return;
+    for (int i = 0; i < m->ntiles; i++) {
+        const Tile* tl = &m->tiles[i];
+        size_t size = tl->nrows * tl->ncols;
+        if (q1 <= tl->off || q0 >= tl->off + size || (skip_replicated && tl->replicated)) continue;
+        size_t a = q0 > tl->off ? q0 - tl->off : 0, b = q1 - tl->off < size ? q1 - tl->off : size;
+        size_t R, Cg;  // the tensor's per-layer global shape (rows, columns)
+        param_tensor_shape(&m->cfg, tl->t, &R, &Cg);
+        size_t w = tl->ncols, layer0 = (size_t)tl->layer * R * Cg;
+        while (a < b) {
+            size_t r = a / w, col = a % w, rows, len;
+            if (col > 0 || b - a < w) {  // a partial row
+                rows = 1;
+                len = (w - col < b - a) ? w - col : b - a;
+            } else {  // whole rows of the tile
+                rows = (b - a) / w;
+                len = w;
+            }
+            size_t start = layer0 + (tl->row0 + r) * Cg + tl->col0 + col;
+            float* at = data + (tl->off + a - q0);
+            if (len == Cg)  // whole global rows: one run
+                ckpt_add(l, (CkptSlice){kind, tl->t, start, rows * len, 0, 1, at});
+            else
+                ckpt_add(l, (CkptSlice){kind, tl->t, start, len, Cg, rows, at});
+            a += rows * len;
+        }
+    }
+}
+
+void tp_ckpt_lists(Ckpt* ck, const TPModel* m) {
+    const FSDP* f = &m->f;
+    int r = f->dp->rank;
+    for (int u = 0; u < f->n; u++) {
+        // this dp rank's real floats of unit u, [lo, hi) of the unit
+        size_t lo = (size_t)r * f->shard[u], hi = lo + f->shard[u];
+        if (lo > f->numel[u]) lo = f->numel[u];
+        if (hi > f->numel[u]) hi = f->numel[u];
+        size_t q0 = m->unit_off[u] + lo, q1 = m->unit_off[u] + hi, so = f->shard_off[u];
+        // the moments are sharded over dp under every stage
+        float* kinds[] = {f->zero == 3 ? f->shard_params + so : NULL, f->m + so, f->v + so};
+        for (int k = 0; k < CKPT_NUM_KINDS; k++) {
+            ckpt_add_shard_range(&ck->own, m, (CkptKind)k, q0, q1, kinds[k], m->rtp != 0);
+            ckpt_add_shard_range(&ck->need, m, (CkptKind)k, q0, q1, kinds[k], 0);
+        }
+        if (f->zero < 3) {
+            // ZeRO-1/2: the parameters whole on every dp rank: dp rank 0
+            // writes them, every rank reads them
+            float* full = f->full_params + f->padded_off[u];
+            size_t u0 = m->unit_off[u], u1 = u0 + f->numel[u];
+            if (r == 0) ckpt_add_shard_range(&ck->own, m, CKPT_PARAMS, u0, u1, full, m->rtp != 0);
+            ckpt_add_shard_range(&ck->need, m, CKPT_PARAMS, u0, u1, full, 0);
+        }
+    }
+}

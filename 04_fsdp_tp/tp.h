@@ -35,6 +35,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "ckpt.h"
 #include "comm.h"
 #include "model.h"
 #include "model_tp.h"
@@ -166,5 +167,14 @@ int tp_replicas_agree(const TPModel* m, const float* shard);
 // The full model in the flat layout on world rank 0 (from every tp rank's
 // whole shard on dp rank 0, placed tile by tile); NULL on every other rank.
 float* tp_gather_full_model(const TPModel* m, const float* shard);
+
+// ---------------------------------------------------------------- checkpoints
+
+// What this rank writes (ck->own) and reads (ck->need) of the training
+// state (ckpt.h): its dp shard of each of its tiles, as slices of llm.c's
+// global tensors (params, m, v). A replicated tile is written by tp rank 0
+// only and read by every tp rank; under ZeRO-1/2 the whole parameters are
+// written by dp rank 0. Any mesh resumes from it (slice intersection).
+void tp_ckpt_lists(Ckpt* ck, const TPModel* m);
 
 #endif
