@@ -37,6 +37,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "ckpt.h"
 #include "comm.h"
 #include "common.h"
 #include "memory.h"
@@ -374,7 +375,7 @@ int sp_train(Run* run, int zero, int prefetch, int reshard) {
     const GPTConfig* cfg = &setup->cfg;
     int tp = run->axes[AXIS_TP].size, dp = run->axes[AXIS_DP].size;
     int B = setup->B, T = setup->T;
-    run_refuse_flags(run, RUN_NO_CHECKPOINTS | RUN_NO_RECOMPUTE, "chapter 6 --sp");
+    run_refuse_flags(run, RUN_NO_RECOMPUTE, "chapter 6 --sp");
     if (run->axes[AXIS_CP].size > 1)
         fail_all("--sp runs on a dp x tp mesh and --cp %d asks for context parallelism: use one of the two",
                  run->axes[AXIS_CP].size);
@@ -391,6 +392,12 @@ int sp_train(Run* run, int zero, int prefetch, int reshard) {
     FSDP* f = &m->f;
     size_t P = gpt_num_params(cfg);
     int L = cfg->num_layers;
+    // training-state checkpoints: the state is chapter 4's (the same tiles
+    // over the same FSDP), so are the files; any chapter's mesh resumes them
+    Ckpt ck;
+    ckpt_init(&ck, args, setup, &run->mesh, 6);
+    tp_ckpt_lists(&ck, m);
+    int start = ckpt_resume(&ck);
     print0("chapter 6, sequence parallelism: tp=%d x dp=%d; a tp rank holds %zu of %zu parameters and runs "
            "the LayerNorms and residuals on %d of its dp group's %d tokens; ZeRO-%d over dp, device %s\n",
            tp, dp, m->numel, P, s.Nl, s.N, zero, run->device);
@@ -412,14 +419,14 @@ int sp_train(Run* run, int zero, int prefetch, int reshard) {
     float loss = 0.0f, vloss = -1.0f;
     int ln_agree = 1;
     comm_counts_reset();  // count the training only, not the start-up
-    for (int st = 0; st < args->steps; st++) {
+    for (int st = start; st < args->steps; st++) {
         clock_begin(&clock);
         // the tp ranks of a dp group read the same sequences
         data_batch(&setup->train, st, B, T, m->dp->rank * micro, micro, inputs, targets);
         double mine = sp_forward(&s, inputs, targets);
         sp_backward(&s);
         float norm = tp_step(m, args, st + 1);
-        double dt = clock_end(&clock, st, args->steps);
+        double dt = clock_end(&clock, st - start, args->steps - start);
         // outside the step's clock and its counted communication
         ln_agree &= layernorm_grads_agree(&s);
         loss = (float)train_mean(m->dp, mine);  // every tp rank has the same loss
@@ -428,7 +435,9 @@ int sp_train(Run* run, int zero, int prefetch, int reshard) {
             vloss = tp_val_loss(m, setup, args->val_batches, forward_cb, &s);
             if (vloss >= 0) report_val(&log, st, vloss);
         }
+        ckpt_after_step(&ck, st);  // --save-every, --ckpt-dir
     }
+    ckpt_finish(&ck, &log);
     double ms = clock_ms_per_step(&clock);
     char extra_json[512];
     snprintf(extra_json, sizeof(extra_json),
