@@ -62,6 +62,29 @@ summary_has "cp=2 ulysses memory per rank: activations $uly_act; comm 2 N 3C" "$
 summary_has "cp=4 zigzag: every rank computes $((T * (T + 1) / 2 * INV_BATCH * NH * L / 4)) attention scores per step" "$RING4" \
     "\"attention_scores_per_rank\":$(rank_array $((T * (T + 1) / 2 * INV_BATCH * NH * L / 4)) 4)"
 
+# Training-state checkpoints: the cp=2 zigzag ring run saves at step 5 (world
+# rank 0 writes the replica's state); cp=4 Ulysses resumes it and continues
+# chapter 0's losses (steps 5..9) within TOL.
+CK6=$TEST_TMPDIR/ck6
+invariant "checkpoint: cp=2 ring zigzag saving at step 5" "--steps 5 --batch $INV_BATCH --seq $INV_SEQ --peak-gflops 10" 2 \
+    chapter-6 "--cp 2 --cp-balance zigzag --ckpt-dir $CK6"
+reference "$INV_FLAGS"
+mpi_run $T_RUN 4 "$BUILD/chapter-6" $INV_FLAGS --cp 4 --cp-mode ulysses --resume "$CK6/step-00000005" --log "$TEST_TMPDIR/ck6r.jsonl"
+cmp=$(awk -v tol=$TOL '
+    /"type":"step"/ { match($0, /"step":[0-9]+/); s = substr($0, RSTART + 7, RLENGTH - 7) + 0
+                      match($0, /"loss":[-0-9.e]+/); l = substr($0, RSTART + 7, RLENGTH - 7) + 0
+                      if (FNR == NR) { r[s] = l; next }
+                      if (s != 5 + n || !(s in r)) bad = 1; n++
+                      d = l - r[s]; if (d < 0) d = -d; if (d > max) max = d }
+    END { printf "steps 5..%d, max |dloss| %.1e", 4 + n, max; exit (!bad && n == 5 && max <= tol) ? 0 : 1 }' \
+    "$REF" "$TEST_TMPDIR/ck6r.jsonl" 2>&1)
+cmp_rc=$?
+if [ $RC = 0 ] && [ $cmp_rc = 0 ] && echo "$OUT" | grep -q "checkpoint: resumed from"; then
+    pass "checkpoint: cp=4 ulysses resumed from cp=2 ring's step 5 continues chapter 0's losses ($cmp)"
+else
+    fail "checkpoint: cp=4 ulysses resumed" "exit $RC; $cmp; command: $CMD; $(echo "$OUT" | grep -E 'error' | head -3)"
+fi
+
 # bad meshes and flags: one message, every rank exits
 error_case chapter-6 3 "--cp 3" "--seq 64 does not split over cp=3"
 error_case chapter-6 4 "--cp 4 --seq 12 --batch 4 --cp-balance zigzag" "--seq 12 does not split into 2 x cp = 8 zigzag half-chunks"

@@ -280,6 +280,7 @@ static inline int chunk_keys_visible(int i, int q0, int k0, int Tk) {
 void attention_chunk_forward(float* out, float* rowmax, float* sumexp, const float* q_all,
                              int q_stride, const float* k_all, const float* v_all, int kv_stride,
                              int B, int Tq, int Tk, int q0, int k0, int C, int NH) {
+    comm_progress();  // a ring's K/V block moves while this runs (chapter 6)
     const int hs = C / NH;
     const float scale = 1.0f / sqrtf((float)hs);
     #pragma omp parallel for collapse(2)
@@ -354,6 +355,7 @@ void attention_chunk_backward(float* dq_all, float* dk_all, float* dv_all, const
                               const float* out, const float* lse, const float* q_all, int q_stride,
                               const float* k_all, const float* v_all, int kv_stride, int B, int Tq,
                               int Tk, int q0, int k0, int C, int NH) {
+    comm_progress();
     const int hs = C / NH;
     const float scale = 1.0f / sqrtf((float)hs);
     #pragma omp parallel for collapse(2)
