@@ -84,11 +84,13 @@ static void block_forward_tp(const TPModel* m, const BlockParams* p, BlockActs* 
     // f forward (identity) -- column-parallel qkv: this rank's heads only
     matmul_forward(a->qkv, a->ln1, p->qkvw, p->qkvb, N, C, 3 * Cl);          // (N, 3C/tp)
     attention_forward(a->atty, a->att, a->qkv, B, T, Cl, NHl);               // (N, C/tp)
+    // EXERCISE 2: the row-parallel attention projection: this rank's partial sum, its bias added once over tp, then g
     // row-parallel projection: a partial sum of the output; the bias is
     // added by one rank, so the sum holds it once
     matmul_forward(a->attproj, a->atty, p->attprojw, m->rtp == 0 ? p->attprojb : NULL, N, Cl, C);
     // g forward (all-reduce): the partial sums become the output
     g_forward(m, a->attproj, NC);                                            // (N, C)
+    // END EXERCISE 2
     residual_forward(a->res2, x, a->attproj, NC);
     // MLP: res3 = res2 + fcproj(gelu(fc(ln2(res2))))
     layernorm_forward(a->ln2, a->ln2_mean, a->ln2_rstd, a->res2, p->ln2w, p->ln2b, N, C);
@@ -183,6 +185,13 @@ static void backward(TPModel* m) {
         BlockParams g = tp_block_grads_begin(m, l);
         BlockActs a = tp_acts(m, l);
         const float* x = l > 0 ? tp_acts(m, l - 1).res3 : m->encoded;
+        // --recompute: what forward did not keep, again (docs/recompute.md)
+        if (m->recompute == RECOMPUTE_SELECTIVE) {
+            tp_recompute_selective(m, &a);  // attention and GELU on this rank's slices: no collective
+        } else if (m->recompute == RECOMPUTE_FULL) {
+            a = tp_acts_transient(m);        // the whole block forward into the one-layer buffer,
+            block_forward_tp(m, &p, &a, x);  // its two g all-reduces included
+        }
         block_backward_tp(m, &p, &g, &a, &s, x, m->dres);
         if (f->zero > 1) fsdp_reduce_grads(f, 1 + l);
     }
@@ -208,7 +217,6 @@ int main(int argc, char** argv) {
                    "batch, and FSDP (chapter 3) over --dp groups. tp is the inner axis (neighbouring ranks).",
                    extra, sizeof(extra) / sizeof(extra[0]), (1u << AXIS_DP) | (1u << AXIS_TP)))
         return 0;
-    run_refuse_flags(&run, RUN_NO_RECOMPUTE, "chapter 4");
     if (zero < 1 || zero > 3) fail_all("--zero %d: the stages are 1, 2 and 3", zero);
     if ((prefetch != 0 && prefetch != 1) || (reshard != 0 && reshard != 1))
         fail_all("--prefetch and --reshard take 0 or 1");
@@ -243,6 +251,10 @@ int main(int argc, char** argv) {
            "vocabulary rows), ZeRO-%d shards them over dp: %zu per rank%s; %d sequences per dp group, device %s\n",
            tp, dp, m.numel, P, cfg->num_heads / tp, 4 * cfg->channels / tp, m.Vl, zero, f->shard_total, zero3,
            micro, run.device);
+    if (args->recompute != RECOMPUTE_NONE)  // after the gather of each block in backward
+        print0("recompute %s: backward recomputes what the blocks did not keep (docs/recompute.md)%s\n",
+               recompute_name((RecomputeMode)args->recompute),
+               args->recompute == RECOMPUTE_FULL ? ", with the block's 2 tp all-reduces again" : "");
     char msg[1024];
     JsonLog log;
     const char* bad = jsonl_open(&log, args->log, msg, sizeof(msg));

@@ -51,8 +51,10 @@ int tp_shard_tiles(const GPTConfig* cfg, int tp, int r, Tile* out) {
         // heads of rank r are rows [r*Cl, (r+1)*Cl) of each of the three, so
         // the shard is three row ranges, and its qkv output is [q k v] of
         // those heads, the layout attention_forward reads
+        // EXERCISE 1: the QKV column split by heads: rank r's rows of qkvw and qkvb, its heads' q, k and v
         for (int k = 0; k < 3; k++) TILE(P_QKVW, l, k * C + r * Cl, Cl, 0, C);
         for (int k = 0; k < 3; k++) TILE(P_QKVB, l, k * C + r * Cl, Cl, 0, 1);
+        // END EXERCISE 1
         TILE(P_ATTPROJW, l, 0, C, r * Cl, Cl);             // the columns that read rank r's heads
         TILE(P_ATTPROJB, l, 0, C, 0, 1);                   // replicated, added once
         TILE(P_LN2W, l, 0, C, 0, 1);
@@ -88,7 +90,7 @@ void tp_check_mesh(const GPTConfig* cfg, int B, int dp, int tp) {
 // ---------------------------------------------------------------- the tp rank's state
 
 // The unit a tile of the tp shard lies in (no tile straddles two).
-static int tile_unit(const TPModel* m, const Tile* tl) {
+int tp_tile_unit(const TPModel* m, const Tile* tl) {
     if (tl->off < m->block0_off) return 0;
     if (tl->off >= m->lnf_off) return m->cfg.num_layers + 1;
     return 1 + (int)((tl->off - m->block0_off) / m->block_numel);
@@ -96,8 +98,22 @@ static int tile_unit(const TPModel* m, const Tile* tl) {
 
 BlockActs tp_acts(const TPModel* m, int l) {
     const GPTConfig* c = &m->cfg;
-    size_t n = block_acts_numel_tp(m->B, m->T, c->channels, c->num_heads, m->ntp);
-    return block_acts_at_tp(m->blocks + (size_t)l * n, m->B, m->T, c->channels, c->num_heads, m->ntp);
+    size_t n = block_store_numel_tp(m->B, m->T, c->channels, c->num_heads, m->ntp, m->recompute);
+    return block_acts_stored_tp(m->blocks + (size_t)l * n, m->transient, m->B, m->T, c->channels, c->num_heads,
+                                m->ntp, m->recompute);
+}
+
+BlockActs tp_acts_transient(const TPModel* m) {
+    return block_acts_at_tp(m->transient, m->B, m->T, m->cfg.channels, m->cfg.num_heads, m->ntp);
+}
+
+void tp_recompute_selective(const TPModel* m, BlockActs* a) {
+    int B = m->B, T = m->T, N = B * T, Cl = m->cfg.channels / m->ntp, NHl = m->cfg.num_heads / m->ntp;
+    // the same two ops as the forward on the same kept inputs: the same
+    // bits. attention_forward also rewrites its output atty, which is kept:
+    // that copy goes to attproj's slot (backward never reads it)
+    attention_forward(a->attproj, a->att, a->qkv, B, T, Cl, NHl);
+    gelu_forward(a->fch_gelu, a->fch, (size_t)N * 4 * Cl);
 }
 
 HeadActs tp_head_acts(const TPModel* m) { return head_acts_at(m->head, m->B, m->T, m->cfg.channels, m->Vl); }
@@ -209,7 +225,10 @@ void tp_create(TPModel* m, const Run* run, int B, int zero, int prefetch, int re
     m->T = setup->T;
     size_t N = (size_t)B * m->T;
     m->encoded = mem_alloc_floats(N * C, MEM_ACTIVATIONS);
-    m->blocks = mem_alloc_floats((size_t)L * block_acts_numel_tp(B, m->T, C, NH, tp), MEM_ACTIVATIONS);
+    m->recompute = (RecomputeMode)run->args.recompute;
+    m->blocks = mem_alloc_floats((size_t)L * block_store_numel_tp(B, m->T, C, NH, tp, m->recompute), MEM_ACTIVATIONS);
+    size_t tr = block_transient_numel_tp(B, m->T, C, NH, tp, m->recompute);
+    m->transient = tr ? mem_alloc_floats(tr, MEM_ACTIVATIONS) : NULL;
     m->head = mem_alloc_floats(head_acts_numel(B, m->T, C, m->Vl), MEM_ACTIVATIONS);
     m->gathered = mem_alloc_floats((size_t)tp * 3 * N, MEM_ACTIVATIONS);
     m->scratch = mem_alloc_floats(block_scratch_numel_tp(B, m->T, C, NH, tp), MEM_ACTIVATIONS);
@@ -222,6 +241,7 @@ void tp_create(TPModel* m, const Run* run, int B, int zero, int prefetch, int re
 void tp_free(TPModel* m) {
     float* bufs[] = {m->encoded, m->blocks, m->head, m->gathered, m->scratch, m->dres};
     for (size_t i = 0; i < sizeof(bufs) / sizeof(bufs[0]); i++) mem_free(bufs[i]);
+    if (m->transient) mem_free(m->transient);
     mem_free(m->inputs);
     mem_free(m->targets);
     free(m->losses_host);
@@ -255,7 +275,7 @@ void tp_final_layernorm_forward(TPModel* m, const float* x) {
 }
 
 float tp_head_forward(TPModel* m) {
-    int N = m->B * m->T, C = m->cfg.channels, tp = m->ntp;
+    int N = m->B * m->T, C = m->cfg.channels;
     float* wte = fsdp_unit_params(&m->f, 0);  // the tied LM head: this rank's wte rows again
     HeadActs h = tp_head_acts(m);
     // this rank's slice of the logits, (N, Vl): never the whole (N, Vp)
@@ -266,12 +286,14 @@ float tp_head_forward(TPModel* m) {
     // ... all-gathered (3 floats per token per rank: rowmax, sumexp, tlogit
     // sit side by side in HeadActs) and merged in rank order, so every tp rank
     // gets the same statistics of the whole vocabulary, bit for bit
+    // EXERCISE 3: the vocabulary-parallel cross-entropy: every tp rank's (max, sum of exponentials, target logit) per token, merged in rank order
     comm_allgather(m->tp, h.rowmax, m->gathered, 3 * (size_t)N);
     ops_copy(h.rowmax, m->gathered, 3 * (size_t)N);
-    for (int r = 1; r < tp; r++) {
+    for (int r = 1; r < m->ntp; r++) {
         const float* g = m->gathered + (size_t)r * 3 * N;
         crossentropy_merge(h.rowmax, h.sumexp, h.tlogit, g, g + N, g + 2 * N, N);
     }
+    // END EXERCISE 3
     crossentropy_loss(h.losses, h.rowmax, h.sumexp, h.tlogit, N);
     mem_to_host(m->losses_host, h.losses, (size_t)N * sizeof(float));
     double sum = 0.0;
@@ -329,12 +351,14 @@ void tp_embed_backward(TPModel* m, const float* dres) {
 // all-reduce over dp and one over tp.
 float tp_step(TPModel* m, const TrainArgs* args, int t) {
     double mine = 0.0;
+    // EXERCISE 4: the norm's sum of squares: this rank's share, split tensors' slices summed, each replicated tensor counted once over tp
     for (int i = 0; i < m->ntiles; i++) {
         const Tile* tl = &m->tiles[i];
         if (tl->replicated && m->rtp != 0) continue;
-        int u = tile_unit(m, tl);
+        int u = tp_tile_unit(m, tl);
         mine += fsdp_grad_sumsq_range(&m->f, u, tl->off - m->unit_off[u], tl->nrows * tl->ncols);
     }
+    // END EXERCISE 4
     const Comm* groups[] = {m->dp, m->tp};
     double norm = train_global_norm(mine, groups, 2);
     // AdamW on this rank's shard of its tp slice; replicated tensors get the

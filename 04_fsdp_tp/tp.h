@@ -91,7 +91,9 @@ typedef struct {
     // activations of B sequences (this dp rank's share) of T tokens
     int B, T;
     float* encoded;          // (B,T,C)
-    float* blocks;           // L * block_acts_numel_tp
+    RecomputeMode recompute; // --recompute: what each layer keeps (model_tp.h)
+    float* blocks;           // L * block_store_numel_tp: what each layer keeps
+    float* transient;        // block_transient_numel_tp, shared by every layer (NULL for none)
     float* head;             // head_acts_numel(B, T, C, Vl): lnf, logits (B,T,Vl), partials, losses
     float* gathered;         // (tp, 3, B*T): every tp rank's cross-entropy partials
     float* scratch;          // block_scratch_numel_tp
@@ -101,15 +103,26 @@ typedef struct {
     float* losses_host;
 } TPModel;
 
+// The FSDP unit a tile of the tp shard lies in (no tile straddles two).
+int tp_tile_unit(const TPModel* m, const Tile* tl);
+
 // Builds this rank's state for B sequences per dp rank (collective over the
 // world): the tiles, the FSDP engine over dp (ZeRO stage, prefetch, reshard
 // as chapter 3) filled tile by tile from the seed or run->setup.checkpoint,
-// and the activations of chapter 4's block (block_acts_numel_tp per layer).
+// and the activations of chapter 4's block: per layer what --recompute keeps
+// (block_store_numel_tp), plus the one transient buffer the layers share.
 void tp_create(TPModel* m, const Run* run, int B, int zero, int prefetch, int reshard);
 void tp_free(TPModel* m);
 
-// Layer l's activations in m->blocks, and the head's in m->head.
+// Layer l's activations: where its forward writes (the kept fields in its
+// store, the dropped ones in the shared transient), and the head's.
 BlockActs tp_acts(const TPModel* m, int l);
+// --recompute full: a whole block's activations in the transient, for the
+// chapter's block forward to run again before the layer's backward.
+BlockActs tp_acts_transient(const TPModel* m);
+// --recompute selective: the attention probabilities and gelu(fch) of the
+// layer whose view is a, recomputed from its kept qkv and fch (no collective).
+void tp_recompute_selective(const TPModel* m, BlockActs* a);
 HeadActs tp_head_acts(const TPModel* m);
 // Block l's parameters: unit 1+l gathered over dp (fsdp_unit_params), seen
 // through model_tp.h's block layout. The caller prefetches the next unit.

@@ -60,6 +60,54 @@ BlockActs block_acts_at_tp(float* base, int B, int T, int C, int NH, int tp) {
     return a;
 }
 
+size_t block_store_numel_tp(int B, int T, int C, int NH, int tp, RecomputeMode mode) {
+    size_t BT = (size_t)B * T, c = (size_t)C, cl = c / (size_t)tp;
+    switch (mode) {
+        case RECOMPUTE_SELECTIVE: return BT * (4 * c + 8 * cl + 4);
+        case RECOMPUTE_FULL: return BT * c;
+        default: return block_acts_numel_tp(B, T, C, NH, tp);
+    }
+}
+
+size_t block_transient_numel_tp(int B, int T, int C, int NH, int tp, RecomputeMode mode) {
+    size_t BT = (size_t)B * T, c = (size_t)C, cl = c / (size_t)tp, nhl = (size_t)NH / (size_t)tp;
+    switch (mode) {
+        case RECOMPUTE_SELECTIVE: return BT * (2 * c + 4 * cl + nhl * (size_t)T);
+        case RECOMPUTE_FULL: return block_acts_numel_tp(B, T, C, NH, tp);
+        default: return 0;
+    }
+}
+
+BlockActs block_acts_stored_tp(float* store, float* transient, int B, int T, int C, int NH, int tp,
+                               RecomputeMode mode) {
+    size_t BT = (size_t)B * T, c = (size_t)C, cl = c / (size_t)tp, nhl = (size_t)NH / (size_t)tp;
+    if (mode == RECOMPUTE_FULL) {
+        // everything in the one-layer transient but the output, which the
+        // next block (and this block's recompute) reads
+        BlockActs a = block_acts_at_tp(transient, B, T, C, NH, tp);
+        a.res3 = store;
+        return a;
+    }
+    if (mode != RECOMPUTE_SELECTIVE) return block_acts_at_tp(store, B, T, C, NH, tp);
+    BlockActs a;
+    a.ln1 = store;        store += BT * c;
+    a.ln1_mean = store;   store += BT;
+    a.ln1_rstd = store;   store += BT;
+    a.qkv = store;        store += BT * 3 * cl;
+    a.atty = store;       store += BT * cl;
+    a.res2 = store;       store += BT * c;
+    a.ln2 = store;        store += BT * c;
+    a.ln2_mean = store;   store += BT;
+    a.ln2_rstd = store;   store += BT;
+    a.fch = store;        store += BT * 4 * cl;
+    a.res3 = store;
+    a.att = transient;       transient += BT * nhl * T;
+    a.fch_gelu = transient;  transient += BT * 4 * cl;
+    a.attproj = transient;   transient += BT * c;
+    a.fcproj = transient;
+    return a;
+}
+
 size_t block_scratch_numel_tp(int B, int T, int C, int NH, int tp) {
     size_t BT = (size_t)B * T, c = (size_t)C, cl = c / (size_t)tp, nhl = (size_t)NH / (size_t)tp;
     return BT * (c + 12 * cl + nhl * (size_t)T);

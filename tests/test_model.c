@@ -675,6 +675,32 @@ static void test_tp_layouts(void) {
     }
     check(ok, "tp layouts: tp = 2, 6 split qkvw, attprojw, fcw, fcprojw, the activations and scratch by tp",
           "a view or a size is wrong");
+    // --recompute on a tp rank: tp = 1 keeps what model.h keeps; on tp = 2,
+    // 6 the selective views fill the store and the transient exactly, and
+    // full keeps res3 alone
+    int rc = 1;
+    for (int mode = 0; mode < NUM_RECOMPUTE_MODES; mode++) {
+        RecomputeMode md = (RecomputeMode)mode;
+        rc &= block_store_numel_tp(B, T, C, NH, 1, md) == block_store_numel(B, T, C, NH, md) &&
+              block_transient_numel_tp(B, T, C, NH, 1, md) == block_transient_numel(B, T, C, NH, md);
+    }
+    size_t BT = (size_t)B * T;
+    for (int tp = 1; tp <= 6; tp++) {
+        if (NH % tp || C % tp) continue;
+        size_t store = block_store_numel_tp(B, T, C, NH, tp, RECOMPUTE_SELECTIVE);
+        float* tr = base + store;
+        BlockActs q = block_acts_stored_tp(base, tr, B, T, C, NH, tp, RECOMPUTE_SELECTIVE);
+        rc &= (size_t)(q.res3 + BT * C - base) == store && q.fch + BT * 4 * C / tp == q.res3;
+        rc &= (size_t)(q.fcproj + BT * C - tr) == block_transient_numel_tp(B, T, C, NH, tp, RECOMPUTE_SELECTIVE);
+        rc &= q.att == tr && q.fch_gelu == q.att + BT * (NH / tp) * T;
+        BlockActs f = block_acts_stored_tp(base, tr, B, T, C, NH, tp, RECOMPUTE_FULL);
+        BlockActs n = block_acts_stored_tp(base, tr, B, T, C, NH, tp, RECOMPUTE_NONE);
+        rc &= f.res3 == base && f.ln1 == tr && block_store_numel_tp(B, T, C, NH, tp, RECOMPUTE_FULL) == BT * C &&
+              block_transient_numel_tp(B, T, C, NH, tp, RECOMPUTE_FULL) == block_acts_numel_tp(B, T, C, NH, tp);
+        rc &= n.ln1 == base && n.res3 == block_acts_at_tp(base, B, T, C, NH, tp).res3;
+    }
+    check(rc, "tp layouts: --recompute's stores and transients (tp = 1 as model.h; tp = 2, 3, 6 packed exactly)",
+          "a recompute view or size is wrong");
 }
 
 // A tile initialised alone, or read from a checkpoint, equals the same rows
