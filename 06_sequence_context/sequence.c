@@ -305,12 +305,11 @@ static int layernorm_grads_agree(const SP* s) {
     float* host = xmalloc(f->shard_total * sizeof(float));
     mem_to_host(host, f->shard_grads, f->shard_total * sizeof(float));
     unsigned long long h = 0, lo, hi;
-    int L = m->cfg.num_layers;
     for (int i = 0; i < m->ntiles; i++) {
         const Tile* tl = &m->tiles[i];
         ParamTensor t = tl->t;
         if (t != P_LN1W && t != P_LN1B && t != P_LN2W && t != P_LN2B && t != P_LNFW && t != P_LNFB) continue;
-        int u = (t == P_LNFW || t == P_LNFB) ? L + 1 : 1 + tl->layer;
+        int u = tp_tile_unit(m, tl);
         size_t a = tl->off - m->unit_off[u], b = a + tl->nrows * tl->ncols;       // in the unit
         size_t lo_own = (size_t)f->dp->rank * f->shard[u], hi_own = lo_own + f->shard[u];
         for (size_t k = a > lo_own ? a : lo_own; k < (b < hi_own ? b : hi_own); k++) {
