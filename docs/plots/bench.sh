@@ -17,6 +17,8 @@
 #                              dp = 1 (memory per rank against N = 1, 2, 4)
 #   ch4_tpT_dpD                chapter 4 (ZeRO-3 over dp): (tp, dp) = (1, 2), (2, 1),
 #                              (1, 4), (2, 2), (3, 1): tp x dp ranks against chapter 3
+#   ch6_MODE_BAL_cp2           chapter 6, context parallelism at cp = 2: the ring
+#                              (zigzag) and Ulysses
 #   ch7_e4k1_epN               chapter 7, 4 experts, top-1 (the dense model's active
 #                              parameters), ep = 1 and 4
 #
@@ -108,6 +110,12 @@ if have 5; then
     add ch5_1f1b_pp4 4 "$BIN/chapter-5" --pp 4 --schedule 1f1b --microbatches 8 $TRAIN
     add ch5_1f1b_dp2_pp2 4 "$BIN/chapter-5" --dp 2 --pp 2 --schedule 1f1b --microbatches 2 $TRAIN
 else skipped="$skipped 5"; fi
+
+if have 6; then
+    # chapter 6: context parallelism, the sequence of 256 cut over cp ranks
+    add ch6_ring_zigzag_cp2 2 "$BIN/chapter-6" --cp 2 --cp-mode ring --cp-balance zigzag $TRAIN
+    add ch6_ulysses_none_cp2 2 "$BIN/chapter-6" --cp 2 --cp-mode ulysses $TRAIN
+else skipped="$skipped 6"; fi
 
 if have 7; then
     # chapter 7: 4 experts of width 4C, top-1: a token meets as many weights
