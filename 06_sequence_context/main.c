@@ -31,8 +31,7 @@
 //
 //   mpirun -np 4 build/chapter-6 --cp 4 --cp-mode ring --cp-balance zigzag
 //
-// Sequence parallelism (--tp N --sp, Megatron) lives in its own file of this
-// chapter, sequence.c; main() picks one of the two.
+// Sequence parallelism (--tp N --sp, Megatron) is sequence.c's; main() picks.
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -66,7 +65,7 @@ static const char* balance_names[] = {"none", "zigzag"};
 //   balance none, cp = 4, T = 16        balance zigzag, cp = 4, T = 16
 //   positions 0-3  4-7  8-11 12-15      0-1 2-3 4-5 6-7 8-9 10-11 12-13 14-15
 //   rank      0    1    2    3          0   1   2   3   3   2     1     0
-//
+
 // ---------------------------------------------------------------- the model on a cp rank
 typedef struct {
     BlockActs a;   // the block's activations on my N tokens (a.att unused)
@@ -108,7 +107,7 @@ typedef struct {
 } CPModel;
 
 static LayerActs layer_at(const CPModel* m, int l) {
-    int N = m->N, C = m->cfg.channels, NH = m->cfg.num_heads;
+    int N = m->N, C = m->cfg.channels;
     size_t NC = (size_t)N * C;
     float* p = m->layers + (size_t)l * m->layer_numel;
     LayerActs la = {0};
@@ -133,7 +132,6 @@ static LayerActs layer_at(const CPModel* m, int l) {
         la.qkv_h = p, p += 3 * NC;
         la.att_h = p;
     }
-    (void)NH;
     return la;
 }
 
@@ -185,6 +183,7 @@ static void ring_attention_forward(CPModel* m, const float* qkv, float* atty, fl
 // and passes it on; after cp hops (one more than K/V makes) it is home.
 static void ring_attention_backward(CPModel* m, const float* qkv, const float* atty, const float* lse,
                                     const float* datty, float* dqkv) {
+    // EXERCISE 3: ring backward: K/V go around again; each rank adds its queries' dK/dV share to the partial sum that arrived and sends it on; after cp hops it is home in dqkv
     const int C = m->cfg.channels, NH = m->cfg.num_heads, N = m->N;
     const int n = m->cpc->size, r = m->cpc->rank, right = (r + 1) % n, left = (r - 1 + n) % n;
     const size_t kv_count = (size_t)N * 2 * C;
@@ -220,6 +219,7 @@ static void ring_attention_backward(CPModel* m, const float* qkv, const float* a
     // home: d of my keys and values from every query of the sequence (on
     // one rank it never left)
     ops_copy_2d(dqkv + C, 3 * C, n > 1 ? m->dkv_in : m->dkv[0], 2 * C, N, 2 * C);
+    // END EXERCISE 3
 }
 
 // ---------------------------------------------------------------- Ulysses attention
@@ -230,6 +230,7 @@ static void ring_attention_backward(CPModel* m, const float* qkv, const float* a
 // block j of the send buffer with head group j's columns of my tokens,
 // exchange, and lay each rank's tokens at their positions.
 static void seq_to_heads(CPModel* m, float* dst, const float* src, int w) {
+    // EXERCISE 4: Ulysses: pack head group j's columns of my tokens into block j, all-to-all over cp, lay each rank's tokens at their positions in whole sequences
     const CPShard* sh = &m->sh;
     const int n = m->cpc->size, C = m->cfg.channels, c = C / n, wc = w * c, N = m->N;
     const size_t block = (size_t)N * wc;
@@ -242,6 +243,7 @@ static void seq_to_heads(CPModel* m, float* dst, const float* src, int w) {
             for (int b = 0; b < sh->B; b++)
                 ops_copy(dst + ((size_t)b * sh->T + cp_shard_pos(sh, s, p)) * wc,
                          m->recv + s * block + ((size_t)p * sh->B + b) * sh->len * wc, (size_t)sh->len * wc);
+    // END EXERCISE 4
 }
 
 // Head shards back to sequence shards: the inverse of seq_to_heads.
@@ -653,8 +655,7 @@ int main(int argc, char** argv) {
     if (!found_balance) fail_all("--cp-balance %s is not one of none, zigzag", balance_name);
     int rc = 1;
     if (sp) {
-        // sequence parallelism (06_sequence_context/sequence.c): chapter 4's
-        // tensor parallelism with its FSDP over dp (ZeRO-3, prefetch, reshard)
+        // sequence parallelism (sequence.c), with chapter 4's FSDP over dp: ZeRO-3
         rc = sp_train(&run, 3, 1, 1);
     } else {
         if (run.mesh.size[AXIS_TP] > 1)

@@ -5,11 +5,14 @@
 
 #include <string.h>
 
+#include "common.h"  // exercise_not_done, in a homework tree
 #include "ops.h"
 
 int cp_shard_pos(const CPShard* s, int rank, int p) {
+    // EXERCISE 1: the layout: the first position of part p on cp rank `rank`, for the plain cut (one part of len) and zigzag (half-chunks rank and 2cp-1-rank)
     if (s->parts == 1) return rank * s->len;
     return (p == 0 ? rank : 2 * s->cp - 1 - rank) * s->len;
+    // END EXERCISE 1
 }
 
 void cp_shard_tokens(const CPShard* s, int* dst, const int* src) {
@@ -34,6 +37,7 @@ void ring_forward_begin(RingForward* f) { f->started[0] = f->started[1] = 0; }
 
 void ring_forward_block(const CPShard* me, RingForward* f, const float* qkv, const float* kv, int src,
                         float* atty, float* rowmax, int C, int NH) {
+    // EXERCISE 2: the block in hand: for each (my query part, src's key part) pair skip it if fully masked, else write (first pair of a query part) or merge its partials
     const int B = me->B, L = me->len;
     const size_t part_rows = (size_t)B * L;  // rows of one part
     for (int qp = 0; qp < me->parts; qp++)
@@ -57,6 +61,7 @@ void ring_forward_block(const CPShard* me, RingForward* f, const float* qkv, con
                 attention_chunk_merge(o, mx, l, f->o2, f->m2, f->l2, B, L, C, NH);
             }
         }
+    // END EXERCISE 2
 }
 
 void ring_forward_finish(const CPShard* me, RingForward* f, float* atty, float* lse, int C, int NH) {

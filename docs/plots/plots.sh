@@ -18,6 +18,7 @@
 #      collectives_busbw_npP.png  collectives_busbw.gp   chapter 1: busbw, hand-written vs library
 #      pipeline_NAME.png          gantt.gp         chapter 5: per-rank timeline of a step, per run
 #      expert_load.png            expert_load.gp   chapter 7: tokens per expert per step (expert_load.sh)
+#      ch6_memory.png             ch6_memory.gp    chapter 6: activations per rank against T (ch6_memory.sh)
 #
 # GP_VARS (environment) is passed to every script before its own settings,
 # e.g. GP_VARS="strong_batch=4; weak_per_rank=2" for a sweep with other batches.
@@ -108,4 +109,7 @@ done
 # writes the tables and names the --aux-coef values it found)
 coefs=$(bash "$gp/expert_load.sh" "$data" "$tables") || failed=$((failed + 1))
 [ -n "$coefs" ] && draw expert_load.gp "$pngs/expert_load.png" "coefs='$coefs'"
+# chapter 6's activation memory against T, from its own runs in DATA_DIR/ch6/
+ch6_names=$(bash "$gp/ch6_memory.sh" "$data" "$tables") || failed=$((failed + 1))
+[ -n "$ch6_names" ] && draw ch6_memory.gp "$pngs/ch6_memory.png" "names='$ch6_names'"
 [ $failed -eq 0 ]
