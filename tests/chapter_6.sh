@@ -99,7 +99,7 @@ help_case chapter-6 "--cp-balance"
 # ---------------------------------------------------------------- sequence parallelism (--tp N --sp)
 echo "== chapter 6: sequence parallelism"
 # 06_sequence_context/sequence.c, docs/06_sequence_context.md "Sequence
-# parallelism". The invariant on tp=2 (dp=1) and dp=2 x tp=2 with the norms
+# parallelism". The invariant on tp=2, tp=4 and dp=2 x tp=2 with the norms
 # and the validation loss, the LayerNorm gradients and the replicated tensors
 # bit-identical on every tp rank; every collective per rank against the
 # formula; what a layer keeps (the allocator's counts) and the peak
@@ -176,6 +176,7 @@ SPCK=$TEST_TMPDIR/sp_ckpt
 rm -rf "$SPCK"
 sp_case 1 2 "--ckpt-dir $SPCK --save-every 5"
 sp_case 2 2
+sp_case 1 4
 # training-state checkpoints: the state is chapter 4's (the same tiles over
 # the same FSDP). The tp=2 run above saved at step 5: resumed on the same
 # mesh it repeats steps 5..9 bit for bit (the logged losses and norms), and
