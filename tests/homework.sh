@@ -1,6 +1,6 @@
 #!/bin/bash
 # Homework mode (tests/homework/, docs/teaching.md): the exercise markers are
-# well formed; the full tree scores every exercise of chapters 1-3; a fresh
+# well formed; the full tree scores every exercise of chapters 1-4; a fresh
 # student tree builds under -Werror and scores zero; every buggy variant of
 # tests/homework/bugs/ loses its exercise's points.
 . "$(dirname "$0")/lib.sh"
@@ -38,7 +38,7 @@ hw_marker_case "nested regions" "regions do not nest" "// EXERCISE 1: a\n// EXER
 hw_score() { echo "$1" | tail -1 | sed -n 's/^grade chapter [0-9]*: \([0-9]*\) \/ \([0-9]*\)$/\1 \2/p'; }
 
 echo "== homework: the full tree scores every exercise"
-for ch in 1 2 3; do
+for ch in 1 2 3 4; do
     out=$(GRADE_NO_BUILD=1 bash tests/homework/grade.sh $ch 2>&1)
     read -r s t <<< "$(hw_score "$out")"
     if [ -n "${t:-}" ] && [ "$s" = "$t" ] && [ "$t" -gt 0 ]; then
@@ -51,7 +51,7 @@ done
 echo "== homework: a fresh student tree builds and scores zero"
 # build/ is copied along, so only the stubbed files recompile (cut.py keeps
 # the time stamps of the files it copies)
-for ch in 1 2 3; do
+for ch in 1 2 3 4; do
     st=$TEST_TMPDIR/student_$ch
     rm -rf "$st"
     out=$(python3 tests/homework/cut.py student $ch "$st" 2>&1)
