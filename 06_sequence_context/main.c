@@ -643,7 +643,7 @@ int main(int argc, char** argv) {
                    "on cp, replicated weights reduced over dp x cp; sequence parallelism with tp (--sp).",
                    extra, sizeof(extra) / sizeof(extra[0]), (1u << AXIS_DP) | (1u << AXIS_TP) | (1u << AXIS_CP)))
         return 0;
-    run_refuse_flags(&run, RUN_NO_RECOMPUTE, "chapter 6");
+    run_refuse_flags(&run, sp ? 0u : RUN_NO_RECOMPUTE, "chapter 6");  // --sp recomputes (sequence.c)
     int found_mode = 0, found_balance = 0;
     CPMode mode = CP_RING;
     CPBalance balance = BALANCE_NONE;

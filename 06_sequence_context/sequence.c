@@ -51,40 +51,56 @@
 
 // ---------------------------------------------------------------- what a layer keeps
 
-// A layer's activations under sequence parallelism, in two buffers so the
-// allocator counts each: the token shard (the parts tensor parallelism does
-// not split, on Nl = N/tp tokens) and the tensor-parallel slices (on every
-// token, 1/tp of the width, as in chapter 4).
+// A layer's activations under sequence parallelism live in three places, so
+// the allocator counts each: the layer's token shard (the parts tensor
+// parallelism does not split, on Nl = N/tp tokens), the layer's
+// tensor-parallel slices (on every token, 1/tp of the width, as in chapter
+// 4), and one transient buffer every layer shares for what --recompute does
+// not keep (docs/recompute.md). With --recompute none:
 //   shard   ln1 (Nl,C) ln1_mean ln1_rstd (Nl) attproj res2 ln2 (Nl,C)
 //           ln2_mean ln2_rstd (Nl) fcproj res3 (Nl,C):   Nl*(6C + 4) floats
 //   slices  qkv (N,3C/tp) atty (N,C/tp) att (B,NH/tp,T,T) fch fch_gelu
 //           (N,4C/tp):                                   N*(12C + NH*T)/tp floats
-// Together Nl*(18C + NH*T + 4): exactly 1/tp of a layer of chapter 0.
-static size_t sp_shard_numel(int Nl, int C) { return (size_t)Nl * (6 * (size_t)C + 4); }
-static size_t sp_slices_numel(int B, int T, int C, int NH, int tp) {
-    return (size_t)B * T * (12 * (size_t)C + (size_t)NH * T) / tp;
+// together Nl*(18C + NH*T + 4): exactly 1/tp of a layer of chapter 0.
+// selective moves attproj, fcproj, att and fch_gelu to the transient (a
+// layer keeps Nl*(4C + 4) + N*8C/tp); full keeps only res3 (Nl*C), the next
+// layer's input, and moves the rest there.
+enum { IN_SHARD, IN_SLICES, IN_TRANSIENT };
+
+static float* place(float* const base[3], size_t at[3], int where, size_t n) {
+    float* p = base[where] ? base[where] + at[where] : NULL;
+    at[where] += n;
+    return p;
 }
 
-static BlockActs sp_acts_at(float* shard, float* slices, int B, int T, int C, int NH, int tp) {
+// The view of one layer (any base may be NULL: then only numel, the floats
+// of each of the three places, is of use).
+static BlockActs sp_layout(float* shard, float* slices, float* transient, int B, int T, int C, int NH, int tp,
+                           RecomputeMode r, size_t numel[3]) {
     size_t N = (size_t)B * T, Nl = N / tp, Cl = (size_t)C / tp, Fl = 4 * (size_t)C / tp;
+    float* const base[3] = {shard, slices, transient};
+    size_t at[3] = {0, 0, 0};
+    int S = r == RECOMPUTE_FULL ? IN_TRANSIENT : IN_SHARD;       // the token shard's fields
+    int P = r == RECOMPUTE_FULL ? IN_TRANSIENT : IN_SLICES;      // the tensor-parallel slices
+    int dropS = r == RECOMPUTE_SELECTIVE ? IN_TRANSIENT : S;     // what selective drops
+    int dropP = r == RECOMPUTE_SELECTIVE ? IN_TRANSIENT : P;
     BlockActs a;
-    float* p = shard;
-    a.ln1 = p, p += Nl * C;
-    a.ln1_mean = p, p += Nl;
-    a.ln1_rstd = p, p += Nl;
-    a.attproj = p, p += Nl * C;
-    a.res2 = p, p += Nl * C;
-    a.ln2 = p, p += Nl * C;
-    a.ln2_mean = p, p += Nl;
-    a.ln2_rstd = p, p += Nl;
-    a.fcproj = p, p += Nl * C;
-    a.res3 = p;
-    p = slices;
-    a.qkv = p, p += N * 3 * Cl;
-    a.atty = p, p += N * Cl;
-    a.att = p, p += (size_t)B * (NH / tp) * T * T;
-    a.fch = p, p += N * Fl;
-    a.fch_gelu = p;
+    a.ln1 = place(base, at, S, Nl * C);
+    a.ln1_mean = place(base, at, S, Nl);
+    a.ln1_rstd = place(base, at, S, Nl);
+    a.attproj = place(base, at, dropS, Nl * C);
+    a.res2 = place(base, at, S, Nl * C);
+    a.ln2 = place(base, at, S, Nl * C);
+    a.ln2_mean = place(base, at, S, Nl);
+    a.ln2_rstd = place(base, at, S, Nl);
+    a.fcproj = place(base, at, dropS, Nl * C);
+    a.res3 = place(base, at, IN_SHARD, Nl * C);  // always kept
+    a.qkv = place(base, at, P, N * 3 * Cl);
+    a.atty = place(base, at, P, N * Cl);
+    a.att = place(base, at, dropP, (size_t)B * (NH / tp) * T * T);
+    a.fch = place(base, at, P, N * Fl);
+    a.fch_gelu = place(base, at, dropP, N * Fl);
+    if (numel) memcpy(numel, at, sizeof(at));
     return a;
 }
 
@@ -93,8 +109,11 @@ static BlockActs sp_acts_at(float* shard, float* slices, int B, int T, int C, in
 typedef struct {
     TPModel m;        // chapter 4's engine: shard layout, FSDP over dp, embedding, head, step
     int N, Nl, n0;    // tokens of the dp group's batch; this rank's are rows [n0, n0 + Nl)
-    float* shards;    // L * sp_shard_numel: what each layer keeps of its own tokens
-    float* slices;    // L * sp_slices_numel: each layer's tensor-parallel slices
+    RecomputeMode recompute;
+    size_t numel[3];  // floats of a layer's shard, of its slices, and of the transient
+    float* shards;    // L * numel[IN_SHARD]: what each layer keeps of its own tokens
+    float* slices;    // L * numel[IN_SLICES]: each layer's tensor-parallel slices (NULL if none)
+    float* transient; // numel[IN_TRANSIENT], shared by every layer (NULL for --recompute none)
     float* x0;        // (Nl,C) the embedding's output, this rank's tokens
     float* dres;      // (Nl,C) the residual stream's gradient, this rank's tokens
     float* dln;       // (Nl,C) a LayerNorm output's gradient, this rank's tokens
@@ -111,9 +130,9 @@ typedef struct {
 
 static BlockActs sp_acts(const SP* s, int l) {
     const GPTConfig* c = &s->m.cfg;
-    int B = s->m.B, T = s->m.T, C = c->channels, NH = c->num_heads, tp = s->m.ntp;
-    return sp_acts_at(s->shards + (size_t)l * sp_shard_numel(s->Nl, C),
-                      s->slices + (size_t)l * sp_slices_numel(B, T, C, NH, tp), B, T, C, NH, tp);
+    return sp_layout(s->shards + (size_t)l * s->numel[IN_SHARD],
+                     s->slices ? s->slices + (size_t)l * s->numel[IN_SLICES] : NULL, s->transient, s->m.B, s->m.T,
+                     c->channels, c->num_heads, s->m.ntp, s->recompute, NULL);
 }
 
 // ---------------------------------------------------------------- the block
@@ -281,6 +300,12 @@ static void sp_backward(SP* s) {
         BlockParams g = tp_block_grads_begin(m, l);
         BlockActs a = sp_acts(s, l);
         const float* x = l > 0 ? sp_acts(s, l - 1).res3 : s->x0;
+        // --recompute: what forward did not keep, again (docs/recompute.md)
+        if (s->recompute == RECOMPUTE_SELECTIVE) {
+            tp_recompute_selective(m, &a);  // attention and GELU on this rank's slices: no collective
+        } else if (s->recompute == RECOMPUTE_FULL) {
+            block_forward_sp(s, &p, &a, x);  // with its 2 all-gathers and 2 reduce-scatters again
+        }
         block_backward_sp(s, &p, &g, &a, &sc, x, s->dres);
         if (f->zero > 1) fsdp_reduce_grads(f, 1 + l);
     }
@@ -338,18 +363,23 @@ static void sp_create(SP* s, const Run* run, int B, int zero, int prefetch, int 
     s->Nl = s->N / tp;
     s->n0 = m->rtp * s->Nl;
     // tp_create sized the layers' activations for chapter 4's block; this
-    // block keeps less. Free them (the allocator tells how much they were)
-    // and allocate what this block keeps, in its two parts.
+    // block keeps less. Free them (the allocator tells how much chapter 4's
+    // layers keep) and allocate what this block keeps, in its places.
+    s->recompute = m->recompute;
+    sp_layout(NULL, NULL, NULL, B, T, C, NH, tp, s->recompute, s->numel);
     size_t before = mem_current(MEM_ACTIVATIONS);
     mem_free(m->blocks);
     m->blocks = NULL;
     s->ch4_block_bytes = before - mem_current(MEM_ACTIVATIONS);
+    mem_free(m->transient);
+    m->transient = NULL;
     before = mem_current(MEM_ACTIVATIONS);
-    s->shards = mem_alloc_floats((size_t)L * sp_shard_numel(s->Nl, C), MEM_ACTIVATIONS);
+    s->shards = mem_alloc_floats((size_t)L * s->numel[IN_SHARD], MEM_ACTIVATIONS);
     s->shard_bytes = mem_current(MEM_ACTIVATIONS) - before;
     before = mem_current(MEM_ACTIVATIONS);
-    s->slices = mem_alloc_floats((size_t)L * sp_slices_numel(B, T, C, NH, tp), MEM_ACTIVATIONS);
+    if (s->numel[IN_SLICES]) s->slices = mem_alloc_floats((size_t)L * s->numel[IN_SLICES], MEM_ACTIVATIONS);
     s->slice_bytes = mem_current(MEM_ACTIVATIONS) - before;
+    if (s->numel[IN_TRANSIENT]) s->transient = mem_alloc_floats(s->numel[IN_TRANSIENT], MEM_ACTIVATIONS);
     s->x0 = mem_alloc_floats((size_t)s->Nl * C, MEM_ACTIVATIONS);
     s->dres = mem_alloc_floats((size_t)s->Nl * C, MEM_ACTIVATIONS);
     s->dln = mem_alloc_floats((size_t)s->Nl * C, MEM_ACTIVATIONS);
@@ -361,9 +391,9 @@ static void sp_create(SP* s, const Run* run, int B, int zero, int prefetch, int 
 }
 
 static void sp_free(SP* s) {
-    float* bufs[] = {s->shards, s->slices, s->x0, s->dres, s->dln};
+    float* bufs[] = {s->shards, s->slices, s->transient, s->x0, s->dres, s->dln};
     for (size_t i = 0; i < sizeof(bufs) / sizeof(bufs[0]); i++) mem_free(bufs[i]);
-    tp_free(&s->m);  // m.blocks is NULL: mem_free(NULL) does nothing
+    tp_free(&s->m);  // m.blocks and m.transient are NULL: mem_free(NULL) does nothing
 }
 
 // ---------------------------------------------------------------- training
@@ -374,7 +404,6 @@ int sp_train(Run* run, int zero, int prefetch, int reshard) {
     const GPTConfig* cfg = &setup->cfg;
     int tp = run->axes[AXIS_TP].size, dp = run->axes[AXIS_DP].size;
     int B = setup->B, T = setup->T;
-    run_refuse_flags(run, RUN_NO_RECOMPUTE, "chapter 6 --sp");
     if (run->axes[AXIS_CP].size > 1)
         fail_all("--sp runs on a dp x tp mesh and --cp %d asks for context parallelism: use one of the two",
                  run->axes[AXIS_CP].size);
@@ -403,10 +432,14 @@ int sp_train(Run* run, int zero, int prefetch, int reshard) {
     // what a layer keeps, from the allocator's counts: chapter 4's block
     // keeps its non-tensor-parallel part on every token, this one on Nl
     size_t ch4_nontp = s.ch4_block_bytes - s.slice_bytes;
-    print0("activations kept per layer: %zu bytes (chapter 4: %zu); of them the LayerNorms, residuals and "
-           "projections' outputs: %zu bytes (chapter 4: %zu, %.0f times as much)\n",
+    print0("activations kept per layer: %zu bytes (chapter 4: %zu); of them on the token shard (LayerNorms, "
+           "residual stream): %zu bytes (chapter 4, on every token: %zu, %.0f times as much)\n",
            (s.shard_bytes + s.slice_bytes) / L, s.ch4_block_bytes / L, s.shard_bytes / L, ch4_nontp / L,
            (double)ch4_nontp / (double)s.shard_bytes);
+    if (s.recompute != RECOMPUTE_NONE)  // after the gather of each block in backward
+        print0("recompute %s: backward recomputes what the blocks did not keep (docs/recompute.md)%s\n",
+               recompute_name(s.recompute),
+               s.recompute == RECOMPUTE_FULL ? ", with the block's 2 tp all-gathers and 2 reduce-scatters again" : "");
     char msg[1024];
     JsonLog log;
     const char* bad = jsonl_open(&log, args->log, msg, sizeof(msg));
@@ -440,10 +473,10 @@ int sp_train(Run* run, int zero, int prefetch, int reshard) {
     double ms = clock_ms_per_step(&clock);
     char extra_json[512];
     snprintf(extra_json, sizeof(extra_json),
-             "\"sp\":1,\"zero\":%d,\"prefetch\":%d,\"reshard\":%d,\"tp_shard_params\":%zu,\"shard_params\":%zu,"
+             "\"sp\":1,\"recompute\":\"%s\",\"zero\":%d,\"prefetch\":%d,\"reshard\":%d,\"tp_shard_params\":%zu,\"shard_params\":%zu,"
              "\"tokens_per_tp_rank\":%d,\"layer_acts_bytes\":%zu,\"layer_acts_bytes_ch4\":%zu,"
              "\"layer_token_shard_bytes\":%zu,\"layer_token_shard_bytes_ch4\":%zu,\"comm_wait_ms_per_step\":%.3f",
-             zero, prefetch, reshard, m->numel, f->shard_total, s.Nl, (s.shard_bytes + s.slice_bytes) / L,
+             recompute_name(s.recompute), zero, prefetch, reshard, m->numel, f->shard_total, s.Nl, (s.shard_bytes + s.slice_bytes) / L,
              s.ch4_block_bytes / L, s.shard_bytes / L, ch4_nontp / L, clock_wait_ms_per_step(&clock));
     RunSummary summary = {
         .chapter = 6, .model = setup->model_name, .num_params = P, .batch = B, .seq = T, .steps = args->steps,

@@ -177,11 +177,43 @@ rm -rf "$SPCK"
 sp_case 1 2 "--ckpt-dir $SPCK --save-every 5"
 sp_case 2 2
 sp_case 1 4
+# --recompute on tp=2: the same bits as none (the logged losses and norms of
+# the run above); what a layer keeps, the peak activations and, for full,
+# the block's collectives issued again, against the formulas
+# (docs/recompute.md): selective keeps Nl(4C+4) + 8NC/tp per layer and shares
+# a transient of 2 Nl C + N NH/tp T + 4NC/tp; full keeps Nl C (res3) and
+# shares everything else of one layer
+sp_recompute_case() {
+    local r=$1 name="chapter 6 --sp tp=2 --recompute $1" sum N=$(( INV_BATCH * INV_SEQ )) C=64 L=2 NH=4 T=$INV_SEQ tp=2
+    local Nl=$(( N / tp )) Cl=$(( C / tp )) Vl=128 kept transient extra_ag=0 extra_rs=0
+    if [ $r = selective ]; then
+        kept=$(( Nl * (4 * C + 4) + N * 8 * Cl )); transient=$(( 2 * Nl * C + N * NH / tp * T + N * 4 * Cl ))
+    else
+        kept=$(( Nl * C )); transient=$(( Nl * (5 * C + 4) + N * (12 * Cl + NH / tp * T) ))
+        extra_ag=$(( 2 * L )); extra_rs=$(( 2 * L ))
+    fi
+    local acts=$(( 4 * (N * C + L * kept + transient + N * (C + Vl + 6) + 3 * N * tp \
+        + N * (C + 12 * Cl + NH / tp * T) + N * C + 2 * N + 3 * Nl * C) ))
+    invariant --norm --expect "recompute $r: backward recomputes" "$name" "$INV_FLAGS" 2 chapter-6 "--tp 2 --sp --recompute $r"
+    sum=$(grep '"type":"summary"' "$INV_LOG")
+    if [ "$(sp_steps "$INV_LOG" 0)" = "$(sp_steps "$TEST_TMPDIR/sp_dp1_tp2.jsonl" 0)" ] &&
+        echo "$sum" | grep -qF "\"layer_acts_bytes\":$(( 4 * kept ))," &&
+        echo "$sum" | grep -qF "\"activations\":$(rank_array $acts 2)," &&
+        echo "$sum" | grep -qF "\"reduce_scatter\":{\"dp\":{" &&
+        echo "$sum" | grep -qF "\"tp\":{\"calls\":$(rank_array $(( 10 * (4 * L + 2 + extra_rs) )) 2)," &&
+        echo "$sum" | grep -qF "\"tp\":{\"calls\":$(rank_array $(( 10 * (6 * L + 3 + extra_ag) )) 2),"; then
+        pass "$name: the same losses and norms as none, bit for bit; $(( 4 * kept )) bytes kept per layer, peak activations $acts, $(( 6 * L + 3 + extra_ag )) all-gathers and $(( 4 * L + 2 + extra_rs )) reduce-scatters per step = formula"
+    else
+        fail "$name" "losses/norms equal to none: $([ "$(sp_steps "$INV_LOG" 0)" = "$(sp_steps "$TEST_TMPDIR/sp_dp1_tp2.jsonl" 0)" ] && echo yes || echo NO); want layer_acts_bytes $(( 4 * kept )), activations $acts; got $(echo "$sum" | grep -o '"layer_acts_bytes":[0-9]*') $(echo "$sum" | grep -o '"activations":\[[0-9,]*\]')"
+    fi
+}
+sp_steps() { grep '"type":"step"' "$1" | grep -o '"step":[0-9]*,"loss":[-0-9.e]*,"norm":[-0-9.e]*' | awk -F'[:,]' -v f="$2" '$2 >= f'; }
+sp_recompute_case selective
+sp_recompute_case full
 # training-state checkpoints: the state is chapter 4's (the same tiles over
 # the same FSDP). The tp=2 run above saved at step 5: resumed on the same
 # mesh it repeats steps 5..9 bit for bit (the logged losses and norms), and
 # chapter 4 on dp=2 x tp=2 resumes the same files on chapter 0's losses.
-sp_steps() { grep '"type":"step"' "$1" | grep -o '"step":[0-9]*,"loss":[-0-9.e]*,"norm":[-0-9.e]*' | awk -F'[:,]' -v f="$2" '$2 >= f'; }
 mpi_run $T_RUN 2 "$BUILD/chapter-6" --tp 2 --sp $INV_FLAGS --resume "$SPCK/step-00000005" --log "$TEST_TMPDIR/sp_resumed.jsonl"
 if [ $RC = 0 ] && echo "$OUT" | grep -q "checkpoint: resumed from" &&
     [ "$(sp_steps "$TEST_TMPDIR/sp_dp1_tp2.jsonl" 5)" = "$(sp_steps "$TEST_TMPDIR/sp_resumed.jsonl" 0)" ] &&
