@@ -553,8 +553,12 @@ static int train_context_parallel(Run* run, CPMode mode, CPBalance balance) {
         double dt = clock_end(&clock, step - start, args->steps - start);
         report_step(&log, step, args->steps, loss, norm, 1e3 * dt, (double)B * T / dt);
         if (args->val_every > 0 && (step + 1) % args->val_every == 0 && step + 1 < args->steps) {
+            // the attention figures count training only: validation's forwards are put back
+            CPModel kept = model;
             float v = train_val_loss_with(setup, args->val_batches, forward_for_val, &model, b0, per_dp, per_dp,
                                           &model.dpcp);
+            model.attn_seconds = kept.attn_seconds, model.attn_scores = kept.attn_scores;
+            model.ring.scores = kept.ring.scores, model.ring.skipped = kept.ring.skipped;
             if (v >= 0) report_val(&log, step, v);
         }
         ckpt_after_step(&ck, step);
