@@ -31,8 +31,7 @@
 //
 //   mpirun -np 4 build/chapter-6 --cp 4 --cp-mode ring --cp-balance zigzag
 //
-// Sequence parallelism (--tp N --sp, Megatron) lives in its own file of this
-// chapter, sequence.c; main() picks one of the two.
+// Sequence parallelism (--tp N --sp, Megatron) is sequence.c's; main() picks.
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -51,6 +50,7 @@
 #include "train.h"
 
 #include "ring.h"
+#include "sequence.h"
 
 typedef enum { CP_RING, CP_ULYSSES } CPMode;
 static const char* cp_mode_names[] = {"ring", "ulysses"};
@@ -647,7 +647,7 @@ int main(int argc, char** argv) {
                    "on cp, replicated weights reduced over dp x cp; sequence parallelism with tp (--sp).",
                    extra, sizeof(extra) / sizeof(extra[0]), (1u << AXIS_DP) | (1u << AXIS_TP) | (1u << AXIS_CP)))
         return 0;
-    run_refuse_flags(&run, RUN_NO_RECOMPUTE, "chapter 6");
+    run_refuse_flags(&run, sp ? 0u : RUN_NO_RECOMPUTE, "chapter 6");  // --sp recomputes (sequence.c)
     int found_mode = 0, found_balance = 0;
     CPMode mode = CP_RING;
     CPBalance balance = BALANCE_NONE;
@@ -659,8 +659,8 @@ int main(int argc, char** argv) {
     if (!found_balance) fail_all("--cp-balance %s is not one of none, zigzag", balance_name);
     int rc = 1;
     if (sp) {
-        // sequence parallelism (06_sequence_context/sequence.c)
-        fail_all("--sp (Megatron sequence parallelism) is not yet in this chapter: use --cp N");
+        // sequence parallelism (sequence.c), with chapter 4's FSDP over dp: ZeRO-3
+        rc = sp_train(&run, 3, 1, 1);
     } else {
         if (run.mesh.size[AXIS_TP] > 1)
             fail_all("--tp %d without --sp: tensor parallelism is chapter 4's; here it comes with sequence "

@@ -92,9 +92,169 @@ error_case chapter-6 3 "--cp 3 --seq 24 --batch 3 --cp-mode ulysses" "ulysses sp
 error_case chapter-6 2 "--cp 2 --cp-mode star" "--cp-mode star is not one of ring, ulysses"
 error_case chapter-6 2 "--cp 2 --cp-balance random" "--cp-balance random is not one of none, zigzag"
 error_case chapter-6 2 "--tp 2" "--tp 2 without --sp"
-error_case chapter-6 2 "--tp 2 --sp" "--sp (Megatron sequence parallelism) is not yet in this chapter"
 error_case chapter-6 4 "--cp 2" "has 2 ranks but mpirun started 4"
 error_case chapter-6 2 "--cp 2 --recompute full" "chapter 6 keeps its activations its own way"
 help_case chapter-6 "--cp-balance"
+
+# ---------------------------------------------------------------- sequence parallelism (--tp N --sp)
+echo "== chapter 6: sequence parallelism"
+# 06_sequence_context/sequence.c, docs/06_sequence_context.md "Sequence
+# parallelism". The invariant on tp=2, tp=4 and dp=2 x tp=2 with the norms
+# and the validation loss, the LayerNorm gradients and the replicated tensors
+# bit-identical on every tp rank; every collective per rank against the
+# formula; what a layer keeps (the allocator's counts) and the peak
+# activations against the formula; a checkpoint resumed bit for bit and by
+# chapter 4; the bus bytes of the all-gathers and reduce-scatters against
+# chapter 4's all-reduces, measured; B*T not divisible by tp; --sp with --cp.
+#
+# sp_expect Vp maxT L NH C B T dp tp r: the doc's per-step figures on tp rank r
+# (ZeRO-3, prefetch, reshard), N = B/dp*T tokens, Nl = N/tp, in bytes:
+#  1 tp all-gather calls (6L + 3)   2 their bytes   3 tp reduce-scatter calls (4L + 2)
+#  4 their bytes   5 tp all-reduce calls (2L LayerNorms + lnf + norm)   6 their bytes
+#  7 kept per layer: token shard Nl*(6C+4)   8 chapter 4's: N*(6C+4)
+#  9 peak activations
+sp_expect() {
+    local Vp=$1 maxT=$2 L=$3 NH=$4 C=$5 B=$6 T=$7 dp=$8 tp=$9 r=${10}
+    local N=$(( B / dp * T )) per=$(( (Vp + tp - 1) / tp )) Cl=$(( C / tp )) Vl
+    local Nl=$(( N / tp )) NC4=$(( N * C * 4 ))
+    Vl=$(( Vp - r * per )); [ $Vl -gt $per ] && Vl=$per
+    # chapter 4's activations with each layer's token part cut to Nl, and
+    # three (Nl,C) buffers more: the embedding's output, dres, dln
+    local acts=$(( N * C + L * (Nl * (6 * C + 4) + N * (12 * Cl + NH / tp * T)) + N * (C + Vl + 6) + 3 * N * tp \
+        + N * (C + 12 * Cl + NH / tp * T) + N * C + 2 * N + 3 * Nl * C ))
+    echo "$(( 6 * L + 3 )) $(( (6 * L + 2) * NC4 + 3 * N * tp * 4 )) $(( 4 * L + 2 )) $(( (4 * L + 2) * NC4 ))" \
+         "$(( 2 * L + 2 )) $(( (2 * L + 1) * 2 * C * 4 + 4 ))" \
+         "$(( 4 * Nl * (6 * C + 4) )) $(( 4 * N * (6 * C + 4) )) $(( 4 * acts ))"
+}
+# sp_ranks K M SIZES...: field K of sp_expect for every world rank, times M
+sp_ranks() {
+    local k=$1 mul=$2 out="" w np v
+    shift 2
+    np=$(( $8 * $9 ))
+    for ((w = 0; w < np; w++)); do
+        v=$(sp_expect "$@" $(( w % $9 )) | cut -d' ' -f$k)
+        out="$out${out:+,}$(( v * mul ))"
+    done
+    echo "[$out]"
+}
+# sp_case dp tp [FLAGS]: the invariant, then the summary against the formulas
+sp_case() {
+    local dp=$1 tp=$2 np=$(( $1 * $2 )) name="chapter 6 --sp dp=$1 tp=$2" sum sz e
+    invariant --norm --val --expect "LayerNorm gradients (summed over tp): bit-identical on every tp rank at every step" \
+        "$name" "$INV_FLAGS" $np chapter-6 "--dp $dp --tp $tp --sp ${3:-}"
+    echo "$OUT" | grep -qF "replicated tensors (LayerNorms, row-parallel biases, wpe, lnf): bit-identical on every tp rank" &&
+        pass "$name: replicated tensors bit-identical on every tp rank" ||
+        fail "$name: replicas" "$(echo "$OUT" | grep replicated)"
+    cp "$INV_LOG" "$TEST_TMPDIR/sp_dp${dp}_tp${tp}.jsonl"
+    sum=$(grep '"type":"summary"' "$INV_LOG")
+    sz="256 64 2 4 64 $INV_BATCH $INV_SEQ $dp $tp"
+    read -r -a e <<< "$(sp_expect $sz 0)"
+    local want=(
+        "\"allreduce\":{\"dp\":{\"calls\":$(rank_array 10 $np),\"bytes\":$(rank_array 40 $np),"
+        "\"tp\":{\"calls\":$(sp_ranks 5 10 $sz),\"bytes\":$(sp_ranks 6 10 $sz),"
+        "\"reduce_scatter\":{\"dp\":{"
+        "\"tp\":{\"calls\":$(sp_ranks 3 10 $sz),\"bytes\":$(sp_ranks 4 10 $sz),"
+        "\"allgather\":{\"dp\":{"
+        "\"tp\":{\"calls\":$(sp_ranks 1 10 $sz),\"bytes\":$(sp_ranks 2 10 $sz),")
+    local ok=1 piece
+    for piece in "${want[@]}"; do echo "$sum" | grep -qF -- "$piece" || ok=0; done
+    if [ $ok = 1 ]; then
+        pass "$name: per step ${e[0]} tp all-gathers (${e[1]} bytes), ${e[2]} reduce-scatters (${e[3]}), ${e[4]} all-reduces (${e[5]}) = formula"
+    else
+        fail "$name: comm" "want (tp rank 0, per step) ${e[*]:0:6}; got $(echo "$sum" | sed 's/.*"comm":\({.*}\),"comm_wait_s".*/\1/')"
+    fi
+    # what a layer keeps of its own tokens, from the allocator's counts: 1/tp of chapter 4's
+    if echo "$sum" | grep -qF "\"layer_token_shard_bytes\":${e[6]},\"layer_token_shard_bytes_ch4\":${e[7]}," &&
+        [ $(( e[7] )) = $(( tp * e[6] )) ] &&
+        echo "$sum" | grep -qF "\"activations\":$(sp_ranks 9 1 $sz),"; then
+        pass "$name: a layer keeps ${e[6]} bytes of LayerNorm/residual activations, 1/$tp of chapter 4's ${e[7]} (allocator); peak activations ${e[8]} bytes = formula"
+    else
+        fail "$name: memory" "want token shard ${e[6]} (chapter 4 ${e[7]}), peak activations $(sp_ranks 9 1 $sz); got $(echo "$sum" | grep -o '"layer_[a-z_0-9]*":[0-9]*' | tr '\n' ' ') $(echo "$sum" | grep -o '"activations":\[[0-9,]*\]')"
+    fi
+}
+SPCK=$TEST_TMPDIR/sp_ckpt
+rm -rf "$SPCK"
+sp_case 1 2 "--ckpt-dir $SPCK --save-every 5"
+sp_case 2 2
+sp_case 1 4
+# --recompute on tp=2: the same bits as none (the logged losses and norms of
+# the run above); what a layer keeps, the peak activations and, for full,
+# the block's collectives issued again, against the formulas
+# (docs/recompute.md): selective keeps Nl(4C+4) + 8NC/tp per layer and shares
+# a transient of 2 Nl C + N NH/tp T + 4NC/tp; full keeps Nl C (res3) and
+# shares everything else of one layer
+sp_recompute_case() {
+    local r=$1 name="chapter 6 --sp tp=2 --recompute $1" sum N=$(( INV_BATCH * INV_SEQ )) C=64 L=2 NH=4 T=$INV_SEQ tp=2
+    local Nl=$(( N / tp )) Cl=$(( C / tp )) Vl=128 kept transient extra_ag=0 extra_rs=0
+    if [ $r = selective ]; then
+        kept=$(( Nl * (4 * C + 4) + N * 8 * Cl )); transient=$(( 2 * Nl * C + N * NH / tp * T + N * 4 * Cl ))
+    else
+        kept=$(( Nl * C )); transient=$(( Nl * (5 * C + 4) + N * (12 * Cl + NH / tp * T) ))
+        extra_ag=$(( 2 * L )); extra_rs=$(( 2 * L ))
+    fi
+    local acts=$(( 4 * (N * C + L * kept + transient + N * (C + Vl + 6) + 3 * N * tp \
+        + N * (C + 12 * Cl + NH / tp * T) + N * C + 2 * N + 3 * Nl * C) ))
+    invariant --norm --expect "recompute $r: backward recomputes" "$name" "$INV_FLAGS" 2 chapter-6 "--tp 2 --sp --recompute $r"
+    sum=$(grep '"type":"summary"' "$INV_LOG")
+    if [ "$(sp_steps "$INV_LOG" 0)" = "$(sp_steps "$TEST_TMPDIR/sp_dp1_tp2.jsonl" 0)" ] &&
+        echo "$sum" | grep -qF "\"layer_acts_bytes\":$(( 4 * kept ))," &&
+        echo "$sum" | grep -qF "\"activations\":$(rank_array $acts 2)," &&
+        echo "$sum" | grep -qF "\"reduce_scatter\":{\"dp\":{" &&
+        echo "$sum" | grep -qF "\"tp\":{\"calls\":$(rank_array $(( 10 * (4 * L + 2 + extra_rs) )) 2)," &&
+        echo "$sum" | grep -qF "\"tp\":{\"calls\":$(rank_array $(( 10 * (6 * L + 3 + extra_ag) )) 2),"; then
+        pass "$name: the same losses and norms as none, bit for bit; $(( 4 * kept )) bytes kept per layer, peak activations $acts, $(( 6 * L + 3 + extra_ag )) all-gathers and $(( 4 * L + 2 + extra_rs )) reduce-scatters per step = formula"
+    else
+        fail "$name" "losses/norms equal to none: $([ "$(sp_steps "$INV_LOG" 0)" = "$(sp_steps "$TEST_TMPDIR/sp_dp1_tp2.jsonl" 0)" ] && echo yes || echo NO); want layer_acts_bytes $(( 4 * kept )), activations $acts; got $(echo "$sum" | grep -o '"layer_acts_bytes":[0-9]*') $(echo "$sum" | grep -o '"activations":\[[0-9,]*\]')"
+    fi
+}
+sp_steps() { grep '"type":"step"' "$1" | grep -o '"step":[0-9]*,"loss":[-0-9.e]*,"norm":[-0-9.e]*' | awk -F'[:,]' -v f="$2" '$2 >= f'; }
+sp_recompute_case selective
+sp_recompute_case full
+# training-state checkpoints: the state is chapter 4's (the same tiles over
+# the same FSDP). The tp=2 run above saved at step 5: resumed on the same
+# mesh it repeats steps 5..9 bit for bit (the logged losses and norms), and
+# chapter 4 on dp=2 x tp=2 resumes the same files on chapter 0's losses.
+mpi_run $T_RUN 2 "$BUILD/chapter-6" --tp 2 --sp $INV_FLAGS --resume "$SPCK/step-00000005" --log "$TEST_TMPDIR/sp_resumed.jsonl"
+if [ $RC = 0 ] && echo "$OUT" | grep -q "checkpoint: resumed from" &&
+    [ "$(sp_steps "$TEST_TMPDIR/sp_dp1_tp2.jsonl" 5)" = "$(sp_steps "$TEST_TMPDIR/sp_resumed.jsonl" 0)" ] &&
+    [ "$(sp_steps "$TEST_TMPDIR/sp_resumed.jsonl" 0 | wc -l)" = 5 ]; then
+    pass "chapter 6 --sp tp=2 resumed at step 5 repeats steps 5..9 bit for bit"
+else
+    fail "chapter 6 --sp resume" "exit $RC; $CMD; $(sp_steps "$TEST_TMPDIR/sp_resumed.jsonl" 0 | head -2)"
+fi
+mpi_run $T_RUN 4 "$BUILD/chapter-4" --dp 2 --tp 2 $INV_FLAGS --resume "$SPCK/step-00000005" --log "$TEST_TMPDIR/sp_ch4_resumed.jsonl"
+reference "$INV_FLAGS"
+read -r n dmax <<< "$(paste <(sp_steps "$REF" 5) <(sp_steps "$TEST_TMPDIR/sp_ch4_resumed.jsonl" 0) | awk -F'[:,\t]' '
+    { n++; if ($2 != $8) bad = 1; d = $4 - $10; if (d < 0) d = -d; if (d > m) m = d }
+    END { printf "%d %.2e", bad ? -1 : n, m }')"
+if [ $RC = 0 ] && [ "$n" = 5 ] && awk -v d="$dmax" -v tol="$TOL" 'BEGIN { exit !(d <= tol) }'; then
+    pass "chapter 4 dp=2 tp=2 resumed from chapter 6 --sp's step 5 continues chapter 0's losses (steps 5..9, max |dloss| $dmax)"
+else
+    fail "chapter 4 resuming chapter 6 --sp" "exit $RC, $n steps, max |dloss| $dmax; $CMD"
+fi
+# the same bus bytes as chapter 4 in a ring, measured on tp=2: chapter 4's
+# tp all-reduces and its all-gather (the cross-entropy's) against sequence
+# parallelism's all-gathers and reduce-scatters, less what it adds: the 2L
+# re-gathers of a LayerNorm output in backward ((tp-1)/tp x N*C*4 bytes of
+# bus each) and the all-reduces of the LayerNorm gradients (2L+1 of 2C
+# floats, 2(tp-1)/tp x 8C bytes of bus each), over the 10 steps
+mpi_run $T_RUN 2 "$BUILD/chapter-4" --tp 2 $INV_FLAGS --log "$TEST_TMPDIR/sp_ch4.jsonl"
+read -r bus4 bussp added <<< "$(python3 - "$TEST_TMPDIR/sp_ch4.jsonl" "$TEST_TMPDIR/sp_dp1_tp2.jsonl" <<PY
+import json, sys
+ch4, sp = ([json.loads(l) for l in open(f) if '"type":"summary"' in l][0] for f in sys.argv[1:3])
+bus = lambda s, coll: sum(s["comm"].get(coll, {}).get("tp", {}).get("bus_bytes", [0])[:1])
+steps, L, N, C, tp = $INV_STEPS, 2, $INV_BATCH * $INV_SEQ, 64, 2
+added = steps * (2 * L * (tp - 1) * N * C * 4 / tp + (2 * L + 1) * 2 * (tp - 1) * 8 * C / tp)
+print("%d %d %d" % (bus(ch4, "allreduce") + bus(ch4, "allgather"),
+                    bus(sp, "allgather") + bus(sp, "reduce_scatter") + bus(sp, "allreduce") - added, added))
+PY
+)"
+if [ $RC = 0 ] && [ -n "$bus4" ] && [ "$bus4" = "$bussp" ]; then
+    pass "chapter 6 --sp tp=2: tp bus bytes over 10 steps, less the re-gathers and LayerNorm sums ($added), $bussp = chapter 4's $bus4 (measured)"
+else
+    fail "chapter 6 --sp: bus bytes" "chapter 4 '$bus4', sequence parallelism less its additions '$bussp' (exit $RC)"
+fi
+error_case chapter-6 2 "--tp 2 --sp --batch 3 --seq 33" "--sp splits the 3 x 33 = 99 tokens of a dp rank's batch over tp=2 ranks"
+error_case chapter-6 4 "--tp 2 --cp 2 --sp" "--sp runs on a dp x tp mesh"
 
 finish

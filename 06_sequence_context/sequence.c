@@ -1,0 +1,508 @@
+// Chapter 6, part 1: Megatron sequence parallelism (--tp N --sp) on chapter 4's
+// tensor parallelism.
+//
+// In chapter 4 every tp rank runs the parts of the model that tensor
+// parallelism does not split -- the LayerNorms, the residual adds, the
+// embedding's output, the final LayerNorm -- on all N = B*T tokens of its dp
+// group's batch, and keeps their (B,T,C) activations: tp identical copies.
+// Sequence parallelism (Korthikanti et al., 2022) splits those parts by
+// tokens: tp rank r runs them on rows [r*N/tp, (r+1)*N/tp) of the flattened
+// (B*T) token axis only, and keeps 1/tp of their activations.
+//
+// The split is over the flattened token axis, not over T inside each
+// sequence: the (B,T,C) tensors are row-major, so rank r's rows are one
+// contiguous block, and the tp blocks concatenated in rank order (what an
+// all-gather writes) are the (B,T,C) tensor itself, with no permutation.
+// LayerNorm and the residual add work token by token, so any split of the
+// tokens is as good as any other for them; attention, which mixes the tokens
+// of a sequence, only ever sees the all-gathered whole.
+//
+// Chapter 4's f and g change (Megatron-LM's mappings.py names them):
+//   gather_from_sequence_parallel_region    replaces f before qkv and fc:
+//       forward all-gather over tp (the column-parallel matmul reads every
+//       token), backward reduce-scatter (each rank's partial input gradient
+//       summed, and each rank keeps its own tokens' rows).
+//   reduce_scatter_to_sequence_parallel_region  replaces g after attproj and
+//       fcproj (and after the vocabulary-parallel embedding): forward
+//       reduce-scatter (the partial sums are added, and each rank keeps its
+//       tokens), backward all-gather of the output gradient.
+// An all-reduce is a reduce-scatter followed by an all-gather, and in a ring
+// each half moves (tp-1)/tp of the tensor per rank: the swap moves the same
+// bus bytes as chapter 4. What sequence parallelism adds: a column-parallel
+// matmul's weight gradient needs its input of every token, which is not kept
+// (that is the saving), so backward all-gathers it again, overlapped with the
+// input gradient's matmul, as Megatron does; and the LayerNorm weight
+// gradients, each rank's over its own tokens, are summed over tp.
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "ckpt.h"
+#include "comm.h"
+#include "common.h"
+#include "memory.h"
+#include "model.h"
+#include "model_tp.h"
+#include "report.h"
+#include "train.h"
+
+#include "sequence.h"
+#include "tp.h"
+
+// ---------------------------------------------------------------- what a layer keeps
+
+// A layer's activations under sequence parallelism live in three places, so
+// the allocator counts each: the layer's token shard (the parts tensor
+// parallelism does not split, on Nl = N/tp tokens), the layer's
+// tensor-parallel slices (on every token, 1/tp of the width, as in chapter
+// 4), and one transient buffer every layer shares for what --recompute does
+// not keep (docs/recompute.md). With --recompute none:
+//   shard   ln1 (Nl,C) ln1_mean ln1_rstd (Nl) attproj res2 ln2 (Nl,C)
+//           ln2_mean ln2_rstd (Nl) fcproj res3 (Nl,C):   Nl*(6C + 4) floats
+//   slices  qkv (N,3C/tp) atty (N,C/tp) att (B,NH/tp,T,T) fch fch_gelu
+//           (N,4C/tp):                                   N*(12C + NH*T)/tp floats
+// together Nl*(18C + NH*T + 4): exactly 1/tp of a layer of chapter 0.
+// selective moves attproj, fcproj, att and fch_gelu to the transient (a
+// layer keeps Nl*(4C + 4) + N*8C/tp); full keeps only res3 (Nl*C), the next
+// layer's input, and moves the rest there.
+enum { IN_SHARD, IN_SLICES, IN_TRANSIENT };
+
+static float* place(float* const base[3], size_t at[3], int where, size_t n) {
+    float* p = base[where] ? base[where] + at[where] : NULL;
+    at[where] += n;
+    return p;
+}
+
+// The view of one layer (any base may be NULL: then only numel, the floats
+// of each of the three places, is of use).
+static BlockActs sp_layout(float* shard, float* slices, float* transient, int B, int T, int C, int NH, int tp,
+                           RecomputeMode r, size_t numel[3]) {
+    size_t N = (size_t)B * T, Nl = N / tp, Cl = (size_t)C / tp, Fl = 4 * (size_t)C / tp;
+    float* const base[3] = {shard, slices, transient};
+    size_t at[3] = {0, 0, 0};
+    int S = r == RECOMPUTE_FULL ? IN_TRANSIENT : IN_SHARD;       // the token shard's fields
+    int P = r == RECOMPUTE_FULL ? IN_TRANSIENT : IN_SLICES;      // the tensor-parallel slices
+    int dropS = r == RECOMPUTE_SELECTIVE ? IN_TRANSIENT : S;     // what selective drops
+    int dropP = r == RECOMPUTE_SELECTIVE ? IN_TRANSIENT : P;
+    BlockActs a;
+    a.ln1 = place(base, at, S, Nl * C);
+    a.ln1_mean = place(base, at, S, Nl);
+    a.ln1_rstd = place(base, at, S, Nl);
+    a.attproj = place(base, at, dropS, Nl * C);
+    a.res2 = place(base, at, S, Nl * C);
+    a.ln2 = place(base, at, S, Nl * C);
+    a.ln2_mean = place(base, at, S, Nl);
+    a.ln2_rstd = place(base, at, S, Nl);
+    a.fcproj = place(base, at, dropS, Nl * C);
+    a.res3 = place(base, at, IN_SHARD, Nl * C);  // always kept
+    a.qkv = place(base, at, P, N * 3 * Cl);
+    a.atty = place(base, at, P, N * Cl);
+    a.att = place(base, at, dropP, (size_t)B * (NH / tp) * T * T);
+    a.fch = place(base, at, P, N * Fl);
+    a.fch_gelu = place(base, at, dropP, N * Fl);
+    if (numel) memcpy(numel, at, sizeof(at));
+    return a;
+}
+
+// ---------------------------------------------------------------- the rank's state
+
+typedef struct {
+    TPModel m;        // chapter 4's engine: shard layout, FSDP over dp, embedding, head, step
+    int N, Nl, n0;    // tokens of the dp group's batch; this rank's are rows [n0, n0 + Nl)
+    RecomputeMode recompute;
+    size_t numel[3];  // floats of a layer's shard, of its slices, and of the transient
+    float* shards;    // L * numel[IN_SHARD]: what each layer keeps of its own tokens
+    float* slices;    // L * numel[IN_SLICES]: each layer's tensor-parallel slices (NULL if none)
+    float* transient; // numel[IN_TRANSIENT], shared by every layer (NULL for --recompute none)
+    float* x0;        // (Nl,C) the embedding's output, this rank's tokens
+    float* dres;      // (Nl,C) the residual stream's gradient, this rank's tokens
+    float* dln;       // (Nl,C) a LayerNorm output's gradient, this rank's tokens
+    // two (N,C) buffers of every token, chapter 4's m.encoded and m.dres
+    // (no layer keeps them):
+    float* full;      // forward: an all-gathered LayerNorm output, then a
+                      // row-parallel matmul's partial output before its reduce-scatter
+    float* dfull;     // backward: an all-gathered output gradient, then a
+                      // LayerNorm output all-gathered again for a weight gradient
+    // what the allocator counted, in bytes: chapter 4's block activations
+    // (tp_create's) and this chapter's two parts of them
+    size_t ch4_block_bytes, shard_bytes, slice_bytes;
+} SP;
+
+static BlockActs sp_acts(const SP* s, int l) {
+    const GPTConfig* c = &s->m.cfg;
+    return sp_layout(s->shards + (size_t)l * s->numel[IN_SHARD],
+                     s->slices ? s->slices + (size_t)l * s->numel[IN_SLICES] : NULL, s->transient, s->m.B, s->m.T,
+                     c->channels, c->num_heads, s->m.ntp, s->recompute, NULL);
+}
+
+// ---------------------------------------------------------------- the block
+
+// x (Nl,C): this rank's tokens of the block's input; a->res3 (Nl,C) the same
+// tokens of its output. Every collective of the block is here.
+static void block_forward_sp(const SP* s, const BlockParams* p, BlockActs* a, const float* x) {
+    const TPModel* m = &s->m;
+    int B = m->B, T = m->T, N = s->N, Nl = s->Nl, C = m->cfg.channels, tp = m->ntp;
+    int Cl = C / tp, Fl = 4 * C / tp, NHl = m->cfg.num_heads / tp;
+    size_t NlC = (size_t)Nl * C;
+    // attention: the LayerNorm on this rank's tokens only
+    layernorm_forward(a->ln1, a->ln1_mean, a->ln1_rstd, x, p->ln1w, p->ln1b, Nl, C);  // (Nl, C)
+    // gather_from_sequence_parallel_region, forward: all-gather over tp. The
+    // tp blocks of rows in rank order are the (B,T,C) tensor.
+    comm_allgather(m->tp, a->ln1, s->full, NlC);                                      // (N, C)
+    // column-parallel qkv on every token: this rank's heads
+    matmul_forward(a->qkv, s->full, p->qkvw, p->qkvb, N, C, 3 * Cl);                  // (N, 3C/tp)
+    attention_forward(a->atty, a->att, a->qkv, B, T, Cl, NHl);                        // (N, C/tp)
+    // row-parallel projection: a partial sum for every token (the bias added
+    // by one rank, so the sum holds it once)
+    matmul_forward(s->full, a->atty, p->attprojw, m->rtp == 0 ? p->attprojb : NULL, N, Cl, C);
+    // reduce_scatter_to_sequence_parallel_region, forward: reduce-scatter
+    // over tp: the partial sums added, this rank keeping its own tokens
+    comm_reduce_scatter(m->tp, s->full, a->attproj, NlC, COMM_SUM);                   // (Nl, C)
+    residual_forward(a->res2, x, a->attproj, NlC);
+    // MLP: the same pattern
+    layernorm_forward(a->ln2, a->ln2_mean, a->ln2_rstd, a->res2, p->ln2w, p->ln2b, Nl, C);
+    // gather_from_sequence_parallel_region, forward: all-gather
+    comm_allgather(m->tp, a->ln2, s->full, NlC);                                      // (N, C)
+    matmul_forward(a->fch, s->full, p->fcw, p->fcb, N, C, Fl);                        // (N, 4C/tp)
+    gelu_forward(a->fch_gelu, a->fch, (size_t)N * Fl);
+    matmul_forward(s->full, a->fch_gelu, p->fcprojw, m->rtp == 0 ? p->fcprojb : NULL, N, Fl, C);
+    // reduce_scatter_to_sequence_parallel_region, forward: reduce-scatter
+    comm_reduce_scatter(m->tp, s->full, a->fcproj, NlC, COMM_SUM);                    // (Nl, C)
+    residual_forward(a->res3, a->res2, a->fcproj, NlC);
+}
+
+// The backward of one column-parallel matmul out (N, OC) = in (N, C) @ w^T + b
+// whose input is the all-gather of the kept token shard in_shard (Nl, C),
+// from dout (N, OC): accumulates dw and db, and WRITES this rank's tokens of
+// the input gradient into dshard (Nl, C). Two collectives, each overlapped
+// with a matmul, as Megatron overlaps them:
+//   the input of every token is all-gathered again (it was not kept: that is
+//   the saving) while the input gradient's matmul runs, which needs only w;
+//   gather_from_sequence_parallel_region's backward, the reduce-scatter of
+//   the partial input gradients, runs while the weight gradient's matmul does.
+static void column_parallel_backward(const SP* s, float* dw, float* db, float* dshard, const float* dout,
+                                     const float* in_shard, const float* w, float* dpartial, int C,
+                                     int OC) {
+    const TPModel* m = &s->m;
+    int N = s->N;
+    size_t NlC = (size_t)s->Nl * C;
+    CommRequest gather, scatter;
+    comm_iallgather(m->tp, in_shard, s->dfull, NlC, &gather);                 // (N, C) in flight
+    ops_zero(dpartial, (size_t)N * C);
+    matmul_backward(dpartial, NULL, NULL, dout, NULL, w, N, C, OC);           // partial d in (N, C)
+    comm_wait(&gather);
+    comm_ireduce_scatter(m->tp, dpartial, dshard, NlC, COMM_SUM, &scatter);   // (Nl, C) in flight
+    matmul_backward(NULL, dw, db, dout, s->dfull, NULL, N, C, OC);            // dw, db from every token
+    comm_wait(&scatter);
+}
+
+// dres (Nl,C): on entry this rank's tokens of d loss / d block output, on
+// return of d loss / d x. Parameter gradients accumulate into g; the
+// LayerNorms' are summed over tp before the block returns.
+static void block_backward_sp(const SP* s, const BlockParams* p, BlockParams* g, const BlockActs* a,
+                              const BlockScratch* sc, const float* x, float* dres) {
+    const TPModel* m = &s->m;
+    int B = m->B, T = m->T, N = s->N, Nl = s->Nl, C = m->cfg.channels, tp = m->ntp;
+    int Cl = C / tp, Fl = 4 * C / tp, NHl = m->cfg.num_heads / tp;
+    size_t NlC = (size_t)Nl * C;
+    // MLP, backwards. reduce_scatter_to_sequence_parallel_region, backward:
+    // all-gather the output gradient, every rank then has every token's
+    comm_allgather(m->tp, dres, s->dfull, NlC);                                       // (N, C)
+    // the row-parallel bias's gradient (the sum over every token) comes out
+    // the same on every rank: the replicated bias stays the same everywhere
+    ops_zero(sc->dfch_gelu, (size_t)N * Fl);
+    matmul_backward(sc->dfch_gelu, g->fcprojw, g->fcprojb, s->dfull, a->fch_gelu, p->fcprojw, N, Fl, C);
+    ops_zero(sc->dfch, (size_t)N * Fl);
+    gelu_backward(sc->dfch, a->fch, sc->dfch_gelu, (size_t)N * Fl);
+    // fc, with gather_from_sequence_parallel_region's backward (reduce-scatter)
+    column_parallel_backward(s, g->fcw, g->fcb, s->dln, sc->dfch, a->ln2, p->fcw, sc->dln, C, Fl);
+    layernorm_backward(dres, g->ln2w, g->ln2b, s->dln, a->res2, p->ln2w, a->ln2_mean, a->ln2_rstd, Nl, C);
+    // attention, backwards: the same pattern
+    comm_allgather(m->tp, dres, s->dfull, NlC);                                       // (N, C)
+    ops_zero(sc->datty, (size_t)N * Cl);
+    matmul_backward(sc->datty, g->attprojw, g->attprojb, s->dfull, a->atty, p->attprojw, N, Cl, C);
+    ops_zero(sc->dqkv, (size_t)N * 3 * Cl);
+    attention_backward(sc->dqkv, sc->datt, sc->datty, a->qkv, a->att, B, T, Cl, NHl);
+    column_parallel_backward(s, g->qkvw, g->qkvb, s->dln, sc->dqkv, a->ln1, p->qkvw, sc->dln, C, 3 * Cl);
+    layernorm_backward(dres, g->ln1w, g->ln1b, s->dln, x, p->ln1w, a->ln1_mean, a->ln1_rstd, Nl, C);
+    // each rank's LayerNorm weight gradients hold its own tokens' share:
+    // summed over tp, every rank holds the whole (and the same bits: the
+    // replicated weights take the same AdamW step everywhere). [w b] of
+    // each LayerNorm sit side by side in the block's shard (model_tp.h).
+    CHECK(g->ln1b == g->ln1w + C && g->ln2b == g->ln2w + C, "a LayerNorm's [w b] must be contiguous");
+    comm_allreduce(m->tp, g->ln1w, 2 * (size_t)C, COMM_SUM);
+    comm_allreduce(m->tp, g->ln2w, 2 * (size_t)C, COMM_SUM);
+}
+
+// ---------------------------------------------------------------- forward and backward
+
+// The loss of this rank's dp group's batch: the same on every tp rank.
+static float sp_forward(SP* s, const int* inputs, const int* targets) {
+    TPModel* m = &s->m;
+    FSDP* f = &m->f;
+    const GPTConfig* c = &m->cfg;
+    int C = c->channels, L = c->num_layers, Nl = s->Nl;
+    size_t NlC = (size_t)Nl * C;
+    // the vocabulary-parallel embedding (chapter 4's): this rank's partial
+    // sum for every token, in s->full ...
+    float* partial = tp_embed_forward(m, inputs, targets);                            // (N, C)
+    // ... and reduce_scatter_to_sequence_parallel_region where chapter 4
+    // all-reduces: the sum, of this rank's tokens only
+    comm_reduce_scatter(m->tp, partial, s->x0, NlC, COMM_SUM);                        // (Nl, C)
+    const float* x = s->x0;
+    for (int l = 0; l < L; l++) {
+        BlockParams p = tp_block_params(m, l);
+        fsdp_prefetch(f, l + 2);  // the next block, or [lnfw lnfb] after the last
+        BlockActs a = sp_acts(s, l);
+        block_forward_sp(s, &p, &a, x);
+        x = a.res3;
+    }
+    // the final LayerNorm on this rank's tokens, written straight into its
+    // rows of the head's (N, C) input; gather_from_sequence_parallel_region
+    // (in place): the LM head's matmul reads every token
+    HeadActs h = tp_head_acts(m);
+    float* lnf = fsdp_unit_params(f, L + 1);
+    float* mine = h.lnf + (size_t)s->n0 * C;
+    layernorm_forward(mine, h.lnf_mean + s->n0, h.lnf_rstd + s->n0, x, lnf, lnf + C, Nl, C);
+    comm_allgather(m->tp, mine, h.lnf, NlC);                                          // (N, C)
+    return tp_head_forward(m);
+}
+
+static float forward_cb(void* ctx, const int* inputs, const int* targets) {
+    return sp_forward(ctx, inputs, targets);
+}
+
+static void sp_backward(SP* s) {
+    TPModel* m = &s->m;
+    FSDP* f = &m->f;
+    const GPTConfig* c = &m->cfg;
+    int B = m->B, T = m->T, C = c->channels, NH = c->num_heads, L = c->num_layers, Nl = s->Nl;
+    size_t NlC = (size_t)Nl * C;
+    HeadActs h = tp_head_acts(m);
+    BlockScratch sc = block_scratch_at_tp(m->scratch, B, T, C, NH, m->ntp);
+    // the head: this vocabulary slice's share of dlnf for every token ...
+    tp_head_backward(m, sc.dln);                                                      // (N, C) partial
+    // ... and gather_from_sequence_parallel_region's backward: reduce-scatter
+    comm_reduce_scatter(m->tp, sc.dln, s->dln, NlC, COMM_SUM);                        // (Nl, C)
+    float* lnf = fsdp_unit_params(f, L + 1);
+    float* g_lnf = fsdp_grads_begin(f, L + 1);
+    const float* last = sp_acts(s, L - 1).res3;
+    ops_zero(s->dres, NlC);
+    layernorm_backward(s->dres, g_lnf, g_lnf + C, s->dln, last, lnf, h.lnf_mean + s->n0, h.lnf_rstd + s->n0, Nl,
+                       C);
+    comm_allreduce(m->tp, g_lnf, 2 * (size_t)C, COMM_SUM);  // [lnfw lnfb] of every token
+    if (f->zero > 1) fsdp_reduce_grads(f, L + 1);
+    // the blocks, last to first, as in chapter 4: gather (prefetching the one
+    // before), backward, reduce-scatter over dp
+    for (int l = L - 1; l >= 0; l--) {
+        BlockParams p = tp_block_params(m, l);
+        if (l > 0) fsdp_prefetch(f, l);
+        BlockParams g = tp_block_grads_begin(m, l);
+        BlockActs a = sp_acts(s, l);
+        const float* x = l > 0 ? sp_acts(s, l - 1).res3 : s->x0;
+        // --recompute: what forward did not keep, again (docs/recompute.md)
+        if (s->recompute == RECOMPUTE_SELECTIVE) {
+            tp_recompute_selective(m, &a);  // attention and GELU on this rank's slices: no collective
+        } else if (s->recompute == RECOMPUTE_FULL) {
+            block_forward_sp(s, &p, &a, x);  // with its 2 all-gathers and 2 reduce-scatters again
+        }
+        block_backward_sp(s, &p, &g, &a, &sc, x, s->dres);
+        if (f->zero > 1) fsdp_reduce_grads(f, 1 + l);
+    }
+    // the embedding: reduce_scatter_to_sequence_parallel_region's backward
+    // (all-gather) gives every token's gradient, which chapter 4's
+    // vocabulary-parallel embedding backward takes
+    comm_allgather(m->tp, s->dres, s->dfull, NlC);                                    // (N, C)
+    tp_embed_backward(m, s->dfull);
+}
+
+// ---------------------------------------------------------------- checks
+
+// 1 on every rank iff, after this backward's reductions, every tp rank holds
+// bit-identical gradients of the LayerNorm weights (each block's ln1, ln2
+// and the final lnf): the sums over tp agree. Each rank fingerprints the
+// part of those tensors that lies in its dp shard of the reduced gradient;
+// tp ranks of the same dp rank hold the same ranges (a block's shard and
+// [lnfw lnfb] have the same size on every tp rank). Plain MPI, uncounted.
+static int layernorm_grads_agree(const SP* s) {
+    const TPModel* m = &s->m;
+    const FSDP* f = &m->f;
+    float* host = xmalloc(f->shard_total * sizeof(float));
+    mem_to_host(host, f->shard_grads, f->shard_total * sizeof(float));
+    unsigned long long h = 0, lo, hi;
+    for (int i = 0; i < m->ntiles; i++) {
+        const Tile* tl = &m->tiles[i];
+        ParamTensor t = tl->t;
+        if (t != P_LN1W && t != P_LN1B && t != P_LN2W && t != P_LN2B && t != P_LNFW && t != P_LNFB) continue;
+        int u = tp_tile_unit(m, tl);
+        size_t a = tl->off - m->unit_off[u], b = a + tl->nrows * tl->ncols;       // in the unit
+        size_t lo_own = (size_t)f->dp->rank * f->shard[u], hi_own = lo_own + f->shard[u];
+        for (size_t k = a > lo_own ? a : lo_own; k < (b < hi_own ? b : hi_own); k++) {
+            unsigned int bits;
+            memcpy(&bits, host + f->shard_off[u] + (k - lo_own), sizeof(bits));
+            h = h * 1099511628211ull + bits + 1;
+        }
+    }
+    free(host);
+    MPI_CHECK(MPI_Allreduce(&h, &lo, 1, MPI_UNSIGNED_LONG_LONG, MPI_MIN, m->tp->mpi));
+    MPI_CHECK(MPI_Allreduce(&h, &hi, 1, MPI_UNSIGNED_LONG_LONG, MPI_MAX, m->tp->mpi));
+    int mine = lo == hi, all = 0;
+    MPI_CHECK(MPI_Allreduce(&mine, &all, 1, MPI_INT, MPI_MIN, m->world->mpi));
+    return all;
+}
+
+// ---------------------------------------------------------------- set-up
+
+static void sp_create(SP* s, const Run* run, int B, int zero, int prefetch, int reshard) {
+    memset(s, 0, sizeof(*s));
+    TPModel* m = &s->m;
+    tp_create(m, run, B, zero, prefetch, reshard);
+    const GPTConfig* c = &m->cfg;
+    int T = m->T, C = c->channels, NH = c->num_heads, L = c->num_layers, tp = m->ntp;
+    s->N = B * T;
+    s->Nl = s->N / tp;
+    s->n0 = m->rtp * s->Nl;
+    // tp_create sized the layers' activations for chapter 4's block; this
+    // block keeps less. Free them (the allocator tells how much chapter 4's
+    // layers keep) and allocate what this block keeps, in its places.
+    s->recompute = m->recompute;
+    sp_layout(NULL, NULL, NULL, B, T, C, NH, tp, s->recompute, s->numel);
+    size_t before = mem_current(MEM_ACTIVATIONS);
+    mem_free(m->blocks);
+    m->blocks = NULL;
+    s->ch4_block_bytes = before - mem_current(MEM_ACTIVATIONS);
+    mem_free(m->transient);
+    m->transient = NULL;
+    before = mem_current(MEM_ACTIVATIONS);
+    s->shards = mem_alloc_floats((size_t)L * s->numel[IN_SHARD], MEM_ACTIVATIONS);
+    s->shard_bytes = mem_current(MEM_ACTIVATIONS) - before;
+    before = mem_current(MEM_ACTIVATIONS);
+    if (s->numel[IN_SLICES]) s->slices = mem_alloc_floats((size_t)L * s->numel[IN_SLICES], MEM_ACTIVATIONS);
+    s->slice_bytes = mem_current(MEM_ACTIVATIONS) - before;
+    if (s->numel[IN_TRANSIENT]) s->transient = mem_alloc_floats(s->numel[IN_TRANSIENT], MEM_ACTIVATIONS);
+    s->x0 = mem_alloc_floats((size_t)s->Nl * C, MEM_ACTIVATIONS);
+    s->dres = mem_alloc_floats((size_t)s->Nl * C, MEM_ACTIVATIONS);
+    s->dln = mem_alloc_floats((size_t)s->Nl * C, MEM_ACTIVATIONS);
+    s->full = m->encoded;
+    s->dfull = m->dres;
+    // chapter 4's block activations were set-up's, never training's: the
+    // peaks the summary reports start from what training holds
+    mem_reset_peaks();
+}
+
+static void sp_free(SP* s) {
+    float* bufs[] = {s->shards, s->slices, s->transient, s->x0, s->dres, s->dln};
+    for (size_t i = 0; i < sizeof(bufs) / sizeof(bufs[0]); i++) mem_free(bufs[i]);
+    tp_free(&s->m);  // m.blocks and m.transient are NULL: mem_free(NULL) does nothing
+}
+
+// ---------------------------------------------------------------- training
+
+int sp_train(Run* run, int zero, int prefetch, int reshard) {
+    const TrainArgs* args = &run->args;
+    const TrainSetup* setup = &run->setup;
+    const GPTConfig* cfg = &setup->cfg;
+    int tp = run->axes[AXIS_TP].size, dp = run->axes[AXIS_DP].size;
+    int B = setup->B, T = setup->T;
+    if (run->axes[AXIS_CP].size > 1)
+        fail_all("--sp runs on a dp x tp mesh and --cp %d asks for context parallelism: use one of the two",
+                 run->axes[AXIS_CP].size);
+    tp_check_mesh(cfg, B, dp, tp);
+    int micro = B / dp;
+    if (((long)micro * T) % tp != 0)
+        fail_all("--sp splits the %d x %d = %d tokens of a dp rank's batch over tp=%d ranks, which does not "
+                 "divide them: use a --batch or --seq that makes (batch/dp) x seq divisible by %d",
+                 micro, T, micro * T, tp, tp);
+
+    SP s;
+    sp_create(&s, run, micro, zero, prefetch, reshard);
+    TPModel* m = &s.m;
+    FSDP* f = &m->f;
+    size_t P = gpt_num_params(cfg);
+    int L = cfg->num_layers;
+    // training-state checkpoints: the state is chapter 4's (the same tiles
+    // over the same FSDP), so are the files; any chapter's mesh resumes them
+    Ckpt ck;
+    ckpt_init(&ck, args, setup, &run->mesh, 6);
+    tp_ckpt_lists(&ck, m);
+    int start = ckpt_resume(&ck);
+    print0("chapter 6, sequence parallelism: tp=%d x dp=%d; a tp rank holds %zu of %zu parameters and runs "
+           "the LayerNorms and residuals on %d of its dp group's %d tokens; ZeRO-%d over dp, device %s\n",
+           tp, dp, m->numel, P, s.Nl, s.N, zero, run->device);
+    // what a layer keeps, from the allocator's counts: chapter 4's block
+    // keeps its non-tensor-parallel part on every token, this one on Nl
+    size_t ch4_nontp = s.ch4_block_bytes - s.slice_bytes;
+    print0("activations kept per layer: %zu bytes (chapter 4: %zu); of them on the token shard (LayerNorms, "
+           "residual stream): %zu bytes (chapter 4, on every token: %zu, %.0f times as much)\n",
+           (s.shard_bytes + s.slice_bytes) / L, s.ch4_block_bytes / L, s.shard_bytes / L, ch4_nontp / L,
+           (double)ch4_nontp / (double)s.shard_bytes);
+    if (s.recompute != RECOMPUTE_NONE)  // after the gather of each block in backward
+        print0("recompute %s: backward recomputes what the blocks did not keep (docs/recompute.md)%s\n",
+               recompute_name(s.recompute),
+               s.recompute == RECOMPUTE_FULL ? ", with the block's 2 tp all-gathers and 2 reduce-scatters again" : "");
+    char msg[1024];
+    JsonLog log;
+    const char* bad = jsonl_open(&log, args->log, msg, sizeof(msg));
+    fail_if_any(bad != NULL, bad);
+
+    int* inputs = xmalloc((size_t)micro * T * sizeof(int));
+    int* targets = xmalloc((size_t)micro * T * sizeof(int));
+    StepClock clock = {0};
+    float loss = 0.0f, vloss = -1.0f;
+    int ln_agree = 1;
+    comm_counts_reset();  // count the training only, not the start-up
+    for (int st = start; st < args->steps; st++) {
+        clock_begin(&clock);
+        // the tp ranks of a dp group read the same sequences
+        data_batch(&setup->train, st, B, T, m->dp->rank * micro, micro, inputs, targets);
+        double mine = sp_forward(&s, inputs, targets);
+        sp_backward(&s);
+        float norm = tp_step(m, args, st + 1);
+        double dt = clock_end(&clock, st - start, args->steps - start);
+        // outside the step's clock and its counted communication
+        ln_agree &= layernorm_grads_agree(&s);
+        loss = (float)train_mean(m->dp, mine);  // every tp rank has the same loss
+        report_step(&log, st, args->steps, loss, norm, 1e3 * dt, (double)B * T / dt);
+        if (args->val_every > 0 && (st + 1) % args->val_every == 0 && st + 1 < args->steps) {
+            vloss = tp_val_loss(m, setup, args->val_batches, forward_cb, &s);
+            if (vloss >= 0) report_val(&log, st, vloss);
+        }
+        ckpt_after_step(&ck, st);  // --save-every, --ckpt-dir
+    }
+    ckpt_finish(&ck, &log);
+    double ms = clock_ms_per_step(&clock);
+    char extra_json[512];
+    snprintf(extra_json, sizeof(extra_json),
+             "\"sp\":1,\"recompute\":\"%s\",\"zero\":%d,\"prefetch\":%d,\"reshard\":%d,\"tp_shard_params\":%zu,\"shard_params\":%zu,"
+             "\"tokens_per_tp_rank\":%d,\"layer_acts_bytes\":%zu,\"layer_acts_bytes_ch4\":%zu,"
+             "\"layer_token_shard_bytes\":%zu,\"layer_token_shard_bytes_ch4\":%zu,\"comm_wait_ms_per_step\":%.3f",
+             recompute_name(s.recompute), zero, prefetch, reshard, m->numel, f->shard_total, s.Nl, (s.shard_bytes + s.slice_bytes) / L,
+             s.ch4_block_bytes / L, s.shard_bytes / L, ch4_nontp / L, clock_wait_ms_per_step(&clock));
+    RunSummary summary = {
+        .chapter = 6, .model = setup->model_name, .num_params = P, .batch = B, .seq = T, .steps = args->steps,
+        .ms_per_step = ms, .tokens_per_s = ms > 0 ? (double)B * T / (ms / 1e3) : 0.0,
+        .flops_per_token = gpt_flops_per_token(cfg, T), .peak_gflops = run->peak_gflops, .final_loss = loss,
+        .val_loss = -1.0f, .extra_json = extra_json};
+    report_summary(&log, &run->mesh, &summary);
+    // after the summary has read the counters: the final validation loss ...
+    vloss = tp_val_loss(m, setup, args->val_batches, forward_cb, &s);
+    if (vloss >= 0) report_val(&log, args->steps - 1, vloss);
+    jsonl_close(&log);
+    // ... the checks that every tp rank holds the same replicated tensors and
+    // summed the same LayerNorm gradients, and --sample / --save from the
+    // whole model assembled on rank 0
+    float* shard = fsdp_gather_host(f);
+    int agree = tp_replicas_agree(m, shard);
+    print0("LayerNorm gradients (summed over tp): %s\n",
+           ln_agree ? "bit-identical on every tp rank at every step" : "DIFFERENT between tp ranks");
+    print0("replicated tensors (LayerNorms, row-parallel biases, wpe, lnf): %s on every tp rank\n",
+           agree ? "bit-identical" : "DIFFERENT");
+    float* full = train_wants_params(args) ? tp_gather_full_model(m, shard) : NULL;
+    train_finish_params(args, cfg, T, full);
+    free(full);
+    free(shard);
+    free(inputs);
+    free(targets);
+    sp_free(&s);
+    return agree && ln_agree ? 0 : 1;
+}
