@@ -20,9 +20,11 @@
 //   interleaved  --virtual v chunks per rank, the bubble shrinks by v
 //   zb           ZB-H1: backward split into the input gradient (B, on the
 //                critical path) and the weight gradient (W, into the bubble)
-// This file is the executor that runs any list, and the training step
-// around it: the tied embedding's two gradients summed, the dp all-reduce,
-// the norm over the stages, AdamW on what each rank owns.
+// (--schedule-file FILE runs lists written by hand instead.) This file is
+// the executor that runs any list, and the training step around it: the
+// tied embedding's two gradients summed, the dp all-reduce, the norm over
+// the stages, AdamW on what each rank owns. --recompute keeps less of each
+// layer per microbatch in flight and recomputes it in backward.
 //
 // The layer split: virtual stage k of S = pp * v owns L / S layers, the first
 // L % S stages one more (an uneven split when pp does not divide L, printed
@@ -93,7 +95,8 @@ static int rank_pieces(const GPTConfig* cfg, int pp, int v, int r, Piece* p) {
 // head's on the last stage, the gradient flowing down, and with a split
 // backward the stash each weight half needs. A rank takes a slot at F and
 // gives it back after B (or W); slots are allocated only when every slot is
-// busy, so the allocator's peak is exactly (peak slots in flight) x (slot).
+// busy, so the allocator's peak is exactly (peak slots in flight) x (slot),
+// plus the backward scratch and (--recompute) the transient, one of each.
 typedef struct {
     int mb, busy;
     float* x;      // (b,T,C) the chunk's input: the embedding's output on stage 0, else received
