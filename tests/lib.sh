@@ -18,6 +18,7 @@
 #   invariant [...] NAME "REF_FLAGS" NP PROGRAM "FLAGS"   a layout vs the reference
 #   step_losses, val_records, compare_val, rank_array     readers of logs and summaries
 #   ref_checkpoint, bad_inputs                     files several chapters' tests use
+#   jobs_run FUNCTION ARGS..., jobs_wait           independent checks, 2 at a time
 set -u
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 BUILD=${BUILD:-build}
@@ -70,7 +71,7 @@ mpi_run() {
     if [ "$1" = --may-fail ]; then may_fail=1; shift; fi
     limit=$1 np=$2
     shift 2
-    OUT_FILE=$TEST_TMPDIR/mpi_run.out
+    OUT_FILE=$TEST_TMPDIR/mpi_run$TEST_JOB.out
     CMD="$MPIRUN -np $np $*"
     # -k: an mpirun that ignores SIGTERM is killed 10 s later
     timeout -k 10 "$limit" $MPIRUN -np "$np" "$@" < /dev/null > "$OUT_FILE" 2>&1
@@ -212,7 +213,7 @@ invariant() {
     name=$1 ref_flags=$2 np=$3 prog=$4 flags=$5
     reference "$ref_flags"
     INV_RUNS=$((INV_RUNS + 1))
-    INV_LOG=$TEST_TMPDIR/inv_$INV_RUNS.jsonl
+    INV_LOG=$TEST_TMPDIR/inv_$INV_RUNS$TEST_JOB.jsonl
     mpi_run $T_RUN "$np" "$BUILD/$prog" $flags $ref_flags --log "$INV_LOG"
     [ $RC -eq 0 ] || { ok=0; why="exit $RC (124 = hang)"; }
     cmp=$(bash tests/compare_losses.sh "$REF" "$INV_LOG" $TOL 2>&1) || ok=0
@@ -258,4 +259,39 @@ bad_inputs() {
     ref_checkpoint
     head -c 2000 "$CKPT" > "$TEST_TMPDIR/truncated.bin"
     printf 'short' > "$TEST_TMPDIR/short.txt"
+}
+
+# ---------------------------------------------------------------- parallel checks
+# Independent checks (each makes its own runs: the invariant over a list of
+# meshes) run TEST_JOBS (default 2, the cores the course assumes) at a time:
+#     for np in 1 2 3 4; do jobs_run my_check "$np"; done
+#     jobs_wait
+# jobs_run FUNCTION ARGS...: FUNCTION ARGS in a background subshell once fewer
+# than TEST_JOBS run; it sees the script's variables as they were when it
+# started, and what it sets is lost. jobs_wait waits for every job, then
+# prints each one's output in the order they started and counts its
+# PASS/FAIL/SKIP lines. A job's mpi_run and invariant files carry its number
+# (TEST_JOB); the reference cache is safe to share; make the other shared
+# files (ref_checkpoint, bad_inputs) before starting jobs that use them.
+TEST_JOB=
+TEST_JOBS=${TEST_JOBS:-2}
+JOBS_STARTED=0
+JOBS_SHOWN=0
+jobs_run() {
+    while [ "$(jobs -rp | wc -l)" -ge "$TEST_JOBS" ]; do wait -n; done
+    JOBS_STARTED=$((JOBS_STARTED + 1))
+    (TEST_JOB=.j$JOBS_STARTED; "$@") > "$TEST_TMPDIR/job_$JOBS_STARTED.out" 2>&1 < /dev/null &
+}
+jobs_wait() {
+    local i f
+    wait
+    for ((i = JOBS_SHOWN + 1; i <= JOBS_STARTED; i++)); do
+        f=$TEST_TMPDIR/job_$i.out
+        cat "$f"
+        passed=$((passed + $(grep -c '^PASS' "$f")))
+        failed=$((failed + $(grep -c '^FAIL' "$f")))
+        skipped=$((skipped + $(grep -c '^SKIP' "$f")))
+        rm -f "$f"
+    done
+    JOBS_SHOWN=$JOBS_STARTED
 }
