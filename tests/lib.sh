@@ -58,7 +58,8 @@ finish() {
 # stopping the suite. Generous: 8 ranks on a loaded 2-core machine start
 # slowly; a tiny-model run takes a few seconds there.
 T_SHORT=60    # mesh pictures, bad input, --help, runs of a few steps
-T_RUN=120     # training runs of 10 or more steps, collective checks
+T_RUN=${T_RUN:-120}  # training runs of 10 or more steps, collective checks
+                     # (tests/homework.sh gives a variant that hangs less)
 
 # mpi_run [--may-fail] LIMIT NP PROGRAM ARGS...: runs PROGRAM on NP ranks
 # (tests/mpirun.sh) under `timeout LIMIT`, stdin closed. Sets OUT (stdout and
