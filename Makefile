@@ -16,6 +16,7 @@
 #   make sanitize      the tiny tests under ASan and UBSan (build/sanitize/)
 #   make homework CHAPTER=N [DEST=dir]   a student tree: chapter N's exercises cut out
 #   make grade CHAPTER=N [EXERCISE=K]    grade them: "grade chapter N: S / T"
+#   make homework-check  the homework tests with every buggy variant (tests/homework.sh)
 #   OPT, CFLAGS, CUDA_ARCH: a change rebuilds everything (flags.stamp)
 #   make clean
 #
@@ -194,6 +195,13 @@ homework:
 	@python3 tests/homework/cut.py student "$(CHAPTER)" "$(or $(DEST),build/homework-$(CHAPTER))"
 grade:
 	@EXERCISE="$(EXERCISE)" bash tests/homework/grade.sh "$(CHAPTER)"
+# make homework-check: tests/homework.sh with every buggy variant of
+# tests/homework/bugs/ (make test grades one a chapter; CI runs make test
+# with HOMEWORK_BUGS=all, so every variant is graded on every CI run)
+.PHONY: homework-check
+homework-check:
+	@$(MAKE) --no-print-directory BACKEND=cpu all tests
+	@HOMEWORK_BUGS=all bash tests/run.sh homework
 
 # ---------------------------------------------------------------- running
 setup:

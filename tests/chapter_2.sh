@@ -74,12 +74,18 @@ dp_accounting() {
         fail "data parallel $mode dp=$np grad-accum=$acc: accounting" "want $want, activations $((dp_seq_acts * dp_B / (np * acc))) per rank, early_buckets_per_step $early; got $(echo "$sum" | sed 's/.*"peak_bytes"://')"
     fi
 }
+dp_case() {  # MODE NP ACC: one layout's invariant and accounting
+    invariant --norm --expect "bit-identical on every rank" "data parallel $1 dp=$2 grad-accum=$3" \
+        "$INV_FLAGS" $2 chapter-2 "--dp $2 --dp-mode $1 --grad-accum $3 --bucket-kb 64"
+    dp_accounting $1 $2 $3 "$INV_LOG"
+}
+# the layouts are independent: 2 at a time (jobs_run, tests/lib.sh); first
+# the references of the --clip 0 and --wd 0.1 runs below
+for extra in "--clip 0" "--wd 0.1"; do jobs_run reference "$INV_FLAGS $extra"; done
 for mode in naive bucketed overlapped ps; do
     for np in 1 2 3 4; do
         for acc in 1 2; do
-            invariant --norm --expect "bit-identical on every rank" "data parallel $mode dp=$np grad-accum=$acc" \
-                "$INV_FLAGS" $np chapter-2 "--dp $np --dp-mode $mode --grad-accum $acc --bucket-kb 64"
-            dp_accounting $mode $np $acc "$INV_LOG"
+            jobs_run dp_case $mode $np $acc
         done
     done
 done
@@ -87,13 +93,14 @@ done
 # without clipping a missing or doubled gradient average moves the losses
 # (with clipping on every step, the clip hides it); and weight decay
 for extra in "--clip 0" "--wd 0.1"; do
-    invariant --norm "data parallel overlapped dp=2 $extra" "$INV_FLAGS $extra" 2 chapter-2 "--dp 2 --bucket-kb 64 $extra"
-    invariant --norm "data parallel ps dp=3 $extra" "$INV_FLAGS $extra" 3 chapter-2 "--dp 3 --dp-mode ps $extra"
+    jobs_run invariant --norm "data parallel overlapped dp=2 $extra" "$INV_FLAGS $extra" 2 chapter-2 "--dp 2 --bucket-kb 64 $extra"
+    jobs_run invariant --norm "data parallel ps dp=3 $extra" "$INV_FLAGS $extra" 3 chapter-2 "--dp 3 --dp-mode ps $extra"
 done
 # --comm hand: chapter 1's collectives (01_collectives/collectives.c) run the
 # all-reduces and the start-up broadcast; the same invariant, and the
 # counters count each hand collective once, as the library's
-for np in 2 3 4; do
+dp_hand() {  # NP
+    local np=$1
     invariant --norm --expect "bit-identical on every rank" "data parallel overlapped dp=$np --comm hand" \
         "$INV_FLAGS" $np chapter-2 "--dp $np --dp-mode overlapped --bucket-kb 64 --comm hand"
     # the counters: one call per bucket, as the library's (the hand ring's
@@ -103,9 +110,11 @@ for np in 2 3 4; do
     else
         fail "data parallel overlapped dp=$np --comm hand: counters" "$(grep -o '"allreduce":{[^}]*}' "$INV_LOG")"
     fi
-done
-invariant --norm --expect "bit-identical on every rank" "data parallel ps dp=3 --comm hand" \
+}
+for np in 2 3 4; do jobs_run dp_hand $np; done
+jobs_run invariant --norm --expect "bit-identical on every rank" "data parallel ps dp=3 --comm hand" \
     "$INV_FLAGS" 3 chapter-2 "--dp 3 --dp-mode ps --comm hand"
+jobs_wait
 
 echo "== chapter 2: errors and --help"
 bad_inputs

@@ -23,6 +23,12 @@ says what is checked; in short:
    or else the next paragraph (there white space runs count as one space, as
    Markdown renders them). Outputs are cached per command text.
 
+The commands run first, DOCS_CHECK_JOBS (default 2) docs at a time, each
+doc's in order with a $DOCS_TMP of the doc's own (a later command may read
+what an earlier one left there; another doc's files are never seen, as when
+the doc is checked alone). A command that uses $DOCS_TMP is cached per doc,
+any other once per run. Then the docs are checked in order.
+
 "A file of the repository" is a file git tracks or would track (not ignored,
 so nothing under build/); outside a git work tree, any file under the root.
 
@@ -34,7 +40,9 @@ import re
 import subprocess
 import sys
 import tempfile
+import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 import urllib.parse
 
 CMD_TIMEOUT = 300  # s; a hang, not a slow machine, is what this catches
@@ -220,26 +228,70 @@ class Doc:
 
 
 class Checker:
-    def __init__(self, repo):
+    def __init__(self, repo, jobs=2):
         self.repo = repo
+        self.jobs = max(1, jobs)
         self.cache = {}
         self.tmp = tempfile.mkdtemp(prefix='docs-check.')
+        self.lock = threading.Lock()
         self.ran = 0
         self.run_seconds = 0.0
 
-    def run(self, cmd):
-        if cmd not in self.cache:
-            env = dict(os.environ, DOCS_TMP=self.tmp)
+    @staticmethod
+    def key(rel, cmd):
+        """A command that uses $DOCS_TMP depends on what its doc's earlier
+        commands left there: cached per doc. Any other: once per run."""
+        return (rel, cmd) if 'DOCS_TMP' in cmd else ('', cmd)
+
+    def run(self, rel, cmd):
+        k = self.key(rel, cmd)
+        if k not in self.cache:
+            tmp = os.path.join(self.tmp, re.sub(r'[^A-Za-z0-9_.-]', '_', rel))
+            os.makedirs(tmp, exist_ok=True)
+            env = dict(os.environ, DOCS_TMP=tmp)
+            # OpenMP threads that spin while they wait slow a loaded machine's
+            # runs several times over (tests/lib.sh); the figures are the same
+            env.setdefault('OMP_WAIT_POLICY', 'passive')
             t0 = time.time()
             try:
                 p = subprocess.run(['bash', '-c', cmd], cwd=self.repo.root, env=env,
                                    stdin=subprocess.DEVNULL, capture_output=True, timeout=CMD_TIMEOUT)
-                self.cache[cmd] = (p.returncode, p.stdout.decode(errors='replace'), p.stderr.decode(errors='replace'))
+                result = (p.returncode, p.stdout.decode(errors='replace'), p.stderr.decode(errors='replace'))
             except subprocess.TimeoutExpired:
-                self.cache[cmd] = (None, '', 'timed out after %d s' % CMD_TIMEOUT)
-            self.ran += 1
-            self.run_seconds += time.time() - t0
-        return self.cache[cmd]
+                result = (None, '', 'timed out after %d s' % CMD_TIMEOUT)
+            with self.lock:
+                self.cache[k] = result
+                self.ran += 1
+                self.run_seconds += time.time() - t0
+        return self.cache[k]
+
+    def read(self, rel):
+        """The doc's lines, or None if it cannot be read."""
+        try:
+            return self.repo.lines(rel) if self.repo.is_file(rel) else open(
+                os.path.join(self.repo.root, rel), encoding='utf-8').read().split('\n')
+        except OSError:
+            return None
+
+    def prefetch(self, rels):
+        """Runs the check commands of the docs RELS, self.jobs docs at a time,
+        each doc's commands in their order, so that check() finds them cached.
+        A command of several docs (not using $DOCS_TMP) runs in the first."""
+        chains, seen = [], set()
+        for rel in rels:
+            lines = self.read(rel)
+            if lines is None:
+                continue
+            chain = []
+            for _, cmd, _ in Doc(rel, lines).checks:
+                if self.key(rel, cmd) not in seen:
+                    seen.add(self.key(rel, cmd))
+                    chain.append(cmd)
+            if chain:
+                chains.append((rel, chain))
+        with ThreadPoolExecutor(self.jobs) as pool:
+            for f in [pool.submit(lambda c: [self.run(c[0], cmd) for cmd in c[1]], c) for c in chains]:
+                f.result()
 
     def check(self, rel):
         """Returns (problems, counts) for one doc."""
@@ -298,7 +350,7 @@ class Checker:
                 problem(i, 'check: no block after the comment to hold the figures')
                 continue
             kind, text, first = block
-            rc, out, err = self.run(cmd)
+            rc, out, err = self.run(rel, cmd)
             if rc != 0:
                 why = 'timed out' if rc is None else 'exit %d' % rc
                 problem(i, 'check: the command failed (%s): %s; %s' % (
@@ -458,10 +510,16 @@ def main(argv):
         files = [os.path.relpath(os.path.abspath(f), repo.root) if os.path.isabs(f) or os.path.exists(f) else f
                  for f in files]
     t0 = time.time()
-    checker = Checker(repo)
+    try:
+        jobs = int(os.environ.get('DOCS_CHECK_JOBS', '2'))
+    except ValueError:
+        print('docs-check: DOCS_CHECK_JOBS=%s is not a number' % os.environ['DOCS_CHECK_JOBS'], file=sys.stderr)
+        return 2
+    checker = Checker(repo, jobs)
     nfail = 0
     total = {'references': 0, 'quotes': 0, 'links': 0, 'figures': 0}
     try:
+        checker.prefetch(files)
         for rel in files:
             problems, counts = checker.check(rel)
             for k in total:
@@ -479,9 +537,9 @@ def main(argv):
     finally:
         subprocess.run(['rm', '-rf', checker.tmp])
     print('docs-check: %d of %d docs pass; references %d (quoted %d), links %d, figures %d from %d commands '
-          '(%.1f s running them, %.1f s in all)' % (
+          '(%.1f s running them, %d at a time, %.1f s in all)' % (
               len(files) - nfail, len(files), total['references'], total['quotes'], total['links'],
-              total['figures'], checker.ran, checker.run_seconds, time.time() - t0))
+              total['figures'], checker.ran, checker.run_seconds, checker.jobs, time.time() - t0))
     return 1 if nfail else 0
 
 

@@ -7,6 +7,8 @@
 #      edited in the doc; a reference past the end of the file;
 #   c. a broken link, a broken #anchor, a broken image;
 #   d. a check command that fails.
+# The correct tree's docs/README.md shows that each doc has a $DOCS_TMP of its
+# own and that a doc's commands run in order (the docs run in parallel).
 # Prints PASS/FAIL lines; tests/run.sh counts them. Takes about a second.
 set -u
 cd "$(dirname "$0")/.."
@@ -51,6 +53,14 @@ cat > "$good/docs/README.md" <<'EOF'
 
 Back to [the top](../README.md#the-project). The checker's syntax:
 `<!-- check: CMD -->` in code is not a check, nor is `[a](nowhere.md)`.
+
+A doc's own scratch folder: the top README's counter is not seen here, and
+this doc's two commands run in order.
+<!-- check: echo y >> "$DOCS_TMP/n"; wc -l < "$DOCS_TMP/n" -->
+count 1
+
+<!-- check: echo z >> "$DOCS_TMP/n"; wc -l < "$DOCS_TMP/n" -->
+count 2
 EOF
 cat > "$good/docs/01_sum.md" <<'EOF'
 # Chapter 1: sums
