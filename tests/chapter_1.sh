@@ -37,12 +37,17 @@ fi
 # program: 2(p-1)/p for all-reduce (both algorithms), (p-1)/p for
 # reduce-scatter, all-gather, scatter, gather and all-to-all, 1 for broadcast
 # and reduce; and algbw = bytes / time. Checked for hand and library columns
-# of every row whose algbw is large enough (>= 0.01 GB/s) for the 5 printed
-# decimals; every op must have such a row. 2 ranks from the bench above; 3 and
+# of every row whose algbw is large enough (>= 0.001 GB/s) for the 5 printed
+# decimals to tell the factors apart: two rounded values are off by at most
+# 0.5e-5 (1 + f) < 2e-5 whatever their size, and at 0.001 GB/s the closest
+# wrong factor (off by 1/p or more) is off by 2.5e-4 or more. Every op must
+# have such a row. 2 ranks from the bench above; 3 and
 # 4 ranks from 64 to 256 KiB (on 2 ranks all-reduce, broadcast and reduce
 # share the factor 1, so only more ranks tell them apart). Three sizes, not
-# one: on a loaded machine a single 64 KiB all-reduce on 4 ranks once took
-# over 6.5 ms on both sides (algbw < 0.01), leaving the op no usable row.
+# one, and 0.001 GB/s rather than 0.01: on a loaded machine a 64 KiB
+# all-reduce on 4 ranks once took over 6.5 ms (algbw < 0.01) and a whole
+# 2-rank all-gather sweep once fell below 0.01 GB/s, leaving the op no usable
+# row although nothing was wrong.
 busbw_factors() {  # JSONL file, ranks -> "ok N" or a complaint
     grep '"type":"collective"' "$1" | awk -v P="$2" '
         function field(name,   m) {
@@ -60,7 +65,7 @@ busbw_factors() {  # JSONL file, ranks -> "ok N" or a complaint
             for (s = 0; s < 2; s++) {
                 side = s ? "lib" : "hand"
                 alg = field(side "_algbw") + 0; bus = field(side "_busbw") + 0; us = field(side "_us") + 0
-                if (alg < 0.01) continue
+                if (alg < 0.001) continue
                 d = bus - f * alg; if (d < 0) d = -d
                 # time is printed to 0.001 us and algbw to 0.00001 GB/s: algbw must lie
                 # in the interval those roundings leave
