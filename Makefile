@@ -46,7 +46,8 @@ LDLIBS  := -lm -lpthread
 COMMON_SRC := common/common.c common/memory.c common/model.c common/init.c \
               common/checkpoint.c common/moe.c common/data.c common/mesh.c common/runtime.c \
               common/args.c common/report.c common/train.c common/comm_count.c common/paths.c \
-              common/ckpt.c common/model_tp.c common/trace.c
+              common/ckpt.c common/model_tp.c common/trace.c \
+              common/optime.c
 
 ifeq ($(BACKEND),cpu)
   BIN := $(BUILD)
@@ -201,9 +202,11 @@ demo: setup
 	bash tests/mpirun.sh -np 1 $(BIN)/chapter-0 --model small --steps $(DEMO_STEPS) \
 	    --val-every 100 --sample 400 --log build/demo.jsonl
 
-# The reference's speed on the small preset, one rank: ms/step, tokens/s, MFU.
+# The reference's speed on the small preset, one rank: ms/step, tokens/s, MFU,
+# then where the step went, op by op (common/optime.h; docs/performance.md).
 bench-ref: all
 	bash tests/mpirun.sh -np 1 $(BIN)/chapter-0 --model small --steps 12 --log build/bench-ref.jsonl
+	@python3 common/tools/op_breakdown.py build/bench-ref.jsonl
 
 # The tiny tests under AddressSanitizer and UBSan, built into build/sanitize/
 # (the flags are in the objects' stamp, so a sanitized build never mixes with

@@ -15,11 +15,13 @@
 #include <string.h>
 
 #include "comm.h"
+#include "optime.h"
 
 // ---------------------------------------------------------------- embedding
 
 void encoder_forward(float* out, const int* tokens, const float* wte, const float* wpe,
                      int B, int T, int C) {
+    double t0 = optime_start();
     #pragma omp parallel for
     for (int n = 0; n < B * T; n++) {
         const float* wt = wte + (size_t)tokens[n] * C;
@@ -27,10 +29,12 @@ void encoder_forward(float* out, const int* tokens, const float* wte, const floa
         float* o = out + (size_t)n * C;
         for (int c = 0; c < C; c++) o[c] = wt[c] + wp[c];
     }
+    optime_stop(OPK_ENCODER, OP_FWD, t0);
 }
 
 void encoder_backward(float* dwte, float* dwpe, const float* dout, const int* tokens,
                       int B, int T, int C) {
+    double t0 = optime_start();
     // Two rows of dout may add into the same row of dwte (a repeated token), so
     // the scatter runs over channels in parallel, never over tokens.
     #pragma omp parallel for
@@ -41,10 +45,12 @@ void encoder_backward(float* dwte, float* dwpe, const float* dout, const int* to
             if (dwpe) dwpe[(size_t)(n % T) * C + c] += d;
         }
     }
+    optime_stop(OPK_ENCODER, OP_BWD, t0);
 }
 
 void encoder_forward_vocab(float* out, const int* tokens, const float* wte_shard,
                            const float* wpe, int B, int T, int C, int v0, int nrows) {
+    double t0 = optime_start();
     #pragma omp parallel for
     for (int n = 0; n < B * T; n++) {
         int row = tokens[n] - v0;
@@ -53,10 +59,12 @@ void encoder_forward_vocab(float* out, const int* tokens, const float* wte_shard
         float* o = out + (size_t)n * C;
         for (int c = 0; c < C; c++) o[c] = (wt ? wt[c] : 0.0f) + (wp ? wp[c] : 0.0f);
     }
+    optime_stop(OPK_ENCODER, OP_FWD, t0);
 }
 
 void encoder_backward_vocab(float* dwte_shard, float* dwpe, const float* dout,
                             const int* tokens, int B, int T, int C, int v0, int nrows) {
+    double t0 = optime_start();
     // as encoder_backward: parallel over channels, so a repeated token never races
     #pragma omp parallel for
     for (int c = 0; c < C; c++) {
@@ -67,12 +75,14 @@ void encoder_backward_vocab(float* dwte_shard, float* dwpe, const float* dout,
             if (dwpe) dwpe[(size_t)(n % T) * C + c] += d;
         }
     }
+    optime_stop(OPK_ENCODER, OP_BWD, t0);
 }
 
 // ---------------------------------------------------------------- layernorm
 
 void layernorm_forward(float* out, float* mean, float* rstd, const float* inp,
                        const float* w, const float* b, int N, int C) {
+    double t0 = optime_start();
     const float eps = 1e-5f;
     #pragma omp parallel for
     for (int n = 0; n < N; n++) {
@@ -89,11 +99,13 @@ void layernorm_forward(float* out, float* mean, float* rstd, const float* inp,
         mean[n] = m;
         rstd[n] = s;
     }
+    optime_stop(OPK_LAYERNORM, OP_FWD, t0);
 }
 
 void layernorm_backward(float* dinp, float* dw, float* db, const float* dout,
                         const float* inp, const float* w, const float* mean,
                         const float* rstd, int N, int C) {
+    double t0 = optime_start();
     // dinp: rows are independent, parallel over rows.
     if (dinp) {
         #pragma omp parallel for
@@ -121,7 +133,10 @@ void layernorm_backward(float* dinp, float* dw, float* db, const float* dout,
     }
     // dw, db: sums over rows, parallel over channels; skipped when neither is
     // wanted (the input half of a split backward), as on the GPU.
-    if (!dw && !db) return;
+    if (!dw && !db) {
+        optime_stop(OPK_LAYERNORM, OP_BWD, t0);
+        return;
+    }
     #pragma omp parallel for
     for (int c = 0; c < C; c++) {
         float sw = 0.0f, sb = 0.0f;
@@ -133,6 +148,7 @@ void layernorm_backward(float* dinp, float* dw, float* db, const float* dout,
         if (dw) dw[c] += sw;
         if (db) db[c] += sb;
     }
+    optime_stop(OPK_LAYERNORM, OP_BWD, t0);
 }
 
 // ---------------------------------------------------------------- linear
@@ -140,6 +156,7 @@ void layernorm_backward(float* dinp, float* dw, float* db, const float* dout,
 void matmul_forward(float* out, const float* inp, const float* w, const float* bias,
                     int N, int C, int OC) {
     comm_progress();
+    double t0 = optime_start();
     // out (N, OC) = inp (N, C) @ w^T, w stored (OC, C)
     cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, N, OC, C,
                 1.0f, inp, C, w, C, 0.0f, out, OC);
@@ -150,11 +167,13 @@ void matmul_forward(float* out, const float* inp, const float* w, const float* b
             for (int k = 0; k < OC; k++) o[k] += bias[k];
         }
     }
+    optime_stop(OPK_MATMUL, OP_FWD, t0);
 }
 
 void matmul_backward(float* dinp, float* dw, float* dbias, const float* dout,
                      const float* inp, const float* w, int N, int C, int OC) {
     comm_progress();
+    double t0 = optime_start();
     // dinp (N, C) += dout (N, OC) @ w (OC, C)
     if (dinp)
         cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, N, C, OC,
@@ -171,6 +190,7 @@ void matmul_backward(float* dinp, float* dw, float* dbias, const float* dout,
             dbias[k] += s;
         }
     }
+    optime_stop(OPK_MATMUL, OP_BWD, t0);
 }
 
 // ---------------------------------------------------------------- attention
@@ -179,6 +199,7 @@ void matmul_backward(float* dinp, float* dw, float* dbias, const float* dout,
 
 void attention_forward(float* out, float* att, const float* qkv, int B, int T, int C, int NH) {
     comm_progress();
+    double t0 = optime_start();
     const int hs = C / NH;
     const float scale = 1.0f / sqrtf((float)hs);
     const int ld = 3 * C;
@@ -212,11 +233,13 @@ void attention_forward(float* out, float* att, const float* qkv, int B, int T, i
                         1.0f, a, T, v, ld, 0.0f, o, C);
         }
     }
+    optime_stop(OPK_ATTENTION, OP_FWD, t0);
 }
 
 void attention_backward(float* dqkv, float* datt, const float* dout, const float* qkv,
                         const float* att, int B, int T, int C, int NH) {
     comm_progress();
+    double t0 = optime_start();
     const int hs = C / NH;
     const float scale = 1.0f / sqrtf((float)hs);
     const int ld = 3 * C;
@@ -255,6 +278,7 @@ void attention_backward(float* dqkv, float* datt, const float* dout, const float
                         scale, da, T, q, ld, 1.0f, dk, ld);
         }
     }
+    optime_stop(OPK_ATTENTION, OP_BWD, t0);
 }
 
 // ---------------------------------------------------------------- attention on sequence chunks
@@ -397,15 +421,18 @@ void attention_chunk_backward(float* dq_qkv, float* dkv_qkv, const float* dout, 
 static inline float tanh_via_exp(float u) { return 1.0f - 2.0f / (expf(2.0f * u) + 1.0f); }
 
 void gelu_forward(float* out, const float* inp, size_t n) {
+    double t0 = optime_start();
     #pragma omp parallel for
     for (size_t i = 0; i < n; i++) {
         float x = inp[i];
         float u = GELU_SCALE * (x + 0.044715f * x * x * x);
         out[i] = 0.5f * x * (1.0f + tanh_via_exp(u));
     }
+    optime_stop(OPK_GELU, OP_FWD, t0);
 }
 
 void gelu_backward(float* dinp, const float* inp, const float* dout, size_t n) {
+    double t0 = optime_start();
     #pragma omp parallel for
     for (size_t i = 0; i < n; i++) {
         float x = inp[i];
@@ -416,25 +443,31 @@ void gelu_backward(float* dinp, const float* inp, const float* dout, size_t n) {
                       0.5f * x * sech2 * GELU_SCALE * (1.0f + 3.0f * 0.044715f * x * x);
         dinp[i] += local * dout[i];
     }
+    optime_stop(OPK_GELU, OP_BWD, t0);
 }
 
 void residual_forward(float* out, const float* a, const float* b, size_t n) {
+    double t0 = optime_start();
     #pragma omp parallel for
     for (size_t i = 0; i < n; i++) out[i] = a[i] + b[i];
+    optime_stop(OPK_RESIDUAL, OP_FWD, t0);
 }
 
 void residual_backward(float* da, float* db, const float* dout, size_t n) {
+    double t0 = optime_start();
     #pragma omp parallel for
     for (size_t i = 0; i < n; i++) {
         if (da) da[i] += dout[i];
         if (db) db[i] += dout[i];
     }
+    optime_stop(OPK_RESIDUAL, OP_BWD, t0);
 }
 
 // ---------------------------------------------------------------- loss
 
 void crossentropy_partials(float* rowmax, float* sumexp, float* tlogit, const float* logits,
                            const int* targets, int N, int width, int nvalid, int v0) {
+    double t0 = optime_start();
     #pragma omp parallel for
     for (int n = 0; n < N; n++) {
         const float* row = logits + (size_t)n * width;
@@ -447,10 +480,12 @@ void crossentropy_partials(float* rowmax, float* sumexp, float* tlogit, const fl
         sumexp[n] = sum;
         tlogit[n] = (local >= 0 && local < nvalid) ? row[local] : 0.0f;
     }
+    optime_stop(OPK_CROSSENTROPY, OP_FWD, t0);
 }
 
 void crossentropy_merge(float* rowmax, float* sumexp, float* tlogit, const float* max2,
                         const float* sum2, const float* tlog2, int N) {
+    double t0 = optime_start();
     for (int n = 0; n < N; n++) {
         // rescale both sums to the larger of the two maxima
         float m = rowmax[n] > max2[n] ? rowmax[n] : max2[n];
@@ -461,16 +496,20 @@ void crossentropy_merge(float* rowmax, float* sumexp, float* tlogit, const float
         sumexp[n] = s;
         tlogit[n] += tlog2[n];
     }
+    optime_stop(OPK_CROSSENTROPY, OP_FWD, t0);
 }
 
 void crossentropy_loss(float* losses, const float* rowmax, const float* sumexp,
                        const float* tlogit, int N) {
+    double t0 = optime_start();
     for (int n = 0; n < N; n++) losses[n] = logf(sumexp[n]) + rowmax[n] - tlogit[n];
+    optime_stop(OPK_CROSSENTROPY, OP_FWD, t0);
 }
 
 void crossentropy_backward(float* dlogits, const float* logits, const int* targets,
                            const float* rowmax, const float* sumexp, float dloss,
                            int N, int width, int nvalid, int v0) {
+    double t0 = optime_start();
     #pragma omp parallel for
     for (int n = 0; n < N; n++) {
         const float* row = logits + (size_t)n * width;
@@ -483,12 +522,14 @@ void crossentropy_backward(float* dlogits, const float* logits, const int* targe
         }
         for (int j = nvalid; j < width; j++) drow[j] = 0.0f;
     }
+    optime_stop(OPK_CROSSENTROPY, OP_BWD, t0);
 }
 
 // ---------------------------------------------------------------- optimizer
 
 void adamw_update(float* params, const float* grads, float* m, float* v, size_t n,
                   AdamWConfig cfg, int t, float grad_scale) {
+    double t0 = optime_start();
     float bc1 = 1.0f - powf(cfg.beta1, (float)t);
     float bc2 = 1.0f - powf(cfg.beta2, (float)t);
     #pragma omp parallel for
@@ -502,12 +543,15 @@ void adamw_update(float* params, const float* grads, float* m, float* v, size_t 
         v[i] = vi;
         params[i] -= cfg.lr * (mhat / (sqrtf(vhat) + cfg.eps) + cfg.weight_decay * params[i]);
     }
+    optime_stop(OPK_OPTIMIZER, OP_FWD, t0);
 }
 
 double grad_sumsq(const float* grads, size_t n) {
+    double t0 = optime_start();
     double s = 0.0;
     #pragma omp parallel for reduction(+ : s)
     for (size_t i = 0; i < n; i++) s += (double)grads[i] * grads[i];
+    optime_stop(OPK_OPTIMIZER, OP_FWD, t0);
     return s;
 }
 
@@ -518,7 +562,11 @@ float grad_clip_scale(double norm, float clip) {
 
 // ---------------------------------------------------------------- utilities
 
-void ops_zero(float* x, size_t n) { memset(x, 0, n * sizeof(float)); }
+void ops_zero(float* x, size_t n) {
+    double t0 = optime_start();
+    memset(x, 0, n * sizeof(float));
+    optime_stop(OPK_MEMORY, OP_FWD, t0);
+}
 
 // Below this many floats ops_add and ops_scale run a plain loop. An OpenMP
 // "parallel for if (small)" is not free: even when the if-clause is false the
@@ -528,15 +576,22 @@ void ops_zero(float* x, size_t n) { memset(x, 0, n * sizeof(float)); }
 #define OPS_PARALLEL_MIN 16384
 
 void ops_scale(float* x, size_t n, float s) {
+    double t0 = optime_start();
     if (n <= OPS_PARALLEL_MIN) {
         for (size_t i = 0; i < n; i++) x[i] *= s;
+        optime_stop(OPK_MEMORY, OP_FWD, t0);
         return;
     }
     #pragma omp parallel for
     for (size_t i = 0; i < n; i++) x[i] *= s;
+    optime_stop(OPK_MEMORY, OP_FWD, t0);
 }
 
-void ops_copy(float* dst, const float* src, size_t n) { memcpy(dst, src, n * sizeof(float)); }
+void ops_copy(float* dst, const float* src, size_t n) {
+    double t0 = optime_start();
+    memcpy(dst, src, n * sizeof(float));
+    optime_stop(OPK_MEMORY, OP_FWD, t0);
+}
 
 void ops_add(float* y, const float* x, size_t n) {
     // small adds (a collective's chunk of a few floats) are not worth waking
@@ -553,6 +608,7 @@ void ops_add(float* y, const float* x, size_t n) {
 
 void moe_router_forward(float* probs, int* idx, float* gates, const float* logits, int N, int E,
                         int k) {
+    double t0 = optime_start();
     #pragma omp parallel for
     for (int n = 0; n < N; n++) {
         const float* l = logits + (size_t)n * E;
@@ -579,11 +635,13 @@ void moe_router_forward(float* probs, int* idx, float* gates, const float* logit
         }
         for (int j = 0; j < k; j++) gates[(size_t)n * k + j] = p[id[j]] / s;
     }
+    optime_stop(OPK_MOE, OP_FWD, t0);
 }
 
 void moe_router_backward(float* dlogits, const float* dgates, const float* aux_dprobs,
                          const float* probs, const int* idx, const float* gates, int N, int E,
                          int k) {
+    double t0 = optime_start();
     #pragma omp parallel for
     for (int n = 0; n < N; n++) {
         const float* p = probs + (size_t)n * E;
@@ -605,15 +663,19 @@ void moe_router_backward(float* dlogits, const float* dgates, const float* aux_d
         float* dl = dlogits + (size_t)n * E;
         for (int e = 0; e < E; e++) dl[e] += p[e] * (dp[e] - pdp);
     }
+    optime_stop(OPK_MOE, OP_BWD, t0);
 }
 
 void moe_gather_forward(float* out, const float* inp, const int* src, int n, int C) {
+    double t0 = optime_start();
     #pragma omp parallel for
     for (int i = 0; i < n; i++)
         memcpy(out + (size_t)i * C, inp + (size_t)src[i] * C, (size_t)C * sizeof(float));
+    optime_stop(OPK_MOE, OP_FWD, t0);
 }
 
 void moe_gather_backward(float* dinp, const float* dout, const int* pos, int N, int k, int C) {
+    double t0 = optime_start();
     #pragma omp parallel for
     for (int t = 0; t < N; t++) {
         float* d = dinp + (size_t)t * C;
@@ -624,10 +686,12 @@ void moe_gather_backward(float* dinp, const float* dout, const int* pos, int N, 
             for (int c = 0; c < C; c++) d[c] += g[c];
         }
     }
+    optime_stop(OPK_MOE, OP_BWD, t0);
 }
 
 void moe_combine_forward(float* out, const float* rows, const float* gates, const int* pos, int N,
                          int k, int C) {
+    double t0 = optime_start();
     #pragma omp parallel for
     for (int t = 0; t < N; t++) {
         float* o = out + (size_t)t * C;
@@ -640,10 +704,12 @@ void moe_combine_forward(float* out, const float* rows, const float* gates, cons
             for (int c = 0; c < C; c++) o[c] += g * x[c];
         }
     }
+    optime_stop(OPK_MOE, OP_FWD, t0);
 }
 
 void moe_combine_backward(float* drows, float* dgates, const float* dout, const float* rows,
                           const float* gates, const int* pos, int N, int k, int C) {
+    double t0 = optime_start();
     #pragma omp parallel for
     for (int t = 0; t < N; t++) {
         const float* d = dout + (size_t)t * C;
@@ -663,4 +729,5 @@ void moe_combine_backward(float* drows, float* dgates, const float* dout, const 
             }
         }
     }
+    optime_stop(OPK_MOE, OP_BWD, t0);
 }
