@@ -8,6 +8,7 @@
 #                      CHAPTER=unit, plots or gpu runs that script (tests/run.sh)
 #   make demo          set-up, then train the small model and print a sample
 #   make bench-ref     the reference's speed on the small model (one rank)
+#   make bench-peer    the same model in PyTorch, alternated with chapters 0 and 2
 #   make bench, plots  the sweep over chapters and its plots in build/plots/ (docs/plots/plots.mk)
 #   make docs-plots    redraws the docs' figures, docs/plots/*.png, from docs/plots/data/
 #   make timeline TRACE=FILE.json   a --trace file as a Gantt chart PNG (docs/tracing.md)
@@ -124,7 +125,7 @@ $(OBJ)/$(1)/%.o: CFLAGS += $(patsubst %,-I%,$(sort $(dir $(call chapter_modules,
 endef
 $(foreach d,$(CHAPTER_DIRS),$(eval $(call CHAPTER_RULE,$(d))))
 
-.PHONY: all modules test tests tools demo bench-ref setup clean docs-check fuzz sanitize homework grade
+.PHONY: all modules test tests tools demo bench-ref bench-peer setup clean docs-check fuzz sanitize homework grade
 all: $(addprefix chapter-,$(CHAPTERS)) modules tools
 
 # every module compiles, linked by a chapter or not yet
@@ -211,6 +212,11 @@ demo: setup
 bench-ref: all
 	bash tests/mpirun.sh -np 1 $(BIN)/chapter-0 --model small --steps 12 --log build/bench-ref.jsonl
 	@python3 common/tools/op_breakdown.py build/bench-ref.jsonl
+
+# The same model in PyTorch (installs Debian's python3-torch), alternated with
+# chapters 0 and 2: tokens/s and ratios (common/tools/bench_peer.sh).
+bench-peer: all
+	@BIN=$(BIN) bash common/tools/bench_peer.sh
 
 # The tiny tests under AddressSanitizer and UBSan, built into build/sanitize/
 # (the flags are in the objects' stamp, so a sanitized build never mixes with
