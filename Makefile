@@ -90,10 +90,11 @@ endif
 OBJ := $(BUILD)/obj/$(BACKEND)
 COMMON_OBJ := $(patsubst %.c,$(OBJ)/%.o,$(COMMON_SRC) $(BACKEND_C)) \
               $(patsubst %.cu,$(OBJ)/%.o,$(BACKEND_CU))
-# The CPU ops promise gcc that no program watches floating-point traps (none
-# does): it may then vectorise loops that compare floats (exp_lanes's clamp
-# in common/cpu/ops.c). The values computed are the same.
-$(OBJ)/common/cpu/ops.o: CFLAGS += -fno-trapping-math
+# The CPU ops promise gcc that no program watches floating-point traps or
+# reads errno after a math call (none does): it may then vectorise loops that
+# compare floats (exp_lanes's clamp in common/cpu/ops.c) or take a square root
+# (AdamW). The values computed are the same, bit for bit.
+$(OBJ)/common/cpu/ops.o: CFLAGS += -fno-trapping-math -fno-math-errno
 
 # The flags are part of every object: a stamp file holds them and changes
 # (so everything rebuilds) only when they do, e.g. a new OPT or CUDA_ARCH.
