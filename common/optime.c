@@ -11,6 +11,7 @@ static const char* const kind_names[NUM_OP_KINDS] = {
 static double total[NUM_OP_KINDS][NUM_OP_PASSES], at_begin[NUM_OP_KINDS][NUM_OP_PASSES],
     timed_sum[NUM_OP_KINDS][NUM_OP_PASSES];
 static double comm_at_begin[2], comm_timed[2];  // wait, progress
+static double step_begin, step_timed;           // this rank's own step clock
 static int timed_steps;
 
 const char* optime_kind_name(OpKind k) { return k >= 0 && k < NUM_OP_KINDS ? kind_names[k] : "?"; }
@@ -22,6 +23,7 @@ void optime_step_begin(void) {
         for (int p = 0; p < NUM_OP_PASSES; p++) at_begin[k][p] = total[k][p];
     comm_at_begin[0] = comm_wait_seconds();
     comm_at_begin[1] = comm_progress_seconds();
+    step_begin = optime_start();
 }
 
 void optime_step_end(int timed) {
@@ -30,6 +32,7 @@ void optime_step_end(int timed) {
         for (int p = 0; p < NUM_OP_PASSES; p++) timed_sum[k][p] += total[k][p] - at_begin[k][p];
     comm_timed[0] += comm_wait_seconds() - comm_at_begin[0];
     comm_timed[1] += comm_progress_seconds() - comm_at_begin[1];
+    step_timed += optime_start() - step_begin;
     timed_steps++;
 }
 
@@ -41,3 +44,5 @@ double optime_comm_wait_ms_per_step(void) { return timed_steps ? 1e3 * comm_time
 double optime_comm_progress_ms_per_step(void) {
     return timed_steps ? 1e3 * comm_timed[1] / timed_steps : 0.0;
 }
+
+double optime_step_ms(void) { return timed_steps ? 1e3 * step_timed / timed_steps : 0.0; }

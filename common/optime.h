@@ -55,5 +55,9 @@ double optime_ms_per_step(OpKind k, OpPass pass);
 // op's clock starts, so no second is counted twice.
 double optime_comm_wait_ms_per_step(void);
 double optime_comm_progress_ms_per_step(void);
+// This rank's own milliseconds per timed step, between the same two hooks
+// (ranks start a step at different moments: the summary's ms per step is
+// rank 0's), so its op times add up to no more than this.
+double optime_step_ms(void);
 
 #endif

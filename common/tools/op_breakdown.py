@@ -51,6 +51,9 @@ def main():
     rows.append(("optimizer", ms("optimizer_fwd"), None))
     rows.append(("comm wait", ms("comm_wait"), None))
     rows.append(("comm progress", ms("comm_progress"), None))
+    # this rank's own step (ranks start a step at different moments); the
+    # summary's ms per step is rank 0's
+    step = ops["step"][rank] if "step" in ops else step
     counted = sum(f + (b or 0.0) for _, f, b in rows)
     if counted == 0.0:
         print("no per-op figures: this backend's ops do not time themselves (common/optime.h)")
