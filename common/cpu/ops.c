@@ -30,7 +30,8 @@
 // exponent bits. Within 1.4 units of float rounding of the exact e^x on
 // [-87, 88] (libm's expf: 1), measured; gelu and the attention softmax use
 // it, and tests/test_ops.c holds both to the float64 reference. x is clamped
-// to [-87, 88], where e^x stays a normal float.
+// to [-87, 88], where e^x stays a normal float; a NaN stays NaN (p is NaN,
+// whatever 2^n its conversion gives), so a diverging run still shows it.
 static inline float exp_lanes(float x) {
     x = x < -87.0f ? -87.0f : (x > 88.0f ? 88.0f : x);
     float n = floorf(x * 1.44269504088896341f + 0.5f);
