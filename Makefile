@@ -8,6 +8,7 @@
 #                      CHAPTER=unit, plots or gpu runs that script (tests/run.sh)
 #   make demo          set-up, then train the small model and print a sample
 #   make bench-ref     the reference's speed on the small model (one rank)
+#   make bench-peer    the same model in PyTorch, alternated with chapters 0 and 2
 #   make bench, plots  the sweep over chapters and its plots in build/plots/ (docs/plots/plots.mk)
 #   make docs-plots    redraws the docs' figures, docs/plots/*.png, from docs/plots/data/
 #   make timeline TRACE=FILE.json   a --trace file as a Gantt chart PNG (docs/tracing.md)
@@ -47,7 +48,8 @@ LDLIBS  := -lm -lpthread
 COMMON_SRC := common/common.c common/memory.c common/model.c common/init.c \
               common/checkpoint.c common/moe.c common/data.c common/mesh.c common/runtime.c \
               common/args.c common/report.c common/train.c common/comm_count.c common/paths.c \
-              common/ckpt.c common/model_tp.c common/trace.c
+              common/ckpt.c common/model_tp.c common/trace.c \
+              common/optime.c
 
 ifeq ($(BACKEND),cpu)
   BIN := $(BUILD)
@@ -89,6 +91,11 @@ endif
 OBJ := $(BUILD)/obj/$(BACKEND)
 COMMON_OBJ := $(patsubst %.c,$(OBJ)/%.o,$(COMMON_SRC) $(BACKEND_C)) \
               $(patsubst %.cu,$(OBJ)/%.o,$(BACKEND_CU))
+# The CPU ops promise gcc that no program watches floating-point traps or
+# reads errno after a math call (none does): it may then vectorise loops that
+# compare floats (exp_lanes's clamp in common/cpu/ops.c) or take a square root
+# (AdamW). The values computed are the same, bit for bit.
+$(OBJ)/common/cpu/ops.o: CFLAGS += -fno-trapping-math -fno-math-errno
 
 # The flags are part of every object: a stamp file holds them and changes
 # (so everything rebuilds) only when they do, e.g. a new OPT or CUDA_ARCH.
@@ -120,7 +127,7 @@ $(OBJ)/$(1)/%.o: CFLAGS += $(patsubst %,-I%,$(sort $(dir $(call chapter_modules,
 endef
 $(foreach d,$(CHAPTER_DIRS),$(eval $(call CHAPTER_RULE,$(d))))
 
-.PHONY: all modules test tests tools demo bench-ref setup clean docs-check fuzz sanitize homework grade
+.PHONY: all modules test tests tools demo bench-ref bench-peer setup clean docs-check fuzz sanitize homework grade
 all: $(addprefix chapter-,$(CHAPTERS)) modules tools
 
 # every module compiles, linked by a chapter or not yet
@@ -213,9 +220,16 @@ demo: setup
 	bash tests/mpirun.sh -np 1 $(BIN)/chapter-0 --model small --steps $(DEMO_STEPS) \
 	    --val-every 100 --sample 400 --log build/demo.jsonl
 
-# The reference's speed on the small preset, one rank: ms/step, tokens/s, MFU.
+# The reference's speed on the small preset, one rank: ms/step, tokens/s, MFU,
+# then where the step went, op by op (common/optime.h; docs/performance.md).
 bench-ref: all
 	bash tests/mpirun.sh -np 1 $(BIN)/chapter-0 --model small --steps 12 --log build/bench-ref.jsonl
+	@python3 common/tools/op_breakdown.py build/bench-ref.jsonl
+
+# The same model in PyTorch (installs Debian's python3-torch), alternated with
+# chapters 0 and 2: tokens/s and ratios (common/tools/bench_peer.sh).
+bench-peer: all
+	@BIN=$(BIN) bash common/tools/bench_peer.sh
 
 # The tiny tests under AddressSanitizer and UBSan, built into build/sanitize/
 # (the flags are in the objects' stamp, so a sanitized build never mixes with

@@ -14,6 +14,7 @@
 #include "comm.h"
 #include "common.h"
 #include "memory.h"
+#include "optime.h"
 
 const char* jsonl_open(JsonLog* log, const char* path, char* msg, size_t msg_len) {
     log->f = NULL;
@@ -154,6 +155,18 @@ void report_summary(JsonLog* log, const Mesh* mesh, const RunSummary* s) {
     double* comm_all = rank == 0 ? xmalloc(sizeof(double) * ncomm * n) : NULL;
     MPI_CHECK(MPI_Gather(comm_mine, ncomm, MPI_DOUBLE, comm_all, ncomm, MPI_DOUBLE, 0, MPI_COMM_WORLD));
     free(comm_mine);
+    // every rank's milliseconds per timed step in each op kind and pass,
+    // then in communication (wait, progress), then its own step: the
+    // per-op breakdown
+    int nop = NUM_OP_KINDS * NUM_OP_PASSES + 3;
+    double op_mine[NUM_OP_KINDS * NUM_OP_PASSES + 3];
+    for (int k = 0; k < NUM_OP_KINDS; k++)
+        for (int p = 0; p < NUM_OP_PASSES; p++) op_mine[k * NUM_OP_PASSES + p] = optime_ms_per_step(k, p);
+    op_mine[nop - 3] = optime_comm_wait_ms_per_step();
+    op_mine[nop - 2] = optime_comm_progress_ms_per_step();
+    op_mine[nop - 1] = optime_step_ms();
+    double* op_all = rank == 0 ? xmalloc(sizeof(double) * nop * n) : NULL;
+    MPI_CHECK(MPI_Gather(op_mine, nop, MPI_DOUBLE, op_all, nop, MPI_DOUBLE, 0, MPI_COMM_WORLD));
     if (rank != 0) return;
 
     double peak_sum = 0.0;
@@ -230,9 +243,26 @@ void report_summary(JsonLog* log, const Mesh* mesh, const RunSummary* s) {
         fprintf(f, "],\"comm_progress_s\":[");
         for (int r = 0; r < n; r++) fprintf(f, "%s%.6f", r ? "," : "", comm_all[(size_t)r * ncomm + ncomm - 1]);
         fprintf(f, "]");
+        // "op_ms_per_step": {"matmul_fwd": [rank 0, rank 1, ...], ..., "comm_wait": [...],
+        // "comm_progress": [...], "step": [...]}
+        fprintf(f, ",\"op_ms_per_step\":{");
+        for (int i = 0; i < nop; i++) {
+            char name[64];
+            const char* tail[3] = {"comm_wait", "comm_progress", "step"};
+            if (i < nop - 3)
+                snprintf(name, sizeof(name), "%s_%s", optime_kind_name(i / NUM_OP_PASSES),
+                         i % NUM_OP_PASSES == OP_FWD ? "fwd" : "bwd");
+            else
+                snprintf(name, sizeof(name), "%s", tail[i - (nop - 3)]);
+            fprintf(f, "%s\"%s\":[", i ? "," : "", name);
+            for (int r = 0; r < n; r++) fprintf(f, "%s%.3f", r ? "," : "", op_all[(size_t)r * nop + i]);
+            fprintf(f, "]");
+        }
+        fprintf(f, "}");
         if (s->extra_json && s->extra_json[0]) fprintf(f, ",%s", s->extra_json);
         check_log(log, fprintf(f, "}\n") > 0);
     }
     free(all);
     free(comm_all);
+    free(op_all);
 }

@@ -8,6 +8,7 @@
 
 #include "common.h"
 #include "memory.h"
+#include "optime.h"
 #include "paths.h"
 #include "runtime.h"
 #include "trace.h"
@@ -294,6 +295,7 @@ void clock_begin(StepClock* c) {
     c->t0 = now_seconds();
     c->w0 = comm_wait_seconds();
     c->p0 = comm_progress_seconds();
+    optime_step_begin();
 }
 
 double clock_end(StepClock* c, int step, int steps) {
@@ -311,6 +313,7 @@ double clock_end(StepClock* c, int step, int steps) {
         c->progress += comm_progress_seconds() - c->p0;
         c->timed++;
     }
+    optime_step_end(timed);
     return dt;
 }
 

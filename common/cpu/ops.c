@@ -12,14 +12,47 @@
 
 #include <cblas.h>
 #include <math.h>
+#include <stdint.h>
 #include <string.h>
 
 #include "comm.h"
+#include "optime.h"
+
+// Column sums over rows (a bias's or a LayerNorm weight's gradient) run over
+// blocks of this many columns, one block per thread at a time.
+#define OPS_COL_BLOCK 64
+
+// expf in a form a loop can vectorise: a call to libm's expf keeps a loop
+// scalar (one value at a time), while plain arithmetic lets gcc run 8 values
+// per AVX instruction. e^x = 2^n e^r with n = round(x / ln 2) and
+// r = x - n ln 2 (ln 2 in two parts, Cody-Waite, so r keeps its bits), e^r
+// by Cephes' degree-6 polynomial on |r| <= ln 2 / 2, 2^n built in the
+// exponent bits. Within 1.4 units of float rounding of the exact e^x on
+// [-87, 88] (libm's expf: 1), measured; gelu and the attention softmax use
+// it, and tests/test_ops.c holds both to the float64 reference. x is clamped
+// to [-87, 88], where e^x stays a normal float; a NaN stays NaN (p is NaN,
+// whatever 2^n its conversion gives), so a diverging run still shows it.
+static inline float exp_lanes(float x) {
+    x = x < -87.0f ? -87.0f : (x > 88.0f ? 88.0f : x);
+    float n = floorf(x * 1.44269504088896341f + 0.5f);
+    float r = x - n * 0.693359375f;   // ln 2 = 0.693359375 - 2.12194440e-4
+    r = r + n * 2.12194440e-4f;
+    float p = 1.9875691500e-4f;
+    p = p * r + 1.3981999507e-3f;
+    p = p * r + 8.3334519073e-3f;
+    p = p * r + 4.1665795894e-2f;
+    p = p * r + 1.6666665459e-1f;
+    p = p * r + 5.0000001201e-1f;
+    p = p * r * r + r + 1.0f;
+    union { int32_t i; float f; } two_n = {.i = ((int32_t)n + 127) << 23};
+    return p * two_n.f;
+}
 
 // ---------------------------------------------------------------- embedding
 
 void encoder_forward(float* out, const int* tokens, const float* wte, const float* wpe,
                      int B, int T, int C) {
+    double t0 = optime_start();
     #pragma omp parallel for
     for (int n = 0; n < B * T; n++) {
         const float* wt = wte + (size_t)tokens[n] * C;
@@ -27,10 +60,12 @@ void encoder_forward(float* out, const int* tokens, const float* wte, const floa
         float* o = out + (size_t)n * C;
         for (int c = 0; c < C; c++) o[c] = wt[c] + wp[c];
     }
+    optime_stop(OPK_ENCODER, OP_FWD, t0);
 }
 
 void encoder_backward(float* dwte, float* dwpe, const float* dout, const int* tokens,
                       int B, int T, int C) {
+    double t0 = optime_start();
     // Two rows of dout may add into the same row of dwte (a repeated token), so
     // the scatter runs over channels in parallel, never over tokens.
     #pragma omp parallel for
@@ -41,10 +76,12 @@ void encoder_backward(float* dwte, float* dwpe, const float* dout, const int* to
             if (dwpe) dwpe[(size_t)(n % T) * C + c] += d;
         }
     }
+    optime_stop(OPK_ENCODER, OP_BWD, t0);
 }
 
 void encoder_forward_vocab(float* out, const int* tokens, const float* wte_shard,
                            const float* wpe, int B, int T, int C, int v0, int nrows) {
+    double t0 = optime_start();
     #pragma omp parallel for
     for (int n = 0; n < B * T; n++) {
         int row = tokens[n] - v0;
@@ -53,10 +90,12 @@ void encoder_forward_vocab(float* out, const int* tokens, const float* wte_shard
         float* o = out + (size_t)n * C;
         for (int c = 0; c < C; c++) o[c] = (wt ? wt[c] : 0.0f) + (wp ? wp[c] : 0.0f);
     }
+    optime_stop(OPK_ENCODER, OP_FWD, t0);
 }
 
 void encoder_backward_vocab(float* dwte_shard, float* dwpe, const float* dout,
                             const int* tokens, int B, int T, int C, int v0, int nrows) {
+    double t0 = optime_start();
     // as encoder_backward: parallel over channels, so a repeated token never races
     #pragma omp parallel for
     for (int c = 0; c < C; c++) {
@@ -67,12 +106,14 @@ void encoder_backward_vocab(float* dwte_shard, float* dwpe, const float* dout,
             if (dwpe) dwpe[(size_t)(n % T) * C + c] += d;
         }
     }
+    optime_stop(OPK_ENCODER, OP_BWD, t0);
 }
 
 // ---------------------------------------------------------------- layernorm
 
 void layernorm_forward(float* out, float* mean, float* rstd, const float* inp,
                        const float* w, const float* b, int N, int C) {
+    double t0 = optime_start();
     const float eps = 1e-5f;
     #pragma omp parallel for
     for (int n = 0; n < N; n++) {
@@ -89,11 +130,13 @@ void layernorm_forward(float* out, float* mean, float* rstd, const float* inp,
         mean[n] = m;
         rstd[n] = s;
     }
+    optime_stop(OPK_LAYERNORM, OP_FWD, t0);
 }
 
 void layernorm_backward(float* dinp, float* dw, float* db, const float* dout,
                         const float* inp, const float* w, const float* mean,
                         const float* rstd, int N, int C) {
+    double t0 = optime_start();
     // dinp: rows are independent, parallel over rows.
     if (dinp) {
         #pragma omp parallel for
@@ -121,18 +164,32 @@ void layernorm_backward(float* dinp, float* dw, float* db, const float* dout,
     }
     // dw, db: sums over rows, parallel over channels; skipped when neither is
     // wanted (the input half of a split backward), as on the GPU.
-    if (!dw && !db) return;
-    #pragma omp parallel for
-    for (int c = 0; c < C; c++) {
-        float sw = 0.0f, sb = 0.0f;
-        for (int n = 0; n < N; n++) {
-            float norm = (inp[(size_t)n * C + c] - mean[n]) * rstd[n];
-            sw += norm * dout[(size_t)n * C + c];
-            sb += dout[(size_t)n * C + c];
-        }
-        if (dw) dw[c] += sw;
-        if (db) db[c] += sb;
+    if (!dw && !db) {
+        optime_stop(OPK_LAYERNORM, OP_BWD, t0);
+        return;
     }
+    // A block of channels per thread, rows in order (as matmul_backward's
+    // dbias): contiguous reads, and each channel's sums keep their order.
+    #pragma omp parallel for
+    for (int c0 = 0; c0 < C; c0 += OPS_COL_BLOCK) {
+        int nc = C - c0 < OPS_COL_BLOCK ? C - c0 : OPS_COL_BLOCK;
+        float sw[OPS_COL_BLOCK] = {0}, sb[OPS_COL_BLOCK] = {0};
+        for (int n = 0; n < N; n++) {
+            const float* x = inp + (size_t)n * C + c0;
+            const float* d = dout + (size_t)n * C + c0;
+            float m = mean[n], r = rstd[n];
+            for (int c = 0; c < nc; c++) {
+                float norm = (x[c] - m) * r;
+                sw[c] += norm * d[c];
+                sb[c] += d[c];
+            }
+        }
+        for (int c = 0; c < nc; c++) {
+            if (dw) dw[c0 + c] += sw[c];
+            if (db) db[c0 + c] += sb[c];
+        }
+    }
+    optime_stop(OPK_LAYERNORM, OP_BWD, t0);
 }
 
 // ---------------------------------------------------------------- linear
@@ -140,6 +197,7 @@ void layernorm_backward(float* dinp, float* dw, float* db, const float* dout,
 void matmul_forward(float* out, const float* inp, const float* w, const float* bias,
                     int N, int C, int OC) {
     comm_progress();
+    double t0 = optime_start();
     // out (N, OC) = inp (N, C) @ w^T, w stored (OC, C)
     cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, N, OC, C,
                 1.0f, inp, C, w, C, 0.0f, out, OC);
@@ -150,11 +208,13 @@ void matmul_forward(float* out, const float* inp, const float* w, const float* b
             for (int k = 0; k < OC; k++) o[k] += bias[k];
         }
     }
+    optime_stop(OPK_MATMUL, OP_FWD, t0);
 }
 
 void matmul_backward(float* dinp, float* dw, float* dbias, const float* dout,
                      const float* inp, const float* w, int N, int C, int OC) {
     comm_progress();
+    double t0 = optime_start();
     // dinp (N, C) += dout (N, OC) @ w (OC, C)
     if (dinp)
         cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, N, C, OC,
@@ -163,22 +223,36 @@ void matmul_backward(float* dinp, float* dw, float* dbias, const float* dout,
     if (dw)
         cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, OC, C, N,
                     1.0f, dout, OC, inp, C, 1.0f, dw, C);
+    // dbias (OC) += sum over rows of dout: each thread takes a block of
+    // columns and walks the rows in order, so it reads dout row by row
+    // (contiguous, vectorised over the block) where a column at a time would
+    // stride OC floats per add; each column still sums its rows 0..N-1 in
+    // order, so the bits are those of the one-column loop.
     if (dbias) {
         #pragma omp parallel for
-        for (int k = 0; k < OC; k++) {
-            float s = 0.0f;
-            for (int n = 0; n < N; n++) s += dout[(size_t)n * OC + k];
-            dbias[k] += s;
+        for (int k0 = 0; k0 < OC; k0 += OPS_COL_BLOCK) {
+            int nk = OC - k0 < OPS_COL_BLOCK ? OC - k0 : OPS_COL_BLOCK;
+            float s[OPS_COL_BLOCK] = {0};
+            for (int n = 0; n < N; n++) {
+                const float* d = dout + (size_t)n * OC + k0;
+                for (int k = 0; k < nk; k++) s[k] += d[k];
+            }
+            for (int k = 0; k < nk; k++) dbias[k0 + k] += s[k];
         }
     }
+    optime_stop(OPK_MATMUL, OP_BWD, t0);
 }
 
 // ---------------------------------------------------------------- attention
+// Rows of the score matrix per causal block (see attention_forward).
+#define ATT_ROW_BLOCK 64
+
 // One (batch, head) pair is a (T, hs) slice of q, k and v with row stride 3C,
 // so each pair is a few small matmuls; pairs run in parallel, one per thread.
 
 void attention_forward(float* out, float* att, const float* qkv, int B, int T, int C, int NH) {
     comm_progress();
+    double t0 = optime_start();
     const int hs = C / NH;
     const float scale = 1.0f / sqrtf((float)hs);
     const int ld = 3 * C;
@@ -190,33 +264,45 @@ void attention_forward(float* out, float* att, const float* qkv, int B, int T, i
             const float* v = q + 2 * C;
             float* a = att + ((size_t)b * NH + h) * T * T;     // (T, T)
             float* o = out + (size_t)b * T * C + h * hs;       // (T, hs), row stride C
-            // scores (T, T) = q k^T * scale; the upper triangle is overwritten below
-            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, T, T, hs,
-                        scale, q, ld, k, ld, 0.0f, a, T);
-            // causal softmax: row t sees keys 0..t; future keys get probability 0
-            for (int t = 0; t < T; t++) {
-                float* row = a + (size_t)t * T;
-                float mx = row[0];
-                for (int s = 1; s <= t; s++) mx = row[s] > mx ? row[s] : mx;
-                float sum = 0.0f;
-                for (int s = 0; s <= t; s++) {
-                    row[s] = expf(row[s] - mx);
-                    sum += row[s];
+            // Causal blocks: rows i0..i1-1 see keys 0..i1-1 at most, so each
+            // block of rows multiplies only that many keys; the masked
+            // upper-right blocks (nearly half of a full T x T) are never
+            // computed. Every score is the same dot of hs terms as in a full
+            // product, and att @ v only leaves out terms that are exact zeros.
+            for (int i0 = 0; i0 < T; i0 += ATT_ROW_BLOCK) {
+                int i1 = i0 + ATT_ROW_BLOCK < T ? i0 + ATT_ROW_BLOCK : T;
+                float* ab = a + (size_t)i0 * T;
+                // scores (i1-i0, i1) = q[i0:i1] k[0:i1]^T * scale
+                cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, i1 - i0, i1, hs,
+                            scale, q + (size_t)i0 * ld, ld, k, ld, 0.0f, ab, T);
+                // causal softmax: row t sees keys 0..t; future keys get probability 0
+                for (int t = i0; t < i1; t++) {
+                    float* row = a + (size_t)t * T;
+                    float mx = row[0];
+                    for (int s = 1; s <= t; s++) mx = row[s] > mx ? row[s] : mx;
+                    float sum = 0.0f;
+                    #pragma omp simd reduction(+ : sum)
+                    for (int s = 0; s <= t; s++) {
+                        row[s] = exp_lanes(row[s] - mx);
+                        sum += row[s];
+                    }
+                    float inv = 1.0f / sum;
+                    for (int s = 0; s <= t; s++) row[s] *= inv;
+                    for (int s = t + 1; s < T; s++) row[s] = 0.0f;
                 }
-                float inv = 1.0f / sum;
-                for (int s = 0; s <= t; s++) row[s] *= inv;
-                for (int s = t + 1; s < T; s++) row[s] = 0.0f;
+                // out[i0:i1] (i1-i0, hs) = att[i0:i1, 0:i1] @ v[0:i1]
+                cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, i1 - i0, hs, i1,
+                            1.0f, ab, T, v, ld, 0.0f, o + (size_t)i0 * C, C);
             }
-            // out (T, hs) = att (T, T) @ v (T, hs)
-            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, T, hs, T,
-                        1.0f, a, T, v, ld, 0.0f, o, C);
         }
     }
+    optime_stop(OPK_ATTENTION, OP_FWD, t0);
 }
 
 void attention_backward(float* dqkv, float* datt, const float* dout, const float* qkv,
                         const float* att, int B, int T, int C, int NH) {
     comm_progress();
+    double t0 = optime_start();
     const int hs = C / NH;
     const float scale = 1.0f / sqrtf((float)hs);
     const int ld = 3 * C;
@@ -233,28 +319,43 @@ void attention_backward(float* dqkv, float* datt, const float* dout, const float
             const float* a = att + ((size_t)b * NH + h) * T * T;
             float* da = datt + ((size_t)b * NH + h) * T * T;
             const float* d = dout + (size_t)b * T * C + h * hs;
-            // datt (T, T) = dout (T, hs) @ v^T
-            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, T, T, hs,
-                        1.0f, d, C, v, ld, 0.0f, da, T);
-            // dv (T, hs) += att^T (T, T) @ dout (T, hs)
-            cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, T, hs, T,
-                        1.0f, a, T, d, C, 1.0f, dv, ld);
-            // softmax backward, in place: dscore = att * (datt - sum(att * datt))
-            for (int t = 0; t < T; t++) {
-                const float* arow = a + (size_t)t * T;
-                float* drow = da + (size_t)t * T;
-                float dot = 0.0f;
-                for (int s = 0; s <= t; s++) dot += arow[s] * drow[s];
-                for (int s = 0; s <= t; s++) drow[s] = arow[s] * (drow[s] - dot);
-                for (int s = t + 1; s < T; s++) drow[s] = 0.0f;
+            // The causal blocks of attention_forward again. A block of query
+            // rows i0..i1-1 meets keys 0..i1-1; a block of key columns
+            // j0..j1-1 is met by queries j0..T-1. Each product leaves out only
+            // terms that are exact zeros, in the order the full product adds.
+            for (int i0 = 0; i0 < T; i0 += ATT_ROW_BLOCK) {
+                int i1 = i0 + ATT_ROW_BLOCK < T ? i0 + ATT_ROW_BLOCK : T;
+                // datt[i0:i1, 0:i1] = dout[i0:i1] @ v[0:i1]^T
+                cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, i1 - i0, i1, hs,
+                            1.0f, d + (size_t)i0 * C, C, v, ld, 0.0f, da + (size_t)i0 * T, T);
+                // softmax backward, in place: dscore = att * (datt - sum(att * datt))
+                for (int t = i0; t < i1; t++) {
+                    const float* arow = a + (size_t)t * T;
+                    float* drow = da + (size_t)t * T;
+                    float dot = 0.0f;
+                    for (int s = 0; s <= t; s++) dot += arow[s] * drow[s];
+                    for (int s = 0; s <= t; s++) drow[s] = arow[s] * (drow[s] - dot);
+                    for (int s = t + 1; s < T; s++) drow[s] = 0.0f;
+                }
+                // dq[i0:i1] += dscore[i0:i1, 0:i1] @ k[0:i1] * scale
+                cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, i1 - i0, hs, i1,
+                            scale, da + (size_t)i0 * T, T, k, ld, 1.0f, dq + (size_t)i0 * ld, ld);
             }
-            // dq (T, hs) += dscore @ k * scale;  dk (T, hs) += dscore^T @ q * scale
-            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, T, hs, T,
-                        scale, da, T, k, ld, 1.0f, dq, ld);
-            cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, T, hs, T,
-                        scale, da, T, q, ld, 1.0f, dk, ld);
+            // by key columns, now that every row of dscore is done
+            for (int j0 = 0; j0 < T; j0 += ATT_ROW_BLOCK) {
+                int j1 = j0 + ATT_ROW_BLOCK < T ? j0 + ATT_ROW_BLOCK : T;
+                const float* ab = a + (size_t)j0 * T + j0;   // att[j0:T, j0:j1]
+                const float* db = da + (size_t)j0 * T + j0;  // dscore[j0:T, j0:j1]
+                // dv[j0:j1] += att[j0:T, j0:j1]^T @ dout[j0:T]
+                cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, j1 - j0, hs, T - j0,
+                            1.0f, ab, T, d + (size_t)j0 * C, C, 1.0f, dv + (size_t)j0 * ld, ld);
+                // dk[j0:j1] += dscore[j0:T, j0:j1]^T @ q[j0:T] * scale
+                cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, j1 - j0, hs, T - j0,
+                            scale, db, T, q + (size_t)j0 * ld, ld, 1.0f, dk + (size_t)j0 * ld, ld);
+            }
         }
     }
+    optime_stop(OPK_ATTENTION, OP_BWD, t0);
 }
 
 // ---------------------------------------------------------------- attention on sequence chunks
@@ -395,49 +496,58 @@ void attention_chunk_backward(float* dq_all, float* dk_all, float* dv_all, const
 
 #define GELU_SCALE 0.7978845608028654f  // sqrt(2 / pi)
 
-// tanh(u) = 1 - 2 / (exp(2u) + 1): one expf instead of tanhf, which costs
-// about twice as much; exp overflowing to infinity still gives tanh = 1.
-static inline float tanh_via_exp(float u) { return 1.0f - 2.0f / (expf(2.0f * u) + 1.0f); }
+// tanh(u) = 1 - 2 / (e^(2u) + 1): one exponential instead of tanhf; at the
+// clamp e^(2u) is 1.6e38 or 1.6e-38, which gives tanh = 1 or -1 exactly.
+static inline float tanh_lanes(float u) { return 1.0f - 2.0f / (exp_lanes(2.0f * u) + 1.0f); }
 
 void gelu_forward(float* out, const float* inp, size_t n) {
-    #pragma omp parallel for
+    double t0 = optime_start();
+    #pragma omp parallel for simd
     for (size_t i = 0; i < n; i++) {
         float x = inp[i];
         float u = GELU_SCALE * (x + 0.044715f * x * x * x);
-        out[i] = 0.5f * x * (1.0f + tanh_via_exp(u));
+        out[i] = 0.5f * x * (1.0f + tanh_lanes(u));
     }
+    optime_stop(OPK_GELU, OP_FWD, t0);
 }
 
 void gelu_backward(float* dinp, const float* inp, const float* dout, size_t n) {
-    #pragma omp parallel for
+    double t0 = optime_start();
+    #pragma omp parallel for simd
     for (size_t i = 0; i < n; i++) {
         float x = inp[i];
         float u = GELU_SCALE * (x + 0.044715f * x * x * x);
-        float th = tanh_via_exp(u);
+        float th = tanh_lanes(u);
         float sech2 = 1.0f - th * th;
         float local = 0.5f * (1.0f + th) +
                       0.5f * x * sech2 * GELU_SCALE * (1.0f + 3.0f * 0.044715f * x * x);
         dinp[i] += local * dout[i];
     }
+    optime_stop(OPK_GELU, OP_BWD, t0);
 }
 
 void residual_forward(float* out, const float* a, const float* b, size_t n) {
+    double t0 = optime_start();
     #pragma omp parallel for
     for (size_t i = 0; i < n; i++) out[i] = a[i] + b[i];
+    optime_stop(OPK_RESIDUAL, OP_FWD, t0);
 }
 
 void residual_backward(float* da, float* db, const float* dout, size_t n) {
+    double t0 = optime_start();
     #pragma omp parallel for
     for (size_t i = 0; i < n; i++) {
         if (da) da[i] += dout[i];
         if (db) db[i] += dout[i];
     }
+    optime_stop(OPK_RESIDUAL, OP_BWD, t0);
 }
 
 // ---------------------------------------------------------------- loss
 
 void crossentropy_partials(float* rowmax, float* sumexp, float* tlogit, const float* logits,
                            const int* targets, int N, int width, int nvalid, int v0) {
+    double t0 = optime_start();
     #pragma omp parallel for
     for (int n = 0; n < N; n++) {
         const float* row = logits + (size_t)n * width;
@@ -450,10 +560,12 @@ void crossentropy_partials(float* rowmax, float* sumexp, float* tlogit, const fl
         sumexp[n] = sum;
         tlogit[n] = (local >= 0 && local < nvalid) ? row[local] : 0.0f;
     }
+    optime_stop(OPK_CROSSENTROPY, OP_FWD, t0);
 }
 
 void crossentropy_merge(float* rowmax, float* sumexp, float* tlogit, const float* max2,
                         const float* sum2, const float* tlog2, int N) {
+    double t0 = optime_start();
     for (int n = 0; n < N; n++) {
         // rescale both sums to the larger of the two maxima
         float m = rowmax[n] > max2[n] ? rowmax[n] : max2[n];
@@ -464,16 +576,20 @@ void crossentropy_merge(float* rowmax, float* sumexp, float* tlogit, const float
         sumexp[n] = s;
         tlogit[n] += tlog2[n];
     }
+    optime_stop(OPK_CROSSENTROPY, OP_FWD, t0);
 }
 
 void crossentropy_loss(float* losses, const float* rowmax, const float* sumexp,
                        const float* tlogit, int N) {
+    double t0 = optime_start();
     for (int n = 0; n < N; n++) losses[n] = logf(sumexp[n]) + rowmax[n] - tlogit[n];
+    optime_stop(OPK_CROSSENTROPY, OP_FWD, t0);
 }
 
 void crossentropy_backward(float* dlogits, const float* logits, const int* targets,
                            const float* rowmax, const float* sumexp, float dloss,
                            int N, int width, int nvalid, int v0) {
+    double t0 = optime_start();
     #pragma omp parallel for
     for (int n = 0; n < N; n++) {
         const float* row = logits + (size_t)n * width;
@@ -486,12 +602,14 @@ void crossentropy_backward(float* dlogits, const float* logits, const int* targe
         }
         for (int j = nvalid; j < width; j++) drow[j] = 0.0f;
     }
+    optime_stop(OPK_CROSSENTROPY, OP_BWD, t0);
 }
 
 // ---------------------------------------------------------------- optimizer
 
 void adamw_update(float* params, const float* grads, float* m, float* v, size_t n,
                   AdamWConfig cfg, int t, float grad_scale) {
+    double t0 = optime_start();
     float bc1 = 1.0f - powf(cfg.beta1, (float)t);
     float bc2 = 1.0f - powf(cfg.beta2, (float)t);
     #pragma omp parallel for
@@ -505,12 +623,15 @@ void adamw_update(float* params, const float* grads, float* m, float* v, size_t 
         v[i] = vi;
         params[i] -= cfg.lr * (mhat / (sqrtf(vhat) + cfg.eps) + cfg.weight_decay * params[i]);
     }
+    optime_stop(OPK_OPTIMIZER, OP_FWD, t0);
 }
 
 double grad_sumsq(const float* grads, size_t n) {
+    double t0 = optime_start();
     double s = 0.0;
     #pragma omp parallel for reduction(+ : s)
     for (size_t i = 0; i < n; i++) s += (double)grads[i] * grads[i];
+    optime_stop(OPK_OPTIMIZER, OP_FWD, t0);
     return s;
 }
 
@@ -521,7 +642,11 @@ float grad_clip_scale(double norm, float clip) {
 
 // ---------------------------------------------------------------- utilities
 
-void ops_zero(float* x, size_t n) { memset(x, 0, n * sizeof(float)); }
+void ops_zero(float* x, size_t n) {
+    double t0 = optime_start();
+    memset(x, 0, n * sizeof(float));
+    optime_stop(OPK_MEMORY, OP_FWD, t0);
+}
 
 // Below this many floats ops_add and ops_scale run a plain loop. An OpenMP
 // "parallel for if (small)" is not free: even when the if-clause is false the
@@ -531,15 +656,22 @@ void ops_zero(float* x, size_t n) { memset(x, 0, n * sizeof(float)); }
 #define OPS_PARALLEL_MIN 16384
 
 void ops_scale(float* x, size_t n, float s) {
+    double t0 = optime_start();
     if (n <= OPS_PARALLEL_MIN) {
         for (size_t i = 0; i < n; i++) x[i] *= s;
+        optime_stop(OPK_MEMORY, OP_FWD, t0);
         return;
     }
     #pragma omp parallel for
     for (size_t i = 0; i < n; i++) x[i] *= s;
+    optime_stop(OPK_MEMORY, OP_FWD, t0);
 }
 
-void ops_copy(float* dst, const float* src, size_t n) { memcpy(dst, src, n * sizeof(float)); }
+void ops_copy(float* dst, const float* src, size_t n) {
+    double t0 = optime_start();
+    memcpy(dst, src, n * sizeof(float));
+    optime_stop(OPK_MEMORY, OP_FWD, t0);
+}
 
 void ops_add(float* y, const float* x, size_t n) {
     // small adds (a collective's chunk of a few floats) are not worth waking
@@ -565,6 +697,7 @@ void ops_copy_2d(float* dst, int dst_stride, const float* src, int src_stride, i
 
 void moe_router_forward(float* probs, int* idx, float* gates, const float* logits, int N, int E,
                         int k) {
+    double t0 = optime_start();
     #pragma omp parallel for
     for (int n = 0; n < N; n++) {
         const float* l = logits + (size_t)n * E;
@@ -591,11 +724,13 @@ void moe_router_forward(float* probs, int* idx, float* gates, const float* logit
         }
         for (int j = 0; j < k; j++) gates[(size_t)n * k + j] = p[id[j]] / s;
     }
+    optime_stop(OPK_MOE, OP_FWD, t0);
 }
 
 void moe_router_backward(float* dlogits, const float* dgates, const float* aux_dprobs,
                          const float* probs, const int* idx, const float* gates, int N, int E,
                          int k) {
+    double t0 = optime_start();
     #pragma omp parallel for
     for (int n = 0; n < N; n++) {
         const float* p = probs + (size_t)n * E;
@@ -617,15 +752,19 @@ void moe_router_backward(float* dlogits, const float* dgates, const float* aux_d
         float* dl = dlogits + (size_t)n * E;
         for (int e = 0; e < E; e++) dl[e] += p[e] * (dp[e] - pdp);
     }
+    optime_stop(OPK_MOE, OP_BWD, t0);
 }
 
 void moe_gather_forward(float* out, const float* inp, const int* src, int n, int C) {
+    double t0 = optime_start();
     #pragma omp parallel for
     for (int i = 0; i < n; i++)
         memcpy(out + (size_t)i * C, inp + (size_t)src[i] * C, (size_t)C * sizeof(float));
+    optime_stop(OPK_MOE, OP_FWD, t0);
 }
 
 void moe_gather_backward(float* dinp, const float* dout, const int* pos, int N, int k, int C) {
+    double t0 = optime_start();
     #pragma omp parallel for
     for (int t = 0; t < N; t++) {
         float* d = dinp + (size_t)t * C;
@@ -636,10 +775,12 @@ void moe_gather_backward(float* dinp, const float* dout, const int* pos, int N, 
             for (int c = 0; c < C; c++) d[c] += g[c];
         }
     }
+    optime_stop(OPK_MOE, OP_BWD, t0);
 }
 
 void moe_combine_forward(float* out, const float* rows, const float* gates, const int* pos, int N,
                          int k, int C) {
+    double t0 = optime_start();
     #pragma omp parallel for
     for (int t = 0; t < N; t++) {
         float* o = out + (size_t)t * C;
@@ -652,10 +793,12 @@ void moe_combine_forward(float* out, const float* rows, const float* gates, cons
             for (int c = 0; c < C; c++) o[c] += g * x[c];
         }
     }
+    optime_stop(OPK_MOE, OP_FWD, t0);
 }
 
 void moe_combine_backward(float* drows, float* dgates, const float* dout, const float* rows,
                           const float* gates, const int* pos, int N, int k, int C) {
+    double t0 = optime_start();
     #pragma omp parallel for
     for (int t = 0; t < N; t++) {
         const float* d = dout + (size_t)t * C;
@@ -675,4 +818,5 @@ void moe_combine_backward(float* drows, float* dgates, const float* dout, const 
             }
         }
     }
+    optime_stop(OPK_MOE, OP_BWD, t0);
 }

@@ -1,0 +1,78 @@
+#!/bin/bash
+# tests/optime.sh: the per-op timers (common/optime.h) and the breakdown
+# make bench-ref prints (common/tools/op_breakdown.py). No check compares a
+# time with a bound: only what must hold whatever the machine's speed.
+. "$(dirname "$0")/lib.sh"
+
+echo "== per-op timers"
+# check_ops LOG NP: every op kind and pass, per rank, in the summary; the ops
+# a GPT step runs have taken time; and the timed ops of a rank, which run
+# inside the timed steps one after another, add up to no more than the step
+check_ops() {
+    python3 - "$1" "$2" <<'PY'
+import json, sys
+path, np = sys.argv[1], int(sys.argv[2])
+summ = [json.loads(l) for l in open(path) if '"type":"summary"' in l][-1]
+ops = summ.get("op_ms_per_step")
+if ops is None:
+    sys.exit("no op_ms_per_step in the summary")
+kinds = ["encoder", "layernorm", "matmul", "attention", "gelu", "residual", "crossentropy",
+         "moe", "optimizer", "memory"]
+want = [k + p for k in kinds for p in ("_fwd", "_bwd")] + ["comm_wait", "comm_progress", "step"]
+if sorted(ops) != sorted(want):
+    sys.exit(f"keys {sorted(ops)}, expected {sorted(want)}")
+for k, v in ops.items():
+    if len(v) != np or any(x < 0 for x in v):
+        sys.exit(f"{k}: {v} is not {np} non-negative figures")
+for k in ("matmul_fwd", "matmul_bwd", "attention_fwd", "attention_bwd", "layernorm_fwd",
+          "layernorm_bwd", "gelu_fwd", "gelu_bwd", "encoder_fwd", "encoder_bwd",
+          "crossentropy_fwd", "crossentropy_bwd", "optimizer_fwd"):
+    if not all(x > 0 for x in ops[k]):
+        sys.exit(f"{k} = {ops[k]}: an op every step runs took no time")
+for r in range(np):
+    step = ops["step"][r]
+    total = sum(v[r] for k, v in ops.items() if k != "step")
+    # the figures are written to 0.001 ms each
+    if total > step + 0.001 * len(ops):
+        sys.exit(f"rank {r}: ops add up to {total} ms, more than its step's {step}")
+print("ok")
+PY
+}
+
+log=$TEST_TMPDIR/optime0.jsonl
+mpi_run $T_RUN 1 "$BUILD/chapter-0" --steps 4 --peak-gflops 10 --log "$log"
+why=$([ $RC -eq 0 ] && check_ops "$log" 1 2>&1)
+if [ $RC -eq 0 ] && [ "$why" = ok ]; then
+    pass "chapter 0: the summary has every op kind's ms per step, and they fit in the step"
+else
+    fail "chapter 0 per-op timers" "exit $RC; $why"
+fi
+
+out=$(python3 common/tools/op_breakdown.py "$log" 2>&1)
+if [ $? -eq 0 ] && echo "$out" | grep -q "^per-op breakdown of rank 0" &&
+    echo "$out" | grep -q "^  matmul " && echo "$out" | grep -q "^  other " &&
+    echo "$out" | grep -q "^  step .* 100.0%$"; then
+    pass "op_breakdown.py prints the breakdown of a chapter 0 run, with the rest as other"
+else
+    fail "op_breakdown.py" "$out"
+fi
+
+log2=$TEST_TMPDIR/optime2.jsonl
+mpi_run $T_RUN 2 "$BUILD/chapter-2" --dp 2 --steps 4 --peak-gflops 10 --log "$log2"
+why=$([ $RC -eq 0 ] && check_ops "$log2" 2 2>&1)
+if [ $RC -eq 0 ] && [ "$why" = ok ] && python3 common/tools/op_breakdown.py "$log2" 1 | grep -q "^  comm wait "; then
+    pass "chapter 2 on 2 ranks: every rank's op times, and the breakdown of rank 1 with its communication"
+else
+    fail "chapter 2 per-op timers" "exit $RC; $why"
+fi
+
+# a log without a summary (a run that did not finish): a message, not a trace
+grep -v '"type":"summary"' "$log" > "$TEST_TMPDIR/optime_nosum.jsonl"
+out=$(python3 common/tools/op_breakdown.py "$TEST_TMPDIR/optime_nosum.jsonl" 2>&1)
+if [ $? -ne 0 ] && echo "$out" | grep -q "no summary record"; then
+    pass "op_breakdown.py on a log without a summary says so and exits non-zero"
+else
+    fail "op_breakdown.py without a summary" "$out"
+fi
+
+finish
