@@ -85,8 +85,11 @@ typedef struct {
     float *params, *grads, *m, *v;  // full replica, flat layout (model.h)
     // activations
     float* encoded;  // (N, C)
-    float* layers;   // L x layer_numel
+    RecomputeMode recompute;
+    float* layers;     // L x layer_numel: what each layer keeps
     size_t layer_numel;
+    float* transient;  // transient_numel: what --recompute drops, one layer at a time (NULL for none)
+    size_t transient_numel;
     float* head;     // head_acts_numel(1, N, C, Vp)
     int *inputs, *targets;  // (N) on the device, my rows
     float* losses_host;     // (N)
@@ -106,42 +109,77 @@ typedef struct {
     long attn_scores;     // unmasked scores computed in forward, this rank (ulysses; the ring's in ring)
 } CPModel;
 
-static LayerActs layer_at(const CPModel* m, int l) {
-    int N = m->N, C = m->cfg.channels;
-    size_t NC = (size_t)N * C;
-    float* p = m->layers + (size_t)l * m->layer_numel;
+// ---------------------------------------------------------------- what a layer keeps (--recompute)
+// A layer's fields sit in its store (kept for backward) or in the one
+// transient every layer shares (dropped, recomputed in backward), as chapter
+// 0's block_acts_kept splits them (docs/recompute.md):
+//   none       everything in the store
+//   selective  attproj, fcproj (backward never reads them) and fch_gelu go to
+//              the transient, and Ulysses' probabilities att_h; the ring
+//              keeps no probabilities at all (lse is its whole softmax
+//              state), so its attention has nothing to recompute
+//   full       only res3, the block's output, stays; backward reruns the
+//              whole block, its ring passes or all-to-alls included
+enum { KEPT, DROPPED };
+
+static float* place(float* const base[2], size_t at[2], int where, size_t n) {
+    float* p = base[where] ? base[where] + at[where] : NULL;
+    at[where] += n;
+    return p;
+}
+
+// The view of one layer (either base may be NULL: then only numel, the
+// floats of the store and of the transient, is of use).
+static LayerActs cp_layout(CPMode mode, RecomputeMode r, float* store, float* transient, int N, int C, int NH,
+                           int T, size_t numel[2]) {
+    float* const base[2] = {store, transient};
+    size_t at[2] = {0, 0}, NC = (size_t)N * C;
+    int K = r == RECOMPUTE_FULL ? DROPPED : KEPT;     // the matmul outputs and LayerNorms
+    int D = r == RECOMPUTE_NONE ? KEPT : DROPPED;     // what selective drops too
     LayerActs la = {0};
     BlockActs* a = &la.a;
-    a->ln1 = p, p += NC;
-    a->ln1_mean = p, p += N;
-    a->ln1_rstd = p, p += N;
-    a->qkv = p, p += 3 * NC;
-    a->atty = p, p += NC;
-    a->attproj = p, p += NC;
-    a->res2 = p, p += NC;
-    a->ln2 = p, p += NC;
-    a->ln2_mean = p, p += N;
-    a->ln2_rstd = p, p += N;
-    a->fch = p, p += 4 * NC;
-    a->fch_gelu = p, p += 4 * NC;
-    a->fcproj = p, p += NC;
-    a->res3 = p, p += NC;
-    if (m->mode == CP_RING) {
-        la.lse = p;
+    a->ln1 = place(base, at, K, NC);
+    a->ln1_mean = place(base, at, K, N);
+    a->ln1_rstd = place(base, at, K, N);
+    a->qkv = place(base, at, K, 3 * NC);
+    a->atty = place(base, at, K, NC);
+    a->attproj = place(base, at, D, NC);
+    a->res2 = place(base, at, K, NC);
+    a->ln2 = place(base, at, K, NC);
+    a->ln2_mean = place(base, at, K, N);
+    a->ln2_rstd = place(base, at, K, N);
+    a->fch = place(base, at, K, 4 * NC);
+    a->fch_gelu = place(base, at, D, 4 * NC);
+    a->fcproj = place(base, at, D, NC);
+    a->res3 = place(base, at, KEPT, NC);  // always kept: the next block's input
+    if (mode == CP_RING) {
+        la.lse = place(base, at, K, (size_t)N * NH);
     } else {
-        la.qkv_h = p, p += 3 * NC;
-        la.att_h = p;
+        la.qkv_h = place(base, at, K, 3 * NC);
+        la.att_h = place(base, at, D, (size_t)N * NH * T);
     }
+    if (numel) numel[0] = at[0], numel[1] = at[1];
     return la;
 }
 
-// Floats one layer keeps per rank: the block's 18C + 4 per token, plus
-// ring: NH (lse); ulysses: 3C (my heads' qkv for whole sequences: B*T*3C/cp
-// = N*3C) and NH*T (their probabilities: B*(NH/cp)*T*T = N*NH*T).
-static size_t layer_numel(CPMode mode, int N, int C, int NH, int T) {
-    size_t base = (size_t)N * (18 * (size_t)C + 4);
-    if (mode == CP_RING) return base + (size_t)N * NH;
-    return base + (size_t)N * 3 * C + (size_t)N * NH * T;
+// Layer l as forward writes it.
+static LayerActs layer_at(const CPModel* m, int l) {
+    return cp_layout(m->mode, m->recompute, m->layers + (size_t)l * m->layer_numel, m->transient, m->N,
+                     m->cfg.channels, m->cfg.num_heads, m->sh.T, NULL);
+}
+
+// Floats per layer (store) and of the transient. With none a layer keeps
+// the block's 18C + 4 per token, plus ring: NH (lse); ulysses: 3C (my heads'
+// qkv for whole sequences: B*T*3C/cp = N*3C) and NH*T (their probabilities:
+// B*(NH/cp)*T*T = N*NH*T). Full's transient holds a whole layer (its res3
+// too: the recompute writes its own copy and leaves the kept one alone).
+static void layer_numels(CPMode mode, RecomputeMode r, int N, int C, int NH, int T, size_t* store,
+                         size_t* transient) {
+    size_t numel[2], whole[2];
+    cp_layout(mode, r, NULL, NULL, N, C, NH, T, numel);
+    cp_layout(mode, RECOMPUTE_NONE, NULL, NULL, N, C, NH, T, whole);
+    *store = numel[KEPT];
+    *transient = r == RECOMPUTE_FULL ? whole[KEPT] : numel[DROPPED];
 }
 
 // ---------------------------------------------------------------- ring attention
@@ -383,6 +421,35 @@ static float model_forward(CPModel* m, const int* inputs, const int* targets) {
     return (float)(sum / N);
 }
 
+// Layer l as its backward reads it: with --recompute, what forward dropped
+// is computed again into the transient (the "block l recompute" span).
+// Selective: gelu(fch), and Ulysses' probabilities from its kept head-shard
+// qkv (no communication); the ring has no probabilities to rebuild. Full:
+// the whole block from its kept input x, its attention with it: the ring's
+// K/V go around again (cp-1 more sends per layer), Ulysses' two forward
+// all-to-alls run again. The same ops on the same inputs: the same bits.
+// The balance figures (attention scores and time) count forward and
+// backward, not the recompute: its counters are put back.
+static LayerActs layer_for_backward(CPModel* m, const BlockParams* p, int l, const float* x) {
+    LayerActs la = layer_at(m, l);
+    if (m->recompute == RECOMPUTE_NONE) return la;
+    const int C = m->cfg.channels, NH = m->cfg.num_heads, N = m->N, n = m->cpc->size;
+    double t0 = trace_start();
+    if (m->recompute == RECOMPUTE_SELECTIVE) {
+        gelu_forward(la.a.fch_gelu, la.a.fch, (size_t)N * 4 * C);
+        if (m->mode == CP_ULYSSES)  // its output goes to scratch: atty was kept
+            attention_forward(m->y_h, la.att_h, la.qkv_h, m->sh.B, m->sh.T, C / n, NH / n);
+    } else {
+        const CPModel kept = *m;
+        la = cp_layout(m->mode, RECOMPUTE_NONE, m->transient, NULL, N, C, NH, m->sh.T, NULL);
+        cp_block_forward(m, p, &la, x);
+        m->attn_seconds = kept.attn_seconds, m->attn_scores = kept.attn_scores;
+        m->ring.scores = kept.ring.scores, m->ring.skipped = kept.ring.skipped;
+    }
+    trace_compute(t0, "block %d recompute", l);
+    return la;
+}
+
 // Backward of my tokens' mean loss; accumulates into m->grads.
 static void model_backward(CPModel* m) {
     const GPTConfig* c = &m->cfg;
@@ -395,8 +462,9 @@ static void model_backward(CPModel* m) {
         double t0 = trace_start();
         BlockParams p = block_params_at(m->params + gpt_block_offset(c, l), C);
         BlockParams g = block_params_at(m->grads + gpt_block_offset(c, l), C);
-        LayerActs la = layer_at(m, l);
-        cp_block_backward(m, &p, &g, &la, l > 0 ? layer_at(m, l - 1).a.res3 : m->encoded);
+        const float* x = l > 0 ? layer_at(m, l - 1).a.res3 : m->encoded;
+        LayerActs la = layer_for_backward(m, &p, l, x);
+        cp_block_backward(m, &p, &g, &la, x);
         trace_compute(t0, "block %d backward", l);
     }
     double t0 = trace_start();
@@ -446,9 +514,11 @@ static void model_create(CPModel* m, const Run* run, CPMode mode, CPBalance bala
         mem_to_device(m->params + start, host, k * sizeof(float));
     }
     free(host);
-    m->layer_numel = layer_numel(mode, N, C, NH, T);
+    m->recompute = (RecomputeMode)run->args.recompute;
+    layer_numels(mode, m->recompute, N, C, NH, T, &m->layer_numel, &m->transient_numel);
     m->encoded = mem_alloc_floats(NC, MEM_ACTIVATIONS);
     m->layers = mem_alloc_floats((size_t)L * m->layer_numel, MEM_ACTIVATIONS);
+    if (m->transient_numel) m->transient = mem_alloc_floats(m->transient_numel, MEM_ACTIVATIONS);
     m->head = mem_alloc_floats(head_acts_numel(1, N, C, m->cfg.padded_vocab_size), MEM_ACTIVATIONS);
     m->inputs = mem_alloc((size_t)N * sizeof(int), MEM_ACTIVATIONS);
     m->targets = mem_alloc((size_t)N * sizeof(int), MEM_ACTIVATIONS);
@@ -479,7 +549,7 @@ static void model_create(CPModel* m, const Run* run, CPMode mode, CPBalance bala
 }
 
 static void model_free(CPModel* m) {
-    float* bufs[] = {m->params, m->grads, m->m, m->v, m->encoded, m->layers, m->head, m->dres, m->dln,
+    float* bufs[] = {m->params, m->grads, m->m, m->v, m->encoded, m->layers, m->transient, m->head, m->dres, m->dln,
                      m->stash, m->dfch_gelu, m->datty, m->kv[0], m->kv[1], m->dkv[0], m->dkv[1], m->dkv_in,
                      m->ring.o2, m->ring.m2, m->ring.l2, m->ring.sumexp, m->send, m->recv, m->y_h, m->dqkv_h, m->datt_h};
     for (size_t i = 0; i < sizeof bufs / sizeof *bufs; i++) mem_free(bufs[i]);
@@ -529,6 +599,12 @@ static int train_context_parallel(Run* run, CPMode mode, CPBalance balance) {
     print0("model %s: %zu parameters, global batch %d x %d; each rank holds %d token%s of each of %d sequence%s "
            "(%d part%s of %d)\n", setup->model_name, model.P, B, T, T / ncp, T / ncp == 1 ? "" : "s", per_dp,
            per_dp == 1 ? "" : "s", model.sh.parts, model.sh.parts == 1 ? "" : "s", model.sh.len);
+    print0("activations kept per layer: %zu bytes; transient %zu bytes (--recompute %s)\n",
+           model.layer_numel * sizeof(float), model.transient_numel * sizeof(float), recompute_name(model.recompute));
+    if (model.recompute == RECOMPUTE_FULL)
+        print0("recompute full: backward reruns each block's forward, %s\n",
+               mode == CP_RING ? "the ring's K/V passes again (cp-1 more sends per layer)"
+                               : "its 2 all-to-alls again (2 more per layer)");
     char msg[1024];
     JsonLog log;
     const char* bad = jsonl_open(&log, args->log, msg, sizeof(msg));
@@ -606,8 +682,10 @@ static int train_context_parallel(Run* run, CPMode mode, CPBalance balance) {
     snprintf(extra_json, sizeof(extra_json),
              "\"cp_mode\":\"%s\",\"cp_balance\":\"%s\",\"attention_scores_per_rank\":[%s],"
              "\"attention_ms_per_rank\":[%s],\"comm_wait_ms_per_step\":%.3f,\"cp_calls_per_step\":%.0f,"
-             "\"cp_bytes_per_step\":%.0f",
-             cp_mode_names[mode], balance_names[balance], scores_json, times_json, wait_ms, cp_calls, cp_bytes);
+             "\"cp_bytes_per_step\":%.0f,\"recompute\":\"%s\",\"layer_acts_bytes\":%zu,\"transient_bytes\":%zu",
+             cp_mode_names[mode], balance_names[balance], scores_json, times_json, wait_ms, cp_calls, cp_bytes,
+             recompute_name(model.recompute), model.layer_numel * sizeof(float),
+             model.transient_numel * sizeof(float));
     RunSummary summary = {
         .chapter = 6, .model = setup->model_name, .num_params = model.P, .batch = B, .seq = T,
         .steps = args->steps, .ms_per_step = ms, .tokens_per_s = ms > 0 ? (double)B * T / (ms / 1e3) : 0.0,
@@ -647,7 +725,6 @@ int main(int argc, char** argv) {
                    "on cp, replicated weights reduced over dp x cp; sequence parallelism with tp (--sp).",
                    extra, sizeof(extra) / sizeof(extra[0]), (1u << AXIS_DP) | (1u << AXIS_TP) | (1u << AXIS_CP)))
         return 0;
-    run_refuse_flags(&run, sp ? 0u : RUN_NO_RECOMPUTE, "chapter 6");  // --sp recomputes (sequence.c)
     int found_mode = 0, found_balance = 0;
     CPMode mode = CP_RING;
     CPBalance balance = BALANCE_NONE;

@@ -3,7 +3,8 @@
 # against whole-sequence attention (test_ring); the invariant for ring (none
 # and zigzag) and Ulysses on cp = 2 and 4 and for dp x cp = 2 x 2; the cp
 # traffic, the gradient all-reduce and the memory per rank against their
-# formulas; bad meshes and flags; --help.
+# formulas; --recompute (the same bits, memory and traffic per formula); bad
+# meshes and flags; --help.
 . "$(dirname "$0")/lib.sh"
 
 echo "== chapter 6: context parallelism"
@@ -62,6 +63,45 @@ summary_has "cp=2 ulysses memory per rank: activations $uly_act; comm 2 N 3C" "$
 summary_has "cp=4 zigzag: every rank computes $((T * (T + 1) / 2 * INV_BATCH * NH * L / 4)) attention scores per step" "$RING4" \
     "\"attention_scores_per_rank\":$(rank_array $((T * (T + 1) / 2 * INV_BATCH * NH * L / 4)) 4)"
 
+# --recompute in context parallelism (docs/recompute.md): the same losses and
+# norms as none, bit for bit (the runs above); what a layer keeps and the
+# peak activations against the formulas; full reruns each block's forward,
+# the ring's K/V passes (L(cp-1) more sends) or Ulysses' two all-to-alls (2L
+# more). Per token: selective keeps 12C+4 (+ ring NH, Ulysses 3C) and shares
+# a transient of 6C (+ Ulysses NH T); full keeps C and shares a whole layer.
+cp_steps() { grep '"type":"step"' "$1" | grep -o '"step":[0-9]*,"loss":[-0-9.e]*,"norm":[-0-9.e]*'; }
+cp_recompute_case() {
+    local mode=$1 r=$2 ncp=$3 flags=$4 none_log=$5 name="cp=$3 $1 --recompute $2" sum
+    local N=$((INV_BATCH * T / ncp)) kept transient whole calls per_call
+    if [ $mode = ring ]; then
+        whole=$((18 * C + 4 + NH)); calls=$((L * (3 * ncp - 2))); per_call=$((2 * C))
+        [ $r = full ] && calls=$((calls + L * (ncp - 1)))
+        [ $r = selective ] && kept=$((12 * C + 4 + NH)) transient=$((6 * C))
+    else
+        whole=$((21 * C + 4 + NH * T)); calls=$((4 * L)); per_call=$((2 * C))
+        [ $r = full ] && calls=$((calls + 2 * L))
+        [ $r = selective ] && kept=$((15 * C + 4)) transient=$((6 * C + NH * T))
+    fi
+    [ $r = full ] && kept=$C transient=$whole
+    local once=$((21 * C + VP + 8 + 3 * NH))
+    [ $mode = ulysses ] && once=$((24 * C + VP + 8 + NH * T))
+    local acts=$((4 * N * (L * kept + transient + once)))
+    invariant --norm --val --expect "activations kept per layer: $((4 * N * kept)) bytes" "$name" "$INV_FLAGS" $ncp \
+        chapter-6 "--cp $ncp --cp-mode $mode $flags --recompute $r"
+    sum=$(grep '"type":"summary"' "$INV_LOG")
+    if [ "$(cp_steps "$INV_LOG")" = "$(cp_steps "$none_log")" ] &&
+        echo "$sum" | grep -qF "\"activations\":$(rank_array $acts $ncp)," &&
+        echo "$sum" | grep -qF "\"cp_calls_per_step\":$calls,\"cp_bytes_per_step\":$((calls * N * per_call * 4)),"; then
+        pass "$name: the same losses and norms as none, bit for bit; peak activations $acts = formula; $calls cp $([ $mode = ring ] && echo sends || echo all-to-alls) per step"
+    else
+        fail "$name" "losses/norms equal to none: $([ "$(cp_steps "$INV_LOG")" = "$(cp_steps "$none_log")" ] && echo yes || echo NO); want activations $acts, $calls calls; got $(echo "$sum" | grep -o '"activations":\[[0-9,]*\]\|"cp_calls_per_step":[0-9]*,"cp_bytes_per_step":[0-9]*' | tr '\n' ' ')"
+    fi
+}
+cp_recompute_case ring selective 4 "--cp-balance zigzag" "$RING4"
+cp_recompute_case ring full 4 "--cp-balance zigzag" "$RING4"
+cp_recompute_case ulysses selective 2 "" "$ULY2"
+cp_recompute_case ulysses full 2 "" "$ULY2"
+
 # Training-state checkpoints: the cp=2 zigzag ring run saves at step 5 (world
 # rank 0 writes the replica's state); cp=4 Ulysses resumes it and continues
 # chapter 0's losses (steps 5..9) within TOL.
@@ -93,7 +133,6 @@ error_case chapter-6 2 "--cp 2 --cp-mode star" "--cp-mode star is not one of rin
 error_case chapter-6 2 "--cp 2 --cp-balance random" "--cp-balance random is not one of none, zigzag"
 error_case chapter-6 2 "--tp 2" "--tp 2 without --sp"
 error_case chapter-6 4 "--cp 2" "has 2 ranks but mpirun started 4"
-error_case chapter-6 2 "--cp 2 --recompute full" "chapter 6 keeps its activations its own way"
 help_case chapter-6 "--cp-balance"
 
 # ---------------------------------------------------------------- sequence parallelism (--tp N --sp)
