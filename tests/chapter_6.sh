@@ -37,11 +37,11 @@ summary_has() {
 # backward, dK/dV cp hops (the last one home): L(3cp-2) sends of N x 2C floats.
 N=$((INV_BATCH * T / 4))
 summary_has "cp=4 ring: L(3cp-2) = 20 sends of N 2C 4 = $((N * 2 * C * 4)) bytes per rank per step" "$RING4" \
-    "\"cp_calls_per_step\":20,\"cp_bytes_per_step\":$((20 * N * 2 * C * 4))}"
+    "\"cp_calls_per_step\":20,\"cp_bytes_per_step\":$((20 * N * 2 * C * 4)),"
 # Ulysses per layer and step: all-to-alls of qkv (3C) and the output (C) in
 # forward, of d output (C) and dqkv (3C) in backward: 4L calls, 8 L N C floats.
 summary_has "cp=4 ulysses: 4L = 8 all-to-alls of 8 L N C 4 = $((8 * L * N * C * 4)) bytes per rank per step" "$ULY4" \
-    "\"cp_calls_per_step\":8,\"cp_bytes_per_step\":$((8 * L * N * C * 4))}"
+    "\"cp_calls_per_step\":8,\"cp_bytes_per_step\":$((8 * L * N * C * 4)),"
 # the gradients: one all-reduce of all P parameters per step over dp x cp
 summary_has "cp=4: one all-reduce of the $P gradients per step over the dp+cp group" "$RING4" \
     "\"allreduce\":{\"dp+cp\":{\"calls\":$(rank_array $INV_STEPS 4),\"bytes\":$(rank_array $((INV_STEPS * P * 4)) 4),"
