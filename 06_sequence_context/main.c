@@ -105,6 +105,8 @@ typedef struct {
     // datt (B, NH/cp, T, T)
     float *send, *recv, *y_h, *dqkv_h, *datt_h;
     // what the chapter measures
+    int overlap;          // --cp-overlap: 1 computes while a block travels, 0 waits for it first
+    double ring_wait_seconds;  // inside the ring's waits: the communication the attention did not hide
     double attn_seconds;  // attention compute (not waiting), this rank
     long attn_scores;     // unmasked scores computed in forward, this rank (ulysses; the ring's in ring)
 } CPModel;
@@ -183,6 +185,16 @@ static void layer_numels(CPMode mode, RecomputeMode r, int N, int C, int NH, int
 }
 
 // ---------------------------------------------------------------- ring attention
+// A ring transfer completed, the time spent waiting for it counted: the part
+// of the ring's communication the attention in hand did not hide. With
+// --cp-overlap 0 each transfer is waited for as soon as it is posted, before
+// the compute it would overlap: then every wait is the whole transfer.
+static void ring_wait(CPModel* m, CommRequest* r) {
+    double t0 = now_seconds();
+    comm_wait(r);
+    m->ring_wait_seconds += now_seconds() - t0;
+}
+
 // Forward. qkv (N, 3C) holds my tokens' queries, keys and values; atty
 // (N, C) gets my queries' attention output, lse (N, NH) its statistics.
 // At step s the block in hand is the K/V of cp rank src = r - s: it goes on
@@ -204,11 +216,12 @@ static void ring_attention_forward(CPModel* m, const float* qkv, float* atty, fl
             comm_irecv(m->cpc, m->kv[(s + 1) % 2], kv_count, left, &from_left);
             comm_isend(m->cpc, kv, kv_count, right, &to_right);
         }
+        if (!m->overlap) ring_wait(m, &from_left), ring_wait(m, &to_right);
         double t0 = now_seconds();
         ring_forward_block(&m->sh, &m->ring, qkv, kv, src, atty, lse, C, NH);
         m->attn_seconds += now_seconds() - t0;
-        comm_wait(&from_left);
-        comm_wait(&to_right);
+        ring_wait(m, &from_left);
+        ring_wait(m, &to_right);
     }
     // out / sumexp, and lse = rowmax + log(sumexp) in place of rowmax
     ring_forward_finish(&m->sh, &m->ring, atty, lse, C, NH);
@@ -236,24 +249,26 @@ static void ring_attention_backward(CPModel* m, const float* qkv, const float* a
             comm_irecv(m->cpc, m->kv[(s + 1) % 2], kv_count, left, &from_left);
             comm_isend(m->cpc, kv, kv_count, right, &to_right);
         }
+        if (!m->overlap) ring_wait(m, &from_left), ring_wait(m, &to_right);
         double t0 = now_seconds();
         ops_zero(dkv, kv_count);
         ring_backward_block(&m->sh, qkv, atty, lse, datty, kv, src, dqkv, dkv, C, NH);
         m->attn_seconds += now_seconds() - t0;
         if (s > 0) {  // what the ranks before me added for src's keys
-            comm_wait(&d_from_left);
-            comm_wait(&d_to_right);
+            ring_wait(m, &d_from_left);
+            ring_wait(m, &d_to_right);
             ops_add(dkv, m->dkv_in, kv_count);
         }
         if (n > 1) {
             comm_irecv(m->cpc, m->dkv_in, kv_count, left, &d_from_left);
             comm_isend(m->cpc, dkv, kv_count, right, &d_to_right);
+            if (!m->overlap) ring_wait(m, &d_from_left), ring_wait(m, &d_to_right);
         }
-        comm_wait(&from_left);
-        comm_wait(&to_right);
+        ring_wait(m, &from_left);
+        ring_wait(m, &to_right);
     }
-    comm_wait(&d_from_left);
-    comm_wait(&d_to_right);
+    ring_wait(m, &d_from_left);
+    ring_wait(m, &d_to_right);
     // home: d of my keys and values from every query of the sequence (on
     // one rank it never left)
     ops_copy_2d(dqkv + C, 3 * C, n > 1 ? m->dkv_in : m->dkv[0], 2 * C, N, 2 * C);
@@ -488,8 +503,9 @@ static float reduce_and_step(CPModel* m, const TrainArgs* args, int step) {
     return (float)norm;
 }
 
-static void model_create(CPModel* m, const Run* run, CPMode mode, CPBalance balance, int B) {
+static void model_create(CPModel* m, const Run* run, CPMode mode, CPBalance balance, int overlap, int B) {
     memset(m, 0, sizeof(*m));
+    m->overlap = overlap;
     const TrainSetup* setup = &run->setup;
     m->cfg = setup->cfg;
     m->mode = mode;
@@ -565,7 +581,7 @@ static float forward_for_val(void* ctx, const int* inputs, const int* targets) {
 }
 
 // ---------------------------------------------------------------- context-parallel training
-static int train_context_parallel(Run* run, CPMode mode, CPBalance balance) {
+static int train_context_parallel(Run* run, CPMode mode, CPBalance balance, int overlap) {
     const TrainArgs* args = &run->args;
     const TrainSetup* setup = &run->setup;
     train_check_mesh(&run->mesh, setup, NULL);
@@ -579,7 +595,7 @@ static int train_context_parallel(Run* run, CPMode mode, CPBalance balance) {
     int per_dp = B / ndp, b0 = run->mesh.coord[AXIS_DP] * per_dp;
 
     CPModel model;
-    model_create(&model, run, mode, balance, per_dp);
+    model_create(&model, run, mode, balance, overlap, per_dp);
     if (setup->checkpoint) {
         float* host = xmalloc(model.P * sizeof(float));
         train_load_checkpoint(setup, host);
@@ -634,6 +650,7 @@ static int train_context_parallel(Run* run, CPMode mode, CPBalance balance) {
             float v = train_val_loss_with(setup, args->val_batches, forward_for_val, &model, b0, per_dp, per_dp,
                                           &model.dpcp);
             model.attn_seconds = kept.attn_seconds, model.attn_scores = kept.attn_scores;
+            model.ring_wait_seconds = kept.ring_wait_seconds;
             model.ring.scores = kept.ring.scores, model.ring.skipped = kept.ring.skipped;
             if (v >= 0) report_val(&log, step, v);
         }
@@ -673,6 +690,12 @@ static int train_context_parallel(Run* run, CPMode mode, CPBalance balance) {
     if (mode == CP_RING)
         print0("ring: fully masked (query part, key part) pairs skipped per step, forward, cp rank 0: %ld\n",
                steps_run > 0 ? model.ring.skipped / steps_run : 0);
+    // the ring's waits (forward, recompute, backward) per step, the mean
+    // over every step run, the first one included
+    double ring_wait_ms = steps_run > 0 ? 1e3 * model.ring_wait_seconds / steps_run : 0.0;
+    if (mode == CP_RING)
+        print0("ring: %.2f ms per step waiting for K/V and dK/dV blocks (rank 0, overlap %s)\n", ring_wait_ms,
+               overlap ? "on" : "off");
     float val_loss = train_val_loss_with(setup, args->val_batches, forward_for_val, &model, b0, per_dp, per_dp,
                                          &model.dpcp);
     if (val_loss >= 0) report_val(&log, args->steps - 1, val_loss);
@@ -682,9 +705,9 @@ static int train_context_parallel(Run* run, CPMode mode, CPBalance balance) {
     snprintf(extra_json, sizeof(extra_json),
              "\"cp_mode\":\"%s\",\"cp_balance\":\"%s\",\"attention_scores_per_rank\":[%s],"
              "\"attention_ms_per_rank\":[%s],\"comm_wait_ms_per_step\":%.3f,\"cp_calls_per_step\":%.0f,"
-             "\"cp_bytes_per_step\":%.0f,\"recompute\":\"%s\",\"layer_acts_bytes\":%zu,\"transient_bytes\":%zu",
+             "\"cp_bytes_per_step\":%.0f,\"cp_overlap\":%d,\"ring_wait_ms_per_step\":%.3f,\"recompute\":\"%s\",\"layer_acts_bytes\":%zu,\"transient_bytes\":%zu",
              cp_mode_names[mode], balance_names[balance], scores_json, times_json, wait_ms, cp_calls, cp_bytes,
-             recompute_name(model.recompute), model.layer_numel * sizeof(float),
+             overlap, ring_wait_ms, recompute_name(model.recompute), model.layer_numel * sizeof(float),
              model.transient_numel * sizeof(float));
     RunSummary summary = {
         .chapter = 6, .model = setup->model_name, .num_params = model.P, .batch = B, .seq = T,
@@ -713,10 +736,11 @@ static int train_context_parallel(Run* run, CPMode mode, CPBalance balance) {
 int main(int argc, char** argv) {
     const char* mode_name = "ring";
     const char* balance_name = "none";
-    int sp = 0;
+    int sp = 0, overlap = 1;
     ArgSpec extra[] = {
         {"cp-mode", ARG_STRING, &mode_name, "ring | ulysses: how attention meets the other ranks' tokens  [ring]"},
         {"cp-balance", ARG_STRING, &balance_name, "none | zigzag: which positions each cp rank holds  [none]"},
+        {"cp-overlap", ARG_INT, &overlap, "1 | 0: the ring computes while the next K/V block travels, or waits for it first  [1]"},
         {"sp", ARG_FLAG, &sp, "Megatron sequence parallelism on the tp axis (--tp N --sp)"},
     };
     Run run;
@@ -734,6 +758,7 @@ int main(int argc, char** argv) {
     }
     if (!found_mode) fail_all("--cp-mode %s is not one of ring, ulysses", mode_name);
     if (!found_balance) fail_all("--cp-balance %s is not one of none, zigzag", balance_name);
+    if (overlap != 0 && overlap != 1) fail_all("--cp-overlap %d is not 0 or 1", overlap);
     int rc = 1;
     if (sp) {
         // sequence parallelism (sequence.c), with chapter 4's FSDP over dp: ZeRO-3
@@ -742,7 +767,7 @@ int main(int argc, char** argv) {
         if (run.mesh.size[AXIS_TP] > 1)
             fail_all("--tp %d without --sp: tensor parallelism is chapter 4's; here it comes with sequence "
                      "parallelism, --tp N --sp", run.mesh.size[AXIS_TP]);
-        rc = train_context_parallel(&run, mode, balance);
+        rc = train_context_parallel(&run, mode, balance, overlap);
     }
     run_finish(&run);
     return rc;

@@ -12,6 +12,7 @@ run_program "$BUILD/tests/test_ring"
 
 # the invariant: chapter 0's losses, gradient norms and validation loss
 invariant --norm --val "cp=2 ring" "$INV_FLAGS" 2 chapter-6 "--cp 2"
+RING2=$INV_LOG
 invariant --norm --val "cp=2 ring zigzag" "$INV_FLAGS" 2 chapter-6 "--cp 2 --cp-balance zigzag"
 invariant --norm --val "cp=4 ring" "$INV_FLAGS" 4 chapter-6 "--cp 4"
 invariant --norm --val "cp=4 ring zigzag" "$INV_FLAGS" 4 chapter-6 "--cp 4 --cp-balance zigzag"
@@ -101,6 +102,14 @@ cp_recompute_case ring selective 4 "--cp-balance zigzag" "$RING4"
 cp_recompute_case ring full 4 "--cp-balance zigzag" "$RING4"
 cp_recompute_case ulysses selective 2 "" "$ULY2"
 cp_recompute_case ulysses full 2 "" "$ULY2"
+# --cp-overlap 0 waits for each K/V (and dK/dV) block before computing:
+# the same sums in the same order, so the same bits as the overlapped ring
+invariant --norm --val --expect "overlap off" "cp=2 ring --cp-overlap 0" "$INV_FLAGS" 2 chapter-6 "--cp 2 --cp-overlap 0"
+if [ "$(cp_steps "$INV_LOG")" = "$(cp_steps "$RING2")" ]; then
+    pass "cp=2 ring --cp-overlap 0: the same losses and norms as overlapped, bit for bit"
+else
+    fail "cp=2 ring --cp-overlap 0: the losses and norms differ from the overlapped ring's"
+fi
 
 # Training-state checkpoints: the cp=2 zigzag ring run saves at step 5 (world
 # rank 0 writes the replica's state); cp=4 Ulysses resumes it and continues
@@ -131,6 +140,7 @@ error_case chapter-6 4 "--cp 4 --seq 12 --batch 4 --cp-balance zigzag" "--seq 12
 error_case chapter-6 3 "--cp 3 --seq 24 --batch 3 --cp-mode ulysses" "ulysses splits the model's 4 heads over cp=3"
 error_case chapter-6 2 "--cp 2 --cp-mode star" "--cp-mode star is not one of ring, ulysses"
 error_case chapter-6 2 "--cp 2 --cp-balance random" "--cp-balance random is not one of none, zigzag"
+error_case chapter-6 2 "--cp 2 --cp-overlap 2" "--cp-overlap 2 is not 0 or 1"
 error_case chapter-6 2 "--tp 2" "--tp 2 without --sp"
 error_case chapter-6 4 "--cp 2" "has 2 ranks but mpirun started 4"
 help_case chapter-6 "--cp-balance"
