@@ -629,10 +629,12 @@ static int train_context_parallel(Run* run, CPMode mode, CPBalance balance, int 
     int* inputs = xmalloc((size_t)per_dp * T * sizeof(int));
     int* targets = xmalloc((size_t)per_dp * T * sizeof(int));
     StepClock clock = {0};
+    double ring_wait_timed = 0.0;  // the ring's waits in the steps the clock times
     float loss = 0.0f;
     comm_counts_reset();
     for (int step = start; step < args->steps; step++) {
         clock_begin(&clock);
+        double ring_wait0 = model.ring_wait_seconds;
         // every cp rank of a dp group reads the same sequences and keeps its rows
         data_batch(&setup->train, step, B, T, b0, per_dp, inputs, targets);
         float my_loss = model_forward(&model, inputs, targets);
@@ -643,6 +645,7 @@ static int train_context_parallel(Run* run, CPMode mode, CPBalance balance, int 
         // means is the mean over the global batch (a host scalar: plain MPI)
         loss = (float)train_mean(&model.dpcp, my_loss);
         double dt = clock_end(&clock, step - start, args->steps - start);
+        if (step - start > 0 || args->steps - start == 1) ring_wait_timed += model.ring_wait_seconds - ring_wait0;
         report_step(&log, step, args->steps, loss, norm, 1e3 * dt, (double)B * T / dt);
         if (args->val_every > 0 && (step + 1) % args->val_every == 0 && step + 1 < args->steps) {
             // the attention figures count training only: validation's forwards are put back
@@ -690,9 +693,9 @@ static int train_context_parallel(Run* run, CPMode mode, CPBalance balance, int 
     if (mode == CP_RING)
         print0("ring: fully masked (query part, key part) pairs skipped per step, forward, cp rank 0: %ld\n",
                steps_run > 0 ? model.ring.skipped / steps_run : 0);
-    // the ring's waits (forward, recompute, backward) per step, the mean
-    // over every step run, the first one included
-    double ring_wait_ms = steps_run > 0 ? 1e3 * model.ring_wait_seconds / steps_run : 0.0;
+    // the ring's waits (forward, recompute, backward) per step over the
+    // steps the clock times: a part of the "communication ... blocked" below
+    double ring_wait_ms = clock.timed > 0 ? 1e3 * ring_wait_timed / clock.timed : 0.0;
     if (mode == CP_RING)
         print0("ring: %.2f ms per step waiting for K/V and dK/dV blocks (rank 0, overlap %s)\n", ring_wait_ms,
                overlap ? "on" : "off");
