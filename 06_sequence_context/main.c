@@ -697,7 +697,7 @@ static int train_context_parallel(Run* run, CPMode mode, CPBalance balance, int 
     // steps the clock times: a part of the "communication ... blocked" below
     double ring_wait_ms = clock.timed > 0 ? 1e3 * ring_wait_timed / clock.timed : 0.0;
     if (mode == CP_RING)
-        print0("ring: %.2f ms per step waiting for K/V and dK/dV blocks (rank 0, overlap %s)\n", ring_wait_ms,
+        print0("ring waits: %.2f ms per step for K/V and dK/dV blocks (rank 0, overlap %s)\n", ring_wait_ms,
                overlap ? "on" : "off");
     float val_loss = train_val_loss_with(setup, args->val_batches, forward_for_val, &model, b0, per_dp, per_dp,
                                          &model.dpcp);
