@@ -85,8 +85,11 @@ typedef struct {
     float *params, *grads, *m, *v;  // full replica, flat layout (model.h)
     // activations
     float* encoded;  // (N, C)
-    float* layers;   // L x layer_numel
+    RecomputeMode recompute;
+    float* layers;     // L x layer_numel: what each layer keeps
     size_t layer_numel;
+    float* transient;  // transient_numel: what --recompute drops, one layer at a time (NULL for none)
+    size_t transient_numel;
     float* head;     // head_acts_numel(1, N, C, Vp)
     int *inputs, *targets;  // (N) on the device, my rows
     float* losses_host;     // (N)
@@ -102,49 +105,96 @@ typedef struct {
     // datt (B, NH/cp, T, T)
     float *send, *recv, *y_h, *dqkv_h, *datt_h;
     // what the chapter measures
+    int overlap;          // --cp-overlap: 1 computes while a block travels, 0 waits for it first
+    double ring_wait_seconds;  // inside the ring's waits: the communication the attention did not hide
     double attn_seconds;  // attention compute (not waiting), this rank
     long attn_scores;     // unmasked scores computed in forward, this rank (ulysses; the ring's in ring)
 } CPModel;
 
-static LayerActs layer_at(const CPModel* m, int l) {
-    int N = m->N, C = m->cfg.channels;
-    size_t NC = (size_t)N * C;
-    float* p = m->layers + (size_t)l * m->layer_numel;
+// ---------------------------------------------------------------- what a layer keeps (--recompute)
+// A layer's fields sit in its store (kept for backward) or in the one
+// transient every layer shares (dropped, recomputed in backward), as chapter
+// 0's block_acts_kept splits them (docs/recompute.md):
+//   none       everything in the store
+//   selective  attproj, fcproj (backward never reads them) and fch_gelu go to
+//              the transient, and Ulysses' probabilities att_h; the ring
+//              keeps no probabilities at all (lse is its whole softmax
+//              state), so its attention has nothing to recompute
+//   full       only res3, the block's output, stays; backward reruns the
+//              whole block, its ring passes or all-to-alls included
+enum { KEPT, DROPPED };
+
+static float* place(float* const base[2], size_t at[2], int where, size_t n) {
+    float* p = base[where] ? base[where] + at[where] : NULL;
+    at[where] += n;
+    return p;
+}
+
+// The view of one layer (either base may be NULL: then only numel, the
+// floats of the store and of the transient, is of use).
+static LayerActs cp_layout(CPMode mode, RecomputeMode r, float* store, float* transient, int N, int C, int NH,
+                           int T, size_t numel[2]) {
+    float* const base[2] = {store, transient};
+    size_t at[2] = {0, 0}, NC = (size_t)N * C;
+    int K = r == RECOMPUTE_FULL ? DROPPED : KEPT;     // the matmul outputs and LayerNorms
+    int D = r == RECOMPUTE_NONE ? KEPT : DROPPED;     // what selective drops too
     LayerActs la = {0};
     BlockActs* a = &la.a;
-    a->ln1 = p, p += NC;
-    a->ln1_mean = p, p += N;
-    a->ln1_rstd = p, p += N;
-    a->qkv = p, p += 3 * NC;
-    a->atty = p, p += NC;
-    a->attproj = p, p += NC;
-    a->res2 = p, p += NC;
-    a->ln2 = p, p += NC;
-    a->ln2_mean = p, p += N;
-    a->ln2_rstd = p, p += N;
-    a->fch = p, p += 4 * NC;
-    a->fch_gelu = p, p += 4 * NC;
-    a->fcproj = p, p += NC;
-    a->res3 = p, p += NC;
-    if (m->mode == CP_RING) {
-        la.lse = p;
+    a->ln1 = place(base, at, K, NC);
+    a->ln1_mean = place(base, at, K, N);
+    a->ln1_rstd = place(base, at, K, N);
+    a->qkv = place(base, at, K, 3 * NC);
+    a->atty = place(base, at, K, NC);
+    a->attproj = place(base, at, D, NC);
+    a->res2 = place(base, at, K, NC);
+    a->ln2 = place(base, at, K, NC);
+    a->ln2_mean = place(base, at, K, N);
+    a->ln2_rstd = place(base, at, K, N);
+    a->fch = place(base, at, K, 4 * NC);
+    a->fch_gelu = place(base, at, D, 4 * NC);
+    a->fcproj = place(base, at, D, NC);
+    a->res3 = place(base, at, KEPT, NC);  // always kept: the next block's input
+    if (mode == CP_RING) {
+        la.lse = place(base, at, K, (size_t)N * NH);
     } else {
-        la.qkv_h = p, p += 3 * NC;
-        la.att_h = p;
+        la.qkv_h = place(base, at, K, 3 * NC);
+        la.att_h = place(base, at, D, (size_t)N * NH * T);
     }
+    if (numel) numel[0] = at[0], numel[1] = at[1];
     return la;
 }
 
-// Floats one layer keeps per rank: the block's 18C + 4 per token, plus
-// ring: NH (lse); ulysses: 3C (my heads' qkv for whole sequences: B*T*3C/cp
-// = N*3C) and NH*T (their probabilities: B*(NH/cp)*T*T = N*NH*T).
-static size_t layer_numel(CPMode mode, int N, int C, int NH, int T) {
-    size_t base = (size_t)N * (18 * (size_t)C + 4);
-    if (mode == CP_RING) return base + (size_t)N * NH;
-    return base + (size_t)N * 3 * C + (size_t)N * NH * T;
+// Layer l as forward writes it.
+static LayerActs layer_at(const CPModel* m, int l) {
+    return cp_layout(m->mode, m->recompute, m->layers + (size_t)l * m->layer_numel, m->transient, m->N,
+                     m->cfg.channels, m->cfg.num_heads, m->sh.T, NULL);
+}
+
+// Floats per layer (store) and of the transient. With none a layer keeps
+// the block's 18C + 4 per token, plus ring: NH (lse); ulysses: 3C (my heads'
+// qkv for whole sequences: B*T*3C/cp = N*3C) and NH*T (their probabilities:
+// B*(NH/cp)*T*T = N*NH*T). Full's transient holds a whole layer (its res3
+// too: the recompute writes its own copy and leaves the kept one alone).
+static void layer_numels(CPMode mode, RecomputeMode r, int N, int C, int NH, int T, size_t* store,
+                         size_t* transient) {
+    size_t numel[2], whole[2];
+    cp_layout(mode, r, NULL, NULL, N, C, NH, T, numel);
+    cp_layout(mode, RECOMPUTE_NONE, NULL, NULL, N, C, NH, T, whole);
+    *store = numel[KEPT];
+    *transient = r == RECOMPUTE_FULL ? whole[KEPT] : numel[DROPPED];
 }
 
 // ---------------------------------------------------------------- ring attention
+// A ring transfer completed, the time spent waiting for it counted: the part
+// of the ring's communication the attention in hand did not hide. With
+// --cp-overlap 0 each transfer is waited for as soon as it is posted, before
+// the compute it would overlap: then every wait is the whole transfer.
+static void ring_wait(CPModel* m, CommRequest* r) {
+    double t0 = now_seconds();
+    comm_wait(r);
+    m->ring_wait_seconds += now_seconds() - t0;
+}
+
 // Forward. qkv (N, 3C) holds my tokens' queries, keys and values; atty
 // (N, C) gets my queries' attention output, lse (N, NH) its statistics.
 // At step s the block in hand is the K/V of cp rank src = r - s: it goes on
@@ -166,11 +216,12 @@ static void ring_attention_forward(CPModel* m, const float* qkv, float* atty, fl
             comm_irecv(m->cpc, m->kv[(s + 1) % 2], kv_count, left, &from_left);
             comm_isend(m->cpc, kv, kv_count, right, &to_right);
         }
+        if (!m->overlap) ring_wait(m, &from_left), ring_wait(m, &to_right);
         double t0 = now_seconds();
         ring_forward_block(&m->sh, &m->ring, qkv, kv, src, atty, lse, C, NH);
         m->attn_seconds += now_seconds() - t0;
-        comm_wait(&from_left);
-        comm_wait(&to_right);
+        ring_wait(m, &from_left);
+        ring_wait(m, &to_right);
     }
     // out / sumexp, and lse = rowmax + log(sumexp) in place of rowmax
     ring_forward_finish(&m->sh, &m->ring, atty, lse, C, NH);
@@ -198,24 +249,26 @@ static void ring_attention_backward(CPModel* m, const float* qkv, const float* a
             comm_irecv(m->cpc, m->kv[(s + 1) % 2], kv_count, left, &from_left);
             comm_isend(m->cpc, kv, kv_count, right, &to_right);
         }
+        if (!m->overlap) ring_wait(m, &from_left), ring_wait(m, &to_right);
         double t0 = now_seconds();
         ops_zero(dkv, kv_count);
         ring_backward_block(&m->sh, qkv, atty, lse, datty, kv, src, dqkv, dkv, C, NH);
         m->attn_seconds += now_seconds() - t0;
         if (s > 0) {  // what the ranks before me added for src's keys
-            comm_wait(&d_from_left);
-            comm_wait(&d_to_right);
+            ring_wait(m, &d_from_left);
+            ring_wait(m, &d_to_right);
             ops_add(dkv, m->dkv_in, kv_count);
         }
         if (n > 1) {
             comm_irecv(m->cpc, m->dkv_in, kv_count, left, &d_from_left);
             comm_isend(m->cpc, dkv, kv_count, right, &d_to_right);
+            if (!m->overlap) ring_wait(m, &d_from_left), ring_wait(m, &d_to_right);
         }
-        comm_wait(&from_left);
-        comm_wait(&to_right);
+        ring_wait(m, &from_left);
+        ring_wait(m, &to_right);
     }
-    comm_wait(&d_from_left);
-    comm_wait(&d_to_right);
+    ring_wait(m, &d_from_left);
+    ring_wait(m, &d_to_right);
     // home: d of my keys and values from every query of the sequence (on
     // one rank it never left)
     ops_copy_2d(dqkv + C, 3 * C, n > 1 ? m->dkv_in : m->dkv[0], 2 * C, N, 2 * C);
@@ -383,6 +436,35 @@ static float model_forward(CPModel* m, const int* inputs, const int* targets) {
     return (float)(sum / N);
 }
 
+// Layer l as its backward reads it: with --recompute, what forward dropped
+// is computed again into the transient (the "block l recompute" span).
+// Selective: gelu(fch), and Ulysses' probabilities from its kept head-shard
+// qkv (no communication); the ring has no probabilities to rebuild. Full:
+// the whole block from its kept input x, its attention with it: the ring's
+// K/V go around again (cp-1 more sends per layer), Ulysses' two forward
+// all-to-alls run again. The same ops on the same inputs: the same bits.
+// The balance figures (attention scores and time) count forward and
+// backward, not the recompute: its counters are put back.
+static LayerActs layer_for_backward(CPModel* m, const BlockParams* p, int l, const float* x) {
+    LayerActs la = layer_at(m, l);
+    if (m->recompute == RECOMPUTE_NONE) return la;
+    const int C = m->cfg.channels, NH = m->cfg.num_heads, N = m->N, n = m->cpc->size;
+    double t0 = trace_start();
+    if (m->recompute == RECOMPUTE_SELECTIVE) {
+        gelu_forward(la.a.fch_gelu, la.a.fch, (size_t)N * 4 * C);
+        if (m->mode == CP_ULYSSES)  // its output goes to scratch: atty was kept
+            attention_forward(m->y_h, la.att_h, la.qkv_h, m->sh.B, m->sh.T, C / n, NH / n);
+    } else {
+        const CPModel kept = *m;
+        la = cp_layout(m->mode, RECOMPUTE_NONE, m->transient, NULL, N, C, NH, m->sh.T, NULL);
+        cp_block_forward(m, p, &la, x);
+        m->attn_seconds = kept.attn_seconds, m->attn_scores = kept.attn_scores;
+        m->ring.scores = kept.ring.scores, m->ring.skipped = kept.ring.skipped;
+    }
+    trace_compute(t0, "block %d recompute", l);
+    return la;
+}
+
 // Backward of my tokens' mean loss; accumulates into m->grads.
 static void model_backward(CPModel* m) {
     const GPTConfig* c = &m->cfg;
@@ -395,8 +477,9 @@ static void model_backward(CPModel* m) {
         double t0 = trace_start();
         BlockParams p = block_params_at(m->params + gpt_block_offset(c, l), C);
         BlockParams g = block_params_at(m->grads + gpt_block_offset(c, l), C);
-        LayerActs la = layer_at(m, l);
-        cp_block_backward(m, &p, &g, &la, l > 0 ? layer_at(m, l - 1).a.res3 : m->encoded);
+        const float* x = l > 0 ? layer_at(m, l - 1).a.res3 : m->encoded;
+        LayerActs la = layer_for_backward(m, &p, l, x);
+        cp_block_backward(m, &p, &g, &la, x);
         trace_compute(t0, "block %d backward", l);
     }
     double t0 = trace_start();
@@ -420,8 +503,9 @@ static float reduce_and_step(CPModel* m, const TrainArgs* args, int step) {
     return (float)norm;
 }
 
-static void model_create(CPModel* m, const Run* run, CPMode mode, CPBalance balance, int B) {
+static void model_create(CPModel* m, const Run* run, CPMode mode, CPBalance balance, int overlap, int B) {
     memset(m, 0, sizeof(*m));
+    m->overlap = overlap;
     const TrainSetup* setup = &run->setup;
     m->cfg = setup->cfg;
     m->mode = mode;
@@ -446,9 +530,11 @@ static void model_create(CPModel* m, const Run* run, CPMode mode, CPBalance bala
         mem_to_device(m->params + start, host, k * sizeof(float));
     }
     free(host);
-    m->layer_numel = layer_numel(mode, N, C, NH, T);
+    m->recompute = (RecomputeMode)run->args.recompute;
+    layer_numels(mode, m->recompute, N, C, NH, T, &m->layer_numel, &m->transient_numel);
     m->encoded = mem_alloc_floats(NC, MEM_ACTIVATIONS);
     m->layers = mem_alloc_floats((size_t)L * m->layer_numel, MEM_ACTIVATIONS);
+    if (m->transient_numel) m->transient = mem_alloc_floats(m->transient_numel, MEM_ACTIVATIONS);
     m->head = mem_alloc_floats(head_acts_numel(1, N, C, m->cfg.padded_vocab_size), MEM_ACTIVATIONS);
     m->inputs = mem_alloc((size_t)N * sizeof(int), MEM_ACTIVATIONS);
     m->targets = mem_alloc((size_t)N * sizeof(int), MEM_ACTIVATIONS);
@@ -479,7 +565,7 @@ static void model_create(CPModel* m, const Run* run, CPMode mode, CPBalance bala
 }
 
 static void model_free(CPModel* m) {
-    float* bufs[] = {m->params, m->grads, m->m, m->v, m->encoded, m->layers, m->head, m->dres, m->dln,
+    float* bufs[] = {m->params, m->grads, m->m, m->v, m->encoded, m->layers, m->transient, m->head, m->dres, m->dln,
                      m->stash, m->dfch_gelu, m->datty, m->kv[0], m->kv[1], m->dkv[0], m->dkv[1], m->dkv_in,
                      m->ring.o2, m->ring.m2, m->ring.l2, m->ring.sumexp, m->send, m->recv, m->y_h, m->dqkv_h, m->datt_h};
     for (size_t i = 0; i < sizeof bufs / sizeof *bufs; i++) mem_free(bufs[i]);
@@ -495,7 +581,7 @@ static float forward_for_val(void* ctx, const int* inputs, const int* targets) {
 }
 
 // ---------------------------------------------------------------- context-parallel training
-static int train_context_parallel(Run* run, CPMode mode, CPBalance balance) {
+static int train_context_parallel(Run* run, CPMode mode, CPBalance balance, int overlap) {
     const TrainArgs* args = &run->args;
     const TrainSetup* setup = &run->setup;
     train_check_mesh(&run->mesh, setup, NULL);
@@ -509,7 +595,7 @@ static int train_context_parallel(Run* run, CPMode mode, CPBalance balance) {
     int per_dp = B / ndp, b0 = run->mesh.coord[AXIS_DP] * per_dp;
 
     CPModel model;
-    model_create(&model, run, mode, balance, per_dp);
+    model_create(&model, run, mode, balance, overlap, per_dp);
     if (setup->checkpoint) {
         float* host = xmalloc(model.P * sizeof(float));
         train_load_checkpoint(setup, host);
@@ -529,6 +615,12 @@ static int train_context_parallel(Run* run, CPMode mode, CPBalance balance) {
     print0("model %s: %zu parameters, global batch %d x %d; each rank holds %d token%s of each of %d sequence%s "
            "(%d part%s of %d)\n", setup->model_name, model.P, B, T, T / ncp, T / ncp == 1 ? "" : "s", per_dp,
            per_dp == 1 ? "" : "s", model.sh.parts, model.sh.parts == 1 ? "" : "s", model.sh.len);
+    print0("activations kept per layer: %zu bytes; transient %zu bytes (--recompute %s)\n",
+           model.layer_numel * sizeof(float), model.transient_numel * sizeof(float), recompute_name(model.recompute));
+    if (model.recompute == RECOMPUTE_FULL)
+        print0("recompute full: backward reruns each block's forward, %s\n",
+               mode == CP_RING ? "the ring's K/V passes again (cp-1 more sends per layer)"
+                               : "its 2 all-to-alls again (2 more per layer)");
     char msg[1024];
     JsonLog log;
     const char* bad = jsonl_open(&log, args->log, msg, sizeof(msg));
@@ -537,10 +629,12 @@ static int train_context_parallel(Run* run, CPMode mode, CPBalance balance) {
     int* inputs = xmalloc((size_t)per_dp * T * sizeof(int));
     int* targets = xmalloc((size_t)per_dp * T * sizeof(int));
     StepClock clock = {0};
+    double ring_wait_timed = 0.0;  // the ring's waits in the steps the clock times
     float loss = 0.0f;
     comm_counts_reset();
     for (int step = start; step < args->steps; step++) {
         clock_begin(&clock);
+        double ring_wait0 = model.ring_wait_seconds;
         // every cp rank of a dp group reads the same sequences and keeps its rows
         data_batch(&setup->train, step, B, T, b0, per_dp, inputs, targets);
         float my_loss = model_forward(&model, inputs, targets);
@@ -551,6 +645,7 @@ static int train_context_parallel(Run* run, CPMode mode, CPBalance balance) {
         // means is the mean over the global batch (a host scalar: plain MPI)
         loss = (float)train_mean(&model.dpcp, my_loss);
         double dt = clock_end(&clock, step - start, args->steps - start);
+        if (step - start > 0 || args->steps - start == 1) ring_wait_timed += model.ring_wait_seconds - ring_wait0;
         report_step(&log, step, args->steps, loss, norm, 1e3 * dt, (double)B * T / dt);
         if (args->val_every > 0 && (step + 1) % args->val_every == 0 && step + 1 < args->steps) {
             // the attention figures count training only: validation's forwards are put back
@@ -558,6 +653,7 @@ static int train_context_parallel(Run* run, CPMode mode, CPBalance balance) {
             float v = train_val_loss_with(setup, args->val_batches, forward_for_val, &model, b0, per_dp, per_dp,
                                           &model.dpcp);
             model.attn_seconds = kept.attn_seconds, model.attn_scores = kept.attn_scores;
+            model.ring_wait_seconds = kept.ring_wait_seconds;
             model.ring.scores = kept.ring.scores, model.ring.skipped = kept.ring.skipped;
             if (v >= 0) report_val(&log, step, v);
         }
@@ -597,6 +693,12 @@ static int train_context_parallel(Run* run, CPMode mode, CPBalance balance) {
     if (mode == CP_RING)
         print0("ring: fully masked (query part, key part) pairs skipped per step, forward, cp rank 0: %ld\n",
                steps_run > 0 ? model.ring.skipped / steps_run : 0);
+    // the ring's waits (forward, recompute, backward) per step over the
+    // steps the clock times: a part of the "communication ... blocked" below
+    double ring_wait_ms = clock.timed > 0 ? 1e3 * ring_wait_timed / clock.timed : 0.0;
+    if (mode == CP_RING)
+        print0("ring waits: %.2f ms per step for K/V and dK/dV blocks (rank 0, overlap %s)\n", ring_wait_ms,
+               overlap ? "on" : "off");
     float val_loss = train_val_loss_with(setup, args->val_batches, forward_for_val, &model, b0, per_dp, per_dp,
                                          &model.dpcp);
     if (val_loss >= 0) report_val(&log, args->steps - 1, val_loss);
@@ -606,8 +708,10 @@ static int train_context_parallel(Run* run, CPMode mode, CPBalance balance) {
     snprintf(extra_json, sizeof(extra_json),
              "\"cp_mode\":\"%s\",\"cp_balance\":\"%s\",\"attention_scores_per_rank\":[%s],"
              "\"attention_ms_per_rank\":[%s],\"comm_wait_ms_per_step\":%.3f,\"cp_calls_per_step\":%.0f,"
-             "\"cp_bytes_per_step\":%.0f",
-             cp_mode_names[mode], balance_names[balance], scores_json, times_json, wait_ms, cp_calls, cp_bytes);
+             "\"cp_bytes_per_step\":%.0f,\"cp_overlap\":%d,\"ring_wait_ms_per_step\":%.3f,\"recompute\":\"%s\",\"layer_acts_bytes\":%zu,\"transient_bytes\":%zu",
+             cp_mode_names[mode], balance_names[balance], scores_json, times_json, wait_ms, cp_calls, cp_bytes,
+             overlap, ring_wait_ms, recompute_name(model.recompute), model.layer_numel * sizeof(float),
+             model.transient_numel * sizeof(float));
     RunSummary summary = {
         .chapter = 6, .model = setup->model_name, .num_params = model.P, .batch = B, .seq = T,
         .steps = args->steps, .ms_per_step = ms, .tokens_per_s = ms > 0 ? (double)B * T / (ms / 1e3) : 0.0,
@@ -635,10 +739,11 @@ static int train_context_parallel(Run* run, CPMode mode, CPBalance balance) {
 int main(int argc, char** argv) {
     const char* mode_name = "ring";
     const char* balance_name = "none";
-    int sp = 0;
+    int sp = 0, overlap = 1;
     ArgSpec extra[] = {
         {"cp-mode", ARG_STRING, &mode_name, "ring | ulysses: how attention meets the other ranks' tokens  [ring]"},
         {"cp-balance", ARG_STRING, &balance_name, "none | zigzag: which positions each cp rank holds  [none]"},
+        {"cp-overlap", ARG_INT, &overlap, "1 | 0: the ring computes while the next K/V block travels, or waits for it first  [1]"},
         {"sp", ARG_FLAG, &sp, "Megatron sequence parallelism on the tp axis (--tp N --sp)"},
     };
     Run run;
@@ -647,7 +752,6 @@ int main(int argc, char** argv) {
                    "on cp, replicated weights reduced over dp x cp; sequence parallelism with tp (--sp).",
                    extra, sizeof(extra) / sizeof(extra[0]), (1u << AXIS_DP) | (1u << AXIS_TP) | (1u << AXIS_CP)))
         return 0;
-    run_refuse_flags(&run, sp ? 0u : RUN_NO_RECOMPUTE, "chapter 6");  // --sp recomputes (sequence.c)
     int found_mode = 0, found_balance = 0;
     CPMode mode = CP_RING;
     CPBalance balance = BALANCE_NONE;
@@ -657,6 +761,7 @@ int main(int argc, char** argv) {
     }
     if (!found_mode) fail_all("--cp-mode %s is not one of ring, ulysses", mode_name);
     if (!found_balance) fail_all("--cp-balance %s is not one of none, zigzag", balance_name);
+    if (overlap != 0 && overlap != 1) fail_all("--cp-overlap %d is not 0 or 1", overlap);
     int rc = 1;
     if (sp) {
         // sequence parallelism (sequence.c), with chapter 4's FSDP over dp: ZeRO-3
@@ -665,7 +770,7 @@ int main(int argc, char** argv) {
         if (run.mesh.size[AXIS_TP] > 1)
             fail_all("--tp %d without --sp: tensor parallelism is chapter 4's; here it comes with sequence "
                      "parallelism, --tp N --sp", run.mesh.size[AXIS_TP]);
-        rc = train_context_parallel(&run, mode, balance);
+        rc = train_context_parallel(&run, mode, balance, overlap);
     }
     run_finish(&run);
     return rc;

@@ -47,6 +47,7 @@
 #include "train.h"
 
 #include "sequence.h"
+#include "trace.h"
 #include "tp.h"
 
 // ---------------------------------------------------------------- what a layer keeps
@@ -245,16 +246,21 @@ static float sp_forward(SP* s, const int* inputs, const int* targets) {
     size_t NlC = (size_t)Nl * C;
     // the vocabulary-parallel embedding (chapter 4's): this rank's partial
     // sum for every token, in s->full ...
+    // (--trace: each span holds the collectives it waits for, nested)
+    double t0 = trace_start();
     float* partial = tp_embed_forward(m, inputs, targets);                            // (N, C)
     // ... and reduce_scatter_to_sequence_parallel_region where chapter 4
     // all-reduces: the sum, of this rank's tokens only
     comm_reduce_scatter(m->tp, partial, s->x0, NlC, COMM_SUM);                        // (Nl, C)
+    trace_compute(t0, "embedding forward");
     const float* x = s->x0;
     for (int l = 0; l < L; l++) {
         BlockParams p = tp_block_params(m, l);
         fsdp_prefetch(f, l + 2);  // the next block, or [lnfw lnfb] after the last
         BlockActs a = sp_acts(s, l);
+        t0 = trace_start();
         block_forward_sp(s, &p, &a, x);
+        trace_compute(t0, "block %d forward", l);
         x = a.res3;
     }
     // the final LayerNorm on this rank's tokens, written straight into its
@@ -263,9 +269,12 @@ static float sp_forward(SP* s, const int* inputs, const int* targets) {
     HeadActs h = tp_head_acts(m);
     float* lnf = fsdp_unit_params(f, L + 1);
     float* mine = h.lnf + (size_t)s->n0 * C;
+    t0 = trace_start();
     layernorm_forward(mine, h.lnf_mean + s->n0, h.lnf_rstd + s->n0, x, lnf, lnf + C, Nl, C);
     comm_allgather(m->tp, mine, h.lnf, NlC);                                          // (N, C)
-    return tp_head_forward(m);
+    float loss = tp_head_forward(m);
+    trace_compute(t0, "head forward");
+    return loss;
 }
 
 static float forward_cb(void* ctx, const int* inputs, const int* targets) {
@@ -281,6 +290,7 @@ static void sp_backward(SP* s) {
     HeadActs h = tp_head_acts(m);
     BlockScratch sc = block_scratch_at_tp(m->scratch, B, T, C, NH, m->ntp);
     // the head: this vocabulary slice's share of dlnf for every token ...
+    double t0 = trace_start();
     tp_head_backward(m, sc.dln);                                                      // (N, C) partial
     // ... and gather_from_sequence_parallel_region's backward: reduce-scatter
     comm_reduce_scatter(m->tp, sc.dln, s->dln, NlC, COMM_SUM);                        // (Nl, C)
@@ -291,6 +301,7 @@ static void sp_backward(SP* s) {
     layernorm_backward(s->dres, g_lnf, g_lnf + C, s->dln, last, lnf, h.lnf_mean + s->n0, h.lnf_rstd + s->n0, Nl,
                        C);
     comm_allreduce(m->tp, g_lnf, 2 * (size_t)C, COMM_SUM);  // [lnfw lnfb] of every token
+    trace_compute(t0, "head backward");
     if (f->zero > 1) fsdp_reduce_grads(f, L + 1);
     // the blocks, last to first, as in chapter 4: gather (prefetching the one
     // before), backward, reduce-scatter over dp
@@ -301,19 +312,26 @@ static void sp_backward(SP* s) {
         BlockActs a = sp_acts(s, l);
         const float* x = l > 0 ? sp_acts(s, l - 1).res3 : s->x0;
         // --recompute: what forward did not keep, again (docs/recompute.md)
-        if (s->recompute == RECOMPUTE_SELECTIVE) {
-            tp_recompute_selective(m, &a);  // attention and GELU on this rank's slices: no collective
-        } else if (s->recompute == RECOMPUTE_FULL) {
-            block_forward_sp(s, &p, &a, x);  // with its 2 all-gathers and 2 reduce-scatters again
+        t0 = trace_start();
+        if (s->recompute != RECOMPUTE_NONE) {
+            double t1 = trace_start();
+            if (s->recompute == RECOMPUTE_SELECTIVE)
+                tp_recompute_selective(m, &a);  // attention and GELU on this rank's slices: no collective
+            else
+                block_forward_sp(s, &p, &a, x);  // with its 2 all-gathers and 2 reduce-scatters again
+            trace_compute(t1, "block %d recompute", l);
         }
         block_backward_sp(s, &p, &g, &a, &sc, x, s->dres);
+        trace_compute(t0, "block %d backward", l);
         if (f->zero > 1) fsdp_reduce_grads(f, 1 + l);
     }
     // the embedding: reduce_scatter_to_sequence_parallel_region's backward
     // (all-gather) gives every token's gradient, which chapter 4's
     // vocabulary-parallel embedding backward takes
+    t0 = trace_start();
     comm_allgather(m->tp, s->dres, s->dfull, NlC);                                    // (N, C)
     tp_embed_backward(m, s->dfull);
+    trace_compute(t0, "embedding backward");
 }
 
 // ---------------------------------------------------------------- checks
@@ -457,7 +475,9 @@ int sp_train(Run* run, int zero, int prefetch, int reshard) {
         data_batch(&setup->train, st, B, T, m->dp->rank * micro, micro, inputs, targets);
         double mine = sp_forward(&s, inputs, targets);
         sp_backward(&s);
+        double t0 = trace_start();
         float norm = tp_step(m, args, st + 1);
+        trace_compute(t0, "optimizer");
         double dt = clock_end(&clock, st - start, args->steps - start);
         // outside the step's clock and its counted communication
         ln_agree &= layernorm_grads_agree(&s);

@@ -3,7 +3,8 @@
 # against whole-sequence attention (test_ring); the invariant for ring (none
 # and zigzag) and Ulysses on cp = 2 and 4 and for dp x cp = 2 x 2; the cp
 # traffic, the gradient all-reduce and the memory per rank against their
-# formulas; bad meshes and flags; --help.
+# formulas; --recompute (the same bits, memory and traffic per formula); bad
+# meshes and flags; --help.
 . "$(dirname "$0")/lib.sh"
 
 echo "== chapter 6: context parallelism"
@@ -11,6 +12,7 @@ run_program "$BUILD/tests/test_ring"
 
 # the invariant: chapter 0's losses, gradient norms and validation loss
 invariant --norm --val "cp=2 ring" "$INV_FLAGS" 2 chapter-6 "--cp 2"
+RING2=$INV_LOG
 invariant --norm --val "cp=2 ring zigzag" "$INV_FLAGS" 2 chapter-6 "--cp 2 --cp-balance zigzag"
 invariant --norm --val "cp=4 ring" "$INV_FLAGS" 4 chapter-6 "--cp 4"
 invariant --norm --val "cp=4 ring zigzag" "$INV_FLAGS" 4 chapter-6 "--cp 4 --cp-balance zigzag"
@@ -36,11 +38,11 @@ summary_has() {
 # backward, dK/dV cp hops (the last one home): L(3cp-2) sends of N x 2C floats.
 N=$((INV_BATCH * T / 4))
 summary_has "cp=4 ring: L(3cp-2) = 20 sends of N 2C 4 = $((N * 2 * C * 4)) bytes per rank per step" "$RING4" \
-    "\"cp_calls_per_step\":20,\"cp_bytes_per_step\":$((20 * N * 2 * C * 4))}"
+    "\"cp_calls_per_step\":20,\"cp_bytes_per_step\":$((20 * N * 2 * C * 4)),"
 # Ulysses per layer and step: all-to-alls of qkv (3C) and the output (C) in
 # forward, of d output (C) and dqkv (3C) in backward: 4L calls, 8 L N C floats.
 summary_has "cp=4 ulysses: 4L = 8 all-to-alls of 8 L N C 4 = $((8 * L * N * C * 4)) bytes per rank per step" "$ULY4" \
-    "\"cp_calls_per_step\":8,\"cp_bytes_per_step\":$((8 * L * N * C * 4))}"
+    "\"cp_calls_per_step\":8,\"cp_bytes_per_step\":$((8 * L * N * C * 4)),"
 # the gradients: one all-reduce of all P parameters per step over dp x cp
 summary_has "cp=4: one all-reduce of the $P gradients per step over the dp+cp group" "$RING4" \
     "\"allreduce\":{\"dp+cp\":{\"calls\":$(rank_array $INV_STEPS 4),\"bytes\":$(rank_array $((INV_STEPS * P * 4)) 4),"
@@ -61,6 +63,53 @@ summary_has "cp=2 ulysses memory per rank: activations $uly_act; comm 2 N 3C" "$
 # zigzag's balance: the causal scores per rank, equal (T(T+1)/2 B NH L / cp)
 summary_has "cp=4 zigzag: every rank computes $((T * (T + 1) / 2 * INV_BATCH * NH * L / 4)) attention scores per step" "$RING4" \
     "\"attention_scores_per_rank\":$(rank_array $((T * (T + 1) / 2 * INV_BATCH * NH * L / 4)) 4)"
+
+# --recompute in context parallelism (docs/recompute.md): the same losses and
+# norms as none, bit for bit (the runs above); what a layer keeps and the
+# peak activations against the formulas; full reruns each block's forward,
+# the ring's K/V passes (L(cp-1) more sends) or Ulysses' two all-to-alls (2L
+# more). Per token: selective keeps 12C+4 (+ ring NH, Ulysses 3C) and shares
+# a transient of 6C (+ Ulysses NH T); full keeps C and shares a whole layer.
+cp_steps() { grep '"type":"step"' "$1" | grep -o '"step":[0-9]*,"loss":[-0-9.e]*,"norm":[-0-9.e]*'; }
+cp_recompute_case() {
+    local mode=$1 r=$2 ncp=$3 flags=$4 none_log=$5 name="cp=$3 $1 --recompute $2" sum
+    local N=$((INV_BATCH * T / ncp)) kept transient whole calls per_call
+    if [ $mode = ring ]; then
+        whole=$((18 * C + 4 + NH)); calls=$((L * (3 * ncp - 2))); per_call=$((2 * C))
+        [ $r = full ] && calls=$((calls + L * (ncp - 1)))
+        [ $r = selective ] && kept=$((12 * C + 4 + NH)) transient=$((6 * C))
+    else
+        whole=$((21 * C + 4 + NH * T)); calls=$((4 * L)); per_call=$((2 * C))
+        [ $r = full ] && calls=$((calls + 2 * L))
+        [ $r = selective ] && kept=$((15 * C + 4)) transient=$((6 * C + NH * T))
+    fi
+    [ $r = full ] && kept=$C transient=$whole
+    local once=$((21 * C + VP + 8 + 3 * NH))
+    [ $mode = ulysses ] && once=$((24 * C + VP + 8 + NH * T))
+    local acts=$((4 * N * (L * kept + transient + once)))
+    invariant --norm --val --expect "activations kept per layer: $((4 * N * kept)) bytes" "$name" "$INV_FLAGS" $ncp \
+        chapter-6 "--cp $ncp --cp-mode $mode $flags --recompute $r"
+    sum=$(grep '"type":"summary"' "$INV_LOG")
+    if [ "$(cp_steps "$INV_LOG")" = "$(cp_steps "$none_log")" ] &&
+        echo "$sum" | grep -qF "\"activations\":$(rank_array $acts $ncp)," &&
+        echo "$sum" | grep -qF "\"cp_calls_per_step\":$calls,\"cp_bytes_per_step\":$((calls * N * per_call * 4)),"; then
+        pass "$name: the same losses and norms as none, bit for bit; peak activations $acts = formula; $calls cp $([ $mode = ring ] && echo sends || echo all-to-alls) per step"
+    else
+        fail "$name" "losses/norms equal to none: $([ "$(cp_steps "$INV_LOG")" = "$(cp_steps "$none_log")" ] && echo yes || echo NO); want activations $acts, $calls calls; got $(echo "$sum" | grep -o '"activations":\[[0-9,]*\]\|"cp_calls_per_step":[0-9]*,"cp_bytes_per_step":[0-9]*' | tr '\n' ' ')"
+    fi
+}
+cp_recompute_case ring selective 4 "--cp-balance zigzag" "$RING4"
+cp_recompute_case ring full 4 "--cp-balance zigzag" "$RING4"
+cp_recompute_case ulysses selective 2 "" "$ULY2"
+cp_recompute_case ulysses full 2 "" "$ULY2"
+# --cp-overlap 0 waits for each K/V (and dK/dV) block before computing:
+# the same sums in the same order, so the same bits as the overlapped ring
+invariant --norm --val --expect "overlap off" "cp=2 ring --cp-overlap 0" "$INV_FLAGS" 2 chapter-6 "--cp 2 --cp-overlap 0"
+if [ "$(cp_steps "$INV_LOG")" = "$(cp_steps "$RING2")" ]; then
+    pass "cp=2 ring --cp-overlap 0: the same losses and norms as overlapped, bit for bit"
+else
+    fail "cp=2 ring --cp-overlap 0: the losses and norms differ from the overlapped ring's"
+fi
 
 # Training-state checkpoints: the cp=2 zigzag ring run saves at step 5 (world
 # rank 0 writes the replica's state); cp=4 Ulysses resumes it and continues
@@ -91,9 +140,9 @@ error_case chapter-6 4 "--cp 4 --seq 12 --batch 4 --cp-balance zigzag" "--seq 12
 error_case chapter-6 3 "--cp 3 --seq 24 --batch 3 --cp-mode ulysses" "ulysses splits the model's 4 heads over cp=3"
 error_case chapter-6 2 "--cp 2 --cp-mode star" "--cp-mode star is not one of ring, ulysses"
 error_case chapter-6 2 "--cp 2 --cp-balance random" "--cp-balance random is not one of none, zigzag"
+error_case chapter-6 2 "--cp 2 --cp-overlap 2" "--cp-overlap 2 is not 0 or 1"
 error_case chapter-6 2 "--tp 2" "--tp 2 without --sp"
 error_case chapter-6 4 "--cp 2" "has 2 ranks but mpirun started 4"
-error_case chapter-6 2 "--cp 2 --recompute full" "chapter 6 keeps its activations its own way"
 help_case chapter-6 "--cp-balance"
 
 # ---------------------------------------------------------------- sequence parallelism (--tp N --sp)

@@ -79,6 +79,11 @@ rc_same c3sel c3none "chapter 3 ZeRO-3 dp=2 selective"
 rc_same c3full c3none "chapter 3 ZeRO-2 dp=2 full"
 rc_peak c3sel selective 4 2 "chapter 3 dp=2 selective"
 rc_trace c3sel "chapter 3 ZeRO-3 dp=2, recompute selective" --layers 2 --recompute selective
+# chapter 6: sequence parallelism (tp=2) and the ring (cp=2), recompute full
+rc_run c6sp 2 chapter-6 --tp 2 --sp --recompute full --trace "$TEST_TMPDIR/rc_c6sp.json"
+rc_trace c6sp "chapter 6 --tp 2 --sp, recompute full" --layers 2 --recompute full
+rc_run c6ring 2 chapter-6 --cp 2 --recompute full --trace "$TEST_TMPDIR/rc_c6ring.json"
+rc_trace c6ring "chapter 6 --cp 2 ring, recompute full" --layers 2 --recompute full
 # the checker can fail: the first block 0 forward made to last past its step
 sed '0,/\("name":"block 0 forward","cat":"compute","ph":"X","ts":[0-9.]*,"dur":\)/s//\199999999/' \
     "$TEST_TMPDIR/rc_c3sel.json" > "$TEST_TMPDIR/rc_broken.json"

@@ -19,6 +19,8 @@
 #                              (1, 4), (2, 2), (3, 1): tp x dp ranks against chapter 3
 #   ch6_MODE_BAL_cp2           chapter 6, context parallelism at cp = 2: the ring
 #                              (zigzag) and Ulysses
+#   ch6_sp_tp2_dp1             chapter 6, sequence parallelism (--tp 2 --sp), beside
+#                              ch4_tp2_dp1
 #   ch7_e4k1_epN               chapter 7, 4 experts, top-1 (the dense model's active
 #                              parameters), ep = 1 and 4
 #
@@ -115,6 +117,8 @@ if have 6; then
     # chapter 6: context parallelism, the sequence of 256 cut over cp ranks
     add ch6_ring_zigzag_cp2 2 "$BIN/chapter-6" --cp 2 --cp-mode ring --cp-balance zigzag $TRAIN
     add ch6_ulysses_none_cp2 2 "$BIN/chapter-6" --cp 2 --cp-mode ulysses $TRAIN
+    # sequence parallelism on chapter 4's tensor parallelism: against ch4_tp2_dp1
+    add ch6_sp_tp2_dp1 2 "$BIN/chapter-6" --tp 2 --sp $TRAIN
 else skipped="$skipped 6"; fi
 
 if have 7; then

@@ -178,6 +178,7 @@ BEGIN {
     else if ("schedule" in F) { mode = F["schedule"] ((F["virtual"] + 0) > 1 ? " v=" F["virtual"] : "") ", m=" F["microbatches"] }
     else if (ch == 0) mode = "reference"
     else mode = RUN
+    if (ch == 6 && ("sp" in F)) mode = "seq. parallel"  # chapter 6 --sp (its summary has zero too)
     if (ch == 2 && need("grad_accum") + 0 > 1) mode = mode ", accum " F["grad_accum"]
     label = sprintf("ch%d\\n%s\\n%s\\nbatch %d", ch, mode, shape, batch)
     key = sprintf("%02d %04d %02d %06d %s", ch, n, order, batch, RUN)
