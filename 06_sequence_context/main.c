@@ -704,7 +704,7 @@ static int train_context_parallel(Run* run, CPMode mode, CPBalance balance, int 
     if (val_loss >= 0) report_val(&log, args->steps - 1, val_loss);
     double ms = clock_ms_per_step(&clock), wait_ms = clock_wait_ms_per_step(&clock);
     print0("communication: %.2f ms per step blocked (rank 0), of %.2f ms per step\n", wait_ms, ms);
-    char extra_json[1024];
+    char extra_json[2048];  // two per-rank lists of up to 512 characters each, and the rest
     snprintf(extra_json, sizeof(extra_json),
              "\"cp_mode\":\"%s\",\"cp_balance\":\"%s\",\"attention_scores_per_rank\":[%s],"
              "\"attention_ms_per_rank\":[%s],\"comm_wait_ms_per_step\":%.3f,\"cp_calls_per_step\":%.0f,"
