@@ -48,8 +48,14 @@ set key below box opaque samplen 2
 chapters = system("awk '!/^#/ && NF { print $2 }' '" . f . "' | sort -un | tr '\\n' ' '")
 chname(c) = c == 0 ? "chapter 0: the single-rank reference" : \
             c == 2 ? "chapter 2: data parallel (full replicas)" : \
-            c == 3 ? "chapter 3: ZeRO / FSDP (sharded state)" : sprintf("chapter %d", c)
-chcolor(c) = c == 0 ? 0x555555 : c == 2 ? 0x0072B2 : c == 3 ? 0x009E73 : c == 4 ? 0xE69F00 : 0xCC79A7
+            c == 3 ? "chapter 3: ZeRO / FSDP (sharded state)" : \
+            c == 4 ? "chapter 4: tensor parallel + FSDP" : \
+            c == 5 ? "chapter 5: pipeline" : \
+            c == 6 ? "chapter 6: context / sequence parallel" : \
+            c == 7 ? "chapter 7: mixture of experts" : sprintf("chapter %d", c)
+# one colour a chapter (Okabe-Ito, colour-blind safe)
+chcolor(c) = c == 0 ? 0x555555 : c == 2 ? 0x0072B2 : c == 3 ? 0x009E73 : c == 4 ? 0xE69F00 : \
+             c == 5 ? 0xCC79A7 : c == 6 ? 0x56B4E9 : c == 7 ? 0xD55E00 : 0x999999
 plot f using 1:(0):xtic(10) with points ps 0 notitle, \
      for [c in chapters] f using 1:(column(2) == int(c) ? column(7) : NaN) with boxes lc rgb chcolor(int(c)) title chname(int(c)), \
      f using 1:7:(sprintf("%.0f", column(7))) with labels offset 0,0.7 font ",9" notitle
