@@ -50,6 +50,7 @@
 #include "model_tp.h"
 #include "report.h"
 #include "runtime.h"
+#include "trace.h"
 #include "train.h"
 
 #include "fsdp.h"
@@ -153,7 +154,9 @@ static float forward(TPModel* m, const int* inputs, const int* targets) {
         BlockParams p = tp_block_params(m, l);
         fsdp_prefetch(&m->f, l + 2);  // the next block, or [lnfw lnfb] after the last
         BlockActs a = tp_acts(m, l);
+        double t0 = trace_start();  // the spans of every chapter (docs/tracing.md)
         block_forward_tp(m, &p, &a, x);
+        trace_compute(t0, "block %d forward", l);
         x = a.res3;
     }
     // the head: final LayerNorm (replicated), then f forward (identity) and
@@ -185,6 +188,7 @@ static void backward(TPModel* m) {
         BlockParams g = tp_block_grads_begin(m, l);
         BlockActs a = tp_acts(m, l);
         const float* x = l > 0 ? tp_acts(m, l - 1).res3 : m->encoded;
+        double t0 = trace_start();
         // --recompute: what forward did not keep, again (docs/recompute.md)
         if (m->recompute == RECOMPUTE_SELECTIVE) {
             tp_recompute_selective(m, &a);  // attention and GELU on this rank's slices: no collective
@@ -192,7 +196,9 @@ static void backward(TPModel* m) {
             a = tp_acts_transient(m);        // the whole block forward into the one-layer buffer,
             block_forward_tp(m, &p, &a, x);  // its two g all-reduces included
         }
+        if (m->recompute != RECOMPUTE_NONE) trace_compute(t0, "block %d recompute", l);
         block_backward_tp(m, &p, &g, &a, &s, x, m->dres);
+        trace_compute(t0, "block %d backward", l);
         if (f->zero > 1) fsdp_reduce_grads(f, 1 + l);
     }
     // the embedding: dres is whole on every rank (g backward: identity)
@@ -273,7 +279,9 @@ int main(int argc, char** argv) {
         data_batch(&setup->train, s, B, T, m.dp->rank * micro, micro, inputs, targets);
         double mine = forward(&m, inputs, targets);
         backward(&m);
+        double t0 = trace_start();  // the norm's all-reduce and AdamW, as chapter 6 (--sp) counts them
         float norm = tp_step(&m, args, s + 1);
+        trace_compute(t0, "optimizer");
         double dt = clock_end(&clock, s - start, args->steps - start);
         prefetched += f->gathers_prefetched - p0;
         loss = (float)train_mean(m.dp, mine);  // every tp rank has the same loss

@@ -44,6 +44,7 @@
 #include "model.h"
 #include "report.h"
 #include "runtime.h"
+#include "trace.h"
 #include "train.h"
 
 #include "schedule.h"
@@ -253,13 +254,18 @@ static const float* layer_input(const Pipe* P, const Slot* sl, int j) {
 // what it reads: the GELU (selective) or the whole forward (full). Keeping
 // those from B to W instead would hold what the mode meant to drop for every
 // microbatch between its B and its W.
-static BlockActs slot_recompute(const Pipe* P, const Slot* sl, int j, const BlockParams* p, int weights_only) {
+// layer: the model's layer number, for the trace's span (docs/tracing.md).
+static BlockActs slot_recompute(const Pipe* P, const Slot* sl, int j, int layer, const BlockParams* p,
+                                int weights_only) {
     const GPTConfig* g = P->cfg;
-    if (weights_only)
-        return block_acts_recompute_weights(p, slot_store(P, sl, j), P->transient, layer_input(P, sl, j), P->b, P->T,
-                                            g->channels, g->num_heads, P->recompute);
-    return block_acts_recompute(p, slot_store(P, sl, j), P->transient, layer_input(P, sl, j), P->b, P->T, g->channels,
-                                g->num_heads, P->recompute);
+    double t0 = trace_start();
+    BlockActs a = weights_only
+                      ? block_acts_recompute_weights(p, slot_store(P, sl, j), P->transient, layer_input(P, sl, j),
+                                                     P->b, P->T, g->channels, g->num_heads, P->recompute)
+                      : block_acts_recompute(p, slot_store(P, sl, j), P->transient, layer_input(P, sl, j), P->b,
+                                             P->T, g->channels, g->num_heads, P->recompute);
+    if (P->recompute != RECOMPUTE_NONE) trace_compute(t0, "block %d recompute", layer);
+    return a;
 }
 
 static HeadActs slot_head(const Pipe* P, const Slot* sl) {
@@ -375,7 +381,9 @@ static void forward(Pipe* P, int mb, int c, long step, const TokenSet* set) {
     for (int j = 0; j < P->layers[c].count; j++) {
         BlockParams p = block_params_at(P->params + P->chunk_off[c] + (size_t)j * gpt_block_numel(C), C);
         BlockActs a = slot_block(P, sl, j);
+        double t0 = trace_start();
         block_forward(&p, &a, x, b, T, C, NH);
+        trace_compute(t0, "block %d forward", P->layers[c].first + j);
         x = a.res3;
     }
     if (k == P->S - 1) {
@@ -415,7 +423,9 @@ static void backward(Pipe* P, int mb, int c) {
     for (int j = n - 1; j >= 0; j--) {
         size_t off = P->chunk_off[c] + (size_t)j * gpt_block_numel(C);
         BlockParams p = block_params_at(P->params + off, C);
-        BlockActs a = slot_recompute(P, sl, j, &p, 0);
+        // with a split backward the span is B, the input half
+        double t0 = trace_start();
+        BlockActs a = slot_recompute(P, sl, j, P->layers[c].first + j, &p, 0);
         if (split) {
             BlockStash st = slot_stash(P, sl, j);
             block_backward_input(&p, &a, &scr, &st, layer_input(P, sl, j), sl->dres, b, T, C, NH);
@@ -423,6 +433,7 @@ static void backward(Pipe* P, int mb, int c) {
             BlockParams gr = block_params_at(P->grads + off, C);
             block_backward(&p, &gr, &a, &scr, layer_input(P, sl, j), sl->dres, b, T, C, NH);
         }
+        trace_compute(t0, "block %d backward", P->layers[c].first + j);
     }
     if (k > 0) send(P, sl->dres, (P->s + P->npp - 1) % P->npp);
     if (!split) {
@@ -444,9 +455,11 @@ static void weights(Pipe* P, int mb, int c) {
     for (int j = n - 1; j >= 0; j--) {
         size_t off = P->chunk_off[c] + (size_t)j * gpt_block_numel(C);
         BlockParams p = block_params_at(P->params + off, C), gr = block_params_at(P->grads + off, C);
-        BlockActs a = slot_recompute(P, sl, j, &p, 1);
+        double t0 = trace_start();
+        BlockActs a = slot_recompute(P, sl, j, P->layers[c].first + j, &p, 1);
         BlockStash st = slot_stash(P, sl, j);
         block_backward_weights(&gr, &a, &st, layer_input(P, sl, j), b, T, C);
+        trace_compute(t0, "block %d backward weights", P->layers[c].first + j);
     }
     // the embedding's gradient is a weight gradient too: d encoded sits in dres
     if (k == 0) encoder_backward(P->dwte, P->dwpe, sl->dres, sl->inputs, b, T, C);
@@ -537,8 +550,10 @@ static float train_step(Trainer* tr, long step, Timeline* tl, float* norm) {
         if (!P->piece[i].tied_copy) mine += grad_sumsq(P->grads + P->piece[i].local, P->piece[i].count);
     const Comm* groups[1] = {P->pp};
     *norm = (float)train_global_norm(mine, groups, 1);
+    double t0 = trace_start();
     adamw_update(P->params, P->grads, P->mom, P->vel, P->n_local, train_adamw(tr->args), (int)step + 1,
                  grad_clip_scale(*norm, tr->args->clip));
+    trace_compute(t0, "optimizer");
     // only the last stage saw the loss: it tells its pipeline, then the dp mean
     double loss = P->s == P->npp - 1 ? P->loss_sum / P->m : 0.0;
     MPI_CHECK(MPI_Bcast(&loss, 1, MPI_DOUBLE, P->npp - 1, P->pp->mpi));

@@ -34,6 +34,7 @@
 #include "moe.h"
 #include "report.h"
 #include "runtime.h"
+#include "trace.h"
 #include "train.h"
 
 // ---------------------------------------------------------------- one MoE layer's state
@@ -298,6 +299,8 @@ static BlockActs moe_layer_recompute(ExpertModel* m, int l, const float* x) {
     int C = c->gpt.channels, NH = c->gpt.num_heads;
     BlockActs a = acts_of(m, l);
     MoeLayer* L = layer_of(m, l);
+    // the same span as model.c's dense blocks (docs/tracing.md)
+    double t0 = trace_start();
     if (m->recompute == RECOMPUTE_SELECTIVE) {
         // as model.c: attention_forward rewrites atty (kept, the same bits)
         // into attproj's slot, which backward never reads
@@ -312,6 +315,7 @@ static BlockActs moe_layer_recompute(ExpertModel* m, int l, const float* x) {
         moe_layer_forward(m, l, &a, x);
         m->record = record;
     }
+    if (m->recompute != RECOMPUTE_NONE) trace_compute(t0, "block %d recompute", l);
     return a;
 }
 
@@ -319,6 +323,7 @@ static BlockActs moe_layer_recompute(ExpertModel* m, int l, const float* x) {
 static void moe_layer_backward(ExpertModel* m, int l, const float* x) {
     const MoeConfig* c = &m->cfg;
     int N = m->N, C = c->gpt.channels, H = c->hidden, E = c->experts, k = c->top_k;
+    double t0 = trace_start();
     BlockActs a = moe_layer_recompute(m, l, x);
     MoeLayer* L = layer_of(m, l);
     BlockParams p = moe_block_params(c, m->shared, l);
@@ -353,6 +358,7 @@ static void moe_layer_backward(ExpertModel* m, int l, const float* x) {
     matmul_backward(m->dln2, moe_router_at(c, m->dshared, l), NULL, m->dlogits, a.ln2,
                     moe_router_at(c, m->shared, l), N, C, E);
     moe_attention_backward(&p, &g, &a, &s, x, m->dln2, dres, m->B, m->T, C, c->gpt.num_heads);
+    trace_compute(t0, "block %d backward", l);
 }
 
 // ---------------------------------------------------------------- the whole model
@@ -367,7 +373,9 @@ static float model_forward(ExpertModel* m, const int* inputs, const int* targets
     for (int l = 0; l < g->num_layers; l++) {
         if (moe_is_moe_layer(&m->cfg, l)) {
             BlockActs a = acts_of(m, l);
+            double t0 = trace_start();
             moe_layer_forward(m, l, &a, gpt_acts_block_input(&m->acts, g, l, B, T));
+            trace_compute(t0, "block %d forward", l);
         } else {
             BlockParams p = moe_block_params(&m->cfg, m->shared, l);
             gpt_block_forward(&m->acts, g, l, &p, B, T);
@@ -431,8 +439,10 @@ static float clip_and_step(ExpertModel* m, const TrainArgs* args, int step) {
     double norm = train_global_norm(mine, groups, 2);
     float scale = grad_clip_scale(norm, args->clip);
     AdamWConfig ac = train_adamw(args);
+    double t0 = trace_start();
     adamw_update(m->shared, m->dshared, m->m_s, m->v_s, m->n_shared, ac, step + 1, scale);
     adamw_update(m->experts, m->dexperts, m->m_e, m->v_e, m->n_experts, ac, step + 1, scale);
+    trace_compute(t0, "optimizer");
     return (float)norm;
 }
 

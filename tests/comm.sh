@@ -44,4 +44,46 @@ for us in 1 0; do
     fi
 done
 
+# --comm hand in chapters 4-7: chapter 1's hand-written collectives in place
+# of the library's, on the same mesh, give the same step records (loss and
+# norm as logged, %.8g and %.6f): cm_pair runs the pair, 3 steps each. Where
+# every reduction is over 2 ranks the sum a + b is the same either way, bit
+# for bit; chapter 7 averages over dp x ep = 4 ranks, which the ring adds in
+# another order, so there (--tol) the losses agree within the invariant's
+# TOL and the norms within TOL_NORM.
+echo "== comm: --comm hand against --comm library, chapters 4 to 7"
+cm_steps() { grep '"type":"step"' "$1" | sed 's/,"ms":.*//'; }
+cm_pair() {  # [--tol] WHAT NP BIN FLAGS...: the library run, the hand run, the same records
+    local tol=0 what np bin mode ok=1 cmp
+    if [ "$1" = --tol ]; then tol=1; shift; fi
+    what=$1 np=$2 bin=$3
+    shift 3
+    for mode in library hand; do
+        rm -f "$TEST_TMPDIR/cm_$mode.jsonl"
+        mpi_run $T_SHORT "$np" "$BUILD/$bin" --steps 3 --batch 8 --seq 32 --peak-gflops 10 --comm $mode \
+            --log "$TEST_TMPDIR/cm_$mode.jsonl" "$@"
+        [ "$RC" -eq 0 ] || ok=0
+    done
+    if [ $tol = 1 ]; then
+        if [ $ok = 1 ] && cmp=$(bash tests/compare_losses.sh "$TEST_TMPDIR/cm_library.jsonl" \
+            "$TEST_TMPDIR/cm_hand.jsonl" $TOL 2>&1) && cmp="$cmp; $(bash tests/compare_losses.sh \
+            "$TEST_TMPDIR/cm_library.jsonl" "$TEST_TMPDIR/cm_hand.jsonl" $TOL_NORM norm 2>&1)"; then
+            pass "$what --comm hand: --comm library's 3 losses within $TOL, norms within $TOL_NORM ($cmp)"
+        else
+            fail "$what --comm hand" "exit $RC; $cmp"
+        fi
+    elif [ $ok = 1 ] && [ -s "$TEST_TMPDIR/cm_hand.jsonl" ] &&
+        [ "$(cm_steps "$TEST_TMPDIR/cm_hand.jsonl")" = "$(cm_steps "$TEST_TMPDIR/cm_library.jsonl")" ]; then
+        pass "$what --comm hand: the same 3 losses and norms as --comm library, bit for bit"
+    else
+        fail "$what --comm hand" "exit $RC; $(diff <(cm_steps "$TEST_TMPDIR/cm_hand.jsonl") \
+            <(cm_steps "$TEST_TMPDIR/cm_library.jsonl") 2>&1 | head -4)"
+    fi
+}
+cm_pair "chapter 4 dp=2 x tp=2" 4 chapter-4 --dp 2 --tp 2
+cm_pair "chapter 5 pp=2 x dp=2 1f1b" 4 chapter-5 --pp 2 --dp 2 --schedule 1f1b
+cm_pair "chapter 6 cp=2 ring" 2 chapter-6 --cp 2
+cm_pair "chapter 6 tp=2 --sp" 2 chapter-6 --tp 2 --sp
+cm_pair --tol "chapter 7 ep=2 x dp=2" 4 chapter-7 --ep 2 --dp 2
+
 finish

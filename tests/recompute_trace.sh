@@ -2,7 +2,8 @@
 # --recompute and --trace (docs/recompute.md, docs/tracing.md): recomputation
 # logs the same losses and norms as none, bit for bit, in chapters 0, 2 and 3,
 # and each rank's activation peak is the mode's formula; a trace is valid
-# JSON, nested per rank and adds up to its run's summary (tests/trace_check.py),
+# JSON, nested per rank and adds up to its run's summary (tests/trace_check.py,
+# chapters 0, 2-7),
 # and the checker fails on a broken trace; bad flags give one message.
 . "$(dirname "$0")/lib.sh"
 echo "== --recompute and --trace"
@@ -84,6 +85,27 @@ rc_run c6sp 2 chapter-6 --tp 2 --sp --recompute full --trace "$TEST_TMPDIR/rc_c6
 rc_trace c6sp "chapter 6 --tp 2 --sp, recompute full" --layers 2 --recompute full
 rc_run c6ring 2 chapter-6 --cp 2 --recompute full --trace "$TEST_TMPDIR/rc_c6ring.json"
 rc_trace c6ring "chapter 6 --cp 2 ring, recompute full" --layers 2 --recompute full
+# chapters 4, 5 and 7 (tests/trace_check.py): chapter 4's TP blocks; chapter
+# 5's stages each hold one of the 2 layers and run them once per microbatch
+# (--pipeline reads that from the summary), zb's W spans (--split); chapter
+# 7's MoE layers with their all-to-alls inside
+rc_run c4 4 chapter-4 --dp 2 --tp 2 --steps 3 --trace "$TEST_TMPDIR/rc_c4.json"
+rc_trace c4 "chapter 4 dp=2 x tp=2" --layers 2
+rc_run c5 4 chapter-5 --pp 2 --dp 2 --schedule 1f1b --recompute full --steps 3 --trace "$TEST_TMPDIR/rc_c5.json"
+rc_trace c5 "chapter 5 pp=2 x dp=2 1f1b, recompute full" --pipeline --recompute full
+rc_run c5zb 4 chapter-5 --pp 2 --dp 2 --schedule zb --recompute selective --steps 3 --trace "$TEST_TMPDIR/rc_c5zb.json"
+rc_trace c5zb "chapter 5 pp=2 x dp=2 zb, recompute selective" --pipeline --split --recompute selective
+rc_run c7 4 chapter-7 --ep 2 --dp 2 --recompute full --steps 3 --trace "$TEST_TMPDIR/rc_c7.json"
+rc_trace c7 "chapter 7 ep=2 x dp=2, recompute full" --layers 2 --recompute full
+# ... and fails on a pipeline rank that misses spans: zb's trace checked as
+# if the schedule did not split backward (its W spans and their recomputes
+# are then too many)
+if python3 tests/trace_check.py "$TEST_TMPDIR/rc_c5zb.json" "$TEST_TMPDIR/rc_c5zb.jsonl" --pipeline \
+    --recompute selective 2>&1 | grep -q '^FAIL every step of every rank holds'; then
+    pass "trace: the checker finds a pipeline step with spans its schedule does not run"
+else
+    fail "trace: the checker on a pipeline trace without --split" "no FAIL line for the span counts"
+fi
 # the checker can fail: the first block 0 forward made to last past its step
 sed '0,/\("name":"block 0 forward","cat":"compute","ph":"X","ts":[0-9.]*,"dur":\)/s//\199999999/' \
     "$TEST_TMPDIR/rc_c3sel.json" > "$TEST_TMPDIR/rc_broken.json"

@@ -2,6 +2,14 @@
 """Checks a --trace file against the run's JSONL log (docs/tracing.md).
 
 usage: trace_check.py TRACE.json LOG.jsonl --layers L [--micro K] [--recompute MODE]
+       trace_check.py TRACE.json LOG.jsonl --pipeline [--split] [--recompute MODE]
+
+  --pipeline  chapter 5: each rank holds only its stage's layers and runs each
+              of them once per microbatch, so L is the summary's "layers" of
+              that rank and K its "microbatches" (every rank runs them all)
+  --split     the schedule splits backward (zb): each layer's B holds its
+              "block l backward" span and its W a "block l backward weights"
+              span, and --recompute recomputes before both (2 K L recompute)
 
   1. the file is one JSON object whose "traceEvents" are Chrome trace events;
      the complete events ("ph":"X") carry name, cat, ts, dur, pid, tid, and
@@ -11,7 +19,9 @@ usage: trace_check.py TRACE.json LOG.jsonl --layers L [--micro K] [--recompute M
      that do not overlap; times are compared as integer nanoseconds;
   3. every rank has one step span per step, each holding K x L "block l
      forward" and as many "block l backward" spans, and L "block l
-     recompute" spans per micro-batch unless --recompute none;
+     recompute" spans per micro-batch unless --recompute none (with --split
+     K x L "block l backward weights" and twice the recompute spans, else
+     none of those), and the "optimizer";
   4. rank 0's totals over the timed steps equal the summary's figures per
      step: the step spans its ms_per_step, the wait spans its
      comm_wait_ms_per_step and the comm spans its comm_progress_ms_per_step.
@@ -46,14 +56,18 @@ def main(argv):
     pos = []
     i = 1
     while i < len(argv):
-        if argv[i].startswith("--"):
+        if argv[i] in ("--pipeline", "--split"):
+            args[argv[i]] = True
+            i += 1
+        elif argv[i].startswith("--"):
             args[argv[i]] = argv[i + 1]
             i += 2
         else:
             pos.append(argv[i])
             i += 1
     trace_path, log_path = pos
-    L, K = int(args["--layers"]), int(args["--micro"])
+    pipeline, split = "--pipeline" in args, "--split" in args
+    L, K = (0 if pipeline else int(args["--layers"])), int(args["--micro"])
     recompute = args["--recompute"] != "none"
 
     with open(trace_path) as f:
@@ -70,6 +84,10 @@ def main(argv):
                 summary = rec
     world = summary["world_size"] if "world_size" in summary else len(summary["peak_bytes"]["params"])
     steps = summary["steps"]
+    # layers per rank: the same L everywhere, or each pipeline stage's own
+    layers = summary["layers"] if pipeline else [L] * world
+    if pipeline:
+        K = summary["microbatches"]
 
     events = doc.get("traceEvents") if isinstance(doc, dict) else None
     spans = [e for e in events or [] if e.get("ph") == "X"]
@@ -107,6 +125,7 @@ def main(argv):
     counts_ok = True
     bad = ""
     for pid in range(world):
+        L = layers[pid] if pid < len(layers) else 0
         host = rows[(pid, 0)]
         step_spans = [s for s in host if s[2]["cat"] == "step"]
         if len(step_spans) != steps:
@@ -118,13 +137,19 @@ def main(argv):
             fwd = sum(1 for n in inside if re.fullmatch(r"block \d+ forward", n))
             bwd = sum(1 for n in inside if re.fullmatch(r"block \d+ backward", n))
             rec = sum(1 for n in inside if re.fullmatch(r"block \d+ recompute", n))
-            want_rec = K * L if recompute else 0
-            if fwd != K * L or bwd != K * L or rec != want_rec or "optimizer" not in inside:
+            wts = sum(1 for n in inside if re.fullmatch(r"block \d+ backward weights", n))
+            want_rec = K * L * (2 if split else 1) if recompute else 0
+            want_wts = K * L if split else 0
+            if fwd != K * L or bwd != K * L or rec != want_rec or wts != want_wts or "optimizer" not in inside:
                 counts_ok = False
-                bad = (f"rank {pid} {st['name']}: {fwd} forward, {bwd} backward, {rec} recompute spans, optimizer "
-                       f"{'optimizer' in inside}; want {K * L}, {K * L}, {want_rec}, True")
-    check(counts_ok, f"every step of every rank holds {K}x{L} block forward and backward spans"
-          + (f", {K}x{L} recompute spans" if recompute else ", no recompute span") + " and the optimizer", bad)
+                bad = (f"rank {pid} {st['name']}: {fwd} forward, {bwd} backward, {rec} recompute, {wts} backward "
+                       f"weights spans, optimizer {'optimizer' in inside}; want {K * L}, {K * L}, {want_rec}, "
+                       f"{want_wts}, True")
+    ltext = f"(layers {layers} from the summary)" if pipeline else f"{L}"
+    check(counts_ok, f"every step of every rank holds {K}x{ltext} block forward and backward spans"
+          + (", as many backward weights spans" if split else "")
+          + ((f", {'2x' if split else ''}{K}x{ltext} recompute spans") if recompute else ", no recompute span")
+          + " and the optimizer", bad)
 
     # 4: rank 0's totals over the timed steps against the summary
     host = rows[(0, 0)]
