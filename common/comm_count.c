@@ -20,6 +20,8 @@ static double progress_seconds = 0.0;
 // and waits are part of the one collective already counted, not calls of
 // their own
 static int quiet = 0;
+// collectives run by chapter 1's hand-written code since the last reset
+static long hand_collectives = 0;
 
 const char* collective_name(Collective c) {
     static const char* names[NUM_COLLECTIVES] = {
@@ -88,6 +90,7 @@ void comm_counts_reset(void) {
     memset(counts, 0, sizeof(counts));
     wait_seconds = 0.0;
     progress_seconds = 0.0;
+    hand_collectives = 0;
 }
 
 double comm_wait_seconds(void) { return wait_seconds; }
@@ -170,7 +173,12 @@ void comm_request_done(const CommRequest* req) {
     trace_span(TRACE_INFLIGHT, req->t_start, now_seconds(), 1, -1, 0, name);
 }
 
-void comm_count_quiet(int on) { quiet += on ? 1 : -1; }
+void comm_count_quiet(int on) {
+    if (on && quiet == 0) hand_collectives++;  // the outermost hand collective
+    quiet += on ? 1 : -1;
+}
+
+long comm_hand_collectives(void) { return hand_collectives; }
 
 MPI_Comm comm_group_split_axes(const Mesh* mesh, unsigned axes, int* slot) {
     CHECK(axes != 0 && axes < (1u << NUM_AXES), "comm_create_group: 0x%x is not a set of mesh axes", axes);

@@ -48,5 +48,9 @@ void comm_note_progress(void);
 // on = 1 while a collective made of other comm_* calls runs (--comm hand),
 // 0 after it: the calls inside it are not counted, nor their seconds.
 void comm_count_quiet(int on);
+// How many collectives chapter 1's hand-written code ran on this rank since
+// comm_counts_reset (0 under --comm library): the summary's
+// "hand_collectives", so a test can tell that --comm hand took effect.
+long comm_hand_collectives(void);
 
 #endif

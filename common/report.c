@@ -12,6 +12,7 @@
 #include <unistd.h>
 
 #include "comm.h"
+#include "comm_count.h"
 #include "common.h"
 #include "memory.h"
 #include "optime.h"
@@ -243,6 +244,9 @@ void report_summary(JsonLog* log, const Mesh* mesh, const RunSummary* s) {
         fprintf(f, "],\"comm_progress_s\":[");
         for (int r = 0; r < n; r++) fprintf(f, "%s%.6f", r ? "," : "", comm_all[(size_t)r * ncomm + ncomm - 1]);
         fprintf(f, "]");
+        // which implementation ran the collectives, and (rank 0) how many
+        // chapter 1's code ran: --comm hand must show a count above 0
+        fprintf(f, ",\"comm_impl\":\"%s\",\"hand_collectives\":%ld", comm_impl_name(), comm_hand_collectives());
         // "op_ms_per_step": {"matmul_fwd": [rank 0, rank 1, ...], ..., "comm_wait": [...],
         // "comm_progress": [...], "step": [...]}
         fprintf(f, ",\"op_ms_per_step\":{");

@@ -64,6 +64,17 @@ cm_pair() {  # [--tol] WHAT NP BIN FLAGS...: the library run, the hand run, the 
             --log "$TEST_TMPDIR/cm_$mode.jsonl" "$@"
         [ "$RC" -eq 0 ] || ok=0
     done
+    # the hand run really ran chapter 1's code (a 2-rank sum is the same
+    # either way, so equal records alone would not show it)
+    local nh
+    nh=$(grep -o '"hand_collectives":[0-9]*' "$TEST_TMPDIR/cm_hand.jsonl" | cut -d: -f2)
+    if grep -q '"comm_impl":"hand"' "$TEST_TMPDIR/cm_hand.jsonl" && [ "${nh:-0}" -gt 0 ] &&
+        grep -q '"comm_impl":"library","hand_collectives":0' "$TEST_TMPDIR/cm_library.jsonl"; then
+        pass "$what --comm hand: rank 0 ran $nh collectives of chapter 1's code, the library run none"
+    else
+        fail "$what --comm hand: the summary does not show chapter 1's collectives ran" \
+            "$(grep -o '"comm_impl":"[a-z]*","hand_collectives":[0-9]*' "$TEST_TMPDIR"/cm_*.jsonl)"
+    fi
     if [ $tol = 1 ]; then
         if [ $ok = 1 ] && cmp=$(bash tests/compare_losses.sh "$TEST_TMPDIR/cm_library.jsonl" \
             "$TEST_TMPDIR/cm_hand.jsonl" $TOL 2>&1) && cmp="$cmp; $(bash tests/compare_losses.sh \
