@@ -279,6 +279,8 @@ void attention_forward(float* out, float* att, const float* qkv, int B, int T, i
                 for (int t = i0; t < i1; t++) {
                     float* row = a + (size_t)t * T;
                     float mx = row[0];
+                    // a max is exact in any order, so it may run in lanes
+                    #pragma omp simd reduction(max : mx)
                     for (int s = 1; s <= t; s++) mx = row[s] > mx ? row[s] : mx;
                     float sum = 0.0f;
                     #pragma omp simd reduction(+ : sum)
@@ -288,7 +290,11 @@ void attention_forward(float* out, float* att, const float* qkv, int B, int T, i
                     }
                     float inv = 1.0f / sum;
                     for (int s = 0; s <= t; s++) row[s] *= inv;
-                    for (int s = t + 1; s < T; s++) row[s] = 0.0f;
+                    // att @ v below reads this block's columns up to i1, so
+                    // the future keys inside them must be zeros; the columns
+                    // past i1 are never read (by backward either), and are
+                    // left as they are (ops.h: only the causal part is defined)
+                    for (int s = t + 1; s < i1; s++) row[s] = 0.0f;
                 }
                 // out[i0:i1] (i1-i0, hs) = att[i0:i1, 0:i1] @ v[0:i1]
                 cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, i1 - i0, hs, i1,
@@ -333,9 +339,12 @@ void attention_backward(float* dqkv, float* datt, const float* dout, const float
                     const float* arow = a + (size_t)t * T;
                     float* drow = da + (size_t)t * T;
                     float dot = 0.0f;
+                    #pragma omp simd reduction(+ : dot)
                     for (int s = 0; s <= t; s++) dot += arow[s] * drow[s];
                     for (int s = 0; s <= t; s++) drow[s] = arow[s] * (drow[s] - dot);
-                    for (int s = t + 1; s < T; s++) drow[s] = 0.0f;
+                    // zeros up to the block's edge i1, which the dk product
+                    // below reads; it never reads past it
+                    for (int s = t + 1; s < i1; s++) drow[s] = 0.0f;
                 }
                 // dq[i0:i1] += dscore[i0:i1, 0:i1] @ k[0:i1] * scale
                 cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, i1 - i0, hs, i1,
