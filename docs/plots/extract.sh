@@ -28,8 +28,9 @@
 #
 # Every table's first column, x, is the bar position (runs sorted by chapter,
 # ranks, mode, batch, with a gap between chapters), and its last column the
-# quoted label under the bar ("ch2\nnaive\ndp=2\nbatch 8"; gnuplot reads the \n
-# as a line break); the numbers in between can be read with awk as well.
+# quoted label of the run's row, on one line ("ch2 naive, dp=2, batch 8"; in
+# memory.dat ", rank R" follows it); the label starts with "chN", which the
+# plots read the chapter from; the numbers in between can be read with awk.
 #
 # A record that lacks a field the tables need stops the
 # extraction with the file and the field named.
@@ -179,8 +180,11 @@ BEGIN {
     else if (ch == 0) mode = "reference"
     else mode = RUN
     if (ch == 6 && ("sp" in F)) mode = "seq. parallel"  # chapter 6 --sp (its summary has zero too)
+    else if (ch == 6 && ("cp_mode" in F)) mode = F["cp_mode"] (F["cp_balance"] != "" && F["cp_balance"] != "none" ? " " F["cp_balance"] : "")
+    if (ch == 7 && ("experts" in F)) mode = sprintf("MoE E=%d k=%d", F["experts"], F["top_k"])
     if (ch == 2 && need("grad_accum") + 0 > 1) mode = mode ", accum " F["grad_accum"]
-    label = sprintf("ch%d\\n%s\\n%s\\nbatch %d", ch, mode, shape, batch)
+    # one line: the plots draw one row per run, the label beside it
+    label = sprintf("ch%d %s, %s, batch %d", ch, mode, shape, batch)
     key = sprintf("%02d %04d %02d %06d %s", ch, n, order, batch, RUN)
 
     printf "runs\t%s\t%d %d %d %d %.3f %.1f %.5f \"%s\" \"%s\"\n", key, ch, n, batch, steps, ms, tps, mfu, mode, label
@@ -195,7 +199,7 @@ BEGIN {
         }
         if (d > fardist) { fardist = d; far = r }
     }
-    rowl = (far >= 0) ? sprintf("ch%d\\n%s\\n%s\\nrank 0", ch, mode, shape) : label
+    rowl = (far >= 0) ? label ", rank 0" : label
     line = "0"
     for (c = 1; c <= ncat; c++) line = line sprintf(" %.3f", mib(F["peak_bytes." cat[c] ".0"]))
     line = line sprintf(" %.3f", mib(F["peak_bytes.total.0"]))
@@ -204,7 +208,7 @@ BEGIN {
         line = far ""
         for (c = 1; c <= ncat; c++) line = line sprintf(" %.3f", mib(F["peak_bytes." cat[c] "." far]))
         line = line sprintf(" %.3f", mib(F["peak_bytes.total." far]))
-        printf "memory\t%s 1\t%s \"the same\\nrun,\\nrank %d\"\n", key, line, far
+        printf "memory\t%s 1\t%s \"%s, rank %d\"\n", key, line, label, far
     }
 
     # communication per step, rank 0, each collective summed over its axes

@@ -6,65 +6,77 @@
 # Reads dir/runs.dat (x chapter ranks batch steps ms_per_step tokens_per_s mfu
 # mode label) and dir/scaling.dat (ranks batch batch_per_rank tokens_per_s).
 # Variables: strong_batch (the strong series' global batch, 8), weak_per_rank
-# (the weak series' sequences per rank, 4), note (a line under the title).
+# (the weak series' sequences per rank, 4), note (a line under the title),
+# mixed (a line under it: the runs were measured at different times, plots.sh
+# reads it from sweep.txt). One row per run: the picture's height follows the
+# number of runs (rows.gpi).
 
 if (!exists("dir")) dir = "build/plots"
 if (!exists("outfile")) outfile = "docs/plots/tokens_per_s.png"
 if (!exists("note")) note = ""
+if (!exists("mixed")) mixed = ""
 if (!exists("strong_batch")) strong_batch = 8
 if (!exists("weak_per_rank")) weak_per_rank = 4
 f = dir . "/runs.dat"
 g = dir . "/scaling.dat"
+load system("dirname '" . ARG0 . "'") . "/rows.gpi"
 
+# one row per run, a free row above each chapter for its name: the picture
+# grows with the runs, row_px pixels a row
+stats f using 1 nooutput
+row_first = STATS_min - 1
+row_last = STATS_max
+nrows = row_last - row_first + 1
+top_px = 105 + (strlen(note) > 0 ? 18 : 0) + (strlen(mixed) > 0 ? 36 : 0)
+bottom_px = 150
+height = top_px + nrows * row_px + bottom_px
+height = height < 760 + top_px ? 760 + top_px : height
 if (strstrt(GPVAL_TERMINALS, "pngcairo") > 0) {
-    set terminal pngcairo size 2300,1000 font "Sans,11" noenhanced
+    set terminal pngcairo size 1900,height font "Sans,11" noenhanced
 } else {
-    set terminal png size 2300,1000 font "Sans,11" noenhanced
+    set terminal png size 1900,height font "Sans,11" noenhanced
 }
 set output outfile
 
 t = "Training throughput: tokens per second of the whole job (global batch x 256 tokens / time per step, steps 2..N), higher is better"
 if (strlen(note) > 0) t = t . "\n" . note
+if (strlen(mixed) > 0) t = t . "\n" . mixed
 set multiplot title t font ",13"
 
 # ---------------------------------------------------------------- left: every run
-# wide enough that the two-line run labels ("overlapped") do not touch
-set origin 0, 0
-set size 0.70, 0.93
-set title "every run (colour = chapter), tokens/s over the bar"
-stats f using 1 nooutput
-set xrange [STATS_min - 0.7 : STATS_max + 0.7]
+set lmargin at screen 0.17
+set rmargin at screen 0.62
+set tmargin at screen 1.0 - (top_px - 10.0) / height
+set bmargin at screen 1.0 * bottom_px / height
+set title "every run, one row each (colour = chapter), tokens/s after the bar"
 stats f using 7 nooutput
-set yrange [0 : 1.2 * STATS_max]
-set ylabel "tokens/s (whole job)"
-set xlabel "run (chapter, strategy, mesh, global batch in sequences)" offset 0,-3.2
-set bmargin 11
-set xtics nomirror font ",9" scale 0
-set grid ytics lc rgb "#dddddd"
+set xrange [0 : 1.15 * STATS_max]
+set yrange [row_last + 0.7 : row_first - 0.7]
+set xlabel "tokens/s (whole job)"
+set ylabel ""
+set ytics nomirror font ",9" scale 0
+set xtics nomirror
+set grid xtics lc rgb "#dddddd"
 set style fill solid 0.85 border rgb "#333333"
-set boxwidth 0.75
-set key below box opaque samplen 2
+set key at screen 0.395, screen 0.01 center bottom horizontal maxrows 3 box opaque samplen 2 width 1
 
 chapters = system("awk '!/^#/ && NF { print $2 }' '" . f . "' | sort -un | tr '\\n' ' '")
-chname(c) = c == 0 ? "chapter 0: the single-rank reference" : \
-            c == 2 ? "chapter 2: data parallel (full replicas)" : \
-            c == 3 ? "chapter 3: ZeRO / FSDP (sharded state)" : \
-            c == 4 ? "chapter 4: tensor parallel + FSDP" : \
-            c == 5 ? "chapter 5: pipeline" : \
-            c == 6 ? "chapter 6: context / sequence parallel" : \
-            c == 7 ? "chapter 7: mixture of experts" : sprintf("chapter %d", c)
-# one colour a chapter (Okabe-Ito, colour-blind safe)
-chcolor(c) = c == 0 ? 0x555555 : c == 2 ? 0x0072B2 : c == 3 ? 0x009E73 : c == 4 ? 0xE69F00 : \
-             c == 5 ? 0xCC79A7 : c == 6 ? 0x56B4E9 : c == 7 ? 0xD55E00 : 0x999999
-plot f using 1:(0):xtic(10) with points ps 0 notitle, \
-     for [c in chapters] f using 1:(column(2) == int(c) ? column(7) : NaN) with boxes lc rgb chcolor(int(c)) title chname(int(c)), \
-     f using 1:7:(sprintf("%.0f", column(7))) with labels offset 0,0.7 font ",9" notitle
+# bars: boxxyerror from 0 to the value, 0.76 of a row high
+plot f using (0):1:ytic(10) with points ps 0 notitle, \
+     for [c in chapters] f using ($7 / 2):(column(2) == int(c) ? $1 : NaN):($7 / 2):(0.38) \
+         with boxxyerror lc rgb chcolor(int(c)) title chname(int(c)), \
+     f using 7:1:(sprintf("%.0f", $7)) with labels left offset 0.5,0 font ",9" notitle, \
+     headers(f) using (0):1:(chname($2)):(chcolor($2)) with labels left offset 0.3,0 \
+         font "Sans Bold,10" tc rgb variable notitle
 
 # ---------------------------------------------------------------- right: scaling
 unset title
 reset
-set origin 0.70, 0
-set size 0.30, 0.93
+# the top of the picture's right side, 700 pixels high whatever the rows
+set lmargin at screen 0.67
+set rmargin at screen 0.985
+set tmargin at screen 1.0 - (top_px - 10.0) / height
+set bmargin at screen 1.0 - (top_px + 700.0) / height
 set title sprintf("chapter 2 (overlapped) on 1, 2 and 4 ranks\nstrong scaling: global batch fixed at %d sequences\nweak scaling: %d sequences per rank", \
                   strong_batch, weak_per_rank)
 rows = int(system("grep -vc '^#' '" . g . "' || true"))
