@@ -53,6 +53,16 @@ if [ -f "$data/sweep.txt" ]; then
     [ -z "$lost" ] || missing "$data/sweep.txt lists files that are not there:$lost"
 fi
 note=$(sed -n 's/^note: //p' "$data/sweep.txt" 2>/dev/null | head -1 | tr -d "'\"")
+# runs made again later (ONLY=REGEX make bench) ran under another load: the
+# date: line says which; the plots that show times say so under their title
+mixed=$(sed -n 's/^date: //p' "$data/sweep.txt" 2>/dev/null | head -1 | tr -d "'\"" | awk -F'; ' 'NF > 1 {
+    split($1, first, " "); out = "Mixed loads: the runs matching "
+    for (i = 2; i <= NF; i++) {
+        s = $i; sub(/^runs matching /, "", s); split(s, w, " again on ")
+        when = w[2]; if (index(when, first[1] " ") == 1) { when = substr(when, length(first[1]) + 2); sub(/ UTC$/, "", when) }
+        out = out (i > 2 ? ", " : "") w[1] (i > 2 ? " at " : " ran at ") when
+    }
+    print out ", the others at " $1 ", each under the load of its time: compare times only between runs made together" }')
 
 # ---------------------------------------------------------------- tables, then plots
 bash "$gp/extract.sh" "$data" "$tables" || exit 1
@@ -61,7 +71,7 @@ failed=0
 draw() {  # script, output, extra variables
     local script=$1 out=$2 extra=${3:-} err tmp="$2.tmp.$$.png"
     # draw into a temporary file: a script that fails half-way leaves no PNG
-    err=$(gnuplot -e "$vars; dir='$tables'; outfile='$tmp'; note='$note'; $extra" "$gp/$script" 2>&1)
+    err=$(gnuplot -e "$vars; dir='$tables'; outfile='$tmp'; note='$note'; mixed='$mixed'; $extra" "$gp/$script" 2>&1)
     if [ $? -eq 0 ] && [ -s "$tmp" ] && mv "$tmp" "$out"; then
         echo "plots: $out"
         # gnuplot's warnings (a series with no valid points, ...) are shown

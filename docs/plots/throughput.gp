@@ -27,7 +27,7 @@ stats f using 1 nooutput
 row_first = STATS_min - 1
 row_last = STATS_max
 nrows = row_last - row_first + 1
-top_px = 105 + (strlen(note) > 0 ? 18 : 0) + (strlen(mixed) > 0 ? 36 : 0)
+top_px = 105 + (strlen(note) > 0 ? 18 : 0) + (strlen(mixed) > 0 ? 40 : 0)
 bottom_px = 150
 height = top_px + nrows * row_px + bottom_px
 height = height < 760 + top_px ? 760 + top_px : height
@@ -40,7 +40,7 @@ set output outfile
 
 t = "Training throughput: tokens per second of the whole job (global batch x 256 tokens / time per step, steps 2..N), higher is better"
 if (strlen(note) > 0) t = t . "\n" . note
-if (strlen(mixed) > 0) t = t . "\n" . mixed
+if (strlen(mixed) > 0) t = t . "\n" . wrap_mixed(mixed)
 set multiplot title t font ",13"
 
 # ---------------------------------------------------------------- left: every run
