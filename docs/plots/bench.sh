@@ -28,7 +28,8 @@
 # Each run first writes a temporary file and replaces the old one only when it
 # succeeds. Every run's console output is kept in build/plots/logs/NAME.out.
 # At the end sweep.txt in the data folder lists the runs, their command lines,
-# the machine and its load: plots.sh reads it.
+# the machine and its load (a load: line per time runs were made, which a
+# partial rerun adds to): plots.sh reads it.
 #
 # Environment: BIN (build), OUT (docs/plots/data), STEPS (5; the programs time
 # steps 2..STEPS), ONLY (run only the runs whose name matches this extended
@@ -219,6 +220,9 @@ if [ $((total - failed)) -gt 0 ]; then
     now=$(date -u '+%Y-%m-%d %H:%M UTC')
     kept=""
     header_date="date: $now"
+    # one load: line per time the runs were made (plots.sh prints them when
+    # the plots mix runs of several times)
+    loads="load: all $now: $load_end"
     duration="duration: $((end - start)) s"
     if [ -n "$ONLY" ] && [ -f "$OUT/sweep.txt" ]; then
         kept=$(sed -n '/^runs:$/,$p' "$OUT/sweep.txt" | tail -n +2 | grep '\.jsonl ' || true)
@@ -228,6 +232,9 @@ if [ $((total - failed)) -gt 0 ]; then
         done
         header_date="$(grep -m1 '^date:' "$OUT/sweep.txt"); runs matching '$ONLY' again on $now"
         duration="$(grep -m1 '^duration:' "$OUT/sweep.txt"); runs matching '$ONLY': $((end - start)) s"
+        loads="$(grep '^load: ' "$OUT/sweep.txt" | grep -vF "load: '$ONLY' " || true)
+load: '$ONLY' $now: $load_end"
+        loads=$(printf '%s\n' "$loads" | sed '/^$/d')
     fi
     {
         echo "# the sweep that wrote these files: bash docs/plots/bench.sh (make bench)"
@@ -236,6 +243,7 @@ if [ $((total - failed)) -gt 0 ]; then
         echo "$duration"
         echo "peak: $PEAK GFLOP/s, the node's matmul peak, for every run's MFU (--peak-gflops peak/ranks)"
         echo "note: ${cpu:-unknown CPU}, $(nproc) cores shared with other jobs (load average at the end $load_end): expect noise"
+        printf '%s\n' "$loads"
         echo "runs:"
         if [ -n "$kept" ]; then printf '%s\n' "$kept"; fi
         printf '%s' "$manifest"

@@ -32,8 +32,8 @@ stats f using ($3 + $4 + $5 + $6 + $7 + $8) nooutput
 max_all = STATS_max
 stats f using ($3 + $4 + $5) nooutput
 max_state = STATS_max
-top_px = 120 + (strlen(mixed) > 0 ? 40 : 0)
-bottom_px = 130
+top_px = 140 + (strlen(mixed) > 0 ? 48 : 0)
+bottom_px = 175
 height = top_px + nrows * row_px + bottom_px
 if (strstrt(GPVAL_TERMINALS, "pngcairo") > 0) {
     set terminal pngcairo size 1900,height font "Sans,11" noenhanced

@@ -53,16 +53,43 @@ if [ -f "$data/sweep.txt" ]; then
     [ -z "$lost" ] || missing "$data/sweep.txt lists files that are not there:$lost"
 fi
 note=$(sed -n 's/^note: //p' "$data/sweep.txt" 2>/dev/null | head -1 | tr -d "'\"")
-# runs made again later (ONLY=REGEX make bench) ran under another load: the
-# date: line says which; the plots that show times say so under their title
-mixed=$(sed -n 's/^date: //p' "$data/sweep.txt" 2>/dev/null | head -1 | tr -d "'\"" | awk -F'; ' 'NF > 1 {
-    split($1, first, " "); out = "Mixed loads: the runs matching "
-    for (i = 2; i <= NF; i++) {
-        s = $i; sub(/^runs matching /, "", s); split(s, w, " again on ")
-        when = w[2]; if (index(when, first[1] " ") == 1) { when = substr(when, length(first[1]) + 2); sub(/ UTC$/, "", when) }
-        out = out (i > 2 ? ", " : "") w[1] (i > 2 ? " at " : " ran at ") when
-    }
-    print out ", the others at " $1 ", each under the load of its time: compare times only between runs made together" }')
+# Runs made again later (ONLY=REGEX make bench) ran under another load.
+# sweep.txt's date: line says which runs and when, its load: lines under what
+# load; groups holds one line per time, "REGEX<TAB>when<TAB>load average",
+# the first one "all" (the whole sweep).
+groups=""
+if [ -f "$data/sweep.txt" ]; then
+    groups=$(tr -d '"' < "$data/sweep.txt" | awk '
+        /^load: / { s = substr($0, 7); gsub(/\047/, "", s); g = substr(s, 1, index(s, " ") - 1)
+                    load[g] = substr(s, index(s, " UTC: ") + 6) }
+        /^date: / && d == "" { d = substr($0, 7) }
+        END { if (d == "") exit
+              gsub(/\047/, "", d); n = split(d, part, "; ")
+              printf "all\t%s\t%s\n", part[1], load["all"]
+              for (i = 2; i <= n; i++) {
+                  s = part[i]; sub(/^runs matching /, "", s); split(s, w, " again on ")
+                  printf "%s\t%s\t%s\n", w[1], w[2], load[w[1]] } }')
+fi
+# the plots that draw runs of several times say so under their title, with
+# each time's load (the 1-minute average at its end, where sweep.txt has it)
+mixed=$(printf '%s\n' "$groups" | awk -F'\t' 'NF < 2 { next }
+    { split($3, l, " "); ld = (l[1] != "" ? " (load " l[1] ")" : "") }
+    NR == 1 { first = $2; firstld = ld; split(first, fd, " "); next }
+    { when = $2; if (index(when, fd[1] " ") == 1) { when = substr(when, length(fd[1]) + 2); sub(/ UTC$/, "", when) }
+      out = out (NR > 2 ? ", " : "Mixed loads: the runs matching ") $1 (NR > 2 ? " at " : " ran at ") when ld }
+    END { if (out != "") print out ", the others at " first firstld ", each under the load of its time: compare times only between runs made together" }')
+# the note of the plots that draw runs of one time: that time's load; the
+# plots of several times get the machine alone (their mixed line has the loads)
+note_of() {  # JSONL file name
+    printf '%s\n' "$groups" | awk -F'\t' -v f="$1" -v note="$note" '
+        NF >= 2 && (NR == 1 || f ~ $1) { when = $2; load = $3 }
+        END { if (load == "") { print note; exit }
+              sub(/ \(load average at the end [^)]*\)/, "", note); sub(/: expect noise$/, "", note)
+              print note " (load average " load " at the end of the runs of " when "): expect noise" }'
+}
+if [ -n "$mixed" ]; then
+    note=$(printf '%s\n' "$note" | sed 's/ (load average at the end [^)]*)//')
+fi
 
 # ---------------------------------------------------------------- tables, then plots
 bash "$gp/extract.sh" "$data" "$tables" || exit 1
@@ -97,7 +124,7 @@ ymax=$(cat "$tables"/collectives_np*.dat 2>/dev/null | awk '
 for t in "$tables"/collectives_np*.dat; do
     [ -f "$t" ] || continue
     p=$(basename "$t" .dat | sed 's/collectives_np//')
-    draw collectives_busbw.gp "$pngs/collectives_busbw_np$p.png" "datafile='$t'; ymax=$ymax"
+    draw collectives_busbw.gp "$pngs/collectives_busbw_np$p.png" "datafile='$t'; ymax=$ymax; note='$(note_of "collectives_np$p.jsonl")'"
 done
 # chapter 5: a Gantt chart of the last logged step of each pipeline run,
 # from its {"type":"timeline"} records (times in ms from the step's start)
@@ -113,7 +140,7 @@ for f in "$data"/ch5_*.jsonl; do
             printf "%s %.3f %.3f %d %s %s\n", r, 1e3 * f[4], 1e3 * f[5], index("FBW", f[1]) - 1, f[2], f[3] } }' > "$t"
     sched=$(grep -m1 '"type":"summary"' "$f" | sed 's/.*"schedule":"\([a-z0-9]*\)".*/\1/')
     bubble=$(grep -m1 '"type":"summary"' "$f" | sed 's/.*"bubble_measured":\([0-9.]*\),"bubble_simulated":\([0-9.]*\),"bubble_formula":\([0-9.]*\).*/measured \1, simulated \2, formula \3/')
-    draw gantt.gp "$pngs/pipeline_${name#ch5_}.png" "datafile='$t'; title='chapter 5, ${name#ch5_} ($sched), step $last; bubble $bubble'"
+    draw gantt.gp "$pngs/pipeline_${name#ch5_}.png" "datafile='$t'; note='$(note_of "$name.jsonl")'; title='chapter 5, ${name#ch5_} ($sched), step $last; bubble $bubble'"
 done
 # chapter 7's load balance, from its own runs in DATA_DIR/ch7/ (expert_load.sh
 # writes the tables and names the --aux-coef values it found)

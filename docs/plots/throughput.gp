@@ -27,7 +27,7 @@ stats f using 1 nooutput
 row_first = STATS_min - 1
 row_last = STATS_max
 nrows = row_last - row_first + 1
-top_px = 105 + (strlen(note) > 0 ? 18 : 0) + (strlen(mixed) > 0 ? 40 : 0)
+top_px = 110 + (strlen(note) > 0 ? 20 : 0) + (strlen(mixed) > 0 ? 48 : 0)
 bottom_px = 150
 height = top_px + nrows * row_px + bottom_px
 height = height < 760 + top_px ? 760 + top_px : height
