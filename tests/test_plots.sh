@@ -196,3 +196,38 @@ if [ -d docs/plots/data ] && ls docs/plots/data/*.jsonl >/dev/null 2>&1; then
         fail "plots: make docs-plots / make plots DOCS=1" "$(make -n --no-print-directory docs-plots 2>&1 | tail -1)"
     fi
 fi
+
+# ---------------------------------------------------------------- 6. many runs
+# The per-run plots draw one row per run (docs/plots/rows.gpi): the picture
+# grows with the runs, so 60 runs stay as readable as 20. The fixture's chapter
+# 0 run copied 10 and 30 times per chapter (0 and 7): each added row must add
+# height, and every run's label is one line (a multi-line label needs more).
+png_height() { od -An -tu1 -j20 -N4 "$1" 2>/dev/null | awk '{ print $1 * 16777216 + $2 * 65536 + $3 * 256 + $4 }'; }
+many() {  # copies per chapter, folder
+    local n=$1 dir=$2 i
+    mkdir -p "$dir"
+    cp "$data/ch1_collectives_np2.jsonl" "$dir/"
+    for i in $(seq 1 "$n"); do
+        cp "$data/ch0_reference_np1.jsonl" "$dir/ch0_copy$i.jsonl"
+        sed 's/"chapter":0,/"chapter":7,/' "$data/ch0_reference_np1.jsonl" > "$dir/ch7_copy$i.jsonl"
+    done
+    bash docs/plots/plots.sh "$dir" "$dir/tables" "$dir/png" > "$dir/out" 2>&1
+}
+if many 10 "$tmp/few" && many 30 "$tmp/many"; then
+    for png in tokens_per_s memory_per_rank comm_bytes_per_step step_time_split; do
+        h20=$(png_height "$tmp/few/png/$png.png"); h60=$(png_height "$tmp/many/png/$png.png")
+        # 40 more runs: at least 15 pixels each
+        if [ -n "$h20" ] && [ -n "$h60" ] && [ "$h60" -ge $((h20 + 40 * 15)) ]; then
+            pass "plots: $png.png grows with the runs ($h20 px high for 20, $h60 for 60)"
+        else
+            fail "plots: $png.png for 60 runs" "${h60:-no} px high against ${h20:-no} for 20: the rows do not grow with the runs"
+        fi
+    done
+    if grep -v '^#' "$tmp/many/tables/runs.dat" | grep -q '\\n'; then
+        fail "plots: run labels" "a label in runs.dat has a line break: $(grep -m1 '\\n' "$tmp/many/tables/runs.dat")"
+    else
+        pass "plots: every run's label is one line ($(grep -vc '^#' "$tmp/many/tables/runs.dat") runs)"
+    fi
+else
+    fail "plots: 20 and 60 runs" "plots.sh failed: $(tail -3 "$tmp/many/out" "$tmp/few/out" 2>/dev/null | tr '\n' ' ')"
+fi
