@@ -30,9 +30,9 @@ top_px = 115 + (strlen(mixed) > 0 ? 40 : 0)
 bottom_px = 150
 height = top_px + nrows * row_px + bottom_px
 if (strstrt(GPVAL_TERMINALS, "pngcairo") > 0) {
-    set terminal pngcairo size 1500,height font "Sans,11" noenhanced
+    set terminal pngcairo size 1700,height font "Sans,11" noenhanced
 } else {
-    set terminal png size 1500,height font "Sans,11" noenhanced
+    set terminal png size 1700,height font "Sans,11" noenhanced
 }
 set output outfile
 
@@ -42,7 +42,7 @@ t = t . "\nExact counts of the comm layer's counters: the same on every run of t
 if (strlen(mixed) > 0) t = t . "\n" . wrap_mixed(mixed)
 set multiplot title t font ",12"
 
-set lmargin at screen 0.22
+set lmargin at screen 0.19
 set rmargin at screen 0.98
 set tmargin at screen 1.0 - (top_px - 10.0) / height
 set bmargin at screen 1.0 * bottom_px / height
@@ -52,7 +52,7 @@ set xlabel "MiB per step per rank (MiB = 2^20 bytes)"
 set ytics nomirror font ",9" scale 0
 set xtics nomirror
 set grid xtics lc rgb "#dddddd"
-set key at screen 0.6, screen 0.01 center bottom horizontal maxrows 2 box opaque samplen 2 spacing 1.1 width 1
+set key at screen 0.585, screen 0.01 center bottom horizontal maxrows 2 box opaque samplen 2 spacing 1.1 width 1
 set style fill solid 0.9 border rgb "#333333"
 
 names = "all-reduce reduce-scatter all-gather broadcast reduce scatter gather all-to-all send recv"
