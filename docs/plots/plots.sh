@@ -19,6 +19,11 @@
 #      pipeline_NAME.png          gantt.gp         chapter 5: per-rank timeline of a step, per run
 #      expert_load.png            expert_load.gp   chapter 7: tokens per expert per step (expert_load.sh)
 #      ch6_memory.png             ch6_memory.gp    chapter 6: activations per rank against T (ch6_memory.sh)
+#    The first four draw one labelled row per run, grouped by chapter, in a
+#    picture as tall as the runs need (rows.gpi, which they load).
+#
+# Every script gets note (the machine and its load) and mixed (empty, or
+# which runs sweep.txt says were made at other times, and under what load).
 #
 # GP_VARS (environment) is passed to every script before its own settings,
 # e.g. GP_VARS="strong_batch=4; weak_per_rank=2" for a sweep with other batches.
