@@ -24,27 +24,6 @@
 
 #define ROOF_REPS 5
 
-// best of ROOF_REPS matmul_forward calls, out (N, OC) = inp (N, C) @ w^T, in GFLOP/s
-static double roof_matmul(int N, int C, int OC) {
-    float* inp = mem_alloc_floats((size_t)N * C, MEM_OTHER);
-    float* w = mem_alloc_floats((size_t)OC * C, MEM_OTHER);
-    float* out = mem_alloc_floats((size_t)N * OC, MEM_OTHER);
-    matmul_forward(out, inp, w, NULL, N, C, OC);  // warm-up: threads, caches
-    device_synchronize();
-    double best = 1e30;
-    for (int r = 0; r < ROOF_REPS; r++) {
-        double t0 = now_seconds();
-        matmul_forward(out, inp, w, NULL, N, C, OC);
-        device_synchronize();
-        double dt = now_seconds() - t0;
-        if (dt < best) best = dt;
-    }
-    mem_free(inp);
-    mem_free(w);
-    mem_free(out);
-    return 2.0 * N * (double)C * OC / best / 1e9;
-}
-
 // best of ROOF_REPS copies of n floats, in GB/s of bytes read plus written
 static double roof_copy(size_t n) {
     float* src = mem_alloc_floats(n, MEM_OTHER);
@@ -108,7 +87,7 @@ int main(int argc, char** argv) {
     const int ins[4] = {C, C, C, 4 * C}, outs[4] = {3 * C, C, 4 * C, C};
     for (int k = 0; k < 4; k++)
         printf("    %-8s C %5d -> OC %5d:           %8.1f GFLOP/s\n", names[k], ins[k], outs[k],
-               roof_matmul(N, ins[k], outs[k]));
+               measure_matmul_gflops_at(N, ins[k], outs[k]));
     double bw = roof_copy((size_t)64 << 20);
     printf("  copy, 256 MiB (read + write):          %8.1f GB/s\n", bw);
     printf("  ridge point, peak / copy bandwidth:    %8.1f flop per byte\n", peak / bw);
