@@ -7,7 +7,7 @@
 #                      invariant, accounting, error and --help cases);
 #                      CHAPTER=unit, plots or gpu runs that script (tests/run.sh)
 #   make demo          set-up, then train the small model and print a sample
-#   make bench-ref     the reference's speed on the small model (one rank)
+#   make bench-ref     the roofline (build/roofline), then the reference's speed on the small model (one rank)
 #   make bench-peer    the same model in PyTorch, alternated with chapters 0 and 2
 #   make bench, plots  the sweep over chapters and its plots in build/plots/ (docs/plots/plots.mk)
 #   make docs-plots    redraws the docs' figures, docs/plots/*.png, from docs/plots/data/
@@ -133,8 +133,11 @@ all: $(addprefix chapter-,$(CHAPTERS)) modules tools
 # every module compiles, linked by a chapter or not yet
 modules: $(patsubst %.c,$(OBJ)/%.o,$(MODULE_SRC))
 
-tools: $(BIN)/tokenize
+tools: $(BIN)/tokenize $(BIN)/roofline
 $(BIN)/tokenize: $(OBJ)/common/tools/tokenize.o $(COMMON_OBJ)
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) -o $@ $^ $(LDLIBS)
+$(BIN)/roofline: $(OBJ)/common/tools/roofline.o $(COMMON_OBJ)
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) -o $@ $^ $(LDLIBS)
 
@@ -220,9 +223,11 @@ demo: setup
 	bash tests/mpirun.sh -np 1 $(BIN)/chapter-0 --model small --steps $(DEMO_STEPS) \
 	    --val-every 100 --sample 400 --log build/demo.jsonl
 
-# The reference's speed on the small preset, one rank: ms/step, tokens/s, MFU,
+# The machine's roofline (common/tools/roofline.c: matmul peak, copy bandwidth),
+# then the reference's speed on the small preset, one rank: ms/step, tokens/s, MFU,
 # then where the step went, op by op (common/optime.h; docs/performance.md).
 bench-ref: all
+	bash tests/mpirun.sh -np 1 $(BIN)/roofline
 	bash tests/mpirun.sh -np 1 $(BIN)/chapter-0 --model small --steps 12 --log build/bench-ref.jsonl
 	@python3 common/tools/op_breakdown.py build/bench-ref.jsonl
 

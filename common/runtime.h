@@ -26,5 +26,8 @@ double now_seconds(void);
 // best of a few square sgemms through matmul_forward. Allocations it makes are
 // freed and the allocator's peaks reset.
 double measure_matmul_gflops(void);
+// The same for matmul_forward's out (N, OC) = inp (N, C) @ w^T: the best of
+// five calls after a warm-up (build/roofline measures a block's shapes).
+double measure_matmul_gflops_at(int N, int C, int OC);
 
 #endif

@@ -75,4 +75,32 @@ else
     fail "op_breakdown.py without a summary" "$out"
 fi
 
+echo "== roofline (make bench-ref's first line)"
+# build/roofline measures through the ops: its figures must be positive, and
+# the ridge point it prints must be the peak over the bandwidth it printed
+mpi_run $T_RUN 1 "$BUILD/roofline" --tokens 256 --channels 64
+why=$([ $RC -eq 0 ] && echo "$OUT" | python3 -c '
+import re, sys
+text = sys.stdin.read()
+def num(pattern):
+    m = re.search(pattern + r" *([0-9.]+)", text)
+    if not m:
+        sys.exit("no line " + repr(pattern))
+    return float(m.group(1))
+peak, bw = num(r"matmul peak, 1536 x 1536 x 1536:"), num(r"copy, 256 MiB \(read \+ write\):")
+ridge = num(r"ridge point, peak / copy bandwidth:")
+shapes = re.findall(r"^    (qkv|attproj|fc|fcproj) +C +[0-9]+ -> OC +[0-9]+: +([0-9.]+) GFLOP/s$", text, re.M)
+if [s for s, _ in shapes] != ["qkv", "attproj", "fc", "fcproj"] or not all(float(v) > 0 for _, v in shapes):
+    sys.exit(f"shape rows {shapes}")
+if peak <= 0 or bw <= 0 or abs(ridge - peak / bw) > 0.05 + 0.01 * ridge:
+    sys.exit(f"peak {peak}, bandwidth {bw}, ridge {ridge}")
+print("ok")' 2>&1)
+if [ $RC -eq 0 ] && [ "$why" = ok ]; then
+    pass "roofline prints the matmul peak, a block's four shapes, the copy bandwidth and their ratio"
+else
+    fail "roofline" "exit $RC; $why; $(echo "$OUT" | head -12)"
+fi
+error_case roofline 1 "--channels 0" "--channels takes an integer from 1"
+error_case roofline 1 "--bogus" "unknown option '--bogus'"
+
 finish
