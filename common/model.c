@@ -112,10 +112,10 @@ size_t gpt_tensor_offset(const GPTConfig* cfg, ParamTensor t, int layer) {
 
 // One block's 12 tensors at base, in the file's order. Each layout here is
 // written once, for a block cut over tp tensor-parallel ranks (chapter 4,
-// model_tp.h): a rank holds C/tp of each matrix's output rows (qkvw, fcw) or
+// model_tp.h): a rank holds 1/tp of each matrix's output rows (qkvw, fcw) or
 // input columns (attprojw, fcprojw), the biases that go with them, and every
-// other vector whole. Every other chapter runs the whole block, tp = 1,
-// where C/tp is C: one function for both, so the two cannot drift apart.
+// other vector whole. Every other chapter runs the whole block: read tp as 1
+// and C/tp as C. One function for both, so the two cannot drift apart.
 BlockParams block_params_at(float* base, int C) { return block_params_at_tp(base, C, 1); }
 
 BlockParams block_params_at_tp(float* base, int C, int tp) {
