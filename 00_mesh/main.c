@@ -114,18 +114,12 @@ static void train_reference(const TrainArgs* args, const Mesh* mesh) {
            cfg->padded_vocab_size, cfg->max_seq_len, model.num_params);
     print0("batch %d x %d tokens, %zu training tokens, %zu validation tokens\n", B, T,
            setup.train.count, setup.val.count);
-    if (args->recompute != RECOMPUTE_NONE)
-        print0("recompute %s: backward recomputes what the blocks did not keep (docs/recompute.md)\n",
-               recompute_name((RecomputeMode)args->recompute));
+    train_print_recompute((RecomputeMode)args->recompute, NULL);
     trace_open(args->trace);
 
-    char msg[1024];
     JsonLog log;
-    const char* bad = jsonl_open(&log, args->log, msg, sizeof(msg));
-    fail_if_any(bad != NULL, bad);
-
-    int* inputs = xmalloc((size_t)B * T * sizeof(int));
-    int* targets = xmalloc((size_t)B * T * sizeof(int));
+    int *inputs, *targets;  // this rank's sequences of a step, (B, T) each
+    train_loop_open(&log, &inputs, &targets, args, B, T);
     StepClock clock = {0};  // leaves out the first step, which warms caches and threads
     float loss = 0.0f, val_loss = -1.0f;
     for (int step = start; step < args->steps; step++) {
@@ -154,7 +148,7 @@ static void train_reference(const TrainArgs* args, const Mesh* mesh) {
         .flops_per_token = gpt_flops_per_token(cfg, T), .peak_gflops = peak_gflops,
         .final_loss = loss, .val_loss = val_loss, .extra_json = NULL};
     report_summary(&log, mesh, &summary);
-    jsonl_close(&log);
+    train_loop_close(&log, inputs, targets);
     trace_finish();
 
     if (train_wants_params(args)) {  // --sample, --save
@@ -163,8 +157,6 @@ static void train_reference(const TrainArgs* args, const Mesh* mesh) {
         train_finish_params(args, cfg, T, host);
         free(host);
     }
-    free(inputs);
-    free(targets);
     gpt_free(&model);
     train_setup_free(&setup);
 }

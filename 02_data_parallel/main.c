@@ -283,17 +283,11 @@ int main(int argc, char** argv) {
     print0("chapter 2: data parallel, dp=%d, mode %s, %d bucket%s of %d KiB, %d micro-batch%s of %d sequence%s per rank, device %s\n",
            ndp, mode_names[mode], dp.buckets.n, dp.buckets.n == 1 ? "" : "s", bucket_kb, accum,
            accum == 1 ? "" : "es", micro, micro == 1 ? "" : "s", run.device);
-    if (args->recompute != RECOMPUTE_NONE)
-        print0("recompute %s: backward recomputes what the blocks did not keep (docs/recompute.md)\n",
-               recompute_name((RecomputeMode)args->recompute));
+    train_print_recompute((RecomputeMode)args->recompute, NULL);
     print0("model %s: %zu parameters, global batch %d x %d\n", setup->model_name, model.num_params, B, T);
-    char msg[1024];
     JsonLog log;
-    const char* bad = jsonl_open(&log, args->log, msg, sizeof(msg));
-    fail_if_any(bad != NULL, bad);
-
-    int* inputs = xmalloc((size_t)micro * T * sizeof(int));
-    int* targets = xmalloc((size_t)micro * T * sizeof(int));
+    int *inputs, *targets;  // one micro-batch of this rank's sequences, (micro, T) each
+    train_loop_open(&log, &inputs, &targets, args, micro, T);
     StepClock clock = {0};
     float loss = 0.0f;
     comm_counts_reset();  // count the training only, not the start-up broadcast
@@ -334,7 +328,7 @@ int main(int argc, char** argv) {
         .final_loss = loss, .val_loss = val_loss, .extra_json = extra_json};
     ckpt_finish(&ck, &log);  // an async save still in flight is joined here
     report_summary(&log, &run.mesh, &summary);
-    jsonl_close(&log);
+    train_loop_close(&log, inputs, targets);
     if (train_wants_params(args)) {  // --sample, --save: from rank 0's replica
         float* host = NULL;
         if (dpc->rank == 0) {
@@ -345,8 +339,6 @@ int main(int argc, char** argv) {
         free(host);
     }
 
-    free(inputs);
-    free(targets);
     free(dp.buckets.b);
     mem_free(dp.ps_grads);
     gpt_free(&model);

@@ -103,6 +103,18 @@ void fsdp_create(FSDP* f, const Comm* dp, const FsdpSpec* spec, int zero, int pr
     f->v = mem_alloc_floats(f->shard_total, MEM_OPTIMIZER);
 }
 
+void fsdp_check_flags(int zero, int prefetch, int reshard) {
+    if (zero < 1 || zero > 3) fail_all("--zero %d: the stages are 1, 2 and 3", zero);
+    if ((prefetch != 0 && prefetch != 1) || (reshard != 0 && reshard != 1))
+        fail_all("--prefetch and --reshard take 0 or 1");
+    // ZeRO-1/2 keep the full parameters all the time: nothing is freed after
+    // forward, so there is nothing to keep instead (--prefetch 0 is allowed
+    // there and does nothing: no unit is ever gathered in forward)
+    if (reshard == 0 && zero != 3)
+        fail_all("--reshard 0 applies to --zero 3 only: ZeRO-%d never frees parameters; drop --reshard or use --zero 3",
+                 zero);
+}
+
 void fsdp_free(FSDP* f) {
     mem_free(f->shard_params);
     mem_free(f->full_params);

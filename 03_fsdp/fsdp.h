@@ -96,6 +96,10 @@ typedef struct {
 // fill error on any rank ends every rank with its message.
 void fsdp_create(FSDP* f, const Comm* dp, const FsdpSpec* spec, int zero, int prefetch, int reshard);
 void fsdp_free(FSDP* f);
+// Chapter 3's flags, checked alike by every chapter that runs this engine:
+// --zero 1, 2 or 3; --prefetch and --reshard 0 or 1; --reshard 0 with ZeRO-3
+// only. A bad value ends every rank with one message. Collective.
+void fsdp_check_flags(int zero, int prefetch, int reshard);
 
 // ---------------------------------------------------------------- parameters
 // Unit i's full parameters (N*S_i floats, the padding last): under ZeRO-3

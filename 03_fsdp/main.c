@@ -266,15 +266,7 @@ int main(int argc, char** argv) {
                    "Chapter 3: fully sharded data parallelism, ZeRO stages 1, 2 and 3.", extra,
                    sizeof(extra) / sizeof(extra[0]), 1u << AXIS_DP))
         return 0;
-    if (zero < 1 || zero > 3) fail_all("--zero %d: the stages are 1, 2 and 3", zero);
-    if ((prefetch != 0 && prefetch != 1) || (reshard != 0 && reshard != 1))
-        fail_all("--prefetch and --reshard take 0 or 1");
-    // ZeRO-1/2 keep the full parameters all the time: nothing is freed after
-    // forward, so there is nothing to keep instead (--prefetch 0 is allowed
-    // there and does nothing: no unit is ever gathered in forward)
-    if (reshard == 0 && zero != 3)
-        fail_all("--reshard 0 applies to --zero 3 only: ZeRO-%d never frees parameters; drop --reshard or use --zero 3",
-                 zero);
+    fsdp_check_flags(zero, prefetch, reshard);  // --zero 1..3, --prefetch and --reshard 0 or 1
     const TrainArgs* args = &run.args;
     const TrainSetup* setup = &run.setup;
     const Comm* dpc = &run.axes[AXIS_DP];
@@ -296,16 +288,11 @@ int main(int argc, char** argv) {
     print0("chapter 3: ZeRO-%d over dp=%d, %d units, shard %zu of %zu parameters per rank (%zu padding)%s, "
            "device %s\n",
            zero, N, f->n, f->shard_total, P, f->padded_total - P, zero3, run.device);
-    if (args->recompute != RECOMPUTE_NONE)  // after the gather of each block in backward under ZeRO-3
-        print0("recompute %s: backward recomputes what the blocks did not keep (docs/recompute.md)\n",
-               recompute_name((RecomputeMode)args->recompute));
-    char msg[1024];
+    // (it recomputes after the gather of each block in backward under ZeRO-3)
+    train_print_recompute((RecomputeMode)args->recompute, NULL);
     JsonLog log;
-    const char* bad = jsonl_open(&log, args->log, msg, sizeof(msg));
-    fail_if_any(bad != NULL, bad);
-
-    int* inputs = xmalloc((size_t)micro * T * sizeof(int));
-    int* targets = xmalloc((size_t)micro * T * sizeof(int));
+    int *inputs, *targets;  // this rank's sequences of a step, (micro, T) each
+    train_loop_open(&log, &inputs, &targets, args, micro, T);
     StepClock clock = {0};
     float loss = 0.0f, vloss = -1.0f;
     long prefetched = 0;        // unit gathers started ahead by fsdp_prefetch, all steps
@@ -384,7 +371,7 @@ int main(int argc, char** argv) {
     // summary's in the log.
     vloss = val_loss(&g, setup, args->val_batches);
     if (vloss >= 0) report_val(&log, args->steps - 1, vloss);
-    jsonl_close(&log);
+    train_loop_close(&log, inputs, targets);
 
     if (train_wants_params(args)) {
         // every unit gathered once, in the flat layout's order, on rank 0:
@@ -393,8 +380,6 @@ int main(int argc, char** argv) {
         train_finish_params(args, &setup->cfg, T, host);
         free(host);
     }
-    free(inputs);
-    free(targets);
     gpt_acts_free(&g.acts);
     fsdp_free(f);
     run_finish(&run);

@@ -223,12 +223,7 @@ int main(int argc, char** argv) {
                    "batch, and FSDP (chapter 3) over --dp groups. tp is the inner axis (neighbouring ranks).",
                    extra, sizeof(extra) / sizeof(extra[0]), (1u << AXIS_DP) | (1u << AXIS_TP)))
         return 0;
-    if (zero < 1 || zero > 3) fail_all("--zero %d: the stages are 1, 2 and 3", zero);
-    if ((prefetch != 0 && prefetch != 1) || (reshard != 0 && reshard != 1))
-        fail_all("--prefetch and --reshard take 0 or 1");
-    if (reshard == 0 && zero != 3)
-        fail_all("--reshard 0 applies to --zero 3 only: ZeRO-%d never frees parameters; drop --reshard or use --zero 3",
-                 zero);
+    fsdp_check_flags(zero, prefetch, reshard);  // --zero 1..3, --prefetch and --reshard 0 or 1
     const TrainArgs* args = &run.args;
     const TrainSetup* setup = &run.setup;
     const GPTConfig* cfg = &setup->cfg;
@@ -257,17 +252,12 @@ int main(int argc, char** argv) {
            "vocabulary rows), ZeRO-%d shards them over dp: %zu per rank%s; %d sequences per dp group, device %s\n",
            tp, dp, m.numel, P, cfg->num_heads / tp, 4 * cfg->channels / tp, m.Vl, zero, f->shard_total, zero3,
            micro, run.device);
-    if (args->recompute != RECOMPUTE_NONE)  // after the gather of each block in backward
-        print0("recompute %s: backward recomputes what the blocks did not keep (docs/recompute.md)%s\n",
-               recompute_name((RecomputeMode)args->recompute),
-               args->recompute == RECOMPUTE_FULL ? ", with the block's 2 tp all-reduces again" : "");
-    char msg[1024];
+    // (it recomputes after the gather of each block in backward)
+    train_print_recompute((RecomputeMode)args->recompute,
+                          args->recompute == RECOMPUTE_FULL ? ", with the block's 2 tp all-reduces again" : "");
     JsonLog log;
-    const char* bad = jsonl_open(&log, args->log, msg, sizeof(msg));
-    fail_if_any(bad != NULL, bad);
-
-    int* inputs = xmalloc((size_t)micro * T * sizeof(int));
-    int* targets = xmalloc((size_t)micro * T * sizeof(int));
+    int *inputs, *targets;  // this rank's sequences of a step, (micro, T) each
+    train_loop_open(&log, &inputs, &targets, args, micro, T);
     StepClock clock = {0};
     float loss = 0.0f, vloss = -1.0f;
     long prefetched = 0;
@@ -311,7 +301,7 @@ int main(int argc, char** argv) {
     // after the summary has read the counters: the final validation loss ...
     vloss = tp_val_loss(&m, setup, args->val_batches, forward_cb, &m);
     if (vloss >= 0) report_val(&log, args->steps - 1, vloss);
-    jsonl_close(&log);
+    train_loop_close(&log, inputs, targets);
     // ... the check that every tp rank holds the same replicated tensors, and
     // --sample / --save from the whole model assembled on rank 0
     float* shard = fsdp_gather_host(f);  // this tp rank's whole shard, on dp rank 0
@@ -322,8 +312,6 @@ int main(int argc, char** argv) {
     train_finish_params(args, cfg, T, full);
     free(full);
     free(shard);
-    free(inputs);
-    free(targets);
     tp_free(&m);
     run_finish(&run);
     return agree ? 0 : 1;

@@ -621,13 +621,9 @@ static int train_context_parallel(Run* run, CPMode mode, CPBalance balance, int 
         print0("recompute full: backward reruns each block's forward, %s\n",
                mode == CP_RING ? "the ring's K/V passes again (cp-1 more sends per layer)"
                                : "its 2 all-to-alls again (2 more per layer)");
-    char msg[1024];
     JsonLog log;
-    const char* bad = jsonl_open(&log, args->log, msg, sizeof(msg));
-    fail_if_any(bad != NULL, bad);
-
-    int* inputs = xmalloc((size_t)per_dp * T * sizeof(int));
-    int* targets = xmalloc((size_t)per_dp * T * sizeof(int));
+    int *inputs, *targets;  // this rank's sequences of a step, (per_dp, T) each
+    train_loop_open(&log, &inputs, &targets, args, per_dp, T);
     StepClock clock = {0};
     double ring_wait_timed = 0.0;  // the ring's waits in the steps the clock times
     float loss = 0.0f;
@@ -719,7 +715,7 @@ static int train_context_parallel(Run* run, CPMode mode, CPBalance balance, int 
         .final_loss = loss, .val_loss = val_loss, .extra_json = extra_json};
     ckpt_finish(&ck, &log);
     report_summary(&log, &run->mesh, &summary);
-    jsonl_close(&log);
+    train_loop_close(&log, inputs, targets);
     if (train_wants_params(args)) {  // --sample, --save: from rank 0's replica
         float* host = NULL;
         if (run->mesh.rank == 0) {
@@ -729,8 +725,6 @@ static int train_context_parallel(Run* run, CPMode mode, CPBalance balance, int 
         train_finish_params(args, &setup->cfg, T, host);
         free(host);
     }
-    free(inputs);
-    free(targets);
     model_free(&model);
     return 0;
 }

@@ -454,17 +454,12 @@ int sp_train(Run* run, int zero, int prefetch, int reshard) {
            "residual stream): %zu bytes (chapter 4, on every token: %zu, %.0f times as much)\n",
            (s.shard_bytes + s.slice_bytes) / L, s.ch4_block_bytes / L, s.shard_bytes / L, ch4_nontp / L,
            (double)ch4_nontp / (double)s.shard_bytes);
-    if (s.recompute != RECOMPUTE_NONE)  // after the gather of each block in backward
-        print0("recompute %s: backward recomputes what the blocks did not keep (docs/recompute.md)%s\n",
-               recompute_name(s.recompute),
-               s.recompute == RECOMPUTE_FULL ? ", with the block's 2 tp all-gathers and 2 reduce-scatters again" : "");
-    char msg[1024];
+    // (it recomputes after the gather of each block in backward)
+    train_print_recompute(s.recompute,
+                          s.recompute == RECOMPUTE_FULL ? ", with the block's 2 tp all-gathers and 2 reduce-scatters again" : "");
     JsonLog log;
-    const char* bad = jsonl_open(&log, args->log, msg, sizeof(msg));
-    fail_if_any(bad != NULL, bad);
-
-    int* inputs = xmalloc((size_t)micro * T * sizeof(int));
-    int* targets = xmalloc((size_t)micro * T * sizeof(int));
+    int *inputs, *targets;  // this rank's sequences of a step, (micro, T) each
+    train_loop_open(&log, &inputs, &targets, args, micro, T);
     StepClock clock = {0};
     float loss = 0.0f, vloss = -1.0f;
     int ln_agree = 1;
@@ -507,7 +502,7 @@ int sp_train(Run* run, int zero, int prefetch, int reshard) {
     // after the summary has read the counters: the final validation loss ...
     vloss = tp_val_loss(m, setup, args->val_batches, forward_cb, &s);
     if (vloss >= 0) report_val(&log, args->steps - 1, vloss);
-    jsonl_close(&log);
+    train_loop_close(&log, inputs, targets);
     // ... the checks that every tp rank holds the same replicated tensors and
     // summed the same LayerNorm gradients, and --sample / --save from the
     // whole model assembled on rank 0
@@ -521,8 +516,6 @@ int sp_train(Run* run, int zero, int prefetch, int reshard) {
     train_finish_params(args, cfg, T, full);
     free(full);
     free(shard);
-    free(inputs);
-    free(targets);
     sp_free(&s);
     return agree && ln_agree ? 0 : 1;
 }

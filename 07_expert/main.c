@@ -728,11 +728,8 @@ int main(int argc, char** argv) {
     model_ckpt(&ck, &model);
     int start = ckpt_resume(&ck);
     JsonLog log;
-    bad = jsonl_open(&log, args->log, msg, sizeof(msg));
-    fail_if_any(bad != NULL, bad);
-
-    int* inputs = xmalloc((size_t)per_rank * T * sizeof(int));
-    int* targets = xmalloc((size_t)per_rank * T * sizeof(int));
+    int *inputs, *targets;  // this rank's sequences of a step, (per_rank, T) each
+    train_loop_open(&log, &inputs, &targets, args, per_rank, T);
     StepClock clock = {0};
     float loss = 0.0f;
     long dropped_total = 0;
@@ -799,10 +796,8 @@ int main(int argc, char** argv) {
         .flops_per_token = moe_flops_per_token(&cfg, T), .peak_gflops = run.peak_gflops,
         .final_loss = loss, .val_loss = val_loss, .extra_json = extra_json};
     report_summary(&log, &run.mesh, &summary);
-    jsonl_close(&log);
+    train_loop_close(&log, inputs, targets);
     if (args->save) save_model(&model, args->save);
-    free(inputs);
-    free(targets);
     model_free(&model);
     run_finish(&run);
     return 0;

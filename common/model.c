@@ -9,6 +9,7 @@
 
 #include "common.h"
 #include "memory.h"
+#include "model_tp.h"
 #include "trace.h"
 
 // ---------------------------------------------------------------- tensors
@@ -109,49 +110,72 @@ size_t gpt_tensor_offset(const GPTConfig* cfg, ParamTensor t, int layer) {
     return off;
 }
 
-BlockParams block_params_at(float* base, int C) {
-    size_t c = (size_t)C;
+// One block's 12 tensors at base, in the file's order. Each layout here is
+// written once, for a block cut over tp tensor-parallel ranks (chapter 4,
+// model_tp.h): a rank holds 1/tp of each matrix's output rows (qkvw, fcw) or
+// input columns (attprojw, fcprojw), the biases that go with them, and every
+// other vector whole. Every other chapter runs the whole block: read tp as 1
+// and C/tp as C. One function for both, so the two cannot drift apart.
+BlockParams block_params_at(float* base, int C) { return block_params_at_tp(base, C, 1); }
+
+BlockParams block_params_at_tp(float* base, int C, int tp) {
+    size_t c = (size_t)C, cl = c / (size_t)tp;  // cl: this rank's share of C
     BlockParams p;
-    p.ln1w = base;             base += c;
-    p.ln1b = base;             base += c;
-    p.qkvw = base;             base += 3 * c * c;
-    p.qkvb = base;             base += 3 * c;
-    p.attprojw = base;         base += c * c;
-    p.attprojb = base;         base += c;
-    p.ln2w = base;             base += c;
-    p.ln2b = base;             base += c;
-    p.fcw = base;              base += 4 * c * c;
-    p.fcb = base;              base += 4 * c;
-    p.fcprojw = base;          base += 4 * c * c;
-    p.fcprojb = base;
+    p.ln1w = base;             base += c;           // (C)
+    p.ln1b = base;             base += c;           // (C)
+    p.qkvw = base;             base += 3 * cl * c;  // (3C/tp, C)
+    p.qkvb = base;             base += 3 * cl;      // (3C/tp)
+    p.attprojw = base;         base += c * cl;      // (C, C/tp)
+    p.attprojb = base;         base += c;           // (C)
+    p.ln2w = base;             base += c;           // (C)
+    p.ln2b = base;             base += c;           // (C)
+    p.fcw = base;              base += 4 * cl * c;  // (4C/tp, C)
+    p.fcb = base;              base += 4 * cl;      // (4C/tp)
+    p.fcprojw = base;          base += c * 4 * cl;  // (C, 4C/tp)
+    p.fcprojb = base;                               // (C)
     return p;
 }
 
-// ---------------------------------------------------------------- activations
+size_t gpt_block_numel_tp(int C, int tp) {
+    size_t c = (size_t)C, cl = c / (size_t)tp;
+    // weights 3C*C/tp + C*C/tp + 4C*C/tp + 4C*C/tp, split biases 3C/tp + 4C/tp,
+    // whole vectors ln1w ln1b attprojb ln2w ln2b fcprojb
+    return 12 * cl * c + 7 * cl + 6 * c;
+}
 
-size_t block_acts_numel(int B, int T, int C, int NH) {
-    size_t BT = (size_t)B * T;
-    return BT * (18 * (size_t)C + (size_t)NH * T + 4);
+// ---------------------------------------------------------------- activations
+// As the parameters: written once for tp ranks (NH/tp heads, C/tp of the
+// attention and 4C/tp of the MLP's hidden width each); tp = 1 is the block.
+
+size_t block_acts_numel(int B, int T, int C, int NH) { return block_acts_numel_tp(B, T, C, NH, 1); }
+
+size_t block_acts_numel_tp(int B, int T, int C, int NH, int tp) {
+    size_t BT = (size_t)B * T, c = (size_t)C, cl = c / (size_t)tp, nhl = (size_t)NH / (size_t)tp;
+    return BT * (6 * c + 12 * cl + nhl * (size_t)T + 4);  // tp = 1: B*T*(18C + NH*T + 4)
 }
 
 BlockActs block_acts_at(float* base, int B, int T, int C, int NH) {
-    size_t BT = (size_t)B * T, c = (size_t)C;
+    return block_acts_at_tp(base, B, T, C, NH, 1);
+}
+
+BlockActs block_acts_at_tp(float* base, int B, int T, int C, int NH, int tp) {
+    size_t BT = (size_t)B * T, c = (size_t)C, cl = c / (size_t)tp, nhl = (size_t)NH / (size_t)tp;
     BlockActs a;
-    a.ln1 = base;        base += BT * c;
-    a.ln1_mean = base;   base += BT;
-    a.ln1_rstd = base;   base += BT;
-    a.qkv = base;        base += BT * 3 * c;
-    a.atty = base;       base += BT * c;
-    a.att = base;        base += BT * (size_t)NH * T;
-    a.attproj = base;    base += BT * c;
-    a.res2 = base;       base += BT * c;
-    a.ln2 = base;        base += BT * c;
-    a.ln2_mean = base;   base += BT;
-    a.ln2_rstd = base;   base += BT;
-    a.fch = base;        base += BT * 4 * c;
-    a.fch_gelu = base;   base += BT * 4 * c;
-    a.fcproj = base;     base += BT * c;
-    a.res3 = base;
+    a.ln1 = base;        base += BT * c;        // (B,T,C)
+    a.ln1_mean = base;   base += BT;            // (B,T)
+    a.ln1_rstd = base;   base += BT;            // (B,T)
+    a.qkv = base;        base += BT * 3 * cl;   // (B,T,3C/tp)
+    a.atty = base;       base += BT * cl;       // (B,T,C/tp)
+    a.att = base;        base += BT * nhl * T;  // (B,NH/tp,T,T)
+    a.attproj = base;    base += BT * c;        // (B,T,C)
+    a.res2 = base;       base += BT * c;        // (B,T,C)
+    a.ln2 = base;        base += BT * c;        // (B,T,C)
+    a.ln2_mean = base;   base += BT;            // (B,T)
+    a.ln2_rstd = base;   base += BT;            // (B,T)
+    a.fch = base;        base += BT * 4 * cl;   // (B,T,4C/tp)
+    a.fch_gelu = base;   base += BT * 4 * cl;   // (B,T,4C/tp)
+    a.fcproj = base;     base += BT * c;        // (B,T,C)
+    a.res3 = base;                              // (B,T,C)
     return a;
 }
 
@@ -163,61 +187,89 @@ const char* recompute_name(RecomputeMode mode) {
 }
 
 size_t block_store_numel(int B, int T, int C, int NH, RecomputeMode mode) {
-    size_t BT = (size_t)B * T, c = (size_t)C;
+    return block_store_numel_tp(B, T, C, NH, 1, mode);
+}
+
+size_t block_store_numel_tp(int B, int T, int C, int NH, int tp, RecomputeMode mode) {
+    size_t BT = (size_t)B * T, c = (size_t)C, cl = c / (size_t)tp;
     switch (mode) {
-        case RECOMPUTE_SELECTIVE: return BT * (12 * c + 4);
+        case RECOMPUTE_SELECTIVE: return BT * (4 * c + 8 * cl + 4);  // tp = 1: 12C + 4
         case RECOMPUTE_FULL: return BT * c;
-        default: return block_acts_numel(B, T, C, NH);
+        default: return block_acts_numel_tp(B, T, C, NH, tp);
     }
 }
 
 size_t block_transient_numel(int B, int T, int C, int NH, RecomputeMode mode) {
-    size_t BT = (size_t)B * T, c = (size_t)C;
+    return block_transient_numel_tp(B, T, C, NH, 1, mode);
+}
+
+size_t block_transient_numel_tp(int B, int T, int C, int NH, int tp, RecomputeMode mode) {
+    size_t BT = (size_t)B * T, c = (size_t)C, cl = c / (size_t)tp, nhl = (size_t)NH / (size_t)tp;
     switch (mode) {
-        case RECOMPUTE_SELECTIVE: return BT * (6 * c + (size_t)NH * T);
-        case RECOMPUTE_FULL: return block_acts_numel(B, T, C, NH);
+        case RECOMPUTE_SELECTIVE: return BT * (2 * c + 4 * cl + nhl * (size_t)T);  // tp = 1: 6C + NH*T
+        case RECOMPUTE_FULL: return block_acts_numel_tp(B, T, C, NH, tp);
         default: return 0;
     }
 }
 
-// Selective: the kept fields packed in the layer's store (ln1 + stats, qkv,
-// atty, res2, ln2 + stats, fch, res3: 12C + 4 per token), the dropped ones
-// (att, fch_gelu, attproj, fcproj: 6C + NH*T) in the transient.
-static BlockActs block_acts_selective(float* store, float* transient, int B, int T, int C, int NH) {
-    size_t BT = (size_t)B * T, c = (size_t)C;
+BlockActs block_acts_kept(float* store, float* transient, int B, int T, int C, int NH, RecomputeMode mode) {
+    return block_acts_stored_tp(store, transient, B, T, C, NH, 1, mode);
+}
+
+BlockActs block_acts_stored_tp(float* store, float* transient, int B, int T, int C, int NH, int tp,
+                               RecomputeMode mode) {
+    size_t BT = (size_t)B * T, c = (size_t)C, cl = c / (size_t)tp, nhl = (size_t)NH / (size_t)tp;
+    if (mode == RECOMPUTE_FULL) {
+        // everything in the one-layer transient but the output, which the
+        // next block (and this block's recompute) reads
+        BlockActs a = block_acts_at_tp(transient, B, T, C, NH, tp);
+        a.res3 = store;
+        return a;
+    }
+    if (mode != RECOMPUTE_SELECTIVE) return block_acts_at_tp(store, B, T, C, NH, tp);
+    // Selective: the kept fields packed in the layer's store (ln1 + stats,
+    // qkv, atty, res2, ln2 + stats, fch, res3: 4C + 8C/tp + 4 per token), the
+    // dropped ones (att, fch_gelu, attproj, fcproj: 2C + 4C/tp + NH/tp*T) in
+    // the transient.
     BlockActs a;
     a.ln1 = store;        store += BT * c;
     a.ln1_mean = store;   store += BT;
     a.ln1_rstd = store;   store += BT;
-    a.qkv = store;        store += BT * 3 * c;
-    a.atty = store;       store += BT * c;
+    a.qkv = store;        store += BT * 3 * cl;
+    a.atty = store;       store += BT * cl;
     a.res2 = store;       store += BT * c;
     a.ln2 = store;        store += BT * c;
     a.ln2_mean = store;   store += BT;
     a.ln2_rstd = store;   store += BT;
-    a.fch = store;        store += BT * 4 * c;
+    a.fch = store;        store += BT * 4 * cl;
     a.res3 = store;
-    a.att = transient;       transient += BT * (size_t)NH * T;
-    a.fch_gelu = transient;  transient += BT * 4 * c;
+    a.att = transient;       transient += BT * nhl * T;
+    a.fch_gelu = transient;  transient += BT * 4 * cl;
     a.attproj = transient;   transient += BT * c;
     a.fcproj = transient;
     return a;
 }
 
-size_t block_scratch_numel(int B, int T, int C, int NH) {
-    size_t BT = (size_t)B * T;
-    return BT * (13 * (size_t)C + (size_t)NH * T);
+size_t block_scratch_numel(int B, int T, int C, int NH) { return block_scratch_numel_tp(B, T, C, NH, 1); }
+
+size_t block_scratch_numel_tp(int B, int T, int C, int NH, int tp) {
+    size_t BT = (size_t)B * T, c = (size_t)C, cl = c / (size_t)tp, nhl = (size_t)NH / (size_t)tp;
+    return BT * (c + 12 * cl + nhl * (size_t)T);  // tp = 1: B*T*(13C + NH*T)
 }
 
 BlockScratch block_scratch_at(float* base, int B, int T, int C, int NH) {
-    size_t BT = (size_t)B * T, c = (size_t)C;
+    return block_scratch_at_tp(base, B, T, C, NH, 1);
+}
+
+BlockScratch block_scratch_at_tp(float* base, int B, int T, int C, int NH, int tp) {
+    size_t BT = (size_t)B * T, c = (size_t)C, cl = c / (size_t)tp, nhl = (size_t)NH / (size_t)tp;
     BlockScratch s;
-    s.dln = base;        base += BT * c;
-    s.dqkv = base;       base += BT * 3 * c;
-    s.datty = base;      base += BT * c;
-    s.datt = base;       base += BT * (size_t)NH * T;
-    s.dfch = base;       base += BT * 4 * c;
-    s.dfch_gelu = base;
+    s.dln = base;        base += BT * c;        // (B,T,C)
+    s.dqkv = base;       base += BT * 3 * cl;   // (B,T,3C/tp)
+    s.datty = base;      base += BT * cl;       // (B,T,C/tp)
+    s.datt = base;       base += BT * nhl * T;  // (B,NH/tp,T,T)
+    s.dfch = base;       base += BT * 4 * cl;   // (B,T,4C/tp)
+    s.dfch_gelu = base;                         // (B,T,4C/tp)
     return s;
 }
 
@@ -417,20 +469,6 @@ void gpt_acts_free(GPTActs* a) {
 }
 
 // ---------------------------------------------------------------- recomputation: one layer's views
-
-BlockActs block_acts_kept(float* store, float* transient, int B, int T, int C, int NH, RecomputeMode mode) {
-    switch (mode) {
-        case RECOMPUTE_SELECTIVE: return block_acts_selective(store, transient, B, T, C, NH);
-        case RECOMPUTE_FULL: {
-            // everything in the one-layer transient but the output, which
-            // the next block (and this block's recompute) reads
-            BlockActs v = block_acts_at(transient, B, T, C, NH);
-            v.res3 = store;
-            return v;
-        }
-        default: return block_acts_at(store, B, T, C, NH);
-    }
-}
 
 BlockActs block_acts_recompute(const BlockParams* p, float* store, float* transient, const float* x, int B, int T,
                                int C, int NH, RecomputeMode mode) {

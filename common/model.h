@@ -54,7 +54,8 @@ size_t gpt_tensor_offset(const GPTConfig* cfg, ParamTensor t, int layer);
 
 // One block's parameters (or gradients), pointing into a contiguous range of
 // gpt_block_numel(C) floats wherever it lives: the full model, an FSDP gather
-// buffer, a pipeline stage's own layers.
+// buffer, a pipeline stage's own layers. (A tensor-parallel rank's shard of
+// the block, model_tp.h, is the same layout with narrower matrices.)
 typedef struct {
     float *ln1w, *ln1b;          // (C), (C)
     float *qkvw, *qkvb;          // (3C, C), (3C)

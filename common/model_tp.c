@@ -1,4 +1,4 @@
-// model_tp.c: tensor-parallel layouts and tiles (model_tp.h).
+// model_tp.c: tiles of the parameter tensors (model_tp.h).
 #include "model_tp.h"
 
 #include <errno.h>
@@ -7,123 +7,9 @@
 
 #include "common.h"
 
-// ---------------------------------------------------------------- one block's shard
-
-size_t gpt_block_numel_tp(int C, int tp) {
-    size_t c = (size_t)C, cl = c / (size_t)tp;  // cl: this rank's share of C
-    // weights 3C*C/tp + C*C/tp + 4C*C/tp + 4C*C/tp, split biases 3C/tp + 4C/tp,
-    // whole vectors ln1w ln1b attprojb ln2w ln2b fcprojb
-    return 12 * cl * c + 7 * cl + 6 * c;
-}
-
-BlockParams block_params_at_tp(float* base, int C, int tp) {
-    size_t c = (size_t)C, cl = c / (size_t)tp;
-    BlockParams p;
-    p.ln1w = base;             base += c;
-    p.ln1b = base;             base += c;
-    p.qkvw = base;             base += 3 * cl * c;
-    p.qkvb = base;             base += 3 * cl;
-    p.attprojw = base;         base += c * cl;
-    p.attprojb = base;         base += c;
-    p.ln2w = base;             base += c;
-    p.ln2b = base;             base += c;
-    p.fcw = base;              base += 4 * cl * c;
-    p.fcb = base;              base += 4 * cl;
-    p.fcprojw = base;          base += c * 4 * cl;
-    p.fcprojb = base;
-    return p;
-}
-
-size_t block_acts_numel_tp(int B, int T, int C, int NH, int tp) {
-    size_t BT = (size_t)B * T, c = (size_t)C, cl = c / (size_t)tp, nhl = (size_t)NH / (size_t)tp;
-    return BT * (6 * c + 12 * cl + nhl * (size_t)T + 4);
-}
-
-BlockActs block_acts_at_tp(float* base, int B, int T, int C, int NH, int tp) {
-    size_t BT = (size_t)B * T, c = (size_t)C, cl = c / (size_t)tp, nhl = (size_t)NH / (size_t)tp;
-    BlockActs a;
-    a.ln1 = base;        base += BT * c;
-    a.ln1_mean = base;   base += BT;
-    a.ln1_rstd = base;   base += BT;
-    a.qkv = base;        base += BT * 3 * cl;
-    a.atty = base;       base += BT * cl;
-    a.att = base;        base += BT * nhl * T;
-    a.attproj = base;    base += BT * c;
-    a.res2 = base;       base += BT * c;
-    a.ln2 = base;        base += BT * c;
-    a.ln2_mean = base;   base += BT;
-    a.ln2_rstd = base;   base += BT;
-    a.fch = base;        base += BT * 4 * cl;
-    a.fch_gelu = base;   base += BT * 4 * cl;
-    a.fcproj = base;     base += BT * c;
-    a.res3 = base;
-    return a;
-}
-
-size_t block_store_numel_tp(int B, int T, int C, int NH, int tp, RecomputeMode mode) {
-    size_t BT = (size_t)B * T, c = (size_t)C, cl = c / (size_t)tp;
-    switch (mode) {
-        case RECOMPUTE_SELECTIVE: return BT * (4 * c + 8 * cl + 4);
-        case RECOMPUTE_FULL: return BT * c;
-        default: return block_acts_numel_tp(B, T, C, NH, tp);
-    }
-}
-
-size_t block_transient_numel_tp(int B, int T, int C, int NH, int tp, RecomputeMode mode) {
-    size_t BT = (size_t)B * T, c = (size_t)C, cl = c / (size_t)tp, nhl = (size_t)NH / (size_t)tp;
-    switch (mode) {
-        case RECOMPUTE_SELECTIVE: return BT * (2 * c + 4 * cl + nhl * (size_t)T);
-        case RECOMPUTE_FULL: return block_acts_numel_tp(B, T, C, NH, tp);
-        default: return 0;
-    }
-}
-
-BlockActs block_acts_stored_tp(float* store, float* transient, int B, int T, int C, int NH, int tp,
-                               RecomputeMode mode) {
-    size_t BT = (size_t)B * T, c = (size_t)C, cl = c / (size_t)tp, nhl = (size_t)NH / (size_t)tp;
-    if (mode == RECOMPUTE_FULL) {
-        // everything in the one-layer transient but the output, which the
-        // next block (and this block's recompute) reads
-        BlockActs a = block_acts_at_tp(transient, B, T, C, NH, tp);
-        a.res3 = store;
-        return a;
-    }
-    if (mode != RECOMPUTE_SELECTIVE) return block_acts_at_tp(store, B, T, C, NH, tp);
-    BlockActs a;
-    a.ln1 = store;        store += BT * c;
-    a.ln1_mean = store;   store += BT;
-    a.ln1_rstd = store;   store += BT;
-    a.qkv = store;        store += BT * 3 * cl;
-    a.atty = store;       store += BT * cl;
-    a.res2 = store;       store += BT * c;
-    a.ln2 = store;        store += BT * c;
-    a.ln2_mean = store;   store += BT;
-    a.ln2_rstd = store;   store += BT;
-    a.fch = store;        store += BT * 4 * cl;
-    a.res3 = store;
-    a.att = transient;       transient += BT * nhl * T;
-    a.fch_gelu = transient;  transient += BT * 4 * cl;
-    a.attproj = transient;   transient += BT * c;
-    a.fcproj = transient;
-    return a;
-}
-
-size_t block_scratch_numel_tp(int B, int T, int C, int NH, int tp) {
-    size_t BT = (size_t)B * T, c = (size_t)C, cl = c / (size_t)tp, nhl = (size_t)NH / (size_t)tp;
-    return BT * (c + 12 * cl + nhl * (size_t)T);
-}
-
-BlockScratch block_scratch_at_tp(float* base, int B, int T, int C, int NH, int tp) {
-    size_t BT = (size_t)B * T, c = (size_t)C, cl = c / (size_t)tp, nhl = (size_t)NH / (size_t)tp;
-    BlockScratch s;
-    s.dln = base;        base += BT * c;
-    s.dqkv = base;       base += BT * 3 * cl;
-    s.datty = base;      base += BT * cl;
-    s.datt = base;       base += BT * nhl * T;
-    s.dfch = base;       base += BT * 4 * cl;
-    s.dfch_gelu = base;
-    return s;
-}
+// One block's shard (gpt_block_numel_tp, block_params_at_tp and the
+// activation layouts) is in model.c, written once for every tp: tp = 1 is
+// model.h's full block.
 
 // ---------------------------------------------------------------- tiles
 

@@ -2,7 +2,7 @@
 // the parameter tensors (a row range, a column slice) to init, read and place.
 //
 // A tensor-parallel rank holds 1/tp of every matrix of a block (model.h's
-// layouts hard-code the full widths 3C and 4C) and the whole of every vector
+// layouts are the whole block, tp = 1) and the whole of every vector
 // that is not split. These functions only size and point: which rows and
 // columns go to which rank, and every collective, stay in the chapter
 // (04_fsdp_tp/main.c).
@@ -11,7 +11,7 @@
 //   ln1w (C) ln1b (C) qkvw (3C/tp, C) qkvb (3C/tp) attprojw (C, C/tp)
 //   attprojb (C) ln2w (C) ln2b (C) fcw (4C/tp, C) fcb (4C/tp)
 //   fcprojw (C, 4C/tp) fcprojb (C)
-// With tp = 1 every function below equals its model.h twin.
+// model.c writes each layout once, with tp; model.h's are its tp = 1 case.
 #ifndef MODEL_TP_H
 #define MODEL_TP_H
 

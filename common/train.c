@@ -291,6 +291,26 @@ void run_finish(Run* r) {
     runtime_finalize();
 }
 
+void train_loop_open(JsonLog* log, int** inputs, int** targets, const TrainArgs* a, int rows, int T) {
+    char msg[1024];
+    const char* bad = jsonl_open(log, a->log, msg, sizeof(msg));
+    fail_if_any(bad != NULL, bad);
+    *inputs = xmalloc((size_t)rows * T * sizeof(int));
+    *targets = xmalloc((size_t)rows * T * sizeof(int));
+}
+
+void train_loop_close(JsonLog* log, int* inputs, int* targets) {
+    jsonl_close(log);
+    free(inputs);
+    free(targets);
+}
+
+void train_print_recompute(RecomputeMode mode, const char* note) {
+    if (mode == RECOMPUTE_NONE) return;
+    print0("recompute %s: backward recomputes what the blocks did not keep (docs/recompute.md)%s\n",
+           recompute_name(mode), note ? note : "");
+}
+
 void clock_begin(StepClock* c) {
     c->t0 = now_seconds();
     c->w0 = comm_wait_seconds();

@@ -12,6 +12,7 @@
 #include "mesh.h"
 #include "model.h"
 #include "ops.h"
+#include "report.h"
 
 typedef struct {
     GPTConfig cfg;
@@ -136,6 +137,18 @@ double clock_end(StepClock* c, int step, int steps);
 double clock_ms_per_step(const StepClock* c);
 double clock_wait_ms_per_step(const StepClock* c);      // blocked in communication
 double clock_progress_ms_per_step(const StepClock* c);  // in non-blocking starts and tests
+
+// The plumbing around every chapter's training loop, the same in each: opens
+// --log (rank 0 writes it; a file that cannot be opened ends every rank with
+// one message) and allocates this rank's batch on the host, *inputs and
+// *targets of rows x T tokens each (rows: the sequences this rank reads per
+// step or micro-step). Collective.
+void train_loop_open(JsonLog* log, int** inputs, int** targets, const TrainArgs* a, int rows, int T);
+// After the loop's last record: closes the log and frees the batch.
+void train_loop_close(JsonLog* log, int* inputs, int* targets);
+// The start-up line of --recompute selective or full (nothing for none),
+// with a chapter's own note appended ("" or NULL for none).
+void train_print_recompute(RecomputeMode mode, const char* note);
 
 // After training: prints --sample N generated characters (rank 0), and writes
 // --save FILE from the given host copy of the full parameters. Collective:
