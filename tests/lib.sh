@@ -75,8 +75,10 @@ mpi_run() {
     OUT_FILE=$TEST_TMPDIR/mpi_run$TEST_JOB.out
     CMD="$MPIRUN -np $np $*"
     # -k: an mpirun that ignores SIGTERM is killed 10 s later
+    [ -n "${TEST_PROFILE:-}" ] && profile_start
     timeout -k 10 "$limit" $MPIRUN -np "$np" "$@" < /dev/null > "$OUT_FILE" 2>&1
     RC=$?
+    [ -n "${TEST_PROFILE:-}" ] && profile_end "$np" "$*"
     OUT=$(tr -d '\0' < "$OUT_FILE")
     if [ $RC = 124 ] || [ $RC = 137 ]; then
         echo "  TIMEOUT after $limit s (a hang?), exit $RC: $CMD"
@@ -85,6 +87,31 @@ mpi_run() {
     fi
 }
 timed_out() { [ "$RC" = 124 ] || [ "$RC" = 137 ]; }
+
+# TEST_PROFILE=FILE: every mpi_run appends a line to FILE, tab-separated:
+# the script, the run's wall seconds, its CPU seconds (user + sys of mpirun
+# and the ranks: the children this shell waited for), its ranks and its
+# command. On a shared machine a run's CPU time says what it costs more than
+# its wall time. `sort -t$'\t' -k3 -rn FILE | head` lists the dearest runs.
+profile_start() {
+    PROFILE_T0=$(date +%s.%N)
+    profile_cpu
+    PROFILE_C0=$PROFILE_CPU
+}
+profile_end() {
+    local t1=$(date +%s.%N)
+    profile_cpu
+    awk -v s="$(basename "$0")" -v t0="$PROFILE_T0" -v t1="$t1" -v c0="$PROFILE_C0" -v c1="$PROFILE_CPU" \
+        -v np="$1" -v cmd="$2" 'BEGIN { printf "%s\t%.2f\t%.2f\t%s\t%s\n", s, t1 - t0, c1 - c0, np, cmd }' >> "$TEST_PROFILE"
+}
+# PROFILE_CPU: the CPU seconds (user + sys) of the children this shell has
+# waited for, from the builtin `times` (written to a file: in a $(...)
+# subshell it would count only the subshell's children)
+profile_cpu() {
+    local f=$TEST_TMPDIR/times.$BASHPID
+    times > "$f"
+    PROFILE_CPU=$(tail -1 "$f" | awk '{ for (i = 1; i <= 2; i++) { split($i, a, /[ms]/); s += a[1] * 60 + a[2] } } END { printf "%.2f", s }')
+}
 
 # A C test program prints PASS/FAIL lines; a crash or a hang counts as one
 # failure.
