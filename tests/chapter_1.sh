@@ -98,9 +98,10 @@ for np in 3 4; do
 done
 
 echo "== chapter 1: errors and --help"
-error_case chapter-1 2 "--steps 3" "unknown flag --steps"
-error_case chapter-1 2 "--max-bytes 12Q" "is not a size"
-error_case chapter-1 1 "--bench --min-bytes 1M --max-bytes 1K" "larger than --max-bytes"
-help_case chapter-1 "--trace"
+jobs_run error_case chapter-1 2 "--steps 3" "unknown flag --steps"
+jobs_run error_case chapter-1 2 "--max-bytes 12Q" "is not a size"
+jobs_run error_case chapter-1 1 "--bench --min-bytes 1M --max-bytes 1K" "larger than --max-bytes"
+jobs_run help_case chapter-1 "--trace"
+jobs_wait  # independent: 2 at a time (jobs_run, tests/lib.sh)
 
 finish

@@ -118,13 +118,14 @@ jobs_wait
 
 echo "== chapter 2: errors and --help"
 bad_inputs
-error_case chapter-2 3 "--dp 3 --batch 4" "--batch 4 does not split over dp=3 ranks"
-error_case chapter-2 2 "--dp 2 --batch 4 --grad-accum 3" "use a batch divisible by 6"
-error_case chapter-2 2 "--dp 2 --dp-mode rings" "--dp-mode rings is not one of"
-error_case chapter-2 2 "--dp 2 --tp 1" "this chapter has no tp axis"
-error_case chapter-2 2 "--dp 2 --model $TEST_TMPDIR/truncated.bin" "truncated or corrupt"
-help_case chapter-2 "--dp-mode S"
-help_case chapter-2 "--comm S"
-error_case chapter-2 2 "--dp 2 --comm mpi" "--comm mpi is not one of library, hand"
+jobs_run error_case chapter-2 3 "--dp 3 --batch 4" "--batch 4 does not split over dp=3 ranks"
+jobs_run error_case chapter-2 2 "--dp 2 --batch 4 --grad-accum 3" "use a batch divisible by 6"
+jobs_run error_case chapter-2 2 "--dp 2 --dp-mode rings" "--dp-mode rings is not one of"
+jobs_run error_case chapter-2 2 "--dp 2 --tp 1" "this chapter has no tp axis"
+jobs_run error_case chapter-2 2 "--dp 2 --model $TEST_TMPDIR/truncated.bin" "truncated or corrupt"
+jobs_run help_case chapter-2 "--dp-mode S"
+jobs_run help_case chapter-2 "--comm S"
+jobs_run error_case chapter-2 2 "--dp 2 --comm mpi" "--comm mpi is not one of library, hand"
+jobs_wait  # independent: 2 at a time
 
 finish

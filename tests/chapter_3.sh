@@ -120,11 +120,12 @@ jobs_wait
 
 echo "== chapter 3: errors, save and load, --help"
 bad_inputs
-error_case chapter-3 2 "--dp 2 --zero 4" "--zero 4: the stages are 1, 2 and 3"
-error_case chapter-3 2 "--dp 2 --prefetch 2" "--prefetch and --reshard take 0 or 1"
-error_case chapter-3 2 "--dp 2 --zero 2 --reshard 0" "--reshard 0 applies to --zero 3 only"
-error_case chapter-3 3 "--dp 3 --batch 4" "does not split over dp=3"
-error_case chapter-3 2 "--dp 2 --model $TEST_TMPDIR/truncated.bin" "truncated or corrupt"
+jobs_run error_case chapter-3 2 "--dp 2 --zero 4" "--zero 4: the stages are 1, 2 and 3"
+jobs_run error_case chapter-3 2 "--dp 2 --prefetch 2" "--prefetch and --reshard take 0 or 1"
+jobs_run error_case chapter-3 2 "--dp 2 --zero 2 --reshard 0" "--reshard 0 applies to --zero 3 only"
+jobs_run error_case chapter-3 3 "--dp 3 --batch 4" "does not split over dp=3"
+jobs_run error_case chapter-3 2 "--dp 2 --model $TEST_TMPDIR/truncated.bin" "truncated or corrupt"
+jobs_wait  # independent: 2 at a time
 # a checkpoint read shard by shard gives the same model as one read whole
 saved3=$TEST_TMPDIR/fsdp_saved.bin
 mpi_run $T_SHORT 3 "$BUILD/chapter-3" --dp 3 --batch 12 --steps 3 --peak-gflops 10 --save "$saved3"
@@ -192,14 +193,15 @@ for np in 1 3 4; do
     fi
 done
 # train_check_mesh: one message style per axis (the tiny model: NH 4, L 2)
-error_case tests/test_fsdp 3 "--check-mesh dp=3 4 64" "--batch 4 does not split over dp=3 ranks: use a batch divisible by 3"
-error_case tests/test_fsdp 2 "--check-mesh dp=2 4 64 3" "--batch 4 does not split over dp=2 ranks x 3 micro-batches: use a batch divisible by 6"
-error_case tests/test_fsdp 3 "--check-mesh tp=3 6 64" "the model's 4 heads do not split over tp=3 ranks: use a tp that divides 4"
-error_case tests/test_fsdp 3 "--check-mesh tp=3 6 64 1 0 small" "the model's padded vocabulary of 256 does not split over tp=3 ranks: use a tp that divides 256"
-error_case tests/test_fsdp 4 "--check-mesh pp=4 4 64" "the model's 2 layers do not split over pp=4 ranks: use a pp that divides 2"
-error_case tests/test_fsdp 3 "--check-mesh cp=3 4 64" "--seq 64 does not split over cp=3 ranks: use a sequence length divisible by 3"
-error_case tests/test_fsdp 2 "--check-mesh ep=2 4 64" "the model has no experts to split over ep=2 ranks"
-error_case tests/test_fsdp 3 "--check-mesh ep=3 4 64 1 8" "the model's 8 experts do not split over ep=3 ranks: use an ep that divides 8"
+jobs_run error_case tests/test_fsdp 3 "--check-mesh dp=3 4 64" "--batch 4 does not split over dp=3 ranks: use a batch divisible by 3"
+jobs_run error_case tests/test_fsdp 2 "--check-mesh dp=2 4 64 3" "--batch 4 does not split over dp=2 ranks x 3 micro-batches: use a batch divisible by 6"
+jobs_run error_case tests/test_fsdp 3 "--check-mesh tp=3 6 64" "the model's 4 heads do not split over tp=3 ranks: use a tp that divides 4"
+jobs_run error_case tests/test_fsdp 3 "--check-mesh tp=3 6 64 1 0 small" "the model's padded vocabulary of 256 does not split over tp=3 ranks: use a tp that divides 256"
+jobs_run error_case tests/test_fsdp 4 "--check-mesh pp=4 4 64" "the model's 2 layers do not split over pp=4 ranks: use a pp that divides 2"
+jobs_run error_case tests/test_fsdp 3 "--check-mesh cp=3 4 64" "--seq 64 does not split over cp=3 ranks: use a sequence length divisible by 3"
+jobs_run error_case tests/test_fsdp 2 "--check-mesh ep=2 4 64" "the model has no experts to split over ep=2 ranks"
+jobs_run error_case tests/test_fsdp 3 "--check-mesh ep=3 4 64 1 8" "the model's 8 experts do not split over ep=3 ranks: use an ep that divides 8"
+jobs_wait  # independent: 2 at a time
 out=$(timeout 60 $MPIRUN -np 4 "$BUILD/tests/test_fsdp" --check-mesh dp=2,tp=2 4 64 2 2>&1)
 if [ $? -eq 0 ] && echo "$out" | grep -q '^mesh ok'; then
     pass "train_check_mesh: dp=2 x tp=2, batch 4 in 2 micro-batches per rank, fits the tiny model"

@@ -211,13 +211,13 @@ ck4_case z1c0 "chapter 0 resumed from that ZeRO-1 run's step 7 continues chapter
     1 chapter-0 --resume "$CK4/z1/step-00000007"
 
 bad_inputs
-error_case chapter-4 3 "--tp 3" "the model's 4 heads do not split over tp=3"
-error_case chapter-4 2 "--dp 2 --zero 4" "--zero 4: the stages are 1, 2 and 3"
-error_case chapter-4 2 "--dp 2 --batch 3" "does not split over dp=2"
-error_case chapter-4 2 "--tp 2 --model $TEST_TMPDIR/truncated.bin" "truncated or corrupt"
-error_case chapter-4 2 "--pp 2" "--pp"
-error_case chapter-4 4 "--tp 2" "has 2 ranks but mpirun started 4"
-help_case chapter-4 "--tp N"
+jobs_run error_case chapter-4 3 "--tp 3" "the model's 4 heads do not split over tp=3"
+jobs_run error_case chapter-4 2 "--dp 2 --zero 4" "--zero 4: the stages are 1, 2 and 3"
+jobs_run error_case chapter-4 2 "--dp 2 --batch 3" "does not split over dp=2"
+jobs_run error_case chapter-4 2 "--tp 2 --model $TEST_TMPDIR/truncated.bin" "truncated or corrupt"
+jobs_run error_case chapter-4 2 "--pp 2" "--pp"
+jobs_run error_case chapter-4 4 "--tp 2" "has 2 ranks but mpirun started 4"
+jobs_run help_case chapter-4 "--tp N"
 # a padded vocabulary too small for tp: 6 rows over tp = 4 are 2, 2, 2 and
 # none for the last rank (a 1-layer model file with V = Vp = 6, 4 heads, and
 # token ids below 6, so that the data passes and the mesh check speaks)
@@ -230,9 +230,10 @@ open('$TEST_TMPDIR/vocab6.bin', 'wb').write(struct.pack('256i', *h) + struct.pac
 h = [0] * 256; h[:3] = [20240520, 1, 2048]
 open('$TEST_TMPDIR/tokens6.bin', 'wb').write(struct.pack('256i', *h) + struct.pack('2048H', *[i % 6 for i in range(2048)]))
 "
-error_case chapter-4 4 "--tp 4 --model $TEST_TMPDIR/vocab6.bin --data $TEST_TMPDIR/tokens6.bin --seq 8" \
+jobs_run error_case chapter-4 4 "--tp 4 --model $TEST_TMPDIR/vocab6.bin --data $TEST_TMPDIR/tokens6.bin --seq 8" \
     "the model's padded vocabulary of 6 rows leaves the last of tp=4 ranks none"
 
-error_case chapter-4 2 "--tp 2 --recompute some" "--recompute some is not one of none, selective, full"
+jobs_run error_case chapter-4 2 "--tp 2 --recompute some" "--recompute some is not one of none, selective, full"
+jobs_wait  # the error cases and --help are independent: 2 at a time
 
 finish

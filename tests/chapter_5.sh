@@ -175,23 +175,24 @@ else
 fi
 
 # bad input: one message, every rank non-zero, no hang
-error_case chapter-5 4 "--pp 4 --peak-gflops 10" "the model's 2 layers cannot fill pp=4"
-error_case chapter-5 2 "--pp 2 --model tiny6 --schedule interleaved --virtual 2 --peak-gflops 10" "do not cut into pp=2 x 2 equal chunks"
-error_case chapter-5 2 "--pp 2 --virtual 2 --peak-gflops 10" "--virtual 2 needs --schedule interleaved"
-error_case chapter-5 1 "--schedule interleaved --virtual 2 --peak-gflops 10" "use --pp 2 or more"
-error_case chapter-5 2 "--pp 2 --schedule pipedream --peak-gflops 10" "--schedule pipedream is not one of"
-error_case chapter-5 2 "--pp 2 --microbatches 3 --peak-gflops 10" "use a batch divisible by 3"
-error_case chapter-5 2 "--pp 2 --model tiny6 --schedule interleaved --virtual 3 --microbatches 3 --batch 6 --peak-gflops 10" "groups of pp=2"
-error_case chapter-5 2 "--pp 2 --tp 2 --peak-gflops 10" "this chapter has no tp axis"
-help_case chapter-5 "--schedule S"
+jobs_run error_case chapter-5 4 "--pp 4 --peak-gflops 10" "the model's 2 layers cannot fill pp=4"
+jobs_run error_case chapter-5 2 "--pp 2 --model tiny6 --schedule interleaved --virtual 2 --peak-gflops 10" "do not cut into pp=2 x 2 equal chunks"
+jobs_run error_case chapter-5 2 "--pp 2 --virtual 2 --peak-gflops 10" "--virtual 2 needs --schedule interleaved"
+jobs_run error_case chapter-5 1 "--schedule interleaved --virtual 2 --peak-gflops 10" "use --pp 2 or more"
+jobs_run error_case chapter-5 2 "--pp 2 --schedule pipedream --peak-gflops 10" "--schedule pipedream is not one of"
+jobs_run error_case chapter-5 2 "--pp 2 --microbatches 3 --peak-gflops 10" "use a batch divisible by 3"
+jobs_run error_case chapter-5 2 "--pp 2 --model tiny6 --schedule interleaved --virtual 3 --microbatches 3 --batch 6 --peak-gflops 10" "groups of pp=2"
+jobs_run error_case chapter-5 2 "--pp 2 --tp 2 --peak-gflops 10" "this chapter has no tp axis"
+jobs_run help_case chapter-5 "--schedule S"
 # a schedule file: a bad action, a missing rank, a deadlock (the validator), all before training
 printf 'rank 0: F0 X1\nrank 1: F0 B0\n' > "$TEST_TMPDIR/pp_bad.sched"
 printf 'rank 0: F0 B0\n' > "$TEST_TMPDIR/pp_short.sched"
 printf 'rank 0: F0 B0 F1 B1\nrank 1: B0 F0 F1 B1\n' > "$TEST_TMPDIR/pp_before.sched"
 printf 'rank 0: F0 B0 F1 B1\nrank 1: F1 F0 B0 B1\n' > "$TEST_TMPDIR/pp_cycle.sched"
-error_case chapter-5 2 "--pp 2 --schedule-file $TEST_TMPDIR/pp_bad.sched --peak-gflops 10" "'X1' is not an action"
-error_case chapter-5 2 "--pp 2 --schedule-file $TEST_TMPDIR/pp_short.sched --peak-gflops 10" "has no line for rank 1"
-error_case chapter-5 2 "--pp 2 --schedule-file $TEST_TMPDIR/pp_before.sched --peak-gflops 10" "B(0, chunk 0) comes before its F"
-error_case chapter-5 2 "--pp 2 --schedule-file $TEST_TMPDIR/pp_cycle.sched --peak-gflops 10" "deadlock: every rank waits"
+jobs_run error_case chapter-5 2 "--pp 2 --schedule-file $TEST_TMPDIR/pp_bad.sched --peak-gflops 10" "'X1' is not an action"
+jobs_run error_case chapter-5 2 "--pp 2 --schedule-file $TEST_TMPDIR/pp_short.sched --peak-gflops 10" "has no line for rank 1"
+jobs_run error_case chapter-5 2 "--pp 2 --schedule-file $TEST_TMPDIR/pp_before.sched --peak-gflops 10" "B(0, chunk 0) comes before its F"
+jobs_run error_case chapter-5 2 "--pp 2 --schedule-file $TEST_TMPDIR/pp_cycle.sched --peak-gflops 10" "deadlock: every rank waits"
+jobs_wait  # independent: 2 at a time (the schedule files are written above)
 
 finish

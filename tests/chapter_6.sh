@@ -135,15 +135,16 @@ else
 fi
 
 # bad meshes and flags: one message, every rank exits
-error_case chapter-6 3 "--cp 3" "--seq 64 does not split over cp=3"
-error_case chapter-6 4 "--cp 4 --seq 12 --batch 4 --cp-balance zigzag" "--seq 12 does not split into 2 x cp = 8 zigzag half-chunks"
-error_case chapter-6 3 "--cp 3 --seq 24 --batch 3 --cp-mode ulysses" "ulysses splits the model's 4 heads over cp=3"
-error_case chapter-6 2 "--cp 2 --cp-mode star" "--cp-mode star is not one of ring, ulysses"
-error_case chapter-6 2 "--cp 2 --cp-balance random" "--cp-balance random is not one of none, zigzag"
-error_case chapter-6 2 "--cp 2 --cp-overlap 2" "--cp-overlap 2 is not 0 or 1"
-error_case chapter-6 2 "--tp 2" "--tp 2 without --sp"
-error_case chapter-6 4 "--cp 2" "has 2 ranks but mpirun started 4"
-help_case chapter-6 "--cp-balance"
+jobs_run error_case chapter-6 3 "--cp 3" "--seq 64 does not split over cp=3"
+jobs_run error_case chapter-6 4 "--cp 4 --seq 12 --batch 4 --cp-balance zigzag" "--seq 12 does not split into 2 x cp = 8 zigzag half-chunks"
+jobs_run error_case chapter-6 3 "--cp 3 --seq 24 --batch 3 --cp-mode ulysses" "ulysses splits the model's 4 heads over cp=3"
+jobs_run error_case chapter-6 2 "--cp 2 --cp-mode star" "--cp-mode star is not one of ring, ulysses"
+jobs_run error_case chapter-6 2 "--cp 2 --cp-balance random" "--cp-balance random is not one of none, zigzag"
+jobs_run error_case chapter-6 2 "--cp 2 --cp-overlap 2" "--cp-overlap 2 is not 0 or 1"
+jobs_run error_case chapter-6 2 "--tp 2" "--tp 2 without --sp"
+jobs_run error_case chapter-6 4 "--cp 2" "has 2 ranks but mpirun started 4"
+jobs_run help_case chapter-6 "--cp-balance"
+jobs_wait  # independent: 2 at a time
 
 # ---------------------------------------------------------------- sequence parallelism (--tp N --sp)
 echo "== chapter 6: sequence parallelism"
@@ -303,7 +304,8 @@ if [ $RC = 0 ] && [ -n "$bus4" ] && [ "$bus4" = "$bussp" ]; then
 else
     fail "chapter 6 --sp: bus bytes" "chapter 4 '$bus4', sequence parallelism less its additions '$bussp' (exit $RC)"
 fi
-error_case chapter-6 2 "--tp 2 --sp --batch 3 --seq 33" "--sp splits the 3 x 33 = 99 tokens of a dp rank's batch over tp=2 ranks"
-error_case chapter-6 4 "--tp 2 --cp 2 --sp" "--sp runs on a dp x tp mesh"
+jobs_run error_case chapter-6 2 "--tp 2 --sp --batch 3 --seq 33" "--sp splits the 3 x 33 = 99 tokens of a dp rank's batch over tp=2 ranks"
+jobs_run error_case chapter-6 4 "--tp 2 --cp 2 --sp" "--sp runs on a dp x tp mesh"
+jobs_wait
 
 finish

@@ -150,8 +150,9 @@ done
 
 # another model: a checkpoint of E=4, k=2 is refused by a k=1 run and by a
 # dense chapter, with what each holds
-error_case chapter-7 1 "$c7_flags --top-k 1 --resume $c7_ck" "holds a mixture-of-experts experts=4 top_k=2"
-error_case chapter-0 1 "$INV_FLAGS --resume $c7_ck" "this run's is a dense GPT model"
+jobs_run error_case chapter-7 1 "$c7_flags --top-k 1 --resume $c7_ck" "holds a mixture-of-experts experts=4 top_k=2"
+jobs_run error_case chapter-0 1 "$INV_FLAGS --resume $c7_ck" "this run's is a dense GPT model"
+jobs_wait  # independent: 2 at a time
 
 # a dense layer below an MoE layer (--moe-every 2), experts of width 96, and
 # k = 3 > the 2 experts of a rank (the receive buffers' bound min(k, E/ep))
@@ -199,14 +200,15 @@ else
     fail "experts: MoE file" "val loss $v0 after saving, '$v1' after loading; $(echo "$OUT" | grep error)"
 fi
 ref_checkpoint
-error_case chapter-7 1 "--model $CKPT" "a dense llm.c file has no router and no experts"
-error_case chapter-0 1 "--model $TEST_TMPDIR/c7.bin" "is a mixture-of-experts model (version 7001): only chapter 7"
+jobs_run error_case chapter-7 1 "--model $CKPT" "a dense llm.c file has no router and no experts"
+jobs_run error_case chapter-0 1 "--model $TEST_TMPDIR/c7.bin" "is a mixture-of-experts model (version 7001): only chapter 7"
 
-error_case chapter-7 3 "--ep 3 --experts 4" "do not split over ep=3"
-error_case chapter-7 4 "--dp 2 --ep 2 --batch 6" "does not split over dp x ep = 4 ranks"
-error_case chapter-7 1 "--experts 4 --top-k 5" "--top-k must be between 1 and --experts"
-error_case chapter-7 1 "--moe-every 3" "no layer has experts"
-error_case chapter-7 1 "--capacity-factor -1" "--capacity-factor must be >= 0"
-help_case chapter-7 "--capacity-factor"
+jobs_run error_case chapter-7 3 "--ep 3 --experts 4" "do not split over ep=3"
+jobs_run error_case chapter-7 4 "--dp 2 --ep 2 --batch 6" "does not split over dp x ep = 4 ranks"
+jobs_run error_case chapter-7 1 "--experts 4 --top-k 5" "--top-k must be between 1 and --experts"
+jobs_run error_case chapter-7 1 "--moe-every 3" "no layer has experts"
+jobs_run error_case chapter-7 1 "--capacity-factor -1" "--capacity-factor must be >= 0"
+jobs_run help_case chapter-7 "--capacity-factor"
+jobs_wait  # independent: 2 at a time
 
 finish

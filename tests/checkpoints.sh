@@ -13,17 +13,20 @@ mkdir -p "$CK"
 CKF="--steps 8 --batch 12 --seq 32 --peak-gflops 10"
 CK_TOL=3e-5  # the invariant's tolerance (tests/run.sh, chapter 2)
 
+# The runs below go in two rounds of independent jobs, 2 at a time (jobs_run,
+# tests/lib.sh; each job prints its PASS/FAIL lines, which jobs_wait counts):
+# first the runs that save, then what resumes, reshards or breaks their files.
+
 # the engine alone: tp tiles (strided slices) against uneven flat ranges
-for np in 2 3; do
+ck_engine() {  # NP
+    local np=$1 out rc
     out=$(timeout 120 $MPIRUN -np $np "$BUILD/tests/test_ckpt" 2>&1)
     rc=$?
     echo "$out" | grep -E '^(PASS|FAIL)' | sed "s/\$/ [$np ranks]/"
-    passed=$((passed + $(echo "$out" | grep -c '^PASS')))
-    failed=$((failed + $(echo "$out" | grep -c '^FAIL')))
     if [ $rc -ne 0 ] && ! echo "$out" | grep -q '^FAIL'; then
         fail "test_ckpt on $np ranks" "exited $rc without a failed check: $(echo "$out" | tail -3)"
     fi
-done
+}
 
 # ck_run NAME NP CHAPTER FLAGS...: runs, keeps the output in $CK/NAME.out
 # and the log in $CK/NAME.jsonl; returns the exit status
@@ -70,11 +73,14 @@ ck_expect() {
 }
 
 # --- the reference, saving every 4 steps; chapter 0 resumed from step 4
+ck_c0() {
 ck_run ref 1 0 --ckpt-dir "$CK/c0" --save-every 4 --save "$CK/ref.bin"
 ck_run c0r 1 0 --resume "$CK/c0/step-00000004" --save "$CK/c0r.bin"
 ck_expect c0r "chapter 0 resumed at step 4 repeats the uninterrupted run bit for bit" ref 4 0 "$CK/ref.bin" "$CK/c0r.bin"
+}
 
 # --- chapter 2, dp 2: rank 0 alone writes the replica
+ck_c2() {
 ck_run c2 2 2 --dp 2 --ckpt-dir "$CK/c2" --save-every 4 --save "$CK/c2.bin"
 ck_run c2r 2 2 --dp 2 --resume "$CK/c2/step-00000004" --save "$CK/c2r.bin"
 ck_expect c2r "chapter 2 dp=2 resumed at step 4 repeats its uninterrupted run bit for bit" c2 4 0 "$CK/c2.bin" "$CK/c2r.bin"
@@ -83,8 +89,11 @@ if [ "$(ls "$CK/c2/step-00000004")" = "$(printf 'MANIFEST\nrank-00000.bin')" ]; 
 else
     fail "checkpoint: chapter 2 writes one replica" "$(ls "$CK/c2/step-00000004" | tr '\n' ' ')"
 fi
+}
 
 # --- chapter 3, dp 4, ZeRO-3: every rank writes its shard
+ck_c3() {
+local sizes
 ck_run c3 4 3 --dp 4 --zero 3 --ckpt-dir "$CK/c3" --save-every 3 --save "$CK/c3.bin"
 ck_run c3r 4 3 --dp 4 --zero 3 --resume "$CK/c3/step-00000003" --save "$CK/c3r.bin"
 ck_expect c3r "chapter 3 dp=4 ZeRO-3 resumed at step 3 repeats its uninterrupted run bit for bit" c3 3 0 "$CK/c3.bin" "$CK/c3r.bin"
@@ -94,27 +103,40 @@ if [ "$(ls "$CK/c3/step-00000003" | grep -c '^rank-')" = 4 ] && [ "$(ls "$CK/c3"
 else
     fail "checkpoint: chapter 3 ZeRO-3 files" "$(ls -R "$CK/c3" | tr '\n' ' ')"
 fi
+}
 
 # --- the reshard matrix: chapter 3 dp 4 ZeRO-3 -> chapter 2 dp 2 -> chapter 0;
 # ZeRO-1 dp 2 -> ZeRO-3 dp 3 (shards with padding); each continues the reference
+ck_m() {
 ck_run m2 2 2 --dp 2 --resume "$CK/c3/step-00000003" --ckpt-dir "$CK/m2" --save-every 3
 ck_expect m2 "chapter 3 dp=4 ZeRO-3 -> chapter 2 dp=2 at step 3 continues the reference within $CK_TOL" ref 3 $CK_TOL
 ck_run m0 1 0 --resume "$CK/m2/step-00000006"
 ck_expect m0 "-> chapter 0 at step 6 (chapter 2's checkpoint) continues the reference within $CK_TOL" ref 6 $CK_TOL
-ck_run z1 2 3 --dp 2 --zero 1 --ckpt-dir "$CK/z1" --save-every 4
+}
+ck_z3() {
 ck_run z3 3 3 --dp 3 --zero 3 --resume "$CK/z1/step-00000004"
 ck_expect z3 "chapter 3 dp=2 ZeRO-1 -> dp=3 ZeRO-3 at step 4 continues the reference within $CK_TOL" ref 4 $CK_TOL
+}
 
 # --- async: the thread writes the same bytes the sync save writes
+ck_z1() {
+ck_run z1 2 3 --dp 2 --zero 1 --ckpt-dir "$CK/z1" --save-every 4
 ck_run z1a 2 3 --dp 2 --zero 1 --ckpt-dir "$CK/z1a" --save-every 4 --async-save
 if diff -r "$CK/z1" "$CK/z1a" >/dev/null && grep -q "2 saves (async)" "$CK/z1a.out" && [ "$(ls "$CK/z1a" | wc -l)" = 2 ]; then
     pass "checkpoint: --async-save writes byte-identical files and manifests to the sync save (ZeRO-1, dp=2, steps 4 and 8)"
 else
     fail "checkpoint: async content" "$(diff -rq "$CK/z1" "$CK/z1a" | head -3); $(grep 'saves' "$CK/z1a.out")"
 fi
+}
+# the first round: the runs that save
+for np in 2 3; do jobs_run ck_engine $np; done
+for f in ck_c0 ck_c2 ck_c3 ck_z1; do jobs_run $f; done
+jobs_wait
 
 # --- faults. A rank killed (SIGKILL) after step 5: the job ends, no hang
 # (the timeout is 120 s); --resume takes the last complete checkpoint (4)
+ck_k1() {
+local rc
 CKPT_KILL=step:5:1 ck_run k1 4 3 --dp 4 --zero 3 --ckpt-dir "$CK/k1" --save-every 2
 rc=$?
 if [ $rc -ne 0 ] && [ $rc -ne 124 ] && grep -q "CKPT_KILL" "$CK/k1.out"; then
@@ -124,7 +146,10 @@ else
 fi
 ck_run k1r 4 3 --dp 4 --zero 3 --resume "$CK/k1" --save "$CK/k1r.bin"
 ck_expect k1r "after the kill, --resume from the last checkpoint (step 4) repeats the run that was never killed bit for bit" c3 4 0 "$CK/c3.bin" "$CK/k1r.bin"
+}
 # killed halfway through writing its file of step 6: step 3 stays the latest
+ck_k2() {
+local rc
 CKPT_KILL=save:6:2 ck_run k2 4 3 --dp 4 --zero 3 --ckpt-dir "$CK/k2" --save-every 3
 rc=$?
 if [ $rc -ne 0 ] && [ $rc -ne 124 ] && [ -f "$CK/k2/step-00000003/MANIFEST" ] && [ ! -e "$CK/k2/step-00000006" ]; then
@@ -139,7 +164,10 @@ if [ "$(ls "$CK/k2" | tr '\n' ' ')" = "step-00000006 step-00000008 " ] && [ -f "
 else
     fail "checkpoint: stale .tmp" "$(ls "$CK/k2" | tr '\n' ' ')"
 fi
+}
 # the supervisor: rank 1 killed after step 5 on 4 ranks, restarted on 2
+ck_sv() {
+local rc
 CKPT_KILL=step:5:1 timeout 240 bash common/tools/supervise.sh --np 4 --fallback-np 2 -- \
     "$BUILD/chapter-3" --dp {np} --zero 3 $CKF --ckpt-dir "$CK/sv" --save-every 2 --log "$CK/sv.jsonl" >"$CK/sv.out" 2>&1
 rc=$?
@@ -148,6 +176,7 @@ if [ $rc -eq 0 ] && grep -q "restarting on 2 rank(s)" "$CK/sv.out"; then
 else
     fail "checkpoint: supervisor" "exit $rc; $(grep -E 'supervise|error' "$CK/sv.out" | head -5)"
 fi
+}
 
 # --- bad checkpoints: one message naming the file, exit 1 on every rank,
 # nothing written. Each case works on a copy of chapter 3's step 3.
@@ -156,7 +185,8 @@ ck_bad() {
     local name=$1 what=$2 expect=$3 np=$4 before after rc
     shift 4
     before=$(cd "$CK/$name" && find . -type f | sort | xargs md5sum)
-    timeout 120 $MPIRUN -np "$np" "$BUILD/chapter-3" $CKF --resume "$CK/$name" --ckpt-dir "$CK/$name" --save-every 1 "$@" >"$CK/$name.out" 2>&1
+    # (no kill grace: the refusal ends every rank through MPI_Finalize; error_case, tests/lib.sh)
+    OMPI_MCA_odls_base_sigkill_timeout=0 timeout 120 $MPIRUN -np "$np" "$BUILD/chapter-3" $CKF --resume "$CK/$name" --ckpt-dir "$CK/$name" --save-every 1 "$@" >"$CK/$name.out" 2>&1
     rc=$?
     after=$(cd "$CK/$name" && find . -type f | sort | xargs md5sum)
     if [ $rc -eq 1 ] && [ "$(grep -c '^error' "$CK/$name.out")" = 1 ] && grep -qF -- "$expect" "$CK/$name.out" &&
@@ -167,21 +197,27 @@ ck_bad() {
     fi
 }
 ck_copy() { rm -rf "$CK/$1"; cp -r "$CK/c3/step-00000003" "$CK/$1"; }
+# the second round: resumes on other meshes, kills, the supervisor, bad files
+jobs_run ck_m
+jobs_run ck_z3
+jobs_run ck_k1
+jobs_run ck_k2
+jobs_run ck_sv
 ck_copy flip
 # one byte flipped in the middle of rank 3's shard (read by rank 1 of dp 2)
 size=$(stat -c %s "$CK/flip/rank-00003.bin")
 byte=$(od -An -tu1 -j $((size / 2)) -N1 "$CK/flip/rank-00003.bin" | tr -d ' ')
 printf "$(printf '\\%03o' $(((byte + 1) % 256)))" | dd of="$CK/flip/rank-00003.bin" bs=1 seek=$((size / 2)) conv=notrunc 2>/dev/null
-ck_bad flip "one flipped byte in a shard" "flip/rank-00003.bin' is corrupt" 2 --dp 2
+jobs_run ck_bad flip "one flipped byte in a shard" "flip/rank-00003.bin' is corrupt" 2 --dp 2
 ck_copy trunc
 truncate -s -100 "$CK/trunc/rank-00001.bin"
-ck_bad trunc "a truncated shard" "trunc/rank-00001.bin' has" 4 --dp 4
+jobs_run ck_bad trunc "a truncated shard" "trunc/rank-00001.bin' has" 4 --dp 4
 ck_copy missing
 rm "$CK/missing/rank-00002.bin"
-ck_bad missing "a missing shard" "missing/rank-00002.bin' is missing" 1 --dp 1
+jobs_run ck_bad missing "a missing shard" "missing/rank-00002.bin' is missing" 1 --dp 1
 ck_copy manifest
 sed -i 's/^step 3$/step 4/' "$CK/manifest/MANIFEST"
-ck_bad manifest "an edited manifest" "MANIFEST' is corrupt or truncated" 2 --dp 2
+jobs_run ck_bad manifest "an edited manifest" "MANIFEST' is corrupt or truncated" 2 --dp 2
 # a manifest that no longer covers the model (rank 3's slices dropped, its
 # checksum line recomputed, so only the coverage check can catch it)
 ck_copy cover
@@ -201,17 +237,19 @@ for b in text[8 * words:]:
     h = ((h ^ b) * prime) & mask
 open(path, "wb").write(text + ("end %016x\n" % h).encode())
 PYEOF
-ck_bad cover "a manifest whose slices do not cover the model" "its manifest does not match this model" 2 --dp 2
+jobs_run ck_bad cover "a manifest whose slices do not cover the model" "its manifest does not match this model" 2 --dp 2
 ck_copy model
-ck_bad model "a checkpoint of another model" "holds a model with L=2 C=64" 1 --dp 1 --model small
+jobs_run ck_bad model "a checkpoint of another model" "holds a model with L=2 C=64" 1 --dp 1 --model small
 ck_copy batch
-ck_bad batch "another batch" "was trained with batch 12 x 32" 2 --dp 2 --seq 16
+jobs_run ck_bad batch "another batch" "was trained with batch 12 x 32" 2 --dp 2 --seq 16
 rm -rf "$CK/none" && mkdir "$CK/none"
-ck_bad none "a directory without a checkpoint" "no complete checkpoint there" 1 --dp 1
+jobs_run ck_bad none "a directory without a checkpoint" "no complete checkpoint there" 1 --dp 1
 
 # a save that cannot be written (a file-size limit of 64 MiB, which MPI's own
 # start-up needs; the small model's state is 124 MiB): the message names the
 # file, the .tmp directory goes, the checkpoint already there stays
+ck_full() {
+local out rc
 rm -rf "$CK/full" && mkdir "$CK/full" && cp -r "$CK/c0/step-00000004" "$CK/full/"
 out=$( (ulimit -f 65536; timeout 120 $MPIRUN -np 1 "$BUILD/chapter-0" --model small --steps 1 --batch 1 --seq 16 \
     --peak-gflops 10 --ckpt-dir "$CK/full") 2>&1)
@@ -222,12 +260,14 @@ if [ $rc -eq 1 ] && echo "$out" | grep -q "^error: writing checkpoint file '.*fu
 else
     fail "checkpoint: failed save" "exit $rc; $(echo "$out" | grep error | head -2); files: $(ls "$CK/full" | tr '\n' ' ')"
 fi
+}
+jobs_run ck_full
 
 # flags that cannot work: one message, exit 1, before any step
 ck_flag() {  # DESCRIPTION EXPECTED-TEXT FLAGS...
     local what=$1 expect=$2 out rc
     shift 2
-    out=$(timeout 60 $MPIRUN -np 2 "$BUILD/chapter-2" --dp 2 $CKF "$@" 2>&1)
+    out=$(OMPI_MCA_odls_base_sigkill_timeout=0 timeout 60 $MPIRUN -np 2 "$BUILD/chapter-2" --dp 2 $CKF "$@" 2>&1)
     rc=$?
     if [ $rc -eq 1 ] && [ "$(echo "$out" | grep -c '^error')" = 1 ] && echo "$out" | grep -qF -- "$expect" &&
         ! echo "$out" | grep -q '^step'; then
@@ -236,8 +276,9 @@ ck_flag() {  # DESCRIPTION EXPECTED-TEXT FLAGS...
         fail "checkpoint flags: $what" "exit $rc; $(echo "$out" | grep -E '^error' | head -2)"
     fi
 }
-ck_flag "--save-every without --ckpt-dir" "--save-every and --async-save need --ckpt-dir DIR" --save-every 2
-ck_flag "--resume of a directory that does not exist" "--resume '$CK/nosuch' does not exist" --resume "$CK/nosuch"
-ck_flag "--ckpt-dir naming a file" "--ckpt-dir '$CK/ref.bin' is a file, not a directory" --ckpt-dir "$CK/ref.bin"
+jobs_run ck_flag "--save-every without --ckpt-dir" "--save-every and --async-save need --ckpt-dir DIR" --save-every 2
+jobs_run ck_flag "--resume of a directory that does not exist" "--resume '$CK/nosuch' does not exist" --resume "$CK/nosuch"
+jobs_run ck_flag "--ckpt-dir naming a file" "--ckpt-dir '$CK/ref.bin' is a file, not a directory" --ckpt-dir "$CK/ref.bin"
+jobs_wait
 
 finish

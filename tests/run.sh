@@ -48,10 +48,21 @@ fi
 passed=0
 failed=0
 skipped=0
+# cpu_s: sets CPU_S to the CPU seconds (user + sys) of the scripts run so
+# far and of all they waited for, from `times` of this shell (written to a
+# file: a builtin in $(...) would see only the subshell's children). A
+# script's share is what it costs a shared machine, whatever else runs
+# there; its wall time is not.
+cpu_s() {
+    times > "$TEST_TMPDIR/times"
+    CPU_S=$(tail -1 "$TEST_TMPDIR/times" | awk '{ for (i = 1; i <= 2; i++) { split($i, a, /[ms]/); s += a[1] * 60 + a[2] } } END { printf "%.0f", s }')
+}
 for f in "${scripts[@]}"; do
     counts=$TEST_TMPDIR/counts
     rm -f "$counts"
     start=$(date +%s)
+    cpu_s
+    cpu0=$CPU_S
     TEST_COUNTS=$counts bash "$f"
     rc=$?
     if [ -s "$counts" ]; then
@@ -62,7 +73,8 @@ for f in "${scripts[@]}"; do
         p=0 q=1 s=0
     fi
     passed=$((passed + p)) failed=$((failed + q)) skipped=$((skipped + s))
-    echo "-- $f: $p pass, $q fail, $s skip ($(($(date +%s) - start)) s)"
+    cpu_s
+    echo "-- $f: $p pass, $q fail, $s skip ($(($(date +%s) - start)) s, cpu $((CPU_S - cpu0)) s)"
 done
 
 echo
