@@ -162,7 +162,7 @@ static const char* open_default_corpus(TokenSet* train, TokenSet* val, char* msg
     closedir(dir);
     qsort(names, (size_t)n, sizeof(char*), compare_names);
     char* text = NULL;
-    size_t total = 0;
+    size_t total = 0, text_cap = 0;
     for (int i = 0; i < n; i++) {
         char path[1024];
         snprintf(path, sizeof(path), "%s/%s", DEFAULT_CORPUS_DIR, names[i]);
@@ -170,12 +170,19 @@ static const char* open_default_corpus(TokenSet* train, TokenSet* val, char* msg
         size_t len = 0;
         char* part = (stat(path, &st) == 0 && S_ISREG(st.st_mode)) ? read_file(path, &len) : NULL;
         if (part) {
-            char* grown = xmalloc(total + len + 1);
-            if (text) memcpy(grown, text, total);
-            memcpy(grown + total, part, len);
-            free(text);
+            // the buffer doubles when it is full, so the text read so far is
+            // copied once per doubling, not once per file (43 files here)
+            if (total + len + 1 > text_cap) {
+                size_t want = text_cap ? 2 * text_cap : (size_t)1 << 20;
+                while (want < total + len + 1) want *= 2;
+                char* grown = xmalloc(want);
+                if (text) memcpy(grown, text, total);
+                free(text);
+                text = grown;
+                text_cap = want;
+            }
+            memcpy(text + total, part, len);
             free(part);
-            text = grown;
             total += len;
         }
         free(names[i]);
