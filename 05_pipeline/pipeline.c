@@ -1,0 +1,533 @@
+// pipeline.c: chapter 5's engine (pipeline.h): the layer split, what a rank
+// owns, its activation slots, set-up, and what runs around the step.
+#include "pipeline.h"
+
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "common.h"
+#include "memory.h"
+#include "mesh.h"
+#include "trace.h"
+
+// ---------------------------------------------------------------- what a rank owns
+
+LayerRange stage_layers(int L, int S, int k) {
+    // EXERCISE 1: the layer split: the first layer and the layer count of virtual stage k of S, L / S each and the first L % S one more
+    int base = L / S, extra = L % S;
+    LayerRange r = {k * base + (k < extra ? k : extra), base + (k < extra ? 1 : 0)};
+    return r;
+    // END EXERCISE 1
+}
+
+int rank_pieces(const GPTConfig* cfg, int n_stages, int n_virtual, int r, Piece* p) {
+    int n = 0, S = n_stages * n_virtual;
+    size_t local = 0, C = (size_t)cfg->channels, wte = param_tensor_numel(cfg, P_WTE);
+#define ADD(g, c, t) (p[n] = (Piece){(g), (c), local, (t)}, local += (c), n++)
+    if (r == 0) ADD(0, wte + param_tensor_numel(cfg, P_WPE), 0);
+    for (int c = 0; c < n_virtual; c++) {
+        LayerRange lr = stage_layers(cfg->num_layers, S, c * n_stages + r);
+        ADD(gpt_block_offset(cfg, lr.first), (size_t)lr.count * gpt_block_numel(cfg->channels), 0);
+    }
+    if (r == n_stages - 1) ADD(gpt_tensor_offset(cfg, P_LNFW, 0), 2 * C, 0);
+    if (r == n_stages - 1 && r != 0) ADD(0, wte, 1);
+#undef ADD
+    return n;
+}
+
+BlockParams pipe_block_params(const Pipeline* P, int c, int j) {
+    return block_params_at(P->params + P->chunk_off[c] + (size_t)j * gpt_block_numel(P->cfg->channels),
+                           P->cfg->channels);
+}
+
+BlockParams pipe_block_grads(const Pipeline* P, int c, int j) {
+    return block_params_at(P->grads + P->chunk_off[c] + (size_t)j * gpt_block_numel(P->cfg->channels),
+                           P->cfg->channels);
+}
+
+// ---------------------------------------------------------------- slots
+
+// Floats (and ints, n_ints) of one slot of chunk c.
+static size_t slot_floats(const Pipeline* P, int c, int* n_ints) {
+    const GPTConfig* g = P->cfg;
+    int C = g->channels, NH = g->num_heads, n = P->layers[c].count, k = pipe_vstage(P, c), b = P->micro_batch;
+    int last = k == P->n_vstages - 1;
+    size_t BT = (size_t)b * P->seq, f = 2 * BT * C + (size_t)n * block_store_numel(b, P->seq, C, NH, P->recompute);
+    if (last) f += head_acts_numel(b, P->seq, C, g->padded_vocab_size);
+    if (P->sched.split_backward) f += (size_t)n * block_stash_numel(b, P->seq, C) + (last ? BT * C : 0);
+    *n_ints = (k == 0 ? (int)BT : 0) + (last ? (int)BT : 0);
+    return f;
+}
+
+Slot* slot_get(Pipeline* P, int c, int mb) {
+    SlotPool* pool = &P->pool[c];
+    Slot* free_slot = NULL;
+    for (int i = 0; i < pool->n; i++) {
+        if (pool->s[i]->busy && pool->s[i]->mb == mb) return pool->s[i];
+        if (!pool->s[i]->busy && !free_slot) free_slot = pool->s[i];
+    }
+    if (!free_slot) {
+        Slot** grown = realloc(pool->s, (size_t)(pool->n + 1) * sizeof(Slot*));
+        if (!grown) FATAL("out of host memory for activation slots");
+        pool->s = grown;
+        free_slot = pool->s[pool->n++] = xmalloc(sizeof(Slot));
+        const GPTConfig* g = P->cfg;
+        int C = g->channels, NH = g->num_heads, n = P->layers[c].count, k = pipe_vstage(P, c), ints;
+        int b = P->micro_batch, T = P->seq, last = k == P->n_vstages - 1;
+        size_t BT = (size_t)b * T, total = slot_floats(P, c, &ints);
+        // ints are 4 bytes like floats: one allocation per slot
+        float* base = mem_alloc_floats(total + (size_t)ints, MEM_ACTIVATIONS);
+        memset(free_slot, 0, sizeof(*free_slot));
+        free_slot->x = base;                 base += BT * C;
+        free_slot->dres = base;              base += BT * C;
+        free_slot->acts = base;              base += (size_t)n * block_store_numel(b, T, C, NH, P->recompute);
+        if (last) {
+            free_slot->head = base;          base += head_acts_numel(b, T, C, g->padded_vocab_size);
+        }
+        if (P->sched.split_backward) {
+            free_slot->stash = base;         base += (size_t)n * block_stash_numel(b, T, C);
+            if (last) {
+                free_slot->dlnf = base;      base += BT * C;
+            }
+        }
+        int* ib = (int*)base;
+        if (k == 0) free_slot->inputs = ib, ib += BT;
+        if (last) free_slot->targets = ib;
+        int in_use = 0;
+        for (int cc = 0; cc < P->n_virtual; cc++) in_use += P->pool[cc].n;
+        if (in_use > P->peak_slots) P->peak_slots = in_use;
+    }
+    free_slot->busy = 1;
+    free_slot->mb = mb;
+    return free_slot;
+}
+
+Slot* slot_find(Pipeline* P, int c, int mb) {
+    for (int i = 0; i < P->pool[c].n; i++)
+        if (P->pool[c].s[i]->busy && P->pool[c].s[i]->mb == mb) return P->pool[c].s[i];
+    FATAL("stage %d: no activations of microbatch %d chunk %d (a backward before its forward?)", P->stage, mb, c);
+}
+
+static float* slot_store(const Pipeline* P, const Slot* sl, int j) {
+    return sl->acts +
+           (size_t)j * block_store_numel(P->micro_batch, P->seq, P->cfg->channels, P->cfg->num_heads, P->recompute);
+}
+
+BlockActs slot_block(const Pipeline* P, const Slot* sl, int j) {
+    return block_acts_kept(slot_store(P, sl, j), P->transient, P->micro_batch, P->seq, P->cfg->channels,
+                           P->cfg->num_heads, P->recompute);
+}
+
+BlockStash slot_stash(const Pipeline* P, const Slot* sl, int j) {
+    return block_stash_at(sl->stash + (size_t)j * block_stash_numel(P->micro_batch, P->seq, P->cfg->channels),
+                          P->micro_batch, P->seq, P->cfg->channels);
+}
+
+const float* layer_input(const Pipeline* P, const Slot* sl, int j) {
+    return j > 0 ? slot_block(P, sl, j - 1).res3 : sl->x;
+}
+
+// Before layer j's backward: what --recompute dropped, recomputed into the
+// transient from the layer's kept fields and input (full: its whole forward
+// again). With a split backward this runs before the input half (B), and
+// the weight half (W, later, after other layers used the transient) redoes
+// what it reads: the GELU (selective) or the whole forward (full). Keeping
+// those from B to W instead would hold what the mode meant to drop for every
+// microbatch between its B and its W.
+// layer: the model's layer number, for the trace's span (docs/tracing.md).
+BlockActs slot_recompute(const Pipeline* P, const Slot* sl, int j, int layer, const BlockParams* p,
+                         int weights_only) {
+    const GPTConfig* g = P->cfg;
+    int b = P->micro_batch, T = P->seq;
+    double t0 = trace_start();
+    BlockActs a = weights_only
+                      ? block_acts_recompute_weights(p, slot_store(P, sl, j), P->transient, layer_input(P, sl, j), b,
+                                                     T, g->channels, g->num_heads, P->recompute)
+                      : block_acts_recompute(p, slot_store(P, sl, j), P->transient, layer_input(P, sl, j), b, T,
+                                             g->channels, g->num_heads, P->recompute);
+    if (P->recompute != RECOMPUTE_NONE) trace_compute(t0, "block %d recompute", layer);
+    return a;
+}
+
+HeadActs slot_head(const Pipeline* P, const Slot* sl) {
+    return head_acts_at(sl->head, P->micro_batch, P->seq, P->cfg->channels, P->cfg->padded_vocab_size);
+}
+
+void slot_load_tokens(Pipeline* P, Slot* sl, long step, int mb) {
+    int per = P->setup->B / P->dp->size, b0 = P->dp->rank * per + mb * P->micro_batch;
+    data_batch(&P->setup->train, step, P->setup->B, P->seq, b0, P->micro_batch, P->in_host, P->tg_host);
+    size_t BT = (size_t)P->micro_batch * P->seq;
+    if (sl->inputs) mem_to_device(sl->inputs, P->in_host, BT * sizeof(int));
+    if (sl->targets) mem_to_device(sl->targets, P->tg_host, BT * sizeof(int));
+}
+
+double slot_mean_loss(Pipeline* P, const Slot* sl) {
+    size_t BT = (size_t)P->micro_batch * P->seq;
+    mem_to_host(P->loss_host, slot_head(P, sl).losses, BT * sizeof(float));
+    double sum = 0.0;
+    for (size_t i = 0; i < BT; i++) sum += P->loss_host[i];
+    return sum / (double)BT;
+}
+
+SendBuf* pipe_send_buffer(Pipeline* P, const float* src) {
+    size_t BTC = (size_t)P->micro_batch * P->seq * P->cfg->channels;
+    SendBuf* sb = NULL;
+    for (int i = 0; i < P->n_sends && !sb; i++)
+        if (comm_test(&P->sends[i].req)) sb = &P->sends[i];
+    if (!sb) {
+        if (P->n_sends == P->max_sends) FATAL("more sends in flight than the schedule has");
+        sb = &P->sends[P->n_sends++];
+        sb->buf = mem_alloc_floats(BTC, MEM_COMM);
+    }
+    ops_copy(sb->buf, src, BTC);
+    return sb;
+}
+
+// ---------------------------------------------------------------- set-up
+
+// From each neighbour's list, the messages it sends to this rank, in the
+// order it sends them (receive in main.c reads them in that order).
+static void incoming_build(Pipeline* P) {
+    int pp = P->n_stages;
+    if (pp == 1) return;
+    int peers[2] = {pipe_prev(P), pipe_next(P)};
+    P->n_in = peers[0] == peers[1] ? 1 : 2;
+    for (int i = 0; i < P->n_in; i++) {
+        int p = peers[i];
+        Incoming* in = &P->in[i];
+        in->peer = p;
+        in->msg = xcalloc((size_t)P->sched.n[p] + 1, sizeof(Message));
+        for (int a = 0; a < P->sched.n[p]; a++) {
+            Action act = P->sched.list[p][a];
+            int k = act.chunk * pp + p;
+            if (act.type == ACT_F && k < P->n_vstages - 1 && (k + 1) % pp == P->stage)
+                in->msg[in->n++] = (Message){0, act.mb, (k + 1) / pp};
+            if (act.type == ACT_B && k > 0 && (k - 1) % pp == P->stage)
+                in->msg[in->n++] = (Message){1, act.mb, (k - 1) / pp};
+        }
+    }
+}
+
+// The embedding group of each pipeline (one per dp rank): world ranks of
+// stage 0 and stage pp-1 with this dp coordinate. Every rank takes part in
+// making every group (collective over the world) and keeps its own.
+static void embedding_group(Comm* embed, const Mesh* mesh) {
+    memset(embed, 0, sizeof(*embed));
+    int pp = mesh->size[AXIS_PP];
+    if (pp == 1) return;
+    for (int d = 0; d < mesh->size[AXIS_DP]; d++) {
+        int coord[NUM_AXES] = {0}, ends[2];
+        coord[AXIS_DP] = d;
+        ends[0] = mesh_rank_at(mesh, coord);
+        coord[AXIS_PP] = pp - 1;
+        ends[1] = mesh_rank_at(mesh, coord);
+        Comm g;
+        comm_create_group_ranks(&g, ends, 2, "embedding");
+        if (g.size > 0) *embed = g;
+    }
+}
+
+// The parameters: counter-based init (or the checkpoint) of each piece
+// alone, so this rank never builds the whole model. Stages hold different
+// numbers of pieces, so a failed read is remembered and every rank learns of
+// it once, after the loop (a collective inside it would wait forever on the
+// ranks that hold fewer pieces).
+static void load_pieces(Pipeline* P, uint64_t seed) {
+    const TrainSetup* setup = P->setup;
+    char msg[512];
+    const char* bad = NULL;
+    size_t most = 0;
+    for (int k = 0; k < P->n_pieces; k++) most = P->piece[k].count > most ? P->piece[k].count : most;
+    float* host = xmalloc(most * sizeof(float));
+    for (int k = 0; k < P->n_pieces && !bad; k++) {
+        Piece* pc = &P->piece[k];
+        if (setup->checkpoint)
+            bad = checkpoint_read_range(setup->checkpoint, P->cfg, host, pc->global, pc->count, msg, sizeof(msg));
+        else
+            gpt_init_range(host, pc->global, pc->count, P->cfg, seed);
+        if (!bad) mem_to_device(P->params + pc->local, host, pc->count * sizeof(float));
+    }
+    free(host);
+    fail_if_any(bad != NULL, bad);
+}
+
+void pipe_create(Pipeline* P, const Run* run, ScheduleKind kind, int n_micro, int n_virtual, Schedule* given) {
+    memset(P, 0, sizeof(*P));
+    const TrainSetup* setup = &run->setup;
+    const GPTConfig* cfg = &setup->cfg;
+    P->cfg = cfg;
+    P->setup = setup;
+    P->pp = &run->axes[AXIS_PP];
+    P->dp = &run->axes[AXIS_DP];
+    P->n_stages = P->pp->size;
+    P->stage = P->pp->rank;
+    P->n_virtual = n_virtual;
+    P->n_vstages = P->n_stages * n_virtual;
+    P->n_micro = n_micro;
+    P->seq = setup->T;
+    P->micro_batch = setup->B / P->dp->size / n_micro;
+    char msg[512];
+    const char* bad = NULL;
+    if (given) P->sched = *given;
+    else bad = schedule_build(&P->sched, kind, P->n_stages, n_micro, n_virtual, msg, sizeof(msg));
+    if (bad) fail_all("%s", bad);
+    // every rank checks every rank's list: a list that could deadlock never runs
+    bad = schedule_validate(&P->sched, NULL, msg, sizeof(msg));
+    if (bad) fail_all("schedule %s is not valid: %s", schedule_name(kind), bad);
+    for (int c = 0; c < n_virtual; c++) P->layers[c] = stage_layers(cfg->num_layers, P->n_vstages, pipe_vstage(P, c));
+    P->n_pieces = rank_pieces(cfg, P->n_stages, n_virtual, P->stage, P->piece);
+    P->n_local = P->piece[P->n_pieces - 1].local + P->piece[P->n_pieces - 1].count;
+    P->params = mem_alloc_floats(P->n_local, MEM_PARAMS);
+    P->grads = mem_alloc_floats(P->n_local, MEM_GRADS);
+    P->mom = mem_alloc_floats(P->n_local, MEM_OPTIMIZER);
+    P->vel = mem_alloc_floats(P->n_local, MEM_OPTIMIZER);
+    // where things sit in the local buffers
+    int i = 0;
+    size_t wte_n = param_tensor_numel(cfg, P_WTE);
+    if (P->stage == 0) {
+        P->wte = P->params;
+        P->wpe = P->params + wte_n;
+        P->dwte = P->grads;
+        P->dwpe = P->grads + wte_n;
+        i++;
+    }
+    for (int c = 0; c < n_virtual; c++, i++) P->chunk_off[c] = P->piece[i].local;
+    if (P->stage == P->n_stages - 1) {
+        P->lnfw = P->params + P->piece[i].local;
+        P->lnfb = P->lnfw + cfg->channels;
+        P->dlnfw = P->grads + P->piece[i].local;
+        P->dlnfb = P->dlnfw + cfg->channels;
+        i++;
+        P->head_wte = P->stage == 0 ? P->wte : P->params + P->piece[i].local;
+        P->dhead_wte = P->stage == 0 ? P->dwte : P->grads + P->piece[i].local;
+    }
+    load_pieces(P, (uint64_t)run->args.seed);
+    embedding_group(&P->embed, &run->mesh);
+    int b = P->micro_batch, T = P->seq;
+    P->scratch = mem_alloc_floats(block_scratch_numel(b, T, cfg->channels, cfg->num_heads), MEM_ACTIVATIONS);
+    P->recompute = (RecomputeMode)run->args.recompute;
+    if (P->recompute != RECOMPUTE_NONE)
+        P->transient =
+            mem_alloc_floats(block_transient_numel(b, T, cfg->channels, cfg->num_heads, P->recompute), MEM_ACTIVATIONS);
+    P->max_sends = 2 * n_micro * n_virtual + 1;
+    P->sends = xcalloc((size_t)P->max_sends, sizeof(SendBuf));
+    incoming_build(P);
+    size_t BT = (size_t)b * T;
+    P->in_host = xmalloc(BT * sizeof(int));
+    P->tg_host = xmalloc(BT * sizeof(int));
+    P->loss_host = xmalloc(BT * sizeof(float));
+    P->times = xcalloc((size_t)2 * P->sched.n[P->stage] + 2, sizeof(double));
+}
+
+void pipe_free(Pipeline* P) {
+    for (int c = 0; c < P->n_virtual; c++) {
+        for (int i = 0; i < P->pool[c].n; i++) {
+            mem_free(P->pool[c].s[i]->x);
+            free(P->pool[c].s[i]);
+        }
+        free(P->pool[c].s);
+    }
+    for (int i = 0; i < P->n_sends; i++) mem_free(P->sends[i].buf);
+    free(P->sends);
+    for (int i = 0; i < P->n_in; i++) free(P->in[i].msg);
+    if (P->embed.size > 0) comm_destroy_group(&P->embed);
+    mem_free(P->params);
+    mem_free(P->grads);
+    mem_free(P->mom);
+    mem_free(P->vel);
+    mem_free(P->scratch);
+    mem_free(P->transient);
+    free(P->in_host);
+    free(P->tg_host);
+    free(P->loss_host);
+    free(P->times);
+    schedule_free(&P->sched);
+}
+
+void pipe_print_layout(const Pipeline* P) {
+    int pp = P->n_stages, v = P->n_virtual, S = P->n_vstages, L = P->cfg->num_layers;
+    for (int r = 0; r < pp; r++) {
+        char line[512];
+        int n = snprintf(line, sizeof(line), "stage %d: layers", r);
+        for (int c = 0; c < v; c++) {
+            LayerRange lr = stage_layers(L, S, c * pp + r);
+            n += snprintf(line + n, sizeof(line) - (size_t)n, "%s %d-%d", c ? "," : "", lr.first, lr.first + lr.count - 1);
+        }
+        print0("%s%s%s\n", line, r == 0 ? " + embedding" : "", r == pp - 1 ? " + final LayerNorm and head (tied wte copy)" : "");
+    }
+    if (L % S != 0) print0("uneven split: %d layers over %d stages, the first %d hold one more\n", L, S, L % S);
+}
+
+// ---------------------------------------------------------------- validation
+// The same pieces as every chapter (train_val_loss_with), each sent forward
+// through the stages (blocking sends: forward only, one direction, no cycle)
+// on a free slot.
+static float val_forward(void* ctx, const int* inputs, const int* targets) {
+    Pipeline* P = ctx;
+    const GPTConfig* g = P->cfg;
+    int C = g->channels, NH = g->num_heads, b = P->micro_batch, T = P->seq;
+    size_t BT = (size_t)b * T, BTC = BT * C;
+    float loss = 0.0f;
+    for (int c = 0; c < P->n_virtual; c++) {
+        int k = pipe_vstage(P, c);
+        Slot* sl = slot_get(P, c, -1);
+        if (k == 0) {
+            mem_to_device(sl->inputs, inputs, BT * sizeof(int));
+            encoder_forward(sl->x, sl->inputs, P->wte, P->wpe, b, T, C);
+        } else {
+            comm_recv(P->pp, sl->x, BTC, pipe_prev(P));
+        }
+        const float* x = sl->x;
+        for (int j = 0; j < P->layers[c].count; j++) {
+            BlockParams p = pipe_block_params(P, c, j);
+            BlockActs a = slot_block(P, sl, j);
+            block_forward(&p, &a, x, b, T, C, NH);
+            x = a.res3;
+        }
+        if (k == P->n_vstages - 1) {
+            mem_to_device(sl->targets, targets, BT * sizeof(int));
+            HeadActs h = slot_head(P, sl);
+            head_forward(g, P->head_wte, P->lnfw, P->lnfb, &h, x, sl->targets, b, T);
+            loss = (float)slot_mean_loss(P, sl);
+        } else {
+            comm_send(P->pp, x, BTC, pipe_next(P));
+        }
+        sl->busy = 0;
+    }
+    return loss;
+}
+
+float pipe_val_loss(Pipeline* P, int n_batches) {
+    int per = P->setup->B / P->dp->size;
+    // every rank runs the same pieces; the last stage's mean is the loss
+    double mine =
+        train_val_loss_with(P->setup, n_batches, val_forward, P, P->dp->rank * per, per, P->micro_batch, NULL);
+    if (mine < 0) return -1.0f;  // no validation data (every rank alike)
+    MPI_CHECK(MPI_Bcast(&mine, 1, MPI_DOUBLE, P->n_stages - 1, P->pp->mpi));
+    return (float)train_mean(P->dp, mine);
+}
+
+// ---------------------------------------------------------------- the model, the checkpoint
+
+// The dp-0 replica of every stage sends its pieces (the tied copy left out).
+// A check-and-output step, not the strategy: plain MPI on host copies, not
+// counted.
+float* pipe_gather_params(Pipeline* P) {
+    const GPTConfig* cfg = P->cfg;
+    float* full = NULL;
+    if (P->dp->rank != 0) return NULL;
+    if (P->stage == 0) full = xmalloc(gpt_num_params(cfg) * sizeof(float));
+    const size_t chunk = (size_t)1 << 28;  // floats per message (an int count)
+    for (int r = 0; r < P->n_stages; r++) {
+        Piece pieces[PIPE_MAX_PIECES];
+        int n = rank_pieces(cfg, P->n_stages, P->n_virtual, r, pieces);
+        for (int k = 0; k < n; k++) {
+            if (pieces[k].tied_copy) continue;
+            for (size_t off = 0; off < pieces[k].count; off += chunk) {
+                size_t cnt = pieces[k].count - off < chunk ? pieces[k].count - off : chunk;
+                if (r == 0 && P->stage == 0) {
+                    mem_to_host(full + pieces[k].global + off, P->params + pieces[k].local + off, cnt * sizeof(float));
+                } else if (P->stage == 0) {
+                    MPI_CHECK(MPI_Recv(full + pieces[k].global + off, (int)cnt, MPI_FLOAT, r, 0, P->pp->mpi,
+                                       MPI_STATUS_IGNORE));
+                } else if (P->stage == r) {
+                    float* h = xmalloc(cnt * sizeof(float));
+                    mem_to_host(h, P->params + pieces[k].local + off, cnt * sizeof(float));
+                    MPI_CHECK(MPI_Send(h, (int)cnt, MPI_FLOAT, 0, 0, P->pp->mpi));
+                    free(h);
+                }
+            }
+        }
+    }
+    return full;
+}
+
+// What this rank writes and reads of the training state (ckpt.h): its
+// pieces are ranges of the flat layout, so ckpt_add_state cuts each into the
+// llm.c tensors it overlaps. The dp replicas of a stage are identical, so
+// dp rank 0 of each stage writes its pieces, and wte once: the first stage's
+// (the last stage's copy is the same parameters and, taking the same summed
+// gradient through the same AdamW step, the same moments). Every rank reads
+// all of its pieces, the copy too, whatever chapter and mesh saved them.
+void pipe_ckpt(Ckpt* ck, const Pipeline* P) {
+    for (int i = 0; i < P->n_pieces; i++) {
+        const Piece* pc = &P->piece[i];
+        float *p = P->params + pc->local, *m = P->mom + pc->local, *v = P->vel + pc->local;
+        if (P->dp->rank == 0 && !pc->tied_copy) ckpt_add_state(&ck->own, P->cfg, pc->global, pc->count, p, m, v);
+        ckpt_add_state(&ck->need, P->cfg, pc->global, pc->count, p, m, v);
+    }
+}
+
+// ---------------------------------------------------------------- timelines and the summary
+// The bubble of the step: 1 - (time spent in actions, summed over ranks) /
+// (ranks x the span from the first action's start to the last one's end on
+// any rank).
+double pipe_timeline(Pipeline* P, JsonLog* log, int step, int warmup) {
+    int world = 0, me = 0;
+    MPI_CHECK(MPI_Comm_size(MPI_COMM_WORLD, &world));
+    MPI_CHECK(MPI_Comm_rank(MPI_COMM_WORLD, &me));
+    int n2 = 2 * P->sched.n[P->stage], *counts = NULL, *displs = NULL;
+    double* all = NULL;
+    if (me == 0) counts = xmalloc((size_t)world * sizeof(int)), displs = xmalloc((size_t)world * sizeof(int));
+    MPI_CHECK(MPI_Gather(&n2, 1, MPI_INT, counts, 1, MPI_INT, 0, MPI_COMM_WORLD));
+    int total = 0;
+    if (me == 0) {
+        for (int r = 0; r < world; r++) displs[r] = total, total += counts[r];
+        all = xmalloc((size_t)total * sizeof(double));
+    }
+    MPI_CHECK(MPI_Gatherv(P->times, n2, MPI_DOUBLE, all, counts, displs, MPI_DOUBLE, 0, MPI_COMM_WORLD));
+    double bubble = 0.0;
+    if (me == 0) {
+        double t_min = 1e300, t_max = -1e300, busy = 0.0;
+        for (int i = 0; i < total; i += 2) {
+            t_min = all[i] < t_min ? all[i] : t_min;
+            t_max = all[i + 1] > t_max ? all[i + 1] : t_max;
+            busy += all[i + 1] - all[i];
+        }
+        bubble = t_max > t_min ? 1.0 - busy / (world * (t_max - t_min)) : 0.0;
+        if (log->f) {
+            // ranks of the mesh: dp varies fastest, then pp (mesh.h)
+            for (int r = 0; r < world; r++) {
+                int stage = r / P->dp->size, n = counts[r] / 2;
+                fprintf(log->f, "{\"type\":\"timeline\",\"step\":%d,\"rank\":%d,\"stage\":%d,\"dp\":%d,\"schedule\":\"%s\",\"actions\":[",
+                        step, r, stage, r % P->dp->size, schedule_name(P->sched.kind));
+                for (int i = 0; i < n; i++) {
+                    Action a = P->sched.list[stage][i];
+                    fprintf(log->f, "%s[\"%c\",%d,%d,%.6f,%.6f]", i ? "," : "", "FBW"[a.type], a.mb, a.chunk,
+                            all[displs[r] + 2 * i] - t_min, all[displs[r] + 2 * i + 1] - t_min);
+                }
+                if (fprintf(log->f, "]}\n") < 0 || fflush(log->f) != 0)
+                    FATAL("writing the log file '%s' failed: %s", log->path, strerror(errno));
+            }
+        }
+        free(all);
+        free(counts);
+        free(displs);
+    }
+    if (!warmup) P->bubble_sum += bubble, P->bubble_n++;
+    return bubble;
+}
+
+double pipe_bubble(const Pipeline* P) { return P->bubble_n ? P->bubble_sum / P->bubble_n : 0.0; }
+
+void pipe_summary_fields(const Pipeline* P, const char* sched_name, double simulated, double formula, char* out,
+                         size_t len) {
+    // every rank's figures: layers, peak slots, early receives
+    int world = 0;
+    MPI_CHECK(MPI_Comm_size(MPI_COMM_WORLD, &world));
+    int mine[3] = {0, P->peak_slots, P->early}, *all = xcalloc((size_t)world * 3, sizeof(int));
+    for (int c = 0; c < P->n_virtual; c++) mine[0] += P->layers[c].count;
+    MPI_CHECK(MPI_Gather(mine, 3, MPI_INT, all, 3, MPI_INT, 0, MPI_COMM_WORLD));
+    int n = snprintf(out, len,
+                     "\"schedule\":\"%s\",\"microbatches\":%d,\"virtual\":%d,\"bubble_measured\":%.4f,\"bubble_simulated\":%.4f,"
+                     "\"bubble_formula\":%.4f", sched_name, P->n_micro, P->n_virtual, pipe_bubble(P), simulated, formula);
+    static const char* keys[3] = {"layers", "activation_slots", "early_receives"};
+    for (int f = 0; f < 3; f++) {
+        n += snprintf(out + n, len - (size_t)n, ",\"%s\":[", keys[f]);
+        for (int r = 0; r < world && n < (int)len - 16; r++) n += snprintf(out + n, len - (size_t)n, "%s%d", r ? "," : "", all[3 * r + f]);
+        n += snprintf(out + n, len - (size_t)n, "]");
+    }
+    free(all);
+}

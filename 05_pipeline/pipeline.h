@@ -1,0 +1,201 @@
+// pipeline.h: chapter 5's engine, what a pipeline rank owns and keeps.
+//
+// The model's layers are cut into stages, one per rank of the pp axis; with
+// --virtual v each rank holds v chunks, and chunk c of stage s is virtual
+// stage c * n_stages + s of n_vstages = n_stages * v. This module holds what
+// a rank needs to run its schedule and nothing of the schedule itself:
+//   - the layer split and the pieces of the flat parameter layout a rank owns
+//     (stage_layers, rank_pieces), set up and freed by pipe_create/pipe_free;
+//   - the activation slots: what one (microbatch, chunk) keeps from its
+//     forward to its last backward action;
+//   - the order in which each neighbour sends to this rank (its lists), the
+//     send buffers, and the figures the summary reports;
+//   - the whole model gathered for --sample and --save, the pieces registered
+//     with the training-state checkpoint, validation through the stages, and
+//     the timelines of each step (the bubble).
+// The actions (forward, backward, weights) and their sends and receives, the
+// tied embedding's all-reduce and the step live in 05_pipeline/main.c.
+#ifndef PIPELINE_H
+#define PIPELINE_H
+
+#include <stddef.h>
+
+#include "ckpt.h"
+#include "comm.h"
+#include "model.h"
+#include "report.h"
+#include "runtime.h"
+#include "schedule.h"
+#include "train.h"
+
+#define PIPE_MAX_CHUNKS 64                   // virtual stages a run may have (pp x virtual)
+#define PIPE_MAX_PIECES (PIPE_MAX_CHUNKS + 3)  // every chunk, [wte wpe], [lnfw lnfb], the tied copy
+
+// ---------------------------------------------------------------- what a rank owns
+// Virtual stage k of S holds L / S layers, the first L % S one more.
+typedef struct {
+    int first, count;  // the layers of one virtual stage
+} LayerRange;
+LayerRange stage_layers(int L, int S, int k);
+
+// A piece is a range of the flat layer-major layout held by a rank, at local
+// offset `local` of its own buffers. The pieces of stage r, in order:
+// [wte wpe] if r is the first stage; each chunk's blocks; [lnfw lnfb] if r is
+// the last; and there, if r is not also the first, a copy of wte for the LM
+// head (the tied embedding lives on both ends).
+typedef struct {
+    size_t global, count, local;
+    int tied_copy;  // the last stage's copy of wte: counted once in the norm, not saved
+} Piece;
+// The pieces of stage r of n_stages with n_virtual chunks each; returns how many.
+int rank_pieces(const GPTConfig* cfg, int n_stages, int n_virtual, int r, Piece* p);
+
+// ---------------------------------------------------------------- activations of one microbatch
+// A slot holds what one (microbatch, chunk) keeps from its forward until its
+// last backward action: the chunk's input, its layers' activations, the
+// head's on the last stage, the gradient flowing down, and with a split
+// backward the stash each weight half needs. A rank takes a slot at F and
+// gives it back after B (or W); slots are allocated only when every slot is
+// busy, so the allocator's peak is exactly (peak slots in flight) x (slot),
+// plus the backward scratch and (--recompute) the transient, one of each.
+typedef struct {
+    int mb, busy;
+    float* x;      // (b,T,C) the chunk's input: the embedding's output on stage 0, else received
+    float* acts;   // layers x block_store_numel: what --recompute keeps of each layer
+    float* head;   // head_acts_numel, on the last virtual stage
+    float* dres;   // (b,T,C) d loss / d the residual stream, received or from the head
+    float* stash;  // layers x block_stash_numel, with a split backward
+    float* dlnf;   // (b,T,C) the head's stash, split backward on the last stage
+    int* inputs;   // (b,T) token ids, stage 0
+    int* targets;  // (b,T) next tokens, the last stage
+} Slot;
+
+// The slots of one chunk. Each slot is allocated on its own and never moves:
+// an action holds a pointer to its slot while a receive may add another.
+typedef struct {
+    Slot** s;
+    int n;
+} SlotPool;
+
+// A send leaves from a buffer of its own, so the slot it came from can be
+// reused before the peer has received it. The pool never moves (the CUDA
+// backend keeps pointers to the requests).
+typedef struct {
+    float* buf;
+    CommRequest req;
+} SendBuf;
+
+// A message between stages: the activation for F or the gradient for B of
+// (mb, chunk of the receiver).
+typedef struct {
+    int grad, mb, chunk;
+} Message;
+
+// The messages one neighbour sends to this rank in a step, in the order it
+// sends them (read from its list), and how many of them arrived so far.
+typedef struct {
+    int peer, n, next;
+    Message* msg;
+} Incoming;
+
+// ---------------------------------------------------------------- the pipeline of one rank
+typedef struct {
+    const GPTConfig* cfg;
+    const TrainSetup* setup;
+    const Comm *pp, *dp;  // the stages of this pipeline; the replicas of this stage
+    int stage;            // this rank's stage, 0 .. n_stages-1 (its pp rank)
+    int n_stages;         // pp
+    int n_virtual;        // chunks per rank (--virtual)
+    int n_vstages;        // virtual stages in all, n_stages x n_virtual
+    int n_micro;          // microbatches per step of each dp rank's share (--microbatches)
+    int micro_batch, seq; // sequences per microbatch, tokens per sequence
+    Schedule sched;       // every rank's list of actions
+    LayerRange layers[PIPE_MAX_CHUNKS];  // the layers of each chunk of this rank
+    size_t chunk_off[PIPE_MAX_CHUNKS];   // local offset of each chunk's first block
+    Piece piece[PIPE_MAX_PIECES];
+    int n_pieces;
+    size_t n_local;                   // floats this rank holds of each kind of state
+    float *params, *grads, *mom, *vel;
+    float *wte, *wpe, *lnfw, *lnfb;   // the first stage's embedding, the last stage's LayerNorm
+    float *head_wte, *dhead_wte;      // the LM head's wte and its gradient (the copy, or wte itself)
+    float *dwte, *dwpe, *dlnfw, *dlnfb;
+    Comm embed;                       // the first and the last stage of this pipeline (size 0 elsewhere)
+    float* scratch;                   // one BlockScratch, shared by every backward
+    RecomputeMode recompute;          // --recompute: what a slot keeps of each layer
+    float* transient;                 // the dropped fields of one layer, shared by every layer and slot
+    SlotPool pool[PIPE_MAX_CHUNKS];
+    SendBuf* sends;
+    int n_sends, max_sends;
+    Incoming in[2];  // from the stage before and the stage after (one if they are the same rank)
+    int n_in;
+    int *in_host, *tg_host;
+    float* loss_host;
+    double loss_sum;  // the step's mean losses of its microbatches, summed (last stage)
+    int peak_slots;   // slots allocated at once, at most
+    int early;        // messages received before the one an action waited for
+    double t_start;   // when the running action started computing (after its receive)
+    double* times;    // (actions of this rank, 2): each action's start and end in the step
+    double bubble_sum;
+    int bubble_n;
+} Pipeline;
+
+// Collective over the world. given: lists read from --schedule-file (taken
+// over), or NULL to build kind's lists for n_micro microbatches and
+// n_virtual chunks. Every rank builds and validates every rank's list, then
+// initialises (or reads from --model FILE) only its own pieces.
+void pipe_create(Pipeline* P, const Run* run, ScheduleKind kind, int n_micro, int n_virtual, Schedule* given);
+void pipe_free(Pipeline* P);
+// Prints (rank 0) each stage's layers and what else it holds.
+void pipe_print_layout(const Pipeline* P);
+
+// The virtual stage of chunk c of this rank, and this rank's neighbours on the pp axis.
+static inline int pipe_vstage(const Pipeline* P, int c) { return c * P->n_stages + P->stage; }
+static inline int pipe_next(const Pipeline* P) { return (P->stage + 1) % P->n_stages; }
+static inline int pipe_prev(const Pipeline* P) { return (P->stage + P->n_stages - 1) % P->n_stages; }
+// Parameters and gradients of layer j of chunk c.
+BlockParams pipe_block_params(const Pipeline* P, int c, int j);
+BlockParams pipe_block_grads(const Pipeline* P, int c, int j);
+
+// ---------------------------------------------------------------- slots
+// The slot of (mb, chunk c): the one already taken, else a free one, else a new one.
+Slot* slot_get(Pipeline* P, int c, int mb);
+// The slot (mb, chunk c) took at its forward.
+Slot* slot_find(Pipeline* P, int c, int mb);
+// Layer j's activations as its forward writes them: the kept fields in the
+// slot, the ones --recompute drops in the rank's one transient buffer.
+BlockActs slot_block(const Pipeline* P, const Slot* sl, int j);
+BlockStash slot_stash(const Pipeline* P, const Slot* sl, int j);
+HeadActs slot_head(const Pipeline* P, const Slot* sl);
+// The input of layer j of the chunk: the previous layer's output, or the chunk's input.
+const float* layer_input(const Pipeline* P, const Slot* sl, int j);
+// Before layer j's backward: what --recompute dropped, rebuilt (see pipeline.c).
+BlockActs slot_recompute(const Pipeline* P, const Slot* sl, int j, int layer, const BlockParams* p,
+                         int weights_only);
+// The microbatch's tokens: stage 0 needs the inputs, the last stage the targets.
+void slot_load_tokens(Pipeline* P, Slot* sl, long step, int mb);
+// The mean loss of the microbatch whose head forward just ran on sl (host).
+double slot_mean_loss(Pipeline* P, const Slot* sl);
+
+// A free send buffer holding a copy of src (b,T,C), for a comm_isend.
+SendBuf* pipe_send_buffer(Pipeline* P, const float* src);
+
+// ---------------------------------------------------------------- around the step
+// The validation loss through the stages (forward only), the mean over dp;
+// -1 without validation data. Collective over the world.
+float pipe_val_loss(Pipeline* P, int n_batches);
+// The whole model on world rank 0 (host, flat layout) for --sample and
+// --save; NULL elsewhere. Collective over the pp axis of dp rank 0.
+float* pipe_gather_params(Pipeline* P);
+// Registers this rank's pieces with the training-state checkpoint.
+void pipe_ckpt(Ckpt* ck, const Pipeline* P);
+// Rank 0 gathers every rank's action times of the step, writes them as
+// timeline records to the log and adds the step's bubble to the mean (unless
+// warmup: the first of several timed steps). Returns the step's bubble.
+double pipe_timeline(Pipeline* P, JsonLog* log, int step, int warmup);
+double pipe_bubble(const Pipeline* P);  // the mean bubble of the counted steps
+// The summary's own fields: the schedule, its bubbles, and every rank's
+// layers, peak activation slots and early receives. Collective over the world.
+void pipe_summary_fields(const Pipeline* P, const char* sched_name, double simulated, double formula, char* out,
+                         size_t len);
+
+#endif
