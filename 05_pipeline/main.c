@@ -348,47 +348,33 @@ int main(int argc, char** argv) {
     schedule_validate(&P.sched, &sim, msg, sizeof(msg));
     if (show && world_rank() == 0) schedule_print(&P.sched);
 
-    JsonLog log;
-    const char* bad = jsonl_open(&log, args->log, msg, sizeof(msg));
-    fail_if_any(bad != NULL, bad);
-    StepClock clock = {0};
-    float loss = 0.0f, vl = -1.0f;
     // training-state checkpoints: --ckpt-dir, --save-every, --resume
     Ckpt ck;
     ckpt_init(&ck, args, setup, &run.mesh, 5);
     pipe_ckpt(&ck, &P);
-    int start = ckpt_resume(&ck);  // --resume: this rank's pieces, from whatever mesh saved them
-    comm_counts_reset();
-    MPI_CHECK(MPI_Barrier(MPI_COMM_WORLD));  // the timelines start together
-    for (int step = start; step < args->steps; step++) {
-        clock_begin(&clock);
-        float norm;
-        loss = train_step(&P, args, step, &norm);
-        double dt = clock_end(&clock, step - start, args->steps - start);
-        pipe_timeline(&P, &log, step, step == start && args->steps - start > 1);
-        report_step(&log, step, args->steps, loss, norm, 1e3 * dt, (double)B * T / dt);
-        ckpt_after_step(&ck, step);  // --save-every, --ckpt-dir
-        if (args->val_every > 0 && (step + 1) % args->val_every == 0 && step + 1 < args->steps) {
-            vl = pipe_val_loss(&P, args->val_batches);
-            if (vl >= 0) report_val(&log, step, vl);
-        }
-    }
-    vl = pipe_val_loss(&P, args->val_batches);
-    if (vl >= 0) report_val(&log, args->steps - 1, vl);
+    ckpt_resume(&ck);  // --resume: this rank's pieces, from whatever mesh saved them
 
-    double ms = clock_ms_per_step(&clock), formula = schedule_bubble_formula(kind, pp, m, v);
+    // the loop: each step runs the schedule and the optimizer; the loop
+    // object times it, reports it, validates and checkpoints (train.h)
+    MPI_CHECK(MPI_Barrier(MPI_COMM_WORLD));  // the timelines start together
+    TrainLoop loop;
+    train_loop_begin(&loop, &run, &(TrainLoopSpec){
+        .chapter = 5, .num_params = gpt_num_params(cfg), .flops_per_token = gpt_flops_per_token(cfg, T),
+        .rows = P.micro_batch, .val_loss = pipe_val_loss, .ctx = &P, .ckpt = &ck});
+    for (int step = loop.start; step < loop.steps; step++) {
+        float norm;
+        float loss = train_step(&P, args, step, &norm);
+        pipe_timeline(&P, &loop.log, step, !train_loop_timed(&loop, step));  // the bubble of the step
+        train_loop_step(&loop, step, loss, norm);
+    }
+    double formula = schedule_bubble_formula(kind, pp, m, v);
     print0("bubble: measured %.3f of the ranks' time idle in the schedule, simulated %.3f, formula %.3f\n",
            pipe_bubble(&P), sim.bubble, formula);
-    char extra_json[2048];
-    pipe_summary_fields(&P, sched_name, sim.bubble, formula, extra_json, sizeof(extra_json));
-    RunSummary summary = {
-        .chapter = 5, .model = setup->model_name, .num_params = gpt_num_params(cfg), .batch = B, .seq = T,
-        .steps = args->steps, .ms_per_step = ms, .tokens_per_s = ms > 0 ? (double)B * T / (ms / 1e3) : 0.0,
-        .flops_per_token = gpt_flops_per_token(cfg, T), .peak_gflops = run.peak_gflops,
-        .final_loss = loss, .val_loss = vl, .extra_json = extra_json};
-    ckpt_finish(&ck, &log);  // an async save still in flight is joined here
-    report_summary(&log, &run.mesh, &summary);
-    jsonl_close(&log);
+    JsonBuf fields = {0};  // the schedule, its bubbles, every rank's layers, slots and early receives
+    pipe_summary_fields(&P, sched_name, sim.bubble, formula, &fields);
+    train_loop_end(&loop, &fields);  // the final validation and the summary
+    json_free(&fields);
+
     if (train_wants_params(args)) {
         float* host = pipe_gather_params(&P);
         train_finish_params(args, cfg, T, host);

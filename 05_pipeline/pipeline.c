@@ -399,11 +399,11 @@ static float val_forward(void* ctx, const int* inputs, const int* targets) {
     return loss;
 }
 
-float pipe_val_loss(Pipeline* P, int n_batches) {
-    int per = P->setup->B / P->dp->size;
+float pipe_val_loss(void* pipeline, const TrainSetup* setup, int n_batches) {
+    Pipeline* P = pipeline;
+    int per = setup->B / P->dp->size;
     // every rank runs the same pieces; the last stage's mean is the loss
-    double mine =
-        train_val_loss_with(P->setup, n_batches, val_forward, P, P->dp->rank * per, per, P->micro_batch, NULL);
+    double mine = train_val_loss_with(setup, n_batches, val_forward, P, P->dp->rank * per, per, P->micro_batch, NULL);
     if (mine < 0) return -1.0f;  // no validation data (every rank alike)
     MPI_CHECK(MPI_Bcast(&mine, 1, MPI_DOUBLE, P->n_stages - 1, P->pp->mpi));
     return (float)train_mean(P->dp, mine);
@@ -512,22 +512,25 @@ double pipe_timeline(Pipeline* P, JsonLog* log, int step, int warmup) {
 
 double pipe_bubble(const Pipeline* P) { return P->bubble_n ? P->bubble_sum / P->bubble_n : 0.0; }
 
-void pipe_summary_fields(const Pipeline* P, const char* sched_name, double simulated, double formula, char* out,
-                         size_t len) {
-    // every rank's figures: layers, peak slots, early receives
+void pipe_summary_fields(const Pipeline* P, const char* sched_name, double simulated, double formula, JsonBuf* out) {
+    // every rank's figures, (world, 3): its layers, peak slots, early receives
     int world = 0;
     MPI_CHECK(MPI_Comm_size(MPI_COMM_WORLD, &world));
     int mine[3] = {0, P->peak_slots, P->early}, *all = xcalloc((size_t)world * 3, sizeof(int));
     for (int c = 0; c < P->n_virtual; c++) mine[0] += P->layers[c].count;
     MPI_CHECK(MPI_Gather(mine, 3, MPI_INT, all, 3, MPI_INT, 0, MPI_COMM_WORLD));
-    int n = snprintf(out, len,
-                     "\"schedule\":\"%s\",\"microbatches\":%d,\"virtual\":%d,\"bubble_measured\":%.4f,\"bubble_simulated\":%.4f,"
-                     "\"bubble_formula\":%.4f", sched_name, P->n_micro, P->n_virtual, pipe_bubble(P), simulated, formula);
+    json_add_string(out, "schedule", sched_name);
+    json_add_int(out, "microbatches", P->n_micro);
+    json_add_int(out, "virtual", P->n_virtual);
+    json_add_double(out, "bubble_measured", pipe_bubble(P), "%.4f");
+    json_add_double(out, "bubble_simulated", simulated, "%.4f");
+    json_add_double(out, "bubble_formula", formula, "%.4f");
     static const char* keys[3] = {"layers", "activation_slots", "early_receives"};
+    int* column = xmalloc((size_t)world * sizeof(int));
     for (int f = 0; f < 3; f++) {
-        n += snprintf(out + n, len - (size_t)n, ",\"%s\":[", keys[f]);
-        for (int r = 0; r < world && n < (int)len - 16; r++) n += snprintf(out + n, len - (size_t)n, "%s%d", r ? "," : "", all[3 * r + f]);
-        n += snprintf(out + n, len - (size_t)n, "]");
+        for (int r = 0; r < world; r++) column[r] = all[3 * r + f];
+        json_add_int_array(out, keys[f], column, world);
     }
+    free(column);
     free(all);
 }

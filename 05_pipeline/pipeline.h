@@ -181,8 +181,9 @@ SendBuf* pipe_send_buffer(Pipeline* P, const float* src);
 
 // ---------------------------------------------------------------- around the step
 // The validation loss through the stages (forward only), the mean over dp;
-// -1 without validation data. Collective over the world.
-float pipe_val_loss(Pipeline* P, int n_batches);
+// -1 without validation data. Collective over the world. A TrainValLoss
+// (train.h), ctx the Pipeline.
+float pipe_val_loss(void* pipeline, const TrainSetup* setup, int n_batches);
 // The whole model on world rank 0 (host, flat layout) for --sample and
 // --save; NULL elsewhere. Collective over the pp axis of dp rank 0.
 float* pipe_gather_params(Pipeline* P);
@@ -194,8 +195,8 @@ void pipe_ckpt(Ckpt* ck, const Pipeline* P);
 double pipe_timeline(Pipeline* P, JsonLog* log, int step, int warmup);
 double pipe_bubble(const Pipeline* P);  // the mean bubble of the counted steps
 // The summary's own fields: the schedule, its bubbles, and every rank's
-// layers, peak activation slots and early receives. Collective over the world.
-void pipe_summary_fields(const Pipeline* P, const char* sched_name, double simulated, double formula, char* out,
-                         size_t len);
+// layers, peak activation slots and early receives (rank 0's out holds them).
+// Collective over the world.
+void pipe_summary_fields(const Pipeline* P, const char* sched_name, double simulated, double formula, JsonBuf* out);
 
 #endif
