@@ -24,10 +24,11 @@
 // the executor that runs any list, in the order a step runs: the three
 // actions with their sends and receives, then the step around them: the
 // tied embedding's two gradients summed, the dp all-reduce, the norm over
-// the stages, AdamW on what each rank owns. What a rank owns and keeps (its
-// layers and parameter pieces, its activation slots, set-up, validation,
-// checkpoints, timelines) is the engine in 05_pipeline/pipeline.c. --recompute keeps less of each
-// layer per microbatch in flight and recomputes it in backward.
+// the stages, AdamW on what each rank owns; then the training loop. What a
+// rank owns and keeps (its layers and parameter pieces, its activation
+// slots, set-up, validation, checkpoints, timelines) is the engine in
+// 05_pipeline/pipeline.c. --recompute keeps less of each layer per
+// microbatch in flight and recomputes it in backward.
 //
 // The layer split: virtual stage k of S = pp * v owns L / S layers, the first
 // L % S stages one more (an uneven split when pp does not divide L, printed
