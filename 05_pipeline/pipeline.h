@@ -24,7 +24,6 @@
 #include "comm.h"
 #include "model.h"
 #include "report.h"
-#include "runtime.h"
 #include "schedule.h"
 #include "train.h"
 
