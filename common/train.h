@@ -154,10 +154,10 @@ double clock_progress_ms_per_step(const StepClock* c);  // in non-blocking start
 //       ... forward, backward, the collectives, the optimizer: the chapter's step ...
 //       train_loop_step(&loop, step, loss, norm);
 //   }
-//   JsonBuf extra = {0};                         // the chapter's own summary fields
-//   json_add_int(&extra, "zero", zero);  ...
-//   train_loop_end(&loop, &extra);               // NULL: no fields of its own
-//   json_free(&extra);
+//   JsonBuf summary = {0};                       // the chapter's own summary fields
+//   json_add_int(&summary, "zero", zero);  ...
+//   train_loop_end(&loop, &summary);             // NULL: no fields of its own
+//   json_free(&summary);
 //
 // What it does, and so what no chapter does itself:
 // - begin: opens --log (a file that cannot be opened ends every rank with one
