@@ -177,7 +177,8 @@ double clock_progress_ms_per_step(const StepClock* c);  // in non-blocking start
 //   --save-every).
 // - end: ckpt_finish (an async save in flight is joined), the summary's
 //   figures read on every rank (memory peaks, communication counts, op
-//   times: the training's, before the final validation), the final
+//   times: the training's and its --val-every validations', read before
+//   the final validation), the final
 //   validation (after step steps - 1; "before training" with --steps 0),
 //   the summary printed and written once ({"type":"summary",...}, with
 //   final_loss, val_loss, comm_wait_ms_per_step and comm_progress_ms_per_step
@@ -192,7 +193,9 @@ double clock_progress_ms_per_step(const StepClock* c);  // in non-blocking start
 
 // The validation loss of the chapter's model over the first n_batches
 // global batches of s->val, or -1 when there is no validation data.
-// Collective; every rank returns the same value.
+// Collective; every rank returns the same value. A chapter whose own
+// per-step figures a forward would move (attention counters) puts them
+// back inside its hook.
 typedef float (*TrainValLoss)(void* ctx, const TrainSetup* s, int n_batches);
 // A TrainValLoss for a full replica, ctx a GPT* (train_val_loss).
 float train_val_loss_gpt(void* gpt, const TrainSetup* s, int n_batches);
