@@ -668,17 +668,19 @@ static void pipe_create(Pipe* P, const Run* run, ScheduleKind kind, int m, int v
     size_t most = 0;
     for (int k = 0; k < P->n_pieces; k++) most = P->piece[k].count > most ? P->piece[k].count : most;
     float* host = xmalloc(most * sizeof(float));
-    for (int k = 0; k < P->n_pieces; k++) {
+    bad = NULL;
+    for (int k = 0; k < P->n_pieces && !bad; k++) {
         Piece* pc = &P->piece[k];
-        if (setup->checkpoint) {
+        if (setup->checkpoint)
             bad = checkpoint_read_range(setup->checkpoint, cfg, host, pc->global, pc->count, msg, sizeof(msg));
-            fail_if_any(bad != NULL, bad);
-        } else {
+        else
             gpt_init_range(host, pc->global, pc->count, cfg, (uint64_t)run->args.seed);
-        }
-        mem_to_device(P->params + pc->local, host, pc->count * sizeof(float));
+        if (!bad) mem_to_device(P->params + pc->local, host, pc->count * sizeof(float));
     }
     free(host);
+    // after the loop, not in it: fail_if_any is collective over every rank,
+    // and stages hold different numbers of pieces
+    fail_if_any(bad != NULL, bad);
     P->scratch = mem_alloc_floats(block_scratch_numel(P->b, P->T, cfg->channels, cfg->num_heads), MEM_ACTIVATIONS);
     P->recompute = (RecomputeMode)run->args.recompute;
     if (P->recompute != RECOMPUTE_NONE)
