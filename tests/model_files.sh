@@ -1,0 +1,141 @@
+#!/bin/bash
+# Model files (--model FILE.bin) in every chapter on every axis. A topic
+# script of tests/run.sh (make test CHAPTER=model_files runs it alone).
+#
+# 1. One model saved by chapter 0 loads into each chapter with each axis > 1:
+#    dp (chapter 2; chapter 3 with each ZeRO stage), tp (4), pp with every
+#    schedule and interleaved (5), cp ring, zigzag and Ulysses and sp (6).
+#    Each reproduces chapter 0's losses and gradient norms on the same file
+#    (step 0 is the file's own model) and its validation loss. The file is
+#    trained from another seed than the default, so a chapter that ignored
+#    it and initialised its own model fails. Chapter 7 loads only its own
+#    format (a dense file has no experts): a file it saved loads on ep = 2
+#    with chapter 7's own losses and norms on one rank.
+# 2. A vocabulary padded as llm.c pads GPT-2's (V = 250 < Vp = 256; every
+#    preset has V = Vp): the invariant on tp = 2 and 3 (chapter 4, and
+#    chapter 6 with --sp), pp = 2 (chapter 5) and ep = 2 (chapter 7 against
+#    itself on one rank). Softmax and loss run over the first V logits, so
+#    a padded row that entered the loss would change the losses; the padded
+#    rows of wte start at zero and stay zero (checked in a tp = 3 --save).
+. "$(dirname "$0")/lib.sh"
+
+echo "== model files: a saved model in every chapter on every axis"
+MF=$TEST_TMPDIR/model_files
+mkdir -p "$MF"
+
+# self_pair NAME "FLAGS" NP PROGRAM "MESH": PROGRAM on one rank with FLAGS is
+# the reference; on NP ranks with MESH it reproduces its losses within TOL,
+# its norms within TOL_NORM and its validation loss within TOL (chapter 7,
+# whose model with E > 1 experts no other chapter trains)
+self_pair() {
+    local name=$1 flags=$2 np=$3 prog=$4 mesh=$5 ref=$MF/${4}_1$TEST_JOB.jsonl run=$MF/${4}_$3$TEST_JOB.jsonl c1 c2 c3 ok=1
+    mpi_run $T_RUN 1 "$BUILD/$prog" $flags --log "$ref"
+    [ $RC = 0 ] || ok=0
+    mpi_run $T_RUN "$np" "$BUILD/$prog" $mesh $flags --log "$run"
+    [ $RC = 0 ] || ok=0
+    c1=$(bash tests/compare_losses.sh "$ref" "$run" $TOL 2>&1) || ok=0
+    c2=$(bash tests/compare_losses.sh "$ref" "$run" $TOL_NORM norm 2>&1) || ok=0
+    c3=$(compare_val "$ref" "$run" 2>&1) || ok=0
+    if [ $ok = 1 ]; then
+        pass "$name: one rank's losses ($c1), norms (${c2#* steps, }), validation loss ($c3)"
+    else
+        fail "$name" "exit $RC; losses ($c1), norms ($c2), validation ($c3); command: $CMD; $(echo "$OUT" | grep -E '^error' | head -2)"
+    fi
+}
+
+# ---------------------------------------------------------------- 1. every axis
+# tiny6: 6 layers cut into pp = 2 stages of 3 chunks; trained 3 steps from
+# seed 7 (the chapters' default seed is 1337)
+mpi_run $T_RUN 1 "$BUILD/chapter-0" --model tiny6 --seed 7 --steps 3 --batch 8 --seq 32 --peak-gflops 10 --save "$MF/tiny6.bin"
+MF_FLAGS="--model $MF/tiny6.bin --steps 2 --batch 24 --seq 32 --peak-gflops 10"
+reference "$MF_FLAGS"  # made once, before the jobs share it
+file_case() {  # NAME NP PROGRAM "MESH"
+    invariant --val "$MF_NAME $1" "$MF_FLAGS" "$2" "$3" "$4"
+}
+MF_NAME="model file (tiny6, seed 7):"
+jobs_run file_case "chapter 2 dp=2" 2 chapter-2 "--dp 2"
+for z in 1 2 3; do jobs_run file_case "chapter 3 dp=2 ZeRO-$z" 2 chapter-3 "--dp 2 --zero $z"; done
+jobs_run file_case "chapter 4 tp=2" 2 chapter-4 "--tp 2"
+for s in gpipe 1f1b zb; do jobs_run file_case "chapter 5 pp=2 $s" 2 chapter-5 "--pp 2 --schedule $s"; done
+jobs_run file_case "chapter 5 pp=2 interleaved v=3" 2 chapter-5 "--pp 2 --schedule interleaved --virtual 3 --microbatches 4"
+jobs_run file_case "chapter 5 pp=3 1f1b" 3 chapter-5 "--pp 3"
+jobs_run file_case "chapter 6 cp=2 ring" 2 chapter-6 "--cp 2"
+jobs_run file_case "chapter 6 cp=2 ring zigzag" 2 chapter-6 "--cp 2 --cp-balance zigzag"
+jobs_run file_case "chapter 6 cp=2 ulysses" 2 chapter-6 "--cp 2 --cp-mode ulysses"
+jobs_run file_case "chapter 6 tp=2 --sp" 2 chapter-6 "--tp 2 --sp"
+jobs_wait
+# chapter 7's own format: E = 4, k = 2, trained 3 steps from seed 7
+mpi_run $T_RUN 1 "$BUILD/chapter-7" --experts 4 --top-k 2 --seed 7 --steps 3 --batch 8 --seq 32 --peak-gflops 10 --save "$MF/moe.bin"
+self_pair "model file (chapter 7's, E=4 k=2): chapter 7 ep=2" "${MF_FLAGS/tiny6.bin/moe.bin}" 2 chapter-7 "--ep 2"
+
+# ---------------------------------------------------------------- 2. V < Vp
+echo "== model files: a padded vocabulary (V=250 < Vp=256)"
+# pad_model FILE V Vp maxT L NH C: an llm.c model file with random weights
+# (normal, 0.02; LayerNorm weights near 1) and the padded rows of wte zero.
+# 6 heads of 8 channels split over tp = 2 and 3; the 256 padded rows split
+# 86, 85, 85 over tp = 3, so rows V..Vp-1 sit on the last rank.
+pad_model() {
+    python3 - "$@" <<'PY'
+import random, struct, sys
+path, (V, Vp, maxT, L, NH, C) = sys.argv[1], map(int, sys.argv[2:8])
+rng = random.Random(2026)
+w = lambda n: [rng.gauss(0.0, 0.02) for _ in range(n)]
+near = lambda n, c: [c + rng.gauss(0.0, 0.05) for _ in range(n)]
+p = w(V * C) + [0.0] * ((Vp - V) * C) + w(maxT * C)          # wte (padded rows 0), wpe
+p += near(L * C, 1.0) + near(L * C, 0.0)                      # ln1w ln1b
+p += w(L * 3 * C * C) + near(L * 3 * C, 0.0)                  # qkvw qkvb
+p += w(L * C * C) + near(L * C, 0.0)                          # attprojw attprojb
+p += near(L * C, 1.0) + near(L * C, 0.0)                      # ln2w ln2b
+p += w(L * 4 * C * C) + near(L * 4 * C, 0.0)                  # fcw fcb
+p += w(L * C * 4 * C) + near(L * C, 0.0)                      # fcprojw fcprojb
+p += near(C, 1.0) + near(C, 0.0)                              # lnfw lnfb
+h = [0] * 256
+h[:8] = [20240326, 3, maxT, V, L, NH, C, Vp]
+open(path, 'wb').write(struct.pack('256i', *h) + struct.pack('%df' % len(p), *p))
+PY
+}
+# pad_rows FILE Vp V C OFFSET: the largest |value| in rows V..Vp-1 of the wte
+# that starts OFFSET floats after the 1024-byte header
+pad_rows() {
+    python3 - "$@" <<'PY'
+import struct, sys
+path, Vp, V, C, off = sys.argv[1], *map(int, sys.argv[2:6])
+with open(path, 'rb') as f:
+    f.seek(1024 + 4 * (off + V * C))
+    rows = struct.unpack('%df' % ((Vp - V) * C), f.read(4 * (Vp - V) * C))
+print(max(abs(x) for x in rows))
+PY
+}
+pad_model "$MF/v250.bin" 250 256 64 2 6 48
+PAD_FLAGS="$INV_FLAGS --model $MF/v250.bin"
+reference "$PAD_FLAGS"
+pad_case() {  # NAME NP PROGRAM "MESH"
+    invariant --val "padded vocabulary: $1" "$PAD_FLAGS" "$2" "$3" "$4"
+}
+jobs_run pad_case "chapter 4 tp=2" 2 chapter-4 "--tp 2"
+jobs_run pad_case "chapter 6 tp=2 --sp" 2 chapter-6 "--tp 2 --sp"
+jobs_run pad_case "chapter 6 tp=3 --sp" 3 chapter-6 "--tp 3 --sp"
+jobs_run pad_case "chapter 5 pp=2" 2 chapter-5 "--pp 2"
+jobs_wait
+# tp = 3 (the padded rows on the last rank), saved after the 10 steps
+invariant --val "padded vocabulary: chapter 4 tp=3" "$PAD_FLAGS" 3 chapter-4 "--tp 3 --save $MF/v250_tp3.bin"
+pmax=$(pad_rows "$MF/v250_tp3.bin" 256 250 48 0 2>&1)
+if [ "$pmax" = 0.0 ]; then
+    pass "padded vocabulary: chapter 4 tp=3 keeps wte's padded rows 250..255 zero over 10 steps"
+else
+    fail "padded vocabulary: the padded rows of chapter 4 tp=3's --save" "largest |value| '$pmax', want 0"
+fi
+# chapter 7: its own file made from the tiny one, its header's V set to 250
+# and the padded rows of wte (the first tensor of its shared parameters) zeroed
+python3 - "$MF/moe.bin" "$MF/moe_v250.bin" <<'PY'
+import struct, sys
+b = bytearray(open(sys.argv[1], 'rb').read())
+V, Vp, C = 250, 256, 64
+assert struct.unpack_from('i', b, 12)[0] == Vp and struct.unpack_from('i', b, 28)[0] == Vp
+struct.pack_into('i', b, 12, V)
+b[1024 + 4 * V * C:1024 + 4 * Vp * C] = bytes(4 * (Vp - V) * C)
+open(sys.argv[2], 'wb').write(b)
+PY
+self_pair "padded vocabulary: chapter 7 (E=4 k=2) ep=2" "${PAD_FLAGS/v250.bin/moe_v250.bin}" 2 chapter-7 "--ep 2"
+
+finish
