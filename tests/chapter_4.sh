@@ -111,6 +111,9 @@ tp_case 1 3 "--model small --steps 10 --batch 4 --seq 64 --peak-gflops 10" 4 64 
 for zf in "--zero 1" "--zero 2" "--zero 3 --prefetch 0 --reshard 0"; do
     invariant "chapter 4 dp=2 tp=2 $zf" "$INV_FLAGS" 4 chapter-4 "--dp 2 --tp 2 $zf"
 done
+# weight decay on every parameter, the tp-sharded tiles and the replicated
+# ones alike (chapter 0 decays all of them, as llm.c does)
+invariant --val "chapter 4 dp=2 tp=2 --wd 0.1" "$INV_FLAGS --wd 0.1" 4 chapter-4 "--dp 2 --tp 2"
 
 # --save from (dp, tp) = (2, 2) writes the reference's model after the same 3
 # steps: the same header, every parameter within 1e-4 (a tenth of one AdamW

@@ -22,6 +22,8 @@ ULY2=$INV_LOG
 invariant --norm --val "cp=4 ulysses" "$INV_FLAGS" 4 chapter-6 "--cp 4 --cp-mode ulysses"
 ULY4=$INV_LOG
 invariant --norm --val "dp=2 x cp=2 ring zigzag" "$INV_FLAGS" 4 chapter-6 "--dp 2 --cp 2 --cp-balance zigzag"
+# weight decay, as chapter 0 applies it to every parameter
+invariant --val "cp=2 ring --wd 0.1" "$INV_FLAGS --wd 0.1" 2 chapter-6 "--cp 2"
 
 # The formulas, on the tiny model (L = 2, C = 64, NH = 4, Vp = 256) with
 # INV_FLAGS (B = 24, T = 32): N = B T / cp token rows per rank (dp = 1).
@@ -230,6 +232,8 @@ rm -rf "$SPCK"
 sp_case 1 2 "--ckpt-dir $SPCK --save-every 5"
 sp_case 2 2
 sp_case 1 4
+# weight decay on the tp-sharded tiles and the replicated LayerNorms alike
+invariant --val "sequence parallel tp=2 --wd 0.1" "$INV_FLAGS --wd 0.1" 2 chapter-6 "--tp 2 --sp"
 # --recompute on tp=2: the same bits as none (the logged losses and norms of
 # the run above); what a layer keeps, the peak activations and, for full,
 # the block's collectives issued again, against the formulas
