@@ -9,12 +9,16 @@
 #    (step 0 is the file's own model) and its validation loss. The file is
 #    trained from another seed than the default, so a chapter that ignored
 #    it and initialised its own model fails. Chapter 7 loads only its own
-#    format (a dense file has no experts): a file it saved loads on ep = 2
-#    with chapter 7's own losses and norms on one rank.
+#    format (a dense file has no experts): the same model written in it with
+#    E = k = 2 experts that are both the dense MLP and a zero router (equal
+#    gates: 0.5 f + 0.5 f = f) trains chapter 0's losses on ep = 2, without
+#    the load-balancing loss and clipping (its norm is not chapter 0's: each
+#    expert gets half the MLP's gradient); and a file chapter 7 saved loads
+#    on ep = 2 with chapter 7's own losses and norms on one rank.
 # 2. A vocabulary padded as llm.c pads GPT-2's (V = 250 < Vp = 256; every
 #    preset has V = Vp): the invariant on tp = 2 and 3 (chapter 4, and
-#    chapter 6 with --sp), pp = 2 (chapter 5) and ep = 2 (chapter 7 against
-#    itself on one rank). Softmax and loss run over the first V logits, so
+#    chapter 6 with --sp), pp = 2 (chapter 5) and ep = 2 (chapter 7, the
+#    model as two equal experts as above). Softmax and loss run over the first V logits, so
 #    a padded row that entered the loss would change the losses; the padded
 #    rows of wte start at zero and stay zero (checked in a tp = 3 --save).
 . "$(dirname "$0")/lib.sh"
@@ -43,6 +47,61 @@ self_pair() {
     fi
 }
 
+# as_moe DENSE OUT: the dense llm.c model DENSE in chapter 7's format
+# (common/moe.h; the format's number from a file chapter 7 saved, $MF/moe.bin):
+# every layer an MoE layer of E = 2 experts, k = 2, each expert the layer's
+# dense MLP, the router zero
+as_moe() {
+    python3 - "$1" "$MF/moe.bin" "$2" <<'PY'
+import array, struct, sys
+dense, moe_saved, out = sys.argv[1:4]
+raw = open(dense, 'rb').read()
+maxT, V, L, NH, C, Vp = struct.unpack_from('256i', raw)[2:8]
+version = struct.unpack_from('i', open(moe_saved, 'rb').read(8), 4)[0]
+p = array.array('f')
+p.frombytes(raw[1024:])
+t, at = {}, 0  # llm.c's tensors, all layers of each together
+for name, n in [('wte', Vp * C), ('wpe', maxT * C), ('ln1w', L * C), ('ln1b', L * C), ('qkvw', L * 3 * C * C),
+                ('qkvb', L * 3 * C), ('attprojw', L * C * C), ('attprojb', L * C), ('ln2w', L * C), ('ln2b', L * C),
+                ('fcw', L * 4 * C * C), ('fcb', L * 4 * C), ('fcprojw', L * 4 * C * C), ('fcprojb', L * C),
+                ('lnfw', C), ('lnfb', C)]:
+    t[name], at = p[at:at + n], at + n
+assert at == len(p), 'not a dense model of this size'
+layer = lambda name, l: t[name][l * len(t[name]) // L:(l + 1) * len(t[name]) // L]
+E = 2
+shared = t['wte'] + t['wpe']  # layer-major: wte wpe, each block's attention half and router, lnf
+for l in range(L):
+    for name in ('ln1w', 'ln1b', 'qkvw', 'qkvb', 'attprojw', 'attprojb', 'ln2w', 'ln2b'):
+        shared += layer(name, l)
+    shared += array.array('f', [0.0] * (E * C))
+shared += t['lnfw'] + t['lnfb']
+experts = array.array('f')  # per layer, per expert: fcw fcb fcprojw fcprojb
+for l in range(L):
+    for e in range(E):
+        for name in ('fcw', 'fcb', 'fcprojw', 'fcprojb'):
+            experts += layer(name, l)
+h = [0] * 256
+h[:12] = [20240326, version, maxT, V, L, NH, C, Vp, E, E, 4 * C, 1]
+open(out, 'wb').write(struct.pack('256i', *h) + shared.tobytes() + experts.tobytes())
+PY
+}
+# moe_case NAME "REF_FLAGS" NP "MESH" MOE_FILE: chapter 7 on NP ranks with
+# MESH on MOE_FILE (as_moe of REF_FLAGS' --model) reproduces the losses and
+# the validation loss of `reference "REF_FLAGS --clip 0"` within TOL
+moe_case() {
+    local name=$1 ref_flags="$2 --clip 0" np=$3 mesh=$4 file=$5 log=$MF/moe_case$TEST_JOB.jsonl c1 c2 ok=1
+    reference "$ref_flags"
+    mpi_run $T_RUN "$np" "$BUILD/chapter-7" $mesh $ref_flags --model "$file" --aux-coef 0 --log "$log"
+    [ $RC = 0 ] || ok=0
+    c1=$(bash tests/compare_losses.sh "$REF" "$log" $TOL 2>&1) || ok=0
+    c2=$(compare_val "$REF" "$log" 2>&1) || ok=0
+    if [ $ok = 1 ]; then
+        pass "$name: chapter 0's losses ($c1) and validation loss ($c2)"
+    else
+        fail "$name" "exit $RC; losses ($c1), validation ($c2); command: $CMD; reference: $(cat "$REF.cmd"); $(echo "$OUT" | grep -E '^error' | head -2)"
+    fi
+}
+
 # ---------------------------------------------------------------- 1. every axis
 # tiny6: 6 layers cut into pp = 2 stages of 3 chunks; trained 3 steps from
 # seed 7 (the chapters' default seed is 1337)
@@ -67,6 +126,8 @@ jobs_wait
 # chapter 7's own format: E = 4, k = 2, trained 3 steps from seed 7
 mpi_run $T_RUN 1 "$BUILD/chapter-7" --experts 4 --top-k 2 --seed 7 --steps 3 --batch 8 --seq 32 --peak-gflops 10 --save "$MF/moe.bin"
 self_pair "model file (chapter 7's, E=4 k=2): chapter 7 ep=2" "${MF_FLAGS/tiny6.bin/moe.bin}" 2 chapter-7 "--ep 2"
+as_moe "$MF/tiny6.bin" "$MF/tiny6_moe.bin"
+moe_case "$MF_NAME chapter 7 ep=2, as 2 equal experts" "$MF_FLAGS" 2 "--ep 2" "$MF/tiny6_moe.bin"
 
 # ---------------------------------------------------------------- 2. V < Vp
 echo "== model files: a padded vocabulary (V=250 < Vp=256)"
@@ -125,17 +186,8 @@ if [ "$pmax" = 0.0 ]; then
 else
     fail "padded vocabulary: the padded rows of chapter 4 tp=3's --save" "largest |value| '$pmax', want 0"
 fi
-# chapter 7: its own file made from the tiny one, its header's V set to 250
-# and the padded rows of wte (the first tensor of its shared parameters) zeroed
-python3 - "$MF/moe.bin" "$MF/moe_v250.bin" <<'PY'
-import struct, sys
-b = bytearray(open(sys.argv[1], 'rb').read())
-V, Vp, C = 250, 256, 64
-assert struct.unpack_from('i', b, 12)[0] == Vp and struct.unpack_from('i', b, 28)[0] == Vp
-struct.pack_into('i', b, 12, V)
-b[1024 + 4 * V * C:1024 + 4 * Vp * C] = bytes(4 * (Vp - V) * C)
-open(sys.argv[2], 'wb').write(b)
-PY
-self_pair "padded vocabulary: chapter 7 (E=4 k=2) ep=2" "${PAD_FLAGS/v250.bin/moe_v250.bin}" 2 chapter-7 "--ep 2"
+# chapter 7: the same model as two equal experts
+as_moe "$MF/v250.bin" "$MF/v250_moe.bin"
+moe_case "padded vocabulary: chapter 7 ep=2, as 2 equal experts" "$PAD_FLAGS" 2 "--ep 2" "$MF/v250_moe.bin"
 
 finish
