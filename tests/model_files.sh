@@ -102,35 +102,6 @@ moe_case() {
     fi
 }
 
-# ---------------------------------------------------------------- 1. every axis
-# tiny6: 6 layers cut into pp = 2 stages of 3 chunks; trained 3 steps from
-# seed 7 (the chapters' default seed is 1337)
-mpi_run $T_RUN 1 "$BUILD/chapter-0" --model tiny6 --seed 7 --steps 3 --batch 8 --seq 32 --peak-gflops 10 --save "$MF/tiny6.bin"
-MF_FLAGS="--model $MF/tiny6.bin --steps 2 --batch 24 --seq 32 --peak-gflops 10"
-reference "$MF_FLAGS"  # made once, before the jobs share it
-file_case() {  # NAME NP PROGRAM "MESH"
-    invariant --val "$MF_NAME $1" "$MF_FLAGS" "$2" "$3" "$4"
-}
-MF_NAME="model file (tiny6, seed 7):"
-jobs_run file_case "chapter 2 dp=2" 2 chapter-2 "--dp 2"
-for z in 1 2 3; do jobs_run file_case "chapter 3 dp=2 ZeRO-$z" 2 chapter-3 "--dp 2 --zero $z"; done
-jobs_run file_case "chapter 4 tp=2" 2 chapter-4 "--tp 2"
-for s in gpipe 1f1b zb; do jobs_run file_case "chapter 5 pp=2 $s" 2 chapter-5 "--pp 2 --schedule $s"; done
-jobs_run file_case "chapter 5 pp=2 interleaved v=3" 2 chapter-5 "--pp 2 --schedule interleaved --virtual 3 --microbatches 4"
-jobs_run file_case "chapter 5 pp=3 1f1b" 3 chapter-5 "--pp 3"
-jobs_run file_case "chapter 6 cp=2 ring" 2 chapter-6 "--cp 2"
-jobs_run file_case "chapter 6 cp=2 ring zigzag" 2 chapter-6 "--cp 2 --cp-balance zigzag"
-jobs_run file_case "chapter 6 cp=2 ulysses" 2 chapter-6 "--cp 2 --cp-mode ulysses"
-jobs_run file_case "chapter 6 tp=2 --sp" 2 chapter-6 "--tp 2 --sp"
-jobs_wait
-# chapter 7's own format: E = 4, k = 2, trained 3 steps from seed 7
-mpi_run $T_RUN 1 "$BUILD/chapter-7" --experts 4 --top-k 2 --seed 7 --steps 3 --batch 8 --seq 32 --peak-gflops 10 --save "$MF/moe.bin"
-self_pair "model file (chapter 7's, E=4 k=2): chapter 7 ep=2" "${MF_FLAGS/tiny6.bin/moe.bin}" 2 chapter-7 "--ep 2"
-as_moe "$MF/tiny6.bin" "$MF/tiny6_moe.bin"
-moe_case "$MF_NAME chapter 7 ep=2, as 2 equal experts" "$MF_FLAGS" 2 "--ep 2" "$MF/tiny6_moe.bin"
-
-# ---------------------------------------------------------------- 2. V < Vp
-echo "== model files: a padded vocabulary (V=250 < Vp=256)"
 # pad_model FILE V Vp maxT L NH C: an llm.c model file with random weights
 # (normal, 0.02; LayerNorm weights near 1) and the padded rows of wte zero.
 # 6 heads of 8 channels split over tp = 2 and 3; the 256 padded rows split
@@ -167,27 +138,58 @@ with open(path, 'rb') as f:
 print(max(abs(x) for x in rows))
 PY
 }
+# ---------------------------------------------------------------- the files
+# tiny6: 6 layers cut into pp = 2 stages of 3 chunks; trained 3 steps from
+# seed 7 (the chapters' default seed is 1337)
+mpi_run $T_RUN 1 "$BUILD/chapter-0" --model tiny6 --seed 7 --steps 3 --batch 8 --seq 32 --peak-gflops 10 --save "$MF/tiny6.bin"
+# chapter 7's own: E = 4, k = 2, trained 3 steps from seed 7
+mpi_run $T_RUN 1 "$BUILD/chapter-7" --experts 4 --top-k 2 --seed 7 --steps 3 --batch 8 --seq 32 --peak-gflops 10 --save "$MF/moe.bin"
+as_moe "$MF/tiny6.bin" "$MF/tiny6_moe.bin"
 pad_model "$MF/v250.bin" 250 256 64 2 6 48
+as_moe "$MF/v250.bin" "$MF/v250_moe.bin"
+MF_FLAGS="--model $MF/tiny6.bin --steps 2 --batch 24 --seq 32 --peak-gflops 10"
 PAD_FLAGS="$INV_FLAGS --model $MF/v250.bin"
-reference "$PAD_FLAGS"
+# the references, made once before the jobs share them
+for f in "$MF_FLAGS" "$MF_FLAGS --clip 0" "$PAD_FLAGS" "$PAD_FLAGS --clip 0"; do reference "$f"; done
+
+# ---------------------------------------------------------------- 1. every axis
+file_case() {  # NAME NP PROGRAM "MESH"
+    invariant --val "model file (tiny6, seed 7): $1" "$MF_FLAGS" "$2" "$3" "$4"
+}
+jobs_run file_case "chapter 2 dp=2" 2 chapter-2 "--dp 2"
+for z in 1 2 3; do jobs_run file_case "chapter 3 dp=2 ZeRO-$z" 2 chapter-3 "--dp 2 --zero $z"; done
+jobs_run file_case "chapter 4 tp=2" 2 chapter-4 "--tp 2"
+for s in gpipe 1f1b zb; do jobs_run file_case "chapter 5 pp=2 $s" 2 chapter-5 "--pp 2 --schedule $s"; done
+jobs_run file_case "chapter 5 pp=2 interleaved v=3" 2 chapter-5 "--pp 2 --schedule interleaved --virtual 3 --microbatches 4"
+jobs_run file_case "chapter 5 pp=3 1f1b" 3 chapter-5 "--pp 3"
+jobs_run file_case "chapter 6 cp=2 ring" 2 chapter-6 "--cp 2"
+jobs_run file_case "chapter 6 cp=2 ring zigzag" 2 chapter-6 "--cp 2 --cp-balance zigzag"
+jobs_run file_case "chapter 6 cp=2 ulysses" 2 chapter-6 "--cp 2 --cp-mode ulysses"
+jobs_run file_case "chapter 6 tp=2 --sp" 2 chapter-6 "--tp 2 --sp"
+jobs_run moe_case "model file (tiny6, seed 7): chapter 7 ep=2, as 2 equal experts" "$MF_FLAGS" 2 "--ep 2" "$MF/tiny6_moe.bin"
+jobs_run self_pair "model file (chapter 7's, E=4 k=2): chapter 7 ep=2" "${MF_FLAGS/tiny6.bin/moe.bin}" 2 chapter-7 "--ep 2"
+
+# ---------------------------------------------------------------- 2. V < Vp
 pad_case() {  # NAME NP PROGRAM "MESH"
-    invariant --val "padded vocabulary: $1" "$PAD_FLAGS" "$2" "$3" "$4"
+    invariant --val "padded vocabulary (V=250 < Vp=256): $1" "$PAD_FLAGS" "$2" "$3" "$4"
+}
+# tp = 3 (the padded rows on the last rank), saved after the 10 steps
+pad_tp3() {
+    local pmax
+    pad_case "chapter 4 tp=3" 3 chapter-4 "--tp 3 --save $MF/v250_tp3.bin"
+    pmax=$(pad_rows "$MF/v250_tp3.bin" 256 250 48 0 2>&1)
+    if [ "$pmax" = 0.0 ]; then
+        pass "padded vocabulary: chapter 4 tp=3 keeps wte's padded rows 250..255 zero over 10 steps"
+    else
+        fail "padded vocabulary: the padded rows of chapter 4 tp=3's --save" "largest |value| '$pmax', want 0"
+    fi
 }
 jobs_run pad_case "chapter 4 tp=2" 2 chapter-4 "--tp 2"
+jobs_run pad_tp3
 jobs_run pad_case "chapter 6 tp=2 --sp" 2 chapter-6 "--tp 2 --sp"
 jobs_run pad_case "chapter 6 tp=3 --sp" 3 chapter-6 "--tp 3 --sp"
 jobs_run pad_case "chapter 5 pp=2" 2 chapter-5 "--pp 2"
+jobs_run moe_case "padded vocabulary (V=250 < Vp=256): chapter 7 ep=2, as 2 equal experts" "$PAD_FLAGS" 2 "--ep 2" "$MF/v250_moe.bin"
 jobs_wait
-# tp = 3 (the padded rows on the last rank), saved after the 10 steps
-invariant --val "padded vocabulary: chapter 4 tp=3" "$PAD_FLAGS" 3 chapter-4 "--tp 3 --save $MF/v250_tp3.bin"
-pmax=$(pad_rows "$MF/v250_tp3.bin" 256 250 48 0 2>&1)
-if [ "$pmax" = 0.0 ]; then
-    pass "padded vocabulary: chapter 4 tp=3 keeps wte's padded rows 250..255 zero over 10 steps"
-else
-    fail "padded vocabulary: the padded rows of chapter 4 tp=3's --save" "largest |value| '$pmax', want 0"
-fi
-# chapter 7: the same model as two equal experts
-as_moe "$MF/v250.bin" "$MF/v250_moe.bin"
-moe_case "padded vocabulary: chapter 7 ep=2, as 2 equal experts" "$PAD_FLAGS" 2 "--ep 2" "$MF/v250_moe.bin"
 
 finish
