@@ -18,9 +18,10 @@
 # 2. A vocabulary padded as llm.c pads GPT-2's (V = 250 < Vp = 256; every
 #    preset has V = Vp): the invariant on tp = 2 and 3 (chapter 4, and
 #    chapter 6 with --sp), pp = 2 (chapter 5) and ep = 2 (chapter 7, the
-#    model as two equal experts as above). Softmax and loss run over the first V logits, so
-#    a padded row that entered the loss would change the losses; the padded
-#    rows of wte start at zero and stay zero (checked in a tp = 3 --save).
+#    model as two equal experts as above). Softmax and loss run over the
+#    first V logits, so a padded row that entered the loss would change the
+#    losses; the padded rows of wte start at zero and stay zero (checked in
+#    a tp = 3 --save).
 . "$(dirname "$0")/lib.sh"
 
 echo "== model files: a saved model in every chapter on every axis"
