@@ -815,7 +815,7 @@ static const char* verify_file(const char* dir, const Manifest* m, int i, char* 
 
 // For each run of need slice s, the overlaps with saved slice v:
 // fn(ctx, dst floats offset in s's data, file offset in bytes, floats).
-typedef void (*PieceFn)(void* ctx, size_t dst, size_t file_offset, size_t n);
+typedef CkptPieceFn PieceFn;
 
 static size_t intersect(const CkptSlice* s, const SavedSlice* v, PieceFn fn, void* ctx) {
     size_t found = 0;
@@ -835,6 +835,12 @@ static size_t intersect(const CkptSlice* s, const SavedSlice* v, PieceFn fn, voi
         }
     }
     return found;
+}
+
+size_t ckpt_intersect(const CkptSlice* need, const CkptSlice* saved, size_t offset, CkptPieceFn fn, void* ctx) {
+    SavedSlice v = {.kind = saved->kind, .tensor = saved->tensor, .offset = offset, .start = saved->start,
+                    .len = saved->len, .stride = saved->stride, .count = saved->count};
+    return intersect(need, &v, fn, ctx);
 }
 
 typedef struct {

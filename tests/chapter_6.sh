@@ -22,6 +22,8 @@ ULY2=$INV_LOG
 invariant --norm --val "cp=4 ulysses" "$INV_FLAGS" 4 chapter-6 "--cp 4 --cp-mode ulysses"
 ULY4=$INV_LOG
 invariant --norm --val "dp=2 x cp=2 ring zigzag" "$INV_FLAGS" 4 chapter-6 "--dp 2 --cp 2 --cp-balance zigzag"
+# weight decay, as chapter 0 applies it to every parameter
+invariant --val "cp=2 ring --wd 0.1" "$INV_FLAGS --wd 0.1" 2 chapter-6 "--cp 2"
 
 # The formulas, on the tiny model (L = 2, C = 64, NH = 4, Vp = 256) with
 # INV_FLAGS (B = 24, T = 32): N = B T / cp token rows per rank (dp = 1).
@@ -113,23 +115,26 @@ fi
 
 # Training-state checkpoints: the cp=2 zigzag ring run saves at step 5 (world
 # rank 0 writes the replica's state); cp=4 Ulysses resumes it and continues
-# chapter 0's losses (steps 5..9) within TOL.
+# chapter 0's losses (steps 5..9) within TOL and its norms within TOL_NORM.
 CK6=$TEST_TMPDIR/ck6
 invariant "checkpoint: cp=2 ring zigzag saving at step 5" "--steps 5 --batch $INV_BATCH --seq $INV_SEQ --peak-gflops 10" 2 \
     chapter-6 "--cp 2 --cp-balance zigzag --ckpt-dir $CK6"
 reference "$INV_FLAGS"
 mpi_run $T_RUN 4 "$BUILD/chapter-6" $INV_FLAGS --cp 4 --cp-mode ulysses --resume "$CK6/step-00000005" --log "$TEST_TMPDIR/ck6r.jsonl"
-cmp=$(awk -v tol=$TOL '
+cmp=$(awk -v tol=$TOL -v ntol=$TOL_NORM '
     /"type":"step"/ { match($0, /"step":[0-9]+/); s = substr($0, RSTART + 7, RLENGTH - 7) + 0
                       match($0, /"loss":[-0-9.e]+/); l = substr($0, RSTART + 7, RLENGTH - 7) + 0
-                      if (FNR == NR) { r[s] = l; next }
+                      match($0, /"norm":[-0-9.e]+/); g = substr($0, RSTART + 7, RLENGTH - 7) + 0
+                      if (FNR == NR) { r[s] = l; rn[s] = g; next }
                       if (s != 5 + n || !(s in r)) bad = 1; n++
-                      d = l - r[s]; if (d < 0) d = -d; if (d > max) max = d }
-    END { printf "steps 5..%d, max |dloss| %.1e", 4 + n, max; exit (!bad && n == 5 && max <= tol) ? 0 : 1 }' \
+                      d = l - r[s]; if (d < 0) d = -d; if (d > max) max = d
+                      d = g - rn[s]; if (d < 0) d = -d; if (d > maxn) maxn = d }
+    END { printf "steps 5..%d, max |dloss| %.1e, |dnorm| %.1e", 4 + n, max, maxn
+          exit (!bad && n == 5 && max <= tol && maxn <= ntol) ? 0 : 1 }' \
     "$REF" "$TEST_TMPDIR/ck6r.jsonl" 2>&1)
 cmp_rc=$?
 if [ $RC = 0 ] && [ $cmp_rc = 0 ] && echo "$OUT" | grep -q "checkpoint: resumed from"; then
-    pass "checkpoint: cp=4 ulysses resumed from cp=2 ring's step 5 continues chapter 0's losses ($cmp)"
+    pass "checkpoint: cp=4 ulysses resumed from cp=2 ring's step 5 continues chapter 0's losses and norms ($cmp)"
 else
     fail "checkpoint: cp=4 ulysses resumed" "exit $RC; $cmp; command: $CMD; $(echo "$OUT" | grep -E 'error' | head -3)"
 fi
@@ -227,6 +232,8 @@ rm -rf "$SPCK"
 sp_case 1 2 "--ckpt-dir $SPCK --save-every 5"
 sp_case 2 2
 sp_case 1 4
+# weight decay on the tp-sharded tiles and the replicated LayerNorms alike
+invariant --val "sequence parallel tp=2 --wd 0.1" "$INV_FLAGS --wd 0.1" 2 chapter-6 "--tp 2 --sp"
 # --recompute on tp=2: the same bits as none (the logged losses and norms of
 # the run above); what a layer keeps, the peak activations and, for full,
 # the block's collectives issued again, against the formulas
@@ -274,13 +281,14 @@ else
 fi
 mpi_run $T_RUN 4 "$BUILD/chapter-4" --dp 2 --tp 2 $INV_FLAGS --resume "$SPCK/step-00000005" --log "$TEST_TMPDIR/sp_ch4_resumed.jsonl"
 reference "$INV_FLAGS"
-read -r n dmax <<< "$(paste <(sp_steps "$REF" 5) <(sp_steps "$TEST_TMPDIR/sp_ch4_resumed.jsonl" 0) | awk -F'[:,\t]' '
-    { n++; if ($2 != $8) bad = 1; d = $4 - $10; if (d < 0) d = -d; if (d > m) m = d }
-    END { printf "%d %.2e", bad ? -1 : n, m }')"
-if [ $RC = 0 ] && [ "$n" = 5 ] && awk -v d="$dmax" -v tol="$TOL" 'BEGIN { exit !(d <= tol) }'; then
-    pass "chapter 4 dp=2 tp=2 resumed from chapter 6 --sp's step 5 continues chapter 0's losses (steps 5..9, max |dloss| $dmax)"
+read -r n dmax nmax <<< "$(paste <(sp_steps "$REF" 5) <(sp_steps "$TEST_TMPDIR/sp_ch4_resumed.jsonl" 0) | awk -F'[:,\t]' '
+    { n++; if ($2 != $8) bad = 1; d = $4 - $10; if (d < 0) d = -d; if (d > m) m = d
+      d = $6 - $12; if (d < 0) d = -d; if (d > mn) mn = d }
+    END { printf "%d %.2e %.2e", bad ? -1 : n, m, mn }')"
+if [ $RC = 0 ] && [ "$n" = 5 ] && awk -v d="$dmax" -v dn="$nmax" -v tol="$TOL" -v ntol="$TOL_NORM" 'BEGIN { exit !(d <= tol && dn <= ntol) }'; then
+    pass "chapter 4 dp=2 tp=2 resumed from chapter 6 --sp's step 5 continues chapter 0's losses and norms (steps 5..9, max |dloss| $dmax, |dnorm| $nmax)"
 else
-    fail "chapter 4 resuming chapter 6 --sp" "exit $RC, $n steps, max |dloss| $dmax; $CMD"
+    fail "chapter 4 resuming chapter 6 --sp" "exit $RC, $n steps, max |dloss| $dmax, |dnorm| $nmax; $CMD"
 fi
 # the same bus bytes as chapter 4 in a ring, measured on tp=2: chapter 4's
 # tp all-reduces and its all-gather (the cross-entropy's) against sequence

@@ -35,10 +35,13 @@ for us in 1 0; do
     rc=$?
     cmp=$(bash tests/compare_losses.sh "$ref" "$run" $TOL 2>&1)
     crc=$?
+    # the norms too: a gradient scaled by a constant leaves the losses alone
+    ncmp=$(bash tests/compare_losses.sh "$ref" "$run" $TOL_NORM norm 2>&1) || crc=1
+    cmp="$cmp; norms: ${ncmp#* steps, }"
     want=on; [ $us = 0 ] && want=off
     if [ $rc -eq 0 ] && [ $crc -eq 0 ] && echo "$out" | grep -q "^prefetch: .* hidden behind compute .*comm_progress $want)" &&
         grep '"type":"summary"' "$run" | grep -q "\"prefetch_hidden_share\":[01]\.[0-9]*,.*\"comm_progress\":$us"; then
-        pass "chapter 3 ZeRO-3 dp=2, COMM_PROGRESS=$us: comm_progress $want, chapter 0's losses ($cmp), share hidden reported"
+        pass "chapter 3 ZeRO-3 dp=2, COMM_PROGRESS=$us: comm_progress $want, chapter 0's losses and norms ($cmp), share hidden reported"
     else
         fail "chapter 3 with COMM_PROGRESS=$us" "exit $rc; $cmp; $(echo "$out" | grep -E '^prefetch|^error|rank' | head -3)"
     fi

@@ -25,6 +25,7 @@ trap 'rm -rf "$TEST_TMPDIR"' EXIT
 TOPICS="comm checkpoints hardening recompute_trace docs plots homework gpu"
 TOPICS="$TOPICS optime"  # the per-op timers (docs/performance.md)
 TOPICS="$TOPICS shared_flags"  # every shared flag through every training chapter, compared
+TOPICS="$TOPICS model_files"  # --model FILE.bin in every chapter on every axis
 scripts=()
 if [ $# -eq 0 ]; then
     scripts+=(tests/unit.sh)

@@ -153,6 +153,87 @@ static void save_as(const char* dir, void (*own)(CkptList*), int async) {
     ckpt_finish(&c, NULL);
 }
 
+// ---------------------------------------------------------------- the slice intersection, brute force
+// Random slices of one tensor of n elements, flat (count 1) or strided
+// (count runs of len <= stride), single-element runs and runs that touch
+// the tensor's ends included: n is small, so the ends are hit often.
+static unsigned long long rng_state = 0x9E3779B97F4A7C15ull;
+static size_t rnd(size_t n) {  // uniform in [0, n), n >= 1 (xorshift64*)
+    rng_state ^= rng_state >> 12;
+    rng_state ^= rng_state << 25;
+    rng_state ^= rng_state >> 27;
+    return (size_t)((rng_state * 2685821657736338717ull) >> 33) % n;
+}
+static CkptSlice random_slice(size_t n) {
+    CkptSlice s = {0};
+    if (rnd(3) == 0) {  // flat: [start, start + len)
+        s.start = rnd(n);
+        s.len = 1 + rnd(n - s.start);
+        s.count = 1;
+        s.stride = s.len;
+        return s;
+    }
+    s.stride = 1 + rnd(n);
+    s.len = rnd(4) == 0 ? 1 : 1 + rnd(s.stride);  // a quarter single-element runs
+    s.start = rnd(n - s.len + 1);
+    s.count = 1 + rnd((n - s.start - s.len) / s.stride + 1);  // the last run ends by n
+    if (s.count == 1) s.stride = s.len;  // as ckpt_add sets it
+    return s;
+}
+// What ckpt_intersect reported: for each float of the need slice's data,
+// how often it was covered and the file byte it came from
+typedef struct {
+    size_t total;  // floats in the need slice
+    int* hits;
+    size_t* from;
+    int bad_piece;  // a piece outside the need slice, or empty
+} Covered;
+static void cover(void* ctx, size_t dst, size_t file_offset, size_t n) {
+    Covered* c = ctx;
+    if (n == 0 || dst + n > c->total) {
+        c->bad_piece = 1;
+        return;
+    }
+    for (size_t i = 0; i < n; i++) c->hits[dst + i]++, c->from[dst + i] = file_offset + i * sizeof(float);
+}
+// trials of random (need, saved) pairs; returns the first mismatch's
+// description in why (empty when every element agreed)
+static void brute_force_intersections(int trials, char* why, size_t why_len, long* pairs, long* overlaps) {
+    why[0] = 0;
+    *pairs = *overlaps = 0;
+    for (int t = 0; t < trials && !why[0]; t++) {
+        size_t n = 1 + rnd(t % 2 ? 12 : 64);
+        CkptSlice s = random_slice(n), v = random_slice(n);
+        size_t offset = 4 * rnd(1000), total = s.len * s.count, expect = 0;
+        Covered c = {.total = total, .hits = xcalloc(total, sizeof(int)), .from = xcalloc(total, sizeof(size_t))};
+        size_t found = ckpt_intersect(&s, &v, offset, cover, &c);
+        // element by element: global index g of need float i, and where
+        // the saved slice holds it (run k, position r), if it does
+        for (size_t i = 0; i < total && !why[0]; i++) {
+            size_t g = s.start + (i / s.len) * s.stride + i % s.len;
+            int held = 0;
+            size_t at = 0;
+            if (g >= v.start) {
+                size_t k = (g - v.start) / v.stride, r = (g - v.start) % v.stride;
+                if (k < v.count && r < v.len) held = 1, at = offset + (k * v.len + r) * sizeof(float);
+            }
+            expect += (size_t)held;
+            if (c.hits[i] != held || (held && c.from[i] != at))
+                snprintf(why, why_len, "need {start %zu len %zu stride %zu count %zu}, saved {start %zu len %zu stride %zu count %zu}, n %zu: element %zu (global %zu) covered %d time(s) from byte %zu, want %d from byte %zu",
+                         s.start, s.len, s.stride, s.count, v.start, v.len, v.stride, v.count, n, i, g, c.hits[i],
+                         c.from[i], held, at);
+        }
+        if (!why[0] && (c.bad_piece || found != expect))
+            snprintf(why, why_len, "need {start %zu len %zu stride %zu count %zu}, saved {start %zu len %zu stride %zu count %zu}: %s, found %zu, want %zu",
+                     s.start, s.len, s.stride, s.count, v.start, v.len, v.stride, v.count,
+                     c.bad_piece ? "a piece outside the slice" : "pieces fine", found, expect);
+        *pairs += 1;
+        *overlaps += expect > 0;
+        free(c.hits);
+        free(c.from);
+    }
+}
+
 int main(int argc, char** argv) {
     runtime_init(&argc, &argv);
     MPI_CHECK(MPI_Comm_size(MPI_COMM_WORLD, &R));
@@ -227,6 +308,15 @@ int main(int argc, char** argv) {
         if (rank == 0)
             check(ok, "ckpt_add_flat: 20 floats across ln1b and qkvw of layer 1 are two slices of those tensors", "%d slices", l.n);
         ckpt_list_free(&l);
+    }
+    // the resharding's intersection against a brute-force one, element by
+    // element, on random flat and strided slices (every rank the same pairs)
+    if (rank == 0) {
+        char why[512];
+        long pairs, overlaps;
+        brute_force_intersections(200000, why, sizeof(why), &pairs, &overlaps);
+        check(!why[0], "ckpt_intersect = brute force on random flat and strided slices (single-element runs, tensor ends)",
+              "after %ld pairs (%ld overlapping): %s", pairs, overlaps, why);
     }
     runtime_finalize();
     return test_exit_code();
