@@ -280,6 +280,47 @@ if [ -n "$v0" ] && awk -v a="$v0" -v b="$v1" -v t=$TOL 'BEGIN { d = a - b; if (d
 else
     fail "experts: MoE file" "val loss $v0 after saving, '$v1' after loading; $(echo "$OUT" | grep error)"
 fi
+# A model whose vocabulary is padded (V < Vp, as GPT-2's 50257 < 50304; the
+# presets have V = Vp = 256), loaded on ep=2: chapter 0's and chapter 7's
+# files of the same init, their headers set to V = 250 (the corpus's bytes
+# are all below 250; rows 250..255 of wte stay, so padding that entered the
+# loss would show), and the MoE file's expert 1 of each layer made a copy of
+# expert 0: with k = E = 2 each token's output is (g_0 + g_1) x the dense
+# MLP's, so the first loss is chapter 0's. Then ep=2 against ep=1 on it.
+c7_v="--batch 24 --seq 32 --peak-gflops 10"
+mpi_run $T_RUN 1 "$BUILD/chapter-0" $c7_v --steps 0 --save "$TEST_TMPDIR/c7_vd.bin"
+mpi_run $T_RUN 1 "$BUILD/chapter-7" $c7_v --steps 0 --experts 2 --top-k 2 --save "$TEST_TMPDIR/c7_vm.bin"
+python3 - "$TEST_TMPDIR/c7_vd.bin" "$TEST_TMPDIR/c7_vm.bin" <<'EOF_PY'
+import struct, sys
+for path in sys.argv[1:]:
+    with open(path, "r+b") as f:
+        h = list(struct.unpack("256i", f.read(1024)))
+        h[3] = 250  # V; h[7] = Vp stays 256
+        f.seek(0)
+        f.write(struct.pack("256i", *h))
+        if h[1] != 7001:
+            continue
+        # the MoE file (common/moe.h): the shared buffer, then per MoE layer
+        # its E experts of 2HC + H + C floats; every layer is MoE here
+        T, L, C, Vp, E, H = h[2], h[4], h[6], h[7], h[8], h[10]
+        shared = Vp * C + T * C + L * (4 * C * C + 8 * C + E * C) + 2 * C
+        ne = 2 * H * C + H + C
+        for m in range(L):
+            f.seek(1024 + 4 * (shared + m * E * ne))
+            f.write(f.read(4 * ne))  # expert 0 read, written over expert 1
+EOF_PY
+mpi_run $T_RUN 1 "$BUILD/chapter-0" $c7_v --steps 1 --model "$TEST_TMPDIR/c7_vd.bin" --log "$TEST_TMPDIR/c7_vd.jsonl"
+mpi_run $T_RUN 1 "$BUILD/chapter-7" $c7_v --steps 3 --model "$TEST_TMPDIR/c7_vm.bin" --log "$TEST_TMPDIR/c7_vm1.jsonl"
+mpi_run $T_RUN 2 "$BUILD/chapter-7" $c7_v --steps 3 --ep 2 --model "$TEST_TMPDIR/c7_vm.bin" --log "$TEST_TMPDIR/c7_vm2.jsonl"
+c7_first() { grep '"type":"step"' "$1" 2>/dev/null | head -1 | sed -n 's/.*"loss":\([-0-9.e]*\),.*/\1/p'; }
+v0=$(c7_first "$TEST_TMPDIR/c7_vd.jsonl") v2=$(c7_first "$TEST_TMPDIR/c7_vm2.jsonl") a=""
+if [ $RC = 0 ] && [ -n "$v0" ] &&
+    awk -v a="$v0" -v b="$v2" -v t=$TOL 'BEGIN { d = a - b; exit !(b != "" && (d < 0 ? -d : d) <= t) }' &&
+    a=$(bash tests/compare_routing.sh "$TEST_TMPDIR/c7_vm1.jsonl" "$TEST_TMPDIR/c7_vm2.jsonl" $TOL $TOL_NORM 2>&1); then
+    pass "experts: a V=250 < Vp=256 model on ep=2: chapter 0's first loss ($v0, then $v2), and ep=1's steps ($a)"
+else
+    fail "experts: a V < Vp model on ep=2" "first loss $v0 (chapter 0), '$v2' (ep=2); ep=2 against ep=1: $a; exit $RC; $(echo "$OUT" | grep error | head -2)"
+fi
 ref_checkpoint
 jobs_run error_case chapter-7 1 "--model $CKPT" "a dense llm.c file has no router and no experts"
 jobs_run error_case chapter-0 1 "--model $TEST_TMPDIR/c7.bin" "is a mixture-of-experts model (version 7001): only chapter 7"
