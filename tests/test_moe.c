@@ -205,7 +205,7 @@ static double directional_fd(Fixture* f, const Piece* p, const double* d, int au
 // fp32 rounding) by finite differences against g.d. Returns the worst
 // relative error; names its piece in worst_name.
 static double check_pieces(Fixture* f, const Piece* pieces, int n_pieces, const double* g_s, const double* g_e,
-                           int aux_only, double floor_abs, char* worst_name, int* flips) {
+                           int aux_only, double floor_abs, char* worst_name, size_t len, int* flips) {
     double worst = 0.0;
     for (int pi = 0; pi < n_pieces; pi++) {
         const Piece* p = &pieces[pi];
@@ -240,7 +240,7 @@ static double check_pieces(Fixture* f, const Piece* pieces, int n_pieces, const 
             printf("  %-28s gd %+.6e fd %+.6e rel %.2e%s\n", p->name, gd, fd, err, same ? "" : " (routing changed)");
         if (err > worst || !same) {
             worst = err;
-            snprintf(worst_name, 64, "%s%s", p->name, same ? "" : " (every direction tried changed the routing)");
+            snprintf(worst_name, len, "%s%s", p->name, same ? "" : " (every direction tried changed the routing)");
         }
     }
     return worst;
@@ -340,10 +340,10 @@ static void test_case(const MoeCase* mc) {
     // the whole objective, every tensor
     Piece* pieces = xmalloc(sizeof(Piece) * (size_t)(64 + 4 * 4 * cfg.experts * cfg.gpt.num_layers));
     int n_pieces = pieces_of(&cfg, pieces), flips = 0;
-    char worst_name[64] = "";
+    char worst_name[128] = "";
     // fp32 J (about 4) is good to ~1e-6: the combined differences carry a
     // few 1e-5 of noise, hence the absolute floor of 1e-2 (test_model.c's)
-    double worst = check_pieces(&f, pieces, n_pieces, g_s, g_e, 0, 1e-2, worst_name, &flips);
+    double worst = check_pieces(&f, pieces, n_pieces, g_s, g_e, 0, 1e-2, worst_name, sizeof(worst_name), &flips);
     if (getenv("FD_VERBOSE")) printf("  worst %.3e in %s\n", worst, worst_name);
     snprintf(name, sizeof(name),
              "moe %s: d(loss + %g aux) along every tensor (router, experts, attention) matches finite differences",
@@ -372,7 +372,7 @@ static void test_case(const MoeCase* mc) {
     }
     for (size_t i = 0; i < m->n_shared; i++) g0_s[i] = g_s[i] - g0_s[i];
     for (size_t i = 0; i < m->n_experts; i++) g0_e[i] = g_e[i] - g0_e[i];
-    worst = check_pieces(&f, pieces, n_pieces, g0_s, g0_e, 1, 1e-5, worst_name, &flips);
+    worst = check_pieces(&f, pieces, n_pieces, g0_s, g0_e, 1, 1e-5, worst_name, sizeof(worst_name), &flips);
     if (getenv("FD_VERBOSE")) printf("  worst %.3e in %s\n", worst, worst_name);
     snprintf(name, sizeof(name), "moe %s: d(%g aux) alone matches finite differences (every tensor)", mc->name,
              mc->aux_coef);
