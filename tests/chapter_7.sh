@@ -255,15 +255,18 @@ fi
 # different models from there. 72 steps of capacity 1 at the default batch
 # on dp=1 and dp=2: the losses agree up to the first step whose
 # expert_tokens differ, and that difference is a near-tie (a slot or two).
-# Measured here, the routing first differs at step 64; the norms before it
-# differ by 3.2e-3 at most, at step 44, where the norm spikes to 5.16 with
-# the same routing (every slot's expert and drop compared), hence the
-# norm tolerance of 5e-3 over this long run.
+# Measured here, the routing first differs at step 64. The norms before it
+# differ by 3.2e-3 at most, at step 44, with the same routing (every slot's
+# expert and drop compared): the norm spikes there to 5.16, and every
+# gradient below the final LayerNorm differs by the same 1.2e-3 relative
+# (the final LayerNorm's own by 4e-5), so the difference enters through its
+# backward's 1/std. Between OpenBLAS's Haswell and native kernels that step
+# differs by 6.2e-3: the norm tolerance of this long run is 1e-2.
 c7_long="--steps 72 --peak-gflops 10 --experts 4 --top-k 2 --capacity-factor 1"
 mpi_run $T_RUN 1 "$BUILD/chapter-7" $c7_long --log "$TEST_TMPDIR/c7_long1.jsonl"
 mpi_run $T_RUN 2 "$BUILD/chapter-7" $c7_long --dp 2 --log "$TEST_TMPDIR/c7_long2.jsonl"
 a=""
-if [ $RC = 0 ] && a=$(bash tests/compare_routing.sh "$TEST_TMPDIR/c7_long1.jsonl" "$TEST_TMPDIR/c7_long2.jsonl" $TOL 5e-3 2>&1); then
+if [ $RC = 0 ] && a=$(bash tests/compare_routing.sh "$TEST_TMPDIR/c7_long1.jsonl" "$TEST_TMPDIR/c7_long2.jsonl" $TOL 1e-2 2>&1); then
     pass "experts: 72 steps of capacity 1 on dp=2 follow dp=1 up to the first routing difference ($a)"
 else
     fail "experts: 72 steps of capacity 1 on dp=2 against dp=1" "exit $RC; $a"
