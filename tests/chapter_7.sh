@@ -1,10 +1,12 @@
 #!/bin/bash
 # Chapter 7: mixture of experts with expert parallelism. The link to the
 # reference (E = 1, k = 1 is chapter 0's model, bit for bit), every mesh
-# reproducing the ep = 1 MoE run, the all-to-all bytes against the formula,
-# capacity mode's dropped count against a hand count, the MoE file, bad
+# reproducing the ep = 1 MoE run up to the first routing difference, the
+# all-to-all bytes against the formula, capacity mode's dropped count against
+# a hand count, the load-balancing loss's coefficient, the MoE file, bad
 # input, --help. (The router, gating, auxiliary loss, dispatch and combine
-# ops are checked against finite differences in tests/test_ops.c.)
+# ops are checked against finite differences in tests/test_ops.c, the whole
+# MoE model on one rank in tests/test_moe.c.)
 . "$(dirname "$0")/lib.sh"
 
 echo "== chapter 7: experts"
@@ -25,6 +27,41 @@ else
     fail "experts: E=1 step fields" "$(grep '"type":"step"' "$INV_LOG" | head -1)"
 fi
 
+# --wd: AdamW decays every parameter, the experts and the router too. E = 1,
+# k = 1 is chapter 0's model, so with --wd 0.1 it trains chapter 0's decayed
+# model: a decay missing on the experts moves the losses from step 1.
+invariant --norm "experts: E=1, k=1 with --wd 0.1 is chapter 0's with --wd 0.1" "$INV_FLAGS --wd 0.1" 1 chapter-7 "--experts 1 --top-k 1"
+
+# The load-balancing loss's coefficient, at step 0 on one rank. It weighs
+# the loss's gradient and nothing else: the LM loss and aux_loss of step 0
+# (the forward's) are the same bits at 0 and 0.1, the gradient norm moves.
+# And k = E sends every token to every expert: f_e = 1/E, so aux =
+# E sum_e f_e P_e = sum_e P_e = 1 per MoE layer whatever the router says
+# (2 for tiny's 2 layers), and its gradient coef E f_e / N per prob is the
+# same for every expert, which the softmax's backward turns into 0: the
+# norm at 0.1 is the norm at 0. (The mean router probability P_e in place
+# of f_e moves it by 1.9e-3.)
+c7_coef() {  # K COEF -> the step-0 record without its timings
+    mpi_run $T_RUN 1 "$BUILD/chapter-7" --steps 1 --batch 24 --seq 32 --peak-gflops 10 --experts 4 --top-k "$1" \
+        --aux-coef "$2" --log "$TEST_TMPDIR/c7_coef_$1_$2.jsonl"
+    grep '"type":"step"' "$TEST_TMPDIR/c7_coef_$1_$2.jsonl" | sed 's/"ms":[^,]*,"tokens_per_s":[^,]*,//'
+}
+c7_field() { echo "$1" | sed -n "s/.*\"$2\":\([^,]*\),.*/\1/p"; }
+r0=$(c7_coef 2 0) r1=$(c7_coef 2 0.1)
+if [ -n "$r0" ] && [ "$(c7_field "$r0" loss) $(c7_field "$r0" aux_loss)" = "$(c7_field "$r1" loss) $(c7_field "$r1" aux_loss)" ] &&
+    [ "$(c7_field "$r0" norm)" != "$(c7_field "$r1" norm)" ]; then
+    pass "experts: --aux-coef 0 and 0.1 at step 0 (k=2): the same loss and aux_loss ($(c7_field "$r0" loss), $(c7_field "$r0" aux_loss)), the norm moves ($(c7_field "$r0" norm) to $(c7_field "$r1" norm))"
+else
+    fail "experts: --aux-coef 0 against 0.1 at step 0" "coef 0: $r0; coef 0.1: $r1"
+fi
+r0=$(c7_coef 4 0) r1=$(c7_coef 4 0.1)
+if [ -n "$r0" ] && [ "$(c7_field "$r1" aux_loss)" = 2.0000000 ] && [ "$(c7_field "$r0" loss)" = "$(c7_field "$r1" loss)" ] &&
+    awk -v a="$(c7_field "$r0" norm)" -v b="$(c7_field "$r1" norm)" -v t=$TOL_NORM 'BEGIN { d = a - b; exit !(b != "" && (d < 0 ? -d : d) <= t) }'; then
+    pass "experts: k=E: aux_loss is 2 (1 per MoE layer) and --aux-coef 0.1 leaves the step-0 norm at $(c7_field "$r0" norm) (f_e = 1/E: no gradient)"
+else
+    fail "experts: k=E, --aux-coef 0 against 0.1" "want aux_loss 2.0000000 and the same norm within $TOL_NORM; coef 0: $r0; coef 0.1: $r1"
+fi
+
 # The MoE model (E = 4, k = 2) on one rank is the reference of the meshes.
 c7_flags="$INV_FLAGS --experts 4 --top-k 2"
 c7_ref=$TEST_TMPDIR/c7_ref.jsonl
@@ -34,16 +71,18 @@ if [ $RC = 0 ] && [ "$(grep -c '"type":"step"' "$c7_ref")" = $INV_STEPS ]; then
 else
     fail "experts: the ep=1 run" "exit $RC; command: $CMD; $(echo "$OUT" | tail -3)"
 fi
-# c7_same NAME NP FLAGS: the run reproduces the ep = 1 losses and norms
+# c7_same NAME NP FLAGS: the run reproduces the ep = 1 losses and norms up
+# to the first step whose routing differs (tests/compare_routing.sh: a
+# near-tie decided by the last bits of another summation order is not a
+# defect, docs/07_expert.md)
 c7_same() {
-    local log=$TEST_TMPDIR/c7_$2_$(echo "$1" | tr -cd 'a-z0-9').jsonl a b
+    local log=$TEST_TMPDIR/c7_$2_$(echo "$1" | tr -cd 'a-z0-9').jsonl a=""
     mpi_run $T_RUN "$2" "$BUILD/chapter-7" $c7_flags $3 --log "$log"
     C7_LOG=$log
-    if [ $RC = 0 ] && a=$(bash tests/compare_losses.sh "$c7_ref" "$log" $TOL 2>&1) &&
-        b=$(bash tests/compare_losses.sh "$c7_ref" "$log" $TOL_NORM norm 2>&1); then
-        pass "experts: $1 reproduces ep=1 ($a; ${b#* steps, })"
+    if [ $RC = 0 ] && a=$(bash tests/compare_routing.sh "$c7_ref" "$log" $TOL $TOL_NORM 2>&1); then
+        pass "experts: $1 reproduces ep=1 ($a)"
     else
-        fail "experts: $1" "exit $RC; $a; $b; command: $CMD; $(echo "$OUT" | grep -E 'error' | head -3)"
+        fail "experts: $1" "exit $RC; $a; command: $CMD; $(echo "$OUT" | grep -E 'error' | head -3)"
     fi
 }
 c7_same "ep=2" 2 "--ep 2"
@@ -95,8 +134,9 @@ fi
 # the slices are global; the losses within the invariant's tolerance
 mpi_run $T_RUN 4 "$BUILD/chapter-7" $c7_flags --ep 4 --resume "$c7_ck/step-00000004" --log "$TEST_TMPDIR/c7_res4.jsonl"
 c7_tail "$c7_full" 4 >"$TEST_TMPDIR/c7_tail4.jsonl"
+a="" b=""
 if [ $RC = 0 ] && echo "$OUT" | grep -q "checkpoint: resumed from" &&
-    a=$(bash tests/compare_losses.sh "$TEST_TMPDIR/c7_tail4.jsonl" "$TEST_TMPDIR/c7_res4.jsonl" $TOL 2>&1) &&
+    a=$(bash tests/compare_routing.sh "$TEST_TMPDIR/c7_tail4.jsonl" "$TEST_TMPDIR/c7_res4.jsonl" $TOL $TOL_NORM 2>&1) &&
     b=$(bash tests/compare_losses.sh "$TEST_TMPDIR/c7_tail4.jsonl" "$TEST_TMPDIR/c7_res4.jsonl" $TOL aux_loss 2>&1); then
     pass "experts: the 2 x 2 checkpoint of step 4 resumes on ep=4 and continues the 2 x 2 run ($a; ${b#* steps, })"
 else
@@ -141,7 +181,7 @@ for mode in selective full; do
     x=4; [ $mode = full ] && x=6  # exchanges per MoE layer per step
     a2a=$((2 * x * 192 * 2 * 64 * 4))
     if [ $RC = 0 ] && [ "$(c7_tail "$log" 0)" = "$a" ] && [ "$want" = "$(c7_rc_bytes $mode)" ] &&
-        [ "$(c7_a2a "$log")" = $a2a ] && b=$(bash tests/compare_losses.sh "$c7_ref" "$log" $TOL 2>&1); then
+        [ "$(c7_a2a "$log")" = $a2a ] && b=$(bash tests/compare_routing.sh "$c7_ref" "$log" $TOL $TOL_NORM 2>&1); then
         pass "experts: --recompute $mode on 2 x 2 gives none's records bit for bit ($b against ep=1), $want bytes (the formula), $a2a all-to-all bytes per step"
     else
         fail "experts: --recompute $mode" "exit $RC; bytes $want, formula $(c7_rc_bytes $mode); all-to-all $(c7_a2a "$log"), want $a2a; $(diff <(echo "$a") <(c7_tail "$log" 0) | head -3)"
@@ -159,7 +199,8 @@ jobs_wait  # independent: 2 at a time
 c7_odd="--steps 4 --batch 24 --seq 32 --peak-gflops 10 --experts 4 --top-k 3 --moe-every 2 --expert-hidden 96"
 mpi_run $T_RUN 1 "$BUILD/chapter-7" $c7_odd --log "$TEST_TMPDIR/c7_odd1.jsonl"
 mpi_run $T_RUN 2 "$BUILD/chapter-7" $c7_odd --ep 2 --log "$TEST_TMPDIR/c7_odd2.jsonl"
-if [ $RC = 0 ] && a=$(bash tests/compare_losses.sh "$TEST_TMPDIR/c7_odd1.jsonl" "$TEST_TMPDIR/c7_odd2.jsonl" $TOL 2>&1); then
+a=""
+if [ $RC = 0 ] && a=$(bash tests/compare_routing.sh "$TEST_TMPDIR/c7_odd1.jsonl" "$TEST_TMPDIR/c7_odd2.jsonl" $TOL $TOL_NORM 2>&1); then
     pass "experts: --moe-every 2, H=96, k=3 on ep=2 reproduces ep=1 ($a)"
 else
     fail "experts: --moe-every 2, H=96, k=3" "exit $RC; $a; command: $CMD"
@@ -176,16 +217,59 @@ fi
 
 # Capacity mode, by hand: E = 2, k = 2 sends every token to both experts,
 # 768 slots each per layer; f = 0.25 keeps floor(0.25 x 2 x 768 / 2) = 192,
-# drops 576 per expert: 2 x 576 x 2 layers = 2304 per step, on any mesh.
+# drops 576 per expert: 2 x 576 x 2 layers = 2304 per step, on any mesh. The
+# slots kept are the first 192 of the global batch, wherever they live: on
+# dp x ep = 2 x 2 each rank holds 192 tokens, so rank 0's are kept and the
+# others' dropped (a rank that kept its own first 192 would drop none).
 c7_cap="--steps 3 --batch 24 --seq 32 --peak-gflops 10 --experts 2 --top-k 2 --capacity-factor 0.25"
 mpi_run $T_RUN 1 "$BUILD/chapter-7" $c7_cap --log "$TEST_TMPDIR/c7_cap1.jsonl"
 n1=$(grep -c '"dropped":2304,' "$TEST_TMPDIR/c7_cap1.jsonl")
-mpi_run $T_RUN 2 "$BUILD/chapter-7" $c7_cap --ep 2 --log "$TEST_TMPDIR/c7_cap2.jsonl"
-n2=$(grep -c '"dropped":2304,' "$TEST_TMPDIR/c7_cap2.jsonl")
-if [ "$n1" = 3 ] && [ "$n2" = 3 ] && a=$(bash tests/compare_losses.sh "$TEST_TMPDIR/c7_cap1.jsonl" "$TEST_TMPDIR/c7_cap2.jsonl" $TOL 2>&1); then
-    pass "experts: capacity 0.25 drops 2304 token-slots per step (hand count), ep=2 drops the same and matches ($a)"
+for mesh in "2 --ep 2" "4 --dp 2 --ep 2"; do
+    np=${mesh%% *} log=$TEST_TMPDIR/c7_cap$np.jsonl a=""
+    mpi_run $T_RUN $np "$BUILD/chapter-7" $c7_cap ${mesh#* } --log "$log"
+    n2=$(grep -c '"dropped":2304,' "$log")
+    if [ "$n1" = 3 ] && [ "$n2" = 3 ] && a=$(bash tests/compare_routing.sh "$TEST_TMPDIR/c7_cap1.jsonl" "$log" $TOL $TOL_NORM 2>&1); then
+        pass "experts: capacity 0.25 drops 2304 token-slots per step (hand count), ${mesh#* } drops the same and matches ($a)"
+    else
+        fail "experts: capacity mode on ${mesh#* }" "steps with 2304 dropped: $n1 (ep=1), $n2 (${mesh#* }); $a; exit $RC"
+    fi
+done
+# and with the router choosing: E = 4, k = 2, capacity 1 (some slots
+# dropped at every step) on dp x ep = 2 x 2 against one rank
+c7_cap="$INV_FLAGS --experts 4 --top-k 2 --capacity-factor 1"
+mpi_run $T_RUN 1 "$BUILD/chapter-7" $c7_cap --log "$TEST_TMPDIR/c7_capr1.jsonl"
+mpi_run $T_RUN 4 "$BUILD/chapter-7" $c7_cap --dp 2 --ep 2 --log "$TEST_TMPDIR/c7_capr4.jsonl"
+n1=$(grep '"type":"step"' "$TEST_TMPDIR/c7_capr1.jsonl" | grep -vc '"dropped":0,')
+a=""
+if [ $RC = 0 ] && [ "$n1" = $INV_STEPS ] &&
+    a=$(bash tests/compare_routing.sh "$TEST_TMPDIR/c7_capr1.jsonl" "$TEST_TMPDIR/c7_capr4.jsonl" $TOL $TOL_NORM 2>&1); then
+    pass "experts: capacity 1 with E=4, k=2 on dp x ep = 2 x 2 reproduces one rank, the same slots dropped ($a)"
 else
-    fail "experts: capacity mode" "steps with 2304 dropped: $n1 (ep=1), $n2 (ep=2); $a"
+    fail "experts: capacity 1 on dp x ep = 2 x 2" "exit $RC; steps with drops on one rank: $n1 of $INV_STEPS; $a"
+fi
+
+# MoE routing is discontinuous (docs/07_expert.md): another mesh adds the
+# same numbers in another order, and once a token's k-th and (k+1)-th
+# router probabilities, or the last slot an expert keeps, are closer than
+# the last bits, the two runs route it to different experts and train
+# different models from there. 72 steps of capacity 1 at the default batch
+# on dp=1 and dp=2: the losses agree up to the first step whose
+# expert_tokens differ, and that difference is a near-tie (a slot or two).
+# Measured here, the routing first differs at step 64. The norms before it
+# differ by 3.2e-3 at most, at step 44, with the same routing (every slot's
+# expert and drop compared): the norm spikes there to 5.16, and every
+# gradient below the final LayerNorm differs by the same 1.2e-3 relative
+# (the final LayerNorm's own by 4e-5), so the difference enters through its
+# backward's 1/std. Between OpenBLAS's Haswell and native kernels that step
+# differs by 6.2e-3: the norm tolerance of this long run is 1e-2.
+c7_long="--steps 72 --peak-gflops 10 --experts 4 --top-k 2 --capacity-factor 1"
+mpi_run $T_RUN 1 "$BUILD/chapter-7" $c7_long --log "$TEST_TMPDIR/c7_long1.jsonl"
+mpi_run $T_RUN 2 "$BUILD/chapter-7" $c7_long --dp 2 --log "$TEST_TMPDIR/c7_long2.jsonl"
+a=""
+if [ $RC = 0 ] && a=$(bash tests/compare_routing.sh "$TEST_TMPDIR/c7_long1.jsonl" "$TEST_TMPDIR/c7_long2.jsonl" $TOL 1e-2 2>&1); then
+    pass "experts: 72 steps of capacity 1 on dp=2 follow dp=1 up to the first routing difference ($a)"
+else
+    fail "experts: 72 steps of capacity 1 on dp=2 against dp=1" "exit $RC; $a"
 fi
 
 # The MoE file: saved on ep=2, read on ep=4 and one rank, the same model
@@ -198,6 +282,47 @@ if [ -n "$v0" ] && awk -v a="$v0" -v b="$v1" -v t=$TOL 'BEGIN { d = a - b; if (d
     pass "experts: the MoE file saved on ep=2 reads back on ep=4 (val loss $v0 then $v1)"
 else
     fail "experts: MoE file" "val loss $v0 after saving, '$v1' after loading; $(echo "$OUT" | grep error)"
+fi
+# A model whose vocabulary is padded (V < Vp, as GPT-2's 50257 < 50304; the
+# presets have V = Vp = 256), loaded on ep=2: chapter 0's and chapter 7's
+# files of the same init, their headers set to V = 250 (the corpus's bytes
+# are all below 250; rows 250..255 of wte stay, so padding that entered the
+# loss would show), and the MoE file's expert 1 of each layer made a copy of
+# expert 0: with k = E = 2 each token's output is (g_0 + g_1) x the dense
+# MLP's, so the first loss is chapter 0's. Then ep=2 against ep=1 on it.
+c7_v="--batch 24 --seq 32 --peak-gflops 10"
+mpi_run $T_RUN 1 "$BUILD/chapter-0" $c7_v --steps 0 --save "$TEST_TMPDIR/c7_vd.bin"
+mpi_run $T_RUN 1 "$BUILD/chapter-7" $c7_v --steps 0 --experts 2 --top-k 2 --save "$TEST_TMPDIR/c7_vm.bin"
+python3 - "$TEST_TMPDIR/c7_vd.bin" "$TEST_TMPDIR/c7_vm.bin" <<'EOF_PY'
+import struct, sys
+for path in sys.argv[1:]:
+    with open(path, "r+b") as f:
+        h = list(struct.unpack("256i", f.read(1024)))
+        h[3] = 250  # V; h[7] = Vp stays 256
+        f.seek(0)
+        f.write(struct.pack("256i", *h))
+        if h[1] != 7001:
+            continue
+        # the MoE file (common/moe.h): the shared buffer, then per MoE layer
+        # its E experts of 2HC + H + C floats; every layer is MoE here
+        T, L, C, Vp, E, H = h[2], h[4], h[6], h[7], h[8], h[10]
+        shared = Vp * C + T * C + L * (4 * C * C + 8 * C + E * C) + 2 * C
+        ne = 2 * H * C + H + C
+        for m in range(L):
+            f.seek(1024 + 4 * (shared + m * E * ne))
+            f.write(f.read(4 * ne))  # expert 0 read, written over expert 1
+EOF_PY
+mpi_run $T_RUN 1 "$BUILD/chapter-0" $c7_v --steps 1 --model "$TEST_TMPDIR/c7_vd.bin" --log "$TEST_TMPDIR/c7_vd.jsonl"
+mpi_run $T_RUN 1 "$BUILD/chapter-7" $c7_v --steps 3 --model "$TEST_TMPDIR/c7_vm.bin" --log "$TEST_TMPDIR/c7_vm1.jsonl"
+mpi_run $T_RUN 2 "$BUILD/chapter-7" $c7_v --steps 3 --ep 2 --model "$TEST_TMPDIR/c7_vm.bin" --log "$TEST_TMPDIR/c7_vm2.jsonl"
+c7_first() { grep '"type":"step"' "$1" 2>/dev/null | head -1 | sed -n 's/.*"loss":\([-0-9.e]*\),.*/\1/p'; }
+v0=$(c7_first "$TEST_TMPDIR/c7_vd.jsonl") v2=$(c7_first "$TEST_TMPDIR/c7_vm2.jsonl") a=""
+if [ $RC = 0 ] && [ -n "$v0" ] &&
+    awk -v a="$v0" -v b="$v2" -v t=$TOL 'BEGIN { d = a - b; exit !(b != "" && (d < 0 ? -d : d) <= t) }' &&
+    a=$(bash tests/compare_routing.sh "$TEST_TMPDIR/c7_vm1.jsonl" "$TEST_TMPDIR/c7_vm2.jsonl" $TOL $TOL_NORM 2>&1); then
+    pass "experts: a V=250 < Vp=256 model on ep=2: chapter 0's first loss ($v0, then $v2), and ep=1's steps ($a)"
+else
+    fail "experts: a V < Vp model on ep=2" "first loss $v0 (chapter 0), '$v2' (ep=2); ep=2 against ep=1: $a; exit $RC; $(echo "$OUT" | grep error | head -2)"
 fi
 ref_checkpoint
 jobs_run error_case chapter-7 1 "--model $CKPT" "a dense llm.c file has no router and no experts"

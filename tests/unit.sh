@@ -1,11 +1,13 @@
 #!/bin/bash
 # The C test programs: every op against a double-precision reference and its
 # backward against finite differences (test_ops), the whole model (test_model),
+# chapter 7's mixture-of-experts model against finite differences through the
+# router, the gates, the capacity drop and the load-balancing loss (test_moe),
 # data order and slicing (test_data), a chapter's JSON fields (test_report).
 . "$(dirname "$0")/lib.sh"
 
 echo "== unit tests"
-for t in test_ops test_model test_data test_report; do
+for t in test_ops test_model test_moe test_data test_report; do
     run_program "$BUILD/tests/$t"
 done
 

@@ -1,0 +1,413 @@
+// test_moe.c: chapter 7's mixture-of-experts model on one rank, its gradient
+// against central finite differences of its own objective
+//   J = mean LM loss + aux_coef * aux,   aux = sum over MoE layers of E sum_e f_e P_e
+// through the router, the top-k gates (k = 1 and k = 2), the capacity drop
+// and the load-balancing loss with its coefficient; and aux itself against
+// a count made here.
+//
+// It compiles the chapter's own file (07_expert/main.c, its main renamed),
+// so what is checked is the code the chapter runs (balance_loss,
+// plan_capacity, the layer's backward), not a copy: a gradient that is wrong
+// the same way on every mesh (the load-balancing gradient taking the mean
+// router probability P_e where the token fraction f_e belongs, say) passes
+// every comparison of one mesh with another, and fails here.
+//
+// Routing is piecewise constant: top-k and the capacity drop choose experts,
+// and a finite difference that crosses a choice measures a jump, not a
+// gradient. Every difference below is taken where the routing (each token's
+// experts, each slot kept or dropped) is the same at all four points; a
+// direction that changes it is replaced by another.
+#define main chapter_7_main
+#include "../07_expert/main.c"
+#undef main
+
+#include "test.h"
+
+static uint64_t rng_state = 7;
+static double uniform(void) {  // xorshift64*, in [0, 1)
+    rng_state ^= rng_state >> 12;
+    rng_state ^= rng_state << 25;
+    rng_state ^= rng_state >> 27;
+    return (double)((rng_state * 2685821657736338717ull) >> 11) / 9007199254740992.0;
+}
+
+// Small enough for finite differences, with vocabulary padding (V = 29
+// real tokens, Vp = 32 rows), as test_model.c's.
+static const GPTConfig small_cfg = {.max_seq_len = 8, .vocab_size = 29, .padded_vocab_size = 32,
+                                    .num_layers = 2, .num_heads = 2, .channels = 8};
+enum { B = 2, T = 8, N = B * T, H = 12 };
+
+typedef struct {
+    const char* name;
+    int E, k, moe_every;
+    float capacity, aux_coef;
+} MoeCase;
+
+// One tensor of one of the two parameter buffers.
+typedef struct {
+    char name[48];
+    int experts;  // 0: the replicated buffer, 1: the experts buffer
+    size_t off, n;
+} Piece;
+
+typedef struct {
+    ExpertModel m;
+    int inputs[N], targets[N];
+    float *p_s, *p_e;  // host copies of the parameters at the point checked
+    uint64_t* route0;  // the routing there (routing())
+} Fixture;
+
+static Run run;
+
+static int n_moe(const Fixture* f) { return moe_num_moe_layers(&f->m.cfg); }
+
+// The routing of the last forward, per MoE layer and token: the set of its
+// experts (bits 0..E-1) and of those that kept its slot (bits 32..): the
+// order of a token's k choices does not change the objective, the sets do.
+static void routing(const Fixture* f, uint64_t* out) {
+    int k = f->m.cfg.top_k;
+    for (int i = 0; i < n_moe(f); i++)
+        for (int t = 0; t < N; t++) {
+            uint64_t s = 0;
+            for (int j = 0; j < k; j++) {
+                int e = f->m.moe[i].idx_host[t * k + j];
+                s |= 1ull << e;
+                if (f->m.moe[i].pos_host[t * k + j] >= 0) s |= 1ull << (32 + e);
+            }
+            out[i * N + t] = s;
+        }
+}
+
+// J at the parameters now on the device; *same &= the routing is the base's.
+static double objective(Fixture* f, int* same) {
+    ExpertModel* m = &f->m;
+    double J = model_forward(m, f->inputs, f->targets) + (double)m->aux_coef * m->aux;
+    uint64_t* r = xmalloc((size_t)n_moe(f) * N * sizeof(uint64_t));
+    routing(f, r);
+    *same &= !memcmp(r, f->route0, (size_t)n_moe(f) * N * sizeof(uint64_t));
+    free(r);
+    return J;
+}
+
+// The smallest gap, over MoE layers and tokens, between the k-th and the
+// (k+1)-th largest router logit of the last forward: how far the routing
+// is from a tie of top-k (E > k).
+static double routing_margin(const Fixture* f) {
+    int E = f->m.cfg.experts, k = f->m.cfg.top_k;
+    double margin = INFINITY;
+    float* logits = xmalloc((size_t)N * E * sizeof(float));
+    for (int i = 0; i < n_moe(f); i++) {
+        mem_to_host(logits, f->m.moe[i].logits, (size_t)N * E * sizeof(float));
+        for (int t = 0; t < N; t++) {
+            // the k-th largest is the smallest chosen one; the (k+1)-th the
+            // largest of the others
+            double kth = INFINITY, next = -INFINITY;
+            uint64_t chosen = 0;
+            for (int j = 0; j < k; j++) chosen |= 1ull << f->m.moe[i].idx_host[t * k + j];
+            for (int e = 0; e < E; e++) {
+                double x = logits[(size_t)t * E + e];
+                if (chosen >> e & 1) kth = fmin(kth, x);
+                else next = fmax(next, x);
+            }
+            margin = fmin(margin, kth - next);
+        }
+    }
+    free(logits);
+    return margin;
+}
+
+// The chapter's step without the optimizer: forward, backward, the gradient
+// reduction (the identity on one rank, run as the chapter runs it).
+static void gradient(Fixture* f, double* g_s, double* g_e) {
+    ExpertModel* m = &f->m;
+    model_forward(m, f->inputs, f->targets);
+    mem_zero(m->dshared, m->n_shared * sizeof(float));
+    mem_zero(m->dexperts, m->n_experts * sizeof(float));
+    model_backward(m);
+    reduce_gradients(m);
+    float* tmp = xmalloc((m->n_shared > m->n_experts ? m->n_shared : m->n_experts) * sizeof(float));
+    mem_to_host(tmp, m->dshared, m->n_shared * sizeof(float));
+    for (size_t i = 0; i < m->n_shared; i++) g_s[i] = tmp[i];
+    mem_to_host(tmp, m->dexperts, m->n_experts * sizeof(float));
+    for (size_t i = 0; i < m->n_experts; i++) g_e[i] = tmp[i];
+    free(tmp);
+}
+
+// Every tensor of the model: the replicated ones layer by layer (an MoE
+// layer's attention half and router, a dense layer's 12), then each MoE
+// layer's experts. Returns the count.
+static int pieces_of(const MoeConfig* c, Piece* out) {
+    const GPTConfig* g = &c->gpt;
+    int n = 0;
+    out[n++] = (Piece){"wte", 0, moe_wte_offset(c), param_tensor_numel(g, P_WTE)};
+    out[n++] = (Piece){"wpe", 0, moe_wpe_offset(c), param_tensor_numel(g, P_WPE)};
+    for (int l = 0; l < g->num_layers; l++) {
+        size_t off = moe_block_offset(c, l);
+        ParamTensor last = moe_is_moe_layer(c, l) ? P_LN2B : P_FCPROJB;
+        for (ParamTensor t = P_LN1W; t <= last; t++) {
+            Piece* p = &out[n++];
+            snprintf(p->name, sizeof(p->name), "layer %d %s", l, param_tensor_name(t));
+            p->experts = 0, p->off = off, p->n = param_tensor_numel(g, t);
+            off += p->n;
+        }
+        if (moe_is_moe_layer(c, l)) {
+            Piece* p = &out[n++];
+            snprintf(p->name, sizeof(p->name), "layer %d router", l);
+            p->experts = 0, p->off = off, p->n = (size_t)c->experts * g->channels;
+        }
+    }
+    out[n++] = (Piece){"lnfw", 0, moe_lnf_offset(c), (size_t)g->channels};
+    out[n++] = (Piece){"lnfb", 0, moe_lnf_offset(c) + g->channels, (size_t)g->channels};
+    const char* names[4] = {"fcw", "fcb", "fcprojw", "fcprojb"};
+    size_t C = (size_t)g->channels, Hs = (size_t)c->hidden, numel[4] = {Hs * C, Hs, C * Hs, C};
+    for (int mi = 0; mi < moe_num_moe_layers(c); mi++)
+        for (int e = 0; e < c->experts; e++) {
+            size_t off = ((size_t)mi * c->experts + e) * moe_expert_numel(c);
+            for (int t = 0; t < 4; t++) {
+                Piece* p = &out[n++];
+                snprintf(p->name, sizeof(p->name), "moe layer %d expert %d %s", mi, e, names[t]);
+                p->experts = 1, p->off = off, p->n = numel[t];
+                off += numel[t];
+            }
+        }
+    return n;
+}
+
+// Moves piece p to p0 + h d (on the device), or back to p0 for h = 0.
+static void place(Fixture* f, const Piece* p, const double* d, double h) {
+    const float* p0 = (p->experts ? f->p_e : f->p_s) + p->off;
+    float* dev = (p->experts ? f->m.experts : f->m.shared) + p->off;
+    float* x = xmalloc(p->n * sizeof(float));
+    for (size_t i = 0; i < p->n; i++) x[i] = (float)(p0[i] + h * d[i]);
+    mem_to_device(dev, x, p->n * sizeof(float));
+    free(x);
+}
+
+// The derivative of J (aux_only: of aux_coef aux alone) along d inside
+// piece p: central differences at h and h/2 combined (Richardson), so the
+// curvature along d does not count as error. 0 in *same if any of the four
+// points routes differently from the base.
+static double directional_fd(Fixture* f, const Piece* p, const double* d, int aux_only, int* same) {
+    const double h = 1e-2, hs[4] = {h, -h, h / 2, -h / 2};
+    double J[4];
+    for (int i = 0; i < 4; i++) {
+        place(f, p, d, hs[i]);
+        J[i] = objective(f, same);
+        if (aux_only) J[i] = (double)f->m.aux_coef * f->m.aux;
+    }
+    place(f, p, d, 0.0);
+    double fd_h = (J[0] - J[1]) / (2 * h), fd_h2 = (J[2] - J[3]) / h;
+    return (4.0 * fd_h2 - fd_h) / 3.0;
+}
+
+// For every piece: the directional derivative along a random direction
+// (mixed with the gradient itself, so the change in J is large against
+// fp32 rounding) by finite differences against g.d. Returns the worst
+// relative error; names its piece in worst_name.
+static double check_pieces(Fixture* f, const Piece* pieces, int n_pieces, const double* g_s, const double* g_e,
+                           int aux_only, double floor_abs, char* worst_name, size_t len, int* flips) {
+    double worst = 0.0;
+    for (int pi = 0; pi < n_pieces; pi++) {
+        const Piece* p = &pieces[pi];
+        const double* g = (p->experts ? g_e : g_s) + p->off;
+        double gnorm = 0.0;
+        for (size_t i = 0; i < p->n; i++) gnorm += g[i] * g[i];
+        gnorm = sqrt(gnorm / p->n) + 1e-4;
+        double* d = xmalloc(p->n * sizeof(double));
+        int same = 0;
+        double gd = 0.0, fd = 0.0;
+        // a direction that changes the routing is replaced (a handful of
+        // tries: each moves the logits by about h)
+        for (int tries = 0; tries < 8 && !same; tries++) {
+            double dnorm = 0.0;
+            for (size_t i = 0; i < p->n; i++) {
+                d[i] = g[i] + gnorm * (uniform() - 0.5);
+                dnorm += d[i] * d[i];
+            }
+            dnorm = sqrt(dnorm);
+            gd = 0.0;
+            for (size_t i = 0; i < p->n; i++) {
+                d[i] /= dnorm;
+                gd += d[i] * g[i];
+            }
+            same = 1;
+            fd = directional_fd(f, p, d, aux_only, &same);
+            if (!same) (*flips)++;
+        }
+        free(d);
+        double err = same ? fabs(fd - gd) / (fabs(gd) + floor_abs) : INFINITY;
+        if (getenv("FD_VERBOSE"))
+            printf("  %-28s gd %+.6e fd %+.6e rel %.2e%s\n", p->name, gd, fd, err, same ? "" : " (routing changed)");
+        if (err > worst || !same) {
+            worst = err;
+            snprintf(worst_name, len, "%s%s", p->name, same ? "" : " (every direction tried changed the routing)");
+        }
+    }
+    return worst;
+}
+
+// aux from the forward's own routing and probabilities, counted here:
+// f_e = the share of the token-slots routed to e (dropped ones included),
+// P_e = the mean router probability of e, E sum_e f_e P_e per MoE layer.
+static double aux_by_hand(Fixture* f) {
+    const MoeConfig* c = &f->m.cfg;
+    int E = c->experts, k = c->top_k;
+    double aux = 0.0;
+    float* probs = xmalloc((size_t)N * E * sizeof(float));
+    for (int i = 0; i < n_moe(f); i++) {
+        mem_to_host(probs, f->m.moe[i].probs, (size_t)N * E * sizeof(float));
+        for (int e = 0; e < E; e++) {
+            double fe = 0.0, Pe = 0.0;
+            for (int s = 0; s < N * k; s++) fe += f->m.moe[i].idx_host[s] == e;
+            for (int t = 0; t < N; t++) Pe += probs[(size_t)t * E + e];
+            aux += E * (fe / (N * k)) * (Pe / N);
+        }
+    }
+    free(probs);
+    return aux;
+}
+
+static void test_case(const MoeCase* mc) {
+    MoeConfig cfg = {.gpt = small_cfg, .experts = mc->E, .top_k = mc->k, .hidden = H, .moe_every = mc->moe_every};
+    Fixture f;
+    ExpertModel* m = &f.m;
+    model_create(m, &cfg, B, T, &run.mesh, &run, 11, RECOMPUTE_NONE);
+    m->aux_coef = mc->aux_coef, m->capacity_factor = mc->capacity, m->record = 1;
+    // At init the weights are small: every op near its linear regime, the
+    // router's probabilities near 1/E (where P_e and f_e are hard to tell
+    // apart), LayerNorm weights exactly 1. Every parameter moves well away
+    // from init; the router's twice as far, for uneven loads (padded wte
+    // rows stay 0).
+    f.p_s = xmalloc(m->n_shared * sizeof(float));
+    f.p_e = xmalloc(m->n_experts * sizeof(float));
+    mem_to_host(f.p_s, m->shared, m->n_shared * sizeof(float));
+    mem_to_host(f.p_e, m->experts, m->n_experts * sizeof(float));
+    for (size_t i = 0; i < m->n_shared; i++) f.p_s[i] += (float)(uniform() - 0.5);
+    for (size_t i = 0; i < m->n_experts; i++) f.p_e[i] += (float)(uniform() - 0.5);
+    for (int l = 0; l < cfg.gpt.num_layers; l++)
+        if (moe_is_moe_layer(&cfg, l)) {
+            float* r = f.p_s + (moe_router_at(&cfg, m->shared, l) - m->shared);
+            for (int i = 0; i < cfg.experts * cfg.gpt.channels; i++) r[i] *= 2.0f;
+        }
+    for (size_t i = (size_t)cfg.gpt.vocab_size * cfg.gpt.channels; i < param_tensor_numel(&cfg.gpt, P_WTE); i++)
+        f.p_s[i] = 0.0f;
+    mem_to_device(m->shared, f.p_s, m->n_shared * sizeof(float));
+    mem_to_device(m->experts, f.p_e, m->n_experts * sizeof(float));
+    // a batch whose routing is clear of ties: the k-th and (k+1)-th router
+    // logits of every token at least MARGIN apart, so the differences below
+    // (each moves the logits by about h) keep the routing. Drawn until
+    // found; the best of the draws if none is (the routing check below
+    // still guards every difference).
+    const double MARGIN = 0.05;
+    int best_in[N] = {0}, best_tg[N] = {0};
+    double best = -1.0;
+    for (int draw = 0; draw < 200 && best < MARGIN; draw++) {
+        for (int i = 0; i < N; i++) {
+            f.inputs[i] = (int)(uniform() * small_cfg.vocab_size);
+            f.targets[i] = (int)(uniform() * small_cfg.vocab_size);
+        }
+        model_forward(m, f.inputs, f.targets);
+        double margin = routing_margin(&f);
+        if (margin > best) {
+            best = margin;
+            memcpy(best_in, f.inputs, sizeof(best_in));
+            memcpy(best_tg, f.targets, sizeof(best_tg));
+        }
+    }
+    memcpy(f.inputs, best_in, sizeof(best_in));
+    memcpy(f.targets, best_tg, sizeof(best_tg));
+    if (getenv("FD_VERBOSE")) printf("  %s: routing margin %.3f\n", mc->name, best);
+
+    double* g_s = xmalloc(m->n_shared * sizeof(double));
+    double* g_e = xmalloc(m->n_experts * sizeof(double));
+    double* g0_s = xmalloc(m->n_shared * sizeof(double));
+    double* g0_e = xmalloc(m->n_experts * sizeof(double));
+    f.route0 = xmalloc((size_t)n_moe(&f) * N * sizeof(uint64_t));
+    gradient(&f, g_s, g_e);
+    routing(&f, f.route0);
+    long dropped = m->dropped;
+    double aux = m->aux, aux_ref = aux_by_hand(&f);
+    char name[256];
+
+    // the forward's statistics: aux as counted here; slots dropped exactly
+    // when a capacity is set (the cases are chosen so that some are)
+    snprintf(name, sizeof(name), "moe %s: aux = sum over MoE layers of E sum_e f_e P_e (counted by hand)", mc->name);
+    check(fabs(aux - aux_ref) <= 1e-6 * fabs(aux_ref), name, "chapter %.9f, by hand %.9f", aux, aux_ref);
+    snprintf(name, sizeof(name), "moe %s: %s", mc->name,
+             mc->capacity > 0 ? "the capacity drops some token-slots" : "dropless: no token-slot dropped");
+    check(mc->capacity > 0 ? dropped > 0 : dropped == 0, name, "%ld slots dropped", dropped);
+
+    // the whole objective, every tensor
+    Piece* pieces = xmalloc(sizeof(Piece) * (size_t)(64 + 4 * 4 * cfg.experts * cfg.gpt.num_layers));
+    int n_pieces = pieces_of(&cfg, pieces), flips = 0;
+    char worst_name[128] = "";
+    // fp32 J (about 4) is good to ~1e-6: the combined differences carry a
+    // few 1e-5 of noise, hence the absolute floor of 1e-2 (test_model.c's)
+    double worst = check_pieces(&f, pieces, n_pieces, g_s, g_e, 0, 1e-2, worst_name, sizeof(worst_name), &flips);
+    if (getenv("FD_VERBOSE")) printf("  worst %.3e in %s\n", worst, worst_name);
+    snprintf(name, sizeof(name),
+             "moe %s: d(loss + %g aux) along every tensor (router, experts, attention) matches finite differences",
+             mc->name, mc->aux_coef);
+    check(worst < 3e-3, name, "worst relative error %.3e in %s", worst, worst_name);
+
+    // the load-balancing loss alone: its gradient is what the coefficient
+    // adds, g(aux_coef) - g(0), on the same routing. It reaches the router
+    // and what is below it (ln2, attention, embeddings, and the experts of
+    // the MoE layers below an MoE layer)
+    float coef = m->aux_coef;
+    m->aux_coef = 0.0f;
+    gradient(&f, g0_s, g0_e);
+    m->aux_coef = coef;
+    if (cfg.top_k == 1) {
+        // k = 1: the one gate is p / p = 1 whatever the router says, so the
+        // LM loss gives the router no gradient; only the aux loss trains it
+        double router = 0.0;
+        for (int l = 0; l < cfg.gpt.num_layers; l++)
+            if (moe_is_moe_layer(&cfg, l)) {
+                size_t off = moe_router_at(&cfg, m->shared, l) - m->shared;
+                for (int i = 0; i < cfg.experts * cfg.gpt.channels; i++) router = fmax(router, fabs(g0_s[off + i]));
+            }
+        snprintf(name, sizeof(name), "moe %s: k = 1, the LM loss gives the router no gradient (the gate is p / p = 1)", mc->name);
+        check(router == 0.0, name, "the router's gradient at aux-coef 0 reaches %.3e", router);
+    }
+    for (size_t i = 0; i < m->n_shared; i++) g0_s[i] = g_s[i] - g0_s[i];
+    for (size_t i = 0; i < m->n_experts; i++) g0_e[i] = g_e[i] - g0_e[i];
+    worst = check_pieces(&f, pieces, n_pieces, g0_s, g0_e, 1, 1e-5, worst_name, sizeof(worst_name), &flips);
+    if (getenv("FD_VERBOSE")) printf("  worst %.3e in %s\n", worst, worst_name);
+    snprintf(name, sizeof(name), "moe %s: d(%g aux) alone matches finite differences (every tensor)", mc->name,
+             mc->aux_coef);
+    check(worst < 3e-3, name, "worst relative error %.3e in %s", worst, worst_name);
+    if (getenv("FD_VERBOSE")) printf("  %d directions replaced (the routing changed)\n", flips);
+    free(pieces);
+    free(f.route0);
+    free(g_s);
+    free(g_e);
+    free(g0_s);
+    free(g0_e);
+    free(f.p_s);
+    free(f.p_e);
+    model_free(m);
+}
+
+int main(int argc, char** argv) {
+    runtime_init(&argc, &argv);
+    run.device = device_init(runtime_local_rank());
+    char msg[256];
+    int sizes[NUM_AXES] = {0};  // one rank: every axis of size 1
+    const char* bad = mesh_create(&run.mesh, sizes, msg, sizeof(msg));
+    if (bad) fail_all("%s", bad);
+    comm_create(&run.world, run.axes, &run.mesh);
+    // N = 16 tokens, E = 4: capacity 1 keeps floor(k N / E) = 4 k slots per
+    // expert, 0.75 keeps 3 k; the loads the moved router gives are uneven
+    const MoeCase cases[] = {
+        {"E=4 k=2 dropless", 4, 2, 1, 0.0f, 0.1f},
+        {"E=4 k=1 dropless", 4, 1, 1, 0.0f, 0.1f},
+        {"E=4 k=2 capacity 1", 4, 2, 1, 1.0f, 0.1f},
+        {"E=4 k=1 capacity 0.75, a dense layer below", 4, 1, 2, 0.75f, 0.1f},
+    };
+    for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) test_case(&cases[i]);
+    comm_destroy(&run.world, run.axes);
+    mesh_destroy(&run.mesh);
+    runtime_finalize();
+    return test_exit_code();
+}
