@@ -43,7 +43,7 @@ CC      := mpicc
 ARCH    ?= -march=native
 OPT     ?= -O3 $(ARCH)
 CFLAGS  := $(OPT) -std=c11 -D_GNU_SOURCE -fopenmp -Wall -Wextra -Werror -Icommon -MMD -MP
-LDLIBS  := -lm -lpthread
+LDLIBS  := -lm -lpthread -lxxhash
 
 COMMON_SRC := common/common.c common/memory.c common/model.c common/init.c \
               common/checkpoint.c common/moe.c common/data.c common/mesh.c common/runtime.c \

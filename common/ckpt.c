@@ -32,15 +32,19 @@
 #include <string.h>
 #include <sys/stat.h>
 #include <unistd.h>
+#include <xxhash.h>
 
 #include "common.h"
 #include "memory.h"
 #include "runtime.h"
 
 #define CKPT_FILE_MAGIC "GPTSTATE"
-#define CKPT_FILE_VERSION 1u
+#define CKPT_FILE_VERSION 2u  // 2: the header holds the checksum of the rank's slice list
 #define CKPT_HEADER_BYTES 64
-#define CKPT_MANIFEST_MAGIC "gpt-training-state 1"
+// version 2: XXH3-64 checksums (version 1 had a 64-bit FNV variant whose
+// paired flips of a word's top bit cancelled)
+#define CKPT_MANIFEST_MAGIC "gpt-training-state 2"
+#define CKPT_MANIFEST_MAGIC_V1 "gpt-training-state 1"
 
 static const char* kind_names[CKPT_NUM_KINDS] = {"params", "m", "v"};
 
@@ -132,16 +136,42 @@ static size_t numel_of(const Ckpt* c, int t) {
 
 // ---------------------------------------------------------------- the checksum
 
-unsigned long long ckpt_hash(unsigned long long h, const void* buf, size_t n) {
-    const unsigned char* p = buf;
-    const unsigned long long prime = 0x100000001b3ull;
-    size_t words = n / 8;
-    for (size_t i = 0; i < words; i++) {
-        uint64_t w;
-        memcpy(&w, p + 8 * i, 8);
-        h = (h ^ w) * prime;  // odd multiplier: a bijection, so no change cancels out
+unsigned long long ckpt_checksum(const void* buf, size_t n) { return (unsigned long long)XXH3_64bits(buf, n); }
+
+// The streaming form, for a file written or read in pieces: the same value
+// as ckpt_checksum over the concatenation, wherever the pieces are cut.
+static XXH3_state_t* checksum_begin(void) {
+    XXH3_state_t* s = XXH3_createState();
+    if (!s || XXH3_64bits_reset(s) != XXH_OK) FATAL("cannot start an XXH3 checksum");
+    return s;
+}
+
+static void checksum_add(XXH3_state_t* s, const void* buf, size_t n) {
+    if (XXH3_64bits_update(s, buf, n) != XXH_OK) FATAL("XXH3 checksum update failed");
+}
+
+static unsigned long long checksum_end(XXH3_state_t* s) {
+    unsigned long long h = (unsigned long long)XXH3_64bits_digest(s);
+    XXH3_freeState(s);
+    return h;
+}
+
+// The checksum of a list of slices as (kind, tensor, start, len, stride,
+// count) rows: a rank's file header carries the one of the slices it wrote,
+// and a load compares it with the slices the manifest gives that file.
+static unsigned long long slice_rows_checksum(const uint64_t* rows, size_t n_rows) {
+    return ckpt_checksum(rows, n_rows * 6 * sizeof(uint64_t));
+}
+
+static unsigned long long own_slices_checksum(const CkptList* l) {
+    uint64_t* rows = xmalloc(sizeof(uint64_t) * 6 * (size_t)(l->n ? l->n : 1));
+    for (int i = 0; i < l->n; i++) {
+        const CkptSlice* s = &l->s[i];
+        uint64_t row[6] = {(uint64_t)s->kind, (uint64_t)s->tensor, s->start, s->len, s->stride, s->count};
+        memcpy(rows + 6 * i, row, sizeof(row));
     }
-    for (size_t i = 8 * words; i < n; i++) h = (h ^ p[i]) * prime;
+    unsigned long long h = slice_rows_checksum(rows, (size_t)l->n);
+    free(rows);
     return h;
 }
 
@@ -308,13 +338,17 @@ static void write_file(Ckpt* c) {
     memcpy(header + 12, &rank, 4);
     memcpy(header + 16, &step, 8);
     memcpy(header + 24, &floats, 8);
+    uint64_t slices_sum = own_slices_checksum(&c->own);
+    memcpy(header + 32, &slices_sum, 8);
     int fd = open(c->file_path, O_WRONLY | O_CREAT | O_TRUNC, 0644);
     if (fd < 0) {
         snprintf(c->file_err, sizeof(c->file_err), "cannot write checkpoint file '%s': %s", c->file_path, strerror(errno));
         return;
     }
-    unsigned long long h = ckpt_hash(CKPT_HASH_INIT, header, sizeof(header));
-    h = ckpt_hash(h, c->host, floats * sizeof(float));
+    XXH3_state_t* sum = checksum_begin();
+    checksum_add(sum, header, sizeof(header));
+    checksum_add(sum, c->host, floats * sizeof(float));
+    unsigned long long h = checksum_end(sum);
     const unsigned char* parts[2] = {header, (const unsigned char*)c->host};
     size_t sizes[2] = {sizeof(header), floats * sizeof(float)};
     int kill_here = fault_fires(c, "save", c->pending_step);
@@ -422,7 +456,7 @@ static const char* write_manifest(const Ckpt* c, int step, const int* counts, co
         }
     }
     // the manifest's own checksum, over every byte before this line
-    unsigned long long h = ckpt_hash(CKPT_HASH_INIT, text, len);
+    unsigned long long h = ckpt_checksum(text, len);
     OUT("end %016llx\n", h);
 #undef OUT
     free(file_index);
@@ -663,11 +697,18 @@ static const char* read_manifest(const char* dir, const Ckpt* c, Manifest* m, ch
     size_t got = fread(text, 1, (size_t)(size > 0 ? size : 0), f);
     fclose(f);
     text[got] = 0;
+    // a manifest of the first format: its checksums cannot be verified
+    if (!strncmp(text, CKPT_MANIFEST_MAGIC_V1 "\n", strlen(CKPT_MANIFEST_MAGIC_V1) + 1)) {
+        snprintf(msg, msg_len, "checkpoint manifest '%s' is of the first format, whose checksum is no longer trusted: resume from a checkpoint written by this version, or from the weights alone (--model FILE.bin)",
+                 path);
+        free(text);
+        return msg;
+    }
     // the last line is "end HASH" over every byte before it
     char* end = NULL;
     for (char* p = strstr(text, "\nend "); p; p = strstr(p + 1, "\nend ")) end = p + 1;
     unsigned long long h = 0;
-    if (!end || sscanf(end, "end %llx", &h) != 1 || h != ckpt_hash(CKPT_HASH_INIT, text, (size_t)(end - text))) {
+    if (!end || sscanf(end, "end %llx", &h) != 1 || h != ckpt_checksum(text, (size_t)(end - text))) {
         snprintf(msg, msg_len, "checkpoint manifest '%s' is corrupt or truncated (its checksum line does not match): resume from another checkpoint",
                  path);
         free(text);
@@ -783,20 +824,21 @@ static const char* verify_file(const char* dir, const Manifest* m, int i, char* 
     }
     size_t cap = 1u << 22;
     unsigned char* buf = xmalloc(cap);
-    unsigned long long h = CKPT_HASH_INIT;
+    XXH3_state_t* sum = checksum_begin();
     unsigned char header[CKPT_HEADER_BYTES] = {0};
     size_t total = 0;
     for (;;) {
-        ssize_t r = read(fd, buf, cap);  // cap is a multiple of 8: only the last chunk has a tail
+        ssize_t r = read(fd, buf, cap);
         if (r < 0 && errno == EINTR) continue;
         if (r <= 0) break;
         if (total < CKPT_HEADER_BYTES) {
             size_t n = (size_t)r < CKPT_HEADER_BYTES - total ? (size_t)r : CKPT_HEADER_BYTES - total;
             memcpy(header + total, buf, n);
         }
-        h = ckpt_hash(h, buf, (size_t)r);
+        checksum_add(sum, buf, (size_t)r);
         total += (size_t)r;
     }
+    unsigned long long h = checksum_end(sum);
     free(buf);
     close(fd);
     uint64_t step = 0;
@@ -808,6 +850,39 @@ static const char* verify_file(const char* dir, const Manifest* m, int i, char* 
     }
     if (memcmp(header, CKPT_FILE_MAGIC, 8) != 0 || step != (uint64_t)m->step) {
         snprintf(msg, msg_len, "checkpoint file '%s' is not a state file of step %d", path, m->step);
+        return msg;
+    }
+    // the slices the manifest reads from this file must be the ones its
+    // writer put there: a manifest that points one rank's slices at another
+    // rank's file (with that file's own name, size and checksum) reads
+    // another rank's values into these places
+    uint64_t want_sum = 0, version = 0;
+    memcpy(&want_sum, header + 32, 8);
+    memcpy(&version, header + 8, 4);
+    size_t n_rows = 0;
+    uint64_t* rows = xmalloc(sizeof(uint64_t) * 6 * (size_t)(m->n_slices + 1));
+    for (int j = 0; j < m->n_slices; j++) {
+        const SavedSlice* v = &m->slices[j];
+        if (v->file != i) continue;
+        uint64_t row[6] = {(uint64_t)v->kind, (uint64_t)v->tensor, v->start, v->len, v->stride, v->count};
+        memcpy(rows + 6 * n_rows++, row, sizeof(row));
+    }
+    unsigned long long got_sum = slice_rows_checksum(rows, n_rows);
+    free(rows);
+    if ((uint32_t)version != CKPT_FILE_VERSION || got_sum != want_sum) {
+        snprintf(msg, msg_len, "checkpoint file '%s' does not hold the slices the manifest reads from it (the slice list in its header differs): the manifest does not belong to these files",
+                 path);
+        return msg;
+    }
+    // the rank that wrote it must be the one its name says: a manifest that
+    // points at another rank's file (with that file's own size and checksum)
+    // would otherwise read another rank's slices into this one's places
+    uint32_t writer = 0;
+    int named = -1;
+    memcpy(&writer, header + 12, 4);
+    if (sscanf(m->files[i].name, "rank-%d.bin", &named) != 1 || named < 0 || (uint32_t)named != writer) {
+        snprintf(msg, msg_len, "checkpoint file '%s' was written by rank %u, but the manifest lists it as '%s': the manifest does not belong to these files",
+                 path, writer, m->files[i].name);
         return msg;
     }
     return NULL;

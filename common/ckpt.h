@@ -145,10 +145,12 @@ void ckpt_finish(Ckpt* c, JsonLog* log);
 // MANIFEST), written into out; NULL if there is none, else out.
 const char* ckpt_latest(const char* dir, char* out, size_t out_len);
 
-// 64-bit FNV-1a over 64-bit words (the tail bytewise): any one changed byte
-// changes the hash. h starts at CKPT_HASH_INIT; every call but the last must
-// pass a multiple of 8 bytes.
-#define CKPT_HASH_INIT 0xcbf29ce484222325ull
-unsigned long long ckpt_hash(unsigned long long h, const void* buf, size_t n);
+// The checksum of every checkpoint file and manifest: XXH3-64 from xxHash
+// (Debian's libxxhash). A 64-bit hash mixes every input bit into every
+// output bit, so any corruption (one flip, paired flips, swapped words or
+// blocks) goes unseen with probability about 2^-64. It guards against
+// accidents (bit rot, a torn or mixed-up file), not against someone who
+// rewrites a file and its manifest on purpose: that needs a signature.
+unsigned long long ckpt_checksum(const void* buf, size_t n);
 
 #endif

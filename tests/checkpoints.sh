@@ -209,6 +209,18 @@ size=$(stat -c %s "$CK/flip/rank-00003.bin")
 byte=$(od -An -tu1 -j $((size / 2)) -N1 "$CK/flip/rank-00003.bin" | tr -d ' ')
 printf "$(printf '\\%03o' $(((byte + 1) % 256)))" | dd of="$CK/flip/rank-00003.bin" bs=1 seek=$((size / 2)) conv=notrunc 2>/dev/null
 jobs_run ck_bad flip "one flipped byte in a shard" "flip/rank-00003.bin' is corrupt" 2 --dp 2
+# two flips of the top bit of two 64-bit words (bit 7 of bytes 871 and
+# 40071): they cancelled in the first format's word-wise hash, which then
+# accepted the file and trained other losses
+ck_copy pair
+python3 - "$CK/pair/rank-00001.bin" <<'PYEOF'
+import sys
+data = bytearray(open(sys.argv[1], "rb").read())
+for at in (871, 40071):
+    data[at] ^= 0x80
+open(sys.argv[1], "wb").write(data)
+PYEOF
+jobs_run ck_bad pair "two flipped top bits of two words" "pair/rank-00001.bin' is corrupt" 2 --dp 2
 ck_copy trunc
 truncate -s -100 "$CK/trunc/rank-00001.bin"
 jobs_run ck_bad trunc "a truncated shard" "trunc/rank-00001.bin' has" 4 --dp 4
@@ -218,26 +230,45 @@ jobs_run ck_bad missing "a missing shard" "missing/rank-00002.bin' is missing" 1
 ck_copy manifest
 sed -i 's/^step 3$/step 4/' "$CK/manifest/MANIFEST"
 jobs_run ck_bad manifest "an edited manifest" "MANIFEST' is corrupt or truncated" 2 --dp 2
-# a manifest that no longer covers the model (rank 3's slices dropped, its
-# checksum line recomputed, so only the coverage check can catch it)
-ck_copy cover
-python3 - "$CK/cover/MANIFEST" <<'PYEOF'
-import sys
-path = sys.argv[1]
-lines = open(path).read().split("\n")
-body = [l for l in lines if l and not l.startswith("end ") and " file=3 " not in l]
+# ck_rehash MANIFEST SED-SCRIPT: edits a manifest with sed, sets its "slices"
+# count to the slice lines left, and writes its checksum line anew (XXH3-64
+# of the text before it, as xxhsum -H3 prints it), so that only the check
+# a case is aimed at can catch the edit
+ck_rehash() {
+python3 - "$1" "$2" <<'PYEOF'
+import re, subprocess, sys
+path, edit = sys.argv[1], sys.argv[2]
+body = [l for l in open(path).read().split("\n") if l and not l.startswith("end ")]
+body = subprocess.run(["sed", edit], input="\n".join(body) + "\n", capture_output=True, text=True,
+                      check=True).stdout.rstrip("\n").split("\n")
 n = sum(1 for l in body if l.startswith("slice "))
 body = [("slices %d" % n) if l.startswith("slices ") else l for l in body]
 text = ("\n".join(body) + "\n").encode()
-h, prime, mask = 0xcbf29ce484222325, 0x100000001b3, (1 << 64) - 1
-words = len(text) // 8
-for i in range(words):
-    h = ((h ^ int.from_bytes(text[8 * i:8 * i + 8], "little")) * prime) & mask
-for b in text[8 * words:]:
-    h = ((h ^ b) * prime) & mask
-open(path, "wb").write(text + ("end %016x\n" % h).encode())
+out = subprocess.run(["xxhsum", "-H3", "-"], input=text, capture_output=True, check=True).stdout.decode()
+open(path, "wb").write(text + ("end %s\n" % re.search(r"[0-9a-f]{16}", out).group(0)).encode())
 PYEOF
+}
+# a manifest that no longer covers the model (rank 3's file and slices
+# dropped, so every file left agrees with its lines: only the coverage
+# check can catch it)
+ck_copy cover
+ck_rehash "$CK/cover/MANIFEST" '/ file=3 /d;/^file 3 /d;s/^files 4$/files 3/'
 jobs_run ck_bad cover "a manifest whose slices do not cover the model" "its manifest does not match this model" 2 --dp 2
+# a manifest that points rank 1's slices at rank 2's file: the lines of
+# files 1 and 2 swapped (each name with its own size and checksum), so both
+# files pass their own checks; the slice list in a file's header catches it
+ck_copy swap
+ck_rehash "$CK/swap/MANIFEST" '/^file 1 /{s/^file 1 /file 2 /;h;d};/^file 2 /{s/^file 2 /file 1 /;G}'
+jobs_run ck_bad swap "a manifest pointing a rank at another rank's file" "does not hold the slices the manifest reads from it" 4 --dp 4
+# a file renamed to another rank's name (manifest line and file both)
+ck_copy rename
+mv "$CK/rename/rank-00002.bin" "$CK/rename/rank-00005.bin"
+ck_rehash "$CK/rename/MANIFEST" 's/^file 2 rank-00002.bin /file 2 rank-00005.bin /'
+jobs_run ck_bad rename "a rank file under another rank's name" "was written by rank 2, but the manifest lists it as 'rank-00005.bin'" 4 --dp 4
+# a checkpoint written with the first format's checksum (FNV over words)
+ck_copy v1
+ck_rehash "$CK/v1/MANIFEST" '1s/.*/gpt-training-state 1/'
+jobs_run ck_bad v1 "a manifest of the first format" "is of the first format" 1 --dp 1
 ck_copy model
 jobs_run ck_bad model "a checkpoint of another model" "holds a model with L=2 C=64" 1 --dp 1 --model small
 ck_copy batch
