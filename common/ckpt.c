@@ -30,6 +30,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
+#include <sys/file.h>
 #include <sys/stat.h>
 #include <unistd.h>
 #include <xxhash.h>
@@ -295,6 +297,53 @@ static void fault_kill(void) {
 
 // ---------------------------------------------------------------- set-up
 
+// One writer per checkpoint directory: rank 0 holds an exclusive flock on
+// DIR/.lock for the whole run, and writes its pid, host and start time into
+// it for the message a second run gets. The kernel drops the lock when the
+// process ends, however it ends, so a .lock file whose lock can be taken is
+// the leftover of a run that died: it is taken over with a note. (flock
+// works across processes on one machine and, on Linux, on NFS through
+// fcntl locks; a file system without locks gives a clear error instead.)
+static const char* lock_dir(Ckpt* c, char* msg, size_t msg_len) {
+    char path[4096 + 16];
+    mkdir(c->dir, 0755);  // may exist; the open below says if it is unusable
+    snprintf(path, sizeof(path), "%s/.lock", c->dir);
+    int fd = open(path, O_RDWR | O_CREAT, 0644);
+    if (fd < 0) {
+        snprintf(msg, msg_len, "cannot create the lock file '%s': %s (check --ckpt-dir)", path, strerror(errno));
+        return msg;
+    }
+    char before[256] = "";
+    ssize_t got = pread(fd, before, sizeof(before) - 1, 0);
+    before[got > 0 ? got : 0] = 0;
+    before[strcspn(before, "\n")] = 0;
+    if (flock(fd, LOCK_EX | LOCK_NB) != 0) {
+        int err = errno;
+        close(fd);
+        if (err == EWOULDBLOCK)
+            snprintf(msg, msg_len, "--ckpt-dir '%s' is in use by another run (%s): give each run its own directory, or wait for that one to end",
+                     c->dir, before[0] ? before : "its .lock file names no process");
+        else
+            snprintf(msg, msg_len, "cannot lock '%s': %s (a file system without file locks: use a local --ckpt-dir)", path,
+                     strerror(err));
+        return msg;
+    }
+    if (before[0]) print0("note: --ckpt-dir '%s': the lock of an earlier run (%s) is stale (that run has ended); taking it over\n", c->dir, before);
+    char host[256] = "?", now[64] = "?";
+    gethostname(host, sizeof(host) - 1);
+    time_t t = time(NULL);
+    strftime(now, sizeof(now), "%Y-%m-%d %H:%M:%S UTC", gmtime(&t));
+    char line[512];
+    int n = snprintf(line, sizeof(line), "pid %d on host %s, since %s\n", (int)getpid(), host, now);
+    if (ftruncate(fd, 0) != 0 || pwrite(fd, line, (size_t)n, 0) != n) {
+        snprintf(msg, msg_len, "cannot write the lock file '%s': %s", path, strerror(errno));
+        close(fd);
+        return msg;
+    }
+    c->lock_fd = fd;
+    return NULL;
+}
+
 void ckpt_init(Ckpt* c, const TrainArgs* a, const TrainSetup* s, const Mesh* mesh, int chapter) {
     memset(c, 0, sizeof(*c));
     c->dir = a->ckpt_dir;
@@ -314,6 +363,12 @@ void ckpt_init(Ckpt* c, const TrainArgs* a, const TrainSetup* s, const Mesh* mes
     for (int ax = 0; ax < NUM_AXES; ax++) c->mesh[ax] = mesh ? mesh->size[ax] : 1;
     MPI_CHECK(MPI_Comm_size(MPI_COMM_WORLD, &c->world));
     MPI_CHECK(MPI_Comm_rank(MPI_COMM_WORLD, &c->rank));
+    c->lock_fd = -1;
+    if (c->dir) {
+        char msg[1024];
+        const char* bad = c->rank == 0 ? lock_dir(c, msg, sizeof(msg)) : NULL;
+        fail_if_any(bad != NULL, bad);
+    }
 }
 
 void ckpt_set_model(Ckpt* c, const CkptTensor* tensors, int n, const char* variant) {
@@ -1063,6 +1118,15 @@ void ckpt_finish(Ckpt* c, JsonLog* log) {
     }
     free(c->host);
     c->host = NULL;
+    if (c->lock_fd >= 0) {
+        // the lock's text goes with the lock: a .lock file left with text
+        // means a run died holding it
+        char path[4096 + 16];
+        snprintf(path, sizeof(path), "%s/.lock", c->dir);
+        if (ftruncate(c->lock_fd, 0) != 0) print0("note: cannot clear the lock file '%s'\n", path);
+        close(c->lock_fd);
+        c->lock_fd = -1;
+    }
     ckpt_list_free(&c->own);
     ckpt_list_free(&c->need);
 }

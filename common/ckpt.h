@@ -120,6 +120,7 @@ typedef struct {
     double write_s;   // the file writes themselves (in the thread when async)
     double load_s;
     size_t load_bytes;
+    int lock_fd;  // rank 0: DIR/.lock, held (flock) from ckpt_init to ckpt_finish; -1 if none
 } Ckpt;
 
 // Reads the checkpoint flags; no file is touched yet.

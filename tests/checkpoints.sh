@@ -184,11 +184,11 @@ fi
 ck_bad() {
     local name=$1 what=$2 expect=$3 np=$4 before after rc
     shift 4
-    before=$(cd "$CK/$name" && find . -type f | sort | xargs md5sum)
+    before=$(cd "$CK/$name" && find . -type f ! -name .lock | sort | xargs md5sum)
     # (no kill grace: the refusal ends every rank through MPI_Finalize; error_case, tests/lib.sh)
     OMPI_MCA_odls_base_sigkill_timeout=0 timeout 120 $MPIRUN -np "$np" "$BUILD/chapter-3" $CKF --resume "$CK/$name" --ckpt-dir "$CK/$name" --save-every 1 "$@" >"$CK/$name.out" 2>&1
     rc=$?
-    after=$(cd "$CK/$name" && find . -type f | sort | xargs md5sum)
+    after=$(cd "$CK/$name" && find . -type f ! -name .lock | sort | xargs md5sum)
     if [ $rc -eq 1 ] && [ "$(grep -c '^error' "$CK/$name.out")" = 1 ] && grep -qF -- "$expect" "$CK/$name.out" &&
         [ "$before" = "$after" ] && ! grep -q '^step' "$CK/$name.out"; then
         pass "checkpoint: $what: exit 1, one message ('$expect'), nothing written"
@@ -293,6 +293,37 @@ else
 fi
 }
 jobs_run ck_full
+
+# one writer per --ckpt-dir: a second run stops at once naming the first
+# (its pid and host); after the first is killed, its lock is stale and the
+# next run takes it over with a note
+ck_lock() {
+local pid out rc i
+rm -rf "$CK/lock"
+timeout 300 $MPIRUN -np 1 "$BUILD/chapter-0" $CKF --steps 100000 --ckpt-dir "$CK/lock" >"$CK/lockA.out" 2>&1 &
+pid=$!
+for i in $(seq 1 600); do grep -q '^step' "$CK/lockA.out" 2>/dev/null && break; sleep 0.1; done
+out=$(OMPI_MCA_odls_base_sigkill_timeout=0 timeout 60 $MPIRUN -np 2 "$BUILD/chapter-2" --dp 2 $CKF --ckpt-dir "$CK/lock" 2>&1)
+rc=$?
+local holder
+holder=$(cat "$CK/lock/.lock" 2>/dev/null)
+{ kill -9 $pid; pkill -9 -f -- "--ckpt-dir $CK/lock"; wait $pid; } 2>/dev/null
+if [ $rc -eq 1 ] && [ "$(echo "$out" | grep -c '^error')" = 1 ] &&
+    echo "$out" | grep -qF -- "--ckpt-dir '$CK/lock' is in use by another run ($holder)" && ! echo "$out" | grep -q '^step' &&
+    echo "$holder" | grep -q "^pid [0-9]* on host"; then
+    pass "checkpoint: a second run on a --ckpt-dir in use stops at once, naming the first ($holder)"
+else
+    fail "checkpoint: a second run on one --ckpt-dir" "exit $rc; $(echo "$out" | grep -E '^error|^step' | head -2); .lock: $holder"
+fi
+out=$(timeout 60 $MPIRUN -np 1 "$BUILD/chapter-0" $CKF --steps 1 --ckpt-dir "$CK/lock" 2>&1)
+rc=$?
+if [ $rc -eq 0 ] && echo "$out" | grep -qF "the lock of an earlier run ($holder) is stale" && [ ! -s "$CK/lock/.lock" ]; then
+    pass "checkpoint: the lock of a killed run is recognised as stale and taken over; a finished run leaves it empty"
+else
+    fail "checkpoint: a stale lock" "exit $rc; $(echo "$out" | grep -E '^error|^note' | head -2); .lock after: $(cat "$CK/lock/.lock")"
+fi
+}
+jobs_run ck_lock
 
 # flags that cannot work: one message, exit 1, before any step
 ck_flag() {  # DESCRIPTION EXPECTED-TEXT FLAGS...
