@@ -515,15 +515,25 @@ static const char* write_manifest(const Ckpt* c, int step, const int* counts, co
     OUT("end %016llx\n", h);
 #undef OUT
     free(file_index);
-    const char* bad = NULL;
-    int fd = open(path, O_WRONLY | O_CREAT | O_TRUNC, 0644);
-    if (fd < 0 || write(fd, text, len) != (ssize_t)len || fsync(fd) != 0) {
-        snprintf(msg, msg_len, "cannot write the checkpoint manifest '%s': %s", path, strerror(errno));
-        bad = msg;
+    // every error names its own errno (a short write on a full disk sets
+    // none: the next write says ENOSPC), and a failed manifest takes its
+    // .tmp directory with it, so nothing half-written stays behind
+    int fd = open(path, O_WRONLY | O_CREAT | O_TRUNC, 0644), err = fd < 0 ? errno : 0;
+    for (size_t done = 0; !err && done < len;) {
+        ssize_t w = write(fd, text + done, len - done);
+        if (w < 0 && errno == EINTR) continue;
+        if (w <= 0) err = w < 0 ? errno : EIO;
+        else done += (size_t)w;
     }
-    if (fd >= 0) close(fd);
+    if (!err && fsync(fd) != 0) err = errno;
+    if (fd >= 0 && close(fd) != 0 && !err) err = errno;
     free(text);
-    if (bad) return bad;
+    if (err) {
+        snprintf(msg, msg_len, "cannot write the checkpoint manifest '%s': %s; the checkpoint of step %d is not saved (earlier ones are kept)",
+                 path, strerror(err), step);
+        remove_dir(tmp);
+        return msg;
+    }
     // every file and the manifest are on disk; the directory entries too
     fsync_path(tmp);
     // into place: a checkpoint of this step already there (a run restarted
@@ -539,6 +549,8 @@ static const char* write_manifest(const Ckpt* c, int step, const int* counts, co
     }
     if (rename(tmp, final) != 0) {
         snprintf(msg, msg_len, "cannot rename checkpoint '%s' to '%s': %s", tmp, final, strerror(errno));
+        remove_dir(tmp);
+        if (replacing) rename(old, final);  // the checkpoint that was there comes back
         return msg;
     }
     fsync_path(c->dir);

@@ -294,6 +294,34 @@ fi
 }
 jobs_run ck_full
 
+# a disk that fills up at the manifest: a tmpfs (in a mount namespace of its
+# own, so nothing outside sees it) with room for the rank file and the lock
+# but not the manifest; sync and async saves end with ENOSPC named, and no
+# .tmp directory or step directory is left. Skipped where a mount namespace
+# cannot be made (not root, or a container that forbids it).
+ck_manifest_full() {
+local bytes size mode out rc
+bytes=$(sed -n 's/^file 0 .* bytes=\([0-9]*\) .*/\1/p' "$CK/c0/step-00000004/MANIFEST")
+size=$(( ((bytes + 4095) / 4096 + 1) * 4096 ))
+if ! unshare -m true 2>/dev/null; then
+    skip "checkpoint: a full disk at the manifest" "no mount namespace here (unshare -m needs root)"
+    return
+fi
+for mode in sync async; do
+    out=$(unshare -m bash -c "mkdir -p '$CK/tfs' && mount -t tmpfs -o size=$size tmpfs '$CK/tfs' &&
+        timeout 120 $MPIRUN -np 1 '$BUILD/chapter-0' $CKF --steps 4 --ckpt-dir '$CK/tfs/ck' $([ $mode = async ] && echo --async-save) 2>&1;
+        echo \"rc=\$?\"; echo \"left: \$(ls '$CK/tfs/ck' | tr '\n' ' ')\"" 2>&1)
+    if echo "$out" | grep -q '^rc=1$' && [ "$(echo "$out" | grep -c '^error')" = 1 ] &&
+        echo "$out" | grep -q "^error: cannot write the checkpoint manifest '.*/step-00000004.tmp/MANIFEST': No space left on device" &&
+        echo "$out" | grep -q '^left: $'; then
+        pass "checkpoint: a full disk at the manifest ($mode save): ENOSPC named, no .tmp or step directory left"
+    else
+        fail "checkpoint: a full disk at the manifest ($mode save)" "$(echo "$out" | grep -E '^(error|rc=|left:)' | head -4)"
+    fi
+done
+}
+jobs_run ck_manifest_full
+
 # one writer per --ckpt-dir: a second run stops at once naming the first
 # (its pid and host); after the first is killed, its lock is stale and the
 # next run takes it over with a note
