@@ -178,6 +178,42 @@ else
 fi
 }
 
+# the supervisor falls back past a corrupt newest checkpoint: the job (rank 0
+# killed after step 5, checkpoints at steps 2 and 4) is restarted by a
+# launcher that first flips a byte of step 4's file, so the restart from
+# step 4 is refused naming it; the supervisor skips it and resumes from
+# step 2 without using up a retry. A refusal that names no checkpoint (a
+# bad flag) is not retried at all.
+ck_sv_fallback() {
+local rc out
+rm -rf "$CK/svf" "$CK/svf.launches"
+cat >"$CK/svf_mpirun.sh" <<EOF
+#!/bin/bash
+# the second launch finds step 4 corrupted (one byte of rank 0's file)
+echo x >>"$CK/svf.launches"
+if [ "\$(wc -l <"$CK/svf.launches")" = 2 ]; then
+    printf '\\377' | dd of="$CK/svf/step-00000004/rank-00000.bin" bs=1 seek=5000 conv=notrunc 2>/dev/null
+fi
+exec bash "$PWD/tests/mpirun.sh" "\$@"
+EOF
+CKPT_KILL=step:5:0 MPIRUN="bash $CK/svf_mpirun.sh" timeout 240 bash common/tools/supervise.sh --np 1 --retries 1 -- \
+    "$BUILD/chapter-0" $CKF --ckpt-dir "$CK/svf" --save-every 2 --keep 0 --log "$CK/svf.jsonl" >"$CK/svf.out" 2>&1
+rc=$?
+if [ $rc -eq 0 ] && grep -q "^supervise: skipping checkpoint $CK/svf/step-00000004, which the job refused: error: checkpoint file '$CK/svf/step-00000004/rank-00000.bin' is corrupt" "$CK/svf.out" &&
+    grep -q "resumed from $CK/svf/step-00000002 " "$CK/svf.out"; then
+    ck_expect svf "the supervisor skips a corrupt newest checkpoint (step 4, reason printed) and resumes from step 2, continuing the reference bit for bit" ref 2 0
+else
+    fail "checkpoint: supervisor fallback" "exit $rc; $(grep -E '^supervise|^error' "$CK/svf.out" | head -6)"
+fi
+out=$(timeout 120 bash common/tools/supervise.sh --np 2 --retries 3 -- "$BUILD/chapter-2" --dp 3 $CKF --ckpt-dir "$CK/svr" 2>&1)
+rc=$?
+if [ $rc -eq 1 ] && [ "$(echo "$out" | grep -c '^supervise: attempt')" = 1 ] && echo "$out" | grep -q "no restart"; then
+    pass "checkpoint: the supervisor does not retry a refusal (exit 1 after one attempt)"
+else
+    fail "checkpoint: supervisor and a refusal" "exit $rc; $(echo "$out" | grep -E '^supervise|^error' | head -4)"
+fi
+}
+
 # --- bad checkpoints: one message naming the file, exit 1 on every rank,
 # nothing written. Each case works on a copy of chapter 3's step 3.
 # ck_bad NAME DESCRIPTION EXPECTED-TEXT NP FLAGS...
@@ -203,6 +239,7 @@ jobs_run ck_z3
 jobs_run ck_k1
 jobs_run ck_k2
 jobs_run ck_sv
+jobs_run ck_sv_fallback
 ck_copy flip
 # one byte flipped in the middle of rank 3's shard (read by rank 1 of dp 2)
 size=$(stat -c %s "$CK/flip/rank-00003.bin")
