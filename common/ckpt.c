@@ -870,6 +870,14 @@ static const char* read_manifest(const char* dir, const Ckpt* c, Manifest* m, ch
     return bad;
 }
 
+const char* ckpt_check_manifest(const Ckpt* c, const char* dir, char* msg, size_t msg_len) {
+    Manifest m;
+    const char* bad = read_manifest(dir, c, &m, msg, msg_len);
+    free(m.files);
+    free(m.slices);
+    return bad;
+}
+
 // Checks file i of the checkpoint: present, the size and checksum the
 // manifest says, and a header naming this step.
 static const char* verify_file(const char* dir, const Manifest* m, int i, char* msg, size_t msg_len) {

@@ -146,6 +146,13 @@ void ckpt_finish(Ckpt* c, JsonLog* log);
 // MANIFEST), written into out; NULL if there is none, else out.
 const char* ckpt_latest(const char* dir, char* out, size_t out_len);
 
+// Reads and checks DIR/MANIFEST against c's model (its checksum line, every
+// line's syntax and range, the model, the tensors' shapes, the slices'
+// bounds), without MPI and without opening the rank files: NULL, or the
+// message a resume would give. What ckpt_resume runs first; the fuzz target
+// tests/fuzz/fuzz_manifest.c feeds it any bytes.
+const char* ckpt_check_manifest(const Ckpt* c, const char* dir, char* msg, size_t msg_len);
+
 // The checksum of every checkpoint file and manifest: XXH3-64 from xxHash
 // (Debian's libxxhash). A 64-bit hash mixes every input bit into every
 // output bit, so any corruption (one flip, paired flips, swapped words or
