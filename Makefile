@@ -43,13 +43,13 @@ CC      := mpicc
 ARCH    ?= -march=native
 OPT     ?= -O3 $(ARCH)
 CFLAGS  := $(OPT) -std=c11 -D_GNU_SOURCE -fopenmp -Wall -Wextra -Werror -Icommon -MMD -MP
-LDLIBS  := -lm -lpthread
+LDLIBS  := -lm -lpthread -lxxhash
 
 COMMON_SRC := common/common.c common/memory.c common/model.c common/init.c \
               common/checkpoint.c common/moe.c common/data.c common/mesh.c common/runtime.c \
               common/args.c common/report.c common/train.c common/comm_count.c common/paths.c \
               common/ckpt.c common/model_tp.c common/trace.c \
-              common/optime.c
+              common/optime.c common/watchdog.c
 
 ifeq ($(BACKEND),cpu)
   BIN := $(BUILD)
@@ -127,7 +127,7 @@ $(OBJ)/$(1)/%.o: CFLAGS += $(patsubst %,-I%,$(sort $(dir $(call chapter_modules,
 endef
 $(foreach d,$(CHAPTER_DIRS),$(eval $(call CHAPTER_RULE,$(d))))
 
-.PHONY: all modules test tests tools demo bench-ref bench-peer setup clean docs-check fuzz sanitize homework grade
+.PHONY: all modules test tests tools demo bench-ref bench-peer setup clean docs-check fuzz sanitize homework grade print-link-sources print-ldlibs
 all: $(addprefix chapter-,$(CHAPTERS)) modules tools
 
 # every module compiles, linked by a chapter or not yet
@@ -248,6 +248,13 @@ sanitize:
 # libFuzzer for FUZZ_SECONDS each (installs clang as root; not part of test).
 fuzz:
 	@bash tests/fuzz/run.sh
+
+# What every program links: its sources and libraries (tests/fuzz/run.sh
+# builds the fuzz targets from these, so its list cannot fall behind).
+print-link-sources:
+	@echo $(COMMON_SRC) $(BACKEND_C)
+print-ldlibs:
+	@echo $(LDLIBS)
 
 # make bench (the sweep over chapters) and make plots live in docs/plots/.
 -include docs/plots/plots.mk

@@ -27,6 +27,7 @@
 #include "runtime.h"
 #include "trace.h"
 #include "train.h"
+#include "watchdog.h"
 
 // ---------------------------------------------------------------- part 1: the mesh
 
@@ -160,6 +161,7 @@ int main(int argc, char** argv) {
     bad = mesh_create(&mesh, args.mesh, msg, sizeof(msg));
     if (bad) fail_all("%s", bad);
     int threads = runtime_set_threads(args.threads);
+    watchdog_start(args.timeout);
     const char* device = device_init(runtime_local_rank());
 
     mesh_print(&mesh);

@@ -8,6 +8,7 @@
 #include <string.h>
 
 #include "model.h"
+#include "watchdog.h"
 
 typedef struct {
     const char* name;
@@ -38,6 +39,7 @@ static const SharedFlag shared_flags[] = {
     {"val-batches", ARG_INT, "batches per validation loss  [4]"},
     {"threads", ARG_INT, "threads per rank  [cores / ranks on the node]"},
     {"peak-gflops", ARG_FLOAT, "matmul peak for MFU in GFLOP/s  [measured at start-up]"},
+    {"timeout", ARG_FLOAT, "end every rank when one waits this many seconds on a rank that stopped (0: never)  [300]"},
     {"recompute", ARG_STRING, "none | selective | full: activations kept for backward  [none]"},
     {"trace", ARG_STRING, "write every rank's timeline to FILE.json (Chrome trace events)"},
 };
@@ -57,6 +59,7 @@ static void set_defaults(TrainArgs* a) {
     a->wd = 0.0f;
     a->clip = 1.0f;
     a->seed = 1337;
+    a->timeout = WATCHDOG_DEFAULT_SECONDS;
     a->val_batches = 4;
     a->keep = 3;
     a->comm = "library";
@@ -110,6 +113,7 @@ static void* shared_dest(TrainArgs* a, const char* name) {
     if (!strcmp(name, "val-batches")) return &a->val_batches;
     if (!strcmp(name, "threads")) return &a->threads;
     if (!strcmp(name, "peak-gflops")) return &a->peak_gflops;
+    if (!strcmp(name, "timeout")) return &a->timeout;
     if (!strcmp(name, "recompute")) return &recompute_arg;
     if (!strcmp(name, "trace")) return &a->trace;
     return NULL;
@@ -217,6 +221,7 @@ const char* args_parse(int argc, char** argv, TrainArgs* a, const ArgSpec* extra
     else if (a->val_batches < 1) bad = "--val-batches must be >= 1";
     else if (a->threads < 0) bad = "--threads must be >= 0";
     else if (a->peak_gflops < 0) bad = "--peak-gflops must be >= 0";
+    else if (!(a->timeout >= 0) || a->timeout > 1e6) bad = "--timeout must be 0 (no watchdog) or a number of seconds up to 1000000";
     for (int ax = 0; ax < NUM_AXES && !bad; ax++)
         if (a->mesh[ax] < 1) bad = "mesh axis sizes (--dp, --tp, ...) must be >= 1";
     if (bad) {

@@ -32,6 +32,7 @@ typedef struct {
     int recompute;         // --recompute none|selective|full: a RecomputeMode (model.h)
     const char* trace;     // --trace FILE.json: per-rank timelines (trace.h)
     const char* comm;      // --comm library|hand (chapters 2+: run_start adds the flag)
+    float timeout;         // --timeout SECONDS: the watchdog's limit on one wait (watchdog.h; 0: off)
 } TrainArgs;
 
 #define ARGS_MAX_SAMPLE 100000

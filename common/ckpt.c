@@ -30,17 +30,23 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
+#include <sys/file.h>
 #include <sys/stat.h>
 #include <unistd.h>
+#include <xxhash.h>
 
 #include "common.h"
 #include "memory.h"
 #include "runtime.h"
 
 #define CKPT_FILE_MAGIC "GPTSTATE"
-#define CKPT_FILE_VERSION 1u
+#define CKPT_FILE_VERSION 2u  // 2: the header holds the checksum of the rank's slice list
 #define CKPT_HEADER_BYTES 64
-#define CKPT_MANIFEST_MAGIC "gpt-training-state 1"
+// version 2: XXH3-64 checksums (version 1 had a 64-bit FNV variant whose
+// paired flips of a word's top bit cancelled)
+#define CKPT_MANIFEST_MAGIC "gpt-training-state 2"
+#define CKPT_MANIFEST_MAGIC_V1 "gpt-training-state 1"
 
 static const char* kind_names[CKPT_NUM_KINDS] = {"params", "m", "v"};
 
@@ -132,16 +138,42 @@ static size_t numel_of(const Ckpt* c, int t) {
 
 // ---------------------------------------------------------------- the checksum
 
-unsigned long long ckpt_hash(unsigned long long h, const void* buf, size_t n) {
-    const unsigned char* p = buf;
-    const unsigned long long prime = 0x100000001b3ull;
-    size_t words = n / 8;
-    for (size_t i = 0; i < words; i++) {
-        uint64_t w;
-        memcpy(&w, p + 8 * i, 8);
-        h = (h ^ w) * prime;  // odd multiplier: a bijection, so no change cancels out
+unsigned long long ckpt_checksum(const void* buf, size_t n) { return (unsigned long long)XXH3_64bits(buf, n); }
+
+// The streaming form, for a file written or read in pieces: the same value
+// as ckpt_checksum over the concatenation, wherever the pieces are cut.
+static XXH3_state_t* checksum_begin(void) {
+    XXH3_state_t* s = XXH3_createState();
+    if (!s || XXH3_64bits_reset(s) != XXH_OK) FATAL("cannot start an XXH3 checksum");
+    return s;
+}
+
+static void checksum_add(XXH3_state_t* s, const void* buf, size_t n) {
+    if (XXH3_64bits_update(s, buf, n) != XXH_OK) FATAL("XXH3 checksum update failed");
+}
+
+static unsigned long long checksum_end(XXH3_state_t* s) {
+    unsigned long long h = (unsigned long long)XXH3_64bits_digest(s);
+    XXH3_freeState(s);
+    return h;
+}
+
+// The checksum of a list of slices as (kind, tensor, start, len, stride,
+// count) rows: a rank's file header carries the one of the slices it wrote,
+// and a load compares it with the slices the manifest gives that file.
+static unsigned long long slice_rows_checksum(const uint64_t* rows, size_t n_rows) {
+    return ckpt_checksum(rows, n_rows * 6 * sizeof(uint64_t));
+}
+
+static unsigned long long own_slices_checksum(const CkptList* l) {
+    uint64_t* rows = xmalloc(sizeof(uint64_t) * 6 * (size_t)(l->n ? l->n : 1));
+    for (int i = 0; i < l->n; i++) {
+        const CkptSlice* s = &l->s[i];
+        uint64_t row[6] = {(uint64_t)s->kind, (uint64_t)s->tensor, s->start, s->len, s->stride, s->count};
+        memcpy(rows + 6 * i, row, sizeof(row));
     }
-    for (size_t i = 8 * words; i < n; i++) h = (h ^ p[i]) * prime;
+    unsigned long long h = slice_rows_checksum(rows, (size_t)l->n);
+    free(rows);
     return h;
 }
 
@@ -265,6 +297,53 @@ static void fault_kill(void) {
 
 // ---------------------------------------------------------------- set-up
 
+// One writer per checkpoint directory: rank 0 holds an exclusive flock on
+// DIR/.lock for the whole run, and writes its pid, host and start time into
+// it for the message a second run gets. The kernel drops the lock when the
+// process ends, however it ends, so a .lock file whose lock can be taken is
+// the leftover of a run that died: it is taken over with a note. (flock
+// works across processes on one machine and, on Linux, on NFS through
+// fcntl locks; a file system without locks gives a clear error instead.)
+static const char* lock_dir(Ckpt* c, char* msg, size_t msg_len) {
+    char path[4096 + 16];
+    mkdir(c->dir, 0755);  // may exist; the open below says if it is unusable
+    snprintf(path, sizeof(path), "%s/.lock", c->dir);
+    int fd = open(path, O_RDWR | O_CREAT, 0644);
+    if (fd < 0) {
+        snprintf(msg, msg_len, "cannot create the lock file '%s': %s (check --ckpt-dir)", path, strerror(errno));
+        return msg;
+    }
+    char before[256] = "";
+    ssize_t got = pread(fd, before, sizeof(before) - 1, 0);
+    before[got > 0 ? got : 0] = 0;
+    before[strcspn(before, "\n")] = 0;
+    if (flock(fd, LOCK_EX | LOCK_NB) != 0) {
+        int err = errno;
+        close(fd);
+        if (err == EWOULDBLOCK)
+            snprintf(msg, msg_len, "--ckpt-dir '%s' is in use by another run (%s): give each run its own directory, or wait for that one to end",
+                     c->dir, before[0] ? before : "its .lock file names no process");
+        else
+            snprintf(msg, msg_len, "cannot lock '%s': %s (a file system without file locks: use a local --ckpt-dir)", path,
+                     strerror(err));
+        return msg;
+    }
+    if (before[0]) print0("note: --ckpt-dir '%s': the lock of an earlier run (%s) is stale (that run has ended); taking it over\n", c->dir, before);
+    char host[256] = "?", now[64] = "?";
+    gethostname(host, sizeof(host) - 1);
+    time_t t = time(NULL);
+    strftime(now, sizeof(now), "%Y-%m-%d %H:%M:%S UTC", gmtime(&t));
+    char line[512];
+    int n = snprintf(line, sizeof(line), "pid %d on host %s, since %s\n", (int)getpid(), host, now);
+    if (ftruncate(fd, 0) != 0 || pwrite(fd, line, (size_t)n, 0) != n) {
+        snprintf(msg, msg_len, "cannot write the lock file '%s': %s", path, strerror(errno));
+        close(fd);
+        return msg;
+    }
+    c->lock_fd = fd;
+    return NULL;
+}
+
 void ckpt_init(Ckpt* c, const TrainArgs* a, const TrainSetup* s, const Mesh* mesh, int chapter) {
     memset(c, 0, sizeof(*c));
     c->dir = a->ckpt_dir;
@@ -284,6 +363,12 @@ void ckpt_init(Ckpt* c, const TrainArgs* a, const TrainSetup* s, const Mesh* mes
     for (int ax = 0; ax < NUM_AXES; ax++) c->mesh[ax] = mesh ? mesh->size[ax] : 1;
     MPI_CHECK(MPI_Comm_size(MPI_COMM_WORLD, &c->world));
     MPI_CHECK(MPI_Comm_rank(MPI_COMM_WORLD, &c->rank));
+    c->lock_fd = -1;
+    if (c->dir) {
+        char msg[1024];
+        const char* bad = c->rank == 0 ? lock_dir(c, msg, sizeof(msg)) : NULL;
+        fail_if_any(bad != NULL, bad);
+    }
 }
 
 void ckpt_set_model(Ckpt* c, const CkptTensor* tensors, int n, const char* variant) {
@@ -308,13 +393,17 @@ static void write_file(Ckpt* c) {
     memcpy(header + 12, &rank, 4);
     memcpy(header + 16, &step, 8);
     memcpy(header + 24, &floats, 8);
+    uint64_t slices_sum = own_slices_checksum(&c->own);
+    memcpy(header + 32, &slices_sum, 8);
     int fd = open(c->file_path, O_WRONLY | O_CREAT | O_TRUNC, 0644);
     if (fd < 0) {
         snprintf(c->file_err, sizeof(c->file_err), "cannot write checkpoint file '%s': %s", c->file_path, strerror(errno));
         return;
     }
-    unsigned long long h = ckpt_hash(CKPT_HASH_INIT, header, sizeof(header));
-    h = ckpt_hash(h, c->host, floats * sizeof(float));
+    XXH3_state_t* sum = checksum_begin();
+    checksum_add(sum, header, sizeof(header));
+    checksum_add(sum, c->host, floats * sizeof(float));
+    unsigned long long h = checksum_end(sum);
     const unsigned char* parts[2] = {header, (const unsigned char*)c->host};
     size_t sizes[2] = {sizeof(header), floats * sizeof(float)};
     int kill_here = fault_fires(c, "save", c->pending_step);
@@ -422,19 +511,29 @@ static const char* write_manifest(const Ckpt* c, int step, const int* counts, co
         }
     }
     // the manifest's own checksum, over every byte before this line
-    unsigned long long h = ckpt_hash(CKPT_HASH_INIT, text, len);
+    unsigned long long h = ckpt_checksum(text, len);
     OUT("end %016llx\n", h);
 #undef OUT
     free(file_index);
-    const char* bad = NULL;
-    int fd = open(path, O_WRONLY | O_CREAT | O_TRUNC, 0644);
-    if (fd < 0 || write(fd, text, len) != (ssize_t)len || fsync(fd) != 0) {
-        snprintf(msg, msg_len, "cannot write the checkpoint manifest '%s': %s", path, strerror(errno));
-        bad = msg;
+    // every error names its own errno (a short write on a full disk sets
+    // none: the next write says ENOSPC), and a failed manifest takes its
+    // .tmp directory with it, so nothing half-written stays behind
+    int fd = open(path, O_WRONLY | O_CREAT | O_TRUNC, 0644), err = fd < 0 ? errno : 0;
+    for (size_t done = 0; !err && done < len;) {
+        ssize_t w = write(fd, text + done, len - done);
+        if (w < 0 && errno == EINTR) continue;
+        if (w <= 0) err = w < 0 ? errno : EIO;
+        else done += (size_t)w;
     }
-    if (fd >= 0) close(fd);
+    if (!err && fsync(fd) != 0) err = errno;
+    if (fd >= 0 && close(fd) != 0 && !err) err = errno;
     free(text);
-    if (bad) return bad;
+    if (err) {
+        snprintf(msg, msg_len, "cannot write the checkpoint manifest '%s': %s; the checkpoint of step %d is not saved (earlier ones are kept)",
+                 path, strerror(err), step);
+        remove_dir(tmp);
+        return msg;
+    }
     // every file and the manifest are on disk; the directory entries too
     fsync_path(tmp);
     // into place: a checkpoint of this step already there (a run restarted
@@ -450,6 +549,8 @@ static const char* write_manifest(const Ckpt* c, int step, const int* counts, co
     }
     if (rename(tmp, final) != 0) {
         snprintf(msg, msg_len, "cannot rename checkpoint '%s' to '%s': %s", tmp, final, strerror(errno));
+        remove_dir(tmp);
+        if (replacing) rename(old, final);  // the checkpoint that was there comes back
         return msg;
     }
     fsync_path(c->dir);
@@ -663,11 +764,18 @@ static const char* read_manifest(const char* dir, const Ckpt* c, Manifest* m, ch
     size_t got = fread(text, 1, (size_t)(size > 0 ? size : 0), f);
     fclose(f);
     text[got] = 0;
+    // a manifest of the first format: its checksums cannot be verified
+    if (!strncmp(text, CKPT_MANIFEST_MAGIC_V1 "\n", strlen(CKPT_MANIFEST_MAGIC_V1) + 1)) {
+        snprintf(msg, msg_len, "checkpoint manifest '%s' is of the first format, whose checksum is no longer trusted: resume from a checkpoint written by this version, or from the weights alone (--model FILE.bin)",
+                 path);
+        free(text);
+        return msg;
+    }
     // the last line is "end HASH" over every byte before it
     char* end = NULL;
     for (char* p = strstr(text, "\nend "); p; p = strstr(p + 1, "\nend ")) end = p + 1;
     unsigned long long h = 0;
-    if (!end || sscanf(end, "end %llx", &h) != 1 || h != ckpt_hash(CKPT_HASH_INIT, text, (size_t)(end - text))) {
+    if (!end || sscanf(end, "end %llx", &h) != 1 || h != ckpt_checksum(text, (size_t)(end - text))) {
         snprintf(msg, msg_len, "checkpoint manifest '%s' is corrupt or truncated (its checksum line does not match): resume from another checkpoint",
                  path);
         free(text);
@@ -762,6 +870,14 @@ static const char* read_manifest(const char* dir, const Ckpt* c, Manifest* m, ch
     return bad;
 }
 
+const char* ckpt_check_manifest(const Ckpt* c, const char* dir, char* msg, size_t msg_len) {
+    Manifest m;
+    const char* bad = read_manifest(dir, c, &m, msg, msg_len);
+    free(m.files);
+    free(m.slices);
+    return bad;
+}
+
 // Checks file i of the checkpoint: present, the size and checksum the
 // manifest says, and a header naming this step.
 static const char* verify_file(const char* dir, const Manifest* m, int i, char* msg, size_t msg_len) {
@@ -783,20 +899,21 @@ static const char* verify_file(const char* dir, const Manifest* m, int i, char* 
     }
     size_t cap = 1u << 22;
     unsigned char* buf = xmalloc(cap);
-    unsigned long long h = CKPT_HASH_INIT;
+    XXH3_state_t* sum = checksum_begin();
     unsigned char header[CKPT_HEADER_BYTES] = {0};
     size_t total = 0;
     for (;;) {
-        ssize_t r = read(fd, buf, cap);  // cap is a multiple of 8: only the last chunk has a tail
+        ssize_t r = read(fd, buf, cap);
         if (r < 0 && errno == EINTR) continue;
         if (r <= 0) break;
         if (total < CKPT_HEADER_BYTES) {
             size_t n = (size_t)r < CKPT_HEADER_BYTES - total ? (size_t)r : CKPT_HEADER_BYTES - total;
             memcpy(header + total, buf, n);
         }
-        h = ckpt_hash(h, buf, (size_t)r);
+        checksum_add(sum, buf, (size_t)r);
         total += (size_t)r;
     }
+    unsigned long long h = checksum_end(sum);
     free(buf);
     close(fd);
     uint64_t step = 0;
@@ -808,6 +925,39 @@ static const char* verify_file(const char* dir, const Manifest* m, int i, char* 
     }
     if (memcmp(header, CKPT_FILE_MAGIC, 8) != 0 || step != (uint64_t)m->step) {
         snprintf(msg, msg_len, "checkpoint file '%s' is not a state file of step %d", path, m->step);
+        return msg;
+    }
+    // the slices the manifest reads from this file must be the ones its
+    // writer put there: a manifest that points one rank's slices at another
+    // rank's file (with that file's own name, size and checksum) reads
+    // another rank's values into these places
+    uint64_t want_sum = 0, version = 0;
+    memcpy(&want_sum, header + 32, 8);
+    memcpy(&version, header + 8, 4);
+    size_t n_rows = 0;
+    uint64_t* rows = xmalloc(sizeof(uint64_t) * 6 * (size_t)(m->n_slices + 1));
+    for (int j = 0; j < m->n_slices; j++) {
+        const SavedSlice* v = &m->slices[j];
+        if (v->file != i) continue;
+        uint64_t row[6] = {(uint64_t)v->kind, (uint64_t)v->tensor, v->start, v->len, v->stride, v->count};
+        memcpy(rows + 6 * n_rows++, row, sizeof(row));
+    }
+    unsigned long long got_sum = slice_rows_checksum(rows, n_rows);
+    free(rows);
+    if ((uint32_t)version != CKPT_FILE_VERSION || got_sum != want_sum) {
+        snprintf(msg, msg_len, "checkpoint file '%s' does not hold the slices the manifest reads from it (the slice list in its header differs): the manifest does not belong to these files",
+                 path);
+        return msg;
+    }
+    // the rank that wrote it must be the one its name says: a manifest that
+    // points at another rank's file (with that file's own size and checksum)
+    // would otherwise read another rank's slices into this one's places
+    uint32_t writer = 0;
+    int named = -1;
+    memcpy(&writer, header + 12, 4);
+    if (sscanf(m->files[i].name, "rank-%d.bin", &named) != 1 || named < 0 || (uint32_t)named != writer) {
+        snprintf(msg, msg_len, "checkpoint file '%s' was written by rank %u, but the manifest lists it as '%s': the manifest does not belong to these files",
+                 path, writer, m->files[i].name);
         return msg;
     }
     return NULL;
@@ -994,6 +1144,15 @@ void ckpt_finish(Ckpt* c, JsonLog* log) {
     }
     free(c->host);
     c->host = NULL;
+    if (c->lock_fd >= 0) {
+        // the lock's text goes with the lock: a .lock file left with text
+        // means a run died holding it
+        char path[4096 + 16];
+        snprintf(path, sizeof(path), "%s/.lock", c->dir);
+        if (ftruncate(c->lock_fd, 0) != 0) print0("note: cannot clear the lock file '%s'\n", path);
+        close(c->lock_fd);
+        c->lock_fd = -1;
+    }
     ckpt_list_free(&c->own);
     ckpt_list_free(&c->need);
 }

@@ -127,6 +127,7 @@ typedef struct Ckpt {  // named: train.h's loop holds a pointer to one
     double write_s;   // the file writes themselves (in the thread when async)
     double load_s;
     size_t load_bytes;
+    int lock_fd;  // rank 0: DIR/.lock, held (flock) from ckpt_init to ckpt_finish; -1 if none
 } Ckpt;
 
 // Reads the checkpoint flags; no file is touched yet.
@@ -152,10 +153,19 @@ void ckpt_finish(Ckpt* c, JsonLog* log);
 // MANIFEST), written into out; NULL if there is none, else out.
 const char* ckpt_latest(const char* dir, char* out, size_t out_len);
 
-// 64-bit FNV-1a over 64-bit words (the tail bytewise): any one changed byte
-// changes the hash. h starts at CKPT_HASH_INIT; every call but the last must
-// pass a multiple of 8 bytes.
-#define CKPT_HASH_INIT 0xcbf29ce484222325ull
-unsigned long long ckpt_hash(unsigned long long h, const void* buf, size_t n);
+// Reads and checks DIR/MANIFEST against c's model (its checksum line, every
+// line's syntax and range, the model, the tensors' shapes, the slices'
+// bounds), without MPI and without opening the rank files: NULL, or the
+// message a resume would give. What ckpt_resume runs first; the fuzz target
+// tests/fuzz/fuzz_manifest.c feeds it any bytes.
+const char* ckpt_check_manifest(const Ckpt* c, const char* dir, char* msg, size_t msg_len);
+
+// The checksum of every checkpoint file and manifest: XXH3-64 from xxHash
+// (Debian's libxxhash). A 64-bit hash mixes every input bit into every
+// output bit, so any corruption (one flip, paired flips, swapped words or
+// blocks) goes unseen with probability about 2^-64. It guards against
+// accidents (bit rot, a torn or mixed-up file), not against someone who
+// rewrites a file and its manifest on purpose: that needs a signature.
+unsigned long long ckpt_checksum(const void* buf, size_t n);
 
 #endif

@@ -10,6 +10,8 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "watchdog.h"
+
 int world_rank(void) {
     int initialized = 0, finalized = 0, rank = 0;
     MPI_Initialized(&initialized);
@@ -50,7 +52,10 @@ void fail_all(const char* fmt, ...) {
     int initialized = 0, finalized = 0;
     MPI_Initialized(&initialized);
     MPI_Finalized(&finalized);
-    if (initialized && !finalized) MPI_Finalize();
+    if (initialized && !finalized) {
+        watchdog_stop();
+        MPI_Finalize();
+    }
     exit(1);
 }
 
@@ -72,12 +77,15 @@ void fail_if_any(int failed, const char* message) {
     MPI_Comm_size(MPI_COMM_WORLD, &size);
     // the lowest failing rank speaks; size means "nobody failed"
     int mine = failed ? rank : size, first = size;
+    watchdog_enter("allreduce (fail_if_any)", "world", -1);
     MPI_Allreduce(&mine, &first, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD);
+    watchdog_leave();
     if (first == size) return;
     if (rank == first) {
         fprintf(stderr, "error: %s\n", message ? message : "(no message)");
         fflush(stderr);
     }
+    watchdog_stop();
     MPI_Finalize();
     exit(1);
 }

@@ -17,6 +17,7 @@
 #include "common.h"
 #include "memory.h"
 #include "optime.h"
+#include "watchdog.h"
 
 const char* jsonl_open(JsonLog* log, const char* path, char* msg, size_t msg_len) {
     log->f = NULL;
@@ -75,6 +76,7 @@ void report_step_extra(JsonLog* log, int step, int steps, float loss, float norm
     // saved: a NaN model must not be written over a good checkpoint.
     static float last_loss = NAN;
     static int last_step = -1;
+    watchdog_set_step(step + 1);  // a wait from here on belongs to the next step
     char msg[512];
     int diverged = !isfinite(loss) || !isfinite(norm);
     if (diverged) {

@@ -10,11 +10,16 @@
 #include "device.h"
 #include "memory.h"
 #include "ops.h"
+#include "watchdog.h"
 
 static int local_size = 1, local_rank = 0;
 
 void runtime_init(int* argc, char*** argv) {
-    MPI_Init(argc, argv);
+    // the watchdog's thread asks other ranks over MPI while the main thread
+    // waits in a collective (watchdog.h): that needs MPI_THREAD_MULTIPLE,
+    // which Open MPI gives; with less the watchdog stays off
+    int provided = MPI_THREAD_SINGLE;
+    MPI_Init_thread(argc, argv, MPI_THREAD_MULTIPLE, &provided);
     MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_RETURN);
     // ranks that share memory are the ranks of one node
     MPI_Comm node;
@@ -24,7 +29,10 @@ void runtime_init(int* argc, char*** argv) {
     MPI_Comm_free(&node);
 }
 
-void runtime_finalize(void) { MPI_Finalize(); }
+void runtime_finalize(void) {
+    watchdog_stop();
+    MPI_Finalize();
+}
 
 int runtime_local_size(void) { return local_size; }
 int runtime_local_rank(void) { return local_rank; }

@@ -11,6 +11,7 @@
 #include "memory.h"
 #include "optime.h"
 #include "paths.h"
+#include "watchdog.h"
 #include "runtime.h"
 #include "trace.h"
 
@@ -268,6 +269,7 @@ int run_start(Run* r, int argc, char** argv, const char* program, const char* su
     bad = mesh_create(&r->mesh, r->args.mesh, msg, sizeof(msg));
     if (bad) fail_all("%s", bad);
     runtime_set_threads(r->args.threads);
+    watchdog_start(r->args.timeout);  // from here on, a rank that stops ends the job (watchdog.h)
     r->device = device_init(runtime_local_rank());
     comm_create(&r->world, r->axes, &r->mesh);
     train_setup(&r->setup, &r->args);

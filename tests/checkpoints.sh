@@ -180,17 +180,53 @@ else
 fi
 }
 
+# the supervisor falls back past a corrupt newest checkpoint: the job (rank 0
+# killed after step 5, checkpoints at steps 2 and 4) is restarted by a
+# launcher that first flips a byte of step 4's file, so the restart from
+# step 4 is refused naming it; the supervisor skips it and resumes from
+# step 2 without using up a retry. A refusal that names no checkpoint (a
+# bad flag) is not retried at all.
+ck_sv_fallback() {
+local rc out
+rm -rf "$CK/svf" "$CK/svf.launches"
+cat >"$CK/svf_mpirun.sh" <<EOF
+#!/bin/bash
+# the second launch finds step 4 corrupted (one byte of rank 0's file)
+echo x >>"$CK/svf.launches"
+if [ "\$(wc -l <"$CK/svf.launches")" = 2 ]; then
+    printf '\\377' | dd of="$CK/svf/step-00000004/rank-00000.bin" bs=1 seek=5000 conv=notrunc 2>/dev/null
+fi
+exec bash "$PWD/tests/mpirun.sh" "\$@"
+EOF
+CKPT_KILL=step:5:0 MPIRUN="bash $CK/svf_mpirun.sh" timeout 240 bash common/tools/supervise.sh --np 1 --retries 1 -- \
+    "$BUILD/chapter-0" $CKF --ckpt-dir "$CK/svf" --save-every 2 --keep 0 --log "$CK/svf.jsonl" >"$CK/svf.out" 2>&1
+rc=$?
+if [ $rc -eq 0 ] && grep -q "^supervise: skipping checkpoint $CK/svf/step-00000004, which the job refused: error: checkpoint file '$CK/svf/step-00000004/rank-00000.bin' is corrupt" "$CK/svf.out" &&
+    grep -q "resumed from $CK/svf/step-00000002 " "$CK/svf.out"; then
+    ck_expect svf "the supervisor skips a corrupt newest checkpoint (step 4, reason printed) and resumes from step 2, continuing the reference bit for bit" ref 2 0
+else
+    fail "checkpoint: supervisor fallback" "exit $rc; $(grep -E '^supervise|^error' "$CK/svf.out" | head -6)"
+fi
+out=$(timeout 120 bash common/tools/supervise.sh --np 2 --retries 3 -- "$BUILD/chapter-2" --dp 3 $CKF --ckpt-dir "$CK/svr" 2>&1)
+rc=$?
+if [ $rc -eq 1 ] && [ "$(echo "$out" | grep -c '^supervise: attempt')" = 1 ] && echo "$out" | grep -q "no restart"; then
+    pass "checkpoint: the supervisor does not retry a refusal (exit 1 after one attempt)"
+else
+    fail "checkpoint: supervisor and a refusal" "exit $rc; $(echo "$out" | grep -E '^supervise|^error' | head -4)"
+fi
+}
+
 # --- bad checkpoints: one message naming the file, exit 1 on every rank,
 # nothing written. Each case works on a copy of chapter 3's step 3.
 # ck_bad NAME DESCRIPTION EXPECTED-TEXT NP FLAGS...
 ck_bad() {
     local name=$1 what=$2 expect=$3 np=$4 before after rc
     shift 4
-    before=$(cd "$CK/$name" && find . -type f | sort | xargs md5sum)
+    before=$(cd "$CK/$name" && find . -type f ! -name .lock | sort | xargs md5sum)
     # (no kill grace: the refusal ends every rank through MPI_Finalize; error_case, tests/lib.sh)
     OMPI_MCA_odls_base_sigkill_timeout=0 timeout 120 $MPIRUN -np "$np" "$BUILD/chapter-3" $CKF --resume "$CK/$name" --ckpt-dir "$CK/$name" --save-every 1 "$@" >"$CK/$name.out" 2>&1
     rc=$?
-    after=$(cd "$CK/$name" && find . -type f | sort | xargs md5sum)
+    after=$(cd "$CK/$name" && find . -type f ! -name .lock | sort | xargs md5sum)
     if [ $rc -eq 1 ] && [ "$(grep -c '^error' "$CK/$name.out")" = 1 ] && grep -qF -- "$expect" "$CK/$name.out" &&
         [ "$before" = "$after" ] && ! grep -q '^step' "$CK/$name.out"; then
         pass "checkpoint: $what: exit 1, one message ('$expect'), nothing written"
@@ -205,12 +241,25 @@ jobs_run ck_z3
 jobs_run ck_k1
 jobs_run ck_k2
 jobs_run ck_sv
+jobs_run ck_sv_fallback
 ck_copy flip
 # one byte flipped in the middle of rank 3's shard (read by rank 1 of dp 2)
 size=$(stat -c %s "$CK/flip/rank-00003.bin")
 byte=$(od -An -tu1 -j $((size / 2)) -N1 "$CK/flip/rank-00003.bin" | tr -d ' ')
 printf "$(printf '\\%03o' $(((byte + 1) % 256)))" | dd of="$CK/flip/rank-00003.bin" bs=1 seek=$((size / 2)) conv=notrunc 2>/dev/null
 jobs_run ck_bad flip "one flipped byte in a shard" "flip/rank-00003.bin' is corrupt" 2 --dp 2
+# two flips of the top bit of two 64-bit words (bit 7 of bytes 871 and
+# 40071): they cancelled in the first format's word-wise hash, which then
+# accepted the file and trained other losses
+ck_copy pair
+python3 - "$CK/pair/rank-00001.bin" <<'PYEOF'
+import sys
+data = bytearray(open(sys.argv[1], "rb").read())
+for at in (871, 40071):
+    data[at] ^= 0x80
+open(sys.argv[1], "wb").write(data)
+PYEOF
+jobs_run ck_bad pair "two flipped top bits of two words" "pair/rank-00001.bin' is corrupt" 2 --dp 2
 ck_copy trunc
 truncate -s -100 "$CK/trunc/rank-00001.bin"
 jobs_run ck_bad trunc "a truncated shard" "trunc/rank-00001.bin' has" 4 --dp 4
@@ -220,26 +269,45 @@ jobs_run ck_bad missing "a missing shard" "missing/rank-00002.bin' is missing" 1
 ck_copy manifest
 sed -i 's/^step 3$/step 4/' "$CK/manifest/MANIFEST"
 jobs_run ck_bad manifest "an edited manifest" "MANIFEST' is corrupt or truncated" 2 --dp 2
-# a manifest that no longer covers the model (rank 3's slices dropped, its
-# checksum line recomputed, so only the coverage check can catch it)
-ck_copy cover
-python3 - "$CK/cover/MANIFEST" <<'PYEOF'
-import sys
-path = sys.argv[1]
-lines = open(path).read().split("\n")
-body = [l for l in lines if l and not l.startswith("end ") and " file=3 " not in l]
+# ck_rehash MANIFEST SED-SCRIPT: edits a manifest with sed, sets its "slices"
+# count to the slice lines left, and writes its checksum line anew (XXH3-64
+# of the text before it, as xxhsum -H3 prints it), so that only the check
+# a case is aimed at can catch the edit
+ck_rehash() {
+python3 - "$1" "$2" <<'PYEOF'
+import re, subprocess, sys
+path, edit = sys.argv[1], sys.argv[2]
+body = [l for l in open(path).read().split("\n") if l and not l.startswith("end ")]
+body = subprocess.run(["sed", edit], input="\n".join(body) + "\n", capture_output=True, text=True,
+                      check=True).stdout.rstrip("\n").split("\n")
 n = sum(1 for l in body if l.startswith("slice "))
 body = [("slices %d" % n) if l.startswith("slices ") else l for l in body]
 text = ("\n".join(body) + "\n").encode()
-h, prime, mask = 0xcbf29ce484222325, 0x100000001b3, (1 << 64) - 1
-words = len(text) // 8
-for i in range(words):
-    h = ((h ^ int.from_bytes(text[8 * i:8 * i + 8], "little")) * prime) & mask
-for b in text[8 * words:]:
-    h = ((h ^ b) * prime) & mask
-open(path, "wb").write(text + ("end %016x\n" % h).encode())
+out = subprocess.run(["xxhsum", "-H3", "-"], input=text, capture_output=True, check=True).stdout.decode()
+open(path, "wb").write(text + ("end %s\n" % re.search(r"[0-9a-f]{16}", out).group(0)).encode())
 PYEOF
+}
+# a manifest that no longer covers the model (rank 3's file and slices
+# dropped, so every file left agrees with its lines: only the coverage
+# check can catch it)
+ck_copy cover
+ck_rehash "$CK/cover/MANIFEST" '/ file=3 /d;/^file 3 /d;s/^files 4$/files 3/'
 jobs_run ck_bad cover "a manifest whose slices do not cover the model" "its manifest does not match this model" 2 --dp 2
+# a manifest that points rank 1's slices at rank 2's file: the lines of
+# files 1 and 2 swapped (each name with its own size and checksum), so both
+# files pass their own checks; the slice list in a file's header catches it
+ck_copy swap
+ck_rehash "$CK/swap/MANIFEST" '/^file 1 /{s/^file 1 /file 2 /;h;d};/^file 2 /{s/^file 2 /file 1 /;G}'
+jobs_run ck_bad swap "a manifest pointing a rank at another rank's file" "does not hold the slices the manifest reads from it" 4 --dp 4
+# a file renamed to another rank's name (manifest line and file both)
+ck_copy rename
+mv "$CK/rename/rank-00002.bin" "$CK/rename/rank-00005.bin"
+ck_rehash "$CK/rename/MANIFEST" 's/^file 2 rank-00002.bin /file 2 rank-00005.bin /'
+jobs_run ck_bad rename "a rank file under another rank's name" "was written by rank 2, but the manifest lists it as 'rank-00005.bin'" 4 --dp 4
+# a checkpoint written with the first format's checksum (FNV over words)
+ck_copy v1
+ck_rehash "$CK/v1/MANIFEST" '1s/.*/gpt-training-state 1/'
+jobs_run ck_bad v1 "a manifest of the first format" "is of the first format" 1 --dp 1
 ck_copy model
 jobs_run ck_bad model "a checkpoint of another model" "holds a model with L=2 C=64" 1 --dp 1 --model small
 ck_copy batch
@@ -264,6 +332,65 @@ else
 fi
 }
 jobs_run ck_full
+
+# a disk that fills up at the manifest: a tmpfs (in a mount namespace of its
+# own, so nothing outside sees it) with room for the rank file and the lock
+# but not the manifest; sync and async saves end with ENOSPC named, and no
+# .tmp directory or step directory is left. Skipped where a mount namespace
+# cannot be made (not root, or a container that forbids it).
+ck_manifest_full() {
+local bytes size mode out rc
+bytes=$(sed -n 's/^file 0 .* bytes=\([0-9]*\) .*/\1/p' "$CK/c0/step-00000004/MANIFEST")
+size=$(( ((bytes + 4095) / 4096 + 1) * 4096 ))
+if ! unshare -m true 2>/dev/null; then
+    skip "checkpoint: a full disk at the manifest" "no mount namespace here (unshare -m needs root)"
+    return
+fi
+for mode in sync async; do
+    out=$(unshare -m bash -c "mkdir -p '$CK/tfs' && mount -t tmpfs -o size=$size tmpfs '$CK/tfs' &&
+        timeout 120 $MPIRUN -np 1 '$BUILD/chapter-0' $CKF --steps 4 --ckpt-dir '$CK/tfs/ck' $([ $mode = async ] && echo --async-save) 2>&1;
+        echo \"rc=\$?\"; echo \"left: \$(ls '$CK/tfs/ck' | tr '\n' ' ')\"" 2>&1)
+    if echo "$out" | grep -q '^rc=1$' && [ "$(echo "$out" | grep -c '^error')" = 1 ] &&
+        echo "$out" | grep -q "^error: cannot write the checkpoint manifest '.*/step-00000004.tmp/MANIFEST': No space left on device" &&
+        echo "$out" | grep -q '^left: $'; then
+        pass "checkpoint: a full disk at the manifest ($mode save): ENOSPC named, no .tmp or step directory left"
+    else
+        fail "checkpoint: a full disk at the manifest ($mode save)" "$(echo "$out" | grep -E '^(error|rc=|left:)' | head -4)"
+    fi
+done
+}
+jobs_run ck_manifest_full
+
+# one writer per --ckpt-dir: a second run stops at once naming the first
+# (its pid and host); after the first is killed, its lock is stale and the
+# next run takes it over with a note
+ck_lock() {
+local pid out rc i
+rm -rf "$CK/lock"
+timeout 300 $MPIRUN -np 1 "$BUILD/chapter-0" $CKF --steps 100000 --ckpt-dir "$CK/lock" >"$CK/lockA.out" 2>&1 &
+pid=$!
+for i in $(seq 1 600); do grep -q '^step' "$CK/lockA.out" 2>/dev/null && break; sleep 0.1; done
+out=$(OMPI_MCA_odls_base_sigkill_timeout=0 timeout 60 $MPIRUN -np 2 "$BUILD/chapter-2" --dp 2 $CKF --ckpt-dir "$CK/lock" 2>&1)
+rc=$?
+local holder
+holder=$(cat "$CK/lock/.lock" 2>/dev/null)
+{ kill -9 $pid; pkill -9 -f -- "--ckpt-dir $CK/lock"; wait $pid; } 2>/dev/null
+if [ $rc -eq 1 ] && [ "$(echo "$out" | grep -c '^error')" = 1 ] &&
+    echo "$out" | grep -qF -- "--ckpt-dir '$CK/lock' is in use by another run ($holder)" && ! echo "$out" | grep -q '^step' &&
+    echo "$holder" | grep -q "^pid [0-9]* on host"; then
+    pass "checkpoint: a second run on a --ckpt-dir in use stops at once, naming the first ($holder)"
+else
+    fail "checkpoint: a second run on one --ckpt-dir" "exit $rc; $(echo "$out" | grep -E '^error|^step' | head -2); .lock: $holder"
+fi
+out=$(timeout 60 $MPIRUN -np 1 "$BUILD/chapter-0" $CKF --steps 1 --ckpt-dir "$CK/lock" 2>&1)
+rc=$?
+if [ $rc -eq 0 ] && echo "$out" | grep -qF "the lock of an earlier run ($holder) is stale" && [ ! -s "$CK/lock/.lock" ]; then
+    pass "checkpoint: the lock of a killed run is recognised as stale and taken over; a finished run leaves it empty"
+else
+    fail "checkpoint: a stale lock" "exit $rc; $(echo "$out" | grep -E '^error|^note' | head -2); .lock after: $(cat "$CK/lock/.lock")"
+fi
+}
+jobs_run ck_lock
 
 # flags that cannot work: one message, exit 1, before any step
 ck_flag() {  # DESCRIPTION EXPECTED-TEXT FLAGS...

@@ -30,8 +30,11 @@ run() {
     fi
 }
 
-for t in test_ops test_model test_data; do run "$t" "$BUILD/tests/$t"; done
+for t in test_ops test_model test_data test_schedule; do run "$t" "$BUILD/tests/$t"; done
 run "test_fsdp on 3 ranks" $MPIRUN -np 3 "$BUILD/tests/test_fsdp"
+run "test_ckpt on 3 ranks" $MPIRUN -np 3 "$BUILD/tests/test_ckpt"
+run "test_comm on 4 ranks" $MPIRUN -np 4 "$BUILD/tests/test_comm"
+run "test_ring on 2 ranks" $MPIRUN -np 2 "$BUILD/tests/test_ring"
 run "chapter 0, 3 steps" $MPIRUN -np 1 "$BUILD/chapter-0" --steps 3 --peak-gflops 10 --sample 20 --save "$TEST_TMPDIR/s.bin"
 run "chapter 0 from a checkpoint" $MPIRUN -np 1 "$BUILD/chapter-0" --steps 1 --peak-gflops 10 --model "$TEST_TMPDIR/s.bin"
 run "chapter 1 --check on 3 ranks" $MPIRUN -np 3 "$BUILD/chapter-1" --check
@@ -44,6 +47,17 @@ done
 run "chapter 4 dp=2 tp=2 (with --save) on 4 ranks" $MPIRUN -np 4 "$BUILD/chapter-4" --dp 2 --tp 2 --steps 2 --peak-gflops 10 --save "$TEST_TMPDIR/s4.bin"
 run "chapter 4 from its checkpoint, tile by tile, on tp=4" $MPIRUN -np 4 "$BUILD/chapter-4" --tp 4 --model "$TEST_TMPDIR/s4.bin" --steps 1 --peak-gflops 10
 run "chapter 4 small on tp=3 (uneven vocabulary)" $MPIRUN -np 3 "$BUILD/chapter-4" --tp 3 --model small --batch 1 --seq 16 --steps 1 --val-batches 1 --peak-gflops 10
+run "chapter 0 saves training state" $MPIRUN -np 1 "$BUILD/chapter-0" --steps 2 --peak-gflops 10 --ckpt-dir "$TEST_TMPDIR/st"
+run "chapter 3 ZeRO-3 resumes it on 2 ranks (async saves)" $MPIRUN -np 2 "$BUILD/chapter-3" --dp 2 --zero 3 --steps 4 --peak-gflops 10 --resume "$TEST_TMPDIR/st" --ckpt-dir "$TEST_TMPDIR/st3" --save-every 1 --async-save
+run "chapter 4 resumes it on tp 2" $MPIRUN -np 2 "$BUILD/chapter-4" --tp 2 --steps 4 --peak-gflops 10 --resume "$TEST_TMPDIR/st3"
+for schedule in gpipe 1f1b zb; do
+    run "chapter 5 $schedule on pp 2" $MPIRUN -np 2 "$BUILD/chapter-5" --pp 2 --schedule "$schedule" --microbatches 4 --steps 2 --peak-gflops 10
+done
+run "chapter 5 interleaved on pp 2, v 3, dp 2 (4 ranks, tiny6)" $MPIRUN -np 4 "$BUILD/chapter-5" --model tiny6 --dp 2 --pp 2 --schedule interleaved --virtual 3 --microbatches 4 --batch 8 --steps 2 --peak-gflops 10
+run "chapter 6 ring on cp 2" $MPIRUN -np 2 "$BUILD/chapter-6" --cp 2 --cp-mode ring --steps 2 --peak-gflops 10
+run "chapter 6 zigzag ring on dp 2 x cp 2" $MPIRUN -np 4 "$BUILD/chapter-6" --dp 2 --cp 2 --cp-mode ring --cp-balance zigzag --steps 2 --peak-gflops 10
+run "chapter 6 ulysses on cp 2" $MPIRUN -np 2 "$BUILD/chapter-6" --cp 2 --cp-mode ulysses --steps 2 --peak-gflops 10
+run "chapter 6 tp 2 with sequence parallelism" $MPIRUN -np 2 "$BUILD/chapter-6" --tp 2 --sp --steps 2 --peak-gflops 10
 if [ -x "$BUILD/chapter-7" ]; then
     run "chapter 7 dp 2 x ep 2, capacity, save" $MPIRUN -np 4 "$BUILD/chapter-7" --dp 2 --ep 2 --batch 8 --steps 2 --capacity-factor 1 --peak-gflops 10 --save "$TEST_TMPDIR/m.bin"
     run "chapter 7 from its file on ep 4" $MPIRUN -np 4 "$BUILD/chapter-7" --ep 4 --batch 8 --steps 1 --peak-gflops 10 --model "$TEST_TMPDIR/m.bin"

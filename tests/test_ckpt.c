@@ -5,6 +5,7 @@
 //   mpirun -np 3 build/tests/test_ckpt
 // Every value is a function of (kind, tensor, global index), so a slice read
 // from the wrong place, or not at all, shows.
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -20,6 +21,73 @@ static GPTConfig cfg;
 
 // The value of element i of tensor t of kind k: exact in a float.
 static float truth(int k, int t, size_t i) { return (float)((k * 16 + t) * 65536 + (int)(i % 65536)); }
+
+// The checksum (ckpt_checksum, XXH3-64) must see every corruption a disk,
+// a copy or a mixed-up file produces: one flipped bit at any position of a
+// 64-bit word, two flips that a word-wise XOR hash would cancel (the same
+// bit of two words; the top bit of two words), two words swapped, and two
+// blocks swapped. Counts the changes it misses; 0 passes.
+static long checksum_tried, checksum_missed;
+
+// One corruption in place: counts it, and whether the checksum missed it.
+static void tally(const uint64_t* data, size_t words, unsigned long long base) {
+    checksum_tried++;
+    checksum_missed += ckpt_checksum(data, words * sizeof(uint64_t)) == base;
+}
+
+static void swap_words(uint64_t* data, int a, int b, int n) {
+    for (int i = 0; i < n; i++) {
+        uint64_t t = data[a + i];
+        data[a + i] = data[b + i];
+        data[b + i] = t;
+    }
+}
+
+static void check_checksum(void) {
+    enum { WORDS = 1024 };
+    uint64_t* data = xmalloc(WORDS * sizeof(uint64_t));
+    uint64_t x = 0x9e3779b97f4a7c15ull;
+    for (int i = 0; i < WORDS; i++) {
+        x ^= x << 13, x ^= x >> 7, x ^= x << 17;  // xorshift: any fixed pattern
+        data[i] = x;
+    }
+    const unsigned long long base = ckpt_checksum(data, WORDS * sizeof(uint64_t));
+    const int words[] = {0, 1, 17, 511, WORDS - 1};
+    for (int wi = 0; wi < 5; wi++)
+        for (int b = 0; b < 64; b++) {
+            uint64_t bit = 1ull << b;
+            int w = words[wi];
+            data[w] ^= bit;  // one flip at every bit position
+            tally(data, WORDS, base);
+            for (int wj = wi + 1; wj < 5; wj++) {  // and the same bit of a second word
+                data[words[wj]] ^= bit;
+                tally(data, WORDS, base);
+                data[words[wj]] ^= bit;
+            }
+            data[w] ^= bit;
+        }
+    for (int b1 = 0; b1 < 64; b1++)  // two bits of one word
+        for (int b2 = b1 + 1; b2 < 64; b2 += 7) {
+            uint64_t bits = (1ull << b1) | (1ull << b2);
+            data[3] ^= bits;
+            tally(data, WORDS, base);
+            data[3] ^= bits;
+        }
+    for (int i = 0; i < 64; i++) {  // two words swapped
+        swap_words(data, i, WORDS - 1 - 3 * i, 1);
+        tally(data, WORDS, base);
+        swap_words(data, i, WORDS - 1 - 3 * i, 1);
+    }
+    for (int k = 1; k < WORDS / 64; k++) {  // two 512-byte blocks swapped
+        swap_words(data, 0, 64 * k, 64);
+        tally(data, WORDS, base);
+        swap_words(data, 0, 64 * k, 64);
+    }
+    check(checksum_missed == 0 && checksum_tried > 1000,
+          "the checkpoint checksum sees single, paired and swapped changes",
+          "%ld of %ld changes leave the checksum unchanged", checksum_missed, checksum_tried);
+    free(data);
+}
 
 static int all_ranks(int ok) {
     int all = 0;
@@ -239,6 +307,7 @@ int main(int argc, char** argv) {
     MPI_CHECK(MPI_Comm_size(MPI_COMM_WORLD, &R));
     MPI_CHECK(MPI_Comm_rank(MPI_COMM_WORLD, &rank));
     gpt_preset("tiny", &cfg);
+    if (rank == 0) check_checksum();
     char name[64], dir_a[256], dir_b[256];
     snprintf(name, sizeof(name), "test_ckpt_cols_%d", R);
     snprintf(dir_a, sizeof(dir_a), "%s", tmp_path(name));

@@ -13,6 +13,7 @@
 #include "ops.h"
 #include "memory.h"
 #include "runtime.h"
+#include "watchdog.h"
 
 // ---------------------------------------------------------------- --comm hand
 // With COMM_IMPL_HAND the collectives below call chapter 1's algorithms
@@ -162,31 +163,44 @@ static void scale_for_avg(const Comm* c, float* buf, size_t n, CommOp op) {
 
 // ---------------------------------------------------------------- blocking
 
+// Every blocking call is a wait on other ranks: its time is counted (the
+// step's comm wait) and the watchdog watches it (watchdog.h), named by the
+// collective, the group and, for a message, the peer.
+static double wait_begin(const Comm* c, Collective what, int peer) {
+    watchdog_enter(collective_name(what), comm_axis_name(c->axis), peer);
+    return now_seconds();
+}
+
+static void wait_end(double t0) {
+    comm_add_wait(now_seconds() - t0);
+    watchdog_leave();
+}
+
 void comm_allreduce(const Comm* c, float* buf, size_t n, CommOp op) {
     comm_tally(c, COLL_ALLREDUCE, n * sizeof(float), 2.0 * comm_ring_factor(c));
-    double t0 = now_seconds();
+    double t0 = wait_begin(c, COLL_ALLREDUCE, -1);
     if (hand()) hand_allreduce(c, buf, n);
     else MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, buf, as_int(n), MPI_FLOAT, MPI_SUM, c->mpi));
-    comm_add_wait(now_seconds() - t0);
+    wait_end(t0);
     scale_for_avg(c, buf, n, op);
 }
 
 void comm_reduce_scatter(const Comm* c, const float* send, float* recv, size_t n, CommOp op) {
     comm_tally(c, COLL_REDUCE_SCATTER, n * c->size * sizeof(float), comm_ring_factor(c));
-    double t0 = now_seconds();
+    double t0 = wait_begin(c, COLL_REDUCE_SCATTER, -1);
     if (hand()) hand_reduce_scatter(c, send, recv, n);
     else MPI_CHECK(MPI_Reduce_scatter_block(send, recv, as_int(n), MPI_FLOAT, MPI_SUM, c->mpi));
-    comm_add_wait(now_seconds() - t0);
+    wait_end(t0);
     scale_for_avg(c, recv, n, op);
 }
 
 void comm_allgather(const Comm* c, const float* send, float* recv, size_t n) {
     comm_tally(c, COLL_ALLGATHER, n * c->size * sizeof(float), comm_ring_factor(c));
-    double t0 = now_seconds();
+    double t0 = wait_begin(c, COLL_ALLGATHER, -1);
     const void* src = send == recv + (size_t)c->rank * n ? MPI_IN_PLACE : (const void*)send;
     if (hand()) hand_allgather(c, send, recv, n);
     else MPI_CHECK(MPI_Allgather(src, as_int(n), MPI_FLOAT, recv, as_int(n), MPI_FLOAT, c->mpi));
-    comm_add_wait(now_seconds() - t0);
+    wait_end(t0);
 }
 
 void comm_allgatherv(const Comm* c, const float* send, float* recv, const size_t* counts_in,
@@ -200,17 +214,17 @@ void comm_allgatherv(const Comm* c, const float* send, float* recv, const size_t
         total += counts_in[r];
     }
     comm_tally(c, COLL_ALLGATHER, total * sizeof(float), comm_ring_factor(c));
-    double t0 = now_seconds();
+    double t0 = wait_begin(c, COLL_ALLGATHER, -1);
     if (hand()) hand_allgatherv(c, send, recv, counts_in, displs_in);
     else MPI_CHECK(MPI_Allgatherv(send, cnt[c->rank], MPI_FLOAT, recv, cnt, dsp, MPI_FLOAT, c->mpi));
-    comm_add_wait(now_seconds() - t0);
+    wait_end(t0);
     free(cnt);
     free(dsp);
 }
 
 void comm_broadcast(const Comm* c, float* buf, size_t n, int root) {
     comm_tally(c, COLL_BROADCAST, n * sizeof(float), c->size > 1 ? 1.0 : 0.0);
-    double t0 = now_seconds();
+    double t0 = wait_begin(c, COLL_BROADCAST, -1);
     if (hand()) {
         hand_begin();
         hand_broadcast_tree(c, buf, n, root);
@@ -218,21 +232,21 @@ void comm_broadcast(const Comm* c, float* buf, size_t n, int root) {
     } else {
         MPI_CHECK(MPI_Bcast(buf, as_int(n), MPI_FLOAT, root, c->mpi));
     }
-    comm_add_wait(now_seconds() - t0);
+    wait_end(t0);
 }
 
 void comm_reduce(const Comm* c, const float* send, float* recv, size_t n, int root, CommOp op) {
     comm_tally(c, COLL_REDUCE, n * sizeof(float), c->size > 1 ? 1.0 : 0.0);
-    double t0 = now_seconds();
+    double t0 = wait_begin(c, COLL_REDUCE, -1);
     if (hand()) hand_reduce(c, send, recv, n, root);
     else MPI_CHECK(MPI_Reduce(send, recv, as_int(n), MPI_FLOAT, MPI_SUM, root, c->mpi));
-    comm_add_wait(now_seconds() - t0);
+    wait_end(t0);
     if (c->rank == root) scale_for_avg(c, recv, n, op);
 }
 
 void comm_scatter(const Comm* c, const float* send, float* recv, size_t n, int root) {
     comm_tally(c, COLL_SCATTER, n * c->size * sizeof(float), comm_ring_factor(c));
-    double t0 = now_seconds();
+    double t0 = wait_begin(c, COLL_SCATTER, -1);
     if (hand()) {
         hand_begin();
         hand_scatter(c, send, recv, n, root);
@@ -240,12 +254,12 @@ void comm_scatter(const Comm* c, const float* send, float* recv, size_t n, int r
     } else {
         MPI_CHECK(MPI_Scatter(send, as_int(n), MPI_FLOAT, recv, as_int(n), MPI_FLOAT, root, c->mpi));
     }
-    comm_add_wait(now_seconds() - t0);
+    wait_end(t0);
 }
 
 void comm_gather(const Comm* c, const float* send, float* recv, size_t n, int root) {
     comm_tally(c, COLL_GATHER, n * c->size * sizeof(float), comm_ring_factor(c));
-    double t0 = now_seconds();
+    double t0 = wait_begin(c, COLL_GATHER, -1);
     if (hand()) {
         hand_begin();
         hand_gather(c, send, recv, n, root);
@@ -253,12 +267,12 @@ void comm_gather(const Comm* c, const float* send, float* recv, size_t n, int ro
     } else {
         MPI_CHECK(MPI_Gather(send, as_int(n), MPI_FLOAT, recv, as_int(n), MPI_FLOAT, root, c->mpi));
     }
-    comm_add_wait(now_seconds() - t0);
+    wait_end(t0);
 }
 
 void comm_alltoall(const Comm* c, const float* send, float* recv, size_t n) {
     comm_tally(c, COLL_ALLTOALL, n * c->size * sizeof(float), comm_ring_factor(c));
-    double t0 = now_seconds();
+    double t0 = wait_begin(c, COLL_ALLTOALL, -1);
     if (hand()) {
         hand_begin();
         hand_alltoall_pairwise(c, send, recv, n);
@@ -266,7 +280,7 @@ void comm_alltoall(const Comm* c, const float* send, float* recv, size_t n) {
     } else {
         MPI_CHECK(MPI_Alltoall(send, as_int(n), MPI_FLOAT, recv, as_int(n), MPI_FLOAT, c->mpi));
     }
-    comm_add_wait(now_seconds() - t0);
+    wait_end(t0);
 }
 
 void comm_alltoallv(const Comm* c, const float* send, const size_t* send_counts,
@@ -286,7 +300,7 @@ void comm_alltoallv(const Comm* c, const float* send, const size_t* send_counts,
     // bytes: what this rank sends; bus bytes: of that, what leaves the rank
     comm_tally_bytes(c, COLL_ALLTOALL, (double)sent * sizeof(float),
                      (double)(sent - send_counts[c->rank]) * sizeof(float));
-    double t0 = now_seconds();
+    double t0 = wait_begin(c, COLL_ALLTOALL, -1);
     if (hand()) {
         hand_begin();
         hand_alltoallv_pairwise(c, send, send_counts, send_displs, recv, recv_counts, recv_displs);
@@ -294,39 +308,39 @@ void comm_alltoallv(const Comm* c, const float* send, const size_t* send_counts,
     } else {
         MPI_CHECK(MPI_Alltoallv(send, sc, sd, MPI_FLOAT, recv, rc, rd, MPI_FLOAT, c->mpi));
     }
-    comm_add_wait(now_seconds() - t0);
+    wait_end(t0);
     free(sc);
 }
 
 void comm_send(const Comm* c, const float* buf, size_t n, int peer) {
     comm_tally(c, COLL_SEND, n * sizeof(float), 1.0);
-    double t0 = now_seconds();
+    double t0 = wait_begin(c, COLL_SEND, peer);
     MPI_CHECK(MPI_Send(buf, as_int(n), MPI_FLOAT, peer, p2p_tag, c->mpi));
-    comm_add_wait(now_seconds() - t0);
+    wait_end(t0);
 }
 
 void comm_recv(const Comm* c, float* buf, size_t n, int peer) {
     comm_tally(c, COLL_RECV, n * sizeof(float), 0.0);
-    double t0 = now_seconds();
+    double t0 = wait_begin(c, COLL_RECV, peer);
     MPI_CHECK(MPI_Recv(buf, as_int(n), MPI_FLOAT, peer, p2p_tag, c->mpi, MPI_STATUS_IGNORE));
-    comm_add_wait(now_seconds() - t0);
+    wait_end(t0);
 }
 
 void comm_sendrecv(const Comm* c, const float* send, size_t send_n, int dest, float* recv,
                    size_t recv_n, int source) {
     comm_tally(c, COLL_SEND, send_n * sizeof(float), 1.0);
     comm_tally(c, COLL_RECV, recv_n * sizeof(float), 0.0);
-    double t0 = now_seconds();
+    double t0 = wait_begin(c, COLL_RECV, source);
     MPI_CHECK(MPI_Sendrecv(send, as_int(send_n), MPI_FLOAT, dest, p2p_tag, recv, as_int(recv_n),
                            MPI_FLOAT, source, p2p_tag, c->mpi, MPI_STATUS_IGNORE));
-    comm_add_wait(now_seconds() - t0);
+    wait_end(t0);
 }
 
 void comm_barrier(const Comm* c) {
     comm_tally(c, COLL_BARRIER, 0, 0.0);
-    double t0 = now_seconds();
+    double t0 = wait_begin(c, COLL_BARRIER, -1);
     MPI_CHECK(MPI_Barrier(c->mpi));
-    comm_add_wait(now_seconds() - t0);
+    wait_end(t0);
 }
 
 // ---------------------------------------------------------------- progress
@@ -478,9 +492,11 @@ void comm_wait(CommRequest* req) {
     if (!req->active) return;
     comm_request_current(req);
     untrack(req);
+    watchdog_enter(collective_name((Collective)req->coll), comm_axis_name(req->axis), -1);
     double t0 = now_seconds();
     MPI_CHECK(MPI_Wait(&req->mpi, MPI_STATUS_IGNORE));
     comm_add_wait(now_seconds() - t0);
+    watchdog_leave();
     comm_request_done(req);
     if (req->scale_buf) ops_scale(req->scale_buf, req->scale_count, req->scale);
     req->active = 0;

@@ -1,6 +1,7 @@
 #!/bin/bash
 # make fuzz: builds one libFuzzer target per loader a user feeds files to
-# (llm.c checkpoint, token file, --data text) with clang, AddressSanitizer and
+# (llm.c checkpoint, token file, --data text, the training-state MANIFEST,
+# --schedule-file) with clang, AddressSanitizer and
 # UndefinedBehaviorSanitizer, and runs each for FUZZ_SECONDS (default 60)
 # from the seed corpus in tests/fuzz/corpus/. New inputs go to
 # build/fuzz/corpus/, crashes to build/fuzz/crashes/. Exit 1 on any finding.
@@ -25,22 +26,31 @@ FLAGS="-O1 -g -std=c11 -D_GNU_SOURCE -fopenmp -Icommon -Itests/fuzz -fsanitize=f
 MULTIARCH=$(gcc -print-multiarch)
 BLAS_INC=/usr/include/$MULTIARCH/openblas-openmp
 BLAS_DIR=/usr/lib/$MULTIARCH/openblas-openmp
-SOURCES="common/common.c common/memory.c common/model.c common/init.c common/checkpoint.c common/data.c
-         common/cpu/ops.c common/cpu/device.c"
+# the sources every program links, from the Makefile's own list (so this
+# list cannot fall behind the Makefile), with the CPU backend
+SOURCES=$(make -s --no-print-directory BACKEND=cpu print-link-sources) || exit 1
+LDLIBS=$(make -s --no-print-directory BACKEND=cpu print-ldlibs) || exit 1
+# each source's own directory on the include path (a module's header)
+INCS=$(for src in $SOURCES; do echo "-I$(dirname "$src")"; done | sort -u | tr '\n' ' ')
 objs=""
 for src in $SOURCES; do
-    obj="$OUT/obj/$(basename "$src" .c).o"
-    OMPI_CC=clang mpicc $FLAGS -I"$BLAS_INC" -c -o "$obj" "$src" || exit 1
+    obj="$OUT/obj/$(echo "${src%.c}" | tr / _).o"
+    OMPI_CC=clang mpicc $FLAGS $INCS -I"$BLAS_INC" -c -o "$obj" "$src" 2>"$obj.log" || { cat "$obj.log"; exit 1; }
     objs="$objs $obj"
 done
+# what a target links beyond them (a chapter's module), and its longest input
+extra_sources() { case $1 in schedule) echo 05_pipeline/schedule.c ;; esac; }
+extra_includes() { case $1 in schedule) echo -I05_pipeline ;; esac; }
+max_len() { case $1 in manifest) echo 16384 ;; *) echo 8192 ;; esac; }
 status=0
-for target in checkpoint tokens text; do
+for target in checkpoint tokens text manifest schedule; do
     bin="$OUT/fuzz_$target"
-    OMPI_CC=clang mpicc $FLAGS -fsanitize=fuzzer -o "$bin" "tests/fuzz/fuzz_$target.c" $objs \
-        -L"$BLAS_DIR" -Wl,-rpath,"$BLAS_DIR" -lopenblas -lm || exit 1
+    OMPI_CC=clang mpicc $FLAGS $(extra_includes $target) -fsanitize=fuzzer -o "$bin" "tests/fuzz/fuzz_$target.c" \
+        $(extra_sources $target) $objs \
+        $LDLIBS || exit 1
     mkdir -p "$OUT/corpus/$target"
     log="$OUT/fuzz_$target.log"
-    "$bin" -max_total_time="$SECONDS_EACH" -max_len=8192 -timeout=10 -rss_limit_mb=2048 \
+    "$bin" -max_total_time="$SECONDS_EACH" -max_len=$(max_len $target) -timeout=10 -rss_limit_mb=2048 \
         -artifact_prefix="$OUT/crashes/${target}-" "$OUT/corpus/$target" "tests/fuzz/corpus/$target" >"$log" 2>&1
     rc=$?
     runs=$(grep -o 'Done [0-9]* runs in [0-9]* second' "$log" | tail -1)
