@@ -91,7 +91,7 @@ static void train_reference(const TrainArgs* args, const Mesh* mesh) {
     int B = setup.B, T = setup.T;
     train_check_mesh(mesh, &setup, NULL);  // one rank: every split is whole
 
-    double peak_gflops = args->peak_gflops > 0 ? args->peak_gflops : measure_matmul_gflops();
+    double peak_gflops = report_matmul_peak(args->peak_gflops);
     GPT model;
     // --recompute: how much of each block's forward is kept for backward
     gpt_create_recompute(&model, cfg, B, T, (uint64_t)args->seed, (RecomputeMode)args->recompute);

@@ -16,6 +16,7 @@
 #include "common.h"
 #include "memory.h"
 #include "optime.h"
+#include "runtime.h"
 
 const char* jsonl_open(JsonLog* log, const char* path, char* msg, size_t msg_len) {
     log->f = NULL;
@@ -127,6 +128,15 @@ static int json_string(FILE* f, const char* s) {
     return ok && fputc('"', f) != EOF;
 }
 
+// Where the matmul peak came from, for the summary: "measured", "flag", or
+// NULL when the program set RunSummary.peak_gflops by other means
+static const char* peak_source;
+
+double report_matmul_peak(double given_gflops) {
+    peak_source = given_gflops > 0 ? "flag" : "measured";
+    return given_gflops > 0 ? given_gflops : measure_matmul_gflops();
+}
+
 void report_summary(JsonLog* log, const Mesh* mesh, const RunSummary* s) {
     int n = mesh->world_size, rank = mesh->rank;
     // every rank's peak bytes per category, plus its total and its matmul peak
@@ -177,8 +187,13 @@ void report_summary(JsonLog* log, const Mesh* mesh, const RunSummary* s) {
     mesh_describe(mesh, shape, sizeof(shape));
 
     printf("\n%s | %zu parameters | %d x %d tokens per step\n", s->model, s->num_params, s->batch, s->seq);
-    printf("throughput: %.1f ms/step, %.0f tokens/s, %.2f GFLOP/s, MFU %.1f%% of %.1f GFLOP/s measured matmul peak\n",
-           s->ms_per_step, s->tokens_per_s, s->tokens_per_s * s->flops_per_token / 1e9, 100.0 * mfu, peak_sum);
+    // the peak is the sum of every rank's, measured or given: say which
+    const char* peak_what = !peak_source                   ? "matmul peak"
+                            : !strcmp(peak_source, "flag") ? "matmul peak given by --peak-gflops"
+                                                           : "measured matmul peak";
+    printf("throughput: %.1f ms/step, %.0f tokens/s, %.2f GFLOP/s, MFU %.1f%% of %.1f GFLOP/s %s\n",
+           s->ms_per_step, s->tokens_per_s, s->tokens_per_s * s->flops_per_token / 1e9, 100.0 * mfu, peak_sum,
+           peak_what);
     printf("peak memory per rank (MiB):\n  rank");
     for (int c = 0; c < MEM_NUM_CATEGORIES; c++) printf(" %11s", mem_category_name(c));
     printf(" %11s\n", "total");
@@ -205,6 +220,7 @@ void report_summary(JsonLog* log, const Mesh* mesh, const RunSummary* s) {
                    "\"peak_gflops\":%.2f,\"mfu\":%.5f,\"final_loss\":%s",
                 s->num_params, s->batch, s->seq, s->steps, s->ms_per_step,
                 s->tokens_per_s, s->flops_per_token, peak_sum, mfu, final_loss);
+        if (peak_source) fprintf(f, ",\"peak_source\":\"%s\"", peak_source);
         if (!(s->val_loss < 0)) fprintf(f, ",\"val_loss\":%s", val_loss);
         // peak bytes: one array per category, one entry per rank
         fprintf(f, ",\"peak_bytes\":{");
