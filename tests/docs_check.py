@@ -38,9 +38,9 @@ any other once per run. Then the docs are checked in order.
 so nothing under build/); outside a git work tree, any file under the root.
 
 Prints one PASS or FAIL line per doc, and under a FAIL one line per problem,
-"  doc:line: what differs"; then how many printed lines matched only within
-the tolerance, naming the one closest to it. Exits 1 if anything failed, 2
-on bad usage.
+"  doc:line: what differs"; then the printed lines that matched only within
+the tolerance, the closest to it first. Exits 1 if anything failed, 2 on
+bad usage.
 """
 import os
 import re
@@ -614,12 +614,13 @@ def main(argv):
     finally:
         subprocess.run(['rm', '-rf', checker.tmp])
     if checker.tolerated:
-        # what the tolerance let through: how close this machine came to it
-        share, where, printed, quoted = max(checker.tolerated)
-        print('docs-check: %d printed line%s matched within the tolerance of decimal figures, not verbatim; '
-              'the closest to it: %s prints "%s", the doc "%s" (%.0f%% of the tolerance)' % (
-                  len(checker.tolerated), 's' * (len(checker.tolerated) != 1), where, printed, quoted,
-                  100 * share))
+        # what the tolerance let through, the largest share of it first: how
+        # close this machine's figures came to it
+        print('docs-check: %d printed line%s matched within the tolerance of decimal figures, not verbatim:' % (
+            len(checker.tolerated), 's' * (len(checker.tolerated) != 1)))
+        for share, where, printed, quoted in sorted(checker.tolerated, reverse=True):
+            print('docs-check:   %s prints "%s", the doc "%s" (%.0f%% of the tolerance)' % (
+                where, printed, quoted, 100 * share))
     print('docs-check: %d of %d docs pass; references %d (quoted %d), links %d, figures %d from %d commands '
           '(%.1f s running them, %d at a time, %.1f s in all)' % (
               len(files) - nfail, len(files), total['references'], total['quotes'], total['links'],
