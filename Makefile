@@ -15,6 +15,8 @@
 #   make setup         install the Debian packages (as root) or print the line
 #   make fuzz          fuzz the file loaders (libFuzzer, FUZZ_SECONDS each)
 #   make sanitize      the tiny tests under ASan and UBSan (build/sanitize/)
+#   make portability   the docs and a run per chapter with OpenBLAS's Haswell kernels,
+#                      without -march=native (build/portable/) and over TCP (tests/portability.sh)
 #   make homework CHAPTER=N [DEST=dir]   a student tree: chapter N's exercises cut out
 #   make grade CHAPTER=N [EXERCISE=K]    grade them: "grade chapter N: S / T"
 #   make homework-check  the homework tests with every buggy variant (tests/homework.sh)
@@ -243,6 +245,15 @@ SANITIZE_OPT := -O1 -g -fno-omit-frame-pointer -fsanitize=address,undefined -fno
 sanitize:
 	@$(MAKE) --no-print-directory BACKEND=cpu BUILD=build/sanitize OPT='$(SANITIZE_OPT)' all tests
 	@BUILD=build/sanitize bash tests/sanitize.sh
+
+# What another machine changes (tests/portability.sh; CI runs it): the docs'
+# figures and one invariant run per chapter with OpenBLAS's Haswell kernels,
+# with a build without -march=native (it builds build/portable/ itself) and
+# with Open MPI over TCP on the loopback. Same as make test CHAPTER=portability.
+.PHONY: portability
+portability:
+	@$(MAKE) --no-print-directory BACKEND=cpu all
+	@bash tests/run.sh portability
 
 # Fuzz the loaders a user feeds files to (checkpoint, token file, text) with
 # libFuzzer for FUZZ_SECONDS each (installs clang as root; not part of test).

@@ -173,7 +173,7 @@ int main(int argc, char** argv) {
         // reference does not use)
         Run run = {.args = args, .mesh = mesh, .device = device};
         train_setup(&run.setup, &args);
-        run.peak_gflops = args.peak_gflops > 0 ? args.peak_gflops : measure_matmul_gflops();
+        run.peak_gflops = report_matmul_peak(args.peak_gflops);
         trace_open(args.trace);
         train_reference(&run);
         trace_finish();

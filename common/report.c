@@ -17,6 +17,7 @@
 #include "common.h"
 #include "memory.h"
 #include "optime.h"
+#include "runtime.h"
 #include "watchdog.h"
 
 const char* jsonl_open(JsonLog* log, const char* path, char* msg, size_t msg_len) {
@@ -130,6 +131,15 @@ static int json_string(FILE* f, const char* s) {
     return ok && fputc('"', f) != EOF;
 }
 
+// Where the matmul peak came from, for the summary: "measured", "flag", or
+// NULL when the program set RunSummary.peak_gflops by other means
+static const char* peak_source;
+
+double report_matmul_peak(double given_gflops) {
+    peak_source = given_gflops > 0 ? "flag" : "measured";
+    return given_gflops > 0 ? given_gflops : measure_matmul_gflops();
+}
+
 // The widths of RunFigures' rows: peak bytes per category, their total and
 // the matmul peak; calls, bytes and bus bytes per (collective, slot), then
 // the wait and progress seconds; ms per step per (op kind, pass), then
@@ -204,8 +214,13 @@ void report_summary_gathered(JsonLog* log, const Mesh* mesh, const RunSummary* s
     mesh_describe(mesh, shape, sizeof(shape));
 
     printf("\n%s | %zu parameters | %d x %d tokens per step\n", s->model, s->num_params, s->batch, s->seq);
-    printf("throughput: %.1f ms/step, %.0f tokens/s, %.2f GFLOP/s, MFU %.1f%% of %.1f GFLOP/s measured matmul peak\n",
-           s->ms_per_step, s->tokens_per_s, s->tokens_per_s * s->flops_per_token / 1e9, 100.0 * mfu, peak_sum);
+    // the peak is the sum of every rank's, measured or given: say which
+    const char* peak_what = !peak_source                   ? "matmul peak"
+                            : !strcmp(peak_source, "flag") ? "matmul peak given by --peak-gflops"
+                                                           : "measured matmul peak";
+    printf("throughput: %.1f ms/step, %.0f tokens/s, %.2f GFLOP/s, MFU %.1f%% of %.1f GFLOP/s %s\n",
+           s->ms_per_step, s->tokens_per_s, s->tokens_per_s * s->flops_per_token / 1e9, 100.0 * mfu, peak_sum,
+           peak_what);
     printf("peak memory per rank (MiB):\n  rank");
     for (int c = 0; c < MEM_NUM_CATEGORIES; c++) printf(" %11s", mem_category_name(c));
     printf(" %11s\n", "total");
@@ -232,6 +247,7 @@ void report_summary_gathered(JsonLog* log, const Mesh* mesh, const RunSummary* s
                    "\"peak_gflops\":%.2f,\"mfu\":%.5f,\"final_loss\":%s",
                 s->num_params, s->batch, s->seq, s->steps, s->ms_per_step,
                 s->tokens_per_s, s->flops_per_token, peak_sum, mfu, final_loss);
+        if (peak_source) fprintf(f, ",\"peak_source\":\"%s\"", peak_source);
         if (!(s->val_loss < 0)) fprintf(f, ",\"val_loss\":%s", val_loss);
         if (s->has_comm_ms)
             fprintf(f, ",\"comm_wait_ms_per_step\":%.3f,\"comm_progress_ms_per_step\":%.3f", s->comm_wait_ms_per_step,

@@ -52,10 +52,16 @@ typedef struct {
     const char* extra_json;    // a chapter's own fields, "\"k\":v,..." or NULL
 } RunSummary;
 
+// The matmul peak the summary's MFU divides by: given_gflops (--peak-gflops)
+// when > 0, else measured on this rank now (measure_matmul_gflops, about a
+// second). Remembers which, so the summary says where its peak came from.
+double report_matmul_peak(double given_gflops);
+
 // Collective: gathers every rank's peak bytes per category, matmul peak and
 // communication counts (comm.h); rank 0 prints the memory table and MFU and
 // writes {"type":"summary",...} with "peak_bytes" and "comm" arrays indexed by
-// rank.
+// rank, and "peak_source": "measured" or "flag" (report_matmul_peak; absent
+// when the peak came from neither).
 // MFU = tokens/s * flops/token / (sum of the ranks' matmul peaks).
 void report_summary(JsonLog* log, const Mesh* mesh, const RunSummary* s);
 

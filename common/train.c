@@ -273,7 +273,7 @@ int run_start(Run* r, int argc, char** argv, const char* program, const char* su
     r->device = device_init(runtime_local_rank());
     comm_create(&r->world, r->axes, &r->mesh);
     train_setup(&r->setup, &r->args);
-    r->peak_gflops = r->args.peak_gflops > 0 ? r->args.peak_gflops : measure_matmul_gflops();
+    r->peak_gflops = report_matmul_peak(r->args.peak_gflops);
     comm_counts_reset();
     trace_open(r->args.trace);
     return 1;

@@ -118,6 +118,14 @@ if [ "${mfu_check%% *}" = ok ]; then
 else
     fail "summary MFU" "${mfu_check:-no summary record}"
 fi
+# the summary says where its peak came from: --peak-gflops there, measured here
+mpi_run $T_RUN 1 "$BUILD/chapter-0" --steps 1 --log "$TEST_TMPDIR/peak.jsonl"
+if grep -q '"peak_source":"flag"' "$mfu_log" && grep -q 'GFLOP/s matmul peak given by --peak-gflops$' "$CKPT_OUT" &&
+    grep -q '"peak_source":"measured"' "$TEST_TMPDIR/peak.jsonl" && echo "$OUT" | grep -q 'GFLOP/s measured matmul peak$'; then
+    pass "summary: the matmul peak is 'given by --peak-gflops' or 'measured', in the throughput line and \"peak_source\""
+else
+    fail "summary: where the peak came from" "$(grep -h '^throughput' "$CKPT_OUT"; echo "$OUT" | grep '^throughput')"
+fi
 
 echo "== chapter 0: errors: one message from rank 0, non-zero exit, no hang"
 bad_inputs

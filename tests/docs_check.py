@@ -19,9 +19,14 @@ says what is checked; in short:
 3. Quoted figures: a line that starts with <!-- check: CMD --> (the comment
    may go on over several lines) runs CMD with bash from the root, with
    $DOCS_TMP a scratch folder; CMD must exit 0 and every non-empty line it
-   prints must appear verbatim in the next block: the next fenced code block,
-   or else the next paragraph (there white space runs count as one space, as
-   Markdown renders them). Outputs are cached per command text.
+   prints must appear in the next block: the next fenced code block, or else
+   the next paragraph (there white space runs count as one space, as
+   Markdown renders them). Outputs are cached per command text. Verbatim,
+   but for decimal figures (a loss, a norm: a float that comes out of a
+   reduction, whose last digits move with the CPU, the BLAS kernel and the
+   compiler): one printed with d decimals may differ from the quote, written
+   with d decimals too, by one unit in its last digit plus FLOAT_REL of its
+   size. Integers (bytes, counts, steps) and all other text stay exact.
 
 The commands run first, DOCS_CHECK_JOBS (default 2) docs at a time, each
 doc's in order with a $DOCS_TMP of the doc's own (a later command may read
@@ -33,7 +38,9 @@ any other once per run. Then the docs are checked in order.
 so nothing under build/); outside a git work tree, any file under the root.
 
 Prints one PASS or FAIL line per doc, and under a FAIL one line per problem,
-"  doc:line: what differs". Exits 1 if anything failed, 2 on bad usage.
+"  doc:line: what differs"; then the printed lines that matched only within
+the tolerance, the closest to it first. Exits 1 if anything failed, 2 on
+bad usage.
 """
 import os
 import re
@@ -236,6 +243,9 @@ class Checker:
         self.lock = threading.Lock()
         self.ran = 0
         self.run_seconds = 0.0
+        # (share of the tolerance used, doc:line, printed, quoted): the
+        # figures that matched within the tolerance but not verbatim
+        self.tolerated = []
 
     @staticmethod
     def key(rel, cmd):
@@ -363,12 +373,24 @@ class Checker:
             hay = text if kind == 'fenced block' else ' '.join(text.split())
             for l in outlines:
                 needle = l if kind == 'fenced block' else ' '.join(l.split())
-                if needle not in hay:
-                    near, k = closest(needle, hay, kind)
-                    # a fenced block's nearest line is where the figure went wrong
-                    at = first + k if kind == 'fenced block' and near else first
-                    problem(at, 'check: the command prints "%s", which the %s at line %d does not hold%s' % (
-                        l, kind, first + 1, '; nearest there: "%s"' % near if near else ''))
+                if needle in hay:
+                    continue
+                # not verbatim: the same text with every decimal figure
+                # within the tolerance (docs/TEMPLATE.md)?
+                ok, bad = tolerant_match(needle, hay)
+                if ok:
+                    with self.lock:
+                        self.tolerated.append((ok[0], '%s:%d' % (rel, first + 1), l, ok[1]))
+                    continue
+                near, k = closest(needle, hay, kind)
+                # a fenced block's nearest line is where the figure went wrong
+                at = first + k if kind == 'fenced block' and near else first
+                over = ''
+                if bad:
+                    a, b, d, tol = bad[2]
+                    over = ' (%s against %s: |d| %.1e > tolerance %.1e)' % (a, b, d, tol)
+                problem(at, 'check: the command prints "%s", which the %s at line %d does not hold%s%s' % (
+                    l, kind, first + 1, '; nearest there: "%s"' % near if near else '', over))
         return problems, counts
 
     def check_ref(self, m):
@@ -456,6 +478,61 @@ class Checker:
                     problem('link %s: %s has %d lines' % (target, dest, n))
 
 
+# ---------------------------------------------------------------- figures within a tolerance
+# A decimal figure (digits, a point, digits, maybe an exponent) that is not
+# part of a longer token such as a version 2.28.9 or a name gpt3.5: the only
+# kind of number compared within a tolerance. Integers (bytes, counts, steps)
+# and all other text stay exact.
+DECIMAL_RE = re.compile(r'(?<![\w.])-?[0-9]+\.([0-9]+)(?:[eE]([-+]?[0-9]+))?(?![0-9]|\.[0-9])')
+# The tolerance, docs/TEMPLATE.md: a figure printed with d decimals may differ
+# from the quote by one unit in its last digit (two values a hair apart may
+# round either way) plus a relative FLOAT_REL of its size (what another
+# summation order moves: another CPU, BLAS kernel or compiler). A loss of 5
+# printed as 4.834766 may move by 1e-6 + 2.5e-5; a change in its 4th decimal
+# (1e-4) fails for any loss below 19.
+FLOAT_REL = 5e-6
+
+
+def decimal_unit(m):
+    """One unit in the last printed digit of a DECIMAL_RE match."""
+    return 10.0 ** (-len(m.group(1)) + int(m.group(2) or 0))
+
+
+def tolerant_match(needle, hay):
+    """Looks for NEEDLE in HAY with each decimal figure of NEEDLE free to take
+    another value of the same form (as many decimals, an exponent or none).
+    Returns (ok, bad): ok is (share of the tolerance used, the text in HAY)
+    for the best match within the tolerance, else None; bad the same for the
+    match that failed by the least, with (printed, quoted, |d|, tolerance) of
+    its worst figure, else None (or when NEEDLE has no decimal figure)."""
+    figs = list(DECIMAL_RE.finditer(needle))
+    if not figs:
+        return None, None
+    pat, pos = '', 0
+    for m in figs:
+        pat += re.escape(needle[pos:m.start()])
+        pat += r'(?<![\w.])(-?[0-9]+\.[0-9]{%d}%s)(?![0-9]|\.[0-9])' % (
+            len(m.group(1)), r'[eE][-+]?[0-9]+' if m.group(2) is not None else '')
+        pos = m.end()
+    pat += re.escape(needle[pos:])
+    ok = bad = None
+    for h in re.finditer(pat, hay):
+        worst = (0.0, None)
+        for k, m in enumerate(figs):
+            a, b = float(m.group(0)), float(h.group(k + 1))
+            unit = max(decimal_unit(m), decimal_unit(DECIMAL_RE.match(h.group(k + 1))))
+            tol = unit + FLOAT_REL * max(abs(a), abs(b))
+            share = abs(a - b) / tol
+            if share > worst[0] or worst[1] is None:
+                worst = (share, (m.group(0), h.group(k + 1), abs(a - b), tol))
+        if worst[0] <= 1.0 + 1e-9:  # the boundary itself, whatever the rounding of the arithmetic
+            if ok is None or worst[0] < ok[0]:
+                ok = (worst[0], h.group(0))
+        elif bad is None or worst[0] < bad[0]:
+            bad = (worst[0], h.group(0), worst[1])
+    return ok, bad
+
+
 def similarity(a, b):
     """Shared characters in order, cheaply: the longest common prefix plus suffix."""
     p = len(os.path.commonprefix([a, b]))
@@ -536,6 +613,14 @@ def main(argv):
             sys.stdout.flush()
     finally:
         subprocess.run(['rm', '-rf', checker.tmp])
+    if checker.tolerated:
+        # what the tolerance let through, the largest share of it first: how
+        # close this machine's figures came to it
+        print('docs-check: %d printed line%s matched within the tolerance of decimal figures, not verbatim:' % (
+            len(checker.tolerated), 's' * (len(checker.tolerated) != 1)))
+        for share, where, printed, quoted in sorted(checker.tolerated, reverse=True):
+            print('docs-check:   %s prints "%s", the doc "%s" (%.0f%% of the tolerance)' % (
+                where, printed, quoted, 100 * share))
     print('docs-check: %d of %d docs pass; references %d (quoted %d), links %d, figures %d from %d commands '
           '(%.1f s running them, %d at a time, %.1f s in all)' % (
               len(files) - nfail, len(files), total['references'], total['quotes'], total['links'],

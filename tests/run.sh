@@ -9,6 +9,9 @@
 #                                  (`make test CHAPTER=2`)
 #   bash tests/run.sh 0 unit gpu   several: a number N is tests/chapter_N.sh,
 #                                  a word W is tests/W.sh
+#   bash tests/run.sh portability  what a full run leaves out: other BLAS
+#                                  kernels, a build without -march=native,
+#                                  TCP (`make portability`; CI runs it)
 #
 # Every script sources tests/lib.sh and counts its own checks; this runner
 # sums them and ends with the one line "N passed, N failed, N skipped". It
@@ -40,7 +43,7 @@ else
             *) f=tests/$a.sh ;;
         esac
         if [ ! -f "$f" ]; then
-            echo "error: no test script $f for '$a'; there are: $(cd tests && ls chapter_*.sh unit.sh; for t in $TOPICS; do echo "$t.sh"; done | tr '\n' ' ')" >&2
+            echo "error: no test script $f for '$a'; there are: $(cd tests && ls chapter_*.sh unit.sh; for t in $TOPICS portability; do echo "$t.sh"; done | tr '\n' ' ')" >&2
             exit 2
         fi
         scripts+=("$f")

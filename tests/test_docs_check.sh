@@ -6,7 +6,11 @@
 #   b. a quoted code line moved (a line inserted above it in the source) or
 #      edited in the doc; a reference past the end of the file;
 #   c. a broken link, a broken #anchor, a broken image;
-#   d. a check command that fails.
+#   d. a check command that fails;
+#   e. a quoted loss changed in its 4th decimal, a 4-decimal norm two units
+#      off, a byte count off by one, a float with another number of decimals.
+# A decimal figure that differs by one unit in its last digit (the loss
+# 4.834765 quoted 4.834766), or by the relative tolerance, passes.
 # The correct tree's docs/README.md shows that each doc has a $DOCS_TMP of its
 # own and that a doc's commands run in order (the docs run in parallel).
 # Prints PASS/FAIL lines; tests/run.sh counts them. Takes about a second.
@@ -118,6 +122,16 @@ Setext heading
 --------------
 
 Links to [it](#setext-heading).
+
+## 4. Figures of a float computation
+
+A loss and a norm come out of reductions: their last printed digit moves
+with the CPU, the BLAS kernel and the compiler. Byte counts do not.
+<!-- check: printf 'step    7/10 | loss 4.834765 | norm 1.5651\nbytes 1572864\n' -->
+```
+step    7/10 | loss 4.834766 | norm 1.5651
+bytes 1572864
+```
 EOF
 
 # run the checker on a tree: sets rc and out
@@ -130,24 +144,39 @@ else
     fail "docs-check: the correct tree" "exit $rc: $(echo "$out" | tr '\n' ' ')"
 fi
 # each quoted block, reference, link and figure was seen
-if echo "$out" | grep -q 'docs/01_sum.md (references 5 (quoted 2), links 4, figures 4)'; then
+if echo "$out" | grep -q 'docs/01_sum.md (references 5 (quoted 2), links 4, figures 5)'; then
     pass "docs-check: counts every reference, quote, link and figure of the tree"
 else
     fail "docs-check: counts" "$(echo "$out" | grep 01_sum)"
 fi
 
+# the loss printed 4.834765 against the quoted 4.834766: one unit in the last
+# digit, within the tolerance of docs/TEMPLATE.md, and named as such
+if echo "$out" | grep -qF 'docs-check: 1 printed line matched within the tolerance of decimal figures, not verbatim:' &&
+    echo "$out" | grep -qF 'docs-check:   docs/01_sum.md:63 prints "step    7/10 | loss 4.834765 | norm 1.5651", the doc "step    7/10 | loss 4.834766 | norm 1.5651" (4% of the tolerance)'; then
+    pass "docs-check: a loss that differs in its last printed digit (4.834765 quoted 4.834766) passes, and is reported"
+else
+    fail "docs-check: a last-digit difference" "$(echo "$out" | tr '\n' ' ')"
+fi
+
 # ---------------------------------------------------------------- the defects
+# variant DIR SCRIPT FILE: the good tree copied to DIR with the sed SCRIPT
+# applied to its FILE, and the checker run on it (rc, out); fails when the
+# script changed nothing (a bug of the test)
+variant() {
+    rm -rf "$1"
+    cp -r "$good" "$1"
+    sed -i "$2" "$1/$3"
+    if cmp -s "$good/$3" "$1/$3"; then
+        rc=0 out="the sed script changed nothing (test bug)"
+        return 1
+    fi
+    check_tree "$1"
+}
 # name, sed script on a file of the good tree, that file, what the report must name
 defect() {
-    local name=$1 script=$2 file=$3 expect=$4 tree=$tmp/bad
-    rm -rf "$tree"
-    cp -r "$good" "$tree"
-    sed -i "$script" "$tree/$file"
-    if cmp -s "$good/$file" "$tree/$file"; then
-        fail "docs-check: $name" "the sed script changed nothing (test bug)"
-        return
-    fi
-    check_tree "$tree"
+    local name=$1 script=$2 file=$3 expect=$4
+    variant "$tmp/bad" "$script" "$file" || { fail "docs-check: $name" "$out"; return; }
     if [ $rc != 0 ] && echo "$out" | grep -q '^FAIL docs-check' && echo "$out" | grep -qF -- "$expect"; then
         pass "docs-check: $name fails: $(echo "$out" | grep -F -- "$expect" | head -1 | sed 's/^ *//')"
     else
@@ -178,3 +207,25 @@ defect "(c) a line anchor past the end" 's/#L4-L9/#L4-L19/' docs/01_sum.md \
     'src/sum.c has 9 lines'
 defect "(d) a check command that fails" "s/check: printf 'the sum/check: exit 3; printf 'the sum/" docs/01_sum.md \
     'docs/01_sum.md:39: check: the command failed (exit 3)'
+# floats within a tolerance, the rest exact (docs/TEMPLATE.md)
+defect "(e) a quoted loss changed in its 4th decimal" 's/loss 4.834766/loss 4.834866/' docs/01_sum.md \
+    'docs/01_sum.md:63: check: the command prints "step    7/10 | loss 4.834765 | norm 1.5651", which the fenced block at line 63 does not hold; nearest there: "step    7/10 | loss 4.834866 | norm 1.5651" (4.834765 against 4.834866: |d| 1.0e-04 > tolerance 2.5e-05)'
+defect "(e) a 4-decimal norm two units off" 's/norm 1.5651$/norm 1.5653/' docs/01_sum.md \
+    '(1.5651 against 1.5653: |d| 2.0e-04 > tolerance 1.1e-04)'
+defect "(e) a byte count off by one (integers are exact)" 's/^bytes 1572864$/bytes 1572865/' docs/01_sum.md \
+    'docs/01_sum.md:64: check: the command prints "bytes 1572864"'
+defect "(e) a float quoted with another number of decimals" 's/loss 4.834766/loss 4.83477/' docs/01_sum.md \
+    'docs/01_sum.md:63: check: the command prints "step    7/10 | loss 4.834765 | norm 1.5651"'
+
+# within the tolerance: the tree still passes
+passes() {
+    local name=$1
+    variant "$tmp/near" "$2" "$3" || { fail "docs-check: $name" "$out"; return; }
+    if [ $rc = 0 ] && ! echo "$out" | grep -q '^FAIL'; then
+        pass "docs-check: $name passes"
+    else
+        fail "docs-check: $name" "exit $rc: $(echo "$out" | grep -A2 '^FAIL' | tr '\n' ' ')"
+    fi
+}
+passes "a 4-decimal norm one unit off (1.5651 quoted 1.5650)" 's/norm 1.5651$/norm 1.5650/' docs/01_sum.md
+passes "a loss 2e-5 off (4.834765 quoted 4.834785: the relative 5e-6)" 's/loss 4.834766/loss 4.834785/' docs/01_sum.md

@@ -35,10 +35,12 @@ def main():
     step = summary["ms_per_step"]
     gflops = summary["tokens_per_s"] * summary["flops_per_token"] / 1e9
     peak = summary["peak_gflops"]
+    # where the peak came from (logs before "peak_source" do not say)
+    source = {"measured": "the measured ", "flag": "the --peak-gflops "}.get(summary.get("peak_source"), "the ")
     print(f"chapter {summary['chapter']}, {summary['model']}, {summary['world_size']} rank(s) "
           f"({summary['mesh_shape']}), {summary['batch']} x {summary['seq']} tokens per step")
     print(f"step {step:.1f} ms, {summary['tokens_per_s']:.0f} tokens/s, {gflops:.1f} GFLOP/s = "
-          f"{100 * summary['mfu']:.1f}% of the measured sgemm peak ({peak:.1f} GFLOP/s)")
+          f"{100 * summary['mfu']:.1f}% of {source}sgemm peak ({peak:.1f} GFLOP/s)")
 
     def ms(name):
         return ops.get(name, [0.0] * summary["world_size"])[rank]

@@ -1,0 +1,184 @@
+#!/bin/bash
+# tests/portability.sh (`make portability`, or `make test CHAPTER=portability`;
+# CI runs it, .ci/run): what a student's other machine changes, on this one.
+# The last digits of a float that comes out of a reduction move with the CPU,
+# the BLAS kernel and the compiler's vectorisation; a two-machine `mpirun
+# --hostfile` talks over TCP, not shared memory. Three legs, each with the
+# docs' figures (make docs-check) and one invariant run per chapter:
+#
+#   haswell    OpenBLAS's AVX2 kernels (OPENBLAS_CORETYPE=Haswell) instead
+#              of the ones it picks for this CPU (AVX-512 on a recent x86-64)
+#   portable   a build without -march=native (make BUILD=build/portable
+#              ARCH=: gcc -O3 for the x86-64 baseline, SSE2 vectors only)
+#   tcp        Open MPI over TCP on the loopback (--mca btl self,tcp, pml
+#              ob1), the path of a multi-node run; the tests elsewhere pin
+#              shared memory (btl self,vader, tests/lib.sh). The arithmetic
+#              is that of the native build, so its docs figures are not
+#              checked again, only the runs that talk.
+#
+# In each leg every chapter reproduces chapter 0's losses within the
+# invariant's tolerance (TOL, TOL_NORM: both runs on the same machine, as in
+# the chapter tests), and in the first two, chapter 0's reference itself
+# stays within that tolerance of the native build's: the drift across
+# machines is no larger than the drift across layouts.
+# Prints PASS/FAIL lines; tests/run.sh counts them. A few minutes on 2 cores.
+. "$(dirname "$0")/lib.sh"
+PORT_BUILD=${PORT_BUILD:-build/portable}
+case $PORT_BUILD in /*) PORT_DIR=$PORT_BUILD ;; *) PORT_DIR=$PWD/$PORT_BUILD ;; esac
+LEGS=${PORT_LEGS:-haswell portable tcp}
+
+# The native reference (this CPU's OpenBLAS kernels, -march=native) that the
+# other builds' references are compared with.
+reference "$INV_FLAGS"
+NATIVE_REF=$REF
+
+# docs_leg LEG ROOT: make docs-check's checker on the tree ROOT, its PASS and
+# FAIL lines named for the leg, and what the tolerance let through
+docs_leg() {
+    local out rc
+    out=$(cd "$2" && timeout 600 python3 tests/docs_check.py 2>&1)
+    rc=$?
+    echo "$out" | grep -E '^(PASS|FAIL|  )' | sed -E "s/^(PASS|FAIL) /\1 $1: /"
+    echo "$out" | grep '^docs-check: ' | sed "s/^/  $1: /"
+    passed=$((passed + $(echo "$out" | grep -c '^PASS')))
+    failed=$((failed + $(echo "$out" | grep -c '^FAIL')))
+    if [ $rc -ne 0 ] && ! echo "$out" | grep -q '^FAIL'; then
+        fail "$1: docs-check" "exited $rc without a failed doc: $(echo "$out" | tail -3 | tr '\n' ' ')"
+    fi
+}
+
+# docs_tree DIR: a copy of the repository's files (what docs-check reads) in
+# DIR with build/ pointing at the portable build, so the docs' commands
+# (build/chapter-N) run its programs
+docs_tree() {
+    mkdir -p "$1"
+    if git rev-parse --is-inside-work-tree > /dev/null 2>&1; then
+        git ls-files -z --cached --others --exclude-standard | tar --null -T - -cf - 2>/dev/null | tar -xf - -C "$1"
+    else
+        tar --exclude=./build --exclude=./.git -cf - . | tar -xf - -C "$1"
+    fi
+    rm -rf "$1/build"
+    ln -s "$PORT_DIR" "$1/build"
+}
+
+# ref_drift LEG: this leg's chapter 0 reference against the native build's
+ref_drift() {
+    local a b ok=1
+    reference "$INV_FLAGS"
+    a=$(bash tests/compare_losses.sh "$NATIVE_REF" "$REF" $TOL 2>&1) || ok=0
+    b=$(bash tests/compare_losses.sh "$NATIVE_REF" "$REF" $TOL_NORM norm 2>&1) || ok=0
+    if [ "$(cat "$REF.rc")" = 0 ] && [ $ok = 1 ]; then
+        pass "$1: chapter 0's reference within the invariant's tolerance of the native build's ($a; ${b#* steps, })"
+    else
+        fail "$1: chapter 0's reference against the native build's" "$a; $b; $(cat "$REF.cmd") (exit $(cat "$REF.rc"))"
+    fi
+}
+
+# mesh_talks LEG NP FLAGS: chapter 0's mesh check (an all-reduce along every axis)
+mesh_talks() {
+    mpi_run $T_SHORT "$2" "$BUILD/chapter-0" $3 --steps 0
+    if [ $RC = 0 ] && echo "$OUT" | grep -q 'mesh check: the sum of ranks along every axis matches'; then
+        pass "$1: chapter 0's mesh on $2 ranks ($3) checks out"
+    else
+        fail "$1: chapter 0's mesh on $2 ranks ($3)" "exit $RC; command: $CMD; $(echo "$OUT" | tail -3)"
+    fi
+}
+
+# collectives LEG NP: chapter 1's collectives by hand against the library
+collectives() {
+    mpi_run $T_RUN "$2" "$BUILD/chapter-1" --check
+    if [ $RC -eq 0 ] && echo "$OUT" | grep -q "check summary: \([0-9]*\) of \1 collective runs match on $2 ranks$"; then
+        pass "$1: chapter 1's collectives on $2 ranks: $(echo "$OUT" | grep 'check summary' | sed 's/check summary: //')"
+    else
+        fail "$1: chapter 1's collectives on $2 ranks" "exit $RC; command: $CMD; $(echo "$OUT" | grep -E 'FAIL|summary|error' | head -5)"
+    fi
+}
+
+# experts LEG: chapter 7's MoE (E = 4, k = 2) on ep = 2 against one rank;
+# the dense link to chapter 0 (E = 1) is chapter 7's own test
+experts() {
+    local flags="$INV_FLAGS --experts 4 --top-k 2" one=$TEST_TMPDIR/c7_one$TEST_JOB.jsonl a b ok=1
+    mpi_run $T_RUN 1 "$BUILD/chapter-7" $flags --log "$one"
+    [ $RC = 0 ] || ok=0
+    mpi_run $T_RUN 2 "$BUILD/chapter-7" $flags --ep 2 --log "$TEST_TMPDIR/c7_ep2$TEST_JOB.jsonl"
+    [ $RC = 0 ] || ok=0
+    a=$(bash tests/compare_losses.sh "$one" "$TEST_TMPDIR/c7_ep2$TEST_JOB.jsonl" $TOL 2>&1) || ok=0
+    b=$(bash tests/compare_losses.sh "$one" "$TEST_TMPDIR/c7_ep2$TEST_JOB.jsonl" $TOL_NORM norm 2>&1) || ok=0
+    if [ $ok = 1 ]; then
+        pass "$1: chapter 7 E=4 k=2 on ep=2 reproduces one rank ($a; ${b#* steps, })"
+    else
+        fail "$1: chapter 7 E=4 k=2 on ep=2" "exit $RC; $a; $b; command: $CMD"
+    fi
+}
+
+# chapters LEG: one run per chapter, two at a time
+chapters() {
+    local L=$1
+    if [ "$L" = tcp ]; then
+        jobs_run mesh_talks "$L" 4 "--dp 2 --tp 2"
+    else
+        jobs_run ref_drift "$L"
+    fi
+    jobs_run collectives "$L" 3
+    jobs_run invariant --norm --expect "bit-identical on every rank" "$L: chapter 2 dp=2 overlapped" "$INV_FLAGS" 2 \
+        chapter-2 "--dp 2 --bucket-kb 64"
+    jobs_run invariant --norm --val "$L: chapter 3 ZeRO-3 dp=2" "$INV_FLAGS" 2 chapter-3 "--dp 2 --zero 3"
+    jobs_run invariant --norm --val --expect "bit-identical on every tp rank" "$L: chapter 4 dp=2 tp=2" "$INV_FLAGS" 4 \
+        chapter-4 "--dp 2 --tp 2"
+    jobs_run invariant --norm "$L: chapter 5 pp=2 1f1b m=4" "$INV_FLAGS" 2 chapter-5 "--pp 2 --schedule 1f1b --microbatches 4"
+    jobs_run invariant --norm --val "$L: chapter 6 cp=2 ring zigzag" "$INV_FLAGS" 2 chapter-6 "--cp 2 --cp-balance zigzag"
+    jobs_run experts "$L"
+    jobs_wait
+}
+
+# leg LEG: the leg's environment, in a subshell with a scratch folder of its
+# own (its chapter 0 reference is its own, not the native one)
+leg() {
+    local L=$1
+    passed=0 failed=0 skipped=0
+    export TEST_TMPDIR=$TEST_TMPDIR/leg_$L
+    mkdir -p "$TEST_TMPDIR"
+    case $L in
+        haswell)
+            export OPENBLAS_CORETYPE=Haswell
+            echo "== portability: haswell: OpenBLAS's Haswell (AVX2) kernels, -march=native build"
+            docs_leg "$L" . ;;
+        portable)
+            echo "== portability: portable: gcc -O3 without -march=native ($PORT_BUILD)"
+            local log=$TEST_TMPDIR/build.log
+            if ! make --no-print-directory BACKEND=cpu BUILD="$PORT_BUILD" ARCH= all > "$log" 2>&1; then
+                fail "$L: make BUILD=$PORT_BUILD ARCH= all" "$(grep -m3 -E 'error|Error' "$log")"
+                return
+            fi
+            pass "$L: make BUILD=$PORT_BUILD ARCH= all builds without -march=native"
+            BUILD=$PORT_BUILD
+            docs_tree "$TEST_TMPDIR/tree"
+            docs_leg "$L" "$TEST_TMPDIR/tree" ;;
+        tcp)
+            export OMPI_MCA_pml=ob1 OMPI_MCA_btl=self,tcp OMPI_MCA_btl_tcp_if_include=lo
+            echo "== portability: tcp: Open MPI over TCP on the loopback (btl self,tcp; pml ob1)"
+            # the ranks do talk over TCP: Open MPI says which transport it set up
+            OMPI_MCA_btl_base_verbose=100 mpi_run $T_SHORT 2 "$BUILD/chapter-0" --dp 2 --steps 0
+            if [ $RC = 0 ] && echo "$OUT" | grep -q 'btl: tcp: Using interface: lo' &&
+                ! echo "$OUT" | grep -qE 'found loaded component (vader|sm)$'; then
+                pass "$L: the ranks talk through Open MPI's tcp transport on lo (btl_base_verbose), no shared memory"
+            else
+                fail "$L: the tcp transport" "exit $RC; command: $CMD; $(echo "$OUT" | grep -iE 'tcp|error' | head -3)"
+            fi ;;
+        *) fail "portability" "no leg '$L' (PORT_LEGS: haswell portable tcp)"; return ;;
+    esac
+    chapters "$L"
+    echo "$passed $failed $skipped" > "$TEST_TMPDIR/counts"
+}
+
+for L in $LEGS; do
+    ( leg "$L" )
+    if [ -s "$TEST_TMPDIR/leg_$L/counts" ]; then
+        read -r p q s < "$TEST_TMPDIR/leg_$L/counts"
+        passed=$((passed + p)) failed=$((failed + q)) skipped=$((skipped + s))
+    else
+        fail "portability: $L" "the leg ended before counting its checks"
+    fi
+done
+
+finish
