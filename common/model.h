@@ -77,7 +77,7 @@ BlockParams block_params_at(float* base, int C);
 void gpt_init_range(float* out, size_t start, size_t count, const GPTConfig* cfg, uint64_t seed);
 // A standard normal from (seed, tensor id, layer, index) alone: the counter
 // under the rule above (tensor ids >= NUM_PARAM_TENSORS name other models'
-// tensors, as the MoE router in common/moe.c).
+// tensors, as the MoE router in 07_expert/moe.c).
 double init_normal_at(uint64_t seed, int t, int layer, size_t index);
 // The initial value of one element (the rule above).
 float gpt_init_value(const GPTConfig* cfg, uint64_t seed, ParamTensor t, int layer, size_t index);

@@ -201,7 +201,7 @@ else
 fi
 ref_checkpoint
 jobs_run error_case chapter-7 1 "--model $CKPT" "a dense llm.c file has no router and no experts"
-jobs_run error_case chapter-0 1 "--model $TEST_TMPDIR/c7.bin" "is a mixture-of-experts model (version 7001): only chapter 7"
+jobs_run error_case chapter-0 1 "--model $TEST_TMPDIR/c7.bin" "has version 7001, expected 3 (fp32)"
 
 jobs_run error_case chapter-7 3 "--ep 3 --experts 4" "do not split over ep=3"
 jobs_run error_case chapter-7 4 "--dp 2 --ep 2 --batch 6" "does not split over dp x ep = 4 ranks"

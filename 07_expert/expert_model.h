@@ -1,0 +1,111 @@
+// expert_model.h: chapter 7's mixture-of-experts model on one rank of the
+// dp x ep mesh: its buffers (the replicated parameters, this rank's experts,
+// their gradients and AdamW moments, the activations each MoE layer keeps),
+// their creation and release, the MoE file (--model FILE, --save FILE) and
+// the training-state checkpoint's slices (--ckpt-dir, --resume).
+//
+// The strategy is not here: routing, the exchange plan, the dispatch and
+// combine all-to-alls, the experts and the two gradient groups are the
+// chapter's own, in 07_expert/main.c, in the order a step runs them. The
+// model's layout, init and block pieces are moe.h's.
+#ifndef EXPERT_MODEL_H
+#define EXPERT_MODEL_H
+
+#include "ckpt.h"
+#include "comm.h"
+#include "moe.h"
+#include "train.h"
+
+// What forward keeps of one MoE layer for backward: the routing, the plan of
+// the two exchanges, and the rows on both sides.
+typedef struct {
+    float *logits, *probs, *gates;  // (N, E), (N, E), (N, k)
+    int *idx, *pos;                 // (N, k) chosen experts; row of (t, j) in send (-1: dropped)
+    int* send_src;                  // (N*k) token of each send row
+    int *perm, *inv_perm;           // (R) expert-major row <- received row, and back
+    float *send, *back;             // (N*k, C) my rows out, the expert outputs back
+    float *exp_in, *fch, *fch_gelu; // (R, C), (R, H), (R, H) on the expert side
+    float* aux_dprobs;              // (E) d objective / d each prob (load-balancing loss)
+    // the plan, on the host: counts are integers, and the comm layer's
+    // collectives are float-only, so they travel by plain MPI
+    int *idx_host, *pos_host, *src_host, *perm_host;
+    int* cnt_send;                  // (E) my rows to each expert
+    int* cnt_recv;                  // (ep, E/ep) rows from source s for my expert le
+    int* expert_off;                // (E/ep + 1) each of my experts' rows in exp_in
+    size_t *sc, *sd, *rc, *rd;      // (ep) floats sent to / received from each ep rank
+    int n_send, n_recv;
+} MoeLayer;
+
+typedef struct {
+    MoeConfig cfg;
+    int B, T, N;           // this rank's sequences, their length, B*T token rows
+    int ep, E_local, e0;   // ep ranks; my experts are [e0, e0 + E_local)
+    int R;                 // most rows my experts can receive in one layer
+    Comm dpep;             // every rank that holds the replicated parameters: dp x ep
+    const Comm *world, *dp, *epc;  // world: rank 0 writes the file
+    float aux_coef, capacity_factor;  // capacity_factor 0: dropless
+    // parameters: the replicated ones and my experts (moe.h's two buffers)
+    size_t n_shared, n_experts;
+    float *shared, *dshared, *m_s, *v_s;
+    float *experts, *dexperts, *m_e, *v_e;
+    // activations: the GPT's (embedding, the blocks' attention halves and
+    // dense MLPs as --recompute keeps them, head, scratch, dres, token ids)
+    // and each MoE layer's own
+    GPTActs acts;
+    RecomputeMode recompute;
+    MoeLayer* moe;  // one per MoE layer (--recompute full: one for all)
+    float *send_shared, *gelu_shared;  // --recompute selective: every layer's send and fch_gelu
+    // scratch shared by the layers
+    float *recv, *xbuf, *ybuf, *dfch, *dfch_gelu, *dsend, *dgates, *dlogits, *dln2;
+    // statistics of the last forward, summed over the MoE layers (global)
+    double aux;      // the load-balancing loss (without aux_coef)
+    long dropped;    // token-slots dropped by capacity
+    long* routed;    // (L_moe, E) token-slots routed to each expert
+    int record;      // 1: this forward is a training step's (statistics kept)
+} ExpertModel;
+
+// Chapter 7's own flags, as parsed (hidden 0: 4C; capacity 0: dropless).
+typedef struct {
+    int experts, top_k, hidden, moe_every;
+    float aux_coef, capacity;
+} ExpertFlags;
+
+// The reader run_start uses for --model FILE (train_config_reader): the GPT
+// part of an MoE file's header. A dense llm.c file is refused with the
+// reason (it has no router and no experts).
+const char* expert_read_gpt_config(const char* path, GPTConfig* cfg, char* msg, size_t len);
+
+// The model's config after run_start: the flags, or with --model FILE the
+// file's experts, router and widths (they win over the flags; *flags is
+// updated to them). Checks the flags; bad input ends every rank with one
+// message.
+MoeConfig expert_config(const Run* run, ExpertFlags* flags);
+
+// This rank's model: B sequences of T tokens per step, the experts
+// [e0, e0 + E/ep) of its ep coordinate, every buffer allocated and counted,
+// the parameters initialised (counter-based, moe.h) or read from --model
+// FILE, statistics recorded.
+void expert_model_create(ExpertModel* m, const MoeConfig* cfg, const ExpertFlags* flags, int B, int T,
+                         const Run* run);
+void expert_model_free(ExpertModel* m);
+
+// Where MoE layer l's state lives (--recompute full: one for all layers).
+MoeLayer* expert_layer(ExpertModel* m, int l);
+// Where layer l's forward writes its attention half (and a dense layer its
+// MLP): the kept fields in the layer's store, the dropped ones in the
+// transient (model.h, --recompute).
+BlockActs expert_block_acts(ExpertModel* m, int l);
+// All parameters, the replicated ones and every expert of every MoE layer.
+size_t expert_total_params(const ExpertModel* m);
+
+// --save FILE: the MoE file (moe.h), written by world rank 0 from the
+// replicated parameters and every expert gathered over ep. Collective.
+void expert_model_save(ExpertModel* m, const char* path);
+
+// The training-state checkpoint's lists (ckpt.h): what this rank writes
+// (dp replica 0 writes the experts, each ep rank its own, and 1/ep of the
+// replicated state each) and reads (all the replicated state, its own
+// experts), in the MoE model's global tensors, so any dp x ep mesh resumes.
+void expert_model_ckpt(Ckpt* ck, ExpertModel* m);
+
+#endif
