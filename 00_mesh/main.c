@@ -84,72 +84,51 @@ static float train_step(GPT* model, const TrainArgs* args, int step, const int* 
     return loss;
 }
 
-static void train_reference(const TrainArgs* args, const Mesh* mesh) {
-    TrainSetup setup;
-    train_setup(&setup, args);
-    const GPTConfig* cfg = &setup.cfg;
-    int B = setup.B, T = setup.T;
-    train_check_mesh(mesh, &setup, NULL);  // one rank: every split is whole
+// The reference on the one rank of `run` (its mesh, flags and data).
+static void train_reference(const Run* run) {
+    const TrainArgs* args = &run->args;
+    const TrainSetup* setup = &run->setup;
+    const GPTConfig* cfg = &setup->cfg;
+    int B = setup->B, T = setup->T;
+    train_check_mesh(&run->mesh, setup, NULL);  // one rank: every split is whole
 
-    double peak_gflops = args->peak_gflops > 0 ? args->peak_gflops : measure_matmul_gflops();
     GPT model;
     // --recompute: how much of each block's forward is kept for backward
     gpt_create_recompute(&model, cfg, B, T, (uint64_t)args->seed, (RecomputeMode)args->recompute);
     gpt_create_optimizer(&model);
-    if (setup.checkpoint) {
+    if (setup->checkpoint) {
         float* host = xmalloc(model.num_params * sizeof(float));
-        train_load_checkpoint(&setup, host);
+        train_load_checkpoint(setup, host);
         mem_to_device(model.params, host, model.num_params * sizeof(float));
         free(host);
     }
     // training-state checkpoints: one rank holds the whole state, so it
     // writes all of it and reads all of it (--resume: from any chapter's)
     Ckpt ck;
-    ckpt_init(&ck, args, &setup, mesh, 0);
+    ckpt_init(&ck, args, setup, &run->mesh, 0);
     ckpt_add_state(&ck.own, cfg, 0, model.num_params, model.params, model.m, model.v);
     ckpt_add_state(&ck.need, cfg, 0, model.num_params, model.params, model.m, model.v);
-    int start = ckpt_resume(&ck);
+    ckpt_resume(&ck);
     print0("model %s: L=%d C=%d NH=%d V=%d (padded %d) maxT=%d, %zu parameters\n",
-           setup.model_name, cfg->num_layers, cfg->channels, cfg->num_heads, cfg->vocab_size,
+           setup->model_name, cfg->num_layers, cfg->channels, cfg->num_heads, cfg->vocab_size,
            cfg->padded_vocab_size, cfg->max_seq_len, model.num_params);
     print0("batch %d x %d tokens, %zu training tokens, %zu validation tokens\n", B, T,
-           setup.train.count, setup.val.count);
+           setup->train.count, setup->val.count);
     train_print_recompute((RecomputeMode)args->recompute, NULL);
-    trace_open(args->trace);
 
-    JsonLog log;
-    int *inputs, *targets;  // this rank's sequences of a step, (B, T) each
-    train_loop_open(&log, &inputs, &targets, args, B, T);
-    StepClock clock = {0};  // leaves out the first step, which warms caches and threads
-    float loss = 0.0f, val_loss = -1.0f;
-    for (int step = start; step < args->steps; step++) {
-        data_batch(&setup.train, step, B, T, 0, B, inputs, targets);
-        clock_begin(&clock);
+    // the loop: each step reads batch `step` and trains on it; the loop
+    // object times it, reports it, validates and checkpoints (train.h)
+    TrainLoop loop;
+    train_loop_begin(&loop, run, &(TrainLoopSpec){
+        .chapter = 0, .num_params = model.num_params, .flops_per_token = gpt_flops_per_token(cfg, T),
+        .rows = B, .val_loss = train_val_loss_gpt, .ctx = &model, .ckpt = &ck});
+    for (int step = loop.start; step < loop.steps; step++) {
+        data_batch(&setup->train, step, B, T, 0, B, loop.inputs, loop.targets);  // (B, T) tokens
         float norm;
-        loss = train_step(&model, args, step, inputs, targets, &norm);
-        double dt = clock_end(&clock, step - start, args->steps - start);
-        report_step(&log, step, args->steps, loss, norm, 1e3 * dt, (double)B * T / dt);
-        if (args->val_every > 0 && (step + 1) % args->val_every == 0 && step + 1 < args->steps) {
-            val_loss = train_val_loss(&model, &setup, args->val_batches);
-            if (val_loss >= 0) report_val(&log, step, val_loss);
-        }
-        ckpt_after_step(&ck, step);  // --save-every, --ckpt-dir
+        float loss = train_step(&model, args, step, loop.inputs, loop.targets, &norm);
+        train_loop_step(&loop, step, loss, norm);
     }
-    // the validation loss of the final model (of the loaded one when --steps 0)
-    val_loss = train_val_loss(&model, &setup, args->val_batches);
-    if (val_loss >= 0) report_val(&log, args->steps - 1, val_loss);
-
-    ckpt_finish(&ck, &log);
-    double ms = clock_ms_per_step(&clock);
-    RunSummary summary = {
-        .chapter = 0, .model = setup.model_name, .num_params = model.num_params,
-        .batch = B, .seq = T, .steps = args->steps, .ms_per_step = ms,
-        .tokens_per_s = ms > 0 ? (double)B * T / (ms / 1e3) : 0.0,
-        .flops_per_token = gpt_flops_per_token(cfg, T), .peak_gflops = peak_gflops,
-        .final_loss = loss, .val_loss = val_loss, .extra_json = NULL};
-    report_summary(&log, mesh, &summary);
-    train_loop_close(&log, inputs, targets);
-    trace_finish();
+    train_loop_end(&loop, NULL);  // the final validation and the summary
 
     if (train_wants_params(args)) {  // --sample, --save
         float* host = xmalloc(model.num_params * sizeof(float));
@@ -158,7 +137,6 @@ static void train_reference(const TrainArgs* args, const Mesh* mesh) {
         free(host);
     }
     gpt_free(&model);
-    train_setup_free(&setup);
 }
 
 int main(int argc, char** argv) {
@@ -188,7 +166,16 @@ int main(int argc, char** argv) {
     mesh_check(&mesh);
     if (mesh.world_size == 1) {
         print0("%d thread%s, device %s\n", threads, threads == 1 ? "" : "s", device);
-        train_reference(&args, &mesh);
+        // a run of one rank: the flags, the mesh, the model and data, the
+        // matmul peak for MFU (train.h's Run, without the communicators the
+        // reference does not use)
+        Run run = {.args = args, .mesh = mesh, .device = device};
+        train_setup(&run.setup, &args);
+        run.peak_gflops = args.peak_gflops > 0 ? args.peak_gflops : measure_matmul_gflops();
+        trace_open(args.trace);
+        train_reference(&run);
+        trace_finish();
+        train_setup_free(&run.setup);
     } else {
         print0("the reference trains on one rank: mpirun -np 1 build/chapter-0 (later chapters train on the mesh)\n");
     }

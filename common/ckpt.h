@@ -83,7 +83,7 @@ void ckpt_add_flat(CkptList* l, const GPTConfig* cfg, CkptKind kind, size_t lo, 
 void ckpt_add_state(CkptList* l, const GPTConfig* cfg, size_t lo, size_t n, float* params, float* m, float* v);
 void ckpt_list_free(CkptList* l);
 
-typedef struct {
+typedef struct Ckpt {  // named: train.h's loop holds a pointer to one
     // settings: the flags, the model and the run
     const char* dir;   // --ckpt-dir (NULL: no saves)
     const char* resume;

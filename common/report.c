@@ -2,6 +2,7 @@
 #include "report.h"
 
 #include <errno.h>
+#include <stdarg.h>
 #include <fcntl.h>
 #include <math.h>
 #include <mpi.h>
@@ -127,21 +128,30 @@ static int json_string(FILE* f, const char* s) {
     return ok && fputc('"', f) != EOF;
 }
 
-void report_summary(JsonLog* log, const Mesh* mesh, const RunSummary* s) {
+// The widths of RunFigures' rows: peak bytes per category, their total and
+// the matmul peak; calls, bytes and bus bytes per (collective, slot), then
+// the wait and progress seconds; ms per step per (op kind, pass), then
+// comm wait, comm progress and the step.
+#define MEM_WIDTH (MEM_NUM_CATEGORIES + 2)
+#define COMM_WIDTH (NUM_COLLECTIVES * COMM_MAX_SLOTS * 3 + 2)
+#define OP_WIDTH (NUM_OP_KINDS * NUM_OP_PASSES + 3)
+
+void report_gather(RunFigures* g, const Mesh* mesh, double peak_gflops) {
     int n = mesh->world_size, rank = mesh->rank;
+    g->n = n;
     // every rank's peak bytes per category, plus its total and its matmul peak
-    double mine[MEM_NUM_CATEGORIES + 2];
+    double mine[MEM_WIDTH];
     for (int c = 0; c < MEM_NUM_CATEGORIES; c++) mine[c] = (double)mem_peak(c);
     mine[MEM_NUM_CATEGORIES] = (double)mem_peak_total();
-    mine[MEM_NUM_CATEGORIES + 1] = s->peak_gflops;
-    int width = MEM_NUM_CATEGORIES + 2;
+    mine[MEM_NUM_CATEGORIES + 1] = peak_gflops;
+    int width = MEM_WIDTH;
     double* all = rank == 0 ? xmalloc((size_t)n * width * sizeof(double)) : NULL;
     MPI_CHECK(MPI_Gather(mine, width, MPI_DOUBLE, all, width, MPI_DOUBLE, 0, MPI_COMM_WORLD));
     // every rank's communication counts: calls, bytes, bus bytes per
     // collective and counter slot (axes, world, groups: every slot, so every
     // rank sends the same width), then the seconds it waited on
     // communication and the seconds it spent driving non-blocking communication
-    int ncomm = NUM_COLLECTIVES * COMM_MAX_SLOTS * 3 + 2;
+    int ncomm = COMM_WIDTH;
     double* comm_mine = xcalloc((size_t)ncomm, sizeof(double));
     for (int c = 0; c < NUM_COLLECTIVES; c++)
         for (int a = 0; a < comm_num_slots(); a++) {
@@ -159,8 +169,8 @@ void report_summary(JsonLog* log, const Mesh* mesh, const RunSummary* s) {
     // every rank's milliseconds per timed step in each op kind and pass,
     // then in communication (wait, progress), then its own step: the
     // per-op breakdown
-    int nop = NUM_OP_KINDS * NUM_OP_PASSES + 3;
-    double op_mine[NUM_OP_KINDS * NUM_OP_PASSES + 3];
+    int nop = OP_WIDTH;
+    double op_mine[OP_WIDTH];
     for (int k = 0; k < NUM_OP_KINDS; k++)
         for (int p = 0; p < NUM_OP_PASSES; p++) op_mine[k * NUM_OP_PASSES + p] = optime_ms_per_step(k, p);
     op_mine[nop - 3] = optime_comm_wait_ms_per_step();
@@ -168,7 +178,22 @@ void report_summary(JsonLog* log, const Mesh* mesh, const RunSummary* s) {
     op_mine[nop - 1] = optime_step_ms();
     double* op_all = rank == 0 ? xmalloc(sizeof(double) * nop * n) : NULL;
     MPI_CHECK(MPI_Gather(op_mine, nop, MPI_DOUBLE, op_all, nop, MPI_DOUBLE, 0, MPI_COMM_WORLD));
-    if (rank != 0) return;
+    g->mem = all;
+    g->comm = comm_all;
+    g->op = op_all;
+}
+
+void report_summary(JsonLog* log, const Mesh* mesh, const RunSummary* s) {
+    RunFigures g;
+    report_gather(&g, mesh, s->peak_gflops);
+    report_summary_gathered(log, mesh, s, &g);
+}
+
+void report_summary_gathered(JsonLog* log, const Mesh* mesh, const RunSummary* s, RunFigures* g) {
+    int n = g->n, width = MEM_WIDTH, ncomm = COMM_WIDTH, nop = OP_WIDTH;
+    double *all = g->mem, *comm_all = g->comm, *op_all = g->op;
+    g->mem = g->comm = g->op = NULL;
+    if (mesh->rank != 0) return;
 
     double peak_sum = 0.0;
     for (int r = 0; r < n; r++) peak_sum += all[(size_t)r * width + MEM_NUM_CATEGORIES + 1];
@@ -206,6 +231,9 @@ void report_summary(JsonLog* log, const Mesh* mesh, const RunSummary* s) {
                 s->num_params, s->batch, s->seq, s->steps, s->ms_per_step,
                 s->tokens_per_s, s->flops_per_token, peak_sum, mfu, final_loss);
         if (!(s->val_loss < 0)) fprintf(f, ",\"val_loss\":%s", val_loss);
+        if (s->has_comm_ms)
+            fprintf(f, ",\"comm_wait_ms_per_step\":%.3f,\"comm_progress_ms_per_step\":%.3f", s->comm_wait_ms_per_step,
+                    s->comm_progress_ms_per_step);
         // peak bytes: one array per category, one entry per rank
         fprintf(f, ",\"peak_bytes\":{");
         for (int c = 0; c <= MEM_NUM_CATEGORIES; c++) {
@@ -269,4 +297,113 @@ void report_summary(JsonLog* log, const Mesh* mesh, const RunSummary* s) {
     free(all);
     free(comm_all);
     free(op_all);
+}
+
+// ---------------------------------------------------------------- a chapter's own JSON fields
+
+// Appends printf-formatted text, growing the buffer as needed.
+static void json_printf(JsonBuf* b, const char* fmt, ...) __attribute__((format(printf, 2, 3)));
+static void json_printf(JsonBuf* b, const char* fmt, ...) {
+    for (;;) {
+        va_list ap;
+        va_start(ap, fmt);
+        size_t room = b->cap - b->len;
+        int n = vsnprintf(b->s ? b->s + b->len : NULL, b->s ? room : 0, fmt, ap);
+        va_end(ap);
+        CHECK(n >= 0, "formatting a JSON field failed");
+        if (b->s && (size_t)n < room) {
+            b->len += (size_t)n;
+            return;
+        }
+        size_t cap = b->cap ? b->cap : 256;
+        while (cap < b->len + (size_t)n + 1) cap *= 2;
+        char* s = xmalloc(cap);
+        if (b->s) memcpy(s, b->s, b->len + 1);
+        else s[0] = '\0';
+        free(b->s);
+        b->s = s;
+        b->cap = cap;
+    }
+}
+
+// ,"key": (the comma only between fields)
+static void json_key(JsonBuf* b, const char* key) { json_printf(b, "%s\"%s\":", b->len ? "," : "", key); }
+
+static void json_double_value(JsonBuf* b, double v, const char* fmt) {
+    char num[64];
+    json_number(num, sizeof(num), fmt, v);
+    json_printf(b, "%s", num);
+}
+
+void json_add_int(JsonBuf* b, const char* key, long long v) {
+    json_key(b, key);
+    json_printf(b, "%lld", v);
+}
+
+void json_add_double(JsonBuf* b, const char* key, double v, const char* fmt) {
+    json_key(b, key);
+    json_double_value(b, v, fmt);
+}
+
+void json_add_string(JsonBuf* b, const char* key, const char* v) {
+    json_key(b, key);
+    json_printf(b, "\"");
+    for (const unsigned char* p = (const unsigned char*)v; *p; p++) {
+        if (*p == '"' || *p == '\\') json_printf(b, "\\%c", *p);
+        else if (*p < 0x20) json_printf(b, "\\u%04x", *p);
+        else json_printf(b, "%c", *p);
+    }
+    json_printf(b, "\"");
+}
+
+void json_add_bool(JsonBuf* b, const char* key, int v) {
+    json_key(b, key);
+    json_printf(b, "%s", v ? "true" : "false");
+}
+
+void json_add_int_array(JsonBuf* b, const char* key, const int* v, int n) {
+    json_key(b, key);
+    json_printf(b, "[");
+    for (int i = 0; i < n; i++) json_printf(b, "%s%d", i ? "," : "", v[i]);
+    json_printf(b, "]");
+}
+
+void json_add_long_array(JsonBuf* b, const char* key, const long* v, int n) {
+    json_key(b, key);
+    json_printf(b, "[");
+    for (int i = 0; i < n; i++) json_printf(b, "%s%ld", i ? "," : "", v[i]);
+    json_printf(b, "]");
+}
+
+void json_add_double_array(JsonBuf* b, const char* key, const double* v, int n, const char* fmt) {
+    json_key(b, key);
+    json_printf(b, "[");
+    for (int i = 0; i < n; i++) {
+        if (i) json_printf(b, ",");
+        json_double_value(b, v[i], fmt);
+    }
+    json_printf(b, "]");
+}
+
+void json_add_long_matrix(JsonBuf* b, const char* key, const long* v, int rows, int cols) {
+    json_key(b, key);
+    json_printf(b, "[");
+    for (int r = 0; r < rows; r++) {
+        json_printf(b, "%s[", r ? "," : "");
+        for (int c = 0; c < cols; c++) json_printf(b, "%s%ld", c ? "," : "", v[(size_t)r * cols + c]);
+        json_printf(b, "]");
+    }
+    json_printf(b, "]");
+}
+
+const char* json_fields(const JsonBuf* b) { return b->s ? b->s : ""; }
+
+void json_clear(JsonBuf* b) {
+    b->len = 0;
+    if (b->s) b->s[0] = '\0';
+}
+
+void json_free(JsonBuf* b) {
+    free(b->s);
+    *b = (JsonBuf){0};
 }

@@ -44,6 +44,11 @@ typedef struct {
     double flops_per_token;
     double peak_gflops;        // this rank's measured (or given) matmul peak
     float final_loss, val_loss;  // val_loss < 0: none
+    // rank 0's milliseconds per timed step blocked in communication and in
+    // non-blocking starts and tests (the step clock's); written only when
+    // has_comm_ms (the training loop, train.h, sets all three)
+    double comm_wait_ms_per_step, comm_progress_ms_per_step;
+    int has_comm_ms;
     const char* extra_json;    // a chapter's own fields, "\"k\":v,..." or NULL
 } RunSummary;
 
@@ -53,5 +58,43 @@ typedef struct {
 // rank.
 // MFU = tokens/s * flops/token / (sum of the ranks' matmul peaks).
 void report_summary(JsonLog* log, const Mesh* mesh, const RunSummary* s);
+
+// report_summary in its two halves, for a caller that runs something between
+// reading the counters and writing the record (the training loop's final
+// validation: the summary's memory, communication and op times are the
+// training's alone). report_gather is collective and reads every rank's
+// figures now; report_summary_gathered prints and writes them (rank 0) and
+// frees g.
+typedef struct {
+    int n;                       // ranks
+    double *mem, *comm, *op;     // rank 0: (n, width) each; other ranks: NULL
+} RunFigures;
+void report_gather(RunFigures* g, const Mesh* mesh, double peak_gflops);
+void report_summary_gathered(JsonLog* log, const Mesh* mesh, const RunSummary* s, RunFigures* g);
+
+// ---------------------------------------------------------------- a chapter's own JSON fields
+// "key":value pairs a chapter adds to a record (its summary fields, its step
+// fields), built by these calls instead of by hand: keys as given, strings
+// escaped, numbers that are not finite written as null (JSON has none).
+// A zeroed JsonBuf is empty and ready; json_fields gives "k":v,"k2":v2 (no
+// braces, "" when empty), which RunSummary.extra_json and report_step_extra
+// take.
+typedef struct {
+    char* s;
+    size_t len, cap;
+} JsonBuf;
+void json_add_int(JsonBuf* b, const char* key, long long v);
+// fmt: one printf conversion of a double ("%.3f", "%g", "%.0f")
+void json_add_double(JsonBuf* b, const char* key, double v, const char* fmt);
+void json_add_string(JsonBuf* b, const char* key, const char* v);
+void json_add_bool(JsonBuf* b, const char* key, int v);
+void json_add_int_array(JsonBuf* b, const char* key, const int* v, int n);
+void json_add_long_array(JsonBuf* b, const char* key, const long* v, int n);
+void json_add_double_array(JsonBuf* b, const char* key, const double* v, int n, const char* fmt);
+// v is (rows, cols) row-major: [[row 0], [row 1], ...]
+void json_add_long_matrix(JsonBuf* b, const char* key, const long* v, int rows, int cols);
+const char* json_fields(const JsonBuf* b);
+void json_clear(JsonBuf* b);  // empty again, memory kept
+void json_free(JsonBuf* b);
 
 #endif

@@ -6,6 +6,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "ckpt.h"
 #include "common.h"
 #include "memory.h"
 #include "optime.h"
@@ -97,6 +98,8 @@ void train_load_checkpoint(const TrainSetup* s, float* params_host) {
 static float forward_gpt(void* ctx, const int* inputs, const int* targets) {
     return gpt_forward((GPT*)ctx, inputs, targets);
 }
+
+float train_val_loss_gpt(void* gpt, const TrainSetup* s, int n_batches) { return train_val_loss(gpt, s, n_batches); }
 
 float train_val_loss(GPT* m, const TrainSetup* s, int n_batches) {
     // the same tokens whatever the model's batch: n_batches global batches of
@@ -340,3 +343,70 @@ double clock_end(StepClock* c, int step, int steps) {
 double clock_ms_per_step(const StepClock* c) { return c->timed ? 1e3 * c->seconds / c->timed : 0.0; }
 double clock_wait_ms_per_step(const StepClock* c) { return c->timed ? 1e3 * c->wait / c->timed : 0.0; }
 double clock_progress_ms_per_step(const StepClock* c) { return c->timed ? 1e3 * c->progress / c->timed : 0.0; }
+
+// ---------------------------------------------------------------- the training loop
+
+void train_loop_begin(TrainLoop* L, const Run* run, const TrainLoopSpec* spec) {
+    memset(L, 0, sizeof(*L));
+    L->args = &run->args;
+    L->setup = &run->setup;
+    L->mesh = &run->mesh;
+    L->peak_gflops = run->peak_gflops;
+    L->spec = *spec;
+    L->start = spec->ckpt ? spec->ckpt->start_step : 0;
+    L->steps = run->args.steps;
+    L->val_loss = -1.0f;
+    train_loop_open(&L->log, &L->inputs, &L->targets, L->args, spec->rows, L->setup->T);
+    comm_counts_reset();  // the summary counts the training, not the start-up
+    clock_begin(&L->clock);
+}
+
+int train_loop_timed(const TrainLoop* L, int step) { return step > L->start || L->steps - L->start == 1; }
+
+// The validation loss after step `step` (-1: before any), reported when
+// there is validation data.
+static void loop_validate(TrainLoop* L, int step) {
+    if (!L->spec.val_loss) return;
+    float v = L->spec.val_loss(L->spec.ctx, L->setup, L->args->val_batches);
+    if (v < 0) return;
+    L->val_loss = v;
+    report_val(&L->log, step, v);
+}
+
+void train_loop_step(TrainLoop* L, int step, float loss, float norm) {
+    double dt = clock_end(&L->clock, step - L->start, L->steps - L->start);
+    double tokens = (double)L->setup->B * L->setup->T;
+    report_step_extra(&L->log, step, L->steps, loss, norm, 1e3 * dt, tokens / dt,
+                      L->step_extra.len ? json_fields(&L->step_extra) : NULL);
+    json_clear(&L->step_extra);
+    L->loss = loss;
+    int every = L->args->val_every;
+    if (every > 0 && (step + 1) % every == 0 && step + 1 < L->steps) loop_validate(L, step);
+    if (L->spec.ckpt) ckpt_after_step(L->spec.ckpt, step);  // --save-every, --ckpt-dir
+    // the next step's clock starts here: everything until the next call is that step
+    if (step + 1 < L->steps) clock_begin(&L->clock);
+}
+
+void train_loop_end(TrainLoop* L, const JsonBuf* extra) {
+    if (L->spec.ckpt) ckpt_finish(L->spec.ckpt, &L->log);  // joins an async save still in flight
+    // the training's figures, before the final validation adds its own
+    RunFigures figures;
+    report_gather(&figures, L->mesh, L->peak_gflops);
+    // the final model's validation loss (the loaded one's with --steps 0)
+    loop_validate(L, L->steps - 1);
+    const TrainSetup* s = L->setup;
+    double ms = clock_ms_per_step(&L->clock);
+    RunSummary summary = {
+        .chapter = L->spec.chapter, .model = s->model_name, .num_params = L->spec.num_params,
+        .batch = s->B, .seq = s->T, .steps = L->steps, .ms_per_step = ms,
+        .tokens_per_s = ms > 0 ? (double)s->B * s->T / (ms / 1e3) : 0.0,
+        .flops_per_token = L->spec.flops_per_token, .peak_gflops = L->peak_gflops,
+        .final_loss = L->loss, .val_loss = L->val_loss,
+        .comm_wait_ms_per_step = clock_wait_ms_per_step(&L->clock),
+        .comm_progress_ms_per_step = clock_progress_ms_per_step(&L->clock), .has_comm_ms = 1,
+        .extra_json = extra ? json_fields(extra) : NULL};
+    report_summary_gathered(&L->log, L->mesh, &summary, &figures);
+    train_loop_close(&L->log, L->inputs, L->targets);
+    json_free(&L->step_extra);
+    L->inputs = L->targets = NULL;
+}
