@@ -442,7 +442,6 @@ void sp_summary(const SP* s, JsonBuf* extra) {
     int L = m->cfg.num_layers;
     size_t ch4_nontp = s->ch4_block_bytes - s->slice_bytes;
     json_add_int(extra, "sp", 1);
-    json_add_string(extra, "recompute", recompute_name(s->recompute));
     json_add_int(extra, "zero", s->zero);
     json_add_int(extra, "prefetch", s->prefetch);
     json_add_int(extra, "reshard", s->reshard);
@@ -453,6 +452,7 @@ void sp_summary(const SP* s, JsonBuf* extra) {
     json_add_int(extra, "layer_acts_bytes_ch4", (long long)(s->ch4_block_bytes / L));
     json_add_int(extra, "layer_token_shard_bytes", (long long)(s->shard_bytes / L));
     json_add_int(extra, "layer_token_shard_bytes_ch4", (long long)(ch4_nontp / L));
+    json_add_string(extra, "recompute", recompute_name(s->recompute));
 }
 
 int sp_finish(SP* s, const TrainArgs* args, int ln_agree) {

@@ -68,6 +68,8 @@ void expert_model_create(ExpertModel* m, const MoeConfig* cfg, const ExpertFlags
     m->world = &run->world, m->dp = &run->axes[AXIS_DP], m->epc = &run->axes[AXIS_EP];
     comm_create_group(&m->dpep, mesh, (1u << AXIS_DP) | (1u << AXIS_EP));
     m->ep = mesh->size[AXIS_EP];
+    // shares follow the world rank order (dp, then ep)
+    m->share = mesh->coord[AXIS_DP] * m->ep + mesh->coord[AXIS_EP];
     m->E_local = cfg->experts / m->ep;
     m->e0 = m->epc->rank * m->E_local;
     int N = m->N, C = cfg->gpt.channels, H = cfg->hidden, E = cfg->experts, k = cfg->top_k;
@@ -255,4 +257,27 @@ void expert_model_ckpt(Ckpt* ck, ExpertModel* m) {
         moe_ckpt_add_shared(&ck->need, &m->cfg, (CkptKind)k, 0, m->n_shared, shared[k]);
         moe_ckpt_add_experts(&ck->need, &m->cfg, (CkptKind)k, m->e0, m->E_local, experts[k]);
     }
+}
+
+// ---------------------------------------------------------------- the summary
+
+void expert_report(const ExpertModel* m, const ExpertFlags* fl, int trained, long dropped_total, JsonBuf* extra) {
+    // the all-to-all traffic of training. A rank sends its N k token-slots
+    // in dispatch and, in combine, what its experts received: this varies by
+    // rank, the mean over the ranks is N k C floats per exchange (a host
+    // figure for the log: plain MPI)
+    CommCount a2a = comm_count(COLL_ALLTOALL, AXIS_EP);
+    MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, &a2a.bytes, 1, MPI_DOUBLE, MPI_SUM, m->dpep.mpi));
+    double per_step = trained > 0 ? a2a.bytes / m->dpep.size / trained : 0.0;
+    print0("dispatch and combine: %.0f bytes sent per rank per step in all-to-all-v (mean over ranks), %ld token-slots dropped\n",
+           per_step, dropped_total);
+    json_add_int(extra, "experts", fl->experts);
+    json_add_int(extra, "top_k", fl->top_k);
+    json_add_int(extra, "expert_hidden", m->cfg.hidden);
+    json_add_int(extra, "moe_every", fl->moe_every);
+    json_add_double(extra, "aux_coef", fl->aux_coef, "%g");
+    json_add_double(extra, "capacity_factor", fl->capacity, "%g");
+    json_add_int(extra, "active_params", (long long)moe_active_params(&m->cfg));
+    json_add_double(extra, "alltoall_bytes_per_step", per_step, "%.0f");
+    json_add_int(extra, "dropped_total", dropped_total);
 }

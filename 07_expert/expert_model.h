@@ -39,6 +39,7 @@ typedef struct {
 typedef struct {
     MoeConfig cfg;
     int B, T, N;           // this rank's sequences, their length, B*T token rows
+    int share;             // my sequences of the global batch: [share B, (share + 1) B)
     int ep, E_local, e0;   // ep ranks; my experts are [e0, e0 + E_local)
     int R;                 // most rows my experts can receive in one layer
     Comm dpep;             // every rank that holds the replicated parameters: dp x ep
@@ -101,6 +102,12 @@ size_t expert_total_params(const ExpertModel* m);
 // --save FILE: the MoE file (moe.h), written by world rank 0 from the
 // replicated parameters and every expert gathered over ep. Collective.
 void expert_model_save(ExpertModel* m, const char* path);
+
+// After training: prints the all-to-all traffic per step (the mean over the
+// ranks) and the dropped slots, and adds the chapter's summary fields
+// (the MoE's shape, the traffic, dropped_total). trained: the steps this
+// run trained. Collective.
+void expert_report(const ExpertModel* m, const ExpertFlags* flags, int trained, long dropped_total, JsonBuf* extra);
 
 // The training-state checkpoint's lists (ckpt.h): what this rank writes
 // (dp replica 0 writes the experts, each ep rank its own, and 1/ep of the

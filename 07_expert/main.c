@@ -397,6 +397,13 @@ static float forward_for_val(void* ctx, const int* inputs, const int* targets) {
     return loss;
 }
 
+// Validation: every rank its own sequences, as in training; the routing
+// statistics count training steps only.
+static float val_loss(void* ctx, const TrainSetup* setup, int n_batches) {
+    ExpertModel* m = ctx;
+    return train_val_loss_with(setup, n_batches, forward_for_val, m, m->share * m->B, m->B, m->B, &m->dpep);
+}
+
 // ---------------------------------------------------------------- main
 
 int main(int argc, char** argv) {
@@ -420,8 +427,7 @@ int main(int argc, char** argv) {
     const TrainArgs* args = &run.args;
     const TrainSetup* setup = &run.setup;
     MoeConfig cfg = expert_config(&run, &fl);
-    int experts = fl.experts, top_k = fl.top_k, moe_every = fl.moe_every;
-    float aux_coef = fl.aux_coef, capacity = fl.capacity;
+    int experts = fl.experts, top_k = fl.top_k;
     MeshNeeds needs = {.experts = experts};
     train_check_mesh(&run.mesh, setup, &needs);
     int ndp = run.mesh.size[AXIS_DP], nep = run.mesh.size[AXIS_EP], world = ndp * nep;
@@ -430,8 +436,6 @@ int main(int argc, char** argv) {
         fail_all("the batch of %d sequences does not split over dp x ep = %d ranks (every rank takes its own "
                  "sequences): use a --batch that is a multiple of %d", B, world, world);
     int per_rank = B / world;
-    // my share of the batch: shares follow the world rank order (dp, then ep)
-    int share = run.mesh.coord[AXIS_DP] * nep + run.mesh.coord[AXIS_EP];
 
     ExpertModel model;
     expert_model_create(&model, &cfg, &fl, per_rank, T, &run);
@@ -439,7 +443,7 @@ int main(int argc, char** argv) {
     size_t total_params = expert_total_params(&model);
     print0("chapter 7: experts, dp=%d x ep=%d, %d expert%s (%d per rank), top-%d, H=%d, %d of %d layers MoE, %s, device %s\n",
            ndp, nep, experts, experts == 1 ? "" : "s", model.E_local, top_k, cfg.hidden, Lm, cfg.gpt.num_layers,
-           capacity > 0 ? "capacity mode" : "dropless", run.device);
+           fl.capacity > 0 ? "capacity mode" : "dropless", run.device);
     print0("model %s: %zu parameters (%zu replicated, %zu in experts), %zu active per token; global batch %d x %d, %d per rank\n",
            setup->model_name, total_params, model.n_shared, total_params - model.n_shared, moe_active_params(&cfg), B, T,
            per_rank);
@@ -447,77 +451,37 @@ int main(int argc, char** argv) {
     Ckpt ck;
     ckpt_init(&ck, args, setup, &run.mesh, 7);
     expert_model_ckpt(&ck, &model);
-    int start = ckpt_resume(&ck);
-    JsonLog log;
-    int *inputs, *targets;  // this rank's sequences of a step, (per_rank, T) each
-    train_loop_open(&log, &inputs, &targets, args, per_rank, T);
-    StepClock clock = {0};
-    float loss = 0.0f;
+    ckpt_resume(&ck);
+
+    TrainLoop loop;
+    train_loop_begin(&loop, &run, &(TrainLoopSpec){
+        .chapter = 7, .num_params = expert_total_params(&model), .flops_per_token = moe_flops_per_token(&cfg, T),
+        .rows = per_rank, .val_loss = val_loss, .ctx = &model, .ckpt = &ck});
     long dropped_total = 0;
-    comm_counts_reset();
-    size_t ex_len = 64 + (size_t)Lm * experts * 24;
-    char* ex = xmalloc(ex_len);
-    for (int step = start; step < args->steps; step++) {
-        clock_begin(&clock);
-        data_batch(&setup->train, step, B, T, share * per_rank, per_rank, inputs, targets);
-        float my_loss = model_forward(&model, inputs, targets);
+    for (int step = loop.start; step < loop.steps; step++) {
+        data_batch(&setup->train, step, B, T, model.share * per_rank, per_rank, loop.inputs, loop.targets);
+        // forward: per MoE layer route, plan, dispatch, experts, combine
+        float my_loss = model_forward(&model, loop.inputs, loop.targets);
         mem_zero(model.dshared, model.n_shared * sizeof(float));
         mem_zero(model.dexperts, model.n_experts * sizeof(float));
-        model_backward(&model);
-        reduce_gradients(&model);
+        model_backward(&model);    // the two exchanges of each MoE layer, reversed
+        reduce_gradients(&model);  // the replicated parameters over dp x ep, the experts over dp
         float norm = clip_and_step(&model, args, step);
         // the language-model loss of the global batch (a host scalar: plain MPI)
-        loss = (float)train_mean(&model.dpep, my_loss);
-        double dt = clock_end(&clock, step - start, args->steps - start);
-        dropped_total += model.dropped;
+        float loss = (float)train_mean(&model.dpep, my_loss);
         // the step record: "loss" is the LM loss; the load-balancing loss, the
         // dropped slots and the slots routed to each expert per MoE layer
         // (over the global batch) in their own fields
-        int n = snprintf(ex, ex_len, "\"aux_loss\":%.7f,\"dropped\":%ld,\"expert_tokens\":[", model.aux, model.dropped);
-        for (int i = 0; i < Lm; i++) {
-            n += snprintf(ex + n, ex_len - n, "%s[", i ? "," : "");
-            for (int e = 0; e < experts; e++)
-                n += snprintf(ex + n, ex_len - n, "%s%ld", e ? "," : "", model.routed[(size_t)i * experts + e]);
-            n += snprintf(ex + n, ex_len - n, "]");
-        }
-        snprintf(ex + n, ex_len - n, "]");
-        report_step_extra(&log, step, args->steps, loss, norm, 1e3 * dt, (double)B * T / dt, ex);
-        if (args->val_every > 0 && (step + 1) % args->val_every == 0 && step + 1 < args->steps) {
-            float v = train_val_loss_with(setup, args->val_batches, forward_for_val, &model, share * per_rank, per_rank,
-                                          per_rank, &model.dpep);
-            if (v >= 0) report_val(&log, step, v);
-        }
-        ckpt_after_step(&ck, step);  // --save-every, --ckpt-dir
+        dropped_total += model.dropped;
+        json_add_double(&loop.step_extra, "aux_loss", model.aux, "%.7f");
+        json_add_int(&loop.step_extra, "dropped", model.dropped);
+        json_add_long_matrix(&loop.step_extra, "expert_tokens", model.routed, Lm, experts);
+        train_loop_step(&loop, step, loss, norm);
     }
-    ckpt_finish(&ck, &log);  // an async save still in flight is joined here
-    free(ex);
-    int trained = args->steps - start;  // the steps this run trained
-    // the all-to-all traffic of training alone (validation below adds its own)
-    // A rank sends its N k token-slots in dispatch and, in combine, what its
-    // experts received: this varies by rank, the mean over the ranks is
-    // N k C floats per exchange (a host figure for the log: plain MPI)
-    CommCount a2a = comm_count(COLL_ALLTOALL, AXIS_EP);
-    MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, &a2a.bytes, 1, MPI_DOUBLE, MPI_SUM, model.dpep.mpi));
-    a2a.bytes /= model.dpep.size;
-    float val_loss = train_val_loss_with(setup, args->val_batches, forward_for_val, &model, share * per_rank, per_rank,
-                                         per_rank, &model.dpep);
-    if (val_loss >= 0) report_val(&log, args->steps - 1, val_loss);
-    double ms = clock_ms_per_step(&clock);
-    print0("dispatch and combine: %.0f bytes sent per rank per step in all-to-all-v (mean over ranks), %ld token-slots dropped\n",
-           trained > 0 ? a2a.bytes / trained : 0.0, dropped_total);
-    char extra_json[512];
-    snprintf(extra_json, sizeof(extra_json),
-             "\"experts\":%d,\"top_k\":%d,\"expert_hidden\":%d,\"moe_every\":%d,\"aux_coef\":%g,\"capacity_factor\":%g,"
-             "\"active_params\":%zu,\"alltoall_bytes_per_step\":%.0f,\"dropped_total\":%ld",
-             experts, top_k, cfg.hidden, moe_every, aux_coef, capacity, moe_active_params(&cfg),
-             trained > 0 ? a2a.bytes / trained : 0.0, dropped_total);
-    RunSummary summary = {
-        .chapter = 7, .model = setup->model_name, .num_params = total_params, .batch = B, .seq = T,
-        .steps = args->steps, .ms_per_step = ms, .tokens_per_s = ms > 0 ? (double)B * T / (ms / 1e3) : 0.0,
-        .flops_per_token = moe_flops_per_token(&cfg, T), .peak_gflops = run.peak_gflops,
-        .final_loss = loss, .val_loss = val_loss, .extra_json = extra_json};
-    report_summary(&log, &run.mesh, &summary);
-    train_loop_close(&log, inputs, targets);
+    JsonBuf summary = {0};
+    expert_report(&model, &fl, loop.steps - loop.start, dropped_total, &summary);
+    train_loop_end(&loop, &summary);  // the final validation and the summary
+    json_free(&summary);
     if (args->save) expert_model_save(&model, args->save);
     expert_model_free(&model);
     run_finish(&run);
