@@ -9,6 +9,7 @@
 #include "common.h"
 #include "memory.h"
 #include "mesh.h"
+#include "trace.h"
 
 const char* const cp_mode_names[2] = {"ring", "ulysses"};
 const char* const cp_balance_names[2] = {"none", "zigzag"};
@@ -91,6 +92,17 @@ static void layer_numels(CPMode mode, RecomputeMode r, int N, int C, int NH, int
 }
 
 // ---------------------------------------------------------------- set-up
+
+void cp_parse_flags(const char* mode_name, const char* balance_name, int overlap, CPMode* mode, CPBalance* balance) {
+    int found_mode = 0, found_balance = 0;
+    for (int i = 0; i < 2; i++) {
+        if (!strcmp(mode_name, cp_mode_names[i])) *mode = (CPMode)i, found_mode = 1;
+        if (!strcmp(balance_name, cp_balance_names[i])) *balance = (CPBalance)i, found_balance = 1;
+    }
+    if (!found_mode) fail_all("--cp-mode %s is not one of ring, ulysses", mode_name);
+    if (!found_balance) fail_all("--cp-balance %s is not one of none, zigzag", balance_name);
+    if (overlap != 0 && overlap != 1) fail_all("--cp-overlap %d is not 0 or 1", overlap);
+}
 
 void cp_create(CPModel* m, const Run* run, CPMode mode, CPBalance balance, int overlap, int B, int b0) {
     const TrainSetup* setup = &run->setup;
@@ -180,6 +192,17 @@ void cp_free(CPModel* m) {
 }
 
 
+void cp_finish_params(const CPModel* m, const TrainArgs* args) {
+    if (!train_wants_params(args)) return;
+    float* host = NULL;
+    if (world_rank() == 0) {
+        host = xmalloc(m->P * sizeof(float));
+        mem_to_host(host, m->params, m->P * sizeof(float));
+    }
+    train_finish_params(args, &m->cfg, m->sh.T, host);
+    free(host);
+}
+
 void cp_print_setup(const CPModel* m, const Run* run) {
     const TrainSetup* setup = &run->setup;
     int ndp = run->mesh.size[AXIS_DP], ncp = run->mesh.size[AXIS_CP], B = setup->B, T = setup->T, per_dp = m->sh.B;
@@ -194,6 +217,67 @@ void cp_print_setup(const CPModel* m, const Run* run) {
         print0("recompute full: backward reruns each block's forward, %s\n",
                m->mode == CP_RING ? "the ring's K/V passes again (cp-1 more sends per layer)"
                                   : "its 2 all-to-alls again (2 more per layer)");
+}
+
+// ---------------------------------------------------------------- the per-token parts of the step
+#define WTE(m, base) ((base) + gpt_tensor_offset(&(m)->cfg, P_WTE, 0))
+#define WPE(m, base) ((base) + gpt_tensor_offset(&(m)->cfg, P_WPE, 0))
+#define LNFW(m, base) ((base) + gpt_tensor_offset(&(m)->cfg, P_LNFW, 0))
+#define LNFB(m, base) ((base) + gpt_tensor_offset(&(m)->cfg, P_LNFB, 0))
+
+static const float* last_output(const CPModel* m) {
+    int L = m->cfg.num_layers;
+    return L > 0 ? cp_layer_at(m, L - 1).a.res3 : m->encoded;
+}
+
+void cp_embed_forward(CPModel* m, const int* inputs, const int* targets) {
+    const CPShard* sh = &m->sh;
+    const int C = m->cfg.channels, N = m->N;
+    int* rows = xmalloc((size_t)N * 2 * sizeof(int));
+    cp_shard_tokens(sh, rows, inputs);
+    cp_shard_tokens(sh, rows + N, targets);
+    mem_to_device(m->inputs, rows, (size_t)N * sizeof(int));
+    mem_to_device(m->targets, rows + N, (size_t)N * sizeof(int));
+    free(rows);
+    double t0 = trace_start();
+    // positions follow the tokens: part p's rows take wpe from its first position on
+    for (int p = 0; p < sh->parts; p++) {
+        size_t r0 = (size_t)p * sh->B * sh->len;
+        encoder_forward(m->encoded + r0 * C, m->inputs + r0, WTE(m, m->params),
+                        WPE(m, m->params) + (size_t)cp_shard_pos(sh, sh->rank, p) * C, sh->B, sh->len, C);
+    }
+    trace_compute(t0, "embedding forward");
+}
+
+float cp_head_forward(CPModel* m, const float* x) {
+    const GPTConfig* c = &m->cfg;
+    const int C = c->channels, N = m->N;
+    HeadActs h = head_acts_at(m->head, 1, N, C, c->padded_vocab_size);
+    head_forward(c, WTE(m, m->params), LNFW(m, m->params), LNFB(m, m->params), &h, x, m->targets, 1, N);
+    mem_to_host(m->losses_host, h.losses, (size_t)N * sizeof(float));
+    double sum = 0.0;
+    for (int i = 0; i < N; i++) sum += m->losses_host[i];
+    return (float)(sum / N);
+}
+
+void cp_head_backward(CPModel* m) {
+    const GPTConfig* c = &m->cfg;
+    const int C = c->channels, N = m->N;
+    HeadActs h = head_acts_at(m->head, 1, N, C, c->padded_vocab_size);
+    head_backward(c, WTE(m, m->params), LNFW(m, m->params), WTE(m, m->grads), LNFW(m, m->grads), LNFB(m, m->grads),
+                  &h, last_output(m), m->targets, 1.0f / (float)N, m->dln, m->dres, 1, N);
+}
+
+void cp_embed_backward(CPModel* m) {
+    const CPShard* sh = &m->sh;
+    const int C = m->cfg.channels;
+    double t0 = trace_start();
+    for (int p = 0; p < sh->parts; p++) {
+        size_t r0 = (size_t)p * sh->B * sh->len;
+        encoder_backward(WTE(m, m->grads), WPE(m, m->grads) + (size_t)cp_shard_pos(sh, sh->rank, p) * C,
+                         m->dres + r0 * C, m->inputs + r0, sh->B, sh->len, C);
+    }
+    trace_compute(t0, "embedding backward");
 }
 
 // ---------------------------------------------------------------- what the chapter measures

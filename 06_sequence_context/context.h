@@ -16,6 +16,11 @@
 #include "ring.h"
 #include "train.h"
 
+// Who holds which tokens (ring.h's CPShard):
+//
+//   balance none, cp = 4, T = 16        balance zigzag, cp = 4, T = 16
+//   positions 0-3  4-7  8-11 12-15      0-1 2-3 4-5 6-7 8-9 10-11 12-13 14-15
+//   rank      0    1    2    3          0   1   2   3   3   2     1     0
 typedef enum { CP_RING, CP_ULYSSES } CPMode;
 typedef enum { BALANCE_NONE, BALANCE_ZIGZAG } CPBalance;
 extern const char* const cp_mode_names[2];     // "ring", "ulysses"
@@ -77,6 +82,10 @@ typedef struct {
     long attn_scores;     // unmasked scores computed in forward, this rank (ulysses; the ring's in ring)
 } CPModel;
 
+// --cp-mode, --cp-balance and --cp-overlap checked and parsed; a bad value
+// ends every rank with one message.
+void cp_parse_flags(const char* mode_name, const char* balance_name, int overlap, CPMode* mode, CPBalance* balance);
+
 // This rank's model: B sequences of T tokens per step from sequence b0 of
 // the global batch, T/cp of each on this cp rank; every buffer allocated and
 // counted, the replica initialised (counter-based) or read from --model
@@ -84,6 +93,8 @@ typedef struct {
 // (every rank exits with one message if not).
 void cp_create(CPModel* m, const Run* run, CPMode mode, CPBalance balance, int overlap, int B, int b0);
 void cp_free(CPModel* m);
+// After training: --sample and --save from world rank 0's replica. Collective.
+void cp_finish_params(const CPModel* m, const TrainArgs* args);
 // The start-up lines: the mesh, who holds which tokens, what a layer keeps.
 void cp_print_setup(const CPModel* m, const Run* run);
 
@@ -92,6 +103,18 @@ LayerActs cp_layer_at(const CPModel* m, int l);
 // A whole layer (--recompute none's fields) laid out in the transient: what
 // --recompute full runs a block's forward into again before its backward.
 LayerActs cp_layer_in_transient(const CPModel* m);
+
+// The parts of the step that work token by token, on my N rows.
+// cp_embed_forward: my rows of the B sequences (host (B, T) token arrays),
+// to the device, and their embeddings into m->encoded (each part's rows
+// take wpe from its first position on). cp_head_forward: the final
+// LayerNorm, LM head and loss of x (N, C); returns my tokens' mean loss.
+// cp_head_backward: into m->dres, d loss / d x. cp_embed_backward: m->dres
+// into wte's and wpe's gradients.
+void cp_embed_forward(CPModel* m, const int* inputs, const int* targets);
+float cp_head_forward(CPModel* m, const float* x);
+void cp_head_backward(CPModel* m);
+void cp_embed_backward(CPModel* m);
 
 CPWork cp_work(const CPModel* m);
 void cp_work_restore(CPModel* m, const CPWork* w);

@@ -31,36 +31,21 @@
 //
 //   mpirun -np 4 build/chapter-6 --cp 4 --cp-mode ring --cp-balance zigzag
 //
-#include <math.h>
-#include <stdio.h>
+//
+// Who holds which tokens (CPShard) and ring attention's compute with one
+// K/V block in hand are ring.c's (tests/test_ring.c runs them over a
+// simulated ring); the model's buffers are context.c's; the communication
+// and the step are here.
 #include <stdlib.h>
-#include <string.h>
 
-#include "args.h"
-#include "ckpt.h"
-#include "comm.h"
 #include "common.h"
 #include "memory.h"
-#include "mesh.h"
-#include "model.h"
-#include "report.h"
 #include "runtime.h"
 #include "trace.h"
 #include "train.h"
 
 #include "context.h"
-#include "ring.h"
 #include "sequence.h"
-
-// ---------------------------------------------------------------- who holds which tokens
-// The layout (CPShard) and the compute of ring attention with one K/V block
-// in hand live in ring.c beside this file (tests/test_ring.c runs them over
-// a simulated ring); the model's buffers in context.c; the communication
-// is here.
-//
-//   balance none, cp = 4, T = 16        balance zigzag, cp = 4, T = 16
-//   positions 0-3  4-7  8-11 12-15      0-1 2-3 4-5 6-7 8-9 10-11 12-13 14-15
-//   rank      0    1    2    3          0   1   2   3   3   2     1     0
 
 // ---------------------------------------------------------------- ring attention
 // A ring transfer completed, the time spent waiting for it counted: the part
@@ -267,51 +252,22 @@ static void cp_block_backward(CPModel* m, const BlockParams* p, BlockParams* g, 
 }
 
 // ---------------------------------------------------------------- the model
-#define WTE(m, base) ((base) + gpt_tensor_offset(&(m)->cfg, P_WTE, 0))
-#define WPE(m, base) ((base) + gpt_tensor_offset(&(m)->cfg, P_WPE, 0))
-#define LNFW(m, base) ((base) + gpt_tensor_offset(&(m)->cfg, P_LNFW, 0))
-#define LNFB(m, base) ((base) + gpt_tensor_offset(&(m)->cfg, P_LNFB, 0))
-
-static const float* last_output(const CPModel* m) {
-    int L = m->cfg.num_layers;
-    return L > 0 ? cp_layer_at(m, L - 1).a.res3 : m->encoded;
-}
-
 // Forward on my rows of the B sequences (host (B, T) token arrays); returns
-// the mean loss of my N tokens.
+// the mean loss of my N tokens. The embedding and the head work token by
+// token (context.c); the blocks' attention meets the other cp ranks.
 static float model_forward(CPModel* m, const int* inputs, const int* targets) {
     const GPTConfig* c = &m->cfg;
-    const CPShard* sh = &m->sh;
-    const int C = c->channels, N = m->N;
-    int* rows = xmalloc((size_t)N * 2 * sizeof(int));
-    cp_shard_tokens(sh, rows, inputs);
-    cp_shard_tokens(sh, rows + N, targets);
-    mem_to_device(m->inputs, rows, (size_t)N * sizeof(int));
-    mem_to_device(m->targets, rows + N, (size_t)N * sizeof(int));
-    free(rows);
-    double t0 = trace_start();
-    // positions follow the tokens: part p's rows take wpe from its first position on
-    for (int p = 0; p < sh->parts; p++) {
-        size_t r0 = (size_t)p * sh->B * sh->len;
-        encoder_forward(m->encoded + r0 * C, m->inputs + r0, WTE(m, m->params),
-                        WPE(m, m->params) + (size_t)cp_shard_pos(sh, sh->rank, p) * C, sh->B, sh->len, C);
-    }
-    trace_compute(t0, "embedding forward");
+    cp_embed_forward(m, inputs, targets);
     const float* x = m->encoded;
     for (int l = 0; l < c->num_layers; l++) {
-        t0 = trace_start();
-        BlockParams p = block_params_at(m->params + gpt_block_offset(c, l), C);
+        double t0 = trace_start();
+        BlockParams p = block_params_at(m->params + gpt_block_offset(c, l), c->channels);
         LayerActs la = cp_layer_at(m, l);
         cp_block_forward(m, &p, &la, x);
         x = la.a.res3;
         trace_compute(t0, "block %d forward", l);
     }
-    HeadActs h = head_acts_at(m->head, 1, N, C, c->padded_vocab_size);
-    head_forward(c, WTE(m, m->params), LNFW(m, m->params), LNFB(m, m->params), &h, x, m->targets, 1, N);
-    mem_to_host(m->losses_host, h.losses, (size_t)N * sizeof(float));
-    double sum = 0.0;
-    for (int i = 0; i < N; i++) sum += m->losses_host[i];
-    return (float)(sum / N);
+    return cp_head_forward(m, x);
 }
 
 // Layer l as its backward reads it: with --recompute, what forward dropped
@@ -345,27 +301,17 @@ static LayerActs layer_for_backward(CPModel* m, const BlockParams* p, int l, con
 // Backward of my tokens' mean loss; accumulates into m->grads.
 static void model_backward(CPModel* m) {
     const GPTConfig* c = &m->cfg;
-    const CPShard* sh = &m->sh;
-    const int C = c->channels, N = m->N;
-    HeadActs h = head_acts_at(m->head, 1, N, C, c->padded_vocab_size);
-    head_backward(c, WTE(m, m->params), LNFW(m, m->params), WTE(m, m->grads), LNFW(m, m->grads), LNFB(m, m->grads),
-                  &h, last_output(m), m->targets, 1.0f / (float)N, m->dln, m->dres, 1, N);
+    cp_head_backward(m);  // m->dres: d loss / d the last block's output
     for (int l = c->num_layers - 1; l >= 0; l--) {
         double t0 = trace_start();
-        BlockParams p = block_params_at(m->params + gpt_block_offset(c, l), C);
-        BlockParams g = block_params_at(m->grads + gpt_block_offset(c, l), C);
+        BlockParams p = block_params_at(m->params + gpt_block_offset(c, l), c->channels);
+        BlockParams g = block_params_at(m->grads + gpt_block_offset(c, l), c->channels);
         const float* x = l > 0 ? cp_layer_at(m, l - 1).a.res3 : m->encoded;
         LayerActs la = layer_for_backward(m, &p, l, x);
         cp_block_backward(m, &p, &g, &la, x);
         trace_compute(t0, "block %d backward", l);
     }
-    double t0 = trace_start();
-    for (int p = 0; p < sh->parts; p++) {
-        size_t r0 = (size_t)p * sh->B * sh->len;
-        encoder_backward(WTE(m, m->grads), WPE(m, m->grads) + (size_t)cp_shard_pos(sh, sh->rank, p) * C,
-                         m->dres + r0 * C, m->inputs + r0, sh->B, sh->len, C);
-    }
-    trace_compute(t0, "embedding backward");
+    cp_embed_backward(m);
 }
 
 // The weights are replicated over dp x cp and each rank's gradient is that
@@ -414,16 +360,9 @@ int main(int argc, char** argv) {
                    "on cp, replicated weights reduced over dp x cp; sequence parallelism with tp (--sp).",
                    extra, sizeof(extra) / sizeof(extra[0]), (1u << AXIS_DP) | (1u << AXIS_TP) | (1u << AXIS_CP)))
         return 0;
-    int found_mode = 0, found_balance = 0;
     CPMode mode = CP_RING;
     CPBalance balance = BALANCE_NONE;
-    for (int i = 0; i < 2; i++) {
-        if (!strcmp(mode_name, cp_mode_names[i])) mode = (CPMode)i, found_mode = 1;
-        if (!strcmp(balance_name, cp_balance_names[i])) balance = (CPBalance)i, found_balance = 1;
-    }
-    if (!found_mode) fail_all("--cp-mode %s is not one of ring, ulysses", mode_name);
-    if (!found_balance) fail_all("--cp-balance %s is not one of none, zigzag", balance_name);
-    if (overlap != 0 && overlap != 1) fail_all("--cp-overlap %d is not 0 or 1", overlap);
+    cp_parse_flags(mode_name, balance_name, overlap, &mode, &balance);
     if (!sp && run.mesh.size[AXIS_TP] > 1)
         fail_all("--tp %d without --sp: tensor parallelism is chapter 4's; here it comes with sequence "
                  "parallelism, --tp N --sp", run.mesh.size[AXIS_TP]);
@@ -443,14 +382,14 @@ int main(int argc, char** argv) {
     if (sp) {
         sp_create(&s, &run, 3, 1, 1);
         sp_ckpt(&ck, &s);
+        sp_print_setup(&s, &run);
     } else {
         train_check_mesh(&run.mesh, setup, NULL);
         cp_create(&cp, &run, mode, balance, overlap, per_dp, b0);
         cp_ckpt(&ck, &cp, run.mesh.rank);
+        cp_print_setup(&cp, &run);
     }
     ckpt_resume(&ck);
-    if (sp) sp_print_setup(&s, &run);
-    else cp_print_setup(&cp, &run);
 
     TrainLoop loop;
     train_loop_begin(&loop, &run, &(TrainLoopSpec){
@@ -485,11 +424,8 @@ int main(int argc, char** argv) {
         if (sp) ln_agree &= sp_layernorm_grads_agree(&s);  // outside the step's clock
     }
     JsonBuf summary = {0};
-    if (sp) {
-        sp_summary(&s, &summary);
-    } else {
-        cp_report(&cp, loop.steps - loop.start, ring_wait_timed, &loop.clock, &summary);
-    }
+    if (sp) sp_summary(&s, &summary);
+    else cp_report(&cp, loop.steps - loop.start, ring_wait_timed, &loop.clock, &summary);
     train_loop_end(&loop, &summary);  // the final validation and the summary
     json_free(&summary);
 
@@ -498,15 +434,7 @@ int main(int argc, char** argv) {
         rc = sp_finish(&s, args, ln_agree);
         sp_free(&s);
     } else {
-        if (train_wants_params(args)) {  // --sample, --save: from rank 0's replica
-            float* host = NULL;
-            if (run.mesh.rank == 0) {
-                host = xmalloc(cp.P * sizeof(float));
-                mem_to_host(host, cp.params, cp.P * sizeof(float));
-            }
-            train_finish_params(args, &setup->cfg, T, host);
-            free(host);
-        }
+        cp_finish_params(&cp, args);  // --sample, --save: from rank 0's replica
         cp_free(&cp);
     }
     run_finish(&run);

@@ -51,14 +51,20 @@ MoeConfig expert_config(const Run* run, ExpertFlags* f) {
     if (!(f->aux_coef >= 0) || !isfinite(f->aux_coef)) fail_all("--aux-coef must be >= 0");
     if (run->args.sample > 0)
         fail_all("--sample is not available in chapter 7: sampling runs chapter 0's dense model; use --save and your own reader");
+    MeshNeeds needs = {.experts = cfg.experts};
+    train_check_mesh(&run->mesh, setup, &needs);
+    int world = run->mesh.size[AXIS_DP] * run->mesh.size[AXIS_EP];
+    if (setup->B % world != 0)
+        fail_all("the batch of %d sequences does not split over dp x ep = %d ranks (every rank takes its own "
+                 "sequences): use a --batch that is a multiple of %d", setup->B, world, world);
     return cfg;
 }
 
 // ---------------------------------------------------------------- set-up
 
-void expert_model_create(ExpertModel* m, const MoeConfig* cfg, const ExpertFlags* flags, int B, int T,
-                         const Run* run) {
+void expert_model_create(ExpertModel* m, const MoeConfig* cfg, const ExpertFlags* flags, const Run* run) {
     const Mesh* mesh = &run->mesh;
+    int B = run->setup.B / (mesh->size[AXIS_DP] * mesh->size[AXIS_EP]), T = run->setup.T;
     uint64_t seed = (uint64_t)run->args.seed;
     RecomputeMode recompute = (RecomputeMode)run->args.recompute;
     memset(m, 0, sizeof(*m));
@@ -183,6 +189,17 @@ void expert_model_free(ExpertModel* m) {
     comm_destroy_group(&m->dpep);
 }
 
+void expert_print_setup(const ExpertModel* m, const Run* run) {
+    const MoeConfig* c = &m->cfg;
+    int ndp = run->mesh.size[AXIS_DP], nep = run->mesh.size[AXIS_EP], E = c->experts;
+    size_t total = expert_total_params(m);
+    print0("chapter 7: experts, dp=%d x ep=%d, %d expert%s (%d per rank), top-%d, H=%d, %d of %d layers MoE, %s, device %s\n",
+           ndp, nep, E, E == 1 ? "" : "s", m->E_local, c->top_k, c->hidden, moe_num_moe_layers(c), c->gpt.num_layers,
+           m->capacity_factor > 0 ? "capacity mode" : "dropless", run->device);
+    print0("model %s: %zu parameters (%zu replicated, %zu in experts), %zu active per token; global batch %d x %d, %d per rank\n",
+           run->setup.model_name, total, m->n_shared, total - m->n_shared, moe_active_params(c), run->setup.B, m->T, m->B);
+}
+
 // ---------------------------------------------------------------- the MoE file
 
 // --save FILE: rank 0 writes the replicated parameters and every expert,
@@ -261,7 +278,14 @@ void expert_model_ckpt(Ckpt* ck, ExpertModel* m) {
 
 // ---------------------------------------------------------------- the summary
 
-void expert_report(const ExpertModel* m, const ExpertFlags* fl, int trained, long dropped_total, JsonBuf* extra) {
+void expert_step_record(ExpertModel* m, JsonBuf* fields) {
+    m->dropped_total += m->dropped;
+    json_add_double(fields, "aux_loss", m->aux, "%.7f");
+    json_add_int(fields, "dropped", m->dropped);
+    json_add_long_matrix(fields, "expert_tokens", m->routed, moe_num_moe_layers(&m->cfg), m->cfg.experts);
+}
+
+void expert_report(const ExpertModel* m, const ExpertFlags* fl, int trained, JsonBuf* extra) {
     // the all-to-all traffic of training. A rank sends its N k token-slots
     // in dispatch and, in combine, what its experts received: this varies by
     // rank, the mean over the ranks is N k C floats per exchange (a host
@@ -270,7 +294,7 @@ void expert_report(const ExpertModel* m, const ExpertFlags* fl, int trained, lon
     MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, &a2a.bytes, 1, MPI_DOUBLE, MPI_SUM, m->dpep.mpi));
     double per_step = trained > 0 ? a2a.bytes / m->dpep.size / trained : 0.0;
     print0("dispatch and combine: %.0f bytes sent per rank per step in all-to-all-v (mean over ranks), %ld token-slots dropped\n",
-           per_step, dropped_total);
+           per_step, m->dropped_total);
     json_add_int(extra, "experts", fl->experts);
     json_add_int(extra, "top_k", fl->top_k);
     json_add_int(extra, "expert_hidden", m->cfg.hidden);
@@ -279,5 +303,5 @@ void expert_report(const ExpertModel* m, const ExpertFlags* fl, int trained, lon
     json_add_double(extra, "capacity_factor", fl->capacity, "%g");
     json_add_int(extra, "active_params", (long long)moe_active_params(&m->cfg));
     json_add_double(extra, "alltoall_bytes_per_step", per_step, "%.0f");
-    json_add_int(extra, "dropped_total", dropped_total);
+    json_add_int(extra, "dropped_total", m->dropped_total);
 }

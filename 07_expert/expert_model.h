@@ -62,6 +62,7 @@ typedef struct {
     double aux;      // the load-balancing loss (without aux_coef)
     long dropped;    // token-slots dropped by capacity
     long* routed;    // (L_moe, E) token-slots routed to each expert
+    long dropped_total;  // over the training steps so far
     int record;      // 1: this forward is a training step's (statistics kept)
 } ExpertModel;
 
@@ -78,16 +79,18 @@ const char* expert_read_gpt_config(const char* path, GPTConfig* cfg, char* msg, 
 
 // The model's config after run_start: the flags, or with --model FILE the
 // file's experts, router and widths (they win over the flags; *flags is
-// updated to them). Checks the flags; bad input ends every rank with one
-// message.
+// updated to them). Checks the flags, and the mesh against the experts and
+// the batch (every rank takes its own sequences); bad input ends every rank
+// with one message.
 MoeConfig expert_config(const Run* run, ExpertFlags* flags);
 
-// This rank's model: B sequences of T tokens per step, the experts
-// [e0, e0 + E/ep) of its ep coordinate, every buffer allocated and counted,
-// the parameters initialised (counter-based, moe.h) or read from --model
-// FILE, statistics recorded.
-void expert_model_create(ExpertModel* m, const MoeConfig* cfg, const ExpertFlags* flags, int B, int T,
-                         const Run* run);
+// This rank's model: its share of B/(dp ep) sequences of the global batch
+// per step, the experts [e0, e0 + E/ep) of its ep coordinate, every buffer
+// allocated and counted, the parameters initialised (counter-based, moe.h)
+// or read from --model FILE, statistics recorded.
+void expert_model_create(ExpertModel* m, const MoeConfig* cfg, const ExpertFlags* flags, const Run* run);
+// The start-up lines: the mesh, the experts, the parameters.
+void expert_print_setup(const ExpertModel* m, const Run* run);
 void expert_model_free(ExpertModel* m);
 
 // Where MoE layer l's state lives (--recompute full: one for all layers).
@@ -103,11 +106,15 @@ size_t expert_total_params(const ExpertModel* m);
 // replicated parameters and every expert gathered over ep. Collective.
 void expert_model_save(ExpertModel* m, const char* path);
 
+// After a training step: its routing statistics (aux_loss, dropped,
+// expert_tokens per MoE layer and expert, over the global batch) into the
+// step record's fields, and dropped into dropped_total.
+void expert_step_record(ExpertModel* m, JsonBuf* fields);
 // After training: prints the all-to-all traffic per step (the mean over the
 // ranks) and the dropped slots, and adds the chapter's summary fields
 // (the MoE's shape, the traffic, dropped_total). trained: the steps this
 // run trained. Collective.
-void expert_report(const ExpertModel* m, const ExpertFlags* flags, int trained, long dropped_total, JsonBuf* extra);
+void expert_report(const ExpertModel* m, const ExpertFlags* flags, int trained, JsonBuf* extra);
 
 // The training-state checkpoint's lists (ckpt.h): what this rank writes
 // (dp replica 0 writes the experts, each ep rank its own, and 1/ep of the

@@ -1,6 +1,6 @@
 // Chapter 7: mixture of experts with expert parallelism.
 //
-// In an MoE layer (common/moe.h) each token's MLP is k of E experts, chosen
+// In an MoE layer (moe.h) each token's MLP is k of E experts, chosen
 // by a router. The experts are sharded over the ep ranks (E / ep each); the
 // rest of the model is replicated on every rank, and every rank of the
 // dp x ep mesh takes its own share of the global batch. So a token lives on
@@ -19,20 +19,13 @@
 // Backward runs the two exchanges in reverse (moe_layer_backward).
 //
 // Gradients go to two groups (reduce_gradients): the replicated parameters
-// over dp x ep, the experts over dp only.
-#include <math.h>
-#include <stdio.h>
+// over dp x ep, the experts over dp only. The model's buffers, its file and
+// its checkpoint slices are expert_model.c's; the step is all here.
 #include <stdlib.h>
 #include <string.h>
 
-#include "args.h"
-#include "ckpt.h"
-#include "comm.h"
 #include "common.h"
 #include "memory.h"
-#include "mesh.h"
-#include "report.h"
-#include "runtime.h"
 #include "trace.h"
 #include "train.h"
 
@@ -426,27 +419,11 @@ int main(int argc, char** argv) {
         return 0;
     const TrainArgs* args = &run.args;
     const TrainSetup* setup = &run.setup;
-    MoeConfig cfg = expert_config(&run, &fl);
-    int experts = fl.experts, top_k = fl.top_k;
-    MeshNeeds needs = {.experts = experts};
-    train_check_mesh(&run.mesh, setup, &needs);
-    int ndp = run.mesh.size[AXIS_DP], nep = run.mesh.size[AXIS_EP], world = ndp * nep;
-    int B = setup->B, T = setup->T;
-    if (B % world != 0)
-        fail_all("the batch of %d sequences does not split over dp x ep = %d ranks (every rank takes its own "
-                 "sequences): use a --batch that is a multiple of %d", B, world, world);
-    int per_rank = B / world;
-
-    ExpertModel model;
-    expert_model_create(&model, &cfg, &fl, per_rank, T, &run);
-    int Lm = moe_num_moe_layers(&cfg);
-    size_t total_params = expert_total_params(&model);
-    print0("chapter 7: experts, dp=%d x ep=%d, %d expert%s (%d per rank), top-%d, H=%d, %d of %d layers MoE, %s, device %s\n",
-           ndp, nep, experts, experts == 1 ? "" : "s", model.E_local, top_k, cfg.hidden, Lm, cfg.gpt.num_layers,
-           fl.capacity > 0 ? "capacity mode" : "dropless", run.device);
-    print0("model %s: %zu parameters (%zu replicated, %zu in experts), %zu active per token; global batch %d x %d, %d per rank\n",
-           setup->model_name, total_params, model.n_shared, total_params - model.n_shared, moe_active_params(&cfg), B, T,
-           per_rank);
+    MoeConfig cfg = expert_config(&run, &fl);  // the flags or --model FILE's, checked against the mesh
+    ExpertModel model;  // my experts, the replicated rest, my share of the batch
+    expert_model_create(&model, &cfg, &fl, &run);
+    expert_print_setup(&model, &run);
+    int B = setup->B, T = setup->T, per_rank = model.B;
     // --ckpt-dir, --save-every, --resume: this rank's slices, from whatever mesh saved them
     Ckpt ck;
     ckpt_init(&ck, args, setup, &run.mesh, 7);
@@ -457,7 +434,6 @@ int main(int argc, char** argv) {
     train_loop_begin(&loop, &run, &(TrainLoopSpec){
         .chapter = 7, .num_params = expert_total_params(&model), .flops_per_token = moe_flops_per_token(&cfg, T),
         .rows = per_rank, .val_loss = val_loss, .ctx = &model, .ckpt = &ck});
-    long dropped_total = 0;
     for (int step = loop.start; step < loop.steps; step++) {
         data_batch(&setup->train, step, B, T, model.share * per_rank, per_rank, loop.inputs, loop.targets);
         // forward: per MoE layer route, plan, dispatch, experts, combine
@@ -469,17 +445,13 @@ int main(int argc, char** argv) {
         float norm = clip_and_step(&model, args, step);
         // the language-model loss of the global batch (a host scalar: plain MPI)
         float loss = (float)train_mean(&model.dpep, my_loss);
-        // the step record: "loss" is the LM loss; the load-balancing loss, the
-        // dropped slots and the slots routed to each expert per MoE layer
-        // (over the global batch) in their own fields
-        dropped_total += model.dropped;
-        json_add_double(&loop.step_extra, "aux_loss", model.aux, "%.7f");
-        json_add_int(&loop.step_extra, "dropped", model.dropped);
-        json_add_long_matrix(&loop.step_extra, "expert_tokens", model.routed, Lm, experts);
+        // the step record's own fields: the load-balancing loss, the dropped
+        // slots and the slots routed to each expert per MoE layer
+        expert_step_record(&model, &loop.step_extra);
         train_loop_step(&loop, step, loss, norm);
     }
     JsonBuf summary = {0};
-    expert_report(&model, &fl, loop.steps - loop.start, dropped_total, &summary);
+    expert_report(&model, &fl, loop.steps - loop.start, &summary);
     train_loop_end(&loop, &summary);  // the final validation and the summary
     json_free(&summary);
     if (args->save) expert_model_save(&model, args->save);
