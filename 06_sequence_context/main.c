@@ -31,7 +31,8 @@
 //
 //   mpirun -np 4 build/chapter-6 --cp 4 --cp-mode ring --cp-balance zigzag
 //
-//
+// Sequence parallelism (--tp N --sp, Megatron) is sequence.c's. main() at
+// the end builds one of the two and drives its step from one training loop.
 // Who holds which tokens (CPShard) and ring attention's compute with one
 // K/V block in hand are ring.c's (tests/test_ring.c runs them over a
 // simulated ring); the model's buffers are context.c's; the communication
