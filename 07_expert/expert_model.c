@@ -21,6 +21,41 @@ size_t expert_total_params(const ExpertModel* m) {
     return m->n_shared + (size_t)moe_num_moe_layers(&m->cfg) * m->cfg.experts * moe_expert_numel(&m->cfg);
 }
 
+// ---------------------------------------------------------------- the per-token parts of the step
+
+void expert_embed_forward(ExpertModel* m, const int* inputs, const int* targets) {
+    gpt_acts_load(&m->acts, inputs, targets);
+    encoder_forward(m->acts.encoded, m->acts.inputs, m->shared + moe_wte_offset(&m->cfg),
+                    m->shared + moe_wpe_offset(&m->cfg), m->B, m->T, m->cfg.gpt.channels);
+}
+
+float expert_head_forward(ExpertModel* m) {
+    const GPTConfig* g = &m->cfg.gpt;
+    int B = m->B, T = m->T, C = g->channels;
+    HeadActs h = gpt_acts_head(&m->acts, g, B, T);
+    float* lnf = m->shared + moe_lnf_offset(&m->cfg);
+    head_forward(g, m->shared + moe_wte_offset(&m->cfg), lnf, lnf + C, &h,
+                 gpt_acts_block_output(&m->acts, g, g->num_layers - 1, B, T), m->acts.targets, B, T);
+    return gpt_acts_mean_loss(&m->acts, g);
+}
+
+void expert_head_backward(ExpertModel* m) {
+    const GPTConfig* g = &m->cfg.gpt;
+    int B = m->B, T = m->T, C = g->channels, L = g->num_layers;
+    HeadActs h = gpt_acts_head(&m->acts, g, B, T);
+    BlockScratch s = gpt_acts_scratch(&m->acts, g);
+    float *P = m->shared, *G = m->dshared;
+    size_t lnf = moe_lnf_offset(&m->cfg), wte = moe_wte_offset(&m->cfg);
+    head_backward(g, P + wte, P + lnf, G + wte, G + lnf, G + lnf + C, &h, gpt_acts_block_output(&m->acts, g, L - 1, B, T),
+                  m->acts.targets, 1.0f / (float)(B * T), s.dln, m->acts.dres, B, T);
+}
+
+void expert_embed_backward(ExpertModel* m) {
+    float* G = m->dshared;
+    encoder_backward(G + moe_wte_offset(&m->cfg), G + moe_wpe_offset(&m->cfg), m->acts.dres, m->acts.inputs, m->B, m->T,
+                     m->cfg.gpt.channels);
+}
+
 // ---------------------------------------------------------------- the config
 
 const char* expert_read_gpt_config(const char* path, GPTConfig* cfg, char* msg, size_t len) {

@@ -99,6 +99,14 @@ MoeLayer* expert_layer(ExpertModel* m, int l);
 // MLP): the kept fields in the layer's store, the dropped ones in the
 // transient (model.h, --recompute).
 BlockActs expert_block_acts(ExpertModel* m, int l);
+// The parts of the step that work token by token on this rank's B x T
+// tokens: the token ids to the device and their embeddings; the final
+// LayerNorm, LM head and loss (returns their mean); its backward into
+// acts.dres; the embeddings' backward from acts.dres.
+void expert_embed_forward(ExpertModel* m, const int* inputs, const int* targets);
+float expert_head_forward(ExpertModel* m);
+void expert_head_backward(ExpertModel* m);
+void expert_embed_backward(ExpertModel* m);
 // All parameters, the replicated ones and every expert of every MoE layer.
 size_t expert_total_params(const ExpertModel* m);
 

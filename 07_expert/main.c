@@ -298,13 +298,13 @@ static void moe_layer_backward(ExpertModel* m, int l, const float* x) {
 
 // ---------------------------------------------------------------- the whole model
 
+// The embedding and the head work token by token on this rank's own
+// sequences (expert_model.c); the MoE layers meet the other ep ranks.
 static float model_forward(ExpertModel* m, const int* inputs, const int* targets) {
     const GPTConfig* g = &m->cfg.gpt;
-    int B = m->B, T = m->T, C = g->channels;
-    gpt_acts_load(&m->acts, inputs, targets);
+    int B = m->B, T = m->T;
     if (m->record) m->aux = 0.0, m->dropped = 0;
-    encoder_forward(m->acts.encoded, m->acts.inputs, m->shared + moe_wte_offset(&m->cfg),
-                    m->shared + moe_wpe_offset(&m->cfg), B, T, C);
+    expert_embed_forward(m, inputs, targets);
     for (int l = 0; l < g->num_layers; l++) {
         if (moe_is_moe_layer(&m->cfg, l)) {
             BlockActs a = expert_block_acts(m, l);
@@ -316,32 +316,23 @@ static float model_forward(ExpertModel* m, const int* inputs, const int* targets
             gpt_block_forward(&m->acts, g, l, &p, B, T);
         }
     }
-    HeadActs h = gpt_acts_head(&m->acts, g, B, T);
-    float* lnf = m->shared + moe_lnf_offset(&m->cfg);
-    head_forward(g, m->shared + moe_wte_offset(&m->cfg), lnf, lnf + C, &h,
-                 gpt_acts_block_output(&m->acts, g, g->num_layers - 1, B, T), m->acts.targets, B, T);
-    return gpt_acts_mean_loss(&m->acts, g);
+    return expert_head_forward(m);
 }
 
 static void model_backward(ExpertModel* m) {
     const GPTConfig* g = &m->cfg.gpt;
-    int B = m->B, T = m->T, C = g->channels, L = g->num_layers;
-    HeadActs h = gpt_acts_head(&m->acts, g, B, T);
-    BlockScratch s = gpt_acts_scratch(&m->acts, g);
-    float *P = m->shared, *G = m->dshared;
-    size_t lnf = moe_lnf_offset(&m->cfg), wte = moe_wte_offset(&m->cfg);
-    head_backward(g, P + wte, P + lnf, G + wte, G + lnf, G + lnf + C, &h, gpt_acts_block_output(&m->acts, g, L - 1, B, T),
-                  m->acts.targets, 1.0f / (float)(B * T), s.dln, m->acts.dres, B, T);
-    for (int l = L - 1; l >= 0; l--) {
+    int B = m->B, T = m->T;
+    expert_head_backward(m);  // m->acts.dres: d loss / d the last layer's output
+    for (int l = g->num_layers - 1; l >= 0; l--) {
         if (moe_is_moe_layer(&m->cfg, l)) {
             moe_layer_backward(m, l, gpt_acts_block_input(&m->acts, g, l, B, T));
         } else {
             // a dense layer: the GPT's block, recomputed as model.h says
-            BlockParams p = moe_block_params(&m->cfg, P, l), gp = moe_block_params(&m->cfg, G, l);
+            BlockParams p = moe_block_params(&m->cfg, m->shared, l), gp = moe_block_params(&m->cfg, m->dshared, l);
             gpt_block_backward(&m->acts, g, l, &p, &gp, B, T);
         }
     }
-    encoder_backward(G + wte, G + moe_wpe_offset(&m->cfg), m->acts.dres, m->acts.inputs, B, T, C);
+    expert_embed_backward(m);
 }
 
 // ---------------------------------------------------------------- the two gradient groups
@@ -381,6 +372,7 @@ static float clip_and_step(ExpertModel* m, const TrainArgs* args, int step) {
     return (float)norm;
 }
 
+// ---------------------------------------------------------------- validation
 
 static float forward_for_val(void* ctx, const int* inputs, const int* targets) {
     ExpertModel* m = ctx;
