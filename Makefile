@@ -153,7 +153,7 @@ $(OBJ)/%.o: %.cu $(FLAGS_STAMP)
 
 # ---------------------------------------------------------------- tests
 # The CPU tests always run on the CPU build; GPU tests run where a GPU is.
-TESTS := test_ops test_model test_data test_fsdp test_comm test_ckpt test_schedule
+TESTS := test_ops test_model test_data test_fsdp test_comm test_ckpt test_schedule test_report
 # test_fsdp tests chapter 3's engine: it links the module (an MPI program)
 $(BUILD)/tests/test_fsdp: $(BUILD)/obj/cpu/03_fsdp/fsdp.o
 $(BUILD)/obj/cpu/tests/test_fsdp.o: CFLAGS += -I03_fsdp

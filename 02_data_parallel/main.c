@@ -275,7 +275,7 @@ int main(int argc, char** argv) {
     ckpt_init(&ck, args, setup, &run.mesh, 2);
     if (dpc->rank == 0) ckpt_add_state(&ck.own, &setup->cfg, 0, model.num_params, model.params, model.m, model.v);
     ckpt_add_state(&ck.need, &setup->cfg, 0, model.num_params, model.params, model.m, model.v);
-    int start = ckpt_resume(&ck);
+    ckpt_resume(&ck);  // --resume: ck.start_step
     buckets_make(&dp.buckets, model.num_params, (size_t)bucket_kb * 1024 / sizeof(float));
     dp.buckets.dp = dpc;
     dp.buckets.grads = model.grads;
@@ -285,50 +285,40 @@ int main(int argc, char** argv) {
            accum == 1 ? "" : "es", micro, micro == 1 ? "" : "s", run.device);
     train_print_recompute((RecomputeMode)args->recompute, NULL);
     print0("model %s: %zu parameters, global batch %d x %d\n", setup->model_name, model.num_params, B, T);
-    JsonLog log;
-    int *inputs, *targets;  // one micro-batch of this rank's sequences, (micro, T) each
-    train_loop_open(&log, &inputs, &targets, args, micro, T);
-    StepClock clock = {0};
-    float loss = 0.0f;
-    comm_counts_reset();  // count the training only, not the start-up broadcast
-    for (int step = start; step < args->steps; step++) {
-        clock_begin(&clock);
+    // every replica holds the same model: each validates on its own copy
+    TrainLoop loop;
+    train_loop_begin(&loop, &run, &(TrainLoopSpec){
+        .chapter = 2, .num_params = model.num_params, .flops_per_token = gpt_flops_per_token(&setup->cfg, T),
+        .rows = micro, .val_loss = train_val_loss_gpt, .ctx = &model, .ckpt = &ck});
+    for (int step = loop.start; step < loop.steps; step++) {
         float norm;
-        loss = train_step(&dp, &model, setup, args, step, inputs, targets, &norm);
-        double dt = clock_end(&clock, step - start, args->steps - start);
-        report_step(&log, step, args->steps, loss, norm, 1e3 * dt, (double)B * T / dt);
-        ckpt_after_step(&ck, step);  // --save-every, --ckpt-dir
+        float loss = train_step(&dp, &model, setup, args, step, loop.inputs, loop.targets, &norm);
+        train_loop_step(&loop, step, loss, norm);
     }
-    // every replica holds the same model: validate and sample on any of them
-    float val_loss = train_val_loss(&model, setup, args->val_batches);
-    if (val_loss >= 0) report_val(&log, args->steps - 1, val_loss);
     int same = replicas_identical(dpc, &model);
     print0("replicas after %d steps: %s\n", args->steps, same ? "bit-identical on every rank" : "DIFFERENT");
 
-    double ms = clock_ms_per_step(&clock), wait_ms = clock_wait_ms_per_step(&clock);
-    double progress_ms = clock_progress_ms_per_step(&clock);
+    double ms = clock_ms_per_step(&loop.clock), wait_ms = clock_wait_ms_per_step(&loop.clock);
+    double progress_ms = clock_progress_ms_per_step(&loop.clock);
     // what a rank is blocked in: the all-reduces (or, overlapped, the wait
     // for them); the parameter server's reduce to rank 0 and broadcast back
     const char* blocked = mode == MODE_PS ? "the reduce to rank 0 and the broadcast from it" : "all-reduce or wait";
     print0("communication: %.2f ms per step blocked in %s, %.2f in non-blocking starts and "
            "tests (rank 0), of %.2f ms per step\n", wait_ms, blocked, progress_ms, ms);
     // every rank starts the same buckets at the same hooks: rank 0's count is everyone's
-    double early = args->steps > start ? (double)dp.buckets.started_early / (args->steps - start) : 0.0;
+    int trained = loop.steps - loop.start;
+    double early = trained > 0 ? (double)dp.buckets.started_early / trained : 0.0;
     if (mode == MODE_OVERLAPPED)
         print0("overlap: %g of %d buckets per step started before backward finished\n", early, dp.buckets.n);
-    char extra_json[512];
-    snprintf(extra_json, sizeof(extra_json),
-             "\"dp_mode\":\"%s\",\"bucket_kb\":%d,\"grad_accum\":%d,\"buckets\":%d,\"replicas_identical\":%s,"
-             "\"comm_wait_ms_per_step\":%.3f,\"comm_progress_ms_per_step\":%.3f,\"early_buckets_per_step\":%g",
-             mode_names[mode], bucket_kb, accum, dp.buckets.n, same ? "true" : "false", wait_ms, progress_ms, early);
-    RunSummary summary = {
-        .chapter = 2, .model = setup->model_name, .num_params = model.num_params, .batch = B, .seq = T,
-        .steps = args->steps, .ms_per_step = ms, .tokens_per_s = ms > 0 ? (double)B * T / (ms / 1e3) : 0.0,
-        .flops_per_token = gpt_flops_per_token(&setup->cfg, T), .peak_gflops = run.peak_gflops,
-        .final_loss = loss, .val_loss = val_loss, .extra_json = extra_json};
-    ckpt_finish(&ck, &log);  // an async save still in flight is joined here
-    report_summary(&log, &run.mesh, &summary);
-    train_loop_close(&log, inputs, targets);
+    JsonBuf summary = {0};  // the chapter's own summary fields
+    json_add_string(&summary, "dp_mode", mode_names[mode]);
+    json_add_int(&summary, "bucket_kb", bucket_kb);
+    json_add_int(&summary, "grad_accum", accum);
+    json_add_int(&summary, "buckets", dp.buckets.n);
+    json_add_bool(&summary, "replicas_identical", same);
+    json_add_double(&summary, "early_buckets_per_step", early, "%g");
+    train_loop_end(&loop, &summary);  // the final validation and the summary
+    json_free(&summary);
     if (train_wants_params(args)) {  // --sample, --save: from rank 0's replica
         float* host = NULL;
         if (dpc->rank == 0) {

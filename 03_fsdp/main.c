@@ -234,7 +234,8 @@ static float forward_cb(void* ctx, const int* inputs, const int* targets) {
     return forward(ctx, inputs, targets);
 }
 
-static float val_loss(ShardedGPT* g, const TrainSetup* s, int n_batches) {
+static float val_loss(void* ctx, const TrainSetup* s, int n_batches) {
+    ShardedGPT* g = ctx;
     int micro = g->acts.B;
     return train_val_loss_with(s, n_batches, forward_cb, g, g->f.dp->rank * micro, micro, micro, g->f.dp);
 }
@@ -281,7 +282,7 @@ int main(int argc, char** argv) {
     Ckpt ck;
     ckpt_init(&ck, args, setup, &run.mesh, 3);
     sharded_gpt_ckpt(&ck, f, &setup->cfg);
-    int start = ckpt_resume(&ck);  // --resume: this rank's slices, from whatever mesh saved them
+    ckpt_resume(&ck);  // --resume: this rank's slices, from whatever mesh saved them
     char zero3[64] = "";
     if (zero == 3)  // prefetch and resharding are about gathering units: ZeRO-3 only
         snprintf(zero3, sizeof(zero3), ", prefetch %s, reshard %s", prefetch ? "on" : "off", reshard ? "on" : "off");
@@ -290,47 +291,36 @@ int main(int argc, char** argv) {
            zero, N, f->n, f->shard_total, P, f->padded_total - P, zero3, run.device);
     // (it recomputes after the gather of each block in backward under ZeRO-3)
     train_print_recompute((RecomputeMode)args->recompute, NULL);
-    JsonLog log;
-    int *inputs, *targets;  // this rank's sequences of a step, (micro, T) each
-    train_loop_open(&log, &inputs, &targets, args, micro, T);
-    StepClock clock = {0};
-    float loss = 0.0f, vloss = -1.0f;
+    // validation runs the same sharded forward, through the same gathers
+    // (counted with the steps' communication when --val-every runs it)
+    TrainLoop loop;
+    train_loop_begin(&loop, &run, &(TrainLoopSpec){
+        .chapter = 3, .num_params = P, .flops_per_token = gpt_flops_per_token(&setup->cfg, T), .rows = micro,
+        .val_loss = val_loss, .ctx = &g, .ckpt = &ck});
     long prefetched = 0;        // unit gathers started ahead by fsdp_prefetch, all steps
     double allgather_wait = 0;  // seconds blocked on all-gathers, timed steps (as the clock)
     double pf_inflight = 0, pf_blocked = 0;  // the prefetched gathers, timed steps
-    comm_counts_reset();  // count the training only, not the start-up gathers
-    for (int s = start; s < args->steps; s++) {
+    for (int s = loop.start; s < loop.steps; s++) {
         long p0 = f->gathers_prefetched;
         double w0 = f->allgather_wait_s, i0 = f->prefetch_inflight_s, b0 = f->prefetch_blocked_s;
-        int timed = clock.timed;
-        clock_begin(&clock);
-        data_batch(&setup->train, s, B, T, dpc->rank * micro, micro, inputs, targets);
-        double mine = forward(&g, inputs, targets);
+        data_batch(&setup->train, s, B, T, dpc->rank * micro, micro, loop.inputs, loop.targets);
+        double mine = forward(&g, loop.inputs, loop.targets);
         backward(&g);
         float norm = step(&g, args, s + 1);
-        double dt = clock_end(&clock, s - start, args->steps - start);
         prefetched += f->gathers_prefetched - p0;
-        if (clock.timed > timed) {
+        if (train_loop_timed(&loop, s)) {
             allgather_wait += f->allgather_wait_s - w0;
             pf_inflight += f->prefetch_inflight_s - i0;
             pf_blocked += f->prefetch_blocked_s - b0;
         }
         // the global loss for the log line: the mean over ranks of their means
-        loss = (float)train_mean(dpc, mine);
-        report_step(&log, s, args->steps, loss, norm, 1e3 * dt, (double)B * T / dt);
-        if (args->val_every > 0 && (s + 1) % args->val_every == 0 && s + 1 < args->steps) {
-            // a forward-only pass through the same gathers (counted with the
-            // steps' communication: it happens before the summary)
-            vloss = val_loss(&g, setup, args->val_batches);
-            if (vloss >= 0) report_val(&log, s, vloss);
-        }
-        ckpt_after_step(&ck, s);  // --save-every, --ckpt-dir
+        train_loop_step(&loop, s, (float)train_mean(dpc, mine), norm);
     }
-    ckpt_finish(&ck, &log);
-    double ms = clock_ms_per_step(&clock), wait_ms = clock_wait_ms_per_step(&clock);
-    double progress_ms = clock_progress_ms_per_step(&clock);
-    double ag_wait_ms = clock.timed ? 1e3 * allgather_wait / clock.timed : 0.0;
-    double prefetched_per_step = args->steps > start ? (double)prefetched / (args->steps - start) : 0.0;
+    const StepClock* clock = &loop.clock;
+    double ms = clock_ms_per_step(clock), wait_ms = clock_wait_ms_per_step(clock);
+    double ag_wait_ms = clock->timed ? 1e3 * allgather_wait / clock->timed : 0.0;
+    int trained = loop.steps - loop.start;
+    double prefetched_per_step = trained > 0 ? (double)prefetched / trained : 0.0;
     print0("communication: %.2f ms per step blocked in collectives or waits (rank 0), %.2f of them in all-gathers, "
            "of %.2f ms per step; %.2f unit gathers per step prefetched\n",
            wait_ms, ag_wait_ms, ms, prefetched_per_step);
@@ -338,8 +328,8 @@ int main(int argc, char** argv) {
     // to the end of their wait), the part the rank computed instead of
     // waiting; -1 when nothing was prefetched
     double hidden = pf_inflight > 0 ? 1.0 - pf_blocked / pf_inflight : -1.0;
-    double pf_blocked_ms = clock.timed ? 1e3 * pf_blocked / clock.timed : 0.0;
-    double pf_inflight_ms = clock.timed ? 1e3 * pf_inflight / clock.timed : 0.0;
+    double pf_blocked_ms = clock->timed ? 1e3 * pf_blocked / clock->timed : 0.0;
+    double pf_inflight_ms = clock->timed ? 1e3 * pf_inflight / clock->timed : 0.0;
     if (hidden >= 0)
         print0("prefetch: %.1f%% of the prefetched gathers' time in flight hidden behind compute (rank 0: %.2f ms "
                "blocked of %.2f ms in flight per step; comm_progress %s)\n",
@@ -348,30 +338,26 @@ int main(int argc, char** argv) {
     // student's shard range must pass); a host count, so plain MPI
     long padding_mine = (long)fsdp_padding_nonzero(f), padding_nonzero = 0;
     MPI_CHECK(MPI_Allreduce(&padding_mine, &padding_nonzero, 1, MPI_LONG, MPI_SUM, dpc->mpi));
-    char extra_json[800];
-    snprintf(extra_json, sizeof(extra_json),
-             "\"zero\":%d,\"prefetch\":%d,\"reshard\":%d,\"units\":%d,\"shard_params\":%zu,\"padded_params\":%zu,"
-             "\"max_unit_padded\":%zu,\"unit0_padded\":%zu,\"comm_wait_ms_per_step\":%.3f,"
-             "\"comm_progress_ms_per_step\":%.3f,\"allgather_wait_ms_per_step\":%.3f,\"gathers_prefetched_per_step\":%g,"
-             "\"prefetch_hidden_share\":%.4f,\"prefetch_blocked_ms_per_step\":%.3f,\"prefetch_inflight_ms_per_step\":%.3f,"
-             "\"comm_progress\":%d,\"padding_nonzero\":%ld",
-             zero, prefetch, reshard, f->n, f->shard_total, f->padded_total, f->max_padded, f->shard[0] * N,
-             wait_ms, progress_ms, ag_wait_ms, prefetched_per_step, hidden, pf_blocked_ms, pf_inflight_ms,
-             comm_progress_on(), padding_nonzero);
-    RunSummary summary = {
-        .chapter = 3, .model = setup->model_name, .num_params = P, .batch = B, .seq = T, .steps = args->steps,
-        .ms_per_step = ms, .tokens_per_s = ms > 0 ? (double)B * T / (ms / 1e3) : 0.0,
-        .flops_per_token = gpt_flops_per_token(&setup->cfg, T), .peak_gflops = run.peak_gflops, .final_loss = loss,
-        .val_loss = -1.0f, .extra_json = extra_json};
-    report_summary(&log, &run.mesh, &summary);
-    // The validation loss of the final model (of the loaded one when --steps
-    // 0). It runs after the summary has read the counters, so that without
-    // --val-every the summary's communication is the training steps' alone
-    // (ZeRO-3's validation gathers every unit again); its record follows the
-    // summary's in the log.
-    vloss = val_loss(&g, setup, args->val_batches);
-    if (vloss >= 0) report_val(&log, args->steps - 1, vloss);
-    train_loop_close(&log, inputs, targets);
+    JsonBuf summary = {0};  // the chapter's own summary fields
+    json_add_int(&summary, "zero", zero);
+    json_add_int(&summary, "prefetch", prefetch);
+    json_add_int(&summary, "reshard", reshard);
+    json_add_int(&summary, "units", f->n);
+    json_add_int(&summary, "shard_params", (long long)f->shard_total);
+    json_add_int(&summary, "padded_params", (long long)f->padded_total);
+    json_add_int(&summary, "max_unit_padded", (long long)f->max_padded);
+    json_add_int(&summary, "unit0_padded", (long long)(f->shard[0] * N));
+    json_add_double(&summary, "allgather_wait_ms_per_step", ag_wait_ms, "%.3f");
+    json_add_double(&summary, "gathers_prefetched_per_step", prefetched_per_step, "%g");
+    json_add_double(&summary, "prefetch_hidden_share", hidden, "%.4f");
+    json_add_double(&summary, "prefetch_blocked_ms_per_step", pf_blocked_ms, "%.3f");
+    json_add_double(&summary, "prefetch_inflight_ms_per_step", pf_inflight_ms, "%.3f");
+    json_add_int(&summary, "comm_progress", comm_progress_on());
+    json_add_int(&summary, "padding_nonzero", padding_nonzero);
+    // the final validation (ZeRO-3 gathers every unit again: the summary's
+    // communication is read before it) and the summary
+    train_loop_end(&loop, &summary);
+    json_free(&summary);
 
     if (train_wants_params(args)) {
         // every unit gathered once, in the flat layout's order, on rank 0:

@@ -205,8 +205,9 @@ static void backward(TPModel* m) {
     tp_embed_backward(m, m->dres);
 }
 
-// The validation loss runs the same forward.
+// The validation loss runs the same forward (same gathers and tp collectives).
 static float forward_cb(void* ctx, const int* inputs, const int* targets) { return forward(ctx, inputs, targets); }
+static float val_loss(void* m, const TrainSetup* s, int n_batches) { return tp_val_loss(m, s, n_batches, forward_cb, m); }
 
 // ---------------------------------------------------------------- main
 
@@ -244,7 +245,7 @@ int main(int argc, char** argv) {
     Ckpt ck;
     ckpt_init(&ck, args, setup, &run.mesh, 4);
     tp_ckpt_lists(&ck, &m);
-    int start = ckpt_resume(&ck);
+    ckpt_resume(&ck);  // --resume: ck.start_step
     char zero3[64] = "";
     if (zero == 3)
         snprintf(zero3, sizeof(zero3), ", prefetch %s, reshard %s", prefetch ? "on" : "off", reshard ? "on" : "off");
@@ -255,54 +256,36 @@ int main(int argc, char** argv) {
     // (it recomputes after the gather of each block in backward)
     train_print_recompute((RecomputeMode)args->recompute,
                           args->recompute == RECOMPUTE_FULL ? ", with the block's 2 tp all-reduces again" : "");
-    JsonLog log;
-    int *inputs, *targets;  // this rank's sequences of a step, (micro, T) each
-    train_loop_open(&log, &inputs, &targets, args, micro, T);
-    StepClock clock = {0};
-    float loss = 0.0f, vloss = -1.0f;
+    TrainLoop loop;
+    train_loop_begin(&loop, &run, &(TrainLoopSpec){
+        .chapter = 4, .num_params = P, .flops_per_token = gpt_flops_per_token(cfg, T), .rows = micro,
+        .val_loss = val_loss, .ctx = &m, .ckpt = &ck});
     long prefetched = 0;
-    comm_counts_reset();  // count the training only, not the start-up
-    for (int s = start; s < args->steps; s++) {
+    for (int s = loop.start; s < loop.steps; s++) {
         long p0 = f->gathers_prefetched;
-        clock_begin(&clock);
         // the tp ranks of a dp group read the same sequences
-        data_batch(&setup->train, s, B, T, m.dp->rank * micro, micro, inputs, targets);
-        double mine = forward(&m, inputs, targets);
+        data_batch(&setup->train, s, B, T, m.dp->rank * micro, micro, loop.inputs, loop.targets);
+        double mine = forward(&m, loop.inputs, loop.targets);
         backward(&m);
         double t0 = trace_start();  // the norm's all-reduce and AdamW, as chapter 6 (--sp) counts them
         float norm = tp_step(&m, args, s + 1);
         trace_compute(t0, "optimizer");
-        double dt = clock_end(&clock, s - start, args->steps - start);
         prefetched += f->gathers_prefetched - p0;
-        loss = (float)train_mean(m.dp, mine);  // every tp rank has the same loss
-        report_step(&log, s, args->steps, loss, norm, 1e3 * dt, (double)B * T / dt);
-        if (args->val_every > 0 && (s + 1) % args->val_every == 0 && s + 1 < args->steps) {
-            vloss = tp_val_loss(&m, setup, args->val_batches, forward_cb, &m);
-            if (vloss >= 0) report_val(&log, s, vloss);
-        }
-        ckpt_after_step(&ck, s);  // --save-every, --ckpt-dir
+        train_loop_step(&loop, s, (float)train_mean(m.dp, mine), norm);  // every tp rank has the same loss
     }
-    ckpt_finish(&ck, &log);
-    double ms = clock_ms_per_step(&clock);
-    double prefetched_per_step = args->steps > start ? (double)prefetched / (args->steps - start) : 0.0;
-    char extra_json[512];
-    snprintf(extra_json, sizeof(extra_json),
-             "\"zero\":%d,\"prefetch\":%d,\"reshard\":%d,\"tp_shard_params\":%zu,\"shard_params\":%zu,"
-             "\"padded_params\":%zu,\"vocab_rows\":%d,\"comm_wait_ms_per_step\":%.3f,"
-             "\"comm_progress_ms_per_step\":%.3f,\"gathers_prefetched_per_step\":%g",
-             zero, prefetch, reshard, m.numel, f->shard_total, f->padded_total, m.Vl,
-             clock_wait_ms_per_step(&clock), clock_progress_ms_per_step(&clock), prefetched_per_step);
-    RunSummary summary = {
-        .chapter = 4, .model = setup->model_name, .num_params = P, .batch = B, .seq = T, .steps = args->steps,
-        .ms_per_step = ms, .tokens_per_s = ms > 0 ? (double)B * T / (ms / 1e3) : 0.0,
-        .flops_per_token = gpt_flops_per_token(cfg, T), .peak_gflops = run.peak_gflops, .final_loss = loss,
-        .val_loss = -1.0f, .extra_json = extra_json};
-    report_summary(&log, &run.mesh, &summary);
-    // after the summary has read the counters: the final validation loss ...
-    vloss = tp_val_loss(&m, setup, args->val_batches, forward_cb, &m);
-    if (vloss >= 0) report_val(&log, args->steps - 1, vloss);
-    train_loop_close(&log, inputs, targets);
-    // ... the check that every tp rank holds the same replicated tensors, and
+    int trained = loop.steps - loop.start;
+    JsonBuf summary = {0};  // the chapter's own summary fields
+    json_add_int(&summary, "zero", zero);
+    json_add_int(&summary, "prefetch", prefetch);
+    json_add_int(&summary, "reshard", reshard);
+    json_add_int(&summary, "tp_shard_params", (long long)m.numel);
+    json_add_int(&summary, "shard_params", (long long)f->shard_total);
+    json_add_int(&summary, "padded_params", (long long)f->padded_total);
+    json_add_int(&summary, "vocab_rows", m.Vl);
+    json_add_double(&summary, "gathers_prefetched_per_step", trained > 0 ? (double)prefetched / trained : 0.0, "%g");
+    train_loop_end(&loop, &summary);  // the final validation and the summary
+    json_free(&summary);
+    // the check that every tp rank holds the same replicated tensors, and
     // --sample / --save from the whole model assembled on rank 0
     float* shard = fsdp_gather_host(f);  // this tp rank's whole shard, on dp rank 0
     int agree = tp_replicas_agree(&m, shard);

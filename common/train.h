@@ -154,10 +154,10 @@ double clock_progress_ms_per_step(const StepClock* c);  // in non-blocking start
 //       ... forward, backward, the collectives, the optimizer: the chapter's step ...
 //       train_loop_step(&loop, step, loss, norm);
 //   }
-//   JsonBuf extra = {0};                         // the chapter's own summary fields
-//   json_add_int(&extra, "zero", zero);  ...
-//   train_loop_end(&loop, &extra);               // NULL: no fields of its own
-//   json_free(&extra);
+//   JsonBuf summary = {0};                       // the chapter's own summary fields
+//   json_add_int(&summary, "zero", zero);  ...
+//   train_loop_end(&loop, &summary);             // NULL: no fields of its own
+//   json_free(&summary);
 //
 // What it does, and so what no chapter does itself:
 // - begin: opens --log (a file that cannot be opened ends every rank with one
@@ -177,7 +177,8 @@ double clock_progress_ms_per_step(const StepClock* c);  // in non-blocking start
 //   --save-every).
 // - end: ckpt_finish (an async save in flight is joined), the summary's
 //   figures read on every rank (memory peaks, communication counts, op
-//   times: the training's, before the final validation), the final
+//   times: the training's and its --val-every validations', read before
+//   the final validation), the final
 //   validation (after step steps - 1; "before training" with --steps 0),
 //   the summary printed and written once ({"type":"summary",...}, with
 //   final_loss, val_loss, comm_wait_ms_per_step and comm_progress_ms_per_step
@@ -192,7 +193,9 @@ double clock_progress_ms_per_step(const StepClock* c);  // in non-blocking start
 
 // The validation loss of the chapter's model over the first n_batches
 // global batches of s->val, or -1 when there is no validation data.
-// Collective; every rank returns the same value.
+// Collective; every rank returns the same value. A chapter whose own
+// per-step figures a forward would move (attention counters) puts them
+// back inside its hook.
 typedef float (*TrainValLoss)(void* ctx, const TrainSetup* s, int n_batches);
 // A TrainValLoss for a full replica, ctx a GPT* (train_val_loss).
 float train_val_loss_gpt(void* gpt, const TrainSetup* s, int n_batches);

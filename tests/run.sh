@@ -24,6 +24,7 @@ trap 'rm -rf "$TEST_TMPDIR"' EXIT
 # the scripts that are not a chapter's, in the order a full run takes them
 TOPICS="comm checkpoints hardening recompute_trace docs plots homework gpu"
 TOPICS="$TOPICS optime"  # the per-op timers (docs/performance.md)
+TOPICS="$TOPICS shared_flags"  # every shared flag through every training chapter, compared
 scripts=()
 if [ $# -eq 0 ]; then
     scripts+=(tests/unit.sh)

@@ -1,11 +1,11 @@
 #!/bin/bash
 # The C test programs: every op against a double-precision reference and its
 # backward against finite differences (test_ops), the whole model (test_model),
-# data order and slicing (test_data).
+# data order and slicing (test_data), a chapter's JSON fields (test_report).
 . "$(dirname "$0")/lib.sh"
 
 echo "== unit tests"
-for t in test_ops test_model test_data; do
+for t in test_ops test_model test_data test_report; do
     run_program "$BUILD/tests/$t"
 done
 
