@@ -84,8 +84,6 @@ MoeConfig expert_config(const Run* run, ExpertFlags* f) {
     if (f->hidden < 0) fail_all("--expert-hidden must be >= 1 (or 0 for 4C)");
     if (f->capacity < 0 || !isfinite(f->capacity)) fail_all("--capacity-factor must be >= 0 (0: dropless)");
     if (!(f->aux_coef >= 0) || !isfinite(f->aux_coef)) fail_all("--aux-coef must be >= 0");
-    if (run->args.sample > 0)
-        fail_all("--sample is not available in chapter 7: sampling runs chapter 0's dense model; use --save and your own reader");
     MeshNeeds needs = {.experts = cfg.experts};
     train_check_mesh(&run->mesh, setup, &needs);
     int world = run->mesh.size[AXIS_DP] * run->mesh.size[AXIS_EP];
@@ -233,6 +231,35 @@ void expert_print_setup(const ExpertModel* m, const Run* run) {
            m->capacity_factor > 0 ? "capacity mode" : "dropless", run->device);
     print0("model %s: %zu parameters (%zu replicated, %zu in experts), %zu active per token; global batch %d x %d, %d per rank\n",
            run->setup.model_name, total, m->n_shared, total - m->n_shared, moe_active_params(c), run->setup.B, m->T, m->B);
+}
+
+// ---------------------------------------------------------------- --sample
+
+typedef struct {
+    ExpertModel* m;
+    TrainForward forward;
+} Sampler;
+
+// The next token's logits: every rank runs the model on its whole batch, so
+// that the all-to-alls of each MoE layer meet; rank 0's first sequence holds
+// the window (the causal attention never looks past it), every other row is
+// token 0. Dropless, a token's experts and output depend on that token
+// alone; in capacity mode the other rows compete for the slots too.
+static void next_logits(void* ctx, const int* window, int t, float* row) {
+    Sampler* s = ctx;
+    ExpertModel* m = s->m;
+    int Vp = m->cfg.gpt.padded_vocab_size;
+    int* tokens = xcalloc((size_t)m->B * m->T * 2, sizeof(int));  // inputs, then targets (unused: zeros)
+    if (world_rank() == 0) memcpy(tokens, window, (size_t)t * sizeof(int));
+    s->forward(m, tokens, tokens + (size_t)m->B * m->T);
+    HeadActs h = gpt_acts_head(&m->acts, &m->cfg.gpt, m->B, m->T);
+    mem_to_host(row, h.logits + (size_t)(t - 1) * Vp, (size_t)Vp * sizeof(float));
+    free(tokens);
+}
+
+void expert_sample(ExpertModel* m, const TrainArgs* args, TrainForward forward) {
+    Sampler s = {.m = m, .forward = forward};
+    train_sample_with(args, &m->cfg.gpt, m->T, next_logits, &s);
 }
 
 // ---------------------------------------------------------------- the MoE file

@@ -446,6 +446,7 @@ int main(int argc, char** argv) {
     expert_report(&model, &fl, loop.steps - loop.start, &summary);
     train_loop_end(&loop, &summary);  // the final validation and the summary
     json_free(&summary);
+    expert_sample(&model, args, forward_for_val);  // --sample: every rank runs each forward
     if (args->save) expert_model_save(&model, args->save);
     expert_model_free(&model);
     run_finish(&run);

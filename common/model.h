@@ -350,5 +350,11 @@ double gpt_flops_per_token(const GPTConfig* cfg, int T);
 // Samples n tokens after the prompt (host array, len tokens, len >= 1) from the
 // model with temperature 1, using forward passes of batch 1. Writes to out.
 void gpt_sample(GPT* m, const int* prompt, int len, int* out, int n, uint64_t seed);
+// The same rule for any model: next(ctx, window, t, row) runs it on the t
+// tokens window[0..t) (t <= T) and writes the logits of the last position
+// (Vp floats, host) into row; the draws use the first V of them.
+typedef void (*GptNextLogits)(void* ctx, const int* window, int t, float* row);
+void gpt_sample_with(GptNextLogits next, void* ctx, int T, int V, int Vp, const int* prompt, int len, int* out,
+                     int n, uint64_t seed);
 
 #endif

@@ -199,6 +199,23 @@ if [ -n "$v0" ] && awk -v a="$v0" -v b="$v1" -v t=$TOL 'BEGIN { d = a - b; if (d
 else
     fail "experts: MoE file" "val loss $v0 after saving, '$v1' after loading; $(echo "$OUT" | grep error)"
 fi
+# --sample: E = 1, k = 1 is chapter 0's model, so its sample is chapter 0's
+# (the same draws from the same logits); on ep = 2 every rank runs each
+# forward and rank 0's first sequence is sampled: the same text again
+c7_sample() { sed -n '/^sample (40 tokens):/,$p' <<< "$OUT" | head -2; }
+mpi_run $T_RUN 1 "$BUILD/chapter-0" --model tiny --batch 4 --seq 16 --steps 1 --sample 40
+s0=$(c7_sample)
+mpi_run $T_RUN 1 "$BUILD/chapter-7" --experts 1 --top-k 1 --batch 4 --seq 16 --steps 1 --sample 40
+s1=$(c7_sample)
+mpi_run $T_RUN 2 "$BUILD/chapter-7" --experts 2 --top-k 1 --ep 2 --batch 4 --seq 16 --steps 1 --sample 40
+s2=$(c7_sample)
+mpi_run $T_RUN 1 "$BUILD/chapter-7" --experts 2 --top-k 1 --batch 4 --seq 16 --steps 1 --sample 40
+s3=$(c7_sample)
+if [ -n "$s0" ] && [ "$s1" = "$s0" ] && [ -n "$s2" ] && [ "$s2" = "$s3" ]; then
+    pass "experts: --sample 40 at E=1, k=1 is chapter 0's sample; E=2 on ep=2 samples what ep=1 does"
+else
+    fail "experts: --sample" "E=1 '$s1' vs chapter 0 '$s0'; E=2 ep=2 '$s2' vs ep=1 '$s3'"
+fi
 ref_checkpoint
 jobs_run error_case chapter-7 1 "--model $CKPT" "a dense llm.c file has no router and no experts"
 jobs_run error_case chapter-0 1 "--model $TEST_TMPDIR/c7.bin" "has version 7001, expected 3 (fp32)"
