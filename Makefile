@@ -48,7 +48,7 @@ CFLAGS  := $(OPT) -std=c11 -D_GNU_SOURCE -fopenmp -Wall -Wextra -Werror -Icommon
 LDLIBS  := -lm -lpthread -lxxhash
 
 COMMON_SRC := common/common.c common/memory.c common/model.c common/init.c \
-              common/checkpoint.c common/moe.c common/data.c common/mesh.c common/runtime.c \
+              common/checkpoint.c common/data.c common/mesh.c common/runtime.c \
               common/args.c common/report.c common/train.c common/comm_count.c common/paths.c \
               common/ckpt.c common/model_tp.c common/trace.c \
               common/optime.c common/watchdog.c

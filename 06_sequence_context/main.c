@@ -31,158 +31,22 @@
 //
 //   mpirun -np 4 build/chapter-6 --cp 4 --cp-mode ring --cp-balance zigzag
 //
-// Sequence parallelism (--tp N --sp, Megatron) is sequence.c's; main() picks.
-#include <math.h>
-#include <stdio.h>
+// Sequence parallelism (--tp N --sp, Megatron) is sequence.c's. main() at
+// the end builds one of the two and drives its step from one training loop.
+// Who holds which tokens (CPShard) and ring attention's compute with one
+// K/V block in hand are ring.c's (tests/test_ring.c runs them over a
+// simulated ring); the model's buffers are context.c's; the communication
+// and the step are here.
 #include <stdlib.h>
-#include <string.h>
 
-#include "args.h"
-#include "ckpt.h"
-#include "comm.h"
 #include "common.h"
 #include "memory.h"
-#include "mesh.h"
-#include "model.h"
-#include "report.h"
 #include "runtime.h"
 #include "trace.h"
 #include "train.h"
 
-#include "ring.h"
+#include "context.h"
 #include "sequence.h"
-
-typedef enum { CP_RING, CP_ULYSSES } CPMode;
-static const char* cp_mode_names[] = {"ring", "ulysses"};
-typedef enum { BALANCE_NONE, BALANCE_ZIGZAG } CPBalance;
-static const char* balance_names[] = {"none", "zigzag"};
-
-// ---------------------------------------------------------------- who holds which tokens
-// The layout (CPShard) and the compute of ring attention with one K/V block
-// in hand live in ring.c beside this file (tests/test_ring.c runs them over
-// a simulated ring); the communication is here.
-//
-//   balance none, cp = 4, T = 16        balance zigzag, cp = 4, T = 16
-//   positions 0-3  4-7  8-11 12-15      0-1 2-3 4-5 6-7 8-9 10-11 12-13 14-15
-//   rank      0    1    2    3          0   1   2   3   3   2     1     0
-
-// ---------------------------------------------------------------- the model on a cp rank
-typedef struct {
-    BlockActs a;   // the block's activations on my N tokens (a.att unused)
-    float* lse;    // ring: (N, NH) log-sum-exp of each (token, head): all backward needs of the softmax
-    float* qkv_h;  // ulysses: (B, T, 3C/cp) my heads' q, k, v for the whole sequences
-    float* att_h;  // ulysses: (B, NH/cp, T, T) their softmax probabilities
-} LayerActs;
-
-typedef struct {
-    GPTConfig cfg;
-    CPMode mode;
-    CPShard sh;
-    const Comm* cpc;    // the ring / all-to-all group
-    Comm dpcp;          // every rank holding the same weights: the gradient group
-    int N;              // my token rows: B * T / cp
-    size_t P;
-    float *params, *grads, *m, *v;  // full replica, flat layout (model.h)
-    // activations
-    float* encoded;  // (N, C)
-    RecomputeMode recompute;
-    float* layers;     // L x layer_numel: what each layer keeps
-    size_t layer_numel;
-    float* transient;  // transient_numel: what --recompute drops, one layer at a time (NULL for none)
-    size_t transient_numel;
-    float* head;     // head_acts_numel(1, N, C, Vp)
-    int *inputs, *targets;  // (N) on the device, my rows
-    float* losses_host;     // (N)
-    // backward
-    float *dres, *dln, *stash, *dfch_gelu, *datty;
-    // ring buffers: packed [k | v] rows (N, 2C), the block in hand and the
-    // next; dK|dV partial sums (N, 2C) two deep (one may still be sending)
-    // and the one arriving; the partials of one pair and the running sumexp
-    float *kv[2], *dkv[2], *dkv_in;
-    RingForward ring;  // the running partials of my queries (ring.h)
-    // ulysses buffers: all-to-all send and receive (N, 3C); my heads'
-    // attention output or its gradient (B, T, C/cp), dqkv (B, T, 3C/cp),
-    // datt (B, NH/cp, T, T)
-    float *send, *recv, *y_h, *dqkv_h, *datt_h;
-    // what the chapter measures
-    int overlap;          // --cp-overlap: 1 computes while a block travels, 0 waits for it first
-    double ring_wait_seconds;  // inside the ring's waits: the communication the attention did not hide
-    double attn_seconds;  // attention compute (not waiting), this rank
-    long attn_scores;     // unmasked scores computed in forward, this rank (ulysses; the ring's in ring)
-} CPModel;
-
-// ---------------------------------------------------------------- what a layer keeps (--recompute)
-// A layer's fields sit in its store (kept for backward) or in the one
-// transient every layer shares (dropped, recomputed in backward), as chapter
-// 0's block_acts_kept splits them (docs/recompute.md):
-//   none       everything in the store
-//   selective  attproj, fcproj (backward never reads them) and fch_gelu go to
-//              the transient, and Ulysses' probabilities att_h; the ring
-//              keeps no probabilities at all (lse is its whole softmax
-//              state), so its attention has nothing to recompute
-//   full       only res3, the block's output, stays; backward reruns the
-//              whole block, its ring passes or all-to-alls included
-enum { KEPT, DROPPED };
-
-static float* place(float* const base[2], size_t at[2], int where, size_t n) {
-    float* p = base[where] ? base[where] + at[where] : NULL;
-    at[where] += n;
-    return p;
-}
-
-// The view of one layer (either base may be NULL: then only numel, the
-// floats of the store and of the transient, is of use).
-static LayerActs cp_layout(CPMode mode, RecomputeMode r, float* store, float* transient, int N, int C, int NH,
-                           int T, size_t numel[2]) {
-    float* const base[2] = {store, transient};
-    size_t at[2] = {0, 0}, NC = (size_t)N * C;
-    int K = r == RECOMPUTE_FULL ? DROPPED : KEPT;     // the matmul outputs and LayerNorms
-    int D = r == RECOMPUTE_NONE ? KEPT : DROPPED;     // what selective drops too
-    LayerActs la = {0};
-    BlockActs* a = &la.a;
-    a->ln1 = place(base, at, K, NC);
-    a->ln1_mean = place(base, at, K, N);
-    a->ln1_rstd = place(base, at, K, N);
-    a->qkv = place(base, at, K, 3 * NC);
-    a->atty = place(base, at, K, NC);
-    a->attproj = place(base, at, D, NC);
-    a->res2 = place(base, at, K, NC);
-    a->ln2 = place(base, at, K, NC);
-    a->ln2_mean = place(base, at, K, N);
-    a->ln2_rstd = place(base, at, K, N);
-    a->fch = place(base, at, K, 4 * NC);
-    a->fch_gelu = place(base, at, D, 4 * NC);
-    a->fcproj = place(base, at, D, NC);
-    a->res3 = place(base, at, KEPT, NC);  // always kept: the next block's input
-    if (mode == CP_RING) {
-        la.lse = place(base, at, K, (size_t)N * NH);
-    } else {
-        la.qkv_h = place(base, at, K, 3 * NC);
-        la.att_h = place(base, at, D, (size_t)N * NH * T);
-    }
-    if (numel) numel[0] = at[0], numel[1] = at[1];
-    return la;
-}
-
-// Layer l as forward writes it.
-static LayerActs layer_at(const CPModel* m, int l) {
-    return cp_layout(m->mode, m->recompute, m->layers + (size_t)l * m->layer_numel, m->transient, m->N,
-                     m->cfg.channels, m->cfg.num_heads, m->sh.T, NULL);
-}
-
-// Floats per layer (store) and of the transient. With none a layer keeps
-// the block's 18C + 4 per token, plus ring: NH (lse); ulysses: 3C (my heads'
-// qkv for whole sequences: B*T*3C/cp = N*3C) and NH*T (their probabilities:
-// B*(NH/cp)*T*T = N*NH*T). Full's transient holds a whole layer (its res3
-// too: the recompute writes its own copy and leaves the kept one alone).
-static void layer_numels(CPMode mode, RecomputeMode r, int N, int C, int NH, int T, size_t* store,
-                         size_t* transient) {
-    size_t numel[2], whole[2];
-    cp_layout(mode, r, NULL, NULL, N, C, NH, T, numel);
-    cp_layout(mode, RECOMPUTE_NONE, NULL, NULL, N, C, NH, T, whole);
-    *store = numel[KEPT];
-    *transient = r == RECOMPUTE_FULL ? whole[KEPT] : numel[DROPPED];
-}
 
 // ---------------------------------------------------------------- ring attention
 // A ring transfer completed, the time spent waiting for it counted: the part
@@ -389,51 +253,22 @@ static void cp_block_backward(CPModel* m, const BlockParams* p, BlockParams* g, 
 }
 
 // ---------------------------------------------------------------- the model
-#define WTE(m, base) ((base) + gpt_tensor_offset(&(m)->cfg, P_WTE, 0))
-#define WPE(m, base) ((base) + gpt_tensor_offset(&(m)->cfg, P_WPE, 0))
-#define LNFW(m, base) ((base) + gpt_tensor_offset(&(m)->cfg, P_LNFW, 0))
-#define LNFB(m, base) ((base) + gpt_tensor_offset(&(m)->cfg, P_LNFB, 0))
-
-static const float* last_output(const CPModel* m) {
-    int L = m->cfg.num_layers;
-    return L > 0 ? layer_at(m, L - 1).a.res3 : m->encoded;
-}
-
 // Forward on my rows of the B sequences (host (B, T) token arrays); returns
-// the mean loss of my N tokens.
+// the mean loss of my N tokens. The embedding and the head work token by
+// token (context.c); the blocks' attention meets the other cp ranks.
 static float model_forward(CPModel* m, const int* inputs, const int* targets) {
     const GPTConfig* c = &m->cfg;
-    const CPShard* sh = &m->sh;
-    const int C = c->channels, N = m->N;
-    int* rows = xmalloc((size_t)N * 2 * sizeof(int));
-    cp_shard_tokens(sh, rows, inputs);
-    cp_shard_tokens(sh, rows + N, targets);
-    mem_to_device(m->inputs, rows, (size_t)N * sizeof(int));
-    mem_to_device(m->targets, rows + N, (size_t)N * sizeof(int));
-    free(rows);
-    double t0 = trace_start();
-    // positions follow the tokens: part p's rows take wpe from its first position on
-    for (int p = 0; p < sh->parts; p++) {
-        size_t r0 = (size_t)p * sh->B * sh->len;
-        encoder_forward(m->encoded + r0 * C, m->inputs + r0, WTE(m, m->params),
-                        WPE(m, m->params) + (size_t)cp_shard_pos(sh, sh->rank, p) * C, sh->B, sh->len, C);
-    }
-    trace_compute(t0, "embedding forward");
+    cp_embed_forward(m, inputs, targets);
     const float* x = m->encoded;
     for (int l = 0; l < c->num_layers; l++) {
-        t0 = trace_start();
-        BlockParams p = block_params_at(m->params + gpt_block_offset(c, l), C);
-        LayerActs la = layer_at(m, l);
+        double t0 = trace_start();
+        BlockParams p = block_params_at(m->params + gpt_block_offset(c, l), c->channels);
+        LayerActs la = cp_layer_at(m, l);
         cp_block_forward(m, &p, &la, x);
         x = la.a.res3;
         trace_compute(t0, "block %d forward", l);
     }
-    HeadActs h = head_acts_at(m->head, 1, N, C, c->padded_vocab_size);
-    head_forward(c, WTE(m, m->params), LNFW(m, m->params), LNFB(m, m->params), &h, x, m->targets, 1, N);
-    mem_to_host(m->losses_host, h.losses, (size_t)N * sizeof(float));
-    double sum = 0.0;
-    for (int i = 0; i < N; i++) sum += m->losses_host[i];
-    return (float)(sum / N);
+    return cp_head_forward(m, x);
 }
 
 // Layer l as its backward reads it: with --recompute, what forward dropped
@@ -446,7 +281,7 @@ static float model_forward(CPModel* m, const int* inputs, const int* targets) {
 // The balance figures (attention scores and time) count forward and
 // backward, not the recompute: its counters are put back.
 static LayerActs layer_for_backward(CPModel* m, const BlockParams* p, int l, const float* x) {
-    LayerActs la = layer_at(m, l);
+    LayerActs la = cp_layer_at(m, l);
     if (m->recompute == RECOMPUTE_NONE) return la;
     const int C = m->cfg.channels, NH = m->cfg.num_heads, N = m->N, n = m->cpc->size;
     double t0 = trace_start();
@@ -455,11 +290,10 @@ static LayerActs layer_for_backward(CPModel* m, const BlockParams* p, int l, con
         if (m->mode == CP_ULYSSES)  // its output goes to scratch: atty was kept
             attention_forward(m->y_h, la.att_h, la.qkv_h, m->sh.B, m->sh.T, C / n, NH / n);
     } else {
-        const CPModel kept = *m;
-        la = cp_layout(m->mode, RECOMPUTE_NONE, m->transient, NULL, N, C, NH, m->sh.T, NULL);
+        CPWork kept = cp_work(m);
+        la = cp_layer_in_transient(m);
         cp_block_forward(m, p, &la, x);
-        m->attn_seconds = kept.attn_seconds, m->attn_scores = kept.attn_scores;
-        m->ring.scores = kept.ring.scores, m->ring.skipped = kept.ring.skipped;
+        cp_work_restore(m, &kept);
     }
     trace_compute(t0, "block %d recompute", l);
     return la;
@@ -468,27 +302,17 @@ static LayerActs layer_for_backward(CPModel* m, const BlockParams* p, int l, con
 // Backward of my tokens' mean loss; accumulates into m->grads.
 static void model_backward(CPModel* m) {
     const GPTConfig* c = &m->cfg;
-    const CPShard* sh = &m->sh;
-    const int C = c->channels, N = m->N;
-    HeadActs h = head_acts_at(m->head, 1, N, C, c->padded_vocab_size);
-    head_backward(c, WTE(m, m->params), LNFW(m, m->params), WTE(m, m->grads), LNFW(m, m->grads), LNFB(m, m->grads),
-                  &h, last_output(m), m->targets, 1.0f / (float)N, m->dln, m->dres, 1, N);
+    cp_head_backward(m);  // m->dres: d loss / d the last block's output
     for (int l = c->num_layers - 1; l >= 0; l--) {
         double t0 = trace_start();
-        BlockParams p = block_params_at(m->params + gpt_block_offset(c, l), C);
-        BlockParams g = block_params_at(m->grads + gpt_block_offset(c, l), C);
-        const float* x = l > 0 ? layer_at(m, l - 1).a.res3 : m->encoded;
+        BlockParams p = block_params_at(m->params + gpt_block_offset(c, l), c->channels);
+        BlockParams g = block_params_at(m->grads + gpt_block_offset(c, l), c->channels);
+        const float* x = l > 0 ? cp_layer_at(m, l - 1).a.res3 : m->encoded;
         LayerActs la = layer_for_backward(m, &p, l, x);
         cp_block_backward(m, &p, &g, &la, x);
         trace_compute(t0, "block %d backward", l);
     }
-    double t0 = trace_start();
-    for (int p = 0; p < sh->parts; p++) {
-        size_t r0 = (size_t)p * sh->B * sh->len;
-        encoder_backward(WTE(m, m->grads), WPE(m, m->grads) + (size_t)cp_shard_pos(sh, sh->rank, p) * C,
-                         m->dres + r0 * C, m->inputs + r0, sh->B, sh->len, C);
-    }
-    trace_compute(t0, "embedding backward");
+    cp_embed_backward(m);
 }
 
 // The weights are replicated over dp x cp and each rank's gradient is that
@@ -503,230 +327,21 @@ static float reduce_and_step(CPModel* m, const TrainArgs* args, int step) {
     return (float)norm;
 }
 
-static void model_create(CPModel* m, const Run* run, CPMode mode, CPBalance balance, int overlap, int B) {
-    memset(m, 0, sizeof(*m));
-    m->overlap = overlap;
-    const TrainSetup* setup = &run->setup;
-    m->cfg = setup->cfg;
-    m->mode = mode;
-    m->cpc = &run->axes[AXIS_CP];
-    comm_create_group(&m->dpcp, &run->mesh, (1u << AXIS_DP) | (1u << AXIS_CP));
-    int n = m->cpc->size, T = setup->T, C = m->cfg.channels, NH = m->cfg.num_heads, L = m->cfg.num_layers;
-    m->sh = (CPShard){.cp = n, .rank = m->cpc->rank, .parts = balance == BALANCE_ZIGZAG ? 2 : 1,
-                    .len = balance == BALANCE_ZIGZAG ? T / (2 * n) : T / n, .B = B, .T = T};
-    int N = m->N = B * (T / n);
-    size_t NC = (size_t)N * C;
-    m->P = gpt_num_params(&m->cfg);
-    m->params = mem_alloc_floats(m->P, MEM_PARAMS);
-    m->grads = mem_alloc_floats(m->P, MEM_GRADS);
-    m->m = mem_alloc_floats(m->P, MEM_OPTIMIZER);
-    m->v = mem_alloc_floats(m->P, MEM_OPTIMIZER);
-    // counter-based init: every replica the same values
-    size_t chunk = 1 << 20;
-    float* host = xmalloc(chunk * sizeof(float));
-    for (size_t start = 0; start < m->P; start += chunk) {
-        size_t k = m->P - start < chunk ? m->P - start : chunk;
-        gpt_init_range(host, start, k, &m->cfg, (uint64_t)run->args.seed);
-        mem_to_device(m->params + start, host, k * sizeof(float));
-    }
-    free(host);
-    m->recompute = (RecomputeMode)run->args.recompute;
-    layer_numels(mode, m->recompute, N, C, NH, T, &m->layer_numel, &m->transient_numel);
-    m->encoded = mem_alloc_floats(NC, MEM_ACTIVATIONS);
-    m->layers = mem_alloc_floats((size_t)L * m->layer_numel, MEM_ACTIVATIONS);
-    if (m->transient_numel) m->transient = mem_alloc_floats(m->transient_numel, MEM_ACTIVATIONS);
-    m->head = mem_alloc_floats(head_acts_numel(1, N, C, m->cfg.padded_vocab_size), MEM_ACTIVATIONS);
-    m->inputs = mem_alloc((size_t)N * sizeof(int), MEM_ACTIVATIONS);
-    m->targets = mem_alloc((size_t)N * sizeof(int), MEM_ACTIVATIONS);
-    m->losses_host = xmalloc((size_t)N * sizeof(float));
-    m->dres = mem_alloc_floats(NC, MEM_ACTIVATIONS);
-    m->dln = mem_alloc_floats(NC, MEM_ACTIVATIONS);
-    m->stash = mem_alloc_floats(block_stash_numel(1, N, C), MEM_ACTIVATIONS);
-    m->dfch_gelu = mem_alloc_floats(4 * NC, MEM_ACTIVATIONS);
-    m->datty = mem_alloc_floats(NC, MEM_ACTIVATIONS);
-    if (mode == CP_RING) {
-        for (int i = 0; i < 2; i++) {
-            m->kv[i] = mem_alloc_floats(2 * NC, MEM_COMM);
-            m->dkv[i] = mem_alloc_floats(2 * NC, MEM_COMM);
-        }
-        m->dkv_in = mem_alloc_floats(2 * NC, MEM_COMM);
-        // one pair's partials are one part's rows: at most N
-        m->ring.o2 = mem_alloc_floats(NC, MEM_ACTIVATIONS);
-        m->ring.m2 = mem_alloc_floats((size_t)N * NH, MEM_ACTIVATIONS);
-        m->ring.l2 = mem_alloc_floats((size_t)N * NH, MEM_ACTIVATIONS);
-        m->ring.sumexp = mem_alloc_floats((size_t)N * NH, MEM_ACTIVATIONS);
-    } else {
-        m->send = mem_alloc_floats(3 * NC, MEM_COMM);
-        m->recv = mem_alloc_floats(3 * NC, MEM_COMM);
-        m->y_h = mem_alloc_floats(NC, MEM_ACTIVATIONS);
-        m->dqkv_h = mem_alloc_floats(3 * NC, MEM_ACTIVATIONS);
-        m->datt_h = mem_alloc_floats((size_t)N * NH * T, MEM_ACTIVATIONS);
-    }
-}
-
-static void model_free(CPModel* m) {
-    float* bufs[] = {m->params, m->grads, m->m, m->v, m->encoded, m->layers, m->transient, m->head, m->dres, m->dln,
-                     m->stash, m->dfch_gelu, m->datty, m->kv[0], m->kv[1], m->dkv[0], m->dkv[1], m->dkv_in,
-                     m->ring.o2, m->ring.m2, m->ring.l2, m->ring.sumexp, m->send, m->recv, m->y_h, m->dqkv_h, m->datt_h};
-    for (size_t i = 0; i < sizeof bufs / sizeof *bufs; i++) mem_free(bufs[i]);
-    mem_free(m->inputs);
-    mem_free(m->targets);
-    free(m->losses_host);
-    comm_destroy_group(&m->dpcp);
-}
-
-// Validation: every cp rank runs its rows of the same sequences.
+// ---------------------------------------------------------------- validation
+// Every cp rank runs its rows of the same sequences. The balance figures
+// and the ring's waits count training only: validation's are put back.
 static float forward_for_val(void* ctx, const int* inputs, const int* targets) {
     return model_forward((CPModel*)ctx, inputs, targets);
 }
 
-// ---------------------------------------------------------------- context-parallel training
-static int train_context_parallel(Run* run, CPMode mode, CPBalance balance, int overlap) {
-    const TrainArgs* args = &run->args;
-    const TrainSetup* setup = &run->setup;
-    train_check_mesh(&run->mesh, setup, NULL);
-    int ndp = run->mesh.size[AXIS_DP], ncp = run->mesh.size[AXIS_CP], B = setup->B, T = setup->T;
-    if (balance == BALANCE_ZIGZAG && T % (2 * ncp) != 0)
-        fail_all("--seq %d does not split into 2 x cp = %d zigzag half-chunks: use a sequence length divisible by "
-                 "%d, or --cp-balance none", T, 2 * ncp, 2 * ncp);
-    if (mode == CP_ULYSSES && setup->cfg.num_heads % ncp != 0)
-        fail_all("--cp-mode ulysses splits the model's %d heads over cp=%d ranks: use a cp that divides %d, or "
-                 "--cp-mode ring", setup->cfg.num_heads, ncp, setup->cfg.num_heads);
-    int per_dp = B / ndp, b0 = run->mesh.coord[AXIS_DP] * per_dp;
-
-    CPModel model;
-    model_create(&model, run, mode, balance, overlap, per_dp);
-    if (setup->checkpoint) {
-        float* host = xmalloc(model.P * sizeof(float));
-        train_load_checkpoint(setup, host);
-        mem_to_device(model.params, host, model.P * sizeof(float));
-        free(host);
-    }
-    // training-state checkpoints: the replicas are identical, so world rank 0
-    // alone writes the state; every rank reads all of it
-    Ckpt ck;
-    ckpt_init(&ck, args, setup, &run->mesh, 6);
-    if (run->mesh.rank == 0) ckpt_add_state(&ck.own, &setup->cfg, 0, model.P, model.params, model.m, model.v);
-    ckpt_add_state(&ck.need, &setup->cfg, 0, model.P, model.params, model.m, model.v);
-    int start = ckpt_resume(&ck);
-
-    print0("chapter 6: context parallel, dp=%d x cp=%d, %s attention, balance %s, device %s\n", ndp, ncp,
-           cp_mode_names[mode], balance_names[balance], run->device);
-    print0("model %s: %zu parameters, global batch %d x %d; each rank holds %d token%s of each of %d sequence%s "
-           "(%d part%s of %d)\n", setup->model_name, model.P, B, T, T / ncp, T / ncp == 1 ? "" : "s", per_dp,
-           per_dp == 1 ? "" : "s", model.sh.parts, model.sh.parts == 1 ? "" : "s", model.sh.len);
-    print0("activations kept per layer: %zu bytes; transient %zu bytes (--recompute %s)\n",
-           model.layer_numel * sizeof(float), model.transient_numel * sizeof(float), recompute_name(model.recompute));
-    if (model.recompute == RECOMPUTE_FULL)
-        print0("recompute full: backward reruns each block's forward, %s\n",
-               mode == CP_RING ? "the ring's K/V passes again (cp-1 more sends per layer)"
-                               : "its 2 all-to-alls again (2 more per layer)");
-    JsonLog log;
-    int *inputs, *targets;  // this rank's sequences of a step, (per_dp, T) each
-    train_loop_open(&log, &inputs, &targets, args, per_dp, T);
-    StepClock clock = {0};
-    double ring_wait_timed = 0.0;  // the ring's waits in the steps the clock times
-    float loss = 0.0f;
-    comm_counts_reset();
-    for (int step = start; step < args->steps; step++) {
-        clock_begin(&clock);
-        double ring_wait0 = model.ring_wait_seconds;
-        // every cp rank of a dp group reads the same sequences and keeps its rows
-        data_batch(&setup->train, step, B, T, b0, per_dp, inputs, targets);
-        float my_loss = model_forward(&model, inputs, targets);
-        mem_zero(model.grads, model.P * sizeof(float));
-        model_backward(&model);
-        float norm = reduce_and_step(&model, args, step);
-        // every rank has the same number of tokens: the mean of the ranks'
-        // means is the mean over the global batch (a host scalar: plain MPI)
-        loss = (float)train_mean(&model.dpcp, my_loss);
-        double dt = clock_end(&clock, step - start, args->steps - start);
-        if (step - start > 0 || args->steps - start == 1) ring_wait_timed += model.ring_wait_seconds - ring_wait0;
-        report_step(&log, step, args->steps, loss, norm, 1e3 * dt, (double)B * T / dt);
-        if (args->val_every > 0 && (step + 1) % args->val_every == 0 && step + 1 < args->steps) {
-            // the attention figures count training only: validation's forwards are put back
-            CPModel kept = model;
-            float v = train_val_loss_with(setup, args->val_batches, forward_for_val, &model, b0, per_dp, per_dp,
-                                          &model.dpcp);
-            model.attn_seconds = kept.attn_seconds, model.attn_scores = kept.attn_scores;
-            model.ring_wait_seconds = kept.ring_wait_seconds;
-            model.ring.scores = kept.ring.scores, model.ring.skipped = kept.ring.skipped;
-            if (v >= 0) report_val(&log, step, v);
-        }
-        ckpt_after_step(&ck, step);
-    }
-    int steps_run = args->steps - start;
-    // the cp axis's traffic of training alone (validation below adds its
-    // own): the ring's sends, or Ulysses' all-to-alls, per step
-    CommCount cp_send = comm_count(mode == CP_RING ? COLL_SEND : COLL_ALLTOALL, AXIS_CP);
-    double cp_calls = steps_run > 0 ? cp_send.calls / steps_run : 0.0;
-    double cp_bytes = steps_run > 0 ? cp_send.bytes / steps_run : 0.0;
-    print0("cp traffic per rank per step: %.0f %s, %.0f bytes\n", cp_calls,
-           mode == CP_RING ? "sends" : "all-to-alls", cp_bytes);
-    // the balance: attention work and time per cp rank (host figures: plain MPI)
-    // (scores per sequence and head in the ring's count: x B x NH)
-    long my_scores = mode == CP_RING ? model.ring.scores * per_dp * setup->cfg.num_heads : model.attn_scores;
-    double attn[2] = {steps_run > 0 ? (double)my_scores / steps_run : 0.0,
-                      steps_run > 0 ? 1e3 * model.attn_seconds / steps_run : 0.0};
-    double* all = xmalloc((size_t)ncp * 2 * sizeof(double));
-    MPI_CHECK(MPI_Allgather(attn, 2, MPI_DOUBLE, all, 2, MPI_DOUBLE, model.cpc->mpi));
-    double smin = all[0], smax = all[0], tmin = all[1], tmax = all[1];
-    // the same figures for the human line (spaces) and the log (commas)
-    char scores[512] = "", times[512] = "", scores_json[512] = "", times_json[512] = "";
-    for (int i = 0; i < ncp; i++) {
-        smin = fmin(smin, all[2 * i]), smax = fmax(smax, all[2 * i]);
-        tmin = fmin(tmin, all[2 * i + 1]), tmax = fmax(tmax, all[2 * i + 1]);
-        size_t k = strlen(scores), t = strlen(times);
-        snprintf(scores + k, sizeof scores - k, "%s%.0f", i ? " " : "", all[2 * i]);
-        snprintf(times + t, sizeof times - t, "%s%.2f", i ? " " : "", all[2 * i + 1]);
-        k = strlen(scores_json), t = strlen(times_json);
-        snprintf(scores_json + k, sizeof scores_json - k, "%s%.0f", i ? "," : "", all[2 * i]);
-        snprintf(times_json + t, sizeof times_json - t, "%s%.3f", i ? "," : "", all[2 * i + 1]);
-    }
-    free(all);
-    print0("attention scores per cp rank per step (forward): %s (max/min %.2f)\n", scores, smin > 0 ? smax / smin : 0.0);
-    print0("attention compute per cp rank, ms per step: %s (max/min %.2f)\n", times, tmin > 0 ? tmax / tmin : 0.0);
-    if (mode == CP_RING)
-        print0("ring: fully masked (query part, key part) pairs skipped per step, forward, cp rank 0: %ld\n",
-               steps_run > 0 ? model.ring.skipped / steps_run : 0);
-    // the ring's waits (forward, recompute, backward) per step over the
-    // steps the clock times: a part of the "communication ... blocked" below
-    double ring_wait_ms = clock.timed > 0 ? 1e3 * ring_wait_timed / clock.timed : 0.0;
-    if (mode == CP_RING)
-        print0("ring waits: %.2f ms per step for K/V and dK/dV blocks (rank 0, overlap %s)\n", ring_wait_ms,
-               overlap ? "on" : "off");
-    float val_loss = train_val_loss_with(setup, args->val_batches, forward_for_val, &model, b0, per_dp, per_dp,
-                                         &model.dpcp);
-    if (val_loss >= 0) report_val(&log, args->steps - 1, val_loss);
-    double ms = clock_ms_per_step(&clock), wait_ms = clock_wait_ms_per_step(&clock);
-    print0("communication: %.2f ms per step blocked (rank 0), of %.2f ms per step\n", wait_ms, ms);
-    char extra_json[2048];  // two per-rank lists of up to 512 characters each, and the rest
-    snprintf(extra_json, sizeof(extra_json),
-             "\"cp_mode\":\"%s\",\"cp_balance\":\"%s\",\"attention_scores_per_rank\":[%s],"
-             "\"attention_ms_per_rank\":[%s],\"comm_wait_ms_per_step\":%.3f,\"cp_calls_per_step\":%.0f,"
-             "\"cp_bytes_per_step\":%.0f,\"cp_overlap\":%d,\"ring_wait_ms_per_step\":%.3f,\"recompute\":\"%s\",\"layer_acts_bytes\":%zu,\"transient_bytes\":%zu",
-             cp_mode_names[mode], balance_names[balance], scores_json, times_json, wait_ms, cp_calls, cp_bytes,
-             overlap, ring_wait_ms, recompute_name(model.recompute), model.layer_numel * sizeof(float),
-             model.transient_numel * sizeof(float));
-    RunSummary summary = {
-        .chapter = 6, .model = setup->model_name, .num_params = model.P, .batch = B, .seq = T,
-        .steps = args->steps, .ms_per_step = ms, .tokens_per_s = ms > 0 ? (double)B * T / (ms / 1e3) : 0.0,
-        .flops_per_token = gpt_flops_per_token(&setup->cfg, T), .peak_gflops = run->peak_gflops,
-        .final_loss = loss, .val_loss = val_loss, .extra_json = extra_json};
-    ckpt_finish(&ck, &log);
-    report_summary(&log, &run->mesh, &summary);
-    train_loop_close(&log, inputs, targets);
-    if (train_wants_params(args)) {  // --sample, --save: from rank 0's replica
-        float* host = NULL;
-        if (run->mesh.rank == 0) {
-            host = xmalloc(model.P * sizeof(float));
-            mem_to_host(host, model.params, model.P * sizeof(float));
-        }
-        train_finish_params(args, &setup->cfg, T, host);
-        free(host);
-    }
-    model_free(&model);
-    return 0;
+static float cp_val_loss(void* ctx, const TrainSetup* setup, int n_batches) {
+    CPModel* m = ctx;
+    CPWork kept = cp_work(m);
+    double wait = m->ring_wait_seconds;
+    float v = train_val_loss_with(setup, n_batches, forward_for_val, m, m->b0, m->sh.B, m->sh.B, &m->dpcp);
+    cp_work_restore(m, &kept);
+    m->ring_wait_seconds = wait;
+    return v;
 }
 
 // ---------------------------------------------------------------- main
@@ -746,25 +361,82 @@ int main(int argc, char** argv) {
                    "on cp, replicated weights reduced over dp x cp; sequence parallelism with tp (--sp).",
                    extra, sizeof(extra) / sizeof(extra[0]), (1u << AXIS_DP) | (1u << AXIS_TP) | (1u << AXIS_CP)))
         return 0;
-    int found_mode = 0, found_balance = 0;
     CPMode mode = CP_RING;
     CPBalance balance = BALANCE_NONE;
-    for (int i = 0; i < 2; i++) {
-        if (!strcmp(mode_name, cp_mode_names[i])) mode = (CPMode)i, found_mode = 1;
-        if (!strcmp(balance_name, balance_names[i])) balance = (CPBalance)i, found_balance = 1;
-    }
-    if (!found_mode) fail_all("--cp-mode %s is not one of ring, ulysses", mode_name);
-    if (!found_balance) fail_all("--cp-balance %s is not one of none, zigzag", balance_name);
-    if (overlap != 0 && overlap != 1) fail_all("--cp-overlap %d is not 0 or 1", overlap);
-    int rc = 1;
+    cp_parse_flags(mode_name, balance_name, overlap, &mode, &balance);
+    if (!sp && run.mesh.size[AXIS_TP] > 1)
+        fail_all("--tp %d without --sp: tensor parallelism is chapter 4's; here it comes with sequence "
+                 "parallelism, --tp N --sp", run.mesh.size[AXIS_TP]);
+    const TrainArgs* args = &run.args;
+    const TrainSetup* setup = &run.setup;
+    int B = setup->B, T = setup->T, ndp = run.mesh.size[AXIS_DP];
+    // a dp group reads its B/dp sequences of every step; its cp (or tp)
+    // ranks all read the same ones and keep their own rows of them
+    int per_dp = B / ndp, b0 = run.mesh.coord[AXIS_DP] * per_dp;
+
+    // one of the two strategies: sequence parallelism (sequence.c: tp x dp,
+    // chapter 4's FSDP over dp, ZeRO-3) or context parallelism (dp x cp)
+    SP s;
+    CPModel cp;
+    Ckpt ck;  // training-state checkpoints (--ckpt-dir, --resume)
+    ckpt_init(&ck, args, setup, &run.mesh, 6);
     if (sp) {
-        // sequence parallelism (sequence.c), with chapter 4's FSDP over dp: ZeRO-3
-        rc = sp_train(&run, 3, 1, 1);
+        sp_create(&s, &run, 3, 1, 1);
+        sp_ckpt(&ck, &s);
+        sp_print_setup(&s, &run);
     } else {
-        if (run.mesh.size[AXIS_TP] > 1)
-            fail_all("--tp %d without --sp: tensor parallelism is chapter 4's; here it comes with sequence "
-                     "parallelism, --tp N --sp", run.mesh.size[AXIS_TP]);
-        rc = train_context_parallel(&run, mode, balance, overlap);
+        train_check_mesh(&run.mesh, setup, NULL);
+        cp_create(&cp, &run, mode, balance, overlap, per_dp, b0);
+        cp_ckpt(&ck, &cp, run.mesh.rank);
+        cp_print_setup(&cp, &run);
+    }
+    ckpt_resume(&ck);
+
+    TrainLoop loop;
+    train_loop_begin(&loop, &run, &(TrainLoopSpec){
+        .chapter = 6, .num_params = gpt_num_params(&setup->cfg), .flops_per_token = gpt_flops_per_token(&setup->cfg, T),
+        .rows = per_dp, .val_loss = sp ? sp_val_loss : cp_val_loss, .ctx = sp ? (void*)&s : (void*)&cp, .ckpt = &ck});
+    int ln_agree = 1;             // sp: the LayerNorm gradients the same on every tp rank, every step
+    double ring_wait_timed = 0.0;  // cp: the ring's waits in the steps the clock times
+    for (int step = loop.start; step < loop.steps; step++) {
+        data_batch(&setup->train, step, B, T, b0, per_dp, loop.inputs, loop.targets);
+        float my_loss, norm;
+        const Comm* loss_group;  // the ranks of different tokens (a host scalar: plain MPI)
+        if (sp) {
+            // the tp all-gathers and reduce-scatters of each block (sequence.c)
+            my_loss = sp_forward(&s, loop.inputs, loop.targets);
+            sp_backward(&s);
+            norm = sp_optimizer_step(&s, args, step);
+            loss_group = s.m.dp;  // every tp rank has its dp group's loss
+        } else {
+            // per layer: the ring's K/V passes or Ulysses' all-to-alls (above)
+            double wait0 = cp.ring_wait_seconds;
+            my_loss = model_forward(&cp, loop.inputs, loop.targets);
+            mem_zero(cp.grads, cp.P * sizeof(float));
+            model_backward(&cp);
+            norm = reduce_and_step(&cp, args, step);
+            if (train_loop_timed(&loop, step)) ring_wait_timed += cp.ring_wait_seconds - wait0;
+            // every rank has the same number of tokens: the mean of the
+            // ranks' means is the mean over the global batch
+            loss_group = &cp.dpcp;
+        }
+        float loss = (float)train_mean(loss_group, my_loss);
+        train_loop_step(&loop, step, loss, norm);
+        if (sp) ln_agree &= sp_layernorm_grads_agree(&s);  // outside the step's clock
+    }
+    JsonBuf summary = {0};
+    if (sp) sp_summary(&s, &summary);
+    else cp_report(&cp, loop.steps - loop.start, ring_wait_timed, &loop.clock, &summary);
+    train_loop_end(&loop, &summary);  // the final validation and the summary
+    json_free(&summary);
+
+    int rc = 0;
+    if (sp) {
+        rc = sp_finish(&s, args, ln_agree);
+        sp_free(&s);
+    } else {
+        cp_finish_params(&cp, args);  // --sample, --save: from rank 0's replica
+        cp_free(&cp);
     }
     run_finish(&run);
     return rc;

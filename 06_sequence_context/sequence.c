@@ -105,29 +105,6 @@ static BlockActs sp_layout(float* shard, float* slices, float* transient, int B,
     return a;
 }
 
-// ---------------------------------------------------------------- the rank's state
-
-typedef struct {
-    TPModel m;        // chapter 4's engine: shard layout, FSDP over dp, embedding, head, step
-    int N, Nl, n0;    // tokens of the dp group's batch; this rank's are rows [n0, n0 + Nl)
-    RecomputeMode recompute;
-    size_t numel[3];  // floats of a layer's shard, of its slices, and of the transient
-    float* shards;    // L * numel[IN_SHARD]: what each layer keeps of its own tokens
-    float* slices;    // L * numel[IN_SLICES]: each layer's tensor-parallel slices (NULL if none)
-    float* transient; // numel[IN_TRANSIENT], shared by every layer (NULL for --recompute none)
-    float* x0;        // (Nl,C) the embedding's output, this rank's tokens
-    float* dres;      // (Nl,C) the residual stream's gradient, this rank's tokens
-    float* dln;       // (Nl,C) a LayerNorm output's gradient, this rank's tokens
-    // two (N,C) buffers of every token, chapter 4's m.encoded and m.dres
-    // (no layer keeps them):
-    float* full;      // forward: an all-gathered LayerNorm output, then a
-                      // row-parallel matmul's partial output before its reduce-scatter
-    float* dfull;     // backward: an all-gathered output gradient, then a
-                      // LayerNorm output all-gathered again for a weight gradient
-    // what the allocator counted, in bytes: chapter 4's block activations
-    // (tp_create's) and this chapter's two parts of them
-    size_t ch4_block_bytes, shard_bytes, slice_bytes;
-} SP;
 
 static BlockActs sp_acts(const SP* s, int l) {
     const GPTConfig* c = &s->m.cfg;
@@ -238,7 +215,7 @@ static void block_backward_sp(const SP* s, const BlockParams* p, BlockParams* g,
 // ---------------------------------------------------------------- forward and backward
 
 // The loss of this rank's dp group's batch: the same on every tp rank.
-static float sp_forward(SP* s, const int* inputs, const int* targets) {
+float sp_forward(SP* s, const int* inputs, const int* targets) {
     TPModel* m = &s->m;
     FSDP* f = &m->f;
     const GPTConfig* c = &m->cfg;
@@ -281,7 +258,12 @@ static float forward_cb(void* ctx, const int* inputs, const int* targets) {
     return sp_forward(ctx, inputs, targets);
 }
 
-static void sp_backward(SP* s) {
+float sp_val_loss(void* ctx, const TrainSetup* setup, int n_batches) {
+    SP* s = ctx;
+    return tp_val_loss(&s->m, setup, n_batches, forward_cb, s);
+}
+
+void sp_backward(SP* s) {
     TPModel* m = &s->m;
     FSDP* f = &m->f;
     const GPTConfig* c = &m->cfg;
@@ -342,7 +324,7 @@ static void sp_backward(SP* s) {
 // part of those tensors that lies in its dp shard of the reduced gradient;
 // tp ranks of the same dp rank hold the same ranges (a block's shard and
 // [lnfw lnfb] have the same size on every tp rank). Plain MPI, uncounted.
-static int layernorm_grads_agree(const SP* s) {
+int sp_layernorm_grads_agree(const SP* s) {
     const TPModel* m = &s->m;
     const FSDP* f = &m->f;
     float* host = xmalloc(f->shard_total * sizeof(float));
@@ -371,12 +353,24 @@ static int layernorm_grads_agree(const SP* s) {
 
 // ---------------------------------------------------------------- set-up
 
-static void sp_create(SP* s, const Run* run, int B, int zero, int prefetch, int reshard) {
+void sp_create(SP* s, const Run* run, int zero, int prefetch, int reshard) {
+    const GPTConfig* cfg = &run->setup.cfg;
+    int tp = run->axes[AXIS_TP].size, dp = run->axes[AXIS_DP].size, T = run->setup.T;
+    if (run->axes[AXIS_CP].size > 1)
+        fail_all("--sp runs on a dp x tp mesh and --cp %d asks for context parallelism: use one of the two",
+                 run->axes[AXIS_CP].size);
+    tp_check_mesh(cfg, run->setup.B, dp, tp);
+    int B = run->setup.B / dp;
+    if (((long)B * T) % tp != 0)
+        fail_all("--sp splits the %d x %d = %d tokens of a dp rank's batch over tp=%d ranks, which does not "
+                 "divide them: use a --batch or --seq that makes (batch/dp) x seq divisible by %d",
+                 B, T, B * T, tp, tp);
     memset(s, 0, sizeof(*s));
+    s->zero = zero, s->prefetch = prefetch, s->reshard = reshard;
     TPModel* m = &s->m;
     tp_create(m, run, B, zero, prefetch, reshard);
     const GPTConfig* c = &m->cfg;
-    int T = m->T, C = c->channels, NH = c->num_heads, L = c->num_layers, tp = m->ntp;
+    int C = c->channels, NH = c->num_heads, L = c->num_layers;
     s->N = B * T;
     s->Nl = s->N / tp;
     s->n0 = m->rtp * s->Nl;
@@ -408,114 +402,70 @@ static void sp_create(SP* s, const Run* run, int B, int zero, int prefetch, int 
     mem_reset_peaks();
 }
 
-static void sp_free(SP* s) {
+void sp_free(SP* s) {
     float* bufs[] = {s->shards, s->slices, s->transient, s->x0, s->dres, s->dln};
     for (size_t i = 0; i < sizeof(bufs) / sizeof(bufs[0]); i++) mem_free(bufs[i]);
     tp_free(&s->m);  // m.blocks and m.transient are NULL: mem_free(NULL) does nothing
 }
 
-// ---------------------------------------------------------------- training
+// ---------------------------------------------------------------- the step's rest, and the run's
 
-int sp_train(Run* run, int zero, int prefetch, int reshard) {
-    const TrainArgs* args = &run->args;
-    const TrainSetup* setup = &run->setup;
-    const GPTConfig* cfg = &setup->cfg;
-    int tp = run->axes[AXIS_TP].size, dp = run->axes[AXIS_DP].size;
-    int B = setup->B, T = setup->T;
-    if (run->axes[AXIS_CP].size > 1)
-        fail_all("--sp runs on a dp x tp mesh and --cp %d asks for context parallelism: use one of the two",
-                 run->axes[AXIS_CP].size);
-    tp_check_mesh(cfg, B, dp, tp);
-    int micro = B / dp;
-    if (((long)micro * T) % tp != 0)
-        fail_all("--sp splits the %d x %d = %d tokens of a dp rank's batch over tp=%d ranks, which does not "
-                 "divide them: use a --batch or --seq that makes (batch/dp) x seq divisible by %d",
-                 micro, T, micro * T, tp, tp);
+float sp_optimizer_step(SP* s, const TrainArgs* args, int step) {
+    double t0 = trace_start();
+    float norm = tp_step(&s->m, args, step + 1);
+    trace_compute(t0, "optimizer");
+    return norm;
+}
 
-    SP s;
-    sp_create(&s, run, micro, zero, prefetch, reshard);
-    TPModel* m = &s.m;
-    FSDP* f = &m->f;
-    size_t P = gpt_num_params(cfg);
-    int L = cfg->num_layers;
-    // training-state checkpoints: the state is chapter 4's (the same tiles
-    // over the same FSDP), so are the files; any chapter's mesh resumes them
-    Ckpt ck;
-    ckpt_init(&ck, args, setup, &run->mesh, 6);
-    tp_ckpt_lists(&ck, m);
-    int start = ckpt_resume(&ck);
+void sp_ckpt(Ckpt* ck, SP* s) { tp_ckpt_lists(ck, &s->m); }
+
+void sp_print_setup(const SP* s, const Run* run) {
+    const TPModel* m = &s->m;
+    int L = m->cfg.num_layers;
     print0("chapter 6, sequence parallelism: tp=%d x dp=%d; a tp rank holds %zu of %zu parameters and runs "
            "the LayerNorms and residuals on %d of its dp group's %d tokens; ZeRO-%d over dp, device %s\n",
-           tp, dp, m->numel, P, s.Nl, s.N, zero, run->device);
+           m->ntp, run->axes[AXIS_DP].size, m->numel, gpt_num_params(&m->cfg), s->Nl, s->N, s->zero, run->device);
     // what a layer keeps, from the allocator's counts: chapter 4's block
     // keeps its non-tensor-parallel part on every token, this one on Nl
-    size_t ch4_nontp = s.ch4_block_bytes - s.slice_bytes;
+    size_t ch4_nontp = s->ch4_block_bytes - s->slice_bytes;
     print0("activations kept per layer: %zu bytes (chapter 4: %zu); of them on the token shard (LayerNorms, "
            "residual stream): %zu bytes (chapter 4, on every token: %zu, %.0f times as much)\n",
-           (s.shard_bytes + s.slice_bytes) / L, s.ch4_block_bytes / L, s.shard_bytes / L, ch4_nontp / L,
-           (double)ch4_nontp / (double)s.shard_bytes);
+           (s->shard_bytes + s->slice_bytes) / L, s->ch4_block_bytes / L, s->shard_bytes / L, ch4_nontp / L,
+           (double)ch4_nontp / (double)s->shard_bytes);
     // (it recomputes after the gather of each block in backward)
-    train_print_recompute(s.recompute,
-                          s.recompute == RECOMPUTE_FULL ? ", with the block's 2 tp all-gathers and 2 reduce-scatters again" : "");
-    JsonLog log;
-    int *inputs, *targets;  // this rank's sequences of a step, (micro, T) each
-    train_loop_open(&log, &inputs, &targets, args, micro, T);
-    StepClock clock = {0};
-    float loss = 0.0f, vloss = -1.0f;
-    int ln_agree = 1;
-    comm_counts_reset();  // count the training only, not the start-up
-    for (int st = start; st < args->steps; st++) {
-        clock_begin(&clock);
-        // the tp ranks of a dp group read the same sequences
-        data_batch(&setup->train, st, B, T, m->dp->rank * micro, micro, inputs, targets);
-        double mine = sp_forward(&s, inputs, targets);
-        sp_backward(&s);
-        double t0 = trace_start();
-        float norm = tp_step(m, args, st + 1);
-        trace_compute(t0, "optimizer");
-        double dt = clock_end(&clock, st - start, args->steps - start);
-        // outside the step's clock and its counted communication
-        ln_agree &= layernorm_grads_agree(&s);
-        loss = (float)train_mean(m->dp, mine);  // every tp rank has the same loss
-        report_step(&log, st, args->steps, loss, norm, 1e3 * dt, (double)B * T / dt);
-        if (args->val_every > 0 && (st + 1) % args->val_every == 0 && st + 1 < args->steps) {
-            vloss = tp_val_loss(m, setup, args->val_batches, forward_cb, &s);
-            if (vloss >= 0) report_val(&log, st, vloss);
-        }
-        ckpt_after_step(&ck, st);  // --save-every, --ckpt-dir
-    }
-    ckpt_finish(&ck, &log);
-    double ms = clock_ms_per_step(&clock);
-    char extra_json[512];
-    snprintf(extra_json, sizeof(extra_json),
-             "\"sp\":1,\"recompute\":\"%s\",\"zero\":%d,\"prefetch\":%d,\"reshard\":%d,\"tp_shard_params\":%zu,\"shard_params\":%zu,"
-             "\"tokens_per_tp_rank\":%d,\"layer_acts_bytes\":%zu,\"layer_acts_bytes_ch4\":%zu,"
-             "\"layer_token_shard_bytes\":%zu,\"layer_token_shard_bytes_ch4\":%zu,\"comm_wait_ms_per_step\":%.3f",
-             recompute_name(s.recompute), zero, prefetch, reshard, m->numel, f->shard_total, s.Nl, (s.shard_bytes + s.slice_bytes) / L,
-             s.ch4_block_bytes / L, s.shard_bytes / L, ch4_nontp / L, clock_wait_ms_per_step(&clock));
-    RunSummary summary = {
-        .chapter = 6, .model = setup->model_name, .num_params = P, .batch = B, .seq = T, .steps = args->steps,
-        .ms_per_step = ms, .tokens_per_s = ms > 0 ? (double)B * T / (ms / 1e3) : 0.0,
-        .flops_per_token = gpt_flops_per_token(cfg, T), .peak_gflops = run->peak_gflops, .final_loss = loss,
-        .val_loss = -1.0f, .extra_json = extra_json};
-    report_summary(&log, &run->mesh, &summary);
-    // after the summary has read the counters: the final validation loss ...
-    vloss = tp_val_loss(m, setup, args->val_batches, forward_cb, &s);
-    if (vloss >= 0) report_val(&log, args->steps - 1, vloss);
-    train_loop_close(&log, inputs, targets);
-    // ... the checks that every tp rank holds the same replicated tensors and
-    // summed the same LayerNorm gradients, and --sample / --save from the
-    // whole model assembled on rank 0
-    float* shard = fsdp_gather_host(f);
+    train_print_recompute(s->recompute,
+                          s->recompute == RECOMPUTE_FULL ? ", with the block's 2 tp all-gathers and 2 reduce-scatters again" : "");
+}
+
+void sp_summary(const SP* s, JsonBuf* extra) {
+    const TPModel* m = &s->m;
+    int L = m->cfg.num_layers;
+    size_t ch4_nontp = s->ch4_block_bytes - s->slice_bytes;
+    json_add_int(extra, "sp", 1);
+    json_add_int(extra, "zero", s->zero);
+    json_add_int(extra, "prefetch", s->prefetch);
+    json_add_int(extra, "reshard", s->reshard);
+    json_add_int(extra, "tp_shard_params", (long long)m->numel);
+    json_add_int(extra, "shard_params", (long long)m->f.shard_total);
+    json_add_int(extra, "tokens_per_tp_rank", s->Nl);
+    json_add_int(extra, "layer_acts_bytes", (long long)((s->shard_bytes + s->slice_bytes) / L));
+    json_add_int(extra, "layer_acts_bytes_ch4", (long long)(s->ch4_block_bytes / L));
+    json_add_int(extra, "layer_token_shard_bytes", (long long)(s->shard_bytes / L));
+    json_add_int(extra, "layer_token_shard_bytes_ch4", (long long)(ch4_nontp / L));
+    json_add_string(extra, "recompute", recompute_name(s->recompute));
+}
+
+int sp_finish(SP* s, const TrainArgs* args, int ln_agree) {
+    TPModel* m = &s->m;
+    float* shard = fsdp_gather_host(&m->f);
     int agree = tp_replicas_agree(m, shard);
     print0("LayerNorm gradients (summed over tp): %s\n",
            ln_agree ? "bit-identical on every tp rank at every step" : "DIFFERENT between tp ranks");
     print0("replicated tensors (LayerNorms, row-parallel biases, wpe, lnf): %s on every tp rank\n",
            agree ? "bit-identical" : "DIFFERENT");
     float* full = train_wants_params(args) ? tp_gather_full_model(m, shard) : NULL;
-    train_finish_params(args, cfg, T, full);
+    train_finish_params(args, &m->cfg, m->T, full);  // --sample, --save: the whole model on rank 0
     free(full);
     free(shard);
-    sp_free(&s);
     return agree && ln_agree ? 0 : 1;
 }

@@ -10,18 +10,73 @@
 // [r*N/tp, (r+1)*N/tp) of the flattened N = B*T tokens, and chapter 4's
 // all-reduces become an all-gather before each column-parallel matmul and a
 // reduce-scatter after each row-parallel one. The code is 06_sequence_context/
-// sequence.c, with every collective written where it happens.
+// sequence.c, with every collective written where it happens; the chapter's
+// main.c drives its step (sp_forward, sp_backward, sp_optimizer_step) from
+// the same training loop as context parallelism's.
 #ifndef SEQUENCE_H
 #define SEQUENCE_H
 
+#include "ckpt.h"
+#include "report.h"
+#include "tp.h"
 #include "train.h"
 
-// Trains with sequence parallelism on the run's dp x tp mesh (tp inner) and
-// returns the exit code of the program (0, or 1 when the end-of-run check
-// finds the tp ranks' replicated tensors or LayerNorm gradients differ).
-// FSDP over dp as in chapter 4: ZeRO stage `zero`, prefetch and reshard as
-// chapter 3. Bad input (B*T not divisible by tp, a mesh the model cannot
-// split) ends every rank with one message.
-int sp_train(Run* run, int zero, int prefetch, int reshard);
+typedef struct {
+    TPModel m;        // chapter 4's engine: shard layout, FSDP over dp, embedding, head, step
+    int N, Nl, n0;    // tokens of the dp group's batch; this rank's are rows [n0, n0 + Nl)
+    int zero, prefetch, reshard;  // FSDP over dp, as chapter 3's flags
+    RecomputeMode recompute;
+    size_t numel[3];  // floats of a layer's shard, of its slices, and of the transient
+    float* shards;    // L * numel[IN_SHARD]: what each layer keeps of its own tokens
+    float* slices;    // L * numel[IN_SLICES]: each layer's tensor-parallel slices (NULL if none)
+    float* transient; // numel[IN_TRANSIENT], shared by every layer (NULL for --recompute none)
+    float* x0;        // (Nl,C) the embedding's output, this rank's tokens
+    float* dres;      // (Nl,C) the residual stream's gradient, this rank's tokens
+    float* dln;       // (Nl,C) a LayerNorm output's gradient, this rank's tokens
+    // two (N,C) buffers of every token, chapter 4's m.encoded and m.dres
+    // (no layer keeps them):
+    float* full;      // forward: an all-gathered LayerNorm output, then a
+                      // row-parallel matmul's partial output before its reduce-scatter
+    float* dfull;     // backward: an all-gathered output gradient, then a
+                      // LayerNorm output all-gathered again for a weight gradient
+    // what the allocator counted, in bytes: chapter 4's block activations
+    // (tp_create's) and this chapter's two parts of them
+    size_t ch4_block_bytes, shard_bytes, slice_bytes;
+} SP;
+
+// The rank's state on the run's dp x tp mesh (tp inner), B/dp sequences of
+// the global batch per dp group. FSDP over dp as in chapter 4: ZeRO stage
+// `zero`, prefetch and reshard as chapter 3. Bad input (a cp axis, B*T not
+// divisible by tp, a mesh the model cannot split) ends every rank with one
+// message.
+void sp_create(SP* s, const Run* run, int zero, int prefetch, int reshard);
+void sp_free(SP* s);
+// The start-up lines: the mesh, what a layer keeps against chapter 4.
+void sp_print_setup(const SP* s, const Run* run);
+
+// One step, in three calls. Forward returns the loss of this rank's dp
+// group's batch (the same on every tp rank); backward leaves the gradients
+// reduced over tp and, with ZeRO > 1, reduce-scattered over dp;
+// sp_optimizer_step (step from 0) finishes the reduction, clips and takes
+// the AdamW step, and returns the global gradient norm.
+float sp_forward(SP* s, const int* inputs, const int* targets);
+void sp_backward(SP* s);
+float sp_optimizer_step(SP* s, const TrainArgs* args, int step);
+
+// 1 on every rank iff, after this backward's reductions, every tp rank holds
+// bit-identical LayerNorm weight gradients. Plain MPI, uncounted.
+int sp_layernorm_grads_agree(const SP* s);
+// A TrainValLoss (train.h): ctx is the SP.
+float sp_val_loss(void* ctx, const TrainSetup* setup, int n_batches);
+// The training-state checkpoint's lists: chapter 4's (the same tiles over
+// the same FSDP), so any chapter's mesh resumes them.
+void sp_ckpt(Ckpt* ck, SP* s);
+// The summary's fields of sequence parallelism.
+void sp_summary(const SP* s, JsonBuf* extra);
+// After training: checks that every tp rank holds the same replicated
+// tensors, prints it and ln_agree (every step's sp_layernorm_grads_agree),
+// then --sample / --save from the whole model assembled on rank 0. Returns
+// the exit code: 0, or 1 when a check failed.
+int sp_finish(SP* s, const TrainArgs* args, int ln_agree);
 
 #endif

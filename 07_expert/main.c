@@ -1,6 +1,6 @@
 // Chapter 7: mixture of experts with expert parallelism.
 //
-// In an MoE layer (common/moe.h) each token's MLP is k of E experts, chosen
+// In an MoE layer (moe.h) each token's MLP is k of E experts, chosen
 // by a router. The experts are sharded over the ep ranks (E / ep each); the
 // rest of the model is replicated on every rank, and every rank of the
 // dp x ep mesh takes its own share of the global batch. So a token lives on
@@ -19,82 +19,17 @@
 // Backward runs the two exchanges in reverse (moe_layer_backward).
 //
 // Gradients go to two groups (reduce_gradients): the replicated parameters
-// over dp x ep, the experts over dp only.
-#include <math.h>
-#include <stdio.h>
+// over dp x ep, the experts over dp only. The model's buffers, its file and
+// its checkpoint slices are expert_model.c's; the step is all here.
 #include <stdlib.h>
 #include <string.h>
 
-#include "args.h"
-#include "ckpt.h"
-#include "comm.h"
 #include "common.h"
 #include "memory.h"
-#include "mesh.h"
-#include "moe.h"
-#include "report.h"
-#include "runtime.h"
 #include "trace.h"
 #include "train.h"
 
-// ---------------------------------------------------------------- one MoE layer's state
-
-// What forward keeps of one MoE layer for backward: the routing, the plan of
-// the two exchanges, and the rows on both sides.
-typedef struct {
-    float *logits, *probs, *gates;  // (N, E), (N, E), (N, k)
-    int *idx, *pos;                 // (N, k) chosen experts; row of (t, j) in send (-1: dropped)
-    int* send_src;                  // (N*k) token of each send row
-    int *perm, *inv_perm;           // (R) expert-major row <- received row, and back
-    float *send, *back;             // (N*k, C) my rows out, the expert outputs back
-    float *exp_in, *fch, *fch_gelu; // (R, C), (R, H), (R, H) on the expert side
-    float* aux_dprobs;              // (E) d objective / d each prob (load-balancing loss)
-    // the plan, on the host: counts are integers, and the comm layer's
-    // collectives are float-only, so they travel by plain MPI
-    int *idx_host, *pos_host, *src_host, *perm_host;
-    int* cnt_send;                  // (E) my rows to each expert
-    int* cnt_recv;                  // (ep, E/ep) rows from source s for my expert le
-    int* expert_off;                // (E/ep + 1) each of my experts' rows in exp_in
-    size_t *sc, *sd, *rc, *rd;      // (ep) floats sent to / received from each ep rank
-    int n_send, n_recv;
-} MoeLayer;
-
-typedef struct {
-    MoeConfig cfg;
-    int B, T, N;           // this rank's sequences, their length, B*T token rows
-    int ep, E_local, e0;   // ep ranks; my experts are [e0, e0 + E_local)
-    int R;                 // most rows my experts can receive in one layer
-    Comm dpep;             // every rank that holds the replicated parameters: dp x ep
-    const Comm *world, *dp, *epc;  // world: rank 0 writes the file
-    float aux_coef, capacity_factor;  // capacity_factor 0: dropless
-    // parameters: the replicated ones and my experts (moe.h's two buffers)
-    size_t n_shared, n_experts;
-    float *shared, *dshared, *m_s, *v_s;
-    float *experts, *dexperts, *m_e, *v_e;
-    // activations: the GPT's (embedding, the blocks' attention halves and
-    // dense MLPs as --recompute keeps them, head, scratch, dres, token ids)
-    // and each MoE layer's own
-    GPTActs acts;
-    RecomputeMode recompute;
-    MoeLayer* moe;  // one per MoE layer (--recompute full: one for all)
-    float *send_shared, *gelu_shared;  // --recompute selective: every layer's send and fch_gelu
-    // scratch shared by the layers
-    float *recv, *xbuf, *ybuf, *dfch, *dfch_gelu, *dsend, *dgates, *dlogits, *dln2;
-    // statistics of the last forward, summed over the MoE layers (global)
-    double aux;      // the load-balancing loss (without aux_coef)
-    long dropped;    // token-slots dropped by capacity
-    long* routed;    // (L_moe, E) token-slots routed to each expert
-    int record;      // 1: this forward is a training step's (statistics kept)
-} ExpertModel;
-
-static MoeLayer* layer_of(ExpertModel* m, int l) {
-    return &m->moe[m->recompute == RECOMPUTE_FULL ? 0 : moe_layer_index(&m->cfg, l)];
-}
-
-// Where layer l's forward writes its attention half (and a dense layer its
-// MLP): the kept fields in the layer's store, the dropped ones in the
-// transient (model.h, --recompute)
-static BlockActs acts_of(ExpertModel* m, int l) { return gpt_acts_block(&m->acts, &m->cfg.gpt, l, m->B, m->T); }
+#include "expert_model.h"
 
 // ---------------------------------------------------------------- 1-2. route and count
 
@@ -255,7 +190,7 @@ static void plan_dispatch(ExpertModel* m, MoeLayer* L, int layer_index) {
 static void moe_layer_forward(ExpertModel* m, int l, BlockActs* a, const float* x) {
     const MoeConfig* c = &m->cfg;
     int N = m->N, C = c->gpt.channels, H = c->hidden, E = c->experts, k = c->top_k;
-    MoeLayer* L = layer_of(m, l);
+    MoeLayer* L = expert_layer(m, l);
     BlockParams p = moe_block_params(c, m->shared, l);
     moe_attention_forward(&p, a, x, m->B, m->T, C, c->gpt.num_heads);
     // 1. route: logits (N, E) = ln2 @ router^T, softmax, top-k, gates
@@ -297,8 +232,8 @@ static void moe_layer_forward(ExpertModel* m, int l, BlockActs* a, const float* 
 static BlockActs moe_layer_recompute(ExpertModel* m, int l, const float* x) {
     const MoeConfig* c = &m->cfg;
     int C = c->gpt.channels, NH = c->gpt.num_heads;
-    BlockActs a = acts_of(m, l);
-    MoeLayer* L = layer_of(m, l);
+    BlockActs a = expert_block_acts(m, l);
+    MoeLayer* L = expert_layer(m, l);
     // the same span as model.c's dense blocks (docs/tracing.md)
     double t0 = trace_start();
     if (m->recompute == RECOMPUTE_SELECTIVE) {
@@ -325,7 +260,7 @@ static void moe_layer_backward(ExpertModel* m, int l, const float* x) {
     int N = m->N, C = c->gpt.channels, H = c->hidden, E = c->experts, k = c->top_k;
     double t0 = trace_start();
     BlockActs a = moe_layer_recompute(m, l, x);
-    MoeLayer* L = layer_of(m, l);
+    MoeLayer* L = expert_layer(m, l);
     BlockParams p = moe_block_params(c, m->shared, l);
     BlockParams g = moe_block_params(c, m->dshared, l);
     BlockScratch s = gpt_acts_scratch(&m->acts, &c->gpt);
@@ -363,16 +298,16 @@ static void moe_layer_backward(ExpertModel* m, int l, const float* x) {
 
 // ---------------------------------------------------------------- the whole model
 
+// The embedding and the head work token by token on this rank's own
+// sequences (expert_model.c); the MoE layers meet the other ep ranks.
 static float model_forward(ExpertModel* m, const int* inputs, const int* targets) {
     const GPTConfig* g = &m->cfg.gpt;
-    int B = m->B, T = m->T, C = g->channels;
-    gpt_acts_load(&m->acts, inputs, targets);
+    int B = m->B, T = m->T;
     if (m->record) m->aux = 0.0, m->dropped = 0;
-    encoder_forward(m->acts.encoded, m->acts.inputs, m->shared + moe_wte_offset(&m->cfg),
-                    m->shared + moe_wpe_offset(&m->cfg), B, T, C);
+    expert_embed_forward(m, inputs, targets);
     for (int l = 0; l < g->num_layers; l++) {
         if (moe_is_moe_layer(&m->cfg, l)) {
-            BlockActs a = acts_of(m, l);
+            BlockActs a = expert_block_acts(m, l);
             double t0 = trace_start();
             moe_layer_forward(m, l, &a, gpt_acts_block_input(&m->acts, g, l, B, T));
             trace_compute(t0, "block %d forward", l);
@@ -381,32 +316,23 @@ static float model_forward(ExpertModel* m, const int* inputs, const int* targets
             gpt_block_forward(&m->acts, g, l, &p, B, T);
         }
     }
-    HeadActs h = gpt_acts_head(&m->acts, g, B, T);
-    float* lnf = m->shared + moe_lnf_offset(&m->cfg);
-    head_forward(g, m->shared + moe_wte_offset(&m->cfg), lnf, lnf + C, &h,
-                 gpt_acts_block_output(&m->acts, g, g->num_layers - 1, B, T), m->acts.targets, B, T);
-    return gpt_acts_mean_loss(&m->acts, g);
+    return expert_head_forward(m);
 }
 
 static void model_backward(ExpertModel* m) {
     const GPTConfig* g = &m->cfg.gpt;
-    int B = m->B, T = m->T, C = g->channels, L = g->num_layers;
-    HeadActs h = gpt_acts_head(&m->acts, g, B, T);
-    BlockScratch s = gpt_acts_scratch(&m->acts, g);
-    float *P = m->shared, *G = m->dshared;
-    size_t lnf = moe_lnf_offset(&m->cfg), wte = moe_wte_offset(&m->cfg);
-    head_backward(g, P + wte, P + lnf, G + wte, G + lnf, G + lnf + C, &h, gpt_acts_block_output(&m->acts, g, L - 1, B, T),
-                  m->acts.targets, 1.0f / (float)(B * T), s.dln, m->acts.dres, B, T);
-    for (int l = L - 1; l >= 0; l--) {
+    int B = m->B, T = m->T;
+    expert_head_backward(m);  // m->acts.dres: d loss / d the last layer's output
+    for (int l = g->num_layers - 1; l >= 0; l--) {
         if (moe_is_moe_layer(&m->cfg, l)) {
             moe_layer_backward(m, l, gpt_acts_block_input(&m->acts, g, l, B, T));
         } else {
             // a dense layer: the GPT's block, recomputed as model.h says
-            BlockParams p = moe_block_params(&m->cfg, P, l), gp = moe_block_params(&m->cfg, G, l);
+            BlockParams p = moe_block_params(&m->cfg, m->shared, l), gp = moe_block_params(&m->cfg, m->dshared, l);
             gpt_block_backward(&m->acts, g, l, &p, &gp, B, T);
         }
     }
-    encoder_backward(G + wte, G + moe_wpe_offset(&m->cfg), m->acts.dres, m->acts.inputs, B, T, C);
+    expert_embed_backward(m);
 }
 
 // ---------------------------------------------------------------- the two gradient groups
@@ -446,114 +372,7 @@ static float clip_and_step(ExpertModel* m, const TrainArgs* args, int step) {
     return (float)norm;
 }
 
-// ---------------------------------------------------------------- set-up
-
-static void model_create(ExpertModel* m, const MoeConfig* cfg, int B, int T, const Mesh* mesh, const Run* run,
-                         uint64_t seed, RecomputeMode recompute) {
-    memset(m, 0, sizeof(*m));
-    m->recompute = recompute;
-    m->cfg = *cfg;
-    m->B = B, m->T = T, m->N = B * T;
-    m->world = &run->world, m->dp = &run->axes[AXIS_DP], m->epc = &run->axes[AXIS_EP];
-    comm_create_group(&m->dpep, mesh, (1u << AXIS_DP) | (1u << AXIS_EP));
-    m->ep = mesh->size[AXIS_EP];
-    m->E_local = cfg->experts / m->ep;
-    m->e0 = m->epc->rank * m->E_local;
-    int N = m->N, C = cfg->gpt.channels, H = cfg->hidden, E = cfg->experts, k = cfg->top_k;
-    int Lm = moe_num_moe_layers(cfg);
-    // dropless: my experts may receive every slot of every token of my ep
-    // group that can choose them (a token picks an expert at most once)
-    m->R = N * m->ep * (k < m->E_local ? k : m->E_local);
-    m->n_shared = moe_num_shared(cfg);
-    m->n_experts = (size_t)Lm * m->E_local * moe_expert_numel(cfg);
-    m->shared = mem_alloc_floats(m->n_shared, MEM_PARAMS);
-    m->experts = mem_alloc_floats(m->n_experts, MEM_PARAMS);
-    m->dshared = mem_alloc_floats(m->n_shared, MEM_GRADS);
-    m->dexperts = mem_alloc_floats(m->n_experts, MEM_GRADS);
-    m->m_s = mem_alloc_floats(m->n_shared, MEM_OPTIMIZER);
-    m->v_s = mem_alloc_floats(m->n_shared, MEM_OPTIMIZER);
-    m->m_e = mem_alloc_floats(m->n_experts, MEM_OPTIMIZER);
-    m->v_e = mem_alloc_floats(m->n_experts, MEM_OPTIMIZER);
-    float* host = xmalloc((m->n_shared > m->n_experts ? m->n_shared : m->n_experts) * sizeof(float));
-    moe_init_shared(host, cfg, seed);
-    mem_to_device(m->shared, host, m->n_shared * sizeof(float));
-    moe_init_experts(host, cfg, m->e0, m->E_local, seed);
-    mem_to_device(m->experts, host, m->n_experts * sizeof(float));
-    free(host);
-    gpt_acts_create_recompute(&m->acts, &cfg->gpt, B, T, recompute);
-    size_t R = (size_t)m->R, Nk = (size_t)N * k;
-    // --recompute full: one MoE layer's state, reused by every layer (each
-    // layer's forward runs again before its backward); selective: each
-    // layer's own, but send (read by no backward) and fch_gelu (recomputed)
-    // in one buffer each
-    int n_moe = recompute == RECOMPUTE_FULL ? 1 : Lm;
-    if (recompute == RECOMPUTE_SELECTIVE) {
-        m->send_shared = mem_alloc_floats(Nk * C, MEM_COMM);
-        m->gelu_shared = mem_alloc_floats(R * H, MEM_ACTIVATIONS);
-    }
-    m->moe = xcalloc((size_t)n_moe, sizeof(MoeLayer));
-    for (int i = 0; i < n_moe; i++) {
-        MoeLayer* q = &m->moe[i];
-        q->logits = mem_alloc_floats((size_t)N * E, MEM_ACTIVATIONS);
-        q->probs = mem_alloc_floats((size_t)N * E, MEM_ACTIVATIONS);
-        q->gates = mem_alloc_floats(Nk, MEM_ACTIVATIONS);
-        q->idx = mem_alloc(Nk * sizeof(int), MEM_ACTIVATIONS);
-        q->pos = mem_alloc(Nk * sizeof(int), MEM_ACTIVATIONS);
-        q->send_src = mem_alloc(Nk * sizeof(int), MEM_ACTIVATIONS);
-        q->perm = mem_alloc(R * sizeof(int), MEM_ACTIVATIONS);
-        q->inv_perm = mem_alloc(R * sizeof(int), MEM_ACTIVATIONS);
-        q->send = m->send_shared ? m->send_shared : mem_alloc_floats(Nk * C, MEM_COMM);
-        q->back = mem_alloc_floats(Nk * C, MEM_COMM);
-        q->exp_in = mem_alloc_floats(R * C, MEM_ACTIVATIONS);
-        q->fch = mem_alloc_floats(R * H, MEM_ACTIVATIONS);
-        q->fch_gelu = m->gelu_shared ? m->gelu_shared : mem_alloc_floats(R * H, MEM_ACTIVATIONS);
-        q->aux_dprobs = mem_alloc_floats((size_t)E, MEM_ACTIVATIONS);
-        q->idx_host = xmalloc(Nk * sizeof(int));
-        q->pos_host = xmalloc(Nk * sizeof(int));
-        q->src_host = xmalloc(Nk * sizeof(int));
-        q->perm_host = xmalloc(R * sizeof(int));
-        q->cnt_send = xmalloc((size_t)E * sizeof(int));
-        q->cnt_recv = xmalloc((size_t)E * sizeof(int));  // ep x E/ep
-        q->expert_off = xmalloc((size_t)(m->E_local + 1) * sizeof(int));
-        q->sc = xmalloc((size_t)m->ep * sizeof(size_t));
-        q->sd = xmalloc((size_t)m->ep * sizeof(size_t));
-        q->rc = xmalloc((size_t)m->ep * sizeof(size_t));
-        q->rd = xmalloc((size_t)m->ep * sizeof(size_t));
-    }
-    m->recv = mem_alloc_floats(R * C, MEM_COMM);
-    m->xbuf = mem_alloc_floats(R * C, MEM_ACTIVATIONS);
-    m->ybuf = mem_alloc_floats(R * C, MEM_ACTIVATIONS);
-    m->dfch = mem_alloc_floats(R * H, MEM_ACTIVATIONS);
-    m->dfch_gelu = mem_alloc_floats(R * H, MEM_ACTIVATIONS);
-    m->dsend = mem_alloc_floats(Nk * C, MEM_COMM);
-    m->dgates = mem_alloc_floats(Nk, MEM_ACTIVATIONS);
-    m->dlogits = mem_alloc_floats((size_t)N * E, MEM_ACTIVATIONS);
-    m->dln2 = mem_alloc_floats((size_t)N * C, MEM_ACTIVATIONS);
-    m->routed = xcalloc((size_t)Lm * E, sizeof(long));
-}
-
-static void model_free(ExpertModel* m) {
-    float* dev[] = {m->shared, m->dshared, m->m_s, m->v_s, m->experts, m->dexperts, m->m_e, m->v_e,
-                    m->recv, m->xbuf, m->ybuf, m->dfch, m->dfch_gelu, m->dsend, m->dgates, m->dlogits, m->dln2,
-                    m->send_shared, m->gelu_shared};
-    for (size_t i = 0; i < sizeof(dev) / sizeof(dev[0]); i++) mem_free(dev[i]);
-    gpt_acts_free(&m->acts);
-    int n_moe = m->recompute == RECOMPUTE_FULL ? 1 : moe_num_moe_layers(&m->cfg);
-    for (int i = 0; i < n_moe; i++) {
-        MoeLayer* q = &m->moe[i];
-        float* f[] = {q->logits, q->probs, q->gates, m->send_shared ? NULL : q->send, q->back, q->exp_in, q->fch,
-                      m->gelu_shared ? NULL : q->fch_gelu, q->aux_dprobs};
-        for (size_t j = 0; j < sizeof(f) / sizeof(f[0]); j++) mem_free(f[j]);
-        int* d[] = {q->idx, q->pos, q->send_src, q->perm, q->inv_perm};
-        for (size_t j = 0; j < sizeof(d) / sizeof(d[0]); j++) mem_free(d[j]);
-        void* h[] = {q->idx_host, q->pos_host, q->src_host, q->perm_host, q->cnt_send, q->cnt_recv,
-                     q->expert_off, q->sc, q->sd, q->rc, q->rd};
-        for (size_t j = 0; j < sizeof(h) / sizeof(h[0]); j++) free(h[j]);
-    }
-    free(m->moe);
-    free(m->routed);
-    comm_destroy_group(&m->dpep);
-}
+// ---------------------------------------------------------------- validation
 
 static float forward_for_val(void* ctx, const int* inputs, const int* targets) {
     ExpertModel* m = ctx;
@@ -563,107 +382,28 @@ static float forward_for_val(void* ctx, const int* inputs, const int* targets) {
     return loss;
 }
 
-// ---------------------------------------------------------------- the MoE file
-
-// --model FILE: chapter 7 reads its own file (moe.h); a dense llm.c file
-// is refused there, with the reason.
-static MoeConfig file_cfg;
-static const char* read_moe_config(const char* path, GPTConfig* cfg, char* msg, size_t len) {
-    const char* bad = moe_checkpoint_read_config(path, &file_cfg, msg, len);
-    if (!bad) *cfg = file_cfg.gpt;
-    return bad;
-}
-
-// --save FILE: rank 0 writes the replicated parameters and every expert,
-// gathered over ep (dp rank 0's ep group; every dp replica holds the same
-// experts). A host-side copy for the file, not part of training.
-static void save_model(ExpertModel* m, const char* path) {
-    int Lm = moe_num_moe_layers(&m->cfg), E = m->cfg.experts, El = m->E_local;
-    size_t ne = moe_expert_numel(&m->cfg);
-    float* all = NULL;
-    if (m->dp->rank == 0) {
-        // all ep ranks' buffers, rank after rank, then reordered to
-        // [layer][expert] (each rank holds [layer][its experts])
-        float* gathered = m->epc->rank == 0 ? mem_alloc_floats(m->n_experts * m->ep, MEM_OTHER) : NULL;
-        comm_gather(m->epc, m->experts, gathered, m->n_experts, 0);
-        if (m->epc->rank == 0) {
-            float* host = xmalloc(m->n_experts * m->ep * sizeof(float));
-            mem_to_host(host, gathered, m->n_experts * m->ep * sizeof(float));
-            all = xmalloc((size_t)Lm * E * ne * sizeof(float));
-            for (int r = 0; r < m->ep; r++)
-                for (int l = 0; l < Lm; l++)
-                    memcpy(all + ((size_t)l * E + (size_t)r * El) * ne, host + (size_t)r * m->n_experts + (size_t)l * El * ne,
-                           (size_t)El * ne * sizeof(float));
-            free(host);
-        }
-        mem_free(gathered);
-    }
-    char msg[1024];
-    const char* bad = NULL;
-    if (m->world->rank == 0) {
-        float* shared = xmalloc(m->n_shared * sizeof(float));
-        mem_to_host(shared, m->shared, m->n_shared * sizeof(float));
-        bad = moe_checkpoint_write(path, &m->cfg, shared, all, msg, sizeof(msg));
-        free(shared);
-        if (!bad) printf("saved %s (mixture of experts, version %d)\n", path, MOE_CHECKPOINT_VERSION);
-    }
-    free(all);
-    fail_if_any(bad != NULL, bad);
-}
-
-// ---------------------------------------------------------------- training-state checkpoints
-
-// What this rank writes and reads of the training state (ckpt.h), in the
-// MoE model's own tensors (moe.h: the router and the experts have global
-// shapes of their own). Who writes what, so that nothing is written twice:
-//   - the experts, with their AdamW moments, exist once per dp replica, on
-//     the ep rank that holds them: dp replica 0 writes them, each ep rank
-//     its own E/ep experts;
-//   - the replicated parameters and moments are the same on all dp x ep
-//     ranks: dp replica 0's ep ranks write 1/ep of the flat buffer each, so
-//     the write is spread over as many ranks (and files) as the experts';
-//     the other replicas write nothing.
-// Every rank reads all the replicated state and its own experts. The slices
-// are global (experts [e0, e0 + E/ep) of every MoE layer), so a checkpoint
-// saved on one dp x ep mesh resumes on any other.
-static CkptTensor ckpt_table[MOE_CKPT_TENSORS];
-
-static void model_ckpt(Ckpt* ck, ExpertModel* m) {
-    char variant[256];
-    moe_ckpt_tensors(&m->cfg, ckpt_table);
-    moe_ckpt_variant(&m->cfg, variant, sizeof(variant));
-    ckpt_set_model(ck, ckpt_table, MOE_CKPT_TENSORS, variant);
-    float* shared[CKPT_NUM_KINDS] = {m->shared, m->m_s, m->v_s};
-    float* experts[CKPT_NUM_KINDS] = {m->experts, m->m_e, m->v_e};
-    size_t per = (m->n_shared + m->ep - 1) / m->ep, lo = (size_t)m->epc->rank * per;
-    if (lo > m->n_shared) lo = m->n_shared;
-    size_t n = m->n_shared - lo < per ? m->n_shared - lo : per;
-    for (int k = 0; k < CKPT_NUM_KINDS; k++) {
-        if (m->dp->rank == 0) {
-            moe_ckpt_add_shared(&ck->own, &m->cfg, (CkptKind)k, lo, n, shared[k] + lo);
-            moe_ckpt_add_experts(&ck->own, &m->cfg, (CkptKind)k, m->e0, m->E_local, experts[k]);
-        }
-        moe_ckpt_add_shared(&ck->need, &m->cfg, (CkptKind)k, 0, m->n_shared, shared[k]);
-        moe_ckpt_add_experts(&ck->need, &m->cfg, (CkptKind)k, m->e0, m->E_local, experts[k]);
-    }
+// Validation: every rank its own sequences, as in training; the routing
+// statistics count training steps only.
+static float val_loss(void* ctx, const TrainSetup* setup, int n_batches) {
+    ExpertModel* m = ctx;
+    return train_val_loss_with(setup, n_batches, forward_for_val, m, m->share * m->B, m->B, m->B, &m->dpep);
 }
 
 // ---------------------------------------------------------------- main
 
 int main(int argc, char** argv) {
-    int experts = 4, top_k = 2, hidden = 0, moe_every = 1;
-    float aux_coef = 0.01f, capacity = 0.0f;
+    ExpertFlags fl = {.experts = 4, .top_k = 2, .hidden = 0, .moe_every = 1, .aux_coef = 0.01f, .capacity = 0.0f};
     ArgSpec extra[] = {
-        {"experts", ARG_INT, &experts, "experts per MoE layer, E  [4]"},
-        {"top-k", ARG_INT, &top_k, "experts per token, k  [2]"},
-        {"expert-hidden", ARG_INT, &hidden, "each expert's MLP width, H  [4C]"},
-        {"moe-every", ARG_INT, &moe_every, "every k-th layer is an MoE layer (layers k-1, 2k-1, ...)  [1]"},
-        {"aux-coef", ARG_FLOAT, &aux_coef, "weight of the load-balancing loss in the objective  [0.01]"},
-        {"capacity-factor", ARG_FLOAT, &capacity,
+        {"experts", ARG_INT, &fl.experts, "experts per MoE layer, E  [4]"},
+        {"top-k", ARG_INT, &fl.top_k, "experts per token, k  [2]"},
+        {"expert-hidden", ARG_INT, &fl.hidden, "each expert's MLP width, H  [4C]"},
+        {"moe-every", ARG_INT, &fl.moe_every, "every k-th layer is an MoE layer (layers k-1, 2k-1, ...)  [1]"},
+        {"aux-coef", ARG_FLOAT, &fl.aux_coef, "weight of the load-balancing loss in the objective  [0.01]"},
+        {"capacity-factor", ARG_FLOAT, &fl.capacity,
          "f > 0: each expert takes at most floor(f k tokens / E) slots per step, the rest are dropped  [0: dropless]"},
     };
     Run run;
-    train_config_reader = read_moe_config;
+    train_config_reader = expert_read_gpt_config;  // --model FILE is an MoE file (moe.h)
     if (!run_start(&run, argc, argv, "build/chapter-7",
                    "Chapter 7: mixture of experts, experts sharded over ep: route, count, all-to-all-v\n"
                    "dispatch, experts, all-to-all-v combine; replicated gradients over dp x ep, experts over dp.",
@@ -671,134 +411,44 @@ int main(int argc, char** argv) {
         return 0;
     const TrainArgs* args = &run.args;
     const TrainSetup* setup = &run.setup;
-    MoeConfig cfg = {.gpt = setup->cfg, .experts = experts, .top_k = top_k,
-                     .hidden = hidden > 0 ? hidden : 4 * setup->cfg.channels, .moe_every = moe_every};
-    if (setup->checkpoint) {
-        // the file's experts, router and widths win over the flags
-        cfg = file_cfg;
-        print0("--model %s: E=%d, top-%d, H=%d, every %d layer%s MoE (from the file)\n", setup->checkpoint, cfg.experts,
-               cfg.top_k, cfg.hidden, cfg.moe_every, cfg.moe_every == 1 ? "" : "s");
-        experts = cfg.experts, top_k = cfg.top_k, moe_every = cfg.moe_every;
-    }
-    const char* bad = moe_config_problem(&cfg);
-    if (bad) fail_all("%s", bad);
-    if (hidden < 0) fail_all("--expert-hidden must be >= 1 (or 0 for 4C)");
-    if (capacity < 0 || !isfinite(capacity)) fail_all("--capacity-factor must be >= 0 (0: dropless)");
-    if (!(aux_coef >= 0) || !isfinite(aux_coef)) fail_all("--aux-coef must be >= 0");
-    if (args->sample > 0)
-        fail_all("--sample is not available in chapter 7: sampling runs chapter 0's dense model; use --save and your own reader");
-    MeshNeeds needs = {.experts = experts};
-    train_check_mesh(&run.mesh, setup, &needs);
-    int ndp = run.mesh.size[AXIS_DP], nep = run.mesh.size[AXIS_EP], world = ndp * nep;
-    int B = setup->B, T = setup->T;
-    if (B % world != 0)
-        fail_all("the batch of %d sequences does not split over dp x ep = %d ranks (every rank takes its own "
-                 "sequences): use a --batch that is a multiple of %d", B, world, world);
-    int per_rank = B / world;
-    // my share of the batch: shares follow the world rank order (dp, then ep)
-    int share = run.mesh.coord[AXIS_DP] * nep + run.mesh.coord[AXIS_EP];
-
-    char msg[1024];
-    ExpertModel model;
-    model_create(&model, &cfg, per_rank, T, &run.mesh, &run, (uint64_t)args->seed, (RecomputeMode)args->recompute);
-    if (setup->checkpoint) {
-        float* shared = xmalloc(model.n_shared * sizeof(float));
-        float* mine = xmalloc((model.n_experts ? model.n_experts : 1) * sizeof(float));
-        bad = moe_checkpoint_read(setup->checkpoint, &cfg, shared, mine, model.e0, model.E_local, msg, sizeof(msg));
-        fail_if_any(bad != NULL, bad);
-        mem_to_device(model.shared, shared, model.n_shared * sizeof(float));
-        mem_to_device(model.experts, mine, model.n_experts * sizeof(float));
-        free(shared);
-        free(mine);
-    }
-    model.aux_coef = aux_coef;
-    model.capacity_factor = capacity;
-    model.record = 1;
-    int Lm = moe_num_moe_layers(&cfg);
-    size_t total_params = model.n_shared + (size_t)Lm * experts * moe_expert_numel(&cfg);
-    print0("chapter 7: experts, dp=%d x ep=%d, %d expert%s (%d per rank), top-%d, H=%d, %d of %d layers MoE, %s, device %s\n",
-           ndp, nep, experts, experts == 1 ? "" : "s", model.E_local, top_k, cfg.hidden, Lm, cfg.gpt.num_layers,
-           capacity > 0 ? "capacity mode" : "dropless", run.device);
-    print0("model %s: %zu parameters (%zu replicated, %zu in experts), %zu active per token; global batch %d x %d, %d per rank\n",
-           setup->model_name, total_params, model.n_shared, total_params - model.n_shared, moe_active_params(&cfg), B, T,
-           per_rank);
+    MoeConfig cfg = expert_config(&run, &fl);  // the flags or --model FILE's, checked against the mesh
+    ExpertModel model;  // my experts, the replicated rest, my share of the batch
+    expert_model_create(&model, &cfg, &fl, &run);
+    expert_print_setup(&model, &run);
+    int B = setup->B, T = setup->T, per_rank = model.B;
     // --ckpt-dir, --save-every, --resume: this rank's slices, from whatever mesh saved them
     Ckpt ck;
     ckpt_init(&ck, args, setup, &run.mesh, 7);
-    model_ckpt(&ck, &model);
-    int start = ckpt_resume(&ck);
-    JsonLog log;
-    int *inputs, *targets;  // this rank's sequences of a step, (per_rank, T) each
-    train_loop_open(&log, &inputs, &targets, args, per_rank, T);
-    StepClock clock = {0};
-    float loss = 0.0f;
-    long dropped_total = 0;
-    comm_counts_reset();
-    size_t ex_len = 64 + (size_t)Lm * experts * 24;
-    char* ex = xmalloc(ex_len);
-    for (int step = start; step < args->steps; step++) {
-        clock_begin(&clock);
-        data_batch(&setup->train, step, B, T, share * per_rank, per_rank, inputs, targets);
-        float my_loss = model_forward(&model, inputs, targets);
+    expert_model_ckpt(&ck, &model);
+    ckpt_resume(&ck);
+
+    TrainLoop loop;
+    train_loop_begin(&loop, &run, &(TrainLoopSpec){
+        .chapter = 7, .num_params = expert_total_params(&model), .flops_per_token = moe_flops_per_token(&cfg, T),
+        .rows = per_rank, .val_loss = val_loss, .ctx = &model, .ckpt = &ck});
+    for (int step = loop.start; step < loop.steps; step++) {
+        data_batch(&setup->train, step, B, T, model.share * per_rank, per_rank, loop.inputs, loop.targets);
+        // forward: per MoE layer route, plan, dispatch, experts, combine
+        float my_loss = model_forward(&model, loop.inputs, loop.targets);
         mem_zero(model.dshared, model.n_shared * sizeof(float));
         mem_zero(model.dexperts, model.n_experts * sizeof(float));
-        model_backward(&model);
-        reduce_gradients(&model);
+        model_backward(&model);    // the two exchanges of each MoE layer, reversed
+        reduce_gradients(&model);  // the replicated parameters over dp x ep, the experts over dp
         float norm = clip_and_step(&model, args, step);
         // the language-model loss of the global batch (a host scalar: plain MPI)
-        loss = (float)train_mean(&model.dpep, my_loss);
-        double dt = clock_end(&clock, step - start, args->steps - start);
-        dropped_total += model.dropped;
-        // the step record: "loss" is the LM loss; the load-balancing loss, the
-        // dropped slots and the slots routed to each expert per MoE layer
-        // (over the global batch) in their own fields
-        int n = snprintf(ex, ex_len, "\"aux_loss\":%.7f,\"dropped\":%ld,\"expert_tokens\":[", model.aux, model.dropped);
-        for (int i = 0; i < Lm; i++) {
-            n += snprintf(ex + n, ex_len - n, "%s[", i ? "," : "");
-            for (int e = 0; e < experts; e++)
-                n += snprintf(ex + n, ex_len - n, "%s%ld", e ? "," : "", model.routed[(size_t)i * experts + e]);
-            n += snprintf(ex + n, ex_len - n, "]");
-        }
-        snprintf(ex + n, ex_len - n, "]");
-        report_step_extra(&log, step, args->steps, loss, norm, 1e3 * dt, (double)B * T / dt, ex);
-        if (args->val_every > 0 && (step + 1) % args->val_every == 0 && step + 1 < args->steps) {
-            float v = train_val_loss_with(setup, args->val_batches, forward_for_val, &model, share * per_rank, per_rank,
-                                          per_rank, &model.dpep);
-            if (v >= 0) report_val(&log, step, v);
-        }
-        ckpt_after_step(&ck, step);  // --save-every, --ckpt-dir
+        float loss = (float)train_mean(&model.dpep, my_loss);
+        // the step record's own fields: the load-balancing loss, the dropped
+        // slots and the slots routed to each expert per MoE layer
+        expert_step_record(&model, &loop.step_extra);
+        train_loop_step(&loop, step, loss, norm);
     }
-    ckpt_finish(&ck, &log);  // an async save still in flight is joined here
-    free(ex);
-    int trained = args->steps - start;  // the steps this run trained
-    // the all-to-all traffic of training alone (validation below adds its own)
-    // A rank sends its N k token-slots in dispatch and, in combine, what its
-    // experts received: this varies by rank, the mean over the ranks is
-    // N k C floats per exchange (a host figure for the log: plain MPI)
-    CommCount a2a = comm_count(COLL_ALLTOALL, AXIS_EP);
-    MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, &a2a.bytes, 1, MPI_DOUBLE, MPI_SUM, model.dpep.mpi));
-    a2a.bytes /= model.dpep.size;
-    float val_loss = train_val_loss_with(setup, args->val_batches, forward_for_val, &model, share * per_rank, per_rank,
-                                         per_rank, &model.dpep);
-    if (val_loss >= 0) report_val(&log, args->steps - 1, val_loss);
-    double ms = clock_ms_per_step(&clock);
-    print0("dispatch and combine: %.0f bytes sent per rank per step in all-to-all-v (mean over ranks), %ld token-slots dropped\n",
-           trained > 0 ? a2a.bytes / trained : 0.0, dropped_total);
-    char extra_json[512];
-    snprintf(extra_json, sizeof(extra_json),
-             "\"experts\":%d,\"top_k\":%d,\"expert_hidden\":%d,\"moe_every\":%d,\"aux_coef\":%g,\"capacity_factor\":%g,"
-             "\"active_params\":%zu,\"alltoall_bytes_per_step\":%.0f,\"dropped_total\":%ld",
-             experts, top_k, cfg.hidden, moe_every, aux_coef, capacity, moe_active_params(&cfg),
-             trained > 0 ? a2a.bytes / trained : 0.0, dropped_total);
-    RunSummary summary = {
-        .chapter = 7, .model = setup->model_name, .num_params = total_params, .batch = B, .seq = T,
-        .steps = args->steps, .ms_per_step = ms, .tokens_per_s = ms > 0 ? (double)B * T / (ms / 1e3) : 0.0,
-        .flops_per_token = moe_flops_per_token(&cfg, T), .peak_gflops = run.peak_gflops,
-        .final_loss = loss, .val_loss = val_loss, .extra_json = extra_json};
-    report_summary(&log, &run.mesh, &summary);
-    train_loop_close(&log, inputs, targets);
-    if (args->save) save_model(&model, args->save);
-    model_free(&model);
+    JsonBuf summary = {0};
+    expert_report(&model, &fl, loop.steps - loop.start, &summary);
+    train_loop_end(&loop, &summary);  // the final validation and the summary
+    json_free(&summary);
+    expert_sample(&model, args, forward_for_val);  // --sample: every rank runs each forward
+    if (args->save) expert_model_save(&model, args->save);
+    expert_model_free(&model);
     run_finish(&run);
     return 0;
 }

@@ -47,10 +47,6 @@ const char* checkpoint_read_config(const char* path, GPTConfig* cfg, char* msg, 
         snprintf(msg, msg_len, "checkpoint '%s' is bf16 (version %d); this course reads fp32 files (version %d): export fp32 from llm.c", path, header[1], CKPT_VERSION_FP32);
         return msg;
     }
-    if (header[1] == 7001) {  // MOE_CHECKPOINT_VERSION (common/moe.h)
-        snprintf(msg, msg_len, "checkpoint '%s' is a mixture-of-experts model (version 7001): only chapter 7 (build/chapter-7) reads it", path);
-        return msg;
-    }
     if (header[1] != CKPT_VERSION_FP32) {
         snprintf(msg, msg_len, "checkpoint '%s' has version %d, expected %d (fp32)", path, header[1], CKPT_VERSION_FP32);
         return msg;

@@ -678,23 +678,17 @@ static uint64_t sample_next(uint64_t* state) {
     return z ^ (z >> 31);
 }
 
-void gpt_sample(GPT* m, const int* prompt, int len, int* out, int n, uint64_t seed) {
-    const GPTConfig* c = &m->cfg;
-    int T = m->T, V = c->vocab_size, Vp = c->padded_vocab_size;
+void gpt_sample_with(GptNextLogits next, void* ctx, int T, int V, int Vp, const int* prompt, int len, int* out,
+                     int n, uint64_t seed) {
     int total = len + n;
     int* seq = xmalloc((size_t)total * sizeof(int));
-    int* zeros = xcalloc((size_t)T, sizeof(int));
     float* row = xmalloc((size_t)Vp * sizeof(float));
     memcpy(seq, prompt, (size_t)len * sizeof(int));
     uint64_t state = seed;
     for (int i = len; i < total; i++) {
         // the model sees at most the last T tokens
         int start = i > T ? i - T : 0, t = i - start;
-        mem_to_device(m->acts.inputs, seq + start, (size_t)t * sizeof(int));
-        mem_to_device(m->acts.targets, zeros, (size_t)t * sizeof(int));
-        forward_bt(m, 1, t);
-        HeadActs h = gpt_acts_head(&m->acts, c, 1, t);
-        mem_to_host(row, h.logits + (size_t)(t - 1) * Vp, (size_t)Vp * sizeof(float));
+        next(ctx, seq + start, t, row);
         float mx = row[0];
         for (int v = 1; v < V; v++) mx = row[v] > mx ? row[v] : mx;
         double sum = 0.0;
@@ -709,6 +703,22 @@ void gpt_sample(GPT* m, const int* prompt, int len, int* out, int n, uint64_t se
         out[i - len] = pick;
     }
     free(seq);
-    free(zeros);
     free(row);
+}
+
+// The GPT's next-token logits: a forward of batch 1 on the t tokens.
+static void gpt_next_logits(void* ctx, const int* window, int t, float* row) {
+    GPT* m = ctx;
+    const GPTConfig* c = &m->cfg;
+    int* zeros = xcalloc((size_t)t, sizeof(int));
+    mem_to_device(m->acts.inputs, window, (size_t)t * sizeof(int));
+    mem_to_device(m->acts.targets, zeros, (size_t)t * sizeof(int));
+    free(zeros);
+    forward_bt(m, 1, t);
+    HeadActs h = gpt_acts_head(&m->acts, c, 1, t);
+    mem_to_host(row, h.logits + (size_t)(t - 1) * c->padded_vocab_size, (size_t)c->padded_vocab_size * sizeof(float));
+}
+
+void gpt_sample(GPT* m, const int* prompt, int len, int* out, int n, uint64_t seed) {
+    gpt_sample_with(gpt_next_logits, m, m->T, m->cfg.vocab_size, m->cfg.padded_vocab_size, prompt, len, out, n, seed);
 }

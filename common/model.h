@@ -77,7 +77,7 @@ BlockParams block_params_at(float* base, int C);
 void gpt_init_range(float* out, size_t start, size_t count, const GPTConfig* cfg, uint64_t seed);
 // A standard normal from (seed, tensor id, layer, index) alone: the counter
 // under the rule above (tensor ids >= NUM_PARAM_TENSORS name other models'
-// tensors, as the MoE router in common/moe.c).
+// tensors, as the MoE router in 07_expert/moe.c).
 double init_normal_at(uint64_t seed, int t, int layer, size_t index);
 // The initial value of one element (the rule above).
 float gpt_init_value(const GPTConfig* cfg, uint64_t seed, ParamTensor t, int layer, size_t index);
@@ -350,5 +350,11 @@ double gpt_flops_per_token(const GPTConfig* cfg, int T);
 // Samples n tokens after the prompt (host array, len tokens, len >= 1) from the
 // model with temperature 1, using forward passes of batch 1. Writes to out.
 void gpt_sample(GPT* m, const int* prompt, int len, int* out, int n, uint64_t seed);
+// The same rule for any model: next(ctx, window, t, row) runs it on the t
+// tokens window[0..t) (t <= T) and writes the logits of the last position
+// (Vp floats, host) into row; the draws use the first V of them.
+typedef void (*GptNextLogits)(void* ctx, const int* window, int t, float* row);
+void gpt_sample_with(GptNextLogits next, void* ctx, int T, int V, int Vp, const int* prompt, int len, int* out,
+                     int n, uint64_t seed);
 
 #endif

@@ -171,7 +171,7 @@ void crossentropy_backward(float* dlogits, const float* logits, const int* targe
 // ---------------------------------------------------------------- mixture of experts
 // The router and the token traffic of a mixture-of-experts layer (chapter 7).
 // Expert indices and row positions are ints on the device: the caller plans
-// the dispatch on the host (common/moe.h) and copies the plan over.
+// the dispatch on the host (07_expert/moe.h) and copies the plan over.
 //
 // Router: probs (N, E) = softmax(logits (N, E)) per row; idx (N, k) = the k
 // experts of largest prob, best first, ties broken by the lower expert index;

@@ -250,6 +250,11 @@ void train_print_recompute(RecomputeMode mode, const char* note);
 // --save FILE from the given host copy of the full parameters. Collective:
 // every rank calls it; writer says which rank holds the parameters to write.
 void train_sample(GPT* m, const TrainArgs* a);
+// --sample N from a model no GPT holds (chapter 7's experts live on every ep
+// rank): every rank calls it and next (gpt_sample_with) the same number of
+// times; rank 0's window and logits are the ones sampled and printed, the
+// other ranks run their part of each forward. Collective.
+void train_sample_with(const TrainArgs* a, const GPTConfig* cfg, int T, GptNextLogits next, void* ctx);
 void train_save(const TrainArgs* a, const GPTConfig* cfg, const float* params_host, int writer);
 
 #endif

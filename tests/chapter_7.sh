@@ -324,9 +324,26 @@ if [ $RC = 0 ] && [ -n "$v0" ] &&
 else
     fail "experts: a V < Vp model on ep=2" "first loss $v0 (chapter 0), '$v2' (ep=2); ep=2 against ep=1: $a; exit $RC; $(echo "$OUT" | grep error | head -2)"
 fi
+# --sample: E = 1, k = 1 is chapter 0's model, so its sample is chapter 0's
+# (the same draws from the same logits); on ep = 2 every rank runs each
+# forward and rank 0's first sequence is sampled: the same text again
+c7_sample() { sed -n '/^sample (40 tokens):/,$p' <<< "$OUT" | head -2; }
+mpi_run $T_RUN 1 "$BUILD/chapter-0" --model tiny --batch 4 --seq 16 --steps 1 --sample 40
+s0=$(c7_sample)
+mpi_run $T_RUN 1 "$BUILD/chapter-7" --experts 1 --top-k 1 --batch 4 --seq 16 --steps 1 --sample 40
+s1=$(c7_sample)
+mpi_run $T_RUN 2 "$BUILD/chapter-7" --experts 2 --top-k 1 --ep 2 --batch 4 --seq 16 --steps 1 --sample 40
+s2=$(c7_sample)
+mpi_run $T_RUN 1 "$BUILD/chapter-7" --experts 2 --top-k 1 --batch 4 --seq 16 --steps 1 --sample 40
+s3=$(c7_sample)
+if [ -n "$s0" ] && [ "$s1" = "$s0" ] && [ -n "$s2" ] && [ "$s2" = "$s3" ]; then
+    pass "experts: --sample 40 at E=1, k=1 is chapter 0's sample; E=2 on ep=2 samples what ep=1 does"
+else
+    fail "experts: --sample" "E=1 '$s1' vs chapter 0 '$s0'; E=2 ep=2 '$s2' vs ep=1 '$s3'"
+fi
 ref_checkpoint
 jobs_run error_case chapter-7 1 "--model $CKPT" "a dense llm.c file has no router and no experts"
-jobs_run error_case chapter-0 1 "--model $TEST_TMPDIR/c7.bin" "is a mixture-of-experts model (version 7001): only chapter 7"
+jobs_run error_case chapter-0 1 "--model $TEST_TMPDIR/c7.bin" "has version 7001, expected 3 (fp32)"
 
 jobs_run error_case chapter-7 3 "--ep 3 --experts 4" "do not split over ep=3"
 jobs_run error_case chapter-7 4 "--dp 2 --ep 2 --batch 6" "does not split over dp x ep = 4 ranks"

@@ -1,0 +1,360 @@
+// context.c: context parallelism's model on a rank (context.h).
+#include "context.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "common.h"
+#include "memory.h"
+#include "mesh.h"
+#include "trace.h"
+
+const char* const cp_mode_names[2] = {"ring", "ulysses"};
+const char* const cp_balance_names[2] = {"none", "zigzag"};
+
+// ---------------------------------------------------------------- what a layer keeps (--recompute)
+// A layer's fields sit in its store (kept for backward) or in the one
+// transient every layer shares (dropped, recomputed in backward), as chapter
+// 0's block_acts_kept splits them (docs/recompute.md):
+//   none       everything in the store
+//   selective  attproj, fcproj (backward never reads them) and fch_gelu go to
+//              the transient, and Ulysses' probabilities att_h; the ring
+//              keeps no probabilities at all (lse is its whole softmax
+//              state), so its attention has nothing to recompute
+//   full       only res3, the block's output, stays; backward reruns the
+//              whole block, its ring passes or all-to-alls included
+enum { KEPT, DROPPED };
+
+static float* place(float* const base[2], size_t at[2], int where, size_t n) {
+    float* p = base[where] ? base[where] + at[where] : NULL;
+    at[where] += n;
+    return p;
+}
+
+// The view of one layer (either base may be NULL: then only numel, the
+// floats of the store and of the transient, is of use).
+static LayerActs cp_layout(CPMode mode, RecomputeMode r, float* store, float* transient, int N, int C, int NH,
+                           int T, size_t numel[2]) {
+    float* const base[2] = {store, transient};
+    size_t at[2] = {0, 0}, NC = (size_t)N * C;
+    int K = r == RECOMPUTE_FULL ? DROPPED : KEPT;     // the matmul outputs and LayerNorms
+    int D = r == RECOMPUTE_NONE ? KEPT : DROPPED;     // what selective drops too
+    LayerActs la = {0};
+    BlockActs* a = &la.a;
+    a->ln1 = place(base, at, K, NC);
+    a->ln1_mean = place(base, at, K, N);
+    a->ln1_rstd = place(base, at, K, N);
+    a->qkv = place(base, at, K, 3 * NC);
+    a->atty = place(base, at, K, NC);
+    a->attproj = place(base, at, D, NC);
+    a->res2 = place(base, at, K, NC);
+    a->ln2 = place(base, at, K, NC);
+    a->ln2_mean = place(base, at, K, N);
+    a->ln2_rstd = place(base, at, K, N);
+    a->fch = place(base, at, K, 4 * NC);
+    a->fch_gelu = place(base, at, D, 4 * NC);
+    a->fcproj = place(base, at, D, NC);
+    a->res3 = place(base, at, KEPT, NC);  // always kept: the next block's input
+    if (mode == CP_RING) {
+        la.lse = place(base, at, K, (size_t)N * NH);
+    } else {
+        la.qkv_h = place(base, at, K, 3 * NC);
+        la.att_h = place(base, at, D, (size_t)N * NH * T);
+    }
+    if (numel) numel[0] = at[0], numel[1] = at[1];
+    return la;
+}
+
+LayerActs cp_layer_at(const CPModel* m, int l) {
+    return cp_layout(m->mode, m->recompute, m->layers + (size_t)l * m->layer_numel, m->transient, m->N,
+                     m->cfg.channels, m->cfg.num_heads, m->sh.T, NULL);
+}
+
+LayerActs cp_layer_in_transient(const CPModel* m) {
+    return cp_layout(m->mode, RECOMPUTE_NONE, m->transient, NULL, m->N, m->cfg.channels, m->cfg.num_heads, m->sh.T,
+                     NULL);
+}
+
+// Floats per layer (store) and of the transient. With none a layer keeps
+// the block's 18C + 4 per token, plus ring: NH (lse); ulysses: 3C (my heads'
+// qkv for whole sequences: B*T*3C/cp = N*3C) and NH*T (their probabilities:
+// B*(NH/cp)*T*T = N*NH*T). Full's transient holds a whole layer (its res3
+// too: the recompute writes its own copy and leaves the kept one alone).
+static void layer_numels(CPMode mode, RecomputeMode r, int N, int C, int NH, int T, size_t* store,
+                         size_t* transient) {
+    size_t numel[2], whole[2];
+    cp_layout(mode, r, NULL, NULL, N, C, NH, T, numel);
+    cp_layout(mode, RECOMPUTE_NONE, NULL, NULL, N, C, NH, T, whole);
+    *store = numel[KEPT];
+    *transient = r == RECOMPUTE_FULL ? whole[KEPT] : numel[DROPPED];
+}
+
+// ---------------------------------------------------------------- set-up
+
+void cp_parse_flags(const char* mode_name, const char* balance_name, int overlap, CPMode* mode, CPBalance* balance) {
+    int found_mode = 0, found_balance = 0;
+    for (int i = 0; i < 2; i++) {
+        if (!strcmp(mode_name, cp_mode_names[i])) *mode = (CPMode)i, found_mode = 1;
+        if (!strcmp(balance_name, cp_balance_names[i])) *balance = (CPBalance)i, found_balance = 1;
+    }
+    if (!found_mode) fail_all("--cp-mode %s is not one of ring, ulysses", mode_name);
+    if (!found_balance) fail_all("--cp-balance %s is not one of none, zigzag", balance_name);
+    if (overlap != 0 && overlap != 1) fail_all("--cp-overlap %d is not 0 or 1", overlap);
+}
+
+void cp_create(CPModel* m, const Run* run, CPMode mode, CPBalance balance, int overlap, int B, int b0) {
+    const TrainSetup* setup = &run->setup;
+    int ncp = run->mesh.size[AXIS_CP];
+    if (balance == BALANCE_ZIGZAG && setup->T % (2 * ncp) != 0)
+        fail_all("--seq %d does not split into 2 x cp = %d zigzag half-chunks: use a sequence length divisible by "
+                 "%d, or --cp-balance none", setup->T, 2 * ncp, 2 * ncp);
+    if (mode == CP_ULYSSES && setup->cfg.num_heads % ncp != 0)
+        fail_all("--cp-mode ulysses splits the model's %d heads over cp=%d ranks: use a cp that divides %d, or "
+                 "--cp-mode ring", setup->cfg.num_heads, ncp, setup->cfg.num_heads);
+    memset(m, 0, sizeof(*m));
+    m->balance = balance;
+    m->b0 = b0;
+    m->overlap = overlap;
+    m->cfg = setup->cfg;
+    m->mode = mode;
+    m->cpc = &run->axes[AXIS_CP];
+    comm_create_group(&m->dpcp, &run->mesh, (1u << AXIS_DP) | (1u << AXIS_CP));
+    int n = m->cpc->size, T = setup->T, C = m->cfg.channels, NH = m->cfg.num_heads, L = m->cfg.num_layers;
+    m->sh = (CPShard){.cp = n, .rank = m->cpc->rank, .parts = balance == BALANCE_ZIGZAG ? 2 : 1,
+                    .len = balance == BALANCE_ZIGZAG ? T / (2 * n) : T / n, .B = B, .T = T};
+    int N = m->N = B * (T / n);
+    size_t NC = (size_t)N * C;
+    m->P = gpt_num_params(&m->cfg);
+    m->params = mem_alloc_floats(m->P, MEM_PARAMS);
+    m->grads = mem_alloc_floats(m->P, MEM_GRADS);
+    m->m = mem_alloc_floats(m->P, MEM_OPTIMIZER);
+    m->v = mem_alloc_floats(m->P, MEM_OPTIMIZER);
+    // counter-based init: every replica the same values
+    size_t chunk = 1 << 20;
+    float* host = xmalloc(chunk * sizeof(float));
+    for (size_t start = 0; start < m->P; start += chunk) {
+        size_t k = m->P - start < chunk ? m->P - start : chunk;
+        gpt_init_range(host, start, k, &m->cfg, (uint64_t)run->args.seed);
+        mem_to_device(m->params + start, host, k * sizeof(float));
+    }
+    free(host);
+    m->recompute = (RecomputeMode)run->args.recompute;
+    layer_numels(mode, m->recompute, N, C, NH, T, &m->layer_numel, &m->transient_numel);
+    m->encoded = mem_alloc_floats(NC, MEM_ACTIVATIONS);
+    m->layers = mem_alloc_floats((size_t)L * m->layer_numel, MEM_ACTIVATIONS);
+    if (m->transient_numel) m->transient = mem_alloc_floats(m->transient_numel, MEM_ACTIVATIONS);
+    m->head = mem_alloc_floats(head_acts_numel(1, N, C, m->cfg.padded_vocab_size), MEM_ACTIVATIONS);
+    m->inputs = mem_alloc((size_t)N * sizeof(int), MEM_ACTIVATIONS);
+    m->targets = mem_alloc((size_t)N * sizeof(int), MEM_ACTIVATIONS);
+    m->losses_host = xmalloc((size_t)N * sizeof(float));
+    m->dres = mem_alloc_floats(NC, MEM_ACTIVATIONS);
+    m->dln = mem_alloc_floats(NC, MEM_ACTIVATIONS);
+    m->stash = mem_alloc_floats(block_stash_numel(1, N, C), MEM_ACTIVATIONS);
+    m->dfch_gelu = mem_alloc_floats(4 * NC, MEM_ACTIVATIONS);
+    m->datty = mem_alloc_floats(NC, MEM_ACTIVATIONS);
+    if (mode == CP_RING) {
+        for (int i = 0; i < 2; i++) {
+            m->kv[i] = mem_alloc_floats(2 * NC, MEM_COMM);
+            m->dkv[i] = mem_alloc_floats(2 * NC, MEM_COMM);
+        }
+        m->dkv_in = mem_alloc_floats(2 * NC, MEM_COMM);
+        // one pair's partials are one part's rows: at most N
+        m->ring.o2 = mem_alloc_floats(NC, MEM_ACTIVATIONS);
+        m->ring.m2 = mem_alloc_floats((size_t)N * NH, MEM_ACTIVATIONS);
+        m->ring.l2 = mem_alloc_floats((size_t)N * NH, MEM_ACTIVATIONS);
+        m->ring.sumexp = mem_alloc_floats((size_t)N * NH, MEM_ACTIVATIONS);
+    } else {
+        m->send = mem_alloc_floats(3 * NC, MEM_COMM);
+        m->recv = mem_alloc_floats(3 * NC, MEM_COMM);
+        m->y_h = mem_alloc_floats(NC, MEM_ACTIVATIONS);
+        m->dqkv_h = mem_alloc_floats(3 * NC, MEM_ACTIVATIONS);
+        m->datt_h = mem_alloc_floats((size_t)N * NH * T, MEM_ACTIVATIONS);
+    }
+    if (setup->checkpoint) {  // --model FILE: every replica reads it whole
+        host = xmalloc(m->P * sizeof(float));
+        train_load_checkpoint(setup, host);
+        mem_to_device(m->params, host, m->P * sizeof(float));
+        free(host);
+    }
+}
+
+void cp_free(CPModel* m) {
+    float* bufs[] = {m->params, m->grads, m->m, m->v, m->encoded, m->layers, m->transient, m->head, m->dres, m->dln,
+                     m->stash, m->dfch_gelu, m->datty, m->kv[0], m->kv[1], m->dkv[0], m->dkv[1], m->dkv_in,
+                     m->ring.o2, m->ring.m2, m->ring.l2, m->ring.sumexp, m->send, m->recv, m->y_h, m->dqkv_h, m->datt_h};
+    for (size_t i = 0; i < sizeof bufs / sizeof *bufs; i++) mem_free(bufs[i]);
+    mem_free(m->inputs);
+    mem_free(m->targets);
+    free(m->losses_host);
+    comm_destroy_group(&m->dpcp);
+}
+
+
+void cp_finish_params(const CPModel* m, const TrainArgs* args) {
+    if (!train_wants_params(args)) return;
+    float* host = NULL;
+    if (world_rank() == 0) {
+        host = xmalloc(m->P * sizeof(float));
+        mem_to_host(host, m->params, m->P * sizeof(float));
+    }
+    train_finish_params(args, &m->cfg, m->sh.T, host);
+    free(host);
+}
+
+void cp_print_setup(const CPModel* m, const Run* run) {
+    const TrainSetup* setup = &run->setup;
+    int ndp = run->mesh.size[AXIS_DP], ncp = run->mesh.size[AXIS_CP], B = setup->B, T = setup->T, per_dp = m->sh.B;
+    print0("chapter 6: context parallel, dp=%d x cp=%d, %s attention, balance %s, device %s\n", ndp, ncp,
+           cp_mode_names[m->mode], cp_balance_names[m->balance], run->device);
+    print0("model %s: %zu parameters, global batch %d x %d; each rank holds %d token%s of each of %d sequence%s "
+           "(%d part%s of %d)\n", setup->model_name, m->P, B, T, T / ncp, T / ncp == 1 ? "" : "s", per_dp,
+           per_dp == 1 ? "" : "s", m->sh.parts, m->sh.parts == 1 ? "" : "s", m->sh.len);
+    print0("activations kept per layer: %zu bytes; transient %zu bytes (--recompute %s)\n",
+           m->layer_numel * sizeof(float), m->transient_numel * sizeof(float), recompute_name(m->recompute));
+    if (m->recompute == RECOMPUTE_FULL)
+        print0("recompute full: backward reruns each block's forward, %s\n",
+               m->mode == CP_RING ? "the ring's K/V passes again (cp-1 more sends per layer)"
+                                  : "its 2 all-to-alls again (2 more per layer)");
+}
+
+// ---------------------------------------------------------------- the per-token parts of the step
+#define WTE(m, base) ((base) + gpt_tensor_offset(&(m)->cfg, P_WTE, 0))
+#define WPE(m, base) ((base) + gpt_tensor_offset(&(m)->cfg, P_WPE, 0))
+#define LNFW(m, base) ((base) + gpt_tensor_offset(&(m)->cfg, P_LNFW, 0))
+#define LNFB(m, base) ((base) + gpt_tensor_offset(&(m)->cfg, P_LNFB, 0))
+
+static const float* last_output(const CPModel* m) {
+    int L = m->cfg.num_layers;
+    return L > 0 ? cp_layer_at(m, L - 1).a.res3 : m->encoded;
+}
+
+void cp_embed_forward(CPModel* m, const int* inputs, const int* targets) {
+    const CPShard* sh = &m->sh;
+    const int C = m->cfg.channels, N = m->N;
+    int* rows = xmalloc((size_t)N * 2 * sizeof(int));
+    cp_shard_tokens(sh, rows, inputs);
+    cp_shard_tokens(sh, rows + N, targets);
+    mem_to_device(m->inputs, rows, (size_t)N * sizeof(int));
+    mem_to_device(m->targets, rows + N, (size_t)N * sizeof(int));
+    free(rows);
+    double t0 = trace_start();
+    // positions follow the tokens: part p's rows take wpe from its first position on
+    for (int p = 0; p < sh->parts; p++) {
+        size_t r0 = (size_t)p * sh->B * sh->len;
+        encoder_forward(m->encoded + r0 * C, m->inputs + r0, WTE(m, m->params),
+                        WPE(m, m->params) + (size_t)cp_shard_pos(sh, sh->rank, p) * C, sh->B, sh->len, C);
+    }
+    trace_compute(t0, "embedding forward");
+}
+
+float cp_head_forward(CPModel* m, const float* x) {
+    const GPTConfig* c = &m->cfg;
+    const int C = c->channels, N = m->N;
+    HeadActs h = head_acts_at(m->head, 1, N, C, c->padded_vocab_size);
+    head_forward(c, WTE(m, m->params), LNFW(m, m->params), LNFB(m, m->params), &h, x, m->targets, 1, N);
+    mem_to_host(m->losses_host, h.losses, (size_t)N * sizeof(float));
+    double sum = 0.0;
+    for (int i = 0; i < N; i++) sum += m->losses_host[i];
+    return (float)(sum / N);
+}
+
+void cp_head_backward(CPModel* m) {
+    const GPTConfig* c = &m->cfg;
+    const int C = c->channels, N = m->N;
+    HeadActs h = head_acts_at(m->head, 1, N, C, c->padded_vocab_size);
+    head_backward(c, WTE(m, m->params), LNFW(m, m->params), WTE(m, m->grads), LNFW(m, m->grads), LNFB(m, m->grads),
+                  &h, last_output(m), m->targets, 1.0f / (float)N, m->dln, m->dres, 1, N);
+}
+
+void cp_embed_backward(CPModel* m) {
+    const CPShard* sh = &m->sh;
+    const int C = m->cfg.channels;
+    double t0 = trace_start();
+    for (int p = 0; p < sh->parts; p++) {
+        size_t r0 = (size_t)p * sh->B * sh->len;
+        encoder_backward(WTE(m, m->grads), WPE(m, m->grads) + (size_t)cp_shard_pos(sh, sh->rank, p) * C,
+                         m->dres + r0 * C, m->inputs + r0, sh->B, sh->len, C);
+    }
+    trace_compute(t0, "embedding backward");
+}
+
+// ---------------------------------------------------------------- what the chapter measures
+
+CPWork cp_work(const CPModel* m) {
+    return (CPWork){.attn_seconds = m->attn_seconds, .attn_scores = m->attn_scores, .ring_scores = m->ring.scores,
+                    .ring_skipped = m->ring.skipped};
+}
+
+void cp_work_restore(CPModel* m, const CPWork* w) {
+    m->attn_seconds = w->attn_seconds, m->attn_scores = w->attn_scores;
+    m->ring.scores = w->ring_scores, m->ring.skipped = w->ring_skipped;
+}
+
+void cp_ckpt(Ckpt* ck, CPModel* m, int world_rank) {
+    if (world_rank == 0) ckpt_add_state(&ck->own, &m->cfg, 0, m->P, m->params, m->m, m->v);
+    ckpt_add_state(&ck->need, &m->cfg, 0, m->P, m->params, m->m, m->v);
+}
+
+// The balance: the attention work and time per cp rank, gathered from every
+// cp rank (host figures: plain MPI), with their max/min ratio.
+static double per_rank(const CPModel* m, double mine, double* all) {
+    int n = m->cpc->size;
+    MPI_CHECK(MPI_Allgather(&mine, 1, MPI_DOUBLE, all, 1, MPI_DOUBLE, m->cpc->mpi));
+    double lo = all[0], hi = all[0];
+    for (int i = 1; i < n; i++) lo = fmin(lo, all[i]), hi = fmax(hi, all[i]);
+    return lo > 0 ? hi / lo : 0.0;
+}
+
+static void print_per_rank(const char* what, const double* all, int n, const char* fmt, double ratio) {
+    char line[512] = "";
+    for (int i = 0; i < n; i++) {
+        size_t k = strlen(line);
+        if (i && k + 1 < sizeof line) line[k++] = ' ', line[k] = '\0';
+        snprintf(line + k, sizeof line - k, fmt, all[i]);
+    }
+    print0("%s: %s (max/min %.2f)\n", what, line, ratio);
+}
+
+void cp_report(const CPModel* m, int steps_run, double ring_wait_timed, const StepClock* clock, JsonBuf* extra) {
+    int ring = m->mode == CP_RING, n = m->cpc->size;
+    double ring_wait_ms = clock->timed > 0 ? 1e3 * ring_wait_timed / clock->timed : 0.0;
+    double per_step = steps_run > 0 ? 1.0 / steps_run : 0.0;
+    // the cp axis's traffic of training: the ring's sends, or Ulysses'
+    // all-to-alls, per step
+    CommCount cp_send = comm_count(ring ? COLL_SEND : COLL_ALLTOALL, AXIS_CP);
+    double cp_calls = cp_send.calls * per_step, cp_bytes = cp_send.bytes * per_step;
+    print0("cp traffic per rank per step: %.0f %s, %.0f bytes\n", cp_calls, ring ? "sends" : "all-to-alls", cp_bytes);
+    // (the ring counts scores per sequence and head: x B x NH)
+    long scores = ring ? m->ring.scores * m->sh.B * m->cfg.num_heads : m->attn_scores;
+    double* all_scores = xmalloc((size_t)n * sizeof(double));
+    double* all_ms = xmalloc((size_t)n * sizeof(double));
+    double scores_ratio = per_rank(m, (double)scores * per_step, all_scores);
+    double ms_ratio = per_rank(m, 1e3 * m->attn_seconds * per_step, all_ms);
+    print_per_rank("attention scores per cp rank per step (forward)", all_scores, n, "%.0f", scores_ratio);
+    print_per_rank("attention compute per cp rank, ms per step", all_ms, n, "%.2f", ms_ratio);
+    if (ring) {
+        print0("ring: fully masked (query part, key part) pairs skipped per step, forward, cp rank 0: %ld\n",
+               steps_run > 0 ? m->ring.skipped / steps_run : 0);
+        // the ring's waits (forward, recompute, backward) per timed step: a
+        // part of the communication the summary reports blocked
+        print0("ring waits: %.2f ms per step for K/V and dK/dV blocks (rank 0, overlap %s)\n", ring_wait_ms,
+               m->overlap ? "on" : "off");
+    }
+    print0("communication: %.2f ms per step blocked (rank 0), of %.2f ms per step\n", clock_wait_ms_per_step(clock),
+           clock_ms_per_step(clock));
+    json_add_string(extra, "cp_mode", cp_mode_names[m->mode]);
+    json_add_string(extra, "cp_balance", cp_balance_names[m->balance]);
+    json_add_double_array(extra, "attention_scores_per_rank", all_scores, n, "%.0f");
+    json_add_double_array(extra, "attention_ms_per_rank", all_ms, n, "%.3f");
+    json_add_double(extra, "cp_calls_per_step", cp_calls, "%.0f");
+    json_add_double(extra, "cp_bytes_per_step", cp_bytes, "%.0f");
+    json_add_int(extra, "cp_overlap", m->overlap);
+    json_add_double(extra, "ring_wait_ms_per_step", ring_wait_ms, "%.3f");
+    json_add_string(extra, "recompute", recompute_name(m->recompute));
+    json_add_int(extra, "layer_acts_bytes", (long long)(m->layer_numel * sizeof(float)));
+    json_add_int(extra, "transient_bytes", (long long)(m->transient_numel * sizeof(float)));
+    free(all_scores);
+    free(all_ms);
+}

@@ -1,0 +1,133 @@
+// context.h: context parallelism's model on one rank of the dp x cp mesh
+// (chapter 6): the replica of the weights, where each layer's activations
+// live under --recompute, the buffers of the ring and of Ulysses, and what
+// the chapter measures of attention (its work and time per cp rank, the
+// ring's waits). The step itself -- the ring's sends and receives, Ulysses'
+// all-to-alls, the blocks, the gradient all-reduce -- is the chapter's, in
+// 06_sequence_context/main.c; ring attention's compute with one K/V block in
+// hand is ring.c's.
+#ifndef CONTEXT_H
+#define CONTEXT_H
+
+#include "ckpt.h"
+#include "comm.h"
+#include "model.h"
+#include "report.h"
+#include "ring.h"
+#include "train.h"
+
+// Who holds which tokens (ring.h's CPShard):
+//
+//   balance none, cp = 4, T = 16        balance zigzag, cp = 4, T = 16
+//   positions 0-3  4-7  8-11 12-15      0-1 2-3 4-5 6-7 8-9 10-11 12-13 14-15
+//   rank      0    1    2    3          0   1   2   3   3   2     1     0
+typedef enum { CP_RING, CP_ULYSSES } CPMode;
+typedef enum { BALANCE_NONE, BALANCE_ZIGZAG } CPBalance;
+extern const char* const cp_mode_names[2];     // "ring", "ulysses"
+extern const char* const cp_balance_names[2];  // "none", "zigzag"
+
+// One layer's activations on my N token rows.
+typedef struct {
+    BlockActs a;   // the block's activations on my N tokens (a.att unused)
+    float* lse;    // ring: (N, NH) log-sum-exp of each (token, head): all backward needs of the softmax
+    float* qkv_h;  // ulysses: (B, T, 3C/cp) my heads' q, k, v for the whole sequences
+    float* att_h;  // ulysses: (B, NH/cp, T, T) their softmax probabilities
+} LayerActs;
+
+// The balance figures: the attention work and time of this rank. Only a
+// training step's forward and backward count: validation and the recompute
+// of --recompute full put them back (cp_work, cp_work_restore).
+typedef struct {
+    double attn_seconds;  // attention compute (not waiting)
+    long attn_scores;     // unmasked scores computed in forward (ulysses; the ring's are ring.scores)
+    long ring_scores, ring_skipped;  // ring.scores and ring.skipped (ring.h)
+} CPWork;
+
+typedef struct {
+    GPTConfig cfg;
+    CPMode mode;
+    CPBalance balance;
+    CPShard sh;
+    const Comm* cpc;    // the ring / all-to-all group
+    Comm dpcp;          // every rank holding the same weights: the gradient group
+    int N;              // my token rows: B * T / cp
+    int b0;             // my dp group's first sequence of the global batch (sh.B of them)
+    size_t P;
+    float *params, *grads, *m, *v;  // full replica, flat layout (model.h)
+    // activations
+    float* encoded;  // (N, C)
+    RecomputeMode recompute;
+    float* layers;     // L x layer_numel: what each layer keeps
+    size_t layer_numel;
+    float* transient;  // transient_numel: what --recompute drops, one layer at a time (NULL for none)
+    size_t transient_numel;
+    float* head;     // head_acts_numel(1, N, C, Vp)
+    int *inputs, *targets;  // (N) on the device, my rows
+    float* losses_host;     // (N)
+    // backward
+    float *dres, *dln, *stash, *dfch_gelu, *datty;
+    // ring buffers: packed [k | v] rows (N, 2C), the block in hand and the
+    // next; dK|dV partial sums (N, 2C) two deep (one may still be sending)
+    // and the one arriving; the partials of one pair and the running sumexp
+    float *kv[2], *dkv[2], *dkv_in;
+    RingForward ring;  // the running partials of my queries (ring.h)
+    // ulysses buffers: all-to-all send and receive (N, 3C); my heads'
+    // attention output or its gradient (B, T, C/cp), dqkv (B, T, 3C/cp),
+    // datt (B, NH/cp, T, T)
+    float *send, *recv, *y_h, *dqkv_h, *datt_h;
+    // what the chapter measures
+    int overlap;          // --cp-overlap: 1 computes while a block travels, 0 waits for it first
+    double ring_wait_seconds;  // inside the ring's waits: the communication the attention did not hide
+    double attn_seconds;  // attention compute (not waiting), this rank
+    long attn_scores;     // unmasked scores computed in forward, this rank (ulysses; the ring's in ring)
+} CPModel;
+
+// --cp-mode, --cp-balance and --cp-overlap checked and parsed; a bad value
+// ends every rank with one message.
+void cp_parse_flags(const char* mode_name, const char* balance_name, int overlap, CPMode* mode, CPBalance* balance);
+
+// This rank's model: B sequences of T tokens per step from sequence b0 of
+// the global batch, T/cp of each on this cp rank; every buffer allocated and
+// counted, the replica initialised (counter-based) or read from --model
+// FILE. Checks that the sequence splits as the mode and balance need
+// (every rank exits with one message if not).
+void cp_create(CPModel* m, const Run* run, CPMode mode, CPBalance balance, int overlap, int B, int b0);
+void cp_free(CPModel* m);
+// After training: --sample and --save from world rank 0's replica. Collective.
+void cp_finish_params(const CPModel* m, const TrainArgs* args);
+// The start-up lines: the mesh, who holds which tokens, what a layer keeps.
+void cp_print_setup(const CPModel* m, const Run* run);
+
+// Layer l as forward writes it.
+LayerActs cp_layer_at(const CPModel* m, int l);
+// A whole layer (--recompute none's fields) laid out in the transient: what
+// --recompute full runs a block's forward into again before its backward.
+LayerActs cp_layer_in_transient(const CPModel* m);
+
+// The parts of the step that work token by token, on my N rows.
+// cp_embed_forward: my rows of the B sequences (host (B, T) token arrays),
+// to the device, and their embeddings into m->encoded (each part's rows
+// take wpe from its first position on). cp_head_forward: the final
+// LayerNorm, LM head and loss of x (N, C); returns my tokens' mean loss.
+// cp_head_backward: into m->dres, d loss / d x. cp_embed_backward: m->dres
+// into wte's and wpe's gradients.
+void cp_embed_forward(CPModel* m, const int* inputs, const int* targets);
+float cp_head_forward(CPModel* m, const float* x);
+void cp_head_backward(CPModel* m);
+void cp_embed_backward(CPModel* m);
+
+CPWork cp_work(const CPModel* m);
+void cp_work_restore(CPModel* m, const CPWork* w);
+
+// Training-state checkpoints: the replicas are identical, so world rank 0
+// alone writes the state; every rank reads all of it.
+void cp_ckpt(Ckpt* ck, CPModel* m, int world_rank);
+
+// After training: prints the cp traffic, the attention work and time per cp
+// rank (the balance), the ring's waits and the communication blocked, and
+// adds them to the summary's fields. steps_run: the steps this run
+// trained; ring_wait_timed: rank 0's seconds in the ring's waits over the
+// steps the clock timed. Collective over the cp group.
+void cp_report(const CPModel* m, int steps_run, double ring_wait_timed, const StepClock* clock, JsonBuf* extra);
+
+#endif

@@ -1,0 +1,369 @@
+// expert_model.c: chapter 7's model on a rank (expert_model.h): its buffers,
+// the MoE file and the training-state checkpoint's slices.
+#include "expert_model.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "common.h"
+#include "memory.h"
+#include "mesh.h"
+
+MoeLayer* expert_layer(ExpertModel* m, int l) {
+    return &m->moe[m->recompute == RECOMPUTE_FULL ? 0 : moe_layer_index(&m->cfg, l)];
+}
+
+BlockActs expert_block_acts(ExpertModel* m, int l) { return gpt_acts_block(&m->acts, &m->cfg.gpt, l, m->B, m->T); }
+
+size_t expert_total_params(const ExpertModel* m) {
+    return m->n_shared + (size_t)moe_num_moe_layers(&m->cfg) * m->cfg.experts * moe_expert_numel(&m->cfg);
+}
+
+// ---------------------------------------------------------------- the per-token parts of the step
+
+void expert_embed_forward(ExpertModel* m, const int* inputs, const int* targets) {
+    gpt_acts_load(&m->acts, inputs, targets);
+    encoder_forward(m->acts.encoded, m->acts.inputs, m->shared + moe_wte_offset(&m->cfg),
+                    m->shared + moe_wpe_offset(&m->cfg), m->B, m->T, m->cfg.gpt.channels);
+}
+
+float expert_head_forward(ExpertModel* m) {
+    const GPTConfig* g = &m->cfg.gpt;
+    int B = m->B, T = m->T, C = g->channels;
+    HeadActs h = gpt_acts_head(&m->acts, g, B, T);
+    float* lnf = m->shared + moe_lnf_offset(&m->cfg);
+    head_forward(g, m->shared + moe_wte_offset(&m->cfg), lnf, lnf + C, &h,
+                 gpt_acts_block_output(&m->acts, g, g->num_layers - 1, B, T), m->acts.targets, B, T);
+    return gpt_acts_mean_loss(&m->acts, g);
+}
+
+void expert_head_backward(ExpertModel* m) {
+    const GPTConfig* g = &m->cfg.gpt;
+    int B = m->B, T = m->T, C = g->channels, L = g->num_layers;
+    HeadActs h = gpt_acts_head(&m->acts, g, B, T);
+    BlockScratch s = gpt_acts_scratch(&m->acts, g);
+    float *P = m->shared, *G = m->dshared;
+    size_t lnf = moe_lnf_offset(&m->cfg), wte = moe_wte_offset(&m->cfg);
+    head_backward(g, P + wte, P + lnf, G + wte, G + lnf, G + lnf + C, &h, gpt_acts_block_output(&m->acts, g, L - 1, B, T),
+                  m->acts.targets, 1.0f / (float)(B * T), s.dln, m->acts.dres, B, T);
+}
+
+void expert_embed_backward(ExpertModel* m) {
+    float* G = m->dshared;
+    encoder_backward(G + moe_wte_offset(&m->cfg), G + moe_wpe_offset(&m->cfg), m->acts.dres, m->acts.inputs, m->B, m->T,
+                     m->cfg.gpt.channels);
+}
+
+// ---------------------------------------------------------------- the config
+
+const char* expert_read_gpt_config(const char* path, GPTConfig* cfg, char* msg, size_t len) {
+    MoeConfig c;
+    const char* bad = moe_checkpoint_read_config(path, &c, msg, len);
+    if (!bad) *cfg = c.gpt;
+    return bad;
+}
+
+MoeConfig expert_config(const Run* run, ExpertFlags* f) {
+    const TrainSetup* setup = &run->setup;
+    MoeConfig cfg = {.gpt = setup->cfg, .experts = f->experts, .top_k = f->top_k,
+                     .hidden = f->hidden > 0 ? f->hidden : 4 * setup->cfg.channels, .moe_every = f->moe_every};
+    char msg[1024];
+    if (setup->checkpoint) {
+        // the file's experts, router and widths win over the flags (run_start
+        // read this header already, with expert_read_gpt_config)
+        const char* bad = moe_checkpoint_read_config(setup->checkpoint, &cfg, msg, sizeof(msg));
+        fail_if_any(bad != NULL, bad);
+        print0("--model %s: E=%d, top-%d, H=%d, every %d layer%s MoE (from the file)\n", setup->checkpoint, cfg.experts,
+               cfg.top_k, cfg.hidden, cfg.moe_every, cfg.moe_every == 1 ? "" : "s");
+        f->experts = cfg.experts, f->top_k = cfg.top_k, f->moe_every = cfg.moe_every;
+    }
+    const char* bad = moe_config_problem(&cfg);
+    if (bad) fail_all("%s", bad);
+    if (f->hidden < 0) fail_all("--expert-hidden must be >= 1 (or 0 for 4C)");
+    if (f->capacity < 0 || !isfinite(f->capacity)) fail_all("--capacity-factor must be >= 0 (0: dropless)");
+    if (!(f->aux_coef >= 0) || !isfinite(f->aux_coef)) fail_all("--aux-coef must be >= 0");
+    MeshNeeds needs = {.experts = cfg.experts};
+    train_check_mesh(&run->mesh, setup, &needs);
+    int world = run->mesh.size[AXIS_DP] * run->mesh.size[AXIS_EP];
+    if (setup->B % world != 0)
+        fail_all("the batch of %d sequences does not split over dp x ep = %d ranks (every rank takes its own "
+                 "sequences): use a --batch that is a multiple of %d", setup->B, world, world);
+    return cfg;
+}
+
+// ---------------------------------------------------------------- set-up
+
+void expert_model_create(ExpertModel* m, const MoeConfig* cfg, const ExpertFlags* flags, const Run* run) {
+    const Mesh* mesh = &run->mesh;
+    int B = run->setup.B / (mesh->size[AXIS_DP] * mesh->size[AXIS_EP]), T = run->setup.T;
+    uint64_t seed = (uint64_t)run->args.seed;
+    RecomputeMode recompute = (RecomputeMode)run->args.recompute;
+    memset(m, 0, sizeof(*m));
+    m->recompute = recompute;
+    m->cfg = *cfg;
+    m->B = B, m->T = T, m->N = B * T;
+    m->world = &run->world, m->dp = &run->axes[AXIS_DP], m->epc = &run->axes[AXIS_EP];
+    comm_create_group(&m->dpep, mesh, (1u << AXIS_DP) | (1u << AXIS_EP));
+    m->ep = mesh->size[AXIS_EP];
+    // shares follow the world rank order (dp, then ep)
+    m->share = mesh->coord[AXIS_DP] * m->ep + mesh->coord[AXIS_EP];
+    m->E_local = cfg->experts / m->ep;
+    m->e0 = m->epc->rank * m->E_local;
+    int N = m->N, C = cfg->gpt.channels, H = cfg->hidden, E = cfg->experts, k = cfg->top_k;
+    int Lm = moe_num_moe_layers(cfg);
+    // dropless: my experts may receive every slot of every token of my ep
+    // group that can choose them (a token picks an expert at most once)
+    m->R = N * m->ep * (k < m->E_local ? k : m->E_local);
+    m->n_shared = moe_num_shared(cfg);
+    m->n_experts = (size_t)Lm * m->E_local * moe_expert_numel(cfg);
+    m->shared = mem_alloc_floats(m->n_shared, MEM_PARAMS);
+    m->experts = mem_alloc_floats(m->n_experts, MEM_PARAMS);
+    m->dshared = mem_alloc_floats(m->n_shared, MEM_GRADS);
+    m->dexperts = mem_alloc_floats(m->n_experts, MEM_GRADS);
+    m->m_s = mem_alloc_floats(m->n_shared, MEM_OPTIMIZER);
+    m->v_s = mem_alloc_floats(m->n_shared, MEM_OPTIMIZER);
+    m->m_e = mem_alloc_floats(m->n_experts, MEM_OPTIMIZER);
+    m->v_e = mem_alloc_floats(m->n_experts, MEM_OPTIMIZER);
+    float* host = xmalloc((m->n_shared > m->n_experts ? m->n_shared : m->n_experts) * sizeof(float));
+    moe_init_shared(host, cfg, seed);
+    mem_to_device(m->shared, host, m->n_shared * sizeof(float));
+    moe_init_experts(host, cfg, m->e0, m->E_local, seed);
+    mem_to_device(m->experts, host, m->n_experts * sizeof(float));
+    free(host);
+    gpt_acts_create_recompute(&m->acts, &cfg->gpt, B, T, recompute);
+    size_t R = (size_t)m->R, Nk = (size_t)N * k;
+    // --recompute full: one MoE layer's state, reused by every layer (each
+    // layer's forward runs again before its backward); selective: each
+    // layer's own, but send (read by no backward) and fch_gelu (recomputed)
+    // in one buffer each
+    int n_moe = recompute == RECOMPUTE_FULL ? 1 : Lm;
+    if (recompute == RECOMPUTE_SELECTIVE) {
+        m->send_shared = mem_alloc_floats(Nk * C, MEM_COMM);
+        m->gelu_shared = mem_alloc_floats(R * H, MEM_ACTIVATIONS);
+    }
+    m->moe = xcalloc((size_t)n_moe, sizeof(MoeLayer));
+    for (int i = 0; i < n_moe; i++) {
+        MoeLayer* q = &m->moe[i];
+        q->logits = mem_alloc_floats((size_t)N * E, MEM_ACTIVATIONS);
+        q->probs = mem_alloc_floats((size_t)N * E, MEM_ACTIVATIONS);
+        q->gates = mem_alloc_floats(Nk, MEM_ACTIVATIONS);
+        q->idx = mem_alloc(Nk * sizeof(int), MEM_ACTIVATIONS);
+        q->pos = mem_alloc(Nk * sizeof(int), MEM_ACTIVATIONS);
+        q->send_src = mem_alloc(Nk * sizeof(int), MEM_ACTIVATIONS);
+        q->perm = mem_alloc(R * sizeof(int), MEM_ACTIVATIONS);
+        q->inv_perm = mem_alloc(R * sizeof(int), MEM_ACTIVATIONS);
+        q->send = m->send_shared ? m->send_shared : mem_alloc_floats(Nk * C, MEM_COMM);
+        q->back = mem_alloc_floats(Nk * C, MEM_COMM);
+        q->exp_in = mem_alloc_floats(R * C, MEM_ACTIVATIONS);
+        q->fch = mem_alloc_floats(R * H, MEM_ACTIVATIONS);
+        q->fch_gelu = m->gelu_shared ? m->gelu_shared : mem_alloc_floats(R * H, MEM_ACTIVATIONS);
+        q->aux_dprobs = mem_alloc_floats((size_t)E, MEM_ACTIVATIONS);
+        q->idx_host = xmalloc(Nk * sizeof(int));
+        q->pos_host = xmalloc(Nk * sizeof(int));
+        q->src_host = xmalloc(Nk * sizeof(int));
+        q->perm_host = xmalloc(R * sizeof(int));
+        q->cnt_send = xmalloc((size_t)E * sizeof(int));
+        q->cnt_recv = xmalloc((size_t)E * sizeof(int));  // ep x E/ep
+        q->expert_off = xmalloc((size_t)(m->E_local + 1) * sizeof(int));
+        q->sc = xmalloc((size_t)m->ep * sizeof(size_t));
+        q->sd = xmalloc((size_t)m->ep * sizeof(size_t));
+        q->rc = xmalloc((size_t)m->ep * sizeof(size_t));
+        q->rd = xmalloc((size_t)m->ep * sizeof(size_t));
+    }
+    m->recv = mem_alloc_floats(R * C, MEM_COMM);
+    m->xbuf = mem_alloc_floats(R * C, MEM_ACTIVATIONS);
+    m->ybuf = mem_alloc_floats(R * C, MEM_ACTIVATIONS);
+    m->dfch = mem_alloc_floats(R * H, MEM_ACTIVATIONS);
+    m->dfch_gelu = mem_alloc_floats(R * H, MEM_ACTIVATIONS);
+    m->dsend = mem_alloc_floats(Nk * C, MEM_COMM);
+    m->dgates = mem_alloc_floats(Nk, MEM_ACTIVATIONS);
+    m->dlogits = mem_alloc_floats((size_t)N * E, MEM_ACTIVATIONS);
+    m->dln2 = mem_alloc_floats((size_t)N * C, MEM_ACTIVATIONS);
+    m->routed = xcalloc((size_t)Lm * E, sizeof(long));
+    m->aux_coef = flags->aux_coef;
+    m->capacity_factor = flags->capacity;
+    m->record = 1;
+    const char* path = run->setup.checkpoint;
+    if (path) {  // --model FILE: the replicated parameters and my experts
+        char msg[1024];
+        float* shared = xmalloc(m->n_shared * sizeof(float));
+        float* mine = xmalloc((m->n_experts ? m->n_experts : 1) * sizeof(float));
+        const char* bad = moe_checkpoint_read(path, cfg, shared, mine, m->e0, m->E_local, msg, sizeof(msg));
+        fail_if_any(bad != NULL, bad);
+        mem_to_device(m->shared, shared, m->n_shared * sizeof(float));
+        mem_to_device(m->experts, mine, m->n_experts * sizeof(float));
+        free(shared);
+        free(mine);
+    }
+}
+
+void expert_model_free(ExpertModel* m) {
+    float* dev[] = {m->shared, m->dshared, m->m_s, m->v_s, m->experts, m->dexperts, m->m_e, m->v_e,
+                    m->recv, m->xbuf, m->ybuf, m->dfch, m->dfch_gelu, m->dsend, m->dgates, m->dlogits, m->dln2,
+                    m->send_shared, m->gelu_shared};
+    for (size_t i = 0; i < sizeof(dev) / sizeof(dev[0]); i++) mem_free(dev[i]);
+    gpt_acts_free(&m->acts);
+    int n_moe = m->recompute == RECOMPUTE_FULL ? 1 : moe_num_moe_layers(&m->cfg);
+    for (int i = 0; i < n_moe; i++) {
+        MoeLayer* q = &m->moe[i];
+        float* f[] = {q->logits, q->probs, q->gates, m->send_shared ? NULL : q->send, q->back, q->exp_in, q->fch,
+                      m->gelu_shared ? NULL : q->fch_gelu, q->aux_dprobs};
+        for (size_t j = 0; j < sizeof(f) / sizeof(f[0]); j++) mem_free(f[j]);
+        int* d[] = {q->idx, q->pos, q->send_src, q->perm, q->inv_perm};
+        for (size_t j = 0; j < sizeof(d) / sizeof(d[0]); j++) mem_free(d[j]);
+        void* h[] = {q->idx_host, q->pos_host, q->src_host, q->perm_host, q->cnt_send, q->cnt_recv,
+                     q->expert_off, q->sc, q->sd, q->rc, q->rd};
+        for (size_t j = 0; j < sizeof(h) / sizeof(h[0]); j++) free(h[j]);
+    }
+    free(m->moe);
+    free(m->routed);
+    comm_destroy_group(&m->dpep);
+}
+
+void expert_print_setup(const ExpertModel* m, const Run* run) {
+    const MoeConfig* c = &m->cfg;
+    int ndp = run->mesh.size[AXIS_DP], nep = run->mesh.size[AXIS_EP], E = c->experts;
+    size_t total = expert_total_params(m);
+    print0("chapter 7: experts, dp=%d x ep=%d, %d expert%s (%d per rank), top-%d, H=%d, %d of %d layers MoE, %s, device %s\n",
+           ndp, nep, E, E == 1 ? "" : "s", m->E_local, c->top_k, c->hidden, moe_num_moe_layers(c), c->gpt.num_layers,
+           m->capacity_factor > 0 ? "capacity mode" : "dropless", run->device);
+    print0("model %s: %zu parameters (%zu replicated, %zu in experts), %zu active per token; global batch %d x %d, %d per rank\n",
+           run->setup.model_name, total, m->n_shared, total - m->n_shared, moe_active_params(c), run->setup.B, m->T, m->B);
+}
+
+// ---------------------------------------------------------------- --sample
+
+typedef struct {
+    ExpertModel* m;
+    TrainForward forward;
+} Sampler;
+
+// The next token's logits: every rank runs the model on its whole batch, so
+// that the all-to-alls of each MoE layer meet; rank 0's first sequence holds
+// the window (the causal attention never looks past it), every other row is
+// token 0. Dropless, a token's experts and output depend on that token
+// alone; in capacity mode the other rows compete for the slots too.
+static void next_logits(void* ctx, const int* window, int t, float* row) {
+    Sampler* s = ctx;
+    ExpertModel* m = s->m;
+    int Vp = m->cfg.gpt.padded_vocab_size;
+    int* tokens = xcalloc((size_t)m->B * m->T * 2, sizeof(int));  // inputs, then targets (unused: zeros)
+    if (world_rank() == 0) memcpy(tokens, window, (size_t)t * sizeof(int));
+    s->forward(m, tokens, tokens + (size_t)m->B * m->T);
+    HeadActs h = gpt_acts_head(&m->acts, &m->cfg.gpt, m->B, m->T);
+    mem_to_host(row, h.logits + (size_t)(t - 1) * Vp, (size_t)Vp * sizeof(float));
+    free(tokens);
+}
+
+void expert_sample(ExpertModel* m, const TrainArgs* args, TrainForward forward) {
+    Sampler s = {.m = m, .forward = forward};
+    train_sample_with(args, &m->cfg.gpt, m->T, next_logits, &s);
+}
+
+// ---------------------------------------------------------------- the MoE file
+
+// --save FILE: rank 0 writes the replicated parameters and every expert,
+// gathered over ep (dp rank 0's ep group; every dp replica holds the same
+// experts). A host-side copy for the file, not part of training.
+void expert_model_save(ExpertModel* m, const char* path) {
+    int Lm = moe_num_moe_layers(&m->cfg), E = m->cfg.experts, El = m->E_local;
+    size_t ne = moe_expert_numel(&m->cfg);
+    float* all = NULL;
+    if (m->dp->rank == 0) {
+        // all ep ranks' buffers, rank after rank, then reordered to
+        // [layer][expert] (each rank holds [layer][its experts])
+        float* gathered = m->epc->rank == 0 ? mem_alloc_floats(m->n_experts * m->ep, MEM_OTHER) : NULL;
+        comm_gather(m->epc, m->experts, gathered, m->n_experts, 0);
+        if (m->epc->rank == 0) {
+            float* host = xmalloc(m->n_experts * m->ep * sizeof(float));
+            mem_to_host(host, gathered, m->n_experts * m->ep * sizeof(float));
+            all = xmalloc((size_t)Lm * E * ne * sizeof(float));
+            for (int r = 0; r < m->ep; r++)
+                for (int l = 0; l < Lm; l++)
+                    memcpy(all + ((size_t)l * E + (size_t)r * El) * ne, host + (size_t)r * m->n_experts + (size_t)l * El * ne,
+                           (size_t)El * ne * sizeof(float));
+            free(host);
+        }
+        mem_free(gathered);
+    }
+    char msg[1024];
+    const char* bad = NULL;
+    if (m->world->rank == 0) {
+        float* shared = xmalloc(m->n_shared * sizeof(float));
+        mem_to_host(shared, m->shared, m->n_shared * sizeof(float));
+        bad = moe_checkpoint_write(path, &m->cfg, shared, all, msg, sizeof(msg));
+        free(shared);
+        if (!bad) printf("saved %s (mixture of experts, version %d)\n", path, MOE_CHECKPOINT_VERSION);
+    }
+    free(all);
+    fail_if_any(bad != NULL, bad);
+}
+
+// ---------------------------------------------------------------- training-state checkpoints
+
+// What this rank writes and reads of the training state (ckpt.h), in the
+// MoE model's own tensors (moe.h: the router and the experts have global
+// shapes of their own). Who writes what, so that nothing is written twice:
+//   - the experts, with their AdamW moments, exist once per dp replica, on
+//     the ep rank that holds them: dp replica 0 writes them, each ep rank
+//     its own E/ep experts;
+//   - the replicated parameters and moments are the same on all dp x ep
+//     ranks: dp replica 0's ep ranks write 1/ep of the flat buffer each, so
+//     the write is spread over as many ranks (and files) as the experts';
+//     the other replicas write nothing.
+// Every rank reads all the replicated state and its own experts. The slices
+// are global (experts [e0, e0 + E/ep) of every MoE layer), so a checkpoint
+// saved on one dp x ep mesh resumes on any other.
+static CkptTensor ckpt_table[MOE_CKPT_TENSORS];
+
+void expert_model_ckpt(Ckpt* ck, ExpertModel* m) {
+    char variant[256];
+    moe_ckpt_tensors(&m->cfg, ckpt_table);
+    moe_ckpt_variant(&m->cfg, variant, sizeof(variant));
+    ckpt_set_model(ck, ckpt_table, MOE_CKPT_TENSORS, variant);
+    float* shared[CKPT_NUM_KINDS] = {m->shared, m->m_s, m->v_s};
+    float* experts[CKPT_NUM_KINDS] = {m->experts, m->m_e, m->v_e};
+    size_t per = (m->n_shared + m->ep - 1) / m->ep, lo = (size_t)m->epc->rank * per;
+    if (lo > m->n_shared) lo = m->n_shared;
+    size_t n = m->n_shared - lo < per ? m->n_shared - lo : per;
+    for (int k = 0; k < CKPT_NUM_KINDS; k++) {
+        if (m->dp->rank == 0) {
+            moe_ckpt_add_shared(&ck->own, &m->cfg, (CkptKind)k, lo, n, shared[k] + lo);
+            moe_ckpt_add_experts(&ck->own, &m->cfg, (CkptKind)k, m->e0, m->E_local, experts[k]);
+        }
+        moe_ckpt_add_shared(&ck->need, &m->cfg, (CkptKind)k, 0, m->n_shared, shared[k]);
+        moe_ckpt_add_experts(&ck->need, &m->cfg, (CkptKind)k, m->e0, m->E_local, experts[k]);
+    }
+}
+
+// ---------------------------------------------------------------- the summary
+
+void expert_step_record(ExpertModel* m, JsonBuf* fields) {
+    m->dropped_total += m->dropped;
+    json_add_double(fields, "aux_loss", m->aux, "%.7f");
+    json_add_int(fields, "dropped", m->dropped);
+    json_add_long_matrix(fields, "expert_tokens", m->routed, moe_num_moe_layers(&m->cfg), m->cfg.experts);
+}
+
+void expert_report(const ExpertModel* m, const ExpertFlags* fl, int trained, JsonBuf* extra) {
+    // the all-to-all traffic of training. A rank sends its N k token-slots
+    // in dispatch and, in combine, what its experts received: this varies by
+    // rank, the mean over the ranks is N k C floats per exchange (a host
+    // figure for the log: plain MPI)
+    CommCount a2a = comm_count(COLL_ALLTOALL, AXIS_EP);
+    MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, &a2a.bytes, 1, MPI_DOUBLE, MPI_SUM, m->dpep.mpi));
+    double per_step = trained > 0 ? a2a.bytes / m->dpep.size / trained : 0.0;
+    print0("dispatch and combine: %.0f bytes sent per rank per step in all-to-all-v (mean over ranks), %ld token-slots dropped\n",
+           per_step, m->dropped_total);
+    json_add_int(extra, "experts", fl->experts);
+    json_add_int(extra, "top_k", fl->top_k);
+    json_add_int(extra, "expert_hidden", m->cfg.hidden);
+    json_add_int(extra, "moe_every", fl->moe_every);
+    json_add_double(extra, "aux_coef", fl->aux_coef, "%g");
+    json_add_double(extra, "capacity_factor", fl->capacity, "%g");
+    json_add_int(extra, "active_params", (long long)moe_active_params(&m->cfg));
+    json_add_double(extra, "alltoall_bytes_per_step", per_step, "%.0f");
+    json_add_int(extra, "dropped_total", m->dropped_total);
+}

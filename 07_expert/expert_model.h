@@ -1,0 +1,138 @@
+// expert_model.h: chapter 7's mixture-of-experts model on one rank of the
+// dp x ep mesh: its buffers (the replicated parameters, this rank's experts,
+// their gradients and AdamW moments, the activations each MoE layer keeps),
+// their creation and release, the MoE file (--model FILE, --save FILE) and
+// the training-state checkpoint's slices (--ckpt-dir, --resume).
+//
+// The strategy is not here: routing, the exchange plan, the dispatch and
+// combine all-to-alls, the experts and the two gradient groups are the
+// chapter's own, in 07_expert/main.c, in the order a step runs them. The
+// model's layout, init and block pieces are moe.h's.
+#ifndef EXPERT_MODEL_H
+#define EXPERT_MODEL_H
+
+#include "ckpt.h"
+#include "comm.h"
+#include "moe.h"
+#include "train.h"
+
+// What forward keeps of one MoE layer for backward: the routing, the plan of
+// the two exchanges, and the rows on both sides.
+typedef struct {
+    float *logits, *probs, *gates;  // (N, E), (N, E), (N, k)
+    int *idx, *pos;                 // (N, k) chosen experts; row of (t, j) in send (-1: dropped)
+    int* send_src;                  // (N*k) token of each send row
+    int *perm, *inv_perm;           // (R) expert-major row <- received row, and back
+    float *send, *back;             // (N*k, C) my rows out, the expert outputs back
+    float *exp_in, *fch, *fch_gelu; // (R, C), (R, H), (R, H) on the expert side
+    float* aux_dprobs;              // (E) d objective / d each prob (load-balancing loss)
+    // the plan, on the host: counts are integers, and the comm layer's
+    // collectives are float-only, so they travel by plain MPI
+    int *idx_host, *pos_host, *src_host, *perm_host;
+    int* cnt_send;                  // (E) my rows to each expert
+    int* cnt_recv;                  // (ep, E/ep) rows from source s for my expert le
+    int* expert_off;                // (E/ep + 1) each of my experts' rows in exp_in
+    size_t *sc, *sd, *rc, *rd;      // (ep) floats sent to / received from each ep rank
+    int n_send, n_recv;
+} MoeLayer;
+
+typedef struct {
+    MoeConfig cfg;
+    int B, T, N;           // this rank's sequences, their length, B*T token rows
+    int share;             // my sequences of the global batch: [share B, (share + 1) B)
+    int ep, E_local, e0;   // ep ranks; my experts are [e0, e0 + E_local)
+    int R;                 // most rows my experts can receive in one layer
+    Comm dpep;             // every rank that holds the replicated parameters: dp x ep
+    const Comm *world, *dp, *epc;  // world: rank 0 writes the file
+    float aux_coef, capacity_factor;  // capacity_factor 0: dropless
+    // parameters: the replicated ones and my experts (moe.h's two buffers)
+    size_t n_shared, n_experts;
+    float *shared, *dshared, *m_s, *v_s;
+    float *experts, *dexperts, *m_e, *v_e;
+    // activations: the GPT's (embedding, the blocks' attention halves and
+    // dense MLPs as --recompute keeps them, head, scratch, dres, token ids)
+    // and each MoE layer's own
+    GPTActs acts;
+    RecomputeMode recompute;
+    MoeLayer* moe;  // one per MoE layer (--recompute full: one for all)
+    float *send_shared, *gelu_shared;  // --recompute selective: every layer's send and fch_gelu
+    // scratch shared by the layers
+    float *recv, *xbuf, *ybuf, *dfch, *dfch_gelu, *dsend, *dgates, *dlogits, *dln2;
+    // statistics of the last forward, summed over the MoE layers (global)
+    double aux;      // the load-balancing loss (without aux_coef)
+    long dropped;    // token-slots dropped by capacity
+    long* routed;    // (L_moe, E) token-slots routed to each expert
+    long dropped_total;  // over the training steps so far
+    int record;      // 1: this forward is a training step's (statistics kept)
+} ExpertModel;
+
+// Chapter 7's own flags, as parsed (hidden 0: 4C; capacity 0: dropless).
+typedef struct {
+    int experts, top_k, hidden, moe_every;
+    float aux_coef, capacity;
+} ExpertFlags;
+
+// The reader run_start uses for --model FILE (train_config_reader): the GPT
+// part of an MoE file's header. A dense llm.c file is refused with the
+// reason (it has no router and no experts).
+const char* expert_read_gpt_config(const char* path, GPTConfig* cfg, char* msg, size_t len);
+
+// The model's config after run_start: the flags, or with --model FILE the
+// file's experts, router and widths (they win over the flags; *flags is
+// updated to them). Checks the flags, and the mesh against the experts and
+// the batch (every rank takes its own sequences); bad input ends every rank
+// with one message.
+MoeConfig expert_config(const Run* run, ExpertFlags* flags);
+
+// This rank's model: its share of B/(dp ep) sequences of the global batch
+// per step, the experts [e0, e0 + E/ep) of its ep coordinate, every buffer
+// allocated and counted, the parameters initialised (counter-based, moe.h)
+// or read from --model FILE, statistics recorded.
+void expert_model_create(ExpertModel* m, const MoeConfig* cfg, const ExpertFlags* flags, const Run* run);
+// The start-up lines: the mesh, the experts, the parameters.
+void expert_print_setup(const ExpertModel* m, const Run* run);
+void expert_model_free(ExpertModel* m);
+
+// Where MoE layer l's state lives (--recompute full: one for all layers).
+MoeLayer* expert_layer(ExpertModel* m, int l);
+// Where layer l's forward writes its attention half (and a dense layer its
+// MLP): the kept fields in the layer's store, the dropped ones in the
+// transient (model.h, --recompute).
+BlockActs expert_block_acts(ExpertModel* m, int l);
+// The parts of the step that work token by token on this rank's B x T
+// tokens: the token ids to the device and their embeddings; the final
+// LayerNorm, LM head and loss (returns their mean); its backward into
+// acts.dres; the embeddings' backward from acts.dres.
+void expert_embed_forward(ExpertModel* m, const int* inputs, const int* targets);
+float expert_head_forward(ExpertModel* m);
+void expert_head_backward(ExpertModel* m);
+void expert_embed_backward(ExpertModel* m);
+// All parameters, the replicated ones and every expert of every MoE layer.
+size_t expert_total_params(const ExpertModel* m);
+
+// --sample N: generated by every rank's forward(m, inputs, targets) (the
+// chapter's, on this rank's B x T tokens, statistics not recorded), rank 0
+// sampling and printing. Collective.
+void expert_sample(ExpertModel* m, const TrainArgs* args, TrainForward forward);
+
+// --save FILE: the MoE file (moe.h), written by world rank 0 from the
+// replicated parameters and every expert gathered over ep. Collective.
+void expert_model_save(ExpertModel* m, const char* path);
+
+// After a training step: its routing statistics (aux_loss, dropped,
+// expert_tokens per MoE layer and expert, over the global batch) into the
+// step record's fields, and dropped into dropped_total.
+void expert_step_record(ExpertModel* m, JsonBuf* fields);
+// After training: prints the all-to-all traffic per step (the mean over the
+// ranks) and the dropped slots, and adds the chapter's summary fields
+// (the MoE's shape, the traffic, dropped_total). trained: the steps this
+// run trained. Collective.
+void expert_report(const ExpertModel* m, const ExpertFlags* flags, int trained, JsonBuf* extra);
+
+// The training-state checkpoint's lists (ckpt.h): what this rank writes
+// (dp replica 0 writes the experts, each ep rank its own, and 1/ep of the
+// replicated state each) and reads (all the replicated state, its own
+// experts), in the MoE model's global tensors, so any dp x ep mesh resumes.
+void expert_model_ckpt(Ckpt* ck, ExpertModel* m);
+
+#endif
