@@ -277,7 +277,7 @@ static float train_step(Pipeline* P, const TrainArgs* args, long step, float* no
 int main(int argc, char** argv) {
     const char* sched_name = "1f1b";
     const char* sched_file = NULL;
-    int m = 0, v = 1, show = 0;
+    int m = ARG_NOT_GIVEN, v = 1, show = 0;
     ArgSpec extra[] = {
         {"schedule", ARG_STRING, &sched_name, "gpipe | 1f1b | interleaved | zb  [1f1b]"},
         {"microbatches", ARG_INT, &m, "microbatches per step of each dp rank's share  [pp]"},
@@ -303,17 +303,24 @@ int main(int argc, char** argv) {
         char why[512];
         const char* bad = schedule_read(&from_file, sched_file, pp, why, sizeof(why));
         if (bad) fail_all("%s", bad);
-        if ((m && m != from_file.m) || (v != 1 && v != from_file.v))
+        if ((m != ARG_NOT_GIVEN && m != from_file.m) || (v != 1 && v != from_file.v))
             fail_all("--schedule-file %s runs %d microbatch%s of %d chunk%s: drop --microbatches and --virtual", sched_file,
                      from_file.m, from_file.m == 1 ? "" : "es", from_file.v, from_file.v == 1 ? "" : "s");
         kind = SCHED_FILE, sched_name = schedule_name(SCHED_FILE), m = from_file.m, v = from_file.v;
     }
-    if (m == 0) m = pp;
-    if (m < 1) fail_all("--microbatches must be >= 1");
+    if (m == ARG_NOT_GIVEN) m = pp;
+    // sizes bounded before any product is formed: a dp rank's share of the
+    // batch is the most microbatches it can cut; 64 virtual stages at most
+    if (m < 1) fail_all("--microbatches must be positive (leave it out for pp = %d)", pp);
+    if (m > setup->B / ndp)
+        fail_all("--microbatches %d: a dp rank holds %d of the batch's %d sequences, at most that many microbatches: use --microbatches <= %d",
+                 m, setup->B / ndp, setup->B, setup->B / ndp);
     if (v < 1) fail_all("--virtual must be >= 1");
     if (v > 1 && kind != SCHED_INTERLEAVED && kind != SCHED_FILE) fail_all("--virtual %d needs --schedule interleaved", v);
     if (v > 1 && pp == 1) fail_all("--virtual %d interleaves chunks over pp ranks: use --pp 2 or more", v);
-    if (pp * v > PIPE_MAX_CHUNKS) fail_all("pp x virtual = %d: at most %d virtual stages", pp * v, PIPE_MAX_CHUNKS);
+    if (v > PIPE_MAX_CHUNKS / pp)
+        fail_all("--virtual %d: pp x virtual is at most %d virtual stages: use --virtual <= %d", v, PIPE_MAX_CHUNKS,
+                 PIPE_MAX_CHUNKS / pp);
     // the layers over the stages: every stage needs one; chunks must be equal
     if (pp * v > L)
         fail_all("the model's %d layers cannot fill pp=%d x %d chunk%s = %d stages (a stage without layers): use pp x virtual <= %d",

@@ -5,6 +5,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 
 #include "common.h"
 
@@ -144,6 +145,11 @@ static int parse_action(const char* tok, Action* a) {
 
 const char* schedule_read(Schedule* s, const char* path, int pp, char* msg, size_t len) {
     memset(s, 0, sizeof(*s));
+    struct stat st;
+    if (stat(path, &st) == 0 && S_ISDIR(st.st_mode)) {
+        snprintf(msg, len, "--schedule-file '%s' is a directory: give a text file with one 'rank R: ACTIONS' line per rank", path);
+        return msg;
+    }
     FILE* f = fopen(path, "r");
     if (!f) {
         snprintf(msg, len, "cannot read --schedule-file '%s'", path);

@@ -6,6 +6,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "common.h"
 #include "memory.h"
@@ -82,7 +83,28 @@ MoeConfig expert_config(const Run* run, ExpertFlags* f) {
     const char* bad = moe_config_problem(&cfg);
     if (bad) fail_all("%s", bad);
     if (f->hidden < 0) fail_all("--expert-hidden must be >= 1 (or 0 for 4C)");
+    // the experts a rank holds, their gradients and both AdamW moments must
+    // fit this machine's memory (computed in doubles: no product overflows)
+    int ep = run->mesh.size[AXIS_EP];
+    double expert_bytes = 4.0 * sizeof(float) * moe_num_moe_layers(&cfg) * ((double)cfg.experts / ep) *
+                          (2.0 * cfg.hidden * cfg.gpt.channels + cfg.hidden + cfg.gpt.channels);
+    double machine = (double)sysconf(_SC_PHYS_PAGES) * (double)sysconf(_SC_PAGESIZE);
+    if (expert_bytes > machine)
+        fail_all("--expert-hidden %d: a rank's experts need %.1f GiB (parameters, gradients, AdamW moments), more than this machine's %.1f GiB: use a smaller --expert-hidden or more ep ranks",
+                 cfg.hidden, expert_bytes / (1 << 30), machine / (1 << 30));
     if (f->capacity < 0 || !isfinite(f->capacity)) fail_all("--capacity-factor must be >= 0 (0: dropless)");
+    // capacity = factor x k x tokens / E slots per expert: at factor >= E / k
+    // every token's every slot fits whatever the routing, so it is dropless
+    // (and the slot count cannot overflow a long)
+    if (f->capacity >= (double)cfg.experts / cfg.top_k) {
+        print0("note: --capacity-factor %g >= E / k = %g keeps every slot whatever the routing: dropless\n", f->capacity,
+               (double)cfg.experts / cfg.top_k);
+        f->capacity = 0;
+    }
+    double slots = (double)f->capacity * cfg.top_k * (double)setup->B * setup->T / cfg.experts;
+    if (f->capacity > 0 && slots < 1)
+        print0("warning: --capacity-factor %g gives each expert %.2f slots of the batch's %d tokens, so 0: every token's MoE output is dropped (use a factor of at least %g)\n",
+               f->capacity, slots, setup->B * setup->T, (double)cfg.experts / ((double)cfg.top_k * setup->B * setup->T));
     if (!(f->aux_coef >= 0) || !isfinite(f->aux_coef)) fail_all("--aux-coef must be >= 0");
     MeshNeeds needs = {.experts = cfg.experts};
     train_check_mesh(&run->mesh, setup, &needs);

@@ -47,7 +47,6 @@ static const SharedFlag shared_flags[] = {
 
 // --batch and --seq left out mean the model's default (0 after parsing);
 // given, they must be positive, so "--batch 0" is an error, not the default.
-#define ARG_NOT_GIVEN (-2147483647 - 1)
 
 static void set_defaults(TrainArgs* a) {
     memset(a, 0, sizeof(*a));
@@ -218,8 +217,9 @@ const char* args_parse(int argc, char** argv, TrainArgs* a, const ArgSpec* extra
     else if ((a->save_every > 0 || a->async_save) && !a->ckpt_dir)
         bad = "--save-every and --async-save need --ckpt-dir DIR (where the checkpoints go)";
     else if (a->val_every < 0) bad = "--val-every must be >= 0";
-    else if (a->val_batches < 1) bad = "--val-batches must be >= 1";
-    else if (a->threads < 0) bad = "--threads must be >= 0";
+    else if (a->val_batches < 1 || a->val_batches > ARGS_MAX_VAL_BATCHES)
+        bad = "--val-batches must be between 1 and 100000 (each is a forward pass over a batch)";
+    else if (a->threads < 0 || a->threads > ARGS_MAX_THREADS) bad = "--threads must be between 0 (cores / ranks) and 1024";
     else if (a->peak_gflops < 0) bad = "--peak-gflops must be >= 0";
     else if (!(a->timeout >= 0) || a->timeout > 1e6) bad = "--timeout must be 0 (no watchdog) or a number of seconds up to 1000000";
     for (int ax = 0; ax < NUM_AXES && !bad; ax++)

@@ -36,6 +36,10 @@ typedef struct {
 } TrainArgs;
 
 #define ARGS_MAX_SAMPLE 100000
+#define ARGS_MAX_THREADS 1024       // --threads: more is a typo, not a machine
+#define ARGS_MAX_VAL_BATCHES 100000  // --val-batches: each is a forward pass
+// An int flag that was not given (so a chapter can tell 0 from "default").
+#define ARG_NOT_GIVEN (-2147483647 - 1)
 
 // ARG_FLAG takes no value and sets its int to 1.
 typedef enum { ARG_INT, ARG_FLOAT, ARG_STRING, ARG_FLAG } ArgType;

@@ -48,13 +48,22 @@ const char* jsonl_open(JsonLog* log, const char* path, char* msg, size_t msg_len
 // A log that cannot be written (a full disk, a vanished directory) ends the
 // run: a run that exits 0 with an empty log would look like a success. Only
 // rank 0 writes, so it aborts the job (every rank exits non-zero).
+// The message is the user's to act on (a full disk), not a bug's: an
+// "error:" line like every refusal, then the whole job ends.
+static void log_failed(const char* doing, const char* path) {
+    fprintf(stderr, "error: %s the log file '%s' failed: %s (free space, or give --log another place)\n", doing, path,
+            strerror(errno));
+    fflush(stderr);
+    MPI_Abort(MPI_COMM_WORLD, 1);
+}
+
 static void check_log(JsonLog* log, int ok) {
     if (ok && fflush(log->f) == 0 && !ferror(log->f)) return;
-    FATAL("writing the log file '%s' failed: %s", log->path, strerror(errno));
+    log_failed("writing", log->path);
 }
 
 void jsonl_close(JsonLog* log) {
-    if (log->f && fclose(log->f) != 0) FATAL("closing the log file '%s' failed: %s", log->path, strerror(errno));
+    if (log->f && fclose(log->f) != 0) log_failed("closing", log->path);
     log->f = NULL;
 }
 

@@ -188,6 +188,12 @@ jobs_run error_case chapter-5 2 "--pp 2 --model tiny6 --schedule interleaved --v
 jobs_run error_case chapter-5 2 "--pp 2 --virtual 2 --peak-gflops 10" "--virtual 2 needs --schedule interleaved"
 jobs_run error_case chapter-5 1 "--schedule interleaved --virtual 2 --peak-gflops 10" "use --pp 2 or more"
 jobs_run error_case chapter-5 2 "--pp 2 --schedule pipedream --peak-gflops 10" "--schedule pipedream is not one of"
+# sizes bounded before any product is formed (issue: --virtual 2147483647 overflowed pp x virtual)
+jobs_run error_case chapter-5 2 "--pp 2 --schedule interleaved --virtual 2147483647 --peak-gflops 10" "--virtual 2147483647: pp x virtual is at most 64 virtual stages: use --virtual <= 32"
+jobs_run error_case chapter-5 2 "--pp 2 --microbatches 0 --peak-gflops 10" "--microbatches must be positive"
+jobs_run error_case chapter-5 2 "--pp 2 --microbatches 2147483647 --peak-gflops 10" "--microbatches 2147483647: a dp rank holds"
+mkdir -p "$TEST_TMPDIR/sched_dir"
+jobs_run error_case chapter-5 2 "--pp 2 --schedule-file $TEST_TMPDIR/sched_dir --peak-gflops 10" "is a directory"
 jobs_run error_case chapter-5 2 "--pp 2 --microbatches 3 --peak-gflops 10" "use a batch divisible by 3"
 jobs_run error_case chapter-5 2 "--pp 2 --model tiny6 --schedule interleaved --virtual 3 --microbatches 3 --batch 6 --peak-gflops 10" "groups of pp=2"
 jobs_run error_case chapter-5 2 "--pp 2 --tp 2 --peak-gflops 10" "this chapter has no tp axis"

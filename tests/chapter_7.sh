@@ -343,6 +343,20 @@ else
 fi
 ref_checkpoint
 jobs_run error_case chapter-7 1 "--model $CKPT" "a dense llm.c file has no router and no experts"
+# sizes bounded by the machine and the model before any product is formed
+jobs_run error_case chapter-7 1 "--expert-hidden 2147483647" "--expert-hidden 2147483647: a rank's experts need"
+mpi_run $T_RUN 1 "$BUILD/chapter-7" --batch 4 --seq 16 --steps 1 --peak-gflops 10 --capacity-factor 1e30
+if [ $RC = 0 ] && echo "$OUT" | grep -q "^note: --capacity-factor 1e+30 >= E / k = 2 keeps every slot"; then
+    pass "experts: a capacity factor past E / k is dropless, said in a note (no overflow)"
+else
+    fail "experts: --capacity-factor 1e30" "exit $RC; $(echo "$OUT" | grep -E 'note|error|runtime' | head -2)"
+fi
+mpi_run $T_RUN 1 "$BUILD/chapter-7" --batch 4 --seq 16 --steps 1 --peak-gflops 10 --capacity-factor 0.001
+if [ $RC = 0 ] && echo "$OUT" | grep -q "^warning: --capacity-factor 0.001 gives each expert 0.03 slots .* every token's MoE output is dropped"; then
+    pass "experts: a capacity factor that drops every slot warns"
+else
+    fail "experts: --capacity-factor 0.001" "exit $RC; $(echo "$OUT" | grep -E 'warning|error' | head -2)"
+fi
 jobs_run error_case chapter-0 1 "--model $TEST_TMPDIR/c7.bin" "has version 7001, expected 3 (fp32)"
 
 jobs_run error_case chapter-7 3 "--ep 3 --experts 4" "do not split over ep=3"

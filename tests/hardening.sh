@@ -40,13 +40,15 @@ done
 # a log that cannot be written ends the run (here: a full disk)
 out=$(timeout 60 $MPIRUN -np 2 "$BUILD/chapter-2" --dp 2 --steps 2 --peak-gflops 10 --log /dev/full 2>&1)
 rc=$?
-if [ $rc -ne 0 ] && [ $rc -ne 124 ] && echo "$out" | grep -q "writing the log file '/dev/full' failed: No space left on device"; then
+if [ $rc -ne 0 ] && [ $rc -ne 124 ] && echo "$out" | grep -q "^error: writing the log file '/dev/full' failed: No space left on device"; then
     pass "hardening: a failed log write (full disk) ends the run with a message"
 else
     fail "hardening: full-disk log" "exit $rc; $(echo "$out" | head -5)"
 fi
 jobs_run error_case chapter-0 1 "--batch 0" "--batch must be positive"
 jobs_run error_case chapter-0 1 "--seq 0" "--seq must be positive"
+jobs_run error_case chapter-0 1 "--threads 100000" "--threads must be between 0 (cores / ranks) and 1024"
+jobs_run error_case chapter-0 1 "--val-batches 2147483647" "--val-batches must be between 1 and 100000"
 jobs_run error_case chapter-0 1 "--lr 1e-50" "1e-50 is too small for a float"
 jobs_run error_case chapter-0 1 "--val $TEST_TMPDIR" "is not a regular file but a directory"
 jobs_run error_case chapter-0 1 "--sample 1000000" "--sample must be between 0 and 100000"
