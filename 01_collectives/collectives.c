@@ -11,8 +11,10 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "common.h"
+#include "exercise.h"  // exercise_not_done, in a homework tree
+#include "memory.h"
 #include "ops.h"
+#include "rank.h"
 
 // ---------------------------------------------------------------- tracing
 // With --trace each algorithm records one line per message; chapter 1 prints

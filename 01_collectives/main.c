@@ -26,10 +26,11 @@
 #include "args.h"
 #include "collectives.h"
 #include "comm.h"
-#include "common.h"
+#include "errors.h"
 #include "memory.h"
 #include "mesh.h"
 #include "ops.h"
+#include "rank.h"
 #include "report.h"
 #include "runtime.h"
 

@@ -10,7 +10,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "common.h"
+#include "atomic_file.h"
 #include "model.h"
 
 #define CKPT_MAGIC 20240326

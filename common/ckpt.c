@@ -33,8 +33,9 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "common.h"
+#include "errors.h"
 #include "memory.h"
+#include "rank.h"
 #include "runtime.h"
 
 #define CKPT_FILE_MAGIC "GPTSTATE"

@@ -5,7 +5,8 @@
 #include <stdio.h>
 #include <string.h>
 
-#include "common.h"
+#include "errors.h"
+#include "rank.h"
 #include "runtime.h"
 #include "trace.h"
 

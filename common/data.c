@@ -11,7 +11,9 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "common.h"
+#include "atomic_file.h"
+#include "errors.h"
+#include "memory.h"
 
 #define TOKENS_MAGIC 20240520
 #define TOKENS_VERSION 1

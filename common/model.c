@@ -7,7 +7,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "common.h"
 #include "memory.h"
 #include "model_tp.h"
 #include "trace.h"

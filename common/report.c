@@ -13,9 +13,10 @@
 
 #include "comm.h"
 #include "comm_count.h"
-#include "common.h"
+#include "errors.h"
 #include "memory.h"
 #include "optime.h"
+#include "rank.h"
 
 const char* jsonl_open(JsonLog* log, const char* path, char* msg, size_t msg_len) {
     log->f = NULL;

@@ -6,10 +6,11 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "common.h"
 #include "device.h"
+#include "errors.h"
 #include "memory.h"
 #include "ops.h"
+#include "rank.h"
 
 static int local_size = 1, local_rank = 0;
 

@@ -6,10 +6,11 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "common.h"
+#include "errors.h"
 #include "memory.h"
 #include "optime.h"
 #include "paths.h"
+#include "rank.h"
 #include "runtime.h"
 #include "trace.h"
 

@@ -10,7 +10,7 @@
 #include <string.h>
 
 #include "ckpt.h"
-#include "common.h"
+#include "errors.h"
 #include "memory.h"
 #include "runtime.h"
 #include "test.h"

@@ -19,10 +19,11 @@
 #include <string.h>
 
 #include "comm.h"
-#include "common.h"
 #include "device.h"
+#include "errors.h"
 #include "memory.h"
 #include "mesh.h"
+#include "rank.h"
 #include "report.h"
 #include "runtime.h"
 

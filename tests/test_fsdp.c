@@ -13,10 +13,11 @@
 #include <string.h>
 
 #include "comm.h"
-#include "common.h"
+#include "errors.h"
 #include "fsdp.h"
 #include "memory.h"
 #include "mesh.h"
+#include "rank.h"
 #include "runtime.h"
 #include "test.h"
 #include "train.h"

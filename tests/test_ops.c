@@ -22,7 +22,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "common.h"
 #include "memory.h"
 #include "ops.h"
 #include "runtime.h"

@@ -14,7 +14,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "common.h"
 #include "memory.h"
 #include "ops.h"
 #include "ring.h"

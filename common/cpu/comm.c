@@ -9,7 +9,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "common.h"
+#include "errors.h"
 #include "ops.h"
 #include "memory.h"
 #include "runtime.h"

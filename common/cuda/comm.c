@@ -51,6 +51,7 @@
 #include <string.h>
 
 #include "cuda_common.h"
+#include "memory.h"
 #include "ops.h"
 #include "runtime.h"
 

@@ -16,7 +16,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "common.h"
 #include "device.h"
 #include "memory.h"
 #include "ops.h"
