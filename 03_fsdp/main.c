@@ -41,6 +41,8 @@
 #include "train.h"
 
 #include "fsdp.h"
+#include "init.h"
+#include "model_file.h"
 
 // ---------------------------------------------------------------- the model as units
 

@@ -49,6 +49,8 @@
 #include "trace.h"
 #include "train.h"
 
+#include "init.h"
+#include "model_file.h"
 #include "schedule.h"
 
 // ---------------------------------------------------------------- what a rank owns

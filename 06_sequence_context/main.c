@@ -51,6 +51,7 @@
 #include "trace.h"
 #include "train.h"
 
+#include "init.h"
 #include "ring.h"
 #include "sequence.h"
 

@@ -11,6 +11,7 @@
 #include <unistd.h>
 
 #include "atomic_file.h"
+#include "init.h"
 #include "ops.h"
 
 const char* moe_config_problem(const MoeConfig* c) {

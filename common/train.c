@@ -8,6 +8,7 @@
 
 #include "errors.h"
 #include "memory.h"
+#include "model_file.h"
 #include "optime.h"
 #include "paths.h"
 #include "rank.h"

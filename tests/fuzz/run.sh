@@ -25,7 +25,8 @@ FLAGS="-O1 -g -std=c11 -D_GNU_SOURCE -fopenmp -Icommon -Itests/fuzz -fsanitize=f
 MULTIARCH=$(gcc -print-multiarch)
 BLAS_INC=/usr/include/$MULTIARCH/openblas-openmp
 BLAS_DIR=/usr/lib/$MULTIARCH/openblas-openmp
-SOURCES="common/common.c common/memory.c common/model.c common/init.c common/checkpoint.c common/data.c
+SOURCES="common/errors.c common/rank.c common/atomic_file.c common/memory.c common/model_layout.c common/model.c
+         common/init.c common/model_file.c common/data.c
          common/cpu/ops.c common/cpu/device.c"
 objs=""
 for src in $SOURCES; do
