@@ -100,7 +100,13 @@ void comm_create_group_ranks(Comm* g, const int* ranks, int n, const char* name)
 // waits for the group's operations).
 void comm_destroy_group(Comm* g);
 
-const char* collective_name(Collective c);
+// "allreduce", "reduce_scatter", ...: a collective's name in logs and traces.
+static inline const char* collective_name(Collective c) {
+    static const char* const names[NUM_COLLECTIVES] = {
+        "allreduce", "reduce_scatter", "allgather", "broadcast", "reduce", "scatter",
+        "gather", "alltoall", "send", "recv", "barrier"};
+    return names[c];
+}
 // The name of a counter slot: "dp" ... "ep", "world", "dp+cp", a group's name.
 const char* comm_axis_name(int axis);
 // Counter slots in use (COMM_NUM_AXES plus one per kind of group created),

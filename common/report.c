@@ -12,7 +12,7 @@
 #include <unistd.h>
 
 #include "comm.h"
-#include "comm_count.h"
+#include "comm_stats.h"
 #include "errors.h"
 #include "memory.h"
 #include "optime.h"

@@ -1,6 +1,8 @@
 // comm.c: the communication layer on MPI (the CPU backend). See comm.h.
 #include "comm.h"
-#include "comm_count.h"
+#include "comm_groups.h"
+#include "comm_stats.h"
+#include "comm_trace.h"
 
 #include "collectives.h"  // chapter 1's module: the algorithms of --comm hand
 

@@ -43,7 +43,9 @@
 // AVG is a sum followed by ops_scale(1/size) on the compute stream, as on
 // the CPU (not ncclAvg), so both backends round the same way.
 #include "comm.h"
-#include "comm_count.h"
+#include "comm_groups.h"
+#include "comm_stats.h"
+#include "comm_trace.h"
 
 #include <sched.h>
 #include <stdio.h>
