@@ -30,7 +30,10 @@ run() {
     fi
 }
 
-for t in test_ops test_model test_data; do run "$t" "$BUILD/tests/$t"; done
+# the C tests that run alone (tests/unit.sh: no "// run by:" line)
+for src in tests/test_*.c; do
+    grep -q '^// run by:' "$src" || run "$(basename "$src" .c)" "$BUILD/tests/$(basename "$src" .c)"
+done
 run "test_fsdp on 3 ranks" $MPIRUN -np 3 "$BUILD/tests/test_fsdp"
 run "chapter 0, 3 steps" $MPIRUN -np 1 "$BUILD/chapter-0" --steps 3 --peak-gflops 10 --sample 20 --save "$TEST_TMPDIR/s.bin"
 run "chapter 0 from a checkpoint" $MPIRUN -np 1 "$BUILD/chapter-0" --steps 1 --peak-gflops 10 --model "$TEST_TMPDIR/s.bin"

@@ -5,6 +5,8 @@
 //   mpirun -np 3 build/tests/test_ckpt
 // Every value is a function of (kind, tensor, global index), so a slice read
 // from the wrong place, or not at all, shows.
+//
+// run by: tests/checkpoints.sh (on MPI ranks)
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>

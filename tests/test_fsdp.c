@@ -7,6 +7,9 @@
 // instead runs train_check_mesh on the MODEL preset (tiny) with that mesh,
 // global batch B, sequence T, micro-batches and experts, and says "mesh ok"
 // (or exits with its error).
+//
+// modules: 03_fsdp/fsdp
+// run by: tests/chapter_3.sh (on MPI ranks)
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>

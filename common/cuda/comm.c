@@ -223,6 +223,7 @@ void comm_create(Comm* world, Comm axes[NUM_AXES], const Mesh* mesh) {
 
 // --comm hand runs chapter 1's algorithms over MPI on host buffers: the
 // CPU backend's. Here the library (NCCL) runs every collective.
+void comm_register_hand(const CommHandAlgorithms* algorithms) { (void)algorithms; }
 const char* comm_set_impl(CommImpl which) {
     if (which == COMM_IMPL_HAND)
         return "--comm hand runs chapter 1's hand-written collectives on the CPU backend only; "
