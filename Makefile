@@ -46,7 +46,7 @@ CFLAGS  := $(OPT) -std=c11 -D_GNU_SOURCE -fopenmp -Wall -Wextra -Werror -Icommon
 LDLIBS  := -lm -lpthread
 
 COMMON_SRC := common/errors.c common/rank.c common/exercise.c common/atomic_file.c common/memory.c common/model_layout.c common/model.c common/init.c \
-              common/model_file.c common/moe.c common/data.c common/mesh.c common/runtime.c \
+              common/model_file.c common/moe.c common/data.c common/mesh.c common/runtime.c common/matmul_peak.c \
               common/args.c common/report.c common/train.c common/comm_stats.c common/comm_trace.c common/comm_groups.c common/paths.c \
               common/ckpt.c common/model_tp.c common/trace.c \
               common/optime.c

@@ -20,6 +20,7 @@
 #include "args.h"
 #include "ckpt.h"
 #include "errors.h"
+#include "matmul_peak.h"
 #include "memory.h"
 #include "mesh.h"
 #include "model.h"

@@ -7,6 +7,7 @@
 #include <string.h>
 
 #include "errors.h"
+#include "matmul_peak.h"
 #include "memory.h"
 #include "model_file.h"
 #include "optime.h"

@@ -374,6 +374,7 @@ void comm_progress(void) {
 
 static void track(CommRequest* req) {
     CHECK(n_in_flight < MAX_IN_FLIGHT, "more than %d non-blocking operations in flight", MAX_IN_FLIGHT);
+    ops_set_progress_hook(comm_progress);  // the ops drive it from now on
     in_flight[n_in_flight++] = req;
 }
 

@@ -17,6 +17,7 @@
 #include <string.h>
 
 #include "device.h"
+#include "matmul_peak.h"
 #include "memory.h"
 #include "ops.h"
 #include "runtime.h"
