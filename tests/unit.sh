@@ -19,4 +19,12 @@ for src in tests/test_*.c; do
     fi
 done
 
+# common/'s layering: no file includes a chapter's header, no circle of
+# files calling each other (tests/layers_check.py), on both backends
+if out=$(python3 tests/layers_check.py 2>&1); then
+    pass "common/ layering: $(echo "$out" | tr '\n' ' ')"
+else
+    fail "common/ layering" "$(echo "$out" | tr '\n' ' ')"
+fi
+
 finish
