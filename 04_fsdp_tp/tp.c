@@ -11,6 +11,7 @@
 #include "exercise.h"  // exercise_not_done, in a homework tree
 #include "memory.h"
 #include "runtime.h"
+#include "train.h"
 
 // ---------------------------------------------------------------- which rank holds what
 

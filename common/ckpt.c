@@ -37,6 +37,7 @@
 #include "memory.h"
 #include "rank.h"
 #include "runtime.h"
+#include "train.h"  // TrainSetup's fields (ckpt_init)
 
 #define CKPT_FILE_MAGIC "GPTSTATE"
 #define CKPT_FILE_VERSION 1u

@@ -16,6 +16,7 @@
 #include "memory.h"
 #include "runtime.h"
 #include "test.h"
+#include "train.h"
 
 static int R, rank;
 static GPTConfig cfg;
