@@ -368,66 +368,51 @@ static void test_encoder_vocab(void) {
     enum { B = 2, T = 3, C = 5, V = 7, N = B * T, S = 3 };
     const int v0s[S] = {0, 3, 6}, rows[S] = {3, 3, 1};
     const int tokens[N] = {3, 1, 3, 6, 0, 5};
-    float wte[V * C], wpe[T * C], r[N * C];
-    fill(wte, V * C, 1.0);
-    fill(wpe, T * C, 1.0);
-    fill(r, N * C, 1.0);
+    Buf wte = buf_random(V * C, 1.0), wpe = buf_random(T * C, 1.0), r = buf_random(N * C, 1.0);
     int* tokens_dev = dev_copy_int(tokens, N);
-    float* wte_dev = dev_copy(wte, V * C);
-    float* wpe_dev = dev_copy(wpe, T * C);
-    float* r_dev = dev_copy(r, N * C);
     // the full op
-    float full[N * C], dwte[V * C], dwpe[T * C];
-    float* full_dev = dev_zeros(N * C);
-    float* dwte_dev = dev_zeros(V * C);
-    float* dwpe_dev = dev_zeros(T * C);
-    encoder_forward(full_dev, tokens_dev, wte_dev, wpe_dev, B, T, C);
-    encoder_backward(dwte_dev, dwpe_dev, r_dev, tokens_dev, B, T, C);
-    to_host(full, full_dev, N * C);
-    to_host(dwte, dwte_dev, V * C);
-    to_host(dwpe, dwpe_dev, T * C);
+    Buf full = buf_zeros(N * C), dwte = buf_zeros(V * C), dwpe = buf_zeros(T * C);
+    encoder_forward(full.dev, tokens_dev, wte.dev, wpe.dev, B, T, C);
+    encoder_backward(dwte.dev, dwpe.dev, r.dev, tokens_dev, B, T, C);
+    buf_fetch(&full);
+    buf_fetch(&dwte);
+    buf_fetch(&dwpe);
     // the shards: forward outputs summed with ops_add (the all-reduce's sum)
-    float sum[N * C], shard_dwte[V * C], part[N * C], dwpe_s[T * C];
-    float* sum_dev = dev_zeros(N * C);
-    float* part_dev = dev_zeros(N * C);
+    Buf sum = buf_zeros(N * C), part = buf_zeros(N * C), shard_dwte = buf_zeros(V * C);
     int zero_rows_ok = 1;
     double dwpe_err = 0.0;
     for (int k = 0; k < S; k++) {
-        encoder_forward_vocab(part_dev, tokens_dev, wte_dev + v0s[k] * C, k == 0 ? wpe_dev : NULL, B, T, C,
+        encoder_forward_vocab(part.dev, tokens_dev, wte.dev + v0s[k] * C, k == 0 ? wpe.dev : NULL, B, T, C,
                               v0s[k], rows[k]);
-        to_host(part, part_dev, N * C);
+        buf_fetch(&part);
         // a token this shard does not hold contributes exactly zero (shards
         // other than the first add no wpe)
         for (int n = 0; n < N; n++) {
             int held = tokens[n] >= v0s[k] && tokens[n] < v0s[k] + rows[k];
             for (int c = 0; c < C && k > 0; c++)
-                zero_rows_ok &= held ? part[n * C + c] == wte[tokens[n] * C + c] : part[n * C + c] == 0.0f;
+                zero_rows_ok &= held ? part.h[n * C + c] == wte.h[tokens[n] * C + c] : part.h[n * C + c] == 0.0f;
         }
-        ops_add(sum_dev, part_dev, N * C);
-        float* dw_dev = dev_zeros(rows[k] * C);
-        float* dp_dev = dev_zeros(T * C);
-        encoder_backward_vocab(dw_dev, dp_dev, r_dev, tokens_dev, B, T, C, v0s[k], rows[k]);
-        to_host(shard_dwte + v0s[k] * C, dw_dev, rows[k] * C);
-        to_host(dwpe_s, dp_dev, T * C);
-        dwpe_err = fmax(dwpe_err, rel_err_ff(dwpe_s, dwpe, T * C));
+        ops_add(sum.dev, part.dev, N * C);
+        Buf dw = buf_zeros(rows[k] * C), dp = buf_zeros(T * C);
+        encoder_backward_vocab(dw.dev, dp.dev, r.dev, tokens_dev, B, T, C, v0s[k], rows[k]);
+        memcpy(shard_dwte.h + v0s[k] * C, buf_fetch(&dw), rows[k] * C * sizeof(float));
+        dwpe_err = fmax(dwpe_err, rel_err_ff(buf_fetch(&dp), dwpe.h, T * C));
     }
-    to_host(sum, sum_dev, N * C);
     check(zero_rows_ok, "encoder_forward_vocab: held tokens give their row, others exactly 0",
           "a shard wrote a row it does not hold");
     check_err("encoder_forward_vocab summed over 3 uneven shards equals encoder_forward",
-              rel_err_ff(sum, full, N * C), FWD_TOL);
+              rel_err_ff(buf_fetch(&sum), full.h, N * C), FWD_TOL);
     check_err("encoder_backward_vocab shards' dwte equal encoder_backward's rows",
-              rel_err_ff(shard_dwte, dwte, V * C), FWD_TOL);
+              rel_err_ff(shard_dwte.h, dwte.h, V * C), FWD_TOL);
     check_err("encoder_backward_vocab dwpe on every shard equals encoder_backward's", dwpe_err, FWD_TOL);
-    // accumulates, and a NULL gradient is skipped
-    float pre[3 * C], got[3 * C];
-    fill(pre, 3 * C, 1.0);
-    float* acc_dev = dev_copy(pre, 3 * C);
-    encoder_backward_vocab(acc_dev, NULL, r_dev, tokens_dev, B, T, C, 3, 3);
-    to_host(got, acc_dev, 3 * C);
-    check_err("encoder_backward_vocab accumulates (dwpe NULL)", accum_err(got, pre, shard_dwte + 3 * C, 3 * C),
-              ACC_TOL);
-    dev_free_all();
+    // accumulates (onto random values, the shard of rows 3..5), and a NULL
+    // gradient is skipped
+    Buf acc = buf_zeros(3 * C);
+    buf_prefill(&acc);
+    encoder_backward_vocab(acc.dev, NULL, r.dev, tokens_dev, B, T, C, 3, 3);
+    check_err("encoder_backward_vocab accumulates (dwpe NULL)",
+              accum_err(buf_fetch(&acc), acc.pre, shard_dwte.h + 3 * C, 3 * C), ACC_TOL);
+    case_end();
 }
 
 // ================================================================ layernorm
@@ -1589,78 +1574,65 @@ static double router_objective(void* p) {
 
 static void test_moe_router(void) {
     enum { N = 13, E = 5, K = 2 };
-    float logits[N * E], probs[N * E], gates[N * K], r[N * K], w[E];
-    int idx[N * K];
-    fill(logits, N * E, 2.0);
+    Buf logits = buf_random(N * E, 2.0);
     // row 0 all equal: every prob ties, the top-2 are experts 0 and 1;
     // row 1 ties experts 3 and 1 for the best: 1 first, then 3
-    for (int e = 0; e < E; e++) logits[e] = 0.5f;
-    logits[E + 0] = 0.1f, logits[E + 1] = 1.5f, logits[E + 2] = -1.0f, logits[E + 3] = 1.5f, logits[E + 4] = 0.0f;
-    fill(r, N * K, 1.0);
-    float* l_dev = dev_copy(logits, N * E);
-    float* p_dev = dev_zeros(N * E);
-    float* g_dev = dev_zeros(N * K);
+    for (int e = 0; e < E; e++) logits.h[e] = 0.5f;
+    logits.h[E + 0] = 0.1f, logits.h[E + 1] = 1.5f, logits.h[E + 2] = -1.0f, logits.h[E + 3] = 1.5f,
+    logits.h[E + 4] = 0.0f;
+    buf_upload(&logits);
+    Buf r = buf_random(N * K, 1.0), probs = buf_zeros(N * E), gates = buf_zeros(N * K);
+    int idx[N * K];
     int* i_dev = (int*)dev_alloc(N * K * sizeof(int));
-    moe_router_forward(p_dev, i_dev, g_dev, l_dev, N, E, K);
-    to_host(probs, p_dev, N * E);
-    to_host(gates, g_dev, N * K);
+    moe_router_forward(probs.dev, i_dev, gates.dev, logits.dev, N, E, K);
     mem_to_host(idx, i_dev, sizeof(idx));
     // the reference top-k: largest first, the lower index on a tie
     int ok = 1;
-    double logits_d[N * E], probs_d[N * E], gates_d[N * K];
-    to_double(logits_d, logits, N * E);
     for (int n = 0; n < N; n++)
         for (int j = 0; j < K; j++) {
             int best = -1;
             for (int e = 0; e < E; e++) {
                 int taken = 0;
                 for (int i = 0; i < j; i++) taken |= idx[n * K + i] == e;
-                if (!taken && (best < 0 || logits[n * E + e] > logits[n * E + best])) best = e;
+                if (!taken && (best < 0 || logits.h[n * E + e] > logits.h[n * E + best])) best = e;
             }
             ok &= idx[n * K + j] == best;
         }
     ok &= idx[0] == 0 && idx[1] == 1 && idx[K] == 1 && idx[K + 1] == 3;
     check(ok, "moe_router_forward top-k, ties to the lower expert", "wrong experts chosen");
-    router_ref(probs_d, gates_d, logits_d, idx, N, E, K);
-    check_err("moe_router_forward probs", rel_err(probs, probs_d, N * E), FWD_TOL);
-    check_err("moe_router_forward gates", rel_err(gates, gates_d, N * K), FWD_TOL);
+    router_ref(probs.d, gates.d, logits.d, idx, N, E, K);
+    check_forward("moe_router_forward probs", &probs);
+    check_forward("moe_router_forward gates", &gates);
     // the auxiliary loss's weights: E f_e / N from the forward's counts
-    double f[E] = {0}, r_d[N * K], w_d[E];
+    double f[E] = {0};
     for (int i = 0; i < N * K; i++) f[idx[i]] += 1.0 / (N * K);
-    for (int e = 0; e < E; e++) w[e] = (float)(E * f[e] / N);
-    to_double(r_d, r, N * K);
-    to_double(w_d, w, E);
-    float dl[N * E];
-    double g[N * E];
-    float* dl_dev = dev_zeros(N * E);
-    float* r_dev = dev_copy(r, N * K);
-    float* w_dev = dev_copy(w, E);
+    Buf w = buf_zeros(E);
+    for (int e = 0; e < E; e++) w.h[e] = (float)(E * f[e] / N);
+    buf_upload(&w);
     // the gates alone
-    moe_router_backward(dl_dev, r_dev, NULL, p_dev, i_dev, g_dev, N, E, K);
-    to_host(dl, dl_dev, N * E);
+    Buf dl = buf_zeros(N * E);
+    moe_router_backward(dl.dev, r.dev, NULL, probs.dev, i_dev, gates.dev, N, E, K);
     double no_w[E] = {0};
-    router_ctx ctx = {logits_d, r_d, no_w, idx, N, E, K};
-    fd_gradient(router_objective, &ctx, logits_d, N * E, g);
-    check_err("moe_router_backward dlogits (gates) vs FD", rel_err(dl, g, N * E), BWD_TOL);
+    router_ctx ctx = {logits.d, r.d, no_w, idx, N, E, K};
+    check_backward("moe_router_backward dlogits (gates) vs FD", &dl, router_objective, &ctx, &logits);
     // the auxiliary loss alone
     double zr[N * K] = {0};
-    ctx.r = zr, ctx.w = w_d;
-    fd_gradient(router_objective, &ctx, logits_d, N * E, g);
-    float* dl2_dev = dev_zeros(N * E);
-    moe_router_backward(dl2_dev, NULL, w_dev, p_dev, i_dev, g_dev, N, E, K);
-    to_host(dl, dl2_dev, N * E);
-    check_err("moe_router_backward dlogits (auxiliary loss) vs FD", rel_err(dl, g, N * E), BWD_TOL);
-    // both, accumulated onto what was there
-    float base[N * E], acc[N * E], both[N * E];
-    ctx.r = r_d;
-    fd_gradient(router_objective, &ctx, logits_d, N * E, g);
-    fill(base, N * E, 1.0);
-    float* acc_dev = dev_copy(base, N * E);
-    moe_router_backward(acc_dev, r_dev, w_dev, p_dev, i_dev, g_dev, N, E, K);
-    to_host(acc, acc_dev, N * E);
-    for (int i = 0; i < N * E; i++) both[i] = acc[i] - base[i];
+    ctx.r = zr, ctx.w = w.d;
+    Buf dl2 = buf_zeros(N * E);
+    moe_router_backward(dl2.dev, NULL, w.dev, probs.dev, i_dev, gates.dev, N, E, K);
+    check_backward("moe_router_backward dlogits (auxiliary loss) vs FD", &dl2, router_objective, &ctx, &logits);
+    // both, accumulated onto what was there (random values)
+    ctx.r = r.d;
+    double g[N * E];
+    fd_gradient(router_objective, &ctx, logits.d, N * E, g);
+    Buf acc = buf_zeros(N * E);
+    buf_prefill(&acc);
+    moe_router_backward(acc.dev, r.dev, w.dev, probs.dev, i_dev, gates.dev, N, E, K);
+    float both[N * E];
+    buf_fetch(&acc);
+    for (int i = 0; i < N * E; i++) both[i] = acc.h[i] - acc.pre[i];
     check_err("moe_router_backward dlogits (both) vs FD", rel_err(both, g, N * E), BWD_TOL);
-    dev_free_all();
+    case_end();
 }
 
 // Dispatch and combine: token rows gathered into expert order and back.
@@ -1698,60 +1670,41 @@ static void test_moe_dispatch_combine(void) {
         src[pos[i]] = i / K;
     }
     pos[3 * K + 1] = -1;  // token 3's second slot dropped (capacity)
-    float x[N * C], sent[N * K * C], gates[N * K], back[N * C];
-    fill(x, N * C, 1.0);
-    for (int t = 0; t < N; t++) gates[t * K] = 0.25f, gates[t * K + 1] = 0.75f;
-    gates[3 * K] = 1.0f;  // its kept slot carries it whole
-    float* x_dev = dev_copy(x, N * C);
-    float* s_dev = dev_zeros(N * K * C);
+    Buf x = buf_random(N * C, 1.0), gates = buf_zeros(N * K), sent = buf_zeros(N * K * C);
+    for (int t = 0; t < N; t++) gates.h[t * K] = 0.25f, gates.h[t * K + 1] = 0.75f;
+    gates.h[3 * K] = 1.0f;  // its kept slot carries it whole
+    buf_upload(&gates);
     int* src_dev = dev_copy_int(src, N * K);
     int* pos_dev = dev_copy_int(pos, N * K);
-    float* g_dev = dev_copy(gates, N * K);
-    moe_gather_forward(s_dev, x_dev, src_dev, N * K, C);
-    to_host(sent, s_dev, N * K * C);
+    moe_gather_forward(sent.dev, x.dev, src_dev, N * K, C);
+    buf_fetch(&sent);
     int ok = 1;
-    for (int i = 0; i < N * K; i++) ok &= !memcmp(sent + i * C, x + src[i] * C, C * sizeof(float));
+    for (int i = 0; i < N * K; i++) ok &= !memcmp(sent.h + i * C, x.h + src[i] * C, C * sizeof(float));
     check(ok, "moe_gather_forward copies every token row to its experts' rows", "a row differs");
     ok = cnt[2] == 0 && cnt[0] == N;
     check(ok, "moe dispatch: skewed load, an empty expert", "counts %d %d %d %d", cnt[0], cnt[1], cnt[2], cnt[3]);
     // identity experts: combining the rows with gates that sum to 1 gives every token back
-    float* b_dev = dev_zeros(N * C);
-    moe_combine_forward(b_dev, s_dev, g_dev, pos_dev, N, K, C);
-    to_host(back, b_dev, N * C);
-    double x_d[N * C];
-    to_double(x_d, x, N * C);
-    check_err("moe_combine_forward round trip returns every token", rel_err(back, x_d, N * C), FWD_TOL);
+    Buf back = buf_zeros(N * C);
+    moe_combine_forward(back.dev, sent.dev, gates.dev, pos_dev, N, K, C);
+    check_err("moe_combine_forward round trip returns every token", rel_err(buf_fetch(&back), x.d, N * C), FWD_TOL);
     // the gather's backward: every token gets the sum of its kept rows
-    float ones[N * K * C], dx[N * C];
-    double want[N * C];
-    for (int i = 0; i < N * K * C; i++) ones[i] = 1.0f;
-    float* o_dev = dev_copy(ones, N * K * C);
-    float* dx_dev = dev_zeros(N * C);
-    moe_gather_backward(dx_dev, o_dev, pos_dev, N, K, C);
-    to_host(dx, dx_dev, N * C);
+    Buf ones = buf_zeros(N * K * C), dx = buf_zeros(N * C);
+    for (int i = 0; i < N * K * C; i++) ones.h[i] = 1.0f;
+    buf_upload(&ones);
+    moe_gather_backward(dx.dev, ones.dev, pos_dev, N, K, C);
     for (int t = 0; t < N; t++)
-        for (int ch = 0; ch < C; ch++) want[t * C + ch] = t == 3 ? 1.0 : 2.0;
-    check_err("moe_gather_backward sums each token's kept rows", rel_err(dx, want, N * C), FWD_TOL);
+        for (int ch = 0; ch < C; ch++) dx.d[t * C + ch] = t == 3 ? 1.0 : 2.0;
+    check_forward("moe_gather_backward sums each token's kept rows", &dx);
     // combine backward against central differences, rows and gates
-    float r[N * C], drows[N * K * C], dgates[N * K];
-    fill(r, N * C, 1.0);
-    double rows_d[N * K * C], gates_d[N * K], r_d[N * C], grow[N * K * C], ggate[N * K];
-    to_double(rows_d, sent, N * K * C);
-    to_double(gates_d, gates, N * K);
-    to_double(r_d, r, N * C);
-    combine_ctx cc = {rows_d, gates_d, r_d, pos, N, K, C};
-    fd_gradient(combine_objective, &cc, rows_d, N * K * C, grow);
-    fd_gradient(combine_objective, &cc, gates_d, N * K, ggate);
-    float* r_dev = dev_copy(r, N * C);
-    float* dr_dev = dev_zeros(N * K * C);
-    float* dg_dev = dev_zeros(N * K);
-    moe_combine_backward(dr_dev, dg_dev, r_dev, s_dev, g_dev, pos_dev, N, K, C);
-    to_host(drows, dr_dev, N * K * C);
-    to_host(dgates, dg_dev, N * K);
+    Buf r = buf_random(N * C, 1.0);
+    to_double(sent.d, sent.h, N * K * C);
+    combine_ctx cc = {sent.d, gates.d, r.d, pos, N, K, C};
+    Buf drows = buf_zeros(N * K * C), dgates = buf_zeros(N * K);
+    moe_combine_backward(drows.dev, dgates.dev, r.dev, sent.dev, gates.dev, pos_dev, N, K, C);
     // the dropped slot's gate gets no gradient: FD agrees (it adds nothing)
-    check_err("moe_combine_backward drows vs FD", rel_err(drows, grow, N * K * C), BWD_TOL);
-    check_err("moe_combine_backward dgates vs FD", rel_err(dgates, ggate, N * K), BWD_TOL);
-    dev_free_all();
+    check_backward("moe_combine_backward drows vs FD", &drows, combine_objective, &cc, &sent);
+    check_backward("moe_combine_backward dgates vs FD", &dgates, combine_objective, &cc, &gates);
+    case_end();
 }
 
 int main(int argc, char** argv) {
