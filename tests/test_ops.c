@@ -150,21 +150,38 @@ static void fd_gradient(objective_fn f, void* ctx, double* x, size_t n, double* 
     }
 }
 
-// ---------------------------------------------------------------- device buffers
-// Buffers on the device (host memory on the CPU backend), category "other".
-// A test frees all of its buffers at its end with dev_free_all().
-#define MAX_DEV 128
-static void* dev_bufs[MAX_DEV];
-static int num_dev = 0;
+// ---------------------------------------------------------------- buffers
+// Every buffer a test allocates, on the device (host memory on the CPU
+// backend, category "other") or on the host, is kept here and freed at the
+// test's end by case_end().
+#define MAX_BUFS 384
+static struct {
+    void* p;
+    int on_device;
+} bufs[MAX_BUFS];
+static int num_bufs = 0;
 
-static void* dev_alloc(size_t bytes) {
-    if (num_dev == MAX_DEV) {
-        fprintf(stderr, "test_ops: more than %d device buffers in one test\n", MAX_DEV);
+static void* keep(void* p, int on_device) {
+    if (num_bufs == MAX_BUFS) {
+        fprintf(stderr, "test_ops: more than %d buffers in one test\n", MAX_BUFS);
         exit(1);
     }
-    void* p = mem_alloc(bytes, MEM_OTHER);  // zero-filled
-    dev_bufs[num_dev++] = p;
+    bufs[num_bufs].p = p;
+    bufs[num_bufs].on_device = on_device;
+    num_bufs++;
     return p;
+}
+
+// Zeroed device memory, and zeroed host memory.
+static void* dev_alloc(size_t bytes) { return keep(mem_alloc(bytes, MEM_OTHER), 1); }
+static void* host_alloc(size_t bytes) { return keep(xcalloc(1, bytes), 0); }
+
+static void case_end(void) {
+    for (int i = 0; i < num_bufs; i++) {
+        if (bufs[i].on_device) mem_free(bufs[i].p);
+        else free(bufs[i].p);
+    }
+    num_bufs = 0;
 }
 
 // n device floats, all zero.
@@ -187,10 +204,6 @@ static int* dev_copy_int(const int* host, size_t n) {
 static void to_device(float* dev, const float* host, size_t n) { mem_to_device(dev, host, n * sizeof(float)); }
 static void to_host(float* host, const float* dev, size_t n) { mem_to_host(host, dev, n * sizeof(float)); }
 
-static void dev_free_all(void) {
-    for (int i = 0; i < num_dev; i++) mem_free(dev_bufs[i]);
-    num_dev = 0;
-}
 
 // ---------------------------------------------------------------- the case helper
 // Every case of an op makes the same moves: random inputs on the host, their
@@ -198,8 +211,7 @@ static void dev_free_all(void) {
 // op's outputs come back to the host and meet the reference; each gradient
 // of a backward meets central differences of the reference; a second backward
 // onto prefilled gradient buffers must add to them. A Buf is one tensor on
-// all three sides, and case_end() frees every Buf (and device buffer) of the
-// case.
+// all three sides; case_end() frees it with the test's other buffers.
 typedef struct {
     size_t n;
     float* h;      // (n) fp32 on the host: an input's values, an output's once fetched
@@ -209,21 +221,6 @@ typedef struct {
     float* first;  // a gradient's result before buf_prefill
     float* pre;    // what buf_prefill filled the gradient buffer with
 } Buf;
-
-#define MAX_HOST 256
-static void* host_bufs[MAX_HOST];
-static int num_host = 0;
-
-// Zeroed host memory, freed by case_end().
-static void* host_alloc(size_t bytes) {
-    if (num_host == MAX_HOST) {
-        fprintf(stderr, "test_ops: more than %d host buffers in one test\n", MAX_HOST);
-        exit(1);
-    }
-    void* p = xcalloc(1, bytes);
-    host_bufs[num_host++] = p;
-    return p;
-}
 
 // n zeros on all three sides: an output, or a gradient for a backward to
 // accumulate into.
@@ -293,11 +290,6 @@ static double buf_accum_err(Buf* g) { return accum_err(buf_fetch(g), g->pre, g->
 
 static void check_accumulates(const char* name, Buf* g) { check_err(name, buf_accum_err(g), ACC_TOL); }
 
-static void case_end(void) {
-    for (int i = 0; i < num_host; i++) free(host_bufs[i]);
-    num_host = 0;
-    dev_free_all();
-}
 
 // ================================================================ encoder
 static void encoder_ref(double* out, const int* tokens, const double* wte, const double* wpe,
@@ -922,7 +914,7 @@ static void test_adamw(void) {
     check_err("adamw_update params over 3 steps (error / lr)", ep, 1e-4);
     check_err("adamw_update m over 3 steps", em, FWD_TOL);
     check_err("adamw_update v over 3 steps", ev, FWD_TOL);
-    dev_free_all();
+    case_end();
 }
 
 static void test_grad_norm(void) {
@@ -941,7 +933,7 @@ static void test_grad_norm(void) {
     double got = grad_sumsq(g_dev, N);
     check_err("grad_sumsq vs double sum", fabs(got - want) / want, 1e-9);
     free(g);
-    dev_free_all();
+    case_end();
 
     float s;
     s = grad_clip_scale(0.5, 1.0f);
@@ -993,7 +985,7 @@ static void test_utilities(void) {
     ok = sum[N - 1] == w[N - 1];
     for (int i = 0; i < N - 1; i++) ok &= sum[i] == w[i] + x[i];
     check(ok, "ops_add (exactly n values)", "a value differs from y + x, or wrote past n");
-    dev_free_all();
+    case_end();
 
     // ops_copy_2d: 5 rows of 3 floats from a stride of 7 (starting at column 2)
     // into a stride of 4 (starting at column 1); every other value of dst stays.
@@ -1010,7 +1002,7 @@ static void test_utilities(void) {
         to_host(dst, d_dev, R * DS);
         check(memcmp(dst, want, sizeof dst) == 0, "ops_copy_2d (rows x cols, both strides)",
               "a value differs, or a value outside the rows' columns was written");
-        dev_free_all();
+        case_end();
     }
 }
 
@@ -1214,7 +1206,7 @@ typedef struct {
 // dq_ch (query cut, 3C), dkv_ch (kv cut, 3C; zero when shared, where dq_ch
 // holds the whole gradient). Query chunk c meets the kv chunks c, c+1, ...
 // (mod nk), its own first, as a ring brings them. Leaves its device buffers to
-// the caller's dev_free_all.
+// the caller's case_end.
 static void chunk_attention_run(const chunk_setup* s, float* out_ch, float* dq_ch, float* dkv_ch,
                                 const float* q_ch, const float* kv_ch, const float* dout_ch) {
     const int B = s->B, C = s->C, NH = s->NH;
