@@ -17,7 +17,7 @@
 //   experts (one rank's own experts): for each MoE layer in order, for each
 //     of this rank's experts in order, fcw(H, C) fcb(H) fcprojw(C, H) fcprojb(C)
 // Init is counter-based as the GPT's: expert e of layer l takes the values
-// init.h's init gives the dense MLP tensors of "layer" l + e*L, so expert 0
+// model.h's init gives the dense MLP tensors of "layer" l + e*L, so expert 0
 // equals the dense model's MLP and E = 1, k = 1 is chapter 0's model.
 #ifndef MOE_H
 #define MOE_H
