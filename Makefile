@@ -47,9 +47,9 @@ OPT     ?= -O3 $(ARCH)
 CFLAGS  := $(OPT) -std=c11 -D_GNU_SOURCE -fopenmp -Wall -Wextra -Werror -Icommon -MMD -MP
 LDLIBS  := -lm -lpthread -lxxhash
 
-COMMON_SRC := common/common.c common/memory.c common/model.c common/init.c \
-              common/checkpoint.c common/data.c common/mesh.c common/runtime.c \
-              common/args.c common/report.c common/train.c common/comm_count.c common/paths.c \
+COMMON_SRC := common/errors.c common/rank.c common/exercise.c common/atomic_file.c common/memory.c common/model_layout.c common/model.c common/init.c \
+              common/model_file.c common/data.c common/mesh.c common/runtime.c common/matmul_peak.c \
+              common/args.c common/report.c common/train.c common/comm_stats.c common/comm_trace.c common/comm_groups.c common/paths.c \
               common/ckpt.c common/model_tp.c common/trace.c \
               common/optime.c common/watchdog.c
 
@@ -66,9 +66,7 @@ ifeq ($(BACKEND),cpu)
   else
     LDLIBS += -lopenblas
   endif
-  # the CPU comm layer links chapter 1's module: its hand-written collectives
-  # run the collectives under --comm hand (common/cpu/comm.c)
-  BACKEND_C  := common/cpu/ops.c common/cpu/device.c common/cpu/comm.c 01_collectives/collectives.c
+  BACKEND_C  := common/cpu/ops.c common/cpu/device.c common/cpu/comm.c
   BACKEND_CU :=
 else ifeq ($(BACKEND),cuda)
   ifeq ($(HAVE_NVCC),)
@@ -111,6 +109,8 @@ $(shell mkdir -p $(OBJ) && (echo '$(FLAGS_NOW)' | cmp -s - $(FLAGS_STAMP) || ech
 # chapter-N links its main.c, the modules of its own directory, and the
 # modules of earlier chapters it names in NN_name/modules (paths without .c,
 # e.g. "03_fsdp/fsdp"). A chapter never links another chapter's main.c.
+# Chapters 2 and later name 01_collectives/collectives: linked, it registers
+# chapter 1's hand-written collectives with the comm layer (--comm hand).
 CHAPTER_DIRS := $(sort $(patsubst %/main.c,%,$(wildcard 0[0-7]_*/main.c)))
 chapter_number = $(patsubst 0%,%,$(firstword $(subst _, ,$(1))))
 CHAPTERS := $(foreach d,$(CHAPTER_DIRS),$(call chapter_number,$(d)))
@@ -143,8 +143,6 @@ $(BIN)/roofline: $(OBJ)/common/tools/roofline.o $(COMMON_OBJ)
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) -o $@ $^ $(LDLIBS)
 
-$(BUILD)/obj/cpu/common/cpu/comm.o: CFLAGS += -I01_collectives
-
 $(OBJ)/%.o: %.c $(FLAGS_STAMP)
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) -c -o $@ $<
@@ -155,21 +153,22 @@ $(OBJ)/%.o: %.cu $(FLAGS_STAMP)
 
 # ---------------------------------------------------------------- tests
 # The CPU tests always run on the CPU build; GPU tests run where a GPU is.
-TESTS := test_ops test_model test_moe test_data test_fsdp test_comm test_ckpt test_schedule test_report
-# test_fsdp tests chapter 3's engine: it links the module (an MPI program)
-$(BUILD)/tests/test_fsdp: $(BUILD)/obj/cpu/03_fsdp/fsdp.o
-$(BUILD)/obj/cpu/tests/test_fsdp.o: CFLAGS += -I03_fsdp
-# test_schedule tests chapter 5's schedules (no training, no MPI ranks needed)
-$(BUILD)/tests/test_schedule: $(BUILD)/obj/cpu/05_pipeline/schedule.o
-$(BUILD)/obj/cpu/tests/test_schedule.o: CFLAGS += -I05_pipeline
-# test_ring tests chapter 6's ring attention over a simulated ring (no MPI ranks needed)
-TESTS += test_ring
-$(BUILD)/tests/test_ring: $(BUILD)/obj/cpu/06_sequence_context/ring.o
-$(BUILD)/obj/cpu/tests/test_ring.o: CFLAGS += -I06_sequence_context
+# Every tests/test_NAME.c is one test program, build/tests/test_NAME: it links
+# common/ on the CPU backend and the chapter modules named on its source's
+# line "// modules: 03_fsdp/fsdp ..." (as a chapter's NN_name/modules names
+# them). tests/unit.sh runs each one whose source has no "// run by:" line
+# (a test that needs MPI ranks or arguments names the script that runs it).
+TESTS := $(patsubst tests/%.c,%,$(wildcard tests/test_*.c))
+test_modules = $(shell sed -n 's|^// modules: *||p' tests/$(1).c)
+CPU_COMMON_OBJ := $(patsubst %.c,$(BUILD)/obj/cpu/%.o,$(COMMON_SRC) common/cpu/ops.c common/cpu/device.c common/cpu/comm.c)
+define TEST_RULE
+$(BUILD)/tests/$(1): $(BUILD)/obj/cpu/tests/$(1).o $(patsubst %,$(BUILD)/obj/cpu/%.o,$(call test_modules,$(1))) $(CPU_COMMON_OBJ)
+	@mkdir -p $$(dir $$@)
+	$(CC) $(CFLAGS) -o $$@ $$^ $(LDLIBS)
+$(BUILD)/obj/cpu/tests/$(1).o: CFLAGS += $(patsubst %,-I%,$(sort $(dir $(call test_modules,$(1)))))
+endef
+$(foreach t,$(TESTS),$(eval $(call TEST_RULE,$(t))))
 tests: $(addprefix $(BUILD)/tests/,$(TESTS))
-$(BUILD)/tests/%: $(BUILD)/obj/cpu/tests/%.o $(patsubst %.c,$(BUILD)/obj/cpu/%.o,$(COMMON_SRC) common/cpu/ops.c common/cpu/device.c common/cpu/comm.c 01_collectives/collectives.c)
-	@mkdir -p $(dir $@)
-	$(CC) $(CFLAGS) -o $@ $^ $(LDLIBS)
 $(BUILD)/obj/cpu/tests/%.o: CFLAGS += -Itests
 ifeq ($(BACKEND),cuda)
 # the op tests on the CUDA backend (tests/run.sh runs them where a GPU is)

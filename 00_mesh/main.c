@@ -19,10 +19,12 @@
 
 #include "args.h"
 #include "ckpt.h"
-#include "common.h"
+#include "errors.h"
+#include "matmul_peak.h"
 #include "memory.h"
 #include "mesh.h"
 #include "model.h"
+#include "rank.h"
 #include "report.h"
 #include "runtime.h"
 #include "trace.h"

@@ -3,7 +3,8 @@
 // receive (comm_send, comm_recv, comm_sendrecv), so a student sees which
 // chunk moves where at each step. Chapter 1's main.c checks them against the
 // library and times them; with --comm hand the CPU comm layer runs them for
-// chapters 2 and later.
+// chapters 2 and later, which link this module through their NN_name/modules
+// file (the table at the end registers it).
 #include "collectives.h"
 
 #include <stdarg.h>
@@ -11,8 +12,10 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "common.h"
+#include "exercise.h"  // exercise_not_done, in a homework tree
+#include "memory.h"
 #include "ops.h"
+#include "rank.h"
 
 // ---------------------------------------------------------------- tracing
 // With --trace each algorithm records one line per message; chapter 1 prints
@@ -271,3 +274,22 @@ void hand_alltoallv_pairwise(const Comm* c, const float* send, const size_t* sen
         comm_sendrecv(c, send + send_displs[dst], send_counts[dst], dst, recv + recv_displs[src], recv_counts[src], src);
     }
 }
+
+// ---------------------------------------------------------------- --comm hand
+// The comm layer (common/) cannot include a chapter's header, so this module
+// hands it the algorithms: a program that links the module registers them
+// before main runs (a constructor), and --comm hand then calls them in place
+// of the library's collectives (common/cpu/comm.c).
+static const CommHandAlgorithms hand_algorithms = {
+    .reduce_scatter_ring = hand_reduce_scatter_ring,
+    .allgather_ring = hand_allgather_ring,
+    .allreduce_ring = hand_allreduce_ring,
+    .broadcast_tree = hand_broadcast_tree,
+    .reduce_tree = hand_reduce_tree,
+    .scatter = hand_scatter,
+    .gather = hand_gather,
+    .alltoall_pairwise = hand_alltoall_pairwise,
+    .alltoallv_pairwise = hand_alltoallv_pairwise,
+};
+
+__attribute__((constructor)) static void hand_register(void) { comm_register_hand(&hand_algorithms); }

@@ -1,8 +1,8 @@
 // collectives.h: chapter 1's collectives, written by hand over send and
 // receive (collectives.c). Chapter 1's main.c traces, checks and times them;
 // the CPU comm layer runs them instead of MPI's under --comm hand
-// (common/cpu/comm.c), so the algorithms a student writes train the GPT of
-// chapters 2 and later.
+// (common/cpu/comm.c, through the table collectives.c registers), so the
+// algorithms a student writes train the GPT of chapters 2 and later.
 //
 // Notation: p ranks in the group, r this rank, n floats. A buffer of n floats
 // is cut into p chunks; chunk i is [start(i), start(i+1)) with

@@ -8,7 +8,8 @@
 #include <string.h>
 
 #include "collectives.h"
-#include "common.h"
+#include "errors.h"
+#include "rank.h"
 #include "memory.h"
 #include "ops.h"
 #include "runtime.h"

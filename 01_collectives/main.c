@@ -23,10 +23,11 @@
 #include "args.h"
 #include "collectives.h"
 #include "comm.h"
-#include "common.h"
 #include "harness.h"
+#include "errors.h"
 #include "memory.h"
 #include "ops.h"
+#include "rank.h"
 #include "report.h"
 #include "runtime.h"
 

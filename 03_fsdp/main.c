@@ -30,16 +30,19 @@
 #include "args.h"
 #include "ckpt.h"
 #include "comm.h"
-#include "common.h"
+#include "errors.h"
 #include "memory.h"
 #include "mesh.h"
 #include "model.h"
+#include "rank.h"
 #include "report.h"
 #include "runtime.h"
 #include "trace.h"
 #include "train.h"
 
 #include "fsdp.h"
+#include "init.h"
+#include "model_file.h"
 
 // ---------------------------------------------------------------- the model as units
 

@@ -43,11 +43,12 @@
 #include "args.h"
 #include "ckpt.h"
 #include "comm.h"
-#include "common.h"
+#include "exercise.h"  // exercise_not_done, in a homework tree
 #include "memory.h"
 #include "mesh.h"
 #include "model.h"
 #include "model_tp.h"
+#include "rank.h"
 #include "report.h"
 #include "runtime.h"
 #include "trace.h"

@@ -7,9 +7,11 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "common.h"
+#include "errors.h"
+#include "exercise.h"  // exercise_not_done, in a homework tree
 #include "memory.h"
 #include "runtime.h"
+#include "train.h"
 
 // ---------------------------------------------------------------- which rank holds what
 

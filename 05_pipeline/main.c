@@ -41,16 +41,20 @@
 #include "args.h"
 #include "ckpt.h"
 #include "comm.h"
-#include "common.h"
+#include "errors.h"
+#include "exercise.h"  // exercise_not_done, in a homework tree
 #include "memory.h"
 #include "mesh.h"
 #include "model.h"
+#include "rank.h"
 #include "report.h"
 #include "runtime.h"
 #include "trace.h"
 #include "train.h"
 
 #include "pipeline.h"
+#include "init.h"
+#include "model_file.h"
 #include "schedule.h"
 
 // ---------------------------------------------------------------- point to point

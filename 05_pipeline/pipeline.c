@@ -7,7 +7,11 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "common.h"
+#include "errors.h"
+#include "init.h"
+#include "model_file.h"
+#include "exercise.h"  // exercise_not_done, in a homework tree
+#include "rank.h"
 #include "memory.h"
 #include "mesh.h"
 #include "trace.h"

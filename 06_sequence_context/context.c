@@ -6,7 +6,9 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "common.h"
+#include "errors.h"
+#include "init.h"
+#include "rank.h"
 #include "memory.h"
 #include "mesh.h"
 #include "trace.h"

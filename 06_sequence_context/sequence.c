@@ -39,10 +39,11 @@
 
 #include "ckpt.h"
 #include "comm.h"
-#include "common.h"
+#include "errors.h"
 #include "memory.h"
 #include "model.h"
 #include "model_tp.h"
+#include "rank.h"
 #include "report.h"
 #include "train.h"
 

@@ -8,7 +8,8 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "common.h"
+#include "errors.h"
+#include "rank.h"
 #include "memory.h"
 #include "mesh.h"
 

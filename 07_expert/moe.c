@@ -10,7 +10,8 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "common.h"
+#include "atomic_file.h"
+#include "init.h"
 #include "ops.h"
 
 const char* moe_config_problem(const MoeConfig* c) {

@@ -36,9 +36,11 @@
 #include <unistd.h>
 #include <xxhash.h>
 
-#include "common.h"
+#include "errors.h"
 #include "memory.h"
+#include "rank.h"
 #include "runtime.h"
+#include "train.h"  // TrainSetup's fields (ckpt_init)
 
 #define CKPT_FILE_MAGIC "GPTSTATE"
 #define CKPT_FILE_VERSION 2u  // 2: the header holds the checksum of the rank's slice list

@@ -40,10 +40,15 @@
 #include <pthread.h>
 #include <stddef.h>
 
+#include "args.h"
 #include "mesh.h"
 #include "model.h"
 #include "report.h"
-#include "train.h"
+
+// train.h's (the model and batch a run resolved): ckpt_init reads its config
+// and batch. Only named here, so the training-state layer does not include
+// the training loop's header, which sits above it.
+struct TrainSetup;
 
 typedef enum { CKPT_PARAMS, CKPT_M, CKPT_V, CKPT_NUM_KINDS } CkptKind;
 
@@ -131,7 +136,7 @@ typedef struct Ckpt {  // named: train.h's loop holds a pointer to one
 } Ckpt;
 
 // Reads the checkpoint flags; no file is touched yet.
-void ckpt_init(Ckpt* c, const TrainArgs* a, const TrainSetup* s, const Mesh* mesh, int chapter);
+void ckpt_init(Ckpt* c, const TrainArgs* a, const struct TrainSetup* s, const Mesh* mesh, int chapter);
 // For a model other than the GPT, before ckpt_resume: its tensor table
 // (kept by pointer: it must outlive c) and its variant line.
 void ckpt_set_model(Ckpt* c, const CkptTensor* tensors, int n, const char* variant);

@@ -72,9 +72,31 @@ typedef struct {
 // forms run to completion at their start (nothing overlaps). Point-to-point
 // calls and the barrier are the library's either way.
 typedef enum { COMM_IMPL_LIBRARY, COMM_IMPL_HAND } CommImpl;
-// Returns NULL, or a message when this backend cannot run impl (hand on CUDA).
+// Returns NULL, or a message when this program cannot run impl: hand on the
+// CUDA backend, or hand in a program that does not link chapter 1's module.
 const char* comm_set_impl(CommImpl impl);
 const char* comm_impl_name(void);  // "library" or "hand"
+
+// Chapter 1's algorithms as the comm layer calls them (collectives.h says
+// what each does). The comm layer sits below the chapters and includes none
+// of their headers: chapter 1's module fills this table and registers it
+// when a program links it, which a chapter asks for by naming
+// 01_collectives/collectives in its NN_name/modules file. The table is kept
+// by pointer (it must outlive the run).
+typedef struct {
+    void (*reduce_scatter_ring)(const Comm* c, float* buf, size_t n, float* tmp);
+    void (*allgather_ring)(const Comm* c, float* buf, const size_t* starts);
+    void (*allreduce_ring)(const Comm* c, float* buf, size_t n, float* tmp);
+    void (*broadcast_tree)(const Comm* c, float* buf, size_t n, int root);
+    void (*reduce_tree)(const Comm* c, float* buf, size_t n, int root, float* tmp);
+    void (*scatter)(const Comm* c, const float* send, float* recv, size_t n, int root);
+    void (*gather)(const Comm* c, const float* send, float* recv, size_t n, int root);
+    void (*alltoall_pairwise)(const Comm* c, const float* send, float* recv, size_t n);
+    void (*alltoallv_pairwise)(const Comm* c, const float* send, const size_t* send_counts,
+                               const size_t* send_displs, float* recv, const size_t* recv_counts,
+                               const size_t* recv_displs);
+} CommHandAlgorithms;
+void comm_register_hand(const CommHandAlgorithms* algorithms);
 
 // The world communicator and one per mesh axis (the mesh's own MPI groups).
 // mesh and axes may be NULL: the world alone.
@@ -100,7 +122,13 @@ void comm_create_group_ranks(Comm* g, const int* ranks, int n, const char* name)
 // waits for the group's operations).
 void comm_destroy_group(Comm* g);
 
-const char* collective_name(Collective c);
+// "allreduce", "reduce_scatter", ...: a collective's name in logs and traces.
+static inline const char* collective_name(Collective c) {
+    static const char* const names[NUM_COLLECTIVES] = {
+        "allreduce", "reduce_scatter", "allgather", "broadcast", "reduce", "scatter",
+        "gather", "alltoall", "send", "recv", "barrier"};
+    return names[c];
+}
 // The name of a counter slot: "dp" ... "ep", "world", "dp+cp", a group's name.
 const char* comm_axis_name(int axis);
 // Counter slots in use (COMM_NUM_AXES plus one per kind of group created),

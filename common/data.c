@@ -11,7 +11,9 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "common.h"
+#include "atomic_file.h"
+#include "errors.h"
+#include "memory.h"
 
 #define TOKENS_MAGIC 20240520
 #define TOKENS_VERSION 1
@@ -226,7 +228,7 @@ static size_t invalid_utf8_bytes(const unsigned char* s, size_t len) {
 static const char* check_text(const char* path, const char* text, size_t len, char* msg, size_t msg_len) {
     int magic = 0;
     if (len >= sizeof(int)) memcpy(&magic, text, sizeof(int));
-    if (magic == 20240326) {  // llm.c's checkpoint magic (checkpoint.c)
+    if (magic == 20240326) {  // llm.c's checkpoint magic (model_file.c)
         snprintf(msg, msg_len, "'%s' is an llm.c model checkpoint, not training data: give it with --model, and a text or token file with --data", path);
         return msg;
     }

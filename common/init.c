@@ -1,4 +1,4 @@
-// init.c: counter-based initialisation.
+// init.c: counter-based initialisation (init.h).
 //
 // Element i of tensor t of layer l gets a value computed from (seed, t, l, i)
 // alone, by hashing the four numbers into two uniform variates and turning
@@ -7,7 +7,7 @@
 // equals the same slice of the full model.
 #include <math.h>
 
-#include "model.h"
+#include "init.h"
 
 // splitmix64's finaliser: a bijective mix of 64 bits
 static uint64_t mix64(uint64_t z) {

@@ -1,9 +1,10 @@
-// memory.c: the tracking allocator. It remembers every live allocation (there
-// are few: whole buffers, never per-tensor objects) with its size and category.
+// memory.c: allocation (memory.h). The tracking allocator remembers every
+// live allocation (there are few: whole buffers, never per-tensor objects)
+// with its size and category.
 #include "memory.h"
 
-#include "common.h"
 #include "device.h"
+#include "errors.h"
 
 #include <stdlib.h>
 
@@ -69,4 +70,18 @@ size_t mem_peak_total(void) { return peak_total; }
 void mem_reset_peaks(void) {
     for (int c = 0; c < MEM_NUM_CATEGORIES; c++) peak[c] = current[c];
     peak_total = current_total;
+}
+
+// ---------------------------------------------------------------- host memory
+
+void* xmalloc(size_t bytes) {
+    void* p = malloc(bytes ? bytes : 1);
+    CHECK(p != NULL, "out of host memory allocating %zu bytes", bytes);
+    return p;
+}
+
+void* xcalloc(size_t count, size_t size) {
+    void* p = calloc(count ? count : 1, size ? size : 1);
+    CHECK(p != NULL, "out of host memory allocating %zu x %zu bytes", count, size);
+    return p;
 }

@@ -1,4 +1,5 @@
-// memory.h: the device (host on the CPU backend) and the tracking allocator.
+// memory.h: allocation. Device memory (host memory on the CPU backend)
+// through the tracking allocator, and host memory for bookkeeping.
 //
 // Every device allocation of every chapter goes through mem_alloc with a
 // category, so that each rank can report its peak bytes per category and the
@@ -36,6 +37,11 @@ void mem_reset_peaks(void);
 void mem_to_device(void* dst_device, const void* src_host, size_t bytes);
 void mem_to_host(void* dst_host, const void* src_device, size_t bytes);
 void mem_zero(void* device_ptr, size_t bytes);
+
+// malloc and calloc for host-side bookkeeping (not device memory), ending
+// every rank with a message when the host is out of memory.
+void* xmalloc(size_t bytes);
+void* xcalloc(size_t count, size_t size);
 
 // Picks and prepares this rank's device (the GPU of its node-local rank on
 // CUDA; nothing on the CPU). Returns a printable name.

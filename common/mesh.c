@@ -4,7 +4,7 @@
 #include <stdio.h>
 #include <string.h>
 
-#include "common.h"
+#include "errors.h"
 
 // Axes from slowest- to fastest-varying in the rank number.
 static const MeshAxis rank_order[NUM_AXES] = {AXIS_PP, AXIS_DP, AXIS_EP, AXIS_CP, AXIS_TP};

@@ -1,56 +1,15 @@
-// model.h: the GPT-2 model: config, parameter layout, init, checkpoint files,
-// and the forward and backward passes composed from the ops of ops.h.
-//
-// Parameters live in ONE flat buffer, layer-major:
-//   [wte wpe] [block 0: ln1w ln1b qkvw qkvb attprojw attprojb ln2w ln2b fcw fcb
-//   fcprojw fcprojb] ... [block L-1] [lnfw lnfb]
-// so one block is one contiguous range. Gradients and AdamW state use the same
-// layout. The checkpoint file keeps llm.c's tensor-major order; load and save
-// convert.
+// model.h: the GPT-2 model: a block's parameters, activations and passes,
+// and the whole model's forward and backward, composed from the ops of
+// ops.h (model.c). The config and the flat parameter layout: model_layout.h;
+// init: init.h; llm.c's model file: model_file.h.
 #ifndef MODEL_H
 #define MODEL_H
 
 #include <stddef.h>
 #include <stdint.h>
 
+#include "model_layout.h"
 #include "ops.h"
-
-typedef struct {
-    int max_seq_len;        // maxT: rows of wpe
-    int vocab_size;         // V: real tokens, the softmax runs over these
-    int padded_vocab_size;  // Vp >= V: rows of wte (llm.c pads to a multiple of 128)
-    int num_layers;         // L
-    int num_heads;          // NH
-    int channels;           // C
-} GPTConfig;
-
-// The 16 tensors, in the checkpoint file's order (llm.c's).
-typedef enum {
-    P_WTE, P_WPE, P_LN1W, P_LN1B, P_QKVW, P_QKVB, P_ATTPROJW, P_ATTPROJB,
-    P_LN2W, P_LN2B, P_FCW, P_FCB, P_FCPROJW, P_FCPROJB, P_LNFW, P_LNFB,
-    NUM_PARAM_TENSORS
-} ParamTensor;
-
-const char* param_tensor_name(ParamTensor t);
-// 1 for the 12 per-layer tensors, 0 for wte, wpe, lnfw, lnfb.
-int param_tensor_is_block(ParamTensor t);
-// Elements of one layer's copy of tensor t (of the whole tensor for non-block ones).
-size_t param_tensor_numel(const GPTConfig* cfg, ParamTensor t);
-
-// ---------------------------------------------------------------- presets
-// "tiny" (tests), "tiny6" (tiny with 6 layers: pipeline tests) and "small"
-// (demos, plots); returns 0 if name is not a preset.
-int gpt_preset(const char* name, GPTConfig* cfg);
-// A config a chapter can run: every size positive, C divisible by NH, V <= Vp.
-// Returns NULL if valid, else a message saying what is wrong.
-const char* gpt_config_problem(const GPTConfig* cfg);
-
-// ---------------------------------------------------------------- layout
-size_t gpt_block_numel(int C);                 // 12C^2 + 13C
-size_t gpt_num_params(const GPTConfig* cfg);
-size_t gpt_block_offset(const GPTConfig* cfg, int layer);  // start of block `layer`
-// Offset of tensor t (of `layer`, for block tensors) in the flat buffer.
-size_t gpt_tensor_offset(const GPTConfig* cfg, ParamTensor t, int layer);
 
 // One block's parameters (or gradients), pointing into a contiguous range of
 // gpt_block_numel(C) floats wherever it lives: the full model, an FSDP gather
@@ -65,39 +24,6 @@ typedef struct {
     float *fcprojw, *fcprojb;    // (C, 4C), (C)
 } BlockParams;
 BlockParams block_params_at(float* base, int C);
-
-// ---------------------------------------------------------------- init
-// Counter-based init: the value of element i of tensor t of layer l depends on
-// (seed, t, l, i) only, never on where it sits in memory. Fills the flat-layout
-// range [start, start + count) into out, so a rank can initialise just its shard
-// and get exactly that slice of the full model.
-//   weights: N(0, 0.02), the two residual projections N(0, 0.02 / sqrt(2L));
-//   LayerNorm weights 1; biases 0; padded rows of wte (ids >= V) 0.
-// out is host memory.
-void gpt_init_range(float* out, size_t start, size_t count, const GPTConfig* cfg, uint64_t seed);
-// A standard normal from (seed, tensor id, layer, index) alone: the counter
-// under the rule above (tensor ids >= NUM_PARAM_TENSORS name other models'
-// tensors, as the MoE router in 07_expert/moe.c).
-double init_normal_at(uint64_t seed, int t, int layer, size_t index);
-// The initial value of one element (the rule above).
-float gpt_init_value(const GPTConfig* cfg, uint64_t seed, ParamTensor t, int layer, size_t index);
-
-// ---------------------------------------------------------------- checkpoint
-// llm.c's GPT-2 file: 256 int32 header (magic 20240326, version 3 = fp32,
-// maxT, V, L, NH, C, Vp) then the 16 tensors, tensor-major.
-// Reads the header only; returns NULL or a message naming the problem.
-const char* checkpoint_read_config(const char* path, GPTConfig* cfg, char* msg, size_t msg_len);
-// Reads the parameters into params_host (gpt_num_params floats, flat layout).
-const char* checkpoint_read_params(const char* path, const GPTConfig* cfg, float* params_host,
-                                   char* msg, size_t msg_len);
-// Reads the flat-layout range [start, start + count) of the parameters into
-// out (host memory), seeking to each tensor piece in the file: a rank loads
-// only its shard. The file must have passed checkpoint_read_config.
-const char* checkpoint_read_range(const char* path, const GPTConfig* cfg, float* out, size_t start,
-                                  size_t count, char* msg, size_t msg_len);
-// Writes atomically (a temporary file renamed over the target): never a half file.
-const char* checkpoint_write(const char* path, const GPTConfig* cfg, const float* params_host,
-                             char* msg, size_t msg_len);
 
 // ---------------------------------------------------------------- activations
 // What one block saves in forward for backward. Sizes for B sequences of T tokens.

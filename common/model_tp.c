@@ -5,7 +5,8 @@
 #include <stdio.h>
 #include <string.h>
 
-#include "common.h"
+#include "errors.h"
+#include "init.h"
 
 // One block's shard (gpt_block_numel_tp, block_params_at_tp and the
 // activation layouts) is in model.c, written once for every tp: tp = 1 is

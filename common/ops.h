@@ -16,6 +16,14 @@
 
 #include <stddef.h>
 
+// ---------------------------------------------------------------- progress
+// The long ops (matmuls, attention) call this hook at their start, so the
+// comm layer can move its non-blocking operations while the rank computes
+// (MPI moves them only inside MPI calls: comm.h's comm_progress, which the
+// CPU comm layer hooks in here when an operation goes in flight). NULL: no
+// hook. The ops sit below the comm layer and never call it by name.
+void ops_set_progress_hook(void (*hook)(void));
+
 // ---------------------------------------------------------------- embedding
 // out[n, :] = wte[tokens[n], :] + wpe[n % T, :]     out (N, C), N = B*T
 // wpe points at the row of the first position the caller's sequence chunk

@@ -13,12 +13,14 @@
 #include <unistd.h>
 
 #include "comm.h"
-#include "comm_count.h"
-#include "common.h"
+#include "comm_stats.h"
+#include "errors.h"
 #include "memory.h"
 #include "optime.h"
+#include "matmul_peak.h"
 #include "runtime.h"
 #include "watchdog.h"
+#include "rank.h"
 
 const char* jsonl_open(JsonLog* log, const char* path, char* msg, size_t msg_len) {
     log->f = NULL;

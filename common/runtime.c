@@ -1,4 +1,4 @@
-// runtime.c: start-up, threads, clocks, measured matmul peak.
+// runtime.c: start-up, threads, clocks (runtime.h).
 #include "runtime.h"
 
 #include <mpi.h>
@@ -6,11 +6,12 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "common.h"
 #include "device.h"
 #include "memory.h"
 #include "ops.h"
 #include "watchdog.h"
+#include "errors.h"
+#include "rank.h"
 
 static int local_size = 1, local_rank = 0;
 
@@ -67,31 +68,4 @@ double now_seconds(void) {
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
     return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
-
-double measure_matmul_gflops_at(int N, int C, int OC) {
-    float* inp = mem_alloc_floats((size_t)N * C, MEM_OTHER);
-    float* w = mem_alloc_floats((size_t)OC * C, MEM_OTHER);
-    float* out = mem_alloc_floats((size_t)N * OC, MEM_OTHER);
-    matmul_forward(out, inp, w, NULL, N, C, OC);  // warm-up: threads, caches
-    device_synchronize();
-    double best = 1e30;
-    for (int r = 0; r < 5; r++) {
-        double t0 = now_seconds();
-        matmul_forward(out, inp, w, NULL, N, C, OC);
-        device_synchronize();
-        double dt = now_seconds() - t0;
-        if (dt < best) best = dt;
-    }
-    mem_free(inp);
-    mem_free(w);
-    mem_free(out);
-    mem_reset_peaks();
-    return 2.0 * N * (double)C * OC / best / 1e9;
-}
-
-double measure_matmul_gflops(void) {
-    // square matmuls big enough to reach the library's peak, small enough to
-    // take a fraction of a second
-    return measure_matmul_gflops_at(1536, 1536, 1536);
 }

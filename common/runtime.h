@@ -1,5 +1,4 @@
-// runtime.h: process start-up and shutdown, threads, clocks and the machine's
-// measured matmul peak (for MFU).
+// runtime.h: process start-up and shutdown, threads and clocks.
 #ifndef RUNTIME_H
 #define RUNTIME_H
 
@@ -21,13 +20,5 @@ int runtime_cores_allowed(void);
 
 // Seconds on a monotonic clock.
 double now_seconds(void);
-
-// Measured single-precision matmul rate of this rank's device (GFLOP/s): the
-// best of a few square sgemms through matmul_forward. Allocations it makes are
-// freed and the allocator's peaks reset.
-double measure_matmul_gflops(void);
-// The same for matmul_forward's out (N, OC) = inp (N, C) @ w^T: the best of
-// five calls after a warm-up (build/roofline measures a block's shapes).
-double measure_matmul_gflops_at(int N, int C, int OC);
 
 #endif

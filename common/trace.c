@@ -13,8 +13,10 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "common.h"
+#include "atomic_file.h"
+#include "errors.h"
 #include "memory.h"
+#include "rank.h"
 #include "runtime.h"
 
 // One span as it travels to rank 0 (plain bytes: every rank runs the same

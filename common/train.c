@@ -7,11 +7,14 @@
 #include <string.h>
 
 #include "ckpt.h"
-#include "common.h"
+#include "errors.h"
+#include "matmul_peak.h"
 #include "memory.h"
+#include "model_file.h"
 #include "optime.h"
 #include "paths.h"
 #include "watchdog.h"
+#include "rank.h"
 #include "runtime.h"
 #include "trace.h"
 

@@ -14,7 +14,7 @@
 #include "ops.h"
 #include "report.h"
 
-typedef struct {
+typedef struct TrainSetup {  // named: ckpt.h takes a pointer to one
     GPTConfig cfg;
     const char* model_name;  // "tiny", "small" or the checkpoint's path
     const char* checkpoint;  // the path when --model is a file, else NULL

@@ -102,7 +102,7 @@ kill $first 2>/dev/null
 wait $first 2>/dev/null
 # objects depend on the flags: a new OPT rebuilds, the same OPT does not
 fb="$TEST_TMPDIR/flagbuild"
-obj="$fb/obj/cpu/common/comm_count.o"
+obj="$fb/obj/cpu/common/comm_stats.o"
 make -s BACKEND=cpu BUILD="$fb" OPT=-O0 "$obj" >/dev/null 2>&1
 make -q BACKEND=cpu BUILD="$fb" OPT=-O0 "$obj" >/dev/null 2>&1
 same=$?

@@ -5,16 +5,19 @@
 //   mpirun -np 3 build/tests/test_ckpt
 // Every value is a function of (kind, tensor, global index), so a slice read
 // from the wrong place, or not at all, shows.
+//
+// run by: tests/checkpoints.sh (on MPI ranks)
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "ckpt.h"
-#include "common.h"
+#include "errors.h"
 #include "memory.h"
 #include "runtime.h"
 #include "test.h"
+#include "train.h"
 
 static int R, rank;
 static GPTConfig cfg;

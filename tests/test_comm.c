@@ -13,16 +13,19 @@
 // Every check is agreed over all ranks; rank 0 prints PASS/FAIL lines.
 // --bad-list: creates a group from a list with a rank twice (must end every
 // rank with one message). --log: writes a summary whose "comm" has the groups.
+//
+// run by: tests/comm.sh (on 4 MPI ranks)
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "comm.h"
-#include "common.h"
 #include "device.h"
+#include "errors.h"
 #include "memory.h"
 #include "mesh.h"
+#include "rank.h"
 #include "report.h"
 #include "runtime.h"
 
@@ -150,6 +153,17 @@ static void test_rank_list(void) {
     comm_destroy_group(&g);
 }
 
+// --comm hand needs chapter 1's module (01_collectives/collectives), which
+// this program does not link: the comm layer refuses, naming the module,
+// and keeps the library's collectives.
+static void test_hand_unlinked(void) {
+    const char* msg = comm_set_impl(COMM_IMPL_HAND);
+    int ok = msg && strstr(msg, "01_collectives/collectives") && !strcmp(comm_impl_name(), "library");
+    if (!ok) printf("rank %d: comm_set_impl(COMM_IMPL_HAND) gave %s, impl %s\n", world_rank(), msg ? msg : "NULL",
+                    comm_impl_name());
+    agree(ok, "--comm hand without chapter 1's module linked: refused with a message naming it");
+}
+
 // A non-blocking COMM_AVG completed by polling comm_test (the division
 // happens on completion, wherever it is seen) gives the bits of the same
 // operation completed by comm_wait alone, for the all-reduce and the
@@ -227,6 +241,7 @@ int main(int argc, char** argv) {
     test_mesh((const int[NUM_AXES]){[AXIS_DP] = 2, [AXIS_TP] = 1, [AXIS_CP] = 2}, "dp=2 x tp=1 x cp=2");
     test_rank_list();
     test_polled_average(&world);
+    test_hand_unlinked();
 
     // the summary: every group's slot is a key of "comm" beside the axes
     if (log_path) {

@@ -7,7 +7,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
-#include "common.h"
+#include "atomic_file.h"
 #include "data.h"
 #include "test.h"
 

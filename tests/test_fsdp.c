@@ -7,16 +7,20 @@
 // instead runs train_check_mesh on the MODEL preset (tiny) with that mesh,
 // global batch B, sequence T, micro-batches and experts, and says "mesh ok"
 // (or exits with its error).
+//
+// modules: 03_fsdp/fsdp
+// run by: tests/chapter_3.sh (on MPI ranks)
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "comm.h"
-#include "common.h"
+#include "errors.h"
 #include "fsdp.h"
 #include "memory.h"
 #include "mesh.h"
+#include "rank.h"
 #include "runtime.h"
 #include "test.h"
 #include "train.h"

@@ -11,8 +11,10 @@
 #include <dirent.h>
 
 #include "data.h"
+#include "init.h"
 #include "memory.h"
 #include "model.h"
+#include "model_file.h"
 #include "model_tp.h"
 #include "ops.h"
 #include "test.h"

@@ -22,7 +22,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "common.h"
 #include "memory.h"
 #include "ops.h"
 #include "runtime.h"
@@ -151,21 +150,38 @@ static void fd_gradient(objective_fn f, void* ctx, double* x, size_t n, double* 
     }
 }
 
-// ---------------------------------------------------------------- device buffers
-// Buffers on the device (host memory on the CPU backend), category "other".
-// A test frees all of its buffers at its end with dev_free_all().
-#define MAX_DEV 128
-static void* dev_bufs[MAX_DEV];
-static int num_dev = 0;
+// ---------------------------------------------------------------- buffers
+// Every buffer a test allocates, on the device (host memory on the CPU
+// backend, category "other") or on the host, is kept here and freed at the
+// test's end by case_end().
+#define MAX_BUFS 384
+static struct {
+    void* p;
+    int on_device;
+} bufs[MAX_BUFS];
+static int num_bufs = 0;
 
-static void* dev_alloc(size_t bytes) {
-    if (num_dev == MAX_DEV) {
-        fprintf(stderr, "test_ops: more than %d device buffers in one test\n", MAX_DEV);
+static void* keep(void* p, int on_device) {
+    if (num_bufs == MAX_BUFS) {
+        fprintf(stderr, "test_ops: more than %d buffers in one test\n", MAX_BUFS);
         exit(1);
     }
-    void* p = mem_alloc(bytes, MEM_OTHER);  // zero-filled
-    dev_bufs[num_dev++] = p;
+    bufs[num_bufs].p = p;
+    bufs[num_bufs].on_device = on_device;
+    num_bufs++;
     return p;
+}
+
+// Zeroed device memory, and zeroed host memory.
+static void* dev_alloc(size_t bytes) { return keep(mem_alloc(bytes, MEM_OTHER), 1); }
+static void* host_alloc(size_t bytes) { return keep(xcalloc(1, bytes), 0); }
+
+static void case_end(void) {
+    for (int i = 0; i < num_bufs; i++) {
+        if (bufs[i].on_device) mem_free(bufs[i].p);
+        else free(bufs[i].p);
+    }
+    num_bufs = 0;
 }
 
 // n device floats, all zero.
@@ -188,10 +204,92 @@ static int* dev_copy_int(const int* host, size_t n) {
 static void to_device(float* dev, const float* host, size_t n) { mem_to_device(dev, host, n * sizeof(float)); }
 static void to_host(float* host, const float* dev, size_t n) { mem_to_host(host, dev, n * sizeof(float)); }
 
-static void dev_free_all(void) {
-    for (int i = 0; i < num_dev; i++) mem_free(dev_bufs[i]);
-    num_dev = 0;
+
+// ---------------------------------------------------------------- the case helper
+// Every case of an op makes the same moves: random inputs on the host, their
+// double copies for the reference and their device copies for the op; the
+// op's outputs come back to the host and meet the reference; each gradient
+// of a backward meets central differences of the reference; a second backward
+// onto prefilled gradient buffers must add to them. A Buf is one tensor on
+// all three sides; case_end() frees it with the test's other buffers.
+typedef struct {
+    size_t n;
+    float* h;      // (n) fp32 on the host: an input's values, an output's once fetched
+    double* d;     // (n) the reference's: an input's copy, which finite differences
+                   // perturb, or the reference's output
+    float* dev;    // (n) on the device
+    float* first;  // a gradient's result before buf_prefill
+    float* pre;    // what buf_prefill filled the gradient buffer with
+} Buf;
+
+// n zeros on all three sides: an output, or a gradient for a backward to
+// accumulate into.
+static Buf buf_zeros(size_t n) {
+    Buf b = {n, host_alloc(n * sizeof(float)), host_alloc(n * sizeof(double)), dev_zeros(n), NULL, NULL};
+    return b;
 }
+
+// After the caller wrote b->h: the double copy and the device copy follow.
+static void buf_upload(Buf* b) {
+    to_double(b->d, b->h, b->n);
+    to_device(b->dev, b->h, b->n);
+}
+
+// n values uniform in [-scale, scale), on all three sides.
+static Buf buf_random(size_t n, double scale) {
+    Buf b = buf_zeros(n);
+    fill(b.h, n, scale);
+    buf_upload(&b);
+    return b;
+}
+
+// The device values into b->h, which it returns.
+static float* buf_fetch(Buf* b) {
+    to_host(b->h, b->dev, b->n);
+    return b->h;
+}
+
+// A forward's output (fetched) against the reference's, which the caller
+// wrote into out->d.
+static void check_forward(const char* name, Buf* out) {
+    check_err(name, rel_err(buf_fetch(out), out->d, out->n), FWD_TOL);
+}
+
+// A backward's gradient (fetched) against central differences of f with
+// respect to every element of wrt's double copy.
+static void check_backward(const char* name, Buf* grad, objective_fn f, void* ctx, Buf* wrt) {
+    if (grad->n != wrt->n) {
+        fprintf(stderr, "test_ops: %s: a gradient of %zu values for an input of %zu\n", name, grad->n, wrt->n);
+        exit(1);
+    }
+    double* g = host_alloc(wrt->n * sizeof(double));
+    fd_gradient(f, ctx, wrt->d, wrt->n, g);
+    check_err(name, rel_err(buf_fetch(grad), g, grad->n), BWD_TOL);
+}
+
+// Before a second backward onto the same gradient buffer: keeps its result
+// G and fills it with random values P. The second backward must leave P + G
+// (buf_accum_err).
+static void buf_prefill(Buf* g) {
+    g->first = host_alloc(g->n * sizeof(float));
+    g->pre = host_alloc(g->n * sizeof(float));
+    to_host(g->first, g->dev, g->n);
+    fill(g->pre, g->n, 1.0);
+    to_device(g->dev, g->pre, g->n);
+}
+
+// A new Buf holding src's device values.
+static Buf buf_copy_of(Buf* src) {
+    Buf b = buf_zeros(src->n);
+    memcpy(b.h, buf_fetch(src), src->n * sizeof(float));
+    buf_upload(&b);
+    return b;
+}
+
+static double buf_accum_err(Buf* g) { return accum_err(buf_fetch(g), g->pre, g->first, g->n); }
+
+static void check_accumulates(const char* name, Buf* g) { check_err(name, buf_accum_err(g), ACC_TOL); }
+
 
 // ================================================================ encoder
 static void encoder_ref(double* out, const int* tokens, const double* wte, const double* wpe,
@@ -219,61 +317,37 @@ static void test_encoder(void) {
     enum { B = 2, T = 3, C = 5, V = 7, OFF = 2, TMAX = T + OFF, N = B * T };
     // Token 3 appears three times, so dwte must sum over rows.
     const int tokens[N] = {3, 1, 3, 6, 0, 3};
-    float wte[V * C], wpe[TMAX * C], out[N * C], r[N * C];
-    double wte_d[V * C], wpe_d[TMAX * C], out_d[N * C], r_d[N * C];
-    fill(wte, V * C, 1.0);
-    fill(wpe, TMAX * C, 1.0);
-    fill(r, N * C, 1.0);
-    to_double(wte_d, wte, V * C);
-    to_double(wpe_d, wpe, TMAX * C);
-    to_double(r_d, r, N * C);
+    Buf wte = buf_random(V * C, 1.0), wpe = buf_random(TMAX * C, 1.0), r = buf_random(N * C, 1.0);
+    Buf out = buf_zeros(N * C);
     int* tokens_dev = dev_copy_int(tokens, N);
-    float* wte_dev = dev_copy(wte, V * C);
-    float* wpe_dev = dev_copy(wpe, TMAX * C);
-    float* r_dev = dev_copy(r, N * C);
-    float* out_dev = dev_zeros(N * C);
 
     // A chunk starting at position 0, then one starting at OFF (context
     // parallelism passes wpe + t0*C).
     for (int off = 0; off <= OFF; off += OFF) {
         char name[128];
-        encoder_forward(out_dev, tokens_dev, wte_dev, wpe_dev + off * C, B, T, C);
-        to_host(out, out_dev, N * C);
-        encoder_ref(out_d, tokens, wte_d, wpe_d + off * C, B, T, C);
+        encoder_forward(out.dev, tokens_dev, wte.dev, wpe.dev + off * C, B, T, C);
+        encoder_ref(out.d, tokens, wte.d, wpe.d + off * C, B, T, C);
         snprintf(name, sizeof name, "encoder_forward out (wpe offset %d)", off);
-        check_err(name, rel_err(out, out_d, N * C), FWD_TOL);
+        check_forward(name, &out);
 
         // The whole dwpe buffer is compared, so rows outside the chunk must
         // stay zero (their FD gradient is exactly 0).
-        float dwte[V * C], dwpe[TMAX * C];
-        float* dwte_dev = dev_zeros(V * C);
-        float* dwpe_dev = dev_zeros(TMAX * C);
-        encoder_backward(dwte_dev, dwpe_dev + off * C, r_dev, tokens_dev, B, T, C);
-        to_host(dwte, dwte_dev, V * C);
-        to_host(dwpe, dwpe_dev, TMAX * C);
-        encoder_ctx ctx = {tokens, wte_d, wpe_d + off * C, r_d, out_d, B, T, C};
-        double g[V * C > TMAX * C ? V * C : TMAX * C];
-        fd_gradient(encoder_objective, &ctx, wte_d, V * C, g);
+        Buf dwte = buf_zeros(V * C), dwpe = buf_zeros(TMAX * C);
+        encoder_backward(dwte.dev, dwpe.dev + off * C, r.dev, tokens_dev, B, T, C);
+        encoder_ctx ctx = {tokens, wte.d, wpe.d + off * C, r.d, out.d, B, T, C};
         snprintf(name, sizeof name, "encoder_backward dwte vs FD (wpe offset %d)", off);
-        check_err(name, rel_err(dwte, g, V * C), BWD_TOL);
-        fd_gradient(encoder_objective, &ctx, wpe_d, TMAX * C, g);
+        check_backward(name, &dwte, encoder_objective, &ctx, &wte);
         snprintf(name, sizeof name, "encoder_backward dwpe vs FD (wpe offset %d)", off);
-        check_err(name, rel_err(dwpe, g, TMAX * C), BWD_TOL);
+        check_backward(name, &dwpe, encoder_objective, &ctx, &wpe);
 
         // Accumulate: prefilled buffers get the same gradient added.
-        float pte[V * C], ppe[TMAX * C], ate[V * C], ape[TMAX * C];
-        fill(pte, V * C, 1.0);
-        fill(ppe, TMAX * C, 1.0);
-        float* ate_dev = dev_copy(pte, V * C);
-        float* ape_dev = dev_copy(ppe, TMAX * C);
-        encoder_backward(ate_dev, ape_dev + off * C, r_dev, tokens_dev, B, T, C);
-        to_host(ate, ate_dev, V * C);
-        to_host(ape, ape_dev, TMAX * C);
+        buf_prefill(&dwte);
+        buf_prefill(&dwpe);
+        encoder_backward(dwte.dev, dwpe.dev + off * C, r.dev, tokens_dev, B, T, C);
         snprintf(name, sizeof name, "encoder_backward accumulates (wpe offset %d)", off);
-        double e = fmax(accum_err(ate, pte, dwte, V * C), accum_err(ape, ppe, dwpe, TMAX * C));
-        check_err(name, e, ACC_TOL);
+        check_err(name, fmax(buf_accum_err(&dwte), buf_accum_err(&dwpe)), ACC_TOL);
     }
-    dev_free_all();
+    case_end();
 }
 
 // ================================================================ vocabulary-parallel encoder
@@ -286,66 +360,51 @@ static void test_encoder_vocab(void) {
     enum { B = 2, T = 3, C = 5, V = 7, N = B * T, S = 3 };
     const int v0s[S] = {0, 3, 6}, rows[S] = {3, 3, 1};
     const int tokens[N] = {3, 1, 3, 6, 0, 5};
-    float wte[V * C], wpe[T * C], r[N * C];
-    fill(wte, V * C, 1.0);
-    fill(wpe, T * C, 1.0);
-    fill(r, N * C, 1.0);
+    Buf wte = buf_random(V * C, 1.0), wpe = buf_random(T * C, 1.0), r = buf_random(N * C, 1.0);
     int* tokens_dev = dev_copy_int(tokens, N);
-    float* wte_dev = dev_copy(wte, V * C);
-    float* wpe_dev = dev_copy(wpe, T * C);
-    float* r_dev = dev_copy(r, N * C);
     // the full op
-    float full[N * C], dwte[V * C], dwpe[T * C];
-    float* full_dev = dev_zeros(N * C);
-    float* dwte_dev = dev_zeros(V * C);
-    float* dwpe_dev = dev_zeros(T * C);
-    encoder_forward(full_dev, tokens_dev, wte_dev, wpe_dev, B, T, C);
-    encoder_backward(dwte_dev, dwpe_dev, r_dev, tokens_dev, B, T, C);
-    to_host(full, full_dev, N * C);
-    to_host(dwte, dwte_dev, V * C);
-    to_host(dwpe, dwpe_dev, T * C);
+    Buf full = buf_zeros(N * C), dwte = buf_zeros(V * C), dwpe = buf_zeros(T * C);
+    encoder_forward(full.dev, tokens_dev, wte.dev, wpe.dev, B, T, C);
+    encoder_backward(dwte.dev, dwpe.dev, r.dev, tokens_dev, B, T, C);
+    buf_fetch(&full);
+    buf_fetch(&dwte);
+    buf_fetch(&dwpe);
     // the shards: forward outputs summed with ops_add (the all-reduce's sum)
-    float sum[N * C], shard_dwte[V * C], part[N * C], dwpe_s[T * C];
-    float* sum_dev = dev_zeros(N * C);
-    float* part_dev = dev_zeros(N * C);
+    Buf sum = buf_zeros(N * C), part = buf_zeros(N * C), shard_dwte = buf_zeros(V * C);
     int zero_rows_ok = 1;
     double dwpe_err = 0.0;
     for (int k = 0; k < S; k++) {
-        encoder_forward_vocab(part_dev, tokens_dev, wte_dev + v0s[k] * C, k == 0 ? wpe_dev : NULL, B, T, C,
+        encoder_forward_vocab(part.dev, tokens_dev, wte.dev + v0s[k] * C, k == 0 ? wpe.dev : NULL, B, T, C,
                               v0s[k], rows[k]);
-        to_host(part, part_dev, N * C);
+        buf_fetch(&part);
         // a token this shard does not hold contributes exactly zero (shards
         // other than the first add no wpe)
         for (int n = 0; n < N; n++) {
             int held = tokens[n] >= v0s[k] && tokens[n] < v0s[k] + rows[k];
             for (int c = 0; c < C && k > 0; c++)
-                zero_rows_ok &= held ? part[n * C + c] == wte[tokens[n] * C + c] : part[n * C + c] == 0.0f;
+                zero_rows_ok &= held ? part.h[n * C + c] == wte.h[tokens[n] * C + c] : part.h[n * C + c] == 0.0f;
         }
-        ops_add(sum_dev, part_dev, N * C);
-        float* dw_dev = dev_zeros(rows[k] * C);
-        float* dp_dev = dev_zeros(T * C);
-        encoder_backward_vocab(dw_dev, dp_dev, r_dev, tokens_dev, B, T, C, v0s[k], rows[k]);
-        to_host(shard_dwte + v0s[k] * C, dw_dev, rows[k] * C);
-        to_host(dwpe_s, dp_dev, T * C);
-        dwpe_err = fmax(dwpe_err, rel_err_ff(dwpe_s, dwpe, T * C));
+        ops_add(sum.dev, part.dev, N * C);
+        Buf dw = buf_zeros(rows[k] * C), dp = buf_zeros(T * C);
+        encoder_backward_vocab(dw.dev, dp.dev, r.dev, tokens_dev, B, T, C, v0s[k], rows[k]);
+        memcpy(shard_dwte.h + v0s[k] * C, buf_fetch(&dw), rows[k] * C * sizeof(float));
+        dwpe_err = fmax(dwpe_err, rel_err_ff(buf_fetch(&dp), dwpe.h, T * C));
     }
-    to_host(sum, sum_dev, N * C);
     check(zero_rows_ok, "encoder_forward_vocab: held tokens give their row, others exactly 0",
           "a shard wrote a row it does not hold");
     check_err("encoder_forward_vocab summed over 3 uneven shards equals encoder_forward",
-              rel_err_ff(sum, full, N * C), FWD_TOL);
+              rel_err_ff(buf_fetch(&sum), full.h, N * C), FWD_TOL);
     check_err("encoder_backward_vocab shards' dwte equal encoder_backward's rows",
-              rel_err_ff(shard_dwte, dwte, V * C), FWD_TOL);
+              rel_err_ff(shard_dwte.h, dwte.h, V * C), FWD_TOL);
     check_err("encoder_backward_vocab dwpe on every shard equals encoder_backward's", dwpe_err, FWD_TOL);
-    // accumulates, and a NULL gradient is skipped
-    float pre[3 * C], got[3 * C];
-    fill(pre, 3 * C, 1.0);
-    float* acc_dev = dev_copy(pre, 3 * C);
-    encoder_backward_vocab(acc_dev, NULL, r_dev, tokens_dev, B, T, C, 3, 3);
-    to_host(got, acc_dev, 3 * C);
-    check_err("encoder_backward_vocab accumulates (dwpe NULL)", accum_err(got, pre, shard_dwte + 3 * C, 3 * C),
-              ACC_TOL);
-    dev_free_all();
+    // accumulates (onto random values, the shard of rows 3..5), and a NULL
+    // gradient is skipped
+    Buf acc = buf_zeros(3 * C);
+    buf_prefill(&acc);
+    encoder_backward_vocab(acc.dev, NULL, r.dev, tokens_dev, B, T, C, 3, 3);
+    check_err("encoder_backward_vocab accumulates (dwpe NULL)",
+              accum_err(buf_fetch(&acc), acc.pre, shard_dwte.h + 3 * C, 3 * C), ACC_TOL);
+    case_end();
 }
 
 // ================================================================ layernorm
@@ -381,71 +440,38 @@ static double layernorm_objective(void* p) {
 
 static void test_layernorm(void) {
     enum { N = 4, C = 7 };
-    float inp[N * C], w[C], b[C], out[N * C], mean[N], rstd[N], r[N * C];
-    double inp_d[N * C], w_d[C], b_d[C], out_d[N * C], mean_d[N], rstd_d[N], r_d[N * C];
-    fill(inp, N * C, 1.0);
+    Buf inp = buf_random(N * C, 1.0);
     // Give rows different means and spreads so mean and rstd both matter.
     for (int n = 0; n < N; n++)
-        for (int c = 0; c < C; c++) inp[n * C + c] = inp[n * C + c] * (float)(0.5 + n) + 0.3f * (float)n;
-    fill(w, C, 1.0);
-    fill(b, C, 1.0);
-    fill(r, N * C, 1.0);
-    to_double(inp_d, inp, N * C);
-    to_double(w_d, w, C);
-    to_double(b_d, b, C);
-    to_double(r_d, r, N * C);
-    float* inp_dev = dev_copy(inp, N * C);
-    float* w_dev = dev_copy(w, C);
-    float* b_dev = dev_copy(b, C);
-    float* r_dev = dev_copy(r, N * C);
-    float* out_dev = dev_zeros(N * C);
-    float* mean_dev = dev_zeros(N);
-    float* rstd_dev = dev_zeros(N);
+        for (int c = 0; c < C; c++) inp.h[n * C + c] = inp.h[n * C + c] * (float)(0.5 + n) + 0.3f * (float)n;
+    buf_upload(&inp);
+    Buf w = buf_random(C, 1.0), b = buf_random(C, 1.0), r = buf_random(N * C, 1.0);
+    Buf out = buf_zeros(N * C), mean = buf_zeros(N), rstd = buf_zeros(N);
 
-    layernorm_forward(out_dev, mean_dev, rstd_dev, inp_dev, w_dev, b_dev, N, C);
-    to_host(out, out_dev, N * C);
-    to_host(mean, mean_dev, N);
-    to_host(rstd, rstd_dev, N);
-    layernorm_ref(out_d, mean_d, rstd_d, inp_d, w_d, b_d, N, C);
-    check_err("layernorm_forward out", rel_err(out, out_d, N * C), FWD_TOL);
+    layernorm_forward(out.dev, mean.dev, rstd.dev, inp.dev, w.dev, b.dev, N, C);
+    layernorm_ref(out.d, mean.d, rstd.d, inp.d, w.d, b.d, N, C);
+    check_forward("layernorm_forward out", &out);
     // mean is compared against the scale of the inputs (a row mean can be ~0).
-    check_err("layernorm_forward mean", max_abs_diff(mean, mean_d, N) / max_abs(inp_d, N * C),
+    check_err("layernorm_forward mean", max_abs_diff(buf_fetch(&mean), mean.d, N) / max_abs(inp.d, N * C),
               FWD_TOL);
-    check_err("layernorm_forward rstd", rel_err(rstd, rstd_d, N), FWD_TOL);
+    check_forward("layernorm_forward rstd", &rstd);
 
-    float dinp[N * C], dw[C], db[C];
-    float* dinp_dev = dev_zeros(N * C);
-    float* dw_dev = dev_zeros(C);
-    float* db_dev = dev_zeros(C);
-    layernorm_backward(dinp_dev, dw_dev, db_dev, r_dev, inp_dev, w_dev, mean_dev, rstd_dev, N, C);
-    to_host(dinp, dinp_dev, N * C);
-    to_host(dw, dw_dev, C);
-    to_host(db, db_dev, C);
-    layernorm_ctx ctx = {inp_d, w_d, b_d, r_d, out_d, N, C};
-    double g[N * C];
-    fd_gradient(layernorm_objective, &ctx, inp_d, N * C, g);
-    check_err("layernorm_backward dinp vs FD", rel_err(dinp, g, N * C), BWD_TOL);
-    fd_gradient(layernorm_objective, &ctx, w_d, C, g);
-    check_err("layernorm_backward dw vs FD", rel_err(dw, g, C), BWD_TOL);
-    fd_gradient(layernorm_objective, &ctx, b_d, C, g);
-    check_err("layernorm_backward db vs FD", rel_err(db, g, C), BWD_TOL);
+    Buf dinp = buf_zeros(N * C), dw = buf_zeros(C), db = buf_zeros(C);
+    layernorm_backward(dinp.dev, dw.dev, db.dev, r.dev, inp.dev, w.dev, mean.dev, rstd.dev, N, C);
+    layernorm_ctx ctx = {inp.d, w.d, b.d, r.d, out.d, N, C};
+    check_backward("layernorm_backward dinp vs FD", &dinp, layernorm_objective, &ctx, &inp);
+    check_backward("layernorm_backward dw vs FD", &dw, layernorm_objective, &ctx, &w);
+    check_backward("layernorm_backward db vs FD", &db, layernorm_objective, &ctx, &b);
 
     // Accumulate into all three prefilled buffers.
-    float pi[N * C], pw[C], pb[C], ai[N * C], aw[C], ab[C];
-    fill(pi, N * C, 1.0);
-    fill(pw, C, 1.0);
-    fill(pb, C, 1.0);
-    float* ai_dev = dev_copy(pi, N * C);
-    float* aw_dev = dev_copy(pw, C);
-    float* ab_dev = dev_copy(pb, C);
-    layernorm_backward(ai_dev, aw_dev, ab_dev, r_dev, inp_dev, w_dev, mean_dev, rstd_dev, N, C);
-    to_host(ai, ai_dev, N * C);
-    to_host(aw, aw_dev, C);
-    to_host(ab, ab_dev, C);
-    check_err("layernorm_backward dinp accumulates", accum_err(ai, pi, dinp, N * C), ACC_TOL);
-    check_err("layernorm_backward dw accumulates", accum_err(aw, pw, dw, C), ACC_TOL);
-    check_err("layernorm_backward db accumulates", accum_err(ab, pb, db, C), ACC_TOL);
-    dev_free_all();
+    buf_prefill(&dinp);
+    buf_prefill(&dw);
+    buf_prefill(&db);
+    layernorm_backward(dinp.dev, dw.dev, db.dev, r.dev, inp.dev, w.dev, mean.dev, rstd.dev, N, C);
+    check_accumulates("layernorm_backward dinp accumulates", &dinp);
+    check_accumulates("layernorm_backward dw accumulates", &dw);
+    check_accumulates("layernorm_backward db accumulates", &db);
+    case_end();
 }
 
 // ================================================================ matmul
@@ -474,85 +500,51 @@ static double matmul_objective(void* p) {
 static void test_matmul(void) {
     // Odd sizes, so no blocking or vector width divides them.
     enum { N = 5, C = 7, OC = 3 };
-    float inp[N * C], w[OC * C], bias[OC], out[N * OC], r[N * OC];
-    double inp_d[N * C], w_d[OC * C], bias_d[OC], out_d[N * OC], r_d[N * OC];
-    fill(inp, N * C, 1.0);
-    fill(w, OC * C, 1.0);
-    fill(bias, OC, 1.0);
-    fill(r, N * OC, 1.0);
-    to_double(inp_d, inp, N * C);
-    to_double(w_d, w, OC * C);
-    to_double(bias_d, bias, OC);
-    to_double(r_d, r, N * OC);
-    float* inp_dev = dev_copy(inp, N * C);
-    float* w_dev = dev_copy(w, OC * C);
-    float* bias_dev = dev_copy(bias, OC);
-    float* r_dev = dev_copy(r, N * OC);
-    float* out_dev = dev_zeros(N * OC);
+    Buf inp = buf_random(N * C, 1.0), w = buf_random(OC * C, 1.0), bias = buf_random(OC, 1.0),
+        r = buf_random(N * OC, 1.0), out = buf_zeros(N * OC);
 
-    matmul_forward(out_dev, inp_dev, w_dev, bias_dev, N, C, OC);
-    to_host(out, out_dev, N * OC);
-    matmul_ref(out_d, inp_d, w_d, bias_d, N, C, OC);
-    check_err("matmul_forward out (bias)", rel_err(out, out_d, N * OC), FWD_TOL);
+    matmul_forward(out.dev, inp.dev, w.dev, bias.dev, N, C, OC);
+    matmul_ref(out.d, inp.d, w.d, bias.d, N, C, OC);
+    check_forward("matmul_forward out (bias)", &out);
     // Prefill out with garbage: forward writes, and a NULL bias adds nothing.
-    for (int i = 0; i < N * OC; i++) out[i] = 99.0f;
-    to_device(out_dev, out, N * OC);
-    matmul_forward(out_dev, inp_dev, w_dev, NULL, N, C, OC);
-    to_host(out, out_dev, N * OC);
-    matmul_ref(out_d, inp_d, w_d, NULL, N, C, OC);
-    check_err("matmul_forward out (bias NULL)", rel_err(out, out_d, N * OC), FWD_TOL);
+    for (int i = 0; i < N * OC; i++) out.h[i] = 99.0f;
+    to_device(out.dev, out.h, N * OC);
+    matmul_forward(out.dev, inp.dev, w.dev, NULL, N, C, OC);
+    matmul_ref(out.d, inp.d, w.d, NULL, N, C, OC);
+    check_forward("matmul_forward out (bias NULL)", &out);
 
     // The backward does not depend on whether the forward had a bias; dbias is
     // the gradient w.r.t. a bias, so the FD runs with one.
-    float dinp[N * C], dw[OC * C], dbias[OC];
-    float* dinp_dev = dev_zeros(N * C);
-    float* dw_dev = dev_zeros(OC * C);
-    float* dbias_dev = dev_zeros(OC);
-    matmul_backward(dinp_dev, dw_dev, dbias_dev, r_dev, inp_dev, w_dev, N, C, OC);
-    to_host(dinp, dinp_dev, N * C);
-    to_host(dw, dw_dev, OC * C);
-    to_host(dbias, dbias_dev, OC);
-    matmul_ctx ctx = {inp_d, w_d, bias_d, r_d, out_d, N, C, OC};
-    double g_inp[N * C], g_w[OC * C], g_b[OC];
-    fd_gradient(matmul_objective, &ctx, inp_d, N * C, g_inp);
-    fd_gradient(matmul_objective, &ctx, w_d, OC * C, g_w);
-    fd_gradient(matmul_objective, &ctx, bias_d, OC, g_b);
-    check_err("matmul_backward dinp vs FD", rel_err(dinp, g_inp, N * C), BWD_TOL);
-    check_err("matmul_backward dw vs FD", rel_err(dw, g_w, OC * C), BWD_TOL);
-    check_err("matmul_backward dbias vs FD", rel_err(dbias, g_b, OC), BWD_TOL);
+    Buf dinp = buf_zeros(N * C), dw = buf_zeros(OC * C), dbias = buf_zeros(OC);
+    matmul_backward(dinp.dev, dw.dev, dbias.dev, r.dev, inp.dev, w.dev, N, C, OC);
+    matmul_ctx ctx = {inp.d, w.d, bias.d, r.d, out.d, N, C, OC};
+    check_backward("matmul_backward dinp vs FD", &dinp, matmul_objective, &ctx, &inp);
+    check_backward("matmul_backward dw vs FD", &dw, matmul_objective, &ctx, &w);
+    check_backward("matmul_backward dbias vs FD", &dbias, matmul_objective, &ctx, &bias);
 
     // Accumulate into prefilled buffers.
-    float pi[N * C], pw[OC * C], pb[OC], ai[N * C], aw[OC * C], ab[OC];
-    fill(pi, N * C, 1.0);
-    fill(pw, OC * C, 1.0);
-    fill(pb, OC, 1.0);
-    float* ai_dev = dev_copy(pi, N * C);
-    float* aw_dev = dev_copy(pw, OC * C);
-    float* ab_dev = dev_copy(pb, OC);
-    matmul_backward(ai_dev, aw_dev, ab_dev, r_dev, inp_dev, w_dev, N, C, OC);
-    to_host(ai, ai_dev, N * C);
-    to_host(aw, aw_dev, OC * C);
-    to_host(ab, ab_dev, OC);
-    check_err("matmul_backward dinp accumulates", accum_err(ai, pi, dinp, N * C), ACC_TOL);
-    check_err("matmul_backward dw accumulates", accum_err(aw, pw, dw, OC * C), ACC_TOL);
-    check_err("matmul_backward dbias accumulates", accum_err(ab, pb, dbias, OC), ACC_TOL);
+    buf_prefill(&dinp);
+    buf_prefill(&dw);
+    buf_prefill(&dbias);
+    matmul_backward(dinp.dev, dw.dev, dbias.dev, r.dev, inp.dev, w.dev, N, C, OC);
+    check_accumulates("matmul_backward dinp accumulates", &dinp);
+    check_accumulates("matmul_backward dw accumulates", &dw);
+    check_accumulates("matmul_backward dbias accumulates", &dbias);
 
     // NULL dinp and dbias (the first layer needs no dinp; a bias-free layer
     // has no dbias): dw is still right and nothing crashes.
-    float dw2[OC * C];
-    float* dw2_dev = dev_zeros(OC * C);
-    matmul_backward(NULL, dw2_dev, NULL, r_dev, inp_dev, w_dev, N, C, OC);
-    to_host(dw2, dw2_dev, OC * C);
-    check_err("matmul_backward dinp=NULL dbias=NULL, dw vs FD", rel_err(dw2, g_w, OC * C), BWD_TOL);
-    float dinp3[N * C], dw3[OC * C];
-    float* dinp3_dev = dev_zeros(N * C);
-    float* dw3_dev = dev_zeros(OC * C);
-    matmul_backward(dinp3_dev, dw3_dev, NULL, r_dev, inp_dev, w_dev, N, C, OC);
-    to_host(dinp3, dinp3_dev, N * C);
-    to_host(dw3, dw3_dev, OC * C);
+    Buf dw2 = buf_zeros(OC * C);
+    matmul_backward(NULL, dw2.dev, NULL, r.dev, inp.dev, w.dev, N, C, OC);
+    check_backward("matmul_backward dinp=NULL dbias=NULL, dw vs FD", &dw2, matmul_objective, &ctx, &w);
+    Buf dinp3 = buf_zeros(N * C), dw3 = buf_zeros(OC * C);
+    matmul_backward(dinp3.dev, dw3.dev, NULL, r.dev, inp.dev, w.dev, N, C, OC);
+    double* g_inp = host_alloc(N * C * sizeof(double));
+    double* g_w = host_alloc(OC * C * sizeof(double));
+    fd_gradient(matmul_objective, &ctx, inp.d, N * C, g_inp);
+    fd_gradient(matmul_objective, &ctx, w.d, OC * C, g_w);
     check_err("matmul_backward dbias=NULL, dinp and dw vs FD",
-              fmax(rel_err(dinp3, g_inp, N * C), rel_err(dw3, g_w, OC * C)), BWD_TOL);
-    dev_free_all();
+              fmax(rel_err(buf_fetch(&dinp3), g_inp, N * C), rel_err(buf_fetch(&dw3), g_w, OC * C)), BWD_TOL);
+    case_end();
 }
 
 // ================================================================ attention
@@ -605,59 +597,40 @@ static double attention_objective(void* p) {
 
 static void test_attention(void) {
     enum { B = 2, T = 5, C = 8, NH = 2, QKV = B * T * 3 * C, ATT = B * NH * T * T };
-    float qkv[QKV], out[B * T * C], att[ATT], r[B * T * C];
-    double qkv_d[QKV], out_d[B * T * C], att_d[ATT], r_d[B * T * C];
     // Scale 1.5 makes the softmax clearly non-uniform.
-    fill(qkv, QKV, 1.5);
-    fill(r, B * T * C, 1.0);
-    to_double(qkv_d, qkv, QKV);
-    to_double(r_d, r, B * T * C);
-    float* qkv_dev = dev_copy(qkv, QKV);
-    float* r_dev = dev_copy(r, B * T * C);
-    float* out_dev = dev_zeros(B * T * C);
-    float* att_dev = dev_zeros(ATT);
+    Buf qkv = buf_random(QKV, 1.5), r = buf_random(B * T * C, 1.0);
+    Buf out = buf_zeros(B * T * C), att = buf_zeros(ATT);
 
-    attention_forward(out_dev, att_dev, qkv_dev, B, T, C, NH);
-    to_host(out, out_dev, B * T * C);
-    to_host(att, att_dev, ATT);
-    attention_ref(out_d, att_d, qkv_d, B, T, C, NH);
-    check_err("attention_forward out", rel_err(out, out_d, B * T * C), FWD_TOL);
+    attention_forward(out.dev, att.dev, qkv.dev, B, T, C, NH);
+    attention_ref(out.d, att.d, qkv.d, B, T, C, NH);
+    check_forward("attention_forward out", &out);
     // Only the causal part (t2 <= t) of att is defined; probabilities are <= 1.
+    buf_fetch(&att);
     double e = 0.0;
     for (int bh = 0; bh < B * NH; bh++)
         for (int t = 0; t < T; t++)
-            e = fmax(e, max_abs_diff(att + (bh * T + t) * T, att_d + (bh * T + t) * T, (size_t)t + 1));
+            e = fmax(e, max_abs_diff(att.h + (bh * T + t) * T, att.d + (bh * T + t) * T, (size_t)t + 1));
     check_err("attention_forward att (causal part)", e, FWD_TOL);
 
-    float dqkv[QKV];
-    float* dqkv_dev = dev_zeros(QKV);
-    float* datt_dev = dev_zeros(ATT);
-    attention_backward(dqkv_dev, datt_dev, r_dev, qkv_dev, att_dev, B, T, C, NH);
-    to_host(dqkv, dqkv_dev, QKV);
-    attention_ctx ctx = {qkv_d, r_d, out_d, att_d, B, T, C, NH};
-    double g[QKV];
-    fd_gradient(attention_objective, &ctx, qkv_d, QKV, g);
-    check_err("attention_backward dqkv vs FD", rel_err(dqkv, g, QKV), BWD_TOL);
+    Buf dqkv = buf_zeros(QKV), datt = buf_zeros(ATT);
+    attention_backward(dqkv.dev, datt.dev, r.dev, qkv.dev, att.dev, B, T, C, NH);
+    attention_ctx ctx = {qkv.d, r.d, out.d, att.d, B, T, C, NH};
+    check_backward("attention_backward dqkv vs FD", &dqkv, attention_objective, &ctx, &qkv);
 
     // Accumulate into a prefilled dqkv.
-    float p[QKV], a[QKV];
-    fill(p, QKV, 1.0);
-    float* a_dev = dev_copy(p, QKV);
-    mem_zero(datt_dev, ATT * sizeof(float));
-    attention_backward(a_dev, datt_dev, r_dev, qkv_dev, att_dev, B, T, C, NH);
-    to_host(a, a_dev, QKV);
-    check_err("attention_backward dqkv accumulates", accum_err(a, p, dqkv, QKV), ACC_TOL);
+    buf_prefill(&dqkv);
+    mem_zero(datt.dev, ATT * sizeof(float));
+    attention_backward(dqkv.dev, datt.dev, r.dev, qkv.dev, att.dev, B, T, C, NH);
+    check_accumulates("attention_backward dqkv accumulates", &dqkv);
 
     // datt is scratch: whatever it holds on entry must not change dqkv.
-    float d2[QKV], datt[ATT];
-    float* d2_dev = dev_zeros(QKV);
-    for (int i = 0; i < ATT; i++) datt[i] = 7.0f;
-    to_device(datt_dev, datt, ATT);
-    attention_backward(d2_dev, datt_dev, r_dev, qkv_dev, att_dev, B, T, C, NH);
-    to_host(d2, d2_dev, QKV);
-    check_err("attention_backward ignores datt contents (scratch)", rel_err_ff(d2, dqkv, QKV),
+    Buf d2 = buf_zeros(QKV);
+    for (int i = 0; i < ATT; i++) datt.h[i] = 7.0f;
+    to_device(datt.dev, datt.h, ATT);
+    attention_backward(d2.dev, datt.dev, r.dev, qkv.dev, att.dev, B, T, C, NH);
+    check_err("attention_backward ignores datt contents (scratch)", rel_err_ff(buf_fetch(&d2), dqkv.first, QKV),
               ACC_TOL);
-    dev_free_all();
+    case_end();
 }
 
 // ================================================================ pointwise
@@ -680,37 +653,21 @@ static double gelu_objective(void* p) {
 
 static void test_gelu(void) {
     enum { N = 41 };
-    float inp[N], out[N], r[N];
-    double inp_d[N], out_d[N], r_d[N];
     // [-4, 4] covers the linear, curved and saturated parts.
-    fill(inp, N, 4.0);
-    fill(r, N, 1.0);
-    to_double(inp_d, inp, N);
-    to_double(r_d, r, N);
-    float* inp_dev = dev_copy(inp, N);
-    float* r_dev = dev_copy(r, N);
-    float* out_dev = dev_zeros(N);
-    gelu_forward(out_dev, inp_dev, N);
-    to_host(out, out_dev, N);
-    for (int i = 0; i < N; i++) out_d[i] = gelu_ref(inp_d[i]);
-    check_err("gelu_forward out", rel_err(out, out_d, N), FWD_TOL);
+    Buf inp = buf_random(N, 4.0), r = buf_random(N, 1.0), out = buf_zeros(N);
+    gelu_forward(out.dev, inp.dev, N);
+    for (int i = 0; i < N; i++) out.d[i] = gelu_ref(inp.d[i]);
+    check_forward("gelu_forward out", &out);
 
-    float dinp[N];
-    float* dinp_dev = dev_zeros(N);
-    gelu_backward(dinp_dev, inp_dev, r_dev, N);
-    to_host(dinp, dinp_dev, N);
-    gelu_ctx ctx = {inp_d, r_d, N};
-    double g[N];
-    fd_gradient(gelu_objective, &ctx, inp_d, N, g);
-    check_err("gelu_backward dinp vs FD", rel_err(dinp, g, N), BWD_TOL);
+    Buf dinp = buf_zeros(N);
+    gelu_backward(dinp.dev, inp.dev, r.dev, N);
+    gelu_ctx ctx = {inp.d, r.d, N};
+    check_backward("gelu_backward dinp vs FD", &dinp, gelu_objective, &ctx, &inp);
 
-    float p[N], a[N];
-    fill(p, N, 1.0);
-    float* a_dev = dev_copy(p, N);
-    gelu_backward(a_dev, inp_dev, r_dev, N);
-    to_host(a, a_dev, N);
-    check_err("gelu_backward accumulates", accum_err(a, p, dinp, N), ACC_TOL);
-    dev_free_all();
+    buf_prefill(&dinp);
+    gelu_backward(dinp.dev, inp.dev, r.dev, N);
+    check_accumulates("gelu_backward accumulates", &dinp);
+    case_end();
 }
 
 typedef struct {
@@ -727,47 +684,22 @@ static double residual_objective(void* p) {
 
 static void test_residual(void) {
     enum { N = 13 };
-    float a[N], b[N], out[N], r[N];
-    double a_d[N], b_d[N], out_d[N], r_d[N];
-    fill(a, N, 1.0);
-    fill(b, N, 1.0);
-    fill(r, N, 1.0);
-    to_double(a_d, a, N);
-    to_double(b_d, b, N);
-    to_double(r_d, r, N);
-    float* a_dev = dev_copy(a, N);
-    float* b_dev = dev_copy(b, N);
-    float* r_dev = dev_copy(r, N);
-    float* out_dev = dev_zeros(N);
-    residual_forward(out_dev, a_dev, b_dev, N);
-    to_host(out, out_dev, N);
-    for (int i = 0; i < N; i++) out_d[i] = a_d[i] + b_d[i];
-    check_err("residual_forward out", rel_err(out, out_d, N), FWD_TOL);
+    Buf a = buf_random(N, 1.0), b = buf_random(N, 1.0), r = buf_random(N, 1.0), out = buf_zeros(N);
+    residual_forward(out.dev, a.dev, b.dev, N);
+    for (int i = 0; i < N; i++) out.d[i] = a.d[i] + b.d[i];
+    check_forward("residual_forward out", &out);
 
-    float da[N], db[N];
-    float* da_dev = dev_zeros(N);
-    float* db_dev = dev_zeros(N);
-    residual_backward(da_dev, db_dev, r_dev, N);
-    to_host(da, da_dev, N);
-    to_host(db, db_dev, N);
-    residual_ctx ctx = {a_d, b_d, r_d, N};
-    double g[N];
-    fd_gradient(residual_objective, &ctx, a_d, N, g);
-    check_err("residual_backward da vs FD", rel_err(da, g, N), BWD_TOL);
-    fd_gradient(residual_objective, &ctx, b_d, N, g);
-    check_err("residual_backward db vs FD", rel_err(db, g, N), BWD_TOL);
+    Buf da = buf_zeros(N), db = buf_zeros(N);
+    residual_backward(da.dev, db.dev, r.dev, N);
+    residual_ctx ctx = {a.d, b.d, r.d, N};
+    check_backward("residual_backward da vs FD", &da, residual_objective, &ctx, &a);
+    check_backward("residual_backward db vs FD", &db, residual_objective, &ctx, &b);
 
-    float pa[N], pb[N], aa[N], ab[N];
-    fill(pa, N, 1.0);
-    fill(pb, N, 1.0);
-    float* aa_dev = dev_copy(pa, N);
-    float* ab_dev = dev_copy(pb, N);
-    residual_backward(aa_dev, ab_dev, r_dev, N);
-    to_host(aa, aa_dev, N);
-    to_host(ab, ab_dev, N);
-    check_err("residual_backward accumulates",
-              fmax(accum_err(aa, pa, da, N), accum_err(ab, pb, db, N)), ACC_TOL);
-    dev_free_all();
+    buf_prefill(&da);
+    buf_prefill(&db);
+    residual_backward(da.dev, db.dev, r.dev, N);
+    check_err("residual_backward accumulates", fmax(buf_accum_err(&da), buf_accum_err(&db)), ACC_TOL);
+    case_end();
 }
 
 // ================================================================ cross-entropy
@@ -813,61 +745,42 @@ static void test_crossentropy(void) {
     enum { N = 4, W = 6, NV = 5 };
     const float dloss = 0.25f;
     const int targets[N] = {0, 4, 2, 3};
-    float logits[N * W];
-    double logits_d[N * W];
-    fill(logits, N * W, 3.0);
+    Buf logits = buf_random(N * W, 3.0);
     // The padding column holds a huge logit: if it entered the softmax it would
     // dominate rowmax, sumexp and the loss.
-    for (int n = 0; n < N; n++) logits[n * W + NV] = 50.0f;
-    to_double(logits_d, logits, N * W);
-    float* logits_dev = dev_copy(logits, N * W);
+    for (int n = 0; n < N; n++) logits.h[n * W + NV] = 50.0f;
+    buf_upload(&logits);
     int* targets_dev = dev_copy_int(targets, N);
 
-    float rowmax[N], sumexp[N], tlogit[N], losses[N];
-    double rowmax_d[N], sumexp_d[N], tlogit_d[N], losses_d[N];
-    float* rowmax_dev = dev_zeros(N);
-    float* sumexp_dev = dev_zeros(N);
-    float* tlogit_dev = dev_zeros(N);
-    float* losses_dev = dev_zeros(N);
-    crossentropy_partials(rowmax_dev, sumexp_dev, tlogit_dev, logits_dev, targets_dev, N, W, NV, 0);
-    crossentropy_loss(losses_dev, rowmax_dev, sumexp_dev, tlogit_dev, N);
-    to_host(rowmax, rowmax_dev, N);
-    to_host(sumexp, sumexp_dev, N);
-    to_host(tlogit, tlogit_dev, N);
-    to_host(losses, losses_dev, N);
-    crossentropy_ref(losses_d, rowmax_d, sumexp_d, tlogit_d, logits_d, targets, N, W, NV, 0);
-    check_err("crossentropy_partials rowmax", rel_err(rowmax, rowmax_d, N), FWD_TOL);
-    check_err("crossentropy_partials sumexp", rel_err(sumexp, sumexp_d, N), FWD_TOL);
-    check_err("crossentropy_partials tlogit", rel_err(tlogit, tlogit_d, N), FWD_TOL);
-    check_err("crossentropy_loss vs double log-softmax", rel_err(losses, losses_d, N), FWD_TOL);
+    Buf rowmax = buf_zeros(N), sumexp = buf_zeros(N), tlogit = buf_zeros(N), losses = buf_zeros(N);
+    crossentropy_partials(rowmax.dev, sumexp.dev, tlogit.dev, logits.dev, targets_dev, N, W, NV, 0);
+    crossentropy_loss(losses.dev, rowmax.dev, sumexp.dev, tlogit.dev, N);
+    crossentropy_ref(losses.d, rowmax.d, sumexp.d, tlogit.d, logits.d, targets, N, W, NV, 0);
+    check_forward("crossentropy_partials rowmax", &rowmax);
+    check_forward("crossentropy_partials sumexp", &sumexp);
+    check_forward("crossentropy_partials tlogit", &tlogit);
+    check_forward("crossentropy_loss vs double log-softmax", &losses);
 
     // Backward into a buffer full of garbage: it must be written, not added to.
-    float dlogits[N * W];
-    for (int i = 0; i < N * W; i++) dlogits[i] = 123.0f;
-    float* dlogits_dev = dev_copy(dlogits, N * W);
-    crossentropy_backward(dlogits_dev, logits_dev, targets_dev, rowmax_dev, sumexp_dev, dloss, N, W,
-                          NV, 0);
-    to_host(dlogits, dlogits_dev, N * W);
-    crossentropy_ctx ctx = {logits_d, targets, losses_d, N, W, NV, 0, (double)dloss};
-    double g[N * W];
+    Buf dlogits = buf_zeros(N * W);
+    for (int i = 0; i < N * W; i++) dlogits.h[i] = 123.0f;
+    buf_upload(&dlogits);
+    crossentropy_backward(dlogits.dev, logits.dev, targets_dev, rowmax.dev, sumexp.dev, dloss, N, W, NV, 0);
+    crossentropy_ctx ctx = {logits.d, targets, losses.d, N, W, NV, 0, (double)dloss};
     // FD over every column; padding columns do not enter the loss, so their FD is 0.
-    fd_gradient(crossentropy_objective, &ctx, logits_d, N * W, g);
-    check_err("crossentropy_backward dlogits vs FD (written over garbage)",
-              rel_err(dlogits, g, N * W), BWD_TOL);
+    check_backward("crossentropy_backward dlogits vs FD (written over garbage)", &dlogits, crossentropy_objective,
+                   &ctx, &logits);
     int pad_zero = 1;
-    for (int n = 0; n < N; n++) pad_zero &= dlogits[n * W + NV] == 0.0f;
+    for (int n = 0; n < N; n++) pad_zero &= dlogits.h[n * W + NV] == 0.0f;
     check(pad_zero, "crossentropy_backward padding dlogits exactly 0",
           "a padding column got a nonzero gradient");
 
     // In place: dlogits == logits gives the same result.
-    float inplace[N * W];
-    float* inplace_dev = dev_copy(logits, N * W);
-    crossentropy_backward(inplace_dev, inplace_dev, targets_dev, rowmax_dev, sumexp_dev, dloss, N, W,
-                          NV, 0);
-    to_host(inplace, inplace_dev, N * W);
-    check_err("crossentropy_backward in place (dlogits == logits)",
-              rel_err_ff(inplace, dlogits, N * W), ACC_TOL);
-    dev_free_all();
+    Buf inplace = buf_copy_of(&logits);
+    crossentropy_backward(inplace.dev, inplace.dev, targets_dev, rowmax.dev, sumexp.dev, dloss, N, W, NV, 0);
+    check_err("crossentropy_backward in place (dlogits == logits)", rel_err_ff(buf_fetch(&inplace), dlogits.h, N * W),
+              ACC_TOL);
+    case_end();
 }
 
 // Two vocabulary shards [0, 6) and [6, 10) of one 10-logit vocabulary: the
@@ -879,119 +792,81 @@ static void test_crossentropy_shards(void) {
     // Targets in shard A (2, and 5 at its last column) and in shard B (7, and
     // 6 at its first column).
     const int targets[N] = {2, 7, 5, 6};
-    float logits[N * V], la[N * WA], lb[N * WB];
-    double logits_d[N * V];
-    fill(logits, N * V, 3.0);
+    Buf logits = buf_random(N * V, 3.0);
     // Row 0's max lies in shard A, row 1's in shard B, so the merge has to
     // rescale each side's sumexp at least once.
-    logits[0 * V + 1] = 5.0f;
-    logits[1 * V + 8] = 5.0f;
+    logits.h[0 * V + 1] = 5.0f;
+    logits.h[1 * V + 8] = 5.0f;
+    buf_upload(&logits);
+    Buf la = buf_zeros(N * WA), lb = buf_zeros(N * WB);
     for (int n = 0; n < N; n++) {
-        memcpy(la + n * WA, logits + n * V, WA * sizeof(float));
-        memcpy(lb + n * WB, logits + n * V + WA, WB * sizeof(float));
+        memcpy(la.h + n * WA, logits.h + n * V, WA * sizeof(float));
+        memcpy(lb.h + n * WB, logits.h + n * V + WA, WB * sizeof(float));
     }
-    to_double(logits_d, logits, N * V);
-    float* logits_dev = dev_copy(logits, N * V);
-    float* la_dev = dev_copy(la, N * WA);
-    float* lb_dev = dev_copy(lb, N * WB);
+    buf_upload(&la);
+    buf_upload(&lb);
     int* targets_dev = dev_copy_int(targets, N);
 
     // Unsharded.
-    float m[N], s[N], t[N], loss[N], dl[N * V];
-    double loss_d[N];
-    float* m_dev = dev_zeros(N);
-    float* s_dev = dev_zeros(N);
-    float* t_dev = dev_zeros(N);
-    float* loss_dev = dev_zeros(N);
-    float* dl_dev = dev_zeros(N * V);
-    crossentropy_partials(m_dev, s_dev, t_dev, logits_dev, targets_dev, N, V, V, 0);
-    crossentropy_loss(loss_dev, m_dev, s_dev, t_dev, N);
-    to_host(m, m_dev, N);
-    to_host(s, s_dev, N);
-    to_host(t, t_dev, N);
-    to_host(loss, loss_dev, N);
-    crossentropy_ref(loss_d, NULL, NULL, NULL, logits_d, targets, N, V, V, 0);
-    check_err("crossentropy unsharded loss (width 10) vs double", rel_err(loss, loss_d, N),
-              FWD_TOL);
-    crossentropy_backward(dl_dev, logits_dev, targets_dev, m_dev, s_dev, dloss, N, V, V, 0);
-    to_host(dl, dl_dev, N * V);
-    crossentropy_ctx ctx = {logits_d, targets, loss_d, N, V, V, 0, (double)dloss};
-    double g[N * V];
-    fd_gradient(crossentropy_objective, &ctx, logits_d, N * V, g);
-    check_err("crossentropy unsharded dlogits (width 10) vs FD", rel_err(dl, g, N * V), BWD_TOL);
+    Buf m = buf_zeros(N), s = buf_zeros(N), t = buf_zeros(N), loss = buf_zeros(N), dl = buf_zeros(N * V);
+    crossentropy_partials(m.dev, s.dev, t.dev, logits.dev, targets_dev, N, V, V, 0);
+    crossentropy_loss(loss.dev, m.dev, s.dev, t.dev, N);
+    crossentropy_ref(loss.d, NULL, NULL, NULL, logits.d, targets, N, V, V, 0);
+    check_forward("crossentropy unsharded loss (width 10) vs double", &loss);
+    crossentropy_backward(dl.dev, logits.dev, targets_dev, m.dev, s.dev, dloss, N, V, V, 0);
+    crossentropy_ctx ctx = {logits.d, targets, loss.d, N, V, V, 0, (double)dloss};
+    check_backward("crossentropy unsharded dlogits (width 10) vs FD", &dl, crossentropy_objective, &ctx, &logits);
 
     // Per shard.
-    float ma[N], sa[N], ta[N], mb[N], sb[N], tb[N];
-    float* ma_dev = dev_zeros(N);
-    float* sa_dev = dev_zeros(N);
-    float* ta_dev = dev_zeros(N);
-    float* mb_dev = dev_zeros(N);
-    float* sb_dev = dev_zeros(N);
-    float* tb_dev = dev_zeros(N);
-    crossentropy_partials(ma_dev, sa_dev, ta_dev, la_dev, targets_dev, N, WA, WA, 0);
-    crossentropy_partials(mb_dev, sb_dev, tb_dev, lb_dev, targets_dev, N, WB, WB, WA);
-    to_host(ma, ma_dev, N);
-    to_host(sa, sa_dev, N);
-    to_host(ta, ta_dev, N);
-    to_host(mb, mb_dev, N);
-    to_host(sb, sb_dev, N);
-    to_host(tb, tb_dev, N);
+    Buf ma = buf_zeros(N), sa = buf_zeros(N), ta = buf_zeros(N), mb = buf_zeros(N), sb = buf_zeros(N),
+        tb = buf_zeros(N);
+    crossentropy_partials(ma.dev, sa.dev, ta.dev, la.dev, targets_dev, N, WA, WA, 0);
+    crossentropy_partials(mb.dev, sb.dev, tb.dev, lb.dev, targets_dev, N, WB, WB, WA);
+    buf_fetch(&ta);
+    buf_fetch(&tb);
     int zero_ok = 1;
     for (int n = 0; n < N; n++) {
-        if (targets[n] < WA) zero_ok &= tb[n] == 0.0f && ta[n] == logits[n * V + targets[n]];
-        else zero_ok &= ta[n] == 0.0f && tb[n] == logits[n * V + targets[n]];
+        if (targets[n] < WA) zero_ok &= tb.h[n] == 0.0f && ta.h[n] == logits.h[n * V + targets[n]];
+        else zero_ok &= ta.h[n] == 0.0f && tb.h[n] == logits.h[n * V + targets[n]];
     }
     check(zero_ok, "crossentropy_partials tlogit per shard (target logit or exactly 0)",
           "a shard reported a wrong tlogit");
 
     // Merge B into A, and A into B: both orders must give the same stats.
-    float m1[N], s1[N], t1[N], m2[N], s2[N], t2[N], loss1[N], loss2[N];
-    float* m1_dev = dev_copy(ma, N);
-    float* s1_dev = dev_copy(sa, N);
-    float* t1_dev = dev_copy(ta, N);
-    crossentropy_merge(m1_dev, s1_dev, t1_dev, mb_dev, sb_dev, tb_dev, N);
-    float* m2_dev = dev_copy(mb, N);
-    float* s2_dev = dev_copy(sb, N);
-    float* t2_dev = dev_copy(tb, N);
-    crossentropy_merge(m2_dev, s2_dev, t2_dev, ma_dev, sa_dev, ta_dev, N);
-    to_host(m1, m1_dev, N);
-    to_host(s1, s1_dev, N);
-    to_host(t1, t1_dev, N);
-    to_host(m2, m2_dev, N);
-    to_host(s2, s2_dev, N);
-    to_host(t2, t2_dev, N);
+    Buf m1 = buf_copy_of(&ma), s1 = buf_copy_of(&sa), t1 = buf_copy_of(&ta);
+    crossentropy_merge(m1.dev, s1.dev, t1.dev, mb.dev, sb.dev, tb.dev, N);
+    Buf m2 = buf_copy_of(&mb), s2 = buf_copy_of(&sb), t2 = buf_copy_of(&tb);
+    crossentropy_merge(m2.dev, s2.dev, t2.dev, ma.dev, sa.dev, ta.dev, N);
+    buf_fetch(&m);
+    buf_fetch(&s);
+    buf_fetch(&m1);
+    buf_fetch(&m2);
     int max_ok = 1;
-    for (int n = 0; n < N; n++) max_ok &= m1[n] == m[n] && m2[n] == m[n];
+    for (int n = 0; n < N; n++) max_ok &= m1.h[n] == m.h[n] && m2.h[n] == m.h[n];
     check(max_ok, "crossentropy_merge rowmax equals unsharded rowmax", "merged max differs");
     check_err("crossentropy_merge sumexp equals unsharded sumexp",
-              fmax(rel_err_ff(s1, s, N), rel_err_ff(s2, s, N)), FWD_TOL);
-    float* loss1_dev = dev_zeros(N);
-    float* loss2_dev = dev_zeros(N);
-    crossentropy_loss(loss1_dev, m1_dev, s1_dev, t1_dev, N);
-    crossentropy_loss(loss2_dev, m2_dev, s2_dev, t2_dev, N);
-    to_host(loss1, loss1_dev, N);
-    to_host(loss2, loss2_dev, N);
+              fmax(rel_err_ff(buf_fetch(&s1), s.h, N), rel_err_ff(buf_fetch(&s2), s.h, N)), FWD_TOL);
+    Buf loss1 = buf_zeros(N), loss2 = buf_zeros(N);
+    crossentropy_loss(loss1.dev, m1.dev, s1.dev, t1.dev, N);
+    crossentropy_loss(loss2.dev, m2.dev, s2.dev, t2.dev, N);
     check_err("crossentropy merged loss equals unsharded loss",
-              fmax(rel_err_ff(loss1, loss, N), rel_err_ff(loss2, loss, N)), FWD_TOL);
-    check_err("crossentropy merged loss vs double", rel_err(loss1, loss_d, N), FWD_TOL);
+              fmax(rel_err_ff(buf_fetch(&loss1), loss.h, N), rel_err_ff(buf_fetch(&loss2), loss.h, N)), FWD_TOL);
+    check_err("crossentropy merged loss vs double", rel_err(loss1.h, loss.d, N), FWD_TOL);
 
     // Backward per shard with the global statistics.
-    float da[N * WA], db[N * WB], want_a[N * WA], want_b[N * WB];
-    float* da_dev = dev_zeros(N * WA);
-    float* db_dev = dev_zeros(N * WB);
-    crossentropy_backward(da_dev, la_dev, targets_dev, m1_dev, s1_dev, dloss, N, WA, WA, 0);
-    crossentropy_backward(db_dev, lb_dev, targets_dev, m1_dev, s1_dev, dloss, N, WB, WB, WA);
-    to_host(da, da_dev, N * WA);
-    to_host(db, db_dev, N * WB);
+    Buf da = buf_zeros(N * WA), db = buf_zeros(N * WB);
+    crossentropy_backward(da.dev, la.dev, targets_dev, m1.dev, s1.dev, dloss, N, WA, WA, 0);
+    crossentropy_backward(db.dev, lb.dev, targets_dev, m1.dev, s1.dev, dloss, N, WB, WB, WA);
+    float want_a[N * WA], want_b[N * WB];
     for (int n = 0; n < N; n++) {
-        memcpy(want_a + n * WA, dl + n * V, WA * sizeof(float));
-        memcpy(want_b + n * WB, dl + n * V + WA, WB * sizeof(float));
+        memcpy(want_a + n * WA, dl.h + n * V, WA * sizeof(float));
+        memcpy(want_b + n * WB, dl.h + n * V + WA, WB * sizeof(float));
     }
-    check_err("crossentropy_backward shard [0,6) equals unsharded columns",
-              rel_err_ff(da, want_a, N * WA), FWD_TOL);
+    check_err("crossentropy_backward shard [0,6) equals unsharded columns", rel_err_ff(buf_fetch(&da), want_a, N * WA),
+              FWD_TOL);
     check_err("crossentropy_backward shard [6,10) equals unsharded columns",
-              rel_err_ff(db, want_b, N * WB), FWD_TOL);
-    dev_free_all();
+              rel_err_ff(buf_fetch(&db), want_b, N * WB), FWD_TOL);
+    case_end();
 }
 
 // ================================================================ optimizer
@@ -1039,7 +914,7 @@ static void test_adamw(void) {
     check_err("adamw_update params over 3 steps (error / lr)", ep, 1e-4);
     check_err("adamw_update m over 3 steps", em, FWD_TOL);
     check_err("adamw_update v over 3 steps", ev, FWD_TOL);
-    dev_free_all();
+    case_end();
 }
 
 static void test_grad_norm(void) {
@@ -1058,7 +933,7 @@ static void test_grad_norm(void) {
     double got = grad_sumsq(g_dev, N);
     check_err("grad_sumsq vs double sum", fabs(got - want) / want, 1e-9);
     free(g);
-    dev_free_all();
+    case_end();
 
     float s;
     s = grad_clip_scale(0.5, 1.0f);
@@ -1110,7 +985,7 @@ static void test_utilities(void) {
     ok = sum[N - 1] == w[N - 1];
     for (int i = 0; i < N - 1; i++) ok &= sum[i] == w[i] + x[i];
     check(ok, "ops_add (exactly n values)", "a value differs from y + x, or wrote past n");
-    dev_free_all();
+    case_end();
 
     // ops_copy_2d: 5 rows of 3 floats from a stride of 7 (starting at column 2)
     // into a stride of 4 (starting at column 1); every other value of dst stays.
@@ -1127,7 +1002,7 @@ static void test_utilities(void) {
         to_host(dst, d_dev, R * DS);
         check(memcmp(dst, want, sizeof dst) == 0, "ops_copy_2d (rows x cols, both strides)",
               "a value differs, or a value outside the rows' columns was written");
-        dev_free_all();
+        case_end();
     }
 }
 
@@ -1137,80 +1012,43 @@ static void test_utilities(void) {
 // cannot hide the results of the other checks.
 static void test_null_gradients(void) {
     enum { N = 3, C = 4, OC = 2, V = 5 };
-    float inp[N * C], w[OC * C], r[N * OC], dinp[N * C], dinp_ref[N * C], dout[N * C];
-    fill(inp, N * C, 1.0);
-    fill(w, OC * C, 1.0);
-    fill(r, N * OC, 1.0);
-    fill(dout, N * C, 1.0);
-    float* inp_dev = dev_copy(inp, N * C);
-    float* w_dev = dev_copy(w, OC * C);
-    float* r_dev = dev_copy(r, N * OC);
-    float* dout_dev = dev_copy(dout, N * C);
-    float* dinp_dev = dev_zeros(N * C);
-    float* dinp_ref_dev = dev_zeros(N * C);
-    float* dw_ref_dev = dev_zeros(OC * C);
-    float* dummy_b_dev = dev_zeros(OC);
-    matmul_backward(dinp_ref_dev, dw_ref_dev, dummy_b_dev, r_dev, inp_dev, w_dev, N, C, OC);
-    matmul_backward(dinp_dev, NULL, NULL, r_dev, inp_dev, w_dev, N, C, OC);
-    to_host(dinp, dinp_dev, N * C);
-    to_host(dinp_ref, dinp_ref_dev, N * C);
-    check_err("matmul_backward dw=NULL dbias=NULL, dinp unchanged", rel_err_ff(dinp, dinp_ref, N * C),
-              ACC_TOL);
+    Buf inp = buf_random(N * C, 1.0), w = buf_random(OC * C, 1.0), r = buf_random(N * OC, 1.0),
+        dout = buf_random(N * C, 1.0);
+    Buf dinp = buf_zeros(N * C), dinp_ref = buf_zeros(N * C), dw_ref = buf_zeros(OC * C), dummy_b = buf_zeros(OC);
+    matmul_backward(dinp_ref.dev, dw_ref.dev, dummy_b.dev, r.dev, inp.dev, w.dev, N, C, OC);
+    matmul_backward(dinp.dev, NULL, NULL, r.dev, inp.dev, w.dev, N, C, OC);
+    check_err("matmul_backward dw=NULL dbias=NULL, dinp unchanged",
+              rel_err_ff(buf_fetch(&dinp), buf_fetch(&dinp_ref), N * C), ACC_TOL);
 
     // Encoder with only dwte.
     const int tokens[N] = {1, 4, 1};
-    float dwte[V * C], dwte2[V * C];
     int* tokens_dev = dev_copy_int(tokens, N);
-    float* dwte_dev = dev_zeros(V * C);
-    float* dwte2_dev = dev_zeros(V * C);
-    float* dwpe_dev = dev_zeros(N * C);
-    encoder_backward(dwte_dev, dwpe_dev, dout_dev, tokens_dev, 1, N, C);
-    encoder_backward(dwte2_dev, NULL, dout_dev, tokens_dev, 1, N, C);
-    to_host(dwte, dwte_dev, V * C);
-    to_host(dwte2, dwte2_dev, V * C);
-    check_err("encoder_backward dwpe=NULL", rel_err_ff(dwte2, dwte, V * C), ACC_TOL);
+    Buf dwte = buf_zeros(V * C), dwte2 = buf_zeros(V * C), dwpe = buf_zeros(N * C);
+    encoder_backward(dwte.dev, dwpe.dev, dout.dev, tokens_dev, 1, N, C);
+    encoder_backward(dwte2.dev, NULL, dout.dev, tokens_dev, 1, N, C);
+    check_err("encoder_backward dwpe=NULL", rel_err_ff(buf_fetch(&dwte2), buf_fetch(&dwte), V * C), ACC_TOL);
 
     // Residual with one side only.
-    float da[N * C], db3[N * C];
-    float* da_dev = dev_zeros(N * C);
-    float* db3_dev = dev_zeros(N * C);
-    residual_backward(da_dev, NULL, dout_dev, N * C);
-    residual_backward(NULL, db3_dev, dout_dev, N * C);
-    to_host(da, da_dev, N * C);
-    to_host(db3, db3_dev, N * C);
+    Buf da = buf_zeros(N * C), db3 = buf_zeros(N * C);
+    residual_backward(da.dev, NULL, dout.dev, N * C);
+    residual_backward(NULL, db3.dev, dout.dev, N * C);
     check_err("residual_backward one side NULL",
-              fmax(rel_err_ff(da, dout, N * C), rel_err_ff(db3, dout, N * C)), ACC_TOL);
+              fmax(rel_err_ff(buf_fetch(&da), dout.h, N * C), rel_err_ff(buf_fetch(&db3), dout.h, N * C)), ACC_TOL);
 
     // Layernorm last: with only dinp, then only dw/db.
-    float lw[C], lb[C];
-    float di[N * C], dw[C], db[C], di2[N * C], dw2[C], db2[C];
-    fill(lw, C, 1.0);
-    fill(lb, C, 1.0);
-    float* lw_dev = dev_copy(lw, C);
-    float* lb_dev = dev_copy(lb, C);
-    float* out_dev = dev_zeros(N * C);
-    float* mean_dev = dev_zeros(N);
-    float* rstd_dev = dev_zeros(N);
-    float* di_dev = dev_zeros(N * C);
-    float* dw_dev = dev_zeros(C);
-    float* db_dev = dev_zeros(C);
-    float* di2_dev = dev_zeros(N * C);
-    float* dw2_dev = dev_zeros(C);
-    float* db2_dev = dev_zeros(C);
-    layernorm_forward(out_dev, mean_dev, rstd_dev, inp_dev, lw_dev, lb_dev, N, C);
-    layernorm_backward(di_dev, dw_dev, db_dev, dout_dev, inp_dev, lw_dev, mean_dev, rstd_dev, N, C);
-    layernorm_backward(di2_dev, NULL, NULL, dout_dev, inp_dev, lw_dev, mean_dev, rstd_dev, N, C);
-    layernorm_backward(NULL, dw2_dev, db2_dev, dout_dev, inp_dev, lw_dev, mean_dev, rstd_dev, N, C);
-    to_host(di, di_dev, N * C);
-    to_host(dw, dw_dev, C);
-    to_host(db, db_dev, C);
-    to_host(di2, di2_dev, N * C);
-    to_host(dw2, dw2_dev, C);
-    to_host(db2, db2_dev, C);
+    Buf lw = buf_random(C, 1.0), lb = buf_random(C, 1.0);
+    Buf out = buf_zeros(N * C), mean = buf_zeros(N), rstd = buf_zeros(N);
+    Buf di = buf_zeros(N * C), dw = buf_zeros(C), db = buf_zeros(C), di2 = buf_zeros(N * C), dw2 = buf_zeros(C),
+        db2 = buf_zeros(C);
+    layernorm_forward(out.dev, mean.dev, rstd.dev, inp.dev, lw.dev, lb.dev, N, C);
+    layernorm_backward(di.dev, dw.dev, db.dev, dout.dev, inp.dev, lw.dev, mean.dev, rstd.dev, N, C);
+    layernorm_backward(di2.dev, NULL, NULL, dout.dev, inp.dev, lw.dev, mean.dev, rstd.dev, N, C);
+    layernorm_backward(NULL, dw2.dev, db2.dev, dout.dev, inp.dev, lw.dev, mean.dev, rstd.dev, N, C);
     check_err("layernorm_backward with NULL gradients",
-              fmax(rel_err_ff(di2, di, N * C), fmax(rel_err_ff(dw2, dw, C), rel_err_ff(db2, db, C))),
+              fmax(rel_err_ff(buf_fetch(&di2), buf_fetch(&di), N * C),
+                   fmax(rel_err_ff(buf_fetch(&dw2), buf_fetch(&dw), C), rel_err_ff(buf_fetch(&db2), buf_fetch(&db), C))),
               ACC_TOL);
-    dev_free_all();
+    case_end();
 }
 
 // ================================================================ wide rows
@@ -1245,165 +1083,81 @@ static void test_wide_rows(void) {
     // LayerNorm: rows of C = 600
     {
         enum { N = 3, C = WIDE };
-        float *inp = xmalloc(N * C * sizeof(float)), *w = xmalloc(C * sizeof(float)),
-              *b = xmalloc(C * sizeof(float)), *r = xmalloc(N * C * sizeof(float)),
-              *out = xmalloc(N * C * sizeof(float)), *dinp = xmalloc(N * C * sizeof(float)),
-              *dw = xmalloc(C * sizeof(float));
-        double *inp_d = xmalloc(N * C * sizeof(double)), *w_d = xmalloc(C * sizeof(double)),
-               *b_d = xmalloc(C * sizeof(double)), *r_d = xmalloc(N * C * sizeof(double)),
-               *out_d = xmalloc(N * C * sizeof(double)), mean_d[N], rstd_d[N],
-               *g = xmalloc(N * C * sizeof(double));
-        fill(inp, N * C, 2.0);
-        fill(w, C, 1.0);
-        fill(b, C, 1.0);
-        fill(r, N * C, 1.0);
-        to_double(inp_d, inp, N * C);
-        to_double(w_d, w, C);
-        to_double(b_d, b, C);
-        to_double(r_d, r, N * C);
-        float* inp_dev = dev_copy(inp, N * C);
-        float* w_dev = dev_copy(w, C);
-        float* b_dev = dev_copy(b, C);
-        float* r_dev = dev_copy(r, N * C);
-        float* out_dev = dev_zeros(N * C);
-        float* mean_dev = dev_zeros(N);
-        float* rstd_dev = dev_zeros(N);
-        layernorm_forward(out_dev, mean_dev, rstd_dev, inp_dev, w_dev, b_dev, N, C);
-        to_host(out, out_dev, N * C);
-        layernorm_ref(out_d, mean_d, rstd_d, inp_d, w_d, b_d, N, C);
-        check_err("layernorm_forward out, C = 600", rel_err(out, out_d, N * C), FWD_TOL);
-        float* dinp_dev = dev_zeros(N * C);
-        float* dw_dev = dev_zeros(C);
-        layernorm_backward(dinp_dev, dw_dev, NULL, r_dev, inp_dev, w_dev, mean_dev, rstd_dev, N, C);
-        to_host(dinp, dinp_dev, N * C);
-        to_host(dw, dw_dev, C);
-        layernorm_ctx ctx = {inp_d, w_d, b_d, r_d, out_d, N, C};
-        fd_gradient(layernorm_objective, &ctx, inp_d, N * C, g);
-        check_err("layernorm_backward dinp vs FD, C = 600", rel_err(dinp, g, N * C), BWD_TOL);
-        fd_gradient(layernorm_objective, &ctx, w_d, C, g);
-        check_err("layernorm_backward dw vs FD, C = 600", rel_err(dw, g, C), BWD_TOL);
-        free(inp); free(w); free(b); free(r); free(out); free(dinp); free(dw);
-        free(inp_d); free(w_d); free(b_d); free(r_d); free(out_d); free(g);
-        dev_free_all();
+        Buf inp = buf_random(N * C, 2.0), w = buf_random(C, 1.0), b = buf_random(C, 1.0), r = buf_random(N * C, 1.0);
+        Buf out = buf_zeros(N * C), mean = buf_zeros(N), rstd = buf_zeros(N);
+        layernorm_forward(out.dev, mean.dev, rstd.dev, inp.dev, w.dev, b.dev, N, C);
+        layernorm_ref(out.d, mean.d, rstd.d, inp.d, w.d, b.d, N, C);
+        check_forward("layernorm_forward out, C = 600", &out);
+        Buf dinp = buf_zeros(N * C), dw = buf_zeros(C);
+        layernorm_backward(dinp.dev, dw.dev, NULL, r.dev, inp.dev, w.dev, mean.dev, rstd.dev, N, C);
+        layernorm_ctx ctx = {inp.d, w.d, b.d, r.d, out.d, N, C};
+        check_backward("layernorm_backward dinp vs FD, C = 600", &dinp, layernorm_objective, &ctx, &inp);
+        check_backward("layernorm_backward dw vs FD, C = 600", &dw, layernorm_objective, &ctx, &w);
+        case_end();
     }
     // Attention: rows of T = 300 keys (one head of size 8)
     {
         enum { B = 1, T = WIDE / 2, C = 8, NH = 1, QKV = B * T * 3 * C, ATT = B * NH * T * T };
-        float *qkv = xmalloc(QKV * sizeof(float)), *r = xmalloc(B * T * C * sizeof(float)),
-              *out = xmalloc(B * T * C * sizeof(float)), *dqkv = xmalloc(QKV * sizeof(float));
-        double *qkv_d = xmalloc(QKV * sizeof(double)), *r_d = xmalloc(B * T * C * sizeof(double)),
-               *out_d = xmalloc(B * T * C * sizeof(double)), *att_d = xmalloc(ATT * sizeof(double));
-        fill(qkv, QKV, 1.5);
-        fill(r, B * T * C, 1.0);
-        to_double(qkv_d, qkv, QKV);
-        to_double(r_d, r, B * T * C);
-        float* qkv_dev = dev_copy(qkv, QKV);
-        float* r_dev = dev_copy(r, B * T * C);
-        float* out_dev = dev_zeros(B * T * C);
-        float* att_dev = dev_zeros(ATT);
-        attention_forward(out_dev, att_dev, qkv_dev, B, T, C, NH);
-        to_host(out, out_dev, B * T * C);
-        attention_ref(out_d, att_d, qkv_d, B, T, C, NH);
-        check_err("attention_forward out, T = 300", rel_err(out, out_d, B * T * C), FWD_TOL);
-        float* dqkv_dev = dev_zeros(QKV);
-        float* datt_dev = dev_zeros(ATT);
-        attention_backward(dqkv_dev, datt_dev, r_dev, qkv_dev, att_dev, B, T, C, NH);
-        to_host(dqkv, dqkv_dev, QKV);
-        attention_ctx ctx = {qkv_d, r_d, out_d, att_d, B, T, C, NH};
+        Buf qkv = buf_random(QKV, 1.5), r = buf_random(B * T * C, 1.0);
+        Buf out = buf_zeros(B * T * C), att = buf_zeros(ATT);
+        attention_forward(out.dev, att.dev, qkv.dev, B, T, C, NH);
+        attention_ref(out.d, att.d, qkv.d, B, T, C, NH);
+        check_forward("attention_forward out, T = 300", &out);
+        Buf dqkv = buf_zeros(QKV), datt = buf_zeros(ATT);
+        attention_backward(dqkv.dev, datt.dev, r.dev, qkv.dev, att.dev, B, T, C, NH);
+        attention_ctx ctx = {qkv.d, r.d, out.d, att.d, B, T, C, NH};
         double g[QKV / 97 + 1];
         float got[QKV / 97 + 1];
         size_t k = 0;
-        fd_sample(attention_objective, &ctx, qkv_d, QKV, 97, dqkv, g, got, &k);
+        fd_sample(attention_objective, &ctx, qkv.d, QKV, 97, buf_fetch(&dqkv), g, got, &k);
         check_err("attention_backward dqkv vs FD, T = 300 (every 97th entry)", rel_err(got, g, k), BWD_TOL);
-        free(qkv); free(r); free(out); free(dqkv);
-        free(qkv_d); free(r_d); free(out_d); free(att_d);
-        dev_free_all();
+        case_end();
     }
     // Cross-entropy: rows of 600 logits, the first 550 real
     {
         enum { N = 3, W = WIDE, NV = 550 };
         const int targets[N] = {0, 549, 300};
         const float dloss = 0.5f;
-        float *logits = xmalloc(N * W * sizeof(float)), *dlogits = xmalloc(N * W * sizeof(float));
-        double *logits_d = xmalloc(N * W * sizeof(double)), losses_d[N], rowmax_d[N], sumexp_d[N],
-               tlogit_d[N], *g = xmalloc(N * W * sizeof(double));
-        float losses[N];
-        fill(logits, N * W, 3.0);
+        Buf logits = buf_random(N * W, 3.0);
         for (int n = 0; n < N; n++)
-            for (int v = NV; v < W; v++) logits[n * W + v] = 50.0f;  // padding must not count
-        to_double(logits_d, logits, N * W);
-        float* logits_dev = dev_copy(logits, N * W);
+            for (int v = NV; v < W; v++) logits.h[n * W + v] = 50.0f;  // padding must not count
+        buf_upload(&logits);
         int* targets_dev = dev_copy_int(targets, N);
-        float* rowmax_dev = dev_zeros(N);
-        float* sumexp_dev = dev_zeros(N);
-        float* tlogit_dev = dev_zeros(N);
-        float* losses_dev = dev_zeros(N);
-        crossentropy_partials(rowmax_dev, sumexp_dev, tlogit_dev, logits_dev, targets_dev, N, W, NV, 0);
-        crossentropy_loss(losses_dev, rowmax_dev, sumexp_dev, tlogit_dev, N);
-        to_host(losses, losses_dev, N);
-        crossentropy_ref(losses_d, rowmax_d, sumexp_d, tlogit_d, logits_d, targets, N, W, NV, 0);
-        check_err("crossentropy_loss, 600-wide rows (550 real)", rel_err(losses, losses_d, N), FWD_TOL);
-        float* dlogits_dev = dev_zeros(N * W);
-        crossentropy_backward(dlogits_dev, logits_dev, targets_dev, rowmax_dev, sumexp_dev, dloss, N, W, NV, 0);
-        to_host(dlogits, dlogits_dev, N * W);
-        crossentropy_ctx ctx = {logits_d, targets, losses_d, N, W, NV, 0, (double)dloss};
-        fd_gradient(crossentropy_objective, &ctx, logits_d, N * W, g);
-        check_err("crossentropy_backward dlogits vs FD, 600-wide rows", rel_err(dlogits, g, N * W), BWD_TOL);
-        free(logits); free(dlogits); free(logits_d); free(g);
-        dev_free_all();
+        Buf rowmax = buf_zeros(N), sumexp = buf_zeros(N), tlogit = buf_zeros(N), losses = buf_zeros(N);
+        crossentropy_partials(rowmax.dev, sumexp.dev, tlogit.dev, logits.dev, targets_dev, N, W, NV, 0);
+        crossentropy_loss(losses.dev, rowmax.dev, sumexp.dev, tlogit.dev, N);
+        crossentropy_ref(losses.d, rowmax.d, sumexp.d, tlogit.d, logits.d, targets, N, W, NV, 0);
+        check_forward("crossentropy_loss, 600-wide rows (550 real)", &losses);
+        Buf dlogits = buf_zeros(N * W);
+        crossentropy_backward(dlogits.dev, logits.dev, targets_dev, rowmax.dev, sumexp.dev, dloss, N, W, NV, 0);
+        crossentropy_ctx ctx = {logits.d, targets, losses.d, N, W, NV, 0, (double)dloss};
+        check_backward("crossentropy_backward dlogits vs FD, 600-wide rows", &dlogits, crossentropy_objective, &ctx,
+                       &logits);
+        case_end();
     }
     // Bias gradient: a sum over N = 600 rows
     {
         enum { N = WIDE, C = 2, OC = 3 };
-        float inp[N * C], w[OC * C], bias[OC], r[N * OC], dbias[OC];
-        double inp_d[N * C], w_d[OC * C], bias_d[OC], r_d[N * OC], out_d[N * OC], g[OC];
-        fill(inp, N * C, 1.0);
-        fill(w, OC * C, 1.0);
-        fill(bias, OC, 1.0);
-        fill(r, N * OC, 1.0);
-        to_double(inp_d, inp, N * C);
-        to_double(w_d, w, OC * C);
-        to_double(bias_d, bias, OC);
-        to_double(r_d, r, N * OC);
-        float* inp_dev = dev_copy(inp, N * C);
-        float* w_dev = dev_copy(w, OC * C);
-        float* r_dev = dev_copy(r, N * OC);
-        float* dw_dev = dev_zeros(OC * C);
-        float* dbias_dev = dev_zeros(OC);
-        matmul_backward(NULL, dw_dev, dbias_dev, r_dev, inp_dev, w_dev, N, C, OC);
-        to_host(dbias, dbias_dev, OC);
-        matmul_ctx ctx = {inp_d, w_d, bias_d, r_d, out_d, N, C, OC};
-        fd_gradient(matmul_objective, &ctx, bias_d, OC, g);
-        check_err("matmul_backward dbias vs FD, a sum over 600 rows", rel_err(dbias, g, OC), BWD_TOL);
-        dev_free_all();
+        Buf inp = buf_random(N * C, 1.0), w = buf_random(OC * C, 1.0), bias = buf_random(OC, 1.0),
+            r = buf_random(N * OC, 1.0), out = buf_zeros(N * OC);
+        Buf dw = buf_zeros(OC * C), dbias = buf_zeros(OC);
+        matmul_backward(NULL, dw.dev, dbias.dev, r.dev, inp.dev, w.dev, N, C, OC);
+        matmul_ctx ctx = {inp.d, w.d, bias.d, r.d, out.d, N, C, OC};
+        check_backward("matmul_backward dbias vs FD, a sum over 600 rows", &dbias, matmul_objective, &ctx, &bias);
+        case_end();
     }
     // Encoder: C = 600 channels (more than one block of channels)
     {
         enum { B = 1, T = 2, C = WIDE, V = 3 };
         const int tokens[B * T] = {2, 2};
-        float *wte = xmalloc(V * C * sizeof(float)), *wpe = xmalloc(T * C * sizeof(float)),
-              *r = xmalloc(B * T * C * sizeof(float)), *dwte = xmalloc(V * C * sizeof(float));
-        double *wte_d = xmalloc(V * C * sizeof(double)), *wpe_d = xmalloc(T * C * sizeof(double)),
-               *r_d = xmalloc(B * T * C * sizeof(double)), *out_d = xmalloc(B * T * C * sizeof(double)),
-               *g = xmalloc(V * C * sizeof(double));
-        fill(wte, V * C, 1.0);
-        fill(wpe, T * C, 1.0);
-        fill(r, B * T * C, 1.0);
-        to_double(wte_d, wte, V * C);
-        to_double(wpe_d, wpe, T * C);
-        to_double(r_d, r, B * T * C);
+        Buf wte = buf_random(V * C, 1.0), wpe = buf_random(T * C, 1.0), r = buf_random(B * T * C, 1.0),
+            out = buf_zeros(B * T * C);
         int* tokens_dev = dev_copy_int(tokens, B * T);
-        float* r_dev = dev_copy(r, B * T * C);
-        float* dwte_dev = dev_zeros(V * C);
-        float* dwpe_dev = dev_zeros(T * C);
-        encoder_backward(dwte_dev, dwpe_dev, r_dev, tokens_dev, B, T, C);
-        to_host(dwte, dwte_dev, V * C);
-        encoder_ctx ctx = {tokens, wte_d, wpe_d, r_d, out_d, B, T, C};
-        fd_gradient(encoder_objective, &ctx, wte_d, V * C, g);
-        check_err("encoder_backward dwte vs FD, C = 600, one token twice", rel_err(dwte, g, V * C), BWD_TOL);
-        free(wte); free(wpe); free(r); free(dwte);
-        free(wte_d); free(wpe_d); free(r_d); free(out_d); free(g);
-        dev_free_all();
+        Buf dwte = buf_zeros(V * C), dwpe = buf_zeros(T * C);
+        encoder_backward(dwte.dev, dwpe.dev, r.dev, tokens_dev, B, T, C);
+        encoder_ctx ctx = {tokens, wte.d, wpe.d, r.d, out.d, B, T, C};
+        check_backward("encoder_backward dwte vs FD, C = 600, one token twice", &dwte, encoder_objective, &ctx, &wte);
+        case_end();
     }
 }
 
@@ -1452,7 +1206,7 @@ typedef struct {
 // dq_ch (query cut, 3C), dkv_ch (kv cut, 3C; zero when shared, where dq_ch
 // holds the whole gradient). Query chunk c meets the kv chunks c, c+1, ...
 // (mod nk), its own first, as a ring brings them. Leaves its device buffers to
-// the caller's dev_free_all.
+// the caller's case_end.
 static void chunk_attention_run(const chunk_setup* s, float* out_ch, float* dq_ch, float* dkv_ch,
                                 const float* q_ch, const float* kv_ch, const float* dout_ch) {
     const int B = s->B, C = s->C, NH = s->NH;
@@ -1600,38 +1354,32 @@ static void test_attention_chunks(void) {
     enum { B = 2, T = 7, C = 8, NH = 2, QKV = B * T * 3 * C, OUT = B * T * C, ATT = B * NH * T * T };
     const int qsz[2] = {3, 4}, ksz[2] = {4, 3};
     chunk_setup s = {B, T, C, NH, qsz, 2, ksz, 2, 0};
-    float qkv[QKV], r[OUT], out[OUT], dqkv[QKV];
-    fill(qkv, QKV, 1.5);  // as test_attention: a clearly non-uniform softmax
-    fill(r, OUT, 1.0);
+    Buf qkv = buf_random(QKV, 1.5);  // as test_attention: a clearly non-uniform softmax
+    Buf r = buf_random(OUT, 1.0);
 
     // The whole sequence through attention_forward / attention_backward.
-    float* qkv_dev = dev_copy(qkv, QKV);
-    float* r_dev = dev_copy(r, OUT);
-    float* out_dev = dev_zeros(OUT);
-    float* att_dev = dev_zeros(ATT);
-    float* dqkv_dev = dev_zeros(QKV);
-    float* datt_dev = dev_zeros(ATT);
-    attention_forward(out_dev, att_dev, qkv_dev, B, T, C, NH);
-    attention_backward(dqkv_dev, datt_dev, r_dev, qkv_dev, att_dev, B, T, C, NH);
-    to_host(out, out_dev, OUT);
-    to_host(dqkv, dqkv_dev, QKV);
+    Buf out = buf_zeros(OUT), att = buf_zeros(ATT), dqkv = buf_zeros(QKV), datt = buf_zeros(ATT);
+    attention_forward(out.dev, att.dev, qkv.dev, B, T, C, NH);
+    attention_backward(dqkv.dev, datt.dev, r.dev, qkv.dev, att.dev, B, T, C, NH);
+    buf_fetch(&out);
+    buf_fetch(&dqkv);
 
     // The same in chunks.
     float q_ch[QKV], kv_ch[QKV], r_ch[OUT], out_ch[OUT], dq_ch[QKV], dkv_ch[QKV];
-    split_chunks(q_ch, qkv, B, T, 3 * C, qsz, 2);
-    split_chunks(kv_ch, qkv, B, T, 3 * C, ksz, 2);
-    split_chunks(r_ch, r, B, T, C, qsz, 2);
+    split_chunks(q_ch, qkv.h, B, T, 3 * C, qsz, 2);
+    split_chunks(kv_ch, qkv.h, B, T, 3 * C, ksz, 2);
+    split_chunks(r_ch, r.h, B, T, C, qsz, 2);
     chunk_attention_run(&s, out_ch, dq_ch, dkv_ch, q_ch, kv_ch, r_ch);
     float out_j[OUT] = {0}, g_j[QKV] = {0};
     join_chunks_add(out_j, out_ch, B, T, C, qsz, 2);
     join_chunks_add(g_j, dq_ch, B, T, 3 * C, qsz, 2);
     join_chunks_add(g_j, dkv_ch, B, T, 3 * C, ksz, 2);
     check_err("attention_chunk_forward+merge+finish vs attention_forward, T = 7 (q 3+4, kv 4+3)",
-              rel_err_ff(out_j, out, OUT), FWD_TOL);
+              rel_err_ff(out_j, out.h, OUT), FWD_TOL);
     // Summed over the pairs, and accumulated: a backward that overwrote would
     // keep only the last pair of each chunk.
     check_err("attention_chunk_backward summed over pairs vs attention_backward, T = 7",
-              rel_err_ff(g_j, dqkv, QKV), BWD_TOL);
+              rel_err_ff(g_j, dqkv.h, QKV), BWD_TOL);
 
     // Finite differences of the chunked forward in double, per chunk buffer:
     // dq_ch must hold the queries' gradient and nothing in its key and value
@@ -1679,7 +1427,7 @@ static void test_attention_chunks(void) {
         check(ok, "attention_chunk_merge+finish of two empty pairs: out 0, lse -inf (no NaN)",
               "a value is NaN or not empty");
     }
-    dev_free_all();
+    case_end();
 
     // Rows of 300 keys (more than one CUDA block of threads, so every striding
     // loop of the GPU kernels makes two passes): T = 600 in two chunks of 300,
@@ -1691,36 +1439,25 @@ static void test_attention_chunks(void) {
                OUT1 = B1 * T1 * C1, ATT1 = B1 * NH1 * T1 * T1 };
         const int sz[2] = {WIDE / 2, WIDE / 2};
         chunk_setup s1 = {B1, T1, C1, NH1, sz, 2, sz, 2, 1};
-        float *qkv1 = xmalloc(QKV1 * sizeof(float)), *r1 = xmalloc(OUT1 * sizeof(float)),
-              *out1 = xmalloc(OUT1 * sizeof(float)), *dqkv1 = xmalloc(QKV1 * sizeof(float)),
-              *q1_ch = xmalloc(QKV1 * sizeof(float)), *r1_ch = xmalloc(OUT1 * sizeof(float)),
-              *out1_ch = xmalloc(OUT1 * sizeof(float)), *dq1_ch = xmalloc(QKV1 * sizeof(float)),
-              *dkv1_ch = xmalloc(QKV1 * sizeof(float)), *out1_j = xcalloc(OUT1, sizeof(float)),
-              *g1_j = xcalloc(QKV1, sizeof(float));
-        fill(qkv1, QKV1, 1.5);
-        fill(r1, OUT1, 1.0);
-        float* qkv1_dev = dev_copy(qkv1, QKV1);
-        float* r1_dev = dev_copy(r1, OUT1);
-        float* out1_dev = dev_zeros(OUT1);
-        float* att1_dev = dev_zeros(ATT1);
-        float* dqkv1_dev = dev_zeros(QKV1);
-        float* datt1_dev = dev_zeros(ATT1);
-        attention_forward(out1_dev, att1_dev, qkv1_dev, B1, T1, C1, NH1);
-        attention_backward(dqkv1_dev, datt1_dev, r1_dev, qkv1_dev, att1_dev, B1, T1, C1, NH1);
-        to_host(out1, out1_dev, OUT1);
-        to_host(dqkv1, dqkv1_dev, QKV1);
-        split_chunks(q1_ch, qkv1, B1, T1, 3 * C1, sz, 2);
-        split_chunks(r1_ch, r1, B1, T1, C1, sz, 2);
+        Buf qkv1 = buf_random(QKV1, 1.5), r1 = buf_random(OUT1, 1.0);
+        Buf out1 = buf_zeros(OUT1), att1 = buf_zeros(ATT1), dqkv1 = buf_zeros(QKV1), datt1 = buf_zeros(ATT1);
+        attention_forward(out1.dev, att1.dev, qkv1.dev, B1, T1, C1, NH1);
+        attention_backward(dqkv1.dev, datt1.dev, r1.dev, qkv1.dev, att1.dev, B1, T1, C1, NH1);
+        // in the chunk layout (host memory, zeroed)
+        float *q1_ch = host_alloc(QKV1 * sizeof(float)), *r1_ch = host_alloc(OUT1 * sizeof(float)),
+              *out1_ch = host_alloc(OUT1 * sizeof(float)), *dq1_ch = host_alloc(QKV1 * sizeof(float)),
+              *dkv1_ch = host_alloc(QKV1 * sizeof(float)), *out1_j = host_alloc(OUT1 * sizeof(float)),
+              *g1_j = host_alloc(QKV1 * sizeof(float));
+        split_chunks(q1_ch, qkv1.h, B1, T1, 3 * C1, sz, 2);
+        split_chunks(r1_ch, r1.h, B1, T1, C1, sz, 2);
         chunk_attention_run(&s1, out1_ch, dq1_ch, dkv1_ch, q1_ch, NULL, r1_ch);
         join_chunks_add(out1_j, out1_ch, B1, T1, C1, sz, 2);
         join_chunks_add(g1_j, dq1_ch, B1, T1, 3 * C1, sz, 2);
         check_err("attention_chunk_forward+merge+finish vs attention_forward, T = 600 (chunks of 300)",
-                  rel_err_ff(out1_j, out1, OUT1), FWD_TOL);
+                  rel_err_ff(out1_j, buf_fetch(&out1), OUT1), FWD_TOL);
         check_err("attention_chunk_backward summed vs attention_backward, T = 600 (chunks of 300)",
-                  rel_err_ff(g1_j, dqkv1, QKV1), BWD_TOL);
-        free(qkv1); free(r1); free(out1); free(dqkv1); free(q1_ch); free(r1_ch);
-        free(out1_ch); free(dq1_ch); free(dkv1_ch); free(out1_j); free(g1_j);
-        dev_free_all();
+                  rel_err_ff(g1_j, buf_fetch(&dqkv1), QKV1), BWD_TOL);
+        case_end();
     }
 }
 
@@ -1735,80 +1472,45 @@ static void test_attention_chunks(void) {
 // hide the other results.
 static void test_backward_halves(void) {
     enum { N = 37, C = 300, OC = 260 };
-    float* inp = malloc(sizeof(float) * N * C);
-    float* w = malloc(sizeof(float) * OC * C);
-    float* b = malloc(sizeof(float) * OC);
-    float* dout = malloc(sizeof(float) * N * OC);
-    float* pre_i = malloc(sizeof(float) * N * C);
-    float* pre_w = malloc(sizeof(float) * OC * C);
-    float* pre_b = malloc(sizeof(float) * OC);
-    fill(inp, N * C, 1.0);
-    fill(w, OC * C, 1.0);
-    fill(b, OC, 1.0);
-    fill(dout, N * OC, 1.0);
-    fill(pre_i, N * C, 1.0);
-    fill(pre_w, OC * C, 1.0);
-    fill(pre_b, OC, 1.0);
-    float* inp_dev = dev_copy(inp, N * C);
-    float* w_dev = dev_copy(w, OC * C);
-    float* dout_dev = dev_copy(dout, N * OC);
+    Buf inp = buf_random(N * C, 1.0), w = buf_random(OC * C, 1.0), b = buf_random(OC, 1.0),
+        dout = buf_random(N * OC, 1.0), pre_i = buf_random(N * C, 1.0), pre_w = buf_random(OC * C, 1.0),
+        pre_b = buf_random(OC, 1.0);
+    (void)b;  // the backward reads no bias; drawn so the later inputs stay as they were
 
     // matmul: one call against the two halves, onto the same prefilled buffers
-    float* i1_dev = dev_copy(pre_i, N * C);
-    float* w1_dev = dev_copy(pre_w, OC * C);
-    float* b1_dev = dev_copy(pre_b, OC);
-    float* i2_dev = dev_copy(pre_i, N * C);
-    float* w2_dev = dev_copy(pre_w, OC * C);
-    float* b2_dev = dev_copy(pre_b, OC);
-    matmul_backward(i1_dev, w1_dev, b1_dev, dout_dev, inp_dev, w_dev, N, C, OC);
-    matmul_backward(i2_dev, NULL, NULL, dout_dev, NULL, w_dev, N, C, OC);
-    matmul_backward(NULL, w2_dev, b2_dev, dout_dev, inp_dev, NULL, N, C, OC);
-    float *i1 = malloc(sizeof(float) * N * C), *i2 = malloc(sizeof(float) * N * C);
-    float *w1 = malloc(sizeof(float) * OC * C), *w2 = malloc(sizeof(float) * OC * C);
-    float b1[OC], b2[OC];
-    to_host(i1, i1_dev, N * C);
-    to_host(i2, i2_dev, N * C);
-    to_host(w1, w1_dev, OC * C);
-    to_host(w2, w2_dev, OC * C);
-    to_host(b1, b1_dev, OC);
-    to_host(b2, b2_dev, OC);
-    int same = memcmp(i1, i2, sizeof(float) * N * C) == 0 && memcmp(w1, w2, sizeof(float) * OC * C) == 0 &&
-               memcmp(b1, b2, sizeof(b1)) == 0;
+    Buf i1 = buf_copy_of(&pre_i), w1 = buf_copy_of(&pre_w), b1 = buf_copy_of(&pre_b);
+    Buf i2 = buf_copy_of(&pre_i), w2 = buf_copy_of(&pre_w), b2 = buf_copy_of(&pre_b);
+    matmul_backward(i1.dev, w1.dev, b1.dev, dout.dev, inp.dev, w.dev, N, C, OC);
+    matmul_backward(i2.dev, NULL, NULL, dout.dev, NULL, w.dev, N, C, OC);
+    matmul_backward(NULL, w2.dev, b2.dev, dout.dev, inp.dev, NULL, N, C, OC);
+    int same = memcmp(buf_fetch(&i1), buf_fetch(&i2), sizeof(float) * N * C) == 0 &&
+               memcmp(buf_fetch(&w1), buf_fetch(&w2), sizeof(float) * OC * C) == 0 &&
+               memcmp(buf_fetch(&b1), buf_fetch(&b2), sizeof(float) * OC) == 0;
     check(same, "matmul_backward in two halves (dinp, no inp; then dw+dbias, no w) == one call, bitwise",
           "a gradient differs from the one-call result");
 
     // layernorm: the same, in a (N, C) layout
-    float* ln_w = malloc(sizeof(float) * C);
-    float* ln_b = malloc(sizeof(float) * C);
-    float* ln_dout = malloc(sizeof(float) * N * C);
-    fill(ln_w, C, 1.0);
-    fill(ln_b, C, 1.0);
-    fill(ln_dout, N * C, 1.0);
-    float* lw_dev = dev_copy(ln_w, C);
-    float* lb_dev = dev_copy(ln_b, C);
-    float* ldout_dev = dev_copy(ln_dout, N * C);
-    float* out_dev = dev_zeros(N * C);
-    float* mean_dev = dev_zeros(N);
-    float* rstd_dev = dev_zeros(N);
-    layernorm_forward(out_dev, mean_dev, rstd_dev, inp_dev, lw_dev, lb_dev, N, C);
-    float* li1_dev = dev_copy(pre_i, N * C);
-    float* lw1_dev = dev_copy(pre_w, C);
-    float* lb1_dev = dev_copy(pre_w + C, C);  // pre_b has only OC < C floats
-    float* li2_dev = dev_copy(pre_i, N * C);
-    float* lw2_dev = dev_copy(pre_w, C);
-    float* lb2_dev = dev_copy(pre_w + C, C);
-    layernorm_backward(li1_dev, lw1_dev, lb1_dev, ldout_dev, inp_dev, lw_dev, mean_dev, rstd_dev, N, C);
-    layernorm_backward(li2_dev, NULL, NULL, ldout_dev, inp_dev, lw_dev, mean_dev, rstd_dev, N, C);
-    layernorm_backward(NULL, lw2_dev, lb2_dev, ldout_dev, inp_dev, NULL, mean_dev, rstd_dev, N, C);
-    float lw1[C], lw2[C], lb1[C], lb2[C];
-    to_host(i1, li1_dev, N * C);
-    to_host(i2, li2_dev, N * C);
-    to_host(lw1, lw1_dev, C);
-    to_host(lw2, lw2_dev, C);
-    to_host(lb1, lb1_dev, C);
-    to_host(lb2, lb2_dev, C);
-    same = memcmp(i1, i2, sizeof(float) * N * C) == 0 && memcmp(lw1, lw2, sizeof(lw1)) == 0 &&
-           memcmp(lb1, lb2, sizeof(lb1)) == 0;
+    Buf ln_w = buf_random(C, 1.0), ln_b = buf_random(C, 1.0), ln_dout = buf_random(N * C, 1.0);
+    Buf out = buf_zeros(N * C), mean = buf_zeros(N), rstd = buf_zeros(N);
+    layernorm_forward(out.dev, mean.dev, rstd.dev, inp.dev, ln_w.dev, ln_b.dev, N, C);
+    // the prefills: pre_i, and C values of pre_w for each of dw and db (pre_b
+    // has only OC < C floats)
+    Buf li1 = buf_copy_of(&pre_i), lw1 = buf_zeros(C), lb1 = buf_zeros(C);
+    Buf li2 = buf_copy_of(&pre_i), lw2 = buf_zeros(C), lb2 = buf_zeros(C);
+    memcpy(lw1.h, pre_w.h, C * sizeof(float));
+    memcpy(lb1.h, pre_w.h + C, C * sizeof(float));
+    memcpy(lw2.h, pre_w.h, C * sizeof(float));
+    memcpy(lb2.h, pre_w.h + C, C * sizeof(float));
+    buf_upload(&lw1);
+    buf_upload(&lb1);
+    buf_upload(&lw2);
+    buf_upload(&lb2);
+    layernorm_backward(li1.dev, lw1.dev, lb1.dev, ln_dout.dev, inp.dev, ln_w.dev, mean.dev, rstd.dev, N, C);
+    layernorm_backward(li2.dev, NULL, NULL, ln_dout.dev, inp.dev, ln_w.dev, mean.dev, rstd.dev, N, C);
+    layernorm_backward(NULL, lw2.dev, lb2.dev, ln_dout.dev, inp.dev, NULL, mean.dev, rstd.dev, N, C);
+    same = memcmp(buf_fetch(&li1), buf_fetch(&li2), sizeof(float) * N * C) == 0 &&
+           memcmp(buf_fetch(&lw1), buf_fetch(&lw2), sizeof(float) * C) == 0 &&
+           memcmp(buf_fetch(&lb1), buf_fetch(&lb2), sizeof(float) * C) == 0;
     check(same, "layernorm_backward in two halves (dinp; then dw+db, no w) == one call, bitwise",
           "a gradient differs from the one-call result");
 
@@ -1819,9 +1521,7 @@ static void test_backward_halves(void) {
     matmul_backward(NULL, NULL, NULL, NULL, NULL, NULL, N, C, OC);
     device_synchronize();
     check(1, "layernorm_backward and matmul_backward with no gradient wanted read nothing", "");
-    free(inp); free(w); free(b); free(dout); free(pre_i); free(pre_w); free(pre_b);
-    free(i1); free(i2); free(w1); free(w2); free(ln_w); free(ln_b); free(ln_dout);
-    dev_free_all();
+    case_end();
 }
 
 // MPI and the device are started as in the chapters: the CUDA backend's
@@ -1866,78 +1566,65 @@ static double router_objective(void* p) {
 
 static void test_moe_router(void) {
     enum { N = 13, E = 5, K = 2 };
-    float logits[N * E], probs[N * E], gates[N * K], r[N * K], w[E];
-    int idx[N * K];
-    fill(logits, N * E, 2.0);
+    Buf logits = buf_random(N * E, 2.0);
     // row 0 all equal: every prob ties, the top-2 are experts 0 and 1;
     // row 1 ties experts 3 and 1 for the best: 1 first, then 3
-    for (int e = 0; e < E; e++) logits[e] = 0.5f;
-    logits[E + 0] = 0.1f, logits[E + 1] = 1.5f, logits[E + 2] = -1.0f, logits[E + 3] = 1.5f, logits[E + 4] = 0.0f;
-    fill(r, N * K, 1.0);
-    float* l_dev = dev_copy(logits, N * E);
-    float* p_dev = dev_zeros(N * E);
-    float* g_dev = dev_zeros(N * K);
+    for (int e = 0; e < E; e++) logits.h[e] = 0.5f;
+    logits.h[E + 0] = 0.1f, logits.h[E + 1] = 1.5f, logits.h[E + 2] = -1.0f, logits.h[E + 3] = 1.5f,
+    logits.h[E + 4] = 0.0f;
+    buf_upload(&logits);
+    Buf r = buf_random(N * K, 1.0), probs = buf_zeros(N * E), gates = buf_zeros(N * K);
+    int idx[N * K];
     int* i_dev = (int*)dev_alloc(N * K * sizeof(int));
-    moe_router_forward(p_dev, i_dev, g_dev, l_dev, N, E, K);
-    to_host(probs, p_dev, N * E);
-    to_host(gates, g_dev, N * K);
+    moe_router_forward(probs.dev, i_dev, gates.dev, logits.dev, N, E, K);
     mem_to_host(idx, i_dev, sizeof(idx));
     // the reference top-k: largest first, the lower index on a tie
     int ok = 1;
-    double logits_d[N * E], probs_d[N * E], gates_d[N * K];
-    to_double(logits_d, logits, N * E);
     for (int n = 0; n < N; n++)
         for (int j = 0; j < K; j++) {
             int best = -1;
             for (int e = 0; e < E; e++) {
                 int taken = 0;
                 for (int i = 0; i < j; i++) taken |= idx[n * K + i] == e;
-                if (!taken && (best < 0 || logits[n * E + e] > logits[n * E + best])) best = e;
+                if (!taken && (best < 0 || logits.h[n * E + e] > logits.h[n * E + best])) best = e;
             }
             ok &= idx[n * K + j] == best;
         }
     ok &= idx[0] == 0 && idx[1] == 1 && idx[K] == 1 && idx[K + 1] == 3;
     check(ok, "moe_router_forward top-k, ties to the lower expert", "wrong experts chosen");
-    router_ref(probs_d, gates_d, logits_d, idx, N, E, K);
-    check_err("moe_router_forward probs", rel_err(probs, probs_d, N * E), FWD_TOL);
-    check_err("moe_router_forward gates", rel_err(gates, gates_d, N * K), FWD_TOL);
+    router_ref(probs.d, gates.d, logits.d, idx, N, E, K);
+    check_forward("moe_router_forward probs", &probs);
+    check_forward("moe_router_forward gates", &gates);
     // the auxiliary loss's weights: E f_e / N from the forward's counts
-    double f[E] = {0}, r_d[N * K], w_d[E];
+    double f[E] = {0};
     for (int i = 0; i < N * K; i++) f[idx[i]] += 1.0 / (N * K);
-    for (int e = 0; e < E; e++) w[e] = (float)(E * f[e] / N);
-    to_double(r_d, r, N * K);
-    to_double(w_d, w, E);
-    float dl[N * E];
-    double g[N * E];
-    float* dl_dev = dev_zeros(N * E);
-    float* r_dev = dev_copy(r, N * K);
-    float* w_dev = dev_copy(w, E);
+    Buf w = buf_zeros(E);
+    for (int e = 0; e < E; e++) w.h[e] = (float)(E * f[e] / N);
+    buf_upload(&w);
     // the gates alone
-    moe_router_backward(dl_dev, r_dev, NULL, p_dev, i_dev, g_dev, N, E, K);
-    to_host(dl, dl_dev, N * E);
+    Buf dl = buf_zeros(N * E);
+    moe_router_backward(dl.dev, r.dev, NULL, probs.dev, i_dev, gates.dev, N, E, K);
     double no_w[E] = {0};
-    router_ctx ctx = {logits_d, r_d, no_w, idx, N, E, K};
-    fd_gradient(router_objective, &ctx, logits_d, N * E, g);
-    check_err("moe_router_backward dlogits (gates) vs FD", rel_err(dl, g, N * E), BWD_TOL);
+    router_ctx ctx = {logits.d, r.d, no_w, idx, N, E, K};
+    check_backward("moe_router_backward dlogits (gates) vs FD", &dl, router_objective, &ctx, &logits);
     // the auxiliary loss alone
     double zr[N * K] = {0};
-    ctx.r = zr, ctx.w = w_d;
-    fd_gradient(router_objective, &ctx, logits_d, N * E, g);
-    float* dl2_dev = dev_zeros(N * E);
-    moe_router_backward(dl2_dev, NULL, w_dev, p_dev, i_dev, g_dev, N, E, K);
-    to_host(dl, dl2_dev, N * E);
-    check_err("moe_router_backward dlogits (auxiliary loss) vs FD", rel_err(dl, g, N * E), BWD_TOL);
-    // both, accumulated onto what was there
-    float base[N * E], acc[N * E], both[N * E];
-    ctx.r = r_d;
-    fd_gradient(router_objective, &ctx, logits_d, N * E, g);
-    fill(base, N * E, 1.0);
-    float* acc_dev = dev_copy(base, N * E);
-    moe_router_backward(acc_dev, r_dev, w_dev, p_dev, i_dev, g_dev, N, E, K);
-    to_host(acc, acc_dev, N * E);
-    for (int i = 0; i < N * E; i++) both[i] = acc[i] - base[i];
+    ctx.r = zr, ctx.w = w.d;
+    Buf dl2 = buf_zeros(N * E);
+    moe_router_backward(dl2.dev, NULL, w.dev, probs.dev, i_dev, gates.dev, N, E, K);
+    check_backward("moe_router_backward dlogits (auxiliary loss) vs FD", &dl2, router_objective, &ctx, &logits);
+    // both, accumulated onto what was there (random values)
+    ctx.r = r.d;
+    double g[N * E];
+    fd_gradient(router_objective, &ctx, logits.d, N * E, g);
+    Buf acc = buf_zeros(N * E);
+    buf_prefill(&acc);
+    moe_router_backward(acc.dev, r.dev, w.dev, probs.dev, i_dev, gates.dev, N, E, K);
+    float both[N * E];
+    buf_fetch(&acc);
+    for (int i = 0; i < N * E; i++) both[i] = acc.h[i] - acc.pre[i];
     check_err("moe_router_backward dlogits (both) vs FD", rel_err(both, g, N * E), BWD_TOL);
-    dev_free_all();
+    case_end();
 }
 
 // Dispatch and combine: token rows gathered into expert order and back.
@@ -1975,60 +1662,41 @@ static void test_moe_dispatch_combine(void) {
         src[pos[i]] = i / K;
     }
     pos[3 * K + 1] = -1;  // token 3's second slot dropped (capacity)
-    float x[N * C], sent[N * K * C], gates[N * K], back[N * C];
-    fill(x, N * C, 1.0);
-    for (int t = 0; t < N; t++) gates[t * K] = 0.25f, gates[t * K + 1] = 0.75f;
-    gates[3 * K] = 1.0f;  // its kept slot carries it whole
-    float* x_dev = dev_copy(x, N * C);
-    float* s_dev = dev_zeros(N * K * C);
+    Buf x = buf_random(N * C, 1.0), gates = buf_zeros(N * K), sent = buf_zeros(N * K * C);
+    for (int t = 0; t < N; t++) gates.h[t * K] = 0.25f, gates.h[t * K + 1] = 0.75f;
+    gates.h[3 * K] = 1.0f;  // its kept slot carries it whole
+    buf_upload(&gates);
     int* src_dev = dev_copy_int(src, N * K);
     int* pos_dev = dev_copy_int(pos, N * K);
-    float* g_dev = dev_copy(gates, N * K);
-    moe_gather_forward(s_dev, x_dev, src_dev, N * K, C);
-    to_host(sent, s_dev, N * K * C);
+    moe_gather_forward(sent.dev, x.dev, src_dev, N * K, C);
+    buf_fetch(&sent);
     int ok = 1;
-    for (int i = 0; i < N * K; i++) ok &= !memcmp(sent + i * C, x + src[i] * C, C * sizeof(float));
+    for (int i = 0; i < N * K; i++) ok &= !memcmp(sent.h + i * C, x.h + src[i] * C, C * sizeof(float));
     check(ok, "moe_gather_forward copies every token row to its experts' rows", "a row differs");
     ok = cnt[2] == 0 && cnt[0] == N;
     check(ok, "moe dispatch: skewed load, an empty expert", "counts %d %d %d %d", cnt[0], cnt[1], cnt[2], cnt[3]);
     // identity experts: combining the rows with gates that sum to 1 gives every token back
-    float* b_dev = dev_zeros(N * C);
-    moe_combine_forward(b_dev, s_dev, g_dev, pos_dev, N, K, C);
-    to_host(back, b_dev, N * C);
-    double x_d[N * C];
-    to_double(x_d, x, N * C);
-    check_err("moe_combine_forward round trip returns every token", rel_err(back, x_d, N * C), FWD_TOL);
+    Buf back = buf_zeros(N * C);
+    moe_combine_forward(back.dev, sent.dev, gates.dev, pos_dev, N, K, C);
+    check_err("moe_combine_forward round trip returns every token", rel_err(buf_fetch(&back), x.d, N * C), FWD_TOL);
     // the gather's backward: every token gets the sum of its kept rows
-    float ones[N * K * C], dx[N * C];
-    double want[N * C];
-    for (int i = 0; i < N * K * C; i++) ones[i] = 1.0f;
-    float* o_dev = dev_copy(ones, N * K * C);
-    float* dx_dev = dev_zeros(N * C);
-    moe_gather_backward(dx_dev, o_dev, pos_dev, N, K, C);
-    to_host(dx, dx_dev, N * C);
+    Buf ones = buf_zeros(N * K * C), dx = buf_zeros(N * C);
+    for (int i = 0; i < N * K * C; i++) ones.h[i] = 1.0f;
+    buf_upload(&ones);
+    moe_gather_backward(dx.dev, ones.dev, pos_dev, N, K, C);
     for (int t = 0; t < N; t++)
-        for (int ch = 0; ch < C; ch++) want[t * C + ch] = t == 3 ? 1.0 : 2.0;
-    check_err("moe_gather_backward sums each token's kept rows", rel_err(dx, want, N * C), FWD_TOL);
+        for (int ch = 0; ch < C; ch++) dx.d[t * C + ch] = t == 3 ? 1.0 : 2.0;
+    check_forward("moe_gather_backward sums each token's kept rows", &dx);
     // combine backward against central differences, rows and gates
-    float r[N * C], drows[N * K * C], dgates[N * K];
-    fill(r, N * C, 1.0);
-    double rows_d[N * K * C], gates_d[N * K], r_d[N * C], grow[N * K * C], ggate[N * K];
-    to_double(rows_d, sent, N * K * C);
-    to_double(gates_d, gates, N * K);
-    to_double(r_d, r, N * C);
-    combine_ctx cc = {rows_d, gates_d, r_d, pos, N, K, C};
-    fd_gradient(combine_objective, &cc, rows_d, N * K * C, grow);
-    fd_gradient(combine_objective, &cc, gates_d, N * K, ggate);
-    float* r_dev = dev_copy(r, N * C);
-    float* dr_dev = dev_zeros(N * K * C);
-    float* dg_dev = dev_zeros(N * K);
-    moe_combine_backward(dr_dev, dg_dev, r_dev, s_dev, g_dev, pos_dev, N, K, C);
-    to_host(drows, dr_dev, N * K * C);
-    to_host(dgates, dg_dev, N * K);
+    Buf r = buf_random(N * C, 1.0);
+    to_double(sent.d, sent.h, N * K * C);
+    combine_ctx cc = {sent.d, gates.d, r.d, pos, N, K, C};
+    Buf drows = buf_zeros(N * K * C), dgates = buf_zeros(N * K);
+    moe_combine_backward(drows.dev, dgates.dev, r.dev, sent.dev, gates.dev, pos_dev, N, K, C);
     // the dropped slot's gate gets no gradient: FD agrees (it adds nothing)
-    check_err("moe_combine_backward drows vs FD", rel_err(drows, grow, N * K * C), BWD_TOL);
-    check_err("moe_combine_backward dgates vs FD", rel_err(dgates, ggate, N * K), BWD_TOL);
-    dev_free_all();
+    check_backward("moe_combine_backward drows vs FD", &drows, combine_objective, &cc, &sent);
+    check_backward("moe_combine_backward dgates vs FD", &dgates, combine_objective, &cc, &gates);
+    case_end();
 }
 
 int main(int argc, char** argv) {

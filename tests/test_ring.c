@@ -8,13 +8,15 @@
 // same batch, for several (T, cp) and both balances; and the work per rank
 // (unmasked scores) must be equal under zigzag.
 //   build/tests/test_ring
+//
+// modules: 06_sequence_context/ring
+// run by: tests/chapter_6.sh
 #include <math.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
-#include "common.h"
 #include "memory.h"
 #include "ops.h"
 #include "ring.h"

@@ -6,6 +6,9 @@
 // simulated bubble of GPipe and 1F1B is (pp-1)/(m+pp-1). Then the validator
 // must catch broken lists.
 //   build/tests/test_schedule [--show SCHEDULE PP M V]
+//
+// modules: 05_pipeline/schedule
+// run by: tests/chapter_5.sh
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>

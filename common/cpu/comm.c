@@ -1,15 +1,15 @@
 // comm.c: the communication layer on MPI (the CPU backend). See comm.h.
 #include "comm.h"
-#include "comm_count.h"
-
-#include "collectives.h"  // chapter 1's module: the algorithms of --comm hand
+#include "comm_groups.h"
+#include "comm_stats.h"
+#include "comm_trace.h"
 
 #include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
-#include "common.h"
+#include "errors.h"
 #include "ops.h"
 #include "memory.h"
 #include "runtime.h"
@@ -17,15 +17,22 @@
 
 // ---------------------------------------------------------------- --comm hand
 // With COMM_IMPL_HAND the collectives below call chapter 1's algorithms
-// (01_collectives/collectives.c) instead of MPI's. Their messages use a tag of
-// their own, so they never match a point-to-point message of the caller's in
-// flight on the same communicator.
+// (01_collectives/collectives.c, registered through comm_register_hand)
+// instead of MPI's. Their messages use a tag of their own, so they never
+// match a point-to-point message of the caller's in flight on the same
+// communicator.
 #define TAG_USER 0
 #define TAG_HAND 1
 static CommImpl impl = COMM_IMPL_LIBRARY;
 static int p2p_tag = TAG_USER;
+static const CommHandAlgorithms* algo = NULL;  // NULL: chapter 1's module is not linked
+
+void comm_register_hand(const CommHandAlgorithms* algorithms) { algo = algorithms; }
 
 const char* comm_set_impl(CommImpl which) {
+    if (which == COMM_IMPL_HAND && !algo)
+        return "--comm hand runs chapter 1's hand-written collectives, which this program does not link "
+               "(its NN_name/modules file does not name 01_collectives/collectives)";
     impl = which;
     return NULL;
 }
@@ -45,7 +52,7 @@ static void hand_end(void) {
 static void hand_allreduce(const Comm* c, float* buf, size_t n) {
     hand_begin();
     float* tmp = mem_alloc_floats(n / (size_t)c->size + 1, MEM_COMM);  // one chunk
-    hand_allreduce_ring(c, buf, n, tmp);
+    algo->allreduce_ring(c, buf, n, tmp);
     mem_free(tmp);
     hand_end();
 }
@@ -58,7 +65,7 @@ static void hand_reduce_scatter(const Comm* c, const float* send, float* recv, s
     float* work = mem_alloc_floats(total ? total : 1, MEM_COMM);
     float* tmp = mem_alloc_floats(n + 1, MEM_COMM);
     ops_copy(work, send, total);
-    hand_reduce_scatter_ring(c, work, total, tmp);
+    algo->reduce_scatter_ring(c, work, total, tmp);
     ops_copy(recv, work + (size_t)c->rank * n, n);
     mem_free(work);
     mem_free(tmp);
@@ -75,7 +82,7 @@ static void hand_allgatherv(const Comm* c, const float* send, float* recv, const
     for (int i = 0; i < p; i++) starts[i + 1] = starts[i] + counts[i];
     float* work = mem_alloc_floats(starts[p] ? starts[p] : 1, MEM_COMM);
     ops_copy(work + starts[c->rank], send, counts[c->rank]);
-    hand_allgather_ring(c, work, starts);
+    algo->allgather_ring(c, work, starts);
     for (int i = 0; i < p; i++) ops_copy(recv + displs[i], work + starts[i], counts[i]);
     mem_free(work);
     free(starts);
@@ -95,7 +102,7 @@ static void hand_reduce(const Comm* c, const float* send, float* recv, size_t n,
     float* work = mem_alloc_floats(n ? n : 1, MEM_COMM);
     float* tmp = mem_alloc_floats(n ? n : 1, MEM_COMM);
     ops_copy(work, send, n);
-    hand_reduce_tree(c, work, n, root, tmp);
+    algo->reduce_tree(c, work, n, root, tmp);
     if (c->rank == root) ops_copy(recv, work, n);
     mem_free(work);
     mem_free(tmp);
@@ -227,7 +234,7 @@ void comm_broadcast(const Comm* c, float* buf, size_t n, int root) {
     double t0 = wait_begin(c, COLL_BROADCAST, -1);
     if (hand()) {
         hand_begin();
-        hand_broadcast_tree(c, buf, n, root);
+        algo->broadcast_tree(c, buf, n, root);
         hand_end();
     } else {
         MPI_CHECK(MPI_Bcast(buf, as_int(n), MPI_FLOAT, root, c->mpi));
@@ -249,7 +256,7 @@ void comm_scatter(const Comm* c, const float* send, float* recv, size_t n, int r
     double t0 = wait_begin(c, COLL_SCATTER, -1);
     if (hand()) {
         hand_begin();
-        hand_scatter(c, send, recv, n, root);
+        algo->scatter(c, send, recv, n, root);
         hand_end();
     } else {
         MPI_CHECK(MPI_Scatter(send, as_int(n), MPI_FLOAT, recv, as_int(n), MPI_FLOAT, root, c->mpi));
@@ -262,7 +269,7 @@ void comm_gather(const Comm* c, const float* send, float* recv, size_t n, int ro
     double t0 = wait_begin(c, COLL_GATHER, -1);
     if (hand()) {
         hand_begin();
-        hand_gather(c, send, recv, n, root);
+        algo->gather(c, send, recv, n, root);
         hand_end();
     } else {
         MPI_CHECK(MPI_Gather(send, as_int(n), MPI_FLOAT, recv, as_int(n), MPI_FLOAT, root, c->mpi));
@@ -275,7 +282,7 @@ void comm_alltoall(const Comm* c, const float* send, float* recv, size_t n) {
     double t0 = wait_begin(c, COLL_ALLTOALL, -1);
     if (hand()) {
         hand_begin();
-        hand_alltoall_pairwise(c, send, recv, n);
+        algo->alltoall_pairwise(c, send, recv, n);
         hand_end();
     } else {
         MPI_CHECK(MPI_Alltoall(send, as_int(n), MPI_FLOAT, recv, as_int(n), MPI_FLOAT, c->mpi));
@@ -303,7 +310,7 @@ void comm_alltoallv(const Comm* c, const float* send, const size_t* send_counts,
     double t0 = wait_begin(c, COLL_ALLTOALL, -1);
     if (hand()) {
         hand_begin();
-        hand_alltoallv_pairwise(c, send, send_counts, send_displs, recv, recv_counts, recv_displs);
+        algo->alltoallv_pairwise(c, send, send_counts, send_displs, recv, recv_counts, recv_displs);
         hand_end();
     } else {
         MPI_CHECK(MPI_Alltoallv(send, sc, sd, MPI_FLOAT, recv, rc, rd, MPI_FLOAT, c->mpi));
@@ -381,6 +388,7 @@ void comm_progress(void) {
 
 static void track(CommRequest* req) {
     CHECK(n_in_flight < MAX_IN_FLIGHT, "more than %d non-blocking operations in flight", MAX_IN_FLIGHT);
+    ops_set_progress_hook(comm_progress);  // the ops drive it from now on
     in_flight[n_in_flight++] = req;
 }
 

@@ -5,9 +5,10 @@
 // made outside a parallel region uses the same thread team, and one made inside
 // a parallel region (attention, one head per thread) runs single-threaded.
 //
-// Progress: the long ops (matmuls, attention) start with comm_progress(), so
-// non-blocking MPI operations in flight move while the rank computes (MPI
-// moves them only inside MPI calls; see common/comm.h). A no-op when none is.
+// Progress: the long ops (matmuls, attention) start with progress(), the
+// hook the comm layer sets to comm_progress, so non-blocking MPI operations
+// in flight move while the rank computes (MPI moves them only inside MPI
+// calls; see common/comm.h). A no-op when none is.
 #include "ops.h"
 
 #include <cblas.h>
@@ -15,8 +16,13 @@
 #include <stdint.h>
 #include <string.h>
 
-#include "comm.h"
 #include "optime.h"
+
+static void (*progress_hook)(void) = NULL;
+void ops_set_progress_hook(void (*hook)(void)) { progress_hook = hook; }
+static inline void progress(void) {
+    if (progress_hook) progress_hook();
+}
 
 // Column sums over rows (a bias's or a LayerNorm weight's gradient) run over
 // blocks of this many columns, one block per thread at a time.
@@ -196,7 +202,7 @@ void layernorm_backward(float* dinp, float* dw, float* db, const float* dout,
 
 void matmul_forward(float* out, const float* inp, const float* w, const float* bias,
                     int N, int C, int OC) {
-    comm_progress();
+    progress();
     double t0 = optime_start();
     // out (N, OC) = inp (N, C) @ w^T, w stored (OC, C)
     cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, N, OC, C,
@@ -213,7 +219,7 @@ void matmul_forward(float* out, const float* inp, const float* w, const float* b
 
 void matmul_backward(float* dinp, float* dw, float* dbias, const float* dout,
                      const float* inp, const float* w, int N, int C, int OC) {
-    comm_progress();
+    progress();
     double t0 = optime_start();
     // dinp (N, C) += dout (N, OC) @ w (OC, C)
     if (dinp)
@@ -251,7 +257,7 @@ void matmul_backward(float* dinp, float* dw, float* dbias, const float* dout,
 // so each pair is a few small matmuls; pairs run in parallel, one per thread.
 
 void attention_forward(float* out, float* att, const float* qkv, int B, int T, int C, int NH) {
-    comm_progress();
+    progress();
     double t0 = optime_start();
     const int hs = C / NH;
     const float scale = 1.0f / sqrtf((float)hs);
@@ -307,7 +313,7 @@ void attention_forward(float* out, float* att, const float* qkv, int B, int T, i
 
 void attention_backward(float* dqkv, float* datt, const float* dout, const float* qkv,
                         const float* att, int B, int T, int C, int NH) {
-    comm_progress();
+    progress();
     double t0 = optime_start();
     const int hs = C / NH;
     const float scale = 1.0f / sqrtf((float)hs);
@@ -390,7 +396,7 @@ static inline int chunk_keys_visible(int i, int q0, int k0, int Tk) {
 void attention_chunk_forward(float* out, float* rowmax, float* sumexp, const float* q_all,
                              int q_stride, const float* k_all, const float* v_all, int kv_stride,
                              int B, int Tq, int Tk, int q0, int k0, int C, int NH) {
-    comm_progress();  // a ring's K/V block moves while this runs (chapter 6)
+    progress();  // a ring's K/V block moves while this runs (chapter 6)
     const int hs = C / NH;
     const float scale = 1.0f / sqrtf((float)hs);
     #pragma omp parallel for collapse(2)
@@ -465,7 +471,7 @@ void attention_chunk_backward(float* dq_all, float* dk_all, float* dv_all, const
                               const float* out, const float* lse, const float* q_all, int q_stride,
                               const float* k_all, const float* v_all, int kv_stride, int B, int Tq,
                               int Tk, int q0, int k0, int C, int NH) {
-    comm_progress();
+    progress();
     const int hs = C / NH;
     const float scale = 1.0f / sqrtf((float)hs);
     #pragma omp parallel for collapse(2)

@@ -43,7 +43,9 @@
 // AVG is a sum followed by ops_scale(1/size) on the compute stream, as on
 // the CPU (not ncclAvg), so both backends round the same way.
 #include "comm.h"
-#include "comm_count.h"
+#include "comm_groups.h"
+#include "comm_stats.h"
+#include "comm_trace.h"
 
 #include <sched.h>
 #include <stdio.h>
@@ -51,6 +53,7 @@
 #include <string.h>
 
 #include "cuda_common.h"
+#include "memory.h"
 #include "ops.h"
 #include "runtime.h"
 
@@ -220,6 +223,7 @@ void comm_create(Comm* world, Comm axes[NUM_AXES], const Mesh* mesh) {
 
 // --comm hand runs chapter 1's algorithms over MPI on host buffers: the
 // CPU backend's. Here the library (NCCL) runs every collective.
+void comm_register_hand(const CommHandAlgorithms* algorithms) { (void)algorithms; }
 const char* comm_set_impl(CommImpl which) {
     if (which == COMM_IMPL_HAND)
         return "--comm hand runs chapter 1's hand-written collectives on the CPU backend only; "

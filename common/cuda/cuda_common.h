@@ -21,7 +21,7 @@
 extern "C" {
 #endif
 
-#include "common.h"
+#include "errors.h"
 
 // All compute (kernels, cuBLAS, copies, memsets) runs in order on this one
 // stream. The communication layer has a stream of its own and orders itself

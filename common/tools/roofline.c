@@ -16,8 +16,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "common.h"
 #include "device.h"
+#include "matmul_peak.h"
 #include "memory.h"
 #include "ops.h"
 #include "runtime.h"

@@ -5,6 +5,7 @@
 
 #include "fuzz.h"
 #include "model.h"
+#include "model_file.h"
 
 int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     const char* path = fuzz_write(data, size);

@@ -21,7 +21,7 @@ The student tree is the whole repository (the files git tracks, or every file
 but build/ outside git) with each region of chapter N replaced by a stub that
 compiles under the project's flags (-Wall -Wextra -Werror: the enclosing
 function's parameters are cast to void) and stops the run at once with
-"exercise n of chapter N is not done" (exercise_not_done, common/common.h),
+"exercise n of chapter N is not done" (exercise_not_done, common/exercise.h),
 plus HOMEWORK.md. The instructor's material stays out: docs/answers.md and
 the buggy variants of tests/homework/bugs/ (their context lines are the
 solutions).

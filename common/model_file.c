@@ -1,8 +1,10 @@
-// checkpoint.c: llm.c's GPT-2 checkpoint file, read and written.
+// model_file.c: llm.c's GPT-2 model file, read and written (model_file.h).
 //
 // File: 256 int32 header, then the 16 tensors in order, each with all layers
-// contiguous (tensor-major). Memory is layer-major (model.h), so reading and
+// contiguous (tensor-major). Memory is layer-major (model_layout.h), so reading and
 // writing walk tensor by tensor, layer by layer, and place each piece.
+#include "model_file.h"
+
 #include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -10,8 +12,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "common.h"
-#include "model.h"
+#include "atomic_file.h"
 
 #define CKPT_MAGIC 20240326
 #define CKPT_VERSION_FP32 3

@@ -1,0 +1,27 @@
+// model_file.h: llm.c's GPT-2 model file, read and written (model_file.c).
+// It is the exchange format for weights (--model FILE.bin, --save); the
+// training state (--ckpt-dir, --resume) is ckpt.h's.
+#ifndef MODEL_FILE_H
+#define MODEL_FILE_H
+
+#include <stddef.h>
+
+#include "model_layout.h"
+
+// llm.c's GPT-2 file: 256 int32 header (magic 20240326, version 3 = fp32,
+// maxT, V, L, NH, C, Vp) then the 16 tensors, tensor-major.
+// Reads the header only; returns NULL or a message naming the problem.
+const char* checkpoint_read_config(const char* path, GPTConfig* cfg, char* msg, size_t msg_len);
+// Reads the parameters into params_host (gpt_num_params floats, flat layout).
+const char* checkpoint_read_params(const char* path, const GPTConfig* cfg, float* params_host,
+                                   char* msg, size_t msg_len);
+// Reads the flat-layout range [start, start + count) of the parameters into
+// out (host memory), seeking to each tensor piece in the file: a rank loads
+// only its shard. The file must have passed checkpoint_read_config.
+const char* checkpoint_read_range(const char* path, const GPTConfig* cfg, float* out, size_t start,
+                                  size_t count, char* msg, size_t msg_len);
+// Writes atomically (a temporary file renamed over the target): never a half file.
+const char* checkpoint_write(const char* path, const GPTConfig* cfg, const float* params_host,
+                             char* msg, size_t msg_len);
+
+#endif
