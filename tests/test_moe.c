@@ -10,17 +10,24 @@
 // plan_capacity, the layer's backward), not a copy: a gradient that is wrong
 // the same way on every mesh (the load-balancing gradient taking the mean
 // router probability P_e where the token fraction f_e belongs, say) passes
-// every comparison of one mesh with another, and fails here.
+// every comparison of one mesh with another, and fails here. The model's
+// buffers are the chapter's module's (07_expert/expert_model.o, linked), on
+// one rank: the whole batch, every expert.
 //
 // Routing is piecewise constant: top-k and the capacity drop choose experts,
 // and a finite difference that crosses a choice measures a jump, not a
 // gradient. Every difference below is taken where the routing (each token's
 // experts, each slot kept or dropped) is the same at all four points; a
 // direction that changes it is replaced by another.
+//
+// modules: 07_expert/expert_model 07_expert/moe
+#include <math.h>
+
 #define main chapter_7_main
 #include "../07_expert/main.c"
 #undef main
 
+#include "runtime.h"
 #include "test.h"
 
 static uint64_t rng_state = 7;
@@ -271,8 +278,14 @@ static void test_case(const MoeCase* mc) {
     MoeConfig cfg = {.gpt = small_cfg, .experts = mc->E, .top_k = mc->k, .hidden = H, .moe_every = mc->moe_every};
     Fixture f;
     ExpertModel* m = &f.m;
-    model_create(m, &cfg, B, T, &run.mesh, &run, 11, RECOMPUTE_NONE);
-    m->aux_coef = mc->aux_coef, m->capacity_factor = mc->capacity, m->record = 1;
+    // the chapter's run on one rank: B sequences of T tokens, seed 11, no
+    // recompute, parameters from init (no --model file)
+    run.setup.B = B, run.setup.T = T, run.setup.checkpoint = NULL;
+    run.args.seed = 11, run.args.recompute = RECOMPUTE_NONE;
+    ExpertFlags flags = {.experts = mc->E, .top_k = mc->k, .hidden = H, .moe_every = mc->moe_every,
+                         .aux_coef = mc->aux_coef, .capacity = mc->capacity};
+    expert_model_create(m, &cfg, &flags, &run);
+    m->record = 1;
     // At init the weights are small: every op near its linear regime, the
     // router's probabilities near 1/E (where P_e and f_e are hard to tell
     // apart), LayerNorm weights exactly 1. Every parameter moves well away
@@ -386,7 +399,7 @@ static void test_case(const MoeCase* mc) {
     free(g0_e);
     free(f.p_s);
     free(f.p_e);
-    model_free(m);
+    expert_model_free(m);
 }
 
 int main(int argc, char** argv) {
