@@ -22,13 +22,11 @@
 
 #include "args.h"
 #include "collectives.h"
-#include "comm.h"
 #include "harness.h"
 #include "errors.h"
 #include "memory.h"
 #include "ops.h"
 #include "rank.h"
-#include "report.h"
 #include "runtime.h"
 
 // ---------------------------------------------------------------- the collectives, by hand and by the library

@@ -38,24 +38,14 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "args.h"
-#include "ckpt.h"
-#include "comm.h"
 #include "errors.h"
 #include "exercise.h"  // exercise_not_done, in a homework tree
 #include "memory.h"
-#include "mesh.h"
-#include "model.h"
 #include "rank.h"
-#include "report.h"
 #include "runtime.h"
 #include "trace.h"
-#include "train.h"
 
 #include "pipeline.h"
-#include "init.h"
-#include "model_file.h"
-#include "schedule.h"
 
 // ---------------------------------------------------------------- point to point
 // Why no schedule can deadlock here. Every send is non-blocking (a rank never

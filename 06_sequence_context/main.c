@@ -40,22 +40,12 @@
 #include <stdlib.h>
 
 #include "memory.h"
-#include "args.h"
-#include "ckpt.h"
-#include "comm.h"
 #include "errors.h"
 #include "exercise.h"  // exercise_not_done, in a homework tree
-#include "mesh.h"
-#include "model.h"
-#include "rank.h"
-#include "report.h"
 #include "runtime.h"
 #include "trace.h"
-#include "train.h"
 
 #include "context.h"
-#include "init.h"
-#include "ring.h"
 #include "sequence.h"
 
 // ---------------------------------------------------------------- ring attention

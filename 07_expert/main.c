@@ -25,18 +25,9 @@
 #include <string.h>
 
 #include "memory.h"
-#include "args.h"
-#include "ckpt.h"
-#include "comm.h"
 #include "errors.h"
 #include "exercise.h"  // exercise_not_done, in a homework tree
-#include "mesh.h"
-#include "moe.h"
-#include "rank.h"
-#include "report.h"
-#include "runtime.h"
 #include "trace.h"
-#include "train.h"
 
 #include "expert_model.h"
 
