@@ -164,6 +164,10 @@ $(BUILD)/obj/cpu/tests/test_schedule.o: CFLAGS += -I05_pipeline
 TESTS += test_ring
 $(BUILD)/tests/test_ring: $(BUILD)/obj/cpu/06_sequence_context/ring.o
 $(BUILD)/obj/cpu/tests/test_ring.o: CFLAGS += -I06_sequence_context
+# test_cuda_queue models the CUDA comm layer's queueing on chapter 5's schedules (no GPU, no MPI ranks)
+TESTS += test_cuda_queue
+$(BUILD)/tests/test_cuda_queue: $(BUILD)/obj/cpu/05_pipeline/schedule.o
+$(BUILD)/obj/cpu/tests/test_cuda_queue.o: CFLAGS += -I05_pipeline
 tests: $(addprefix $(BUILD)/tests/,$(TESTS))
 $(BUILD)/tests/%: $(BUILD)/obj/cpu/tests/%.o $(patsubst %.c,$(BUILD)/obj/cpu/%.o,$(COMMON_SRC) common/cpu/ops.c common/cpu/device.c common/cpu/comm.c 01_collectives/collectives.c)
 	@mkdir -p $(dir $@)

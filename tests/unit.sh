@@ -5,7 +5,7 @@
 . "$(dirname "$0")/lib.sh"
 
 echo "== unit tests"
-for t in test_ops test_model test_data; do
+for t in test_ops test_model test_data test_cuda_queue; do
     run_program "$BUILD/tests/$t"
 done
 
