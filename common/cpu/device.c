@@ -6,6 +6,7 @@
 
 #include "device.h"
 #include "memory.h"
+#include "runtime.h"  // now_seconds
 
 // 64-byte alignment: a cache line, and what AVX-512 loads like.
 void* device_raw_alloc(size_t bytes) {
@@ -35,6 +36,16 @@ const char* device_init(int local_rank) {
 }
 
 void device_synchronize(void) {}
+
+// Each op has finished when it returns: the host clock is the device's.
+void device_clock_start(DeviceClock* c) { c->t0 = now_seconds(); }
+void device_clock_stop(DeviceClock* c) {
+    c->seconds += now_seconds() - c->t0;
+    c->n++;
+}
+double device_clock_seconds(DeviceClock* c) { return c->seconds; }
+void device_clock_reset(DeviceClock* c) { c->seconds = 0.0, c->n = 0, c->lost = 0; }
+void device_clock_free(DeviceClock* c) { device_clock_reset(c); }
 
 void device_set_threads(int n) {
     omp_set_num_threads(n);
