@@ -529,11 +529,11 @@ static void pipeline_programs(Sim* S, const Schedule* sc) {
     }
 }
 
-// The outcome of one schedule under every rule set, timing and message size.
-// Returns a bit per (rules, timing, big) that deadlocked; the first reason in why.
-static unsigned replay(const Schedule* sc, char* why, size_t len) {
-    Sim* S = sim_new(sc->pp);
-    pipeline_programs(S, sc);
+// The outcome of S's programs under the held and the channel rules, each
+// timing and message size: a bit per (rules, timing, big) that deadlocked;
+// the first reason in why.
+#define BAD(rules, timing, big) (1u << ((rules) * 4 + (timing) * 2 + (big)))
+static unsigned replay_sim(Sim* S, char* why, size_t len) {
     unsigned bad = 0;
     why[0] = 0;
     for (int rules = 0; rules < 2; rules++)
@@ -541,14 +541,21 @@ static unsigned replay(const Schedule* sc, char* why, size_t len) {
             for (int big = 0; big < 2; big++) {
                 char w[1024];
                 if (sim_run(S, (Rules)rules, (Timing)timing, big, w, sizeof(w))) {
-                    bad |= 1u << (rules * 4 + timing * 2 + big);
+                    bad |= BAD(rules, timing, big);
                     if (!why[0]) snprintf(why, len, "%s", w);
                 }
             }
+    return bad;
+}
+
+// The same for one schedule.
+static unsigned replay(const Schedule* sc, char* why, size_t len) {
+    Sim* S = sim_new(sc->pp);
+    pipeline_programs(S, sc);
+    unsigned bad = replay_sim(S, why, len);
     sim_free(S);
     return bad;
 }
-#define BAD(rules, timing, big) (1u << ((rules) * 4 + (timing) * 2 + (big)))
 #define BAD_CHANNELS (0xFu << 4)
 
 // ---------------------------------------------------------------- chapter 6 and 7
@@ -618,22 +625,15 @@ static void moe_programs(Sim* S, int n, unsigned seed) {
     }
 }
 
-static unsigned replay_sim(Sim* S, char* why, size_t len) {
-    unsigned bad = 0;
-    why[0] = 0;
-    for (int rules = 0; rules < 2; rules++)
-        for (int timing = 0; timing < 2; timing++)
-            for (int big = 0; big < 2; big++) {
-                char w[1024];
-                if (sim_run(S, (Rules)rules, (Timing)timing, big, w, sizeof(w))) {
-                    bad |= BAD(rules, timing, big);
-                    if (!why[0]) snprintf(why, len, "%s", w);
-                }
-            }
-    return bad;
+// ---------------------------------------------------------------- the checks
+// One check: S's programs complete under every rule set (S is freed).
+static void check_completes(Sim* S, const char* name) {
+    char why[1024];
+    unsigned bad = replay_sim(S, why, sizeof(why));
+    check(bad == 0, name, "deadlock bits 0x%02x: %s", bad, why);
+    sim_free(S);
 }
 
-// ---------------------------------------------------------------- the checks
 // tests/chapter_5.sh's --schedule-file examples (the ones the validator accepts)
 static const char* file_examples[] = {
     "rank 0: F0 F1 B0 B1\nrank 1: F1 F0 B1 B0\n",
@@ -745,20 +745,16 @@ int main(int argc, char** argv) {
         for (int overlap = 0; overlap < 2; overlap++) {
             Sim* S = sim_new(n);
             ring_programs(S, n, overlap);
-            unsigned bad = replay_sim(S, why, sizeof(why));
             snprintf(name, sizeof(name), "ring attention cp=%d overlap %d completes under both rule sets", n, overlap);
-            check(bad == 0, name, "deadlock bits 0x%02x: %s", bad, why);
-            sim_free(S);
+            check_completes(S, name);
         }
     // the MoE exchanges, ep 2-4, zero-count pairs included
     for (int n = 2; n <= 4; n++)
         for (unsigned seed = 1; seed <= 3; seed++) {
             Sim* S = sim_new(n);
             moe_programs(S, n, seed);
-            unsigned bad = replay_sim(S, why, sizeof(why));
             snprintf(name, sizeof(name), "MoE all-to-all-v ep=%d (seed %u) completes under both rule sets", n, seed);
-            check(bad == 0, name, "deadlock bits 0x%02x: %s", bad, why);
-            sim_free(S);
+            check_completes(S, name);
         }
     // the model can fail: a receive posted before the send it waits for, on
     // both ranks, with blocking calls, deadlocks under any rules
