@@ -34,8 +34,8 @@
 // stream for all of a group's sends and receives would make a receive wait
 // behind this rank's earlier sends, and a send behind earlier receives:
 // chapter 5's interleaved schedule deadlocks that way (tests/test_cuda_queue.c
-// replays every schedule under these rules). So each group of size >= 2 made
-// by comm_create (the world and the axes) has, for each ring neighbour
+// replays every schedule under these rules). So the world and the pp and cp
+// groups (those that send and receive), when of size >= 2, have, for each ring neighbour
 // (rank +- 1), a channel per direction: an NCCL communicator of two ranks,
 // made by ncclCommSplit, with its own stream, that carries the messages of
 // one direction only. Its sends (on one rank) and receives (on the other)
@@ -83,11 +83,10 @@ typedef struct NcclGroup {
     cudaStream_t stream;      // its own, or shared_stream
     struct NcclGroup* next;   // every live group and channel, for comm_barrier
     // channels to and from the ring neighbours: [0] the next rank (+1),
-    // [1] the previous (-1); NULL without channels. With two ranks both
-    // neighbours are one rank: [0] only.
+    // [1] the previous (-1); NULL without channels. With two ranks the one
+    // neighbour is both: to[0] and from[1].
     struct NcclGroup* to[2];
     struct NcclGroup* from[2];
-    int is_channel;
 } NcclGroup;
 
 static NcclGroup* live_groups = NULL;
@@ -208,7 +207,6 @@ static void make_channels(NcclGroup* g, int n, int me, int dir) {
         NCCL_CHECK(ncclCommSplit(g->nccl, color, key, &nc, NULL));
         if (color == NCCL_SPLIT_NOCOLOR) continue;
         NcclGroup* ch = live_add(nc);
-        ch->is_channel = 1;
         // to[0]/from[0]: the next rank; to[1]/from[1]: the previous one
         if (key == 0) g->to[dir == 1 ? 0 : 1] = ch;
         else g->from[dir == 1 ? 1 : 0] = ch;
