@@ -52,7 +52,9 @@
 
 // RULES_HELD_QUIET_TEST: the held rules without the flush in comm_test
 // (the issue's "removing the flush alone does not fix it")
-typedef enum { RULES_HELD, RULES_CHANNELS, RULES_HELD_QUIET_TEST } Rules;
+// RULES_SHARED: the held rules on one stream for every communicator (an
+// NCCL before 2.26, or NCCL_LAUNCH_ORDER_IMPLICIT=0)
+typedef enum { RULES_HELD, RULES_CHANNELS, RULES_HELD_QUIET_TEST, RULES_SHARED } Rules;
 #define HELD(S) ((S)->rules != RULES_CHANNELS)
 typedef enum { HOST_AHEAD, GPU_KEEPS_UP } Timing;
 
@@ -184,6 +186,7 @@ static void sim_reset(Sim* S, Rules rules, Timing timing, int big) {
 // The stream an operation of rank r runs on: its communicator's, or (rules
 // channels, point to point) the channel of its direction.
 static int stream_of(const Sim* S, int comm, int from, int to, int p2p) {
+    if (S->rules == RULES_SHARED) return 0;
     if (S->rules == RULES_CHANNELS && p2p) return NCOMM + (comm * MAX_RANKS + from) * MAX_RANKS + to;
     return comm;
 }
@@ -230,7 +233,7 @@ static void group_add(Sim* S, int g, GKind kind, int comm, int peer, int channel
     } else {
         seq = S->seq_coll[r][comm]++;
         COLL_AT(S, comm, seq, r) = S->n_op + 1;
-        s = comm;
+        s = stream_of(S, comm, r, r, 0);
     }
     if (seq >= MAX_SEQ - 1) {
         fprintf(stderr, "test_cuda_queue: too many operations\n");
@@ -346,7 +349,7 @@ static void issue(Sim* S, int r, const HostOp* o) {
             if (HELD(S)) held_into(S, r, g);
             group_add(S, g, o->kind == H_SEND ? G_SEND : G_RECV, o->comm, o->peer, 1);
             group_end(S, g);
-            if (HELD(S)) S->wait_stream[r] = o->comm;  // end_blocking: the whole stream
+            if (HELD(S)) S->wait_stream[r] = stream_of(S, o->comm, r, r, 0);  // end_blocking: the whole stream
             else S->wait_group[r] = g;                                 // its own message
             break;
         }
@@ -380,7 +383,7 @@ static void issue(Sim* S, int r, const HostOp* o) {
                 if (o->recv_mask >> p & 1) group_add(S, g, G_RECV, o->comm, p, 0);
             }
             group_end(S, g);
-            S->wait_stream[r] = o->comm;
+            S->wait_stream[r] = stream_of(S, o->comm, r, r, 0);
             break;
         }
         case H_HOST_BCAST:
@@ -726,6 +729,30 @@ int main(int argc, char** argv) {
     check(quiet_bad > 0, name, "all %d cases complete", quiet_cases);
     printf("# held rules without comm_test's flush: %d of %d interleaved cases (pp 2-4, m = 2pp, v 2-3) deadlock\n",
            quiet_bad, quiet_cases);
+
+    // the shared stream (held rules, one stream for every communicator):
+    // what make gpu-check's NCCL_LAUNCH_ORDER_IMPLICIT=0 cases rely on
+    int shared_small = 0, shared_big = 0, shared_cases = 0;
+    for (int pp = 2; pp <= 4; pp++)
+        for (int m = pp; m <= 4 * pp; m += pp)
+            for (int kind = 0; kind < NUM_SCHEDULES; kind++)
+                for (int v = 1; v <= (kind == SCHED_INTERLEAVED ? 3 : 1); v++) {
+                    Schedule sc;
+                    if (schedule_build(&sc, (ScheduleKind)kind, pp, m, v, msg, sizeof(msg))) continue;
+                    Sim* S = sim_new(pp);
+                    pipeline_programs(S, &sc);
+                    shared_cases++;
+                    for (int t = 0; t < 2; t++) {
+                        shared_small += sim_run(S, RULES_SHARED, (Timing)t, 0, why, sizeof(why)) != NULL;
+                        shared_big += sim_run(S, RULES_SHARED, (Timing)t, 1, why, sizeof(why)) != NULL;
+                    }
+                    sim_free(S);
+                    schedule_free(&sc);
+                }
+    printf("# shared stream: %d of %d runs deadlock with messages above the buffer, %d below\n", shared_big,
+           2 * shared_cases, shared_small);
+    check(shared_small == 0, "the shared stream completes every schedule while messages fit NCCL's buffer",
+          "%d of %d runs deadlock", shared_small, 2 * shared_cases);
 
     // the --schedule-file examples of tests/chapter_5.sh
     for (size_t e = 0; e < sizeof(file_examples) / sizeof(*file_examples); e++) {
