@@ -54,9 +54,9 @@
 // --cp-overlap 0 each transfer is waited for as soon as it is posted, before
 // the compute it would overlap: then every wait is the whole transfer.
 static void ring_wait(CPModel* m, CommRequest* r) {
-    double t0 = now_seconds();
+    double w0 = comm_wait_seconds();  // the wait alone (CUDA's comm_wait drains queued compute first)
     comm_wait(r);
-    m->ring_wait_seconds += now_seconds() - t0;
+    m->ring_wait_seconds += comm_wait_seconds() - w0;
 }
 
 // Forward. qkv (N, 3C) holds my tokens' queries, keys and values; atty

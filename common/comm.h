@@ -175,12 +175,15 @@ void comm_barrier(const Comm* c);
 // Start the operation and return at once; the buffers must not be touched
 // until comm_wait. Compute placed between start and wait overlaps with it.
 // Every rank starts its collectives in the same order (NCCL requires it).
-// Point-to-point on the CUDA backend: comm_isend and comm_irecv are held and
-// queued together at this rank's next comm_* call (see common/cuda/comm.c).
-// So (1) do not make a host MPI call between comm_isend/irecv and the next
-// comm_* call if a peer may be waiting for that transfer, and (2) a peer's
-// matching receive must not sit behind a collective that this rank starts
-// after its isend: pair sends and receives before the next collective.
+// Point-to-point on the CUDA backend: with a ring neighbour (rank +- 1) of
+// the world, pp or cp group, comm_isend and comm_irecv queue at once on a
+// channel of their own and behave as on MPI (common/cuda/comm.c, docs/cuda.md).
+// Elsewhere (other peers, other groups, an NCCL or CUDA too old for
+// channels) they are held and queued together at this rank's next comm_*
+// call. There (1) do not make a host MPI call between comm_isend/irecv and
+// the next comm_* call if a peer may be waiting for that transfer, and (2) a
+// peer's matching receive must not sit behind a collective that this rank
+// starts after its isend: pair sends and receives before the next collective.
 void comm_iallreduce(const Comm* c, float* buf, size_t count, CommOp op, CommRequest* req);
 void comm_ireduce_scatter(const Comm* c, const float* send, float* recv, size_t count, CommOp op,
                           CommRequest* req);

@@ -49,4 +49,26 @@ const char* device_init(int local_rank);
 // Waits for all work queued on the device (a no-op on the CPU).
 void device_synchronize(void);
 
+// A clock of the device's work, for timings that mean the same on both
+// backends. device_clock_start and device_clock_stop bracket work queued on
+// the device (a span); device_clock_seconds is the total of the spans since
+// the last reset, once that work is done. On the CPU an op has finished when
+// it returns, so these are the host clock around the calls. On CUDA the host
+// only queues the work: a span is two events on the compute stream, and
+// device_clock_seconds waits for the last one (read it after the step, not
+// between the spans, or it drains the queue). A host clock around queued
+// kernels reads about 0 on a GPU. At most DEVICE_CLOCK_SPANS spans between
+// resets (further spans are not counted on CUDA: see `lost`).
+#define DEVICE_CLOCK_SPANS 128
+typedef struct {
+    double seconds, t0;                // the CPU's total and the open span's start
+    void* ev[2 * DEVICE_CLOCK_SPANS];  // CUDA: each span's start and stop events
+    int n, lost;                       // spans recorded, spans beyond the events
+} DeviceClock;
+void device_clock_start(DeviceClock* c);
+void device_clock_stop(DeviceClock* c);
+double device_clock_seconds(DeviceClock* c);
+void device_clock_reset(DeviceClock* c);  // also the start (a zeroed DeviceClock is reset)
+void device_clock_free(DeviceClock* c);   // its events
+
 #endif

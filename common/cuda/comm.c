@@ -29,16 +29,33 @@
 // Progress: NCCL's kernels and proxy thread move the data by themselves, so
 // comm_progress (the CPU backend's, called by its ops) is a no-op here.
 //
-// Point-to-point. An ncclSend and its ncclRecv must run at the same time,
-// and an ncclRecv queued alone blocks the stream behind it. So comm_isend and
-// comm_irecv do not queue at once: they are held, and the held operations are
-// queued together in one ncclGroupStart/End at the next comm_* call (the
-// comm_wait of one of them at the latest; a blocking send, recv or sendrecv
-// takes them into its own group). "irecv from left, isend to right, compute,
-// wait" then runs as one group on every rank: no rank's receive waits behind
-// its own send. Each held operation still waits only for the compute queued
-// before its own start, so the compute between start and wait overlaps with
-// it on the GPU.
+// Point-to-point: channels. NCCL runs the operations of one stream in
+// order, and a large ncclSend ends only when its ncclRecv runs, so one
+// stream for all of a group's sends and receives would make a receive wait
+// behind this rank's earlier sends, and a send behind earlier receives:
+// chapter 5's interleaved schedule deadlocks that way (tests/test_cuda_queue.c
+// replays every schedule under these rules). So the world and the pp and cp
+// groups (those that send and receive), when of size >= 2, have, for each ring neighbour
+// (rank +- 1), a channel per direction: an NCCL communicator of two ranks,
+// made by ncclCommSplit, with its own stream, that carries the messages of
+// one direction only. Its sends (on one rank) and receives (on the other)
+// then come in the same order, and a transfer waits for nothing but its own
+// peer. comm_isend and comm_irecv queue at once on their channel, after the
+// compute queued before the call (an event recorded at the call); comm_recv
+// waits on the host for its own channel only; comm_wait for its request.
+// These are the CPU layer's semantics: an isend progresses by itself, a
+// receive waits for its own message only, an operation waits only for the
+// compute before it. docs/cuda.md explains the rules.
+//   Channels need other communicators' kernels to run concurrently with
+// them: NCCL >= 2.26 with NCCL_LAUNCH_ORDER_IMPLICIT=1 and CUDA >= 12.3
+// (runtime and driver; NCCL then orders launches by launch completion, not
+// by kernel completion). Elsewhere (the shared stream, an older CUDA), and
+// for a peer that is not a neighbour or a group made by comm_create_group*,
+// the operations are held as before: queued together in one
+// ncclGroupStart/End at the next comm_* call (comm_test and comm_wait
+// included; a blocking send, recv or sendrecv takes them into its own
+// group). That path keeps the old limit: a large message can deadlock
+// chapter 5's interleaved schedule (see the test).
 //
 // AVG is a sum followed by ops_scale(1/size) on the compute stream, as on
 // the CPU (not ncclAvg), so both backends round the same way.
@@ -56,20 +73,29 @@
 #include "memory.h"
 #include "ops.h"
 #include "runtime.h"
+#include "watchdog.h"
 
 
 // ---------------------------------------------------------------- NCCL state
 
 // One group's NCCL side (Comm.backend): its communicator, made from the MPI
 // communicator of the same group, and the stream its operations run on.
+// A channel (see the top) is an NcclGroup too: its communicator of two
+// ranks (the sender is rank 0, the receiver rank 1) and its stream.
 typedef struct NcclGroup {
     ncclComm_t nccl;
     cudaStream_t stream;      // its own, or shared_stream
-    struct NcclGroup* next;   // every live group, for comm_barrier
+    struct NcclGroup* next;   // every live group and channel, for comm_barrier
+    // channels to and from the ring neighbours: [0] the next rank (+1),
+    // [1] the previous (-1); NULL without channels. With two ranks the one
+    // neighbour is both: to[0] and from[1].
+    struct NcclGroup* to[2];
+    struct NcclGroup* from[2];
 } NcclGroup;
 
 static NcclGroup* live_groups = NULL;
 static int own_streams = -1;               // decided at the first group
+static int use_channels = 0;               // own streams, and CUDA launch-completion ordering
 static cudaStream_t shared_stream = NULL;  // every group's, when not own_streams
 static cudaEvent_t compute_ready = NULL;   // "compute queued so far", for blocking calls
 
@@ -93,14 +119,18 @@ static void check_async_errors(void) {
 }
 
 // Waits for a stream (event NULL) or an event, as above.
+// The watchdog (watchdog.h) watches every such wait: a peer that stopped
+// leaves an NCCL kernel waiting forever, and no error is ever reported.
 static void wait_checked(cudaStream_t stream, cudaEvent_t event) {
+    watchdog_enter(event ? "wait for an NCCL operation" : "wait for a stream", "device", -1);
     for (;;) {
         cudaError_t q = event ? cudaEventQuery(event) : cudaStreamQuery(stream);
-        if (q == cudaSuccess) return;
+        if (q == cudaSuccess) break;
         if (q != cudaErrorNotReady) CUDA_CHECK(q);
         check_async_errors();
         sched_yield();
     }
+    watchdog_leave();
 }
 
 // device_synchronize (device.cu) waits for the compute stream, which may wait
@@ -124,6 +154,13 @@ static void decide_streams(void) {
     const char* env = getenv("NCCL_LAUNCH_ORDER_IMPLICIT");
     own_streams = version >= 22600 && !(env && strcmp(env, "0") == 0);
     if (own_streams) setenv("NCCL_LAUNCH_ORDER_IMPLICIT", "1", 0);
+    // NCCL orders launches by launch completion only with CUDA >= 12.3 on
+    // both sides; otherwise each NCCL kernel waits for the one before it to
+    // end, and a receive would block the channels behind it again
+    int driver = 0, runtime = 0;
+    CUDA_CHECK(cudaDriverGetVersion(&driver));
+    CUDA_CHECK(cudaRuntimeGetVersion(&runtime));
+    use_channels = own_streams && driver >= 12030 && runtime >= 12030;
 }
 
 static void shared_resources_create(void) {
@@ -133,36 +170,20 @@ static void shared_resources_create(void) {
     if (!own_streams) CUDA_CHECK(cudaStreamCreateWithFlags(&shared_stream, cudaStreamNonBlocking));
 }
 
-// The group's rank 0 makes a unique id, MPI carries it to the rest of the
-// group, and every rank of the group joins the NCCL communicator with it.
-static void make_comm(Comm* c, MPI_Comm mpi, int axis) {
-    decide_streams();
-    shared_resources_create();
-    memset(c, 0, sizeof(*c));
-    c->mpi = mpi;
-    c->axis = axis;
-    MPI_CHECK(MPI_Comm_size(mpi, &c->size));
-    MPI_CHECK(MPI_Comm_rank(mpi, &c->rank));
+// A live entry (a group or a channel) for a communicator: its stream, in
+// the list that comm_barrier and the error checks walk.
+static NcclGroup* live_add(ncclComm_t nccl) {
     NcclGroup* g = (NcclGroup*)xcalloc(1, sizeof(NcclGroup));
-    ncclUniqueId id;
-    memset(&id, 0, sizeof(id));
-    if (c->rank == 0) NCCL_CHECK(ncclGetUniqueId(&id));
-    MPI_CHECK(MPI_Bcast(&id, (int)sizeof(id), MPI_BYTE, 0, mpi));
-    NCCL_CHECK(ncclCommInitRank(&g->nccl, c->size, id, c->rank));
+    g->nccl = nccl;
     if (own_streams) CUDA_CHECK(cudaStreamCreateWithFlags(&g->stream, cudaStreamNonBlocking));
     else g->stream = shared_stream;
     g->next = live_groups;
     live_groups = g;
-    c->backend = g;
+    return g;
 }
 
-static void flush_p2p(void);
-
-// Waits for the group's operations, then frees its communicator and stream.
-static void free_nccl_group(Comm* c) {
-    NcclGroup* g = (NcclGroup*)c->backend;
-    if (!g) return;
-    flush_p2p();
+// Waits for the entry's operations, then frees its communicator and stream.
+static void live_free(NcclGroup* g) {
     wait_checked(g->stream, NULL);
     NCCL_CHECK(ncclCommDestroy(g->nccl));
     if (own_streams) CUDA_CHECK(cudaStreamDestroy(g->stream));
@@ -172,6 +193,72 @@ static void free_nccl_group(Comm* c) {
             break;
         }
     free(g);
+}
+
+// The channels of one direction (dir +1: rank i to i+1; -1: i to i-1) of a
+// group of n >= 2 ranks, split off its communicator. Pair i is the channel
+// of rank i's messages. A rank sits in two pairs of a direction (sending in
+// one, receiving in the other) and ncclCommSplit gives it one communicator
+// per call, so the pairs are made in phases where no rank is in two: even i,
+// odd i, and with n odd the last pair alone. Every rank of the group calls
+// every phase (ncclCommSplit is collective), in the same order.
+static void make_channels(NcclGroup* g, int n, int me, int dir) {
+    int phases = n % 2 ? 3 : 2;
+    for (int ph = 0; ph < phases; ph++) {
+        int color = NCCL_SPLIT_NOCOLOR, key = 0;
+        for (int role = 0; role < 2; role++) {  // 0: the pair I send in, 1: the one I receive in
+            int i = role == 0 ? me : ((me - dir) % n + n) % n;
+            int phase = (n % 2 && i == n - 1) ? 2 : i % 2;
+            if (phase == ph) color = i, key = role;  // the sender is rank 0 of the channel
+        }
+        ncclComm_t nc = NULL;
+        NCCL_CHECK(ncclCommSplit(g->nccl, color, key, &nc, NULL));
+        if (color == NCCL_SPLIT_NOCOLOR) continue;
+        NcclGroup* ch = live_add(nc);
+        // to[0]/from[0]: the next rank; to[1]/from[1]: the previous one
+        if (key == 0) g->to[dir == 1 ? 0 : 1] = ch;
+        else g->from[dir == 1 ? 1 : 0] = ch;
+    }
+}
+
+// The group's rank 0 makes a unique id, MPI carries it to the rest of the
+// group, and every rank of the group joins the NCCL communicator with it.
+// With channels (the world, pp and cp: the groups that send and receive),
+// the channels to and from the ring neighbours too.
+static void make_comm(Comm* c, MPI_Comm mpi, int axis, int channels) {
+    decide_streams();
+    shared_resources_create();
+    memset(c, 0, sizeof(*c));
+    c->mpi = mpi;
+    c->axis = axis;
+    MPI_CHECK(MPI_Comm_size(mpi, &c->size));
+    MPI_CHECK(MPI_Comm_rank(mpi, &c->rank));
+    ncclUniqueId id;
+    memset(&id, 0, sizeof(id));
+    if (c->rank == 0) NCCL_CHECK(ncclGetUniqueId(&id));
+    MPI_CHECK(MPI_Bcast(&id, (int)sizeof(id), MPI_BYTE, 0, mpi));
+    ncclComm_t nccl;
+    NCCL_CHECK(ncclCommInitRank(&nccl, c->size, id, c->rank));
+    NcclGroup* g = live_add(nccl);
+    if (channels && use_channels && c->size >= 2) {
+        make_channels(g, c->size, c->rank, 1);
+        if (c->size > 2) make_channels(g, c->size, c->rank, -1);  // with two, +1 already covers both ways
+    }
+    c->backend = g;
+}
+
+static void flush_p2p(void);
+
+// Waits for the group's operations, then frees its channels, communicator and stream.
+static void free_nccl_group(Comm* c) {
+    NcclGroup* g = (NcclGroup*)c->backend;
+    if (!g) return;
+    flush_p2p();
+    for (int i = 0; i < 2; i++) {
+        if (g->to[i]) live_free(g->to[i]);
+        if (g->from[i]) live_free(g->from[i]);
+    }
+    live_free(g);
     c->backend = NULL;
 }
 
@@ -216,9 +303,9 @@ void comm_create(Comm* world, Comm axes[NUM_AXES], const Mesh* mesh) {
              "NCCL needs one GPU per rank; start at most one rank per GPU on each node",
              runtime_local_size(), gpus);
     fail_if_any(gpu_shared_on_node(), msg);
-    make_comm(world, MPI_COMM_WORLD, COMM_WORLD_AXIS);
+    make_comm(world, MPI_COMM_WORLD, COMM_WORLD_AXIS, 1);
     if (!mesh || !axes) return;
-    for (int a = 0; a < NUM_AXES; a++) make_comm(&axes[a], mesh->axis_comm[a], a);
+    for (int a = 0; a < NUM_AXES; a++) make_comm(&axes[a], mesh->axis_comm[a], a, a == AXIS_PP || a == AXIS_CP);
 }
 
 // --comm hand runs chapter 1's algorithms over MPI on host buffers: the
@@ -248,7 +335,7 @@ void comm_destroy(Comm* world, Comm axes[NUM_AXES]) {
 void comm_create_group(Comm* g, const Mesh* mesh, unsigned axes) {
     int slot;
     MPI_Comm mpi = comm_group_split_axes(mesh, axes, &slot);
-    make_comm(g, mpi, slot);
+    make_comm(g, mpi, slot, 0);
     g->axes = axes;
     g->owns_mpi = 1;
 }
@@ -263,7 +350,7 @@ void comm_create_group_ranks(Comm* g, const int* ranks, int n, const char* name)
         g->rank = -1;
         return;
     }
-    make_comm(g, mpi, slot);  // the NCCL communicator: the members only
+    make_comm(g, mpi, slot, 0);  // the NCCL communicator: the members only
     g->owns_mpi = 1;
 }
 
@@ -394,6 +481,52 @@ static void end_blocking_p2p(const Comm* c, double t0) {
     NCCL_CHECK(ncclGroupEnd());
     held_done();
     end_blocking(c, t0);
+}
+
+// ---------------------------------------------------------------- channels
+
+// The channel of a send to / a receive from peer (a ring neighbour), or
+// NULL: no channels here, or not a neighbour (the held path).
+static NcclGroup* channel_to(const Comm* c, int peer) {
+    NcclGroup* g = group_of(c);
+    int n = c->size;
+    if (n < 2) return NULL;
+    if (peer == (c->rank + 1) % n) return g->to[0];
+    if (peer == (c->rank + n - 1) % n) return g->to[1];
+    return NULL;
+}
+static NcclGroup* channel_from(const Comm* c, int peer) {
+    NcclGroup* g = group_of(c);
+    int n = c->size;
+    if (n < 2) return NULL;
+    if (peer == (c->rank + n - 1) % n) return g->from[1];
+    if (peer == (c->rank + 1) % n) return g->from[0];
+    return NULL;
+}
+
+// Queues a send (to rank 1 of the channel) or a receive (from rank 0) on
+// its channel, after the compute queued so far; ev, if given, then marks
+// its end.
+static void queue_on_channel(NcclGroup* ch, int is_send, float* buf, size_t n, cudaEvent_t ev) {
+    after_compute(ch->stream);
+    if (n && is_send) NCCL_CHECK(ncclSend(buf, n, ncclFloat, 1, ch->nccl, ch->stream));
+    if (n && !is_send) NCCL_CHECK(ncclRecv(buf, n, ncclFloat, 0, ch->nccl, ch->stream));
+    if (ev) CUDA_CHECK(cudaEventRecord(ev, ch->stream));
+}
+
+// A blocking send or receive on channels: the host waits for the compute
+// first, outside the timer (as begin_blocking), then for the channels only,
+// which hold this direction's transfers and nothing else.
+static double begin_channels(void) {
+    flush_p2p();
+    CUDA_CHECK(cudaEventRecord(compute_ready, cuda_compute_stream));
+    wait_checked(NULL, compute_ready);
+    return now_seconds();
+}
+static void end_channels(NcclGroup* a, NcclGroup* b, double t0) {
+    if (a) wait_checked(a->stream, NULL);
+    if (b) wait_checked(b->stream, NULL);
+    comm_add_wait(now_seconds() - t0);
 }
 
 static void scale_for_avg(const Comm* c, float* buf, size_t n, CommOp op) {
@@ -555,6 +688,13 @@ void comm_alltoallv(const Comm* c, const float* send, const size_t* send_counts,
 void comm_send(const Comm* c, const float* buf, size_t n, int peer) {
     comm_tally(c, COLL_SEND, n * sizeof(float), 1.0);
     if (n == 0) return;
+    NcclGroup* ch = channel_to(c, peer);
+    if (ch) {
+        double t0 = begin_channels();
+        queue_on_channel(ch, 1, (float*)buf, n, NULL);
+        end_channels(ch, NULL, t0);
+        return;
+    }
     double t0 = begin_blocking_p2p(c);
     NCCL_CHECK(ncclSend(buf, n, ncclFloat, peer, nccl_of(c), stream_of(c)));
     end_blocking_p2p(c, t0);
@@ -563,6 +703,13 @@ void comm_send(const Comm* c, const float* buf, size_t n, int peer) {
 void comm_recv(const Comm* c, float* buf, size_t n, int peer) {
     comm_tally(c, COLL_RECV, n * sizeof(float), 0.0);
     if (n == 0) return;
+    NcclGroup* ch = channel_from(c, peer);
+    if (ch) {  // waits for its own message only
+        double t0 = begin_channels();
+        queue_on_channel(ch, 0, buf, n, NULL);
+        end_channels(ch, NULL, t0);
+        return;
+    }
     double t0 = begin_blocking_p2p(c);
     NCCL_CHECK(ncclRecv(buf, n, ncclFloat, peer, nccl_of(c), stream_of(c)));
     end_blocking_p2p(c, t0);
@@ -575,6 +722,15 @@ void comm_sendrecv(const Comm* c, const float* send, size_t send_n, int dest, fl
     comm_tally(c, COLL_SEND, send_n * sizeof(float), 1.0);
     comm_tally(c, COLL_RECV, recv_n * sizeof(float), 0.0);
     if (send_n == 0 && recv_n == 0) return;
+    NcclGroup* to = send_n ? channel_to(c, dest) : NULL;
+    NcclGroup* from = recv_n ? channel_from(c, source) : NULL;
+    if ((to || !send_n) && (from || !recv_n)) {  // two channels: they progress independently
+        double t0 = begin_channels();
+        if (to) queue_on_channel(to, 1, (float*)send, send_n, NULL);
+        if (from) queue_on_channel(from, 0, recv, recv_n, NULL);
+        end_channels(to, from, t0);
+        return;
+    }
     double t0 = begin_blocking_p2p(c);
     if (send_n) NCCL_CHECK(ncclSend(send, send_n, ncclFloat, dest, nccl_of(c), stream_of(c)));
     if (recv_n) NCCL_CHECK(ncclRecv(recv, recv_n, ncclFloat, source, nccl_of(c), stream_of(c)));
@@ -653,14 +809,32 @@ void comm_ibroadcast(const Comm* c, float* buf, size_t n, int root, CommRequest*
     end_nonblocking(c, req, t0);
 }
 
+// On a channel: queued at once, after the compute before the call, the
+// request's event behind it. Elsewhere held (see the top).
 void comm_isend(const Comm* c, const float* buf, size_t n, int peer, CommRequest* req) {
     comm_tally(c, COLL_SEND, n * sizeof(float), 1.0);
-    hold_p2p(c, 1, (float*)buf, n, peer, req);
+    NcclGroup* ch = channel_to(c, peer);
+    if (!ch) {
+        hold_p2p(c, 1, (float*)buf, n, peer, req);
+        return;
+    }
+    start(req);
+    double t0 = now_seconds();
+    queue_on_channel(ch, 1, (float*)buf, n, (cudaEvent_t)req->device_event);
+    comm_add_progress(now_seconds() - t0);
 }
 
 void comm_irecv(const Comm* c, float* buf, size_t n, int peer, CommRequest* req) {
     comm_tally(c, COLL_RECV, n * sizeof(float), 0.0);
-    hold_p2p(c, 0, buf, n, peer, req);
+    NcclGroup* ch = channel_from(c, peer);
+    if (!ch) {
+        hold_p2p(c, 0, buf, n, peer, req);
+        return;
+    }
+    start(req);
+    double t0 = now_seconds();
+    queue_on_channel(ch, 0, buf, n, (cudaEvent_t)req->device_event);
+    comm_add_progress(now_seconds() - t0);
 }
 
 // The end of a completed request: later compute is ordered after it, AVG is

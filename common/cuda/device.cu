@@ -11,6 +11,7 @@
 
 #include <omp.h>
 #include <stdio.h>
+#include <string.h>
 
 extern "C" {
 #include "device.h"
@@ -107,6 +108,55 @@ extern "C" const char* device_init(int local_rank) {
     CUDA_CHECK(cudaGetDeviceProperties(&prop, dev));
     snprintf(name, sizeof(name), "%s (GPU %d of %d on this node)", prop.name, dev, count);
     return name;
+}
+
+// ---------------------------------------------------------------- device clock
+// A span is a start and a stop event recorded on the compute stream; the
+// events are made at a span's first use and kept for the next step.
+static cudaEvent_t clock_event(DeviceClock* c, int i) {
+    if (!c->ev[i]) {
+        cudaEvent_t e;
+        CUDA_CHECK(cudaEventCreate(&e));  // with timing
+        c->ev[i] = (void*)e;
+    }
+    return (cudaEvent_t)c->ev[i];
+}
+
+extern "C" void device_clock_start(DeviceClock* c) {
+    if (c->n >= DEVICE_CLOCK_SPANS) return;
+    CUDA_CHECK(cudaEventRecord(clock_event(c, 2 * c->n), cuda_compute_stream));
+}
+
+extern "C" void device_clock_stop(DeviceClock* c) {
+    if (c->n >= DEVICE_CLOCK_SPANS) {
+        c->lost++;
+        return;
+    }
+    CUDA_CHECK(cudaEventRecord(clock_event(c, 2 * c->n + 1), cuda_compute_stream));
+    c->n++;
+}
+
+// Waits for the compute stream (device_synchronize polls through the comm
+// layer's error checks: the stream may wait for communication), so for the
+// last stop, then sums the spans' times on the GPU's clock.
+extern "C" double device_clock_seconds(DeviceClock* c) {
+    if (c->n == 0) return 0.0;
+    device_synchronize();
+    double s = 0.0;
+    for (int i = 0; i < c->n; i++) {
+        float ms = 0.0f;
+        CUDA_CHECK(cudaEventElapsedTime(&ms, (cudaEvent_t)c->ev[2 * i], (cudaEvent_t)c->ev[2 * i + 1]));
+        s += ms / 1e3;
+    }
+    return s;
+}
+
+extern "C" void device_clock_reset(DeviceClock* c) { c->seconds = 0.0, c->n = 0, c->lost = 0; }
+
+extern "C" void device_clock_free(DeviceClock* c) {
+    for (int i = 0; i < 2 * DEVICE_CLOCK_SPANS; i++)
+        if (c->ev[i]) CUDA_CHECK(cudaEventDestroy((cudaEvent_t)c->ev[i]));
+    memset(c, 0, sizeof(*c));
 }
 
 // Waits for everything queued on the compute stream (which includes waiting

@@ -20,6 +20,8 @@
 // with the host except grad_sumsq, which returns a number.
 #include "cuda_common.h"
 
+#include <climits>
+
 #include <math.h>
 
 extern "C" {
@@ -157,25 +159,91 @@ extern "C" void encoder_forward(float* out, const int* tokens, const float* wte,
     KERNEL_CHECK();
 }
 
-// Thread c owns channel c of every row of dwte and dwpe and walks the token
-// rows in order, so a token repeated in the batch never races with itself.
-__global__ void encoder_backward_kernel(float* dwte, float* dwpe, const float* dout,
-                                        const int* tokens, int N, int T, int C) {
+// The backward of the embedding, parallel over rows and channels, adding in
+// the CPU twin's order (row by row), so no two threads add into one value:
+//   dwpe: thread (t, c) adds rows t, t + T, t + 2T, ... (position t's rows);
+//   dwte: the rows of one token are chained (enc_links: each row's next row
+//   with the same token, and whether it is the token's first); thread (n, c)
+//   of a first row walks its chain. The links live in static device memory
+//   (nothing for the tracking allocator to count) for up to ENC_MAX_ROWS
+//   rows; a longer batch takes the old kernel, one thread per channel
+//   walking every row.
+#define ENC_MAX_ROWS 16384
+__device__ int enc_next[ENC_MAX_ROWS];
+__device__ unsigned char enc_first[ENC_MAX_ROWS];
+
+__global__ void enc_links_kernel(const int* tokens, int N) {
+    FOR_EACH_INDEX(i, (size_t)N) {
+        int n = (int)i, tok = tokens[n], next = -1, first = 1;
+        for (int m = 0; m < n && first; m++) first = tokens[m] != tok;
+        for (int m = n + 1; m < N && next < 0; m++)
+            if (tokens[m] == tok) next = m;
+        enc_next[n] = next;
+        enc_first[n] = (unsigned char)first;
+    }
+}
+
+// dwte rows [v0, v0 + nrows) (the whole table: v0 = 0, nrows = INT_MAX)
+__global__ void enc_dwte_kernel(float* dwte, const float* dout, const int* tokens, int N, int C, int v0,
+                                int nrows) {
+    FOR_EACH_INDEX(i, (size_t)N * C) {
+        int n = (int)(i / C), c = (int)(i % C);
+        int row = tokens[n] - v0;
+        if (!enc_first[n] || row < 0 || row >= nrows) continue;
+        float acc = dwte[(size_t)row * C + c];
+        for (int m = n; m >= 0; m = enc_next[m]) acc += dout[(size_t)m * C + c];
+        dwte[(size_t)row * C + c] = acc;
+    }
+}
+
+__global__ void enc_dwpe_kernel(float* dwpe, const float* dout, int N, int T, int C) {
+    FOR_EACH_INDEX(i, (size_t)T * C) {
+        int t = (int)(i / C), c = (int)(i % C);
+        float acc = dwpe[i];
+        for (int n = t; n < N; n += T) acc += dout[(size_t)n * C + c];
+        dwpe[i] = acc;
+    }
+}
+
+// The old kernel, for batches beyond ENC_MAX_ROWS rows: thread c owns
+// channel c of every row and walks the rows in order.
+__global__ void encoder_backward_serial_kernel(float* dwte, float* dwpe, const float* dout, const int* tokens,
+                                               int N, int T, int C, int v0, int nrows) {
     int c = blockIdx.x * blockDim.x + threadIdx.x;
     if (c >= C) return;
     for (int n = 0; n < N; n++) {
         float d = dout[(size_t)n * C + c];
-        if (dwte) dwte[(size_t)tokens[n] * C + c] += d;
+        int row = tokens[n] - v0;
+        if (dwte && row >= 0 && row < nrows) dwte[(size_t)row * C + c] += d;
         if (dwpe) dwpe[(size_t)(n % T) * C + c] += d;
+    }
+}
+
+static void encoder_backward_rows(float* dwte, float* dwpe, const float* dout, const int* tokens, int N, int T,
+                                  int C, int v0, int nrows) {
+    if ((!dwte && !dwpe) || N == 0 || C == 0) return;
+    if (N > ENC_MAX_ROWS) {
+        encoder_backward_serial_kernel<<<(C + THREADS - 1) / THREADS, THREADS, 0, cuda_compute_stream>>>(
+            dwte, dwpe, dout, tokens, N, T, C, v0, nrows);
+        KERNEL_CHECK();
+        return;
+    }
+    if (dwte) {
+        enc_links_kernel<<<grid_for((size_t)N), THREADS, 0, cuda_compute_stream>>>(tokens, N);
+        KERNEL_CHECK();
+        enc_dwte_kernel<<<grid_for((size_t)N * C), THREADS, 0, cuda_compute_stream>>>(dwte, dout, tokens, N, C,
+                                                                                      v0, nrows);
+        KERNEL_CHECK();
+    }
+    if (dwpe) {
+        enc_dwpe_kernel<<<grid_for((size_t)T * C), THREADS, 0, cuda_compute_stream>>>(dwpe, dout, N, T, C);
+        KERNEL_CHECK();
     }
 }
 
 extern "C" void encoder_backward(float* dwte, float* dwpe, const float* dout, const int* tokens,
                                  int B, int T, int C) {
-    if ((!dwte && !dwpe) || B * T == 0 || C == 0) return;
-    encoder_backward_kernel<<<(C + THREADS - 1) / THREADS, THREADS, 0, cuda_compute_stream>>>(
-        dwte, dwpe, dout, tokens, B * T, T, C);
-    KERNEL_CHECK();
+    encoder_backward_rows(dwte, dwpe, dout, tokens, B * T, T, C, 0, INT_MAX);
 }
 
 // The vocabulary-parallel twins: a token outside [v0, v0 + nrows) reads (and
@@ -200,24 +268,9 @@ extern "C" void encoder_forward_vocab(float* out, const int* tokens, const float
     KERNEL_CHECK();
 }
 
-__global__ void encoder_backward_vocab_kernel(float* dwte_shard, float* dwpe, const float* dout,
-                                              const int* tokens, int N, int T, int C, int v0, int nrows) {
-    int c = blockIdx.x * blockDim.x + threadIdx.x;
-    if (c >= C) return;
-    for (int n = 0; n < N; n++) {
-        float d = dout[(size_t)n * C + c];
-        int row = tokens[n] - v0;
-        if (dwte_shard && row >= 0 && row < nrows) dwte_shard[(size_t)row * C + c] += d;
-        if (dwpe) dwpe[(size_t)(n % T) * C + c] += d;
-    }
-}
-
 extern "C" void encoder_backward_vocab(float* dwte_shard, float* dwpe, const float* dout,
                                        const int* tokens, int B, int T, int C, int v0, int nrows) {
-    if ((!dwte_shard && !dwpe) || B * T == 0 || C == 0) return;
-    encoder_backward_vocab_kernel<<<(C + THREADS - 1) / THREADS, THREADS, 0, cuda_compute_stream>>>(
-        dwte_shard, dwpe, dout, tokens, B * T, T, C, v0, nrows);
-    KERNEL_CHECK();
+    encoder_backward_rows(dwte_shard, dwpe, dout, tokens, B * T, T, C, v0, nrows);
 }
 
 // ---------------------------------------------------------------- layernorm
