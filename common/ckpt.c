@@ -810,7 +810,8 @@ static const char* read_manifest(const char* dir, const Ckpt* c, Manifest* m, ch
         else if (!strncmp(line, "rng ", 4)) ok = sscanf(line, "rng seed=%d", &m->seed) == 1;
         else if (!strncmp(line, "adamw ", 6)) ok = sscanf(line, "adamw lr=%f wd=%f clip=%f", &m->lr, &m->wd, &m->clip) == 3;
         else if (!strncmp(line, "files ", 6)) {
-            ok = sscanf(line, "files %d", &m->n_files) == 1 && m->n_files >= 0 && m->n_files < (1 << 24);
+            // one "files" line: a second would replace the list (and leak it)
+            ok = !m->files && sscanf(line, "files %d", &m->n_files) == 1 && m->n_files >= 0 && m->n_files < (1 << 24);
             if (ok) m->files = xcalloc((size_t)m->n_files + 1, sizeof(SavedFile));
         } else if (!strncmp(line, "file ", 5)) {
             int i = -1;
@@ -842,7 +843,8 @@ static const char* read_manifest(const char* dir, const Ckpt* c, Manifest* m, ch
             }
             tensors_seen++;
         } else if (!strncmp(line, "slices ", 7)) {
-            ok = sscanf(line, "slices %d", &m->n_slices) == 1 && m->n_slices >= 0 && m->n_slices < (1 << 26);
+            ok = !m->slices && sscanf(line, "slices %d", &m->n_slices) == 1 && m->n_slices >= 0 &&
+                 m->n_slices < (1 << 26);
             if (ok) m->slices = xcalloc((size_t)m->n_slices + 1, sizeof(SavedSlice));
         } else if (!strncmp(line, "slice ", 6)) {
             char name[64];
