@@ -1588,6 +1588,47 @@ static double attention_chunks_objective(void* p) {
     return dot_d(a->out_ch, a->r_ch, (size_t)a->s->B * a->s->T * a->s->C);
 }
 
+// The chunked ops of a setup against attention_forward / attention_backward
+// on the whole sequence: the finished outputs, and the gradients summed over
+// every pair. Sizes for heap buffers, so wide rows fit.
+static void check_chunks_vs_whole(const chunk_setup* s, const char* what) {
+    const int B = s->B, T = s->T, C = s->C, NH = s->NH;
+    const size_t QKV = (size_t)B * T * 3 * C, OUT = (size_t)B * T * C, ATT = (size_t)B * NH * T * T;
+    float *qkv = xmalloc(QKV * sizeof(float)), *r = xmalloc(OUT * sizeof(float)),
+          *out = xmalloc(OUT * sizeof(float)), *dqkv = xmalloc(QKV * sizeof(float)),
+          *q_ch = xmalloc(QKV * sizeof(float)), *kv_ch = xmalloc(QKV * sizeof(float)),
+          *r_ch = xmalloc(OUT * sizeof(float)), *out_ch = xmalloc(OUT * sizeof(float)),
+          *dq_ch = xmalloc(QKV * sizeof(float)), *dkv_ch = xmalloc(QKV * sizeof(float)),
+          *out_j = xcalloc(OUT, sizeof(float)), *g_j = xcalloc(QKV, sizeof(float));
+    fill(qkv, QKV, 1.5);
+    fill(r, OUT, 1.0);
+    float* qkv_dev = dev_copy(qkv, QKV);
+    float* r_dev = dev_copy(r, OUT);
+    float* out_dev = dev_zeros(OUT);
+    float* att_dev = dev_zeros(ATT);
+    float* dqkv_dev = dev_zeros(QKV);
+    float* datt_dev = dev_zeros(ATT);
+    attention_forward(out_dev, att_dev, qkv_dev, B, T, C, NH);
+    attention_backward(dqkv_dev, datt_dev, r_dev, qkv_dev, att_dev, B, T, C, NH);
+    to_host(out, out_dev, OUT);
+    to_host(dqkv, dqkv_dev, QKV);
+    split_chunks(q_ch, qkv, B, T, 3 * C, s->qsz, s->nq);
+    split_chunks(kv_ch, qkv, B, T, 3 * C, s->ksz, s->nk);
+    split_chunks(r_ch, r, B, T, C, s->qsz, s->nq);
+    chunk_attention_run(s, out_ch, dq_ch, dkv_ch, q_ch, s->shared ? NULL : kv_ch, r_ch);
+    join_chunks_add(out_j, out_ch, B, T, C, s->qsz, s->nq);
+    join_chunks_add(g_j, dq_ch, B, T, 3 * C, s->qsz, s->nq);
+    if (!s->shared) join_chunks_add(g_j, dkv_ch, B, T, 3 * C, s->ksz, s->nk);
+    char name[160];
+    snprintf(name, sizeof name, "attention_chunk_forward+merge+finish vs attention_forward, %s", what);
+    check_err(name, rel_err_ff(out_j, out, OUT), FWD_TOL);
+    snprintf(name, sizeof name, "attention_chunk_backward summed vs attention_backward, %s", what);
+    check_err(name, rel_err_ff(g_j, dqkv, QKV), BWD_TOL);
+    free(qkv); free(r); free(out); free(dqkv); free(q_ch); free(kv_ch); free(r_ch);
+    free(out_ch); free(dq_ch); free(dkv_ch); free(out_j); free(g_j);
+    dev_free_all();
+}
+
 static void test_attention_chunks(void) {
     // B = 2, T = 7, C = 8, NH = 2; query chunks of 3 and 4 positions, kv
     // chunks of 4 and 3, so that the cuts do not line up:
@@ -1682,45 +1723,25 @@ static void test_attention_chunks(void) {
     dev_free_all();
 
     // Rows of 300 keys (more than one CUDA block of threads, so every striding
-    // loop of the GPU kernels makes two passes): T = 600 in two chunks of 300,
-    // queries, keys and values of a chunk in one buffer with one gradient
-    // buffer, as a rank holds them. The whole-sequence ops are checked
-    // against FD at this width in test_wide_rows.
+    // loop of the GPU kernels makes two passes, and more than one causal row
+    // block of the CPU's): T = 600 in two chunks of 300, queries, keys and
+    // values of a chunk in one buffer with one gradient buffer, as a rank
+    // holds them. The whole-sequence ops are checked against FD at this width
+    // in test_wide_rows.
     {
-        enum { B1 = 1, T1 = 2 * (WIDE / 2), C1 = 8, NH1 = 1, QKV1 = B1 * T1 * 3 * C1,
-               OUT1 = B1 * T1 * C1, ATT1 = B1 * NH1 * T1 * T1 };
         const int sz[2] = {WIDE / 2, WIDE / 2};
-        chunk_setup s1 = {B1, T1, C1, NH1, sz, 2, sz, 2, 1};
-        float *qkv1 = xmalloc(QKV1 * sizeof(float)), *r1 = xmalloc(OUT1 * sizeof(float)),
-              *out1 = xmalloc(OUT1 * sizeof(float)), *dqkv1 = xmalloc(QKV1 * sizeof(float)),
-              *q1_ch = xmalloc(QKV1 * sizeof(float)), *r1_ch = xmalloc(OUT1 * sizeof(float)),
-              *out1_ch = xmalloc(OUT1 * sizeof(float)), *dq1_ch = xmalloc(QKV1 * sizeof(float)),
-              *dkv1_ch = xmalloc(QKV1 * sizeof(float)), *out1_j = xcalloc(OUT1, sizeof(float)),
-              *g1_j = xcalloc(QKV1, sizeof(float));
-        fill(qkv1, QKV1, 1.5);
-        fill(r1, OUT1, 1.0);
-        float* qkv1_dev = dev_copy(qkv1, QKV1);
-        float* r1_dev = dev_copy(r1, OUT1);
-        float* out1_dev = dev_zeros(OUT1);
-        float* att1_dev = dev_zeros(ATT1);
-        float* dqkv1_dev = dev_zeros(QKV1);
-        float* datt1_dev = dev_zeros(ATT1);
-        attention_forward(out1_dev, att1_dev, qkv1_dev, B1, T1, C1, NH1);
-        attention_backward(dqkv1_dev, datt1_dev, r1_dev, qkv1_dev, att1_dev, B1, T1, C1, NH1);
-        to_host(out1, out1_dev, OUT1);
-        to_host(dqkv1, dqkv1_dev, QKV1);
-        split_chunks(q1_ch, qkv1, B1, T1, 3 * C1, sz, 2);
-        split_chunks(r1_ch, r1, B1, T1, C1, sz, 2);
-        chunk_attention_run(&s1, out1_ch, dq1_ch, dkv1_ch, q1_ch, NULL, r1_ch);
-        join_chunks_add(out1_j, out1_ch, B1, T1, C1, sz, 2);
-        join_chunks_add(g1_j, dq1_ch, B1, T1, 3 * C1, sz, 2);
-        check_err("attention_chunk_forward+merge+finish vs attention_forward, T = 600 (chunks of 300)",
-                  rel_err_ff(out1_j, out1, OUT1), FWD_TOL);
-        check_err("attention_chunk_backward summed vs attention_backward, T = 600 (chunks of 300)",
-                  rel_err_ff(g1_j, dqkv1, QKV1), BWD_TOL);
-        free(qkv1); free(r1); free(out1); free(dqkv1); free(q1_ch); free(r1_ch);
-        free(out1_ch); free(dq1_ch); free(dkv1_ch); free(out1_j); free(g1_j);
-        dev_free_all();
+        chunk_setup s1 = {1, 2 * (WIDE / 2), 8, 1, sz, 2, sz, 2, 1};
+        check_chunks_vs_whole(&s1, "T = 600 (chunks of 300)");
+    }
+    // Cuts that fall inside the CPU's causal row blocks (64 rows) with
+    // several heads and packed K/V: queries 0..99 and 100..179, keys 0..129
+    // and 130..179. Queries 100..179 against keys 0..129: rows 100..128 see a
+    // part of the keys, the rest all of them; against keys 130..179: the first
+    // row block (queries 100..163) holds 30 empty rows above 34 live ones.
+    {
+        const int qsz[2] = {100, 80}, ksz[2] = {130, 50};
+        chunk_setup s2 = {2, 180, 16, 2, qsz, 2, ksz, 2, 0};
+        check_chunks_vs_whole(&s2, "T = 180 (q 100+80, kv 130+50, 2 heads)");
     }
 }
 
