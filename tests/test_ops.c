@@ -1588,10 +1588,18 @@ static double attention_chunks_objective(void* p) {
     return dot_d(a->out_ch, a->r_ch, (size_t)a->s->B * a->s->T * a->s->C);
 }
 
+// The chunk layout of one case's inputs and gradients (split_chunks), for
+// checks beyond check_chunks_vs_whole's; the caller frees them.
+typedef struct {
+    float *q_ch, *kv_ch, *r_ch, *dq_ch, *dkv_ch;
+} chunk_bufs;
+
 // The chunked ops of a setup against attention_forward / attention_backward
 // on the whole sequence: the finished outputs, and the gradients summed over
-// every pair. Sizes for heap buffers, so wide rows fit.
-static void check_chunks_vs_whole(const chunk_setup* s, const char* what) {
+// every pair (and accumulated: a backward that overwrote would keep only the
+// last pair of each chunk). Random inputs; heap buffers, so wide rows fit.
+// With keep, the chunk buffers go to the caller instead of being freed.
+static void check_chunks_vs_whole(const chunk_setup* s, const char* what, chunk_bufs* keep) {
     const int B = s->B, T = s->T, C = s->C, NH = s->NH;
     const size_t QKV = (size_t)B * T * 3 * C, OUT = (size_t)B * T * C, ATT = (size_t)B * NH * T * T;
     float *qkv = xmalloc(QKV * sizeof(float)), *r = xmalloc(OUT * sizeof(float)),
@@ -1624,8 +1632,12 @@ static void check_chunks_vs_whole(const chunk_setup* s, const char* what) {
     check_err(name, rel_err_ff(out_j, out, OUT), FWD_TOL);
     snprintf(name, sizeof name, "attention_chunk_backward summed vs attention_backward, %s", what);
     check_err(name, rel_err_ff(g_j, dqkv, QKV), BWD_TOL);
-    free(qkv); free(r); free(out); free(dqkv); free(q_ch); free(kv_ch); free(r_ch);
-    free(out_ch); free(dq_ch); free(dkv_ch); free(out_j); free(g_j);
+    free(qkv); free(r); free(out); free(dqkv); free(out_ch); free(out_j); free(g_j);
+    if (keep) {
+        *keep = (chunk_bufs){q_ch, kv_ch, r_ch, dq_ch, dkv_ch};
+    } else {
+        free(q_ch); free(kv_ch); free(r_ch); free(dq_ch); free(dkv_ch);
+    }
     dev_free_all();
 }
 
@@ -1638,41 +1650,13 @@ static void test_attention_chunks(void) {
     // In the ring order (own chunk first) queries 0..2 merge the empty pair in
     // second, and queries 3..6 start from the pair whose query-3 row is empty,
     // so the merge meets -inf on either side.
-    enum { B = 2, T = 7, C = 8, NH = 2, QKV = B * T * 3 * C, OUT = B * T * C, ATT = B * NH * T * T };
+    enum { B = 2, T = 7, C = 8, NH = 2, QKV = B * T * 3 * C, OUT = B * T * C };
     const int qsz[2] = {3, 4}, ksz[2] = {4, 3};
     chunk_setup s = {B, T, C, NH, qsz, 2, ksz, 2, 0};
-    float qkv[QKV], r[OUT], out[OUT], dqkv[QKV];
-    fill(qkv, QKV, 1.5);  // as test_attention: a clearly non-uniform softmax
-    fill(r, OUT, 1.0);
-
-    // The whole sequence through attention_forward / attention_backward.
-    float* qkv_dev = dev_copy(qkv, QKV);
-    float* r_dev = dev_copy(r, OUT);
-    float* out_dev = dev_zeros(OUT);
-    float* att_dev = dev_zeros(ATT);
-    float* dqkv_dev = dev_zeros(QKV);
-    float* datt_dev = dev_zeros(ATT);
-    attention_forward(out_dev, att_dev, qkv_dev, B, T, C, NH);
-    attention_backward(dqkv_dev, datt_dev, r_dev, qkv_dev, att_dev, B, T, C, NH);
-    to_host(out, out_dev, OUT);
-    to_host(dqkv, dqkv_dev, QKV);
-
-    // The same in chunks.
-    float q_ch[QKV], kv_ch[QKV], r_ch[OUT], out_ch[OUT], dq_ch[QKV], dkv_ch[QKV];
-    split_chunks(q_ch, qkv, B, T, 3 * C, qsz, 2);
-    split_chunks(kv_ch, qkv, B, T, 3 * C, ksz, 2);
-    split_chunks(r_ch, r, B, T, C, qsz, 2);
-    chunk_attention_run(&s, out_ch, dq_ch, dkv_ch, q_ch, kv_ch, r_ch);
-    float out_j[OUT] = {0}, g_j[QKV] = {0};
-    join_chunks_add(out_j, out_ch, B, T, C, qsz, 2);
-    join_chunks_add(g_j, dq_ch, B, T, 3 * C, qsz, 2);
-    join_chunks_add(g_j, dkv_ch, B, T, 3 * C, ksz, 2);
-    check_err("attention_chunk_forward+merge+finish vs attention_forward, T = 7 (q 3+4, kv 4+3)",
-              rel_err_ff(out_j, out, OUT), FWD_TOL);
-    // Summed over the pairs, and accumulated: a backward that overwrote would
-    // keep only the last pair of each chunk.
-    check_err("attention_chunk_backward summed over pairs vs attention_backward, T = 7",
-              rel_err_ff(g_j, dqkv, QKV), BWD_TOL);
+    chunk_bufs kept;
+    check_chunks_vs_whole(&s, "T = 7 (q 3+4, kv 4+3)", &kept);
+    const float *q_ch = kept.q_ch, *kv_ch = kept.kv_ch, *r_ch = kept.r_ch, *dq_ch = kept.dq_ch,
+                *dkv_ch = kept.dkv_ch;
 
     // Finite differences of the chunked forward in double, per chunk buffer:
     // dq_ch must hold the queries' gradient and nothing in its key and value
@@ -1721,6 +1705,7 @@ static void test_attention_chunks(void) {
               "a value is NaN or not empty");
     }
     dev_free_all();
+    free(kept.q_ch); free(kept.kv_ch); free(kept.r_ch); free(kept.dq_ch); free(kept.dkv_ch);
 
     // Rows of 300 keys (more than one CUDA block of threads, so every striding
     // loop of the GPU kernels makes two passes, and more than one causal row
@@ -1731,7 +1716,7 @@ static void test_attention_chunks(void) {
     {
         const int sz[2] = {WIDE / 2, WIDE / 2};
         chunk_setup s1 = {1, 2 * (WIDE / 2), 8, 1, sz, 2, sz, 2, 1};
-        check_chunks_vs_whole(&s1, "T = 600 (chunks of 300)");
+        check_chunks_vs_whole(&s1, "T = 600 (chunks of 300)", NULL);
     }
     // Cuts that fall inside the CPU's causal row blocks (64 rows) with
     // several heads and packed K/V: queries 0..99 and 100..179, keys 0..129
@@ -1741,7 +1726,7 @@ static void test_attention_chunks(void) {
     {
         const int qsz[2] = {100, 80}, ksz[2] = {130, 50};
         chunk_setup s2 = {2, 180, 16, 2, qsz, 2, ksz, 2, 0};
-        check_chunks_vs_whole(&s2, "T = 180 (q 100+80, kv 130+50, 2 heads)");
+        check_chunks_vs_whole(&s2, "T = 180 (q 100+80, kv 130+50, 2 heads)", NULL);
     }
 }
 
