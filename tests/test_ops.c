@@ -1342,6 +1342,36 @@ static double attention_chunks_objective(void* p) {
     return dot_d(a->out_ch, a->r_ch, (size_t)a->s->B * a->s->T * a->s->C);
 }
 
+// One chunk set-up against the whole-sequence ops: attention_forward and
+// attention_backward on all T positions, then the same in chunks through
+// chunk_attention_run, joined back; forward and backward compared.
+static void check_chunks_vs_whole(const chunk_setup* s, const char* what) {
+    const int B = s->B, T = s->T, C = s->C, NH = s->NH;
+    const size_t QKV = (size_t)B * T * 3 * C, OUT = (size_t)B * T * C, ATT = (size_t)B * NH * T * T;
+    Buf qkv = buf_random(QKV, 1.5), r = buf_random(OUT, 1.0);
+    Buf out = buf_zeros(OUT), att = buf_zeros(ATT), dqkv = buf_zeros(QKV), datt = buf_zeros(ATT);
+    attention_forward(out.dev, att.dev, qkv.dev, B, T, C, NH);
+    attention_backward(dqkv.dev, datt.dev, r.dev, qkv.dev, att.dev, B, T, C, NH);
+    // in the chunk layout (host memory, zeroed)
+    float *q_ch = host_alloc(QKV * sizeof(float)), *kv_ch = host_alloc(QKV * sizeof(float)),
+          *r_ch = host_alloc(OUT * sizeof(float)), *out_ch = host_alloc(OUT * sizeof(float)),
+          *dq_ch = host_alloc(QKV * sizeof(float)), *dkv_ch = host_alloc(QKV * sizeof(float)),
+          *out_j = host_alloc(OUT * sizeof(float)), *g_j = host_alloc(QKV * sizeof(float));
+    split_chunks(q_ch, qkv.h, B, T, 3 * C, s->qsz, s->nq);
+    if (!s->shared) split_chunks(kv_ch, qkv.h, B, T, 3 * C, s->ksz, s->nk);
+    split_chunks(r_ch, r.h, B, T, C, s->qsz, s->nq);
+    chunk_attention_run(s, out_ch, dq_ch, dkv_ch, q_ch, s->shared ? NULL : kv_ch, r_ch);
+    join_chunks_add(out_j, out_ch, B, T, C, s->qsz, s->nq);
+    join_chunks_add(g_j, dq_ch, B, T, 3 * C, s->qsz, s->nq);
+    if (!s->shared) join_chunks_add(g_j, dkv_ch, B, T, 3 * C, s->ksz, s->nk);
+    char name[160];
+    snprintf(name, sizeof(name), "attention_chunk_forward+merge+finish vs attention_forward, %s", what);
+    check_err(name, rel_err_ff(out_j, buf_fetch(&out), OUT), FWD_TOL);
+    snprintf(name, sizeof(name), "attention_chunk_backward summed vs attention_backward, %s", what);
+    check_err(name, rel_err_ff(g_j, buf_fetch(&dqkv), QKV), BWD_TOL);
+    case_end();
+}
+
 static void test_attention_chunks(void) {
     // B = 2, T = 7, C = 8, NH = 2; query chunks of 3 and 4 positions, kv
     // chunks of 4 and 3, so that the cuts do not line up:
@@ -1430,35 +1460,22 @@ static void test_attention_chunks(void) {
     case_end();
 
     // Rows of 300 keys (more than one CUDA block of threads, so every striding
-    // loop of the GPU kernels makes two passes): T = 600 in two chunks of 300,
-    // queries, keys and values of a chunk in one buffer with one gradient
-    // buffer, as a rank holds them. The whole-sequence ops are checked
-    // against FD at this width in test_wide_rows.
-    {
-        enum { B1 = 1, T1 = 2 * (WIDE / 2), C1 = 8, NH1 = 1, QKV1 = B1 * T1 * 3 * C1,
-               OUT1 = B1 * T1 * C1, ATT1 = B1 * NH1 * T1 * T1 };
-        const int sz[2] = {WIDE / 2, WIDE / 2};
-        chunk_setup s1 = {B1, T1, C1, NH1, sz, 2, sz, 2, 1};
-        Buf qkv1 = buf_random(QKV1, 1.5), r1 = buf_random(OUT1, 1.0);
-        Buf out1 = buf_zeros(OUT1), att1 = buf_zeros(ATT1), dqkv1 = buf_zeros(QKV1), datt1 = buf_zeros(ATT1);
-        attention_forward(out1.dev, att1.dev, qkv1.dev, B1, T1, C1, NH1);
-        attention_backward(dqkv1.dev, datt1.dev, r1.dev, qkv1.dev, att1.dev, B1, T1, C1, NH1);
-        // in the chunk layout (host memory, zeroed)
-        float *q1_ch = host_alloc(QKV1 * sizeof(float)), *r1_ch = host_alloc(OUT1 * sizeof(float)),
-              *out1_ch = host_alloc(OUT1 * sizeof(float)), *dq1_ch = host_alloc(QKV1 * sizeof(float)),
-              *dkv1_ch = host_alloc(QKV1 * sizeof(float)), *out1_j = host_alloc(OUT1 * sizeof(float)),
-              *g1_j = host_alloc(QKV1 * sizeof(float));
-        split_chunks(q1_ch, qkv1.h, B1, T1, 3 * C1, sz, 2);
-        split_chunks(r1_ch, r1.h, B1, T1, C1, sz, 2);
-        chunk_attention_run(&s1, out1_ch, dq1_ch, dkv1_ch, q1_ch, NULL, r1_ch);
-        join_chunks_add(out1_j, out1_ch, B1, T1, C1, sz, 2);
-        join_chunks_add(g1_j, dq1_ch, B1, T1, 3 * C1, sz, 2);
-        check_err("attention_chunk_forward+merge+finish vs attention_forward, T = 600 (chunks of 300)",
-                  rel_err_ff(out1_j, buf_fetch(&out1), OUT1), FWD_TOL);
-        check_err("attention_chunk_backward summed vs attention_backward, T = 600 (chunks of 300)",
-                  rel_err_ff(g1_j, buf_fetch(&dqkv1), QKV1), BWD_TOL);
-        case_end();
-    }
+    // loop of the GPU kernels makes two passes, and more than one causal row
+    // block of the CPU's): T = 600 in two chunks of 300, queries, keys and
+    // values of a chunk in one buffer with one gradient buffer, as a rank
+    // holds them. The whole-sequence ops are checked against FD at this width
+    // in test_wide_rows.
+    const int sz[2] = {WIDE / 2, WIDE / 2};
+    chunk_setup s1 = {1, 2 * (WIDE / 2), 8, 1, sz, 2, sz, 2, 1};
+    check_chunks_vs_whole(&s1, "T = 600 (chunks of 300)");
+    // Cuts that fall inside the CPU's causal row blocks (64 rows) with
+    // several heads and packed K/V: queries 0..99 and 100..179, keys 0..129
+    // and 130..179. Queries 100..179 against keys 0..129: rows 100..128 see a
+    // part of the keys, the rest all of them; against keys 130..179: the first
+    // row block (queries 100..163) holds 30 empty rows above 34 live ones.
+    const int qsz2[2] = {100, 80}, ksz2[2] = {130, 50};
+    chunk_setup s2 = {2, 180, 16, 2, qsz2, 2, ksz2, 2, 0};
+    check_chunks_vs_whole(&s2, "T = 180 (q 100+80, kv 130+50, 2 heads)");
 }
 
 // ================================================================ backward in two halves

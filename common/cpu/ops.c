@@ -14,8 +14,10 @@
 #include <cblas.h>
 #include <math.h>
 #include <stdint.h>
+#include <stdlib.h>
 #include <string.h>
 
+#include "memory.h"  // xmalloc
 #include "optime.h"
 
 static void (*progress_hook)(void) = NULL;
@@ -376,16 +378,18 @@ void attention_backward(float* dqkv, float* datt, const float* dout, const float
 // ---------------------------------------------------------------- attention on sequence chunks
 // A (query chunk, kv chunk) pair is a rectangle of the score matrix, cut by the
 // causal diagonal where the two chunks overlap in position. The keys a query
-// sees are always a prefix of the kv chunk, so plain loops state the cut
-// directly where a matmul would also compute the masked scores. As above, one
-// (batch, head) pair per thread: it owns that head's slice of every row it
-// writes, queries and keys alike, so nothing races.
-
-static inline float row_dot(const float* a, const float* b, int n) {
-    float s = 0.0f;
-    for (int c = 0; c < n; c++) s += a[c] * b[c];
-    return s;
-}
+// sees are always a prefix of the kv chunk, and the prefix grows with the
+// query, so the causal blocks of attention_forward carry over: a block of
+// query rows i0..i1-1 meets at most the keys row i1-1 sees, and each block is
+// a few matmuls over just those keys. The online-softmax statistics of a row
+// are taken between the matmuls. As above, one (batch, head) pair per thread:
+// it owns that head's slice of every row it writes, queries and keys alike,
+// so nothing races.
+//
+// Each thread holds one block's scores (and, backward, their gradients) in a
+// tile of ATT_ROW_BLOCK x Tk floats of its own, taken for the call: a
+// working buffer the size of a cache, not an activation, so it is plain
+// host memory and not counted by the tracking allocator (memory.h).
 
 // How many keys of the chunk query i sees: keys 0 .. q0 + i - k0, within 0..Tk.
 static inline int chunk_keys_visible(int i, int q0, int k0, int Tk) {
@@ -397,38 +401,63 @@ void attention_chunk_forward(float* out, float* rowmax, float* sumexp, const flo
                              int q_stride, const float* k_all, const float* v_all, int kv_stride,
                              int B, int Tq, int Tk, int q0, int k0, int C, int NH) {
     progress();  // a ring's K/V block moves while this runs (chapter 6)
+    double t0 = optime_start();
     const int hs = C / NH;
     const float scale = 1.0f / sqrtf((float)hs);
-    #pragma omp parallel for collapse(2)
-    for (int b = 0; b < B; b++) {
-        for (int h = 0; h < NH; h++) {
-            // key j: kb + j*kv_stride, value j: vb + j*kv_stride
-            const float* kb = k_all + (size_t)b * Tk * kv_stride + h * hs;
-            const float* vb = v_all + (size_t)b * Tk * kv_stride + h * hs;
-            for (int i = 0; i < Tq; i++) {
-                size_t r = ((size_t)b * Tq + i) * NH + h;  // (token, head) row of the stats
-                const float* q = q_all + ((size_t)b * Tq + i) * q_stride + h * hs;
-                float* o = out + r * hs;                   // = out + (b*Tq + i)*C + h*hs
-                int nvis = chunk_keys_visible(i, q0, k0, Tk);
-                // two passes over the keys, the max first, so no row of scores is stored
-                float mx = -INFINITY;
-                for (int j = 0; j < nvis; j++) {
-                    float s = scale * row_dot(q, kb + (size_t)j * kv_stride, hs);
-                    mx = s > mx ? s : mx;
+    #pragma omp parallel
+    {
+        float* s = xmalloc(((size_t)ATT_ROW_BLOCK * (Tk > 0 ? Tk : 1)) * sizeof(float));
+        #pragma omp for collapse(2)
+        for (int b = 0; b < B; b++) {
+            for (int h = 0; h < NH; h++) {
+                // query i: q + i*q_stride; key j: kb + j*kv_stride, value j: vb + j*kv_stride
+                const float* q = q_all + (size_t)b * Tq * q_stride + h * hs;
+                const float* kb = k_all + (size_t)b * Tk * kv_stride + h * hs;
+                const float* vb = v_all + (size_t)b * Tk * kv_stride + h * hs;
+                float* o = out + (size_t)b * Tq * C + h * hs;  // (Tq, hs), row stride C
+                const size_t r0 = (size_t)b * Tq * NH + h;     // stats row of query i: r0 + i*NH
+                for (int i0 = 0; i0 < Tq; i0 += ATT_ROW_BLOCK) {
+                    int i1 = i0 + ATT_ROW_BLOCK < Tq ? i0 + ATT_ROW_BLOCK : Tq;
+                    int nk = chunk_keys_visible(i1 - 1, q0, k0, Tk);  // keys of the block's last row
+                    if (nk == 0) {  // every row of the block is empty
+                        for (int i = i0; i < i1; i++) {
+                            for (int c = 0; c < hs; c++) o[(size_t)i * C + c] = 0.0f;
+                            rowmax[r0 + (size_t)i * NH] = -INFINITY;
+                            sumexp[r0 + (size_t)i * NH] = 0.0f;
+                        }
+                        continue;
+                    }
+                    // scores (i1-i0, nk) = q[i0:i1] k[0:nk]^T * scale
+                    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, i1 - i0, nk, hs, scale,
+                                q + (size_t)i0 * q_stride, q_stride, kb, kv_stride, 0.0f, s, nk);
+                    for (int i = i0; i < i1; i++) {
+                        float* row = s + (size_t)(i - i0) * nk;
+                        int nvis = chunk_keys_visible(i, q0, k0, Tk);
+                        float mx = -INFINITY, sum = 0.0f;
+                        if (nvis > 0) {
+                            mx = row[0];
+                            #pragma omp simd reduction(max : mx)
+                            for (int j = 1; j < nvis; j++) mx = row[j] > mx ? row[j] : mx;
+                            #pragma omp simd reduction(+ : sum)
+                            for (int j = 0; j < nvis; j++) {
+                                row[j] = exp_lanes(row[j] - mx);
+                                sum += row[j];
+                            }
+                        }
+                        // the row's future keys weigh 0 in the product below
+                        for (int j = nvis; j < nk; j++) row[j] = 0.0f;
+                        rowmax[r0 + (size_t)i * NH] = mx;
+                        sumexp[r0 + (size_t)i * NH] = sum;
+                    }
+                    // out[i0:i1] (i1-i0, hs) = weights (i1-i0, nk) @ v[0:nk], not normalised
+                    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, i1 - i0, hs, nk, 1.0f, s,
+                                nk, vb, kv_stride, 0.0f, o + (size_t)i0 * C, C);
                 }
-                for (int c = 0; c < hs; c++) o[c] = 0.0f;
-                float sum = 0.0f;
-                for (int j = 0; j < nvis; j++) {
-                    float e = expf(scale * row_dot(q, kb + (size_t)j * kv_stride, hs) - mx);
-                    const float* v = vb + (size_t)j * kv_stride;
-                    sum += e;
-                    for (int c = 0; c < hs; c++) o[c] += e * v[c];
-                }
-                rowmax[r] = mx;
-                sumexp[r] = sum;
             }
         }
+        free(s);
     }
+    optime_stop(OPK_ATTENTION, OP_FWD, t0);
 }
 
 // Stats (B, Tq, NH) and out (B, Tq, C) = (B*Tq*NH, hs) list the (token, head)
@@ -436,6 +465,7 @@ void attention_chunk_forward(float* out, float* rowmax, float* sumexp, const flo
 void attention_chunk_merge(float* out, float* rowmax, float* sumexp, const float* out2,
                            const float* rowmax2, const float* sumexp2, int B, int Tq, int C,
                            int NH) {
+    double t0 = optime_start();
     const int hs = C / NH;
     const size_t rows = (size_t)B * Tq * NH;
     #pragma omp parallel for
@@ -451,10 +481,12 @@ void attention_chunk_merge(float* out, float* rowmax, float* sumexp, const float
         sumexp[r] = sumexp[r] * a1 + sumexp2[r] * a2;
         rowmax[r] = m;
     }
+    optime_stop(OPK_ATTENTION, OP_FWD, t0);
 }
 
 void attention_chunk_finish(float* out, float* lse, const float* rowmax, const float* sumexp,
                             int B, int Tq, int C, int NH) {
+    double t0 = optime_start();
     const int hs = C / NH;
     const size_t rows = (size_t)B * Tq * NH;
     #pragma omp parallel for
@@ -465,46 +497,86 @@ void attention_chunk_finish(float* out, float* lse, const float* rowmax, const f
         for (int c = 0; c < hs; c++) o[c] *= inv;
         lse[r] = l > 0.0f ? rowmax[r] + logf(l) : -INFINITY;  // rowmax read first: lse may be rowmax
     }
+    optime_stop(OPK_ATTENTION, OP_FWD, t0);
 }
 
+// Backward by the same causal blocks. A block recomputes its probabilities
+// p = exp(score - lse) from a product of q and k, takes dp = dout v^T in a
+// second product, turns it into ds = p (dp - D) row by row, and then adds its
+// share to dq (its own rows) and to dk, dv (the keys it meets) in three more
+// products: five matmuls per block where attention_backward, which keeps the
+// probabilities from forward, has four.
 void attention_chunk_backward(float* dq_all, float* dk_all, float* dv_all, const float* dout,
                               const float* out, const float* lse, const float* q_all, int q_stride,
                               const float* k_all, const float* v_all, int kv_stride, int B, int Tq,
                               int Tk, int q0, int k0, int C, int NH) {
     progress();
+    double t0 = optime_start();
     const int hs = C / NH;
     const float scale = 1.0f / sqrtf((float)hs);
-    #pragma omp parallel for collapse(2)
-    for (int b = 0; b < B; b++) {
-        for (int h = 0; h < NH; h++) {
-            size_t kv_base = (size_t)b * Tk * kv_stride + h * hs;
-            for (int i = 0; i < Tq; i++) {
-                size_t r = ((size_t)b * Tq + i) * NH + h;
-                const float* q = q_all + ((size_t)b * Tq + i) * q_stride + h * hs;
-                float* dq = dq_all + ((size_t)b * Tq + i) * q_stride + h * hs;
-                const float* d = dout + r * hs;
-                int nvis = chunk_keys_visible(i, q0, k0, Tk);
-                // D_i = dout_i . out_i = sum over ALL keys of p_ij (dout_i . v_j): the
-                // softmax's coupling term, known from the finished out alone
-                float D = row_dot(d, out + r * hs, hs);
-                for (int j = 0; j < nvis; j++) {
-                    size_t kj = kv_base + (size_t)j * kv_stride;
-                    const float* k = k_all + kj;
-                    const float* v = v_all + kj;
-                    float* dk = dk_all + kj;
-                    float* dv = dv_all + kj;
-                    // the softmax probability, recomputed from the score and the row's lse
-                    float p = expf(scale * row_dot(q, k, hs) - lse[r]);
-                    float ds = p * (row_dot(d, v, hs) - D);
-                    for (int c = 0; c < hs; c++) {
-                        dv[c] += p * d[c];
-                        dq[c] += scale * ds * k[c];
-                        dk[c] += scale * ds * q[c];
+    #pragma omp parallel
+    {
+        // the block's probabilities p, then beside them its ds
+        size_t tile = (size_t)ATT_ROW_BLOCK * (Tk > 0 ? Tk : 1);
+        float* p = xmalloc(2 * tile * sizeof(float));
+        float* ds = p + tile;
+        #pragma omp for collapse(2)
+        for (int b = 0; b < B; b++) {
+            for (int h = 0; h < NH; h++) {
+                const float* q = q_all + (size_t)b * Tq * q_stride + h * hs;
+                float* dq = dq_all + (size_t)b * Tq * q_stride + h * hs;
+                const size_t kv = (size_t)b * Tk * kv_stride + h * hs;
+                const float *kb = k_all + kv, *vb = v_all + kv;
+                float *dk = dk_all + kv, *dv = dv_all + kv;
+                const float* d = dout + (size_t)b * Tq * C + h * hs;  // (Tq, hs), row stride C
+                const float* o = out + (size_t)b * Tq * C + h * hs;
+                const size_t r0 = (size_t)b * Tq * NH + h;
+                for (int i0 = 0; i0 < Tq; i0 += ATT_ROW_BLOCK) {
+                    int i1 = i0 + ATT_ROW_BLOCK < Tq ? i0 + ATT_ROW_BLOCK : Tq;
+                    int nk = chunk_keys_visible(i1 - 1, q0, k0, Tk);
+                    if (nk == 0) continue;  // no row of the block sees a key: no gradient
+                    // p (i1-i0, nk) = q[i0:i1] k[0:nk]^T * scale, exponentiated below
+                    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, i1 - i0, nk, hs, scale,
+                                q + (size_t)i0 * q_stride, q_stride, kb, kv_stride, 0.0f, p, nk);
+                    // ds (i1-i0, nk) = dout[i0:i1] v[0:nk]^T, the gradient of p so far
+                    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, i1 - i0, nk, hs, 1.0f,
+                                d + (size_t)i0 * C, C, vb, kv_stride, 0.0f, ds, nk);
+                    for (int i = i0; i < i1; i++) {
+                        float* prow = p + (size_t)(i - i0) * nk;
+                        float* drow = ds + (size_t)(i - i0) * nk;
+                        int nvis = chunk_keys_visible(i, q0, k0, Tk);
+                        if (nvis > 0) {
+                            // D_i = dout_i . out_i = sum over ALL keys of p_ij (dout_i . v_j):
+                            // the softmax's coupling term, known from the finished out alone
+                            const float* di = d + (size_t)i * C;
+                            const float* oi = o + (size_t)i * C;
+                            float D = 0.0f;
+                            for (int c = 0; c < hs; c++) D += di[c] * oi[c];
+                            const float L = lse[r0 + (size_t)i * NH];
+                            #pragma omp simd
+                            for (int j = 0; j < nvis; j++) {
+                                prow[j] = exp_lanes(prow[j] - L);
+                                drow[j] = prow[j] * (drow[j] - D);
+                            }
+                        }
+                        // future keys: exact zeros, so the products add nothing for them
+                        for (int j = nvis; j < nk; j++) prow[j] = drow[j] = 0.0f;
                     }
+                    // dq[i0:i1] += ds @ k[0:nk] * scale
+                    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, i1 - i0, hs, nk, scale, ds,
+                                nk, kb, kv_stride, 1.0f, dq + (size_t)i0 * q_stride, q_stride);
+                    // dk[0:nk] += ds^T @ q[i0:i1] * scale
+                    cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, nk, hs, i1 - i0, scale, ds,
+                                nk, q + (size_t)i0 * q_stride, q_stride, 1.0f, dk, kv_stride);
+                    // dv[0:nk] += p^T @ dout[i0:i1]
+                    cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, nk, hs, i1 - i0, 1.0f, p, nk,
+                                d + (size_t)i0 * C, C, 1.0f, dv, kv_stride);
                 }
             }
         }
+        free(p);
     }
+    optime_stop(OPK_ATTENTION, OP_BWD, t0);
 }
 
 // ---------------------------------------------------------------- pointwise

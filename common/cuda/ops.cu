@@ -25,6 +25,7 @@
 #include <math.h>
 
 extern "C" {
+#include "memory.h"
 #include "ops.h"
 }
 
@@ -503,16 +504,33 @@ extern "C" void attention_backward(float* dqkv, float* datt, const float* dout, 
 }
 
 // ---------------------------------------------------------------- attention on sequence chunks
-// The CPU's loops, one block per (token, head) row: the row's keys (or, for
-// dk and dv, a key's queries) go THREADS at a time. Each thread computes one
-// score of the tile and leaves its weight in shared memory; then thread c adds
-// the weighted rows into channels c, c + THREADS, ... of the output, keys in
-// order as on the CPU. Every tile loop runs the same number of times in every
-// thread of the block (its bound is the block's, not the thread's), so the
-// __syncthreads() inside it are reached by all.
+// As attention_forward above: per batch row, the heads go to cuBLAS as one
+// strided batch (head h starts hs floats after head h-1 in q, k, v, out, and
+// Tq*Tk floats after it in the scores), and a kernel between the products
+// takes each row's online-softmax statistics and zeroes the scores the causal
+// cut hides (one block per (head, query) row). The products span the whole
+// (Tq, Tk) rectangle of a pair; the hidden part adds exact zeros, as the
+// upper triangle does in attention_forward.
 //
-// Blocks are numbered like the stats (B, Tq, NH): r = (b*Tq + i)*NH + h, and
-// out (B, Tq, C) = (B*Tq*NH, hs) puts that row's slice at out + r*hs.
+// The scores of one batch row, (NH, Tq, Tk), and in backward their gradients
+// beside them, live in a buffer this file keeps and grows when a call needs
+// more (mem_alloc, counted as activations; the old buffer's cudaFree waits
+// for the kernels that still use it).
+//
+// Stats rows are numbered (B, Tq, NH): r = (b*Tq + i)*NH + h, and out
+// (B, Tq, C) = (B*Tq*NH, hs) puts that row's slice at out + r*hs.
+
+static float* chunk_scores = NULL;
+static size_t chunk_scores_n = 0;
+
+static float* chunk_scores_buffer(size_t n) {
+    if (n > chunk_scores_n) {
+        if (chunk_scores) mem_free(chunk_scores);
+        chunk_scores = mem_alloc_floats(n, MEM_ACTIVATIONS);
+        chunk_scores_n = n;
+    }
+    return chunk_scores;
+}
 
 __device__ float row_dot(const float* a, const float* b, int n) {
     float s = 0.0f;
@@ -526,42 +544,27 @@ __device__ int chunk_keys_visible(int i, int q0, int k0, int Tk) {
     return n < 0 ? 0 : (n > Tk ? Tk : n);
 }
 
-__global__ void attention_chunk_forward_kernel(float* out, float* rowmax, float* sumexp,
-                                               const float* q_all, int q_stride,
-                                               const float* k_all, const float* v_all,
-                                               int kv_stride, int Tq, int Tk, int q0, int k0,
-                                               int C, int NH, float scale) {
-    __shared__ float weight[THREADS];
-    const int hs = C / NH;
-    const int r = blockIdx.x, h = r % NH, bi = r / NH, b = bi / Tq, i = bi % Tq;
-    const float* q = q_all + (size_t)bi * q_stride + h * hs;
-    const float* kb = k_all + (size_t)b * Tk * kv_stride + h * hs;  // key j: kb + j*kv_stride
-    const float* vb = v_all + (size_t)b * Tk * kv_stride + h * hs;  // value j: vb + j*kv_stride
-    float* o = out + (size_t)r * hs;
+// One block per row (h, i) of batch row b's scores s (NH, Tq, Tk): the max
+// and the sum of exp(score - max) over the visible keys, the weights
+// exp(score - max) left in place of the scores, 0 for hidden keys. A row that
+// sees no key gets rowmax -inf, sumexp 0 and a row of zeros.
+__global__ void chunk_softmax_partials_kernel(float* s, float* rowmax, float* sumexp, int b, int Tq,
+                                              int Tk, int q0, int k0, int NH) {
+    const int h = blockIdx.x / Tq, i = blockIdx.x % Tq;
+    float* row = s + (size_t)blockIdx.x * Tk;
     const int nvis = chunk_keys_visible(i, q0, k0, Tk);
-    // the max first, as on the CPU; -inf for a row that sees no key
     float mx = -INFINITY;
-    for (int j = threadIdx.x; j < nvis; j += THREADS)
-        mx = fmaxf(mx, scale * row_dot(q, kb + (size_t)j * kv_stride, hs));
+    for (int j = threadIdx.x; j < nvis; j += THREADS) mx = fmaxf(mx, row[j]);
     mx = block_max(mx);
-    for (int c = threadIdx.x; c < hs; c += THREADS) o[c] = 0.0f;
     float part = 0.0f;
-    for (int j0 = 0; j0 < nvis; j0 += THREADS) {
-        int j = j0 + threadIdx.x;
-        float e = j < nvis ? expf(scale * row_dot(q, kb + (size_t)j * kv_stride, hs) - mx) : 0.0f;
-        part += e;
-        weight[threadIdx.x] = e;
-        __syncthreads();
-        int n = min(THREADS, nvis - j0);
-        for (int c = threadIdx.x; c < hs; c += THREADS) {
-            float acc = o[c];  // channel c is this thread's alone
-            for (int jj = 0; jj < n; jj++) acc += weight[jj] * vb[(size_t)(j0 + jj) * kv_stride + c];
-            o[c] = acc;
-        }
-        __syncthreads();  // all have read weight before the next tile overwrites it
+    for (int j = threadIdx.x; j < nvis; j += THREADS) {
+        row[j] = expf(row[j] - mx);
+        part += row[j];
     }
     float sum = block_sum(part);
+    for (int j = nvis + threadIdx.x; j < Tk; j += THREADS) row[j] = 0.0f;
     if (threadIdx.x == 0) {
+        size_t r = ((size_t)b * Tq + i) * NH + h;
         rowmax[r] = mx;
         sumexp[r] = sum;
     }
@@ -571,12 +574,28 @@ extern "C" void attention_chunk_forward(float* out, float* rowmax, float* sumexp
                                         int q_stride, const float* k, const float* v,
                                         int kv_stride, int B, int Tq, int Tk, int q0, int k0,
                                         int C, int NH) {
-    // Tk = 0 still runs: every row is written as empty
     if (B <= 0 || Tq <= 0 || NH <= 0) return;
-    const float scale = 1.0f / sqrtf((float)(C / NH));
-    attention_chunk_forward_kernel<<<B * Tq * NH, THREADS, 0, cuda_compute_stream>>>(
-        out, rowmax, sumexp, q, q_stride, k, v, kv_stride, Tq, Tk, q0, k0, C, NH, scale);
-    KERNEL_CHECK();
+    const int hs = C / NH;
+    const float scale = 1.0f / sqrtf((float)hs);
+    const long long TT = (long long)Tq * Tk;
+    // Tk = 0 still runs: every row is written as empty (the kernel's loops do
+    // nothing, and out is zeroed here, where no product writes it)
+    if (Tk <= 0) CUDA_CHECK(cudaMemsetAsync(out, 0, (size_t)B * Tq * C * sizeof(float), cuda_compute_stream));
+    float* s = chunk_scores_buffer((size_t)NH * TT + 1);
+    for (int b = 0; b < B; b++) {
+        const float* kb = k + (size_t)b * Tk * kv_stride;
+        const float* vb = v + (size_t)b * Tk * kv_stride;
+        // scores (Tq, Tk) = q k^T * scale, per head
+        sgemm_rm_batched(0, 1, Tq, Tk, hs, scale, q + (size_t)b * Tq * q_stride, q_stride, hs, kb,
+                         kv_stride, hs, 0.0f, s, Tk, TT, NH);
+        chunk_softmax_partials_kernel<<<NH * Tq, THREADS, 0, cuda_compute_stream>>>(s, rowmax, sumexp, b, Tq,
+                                                                                     Tk, q0, k0, NH);
+        KERNEL_CHECK();
+        // out (Tq, hs) = weights (Tq, Tk) @ v (Tk, hs), per head, row stride C, not normalised
+        if (Tk > 0)
+            sgemm_rm_batched(0, 0, Tq, hs, Tk, 1.0f, s, Tk, TT, vb, kv_stride, hs, 0.0f,
+                             out + (size_t)b * Tq * C, C, hs, NH);
+    }
 }
 
 // One thread per (token, head) row.
@@ -628,101 +647,34 @@ extern "C" void attention_chunk_finish(float* out, float* lse, const float* rowm
     KERNEL_CHECK();
 }
 
-// Backward, in two kernels where the CPU has one loop over (query, key) pairs:
-// dq_i sums over the keys of row i, dk_j and dv_j over the queries of key j.
-// One block per query row for dq and one per key row for dk, dv means no two
-// blocks ever add into the same value: no atomics, and the sums run in a fixed
-// order. Both kernels recompute p_ij and ds_ij from q, k, v, lse and D.
+// Backward, per batch row, as on the CPU: p = exp(score - lse) from a product
+// of q and k, dp = dout v^T from a second, ds = p (dp - D) in the kernel
+// below, then dq += ds k, dk += ds^T q (both * scale) and dv += p^T dout.
+// The products add in cuBLAS's own order; each is one call per batch row, so
+// no two of them add into the same value at once.
 
-// dq: one block per query row r = (b*Tq + i)*NH + h, over its visible keys.
-__global__ void attention_chunk_backward_dq_kernel(float* dq_all, const float* dout,
-                                                   const float* out, const float* lse,
-                                                   const float* q_all, int q_stride,
-                                                   const float* k_all, const float* v_all,
-                                                   int kv_stride, int Tq, int Tk, int q0, int k0,
-                                                   int C, int NH, float scale) {
-    __shared__ float weight[THREADS];
-    const int hs = C / NH;
-    const int r = blockIdx.x, h = r % NH, bi = r / NH, b = bi / Tq, i = bi % Tq;
+// One block per row (h, i) of batch row b: p (NH, Tq, Tk) holds the scores and
+// ds the products dout v^T; both become what their names say, 0 for hidden
+// keys. D_i = dout_i . out_i, the softmax's coupling term, is the same
+// sequential dot in every thread.
+__global__ void chunk_softmax_backward_kernel(float* p, float* ds, const float* dout, const float* out,
+                                              const float* lse, int b, int Tq, int Tk, int q0, int k0,
+                                              int C, int NH) {
+    const int h = blockIdx.x / Tq, i = blockIdx.x % Tq, hs = C / NH;
+    float* prow = p + (size_t)blockIdx.x * Tk;
+    float* drow = ds + (size_t)blockIdx.x * Tk;
     const int nvis = chunk_keys_visible(i, q0, k0, Tk);
-    if (nvis == 0) return;  // the whole block returns: no __syncthreads() is left waiting
-    const float* q = q_all + (size_t)bi * q_stride + h * hs;
-    float* dq = dq_all + (size_t)bi * q_stride + h * hs;
-    const float* kb = k_all + (size_t)b * Tk * kv_stride + h * hs;
-    const float* vb = v_all + (size_t)b * Tk * kv_stride + h * hs;
-    const float* d = dout + (size_t)r * hs;
-    const float* o = out + (size_t)r * hs;
-    // D_i = dout_i . out_i, the softmax's coupling term; every thread takes the
-    // same sequential dot as the CPU (and the dk, dv kernel) does
-    const float D = row_dot(d, o, hs);
-    const float L = lse[r];
-    for (int j0 = 0; j0 < nvis; j0 += THREADS) {
-        int j = j0 + threadIdx.x;
-        float ds = 0.0f;
-        if (j < nvis) {
-            float p = expf(scale * row_dot(q, kb + (size_t)j * kv_stride, hs) - L);
-            ds = p * (row_dot(d, vb + (size_t)j * kv_stride, hs) - D);
+    if (nvis > 0) {
+        size_t r = ((size_t)b * Tq + i) * NH + h;
+        const float D = row_dot(dout + r * hs, out + r * hs, hs);
+        const float L = lse[r];
+        for (int j = threadIdx.x; j < nvis; j += THREADS) {
+            float pj = expf(prow[j] - L);
+            prow[j] = pj;
+            drow[j] = pj * (drow[j] - D);
         }
-        weight[threadIdx.x] = ds;
-        __syncthreads();
-        int n = min(THREADS, nvis - j0);
-        for (int c = threadIdx.x; c < hs; c += THREADS) {
-            float acc = dq[c];  // channel c is this thread's alone
-            for (int jj = 0; jj < n; jj++) acc += scale * weight[jj] * kb[(size_t)(j0 + jj) * kv_stride + c];
-            dq[c] = acc;
-        }
-        __syncthreads();
     }
-}
-
-// dk, dv: one block per key row r = (b*Tk + j)*NH + h, over the queries that
-// see key j: i >= k0 + j - q0, up to the end of the query chunk.
-__global__ void attention_chunk_backward_dkv_kernel(float* dk_all, float* dv_all,
-                                                    const float* dout, const float* out,
-                                                    const float* lse, const float* q_all,
-                                                    int q_stride, const float* k_all,
-                                                    const float* v_all, int kv_stride, int Tq,
-                                                    int Tk, int q0, int k0, int C, int NH,
-                                                    float scale) {
-    __shared__ float pw[THREADS];   // p_ij of the tile's queries
-    __shared__ float dsw[THREADS];  // ds_ij of the tile's queries
-    const int hs = C / NH;
-    const int r = blockIdx.x, h = r % NH, bj = r / NH, b = bj / Tk, j = bj % Tk;
-    const int first = max(k0 + j - q0, 0);
-    if (first >= Tq) return;  // the whole block returns: no query sees key j
-    const size_t kj = (size_t)bj * kv_stride + h * hs;
-    const float* k = k_all + kj;
-    const float* v = v_all + kj;
-    float* dk = dk_all + kj;
-    float* dv = dv_all + kj;
-    const float* qb = q_all + (size_t)b * Tq * q_stride + h * hs;  // query i: qb + i*q_stride
-    const size_t rb = (size_t)b * Tq * NH + h;                     // stats row of query i: rb + i*NH
-    for (int i0 = first; i0 < Tq; i0 += THREADS) {
-        int i = i0 + threadIdx.x;
-        float p = 0.0f, ds = 0.0f;
-        if (i < Tq) {
-            size_t ri = rb + (size_t)i * NH;
-            const float* d = dout + ri * hs;
-            float D = row_dot(d, out + ri * hs, hs);
-            p = expf(scale * row_dot(qb + (size_t)i * q_stride, k, hs) - lse[ri]);
-            ds = p * (row_dot(d, v, hs) - D);
-        }
-        pw[threadIdx.x] = p;
-        dsw[threadIdx.x] = ds;
-        __syncthreads();
-        int n = min(THREADS, Tq - i0);
-        for (int c = threadIdx.x; c < hs; c += THREADS) {
-            float accv = dv[c], acck = dk[c];  // channel c is this thread's alone
-            for (int ii = 0; ii < n; ii++) {
-                size_t ri = rb + (size_t)(i0 + ii) * NH;
-                accv += pw[ii] * dout[ri * hs + c];
-                acck += scale * dsw[ii] * qb[(size_t)(i0 + ii) * q_stride + c];
-            }
-            dv[c] = accv;
-            dk[c] = acck;
-        }
-        __syncthreads();
-    }
+    for (int j = nvis + threadIdx.x; j < Tk; j += THREADS) prow[j] = drow[j] = 0.0f;
 }
 
 extern "C" void attention_chunk_backward(float* dq, float* dk, float* dv, const float* dout,
@@ -731,15 +683,31 @@ extern "C" void attention_chunk_backward(float* dq, float* dk, float* dv, const 
                                          int kv_stride, int B, int Tq, int Tk, int q0, int k0,
                                          int C, int NH) {
     if (B <= 0 || Tq <= 0 || Tk <= 0 || NH <= 0) return;
-    const float scale = 1.0f / sqrtf((float)(C / NH));
-    // The two kernels write disjoint parts (queries; keys and values), so dq,
-    // dk and dv may be the three parts of one dqkv buffer.
-    attention_chunk_backward_dq_kernel<<<B * Tq * NH, THREADS, 0, cuda_compute_stream>>>(
-        dq, dout, out, lse, q, q_stride, k, v, kv_stride, Tq, Tk, q0, k0, C, NH, scale);
-    KERNEL_CHECK();
-    attention_chunk_backward_dkv_kernel<<<B * Tk * NH, THREADS, 0, cuda_compute_stream>>>(
-        dk, dv, dout, out, lse, q, q_stride, k, v, kv_stride, Tq, Tk, q0, k0, C, NH, scale);
-    KERNEL_CHECK();
+    const int hs = C / NH;
+    const float scale = 1.0f / sqrtf((float)hs);
+    const long long TT = (long long)Tq * Tk;
+    float* p = chunk_scores_buffer(2 * (size_t)NH * TT);
+    float* ds = p + (size_t)NH * TT;
+    for (int b = 0; b < B; b++) {
+        const float* qb = q + (size_t)b * Tq * q_stride;
+        const float* kb = k + (size_t)b * Tk * kv_stride;
+        const float* vb = v + (size_t)b * Tk * kv_stride;
+        const float* db = dout + (size_t)b * Tq * C;
+        // p (Tq, Tk) = q k^T * scale; ds (Tq, Tk) = dout v^T, per head
+        sgemm_rm_batched(0, 1, Tq, Tk, hs, scale, qb, q_stride, hs, kb, kv_stride, hs, 0.0f, p, Tk, TT, NH);
+        sgemm_rm_batched(0, 1, Tq, Tk, hs, 1.0f, db, C, hs, vb, kv_stride, hs, 0.0f, ds, Tk, TT, NH);
+        chunk_softmax_backward_kernel<<<NH * Tq, THREADS, 0, cuda_compute_stream>>>(p, ds, dout, out, lse, b,
+                                                                                     Tq, Tk, q0, k0, C, NH);
+        KERNEL_CHECK();
+        // dq (Tq, hs) += ds @ k * scale;  dk (Tk, hs) += ds^T @ q * scale;  dv (Tk, hs) += p^T @ dout.
+        // dq, dk and dv may be the three parts of one dqkv buffer: the calls run one after another.
+        sgemm_rm_batched(0, 0, Tq, hs, Tk, scale, ds, Tk, TT, kb, kv_stride, hs, 1.0f,
+                         dq + (size_t)b * Tq * q_stride, q_stride, hs, NH);
+        sgemm_rm_batched(1, 0, Tk, hs, Tq, scale, ds, Tk, TT, qb, q_stride, hs, 1.0f,
+                         dk + (size_t)b * Tk * kv_stride, kv_stride, hs, NH);
+        sgemm_rm_batched(1, 0, Tk, hs, Tq, 1.0f, p, Tk, TT, db, C, hs, 1.0f,
+                         dv + (size_t)b * Tk * kv_stride, kv_stride, hs, NH);
+    }
 }
 
 // ---------------------------------------------------------------- pointwise
