@@ -957,19 +957,7 @@ static void save(Ckpt* c, int step, int local, int durable) {
     tmp_dir_of(c->dir, step, tmp, sizeof(tmp));
     if (c->rank == 0) {
         mkdir(c->dir, 0755);  // may exist; the checks below say if it is unusable
-        if (c->saves == 0) {
-            // leftovers of a crashed save of any step: never read, removed
-            DIR* d = opendir(c->dir);
-            struct dirent* e;
-            char path[4096 + 256];
-            while (d && (e = readdir(d)) != NULL) {
-                size_t nl = strlen(e->d_name);
-                if (strncmp(e->d_name, "step-", 5) || nl < 5 || strcmp(e->d_name + nl - 4, ".tmp")) continue;
-                snprintf(path, sizeof(path), "%s/%s", c->dir, e->d_name);
-                remove_dir(path);
-            }
-            if (d) closedir(d);
-        }
+        if (c->saves == 0) remove_stale_tmp(c->dir);  // leftovers of a crashed save: never read, removed
         remove_dir(tmp);
         if (mkdir(tmp, 0755) != 0) {
             snprintf(msg, sizeof(msg), "cannot create the checkpoint directory '%s': %s (check --ckpt-dir)", tmp,
