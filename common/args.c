@@ -38,6 +38,7 @@ static const SharedFlag shared_flags[] = {
     {"ckpt-local", ARG_STRING, "level 1: node-local checkpoints under DIR/node-K (e.g. /dev/shm/run)"},
     {"local-every", ARG_INT, "with --ckpt-local, a level-1 checkpoint every N steps too  [0: at the end only]"},
     {"ranks-per-node", ARG_INT, "simulate nodes of R ranks for --ckpt-local  [0: the MPI shared-memory split]"},
+    {"incremental", ARG_INT, "with --ckpt-dir, every K-th save full, xor deltas (zstd) between  [0: all full]"},
     {"ckpt-redundancy", ARG_STRING, "none | partner | xor: level 2, level-1 files kept across nodes  [none]"},
     {"val-every", ARG_INT, "validation loss every N steps, 0 = at the end only  [0]"},
     {"val-batches", ARG_INT, "batches per validation loss  [4]"},
@@ -121,6 +122,7 @@ static void* shared_dest(TrainArgs* a, const char* name) {
     if (!strcmp(name, "local-every")) return &a->local_every;
     if (!strcmp(name, "ranks-per-node")) return &a->ranks_per_node;
     if (!strcmp(name, "ckpt-redundancy")) return &redundancy_arg;
+    if (!strcmp(name, "incremental")) return &a->incremental;
     if (!strcmp(name, "val-every")) return &a->val_every;
     if (!strcmp(name, "val-batches")) return &a->val_batches;
     if (!strcmp(name, "threads")) return &a->threads;
@@ -246,6 +248,9 @@ const char* args_parse(int argc, char** argv, TrainArgs* a, const ArgSpec* extra
     else if (a->ranks_per_node < 0) bad = "--ranks-per-node must be >= 0 (0: the ranks that share memory are a node)";
     else if ((a->ranks_per_node > 0 || a->redundancy) && !a->ckpt_local)
         bad = "--ranks-per-node and --ckpt-redundancy need --ckpt-local DIR (they describe its level-1 copies)";
+    else if (a->incremental < 0) bad = "--incremental must be >= 0 (0 and 1: every save full)";
+    else if (a->incremental > 1 && !a->ckpt_dir)
+        bad = "--incremental needs --ckpt-dir DIR (its deltas are level-3 saves)";
     else if (a->val_every < 0) bad = "--val-every must be >= 0";
     else if (a->val_batches < 1 || a->val_batches > ARGS_MAX_VAL_BATCHES)
         bad = "--val-batches must be between 1 and 100000 (each is a forward pass over a batch)";

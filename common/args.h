@@ -27,6 +27,7 @@ typedef struct {
     const char* ckpt_local;  // --ckpt-local DIR: level-1 checkpoints, DIR/node-K/step-N (ckpt.h)
     int local_every;         // --local-every N steps (0: only at the end, with --ckpt-local)
     int ranks_per_node;      // --ranks-per-node R: simulated nodes (0: MPI's shared-memory split)
+    int incremental;         // --incremental K: every K-th level-3 save full, deltas between (0, 1: all full)
     int redundancy;          // --ckpt-redundancy: 0 none, 1 partner, 2 xor (args_redundancy_name)
     int val_every;         // --val-every N steps (0: only at the end)
     int val_batches;       // --val-batches

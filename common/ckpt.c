@@ -35,6 +35,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 #include <xxhash.h>
+#include <zstd.h>
 
 #include "errors.h"
 #include "memory.h"
@@ -263,16 +264,35 @@ static void prune(const char* dir, int keep) {
         steps[n++] = step;
     }
     closedir(d);
-    // drop the oldest while more than keep remain
+    // the newest keep stay, and every full save a kept delta needs (an
+    // incremental manifest names its base: "incremental base=step-B ...")
+    for (int i = 0; i < n; i++)
+        for (int j = i + 1; j < n; j++)
+            if (steps[j] > steps[i]) {
+                int t = steps[i];
+                steps[i] = steps[j];
+                steps[j] = t;
+            }
+    char* needed = xcalloc((size_t)n + 1, 1);
     char path[4096 + 32];
-    while (n > keep) {
-        int oldest = 0;
-        for (int i = 1; i < n; i++)
-            if (steps[i] < steps[oldest]) oldest = i;
-        snprintf(path, sizeof(path), "%s/step-%08d", dir, steps[oldest]);
-        remove_dir(path);
-        steps[oldest] = steps[--n];
+    for (int i = 0; i < n && i < keep; i++) {
+        needed[i] = 1;
+        snprintf(path, sizeof(path), "%s/step-%08d/MANIFEST", dir, steps[i]);
+        FILE* f = fopen(path, "r");
+        char line[256];
+        int base = -1;
+        while (f && fgets(line, sizeof(line), f))
+            if (sscanf(line, "incremental base=step-%d", &base) == 1) break;
+        if (f) fclose(f);
+        for (int j = 0; j < n && base >= 0; j++)
+            if (steps[j] == base) needed[j] = 1;
     }
+    for (int i = 0; i < n; i++) {
+        if (needed[i]) continue;
+        snprintf(path, sizeof(path), "%s/step-%08d", dir, steps[i]);
+        remove_dir(path);
+    }
+    free(needed);
     free(steps);
 }
 
@@ -372,6 +392,7 @@ void ckpt_init(Ckpt* c, const TrainArgs* a, const TrainSetup* s, const Mesh* mes
     c->local = a->ckpt_local;
     c->local_every = a->local_every;
     c->redundancy = a->redundancy;
+    c->incremental = a->incremental;
     if (c->local) nodes_init(c, a->ranks_per_node);
     if (c->dir) {
         char msg[1024];
@@ -459,9 +480,44 @@ static void write_file(Ckpt* c) {
     double t0 = now_seconds();
     unsigned char header[CKPT_HEADER_BYTES];
     file_header(c, c->pending_step, header);
+    size_t data_bytes = c->own.floats * sizeof(float);
     const void* parts[2] = {header, c->host};
-    size_t sizes[2] = {sizeof(header), c->own.floats * sizeof(float)};
+    size_t sizes[2] = {sizeof(header), data_bytes};
     FileOut out;
+    c->delta_bytes = 0;
+    if (c->pending_delta) {
+        // the full file's size and checksum, which the resume checks after
+        // applying the delta, then the delta: the xor of the state with the
+        // last full save's, compressed (an unchanged bit is a 0 bit)
+        XXH3_state_t* sum = checksum_begin();
+        checksum_add(sum, header, sizeof(header));
+        checksum_add(sum, c->host, data_bytes);
+        c->file_hash = checksum_end(sum);
+        c->file_bytes = sizeof(header) + data_bytes;
+        const uint32_t* now = (const uint32_t*)c->host;
+        const uint32_t* base = (const uint32_t*)c->base_host;
+        uint32_t* x = xmalloc(data_bytes ? data_bytes : 1);
+        for (size_t i = 0; i < c->own.floats; i++) x[i] = now[i] ^ base[i];
+        size_t bound = ZSTD_compressBound(data_bytes);
+        unsigned char* z = xmalloc(bound ? bound : 1);
+        size_t zn = ZSTD_compress(z, bound, x, data_bytes, 3);
+        free(x);
+        if (ZSTD_isError(zn)) {
+            snprintf(c->file_err, sizeof(c->file_err), "compressing the delta '%s' failed: %s", c->delta_path,
+                     ZSTD_getErrorName(zn));
+            free(z);
+            return;
+        }
+        parts[1] = z;
+        sizes[1] = zn;
+        write_parts(c->delta_path, parts, sizes, fault_fires(c, "save", c->pending_step), &out);
+        free(z);
+        snprintf(c->file_err, sizeof(c->file_err), "%s", out.err);
+        c->delta_bytes = out.bytes;
+        c->delta_hash = out.hash;
+        c->write_s += now_seconds() - t0;
+        return;
+    }
     write_parts(c->file_path, parts, sizes, fault_fires(c, "save", c->pending_step), &out);
     snprintf(c->file_err, sizeof(c->file_err), "%s", out.err);
     if (out.err[0]) return;
@@ -529,6 +585,16 @@ static char* manifest_text(const Ckpt* c, int step, const int* counts, const uin
         for (int r = 0; r < c->world; r++)
             if (files[5 * r + 3])
                 OUT("parity %d bytes=%llu hash=%016llx\n", r, (unsigned long long)files[5 * r + 3],
+                    (unsigned long long)files[5 * r + 4]);
+    }
+    if (level == 3 && c->pending_delta) {
+        // an incremental save: each file is a delta against the full save
+        // of base_step, named by its manifest's checksum (another run's
+        // step-B is refused); the file lines give the full files it restores
+        OUT("incremental base=step-%08d base_hash=%016llx\n", c->base_step, c->base_manifest_hash);
+        for (int r = 0; r < c->world; r++)
+            if (files[5 * r])
+                OUT("delta %d bytes=%llu hash=%016llx\n", r, (unsigned long long)files[5 * r + 3],
                     (unsigned long long)files[5 * r + 4]);
     }
     OUT("tensors %d\n", CKPT_NUM_KINDS * n_tensors_of(c));
@@ -672,13 +738,21 @@ static void commit(Ckpt* c) {
         remove_dir(tmp);
     }
     fail_if_any(failed, c->file_err);
-    uint64_t file[5] = {(uint64_t)has_file, has_file ? c->file_bytes : 0, has_file ? c->file_hash : 0, 0, 0};
+    // slots 3 and 4: the delta's file, for an incremental save
+    uint64_t file[5] = {(uint64_t)has_file, has_file ? c->file_bytes : 0, has_file ? c->file_hash : 0,
+                        has_file && c->pending_delta ? c->delta_bytes : 0, has_file && c->pending_delta ? c->delta_hash : 0};
     size_t len = 0;
     char* text = gather_manifest(c, step, file, 3, &len);
+    // a full save is the base of the deltas that follow: its manifest's checksum names it
+    if (c->rank == 0 && !c->pending_delta) c->base_manifest_hash = ckpt_checksum(text, len);
     char msg[1024];
     const char* bad = c->rank == 0 ? install_manifest(c, c->dir, step, text, len, msg, sizeof(msg)) : NULL;
     free(text);
     fail_if_any(bad != NULL, bad);
+    if (has_file) {
+        if (c->pending_delta) c->deltas++, c->delta_bytes_total += c->delta_bytes;
+        else c->full_bytes_total += c->file_bytes;
+    }
     c->pending = 0;
     c->saves++;
     print0("checkpoint: saved %s/step-%08d\n", c->dir, step);
@@ -967,6 +1041,15 @@ static void save(Ckpt* c, int step, int local, int durable) {
     }
     fail_if_any(bad != NULL, bad);
     snprintf(c->file_path, sizeof(c->file_path), "%s/rank-%05d.bin", tmp, c->rank);
+    snprintf(c->delta_path, sizeof(c->delta_path), "%s/rank-%05d.delta", tmp, c->rank);
+    // --incremental K: the run's first save and every K-th are full, the
+    // others deltas against the last full one (held in base_host)
+    c->pending_delta = c->incremental > 1 && c->base_host && c->saves % c->incremental != 0;
+    if (!c->pending_delta && c->incremental > 1) {
+        if (!c->base_host) c->base_host = xmalloc((c->own.floats ? c->own.floats : 1) * sizeof(float));
+        memcpy(c->base_host, c->host, c->own.floats * sizeof(float));
+        c->base_step = step;
+    }
     c->pending = 1;
     c->pending_step = step;
     c->thread_done = 0;
@@ -1026,6 +1109,10 @@ typedef struct {
     int level, nodes, redundancy;
     int* node_of;                          // (world)
     unsigned long long *parity_bytes, *parity_hash;  // (world) 0 bytes: none
+    // an incremental save's: the full save it is a delta against (-1: none)
+    int base_step;
+    unsigned long long base_hash;
+    unsigned long long *delta_bytes, *delta_hash;  // (world)
 } Manifest;
 
 static void manifest_free(Manifest* m) {
@@ -1034,6 +1121,9 @@ static void manifest_free(Manifest* m) {
     free(m->node_of);
     free(m->parity_bytes);
     free(m->parity_hash);
+    free(m->delta_bytes);
+    free(m->delta_hash);
+    m->delta_bytes = m->delta_hash = NULL;
     // the scalars stay: ckpt_resume reports them after the reads
     m->files = NULL, m->slices = NULL, m->node_of = NULL, m->parity_bytes = m->parity_hash = NULL;
 }
@@ -1057,6 +1147,7 @@ static const char* read_manifest(const char* dir, const Ckpt* c, Manifest* m, ch
     const GPTConfig* want = &c->cfg;
     char variant[256] = "";  // the manifest's variant line (none: the GPT)
     memset(m, 0, sizeof(*m));
+    m->base_step = -1;  // a full save unless an incremental line says otherwise
     char path[4096 + 16];
     snprintf(path, sizeof(path), "%s/MANIFEST", dir);
     FILE* f = fopen(path, "rb");
@@ -1154,6 +1245,21 @@ static const char* read_manifest(const char* dir, const Ckpt* c, Manifest* m, ch
             ok = m->parity_bytes && sscanf(line, "parity %d bytes=%llu hash=%llx", &r, &b, &h) == 3 && r >= 0 &&
                  r < m->world && b > CKPT_HEADER_BYTES;
             if (ok) m->parity_bytes[r] = b, m->parity_hash[r] = h;
+        } else if (!strncmp(line, "incremental ", 12)) {
+            ok = sscanf(line, "incremental base=step-%d base_hash=%llx", &m->base_step, &m->base_hash) == 2 &&
+                 m->base_step >= 0 && m->world > 0 && m->world < (1 << 24) && !m->delta_bytes;
+            if (ok) {
+                m->delta_bytes = xcalloc((size_t)m->world, sizeof(unsigned long long));
+                m->delta_hash = xcalloc((size_t)m->world, sizeof(unsigned long long));
+            } else {
+                m->base_step = -1;
+            }
+        } else if (!strncmp(line, "delta ", 6)) {
+            int r = -1;
+            unsigned long long b = 0, h = 0;
+            ok = m->delta_bytes && sscanf(line, "delta %d bytes=%llu hash=%llx", &r, &b, &h) == 3 && r >= 0 &&
+                 r < m->world && b >= CKPT_HEADER_BYTES;
+            if (ok) m->delta_bytes[r] = b, m->delta_hash[r] = h;
         } else if (!strncmp(line, "tensors ", 8)) {
             ok = 1;
             // another kind of model (a dense GPT and a mixture of experts,
@@ -1617,6 +1723,83 @@ static int local_pick(const Ckpt* c, int floor, char* dir, size_t dir_len, char*
     return picked;
 }
 
+// ---------------------------------------------------------------- incremental: applying a delta
+
+// Restores full file f of the incremental checkpoint in dir: its delta
+// (checked against the manifest) decompressed and xor'ed with the same file
+// of the full save it names, which must be that save (its manifest's
+// checksum). Writes the full file into the private directory scratch and
+// points the manifest's path there; verify_file then checks it against the
+// full file's checksum. Returns NULL or a message.
+static const char* delta_restore(const char* dir, Manifest* m, int f, const char* scratch, char* msg, size_t msg_len) {
+    char base[4096], path[4096 + 96];
+    snprintf(base, sizeof(base), "%s", dir);
+    char* slash = strrchr(base, '/');
+    if (slash) snprintf(slash + 1, sizeof(base) - (size_t)(slash + 1 - base), "step-%08d", m->base_step);
+    else snprintf(base, sizeof(base), "step-%08d", m->base_step);
+    snprintf(path, sizeof(path), "%s/MANIFEST", base);
+    size_t n = 0;
+    unsigned char* text = read_whole(path, &n);
+    if (!text) {
+        snprintf(msg, msg_len, "checkpoint '%s' is a delta against the full save of step %d, but '%s' is missing: resume from a full save (--keep keeps the full saves its deltas need)",
+                 dir, m->base_step, path);
+        return msg;
+    }
+    unsigned long long h = ckpt_checksum(text, n);
+    free(text);
+    if (h != m->base_hash) {
+        snprintf(msg, msg_len, "checkpoint '%s' is a delta against another run's full save of step %d ('%s' is not the one it was taken against): resume from a full save",
+                 dir, m->base_step, base);
+        return msg;
+    }
+    int r = -1;
+    sscanf(m->files[f].name, "rank-%d.bin", &r);
+    if (r < 0 || r >= m->world || !m->delta_bytes[r]) {
+        snprintf(msg, msg_len, "checkpoint '%s' lists no delta for %s", dir, m->files[f].name);
+        return msg;
+    }
+    snprintf(path, sizeof(path), "%s/rank-%05d.delta", dir, r);
+    size_t dn = 0, bn = 0;
+    unsigned char* delta = read_whole(path, &dn);
+    if (!delta || dn != m->delta_bytes[r] || ckpt_checksum(delta, dn) != m->delta_hash[r] || dn < CKPT_HEADER_BYTES) {
+        free(delta);
+        snprintf(msg, msg_len, "checkpoint delta '%s' is missing, truncated or corrupt (its size or checksum is not the manifest's)", path);
+        return msg;
+    }
+    snprintf(path, sizeof(path), "%s/%s", base, m->files[f].name);
+    unsigned char* full = read_whole(path, &bn);
+    const char* bad = NULL;
+    if (!full || bn != m->files[f].bytes) {
+        snprintf(msg, msg_len, "the full save's '%s' that the delta of '%s' needs is missing or of another size", path, dir);
+        bad = msg;
+    } else {
+        // the data: the delta's xor, decompressed, xor'ed into the full save's
+        size_t data = bn - CKPT_HEADER_BYTES;
+        unsigned char* x = xmalloc(data ? data : 1);
+        size_t got = ZSTD_decompress(x, data, delta + CKPT_HEADER_BYTES, dn - CKPT_HEADER_BYTES);
+        if (ZSTD_isError(got) || got != data) {
+            snprintf(msg, msg_len, "checkpoint delta '%s/rank-%05d.delta' does not decompress to %zu bytes", dir, r, data);
+            bad = msg;
+        } else {
+            memcpy(full, delta, CKPT_HEADER_BYTES);  // this step's header
+            for (size_t i = 0; i < data; i++) full[CKPT_HEADER_BYTES + i] ^= x[i];
+            snprintf(m->files[f].path, sizeof(m->files[f].path), "%s/%s", scratch, m->files[f].name);
+            const void* parts[2] = {full, NULL};
+            size_t sizes[2] = {bn, 0};
+            FileOut out;
+            write_parts(m->files[f].path, parts, sizes, 0, &out);
+            if (out.err[0]) {
+                snprintf(msg, msg_len, "%s", out.err);
+                bad = msg;
+            }
+        }
+        free(x);
+    }
+    free(full);
+    free(delta);
+    return bad;
+}
+
 int ckpt_resume(Ckpt* c) {
     if (!c->resume) return 0;
     double t0 = now_seconds();
@@ -1691,8 +1874,22 @@ int ckpt_resume(Ckpt* c) {
             if (v->kind == c->need.s[i].kind && v->tensor == c->need.s[i].tensor && intersect(&c->need.s[i], v, NULL, NULL))
                 use[v->file] = 1;
         }
+    // an incremental save: the full files this rank reads or checks, restored
+    // from their deltas into a scratch directory of its own
+    char scratch[4096] = "";
+    if (m.base_step >= 0) {
+        const char* tmpdir = getenv("TMPDIR");
+        snprintf(scratch, sizeof(scratch), "%s/ckpt-restore-XXXXXX", tmpdir && tmpdir[0] ? tmpdir : "/tmp");
+        if (!mkdtemp(scratch)) {
+            snprintf(msg, sizeof(msg), "cannot create a directory '%s' to restore the deltas in: %s", scratch, strerror(errno));
+            bad = msg;
+        }
+        for (int f = 0; f < m.n_files && !bad; f++)
+            if (use[f] || f % c->world == c->rank) bad = delta_restore(dir, &m, f, scratch, msg, sizeof(msg));
+    }
     for (int f = 0; f < m.n_files && !bad; f++)
         if (use[f] || f % c->world == c->rank) bad = verify_file(&m, f, msg, sizeof(msg));
+    if (bad && scratch[0]) remove_dir(scratch);
     fail_if_any(bad != NULL, bad);
     // the reads: each needed slice assembled in a host buffer from every
     // saved slice it overlaps, then copied to the device
@@ -1732,6 +1929,7 @@ int ckpt_resume(Ckpt* c) {
     }
     for (int f = 0; f < m.n_files; f++)
         if (fds[f] >= 0) close(fds[f]);
+    if (scratch[0]) remove_dir(scratch);
     free(fds);
     free(stage);
     free(use);
@@ -1780,6 +1978,12 @@ void ckpt_finish(Ckpt* c, JsonLog* log) {
                 printf("checkpoint: %d save%s (%s), %.1f KiB on rank 0, training stalled %.2f ms per save, file write %.2f ms per save on rank 0, %.2f ms waiting for the last save at the end\n",
                        c->saves, c->saves == 1 ? "" : "s", c->async ? "async" : "sync", mine[0] / 1024.0,
                        c->stall_s * per, c->write_s * per, 1e3 * c->finish_s);
+            if (c->deltas && c->saves > c->deltas)
+                printf("checkpoint: incremental: %d full save%s of %.1f KiB and %d delta%s of %.1f KiB on rank 0 (%.1f%% of a full save)\n",
+                       c->saves - c->deltas, c->saves - c->deltas == 1 ? "" : "s",
+                       c->full_bytes_total / 1024.0 / (c->saves - c->deltas), c->deltas, c->deltas == 1 ? "" : "s",
+                       c->delta_bytes_total / 1024.0 / c->deltas,
+                       100.0 * ((double)c->delta_bytes_total / c->deltas) / ((double)c->full_bytes_total / (c->saves - c->deltas)));
             if (c->resume) printf("checkpoint: loaded %.1f KiB on rank 0 in %.2f ms\n", mine[1] / 1024.0, 1e3 * c->load_s);
             fflush(stdout);
             if (log && log->f) {
@@ -1800,6 +2004,8 @@ void ckpt_finish(Ckpt* c, JsonLog* log) {
     }
     free(c->host);
     c->host = NULL;
+    free(c->base_host);
+    c->base_host = NULL;
     if (c->lock_fd >= 0) {
         // the lock's text goes with the lock: a .lock file left with text
         // means a run died holding it

@@ -147,6 +147,16 @@ typedef struct Ckpt {  // named: train.h's loop holds a pointer to one
     double local_s;        // the level-1 saves, in the training loop (files, level 2, manifest)
     double redundancy_s;   // of which the level-2 exchange and write
     size_t redundancy_bytes;  // level-2 bytes this rank wrote per save (a partner's copy or its parity)
+    // --incremental K: level-3 saves between full ones (every K-th) hold the
+    // xor with the last full save's state, compressed (zstd)
+    int incremental, pending_delta;
+    int base_step;                         // the last full save's step
+    unsigned long long base_manifest_hash; // rank 0: its manifest's checksum
+    float* base_host;                      // (own.floats) its state
+    size_t delta_bytes, delta_bytes_total, full_bytes_total;
+    unsigned long long delta_hash;
+    int deltas;
+    char delta_path[4096];
 } Ckpt;
 
 enum { CKPT_REDUNDANCY_NONE, CKPT_REDUNDANCY_PARTNER, CKPT_REDUNDANCY_XOR };

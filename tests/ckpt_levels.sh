@@ -4,7 +4,8 @@
 # parity) across simulated nodes (--ranks-per-node), a node's directory
 # deleted and the run resumed (bit for bit on the same mesh, within the
 # invariant's tolerance on another), two nodes lost under xor, level 1
-# next to level 3, and the flags' refusals. A topic script of tests/run.sh.
+# next to level 3, incremental saves (the chain, --keep, a missing or
+# foreign base), and the flags' refusals. A topic script of tests/run.sh.
 . "$(dirname "$0")/lib.sh"
 
 echo "== checkpoint levels: node-local, partner, xor, rebuild"
@@ -105,6 +106,39 @@ else
 fi
 }
 
+# --- incremental: every 4th save full, deltas between; --keep 2 keeps the
+# base; the chain resumed bit for bit, and on another mesh; the refusals
+lv_inc() {
+local out
+lv_run i3 2 3 --dp 2 --zero 3 --ckpt-dir "$LV/i3" --save-every 1 --incremental 4 --keep 2 --save "$LV/i3.bin"
+if [ "$(ls "$LV/i3" | tr '\n' ' ')" = "step-00000005 step-00000007 step-00000008 " ] &&
+    grep -q "^incremental base=step-00000005 " "$LV/i3/step-00000007/MANIFEST" && [ -f "$LV/i3/step-00000007/rank-00001.delta" ]; then
+    pass "levels: --incremental 4 --keep 2: steps 7 and 8 kept, and step 5, the full save step 7's delta needs"
+else
+    fail "levels: --incremental files" "$(ls "$LV/i3" | tr '\n' ' ')"
+fi
+lv_run i3r 2 3 --dp 2 --zero 3 --resume "$LV/i3/step-00000007" --save "$LV/i3r.bin"
+if grep -q "checkpoint: resumed from" "$LV/i3r.out" && [ "$(lv_losses "$LV/i3.jsonl" 7)" = "$(lv_losses "$LV/i3r.jsonl" 7)" ] && cmp -s "$LV/i3.bin" "$LV/i3r.bin"; then
+    pass "levels: a delta (step 7) applied to its full save (step 5) resumes bit for bit"
+else
+    fail "levels: the delta chain" "$(grep -E '^error|resumed' "$LV/i3r.out" | head -2)"
+fi
+lv_run i0 1 0 --resume "$LV/i3/step-00000007"
+if grep -q "checkpoint: resumed from" "$LV/i0.out" && [ "$(lv_losses "$LV/i3.jsonl" 7 | cut -d' ' -f1)" = "$(lv_losses "$LV/i0.jsonl" 7 | cut -d' ' -f1)" ]; then
+    pass "levels: the delta resumes on another chapter and mesh (chapter 0)"
+else
+    fail "levels: the delta on chapter 0" "$(grep -E '^error' "$LV/i0.out" | head -2)"
+fi
+# another run's full save of step 5 in its place; then none at all
+lv_run i3o 2 3 --dp 2 --zero 3 --seed 7 --steps 5 --ckpt-dir "$LV/i3o"
+cp -r "$LV/i3" "$LV/i3x"
+rm -rf "$LV/i3x/step-00000005"; cp -r "$LV/i3o/step-00000005" "$LV/i3x/step-00000005"
+error_case chapter-3 2 "--dp 2 --zero 3 $LVF --resume $LV/i3x/step-00000007" "is a delta against another run's full save of step 5"
+rm -rf "$LV/i3x/step-00000005"
+error_case chapter-3 2 "--dp 2 --zero 3 $LVF --resume $LV/i3x/step-00000007" "is a delta against the full save of step 5, but"
+}
+
+jobs_run lv_inc
 jobs_run lv_xor2
 jobs_run lv_xor3
 jobs_run lv_partner
@@ -119,5 +153,8 @@ error_case chapter-0 1 "--ckpt-local $LV/f --ranks-per-node -2" "--ranks-per-nod
 error_case chapter-0 1 "--ckpt-redundancy xor" "--ranks-per-node and --ckpt-redundancy need --ckpt-local DIR"
 error_case chapter-2 2 "--dp 2 --ckpt-local $LV/f --ckpt-redundancy partner" "has no rank at its place (0) on another node (1 node(s))"
 error_case chapter-0 1 "--ckpt-local $LV/nosuch/deeper" "cannot write --ckpt-local"
+error_case chapter-0 1 "--ckpt-dir $LV/f --incremental -1" "--incremental must be >= 0"
+error_case chapter-0 1 "--incremental 4" "--incremental needs --ckpt-dir DIR"
+error_case chapter-0 1 "--freeze wte" "--freeze wte is not one of none, embeddings"
 
 finish
