@@ -26,6 +26,7 @@
 #include <fcntl.h>
 #include <mpi.h>
 #include <signal.h>
+#include <stdarg.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -1095,8 +1096,21 @@ typedef struct {
 typedef struct {
     char name[64];
     unsigned long long bytes, hash;
-    char path[4096 + 80];  // where it is read from: DIR/name, or a level-1 copy or rebuild
+    char* path;  // where it is read from: DIR/name, a level-1 copy, a rebuild or a restored delta
 } SavedFile;
+
+// Sets f->path (allocated: a manifest may list many files, each path long).
+static void set_path(SavedFile* f, const char* fmt, ...) __attribute__((format(printf, 2, 3)));
+static void set_path(SavedFile* f, const char* fmt, ...) {
+    char buf[4096 + 160];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(buf, sizeof(buf), fmt, ap);
+    va_end(ap);
+    free(f->path);
+    f->path = xmalloc(strlen(buf) + 1);
+    memcpy(f->path, buf, strlen(buf) + 1);
+}
 
 typedef struct {
     int step, B, T, seed, chapter, world;
@@ -1116,6 +1130,7 @@ typedef struct {
 } Manifest;
 
 static void manifest_free(Manifest* m) {
+    for (int i = 0; m->files && i < m->n_files; i++) free(m->files[i].path);
     free(m->files);
     free(m->slices);
     free(m->node_of);
@@ -1206,14 +1221,14 @@ static const char* read_manifest(const char* dir, const Ckpt* c, Manifest* m, ch
         else if (!strncmp(line, "rng ", 4)) ok = sscanf(line, "rng seed=%d", &m->seed) == 1;
         else if (!strncmp(line, "adamw ", 6)) ok = sscanf(line, "adamw lr=%f wd=%f clip=%f", &m->lr, &m->wd, &m->clip) == 3;
         else if (!strncmp(line, "files ", 6)) {
-            ok = sscanf(line, "files %d", &m->n_files) == 1 && m->n_files >= 0 && m->n_files < (1 << 24);
+            ok = !m->files && sscanf(line, "files %d", &m->n_files) == 1 && m->n_files >= 0 && m->n_files < (1 << 24);
             if (ok) m->files = xcalloc((size_t)m->n_files + 1, sizeof(SavedFile));
         } else if (!strncmp(line, "file ", 5)) {
             int i = -1;
             ok = m->files && sscanf(line, "file %d", &i) == 1 && i == files_seen && i < m->n_files &&
                  sscanf(line, "file %*d %63s bytes=%llu hash=%llx", m->files[i].name, &m->files[i].bytes,
                         &m->files[i].hash) == 3 && !strchr(m->files[i].name, '/');
-            if (ok) snprintf(m->files[i].path, sizeof(m->files[i].path), "%s/%s", dir, m->files[i].name);
+            if (ok) set_path(&m->files[i], "%s/%s", dir, m->files[i].name);
             files_seen++;
         } else if (!strncmp(line, "level ", 6)) {
             char red[16] = "";
@@ -1284,7 +1299,7 @@ static const char* read_manifest(const char* dir, const Ckpt* c, Manifest* m, ch
             }
             tensors_seen++;
         } else if (!strncmp(line, "slices ", 7)) {
-            ok = sscanf(line, "slices %d", &m->n_slices) == 1 && m->n_slices >= 0 && m->n_slices < (1 << 26);
+            ok = !m->slices && sscanf(line, "slices %d", &m->n_slices) == 1 && m->n_slices >= 0 && m->n_slices < (1 << 26);
             if (ok) m->slices = xcalloc((size_t)m->n_slices + 1, sizeof(SavedSlice));
         } else if (!strncmp(line, "slice ", 6)) {
             char name[64];
@@ -1490,7 +1505,7 @@ static int find_copy(const Ckpt* c, Manifest* m, int i, int step, int home) {
     char msg[1024];
     for (int k = 0; k < m->nodes; k++) {
         int n = (home + k) % m->nodes;
-        snprintf(m->files[i].path, sizeof(m->files[i].path), "%s/node-%d/step-%08d/%s", c->local, n, step, m->files[i].name);
+        set_path(&m->files[i], "%s/node-%d/step-%08d/%s", c->local, n, step, m->files[i].name);
         if (!verify_file(m, i, msg, sizeof(msg))) return n;
     }
     return -1;
@@ -1701,7 +1716,7 @@ static int local_pick(const Ckpt* c, int floor, char* dir, size_t dir_len, char*
         for (int r = 0; r < m.world && lost && !bad; r++) {
             int i = file_of[r];
             if (i >= 0 && !found[i])
-                snprintf(m.files[i].path, sizeof(m.files[i].path), "%s/node-%d/step-%08d/%s", c->local, m.node_of[r], step,
+                set_path(&m.files[i], "%s/node-%d/step-%08d/%s", c->local, m.node_of[r], step,
                          m.files[i].name);
         }
         if (bad) {
@@ -1783,7 +1798,7 @@ static const char* delta_restore(const char* dir, Manifest* m, int f, const char
         } else {
             memcpy(full, delta, CKPT_HEADER_BYTES);  // this step's header
             for (size_t i = 0; i < data; i++) full[CKPT_HEADER_BYTES + i] ^= x[i];
-            snprintf(m->files[f].path, sizeof(m->files[f].path), "%s/%s", scratch, m->files[f].name);
+            set_path(&m->files[f], "%s/%s", scratch, m->files[f].name);
             const void* parts[2] = {full, NULL};
             size_t sizes[2] = {bn, 0};
             FileOut out;
@@ -1852,7 +1867,7 @@ int ckpt_resume(Ckpt* c) {
     for (int f = 0; paths && f < m.n_files && line && *line; f++) {
         char* nl = strchr(line, '\n');
         if (nl) *nl = 0;
-        snprintf(m.files[f].path, sizeof(m.files[f].path), "%s", line);
+        set_path(&m.files[f], "%s", line);
         line = nl ? nl + 1 : NULL;
     }
     free(paths);
