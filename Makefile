@@ -45,7 +45,7 @@ CC      := mpicc
 ARCH    ?= -march=native
 OPT     ?= -O3 $(ARCH)
 CFLAGS  := $(OPT) -std=c11 -D_GNU_SOURCE -fopenmp -Wall -Wextra -Werror -Icommon -MMD -MP
-LDLIBS  := -lm -lpthread -lxxhash
+LDLIBS  := -lm -lpthread -lxxhash -lzstd
 
 COMMON_SRC := common/errors.c common/rank.c common/exercise.c common/atomic_file.c common/memory.c common/model_layout.c common/model.c common/init.c \
               common/model_file.c common/data.c common/mesh.c common/runtime.c common/matmul_peak.c \

@@ -67,8 +67,10 @@ static void mesh_check(const Mesh* mesh) {
 
 // One training step of the reference, on the whole model and the whole batch.
 // Returns the loss; *norm gets the gradient norm before clipping.
+// frozen: the first `frozen` parameters of the flat layout are not updated
+// (--freeze embeddings: wte and wpe, 0 otherwise).
 static float train_step(GPT* model, const TrainArgs* args, int step, const int* inputs,
-                        const int* targets, float* norm) {
+                        const int* targets, float* norm, size_t frozen) {
     // forward: embed, every block, final LayerNorm, LM head, cross-entropy
     float loss = gpt_forward(model, inputs, targets);
     // backward: the same in reverse; gradients accumulate, so zero them first
@@ -79,16 +81,16 @@ static float train_step(GPT* model, const TrainArgs* args, int step, const int* 
     *norm = (float)train_global_norm(grad_sumsq(model->grads, model->num_params), NULL, 0);
     float scale = grad_clip_scale(*norm, args->clip);
     // AdamW on the whole flat buffer: parameters, gradients and both moments
-    // share the layout, so one call updates everything
+    // share the layout, so one call updates everything (past a frozen head)
     double t0 = trace_start();
-    adamw_update(model->params, model->grads, model->m, model->v, model->num_params, train_adamw(args),
-                 step + 1, scale);
+    adamw_update(model->params + frozen, model->grads + frozen, model->m + frozen, model->v + frozen,
+                 model->num_params - frozen, train_adamw(args), step + 1, scale);
     trace_compute(t0, "optimizer");
     return loss;
 }
 
 // The reference on the one rank of `run` (its mesh, flags and data).
-static void train_reference(const Run* run) {
+static void train_reference(const Run* run, int freeze) {
     const TrainArgs* args = &run->args;
     const TrainSetup* setup = &run->setup;
     const GPTConfig* cfg = &setup->cfg;
@@ -118,6 +120,11 @@ static void train_reference(const Run* run) {
     print0("batch %d x %d tokens, %zu training tokens, %zu validation tokens\n", B, T,
            setup->train.count, setup->val.count);
     train_print_recompute((RecomputeMode)args->recompute, NULL);
+    // --freeze embeddings: wte (tied: the LM head too) and wpe stay as
+    // initialised or loaded, the rest trains; what an incremental
+    // checkpoint's delta can skip (docs/checkpoints.md)
+    size_t frozen = freeze ? gpt_tensor_offset(cfg, P_WPE, 0) + param_tensor_numel(cfg, P_WPE) : 0;
+    if (frozen) print0("frozen: wte and wpe, %zu of %zu parameters\n", frozen, model.num_params);
 
     // the loop: each step reads batch `step` and trains on it; the loop
     // object times it, reports it, validates and checkpoints (train.h)
@@ -128,7 +135,7 @@ static void train_reference(const Run* run) {
     for (int step = loop.start; step < loop.steps; step++) {
         data_batch(&setup->train, step, B, T, 0, B, loop.inputs, loop.targets);  // (B, T) tokens
         float norm;
-        float loss = train_step(&model, args, step, loop.inputs, loop.targets, &norm);
+        float loss = train_step(&model, args, step, loop.inputs, loop.targets, &norm, frozen);
         train_loop_step(&loop, step, loss, norm);
     }
     train_loop_end(&loop, NULL);  // the final validation and the summary
@@ -147,17 +154,21 @@ int main(int argc, char** argv) {
     TrainArgs args;
     char msg[1024];
     unsigned axes = (1u << AXIS_DP) | (1u << AXIS_TP) | (1u << AXIS_PP) | (1u << AXIS_CP) | (1u << AXIS_EP);
-    const char* bad = args_parse(argc, argv, &args, NULL, 0, axes, msg, sizeof(msg));
+    // chapter 0's own flag: --freeze embeddings keeps wte and wpe fixed
+    const char* freeze = "none";
+    ArgSpec extra[] = {{"freeze", ARG_STRING, &freeze, "none | embeddings: parameters not updated  [none]"}};
+    const char* bad = args_parse(argc, argv, &args, extra, 1, axes, msg, sizeof(msg));
     if (bad && !strcmp(bad, "help")) {
         if (world_rank() == 0)
             args_usage("build/chapter-0",
                        "Chapter 0: builds the device mesh from the axis flags, draws it and checks\n"
                        "every axis communicator; on one rank, trains the single-device reference GPT.",
-                       NULL, 0, axes);
+                       extra, 1, axes);
         runtime_finalize();
         return 0;
     }
     if (bad) fail_all("%s", bad);
+    if (strcmp(freeze, "none") && strcmp(freeze, "embeddings")) fail_all("--freeze %s is not one of none, embeddings", freeze);
 
     Mesh mesh;
     bad = mesh_create(&mesh, args.mesh, msg, sizeof(msg));
@@ -177,7 +188,7 @@ int main(int argc, char** argv) {
         train_setup(&run.setup, &args);
         run.peak_gflops = report_matmul_peak(args.peak_gflops);
         trace_open(args.trace);
-        train_reference(&run);
+        train_reference(&run, !strcmp(freeze, "embeddings"));
         trace_finish();
         train_setup_free(&run.setup);
     } else {

@@ -35,6 +35,11 @@ static const SharedFlag shared_flags[] = {
     {"keep", ARG_INT, "keep the N newest checkpoints in --ckpt-dir, 0 = all  [3]"},
     {"async-save", ARG_FLAG, "write checkpoints from a background thread while training goes on"},
     {"resume", ARG_STRING, "resume from the latest complete checkpoint in DIR (any chapter, any mesh)"},
+    {"ckpt-local", ARG_STRING, "level 1: node-local checkpoints under DIR/node-K (e.g. /dev/shm/run)"},
+    {"local-every", ARG_INT, "with --ckpt-local, a level-1 checkpoint every N steps too  [0: at the end only]"},
+    {"ranks-per-node", ARG_INT, "simulate nodes of R ranks for --ckpt-local  [0: the MPI shared-memory split]"},
+    {"incremental", ARG_INT, "with --ckpt-dir, every K-th save full, xor deltas (zstd) between  [0: all full]"},
+    {"ckpt-redundancy", ARG_STRING, "none | partner | xor: level 2, level-1 files kept across nodes  [none]"},
     {"val-every", ARG_INT, "validation loss every N steps, 0 = at the end only  [0]"},
     {"val-batches", ARG_INT, "batches per validation loss  [4]"},
     {"threads", ARG_INT, "threads per rank  [cores / ranks on the node]"},
@@ -88,6 +93,11 @@ static int parse_value(const char* value, ArgType type, void* dest) {
 
 // --recompute's word, turned into TrainArgs.recompute after parsing
 static const char* recompute_arg = NULL;
+// --ckpt-redundancy's word, turned into TrainArgs.redundancy
+static const char* redundancy_arg = NULL;
+static const char* redundancy_names[] = {"none", "partner", "xor"};
+
+const char* args_redundancy_name(int r) { return r >= 0 && r < 3 ? redundancy_names[r] : "?"; }
 
 static void* shared_dest(TrainArgs* a, const char* name) {
     if (!strcmp(name, "model")) return &a->model;
@@ -108,6 +118,11 @@ static void* shared_dest(TrainArgs* a, const char* name) {
     if (!strcmp(name, "keep")) return &a->keep;
     if (!strcmp(name, "async-save")) return &a->async_save;
     if (!strcmp(name, "resume")) return &a->resume;
+    if (!strcmp(name, "ckpt-local")) return &a->ckpt_local;
+    if (!strcmp(name, "local-every")) return &a->local_every;
+    if (!strcmp(name, "ranks-per-node")) return &a->ranks_per_node;
+    if (!strcmp(name, "ckpt-redundancy")) return &redundancy_arg;
+    if (!strcmp(name, "incremental")) return &a->incremental;
     if (!strcmp(name, "val-every")) return &a->val_every;
     if (!strcmp(name, "val-batches")) return &a->val_batches;
     if (!strcmp(name, "threads")) return &a->threads;
@@ -190,6 +205,7 @@ const char* args_parse(int argc, char** argv, TrainArgs* a, const ArgSpec* extra
                        unsigned axes, char* msg, size_t msg_len) {
     set_defaults(a);
     recompute_arg = NULL;
+    redundancy_arg = NULL;
     const char* bad = parse_flags(argc, argv, a, extra, n_extra, axes, msg, msg_len);
     if (bad) return bad;
     a->recompute = RECOMPUTE_NONE;
@@ -199,6 +215,16 @@ const char* args_parse(int argc, char** argv, TrainArgs* a, const ArgSpec* extra
             if (!strcmp(recompute_arg, recompute_name((RecomputeMode)m))) a->recompute = m, found = 1;
         if (!found) {
             snprintf(msg, msg_len, "--recompute %s is not one of none, selective, full", recompute_arg);
+            return msg;
+        }
+    }
+    a->redundancy = 0;
+    if (redundancy_arg) {
+        int found = 0;
+        for (int m = 0; m < 3; m++)
+            if (!strcmp(redundancy_arg, redundancy_names[m])) a->redundancy = m, found = 1;
+        if (!found) {
+            snprintf(msg, msg_len, "--ckpt-redundancy %s is not one of none, partner, xor", redundancy_arg);
             return msg;
         }
     }
@@ -216,6 +242,15 @@ const char* args_parse(int argc, char** argv, TrainArgs* a, const ArgSpec* extra
     else if (a->keep < 0) bad = "--keep must be >= 0 (0 keeps every checkpoint)";
     else if ((a->save_every > 0 || a->async_save) && !a->ckpt_dir)
         bad = "--save-every and --async-save need --ckpt-dir DIR (where the checkpoints go)";
+    else if (a->local_every < 0) bad = "--local-every must be >= 0";
+    else if (a->local_every > 0 && !a->ckpt_local)
+        bad = "--local-every needs --ckpt-local DIR (where the level-1 checkpoints go)";
+    else if (a->ranks_per_node < 0) bad = "--ranks-per-node must be >= 0 (0: the ranks that share memory are a node)";
+    else if ((a->ranks_per_node > 0 || a->redundancy) && !a->ckpt_local)
+        bad = "--ranks-per-node and --ckpt-redundancy need --ckpt-local DIR (they describe its level-1 copies)";
+    else if (a->incremental < 0) bad = "--incremental must be >= 0 (0 and 1: every save full)";
+    else if (a->incremental > 1 && !a->ckpt_dir)
+        bad = "--incremental needs --ckpt-dir DIR (its deltas are level-3 saves)";
     else if (a->val_every < 0) bad = "--val-every must be >= 0";
     else if (a->val_batches < 1 || a->val_batches > ARGS_MAX_VAL_BATCHES)
         bad = "--val-batches must be between 1 and 100000 (each is a forward pass over a batch)";

@@ -24,6 +24,11 @@ typedef struct {
     int keep;              // --keep K newest checkpoints (0: all)
     int async_save;        // --async-save: a thread writes while training goes on
     const char* resume;    // --resume DIR: the latest complete checkpoint in DIR
+    const char* ckpt_local;  // --ckpt-local DIR: level-1 checkpoints, DIR/node-K/step-N (ckpt.h)
+    int local_every;         // --local-every N steps (0: only at the end, with --ckpt-local)
+    int ranks_per_node;      // --ranks-per-node R: simulated nodes (0: MPI's shared-memory split)
+    int incremental;         // --incremental K: every K-th level-3 save full, deltas between (0, 1: all full)
+    int redundancy;          // --ckpt-redundancy: 0 none, 1 partner, 2 xor (args_redundancy_name)
     int val_every;         // --val-every N steps (0: only at the end)
     int val_batches;       // --val-batches
     int threads;           // --threads per rank (0: cores / ranks on the node)
@@ -61,6 +66,9 @@ const char* args_parse(int argc, char** argv, TrainArgs* a, const ArgSpec* extra
 // Returns NULL, "help", or a message.
 const char* args_parse_only(int argc, char** argv, const ArgSpec* flags, int n_flags, char* msg,
                             size_t msg_len);
+
+// "none", "partner", "xor" for TrainArgs.redundancy
+const char* args_redundancy_name(int redundancy);
 
 // Prints the usage to stdout (rank 0 calls it). a NULL summary prints nothing
 // above the flags; shared flags are listed unless axes is ARGS_NO_SHARED.

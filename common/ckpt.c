@@ -26,6 +26,7 @@
 #include <fcntl.h>
 #include <mpi.h>
 #include <signal.h>
+#include <stdarg.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -35,6 +36,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 #include <xxhash.h>
+#include <zstd.h>
 
 #include "errors.h"
 #include "memory.h"
@@ -263,16 +265,35 @@ static void prune(const char* dir, int keep) {
         steps[n++] = step;
     }
     closedir(d);
-    // drop the oldest while more than keep remain
+    // the newest keep stay, and every full save a kept delta needs (an
+    // incremental manifest names its base: "incremental base=step-B ...")
+    for (int i = 0; i < n; i++)
+        for (int j = i + 1; j < n; j++)
+            if (steps[j] > steps[i]) {
+                int t = steps[i];
+                steps[i] = steps[j];
+                steps[j] = t;
+            }
+    char* needed = xcalloc((size_t)n + 1, 1);
     char path[4096 + 32];
-    while (n > keep) {
-        int oldest = 0;
-        for (int i = 1; i < n; i++)
-            if (steps[i] < steps[oldest]) oldest = i;
-        snprintf(path, sizeof(path), "%s/step-%08d", dir, steps[oldest]);
-        remove_dir(path);
-        steps[oldest] = steps[--n];
+    for (int i = 0; i < n && i < keep; i++) {
+        needed[i] = 1;
+        snprintf(path, sizeof(path), "%s/step-%08d/MANIFEST", dir, steps[i]);
+        FILE* f = fopen(path, "r");
+        char line[256];
+        int base = -1;
+        while (f && fgets(line, sizeof(line), f))
+            if (sscanf(line, "incremental base=step-%d", &base) == 1) break;
+        if (f) fclose(f);
+        for (int j = 0; j < n && base >= 0; j++)
+            if (steps[j] == base) needed[j] = 1;
     }
+    for (int i = 0; i < n; i++) {
+        if (needed[i]) continue;
+        snprintf(path, sizeof(path), "%s/step-%08d", dir, steps[i]);
+        remove_dir(path);
+    }
+    free(needed);
     free(steps);
 }
 
@@ -346,6 +367,8 @@ static const char* lock_dir(Ckpt* c, char* msg, size_t msg_len) {
     return NULL;
 }
 
+static void nodes_init(Ckpt* c, int ranks_per_node);  // level 1's nodes and groups, below
+
 void ckpt_init(Ckpt* c, const TrainArgs* a, const TrainSetup* s, const Mesh* mesh, int chapter) {
     memset(c, 0, sizeof(*c));
     c->dir = a->ckpt_dir;
@@ -366,6 +389,12 @@ void ckpt_init(Ckpt* c, const TrainArgs* a, const TrainSetup* s, const Mesh* mes
     MPI_CHECK(MPI_Comm_size(MPI_COMM_WORLD, &c->world));
     MPI_CHECK(MPI_Comm_rank(MPI_COMM_WORLD, &c->rank));
     c->lock_fd = -1;
+    c->group = MPI_COMM_NULL;
+    c->local = a->ckpt_local;
+    c->local_every = a->local_every;
+    c->redundancy = a->redundancy;
+    c->incremental = a->incremental;
+    if (c->local) nodes_init(c, a->ranks_per_node);
     if (c->dir) {
         char msg[1024];
         const char* bad = c->rank == 0 ? lock_dir(c, msg, sizeof(msg)) : NULL;
@@ -381,43 +410,51 @@ void ckpt_set_model(Ckpt* c, const CkptTensor* tensors, int n, const char* varia
 
 // ---------------------------------------------------------------- writing a rank's file
 
-// Writes c->host behind the header to c->file_path: fsync'ed, its checksum
-// and size in c->file_hash / c->file_bytes, an error in c->file_err. Runs on
-// the main thread (sync) or the writer thread (async); no MPI here.
-static void write_file(Ckpt* c) {
-    double t0 = now_seconds();
-    c->file_err[0] = 0;
-    unsigned char header[CKPT_HEADER_BYTES] = {0};
+// The 64-byte header of rank c->rank's file of `step`.
+static void file_header(const Ckpt* c, int step, unsigned char header[CKPT_HEADER_BYTES]) {
+    memset(header, 0, CKPT_HEADER_BYTES);
     uint32_t version = CKPT_FILE_VERSION, rank = (uint32_t)c->rank;
-    uint64_t step = (uint64_t)c->pending_step, floats = c->own.floats;
+    uint64_t st = (uint64_t)step, floats = c->own.floats;
     memcpy(header, CKPT_FILE_MAGIC, 8);
     memcpy(header + 8, &version, 4);
     memcpy(header + 12, &rank, 4);
-    memcpy(header + 16, &step, 8);
+    memcpy(header + 16, &st, 8);
     memcpy(header + 24, &floats, 8);
     uint64_t slices_sum = own_slices_checksum(&c->own);
     memcpy(header + 32, &slices_sum, 8);
-    int fd = open(c->file_path, O_WRONLY | O_CREAT | O_TRUNC, 0644);
+}
+
+// What a file write gives: its size and checksum, or an error.
+typedef struct {
+    size_t bytes;
+    unsigned long long hash;
+    char err[1024];  // empty when the write succeeded
+} FileOut;
+
+// Writes parts[0] then parts[1] (sizes[1] may be 0) to path, fsync'ed, its
+// checksum computed on the way. kill_here: the CKPT_KILL=save hook, die
+// with half of parts[1] written. No MPI here (the writer thread runs it).
+static void write_parts(const char* path, const void* const parts[2], const size_t sizes[2], int kill_here,
+                        FileOut* out) {
+    out->err[0] = 0;
+    int fd = open(path, O_WRONLY | O_CREAT | O_TRUNC, 0644);
     if (fd < 0) {
-        snprintf(c->file_err, sizeof(c->file_err), "cannot write checkpoint file '%s': %s", c->file_path, strerror(errno));
+        snprintf(out->err, sizeof(out->err), "cannot write checkpoint file '%s': %s", path, strerror(errno));
         return;
     }
     XXH3_state_t* sum = checksum_begin();
-    checksum_add(sum, header, sizeof(header));
-    checksum_add(sum, c->host, floats * sizeof(float));
+    for (int p = 0; p < 2; p++) checksum_add(sum, parts[p], sizes[p]);
     unsigned long long h = checksum_end(sum);
-    const unsigned char* parts[2] = {header, (const unsigned char*)c->host};
-    size_t sizes[2] = {sizeof(header), floats * sizeof(float)};
-    int kill_here = fault_fires(c, "save", c->pending_step);
     int err = 0;
     for (int p = 0; p < 2 && !err; p++) {
+        const unsigned char* bytes = parts[p];
         size_t done = 0;
         while (done < sizes[p]) {
             // the test hook: die with half the data written
             if (kill_here && p == 1 && done >= sizes[p] / 2) fault_kill();
             size_t chunk = sizes[p] - done < (1u << 24) ? sizes[p] - done : (1u << 24);
             if (kill_here && p == 1 && done < sizes[p] / 2 && done + chunk > sizes[p] / 2) chunk = sizes[p] / 2 - done;
-            ssize_t w = write(fd, parts[p] + done, chunk);
+            ssize_t w = write(fd, bytes + done, chunk);
             if (w < 0 && errno == EINTR) continue;
             if (w <= 0) {
                 err = w < 0 ? errno : EIO;
@@ -430,11 +467,63 @@ static void write_file(Ckpt* c) {
     if (!err && fsync(fd) != 0) err = errno;
     if (close(fd) != 0 && !err) err = errno;
     if (err) {
-        snprintf(c->file_err, sizeof(c->file_err), "writing checkpoint file '%s' failed: %s", c->file_path, strerror(err));
+        snprintf(out->err, sizeof(out->err), "writing checkpoint file '%s' failed: %s", path, strerror(err));
         return;
     }
-    c->file_hash = h;
-    c->file_bytes = sizeof(header) + floats * sizeof(float);
+    out->hash = h;
+    out->bytes = sizes[0] + sizes[1];
+}
+
+// Writes c->host behind the header to c->file_path: fsync'ed, its checksum
+// and size in c->file_hash / c->file_bytes, an error in c->file_err. Runs on
+// the main thread (sync) or the writer thread (async); no MPI here.
+static void write_file(Ckpt* c) {
+    double t0 = now_seconds();
+    unsigned char header[CKPT_HEADER_BYTES];
+    file_header(c, c->pending_step, header);
+    size_t data_bytes = c->own.floats * sizeof(float);
+    const void* parts[2] = {header, c->host};
+    size_t sizes[2] = {sizeof(header), data_bytes};
+    FileOut out;
+    c->delta_bytes = 0;
+    if (c->pending_delta) {
+        // the full file's size and checksum, which the resume checks after
+        // applying the delta, then the delta: the xor of the state with the
+        // last full save's, compressed (an unchanged bit is a 0 bit)
+        XXH3_state_t* sum = checksum_begin();
+        checksum_add(sum, header, sizeof(header));
+        checksum_add(sum, c->host, data_bytes);
+        c->file_hash = checksum_end(sum);
+        c->file_bytes = sizeof(header) + data_bytes;
+        const uint32_t* now = (const uint32_t*)c->host;
+        const uint32_t* base = (const uint32_t*)c->base_host;
+        uint32_t* x = xmalloc(data_bytes ? data_bytes : 1);
+        for (size_t i = 0; i < c->own.floats; i++) x[i] = now[i] ^ base[i];
+        size_t bound = ZSTD_compressBound(data_bytes);
+        unsigned char* z = xmalloc(bound ? bound : 1);
+        size_t zn = ZSTD_compress(z, bound, x, data_bytes, 3);
+        free(x);
+        if (ZSTD_isError(zn)) {
+            snprintf(c->file_err, sizeof(c->file_err), "compressing the delta '%s' failed: %s", c->delta_path,
+                     ZSTD_getErrorName(zn));
+            free(z);
+            return;
+        }
+        parts[1] = z;
+        sizes[1] = zn;
+        write_parts(c->delta_path, parts, sizes, fault_fires(c, "save", c->pending_step), &out);
+        free(z);
+        snprintf(c->file_err, sizeof(c->file_err), "%s", out.err);
+        c->delta_bytes = out.bytes;
+        c->delta_hash = out.hash;
+        c->write_s += now_seconds() - t0;
+        return;
+    }
+    write_parts(c->file_path, parts, sizes, fault_fires(c, "save", c->pending_step), &out);
+    snprintf(c->file_err, sizeof(c->file_err), "%s", out.err);
+    if (out.err[0]) return;
+    c->file_hash = out.hash;
+    c->file_bytes = out.bytes;
     c->write_s += now_seconds() - t0;
 }
 
@@ -447,23 +536,20 @@ static void* writer_thread(void* arg) {
 
 // ---------------------------------------------------------------- commit: manifest last, then rename
 
-static void tmp_dir_of(const Ckpt* c, int step, char* out, size_t len) {
-    snprintf(out, len, "%s/step-%08d.tmp", c->dir, step);
+static void tmp_dir_of(const char* base, int step, char* out, size_t len) {
+    snprintf(out, len, "%s/step-%08d.tmp", base, step);
 }
 
-// Rank 0 writes the manifest from every rank's slice list and file, into the
-// .tmp directory, then renames it into place. Returns NULL or a message.
-static const char* write_manifest(const Ckpt* c, int step, const int* counts, const uint64_t* meta,
-                                  const uint64_t* files, char* msg, size_t msg_len) {
-    char tmp[4096], final[4096], path[4096 + 16];
-    tmp_dir_of(c, step, tmp, sizeof(tmp));
-    snprintf(final, sizeof(final), "%s/step-%08d", c->dir, step);
-    snprintf(path, sizeof(path), "%s/MANIFEST", tmp);
+// Rank 0's manifest text from every rank's slice list and file figures
+// (files: 5 per rank: has a file, its bytes and checksum, its xor parity's
+// bytes and checksum). level 1 adds the nodes and the redundancy.
+static char* manifest_text(const Ckpt* c, int step, const int* counts, const uint64_t* meta, const uint64_t* files,
+                           int level, size_t* text_len) {
     // the manifest as text in memory, then written in one go
     size_t cap = 4096, len = 0;
     int total = 0;
     for (int r = 0; r < c->world; r++) total += counts[r];
-    cap += (size_t)total * 160 + (size_t)c->world * 96 + (size_t)(3 * n_tensors_of(c) + 16) * 112 + sizeof(c->variant);
+    cap += (size_t)total * 160 + (size_t)c->world * 160 + (size_t)(3 * n_tensors_of(c) + 16) * 112 + sizeof(c->variant);
     char* text = xmalloc(cap);
 #define OUT(...) len += (size_t)snprintf(text + len, cap - len, __VA_ARGS__)
     const GPTConfig* g = &c->cfg;
@@ -482,14 +568,35 @@ static const char* write_manifest(const Ckpt* c, int step, const int* counts, co
     OUT("rng seed=%d\n", c->seed);
     OUT("adamw lr=%.9g wd=%.9g clip=%.9g t=%d\n", c->lr, c->wd, c->clip, step);
     int n_files = 0;
-    for (int r = 0; r < c->world; r++) n_files += files[3 * r] != 0;
+    for (int r = 0; r < c->world; r++) n_files += files[5 * r] != 0;
     OUT("files %d\n", n_files);
     int* file_index = xmalloc(sizeof(int) * (size_t)c->world);
     for (int r = 0, f = 0; r < c->world; r++) {
-        file_index[r] = files[3 * r] ? f++ : -1;
-        if (files[3 * r])
+        file_index[r] = files[5 * r] ? f++ : -1;
+        if (files[5 * r])
             OUT("file %d rank-%05d.bin bytes=%llu hash=%016llx\n", file_index[r], r,
-                (unsigned long long)files[3 * r + 1], (unsigned long long)files[3 * r + 2]);
+                (unsigned long long)files[5 * r + 1], (unsigned long long)files[5 * r + 2]);
+    }
+    if (level == 1) {
+        // which node held which rank's files: the partner and the xor
+        // groups follow from it
+        OUT("level 1 nodes=%d redundancy=%s\nnode-of", c->nodes, args_redundancy_name(c->redundancy));
+        for (int r = 0; r < c->world; r++) OUT(" %d", c->node_of[r]);
+        OUT("\n");
+        for (int r = 0; r < c->world; r++)
+            if (files[5 * r + 3])
+                OUT("parity %d bytes=%llu hash=%016llx\n", r, (unsigned long long)files[5 * r + 3],
+                    (unsigned long long)files[5 * r + 4]);
+    }
+    if (level == 3 && c->pending_delta) {
+        // an incremental save: each file is a delta against the full save
+        // of base_step, named by its manifest's checksum (another run's
+        // step-B is refused); the file lines give the full files it restores
+        OUT("incremental base=step-%08d base_hash=%016llx\n", c->base_step, c->base_manifest_hash);
+        for (int r = 0; r < c->world; r++)
+            if (files[5 * r])
+                OUT("delta %d bytes=%llu hash=%016llx\n", r, (unsigned long long)files[5 * r + 3],
+                    (unsigned long long)files[5 * r + 4]);
     }
     OUT("tensors %d\n", CKPT_NUM_KINDS * n_tensors_of(c));
     for (int k = 0; k < CKPT_NUM_KINDS; k++)
@@ -517,6 +624,18 @@ static const char* write_manifest(const Ckpt* c, int step, const int* counts, co
     OUT("end %016llx\n", h);
 #undef OUT
     free(file_index);
+    *text_len = len;
+    return text;
+}
+
+// Writes the manifest text into BASE/step-N.tmp, then renames that
+// directory to BASE/step-N. Returns NULL or a message.
+static const char* install_manifest(const Ckpt* c, const char* base, int step, const char* text, size_t len,
+                                    char* msg, size_t msg_len) {
+    char tmp[4096], final[4096], path[4096 + 16];
+    tmp_dir_of(base, step, tmp, sizeof(tmp));
+    snprintf(final, sizeof(final), "%s/step-%08d", base, step);
+    snprintf(path, sizeof(path), "%s/MANIFEST", tmp);
     // every error names its own errno (a short write on a full disk sets
     // none: the next write says ENOSPC), and a failed manifest takes its
     // .tmp directory with it, so nothing half-written stays behind
@@ -529,7 +648,6 @@ static const char* write_manifest(const Ckpt* c, int step, const int* counts, co
     }
     if (!err && fsync(fd) != 0) err = errno;
     if (fd >= 0 && close(fd) != 0 && !err) err = errno;
-    free(text);
     if (err) {
         snprintf(msg, msg_len, "cannot write the checkpoint manifest '%s': %s; the checkpoint of step %d is not saved (earlier ones are kept)",
                  path, strerror(err), step);
@@ -555,10 +673,54 @@ static const char* write_manifest(const Ckpt* c, int step, const int* counts, co
         if (replacing) rename(old, final);  // the checkpoint that was there comes back
         return msg;
     }
-    fsync_path(c->dir);
+    fsync_path(base);
     if (replacing) remove_dir(old);
-    prune(c->dir, c->keep);
+    prune(base, c->keep);
     return NULL;
+}
+
+// Gathers every rank's slice list (6 numbers per slice) and file figures
+// (file: 5 numbers, manifest_text's) on rank 0, which returns the manifest
+// text (the other ranks NULL). Collective.
+static char* gather_manifest(const Ckpt* c, int step, const uint64_t file[5], int level, size_t* len) {
+    int n = c->own.n;
+    uint64_t* mine = xmalloc(sizeof(uint64_t) * 6 * (size_t)(n ? n : 1));
+    for (int i = 0; i < n; i++) {
+        const CkptSlice* s = &c->own.s[i];
+        uint64_t row[6] = {(uint64_t)s->kind, (uint64_t)s->tensor, s->start, s->len, s->stride, s->count};
+        memcpy(mine + 6 * i, row, sizeof(row));
+    }
+    int* counts = NULL;
+    int* displs = NULL;
+    uint64_t *meta = NULL, *files = NULL;
+    if (c->rank == 0) {
+        counts = xmalloc(sizeof(int) * (size_t)c->world);
+        displs = xmalloc(sizeof(int) * (size_t)c->world);
+        files = xmalloc(sizeof(uint64_t) * 5 * (size_t)c->world);
+    }
+    int n6 = 6 * n;
+    MPI_CHECK(MPI_Gather(&n6, 1, MPI_INT, counts, 1, MPI_INT, 0, MPI_COMM_WORLD));
+    MPI_CHECK(MPI_Gather(file, 5, MPI_UINT64_T, files, 5, MPI_UINT64_T, 0, MPI_COMM_WORLD));
+    if (c->rank == 0) {
+        int total = 0;
+        for (int r = 0; r < c->world; r++) {
+            displs[r] = total;
+            total += counts[r];
+        }
+        meta = xmalloc(sizeof(uint64_t) * (size_t)(total ? total : 1));
+    }
+    MPI_CHECK(MPI_Gatherv(mine, n6, MPI_UINT64_T, meta, counts, displs, MPI_UINT64_T, 0, MPI_COMM_WORLD));
+    char* text = NULL;
+    if (c->rank == 0) {
+        for (int r = 0; r < c->world; r++) counts[r] /= 6;
+        text = manifest_text(c, step, counts, meta, files, level, len);
+    }
+    free(mine);
+    free(counts);
+    free(displs);
+    free(meta);
+    free(files);
+    return text;
 }
 
 // After every rank's file is on disk (or failed): the collective part of a
@@ -573,51 +735,25 @@ static void commit(Ckpt* c) {
     MPI_CHECK(MPI_Allreduce(&failed, &any, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD));
     if (any && c->rank == 0) {
         char tmp[4096];
-        tmp_dir_of(c, step, tmp, sizeof(tmp));
+        tmp_dir_of(c->dir, step, tmp, sizeof(tmp));
         remove_dir(tmp);
     }
     fail_if_any(failed, c->file_err);
-    // what each rank wrote: 6 numbers per slice, 3 per file
-    int n = c->own.n;
-    uint64_t* mine = xmalloc(sizeof(uint64_t) * 6 * (size_t)(n ? n : 1));
-    for (int i = 0; i < n; i++) {
-        const CkptSlice* s = &c->own.s[i];
-        uint64_t row[6] = {(uint64_t)s->kind, (uint64_t)s->tensor, s->start, s->len, s->stride, s->count};
-        memcpy(mine + 6 * i, row, sizeof(row));
-    }
-    uint64_t file[3] = {(uint64_t)has_file, has_file ? c->file_bytes : 0, has_file ? c->file_hash : 0};
-    int* counts = NULL;
-    int* displs = NULL;
-    uint64_t *meta = NULL, *files = NULL;
-    if (c->rank == 0) {
-        counts = xmalloc(sizeof(int) * (size_t)c->world);
-        displs = xmalloc(sizeof(int) * (size_t)c->world);
-        files = xmalloc(sizeof(uint64_t) * 3 * (size_t)c->world);
-    }
-    int n6 = 6 * n;
-    MPI_CHECK(MPI_Gather(&n6, 1, MPI_INT, counts, 1, MPI_INT, 0, MPI_COMM_WORLD));
-    MPI_CHECK(MPI_Gather(file, 3, MPI_UINT64_T, files, 3, MPI_UINT64_T, 0, MPI_COMM_WORLD));
-    if (c->rank == 0) {
-        int total = 0;
-        for (int r = 0; r < c->world; r++) {
-            displs[r] = total;
-            total += counts[r];
-        }
-        meta = xmalloc(sizeof(uint64_t) * (size_t)(total ? total : 1));
-    }
-    MPI_CHECK(MPI_Gatherv(mine, n6, MPI_UINT64_T, meta, counts, displs, MPI_UINT64_T, 0, MPI_COMM_WORLD));
+    // slots 3 and 4: the delta's file, for an incremental save
+    uint64_t file[5] = {(uint64_t)has_file, has_file ? c->file_bytes : 0, has_file ? c->file_hash : 0,
+                        has_file && c->pending_delta ? c->delta_bytes : 0, has_file && c->pending_delta ? c->delta_hash : 0};
+    size_t len = 0;
+    char* text = gather_manifest(c, step, file, 3, &len);
+    // a full save is the base of the deltas that follow: its manifest's checksum names it
+    if (c->rank == 0 && !c->pending_delta) c->base_manifest_hash = ckpt_checksum(text, len);
     char msg[1024];
-    const char* bad = NULL;
-    if (c->rank == 0) {
-        for (int r = 0; r < c->world; r++) counts[r] /= 6;
-        bad = write_manifest(c, step, counts, meta, files, msg, sizeof(msg));
-    }
+    const char* bad = c->rank == 0 ? install_manifest(c, c->dir, step, text, len, msg, sizeof(msg)) : NULL;
+    free(text);
     fail_if_any(bad != NULL, bad);
-    free(mine);
-    free(counts);
-    free(displs);
-    free(meta);
-    free(files);
+    if (has_file) {
+        if (c->pending_delta) c->deltas++, c->delta_bytes_total += c->delta_bytes;
+        else c->full_bytes_total += c->file_bytes;
+    }
     c->pending = 0;
     c->saves++;
     print0("checkpoint: saved %s/step-%08d\n", c->dir, step);
@@ -631,9 +767,238 @@ static void join_and_commit(Ckpt* c) {
     commit(c);
 }
 
+// ---------------------------------------------------------------- level 1 and level 2
+
+// LOCAL/node-K: node K's level-1 directory (node-local storage on a cluster).
+static void node_dir(const Ckpt* c, int node, char* out, size_t len) { snprintf(out, len, "%s/node-%d", c->local, node); }
+
+// Which ranks form a node: --ranks-per-node R (rank / R, nodes simulated on
+// one machine), else the ranks that share memory (MPI's shared-memory
+// split), nodes numbered by their lowest rank. Then the level-2 groups: the
+// ranks at the same place on every node, ordered by node, so a group never
+// has two ranks on one node. Collective.
+static void nodes_init(Ckpt* c, int ranks_per_node) {
+    int key = ranks_per_node > 0 ? c->rank / ranks_per_node : c->rank;
+    if (ranks_per_node <= 0) {
+        MPI_Comm node;
+        MPI_CHECK(MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, 0, MPI_INFO_NULL, &node));
+        MPI_CHECK(MPI_Allreduce(&c->rank, &key, 1, MPI_INT, MPI_MIN, node));
+        MPI_Comm_free(&node);
+    }
+    int* keys = xmalloc(sizeof(int) * (size_t)c->world);
+    MPI_CHECK(MPI_Allgather(&key, 1, MPI_INT, keys, 1, MPI_INT, MPI_COMM_WORLD));
+    c->node_of = xmalloc(sizeof(int) * (size_t)c->world);
+    c->nodes = 0;
+    for (int r = 0; r < c->world; r++) {
+        // the node's number: how many distinct keys are smaller
+        int below = 0;
+        for (int q = 0; q < c->world; q++) {
+            int first = 1;
+            for (int p = 0; p < q && first; p++) first = keys[p] != keys[q];
+            below += first && keys[q] < keys[r];
+        }
+        c->node_of[r] = below;
+        if (below + 1 > c->nodes) c->nodes = below + 1;
+    }
+    free(keys);
+    c->node = c->node_of[c->rank];
+    c->local_index = 0;
+    for (int r = 0; r < c->rank; r++) c->local_index += c->node_of[r] == c->node;
+    MPI_CHECK(MPI_Comm_split(MPI_COMM_WORLD, c->local_index, c->node, &c->group));
+    MPI_CHECK(MPI_Comm_size(c->group, &c->group_size));
+    MPI_CHECK(MPI_Comm_rank(c->group, &c->group_index));
+    char msg[1024];
+    int alone = c->redundancy != CKPT_REDUNDANCY_NONE && c->group_size < 2;
+    snprintf(msg, sizeof(msg), "--ckpt-redundancy %s keeps each rank's level-1 files on another node, but rank %d has no rank at its place (%d) on another node (%d node(s)): run on more nodes, or simulate them with --ranks-per-node",
+             args_redundancy_name(c->redundancy), c->rank, c->local_index, c->nodes);
+    fail_if_any(alone, msg);
+}
+
+// Sends n bytes to `to` and receives m bytes from `from` over comm, in
+// pieces an int counts.
+static void sendrecv_bytes(const void* out, size_t n, int to, void* in, size_t m, int from, MPI_Comm comm) {
+    const size_t piece = (size_t)1 << 30;
+    for (size_t at = 0; at < n || at < m; at += piece) {
+        int ns = at < n ? (int)(n - at < piece ? n - at : piece) : 0;
+        int ms = at < m ? (int)(m - at < piece ? m - at : piece) : 0;
+        MPI_CHECK(MPI_Sendrecv(ns ? (const char*)out + at : out, ns, MPI_BYTE, to, 77, ms ? (char*)in + at : in, ms,
+                               MPI_BYTE, from, 77, comm, MPI_STATUS_IGNORE));
+    }
+}
+
+// The xor parity's geometry for a group of g files of at most max_bytes:
+// each file, zero-padded, is cut in g - 1 chunks of `chunk` bytes (a
+// multiple of 8, for the 64-bit xor).
+static size_t xor_chunk(size_t max_bytes, int g) {
+    size_t chunk = (max_bytes + (size_t)(g - 2)) / (size_t)(g - 1);
+    return (chunk + 7) / 8 * 8;
+}
+
+// Which chunk of member j's file goes into member i's parity (i != j):
+// every member's g - 1 chunks go to the g - 1 others, one each, so the
+// parities are spread over the nodes as RAID-5's are.
+static int xor_chunk_of(int j, int i, int g) { return ((i - j - 1) % g + g) % g; }
+
+#define CKPT_XOR_MAGIC "GPTXOR01"
+
+// Level 2, partner: this rank's file image goes to the next node's rank of
+// its group, which writes it under the same name (the same bytes, so the
+// same checksum as the original); this rank writes the previous node's.
+static void partner_copy(Ckpt* c, const unsigned char* image, size_t bytes, const char* tmp, FileOut* out) {
+    int g = c->group_size, to = (c->group_index + 1) % g, from = (c->group_index + g - 1) % g;
+    uint64_t mine = bytes, theirs = 0;
+    sendrecv_bytes(&mine, sizeof(mine), to, &theirs, sizeof(theirs), from, c->group);
+    // the world rank whose copy this is: the group's members by node
+    int src_world = -1;
+    MPI_Group wg, gg;
+    MPI_CHECK(MPI_Comm_group(c->group, &gg));
+    MPI_CHECK(MPI_Comm_group(MPI_COMM_WORLD, &wg));
+    MPI_CHECK(MPI_Group_translate_ranks(gg, 1, &from, wg, &src_world));
+    MPI_Group_free(&gg);
+    MPI_Group_free(&wg);
+    unsigned char* copy = xmalloc(theirs ? theirs : 1);
+    sendrecv_bytes(image, bytes, to, copy, theirs, from, c->group);
+    out->err[0] = 0;
+    if (theirs) {
+        char path[4096 + 32];
+        snprintf(path, sizeof(path), "%s/rank-%05d.bin", tmp, src_world);
+        const void* parts[2] = {copy, NULL};
+        size_t sizes[2] = {theirs, 0};
+        write_parts(path, parts, sizes, 0, out);
+    }
+    c->redundancy_bytes = theirs;
+    free(copy);
+}
+
+// Level 2, xor: one reduce-scatter over the group leaves member i the xor
+// of chunk xor_chunk_of(j, i) of every other member j's file; it writes
+// that parity to xor-R.bin behind a 64-byte header. One lost member's file
+// is then the xor of its chunks' parities with the others' chunks.
+static void xor_parity(Ckpt* c, int step, const unsigned char* image, size_t bytes, const char* tmp, FileOut* out) {
+    int g = c->group_size, me = c->group_index;
+    uint64_t mine = bytes, max_bytes = 0;
+    MPI_CHECK(MPI_Allreduce(&mine, &max_bytes, 1, MPI_UINT64_T, MPI_MAX, c->group));
+    out->err[0] = 0;
+    out->bytes = 0;
+    if (max_bytes == 0) return;  // no member has a file: nothing to protect
+    size_t chunk = xor_chunk(max_bytes, g);
+    unsigned char* send = xcalloc((size_t)g, chunk);
+    for (int i = 0; i < g; i++) {
+        if (i == me) continue;
+        size_t at = (size_t)xor_chunk_of(me, i, g) * chunk;
+        if (at < bytes) memcpy(send + (size_t)i * chunk, image + at, bytes - at < chunk ? bytes - at : chunk);
+    }
+    unsigned char* parity = xmalloc(chunk);
+    MPI_CHECK(MPI_Reduce_scatter_block(send, parity, (int)(chunk / 8), MPI_UINT64_T, MPI_BXOR, c->group));
+    free(send);
+    unsigned char header[CKPT_HEADER_BYTES] = {0};
+    uint64_t st = (uint64_t)step, ch = chunk;
+    uint32_t gs = (uint32_t)g, gi = (uint32_t)me;
+    memcpy(header, CKPT_XOR_MAGIC, 8);
+    memcpy(header + 8, &st, 8);
+    memcpy(header + 16, &gs, 4);
+    memcpy(header + 20, &gi, 4);
+    memcpy(header + 24, &ch, 8);
+    char path[4096 + 32];
+    snprintf(path, sizeof(path), "%s/xor-%05d.bin", tmp, c->rank);
+    const void* parts[2] = {header, parity};
+    size_t sizes[2] = {sizeof(header), chunk};
+    write_parts(path, parts, sizes, 0, out);
+    c->redundancy_bytes = out->err[0] ? 0 : out->bytes;
+    free(parity);
+}
+
+// Removes the .tmp directories a crashed save left in base.
+static void remove_stale_tmp(const char* base) {
+    DIR* d = opendir(base);
+    struct dirent* e;
+    char path[4096 + 256];
+    while (d && (e = readdir(d)) != NULL) {
+        size_t nl = strlen(e->d_name);
+        if (strncmp(e->d_name, "step-", 5) || nl < 5 || strcmp(e->d_name + nl - 4, ".tmp")) continue;
+        snprintf(path, sizeof(path), "%s/%s", base, e->d_name);
+        remove_dir(path);
+    }
+    if (d) closedir(d);
+}
+
+// A level-1 save of the state already in c->host: every rank writes its
+// file into its node's directory, level 2 adds the partner copy or the
+// parity, rank 0 builds the manifest (with the nodes and the parities) and
+// every node's lowest rank writes it into its directory and renames it into
+// place. Synchronous: node-local storage is fast, and the files must be
+// there before level 2 and the manifest.
+static void save_local(Ckpt* c, int step) {
+    double t0 = now_seconds();
+    char base[4096], tmp[4096 + 32], msg[1024];
+    const char* bad = NULL;
+    node_dir(c, c->node, base, sizeof(base));
+    tmp_dir_of(base, step, tmp, sizeof(tmp));
+    if (c->local_index == 0) {
+        mkdir(c->local, 0755);  // may exist; the mkdir below says if it is unusable
+        mkdir(base, 0755);
+        if (c->local_saves == 0) remove_stale_tmp(base);
+        remove_dir(tmp);
+        if (mkdir(tmp, 0755) != 0) {
+            snprintf(msg, sizeof(msg), "cannot create the level-1 checkpoint directory '%s': %s (check --ckpt-local)", tmp,
+                     strerror(errno));
+            bad = msg;
+        }
+    }
+    fail_if_any(bad != NULL, bad);
+    // the file image: the header and the state, as level 3 writes it
+    unsigned char header[CKPT_HEADER_BYTES];
+    file_header(c, step, header);
+    int has_file = c->own.n > 0;
+    size_t bytes = has_file ? CKPT_HEADER_BYTES + c->own.floats * sizeof(float) : 0;
+    FileOut own = {0}, extra = {0};
+    if (has_file) {
+        char path[4096 + 64];
+        snprintf(path, sizeof(path), "%s/rank-%05d.bin", tmp, c->rank);
+        const void* parts[2] = {header, c->host};
+        size_t sizes[2] = {CKPT_HEADER_BYTES, c->own.floats * sizeof(float)};
+        write_parts(path, parts, sizes, 0, &own);
+    }
+    if (c->redundancy != CKPT_REDUNDANCY_NONE) {
+        double t1 = now_seconds();
+        // level 2 needs the image in one piece (a copy: the header in front)
+        unsigned char* image = xmalloc(bytes ? bytes : 1);
+        if (bytes) {
+            memcpy(image, header, CKPT_HEADER_BYTES);
+            memcpy(image + CKPT_HEADER_BYTES, c->host, bytes - CKPT_HEADER_BYTES);
+        }
+        if (c->redundancy == CKPT_REDUNDANCY_PARTNER) partner_copy(c, image, bytes, tmp, &extra);
+        else xor_parity(c, step, image, bytes, tmp, &extra);
+        free(image);
+        c->redundancy_s += now_seconds() - t1;
+    }
+    int failed = own.err[0] || extra.err[0];
+    fail_if_any(failed, own.err[0] ? own.err : extra.err);
+    uint64_t file[5] = {(uint64_t)has_file, has_file ? own.bytes : 0, has_file ? own.hash : 0,
+                        c->redundancy == CKPT_REDUNDANCY_XOR ? extra.bytes : 0,
+                        c->redundancy == CKPT_REDUNDANCY_XOR ? extra.hash : 0};
+    size_t len = 0;
+    char* text = gather_manifest(c, step, file, 1, &len);
+    // every node gets the manifest: rank 0 cannot write into another node's storage
+    uint64_t len64 = len;
+    MPI_CHECK(MPI_Bcast(&len64, 1, MPI_UINT64_T, 0, MPI_COMM_WORLD));
+    if (c->rank != 0) text = xmalloc(len64 + 1);
+    MPI_CHECK(MPI_Bcast(text, (int)len64, MPI_CHAR, 0, MPI_COMM_WORLD));
+    bad = c->local_index == 0 ? install_manifest(c, base, step, text, (size_t)len64, msg, sizeof(msg)) : NULL;
+    free(text);
+    fail_if_any(bad != NULL, bad);
+    c->local_saves++;
+    c->local_s += now_seconds() - t0;
+    print0("checkpoint: saved level 1 %s/node-*/step-%08d (redundancy %s)\n", c->local, step,
+           args_redundancy_name(c->redundancy));
+}
+
 // ---------------------------------------------------------------- save
 
-static void save(Ckpt* c, int step) {
+// A save of `step` on level 1 (local), level 3 (durable) or both: the state
+// comes off the device once, into c->host; level 1 writes it at once, level
+// 3 from the same buffer (in the background with --async-save).
+static void save(Ckpt* c, int step, int local, int durable) {
     double t0 = now_seconds();
     // past a file-size limit a write must fail with EFBIG and be reported,
     // not kill the process (the writer may be a thread: process-wide)
@@ -651,25 +1016,23 @@ static void save(Ckpt* c, int step) {
         mem_to_host(c->host + at, s->data, s->len * s->count * sizeof(float));
         at += s->len * s->count;
     }
+    if (local) {
+        // level 1's time is its own figure (local_s), not level 3's stall
+        double before = c->local_s;
+        save_local(c, step);
+        t0 += c->local_s - before;
+    }
+    if (!durable) {
+        c->stall_s += now_seconds() - t0;
+        return;
+    }
     // rank 0 makes the .tmp directory (a stale one from a crash goes first)
     char msg[1024], tmp[4096];
     const char* bad = NULL;
-    tmp_dir_of(c, step, tmp, sizeof(tmp));
+    tmp_dir_of(c->dir, step, tmp, sizeof(tmp));
     if (c->rank == 0) {
         mkdir(c->dir, 0755);  // may exist; the checks below say if it is unusable
-        if (c->saves == 0) {
-            // leftovers of a crashed save of any step: never read, removed
-            DIR* d = opendir(c->dir);
-            struct dirent* e;
-            char path[4096 + 256];
-            while (d && (e = readdir(d)) != NULL) {
-                size_t nl = strlen(e->d_name);
-                if (strncmp(e->d_name, "step-", 5) || nl < 5 || strcmp(e->d_name + nl - 4, ".tmp")) continue;
-                snprintf(path, sizeof(path), "%s/%s", c->dir, e->d_name);
-                remove_dir(path);
-            }
-            if (d) closedir(d);
-        }
+        if (c->saves == 0) remove_stale_tmp(c->dir);  // leftovers of a crashed save: never read, removed
         remove_dir(tmp);
         if (mkdir(tmp, 0755) != 0) {
             snprintf(msg, sizeof(msg), "cannot create the checkpoint directory '%s': %s (check --ckpt-dir)", tmp,
@@ -679,6 +1042,15 @@ static void save(Ckpt* c, int step) {
     }
     fail_if_any(bad != NULL, bad);
     snprintf(c->file_path, sizeof(c->file_path), "%s/rank-%05d.bin", tmp, c->rank);
+    snprintf(c->delta_path, sizeof(c->delta_path), "%s/rank-%05d.delta", tmp, c->rank);
+    // --incremental K: the run's first save and every K-th are full, the
+    // others deltas against the last full one (held in base_host)
+    c->pending_delta = c->incremental > 1 && c->base_host && c->saves % c->incremental != 0;
+    if (!c->pending_delta && c->incremental > 1) {
+        if (!c->base_host) c->base_host = xmalloc((c->own.floats ? c->own.floats : 1) * sizeof(float));
+        memcpy(c->base_host, c->host, c->own.floats * sizeof(float));
+        c->base_step = step;
+    }
     c->pending = 1;
     c->pending_step = step;
     c->thread_done = 0;
@@ -699,7 +1071,7 @@ static void save(Ckpt* c, int step) {
 
 void ckpt_after_step(Ckpt* c, int step) {
     if (fault_fires(c, "step", step)) fault_kill();
-    if (!c->dir) return;
+    if (!c->dir && !c->local) return;
     if (c->pending && c->async) {
         // commit as soon as every rank's writer is done: one int over the world
         double t0 = now_seconds();
@@ -709,7 +1081,9 @@ void ckpt_after_step(Ckpt* c, int step) {
         c->stall_s += now_seconds() - t0;
     }
     int completed = step + 1;
-    if ((c->every > 0 && completed % c->every == 0) || completed == c->steps) save(c, completed);
+    int durable = c->dir && ((c->every > 0 && completed % c->every == 0) || completed == c->steps);
+    int local = c->local && ((c->local_every > 0 && completed % c->local_every == 0) || completed == c->steps);
+    if (durable || local) save(c, completed, local, durable);
 }
 
 // ---------------------------------------------------------------- load
@@ -722,7 +1096,21 @@ typedef struct {
 typedef struct {
     char name[64];
     unsigned long long bytes, hash;
+    char* path;  // where it is read from: DIR/name, a level-1 copy, a rebuild or a restored delta
 } SavedFile;
+
+// Sets f->path (allocated: a manifest may list many files, each path long).
+static void set_path(SavedFile* f, const char* fmt, ...) __attribute__((format(printf, 2, 3)));
+static void set_path(SavedFile* f, const char* fmt, ...) {
+    char buf[4096 + 160];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(buf, sizeof(buf), fmt, ap);
+    va_end(ap);
+    free(f->path);
+    f->path = xmalloc(strlen(buf) + 1);
+    memcpy(f->path, buf, strlen(buf) + 1);
+}
 
 typedef struct {
     int step, B, T, seed, chapter, world;
@@ -731,7 +1119,29 @@ typedef struct {
     int n_files, n_slices;
     SavedFile* files;
     SavedSlice* slices;
+    // a level-1 manifest's: the nodes, the redundancy, each rank's parity
+    int level, nodes, redundancy;
+    int* node_of;                          // (world)
+    unsigned long long *parity_bytes, *parity_hash;  // (world) 0 bytes: none
+    // an incremental save's: the full save it is a delta against (-1: none)
+    int base_step;
+    unsigned long long base_hash;
+    unsigned long long *delta_bytes, *delta_hash;  // (world)
 } Manifest;
+
+static void manifest_free(Manifest* m) {
+    for (int i = 0; m->files && i < m->n_files; i++) free(m->files[i].path);
+    free(m->files);
+    free(m->slices);
+    free(m->node_of);
+    free(m->parity_bytes);
+    free(m->parity_hash);
+    free(m->delta_bytes);
+    free(m->delta_hash);
+    m->delta_bytes = m->delta_hash = NULL;
+    // the scalars stay: ckpt_resume reports them after the reads
+    m->files = NULL, m->slices = NULL, m->node_of = NULL, m->parity_bytes = m->parity_hash = NULL;
+}
 
 static int find_tensor(const Ckpt* c, const char* name, int* kind, int* tensor) {
     for (int k = 0; k < CKPT_NUM_KINDS; k++)
@@ -752,6 +1162,7 @@ static const char* read_manifest(const char* dir, const Ckpt* c, Manifest* m, ch
     const GPTConfig* want = &c->cfg;
     char variant[256] = "";  // the manifest's variant line (none: the GPT)
     memset(m, 0, sizeof(*m));
+    m->base_step = -1;  // a full save unless an incremental line says otherwise
     char path[4096 + 16];
     snprintf(path, sizeof(path), "%s/MANIFEST", dir);
     FILE* f = fopen(path, "rb");
@@ -818,7 +1229,53 @@ static const char* read_manifest(const char* dir, const Ckpt* c, Manifest* m, ch
             ok = m->files && sscanf(line, "file %d", &i) == 1 && i == files_seen && i < m->n_files &&
                  sscanf(line, "file %*d %63s bytes=%llu hash=%llx", m->files[i].name, &m->files[i].bytes,
                         &m->files[i].hash) == 3 && !strchr(m->files[i].name, '/');
+            if (ok) set_path(&m->files[i], "%s/%s", dir, m->files[i].name);
             files_seen++;
+        } else if (!strncmp(line, "level ", 6)) {
+            char red[16] = "";
+            ok = sscanf(line, "level 1 nodes=%d redundancy=%15s", &m->nodes, red) == 2 && m->world > 0 &&
+                 m->world < (1 << 24) && m->nodes > 0 && m->nodes <= m->world && !m->node_of;
+            m->redundancy = -1;
+            for (int r = 0; r < 3; r++)
+                if (!strcmp(red, args_redundancy_name(r))) m->redundancy = r;
+            ok = ok && m->redundancy >= 0;
+            if (ok) {
+                m->level = 1;
+                m->node_of = xcalloc((size_t)m->world, sizeof(int));
+                m->parity_bytes = xcalloc((size_t)m->world, sizeof(unsigned long long));
+                m->parity_hash = xcalloc((size_t)m->world, sizeof(unsigned long long));
+            }
+        } else if (!strncmp(line, "node-of", 7)) {
+            // one node per rank, each below the node count
+            const char* p = line + 7;
+            int r = 0, used = 0, k = 0;
+            ok = m->node_of != NULL;
+            for (; ok && r < m->world; r++) {
+                ok = sscanf(p, " %d%n", &k, &used) == 1 && k >= 0 && k < m->nodes;
+                if (ok) m->node_of[r] = k, p += used;
+            }
+            ok = ok && *p == 0;
+        } else if (!strncmp(line, "parity ", 7)) {
+            int r = -1;
+            unsigned long long b = 0, h = 0;
+            ok = m->parity_bytes && sscanf(line, "parity %d bytes=%llu hash=%llx", &r, &b, &h) == 3 && r >= 0 &&
+                 r < m->world && b > CKPT_HEADER_BYTES;
+            if (ok) m->parity_bytes[r] = b, m->parity_hash[r] = h;
+        } else if (!strncmp(line, "incremental ", 12)) {
+            ok = sscanf(line, "incremental base=step-%d base_hash=%llx", &m->base_step, &m->base_hash) == 2 &&
+                 m->base_step >= 0 && m->world > 0 && m->world < (1 << 24) && !m->delta_bytes;
+            if (ok) {
+                m->delta_bytes = xcalloc((size_t)m->world, sizeof(unsigned long long));
+                m->delta_hash = xcalloc((size_t)m->world, sizeof(unsigned long long));
+            } else {
+                m->base_step = -1;
+            }
+        } else if (!strncmp(line, "delta ", 6)) {
+            int r = -1;
+            unsigned long long b = 0, h = 0;
+            ok = m->delta_bytes && sscanf(line, "delta %d bytes=%llu hash=%llx", &r, &b, &h) == 3 && r >= 0 &&
+                 r < m->world && b >= CKPT_HEADER_BYTES;
+            if (ok) m->delta_bytes[r] = b, m->delta_hash[r] = h;
         } else if (!strncmp(line, "tensors ", 8)) {
             ok = 1;
             // another kind of model (a dense GPT and a mixture of experts,
@@ -877,16 +1334,14 @@ static const char* read_manifest(const char* dir, const Ckpt* c, Manifest* m, ch
 const char* ckpt_check_manifest(const Ckpt* c, const char* dir, char* msg, size_t msg_len) {
     Manifest m;
     const char* bad = read_manifest(dir, c, &m, msg, msg_len);
-    free(m.files);
-    free(m.slices);
+    manifest_free(&m);
     return bad;
 }
 
 // Checks file i of the checkpoint: present, the size and checksum the
 // manifest says, and a header naming this step.
-static const char* verify_file(const char* dir, const Manifest* m, int i, char* msg, size_t msg_len) {
-    char path[4096 + 80];
-    snprintf(path, sizeof(path), "%s/%s", dir, m->files[i].name);
+static const char* verify_file(const Manifest* m, int i, char* msg, size_t msg_len) {
+    const char* path = m->files[i].path;
     int fd = open(path, O_RDONLY);
     if (fd < 0) {
         snprintf(msg, msg_len, "checkpoint file '%s' is missing or unreadable (%s): the checkpoint is incomplete; resume from another one",
@@ -1017,22 +1472,407 @@ static void read_piece(void* ctx, size_t dst, size_t file_offset, size_t n) {
     r->bytes += want;
 }
 
+// ---------------------------------------------------------------- level 1 at resume (rank 0, no MPI)
+
+// Reads a whole file into a new buffer of *n bytes; NULL if it cannot.
+static unsigned char* read_whole(const char* path, size_t* n) {
+    int fd = open(path, O_RDONLY);
+    if (fd < 0) return NULL;
+    struct stat st;
+    if (fstat(fd, &st) != 0) {
+        close(fd);
+        return NULL;
+    }
+    unsigned char* buf = xmalloc((size_t)st.st_size + 1);
+    size_t done = 0;
+    while (done < (size_t)st.st_size) {
+        ssize_t r = pread(fd, buf + done, (size_t)st.st_size - done, (off_t)done);
+        if (r < 0 && errno == EINTR) continue;
+        if (r <= 0) break;
+        done += (size_t)r;
+    }
+    close(fd);
+    if (done != (size_t)st.st_size) {
+        free(buf);
+        return NULL;
+    }
+    *n = done;
+    return buf;
+}
+
+// A copy of file i of step `step` that verifies, on any node: its own
+// node's first, then the others' (a partner's copy has the same name and
+// bytes). Sets m->files[i].path; returns its node or -1.
+static int find_copy(const Ckpt* c, Manifest* m, int i, int step, int home) {
+    char msg[1024];
+    for (int k = 0; k < m->nodes; k++) {
+        int n = (home + k) % m->nodes;
+        set_path(&m->files[i], "%s/node-%d/step-%08d/%s", c->local, n, step, m->files[i].name);
+        if (!verify_file(m, i, msg, sizeof(msg))) return n;
+    }
+    return -1;
+}
+
+// The parity of rank r of step `step`, read and checked against the manifest.
+static unsigned char* read_parity(const Ckpt* c, const Manifest* m, int r, int step, char* path, size_t path_len) {
+    snprintf(path, path_len, "%s/node-%d/step-%08d/xor-%05d.bin", c->local, m->node_of[r], step, r);
+    size_t n = 0;
+    unsigned char* buf = read_whole(path, &n);
+    if (buf && (n != m->parity_bytes[r] || ckpt_checksum(buf, n) != m->parity_hash[r] || memcmp(buf, CKPT_XOR_MAGIC, 8))) {
+        free(buf);
+        buf = NULL;
+    }
+    return buf;
+}
+
+// Rebuilds rank x's lost file of `step` from its xor group: chunk k of it
+// is the parity of member (x + k + 1) mod g xor'ed with the same-numbered
+// chunks of every other member's file (xor_parity's layout). Writes it
+// into x's node directory and checks it against the manifest. file_of:
+// each rank's file index (-1: none); found: file i was found (verified).
+static const char* xor_rebuild(const Ckpt* c, Manifest* m, int x, int step, const int* file_of, const int* found,
+                               char* msg, size_t msg_len) {
+    int W = m->world, *members = xmalloc(sizeof(int) * (size_t)W), g = 0, gx = -1;
+    int* place = xcalloc((size_t)W, sizeof(int));  // each rank's place on its node
+    for (int r = 0; r < W; r++)
+        for (int q = 0; q < r; q++) place[r] += m->node_of[q] == m->node_of[r];
+    for (int n = 0; n < m->nodes; n++)
+        for (int r = 0; r < W; r++)
+            if (m->node_of[r] == n && place[r] == place[x]) {
+                if (r == x) gx = g;
+                members[g++] = r;
+            }
+    free(place);
+    size_t max_bytes = 0;
+    for (int j = 0; j < g; j++) {
+        int f = file_of[members[j]];
+        if (f >= 0 && m->files[f].bytes > max_bytes) max_bytes = m->files[f].bytes;
+    }
+    const char* bad = NULL;
+    const SavedFile* lost = &m->files[file_of[x]];
+    if (g < 2) {
+        snprintf(msg, msg_len, "cannot rebuild %s of node %d: its xor group has no other member", lost->name, m->node_of[x]);
+        free(members);
+        return msg;
+    }
+    size_t chunk = xor_chunk(max_bytes, g);
+    unsigned char* image = xcalloc((size_t)(g - 1), chunk);
+    unsigned char** files = xcalloc((size_t)g, sizeof(unsigned char*));
+    size_t* sizes = xcalloc((size_t)g, sizeof(size_t));
+    // the other members' files, which must all be there
+    for (int j = 0; j < g && !bad; j++) {
+        int f = file_of[members[j]];
+        if (j == gx || f < 0) continue;
+        if (!found[f]) {
+            snprintf(msg, msg_len, "cannot rebuild %s of node %d from the xor parity: %s of node %d, in the same xor group, is lost too (xor rebuilds one lost node per group)",
+                     lost->name, m->node_of[x], m->files[f].name, m->node_of[members[j]]);
+            bad = msg;
+        } else if (!(files[j] = read_whole(m->files[f].path, &sizes[j]))) {
+            snprintf(msg, msg_len, "cannot read '%s' to rebuild %s", m->files[f].path, lost->name);
+            bad = msg;
+        }
+    }
+    for (int k = 0; k < g - 1 && !bad; k++) {
+        int i = (gx + k + 1) % g;
+        char ppath[4096 + 64];
+        unsigned char* parity = m->parity_bytes[members[i]] == CKPT_HEADER_BYTES + chunk
+                                    ? read_parity(c, m, members[i], step, ppath, sizeof(ppath))
+                                    : NULL;
+        if (!parity) {
+            snprintf(msg, msg_len, "cannot rebuild %s of node %d: the parity xor-%05d.bin of node %d is missing or corrupt, and it is the only other copy of part of it",
+                     lost->name, m->node_of[x], members[i], m->node_of[members[i]]);
+            bad = msg;
+            break;
+        }
+        unsigned char* out = image + (size_t)k * chunk;
+        memcpy(out, parity + CKPT_HEADER_BYTES, chunk);
+        free(parity);
+        for (int j = 0; j < g; j++) {
+            if (j == i || j == gx || !files[j]) continue;
+            size_t at = (size_t)xor_chunk_of(j, i, g) * chunk;
+            for (size_t b = 0; at + b < sizes[j] && b < chunk; b++) out[b] ^= files[j][at + b];
+        }
+    }
+    for (int j = 0; j < g; j++) free(files[j]);
+    free(files);
+    free(sizes);
+    if (!bad) {
+        // back into x's node directory (a replacement node's), with the manifest
+        char dir[4096], path[4096 + 80], tmp[4096 + 96];
+        snprintf(dir, sizeof(dir), "%s/node-%d", c->local, m->node_of[x]);
+        mkdir(dir, 0755);
+        snprintf(dir, sizeof(dir), "%s/node-%d/step-%08d", c->local, m->node_of[x], step);
+        mkdir(dir, 0755);
+        snprintf(path, sizeof(path), "%s/%s", dir, lost->name);
+        snprintf(tmp, sizeof(tmp), "%s.rebuild", path);
+        const void* parts[2] = {image, NULL};
+        size_t psizes[2] = {lost->bytes, 0};
+        FileOut out;
+        write_parts(tmp, parts, psizes, 0, &out);
+        if (out.err[0] || rename(tmp, path) != 0) {
+            snprintf(msg, msg_len, "cannot write the rebuilt '%s': %s", path, out.err[0] ? out.err : strerror(errno));
+            bad = msg;
+        } else if (out.hash != lost->hash) {
+            snprintf(msg, msg_len, "the rebuilt '%s' does not match the manifest's checksum: the xor group's files are not of one save",
+                     path);
+            bad = msg;
+        }
+    }
+    free(image);
+    free(members);
+    return bad;
+}
+
+// The newest level-1 step, not older than `floor`, whose every file is on
+// some node or rebuildable: its manifest's directory in dir, every file's
+// path (one a line, in the manifest's order) in *paths, what was found and
+// rebuilt in report. -1 if none; why says what the newest unusable one lacked.
+static int local_pick(const Ckpt* c, int floor, char* dir, size_t dir_len, char** paths, char* report,
+                      size_t report_len, char* why, size_t why_len) {
+    int* steps = NULL;
+    int n_steps = 0, cap = 0, max_node = -1;
+    DIR* d = opendir(c->local);
+    struct dirent* e;
+    while (d && (e = readdir(d)) != NULL) {
+        int node = -1, used = 0;
+        if (sscanf(e->d_name, "node-%d%n", &node, &used) != 1 || e->d_name[used] || node < 0) continue;
+        if (node > max_node) max_node = node;
+        char nd[4096 + 256];
+        snprintf(nd, sizeof(nd), "%s/%s", c->local, e->d_name);
+        DIR* sd = opendir(nd);
+        struct dirent* se;
+        while (sd && (se = readdir(sd)) != NULL) {
+            int step, seen = 0;
+            if (!parse_step_name(se->d_name, &step)) continue;
+            for (int k = 0; k < n_steps; k++) seen |= steps[k] == step;
+            if (seen) continue;
+            if (n_steps == cap) {
+                cap = cap ? 2 * cap : 16;
+                int* grown = xmalloc(sizeof(int) * (size_t)cap);
+                if (n_steps) memcpy(grown, steps, sizeof(int) * (size_t)n_steps);
+                free(steps);
+                steps = grown;
+            }
+            steps[n_steps++] = step;
+        }
+        if (sd) closedir(sd);
+    }
+    if (d) closedir(d);
+    int picked = -1;
+    char msg[1024];
+    while (n_steps > 0 && picked < 0) {
+        int best = 0;
+        for (int k = 1; k < n_steps; k++)
+            if (steps[k] > steps[best]) best = k;
+        int step = steps[best];
+        steps[best] = steps[--n_steps];
+        if (step < floor) break;
+        // a manifest that verifies, on any node
+        Manifest m;
+        int ok = 0;
+        for (int n = 0; n <= max_node && !ok; n++) {
+            snprintf(dir, dir_len, "%s/node-%d/step-%08d", c->local, n, step);
+            if (!has_manifest(dir)) continue;
+            ok = !read_manifest(dir, c, &m, msg, sizeof(msg)) && m.level == 1;
+            if (!ok) {
+                if (!why[0]) snprintf(why, why_len, "level-1 step %d: %s", step, msg);
+                manifest_free(&m);
+            }
+        }
+        if (!ok) continue;
+        int* file_of = xmalloc(sizeof(int) * (size_t)m.world);
+        int* found = xcalloc((size_t)m.n_files + 1, sizeof(int));
+        for (int r = 0; r < m.world; r++) file_of[r] = -1;
+        for (int i = 0; i < m.n_files; i++) {
+            int r = -1;
+            if (sscanf(m.files[i].name, "rank-%d.bin", &r) == 1 && r >= 0 && r < m.world) file_of[r] = i;
+        }
+        size_t at = snprintf(report, report_len, "level 1 (node-local), step %d", step);
+        int lost = 0;
+        for (int r = 0; r < m.world; r++) {
+            int i = file_of[r];
+            if (i < 0) continue;
+            int n = find_copy(c, &m, i, step, m.node_of[r]);
+            found[i] = n >= 0;
+            lost += n < 0;
+            if (n >= 0 && n != m.node_of[r] && at < report_len)
+                at += snprintf(report + at, report_len - at, "; %s of node %d: the partner copy on node %d", m.files[i].name,
+                               m.node_of[r], n);
+        }
+        const char* bad = NULL;
+        for (int r = 0; r < m.world && lost && !bad; r++) {
+            int i = file_of[r];
+            if (i < 0 || found[i]) continue;
+            if (m.redundancy != CKPT_REDUNDANCY_XOR) {
+                snprintf(msg, sizeof(msg), "%s of node %d is on no node (--ckpt-redundancy %s was saved)", m.files[i].name,
+                         m.node_of[r], args_redundancy_name(m.redundancy));
+                bad = msg;
+            } else {
+                bad = xor_rebuild(c, &m, r, step, file_of, found, msg, sizeof(msg));
+                if (!bad && at < report_len)
+                    at += snprintf(report + at, report_len - at, "; rebuilt %s of node %d from the xor parity", m.files[i].name,
+                                   m.node_of[r]);
+            }
+        }
+        // a rebuilt file is read from its node's directory
+        for (int r = 0; r < m.world && lost && !bad; r++) {
+            int i = file_of[r];
+            if (i >= 0 && !found[i])
+                set_path(&m.files[i], "%s/node-%d/step-%08d/%s", c->local, m.node_of[r], step,
+                         m.files[i].name);
+        }
+        if (bad) {
+            if (!why[0]) snprintf(why, why_len, "level-1 step %d: %s", step, bad);
+        } else {
+            size_t total = 1;
+            for (int i = 0; i < m.n_files; i++) total += strlen(m.files[i].path) + 1;
+            *paths = xmalloc(total);
+            size_t p = 0;
+            for (int i = 0; i < m.n_files; i++) p += (size_t)sprintf(*paths + p, "%s\n", m.files[i].path);
+            (*paths)[p] = 0;
+            picked = step;
+        }
+        free(file_of);
+        free(found);
+        manifest_free(&m);
+    }
+    free(steps);
+    return picked;
+}
+
+// ---------------------------------------------------------------- incremental: applying a delta
+
+// Restores full file f of the incremental checkpoint in dir: its delta
+// (checked against the manifest) decompressed and xor'ed with the same file
+// of the full save it names, which must be that save (its manifest's
+// checksum). Writes the full file into the private directory scratch and
+// points the manifest's path there; verify_file then checks it against the
+// full file's checksum. Returns NULL or a message.
+static const char* delta_restore(const char* dir, Manifest* m, int f, const char* scratch, char* msg, size_t msg_len) {
+    char base[4096], path[4096 + 96];
+    snprintf(base, sizeof(base), "%s", dir);
+    char* slash = strrchr(base, '/');
+    if (slash) snprintf(slash + 1, sizeof(base) - (size_t)(slash + 1 - base), "step-%08d", m->base_step);
+    else snprintf(base, sizeof(base), "step-%08d", m->base_step);
+    snprintf(path, sizeof(path), "%s/MANIFEST", base);
+    size_t n = 0;
+    unsigned char* text = read_whole(path, &n);
+    if (!text) {
+        snprintf(msg, msg_len, "checkpoint '%s' is a delta against the full save of step %d, but '%s' is missing: resume from a full save (--keep keeps the full saves its deltas need)",
+                 dir, m->base_step, path);
+        return msg;
+    }
+    unsigned long long h = ckpt_checksum(text, n);
+    free(text);
+    if (h != m->base_hash) {
+        snprintf(msg, msg_len, "checkpoint '%s' is a delta against another run's full save of step %d ('%s' is not the one it was taken against): resume from a full save",
+                 dir, m->base_step, base);
+        return msg;
+    }
+    int r = -1;
+    sscanf(m->files[f].name, "rank-%d.bin", &r);
+    if (r < 0 || r >= m->world || !m->delta_bytes[r]) {
+        snprintf(msg, msg_len, "checkpoint '%s' lists no delta for %s", dir, m->files[f].name);
+        return msg;
+    }
+    snprintf(path, sizeof(path), "%s/rank-%05d.delta", dir, r);
+    size_t dn = 0, bn = 0;
+    unsigned char* delta = read_whole(path, &dn);
+    if (!delta || dn != m->delta_bytes[r] || ckpt_checksum(delta, dn) != m->delta_hash[r] || dn < CKPT_HEADER_BYTES) {
+        free(delta);
+        snprintf(msg, msg_len, "checkpoint delta '%s' is missing, truncated or corrupt (its size or checksum is not the manifest's)", path);
+        return msg;
+    }
+    snprintf(path, sizeof(path), "%s/%s", base, m->files[f].name);
+    unsigned char* full = read_whole(path, &bn);
+    const char* bad = NULL;
+    if (!full || bn != m->files[f].bytes) {
+        snprintf(msg, msg_len, "the full save's '%s' that the delta of '%s' needs is missing or of another size", path, dir);
+        bad = msg;
+    } else {
+        // the data: the delta's xor, decompressed, xor'ed into the full save's
+        size_t data = bn - CKPT_HEADER_BYTES;
+        unsigned char* x = xmalloc(data ? data : 1);
+        size_t got = ZSTD_decompress(x, data, delta + CKPT_HEADER_BYTES, dn - CKPT_HEADER_BYTES);
+        if (ZSTD_isError(got) || got != data) {
+            snprintf(msg, msg_len, "checkpoint delta '%s/rank-%05d.delta' does not decompress to %zu bytes", dir, r, data);
+            bad = msg;
+        } else {
+            memcpy(full, delta, CKPT_HEADER_BYTES);  // this step's header
+            for (size_t i = 0; i < data; i++) full[CKPT_HEADER_BYTES + i] ^= x[i];
+            set_path(&m->files[f], "%s/%s", scratch, m->files[f].name);
+            const void* parts[2] = {full, NULL};
+            size_t sizes[2] = {bn, 0};
+            FileOut out;
+            write_parts(m->files[f].path, parts, sizes, 0, &out);
+            if (out.err[0]) {
+                snprintf(msg, msg_len, "%s", out.err);
+                bad = msg;
+            }
+        }
+        free(x);
+    }
+    free(full);
+    free(delta);
+    return bad;
+}
+
 int ckpt_resume(Ckpt* c) {
     if (!c->resume) return 0;
     double t0 = now_seconds();
     char msg[1024], dir[4096] = "";
     const char* bad = NULL;
-    // rank 0 picks the checkpoint, so every rank reads the same one
-    if (c->rank == 0 && !ckpt_latest(c->resume, dir, sizeof(dir))) {
-        snprintf(msg, sizeof(msg), "--resume '%s': no complete checkpoint there (a directory with a MANIFEST, or step-N directories holding one)",
-                 c->resume);
-        bad = msg;
+    // rank 0 picks the checkpoint, so every rank reads the same one: the
+    // newest on level 3 (--resume), or with --ckpt-local a newer or equal
+    // one complete or rebuildable on level 1
+    char* paths = NULL;
+    if (c->rank == 0) {
+        int have3 = ckpt_latest(c->resume, dir, sizeof(dir)) != NULL, step3 = -1;
+        if (have3) {
+            Manifest m3;
+            if (!read_manifest(dir, c, &m3, msg, sizeof(msg))) step3 = m3.step;
+            manifest_free(&m3);
+        }
+        if (c->local) {
+            char dir1[4096], report[2048] = "", why[1024] = "";
+            int step1 = local_pick(c, step3, dir1, sizeof(dir1), &paths, report, sizeof(report), why, sizeof(why));
+            if (step1 >= 0) {
+                snprintf(dir, sizeof(dir), "%s", dir1);
+                print0("checkpoint: resuming from %s%s\n", report,
+                       have3 ? (step3 >= 0 ? " (level 3 has an older one)" : "") : " (level 3 has none)");
+            } else {
+                if (why[0] && have3) print0("note: %s\n", why);
+                if (have3) print0("checkpoint: resuming from level 3 (durable), step %d: level 1 has nothing newer that is complete or rebuildable\n", step3);
+            }
+            if (step1 < 0 && !have3) {
+                snprintf(msg, sizeof(msg), "--resume '%s' --ckpt-local '%s': no checkpoint is complete or rebuildable on any level%s%s",
+                         c->resume, c->local, why[0] ? ": " : "", why);
+                bad = msg;
+            }
+        } else if (!have3) {
+            snprintf(msg, sizeof(msg), "--resume '%s': no complete checkpoint there (a directory with a MANIFEST, or step-N directories holding one)",
+                     c->resume);
+            bad = msg;
+        }
     }
     fail_if_any(bad != NULL, bad);
     MPI_CHECK(MPI_Bcast(dir, sizeof(dir), MPI_CHAR, 0, MPI_COMM_WORLD));
+    uint64_t paths_len = paths ? strlen(paths) : 0;
+    MPI_CHECK(MPI_Bcast(&paths_len, 1, MPI_UINT64_T, 0, MPI_COMM_WORLD));
+    if (paths_len && c->rank != 0) paths = xcalloc(paths_len + 1, 1);
+    if (paths_len) MPI_CHECK(MPI_Bcast(paths, (int)paths_len, MPI_CHAR, 0, MPI_COMM_WORLD));
     Manifest m;
     bad = read_manifest(dir, c, &m, msg, sizeof(msg));
     fail_if_any(bad != NULL, bad);
+    // a level-1 step: each file where rank 0 found or rebuilt it
+    char* line = paths;
+    for (int f = 0; paths && f < m.n_files && line && *line; f++) {
+        char* nl = strchr(line, '\n');
+        if (nl) *nl = 0;
+        set_path(&m.files[f], "%s", line);
+        line = nl ? nl + 1 : NULL;
+    }
+    free(paths);
     if (m.B != c->B || m.T != c->T) {
         snprintf(msg, sizeof(msg), "checkpoint '%s' was trained with batch %d x %d; this run has %d x %d: resume with --batch %d --seq %d (the data position and the losses depend on them)",
                  dir, m.B, m.T, c->B, c->T, m.B, m.T);
@@ -1051,8 +1891,22 @@ int ckpt_resume(Ckpt* c) {
             if (v->kind == c->need.s[i].kind && v->tensor == c->need.s[i].tensor && intersect(&c->need.s[i], v, NULL, NULL))
                 use[v->file] = 1;
         }
+    // an incremental save: the full files this rank reads or checks, restored
+    // from their deltas into a scratch directory of its own
+    char scratch[4096] = "";
+    if (m.base_step >= 0) {
+        const char* tmpdir = getenv("TMPDIR");
+        snprintf(scratch, sizeof(scratch), "%s/ckpt-restore-XXXXXX", tmpdir && tmpdir[0] ? tmpdir : "/tmp");
+        if (!mkdtemp(scratch)) {
+            snprintf(msg, sizeof(msg), "cannot create a directory '%s' to restore the deltas in: %s", scratch, strerror(errno));
+            bad = msg;
+        }
+        for (int f = 0; f < m.n_files && !bad; f++)
+            if (use[f] || f % c->world == c->rank) bad = delta_restore(dir, &m, f, scratch, msg, sizeof(msg));
+    }
     for (int f = 0; f < m.n_files && !bad; f++)
-        if (use[f] || f % c->world == c->rank) bad = verify_file(dir, &m, f, msg, sizeof(msg));
+        if (use[f] || f % c->world == c->rank) bad = verify_file(&m, f, msg, sizeof(msg));
+    if (bad && scratch[0]) remove_dir(scratch);
     fail_if_any(bad != NULL, bad);
     // the reads: each needed slice assembled in a host buffer from every
     // saved slice it overlaps, then copied to the device
@@ -1062,9 +1916,7 @@ int ckpt_resume(Ckpt* c) {
     float* stage = xmalloc((max_floats ? max_floats : 1) * sizeof(float));
     int* fds = xmalloc(sizeof(int) * ((size_t)m.n_files + 1));
     for (int f = 0; f < m.n_files; f++) {
-        char path[4096 + 80];
-        snprintf(path, sizeof(path), "%s/%s", dir, m.files[f].name);
-        fds[f] = use[f] ? open(path, O_RDONLY) : -1;
+        fds[f] = use[f] ? open(m.files[f].path, O_RDONLY) : -1;
     }
     for (int i = 0; i < c->need.n && !bad; i++) {
         const CkptSlice* s = &c->need.s[i];
@@ -1094,11 +1946,11 @@ int ckpt_resume(Ckpt* c) {
     }
     for (int f = 0; f < m.n_files; f++)
         if (fds[f] >= 0) close(fds[f]);
+    if (scratch[0]) remove_dir(scratch);
     free(fds);
     free(stage);
     free(use);
-    free(m.files);
-    free(m.slices);
+    manifest_free(&m);
     fail_if_any(bad != NULL, bad);
     c->start_step = m.step;
     c->load_s = now_seconds() - t0;
@@ -1116,6 +1968,21 @@ void ckpt_finish(Ckpt* c, JsonLog* log) {
         join_and_commit(c);
         c->finish_s += now_seconds() - t0;
     }
+    if (c->local_saves > 0) {
+        // level 1 and level 2: every rank's level-2 bytes per save
+        double mine = (double)c->redundancy_bytes, most = 0;
+        MPI_CHECK(MPI_Reduce(&mine, &most, 1, MPI_DOUBLE, MPI_MAX, 0, MPI_COMM_WORLD));
+        double per = 1e3 / c->local_saves;
+        print0("checkpoint: level 1: %d save%s on %d node(s), %.2f ms per save in the training loop, of which level 2 (%s) %.2f ms; level-2 bytes per save, most on one rank: %.0f\n",
+               c->local_saves, c->local_saves == 1 ? "" : "s", c->nodes, c->local_s * per,
+               args_redundancy_name(c->redundancy), c->redundancy_s * per, most);
+        if (c->rank == 0 && log && log->f) {
+            fprintf(log->f, "{\"type\":\"checkpoint_local\",\"saves\":%d,\"nodes\":%d,\"redundancy\":\"%s\",\"ms_per_save\":%.3f,\"redundancy_ms_per_save\":%.3f,\"redundancy_bytes_max\":%.0f}\n",
+                    c->local_saves, c->nodes, args_redundancy_name(c->redundancy), c->local_s * per,
+                    c->redundancy_s * per, most);
+            fflush(log->f);
+        }
+    }
     if (c->saves > 0 || c->resume) {
         // every rank's figures, for the summary line and the log
         double mine[4] = {(double)(c->own.n ? CKPT_HEADER_BYTES + c->own.floats * sizeof(float) : 0),
@@ -1128,6 +1995,12 @@ void ckpt_finish(Ckpt* c, JsonLog* log) {
                 printf("checkpoint: %d save%s (%s), %.1f KiB on rank 0, training stalled %.2f ms per save, file write %.2f ms per save on rank 0, %.2f ms waiting for the last save at the end\n",
                        c->saves, c->saves == 1 ? "" : "s", c->async ? "async" : "sync", mine[0] / 1024.0,
                        c->stall_s * per, c->write_s * per, 1e3 * c->finish_s);
+            if (c->deltas && c->saves > c->deltas)
+                printf("checkpoint: incremental: %d full save%s of %.1f KiB and %d delta%s of %.1f KiB on rank 0 (%.1f%% of a full save)\n",
+                       c->saves - c->deltas, c->saves - c->deltas == 1 ? "" : "s",
+                       c->full_bytes_total / 1024.0 / (c->saves - c->deltas), c->deltas, c->deltas == 1 ? "" : "s",
+                       c->delta_bytes_total / 1024.0 / c->deltas,
+                       100.0 * ((double)c->delta_bytes_total / c->deltas) / ((double)c->full_bytes_total / (c->saves - c->deltas)));
             if (c->resume) printf("checkpoint: loaded %.1f KiB on rank 0 in %.2f ms\n", mine[1] / 1024.0, 1e3 * c->load_s);
             fflush(stdout);
             if (log && log->f) {
@@ -1148,6 +2021,8 @@ void ckpt_finish(Ckpt* c, JsonLog* log) {
     }
     free(c->host);
     c->host = NULL;
+    free(c->base_host);
+    c->base_host = NULL;
     if (c->lock_fd >= 0) {
         // the lock's text goes with the lock: a .lock file left with text
         // means a run died holding it
@@ -1157,6 +2032,9 @@ void ckpt_finish(Ckpt* c, JsonLog* log) {
         close(c->lock_fd);
         c->lock_fd = -1;
     }
+    if (c->group != MPI_COMM_NULL) MPI_Comm_free(&c->group);
+    free(c->node_of);
+    c->node_of = NULL;
     ckpt_list_free(&c->own);
     ckpt_list_free(&c->need);
 }

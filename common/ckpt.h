@@ -37,6 +37,7 @@
 #ifndef CKPT_H
 #define CKPT_H
 
+#include <mpi.h>
 #include <pthread.h>
 #include <stddef.h>
 
@@ -133,14 +134,40 @@ typedef struct Ckpt {  // named: train.h's loop holds a pointer to one
     double load_s;
     size_t load_bytes;
     int lock_fd;  // rank 0: DIR/.lock, held (flock) from ckpt_init to ckpt_finish; -1 if none
+    // level 1 (--ckpt-local): the same files and manifest under
+    // LOCAL/node-K/step-N, K this rank's node; level 2 (--ckpt-redundancy)
+    // keeps them across nodes: a partner's copy, or an xor parity per group
+    const char* local;
+    int local_every, redundancy;  // redundancy: CKPT_REDUNDANCY_*
+    int node, nodes, local_index;  // this rank's node, how many, its place among its node's ranks
+    int* node_of;                  // (world) every rank's node
+    int group_size, group_index;   // its group: the ranks of its local_index, one per node, by node
+    MPI_Comm group;                // MPI_COMM_NULL without level 1
+    int local_saves;
+    double local_s;        // the level-1 saves, in the training loop (files, level 2, manifest)
+    double redundancy_s;   // of which the level-2 exchange and write
+    size_t redundancy_bytes;  // level-2 bytes this rank wrote per save (a partner's copy or its parity)
+    // --incremental K: level-3 saves between full ones (every K-th) hold the
+    // xor with the last full save's state, compressed (zstd)
+    int incremental, pending_delta;
+    int base_step;                         // the last full save's step
+    unsigned long long base_manifest_hash; // rank 0: its manifest's checksum
+    float* base_host;                      // (own.floats) its state
+    size_t delta_bytes, delta_bytes_total, full_bytes_total;
+    unsigned long long delta_hash;
+    int deltas;
+    char delta_path[4096];
 } Ckpt;
+
+enum { CKPT_REDUNDANCY_NONE, CKPT_REDUNDANCY_PARTNER, CKPT_REDUNDANCY_XOR };
 
 // Reads the checkpoint flags; no file is touched yet.
 void ckpt_init(Ckpt* c, const TrainArgs* a, const struct TrainSetup* s, const Mesh* mesh, int chapter);
 // For a model other than the GPT, before ckpt_resume: its tensor table
 // (kept by pointer: it must outlive c) and its variant line.
 void ckpt_set_model(Ckpt* c, const CkptTensor* tensors, int n, const char* variant);
-// With --resume: finds the latest complete checkpoint, checks its manifest
+// With --resume: finds the latest complete checkpoint (with --ckpt-local
+// too, the newest step complete or rebuildable on level 1 or 3), checks its manifest
 // against the model, the batch and the files' checksums, and fills every
 // slice of c->need. Returns the step to start at (0 without --resume).
 // Collective over the world; any problem ends every rank with a message

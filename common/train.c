@@ -32,7 +32,9 @@ void train_setup(TrainSetup* s, const TrainArgs* a) {
     for (int o = 0; o < n_out && !bad; o++) bad = paths_check_writable(&outputs[o], msg, sizeof(msg));
     // training-state checkpoints (ckpt.h): a directory to write, one to read
     PathArg ckpt_dir = {"--ckpt-dir", a->ckpt_dir}, resume = {"--resume", a->resume};
+    PathArg ckpt_local = {"--ckpt-local", a->ckpt_local};
     if (!bad) bad = paths_check_dir(&ckpt_dir, 1, msg, sizeof(msg));
+    if (!bad) bad = paths_check_dir(&ckpt_local, 1, msg, sizeof(msg));
     if (!bad) bad = paths_check_dir(&resume, 0, msg, sizeof(msg));
     fail_if_any(bad != NULL, bad);
     s->model_name = a->model;
@@ -299,8 +301,8 @@ int run_start(Run* r, int argc, char** argv, const char* program, const char* su
 
 void run_refuse_flags(const Run* r, unsigned missing, const char* chapter) {
     const TrainArgs* a = &r->args;
-    if ((missing & RUN_NO_CHECKPOINTS) && (a->ckpt_dir || a->resume || a->save_every || a->async_save))
-        fail_all("%s does not save or resume training state yet: drop --ckpt-dir, --resume, --save-every and "
+    if ((missing & RUN_NO_CHECKPOINTS) && (a->ckpt_dir || a->resume || a->save_every || a->async_save || a->ckpt_local))
+        fail_all("%s does not save or resume training state yet: drop --ckpt-dir, --ckpt-local, --resume, --save-every and "
                  "--async-save (--save FILE.bin writes the weights)", chapter);
     if ((missing & RUN_NO_RECOMPUTE) && a->recompute != RECOMPUTE_NONE)
         fail_all("%s keeps its activations its own way and does not recompute them yet: drop --recompute", chapter);

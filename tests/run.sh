@@ -4,7 +4,7 @@
 #   bash tests/run.sh              everything: unit.sh, chapter_0.sh,
 #                                  chapter_1.sh, ... (every tests/chapter_N.sh
 #                                  there is, in order), then the topic scripts
-#                                  of TOPICS (comm, checkpoints, hardening, watchdog, recompute_trace, docs, plots, homework, gpu)
+#                                  of TOPICS (comm, checkpoints, ckpt_levels, hardening, watchdog, recompute_trace, docs, plots, homework, gpu)
 #   bash tests/run.sh 2            one chapter's script, tests/chapter_2.sh
 #                                  (`make test CHAPTER=2`)
 #   bash tests/run.sh 0 unit gpu   several: a number N is tests/chapter_N.sh,
@@ -25,7 +25,7 @@ export TEST_TMPDIR
 trap 'rm -rf "$TEST_TMPDIR"' EXIT
 
 # the scripts that are not a chapter's, in the order a full run takes them
-TOPICS="comm checkpoints hardening watchdog recompute_trace docs plots homework gpu"
+TOPICS="comm checkpoints ckpt_levels hardening watchdog recompute_trace docs plots homework gpu"
 TOPICS="$TOPICS optime"  # the per-op timers (docs/performance.md)
 TOPICS="$TOPICS shared_flags"  # every shared flag through every training chapter, compared
 TOPICS="$TOPICS model_files"  # --model FILE.bin in every chapter on every axis

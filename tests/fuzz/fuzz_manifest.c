@@ -1,7 +1,9 @@
 // Fuzz target: the training-state MANIFEST parser (common/ckpt.c). Any bytes
 // as DIR/MANIFEST must give either a manifest that fits the tiny model or a
 // message, never a crash, a hang or a huge allocation. The seeds are real
-// manifests of chapters 0 and 4 (tiny model). A mutated manifest almost
+// manifests of chapters 0 and 4 (tiny model), and chapter 3's of a level-1
+// save with xor parity and of an incremental save (their node, parity and
+// delta lines). A mutated manifest almost
 // never keeps its checksum right, so the first byte chooses: odd, the rest
 // is written as it is; even, the target appends the right "end" line, so
 // the fuzzer reaches the line parser behind the checksum.

@@ -1,0 +1,160 @@
+#!/bin/bash
+# Multi-level checkpoints (common/ckpt.c, docs/checkpoints.md "Levels"):
+# level 1 under --ckpt-local DIR/node-K, level 2 (partner copies, xor
+# parity) across simulated nodes (--ranks-per-node), a node's directory
+# deleted and the run resumed (bit for bit on the same mesh, within the
+# invariant's tolerance on another), two nodes lost under xor, level 1
+# next to level 3, incremental saves (the chain, --keep, a missing or
+# foreign base), and the flags' refusals. A topic script of tests/run.sh.
+. "$(dirname "$0")/lib.sh"
+
+echo "== checkpoint levels: node-local, partner, xor, rebuild"
+LV=$TEST_TMPDIR/levels
+mkdir -p "$LV"
+LVF="--steps 8 --batch 12 --seq 32 --peak-gflops 10"
+LV_TOL=3e-5  # the invariant's tolerance (tests/run.sh, chapter 2)
+
+lv_run() {  # NAME NP CHAPTER FLAGS...: output in $LV/NAME.out, log $LV/NAME.jsonl
+    local name=$1 np=$2 ch=$3
+    shift 3
+    timeout 120 $MPIRUN -np "$np" "$BUILD/chapter-$ch" $LVF --log "$LV/$name.jsonl" "$@" >"$LV/$name.out" 2>&1
+}
+
+# lv_losses FILE FIRST: "step loss norm" lines of the steps from FIRST on
+lv_losses() { grep '"type":"step"' "$1" | sed 's/.*"step":\([0-9]*\).*"loss":\([-0-9.e]*\).*"norm":\([-0-9.e]*\).*/\1 \2 \3/' | awk -v f="$2" '$1 >= f'; }
+
+# lv_same REF RUN FIRST WHAT: the resumed run printed the level line, logged
+# the same losses and norms as REF from FIRST on, and saved the same weights
+lv_same() {
+    local ref=$1 run=$2 first=$3 what=$4
+    if grep -q "checkpoint: resuming from level 1" "$LV/$run.out" && [ -n "$(lv_losses "$LV/$run.jsonl" "$first")" ] &&
+        [ "$(lv_losses "$LV/$ref.jsonl" "$first")" = "$(lv_losses "$LV/$run.jsonl" "$first")" ] && cmp -s "$LV/$ref.bin" "$LV/$run.bin"; then
+        pass "levels: $what ($(grep -o 'resuming from level 1.*' "$LV/$run.out" | head -1))"
+    else
+        fail "levels: $what" "$(grep -E '^error|resuming' "$LV/$run.out" | head -2)"
+    fi
+}
+
+# --- xor over 2 simulated nodes of 2 ranks: node 0 lost, rebuilt, bit for bit
+lv_xor2() {
+lv_run x2 4 3 --dp 4 --zero 3 --ckpt-local "$LV/x2" --local-every 3 --ranks-per-node 2 --ckpt-redundancy xor --save "$LV/x2.bin"
+rm -rf "$LV/x2/node-0" "$LV/x2/node-1/step-00000008"
+lv_run x2r 4 3 --dp 4 --zero 3 --ckpt-local "$LV/x2" --ranks-per-node 2 --resume "$LV/x2" --save "$LV/x2r.bin"
+lv_same x2 x2r 6 "xor, 2 nodes x 2 ranks, node 0 deleted: rebuilt and resumed at step 6 bit for bit"
+}
+
+# --- xor over 3 nodes (the parity is half a file): one node lost and the
+# run resumed on another mesh (chapter 2, dp 2); two nodes lost: refused
+lv_xor3() {
+local out
+lv_run x3 3 3 --dp 3 --zero 3 --ckpt-local "$LV/x3" --local-every 4 --ranks-per-node 1 --ckpt-redundancy xor
+cp -r "$LV/x3" "$LV/x3b"
+# every node's loss is rebuilt to the checksum its manifest names (a resume
+# with nothing left to train still rebuilds and checks every file)
+local n ok=1 why=""
+for n in 0 2; do
+    rm -rf "$LV/x3n"; cp -r "$LV/x3" "$LV/x3n"; rm -rf "$LV/x3n/node-$n" "$LV/x3n"/node-*/step-00000008
+    out=$(timeout 60 $MPIRUN -np 3 "$BUILD/chapter-3" --dp 3 --zero 3 $LVF --steps 4 --ckpt-local "$LV/x3n" --ranks-per-node 1 --resume "$LV/x3n" 2>&1) &&
+        echo "$out" | grep -q "rebuilt rank-0000$n.bin of node $n from the xor parity" || { ok=0; why="node $n: $(echo "$out" | grep -E '^error' | head -1)"; }
+done
+if [ $ok = 1 ]; then pass "levels: xor over 3 nodes: node 0 and node 2, each deleted alone, rebuilt to their manifest checksums"; else fail "levels: xor rebuild of every node" "$why"; fi
+if [ "$(stat -c %s "$LV/x3/node-1/step-00000004/xor-00001.bin")" -lt "$(stat -c %s "$LV/x3/node-1/step-00000004/rank-00001.bin")" ]; then
+    pass "levels: xor over 3 nodes keeps a parity smaller than a rank's file ($(stat -c %s "$LV/x3/node-1/step-00000004/xor-00001.bin") < $(stat -c %s "$LV/x3/node-1/step-00000004/rank-00001.bin") bytes)"
+else
+    fail "levels: xor parity size" "$(ls -l "$LV/x3/node-1/step-00000004" | tr '\n' ' ')"
+fi
+rm -rf "$LV/x3/node-1" "$LV/x3"/node-*/step-00000008
+lv_run x3r 2 2 --dp 2 --ckpt-local "$LV/x3" --resume "$LV/x3"
+if grep -q "rebuilt rank-00001.bin of node 1 from the xor parity" "$LV/x3r.out" &&
+    ck=$(awk 'FNR == 1 { f++ } /"type":"step"/ { match($0, /"step":[0-9]+/); s = substr($0, RSTART + 7, RLENGTH - 7) + 0
+         match($0, /"loss":[-0-9.e]+/); l = substr($0, RSTART + 7, RLENGTH - 7) + 0
+         if (f == 1) r[s] = l; else { n++; d = l - r[s]; if (d < 0) d = -d; if (d > m) m = d } }
+         END { printf "steps 4..7, max |dloss| %.1e", m; exit !(n == 4 && m <= '"$LV_TOL"') }' "$LV/x3.jsonl" "$LV/x3r.jsonl"); then
+    pass "levels: xor over 3 nodes, node 1 deleted, rebuilt and resumed on chapter 2 dp=2 ($ck, within $LV_TOL)"
+else
+    fail "levels: xor rebuild onto another mesh" "$(grep -E '^error|resuming' "$LV/x3r.out" | head -2)"
+fi
+rm -rf "$LV/x3b/node-1" "$LV/x3b/node-2"
+error_case chapter-3 3 "--dp 3 --zero 3 $LVF --ckpt-local $LV/x3b --ranks-per-node 1 --resume $LV/x3b" \
+    "cannot rebuild rank-00001.bin of node 1 from the xor parity: rank-00002.bin of node 2, in the same xor group, is lost too"
+}
+
+# --- partner copies (chapter 2: rank 0 alone has a file, its copy on node 1)
+lv_partner() {
+lv_run p2 2 2 --dp 2 --ckpt-local "$LV/p2" --local-every 4 --ranks-per-node 1 --ckpt-redundancy partner --save "$LV/p2.bin"
+rm -rf "$LV/p2/node-0" "$LV/p2/node-1/step-00000008"
+lv_run p2r 2 2 --dp 2 --ckpt-local "$LV/p2" --ranks-per-node 1 --ckpt-redundancy partner --resume "$LV/p2" --save "$LV/p2r.bin"
+lv_same p2 p2r 4 "partner, node 0 deleted: its file read from the partner copy on node 1, bit for bit"
+}
+
+# --- level 1 next to level 3: the same bytes; no redundancy and a node lost:
+# the resume falls back to level 3 and says why
+lv_both() {
+lv_run b0 1 0 --ckpt-local "$LV/b1" --local-every 2 --ckpt-dir "$LV/b3" --save-every 4 --async-save
+if cmp -s "$LV/b1/node-0/step-00000004/rank-00000.bin" "$LV/b3/step-00000004/rank-00000.bin"; then
+    pass "levels: level 1 and level 3 of step 4 hold the same rank file, byte for byte (one copy off the device)"
+else
+    fail "levels: level 1 vs level 3 bytes" "$(ls -l "$LV/b1/node-0/step-00000004" "$LV/b3/step-00000004" | tr '\n' ' ')"
+fi
+rm -rf "$LV/b3/step-00000008" "$LV/b1/node-0/step-0000000"[48] "$LV/b1/node-0/step-00000006/rank-00000.bin"
+lv_run b0r 1 0 --ckpt-local "$LV/b1" --resume "$LV/b3"
+if grep -q "^note: level-1 step 6: rank-00000.bin of node 0 is on no node" "$LV/b0r.out" &&
+    grep -q "resuming from level 3 (durable), step 4" "$LV/b0r.out" && [ "$(lv_losses "$LV/b0.jsonl" 4)" = "$(lv_losses "$LV/b0r.jsonl" 4)" ]; then
+    pass "levels: level 1's newest step has a file lost and no redundancy, its next is older than level 3's: resumed from level 3 (step 4) bit for bit, saying why"
+else
+    fail "levels: fall back to level 3" "$(grep -E '^error|^note|resuming' "$LV/b0r.out" | head -3)"
+fi
+}
+
+# --- incremental: every 4th save full, deltas between; --keep 2 keeps the
+# base; the chain resumed bit for bit, and on another mesh; the refusals
+lv_inc() {
+local out
+lv_run i3 2 3 --dp 2 --zero 3 --ckpt-dir "$LV/i3" --save-every 1 --incremental 4 --keep 2 --save "$LV/i3.bin"
+if [ "$(ls "$LV/i3" | tr '\n' ' ')" = "step-00000005 step-00000007 step-00000008 " ] &&
+    grep -q "^incremental base=step-00000005 " "$LV/i3/step-00000007/MANIFEST" && [ -f "$LV/i3/step-00000007/rank-00001.delta" ]; then
+    pass "levels: --incremental 4 --keep 2: steps 7 and 8 kept, and step 5, the full save step 7's delta needs"
+else
+    fail "levels: --incremental files" "$(ls "$LV/i3" | tr '\n' ' ')"
+fi
+lv_run i3r 2 3 --dp 2 --zero 3 --resume "$LV/i3/step-00000007" --save "$LV/i3r.bin"
+if grep -q "checkpoint: resumed from" "$LV/i3r.out" && [ "$(lv_losses "$LV/i3.jsonl" 7)" = "$(lv_losses "$LV/i3r.jsonl" 7)" ] && cmp -s "$LV/i3.bin" "$LV/i3r.bin"; then
+    pass "levels: a delta (step 7) applied to its full save (step 5) resumes bit for bit"
+else
+    fail "levels: the delta chain" "$(grep -E '^error|resumed' "$LV/i3r.out" | head -2)"
+fi
+lv_run i0 1 0 --resume "$LV/i3/step-00000007"
+if grep -q "checkpoint: resumed from" "$LV/i0.out" && [ "$(lv_losses "$LV/i3.jsonl" 7 | cut -d' ' -f1)" = "$(lv_losses "$LV/i0.jsonl" 7 | cut -d' ' -f1)" ]; then
+    pass "levels: the delta resumes on another chapter and mesh (chapter 0)"
+else
+    fail "levels: the delta on chapter 0" "$(grep -E '^error' "$LV/i0.out" | head -2)"
+fi
+# another run's full save of step 5 in its place; then none at all
+lv_run i3o 2 3 --dp 2 --zero 3 --seed 7 --steps 5 --ckpt-dir "$LV/i3o"
+cp -r "$LV/i3" "$LV/i3x"
+rm -rf "$LV/i3x/step-00000005"; cp -r "$LV/i3o/step-00000005" "$LV/i3x/step-00000005"
+error_case chapter-3 2 "--dp 2 --zero 3 $LVF --resume $LV/i3x/step-00000007" "is a delta against another run's full save of step 5"
+rm -rf "$LV/i3x/step-00000005"
+error_case chapter-3 2 "--dp 2 --zero 3 $LVF --resume $LV/i3x/step-00000007" "is a delta against the full save of step 5, but"
+}
+
+jobs_run lv_inc
+jobs_run lv_xor2
+jobs_run lv_xor3
+jobs_run lv_partner
+jobs_run lv_both
+jobs_wait
+
+# flags that cannot work: one error: line
+error_case chapter-0 1 "--ckpt-local $LV/f --ckpt-redundancy raid6" "--ckpt-redundancy raid6 is not one of none, partner, xor"
+error_case chapter-0 1 "--ckpt-local $LV/f --local-every -1" "--local-every must be >= 0"
+error_case chapter-0 1 "--local-every 2" "--local-every needs --ckpt-local DIR"
+error_case chapter-0 1 "--ckpt-local $LV/f --ranks-per-node -2" "--ranks-per-node must be >= 0"
+error_case chapter-0 1 "--ckpt-redundancy xor" "--ranks-per-node and --ckpt-redundancy need --ckpt-local DIR"
+error_case chapter-2 2 "--dp 2 --ckpt-local $LV/f --ckpt-redundancy partner" "has no rank at its place (0) on another node (1 node(s))"
+error_case chapter-0 1 "--ckpt-local $LV/nosuch/deeper" "cannot write --ckpt-local"
+error_case chapter-0 1 "--ckpt-dir $LV/f --incremental -1" "--incremental must be >= 0"
+error_case chapter-0 1 "--incremental 4" "--incremental needs --ckpt-dir DIR"
+error_case chapter-0 1 "--freeze wte" "--freeze wte is not one of none, embeddings"
+
+finish
