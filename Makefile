@@ -1,6 +1,6 @@
 # The course's build.
 #   make chapter-N     build/chapter-N (N = 0..7, the chapters that exist)
-#   make all           every chapter and the tools
+#   make all           every chapter and the tools (tokenize, roofline, plan)
 #   make test          every test; ends with "N passed, N failed, N skipped"
 #   make docs-check    the docs' code references, links and quoted figures (docs/TEMPLATE.md)
 #   make test CHAPTER=N   only chapter N's tests (tests/chapter_N.sh: its mesh,
@@ -140,11 +140,15 @@ all: $(addprefix chapter-,$(CHAPTERS)) modules tools
 # every module compiles, linked by a chapter or not yet
 modules: $(patsubst %.c,$(OBJ)/%.o,$(MODULE_SRC))
 
-tools: $(BIN)/tokenize $(BIN)/roofline
+tools: $(BIN)/tokenize $(BIN)/roofline $(BIN)/plan
 $(BIN)/tokenize: $(OBJ)/common/tools/tokenize.o $(COMMON_OBJ)
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) -o $@ $^ $(LDLIBS)
 $(BIN)/roofline: $(OBJ)/common/tools/roofline.o $(COMMON_OBJ)
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) -o $@ $^ $(LDLIBS)
+# the planner: a chapter's peak bytes and communication, predicted (tests/plan.sh)
+$(BIN)/plan: $(OBJ)/common/tools/plan.o $(COMMON_OBJ)
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) -o $@ $^ $(LDLIBS)
 

@@ -1,0 +1,78 @@
+#!/bin/bash
+# tests/plan.sh: build/plan (common/tools/plan.c) predicts a chapter's run.
+# For each chapter and mesh below, the plan's peak bytes per category per
+# rank and its calls, bytes and bus bytes per collective and axis EQUAL the
+# summary of a real run of the same flags (--log FILE.jsonl), integer for
+# integer: no tolerance, since every figure is a count of bytes.
+. "$(dirname "$0")/lib.sh"
+
+echo "== the planner against the runs"
+# same_as_run NP CHAPTER FLAGS...: runs the chapter for 2 steps, plans it,
+# compares the summary's peak_bytes and comm objects with the plan's
+same_as_run() {
+    local np=$1 ch=$2
+    shift 2
+    local log=$TEST_TMPDIR/plan_${ch}_$$_$RANDOM.jsonl
+    mpi_run $T_SHORT "$np" "$BUILD/chapter-$ch" --steps 2 --peak-gflops 10 --log "$log" "$@"
+    if [ $RC -ne 0 ]; then
+        fail "plan: chapter $ch on $np ranks ($*)" "the run failed: $(echo "$OUT" | tail -3)"
+        return
+    fi
+    local plan
+    plan=$("$BUILD/plan" --chapter "$ch" --ranks "$np" --steps 2 --json "$@" 2>&1)
+    local diff
+    diff=$(python3 - "$log" "$plan" <<'PY'
+import json, sys
+summ = [json.loads(l) for l in open(sys.argv[1]) if '"type":"summary"' in l][-1]
+plan = json.loads(sys.argv[2])
+bad = []
+for cat, v in summ["peak_bytes"].items():
+    if plan["peak_bytes"].get(cat) != v:
+        bad.append(f"peak_bytes.{cat}: run {v}, plan {plan['peak_bytes'].get(cat)}")
+if plan["comm"] != summ["comm"]:
+    bad.append(f"comm: run {json.dumps(summ['comm'])}, plan {json.dumps(plan['comm'])}")
+print("; ".join(bad))
+PY
+)
+    if [ -z "$diff" ]; then
+        pass "plan: chapter $ch on $np ranks ($*): peak bytes and communication equal the run's"
+    else
+        fail "plan: chapter $ch on $np ranks ($*)" "$diff; plan: $plan"
+    fi
+}
+# the steps' flags chapter 2 and 3 tests use; dp 3 pads FSDP's shards; a
+# padded vocabulary (V < Vp) and recompute change the activations
+jobs_run same_as_run 1 0
+jobs_run same_as_run 1 0 --recompute selective
+for mode in naive bucketed overlapped ps; do
+    jobs_run same_as_run 2 2 --dp 2 --dp-mode "$mode" --bucket-kb 64
+done
+jobs_run same_as_run 2 2 --dp 2 --grad-accum 2 --recompute full
+jobs_run same_as_run 3 2 --dp 3 --batch 6 --dp-mode ps
+for z in 1 2 3; do
+    jobs_run same_as_run 2 3 --dp 2 --zero "$z"
+done
+jobs_run same_as_run 2 3 --dp 2 --zero 3 --reshard 0
+jobs_run same_as_run 2 3 --dp 2 --zero 3 --prefetch 0 --recompute selective
+jobs_run same_as_run 3 3 --dp 3 --batch 6 --zero 3
+jobs_run same_as_run 3 3 --dp 3 --batch 6 --zero 1
+jobs_wait
+
+echo "== the planner's input"
+plan_error() {
+    local expect=$1
+    shift
+    local out rc
+    out=$("$BUILD/plan" "$@" 2>&1)
+    rc=$?
+    if [ $rc -ne 0 ] && [ "$(echo "$out" | grep -c '^error: ')" = 1 ] && echo "$out" | grep -qF -- "$expect"; then
+        pass "plan $*: one error line naming '$expect'"
+    else
+        fail "plan $*" "exit $rc: $out"
+    fi
+}
+plan_error "--ranks" --chapter 2 --ranks 4 --dp 2
+plan_error "not planned yet" --chapter 9
+plan_error "--zero" --chapter 3 --ranks 2 --dp 2 --zero 4
+plan_error "--dp-mode" --chapter 2 --ranks 2 --dp 2 --dp-mode rings
+finish
