@@ -40,8 +40,8 @@ PY
         fail "plan: chapter $ch on $np ranks ($*)" "$diff; plan: $plan"
     fi
 }
-# the steps' flags chapter 2 and 3 tests use; dp 3 pads FSDP's shards; a
-# padded vocabulary (V < Vp) and recompute change the activations
+# the meshes and flags the chapters' tests use; dp 3 pads FSDP's shards;
+# recompute changes the activations (and chapter 4's tp all-reduces)
 jobs_run same_as_run 1 0
 jobs_run same_as_run 1 0 --recompute selective
 for mode in naive bucketed overlapped ps; do
@@ -56,6 +56,12 @@ jobs_run same_as_run 2 3 --dp 2 --zero 3 --reshard 0
 jobs_run same_as_run 2 3 --dp 2 --zero 3 --prefetch 0 --recompute selective
 jobs_run same_as_run 3 3 --dp 3 --batch 6 --zero 3
 jobs_run same_as_run 3 3 --dp 3 --batch 6 --zero 1
+# chapter 4: FSDP over dp of each tp rank's shard, the tp collectives
+for z in 1 2 3; do
+    jobs_run same_as_run 4 4 --dp 2 --tp 2 --zero "$z"
+done
+jobs_run same_as_run 2 4 --tp 2 --recompute full
+jobs_run same_as_run 4 4 --tp 4 --zero 3 --reshard 0 --recompute selective
 jobs_wait
 
 echo "== the planner's input"

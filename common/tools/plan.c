@@ -29,6 +29,7 @@
 #include "model.h"
 #include "model_file.h"
 #include "model_layout.h"
+#include "model_tp.h"
 
 // ---------------------------------------------------------------- the question
 
@@ -164,7 +165,9 @@ static void slots_request(Slots* s, int i) {
     comm_tally(s->dp, COLL_ALLGATHER, s->padded[i], comm_ring_factor(s->dp));
 }
 
-static void slots_zero3_step(Slots* s, int L, int prefetch) {
+// head_first: chapter 4's backward asks for the tied embedding before the
+// final LayerNorm; chapter 3's the other way round
+static void slots_zero3_step(Slots* s, int L, int prefetch, int head_first) {
     for (int i = 0; i < s->n; i++) s->slot_of_unit[i] = -1;  // fsdp_drop_gathered
     s->unit_in_slot[0] = s->unit_in_slot[1] = -1;
     // forward: embedding, blocks (each prefetching the next), lnf, the head's wte
@@ -177,19 +180,21 @@ static void slots_zero3_step(Slots* s, int L, int prefetch) {
     slots_request(s, L + 1);
     slots_request(s, 0);
     // backward: lnf and wte for the head, then the blocks from the last
-    slots_request(s, L + 1);
-    slots_request(s, 0);
+    slots_request(s, head_first ? 0 : L + 1);
+    slots_request(s, head_first ? L + 1 : 0);
     for (int l = L - 1; l >= 0; l--) {
         slots_request(s, 1 + l);
         if (l > 0 && prefetch) slots_request(s, l);
     }
 }
 
-static void plan_chapter_3(const PlanArgs* a, RankPlan* p, int r) {
-    int N = a->mesh[AXIS_DP], L = a->cfg.num_layers;
-    if (L + 2 > 2 + 4096) die("%s: more than 4096 layers", "--layers");
-    size_t numel[2 + 4096], padded[2 + 4096];
-    int n = units(&a->cfg, numel);
+// Chapter 3's engine (03_fsdp/fsdp.c) on n units of numel[i] floats over a
+// dp group: its parameter, gradient and AdamW buffers, and one step's
+// gathers and reduce-scatters (not the norm's all-reduce).
+static void plan_fsdp(const PlanArgs* a, RankPlan* p, const Comm* dp, const size_t* numel, int n,
+                      int head_first) {
+    int N = dp->size;
+    size_t padded[2 + 4096];
     size_t shard_total = 0, padded_total = 0, max_padded = 0;
     for (int i = 0; i < n; i++) {
         size_t shard = (numel[i] + N - 1) / N;  // fsdp.c's units_make
@@ -208,18 +213,80 @@ static void plan_chapter_3(const PlanArgs* a, RankPlan* p, int r) {
     // embedding's own
     p->peak[MEM_GRADS] = f * (shard_total + (a->zero == 1 ? padded_total : max_padded + padded[0] / f));
     p->peak[MEM_OPTIMIZER] = 2 * f * shard_total;
-    p->peak[MEM_ACTIVATIONS] = acts_bytes(&a->cfg, a->B / N, a->T, a->recompute);
-    p->peak[MEM_OTHER] = f;  // the global norm's one float (train_global_norm)
-    Comm dp = plan_group(AXIS_DP, N, r);
     if (a->zero == 3) {
-        Slots s = {.n = n, .reshard = a->reshard, .padded = padded, .dp = &dp};
-        slots_zero3_step(&s, L, a->prefetch);
+        Slots s = {.n = n, .reshard = a->reshard, .padded = padded, .dp = dp};
+        slots_zero3_step(&s, n - 2, a->prefetch, head_first);
     }
     for (int i = 0; i < n; i++)  // every unit's gradient reduce-scattered once
-        comm_tally(&dp, COLL_REDUCE_SCATTER, padded[i], comm_ring_factor(&dp));
-    comm_tally(&dp, COLL_ALLREDUCE, sizeof(float), 2.0 * comm_ring_factor(&dp));  // the norm
+        comm_tally(dp, COLL_REDUCE_SCATTER, padded[i], comm_ring_factor(dp));
     if (a->zero < 3)  // the updated shards back to every rank
-        for (int i = 0; i < n; i++) comm_tally(&dp, COLL_ALLGATHER, padded[i], comm_ring_factor(&dp));
+        for (int i = 0; i < n; i++) comm_tally(dp, COLL_ALLGATHER, padded[i], comm_ring_factor(dp));
+}
+
+// The norm: one all-reduce of a float per group over which the gradient is
+// spread (train_global_norm), through a one-float buffer.
+static void plan_norm(RankPlan* p, const Comm* const* groups, int n) {
+    p->peak[MEM_OTHER] = sizeof(float);
+    for (int i = 0; i < n; i++) comm_tally(groups[i], COLL_ALLREDUCE, sizeof(float), 2.0 * comm_ring_factor(groups[i]));
+}
+
+static void plan_chapter_3(const PlanArgs* a, RankPlan* p, int r) {
+    int N = a->mesh[AXIS_DP];
+    size_t numel[2 + 4096];
+    int n = units(&a->cfg, numel);
+    Comm dp = plan_group(AXIS_DP, N, r);
+    p->peak[MEM_ACTIVATIONS] = acts_bytes(&a->cfg, a->B / N, a->T, a->recompute);
+    // the order of 03_fsdp/main.c's step: forward and backward (gathers,
+    // reduce-scatters), the norm, the ZeRO-1/2 gathers of the updated shards
+    plan_fsdp(a, p, &dp, numel, n, 0);
+    const Comm* groups[] = {&dp};
+    plan_norm(p, groups, 1);
+}
+
+// ---------------------------------------------------------------- chapter 4: FSDP x TP
+
+// tp rank r's rows of the padded vocabulary: ceil(Vp/tp), the last fewer
+// (04_fsdp_tp/tp.c's tp_vocab_rows)
+static int vocab_rows(const GPTConfig* cfg, int tp, int r) {
+    int per = (cfg->padded_vocab_size + tp - 1) / tp, left = cfg->padded_vocab_size - r * per;
+    return left < per ? left : per;
+}
+
+static void plan_chapter_4(const PlanArgs* a, RankPlan* p, int r) {
+    const GPTConfig* c = &a->cfg;
+    Mesh mesh;
+    memset(&mesh, 0, sizeof(mesh));
+    for (int x = 0; x < NUM_AXES; x++) mesh.size[x] = a->mesh[x];
+    int coord[NUM_AXES];
+    mesh_coord_of(&mesh, r, coord);
+    int ndp = a->mesh[AXIS_DP], ntp = a->mesh[AXIS_TP], L = c->num_layers, C = c->channels, NH = c->num_heads;
+    Comm dp = plan_group(AXIS_DP, ndp, coord[AXIS_DP]), tp = plan_group(AXIS_TP, ntp, coord[AXIS_TP]);
+    int B = a->B / ndp, T = a->T, Vl = vocab_rows(c, ntp, coord[AXIS_TP]);
+    size_t BT = (size_t)B * T, NC = BT * C;
+    // the tp shard as units: [wte rows, wpe], each block's shard, [lnfw lnfb]
+    size_t numel[2 + 4096];
+    numel[0] = (size_t)Vl * C + (size_t)c->max_seq_len * C;
+    for (int l = 0; l < L; l++) numel[1 + l] = gpt_block_numel_tp(C, ntp);
+    numel[L + 1] = 2 * (size_t)C;
+    // tp_create's activations: the blocks' tp slices, this rank's logits
+    // slice, the gathered cross-entropy statistics (3 floats per token per rank)
+    size_t floats = NC + (size_t)L * block_store_numel_tp(B, T, C, NH, ntp, a->recompute) +
+                    block_transient_numel_tp(B, T, C, NH, ntp, a->recompute) + head_acts_numel(B, T, C, Vl) +
+                    (size_t)ntp * 3 * BT + block_scratch_numel_tp(B, T, C, NH, ntp) + NC;
+    p->peak[MEM_ACTIVATIONS] = (double)(floats * sizeof(float) + 2 * BT * sizeof(int));
+    // forward: g after the embedding, two per block (attention, MLP); the
+    // cross-entropy's all-gather; backward: f after the head, two per block,
+    // two more per block under full recompute (its forward's g's)
+    double ar = 2.0 * comm_ring_factor(&tp);
+    comm_tally(&tp, COLL_ALLREDUCE, NC * sizeof(float), ar);
+    for (int l = 0; l < 2 * L; l++) comm_tally(&tp, COLL_ALLREDUCE, NC * sizeof(float), ar);
+    comm_tally(&tp, COLL_ALLGATHER, 3 * BT * ntp * sizeof(float), comm_ring_factor(&tp));
+    comm_tally(&tp, COLL_ALLREDUCE, NC * sizeof(float), ar);
+    int per_block = a->recompute == RECOMPUTE_FULL ? 4 : 2;
+    for (int l = 0; l < per_block * L; l++) comm_tally(&tp, COLL_ALLREDUCE, NC * sizeof(float), ar);
+    plan_fsdp(a, p, &dp, numel, L + 2, 1);
+    const Comm* groups[] = {&dp, &tp};
+    plan_norm(p, groups, 2);
 }
 
 // ---------------------------------------------------------------- output
@@ -308,6 +375,14 @@ static void print_table(const PlanArgs* a, const RankPlan* plans) {
 
 // ---------------------------------------------------------------- main
 
+// chapters 3 and 4: the FSDP engine's flags (fsdp_check_flags), the batch over dp
+static void check_fsdp_flags(const PlanArgs* a) {
+    if (a->zero < 1 || a->zero > 3) die("%s: the ZeRO stages are 1, 2 and 3", "--zero");
+    if ((a->prefetch != 0 && a->prefetch != 1) || (a->reshard != 0 && a->reshard != 1))
+        die("%s take 0 or 1", "--prefetch and --reshard");
+    if (a->B % a->mesh[AXIS_DP]) die("%s: the batch must split over dp", "--batch");
+}
+
 static int parse_int_or(int v, int dflt) { return v == ARG_NOT_GIVEN ? dflt : v; }
 
 int main(int argc, char** argv) {
@@ -329,7 +404,7 @@ int main(int argc, char** argv) {
     a.prefetch = 1;
     a.reshard = 1;
     ArgSpec flags[] = {
-        {"chapter", ARG_INT, &a.chapter, "the chapter to plan (0, 2, 3)"},
+        {"chapter", ARG_INT, &a.chapter, "the chapter to plan (0, 2, 3, 4)"},
         {"ranks", ARG_INT, &a.ranks, "world size  [1]"},
         {"steps", ARG_INT, &a.steps, "steps the --json communication counts (as the summary)  [1]"},
         {"json", ARG_FLAG, &a.json, "one JSON record: the summary's peak_bytes and comm objects"},
@@ -350,7 +425,7 @@ int main(int argc, char** argv) {
         {"dp-mode", ARG_STRING, &a.dp_mode, "(chapter 2) naive | bucketed | overlapped | ps  [overlapped]"},
         {"bucket-kb", ARG_INT, &a.bucket_kb, "(chapter 2)  [1024]"},
         {"grad-accum", ARG_INT, &a.accum, "(chapter 2)  [1]"},
-        {"zero", ARG_INT, &a.zero, "(chapter 3) 1 | 2 | 3  [3]"},
+        {"zero", ARG_INT, &a.zero, "(chapters 3, 4) 1 | 2 | 3  [3]"},
         {"prefetch", ARG_INT, &a.prefetch, "(chapter 3) 0 | 1  [1]"},
         {"reshard", ARG_INT, &a.reshard, "(chapter 3) 0 | 1  [1]"},
         {"help", ARG_FLAG, &help, "this text"},
@@ -418,15 +493,18 @@ int main(int argc, char** argv) {
             break;
         case 3:
             if (world != N) die("%s: chapter 3 has the dp axis only", "--ranks");
-            if (a.zero < 1 || a.zero > 3) die("%s: the ZeRO stages are 1, 2 and 3", "--zero");
-            if ((a.prefetch != 0 && a.prefetch != 1) || (a.reshard != 0 && a.reshard != 1))
-                die("%s take 0 or 1", "--prefetch and --reshard");
-            if (a.B % N) die("%s: --batch must split over dp", "--batch");
+            check_fsdp_flags(&a);
             plan = plan_chapter_3;
+            break;
+        case 4:
+            if (world != N * a.mesh[AXIS_TP]) die("%s: chapter 4 has the dp and tp axes only", "--ranks");
+            if (a.cfg.num_heads % a.mesh[AXIS_TP]) die("%s: the model's heads must split over tp", "--tp");
+            check_fsdp_flags(&a);
+            plan = plan_chapter_4;
             break;
         default:
             snprintf(msg, sizeof(msg), "%d", a.chapter);
-            die("--chapter %s is not planned yet (the planner knows chapters 0, 2 and 3)", msg);
+            die("--chapter %s is not planned yet (the planner knows chapters 0, 2, 3 and 4)", msg);
     }
     RankPlan* plans = calloc((size_t)a.ranks, sizeof(RankPlan));
     if (!plans) die("%s", "out of memory");
