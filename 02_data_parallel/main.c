@@ -35,6 +35,7 @@
 #include "rank.h"
 #include "report.h"
 #include "runtime.h"
+#include "sharding.h"
 #include "trace.h"
 #include "train.h"
 
@@ -270,6 +271,8 @@ int main(int argc, char** argv) {
     DataParallel dp = {.dp = dpc, .mode = mode, .accum = accum};
     if (mode != MODE_PS || dpc->rank == 0) gpt_create_optimizer(&model);  // ps: only rank 0 steps
     if (mode == MODE_PS && dpc->rank == 0) dp.ps_grads = mem_alloc_floats(model.num_params, MEM_COMM);
+    // --show-sharding: every replica holds everything (ps: AdamW on rank 0 only)
+    sharding_show_replicated(&setup->cfg, mode != MODE_PS || dpc->rank == 0, args->show_sharding, "chapter 2, replicas over dp");
     // training-state checkpoints: the replicas are identical, so dp rank 0
     // alone writes the state; every rank reads the parameters and the AdamW
     // moments it keeps (ps mode: rank 0 alone keeps them)

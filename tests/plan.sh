@@ -3,7 +3,9 @@
 # For each chapter and mesh below, the plan's peak bytes per category per
 # rank and its calls, bytes and bus bytes per collective and axis EQUAL the
 # summary of a real run of the same flags (--log FILE.jsonl), integer for
-# integer: no tolerance, since every figure is a count of bytes.
+# integer: no tolerance, since every figure is a count of bytes. The same
+# runs print --show-sharding's table (common/sharding.h), whose totals per
+# rank of params, grads and AdamW state must equal the summary's too.
 . "$(dirname "$0")/lib.sh"
 
 echo "== the planner against the runs"
@@ -13,7 +15,7 @@ same_as_run() {
     local np=$1 ch=$2
     shift 2
     local log=$TEST_TMPDIR/plan_${ch}_$$_$RANDOM.jsonl
-    mpi_run $T_SHORT "$np" "$BUILD/chapter-$ch" --steps 2 --peak-gflops 10 --log "$log" "$@"
+    mpi_run $T_SHORT "$np" "$BUILD/chapter-$ch" --steps 2 --peak-gflops 10 --log "$log" --show-sharding "$@"
     if [ $RC -ne 0 ]; then
         fail "plan: chapter $ch on $np ranks ($*)" "the run failed: $(echo "$OUT" | tail -3)"
         return
@@ -21,11 +23,26 @@ same_as_run() {
     local plan
     plan=$("$BUILD/plan" --chapter "$ch" --ranks "$np" --steps 2 --json "$@" 2>&1)
     local diff
-    diff=$(python3 - "$log" "$plan" <<'PY'
+    local table=$TEST_TMPDIR/plan_table_$$_$RANDOM.txt
+    echo "$OUT" | grep '^sharding totals rank ' > "$table"
+    diff=$(python3 - "$log" "$plan" "$table" <<'PY'
 import json, sys
 summ = [json.loads(l) for l in open(sys.argv[1]) if '"type":"summary"' in l][-1]
 plan = json.loads(sys.argv[2])
 bad = []
+# the sharding table's totals: "sharding totals rank R: params P grads G optimizer O"
+totals = {}
+for line in open(sys.argv[3]):
+    w = line.split()
+    totals[int(w[3].rstrip(":"))] = {w[4]: int(w[5]), w[6]: int(w[7]), w[8]: int(w[9])}
+ranks = len(summ["peak_bytes"]["params"])
+if sorted(totals) != list(range(ranks)):
+    bad.append(f"sharding table: totals for ranks {sorted(totals)}, expected 0..{ranks - 1}")
+else:
+    for cat in ("params", "grads", "optimizer"):
+        mine = [totals[r][cat] for r in range(ranks)]
+        if mine != summ["peak_bytes"][cat]:
+            bad.append(f"sharding table {cat}: {mine}, run {summ['peak_bytes'][cat]}")
 for cat, v in summ["peak_bytes"].items():
     if plan["peak_bytes"].get(cat) != v:
         bad.append(f"peak_bytes.{cat}: run {v}, plan {plan['peak_bytes'].get(cat)}")
@@ -35,7 +52,7 @@ print("; ".join(bad))
 PY
 )
     if [ -z "$diff" ]; then
-        pass "plan: chapter $ch on $np ranks ($*): peak bytes and communication equal the run's"
+        pass "plan: chapter $ch on $np ranks ($*): peak bytes and communication equal the run's, and so do the sharding table's totals"
     else
         fail "plan: chapter $ch on $np ranks ($*)" "$diff; plan: $plan"
     fi
@@ -63,6 +80,22 @@ done
 jobs_run same_as_run 2 4 --tp 2 --recompute full
 jobs_run same_as_run 4 4 --tp 4 --zero 3 --reshard 0 --recompute selective
 jobs_wait
+
+echo "== --show-sharding"
+# --steps 0: the table and no step; a chapter without a table refuses the flag
+mpi_run $T_SHORT 2 "$BUILD/chapter-3" --dp 2 --zero 3 --steps 0 --peak-gflops 10 --show-sharding
+if [ $RC -eq 0 ] && echo "$OUT" | grep -q '^  qkvw .* flat/dp' && echo "$OUT" | grep -q '^  gather slots' &&
+    ! echo "$OUT" | grep -q '^step '; then
+    pass "--show-sharding --steps 0: chapter 3's table (qkvw flat over dp, the gather slots), no step"
+else
+    fail "--show-sharding --steps 0" "exit $RC; $(echo "$OUT" | head -30)"
+fi
+mpi_run --may-fail $T_SHORT 2 "$BUILD/chapter-5" --pp 2 --steps 0 --peak-gflops 10 --show-sharding
+if [ $RC -ne 0 ] && [ "$(echo "$OUT" | grep -c '^error: ')" = 1 ] && echo "$OUT" | grep -q "does not show its sharding yet"; then
+    pass "--show-sharding in chapter 5 (no table yet): one error line, non-zero exit"
+else
+    fail "--show-sharding in chapter 5" "exit $RC; $(echo "$OUT" | tail -5)"
+fi
 
 echo "== the planner's input"
 plan_error() {
