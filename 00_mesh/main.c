@@ -27,7 +27,6 @@
 #include "rank.h"
 #include "report.h"
 #include "runtime.h"
-#include "sharding.h"
 #include "trace.h"
 #include "train.h"
 #include "watchdog.h"

@@ -35,7 +35,6 @@
 #include "rank.h"
 #include "report.h"
 #include "runtime.h"
-#include "sharding.h"
 #include "trace.h"
 #include "train.h"
 
@@ -271,8 +270,6 @@ int main(int argc, char** argv) {
     DataParallel dp = {.dp = dpc, .mode = mode, .accum = accum};
     if (mode != MODE_PS || dpc->rank == 0) gpt_create_optimizer(&model);  // ps: only rank 0 steps
     if (mode == MODE_PS && dpc->rank == 0) dp.ps_grads = mem_alloc_floats(model.num_params, MEM_COMM);
-    // --show-sharding: every replica holds everything (ps: AdamW on rank 0 only)
-    sharding_show_replicated(&setup->cfg, mode != MODE_PS || dpc->rank == 0, args->show_sharding, "chapter 2, replicas over dp");
     // training-state checkpoints: the replicas are identical, so dp rank 0
     // alone writes the state; every rank reads the parameters and the AdamW
     // moments it keeps (ps mode: rank 0 alone keeps them)
@@ -284,6 +281,7 @@ int main(int argc, char** argv) {
     buckets_make(&dp.buckets, model.num_params, (size_t)bucket_kb * 1024 / sizeof(float));
     dp.buckets.dp = dpc;
     dp.buckets.grads = model.grads;
+    sharding_show_replicated(&setup->cfg, mode != MODE_PS || dpc->rank == 0, args->show_sharding, "chapter 2");
 
     print0("chapter 2: data parallel, dp=%d, mode %s, %d bucket%s of %d KiB, %d micro-batch%s of %d sequence%s per rank, device %s\n",
            ndp, mode_names[mode], dp.buckets.n, dp.buckets.n == 1 ? "" : "s", bucket_kb, accum,

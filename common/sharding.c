@@ -109,8 +109,9 @@ void shard_table_show(const ShardTable* t, int show, const char* title) {
     double* all = rank == 0 ? xmalloc(sizeof(double) * SHARD_STATES * (size_t)size) : NULL;
     MPI_CHECK(MPI_Gather(mine, SHARD_STATES, MPI_DOUBLE, all, SHARD_STATES, MPI_DOUBLE, 0, MPI_COMM_WORLD));
     if (rank == 0) {
-        printf("sharding (%s), rank 0: (tp, -) names the mesh axis each dimension is split over, - whole;\n"
-               "flat/dp: the unit's flat floats cut into equal shards over dp (docs/00_mesh.md)\n", title);
+        printf("sharding (%s), rank 0's table: (tp, -) splits a layer's (out, in) matrix over tp by rows, - keeps\n"
+               "a dimension whole; flat/dp: each unit's floats in equal shards over dp; a block tensor's slice is\n"
+               "layer 0's (docs/00_mesh.md)\n", title);
         printf("  %-13s %-11s %-20s %-20s %-20s %-22s %11s %11s %11s\n", "tensor", "shape", "params", "grads",
                "AdamW m, v", "rank 0 holds", "params B", "grads B", "AdamW B");
         for (int i = 0; i < t->n; i++) {
