@@ -521,7 +521,7 @@ void tp_show_sharding(const TPModel* m, int show) {
         s->numel = tl->nrows * tl->ncols;
     }
     char title[96];
-    snprintf(title, sizeof(title), "chapter 4, tp=%d inside each block, ZeRO-%d over dp=%d", m->ntp, m->f.zero,
+    snprintf(title, sizeof(title), "tp=%d inside each block, ZeRO-%d over dp=%d", m->ntp, m->f.zero,
              m->dp->size);
     fsdp_show_sharding(&m->f, ts, m->ntiles, &m->cfg, show, title);
     free(ts);

@@ -85,6 +85,38 @@ void sharding_add_flat(ShardTable* t, const ShardTensor* tensors, int n, const s
     }
 }
 
+void sharding_add_ranges(ShardTable* t, const GPTConfig* cfg, const size_t* global, const size_t* count,
+                         const int* copy, int n, const char* block_spec) {
+    double f = sizeof(float);
+    for (ParamTensor p = 0; p < NUM_PARAM_TENSORS; p++) {
+        int block = param_tensor_is_block(p), layers = block ? cfg->num_layers : 1;
+        size_t numel = param_tensor_numel(cfg, p);
+        for (int tied = 0; tied < 2; tied++) {  // the tensor, then a second (tied) copy of it
+            double mine = 0.0;
+            char slice[40] = "layers", name[24];
+            size_t used = strlen(slice);
+            for (int l = 0; l < layers; l++) {
+                double here = 0.0;
+                size_t lo = gpt_tensor_offset(cfg, p, l), hi = lo + numel;
+                for (int i = 0; i < n; i++) {
+                    if (copy[i] != tied) continue;
+                    size_t a = lo > global[i] ? lo : global[i];
+                    size_t b = hi < global[i] + count[i] ? hi : global[i] + count[i];
+                    if (b > a) here += (double)(b - a);
+                }
+                if (here > 0 && used + 8 < sizeof(slice))
+                    used += (size_t)snprintf(slice + used, sizeof(slice) - used, "%s%d", mine > 0 ? ", " : " ", l);
+                mine += here;
+            }
+            if (mine == 0.0) continue;
+            snprintf(name, sizeof(name), "%s%s", param_tensor_name(p), tied ? " copy" : "");
+            if (!block) snprintf(slice, sizeof(slice), "%s", tied ? "the tied copy" : "all");
+            const char* spec = block ? block_spec : "(one stage)";
+            shard_table_add(t, name, shapes[p], spec, spec, spec, slice, f * mine, f * mine, 2 * f * mine);
+        }
+    }
+}
+
 void sharding_add_replicated(ShardTable* t, const GPTConfig* cfg, int has_optimizer) {
     double f = sizeof(float);
     for (ParamTensor p = 0; p < NUM_PARAM_TENSORS; p++) {

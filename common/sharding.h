@@ -72,6 +72,14 @@ void shard_table_show(const ShardTable* t, int show, const char* title);
 // --show-sharding in a chapter that has not shown one (no silent no-op).
 int sharding_shown(void);
 
+// Ranges [global[i], global[i] + count[i]) of the flat layer-major layout
+// held whole (chapter 5's stages): per tensor the floats of each state this
+// rank holds; copy[i] set marks a second copy of a tensor (the last stage's
+// tied wte), a row of its own. block_spec names where the layers are, e.g.
+// "(L/pp)"; the other tensors are "(one stage)".
+void sharding_add_ranges(ShardTable* t, const GPTConfig* cfg, const size_t* global, const size_t* count,
+                         const int* copy, int n, const char* block_spec);
+
 // The two above for a replica: builds the table and shows it (chapters 0, 2).
 void sharding_show_replicated(const GPTConfig* cfg, int has_optimizer, int show, const char* title);
 

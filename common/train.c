@@ -379,7 +379,7 @@ void train_loop_begin(TrainLoop* L, const Run* run, const TrainLoopSpec* spec) {
     L->val_loss = -1.0f;
     // --show-sharding: the chapter printed its table before its loop, or it has none yet
     if (run->args.show_sharding && !sharding_shown())
-        fail_all("this chapter does not show its sharding yet (chapters 0, 2, 3 and 4 do): drop --show-sharding");
+        fail_all("this chapter does not show its sharding yet: drop --show-sharding");
     train_loop_open(&L->log, &L->inputs, &L->targets, L->args, spec->rows, L->setup->T);
     comm_counts_reset();  // the summary counts the training, not the start-up
     clock_begin(&L->clock);

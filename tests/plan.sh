@@ -20,8 +20,8 @@ same_as_run() {
         fail "plan: chapter $ch on $np ranks ($*)" "the run failed: $(echo "$OUT" | tail -3)"
         return
     fi
-    local plan
-    plan=$("$BUILD/plan" --chapter "$ch" --ranks "$np" --steps 2 --json "$@" 2>&1)
+    local plan='{"peak_bytes": {}, "comm": null}'
+    [ "$ch" -le 4 ] && plan=$("$BUILD/plan" --chapter "$ch" --ranks "$np" --steps 2 --json "$@" 2>&1)
     local diff
     local table=$TEST_TMPDIR/plan_table_$$_$RANDOM.txt
     echo "$OUT" | grep '^sharding totals rank ' > "$table"
@@ -44,15 +44,19 @@ else:
         if mine != summ["peak_bytes"][cat]:
             bad.append(f"sharding table {cat}: {mine}, run {summ['peak_bytes'][cat]}")
 for cat, v in summ["peak_bytes"].items():
-    if plan["peak_bytes"].get(cat) != v:
+    if plan["comm"] is not None and plan["peak_bytes"].get(cat) != v:
         bad.append(f"peak_bytes.{cat}: run {v}, plan {plan['peak_bytes'].get(cat)}")
-if plan["comm"] != summ["comm"]:
+if plan["comm"] is not None and plan["comm"] != summ["comm"]:
     bad.append(f"comm: run {json.dumps(summ['comm'])}, plan {json.dumps(plan['comm'])}")
 print("; ".join(bad))
 PY
 )
     if [ -z "$diff" ]; then
-        pass "plan: chapter $ch on $np ranks ($*): peak bytes and communication equal the run's, and so do the sharding table's totals"
+        if [ "$ch" -le 4 ]; then
+            pass "plan: chapter $ch on $np ranks ($*): peak bytes and communication equal the run's, and so do the sharding table's totals"
+        else
+            pass "sharding: chapter $ch on $np ranks ($*): the table's totals equal the run's peak bytes (not planned yet)"
+        fi
     else
         fail "plan: chapter $ch on $np ranks ($*)" "$diff; plan: $plan"
     fi
@@ -79,6 +83,12 @@ for z in 1 2 3; do
 done
 jobs_run same_as_run 2 4 --tp 2 --recompute full
 jobs_run same_as_run 4 4 --tp 4 --zero 3 --reshard 0 --recompute selective
+# chapters 5 to 7: the sharding table only (the planner does not know them yet)
+jobs_run same_as_run 2 5 --pp 2
+jobs_run same_as_run 4 5 --pp 2 --dp 2 --virtual 3 --schedule interleaved --model tiny6 --microbatches 2 --batch 8
+jobs_run same_as_run 4 6 --tp 2 --dp 2 --sp
+jobs_run same_as_run 2 6 --cp 2
+jobs_run same_as_run 4 7 --ep 2 --dp 2
 jobs_wait
 
 echo "== --show-sharding"
@@ -90,11 +100,11 @@ if [ $RC -eq 0 ] && echo "$OUT" | grep -q '^  qkvw .* flat/dp' && echo "$OUT" | 
 else
     fail "--show-sharding --steps 0" "exit $RC; $(echo "$OUT" | head -30)"
 fi
-mpi_run --may-fail $T_SHORT 2 "$BUILD/chapter-5" --pp 2 --steps 0 --peak-gflops 10 --show-sharding
-if [ $RC -ne 0 ] && [ "$(echo "$OUT" | grep -c '^error: ')" = 1 ] && echo "$OUT" | grep -q "does not show its sharding yet"; then
-    pass "--show-sharding in chapter 5 (no table yet): one error line, non-zero exit"
+mpi_run $T_SHORT 2 "$BUILD/chapter-5" --pp 2 --steps 0 --peak-gflops 10 --show-sharding
+if [ $RC -eq 0 ] && echo "$OUT" | grep -q '^  qkvw .*(L/pp) .*layers 0 ' && echo "$OUT" | grep -q '^  wte  .*(one stage)'; then
+    pass "--show-sharding --steps 0: chapter 5's stage 0 holds layer 0 and the embedding"
 else
-    fail "--show-sharding in chapter 5" "exit $RC; $(echo "$OUT" | tail -5)"
+    fail "--show-sharding in chapter 5" "exit $RC; $(echo "$OUT" | head -30)"
 fi
 
 echo "== the planner's input"
