@@ -107,6 +107,19 @@ else
     fail "--show-sharding in chapter 5" "exit $RC; $(echo "$OUT" | head -30)"
 fi
 
+echo "== --search --memory-per-rank"
+# the same plans, every layout of 2 ranks: ZeRO-3 on dp 2 holds 3882756
+# bytes at peak on tiny (the run above measured it); one byte less leaves it out
+out=$("$BUILD/plan" --search --ranks 2 --memory-per-rank 3882756 2>&1)
+less=$("$BUILD/plan" --search --ranks 2 --memory-per-rank 3882755 2>&1)
+if echo "$out" | grep -q '^  chapter 3 --dp 2 --zero 3  *peak  *3882756 bytes' &&
+    ! echo "$less" | grep -q '^  chapter 3 --dp 2 --zero 3 ' &&
+    echo "$out" | awk '/^  chapter/ { if ($(NF - 6) > 3882756) bad = 1 } END { exit bad }'; then
+    pass "--search: ZeRO-3 over dp 2 fits 3882756 bytes, not one byte less; nothing listed is larger"
+else
+    fail "--search" "$out / $less"
+fi
+
 echo "== the planner's input"
 plan_error() {
     local expect=$1
@@ -124,4 +137,5 @@ plan_error "--ranks" --chapter 2 --ranks 4 --dp 2
 plan_error "not planned yet" --chapter 9
 plan_error "--zero" --chapter 3 --ranks 2 --dp 2 --zero 4
 plan_error "--dp-mode" --chapter 2 --ranks 2 --dp 2 --dp-mode rings
+plan_error "--memory-per-rank" --search --ranks 2 --memory-per-rank lots
 finish

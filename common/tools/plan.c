@@ -5,6 +5,7 @@
 //
 //   build/plan --chapter 3 --ranks 4 --dp 4 --zero 3
 //   build/plan --chapter 2 --ranks 2 --dp 2 --dp-mode ps --steps 10 --json
+//   build/plan --search --ranks 4 --model small --memory-per-rank 2e8
 //
 // --json prints one record with the "peak_bytes" and "comm" objects of the
 // chapter's own summary (--log FILE.jsonl), which counts --steps steps of
@@ -16,7 +17,11 @@
 // Exact so far: chapter 0 (one rank), chapter 2 (every --dp-mode,
 // --grad-accum, --bucket-kb) and chapter 3 (every --zero, --prefetch,
 // --reshard), every category and every collective, with --recompute.
-// Other chapters: an error line says they are not planned yet.
+// Other chapters: an error line says they are not planned yet (chapter 5's
+// send buffers are a pool that grows when a send is still in flight, so its
+// "comm" peak depends on timing). --search plans every layout of --ranks in
+// the planned chapters and lists those that fit --memory-per-rank, fewest
+// bus bytes per step first. No step time: that needs a machine profile.
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -375,12 +380,139 @@ static void print_table(const PlanArgs* a, const RankPlan* plans) {
 
 // ---------------------------------------------------------------- main
 
-// chapters 3 and 4: the FSDP engine's flags (fsdp_check_flags), the batch over dp
-static void check_fsdp_flags(const PlanArgs* a) {
-    if (a->zero < 1 || a->zero > 3) die("%s: the ZeRO stages are 1, 2 and 3", "--zero");
-    if ((a->prefetch != 0 && a->prefetch != 1) || (a->reshard != 0 && a->reshard != 1))
-        die("%s take 0 or 1", "--prefetch and --reshard");
-    if (a->B % a->mesh[AXIS_DP]) die("%s: the batch must split over dp", "--batch");
+typedef void (*PlanFn)(const PlanArgs*, RankPlan*, int);
+
+// The chapter's planner for these flags, or NULL and msg saying what does
+// not fit (the checks the chapter itself makes of its mesh and flags).
+static PlanFn plan_pick(const PlanArgs* a, char* msg, size_t len) {
+    int N = a->mesh[AXIS_DP], world = a->ranks;
+    const char* bad = NULL;
+    PlanFn plan = NULL;
+    switch (a->chapter) {
+        case 0:
+            if (world != 1) bad = "--ranks: chapter 0 trains on one rank";
+            plan = plan_chapter_0;
+            break;
+        case 2:
+            if (world != N) bad = "--ranks: chapter 2 has the dp axis only";
+            else if (strcmp(a->dp_mode, "naive") && strcmp(a->dp_mode, "bucketed") &&
+                     strcmp(a->dp_mode, "overlapped") && strcmp(a->dp_mode, "ps"))
+                bad = "--dp-mode: not one of naive, bucketed, overlapped, ps";
+            else if (a->accum < 1 || a->bucket_kb < 1 || a->B % (N * a->accum))
+                bad = "--grad-accum: --batch must split into dp x --grad-accum micro-batches";
+            plan = plan_chapter_2;
+            break;
+        case 3:
+        case 4:
+            if (a->chapter == 3 && world != N) bad = "--ranks: chapter 3 has the dp axis only";
+            else if (a->chapter == 4 && world != N * a->mesh[AXIS_TP])
+                bad = "--ranks: chapter 4 has the dp and tp axes only";
+            else if (a->chapter == 4 && a->cfg.num_heads % a->mesh[AXIS_TP])
+                bad = "--tp: the model's heads must split over tp";
+            else if (a->zero < 1 || a->zero > 3) bad = "--zero: the ZeRO stages are 1, 2 and 3";
+            else if ((a->prefetch != 0 && a->prefetch != 1) || (a->reshard != 0 && a->reshard != 1))
+                bad = "--prefetch and --reshard take 0 or 1";
+            else if (a->B % N) bad = "--batch: the batch must split over dp";
+            plan = a->chapter == 3 ? plan_chapter_3 : plan_chapter_4;
+            break;
+        default:
+            snprintf(msg, len, "--chapter %d is not planned yet (the planner knows chapters 0, 2, 3 and 4)",
+                     a->chapter);
+            return NULL;
+    }
+    if (bad) {
+        snprintf(msg, len, "%s", bad);
+        return NULL;
+    }
+    return plan;
+}
+
+// Every rank's plan over a->steps steps.
+static RankPlan* plan_run(const PlanArgs* a, PlanFn plan) {
+    RankPlan* plans = calloc((size_t)a->ranks, sizeof(RankPlan));
+    if (!plans) die("%s", "out of memory");
+    for (int r = 0; r < a->ranks; r++) {
+        comm_counts_reset();
+        for (int s = 0; s < a->steps; s++) plan(a, &plans[r], r);
+        for (int c = 0; c < NUM_COLLECTIVES; c++)
+            for (int x = 0; x < COMM_NUM_AXES; x++) plans[r].comm[c][x] = comm_count((Collective)c, x);
+    }
+    return plans;
+}
+
+// --search: every layout of --ranks the planned chapters offer (chapter 2's
+// modes, chapter 3's stages, chapter 4's dp x tp with each stage), those
+// whose largest rank fits --memory-per-rank, fewest bus bytes per step first.
+typedef struct {
+    char what[96];
+    double peak, bus;
+} Candidate;
+
+static int by_bus(const void* x, const void* y) {
+    const Candidate *a = x, *b = y;
+    return a->bus < b->bus ? -1 : a->bus > b->bus ? 1 : (a->peak > b->peak) - (a->peak < b->peak);
+}
+
+static void search(const PlanArgs* base, double memory) {
+    Candidate found[512];
+    int n = 0, tried = 0;
+    static const char* modes[] = {"naive", "bucketed", "overlapped", "ps"};
+    for (int ch = 0; ch <= 4; ch++)
+        for (int tp = 1; tp <= base->ranks; tp++) {
+            if (base->ranks % tp || (ch != 4 && tp > 1)) continue;
+            for (int k = 0; k < 8; k++) {
+                PlanArgs a = *base;
+                a.chapter = ch;
+                a.steps = 1;
+                for (int x = 0; x < NUM_AXES; x++) a.mesh[x] = 1;
+                a.mesh[AXIS_DP] = base->ranks / tp;
+                a.mesh[AXIS_TP] = tp;
+                char what[96];
+                if (ch == 2) {
+                    if (k >= 4) continue;
+                    a.dp_mode = modes[k];
+                    snprintf(what, sizeof(what), "chapter 2 --dp %d --dp-mode %s", a.mesh[AXIS_DP], modes[k]);
+                } else if (ch == 3 || ch == 4) {
+                    if (k >= 4) continue;  // ZeRO-1, 2, 3 resharding, 3 keeping
+                    a.zero = k < 3 ? k + 1 : 3;
+                    a.reshard = k < 3;
+                    if (ch == 3)
+                        snprintf(what, sizeof(what), "chapter 3 --dp %d --zero %d%s", a.mesh[AXIS_DP], a.zero,
+                                 k == 3 ? " --reshard 0" : "");
+                    else
+                        snprintf(what, sizeof(what), "chapter 4 --dp %d --tp %d --zero %d%s", a.mesh[AXIS_DP], tp,
+                                 a.zero, k == 3 ? " --reshard 0" : "");
+                } else {
+                    if (k > 0 || ch == 1) continue;
+                    snprintf(what, sizeof(what), "chapter 0");
+                }
+                char msg[256];
+                PlanFn fn = plan_pick(&a, msg, sizeof(msg));
+                if (!fn) continue;
+                tried++;
+                RankPlan* plans = plan_run(&a, fn);
+                double peak = 0, bus = 0;
+                for (int r = 0; r < a.ranks; r++) {
+                    if (plan_total(&plans[r]) > peak) peak = plan_total(&plans[r]);
+                    double mine = 0;
+                    for (int c = 0; c < NUM_COLLECTIVES; c++)
+                        for (int x = 0; x < COMM_NUM_AXES; x++) mine += plans[r].comm[c][x].bus_bytes;
+                    if (mine > bus) bus = mine;
+                }
+                free(plans);
+                if (peak <= memory && n < (int)(sizeof(found) / sizeof(found[0]))) {
+                    snprintf(found[n].what, sizeof(found[n].what), "%s", what);
+                    found[n].peak = peak;
+                    found[n].bus = bus;
+                    n++;
+                }
+            }
+        }
+    qsort(found, (size_t)n, sizeof(Candidate), by_bus);
+    printf("search: %d of %d layouts of %d rank%s fit %.0f bytes per rank (peak of the fullest rank), fewest bus bytes "
+           "per step (the busiest rank) first\n", n, tried, base->ranks, base->ranks == 1 ? "" : "s", memory);
+    for (int i = 0; i < n; i++)
+        printf("  %-48s peak %12.0f bytes  bus %12.0f bytes per step\n", found[i].what, found[i].peak, found[i].bus);
 }
 
 static int parse_int_or(int v, int dflt) { return v == ARG_NOT_GIVEN ? dflt : v; }
@@ -391,7 +523,8 @@ int main(int argc, char** argv) {
     const char* model = "tiny";
     const char* recompute = "none";
     int layers = ARG_NOT_GIVEN, channels = ARG_NOT_GIVEN, heads = ARG_NOT_GIVEN, vocab = ARG_NOT_GIVEN;
-    int max_seq = ARG_NOT_GIVEN, batch = 0, seq = 0, help = 0;
+    int max_seq = ARG_NOT_GIVEN, batch = 0, seq = 0, help = 0, do_search = 0;
+    const char* memory_arg = NULL;
     int mesh[NUM_AXES];
     for (int x = 0; x < NUM_AXES; x++) mesh[x] = 1;
     a.chapter = -1;
@@ -428,6 +561,8 @@ int main(int argc, char** argv) {
         {"zero", ARG_INT, &a.zero, "(chapters 3, 4) 1 | 2 | 3  [3]"},
         {"prefetch", ARG_INT, &a.prefetch, "(chapter 3) 0 | 1  [1]"},
         {"reshard", ARG_INT, &a.reshard, "(chapter 3) 0 | 1  [1]"},
+        {"search", ARG_FLAG, &do_search, "every layout of --ranks in chapters 0, 2, 3, 4 that fits --memory-per-rank"},
+        {"memory-per-rank", ARG_STRING, &memory_arg, "bytes a rank may hold (--search), e.g. 8e6"},
         {"help", ARG_FLAG, &help, "this text"},
     };
     int n_flags = sizeof(flags) / sizeof(flags[0]);
@@ -473,47 +608,19 @@ int main(int argc, char** argv) {
         world *= mesh[x];
         a.mesh[x] = mesh[x];
     }
-    if (a.ranks < 1 || world != a.ranks) die("%s: the product of the mesh axes must equal --ranks", "--ranks");
+    if (a.ranks < 1 || (world != a.ranks && !do_search))
+        die("%s: the product of the mesh axes must equal --ranks", "--ranks");
     if (a.steps < 1) die("%s must be >= 1", "--steps");
-    void (*plan)(const PlanArgs*, RankPlan*, int) = NULL;
-    int N = a.mesh[AXIS_DP];
-    switch (a.chapter) {
-        case 0:
-            if (a.ranks != 1) die("%s: chapter 0 trains on one rank", "--ranks");
-            plan = plan_chapter_0;
-            break;
-        case 2:
-            if (world != N) die("%s: chapter 2 has the dp axis only", "--ranks");
-            if (strcmp(a.dp_mode, "naive") && strcmp(a.dp_mode, "bucketed") && strcmp(a.dp_mode, "overlapped") &&
-                strcmp(a.dp_mode, "ps"))
-                die("--dp-mode %s is not one of naive, bucketed, overlapped, ps", a.dp_mode);
-            if (a.accum < 1 || a.bucket_kb < 1 || a.B % (N * a.accum))
-                die("%s: --batch must split into dp x --grad-accum micro-batches", "--grad-accum");
-            plan = plan_chapter_2;
-            break;
-        case 3:
-            if (world != N) die("%s: chapter 3 has the dp axis only", "--ranks");
-            check_fsdp_flags(&a);
-            plan = plan_chapter_3;
-            break;
-        case 4:
-            if (world != N * a.mesh[AXIS_TP]) die("%s: chapter 4 has the dp and tp axes only", "--ranks");
-            if (a.cfg.num_heads % a.mesh[AXIS_TP]) die("%s: the model's heads must split over tp", "--tp");
-            check_fsdp_flags(&a);
-            plan = plan_chapter_4;
-            break;
-        default:
-            snprintf(msg, sizeof(msg), "%d", a.chapter);
-            die("--chapter %s is not planned yet (the planner knows chapters 0, 2, 3 and 4)", msg);
+    if (do_search) {
+        char* end = NULL;
+        double memory = memory_arg ? strtod(memory_arg, &end) : 0.0;
+        if (!memory_arg || *end || !(memory > 0)) die("%s: give the bytes a rank may hold, e.g. --memory-per-rank 4000000", "--search");
+        search(&a, memory);
+        return 0;
     }
-    RankPlan* plans = calloc((size_t)a.ranks, sizeof(RankPlan));
-    if (!plans) die("%s", "out of memory");
-    for (int r = 0; r < a.ranks; r++) {
-        comm_counts_reset();
-        for (int s = 0; s < a.steps; s++) plan(&a, &plans[r], r);
-        for (int c = 0; c < NUM_COLLECTIVES; c++)
-            for (int x = 0; x < COMM_NUM_AXES; x++) plans[r].comm[c][x] = comm_count((Collective)c, x);
-    }
+    PlanFn plan = plan_pick(&a, msg, sizeof(msg));
+    if (!plan) die("%s", msg);
+    RankPlan* plans = plan_run(&a, plan);
     if (a.json) print_json(&a, plans);
     else print_table(&a, plans);
     free(plans);
