@@ -1,6 +1,6 @@
 # The course's build.
 #   make chapter-N     build/chapter-N (N = 0..7, the chapters that exist)
-#   make all           every chapter and the tools
+#   make all           every chapter and the tools (tokenize, roofline, plan)
 #   make test          every test; ends with "N passed, N failed, N skipped"
 #   make docs-check    the docs' code references, links and quoted figures (docs/TEMPLATE.md)
 #   make test CHAPTER=N   only chapter N's tests (tests/chapter_N.sh: its mesh,
@@ -51,7 +51,7 @@ COMMON_SRC := common/errors.c common/rank.c common/exercise.c common/atomic_file
               common/model_file.c common/data.c common/mesh.c common/runtime.c common/matmul_peak.c \
               common/args.c common/report.c common/train.c common/comm_stats.c common/comm_trace.c common/comm_groups.c common/paths.c \
               common/ckpt.c common/model_tp.c common/trace.c \
-              common/optime.c common/watchdog.c
+              common/optime.c common/watchdog.c common/sharding.c
 
 ifeq ($(BACKEND),cpu)
   BIN := $(BUILD)
@@ -140,11 +140,15 @@ all: $(addprefix chapter-,$(CHAPTERS)) modules tools
 # every module compiles, linked by a chapter or not yet
 modules: $(patsubst %.c,$(OBJ)/%.o,$(MODULE_SRC))
 
-tools: $(BIN)/tokenize $(BIN)/roofline
+tools: $(BIN)/tokenize $(BIN)/roofline $(BIN)/plan
 $(BIN)/tokenize: $(OBJ)/common/tools/tokenize.o $(COMMON_OBJ)
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) -o $@ $^ $(LDLIBS)
 $(BIN)/roofline: $(OBJ)/common/tools/roofline.o $(COMMON_OBJ)
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) -o $@ $^ $(LDLIBS)
+# the planner: a chapter's peak bytes and communication, predicted (tests/plan.sh)
+$(BIN)/plan: $(OBJ)/common/tools/plan.o $(COMMON_OBJ)
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) -o $@ $^ $(LDLIBS)
 

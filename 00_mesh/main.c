@@ -101,6 +101,7 @@ static void train_reference(const Run* run, int freeze) {
     // --recompute: how much of each block's forward is kept for backward
     gpt_create_recompute(&model, cfg, B, T, (uint64_t)args->seed, (RecomputeMode)args->recompute);
     gpt_create_optimizer(&model);
+    sharding_show_replicated(cfg, 1, args->show_sharding, "chapter 0, one rank");  // --show-sharding
     if (setup->checkpoint) {
         float* host = xmalloc(model.num_params * sizeof(float));
         train_load_checkpoint(setup, host);

@@ -281,6 +281,7 @@ int main(int argc, char** argv) {
     buckets_make(&dp.buckets, model.num_params, (size_t)bucket_kb * 1024 / sizeof(float));
     dp.buckets.dp = dpc;
     dp.buckets.grads = model.grads;
+    sharding_show_replicated(&setup->cfg, mode != MODE_PS || dpc->rank == 0, args->show_sharding, "chapter 2");
 
     print0("chapter 2: data parallel, dp=%d, mode %s, %d bucket%s of %d KiB, %d micro-batch%s of %d sequence%s per rank, device %s\n",
            ndp, mode_names[mode], dp.buckets.n, dp.buckets.n == 1 ? "" : "s", bucket_kb, accum,

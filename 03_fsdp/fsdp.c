@@ -302,3 +302,35 @@ float* fsdp_gather_host(FSDP* f) {
     mem_free(buf);
     return host;
 }
+
+// ---------------------------------------------------------------- --show-sharding
+
+void fsdp_show_sharding(const FSDP* f, const ShardTensor* tensors, int n, const GPTConfig* cfg, int show,
+                        const char* title) {
+    if (!show) return;
+    ShardTensor* own = NULL;
+    if (!tensors) {
+        own = xmalloc(sizeof(ShardTensor) * (4 + 12 * (size_t)cfg->num_layers));
+        n = sharding_gpt_tensors(cfg, own);
+        tensors = own;
+    }
+    int N = f->dp->size;
+    ShardTable* t = xcalloc(1, sizeof(ShardTable));
+    sharding_add_flat(t, tensors, n, f->numel, f->shard, f->n, N, f->dp->rank, f->zero);
+    double b = sizeof(float);
+    if (f->zero == 3)  // the units gathered whole: two alternating slots, or one per unit
+        shard_table_add(t, "gather slots", "", "gathered", "", "", f->reshard ? "2 x the largest unit" : "every unit",
+                        b * (double)(f->reshard ? 2 * f->max_padded : f->padded_total), 0, 0);
+    if (f->zero == 1) {
+        shard_table_add(t, "full gradient", "", "", "(-)", "", "every unit", 0, b * (double)f->padded_total, 0);
+    } else {
+        shard_table_add(t, "unit gradient", "", "", "(-)", "", "the largest unit", 0, b * (double)f->max_padded, 0);
+        for (int i = 0; i < f->n; i++)
+            if (f->own_grads[i])
+                shard_table_add(t, "tied gradient", "", "", "(-)", "", "unit 0 whole", 0,
+                                b * (double)(f->shard[i] * N), 0);
+    }
+    shard_table_show(t, show, title);
+    free(t);
+    free(own);
+}

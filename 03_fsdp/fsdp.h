@@ -30,6 +30,7 @@
 
 #include "comm.h"
 #include "ops.h"
+#include "sharding.h"
 
 // Writes floats [lo, lo + n) of unit `unit` into dst (host memory). Returns
 // NULL, or a message (written into msg) when the values cannot be had (a
@@ -140,5 +141,13 @@ void fsdp_step(FSDP* f, AdamWConfig opt, int t, float scale);
 // Every unit gathered once, concatenated in unit order without padding, in
 // host memory on dp rank 0 (NULL elsewhere; free it). Collective over dp.
 float* fsdp_gather_host(FSDP* f);
+
+// --show-sharding: the table of what this rank holds (sharding.h): each
+// tensor's share of the shards, the padding, and the engine's own buffers
+// (ZeRO-3's gather slots, ZeRO-1's full gradient, the unit gradient buffers).
+// tensors NULL: the GPT's flat layout in chapter 3's units, from cfg.
+// Collective over the world when show is set; nothing otherwise.
+void fsdp_show_sharding(const FSDP* f, const ShardTensor* tensors, int n, const GPTConfig* cfg, int show,
+                        const char* title);
 
 #endif

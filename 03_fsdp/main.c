@@ -281,6 +281,7 @@ int main(int argc, char** argv) {
     ShardedGPT g;
     sharded_gpt_create(&g, dpc, setup, args, zero, prefetch, reshard, micro);
     FSDP* f = &g.f;
+    fsdp_show_sharding(f, NULL, 0, &setup->cfg, args->show_sharding, "chapter 3");  // --show-sharding
     size_t P = gpt_num_params(&setup->cfg);
     Ckpt ck;
     ckpt_init(&ck, args, setup, &run.mesh, 3);

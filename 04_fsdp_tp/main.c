@@ -239,6 +239,7 @@ int main(int argc, char** argv) {
     TPModel m;
     tp_create(&m, &run, micro, zero, prefetch, reshard);
     FSDP* f = &m.f;
+    tp_show_sharding(&m, args->show_sharding);  // --show-sharding: tp tiles, then FSDP over dp
     size_t P = gpt_num_params(cfg);
     // training-state checkpoints: each rank writes its dp shard of its tiles
     // (a replicated tile once, by tp rank 0) and --resume reads them back

@@ -501,3 +501,28 @@ void tp_ckpt_lists(Ckpt* ck, const TPModel* m) {
         }
     }
 }
+
+// ---------------------------------------------------------------- --show-sharding
+
+void tp_show_sharding(const TPModel* m, int show) {
+    if (!show) return;
+    ShardTensor* ts = xcalloc((size_t)m->ntiles, sizeof(ShardTensor));
+    for (int i = 0; i < m->ntiles; i++) {
+        const Tile* tl = &m->tiles[i];
+        size_t rows, cols;
+        param_tensor_shape(&m->cfg, tl->t, &rows, &cols);
+        ShardTensor* s = &ts[i];
+        snprintf(s->name, sizeof(s->name), "%s", param_tensor_name(tl->t));
+        snprintf(s->shape, sizeof(s->shape), "%s", sharding_shape(tl->t));
+        // rows split: column-parallel (and the vocabulary); columns split: row-parallel
+        snprintf(s->split, sizeof(s->split), "%s", tl->replicated ? "(-, -)" : tl->nrows < rows ? "(tp, -)" : "(-, tp)");
+        s->unit = tp_tile_unit(m, tl);
+        s->off = tl->off - m->unit_off[s->unit];
+        s->numel = tl->nrows * tl->ncols;
+    }
+    char title[96];
+    snprintf(title, sizeof(title), "tp=%d inside each block, ZeRO-%d over dp=%d", m->ntp, m->f.zero,
+             m->dp->size);
+    fsdp_show_sharding(&m->f, ts, m->ntiles, &m->cfg, show, title);
+    free(ts);
+}

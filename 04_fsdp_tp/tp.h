@@ -176,6 +176,9 @@ float tp_val_loss(TPModel* m, const TrainSetup* s, int n_batches, TrainForward f
 // 1 on every rank iff every tp rank holds bit-identical replicated tensors
 // (shard: fsdp_gather_host's, on dp rank 0). Plain MPI, uncounted.
 int tp_replicas_agree(const TPModel* m, const float* shard);
+// --show-sharding: each tensor split over tp by its tiles, then every unit
+// of the tp shard flat over dp (fsdp_show_sharding). Collective when show.
+void tp_show_sharding(const TPModel* m, int show);
 
 // The full model in the flat layout on world rank 0 (from every tp rank's
 // whole shard on dp rank 0, placed tile by tile); NULL on every other rank.

@@ -343,6 +343,7 @@ int main(int argc, char** argv) {
                block_acts_numel(1, 1, cfg->channels, cfg->num_heads));
     print0("model %s: %zu parameters, %d layers, global batch %d x %d\n", setup->model_name, gpt_num_params(cfg), L, B, T);
     pipe_print_layout(&P);
+    pipe_show_sharding(&P, args->show_sharding);  // --show-sharding
     if (m < pp) print0("note: %d microbatch%s for %d stages: some stages always idle (bubble %.2f)\n", m, m == 1 ? "" : "es", pp,
                        schedule_bubble_formula(kind, pp, m, v));
     ScheduleSim sim;

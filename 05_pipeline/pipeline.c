@@ -538,3 +538,22 @@ void pipe_summary_fields(const Pipeline* P, const char* sched_name, double simul
     free(column);
     free(all);
 }
+
+// ---------------------------------------------------------------- --show-sharding
+
+void pipe_show_sharding(const Pipeline* P, int show) {
+    if (!show) return;
+    size_t global[PIPE_MAX_PIECES], count[PIPE_MAX_PIECES];
+    int copy[PIPE_MAX_PIECES];
+    for (int i = 0; i < P->n_pieces; i++) {
+        global[i] = P->piece[i].global;
+        count[i] = P->piece[i].count;
+        copy[i] = P->piece[i].tied_copy;
+    }
+    ShardTable* t = xcalloc(1, sizeof(ShardTable));
+    sharding_add_ranges(t, P->cfg, global, count, copy, P->n_pieces, "(L/pp)");
+    char title[64];
+    snprintf(title, sizeof(title), "chapter 5, pp=%d x %d chunks, dp=%d", P->n_stages, P->n_virtual, P->dp->size);
+    shard_table_show(t, show, title);
+    free(t);
+}

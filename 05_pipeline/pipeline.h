@@ -198,4 +198,9 @@ double pipe_bubble(const Pipeline* P);  // the mean bubble of the counted steps
 // Collective over the world.
 void pipe_summary_fields(const Pipeline* P, const char* sched_name, double simulated, double formula, JsonBuf* out);
 
+// --show-sharding: the layers of this rank's stages, the embedding on the
+// first, the final LayerNorm and the tied wte's copy on the last (sharding.h).
+// Collective when show is set.
+void pipe_show_sharding(const Pipeline* P, int show);
+
 #endif

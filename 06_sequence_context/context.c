@@ -219,6 +219,8 @@ void cp_print_setup(const CPModel* m, const Run* run) {
         print0("recompute full: backward reruns each block's forward, %s\n",
                m->mode == CP_RING ? "the ring's K/V passes again (cp-1 more sends per layer)"
                                   : "its 2 all-to-alls again (2 more per layer)");
+    // --show-sharding: every rank holds the whole model (cp splits the sequence, not the weights)
+    sharding_show_replicated(&m->cfg, 1, run->args.show_sharding, "chapter 6, context parallel");
 }
 
 // ---------------------------------------------------------------- the per-token parts of the step

@@ -436,6 +436,7 @@ void sp_print_setup(const SP* s, const Run* run) {
     // (it recomputes after the gather of each block in backward)
     train_print_recompute(s->recompute,
                           s->recompute == RECOMPUTE_FULL ? ", with the block's 2 tp all-gathers and 2 reduce-scatters again" : "");
+    tp_show_sharding(m, run->args.show_sharding);  // --show-sharding: chapter 4's table
 }
 
 void sp_summary(const SP* s, JsonBuf* extra) {

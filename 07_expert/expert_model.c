@@ -390,3 +390,21 @@ void expert_report(const ExpertModel* m, const ExpertFlags* fl, int trained, Jso
     json_add_double(extra, "alltoall_bytes_per_step", per_step, "%.0f");
     json_add_int(extra, "dropped_total", m->dropped_total);
 }
+
+// ---------------------------------------------------------------- --show-sharding
+
+void expert_model_show_sharding(const ExpertModel* m, int show) {
+    if (!show) return;
+    ShardTable* t = xcalloc(1, sizeof(ShardTable));
+    double f = sizeof(float), shared = (double)m->n_shared, experts = (double)m->n_experts;
+    char slice[40];
+    shard_table_add(t, "GPT + routers", "", "(-, -)", "(-, -)", "(-, -)", "all", f * shared, f * shared,
+                    2 * f * shared);
+    snprintf(slice, sizeof(slice), "experts %d..%d of %d", m->e0, m->e0 + m->E_local - 1, m->cfg.experts);
+    shard_table_add(t, "experts", "(Lm, E, ...)", "(-, ep, -)", "(-, ep, -)", "(-, ep, -)", slice, f * experts,
+                    f * experts, 2 * f * experts);
+    char title[64];
+    snprintf(title, sizeof(title), "chapter 7, ep=%d, dp=%d", m->ep, m->dp->size);
+    shard_table_show(t, show, title);
+    free(t);
+}

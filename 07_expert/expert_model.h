@@ -135,4 +135,9 @@ void expert_report(const ExpertModel* m, const ExpertFlags* flags, int trained, 
 // experts), in the MoE model's global tensors, so any dp x ep mesh resumes.
 void expert_model_ckpt(Ckpt* ck, ExpertModel* m);
 
+// --show-sharding: the replicated parameters (the GPT and the routers) on
+// every rank, this rank's E/ep experts of every MoE layer (sharding.h).
+// Collective when show is set.
+void expert_model_show_sharding(const ExpertModel* m, int show);
+
 #endif

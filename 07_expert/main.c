@@ -414,6 +414,7 @@ int main(int argc, char** argv) {
     MoeConfig cfg = expert_config(&run, &fl);  // the flags or --model FILE's, checked against the mesh
     ExpertModel model;  // my experts, the replicated rest, my share of the batch
     expert_model_create(&model, &cfg, &fl, &run);
+    expert_model_show_sharding(&model, run.args.show_sharding);  // --show-sharding
     expert_print_setup(&model, &run);
     int B = setup->B, T = setup->T, per_rank = model.B;
     // --ckpt-dir, --save-every, --resume: this rank's slices, from whatever mesh saved them

@@ -23,6 +23,7 @@ typedef struct {
     int save_every;        // --save-every N steps (0: only at the end, with --ckpt-dir)
     int keep;              // --keep K newest checkpoints (0: all)
     int async_save;        // --async-save: a thread writes while training goes on
+    int show_sharding;     // --show-sharding: print who holds what (sharding.h)
     const char* resume;    // --resume DIR: the latest complete checkpoint in DIR
     const char* ckpt_local;  // --ckpt-local DIR: level-1 checkpoints, DIR/node-K/step-N (ckpt.h)
     int local_every;         // --local-every N steps (0: only at the end, with --ckpt-local)

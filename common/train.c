@@ -16,6 +16,7 @@
 #include "watchdog.h"
 #include "rank.h"
 #include "runtime.h"
+#include "sharding.h"
 #include "trace.h"
 
 TrainConfigReader train_config_reader = NULL;
@@ -378,6 +379,9 @@ void train_loop_begin(TrainLoop* L, const Run* run, const TrainLoopSpec* spec) {
     L->start = spec->ckpt ? spec->ckpt->start_step : 0;
     L->steps = run->args.steps;
     L->val_loss = -1.0f;
+    // --show-sharding: the chapter printed its table before its loop, or it has none yet
+    if (run->args.show_sharding && !sharding_shown())
+        fail_all("this chapter does not show its sharding yet: drop --show-sharding");
     train_loop_open(&L->log, &L->inputs, &L->targets, L->args, spec->rows, L->setup->T);
     comm_counts_reset();  // the summary counts the training, not the start-up
     clock_begin(&L->clock);

@@ -13,6 +13,7 @@
 #include "model.h"
 #include "ops.h"
 #include "report.h"
+#include "sharding.h"  // --show-sharding: a chapter shows its table before its loop
 
 typedef struct TrainSetup {  // named: ckpt.h takes a pointer to one
     GPTConfig cfg;

@@ -29,6 +29,7 @@ TOPICS="comm checkpoints ckpt_levels hardening watchdog recompute_trace docs plo
 TOPICS="$TOPICS optime"  # the per-op timers (docs/performance.md)
 TOPICS="$TOPICS shared_flags"  # every shared flag through every training chapter, compared
 TOPICS="$TOPICS model_files"  # --model FILE.bin in every chapter on every axis
+TOPICS="$TOPICS plan"  # build/plan predicts the peak bytes and communication of a run, exactly
 scripts=()
 if [ $# -eq 0 ]; then
     scripts+=(tests/unit.sh)
