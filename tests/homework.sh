@@ -106,10 +106,26 @@ hw_student() {
     else
         fail "homework: the student tree of chapter $ch" "$(echo "$out" | grep -E '^(FAIL|PASS)|^grade' | head -8)"
     fi
-    if grep -q "make grade CHAPTER=$ch" "$st/HOMEWORK.md" && [ ! -e "$st/tests/homework/bugs" ] && [ ! -e "$st/docs/answers.md" ]; then
-        pass "homework: the student tree of chapter $ch has HOMEWORK.md and no answers (docs/answers.md, tests/homework/bugs/)"
+    if grep -q "make grade CHAPTER=$ch" "$st/HOMEWORK.md" && [ ! -e "$st/tests/homework/bugs" ] &&
+        [ "$(grep -cv '^#\|^$' "$st/docs/answers.md")" = 1 ]; then
+        pass "homework: the student tree of chapter $ch has HOMEWORK.md and no answers (docs/answers.md's headings only, no tests/homework/bugs/)"
     else
         fail "homework: the student tree of chapter $ch" "HOMEWORK.md missing or the instructor's files were copied"
+    fi
+    # the lessons show the stubs (cut.py shown: no solution line in any
+    # Markdown file of the student tree); the docs' references and quotes
+    # hold there (the figures are the full tree's docs-check)
+    out=$(python3 tests/homework/cut.py shown "$ch" "$st" 2>&1)
+    if [ $? = 0 ]; then
+        pass "homework: the student tree of chapter $ch's docs show the stubs ($out)"
+    else
+        fail "homework: the student tree of chapter $ch's docs hold solution lines" "$(echo "$out" | head -4)"
+    fi
+    out=$(python3 tests/docs_check.py --root "$st" --no-figures 2>&1)
+    if [ $? = 0 ]; then
+        pass "homework: docs-check --no-figures holds in the student tree of chapter $ch ($(echo "$out" | tail -1 | cut -d';' -f1 | sed 's/^docs-check: //'))"
+    else
+        fail "homework: docs-check in the student tree of chapter $ch" "$(echo "$out" | grep -A2 '^FAIL' | head -4)"
     fi
     if [ "$ch" = 1 ]; then
         mpi_run --may-fail $T_SHORT 2 "$st/build/chapter-1" --check --op broadcast
