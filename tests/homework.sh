@@ -198,6 +198,36 @@ EOF
     rm -rf "$bt"
 }
 
+# hw_class: make grade-class on chapter 7 (every step runs all four
+# exercises, so a student's own tree earns nothing until all are done) with
+# two submissions: exercise 1 right and 2-4 stubs earns exercise 1's points
+# (the others come from this tree); exercise 1 with the P_e-for-f_e gradient
+# and a region 2 that does not compile scores 0 for each, and the class goes on
+hw_class() {
+    local cl=$TEST_TMPDIR/class out csv
+    rm -rf "$cl"
+    mkdir -p "$cl"
+    python3 tests/homework/cut.py student 7 "$cl/ada" > /dev/null &&
+        python3 tests/homework/cut.py student 7 "$cl/bob" > /dev/null &&
+        python3 tests/homework/cut.py splice 7 1 . "$cl/ada" > /dev/null &&
+        python3 tests/homework/cut.py splice 7 1 . "$cl/bob" > /dev/null &&
+        sed -i -f tests/homework/bugs/chapter_7_ex1_p_for_f.sed "$cl/bob/07_expert/main.c" &&
+        sed -i 's|^\(    // EXERCISE 2: .*\)$|\1\n    this does not compile;|' "$cl/bob/07_expert/main.c" || {
+        fail "homework: grade-class" "could not make the submissions"
+        return
+    }
+    csv=$TEST_TMPDIR/class.csv
+    out=$(bash tests/homework/grade_class.sh 7 "$cl" "$csv" 2>&1)
+    if grep -qx 'name,ex1/3,ex2/3,ex3/4,ex4/3,total' "$csv" && grep -qx 'ada,3,0,0,0,3' "$csv" &&
+        grep -qx 'bob,0,0,0,0,0' "$csv" && grep -q 'FAIL the build' build/grade-class-7-bob.log &&
+        grep -q '^FAIL exercise 1: finite differences' build/grade-class-7-bob.log; then
+        pass "homework: make grade-class CHAPTER=7: a correct exercise 1 with 2-4 stubbed earns 3 / 13, the P_e-for-f_e gradient and a region that does not build score 0 each, one line a folder and a CSV"
+    else
+        fail "homework: make grade-class CHAPTER=7" "$(echo "$out" | tail -4 | tr '\n' ';') csv: $(tr '\n' ';' < "$csv" 2>/dev/null); bob: $(grep -E '^(FAIL|  )' build/grade-class-7-bob.log | head -4)"
+    fi
+    rm -rf "$cl" build/grade-class-7-ada.log build/grade-class-7-bob.log build/grade-class-7.csv
+}
+
 # hw_spawn NAME FUNCTION ARGS...: FUNCTION ARGS in the background, in its own
 # scratch folder (ref_cache shared), once fewer than hw_jobs jobs run
 hw_dir=$TEST_TMPDIR/homework
@@ -217,6 +247,7 @@ hw_spawn() {
 for ch in $hw_chapters; do hw_spawn "full_$ch" hw_full "$ch"; done
 for ch in $hw_chapters; do hw_spawn "student_$ch" hw_student "$ch"; done
 for ch in $hw_chapters; do hw_spawn "variants_$ch" hw_variants "$ch"; done
+[ -f tests/homework/chapter_7.grade ] && hw_spawn class hw_class
 wait
 
 hw_section() {  # TITLE PREFIX: the PASS/FAIL lines of the jobs named PREFIX*
@@ -234,6 +265,7 @@ hw_section() {  # TITLE PREFIX: the PASS/FAIL lines of the jobs named PREFIX*
 hw_section "the full tree scores every exercise" full_
 hw_section "a fresh student tree builds and scores zero" student_
 hw_section "the buggy variants lose their exercise's points (HOMEWORK_BUGS=$hw_bugs)" variants_
+hw_section "a class graded exercise by exercise (make grade-class)" class
 rm -rf "$hw_dir"
 
 finish

@@ -5,6 +5,9 @@
                                 are well formed; exit 1 with one line per problem
   cut.py list N                 the exercises of chapter N, one a line
   cut.py student N DEST         writes the student tree of chapter N to DEST
+  cut.py copy DEST              copies the tracked files to DEST
+  cut.py splice N K SRC DEST    exercise K's region of tree SRC into tree DEST
+                                (grade.sh's SUBMISSION mode)
   cut.py shown N DEST           exit 1 if DEST's Markdown files show a line
                                 of chapter N's solutions (tests/homework.sh)
 
@@ -422,10 +425,54 @@ def shown(chapter, st):
     sys.exit(1 if found or not sol else 0)
 
 
+def copy_tree(dest):
+    """The tracked files (time stamps kept: a copied build stays valid)."""
+    for f in tracked_files():
+        src = os.path.join(ROOT, f)
+        if os.path.isfile(src):
+            os.makedirs(os.path.join(dest, os.path.dirname(f)), exist_ok=True)
+            shutil.copy2(src, os.path.join(dest, f))
+
+
+def splice(chapter, n, src_root, dest_root):
+    """Exercise n's region of src_root's file into dest_root's same file (the
+    lines between the markers; the markers stay dest's). Prints the file
+    written; exits 1 with one line if src has no well-formed region n."""
+    exs, problems = regions(chapter)
+    ex = [e for e in exs if e["n"] == n]
+    if not ex:
+        sys.exit("chapter %d has no exercise %d" % (chapter, n))
+    path = ex[0]["path"]
+    src = os.path.join(src_root, path)
+    if not os.path.isfile(src):
+        sys.exit("the submission has no %s" % path)
+    lines = open(src, errors="replace").read().split("\n")
+    first = [i for i, l in enumerate(lines) if OPEN.match(l) and int(OPEN.match(l).group(2)) == n]
+    last = [i for i, l in enumerate(lines) if CLOSE.match(l) and int(CLOSE.match(l).group(1)) == n]
+    if len(first) != 1 or len(last) != 1 or last[0] < first[0]:
+        sys.exit("the submission's %s has no region '// EXERCISE %d: ...' ... '// END EXERCISE %d' (markers "
+                 "missing, repeated or out of order): exercise %d cannot be graded" % (path, n, n, n))
+    body = lines[first[0] + 1:last[0]]
+    dst = os.path.join(dest_root, path)
+    dl = open(dst).read().split("\n")
+    a = [i for i, l in enumerate(dl) if OPEN.match(l) and int(OPEN.match(l).group(2)) == n][0]
+    b = [i for i, l in enumerate(dl) if CLOSE.match(l) and int(CLOSE.match(l).group(1)) == n][0]
+    new = dl[:a + 1] + body + dl[b:]
+    if new != dl:
+        open(dst, "w").write("\n".join(new))
+    print(dst)
+
+
 def main(argv):
-    if len(argv) < 2 or argv[1] not in ("check", "list", "student", "shown"):
+    if len(argv) < 2 or argv[1] not in ("check", "list", "student", "shown", "copy", "splice"):
         sys.exit(__doc__)
     cmd = argv[1]
+    if cmd == "copy" and len(argv) == 3:
+        copy_tree(argv[2])
+        return
+    if cmd == "splice" and len(argv) == 6:
+        splice(int(argv[2]), int(argv[3]), argv[4], argv[5])
+        return
     if cmd == "shown" and len(argv) == 4:
         shown(int(argv[2]), argv[3])
     if cmd == "check":
