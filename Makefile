@@ -206,7 +206,7 @@ timeline:
 homework:
 	@python3 tests/homework/cut.py student "$(CHAPTER)" "$(or $(DEST),build/homework-$(CHAPTER))"
 grade:
-	@EXERCISE="$(EXERCISE)" bash tests/homework/grade.sh "$(CHAPTER)"
+	@EXERCISE="$(EXERCISE)" SUBMISSION="$(SUBMISSION)" bash tests/homework/grade.sh "$(CHAPTER)"
 # make grade-class CHAPTER=N SUBMISSIONS=DIR [CSV=file]: one student tree a
 # folder of DIR, each exercise graded on its own (tests/homework/grade_class.sh)
 .PHONY: grade-class
