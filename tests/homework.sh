@@ -106,6 +106,14 @@ hw_student() {
     else
         fail "homework: the student tree of chapter $ch" "$(echo "$out" | grep -E '^(FAIL|PASS)|^grade' | head -8)"
     fi
+    # the messages: under a failed check, the program's own error: line
+    # first and whole (the stub's), and no "hang" for a run that exited 3
+    if echo "$out" | grep -A1 '^FAIL exercise' | grep -q "^  error: exercise [0-9]* of chapter $ch is not done (rank [0-9]* reached its stub; see HOMEWORK.md)$" &&
+        ! echo "$out" | grep -qiw 'hang'; then
+        pass "homework: the student tree of chapter $ch: a failed check shows the program's error: line first and whole, no 'hang' for exit 3"
+    else
+        fail "homework: the student tree of chapter $ch's messages" "$(echo "$out" | grep -A2 '^FAIL exercise' | head -4)"
+    fi
     if grep -q "make grade CHAPTER=$ch" "$st/HOMEWORK.md" && [ ! -e "$st/tests/homework/bugs" ] &&
         [ "$(grep -cv '^#\|^$' "$st/docs/answers.md")" = 1 ]; then
         pass "homework: the student tree of chapter $ch has HOMEWORK.md and no answers (docs/answers.md's headings only, no tests/homework/bugs/)"

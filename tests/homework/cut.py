@@ -210,6 +210,12 @@ def homework_md(chapter, exs, maps):
             "an exercise's points when every one of its checks passes, none otherwise),",
             "and as its last line `grade chapter %d: S / %d`. Only exercise k:" % (chapter, total),
             "`make grade CHAPTER=%d EXERCISE=k`." % chapter, "",
+            "Your own `make grade` runs your whole tree: an exercise's checks also run",
+            "through the exercises they depend on, and stop at those still stubbed",
+            "(docs/teaching.md lists the order). The instructor grades each exercise on",
+            "its own, with the other exercises taken from the solution, so partial work",
+            "earns its points. Only the lines between an exercise's two markers are",
+            "graded: keep all your code there, helpers included.", "",
             "## What each exercise is graded on", ""]
     for e in exs:
         out.append("%d. %s" % (e["n"], points.get(e["n"], (0, e["task"]))[1] or e["task"]))

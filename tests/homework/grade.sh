@@ -52,7 +52,8 @@ collective() {
     for np in "$@"; do
         mpi_run --may-fail $T_RUN "$np" "$BUILD/chapter-1" --check --op "$op"
         if [ $RC -ne 0 ] || ! echo "$OUT" | grep -q '^check summary: .* match' || echo "$OUT" | grep -q 'FAILED'; then
-            echo "  chapter-1 --check --op $op on $np ranks: exit $RC; $(echo "$OUT" | grep -E 'error|FAIL' | head -3)"
+            program_error
+            echo "  chapter-1 --check --op $op on $np ranks: exit $RC; $(echo "$OUT" | grep -E 'FAIL' | head -3)"
             return 1
         fi
     done
@@ -190,12 +191,17 @@ check() {
         echo "SKIP exercise $k: $what (an earlier check of exercise $k failed)"
         return
     fi
-    if "$@"; then
+    # the verdict first, then what the helper found (the program's error:
+    # line first, expected against actual)
+    local said
+    if said=$("$@"); then
         echo "PASS exercise $k: $what"
     else
         echo "FAIL exercise $k: $what"
         ok[$k]=0
     fi
+    [ -n "$said" ] && echo "$said"
+    return 0
 }
 
 # ---------------------------------------------------------------- SUBMISSION=DIR
