@@ -1,9 +1,11 @@
 #!/bin/bash
 # Homework mode (tests/homework/, docs/teaching.md) for every chapter with a
 # tests/homework/chapter_N.grade: the exercise markers are well formed; the
-# full tree scores every exercise; a fresh student tree builds under -Werror
-# and scores zero; the buggy variants of tests/homework/bugs/ lose their
-# exercise's points.
+# full tree scores every exercise; a fresh student tree builds under -Werror,
+# scores zero with the stub's error: line under each failed check, shows no
+# solution line in its docs and passes docs-check's references and quotes;
+# the buggy variants of tests/homework/bugs/ lose their exercise's points;
+# make grade-class grades each exercise of a submission on its own.
 #
 # The grading runs as jobs, HOMEWORK_JOBS (default 2, the machine's cores) at
 # a time, each in its own scratch folder (the reference run is shared): per
@@ -220,20 +222,26 @@ hw_class() {
         python3 tests/homework/cut.py splice 7 1 . "$cl/ada" > /dev/null &&
         python3 tests/homework/cut.py splice 7 1 . "$cl/bob" > /dev/null &&
         sed -i -f tests/homework/bugs/chapter_7_ex1_p_for_f.sed "$cl/bob/07_expert/main.c" &&
-        sed -i 's|^\(    // EXERCISE 2: .*\)$|\1\n    this does not compile;|' "$cl/bob/07_expert/main.c" || {
+        sed -i 's|^\(    // EXERCISE 2: .*\)$|\1\n    this does not compile;|' "$cl/bob/07_expert/main.c" &&
+        python3 tests/homework/cut.py student 7 "$cl/cyd" > /dev/null &&
+        python3 tests/homework/cut.py splice 7 1 . "$cl/cyd" > /dev/null &&
+        sed -i 's|^\(    // EXERCISE 4: .*\)$|\1\n    for (;;) {}|' "$cl/cyd/07_expert/main.c" || {
         fail "homework: grade-class" "could not make the submissions"
         return
     }
     csv=$TEST_TMPDIR/class.csv
-    out=$(bash tests/homework/grade_class.sh 7 "$cl" "$csv" 2>&1)
+    # cyd's exercise 4 spins forever: its run ends at the time limit (20 s
+    # here, T_RUN), its exercise scores 0, exercise 1 keeps its points
+    out=$(T_RUN=20 bash tests/homework/grade_class.sh 7 "$cl" "$csv" 2>&1)
     if grep -qx 'name,ex1/3,ex2/3,ex3/4,ex4/3,total' "$csv" && grep -qx 'ada,3,0,0,0,3' "$csv" &&
+        grep -qx 'cyd,3,0,0,0,3' "$csv" && grep -q 'a hang' build/grade-class-7-cyd.log &&
         grep -qx 'bob,0,0,0,0,0' "$csv" && grep -q 'FAIL the build' build/grade-class-7-bob.log &&
         grep -q '^FAIL exercise 1: finite differences' build/grade-class-7-bob.log; then
-        pass "homework: make grade-class CHAPTER=7: a correct exercise 1 with 2-4 stubbed earns 3 / 13, the P_e-for-f_e gradient and a region that does not build score 0 each, one line a folder and a CSV"
+        pass "homework: make grade-class CHAPTER=7: a correct exercise 1 with 2-4 stubbed earns 3 / 13, the P_e-for-f_e gradient and a region that does not build score 0 each, a region that hangs costs only its exercise, one line a folder and a CSV"
     else
         fail "homework: make grade-class CHAPTER=7" "$(echo "$out" | tail -4 | tr '\n' ';') csv: $(tr '\n' ';' < "$csv" 2>/dev/null); bob: $(grep -E '^(FAIL|  )' build/grade-class-7-bob.log | head -4)"
     fi
-    rm -rf "$cl" build/grade-class-7-ada.log build/grade-class-7-bob.log build/grade-class-7.csv
+    rm -rf "$cl" build/grade-class-7-ada.log build/grade-class-7-bob.log build/grade-class-7-cyd.log
 }
 
 # hw_spawn NAME FUNCTION ARGS...: FUNCTION ARGS in the background, in its own
