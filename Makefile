@@ -19,6 +19,7 @@
 #                      without -march=native (build/portable/) and over TCP (tests/portability.sh)
 #   make homework CHAPTER=N [DEST=dir]   a student tree: chapter N's exercises cut out
 #   make grade CHAPTER=N [EXERCISE=K]    grade them: "grade chapter N: S / T"
+#   make grade-class CHAPTER=N SUBMISSIONS=DIR   a class: one line a folder, a CSV
 #   make homework-check  the homework tests with every buggy variant (tests/homework.sh)
 #   OPT, CFLAGS, CUDA_ARCH: a change rebuilds everything (flags.stamp)
 #   make clean
@@ -229,7 +230,12 @@ timeline:
 homework:
 	@python3 tests/homework/cut.py student "$(CHAPTER)" "$(or $(DEST),build/homework-$(CHAPTER))"
 grade:
-	@EXERCISE="$(EXERCISE)" bash tests/homework/grade.sh "$(CHAPTER)"
+	@EXERCISE="$(EXERCISE)" SUBMISSION="$(SUBMISSION)" bash tests/homework/grade.sh "$(CHAPTER)"
+# make grade-class CHAPTER=N SUBMISSIONS=DIR [CSV=file]: one student tree a
+# folder of DIR, each exercise graded on its own (tests/homework/grade_class.sh)
+.PHONY: grade-class
+grade-class:
+	@bash tests/homework/grade_class.sh "$(CHAPTER)" "$(SUBMISSIONS)" $(CSV)
 # make homework-check: tests/homework.sh with every buggy variant of
 # tests/homework/bugs/ (make test grades one a chapter; CI runs make test
 # with HOMEWORK_BUGS=all, so every variant is graded on every CI run)

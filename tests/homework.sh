@@ -1,9 +1,11 @@
 #!/bin/bash
 # Homework mode (tests/homework/, docs/teaching.md) for every chapter with a
 # tests/homework/chapter_N.grade: the exercise markers are well formed; the
-# full tree scores every exercise; a fresh student tree builds under -Werror
-# and scores zero; the buggy variants of tests/homework/bugs/ lose their
-# exercise's points.
+# full tree scores every exercise; a fresh student tree builds under -Werror,
+# scores zero with the stub's error: line under each failed check, shows no
+# solution line in its docs and passes docs-check's references and quotes;
+# the buggy variants of tests/homework/bugs/ lose their exercise's points;
+# make grade-class grades each exercise of a submission on its own.
 #
 # The grading runs as jobs, HOMEWORK_JOBS (default 2, the machine's cores) at
 # a time, each in its own scratch folder (the reference run is shared): per
@@ -106,10 +108,34 @@ hw_student() {
     else
         fail "homework: the student tree of chapter $ch" "$(echo "$out" | grep -E '^(FAIL|PASS)|^grade' | head -8)"
     fi
-    if grep -q "make grade CHAPTER=$ch" "$st/HOMEWORK.md" && [ ! -e "$st/tests/homework/bugs" ] && [ ! -e "$st/docs/answers.md" ]; then
-        pass "homework: the student tree of chapter $ch has HOMEWORK.md and no answers (docs/answers.md, tests/homework/bugs/)"
+    # the messages: under a failed check, the program's own error: line
+    # first and whole (the stub's), and no "hang" for a run that exited 3
+    if echo "$out" | grep -A1 '^FAIL exercise' | grep -q "^  error: exercise [0-9]* of chapter $ch is not done (rank [0-9]* reached its stub; see HOMEWORK.md)$" &&
+        ! echo "$out" | grep -qiw 'hang'; then
+        pass "homework: the student tree of chapter $ch: a failed check shows the program's error: line first and whole, no 'hang' for exit 3"
+    else
+        fail "homework: the student tree of chapter $ch's messages" "$(echo "$out" | grep -A2 '^FAIL exercise' | head -4)"
+    fi
+    if grep -q "make grade CHAPTER=$ch" "$st/HOMEWORK.md" && [ ! -e "$st/tests/homework/bugs" ] &&
+        [ "$(grep -cv '^#\|^$' "$st/docs/answers.md")" = 1 ]; then
+        pass "homework: the student tree of chapter $ch has HOMEWORK.md and no answers (docs/answers.md's headings only, no tests/homework/bugs/)"
     else
         fail "homework: the student tree of chapter $ch" "HOMEWORK.md missing or the instructor's files were copied"
+    fi
+    # the lessons show the stubs (cut.py shown: no solution line in any
+    # Markdown file of the student tree); the docs' references and quotes
+    # hold there (the figures are the full tree's docs-check)
+    out=$(python3 tests/homework/cut.py shown "$ch" "$st" 2>&1)
+    if [ $? = 0 ]; then
+        pass "homework: the student tree of chapter $ch's docs show the stubs ($out)"
+    else
+        fail "homework: the student tree of chapter $ch's docs hold solution lines" "$(echo "$out" | head -4)"
+    fi
+    out=$(python3 tests/docs_check.py --root "$st" --no-figures 2>&1)
+    if [ $? = 0 ]; then
+        pass "homework: docs-check --no-figures holds in the student tree of chapter $ch ($(echo "$out" | tail -1 | cut -d';' -f1 | sed 's/^docs-check: //'))"
+    else
+        fail "homework: docs-check in the student tree of chapter $ch" "$(echo "$out" | grep -A2 '^FAIL' | head -4)"
     fi
     if [ "$ch" = 1 ]; then
         mpi_run --may-fail $T_SHORT 2 "$st/build/chapter-1" --check --op broadcast
@@ -182,6 +208,42 @@ EOF
     rm -rf "$bt"
 }
 
+# hw_class: make grade-class on chapter 7 (every step runs all four
+# exercises, so a student's own tree earns nothing until all are done) with
+# two submissions: exercise 1 right and 2-4 stubs earns exercise 1's points
+# (the others come from this tree); exercise 1 with the P_e-for-f_e gradient
+# and a region 2 that does not compile scores 0 for each, and the class goes on
+hw_class() {
+    local cl=$TEST_TMPDIR/class out csv
+    rm -rf "$cl"
+    mkdir -p "$cl"
+    python3 tests/homework/cut.py student 7 "$cl/ada" > /dev/null &&
+        python3 tests/homework/cut.py student 7 "$cl/bob" > /dev/null &&
+        python3 tests/homework/cut.py splice 7 1 . "$cl/ada" > /dev/null &&
+        python3 tests/homework/cut.py splice 7 1 . "$cl/bob" > /dev/null &&
+        sed -i -f tests/homework/bugs/chapter_7_ex1_p_for_f.sed "$cl/bob/07_expert/main.c" &&
+        sed -i 's|^\(    // EXERCISE 2: .*\)$|\1\n    this does not compile;|' "$cl/bob/07_expert/main.c" &&
+        python3 tests/homework/cut.py student 7 "$cl/cyd" > /dev/null &&
+        python3 tests/homework/cut.py splice 7 1 . "$cl/cyd" > /dev/null &&
+        sed -i 's|^\(    // EXERCISE 4: .*\)$|\1\n    for (;;) {}|' "$cl/cyd/07_expert/main.c" || {
+        fail "homework: grade-class" "could not make the submissions"
+        return
+    }
+    csv=$TEST_TMPDIR/class.csv
+    # cyd's exercise 4 spins forever: its run ends at the time limit (20 s
+    # here, T_RUN), its exercise scores 0, exercise 1 keeps its points
+    out=$(T_RUN=20 bash tests/homework/grade_class.sh 7 "$cl" "$csv" 2>&1)
+    if grep -qx 'name,ex1/3,ex2/3,ex3/4,ex4/3,total' "$csv" && grep -qx 'ada,3,0,0,0,3' "$csv" &&
+        grep -qx 'cyd,3,0,0,0,3' "$csv" && grep -q 'a hang' build/grade-class-7-cyd.log &&
+        grep -qx 'bob,0,0,0,0,0' "$csv" && grep -q 'FAIL the build' build/grade-class-7-bob.log &&
+        grep -q '^FAIL exercise 1: finite differences' build/grade-class-7-bob.log; then
+        pass "homework: make grade-class CHAPTER=7: a correct exercise 1 with 2-4 stubbed earns 3 / 13, the P_e-for-f_e gradient and a region that does not build score 0 each, a region that hangs costs only its exercise, one line a folder and a CSV"
+    else
+        fail "homework: make grade-class CHAPTER=7" "$(echo "$out" | tail -4 | tr '\n' ';') csv: $(tr '\n' ';' < "$csv" 2>/dev/null); bob: $(grep -E '^(FAIL|  )' build/grade-class-7-bob.log | head -4)"
+    fi
+    rm -rf "$cl" build/grade-class-7-ada.log build/grade-class-7-bob.log build/grade-class-7-cyd.log
+}
+
 # hw_spawn NAME FUNCTION ARGS...: FUNCTION ARGS in the background, in its own
 # scratch folder (ref_cache shared), once fewer than hw_jobs jobs run
 hw_dir=$TEST_TMPDIR/homework
@@ -201,6 +263,7 @@ hw_spawn() {
 for ch in $hw_chapters; do hw_spawn "full_$ch" hw_full "$ch"; done
 for ch in $hw_chapters; do hw_spawn "student_$ch" hw_student "$ch"; done
 for ch in $hw_chapters; do hw_spawn "variants_$ch" hw_variants "$ch"; done
+[ -f tests/homework/chapter_7.grade ] && hw_spawn class hw_class
 wait
 
 hw_section() {  # TITLE PREFIX: the PASS/FAIL lines of the jobs named PREFIX*
@@ -218,6 +281,7 @@ hw_section() {  # TITLE PREFIX: the PASS/FAIL lines of the jobs named PREFIX*
 hw_section "the full tree scores every exercise" full_
 hw_section "a fresh student tree builds and scores zero" student_
 hw_section "the buggy variants lose their exercise's points (HOMEWORK_BUGS=$hw_bugs)" variants_
+hw_section "a class graded exercise by exercise (make grade-class)" class
 rm -rf "$hw_dir"
 
 finish

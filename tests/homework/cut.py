@@ -5,6 +5,11 @@
                                 are well formed; exit 1 with one line per problem
   cut.py list N                 the exercises of chapter N, one a line
   cut.py student N DEST         writes the student tree of chapter N to DEST
+  cut.py copy DEST              copies the tracked files to DEST
+  cut.py splice N K SRC DEST    exercise K's region of tree SRC into tree DEST
+                                (grade.sh's SUBMISSION mode)
+  cut.py shown N DEST           exit 1 if DEST's Markdown files show a line
+                                of chapter N's solutions (tests/homework.sh)
 
 An exercise is a region of a chapter's own code (NN_name/*.c, *.h):
 
@@ -22,9 +27,13 @@ but build/ outside git) with each region of chapter N replaced by a stub that
 compiles under the project's flags (-Wall -Wextra -Werror: the enclosing
 function's parameters are cast to void) and stops the run at once with
 "exercise n of chapter N is not done" (exercise_not_done, common/exercise.h),
-plus HOMEWORK.md. The instructor's material stays out: docs/answers.md and
-the buggy variants of tests/homework/bugs/ (their context lines are the
-solutions).
+plus HOMEWORK.md. The instructor's material stays out: docs/answers.md (only
+its headings, the lessons' links, stay) and the buggy variants of
+tests/homework/bugs/ (their context lines are the solutions). In every
+Markdown file a `path:N` reference to a stubbed file is renumbered to the
+student file, and a fenced block quoting such a range (docs-check's rule)
+becomes the student file's lines: the lessons show the stub, not the
+solution, and `make docs-check` holds in the student tree too.
 """
 import os
 import re
@@ -177,7 +186,7 @@ def grade_entries(chapter):
     return exercises, checks
 
 
-def homework_md(chapter, exs):
+def homework_md(chapter, exs, maps):
     entries, checks = grade_entries(chapter)
     points = {e: (p, t) for e, p, t in entries}
     total = sum(p for _, p, _ in entries)
@@ -192,7 +201,8 @@ def homework_md(chapter, exs):
            "| # | where | task | points |", "|---|---|---|---|"]
     for e in exs:
         p = points.get(e["n"], (0, ""))[0]
-        out.append("| %d | `%s:%d` | %s | %d |" % (e["n"], e["path"], e["first"] + 1, e["task"], p))
+        # the line in this (the student) tree, not the full one
+        out.append("| %d | `%s:%d` | %s | %d |" % (e["n"], e["path"], maps[e["path"]][2](e["first"] + 1), e["task"], p))
     out += ["", "## Build, run, grade", "",
             "    make -j2 all                  # the CPU build; it compiles with the stubs in place",
             "    make grade CHAPTER=%d          # builds, then runs each exercise's checks" % chapter, "",
@@ -200,6 +210,12 @@ def homework_md(chapter, exs):
             "an exercise's points when every one of its checks passes, none otherwise),",
             "and as its last line `grade chapter %d: S / %d`. Only exercise k:" % (chapter, total),
             "`make grade CHAPTER=%d EXERCISE=k`." % chapter, "",
+            "Your own `make grade` runs your whole tree: an exercise's checks also run",
+            "through the exercises they depend on, and stop at those still stubbed",
+            "(docs/teaching.md lists the order). The instructor grades each exercise on",
+            "its own, with the other exercises taken from the solution, so partial work",
+            "earns its points. Only the lines between an exercise's two markers are",
+            "graded: keep all your code there, helpers included.", "",
             "## What each exercise is graded on", ""]
     for e in exs:
         out.append("%d. %s" % (e["n"], points.get(e["n"], (0, e["task"]))[1] or e["task"]))
@@ -208,9 +224,132 @@ def homework_md(chapter, exs):
                 out.append("   - %s" % what)
     out += ["", "The invariant (every chapter on every mesh reproduces chapter 0's per-step",
             "losses and gradient norms within 3e-5 and 1e-5) is the main check: a wrong",
-            "chunk, peer or scale trains a different model. `make docs-check` does not",
-            "hold in this tree: the docs quote the full code.", ""]
+            "chunk, peer or scale trains a different model. The lessons show the stubs",
+            "where they quote an exercise's code, with this tree's line numbers;",
+            "`make docs-check` holds here and lists the quoted figures whose command",
+            "stops at a stub as waiting for that exercise.", ""]
     return "\n".join(out)
+
+
+def line_map(lines, exs, chapter):
+    """(student lines, lo, hi) of one file: lo(n) and hi(n) give the student
+    tree's line (1-based) of the full file's line n, as the first and as the
+    last line of a range; a line inside a region maps to the stub's first
+    (lo) or last (hi) line, the markers."""
+    out, spans, at = [], [], 0  # spans: (full first, full last, student first, student last), 1-based
+    for e in sorted(exs, key=lambda e: e["first"]):
+        out += lines[at:e["first"]]
+        s = stub(e, chapter, lines)
+        spans.append((e["first"] + 1, e["last"] + 1, len(out) + 1, len(out) + len(s)))
+        out += s
+        at = e["last"] + 1
+    out += lines[at:]
+
+    def shift(n):
+        d = 0
+        for f0, f1, s0, s1 in spans:
+            if n > f1:
+                d = s1 - f1
+        return n + d
+
+    def lo(n):
+        for f0, f1, s0, s1 in spans:
+            if f0 <= n <= f1:
+                return s0
+        return shift(n)
+
+    def hi(n):
+        for f0, f1, s0, s1 in spans:
+            if f0 <= n <= f1:
+                return s1
+        return shift(n)
+    return out, lo, hi
+
+
+def student_doc(text, maps, solution):
+    """A Markdown file of the student tree: every `path:N` or `path:N-M` of a
+    stubbed file renumbered to the student file, and a fenced block that
+    quotes such a range (docs-check's rule: the next block after the line of
+    the reference) replaced by the student file's lines, so the lesson shows
+    the stub where it quoted the solution and `make docs-check` holds."""
+    sys.path.insert(0, os.path.join(ROOT, "tests"))
+    import docs_check
+    lines = text.split("\n")
+    doc = docs_check.Doc("x", lines)
+    replace = {}  # fence index -> new body
+    for i, line in enumerate(lines):
+        refs = []
+        for cm in docs_check.CODE_SPAN_RE.finditer(line):
+            m = docs_check.REF_RE.match(cm.group(2).strip())
+            if m and m.group(1) in maps:
+                refs.append(m)
+        if not refs:
+            continue
+        fence = doc.next_nonblank(i + 1)
+        if doc.kind[i] != "fence" and fence in doc.fences and fence not in replace:
+            body = [l.rstrip() for l in doc.fences[fence][0]]
+            for m in refs:
+                full, student, lo, hi = maps[m.group(1)]
+                a = int(m.group(2))
+                b = int(m.group(3)) if m.group(3) else a
+                if [l.rstrip() for l in full[a - 1:b]] == body and full[a - 1:b] != student[lo(a) - 1:hi(b)]:
+                    replace[fence] = student[lo(a) - 1:hi(b)]
+                    break
+
+        def renumber(cm):
+            m = docs_check.REF_RE.match(cm.group(2).strip())
+            if not m or m.group(1) not in maps:
+                return cm.group(0)
+            _, _, lo, hi = maps[m.group(1)]
+            a = int(m.group(2))
+            b = int(m.group(3)) if m.group(3) else None
+            # a line inside a region: the whole stub
+            ref = "%s:%d" % (m.group(1), lo(a)) if b is None and lo(a) == hi(a) else \
+                "%s:%d-%d" % (m.group(1), lo(a), hi(b or a))
+            return cm.group(1) + ref + cm.group(1)
+        if doc.kind[i] != "fence":
+            lines[i] = docs_check.CODE_SPAN_RE.sub(renumber, line)
+    # a block that quotes a solution's lines without a reference (a run
+    # record, an aside): those lines give way to a note
+    for i, (body, first, indent) in doc.fences.items():
+        if i in replace:
+            continue
+        hit = sorted({solution[l.strip()] for l in body if l.strip() in solution})
+        if hit:
+            replace[i] = [l if l.strip() not in solution else
+                          re.match(r"\s*", l).group(0) + "// ... (the solution of exercise %s: not in the homework tree)"
+                          % solution[l.strip()] for l in body]
+            # a run of such notes is one note
+            replace[i] = [l for k, l in enumerate(replace[i]) if k == 0 or "(the solution of" not in l
+                          or l.strip() != replace[i][k - 1].strip()]
+    out, i = [], 0
+    while i < len(lines):
+        if i in replace:
+            body, first, indent = doc.fences[i]
+            out.append(lines[i])
+            out += [" " * indent + l if l.strip() else l for l in replace[i]]
+            i = first + len(body)
+            continue
+        out.append(lines[i])
+        i += 1
+    return "\n".join(out)
+
+
+def solution_lines(chapter, exs, maps):
+    """{stripped line: exercise n} of the solutions' code lines (not
+    comments, 20 characters or more) that the student tree's code does not
+    hold elsewhere: a doc that shows one gives the solution away."""
+    sol = {}
+    for e in exs:
+        for l in maps[e["path"]][0][e["first"] + 1:e["last"]]:
+            if len(l.strip()) >= 20 and not l.strip().startswith("//"):
+                sol[l.strip()] = e["n"]
+    for f in tracked_files():
+        if f.endswith((".c", ".h", ".cu")) and os.path.isfile(os.path.join(ROOT, f)):
+            lines = maps[f][1] if f in maps else open(os.path.join(ROOT, f), errors="replace").read().split("\n")
+            for l in lines:
+                sol.pop(l.strip(), None)
+    return sol
 
 
 def write_student(chapter, dest):
@@ -229,6 +368,12 @@ def write_student(chapter, dest):
     by_path = {}
     for e in exs:
         by_path.setdefault(e["path"], []).append(e)
+    maps = {}  # stubbed file -> (full lines, student lines, lo, hi)
+    for f, fexs in by_path.items():
+        lines = open(os.path.join(ROOT, f)).read().split("\n")
+        student, lo, hi = line_map(lines, fexs, chapter)
+        maps[f] = (lines, student, lo, hi)
+    solution = solution_lines(chapter, exs, maps)
     for f in tracked_files():
         if f.startswith(INSTRUCTOR_ONLY):
             continue
@@ -236,26 +381,106 @@ def write_student(chapter, dest):
         if not os.path.isfile(src):
             continue
         os.makedirs(os.path.dirname(dst), exist_ok=True)
-        if f in by_path:
-            lines = open(src).read().split("\n")
-            out, at = [], 0
-            for e in sorted(by_path[f], key=lambda e: e["first"]):
-                out += lines[at:e["first"]] + stub(e, chapter, lines)
-                at = e["last"] + 1
-            out += lines[at:]
-            open(dst, "w").write("\n".join(out))
+        if f in maps:
+            open(dst, "w").write("\n".join(maps[f][1]))
             shutil.copymode(src, dst)
+        elif f.endswith(".md"):
+            text = open(src).read()
+            new = student_doc(text, maps, solution)
+            if new == text:
+                shutil.copy2(src, dst)
+            else:
+                open(dst, "w").write(new)
+                shutil.copymode(src, dst)
         else:
             shutil.copy2(src, dst)  # keeps the time stamp: a copied build stays valid
-    open(os.path.join(dest, "HOMEWORK.md"), "w").write(homework_md(chapter, exs))
+    open(os.path.join(dest, "HOMEWORK.md"), "w").write(homework_md(chapter, exs, maps))
+    # the lessons link to the answers' chapters: their headings stay, the
+    # answers do not
+    heads = [l for l in open(os.path.join(ROOT, "docs", "answers.md")).read().split("\n") if l.startswith("#")]
+    with open(os.path.join(dest, "docs", "answers.md"), "w") as f:
+        f.write(heads[0] + "\n\nThe answers are the instructor's: this is a homework tree (HOMEWORK.md).\n\n")
+        f.write("\n\n".join(heads[1:]) + "\n")
     print("wrote the student tree of chapter %d to %s: %d exercises stubbed (%s), HOMEWORK.md"
           % (chapter, dest, len(exs), ", ".join("%d" % e["n"] for e in exs)))
 
 
+def shown(chapter, st):
+    """The check of a student tree ST (tests/homework.sh): the lines of the
+    solutions (20 characters or more, not comments, not in ST's code
+    elsewhere) that a Markdown file of ST shows. Exit 1 if any."""
+    exs, _ = regions(chapter)
+    sol = set()
+    for e in exs:
+        body = open(os.path.join(ROOT, e["path"])).read().split("\n")[e["first"] + 1:e["last"]]
+        sol |= {l.strip() for l in body if len(l.strip()) >= 20 and not l.strip().startswith("//")}
+    found = []
+    for d, _, names in os.walk(st):
+        for n in names:
+            if n.endswith((".c", ".h", ".cu")):
+                sol -= {l.strip() for l in open(os.path.join(d, n), errors="replace")}
+    for d, _, names in os.walk(st):
+        for n in sorted(names):
+            if n.endswith(".md"):
+                for i, l in enumerate(open(os.path.join(d, n), errors="replace")):
+                    if l.strip() in sol:
+                        found.append("%s:%d: %s" % (os.path.relpath(os.path.join(d, n), st), i + 1, l.strip()))
+    for f in found[:5]:
+        print(f)
+    print("%d of the %d solution lines shown in the Markdown files" % (len(found), len(sol)))
+    sys.exit(1 if found or not sol else 0)
+
+
+def copy_tree(dest):
+    """The tracked files (time stamps kept: a copied build stays valid)."""
+    for f in tracked_files():
+        src = os.path.join(ROOT, f)
+        if os.path.isfile(src):
+            os.makedirs(os.path.join(dest, os.path.dirname(f)), exist_ok=True)
+            shutil.copy2(src, os.path.join(dest, f))
+
+
+def splice(chapter, n, src_root, dest_root):
+    """Exercise n's region of src_root's file into dest_root's same file (the
+    lines between the markers; the markers stay dest's). Prints the file
+    written; exits 1 with one line if src has no well-formed region n."""
+    exs, problems = regions(chapter)
+    ex = [e for e in exs if e["n"] == n]
+    if not ex:
+        sys.exit("chapter %d has no exercise %d" % (chapter, n))
+    path = ex[0]["path"]
+    src = os.path.join(src_root, path)
+    if not os.path.isfile(src):
+        sys.exit("the submission has no %s" % path)
+    lines = open(src, errors="replace").read().split("\n")
+    first = [i for i, l in enumerate(lines) if OPEN.match(l) and int(OPEN.match(l).group(2)) == n]
+    last = [i for i, l in enumerate(lines) if CLOSE.match(l) and int(CLOSE.match(l).group(1)) == n]
+    if len(first) != 1 or len(last) != 1 or last[0] < first[0]:
+        sys.exit("the submission's %s has no region '// EXERCISE %d: ...' ... '// END EXERCISE %d' (markers "
+                 "missing, repeated or out of order): exercise %d cannot be graded" % (path, n, n, n))
+    body = lines[first[0] + 1:last[0]]
+    dst = os.path.join(dest_root, path)
+    dl = open(dst).read().split("\n")
+    a = [i for i, l in enumerate(dl) if OPEN.match(l) and int(OPEN.match(l).group(2)) == n][0]
+    b = [i for i, l in enumerate(dl) if CLOSE.match(l) and int(CLOSE.match(l).group(1)) == n][0]
+    new = dl[:a + 1] + body + dl[b:]
+    if new != dl:
+        open(dst, "w").write("\n".join(new))
+    print(dst)
+
+
 def main(argv):
-    if len(argv) < 2 or argv[1] not in ("check", "list", "student"):
+    if len(argv) < 2 or argv[1] not in ("check", "list", "student", "shown", "copy", "splice"):
         sys.exit(__doc__)
     cmd = argv[1]
+    if cmd == "copy" and len(argv) == 3:
+        copy_tree(argv[2])
+        return
+    if cmd == "splice" and len(argv) == 6:
+        splice(int(argv[2]), int(argv[3]), argv[4], argv[5])
+        return
+    if cmd == "shown" and len(argv) == 4:
+        shown(int(argv[2]), argv[3])
     if cmd == "check":
         which = [int(a) for a in argv[2:]] or chapters()
         bad = 0

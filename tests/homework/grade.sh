@@ -12,6 +12,9 @@
 # exercise, and last `grade chapter N: S / T` for a grading script to read.
 #
 #   EXERCISE=K      grade exercise K only (T is then its points)
+#   SUBMISSION=DIR  (in the full tree) grade the student tree DIR, each
+#                   exercise on its own: DIR's region k in a copy of this
+#                   tree, the other exercises this tree's solutions
 #   GRADE_NO_BUILD=1  use the programs already built (tests/homework.sh)
 #
 # The helpers a .grade file calls (each returns 0 when its check passes):
@@ -49,7 +52,8 @@ collective() {
     for np in "$@"; do
         mpi_run --may-fail $T_RUN "$np" "$BUILD/chapter-1" --check --op "$op"
         if [ $RC -ne 0 ] || ! echo "$OUT" | grep -q '^check summary: .* match' || echo "$OUT" | grep -q 'FAILED'; then
-            echo "  chapter-1 --check --op $op on $np ranks: exit $RC; $(echo "$OUT" | grep -E 'error|FAIL' | head -3)"
+            program_error
+            echo "  chapter-1 --check --op $op on $np ranks: exit $RC; $(echo "$OUT" | grep -E 'FAIL' | head -3)"
             return 1
         fi
     done
@@ -76,17 +80,91 @@ train() {
     failed=$before
     passed=0
     if [ $res = 1 ]; then
+        # the program's own error: line first and whole, then the comparison
+        program_error
         sed 's/^FAIL /  /' "$TEST_TMPDIR/grade_inv" | head -3 | cut -c1-600
         return 1
     fi
     sum=$(grep '"type":"summary"' "$INV_LOG")
     for ere in "${summaries[@]+"${summaries[@]}"}"; do
         if ! echo "$sum" | grep -qE -- "$ere"; then
-            echo "  the summary of $prog on $np ranks ($flags) does not match $ere"
+            echo "  the summary of $prog on $np ranks ($flags): expected $(readable "$ere"), got $(actual "$ere" "$sum")"
             return 1
         fi
     done
     return 0
+}
+
+# program_error: the first error: line of the last run ($OUT), whole
+program_error() {
+    local e
+    e=$(echo "$OUT" | grep -m1 '^error:')
+    [ -n "$e" ] && echo "  $e"
+    if timed_out; then
+        echo "  no end within the time limit (exit $RC): a hang"
+    fi
+    return 0
+}
+# readable ERE: the figure an ERE of a .grade file asks for, without the
+# regex escapes ('"activation_slots":\[4,3,2,1\]' -> "activation_slots":[4,3,2,1])
+readable() { echo "$1" | sed 's/\\//g; s/,$//; s/\.\*/ ... /g'; }
+# actual ERE TEXT: the same field(s) in TEXT, as the run wrote them
+actual() {
+    local f got="" k
+    for f in $(echo "$1" | grep -oE '"[a-z_]+":' | tr -d '":'); do
+        k=$(echo "$2" | grep -oE "\"$f\":(\[[^]]*\]|[^,}]*)" | tail -1)
+        got="$got${got:+ }${k:-no \"$f\" field}"
+    done
+    echo "${got:-nothing}"
+}
+
+# figures NP PROGRAM "FLAGS" FIELD STEP VALUE TOL [FIELD STEP VALUE TOL]...:
+# PROGRAM on NP ranks (GRADE_FLAGS FLAGS) writes FIELD at STEP within TOL of
+# VALUE (the instructor's solution's figure, stored in the .grade file; TOL 0:
+# exactly). A check that does not depend on the student's code elsewhere: a
+# gradient wrong the same way on every mesh passes every comparison of one
+# mesh with another, not this one.
+figures() {
+    local np=$1 prog=$2 flags=$3 log f st want tol got
+    shift 3
+    log=$TEST_TMPDIR/grade_fig_$np$(echo "$prog $flags" | tr -cd 'a-z0-9.').jsonl
+    mpi_run --may-fail $T_RUN "$np" "$BUILD/$prog" $GRADE_FLAGS $flags --log "$log"
+    if [ $RC != 0 ]; then
+        program_error
+        echo "  exit $RC: $CMD"
+        return 1
+    fi
+    while [ $# -ge 4 ]; do
+        f=$1 st=$2 want=$3 tol=$4
+        shift 4
+        got=$(grep -E "\"type\":\"step\",\"step\":$st," "$log" | grep -oE "\"$f\":[-0-9.e]+" | cut -d: -f2)
+        if [ -z "$got" ] || ! awk -v a="$got" -v b="$want" -v t="$tol" 'BEGIN { d = a - b; if (d < 0) d = -d; exit !(d <= t) }'; then
+            echo "  $prog on $np ranks ($flags), $f at step $st: expected $want (within $tol), got ${got:-none}"
+            return 1
+        fi
+    done
+    return 0
+}
+
+# unit TEST: the C test tests/TEST.c (built from this tree's code, so from
+# the exercise it includes) passes every check: a finite-difference check
+# where a gradient is the exercise
+unit() {
+    local t=$1 out rc
+    if ! make --no-print-directory BACKEND=cpu "$BUILD/tests/$t" > "$TEST_TMPDIR/grade_unit_build" 2>&1; then
+        echo "  the build of tests/$t.c failed: $(grep -m2 'error' "$TEST_TMPDIR/grade_unit_build")"
+        return 1
+    fi
+    out=$(timeout -k 10 "${T_RUN:-120}" "$BUILD/tests/$t" < /dev/null 2>&1)
+    rc=$?
+    if [ $rc = 0 ] && ! echo "$out" | grep -q '^FAIL'; then
+        return 0
+    fi
+    echo "$out" | grep -m1 '^error:' | sed 's/^/  /'
+    [ $rc = 124 ] || [ $rc = 137 ] && echo "  tests/$t: no end within ${T_RUN:-120} s (a hang)"
+    echo "$out" | grep '^FAIL' | head -2 | sed 's/^FAIL /  /'
+    [ $rc = 0 ] || echo "  tests/$t exited $rc"
+    return 1
 }
 
 # ---------------------------------------------------------------- the entries
@@ -113,13 +191,60 @@ check() {
         echo "SKIP exercise $k: $what (an earlier check of exercise $k failed)"
         return
     fi
-    if "$@"; then
+    # the verdict first, then what the helper found (the program's error:
+    # line first, expected against actual)
+    local said
+    if said=$("$@"); then
         echo "PASS exercise $k: $what"
     else
         echo "FAIL exercise $k: $what"
         ok[$k]=0
     fi
+    [ -n "$said" ] && echo "$said"
+    return 0
 }
+
+# ---------------------------------------------------------------- SUBMISSION=DIR
+# The instructor's grader: each exercise of the student tree DIR graded on
+# its own. For exercise k, a scratch copy of this (the full) tree gets DIR's
+# region k in place of its own, every other exercise stays the solution, and
+# the copy's grade.sh grades exercise k alone: a correct exercise 1 earns its
+# points while 2-5 are stubs, and a region that fails to build or hangs
+# costs only its own exercise.
+if [ -n "${SUBMISSION:-}" ]; then
+    sub=$(cd "$SUBMISSION" 2>/dev/null && pwd) || { echo "error: SUBMISSION=$SUBMISSION is not a folder" >&2; exit 2; }
+    iso=$TEST_TMPDIR/isolated
+    rm -rf "$iso"
+    mkdir -p "$iso"
+    if ! python3 tests/homework/cut.py copy "$iso" > "$TEST_TMPDIR/grade_copy" 2>&1; then
+        echo "error: could not copy the tree: $(head -2 "$TEST_TMPDIR/grade_copy")" >&2
+        exit 2
+    fi
+    [ -d "$BUILD" ] && cp -a "$BUILD" "$iso/build"
+    echo "== grading chapter $chapter of $sub, each exercise on its own (the others: this tree's solutions)"
+    score=0 total=0
+    for k in $(sed -n 's/^exercise \([0-9]*\) .*/\1/p' "$spec"); do
+        [ -n "$only" ] && [ "$only" != "$k" ] && continue
+        pts=$(sed -n "s/^exercise $k \([0-9]*\) .*/\1/p" "$spec")
+        total=$((total + pts))
+        file=$(python3 tests/homework/cut.py splice "$chapter" "$k" "$sub" "$iso" 2>&1)
+        if [ $? != 0 ]; then
+            echo "FAIL exercise $k: $file"
+            echo "exercise $k: 0 / $pts"
+            continue
+        fi
+        out=$(cd "$iso" && env -u SUBMISSION EXERCISE=$k TEST_TMPDIR=$TEST_TMPDIR/iso_$k bash -c 'mkdir -p "$TEST_TMPDIR"; bash tests/homework/grade.sh '"$chapter" 2>&1)
+        echo "$out" | grep -vE '^(== grading|grade chapter)'
+        got=$(echo "$out" | sed -n "s/^exercise $k (.*): \([0-9]*\) \/ [0-9]*$/\1/p")
+        score=$((score + ${got:-0}))
+        # this tree's region back, newer than the student's object
+        python3 tests/homework/cut.py splice "$chapter" "$k" "$PWD" "$iso" > /dev/null
+        touch "$file"
+    done
+    rm -rf "$iso"
+    echo "grade chapter $chapter: $score / $total"
+    exit 0
+fi
 
 echo "== grading chapter $chapter$([ -n "$only" ] && echo ", exercise $only")"
 built=1
