@@ -62,7 +62,7 @@ int sharding_gpt_tensors(const GPTConfig* cfg, ShardTensor* out) {
 void sharding_add_flat(ShardTable* t, const ShardTensor* tensors, int n, const size_t* numel,
                        const size_t* shard, int n_units, int N, int r, int zero) {
     double f = sizeof(float);
-    char flat[24], slice[40];
+    char flat[40], slice[40];  // split (24) + " flat/dp": the table cuts its own copy
     for (int i = 0; i < n; i++) {
         const ShardTensor* s = &tensors[i];
         // this rank's shard of the unit is [r S, (r + 1) S): its overlap with the tensor
