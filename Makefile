@@ -52,7 +52,7 @@ COMMON_SRC := common/errors.c common/rank.c common/exercise.c common/atomic_file
               common/model_file.c common/data.c common/mesh.c common/runtime.c common/matmul_peak.c \
               common/args.c common/report.c common/train.c common/comm_stats.c common/comm_trace.c common/comm_groups.c common/paths.c \
               common/ckpt.c common/model_tp.c common/trace.c \
-              common/optime.c common/watchdog.c common/sharding.c
+              common/optime.c common/watchdog.c common/watch_mpi.c common/sharding.c
 
 ifeq ($(BACKEND),cpu)
   BIN := $(BUILD)

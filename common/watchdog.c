@@ -43,6 +43,7 @@ static int running = 0, stop_flag = 0;
 static pthread_t thread;
 static MPI_Comm census_comm = MPI_COMM_NULL;
 static int me = 0, world = 1;
+static pthread_t main_thread;  // the thread whose waits are marked
 
 void watchdog_enter(const char* op, const char* group, int peer) {
     if (!running) return;
@@ -59,6 +60,16 @@ void watchdog_enter(const char* op, const char* group, int peer) {
 void watchdog_leave(void) {
     if (!running) return;
     __atomic_sub_fetch(&depth, 1, __ATOMIC_RELEASE);
+}
+
+int watchdog_enter_mpi(const char* op, const char* group, int peer) {
+    if (!running || !pthread_equal(pthread_self(), main_thread)) return 0;
+    watchdog_enter(op, group, peer);
+    return 1;
+}
+
+void watchdog_leave_mpi(int marked) {
+    if (marked) watchdog_leave();
 }
 
 void watchdog_set_step(int step) { __atomic_store_n(&current_step, step, __ATOMIC_RELAXED); }
@@ -211,6 +222,7 @@ void watchdog_start(double timeout_seconds) {
         return;
     }
     MPI_Comm_dup(MPI_COMM_WORLD, &census_comm);
+    main_thread = pthread_self();
     timeout_s = timeout_seconds;
     stop_flag = 0;
     running = 1;

@@ -3,7 +3,8 @@
 //
 // A thread on every rank watches its own main thread. The main thread marks
 // every wait on other ranks (a collective, a message, a request's wait):
-// watchdog_enter before, watchdog_leave after. When one wait has lasted
+// watchdog_enter before, watchdog_leave after (comm.c names its waits; every
+// other blocking MPI call is marked by watch_mpi.c). When one wait has lasted
 // --timeout seconds, the thread asks every rank, over a communicator of its
 // own, what it is doing (a census). A rank whose process is stopped or
 // dead cannot answer: the job ends with one message naming it, the wait,
@@ -30,6 +31,11 @@ void watchdog_stop(void);
 // op and group must outlive the wait (string literals, a Comm's name).
 void watchdog_enter(const char* op, const char* group, int peer);
 void watchdog_leave(void);
+// The same from watch_mpi.c, around every blocking MPI call: marks only if
+// the watchdog runs and the caller is the main thread (returns 1 then);
+// leave takes what enter returned.
+int watchdog_enter_mpi(const char* op, const char* group, int peer);
+void watchdog_leave_mpi(int marked);
 // The training step the main thread is in, for the message (report_step
 // sets it after each step).
 void watchdog_set_step(int step);

@@ -3,7 +3,8 @@
 # (alive to the kernel, dead to its peers) ends the whole job with one
 # message naming it, the wait and the step, in a collective (chapter 2) and
 # in a pipeline message (chapter 5); a run much slower than its timeout but
-# alive is left alone; a bad --timeout is refused.
+# alive is left alone; a bad --timeout is refused. A plain MPI call outside
+# the comm layer is watched too (tests/test_watchdog.c).
 # A topic script of tests/run.sh (make test CHAPTER=watchdog runs it alone).
 . "$(dirname "$0")/lib.sh"
 echo "== watchdog: stopped ranks, slow ranks"
@@ -35,6 +36,22 @@ wd_stop() {
 }
 wd_stop "a collective (chapter 2, dp 2)" 2 1 chapter-2 --dp 2
 wd_stop "a pipeline message (chapter 5, pp 2)" 2 0 chapter-5 --pp 2 --microbatches 4
+
+# a plain MPI call (a loss's mean, a stage's loss broadcast, a checkpoint's
+# "every writer done?"), not one of comm.c's marked waits: watch_mpi.c marks
+# it too, so a peer stopped there ends the job as well (tests/test_watchdog.c)
+for call in allreduce bcast recv gather barrier; do
+    t0=$(date +%s)
+    out=$(timeout 60 $MPIRUN -np 2 "$BUILD/tests/test_watchdog" $call 2>&1)
+    rc=$? t1=$(date +%s)
+    { pkill -9 -f -- "$BUILD/tests/test_watchdog"; } 2>/dev/null
+    if [ $rc -ne 0 ] && [ $rc -ne 124 ] && [ "$(echo "$out" | grep -c '^error: watchdog')" = 1 ] &&
+        echo "$out" | grep -q "^error: watchdog: rank 0 in MPI_${call^} .* rank 1 stopped progressing"; then
+        pass "watchdog: rank 0 in a plain MPI_$call, rank 1 stopped: every rank ended in $((t1 - t0)) s"
+    else
+        fail "watchdog: a plain MPI_$call" "exit $rc (124 = hang) after $((t1 - t0)) s; $(echo "$out" | grep -E 'error|returned' | head -2)"
+    fi
+done
 
 # alive but slow: a timeout of 0.2 s, far below how long a rank waits for
 # its peer on this machine; every census finds the peer computing, so the

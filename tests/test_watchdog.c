@@ -1,0 +1,49 @@
+// test_watchdog.c: a rank that stops while its peer sits in a plain MPI call
+// (not one of comm.c's marked waits) still ends the job (watch_mpi.c).
+// Two ranks, one blocking call named on the command line:
+//   mpirun -np 2 build/tests/test_watchdog allreduce|bcast|recv|gather|barrier
+// Both start the watchdog with a 1 s timeout; rank 1 then stops itself with
+// SIGSTOP (alive to the kernel, dead to its peer) and rank 0 makes the call.
+// The job must end by MPI_Abort with the watchdog's message naming rank 1;
+// before watch_mpi.c it hung until the runner's timeout.
+//
+// run by: tests/watchdog.sh (on 2 MPI ranks)
+#include <mpi.h>
+#include <signal.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "runtime.h"
+#include "watchdog.h"
+
+int main(int argc, char** argv) {
+    runtime_init(&argc, &argv);
+    int rank = 0, size = 1;
+    MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+    MPI_Comm_size(MPI_COMM_WORLD, &size);
+    const char* call = argc > 1 ? argv[1] : "";
+    if (size != 2 || (strcmp(call, "allreduce") && strcmp(call, "bcast") && strcmp(call, "recv") &&
+                      strcmp(call, "gather") && strcmp(call, "barrier"))) {
+        if (rank == 0) fprintf(stderr, "usage: mpirun -np 2 test_watchdog allreduce|bcast|recv|gather|barrier\n");
+        MPI_Finalize();
+        return 2;
+    }
+    watchdog_start(1.0);
+    MPI_Barrier(MPI_COMM_WORLD);
+    if (rank == 1) {
+        raise(SIGSTOP);  // never returns in a passing run: the job is ended
+        fprintf(stderr, "rank 1 was continued: the test was interrupted\n");
+        return 1;
+    }
+    double x = 1.0, y = 0.0, both[2];
+    printf("rank 0 enters MPI_%s while rank 1 is stopped\n", call);
+    fflush(stdout);
+    if (!strcmp(call, "allreduce")) MPI_Allreduce(&x, &y, 1, MPI_DOUBLE, MPI_SUM, MPI_COMM_WORLD);
+    if (!strcmp(call, "bcast")) MPI_Bcast(&x, 1, MPI_DOUBLE, 1, MPI_COMM_WORLD);
+    if (!strcmp(call, "recv")) MPI_Recv(&x, 1, MPI_DOUBLE, 1, 0, MPI_COMM_WORLD, MPI_STATUS_IGNORE);
+    if (!strcmp(call, "gather")) MPI_Gather(&x, 1, MPI_DOUBLE, both, 1, MPI_DOUBLE, 0, MPI_COMM_WORLD);
+    if (!strcmp(call, "barrier")) MPI_Barrier(MPI_COMM_WORLD);
+    // reached only if rank 1's stop went unnoticed and the call returned
+    fprintf(stderr, "MPI_%s returned with rank 1 stopped\n", call);
+    return 1;
+}
