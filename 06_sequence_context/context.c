@@ -84,8 +84,8 @@ LayerActs cp_layer_in_transient(const CPModel* m) {
 // qkv for whole sequences: B*T*3C/cp = N*3C) and NH*T (their probabilities:
 // B*(NH/cp)*T*T = N*NH*T). Full's transient holds a whole layer (its res3
 // too: the recompute writes its own copy and leaves the kept one alone).
-static void layer_numels(CPMode mode, RecomputeMode r, int N, int C, int NH, int T, size_t* store,
-                         size_t* transient) {
+void cp_layer_numels(CPMode mode, RecomputeMode r, int N, int C, int NH, int T, size_t* store,
+                     size_t* transient) {
     size_t numel[2], whole[2];
     cp_layout(mode, r, NULL, NULL, N, C, NH, T, numel);
     cp_layout(mode, RECOMPUTE_NONE, NULL, NULL, N, C, NH, T, whole);
@@ -143,7 +143,7 @@ void cp_create(CPModel* m, const Run* run, CPMode mode, CPBalance balance, int o
     }
     free(host);
     m->recompute = (RecomputeMode)run->args.recompute;
-    layer_numels(mode, m->recompute, N, C, NH, T, &m->layer_numel, &m->transient_numel);
+    cp_layer_numels(mode, m->recompute, N, C, NH, T, &m->layer_numel, &m->transient_numel);
     m->encoded = mem_alloc_floats(NC, MEM_ACTIVATIONS);
     m->layers = mem_alloc_floats((size_t)L * m->layer_numel, MEM_ACTIVATIONS);
     if (m->transient_numel) m->transient = mem_alloc_floats(m->transient_numel, MEM_ACTIVATIONS);

@@ -98,6 +98,9 @@ void cp_finish_params(const CPModel* m, const TrainArgs* args);
 // The start-up lines: the mesh, who holds which tokens, what a layer keeps.
 void cp_print_setup(const CPModel* m, const Run* run);
 
+// Floats one layer keeps (store) and of the one transient every layer
+// shares, for N token rows (build/plan sizes a run with it too).
+void cp_layer_numels(CPMode mode, RecomputeMode r, int N, int C, int NH, int T, size_t* store, size_t* transient);
 // Layer l as forward writes it.
 LayerActs cp_layer_at(const CPModel* m, int l);
 // A whole layer (--recompute none's fields) laid out in the transient: what

@@ -36,27 +36,7 @@
 #include "model_layout.h"
 #include "model_tp.h"
 
-// ---------------------------------------------------------------- the question
-
-typedef struct {
-    int chapter, ranks, steps, json;
-    GPTConfig cfg;
-    const char* model_name;
-    int B, T;                 // global batch, sequence length
-    int mesh[NUM_AXES];
-    RecomputeMode recompute;
-    const char* dp_mode;      // chapter 2
-    int bucket_kb, accum;     // chapter 2
-    int zero, prefetch, reshard;  // chapter 3
-} PlanArgs;
-
-// What one rank allocates at peak (bytes per category) and what it sends:
-// the comm layer's own counters (comm_stats.h), fed the calls the chapter
-// makes on a group of the right size.
-typedef struct {
-    double peak[MEM_NUM_CATEGORIES];
-    CommCount comm[NUM_COLLECTIVES][COMM_NUM_AXES];
-} RankPlan;
+#include "plan.h"
 
 static void die(const char* fmt, const char* what) {
     fprintf(stderr, "error: ");
@@ -65,265 +45,53 @@ static void die(const char* fmt, const char* what) {
     exit(1);
 }
 
-// A group of `size` ranks on one axis, as the counters see it: no MPI.
-static Comm plan_group(int axis, int size, int rank) {
-    Comm c;
-    memset(&c, 0, sizeof(c));
-    c.axis = axis;
-    c.size = size;
-    c.rank = rank;
-    return c;
-}
-
-// ---------------------------------------------------------------- sizes
-
-// The bytes gpt_acts_create_recompute allocates (model.c): the embedding's
-// output, L blocks' stores, the recompute transient, the head, the scratch,
-// the residual gradient, inputs and targets.
-static double acts_bytes(const GPTConfig* cfg, int B, int T, RecomputeMode mode) {
-    int C = cfg->channels, NH = cfg->num_heads, L = cfg->num_layers, Vp = cfg->padded_vocab_size;
-    size_t BT = (size_t)B * T;
-    size_t floats = BT * C + (size_t)L * block_store_numel(B, T, C, NH, mode) +
-                    block_transient_numel(B, T, C, NH, mode) + head_acts_numel(B, T, C, Vp) +
-                    block_scratch_numel(B, T, C, NH) + BT * C;
-    return (double)(floats * sizeof(float) + 2 * BT * sizeof(int));
-}
-
-// Chapter 3's units: the embeddings [wte wpe], each block, [lnfw lnfb].
-static int units(const GPTConfig* cfg, size_t* numel) {
-    int L = cfg->num_layers;
-    numel[0] = param_tensor_numel(cfg, P_WTE) + param_tensor_numel(cfg, P_WPE);
-    for (int l = 0; l < L; l++) numel[1 + l] = gpt_block_numel(cfg->channels);
-    numel[L + 1] = param_tensor_numel(cfg, P_LNFW) + param_tensor_numel(cfg, P_LNFB);
-    return L + 2;
-}
-
-// ---------------------------------------------------------------- chapter 0: the reference
-
-static void plan_chapter_0(const PlanArgs* a, RankPlan* p, int r) {
-    (void)r;
-    double P = (double)gpt_num_params(&a->cfg);
-    p->peak[MEM_PARAMS] = 4 * P;
-    p->peak[MEM_GRADS] = 4 * P;
-    p->peak[MEM_OPTIMIZER] = 8 * P;  // AdamW's m and v
-    p->peak[MEM_ACTIVATIONS] = acts_bytes(&a->cfg, a->B, a->T, a->recompute);
-}
-
-// ---------------------------------------------------------------- chapter 2: data parallel
-
-static void plan_chapter_2(const PlanArgs* a, RankPlan* p, int r) {
-    int N = a->mesh[AXIS_DP];
-    size_t P = gpt_num_params(&a->cfg);
-    int ps = !strcmp(a->dp_mode, "ps");
-    p->peak[MEM_PARAMS] = 4.0 * P;  // a full replica
-    p->peak[MEM_GRADS] = 4.0 * P;
-    p->peak[MEM_OPTIMIZER] = ps && r != 0 ? 0 : 8.0 * P;  // ps: rank 0 alone steps
-    p->peak[MEM_COMM] = ps && r == 0 ? 4.0 * P : 0;       // ps: the summed gradients
-    p->peak[MEM_ACTIVATIONS] = acts_bytes(&a->cfg, a->B / N / a->accum, a->T, a->recompute);
-    Comm dp = plan_group(AXIS_DP, N, r);
-    if (!strcmp(a->dp_mode, "naive")) {
-        // one all-reduce per tensor, per layer for the block tensors
-        for (ParamTensor t = 0; t < NUM_PARAM_TENSORS; t++) {
-            int layers = param_tensor_is_block(t) ? a->cfg.num_layers : 1;
-            for (int l = 0; l < layers; l++)
-                comm_tally(&dp, COLL_ALLREDUCE, param_tensor_numel(&a->cfg, t) * sizeof(float),
-                           2.0 * comm_ring_factor(&dp));
-        }
-    } else if (ps) {
-        comm_tally(&dp, COLL_REDUCE, P * sizeof(float), N > 1 ? 1.0 : 0.0);
-        comm_tally(&dp, COLL_BROADCAST, P * sizeof(float), N > 1 ? 1.0 : 0.0);
-    } else {
-        // buckets of --bucket-kb cut from the end of the flat buffer
-        size_t bucket = (size_t)a->bucket_kb * 1024 / sizeof(float);
-        for (size_t hi = P; hi > 0;) {
-            size_t lo = hi > bucket ? hi - bucket : 0;
-            comm_tally(&dp, COLL_ALLREDUCE, (hi - lo) * sizeof(float), 2.0 * comm_ring_factor(&dp));
-            hi = lo;
-        }
-    }
-}
-
-// ---------------------------------------------------------------- chapter 3: FSDP
-
-// The ZeRO-3 gathers of one step: the order fsdp_unit_params and
-// fsdp_prefetch are called in 03_fsdp/main.c's forward and backward, on the
-// engine's slots (03_fsdp/fsdp.c: two alternating slots when resharding, one
-// per unit otherwise). A unit already in a slot is not gathered again.
-typedef struct {
-    int n, reshard, next_slot;
-    int slot_of_unit[2 + 4096], unit_in_slot[2];
-    const size_t* padded;  // bytes of each unit's gather
-    const Comm* dp;
-} Slots;
-
-static void slots_request(Slots* s, int i) {
-    if (s->slot_of_unit[i] >= 0) return;
-    if (s->reshard) {
-        int k = s->next_slot;
-        s->next_slot ^= 1;
-        if (s->unit_in_slot[k] >= 0) s->slot_of_unit[s->unit_in_slot[k]] = -1;
-        s->unit_in_slot[k] = i;
-        s->slot_of_unit[i] = k;
-    } else {
-        s->slot_of_unit[i] = i;
-    }
-    comm_tally(s->dp, COLL_ALLGATHER, s->padded[i], comm_ring_factor(s->dp));
-}
-
-// head_first: chapter 4's backward asks for the tied embedding before the
-// final LayerNorm; chapter 3's the other way round
-static void slots_zero3_step(Slots* s, int L, int prefetch, int head_first) {
-    for (int i = 0; i < s->n; i++) s->slot_of_unit[i] = -1;  // fsdp_drop_gathered
-    s->unit_in_slot[0] = s->unit_in_slot[1] = -1;
-    // forward: embedding, blocks (each prefetching the next), lnf, the head's wte
-    slots_request(s, 0);
-    if (prefetch) slots_request(s, 1);
-    for (int l = 0; l < L; l++) {
-        slots_request(s, 1 + l);
-        if (prefetch) slots_request(s, l + 2);
-    }
-    slots_request(s, L + 1);
-    slots_request(s, 0);
-    // backward: lnf and wte for the head, then the blocks from the last
-    slots_request(s, head_first ? 0 : L + 1);
-    slots_request(s, head_first ? L + 1 : 0);
-    for (int l = L - 1; l >= 0; l--) {
-        slots_request(s, 1 + l);
-        if (l > 0 && prefetch) slots_request(s, l);
-    }
-}
-
-// Chapter 3's engine (03_fsdp/fsdp.c) on n units of numel[i] floats over a
-// dp group: its parameter, gradient and AdamW buffers, and one step's
-// gathers and reduce-scatters (not the norm's all-reduce).
-static void plan_fsdp(const PlanArgs* a, RankPlan* p, const Comm* dp, const size_t* numel, int n,
-                      int head_first) {
-    int N = dp->size;
-    size_t padded[2 + 4096];
-    size_t shard_total = 0, padded_total = 0, max_padded = 0;
-    for (int i = 0; i < n; i++) {
-        size_t shard = (numel[i] + N - 1) / N;  // fsdp.c's units_make
-        padded[i] = shard * N * sizeof(float);
-        shard_total += shard;
-        padded_total += shard * N;
-        if (shard * N > max_padded) max_padded = shard * N;
-    }
-    double f = sizeof(float);
-    if (a->zero == 3)
-        p->peak[MEM_PARAMS] = f * (shard_total + (a->reshard ? 2 * max_padded : padded_total));
-    else
-        p->peak[MEM_PARAMS] = f * padded_total;
-    // the shard of the gradient, and where backward writes the full one:
-    // ZeRO-1 a full gradient, ZeRO-2/3 one unit's buffer plus the tied
-    // embedding's own
-    p->peak[MEM_GRADS] = f * (shard_total + (a->zero == 1 ? padded_total : max_padded + padded[0] / f));
-    p->peak[MEM_OPTIMIZER] = 2 * f * shard_total;
-    if (a->zero == 3) {
-        Slots s = {.n = n, .reshard = a->reshard, .padded = padded, .dp = dp};
-        slots_zero3_step(&s, n - 2, a->prefetch, head_first);
-    }
-    for (int i = 0; i < n; i++)  // every unit's gradient reduce-scattered once
-        comm_tally(dp, COLL_REDUCE_SCATTER, padded[i], comm_ring_factor(dp));
-    if (a->zero < 3)  // the updated shards back to every rank
-        for (int i = 0; i < n; i++) comm_tally(dp, COLL_ALLGATHER, padded[i], comm_ring_factor(dp));
-}
-
-// The norm: one all-reduce of a float per group over which the gradient is
-// spread (train_global_norm), through a one-float buffer.
-static void plan_norm(RankPlan* p, const Comm* const* groups, int n) {
-    p->peak[MEM_OTHER] = sizeof(float);
-    for (int i = 0; i < n; i++) comm_tally(groups[i], COLL_ALLREDUCE, sizeof(float), 2.0 * comm_ring_factor(groups[i]));
-}
-
-static void plan_chapter_3(const PlanArgs* a, RankPlan* p, int r) {
-    int N = a->mesh[AXIS_DP];
-    size_t numel[2 + 4096];
-    int n = units(&a->cfg, numel);
-    Comm dp = plan_group(AXIS_DP, N, r);
-    p->peak[MEM_ACTIVATIONS] = acts_bytes(&a->cfg, a->B / N, a->T, a->recompute);
-    // the order of 03_fsdp/main.c's step: forward and backward (gathers,
-    // reduce-scatters), the norm, the ZeRO-1/2 gathers of the updated shards
-    plan_fsdp(a, p, &dp, numel, n, 0);
-    const Comm* groups[] = {&dp};
-    plan_norm(p, groups, 1);
-}
-
-// ---------------------------------------------------------------- chapter 4: FSDP x TP
-
-// tp rank r's rows of the padded vocabulary: ceil(Vp/tp), the last fewer
-// (04_fsdp_tp/tp.c's tp_vocab_rows)
-static int vocab_rows(const GPTConfig* cfg, int tp, int r) {
-    int per = (cfg->padded_vocab_size + tp - 1) / tp, left = cfg->padded_vocab_size - r * per;
-    return left < per ? left : per;
-}
-
-static void plan_chapter_4(const PlanArgs* a, RankPlan* p, int r) {
-    const GPTConfig* c = &a->cfg;
-    Mesh mesh;
-    memset(&mesh, 0, sizeof(mesh));
-    for (int x = 0; x < NUM_AXES; x++) mesh.size[x] = a->mesh[x];
-    int coord[NUM_AXES];
-    mesh_coord_of(&mesh, r, coord);
-    int ndp = a->mesh[AXIS_DP], ntp = a->mesh[AXIS_TP], L = c->num_layers, C = c->channels, NH = c->num_heads;
-    Comm dp = plan_group(AXIS_DP, ndp, coord[AXIS_DP]), tp = plan_group(AXIS_TP, ntp, coord[AXIS_TP]);
-    int B = a->B / ndp, T = a->T, Vl = vocab_rows(c, ntp, coord[AXIS_TP]);
-    size_t BT = (size_t)B * T, NC = BT * C;
-    // the tp shard as units: [wte rows, wpe], each block's shard, [lnfw lnfb]
-    size_t numel[2 + 4096];
-    numel[0] = (size_t)Vl * C + (size_t)c->max_seq_len * C;
-    for (int l = 0; l < L; l++) numel[1 + l] = gpt_block_numel_tp(C, ntp);
-    numel[L + 1] = 2 * (size_t)C;
-    // tp_create's activations: the blocks' tp slices, this rank's logits
-    // slice, the gathered cross-entropy statistics (3 floats per token per rank)
-    size_t floats = NC + (size_t)L * block_store_numel_tp(B, T, C, NH, ntp, a->recompute) +
-                    block_transient_numel_tp(B, T, C, NH, ntp, a->recompute) + head_acts_numel(B, T, C, Vl) +
-                    (size_t)ntp * 3 * BT + block_scratch_numel_tp(B, T, C, NH, ntp) + NC;
-    p->peak[MEM_ACTIVATIONS] = (double)(floats * sizeof(float) + 2 * BT * sizeof(int));
-    // forward: g after the embedding, two per block (attention, MLP); the
-    // cross-entropy's all-gather; backward: f after the head, two per block,
-    // two more per block under full recompute (its forward's g's)
-    double ar = 2.0 * comm_ring_factor(&tp);
-    comm_tally(&tp, COLL_ALLREDUCE, NC * sizeof(float), ar);
-    for (int l = 0; l < 2 * L; l++) comm_tally(&tp, COLL_ALLREDUCE, NC * sizeof(float), ar);
-    comm_tally(&tp, COLL_ALLGATHER, 3 * BT * ntp * sizeof(float), comm_ring_factor(&tp));
-    comm_tally(&tp, COLL_ALLREDUCE, NC * sizeof(float), ar);
-    int per_block = a->recompute == RECOMPUTE_FULL ? 4 : 2;
-    for (int l = 0; l < per_block * L; l++) comm_tally(&tp, COLL_ALLREDUCE, NC * sizeof(float), ar);
-    plan_fsdp(a, p, &dp, numel, L + 2, 1);
-    const Comm* groups[] = {&dp, &tp};
-    plan_norm(p, groups, 2);
-}
-
 // ---------------------------------------------------------------- output
 
 static const char* category_name(int c) { return c < MEM_NUM_CATEGORIES ? mem_category_name(c) : "total"; }
 
-static double plan_total(const RankPlan* p) {
+static double plan_total(const RankPlan* p, int low) {
     double t = 0;
-    for (int c = 0; c < MEM_NUM_CATEGORIES; c++) t += p->peak[c];
+    for (int c = 0; c < MEM_NUM_CATEGORIES; c++) t += low && p->ranged[c] ? p->low[c] : p->peak[c];
     return t;
 }
 
+static int plan_ranged(const RankPlan* p) {
+    for (int c = 0; c < MEM_NUM_CATEGORIES; c++)
+        if (p->ranged[c]) return 1;
+    return 0;
+}
+
+// peak bytes of category c (MEM_NUM_CATEGORIES: the total), the least the
+// run can reach when low is set
+static double plan_bytes(const RankPlan* p, int c, int low) {
+    if (c == MEM_NUM_CATEGORIES) return plan_total(p, low);
+    return low && p->ranged[c] ? p->low[c] : p->peak[c];
+}
+
 // The summary's "peak_bytes" and "comm" objects (common/report.c's format),
-// communication over --steps steps.
-static void print_json(const PlanArgs* a, const RankPlan* plans) {
+// communication over --steps steps; then the plan's own fields: the least
+// bytes of the categories that depend on timing ("peak_bytes_low": the run
+// lies between it and "peak_bytes"), the collectives whose bytes are bounds
+// ("comm_bounds": the run's bytes and bus bytes are at most the plan's), the
+// pipeline's bubble and each rank's FLOPs per step.
+static void print_json(const PlanArgs* a, const PlanInfo* info, const RankPlan* plans) {
     int n = a->ranks;
     printf("{\"type\":\"plan\",\"chapter\":%d,\"world_size\":%d,\"steps\":%d,\"peak_bytes\":{", a->chapter, n,
            a->steps);
     for (int c = 0; c <= MEM_NUM_CATEGORIES; c++) {
         printf("%s\"%s\":[", c ? "," : "", category_name(c));
-        for (int r = 0; r < n; r++)
-            printf("%s%.0f", r ? "," : "", c < MEM_NUM_CATEGORIES ? plans[r].peak[c] : plan_total(&plans[r]));
+        for (int r = 0; r < n; r++) printf("%s%.0f", r ? "," : "", plan_bytes(&plans[r], c, 0));
         printf("]");
     }
     printf("},\"comm\":{");
-    int first_coll = 1;
+    int first_coll = 1, any_bound = 0;
     for (int c = 0; c < NUM_COLLECTIVES; c++) {
         int first_axis = 1;
-        for (int x = 0; x < COMM_NUM_AXES; x++) {
+        for (int x = 0; x < comm_num_slots(); x++) {
             double used = 0;
             for (int r = 0; r < n; r++) used += plans[r].comm[c][x].calls;
             if (used == 0) continue;
+            any_bound |= info->comm_bound[c][x];
             if (first_axis) printf("%s\"%s\":{", first_coll ? "" : ",", collective_name((Collective)c));
             printf("%s\"%s\":{", first_axis ? "" : ",", comm_axis_name(x));
             for (int k = 0; k < 3; k++) {
@@ -341,12 +109,42 @@ static void print_json(const PlanArgs* a, const RankPlan* plans) {
         }
         if (!first_axis) printf("}");
     }
-    printf("}}\n");
+    printf("}");
+    int ranged = 0;
+    for (int r = 0; r < n; r++) ranged |= plan_ranged(&plans[r]);
+    if (ranged) {
+        printf(",\"peak_bytes_low\":{");
+        int first = 1;
+        for (int c = 0; c <= MEM_NUM_CATEGORIES; c++) {
+            int any = c == MEM_NUM_CATEGORIES;
+            for (int r = 0; r < n && !any; r++) any = plans[r].ranged[c];
+            if (!any) continue;
+            printf("%s\"%s\":[", first ? "" : ",", category_name(c));
+            for (int r = 0; r < n; r++) printf("%s%.0f", r ? "," : "", plan_bytes(&plans[r], c, 1));
+            printf("]");
+            first = 0;
+        }
+        printf("}");
+    }
+    if (any_bound) {
+        printf(",\"comm_bounds\":[");
+        int first = 1;
+        for (int c = 0; c < NUM_COLLECTIVES; c++)
+            for (int x = 0; x < comm_num_slots(); x++)
+                if (info->comm_bound[c][x]) {
+                    printf("%s[\"%s\",\"%s\"]", first ? "" : ",", collective_name((Collective)c), comm_axis_name(x));
+                    first = 0;
+                }
+        printf("]");
+    }
+    printf(",\"bubble\":%.4f,\"flops_per_step\":[", info->bubble);
+    for (int r = 0; r < n; r++) printf("%s%.0f", r ? "," : "", plans[r].flops);
+    printf("]}\n");
 }
 
 // The human table: peak bytes per rank and category, then each rank's
-// communication per step (ranks with the same figures share a line).
-static void print_table(const PlanArgs* a, const RankPlan* plans) {
+// communication per step, its FLOPs per step and (chapter 5) the bubble.
+static void print_table(const PlanArgs* a, const PlanInfo* info, const RankPlan* plans) {
     printf("plan: chapter %d on %d rank%s, mesh", a->chapter, a->ranks, a->ranks == 1 ? "" : "s");
     for (int x = 0; x < NUM_AXES; x++)
         if (a->mesh[x] > 1) printf(" %s %d", mesh_axis_name((MeshAxis)x), a->mesh[x]);
@@ -358,8 +156,11 @@ static void print_table(const PlanArgs* a, const RankPlan* plans) {
     printf("\n");
     for (int r = 0; r < a->ranks; r++) {
         printf("  %-6d", r);
-        for (int c = 0; c <= MEM_NUM_CATEGORIES; c++)
-            printf(" %13.0f", c < MEM_NUM_CATEGORIES ? plans[r].peak[c] : plan_total(&plans[r]));
+        for (int c = 0; c <= MEM_NUM_CATEGORIES; c++) printf(" %13.0f", plan_bytes(&plans[r], c, 0));
+        printf("\n");
+        if (!plan_ranged(&plans[r])) continue;
+        printf("  %-6s", "  least");
+        for (int c = 0; c <= MEM_NUM_CATEGORIES; c++) printf(" %13.0f", plan_bytes(&plans[r], c, 1));
         printf("\n");
     }
     printf("communication per step (over %d step%s: the summary's \"comm\" divided by it):\n", a->steps,
@@ -367,24 +168,34 @@ static void print_table(const PlanArgs* a, const RankPlan* plans) {
     int any = 0;
     for (int r = 0; r < a->ranks; r++)
         for (int c = 0; c < NUM_COLLECTIVES; c++)
-            for (int x = 0; x < COMM_NUM_AXES; x++) {
+            for (int x = 0; x < comm_num_slots(); x++) {
                 const CommCount* q = &plans[r].comm[c][x];
                 if (q->calls == 0) continue;
-                printf("  rank %-3d %-15s %-3s %8g calls %14.0f bytes %14.0f bus bytes\n", r,
+                printf("  rank %-3d %-15s %-9s %8g calls %14.0f bytes %14.0f bus bytes%s\n", r,
                        collective_name((Collective)c), comm_axis_name(x), q->calls / a->steps, q->bytes / a->steps,
-                       q->bus_bytes / a->steps);
+                       q->bus_bytes / a->steps, info->comm_bound[c][x] ? " (at most)" : "");
                 any = 1;
             }
     if (!any) printf("  none\n");
+    printf("FLOPs per step (matmuls and attention, forward and backward):");
+    for (int r = 0; r < a->ranks; r++) printf(" %.4g", plans[r].flops);
+    printf("\n");
+    if (a->chapter == 5) printf("bubble: %.4f of the ranks' time idle (%s)\n", info->bubble, info->bubble_how);
+    for (int r = 0; r < a->ranks; r++)
+        if (plan_ranged(&plans[r])) {
+            printf("least: where the run's peak depends on timing or data, the least it can be (the run lies between)\n");
+            break;
+        }
 }
 
 // ---------------------------------------------------------------- main
 
-typedef void (*PlanFn)(const PlanArgs*, RankPlan*, int);
-
 // The chapter's planner for these flags, or NULL and msg saying what does
-// not fit (the checks the chapter itself makes of its mesh and flags).
-static PlanFn plan_pick(const PlanArgs* a, char* msg, size_t len) {
+// not fit (the checks the chapter itself makes of its mesh and flags); info
+// gets what the whole plan shares.
+static PlanFn plan_pick(const PlanArgs* a, PlanInfo* info, char* msg, size_t len) {
+    memset(info, 0, sizeof(*info));
+    info->bubble_how = "";
     int N = a->mesh[AXIS_DP], world = a->ranks;
     const char* bad = NULL;
     PlanFn plan = NULL;
@@ -415,13 +226,25 @@ static PlanFn plan_pick(const PlanArgs* a, char* msg, size_t len) {
             else if (a->B % N) bad = "--batch: the batch must split over dp";
             plan = a->chapter == 3 ? plan_chapter_3 : plan_chapter_4;
             break;
+        case 5:
+            bad = plan_check_pipeline(a, info, msg, len);
+            plan = plan_chapter_5;
+            break;
+        case 6:
+            bad = plan_check_context(a, info, msg, len);
+            plan = plan_chapter_6;
+            break;
+        case 7:
+            bad = plan_check_expert(a, info, msg, len);
+            plan = plan_chapter_7;
+            break;
         default:
-            snprintf(msg, len, "--chapter %d is not planned yet (the planner knows chapters 0, 2, 3 and 4)",
+            snprintf(msg, len, "--chapter %d is not planned (the planner knows chapters 0, 2, 3, 4, 5, 6 and 7)",
                      a->chapter);
             return NULL;
     }
     if (bad) {
-        snprintf(msg, len, "%s", bad);
+        if (bad != msg) snprintf(msg, len, "%s", bad);
         return NULL;
     }
     return plan;
@@ -435,7 +258,7 @@ static RankPlan* plan_run(const PlanArgs* a, PlanFn plan) {
         comm_counts_reset();
         for (int s = 0; s < a->steps; s++) plan(a, &plans[r], r);
         for (int c = 0; c < NUM_COLLECTIVES; c++)
-            for (int x = 0; x < COMM_NUM_AXES; x++) plans[r].comm[c][x] = comm_count((Collective)c, x);
+            for (int x = 0; x < comm_num_slots(); x++) plans[r].comm[c][x] = comm_count((Collective)c, x);
     }
     return plans;
 }
@@ -487,16 +310,17 @@ static void search(const PlanArgs* base, double memory) {
                     snprintf(what, sizeof(what), "chapter 0");
                 }
                 char msg[256];
-                PlanFn fn = plan_pick(&a, msg, sizeof(msg));
+                PlanInfo info;
+                PlanFn fn = plan_pick(&a, &info, msg, sizeof(msg));
                 if (!fn) continue;
                 tried++;
                 RankPlan* plans = plan_run(&a, fn);
                 double peak = 0, bus = 0;
                 for (int r = 0; r < a.ranks; r++) {
-                    if (plan_total(&plans[r]) > peak) peak = plan_total(&plans[r]);
+                    if (plan_total(&plans[r], 0) > peak) peak = plan_total(&plans[r], 0);
                     double mine = 0;
                     for (int c = 0; c < NUM_COLLECTIVES; c++)
-                        for (int x = 0; x < COMM_NUM_AXES; x++) mine += plans[r].comm[c][x].bus_bytes;
+                        for (int x = 0; x < comm_num_slots(); x++) mine += plans[r].comm[c][x].bus_bytes;
                     if (mine > bus) bus = mine;
                 }
                 free(plans);
@@ -536,6 +360,16 @@ int main(int argc, char** argv) {
     a.zero = 3;
     a.prefetch = 1;
     a.reshard = 1;
+    a.schedule = "1f1b";
+    a.virt = 1;
+    a.cp_mode = "ring";
+    a.cp_balance = "none";
+    a.experts = 4;
+    a.top_k = 2;
+    a.capacity = 0;
+    a.expert_hidden = ARG_NOT_GIVEN;
+    a.moe_every = 1;
+    float capacity = 0.0f;
     ArgSpec flags[] = {
         {"chapter", ARG_INT, &a.chapter, "the chapter to plan (0, 2, 3, 4)"},
         {"ranks", ARG_INT, &a.ranks, "world size  [1]"},
@@ -561,6 +395,17 @@ int main(int argc, char** argv) {
         {"zero", ARG_INT, &a.zero, "(chapters 3, 4) 1 | 2 | 3  [3]"},
         {"prefetch", ARG_INT, &a.prefetch, "(chapter 3) 0 | 1  [1]"},
         {"reshard", ARG_INT, &a.reshard, "(chapter 3) 0 | 1  [1]"},
+        {"schedule", ARG_STRING, &a.schedule, "(chapter 5) gpipe | 1f1b | interleaved | zb  [1f1b]"},
+        {"microbatches", ARG_INT, &a.microbatches, "(chapter 5) microbatches per step of each dp rank's share  [pp]"},
+        {"virtual", ARG_INT, &a.virt, "(chapter 5) chunks per rank, interleaved  [1]"},
+        {"sp", ARG_FLAG, &a.sp, "(chapter 6) sequence parallelism on tp"},
+        {"cp-mode", ARG_STRING, &a.cp_mode, "(chapter 6) ring | ulysses  [ring]"},
+        {"cp-balance", ARG_STRING, &a.cp_balance, "(chapter 6) none | zigzag  [none]"},
+        {"experts", ARG_INT, &a.experts, "(chapter 7) experts per MoE layer  [4]"},
+        {"top-k", ARG_INT, &a.top_k, "(chapter 7) experts per token  [2]"},
+        {"expert-hidden", ARG_INT, &a.expert_hidden, "(chapter 7) each expert's MLP width  [4C]"},
+        {"moe-every", ARG_INT, &a.moe_every, "(chapter 7) every k-th layer is an MoE layer  [1]"},
+        {"capacity-factor", ARG_FLOAT, &capacity, "(chapter 7) tokens an expert takes, x its fair share  [chapter 7's]"},
         {"search", ARG_FLAG, &do_search, "every layout of --ranks in chapters 0, 2, 3, 4 that fits --memory-per-rank"},
         {"memory-per-rank", ARG_STRING, &memory_arg, "bytes a rank may hold (--search), e.g. 8e6"},
         {"help", ARG_FLAG, &help, "this text"},
@@ -611,6 +456,7 @@ int main(int argc, char** argv) {
     if (a.ranks < 1 || (world != a.ranks && !do_search))
         die("%s: the product of the mesh axes must equal --ranks", "--ranks");
     if (a.steps < 1) die("%s must be >= 1", "--steps");
+    a.capacity = capacity;
     if (do_search) {
         char* end = NULL;
         double memory = memory_arg ? strtod(memory_arg, &end) : 0.0;
@@ -618,11 +464,12 @@ int main(int argc, char** argv) {
         search(&a, memory);
         return 0;
     }
-    PlanFn plan = plan_pick(&a, msg, sizeof(msg));
+    PlanInfo info;
+    PlanFn plan = plan_pick(&a, &info, msg, sizeof(msg));
     if (!plan) die("%s", msg);
     RankPlan* plans = plan_run(&a, plan);
-    if (a.json) print_json(&a, plans);
-    else print_table(&a, plans);
+    if (a.json) print_json(&a, &info, plans);
+    else print_table(&a, &info, plans);
     free(plans);
     return 0;
 }

@@ -1,0 +1,101 @@
+// plan.h: the planner's question and answer, shared by build/plan's main
+// (common/tools/plan.c) and the chapter planners: plan_dense.c (chapters 0,
+// 2, 3, 4), plan_pipeline.c (5), plan_context.c (6), plan_expert.c (7).
+// A planner fills one rank's RankPlan for one step; plan.c runs it for every
+// rank and --steps steps, feeding the comm layer's own counters.
+#ifndef PLAN_H
+#define PLAN_H
+
+#include <stddef.h>
+
+#include "comm.h"
+#include "memory.h"
+#include "mesh.h"
+#include "model.h"
+
+// ---------------------------------------------------------------- the question
+
+typedef struct {
+    int chapter, ranks, steps, json;
+    GPTConfig cfg;
+    const char* model_name;
+    int B, T;                 // global batch, sequence length
+    int mesh[NUM_AXES];
+    RecomputeMode recompute;
+    const char* dp_mode;      // chapter 2
+    int bucket_kb, accum;     // chapter 2
+    int zero, prefetch, reshard;  // chapters 3, 4 (and 6's --sp, ZeRO-3 over dp)
+    const char* schedule;     // chapter 5: gpipe | 1f1b | interleaved | zb
+    int microbatches, virt;   // chapter 5: --microbatches (0: pp), --virtual
+    int sp;                   // chapter 6: --sp (sequence parallelism on tp)
+    const char* cp_mode;      // chapter 6: ring | ulysses
+    const char* cp_balance;   // chapter 6: none | zigzag
+    int experts, top_k;       // chapter 7
+    int expert_hidden, moe_every;  // chapter 7 (expert_hidden ARG_NOT_GIVEN: 4C)
+    double capacity;          // chapter 7: --capacity-factor (0: the chapter's default)
+} PlanArgs;
+
+// What one rank allocates at peak (bytes per category) and what it sends:
+// the comm layer's own counters (comm_stats.h), fed the calls the chapter
+// makes on a group of the right size. Where the run's figure depends on
+// timing or on the data (ranged[c] set), peak[c] is the most the run can
+// reach and low[c] the least; elsewhere the run's figure equals peak[c].
+// flops: the matmul and attention FLOPs of one step on this rank (forward,
+// backward, and the forward again that --recompute full runs).
+typedef struct {
+    double peak[MEM_NUM_CATEGORIES];
+    double low[MEM_NUM_CATEGORIES];
+    int ranged[MEM_NUM_CATEGORIES];
+    CommCount comm[NUM_COLLECTIVES][COMM_MAX_SLOTS];
+    double flops;
+} RankPlan;
+
+// What a whole plan shares: the pipeline's bubble fraction (chapter 5; 0
+// elsewhere), and which communication figures are bounds (chapter 7's
+// all-to-all bytes depend on the routing).
+typedef struct {
+    double bubble;
+    const char* bubble_how;  // how it was found, for the table
+    int comm_bound[NUM_COLLECTIVES][COMM_MAX_SLOTS];
+} PlanInfo;
+
+typedef void (*PlanFn)(const PlanArgs*, RankPlan*, int);
+
+// A group of `size` ranks on counter slot `axis` (an axis, or a named
+// group's slot from comm_slot_for), as the counters see it: no MPI.
+Comm plan_group(int axis, int size, int rank);
+// This rank's coordinate on every axis of the mesh a->mesh.
+void plan_coords(const PlanArgs* a, int r, int coord[NUM_AXES]);
+// The bytes gpt_acts_create_recompute allocates (model.c) for B x T tokens.
+double plan_acts_bytes(const GPTConfig* cfg, int B, int T, RecomputeMode mode);
+// The matmul and attention FLOPs of forward + backward of `layers` blocks
+// and an LM head of head_rows vocabulary rows (0: none) over B sequences of
+// T tokens, each block's matmuls and heads split `split` ways (tp); --recompute
+// full adds the blocks' forward again. With every layer, Vp rows and no
+// split it is B T gpt_flops_per_token (model.c).
+double plan_flops(const GPTConfig* cfg, double B, int T, int layers, int head_rows, int split, RecomputeMode mode);
+// Chapter 3's engine (03_fsdp/fsdp.c) on n units of numel[i] floats over
+// the dp group: its parameter, gradient and AdamW bytes, and one step's
+// gathers and reduce-scatters. head_first: chapter 4's backward order.
+void plan_fsdp(const PlanArgs* a, RankPlan* p, const Comm* dp, const size_t* numel, int n, int head_first);
+// The norm: one all-reduce of a float per group, through a one-float buffer.
+void plan_norm(RankPlan* p, const Comm* const* groups, int n);
+// tp rank r's rows of the padded vocabulary (04_fsdp_tp/tp.c's tp_vocab_rows).
+int plan_vocab_rows(const GPTConfig* cfg, int tp, int r);
+
+// The chapters' planners: rank r's plan of one step.
+void plan_chapter_0(const PlanArgs* a, RankPlan* p, int r);
+void plan_chapter_2(const PlanArgs* a, RankPlan* p, int r);
+void plan_chapter_3(const PlanArgs* a, RankPlan* p, int r);
+void plan_chapter_4(const PlanArgs* a, RankPlan* p, int r);
+void plan_chapter_5(const PlanArgs* a, RankPlan* p, int r);
+void plan_chapter_6(const PlanArgs* a, RankPlan* p, int r);
+void plan_chapter_7(const PlanArgs* a, RankPlan* p, int r);
+
+// The checks each chapter makes of its flags and mesh: NULL, or the
+// problem in msg. Fill info (the bubble, the bounded figures).
+const char* plan_check_pipeline(const PlanArgs* a, PlanInfo* info, char* msg, size_t len);
+const char* plan_check_context(const PlanArgs* a, PlanInfo* info, char* msg, size_t len);
+const char* plan_check_expert(const PlanArgs* a, PlanInfo* info, char* msg, size_t len);
+
+#endif

@@ -1,0 +1,105 @@
+// plan_context.c: chapter 6's planner (plan.h). Context parallelism (dp x
+// cp): a whole replica per rank, T/cp tokens of each sequence, what a layer
+// keeps from 06_sequence_context/context.c's own layout (cp_layer_numels),
+// the ring's K/V passes or Ulysses' all-to-alls per layer, one gradient
+// all-reduce over dp x cp. Sequence parallelism (--sp, dp x tp): chapter
+// 4's tp shard under FSDP over dp (ZeRO-3), the block's activations in
+// sequence.c's layout, the tp all-gathers and reduce-scatters of
+// sequence.c. Every figure is exact.
+#include <stdio.h>
+#include <string.h>
+
+#include "comm_groups.h"
+#include "comm_stats.h"
+#include "context.h"
+#include "model_layout.h"
+#include "model_tp.h"
+#include "plan.h"
+#include "sequence.h"
+
+const char* plan_check_context(const PlanArgs* a, PlanInfo* info, char* msg, size_t len) {
+    (void)info;
+    int ndp = a->mesh[AXIS_DP], ncp = a->mesh[AXIS_CP], ntp = a->mesh[AXIS_TP], T = a->T;
+    int ring = !strcmp(a->cp_mode, "ring"), zigzag = !strcmp(a->cp_balance, "zigzag");
+    if (a->ranks != ndp * ncp * ntp) return "--ranks: chapter 6 has the dp, tp and cp axes only";
+    if (!ring && strcmp(a->cp_mode, "ulysses"))
+        return snprintf(msg, len, "--cp-mode %s is not one of ring, ulysses", a->cp_mode), msg;
+    if (!zigzag && strcmp(a->cp_balance, "none"))
+        return snprintf(msg, len, "--cp-balance %s is not one of none, zigzag", a->cp_balance), msg;
+    if (a->B % ndp) return "--batch: the batch must split over dp";
+    if (a->sp) {
+        if (ncp > 1) return "--sp runs on a dp x tp mesh: drop --cp";
+        if (a->cfg.num_heads % ntp || a->cfg.channels % ntp) return "--tp: the model's heads must split over tp";
+        if (((long)a->B / ndp * T) % ntp) return "--sp: (batch/dp) x seq must split over tp";
+        return NULL;
+    }
+    if (ntp > 1) return "--tp without --sp: tensor parallelism is chapter 4's";
+    if (T % ncp) return "--seq: the sequence must split over cp";
+    if (zigzag && T % (2 * ncp)) return "--seq: zigzag needs a sequence divisible by 2 x cp";
+    if (!ring && a->cfg.num_heads % ncp) return "--cp-mode ulysses: cp must divide the model's heads";
+    return NULL;
+}
+
+// Context parallelism: context.c's cp_create and main.c's step.
+static void plan_cp(const PlanArgs* a, RankPlan* p, int r) {
+    const GPTConfig* g = &a->cfg;
+    int coord[NUM_AXES];
+    plan_coords(a, r, coord);
+    int ndp = a->mesh[AXIS_DP], n = a->mesh[AXIS_CP], T = a->T, B = a->B / ndp;
+    int C = g->channels, NH = g->num_heads, L = g->num_layers, ring = !strcmp(a->cp_mode, "ring");
+    size_t N = (size_t)B * (T / n), NC = N * C;
+    double P = (double)gpt_num_params(g), f = sizeof(float);
+    p->peak[MEM_PARAMS] = f * P;
+    p->peak[MEM_GRADS] = f * P;
+    p->peak[MEM_OPTIMIZER] = 2 * f * P;
+    size_t store, transient;
+    cp_layer_numels(ring ? CP_RING : CP_ULYSSES, a->recompute, (int)N, C, NH, T, &store, &transient);
+    // encoded, the layers, the transient, the head, inputs and targets,
+    // dres, dln, the stash, d gelu, d atty; the ring's partials or
+    // Ulysses' head-shard buffers
+    double acts = NC + (double)L * store + transient + head_acts_numel(1, (int)N, C, g->padded_vocab_size) + 2.0 * N +
+                  2.0 * NC + block_stash_numel(1, (int)N, C) + 4.0 * NC + NC;
+    acts += ring ? NC + 3.0 * N * NH : NC + 3.0 * NC + (double)N * NH * T;
+    p->peak[MEM_ACTIVATIONS] = f * acts;
+    p->peak[MEM_COMM] = f * (ring ? 5 * 2.0 * NC : 2 * 3.0 * NC);
+    // every block's attention meets the other cp ranks: forward, backward,
+    // and forward again under --recompute full
+    Comm cp = plan_group(AXIS_CP, n, coord[AXIS_CP]);
+    int forwards = a->recompute == RECOMPUTE_FULL ? 2 : 1;
+    for (int l = 0; l < L; l++) {
+        if (ring) {
+            // K/V one hop per block but the last, forward and backward; the
+            // dK/dV partial sums cp hops in backward (none on one rank)
+            int kv = (n - 1) * (forwards + 1), dkv = n > 1 ? n : 0;
+            for (int i = 0; i < kv + dkv; i++) {
+                comm_tally(&cp, COLL_RECV, 2 * NC * sizeof(float), 0.0);
+                comm_tally(&cp, COLL_SEND, 2 * NC * sizeof(float), 1.0);
+            }
+        } else {
+            // q|k|v to head shards and the output back, each forward; the
+            // output's gradient to head shards and dq|dk|dv back
+            for (int i = 0; i < forwards + 1; i++) {
+                comm_tally(&cp, COLL_ALLTOALL, 3 * NC * sizeof(float), comm_ring_factor(&cp));
+                comm_tally(&cp, COLL_ALLTOALL, NC * sizeof(float), comm_ring_factor(&cp));
+            }
+        }
+    }
+    // the gradient group: every rank with the same weights
+    char name[32];
+    Mesh mesh;
+    memset(&mesh, 0, sizeof(mesh));
+    for (int x = 0; x < NUM_AXES; x++) mesh.size[x] = a->mesh[x];
+    comm_group_slot_name(&mesh, (1u << AXIS_DP) | (1u << AXIS_CP), name, sizeof(name));
+    Comm dpcp = plan_group(comm_slot_for(name), ndp * n, coord[AXIS_DP] * n + coord[AXIS_CP]);
+    comm_tally(&dpcp, COLL_ALLREDUCE, (size_t)P * sizeof(float), 2.0 * comm_ring_factor(&dpcp));
+    // the FLOPs of this rank's tokens: each query against the whole
+    // sequence's keys, counted over the T x T square as chapter 0 counts
+    p->flops = plan_flops(g, (double)B / n, T, L, g->padded_vocab_size, 1, a->recompute);
+}
+
+void plan_chapter_6(const PlanArgs* a, RankPlan* p, int r) {
+    if (!a->sp) {
+        plan_cp(a, p, r);
+        return;
+    }
+}
