@@ -152,7 +152,7 @@ $(BIN)/roofline: $(OBJ)/common/tools/roofline.o $(COMMON_OBJ)
 # common/tools/plan*.c, and the chapters' own modules whose sizes and
 # schedules it reads (PLAN_MODULES, paths without .c)
 PLAN_MODULES := 05_pipeline/schedule 05_pipeline/pipeline 06_sequence_context/context 06_sequence_context/ring \
-                06_sequence_context/sequence 04_fsdp_tp/tp 03_fsdp/fsdp
+                06_sequence_context/sequence 04_fsdp_tp/tp 03_fsdp/fsdp 07_expert/moe
 $(BIN)/plan: $(patsubst %.c,$(OBJ)/%.o,$(wildcard common/tools/plan*.c)) $(patsubst %,$(OBJ)/%.o,$(PLAN_MODULES)) $(COMMON_OBJ)
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) -o $@ $^ $(LDLIBS)

@@ -28,11 +28,11 @@ same_as_run() {
         return
     fi
     local plan='{"peak_bytes": {}, "comm": null}'
-    # the run's flags but those that move no byte (--wd)
+    # the run's flags but those that move no byte (--wd, --cp-overlap)
     local pflags=() skip=0 f
     for f in "$@"; do
         if [ $skip = 1 ]; then skip=0; continue; fi
-        if [ "$f" = --wd ]; then skip=1; continue; fi
+        if [ "$f" = --wd ] || [ "$f" = --cp-overlap ]; then skip=1; continue; fi
         pflags+=("$f")
     done
     [ "$ch" -le 6 ] && plan=$("$BUILD/plan" --chapter "$ch" --ranks "$np" --steps 2 --json "${pflags[@]}" 2>&1)
@@ -138,6 +138,19 @@ pp5 tiny6 6 1 3 6 gpipe 1 selective
 pp5 tiny6 6 1 3 1 1f1b 1 full
 jobs_run same_as_run 4 5 --dp 2 --pp 2 --wd 0.1
 jobs_run same_as_run 4 5 --pp 2 --dp 2 --virtual 3 --schedule interleaved --model tiny6 --microbatches 2 --batch 8
+# chapter 6: the meshes of tests/chapter_6.sh (its INV_FLAGS' batch and
+# sequence): ring, zigzag, Ulysses over cp 2 and 4, dp x cp, --recompute in
+# both modes, the ring without overlap; sequence parallelism on tp 2 and 4,
+# dp x tp, with --recompute
+for f in "--cp 2" "--cp 2 --cp-balance zigzag" "--cp 4" "--cp 4 --cp-balance zigzag" "--cp 2 --cp-mode ulysses" \
+    "--cp 4 --cp-mode ulysses" "--dp 2 --cp 2 --cp-balance zigzag" "--cp 2 --wd 0.1" "--cp 2 --cp-overlap 0" \
+    "--cp 4 --cp-balance zigzag --recompute selective" "--cp 4 --cp-balance zigzag --recompute full" \
+    "--cp 2 --cp-mode ulysses --recompute selective" "--cp 2 --cp-mode ulysses --recompute full" \
+    "--tp 2 --sp" "--dp 2 --tp 2 --sp" "--tp 4 --sp" "--tp 2 --sp --recompute selective" "--tp 2 --sp --recompute full"; do
+    np=1
+    for w in $(echo "$f" | grep -o -- '--\(dp\|cp\|tp\) [0-9]*' | awk '{print $2}'); do np=$((np * w)); done
+    jobs_run same_as_run $np 6 --batch $INV_BATCH --seq $INV_SEQ $f
+done
 jobs_run same_as_run 4 6 --tp 2 --dp 2 --sp
 jobs_run same_as_run 2 6 --cp 2
 jobs_run same_as_run 4 7 --ep 2 --dp 2

@@ -132,7 +132,8 @@ static void print_json(const PlanArgs* a, const PlanInfo* info, const RankPlan* 
         for (int c = 0; c < NUM_COLLECTIVES; c++)
             for (int x = 0; x < comm_num_slots(); x++)
                 if (info->comm_bound[c][x]) {
-                    printf("%s[\"%s\",\"%s\"]", first ? "" : ",", collective_name((Collective)c), comm_axis_name(x));
+                    printf("%s[\"%s\",\"%s\",%.0f]", first ? "" : ",", collective_name((Collective)c), comm_axis_name(x),
+                           info->comm_sum[c][x]);
                     first = 0;
                 }
         printf("]");

@@ -52,11 +52,14 @@ typedef struct {
 
 // What a whole plan shares: the pipeline's bubble fraction (chapter 5; 0
 // elsewhere), and which communication figures are bounds (chapter 7's
-// all-to-all bytes depend on the routing).
+// all-to-all bytes depend on the routing): comm_bound set, each rank's
+// bytes and bus bytes are at most the plan's (its calls equal), and where
+// comm_sum is not 0 the bytes summed over ranks and --steps equal it.
 typedef struct {
     double bubble;
     const char* bubble_how;  // how it was found, for the table
     int comm_bound[NUM_COLLECTIVES][COMM_MAX_SLOTS];
+    double comm_sum[NUM_COLLECTIVES][COMM_MAX_SLOTS];
 } PlanInfo;
 
 typedef void (*PlanFn)(const PlanArgs*, RankPlan*, int);

@@ -97,9 +97,84 @@ static void plan_cp(const PlanArgs* a, RankPlan* p, int r) {
     p->flops = plan_flops(g, (double)B / n, T, L, g->padded_vocab_size, 1, a->recompute);
 }
 
-void plan_chapter_6(const PlanArgs* a, RankPlan* p, int r) {
-    if (!a->sp) {
-        plan_cp(a, p, r);
-        return;
+// Sequence parallelism: sequence.c's sp_create (chapter 4's model, ZeRO-3
+// with prefetch and two gather slots, its block activations swapped for
+// sequence.c's layout) and its step.
+static void plan_sp(const PlanArgs* args, RankPlan* p, int r) {
+    PlanArgs a = *args;
+    a.zero = 3, a.prefetch = 1, a.reshard = 1;  // sp_create(&s, &run, 3, 1, 1)
+    const GPTConfig* c = &a.cfg;
+    int coord[NUM_AXES];
+    plan_coords(&a, r, coord);
+    int ndp = a.mesh[AXIS_DP], ntp = a.mesh[AXIS_TP], L = c->num_layers, C = c->channels, NH = c->num_heads;
+    int B = a.B / ndp, T = a.T, Vl = plan_vocab_rows(c, ntp, coord[AXIS_TP]);
+    size_t N = (size_t)B * T, Nl = N / ntp, NC = N * C, Cl = (size_t)C / ntp;
+    // what a layer keeps: its token shard and tp slices; the one transient
+    // (sequence.c's sp_layout)
+    size_t shard, slices, transient;
+    size_t ln = 3 * Nl * C + 4 * Nl;                           // ln1 (+mean, rstd), res2, ln2 (+mean, rstd)
+    size_t proj = 2 * Nl * C;                                  // attproj, fcproj
+    size_t res3 = Nl * C;
+    size_t kept_slices = N * 3 * Cl + N * Cl + N * 4 * Cl;     // qkv, atty, fch
+    size_t drop_slices = (size_t)B * (NH / ntp) * T * T + N * 4 * Cl;  // att, fch_gelu
+    if (a.recompute == RECOMPUTE_NONE)
+        shard = ln + proj + res3, slices = kept_slices + drop_slices, transient = 0;
+    else if (a.recompute == RECOMPUTE_SELECTIVE)
+        shard = ln + res3, slices = kept_slices, transient = proj + drop_slices;
+    else
+        shard = res3, slices = 0, transient = ln + proj + kept_slices + drop_slices;
+    // tp_create's activations but the blocks': the embedding's output, the
+    // head's (this rank's vocabulary rows), the gathered cross-entropy
+    // statistics, the scratch, dres, the token ids; then sequence.c's x0,
+    // dres, dln on this rank's tokens
+    double floats = NC + (double)L * (shard + slices) + transient + head_acts_numel(B, T, C, Vl) + 3.0 * N * ntp +
+                    block_scratch_numel_tp(B, T, C, NH, ntp) + NC + 3.0 * Nl * C;
+    p->peak[MEM_ACTIVATIONS] = floats * sizeof(float) + 2.0 * N * sizeof(int);
+    p->flops = plan_flops(c, B, T, L, Vl, ntp, a.recompute);
+    // the tp collectives of a step (sequence.c), each on a (N, C) tensor:
+    // all-gathers of the token shards, reduce-scatters of partial sums
+    Comm tp = plan_group(AXIS_TP, ntp, coord[AXIS_TP]);
+    double ring = comm_ring_factor(&tp);
+    size_t full = NC * sizeof(float);
+    int fwd = a.recompute == RECOMPUTE_FULL ? 2 : 1;
+    comm_tally(&tp, COLL_REDUCE_SCATTER, full, ring);  // the embedding's partial sums
+    for (int l = 0; l < L; l++)
+        for (int k = 0; k < 2; k++) {  // attention and MLP: gather before, reduce-scatter after
+            comm_tally(&tp, COLL_ALLGATHER, full, ring);
+            comm_tally(&tp, COLL_REDUCE_SCATTER, full, ring);
+        }
+    comm_tally(&tp, COLL_ALLGATHER, full, ring);                               // the final LayerNorm's output
+    comm_tally(&tp, COLL_ALLGATHER, 3 * N * ntp * sizeof(float), ring);        // cross-entropy's statistics
+    comm_tally(&tp, COLL_REDUCE_SCATTER, full, ring);                          // the head's d lnf
+    comm_tally(&tp, COLL_ALLREDUCE, 2 * (size_t)C * sizeof(float), 2 * ring);  // [lnfw lnfb]
+    for (int l = 0; l < L; l++) {
+        for (int k = 0; k < 2 * (fwd - 1); k++) {  // --recompute full: the forward's again
+            comm_tally(&tp, COLL_ALLGATHER, full, ring);
+            comm_tally(&tp, COLL_REDUCE_SCATTER, full, ring);
+        }
+        for (int k = 0; k < 2; k++) {
+            // the output gradient gathered; the column-parallel input
+            // gathered again and its partial gradients reduce-scattered
+            comm_tally(&tp, COLL_ALLGATHER, full, ring);
+            comm_tally(&tp, COLL_ALLGATHER, full, ring);
+            comm_tally(&tp, COLL_REDUCE_SCATTER, full, ring);
+            comm_tally(&tp, COLL_ALLREDUCE, 2 * (size_t)C * sizeof(float), 2 * ring);  // a LayerNorm's [w b]
+        }
     }
+    comm_tally(&tp, COLL_ALLGATHER, full, ring);  // the embedding's gradient of every token
+    // FSDP over dp of this tp rank's shard, as chapter 4: [wte rows, wpe],
+    // each block's shard, [lnfw lnfb]
+    size_t numel[2 + 4096];
+    numel[0] = (size_t)Vl * C + (size_t)c->max_seq_len * C;
+    for (int l = 0; l < L; l++) numel[1 + l] = gpt_block_numel_tp(C, ntp);
+    numel[L + 1] = 2 * (size_t)C;
+    Comm dp = plan_group(AXIS_DP, ndp, coord[AXIS_DP]);
+    plan_fsdp(&a, p, &dp, numel, L + 2, 1);
+    const Comm* groups[] = {&dp, &tp};
+    plan_norm(p, groups, 2);
+}
+
+void plan_chapter_6(const PlanArgs* a, RankPlan* p, int r) {
+    if (a->sp) plan_sp(a, p, r);
+    else plan_cp(a, p, r);
 }

@@ -1,12 +1,100 @@
-// plan_expert.c: chapter 7's planner (plan.h).
+// plan_expert.c: chapter 7's planner (plan.h): mixture of experts over dp x
+// ep, every rank its own B / (dp ep) sequences, E / ep experts of each MoE
+// layer, the replicated parameters reduced over dp x ep and the experts
+// over dp (07_expert/expert_model.c's buffers, 07_expert/main.c's step).
+//
+// Exact: parameters, gradients, AdamW, activations and the exchange buffers
+// (sized for the most rows a rank's experts can receive, R = N ep min(k,
+// E/ep), whatever the routing), the all-reduces and the number of
+// all-to-alls. Data-dependent: the all-to-all bytes. A rank's dispatch sends
+// its N k token-slots (all of them when dropless, at most that under
+// --capacity-factor) and its combine sends back the rows its experts
+// received, which depends on the routing. The plan gives each rank's most
+// (N k C + R C floats per exchange pair), and, dropless, the exact sum over
+// the ranks: every slot is sent once by dispatch and once back by combine.
 #include <stdio.h>
+#include <string.h>
 
+#include "comm_groups.h"
+#include "comm_stats.h"
+#include "args.h"
+#include "moe.h"
 #include "plan.h"
 
-const char* plan_check_expert(const PlanArgs* a, PlanInfo* info, char* msg, size_t len) {
-    (void)a, (void)info;
-    snprintf(msg, len, "--chapter 7 is not planned yet");
-    return msg;
+static MoeConfig moe_of(const PlanArgs* a) {
+    MoeConfig c = {.gpt = a->cfg, .experts = a->experts, .top_k = a->top_k, .moe_every = a->moe_every};
+    c.hidden = a->expert_hidden == ARG_NOT_GIVEN ? 4 * a->cfg.channels : a->expert_hidden;
+    return c;
 }
 
-void plan_chapter_7(const PlanArgs* a, RankPlan* p, int r) { (void)a, (void)p, (void)r; }
+// dropless: no --capacity-factor, or one of E / k or more (expert_model.c)
+static int dropless(const PlanArgs* a) { return !(a->capacity > 0) || a->capacity >= (double)a->experts / a->top_k; }
+
+const char* plan_check_expert(const PlanArgs* a, PlanInfo* info, char* msg, size_t len) {
+    int ndp = a->mesh[AXIS_DP], nep = a->mesh[AXIS_EP];
+    if (a->ranks != ndp * nep) return "--ranks: chapter 7 has the dp and ep axes only";
+    MoeConfig c = moe_of(a);
+    const char* bad = moe_config_problem(&c);
+    if (bad) return snprintf(msg, len, "%s", bad), msg;
+    if (a->experts % nep) return "--ep: the experts must split over ep";
+    if (a->capacity < 0) return "--capacity-factor must be >= 0";
+    if (a->B % (ndp * nep)) return "--batch: the batch must split over dp x ep";
+    // the all-to-all's bytes depend on the routing: each rank's a bound;
+    // dropless, their sum over the ranks is exact (every slot goes out once
+    // and comes back once per exchange pair)
+    info->comm_bound[COLL_ALLTOALL][AXIS_EP] = 1;
+    if (dropless(a)) {
+        double N = (double)a->B / (ndp * nep) * a->T, pairs = (a->recompute == RECOMPUTE_FULL ? 3 : 2) * (double)moe_num_moe_layers(&c);
+        info->comm_sum[COLL_ALLTOALL][AXIS_EP] = a->steps * a->ranks * pairs * 2 * N * a->top_k * a->cfg.channels * sizeof(float);
+    }
+    return NULL;
+}
+
+void plan_chapter_7(const PlanArgs* a, RankPlan* p, int r) {
+    MoeConfig c = moe_of(a);
+    const GPTConfig* g = &a->cfg;
+    int coord[NUM_AXES];
+    plan_coords(a, r, coord);
+    int ndp = a->mesh[AXIS_DP], nep = a->mesh[AXIS_EP], B = a->B / (ndp * nep), T = a->T;
+    int C = g->channels, E = c.experts, k = c.top_k, H = c.hidden, El = E / nep, Lm = moe_num_moe_layers(&c);
+    double N = (double)B * T, Nk = N * k, R = N * nep * (k < El ? k : El), f = sizeof(float);
+    double shared = (double)moe_num_shared(&c), experts = (double)Lm * El * moe_expert_numel(&c);
+    p->peak[MEM_PARAMS] = f * (shared + experts);
+    p->peak[MEM_GRADS] = f * (shared + experts);
+    p->peak[MEM_OPTIMIZER] = 2 * f * (shared + experts);
+    // the GPT's activations, then each MoE layer's own (one for --recompute
+    // full: every layer runs again before its backward), the fch_gelu and
+    // send buffers selective shares, and what every MoE layer shares
+    int n = a->recompute == RECOMPUTE_FULL ? 1 : Lm;
+    double gelu = a->recompute == RECOMPUTE_NONE ? Lm * R * H : R * H;
+    double send = a->recompute == RECOMPUTE_NONE ? Lm * Nk * C : Nk * C;
+    double moe = n * (2 * N * E + 4 * Nk + 2 * R + R * C + R * H + E) + gelu + 2 * R * C + 2 * R * H + Nk + N * E + N * C;
+    p->peak[MEM_ACTIVATIONS] = plan_acts_bytes(g, B, T, a->recompute) + f * moe;
+    p->peak[MEM_COMM] = f * (send + n * Nk * C + R * C + Nk * C);  // send, back, recv, dsend
+    // per MoE layer dispatch and combine forward, both again in backward,
+    // and once more under --recompute full: calls exact, bytes at most all
+    // slots out and R rows back
+    Comm ep = plan_group(AXIS_EP, nep, coord[AXIS_EP]);
+    int exchanges = a->recompute == RECOMPUTE_FULL ? 3 : 2;
+    for (int l = 0; l < Lm * exchanges; l++) {
+        comm_tally_bytes(&ep, COLL_ALLTOALL, f * Nk * C, f * Nk * C);
+        comm_tally_bytes(&ep, COLL_ALLTOALL, f * R * C, f * R * C);
+    }
+    // the two gradient groups, then the norm over ep and dp
+    char name[32];
+    Mesh mesh;
+    memset(&mesh, 0, sizeof(mesh));
+    for (int x = 0; x < NUM_AXES; x++) mesh.size[x] = a->mesh[x];
+    comm_group_slot_name(&mesh, (1u << AXIS_DP) | (1u << AXIS_EP), name, sizeof(name));
+    Comm dpep = plan_group(comm_slot_for(name), ndp * nep, coord[AXIS_DP] * nep + coord[AXIS_EP]);
+    comm_tally(&dpep, COLL_ALLREDUCE, (size_t)shared * sizeof(float), 2.0 * comm_ring_factor(&dpep));
+    Comm dp = plan_group(AXIS_DP, ndp, coord[AXIS_DP]);
+    comm_tally(&dp, COLL_ALLREDUCE, (size_t)experts * sizeof(float), 2.0 * comm_ring_factor(&dp));
+    const Comm* groups[] = {&ep, &dp};
+    plan_norm(p, groups, 2);
+    // FLOPs: this rank's tokens through the model, k experts each (what its
+    // experts compute depends on the routing: this is the mean rank's)
+    p->flops = N * moe_flops_per_token(&c, T);
+    if (a->recompute == RECOMPUTE_FULL)  // the blocks' forward again, not the head's
+        p->flops += N * (moe_flops_per_token(&c, T) / 3.0 - 2.0 * g->padded_vocab_size * C);
+}
