@@ -11,17 +11,24 @@
 // chapter's own summary (--log FILE.jsonl), which counts --steps steps of
 // communication: tests/plan.sh checks that they are equal, integer for
 // integer. The sizes come from the course's own functions (model_layout.h,
-// model.h's activation sizes, comm_stats.h's counters fed with the calls the
-// chapter makes), so a change of layout moves the plan with it.
+// model.h's activation sizes, the chapters' own layouts and schedules,
+// comm_stats.h's counters fed with the calls the chapter makes), so a
+// change of layout moves the plan with it. The chapters' planners live in
+// plan_dense.c (0, 2, 3, 4), plan_pipeline.c (5), plan_context.c (6) and
+// plan_expert.c (7); plan.h is what they share.
 //
-// Exact so far: chapter 0 (one rank), chapter 2 (every --dp-mode,
-// --grad-accum, --bucket-kb) and chapter 3 (every --zero, --prefetch,
-// --reshard), every category and every collective, with --recompute.
-// Other chapters: an error line says they are not planned yet (chapter 5's
-// send buffers are a pool that grows when a send is still in flight, so its
-// "comm" peak depends on timing). --search plans every layout of --ranks in
-// the planned chapters and lists those that fit --memory-per-rank, fewest
-// bus bytes per step first. No step time: that needs a machine profile.
+// Exact: every chapter, every category and collective, with --recompute,
+// but two figures that depend on timing or on the data, which the plan
+// bounds and says so: chapter 5's send buffers (a pool that grows when a
+// send is still in flight: "peak_bytes_low" holds the least, so the run
+// lies between it and "peak_bytes") and chapter 7's all-to-all bytes (the
+// rows a rank's experts receive depend on the routing: "comm_bounds" lists
+// them, each rank's at most the plan's, their sum over ranks exact when
+// dropless). The plan also prints each rank's matmul and attention FLOPs
+// per step and chapter 5's bubble. --search plans every layout of --ranks
+// in chapters 0, 2, 3 and 4 and lists those that fit --memory-per-rank,
+// fewest bus bytes per step first. No step time: that needs a machine
+// profile.
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -372,7 +379,7 @@ int main(int argc, char** argv) {
     a.moe_every = 1;
     float capacity = 0.0f;
     ArgSpec flags[] = {
-        {"chapter", ARG_INT, &a.chapter, "the chapter to plan (0, 2, 3, 4)"},
+        {"chapter", ARG_INT, &a.chapter, "the chapter to plan (0, 2, 3, 4, 5, 6, 7)"},
         {"ranks", ARG_INT, &a.ranks, "world size  [1]"},
         {"steps", ARG_INT, &a.steps, "steps the --json communication counts (as the summary)  [1]"},
         {"json", ARG_FLAG, &a.json, "one JSON record: the summary's peak_bytes and comm objects"},
@@ -419,7 +426,8 @@ int main(int argc, char** argv) {
     if (help) {
         args_usage("build/plan",
                    "Predicts a chapter's run: peak bytes per rank and category, bytes per collective and axis\n"
-                   "per step (--json: the summary's peak_bytes and comm objects over --steps steps).",
+                   "per step, FLOPs per rank per step, chapter 5's bubble (--json: the summary's peak_bytes and\n"
+                   "comm objects over --steps steps, and the plan's own fields).",
                    flags, n_flags, ARGS_NO_SHARED);
         return 0;
     }
