@@ -167,7 +167,7 @@ static void print_table(const PlanArgs* a, const PlanInfo* info, const RankPlan*
         for (int c = 0; c <= MEM_NUM_CATEGORIES; c++) printf(" %13.0f", plan_bytes(&plans[r], c, 0));
         printf("\n");
         if (!plan_ranged(&plans[r])) continue;
-        printf("  %-6s", "  least");
+        printf("  %-6s", "least");
         for (int c = 0; c <= MEM_NUM_CATEGORIES; c++) printf(" %13.0f", plan_bytes(&plans[r], c, 1));
         printf("\n");
     }
