@@ -76,9 +76,11 @@ void plan_chapter_7(const PlanArgs* a, RankPlan* p, int r) {
     // slots out and R rows back
     Comm ep = plan_group(AXIS_EP, nep, coord[AXIS_EP]);
     int exchanges = a->recompute == RECOMPUTE_FULL ? 3 : 2;
+    // (bus bytes: what leaves the rank, none on one ep rank)
+    double out = nep > 1 ? 1.0 : 0.0;
     for (int l = 0; l < Lm * exchanges; l++) {
-        comm_tally_bytes(&ep, COLL_ALLTOALL, f * Nk * C, f * Nk * C);
-        comm_tally_bytes(&ep, COLL_ALLTOALL, f * R * C, f * R * C);
+        comm_tally_bytes(&ep, COLL_ALLTOALL, f * Nk * C, out * f * Nk * C);
+        comm_tally_bytes(&ep, COLL_ALLTOALL, f * R * C, out * f * R * C);
     }
     // the two gradient groups, then the norm over ep and dp
     char name[32];

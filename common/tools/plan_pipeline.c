@@ -62,9 +62,8 @@ static void sends_bound(const Schedule* s, int S) {
     for (int q = 0; q < pp; q++) most = s->n[q] > most ? s->n[q] : most;
     int* clock = calloc((size_t)pp * most * pp, sizeof(int));     // (pp, most, pp)
     int* got_at = malloc((size_t)pp * most * sizeof(int));        // the action that took each send
-    int* taken = calloc((size_t)pp * pp, sizeof(int));            // (sender, receiver): sends taken so far
     int* done = calloc((size_t)pp, sizeof(int));
-    if (!clock || !got_at || !taken || !done) { fprintf(stderr, "error: out of memory\n"); exit(1); }
+    if (!clock || !got_at || !done) { fprintf(stderr, "error: out of memory\n"); exit(1); }
     for (int i = 0; i < pp * most; i++) got_at[i] = -1;
 #define CLOCK(q, i) (clock + ((size_t)(q) * most + (i)) * pp)
     for (int progress = 1; progress;) {
@@ -97,7 +96,6 @@ static void sends_bound(const Schedule* s, int S) {
                     const int* sc = CLOCK(peer, j);
                     for (int p = 0; p < pp; p++) c[p] = sc[p] > c[p] ? sc[p] : c[p];
                 }
-                taken[peer * pp + q]++;
             }
             done[q]++;
             progress = 1;
@@ -122,7 +120,6 @@ static void sends_bound(const Schedule* s, int S) {
 #undef CLOCK
     free(clock);
     free(got_at);
-    free(taken);
     free(done);
 }
 
