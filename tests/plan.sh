@@ -8,7 +8,8 @@
 # a category in its "peak_bytes_low" (chapter 5's send buffers, and so the
 # total) must lie between that and "peak_bytes"; a collective in its
 # "comm_bounds" (chapter 7's all-to-all of routed tokens) must make the same
-# calls and at most the plan's bytes. The plan's FLOPs per step, summed over
+# calls and at most the plan's bytes per rank, and where the plan gives their
+# sum over the ranks (dropless), exactly that. The plan's FLOPs per step, summed over
 # the ranks, equal the summary's flops_per_token x batch x seq (without
 # --recompute full, which adds a forward). The same runs print
 # --show-sharding's table (common/sharding.h), whose totals per rank of
