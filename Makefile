@@ -115,6 +115,9 @@ $(shell mkdir -p $(OBJ) && (echo '$(FLAGS_NOW)' | cmp -s - $(FLAGS_STAMP) || ech
 # chapter-N links its main.c, the modules of its own directory, and the
 # modules of earlier chapters it names in NN_name/modules (paths without .c,
 # e.g. "03_fsdp/fsdp"). A chapter never links another chapter's main.c.
+# A plain `make` builds everything (all), not the first rule it meets.
+.DEFAULT_GOAL := all
+
 # Chapters 2 and later name 01_collectives/collectives: linked, it registers
 # chapter 1's hand-written collectives with the comm layer (--comm hand).
 CHAPTER_DIRS := $(sort $(patsubst %/main.c,%,$(wildcard 0[0-7]_*/main.c)))
