@@ -96,6 +96,8 @@ static void ring_attention_forward(CPModel* m, const float* qkv, float* atty, fl
 // queries). The K/V blocks go around as in forward; each rank adds its
 // queries' share of dK|dV into the partial sum that arrived with the block
 // and passes it on; after cp hops (one more than K/V makes) it is home.
+// Blocks and sums both come from the left neighbour, untagged: receives
+// match its sends in order (a step's block, then that step's sum).
 static void ring_attention_backward(CPModel* m, const float* qkv, const float* atty, const float* lse,
                                     const float* datty, float* dqkv) {
     // EXERCISE 3: ring backward: K/V go around again; each rank adds its queries' dK/dV share to the partial sum that arrived and sends it on; after cp hops it is home in dqkv

@@ -38,7 +38,7 @@
 // the token-slots routed to e, P_e = mean router prob of e,
 // aux = E sum_e f_e P_e (1 when balanced). Writes d (aux_coef aux) / d each
 // prob into L->aux_dprobs (one value per expert) and, in a training step,
-// adds aux to m->aux and the slots per expert to m->routed.
+// adds aux to m->aux and writes this step's slots per expert to m->routed[layer_index].
 static void balance_loss(ExpertModel* m, MoeLayer* L, int layer_index) {
     // EXERCISE 1: the load-balancing loss over the global batch (the sums over dp x ep) and its gradient per prob, scaled for the mean over dp x ep
     int N = m->N, k = m->cfg.top_k, E = m->cfg.experts;

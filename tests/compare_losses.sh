@@ -9,9 +9,19 @@ extract() {
     grep '"type":"step"' "$1" | sed -e "s/.*\"step\":\([0-9]*\),.*\"$field\":\([-0-9.e]*\)[,}].*/\1 \2/" \
         -e 't' -e 's/.*"step":\([0-9]*\),.*/\1 ?/'
 }
-paste <(extract "$ref") <(extract "$run") | awk -v tol="$tol" -v field="$field" '
-    { n++; if ($1 != $3 || $2 == "?" || $4 == "?" || $2 == "" || $4 == "") { bad_step = 1; next }
-      d = $2 - $4; if (d < 0) d = -d; if (d > max) max = d }
-    END { printf "%d steps, max |d%s| %.2e%s\n", n, field, max,
-                 bad_step ? " (the step numbers differ or a record lacks \"" field "\")" : ""
+paste <(extract "$ref") <(extract "$run") | awk -F'\t' -v tol="$tol" -v field="$field" '
+    # $1: "step value" of the reference, $2: of the run (empty past its last record)
+    { n++; split($1, r, " "); split($2, q, " ")
+      if ($1 != "") nref++
+      if ($2 != "") nrun++
+      if (r[1] != q[1] || r[2] == "?" || q[2] == "?" || r[2] == "" || q[2] == "") { bad_step = 1; next }
+      d = r[2] - q[2]; if (d < 0) d = -d; if (d > max) max = d
+      # the first step over the tolerance, both figures: where a run first
+      # leaves the reference (the loss of step 0 is forward alone; its norm
+      # is the first figure backward makes)
+      if (d > tol && first == "") first = sprintf(" (first over %s at step %s: %s, the reference %s)", tol, r[1], q[2], r[2]) }
+    END { why = ""
+          if (bad_step) why = nrun < nref ? sprintf(" (the run logged %d of the reference'"'"'s %d steps)", nrun, nref) \
+                                          : " (the step numbers differ or a record lacks \"" field "\")"
+          printf "%d steps, max |d%s| %.2e%s%s\n", n, field, max, first, why
           exit (n >= 1 && !bad_step && max <= tol) ? 0 : 1 }'

@@ -59,6 +59,33 @@ hw_marker_case "a number used twice" "EXERCISE 2 is marked 2 times" "$hw_ok// EX
 hw_marker_case "a gap in the numbers" "not 1..4" "$hw_ok// EXERCISE 4: c\n// END EXERCISE 4\n"
 hw_marker_case "nested regions" "regions do not nest" "// EXERCISE 1: a\n// EXERCISE 2: b\n// END EXERCISE 2\n// END EXERCISE 1\n"
 rm -rf "$hw_tmp"
+# the comparison under a failed invariant check (tests/compare_losses.sh)
+# says where a run first leaves the reference, both figures side by side
+# (step 0's loss right and its norm wrong: the bug is in backward), and how
+# many steps a run that stopped logged
+hw_tmp=$TEST_TMPDIR/homework_compare
+mkdir -p "$hw_tmp"
+printf '{"type":"step","step":0,"loss":5.551928,"norm":2.4706}\n{"type":"step","step":1,"loss":5.343512,"norm":2.2411}\n' > "$hw_tmp/ref"
+printf '{"type":"step","step":0,"loss":5.551928,"norm":2.4093}\n{"type":"step","step":1,"loss":5.340882,"norm":2.1837}\n' > "$hw_tmp/bad"
+head -1 "$hw_tmp/ref" > "$hw_tmp/short"
+hw_cmp_case() {  # NAME WANT-RC PHRASE ARGS...
+    local name=$1 want=$2 phrase=$3 o rc
+    shift 3
+    o=$(bash tests/compare_losses.sh "$@" 2>&1)
+    rc=$?
+    if [ $rc = "$want" ] && [[ "$o" == *"$phrase"* ]]; then
+        pass "homework: a comparison message: $name ('$o')"
+    else
+        fail "homework: a comparison message: $name" "exit $rc, want $want; want '$phrase'; got '$o'"
+    fi
+}
+hw_cmp_case "the same run" 0 "2 steps, max |dnorm| 0.00e+00" "$hw_tmp/ref" "$hw_tmp/ref" 1e-5 norm
+hw_cmp_case "the first norm off, both figures" 1 "(first over 1e-5 at step 0: 2.4093, the reference 2.4706)" \
+    "$hw_tmp/ref" "$hw_tmp/bad" 1e-5 norm
+hw_cmp_case "the first loss off, both figures" 1 "(first over 3e-5 at step 1: 5.340882, the reference 5.343512)" \
+    "$hw_tmp/ref" "$hw_tmp/bad" 3e-5
+hw_cmp_case "a run that stopped" 1 "(the run logged 1 of the reference's 2 steps)" "$hw_tmp/ref" "$hw_tmp/short" 3e-5
+rm -rf "$hw_tmp"
 if [ -z "$hw_chapters" ]; then
     fail "homework: the chapters with homework" "no tests/homework/chapter_N.grade"
 fi
