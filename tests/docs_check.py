@@ -580,7 +580,8 @@ def closest(needle, hay, kind):
 
 def default_docs(repo):
     docs = sorted(f for f in repo.files
-                  if f.startswith('docs/') and f.count('/') == 1 and f.endswith('.md') and f != 'docs/TEMPLATE.md')
+                  if (f.startswith('docs/') and f.count('/') == 1 or f.startswith('docs/notes/') and f.count('/') == 2)
+                  and f.endswith('.md') and f != 'docs/TEMPLATE.md')
     if repo.is_file('README.md'):
         docs.insert(0, 'README.md')
     return docs
