@@ -98,6 +98,18 @@ static int units(const GPTConfig* cfg, size_t* numel) {
     return L + 2;
 }
 
+// The norm's device scalars (train_sumsq_begin: the step's double sum of
+// squares and the float the all-reduce carries, kept for the run), on every
+// rank that computes a norm.
+static void plan_norm_scalars(RankPlan* p) { p->peak[MEM_OTHER] = 2 * sizeof(double); }
+
+// The norm: one all-reduce of a float per group over which the gradient is
+// spread (train_global_norm).
+static void plan_norm(RankPlan* p, const Comm* const* groups, int n) {
+    plan_norm_scalars(p);
+    for (int i = 0; i < n; i++) comm_tally(groups[i], COLL_ALLREDUCE, sizeof(float), 2.0 * comm_ring_factor(groups[i]));
+}
+
 // ---------------------------------------------------------------- chapter 0: the reference
 
 static void plan_chapter_0(const PlanArgs* a, RankPlan* p, int r) {
@@ -107,6 +119,7 @@ static void plan_chapter_0(const PlanArgs* a, RankPlan* p, int r) {
     p->peak[MEM_GRADS] = 4 * P;
     p->peak[MEM_OPTIMIZER] = 8 * P;  // AdamW's m and v
     p->peak[MEM_ACTIVATIONS] = acts_bytes(&a->cfg, a->B, a->T, a->recompute);
+    plan_norm_scalars(p);  // the norm of one rank: no all-reduce
 }
 
 // ---------------------------------------------------------------- chapter 2: data parallel
@@ -119,6 +132,7 @@ static void plan_chapter_2(const PlanArgs* a, RankPlan* p, int r) {
     p->peak[MEM_GRADS] = 4.0 * P;
     p->peak[MEM_OPTIMIZER] = ps && r != 0 ? 0 : 8.0 * P;  // ps: rank 0 alone steps
     p->peak[MEM_COMM] = ps && r == 0 ? 4.0 * P : 0;       // ps: the summed gradients
+    if (!ps || r == 0) plan_norm_scalars(p);               // each replica's own norm (ps: rank 0's)
     p->peak[MEM_ACTIVATIONS] = acts_bytes(&a->cfg, a->B / N / a->accum, a->T, a->recompute);
     Comm dp = plan_group(AXIS_DP, N, r);
     if (!strcmp(a->dp_mode, "naive")) {
@@ -226,13 +240,6 @@ static void plan_fsdp(const PlanArgs* a, RankPlan* p, const Comm* dp, const size
         comm_tally(dp, COLL_REDUCE_SCATTER, padded[i], comm_ring_factor(dp));
     if (a->zero < 3)  // the updated shards back to every rank
         for (int i = 0; i < n; i++) comm_tally(dp, COLL_ALLGATHER, padded[i], comm_ring_factor(dp));
-}
-
-// The norm: one all-reduce of a float per group over which the gradient is
-// spread (train_global_norm), through a one-float buffer.
-static void plan_norm(RankPlan* p, const Comm* const* groups, int n) {
-    p->peak[MEM_OTHER] = sizeof(float);
-    for (int i = 0; i < n; i++) comm_tally(groups[i], COLL_ALLREDUCE, sizeof(float), 2.0 * comm_ring_factor(groups[i]));
 }
 
 static void plan_chapter_3(const PlanArgs* a, RankPlan* p, int r) {
