@@ -186,9 +186,10 @@ float* fsdp_unit_params(FSDP* f, int i) {
     return f->slot_buf[s];
 }
 
-// The span starts at the gather's start: on CUDA an event on the compute
-// stream where the gather's own stream is told to wait for the compute
-// before it, so both clocks start at the same point of the work.
+// The in-flight span starts where the gather does: on CUDA its event sits
+// in the compute stream at the point the gather's stream waits for (the
+// compute queued before the gather), and its stop after the wait, where the
+// compute stream has the gathered unit.
 void fsdp_prefetch(FSDP* f, int i) {
     if (f->zero == 3 && f->prefetch && request_unit(f, i)) {
         int s = f->slot_of_unit[i];
