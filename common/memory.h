@@ -62,7 +62,10 @@ void device_synchronize(void);
 // around queued kernels reads about 0 on a GPU. Spans of one clock do not
 // nest or overlap: two overlapping spans take two clocks. A span may be
 // open when the clock is read (it counts once stopped), and a start with no
-// stop is dropped by the next start.
+// stop is dropped by the next start. A clock left unread for
+// DEVICE_CLOCK_UNREAD spans reads itself at the next start (on CUDA a wait
+// for the device), so its events stay bounded.
+#define DEVICE_CLOCK_UNREAD 4096
 typedef struct {
     double seconds, t0;  // the total of the spans read so far; the CPU's open span's start
     void** ev;           // CUDA: each unread span's start and stop events (made at first use, kept)

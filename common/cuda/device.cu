@@ -11,6 +11,7 @@
 
 #include <omp.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 extern "C" {
@@ -135,9 +136,15 @@ static void clock_drop_read(DeviceClock* c) {
 }
 
 extern "C" void device_clock_start(DeviceClock* c) {
+    // a clock nobody reads (the FSDP engine's in chapters 4 and 6) must not
+    // grow without end: past DEVICE_CLOCK_UNREAD spans it reads itself, one
+    // wait for the device per that many spans
+    if (c->n >= DEVICE_CLOCK_UNREAD) device_clock_seconds(c);
     if (c->n == c->cap) {  // room for twice the spans; the new slots hold no event yet
         int cap = c->cap ? 2 * c->cap : 64;
-        void** ev = (void**)xcalloc(2 * (size_t)cap, sizeof(void*));
+        // calloc, not memory.c's xcalloc: memory.c calls this file
+        void** ev = (void**)calloc(2 * (size_t)cap, sizeof(void*));
+        if (!ev) FATAL("out of host memory for %d device clock spans", cap);
         if (c->n) memcpy(ev, c->ev, 2 * (size_t)c->n * sizeof(void*));
         free(c->ev);
         c->ev = ev, c->cap = cap;
