@@ -1780,6 +1780,58 @@ static void test_moe_dispatch_combine(void) {
     case_end();
 }
 
+// ================================================================ the device clock
+// memory.h's DeviceClock times device work: the host clock on the CPU,
+// events on the compute stream on CUDA. No timed assert: the checks are on
+// its bookkeeping, which a wrong event slot breaks on a GPU (an unrecorded
+// event is an error, a stale one a total that goes down): totals never
+// decrease, a span open at a read counts once stopped, a stop without a
+// start adds nothing, a reset is 0, and a clock left unread for more spans
+// than DEVICE_CLOCK_UNREAD (it reads itself) still adds up.
+static void test_device_clock(void) {
+    enum { N = 1 << 16 };
+    float* x = dev_zeros(N);
+    DeviceClock c = {0};
+    double prev = 0.0;
+    int monotone = 1;
+    for (int i = 0; i < 200; i++) {  // past the first event list (64 spans): it grows
+        device_clock_start(&c);
+        ops_scale(x, N, 0.5f);
+        device_clock_stop(&c);
+        if (i % 50 == 49) {
+            double t = device_clock_seconds(&c);
+            monotone &= t >= prev;
+            prev = t;
+        }
+    }
+    check(monotone && prev >= 0.0, "device clock: 200 spans read 4 times, the total never decreases", "last %g",
+          prev);
+    device_clock_start(&c);  // a span open across a read
+    ops_scale(x, N, 0.5f);
+    double at_read = device_clock_seconds(&c);
+    ops_scale(x, N, 0.5f);
+    device_clock_stop(&c);
+    double after = device_clock_seconds(&c);
+    check(at_read >= prev && after >= at_read, "device clock: a span open at a read counts once stopped",
+          "before %g, at the read %g, after the stop %g", prev, at_read, after);
+    device_clock_stop(&c);  // no start
+    double again = device_clock_seconds(&c);
+    check(again == after, "device clock: a stop without a start adds nothing", "%g, then %g", after, again);
+    device_clock_reset(&c);
+    double zero = device_clock_seconds(&c);
+    check(zero == 0.0, "device clock: reset to 0", "%g", zero);
+    for (int i = 0; i < DEVICE_CLOCK_UNREAD + 100; i++) {
+        device_clock_start(&c);
+        ops_zero(x, 1);
+        device_clock_stop(&c);
+    }
+    double many = device_clock_seconds(&c);
+    check(many >= 0.0 && many == many, "device clock: DEVICE_CLOCK_UNREAD + 100 spans left unread (it reads itself), then read",
+          "%g", many);
+    device_clock_free(&c);
+    case_end();
+}
+
 int main(int argc, char** argv) {
     runtime_init(&argc, &argv);
     verbose = argc > 1 && strcmp(argv[1], "-v") == 0;
@@ -1803,6 +1855,7 @@ int main(int argc, char** argv) {
     test_backward_halves();
     test_moe_router();
     test_moe_dispatch_combine();
+    test_device_clock();
     int rc = test_exit_code();
     runtime_finalize();
     return rc;
