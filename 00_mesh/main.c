@@ -77,8 +77,11 @@ static float train_step(GPT* model, const TrainArgs* args, int step, const int* 
     gpt_zero_grad(model);
     gpt_backward(model);
     // clip by the global norm: here "global" is one rank (no groups to sum
-    // over); sharded chapters pass the groups their shards are spread over
-    *norm = (float)train_global_norm(grad_sumsq(model->grads, model->num_params), NULL, 0);
+    // over); sharded chapters pass the groups their shards are spread over.
+    // The sum of squares stays on the device until train_global_norm reads it.
+    double* sumsq = train_sumsq_begin();
+    grad_sumsq(sumsq, model->grads, model->num_params);
+    *norm = (float)train_global_norm(sumsq, NULL, 0);
     float scale = grad_clip_scale(*norm, args->clip);
     // AdamW on the whole flat buffer: parameters, gradients and both moments
     // share the layout, so one call updates everything (past a frozen head)

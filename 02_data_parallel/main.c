@@ -143,7 +143,9 @@ typedef struct {
 static float clip_and_step(GPT* m, const TrainArgs* args, int step) {
     // after the all-reduce every replica holds the global gradient, so the
     // norm each rank computes alone is already the global norm (no groups)
-    double norm = train_global_norm(grad_sumsq(m->grads, m->num_params), NULL, 0);
+    double* sumsq = train_sumsq_begin();
+    grad_sumsq(sumsq, m->grads, m->num_params);
+    double norm = train_global_norm(sumsq, NULL, 0);
     double t0 = trace_start();
     adamw_update(m->params, m->grads, m->m, m->v, m->num_params, train_adamw(args), step + 1,
                  grad_clip_scale(norm, args->clip));

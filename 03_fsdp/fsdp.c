@@ -70,9 +70,9 @@ void fsdp_create(FSDP* f, const Comm* dp, const FsdpSpec* spec, int zero, int pr
         f->slot_buf = xmalloc(sizeof(float*) * f->n_slots);
         f->slot_req = xcalloc((size_t)f->n_slots, sizeof(CommRequest));
         f->unit_in_slot = xmalloc(sizeof(int) * f->n_slots);
-        f->slot_started = xmalloc(sizeof(double) * f->n_slots);
+        f->slot_prefetched = xcalloc((size_t)f->n_slots, sizeof(int));
+        f->slot_clock = xcalloc((size_t)f->n_slots, sizeof(DeviceClock));  // zeroed: reset
         for (int s = 0; s < f->n_slots; s++) {
-            f->slot_started[s] = -1;
             // resharding: two slots, each big enough for any unit; keeping:
             // slot i holds unit i, so together they hold the padded model
             size_t size = reshard ? f->max_padded : f->shard[s] * N;
@@ -129,7 +129,9 @@ void fsdp_free(FSDP* f) {
     for (int s = 0; s < f->n_slots; s++) mem_free(f->slot_buf[s]);
     free(f->slot_buf);
     free(f->slot_req);
-    free(f->slot_started);
+    for (int s = 0; s < f->n_slots; s++) device_clock_free(&f->slot_clock[s]);
+    free(f->slot_clock);
+    free(f->slot_prefetched);
     free(f->unit_in_slot);
     free(f->slot_of_unit);
     free(f->numel);
@@ -150,6 +152,7 @@ static int request_unit(FSDP* f, int i) {
     if (f->unit_in_slot[s] >= 0) f->slot_of_unit[f->unit_in_slot[s]] = -1;  // evict
     f->unit_in_slot[s] = i;
     f->slot_of_unit[i] = s;
+    f->slot_prefetched[s] = 0;  // fsdp_prefetch marks its own
     // EXERCISE 4: the ZeRO-3 gather: all-gather unit i from every rank's shard into slot s (non-blocking when prefetching)
     const float* mine = f->shard_params + f->shard_off[i];
     if (f->prefetch) {
@@ -162,30 +165,44 @@ static int request_unit(FSDP* f, int i) {
 }
 
 // The time blocked here (a blocking gather, or the wait on a gather still in
-// flight) is the all-gather wait that prefetching tries to remove.
+// flight) is the all-gather wait that prefetching tries to remove. Both are
+// the comm layer's wait clock (comm_wait_seconds), which counts the waiting
+// only: on CUDA comm_wait first drains the compute queued before it, outside
+// that clock.
 float* fsdp_unit_params(FSDP* f, int i) {
     if (f->zero < 3) return f->full_params + f->padded_off[i];
     double w0 = comm_wait_seconds();
-    request_unit(f, i);
+    request_unit(f, i);  // nothing when a prefetch brought it
     int s = f->slot_of_unit[i];
-    double t0 = now_seconds();
-    int prefetched = f->slot_req[s].active && f->slot_started[s] >= 0;
+    int prefetched = f->slot_req[s].active && f->slot_prefetched[s];
+    double w1 = comm_wait_seconds();
     comm_wait(&f->slot_req[s]);
     if (prefetched) {
-        double t1 = now_seconds();
-        f->prefetch_inflight_s += t1 - f->slot_started[s];
-        f->prefetch_blocked_s += t1 - t0;
-        f->slot_started[s] = -1;
+        device_clock_stop(&f->slot_clock[s]);  // in flight: from its start to here
+        f->prefetch_blocked_s += comm_wait_seconds() - w1;
+        f->slot_prefetched[s] = 0;
     }
     f->allgather_wait_s += comm_wait_seconds() - w0;
     return f->slot_buf[s];
 }
 
+// The in-flight span starts where the gather does: on CUDA its event sits
+// in the compute stream at the point the gather's stream waits for (the
+// compute queued before the gather), and its stop after the wait, where the
+// compute stream has the gathered unit.
 void fsdp_prefetch(FSDP* f, int i) {
     if (f->zero == 3 && f->prefetch && request_unit(f, i)) {
+        int s = f->slot_of_unit[i];
         f->gathers_prefetched++;
-        f->slot_started[f->slot_of_unit[i]] = now_seconds();
+        f->slot_prefetched[s] = 1;
+        device_clock_start(&f->slot_clock[s]);
     }
+}
+
+double fsdp_prefetch_inflight_s(FSDP* f) {
+    double s = 0.0;
+    for (int k = 0; k < f->n_slots; k++) s += device_clock_seconds(&f->slot_clock[k]);
+    return s;
 }
 
 void fsdp_drop_gathered(FSDP* f) {
@@ -212,16 +229,16 @@ void fsdp_reduce_grads(FSDP* f, int i) {
     // END EXERCISE 3
 }
 
-double fsdp_grad_sumsq(const FSDP* f) { return grad_sumsq(f->shard_grads, f->shard_total); }
+void fsdp_grad_sumsq(const FSDP* f, double* sumsq) { grad_sumsq(sumsq, f->shard_grads, f->shard_total); }
 
-double fsdp_grad_sumsq_range(const FSDP* f, int i, size_t lo, size_t n) {
+void fsdp_grad_sumsq_range(const FSDP* f, int i, size_t lo, size_t n, double* sumsq) {
     // the overlap of [lo, lo + n) with this rank's shard of unit i
     size_t s_lo, s_hi, hi = lo + n;
     shard_range(f, i, f->dp->rank, &s_lo, &s_hi);
     if (lo < s_lo) lo = s_lo;
     if (hi > s_hi) hi = s_hi;
-    if (lo >= hi) return 0.0;
-    return grad_sumsq(f->shard_grads + f->shard_off[i] + (lo - s_lo), hi - lo);
+    if (lo >= hi) return;
+    grad_sumsq(sumsq, f->shard_grads + f->shard_off[i] + (lo - s_lo), hi - lo);
 }
 
 // Padding is every float of a shard past its unit's end (the last ranks'

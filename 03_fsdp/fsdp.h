@@ -29,6 +29,7 @@
 #include <stddef.h>
 
 #include "comm.h"
+#include "memory.h"  // DeviceClock
 #include "ops.h"
 #include "sharding.h"
 
@@ -85,11 +86,15 @@ typedef struct {
     long gathers_prefetched;
     double allgather_wait_s;
     // how much of the prefetched gathers' time in flight compute hid: each
-    // slot remembers when its prefetched gather started; fsdp_unit_params
-    // adds the seconds from that start to the end of its wait (in flight)
-    // and the seconds of the wait itself (blocked)
-    double* slot_started;  // (n_slots) now_seconds() at the start, < 0: not prefetched
-    double prefetch_inflight_s, prefetch_blocked_s;
+    // slot's clock (memory.h's DeviceClock: events on the compute stream on
+    // a GPU, where the host only queues the work) spans a prefetched gather
+    // from its start to the end of its wait (in flight, read by
+    // fsdp_prefetch_inflight_s); fsdp_unit_params adds the seconds of the
+    // wait itself (blocked: the comm layer's wait clock, which on CUDA
+    // counts the wait for the gather only, not the compute queued before it)
+    int* slot_prefetched;      // (n_slots) 1: the gather in flight into the slot was prefetched
+    DeviceClock* slot_clock;   // (n_slots) a span per prefetched gather
+    double prefetch_blocked_s;
 } FSDP;
 
 // Collective over dp. Each rank fills (through spec->fill) only its own shard
@@ -108,7 +113,11 @@ void fsdp_check_flags(int zero, int prefetch, int reshard);
 float* fsdp_unit_params(FSDP* f, int i);
 // ZeRO-3 with --prefetch: starts unit i's all-gather now, so that it arrives
 // behind the compute the caller does next. Does nothing otherwise.
+// fsdp_prefetch_inflight_s: the seconds the prefetched gathers spent in
+// flight so far (each from its start to the end of its wait), on the device
+// clock; on CUDA it waits for the device, so read it between steps.
 void fsdp_prefetch(FSDP* f, int i);
+double fsdp_prefetch_inflight_s(FSDP* f);
 // Forgets every gathered unit (they are stale after an optimizer step): the
 // next fsdp_unit_params gathers again. Call at the start of a forward.
 void fsdp_drop_gathered(FSDP* f);
@@ -121,11 +130,12 @@ float* fsdp_grads_begin(FSDP* f, int i);
 // group of its shard (every rank's gradient is the mean over its own
 // sequences; the mean of those is the mean over the global batch).
 void fsdp_reduce_grads(FSDP* f, int i);
-// This rank's part of the global sum of squares of the reduced gradient:
-// over its whole shard, or over floats [lo, lo + n) of unit i only (for a
-// caller that counts some ranges once across another axis).
-double fsdp_grad_sumsq(const FSDP* f);
-double fsdp_grad_sumsq_range(const FSDP* f, int i, size_t lo, size_t n);
+// This rank's part of the global sum of squares of the reduced gradient,
+// added into *sumsq (a device double, ops.h's grad_sumsq: nothing waits for
+// the device): over its whole shard, or over floats [lo, lo + n) of unit i
+// only (for a caller that counts some ranges once across another axis).
+void fsdp_grad_sumsq(const FSDP* f, double* sumsq);
+void fsdp_grad_sumsq_range(const FSDP* f, int i, size_t lo, size_t n, double* sumsq);
 
 // How many floats of this rank's padding (parameters, gradient shard, AdamW
 // moments) are not zero: 0 unless a shard range overran its unit.

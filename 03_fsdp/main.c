@@ -247,7 +247,9 @@ static float step(ShardedGPT* g, const TrainArgs* args, int t) {
     // global norm: each rank's shards hold disjoint pieces of the gradient, so
     // the sum of squares is summed over ranks (one all-reduce) before the root
     const Comm* groups[] = {g->f.dp};
-    double norm = train_global_norm(fsdp_grad_sumsq(&g->f), groups, 1);
+    double* sumsq = train_sumsq_begin();
+    fsdp_grad_sumsq(&g->f, sumsq);
+    double norm = train_global_norm(sumsq, groups, 1);
     // AdamW on this rank's shard; ZeRO-1/2 then all-gather the updated shards
     double t0 = trace_start();
     fsdp_step(&g->f, train_adamw(args), t, grad_clip_scale(norm, args->clip));
@@ -306,15 +308,19 @@ int main(int argc, char** argv) {
     double pf_inflight = 0, pf_blocked = 0;  // the prefetched gathers, timed steps
     for (int s = loop.start; s < loop.steps; s++) {
         long p0 = f->gathers_prefetched;
-        double w0 = f->allgather_wait_s, i0 = f->prefetch_inflight_s, b0 = f->prefetch_blocked_s;
+        double w0 = f->allgather_wait_s, i0 = fsdp_prefetch_inflight_s(f), b0 = f->prefetch_blocked_s;
         data_batch(&setup->train, s, B, T, dpc->rank * micro, micro, loop.inputs, loop.targets);
         double mine = forward(&g, loop.inputs, loop.targets);
         backward(&g);
         float norm = step(&g, args, s + 1);
+        // the step's prefetch spans, on the device clock (read after the
+        // norm has waited for the device; i0 above then reads nothing new
+        // unless a validation ran in between)
+        double inflight = fsdp_prefetch_inflight_s(f);
         prefetched += f->gathers_prefetched - p0;
         if (train_loop_timed(&loop, s)) {
             allgather_wait += f->allgather_wait_s - w0;
-            pf_inflight += f->prefetch_inflight_s - i0;
+            pf_inflight += inflight - i0;
             pf_blocked += f->prefetch_blocked_s - b0;
         }
         // the global loss for the log line: the mean over ranks of their means

@@ -352,13 +352,13 @@ void tp_embed_backward(TPModel* m, const float* dres) {
 // disjoint (fsdp_grad_sumsq_range counts this rank's shard only). Then one
 // all-reduce over dp and one over tp.
 float tp_step(TPModel* m, const TrainArgs* args, int t) {
-    double mine = 0.0;
+    double* mine = train_sumsq_begin();  // summed on the device, tile by tile; read once below
     // EXERCISE 4: the norm's sum of squares: this rank's share, split tensors' slices summed, each replicated tensor counted once over tp
     for (int i = 0; i < m->ntiles; i++) {
         const Tile* tl = &m->tiles[i];
         if (tl->replicated && m->rtp != 0) continue;
         int u = tp_tile_unit(m, tl);
-        mine += fsdp_grad_sumsq_range(&m->f, u, tl->off - m->unit_off[u], tl->nrows * tl->ncols);
+        fsdp_grad_sumsq_range(&m->f, u, tl->off - m->unit_off[u], tl->nrows * tl->ncols, mine);
     }
     // END EXERCISE 4
     const Comm* groups[] = {m->dp, m->tp};

@@ -251,9 +251,9 @@ static float train_step(Pipeline* P, const TrainArgs* args, long step, float* no
     if (P->dp->size > 1) comm_allreduce(P->dp, P->grads, P->n_local, COMM_AVG);
     // the norm: each parameter once (the tied copy left out), summed over
     // the stages; dp replicas hold the same gradients after the average
-    double mine = 0.0;
+    double* mine = train_sumsq_begin();  // on the device, read once below
     for (int i = 0; i < P->n_pieces; i++)
-        if (!P->piece[i].tied_copy) mine += grad_sumsq(P->grads + P->piece[i].local, P->piece[i].count);
+        if (!P->piece[i].tied_copy) grad_sumsq(mine, P->grads + P->piece[i].local, P->piece[i].count);
     const Comm* groups[1] = {P->pp};
     *norm = (float)train_global_norm(mine, groups, 1);
     double t0 = trace_start();

@@ -119,6 +119,7 @@ void cp_create(CPModel* m, const Run* run, CPMode mode, CPBalance balance, int o
     m->balance = balance;
     m->b0 = b0;
     m->overlap = overlap;
+    m->attn_timed = 1;
     m->cfg = setup->cfg;
     m->mode = mode;
     m->cpc = &run->axes[AXIS_CP];
@@ -190,6 +191,7 @@ void cp_free(CPModel* m) {
     mem_free(m->inputs);
     mem_free(m->targets);
     free(m->losses_host);
+    device_clock_free(&m->attn_clock);
     comm_destroy_group(&m->dpcp);
 }
 
@@ -286,14 +288,22 @@ void cp_embed_backward(CPModel* m) {
 
 // ---------------------------------------------------------------- what the chapter measures
 
-CPWork cp_work(const CPModel* m) {
-    return (CPWork){.attn_seconds = m->attn_seconds, .attn_scores = m->attn_scores, .ring_scores = m->ring.scores,
-                    .ring_skipped = m->ring.skipped};
+CPWork cp_work_pause(CPModel* m) {
+    CPWork w = {.attn_scores = m->attn_scores, .ring_scores = m->ring.scores, .ring_skipped = m->ring.skipped,
+                .attn_timed = m->attn_timed};
+    m->attn_timed = 0;
+    return w;
 }
 
 void cp_work_restore(CPModel* m, const CPWork* w) {
-    m->attn_seconds = w->attn_seconds, m->attn_scores = w->attn_scores;
+    m->attn_scores = w->attn_scores;
     m->ring.scores = w->ring_scores, m->ring.skipped = w->ring_skipped;
+    m->attn_timed = w->attn_timed;
+}
+
+void cp_work_settle(CPModel* m) {
+    m->attn_seconds += device_clock_seconds(&m->attn_clock);
+    device_clock_reset(&m->attn_clock);
 }
 
 void cp_ckpt(Ckpt* ck, CPModel* m, int world_rank) {

@@ -11,6 +11,7 @@
 
 #include "ckpt.h"
 #include "comm.h"
+#include "memory.h"  // DeviceClock
 #include "model.h"
 #include "report.h"
 #include "ring.h"
@@ -36,11 +37,12 @@ typedef struct {
 
 // The balance figures: the attention work and time of this rank. Only a
 // training step's forward and backward count: validation and the recompute
-// of --recompute full put them back (cp_work, cp_work_restore).
+// of --recompute full pause the clock and put the counts back (cp_work_pause,
+// cp_work_restore).
 typedef struct {
-    double attn_seconds;  // attention compute (not waiting)
     long attn_scores;     // unmasked scores computed in forward (ulysses; the ring's are ring.scores)
     long ring_scores, ring_skipped;  // ring.scores and ring.skipped (ring.h)
+    int attn_timed;       // whether attention was being timed
 } CPWork;
 
 typedef struct {
@@ -78,7 +80,12 @@ typedef struct {
     // what the chapter measures
     int overlap;          // --cp-overlap: 1 computes while a block travels, 0 waits for it first
     double ring_wait_seconds;  // inside the ring's waits: the communication the attention did not hide
-    double attn_seconds;  // attention compute (not waiting), this rank
+    // attention compute (not waiting), this rank: spans on the device's clock
+    // (memory.h: events on a GPU, where the host only queues the kernels),
+    // added into attn_seconds once per step (cp_work_settle)
+    DeviceClock attn_clock;
+    int attn_timed;       // 0 while paused (validation, recompute)
+    double attn_seconds;
     long attn_scores;     // unmasked scores computed in forward, this rank (ulysses; the ring's in ring)
 } CPModel;
 
@@ -119,8 +126,12 @@ float cp_head_forward(CPModel* m, const float* x);
 void cp_head_backward(CPModel* m);
 void cp_embed_backward(CPModel* m);
 
-CPWork cp_work(const CPModel* m);
+CPWork cp_work_pause(CPModel* m);
 void cp_work_restore(CPModel* m, const CPWork* w);
+// After a training step: its attention spans into attn_seconds. On CUDA this
+// waits for the step's work (once per step, after the norm's read has waited
+// for it anyway).
+void cp_work_settle(CPModel* m);
 
 // Training-state checkpoints: the replicas are identical, so world rank 0
 // alone writes the state; every rank reads all of it.

@@ -48,6 +48,18 @@
 #include "context.h"
 #include "sequence.h"
 
+// ---------------------------------------------------------------- timing attention
+// Attention's compute, on the device's clock (memory.h): on a GPU the host
+// only queues the kernels, so the host clock around them would read about 0.
+// Paused (validation, recompute) while m->attn_timed is 0.
+static void attn_clock_start(CPModel* m) {
+    if (m->attn_timed) device_clock_start(&m->attn_clock);
+}
+
+static void attn_clock_stop(CPModel* m) {
+    if (m->attn_timed) device_clock_stop(&m->attn_clock);
+}
+
 // ---------------------------------------------------------------- ring attention
 // A ring transfer completed, the time spent waiting for it counted: the part
 // of the ring's communication the attention in hand did not hide. With
@@ -81,9 +93,9 @@ static void ring_attention_forward(CPModel* m, const float* qkv, float* atty, fl
             comm_isend(m->cpc, kv, kv_count, right, &to_right);
         }
         if (!m->overlap) ring_wait(m, &from_left), ring_wait(m, &to_right);
-        double t0 = now_seconds();
+        attn_clock_start(m);
         ring_forward_block(&m->sh, &m->ring, qkv, kv, src, atty, lse, C, NH);
-        m->attn_seconds += now_seconds() - t0;
+        attn_clock_stop(m);
         ring_wait(m, &from_left);
         ring_wait(m, &to_right);
     }
@@ -116,10 +128,10 @@ static void ring_attention_backward(CPModel* m, const float* qkv, const float* a
             comm_isend(m->cpc, kv, kv_count, right, &to_right);
         }
         if (!m->overlap) ring_wait(m, &from_left), ring_wait(m, &to_right);
-        double t0 = now_seconds();
+        attn_clock_start(m);
         ops_zero(dkv, kv_count);
         ring_backward_block(&m->sh, qkv, atty, lse, datty, kv, src, dqkv, dkv, C, NH);
-        m->attn_seconds += now_seconds() - t0;
+        attn_clock_stop(m);
         if (s > 0) {  // what the ranks before me added for src's keys
             ring_wait(m, &d_from_left);
             ring_wait(m, &d_to_right);
@@ -184,10 +196,10 @@ static void heads_to_seq(CPModel* m, float* dst, const float* src, int w) {
 static void ulysses_attention_forward(CPModel* m, LayerActs* la) {
     const int n = m->cpc->size, C = m->cfg.channels, NH = m->cfg.num_heads;
     seq_to_heads(m, la->qkv_h, la->a.qkv, 3);
-    double t0 = now_seconds();
+    attn_clock_start(m);
     // whole sequences, NH/cp heads: chapter 0's attention on C/cp channels
     attention_forward(m->y_h, la->att_h, la->qkv_h, m->sh.B, m->sh.T, C / n, NH / n);
-    m->attn_seconds += now_seconds() - t0;
+    attn_clock_stop(m);
     m->attn_scores += (long)m->sh.B * (NH / n) * ((long)m->sh.T * (m->sh.T + 1) / 2);
     heads_to_seq(m, la->a.atty, m->y_h, 1);
 }
@@ -196,10 +208,10 @@ static void ulysses_attention_backward(CPModel* m, const LayerActs* la, const fl
     const int n = m->cpc->size, C = m->cfg.channels, NH = m->cfg.num_heads;
     const CPShard* sh = &m->sh;
     seq_to_heads(m, m->y_h, datty, 1);
-    double t0 = now_seconds();
+    attn_clock_start(m);
     ops_zero(m->dqkv_h, (size_t)m->N * 3 * C);
     attention_backward(m->dqkv_h, m->datt_h, m->y_h, la->qkv_h, la->att_h, sh->B, sh->T, C / n, NH / n);
-    m->attn_seconds += now_seconds() - t0;
+    attn_clock_stop(m);
     heads_to_seq(m, dqkv, m->dqkv_h, 3);
 }
 
@@ -292,7 +304,7 @@ static LayerActs layer_for_backward(CPModel* m, const BlockParams* p, int l, con
         if (m->mode == CP_ULYSSES)  // its output goes to scratch: atty was kept
             attention_forward(m->y_h, la.att_h, la.qkv_h, m->sh.B, m->sh.T, C / n, NH / n);
     } else {
-        CPWork kept = cp_work(m);
+        CPWork kept = cp_work_pause(m);
         la = cp_layer_in_transient(m);
         cp_block_forward(m, p, &la, x);
         cp_work_restore(m, &kept);
@@ -322,7 +334,9 @@ static void model_backward(CPModel* m) {
 // global batch's mean loss. Then every replica takes the same AdamW step.
 static float reduce_and_step(CPModel* m, const TrainArgs* args, int step) {
     comm_allreduce(&m->dpcp, m->grads, m->P, COMM_AVG);
-    double norm = train_global_norm(grad_sumsq(m->grads, m->P), NULL, 0);
+    double* sumsq = train_sumsq_begin();
+    grad_sumsq(sumsq, m->grads, m->P);
+    double norm = train_global_norm(sumsq, NULL, 0);
     double t0 = trace_start();
     adamw_update(m->params, m->grads, m->m, m->v, m->P, train_adamw(args), step + 1, grad_clip_scale(norm, args->clip));
     trace_compute(t0, "optimizer");
@@ -338,7 +352,7 @@ static float forward_for_val(void* ctx, const int* inputs, const int* targets) {
 
 static float cp_val_loss(void* ctx, const TrainSetup* setup, int n_batches) {
     CPModel* m = ctx;
-    CPWork kept = cp_work(m);
+    CPWork kept = cp_work_pause(m);
     double wait = m->ring_wait_seconds;
     float v = train_val_loss_with(setup, n_batches, forward_for_val, m, m->b0, m->sh.B, m->sh.B, &m->dpcp);
     cp_work_restore(m, &kept);
@@ -417,6 +431,7 @@ int main(int argc, char** argv) {
             mem_zero(cp.grads, cp.P * sizeof(float));
             model_backward(&cp);
             norm = reduce_and_step(&cp, args, step);
+            cp_work_settle(&cp);  // the step's attention time, off the device clock
             if (train_loop_timed(&loop, step)) ring_wait_timed += cp.ring_wait_seconds - wait0;
             // every rank has the same number of tokens: the mean of the
             // ranks' means is the mean over the global batch

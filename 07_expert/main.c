@@ -359,8 +359,9 @@ static void reduce_gradients(ExpertModel* m) {
 // are equal on every rank), each rank's experts once per dp replica (dp
 // rank 0), summed over ep and dp.
 static float clip_and_step(ExpertModel* m, const TrainArgs* args, int step) {
-    double mine = m->dp->rank == 0 ? grad_sumsq(m->dexperts, m->n_experts) : 0.0;
-    if (m->epc->rank == 0 && m->dp->rank == 0) mine += grad_sumsq(m->dshared, m->n_shared);
+    double* mine = train_sumsq_begin();  // on the device, read once by train_global_norm
+    if (m->dp->rank == 0) grad_sumsq(mine, m->dexperts, m->n_experts);
+    if (m->epc->rank == 0 && m->dp->rank == 0) grad_sumsq(mine, m->dshared, m->n_shared);
     const Comm* groups[] = {m->epc, m->dp};
     double norm = train_global_norm(mine, groups, 2);
     float scale = grad_clip_scale(norm, args->clip);

@@ -55,20 +55,27 @@ void device_synchronize(void);
 // the last reset, once that work is done. On the CPU an op has finished when
 // it returns, so these are the host clock around the calls. On CUDA the host
 // only queues the work: a span is two events on the compute stream, and
-// device_clock_seconds waits for the last one (read it after the step, not
-// between the spans, or it drains the queue). A host clock around queued
-// kernels reads about 0 on a GPU. At most DEVICE_CLOCK_SPANS spans between
-// resets (further spans are not counted on CUDA: see `lost`).
-#define DEVICE_CLOCK_SPANS 128
+// device_clock_seconds waits for the last one, adds the spans' times to the
+// total and frees their events for the next spans. Read it once per step,
+// after the step (between the spans it would drain the queue): a step's
+// spans, any number, reuse the events of the step before. A host clock
+// around queued kernels reads about 0 on a GPU. Spans of one clock do not
+// nest or overlap: two overlapping spans take two clocks. A span may be
+// open when the clock is read (it counts once stopped), and a start with no
+// stop is dropped by the next start. A clock left unread for
+// DEVICE_CLOCK_UNREAD spans reads itself at the next start (on CUDA a wait
+// for the device), so its events stay bounded.
+#define DEVICE_CLOCK_UNREAD 4096
 typedef struct {
-    double seconds, t0;                // the CPU's total and the open span's start
-    void* ev[2 * DEVICE_CLOCK_SPANS];  // CUDA: each span's start and stop events
-    int n, lost;                       // spans recorded, spans beyond the events
+    double seconds, t0;  // the total of the spans read so far; the CPU's open span's start
+    void** ev;           // CUDA: each unread span's start and stop events (made at first use, kept)
+    int n, cap;          // CUDA: spans recorded and not yet read; spans ev has room for
+    int open;            // a span started and not stopped (on CUDA its start is ev[2n])
 } DeviceClock;
 void device_clock_start(DeviceClock* c);
 void device_clock_stop(DeviceClock* c);
 double device_clock_seconds(DeviceClock* c);
-void device_clock_reset(DeviceClock* c);  // also the start (a zeroed DeviceClock is reset)
-void device_clock_free(DeviceClock* c);   // its events
+void device_clock_reset(DeviceClock* c);  // the total to 0 (a zeroed DeviceClock is reset)
+void device_clock_free(DeviceClock* c);   // its events (then it is zeroed, ready for use again)
 
 #endif

@@ -232,9 +232,13 @@ typedef struct {
 // (the global-norm clip factor; 1 for no clipping).
 void adamw_update(float* params, const float* grads, float* m, float* v, size_t n,
                   AdamWConfig cfg, int t, float grad_scale);
-// Sum of squares of a slice, in double. A caller sums this across ranks before
-// taking the square root, so clipping sees the global norm.
-double grad_sumsq(const float* grads, size_t n);
+// *sumsq += the sum of squares of a slice, in double. sumsq is one double of
+// device memory: the sum stays on the device, so a step that sums many
+// slices (chapter 4: one per tile) never waits for the device per slice and
+// reads the total once. The caller zeroes it for the step
+// (train_sumsq_begin) and sums it across ranks before taking the square
+// root, so clipping sees the global norm (train_global_norm, train.h).
+void grad_sumsq(double* sumsq, const float* grads, size_t n);
 // The clip factor for a global norm: clip / norm if norm > clip, else 1
 // (clip <= 0 disables clipping).
 float grad_clip_scale(double norm, float clip);
@@ -245,5 +249,8 @@ void ops_scale(float* x, size_t n, float s);
 void ops_copy(float* dst, const float* src, size_t n);
 // y += x over n values (the reduction step of hand-written collectives).
 void ops_add(float* y, const float* x, size_t n);
+// dst[i] = (float)src[i], rounded as a C cast (the gradient's sum of squares
+// is summed in double and all-reduced as a float).
+void ops_double_to_float(float* dst, const double* src, size_t n);
 
 #endif

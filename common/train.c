@@ -251,17 +251,39 @@ double train_mean(const Comm* group, double mine) {
     return total / group->size;
 }
 
-double train_global_norm(double mine, const Comm* const* groups, int n_groups) {
-    if (n_groups == 0) return sqrt(mine);
+// The run's norm scalars, allocated once: the step's sum of squares (a
+// double) and, behind it, the float the all-reduce carries.
+static double* norm_buf = NULL;
+
+static double* norm_scalars(void) {
+    if (!norm_buf) norm_buf = mem_alloc(2 * sizeof(double), MEM_OTHER);
+    return norm_buf;
+}
+
+double* train_sumsq_begin(void) {
+    mem_zero(norm_scalars(), sizeof(double));
+    return norm_buf;
+}
+
+static void train_sumsq_free(void) {
+    mem_free(norm_buf);
+    norm_buf = NULL;
+}
+
+double train_global_norm(const double* sumsq, const Comm* const* groups, int n_groups) {
+    if (n_groups == 0) {
+        double s;
+        mem_to_host(&s, sumsq, sizeof(double));
+        return sqrt(s);
+    }
     // the sum of squares travels as a float on the device, like any gradient
     // traffic, so the comm layer counts it (one all-reduce of 4 bytes per group)
-    float sumsq = (float)mine;
-    float* buf = mem_alloc_floats(1, MEM_OTHER);
-    mem_to_device(buf, &sumsq, sizeof(float));
-    for (int i = 0; i < n_groups; i++) comm_allreduce(groups[i], buf, 1, COMM_SUM);
-    mem_to_host(&sumsq, buf, sizeof(float));
-    mem_free(buf);
-    return sqrt((double)sumsq);
+    float* wire = (float*)(norm_scalars() + 1);
+    ops_double_to_float(wire, sumsq, 1);
+    for (int i = 0; i < n_groups; i++) comm_allreduce(groups[i], wire, 1, COMM_SUM);
+    float total;
+    mem_to_host(&total, wire, sizeof(float));
+    return sqrt((double)total);
 }
 
 int run_start(Run* r, int argc, char** argv, const char* program, const char* summary,
@@ -310,6 +332,7 @@ void run_refuse_flags(const Run* r, unsigned missing, const char* chapter) {
 }
 
 void run_finish(Run* r) {
+    train_sumsq_free();
     trace_finish();
     train_setup_free(&r->setup);
     comm_destroy(&r->world, r->axes);

@@ -149,7 +149,14 @@ static void test_engine(const Comm* dp, int zero, int prefetch, int reshard) {
     snprintf(sub, sizeof(sub), "%s: reduce-scatter leaves each rank the mean of its shard", name);
     snprintf(why, sizeof(why), "max relative difference %g", worst);
     check_all(worst < 1e-6, sub, why);
-    double sumsq = fsdp_grad_sumsq(&f), range = fsdp_grad_sumsq_range(&f, 2, 3, 7);
+    // each adds into its device double (the step's sum stays on the device)
+    double sumsq = 0.0, range = 0.0;
+    double* sums = train_sumsq_begin();
+    fsdp_grad_sumsq(&f, sums);
+    mem_to_host(&sumsq, sums, sizeof(double));
+    sums = train_sumsq_begin();
+    fsdp_grad_sumsq_range(&f, 2, 3, 7, sums);
+    mem_to_host(&range, sums, sizeof(double));
     snprintf(sub, sizeof(sub), "%s: sum of squares of the shard, and of a range of a unit", name);
     snprintf(why, sizeof(why), "rank 0: sumsq %.9g want %.9g, range %.9g want %.9g", sumsq, sumsq_want, range,
              range_want);
@@ -233,8 +240,11 @@ static void test_glue(const Mesh* mesh, const Comm* world, const Comm axes[NUM_A
     }
     double want = 0.0;
     for (int k = 1; k <= N; k++) want += (double)k * k;
+    double mine = (double)(r + 1) * (r + 1);
+    double* sumsq = train_sumsq_begin();
+    mem_to_device(sumsq, &mine, sizeof(double));
     comm_counts_reset();
-    double norm = train_global_norm((double)(r + 1) * (r + 1), groups, n);
+    double norm = train_global_norm(sumsq, groups, n);
     double calls = 0.0;
     for (int a = 0; a < COMM_NUM_AXES; a++) calls += comm_count(COLL_ALLREDUCE, a).calls;
     snprintf(why, sizeof(why), "norm %.9g want %.9g, %g all-reduces for %d groups", norm, sqrt(want), calls, n);
@@ -242,9 +252,11 @@ static void test_glue(const Mesh* mesh, const Comm* world, const Comm axes[NUM_A
     snprintf(name, sizeof(name), "train_global_norm over %d group%s: sqrt of the sum of every rank's share, one all-reduce per group",
              n, n == 1 ? "" : "s");
     check_all(fabs(norm - sqrt(want)) <= 1e-6 * sqrt(want) && calls == n, name, why);
-    double alone = train_global_norm(16.0, NULL, 0);
+    mine = 16.0;
+    mem_to_device(sumsq, &mine, sizeof(double));
+    double alone = train_global_norm(sumsq, NULL, 0);
     snprintf(why, sizeof(why), "got %g", alone);
-    check_all(alone == 4.0, "train_global_norm with no groups is sqrt(mine)", why);
+    check_all(alone == 4.0, "train_global_norm with no groups is sqrt(*sumsq)", why);
     AdamWConfig opt = train_adamw(&(TrainArgs){.lr = 3e-4f, .wd = 0.1f});
     snprintf(why, sizeof(why), "lr %g b1 %g b2 %g eps %g wd %g", opt.lr, opt.beta1, opt.beta2, opt.eps, opt.weight_decay);
     check_all(opt.lr == 3e-4f && opt.beta1 == 0.9f && opt.beta2 == 0.999f && opt.eps == 1e-8f && opt.weight_decay == 0.1f,

@@ -153,15 +153,21 @@ static void test_loss_at_init_and_overfit(void) {
     // one batch, many steps: a working model memorises it
     AdamWConfig opt = {.lr = 1e-2f, .beta1 = 0.9f, .beta2 = 0.999f, .eps = 1e-8f, .weight_decay = 0.0f};
     float loss = loss0;
+    double* sumsq_dev = mem_alloc(sizeof(double), MEM_OTHER);  // grad_sumsq adds into it
     for (int step = 0; step < 150; step++) {
         loss = gpt_forward(&m, inputs, targets);
         gpt_zero_grad(&m);
         gpt_backward(&m);
-        double norm = sqrt(grad_sumsq(m.grads, m.num_params));
+        double sumsq = 0.0;
+        mem_zero(sumsq_dev, sizeof(double));
+        grad_sumsq(sumsq_dev, m.grads, m.num_params);
+        mem_to_host(&sumsq, sumsq_dev, sizeof(double));
+        double norm = sqrt(sumsq);
         adamw_update(m.params, m.grads, m.m, m.v, m.num_params, opt, step + 1, grad_clip_scale(norm, 1.0f));
     }
     check(loss < 0.5f, "model: the tiny model overfits one batch of random tokens",
           "loss after 150 steps %.4f (from %.4f)", loss, loss0);
+    mem_free(sumsq_dev);
     gpt_free(&m);
 }
 

@@ -927,13 +927,51 @@ static void test_grad_norm(void) {
         return;
     }
     fill(g, N, 1.0);
-    double want = 0.0;
+    double want = 0.0, head = 0.0;
     for (int i = 0; i < N; i++) want += (double)g[i] * (double)g[i];
+    for (int i = 0; i < N / 3; i++) head += (double)g[i] * (double)g[i];
     float* g_dev = dev_copy(g, N);
-    double got = grad_sumsq(g_dev, N);
-    check_err("grad_sumsq vs double sum", fabs(got - want) / want, 1e-9);
+    // The contract: grad_sumsq ADDS into a double of device memory and
+    // returns nothing, so a step sums its slices on the device and reads the
+    // total once. The double starts at 0.75 here, so an op that overwrote it
+    // (or summed in float) would miss by far more than the bound.
+    double* acc = dev_alloc(sizeof(double));
+    const double start = 0.75;
+    double got = 0.0;
+    mem_to_device(acc, &start, sizeof(double));
+    grad_sumsq(acc, g_dev, N);
+    mem_to_host(&got, acc, sizeof(double));
+    check_err("grad_sumsq adds the slice's squares to *sumsq (in double)", fabs(got - (start + want)) / want, 1e-9);
+    // two slices into one sum, an empty slice adding nothing: the whole
+    mem_to_device(acc, &(double){0.0}, sizeof(double));
+    grad_sumsq(acc, g_dev, N / 3);
+    mem_to_host(&got, acc, sizeof(double));
+    check_err("grad_sumsq on the first third alone", fabs(got - head) / head, 1e-9);
+    grad_sumsq(acc, g_dev + N / 3, 0);
+    grad_sumsq(acc, g_dev + N / 3, N - N / 3);
+    mem_to_host(&got, acc, sizeof(double));
+    check_err("grad_sumsq of three slices (one empty) summed on the device = the whole", fabs(got - want) / want,
+              1e-9);
     free(g);
     case_end();
+
+    // the sum travels as a float: rounded as C rounds a double to a float
+    // (to nearest; past FLT_MAX to infinity)
+    {
+        enum { K = 6 };
+        const double d[K] = {1.0 / 3.0, -2.5, 0.1, 16777217.0, 1e-40, 1e40};
+        float want_f[K], got_f[K];
+        for (int i = 0; i < K; i++) want_f[i] = (float)d[i];
+        double* d_dev = dev_alloc(K * sizeof(double));
+        float* f_dev = dev_zeros(K);
+        mem_to_device(d_dev, d, sizeof(d));
+        ops_double_to_float(f_dev, d_dev, K);
+        to_host(got_f, f_dev, K);
+        check(memcmp(got_f, want_f, sizeof(got_f)) == 0, "ops_double_to_float rounds as the C cast (bit for bit)",
+              "got %.9g %.9g %.9g %.9g %.9g %.9g", (double)got_f[0], (double)got_f[1], (double)got_f[2],
+              (double)got_f[3], (double)got_f[4], (double)got_f[5]);
+        case_end();
+    }
 
     float s;
     s = grad_clip_scale(0.5, 1.0f);
@@ -1144,6 +1182,32 @@ static void test_wide_rows(void) {
         matmul_backward(NULL, dw.dev, dbias.dev, r.dev, inp.dev, w.dev, N, C, OC);
         matmul_ctx ctx = {inp.d, w.d, bias.d, r.d, out.d, N, C, OC};
         check_backward("matmul_backward dbias vs FD, a sum over 600 rows", &dbias, matmul_objective, &ctx, &bias);
+        case_end();
+    }
+    // Sums over rows per column with a column count that is no multiple of
+    // 32: the CUDA kernels take tiles of 32 columns with the rows split over
+    // lanes, so C = 45 is a full tile and a part-filled one, and 600 rows
+    // (not a multiple of the 16 lanes) give each lane a different count.
+    {
+        enum { N = WIDE, C = 45 };
+        Buf inp = buf_random(N * C, 2.0), w = buf_random(C, 1.0), b = buf_random(C, 1.0), r = buf_random(N * C, 1.0);
+        Buf out = buf_zeros(N * C), mean = buf_zeros(N), rstd = buf_zeros(N);
+        layernorm_forward(out.dev, mean.dev, rstd.dev, inp.dev, w.dev, b.dev, N, C);
+        Buf dw = buf_zeros(C), db = buf_zeros(C);
+        layernorm_backward(NULL, dw.dev, db.dev, r.dev, inp.dev, w.dev, mean.dev, rstd.dev, N, C);
+        layernorm_ctx ctx = {inp.d, w.d, b.d, r.d, out.d, N, C};
+        check_backward("layernorm_backward dw vs FD, 600 rows x 45 channels", &dw, layernorm_objective, &ctx, &w);
+        check_backward("layernorm_backward db vs FD, 600 rows x 45 channels", &db, layernorm_objective, &ctx, &b);
+        case_end();
+    }
+    {
+        enum { N = WIDE, C = 2, OC = 45 };
+        Buf inp = buf_random(N * C, 1.0), w = buf_random(OC * C, 1.0), bias = buf_random(OC, 1.0),
+            r = buf_random(N * OC, 1.0), out = buf_zeros(N * OC);
+        Buf dbias = buf_zeros(OC);
+        matmul_backward(NULL, NULL, dbias.dev, r.dev, inp.dev, w.dev, N, C, OC);
+        matmul_ctx ctx = {inp.d, w.d, bias.d, r.d, out.d, N, C, OC};
+        check_backward("matmul_backward dbias vs FD, 600 rows x 45 columns", &dbias, matmul_objective, &ctx, &bias);
         case_end();
     }
     // Encoder: C = 600 channels (more than one block of channels)
@@ -1716,6 +1780,58 @@ static void test_moe_dispatch_combine(void) {
     case_end();
 }
 
+// ================================================================ the device clock
+// memory.h's DeviceClock times device work: the host clock on the CPU,
+// events on the compute stream on CUDA. No timed assert: the checks are on
+// its bookkeeping, which a wrong event slot breaks on a GPU (an unrecorded
+// event is an error, a stale one a total that goes down): totals never
+// decrease, a span open at a read counts once stopped, a stop without a
+// start adds nothing, a reset is 0, and a clock left unread for more spans
+// than DEVICE_CLOCK_UNREAD (it reads itself) still adds up.
+static void test_device_clock(void) {
+    enum { N = 1 << 16 };
+    float* x = dev_zeros(N);
+    DeviceClock c = {0};
+    double prev = 0.0;
+    int monotone = 1;
+    for (int i = 0; i < 200; i++) {  // past the first event list (64 spans): it grows
+        device_clock_start(&c);
+        ops_scale(x, N, 0.5f);
+        device_clock_stop(&c);
+        if (i % 50 == 49) {
+            double t = device_clock_seconds(&c);
+            monotone &= t >= prev;
+            prev = t;
+        }
+    }
+    check(monotone && prev >= 0.0, "device clock: 200 spans read 4 times, the total never decreases", "last %g",
+          prev);
+    device_clock_start(&c);  // a span open across a read
+    ops_scale(x, N, 0.5f);
+    double at_read = device_clock_seconds(&c);
+    ops_scale(x, N, 0.5f);
+    device_clock_stop(&c);
+    double after = device_clock_seconds(&c);
+    check(at_read >= prev && after >= at_read, "device clock: a span open at a read counts once stopped",
+          "before %g, at the read %g, after the stop %g", prev, at_read, after);
+    device_clock_stop(&c);  // no start
+    double again = device_clock_seconds(&c);
+    check(again == after, "device clock: a stop without a start adds nothing", "%g, then %g", after, again);
+    device_clock_reset(&c);
+    double zero = device_clock_seconds(&c);
+    check(zero == 0.0, "device clock: reset to 0", "%g", zero);
+    for (int i = 0; i < DEVICE_CLOCK_UNREAD + 100; i++) {
+        device_clock_start(&c);
+        ops_zero(x, 1);
+        device_clock_stop(&c);
+    }
+    double many = device_clock_seconds(&c);
+    check(many >= 0.0 && many == many, "device clock: DEVICE_CLOCK_UNREAD + 100 spans left unread (it reads itself), then read",
+          "%g", many);
+    device_clock_free(&c);
+    case_end();
+}
+
 int main(int argc, char** argv) {
     runtime_init(&argc, &argv);
     verbose = argc > 1 && strcmp(argv[1], "-v") == 0;
@@ -1739,6 +1855,7 @@ int main(int argc, char** argv) {
     test_backward_halves();
     test_moe_router();
     test_moe_dispatch_combine();
+    test_device_clock();
     int rc = test_exit_code();
     runtime_finalize();
     return rc;

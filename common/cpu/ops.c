@@ -713,13 +713,13 @@ void adamw_update(float* params, const float* grads, float* m, float* v, size_t 
     optime_stop(OPK_OPTIMIZER, OP_FWD, t0);
 }
 
-double grad_sumsq(const float* grads, size_t n) {
+void grad_sumsq(double* sumsq, const float* grads, size_t n) {
     double t0 = optime_start();
     double s = 0.0;
     #pragma omp parallel for reduction(+ : s)
     for (size_t i = 0; i < n; i++) s += (double)grads[i] * grads[i];
+    *sumsq += s;  // the slice's sum, then into the step's (as the CUDA twin adds)
     optime_stop(OPK_OPTIMIZER, OP_FWD, t0);
-    return s;
 }
 
 float grad_clip_scale(double norm, float clip) {
@@ -769,6 +769,10 @@ void ops_add(float* y, const float* x, size_t n) {
     }
     #pragma omp parallel for
     for (size_t i = 0; i < n; i++) y[i] += x[i];
+}
+
+void ops_double_to_float(float* dst, const double* src, size_t n) {
+    for (size_t i = 0; i < n; i++) dst[i] = (float)src[i];
 }
 
 void ops_copy_2d(float* dst, int dst_stride, const float* src, int src_stride, int rows, int cols) {

@@ -11,6 +11,7 @@
 
 #include <omp.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 extern "C" {
@@ -111,51 +112,80 @@ extern "C" const char* device_init(int local_rank) {
 }
 
 // ---------------------------------------------------------------- device clock
-// A span is a start and a stop event recorded on the compute stream; the
-// events are made at a span's first use and kept for the next step.
+// A span is a start and a stop event recorded on the compute stream. The
+// events are made at a span's first use and kept: reading the clock sums
+// the spans recorded since the last read and frees their slots, so each step
+// reuses the events of the one before.
 static cudaEvent_t clock_event(DeviceClock* c, int i) {
     if (!c->ev[i]) {
         cudaEvent_t e;
-        CUDA_CHECK(cudaEventCreate(&e));  // with timing
+        CUDA_CHECK(cudaEventCreate(&e));  // with timing (no cudaEventDisableTiming)
         c->ev[i] = (void*)e;
     }
     return (cudaEvent_t)c->ev[i];
 }
 
+// The recorded spans' slots free again; an open span's start event moves to
+// the first slot, where its stop will pair with it.
+static void clock_drop_read(DeviceClock* c) {
+    if (c->open && c->n > 0) {
+        void* e = c->ev[0];
+        c->ev[0] = c->ev[2 * c->n], c->ev[2 * c->n] = e;
+    }
+    c->n = 0;
+}
+
 extern "C" void device_clock_start(DeviceClock* c) {
-    if (c->n >= DEVICE_CLOCK_SPANS) return;
+    // a clock nobody reads (the FSDP engine's in chapters 4 and 6) must not
+    // grow without end: past DEVICE_CLOCK_UNREAD spans it reads itself, one
+    // wait for the device per that many spans
+    if (c->n >= DEVICE_CLOCK_UNREAD) device_clock_seconds(c);
+    if (c->n == c->cap) {  // room for twice the spans; the new slots hold no event yet
+        int cap = c->cap ? 2 * c->cap : 64;
+        // calloc, not memory.c's xcalloc: memory.c calls this file
+        void** ev = (void**)calloc(2 * (size_t)cap, sizeof(void*));
+        if (!ev) FATAL("out of host memory for %d device clock spans", cap);
+        if (c->n) memcpy(ev, c->ev, 2 * (size_t)c->n * sizeof(void*));
+        free(c->ev);
+        c->ev = ev, c->cap = cap;
+    }
     CUDA_CHECK(cudaEventRecord(clock_event(c, 2 * c->n), cuda_compute_stream));
+    c->open = 1;
 }
 
 extern "C" void device_clock_stop(DeviceClock* c) {
-    if (c->n >= DEVICE_CLOCK_SPANS) {
-        c->lost++;
-        return;
-    }
+    if (!c->open) return;  // no start to measure from
     CUDA_CHECK(cudaEventRecord(clock_event(c, 2 * c->n + 1), cuda_compute_stream));
     c->n++;
+    c->open = 0;
 }
 
 // Waits for the compute stream (device_synchronize polls through the comm
 // layer's error checks: the stream may wait for communication), so for the
-// last stop, then sums the spans' times on the GPU's clock.
+// last stop, then adds the spans' times on the GPU's clock to the total.
 extern "C" double device_clock_seconds(DeviceClock* c) {
-    if (c->n == 0) return 0.0;
+    if (c->n == 0) return c->seconds;
     device_synchronize();
-    double s = 0.0;
     for (int i = 0; i < c->n; i++) {
         float ms = 0.0f;
         CUDA_CHECK(cudaEventElapsedTime(&ms, (cudaEvent_t)c->ev[2 * i], (cudaEvent_t)c->ev[2 * i + 1]));
-        s += ms / 1e3;
+        c->seconds += ms / 1e3;
     }
-    return s;
+    clock_drop_read(c);
+    return c->seconds;
 }
 
-extern "C" void device_clock_reset(DeviceClock* c) { c->seconds = 0.0, c->n = 0, c->lost = 0; }
+// Spans not read yet are dropped with the total (their events stay for
+// reuse); an open span stays open.
+extern "C" void device_clock_reset(DeviceClock* c) {
+    clock_drop_read(c);
+    c->seconds = 0.0;
+}
 
 extern "C" void device_clock_free(DeviceClock* c) {
-    for (int i = 0; i < 2 * DEVICE_CLOCK_SPANS; i++)
+    for (int i = 0; i < 2 * c->cap; i++)
         if (c->ev[i]) CUDA_CHECK(cudaEventDestroy((cudaEvent_t)c->ev[i]));
+    free(c->ev);
     memset(c, 0, sizeof(*c));
 }
 

@@ -9,15 +9,16 @@
 //     loops, so any n fits in a bounded grid);
 //   - a loop over rows with a reduction inside (LayerNorm, softmax,
 //     cross-entropy): one block per row, the reduction a tree in shared memory;
-//   - a sum over rows per column (dw, db, dbias of LayerNorm and matmul): one
-//     block per column, the same tree;
+//   - a sum over rows per column (dw, db, dbias of LayerNorm and matmul): a
+//     block per tile of 32 columns, rows split over 16 lanes (coalesced
+//     reads), then a tree over the lanes in shared memory;
 //   - the embedding scatter, where two rows may add into the same row of dwte:
 //     one thread per channel walking the rows in order, as the CPU does.
 // Every reduction adds in a fixed order, so two runs give identical bits.
 //
 // All work goes, in order, to the compute stream (cuda_common.h), and every
 // kernel launch is followed by KERNEL_CHECK(). Nothing here synchronizes
-// with the host except grad_sumsq, which returns a number.
+// with the host (grad_sumsq leaves its sum on the device).
 #include "cuda_common.h"
 
 #include <climits>
@@ -88,6 +89,42 @@ __device__ double block_sum_double(double v) {
     __syncthreads();
     return total;
 }
+
+// ---------------------------------------------------------------- sums over rows, per column
+// LayerNorm's dw, db and matmul's dbias sum a row-major (N, C) array over its
+// rows. A block per column would read with a stride of C: each warp's 32
+// loads would touch 32 memory segments. Instead a block takes a tile of
+// COL_TILE consecutive columns with COL_LANES row lanes: thread (x, y) sums
+// column tile * COL_TILE + x over rows y, y + COL_LANES, ... in order. A warp
+// is the 32 threads of one y (x varies fastest), so each of its loads reads
+// 32 consecutive floats of one row: one 128-byte segment (two when C is not
+// a multiple of 32 and the tile straddles one). Then the lanes of
+// each column add up in a tree in shared memory, in a fixed order. (The CPU
+// twin walks the rows in order over a block of columns per thread: the same
+// shape, one lane.) The parallelism is ceil(C / 32) blocks of 512 threads:
+// 24 blocks for C = 768, fewer than a large GPU's SMs; a second pass over row
+// chunks would fill it, at the price of a partials buffer.
+#define COL_TILE 32
+#define COL_LANES 16
+#define COL_THREADS (COL_TILE * COL_LANES)
+
+// Every thread of the block passes its lane's partial sum; thread (x, 0)
+// gets the total of column x over all lanes. Every thread must call it.
+__device__ float column_lanes_sum(float v) {
+    __shared__ float buf[COL_LANES][COL_TILE];
+    buf[threadIdx.y][threadIdx.x] = v;
+    __syncthreads();
+    for (int half = COL_LANES / 2; half > 0; half /= 2) {
+        if ((int)threadIdx.y < half) buf[threadIdx.y][threadIdx.x] += buf[threadIdx.y + half][threadIdx.x];
+        __syncthreads();
+    }
+    float total = buf[0][threadIdx.x];
+    __syncthreads();  // all have read buf before a next call overwrites it
+    return total;
+}
+
+static dim3 column_tiles(int C) { return dim3((unsigned)((C + COL_TILE - 1) / COL_TILE)); }
+static dim3 column_block(void) { return dim3(COL_TILE, COL_LANES); }
 
 // ---------------------------------------------------------------- row-major sgemm on cuBLAS
 // cuBLAS is column-major; every matrix here is row-major. The bridge:
@@ -330,20 +367,24 @@ __global__ void layernorm_backward_dinp_kernel(float* dinp, const float* dout, c
     }
 }
 
-// dw, db: one block per channel c, summing over the rows.
-__global__ void layernorm_backward_dwdb_kernel(float* dw, float* db, const float* dout,
-                                               const float* inp, const float* mean,
-                                               const float* rstd, int N, int C) {
-    int c = blockIdx.x;
+// dw, db: sums over the rows, a tile of channels per block (coalesced; see
+// column_lanes_sum). Threads past the last channel add nothing but still
+// take part in the tree.
+__global__ void __launch_bounds__(COL_THREADS)
+    layernorm_backward_dwdb_kernel(float* dw, float* db, const float* dout, const float* inp, const float* mean,
+                                   const float* rstd, int N, int C) {
+    int c = blockIdx.x * COL_TILE + threadIdx.x;
     float sw = 0.0f, sb = 0.0f;
-    for (int n = threadIdx.x; n < N; n += THREADS) {
-        float norm = (inp[(size_t)n * C + c] - mean[n]) * rstd[n];
-        sw += norm * dout[(size_t)n * C + c];
-        sb += dout[(size_t)n * C + c];
-    }
-    sw = block_sum(sw);
-    sb = block_sum(sb);
-    if (threadIdx.x == 0) {
+    if (c < C)
+        for (int n = threadIdx.y; n < N; n += COL_LANES) {
+            size_t i = (size_t)n * C + c;
+            float norm = (inp[i] - mean[n]) * rstd[n];
+            sw += norm * dout[i];
+            sb += dout[i];
+        }
+    sw = column_lanes_sum(sw);
+    sb = column_lanes_sum(sb);
+    if (threadIdx.y == 0 && c < C) {
         if (dw) dw[c] += sw;
         if (db) db[c] += sb;
     }
@@ -359,8 +400,8 @@ extern "C" void layernorm_backward(float* dinp, float* dw, float* db, const floa
         KERNEL_CHECK();
     }
     if (dw || db) {
-        layernorm_backward_dwdb_kernel<<<C, THREADS, 0, cuda_compute_stream>>>(dw, db, dout, inp,
-                                                                               mean, rstd, N, C);
+        layernorm_backward_dwdb_kernel<<<column_tiles(C), column_block(), 0, cuda_compute_stream>>>(
+            dw, db, dout, inp, mean, rstd, N, C);
         KERNEL_CHECK();
     }
 }
@@ -382,13 +423,18 @@ extern "C" void matmul_forward(float* out, const float* inp, const float* w, con
     }
 }
 
-// dbias: one block per output column k, summing over the rows.
-__global__ void bias_backward_kernel(float* dbias, const float* dout, int N, int OC) {
-    int k = blockIdx.x;
+// dbias: sums of dout over the rows, a tile of output columns per block, as
+// LayerNorm's dw/db (column_lanes_sum). A cuBLAS gemv of dout^T with a vector
+// of ones would read coalesced too, but needs that vector in device memory
+// (N floats, growing with the batch), and LayerNorm's dw (a sum of products
+// formed on the fly) would still need this kernel: one kernel serves both.
+__global__ void __launch_bounds__(COL_THREADS) bias_backward_kernel(float* dbias, const float* dout, int N, int OC) {
+    int k = blockIdx.x * COL_TILE + threadIdx.x;
     float s = 0.0f;
-    for (int n = threadIdx.x; n < N; n += THREADS) s += dout[(size_t)n * OC + k];
-    s = block_sum(s);
-    if (threadIdx.x == 0) dbias[k] += s;
+    if (k < OC)
+        for (int n = threadIdx.y; n < N; n += COL_LANES) s += dout[(size_t)n * OC + k];
+    s = column_lanes_sum(s);
+    if (threadIdx.y == 0 && k < OC) dbias[k] += s;
 }
 
 extern "C" void matmul_backward(float* dinp, float* dw, float* dbias, const float* dout,
@@ -399,7 +445,7 @@ extern "C" void matmul_backward(float* dinp, float* dw, float* dbias, const floa
     // dw (OC, C) += dout^T (OC, N) @ inp (N, C)
     if (dw) sgemm_rm(1, 0, OC, C, N, 1.0f, dout, OC, inp, C, 1.0f, dw, C);
     if (dbias) {
-        bias_backward_kernel<<<OC, THREADS, 0, cuda_compute_stream>>>(dbias, dout, N, OC);
+        bias_backward_kernel<<<column_tiles(OC), column_block(), 0, cuda_compute_stream>>>(dbias, dout, N, OC);
         KERNEL_CHECK();
     }
 }
@@ -897,12 +943,14 @@ extern "C" void adamw_update(float* params, const float* grads, float* m, float*
 
 // grad_sumsq in two passes, in a fixed order: SUMSQ_BLOCKS blocks each sum a
 // grid-stride share of the squares into one double, then one block sums those
-// partials. The partials and the result live in static device memory (no
-// allocation: nothing for the tracking allocator to count), and the result is
-// copied back to the host.
+// partials and adds the total into the caller's device double. The partials
+// live in static device memory (no allocation: nothing for the tracking
+// allocator to count). Nothing comes back to the host: the caller reads the
+// step's total once (train_global_norm), so a step of many slices does not
+// wait for the GPU per slice. The two kernels run in stream order, so the
+// partials of one call are summed before the next call overwrites them.
 #define SUMSQ_BLOCKS THREADS  // the final pass gives each partial one thread
 __device__ double sumsq_partials[SUMSQ_BLOCKS];
-__device__ double sumsq_result;
 
 __global__ void sumsq_partials_kernel(const float* grads, size_t n) {
     double part = 0.0;
@@ -911,22 +959,17 @@ __global__ void sumsq_partials_kernel(const float* grads, size_t n) {
     if (threadIdx.x == 0) sumsq_partials[blockIdx.x] = part;
 }
 
-__global__ void sumsq_final_kernel(void) {
+__global__ void sumsq_final_kernel(double* sumsq) {
     double total = block_sum_double(sumsq_partials[threadIdx.x]);
-    if (threadIdx.x == 0) sumsq_result = total;
+    if (threadIdx.x == 0) *sumsq += total;
 }
 
-extern "C" double grad_sumsq(const float* grads, size_t n) {
-    if (n == 0) return 0.0;
+extern "C" void grad_sumsq(double* sumsq, const float* grads, size_t n) {
+    if (n == 0) return;
     sumsq_partials_kernel<<<SUMSQ_BLOCKS, THREADS, 0, cuda_compute_stream>>>(grads, n);
     KERNEL_CHECK();
-    sumsq_final_kernel<<<1, THREADS, 0, cuda_compute_stream>>>();
+    sumsq_final_kernel<<<1, THREADS, 0, cuda_compute_stream>>>(sumsq);
     KERNEL_CHECK();
-    double s = 0.0;
-    CUDA_CHECK(cudaMemcpyFromSymbolAsync(&s, sumsq_result, sizeof(double), 0,
-                                         cudaMemcpyDeviceToHost, cuda_compute_stream));
-    CUDA_CHECK(cudaStreamSynchronize(cuda_compute_stream));
-    return s;
 }
 
 extern "C" float grad_clip_scale(double norm, float clip) {
@@ -969,6 +1012,16 @@ extern "C" void ops_add(float* y, const float* x, size_t n) {
 
 // cudaMemcpy2DAsync is the strided copy itself (pitches in bytes): one call,
 // the driver's own kernel.
+__global__ void double_to_float_kernel(float* dst, const double* src, size_t n) {
+    FOR_EACH_INDEX(i, n) dst[i] = (float)src[i];  // round to nearest, as the C cast on the CPU
+}
+
+extern "C" void ops_double_to_float(float* dst, const double* src, size_t n) {
+    if (n == 0) return;
+    double_to_float_kernel<<<grid_for(n), THREADS, 0, cuda_compute_stream>>>(dst, src, n);
+    KERNEL_CHECK();
+}
+
 extern "C" void ops_copy_2d(float* dst, int dst_stride, const float* src, int src_stride,
                             int rows, int cols) {
     if (rows <= 0 || cols <= 0) return;

@@ -81,7 +81,9 @@ double plan_flops(const GPTConfig* cfg, double B, int T, int layers, int head_ro
 // the dp group: its parameter, gradient and AdamW bytes, and one step's
 // gathers and reduce-scatters. head_first: chapter 4's backward order.
 void plan_fsdp(const PlanArgs* a, RankPlan* p, const Comm* dp, const size_t* numel, int n, int head_first);
-// The norm: one all-reduce of a float per group, through a one-float buffer.
+// The norm's device scalars, kept for the run (16 bytes of "other").
+void plan_norm_scalars(RankPlan* p);
+// The norm: its scalars, and one all-reduce of a float per group.
 void plan_norm(RankPlan* p, const Comm* const* groups, int n);
 // tp rank r's rows of the padded vocabulary (04_fsdp_tp/tp.c's tp_vocab_rows).
 int plan_vocab_rows(const GPTConfig* cfg, int tp, int r);

@@ -92,6 +92,7 @@ static void plan_cp(const PlanArgs* a, RankPlan* p, int r) {
     comm_group_slot_name(&mesh, (1u << AXIS_DP) | (1u << AXIS_CP), name, sizeof(name));
     Comm dpcp = plan_group(comm_slot_for(name), ndp * n, coord[AXIS_DP] * n + coord[AXIS_CP]);
     comm_tally(&dpcp, COLL_ALLREDUCE, (size_t)P * sizeof(float), 2.0 * comm_ring_factor(&dpcp));
+    plan_norm_scalars(p);  // the whole gradient on every rank: its norm needs no all-reduce
     // the FLOPs of this rank's tokens: each query against the whole
     // sequence's keys, counted over the T x T square as chapter 0 counts
     p->flops = plan_flops(g, (double)B / n, T, L, g->padded_vocab_size, 1, a->recompute);

@@ -75,6 +75,7 @@ void plan_chapter_0(const PlanArgs* a, RankPlan* p, int r) {
     p->peak[MEM_OPTIMIZER] = 8 * P;  // AdamW's m and v
     p->peak[MEM_ACTIVATIONS] = plan_acts_bytes(&a->cfg, a->B, a->T, a->recompute);
     p->flops = plan_flops(&a->cfg, a->B, a->T, a->cfg.num_layers, a->cfg.padded_vocab_size, 1, a->recompute);
+    plan_norm_scalars(p);  // the norm of one rank: no all-reduce
 }
 
 // ---------------------------------------------------------------- chapter 2: data parallel
@@ -87,6 +88,7 @@ void plan_chapter_2(const PlanArgs* a, RankPlan* p, int r) {
     p->peak[MEM_GRADS] = 4.0 * P;
     p->peak[MEM_OPTIMIZER] = ps && r != 0 ? 0 : 8.0 * P;  // ps: rank 0 alone steps
     p->peak[MEM_COMM] = ps && r == 0 ? 4.0 * P : 0;       // ps: the summed gradients
+    if (!ps || r == 0) plan_norm_scalars(p);               // each replica's own norm (ps: rank 0's)
     p->peak[MEM_ACTIVATIONS] = plan_acts_bytes(&a->cfg, a->B / N / a->accum, a->T, a->recompute);
     p->flops = plan_flops(&a->cfg, a->B / N, a->T, a->cfg.num_layers, a->cfg.padded_vocab_size, 1, a->recompute);
     Comm dp = plan_group(AXIS_DP, N, r);
@@ -197,10 +199,15 @@ void plan_fsdp(const PlanArgs* a, RankPlan* p, const Comm* dp, const size_t* num
         for (int i = 0; i < n; i++) comm_tally(dp, COLL_ALLGATHER, padded[i], comm_ring_factor(dp));
 }
 
+// The norm's device scalars (train_sumsq_begin: the step's double sum of
+// squares and the float the all-reduce carries, kept for the run), on every
+// rank that computes a norm.
+void plan_norm_scalars(RankPlan* p) { p->peak[MEM_OTHER] = 2 * sizeof(double); }
+
 // The norm: one all-reduce of a float per group over which the gradient is
-// spread (train_global_norm), through a one-float buffer.
+// spread (train_global_norm).
 void plan_norm(RankPlan* p, const Comm* const* groups, int n) {
-    p->peak[MEM_OTHER] = sizeof(float);
+    plan_norm_scalars(p);
     for (int i = 0; i < n; i++) comm_tally(groups[i], COLL_ALLREDUCE, sizeof(float), 2.0 * comm_ring_factor(groups[i]));
 }
 
