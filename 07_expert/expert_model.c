@@ -11,6 +11,7 @@
 #include "errors.h"
 #include "rank.h"
 #include "runtime.h"
+#include "trace.h"
 #include "memory.h"
 #include "mesh.h"
 
@@ -43,6 +44,90 @@ void expert_a2a_wait(ExpertModel* m, int i) {
 
 size_t expert_total_params(const ExpertModel* m) {
     return m->n_shared + (size_t)moe_num_moe_layers(&m->cfg) * m->cfg.experts * moe_expert_numel(&m->cfg);
+}
+
+// ---------------------------------------------------------------- the plan's send order and the experts' blocks
+
+void expert_plan_send_order(ExpertModel* m, MoeLayer* L) {
+    int k = m->cfg.top_k, E = m->cfg.experts, nc = m->chunks;
+    // send row i is token src_host[i]; slot j of token t goes to row
+    // pos_host[t k + j] (kept slots only: pos_host < 0 is a dropped one)
+    memset(L->cnt_chunk, 0, (size_t)nc * E * sizeof(int));
+    for (int c = 0; c < nc; c++)
+        for (int i = expert_chunk_start(m, c) * k; i < expert_chunk_start(m, c + 1) * k; i++)
+            if (L->pos_host[i] >= 0) L->cnt_chunk[c * E + L->idx_host[i]]++;
+    int* fill = xmalloc((size_t)nc * E * sizeof(int));
+    for (int i = 0, row = 0; i < nc * E; i++) {
+        if (i % E == 0) L->send_row[i / E] = row;
+        fill[i] = row, row += L->cnt_chunk[i];
+    }
+    L->n_send = L->send_row[nc] = fill[nc * E - 1] + L->cnt_chunk[nc * E - 1];
+    for (int c = 0; c < nc; c++)
+        for (int i = expert_chunk_start(m, c) * k; i < expert_chunk_start(m, c + 1) * k; i++) {
+            if (L->pos_host[i] < 0) continue;
+            int row = fill[c * E + L->idx_host[i]]++;
+            L->pos_host[i] = row;
+            L->src_host[row] = i / k;
+        }
+    free(fill);
+}
+
+// Block (chunk c, source s, expert le): n rows, at q in the receive order
+// and r in the experts' order.
+typedef struct {
+    int n;
+    size_t q, r;
+} Block;
+
+static Block block_of(const ExpertModel* m, const MoeLayer* L, int c, int s, int le) {
+    int b = (c * m->ep + s) * m->E_local + le;
+    return (Block){L->cnt_recv[(s * m->chunks + c) * m->E_local + le], (size_t)L->blk_recv[b], (size_t)L->blk_row[b]};
+}
+
+void expert_blocks_forward(ExpertModel* m, MoeLayer* L, int l, int c) {
+    const MoeConfig* cf = &m->cfg;
+    int C = cf->gpt.channels, H = cf->hidden, mi = moe_layer_index(cf, l);
+    double t0 = trace_start();
+    for (int le = 0; le < m->E_local; le++) {
+        ExpertParams p = moe_expert_at(cf, m->experts, mi, le, m->E_local);
+        for (int s = 0; s < m->ep; s++) {
+            Block b = block_of(m, L, c, s, le);
+            ops_copy(L->exp_in + b.r * C, m->recv + b.q * C, (size_t)b.n * C);
+            moe_expert_forward(&p, m->xbuf + b.q * C, L->fch + b.r * H, L->fch_gelu + b.r * H, L->exp_in + b.r * C,
+                               b.n, C, H);
+        }
+    }
+    trace_compute(t0, "block %d experts chunk %d", l, c);
+}
+
+void expert_blocks_backward_input(ExpertModel* m, MoeLayer* L, int l, int c) {
+    const MoeConfig* cf = &m->cfg;
+    int C = cf->gpt.channels, H = cf->hidden, mi = moe_layer_index(cf, l);
+    double t0 = trace_start();
+    for (int le = 0; le < m->E_local; le++) {
+        ExpertParams p = moe_expert_at(cf, m->experts, mi, le, m->E_local);
+        for (int s = 0; s < m->ep; s++) {
+            Block b = block_of(m, L, c, s, le);
+            ops_copy(m->xbuf + b.r * C, m->recv + b.q * C, (size_t)b.n * C);
+            ops_zero(m->ybuf + b.q * C, (size_t)b.n * C);
+            moe_expert_backward_input(&p, m->ybuf + b.q * C, m->xbuf + b.r * C, L->fch + b.r * H, m->dfch + b.r * H,
+                                      m->dfch_gelu + b.r * H, b.n, C, H);
+        }
+    }
+    trace_compute(t0, "block %d experts chunk %d backward", l, c);
+}
+
+void expert_blocks_backward_weights(ExpertModel* m, MoeLayer* L, int l) {
+    const MoeConfig* cf = &m->cfg;
+    int C = cf->gpt.channels, H = cf->hidden, mi = moe_layer_index(cf, l);
+    double t0 = trace_start();
+    for (int le = 0; le < m->E_local; le++) {
+        ExpertParams g = moe_expert_at(cf, m->dexperts, mi, le, m->E_local);
+        size_t r0 = (size_t)L->expert_off[le];
+        moe_expert_backward_weights(&g, m->xbuf + r0 * C, L->exp_in + r0 * C, L->fch_gelu + r0 * H, m->dfch + r0 * H,
+                                    L->expert_off[le + 1] - L->expert_off[le], C, H);
+    }
+    trace_compute(t0, "block %d experts weights", l);
 }
 
 // ---------------------------------------------------------------- the per-token parts of the step

@@ -4,10 +4,12 @@
 // their creation and release, the MoE file (--model FILE, --save FILE) and
 // the training-state checkpoint's slices (--ckpt-dir, --resume).
 //
-// The strategy is not here: routing, the exchange plan, the dispatch and
-// combine all-to-alls, the experts and the two gradient groups are the
-// chapter's own, in 07_expert/main.c, in the order a step runs them. The
-// model's layout, init and block pieces are moe.h's.
+// The strategy is not here: routing, the exchange plan, the pipeline of
+// dispatch, experts and combine, and the two gradient groups are the
+// chapter's own, in 07_expert/main.c, in the order a step runs them. Here
+// are its bookkeeping: the flags, the send order of the plan, which rows of
+// a chunk run through which expert in which order, the exchanges' timing.
+// The model's layout, init and block pieces are moe.h's.
 #ifndef EXPERT_MODEL_H
 #define EXPERT_MODEL_H
 
@@ -141,6 +143,24 @@ void expert_a2a_start(ExpertModel* m, int i, const float* send, const size_t* sc
 void expert_a2a_wait(ExpertModel* m, int i);
 // Chunk c's first token of a rank's N (c = chunks: N).
 int expert_chunk_start(const ExpertModel* m, int c);
+// The plan's send order, from the kept slots (L->pos_host >= 0) and their
+// experts (L->idx_host): per chunk and expert the slots kept (cnt_chunk),
+// each chunk's first send row (send_row, n_send), and every kept slot's row
+// (pos_host) and every row's token (src_host).
+void expert_plan_send_order(ExpertModel* m, MoeLayer* L);
+// The experts on chunk c of MoE layer l, block by block (source, expert):
+// forward, each block's received rows (m->recv, receive order) copied into
+// exp_in in the experts' order, its fch and fch_gelu kept there, its
+// outputs into m->xbuf in the receive order (what the combine sends back);
+// backward's input half, the row gradients (m->recv) copied into m->xbuf in
+// the experts' order (kept for the weights) and d of the inputs into
+// m->ybuf in the receive order, dfch kept in m->dfch. Rows are independent
+// in both, so chunk by chunk is the same bits as all at once.
+void expert_blocks_forward(ExpertModel* m, MoeLayer* L, int l, int c);
+void expert_blocks_backward_input(ExpertModel* m, MoeLayer* L, int l, int c);
+// The weight half of backward: each expert over all its rows, in the
+// experts' order (the order n = 1 gives for any n).
+void expert_blocks_backward_weights(ExpertModel* m, MoeLayer* L, int l);
 // All parameters, the replicated ones and every expert of every MoE layer.
 size_t expert_total_params(const ExpertModel* m);
 

@@ -16,11 +16,10 @@
 //   3. dispatch   gather my rows in destination order, all-to-all-v them
 //   4. experts    the received rows, grouped by expert, through each expert
 //   5. combine    all-to-all-v the outputs back, sum them weighted by the gates
-// Backward runs the two exchanges in reverse (moe_layer_backward).
-//
-// Gradients go to two groups (reduce_gradients): the replicated parameters
-// over dp x ep, the experts over dp only. The model's buffers, its file and
-// its checkpoint slices are expert_model.c's; the step is all here.
+// 3-5 go in chunks of the tokens (--ep-overlap), pipelined; backward runs
+// the two exchanges in reverse (moe_layer_backward). Gradients go to two
+// groups (reduce_gradients): the replicated parameters over dp x ep, the
+// experts over dp only. Buffers, files, flags: expert_model.c.
 #include <stdlib.h>
 #include <string.h>
 
@@ -161,78 +160,36 @@ static void plan_exchange(ExpertModel* m, MoeLayer* L) {
 // counts and indices go through the host by plain MPI, never through the
 // float collectives of the comm layer.
 static void plan_dispatch(ExpertModel* m, MoeLayer* L, int layer_index) {
-    int N = m->N, k = m->cfg.top_k, E = m->cfg.experts, nc = m->chunks;
+    int N = m->N, k = m->cfg.top_k;
     mem_to_host(L->idx_host, L->idx, (size_t)N * k * sizeof(int));
     balance_loss(m, L, layer_index);
     long dropped = plan_capacity(m, L);
     if (m->record) m->dropped += dropped;
     // kept slots sorted by chunk, then expert (so destination rank), stable
-    // in token order: send row i is token src_host[i], slot j of token t
-    // goes to row pos_host[t k + j]
-    memset(L->cnt_chunk, 0, (size_t)nc * E * sizeof(int));
-    for (int c = 0; c < nc; c++)
-        for (int i = expert_chunk_start(m, c) * k; i < expert_chunk_start(m, c + 1) * k; i++)
-            if (L->pos_host[i] >= 0) L->cnt_chunk[c * E + L->idx_host[i]]++;
-    int* fill = xmalloc((size_t)nc * E * sizeof(int));
-    for (int i = 0, row = 0; i < nc * E; i++) {
-        if (i % E == 0) L->send_row[i / E] = row;
-        fill[i] = row, row += L->cnt_chunk[i];
-    }
-    L->n_send = L->send_row[nc] = fill[nc * E - 1] + L->cnt_chunk[nc * E - 1];
-    for (int c = 0; c < nc; c++)
-        for (int i = expert_chunk_start(m, c) * k; i < expert_chunk_start(m, c + 1) * k; i++) {
-            if (L->pos_host[i] < 0) continue;
-            int row = fill[c * E + L->idx_host[i]]++;
-            L->pos_host[i] = row;
-            L->src_host[row] = i / k;
-        }
-    free(fill);
+    // in token order; per chunk and expert, how many (L->cnt_chunk)
+    expert_plan_send_order(m, L);
     plan_exchange(m, L);
     mem_to_device(L->pos, L->pos_host, (size_t)N * k * sizeof(int));
     mem_to_device(L->send_src, L->src_host, (size_t)L->n_send * sizeof(int));
 }
 
-// ---------------------------------------------------------------- the MoE layer
-
-// ---------------------------------------------------------------- 3-5. the pipeline of chunks
+// ---------------------------------------------------------------- 3-5. the MoE layer, in chunks
 //
 // --ep-overlap n cuts each exchange into n chunks of the layer's tokens, so
-// that the experts work on one chunk while the next travels:
+// that the experts work on one chunk while the next one travels:
 //
-//   comm     | dispatch 0 | dispatch 1 | combine 0, dispatch 2 | ... | combine n-1 |
-//   compute               | experts 0  | experts 1             | ... |
+//   in flight  dispatch 0 | dispatch 1 | dispatch 2, combine 0 | ... | combine n-1
+//   experts               | chunk 0    | chunk 1               | ... |
 //
-// The first dispatch and the last combine have nothing to hide behind: of
-// the 2n exchanges of a forward, 2 stay exposed (docs/07_expert.md). Every
-// row is computed by the same ops on the same inputs whatever n, and the
-// experts keep their rows in the order n = 1 gives, so the losses are the
-// same bits for every n.
+// The first dispatch and the last combine have nothing to hide behind
+// (docs/07_expert.md). Every row meets the same ops whatever n and the
+// experts keep their rows in the order of n = 1: the same bits for every n.
 
 // Chunk c's rows of the dispatch: my rows to every ep rank, then the start.
 static void dispatch_start(ExpertModel* m, MoeLayer* L, const float* ln2, int c) {
     int C = m->cfg.gpt.channels, r0 = L->send_row[c], ep = m->ep;
     moe_gather_forward(L->send + (size_t)r0 * C, ln2, L->send_src + r0, L->send_row[c + 1] - r0, C);
     expert_a2a_start(m, c, L->send, L->sc + c * ep, L->sd + c * ep, m->recv, L->rc + c * ep, L->rd + c * ep);
-}
-
-// Chunk c's received rows through their experts, block by block (source,
-// expert): each block's inputs into the experts' order (kept for backward),
-// its outputs into xbuf in the receive order, which the combine sends back.
-static void experts_forward(ExpertModel* m, MoeLayer* L, int l, int c) {
-    const MoeConfig* cf = &m->cfg;
-    int mi = moe_layer_index(cf, l);
-    double t0 = trace_start();
-    int C = cf->gpt.channels, H = cf->hidden, El = m->E_local, ep = m->ep;
-    for (int le = 0; le < El; le++) {
-        ExpertParams p = moe_expert_at(cf, m->experts, mi, le, El);
-        for (int s = 0; s < ep; s++) {
-            int b = (c * ep + s) * El + le, n = L->cnt_recv[(s * m->chunks + c) * El + le];
-            size_t q = (size_t)L->blk_recv[b], r = (size_t)L->blk_row[b];
-            ops_copy(L->exp_in + r * C, m->recv + q * C, (size_t)n * C);
-            moe_expert_forward(&p, m->xbuf + q * C, L->fch + r * H, L->fch_gelu + r * H, L->exp_in + r * C, n, C, H);
-        }
-    }
-    trace_compute(t0, "block %d experts chunk %d", l, c);
 }
 
 // a: where the attention half and the layer's output go (acts_of, or the
@@ -255,7 +212,7 @@ static void moe_layer_forward(ExpertModel* m, int l, BlockActs* a, const float* 
     for (int i = 0; i < nc; i++) {
         expert_a2a_wait(m, i);  // 3. dispatch: chunk i's rows are here
         if (i + 1 < nc) dispatch_start(m, L, a->ln2, i + 1);
-        experts_forward(m, L, l, i);  // 4. experts
+        expert_blocks_forward(m, L, l, i);  // 4. experts (expert_model.c)
         // 5. combine: the outputs back, the reverse all-to-all-v
         expert_a2a_start(m, nc + i, m->xbuf, L->rc + i * ep, L->rd + i * ep, L->back, L->sc + i * ep, L->sd + i * ep);
         if (i > 0) expert_a2a_wait(m, nc + i - 1);
@@ -303,36 +260,11 @@ static BlockActs moe_layer_recompute(ExpertModel* m, int l, const float* x) {
     return a;
 }
 
-// Chunk c's row gradients, arrived in the receive order, through their
-// experts' input side: d of each output kept in the experts' order (xbuf,
-// for the weight gradients), d of each input into ybuf in the receive order
-// (the dispatch's exchange, reversed, sends it home). Rows are independent
-// here: chunk by chunk is the same bits.
-static void experts_backward_input(ExpertModel* m, MoeLayer* L, int l, int c) {
-    const MoeConfig* cf = &m->cfg;
-    int mi = moe_layer_index(cf, l);
-    double t0 = trace_start();
-    int C = cf->gpt.channels, H = cf->hidden, El = m->E_local, ep = m->ep;
-    for (int le = 0; le < El; le++) {
-        ExpertParams p = moe_expert_at(cf, m->experts, mi, le, El);
-        for (int s = 0; s < ep; s++) {
-            int b = (c * ep + s) * El + le, n = L->cnt_recv[(s * m->chunks + c) * El + le];
-            size_t q = (size_t)L->blk_recv[b], r = (size_t)L->blk_row[b];
-            ops_copy(m->xbuf + r * C, m->recv + q * C, (size_t)n * C);
-            ops_zero(m->ybuf + q * C, (size_t)n * C);
-            moe_expert_backward_input(&p, m->ybuf + q * C, m->xbuf + r * C, L->fch + r * H, m->dfch + r * H,
-                                      m->dfch_gelu + r * H, n, C, H);
-        }
-    }
-    trace_compute(t0, "block %d experts chunk %d backward", l, c);
-}
-
 // dres: d res3 on entry, d x on return. The exchanges of forward, reversed,
 // in the same chunks.
 static void moe_layer_backward(ExpertModel* m, int l, const float* x) {
     const MoeConfig* c = &m->cfg;
-    int N = m->N, C = c->gpt.channels, H = c->hidden, E = c->experts, k = c->top_k, nc = m->chunks, ep = m->ep;
-    int mi = moe_layer_index(c, l);
+    int N = m->N, C = c->gpt.channels, E = c->experts, k = c->top_k, nc = m->chunks, ep = m->ep;
     double t0 = trace_start();
     BlockActs a = moe_layer_recompute(m, l, x);
     MoeLayer* L = expert_layer(m, l);
@@ -356,21 +288,15 @@ static void moe_layer_backward(ExpertModel* m, int l, const float* x) {
         if (i + 1 < nc)
             expert_a2a_start(m, i + 1, m->dsend, L->sc + (i + 1) * ep, L->sd + (i + 1) * ep, m->recv,
                              L->rc + (i + 1) * ep, L->rd + (i + 1) * ep);
-        experts_backward_input(m, L, l, i);
+        expert_blocks_backward_input(m, L, l, i);
         // the dispatch's exchange reversed: d of my rows comes home
         expert_a2a_start(m, nc + i, m->ybuf, L->rc + i * ep, L->rd + i * ep, m->dsend, L->sc + i * ep, L->sd + i * ep);
         if (i > 0) expert_a2a_wait(m, nc + i - 1);
     }
     // the experts' weight gradients, over all their rows in the experts'
-    // order, while the last chunk travels home
-    double tw = trace_start();
-    for (int le = 0; le < m->E_local; le++) {
-        ExpertParams eg = moe_expert_at(c, m->dexperts, mi, le, m->E_local);
-        size_t r0 = (size_t)L->expert_off[le];
-        moe_expert_backward_weights(&eg, m->xbuf + r0 * C, L->exp_in + r0 * C, L->fch_gelu + r0 * H, m->dfch + r0 * H,
-                                    L->expert_off[le + 1] - L->expert_off[le], C, H);
-    }
-    trace_compute(tw, "block %d experts weights", l);
+    // order (one order whatever n: the same bits), while the last chunk
+    // travels home
+    expert_blocks_backward_weights(m, L, l);
     expert_a2a_wait(m, 2 * nc - 1);
     ops_zero(m->dln2, (size_t)N * C);
     moe_gather_backward(m->dln2, m->dsend, L->pos, N, k, C);
@@ -507,8 +433,7 @@ int main(int argc, char** argv) {
         float norm = clip_and_step(&model, args, step);
         // the language-model loss of the global batch (a host scalar: plain MPI)
         float loss = (float)train_mean(&model.dpep, my_loss);
-        // the step record's own fields: the load-balancing loss, the dropped
-        // slots and the slots routed to each expert per MoE layer
+        // the step record's own fields (aux_loss, dropped, expert_tokens)
         expert_step_record(&model, &loop, step);
         train_loop_step(&loop, step, loss, norm);
     }
