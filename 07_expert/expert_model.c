@@ -10,6 +10,8 @@
 
 #include "errors.h"
 #include "rank.h"
+#include "runtime.h"
+#include "trace.h"
 #include "memory.h"
 #include "mesh.h"
 
@@ -19,8 +21,113 @@ MoeLayer* expert_layer(ExpertModel* m, int l) {
 
 BlockActs expert_block_acts(ExpertModel* m, int l) { return gpt_acts_block(&m->acts, &m->cfg.gpt, l, m->B, m->T); }
 
+int expert_chunk_start(const ExpertModel* m, int c) { return (int)((long)c * m->N / m->chunks); }
+
+// ---------------------------------------------------------------- the exchanges
+
+void expert_a2a_start(ExpertModel* m, int i, const float* send, const size_t* sc, const size_t* sd, float* recv,
+                      const size_t* rc, const size_t* rd) {
+    m->a2a_started[i] = now_seconds();
+    comm_ialltoallv(m->epc, send, sc, sd, recv, rc, rd, &m->a2a[i]);
+}
+
+// Blocked: the wait itself. In flight: from the start to the end of the
+// wait, as chapter 3 times its prefetched gathers; the share of that time
+// the rank computed instead of waiting is what the overlap hid.
+void expert_a2a_wait(ExpertModel* m, int i) {
+    double t0 = now_seconds();
+    comm_wait(&m->a2a[i]);
+    double t1 = now_seconds();
+    m->a2a_blocked_s += t1 - t0;
+    m->a2a_inflight_s += t1 - m->a2a_started[i];
+}
+
 size_t expert_total_params(const ExpertModel* m) {
     return m->n_shared + (size_t)moe_num_moe_layers(&m->cfg) * m->cfg.experts * moe_expert_numel(&m->cfg);
+}
+
+// ---------------------------------------------------------------- the plan's send order and the experts' blocks
+
+void expert_plan_send_order(ExpertModel* m, MoeLayer* L) {
+    int k = m->cfg.top_k, E = m->cfg.experts, nc = m->chunks;
+    // send row i is token src_host[i]; slot j of token t goes to row
+    // pos_host[t k + j] (kept slots only: pos_host < 0 is a dropped one)
+    memset(L->cnt_chunk, 0, (size_t)nc * E * sizeof(int));
+    for (int c = 0; c < nc; c++)
+        for (int i = expert_chunk_start(m, c) * k; i < expert_chunk_start(m, c + 1) * k; i++)
+            if (L->pos_host[i] >= 0) L->cnt_chunk[c * E + L->idx_host[i]]++;
+    int* fill = xmalloc((size_t)nc * E * sizeof(int));
+    for (int i = 0, row = 0; i < nc * E; i++) {
+        if (i % E == 0) L->send_row[i / E] = row;
+        fill[i] = row, row += L->cnt_chunk[i];
+    }
+    L->n_send = L->send_row[nc] = fill[nc * E - 1] + L->cnt_chunk[nc * E - 1];
+    for (int c = 0; c < nc; c++)
+        for (int i = expert_chunk_start(m, c) * k; i < expert_chunk_start(m, c + 1) * k; i++) {
+            if (L->pos_host[i] < 0) continue;
+            int row = fill[c * E + L->idx_host[i]]++;
+            L->pos_host[i] = row;
+            L->src_host[row] = i / k;
+        }
+    free(fill);
+}
+
+// Block (chunk c, source s, expert le): n rows, at q in the receive order
+// and r in the experts' order.
+typedef struct {
+    int n;
+    size_t q, r;
+} Block;
+
+static Block block_of(const ExpertModel* m, const MoeLayer* L, int c, int s, int le) {
+    int b = (c * m->ep + s) * m->E_local + le;
+    return (Block){L->cnt_recv[(s * m->chunks + c) * m->E_local + le], (size_t)L->blk_recv[b], (size_t)L->blk_row[b]};
+}
+
+void expert_blocks_forward(ExpertModel* m, MoeLayer* L, int l, int c) {
+    const MoeConfig* cf = &m->cfg;
+    int C = cf->gpt.channels, H = cf->hidden, mi = moe_layer_index(cf, l);
+    double t0 = trace_start();
+    for (int le = 0; le < m->E_local; le++) {
+        ExpertParams p = moe_expert_at(cf, m->experts, mi, le, m->E_local);
+        for (int s = 0; s < m->ep; s++) {
+            Block b = block_of(m, L, c, s, le);
+            ops_copy(L->exp_in + b.r * C, m->recv + b.q * C, (size_t)b.n * C);
+            moe_expert_forward(&p, m->xbuf + b.q * C, L->fch + b.r * H, L->fch_gelu + b.r * H, L->exp_in + b.r * C,
+                               b.n, C, H);
+        }
+    }
+    trace_compute(t0, "block %d experts chunk %d", l, c);
+}
+
+void expert_blocks_backward_input(ExpertModel* m, MoeLayer* L, int l, int c) {
+    const MoeConfig* cf = &m->cfg;
+    int C = cf->gpt.channels, H = cf->hidden, mi = moe_layer_index(cf, l);
+    double t0 = trace_start();
+    for (int le = 0; le < m->E_local; le++) {
+        ExpertParams p = moe_expert_at(cf, m->experts, mi, le, m->E_local);
+        for (int s = 0; s < m->ep; s++) {
+            Block b = block_of(m, L, c, s, le);
+            ops_copy(m->xbuf + b.r * C, m->recv + b.q * C, (size_t)b.n * C);
+            ops_zero(m->ybuf + b.q * C, (size_t)b.n * C);
+            moe_expert_backward_input(&p, m->ybuf + b.q * C, m->xbuf + b.r * C, L->fch + b.r * H, m->dfch + b.r * H,
+                                      m->dfch_gelu + b.r * H, b.n, C, H);
+        }
+    }
+    trace_compute(t0, "block %d experts chunk %d backward", l, c);
+}
+
+void expert_blocks_backward_weights(ExpertModel* m, MoeLayer* L, int l) {
+    const MoeConfig* cf = &m->cfg;
+    int C = cf->gpt.channels, H = cf->hidden, mi = moe_layer_index(cf, l);
+    double t0 = trace_start();
+    for (int le = 0; le < m->E_local; le++) {
+        ExpertParams g = moe_expert_at(cf, m->dexperts, mi, le, m->E_local);
+        size_t r0 = (size_t)L->expert_off[le];
+        moe_expert_backward_weights(&g, m->xbuf + r0 * C, L->exp_in + r0 * C, L->fch_gelu + r0 * H, m->dfch + r0 * H,
+                                    L->expert_off[le + 1] - L->expert_off[le], C, H);
+    }
+    trace_compute(t0, "block %d experts weights", l);
 }
 
 // ---------------------------------------------------------------- the per-token parts of the step
@@ -56,6 +163,30 @@ void expert_embed_backward(ExpertModel* m) {
     float* G = m->dshared;
     encoder_backward(G + moe_wte_offset(&m->cfg), G + moe_wpe_offset(&m->cfg), m->acts.dres, m->acts.inputs, m->B, m->T,
                      m->cfg.gpt.channels);
+}
+
+// ---------------------------------------------------------------- the flags
+
+int expert_run_start(Run* run, ExpertFlags* fl, int argc, char** argv) {
+    *fl = (ExpertFlags){.experts = 4, .top_k = 2, .hidden = 0, .moe_every = 1, .ep_overlap = 1, .aux_coef = 0.01f,
+                        .capacity = 0.0f};
+    ArgSpec extra[] = {
+        {"experts", ARG_INT, &fl->experts, "experts per MoE layer, E  [4]"},
+        {"top-k", ARG_INT, &fl->top_k, "experts per token, k  [2]"},
+        {"expert-hidden", ARG_INT, &fl->hidden, "each expert's MLP width, H  [4C]"},
+        {"moe-every", ARG_INT, &fl->moe_every, "every k-th layer is an MoE layer (layers k-1, 2k-1, ...)  [1]"},
+        {"aux-coef", ARG_FLOAT, &fl->aux_coef, "weight of the load-balancing loss in the objective  [0.01]"},
+        {"capacity-factor", ARG_FLOAT, &fl->capacity,
+         "f > 0: each expert takes at most floor(f k tokens / E) slots per step, the rest are dropped  [0: dropless]"},
+        {"ep-overlap", ARG_INT, &fl->ep_overlap,
+         "n: each MoE layer's exchanges in n chunks of its tokens, chunk c's experts running while chunk c+1 "
+         "travels  [1]"},
+    };
+    train_config_reader = expert_read_gpt_config;  // --model FILE is an MoE file (moe.h)
+    return run_start(run, argc, argv, "build/chapter-7",
+                     "Chapter 7: mixture of experts, experts sharded over ep: route, count, all-to-all-v\n"
+                     "dispatch, experts, all-to-all-v combine; replicated gradients over dp x ep, experts over dp.",
+                     extra, sizeof(extra) / sizeof(extra[0]), (1u << AXIS_DP) | (1u << AXIS_EP));
 }
 
 // ---------------------------------------------------------------- the config
@@ -113,6 +244,10 @@ MoeConfig expert_config(const Run* run, ExpertFlags* f) {
     if (setup->B % world != 0)
         fail_all("the batch of %d sequences does not split over dp x ep = %d ranks (every rank takes its own "
                  "sequences): use a --batch that is a multiple of %d", setup->B, world, world);
+    long tokens = (long)(setup->B / world) * setup->T;  // a rank's tokens per MoE layer
+    if (f->ep_overlap < 1 || f->ep_overlap > tokens)
+        fail_all("--ep-overlap %d: each MoE layer's exchanges are cut into that many chunks of a rank's %ld tokens, "
+                 "so it must be between 1 and %ld", f->ep_overlap, tokens, tokens);
     return cfg;
 }
 
@@ -166,6 +301,9 @@ void expert_model_create(ExpertModel* m, const MoeConfig* cfg, const ExpertFlags
         m->send_shared = mem_alloc_floats(Nk * C, MEM_COMM);
         m->gelu_shared = mem_alloc_floats(R * H, MEM_ACTIVATIONS);
     }
+    int nc = m->chunks = flags->ep_overlap;
+    m->a2a = xcalloc((size_t)2 * nc, sizeof(CommRequest));
+    m->a2a_started = xcalloc((size_t)2 * nc, sizeof(double));
     m->moe = xcalloc((size_t)n_moe, sizeof(MoeLayer));
     for (int i = 0; i < n_moe; i++) {
         MoeLayer* q = &m->moe[i];
@@ -175,8 +313,6 @@ void expert_model_create(ExpertModel* m, const MoeConfig* cfg, const ExpertFlags
         q->idx = mem_alloc(Nk * sizeof(int), MEM_ACTIVATIONS);
         q->pos = mem_alloc(Nk * sizeof(int), MEM_ACTIVATIONS);
         q->send_src = mem_alloc(Nk * sizeof(int), MEM_ACTIVATIONS);
-        q->perm = mem_alloc(R * sizeof(int), MEM_ACTIVATIONS);
-        q->inv_perm = mem_alloc(R * sizeof(int), MEM_ACTIVATIONS);
         q->send = m->send_shared ? m->send_shared : mem_alloc_floats(Nk * C, MEM_COMM);
         q->back = mem_alloc_floats(Nk * C, MEM_COMM);
         q->exp_in = mem_alloc_floats(R * C, MEM_ACTIVATIONS);
@@ -186,14 +322,17 @@ void expert_model_create(ExpertModel* m, const MoeConfig* cfg, const ExpertFlags
         q->idx_host = xmalloc(Nk * sizeof(int));
         q->pos_host = xmalloc(Nk * sizeof(int));
         q->src_host = xmalloc(Nk * sizeof(int));
-        q->perm_host = xmalloc(R * sizeof(int));
         q->cnt_send = xmalloc((size_t)E * sizeof(int));
-        q->cnt_recv = xmalloc((size_t)E * sizeof(int));  // ep x E/ep
+        q->cnt_chunk = xmalloc((size_t)nc * E * sizeof(int));
+        q->cnt_recv = xmalloc((size_t)nc * E * sizeof(int));  // ep x n x E/ep
+        q->send_row = xmalloc((size_t)(nc + 1) * sizeof(int));
+        q->blk_recv = xmalloc((size_t)nc * E * sizeof(int));
+        q->blk_row = xmalloc((size_t)nc * E * sizeof(int));
         q->expert_off = xmalloc((size_t)(m->E_local + 1) * sizeof(int));
-        q->sc = xmalloc((size_t)m->ep * sizeof(size_t));
-        q->sd = xmalloc((size_t)m->ep * sizeof(size_t));
-        q->rc = xmalloc((size_t)m->ep * sizeof(size_t));
-        q->rd = xmalloc((size_t)m->ep * sizeof(size_t));
+        q->sc = xmalloc((size_t)nc * m->ep * sizeof(size_t));
+        q->sd = xmalloc((size_t)nc * m->ep * sizeof(size_t));
+        q->rc = xmalloc((size_t)nc * m->ep * sizeof(size_t));
+        q->rd = xmalloc((size_t)nc * m->ep * sizeof(size_t));
     }
     m->recv = mem_alloc_floats(R * C, MEM_COMM);
     m->xbuf = mem_alloc_floats(R * C, MEM_ACTIVATIONS);
@@ -234,13 +373,15 @@ void expert_model_free(ExpertModel* m) {
         float* f[] = {q->logits, q->probs, q->gates, m->send_shared ? NULL : q->send, q->back, q->exp_in, q->fch,
                       m->gelu_shared ? NULL : q->fch_gelu, q->aux_dprobs};
         for (size_t j = 0; j < sizeof(f) / sizeof(f[0]); j++) mem_free(f[j]);
-        int* d[] = {q->idx, q->pos, q->send_src, q->perm, q->inv_perm};
+        int* d[] = {q->idx, q->pos, q->send_src};
         for (size_t j = 0; j < sizeof(d) / sizeof(d[0]); j++) mem_free(d[j]);
-        void* h[] = {q->idx_host, q->pos_host, q->src_host, q->perm_host, q->cnt_send, q->cnt_recv,
-                     q->expert_off, q->sc, q->sd, q->rc, q->rd};
+        void* h[] = {q->idx_host, q->pos_host, q->src_host, q->cnt_send, q->cnt_chunk, q->cnt_recv, q->send_row,
+                     q->blk_recv, q->blk_row, q->expert_off, q->sc, q->sd, q->rc, q->rd};
         for (size_t j = 0; j < sizeof(h) / sizeof(h[0]); j++) free(h[j]);
     }
     free(m->moe);
+    free(m->a2a);
+    free(m->a2a_started);
     free(m->routed);
     comm_destroy_group(&m->dpep);
 }
@@ -363,14 +504,20 @@ void expert_model_ckpt(Ckpt* ck, ExpertModel* m) {
 
 // ---------------------------------------------------------------- the summary
 
-void expert_step_record(ExpertModel* m, JsonBuf* fields) {
+void expert_step_record(ExpertModel* m, TrainLoop* loop, int step) {
+    JsonBuf* fields = &loop->step_extra;
     m->dropped_total += m->dropped;
+    if (train_loop_timed(loop, step)) {
+        m->a2a_blocked_timed += m->a2a_blocked_s;
+        m->a2a_inflight_timed += m->a2a_inflight_s;
+    }
     json_add_double(fields, "aux_loss", m->aux, "%.7f");
     json_add_int(fields, "dropped", m->dropped);
     json_add_long_matrix(fields, "expert_tokens", m->routed, moe_num_moe_layers(&m->cfg), m->cfg.experts);
 }
 
-void expert_report(const ExpertModel* m, const ExpertFlags* fl, int trained, JsonBuf* extra) {
+void expert_report(const ExpertModel* m, const ExpertFlags* fl, const TrainLoop* loop, JsonBuf* extra) {
+    int trained = loop->steps - loop->start, timed = loop->clock.timed;
     // the all-to-all traffic of training. A rank sends its N k token-slots
     // in dispatch and, in combine, what its experts received: this varies by
     // rank, the mean over the ranks is N k C floats per exchange (a host
@@ -389,6 +536,19 @@ void expert_report(const ExpertModel* m, const ExpertFlags* fl, int trained, Jso
     json_add_int(extra, "active_params", (long long)moe_active_params(&m->cfg));
     json_add_double(extra, "alltoall_bytes_per_step", per_step, "%.0f");
     json_add_int(extra, "dropped_total", m->dropped_total);
+    // the share of the exchanges' time in flight that compute hid (rank 0,
+    // the timed steps; -1 when nothing was exchanged): 1 - blocked / in flight
+    double hidden = m->a2a_inflight_timed > 0 ? 1.0 - m->a2a_blocked_timed / m->a2a_inflight_timed : -1.0;
+    double blocked_ms = timed ? 1e3 * m->a2a_blocked_timed / timed : 0.0;
+    double inflight_ms = timed ? 1e3 * m->a2a_inflight_timed / timed : 0.0;
+    if (hidden >= 0)
+        print0("ep overlap: %d chunk%s per MoE layer; %.1f%% of the all-to-alls' time in flight hidden behind compute "
+               "(rank 0: %.2f ms blocked of %.2f ms in flight per step; comm_progress %s)\n", m->chunks,
+               m->chunks == 1 ? "" : "s", 100.0 * hidden, blocked_ms, inflight_ms, comm_progress_on() ? "on" : "off");
+    json_add_int(extra, "ep_overlap", m->chunks);
+    json_add_double(extra, "a2a_hidden_share", hidden, "%.4f");
+    json_add_double(extra, "a2a_blocked_ms_per_step", blocked_ms, "%.3f");
+    json_add_double(extra, "a2a_inflight_ms_per_step", inflight_ms, "%.3f");
 }
 
 // ---------------------------------------------------------------- --show-sharding

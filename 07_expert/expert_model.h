@@ -4,10 +4,12 @@
 // their creation and release, the MoE file (--model FILE, --save FILE) and
 // the training-state checkpoint's slices (--ckpt-dir, --resume).
 //
-// The strategy is not here: routing, the exchange plan, the dispatch and
-// combine all-to-alls, the experts and the two gradient groups are the
-// chapter's own, in 07_expert/main.c, in the order a step runs them. The
-// model's layout, init and block pieces are moe.h's.
+// The strategy is not here: routing, the exchange plan, the pipeline of
+// dispatch, experts and combine, and the two gradient groups are the
+// chapter's own, in 07_expert/main.c, in the order a step runs them. Here
+// are its bookkeeping: the flags, the send order of the plan, which rows of
+// a chunk run through which expert in which order, the exchanges' timing.
+// The model's layout, init and block pieces are moe.h's.
 #ifndef EXPERT_MODEL_H
 #define EXPERT_MODEL_H
 
@@ -17,22 +19,35 @@
 #include "train.h"
 
 // What forward keeps of one MoE layer for backward: the routing, the plan of
-// the two exchanges, and the rows on both sides.
+// the two exchanges, and the rows on both sides. With --ep-overlap n the
+// exchanges go in n chunks of the layer's tokens (chunk c: tokens
+// [c N / n, (c + 1) N / n)), so the plan is per chunk.
+//   send order     my kept slots by (chunk, expert, token): each chunk's
+//                  rows are contiguous and in destination order
+//   receive order  by (chunk, source rank, my expert, token)
+//   experts' order by (my expert, source rank, chunk, token): each expert's
+//                  rows contiguous, and for any n the order n = 1 gives, so
+//                  the experts' weight gradients sum their rows in the same
+//                  order whatever n (the same bits)
+// A block (chunk c, source s, expert le) is contiguous in both of the last
+// two orders: moving it between them is a copy.
 typedef struct {
     float *logits, *probs, *gates;  // (N, E), (N, E), (N, k)
     int *idx, *pos;                 // (N, k) chosen experts; row of (t, j) in send (-1: dropped)
     int* send_src;                  // (N*k) token of each send row
-    int *perm, *inv_perm;           // (R) expert-major row <- received row, and back
-    float *send, *back;             // (N*k, C) my rows out, the expert outputs back
-    float *exp_in, *fch, *fch_gelu; // (R, C), (R, H), (R, H) on the expert side
+    float *send, *back;             // (N*k, C) my rows out, the expert outputs back (send order)
+    float *exp_in, *fch, *fch_gelu; // (R, C), (R, H), (R, H) in the experts' order
     float* aux_dprobs;              // (E) d objective / d each prob (load-balancing loss)
     // the plan, on the host: counts are integers, and the comm layer's
     // collectives are float-only, so they travel by plain MPI
-    int *idx_host, *pos_host, *src_host, *perm_host;
-    int* cnt_send;                  // (E) my rows to each expert
-    int* cnt_recv;                  // (ep, E/ep) rows from source s for my expert le
-    int* expert_off;                // (E/ep + 1) each of my experts' rows in exp_in
-    size_t *sc, *sd, *rc, *rd;      // (ep) floats sent to / received from each ep rank
+    int *idx_host, *pos_host, *src_host;
+    int* cnt_send;                  // (E) my kept slots of each expert
+    int* cnt_chunk;                 // (n, E) of them, per chunk
+    int* cnt_recv;                  // (ep, n, E/ep) rows from source s in chunk c for my expert le
+    int* send_row;                  // (n + 1) each chunk's first row in send order
+    int *blk_recv, *blk_row;        // (n, ep, E/ep) block (c, s, le)'s first row: receive / experts' order
+    int* expert_off;                // (E/ep + 1) each of my experts' rows in the experts' order
+    size_t *sc, *sd, *rc, *rd;      // (n, ep) floats sent to / received from each ep rank per chunk
     int n_send, n_recv;
 } MoeLayer;
 
@@ -64,13 +79,26 @@ typedef struct {
     long* routed;    // (L_moe, E) token-slots routed to each expert
     long dropped_total;  // over the training steps so far
     int record;      // 1: this forward is a training step's (statistics kept)
+    // --ep-overlap: chunks per MoE layer, and the dispatch (0 .. n-1) and
+    // combine (n .. 2n-1) exchanges of one layer in flight, with when each
+    // started; the seconds blocked in their waits and in flight (start to
+    // the end of the wait) in this training step and over the timed steps
+    int chunks;
+    CommRequest* a2a;
+    double* a2a_started;
+    double a2a_blocked_s, a2a_inflight_s, a2a_blocked_timed, a2a_inflight_timed;
 } ExpertModel;
 
 // Chapter 7's own flags, as parsed (hidden 0: 4C; capacity 0: dropless).
 typedef struct {
-    int experts, top_k, hidden, moe_every;
+    int experts, top_k, hidden, moe_every, ep_overlap;
     float aux_coef, capacity;
 } ExpertFlags;
+
+// The chapter's flags (the table is in expert_model.c) and run_start (the
+// shared flags, the dp x ep mesh); --model FILE is read as an MoE file.
+// Returns 0 when the program should end at once (--help).
+int expert_run_start(Run* run, ExpertFlags* flags, int argc, char** argv);
 
 // The reader run_start uses for --model FILE (train_config_reader): the GPT
 // part of an MoE file's header. A dense llm.c file is refused with the
@@ -107,6 +135,32 @@ void expert_embed_forward(ExpertModel* m, const int* inputs, const int* targets)
 float expert_head_forward(ExpertModel* m);
 void expert_head_backward(ExpertModel* m);
 void expert_embed_backward(ExpertModel* m);
+// The exchanges of the MoE layers (dispatch: chunk c is request c; combine:
+// chunks + c): a non-blocking all-to-all-v over ep, and its wait, which
+// adds the seconds blocked and in flight to the step's figures.
+void expert_a2a_start(ExpertModel* m, int i, const float* send, const size_t* sc, const size_t* sd, float* recv,
+                      const size_t* rc, const size_t* rd);
+void expert_a2a_wait(ExpertModel* m, int i);
+// Chunk c's first token of a rank's N (c = chunks: N).
+int expert_chunk_start(const ExpertModel* m, int c);
+// The plan's send order, from the kept slots (L->pos_host >= 0) and their
+// experts (L->idx_host): per chunk and expert the slots kept (cnt_chunk),
+// each chunk's first send row (send_row, n_send), and every kept slot's row
+// (pos_host) and every row's token (src_host).
+void expert_plan_send_order(ExpertModel* m, MoeLayer* L);
+// The experts on chunk c of MoE layer l, block by block (source, expert):
+// forward, each block's received rows (m->recv, receive order) copied into
+// exp_in in the experts' order, its fch and fch_gelu kept there, its
+// outputs into m->xbuf in the receive order (what the combine sends back);
+// backward's input half, the row gradients (m->recv) copied into m->xbuf in
+// the experts' order (kept for the weights) and d of the inputs into
+// m->ybuf in the receive order, dfch kept in m->dfch. Rows are independent
+// in both, so chunk by chunk is the same bits as all at once.
+void expert_blocks_forward(ExpertModel* m, MoeLayer* L, int l, int c);
+void expert_blocks_backward_input(ExpertModel* m, MoeLayer* L, int l, int c);
+// The weight half of backward: each expert over all its rows, in the
+// experts' order (the order n = 1 gives for any n).
+void expert_blocks_backward_weights(ExpertModel* m, MoeLayer* L, int l);
 // All parameters, the replicated ones and every expert of every MoE layer.
 size_t expert_total_params(const ExpertModel* m);
 
@@ -119,15 +173,17 @@ void expert_sample(ExpertModel* m, const TrainArgs* args, TrainForward forward);
 // replicated parameters and every expert gathered over ep. Collective.
 void expert_model_save(ExpertModel* m, const char* path);
 
-// After a training step: its routing statistics (aux_loss, dropped,
+// After training step `step`: its routing statistics (aux_loss, dropped,
 // expert_tokens per MoE layer and expert, over the global batch) into the
-// step record's fields, and dropped into dropped_total.
-void expert_step_record(ExpertModel* m, JsonBuf* fields);
+// step record's fields (loop->step_extra), dropped into dropped_total, and
+// the exchanges' blocked and in-flight seconds into the timed totals when
+// the loop's clock timed the step.
+void expert_step_record(ExpertModel* m, TrainLoop* loop, int step);
 // After training: prints the all-to-all traffic per step (the mean over the
-// ranks) and the dropped slots, and adds the chapter's summary fields
-// (the MoE's shape, the traffic, dropped_total). trained: the steps this
-// run trained. Collective.
-void expert_report(const ExpertModel* m, const ExpertFlags* flags, int trained, JsonBuf* extra);
+// ranks), the dropped slots and the share of the exchanges' time in flight
+// that compute hid, and adds the chapter's summary fields (the MoE's shape,
+// the traffic, dropped_total, a2a_hidden_share). Collective.
+void expert_report(const ExpertModel* m, const ExpertFlags* flags, const TrainLoop* loop, JsonBuf* extra);
 
 // The training-state checkpoint's lists (ckpt.h): what this rank writes
 // (dp replica 0 writes the experts, each ep rank its own, and 1/ep of the

@@ -16,11 +16,10 @@
 //   3. dispatch   gather my rows in destination order, all-to-all-v them
 //   4. experts    the received rows, grouped by expert, through each expert
 //   5. combine    all-to-all-v the outputs back, sum them weighted by the gates
-// Backward runs the two exchanges in reverse (moe_layer_backward).
-//
-// Gradients go to two groups (reduce_gradients): the replicated parameters
-// over dp x ep, the experts over dp only. The model's buffers, its file and
-// its checkpoint slices are expert_model.c's; the step is all here.
+// 3-5 go in chunks of the tokens (--ep-overlap), pipelined; backward runs
+// the two exchanges in reverse (moe_layer_backward). Gradients go to two
+// groups (reduce_gradients): the replicated parameters over dp x ep, the
+// experts over dp only. Buffers, files, flags: expert_model.c.
 #include <stdlib.h>
 #include <string.h>
 
@@ -112,41 +111,48 @@ static long plan_capacity(ExpertModel* m, MoeLayer* L) {
     // END EXERCISE 2
 }
 
-// The exchanges' plan from my kept slots per expert (L->cnt_send, in expert
-// order, so in destination order: rank r holds experts [r E/ep, (r+1) E/ep)):
-// exchange the counts, then the floats sent to and received from each ep
-// rank and where they sit (sc, sd, rc, rd), L->n_recv, and the order the
-// experts take the received rows in (perm, expert_off).
+// The exchanges' plan, chunk by chunk (expert_model.h names the orders),
+// from my kept slots per chunk and expert (L->cnt_chunk; experts in
+// destination order: rank r holds experts [r E/ep, (r+1) E/ep)): exchange
+// the counts, then the floats sent to and received from each ep rank in each
+// chunk and where they sit (sc, sd, rc, rd), L->n_recv, and where each block
+// (chunk, source, my expert) sits in the receive order and the experts'.
 static void plan_exchange(ExpertModel* m, MoeLayer* L) {
     // EXERCISE 3: the exchange plan: the counts' all-to-all, the all-to-all-v counts and offsets, the received rows grouped by expert
-    int El = m->E_local, ep = m->ep, C = m->cfg.gpt.channels;
+    int El = m->E_local, ep = m->ep, C = m->cfg.gpt.channels, E = m->cfg.experts, nc = m->chunks;
     // rank s learns how many rows of each of my experts it will receive
-    // from me (an all-to-all of E/ep ints per pair; integers: plain MPI)
-    MPI_CHECK(MPI_Alltoall(L->cnt_send, El, MPI_INT, L->cnt_recv, El, MPI_INT, m->epc->mpi));
+    // from me in each chunk (an all-to-all of n E/ep ints per pair; integers:
+    // plain MPI), so my counts go out destination-major
+    int* out = xmalloc((size_t)nc * E * sizeof(int));
+    for (int r = 0; r < ep; r++)
+        for (int c = 0; c < nc; c++)
+            for (int le = 0; le < El; le++) out[(r * nc + c) * El + le] = L->cnt_chunk[c * E + r * El + le];
+    MPI_CHECK(MPI_Alltoall(out, nc * El, MPI_INT, L->cnt_recv, nc * El, MPI_INT, m->epc->mpi));
+    free(out);
     size_t so = 0, ro = 0;
-    for (int r = 0; r < ep; r++) {
-        size_t s_rows = 0, r_rows = 0;
-        for (int le = 0; le < El; le++) {
-            s_rows += (size_t)L->cnt_send[r * El + le];
-            r_rows += (size_t)L->cnt_recv[r * El + le];
+    for (int c = 0; c < nc; c++)
+        for (int r = 0, i = c * ep; r < ep; r++, i++) {
+            size_t s_rows = 0, r_rows = 0;
+            for (int le = 0; le < El; le++) {
+                s_rows += (size_t)L->cnt_chunk[c * E + r * El + le];
+                r_rows += (size_t)L->cnt_recv[(r * nc + c) * El + le];
+            }
+            L->sc[i] = s_rows * C, L->sd[i] = so, so += s_rows * C;
+            L->rc[i] = r_rows * C, L->rd[i] = ro, ro += r_rows * C;
         }
-        L->sc[r] = s_rows * C, L->sd[r] = so, so += s_rows * C;
-        L->rc[r] = r_rows * C, L->rd[r] = ro, ro += r_rows * C;
-    }
     L->n_recv = (int)(ro / C);
-    // received rows come source-major (then expert); the experts want them
-    // expert-major (then source): perm[i] = the received row of expert row i
-    int* src_off = xmalloc((size_t)ep * El * sizeof(int));
-    for (int s = 0, off = 0; s < ep; s++)
-        for (int le = 0; le < El; le++) src_off[s * El + le] = off, off += L->cnt_recv[s * El + le];
+    // received rows come by (chunk, source, expert); the experts want them
+    // by (expert, source, chunk): each block's first row in both orders
+    for (int c = 0, row = 0; c < nc; c++)
+        for (int s = 0; s < ep; s++)
+            for (int le = 0; le < El; le++) L->blk_recv[(c * ep + s) * El + le] = row, row += L->cnt_recv[(s * nc + c) * El + le];
     int row = 0;
     for (int le = 0; le < El; le++) {
         L->expert_off[le] = row;
         for (int s = 0; s < ep; s++)
-            for (int i = 0; i < L->cnt_recv[s * El + le]; i++) L->perm_host[row++] = src_off[s * El + le] + i;
+            for (int c = 0; c < nc; c++) L->blk_row[(c * ep + s) * El + le] = row, row += L->cnt_recv[(s * nc + c) * El + le];
     }
     L->expert_off[El] = row;
-    free(src_off);
     // END EXERCISE 3
 }
 
@@ -154,42 +160,44 @@ static void plan_exchange(ExpertModel* m, MoeLayer* L) {
 // counts and indices go through the host by plain MPI, never through the
 // float collectives of the comm layer.
 static void plan_dispatch(ExpertModel* m, MoeLayer* L, int layer_index) {
-    int N = m->N, k = m->cfg.top_k, E = m->cfg.experts;
+    int N = m->N, k = m->cfg.top_k;
     mem_to_host(L->idx_host, L->idx, (size_t)N * k * sizeof(int));
     balance_loss(m, L, layer_index);
     long dropped = plan_capacity(m, L);
     if (m->record) m->dropped += dropped;
-    // kept slots sorted by expert (so by destination rank), stable in token
-    // order: send row i is token src_host[i], slot j of token t goes to row
-    // pos_host[t k + j]
-    int* fill = xmalloc((size_t)E * sizeof(int));
-    fill[0] = 0;
-    for (int e = 1; e < E; e++) fill[e] = fill[e - 1] + L->cnt_send[e - 1];
-    L->n_send = fill[E - 1] + L->cnt_send[E - 1];
-    for (int i = 0; i < N * k; i++) {
-        if (L->pos_host[i] < 0) continue;
-        int row = fill[L->idx_host[i]]++;
-        L->pos_host[i] = row;
-        L->src_host[row] = i / k;
-    }
-    free(fill);
+    // kept slots sorted by chunk, then expert (so destination rank), stable
+    // in token order; per chunk and expert, how many (L->cnt_chunk)
+    expert_plan_send_order(m, L);
     plan_exchange(m, L);
     mem_to_device(L->pos, L->pos_host, (size_t)N * k * sizeof(int));
     mem_to_device(L->send_src, L->src_host, (size_t)L->n_send * sizeof(int));
-    mem_to_device(L->perm, L->perm_host, (size_t)L->n_recv * sizeof(int));
-    int* inv = xmalloc((size_t)(L->n_recv > 0 ? L->n_recv : 1) * sizeof(int));
-    for (int i = 0; i < L->n_recv; i++) inv[L->perm_host[i]] = i;
-    mem_to_device(L->inv_perm, inv, (size_t)L->n_recv * sizeof(int));
-    free(inv);
 }
 
-// ---------------------------------------------------------------- the MoE layer
+// ---------------------------------------------------------------- 3-5. the MoE layer, in chunks
+//
+// --ep-overlap n cuts each exchange into n chunks of the layer's tokens, so
+// that the experts work on one chunk while the next one travels:
+//
+//   in flight  dispatch 0 | dispatch 1 | dispatch 2, combine 0 | ... | combine n-1
+//   experts               | chunk 0    | chunk 1               | ... |
+//
+// The first dispatch and the last combine have nothing to hide behind
+// (docs/07_expert.md). Every row meets the same ops whatever n and the
+// experts keep their rows in the order of n = 1: the same bits for every n.
+
+// Chunk c's rows of the dispatch: my rows to every ep rank, then the start.
+static void dispatch_start(ExpertModel* m, MoeLayer* L, const float* ln2, int c) {
+    int C = m->cfg.gpt.channels, r0 = L->send_row[c], ep = m->ep;
+    moe_gather_forward(L->send + (size_t)r0 * C, ln2, L->send_src + r0, L->send_row[c + 1] - r0, C);
+    expert_a2a_start(m, c, L->send, L->sc + c * ep, L->sd + c * ep, m->recv, L->rc + c * ep, L->rd + c * ep);
+}
 
 // a: where the attention half and the layer's output go (acts_of, or the
 // transient when --recompute full runs the layer again in backward).
 static void moe_layer_forward(ExpertModel* m, int l, BlockActs* a, const float* x) {
     const MoeConfig* c = &m->cfg;
-    int N = m->N, C = c->gpt.channels, H = c->hidden, E = c->experts, k = c->top_k;
+    int N = m->N, C = c->gpt.channels, E = c->experts, k = c->top_k, nc = m->chunks, ep = m->ep;
+    int mi = moe_layer_index(c, l);
     MoeLayer* L = expert_layer(m, l);
     BlockParams p = moe_block_params(c, m->shared, l);
     moe_attention_forward(&p, a, x, m->B, m->T, C, c->gpt.num_heads);
@@ -197,22 +205,20 @@ static void moe_layer_forward(ExpertModel* m, int l, BlockActs* a, const float* 
     matmul_forward(L->logits, a->ln2, moe_router_at(c, m->shared, l), NULL, N, C, E);
     moe_router_forward(L->probs, L->idx, L->gates, L->logits, N, E, k);
     // 2. count and exchange the counts
-    plan_dispatch(m, L, moe_layer_index(c, l));
-    // 3. dispatch: my rows in destination order, then the all-to-all-v
-    moe_gather_forward(L->send, a->ln2, L->send_src, L->n_send, C);
-    comm_alltoallv(m->epc, L->send, L->sc, L->sd, m->recv, L->rc, L->rd);
-    // 4. experts: the received rows grouped by expert, one expert at a time
-    moe_gather_forward(L->exp_in, m->recv, L->perm, L->n_recv, C);
-    for (int le = 0; le < m->E_local; le++) {
-        ExpertParams ep = moe_expert_at(c, m->experts, moe_layer_index(c, l), le, m->E_local);
-        size_t r0 = (size_t)L->expert_off[le];
-        moe_expert_forward(&ep, m->xbuf + r0 * C, L->fch + r0 * H, L->fch_gelu + r0 * H, L->exp_in + r0 * C,
-                           L->expert_off[le + 1] - L->expert_off[le], C, H);
+    plan_dispatch(m, L, mi);
+    // 3-5, chunk by chunk: while chunk i's experts run, chunk i+1's rows
+    // travel to their experts and chunk i-1's outputs travel home
+    dispatch_start(m, L, a->ln2, 0);
+    for (int i = 0; i < nc; i++) {
+        expert_a2a_wait(m, i);  // 3. dispatch: chunk i's rows are here
+        if (i + 1 < nc) dispatch_start(m, L, a->ln2, i + 1);
+        expert_blocks_forward(m, L, l, i);  // 4. experts (expert_model.c)
+        // 5. combine: the outputs back, the reverse all-to-all-v
+        expert_a2a_start(m, nc + i, m->xbuf, L->rc + i * ep, L->rd + i * ep, L->back, L->sc + i * ep, L->sd + i * ep);
+        if (i > 0) expert_a2a_wait(m, nc + i - 1);
     }
-    // 5. combine: back to source-major order, the reverse all-to-all-v, and
+    expert_a2a_wait(m, 2 * nc - 1);
     // each token's k outputs summed with its gates (a->fcproj holds the sum)
-    moe_gather_forward(m->recv, m->xbuf, L->inv_perm, L->n_recv, C);
-    comm_alltoallv(m->epc, m->recv, L->rc, L->rd, L->back, L->sc, L->sd);
     moe_combine_forward(a->fcproj, L->back, L->gates, L->pos, N, k, C);
     residual_forward(a->res3, a->res2, a->fcproj, (size_t)N * C);
 }
@@ -254,10 +260,11 @@ static BlockActs moe_layer_recompute(ExpertModel* m, int l, const float* x) {
     return a;
 }
 
-// dres: d res3 on entry, d x on return. The exchanges of forward, reversed.
+// dres: d res3 on entry, d x on return. The exchanges of forward, reversed,
+// in the same chunks.
 static void moe_layer_backward(ExpertModel* m, int l, const float* x) {
     const MoeConfig* c = &m->cfg;
-    int N = m->N, C = c->gpt.channels, H = c->hidden, E = c->experts, k = c->top_k;
+    int N = m->N, C = c->gpt.channels, E = c->experts, k = c->top_k, nc = m->chunks, ep = m->ep;
     double t0 = trace_start();
     BlockActs a = moe_layer_recompute(m, l, x);
     MoeLayer* L = expert_layer(m, l);
@@ -269,29 +276,31 @@ static void moe_layer_backward(ExpertModel* m, int l, const float* x) {
     ops_zero(m->dsend, (size_t)N * k * C);
     ops_zero(m->dgates, (size_t)N * k);
     moe_combine_backward(m->dsend, m->dgates, dres, L->back, L->gates, L->pos, N, k, C);
-    // the combine's all-to-all-v reversed: the gradients go to the experts
-    comm_alltoallv(m->epc, m->dsend, L->sc, L->sd, m->recv, L->rc, L->rd);
-    moe_gather_forward(m->xbuf, m->recv, L->perm, L->n_recv, C);
-    // experts, backwards: their gradients accumulate into my expert buffer
-    ops_zero(m->ybuf, (size_t)L->n_recv * C);
-    for (int le = 0; le < m->E_local; le++) {
-        int mi = moe_layer_index(c, l);
-        ExpertParams ep = moe_expert_at(c, m->experts, mi, le, m->E_local);
-        ExpertParams eg = moe_expert_at(c, m->dexperts, mi, le, m->E_local);
-        size_t r0 = (size_t)L->expert_off[le];
-        moe_expert_backward(&ep, &eg, m->ybuf + r0 * C, m->xbuf + r0 * C, L->exp_in + r0 * C, L->fch + r0 * H,
-                            L->fch_gelu + r0 * H, m->dfch, m->dfch_gelu, L->expert_off[le + 1] - L->expert_off[le], C, H);
-    }
-    // the dispatch's all-to-all-v reversed: d of my rows comes home
-    moe_gather_forward(m->recv, m->ybuf, L->inv_perm, L->n_recv, C);
-    comm_alltoallv(m->epc, m->recv, L->rc, L->rd, m->dsend, L->sc, L->sd);
-    ops_zero(m->dln2, (size_t)N * C);
-    moe_gather_backward(m->dln2, m->dsend, L->pos, N, k, C);
-    // the router, backwards: through the gates and the load-balancing loss
+    // the combine's exchange reversed: the rows' gradients go to the experts
+    expert_a2a_start(m, 0, m->dsend, L->sc, L->sd, m->recv, L->rc, L->rd);
+    // meanwhile the router, backwards (through the gates and the
+    // load-balancing loss), and its weight gradient
     ops_zero(m->dlogits, (size_t)N * E);
     moe_router_backward(m->dlogits, m->dgates, L->aux_dprobs, L->probs, L->idx, L->gates, N, E, k);
-    matmul_backward(m->dln2, moe_router_at(c, m->dshared, l), NULL, m->dlogits, a.ln2,
-                    moe_router_at(c, m->shared, l), N, C, E);
+    matmul_backward(NULL, moe_router_at(c, m->dshared, l), NULL, m->dlogits, a.ln2, NULL, N, C, E);
+    for (int i = 0; i < nc; i++) {
+        expert_a2a_wait(m, i);
+        if (i + 1 < nc)
+            expert_a2a_start(m, i + 1, m->dsend, L->sc + (i + 1) * ep, L->sd + (i + 1) * ep, m->recv,
+                             L->rc + (i + 1) * ep, L->rd + (i + 1) * ep);
+        expert_blocks_backward_input(m, L, l, i);
+        // the dispatch's exchange reversed: d of my rows comes home
+        expert_a2a_start(m, nc + i, m->ybuf, L->rc + i * ep, L->rd + i * ep, m->dsend, L->sc + i * ep, L->sd + i * ep);
+        if (i > 0) expert_a2a_wait(m, nc + i - 1);
+    }
+    // the experts' weight gradients, over all their rows in the experts'
+    // order (one order whatever n: the same bits), while the last chunk
+    // travels home
+    expert_blocks_backward_weights(m, L, l);
+    expert_a2a_wait(m, 2 * nc - 1);
+    ops_zero(m->dln2, (size_t)N * C);
+    moe_gather_backward(m->dln2, m->dsend, L->pos, N, k, C);
+    matmul_backward(m->dln2, NULL, NULL, m->dlogits, NULL, moe_router_at(c, m->shared, l), N, C, E);
     moe_attention_backward(&p, &g, &a, &s, x, m->dln2, dres, m->B, m->T, C, c->gpt.num_heads);
     trace_compute(t0, "block %d backward", l);
 }
@@ -303,7 +312,7 @@ static void moe_layer_backward(ExpertModel* m, int l, const float* x) {
 static float model_forward(ExpertModel* m, const int* inputs, const int* targets) {
     const GPTConfig* g = &m->cfg.gpt;
     int B = m->B, T = m->T;
-    if (m->record) m->aux = 0.0, m->dropped = 0;
+    if (m->record) m->aux = 0.0, m->dropped = 0, m->a2a_blocked_s = 0.0, m->a2a_inflight_s = 0.0;
     expert_embed_forward(m, inputs, targets);
     for (int l = 0; l < g->num_layers; l++) {
         if (moe_is_moe_layer(&m->cfg, l)) {
@@ -393,23 +402,9 @@ static float val_loss(void* ctx, const TrainSetup* setup, int n_batches) {
 // ---------------------------------------------------------------- main
 
 int main(int argc, char** argv) {
-    ExpertFlags fl = {.experts = 4, .top_k = 2, .hidden = 0, .moe_every = 1, .aux_coef = 0.01f, .capacity = 0.0f};
-    ArgSpec extra[] = {
-        {"experts", ARG_INT, &fl.experts, "experts per MoE layer, E  [4]"},
-        {"top-k", ARG_INT, &fl.top_k, "experts per token, k  [2]"},
-        {"expert-hidden", ARG_INT, &fl.hidden, "each expert's MLP width, H  [4C]"},
-        {"moe-every", ARG_INT, &fl.moe_every, "every k-th layer is an MoE layer (layers k-1, 2k-1, ...)  [1]"},
-        {"aux-coef", ARG_FLOAT, &fl.aux_coef, "weight of the load-balancing loss in the objective  [0.01]"},
-        {"capacity-factor", ARG_FLOAT, &fl.capacity,
-         "f > 0: each expert takes at most floor(f k tokens / E) slots per step, the rest are dropped  [0: dropless]"},
-    };
+    ExpertFlags fl;  // --experts, --top-k, ..., --ep-overlap (expert_model.c)
     Run run;
-    train_config_reader = expert_read_gpt_config;  // --model FILE is an MoE file (moe.h)
-    if (!run_start(&run, argc, argv, "build/chapter-7",
-                   "Chapter 7: mixture of experts, experts sharded over ep: route, count, all-to-all-v\n"
-                   "dispatch, experts, all-to-all-v combine; replicated gradients over dp x ep, experts over dp.",
-                   extra, sizeof(extra) / sizeof(extra[0]), (1u << AXIS_DP) | (1u << AXIS_EP)))
-        return 0;
+    if (!expert_run_start(&run, &fl, argc, argv)) return 0;
     const TrainArgs* args = &run.args;
     const TrainSetup* setup = &run.setup;
     MoeConfig cfg = expert_config(&run, &fl);  // the flags or --model FILE's, checked against the mesh
@@ -439,13 +434,12 @@ int main(int argc, char** argv) {
         float norm = clip_and_step(&model, args, step);
         // the language-model loss of the global batch (a host scalar: plain MPI)
         float loss = (float)train_mean(&model.dpep, my_loss);
-        // the step record's own fields: the load-balancing loss, the dropped
-        // slots and the slots routed to each expert per MoE layer
-        expert_step_record(&model, &loop.step_extra);
+        // the step record's own fields (aux_loss, dropped, expert_tokens)
+        expert_step_record(&model, &loop, step);
         train_loop_step(&loop, step, loss, norm);
     }
     JsonBuf summary = {0};
-    expert_report(&model, &fl, loop.steps - loop.start, &summary);
+    expert_report(&model, &fl, &loop, &summary);  // the traffic, a2a_hidden_share
     train_loop_end(&loop, &summary);  // the final validation and the summary
     json_free(&summary);
     expert_sample(&model, args, forward_for_val);  // --sample: every rank runs each forward

@@ -177,9 +177,8 @@ void moe_expert_forward(const ExpertParams* p, float* out, float* fch, float* fc
     matmul_forward(out, fch_gelu, p->fcprojw, p->fcprojb, n, H, C);
 }
 
-void moe_expert_backward(const ExpertParams* p, ExpertParams* g, float* din, const float* dout,
-                         const float* in, const float* fch, const float* fch_gelu, float* dfch,
-                         float* dfch_gelu, int n, int C, int H) {
+void moe_expert_backward_input(const ExpertParams* p, float* din, const float* dout, const float* fch,
+                               float* dfch, float* dfch_gelu, int n, int C, int H) {
     if (n == 0) return;
     size_t nH = (size_t)n * H;
     ops_zero(dfch_gelu, nH);
@@ -187,6 +186,11 @@ void moe_expert_backward(const ExpertParams* p, ExpertParams* g, float* din, con
     ops_zero(dfch, nH);
     gelu_backward(dfch, fch, dfch_gelu, nH);
     matmul_backward(din, NULL, NULL, dfch, NULL, p->fcw, n, C, H);
+}
+
+void moe_expert_backward_weights(ExpertParams* g, const float* dout, const float* in, const float* fch_gelu,
+                                 const float* dfch, int n, int C, int H) {
+    if (n == 0) return;
     matmul_backward(NULL, g->fcprojw, g->fcprojb, dout, fch_gelu, NULL, n, H, C);
     matmul_backward(NULL, g->fcw, g->fcb, dfch, in, NULL, n, C, H);
 }

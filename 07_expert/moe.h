@@ -86,11 +86,15 @@ void moe_attention_backward(const BlockParams* p, BlockParams* g, const BlockAct
 // fch_gelu (n, H) are kept for backward.
 void moe_expert_forward(const ExpertParams* p, float* out, float* fch, float* fch_gelu,
                         const float* in, int n, int C, int H);
-// din (n, C) += d in; the expert's gradients accumulate into g. dfch,
-// dfch_gelu (n, H) are scratch.
-void moe_expert_backward(const ExpertParams* p, ExpertParams* g, float* din, const float* dout,
-                         const float* in, const float* fch, const float* fch_gelu, float* dfch,
-                         float* dfch_gelu, int n, int C, int H);
+// Backward in two halves, so that the rows can go in chunks and the weight
+// gradients see every row at once (in one order: the same bits whatever
+// the chunks). The input half, row by row: din (n, C) += d in, and dfch
+// (n, H) = d fch kept for the weight half; dfch_gelu (n, H) is scratch.
+void moe_expert_backward_input(const ExpertParams* p, float* din, const float* dout, const float* fch,
+                               float* dfch, float* dfch_gelu, int n, int C, int H);
+// The weight half over n rows: the expert's gradients accumulate into g.
+void moe_expert_backward_weights(ExpertParams* g, const float* dout, const float* in, const float* fch_gelu,
+                                 const float* dfch, int n, int C, int H);
 
 // FLOPs per token of a forward and backward (6 x the weights a token meets:
 // k experts in an MoE layer), plus attention as gpt_flops_per_token.

@@ -59,6 +59,8 @@ typedef struct {
     size_t scale_count;
     float scale;
     void* device_event;  // CUDA backend: the event recorded after the operation
+    int* mpi_counts;     // CPU backend: comm_ialltoallv's int counts and displacements,
+                         // which MPI reads until completion (freed then)
     int coll, axis;      // what it is and when it started, for the trace (trace.h)
     double t_start;
 } CommRequest;
@@ -189,6 +191,11 @@ void comm_ireduce_scatter(const Comm* c, const float* send, float* recv, size_t 
                           CommRequest* req);
 void comm_iallgather(const Comm* c, const float* send, float* recv, size_t count, CommRequest* req);
 void comm_ibroadcast(const Comm* c, float* buf, size_t count, int root, CommRequest* req);
+// comm_alltoallv, non-blocking (the same counting). The four arrays may be
+// reused once the call returns; the buffers only after comm_wait.
+void comm_ialltoallv(const Comm* c, const float* send, const size_t* send_counts,
+                     const size_t* send_displs, float* recv, const size_t* recv_counts,
+                     const size_t* recv_displs, CommRequest* req);
 void comm_isend(const Comm* c, const float* buf, size_t count, int peer, CommRequest* req);
 void comm_irecv(const Comm* c, float* buf, size_t count, int peer, CommRequest* req);
 // Completes req (a no-op on a request that is not active).

@@ -86,6 +86,7 @@ c7_same() {
     fi
 }
 c7_same "ep=2" 2 "--ep 2"
+c7_ep2=$C7_LOG
 # the all-to-all bytes: per step, 2 MoE layers x 4 exchanges (dispatch,
 # combine, and both again in backward). Dispatch sends a rank's N k
 # token-slots, combine what its experts received; over the ranks the two
@@ -162,7 +163,7 @@ c7_rc_bytes() {  # MODE -> "ACTIVATIONS COMM" in bytes
     # own (router, plan, received rows, fch: n of them) with fch_gelu, and
     # the scratch every MoE layer shares
     local gpt=$((N * (C + L * store + tr + C + Vp + 6 + 13 * C + NH * T + C + 2)))
-    local moe=$((n * (2 * N * E + 4 * N * k + 2 * R + R * C + R * H + E) + gelu + 2 * R * C + 2 * R * H + N * k + N * E + N * C))
+    local moe=$((n * (2 * N * E + 4 * N * k + R * C + R * H + E) + gelu + 2 * R * C + 2 * R * H + N * k + N * E + N * C))
     echo "$((4 * (gpt + moe))) $((4 * (send + n * N * k * C + R * C + N * k * C)))"
 }
 c7_peak() { grep '"type":"summary"' "$1" | sed 's/.*"activations":\[\([0-9]*\),.*"comm":\[\([0-9]*\),.*/\1 \2/'; }
@@ -187,6 +188,79 @@ for mode in selective full; do
         fail "experts: --recompute $mode" "exit $RC; bytes $want, formula $(c7_rc_bytes $mode); all-to-all $(c7_a2a "$log"), want $a2a; $(diff <(echo "$a") <(c7_tail "$log" 0) | head -3)"
     fi
 done
+
+# --ep-overlap n (docs/07_expert.md): each MoE layer's exchanges in n
+# chunks of a rank's tokens, pipelined with the experts, forward and
+# backward. Every row meets the same ops and the experts keep their rows in
+# the order of n = 1, so the step records are the same bits for every n:
+# dropless on ep = 2 (n = 2 and 5, chunks of 77 and 76 of the 384 tokens),
+# and with capacity drops (capacity 1, n = 3). The summary's
+# a2a_hidden_share = 1 - blocked / in flight lies in [0, 1] (its value is a
+# timing: measured in the lesson, not asserted).
+c7_share() { grep '"type":"summary"' "$1" | sed -n 's/.*"a2a_hidden_share":\([-0-9.]*\),"a2a_blocked_ms_per_step":\([0-9.]*\),"a2a_inflight_ms_per_step":\([0-9.]*\).*/\1 \2 \3/p'; }
+for n in 2 5; do
+    log=$TEST_TMPDIR/c7_ov$n.jsonl
+    mpi_run $T_RUN 2 "$BUILD/chapter-7" $c7_flags --ep 2 --ep-overlap $n --log "$log"
+    sh=$(c7_share "$log")
+    if [ $RC = 0 ] && [ -n "$(c7_tail "$c7_ep2" 0)" ] && [ "$(c7_tail "$c7_ep2" 0)" = "$(c7_tail "$log" 0)" ] &&
+        awk -v s="$sh" 'BEGIN { split(s, f, " "); exit !(s != "" && f[1] >= 0 && f[1] <= 1 && f[2] <= f[3]) }'; then
+        pass "experts: --ep-overlap $n on ep=2 gives --ep-overlap 1's step records bit for bit (share hidden, blocked and in-flight ms: $sh)"
+    else
+        fail "experts: --ep-overlap $n on ep=2" "exit $RC; share '$sh'; $(diff <(c7_tail "$c7_ep2" 0) <(c7_tail "$log" 0) | head -3)"
+    fi
+done
+for n in 1 3; do
+    mpi_run $T_RUN 2 "$BUILD/chapter-7" $c7_flags --capacity-factor 1 --ep 2 --ep-overlap $n --log "$TEST_TMPDIR/c7_ovc$n.jsonl"
+done
+a=$(c7_tail "$TEST_TMPDIR/c7_ovc1.jsonl" 0)
+if [ $RC = 0 ] && [ -n "$a" ] && [ "$a" = "$(c7_tail "$TEST_TMPDIR/c7_ovc3.jsonl" 0)" ] && echo "$a" | grep -qv '"dropped":0,'; then
+    pass "experts: capacity 1 on ep=2 (slots dropped at every step): --ep-overlap 3 gives --ep-overlap 1's records bit for bit"
+else
+    fail "experts: --ep-overlap 3 with capacity 1" "exit $RC; $(diff <(echo "$a") <(c7_tail "$TEST_TMPDIR/c7_ovc3.jsonl" 0) | head -3)"
+fi
+# The trace of --ep-overlap 3 (docs/tracing.md): valid and adding up to the
+# log, and the chunks interleaved. On every rank, each "experts chunk c"
+# span (forward, and backward's input half) runs inside the in-flight spans
+# of the exchanges the pipeline keeps moving meanwhile: chunk c+1's rows
+# coming and chunk c-1's going back, so 1, 2, 1 all-to-alls enclose chunks
+# 0, 1, 2; and backward's "experts weights" runs inside the last chunk's
+# return. Exchanges waited for before the compute (no overlap) enclose none.
+mpi_run $T_RUN 2 "$BUILD/chapter-7" $c7_flags --steps 3 --ep 2 --ep-overlap 3 --trace "$TEST_TMPDIR/c7_ov.json" --log "$TEST_TMPDIR/c7_ovt.jsonl"
+a="" b=""
+if [ $RC = 0 ] && a=$(python3 tests/trace_check.py "$TEST_TMPDIR/c7_ov.json" "$TEST_TMPDIR/c7_ovt.jsonl" --layers 2 2>&1) &&
+    b=$(python3 - "$TEST_TMPDIR/c7_ov.json" 3 <<'EOF_PY'
+import json, re, sys
+from decimal import Decimal
+doc = json.load(open(sys.argv[1]), parse_float=Decimal)
+n = int(sys.argv[2])
+want = [1] * n
+for c in range(1, n - 1):
+    want[c] = 2
+spans = [e for e in doc["traceEvents"] if e.get("ph") == "X"]
+bad, seen = [], 0
+for pid in sorted({e["pid"] for e in spans}):
+    mine = [e for e in spans if e["pid"] == pid]
+    flights = [(e["ts"], e["ts"] + e["dur"]) for e in mine if e["cat"] == "inflight" and e["name"] == "alltoall (ep)"]
+    for e in mine:
+        m = re.fullmatch(r"block \d+ experts (chunk (\d+)( backward)?|weights)", e["name"])
+        if e["cat"] != "compute" or not m:
+            continue
+        t0, t1 = e["ts"], e["ts"] + e["dur"]
+        inside = sum(1 for a, b in flights if a <= t0 and t1 <= b)
+        expect = 1 if m.group(1) == "weights" else want[int(m.group(2))]
+        seen += 1
+        if inside != expect:
+            bad.append(f"rank {pid} '{e['name']}' at {t0}: {inside} all-to-alls in flight around it, want {expect}")
+if bad or seen == 0:
+    print(f"{len(bad)} of {seen} spans: " + "; ".join(bad[:3]))
+    sys.exit(1)
+print(f"{seen} expert spans, each inside the all-to-alls the pipeline keeps in flight")
+EOF_PY
+    ); then
+    pass "experts: --ep-overlap 3 --trace: $(echo "$a" | grep -c '^PASS') trace checks; $b"
+else
+    fail "experts: --ep-overlap 3 --trace" "exit $RC; $(echo "$a" | grep FAIL | head -2); $b"
+fi
 
 # another model: a checkpoint of E=4, k=2 is refused by a k=1 run and by a
 # dense chapter, with what each holds
@@ -364,7 +438,12 @@ jobs_run error_case chapter-7 4 "--dp 2 --ep 2 --batch 6" "does not split over d
 jobs_run error_case chapter-7 1 "--experts 4 --top-k 5" "--top-k must be between 1 and --experts"
 jobs_run error_case chapter-7 1 "--moe-every 3" "no layer has experts"
 jobs_run error_case chapter-7 1 "--capacity-factor -1" "--capacity-factor must be >= 0"
+# --ep-overlap: at least one chunk, at most one a token (2 x 16 a rank at ep 2)
+jobs_run error_case chapter-7 1 "--ep-overlap 0" "--ep-overlap 0: each MoE layer's exchanges are cut into that many chunks"
+jobs_run error_case chapter-7 2 "--ep 2 --batch 4 --seq 16 --ep-overlap -3" "--ep-overlap -3: each MoE layer's exchanges"
+jobs_run error_case chapter-7 2 "--ep 2 --batch 4 --seq 16 --ep-overlap 33" "a rank's 32 tokens, so it must be between 1 and 32"
 jobs_run help_case chapter-7 "--capacity-factor"
+jobs_run help_case chapter-7 "--ep-overlap"
 jobs_wait  # independent: 2 at a time
 
 finish

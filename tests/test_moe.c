@@ -283,7 +283,7 @@ static void test_case(const MoeCase* mc) {
     run.setup.B = B, run.setup.T = T, run.setup.checkpoint = NULL;
     run.args.seed = 11, run.args.recompute = RECOMPUTE_NONE;
     ExpertFlags flags = {.experts = mc->E, .top_k = mc->k, .hidden = H, .moe_every = mc->moe_every,
-                         .aux_coef = mc->aux_coef, .capacity = mc->capacity};
+                         .ep_overlap = 1, .aux_coef = mc->aux_coef, .capacity = mc->capacity};
     expert_model_create(m, &cfg, &flags, &run);
     m->record = 1;
     // At init the weights are small: every op near its linear regime, the
@@ -341,6 +341,34 @@ static void test_case(const MoeCase* mc) {
     long dropped = m->dropped;
     double aux = m->aux, aux_ref = aux_by_hand(&f);
     char name[256];
+
+    // --ep-overlap 3: the layer's exchanges in 3 chunks of the 16 tokens
+    // (6, 5, 5), each chunk's experts and backward on its own rows, the
+    // weight gradients over all of them: the same gradient, bit for bit
+    {
+        Fixture f3;
+        flags.ep_overlap = 3;
+        expert_model_create(&f3.m, &cfg, &flags, &run);
+        f3.m.record = 1;
+        mem_to_device(f3.m.shared, f.p_s, m->n_shared * sizeof(float));
+        mem_to_device(f3.m.experts, f.p_e, m->n_experts * sizeof(float));
+        memcpy(f3.inputs, f.inputs, sizeof(f.inputs));
+        memcpy(f3.targets, f.targets, sizeof(f.targets));
+        double* g3_s = xmalloc(m->n_shared * sizeof(double));
+        double* g3_e = xmalloc(m->n_experts * sizeof(double));
+        gradient(&f3, g3_s, g3_e);
+        size_t diff = 0;
+        for (size_t i = 0; i < m->n_shared; i++) diff += g3_s[i] != g_s[i];
+        for (size_t i = 0; i < m->n_experts; i++) diff += g3_e[i] != g_e[i];
+        snprintf(name, sizeof(name), "moe %s: in 3 chunks (--ep-overlap 3) the same aux, drops and gradient, bit for bit",
+                 mc->name);
+        check(diff == 0 && f3.m.aux == aux && f3.m.dropped == dropped, name,
+              "%zu gradient values differ; aux %.9f against %.9f, dropped %ld against %ld", diff, f3.m.aux, aux,
+              f3.m.dropped, dropped);
+        free(g3_s);
+        free(g3_e);
+        expert_model_free(&f3.m);
+    }
 
     // the forward's statistics: aux as counted here; slots dropped exactly
     // when a capacity is set (the cases are chosen so that some are)

@@ -290,30 +290,38 @@ void comm_alltoall(const Comm* c, const float* send, float* recv, size_t n) {
     wait_end(t0);
 }
 
+// MPI's int counts and displacements of an all-to-all-v (4p ints: sc, sd,
+// rc, rd), after counting the call: bytes are what this rank sends, bus
+// bytes what of that leaves the rank.
+static int* alltoallv_counts(const Comm* c, const size_t* send_counts, const size_t* send_displs,
+                             const size_t* recv_counts, const size_t* recv_displs) {
+    int p = c->size;
+    int* sc = xmalloc(sizeof(int) * 4 * p);
+    size_t sent = 0;
+    for (int r = 0; r < p; r++) {
+        sc[r] = as_int(send_counts[r]);
+        sc[p + r] = as_int(send_displs[r]);
+        sc[2 * p + r] = as_int(recv_counts[r]);
+        sc[3 * p + r] = as_int(recv_displs[r]);
+        sent += send_counts[r];
+    }
+    comm_tally_bytes(c, COLL_ALLTOALL, (double)sent * sizeof(float),
+                     (double)(sent - send_counts[c->rank]) * sizeof(float));
+    return sc;
+}
+
 void comm_alltoallv(const Comm* c, const float* send, const size_t* send_counts,
                     const size_t* send_displs, float* recv, const size_t* recv_counts,
                     const size_t* recv_displs) {
     int p = c->size;
-    int* sc = xmalloc(sizeof(int) * 4 * p);
-    int *sd = sc + p, *rc = sc + 2 * p, *rd = sc + 3 * p;
-    size_t sent = 0;
-    for (int r = 0; r < p; r++) {
-        sc[r] = as_int(send_counts[r]);
-        sd[r] = as_int(send_displs[r]);
-        rc[r] = as_int(recv_counts[r]);
-        rd[r] = as_int(recv_displs[r]);
-        sent += send_counts[r];
-    }
-    // bytes: what this rank sends; bus bytes: of that, what leaves the rank
-    comm_tally_bytes(c, COLL_ALLTOALL, (double)sent * sizeof(float),
-                     (double)(sent - send_counts[c->rank]) * sizeof(float));
+    int* sc = alltoallv_counts(c, send_counts, send_displs, recv_counts, recv_displs);
     double t0 = wait_begin(c, COLL_ALLTOALL, -1);
     if (hand()) {
         hand_begin();
         algo->alltoallv_pairwise(c, send, send_counts, send_displs, recv, recv_counts, recv_displs);
         hand_end();
     } else {
-        MPI_CHECK(MPI_Alltoallv(send, sc, sd, MPI_FLOAT, recv, rc, rd, MPI_FLOAT, c->mpi));
+        MPI_CHECK(MPI_Alltoallv(send, sc, sc + p, MPI_FLOAT, recv, sc + 2 * p, sc + 3 * p, MPI_FLOAT, c->mpi));
     }
     wait_end(t0);
     free(sc);
@@ -480,6 +488,24 @@ void comm_ibroadcast(const Comm* c, float* buf, size_t n, int root, CommRequest*
     comm_add_progress(now_seconds() - t0);
 }
 
+void comm_ialltoallv(const Comm* c, const float* send, const size_t* send_counts,
+                     const size_t* send_displs, float* recv, const size_t* recv_counts,
+                     const size_t* recv_displs, CommRequest* req) {
+    if (hand()) {
+        done_at_start(req);
+        comm_alltoallv(c, send, send_counts, send_displs, recv, recv_counts, recv_displs);
+        return;
+    }
+    int p = c->size;
+    int* sc = alltoallv_counts(c, send_counts, send_displs, recv_counts, recv_displs);
+    double t0 = start(req);
+    req->mpi_counts = sc;  // MPI reads them until the operation completes
+    MPI_CHECK(MPI_Ialltoallv(send, sc, sc + p, MPI_FLOAT, recv, sc + 2 * p, sc + 3 * p, MPI_FLOAT, c->mpi,
+                             &req->mpi));
+    track(req);
+    comm_add_progress(now_seconds() - t0);
+}
+
 void comm_isend(const Comm* c, const float* buf, size_t n, int peer, CommRequest* req) {
     comm_tally(c, COLL_SEND, n * sizeof(float), 1.0);
     double t0 = start(req);
@@ -507,6 +533,8 @@ void comm_wait(CommRequest* req) {
     watchdog_leave();
     comm_request_done(req);
     if (req->scale_buf) ops_scale(req->scale_buf, req->scale_count, req->scale);
+    free(req->mpi_counts);
+    req->mpi_counts = NULL;
     req->active = 0;
 }
 
@@ -520,6 +548,8 @@ int comm_test(CommRequest* req) {
     if (done) {
         comm_request_done(req);
         if (req->scale_buf) ops_scale(req->scale_buf, req->scale_count, req->scale);
+        free(req->mpi_counts);
+        req->mpi_counts = NULL;
         req->active = 0;
     } else {
         track(req);

@@ -658,18 +658,12 @@ void comm_alltoall(const Comm* c, const float* send, float* recv, size_t n) {
     end_blocking(c, t0);
 }
 
-void comm_alltoallv(const Comm* c, const float* send, const size_t* send_counts,
-                    const size_t* send_displs, float* recv, const size_t* recv_counts,
-                    const size_t* recv_displs) {
+// The sends and receives of an all-to-all-v, queued on c's stream (the
+// block to itself a copy there), after counting the call.
+static void queue_alltoallv(const Comm* c, const float* send, const size_t* send_counts,
+                            const size_t* send_displs, float* recv, const size_t* recv_counts,
+                            const size_t* recv_displs) {
     int p = c->size, me = c->rank;
-    size_t sent = 0;
-    for (int r = 0; r < p; r++) sent += send_counts[r];
-    // bytes: what this rank sends; bus bytes: of that, what leaves the rank
-    comm_tally_bytes(c, COLL_ALLTOALL, (double)sent * sizeof(float),
-                     (double)(sent - send_counts[me]) * sizeof(float));
-    CHECK(send_counts[me] == recv_counts[me], "comm_alltoallv: this rank sends itself %zu floats but expects %zu",
-          send_counts[me], recv_counts[me]);
-    double t0 = begin_blocking(c);
     copy_on_comm_stream(c, recv + recv_displs[me], send + send_displs[me], send_counts[me]);
     NCCL_CHECK(ncclGroupStart());
     for (int r = 0; r < p; r++) {
@@ -680,6 +674,25 @@ void comm_alltoallv(const Comm* c, const float* send, const size_t* send_counts,
             NCCL_CHECK(ncclRecv(recv + recv_displs[r], recv_counts[r], ncclFloat, r, nccl_of(c), stream_of(c)));
     }
     NCCL_CHECK(ncclGroupEnd());
+}
+
+// bytes: what this rank sends; bus bytes: of that, what leaves the rank
+static void tally_alltoallv(const Comm* c, const size_t* send_counts, const size_t* recv_counts) {
+    int p = c->size, me = c->rank;
+    size_t sent = 0;
+    for (int r = 0; r < p; r++) sent += send_counts[r];
+    comm_tally_bytes(c, COLL_ALLTOALL, (double)sent * sizeof(float),
+                     (double)(sent - send_counts[me]) * sizeof(float));
+    CHECK(send_counts[me] == recv_counts[me], "comm_alltoallv: this rank sends itself %zu floats but expects %zu",
+          send_counts[me], recv_counts[me]);
+}
+
+void comm_alltoallv(const Comm* c, const float* send, const size_t* send_counts,
+                    const size_t* send_displs, float* recv, const size_t* recv_counts,
+                    const size_t* recv_displs) {
+    tally_alltoallv(c, send_counts, recv_counts);
+    double t0 = begin_blocking(c);
+    queue_alltoallv(c, send, send_counts, send_displs, recv, recv_counts, recv_displs);
     end_blocking(c, t0);
 }
 
@@ -806,6 +819,16 @@ void comm_ibroadcast(const Comm* c, float* buf, size_t n, int root, CommRequest*
     start(req);
     double t0 = begin_nonblocking(c);
     if (n) NCCL_CHECK(ncclBroadcast(buf, buf, n, ncclFloat, root, nccl_of(c), stream_of(c)));
+    end_nonblocking(c, req, t0);
+}
+
+void comm_ialltoallv(const Comm* c, const float* send, const size_t* send_counts,
+                     const size_t* send_displs, float* recv, const size_t* recv_counts,
+                     const size_t* recv_displs, CommRequest* req) {
+    tally_alltoallv(c, send_counts, recv_counts);
+    start(req);
+    double t0 = begin_nonblocking(c);
+    queue_alltoallv(c, send, send_counts, send_displs, recv, recv_counts, recv_displs);
     end_nonblocking(c, req, t0);
 }
 
