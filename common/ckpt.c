@@ -24,6 +24,7 @@
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <limits.h>
 #include <mpi.h>
 #include <signal.h>
 #include <stdarg.h>
@@ -474,6 +475,59 @@ static void write_parts(const char* path, const void* const parts[2], const size
     out->bytes = sizes[0] + sizes[1];
 }
 
+// Copies the file src to dst, fsync'ed, its checksum computed on the way
+// (the drain of a level-1 file to level 3). kill_here: the CKPT_KILL=save
+// hook, die with half of it copied. No MPI here (the writer thread runs it).
+static void copy_file(const char* src, const char* dst, int kill_here, FileOut* out) {
+    out->err[0] = 0;
+    int in = open(src, O_RDONLY);
+    if (in < 0) {
+        snprintf(out->err, sizeof(out->err), "cannot read the level-1 file '%s' to drain it to level 3: %s", src, strerror(errno));
+        return;
+    }
+    struct stat st;
+    int fd = fstat(in, &st) == 0 ? open(dst, O_WRONLY | O_CREAT | O_TRUNC, 0644) : -1;
+    if (fd < 0) {
+        snprintf(out->err, sizeof(out->err), "cannot write checkpoint file '%s': %s", dst, strerror(errno));
+        close(in);
+        return;
+    }
+    size_t total = (size_t)st.st_size, done = 0, cap = (size_t)1 << 24;
+    unsigned char* buf = xmalloc(cap);
+    XXH3_state_t* sum = checksum_begin();
+    int err = 0;
+    while (done < total && !err) {
+        if (kill_here && done >= total / 2) fault_kill();
+        size_t want = total - done < cap ? total - done : cap;
+        if (kill_here && done < total / 2 && done + want > total / 2) want = total / 2 - done;
+        ssize_t r = read(in, buf, want);
+        if (r < 0 && errno == EINTR) continue;
+        if (r <= 0) {
+            err = r < 0 ? errno : EIO;  // shorter than fstat said: it changed under us
+            break;
+        }
+        checksum_add(sum, buf, (size_t)r);
+        for (ssize_t w, put = 0; put < r && !err; put += w) {
+            w = write(fd, buf + put, (size_t)(r - put));
+            if (w < 0 && errno == EINTR) w = 0;
+            else if (w <= 0) err = w < 0 ? errno : EIO;
+        }
+        done += (size_t)r;
+    }
+    if (kill_here) fault_kill();
+    free(buf);
+    unsigned long long h = checksum_end(sum);
+    close(in);
+    if (!err && fsync(fd) != 0) err = errno;
+    if (close(fd) != 0 && !err) err = errno;
+    if (err) {
+        snprintf(out->err, sizeof(out->err), "draining '%s' to checkpoint file '%s' failed: %s", src, dst, strerror(err));
+        return;
+    }
+    out->hash = h;
+    out->bytes = total;
+}
+
 // Writes c->host behind the header to c->file_path: fsync'ed, its checksum
 // and size in c->file_hash / c->file_bytes, an error in c->file_err. Runs on
 // the main thread (sync) or the writer thread (async); no MPI here.
@@ -514,12 +568,24 @@ static void write_file(Ckpt* c) {
         write_parts(c->delta_path, parts, sizes, fault_fires(c, "save", c->pending_step), &out);
         free(z);
         snprintf(c->file_err, sizeof(c->file_err), "%s", out.err);
+        if (!out.err[0]) c->serialised_bytes += out.bytes;
         c->delta_bytes = out.bytes;
         c->delta_hash = out.hash;
         c->write_s += now_seconds() - t0;
         return;
     }
-    write_parts(c->file_path, parts, sizes, fault_fires(c, "save", c->pending_step), &out);
+    if (c->pending_drain) {
+        // level 1 holds this step's file already: copy it, and check that
+        // the copy is the bytes level 1 wrote (its checksum)
+        copy_file(c->drain_src, c->file_path, fault_fires(c, "save", c->pending_step), &out);
+        if (!out.err[0] && (out.bytes != c->local_file_bytes || out.hash != c->local_file_hash))
+            snprintf(out.err, sizeof(out.err), "draining '%s' to '%s': the level-1 file changed since its save (%zu bytes, checksum %016llx; level 1 wrote %zu, %016llx)",
+                     c->drain_src, c->file_path, out.bytes, out.hash, c->local_file_bytes, c->local_file_hash);
+        if (!out.err[0]) c->drained_bytes += out.bytes;
+    } else {
+        write_parts(c->file_path, parts, sizes, fault_fires(c, "save", c->pending_step), &out);
+        if (!out.err[0]) c->serialised_bytes += out.bytes;
+    }
     snprintf(c->file_err, sizeof(c->file_err), "%s", out.err);
     if (out.err[0]) return;
     c->file_hash = out.hash;
@@ -756,7 +822,8 @@ static void commit(Ckpt* c) {
     }
     c->pending = 0;
     c->saves++;
-    print0("checkpoint: saved %s/step-%08d\n", c->dir, step);
+    c->drains += c->pending_drain;
+    print0("checkpoint: saved %s/step-%08d%s\n", c->dir, step, c->pending_drain ? " (drained from level 1)" : "");
 }
 
 // Waits for the writer thread and commits its save.
@@ -958,6 +1025,9 @@ static void save_local(Ckpt* c, int step) {
         const void* parts[2] = {header, c->host};
         size_t sizes[2] = {CKPT_HEADER_BYTES, c->own.floats * sizeof(float)};
         write_parts(path, parts, sizes, 0, &own);
+        if (!own.err[0]) c->serialised_bytes += own.bytes;
+        c->local_file_bytes = own.bytes;
+        c->local_file_hash = own.hash;
     }
     if (c->redundancy != CKPT_REDUNDANCY_NONE) {
         double t1 = now_seconds();
@@ -996,8 +1066,12 @@ static void save_local(Ckpt* c, int step) {
 // ---------------------------------------------------------------- save
 
 // A save of `step` on level 1 (local), level 3 (durable) or both: the state
-// comes off the device once, into c->host; level 1 writes it at once, level
-// 3 from the same buffer (in the background with --async-save).
+// comes off the device once, into c->host. Level 1 writes it at once. Level
+// 3 alone writes it from that buffer (in the background with --async-save);
+// a step on both levels is drained: each rank's level-1 file, already
+// written and checksummed, is copied into level 3's .tmp directory by the
+// writer thread, and the commit follows when every rank's copy is done, as
+// an async save's does. The state is serialised once, not twice.
 static void save(Ckpt* c, int step, int local, int durable) {
     double t0 = now_seconds();
     // past a file-size limit a write must fail with EFBIG and be reported,
@@ -1046,6 +1120,14 @@ static void save(Ckpt* c, int step, int local, int durable) {
     // --incremental K: the run's first save and every K-th are full, the
     // others deltas against the last full one (held in base_host)
     c->pending_delta = c->incremental > 1 && c->base_host && c->saves % c->incremental != 0;
+    // a delta is computed from the state (it is not level 1's file): it is
+    // written from c->host; a full save of a step on level 1 is drained
+    c->pending_drain = local && !c->pending_delta;
+    if (c->pending_drain) {
+        char base[4096];
+        node_dir(c, c->node, base, sizeof(base));
+        snprintf(c->drain_src, sizeof(c->drain_src), "%s/step-%08d/rank-%05d.bin", base, step, c->rank);
+    }
     if (!c->pending_delta && c->incremental > 1) {
         if (!c->base_host) c->base_host = xmalloc((c->own.floats ? c->own.floats : 1) * sizeof(float));
         memcpy(c->base_host, c->host, c->own.floats * sizeof(float));
@@ -1054,7 +1136,7 @@ static void save(Ckpt* c, int step, int local, int durable) {
     c->pending = 1;
     c->pending_step = step;
     c->thread_done = 0;
-    if (c->async) {
+    if (c->async || c->pending_drain) {
         // a rank that owns nothing has no file to write: done at once
         if (c->own.n > 0) {
             if (pthread_create(&c->thread, NULL, writer_thread, c) != 0) FATAL("cannot start the checkpoint writer thread");
@@ -1072,7 +1154,8 @@ static void save(Ckpt* c, int step, int local, int durable) {
 void ckpt_after_step(Ckpt* c, int step) {
     if (fault_fires(c, "step", step)) fault_kill();
     if (!c->dir && !c->local) return;
-    if (c->pending && c->async) {
+    if (c->pending) {
+        // (async, or a drain: a sync save is never pending here)
         // commit as soon as every rank's writer is done: one int over the world
         double t0 = now_seconds();
         int done = __atomic_load_n(&c->thread_done, __ATOMIC_ACQUIRE), all = 0;
@@ -1127,6 +1210,7 @@ typedef struct {
     int base_step;
     unsigned long long base_hash;
     unsigned long long *delta_bytes, *delta_hash;  // (world)
+    int* holder;  // (files) a level-1 resume's: the rank that serves each file
 } Manifest;
 
 static void manifest_free(Manifest* m) {
@@ -1138,6 +1222,8 @@ static void manifest_free(Manifest* m) {
     free(m->parity_hash);
     free(m->delta_bytes);
     free(m->delta_hash);
+    free(m->holder);
+    m->holder = NULL;
     m->delta_bytes = m->delta_hash = NULL;
     // the scalars stay: ckpt_resume reports them after the reads
     m->files = NULL, m->slices = NULL, m->node_of = NULL, m->parity_bytes = m->parity_hash = NULL;
@@ -1472,7 +1558,17 @@ static void read_piece(void* ctx, size_t dst, size_t file_offset, size_t n) {
     r->bytes += want;
 }
 
-// ---------------------------------------------------------------- level 1 at resume (rank 0, no MPI)
+// ---------------------------------------------------------------- level 1 at resume, over MPI
+//
+// On a cluster a node's level-1 directory is its own disk: only the ranks
+// on that node can read it. So the resume is collective: the lowest rank of
+// each node (this run's nodes) lists and checks what its node's directory
+// holds, the ranks agree on the newest step every file of which is on some
+// node or rebuildable, an xor rebuild is a reduction (each rank xors the
+// pieces its node holds, the sum lands on the rebuilding rank), and a rank
+// that needs a file its node lacks gets it from a rank whose node has it.
+// Every path under --ckpt-local comes from local_path, which notes the node
+// (read_nodes): the resume's report says which rank read which directory.
 
 // Reads a whole file into a new buffer of *n bytes; NULL if it cannot.
 static unsigned char* read_whole(const char* path, size_t* n) {
@@ -1500,40 +1596,65 @@ static unsigned char* read_whole(const char* path, size_t* n) {
     return buf;
 }
 
-// A copy of file i of step `step` that verifies, on any node: its own
-// node's first, then the others' (a partner's copy has the same name and
-// bytes). Sets m->files[i].path; returns its node or -1.
-static int find_copy(const Ckpt* c, Manifest* m, int i, int step, int home) {
-    char msg[1024];
-    for (int k = 0; k < m->nodes; k++) {
-        int n = (home + k) % m->nodes;
-        set_path(&m->files[i], "%s/node-%d/step-%08d/%s", c->local, n, step, m->files[i].name);
-        if (!verify_file(m, i, msg, sizeof(msg))) return n;
+// LOCAL/node-K/step-N/name (name may be ""): a path on node K's storage,
+// noted as read by this rank.
+static void local_path(Ckpt* c, int node, int step, const char* name, char* out, size_t len) {
+    if (node < 64) c->read_nodes |= 1ull << node;
+    snprintf(out, len, "%s/node-%d/step-%08d%s%s", c->local, node, step, name[0] ? "/" : "", name);
+}
+
+// Sends n bytes to `to` or receives them from `from` over the world, in
+// pieces an int counts.
+static void send_bytes(const void* buf, size_t n, int to) {
+    const size_t piece = (size_t)1 << 30;
+    for (size_t at = 0; at < n; at += piece)
+        MPI_CHECK(MPI_Send((const char*)buf + at, (int)(n - at < piece ? n - at : piece), MPI_BYTE, to, 78, MPI_COMM_WORLD));
+}
+static void recv_bytes(void* buf, size_t n, int from) {
+    const size_t piece = (size_t)1 << 30;
+    for (size_t at = 0; at < n; at += piece)
+        MPI_CHECK(MPI_Recv((char*)buf + at, (int)(n - at < piece ? n - at : piece), MPI_BYTE, from, 78, MPI_COMM_WORLD,
+                           MPI_STATUS_IGNORE));
+}
+
+// The newest step of this node's directory below `below` (-1: none).
+static int node_newest_step(Ckpt* c, int below) {
+    char dir[4096];
+    local_path(c, c->node, 0, "", dir, sizeof(dir));
+    char* cut = strrchr(dir, '/');  // LOCAL/node-K
+    if (cut) *cut = 0;
+    int best = -1;
+    DIR* d = opendir(dir);
+    struct dirent* e;
+    while (d && (e = readdir(d)) != NULL) {
+        int step;
+        if (parse_step_name(e->d_name, &step) && step < below && step > best) best = step;
     }
+    if (d) closedir(d);
+    return best;
+}
+
+// The first rank of this run on each node (-1: no rank there).
+static int node_leader(const Ckpt* c, int node) {
+    for (int r = 0; r < c->world; r++)
+        if (c->node_of[r] == node) return r;
     return -1;
 }
 
-// The parity of rank r of step `step`, read and checked against the manifest.
-static unsigned char* read_parity(const Ckpt* c, const Manifest* m, int r, int step, char* path, size_t path_len) {
-    snprintf(path, path_len, "%s/node-%d/step-%08d/xor-%05d.bin", c->local, m->node_of[r], step, r);
-    size_t n = 0;
-    unsigned char* buf = read_whole(path, &n);
-    if (buf && (n != m->parity_bytes[r] || ckpt_checksum(buf, n) != m->parity_hash[r] || memcmp(buf, CKPT_XOR_MAGIC, 8))) {
-        free(buf);
-        buf = NULL;
-    }
-    return buf;
-}
-
-// Rebuilds rank x's lost file of `step` from its xor group: chunk k of it
-// is the parity of member (x + k + 1) mod g xor'ed with the same-numbered
-// chunks of every other member's file (xor_parity's layout). Writes it
-// into x's node directory and checks it against the manifest. file_of:
-// each rank's file index (-1: none); found: file i was found (verified).
-static const char* xor_rebuild(const Ckpt* c, Manifest* m, int x, int step, const int* file_of, const int* found,
-                               char* msg, size_t msg_len) {
-    int W = m->world, *members = xmalloc(sizeof(int) * (size_t)W), g = 0, gx = -1;
-    int* place = xcalloc((size_t)W, sizeof(int));  // each rank's place on its node
+// Rebuilds rank x's lost file (file index fx) of `step` from its xor group
+// (the save's nodes: the ranks at x's place on every node). Chunk k of it
+// is the parity of member i = (gx + k + 1) mod g xor'ed with chunk
+// xor_chunk_of(j, i) of every other member j's file (xor_parity's layout):
+// every node's first rank xors into one buffer the pieces its node holds
+// (files and parities), and one MPI_Reduce with BXOR sums them on the
+// rebuilding rank, which checks the result against the manifest and writes
+// it, with the manifest, into its node's directory. has: (world x (files +
+// saved ranks)) which rank's node holds which verified file and parity.
+// Collective; returns the rebuilding rank, or -1 with msg on every rank.
+static int xor_rebuild(Ckpt* c, Manifest* m, int x, int fx, int step, const int* file_of, const int* has,
+                       const char* text, size_t text_len, char* msg, size_t msg_len) {
+    int W = m->world, cols = m->n_files + W, *members = xmalloc(sizeof(int) * (size_t)W), g = 0, gx = -1;
+    int* place = xcalloc((size_t)W, sizeof(int));  // each saved rank's place on its node
     for (int r = 0; r < W; r++)
         for (int q = 0; q < r; q++) place[r] += m->node_of[q] == m->node_of[r];
     for (int n = 0; n < m->nodes; n++)
@@ -1548,62 +1669,107 @@ static const char* xor_rebuild(const Ckpt* c, Manifest* m, int x, int step, cons
         int f = file_of[members[j]];
         if (f >= 0 && m->files[f].bytes > max_bytes) max_bytes = m->files[f].bytes;
     }
+    const SavedFile* lost = &m->files[fx];
+    // who holds what: the first rank whose node holds it (the same on every rank)
+    int* file_holder = xmalloc(sizeof(int) * (size_t)g);
+    int* parity_holder = xmalloc(sizeof(int) * (size_t)g);
+    for (int j = 0; j < g; j++) {
+        int f = file_of[members[j]];
+        file_holder[j] = parity_holder[j] = -1;
+        for (int q = 0; q < c->world; q++) {
+            if (f >= 0 && file_holder[j] < 0 && has[(size_t)q * cols + f]) file_holder[j] = q;
+            if (parity_holder[j] < 0 && has[(size_t)q * cols + m->n_files + members[j]]) parity_holder[j] = q;
+        }
+    }
+    size_t chunk = g >= 2 ? xor_chunk(max_bytes, g) : 0;
     const char* bad = NULL;
-    const SavedFile* lost = &m->files[file_of[x]];
     if (g < 2) {
         snprintf(msg, msg_len, "cannot rebuild %s of node %d: its xor group has no other member", lost->name, m->node_of[x]);
-        free(members);
-        return msg;
+        bad = msg;
     }
-    size_t chunk = xor_chunk(max_bytes, g);
-    unsigned char* image = xcalloc((size_t)(g - 1), chunk);
-    unsigned char** files = xcalloc((size_t)g, sizeof(unsigned char*));
-    size_t* sizes = xcalloc((size_t)g, sizeof(size_t));
-    // the other members' files, which must all be there
     for (int j = 0; j < g && !bad; j++) {
         int f = file_of[members[j]];
-        if (j == gx || f < 0) continue;
-        if (!found[f]) {
-            snprintf(msg, msg_len, "cannot rebuild %s of node %d from the xor parity: %s of node %d, in the same xor group, is lost too (xor rebuilds one lost node per group)",
-                     lost->name, m->node_of[x], m->files[f].name, m->node_of[members[j]]);
-            bad = msg;
-        } else if (!(files[j] = read_whole(m->files[f].path, &sizes[j]))) {
-            snprintf(msg, msg_len, "cannot read '%s' to rebuild %s", m->files[f].path, lost->name);
-            bad = msg;
-        }
+        if (j == gx || f < 0 || file_holder[j] >= 0) continue;
+        snprintf(msg, msg_len, "cannot rebuild %s of node %d from the xor parity: %s of node %d, in the same xor group, is lost too (xor rebuilds one lost node per group)",
+                 lost->name, m->node_of[x], m->files[f].name, m->node_of[members[j]]);
+        bad = msg;
     }
     for (int k = 0; k < g - 1 && !bad; k++) {
         int i = (gx + k + 1) % g;
-        char ppath[4096 + 64];
-        unsigned char* parity = m->parity_bytes[members[i]] == CKPT_HEADER_BYTES + chunk
-                                    ? read_parity(c, m, members[i], step, ppath, sizeof(ppath))
-                                    : NULL;
-        if (!parity) {
-            snprintf(msg, msg_len, "cannot rebuild %s of node %d: the parity xor-%05d.bin of node %d is missing or corrupt, and it is the only other copy of part of it",
-                     lost->name, m->node_of[x], members[i], m->node_of[members[i]]);
-            bad = msg;
-            break;
+        if (parity_holder[i] >= 0 && m->parity_bytes[members[i]] == CKPT_HEADER_BYTES + chunk) continue;
+        snprintf(msg, msg_len, "cannot rebuild %s of node %d: the parity xor-%05d.bin of node %d is missing or corrupt, and it is the only other copy of part of it",
+                 lost->name, m->node_of[x], members[i], m->node_of[members[i]]);
+        bad = msg;
+    }
+    if (bad) {  // decided from the gathered table: the same on every rank
+        free(members), free(file_holder), free(parity_holder);
+        return -1;
+    }
+    // the rebuilding rank: the first of x's node in this run (its
+    // replacement), else rank 0
+    int root = node_leader(c, m->node_of[x]);
+    if (root < 0) root = 0;
+    // this rank's pieces: only what its own node holds, and only the first
+    // rank of a node adds them (has marks that rank alone)
+    unsigned char* sum = xcalloc((size_t)(g - 1), chunk);
+    int mine = 0;
+    char path[4096 + 160];
+    for (int k = 0; k < g - 1 && !bad; k++) {
+        int i = (gx + k + 1) % g;
+        unsigned char* out = sum + (size_t)k * chunk;
+        if (parity_holder[i] == c->rank) {
+            char name[32];
+            snprintf(name, sizeof(name), "xor-%05d.bin", members[i]);
+            local_path(c, c->node, step, name, path, sizeof(path));
+            size_t n = 0;
+            unsigned char* parity = read_whole(path, &n);
+            if (parity && n == CKPT_HEADER_BYTES + chunk)
+                for (size_t b = 0; b < chunk; b++) out[b] ^= parity[CKPT_HEADER_BYTES + b];
+            else snprintf(msg, msg_len, "cannot read '%s' to rebuild %s", path, lost->name), bad = msg;
+            free(parity);
+            mine = 1;
         }
-        unsigned char* out = image + (size_t)k * chunk;
-        memcpy(out, parity + CKPT_HEADER_BYTES, chunk);
-        free(parity);
-        for (int j = 0; j < g; j++) {
-            if (j == i || j == gx || !files[j]) continue;
+        for (int j = 0; j < g && !bad; j++) {
+            if (j == i || j == gx || file_holder[j] != c->rank) continue;
+            size_t n = 0;
+            unsigned char* file = read_whole(m->files[file_of[members[j]]].path, &n);
+            if (!file) {
+                snprintf(msg, msg_len, "cannot read '%s' to rebuild %s", m->files[file_of[members[j]]].path, lost->name);
+                bad = msg;
+                break;
+            }
             size_t at = (size_t)xor_chunk_of(j, i, g) * chunk;
-            for (size_t b = 0; at + b < sizes[j] && b < chunk; b++) out[b] ^= files[j][at + b];
+            for (size_t b = 0; at + b < n && b < chunk; b++) out[b] ^= file[at + b];
+            free(file);
+            mine = 1;
         }
     }
-    for (int j = 0; j < g; j++) free(files[j]);
-    free(files);
-    free(sizes);
-    if (!bad) {
-        // back into x's node directory (a replacement node's), with the manifest
-        char dir[4096], path[4096 + 80], tmp[4096 + 96];
-        snprintf(dir, sizeof(dir), "%s/node-%d", c->local, m->node_of[x]);
+    free(file_holder), free(parity_holder), free(members);
+    // one reduction, in pieces an int counts (chunk is a multiple of 8)
+    size_t words = (size_t)(g - 1) * chunk / 8, piece = (size_t)1 << 27;
+    unsigned char* image = c->rank == root ? xcalloc((size_t)(g - 1), chunk) : NULL;
+    for (size_t at = 0; at < words; at += piece) {
+        int n = (int)(words - at < piece ? words - at : piece);
+        MPI_CHECK(MPI_Reduce((uint64_t*)sum + at, image ? (uint64_t*)image + at : NULL, n, MPI_UINT64_T, MPI_BXOR, root,
+                             MPI_COMM_WORLD));
+    }
+    if (mine && c->rank != root) c->rebuild_sent_bytes += (size_t)(g - 1) * chunk;
+    free(sum);
+    if (c->rank == root && !bad) {
+        // into its node's directory (a replacement node's), with the manifest
+        char dir[4096 + 160], tmp[4096 + 192];
+        local_path(c, c->node, step, "", dir, sizeof(dir));
+        char* cut = strrchr(dir, '/');
+        if (cut) *cut = 0, mkdir(dir, 0755), *cut = '/';
         mkdir(dir, 0755);
-        snprintf(dir, sizeof(dir), "%s/node-%d/step-%08d", c->local, m->node_of[x], step);
-        mkdir(dir, 0755);
-        snprintf(path, sizeof(path), "%s/%s", dir, lost->name);
+        snprintf(path, sizeof(path), "%s/MANIFEST", dir);
+        if (!has_manifest(dir)) {
+            FileOut out;
+            const void* parts[2] = {text, NULL};
+            size_t sizes[2] = {text_len, 0};
+            write_parts(path, parts, sizes, 0, &out);
+        }
+        local_path(c, c->node, step, lost->name, path, sizeof(path));
         snprintf(tmp, sizeof(tmp), "%s.rebuild", path);
         const void* parts[2] = {image, NULL};
         size_t psizes[2] = {lost->bytes, 0};
@@ -1619,125 +1785,202 @@ static const char* xor_rebuild(const Ckpt* c, Manifest* m, int x, int step, cons
         }
     }
     free(image);
-    free(members);
-    return bad;
+    // a failed read or write anywhere: every rank gets the first message
+    int failed = bad != NULL, first = c->world;
+    int me = failed ? c->rank : c->world;
+    MPI_CHECK(MPI_Allreduce(&me, &first, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD));
+    if (first < c->world) {
+        MPI_CHECK(MPI_Bcast(msg, (int)msg_len, MPI_CHAR, first, MPI_COMM_WORLD));
+        return -1;
+    }
+    return root;
 }
 
 // The newest level-1 step, not older than `floor`, whose every file is on
-// some node or rebuildable: its manifest's directory in dir, every file's
-// path (one a line, in the manifest's order) in *paths, what was found and
-// rebuilt in report. -1 if none; why says what the newest unusable one lacked.
-static int local_pick(const Ckpt* c, int floor, char* dir, size_t dir_len, char** paths, char* report,
+// some node of this run or rebuildable: its manifest in *m (read from a copy
+// in scratch), with each file's path on this rank's node where its node
+// holds it (NULL where not), the rank that serves each file in m->holder;
+// what was found and rebuilt in report. -1 if none; why says what the newest
+// unusable one lacked. Collective; the same answer on every rank.
+static int local_pick(Ckpt* c, int floor, Manifest* m, const char* scratch, char* dir, size_t dir_len, char* report,
                       size_t report_len, char* why, size_t why_len) {
-    int* steps = NULL;
-    int n_steps = 0, cap = 0, max_node = -1;
-    DIR* d = opendir(c->local);
-    struct dirent* e;
-    while (d && (e = readdir(d)) != NULL) {
-        int node = -1, used = 0;
-        if (sscanf(e->d_name, "node-%d%n", &node, &used) != 1 || e->d_name[used] || node < 0) continue;
-        if (node > max_node) max_node = node;
-        char nd[4096 + 256];
-        snprintf(nd, sizeof(nd), "%s/%s", c->local, e->d_name);
-        DIR* sd = opendir(nd);
-        struct dirent* se;
-        while (sd && (se = readdir(sd)) != NULL) {
-            int step, seen = 0;
-            if (!parse_step_name(se->d_name, &step)) continue;
-            for (int k = 0; k < n_steps; k++) seen |= steps[k] == step;
-            if (seen) continue;
-            if (n_steps == cap) {
-                cap = cap ? 2 * cap : 16;
-                int* grown = xmalloc(sizeof(int) * (size_t)cap);
-                if (n_steps) memcpy(grown, steps, sizeof(int) * (size_t)n_steps);
-                free(steps);
-                steps = grown;
-            }
-            steps[n_steps++] = step;
-        }
-        if (sd) closedir(sd);
-    }
-    if (d) closedir(d);
-    int picked = -1;
+    int leader = node_leader(c, c->node) == c->rank;
+    int picked = -1, below = INT_MAX;
     char msg[1024];
-    while (n_steps > 0 && picked < 0) {
-        int best = 0;
-        for (int k = 1; k < n_steps; k++)
-            if (steps[k] > steps[best]) best = k;
-        int step = steps[best];
-        steps[best] = steps[--n_steps];
-        if (step < floor) break;
-        // a manifest that verifies, on any node
-        Manifest m;
+    memset(m, 0, sizeof(*m));
+    while (picked < 0) {
+        // the newest step any node holds, below the last one tried
+        int mine = leader ? node_newest_step(c, below) : -1, step = -1;
+        MPI_CHECK(MPI_Allreduce(&mine, &step, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD));
+        if (step < 0 || step < floor) break;
+        below = step;
+        // a manifest that verifies, on the first node that has one: its text to every rank
+        char mdir[4096 + 64];
+        local_path(c, c->node, step, "", mdir, sizeof(mdir));
         int ok = 0;
-        for (int n = 0; n <= max_node && !ok; n++) {
-            snprintf(dir, dir_len, "%s/node-%d/step-%08d", c->local, n, step);
-            if (!has_manifest(dir)) continue;
-            ok = !read_manifest(dir, c, &m, msg, sizeof(msg)) && m.level == 1;
-            if (!ok) {
-                if (!why[0]) snprintf(why, why_len, "level-1 step %d: %s", step, msg);
-                manifest_free(&m);
-            }
+        if (leader && has_manifest(mdir)) {
+            Manifest probe;
+            const char* why_not = read_manifest(mdir, c, &probe, msg, sizeof(msg));
+            ok = !why_not && probe.level == 1;
+            if (why_not && !why[0]) snprintf(why, why_len, "level-1 step %d: %s", step, why_not);
+            manifest_free(&probe);
         }
-        if (!ok) continue;
-        int* file_of = xmalloc(sizeof(int) * (size_t)m.world);
-        int* found = xcalloc((size_t)m.n_files + 1, sizeof(int));
-        for (int r = 0; r < m.world; r++) file_of[r] = -1;
-        for (int i = 0; i < m.n_files; i++) {
+        int src = ok ? c->rank : c->world, from = c->world;
+        MPI_CHECK(MPI_Allreduce(&src, &from, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD));
+        if (from == c->world) continue;
+        char mpath[4096 + 80];
+        snprintf(mpath, sizeof(mpath), "%s/MANIFEST", mdir);
+        size_t text_len = 0;
+        unsigned char* text = c->rank == from ? read_whole(mpath, &text_len) : NULL;
+        uint64_t n64 = text_len;
+        MPI_CHECK(MPI_Bcast(&n64, 1, MPI_UINT64_T, from, MPI_COMM_WORLD));
+        if (c->rank != from) text = xmalloc(n64 + 1);
+        MPI_CHECK(MPI_Bcast(text, (int)n64, MPI_CHAR, from, MPI_COMM_WORLD));
+        text_len = (size_t)n64;
+        snprintf(mpath, sizeof(mpath), "%s/MANIFEST", scratch);
+        FileOut wrote;
+        const void* parts[2] = {text, NULL};
+        size_t sizes[2] = {text_len, 0};
+        write_parts(mpath, parts, sizes, 0, &wrote);
+        const char* bad = wrote.err[0] ? wrote.err : read_manifest(scratch, c, m, msg, sizeof(msg));
+        fail_if_any(bad != NULL, bad);
+        snprintf(dir, dir_len, "%s/node-%d/step-%08d", c->local, c->node_of[from], step);
+        // what each node holds: its first rank checks every file and parity
+        // the manifest names in its own directory
+        int W = m->world, cols = m->n_files + W;
+        int* have = xcalloc((size_t)cols, sizeof(int));
+        for (int i = 0; leader && i < m->n_files; i++) {
+            char p[4096 + 160];
+            local_path(c, c->node, step, m->files[i].name, p, sizeof(p));
+            set_path(&m->files[i], "%s", p);
+            have[i] = !verify_file(m, i, msg, sizeof(msg));
+        }
+        for (int r = 0; leader && r < W; r++) {
+            if (!m->parity_bytes[r]) continue;
+            char p[4096 + 160], name[32];
+            snprintf(name, sizeof(name), "xor-%05d.bin", r);
+            local_path(c, c->node, step, name, p, sizeof(p));
+            size_t n = 0;
+            unsigned char* buf = read_whole(p, &n);
+            have[m->n_files + r] = buf && n == m->parity_bytes[r] && ckpt_checksum(buf, n) == m->parity_hash[r] &&
+                                   !memcmp(buf, CKPT_XOR_MAGIC, 8);
+            free(buf);
+        }
+        int* has = xmalloc(sizeof(int) * (size_t)cols * (size_t)c->world);
+        MPI_CHECK(MPI_Allgather(have, cols, MPI_INT, has, cols, MPI_INT, MPI_COMM_WORLD));
+        free(have);
+        int* file_of = xmalloc(sizeof(int) * (size_t)W);
+        for (int r = 0; r < W; r++) file_of[r] = -1;
+        for (int i = 0; i < m->n_files; i++) {
             int r = -1;
-            if (sscanf(m.files[i].name, "rank-%d.bin", &r) == 1 && r >= 0 && r < m.world) file_of[r] = i;
+            if (sscanf(m->files[i].name, "rank-%d.bin", &r) == 1 && r >= 0 && r < W) file_of[r] = i;
         }
-        size_t at = snprintf(report, report_len, "level 1 (node-local), step %d", step);
-        int lost = 0;
-        for (int r = 0; r < m.world; r++) {
-            int i = file_of[r];
-            if (i < 0) continue;
-            int n = find_copy(c, &m, i, step, m.node_of[r]);
-            found[i] = n >= 0;
-            lost += n < 0;
-            if (n >= 0 && n != m.node_of[r] && at < report_len)
-                at += snprintf(report + at, report_len - at, "; %s of node %d: the partner copy on node %d", m.files[i].name,
-                               m.node_of[r], n);
+        // each file's server: the first rank of its own node if that node
+        // holds it, else of the first node that does (a partner's copy)
+        m->holder = xmalloc(sizeof(int) * (size_t)(m->n_files + 1));
+        size_t at = (size_t)snprintf(report, report_len, "level 1 (node-local), step %d", step);
+        for (int i = 0; i < m->n_files; i++) {
+            int r = -1, home = -1;
+            sscanf(m->files[i].name, "rank-%d.bin", &r);
+            if (r >= 0 && r < W) home = m->node_of[r];
+            m->holder[i] = -1;
+            for (int q = 0; q < c->world; q++)
+                if (has[(size_t)q * cols + i] && (m->holder[i] < 0 || (c->node_of[q] == home && c->node_of[m->holder[i]] != home)))
+                    m->holder[i] = q;
+            if (m->holder[i] >= 0 && c->node_of[m->holder[i]] != home && at < report_len)
+                at += (size_t)snprintf(report + at, report_len - at, "; %s of node %d: the partner copy on node %d",
+                                       m->files[i].name, home, c->node_of[m->holder[i]]);
         }
-        const char* bad = NULL;
-        for (int r = 0; r < m.world && lost && !bad; r++) {
+        bad = NULL;
+        for (int r = 0; r < W && !bad; r++) {
             int i = file_of[r];
-            if (i < 0 || found[i]) continue;
-            if (m.redundancy != CKPT_REDUNDANCY_XOR) {
-                snprintf(msg, sizeof(msg), "%s of node %d is on no node (--ckpt-redundancy %s was saved)", m.files[i].name,
-                         m.node_of[r], args_redundancy_name(m.redundancy));
+            if (i < 0 || m->holder[i] >= 0) continue;
+            if (m->redundancy != CKPT_REDUNDANCY_XOR) {
+                snprintf(msg, sizeof(msg), "%s of node %d is on no node of this run (--ckpt-redundancy %s was saved)",
+                         m->files[i].name, m->node_of[r], args_redundancy_name(m->redundancy));
                 bad = msg;
             } else {
-                bad = xor_rebuild(c, &m, r, step, file_of, found, msg, sizeof(msg));
-                if (!bad && at < report_len)
-                    at += snprintf(report + at, report_len - at, "; rebuilt %s of node %d from the xor parity", m.files[i].name,
-                                   m.node_of[r]);
+                int root = xor_rebuild(c, m, r, i, step, file_of, has, (const char*)text, text_len, msg, sizeof(msg));
+                if (root < 0) {
+                    bad = msg;
+                } else {
+                    // its node holds it now
+                    m->holder[i] = root;
+                    for (int q = 0; q < c->world; q++)
+                        if (c->node_of[q] == c->node_of[root]) has[(size_t)q * cols + i] = 1;
+                    if (at < report_len)
+                        at += (size_t)snprintf(report + at, report_len - at, "; rebuilt %s of node %d from the xor parity on rank %d",
+                                               m->files[i].name, m->node_of[r], root);
+                }
             }
         }
-        // a rebuilt file is read from its node's directory
-        for (int r = 0; r < m.world && lost && !bad; r++) {
-            int i = file_of[r];
-            if (i >= 0 && !found[i])
-                set_path(&m.files[i], "%s/node-%d/step-%08d/%s", c->local, m.node_of[r], step,
-                         m.files[i].name);
+        free(text);
+        // this rank's paths: the files its node holds (its first rank
+        // checked them), the others come over MPI (local_fetch)
+        for (int i = 0; i < m->n_files && !bad; i++) {
+            int here = 0;
+            for (int q = 0; q < c->world; q++) here |= c->node_of[q] == c->node && has[(size_t)q * cols + i];
+            free(m->files[i].path);
+            m->files[i].path = NULL;
+            if (here) {
+                char p[4096 + 160];
+                local_path(c, c->node, step, m->files[i].name, p, sizeof(p));
+                set_path(&m->files[i], "%s", p);
+            }
         }
+        free(has);
+        free(file_of);
         if (bad) {
             if (!why[0]) snprintf(why, why_len, "level-1 step %d: %s", step, bad);
-        } else {
-            size_t total = 1;
-            for (int i = 0; i < m.n_files; i++) total += strlen(m.files[i].path) + 1;
-            *paths = xmalloc(total);
-            size_t p = 0;
-            for (int i = 0; i < m.n_files; i++) p += (size_t)sprintf(*paths + p, "%s\n", m.files[i].path);
-            (*paths)[p] = 0;
-            picked = step;
+            manifest_free(m);
+            continue;
         }
-        free(file_of);
-        free(found);
-        manifest_free(&m);
+        picked = step;
     }
-    free(steps);
     return picked;
+}
+
+// The files this rank reads (use) that its node does not hold: each comes
+// from its server (m->holder) into scratch. Every rank walks the same
+// (file, rank) list in the same order, so each send meets its receive.
+// Collective.
+static void local_fetch(Ckpt* c, Manifest* m, const int* use, const char* scratch) {
+    int n = m->n_files;
+    int* want = xcalloc((size_t)n + 1, sizeof(int));
+    for (int f = 0; f < n; f++) want[f] = use[f] && !m->files[f].path;
+    int* wants = xmalloc(sizeof(int) * ((size_t)n + 1) * (size_t)c->world);
+    MPI_CHECK(MPI_Allgather(want, n + 1, MPI_INT, wants, n + 1, MPI_INT, MPI_COMM_WORLD));
+    char msg[1024] = "";
+    for (int f = 0; f < n; f++)
+        for (int q = 0; q < c->world; q++) {
+            if (!wants[(size_t)q * (n + 1) + f]) continue;
+            int h = m->holder[f];
+            size_t bytes = m->files[f].bytes;
+            if (c->rank == h) {
+                size_t got = 0;
+                unsigned char* buf = read_whole(m->files[f].path, &got);
+                if (!buf || got != bytes) {  // checked at the pick: only a file changed since fails
+                    free(buf);
+                    buf = xcalloc(bytes + 1, 1);
+                }
+                send_bytes(buf, bytes, q);
+                c->fetch_sent_bytes += bytes;
+                free(buf);
+            } else if (c->rank == q) {
+                unsigned char* buf = xmalloc(bytes + 1);
+                recv_bytes(buf, bytes, h);
+                set_path(&m->files[f], "%s/%s", scratch, m->files[f].name);
+                const void* parts[2] = {buf, NULL};
+                size_t sizes[2] = {bytes, 0};
+                FileOut out;
+                write_parts(m->files[f].path, parts, sizes, 0, &out);
+                if (out.err[0] && !msg[0]) snprintf(msg, sizeof(msg), "%s", out.err);
+                free(buf);
+            }
+        }
+    free(want);
+    free(wants);
+    fail_if_any(msg[0] != 0, msg);
 }
 
 // ---------------------------------------------------------------- incremental: applying a delta
@@ -1822,61 +2065,67 @@ int ckpt_resume(Ckpt* c) {
     double t0 = now_seconds();
     char msg[1024], dir[4096] = "";
     const char* bad = NULL;
-    // rank 0 picks the checkpoint, so every rank reads the same one: the
-    // newest on level 3 (--resume), or with --ckpt-local a newer or equal
-    // one complete or rebuildable on level 1
-    char* paths = NULL;
+    // the newest checkpoint on level 3 (--resume, shared storage: rank 0
+    // looks), and with --ckpt-local a newer or equal one complete or
+    // rebuildable on level 1 (every node looks at its own directory)
+    int have3[2] = {0, -1};  // a level-3 checkpoint is there; its step (-1: unusable)
     if (c->rank == 0) {
-        int have3 = ckpt_latest(c->resume, dir, sizeof(dir)) != NULL, step3 = -1;
-        if (have3) {
+        have3[0] = ckpt_latest(c->resume, dir, sizeof(dir)) != NULL;
+        if (have3[0]) {
             Manifest m3;
-            if (!read_manifest(dir, c, &m3, msg, sizeof(msg))) step3 = m3.step;
+            if (!read_manifest(dir, c, &m3, msg, sizeof(msg))) have3[1] = m3.step;
             manifest_free(&m3);
         }
-        if (c->local) {
-            char dir1[4096], report[2048] = "", why[1024] = "";
-            int step1 = local_pick(c, step3, dir1, sizeof(dir1), &paths, report, sizeof(report), why, sizeof(why));
-            if (step1 >= 0) {
-                snprintf(dir, sizeof(dir), "%s", dir1);
-                print0("checkpoint: resuming from %s%s\n", report,
-                       have3 ? (step3 >= 0 ? " (level 3 has an older one)" : "") : " (level 3 has none)");
-            } else {
-                if (why[0] && have3) print0("note: %s\n", why);
-                if (have3) print0("checkpoint: resuming from level 3 (durable), step %d: level 1 has nothing newer that is complete or rebuildable\n", step3);
-            }
-            if (step1 < 0 && !have3) {
-                snprintf(msg, sizeof(msg), "--resume '%s' --ckpt-local '%s': no checkpoint is complete or rebuildable on any level%s%s",
-                         c->resume, c->local, why[0] ? ": " : "", why);
-                bad = msg;
-            }
-        } else if (!have3) {
-            snprintf(msg, sizeof(msg), "--resume '%s': no complete checkpoint there (a directory with a MANIFEST, or step-N directories holding one)",
-                     c->resume);
+    }
+    MPI_CHECK(MPI_Bcast(have3, 2, MPI_INT, 0, MPI_COMM_WORLD));
+    Manifest m;
+    int level1 = 0;
+    // a private directory: a level-1 manifest's copy, files from other
+    // nodes, an incremental save's restored files
+    char scratch[4096] = "";
+    const char* tmpdir = getenv("TMPDIR");
+    snprintf(scratch, sizeof(scratch), "%s/ckpt-restore-XXXXXX", tmpdir && tmpdir[0] ? tmpdir : "/tmp");
+    if (!mkdtemp(scratch)) {
+        snprintf(msg, sizeof(msg), "cannot create a directory '%s' to restore the checkpoint in: %s", scratch, strerror(errno));
+        bad = msg;
+        scratch[0] = 0;
+    }
+    fail_if_any(bad != NULL, bad);
+    if (c->local) {
+        char dir1[4096], report[2048] = "", why[1024] = "";
+        int step1 = local_pick(c, have3[1], &m, scratch, dir1, sizeof(dir1), report, sizeof(report), why, sizeof(why));
+        level1 = step1 >= 0;
+        if (level1) {
+            snprintf(dir, sizeof(dir), "%s", dir1);
+            print0("checkpoint: resuming from %s%s\n", report,
+                   have3[0] ? (have3[1] >= 0 ? " (level 3 has an older one)" : "") : " (level 3 has none)");
+        } else {
+            if (why[0] && have3[0]) print0("note: %s\n", why);
+            if (have3[0]) print0("checkpoint: resuming from level 3 (durable), step %d: level 1 has nothing newer that is complete or rebuildable\n", have3[1]);
+        }
+        if (!level1 && !have3[0]) {
+            snprintf(msg, sizeof(msg), "--resume '%s' --ckpt-local '%s': no checkpoint is complete or rebuildable on any level%s%s",
+                     c->resume, c->local, why[0] ? ": " : "", why);
             bad = msg;
         }
+    } else if (!have3[0]) {
+        snprintf(msg, sizeof(msg), "--resume '%s': no complete checkpoint there (a directory with a MANIFEST, or step-N directories holding one)",
+                 c->resume);
+        bad = msg;
     }
+    if (bad) remove_dir(scratch);
     fail_if_any(bad != NULL, bad);
-    MPI_CHECK(MPI_Bcast(dir, sizeof(dir), MPI_CHAR, 0, MPI_COMM_WORLD));
-    uint64_t paths_len = paths ? strlen(paths) : 0;
-    MPI_CHECK(MPI_Bcast(&paths_len, 1, MPI_UINT64_T, 0, MPI_COMM_WORLD));
-    if (paths_len && c->rank != 0) paths = xcalloc(paths_len + 1, 1);
-    if (paths_len) MPI_CHECK(MPI_Bcast(paths, (int)paths_len, MPI_CHAR, 0, MPI_COMM_WORLD));
-    Manifest m;
-    bad = read_manifest(dir, c, &m, msg, sizeof(msg));
-    fail_if_any(bad != NULL, bad);
-    // a level-1 step: each file where rank 0 found or rebuilt it
-    char* line = paths;
-    for (int f = 0; paths && f < m.n_files && line && *line; f++) {
-        char* nl = strchr(line, '\n');
-        if (nl) *nl = 0;
-        set_path(&m.files[f], "%s", line);
-        line = nl ? nl + 1 : NULL;
+    if (!level1) {
+        MPI_CHECK(MPI_Bcast(dir, sizeof(dir), MPI_CHAR, 0, MPI_COMM_WORLD));
+        bad = read_manifest(dir, c, &m, msg, sizeof(msg));
+        if (bad) remove_dir(scratch);
+        fail_if_any(bad != NULL, bad);
     }
-    free(paths);
     if (m.B != c->B || m.T != c->T) {
         snprintf(msg, sizeof(msg), "checkpoint '%s' was trained with batch %d x %d; this run has %d x %d: resume with --batch %d --seq %d (the data position and the losses depend on them)",
                  dir, m.B, m.T, c->B, c->T, m.B, m.T);
         bad = msg;
+        remove_dir(scratch);
     }
     fail_if_any(bad != NULL, bad);
     if (m.lr != c->lr || m.wd != c->wd || m.clip != c->clip || m.seed != c->seed)
@@ -1891,21 +2140,18 @@ int ckpt_resume(Ckpt* c) {
             if (v->kind == c->need.s[i].kind && v->tensor == c->need.s[i].tensor && intersect(&c->need.s[i], v, NULL, NULL))
                 use[v->file] = 1;
         }
+    // level 1: the files this rank reads that its node lacks come from a
+    // rank whose node has them (every file was checked on its node)
+    if (level1) local_fetch(c, &m, use, scratch);
     // an incremental save: the full files this rank reads or checks, restored
-    // from their deltas into a scratch directory of its own
-    char scratch[4096] = "";
-    if (m.base_step >= 0) {
-        const char* tmpdir = getenv("TMPDIR");
-        snprintf(scratch, sizeof(scratch), "%s/ckpt-restore-XXXXXX", tmpdir && tmpdir[0] ? tmpdir : "/tmp");
-        if (!mkdtemp(scratch)) {
-            snprintf(msg, sizeof(msg), "cannot create a directory '%s' to restore the deltas in: %s", scratch, strerror(errno));
-            bad = msg;
-        }
+    // from their deltas into its scratch directory
+    if (m.base_step >= 0)
         for (int f = 0; f < m.n_files && !bad; f++)
             if (use[f] || f % c->world == c->rank) bad = delta_restore(dir, &m, f, scratch, msg, sizeof(msg));
-    }
+    // level 3: every file is checked by at least one rank, so one flipped
+    // byte anywhere is found; level 1: its node's first rank checked it
     for (int f = 0; f < m.n_files && !bad; f++)
-        if (use[f] || f % c->world == c->rank) bad = verify_file(&m, f, msg, sizeof(msg));
+        if (use[f] || (!level1 && f % c->world == c->rank)) bad = verify_file(&m, f, msg, sizeof(msg));
     if (bad && scratch[0]) remove_dir(scratch);
     fail_if_any(bad != NULL, bad);
     // the reads: each needed slice assembled in a host buffer from every
@@ -1954,6 +2200,28 @@ int ckpt_resume(Ckpt* c) {
     fail_if_any(bad != NULL, bad);
     c->start_step = m.step;
     c->load_s = now_seconds() - t0;
+    if (level1) {
+        // which rank read which node's directory, and what it sent: the
+        // proof that no rank read another node's storage
+        unsigned long long mine[3] = {c->read_nodes, c->rebuild_sent_bytes, c->fetch_sent_bytes};
+        unsigned long long* all = c->rank == 0 ? xmalloc(sizeof(mine) * (size_t)c->world) : NULL;
+        MPI_CHECK(MPI_Gather(mine, 3, MPI_UNSIGNED_LONG_LONG, all, 3, MPI_UNSIGNED_LONG_LONG, 0, MPI_COMM_WORLD));
+        if (c->rank == 0) {
+            printf("checkpoint: level-1 reads:");
+            for (int r = 0; r < c->world; r++) {
+                printf("%s rank %d read", r ? ";" : "", r);
+                int any = 0;
+                for (int n = 0; n < 64; n++)
+                    if (all[3 * r] >> n & 1) printf("%snode-%d", any++ ? "," : " ", n);
+                if (!any) printf(" nothing");
+                if (all[3 * r + 1]) printf(", sent %llu bytes of xor pieces", all[3 * r + 1]);
+                if (all[3 * r + 2]) printf(", sent %llu bytes of files", all[3 * r + 2]);
+            }
+            printf("\n");
+            fflush(stdout);
+        }
+        free(all);
+    }
     print0("checkpoint: resumed from %s (chapter %d, world %d): step %d, the next batch starts at sequence %lld\n", dir,
            m.chapter, m.world, m.step, (long long)m.step * m.B);
     if (m.step >= c->steps) print0("note: the checkpoint is at step %d, --steps %d: nothing left to train\n", m.step, c->steps);
@@ -1976,6 +2244,9 @@ void ckpt_finish(Ckpt* c, JsonLog* log) {
         print0("checkpoint: level 1: %d save%s on %d node(s), %.2f ms per save in the training loop, of which level 2 (%s) %.2f ms; level-2 bytes per save, most on one rank: %.0f\n",
                c->local_saves, c->local_saves == 1 ? "" : "s", c->nodes, c->local_s * per,
                args_redundancy_name(c->redundancy), c->redundancy_s * per, most);
+        // what the drain saves: the state is serialised once per step, on level 1
+        print0("checkpoint: the state serialised to files: %zu bytes on rank 0 in %d level-1 and %d level-3 saves; %d level-3 save%s drained from level 1 (%zu bytes copied, not serialised again)\n",
+               c->serialised_bytes, c->local_saves, c->saves, c->drains, c->drains == 1 ? "" : "s", c->drained_bytes);
         if (c->rank == 0 && log && log->f) {
             fprintf(log->f, "{\"type\":\"checkpoint_local\",\"saves\":%d,\"nodes\":%d,\"redundancy\":\"%s\",\"ms_per_save\":%.3f,\"redundancy_ms_per_save\":%.3f,\"redundancy_bytes_max\":%.0f}\n",
                     c->local_saves, c->nodes, args_redundancy_name(c->redundancy), c->local_s * per,
