@@ -10,6 +10,7 @@
 #   make bench-ref     the roofline (build/roofline), then the reference's speed on the small model (one rank)
 #   make bench-peer    the same model in PyTorch, alternated with chapters 0 and 2
 #   make bench, plots  the sweep over chapters and its plots in build/plots/ (docs/plots/plots.mk)
+#   make bench-ckpt    each checkpoint level and mode, timed (docs/plots/data/ckpt/; make plots draws them)
 #   make docs-plots    redraws the docs' figures, docs/plots/*.png, from docs/plots/data/
 #   make timeline TRACE=FILE.json   a --trace file as a Gantt chart PNG (docs/tracing.md)
 #   make setup         install the Debian packages (as root) or print the line

@@ -8,12 +8,17 @@
 // reader looks at; the previous checkpoint is untouched. With --async-save a
 // thread writes the file while training goes on; the commit (gather,
 // manifest, rename) happens on the main thread once every rank's file is on
-// disk, checked after each step.
+// disk, checked after each step. With --ckpt-local, level 1 writes the same
+// files into each node's own directory first, and a step saved on both
+// levels is drained: level 3's file is a copy of level 1's, made by the
+// thread, so the state is serialised once.
 //
 // Load: the manifest is read and checked against the model and the batch;
 // each rank cuts every run it needs against every saved slice of the same
 // tensor and reads the overlaps from the files that hold them, after
-// checking those files' sizes and checksums.
+// checking those files' sizes and checksums. A level-1 resume reads each
+// node's directory on that node's ranks only; rebuilds and files a node
+// lacks go over MPI.
 #include "ckpt.h"
 
 // Paths and messages live in fixed buffers (4 KiB, 1 KiB); a longer one is
@@ -2248,9 +2253,10 @@ void ckpt_finish(Ckpt* c, JsonLog* log) {
         print0("checkpoint: the state serialised to files: %zu bytes on rank 0 in %d level-1 and %d level-3 saves; %d level-3 save%s drained from level 1 (%zu bytes copied, not serialised again)\n",
                c->serialised_bytes, c->local_saves, c->saves, c->drains, c->drains == 1 ? "" : "s", c->drained_bytes);
         if (c->rank == 0 && log && log->f) {
-            fprintf(log->f, "{\"type\":\"checkpoint_local\",\"saves\":%d,\"nodes\":%d,\"redundancy\":\"%s\",\"ms_per_save\":%.3f,\"redundancy_ms_per_save\":%.3f,\"redundancy_bytes_max\":%.0f}\n",
+            fprintf(log->f, "{\"type\":\"checkpoint_local\",\"saves\":%d,\"nodes\":%d,\"redundancy\":\"%s\",\"ms_per_save\":%.3f,\"redundancy_ms_per_save\":%.3f,\"redundancy_bytes_max\":%.0f,\"file_bytes\":%zu,\"redundancy_bytes\":%zu,\"serialised_bytes\":%zu,\"drained_bytes\":%zu,\"drains\":%d}\n",
                     c->local_saves, c->nodes, args_redundancy_name(c->redundancy), c->local_s * per,
-                    c->redundancy_s * per, most);
+                    c->redundancy_s * per, most, c->local_file_bytes, c->redundancy_bytes, c->serialised_bytes,
+                    c->drained_bytes, c->drains);
             fflush(log->f);
         }
     }
@@ -2264,7 +2270,9 @@ void ckpt_finish(Ckpt* c, JsonLog* log) {
             double per = c->saves ? 1e3 / c->saves : 0.0;
             if (c->saves)
                 printf("checkpoint: %d save%s (%s), %.1f KiB on rank 0, training stalled %.2f ms per save, file write %.2f ms per save on rank 0, %.2f ms waiting for the last save at the end\n",
-                       c->saves, c->saves == 1 ? "" : "s", c->async ? "async" : "sync", mine[0] / 1024.0,
+                       c->saves, c->saves == 1 ? "" : "s",
+                       c->drains ? (c->async ? "async, drained from level 1" : "drained from level 1") : c->async ? "async" : "sync",
+                       mine[0] / 1024.0,
                        c->stall_s * per, c->write_s * per, 1e3 * c->finish_s);
             if (c->deltas && c->saves > c->deltas)
                 printf("checkpoint: incremental: %d full save%s of %.1f KiB and %d delta%s of %.1f KiB on rank 0 (%.1f%% of a full save)\n",
@@ -2275,8 +2283,11 @@ void ckpt_finish(Ckpt* c, JsonLog* log) {
             if (c->resume) printf("checkpoint: loaded %.1f KiB on rank 0 in %.2f ms\n", mine[1] / 1024.0, 1e3 * c->load_s);
             fflush(stdout);
             if (log && log->f) {
-                fprintf(log->f, "{\"type\":\"checkpoint\",\"saves\":%d,\"async\":%s,\"stall_ms_per_save\":%.3f,\"final_wait_ms\":%.3f,\"save_bytes\":[",
-                        c->saves, c->async ? "true" : "false", c->stall_s * per, 1e3 * c->finish_s);
+                // an incremental run's full and delta files on rank 0 (0: none)
+                int fulls = c->saves - c->deltas;
+                fprintf(log->f, "{\"type\":\"checkpoint\",\"saves\":%d,\"async\":%s,\"stall_ms_per_save\":%.3f,\"final_wait_ms\":%.3f,\"deltas\":%d,\"full_bytes_per_save\":%.0f,\"delta_bytes_per_save\":%.0f,\"save_bytes\":[",
+                        c->saves, c->async ? "true" : "false", c->stall_s * per, 1e3 * c->finish_s, c->deltas,
+                        fulls ? (double)c->full_bytes_total / fulls : 0.0, c->deltas ? (double)c->delta_bytes_total / c->deltas : 0.0);
                 for (int r = 0; r < c->world; r++) fprintf(log->f, "%s%.0f", r ? "," : "", all[4 * r]);
                 fprintf(log->f, "],\"write_ms_per_save\":[");
                 for (int r = 0; r < c->world; r++) fprintf(log->f, "%s%.3f", r ? "," : "", all[4 * r + 3] * per);
