@@ -1160,8 +1160,8 @@ void ckpt_after_step(Ckpt* c, int step) {
     if (fault_fires(c, "step", step)) fault_kill();
     if (!c->dir && !c->local) return;
     if (c->pending) {
-        // (async, or a drain: a sync save is never pending here)
-        // commit as soon as every rank's writer is done: one int over the world
+        // an async save or a drain (a sync one is committed in save): commit
+        // as soon as every rank's writer is done, one int over the world
         double t0 = now_seconds();
         int done = __atomic_load_n(&c->thread_done, __ATOMIC_ACQUIRE), all = 0;
         MPI_CHECK(MPI_Allreduce(&done, &all, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD));
