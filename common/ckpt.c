@@ -2103,7 +2103,10 @@ int ckpt_resume(Ckpt* c) {
         if (level1) {
             snprintf(dir, sizeof(dir), "%s", dir1);
             print0("checkpoint: resuming from %s%s\n", report,
-                   have3[0] ? (have3[1] >= 0 ? " (level 3 has an older one)" : "") : " (level 3 has none)");
+                   !have3[0]          ? " (level 3 has none)"
+                   : have3[1] == step1 ? " (level 3 has the same step: level 1 is read, it is nearer)"
+                   : have3[1] >= 0     ? " (level 3 has an older one)"
+                                       : "");
         } else {
             if (why[0] && have3[0]) print0("note: %s\n", why);
             if (have3[0]) print0("checkpoint: resuming from level 3 (durable), step %d: level 1 has nothing newer that is complete or rebuildable\n", have3[1]);

@@ -129,6 +129,18 @@ if [ "$line" = "checkpoint: the state serialised to files: $((4 * fb)) bytes on 
 else
     fail "levels: the drain of level 3 from level 1" "${line:-no serialised line} (a file: $fb bytes)"
 fi
+# a rank killed halfway through draining step 4 to level 3: level 3 has
+# only a .tmp directory, level 1 the whole step; the resume takes level 1
+CKPT_KILL=save:4:0 lv_run bk 1 0 --ckpt-local "$LV/bk1" --local-every 2 --ckpt-dir "$LV/bk3" --save-every 4 --async-save
+local left
+left=$(ls "$LV/bk3" | tr '\n' ' ')
+lv_run bkr 1 0 --ckpt-local "$LV/bk1" --ckpt-dir "$LV/bk3" --resume "$LV/bk3"
+if [ "$left" = "step-00000004.tmp " ] && grep -q "resuming from level 1 (node-local), step 4 (level 3 has none)" "$LV/bkr.out" &&
+    [ "$(lv_losses "$LV/b0.jsonl" 4)" = "$(lv_losses "$LV/bkr.jsonl" 4)" ]; then
+    pass "levels: killed while draining step 4: level 3 left only step-00000004.tmp, the resume took level 1's step 4 and went on bit for bit"
+else
+    fail "levels: a kill during the drain" "level 3 held: $left; $(grep -E '^error|resuming' "$LV/bkr.out" | head -2)"
+fi
 rm -rf "$LV/b3/step-00000008" "$LV/b1/node-0/step-0000000"[48] "$LV/b1/node-0/step-00000006/rank-00000.bin"
 lv_run b0r 1 0 --ckpt-local "$LV/b1" --resume "$LV/b3"
 if grep -q "^note: level-1 step 6: rank-00000.bin of node 0 is on no node" "$LV/b0r.out" &&
