@@ -1,5 +1,5 @@
 #!/bin/bash
-# Multi-level checkpoints (common/ckpt.c, docs/checkpoints.md "Levels"):
+# Multi-level checkpoints (common/ckpt_levels.c, docs/checkpoints.md "Levels"):
 # level 1 under --ckpt-local DIR/node-K, level 2 (partner copies, xor
 # parity) across simulated nodes (--ranks-per-node), a node's directory
 # deleted and the run resumed (bit for bit on the same mesh, within the
@@ -48,7 +48,7 @@ lv_own_node x2r 2 "the xor rebuild of node 0 over MPI"
 # rank r, node-(r/R) alone: no rank read another node's directory (node-local
 # disks on a cluster), and some rank sent xor pieces or files over MPI. Every
 # path under --ckpt-local the resume opens is made by one function
-# (local_path in common/ckpt.c), which records its node: a rank 0 that read
+# (local_path in common/ckpt_levels.c), which records its node: a rank 0 that read
 # node 1's directory, as the resume before the MPI rebuild did, fails here.
 lv_own_node() {
     local run=$1 per=$2 what=$3 line
