@@ -10,6 +10,7 @@
 #   make bench-ref     the roofline (build/roofline), then the reference's speed on the small model (one rank)
 #   make bench-peer    the same model in PyTorch, alternated with chapters 0 and 2
 #   make bench, plots  the sweep over chapters and its plots in build/plots/ (docs/plots/plots.mk)
+#   make bench-ckpt    each checkpoint level and mode, timed (docs/plots/data/ckpt/; make plots draws them)
 #   make docs-plots    redraws the docs' figures, docs/plots/*.png, from docs/plots/data/
 #   make timeline TRACE=FILE.json   a --trace file as a Gantt chart PNG (docs/tracing.md)
 #   make setup         install the Debian packages (as root) or print the line
@@ -51,7 +52,7 @@ LDLIBS  := -lm -lpthread -lxxhash -lzstd
 COMMON_SRC := common/errors.c common/rank.c common/exercise.c common/atomic_file.c common/memory.c common/model_layout.c common/model.c common/init.c \
               common/model_file.c common/data.c common/mesh.c common/runtime.c common/matmul_peak.c \
               common/args.c common/report.c common/train.c common/comm_stats.c common/comm_trace.c common/comm_groups.c common/paths.c \
-              common/ckpt.c common/model_tp.c common/trace.c \
+              common/ckpt.c common/ckpt_files.c common/ckpt_levels.c common/model_tp.c common/trace.c \
               common/optime.c common/watchdog.c common/watch_mpi.c common/sharding.c
 
 ifeq ($(BACKEND),cpu)

@@ -147,6 +147,20 @@ typedef struct Ckpt {  // named: train.h's loop holds a pointer to one
     double local_s;        // the level-1 saves, in the training loop (files, level 2, manifest)
     double redundancy_s;   // of which the level-2 exchange and write
     size_t redundancy_bytes;  // level-2 bytes this rank wrote per save (a partner's copy or its parity)
+    // a step saved on both levels: level 3 is drained from level 1 (its file
+    // copied, in the background) instead of written from c->host again
+    int pending_drain;
+    char drain_src[4096];                 // this rank's level-1 file of the step
+    size_t local_file_bytes;              // its size and checksum, as level 1 wrote it
+    unsigned long long local_file_hash;
+    size_t serialised_bytes;  // bytes of rank files written from the state (c->host), every level
+    size_t drained_bytes;     // bytes of level-3 files copied from level 1 instead
+    int drains;
+    // the level-1 resume: each node directory this rank read, a bit per node
+    // (the first 64), and the bytes it sent to other ranks: xor pieces for
+    // a rebuild, whole files to a rank whose node lacks them
+    unsigned long long read_nodes;
+    size_t rebuild_sent_bytes, fetch_sent_bytes;
     // --incremental K: level-3 saves between full ones (every K-th) hold the
     // xor with the last full save's state, compressed (zstd)
     int incremental, pending_delta;

@@ -1,5 +1,5 @@
 #!/bin/bash
-# Multi-level checkpoints (common/ckpt.c, docs/checkpoints.md "Levels"):
+# Multi-level checkpoints (common/ckpt_levels.c, docs/checkpoints.md "Levels"):
 # level 1 under --ckpt-local DIR/node-K, level 2 (partner copies, xor
 # parity) across simulated nodes (--ranks-per-node), a node's directory
 # deleted and the run resumed (bit for bit on the same mesh, within the
@@ -41,6 +41,25 @@ lv_run x2 4 3 --dp 4 --zero 3 --ckpt-local "$LV/x2" --local-every 3 --ranks-per-
 rm -rf "$LV/x2/node-0" "$LV/x2/node-1/step-00000008"
 lv_run x2r 4 3 --dp 4 --zero 3 --ckpt-local "$LV/x2" --ranks-per-node 2 --resume "$LV/x2" --save "$LV/x2r.bin"
 lv_same x2 x2r 6 "xor, 2 nodes x 2 ranks, node 0 deleted: rebuilt and resumed at step 6 bit for bit"
+lv_own_node x2r 2 "the xor rebuild of node 0 over MPI"
+}
+
+# lv_own_node RUN R WHAT: the resume's "level-1 reads" line names, for each
+# rank r, node-(r/R) alone: no rank read another node's directory (node-local
+# disks on a cluster), and some rank sent xor pieces or files over MPI. Every
+# path under --ckpt-local the resume opens is made by one function
+# (local_path in common/ckpt_levels.c), which records its node: a rank 0 that read
+# node 1's directory, as the resume before the MPI rebuild did, fails here.
+lv_own_node() {
+    local run=$1 per=$2 what=$3 line
+    line=$(grep '^checkpoint: level-1 reads:' "$LV/$run.out")
+    if [ -n "$line" ] && echo "$line" | grep -q 'sent [0-9]* bytes' && echo "$line" | sed 's/^checkpoint: level-1 reads://' | tr ';' '\n' |
+        awk -v per="$per" '{ n++; want = "node-" int($2 / per); if ($4 != want && $4 != want ",") bad = 1; if ($0 ~ /node-[0-9]+,node-/) bad = 1 }
+                            END { exit bad || n == 0 }'; then
+        pass "levels: $what: every rank read its own node's directory only ($(echo "$line" | sed "s/^checkpoint: level-1 reads: //"))"
+    else
+        fail "levels: $what: a rank read another node's directory, or nothing was sent" "${line:-no level-1 reads line}"
+    fi
 }
 
 # --- xor over 3 nodes (the parity is half a file): one node lost and the
@@ -64,13 +83,14 @@ else
     fail "levels: xor parity size" "$(ls -l "$LV/x3/node-1/step-00000004" | tr '\n' ' ')"
 fi
 rm -rf "$LV/x3/node-1" "$LV/x3"/node-*/step-00000008
-lv_run x3r 2 2 --dp 2 --ckpt-local "$LV/x3" --resume "$LV/x3"
+lv_run x3r 3 2 --dp 3 --ckpt-local "$LV/x3" --ranks-per-node 1 --resume "$LV/x3"
+lv_own_node x3r 1 "the xor rebuild onto chapter 2"
 if grep -q "rebuilt rank-00001.bin of node 1 from the xor parity" "$LV/x3r.out" &&
     ck=$(awk 'FNR == 1 { f++ } /"type":"step"/ { match($0, /"step":[0-9]+/); s = substr($0, RSTART + 7, RLENGTH - 7) + 0
          match($0, /"loss":[-0-9.e]+/); l = substr($0, RSTART + 7, RLENGTH - 7) + 0
          if (f == 1) r[s] = l; else { n++; d = l - r[s]; if (d < 0) d = -d; if (d > m) m = d } }
          END { printf "steps 4..7, max |dloss| %.1e", m; exit !(n == 4 && m <= '"$LV_TOL"') }' "$LV/x3.jsonl" "$LV/x3r.jsonl"); then
-    pass "levels: xor over 3 nodes, node 1 deleted, rebuilt and resumed on chapter 2 dp=2 ($ck, within $LV_TOL)"
+    pass "levels: xor over 3 nodes, node 1 deleted, rebuilt and resumed on chapter 2 dp=3 ($ck, within $LV_TOL)"
 else
     fail "levels: xor rebuild onto another mesh" "$(grep -E '^error|resuming' "$LV/x3r.out" | head -2)"
 fi
@@ -85,6 +105,7 @@ lv_run p2 2 2 --dp 2 --ckpt-local "$LV/p2" --local-every 4 --ranks-per-node 1 --
 rm -rf "$LV/p2/node-0" "$LV/p2/node-1/step-00000008"
 lv_run p2r 2 2 --dp 2 --ckpt-local "$LV/p2" --ranks-per-node 1 --ckpt-redundancy partner --resume "$LV/p2" --save "$LV/p2r.bin"
 lv_same p2 p2r 4 "partner, node 0 deleted: its file read from the partner copy on node 1, bit for bit"
+lv_own_node p2r 1 "the partner copy sent from node 1"
 }
 
 # --- level 1 next to level 3: the same bytes; no redundancy and a node lost:
@@ -95,6 +116,30 @@ if cmp -s "$LV/b1/node-0/step-00000004/rank-00000.bin" "$LV/b3/step-00000004/ran
     pass "levels: level 1 and level 3 of step 4 hold the same rank file, byte for byte (one copy off the device)"
 else
     fail "levels: level 1 vs level 3 bytes" "$(ls -l "$LV/b1/node-0/step-00000004" "$LV/b3/step-00000004" | tr '\n' ' ')"
+fi
+# the drain: 8 steps, level 1 every 2 (4 saves), level 3 every 4 (steps 4
+# and 8, on both levels): the state is serialised 4 times, not 6; level 3's
+# two files are copies of level 1's (counted exactly, in bytes)
+local fb line
+fb=$(stat -c %s "$LV/b1/node-0/step-00000004/rank-00000.bin")
+line=$(grep '^checkpoint: the state serialised' "$LV/b0.out")
+if [ "$line" = "checkpoint: the state serialised to files: $((4 * fb)) bytes on rank 0 in 4 level-1 and 2 level-3 saves; 2 level-3 saves drained from level 1 ($((2 * fb)) bytes copied, not serialised again)" ] &&
+    [ "$(grep -c 'checkpoint: saved .*/b3/step-0000000[48] (drained from level 1)$' "$LV/b0.out")" = 2 ]; then
+    pass "levels: level 3 drained from level 1: $((4 * fb)) bytes serialised (4 x $fb), not $((6 * fb)); $((2 * fb)) copied"
+else
+    fail "levels: the drain of level 3 from level 1" "${line:-no serialised line} (a file: $fb bytes)"
+fi
+# a rank killed halfway through draining step 4 to level 3: level 3 has
+# only a .tmp directory, level 1 the whole step; the resume takes level 1
+CKPT_KILL=save:4:0 lv_run bk 1 0 --ckpt-local "$LV/bk1" --local-every 2 --ckpt-dir "$LV/bk3" --save-every 4 --async-save
+local left
+left=$(ls "$LV/bk3" | tr '\n' ' ')
+lv_run bkr 1 0 --ckpt-local "$LV/bk1" --ckpt-dir "$LV/bk3" --resume "$LV/bk3"
+if [ "$left" = "step-00000004.tmp " ] && grep -q "resuming from level 1 (node-local), step 4 (level 3 has none)" "$LV/bkr.out" &&
+    [ "$(lv_losses "$LV/b0.jsonl" 4)" = "$(lv_losses "$LV/bkr.jsonl" 4)" ]; then
+    pass "levels: killed while draining step 4: level 3 left only step-00000004.tmp, the resume took level 1's step 4 and went on bit for bit"
+else
+    fail "levels: a kill during the drain" "level 3 held: $left; $(grep -E '^error|resuming' "$LV/bkr.out" | head -2)"
 fi
 rm -rf "$LV/b3/step-00000008" "$LV/b1/node-0/step-0000000"[48] "$LV/b1/node-0/step-00000006/rank-00000.bin"
 lv_run b0r 1 0 --ckpt-local "$LV/b1" --resume "$LV/b3"

@@ -123,7 +123,7 @@ gpu_case "chapter 5 interleaved pp=2 v=3, shared stream" 2 5 \
     "$P5 --pp 2 --schedule interleaved --virtual 3 --microbatches 4" 0 "$P5" NCCL_LAUNCH_ORDER_IMPLICIT=0
 gpu_case "chapter 6 cp=2 ring, shared stream" 2 6 "--cp 2" 0 "" NCCL_LAUNCH_ORDER_IMPLICIT=0
 
-# a rank killed (SIGKILL, CKPT_KILL: common/ckpt.c) after step 3 ends the
+# a rank killed (SIGKILL, CKPT_KILL: common/ckpt_files.c) after step 3 ends the
 # job: NCCL reports the lost peer, every communicator is aborted (comm.c)
 if [ -n "$missing" ]; then
     skip "a killed GPU rank ends the job" "$missing"

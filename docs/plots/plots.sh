@@ -19,6 +19,7 @@
 #      pipeline_NAME.png          gantt.gp         chapter 5: per-rank timeline of a step, per run
 #      expert_load.png            expert_load.gp   chapter 7: tokens per expert per step (expert_load.sh)
 #      ch6_memory.png             ch6_memory.gp    chapter 6: activations per rank against T (ch6_memory.sh)
+#      ckpt_levels.png            ckpt_levels.gp   checkpoints: stall and bytes per level and mode (ckpt_levels.sh)
 #    The first four draw one labelled row per run, grouped by chapter, in a
 #    picture as tall as the runs need (rows.gpi, which they load).
 #
@@ -154,4 +155,12 @@ coefs=$(bash "$gp/expert_load.sh" "$data" "$tables") || failed=$((failed + 1))
 # chapter 6's activation memory against T, from its own runs in DATA_DIR/ch6/
 ch6_names=$(bash "$gp/ch6_memory.sh" "$data" "$tables") || failed=$((failed + 1))
 [ -n "$ch6_names" ] && draw ch6_memory.gp "$pngs/ch6_memory.png" "names='$ch6_names'"
+# the checkpoint levels' costs, from their own runs in DATA_DIR/ckpt/
+# (common/tools/ckpt_levels_bench.sh, make bench-ckpt), with their load
+ck=$(bash "$gp/ckpt_levels.sh" "$data" "$tables") || failed=$((failed + 1))
+if [ -n "$ck" ]; then
+    ckload=$(awk '/^date: / { d = substr($0, 7) } /^load at the start: / { a = $5 } /^load at the end: / { b = $5 }
+        END { printf "runs of %s, load average %s at the start, %s at the end: expect noise", d, a, b }' "$data/ckpt/runs.txt")
+    draw ckpt_levels.gp "$pngs/ckpt_levels.png" "load='$ckload'"
+fi
 [ $failed -eq 0 ]

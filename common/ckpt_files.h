@@ -1,0 +1,107 @@
+// ckpt_files.h: the checkpoint's files and manifest, below ckpt.c and
+// ckpt_levels.c (docs/checkpoints.md): writing and copying a rank's file
+// with its checksum, the manifest's text, its atomic install (manifest last,
+// then one rename) and its parsing and checks, and reading the slices back.
+// Nothing here decides when to save or which level to read: ckpt.c and
+// ckpt_levels.c do. The functions say in ckpt_files.c what they do.
+#ifndef CKPT_FILES_H
+#define CKPT_FILES_H
+
+#include <stddef.h>
+#include <stdint.h>
+#include <xxhash.h>
+
+#include "ckpt.h"
+
+#define CKPT_FILE_MAGIC "GPTSTATE"
+#define CKPT_FILE_VERSION 2u  // 2: the header holds the checksum of the rank's slice list
+#define CKPT_HEADER_BYTES 64
+// version 2: XXH3-64 checksums (version 1 had a 64-bit FNV variant whose
+// paired flips of a word's top bit cancelled)
+#define CKPT_MANIFEST_MAGIC "gpt-training-state 2"
+#define CKPT_MANIFEST_MAGIC_V1 "gpt-training-state 1"
+#define CKPT_XOR_MAGIC "GPTXOR01"
+
+extern const char* ckpt_kind_names[CKPT_NUM_KINDS];  // "params", "m", "v"
+const char* ckpt_tensor_name_of(const Ckpt* c, int t);
+
+// checksums, streamed: the same value as ckpt_checksum over the concatenation
+XXH3_state_t* ckpt_checksum_begin(void);
+void ckpt_checksum_add(XXH3_state_t* s, const void* buf, size_t n);
+unsigned long long ckpt_checksum_end(XXH3_state_t* s);
+
+// small file helpers
+void ckpt_remove_dir(const char* path);
+int ckpt_parse_step_name(const char* name, int* step);
+int ckpt_has_manifest(const char* dir);
+void ckpt_tmp_dir_of(const char* base, int step, char* out, size_t len);
+void ckpt_remove_stale_tmp(const char* base);
+unsigned char* ckpt_read_whole(const char* path, size_t* n);
+
+// the CKPT_KILL test hook
+int ckpt_fault_fires(const Ckpt* c, const char* where, int step);
+void ckpt_fault_kill(void);
+
+// writing a rank's file
+// What a file write gives: its size and checksum, or an error.
+typedef struct {
+    size_t bytes;
+    unsigned long long hash;
+    char err[1024];  // empty when the write succeeded
+} CkptFileOut;
+void ckpt_file_header(const Ckpt* c, int step, unsigned char header[CKPT_HEADER_BYTES]);
+void ckpt_write_parts(const char* path, const void* const parts[2], const size_t sizes[2], int kill_here,
+                      CkptFileOut* out);
+void ckpt_copy_file(const char* src, const char* dst, int kill_here, CkptFileOut* out);
+
+// the manifest: gathered on rank 0, installed (manifest last, then rename)
+char* ckpt_gather_manifest(const Ckpt* c, int step, const uint64_t file[5], int level, size_t* len);
+const char* ckpt_install_manifest(const Ckpt* c, const char* base, int step, const char* text, size_t len,
+                                  char* msg, size_t msg_len);
+
+// a manifest read back: its files and slices
+typedef struct {
+    int kind, tensor, file;
+    size_t offset, start, len, stride, count;
+} CkptSavedSlice;
+
+typedef struct {
+    char name[64];
+    unsigned long long bytes, hash;
+    char* path;  // where it is read from: DIR/name, a level-1 copy, a rebuild or a restored delta
+} CkptSavedFile;
+
+typedef struct {
+    int step, B, T, seed, chapter, world;
+    GPTConfig cfg;
+    float lr, wd, clip;
+    int n_files, n_slices;
+    CkptSavedFile* files;
+    CkptSavedSlice* slices;
+    // a level-1 manifest's: the nodes, the redundancy, each rank's parity
+    int level, nodes, redundancy;
+    int* node_of;                          // (world)
+    unsigned long long *parity_bytes, *parity_hash;  // (world) 0 bytes: none
+    // an incremental save's: the full save it is a delta against (-1: none)
+    int base_step;
+    unsigned long long base_hash;
+    unsigned long long *delta_bytes, *delta_hash;  // (world)
+    int* holder;  // (files) a level-1 resume's: the rank that serves each file
+} CkptManifest;
+void ckpt_set_path(CkptSavedFile* f, const char* fmt, ...) __attribute__((format(printf, 2, 3)));
+void ckpt_manifest_free(CkptManifest* m);
+const char* ckpt_read_manifest(const char* dir, const Ckpt* c, CkptManifest* m, char* msg, size_t msg_len);
+const char* ckpt_verify_file(const CkptManifest* m, int i, char* msg, size_t msg_len);
+
+// reading slices: the overlaps of a needed slice with a saved one
+size_t ckpt_intersect_saved(const CkptSlice* s, const CkptSavedSlice* v, CkptPieceFn fn, void* ctx);
+typedef struct {
+    int fd;
+    float* dst;
+    const char* path;
+    int failed;
+    size_t bytes;
+} CkptReadCtx;
+void ckpt_read_piece(void* ctx, size_t dst, size_t file_offset, size_t n);
+
+#endif
