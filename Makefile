@@ -153,14 +153,16 @@ $(BIN)/roofline: $(OBJ)/common/tools/roofline.o $(COMMON_OBJ)
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) -o $@ $^ $(LDLIBS)
 # the planner: a chapter's peak bytes and communication, predicted (tests/plan.sh):
-# common/tools/plan*.c, and the chapters' own modules whose sizes and
-# schedules it reads (PLAN_MODULES, paths without .c)
+# 07_expert/plan/*.c, and the chapters' own modules whose sizes and
+# schedules it reads (PLAN_MODULES, paths without .c). It sits beside the
+# last chapter, not in common/tools, because it links every chapter's engine
+# and nothing in common/ includes a chapter's header.
 PLAN_MODULES := 05_pipeline/schedule 05_pipeline/pipeline 06_sequence_context/context 06_sequence_context/ring \
                 06_sequence_context/sequence 04_fsdp_tp/tp 03_fsdp/fsdp 07_expert/moe
-$(BIN)/plan: $(patsubst %.c,$(OBJ)/%.o,$(wildcard common/tools/plan*.c)) $(patsubst %,$(OBJ)/%.o,$(PLAN_MODULES)) $(COMMON_OBJ)
+$(BIN)/plan: $(patsubst %.c,$(OBJ)/%.o,$(wildcard 07_expert/plan/*.c)) $(patsubst %,$(OBJ)/%.o,$(PLAN_MODULES)) $(COMMON_OBJ)
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) -o $@ $^ $(LDLIBS)
-$(OBJ)/common/tools/plan%.o: CFLAGS += $(patsubst %,-I%,$(sort $(dir $(PLAN_MODULES))))
+$(OBJ)/07_expert/plan/%.o: CFLAGS += -I07_expert/plan $(patsubst %,-I%,$(sort $(dir $(PLAN_MODULES))))
 
 $(OBJ)/%.o: %.c $(FLAGS_STAMP)
 	@mkdir -p $(dir $@)

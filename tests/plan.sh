@@ -1,5 +1,5 @@
 #!/bin/bash
-# tests/plan.sh: build/plan (common/tools/plan*.c) predicts a chapter's run.
+# tests/plan.sh: build/plan (07_expert/plan/*.c) predicts a chapter's run.
 # For each chapter and mesh below, the plan's peak bytes per category per
 # rank and its calls, bytes and bus bytes per collective and axis EQUAL the
 # summary of a real run of the same flags (--log FILE.jsonl), integer for
@@ -172,6 +172,10 @@ c7 4 --batch 24 --seq 32 --experts 4 --top-k 2 --capacity-factor 1 --dp 2 --ep 2
 c7 2 --experts 4 --top-k 2 --capacity-factor 1 --dp 2
 c7 2 --batch 24 --seq 32 --experts 2 --top-k 2 --ep 2
 c7 4 --ep 2 --dp 2
+# --ep-overlap: each exchange in chunks (5 chunks of 384 tokens: 77 and 76),
+# dropless and with capacity drops
+c7 2 --batch 24 --seq 32 --experts 4 --top-k 2 --ep 2 --ep-overlap 5
+c7 2 --batch 24 --seq 32 --experts 2 --top-k 2 --capacity-factor 1 --ep 2 --ep-overlap 3
 jobs_wait
 
 echo "== --show-sharding"
@@ -226,4 +230,5 @@ plan_error "--virtual" --chapter 5 --ranks 2 --pp 2 --virtual 2
 plan_error "--cp-mode star" --chapter 6 --ranks 2 --cp 2 --cp-mode star
 plan_error "--sp" --chapter 6 --ranks 4 --tp 2 --cp 2 --sp
 plan_error "--ep" --chapter 7 --ranks 3 --ep 3 --experts 4
+plan_error "--ep-overlap" --chapter 7 --ranks 2 --ep 2 --batch 24 --seq 32 --ep-overlap 385
 finish

@@ -1,5 +1,5 @@
 // plan.h: the planner's question and answer, shared by build/plan's main
-// (common/tools/plan.c) and the chapter planners: plan_dense.c (chapters 0,
+// (07_expert/plan/plan.c) and the chapter planners: plan_dense.c (chapters 0,
 // 2, 3, 4), plan_pipeline.c (5), plan_context.c (6), plan_expert.c (7).
 // A planner fills one rank's RankPlan for one step; plan.c runs it for every
 // rank and --steps steps, feeding the comm layer's own counters.
@@ -33,6 +33,7 @@ typedef struct {
     int experts, top_k;       // chapter 7
     int expert_hidden, moe_every;  // chapter 7 (expert_hidden ARG_NOT_GIVEN: 4C)
     double capacity;          // chapter 7: --capacity-factor (0: the chapter's default)
+    int ep_overlap;           // chapter 7: --ep-overlap, chunks per exchange
 } PlanArgs;
 
 // What one rank allocates at peak (bytes per category) and what it sends:

@@ -377,6 +377,7 @@ int main(int argc, char** argv) {
     a.capacity = 0;
     a.expert_hidden = ARG_NOT_GIVEN;
     a.moe_every = 1;
+    a.ep_overlap = 1;
     float capacity = 0.0f;
     ArgSpec flags[] = {
         {"chapter", ARG_INT, &a.chapter, "the chapter to plan (0, 2, 3, 4, 5, 6, 7)"},
@@ -414,6 +415,7 @@ int main(int argc, char** argv) {
         {"expert-hidden", ARG_INT, &a.expert_hidden, "(chapter 7) each expert's MLP width  [4C]"},
         {"moe-every", ARG_INT, &a.moe_every, "(chapter 7) every k-th layer is an MoE layer  [1]"},
         {"capacity-factor", ARG_FLOAT, &capacity, "(chapter 7) tokens an expert takes, x its fair share  [chapter 7's]"},
+        {"ep-overlap", ARG_INT, &a.ep_overlap, "(chapter 7) each exchange in that many chunks of a rank's tokens  [1]"},
         {"search", ARG_FLAG, &do_search, "every layout of --ranks in chapters 0, 2, 3, 4 that fits --memory-per-rank"},
         {"memory-per-rank", ARG_STRING, &memory_arg, "bytes a rank may hold (--search), e.g. 8e6"},
         {"help", ARG_FLAG, &help, "this text"},

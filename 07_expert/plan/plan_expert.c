@@ -39,6 +39,9 @@ const char* plan_check_expert(const PlanArgs* a, PlanInfo* info, char* msg, size
     if (a->experts % nep) return "--ep: the experts must split over ep";
     if (a->capacity < 0) return "--capacity-factor must be >= 0";
     if (a->B % (ndp * nep)) return "--batch: the batch must split over dp x ep";
+    long tokens = (long)(a->B / (ndp * nep)) * a->T;
+    if (a->ep_overlap < 1 || a->ep_overlap > tokens)
+        return snprintf(msg, len, "--ep-overlap %d: must be between 1 and a rank's %ld tokens", a->ep_overlap, tokens), msg;
     // the all-to-all's bytes depend on the routing: each rank's a bound;
     // dropless, their sum over the ranks is exact (every slot goes out once
     // and comes back once per exchange pair)
@@ -68,7 +71,7 @@ void plan_chapter_7(const PlanArgs* a, RankPlan* p, int r) {
     int n = a->recompute == RECOMPUTE_FULL ? 1 : Lm;
     double gelu = a->recompute == RECOMPUTE_NONE ? Lm * R * H : R * H;
     double send = a->recompute == RECOMPUTE_NONE ? Lm * Nk * C : Nk * C;
-    double moe = n * (2 * N * E + 4 * Nk + 2 * R + R * C + R * H + E) + gelu + 2 * R * C + 2 * R * H + Nk + N * E + N * C;
+    double moe = n * (2 * N * E + 4 * Nk + R * C + R * H + E) + gelu + 2 * R * C + 2 * R * H + Nk + N * E + N * C;
     p->peak[MEM_ACTIVATIONS] = plan_acts_bytes(g, B, T, a->recompute) + f * moe;
     p->peak[MEM_COMM] = f * (send + n * Nk * C + R * C + Nk * C);  // send, back, recv, dsend
     // per MoE layer dispatch and combine forward, both again in backward,
@@ -78,10 +81,17 @@ void plan_chapter_7(const PlanArgs* a, RankPlan* p, int r) {
     int exchanges = a->recompute == RECOMPUTE_FULL ? 3 : 2;
     // (bus bytes: what leaves the rank, none on one ep rank)
     double out = nep > 1 ? 1.0 : 0.0;
-    for (int l = 0; l < Lm * exchanges; l++) {
-        comm_tally_bytes(&ep, COLL_ALLTOALL, f * Nk * C, out * f * Nk * C);
-        comm_tally_bytes(&ep, COLL_ALLTOALL, f * R * C, out * f * R * C);
-    }
+    // --ep-overlap: each exchange in chunks of the rank's tokens, cut as
+    // expert_chunk_start cuts them; a chunk's rows are bounded like the whole
+    int nc = a->ep_overlap;
+    long ntok = (long)B * T;
+    for (int l = 0; l < Lm * exchanges; l++)
+        for (int ch = 0; ch < nc; ch++) {
+            double nt = (double)((long)(ch + 1) * ntok / nc - (long)ch * ntok / nc);
+            double rows = nt * nep * (k < El ? k : El);
+            comm_tally_bytes(&ep, COLL_ALLTOALL, f * nt * k * C, out * f * nt * k * C);
+            comm_tally_bytes(&ep, COLL_ALLTOALL, f * rows * C, out * f * rows * C);
+        }
     // the two gradient groups, then the norm over ep and dp
     char name[32];
     Mesh mesh;
