@@ -9,9 +9,13 @@
 #   - build/plan --measure-attention: attention forward + backward at the
 #     small preset's B 8 x T 256;
 #   - chapter 1's bench (build/chapter-1 --bench) on 2, 3 and 4 ranks, and a
-#     least-squares fit of time = alpha + bus_bytes / busbw to the library's
-#     times (the chapters call the library) from 64 KiB to 64 MiB, weighted
-#     by 1/time^2 so that every size counts by its relative error.
+#     fit of time = alpha + bus_bytes / busbw to the library's times (the
+#     chapters call the library) from 64 KiB to 64 MiB: 1 / busbw is the
+#     median of time / bus_bytes over the sizes from 1 MiB, alpha the median
+#     of time - bus_bytes / busbw (at least 0) below 1 MiB. Medians, not least
+#     squares: on a shared machine one size caught behind another job's burst
+#     would drag a least-squares line anywhere.
+# The raw outputs stay in build/profile-data/ (the fit can be read against them).
 # Environment: BIN (build), RANKS ("2 3 4"), ITERS (10).
 set -u
 cd "$(dirname "$0")/../.."
@@ -20,8 +24,9 @@ BIN=${BIN:-build}
 RANKS=${RANKS:-2 3 4}
 ITERS=${ITERS:-10}
 MPIRUN="bash tests/mpirun.sh"
-TMP=$(mktemp -d)
-trap 'rm -rf "$TMP"' EXIT
+TMP=build/profile-data
+rm -rf "$TMP"
+mkdir -p "$TMP"
 for tool in roofline plan chapter-1; do
     [ -x "$BIN/$tool" ] || { echo "error: $BIN/$tool is missing (make all builds it)" >&2; exit 1; }
 done
@@ -73,20 +78,17 @@ for p in ranks:
                if r["op"] == op and 65536 <= r["bytes"] <= 64 << 20 and r["lib_us"] > 0]
         if len(pts) < 2:
             continue
-        # weighted least squares of t = a + b x, weights 1/t^2
-        sw = sx = sy = sxx = sxy = 0.0
-        for x, t in pts:
-            w = 1.0 / (t * t)
-            sw += w; sx += w * x; sy += w * t; sxx += w * x * x; sxy += w * x * t
-        den = sw * sxx - sx * sx
-        b = (sw * sxy - sx * sy) / den
-        a = (sy - b * sx) / sw
-        if a < 0:  # a negative latency fits no machine: fit the slope alone
-            a = 0.0
-            b = sum(t / x for x, t in pts if x > 0) / len(pts)
+        def median(v):
+            v = sorted(v)
+            return v[len(v) // 2] if len(v) % 2 else 0.5 * (v[len(v) // 2 - 1] + v[len(v) // 2])
+        big = [t / x for x, t in pts if x >= 1 << 20]
+        if not big:
+            continue
+        b = median(big)  # us per bus byte
+        a = median([max(0.0, t - x * b) for x, t in pts if x < 1 << 20] or [0.0])
         lines.append(f"coll.{name}.p{p}.alpha_us = {a:.1f}  # fit of build/chapter-1 --bench --min-bytes 64K "
                      f"--max-bytes 64M --iters {iters} on {p} ranks, library times, {len(pts)} sizes")
-        lines.append(f"coll.{name}.p{p}.busbw_gbps = {1e-3 / b:.3f}  # the same fit: bus bytes / (time - alpha)")
+        lines.append(f"coll.{name}.p{p}.busbw_gbps = {1e-3 / b:.3f}  # the same fit: 1 / median of time / bus bytes from 1 MiB")
 open(out, "w").write("\n".join(lines) + "\n")
 print(f"profile: wrote {out}: matmul {block:.1f} GFLOP/s, copy {copy:.1f} GB/s, {attention.split('#')[0].strip()}, "
       f"collective fits on {' '.join(map(str, ranks))} ranks")

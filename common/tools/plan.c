@@ -630,20 +630,25 @@ int main(int argc, char** argv) {
     PlanFn plan = plan_pick(&a, msg, sizeof(msg));
     if (!plan) die("%s", msg);
     RankPlan* plans = plan_run(&a, plan);
-    if (a.json) print_json(&a, plans);
-    else print_table(&a, plans);
+    StepTime* times = NULL;
     if (profile_path) {  // the step time (plan_time.h): every rank from its plan, the slowest sets the step
         PtChapter ch = {.chapter = a.chapter, .dp = a.mesh[AXIS_DP], .tp = a.mesh[AXIS_TP], .B = a.B, .T = a.T,
                         .recompute = a.recompute, .dp_mode = a.dp_mode, .zero = a.zero, .prefetch = a.prefetch};
-        StepTime* times = calloc((size_t)a.ranks, sizeof(StepTime));
-        for (int r = 0; r < a.ranks; r++)
+        times = calloc((size_t)a.ranks, sizeof(StepTime));
+        if (!times) die("%s", "out of memory");
+        for (int r = 0; r < a.ranks; r++) {
             plan_time_rank(&profile, &a.cfg, &ch, a.mesh, a.ranks, r, plans[r].peak,
                            (const CommCount(*)[COMM_NUM_AXES])plans[r].comm, a.steps, &times[r]);
-        int failed = plan_time_print(&profile, times, a.ranks, (double)a.B * a.T, a.json);
-        free(times);
-        free(plans);
-        return failed;
+            if (times[r].missing) {  // before any output: a profile short of a figure plans nothing
+                snprintf(msg, sizeof(msg), "the profile '%s' has no %s", profile.name, times[r].missing);
+                die("%s", msg);
+            }
+        }
     }
+    if (a.json) print_json(&a, plans);
+    else print_table(&a, plans);
+    if (times) plan_time_print(&profile, times, a.ranks, (double)a.B * a.T, a.json);
+    free(times);
     free(plans);
     return 0;
 }

@@ -19,6 +19,8 @@
 #      pipeline_NAME.png          gantt.gp         chapter 5: per-rank timeline of a step, per run
 #      expert_load.png            expert_load.gp   chapter 7: tokens per expert per step (expert_load.sh)
 #      ch6_memory.png             ch6_memory.gp    chapter 6: activations per rank against T (ch6_memory.sh)
+#      plan_check.png             plan_check.gp    build/plan's predicted ms/step and peak bytes against runs
+#                                                  (make plan-check writes DATA_DIR/plan_check.tsv)
 #    The first four draw one labelled row per run, grouped by chapter, in a
 #    picture as tall as the runs need (rows.gpi, which they load).
 #
@@ -154,4 +156,6 @@ coefs=$(bash "$gp/expert_load.sh" "$data" "$tables") || failed=$((failed + 1))
 # chapter 6's activation memory against T, from its own runs in DATA_DIR/ch6/
 ch6_names=$(bash "$gp/ch6_memory.sh" "$data" "$tables") || failed=$((failed + 1))
 [ -n "$ch6_names" ] && draw ch6_memory.gp "$pngs/ch6_memory.png" "names='$ch6_names'"
+# the planner against runs: make plan-check (common/tools/plan_check.sh) writes DATA_DIR/plan_check.tsv
+[ -f "$data/plan_check.tsv" ] && draw plan_check.gp "$pngs/plan_check.png" "datafile='$data/plan_check.tsv'"
 [ $failed -eq 0 ]
