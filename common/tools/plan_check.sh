@@ -13,7 +13,9 @@
 # docs/plots/plan_check.gp draws (make plots / make docs-plots).
 # Environment: BIN (build), PROFILE (build/profile.txt; measured first by
 # common/tools/measure_profile.sh if missing), SWEEP (docs/plots/data/sweep.txt),
-# OUT, ONLY (an extended regular expression: only the runs whose name matches).
+# OUT, ONLY (an extended regular expression: only the runs whose name matches),
+# RUN (1; RUN=0 runs nothing and takes the measured side from the sweep's own
+# files in the data folder: a profile of today against the sweep's day).
 set -u
 cd "$(dirname "$0")/../.."
 BIN=${BIN:-build}
@@ -21,6 +23,7 @@ PROFILE=${PROFILE:-build/profile.txt}
 SWEEP=${SWEEP:-docs/plots/data/sweep.txt}
 OUT=${OUT:-docs/plots/data/plan_check.tsv}
 ONLY=${ONLY:-}
+RUN=${RUN:-1}
 MPIRUN="bash tests/mpirun.sh"
 LOGS=build/plan-check
 mkdir -p "$LOGS"
@@ -50,16 +53,20 @@ while read -r file npf cmd; do
     # the planner takes the chapter's flags but the run's own (steps, validation, peak)
     plan_flags=$(echo "$flags" | sed 's/--steps [0-9]*//; s/--val-batches [0-9]*//; s/--peak-gflops [0-9.]*//')
     # shellcheck disable=SC2086
-    plan=$("$BIN/plan" --chapter "$ch" --ranks "$np" $plan_flags --profile "$PROFILE" --json 2>&1)
+    plan=$("$BIN/plan" --chapter "$ch" --ranks "$np" $plan_flags --profile "$PROFILE" --json 2>&1 < /dev/null)
     if [ $? -ne 0 ]; then
         echo "plan-check: $name: the planner failed: $plan" >&2
         failed=$((failed + 1))
         continue
     fi
     log=$LOGS/$name.jsonl
-    rm -f "$log"
+    if [ "$RUN" = 0 ]; then
+        log=$(dirname "$SWEEP")/$name.jsonl
+    else
+        rm -f "$log"
+    fi
     # shellcheck disable=SC2086
-    if ! timeout 600 $MPIRUN -np "$np" "$BIN/chapter-$ch" $flags --log "$log" > "$LOGS/$name.out" 2>&1; then
+    if [ "$RUN" != 0 ] && ! timeout 600 $MPIRUN -np "$np" "$BIN/chapter-$ch" $flags --log "$log" < /dev/null > "$LOGS/$name.out" 2>&1; then
         echo "plan-check: $name: the run failed (see $LOGS/$name.out)" >&2
         failed=$((failed + 1))
         continue

@@ -364,7 +364,7 @@ int plan_time_preset(const char* name, GPTConfig* cfg) {
         {"gpt2-1.5b", 48, 25, 1600, 1024, 50257, 50304},
         // Llama 3 8B's width, depth, heads, vocabulary and context in the
         // course's block (LayerNorm, a 4C GELU MLP, full multi-head
-        // attention, tied embeddings): 6.98e9 parameters against Llama's
+        // attention, tied embeddings, 8192 learned positions): 7.00e9 parameters against Llama's
         // 8.03e9 (its 14336-wide SwiGLU MLP, 8 KV heads, untied head)
         {"llama3-8b-like", 32, 32, 4096, 8192, 128256, 128256},
     };
