@@ -71,11 +71,18 @@ static double* pt_coll_field(MachineProfile* p, const char* key, char* why, size
     return NULL;
 }
 
+// plan_profile_read walks the figures as one array of doubles
+_Static_assert(sizeof(MachineProfile) ==
+                   offsetof(MachineProfile, compute_shared) +
+                       sizeof(double) * (11 + 2 * NUM_COLLECTIVES * (PT_MAX_GROUP + 1)),
+               "MachineProfile: every field after the name is a double");
+
 const char* plan_profile_read(const char* path, MachineProfile* p, char* msg, size_t len) {
-    double* all = (double*)p;  // every figure is a double after the name
+    // every figure is a double after the name: one array, so "given twice"
+    // can be tracked by index, whatever key names the slot
     memset(p, 0, sizeof(*p));
     size_t n_figures = (sizeof(*p) - offsetof(MachineProfile, compute_shared)) / sizeof(double);
-    all = (double*)((char*)p + offsetof(MachineProfile, compute_shared));
+    double* all = (double*)((char*)p + offsetof(MachineProfile, compute_shared));
     for (size_t i = 0; i < n_figures; i++) all[i] = PT_UNKNOWN;
     unsigned char* seen = calloc(n_figures, 1);
     FILE* f = fopen(path, "r");

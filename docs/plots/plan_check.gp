@@ -46,6 +46,5 @@ set ylabel "predicted peak MiB (build/plan)"
 set xrange [0:bmax]
 set yrange [0:bmax]
 plot x title "predicted = measured" lc rgb "#888888" dt 2, \
-     for [c in "0 2 3 4"] datafile using ($2 == c ? $8 / 1048576 : 1/0):($7 / 1048576) title "chapter " . c with points pt 7 ps 1.3 lc rgb color(c + 0), \
-     datafile using ($8 / 1048576):($7 / 1048576):1 notitle with labels offset 0.8,0.6 left font ",8" tc rgb "#555555"
+     for [c in "0 2 3 4"] datafile using ($2 == c ? $8 / 1048576 : 1/0):($7 / 1048576) title "chapter " . c with points pt 7 ps 1.3 lc rgb color(c + 0)
 unset multiplot
