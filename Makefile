@@ -9,6 +9,8 @@
 #   make demo          set-up, then train the small model and print a sample
 #   make bench-ref     the roofline (build/roofline), then the reference's speed on the small model (one rank)
 #   make bench-peer    the same model in PyTorch, alternated with chapters 0 and 2
+#   make profile       this machine's profile for build/plan --profile (PROFILE=build/profile.txt)
+#   make plan-check    the planner's predicted ms/step against runs of the sweep's configurations
 #   make bench, plots  the sweep over chapters and its plots in build/plots/ (docs/plots/plots.mk)
 #   make bench-ckpt    each checkpoint level and mode, timed (docs/plots/data/ckpt/; make plots draws them)
 #   make docs-plots    redraws the docs' figures, docs/plots/*.png, from docs/plots/data/
@@ -272,6 +274,17 @@ bench-ref: all
 	bash tests/mpirun.sh -np 1 $(BIN)/roofline
 	bash tests/mpirun.sh -np 1 $(BIN)/chapter-0 --model small --steps 12 --log build/bench-ref.jsonl
 	@python3 common/tools/op_breakdown.py build/bench-ref.jsonl
+
+# The planner's machine profile of this machine (common/tools/measure_profile.sh:
+# the roofline, attention, chapter 1's collectives fitted to alpha + bytes/busbw)
+# into PROFILE (build/profile.txt); make plan-check predicts the committed
+# sweep's runs with it and runs them (docs/planner.md). Benches: not in make test.
+PROFILE ?= build/profile.txt
+.PHONY: profile plan-check
+profile: all
+	@BIN=$(BIN) bash common/tools/measure_profile.sh $(PROFILE)
+plan-check: all
+	@BIN=$(BIN) PROFILE=$(PROFILE) bash common/tools/plan_check.sh
 
 # The same model in PyTorch (installs Debian's python3-torch), alternated with
 # chapters 0 and 2: tokens/s and ratios (common/tools/bench_peer.sh).

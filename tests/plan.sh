@@ -231,4 +231,131 @@ plan_error "--cp-mode star" --chapter 6 --ranks 2 --cp 2 --cp-mode star
 plan_error "--sp" --chapter 6 --ranks 4 --tp 2 --cp 2 --sp
 plan_error "--ep" --chapter 7 --ranks 3 --ep 3 --experts 4
 plan_error "--ep-overlap" --chapter 7 --ranks 2 --ep 2 --batch 24 --seq 32 --ep-overlap 385
+
+echo "== the step-time model (07_expert/plan/plan_time.h)"
+# A fixed profile, and the time the documented formula gives for it,
+# computed here from the plan's own counts (its --json record):
+#   step = (matmul_flops / matmul_gflops + attention_flops / attention_gflops
+#           + memory_bytes * s / memory_gbps) * r + sum(calls * alpha + bus_bytes * s / busbw)
+#          - min(overlap * hideable, compute)
+prof=$TEST_TMPDIR/plan_profile_$$.txt
+cat > "$prof" <<'PROF'
+# a made-up machine: the figures are round so the arithmetic is checkable
+name = test machine
+compute_shared = 1  # r = the ranks
+matmul_gflops = 100
+attention_gflops = 50
+memory_gbps = 10
+overlap = 0
+coll.allreduce.p2.alpha_us = 100  # per call
+coll.allreduce.p2.busbw_gbps = 2
+info.anything = 7  # kept for the reader, not used
+PROF
+# plan_time_check PROFILE EXPECT_HIDE FLAGS...: the plan's predicted ms
+# against the formula evaluated here (tiny: L 2, C 64, Vp 256; batch 4 x 64)
+plan_time_check() {
+    local profile=$1 what=$2
+    shift 2
+    local out
+    out=$("$BUILD/plan" "$@" --json --profile "$profile" 2>&1)
+    local verdict
+    verdict=$(python3 - "$profile" "$what" "$out" "$@" <<'PY'
+import json, math, sys
+prof_path, what, out = sys.argv[1:4]
+flags = sys.argv[4:]
+prof = {}
+for line in open(prof_path):
+    line = line.split("#")[0].strip()
+    if "=" in line:
+        k, v = [x.strip() for x in line.split("=", 1)]
+        prof[k] = v
+recs = [json.loads(l) for l in out.splitlines() if l.startswith("{")]
+plan = [r for r in recs if r["type"] == "plan"][0]
+got = [r for r in recs if r["type"] == "plan_time"][0]
+def flag(name, default):
+    return int(flags[flags.index(name) + 1]) if name in flags else default
+ch, ranks, dp = flag("--chapter", 0), flag("--ranks", 1), flag("--dp", 1)
+L, C, Vp, B, T = 2, 64, 256, 4, 64
+n = B / dp * T
+matmul = 6 * n * (12 * L * C * C + Vp * C)
+attention = 12 * n * L * T * C
+opt = plan["peak_bytes"]["optimizer"][0] / 8
+grads = plan["peak_bytes"]["grads"][0] / 4
+memory = 4 * (n * (L * (18 * C + 20 * C) + 4 * Vp) + 7 * opt + grads)
+shared = float(prof.get("compute_shared", 0)) == 1
+r = ranks if shared else 1
+s = float(prof.get("element_bytes", 4)) / 4
+compute = (matmul / float(prof["matmul_gflops"]) + attention / float(prof["attention_gflops"])) * r / 1e9
+other = memory * s * r / float(prof["memory_gbps"]) / 1e9
+comm = hideable = 0.0
+for coll, axes in plan["comm"].items():
+    for axis, c in axes.items():
+        calls, bus = c["calls"][0], c["bus_bytes"][0]
+        key = f"coll.{coll}.p{dp}"
+        if key + ".busbw_gbps" in prof:
+            t = calls * float(prof[key + ".alpha_us"]) * 1e-6 + bus * s / float(prof[key + ".busbw_gbps"]) / 1e9
+        else:  # the link model: ring steps per call
+            steps = {"allreduce": 2 * (dp - 1)}.get(coll, dp - 1)
+            t = calls * steps * float(prof["link.intra.latency_us"]) * 1e-6 + bus * s / float(prof["link.intra.gbps"]) / 1e9
+        comm += t
+        if what == "hide" and coll in ("allreduce", "allgather"):
+            hideable += t * (calls - 1) / calls
+hidden = min(float(prof.get("overlap", 0)) * hideable, compute)
+want = 1e3 * (compute + other + comm - hidden)
+ok = abs(got["ms_per_step"] - want) <= 1e-3 + 1e-9 * want  # the record prints 3 decimals
+print(("ok" if ok else "BAD") + f" plan {got['ms_per_step']:.3f} ms, formula {want:.3f} ms (comm {1e3 * comm:.3f}, hidden {1e3 * hidden:.3f})")
+PY
+)
+    case $verdict in
+        ok*) pass "plan --profile $*: ${verdict#ok }" ;;
+        *) fail "plan --profile $*" "$verdict; $out" ;;
+    esac
+}
+plan_time_check "$prof" none --chapter 0
+plan_time_check "$prof" none --chapter 2 --ranks 2 --dp 2 --dp-mode bucketed --bucket-kb 64
+# overlap on a machine of one device per rank: the overlapped buckets but
+# the last hide under compute
+gpu=$TEST_TMPDIR/plan_profile_gpu_$$.txt
+sed 's/^compute_shared = 1.*/compute_shared = 0/; s/^overlap = 0/overlap = 1/; s/^matmul_gflops = 100/matmul_gflops = 1/' "$prof" > "$gpu"
+plan_time_check "$gpu" hide --chapter 2 --ranks 2 --dp 2 --dp-mode overlapped --bucket-kb 64
+# no fit: the link model, calls * ring steps * latency + bus bytes / link
+link=$TEST_TMPDIR/plan_profile_link_$$.txt
+grep -v '^coll\.' "$prof" > "$link"
+printf 'element_bytes = 2\nranks_per_node = 8\nlink.intra.gbps = 4\nlink.intra.latency_us = 30\n' >> "$link"
+plan_time_check "$link" none --chapter 3 --ranks 2 --dp 2 --zero 1
+
+# profile_error EXPECT LINES: a profile with these lines is refused with one
+# error line naming the file's line and the problem
+profile_error() {
+    local expect=$1 body=$2 f=$TEST_TMPDIR/plan_bad_$$_$RANDOM.txt out rc
+    printf '%b' "$body" > "$f"
+    out=$("$BUILD/plan" --chapter 0 --profile "$f" 2>&1)
+    rc=$?
+    if [ $rc -ne 0 ] && [ "$(echo "$out" | grep -c '^error: ')" = 1 ] && echo "$out" | grep -qF -- "$expect" &&
+        ! echo "$out" | grep -q '^plan:'; then
+        pass "bad profile ($expect): one error line, nothing planned"
+    else
+        fail "bad profile ($expect)" "exit $rc: $out"
+    fi
+}
+profile_error ":2: expected 'key = value'" 'matmul_gflops = 1\nmatmul_gflops 2\n'
+profile_error ":1: unknown key 'matmul_glops'" 'matmul_glops = 1\n'
+profile_error ":3: 'fast' is not a number" '# c\nname = x\nmemory_gbps = fast\n'
+profile_error ":2: 'overlap' must be from 0 to 1" 'matmul_gflops = 1\noverlap = 1.5\n'
+profile_error ":2: 'memory_gbps' given twice" 'memory_gbps = 1\nmemory_gbps = 2\n'
+profile_error ":1: 'coll.allreduse.p2.alpha_us': no collective named 'allreduse'" 'coll.allreduse.p2.alpha_us = 1\n'
+profile_error "coll.allreduce.p2 has only one of alpha_us and busbw_gbps" 'coll.allreduce.p2.alpha_us = 1\n'
+profile_error "the profile 'x' has no attention_gflops" 'name = x\nmatmul_gflops = 1\nmemory_gbps = 1\n'
+out=$("$BUILD/plan" --chapter 0 --profile "$TEST_TMPDIR/none.txt" 2>&1)
+[ $? -ne 0 ] && echo "$out" | grep -q "^error: .*none.txt: cannot read the profile" &&
+    pass "a profile that is not there: error line" || fail "missing profile" "$out"
+# the committed profiles parse, and plan the presets
+for f in 07_expert/plan/profiles/*.txt; do
+    out=$("$BUILD/plan" --chapter 3 --ranks 8 --dp 8 --model gpt2-124m --batch 64 --seq 1024 --profile "$f" 2>&1)
+    if [ $? -eq 0 ] && echo "$out" | grep -q '^  step [0-9.]* ms'; then
+        pass "profile $f plans GPT-2 124M on 8 ranks"
+    else
+        fail "profile $f" "$out"
+    fi
+done
 finish

@@ -42,6 +42,7 @@
 #include "model_file.h"
 #include "model_layout.h"
 #include "model_tp.h"
+#include "plan_time.h"
 
 #include "plan.h"
 
@@ -357,6 +358,8 @@ int main(int argc, char** argv) {
     int layers = ARG_NOT_GIVEN, channels = ARG_NOT_GIVEN, heads = ARG_NOT_GIVEN, vocab = ARG_NOT_GIVEN;
     int max_seq = ARG_NOT_GIVEN, batch = 0, seq = 0, help = 0, do_search = 0;
     const char* memory_arg = NULL;
+    const char* profile_path = NULL;  // the step-time model's machine (plan_time.h)
+    int measure_attention = 0;
     int mesh[NUM_AXES];
     for (int x = 0; x < NUM_AXES; x++) mesh[x] = 1;
     a.chapter = -1;
@@ -384,7 +387,8 @@ int main(int argc, char** argv) {
         {"ranks", ARG_INT, &a.ranks, "world size  [1]"},
         {"steps", ARG_INT, &a.steps, "steps the --json communication counts (as the summary)  [1]"},
         {"json", ARG_FLAG, &a.json, "one JSON record: the summary's peak_bytes and comm objects"},
-        {"model", ARG_STRING, &model, "tiny | small | tiny6 | FILE.bin  [tiny]"},
+        {"model", ARG_STRING, &model,
+         "tiny | small | tiny6 | FILE.bin, or planner-only gpt2-124m | gpt2-350m | gpt2-1.5b | llama3-8b-like  [tiny]"},
         {"layers", ARG_INT, &layers, "L, overriding the model's"},
         {"channels", ARG_INT, &channels, "C"},
         {"heads", ARG_INT, &heads, "NH"},
@@ -418,6 +422,8 @@ int main(int argc, char** argv) {
         {"ep-overlap", ARG_INT, &a.ep_overlap, "(chapter 7) each exchange in that many chunks of a rank's tokens  [1]"},
         {"search", ARG_FLAG, &do_search, "every layout of --ranks in chapters 0, 2, 3, 4 that fits --memory-per-rank"},
         {"memory-per-rank", ARG_STRING, &memory_arg, "bytes a rank may hold (--search), e.g. 8e6"},
+        {"profile", ARG_STRING, &profile_path, "a machine profile: also predict ms/step (plan_time.h)"},
+        {"measure-attention", ARG_FLAG, &measure_attention, "time attention at --batch --seq and the model's C, NH"},
         {"help", ARG_FLAG, &help, "this text"},
     };
     int n_flags = sizeof(flags) / sizeof(flags[0]);
@@ -435,7 +441,7 @@ int main(int argc, char** argv) {
     }
     // the model: a preset, or a checkpoint's header; then explicit sizes
     a.model_name = model;
-    if (!gpt_preset(model, &a.cfg)) {
+    if (!gpt_preset(model, &a.cfg) && !plan_time_preset(model, &a.cfg)) {
         bad = checkpoint_read_config(model, &a.cfg, msg, sizeof(msg));
         if (bad) die("%s", bad);
     }
@@ -454,6 +460,9 @@ int main(int argc, char** argv) {
     a.B = batch ? batch : (small ? 8 : 4);
     a.T = seq ? seq : (small ? 256 : (a.cfg.max_seq_len < 64 ? a.cfg.max_seq_len : 64));
     if (a.B < 1 || a.T < 1 || a.T > a.cfg.max_seq_len) die("%s: needs 1 <= --seq <= maxT and --batch >= 1", "--batch/--seq");
+    if (measure_attention) return plan_time_measure_attention(a.B, a.T, a.cfg.channels, a.cfg.num_heads);
+    MachineProfile profile;
+    if (profile_path && (bad = plan_profile_read(profile_path, &profile, msg, sizeof(msg)))) die("%s", bad);
     int found = 0;
     for (int m = 0; m < NUM_RECOMPUTE_MODES; m++)
         if (!strcmp(recompute, recompute_name((RecomputeMode)m))) a.recompute = (RecomputeMode)m, found = 1;
@@ -479,8 +488,27 @@ int main(int argc, char** argv) {
     PlanFn plan = plan_pick(&a, &info, msg, sizeof(msg));
     if (!plan) die("%s", msg);
     RankPlan* plans = plan_run(&a, plan);
+    StepTime* times = NULL;
+    if (profile_path && a.chapter >= 5)
+        die("--profile: the step-time model covers chapters 0, 2, 3 and 4 (%s)", "chapters 5 to 7: not yet");
+    if (profile_path) {  // the step time (plan_time.h): every rank from its plan, the slowest sets the step
+        PtChapter ch = {.chapter = a.chapter, .dp = a.mesh[AXIS_DP], .tp = a.mesh[AXIS_TP], .B = a.B, .T = a.T,
+                        .recompute = a.recompute, .dp_mode = a.dp_mode, .zero = a.zero, .prefetch = a.prefetch};
+        times = calloc((size_t)a.ranks, sizeof(StepTime));
+        if (!times) die("%s", "out of memory");
+        for (int r = 0; r < a.ranks; r++) {
+            plan_time_rank(&profile, &a.cfg, &ch, a.mesh, a.ranks, r, plans[r].peak,
+                           (const CommCount(*)[COMM_MAX_SLOTS])plans[r].comm, a.steps, &times[r]);
+            if (times[r].missing) {  // before any output: a profile short of a figure plans nothing
+                snprintf(msg, sizeof(msg), "the profile '%s' has no %s", profile.name, times[r].missing);
+                die("%s", msg);
+            }
+        }
+    }
     if (a.json) print_json(&a, &info, plans);
     else print_table(&a, &info, plans);
+    if (times) plan_time_print(&profile, times, a.ranks, (double)a.B * a.T, a.json);
+    free(times);
     free(plans);
     return 0;
 }

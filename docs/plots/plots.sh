@@ -20,6 +20,8 @@
 #      expert_load.png            expert_load.gp   chapter 7: tokens per expert per step (expert_load.sh)
 #      ch6_memory.png             ch6_memory.gp    chapter 6: activations per rank against T (ch6_memory.sh)
 #      ckpt_levels.png            ckpt_levels.gp   checkpoints: stall and bytes per level and mode (ckpt_levels.sh)
+#      plan_check.png             plan_check.gp    build/plan's predicted ms/step and peak bytes against runs
+#                                                  (make plan-check writes DATA_DIR/plan_check.tsv)
 #    The first four draw one labelled row per run, grouped by chapter, in a
 #    picture as tall as the runs need (rows.gpi, which they load).
 #
@@ -163,4 +165,6 @@ if [ -n "$ck" ]; then
         END { printf "runs of %s, load average %s at the start, %s at the end: expect noise", d, a, b }' "$data/ckpt/runs.txt")
     draw ckpt_levels.gp "$pngs/ckpt_levels.png" "load='$ckload'"
 fi
+# the planner against runs: make plan-check (common/tools/plan_check.sh) writes DATA_DIR/plan_check.tsv
+[ -f "$data/plan_check.tsv" ] && draw plan_check.gp "$pngs/plan_check.png" "datafile='$data/plan_check.tsv'"
 [ $failed -eq 0 ]

@@ -1,0 +1,445 @@
+// plan_time.c: the planner's step-time model (plan_time.h states it).
+#include "plan_time.h"
+
+#include <ctype.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "device.h"
+#include "memory.h"
+#include "mesh.h"
+#include "model_layout.h"
+#include "ops.h"
+#include "runtime.h"
+
+// ---------------------------------------------------------------- the profile file
+
+static char* pt_trim(char* s) {
+    while (isspace((unsigned char)*s)) s++;
+    char* e = s + strlen(s);
+    while (e > s && isspace((unsigned char)e[-1])) *--e = '\0';
+    return s;
+}
+
+// The named figures of the model; NULL for a key it does not know.
+static double* pt_field(MachineProfile* p, const char* key) {
+    static const struct {
+        const char* key;
+        size_t offset;
+    } fields[] = {
+        {"compute_shared", offsetof(MachineProfile, compute_shared)},
+        {"ranks_per_node", offsetof(MachineProfile, ranks_per_node)},
+        {"matmul_gflops", offsetof(MachineProfile, matmul_gflops)},
+        {"attention_gflops", offsetof(MachineProfile, attention_gflops)},
+        {"memory_gbps", offsetof(MachineProfile, memory_gbps)},
+        {"overlap", offsetof(MachineProfile, overlap)},
+        {"element_bytes", offsetof(MachineProfile, element_bytes)},
+        {"link.intra.gbps", offsetof(MachineProfile, intra_gbps)},
+        {"link.intra.latency_us", offsetof(MachineProfile, intra_latency_us)},
+        {"link.inter.gbps", offsetof(MachineProfile, inter_gbps)},
+        {"link.inter.latency_us", offsetof(MachineProfile, inter_latency_us)},
+    };
+    for (size_t i = 0; i < sizeof(fields) / sizeof(fields[0]); i++)
+        if (!strcmp(key, fields[i].key)) return (double*)((char*)p + fields[i].offset);
+    return NULL;
+}
+
+// "coll.NAME.pN.alpha_us" or "coll.NAME.pN.busbw_gbps": the slot, or NULL
+static double* pt_coll_field(MachineProfile* p, const char* key, char* why, size_t len) {
+    char name[32], what[32];
+    int group = 0, used = 0;
+    if (sscanf(key, "coll.%31[a-z_].p%d.%31[a-z_]%n", name, &group, what, &used) != 3 || key[used]) {
+        snprintf(why, len, "'%s' is not coll.COLLECTIVE.pN.alpha_us or .busbw_gbps", key);
+        return NULL;
+    }
+    int c = -1;
+    for (int k = 0; k < NUM_COLLECTIVES; k++)
+        if (!strcmp(name, collective_name((Collective)k))) c = k;
+    if (c < 0) {
+        snprintf(why, len, "'%s': no collective named '%s'", key, name);
+        return NULL;
+    }
+    if (group < 2 || group > PT_MAX_GROUP) {
+        snprintf(why, len, "'%s': the group size must be 2 to %d", key, PT_MAX_GROUP);
+        return NULL;
+    }
+    if (!strcmp(what, "alpha_us")) return &p->alpha_us[c][group];
+    if (!strcmp(what, "busbw_gbps")) return &p->busbw_gbps[c][group];
+    snprintf(why, len, "'%s': a collective's figures are alpha_us and busbw_gbps", key);
+    return NULL;
+}
+
+// plan_profile_read walks the figures as one array of doubles
+_Static_assert(sizeof(MachineProfile) ==
+                   offsetof(MachineProfile, compute_shared) +
+                       sizeof(double) * (11 + 2 * NUM_COLLECTIVES * (PT_MAX_GROUP + 1)),
+               "MachineProfile: every field after the name is a double");
+
+const char* plan_profile_read(const char* path, MachineProfile* p, char* msg, size_t len) {
+    // every figure is a double after the name: one array, so "given twice"
+    // can be tracked by index, whatever key names the slot
+    memset(p, 0, sizeof(*p));
+    size_t n_figures = (sizeof(*p) - offsetof(MachineProfile, compute_shared)) / sizeof(double);
+    double* all = (double*)((char*)p + offsetof(MachineProfile, compute_shared));
+    for (size_t i = 0; i < n_figures; i++) all[i] = PT_UNKNOWN;
+    unsigned char* seen = calloc(n_figures, 1);
+    FILE* f = fopen(path, "r");
+    if (!f || !seen) {
+        snprintf(msg, len, "%s: cannot read the profile", path);
+        free(seen);
+        if (f) fclose(f);
+        return msg;
+    }
+    char line[1024];
+    int lineno = 0;
+    const char* bad = NULL;
+    while (!bad && fgets(line, sizeof(line), f)) {
+        lineno++;
+        char* hash = strchr(line, '#');
+        if (hash) *hash = '\0';  // the source, after the figure
+        char* s = pt_trim(line);
+        if (!*s) continue;
+        char* eq = strchr(s, '=');
+        if (!eq) {
+            snprintf(msg, len, "%s:%d: expected 'key = value', got '%s'", path, lineno, s);
+            bad = msg;
+            break;
+        }
+        *eq = '\0';
+        char *key = pt_trim(s), *value = pt_trim(eq + 1);
+        if (!strcmp(key, "name")) {
+            snprintf(p->name, sizeof(p->name), "%s", value);
+            continue;
+        }
+        if (!strncmp(key, "info.", 5)) continue;  // a figure kept for the reader (a datasheet's other peaks)
+        char why[256];
+        double* slot = !strncmp(key, "coll.", 5) ? pt_coll_field(p, key, why, sizeof(why)) : pt_field(p, key);
+        if (!slot) {
+            if (strncmp(key, "coll.", 5)) snprintf(why, sizeof(why), "unknown key '%s'", key);
+            snprintf(msg, len, "%s:%d: %s", path, lineno, why);
+            bad = msg;
+            break;
+        }
+        size_t idx = (size_t)(slot - all);
+        if (seen[idx]) {
+            snprintf(msg, len, "%s:%d: '%s' given twice", path, lineno, key);
+            bad = msg;
+            break;
+        }
+        seen[idx] = 1;
+        if (!strcmp(value, "unknown")) continue;
+        char* end = NULL;
+        double v = strtod(value, &end);
+        if (!*value || *end || !isfinite(v) || v < 0) {
+            snprintf(msg, len, "%s:%d: '%s' is not a number >= 0 or 'unknown' (key '%s')", path, lineno, value, key);
+            bad = msg;
+            break;
+        }
+        const char* range = NULL;
+        if ((!strcmp(key, "compute_shared") && v != 0 && v != 1)) range = "0 or 1";
+        else if (!strcmp(key, "overlap") && v > 1) range = "from 0 to 1";
+        else if (!strcmp(key, "element_bytes") && v != 2 && v != 4) range = "2 or 4";
+        else if ((strstr(key, "gflops") || strstr(key, "gbps") || !strcmp(key, "ranks_per_node")) && v == 0)
+            range = "above 0";
+        if (range) {
+            snprintf(msg, len, "%s:%d: '%s' must be %s, got %s", path, lineno, key, range, value);
+            bad = msg;
+            break;
+        }
+        *slot = v;
+    }
+    fclose(f);
+    free(seen);
+    if (!bad) {
+        // a fit needs both figures
+        for (int c = 0; c < NUM_COLLECTIVES && !bad; c++)
+            for (int g = 2; g <= PT_MAX_GROUP && !bad; g++)
+                if ((p->alpha_us[c][g] == PT_UNKNOWN) != (p->busbw_gbps[c][g] == PT_UNKNOWN)) {
+                    snprintf(msg, len, "%s: coll.%s.p%d has only one of alpha_us and busbw_gbps", path,
+                             collective_name((Collective)c), g);
+                    bad = msg;
+                }
+    }
+    if (!bad && p->element_bytes == PT_UNKNOWN) p->element_bytes = 4;
+    if (!bad && p->compute_shared == PT_UNKNOWN) p->compute_shared = 0;
+    if (!bad && p->overlap == PT_UNKNOWN) p->overlap = 0;
+    return bad;
+}
+
+// ---------------------------------------------------------------- the work of a step
+
+int plan_time_work(const GPTConfig* cfg, const PtChapter* ch, double opt_params, double grad_params,
+                   StepWork* w) {
+    if (ch->chapter != 0 && ch->chapter != 2 && ch->chapter != 3 && ch->chapter != 4) return 0;
+    memset(w, 0, sizeof(*w));
+    double L = cfg->num_layers, C = cfg->channels, T = ch->T, tp = ch->chapter == 4 ? ch->tp : 1;
+    int dp = ch->chapter == 0 ? 1 : ch->dp;
+    double n = (double)ch->B / dp * T;
+    // the rank's rows of the padded vocabulary (chapter 4: ceil(Vp/tp), the last fewer)
+    double Vp = cfg->padded_vocab_size, Vl = Vp;
+    if (tp > 1) {
+        double per = ceil(Vp / tp), left = Vp - ch->tp_rank * per;
+        Vl = left < per ? left : per;
+    }
+    double block = 12.0 * L * C * C / tp;
+    w->matmul_flops = 6.0 * n * (block + Vl * C);
+    w->attention_flops = 12.0 * n * L * T * C / tp;
+    if (ch->recompute == RECOMPUTE_FULL) {
+        w->matmul_flops += 2.0 * n * block;
+        w->attention_flops += 4.0 * n * L * T * C / tp;
+    } else if (ch->recompute == RECOMPUTE_SELECTIVE) {
+        w->attention_flops += 2.0 * n * L * T * C / tp;
+    }
+    // layernorms (2 per block: 2C forward, 4C backward each) and residuals
+    // (2 per block, 3C each) on every tp rank; GELU (4C/tp wide: 2 forward,
+    // 3 backward); the loss (4 per vocabulary row); AdamW (read p, g, m, v;
+    // write p, m, v); zeroing the gradient
+    w->memory_bytes = 4.0 * (n * (L * (18.0 * C + 20.0 * C / tp) + 4.0 * Vl) + 7.0 * opt_params + grad_params);
+    w->ranks_on_node = 1;
+    w->bubble = 0;
+    return 1;
+}
+
+void plan_time_add_coll(StepWork* w, const PtChapter* ch, Collective coll, int group, double calls,
+                        double bus_bytes) {
+    if (w->n_coll >= PT_MAX_COLLS || calls <= 0) return;
+    double hide = 0;
+    // chapter 2 overlapped: every bucket is started as backward produces it
+    // and waited for after the last one, which nothing follows
+    if (ch->chapter == 2 && ch->dp_mode && !strcmp(ch->dp_mode, "overlapped") && coll == COLL_ALLREDUCE)
+        hide = (calls - 1) / calls;
+    // ZeRO-3 with prefetch: each unit's gather starts while the unit before computes
+    if ((ch->chapter == 3 || ch->chapter == 4) && ch->zero == 3 && ch->prefetch && coll == COLL_ALLGATHER)
+        hide = (calls - 1) / calls;
+    PtColl* c = &w->coll[w->n_coll++];
+    c->coll = coll;
+    c->group = group;
+    c->calls = calls;
+    c->bus_bytes = bus_bytes;
+    c->hideable = hide;
+}
+
+// ---------------------------------------------------------------- the prediction
+
+// messages one rank sends in sequence in the course's algorithms (chapter 1's table)
+static double pt_steps(Collective c, int p) {
+    switch (c) {
+        case COLL_ALLREDUCE: return 2.0 * (p - 1);
+        case COLL_BROADCAST:
+        case COLL_REDUCE: return ceil(log2((double)p));
+        default: return p - 1.0;
+    }
+}
+
+static double pt_coll_seconds(const MachineProfile* p, const PtColl* c, double s, StepTime* t) {
+    if (c->group < 2) return 0;  // a group of one sends nothing
+    int g = c->group <= PT_MAX_GROUP ? c->group : PT_MAX_GROUP, best = -1;
+    for (int k = 2; k <= PT_MAX_GROUP; k++)
+        if (p->busbw_gbps[c->coll][k] != PT_UNKNOWN && (best < 0 || abs(k - g) < abs(best - g))) best = k;
+    if (best >= 0) {
+        if (best != c->group) t->used_nearest_fit = 1;
+        return c->calls * p->alpha_us[c->coll][best] * 1e-6 + c->bus_bytes * s / (p->busbw_gbps[c->coll][best] * 1e9);
+    }
+    t->used_link_model = 1;
+    int intra = p->ranks_per_node != PT_UNKNOWN && c->group <= p->ranks_per_node;
+    double gbps = intra ? p->intra_gbps : p->inter_gbps, lat = intra ? p->intra_latency_us : p->inter_latency_us;
+    if (gbps == PT_UNKNOWN) {
+        t->missing = intra ? "link.intra.gbps (or a fit coll.NAME.pN)" : "link.inter.gbps (or a fit coll.NAME.pN)";
+        return 0;
+    }
+    if (lat == PT_UNKNOWN) t->unknown_latency = 1, lat = 0;
+    return c->calls * pt_steps(c->coll, c->group) * lat * 1e-6 + c->bus_bytes * s / (gbps * 1e9);
+}
+
+void plan_time_predict(const MachineProfile* p, const StepWork* w, StepTime* t) {
+    memset(t, 0, sizeof(*t));
+    double r = 1;
+    if (p->compute_shared == 1) {
+        r = w->ranks_on_node;
+        if (p->ranks_per_node != PT_UNKNOWN && r > p->ranks_per_node) r = p->ranks_per_node;
+    }
+    double s = p->element_bytes / 4.0;
+    if (p->matmul_gflops == PT_UNKNOWN) t->missing = "matmul_gflops";
+    else if (p->attention_gflops == PT_UNKNOWN) t->missing = "attention_gflops";
+    else if (p->memory_gbps == PT_UNKNOWN) t->missing = "memory_gbps";
+    if (t->missing) return;
+    double matmul = w->matmul_flops * r / (p->matmul_gflops * 1e9);
+    double attention = w->attention_flops * r / (p->attention_gflops * 1e9);
+    double other = w->memory_bytes * s * r / (p->memory_gbps * 1e9);
+    double comm = 0, hideable = 0;
+    for (int i = 0; i < w->n_coll; i++) {
+        double sec = pt_coll_seconds(p, &w->coll[i], s, t);
+        comm += sec;
+        hideable += sec * w->coll[i].hideable;
+    }
+    double hidden = p->overlap * hideable;
+    if (hidden > matmul + attention) hidden = matmul + attention;
+    double exposed = comm - hidden;
+    double bubble = w->bubble > 0 && w->bubble < 1 ? (matmul + attention + other) * w->bubble / (1 - w->bubble) : 0;
+    t->matmul_ms = 1e3 * matmul;
+    t->attention_ms = 1e3 * attention;
+    t->other_ms = 1e3 * other;
+    t->comm_ms = 1e3 * comm;
+    t->hidden_ms = 1e3 * hidden;
+    t->exposed_ms = 1e3 * exposed;
+    t->bubble_ms = 1e3 * bubble;
+    t->total_ms = 1e3 * (matmul + attention + other + exposed + bubble);
+}
+
+// ---------------------------------------------------------------- the planner's hook
+
+// The ranks of a counter slot's group: an axis's size, the world, or for a
+// group over several axes ("dp+cp") the product of theirs.
+static int slot_group_size(int slot, const int* mesh, int ranks) {
+    if (slot < NUM_AXES) return mesh[slot];
+    if (slot == COMM_WORLD_AXIS) return ranks;
+    char name[64];
+    snprintf(name, sizeof(name), "%s", comm_axis_name(slot));
+    int size = 1, matched = 0;
+    for (char* part = strtok(name, "+"); part; part = strtok(NULL, "+"))
+        for (int a = 0; a < NUM_AXES; a++)
+            if (!strcmp(part, mesh_axis_name((MeshAxis)a))) size *= mesh[a], matched++;
+    return matched ? size : ranks;  // listed ranks: the world is the bound
+}
+
+void plan_time_rank(const MachineProfile* p, const GPTConfig* cfg, const PtChapter* ch_in, const int* mesh, int ranks,
+                    int r, const double* peak, const CommCount (*comm)[COMM_MAX_SLOTS], int steps, StepTime* t) {
+    PtChapter ch = *ch_in;
+    Mesh m;
+    memset(&m, 0, sizeof(m));
+    for (int x = 0; x < NUM_AXES; x++) m.size[x] = mesh[x];
+    int coord[NUM_AXES];
+    mesh_coord_of(&m, r, coord);
+    ch.tp_rank = coord[AXIS_TP];
+    for (int c = 0; c < NUM_COLLECTIVES; c++)
+        if (c == COLL_ALLREDUCE) ch.bucket_calls = (int)(comm[c][AXIS_DP].calls / steps);
+    StepWork w;
+    if (!plan_time_work(cfg, &ch, peak[MEM_OPTIMIZER] / 8.0, peak[MEM_GRADS] / 4.0, &w)) {
+        memset(t, 0, sizeof(*t));
+        t->missing = "a chapter the time model knows (0, 2, 3, 4)";
+        return;
+    }
+    w.ranks_on_node = ranks;
+    for (int c = 0; c < NUM_COLLECTIVES; c++)
+        for (int x = 0; x < COMM_MAX_SLOTS; x++) {
+            const CommCount* q = &comm[c][x];
+            if (q->calls == 0) continue;
+            int group = slot_group_size(x, mesh, ranks);
+            plan_time_add_coll(&w, &ch, (Collective)c, group, q->calls / steps, q->bus_bytes / steps);
+        }
+    plan_time_predict(p, &w, t);
+}
+
+int plan_time_print(const MachineProfile* p, const StepTime* per_rank, int ranks, double tokens_per_step, int json) {
+    int slow = 0;
+    for (int r = 0; r < ranks; r++) {
+        if (per_rank[r].missing) {
+            fprintf(stderr, "error: the profile '%s' has no %s\n", p->name, per_rank[r].missing);
+            return 1;
+        }
+        if (per_rank[r].total_ms > per_rank[slow].total_ms) slow = r;
+    }
+    const StepTime* t = &per_rank[slow];
+    double tps = tokens_per_step / (t->total_ms / 1e3);
+    if (json) {
+        printf("{\"type\":\"plan_time\",\"profile\":\"%s\",\"ms_per_step\":%.3f,\"tokens_per_s\":%.1f,"
+               "\"tokens_per_s_per_rank\":%.1f,\"slowest_rank\":%d,\"matmul_ms\":%.3f,\"attention_ms\":%.3f,\"other_ms\":%.3f,"
+               "\"comm_ms\":%.3f,\"hidden_ms\":%.3f,\"exposed_comm_ms\":%.3f,\"bubble_ms\":%.3f}\n",
+               p->name, t->total_ms, tps, tps / ranks, slow, t->matmul_ms, t->attention_ms, t->other_ms, t->comm_ms, t->hidden_ms,
+               t->exposed_ms, t->bubble_ms);
+        return 0;
+    }
+    printf("predicted step time, profile '%s' (model: docs/planner.md):\n", p->name);
+    for (int r = 0; r < ranks;) {  // ranks with the same figures share a line
+        const StepTime* q = &per_rank[r];
+        int last = r;
+        while (last + 1 < ranks && !memcmp(&per_rank[last + 1], q, sizeof(*q))) last++;
+        char who[32];
+        if (last > r) snprintf(who, sizeof(who), "ranks %d-%d", r, last);
+        else snprintf(who, sizeof(who), "rank %d", r);
+        printf("  %-10s %9.1f ms = compute %.1f (matmul %.1f, attention %.1f) + other %.1f + exposed comm %.1f "
+               "(of %.1f, %.1f hidden) + bubble %.1f\n", who, q->total_ms, q->matmul_ms + q->attention_ms,
+               q->matmul_ms, q->attention_ms, q->other_ms, q->exposed_ms, q->comm_ms, q->hidden_ms, q->bubble_ms);
+        r = last + 1;
+    }
+    printf("  step %.1f ms (rank %d, the slowest): %.0f tokens/s, %.0f per rank\n", t->total_ms, slow, tps, tps / ranks);
+    if (t->used_nearest_fit) printf("  note: a group size without its own fit was timed with the nearest size's\n");
+    if (t->used_link_model) printf("  note: collectives without a fit were timed by the link model\n");
+    if (t->unknown_latency) printf("  note: a link latency is unknown in the profile: taken as 0 (the time is a lower bound)\n");
+    return 0;
+}
+
+// ---------------------------------------------------------------- presets
+
+int plan_time_preset(const char* name, GPTConfig* cfg) {
+    // GPT-2's published sizes (vocabulary 50257, padded to 50304 as llm.c
+    // pads it; 1024 positions)
+    static const struct {
+        const char* name;
+        int L, NH, C, maxT, V, Vp;
+    } presets[] = {
+        {"gpt2-124m", 12, 12, 768, 1024, 50257, 50304},
+        {"gpt2-350m", 24, 16, 1024, 1024, 50257, 50304},
+        {"gpt2-1.5b", 48, 25, 1600, 1024, 50257, 50304},
+        // Llama 3 8B's width, depth, heads, vocabulary and context in the
+        // course's block (LayerNorm, a 4C GELU MLP, full multi-head
+        // attention, tied embeddings, 8192 learned positions): 7.00e9 parameters against Llama's
+        // 8.03e9 (its 14336-wide SwiGLU MLP, 8 KV heads, untied head)
+        {"llama3-8b-like", 32, 32, 4096, 8192, 128256, 128256},
+    };
+    for (size_t i = 0; i < sizeof(presets) / sizeof(presets[0]); i++)
+        if (!strcmp(name, presets[i].name)) {
+            *cfg = (GPTConfig){.max_seq_len = presets[i].maxT, .vocab_size = presets[i].V,
+                               .padded_vocab_size = presets[i].Vp, .num_layers = presets[i].L,
+                               .num_heads = presets[i].NH, .channels = presets[i].C};
+            return 1;
+        }
+    return 0;
+}
+
+// ---------------------------------------------------------------- measuring attention
+
+int plan_time_measure_attention(int B, int T, int C, int NH) {
+    int argc = 1;
+    char prog[] = "plan", *args[] = {prog, NULL}, **argv = args;
+    runtime_init(&argc, &argv);
+    int threads = runtime_set_threads(0);
+    const char* device = device_init(runtime_local_rank());
+    size_t btc = (size_t)B * T * C, att = (size_t)B * NH * T * T;
+    float* qkv = mem_alloc_floats(3 * btc, MEM_OTHER);
+    float* dqkv = mem_alloc_floats(3 * btc, MEM_OTHER);
+    float* out = mem_alloc_floats(btc, MEM_OTHER);
+    float* dout = mem_alloc_floats(btc, MEM_OTHER);
+    float* probs = mem_alloc_floats(att, MEM_OTHER);
+    float* dprobs = mem_alloc_floats(att, MEM_OTHER);
+    // zeros: the softmax stays finite whatever the allocator left, and the
+    // ops do the same work on any values
+    ops_zero(qkv, 3 * btc);
+    ops_zero(dout, btc);
+    ops_zero(dqkv, 3 * btc);
+    double best = 1e30;
+    for (int r = 0; r < 4; r++) {  // the first warms threads and pages
+        device_synchronize();
+        double t0 = now_seconds();
+        attention_forward(out, probs, qkv, B, T, C, NH);
+        attention_backward(dqkv, dprobs, dout, qkv, probs, B, T, C, NH);
+        device_synchronize();
+        double dt = now_seconds() - t0;
+        if (r > 0 && dt < best) best = dt;
+    }
+    // forward 4 T C and backward 8 T C per token and layer: gpt_flops_per_token's count
+    double flops = 12.0 * (double)B * T * T * C;
+    printf("attention_gflops = %.1f  # build/plan --measure-attention --batch %d --seq %d --channels %d "
+           "--heads %d: attention_forward + attention_backward, best of 3, %s, %d thread(s), 12 B T^2 C flops\n",
+           flops / best / 1e9, B, T, C, NH, device, threads);
+    mem_free(qkv);
+    mem_free(dqkv);
+    mem_free(out);
+    mem_free(dout);
+    mem_free(probs);
+    mem_free(dprobs);
+    runtime_finalize();
+    return 0;
+}

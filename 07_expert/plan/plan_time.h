@@ -1,0 +1,155 @@
+// plan_time.h: the planner's step-time model (build/plan --profile FILE).
+//
+// The plan (plan.c) counts what a step does exactly: the bytes of every
+// collective per rank and axis. This module turns counts into time with a
+// machine profile (a text file of measured or datasheet figures) and a
+// roofline model, stated in full in docs/planner.md:
+//
+//   r        = ranks sharing one device: the ranks on the node when the
+//              profile says compute_shared = 1 (CPU: every rank's threads
+//              share the node's cores and memory bus), else 1 (a GPU each)
+//   s        = element_bytes / 4 (the course moves 4-byte floats; a bf16
+//              run moves 2)
+//   matmul   = matmul_flops    * r / matmul_gflops
+//   attention= attention_flops * r / attention_gflops
+//   other    = memory_bytes * s * r / memory_gbps        (memory-bound ops)
+//   comm(c,p)= calls * alpha(c,p) + bus_bytes * s / busbw(c,p)
+//              alpha and busbw: chapter 1's fit for collective c on p ranks
+//              when the profile has it (the nearest p otherwise); else the
+//              link model calls * steps(c,p) * latency + bus_bytes * s / link
+//   exposed  = comm - min(overlap * hideable, matmul + attention)
+//   bubble   = (compute + other) * b / (1 - b)
+//   step     = matmul + attention + other + exposed + bubble
+//
+// hideable is the time of the collectives a chapter starts without waiting
+// (chapter 2's overlapped buckets but the last, chapter 3 and 4's prefetched
+// ZeRO-3 gathers but the first); overlap (0..1) is the profile's figure for
+// how much of that the machine can run under compute (0 on a CPU, where the
+// same cores copy the bytes and MPI progresses only inside its calls).
+#ifndef PLAN_TIME_H
+#define PLAN_TIME_H
+
+#include <stddef.h>
+
+#include "comm.h"
+#include "model.h"
+
+#define PT_MAX_GROUP 64  // largest group size a profile can hold a fit for
+
+// ---------------------------------------------------------------- the machine
+
+// A figure not in the file, or given as "unknown", is PT_UNKNOWN.
+#define PT_UNKNOWN (-1.0)
+
+typedef struct {
+    char name[128];
+    double compute_shared;       // 1: all ranks of a node share one device (CPU); 0: one device per rank
+    double ranks_per_node;       // ranks one node holds (the link model: which link a group uses)
+    double matmul_gflops;        // the matmul rate the model divides by (per device)
+    double attention_gflops;     // attention, counted as gpt_flops_per_token counts it
+    double memory_gbps;          // bytes read plus written per second (copy bandwidth)
+    double overlap;              // 0..1: how much hideable communication runs under compute
+    double element_bytes;        // bytes per element moved: 4 (fp32, the course) or 2 (bf16)
+    double intra_gbps, intra_latency_us;  // the link between ranks of one node, per direction
+    double inter_gbps, inter_latency_us;  // between nodes, per rank
+    // chapter 1's alpha-beta fit, per collective and group size
+    double alpha_us[NUM_COLLECTIVES][PT_MAX_GROUP + 1];
+    double busbw_gbps[NUM_COLLECTIVES][PT_MAX_GROUP + 1];
+} MachineProfile;
+
+// Reads a profile file: lines "key = value  # source", value a number or
+// "unknown"; blank lines and lines starting with # are skipped. Returns NULL,
+// or a message "FILE:LINE: what is wrong" (the caller prints it after
+// "error: "). Unknown keys, a line without "=", a value that is not a number
+// and a figure out of range are errors; a missing figure is PT_UNKNOWN.
+const char* plan_profile_read(const char* path, MachineProfile* p, char* msg, size_t len);
+
+// ---------------------------------------------------------------- the work of a step
+
+// What one rank does in one step. The collectives are the plan's counts
+// (comm_stats.h's calls, bytes and bus bytes), each with its group size and
+// the share of its calls the chapter starts without waiting.
+typedef struct {
+    Collective coll;
+    int group;
+    double calls, bus_bytes;
+    double hideable;  // 0..1
+} PtColl;
+
+#define PT_MAX_COLLS 64
+
+typedef struct {
+    double matmul_flops, attention_flops;  // per rank per step
+    double memory_bytes;                   // of the memory-bound ops, 4-byte elements
+    int ranks_on_node;                     // ranks sharing one device when compute_shared
+    double bubble;                         // pipeline bubble fraction (0 until chapter 5 is planned)
+    int n_coll;
+    PtColl coll[PT_MAX_COLLS];
+} StepWork;
+
+// The chapter facts the FLOPs and the overlap depend on (plain values, so
+// this module needs nothing of plan.c's own types).
+typedef struct {
+    int chapter;           // 0, 2, 3, 4
+    int dp, tp, tp_rank;   // the rank's mesh
+    int B, T;              // global batch, sequence length
+    RecomputeMode recompute;
+    const char* dp_mode;   // chapter 2
+    int zero, prefetch;    // chapters 3 and 4
+    int bucket_calls;      // chapter 2: all-reduce calls per step (the buckets)
+} PtChapter;
+
+// FLOPs and memory-bound bytes of one rank's step (chapters 0, 2, 3, 4):
+//   tokens n   = B / dp * T
+//   matmul     = 6 n (12 L C^2 / tp + Vl C)       Vl: the rank's vocabulary rows
+//   attention  = 12 n L T C / tp                   (gpt_flops_per_token's count)
+//   recompute  full: + 2 n 12 L C^2 / tp + 4 n L T C / tp; selective: + 2 n L T C / tp
+//   memory     = 4 [n (L (18 C + 20 C / tp) + 4 Vl) + 7 P_opt + P_grad] bytes
+// opt_params and grad_params are the floats the rank's AdamW steps and its
+// gradient buffer holds (the plan's optimizer bytes / 8, grads bytes / 4).
+// Returns 0 and leaves w alone for a chapter it does not know.
+int plan_time_work(const GPTConfig* cfg, const PtChapter* ch, double opt_params, double grad_params,
+                   StepWork* w);
+
+// Adds a collective of the plan (calls and bus bytes per step) on a group of
+// `group` ranks; its hideable share follows the chapter (see above).
+void plan_time_add_coll(StepWork* w, const PtChapter* ch, Collective coll, int group, double calls,
+                        double bus_bytes);
+
+// ---------------------------------------------------------------- the prediction
+
+typedef struct {
+    double matmul_ms, attention_ms, other_ms, comm_ms, hidden_ms, exposed_ms, bubble_ms, total_ms;
+    int used_link_model;    // some collective had no fit: the link model timed it
+    int used_nearest_fit;   // some group size had no fit: the nearest size's was used
+    int unknown_latency;    // a latency the link model needed is unknown: taken as 0
+    const char* missing;    // a figure the model needs and the profile lacks, else NULL
+} StepTime;
+
+void plan_time_predict(const MachineProfile* p, const StepWork* w, StepTime* t);
+
+// ---------------------------------------------------------------- the planner's hook
+
+// Rank r's prediction from its plan: peak bytes per memory category (the
+// AdamW and gradient floats come from them) and its collective counts over
+// `steps` steps; mesh holds the axis sizes (group sizes), ranks the world.
+void plan_time_rank(const MachineProfile* p, const GPTConfig* cfg, const PtChapter* ch, const int* mesh, int ranks,
+                    int r, const double* peak, const CommCount (*comm)[COMM_MAX_SLOTS], int steps, StepTime* t);
+
+// Prints every rank's prediction (json: one {"type":"plan_time",...}
+// record); returns 1 if the profile lacked a figure the model needed (the
+// error line says which).
+int plan_time_print(const MachineProfile* p, const StepTime* per_rank, int ranks, double tokens_per_step, int json);
+
+// ---------------------------------------------------------------- planner-only presets
+
+// GPT-2 124M, 350M, 1.5B and a Llama-3-8B-like shape in the course's GPT
+// architecture; 1 if `name` is one (gpt2-124m, gpt2-350m, gpt2-1.5b,
+// llama3-8b-like). Planner-only: the chapters' --model keeps its presets.
+int plan_time_preset(const char* name, GPTConfig* cfg);
+
+// build/plan --measure-attention: times attention_forward + backward on one
+// device at B x T with C channels over NH heads and prints the profile line.
+int plan_time_measure_attention(int B, int T, int C, int NH);
+
+#endif
