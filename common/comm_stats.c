@@ -10,6 +10,7 @@
 static CommCount counts[NUM_COLLECTIVES][COMM_MAX_SLOTS];
 static double wait_seconds = 0.0;
 static double progress_seconds = 0.0;
+static double (*device_waits)(void) = NULL;  // comm_stats_device_waits
 // > 0 inside a hand-written collective (--comm hand): its sends, receives
 // and waits are part of the one collective already counted, not calls of
 // their own
@@ -20,13 +21,19 @@ static long hand_collectives = 0;
 CommCount comm_count(Collective coll, int axis) { return counts[coll][axis]; }
 
 void comm_counts_reset(void) {
+    if (device_waits) (void)device_waits();  // the waits so far, dropped with the rest
     memset(counts, 0, sizeof(counts));
     wait_seconds = 0.0;
     progress_seconds = 0.0;
     hand_collectives = 0;
 }
 
-double comm_wait_seconds(void) { return wait_seconds; }
+void comm_stats_device_waits(double (*read)(void)) { device_waits = read; }
+
+double comm_wait_seconds(void) {
+    if (device_waits) wait_seconds += device_waits();
+    return wait_seconds;
+}
 double comm_progress_seconds(void) { return progress_seconds; }
 
 void comm_tally(const Comm* c, Collective coll, size_t bytes, double factor) {
