@@ -25,6 +25,7 @@
 #include <mpi.h>
 #include <stddef.h>
 
+#include "memory.h"  // DeviceClock
 #include "mesh.h"
 
 // the world is counted as one more "axis" after the mesh's; groups over
@@ -217,6 +218,15 @@ void comm_counts_reset(void);
 // Seconds spent inside blocking calls and comm_wait: time a rank waited on
 // communication that compute did not hide.
 double comm_wait_seconds(void);
+// A chapter's share of comm_wait_seconds (the ring's waits, FSDP's gathers):
+// between comm_wait_clock_begin(clock) and comm_wait_clock_end(clock), every
+// wait the comm layer counts is counted in clock too (a DeviceClock,
+// memory.h), read at the step's end. Reading comm_wait_seconds around each
+// wait instead would, on CUDA, wait for the GPU there (the waits are timed
+// on the GPU: docs/cuda.md). At most COMM_WAIT_CLOCKS clocks at once.
+#define COMM_WAIT_CLOCKS 4
+void comm_wait_clock_begin(DeviceClock* clock);
+void comm_wait_clock_end(DeviceClock* clock);
 // Seconds spent inside the non-blocking starts, comm_test and comm_progress:
 // the host's own work on communication that is in flight (on MPI the
 // library copies and reduces there; on NCCL it is only queueing). Not

@@ -25,6 +25,10 @@ void comm_add_wait(double seconds);
 // call (NULL: none), which comm_wait_seconds adds before it answers and
 // comm_counts_reset drops. The CPU backend never calls this.
 void comm_stats_device_waits(double (*read)(void));
+// Runs fn (device_clock_start or device_clock_stop) on every clock attached
+// by comm_wait_clock_begin: the CUDA backend's wait spans go into them too.
+// (The CPU's waits reach them through comm_add_wait.)
+void comm_wait_clocks_each(void (*fn)(DeviceClock*));
 // Adds seconds spent inside a non-blocking start or comm_test (a comm span).
 void comm_add_progress(double seconds);
 // on = 1 while a collective made of other comm_* calls runs (--comm hand),

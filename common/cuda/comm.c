@@ -469,7 +469,10 @@ static void after_compute(cudaStream_t stream) {
 
 // The compute stream reaches a wait for communication: the wait's span
 // starts (comm_device_wait_seconds).
-static void wait_span_begin(void) { device_clock_start(&wait_clock); }
+static void wait_span_begin(void) {
+    device_clock_start(&wait_clock);
+    comm_wait_clocks_each(device_clock_start);  // a chapter's share (comm_wait_clock_begin)
+}
 
 // The compute stream waits for everything queued so far on stream (the
 // operation just queued): later compute, and every operation queued after
@@ -480,7 +483,10 @@ static void compute_after(cudaStream_t stream) {
 }
 
 // The compute stream passes the wait: the span ends.
-static void wait_span_end(void) { device_clock_stop(&wait_clock); }
+static void wait_span_end(void) {
+    device_clock_stop(&wait_clock);
+    comm_wait_clocks_each(device_clock_stop);
+}
 
 // Every blocking call: held point-to-point operations go first, then the
 // communication stream waits for compute (an event, not the host).
