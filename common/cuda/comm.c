@@ -10,12 +10,24 @@
 // its own communication stream, so a tp all-reduce does not queue behind a
 // dp prefetch. Before an operation is queued, its group's stream waits (an
 // event) for all compute queued so far, so the operation sees the results
-// of the kernels that came before it in the program.
-//   - blocking calls then wait for the communication stream: when they
-//     return, the result is in place for the host and for any later kernel;
-//   - non-blocking calls record an event after the operation instead
+// of the kernels that came before it in the program. Everything is
+// stream-ordered, as NCCL's own calls are; the host waits only in comm_barrier
+// and when a group is freed:
+//   - blocking calls record an event behind the operation and make the
+//     compute stream wait for it (cudaStreamWaitEvent): when they return,
+//     the result is in place for every later kernel, copy and operation
+//     (those queue behind that wait), and the host sees it through
+//     mem_to_host or device_synchronize (device.cu), which wait for the
+//     compute stream through wait_checked below (NCCL's errors, the
+//     watchdog), so a dead peer ends the job at the next of those;
+//   - non-blocking calls record an event after the operation
 //     (CommRequest.device_event); comm_wait makes the compute stream wait for
-//     it and waits for it on the host, as MPI_Wait returns after completion.
+//     it, so later compute sees the result, as after MPI_Wait.
+// The time the compute stream stands still in those waits is the comm
+// wait: spans of wait_clock, a DeviceClock (memory.h), from the compute
+// stream reaching the call to its release, read into comm_wait_seconds at
+// step boundaries (comm_device_wait_seconds; docs/cuda.md says what exactly
+// is measured).
 // Several communicators on one GPU: before NCCL 2.26, all their operations
 // had to be serialised into one order every rank shares, or they could
 // deadlock. From 2.26, NCCL_LAUNCH_ORDER_IMPLICIT=1 makes NCCL order them by
@@ -42,7 +54,8 @@
 // then come in the same order, and a transfer waits for nothing but its own
 // peer. comm_isend and comm_irecv queue at once on their channel, after the
 // compute queued before the call (an event recorded at the call); comm_recv
-// waits on the host for its own channel only; comm_wait for its request.
+// makes the compute stream wait for its own channel only; comm_wait for its
+// request.
 // These are the CPU layer's semantics: an isend progresses by itself, a
 // receive waits for its own message only, an operation waits only for the
 // compute before it. docs/cuda.md explains the rules.
