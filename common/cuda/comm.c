@@ -295,7 +295,8 @@ static void free_nccl_group(Comm* c) {
 // The event (and the shared stream) go with the last group.
 static void shared_resources_release_if_unused(void) {
     if (live_groups || !compute_ready) return;
-    comm_add_wait(comm_device_wait_seconds());  // the last spans, before their events go
+    double last = comm_device_wait_seconds();  // the last spans, before their events go
+    if (last > 0) comm_add_wait(last);
     comm_stats_device_waits(NULL);
     device_clock_free(&wait_clock);
     CUDA_CHECK(cudaEventDestroy(compute_ready));
