@@ -44,7 +44,15 @@ extern "C" void* device_raw_alloc(size_t bytes) {
     return p;
 }
 
-extern "C" void device_raw_free(void* ptr) { CUDA_CHECK(cudaFree(ptr)); }
+// Queued work (a collective the host did not wait for) may still use the
+// block, and cudaFree only "may perform implicit synchronization" (its
+// documentation), unpolled: a collective stuck on a dead peer would hold it
+// forever. So device_synchronize first (polled, watched): the block is
+// free of queued work, and a dead peer ends the job with a message.
+extern "C" void device_raw_free(void* ptr) {
+    device_synchronize();
+    CUDA_CHECK(cudaFree(ptr));
+}
 
 extern "C" const char* device_memory_name(void) { return "GPU memory"; }
 
