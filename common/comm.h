@@ -192,7 +192,9 @@ void comm_iallgather(const Comm* c, const float* send, float* recv, size_t count
 void comm_ibroadcast(const Comm* c, float* buf, size_t count, int root, CommRequest* req);
 void comm_isend(const Comm* c, const float* buf, size_t count, int peer, CommRequest* req);
 void comm_irecv(const Comm* c, float* buf, size_t count, int peer, CommRequest* req);
-// Completes req (a no-op on a request that is not active).
+// Completes req (a no-op on a request that is not active): its result is
+// in place for everything after. On CUDA, as every blocking call there, it
+// orders later device work after the operation and returns without waiting.
 void comm_wait(CommRequest* req);
 // Non-zero when req has completed (req stays to be waited on).
 int comm_test(CommRequest* req);
@@ -216,7 +218,10 @@ typedef struct {
 CommCount comm_count(Collective coll, int axis);
 void comm_counts_reset(void);
 // Seconds spent inside blocking calls and comm_wait: time a rank waited on
-// communication that compute did not hide.
+// communication that compute did not hide. On CUDA those calls return at
+// once and the compute stream waits (stream-ordered): the seconds are that
+// wait, timed on the GPU, and reading them waits for the GPU, so read them
+// between steps (docs/cuda.md).
 double comm_wait_seconds(void);
 // A chapter's share of comm_wait_seconds (the ring's waits, FSDP's gathers):
 // between comm_wait_clock_begin(clock) and comm_wait_clock_end(clock), every
