@@ -131,6 +131,8 @@ void fsdp_free(FSDP* f) {
     free(f->slot_req);
     for (int s = 0; s < f->n_slots; s++) device_clock_free(&f->slot_clock[s]);
     free(f->slot_clock);
+    device_clock_free(&f->allgather_clock);
+    device_clock_free(&f->blocked_clock);
     free(f->slot_prefetched);
     free(f->unit_in_slot);
     free(f->slot_of_unit);
@@ -166,23 +168,23 @@ static int request_unit(FSDP* f, int i) {
 
 // The time blocked here (a blocking gather, or the wait on a gather still in
 // flight) is the all-gather wait that prefetching tries to remove. Both are
-// the comm layer's wait clock (comm_wait_seconds), which counts the waiting
-// only: on CUDA comm_wait first drains the compute queued before it, outside
-// that clock.
+// the comm layer's waits, counted in the engine's clocks as they happen
+// (comm_wait_clock_begin): on CUDA a wait is timed on the GPU, and reading
+// comm_wait_seconds around it would make the host wait for the GPU here.
 float* fsdp_unit_params(FSDP* f, int i) {
     if (f->zero < 3) return f->full_params + f->padded_off[i];
-    double w0 = comm_wait_seconds();
+    comm_wait_clock_begin(&f->allgather_clock);
     request_unit(f, i);  // nothing when a prefetch brought it
     int s = f->slot_of_unit[i];
     int prefetched = f->slot_req[s].active && f->slot_prefetched[s];
-    double w1 = comm_wait_seconds();
+    if (prefetched) comm_wait_clock_begin(&f->blocked_clock);
     comm_wait(&f->slot_req[s]);
     if (prefetched) {
+        comm_wait_clock_end(&f->blocked_clock);
         device_clock_stop(&f->slot_clock[s]);  // in flight: from its start to here
-        f->prefetch_blocked_s += comm_wait_seconds() - w1;
         f->slot_prefetched[s] = 0;
     }
-    f->allgather_wait_s += comm_wait_seconds() - w0;
+    comm_wait_clock_end(&f->allgather_clock);
     return f->slot_buf[s];
 }
 
@@ -204,6 +206,9 @@ double fsdp_prefetch_inflight_s(FSDP* f) {
     for (int k = 0; k < f->n_slots; k++) s += device_clock_seconds(&f->slot_clock[k]);
     return s;
 }
+
+double fsdp_allgather_wait_s(FSDP* f) { return device_clock_seconds(&f->allgather_clock); }
+double fsdp_prefetch_blocked_s(FSDP* f) { return device_clock_seconds(&f->blocked_clock); }
 
 void fsdp_drop_gathered(FSDP* f) {
     for (int i = 0; i < f->n; i++) f->slot_of_unit[i] = -1;
@@ -280,7 +285,9 @@ void fsdp_step(FSDP* f, AdamWConfig opt, int t, float scale) {
         return;
     }
     // zero 1, 2: update this rank's shard of the full parameters in place,
-    // then all-gather so every rank has every updated shard
+    // then all-gather so every rank has every updated shard (their waits
+    // timed in allgather_clock)
+    comm_wait_clock_begin(&f->allgather_clock);
     // EXERCISE 5: the ZeRO-1/2 step: AdamW on this rank's shard of each unit, then every rank gets every updated shard
     int r = f->dp->rank;
     for (int i = 0; i < f->n; i++) {
@@ -288,13 +295,12 @@ void fsdp_step(FSDP* f, AdamWConfig opt, int t, float scale) {
         size_t S = f->shard[i], so = f->shard_off[i];
         adamw_update(full + (size_t)r * S, f->shard_grads + so, f->m + so, f->v + so, S, opt, t, scale);
     }
-    double w0 = comm_wait_seconds();
     for (int i = 0; i < f->n; i++) {
         float* full = f->full_params + f->padded_off[i];
         comm_allgather(f->dp, full + (size_t)r * f->shard[i], full, f->shard[i]);
     }
-    f->allgather_wait_s += comm_wait_seconds() - w0;
     // END EXERCISE 5
+    comm_wait_clock_end(&f->allgather_clock);
 }
 
 // ---------------------------------------------------------------- the whole

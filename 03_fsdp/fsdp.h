@@ -80,21 +80,21 @@ typedef struct {
     int* unit_in_slot;     // (n_slots)
     CommRequest* slot_req; // the gather in flight into each slot
     // what the prefetch does, for the summary: unit gathers started ahead of
-    // need (compute runs between their start and their wait), and the seconds
-    // blocked on parameter all-gathers (the comm layer's wait clock, so it is
-    // the all-gather part of comm_wait_seconds)
+    // need (compute runs between their start and their wait), and the time
+    // blocked on parameter all-gathers (the comm layer's waits, counted in
+    // this clock too by comm_wait_clock_begin: the all-gather part of
+    // comm_wait_seconds; read by fsdp_allgather_wait_s)
     long gathers_prefetched;
-    double allgather_wait_s;
+    DeviceClock allgather_clock;
     // how much of the prefetched gathers' time in flight compute hid: each
     // slot's clock (memory.h's DeviceClock: events on the compute stream on
     // a GPU, where the host only queues the work) spans a prefetched gather
     // from its start to the end of its wait (in flight, read by
-    // fsdp_prefetch_inflight_s); fsdp_unit_params adds the seconds of the
-    // wait itself (blocked: the comm layer's wait clock, which on CUDA
-    // counts the wait for the gather only, not the compute queued before it)
+    // fsdp_prefetch_inflight_s); blocked_clock counts the wait itself (the
+    // comm layer's wait, as allgather_clock; read by fsdp_prefetch_blocked_s)
     int* slot_prefetched;      // (n_slots) 1: the gather in flight into the slot was prefetched
     DeviceClock* slot_clock;   // (n_slots) a span per prefetched gather
-    double prefetch_blocked_s;
+    DeviceClock blocked_clock;
 } FSDP;
 
 // Collective over dp. Each rank fills (through spec->fill) only its own shard
@@ -116,8 +116,13 @@ float* fsdp_unit_params(FSDP* f, int i);
 // fsdp_prefetch_inflight_s: the seconds the prefetched gathers spent in
 // flight so far (each from its start to the end of its wait), on the device
 // clock; on CUDA it waits for the device, so read it between steps.
+// fsdp_allgather_wait_s: the seconds blocked on parameter all-gathers so
+// far; fsdp_prefetch_blocked_s: the part of it spent waiting for prefetched
+// gathers. Device clocks too: read them between steps.
 void fsdp_prefetch(FSDP* f, int i);
 double fsdp_prefetch_inflight_s(FSDP* f);
+double fsdp_allgather_wait_s(FSDP* f);
+double fsdp_prefetch_blocked_s(FSDP* f);
 // Forgets every gathered unit (they are stale after an optimizer step): the
 // next fsdp_unit_params gathers again. Call at the start of a forward.
 void fsdp_drop_gathered(FSDP* f);
@@ -144,7 +149,7 @@ size_t fsdp_padding_nonzero(const FSDP* f);
 // ---------------------------------------------------------------- the step
 // AdamW on this rank's shard (step t >= 1, gradients scaled by `scale` for
 // clipping). ZeRO-1 and 2 then all-gather the updated shards into every
-// rank's full parameters (timed in allgather_wait_s).
+// rank's full parameters (timed in allgather_clock).
 void fsdp_step(FSDP* f, AdamWConfig opt, int t, float scale);
 
 // ---------------------------------------------------------------- the whole

@@ -308,7 +308,7 @@ int main(int argc, char** argv) {
     double pf_inflight = 0, pf_blocked = 0;  // the prefetched gathers, timed steps
     for (int s = loop.start; s < loop.steps; s++) {
         long p0 = f->gathers_prefetched;
-        double w0 = f->allgather_wait_s, i0 = fsdp_prefetch_inflight_s(f), b0 = f->prefetch_blocked_s;
+        double w0 = fsdp_allgather_wait_s(f), i0 = fsdp_prefetch_inflight_s(f), b0 = fsdp_prefetch_blocked_s(f);
         data_batch(&setup->train, s, B, T, dpc->rank * micro, micro, loop.inputs, loop.targets);
         double mine = forward(&g, loop.inputs, loop.targets);
         backward(&g);
@@ -317,11 +317,12 @@ int main(int argc, char** argv) {
         // norm has waited for the device; i0 above then reads nothing new
         // unless a validation ran in between)
         double inflight = fsdp_prefetch_inflight_s(f);
+        double ag_wait = fsdp_allgather_wait_s(f), blocked = fsdp_prefetch_blocked_s(f);
         prefetched += f->gathers_prefetched - p0;
         if (train_loop_timed(&loop, s)) {
-            allgather_wait += f->allgather_wait_s - w0;
+            allgather_wait += ag_wait - w0;
             pf_inflight += inflight - i0;
-            pf_blocked += f->prefetch_blocked_s - b0;
+            pf_blocked += blocked - b0;
         }
         // the global loss for the log line: the mean over ranks of their means
         train_loop_step(&loop, s, (float)train_mean(dpc, mine), norm);

@@ -192,6 +192,7 @@ void cp_free(CPModel* m) {
     mem_free(m->targets);
     free(m->losses_host);
     device_clock_free(&m->attn_clock);
+    device_clock_free(&m->ring_wait_clock);
     comm_destroy_group(&m->dpcp);
 }
 
@@ -304,6 +305,8 @@ void cp_work_restore(CPModel* m, const CPWork* w) {
 void cp_work_settle(CPModel* m) {
     m->attn_seconds += device_clock_seconds(&m->attn_clock);
     device_clock_reset(&m->attn_clock);
+    m->ring_wait_seconds += device_clock_seconds(&m->ring_wait_clock);
+    device_clock_reset(&m->ring_wait_clock);
 }
 
 void cp_ckpt(Ckpt* ck, CPModel* m, int world_rank) {

@@ -80,6 +80,7 @@ typedef struct {
     // what the chapter measures
     int overlap;          // --cp-overlap: 1 computes while a block travels, 0 waits for it first
     double ring_wait_seconds;  // inside the ring's waits: the communication the attention did not hide
+    DeviceClock ring_wait_clock;  // the ring's waits (comm_wait_clock_begin), added in by cp_work_settle
     // attention compute (not waiting), this rank: spans on the device's clock
     // (memory.h: events on a GPU, where the host only queues the kernels),
     // added into attn_seconds once per step (cp_work_settle)
@@ -128,7 +129,8 @@ void cp_embed_backward(CPModel* m);
 
 CPWork cp_work_pause(CPModel* m);
 void cp_work_restore(CPModel* m, const CPWork* w);
-// After a training step: its attention spans into attn_seconds. On CUDA this
+// After a training step: its attention spans into attn_seconds, its ring
+// waits into ring_wait_seconds. On CUDA this
 // waits for the step's work (once per step, after the norm's read has waited
 // for it anyway).
 void cp_work_settle(CPModel* m);

@@ -66,9 +66,9 @@ static void attn_clock_stop(CPModel* m) {
 // --cp-overlap 0 each transfer is waited for as soon as it is posted, before
 // the compute it would overlap: then every wait is the whole transfer.
 static void ring_wait(CPModel* m, CommRequest* r) {
-    double w0 = comm_wait_seconds();  // the wait alone (CUDA's comm_wait drains queued compute first)
+    comm_wait_clock_begin(&m->ring_wait_clock);  // the wait alone, read at the step's end (cp_work_settle)
     comm_wait(r);
-    m->ring_wait_seconds += comm_wait_seconds() - w0;
+    comm_wait_clock_end(&m->ring_wait_clock);
 }
 
 // Forward. qkv (N, 3C) holds my tokens' queries, keys and values; atty
@@ -353,9 +353,12 @@ static float forward_for_val(void* ctx, const int* inputs, const int* targets) {
 static float cp_val_loss(void* ctx, const TrainSetup* setup, int n_batches) {
     CPModel* m = ctx;
     CPWork kept = cp_work_pause(m);
+    cp_work_settle(m);  // the waits so far; validation's are dropped below
     double wait = m->ring_wait_seconds;
     float v = train_val_loss_with(setup, n_batches, forward_for_val, m, m->b0, m->sh.B, m->sh.B, &m->dpcp);
     cp_work_restore(m, &kept);
+    device_clock_seconds(&m->ring_wait_clock);
+    device_clock_reset(&m->ring_wait_clock);
     m->ring_wait_seconds = wait;
     return v;
 }

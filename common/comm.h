@@ -25,6 +25,7 @@
 #include <mpi.h>
 #include <stddef.h>
 
+#include "memory.h"  // DeviceClock
 #include "mesh.h"
 
 // the world is counted as one more "axis" after the mesh's; groups over
@@ -198,7 +199,9 @@ void comm_ialltoallv(const Comm* c, const float* send, const size_t* send_counts
                      const size_t* recv_displs, CommRequest* req);
 void comm_isend(const Comm* c, const float* buf, size_t count, int peer, CommRequest* req);
 void comm_irecv(const Comm* c, float* buf, size_t count, int peer, CommRequest* req);
-// Completes req (a no-op on a request that is not active).
+// Completes req (a no-op on a request that is not active): its result is
+// in place for everything after. On CUDA, as every blocking call there, it
+// orders later device work after the operation and returns without waiting.
 void comm_wait(CommRequest* req);
 // Non-zero when req has completed (req stays to be waited on).
 int comm_test(CommRequest* req);
@@ -222,8 +225,20 @@ typedef struct {
 CommCount comm_count(Collective coll, int axis);
 void comm_counts_reset(void);
 // Seconds spent inside blocking calls and comm_wait: time a rank waited on
-// communication that compute did not hide.
+// communication that compute did not hide. On CUDA those calls return at
+// once and the compute stream waits (stream-ordered): the seconds are that
+// wait, timed on the GPU, and reading them waits for the GPU, so read them
+// between steps (docs/cuda.md).
 double comm_wait_seconds(void);
+// A chapter's share of comm_wait_seconds (the ring's waits, FSDP's gathers):
+// between comm_wait_clock_begin(clock) and comm_wait_clock_end(clock), every
+// wait the comm layer counts is counted in clock too (a DeviceClock,
+// memory.h), read at the step's end. Reading comm_wait_seconds around each
+// wait instead would, on CUDA, wait for the GPU there (the waits are timed
+// on the GPU: docs/cuda.md). At most COMM_WAIT_CLOCKS clocks at once.
+#define COMM_WAIT_CLOCKS 4
+void comm_wait_clock_begin(DeviceClock* clock);
+void comm_wait_clock_end(DeviceClock* clock);
 // Seconds spent inside the non-blocking starts, comm_test and comm_progress:
 // the host's own work on communication that is in flight (on MPI the
 // library copies and reduces there; on NCCL it is only queueing). Not

@@ -20,6 +20,15 @@ double comm_ring_factor(const Comm* c);
 // span of exactly that length, ending now, named after the last comm_tally
 // or comm_request_current: comm_trace.h).
 void comm_add_wait(double seconds);
+// The CUDA backend's waits are the compute stream's, timed on the GPU: it
+// registers here a function returning the seconds waited since its last
+// call (NULL: none), which comm_wait_seconds adds before it answers and
+// comm_counts_reset drops. The CPU backend never calls this.
+void comm_stats_device_waits(double (*read)(void));
+// Runs fn (device_clock_start or device_clock_stop) on every clock attached
+// by comm_wait_clock_begin: the CUDA backend's wait spans go into them too.
+// (The CPU's waits reach them through comm_add_wait.)
+void comm_wait_clocks_each(void (*fn)(DeviceClock*));
 // Adds seconds spent inside a non-blocking start or comm_test (a comm span).
 void comm_add_progress(double seconds);
 // on = 1 while a collective made of other comm_* calls runs (--comm hand),

@@ -73,7 +73,7 @@ GPU_FLAGS="--steps 10 --batch 24 --seq 32 --peak-gflops 10"
 FIGURE=comm_wait_ms_per_step
 
 # the op tests, the comm layer and the FSDP engine on GPU ranks
-for t in test_ops:1 test_comm:2 test_fsdp:2; do
+for t in test_ops:1 test_comm:4 test_fsdp:2; do  # test_comm needs 4 ranks
     prog=${t%%:*} np=${t##*:}
     if [ -n "$missing" ]; then skip "$prog on $np GPU rank(s)" "$missing"; continue; fi
     if [ "$gpus" -lt "$np" ]; then skip "$prog on $np GPU ranks" "$gpus GPU(s) here"; continue; fi

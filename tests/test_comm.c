@@ -10,6 +10,7 @@
 // communicator). Each group is counted in its own slot ("dp+cp"); a single
 // axis in that axis's. The same holds for the non-blocking all-reduce, with
 // comm_progress driving it. A group of listed ranks reduces over exactly them.
+// A clock attached by comm_wait_clock_begin counts the waits until _end.
 // Every check is agreed over all ranks; rank 0 prints PASS/FAIL lines.
 // --bad-list: creates a group from a list with a rank twice (must end every
 // rank with one message). --log: writes a summary whose "comm" has the groups.
@@ -257,6 +258,35 @@ static void test_ialltoallv(const Comm* world) {
     free(sc);
 }
 
+// comm_wait_clock_begin/_end: the waits between them count in the clock as
+// in comm_wait_seconds, the waits after _end only in comm_wait_seconds. The
+// clock's spans and the layer's are the same host-clock seconds on the CPU;
+// on CUDA separate events recorded back to back, hence 5 us per wait.
+static void test_wait_clocks(const Comm* world) {
+    size_t n = 1 << 16;
+    int waits = 8;
+    float* buf = mem_alloc_floats(n, MEM_COMM);
+    DeviceClock c = {0};
+    double w0 = comm_wait_seconds();
+    comm_wait_clock_begin(&c);
+    for (int i = 0; i < waits; i++) comm_allreduce(world, buf, n, COMM_SUM);
+    comm_wait_clock_end(&c);
+    double inside = device_clock_seconds(&c), w1 = comm_wait_seconds();
+    for (int i = 0; i < waits; i++) comm_allreduce(world, buf, n, COMM_SUM);
+    double after = device_clock_seconds(&c), w2 = comm_wait_seconds();
+    double tol = 1e-9 + waits * 5e-6;
+    int ok = inside > 0 && inside - (w1 - w0) <= tol && (w1 - w0) - inside <= tol;
+    if (!ok) fprintf(stderr, "[rank %d] clock %.9f s, comm_wait_seconds %.9f s\n", world->rank, inside, w1 - w0);
+    agree(ok, "comm_wait_clock_begin/_end: %d all-reduces' waits in the clock == in comm_wait_seconds (within %.0f us)",
+          waits, tol * 1e6);
+    ok = after == inside && w2 > w1;
+    if (!ok) fprintf(stderr, "[rank %d] after _end: clock %.9f -> %.9f s, comm_wait_seconds +%.9f s\n", world->rank,
+                     inside, after, w2 - w1);
+    agree(ok, "after comm_wait_clock_end the waits count in comm_wait_seconds only");
+    device_clock_free(&c);
+    mem_free(buf);
+}
+
 int main(int argc, char** argv) {
     runtime_init(&argc, &argv);
     const char* log_path = NULL;
@@ -285,6 +315,7 @@ int main(int argc, char** argv) {
     test_rank_list();
     test_polled_average(&world);
     test_ialltoallv(&world);
+    test_wait_clocks(&world);
     test_hand_unlinked();
 
     // the summary: every group's slot is a key of "comm" beside the axes

@@ -14,27 +14,33 @@
 //     it starts; sends and receives match in order per (communicator, from,
 //     to);
 //   - a collective completes once every member has started it;
-//   - host waits: on a stream (every operation queued on it has ended) or on
-//     one request's event (its own operation has ended);
-//   - compute is not modelled: the compute stream only ever waits for an
-//     event the host has waited for already (comm_wait and the blocking
-//     calls wait on the host), so queued compute always ends.
-// A state in which no host can go on and no group can end, with work left,
-// is a deadlock.
+//   - the code now is stream-ordered: an operation waits (an event) for the
+//     compute queued before it (a held one: before its comm_isend/irecv), and
+//     a blocking call or comm_wait makes the compute stream wait for the
+//     operation's end; the host goes on. The compute stream is modelled as
+//     its waits only (kernels always end); the host waits for it before the
+//     loss's MPI_Bcast (mem_to_host) and at the end (device_synchronize);
+//   - the code before (the held rules) waited on the host instead: on a
+//     stream (every operation queued on it has ended) or on one request's
+//     event (its own operation has ended).
+// A state in which no host can go on and no group or compute wait can end,
+// with work left (on a host or a stream), is a deadlock.
 //
 // Two rule sets:
 //   held     the code before the fix: comm_isend/irecv are held and queued
 //            as one group at the next comm_* call (comm_test and comm_wait
 //            flush them; a blocking send/recv takes them into its own
 //            group); every operation of a communicator runs on its one
-//            stream; blocking calls wait for the whole stream.
+//            stream; blocking calls wait on the host for the whole stream.
 //   channels the code now (docs/cuda.md): point-to-point with a ring
 //            neighbour goes on a channel of its own, one NCCL communicator
 //            and stream per direction (this rank to the next, the next to
 //            this rank, ...), queued at once; a channel carries one
 //            direction only, so its sends and receives meet in the same
 //            order; a blocking receive waits for its own message only;
-//            collectives keep the communicator's stream.
+//            collectives keep the communicator's stream; stream-ordered.
+//   shared   the held rules on one stream for every communicator, as the
+//            code runs them now (stream-ordered).
 // Host timing is modelled twice: hosts run ahead of the GPU (comm_test sees
 // "not done", the usual case), and the GPU keeps up (comm_test sees "done").
 //   build/tests/test_cuda_queue [--show SCHEDULE PP M V]
@@ -99,6 +105,7 @@ typedef struct {
 } GOp;
 typedef struct {
     int op0, nops, rank, done;
+    int cdep;  // it starts once rank's compute stream has passed this many entries (ordered rules)
     int streams[MAX_RANKS * 2 + 2], nstreams;
 } Group;
 typedef struct {
@@ -111,12 +118,15 @@ typedef struct {
 } Req;
 typedef struct {
     int kind, comm, peer, req;
+    int cdep;  // the compute queued before comm_isend/irecv (its event)
 } Held;
 
 typedef struct {
     int nranks, big;
     Rules rules;
     Timing timing;
+    int ordered;  // blocking calls and comm_wait make the compute stream wait, not the host
+
     unsigned members[NCOMM];
     Program prog[MAX_RANKS];
     // hosts
@@ -128,6 +138,10 @@ typedef struct {
     Held held[MAX_RANKS][1024];
     int n_held[MAX_RANKS];
     int bar_seq[MAX_RANKS][NCOMM], bar_arrived[NCOMM][MAX_SEQ];
+    int wait_compute[MAX_RANKS];  // the host waits for its compute stream (mem_to_host) first
+    // the compute stream (ordered rules): entries "wait for group g", in order
+    int* cq[MAX_RANKS];
+    int chead[MAX_RANKS], ctail[MAX_RANKS];
     // GPU
     GOp* op;
     int n_op, cap_op;
@@ -157,6 +171,7 @@ static void sim_free(Sim* S) {
     for (int r = 0; r < MAX_RANKS; r++) {
         free(S->prog[r].op);
         for (int s = 0; s < NSTREAM; s++) free(S->stream[r][s].q);
+        free(S->cq[r]);
     }
     free(S->op), free(S->group), free(S->send_at), free(S->recv_at), free(S->coll_at);
     free(S);
@@ -165,6 +180,9 @@ static void sim_free(Sim* S) {
 // Clears the run state (the programs stay) for another run under other rules.
 static void sim_reset(Sim* S, Rules rules, Timing timing, int big) {
     S->rules = rules, S->timing = timing, S->big = big;
+    S->ordered = rules == RULES_CHANNELS || rules == RULES_SHARED;  // the code now; held: the code before
+    memset(S->chead, 0, sizeof(S->chead)), memset(S->ctail, 0, sizeof(S->ctail));
+    memset(S->wait_compute, 0, sizeof(S->wait_compute));
     memset(S->pc, 0, sizeof(S->pc)), memset(S->issued, 0, sizeof(S->issued)), memset(S->sub, 0, sizeof(S->sub));
     memset(S->req, 0, sizeof(S->req)), memset(S->n_slots, 0, sizeof(S->n_slots));
     memset(S->n_held, 0, sizeof(S->n_held)), memset(S->bar_seq, 0, sizeof(S->bar_seq));
@@ -201,6 +219,23 @@ static void push_stream(Sim* S, int r, int s, int g) {
         exit(2);
     }
     st->q[st->tail++] = g;
+}
+
+// The compute stream of rank r waits for group g (ordered rules: the end of
+// a blocking call or comm_wait).
+static void compute_waits(Sim* S, int r, int g) {
+    if (!S->cq[r]) S->cq[r] = malloc(65536 * sizeof(int));
+    if (S->ctail[r] == 65536) {
+        fprintf(stderr, "test_cuda_queue: compute stream overflow\n");
+        exit(2);
+    }
+    S->cq[r][S->ctail[r]++] = g;
+}
+
+// Group g waits for the compute queued so far (after_compute in comm.c).
+static void after_compute(Sim* S, int g) {
+    Group* G = &S->group[g];
+    if (G->cdep < S->ctail[G->rank]) G->cdep = S->ctail[G->rank];
 }
 
 static int group_begin(Sim* S, int r) {
@@ -257,7 +292,7 @@ static void group_end(Sim* S, int g) {
 
 static int group_running(const Sim* S, int g) {
     const Group* G = &S->group[g];
-    if (G->done) return 0;
+    if (G->done || S->chead[G->rank] < G->cdep) return 0;
     for (int i = 0; i < G->nstreams; i++) {
         const Stream* st = &S->stream[G->rank][G->streams[i]];
         if (st->head == st->tail || st->q[st->head] != g) return 0;
@@ -277,6 +312,8 @@ static int op_can_complete(const Sim* S, const GOp* o) {
 // Ends every running group that can end; returns how many did.
 static int gpu_step(Sim* S) {
     int n = 0;
+    for (int r = 0; r < S->nranks; r++)  // compute streams pass the waits whose group ended
+        while (S->chead[r] < S->ctail[r] && S->group[S->cq[r][S->chead[r]]].done) S->chead[r]++, n++;
     for (int r = 0; r < S->nranks; r++)
         for (int s = 0; s < NSTREAM; s++) {
             Stream* st = &S->stream[r][s];
@@ -307,6 +344,7 @@ static void held_into(Sim* S, int r, int g) {
     for (int i = 0; i < S->n_held[r]; i++) {
         Held* h = &S->held[r][i];
         group_add(S, g, h->kind == H_ISEND ? G_SEND : G_RECV, h->comm, h->peer, 1);
+        if (S->group[g].cdep < h->cdep) S->group[g].cdep = h->cdep;  // held_wait_for_compute
         S->req[r][h->req] = (Req){2, g};
     }
     S->n_held[r] = 0;
@@ -321,11 +359,12 @@ static void flush(Sim* S, int r) {
 // comm_isend / comm_irecv
 static void post(Sim* S, int r, HostKind kind, int comm, int peer, int q) {
     if (HELD(S)) {
-        S->held[r][S->n_held[r]++] = (Held){kind, comm, peer, q};
+        S->held[r][S->n_held[r]++] = (Held){kind, comm, peer, q, S->ctail[r]};
         S->req[r][q] = (Req){1, -1};
         return;
     }
     int g = group_begin(S, r);
+    after_compute(S, g);
     group_add(S, g, kind == H_ISEND ? G_SEND : G_RECV, comm, peer, 1);
     group_end(S, g);
     S->req[r][q] = (Req){2, g};
@@ -341,6 +380,14 @@ static int test_req(Sim* S, int r, int q) {
     return 1;
 }
 
+// comm_wait under the ordered rules: held operations flush, the compute
+// stream waits for the request's group, the request is free again.
+static void wait_ordered(Sim* S, int r, int q) {
+    flush(S, r);
+    if (S->req[r][q].state == 2) compute_waits(S, r, S->req[r][q].group);
+    S->req[r][q].state = 0;
+}
+
 // Issues host op o of rank r (its side effects) and says what it waits for.
 static void issue(Sim* S, int r, const HostOp* o) {
     S->wait_stream[r] = S->wait_group[r] = S->wait_req[r] = S->wait_bar_comm[r] = -1;
@@ -349,17 +396,21 @@ static void issue(Sim* S, int r, const HostOp* o) {
         case H_SEND: {
             int g = group_begin(S, r);
             if (HELD(S)) held_into(S, r, g);
+            after_compute(S, g);
             group_add(S, g, o->kind == H_SEND ? G_SEND : G_RECV, o->comm, o->peer, 1);
             group_end(S, g);
-            if (HELD(S)) S->wait_stream[r] = stream_of(S, o->comm, r, r, 0);  // end_blocking: the whole stream
-            else S->wait_group[r] = g;                                 // its own message
+            // end_blocking / end_channels: an event behind g on its stream (a
+            // stream is FIFO: g's end is the end of all before it)
+            if (S->ordered) compute_waits(S, r, g);
+            else if (HELD(S)) S->wait_stream[r] = stream_of(S, o->comm, r, r, 0);  // the whole stream
+            else S->wait_group[r] = g;                                           // its own message
             break;
         }
         case H_ISEND:
         case H_IRECV: post(S, r, o->kind, o->comm, o->peer, o->req); break;
         case H_WAIT:
-            flush(S, r);
-            S->wait_req[r] = o->req;
+            if (S->ordered) wait_ordered(S, r, o->req);
+            else flush(S, r), S->wait_req[r] = o->req;
             break;
         case H_PIPE_SEND: {
             int slot = -1;
@@ -377,6 +428,7 @@ static void issue(Sim* S, int r, const HostOp* o) {
         case H_ALLTOALLV: {
             flush(S, r);
             int g = group_begin(S, r);
+            after_compute(S, g);
             if (o->kind == H_ALLREDUCE) group_add(S, g, G_COLL, o->comm, 0, 0);
             // the alltoallv's sends and receives are NCCL calls of its own
             // communicator in both rule sets: its stream, not a channel
@@ -385,10 +437,14 @@ static void issue(Sim* S, int r, const HostOp* o) {
                 if (o->recv_mask >> p & 1) group_add(S, g, G_RECV, o->comm, p, 0);
             }
             group_end(S, g);
-            S->wait_stream[r] = stream_of(S, o->comm, r, r, 0);
+            if (S->ordered) compute_waits(S, r, g);
+            else S->wait_stream[r] = stream_of(S, o->comm, r, r, 0);
             break;
         }
         case H_HOST_BCAST:
+            // the loss it sends came to the host by mem_to_host: a wait for
+            // the compute stream first (device_synchronize, polled)
+            S->wait_compute[r] = S->ordered;
             S->wait_bar_comm[r] = o->comm;
             S->wait_bar_seq[r] = S->bar_seq[r][o->comm]++;
             S->bar_arrived[o->comm][S->wait_bar_seq[r]]++;
@@ -413,9 +469,19 @@ static int host_step(Sim* S, int r) {
         S->sub[r] = 0;
         return 1;
     }
+    if (S->wait_compute[r]) {
+        if (S->chead[r] < S->ctail[r]) return 0;
+        S->wait_compute[r] = 0;
+        return 1;
+    }
     if (o->kind == H_PIPE_SENDS_WAIT) {
         while (S->sub[r] < S->n_slots[r]) {
             int q = S->slot_req[r][S->sub[r]];
+            if (S->ordered) {
+                wait_ordered(S, r, q);
+                S->sub[r]++;
+                continue;
+            }
             flush(S, r);
             if (!req_done(S, r, q)) return 0;
             S->req[r][q].state = 0;
@@ -450,15 +516,21 @@ static const char* sim_run(Sim* S, Rules rules, Timing timing, int big, char* wh
         if (!moved) moved = gpu_step(S) > 0;
         if (!moved) break;
     }
+    // the program's end is a wait for the device (the step's
+    // device_synchronize): work left on a stream is stuck too
     int stuck = 0;
-    for (int r = 0; r < S->nranks; r++) stuck |= S->pc[r] < S->prog[r].n;
+    for (int r = 0; r < S->nranks; r++) {
+        stuck |= S->pc[r] < S->prog[r].n || S->chead[r] < S->ctail[r];
+        for (int s = 0; s < NSTREAM; s++) stuck |= !stream_empty(S, r, s);
+    }
     if (!stuck) return NULL;
     static const char* names[] = {"comm_recv", "comm_send", "comm_isend", "comm_irecv", "comm_wait", "send",
                                   "sends_wait", "collective", "comm_alltoallv", "MPI_Bcast"};
     size_t at = (size_t)snprintf(why, len, "deadlock:");
     for (int r = 0; r < S->nranks && at < len; r++) {
         if (S->pc[r] >= S->prog[r].n) {
-            at += (size_t)snprintf(why + at, len - at, " rank %d done;", r);
+            at += (size_t)snprintf(why + at, len - at, " rank %d %s;", r,
+                                   S->chead[r] < S->ctail[r] ? "issued all, its compute stream waits" : "done");
             continue;
         }
         const HostOp* o = &S->prog[r].op[S->pc[r]];

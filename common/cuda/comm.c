@@ -10,12 +10,24 @@
 // its own communication stream, so a tp all-reduce does not queue behind a
 // dp prefetch. Before an operation is queued, its group's stream waits (an
 // event) for all compute queued so far, so the operation sees the results
-// of the kernels that came before it in the program.
-//   - blocking calls then wait for the communication stream: when they
-//     return, the result is in place for the host and for any later kernel;
-//   - non-blocking calls record an event after the operation instead
+// of the kernels that came before it in the program. Everything is
+// stream-ordered, as NCCL's own calls are; the host waits only in comm_barrier
+// and when a group is freed:
+//   - blocking calls record an event behind the operation and make the
+//     compute stream wait for it (cudaStreamWaitEvent): when they return,
+//     the result is in place for every later kernel, copy and operation
+//     (those queue behind that wait), and the host sees it through
+//     mem_to_host or device_synchronize (device.cu), which wait for the
+//     compute stream through wait_checked below (NCCL's errors, the
+//     watchdog), so a dead peer ends the job at the next of those;
+//   - non-blocking calls record an event after the operation
 //     (CommRequest.device_event); comm_wait makes the compute stream wait for
-//     it and waits for it on the host, as MPI_Wait returns after completion.
+//     it, so later compute sees the result, as after MPI_Wait.
+// The time the compute stream stands still in those waits is the comm
+// wait: spans of wait_clock, a DeviceClock (memory.h), from the compute
+// stream reaching the call to its release, read into comm_wait_seconds at
+// step boundaries (comm_device_wait_seconds; docs/cuda.md says what exactly
+// is measured).
 // Several communicators on one GPU: before NCCL 2.26, all their operations
 // had to be serialised into one order every rank shares, or they could
 // deadlock. From 2.26, NCCL_LAUNCH_ORDER_IMPLICIT=1 makes NCCL order them by
@@ -42,7 +54,8 @@
 // then come in the same order, and a transfer waits for nothing but its own
 // peer. comm_isend and comm_irecv queue at once on their channel, after the
 // compute queued before the call (an event recorded at the call); comm_recv
-// waits on the host for its own channel only; comm_wait for its request.
+// makes the compute stream wait for its own channel only; comm_wait for its
+// request.
 // These are the CPU layer's semantics: an isend progresses by itself, a
 // receive waits for its own message only, an operation waits only for the
 // compute before it. docs/cuda.md explains the rules.
@@ -97,7 +110,12 @@ static NcclGroup* live_groups = NULL;
 static int own_streams = -1;               // decided at the first group
 static int use_channels = 0;               // own streams, and CUDA launch-completion ordering
 static cudaStream_t shared_stream = NULL;  // every group's, when not own_streams
-static cudaEvent_t compute_ready = NULL;   // "compute queued so far", for blocking calls
+static cudaEvent_t compute_ready = NULL;   // "compute queued so far", for the communication streams
+static cudaEvent_t comm_done = NULL;       // "a blocking call's operation ended", for the compute stream
+// The compute stream's waits for communication: a span from the compute
+// stream reaching a blocking call or comm_wait to the end of the operation
+// it waits for (see comm_device_wait_seconds).
+static DeviceClock wait_clock;
 
 // ---------------------------------------------------------------- waiting, with NCCL's errors
 
@@ -163,10 +181,22 @@ static void decide_streams(void) {
     use_channels = own_streams && driver >= 12030 && runtime >= 12030;
 }
 
+// The compute stream's waits read on the GPU's clock since the last call:
+// comm_wait_seconds (comm_stats.c) adds them. Reading waits for the last
+// span's end (device_clock_seconds), so it is read at step boundaries, where
+// clock_end has synchronised already.
+static double comm_device_wait_seconds(void) {
+    double s = device_clock_seconds(&wait_clock);
+    device_clock_reset(&wait_clock);
+    return s;
+}
+
 static void shared_resources_create(void) {
     if (compute_ready) return;
     CUDA_CHECK(cudaEventCreateWithFlags(&compute_ready, cudaEventDisableTiming));
+    CUDA_CHECK(cudaEventCreateWithFlags(&comm_done, cudaEventDisableTiming));
     cuda_compute_wait = device_wait_checked;
+    comm_stats_device_waits(comm_device_wait_seconds);
     if (!own_streams) CUDA_CHECK(cudaStreamCreateWithFlags(&shared_stream, cudaStreamNonBlocking));
 }
 
@@ -265,8 +295,13 @@ static void free_nccl_group(Comm* c) {
 // The event (and the shared stream) go with the last group.
 static void shared_resources_release_if_unused(void) {
     if (live_groups || !compute_ready) return;
+    double last = comm_device_wait_seconds();  // the last spans, before their events go
+    if (last > 0) comm_add_wait(last);
+    comm_stats_device_waits(NULL);
+    device_clock_free(&wait_clock);
     CUDA_CHECK(cudaEventDestroy(compute_ready));
-    compute_ready = NULL;
+    CUDA_CHECK(cudaEventDestroy(comm_done));
+    compute_ready = comm_done = NULL;
     if (shared_stream) CUDA_CHECK(cudaStreamDestroy(shared_stream));
     shared_stream = NULL;
 }
@@ -446,20 +481,41 @@ static void after_compute(cudaStream_t stream) {
     CUDA_CHECK(cudaStreamWaitEvent(stream, compute_ready, 0));
 }
 
-// Every blocking call: held point-to-point operations go first, then the
-// communication stream waits for compute. The host waits for that compute
-// too, outside the timer, so comm_wait_seconds counts communication only.
-static double begin_blocking(const Comm* c) {
-    flush_p2p();
-    after_compute(stream_of(c));
-    wait_checked(NULL, compute_ready);
-    return now_seconds();
+// The compute stream reaches a wait for communication: the wait's span
+// starts (comm_device_wait_seconds).
+static void wait_span_begin(void) {
+    device_clock_start(&wait_clock);
+    comm_wait_clocks_each(device_clock_start);  // a chapter's share (comm_wait_clock_begin)
 }
 
-// ... and waits for the group's stream: the result is in place.
-static void end_blocking(const Comm* c, double t0) {
-    wait_checked(stream_of(c), NULL);
-    comm_add_wait(now_seconds() - t0);
+// The compute stream waits for everything queued so far on stream (the
+// operation just queued): later compute, and every operation queued after
+// it (after_compute), sees its result. The host does not wait.
+static void compute_after(cudaStream_t stream) {
+    CUDA_CHECK(cudaEventRecord(comm_done, stream));
+    CUDA_CHECK(cudaStreamWaitEvent(cuda_compute_stream, comm_done, 0));
+}
+
+// The compute stream passes the wait: the span ends.
+static void wait_span_end(void) {
+    device_clock_stop(&wait_clock);
+    comm_wait_clocks_each(device_clock_stop);
+}
+
+// Every blocking call: held point-to-point operations go first, then the
+// communication stream waits for compute (an event, not the host).
+static void begin_blocking(const Comm* c) {
+    flush_p2p();
+    wait_span_begin();
+    after_compute(stream_of(c));
+}
+
+// ... and the compute stream waits for the operation: its result is in
+// place for every later kernel, copy and operation; the host sees it through
+// mem_to_host or device_synchronize, which wait for the compute stream.
+static void end_blocking(const Comm* c) {
+    compute_after(stream_of(c));
+    wait_span_end();
 }
 
 // Blocking send, recv and sendrecv take the held operations into their own
@@ -467,20 +523,18 @@ static void end_blocking(const Comm* c, double t0) {
 // ranks is one group per rank, in which receive and send progress together
 // (two groups in a row would leave each receive waiting for a send queued
 // behind it).
-static double begin_blocking_p2p(const Comm* c) {
+static void begin_blocking_p2p(const Comm* c) {
     held_wait_for_compute();
+    wait_span_begin();
     after_compute(stream_of(c));
-    wait_checked(NULL, compute_ready);
-    double t0 = now_seconds();
     NCCL_CHECK(ncclGroupStart());
     queue_held_in_group();
-    return t0;
 }
 
-static void end_blocking_p2p(const Comm* c, double t0) {
+static void end_blocking_p2p(const Comm* c) {
     NCCL_CHECK(ncclGroupEnd());
     held_done();
-    end_blocking(c, t0);
+    end_blocking(c);
 }
 
 // ---------------------------------------------------------------- channels
@@ -514,19 +568,18 @@ static void queue_on_channel(NcclGroup* ch, int is_send, float* buf, size_t n, c
     if (ev) CUDA_CHECK(cudaEventRecord(ev, ch->stream));
 }
 
-// A blocking send or receive on channels: the host waits for the compute
-// first, outside the timer (as begin_blocking), then for the channels only,
-// which hold this direction's transfers and nothing else.
-static double begin_channels(void) {
+// A blocking send or receive on channels: queued as begin_blocking does
+// (queue_on_channel orders it after the compute), then the compute stream
+// waits for the channels only, which hold this direction's transfers and
+// nothing else.
+static void begin_channels(void) {
     flush_p2p();
-    CUDA_CHECK(cudaEventRecord(compute_ready, cuda_compute_stream));
-    wait_checked(NULL, compute_ready);
-    return now_seconds();
+    wait_span_begin();
 }
-static void end_channels(NcclGroup* a, NcclGroup* b, double t0) {
-    if (a) wait_checked(a->stream, NULL);
-    if (b) wait_checked(b->stream, NULL);
-    comm_add_wait(now_seconds() - t0);
+static void end_channels(NcclGroup* a, NcclGroup* b) {
+    if (a) compute_after(a->stream);
+    if (b) compute_after(b->stream);
+    wait_span_end();
 }
 
 static void scale_for_avg(const Comm* c, float* buf, size_t n, CommOp op) {
@@ -546,27 +599,27 @@ static void copy_on_comm_stream(const Comm* c, float* dst, const float* src, siz
 void comm_allreduce(const Comm* c, float* buf, size_t n, CommOp op) {
     comm_tally(c, COLL_ALLREDUCE, n * sizeof(float), 2.0 * comm_ring_factor(c));
     if (n == 0) return;
-    double t0 = begin_blocking(c);
+    begin_blocking(c);
     NCCL_CHECK(ncclAllReduce(buf, buf, n, ncclFloat, ncclSum, nccl_of(c), stream_of(c)));
-    end_blocking(c, t0);
+    end_blocking(c);
     scale_for_avg(c, buf, n, op);
 }
 
 void comm_reduce_scatter(const Comm* c, const float* send, float* recv, size_t n, CommOp op) {
     comm_tally(c, COLL_REDUCE_SCATTER, n * c->size * sizeof(float), comm_ring_factor(c));
     if (n == 0) return;
-    double t0 = begin_blocking(c);
+    begin_blocking(c);
     NCCL_CHECK(ncclReduceScatter(send, recv, n, ncclFloat, ncclSum, nccl_of(c), stream_of(c)));
-    end_blocking(c, t0);
+    end_blocking(c);
     scale_for_avg(c, recv, n, op);
 }
 
 void comm_allgather(const Comm* c, const float* send, float* recv, size_t n) {
     comm_tally(c, COLL_ALLGATHER, n * c->size * sizeof(float), comm_ring_factor(c));
     if (n == 0) return;
-    double t0 = begin_blocking(c);
+    begin_blocking(c);
     NCCL_CHECK(ncclAllGather(send, recv, n, ncclFloat, nccl_of(c), stream_of(c)));
-    end_blocking(c, t0);
+    end_blocking(c);
 }
 
 // Uneven blocks: every rank sends its block to every other rank and receives
@@ -576,7 +629,7 @@ void comm_allgatherv(const Comm* c, const float* send, float* recv, const size_t
     size_t total = 0;
     for (int r = 0; r < c->size; r++) total += counts_in[r];
     comm_tally(c, COLL_ALLGATHER, total * sizeof(float), comm_ring_factor(c));
-    double t0 = begin_blocking(c);
+    begin_blocking(c);
     size_t mine = counts_in[c->rank];
     copy_on_comm_stream(c, recv + displs_in[c->rank], send, mine);
     NCCL_CHECK(ncclGroupStart());
@@ -587,23 +640,23 @@ void comm_allgatherv(const Comm* c, const float* send, float* recv, const size_t
             NCCL_CHECK(ncclRecv(recv + displs_in[r], counts_in[r], ncclFloat, r, nccl_of(c), stream_of(c)));
     }
     NCCL_CHECK(ncclGroupEnd());
-    end_blocking(c, t0);
+    end_blocking(c);
 }
 
 void comm_broadcast(const Comm* c, float* buf, size_t n, int root) {
     comm_tally(c, COLL_BROADCAST, n * sizeof(float), c->size > 1 ? 1.0 : 0.0);
     if (n == 0) return;
-    double t0 = begin_blocking(c);
+    begin_blocking(c);
     NCCL_CHECK(ncclBroadcast(buf, buf, n, ncclFloat, root, nccl_of(c), stream_of(c)));
-    end_blocking(c, t0);
+    end_blocking(c);
 }
 
 void comm_reduce(const Comm* c, const float* send, float* recv, size_t n, int root, CommOp op) {
     comm_tally(c, COLL_REDUCE, n * sizeof(float), c->size > 1 ? 1.0 : 0.0);
     if (n == 0) return;
-    double t0 = begin_blocking(c);
+    begin_blocking(c);
     NCCL_CHECK(ncclReduce(send, recv, n, ncclFloat, ncclSum, root, nccl_of(c), stream_of(c)));
-    end_blocking(c, t0);
+    end_blocking(c);
     if (c->rank == root) scale_for_avg(c, recv, n, op);
 }
 
@@ -611,7 +664,7 @@ void comm_reduce(const Comm* c, const float* send, float* recv, size_t n, int ro
 void comm_scatter(const Comm* c, const float* send, float* recv, size_t n, int root) {
     comm_tally(c, COLL_SCATTER, n * c->size * sizeof(float), comm_ring_factor(c));
     if (n == 0) return;
-    double t0 = begin_blocking(c);
+    begin_blocking(c);
     if (c->rank == root) copy_on_comm_stream(c, recv, send + (size_t)root * n, n);
     NCCL_CHECK(ncclGroupStart());
     if (c->rank == root) {
@@ -621,14 +674,14 @@ void comm_scatter(const Comm* c, const float* send, float* recv, size_t n, int r
         NCCL_CHECK(ncclRecv(recv, n, ncclFloat, root, nccl_of(c), stream_of(c)));
     }
     NCCL_CHECK(ncclGroupEnd());
-    end_blocking(c, t0);
+    end_blocking(c);
 }
 
 // Every rank sends its block to the root, which receives block r from rank r.
 void comm_gather(const Comm* c, const float* send, float* recv, size_t n, int root) {
     comm_tally(c, COLL_GATHER, n * c->size * sizeof(float), comm_ring_factor(c));
     if (n == 0) return;
-    double t0 = begin_blocking(c);
+    begin_blocking(c);
     if (c->rank == root) copy_on_comm_stream(c, recv + (size_t)root * n, send, n);
     NCCL_CHECK(ncclGroupStart());
     if (c->rank == root) {
@@ -638,7 +691,7 @@ void comm_gather(const Comm* c, const float* send, float* recv, size_t n, int ro
         NCCL_CHECK(ncclSend(send, n, ncclFloat, root, nccl_of(c), stream_of(c)));
     }
     NCCL_CHECK(ncclGroupEnd());
-    end_blocking(c, t0);
+    end_blocking(c);
 }
 
 // Block j goes to rank j, block i arrives from rank i: p-1 sends and p-1
@@ -646,7 +699,7 @@ void comm_gather(const Comm* c, const float* send, float* recv, size_t n, int ro
 void comm_alltoall(const Comm* c, const float* send, float* recv, size_t n) {
     comm_tally(c, COLL_ALLTOALL, n * c->size * sizeof(float), comm_ring_factor(c));
     if (n == 0) return;
-    double t0 = begin_blocking(c);
+    begin_blocking(c);
     copy_on_comm_stream(c, recv + (size_t)c->rank * n, send + (size_t)c->rank * n, n);
     NCCL_CHECK(ncclGroupStart());
     for (int r = 0; r < c->size; r++) {
@@ -655,7 +708,7 @@ void comm_alltoall(const Comm* c, const float* send, float* recv, size_t n) {
         NCCL_CHECK(ncclRecv(recv + (size_t)r * n, n, ncclFloat, r, nccl_of(c), stream_of(c)));
     }
     NCCL_CHECK(ncclGroupEnd());
-    end_blocking(c, t0);
+    end_blocking(c);
 }
 
 // The sends and receives of an all-to-all-v, queued on c's stream (the
@@ -691,9 +744,9 @@ void comm_alltoallv(const Comm* c, const float* send, const size_t* send_counts,
                     const size_t* send_displs, float* recv, const size_t* recv_counts,
                     const size_t* recv_displs) {
     tally_alltoallv(c, send_counts, recv_counts);
-    double t0 = begin_blocking(c);
+    begin_blocking(c);
     queue_alltoallv(c, send, send_counts, send_displs, recv, recv_counts, recv_displs);
-    end_blocking(c, t0);
+    end_blocking(c);
 }
 
 // A blocking send returns when the data has arrived: like an MPI_Send that
@@ -703,14 +756,14 @@ void comm_send(const Comm* c, const float* buf, size_t n, int peer) {
     if (n == 0) return;
     NcclGroup* ch = channel_to(c, peer);
     if (ch) {
-        double t0 = begin_channels();
+        begin_channels();
         queue_on_channel(ch, 1, (float*)buf, n, NULL);
-        end_channels(ch, NULL, t0);
+        end_channels(ch, NULL);
         return;
     }
-    double t0 = begin_blocking_p2p(c);
+    begin_blocking_p2p(c);
     NCCL_CHECK(ncclSend(buf, n, ncclFloat, peer, nccl_of(c), stream_of(c)));
-    end_blocking_p2p(c, t0);
+    end_blocking_p2p(c);
 }
 
 void comm_recv(const Comm* c, float* buf, size_t n, int peer) {
@@ -718,14 +771,14 @@ void comm_recv(const Comm* c, float* buf, size_t n, int peer) {
     if (n == 0) return;
     NcclGroup* ch = channel_from(c, peer);
     if (ch) {  // waits for its own message only
-        double t0 = begin_channels();
+        begin_channels();
         queue_on_channel(ch, 0, buf, n, NULL);
-        end_channels(ch, NULL, t0);
+        end_channels(ch, NULL);
         return;
     }
-    double t0 = begin_blocking_p2p(c);
+    begin_blocking_p2p(c);
     NCCL_CHECK(ncclRecv(buf, n, ncclFloat, peer, nccl_of(c), stream_of(c)));
-    end_blocking_p2p(c, t0);
+    end_blocking_p2p(c);
 }
 
 // The send and the receive in one group, so they progress together: a ring
@@ -738,16 +791,16 @@ void comm_sendrecv(const Comm* c, const float* send, size_t send_n, int dest, fl
     NcclGroup* to = send_n ? channel_to(c, dest) : NULL;
     NcclGroup* from = recv_n ? channel_from(c, source) : NULL;
     if ((to || !send_n) && (from || !recv_n)) {  // two channels: they progress independently
-        double t0 = begin_channels();
+        begin_channels();
         if (to) queue_on_channel(to, 1, (float*)send, send_n, NULL);
         if (from) queue_on_channel(from, 0, recv, recv_n, NULL);
-        end_channels(to, from, t0);
+        end_channels(to, from);
         return;
     }
-    double t0 = begin_blocking_p2p(c);
+    begin_blocking_p2p(c);
     if (send_n) NCCL_CHECK(ncclSend(send, send_n, ncclFloat, dest, nccl_of(c), stream_of(c)));
     if (recv_n) NCCL_CHECK(ncclRecv(recv, recv_n, ncclFloat, source, nccl_of(c), stream_of(c)));
-    end_blocking_p2p(c, t0);
+    end_blocking_p2p(c);
 }
 
 // Every rank's queued work is done, then the ranks meet.
@@ -860,12 +913,15 @@ void comm_irecv(const Comm* c, float* buf, size_t n, int peer, CommRequest* req)
     comm_add_progress(now_seconds() - t0);
 }
 
-// The end of a completed request: later compute is ordered after it, AVG is
-// applied (on the compute stream, after that), the event is freed.
-static void finish(CommRequest* req) {
+// The end of a request: later compute is ordered after it (the compute
+// stream waits for its event; with span, comm_wait's wait span ends there),
+// AVG is applied (on the compute stream, after that), the event is freed
+// (CUDA frees it once the pending work on it is done).
+static void finish(CommRequest* req, int span) {
     comm_request_done(req);
     cudaEvent_t ev = (cudaEvent_t)req->device_event;
     CUDA_CHECK(cudaStreamWaitEvent(cuda_compute_stream, ev, 0));
+    if (span) wait_span_end();
     if (req->scale_buf) ops_scale(req->scale_buf, req->scale_count, req->scale);
     CUDA_CHECK(cudaEventDestroy(ev));
     req->device_event = NULL;
@@ -876,16 +932,10 @@ void comm_wait(CommRequest* req) {
     if (!req->active) return;
     flush_p2p();
     comm_request_current(req);
-    // The host first waits for the compute queued so far, outside the timer
-    // (as the blocking calls do): the request's event sits behind the compute
-    // queued before its start, and the host usually runs far ahead of the
-    // GPU, so timing the event alone would count compute as waiting.
-    CUDA_CHECK(cudaEventRecord(compute_ready, cuda_compute_stream));
-    wait_checked(NULL, compute_ready);
-    double t0 = now_seconds();
-    wait_checked(NULL, (cudaEvent_t)req->device_event);
-    comm_add_wait(now_seconds() - t0);
-    finish(req);
+    // Stream-ordered, as the blocking calls: the compute stream waits for the
+    // request's event and the host goes on (see the top of the file)
+    wait_span_begin();
+    finish(req, 1);
 }
 
 int comm_test(CommRequest* req) {
@@ -901,7 +951,7 @@ int comm_test(CommRequest* req) {
         if (cudaPeekAtLastError() == cudaErrorNotReady) (void)cudaGetLastError();
     } else {
         CUDA_CHECK(rc);
-        finish(req);
+        finish(req, 0);
     }
     comm_add_progress(now_seconds() - t0);
     return done;

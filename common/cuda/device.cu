@@ -40,11 +40,19 @@ extern "C" void* device_raw_alloc(size_t bytes) {
     }
     CUDA_CHECK(rc);
     CUDA_CHECK(cudaMemsetAsync(p, 0, rounded, cuda_compute_stream));
-    CUDA_CHECK(cudaStreamSynchronize(cuda_compute_stream));  // zero before anyone sees it
+    device_synchronize();  // zero before anyone sees it (polled: the stream may wait for NCCL)
     return p;
 }
 
-extern "C" void device_raw_free(void* ptr) { CUDA_CHECK(cudaFree(ptr)); }
+// Queued work (a collective the host did not wait for) may still use the
+// block, and cudaFree only "may perform implicit synchronization" (its
+// documentation), unpolled: a collective stuck on a dead peer would hold it
+// forever. So device_synchronize first (polled, watched): the block is
+// free of queued work, and a dead peer ends the job with a message.
+extern "C" void device_raw_free(void* ptr) {
+    device_synchronize();
+    CUDA_CHECK(cudaFree(ptr));
+}
 
 extern "C" const char* device_memory_name(void) { return "GPU memory"; }
 
@@ -54,20 +62,24 @@ extern "C" void device_set_threads(int n) { omp_set_num_threads(n); }
 // ---------------------------------------------------------------- memory.h
 // Copies go on the compute stream, so they come after the kernels queued
 // before them, and wait for completion, so the host buffer can be reused (or
-// read) as soon as the call returns, as with memcpy on the CPU.
+// read) as soon as the call returns, as with memcpy on the CPU. The wait is
+// device_synchronize's: the compute stream may wait for communication
+// (comm.c queues collectives stream-ordered), and a peer that died would
+// leave a plain cudaStreamSynchronize waiting forever; device_synchronize
+// polls for NCCL's errors under the watchdog.
 
 extern "C" void mem_to_device(void* dst_device, const void* src_host, size_t bytes) {
     if (bytes == 0) return;
     CUDA_CHECK(cudaMemcpyAsync(dst_device, src_host, bytes, cudaMemcpyHostToDevice,
                                cuda_compute_stream));
-    CUDA_CHECK(cudaStreamSynchronize(cuda_compute_stream));
+    device_synchronize();
 }
 
 extern "C" void mem_to_host(void* dst_host, const void* src_device, size_t bytes) {
     if (bytes == 0) return;
     CUDA_CHECK(cudaMemcpyAsync(dst_host, src_device, bytes, cudaMemcpyDeviceToHost,
                                cuda_compute_stream));
-    CUDA_CHECK(cudaStreamSynchronize(cuda_compute_stream));
+    device_synchronize();
 }
 
 // Queued like a kernel: later work on the stream sees zeros.
