@@ -263,6 +263,13 @@ static double pt_steps(Collective c, int p) {
 
 static double pt_coll_seconds(const MachineProfile* p, const PtColl* c, double s, StepTime* t) {
     if (c->group < 2) return 0;  // a group of one sends nothing
+    if (c->coll == COLL_RECV) return 0;  // a message's time is its send's
+    // a message between two ranks, without a fit or a link of its own, is
+    // what an all-to-all on 2 ranks sends each way: chapter 1's fit of that
+    if (c->coll == COLL_SEND && p->busbw_gbps[COLL_SEND][2] == PT_UNKNOWN && p->intra_gbps == PT_UNKNOWN &&
+        p->busbw_gbps[COLL_ALLTOALL][2] != PT_UNKNOWN)
+        return c->calls * p->alpha_us[COLL_ALLTOALL][2] * 1e-6 +
+               c->bus_bytes * s / (p->busbw_gbps[COLL_ALLTOALL][2] * 1e9);
     int g = c->group <= PT_MAX_GROUP ? c->group : PT_MAX_GROUP, best = -1;
     for (int k = 2; k <= PT_MAX_GROUP; k++)
         if (p->busbw_gbps[c->coll][k] != PT_UNKNOWN && (best < 0 || abs(k - g) < abs(best - g))) best = k;

@@ -17,6 +17,9 @@
 //              alpha and busbw: chapter 1's fit for collective c on p ranks
 //              when the profile has it (the nearest p otherwise); else the
 //              link model calls * steps(c,p) * latency + bus_bytes * s / link
+//              a point-to-point message: one send (its receive costs
+//              nothing more); without a fit or a link figure, the
+//              all-to-all's fit on 2 ranks (one message each way)
 //   exposed  = comm - min(overlap * hideable, matmul + attention)
 //   bubble   = (compute + other) * b / (1 - b)
 //   step     = matmul + attention + other + exposed + bubble
