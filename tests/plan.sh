@@ -324,6 +324,101 @@ grep -v '^coll\.' "$prof" > "$link"
 printf 'element_bytes = 2\nranks_per_node = 8\nlink.intra.gbps = 4\nlink.intra.latency_us = 30\n' >> "$link"
 plan_time_check "$link" none --chapter 3 --ranks 2 --dp 2 --zero 1
 
+# chapters 5 to 7: the plan's own FLOPs per rank split into attention and
+# the matmuls, the bubble from the plan (07_expert/plan/plan_time.h), every
+# collective on the link model (point-to-point: one latency per send); the
+# slowest rank's step, evaluated here from the plan's --json record
+plan_time_check_57() {
+    local out verdict
+    out=$("$BUILD/plan" "$@" --json --profile "$link" 2>&1)
+    verdict=$(python3 - "$link" "$out" "$@" <<'PY'
+import json, sys
+prof_path, out = sys.argv[1:3]
+flags = sys.argv[3:]
+prof = {}
+for line in open(prof_path):
+    line = line.split("#")[0].strip()
+    if "=" in line:
+        k, v = [x.strip() for x in line.split("=", 1)]
+        prof[k] = v
+recs = [json.loads(l) for l in out.splitlines() if l.startswith("{")]
+plan = [r for r in recs if r["type"] == "plan"][0]
+got = [r for r in recs if r["type"] == "plan_time"][0]
+def flag(name, default):
+    return int(flags[flags.index(name) + 1]) if name in flags else default
+ch, ranks = flag("--chapter", 0), flag("--ranks", 1)
+size = {a: flag("--" + a, 1) for a in ("dp", "tp", "pp", "cp", "ep")}
+L, C, Vp, B, T = 2, 64, 256, flag("--batch", 4), flag("--seq", 64)
+s = float(prof["element_bytes"]) / 4
+r_shared = ranks  # compute_shared = 1
+lat, gbps = float(prof["link.intra.latency_us"]) * 1e-6, float(prof["link.intra.gbps"]) * 1e9
+steps = lambda coll, g: {"allreduce": 2 * (g - 1), "send": 1, "recv": 0}.get(coll, g - 1)
+best = 0
+for rank in range(ranks):
+    n = B / size["dp"] * T / (size["cp"] if ch == 6 else 1) / (size["ep"] if ch == 7 else 1)
+    Lr, Vl = (L / size["pp"], Vp if rank == size["pp"] - 1 else 0) if ch == 5 else (L, Vp)
+    attention = 12 * n * Lr * T * C
+    matmul = plan["flops_per_step"][rank] - attention
+    opt = plan["peak_bytes"]["optimizer"][rank] / 8
+    grads = plan["peak_bytes"]["grads"][rank] / 4
+    memory = 4 * (n * (Lr * (18 * C + 20 * C) + 4 * Vl) + 7 * opt + grads)
+    compute = (matmul / float(prof["matmul_gflops"]) + attention / float(prof["attention_gflops"])) * r_shared / 1e9
+    other = memory * s * r_shared / float(prof["memory_gbps"]) / 1e9
+    comm = 0.0
+    for coll, axes in plan["comm"].items():
+        for axis, c in axes.items():
+            g = 1
+            for part in axis.split("+"):
+                g *= size.get(part, ranks)
+            if g > 1:
+                comm += c["calls"][rank] * steps(coll, g) * lat + c["bus_bytes"][rank] * s / gbps
+    b = plan["bubble"]
+    bubble = (compute + other) * b / (1 - b) if 0 < b < 1 else 0
+    best = max(best, 1e3 * (compute + other + comm + bubble))
+ok = abs(got["ms_per_step"] - best) <= 1e-3 + 1e-9 * best
+print(("ok" if ok else "BAD") + f" plan {got['ms_per_step']:.3f} ms, formula {best:.3f} ms (bubble {plan['bubble']:.4f})")
+PY
+)
+    case $verdict in
+        ok*) pass "plan --profile $*: ${verdict#ok }" ;;
+        *) fail "plan --profile $*" "$verdict; $out" ;;
+    esac
+}
+plan_time_check_57 --chapter 5 --ranks 2 --pp 2
+plan_time_check_57 --chapter 5 --ranks 2 --pp 2 --schedule gpipe --microbatches 4
+plan_time_check_57 --chapter 6 --ranks 2 --cp 2 --batch 24 --seq 32
+plan_time_check_57 --chapter 6 --ranks 2 --cp 2 --cp-mode ulysses --batch 24 --seq 32
+plan_time_check_57 --chapter 7 --ranks 2 --ep 2 --batch 24 --seq 32
+
+# --search --profile: the layouts ranked by predicted step time, each the
+# time build/plan --profile predicts for that layout alone (5 of them
+# checked, chapters 2 to 6), shortest first
+out=$("$BUILD/plan" --search --ranks 2 --memory-per-rank 5e6 --profile "$link" 2>&1)
+bad=""
+prev=0 checked=0
+while read -r line; do
+    what=$(echo "$line" | sed 's/^ *\(chapter .*[^ ]\)  *peak .*/\1/')
+    ms=$(echo "$line" | awk '{ print $(NF - 1) }')
+    awk -v a="$prev" -v b="$ms" 'BEGIN { exit !(b + 0 >= a + 0) }' || bad="$bad; not sorted at $what"
+    prev=$ms
+    case "$what" in
+        "chapter 2 --dp 2 --dp-mode overlapped" | "chapter 3 --dp 2 --zero 3" | "chapter 4 --dp 1 --tp 2 --zero 3" | \
+            "chapter 5 --dp 1 --pp 2 --schedule 1f1b" | "chapter 6 --dp 1 --cp 2 --cp-mode ulysses")
+            one=$("$BUILD/plan" --$what --ranks 2 --profile "$link" 2>&1 | sed -n 's/^  step \([0-9.]*\) ms.*/\1/p')
+            checked=$((checked + 1))
+            [ -z "$one" ] && bad="$bad; $what: no step line alone"
+            ;;
+        *) one="" ;;
+    esac
+    [ -n "$one" ] && ! awk -v a="$one" -v b="$ms" 'BEGIN { exit !(a - b < 0.06 && b - a < 0.06) }' && bad="$bad; $what: search $ms, alone $one"
+done < <(echo "$out" | grep '^  chapter')
+if [ -z "$bad" ] && [ $checked = 5 ] && [ "$(echo "$out" | grep -c '^  chapter')" -ge 15 ] && echo "$out" | grep -q 'chapter 5 --dp 1 --pp 2' &&
+    echo "$out" | grep -q 'shortest predicted step'; then
+    pass "--search --profile: $(echo "$out" | grep -c '^  chapter') layouts of chapters 0 and 2 to 6 ranked by predicted step time, each the time the layout's own plan predicts"
+else
+    fail "--search --profile" "${bad#; }; $out"
+fi
+
 # profile_error EXPECT LINES: a profile with these lines is refused with one
 # error line naming the file's line and the problem
 profile_error() {

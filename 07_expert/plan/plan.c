@@ -272,22 +272,82 @@ static RankPlan* plan_run(const PlanArgs* a, PlanFn plan) {
     return plans;
 }
 
+// The step time of every rank from its plan (plan_time.h) into times[];
+// returns NULL, or the figure the profile lacks.
+static const char* predict_times(const MachineProfile* prof, const PlanArgs* a, const PlanInfo* info,
+                                 const RankPlan* plans, StepTime* times) {
+    PtChapter ch = {.chapter = a->chapter, .dp = a->mesh[AXIS_DP], .tp = a->mesh[AXIS_TP], .B = a->B, .T = a->T,
+                    .recompute = a->recompute, .dp_mode = a->dp_mode, .zero = a->zero, .prefetch = a->prefetch,
+                    .pp = a->mesh[AXIS_PP], .cp = a->mesh[AXIS_CP], .ep = a->mesh[AXIS_EP], .bubble = info->bubble};
+    for (int r = 0; r < a->ranks; r++) {
+        ch.plan_flops = plans[r].flops;
+        plan_time_rank(prof, &a->cfg, &ch, a->mesh, a->ranks, r, plans[r].peak,
+                       (const CommCount(*)[COMM_MAX_SLOTS])plans[r].comm, a->steps, &times[r]);
+        if (times[r].missing) return times[r].missing;
+    }
+    return NULL;
+}
+
 // --search: every layout of --ranks the planned chapters offer (chapter 2's
-// modes, chapter 3's stages, chapter 4's dp x tp with each stage), those
-// whose largest rank fits --memory-per-rank, fewest bus bytes per step first.
+// modes, chapter 3's stages, chapter 4's dp x tp with each stage, chapter
+// 5's dp x pp with each schedule, chapter 6's dp x cp ring and Ulysses;
+// chapter 7 trains another model, so it is not a layout of this one), those
+// whose largest rank fits --memory-per-rank, fewest bus bytes per step first
+// or, with --profile, the shortest predicted step first.
 typedef struct {
     char what[96];
-    double peak, bus;
+    double peak, bus, ms;
 } Candidate;
+
+static int by_time(const void* x, const void* y) {
+    const Candidate *a = x, *b = y;
+    return a->ms < b->ms ? -1 : a->ms > b->ms ? 1 : (a->peak > b->peak) - (a->peak < b->peak);
+}
 
 static int by_bus(const void* x, const void* y) {
     const Candidate *a = x, *b = y;
     return a->bus < b->bus ? -1 : a->bus > b->bus ? 1 : (a->peak > b->peak) - (a->peak < b->peak);
 }
 
-static void search(const PlanArgs* base, double memory) {
+// Plans one layout; adds it to found[] if its fullest rank fits memory.
+static void consider(const PlanArgs* a, const char* what, double memory, const MachineProfile* prof,
+                     Candidate* found, int* n, int cap, int* tried) {
+    char msg[256];
+    PlanInfo info;
+    PlanFn fn = plan_pick(a, &info, msg, sizeof(msg));
+    if (!fn) return;  // a layout the model or the mesh does not allow
+    (*tried)++;
+    RankPlan* plans = plan_run(a, fn);
+    double peak = 0, bus = 0, ms = 0;
+    for (int r = 0; r < a->ranks; r++) {
+        if (plan_total(&plans[r], 0) > peak) peak = plan_total(&plans[r], 0);
+        double mine = 0;
+        for (int c = 0; c < NUM_COLLECTIVES; c++)
+            for (int x = 0; x < comm_num_slots(); x++) mine += plans[r].comm[c][x].bus_bytes;
+        if (mine > bus) bus = mine;
+    }
+    if (prof) {
+        StepTime* times = calloc((size_t)a->ranks, sizeof(StepTime));
+        if (!times) die("%s", "out of memory");
+        const char* missing = predict_times(prof, a, &info, plans, times);
+        if (missing) die("--profile: the profile has no %s", missing);
+        for (int r = 0; r < a->ranks; r++)
+            if (times[r].total_ms > ms) ms = times[r].total_ms;
+        free(times);
+    }
+    free(plans);
+    if (peak <= memory && *n < cap) {
+        snprintf(found[*n].what, sizeof(found[*n].what), "%s", what);
+        found[*n].peak = peak;
+        found[*n].bus = bus;
+        found[*n].ms = ms;
+        (*n)++;
+    }
+}
+
+static void search(const PlanArgs* base, double memory, const MachineProfile* prof) {
     Candidate found[512];
-    int n = 0, tried = 0;
+    int n = 0, tried = 0, cap = (int)(sizeof(found) / sizeof(found[0]));
     static const char* modes[] = {"naive", "bucketed", "overlapped", "ps"};
     for (int ch = 0; ch <= 4; ch++)
         for (int tp = 1; tp <= base->ranks; tp++) {
@@ -318,34 +378,49 @@ static void search(const PlanArgs* base, double memory) {
                     if (k > 0 || ch == 1) continue;
                     snprintf(what, sizeof(what), "chapter 0");
                 }
-                char msg[256];
-                PlanInfo info;
-                PlanFn fn = plan_pick(&a, &info, msg, sizeof(msg));
-                if (!fn) continue;
-                tried++;
-                RankPlan* plans = plan_run(&a, fn);
-                double peak = 0, bus = 0;
-                for (int r = 0; r < a.ranks; r++) {
-                    if (plan_total(&plans[r], 0) > peak) peak = plan_total(&plans[r], 0);
-                    double mine = 0;
-                    for (int c = 0; c < NUM_COLLECTIVES; c++)
-                        for (int x = 0; x < comm_num_slots(); x++) mine += plans[r].comm[c][x].bus_bytes;
-                    if (mine > bus) bus = mine;
-                }
-                free(plans);
-                if (peak <= memory && n < (int)(sizeof(found) / sizeof(found[0]))) {
-                    snprintf(found[n].what, sizeof(found[n].what), "%s", what);
-                    found[n].peak = peak;
-                    found[n].bus = bus;
-                    n++;
-                }
+                consider(&a, what, memory, prof, found, &n, cap, &tried);
             }
         }
-    qsort(found, (size_t)n, sizeof(Candidate), by_bus);
-    printf("search: %d of %d layouts of %d rank%s fit %.0f bytes per rank (peak of the fullest rank), fewest bus bytes "
-           "per step (the busiest rank) first\n", n, tried, base->ranks, base->ranks == 1 ? "" : "s", memory);
-    for (int i = 0; i < n; i++)
-        printf("  %-48s peak %12.0f bytes  bus %12.0f bytes per step\n", found[i].what, found[i].peak, found[i].bus);
+    // chapter 5: dp x pp with each schedule (microbatches: the chapter's
+    // default); chapter 6: dp x cp, the ring and Ulysses
+    static const char* schedules[] = {"gpipe", "1f1b", "zb"};
+    static const char* cp_modes[] = {"ring", "ulysses"};
+    for (int split = 2; split <= base->ranks; split++) {
+        if (base->ranks % split) continue;
+        for (int k = 0; k < 3; k++) {
+            PlanArgs a = *base;
+            a.chapter = 5;
+            a.steps = 1;
+            for (int x = 0; x < NUM_AXES; x++) a.mesh[x] = 1;
+            a.mesh[AXIS_DP] = base->ranks / split;
+            a.mesh[AXIS_PP] = split;
+            a.schedule = schedules[k];
+            char what[96];
+            snprintf(what, sizeof(what), "chapter 5 --dp %d --pp %d --schedule %s", a.mesh[AXIS_DP], split, schedules[k]);
+            consider(&a, what, memory, prof, found, &n, cap, &tried);
+        }
+        for (int k = 0; k < 2; k++) {
+            PlanArgs a = *base;
+            a.chapter = 6;
+            a.steps = 1;
+            for (int x = 0; x < NUM_AXES; x++) a.mesh[x] = 1;
+            a.mesh[AXIS_DP] = base->ranks / split;
+            a.mesh[AXIS_CP] = split;
+            a.cp_mode = cp_modes[k];
+            char what[96];
+            snprintf(what, sizeof(what), "chapter 6 --dp %d --cp %d --cp-mode %s", a.mesh[AXIS_DP], split, cp_modes[k]);
+            consider(&a, what, memory, prof, found, &n, cap, &tried);
+        }
+    }
+    qsort(found, (size_t)n, sizeof(Candidate), prof ? by_time : by_bus);
+    printf("search: %d of %d layouts of %d rank%s fit %.0f bytes per rank (peak of the fullest rank), %s first\n", n,
+           tried, base->ranks, base->ranks == 1 ? "" : "s", memory,
+           prof ? "the shortest predicted step (the slowest rank's)" : "fewest bus bytes per step (the busiest rank)");
+    for (int i = 0; i < n; i++) {
+        printf("  %-48s peak %12.0f bytes  bus %12.0f bytes per step", found[i].what, found[i].peak, found[i].bus);
+        if (prof) printf("  %11.4g ms", found[i].ms);
+        printf("\n");
+    }
 }
 
 static int parse_int_or(int v, int dflt) { return v == ARG_NOT_GIVEN ? dflt : v; }
@@ -420,7 +495,7 @@ int main(int argc, char** argv) {
         {"moe-every", ARG_INT, &a.moe_every, "(chapter 7) every k-th layer is an MoE layer  [1]"},
         {"capacity-factor", ARG_FLOAT, &capacity, "(chapter 7) tokens an expert takes, x its fair share  [chapter 7's]"},
         {"ep-overlap", ARG_INT, &a.ep_overlap, "(chapter 7) each exchange in that many chunks of a rank's tokens  [1]"},
-        {"search", ARG_FLAG, &do_search, "every layout of --ranks in chapters 0, 2, 3, 4 that fits --memory-per-rank"},
+        {"search", ARG_FLAG, &do_search, "every layout of --ranks in chapters 0, 2 to 6 that fits --memory-per-rank"},
         {"memory-per-rank", ARG_STRING, &memory_arg, "bytes a rank may hold (--search), e.g. 8e6"},
         {"profile", ARG_STRING, &profile_path, "a machine profile: also predict ms/step (plan_time.h)"},
         {"measure-attention", ARG_FLAG, &measure_attention, "time attention at --batch --seq and the model's C, NH"},
@@ -481,7 +556,7 @@ int main(int argc, char** argv) {
         char* end = NULL;
         double memory = memory_arg ? strtod(memory_arg, &end) : 0.0;
         if (!memory_arg || *end || !(memory > 0)) die("%s: give the bytes a rank may hold, e.g. --memory-per-rank 4000000", "--search");
-        search(&a, memory);
+        search(&a, memory, profile_path ? &profile : NULL);
         return 0;
     }
     PlanInfo info;
@@ -489,20 +564,13 @@ int main(int argc, char** argv) {
     if (!plan) die("%s", msg);
     RankPlan* plans = plan_run(&a, plan);
     StepTime* times = NULL;
-    if (profile_path && a.chapter >= 5)
-        die("--profile: the step-time model covers chapters 0, 2, 3 and 4 (%s)", "chapters 5 to 7: not yet");
     if (profile_path) {  // the step time (plan_time.h): every rank from its plan, the slowest sets the step
-        PtChapter ch = {.chapter = a.chapter, .dp = a.mesh[AXIS_DP], .tp = a.mesh[AXIS_TP], .B = a.B, .T = a.T,
-                        .recompute = a.recompute, .dp_mode = a.dp_mode, .zero = a.zero, .prefetch = a.prefetch};
         times = calloc((size_t)a.ranks, sizeof(StepTime));
         if (!times) die("%s", "out of memory");
-        for (int r = 0; r < a.ranks; r++) {
-            plan_time_rank(&profile, &a.cfg, &ch, a.mesh, a.ranks, r, plans[r].peak,
-                           (const CommCount(*)[COMM_MAX_SLOTS])plans[r].comm, a.steps, &times[r]);
-            if (times[r].missing) {  // before any output: a profile short of a figure plans nothing
-                snprintf(msg, sizeof(msg), "the profile '%s' has no %s", profile.name, times[r].missing);
-                die("%s", msg);
-            }
+        const char* missing = predict_times(&profile, &a, &info, plans, times);
+        if (missing) {  // before any output: a profile short of a figure plans nothing
+            snprintf(msg, sizeof(msg), "the profile '%s' has no %s", profile.name, missing);
+            die("%s", msg);
         }
     }
     if (a.json) print_json(&a, &info, plans);

@@ -170,8 +170,34 @@ const char* plan_profile_read(const char* path, MachineProfile* p, char* msg, si
 
 // ---------------------------------------------------------------- the work of a step
 
+// Chapters 5 to 7 (plan_time.h): the plan's FLOPs, split into attention and
+// the matmuls by the count the other chapters use.
+static int work_from_plan(const GPTConfig* cfg, const PtChapter* ch, double opt_params, double grad_params,
+                          StepWork* w) {
+    memset(w, 0, sizeof(*w));
+    double L = cfg->num_layers, C = cfg->channels, T = ch->T, Vp = cfg->padded_vocab_size;
+    double tp = ch->chapter == 6 && ch->tp > 1 ? ch->tp : 1;
+    double n = (double)ch->B / ch->dp * T, Lr = L, Vl = Vp;
+    if (ch->chapter == 5) {
+        Lr = L / ch->pp;
+        Vl = ch->pp_rank == ch->pp - 1 ? Vp : 0;
+    }
+    if (ch->chapter == 6) n /= ch->cp;
+    if (ch->chapter == 7) n /= ch->ep;
+    double attn = 12.0 * n * Lr * T * C / tp;
+    w->attention_flops = ch->recompute == RECOMPUTE_FULL ? attn * 4.0 / 3.0 : attn;
+    w->matmul_flops = ch->plan_flops - w->attention_flops;
+    if (w->matmul_flops < 0) w->matmul_flops = 0;
+    if (ch->recompute == RECOMPUTE_SELECTIVE) w->attention_flops += 2.0 * n * Lr * T * C / tp;
+    w->memory_bytes = 4.0 * (n * (Lr * (18.0 * C + 20.0 * C / tp) + 4.0 * Vl) + 7.0 * opt_params + grad_params);
+    w->ranks_on_node = 1;
+    w->bubble = ch->chapter == 5 ? ch->bubble : 0;
+    return 1;
+}
+
 int plan_time_work(const GPTConfig* cfg, const PtChapter* ch, double opt_params, double grad_params,
                    StepWork* w) {
+    if (ch->chapter >= 5 && ch->chapter <= 7) return work_from_plan(cfg, ch, opt_params, grad_params, w);
     if (ch->chapter != 0 && ch->chapter != 2 && ch->chapter != 3 && ch->chapter != 4) return 0;
     memset(w, 0, sizeof(*w));
     double L = cfg->num_layers, C = cfg->channels, T = ch->T, tp = ch->chapter == 4 ? ch->tp : 1;
@@ -229,12 +255,21 @@ static double pt_steps(Collective c, int p) {
         case COLL_ALLREDUCE: return 2.0 * (p - 1);
         case COLL_BROADCAST:
         case COLL_REDUCE: return ceil(log2((double)p));
+        case COLL_SEND: return 1.0;  // one message, whatever the group
+        case COLL_RECV: return 0.0;  // its latency is the send's
         default: return p - 1.0;
     }
 }
 
 static double pt_coll_seconds(const MachineProfile* p, const PtColl* c, double s, StepTime* t) {
     if (c->group < 2) return 0;  // a group of one sends nothing
+    if (c->coll == COLL_RECV) return 0;  // a message's time is its send's
+    // a message between two ranks, without a fit or a link of its own, is
+    // what an all-to-all on 2 ranks sends each way: chapter 1's fit of that
+    if (c->coll == COLL_SEND && p->busbw_gbps[COLL_SEND][2] == PT_UNKNOWN && p->intra_gbps == PT_UNKNOWN &&
+        p->busbw_gbps[COLL_ALLTOALL][2] != PT_UNKNOWN)
+        return c->calls * p->alpha_us[COLL_ALLTOALL][2] * 1e-6 +
+               c->bus_bytes * s / (p->busbw_gbps[COLL_ALLTOALL][2] * 1e9);
     int g = c->group <= PT_MAX_GROUP ? c->group : PT_MAX_GROUP, best = -1;
     for (int k = 2; k <= PT_MAX_GROUP; k++)
         if (p->busbw_gbps[c->coll][k] != PT_UNKNOWN && (best < 0 || abs(k - g) < abs(best - g))) best = k;
@@ -313,12 +348,13 @@ void plan_time_rank(const MachineProfile* p, const GPTConfig* cfg, const PtChapt
     int coord[NUM_AXES];
     mesh_coord_of(&m, r, coord);
     ch.tp_rank = coord[AXIS_TP];
+    ch.pp_rank = coord[AXIS_PP];
     for (int c = 0; c < NUM_COLLECTIVES; c++)
         if (c == COLL_ALLREDUCE) ch.bucket_calls = (int)(comm[c][AXIS_DP].calls / steps);
     StepWork w;
     if (!plan_time_work(cfg, &ch, peak[MEM_OPTIMIZER] / 8.0, peak[MEM_GRADS] / 4.0, &w)) {
         memset(t, 0, sizeof(*t));
-        t->missing = "a chapter the time model knows (0, 2, 3, 4)";
+        t->missing = "a chapter the time model knows (0, 2 to 7)";
         return;
     }
     w.ranks_on_node = ranks;

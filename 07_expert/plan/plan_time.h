@@ -17,6 +17,9 @@
 //              alpha and busbw: chapter 1's fit for collective c on p ranks
 //              when the profile has it (the nearest p otherwise); else the
 //              link model calls * steps(c,p) * latency + bus_bytes * s / link
+//              a point-to-point message: one send (its receive costs
+//              nothing more); without a fit or a link figure, the
+//              all-to-all's fit on 2 ranks (one message each way)
 //   exposed  = comm - min(overlap * hideable, matmul + attention)
 //   bubble   = (compute + other) * b / (1 - b)
 //   step     = matmul + attention + other + exposed + bubble
@@ -90,8 +93,11 @@ typedef struct {
 // The chapter facts the FLOPs and the overlap depend on (plain values, so
 // this module needs nothing of plan.c's own types).
 typedef struct {
-    int chapter;           // 0, 2, 3, 4
+    int chapter;           // 0, 2 to 7
     int dp, tp, tp_rank;   // the rank's mesh
+    int pp, cp, ep, pp_rank;  // chapters 5 to 7
+    double plan_flops;     // chapters 5 to 7: the plan's FLOPs of this rank per step (plan.h's RankPlan)
+    double bubble;         // chapter 5: the schedule's bubble fraction (plan.h's PlanInfo)
     int B, T;              // global batch, sequence length
     RecomputeMode recompute;
     const char* dp_mode;   // chapter 2
@@ -107,6 +113,16 @@ typedef struct {
 //   memory     = 4 [n (L (18 C + 20 C / tp) + 4 Vl) + 7 P_opt + P_grad] bytes
 // opt_params and grad_params are the floats the rank's AdamW steps and its
 // gradient buffer holds (the plan's optimizer bytes / 8, grads bytes / 4).
+// Chapters 5 to 7 take the plan's own FLOPs per rank (the schedules, the
+// cp split and the experts are the plan's to count) and split them:
+//   n tokens   = B / dp * T (5: every stage sees them all), B / (dp cp) * T (6),
+//                B / (dp ep) * T (7); Lr layers = L / pp (5), else L
+//   attention  = 12 n Lr T C / tp (x 4/3 under full recompute, + 2 n Lr T C / tp
+//                under selective), matmul = the plan's FLOPs - that
+//   memory     = as above with n and Lr; Vl = Vp on the rank holding the head
+//                (5: the last stage), 0 elsewhere
+//   bubble     = the plan's (chapter 5); no collective of 5 to 7 counts as
+//                hideable (the model's time is an upper bound there)
 // Returns 0 and leaves w alone for a chapter it does not know.
 int plan_time_work(const GPTConfig* cfg, const PtChapter* ch, double opt_params, double grad_params,
                    StepWork* w);

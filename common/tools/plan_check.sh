@@ -2,7 +2,7 @@
 # plan_check.sh: the planner against runs (make plan-check; docs/planner.md).
 #
 # For every run of the committed sweep (docs/plots/data/sweep.txt) in a
-# chapter the planner covers (0, 2, 3, 4), plans it with build/plan --profile
+# chapter the planner covers (0, 2 to 7), plans it with build/plan --profile
 # PROFILE (predicted ms/step and peak bytes), runs it the way the sweep did
 # (same flags, --steps 5: the programs time steps 2..5), and prints predicted
 # against measured with the error, then the error per chapter. The peak
@@ -44,7 +44,7 @@ failed=0
 # the sweep's lines: "NAME.jsonl  np=N  build/chapter-C FLAGS --peak-gflops X  (S s)"
 while read -r file npf cmd; do
     name=${file%.jsonl}
-    case $name in ch0_* | ch2_* | ch3_* | ch4_*) ;; *) continue ;; esac
+    case $name in ch[0234567]_*) ;; *) continue ;; esac
     if [ -n "$ONLY" ] && ! [[ "$name" =~ $ONLY ]]; then continue; fi
     np=${npf#np=}
     cmd=${cmd%  (*}
