@@ -9,14 +9,9 @@
 //
 //   mpirun -np 4 build/chapter-7 --dp 2 --ep 2 --experts 4 --top-k 2
 //
-// --cp N adds chapter 6's context parallelism: the cp ranks of a share hold
-// T/cp positions of each of its sequences, and each MoE layer's attention
-// meets the others' keys and values (--cp-mode ring | ulysses, expert_cp.c).
-// Everything else is per token: a token is routed where it lives, to the
-// experts of its own ep group. Mesh order tp, cp, ep, dp, pp (fastest
-// first, chapter 0): the cp ranks of a share are neighbours. The ranks with
-// their own tokens, dp x cp x ep, share the statistics, the loss and the
-// replicated gradients; an expert's copies live on dp x cp.
+// --cp N: chapter 6's context parallelism; a share's cp ranks hold T/cp
+// positions of its sequences and attention meets the others' keys and values
+// (expert_cp.c). The rest is per token: a token is routed where it lives.
 //
 // One MoE layer, forward, in the order of moe_layer_forward below:
 //   1. route      router logits -> softmax -> top-k experts and gates
@@ -59,8 +54,7 @@ static void balance_loss(ExpertModel* m, MoeLayer* L, int layer_index) {
     for (int i = 0; i < N * k; i++) cnt[L->idx_host[i]]++;
     for (int t = 0; t < N; t++)
         for (int e = 0; e < E; e++) psum[e] += probs[(size_t)t * E + e];
-    // both sums over every token of the batch: all-reduced over the ranks
-    // with their own tokens, dp x cp x ep (host data: plain MPI)
+    // both sums over every token of the batch: over dp x cp x ep (host data: plain MPI)
     MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, cnt, E, MPI_LONG, MPI_SUM, m->batch.mpi));
     MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, psum, E, MPI_DOUBLE, MPI_SUM, m->batch.mpi));
     double n_global = (double)N * m->batch.size, aux = 0.0;

@@ -115,6 +115,28 @@ c7_ck=$TEST_TMPDIR/c7_ck
 c7_same "dp=2 x ep=2" 4 "--dp 2 --ep 2 --ckpt-dir $c7_ck --save-every 4 --async-save"
 c7_full=$C7_LOG
 
+# Context parallelism in the MoE layers' attention (--cp, chapter 6's
+# algorithms on its ring.c, docs/07_expert.md): a cp rank holds T/cp
+# positions of its share's sequences; routing, experts and head are per
+# token. E = 1, k = 1 on cp = 2 (ring, plain cut; Ulysses, zigzag) and on
+# dp x cp = 2 x 2 (ring, zigzag) is chapter 0's model: its losses and norms
+# within the invariant's tolerance. E = 4, k = 2 on ep x cp = 2 x 2 follows
+# the one-rank run up to the first routing difference, its load-balancing
+# loss too (the expert counts summed over dp x cp x ep).
+invariant --norm "experts: E=1, k=1 on cp=2 (ring) is chapter 0's dense model" "$INV_FLAGS" 2 chapter-7 "--experts 1 --top-k 1 --cp 2 --cp-mode ring"
+invariant --norm "experts: E=1, k=1 on cp=2 (ulysses, zigzag) is chapter 0's dense model" "$INV_FLAGS" 2 chapter-7 "--experts 1 --top-k 1 --cp 2 --cp-mode ulysses --cp-balance zigzag"
+invariant --norm --val "experts: E=1, k=1 on dp x cp = 2 x 2 (ring, zigzag) is chapter 0's dense model" "$INV_FLAGS" 4 chapter-7 "--experts 1 --top-k 1 --dp 2 --cp 2 --cp-balance zigzag"
+for mode in "ring" "ulysses --cp-balance zigzag"; do
+    c7_same "ep x cp = 2 x 2 ($mode)" 4 "--ep 2 --cp 2 --cp-mode $mode"
+    a=""
+    if a=$(bash tests/compare_losses.sh "$c7_ref" "$C7_LOG" $TOL aux_loss 2>&1) &&
+        grep -q "^context parallelism: cp=2, ${mode%% *}, balance" <<< "$OUT"; then
+        pass "experts: ep x cp = 2 x 2 ($mode): the load-balancing loss of one rank ($a)"
+    else
+        fail "experts: aux_loss on ep x cp = 2 x 2 ($mode)" "$a; $(echo "$OUT" | grep -E '^context|error' | head -2)"
+    fi
+done
+
 # Training-state checkpoints. c7_tail LOG FIRST: the step records from step
 # FIRST on, without the timings: loss, norm, aux_loss, dropped and
 # expert_tokens as printed.
@@ -442,6 +464,16 @@ jobs_run error_case chapter-7 1 "--capacity-factor -1" "--capacity-factor must b
 jobs_run error_case chapter-7 1 "--ep-overlap 0" "--ep-overlap 0: each MoE layer's exchanges are cut into that many chunks"
 jobs_run error_case chapter-7 2 "--ep 2 --batch 4 --seq 16 --ep-overlap -3" "--ep-overlap -3: each MoE layer's exchanges"
 jobs_run error_case chapter-7 2 "--ep 2 --batch 4 --seq 16 --ep-overlap 33" "a rank's 32 tokens, so it must be between 1 and 32"
+# a mesh the sequence or the heads do not split over, and what --cp does
+# not compose with yet (issue #35)
+jobs_run error_case chapter-7 3 "--cp 3 --seq 32" "--seq 32 does not split over cp=3 ranks"
+jobs_run error_case chapter-7 2 "--cp 2 --seq 30 --cp-balance zigzag" "--seq 30 does not split into 2 x cp = 4 zigzag half-chunks"
+jobs_run error_case chapter-7 3 "--cp 3 --seq 48 --cp-mode ulysses" "--cp-mode ulysses splits the model's 4 heads over cp=3 ranks"
+jobs_run error_case chapter-7 2 "--cp 2 --cp-mode star" "--cp-mode star is not one of ring, ulysses"
+jobs_run error_case chapter-7 2 "--cp 2 --recompute full" "but not yet with --recompute: use --cp 1 for it"
+jobs_run error_case chapter-7 2 "--cp 2 --capacity-factor 1" "but not yet with --capacity-factor"
+jobs_run error_case chapter-7 2 "--cp 2 --moe-every 2" "but not yet with --moe-every > 1"
+jobs_run help_case chapter-7 "--cp-mode"
 jobs_run help_case chapter-7 "--capacity-factor"
 jobs_run help_case chapter-7 "--ep-overlap"
 jobs_wait  # independent: 2 at a time
