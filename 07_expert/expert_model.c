@@ -284,7 +284,6 @@ MoeConfig expert_config(const Run* run, ExpertFlags* f) {
         const char* not_yet = cfg.moe_every != 1                 ? "--moe-every > 1 (the dense layers' attention)"
                               : a->recompute != RECOMPUTE_NONE ? "--recompute"
                               : f->capacity > 0                ? "--capacity-factor (the global batch order of the slots kept)"
-                              : a->ckpt_dir || a->resume       ? "--ckpt-dir and --resume"
                               : a->sample > 0                  ? "--sample"
                                                                : NULL;
         if (not_yet)

@@ -120,20 +120,22 @@ c7_full=$C7_LOG
 # positions of its share's sequences; routing, experts and head are per
 # token. E = 1, k = 1 on cp = 2 (ring, plain cut; Ulysses, zigzag) and on
 # dp x cp = 2 x 2 (ring, zigzag) is chapter 0's model: its losses and norms
-# within the invariant's tolerance. E = 4, k = 2 on ep x cp = 2 x 2 follows
-# the one-rank run up to the first routing difference, its load-balancing
-# loss too (the expert counts summed over dp x cp x ep).
+# within the invariant's tolerance. E = 4, k = 2 on ep x cp = 2 x 2 and on
+# dp x cp x ep = 2 x 2 x 2 follows the one-rank run up to the first routing
+# difference, its load-balancing loss too (the expert counts summed over
+# dp x cp x ep).
 invariant --norm "experts: E=1, k=1 on cp=2 (ring) is chapter 0's dense model" "$INV_FLAGS" 2 chapter-7 "--experts 1 --top-k 1 --cp 2 --cp-mode ring"
 invariant --norm "experts: E=1, k=1 on cp=2 (ulysses, zigzag) is chapter 0's dense model" "$INV_FLAGS" 2 chapter-7 "--experts 1 --top-k 1 --cp 2 --cp-mode ulysses --cp-balance zigzag"
 invariant --norm --val "experts: E=1, k=1 on dp x cp = 2 x 2 (ring, zigzag) is chapter 0's dense model" "$INV_FLAGS" 4 chapter-7 "--experts 1 --top-k 1 --dp 2 --cp 2 --cp-balance zigzag"
-for mode in "ring" "ulysses --cp-balance zigzag"; do
-    c7_same "ep x cp = 2 x 2 ($mode)" 4 "--ep 2 --cp 2 --cp-mode $mode"
-    a=""
+for run in "4 --ep 2 --cp 2 --cp-mode ring" "4 --ep 2 --cp 2 --cp-mode ulysses --cp-balance zigzag" \
+    "8 --dp 2 --ep 2 --cp 2 --cp-mode ulysses"; do
+    np=${run%% *} flags=${run#* } a=""
+    c7_same "$flags" $np "$flags"
     if a=$(bash tests/compare_losses.sh "$c7_ref" "$C7_LOG" $TOL aux_loss 2>&1) &&
-        grep -q "^context parallelism: cp=2, ${mode%% *}, balance" <<< "$OUT"; then
-        pass "experts: ep x cp = 2 x 2 ($mode): the load-balancing loss of one rank ($a)"
+        grep -q "^context parallelism: cp=2, $(echo "$flags" | sed 's/.*--cp-mode \([a-z]*\).*/\1/'), balance" <<< "$OUT"; then
+        pass "experts: $flags: the load-balancing loss of one rank ($a)"
     else
-        fail "experts: aux_loss on ep x cp = 2 x 2 ($mode)" "$a; $(echo "$OUT" | grep -E '^context|error' | head -2)"
+        fail "experts: aux_loss on $flags" "$a; $(echo "$OUT" | grep -E '^context|error' | head -2)"
     fi
 done
 
@@ -164,6 +166,28 @@ if [ $RC = 0 ] && echo "$OUT" | grep -q "checkpoint: resumed from" &&
     pass "experts: the 2 x 2 checkpoint of step 4 resumes on ep=4 and continues the 2 x 2 run ($a; ${b#* steps, })"
 else
     fail "experts: resume on ep=4" "exit $RC; $a; $b; $(echo "$OUT" | grep -E 'error' | head -3)"
+fi
+# with --cp: the cp ranks of a share hold the same parameters, so cp rank 0
+# writes (as dp replica 0 does): saved on ep x cp = 2 x 2, resumed there bit
+# for bit, and on one rank within the invariant's tolerance
+c7_ckc=$TEST_TMPDIR/c7_ckc
+mpi_run $T_RUN 4 "$BUILD/chapter-7" $c7_flags --ep 2 --cp 2 --ckpt-dir "$c7_ckc" --save-every 4 --log "$TEST_TMPDIR/c7_ckc.jsonl"
+mpi_run $T_RUN 4 "$BUILD/chapter-7" $c7_flags --ep 2 --cp 2 --resume "$c7_ckc/step-00000004" --log "$TEST_TMPDIR/c7_ckc_res.jsonl"
+a=$(c7_tail "$TEST_TMPDIR/c7_ckc.jsonl" 4) b=$(c7_tail "$TEST_TMPDIR/c7_ckc_res.jsonl" 0)
+if [ $RC = 0 ] && echo "$OUT" | grep -q "checkpoint: resumed from" && [ -n "$a" ] && [ "$a" = "$b" ] &&
+    [ "$(echo "$b" | wc -l)" = $((INV_STEPS - 4)) ]; then
+    pass "experts: ep x cp = 2 x 2 resumed at step 4 repeats steps 4..$((INV_STEPS - 1)) bit for bit"
+else
+    fail "experts: resume on ep x cp = 2 x 2" "exit $RC; $(diff <(echo "$a") <(echo "$b") | head -4); $(echo "$OUT" | grep -E 'error|resumed' | head -2)"
+fi
+mpi_run $T_RUN 1 "$BUILD/chapter-7" $c7_flags --resume "$c7_ckc/step-00000004" --log "$TEST_TMPDIR/c7_ckc_res1.jsonl"
+c7_tail "$TEST_TMPDIR/c7_ckc.jsonl" 4 >"$TEST_TMPDIR/c7_ckc_tail.jsonl"
+a=""
+if [ $RC = 0 ] && echo "$OUT" | grep -q "checkpoint: resumed from" &&
+    a=$(bash tests/compare_routing.sh "$TEST_TMPDIR/c7_ckc_tail.jsonl" "$TEST_TMPDIR/c7_ckc_res1.jsonl" $TOL $TOL_NORM 2>&1); then
+    pass "experts: the ep x cp = 2 x 2 checkpoint of step 4 resumes on one rank ($a)"
+else
+    fail "experts: an ep x cp checkpoint on one rank" "exit $RC; $a; $(echo "$OUT" | grep -E 'error' | head -3)"
 fi
 # --recompute (docs/recompute.md): on dp x ep = 2 x 2, selective and full
 # give the step records of none, every field the same bits (so the
