@@ -307,7 +307,8 @@ void expert_model_create(ExpertModel* m, const MoeConfig* cfg, const ExpertFlags
     // per-token parts of the model see it, B sequences of T/cp
     m->B = B, m->T = T / ncp, m->N = B * (T / ncp);
     m->world = &run->world, m->dp = &run->axes[AXIS_DP], m->epc = &run->axes[AXIS_EP];
-    comm_create_group(&m->batch, mesh, (1u << AXIS_DP) | (1u << AXIS_CP) | (1u << AXIS_EP));
+    // the group's name in the summary is its axes ("dp+ep"; "dp+cp+ep" with --cp)
+    comm_create_group(&m->batch, mesh, (1u << AXIS_DP) | (ncp > 1 ? 1u << AXIS_CP : 0u) | (1u << AXIS_EP));
     m->dpcp = m->dp;
     if (ncp > 1) {
         comm_create_group(&m->dpcp_own, mesh, (1u << AXIS_DP) | (1u << AXIS_CP));
