@@ -176,6 +176,13 @@ c7 4 --ep 2 --dp 2
 # dropless and with capacity drops
 c7 2 --batch 24 --seq 32 --experts 4 --top-k 2 --ep 2 --ep-overlap 5
 c7 2 --batch 24 --seq 32 --experts 2 --top-k 2 --capacity-factor 1 --ep 2 --ep-overlap 3
+# --cp: the ring's or Ulysses' buffers and traffic (chapter 6's), the
+# all-to-alls on T/cp positions, the gradient groups over dp x cp x ep and
+# dp x cp
+c7 2 --batch 24 --seq 32 --experts 1 --top-k 1 --cp 2
+c7 4 --batch 24 --seq 32 --experts 4 --top-k 2 --ep 2 --cp 2 --ep-overlap 3
+c7 4 --batch 24 --seq 32 --experts 4 --top-k 2 --dp 2 --cp 2 --cp-mode ulysses --cp-balance zigzag
+c7 8 --batch 24 --seq 32 --experts 4 --top-k 2 --dp 2 --ep 2 --cp 2 --cp-balance zigzag
 jobs_wait
 
 echo "== --show-sharding"
@@ -231,5 +238,6 @@ plan_error "--cp-mode star" --chapter 6 --ranks 2 --cp 2 --cp-mode star
 plan_error "--sp" --chapter 6 --ranks 4 --tp 2 --cp 2 --sp
 plan_error "--ep" --chapter 7 --ranks 3 --ep 3 --experts 4
 plan_error "--ep-overlap" --chapter 7 --ranks 2 --ep 2 --batch 24 --seq 32 --ep-overlap 385
-plan_error "--cp: chapter 7 with context parallelism is not planned yet" --chapter 7 --ranks 4 --ep 2 --cp 2
+plan_error "--cp: chapter 7 composes it with --moe-every 1, --recompute none and dropless routing only" --chapter 7 --ranks 4 --ep 2 --cp 2 --recompute full
+plan_error "--ranks: chapter 7 has the dp, cp and ep axes only" --chapter 7 --ranks 4 --ep 2 --tp 2
 finish
