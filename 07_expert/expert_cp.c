@@ -9,6 +9,7 @@
 
 #include "expert_model.h"
 #include "memory.h"
+#include "trace.h"
 
 // ---------------------------------------------------------------- ring attention
 // At step s the block in hand is the K/V of cp rank src = r - s: it goes on
@@ -153,6 +154,50 @@ void expert_attention_backward(ExpertModel* m, int l, const BlockParams* p, Bloc
     moe_attention_backward_in(p, g, a, s, x, dln2, dres, m->N, C);
 }
 
+// ---------------------------------------------------------------- a dense layer (--moe-every > 1)
+// model.h's block at cp = 1; at cp > 1 the same attention half as an MoE
+// layer's (above), then the dense MLP on my rows.
+void expert_dense_forward(ExpertModel* m, int l, const BlockParams* p) {
+    const GPTConfig* g = &m->cfg.gpt;
+    if (m->cp.sh.cp == 1) {
+        gpt_block_forward(&m->acts, g, l, p, m->B, m->T);
+        return;
+    }
+    const int N = m->N, C = g->channels;
+    double t0 = trace_start();
+    BlockActs a = expert_block_acts(m, l);
+    expert_attention_forward(m, l, p, &a, gpt_acts_block_input(&m->acts, g, l, m->B, m->T));
+    matmul_forward(a.fch, a.ln2, p->fcw, p->fcb, N, C, 4 * C);
+    gelu_forward(a.fch_gelu, a.fch, (size_t)N * 4 * C);
+    matmul_forward(a.fcproj, a.fch_gelu, p->fcprojw, p->fcprojb, N, 4 * C, C);
+    residual_forward(a.res3, a.res2, a.fcproj, (size_t)N * C);
+    trace_compute(t0, "block %d forward", l);
+}
+
+// acts.dres: d res3 on entry, d x on return; the MLP's weight gradients
+// first, then the attention half's (expert_attention_backward).
+void expert_dense_backward(ExpertModel* m, int l, const BlockParams* p, BlockParams* g) {
+    const GPTConfig* cfg = &m->cfg.gpt;
+    if (m->cp.sh.cp == 1) {
+        gpt_block_backward(&m->acts, cfg, l, p, g, m->B, m->T);
+        return;
+    }
+    const int N = m->N, C = cfg->channels;
+    const size_t N4C = (size_t)N * 4 * C;
+    double t0 = trace_start();
+    BlockActs a = expert_block_acts(m, l);
+    BlockScratch s = gpt_acts_scratch(&m->acts, cfg);
+    float* dres = m->acts.dres;
+    ops_zero(m->cp.dfch_gelu, N4C);
+    matmul_backward(m->cp.dfch_gelu, g->fcprojw, g->fcprojb, dres, a.fch_gelu, p->fcprojw, N, 4 * C, C);
+    ops_zero(m->cp.dfch, N4C);
+    gelu_backward(m->cp.dfch, a.fch, m->cp.dfch_gelu, N4C);
+    ops_zero(m->dln2, (size_t)N * C);
+    matmul_backward(m->dln2, g->fcw, g->fcb, m->cp.dfch, a.ln2, p->fcw, N, C, 4 * C);
+    expert_attention_backward(m, l, p, g, &a, &s, gpt_acts_block_input(&m->acts, cfg, l, m->B, m->T), m->dln2, dres);
+    trace_compute(t0, "block %d backward", l);
+}
+
 // ---------------------------------------------------------------- buffers
 
 void expert_cp_create(ExpertModel* m) {
@@ -182,13 +227,17 @@ void expert_cp_create(ExpertModel* m) {
         cp->dqkv_h = mem_alloc_floats(3 * NC, MEM_ACTIVATIONS);
         cp->datt_h = mem_alloc_floats((size_t)m->N * NH * T, MEM_ACTIVATIONS);
     }
+    if (m->cfg.moe_every > 1) {  // a dense layer's MLP gradients (N, 4C)
+        cp->dfch_gelu = mem_alloc_floats(4 * NC, MEM_ACTIVATIONS);
+        cp->dfch = mem_alloc_floats(4 * NC, MEM_ACTIVATIONS);
+    }
 }
 
 void expert_cp_free(ExpertModel* m) {
     ExpertCP* cp = &m->cp;
     float* bufs[] = {cp->lse, cp->kv[0], cp->kv[1], cp->dkv[0], cp->dkv[1], cp->dkv_in, cp->ring.o2, cp->ring.m2,
                      cp->ring.l2, cp->ring.sumexp, cp->qkv_h, cp->att_h, cp->send, cp->recv, cp->y_h, cp->dqkv_h,
-                     cp->datt_h};
+                     cp->datt_h, cp->dfch_gelu, cp->dfch};
     for (size_t i = 0; i < sizeof bufs / sizeof *bufs; i++)
         if (bufs[i]) mem_free(bufs[i]);
 }

@@ -281,10 +281,8 @@ MoeConfig expert_config(const Run* run, ExpertFlags* f) {
                      "--cp-mode ring", cfg.gpt.num_heads, cp, cfg.gpt.num_heads);
         // what the first step of the composition (issue #35) does not do yet
         const TrainArgs* a = &run->args;
-        const char* not_yet = cfg.moe_every != 1                 ? "--moe-every > 1 (the dense layers' attention)"
-                              : a->recompute != RECOMPUTE_NONE ? "--recompute"
+        const char* not_yet = a->recompute != RECOMPUTE_NONE ? "--recompute"
                               : f->capacity > 0                ? "--capacity-factor (the global batch order of the slots kept)"
-                              : a->sample > 0                  ? "--sample"
                                                                : NULL;
         if (not_yet)
             fail_all("--cp %d: chapter 7 composes context parallelism with dp and ep in the MoE layers' attention, "
@@ -468,25 +466,37 @@ typedef struct {
 } Sampler;
 
 // The next token's logits: every rank runs the model on its whole batch, so
-// that the all-to-alls of each MoE layer meet; rank 0's first sequence holds
-// the window (the causal attention never looks past it), every other row is
-// token 0. Dropless, a token's experts and output depend on that token
-// alone; in capacity mode the other rows compete for the slots too.
+// that the all-to-alls of each MoE layer meet; share 0's first sequence
+// holds the window (the causal attention never looks past it), every other
+// row is token 0. Dropless, a token's experts and output depend on that
+// token alone; in capacity mode the other rows compete for the slots too.
+// With --cp, position t-1 lives on one cp rank (ring.h's layout): it
+// broadcasts the row over the cp group, so that share 0's cp ranks draw the
+// same token and keep the same window.
 static void next_logits(void* ctx, const int* window, int t, float* row) {
     Sampler* s = ctx;
     ExpertModel* m = s->m;
+    const CPShard* sh = &m->cp.sh;
     int Vp = m->cfg.gpt.padded_vocab_size;
-    int* tokens = xcalloc((size_t)m->B * m->T * 2, sizeof(int));  // inputs, then targets (unused: zeros)
-    if (world_rank() == 0) memcpy(tokens, window, (size_t)t * sizeof(int));
-    s->forward(m, tokens, tokens + (size_t)m->B * m->T);
+    int* tokens = xcalloc((size_t)m->B * sh->T * 2, sizeof(int));  // inputs, then targets (unused: zeros)
+    if (m->share == 0) memcpy(tokens, window, (size_t)t * sizeof(int));
+    s->forward(m, tokens, tokens + (size_t)m->B * sh->T);
+    int owner = 0;
+    size_t r = 0;
+    for (int c = 0; c < sh->cp; c++)
+        for (int p = 0; p < sh->parts; p++) {
+            int pos0 = cp_shard_pos(sh, c, p);
+            if (pos0 <= t - 1 && t - 1 < pos0 + sh->len) owner = c, r = (size_t)p * sh->B * sh->len + (size_t)(t - 1 - pos0);
+        }
     HeadActs h = gpt_acts_head(&m->acts, &m->cfg.gpt, m->B, m->T);
-    mem_to_host(row, h.logits + (size_t)(t - 1) * Vp, (size_t)Vp * sizeof(float));
+    if (sh->rank == owner) mem_to_host(row, h.logits + r * Vp, (size_t)Vp * sizeof(float));
+    if (sh->cp > 1) MPI_CHECK(MPI_Bcast(row, Vp, MPI_FLOAT, owner, m->cp.cpc->mpi));  // host floats: plain MPI
     free(tokens);
 }
 
 void expert_sample(ExpertModel* m, const TrainArgs* args, TrainForward forward) {
     Sampler s = {.m = m, .forward = forward};
-    train_sample_with(args, &m->cfg.gpt, m->T, next_logits, &s);
+    train_sample_with(args, &m->cfg.gpt, m->cp.sh.T, next_logits, &s);
 }
 
 // ---------------------------------------------------------------- the MoE file

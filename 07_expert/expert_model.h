@@ -69,6 +69,7 @@ typedef struct {
     RingForward ring;                // ring: the running partials (ring.h)
     float *qkv_h, *att_h;            // ulysses: (L, B, T, 3C/cp), (L, B, NH/cp, T, T) each layer's
     float *send, *recv, *y_h, *dqkv_h, *datt_h;  // ulysses: (N, 3C) x 2, (N, C), (N, 3C), (B, NH/cp, T, T)
+    float *dfch_gelu, *dfch;         // --moe-every > 1: a dense layer's MLP gradients, (N, 4C) each
 } ExpertCP;
 
 typedef struct {
@@ -197,6 +198,11 @@ void expert_blocks_backward_weights(ExpertModel* m, MoeLayer* L, int l);
 void expert_attention_forward(ExpertModel* m, int l, const BlockParams* p, BlockActs* a, const float* x);
 void expert_attention_backward(ExpertModel* m, int l, const BlockParams* p, BlockParams* g, const BlockActs* a,
                                const BlockScratch* s, const float* x, const float* dln2, float* dres);
+// A dense layer (--moe-every > 1): model.h's gpt_block_forward and
+// gpt_block_backward at cp = 1; at cp > 1 the attention half above and the
+// dense MLP on my rows (backward: acts.dres from d res3 to d x).
+void expert_dense_forward(ExpertModel* m, int l, const BlockParams* p);
+void expert_dense_backward(ExpertModel* m, int l, const BlockParams* p, BlockParams* g);
 // The cp buffers of m (m->N, m->cfg and m->cp.sh set), and their release.
 void expert_cp_create(ExpertModel* m);
 void expert_cp_free(ExpertModel* m);

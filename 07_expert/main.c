@@ -323,9 +323,9 @@ static float model_forward(ExpertModel* m, const int* inputs, const int* targets
             double t0 = trace_start();
             moe_layer_forward(m, l, &a, gpt_acts_block_input(&m->acts, g, l, B, T));
             trace_compute(t0, "block %d forward", l);
-        } else {
+        } else {  // a dense layer: the GPT's block (with --cp, its attention over cp)
             BlockParams p = moe_block_params(&m->cfg, m->shared, l);
-            gpt_block_forward(&m->acts, g, l, &p, B, T);
+            expert_dense_forward(m, l, &p);
         }
     }
     return expert_head_forward(m);
@@ -341,7 +341,7 @@ static void model_backward(ExpertModel* m) {
         } else {
             // a dense layer: the GPT's block, recomputed as model.h says
             BlockParams p = moe_block_params(&m->cfg, m->shared, l), gp = moe_block_params(&m->cfg, m->dshared, l);
-            gpt_block_backward(&m->acts, g, l, &p, &gp, B, T);
+            expert_dense_backward(m, l, &p, &gp);
         }
     }
     expert_embed_backward(m);

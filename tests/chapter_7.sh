@@ -315,24 +315,28 @@ jobs_run error_case chapter-0 1 "$INV_FLAGS --resume $c7_ck" "this run's is a de
 jobs_wait  # independent: 2 at a time
 
 # a dense layer below an MoE layer (--moe-every 2), experts of width 96, and
-# k = 3 > the 2 experts of a rank (the receive buffers' bound min(k, E/ep))
+# k = 3 > the 2 experts of a rank (the receive buffers' bound min(k, E/ep));
+# and on ep x cp = 2 x 2, the dense layer's attention over cp too
 c7_odd="--steps 4 --batch 24 --seq 32 --peak-gflops 10 --experts 4 --top-k 3 --moe-every 2 --expert-hidden 96"
 mpi_run $T_RUN 1 "$BUILD/chapter-7" $c7_odd --log "$TEST_TMPDIR/c7_odd1.jsonl"
-mpi_run $T_RUN 2 "$BUILD/chapter-7" $c7_odd --ep 2 --log "$TEST_TMPDIR/c7_odd2.jsonl"
-a=""
-if [ $RC = 0 ] && a=$(bash tests/compare_routing.sh "$TEST_TMPDIR/c7_odd1.jsonl" "$TEST_TMPDIR/c7_odd2.jsonl" $TOL $TOL_NORM 2>&1); then
-    pass "experts: --moe-every 2, H=96, k=3 on ep=2 reproduces ep=1 ($a)"
-else
-    fail "experts: --moe-every 2, H=96, k=3" "exit $RC; $a; command: $CMD"
-fi
+for mesh in "2 --ep 2" "4 --ep 2 --cp 2 --cp-mode ulysses --cp-balance zigzag"; do
+    log=$TEST_TMPDIR/c7_odd$(echo "$mesh" | tr -cd 'a-z0-9').jsonl a=""
+    mpi_run $T_RUN ${mesh%% *} "$BUILD/chapter-7" $c7_odd ${mesh#* } --log "$log"
+    if [ $RC = 0 ] && a=$(bash tests/compare_routing.sh "$TEST_TMPDIR/c7_odd1.jsonl" "$log" $TOL $TOL_NORM 2>&1); then
+        pass "experts: --moe-every 2, H=96, k=3 on ${mesh#* } reproduces ep=1 ($a)"
+    else
+        fail "experts: --moe-every 2, H=96, k=3 on ${mesh#* }" "exit $RC; $a; command: $CMD"
+    fi
+done
+invariant --norm "experts: E=1, k=1, --moe-every 2 (a dense and an MoE layer) on cp=2 (ring) is chapter 0's dense model" "$INV_FLAGS" 2 chapter-7 "--experts 1 --top-k 1 --moe-every 2 --cp 2"
 # the same with --recompute full: the dense layer recomputed by model.h, the
 # MoE layer by the chapter, the same bits as without
 mpi_run $T_RUN 2 "$BUILD/chapter-7" $c7_odd --ep 2 --recompute full --log "$TEST_TMPDIR/c7_odd2f.jsonl"
-if [ $RC = 0 ] && [ -n "$(c7_tail "$TEST_TMPDIR/c7_odd2.jsonl" 0)" ] &&
-    [ "$(c7_tail "$TEST_TMPDIR/c7_odd2.jsonl" 0)" = "$(c7_tail "$TEST_TMPDIR/c7_odd2f.jsonl" 0)" ]; then
+if [ $RC = 0 ] && [ -n "$(c7_tail "$TEST_TMPDIR/c7_odd2ep2.jsonl" 0)" ] &&
+    [ "$(c7_tail "$TEST_TMPDIR/c7_odd2ep2.jsonl" 0)" = "$(c7_tail "$TEST_TMPDIR/c7_odd2f.jsonl" 0)" ]; then
     pass "experts: --moe-every 2 with --recompute full (a dense and an MoE layer recomputed) gives the records of none bit for bit"
 else
-    fail "experts: --moe-every 2 --recompute full" "exit $RC; $(diff <(c7_tail "$TEST_TMPDIR/c7_odd2.jsonl" 0) <(c7_tail "$TEST_TMPDIR/c7_odd2f.jsonl" 0) | head -3)"
+    fail "experts: --moe-every 2 --recompute full" "exit $RC; $(diff <(c7_tail "$TEST_TMPDIR/c7_odd2ep2.jsonl" 0) <(c7_tail "$TEST_TMPDIR/c7_odd2f.jsonl" 0) | head -3)"
 fi
 
 # Capacity mode, by hand: E = 2, k = 2 sends every token to both experts,
@@ -456,10 +460,15 @@ mpi_run $T_RUN 2 "$BUILD/chapter-7" --experts 2 --top-k 1 --ep 2 --batch 4 --seq
 s2=$(c7_sample)
 mpi_run $T_RUN 1 "$BUILD/chapter-7" --experts 2 --top-k 1 --batch 4 --seq 16 --steps 1 --sample 40
 s3=$(c7_sample)
-if [ -n "$s0" ] && [ "$s1" = "$s0" ] && [ -n "$s2" ] && [ "$s2" = "$s3" ]; then
-    pass "experts: --sample 40 at E=1, k=1 is chapter 0's sample; E=2 on ep=2 samples what ep=1 does"
+# with --cp the last position's row lives on one cp rank, which broadcasts it
+mpi_run $T_RUN 2 "$BUILD/chapter-7" --experts 1 --top-k 1 --cp 2 --cp-balance zigzag --batch 4 --seq 16 --steps 1 --sample 40
+s4=$(c7_sample)
+mpi_run $T_RUN 4 "$BUILD/chapter-7" --experts 2 --top-k 1 --ep 2 --cp 2 --cp-mode ulysses --batch 4 --seq 16 --steps 1 --sample 40
+s5=$(c7_sample)
+if [ -n "$s0" ] && [ "$s1" = "$s0" ] && [ -n "$s2" ] && [ "$s2" = "$s3" ] && [ "$s4" = "$s0" ] && [ "$s5" = "$s3" ]; then
+    pass "experts: --sample 40 at E=1, k=1 is chapter 0's sample (on cp=2 too); E=2 on ep=2 and on ep x cp = 2 x 2 samples what ep=1 does"
 else
-    fail "experts: --sample" "E=1 '$s1' vs chapter 0 '$s0'; E=2 ep=2 '$s2' vs ep=1 '$s3'"
+    fail "experts: --sample" "E=1 '$s1' (cp=2: '$s4') vs chapter 0 '$s0'; E=2 ep=2 '$s2' (ep x cp: '$s5') vs ep=1 '$s3'"
 fi
 ref_checkpoint
 jobs_run error_case chapter-7 1 "--model $CKPT" "a dense llm.c file has no router and no experts"
@@ -496,7 +505,6 @@ jobs_run error_case chapter-7 3 "--cp 3 --seq 48 --cp-mode ulysses" "--cp-mode u
 jobs_run error_case chapter-7 2 "--cp 2 --cp-mode star" "--cp-mode star is not one of ring, ulysses"
 jobs_run error_case chapter-7 2 "--cp 2 --recompute full" "but not yet with --recompute: use --cp 1 for it"
 jobs_run error_case chapter-7 2 "--cp 2 --capacity-factor 1" "but not yet with --capacity-factor"
-jobs_run error_case chapter-7 2 "--cp 2 --moe-every 2" "but not yet with --moe-every > 1"
 jobs_run help_case chapter-7 "--cp-mode"
 jobs_run help_case chapter-7 "--capacity-factor"
 jobs_run help_case chapter-7 "--ep-overlap"

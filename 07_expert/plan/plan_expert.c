@@ -44,8 +44,8 @@ const char* plan_check_expert(const PlanArgs* a, PlanInfo* info, char* msg, size
         if (a->T % ncp) return "--seq: the sequence must split over cp";
         if (zigzag && a->T % (2 * ncp)) return "--seq: zigzag needs a sequence divisible by 2 x cp";
         if (!ring && a->cfg.num_heads % ncp) return "--cp-mode ulysses: cp must divide the model's heads";
-        if (a->moe_every != 1 || a->recompute != RECOMPUTE_NONE || !dropless(a))
-            return "--cp: chapter 7 composes it with --moe-every 1, --recompute none and dropless routing only";
+        if (a->recompute != RECOMPUTE_NONE || !dropless(a))
+            return "--cp: chapter 7 composes it with --recompute none and dropless routing only";
     }
     MoeConfig c = moe_of(a);
     const char* bad = moe_config_problem(&c);
@@ -99,6 +99,7 @@ void plan_chapter_7(const PlanArgs* a, RankPlan* p, int r) {
         p->peak[MEM_ACTIVATIONS] += f * (ring ? L * N * NH + NC + 3 * N * NH
                                               : L * 3 * NC + L * N * NH * T + NC + 3 * NC + N * NH * T);
         p->peak[MEM_COMM] += f * (ring ? 10 * NC : 6 * NC);
+        if (a->moe_every > 1) p->peak[MEM_ACTIVATIONS] += f * 8 * NC;  // a dense layer's MLP gradients
         for (int l = 0; l < L; l++) {
             if (ring) {
                 // K/V one hop per block but the last, forward and backward;
