@@ -4,7 +4,9 @@
 # reproducing the ep = 1 MoE run up to the first routing difference, the
 # all-to-all bytes against the formula, capacity mode's dropped count against
 # a hand count, the load-balancing loss's coefficient, the MoE file, bad
-# input, --help. (The router, gating, auxiliary loss, dispatch and combine
+# input, --help; and with --cp (chapter 6's context parallelism in
+# attention), E = 1 against chapter 0 and E = 4 against one rank on
+# cp, dp x cp, ep x cp and dp x cp x ep meshes. (The router, gating, auxiliary loss, dispatch and combine
 # ops are checked against finite differences in tests/test_ops.c, the whole
 # MoE model on one rank in tests/test_moe.c.)
 . "$(dirname "$0")/lib.sh"
