@@ -132,10 +132,23 @@ void expert_blocks_backward_weights(ExpertModel* m, MoeLayer* L, int l) {
 
 // ---------------------------------------------------------------- the per-token parts of the step
 
+// My rows of the B sequences (host (B, T) token arrays): at cp = 1 all of
+// them in order; at cp > 1 my positions, part-major (ring.h). Each part's
+// rows take wpe from its first position on.
 void expert_embed_forward(ExpertModel* m, const int* inputs, const int* targets) {
-    gpt_acts_load(&m->acts, inputs, targets);
-    encoder_forward(m->acts.encoded, m->acts.inputs, m->shared + moe_wte_offset(&m->cfg),
-                    m->shared + moe_wpe_offset(&m->cfg), m->B, m->T, m->cfg.gpt.channels);
+    const CPShard* sh = &m->cp.sh;
+    int N = m->N, C = m->cfg.gpt.channels;
+    int* rows = xmalloc((size_t)N * 2 * sizeof(int));
+    cp_shard_tokens(sh, rows, inputs);
+    cp_shard_tokens(sh, rows + N, targets);
+    gpt_acts_load(&m->acts, rows, rows + N);
+    free(rows);
+    for (int p = 0; p < sh->parts; p++) {
+        size_t r0 = (size_t)p * sh->B * sh->len;
+        encoder_forward(m->acts.encoded + r0 * C, m->acts.inputs + r0, m->shared + moe_wte_offset(&m->cfg),
+                        m->shared + moe_wpe_offset(&m->cfg) + (size_t)cp_shard_pos(sh, sh->rank, p) * C, sh->B,
+                        sh->len, C);
+    }
 }
 
 float expert_head_forward(ExpertModel* m) {
@@ -160,16 +173,21 @@ void expert_head_backward(ExpertModel* m) {
 }
 
 void expert_embed_backward(ExpertModel* m) {
+    const CPShard* sh = &m->cp.sh;
     float* G = m->dshared;
-    encoder_backward(G + moe_wte_offset(&m->cfg), G + moe_wpe_offset(&m->cfg), m->acts.dres, m->acts.inputs, m->B, m->T,
-                     m->cfg.gpt.channels);
+    int C = m->cfg.gpt.channels;
+    for (int p = 0; p < sh->parts; p++) {
+        size_t r0 = (size_t)p * sh->B * sh->len;
+        encoder_backward(G + moe_wte_offset(&m->cfg), G + moe_wpe_offset(&m->cfg) + (size_t)cp_shard_pos(sh, sh->rank, p) * C,
+                         m->acts.dres + r0 * C, m->acts.inputs + r0, sh->B, sh->len, C);
+    }
 }
 
 // ---------------------------------------------------------------- the flags
 
 int expert_run_start(Run* run, ExpertFlags* fl, int argc, char** argv) {
     *fl = (ExpertFlags){.experts = 4, .top_k = 2, .hidden = 0, .moe_every = 1, .ep_overlap = 1, .aux_coef = 0.01f,
-                        .capacity = 0.0f};
+                        .capacity = 0.0f, .cp_mode_name = "ring", .cp_balance_name = "none"};
     ArgSpec extra[] = {
         {"experts", ARG_INT, &fl->experts, "experts per MoE layer, E  [4]"},
         {"top-k", ARG_INT, &fl->top_k, "experts per token, k  [2]"},
@@ -181,12 +199,15 @@ int expert_run_start(Run* run, ExpertFlags* fl, int argc, char** argv) {
         {"ep-overlap", ARG_INT, &fl->ep_overlap,
          "n: each MoE layer's exchanges in n chunks of its tokens, chunk c's experts running while chunk c+1 "
          "travels  [1]"},
+        {"cp-mode", ARG_STRING, &fl->cp_mode_name, "ring | ulysses: how attention meets the other cp ranks' tokens (chapter 6)  [ring]"},
+        {"cp-balance", ARG_STRING, &fl->cp_balance_name, "none | zigzag: which positions each cp rank holds (chapter 6)  [none]"},
     };
     train_config_reader = expert_read_gpt_config;  // --model FILE is an MoE file (moe.h)
     return run_start(run, argc, argv, "build/chapter-7",
                      "Chapter 7: mixture of experts, experts sharded over ep: route, count, all-to-all-v\n"
-                     "dispatch, experts, all-to-all-v combine; replicated gradients over dp x ep, experts over dp.",
-                     extra, sizeof(extra) / sizeof(extra[0]), (1u << AXIS_DP) | (1u << AXIS_EP));
+                     "dispatch, experts, all-to-all-v combine; replicated gradients over dp x cp x ep, experts over\n"
+                     "dp x cp; with --cp, chapter 6's context parallelism in attention.",
+                     extra, sizeof(extra) / sizeof(extra[0]), (1u << AXIS_DP) | (1u << AXIS_CP) | (1u << AXIS_EP));
 }
 
 // ---------------------------------------------------------------- the config
@@ -244,10 +265,29 @@ MoeConfig expert_config(const Run* run, ExpertFlags* f) {
     if (setup->B % world != 0)
         fail_all("the batch of %d sequences does not split over dp x ep = %d ranks (every rank takes its own "
                  "sequences): use a --batch that is a multiple of %d", setup->B, world, world);
-    long tokens = (long)(setup->B / world) * setup->T;  // a rank's tokens per MoE layer
+    int cp = run->mesh.size[AXIS_CP];
+    long tokens = (long)(setup->B / world) * (setup->T / cp);  // a rank's tokens per MoE layer
     if (f->ep_overlap < 1 || f->ep_overlap > tokens)
         fail_all("--ep-overlap %d: each MoE layer's exchanges are cut into that many chunks of a rank's %ld tokens, "
                  "so it must be between 1 and %ld", f->ep_overlap, tokens, tokens);
+    cp_parse_flags(f->cp_mode_name, f->cp_balance_name, 1, &f->cp_mode, &f->cp_balance);
+    if (cp > 1) {
+        // chapter 6's layout and algorithms need what they need there
+        if (f->cp_balance == BALANCE_ZIGZAG && setup->T % (2 * cp) != 0)
+            fail_all("--seq %d does not split into 2 x cp = %d zigzag half-chunks: use a sequence length divisible "
+                     "by %d, or --cp-balance none", setup->T, 2 * cp, 2 * cp);
+        if (f->cp_mode == CP_ULYSSES && cfg.gpt.num_heads % cp != 0)
+            fail_all("--cp-mode ulysses splits the model's %d heads over cp=%d ranks: use a cp that divides %d, or "
+                     "--cp-mode ring", cfg.gpt.num_heads, cp, cfg.gpt.num_heads);
+        // what the first step of the composition (issue #35) does not do yet
+        const TrainArgs* a = &run->args;
+        const char* not_yet = a->recompute != RECOMPUTE_NONE ? "--recompute"
+                              : f->capacity > 0                ? "--capacity-factor (the global batch order of the slots kept)"
+                                                               : NULL;
+        if (not_yet)
+            fail_all("--cp %d: chapter 7 composes context parallelism with dp and ep in the MoE layers' attention, "
+                     "but not yet with %s: use --cp 1 for it", cp, not_yet);
+    }
     return cfg;
 }
 
@@ -255,17 +295,30 @@ MoeConfig expert_config(const Run* run, ExpertFlags* f) {
 
 void expert_model_create(ExpertModel* m, const MoeConfig* cfg, const ExpertFlags* flags, const Run* run) {
     const Mesh* mesh = &run->mesh;
-    int B = run->setup.B / (mesh->size[AXIS_DP] * mesh->size[AXIS_EP]), T = run->setup.T;
+    int B = run->setup.B / (mesh->size[AXIS_DP] * mesh->size[AXIS_EP]), T = run->setup.T, ncp = mesh->size[AXIS_CP];
     uint64_t seed = (uint64_t)run->args.seed;
     RecomputeMode recompute = (RecomputeMode)run->args.recompute;
     memset(m, 0, sizeof(*m));
     m->recompute = recompute;
     m->cfg = *cfg;
-    m->B = B, m->T = T, m->N = B * T;
+    // a cp rank holds T/cp positions of each of its B sequences: as the
+    // per-token parts of the model see it, B sequences of T/cp
+    m->B = B, m->T = T / ncp, m->N = B * (T / ncp);
     m->world = &run->world, m->dp = &run->axes[AXIS_DP], m->epc = &run->axes[AXIS_EP];
-    comm_create_group(&m->dpep, mesh, (1u << AXIS_DP) | (1u << AXIS_EP));
+    // the group's name in the summary is its axes ("dp+ep"; "dp+cp+ep" with --cp)
+    comm_create_group(&m->batch, mesh, (1u << AXIS_DP) | (ncp > 1 ? 1u << AXIS_CP : 0u) | (1u << AXIS_EP));
+    m->dpcp = m->dp;
+    if (ncp > 1) {
+        comm_create_group(&m->dpcp_own, mesh, (1u << AXIS_DP) | (1u << AXIS_CP));
+        m->dpcp = &m->dpcp_own;
+    }
+    m->cp = (ExpertCP){.mode = flags->cp_mode, .cpc = &run->axes[AXIS_CP]};
+    int zig = ncp > 1 && flags->cp_balance == BALANCE_ZIGZAG;
+    m->cp.sh = (CPShard){.cp = ncp, .rank = mesh->coord[AXIS_CP], .parts = zig ? 2 : 1, .len = zig ? T / (2 * ncp) : T / ncp,
+                         .B = B, .T = T};
     m->ep = mesh->size[AXIS_EP];
-    // shares follow the world rank order (dp, then ep)
+    // shares follow the world rank order (dp, then ep; the cp ranks of a
+    // share hold its positions)
     m->share = mesh->coord[AXIS_DP] * m->ep + mesh->coord[AXIS_EP];
     m->E_local = cfg->experts / m->ep;
     m->e0 = m->epc->rank * m->E_local;
@@ -290,7 +343,8 @@ void expert_model_create(ExpertModel* m, const MoeConfig* cfg, const ExpertFlags
     moe_init_experts(host, cfg, m->e0, m->E_local, seed);
     mem_to_device(m->experts, host, m->n_experts * sizeof(float));
     free(host);
-    gpt_acts_create_recompute(&m->acts, &cfg->gpt, B, T, recompute);
+    gpt_acts_create_recompute(&m->acts, &cfg->gpt, B, m->T, recompute);
+    expert_cp_create(m);
     size_t R = (size_t)m->R, Nk = (size_t)N * k;
     // --recompute full: one MoE layer's state, reused by every layer (each
     // layer's forward runs again before its backward); selective: each
@@ -383,7 +437,9 @@ void expert_model_free(ExpertModel* m) {
     free(m->a2a);
     free(m->a2a_started);
     free(m->routed);
-    comm_destroy_group(&m->dpep);
+    expert_cp_free(m);
+    if (m->dpcp == &m->dpcp_own) comm_destroy_group(&m->dpcp_own);
+    comm_destroy_group(&m->batch);
 }
 
 void expert_print_setup(const ExpertModel* m, const Run* run) {
@@ -394,7 +450,12 @@ void expert_print_setup(const ExpertModel* m, const Run* run) {
            ndp, nep, E, E == 1 ? "" : "s", m->E_local, c->top_k, c->hidden, moe_num_moe_layers(c), c->gpt.num_layers,
            m->capacity_factor > 0 ? "capacity mode" : "dropless", run->device);
     print0("model %s: %zu parameters (%zu replicated, %zu in experts), %zu active per token; global batch %d x %d, %d per rank\n",
-           run->setup.model_name, total, m->n_shared, total - m->n_shared, moe_active_params(c), run->setup.B, m->T, m->B);
+           run->setup.model_name, total, m->n_shared, total - m->n_shared, moe_active_params(c), run->setup.B, run->setup.T, m->B);
+    const CPShard* sh = &m->cp.sh;
+    if (sh->cp > 1)
+        print0("context parallelism: cp=%d, %s, balance %s: each rank holds %d of the %d positions of its %d sequences "
+               "(dp=%d x cp=%d x ep=%d ranks)\n", sh->cp, cp_mode_names[m->cp.mode], sh->parts == 2 ? "zigzag" : "none",
+               m->T, sh->T, m->B, ndp, sh->cp, nep);
 }
 
 // ---------------------------------------------------------------- --sample
@@ -405,25 +466,37 @@ typedef struct {
 } Sampler;
 
 // The next token's logits: every rank runs the model on its whole batch, so
-// that the all-to-alls of each MoE layer meet; rank 0's first sequence holds
-// the window (the causal attention never looks past it), every other row is
-// token 0. Dropless, a token's experts and output depend on that token
-// alone; in capacity mode the other rows compete for the slots too.
+// that the all-to-alls of each MoE layer meet; share 0's first sequence
+// holds the window (the causal attention never looks past it), every other
+// row is token 0. Dropless, a token's experts and output depend on that
+// token alone; in capacity mode the other rows compete for the slots too.
+// With --cp, position t-1 lives on one cp rank (ring.h's layout): it
+// broadcasts the row over the cp group, so that share 0's cp ranks draw the
+// same token and keep the same window.
 static void next_logits(void* ctx, const int* window, int t, float* row) {
     Sampler* s = ctx;
     ExpertModel* m = s->m;
+    const CPShard* sh = &m->cp.sh;
     int Vp = m->cfg.gpt.padded_vocab_size;
-    int* tokens = xcalloc((size_t)m->B * m->T * 2, sizeof(int));  // inputs, then targets (unused: zeros)
-    if (world_rank() == 0) memcpy(tokens, window, (size_t)t * sizeof(int));
-    s->forward(m, tokens, tokens + (size_t)m->B * m->T);
+    int* tokens = xcalloc((size_t)m->B * sh->T * 2, sizeof(int));  // inputs, then targets (unused: zeros)
+    if (m->share == 0) memcpy(tokens, window, (size_t)t * sizeof(int));
+    s->forward(m, tokens, tokens + (size_t)m->B * sh->T);
+    int owner = 0;
+    size_t r = 0;
+    for (int c = 0; c < sh->cp; c++)
+        for (int p = 0; p < sh->parts; p++) {
+            int pos0 = cp_shard_pos(sh, c, p);
+            if (pos0 <= t - 1 && t - 1 < pos0 + sh->len) owner = c, r = (size_t)p * sh->B * sh->len + (size_t)(t - 1 - pos0);
+        }
     HeadActs h = gpt_acts_head(&m->acts, &m->cfg.gpt, m->B, m->T);
-    mem_to_host(row, h.logits + (size_t)(t - 1) * Vp, (size_t)Vp * sizeof(float));
+    if (sh->rank == owner) mem_to_host(row, h.logits + r * Vp, (size_t)Vp * sizeof(float));
+    if (sh->cp > 1) MPI_CHECK(MPI_Bcast(row, Vp, MPI_FLOAT, owner, m->cp.cpc->mpi));  // host floats: plain MPI
     free(tokens);
 }
 
 void expert_sample(ExpertModel* m, const TrainArgs* args, TrainForward forward) {
     Sampler s = {.m = m, .forward = forward};
-    train_sample_with(args, &m->cfg.gpt, m->T, next_logits, &s);
+    train_sample_with(args, &m->cfg.gpt, m->cp.sh.T, next_logits, &s);
 }
 
 // ---------------------------------------------------------------- the MoE file
@@ -435,7 +508,7 @@ void expert_model_save(ExpertModel* m, const char* path) {
     int Lm = moe_num_moe_layers(&m->cfg), E = m->cfg.experts, El = m->E_local;
     size_t ne = moe_expert_numel(&m->cfg);
     float* all = NULL;
-    if (m->dp->rank == 0) {
+    if (m->dpcp->rank == 0) {
         // all ep ranks' buffers, rank after rank, then reordered to
         // [layer][expert] (each rank holds [layer][its experts])
         float* gathered = m->epc->rank == 0 ? mem_alloc_floats(m->n_experts * m->ep, MEM_OTHER) : NULL;
@@ -493,7 +566,7 @@ void expert_model_ckpt(Ckpt* ck, ExpertModel* m) {
     if (lo > m->n_shared) lo = m->n_shared;
     size_t n = m->n_shared - lo < per ? m->n_shared - lo : per;
     for (int k = 0; k < CKPT_NUM_KINDS; k++) {
-        if (m->dp->rank == 0) {
+        if (m->dpcp->rank == 0) {
             moe_ckpt_add_shared(&ck->own, &m->cfg, (CkptKind)k, lo, n, shared[k] + lo);
             moe_ckpt_add_experts(&ck->own, &m->cfg, (CkptKind)k, m->e0, m->E_local, experts[k]);
         }
@@ -523,8 +596,8 @@ void expert_report(const ExpertModel* m, const ExpertFlags* fl, const TrainLoop*
     // rank, the mean over the ranks is N k C floats per exchange (a host
     // figure for the log: plain MPI)
     CommCount a2a = comm_count(COLL_ALLTOALL, AXIS_EP);
-    MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, &a2a.bytes, 1, MPI_DOUBLE, MPI_SUM, m->dpep.mpi));
-    double per_step = trained > 0 ? a2a.bytes / m->dpep.size / trained : 0.0;
+    MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, &a2a.bytes, 1, MPI_DOUBLE, MPI_SUM, m->batch.mpi));
+    double per_step = trained > 0 ? a2a.bytes / m->batch.size / trained : 0.0;
     print0("dispatch and combine: %.0f bytes sent per rank per step in all-to-all-v (mean over ranks), %ld token-slots dropped\n",
            per_step, m->dropped_total);
     json_add_int(extra, "experts", fl->experts);

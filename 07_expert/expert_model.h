@@ -1,5 +1,5 @@
 // expert_model.h: chapter 7's mixture-of-experts model on one rank of the
-// dp x ep mesh: its buffers (the replicated parameters, this rank's experts,
+// dp x cp x ep mesh: its buffers (the replicated parameters, this rank's experts,
 // their gradients and AdamW moments, the activations each MoE layer keeps),
 // their creation and release, the MoE file (--model FILE, --save FILE) and
 // the training-state checkpoint's slices (--ckpt-dir, --resume).
@@ -15,7 +15,9 @@
 
 #include "ckpt.h"
 #include "comm.h"
+#include "context.h"  // chapter 6's CPMode, CPBalance, cp_parse_flags
 #include "moe.h"
+#include "ring.h"     // chapter 6's CPShard and ring attention's compute
 #include "train.h"
 
 // What forward keeps of one MoE layer for backward: the routing, the plan of
@@ -51,14 +53,37 @@ typedef struct {
     int n_send, n_recv;
 } MoeLayer;
 
+// Context parallelism (--cp N): chapter 6's token layout and attention over
+// the cp group, in every MoE layer's attention half. A cp rank holds T/cp
+// positions of each of its B sequences (sh, ring.h: part-major rows); the
+// rest of the layer is per token. Ring: each layer keeps its log-sum-exp
+// (the ring's backward needs nothing else of the softmax); Ulysses: each
+// layer keeps its head shard's q, k, v and probabilities over whole
+// sequences. cp = 1: sh is every position, nothing else is allocated.
+typedef struct {
+    CPMode mode;
+    CPShard sh;
+    const Comm* cpc;                 // the ring / all-to-all group
+    float* lse;                      // ring: (L, N, NH) each layer's
+    float *kv[2], *dkv[2], *dkv_in;  // ring: (N, 2C) [k | v] blocks and dK|dV sums (chapter 6's)
+    RingForward ring;                // ring: the running partials (ring.h)
+    float *qkv_h, *att_h;            // ulysses: (L, B, T, 3C/cp), (L, B, NH/cp, T, T) each layer's
+    float *send, *recv, *y_h, *dqkv_h, *datt_h;  // ulysses: (N, 3C) x 2, (N, C), (N, 3C), (B, NH/cp, T, T)
+    float *dfch_gelu, *dfch;         // --moe-every > 1: a dense layer's MLP gradients, (N, 4C) each
+} ExpertCP;
+
 typedef struct {
     MoeConfig cfg;
-    int B, T, N;           // this rank's sequences, their length, B*T token rows
+    int B, T, N;           // this rank's sequences, its positions of each (T/cp), B*T token rows
     int share;             // my sequences of the global batch: [share B, (share + 1) B)
     int ep, E_local, e0;   // ep ranks; my experts are [e0, e0 + E_local)
     int R;                 // most rows my experts can receive in one layer
-    Comm dpep;             // every rank that holds the replicated parameters: dp x ep
+    Comm batch;            // every rank that holds the replicated parameters: dp x cp x ep,
+                           // each with its own tokens of the global batch
     const Comm *world, *dp, *epc;  // world: rank 0 writes the file
+    const Comm* dpcp;      // the copies of my experts: dp x cp (= dp when cp = 1)
+    Comm dpcp_own;         // that group, made when cp > 1
+    ExpertCP cp;
     float aux_coef, capacity_factor;  // capacity_factor 0: dropless
     // parameters: the replicated ones and my experts (moe.h's two buffers)
     size_t n_shared, n_experts;
@@ -93,10 +118,13 @@ typedef struct {
 typedef struct {
     int experts, top_k, hidden, moe_every, ep_overlap;
     float aux_coef, capacity;
+    const char *cp_mode_name, *cp_balance_name;  // --cp-mode, --cp-balance as given
+    CPMode cp_mode;                              // parsed by expert_config
+    CPBalance cp_balance;
 } ExpertFlags;
 
 // The chapter's flags (the table is in expert_model.c) and run_start (the
-// shared flags, the dp x ep mesh); --model FILE is read as an MoE file.
+// shared flags, the dp x cp x ep mesh); --model FILE is read as an MoE file.
 // Returns 0 when the program should end at once (--help).
 int expert_run_start(Run* run, ExpertFlags* flags, int argc, char** argv);
 
@@ -113,7 +141,7 @@ const char* expert_read_gpt_config(const char* path, GPTConfig* cfg, char* msg, 
 MoeConfig expert_config(const Run* run, ExpertFlags* flags);
 
 // This rank's model: its share of B/(dp ep) sequences of the global batch
-// per step, the experts [e0, e0 + E/ep) of its ep coordinate, every buffer
+// per step (T/cp positions of each), the experts [e0, e0 + E/ep) of its ep coordinate, every buffer
 // allocated and counted, the parameters initialised (counter-based, moe.h)
 // or read from --model FILE, statistics recorded.
 void expert_model_create(ExpertModel* m, const MoeConfig* cfg, const ExpertFlags* flags, const Run* run);
@@ -161,6 +189,23 @@ void expert_blocks_backward_input(ExpertModel* m, MoeLayer* L, int l, int c);
 // The weight half of backward: each expert over all its rows, in the
 // experts' order (the order n = 1 gives for any n).
 void expert_blocks_backward_weights(ExpertModel* m, MoeLayer* L, int l);
+// The attention half of layer l (ln1 to ln2, moe.h) on my N rows: at cp = 1
+// moe_attention_forward itself; at cp > 1 its two halves around the cp
+// group's attention (--cp-mode ring: the K/V blocks around the ring;
+// ulysses: all-to-all to head shards and back), chapter 6's algorithms on
+// ring.c's compute (expert_cp.c). Backward likewise, with dln2 and dres as
+// moe_attention_backward takes them.
+void expert_attention_forward(ExpertModel* m, int l, const BlockParams* p, BlockActs* a, const float* x);
+void expert_attention_backward(ExpertModel* m, int l, const BlockParams* p, BlockParams* g, const BlockActs* a,
+                               const BlockScratch* s, const float* x, const float* dln2, float* dres);
+// A dense layer (--moe-every > 1): model.h's gpt_block_forward and
+// gpt_block_backward at cp = 1; at cp > 1 the attention half above and the
+// dense MLP on my rows (backward: acts.dres from d res3 to d x).
+void expert_dense_forward(ExpertModel* m, int l, const BlockParams* p);
+void expert_dense_backward(ExpertModel* m, int l, const BlockParams* p, BlockParams* g);
+// The cp buffers of m (m->N, m->cfg and m->cp.sh set), and their release.
+void expert_cp_create(ExpertModel* m);
+void expert_cp_free(ExpertModel* m);
 // All parameters, the replicated ones and every expert of every MoE layer.
 size_t expert_total_params(const ExpertModel* m);
 

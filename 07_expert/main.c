@@ -9,6 +9,10 @@
 //
 //   mpirun -np 4 build/chapter-7 --dp 2 --ep 2 --experts 4 --top-k 2
 //
+// --cp N: chapter 6's context parallelism; a share's cp ranks hold T/cp
+// positions of its sequences and attention meets the others' keys and values
+// (expert_cp.c). The rest is per token: a token is routed where it lives.
+//
 // One MoE layer, forward, in the order of moe_layer_forward below:
 //   1. route      router logits -> softmax -> top-k experts and gates
 //   2. count      how many of my token rows go to each expert (so to each
@@ -18,8 +22,8 @@
 //   5. combine    all-to-all-v the outputs back, sum them weighted by the gates
 // 3-5 go in chunks of the tokens (--ep-overlap), pipelined; backward runs
 // the two exchanges in reverse (moe_layer_backward). Gradients go to two
-// groups (reduce_gradients): the replicated parameters over dp x ep, the
-// experts over dp only. Buffers, files, flags: expert_model.c.
+// groups (reduce_gradients): the replicated parameters over dp x cp x ep,
+// the experts over dp x cp. Buffers, files, flags: expert_model.c.
 #include <stdlib.h>
 #include <string.h>
 
@@ -39,7 +43,7 @@
 // prob into L->aux_dprobs (one value per expert) and, in a training step,
 // adds aux to m->aux and writes this step's slots per expert to m->routed[layer_index].
 static void balance_loss(ExpertModel* m, MoeLayer* L, int layer_index) {
-    // EXERCISE 1: the load-balancing loss over the global batch (the sums over dp x ep) and its gradient per prob, scaled for the mean over dp x ep
+    // EXERCISE 1: the load-balancing loss over the global batch (the sums over dp x cp x ep) and its gradient per prob, scaled for the mean over them
     int N = m->N, k = m->cfg.top_k, E = m->cfg.experts;
     long* cnt = xmalloc((size_t)E * sizeof(long));
     double* psum = xmalloc((size_t)E * sizeof(double));
@@ -50,17 +54,16 @@ static void balance_loss(ExpertModel* m, MoeLayer* L, int layer_index) {
     for (int i = 0; i < N * k; i++) cnt[L->idx_host[i]]++;
     for (int t = 0; t < N; t++)
         for (int e = 0; e < E; e++) psum[e] += probs[(size_t)t * E + e];
-    // both sums over every token of the batch: all-reduced over dp x ep
-    // (host data: plain MPI)
-    MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, cnt, E, MPI_LONG, MPI_SUM, m->dpep.mpi));
-    MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, psum, E, MPI_DOUBLE, MPI_SUM, m->dpep.mpi));
-    double n_global = (double)N * m->dpep.size, aux = 0.0;
+    // both sums over every token of the batch: over dp x cp x ep (host data: plain MPI)
+    MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, cnt, E, MPI_LONG, MPI_SUM, m->batch.mpi));
+    MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, psum, E, MPI_DOUBLE, MPI_SUM, m->batch.mpi));
+    double n_global = (double)N * m->batch.size, aux = 0.0;
     for (int e = 0; e < E; e++) {
         double f = (double)cnt[e] / (n_global * k), P = psum[e] / n_global;
         aux += E * f * P;
         // d (coef * aux) / d prob[t, e] = coef E f_e / N_global for every
-        // token; this rank's gradient is averaged over dp x ep later
-        // (x 1 / (dp ep)), so it carries dp ep x that: coef E f_e / N
+        // token; this rank's gradient is averaged over dp x cp x ep later
+        // (x 1 / (dp cp ep)), so it carries dp cp ep x that: coef E f_e / N
         aux_host[e] = (float)(m->aux_coef * E * f / N);
         if (m->record) m->routed[(size_t)layer_index * E + e] = cnt[e];
     }
@@ -82,16 +85,16 @@ static void balance_loss(ExpertModel* m, MoeLayer* L, int layer_index) {
 static long plan_capacity(ExpertModel* m, MoeLayer* L) {
     // EXERCISE 2: capacity: keep the first slots of each expert in the order of the global batch, drop the rest, count them
     int N = m->N, k = m->cfg.top_k, E = m->cfg.experts;
-    long cap = m->capacity_factor > 0 ? (long)(m->capacity_factor * k * (double)N * m->dpep.size / E) : -1;
+    long cap = m->capacity_factor > 0 ? (long)(m->capacity_factor * k * (double)N * m->batch.size / E) : -1;
     long* cnt = xmalloc((size_t)E * sizeof(long));
     long* before = xmalloc((size_t)E * sizeof(long));  // slots to e on the ranks before me
     for (int e = 0; e < E; e++) cnt[e] = 0, before[e] = 0, L->cnt_send[e] = 0;
     for (int i = 0; i < N * k; i++) cnt[L->idx_host[i]]++;
     // the group's rank order (world order) = the order of the batch's
-    // shares (share = dp * ep + ep coordinate), so an exclusive scan counts
-    // the slots of the tokens before mine
-    MPI_CHECK(MPI_Exscan(cnt, before, E, MPI_LONG, MPI_SUM, m->dpep.mpi));
-    if (m->dpep.rank == 0)
+    // shares (share = dp * ep + ep coordinate; --cp refuses capacity), so
+    // an exclusive scan counts the slots of the tokens before mine
+    MPI_CHECK(MPI_Exscan(cnt, before, E, MPI_LONG, MPI_SUM, m->batch.mpi));
+    if (m->batch.rank == 0)
         for (int e = 0; e < E; e++) before[e] = 0;  // Exscan leaves rank 0's undefined
     long dropped = 0;
     for (int i = 0; i < N * k; i++) {
@@ -104,7 +107,7 @@ static long plan_capacity(ExpertModel* m, MoeLayer* L) {
             L->cnt_send[e]++;
         }
     }
-    MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, &dropped, 1, MPI_LONG, MPI_SUM, m->dpep.mpi));
+    MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, &dropped, 1, MPI_LONG, MPI_SUM, m->batch.mpi));
     free(before);
     free(cnt);
     return dropped;
@@ -200,7 +203,7 @@ static void moe_layer_forward(ExpertModel* m, int l, BlockActs* a, const float* 
     int mi = moe_layer_index(c, l);
     MoeLayer* L = expert_layer(m, l);
     BlockParams p = moe_block_params(c, m->shared, l);
-    moe_attention_forward(&p, a, x, m->B, m->T, C, c->gpt.num_heads);
+    expert_attention_forward(m, l, &p, a, x);  // with --cp, over the cp group
     // 1. route: logits (N, E) = ln2 @ router^T, softmax, top-k, gates
     matmul_forward(L->logits, a->ln2, moe_router_at(c, m->shared, l), NULL, N, C, E);
     moe_router_forward(L->probs, L->idx, L->gates, L->logits, N, E, k);
@@ -301,7 +304,7 @@ static void moe_layer_backward(ExpertModel* m, int l, const float* x) {
     ops_zero(m->dln2, (size_t)N * C);
     moe_gather_backward(m->dln2, m->dsend, L->pos, N, k, C);
     matmul_backward(m->dln2, NULL, NULL, m->dlogits, NULL, moe_router_at(c, m->shared, l), N, C, E);
-    moe_attention_backward(&p, &g, &a, &s, x, m->dln2, dres, m->B, m->T, C, c->gpt.num_heads);
+    expert_attention_backward(m, l, &p, &g, &a, &s, x, m->dln2, dres);
     trace_compute(t0, "block %d backward", l);
 }
 
@@ -320,9 +323,9 @@ static float model_forward(ExpertModel* m, const int* inputs, const int* targets
             double t0 = trace_start();
             moe_layer_forward(m, l, &a, gpt_acts_block_input(&m->acts, g, l, B, T));
             trace_compute(t0, "block %d forward", l);
-        } else {
+        } else {  // a dense layer: the GPT's block (with --cp, its attention over cp)
             BlockParams p = moe_block_params(&m->cfg, m->shared, l);
-            gpt_block_forward(&m->acts, g, l, &p, B, T);
+            expert_dense_forward(m, l, &p);
         }
     }
     return expert_head_forward(m);
@@ -338,7 +341,7 @@ static void model_backward(ExpertModel* m) {
         } else {
             // a dense layer: the GPT's block, recomputed as model.h says
             BlockParams p = moe_block_params(&m->cfg, m->shared, l), gp = moe_block_params(&m->cfg, m->dshared, l);
-            gpt_block_backward(&m->acts, g, l, &p, &gp, B, T);
+            expert_dense_backward(m, l, &p, &gp);
         }
     }
     expert_embed_backward(m);
@@ -348,30 +351,30 @@ static void model_backward(ExpertModel* m) {
 
 // Every rank's gradient is of ITS tokens' mean loss. The replicated
 // parameters saw every token of the batch, one share per rank: their
-// gradient is the mean over the dp x ep group. An expert saw only the
-// tokens routed to it, from the ep ranks of
-// its own dp replica (the all-to-all brought them to it), already summed
-// over those ranks by backward; its copies on the other dp replicas saw the
-// other replicas' tokens. So its gradient is the sum over dp (the expert-
-// data-parallel group), and over ep there is nothing to reduce: every ep
-// rank holds different experts. Scaled by 1 / (dp ep), as each rank's
-// share counts 1 / (dp ep) of the global mean.
+// gradient is the mean over the dp x cp x ep group. An expert saw only the
+// tokens routed to it from the ep ranks of its own (dp, cp) coordinate (the
+// all-to-all brought them to it), already summed over those ranks by
+// backward; its copies on the other dp replicas and cp ranks saw the other
+// tokens. So its gradient is the sum over dp x cp (the expert-data-parallel
+// group), and over ep there is nothing to reduce: every ep rank holds
+// different experts. Scaled by 1 / (dp cp ep), as each rank's share counts
+// that much of the global mean.
 static void reduce_gradients(ExpertModel* m) {
-    // EXERCISE 4: the two gradient groups: the replicated parameters' mean over dp x ep, the experts' over dp only, scaled for the global mean
-    comm_allreduce(&m->dpep, m->dshared, m->n_shared, COMM_AVG);
-    comm_allreduce(m->dp, m->dexperts, m->n_experts, COMM_SUM);
-    ops_scale(m->dexperts, m->n_experts, 1.0f / (float)m->dpep.size);
+    // EXERCISE 4: the two gradient groups: the replicated parameters' mean over dp x cp x ep, the experts' over dp x cp only, scaled for the global mean
+    comm_allreduce(&m->batch, m->dshared, m->n_shared, COMM_AVG);
+    comm_allreduce(m->dpcp, m->dexperts, m->n_experts, COMM_SUM);
+    ops_scale(m->dexperts, m->n_experts, 1.0f / (float)m->batch.size);
     // END EXERCISE 4
 }
 
-// The global norm: the replicated gradients enter once (on ep rank 0; they
-// are equal on every rank), each rank's experts once per dp replica (dp
-// rank 0), summed over ep and dp.
+// The global norm: the replicated gradients enter once (on ep rank 0 of
+// dp x cp rank 0; they are equal on every rank), each rank's experts once
+// (dp x cp rank 0), summed over ep and dp x cp.
 static float clip_and_step(ExpertModel* m, const TrainArgs* args, int step) {
     double* mine = train_sumsq_begin();  // on the device, read once by train_global_norm
-    if (m->dp->rank == 0) grad_sumsq(mine, m->dexperts, m->n_experts);
-    if (m->epc->rank == 0 && m->dp->rank == 0) grad_sumsq(mine, m->dshared, m->n_shared);
-    const Comm* groups[] = {m->epc, m->dp};
+    if (m->dpcp->rank == 0) grad_sumsq(mine, m->dexperts, m->n_experts);
+    if (m->epc->rank == 0 && m->dpcp->rank == 0) grad_sumsq(mine, m->dshared, m->n_shared);
+    const Comm* groups[] = {m->epc, m->dpcp};
     double norm = train_global_norm(mine, groups, 2);
     float scale = grad_clip_scale(norm, args->clip);
     AdamWConfig ac = train_adamw(args);
@@ -396,7 +399,7 @@ static float forward_for_val(void* ctx, const int* inputs, const int* targets) {
 // statistics count training steps only.
 static float val_loss(void* ctx, const TrainSetup* setup, int n_batches) {
     ExpertModel* m = ctx;
-    return train_val_loss_with(setup, n_batches, forward_for_val, m, m->share * m->B, m->B, m->B, &m->dpep);
+    return train_val_loss_with(setup, n_batches, forward_for_val, m, m->share * m->B, m->B, m->B, &m->batch);
 }
 
 // ---------------------------------------------------------------- main
@@ -430,10 +433,10 @@ int main(int argc, char** argv) {
         mem_zero(model.dshared, model.n_shared * sizeof(float));
         mem_zero(model.dexperts, model.n_experts * sizeof(float));
         model_backward(&model);    // the two exchanges of each MoE layer, reversed
-        reduce_gradients(&model);  // the replicated parameters over dp x ep, the experts over dp
+        reduce_gradients(&model);  // the replicated parameters over dp x cp x ep, the experts over dp x cp
         float norm = clip_and_step(&model, args, step);
         // the language-model loss of the global batch (a host scalar: plain MPI)
-        float loss = (float)train_mean(&model.dpep, my_loss);
+        float loss = (float)train_mean(&model.batch, my_loss);  // dp x cp x ep: equal token counts
         // the step record's own fields (aux_loss, dropped, expert_tokens)
         expert_step_record(&model, &loop, step);
         train_loop_step(&loop, step, loss, norm);

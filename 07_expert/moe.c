@@ -131,41 +131,61 @@ void moe_init_experts(float* out, const MoeConfig* c, int e0, int n_local, uint6
 
 // ---------------------------------------------------------------- the block's pieces
 
-void moe_attention_forward(const BlockParams* p, BlockActs* a, const float* x, int B, int T,
-                           int C, int NH) {
-    int N = B * T;
-    // block_forward's attention half, line for line
+void moe_attention_in(const BlockParams* p, BlockActs* a, const float* x, int N, int C) {
     layernorm_forward(a->ln1, a->ln1_mean, a->ln1_rstd, x, p->ln1w, p->ln1b, N, C);
     matmul_forward(a->qkv, a->ln1, p->qkvw, p->qkvb, N, C, 3 * C);
-    attention_forward(a->atty, a->att, a->qkv, B, T, C, NH);
+}
+
+void moe_attention_out(const BlockParams* p, BlockActs* a, const float* x, int N, int C) {
     matmul_forward(a->attproj, a->atty, p->attprojw, p->attprojb, N, C, C);
     residual_forward(a->res2, x, a->attproj, (size_t)N * C);
     layernorm_forward(a->ln2, a->ln2_mean, a->ln2_rstd, a->res2, p->ln2w, p->ln2b, N, C);
 }
 
-void moe_attention_backward(const BlockParams* p, BlockParams* g, const BlockActs* a,
-                            const BlockScratch* s, const float* x, const float* dln2, float* dres,
-                            int B, int T, int C, int NH) {
-    int N = B * T;
+void moe_attention_forward(const BlockParams* p, BlockActs* a, const float* x, int B, int T,
+                           int C, int NH) {
+    // block_forward's attention half, line for line
+    moe_attention_in(p, a, x, B * T, C);
+    attention_forward(a->atty, a->att, a->qkv, B, T, C, NH);
+    moe_attention_out(p, a, x, B * T, C);
+}
+
+void moe_attention_backward_out(const BlockParams* p, const BlockActs* a, const BlockScratch* s,
+                                const float* dln2, float* dres, int N, int C) {
     size_t NC = (size_t)N * C;
-    // block_backward_input from ln2 down, then the weight half's five
-    // gradients of these tensors, in block_backward's order
+    // block_backward_input from ln2 down to d atty
     layernorm_backward(dres, NULL, NULL, dln2, a->res2, p->ln2w, a->ln2_mean, a->ln2_rstd, N, C);
     // d res2 is attproj's d-output: kept for its weight gradient
     float* dattproj = s->dfch_gelu;  // (N, C) of the (N, 4C) scratch
-    float* dln1 = s->dfch_gelu + NC;
     ops_copy(dattproj, dres, NC);
     ops_zero(s->datty, NC);
     matmul_backward(s->datty, NULL, NULL, dres, NULL, p->attprojw, N, C, C);
     ops_zero(s->dqkv, 3 * NC);
-    attention_backward(s->dqkv, s->datt, s->datty, a->qkv, a->att, B, T, C, NH);
+}
+
+void moe_attention_backward_in(const BlockParams* p, BlockParams* g, const BlockActs* a,
+                               const BlockScratch* s, const float* x, const float* dln2, float* dres,
+                               int N, int C) {
+    size_t NC = (size_t)N * C;
+    float* dattproj = s->dfch_gelu;
+    float* dln1 = s->dfch_gelu + NC;
     ops_zero(dln1, NC);
     matmul_backward(dln1, NULL, NULL, s->dqkv, NULL, p->qkvw, N, C, 3 * C);
     layernorm_backward(dres, NULL, NULL, dln1, x, p->ln1w, a->ln1_mean, a->ln1_rstd, N, C);
+    // then the weight half's five gradients of these tensors, in
+    // block_backward's order
     layernorm_backward(NULL, g->ln2w, g->ln2b, dln2, a->res2, NULL, a->ln2_mean, a->ln2_rstd, N, C);
     matmul_backward(NULL, g->attprojw, g->attprojb, dattproj, a->atty, NULL, N, C, C);
     matmul_backward(NULL, g->qkvw, g->qkvb, s->dqkv, a->ln1, NULL, N, C, 3 * C);
     layernorm_backward(NULL, g->ln1w, g->ln1b, dln1, x, NULL, a->ln1_mean, a->ln1_rstd, N, C);
+}
+
+void moe_attention_backward(const BlockParams* p, BlockParams* g, const BlockActs* a,
+                            const BlockScratch* s, const float* x, const float* dln2, float* dres,
+                            int B, int T, int C, int NH) {
+    moe_attention_backward_out(p, a, s, dln2, dres, B * T, C);
+    attention_backward(s->dqkv, s->datt, s->datty, a->qkv, a->att, B, T, C, NH);
+    moe_attention_backward_in(p, g, a, s, x, dln2, dres, B * T, C);
 }
 
 void moe_expert_forward(const ExpertParams* p, float* out, float* fch, float* fch_gelu,

@@ -82,6 +82,19 @@ void moe_attention_forward(const BlockParams* p, BlockActs* a, const float* x, i
 void moe_attention_backward(const BlockParams* p, BlockParams* g, const BlockActs* a,
                             const BlockScratch* s, const float* x, const float* dln2, float* dres,
                             int B, int T, int C, int NH);
+// The two halves around attention itself, on N token rows (chapter 7's
+// context parallelism puts the cp group's attention between them):
+// moe_attention_in writes ln1 and qkv; moe_attention_out, from atty,
+// attproj, res2 and ln2. Backward: moe_attention_backward_out leaves d atty
+// in s->datty and zeroes s->dqkv (for attention's backward to fill);
+// moe_attention_backward_in takes s->dqkv down to d x and the gradients.
+void moe_attention_in(const BlockParams* p, BlockActs* a, const float* x, int N, int C);
+void moe_attention_out(const BlockParams* p, BlockActs* a, const float* x, int N, int C);
+void moe_attention_backward_out(const BlockParams* p, const BlockActs* a, const BlockScratch* s,
+                                const float* dln2, float* dres, int N, int C);
+void moe_attention_backward_in(const BlockParams* p, BlockParams* g, const BlockActs* a,
+                               const BlockScratch* s, const float* x, const float* dln2, float* dres,
+                               int N, int C);
 // One expert on its n rows: out (n, C) = fcproj(gelu(fc(in (n, C)))); fch,
 // fch_gelu (n, H) are kept for backward.
 void moe_expert_forward(const ExpertParams* p, float* out, float* fch, float* fch_gelu,

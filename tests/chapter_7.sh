@@ -4,7 +4,9 @@
 # reproducing the ep = 1 MoE run up to the first routing difference, the
 # all-to-all bytes against the formula, capacity mode's dropped count against
 # a hand count, the load-balancing loss's coefficient, the MoE file, bad
-# input, --help. (The router, gating, auxiliary loss, dispatch and combine
+# input, --help; and with --cp (chapter 6's context parallelism in
+# attention), E = 1 against chapter 0 and E = 4 against one rank on
+# cp, dp x cp, ep x cp and dp x cp x ep meshes. (The router, gating, auxiliary loss, dispatch and combine
 # ops are checked against finite differences in tests/test_ops.c, the whole
 # MoE model on one rank in tests/test_moe.c.)
 . "$(dirname "$0")/lib.sh"
@@ -115,6 +117,30 @@ c7_ck=$TEST_TMPDIR/c7_ck
 c7_same "dp=2 x ep=2" 4 "--dp 2 --ep 2 --ckpt-dir $c7_ck --save-every 4 --async-save"
 c7_full=$C7_LOG
 
+# Context parallelism in the MoE layers' attention (--cp, chapter 6's
+# algorithms on its ring.c, docs/07_expert.md): a cp rank holds T/cp
+# positions of its share's sequences; routing, experts and head are per
+# token. E = 1, k = 1 on cp = 2 (ring, plain cut; Ulysses, zigzag) and on
+# dp x cp = 2 x 2 (ring, zigzag) is chapter 0's model: its losses and norms
+# within the invariant's tolerance. E = 4, k = 2 on ep x cp = 2 x 2 and on
+# dp x cp x ep = 2 x 2 x 2 follows the one-rank run up to the first routing
+# difference, its load-balancing loss too (the expert counts summed over
+# dp x cp x ep).
+invariant --norm "experts: E=1, k=1 on cp=2 (ring) is chapter 0's dense model" "$INV_FLAGS" 2 chapter-7 "--experts 1 --top-k 1 --cp 2 --cp-mode ring"
+invariant --norm "experts: E=1, k=1 on cp=2 (ulysses, zigzag) is chapter 0's dense model" "$INV_FLAGS" 2 chapter-7 "--experts 1 --top-k 1 --cp 2 --cp-mode ulysses --cp-balance zigzag"
+invariant --norm --val "experts: E=1, k=1 on dp x cp = 2 x 2 (ring, zigzag) is chapter 0's dense model" "$INV_FLAGS" 4 chapter-7 "--experts 1 --top-k 1 --dp 2 --cp 2 --cp-balance zigzag"
+for run in "4 --ep 2 --cp 2 --cp-mode ring" "4 --ep 2 --cp 2 --cp-mode ulysses --cp-balance zigzag" \
+    "8 --dp 2 --ep 2 --cp 2 --cp-mode ulysses"; do
+    np=${run%% *} flags=${run#* } a=""
+    c7_same "$flags" $np "$flags"
+    if a=$(bash tests/compare_losses.sh "$c7_ref" "$C7_LOG" $TOL aux_loss 2>&1) &&
+        grep -q "^context parallelism: cp=2, $(echo "$flags" | sed 's/.*--cp-mode \([a-z]*\).*/\1/'), balance" <<< "$OUT"; then
+        pass "experts: $flags: the load-balancing loss of one rank ($a)"
+    else
+        fail "experts: aux_loss on $flags" "$a; $(echo "$OUT" | grep -E '^context|error' | head -2)"
+    fi
+done
+
 # Training-state checkpoints. c7_tail LOG FIRST: the step records from step
 # FIRST on, without the timings: loss, norm, aux_loss, dropped and
 # expert_tokens as printed.
@@ -142,6 +168,28 @@ if [ $RC = 0 ] && echo "$OUT" | grep -q "checkpoint: resumed from" &&
     pass "experts: the 2 x 2 checkpoint of step 4 resumes on ep=4 and continues the 2 x 2 run ($a; ${b#* steps, })"
 else
     fail "experts: resume on ep=4" "exit $RC; $a; $b; $(echo "$OUT" | grep -E 'error' | head -3)"
+fi
+# with --cp: the cp ranks of a share hold the same parameters, so cp rank 0
+# writes (as dp replica 0 does): saved on ep x cp = 2 x 2, resumed there bit
+# for bit, and on one rank within the invariant's tolerance
+c7_ckc=$TEST_TMPDIR/c7_ckc
+mpi_run $T_RUN 4 "$BUILD/chapter-7" $c7_flags --ep 2 --cp 2 --ckpt-dir "$c7_ckc" --save-every 4 --log "$TEST_TMPDIR/c7_ckc.jsonl"
+mpi_run $T_RUN 4 "$BUILD/chapter-7" $c7_flags --ep 2 --cp 2 --resume "$c7_ckc/step-00000004" --log "$TEST_TMPDIR/c7_ckc_res.jsonl"
+a=$(c7_tail "$TEST_TMPDIR/c7_ckc.jsonl" 4) b=$(c7_tail "$TEST_TMPDIR/c7_ckc_res.jsonl" 0)
+if [ $RC = 0 ] && echo "$OUT" | grep -q "checkpoint: resumed from" && [ -n "$a" ] && [ "$a" = "$b" ] &&
+    [ "$(echo "$b" | wc -l)" = $((INV_STEPS - 4)) ]; then
+    pass "experts: ep x cp = 2 x 2 resumed at step 4 repeats steps 4..$((INV_STEPS - 1)) bit for bit"
+else
+    fail "experts: resume on ep x cp = 2 x 2" "exit $RC; $(diff <(echo "$a") <(echo "$b") | head -4); $(echo "$OUT" | grep -E 'error|resumed' | head -2)"
+fi
+mpi_run $T_RUN 1 "$BUILD/chapter-7" $c7_flags --resume "$c7_ckc/step-00000004" --log "$TEST_TMPDIR/c7_ckc_res1.jsonl"
+c7_tail "$TEST_TMPDIR/c7_ckc.jsonl" 4 >"$TEST_TMPDIR/c7_ckc_tail.jsonl"
+a=""
+if [ $RC = 0 ] && echo "$OUT" | grep -q "checkpoint: resumed from" &&
+    a=$(bash tests/compare_routing.sh "$TEST_TMPDIR/c7_ckc_tail.jsonl" "$TEST_TMPDIR/c7_ckc_res1.jsonl" $TOL $TOL_NORM 2>&1); then
+    pass "experts: the ep x cp = 2 x 2 checkpoint of step 4 resumes on one rank ($a)"
+else
+    fail "experts: an ep x cp checkpoint on one rank" "exit $RC; $a; $(echo "$OUT" | grep -E 'error' | head -3)"
 fi
 # --recompute (docs/recompute.md): on dp x ep = 2 x 2, selective and full
 # give the step records of none, every field the same bits (so the
@@ -269,24 +317,28 @@ jobs_run error_case chapter-0 1 "$INV_FLAGS --resume $c7_ck" "this run's is a de
 jobs_wait  # independent: 2 at a time
 
 # a dense layer below an MoE layer (--moe-every 2), experts of width 96, and
-# k = 3 > the 2 experts of a rank (the receive buffers' bound min(k, E/ep))
+# k = 3 > the 2 experts of a rank (the receive buffers' bound min(k, E/ep));
+# and on ep x cp = 2 x 2, the dense layer's attention over cp too
 c7_odd="--steps 4 --batch 24 --seq 32 --peak-gflops 10 --experts 4 --top-k 3 --moe-every 2 --expert-hidden 96"
 mpi_run $T_RUN 1 "$BUILD/chapter-7" $c7_odd --log "$TEST_TMPDIR/c7_odd1.jsonl"
-mpi_run $T_RUN 2 "$BUILD/chapter-7" $c7_odd --ep 2 --log "$TEST_TMPDIR/c7_odd2.jsonl"
-a=""
-if [ $RC = 0 ] && a=$(bash tests/compare_routing.sh "$TEST_TMPDIR/c7_odd1.jsonl" "$TEST_TMPDIR/c7_odd2.jsonl" $TOL $TOL_NORM 2>&1); then
-    pass "experts: --moe-every 2, H=96, k=3 on ep=2 reproduces ep=1 ($a)"
-else
-    fail "experts: --moe-every 2, H=96, k=3" "exit $RC; $a; command: $CMD"
-fi
+for mesh in "2 --ep 2" "4 --ep 2 --cp 2 --cp-mode ulysses --cp-balance zigzag"; do
+    log=$TEST_TMPDIR/c7_odd$(echo "$mesh" | tr -cd 'a-z0-9').jsonl a=""
+    mpi_run $T_RUN ${mesh%% *} "$BUILD/chapter-7" $c7_odd ${mesh#* } --log "$log"
+    if [ $RC = 0 ] && a=$(bash tests/compare_routing.sh "$TEST_TMPDIR/c7_odd1.jsonl" "$log" $TOL $TOL_NORM 2>&1); then
+        pass "experts: --moe-every 2, H=96, k=3 on ${mesh#* } reproduces ep=1 ($a)"
+    else
+        fail "experts: --moe-every 2, H=96, k=3 on ${mesh#* }" "exit $RC; $a; command: $CMD"
+    fi
+done
+invariant --norm "experts: E=1, k=1, --moe-every 2 (a dense and an MoE layer) on cp=2 (ring) is chapter 0's dense model" "$INV_FLAGS" 2 chapter-7 "--experts 1 --top-k 1 --moe-every 2 --cp 2"
 # the same with --recompute full: the dense layer recomputed by model.h, the
 # MoE layer by the chapter, the same bits as without
 mpi_run $T_RUN 2 "$BUILD/chapter-7" $c7_odd --ep 2 --recompute full --log "$TEST_TMPDIR/c7_odd2f.jsonl"
-if [ $RC = 0 ] && [ -n "$(c7_tail "$TEST_TMPDIR/c7_odd2.jsonl" 0)" ] &&
-    [ "$(c7_tail "$TEST_TMPDIR/c7_odd2.jsonl" 0)" = "$(c7_tail "$TEST_TMPDIR/c7_odd2f.jsonl" 0)" ]; then
+if [ $RC = 0 ] && [ -n "$(c7_tail "$TEST_TMPDIR/c7_odd2ep2.jsonl" 0)" ] &&
+    [ "$(c7_tail "$TEST_TMPDIR/c7_odd2ep2.jsonl" 0)" = "$(c7_tail "$TEST_TMPDIR/c7_odd2f.jsonl" 0)" ]; then
     pass "experts: --moe-every 2 with --recompute full (a dense and an MoE layer recomputed) gives the records of none bit for bit"
 else
-    fail "experts: --moe-every 2 --recompute full" "exit $RC; $(diff <(c7_tail "$TEST_TMPDIR/c7_odd2.jsonl" 0) <(c7_tail "$TEST_TMPDIR/c7_odd2f.jsonl" 0) | head -3)"
+    fail "experts: --moe-every 2 --recompute full" "exit $RC; $(diff <(c7_tail "$TEST_TMPDIR/c7_odd2ep2.jsonl" 0) <(c7_tail "$TEST_TMPDIR/c7_odd2f.jsonl" 0) | head -3)"
 fi
 
 # Capacity mode, by hand: E = 2, k = 2 sends every token to both experts,
@@ -410,10 +462,15 @@ mpi_run $T_RUN 2 "$BUILD/chapter-7" --experts 2 --top-k 1 --ep 2 --batch 4 --seq
 s2=$(c7_sample)
 mpi_run $T_RUN 1 "$BUILD/chapter-7" --experts 2 --top-k 1 --batch 4 --seq 16 --steps 1 --sample 40
 s3=$(c7_sample)
-if [ -n "$s0" ] && [ "$s1" = "$s0" ] && [ -n "$s2" ] && [ "$s2" = "$s3" ]; then
-    pass "experts: --sample 40 at E=1, k=1 is chapter 0's sample; E=2 on ep=2 samples what ep=1 does"
+# with --cp the last position's row lives on one cp rank, which broadcasts it
+mpi_run $T_RUN 2 "$BUILD/chapter-7" --experts 1 --top-k 1 --cp 2 --cp-balance zigzag --batch 4 --seq 16 --steps 1 --sample 40
+s4=$(c7_sample)
+mpi_run $T_RUN 4 "$BUILD/chapter-7" --experts 2 --top-k 1 --ep 2 --cp 2 --cp-mode ulysses --batch 4 --seq 16 --steps 1 --sample 40
+s5=$(c7_sample)
+if [ -n "$s0" ] && [ "$s1" = "$s0" ] && [ -n "$s2" ] && [ "$s2" = "$s3" ] && [ "$s4" = "$s0" ] && [ "$s5" = "$s3" ]; then
+    pass "experts: --sample 40 at E=1, k=1 is chapter 0's sample (on cp=2 too); E=2 on ep=2 and on ep x cp = 2 x 2 samples what ep=1 does"
 else
-    fail "experts: --sample" "E=1 '$s1' vs chapter 0 '$s0'; E=2 ep=2 '$s2' vs ep=1 '$s3'"
+    fail "experts: --sample" "E=1 '$s1' (cp=2: '$s4') vs chapter 0 '$s0'; E=2 ep=2 '$s2' (ep x cp: '$s5') vs ep=1 '$s3'"
 fi
 ref_checkpoint
 jobs_run error_case chapter-7 1 "--model $CKPT" "a dense llm.c file has no router and no experts"
@@ -442,6 +499,15 @@ jobs_run error_case chapter-7 1 "--capacity-factor -1" "--capacity-factor must b
 jobs_run error_case chapter-7 1 "--ep-overlap 0" "--ep-overlap 0: each MoE layer's exchanges are cut into that many chunks"
 jobs_run error_case chapter-7 2 "--ep 2 --batch 4 --seq 16 --ep-overlap -3" "--ep-overlap -3: each MoE layer's exchanges"
 jobs_run error_case chapter-7 2 "--ep 2 --batch 4 --seq 16 --ep-overlap 33" "a rank's 32 tokens, so it must be between 1 and 32"
+# a mesh the sequence or the heads do not split over, and what --cp does
+# not compose with yet (issue #35)
+jobs_run error_case chapter-7 3 "--cp 3 --seq 32" "--seq 32 does not split over cp=3 ranks"
+jobs_run error_case chapter-7 2 "--cp 2 --seq 30 --cp-balance zigzag" "--seq 30 does not split into 2 x cp = 4 zigzag half-chunks"
+jobs_run error_case chapter-7 3 "--cp 3 --seq 48 --cp-mode ulysses" "--cp-mode ulysses splits the model's 4 heads over cp=3 ranks"
+jobs_run error_case chapter-7 2 "--cp 2 --cp-mode star" "--cp-mode star is not one of ring, ulysses"
+jobs_run error_case chapter-7 2 "--cp 2 --recompute full" "but not yet with --recompute: use --cp 1 for it"
+jobs_run error_case chapter-7 2 "--cp 2 --capacity-factor 1" "but not yet with --capacity-factor"
+jobs_run help_case chapter-7 "--cp-mode"
 jobs_run help_case chapter-7 "--capacity-factor"
 jobs_run help_case chapter-7 "--ep-overlap"
 jobs_wait  # independent: 2 at a time

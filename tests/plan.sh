@@ -176,6 +176,14 @@ c7 4 --ep 2 --dp 2
 # dropless and with capacity drops
 c7 2 --batch 24 --seq 32 --experts 4 --top-k 2 --ep 2 --ep-overlap 5
 c7 2 --batch 24 --seq 32 --experts 2 --top-k 2 --capacity-factor 1 --ep 2 --ep-overlap 3
+# --cp: the ring's or Ulysses' buffers and traffic (chapter 6's), the
+# all-to-alls on T/cp positions, the gradient groups over dp x cp x ep and
+# dp x cp
+c7 2 --batch 24 --seq 32 --experts 1 --top-k 1 --cp 2
+c7 4 --batch 24 --seq 32 --experts 4 --top-k 2 --ep 2 --cp 2 --ep-overlap 3
+c7 4 --batch 24 --seq 32 --experts 4 --top-k 2 --dp 2 --cp 2 --cp-mode ulysses --cp-balance zigzag
+c7 8 --batch 24 --seq 32 --experts 4 --top-k 2 --dp 2 --ep 2 --cp 2 --cp-balance zigzag
+c7 4 --batch 24 --seq 32 --experts 4 --top-k 3 --moe-every 2 --expert-hidden 96 --ep 2 --cp 2
 jobs_wait
 
 echo "== --show-sharding"
@@ -231,6 +239,8 @@ plan_error "--cp-mode star" --chapter 6 --ranks 2 --cp 2 --cp-mode star
 plan_error "--sp" --chapter 6 --ranks 4 --tp 2 --cp 2 --sp
 plan_error "--ep" --chapter 7 --ranks 3 --ep 3 --experts 4
 plan_error "--ep-overlap" --chapter 7 --ranks 2 --ep 2 --batch 24 --seq 32 --ep-overlap 385
+plan_error "--cp: chapter 7 composes it with --recompute none and dropless routing only" --chapter 7 --ranks 4 --ep 2 --cp 2 --recompute full
+plan_error "--ranks: chapter 7 has the dp, cp and ep axes only" --chapter 7 --ranks 4 --ep 2 --tp 2
 
 echo "== the step-time model (07_expert/plan/plan_time.h)"
 # A fixed profile, and the time the documented formula gives for it,
@@ -355,7 +365,7 @@ lat, gbps = float(prof["link.intra.latency_us"]) * 1e-6, float(prof["link.intra.
 steps = lambda coll, g: {"allreduce": 2 * (g - 1), "send": 1, "recv": 0}.get(coll, g - 1)
 best = 0
 for rank in range(ranks):
-    n = B / size["dp"] * T / (size["cp"] if ch == 6 else 1) / (size["ep"] if ch == 7 else 1)
+    n = B / size["dp"] * T / (size["cp"] if ch in (6, 7) else 1) / (size["ep"] if ch == 7 else 1)
     Lr, Vl = (L / size["pp"], Vp if rank == size["pp"] - 1 else 0) if ch == 5 else (L, Vp)
     attention = 12 * n * Lr * T * C
     matmul = plan["flops_per_step"][rank] - attention
@@ -389,6 +399,7 @@ plan_time_check_57 --chapter 5 --ranks 2 --pp 2 --schedule gpipe --microbatches 
 plan_time_check_57 --chapter 6 --ranks 2 --cp 2 --batch 24 --seq 32
 plan_time_check_57 --chapter 6 --ranks 2 --cp 2 --cp-mode ulysses --batch 24 --seq 32
 plan_time_check_57 --chapter 7 --ranks 2 --ep 2 --batch 24 --seq 32
+plan_time_check_57 --chapter 7 --ranks 4 --ep 2 --cp 2 --batch 24 --seq 32
 
 # --search --profile: the layouts ranked by predicted step time, each the
 # time build/plan --profile predicts for that layout alone (5 of them

@@ -1,7 +1,9 @@
 // plan_expert.c: chapter 7's planner (plan.h): mixture of experts over dp x
-// ep, every rank its own B / (dp ep) sequences, E / ep experts of each MoE
-// layer, the replicated parameters reduced over dp x ep and the experts
-// over dp (07_expert/expert_model.c's buffers, 07_expert/main.c's step).
+// cp x ep, every dp x ep rank its own B / (dp ep) sequences (T/cp positions
+// of each on a cp rank), E / ep experts of each MoE layer, the replicated
+// parameters reduced over dp x cp x ep and the experts over dp x cp
+// (07_expert/expert_model.c's and expert_cp.c's buffers, 07_expert/main.c's
+// step; with --cp, chapter 6's ring or Ulysses traffic in every layer).
 //
 // Exact: parameters, gradients, AdamW, activations and the exchange buffers
 // (sized for the most rows a rank's experts can receive, R = N ep min(k,
@@ -31,15 +33,27 @@ static MoeConfig moe_of(const PlanArgs* a) {
 static int dropless(const PlanArgs* a) { return !(a->capacity > 0) || a->capacity >= (double)a->experts / a->top_k; }
 
 const char* plan_check_expert(const PlanArgs* a, PlanInfo* info, char* msg, size_t len) {
-    int ndp = a->mesh[AXIS_DP], nep = a->mesh[AXIS_EP];
-    if (a->ranks != ndp * nep) return "--ranks: chapter 7 has the dp and ep axes only";
+    int ndp = a->mesh[AXIS_DP], nep = a->mesh[AXIS_EP], ncp = a->mesh[AXIS_CP];
+    if (a->ranks != ndp * ncp * nep) return "--ranks: chapter 7 has the dp, cp and ep axes only";
+    if (ncp > 1) {  // expert_config's checks
+        int ring = !strcmp(a->cp_mode, "ring"), zigzag = !strcmp(a->cp_balance, "zigzag");
+        if (!ring && strcmp(a->cp_mode, "ulysses"))
+            return snprintf(msg, len, "--cp-mode %s is not one of ring, ulysses", a->cp_mode), msg;
+        if (!zigzag && strcmp(a->cp_balance, "none"))
+            return snprintf(msg, len, "--cp-balance %s is not one of none, zigzag", a->cp_balance), msg;
+        if (a->T % ncp) return "--seq: the sequence must split over cp";
+        if (zigzag && a->T % (2 * ncp)) return "--seq: zigzag needs a sequence divisible by 2 x cp";
+        if (!ring && a->cfg.num_heads % ncp) return "--cp-mode ulysses: cp must divide the model's heads";
+        if (a->recompute != RECOMPUTE_NONE || !dropless(a))
+            return "--cp: chapter 7 composes it with --recompute none and dropless routing only";
+    }
     MoeConfig c = moe_of(a);
     const char* bad = moe_config_problem(&c);
     if (bad) return snprintf(msg, len, "%s", bad), msg;
     if (a->experts % nep) return "--ep: the experts must split over ep";
     if (a->capacity < 0) return "--capacity-factor must be >= 0";
     if (a->B % (ndp * nep)) return "--batch: the batch must split over dp x ep";
-    long tokens = (long)(a->B / (ndp * nep)) * a->T;
+    long tokens = (long)(a->B / (ndp * nep)) * (a->T / ncp);
     if (a->ep_overlap < 1 || a->ep_overlap > tokens)
         return snprintf(msg, len, "--ep-overlap %d: must be between 1 and a rank's %ld tokens", a->ep_overlap, tokens), msg;
     // the all-to-all's bytes depend on the routing: each rank's a bound;
@@ -47,7 +61,7 @@ const char* plan_check_expert(const PlanArgs* a, PlanInfo* info, char* msg, size
     // and comes back once per exchange pair)
     info->comm_bound[COLL_ALLTOALL][AXIS_EP] = 1;
     if (dropless(a)) {
-        double N = (double)a->B / (ndp * nep) * a->T, pairs = (a->recompute == RECOMPUTE_FULL ? 3 : 2) * (double)moe_num_moe_layers(&c);
+        double N = (double)a->B / (ndp * nep) * (a->T / ncp), pairs = (a->recompute == RECOMPUTE_FULL ? 3 : 2) * (double)moe_num_moe_layers(&c);
         info->comm_sum[COLL_ALLTOALL][AXIS_EP] = a->steps * a->ranks * pairs * 2 * N * a->top_k * a->cfg.channels * sizeof(float);
     }
     return NULL;
@@ -58,9 +72,10 @@ void plan_chapter_7(const PlanArgs* a, RankPlan* p, int r) {
     const GPTConfig* g = &a->cfg;
     int coord[NUM_AXES];
     plan_coords(a, r, coord);
-    int ndp = a->mesh[AXIS_DP], nep = a->mesh[AXIS_EP], B = a->B / (ndp * nep), T = a->T;
+    int ndp = a->mesh[AXIS_DP], nep = a->mesh[AXIS_EP], ncp = a->mesh[AXIS_CP], B = a->B / (ndp * nep), T = a->T;
     int C = g->channels, E = c.experts, k = c.top_k, H = c.hidden, El = E / nep, Lm = moe_num_moe_layers(&c);
-    double N = (double)B * T, Nk = N * k, R = N * nep * (k < El ? k : El), f = sizeof(float);
+    // --cp: a rank's N rows are T/cp positions of its B sequences
+    double N = (double)B * (T / ncp), Nk = N * k, R = N * nep * (k < El ? k : El), f = sizeof(float);
     double shared = (double)moe_num_shared(&c), experts = (double)Lm * El * moe_expert_numel(&c);
     p->peak[MEM_PARAMS] = f * (shared + experts);
     p->peak[MEM_GRADS] = f * (shared + experts);
@@ -72,8 +87,35 @@ void plan_chapter_7(const PlanArgs* a, RankPlan* p, int r) {
     double gelu = a->recompute == RECOMPUTE_NONE ? Lm * R * H : R * H;
     double send = a->recompute == RECOMPUTE_NONE ? Lm * Nk * C : Nk * C;
     double moe = n * (2 * N * E + 4 * Nk + R * C + R * H + E) + gelu + 2 * R * C + 2 * R * H + Nk + N * E + N * C;
-    p->peak[MEM_ACTIVATIONS] = plan_acts_bytes(g, B, T, a->recompute) + f * moe;
+    p->peak[MEM_ACTIVATIONS] = plan_acts_bytes(g, B, T / ncp, a->recompute) + f * moe;
     p->peak[MEM_COMM] = f * (send + n * Nk * C + R * C + Nk * C);  // send, back, recv, dsend
+    // --cp (expert_cp_create): the ring's per-layer lse and one pair's
+    // partials, its K/V and dK/dV buffers; or Ulysses' per-layer head-shard
+    // q|k|v and probabilities, its scratch and all-to-all buffers
+    int ring = !strcmp(a->cp_mode, "ring"), L = g->num_layers, NH = g->num_heads;
+    double NC = N * C;
+    Comm cpg = plan_group(AXIS_CP, ncp, coord[AXIS_CP]);
+    if (ncp > 1) {
+        p->peak[MEM_ACTIVATIONS] += f * (ring ? L * N * NH + NC + 3 * N * NH
+                                              : L * 3 * NC + L * N * NH * T + NC + 3 * NC + N * NH * T);
+        p->peak[MEM_COMM] += f * (ring ? 10 * NC : 6 * NC);
+        if (a->moe_every > 1) p->peak[MEM_ACTIVATIONS] += f * 8 * NC;  // a dense layer's MLP gradients
+        for (int l = 0; l < L; l++) {
+            if (ring) {
+                // K/V one hop per block but the last, forward and backward;
+                // the dK/dV partial sums cp hops in backward
+                for (int i = 0; i < 2 * (ncp - 1) + ncp; i++) {
+                    comm_tally(&cpg, COLL_RECV, 2 * (size_t)NC * sizeof(float), 0.0);
+                    comm_tally(&cpg, COLL_SEND, 2 * (size_t)NC * sizeof(float), 1.0);
+                }
+            } else {
+                for (int i = 0; i < 2; i++) {
+                    comm_tally(&cpg, COLL_ALLTOALL, 3 * (size_t)NC * sizeof(float), comm_ring_factor(&cpg));
+                    comm_tally(&cpg, COLL_ALLTOALL, (size_t)NC * sizeof(float), comm_ring_factor(&cpg));
+                }
+            }
+        }
+    }
     // per MoE layer dispatch and combine forward, both again in backward,
     // and once more under --recompute full: calls exact, bytes at most all
     // slots out and R rows back
@@ -84,7 +126,7 @@ void plan_chapter_7(const PlanArgs* a, RankPlan* p, int r) {
     // --ep-overlap: each exchange in chunks of the rank's tokens, cut as
     // expert_chunk_start cuts them; a chunk's rows are bounded like the whole
     int nc = a->ep_overlap;
-    long ntok = (long)B * T;
+    long ntok = (long)N;
     for (int l = 0; l < Lm * exchanges; l++)
         for (int ch = 0; ch < nc; ch++) {
             double nt = (double)((long)(ch + 1) * ntok / nc - (long)ch * ntok / nc);
@@ -92,17 +134,25 @@ void plan_chapter_7(const PlanArgs* a, RankPlan* p, int r) {
             comm_tally_bytes(&ep, COLL_ALLTOALL, f * nt * k * C, out * f * nt * k * C);
             comm_tally_bytes(&ep, COLL_ALLTOALL, f * rows * C, out * f * rows * C);
         }
-    // the two gradient groups, then the norm over ep and dp
+    // the two gradient groups (dp x cp x ep and dp x cp; cp in their names
+    // only with --cp, as expert_model_create makes them), then the norm over
+    // ep and dp x cp
     char name[32];
     Mesh mesh;
     memset(&mesh, 0, sizeof(mesh));
     for (int x = 0; x < NUM_AXES; x++) mesh.size[x] = a->mesh[x];
-    comm_group_slot_name(&mesh, (1u << AXIS_DP) | (1u << AXIS_EP), name, sizeof(name));
-    Comm dpep = plan_group(comm_slot_for(name), ndp * nep, coord[AXIS_DP] * nep + coord[AXIS_EP]);
-    comm_tally(&dpep, COLL_ALLREDUCE, (size_t)shared * sizeof(float), 2.0 * comm_ring_factor(&dpep));
-    Comm dp = plan_group(AXIS_DP, ndp, coord[AXIS_DP]);
-    comm_tally(&dp, COLL_ALLREDUCE, (size_t)experts * sizeof(float), 2.0 * comm_ring_factor(&dp));
-    const Comm* groups[] = {&ep, &dp};
+    unsigned with_cp = ncp > 1 ? 1u << AXIS_CP : 0u;
+    comm_group_slot_name(&mesh, (1u << AXIS_DP) | with_cp | (1u << AXIS_EP), name, sizeof(name));
+    Comm batch = plan_group(comm_slot_for(name), ndp * ncp * nep,
+                            (coord[AXIS_DP] * nep + coord[AXIS_EP]) * ncp + coord[AXIS_CP]);
+    comm_tally(&batch, COLL_ALLREDUCE, (size_t)shared * sizeof(float), 2.0 * comm_ring_factor(&batch));
+    Comm dpcp = plan_group(AXIS_DP, ndp, coord[AXIS_DP]);
+    if (ncp > 1) {
+        comm_group_slot_name(&mesh, (1u << AXIS_DP) | (1u << AXIS_CP), name, sizeof(name));
+        dpcp = plan_group(comm_slot_for(name), ndp * ncp, coord[AXIS_DP] * ncp + coord[AXIS_CP]);
+    }
+    comm_tally(&dpcp, COLL_ALLREDUCE, (size_t)experts * sizeof(float), 2.0 * comm_ring_factor(&dpcp));
+    const Comm* groups[] = {&ep, &dpcp};
     plan_norm(p, groups, 2);
     // FLOPs: this rank's tokens through the model, k experts each (what its
     // experts compute depends on the routing: this is the mean rank's)

@@ -182,7 +182,7 @@ static int work_from_plan(const GPTConfig* cfg, const PtChapter* ch, double opt_
         Lr = L / ch->pp;
         Vl = ch->pp_rank == ch->pp - 1 ? Vp : 0;
     }
-    if (ch->chapter == 6) n /= ch->cp;
+    if (ch->chapter == 6 || ch->chapter == 7) n /= ch->cp;  // chapter 7 composes cp too
     if (ch->chapter == 7) n /= ch->ep;
     double attn = 12.0 * n * Lr * T * C / tp;
     w->attention_flops = ch->recompute == RECOMPUTE_FULL ? attn * 4.0 / 3.0 : attn;

@@ -116,7 +116,7 @@ typedef struct {
 // Chapters 5 to 7 take the plan's own FLOPs per rank (the schedules, the
 // cp split and the experts are the plan's to count) and split them:
 //   n tokens   = B / dp * T (5: every stage sees them all), B / (dp cp) * T (6),
-//                B / (dp ep) * T (7); Lr layers = L / pp (5), else L
+//                B / (dp cp ep) * T (7); Lr layers = L / pp (5), else L
 //   attention  = 12 n Lr T C / tp (x 4/3 under full recompute, + 2 n Lr T C / tp
 //                under selective), matmul = the plan's FLOPs - that
 //   memory     = as above with n and Lr; Vl = Vp on the rank holding the head
