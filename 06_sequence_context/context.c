@@ -309,6 +309,27 @@ void cp_work_settle(CPModel* m) {
     device_clock_reset(&m->ring_wait_clock);
 }
 
+void cp_attn_clock_start(CPModel* m) {
+    if (m->attn_timed) device_clock_start(&m->attn_clock);
+}
+
+void cp_attn_clock_stop(CPModel* m) {
+    if (m->attn_timed) device_clock_stop(&m->attn_clock);
+}
+
+float cp_val_loss_with(CPModel* m, const TrainSetup* setup, int n_batches,
+                       float (*forward)(void* ctx, const int* inputs, const int* targets)) {
+    CPWork kept = cp_work_pause(m);
+    cp_work_settle(m);  // the waits so far; validation's are dropped below
+    double wait = m->ring_wait_seconds;
+    float v = train_val_loss_with(setup, n_batches, forward, m, m->b0, m->sh.B, m->sh.B, &m->dpcp);
+    cp_work_restore(m, &kept);
+    device_clock_seconds(&m->ring_wait_clock);
+    device_clock_reset(&m->ring_wait_clock);
+    m->ring_wait_seconds = wait;
+    return v;
+}
+
 void cp_ckpt(Ckpt* ck, CPModel* m, int world_rank) {
     if (world_rank == 0) ckpt_add_state(&ck->own, &m->cfg, 0, m->P, m->params, m->m, m->v);
     ckpt_add_state(&ck->need, &m->cfg, 0, m->P, m->params, m->m, m->v);

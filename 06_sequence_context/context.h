@@ -134,6 +134,16 @@ void cp_work_restore(CPModel* m, const CPWork* w);
 // waits for the step's work (once per step, after the norm's read has waited
 // for it anyway).
 void cp_work_settle(CPModel* m);
+// Attention's compute on the device's clock (memory.h): on a GPU the host
+// only queues the kernels, so a host clock around them would read about 0.
+// Paused (validation, recompute) while m->attn_timed is 0.
+void cp_attn_clock_start(CPModel* m);
+void cp_attn_clock_stop(CPModel* m);
+// Validation: every cp rank runs its rows of the same sequences through
+// forward; the balance figures and the ring's waits count training only,
+// so validation's are put back.
+float cp_val_loss_with(CPModel* m, const TrainSetup* setup, int n_batches,
+                       float (*forward)(void* ctx, const int* inputs, const int* targets));
 
 // Training-state checkpoints: the replicas are identical, so world rank 0
 // alone writes the state; every rank reads all of it.

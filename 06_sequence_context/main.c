@@ -48,18 +48,6 @@
 #include "context.h"
 #include "sequence.h"
 
-// ---------------------------------------------------------------- timing attention
-// Attention's compute, on the device's clock (memory.h): on a GPU the host
-// only queues the kernels, so the host clock around them would read about 0.
-// Paused (validation, recompute) while m->attn_timed is 0.
-static void attn_clock_start(CPModel* m) {
-    if (m->attn_timed) device_clock_start(&m->attn_clock);
-}
-
-static void attn_clock_stop(CPModel* m) {
-    if (m->attn_timed) device_clock_stop(&m->attn_clock);
-}
-
 // ---------------------------------------------------------------- ring attention
 // A ring transfer completed, the time spent waiting for it counted: the part
 // of the ring's communication the attention in hand did not hide. With
@@ -93,9 +81,9 @@ static void ring_attention_forward(CPModel* m, const float* qkv, float* atty, fl
             comm_isend(m->cpc, kv, kv_count, right, &to_right);
         }
         if (!m->overlap) ring_wait(m, &from_left), ring_wait(m, &to_right);
-        attn_clock_start(m);
+        cp_attn_clock_start(m);
         ring_forward_block(&m->sh, &m->ring, qkv, kv, src, atty, lse, C, NH);
-        attn_clock_stop(m);
+        cp_attn_clock_stop(m);
         ring_wait(m, &from_left);
         ring_wait(m, &to_right);
     }
@@ -128,10 +116,10 @@ static void ring_attention_backward(CPModel* m, const float* qkv, const float* a
             comm_isend(m->cpc, kv, kv_count, right, &to_right);
         }
         if (!m->overlap) ring_wait(m, &from_left), ring_wait(m, &to_right);
-        attn_clock_start(m);
+        cp_attn_clock_start(m);
         ops_zero(dkv, kv_count);
         ring_backward_block(&m->sh, qkv, atty, lse, datty, kv, src, dqkv, dkv, C, NH);
-        attn_clock_stop(m);
+        cp_attn_clock_stop(m);
         if (s > 0) {  // what the ranks before me added for src's keys
             ring_wait(m, &d_from_left);
             ring_wait(m, &d_to_right);
@@ -196,10 +184,10 @@ static void heads_to_seq(CPModel* m, float* dst, const float* src, int w) {
 static void ulysses_attention_forward(CPModel* m, LayerActs* la) {
     const int n = m->cpc->size, C = m->cfg.channels, NH = m->cfg.num_heads;
     seq_to_heads(m, la->qkv_h, la->a.qkv, 3);
-    attn_clock_start(m);
+    cp_attn_clock_start(m);
     // whole sequences, NH/cp heads: chapter 0's attention on C/cp channels
     attention_forward(m->y_h, la->att_h, la->qkv_h, m->sh.B, m->sh.T, C / n, NH / n);
-    attn_clock_stop(m);
+    cp_attn_clock_stop(m);
     m->attn_scores += (long)m->sh.B * (NH / n) * ((long)m->sh.T * (m->sh.T + 1) / 2);
     heads_to_seq(m, la->a.atty, m->y_h, 1);
 }
@@ -208,10 +196,10 @@ static void ulysses_attention_backward(CPModel* m, const LayerActs* la, const fl
     const int n = m->cpc->size, C = m->cfg.channels, NH = m->cfg.num_heads;
     const CPShard* sh = &m->sh;
     seq_to_heads(m, m->y_h, datty, 1);
-    attn_clock_start(m);
+    cp_attn_clock_start(m);
     ops_zero(m->dqkv_h, (size_t)m->N * 3 * C);
     attention_backward(m->dqkv_h, m->datt_h, m->y_h, la->qkv_h, la->att_h, sh->B, sh->T, C / n, NH / n);
-    attn_clock_stop(m);
+    cp_attn_clock_stop(m);
     heads_to_seq(m, dqkv, m->dqkv_h, 3);
 }
 
@@ -351,16 +339,7 @@ static float forward_for_val(void* ctx, const int* inputs, const int* targets) {
 }
 
 static float cp_val_loss(void* ctx, const TrainSetup* setup, int n_batches) {
-    CPModel* m = ctx;
-    CPWork kept = cp_work_pause(m);
-    cp_work_settle(m);  // the waits so far; validation's are dropped below
-    double wait = m->ring_wait_seconds;
-    float v = train_val_loss_with(setup, n_batches, forward_for_val, m, m->b0, m->sh.B, m->sh.B, &m->dpcp);
-    cp_work_restore(m, &kept);
-    device_clock_seconds(&m->ring_wait_clock);
-    device_clock_reset(&m->ring_wait_clock);
-    m->ring_wait_seconds = wait;
-    return v;
+    return cp_val_loss_with(ctx, setup, n_batches, forward_for_val);
 }
 
 // ---------------------------------------------------------------- main

@@ -555,6 +555,12 @@ void expert_model_save(ExpertModel* m, const char* path) {
 // saved on one dp x ep mesh resumes on any other.
 static CkptTensor ckpt_table[MOE_CKPT_TENSORS];
 
+void expert_ckpt_open(Ckpt* ck, ExpertModel* m, const Run* run) {
+    ckpt_init(ck, &run->args, &run->setup, &run->mesh, 7);
+    expert_model_ckpt(ck, m);
+    ckpt_resume(ck);
+}
+
 void expert_model_ckpt(Ckpt* ck, ExpertModel* m) {
     char variant[256];
     moe_ckpt_tensors(&m->cfg, ckpt_table);

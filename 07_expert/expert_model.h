@@ -235,6 +235,9 @@ void expert_report(const ExpertModel* m, const ExpertFlags* flags, const TrainLo
 // replicated state each) and reads (all the replicated state, its own
 // experts), in the MoE model's global tensors, so any dp x ep mesh resumes.
 void expert_model_ckpt(Ckpt* ck, ExpertModel* m);
+// --ckpt-dir, --save-every, --resume: ckpt_init for chapter 7, this rank's
+// lists (expert_model_ckpt), then the resume, from whatever mesh saved it.
+void expert_ckpt_open(Ckpt* ck, ExpertModel* m, const Run* run);
 
 // --show-sharding: the replicated parameters (the GPT and the routers) on
 // every rank, this rank's E/ep experts of every MoE layer (sharding.h).

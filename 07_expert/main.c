@@ -416,11 +416,8 @@ int main(int argc, char** argv) {
     expert_model_show_sharding(&model, run.args.show_sharding);  // --show-sharding
     expert_print_setup(&model, &run);
     int B = setup->B, T = setup->T, per_rank = model.B;
-    // --ckpt-dir, --save-every, --resume: this rank's slices, from whatever mesh saved them
-    Ckpt ck;
-    ckpt_init(&ck, args, setup, &run.mesh, 7);
-    expert_model_ckpt(&ck, &model);
-    ckpt_resume(&ck);
+    Ckpt ck;  // --ckpt-dir, --resume: this rank's slices, from whatever mesh saved them
+    expert_ckpt_open(&ck, &model, &run);
 
     TrainLoop loop;
     train_loop_begin(&loop, &run, &(TrainLoopSpec){
@@ -437,8 +434,7 @@ int main(int argc, char** argv) {
         float norm = clip_and_step(&model, args, step);
         // the language-model loss of the global batch (a host scalar: plain MPI)
         float loss = (float)train_mean(&model.batch, my_loss);  // dp x cp x ep: equal token counts
-        // the step record's own fields (aux_loss, dropped, expert_tokens)
-        expert_step_record(&model, &loop, step);
+        expert_step_record(&model, &loop, step);  // the record's aux_loss, dropped, expert_tokens
         train_loop_step(&loop, step, loss, norm);
     }
     JsonBuf summary = {0};

@@ -387,28 +387,20 @@ static void search(const PlanArgs* base, double memory, const MachineProfile* pr
     static const char* cp_modes[] = {"ring", "ulysses"};
     for (int split = 2; split <= base->ranks; split++) {
         if (base->ranks % split) continue;
-        for (int k = 0; k < 3; k++) {
+        for (int k = 0; k < 5; k++) {
+            int ch = k < 3 ? 5 : 6, axis = ch == 5 ? AXIS_PP : AXIS_CP;
             PlanArgs a = *base;
-            a.chapter = 5;
+            a.chapter = ch;
             a.steps = 1;
             for (int x = 0; x < NUM_AXES; x++) a.mesh[x] = 1;
             a.mesh[AXIS_DP] = base->ranks / split;
-            a.mesh[AXIS_PP] = split;
-            a.schedule = schedules[k];
+            a.mesh[axis] = split;
             char what[96];
-            snprintf(what, sizeof(what), "chapter 5 --dp %d --pp %d --schedule %s", a.mesh[AXIS_DP], split, schedules[k]);
-            consider(&a, what, memory, prof, found, &n, cap, &tried);
-        }
-        for (int k = 0; k < 2; k++) {
-            PlanArgs a = *base;
-            a.chapter = 6;
-            a.steps = 1;
-            for (int x = 0; x < NUM_AXES; x++) a.mesh[x] = 1;
-            a.mesh[AXIS_DP] = base->ranks / split;
-            a.mesh[AXIS_CP] = split;
-            a.cp_mode = cp_modes[k];
-            char what[96];
-            snprintf(what, sizeof(what), "chapter 6 --dp %d --cp %d --cp-mode %s", a.mesh[AXIS_DP], split, cp_modes[k]);
+            if (ch == 5) a.schedule = schedules[k];
+            else a.cp_mode = cp_modes[k - 3];
+            snprintf(what, sizeof(what), "chapter %d --dp %d --%s %d --%s %s", ch, a.mesh[AXIS_DP],
+                     mesh_axis_name((MeshAxis)axis), split, ch == 5 ? "schedule" : "cp-mode",
+                     ch == 5 ? a.schedule : a.cp_mode);
             consider(&a, what, memory, prof, found, &n, cap, &tried);
         }
     }
