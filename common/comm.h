@@ -62,8 +62,8 @@ typedef struct {
     void* device_event;  // CUDA backend: the event recorded after the operation
     int* mpi_counts;     // CPU backend: comm_ialltoallv's int counts and displacements,
                          // which MPI reads until completion (freed then)
-    int coll, axis;      // what it is and when it started, for the trace (trace.h)
-    double t_start;
+    int coll, axis;      // what it is, its bytes and when it started, for the trace (trace.h)
+    double bytes, t_start;
 } CommRequest;
 
 // Who runs the collectives: the library (MPI on the CPU backend, NCCL on the

@@ -8,9 +8,10 @@
 
 #include "comm.h"
 
-// The operation just counted: the next wait or progress seconds belong to
-// it (per thread: a progress thread has its own).
-void comm_trace_operation(Collective coll, int slot);
+// The operation just counted, and its bytes as counted: the next wait or
+// progress seconds belong to it, and its spans carry the bytes (per thread:
+// a progress thread has its own).
+void comm_trace_operation(Collective coll, int slot, double bytes);
 // A span of `seconds` ending now: blocked in communication (a wait span),
 // or inside a non-blocking start, test or progress poll (a comm span).
 void comm_trace_wait(double seconds);

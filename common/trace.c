@@ -25,6 +25,7 @@
 typedef struct {
     int64_t t0_ns, t1_ns;
     int32_t kind, tid, step, timed;
+    int64_t bytes;  // a comm layer span's operation: the bytes it counted; -1: none
     char name[48];
 } Span;
 
@@ -55,8 +56,8 @@ double trace_start(void) { return path_ ? now_seconds() : 0.0; }
 
 static int64_t to_ns(double t) { return (int64_t)llround((t - t0_) * 1e9); }
 
-void trace_span(TraceKind kind, double t0, double t1, int tid, int step, int timed, const char* name) {
-    if (!path_) return;
+static void add_span(TraceKind kind, double t0, double t1, int tid, int step, int timed, const char* name,
+                     int64_t bytes) {
     Span s;
     memset(&s, 0, sizeof(s));
     s.t0_ns = to_ns(t0);
@@ -65,6 +66,7 @@ void trace_span(TraceKind kind, double t0, double t1, int tid, int step, int tim
     s.tid = tid;
     s.step = step;
     s.timed = timed;
+    s.bytes = bytes;
     snprintf(s.name, sizeof(s.name), "%s", name);
     pthread_mutex_lock(&lock);
     if (n_spans == cap_spans) {
@@ -75,6 +77,16 @@ void trace_span(TraceKind kind, double t0, double t1, int tid, int step, int tim
     }
     spans[n_spans++] = s;
     pthread_mutex_unlock(&lock);
+}
+
+void trace_span(TraceKind kind, double t0, double t1, int tid, int step, int timed, const char* name) {
+    if (!path_) return;
+    add_span(kind, t0, t1, tid, step, timed, name, -1);
+}
+
+void trace_span_bytes(TraceKind kind, double t0, double t1, int tid, const char* name, double bytes) {
+    if (!path_) return;
+    add_span(kind, t0, t1, tid, -1, 0, name, bytes >= 0 ? (int64_t)llround(bytes) : -1);
 }
 
 void trace_compute(double t0, const char* fmt, ...) {
@@ -136,6 +148,7 @@ static int write_events(FILE* f, const Span* all, const int* counts, int world) 
                          s->name, trace_kind_name((TraceKind)s->kind), (long long)(s->t0_ns / 1000),
                          (long long)(s->t0_ns % 1000), (long long)(d / 1000), (long long)(d % 1000), r, s->tid) > 0;
             if (ok && s->step >= 0) ok = fprintf(f, ",\"args\":{\"step\":%d,\"timed\":%d}", s->step, s->timed) > 0;
+            else if (ok && s->bytes >= 0) ok = fprintf(f, ",\"args\":{\"bytes\":%lld}", (long long)s->bytes) > 0;
             if (ok) ok = fprintf(f, "},\n") > 0;
         }
     }

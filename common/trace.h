@@ -48,5 +48,8 @@ void trace_span(TraceKind kind, double t0, double t1, int tid, int step, int tim
 // writes the file atomically; a failed write ends every rank with a message.
 // Does nothing when tracing is off.
 void trace_finish(void);
+// The comm layer's span of one operation, tagged with the bytes its counters
+// counted for it ("args":{"bytes":N}; bytes < 0: none).
+void trace_span_bytes(TraceKind kind, double t0, double t1, int tid, const char* name, double bytes);
 
 #endif

@@ -1,0 +1,127 @@
+#!/bin/bash
+# test_step_comm.sh: docs/plots/step_comm.py (make capstone, docs/capstone.md)
+# on real traces of chapter 7 on 8 ranks. Prints PASS/FAIL/SKIP lines;
+# tests/plots.sh counts them. Takes ~10 s.
+#
+#   1. dp 2 x cp 2 (ring) x ep 2 and dp 2 x cp 2 (Ulysses) x ep 2 with
+#      --ep-overlap 2, 3 and 2 steps of the test model with --trace and --log;
+#   2. tests/step_comm_check.py: every rank's every step lists the collectives
+#      07_expert/main.c issues, in its order, on its groups, with the bytes
+#      the code fixes, and the calls and bytes add up to the summary's;
+#   3. the check fails on traces made wrong on purpose (a collective moved to
+#      another group, the gradient all-reduces swapped, a send dropped), and
+#      the tool refuses a trace without bytes and a step that is not there;
+#   4. the picture is a PNG, and make capstone's command line is the one the
+#      docs' figure came from.
+set -u
+cd "$(dirname "$0")/.."
+BUILD=${BUILD:-build}
+MPIRUN="bash tests/mpirun.sh"
+pass() { echo "PASS $1"; }
+fail() { echo "FAIL $1: $2"; }
+skip() { echo "SKIP $1: $2"; }
+
+if [ ! -x "$BUILD/chapter-7" ]; then
+    fail "step_comm" "$BUILD/chapter-7 is not built (make all)"
+    exit 1
+fi
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
+FLAGS="--batch 24 --seq 32 --peak-gflops 10 --experts 4 --top-k 2"
+
+# ---------------------------------------------------------------- 1-2. real traces
+# run NAME STEPS CHECK-FLAGS -- CHAPTER-7-FLAGS
+run() {
+    local name=$1 steps=$2 check=$3 out
+    shift 4
+    if ! out=$(timeout 120 $MPIRUN -np 8 "$BUILD/chapter-7" $FLAGS --steps "$steps" "$@" \
+            --trace "$tmp/$name.json" --log "$tmp/$name.jsonl" 2>&1); then
+        fail "step_comm: chapter 7 $*" "$(echo "$out" | tail -3 | tr '\n' ' ')"
+        return 1
+    fi
+    # the parameters the gradient all-reduces carry, as the run prints them
+    local P Q
+    P=$(echo "$out" | grep -o '(\([0-9]*\) replicated' | grep -o '[0-9]*')
+    Q=$(echo "$out" | grep -o '[0-9]* in experts' | grep -o '^[0-9]*')
+    Q=$((Q / 2))  # ep 2: half the experts on each rank
+    # tokens per rank: 24 / (dp ep) sequences of 32 / cp positions
+    if out=$(python3 tests/step_comm_check.py "$tmp/$name.json" "$tmp/$name.jsonl" --layers 2 --top-k 2 \
+            --channels 64 --tokens 96 --replicated "$P" --experts-local "$Q" $check 2>&1); then
+        pass "step_comm: $name: $out"
+    else
+        fail "step_comm: $name" "$(echo "$out" | head -4 | tr '\n' ' ')"
+    fi
+}
+run ring 3 "--chunks 1 --cp-mode ring" -- --dp 2 --cp 2 --ep 2
+run ulysses 2 "--chunks 2 --cp-mode ulysses" -- --dp 2 --cp 2 --ep 2 --cp-mode ulysses --ep-overlap 2
+
+# ---------------------------------------------------------------- 3. made wrong on purpose
+CHECK="--layers 2 --top-k 2 --channels 64 --tokens 96 --replicated 54912 --experts-local 132352 --chunks 1 --cp-mode ring"
+# tamper HOW OUT: the ring trace with one change (python below)
+tamper() {
+    python3 - "$tmp/ring.json" "$2" "$1" <<'PY'
+import json, sys
+src, dst, how = sys.argv[1:4]
+doc = json.load(open(src))
+ev = doc["traceEvents"]
+rank = [e for e in ev if e.get("ph") == "X" and e["pid"] == 3]
+rank.sort(key=lambda e: e["ts"])
+if how == "group":    # rank 3's first dispatch goes over dp instead of ep
+    e = next(e for e in rank if e["name"] == "start alltoall (ep)")
+    e["name"] = "start alltoall (dp)"
+elif how == "swap":   # the gradients' two all-reduces of rank 3's last step, swapped
+    a = [e for e in rank if e["name"] in ("allreduce (dp+cp+ep)", "allreduce (dp+cp)") and e["args"]["bytes"] > 4]
+    a[-2]["name"], a[-1]["name"] = a[-1]["name"], a[-2]["name"]
+elif how == "drop":   # one of rank 3's ring sends (its start span) is lost
+    e = next(e for e in rank if e["name"] == "start send (cp)")
+    ev.remove(e)
+elif how == "nobytes":
+    for e in ev:
+        if e.get("cat") in ("wait", "comm", "inflight"):
+            e.pop("args", None)
+json.dump(doc, open(dst, "w"))
+PY
+}
+if [ -s "$tmp/ring.json" ]; then
+    for how in group swap drop; do
+        tamper $how "$tmp/$how.json"
+        if out=$(python3 tests/step_comm_check.py "$tmp/$how.json" "$tmp/ring.jsonl" $CHECK 2>&1); then
+            fail "step_comm: the check on a trace with $how" "passed: $out"
+        else
+            pass "step_comm: the check fails on a trace with $how ($(echo "$out" | head -1 | cut -c1-120))"
+        fi
+    done
+    tamper nobytes "$tmp/nobytes.json"
+    out=$(python3 docs/plots/step_comm.py "$tmp/nobytes.json" 2>&1)
+    if [ $? -ne 0 ] && echo "$out" | grep -q 'has no bytes'; then
+        pass "step_comm: refuses a trace whose spans carry no bytes"
+    else
+        fail "step_comm: a trace without bytes" "$out"
+    fi
+    out=$(python3 docs/plots/step_comm.py "$tmp/ring.json" --step 9 2>&1)
+    if [ $? -ne 0 ] && echo "$out" | grep -q 'no step 9 on rank 0 (it has steps 0..2)'; then
+        pass "step_comm: refuses a step the trace does not hold, naming those it holds"
+    else
+        fail "step_comm: --step 9" "$out"
+    fi
+
+    # ---------------------------------------------------------------- 4. the picture
+    if ! command -v gnuplot >/dev/null 2>&1; then
+        skip "step_comm: the picture" "gnuplot not installed"
+    else
+        python3 docs/plots/step_comm.py "$tmp/ring.json" "$tmp/step.png" --title test > /dev/null 2>&1
+        size=$(stat -c %s "$tmp/step.png" 2>/dev/null || echo 0)
+        magic=$(head -c 8 "$tmp/step.png" 2>/dev/null | od -An -tx1 | tr -d ' \n')
+        if [ "$magic" = 89504e470d0a1a0a ] && [ "$size" -gt 20000 ]; then
+            pass "step_comm: draws a PNG of $((size / 1024)) KiB"
+        else
+            fail "step_comm: the picture" "magic '$magic', $size bytes"
+        fi
+    fi
+fi
+if make -n --no-print-directory capstone DOCS=1 2>/dev/null | grep -q 'step_comm.py .* docs/plots/capstone_step.png' &&
+    make -n --no-print-directory capstone 2>/dev/null | grep -q 'chapter-7 .*--dp 2 --cp 2 --ep 2'; then
+    pass "step_comm: make capstone runs chapter 7 on dp 2 x cp 2 x ep 2 and DOCS=1 draws docs/plots/capstone_step.png"
+else
+    fail "step_comm: make capstone" "$(make -n --no-print-directory capstone DOCS=1 2>&1 | tail -2 | tr '\n' ' ')"
+fi
