@@ -2,8 +2,10 @@
 """Checks docs/plots/step_comm.py's listing of chapter 7's steps against what
 07_expert/main.c issues and against the run's own counters.
 
-usage: step_comm_check.py TRACE.json LOG.jsonl --layers L --chunks N --cp-mode ring|ulysses
+usage: step_comm_check.py TRACE.json LOG.jsonl --layers L --chunks N --cp-mode ring|ulysses|none
                           --replicated P --experts-local Q --tokens N_rank --top-k k --channels C
+
+(--cp-mode none: a mesh without cp, whose steps have no cp traffic.)
 
 For every rank and every step of the trace (step_comm.py --json --rank r --step s):
 
@@ -14,7 +16,8 @@ For every rank and every step of the trace (step_comm.py --json --rank r --step 
      attention's cp traffic; then, after the last backward, the gradients'
      all-reduces, the replicated parameters over dp+cp+ep, then the experts
      over dp+cp (reduce_gradients), then the norm's over ep and dp+cp
-     (clip_and_step). No other group and no other collective.
+     (clip_and_step); without cp, dp+ep and dp. No other group and no
+     other collective.
   2. the bytes the code fixes: the gradient all-reduces carry 4 P and 4 Q
      bytes (P, Q: the replicated and local expert parameters the run prints);
      dropless, each forward dispatch sends the rank's N_rank k rows of C
@@ -51,6 +54,9 @@ def listing(trace, rank, step):
 
 
 def main(argv):
+    if len(argv) < 3 or argv[1] in ("-h", "--help"):
+        print(__doc__.strip())
+        return 0 if len(argv) > 1 else 2
     trace, log = argv[1], argv[2]
     o = opts(argv)
     L, nc, mode = int(o["layers"]), int(o["chunks"]), o["cp_mode"]
@@ -60,7 +66,7 @@ def main(argv):
     ranks = sorted({e["pid"] for e in events if e.get("ph") == "X"})
     steps = sorted({e["args"]["step"] for e in events if e.get("ph") == "X" and e["cat"] == "step" and e["pid"] == 0})
     problems = []
-    cp_ops = {"send", "recv"} if mode == "ring" else {"alltoall"}
+    cp_ops = {"send", "recv"} if mode == "ring" else {"alltoall"} if mode == "ulysses" else set()
     for r in ranks:
         totals = {}
         for s in steps:
@@ -88,7 +94,7 @@ def main(argv):
                 if [x["op"] for x in a2a] != ["alltoall"] * (2 * nc):
                     problems.append(f"{where}: {name} has {[x['op'] for x in a2a]} over ep, "
                                     f"not the {2 * nc} all-to-alls of {nc} chunk(s)")
-                if not cp or {x["op"] for x in cp} - cp_ops:
+                if bool(cp) != bool(cp_ops) or {x["op"] for x in cp} - cp_ops:
                     problems.append(f"{where}: {name}'s cp traffic is {[x['op'] for x in cp]}, not {mode}'s {sorted(cp_ops)}")
                 # attention (cp) before the experts (ep) forward, after them backward
                 order = [x["group"] for x in mine]
@@ -99,8 +105,10 @@ def main(argv):
                 sent = sum(x["bytes"] for x in a2a[:nc])
                 if len(a2a) == 2 * nc and sent != N * k * C * 4:
                     problems.append(f"{where}: {name}'s first exchange sends {sent} bytes, not N k C 4 = {N * k * C * 4}")
-            want = [("allreduce", "dp+cp+ep", 4 * P), ("allreduce", "dp+cp", 4 * Q), ("allreduce", "ep", None),
-                    ("allreduce", "dp+cp", None)]
+            # the groups' names are their axes; without cp: dp+ep and dp (expert_model.c)
+            rep, exp = ("dp+cp+ep", "dp+cp") if cp_ops else ("dp+ep", "dp")
+            want = [("allreduce", rep, 4 * P), ("allreduce", exp, 4 * Q), ("allreduce", "ep", None),
+                    ("allreduce", exp, None)]
             got = [(x["op"], x["group"], x["bytes"]) for x in rest]
             if len(got) != len(want) or any(g[:2] != w[:2] or (w[2] is not None and g[2] != w[2]) for g, w in zip(got, want)):
                 problems.append(f"{where}: after the last backward {got}, not the gradients' and the norm's {want}")

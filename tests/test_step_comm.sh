@@ -3,8 +3,9 @@
 # on real traces of chapter 7 on 8 ranks. Prints PASS/FAIL/SKIP lines;
 # tests/plots.sh counts them. Takes ~10 s.
 #
-#   1. dp 2 x cp 2 (ring) x ep 2 and dp 2 x cp 2 (Ulysses) x ep 2 with
-#      --ep-overlap 2, 3 and 2 steps of the test model with --trace and --log;
+#   1. dp 2 x cp 2 (ring) x ep 2, dp 2 x cp 2 (Ulysses) x ep 2 with
+#      --ep-overlap 2, and dp 4 x ep 2: 3, 2 and 2 steps of the test model
+#      with --trace and --log;
 #   2. tests/step_comm_check.py: every rank's every step lists the collectives
 #      07_expert/main.c issues, in its order, on its groups, with the bytes
 #      the code fixes, and the calls and bytes add up to the summary's;
@@ -54,6 +55,7 @@ run() {
 }
 run ring 3 "--chunks 1 --cp-mode ring" -- --dp 2 --cp 2 --ep 2
 run ulysses 2 "--chunks 2 --cp-mode ulysses" -- --dp 2 --cp 2 --ep 2 --cp-mode ulysses --ep-overlap 2
+run nocp 2 "--chunks 1 --cp-mode none" -- --dp 4 --ep 2
 
 # ---------------------------------------------------------------- 3. made wrong on purpose
 CHECK="--layers 2 --top-k 2 --channels 64 --tokens 96 --replicated 54912 --experts-local 132352 --chunks 1 --cp-mode ring"
