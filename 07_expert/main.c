@@ -77,29 +77,36 @@ static void balance_loss(ExpertModel* m, MoeLayer* L, int layer_index) {
 }
 
 // Capacity mode: at most floor(f k N_global / E) slots per expert over the
-// global batch, kept in batch order (token, then slot); the rest are dropped
-// and pass through the residual. f = 0: dropless. Sets L->pos_host[i] to 0
-// for a kept slot i (token i / k, its (i % k)-th choice), -1 for a dropped
-// one, and L->cnt_send[e] to my kept slots of expert e. Returns the slots
-// dropped over the global batch.
+// global batch, kept in batch order (sequence, position, slot, as one rank
+// holds them); the rest are dropped and pass through the residual. f = 0:
+// dropless. Sets L->pos_host[i] to 0 for a kept slot i (token i / k, its
+// (i % k)-th choice), -1 for a dropped one, and L->cnt_send[e] to my kept
+// slots of expert e. Returns the slots dropped over the global batch.
 static long plan_capacity(ExpertModel* m, MoeLayer* L) {
     // EXERCISE 2: capacity: keep the first slots of each expert in the order of the global batch, drop the rest, count them
+    const CPShard* sh = &m->cp.sh;
     int N = m->N, k = m->cfg.top_k, E = m->cfg.experts;
     long cap = m->capacity_factor > 0 ? (long)(m->capacity_factor * k * (double)N * m->batch.size / E) : -1;
-    long* cnt = xmalloc((size_t)E * sizeof(long));
-    long* before = xmalloc((size_t)E * sizeof(long));  // slots to e on the ranks before me
-    for (int e = 0; e < E; e++) cnt[e] = 0, before[e] = 0, L->cnt_send[e] = 0;
-    for (int i = 0; i < N * k; i++) cnt[L->idx_host[i]]++;
-    // the group's rank order (world order) = the order of the batch's
-    // shares (share = dp * ep + ep coordinate; --cp refuses capacity), so
-    // an exclusive scan counts the slots of the tokens before mine
-    MPI_CHECK(MPI_Exscan(cnt, before, E, MPI_LONG, MPI_SUM, m->batch.mpi));
-    if (m->batch.rank == 0)
-        for (int e = 0; e < E; e++) before[e] = 0;  // Exscan leaves rank 0's undefined
+    // the batch in blocks of len positions of a sequence, each one rank's:
+    // share s's sequence b (shares: dp x ep; its cp ranks hold T/cp positions
+    // of each, ring.h) has nb, the j-th at positions j len. My rows' blocks:
+    int nb = sh->T / sh->len, n_blocks = m->batch.size / sh->cp * sh->B * nb;
+    int* blk = xmalloc((size_t)N * sizeof(int));
+    for (int row = 0; row < N; row++)  // part-major rows (ring.h)
+        blk[row] = (m->share * sh->B + row / sh->len % sh->B) * nb +
+                   cp_shard_pos(sh, sh->rank, row / (sh->B * sh->len)) / sh->len;
+    // every block's slots per expert (mine, the rest 0) summed over dp x cp x ep,
+    // then an exclusive scan in batch order: the slots to e before each block
+    long* cnt = xcalloc((size_t)n_blocks * E, sizeof(long));
+    for (int i = 0; i < N * k; i++) cnt[(size_t)blk[i / k] * E + L->idx_host[i]]++;
+    MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, cnt, n_blocks * E, MPI_LONG, MPI_SUM, m->batch.mpi));
+    for (int e = 0; e < E; e++)
+        for (long g = 0, before = 0, c; g < n_blocks; g++) c = cnt[g * E + e], cnt[g * E + e] = before, before += c;
     long dropped = 0;
+    for (int e = 0; e < E; e++) L->cnt_send[e] = 0;
     for (int i = 0; i < N * k; i++) {
         int e = L->idx_host[i];
-        if (cap >= 0 && before[e]++ >= cap) {
+        if (cap >= 0 && cnt[(size_t)blk[i / k] * E + e]++ >= cap) {
             L->pos_host[i] = -1;
             dropped++;
         } else {
@@ -108,8 +115,8 @@ static long plan_capacity(ExpertModel* m, MoeLayer* L) {
         }
     }
     MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, &dropped, 1, MPI_LONG, MPI_SUM, m->batch.mpi));
-    free(before);
     free(cnt);
+    free(blk);
     return dropped;
     // END EXERCISE 2
 }

@@ -184,6 +184,7 @@ c7 4 --batch 24 --seq 32 --experts 4 --top-k 2 --ep 2 --cp 2 --ep-overlap 3
 c7 4 --batch 24 --seq 32 --experts 4 --top-k 2 --dp 2 --cp 2 --cp-mode ulysses --cp-balance zigzag
 c7 8 --batch 24 --seq 32 --experts 4 --top-k 2 --dp 2 --ep 2 --cp 2 --cp-balance zigzag
 c7 4 --batch 24 --seq 32 --experts 4 --top-k 3 --moe-every 2 --expert-hidden 96 --ep 2 --cp 2
+c7 4 --batch 24 --seq 32 --experts 4 --top-k 2 --capacity-factor 1 --ep 2 --cp 2 --cp-mode ulysses --cp-balance zigzag
 jobs_wait
 
 echo "== --show-sharding"
@@ -239,7 +240,7 @@ plan_error "--cp-mode star" --chapter 6 --ranks 2 --cp 2 --cp-mode star
 plan_error "--sp" --chapter 6 --ranks 4 --tp 2 --cp 2 --sp
 plan_error "--ep" --chapter 7 --ranks 3 --ep 3 --experts 4
 plan_error "--ep-overlap" --chapter 7 --ranks 2 --ep 2 --batch 24 --seq 32 --ep-overlap 385
-plan_error "--cp: chapter 7 composes it with --recompute none and dropless routing only" --chapter 7 --ranks 4 --ep 2 --cp 2 --recompute full
+plan_error "--cp: chapter 7 composes it with --recompute none only" --chapter 7 --ranks 4 --ep 2 --cp 2 --recompute full
 plan_error "--ranks: chapter 7 has the dp, cp and ep axes only" --chapter 7 --ranks 4 --ep 2 --tp 2
 
 echo "== the step-time model (07_expert/plan/plan_time.h)"

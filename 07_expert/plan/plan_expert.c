@@ -44,8 +44,7 @@ const char* plan_check_expert(const PlanArgs* a, PlanInfo* info, char* msg, size
         if (a->T % ncp) return "--seq: the sequence must split over cp";
         if (zigzag && a->T % (2 * ncp)) return "--seq: zigzag needs a sequence divisible by 2 x cp";
         if (!ring && a->cfg.num_heads % ncp) return "--cp-mode ulysses: cp must divide the model's heads";
-        if (a->recompute != RECOMPUTE_NONE || !dropless(a))
-            return "--cp: chapter 7 composes it with --recompute none and dropless routing only";
+        if (a->recompute != RECOMPUTE_NONE) return "--cp: chapter 7 composes it with --recompute none only";
     }
     MoeConfig c = moe_of(a);
     const char* bad = moe_config_problem(&c);
