@@ -279,12 +279,6 @@ MoeConfig expert_config(const Run* run, ExpertFlags* f) {
         if (f->cp_mode == CP_ULYSSES && cfg.gpt.num_heads % cp != 0)
             fail_all("--cp-mode ulysses splits the model's %d heads over cp=%d ranks: use a cp that divides %d, or "
                      "--cp-mode ring", cfg.gpt.num_heads, cp, cfg.gpt.num_heads);
-        // what the first step of the composition (issue #35) does not do yet
-        const TrainArgs* a = &run->args;
-        const char* not_yet = a->recompute != RECOMPUTE_NONE ? "--recompute" : NULL;
-        if (not_yet)
-            fail_all("--cp %d: chapter 7 composes context parallelism with dp and ep in the MoE layers' attention, "
-                     "but not yet with %s: use --cp 1 for it", cp, not_yet);
     }
     return cfg;
 }

@@ -237,6 +237,35 @@ for mode in selective full; do
     fi
 done
 
+# --recompute with --cp (expert_cp.c): selective makes the attention
+# probabilities again from the kept q|k|v (Ulysses: one layer's head-shard
+# probabilities for every layer; the ring keeps none, its backward reads the
+# kept lse), full runs each layer's forward again, its attention's ring or
+# all-to-alls too, and keeps one layer's lse and q|k|v. On ep x cp = 2 x 2,
+# ring and Ulysses (zigzag), and with a dense layer below an MoE layer
+# (--moe-every 2: expert_dense_backward's recompute): the step records of
+# none, every field the same bits, and less activation memory per rank at
+# each mode (its bytes are the planner's, tests/plan.sh).
+c7_act() { grep '"type":"summary"' "$1" | sed 's/.*"activations":\[\([0-9]*\),.*/\1/'; }
+for run in "ep x cp = 2 x 2 (ring)|$c7_flags --ep 2 --cp 2 --cp-mode ring" \
+    "ep x cp = 2 x 2 (ulysses, zigzag)|$c7_flags --ep 2 --cp 2 --cp-mode ulysses --cp-balance zigzag" \
+    "ep x cp = 2 x 2 (ring), a dense and an MoE layer|--steps 4 --batch 24 --seq 32 --peak-gflops 10 --experts 4 --top-k 3 --moe-every 2 --expert-hidden 96 --ep 2 --cp 2"; do
+    name="experts: --recompute selective and full on ${run%%|*}" run=${run#*|} a="" bytes="" ok=1
+    for mode in none selective full; do
+        log=$TEST_TMPDIR/c7_rcp_$mode$(echo "$run" | tr -cd 'a-z0-9').jsonl
+        mpi_run $T_RUN 4 "$BUILD/chapter-7" $run --recompute $mode --log "$log"
+        b=$(c7_tail "$log" 0)
+        [ $mode = none ] && a=$b
+        [ $RC = 0 ] && [ -n "$b" ] && [ "$b" = "$a" ] || ok=0
+        bytes="$bytes $(c7_act "$log")"
+    done
+    if [ $ok = 1 ] && awk -v s="$bytes" 'BEGIN { split(s, b, " "); exit !(b[1] > b[2] && b[2] > b[3] && b[3] > 0) }'; then
+        pass "$name: the records of none bit for bit, activations per rank $(echo $bytes | sed "s/ / > /g") bytes (none, selective, full)"
+    else
+        fail "$name" "exit $RC; activations$bytes; $(diff <(echo "$a") <(echo "$b") | head -3)"
+    fi
+done
+
 # --ep-overlap n (docs/07_expert.md): each MoE layer's exchanges in n
 # chunks of a rank's tokens, pipelined with the experts, forward and
 # backward. Every row meets the same ops and the experts keep their rows in
@@ -507,13 +536,12 @@ jobs_run error_case chapter-7 1 "--capacity-factor -1" "--capacity-factor must b
 jobs_run error_case chapter-7 1 "--ep-overlap 0" "--ep-overlap 0: each MoE layer's exchanges are cut into that many chunks"
 jobs_run error_case chapter-7 2 "--ep 2 --batch 4 --seq 16 --ep-overlap -3" "--ep-overlap -3: each MoE layer's exchanges"
 jobs_run error_case chapter-7 2 "--ep 2 --batch 4 --seq 16 --ep-overlap 33" "a rank's 32 tokens, so it must be between 1 and 32"
-# a mesh the sequence or the heads do not split over, and what --cp does
-# not compose with yet (issue #35)
+# a mesh the sequence or the heads do not split over, and a --cp-mode that
+# is not one
 jobs_run error_case chapter-7 3 "--cp 3 --seq 32" "--seq 32 does not split over cp=3 ranks"
 jobs_run error_case chapter-7 2 "--cp 2 --seq 30 --cp-balance zigzag" "--seq 30 does not split into 2 x cp = 4 zigzag half-chunks"
 jobs_run error_case chapter-7 3 "--cp 3 --seq 48 --cp-mode ulysses" "--cp-mode ulysses splits the model's 4 heads over cp=3 ranks"
 jobs_run error_case chapter-7 2 "--cp 2 --cp-mode star" "--cp-mode star is not one of ring, ulysses"
-jobs_run error_case chapter-7 2 "--cp 2 --recompute full" "but not yet with --recompute: use --cp 1 for it"
 jobs_run help_case chapter-7 "--cp-mode"
 jobs_run help_case chapter-7 "--capacity-factor"
 jobs_run help_case chapter-7 "--ep-overlap"

@@ -185,6 +185,13 @@ c7 4 --batch 24 --seq 32 --experts 4 --top-k 2 --dp 2 --cp 2 --cp-mode ulysses -
 c7 8 --batch 24 --seq 32 --experts 4 --top-k 2 --dp 2 --ep 2 --cp 2 --cp-balance zigzag
 c7 4 --batch 24 --seq 32 --experts 4 --top-k 3 --moe-every 2 --expert-hidden 96 --ep 2 --cp 2
 c7 4 --batch 24 --seq 32 --experts 4 --top-k 2 --capacity-factor 1 --ep 2 --cp 2 --cp-mode ulysses --cp-balance zigzag
+# --cp with --recompute: one layer's lse, q|k|v (full) and Ulysses'
+# probabilities (selective, full); full's attention exchanges again
+for f in "--cp-mode ring --recompute selective" "--cp-mode ring --recompute full" \
+    "--cp-mode ulysses --cp-balance zigzag --recompute selective" "--cp-mode ulysses --recompute full"; do
+    c7 4 --batch 24 --seq 32 --experts 4 --top-k 2 --ep 2 --cp 2 $f
+done
+c7 4 --batch 24 --seq 32 --experts 4 --top-k 3 --moe-every 2 --expert-hidden 96 --ep 2 --cp 2 --cp-mode ulysses --recompute full
 jobs_wait
 
 echo "== --show-sharding"
@@ -240,7 +247,6 @@ plan_error "--cp-mode star" --chapter 6 --ranks 2 --cp 2 --cp-mode star
 plan_error "--sp" --chapter 6 --ranks 4 --tp 2 --cp 2 --sp
 plan_error "--ep" --chapter 7 --ranks 3 --ep 3 --experts 4
 plan_error "--ep-overlap" --chapter 7 --ranks 2 --ep 2 --batch 24 --seq 32 --ep-overlap 385
-plan_error "--cp: chapter 7 composes it with --recompute none only" --chapter 7 --ranks 4 --ep 2 --cp 2 --recompute full
 plan_error "--ranks: chapter 7 has the dp, cp and ep axes only" --chapter 7 --ranks 4 --ep 2 --tp 2
 
 echo "== the step-time model (07_expert/plan/plan_time.h)"
