@@ -557,7 +557,10 @@ void expert_model_ckpt(Ckpt* ck, ExpertModel* m) {
     char variant[256];
     moe_ckpt_tensors(&m->cfg, ckpt_table);
     moe_ckpt_variant(&m->cfg, variant, sizeof(variant));
-    ckpt_set_model(ck, ckpt_table, MOE_CKPT_TENSORS, variant);
+    if (moe_ckpt_dense(&m->cfg))  // E = 1, H = 4C: the dense GPT's checkpoint (moe.h)
+        ckpt_set_model(ck, NULL, 0, NULL);
+    else
+        ckpt_set_model(ck, ckpt_table, MOE_CKPT_TENSORS, variant);
     float* shared[CKPT_NUM_KINDS] = {m->shared, m->m_s, m->v_s};
     float* experts[CKPT_NUM_KINDS] = {m->experts, m->m_e, m->v_e};
     size_t per = (m->n_shared + m->ep - 1) / m->ep, lo = (size_t)m->epc->rank * per;

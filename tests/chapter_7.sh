@@ -191,6 +191,64 @@ if [ $RC = 0 ] && echo "$OUT" | grep -q "checkpoint: resumed from" &&
 else
     fail "experts: an ep x cp checkpoint on one rank" "exit $RC; $a; $(echo "$OUT" | grep -E 'error' | head -3)"
 fi
+# across compositions: saved on dp x cp x ep = 2 x 2 x 2 (8 ranks, Ulysses,
+# zigzag) at step 4, resumed on ep = 4 (whole sequences, one expert a rank)
+# and on one rank: each continues the 8-rank run (up to a routing difference)
+c7_ck8=$TEST_TMPDIR/c7_ck8
+mpi_run $T_RUN 8 "$BUILD/chapter-7" $c7_flags --dp 2 --ep 2 --cp 2 --cp-mode ulysses --cp-balance zigzag \
+    --ckpt-dir "$c7_ck8" --save-every 4 --log "$TEST_TMPDIR/c7_ck8.jsonl"
+c7_tail "$TEST_TMPDIR/c7_ck8.jsonl" 4 >"$TEST_TMPDIR/c7_ck8_tail.jsonl"
+for mesh in "4 --ep 4" "1"; do
+    log=$TEST_TMPDIR/c7_ck8_$(echo "$mesh" | tr -cd 'a-z0-9').jsonl a=""
+    mpi_run $T_RUN ${mesh%% *} "$BUILD/chapter-7" $c7_flags $([ "$mesh" = 1 ] || echo "${mesh#* }") \
+        --resume "$c7_ck8/step-00000004" --log "$log"
+    if [ $RC = 0 ] && echo "$OUT" | grep -q "checkpoint: resumed from .*(chapter 7, world 8)" &&
+        a=$(bash tests/compare_routing.sh "$TEST_TMPDIR/c7_ck8_tail.jsonl" "$log" $TOL $TOL_NORM 2>&1); then
+        pass "experts: the dp x cp x ep = 2 x 2 x 2 checkpoint of step 4 resumes on $([ "$mesh" = 1 ] && echo "one rank" || echo "${mesh#* }") ($a)"
+    else
+        fail "experts: a dp x cp x ep checkpoint on ${mesh}" "exit $RC; $a; $(echo "$OUT" | grep -E 'error|resumed' | head -3)"
+    fi
+done
+# E = 1, k = 1 with H = 4C is chapter 0's model, and its checkpoint is the
+# dense GPT's (moe.h: the one expert is the MLP; the router, whose softmax
+# over one expert is 1 whatever its weights, is not saved): saved on
+# dp x cp = 2 x 2 at step 4, chapter 0 resumes it and continues the run; and
+# chapter 7 resumes chapter 0's checkpoint on cp = 2 and continues chapter 0's
+c7_ck1=$TEST_TMPDIR/c7_ck1
+mpi_run $T_RUN 4 "$BUILD/chapter-7" $INV_FLAGS --experts 1 --top-k 1 --dp 2 --cp 2 --cp-balance zigzag \
+    --ckpt-dir "$c7_ck1" --save-every 4 --log "$TEST_TMPDIR/c7_ck1.jsonl"
+c7_tail "$TEST_TMPDIR/c7_ck1.jsonl" 4 >"$TEST_TMPDIR/c7_ck1_tail.jsonl"
+mpi_run $T_RUN 1 "$BUILD/chapter-0" $INV_FLAGS --resume "$c7_ck1/step-00000004" --log "$TEST_TMPDIR/c7_ck1_c0.jsonl"
+a="" b=""
+if [ $RC = 0 ] && echo "$OUT" | grep -q "checkpoint: resumed from .*(chapter 7, world 4)" &&
+    a=$(bash tests/compare_losses.sh "$TEST_TMPDIR/c7_ck1_tail.jsonl" "$TEST_TMPDIR/c7_ck1_c0.jsonl" $TOL 2>&1) &&
+    b=$(bash tests/compare_losses.sh "$TEST_TMPDIR/c7_ck1_tail.jsonl" "$TEST_TMPDIR/c7_ck1_c0.jsonl" $TOL_NORM norm 2>&1); then
+    pass "experts: chapter 0 resumes E=1, k=1's dp x cp = 2 x 2 checkpoint of step 4 and continues its run ($a; ${b#* steps, })"
+else
+    fail "experts: chapter 0 resuming E=1's checkpoint" "exit $RC; $a; $b; $(echo "$OUT" | grep -E 'error|resumed' | head -3)"
+fi
+# ... and chapter 7 itself on the same mesh, the router left at its init:
+# every field of the uninterrupted run's records, the same bits
+mpi_run $T_RUN 4 "$BUILD/chapter-7" $INV_FLAGS --experts 1 --top-k 1 --dp 2 --cp 2 --cp-balance zigzag \
+    --resume "$c7_ck1/step-00000004" --log "$TEST_TMPDIR/c7_ck1_res.jsonl"
+a=$(c7_tail "$TEST_TMPDIR/c7_ck1.jsonl" 4) b=$(c7_tail "$TEST_TMPDIR/c7_ck1_res.jsonl" 0)
+if [ $RC = 0 ] && [ -n "$a" ] && [ "$a" = "$b" ] && [ "$(echo "$b" | wc -l)" = $((INV_STEPS - 4)) ]; then
+    pass "experts: E=1, k=1 on dp x cp = 2 x 2 resumes its dense-form checkpoint bit for bit (the router not saved)"
+else
+    fail "experts: E=1 resumed on dp x cp" "exit $RC; $(diff <(echo "$a") <(echo "$b") | head -4)"
+fi
+mpi_run $T_RUN 1 "$BUILD/chapter-0" $INV_FLAGS --ckpt-dir "$TEST_TMPDIR/c7_ck0" --save-every 4 --log "$TEST_TMPDIR/c7_ck0.jsonl"
+c7_tail "$TEST_TMPDIR/c7_ck0.jsonl" 4 >"$TEST_TMPDIR/c7_ck0_tail.jsonl"
+mpi_run $T_RUN 2 "$BUILD/chapter-7" $INV_FLAGS --experts 1 --top-k 1 --cp 2 --resume "$TEST_TMPDIR/c7_ck0/step-00000004" \
+    --log "$TEST_TMPDIR/c7_ck0_c7.jsonl"
+a="" b=""
+if [ $RC = 0 ] && echo "$OUT" | grep -q "checkpoint: resumed from .*(chapter 0, world 1)" &&
+    a=$(bash tests/compare_losses.sh "$TEST_TMPDIR/c7_ck0_tail.jsonl" "$TEST_TMPDIR/c7_ck0_c7.jsonl" $TOL 2>&1) &&
+    b=$(bash tests/compare_losses.sh "$TEST_TMPDIR/c7_ck0_tail.jsonl" "$TEST_TMPDIR/c7_ck0_c7.jsonl" $TOL_NORM norm 2>&1); then
+    pass "experts: E=1, k=1 on cp=2 resumes chapter 0's checkpoint of step 4 and continues chapter 0's run ($a; ${b#* steps, })"
+else
+    fail "experts: E=1 resuming chapter 0's checkpoint" "exit $RC; $a; $b; $(echo "$OUT" | grep -E 'error|resumed' | head -3)"
+fi
 # --recompute (docs/recompute.md): on dp x ep = 2 x 2, selective and full
 # give the step records of none, every field the same bits (so the
 # invariant holds per mode); the activation and exchange-buffer bytes per
