@@ -6,7 +6,9 @@
 # a hand count, the load-balancing loss's coefficient, the MoE file, bad
 # input, --help; and with --cp (chapter 6's context parallelism in
 # attention), E = 1 against chapter 0 and E = 4 against one rank on
-# cp, dp x cp, ep x cp and dp x cp x ep meshes. (The router, gating, auxiliary loss, dispatch and combine
+# cp, dp x cp, ep x cp and dp x cp x ep meshes (16 ranks too), with capacity
+# drops and --recompute, and checkpoints across the compositions (E = 1's
+# resumed by chapter 0). (The router, gating, auxiliary loss, dispatch and combine
 # ops are checked against finite differences in tests/test_ops.c, the whole
 # MoE model on one rank in tests/test_moe.c.)
 . "$(dirname "$0")/lib.sh"
@@ -49,6 +51,7 @@ c7_coef() {  # K COEF -> the step-0 record without its timings
     grep '"type":"step"' "$TEST_TMPDIR/c7_coef_$1_$2.jsonl" | sed 's/"ms":[^,]*,"tokens_per_s":[^,]*,//'
 }
 c7_field() { echo "$1" | sed -n "s/.*\"$2\":\([^,]*\),.*/\1/p"; }
+c7_drops() { grep '"type":"step"' "$1" | grep -o '"dropped":[0-9]*' | tr '\n' ' '; }  # "dropped":N per step
 r0=$(c7_coef 2 0) r1=$(c7_coef 2 0.1)
 if [ -n "$r0" ] && [ "$(c7_field "$r0" loss) $(c7_field "$r0" aux_loss)" = "$(c7_field "$r1" loss) $(c7_field "$r1" aux_loss)" ] &&
     [ "$(c7_field "$r0" norm)" != "$(c7_field "$r1" norm)" ]; then
@@ -138,6 +141,23 @@ for run in "4 --ep 2 --cp 2 --cp-mode ring" "4 --ep 2 --cp 2 --cp-mode ulysses -
         pass "experts: $flags: the load-balancing loss of one rank ($a)"
     else
         fail "experts: aux_loss on $flags" "$a; $(echo "$OUT" | grep -E '^context|error' | head -2)"
+    fi
+done
+
+# 16 ranks on the machine's cores (oversubscribed): dp x cp x ep = 2 x 2 x 4
+# (ring, zigzag; one expert a rank, 3 sequences a share, 2 x 8 positions a
+# rank), 4 steps, dropless and with capacity 1, against one rank: the routing
+# the same at every step, so the dropped slots too
+c7_16="--steps 4 --batch 24 --seq 32 --peak-gflops 10 --experts 4 --top-k 2"
+for cap in "" "--capacity-factor 1"; do
+    ref=$TEST_TMPDIR/c7_16ref$(echo "$cap" | tr -cd 'a-z0-9').jsonl log=${ref/16ref/16} a=""
+    mpi_run $T_RUN 1 "$BUILD/chapter-7" $c7_16 $cap --log "$ref"
+    mpi_run $T_RUN 16 "$BUILD/chapter-7" $c7_16 $cap --dp 2 --cp 2 --ep 4 --cp-balance zigzag --log "$log"
+    if [ $RC = 0 ] && [ "$(c7_drops "$log")" = "$(c7_drops "$ref")" ] &&
+        a=$(bash tests/compare_routing.sh "$ref" "$log" $TOL $TOL_NORM 2>&1); then
+        pass "experts: 16 ranks, dp x cp x ep = 2 x 2 x 4${cap:+, $cap}, reproduce one rank ($a; dropped per step: $(c7_drops "$log" | sed 's/"dropped"://g; s/ $//'))"
+    else
+        fail "experts: 16 ranks, dp x cp x ep = 2 x 2 x 4${cap:+, $cap}" "exit $RC; $a; dropped $(c7_drops "$log") against $(c7_drops "$ref"); $(echo "$OUT" | grep -E 'error' | head -2)"
     fi
 done
 
@@ -457,7 +477,6 @@ done
 c7_cap="$INV_FLAGS --experts 4 --top-k 2 --capacity-factor 1"
 mpi_run $T_RUN 1 "$BUILD/chapter-7" $c7_cap --log "$TEST_TMPDIR/c7_capr1.jsonl"
 n1=$(grep '"type":"step"' "$TEST_TMPDIR/c7_capr1.jsonl" | grep -vc '"dropped":0,')
-c7_drops() { grep '"type":"step"' "$1" | grep -o '"dropped":[0-9]*' | tr '\n' ' '; }
 for mesh in "4 --dp 2 --ep 2" "2 --cp 2 --cp-balance zigzag" "4 --dp 2 --cp 2" "4 --ep 2 --cp 2 --cp-mode ulysses --cp-balance zigzag"; do
     log=$TEST_TMPDIR/c7_capr$(echo "$mesh" | tr -cd 'a-z0-9').jsonl a=""
     mpi_run $T_RUN ${mesh%% *} "$BUILD/chapter-7" $c7_cap ${mesh#* } --log "$log"
