@@ -277,21 +277,14 @@ plan_time_check() {
     out=$("$BUILD/plan" "$@" --json --profile "$profile" 2>&1)
     local verdict
     verdict=$(python3 - "$profile" "$what" "$out" "$@" <<'PY'
-import json, math, sys
+import sys
+sys.path.insert(0, "tests")
+from plan_profile import flag, plan_records, read_profile  # tests/plan_profile.py
 prof_path, what, out = sys.argv[1:4]
 flags = sys.argv[4:]
-prof = {}
-for line in open(prof_path):
-    line = line.split("#")[0].strip()
-    if "=" in line:
-        k, v = [x.strip() for x in line.split("=", 1)]
-        prof[k] = v
-recs = [json.loads(l) for l in out.splitlines() if l.startswith("{")]
-plan = [r for r in recs if r["type"] == "plan"][0]
-got = [r for r in recs if r["type"] == "plan_time"][0]
-def flag(name, default):
-    return int(flags[flags.index(name) + 1]) if name in flags else default
-ch, ranks, dp = flag("--chapter", 0), flag("--ranks", 1), flag("--dp", 1)
+prof = read_profile(prof_path)
+plan, got = plan_records(out)
+ch, ranks, dp = flag(flags, "--chapter", 0), flag(flags, "--ranks", 1), flag(flags, "--dp", 1)
 L, C, Vp, B, T = 2, 64, 256, 4, 64
 n = B / dp * T
 matmul = 6 * n * (12 * L * C * C + Vp * C)
@@ -349,23 +342,16 @@ plan_time_check_57() {
     local out verdict
     out=$("$BUILD/plan" "$@" --json --profile "$link" 2>&1)
     verdict=$(python3 - "$link" "$out" "$@" <<'PY'
-import json, sys
+import sys
+sys.path.insert(0, "tests")
+from plan_profile import flag, plan_records, read_profile  # tests/plan_profile.py
 prof_path, out = sys.argv[1:3]
 flags = sys.argv[3:]
-prof = {}
-for line in open(prof_path):
-    line = line.split("#")[0].strip()
-    if "=" in line:
-        k, v = [x.strip() for x in line.split("=", 1)]
-        prof[k] = v
-recs = [json.loads(l) for l in out.splitlines() if l.startswith("{")]
-plan = [r for r in recs if r["type"] == "plan"][0]
-got = [r for r in recs if r["type"] == "plan_time"][0]
-def flag(name, default):
-    return int(flags[flags.index(name) + 1]) if name in flags else default
-ch, ranks = flag("--chapter", 0), flag("--ranks", 1)
-size = {a: flag("--" + a, 1) for a in ("dp", "tp", "pp", "cp", "ep")}
-L, C, Vp, B, T = 2, 64, 256, flag("--batch", 4), flag("--seq", 64)
+prof = read_profile(prof_path)
+plan, got = plan_records(out)
+ch, ranks = flag(flags, "--chapter", 0), flag(flags, "--ranks", 1)
+size = {a: flag(flags, "--" + a, 1) for a in ("dp", "tp", "pp", "cp", "ep")}
+L, C, Vp, B, T = 2, 64, 256, flag(flags, "--batch", 4), flag(flags, "--seq", 64)
 s = float(prof["element_bytes"]) / 4
 r_shared = ranks  # compute_shared = 1
 lat, gbps = float(prof["link.intra.latency_us"]) * 1e-6, float(prof["link.intra.gbps"]) * 1e9
