@@ -108,11 +108,18 @@ static void heads_to_seq(ExpertModel* m, float* dst, const float* src, int w) {
 
 // ---------------------------------------------------------------- the attention half
 
-// Layer l's kept ring / Ulysses state.
-static float* layer_lse(ExpertModel* m, int l) { return m->cp.lse + (size_t)l * m->N * m->cfg.gpt.num_heads; }
-static float* layer_qkv_h(ExpertModel* m, int l) { return m->cp.qkv_h + (size_t)l * m->N * 3 * m->cfg.gpt.channels; }
+// Layer l's kept ring / Ulysses state: each layer's own, or one for every
+// layer where --recompute makes it again before the layer's backward (full:
+// the whole layer's forward, so the lse and the head-shard q|k|v too;
+// selective and full: the Ulysses probabilities).
+static float* layer_lse(ExpertModel* m, int l) {
+    return m->cp.lse + (size_t)(m->recompute == RECOMPUTE_FULL ? 0 : l) * m->N * m->cfg.gpt.num_heads;
+}
+static float* layer_qkv_h(ExpertModel* m, int l) {
+    return m->cp.qkv_h + (size_t)(m->recompute == RECOMPUTE_FULL ? 0 : l) * m->N * 3 * m->cfg.gpt.channels;
+}
 static float* layer_att_h(ExpertModel* m, int l) {
-    return m->cp.att_h + (size_t)l * m->N * m->cfg.gpt.num_heads * m->cp.sh.T;
+    return m->cp.att_h + (size_t)(m->recompute == RECOMPUTE_NONE ? l : 0) * m->N * m->cfg.gpt.num_heads * m->cp.sh.T;
 }
 
 void expert_attention_forward(ExpertModel* m, int l, const BlockParams* p, BlockActs* a, const float* x) {
@@ -154,28 +161,48 @@ void expert_attention_backward(ExpertModel* m, int l, const BlockParams* p, Bloc
     moe_attention_backward_in(p, g, a, s, x, dln2, dres, m->N, C);
 }
 
+void expert_attention_recompute(ExpertModel* m, int l, BlockActs* a) {
+    const int C = m->cfg.gpt.channels, NH = m->cfg.gpt.num_heads, n = m->cp.sh.cp;
+    if (n == 1) {
+        // as model.c: attention_forward rewrites atty (kept, the same bits)
+        // into attproj's slot, which backward never reads
+        attention_forward(a->attproj, a->att, a->qkv, m->B, m->T, C, NH);
+    } else if (m->cp.mode == CP_ULYSSES) {
+        // my head shard's probabilities from its kept q, k, v; the output
+        // again into the scratch y_h
+        attention_forward(m->cp.y_h, layer_att_h(m, l), layer_qkv_h(m, l), m->cp.sh.B, m->cp.sh.T, C / n, NH / n);
+    }
+    // ring: its backward reads q, k, v, the output and the lse, all kept
+}
+
 // ---------------------------------------------------------------- a dense layer (--moe-every > 1)
 // model.h's block at cp = 1; at cp > 1 the same attention half as an MoE
-// layer's (above), then the dense MLP on my rows.
+// layer's (above), then the dense MLP on my rows, into a.
+static void dense_forward(ExpertModel* m, int l, const BlockParams* p, BlockActs* a) {
+    const int N = m->N, C = m->cfg.gpt.channels;
+    expert_attention_forward(m, l, p, a, gpt_acts_block_input(&m->acts, &m->cfg.gpt, l, m->B, m->T));
+    matmul_forward(a->fch, a->ln2, p->fcw, p->fcb, N, C, 4 * C);
+    gelu_forward(a->fch_gelu, a->fch, (size_t)N * 4 * C);
+    matmul_forward(a->fcproj, a->fch_gelu, p->fcprojw, p->fcprojb, N, 4 * C, C);
+    residual_forward(a->res3, a->res2, a->fcproj, (size_t)N * C);
+}
+
 void expert_dense_forward(ExpertModel* m, int l, const BlockParams* p) {
-    const GPTConfig* g = &m->cfg.gpt;
     if (m->cp.sh.cp == 1) {
-        gpt_block_forward(&m->acts, g, l, p, m->B, m->T);
+        gpt_block_forward(&m->acts, &m->cfg.gpt, l, p, m->B, m->T);
         return;
     }
-    const int N = m->N, C = g->channels;
     double t0 = trace_start();
     BlockActs a = expert_block_acts(m, l);
-    expert_attention_forward(m, l, p, &a, gpt_acts_block_input(&m->acts, g, l, m->B, m->T));
-    matmul_forward(a.fch, a.ln2, p->fcw, p->fcb, N, C, 4 * C);
-    gelu_forward(a.fch_gelu, a.fch, (size_t)N * 4 * C);
-    matmul_forward(a.fcproj, a.fch_gelu, p->fcprojw, p->fcprojb, N, 4 * C, C);
-    residual_forward(a.res3, a.res2, a.fcproj, (size_t)N * C);
+    dense_forward(m, l, p, &a);
     trace_compute(t0, "block %d forward", l);
 }
 
 // acts.dres: d res3 on entry, d x on return; the MLP's weight gradients
-// first, then the attention half's (expert_attention_backward).
+// first, then the attention half's (expert_attention_backward). At cp > 1
+// --recompute makes what it dropped again first, as model.h's blocks do:
+// selective the probabilities (Ulysses) and gelu(fch), full the whole layer
+// into the transient (its attention's exchanges too).
 void expert_dense_backward(ExpertModel* m, int l, const BlockParams* p, BlockParams* g) {
     const GPTConfig* cfg = &m->cfg.gpt;
     if (m->cp.sh.cp == 1) {
@@ -186,6 +213,17 @@ void expert_dense_backward(ExpertModel* m, int l, const BlockParams* p, BlockPar
     const size_t N4C = (size_t)N * 4 * C;
     double t0 = trace_start();
     BlockActs a = expert_block_acts(m, l);
+    if (m->recompute != RECOMPUTE_NONE) {
+        double t1 = trace_start();
+        if (m->recompute == RECOMPUTE_SELECTIVE) {
+            expert_attention_recompute(m, l, &a);
+            gelu_forward(a.fch_gelu, a.fch, N4C);
+        } else {
+            a = block_acts_at(m->acts.transient, m->B, m->T, C, cfg->num_heads);
+            dense_forward(m, l, p, &a);
+        }
+        trace_compute(t1, "block %d recompute", l);
+    }
     BlockScratch s = gpt_acts_scratch(&m->acts, cfg);
     float* dres = m->acts.dres;
     ops_zero(m->cp.dfch_gelu, N4C);
@@ -205,8 +243,11 @@ void expert_cp_create(ExpertModel* m) {
     if (cp->sh.cp == 1) return;
     const int C = m->cfg.gpt.channels, NH = m->cfg.gpt.num_heads, L = m->cfg.gpt.num_layers, T = cp->sh.T;
     const size_t NC = (size_t)m->N * C;
+    // each layer's state, or one layer's where --recompute makes it again
+    // (the layer_ functions above)
+    const size_t Lf = m->recompute == RECOMPUTE_FULL ? 1 : (size_t)L, Lp = m->recompute == RECOMPUTE_NONE ? (size_t)L : 1;
     if (cp->mode == CP_RING) {
-        cp->lse = mem_alloc_floats((size_t)L * m->N * NH, MEM_ACTIVATIONS);
+        cp->lse = mem_alloc_floats(Lf * m->N * NH, MEM_ACTIVATIONS);
         for (int i = 0; i < 2; i++) {
             cp->kv[i] = mem_alloc_floats(2 * NC, MEM_COMM);
             cp->dkv[i] = mem_alloc_floats(2 * NC, MEM_COMM);
@@ -219,8 +260,8 @@ void expert_cp_create(ExpertModel* m) {
         cp->ring.sumexp = mem_alloc_floats((size_t)m->N * NH, MEM_ACTIVATIONS);
     } else {
         // (B, NH/cp, T, T) = N NH T floats of probabilities per layer
-        cp->qkv_h = mem_alloc_floats((size_t)L * 3 * NC, MEM_ACTIVATIONS);
-        cp->att_h = mem_alloc_floats((size_t)L * m->N * NH * T, MEM_ACTIVATIONS);
+        cp->qkv_h = mem_alloc_floats(Lf * 3 * NC, MEM_ACTIVATIONS);
+        cp->att_h = mem_alloc_floats(Lp * m->N * NH * T, MEM_ACTIVATIONS);
         cp->send = mem_alloc_floats(3 * NC, MEM_COMM);
         cp->recv = mem_alloc_floats(3 * NC, MEM_COMM);
         cp->y_h = mem_alloc_floats(NC, MEM_ACTIVATIONS);

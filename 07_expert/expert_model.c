@@ -279,14 +279,6 @@ MoeConfig expert_config(const Run* run, ExpertFlags* f) {
         if (f->cp_mode == CP_ULYSSES && cfg.gpt.num_heads % cp != 0)
             fail_all("--cp-mode ulysses splits the model's %d heads over cp=%d ranks: use a cp that divides %d, or "
                      "--cp-mode ring", cfg.gpt.num_heads, cp, cfg.gpt.num_heads);
-        // what the first step of the composition (issue #35) does not do yet
-        const TrainArgs* a = &run->args;
-        const char* not_yet = a->recompute != RECOMPUTE_NONE ? "--recompute"
-                              : f->capacity > 0                ? "--capacity-factor (the global batch order of the slots kept)"
-                                                               : NULL;
-        if (not_yet)
-            fail_all("--cp %d: chapter 7 composes context parallelism with dp and ep in the MoE layers' attention, "
-                     "but not yet with %s: use --cp 1 for it", cp, not_yet);
     }
     return cfg;
 }
@@ -565,7 +557,10 @@ void expert_model_ckpt(Ckpt* ck, ExpertModel* m) {
     char variant[256];
     moe_ckpt_tensors(&m->cfg, ckpt_table);
     moe_ckpt_variant(&m->cfg, variant, sizeof(variant));
-    ckpt_set_model(ck, ckpt_table, MOE_CKPT_TENSORS, variant);
+    if (moe_ckpt_dense(&m->cfg))  // E = 1, H = 4C: the dense GPT's checkpoint (moe.h)
+        ckpt_set_model(ck, NULL, 0, NULL);
+    else
+        ckpt_set_model(ck, ckpt_table, MOE_CKPT_TENSORS, variant);
     float* shared[CKPT_NUM_KINDS] = {m->shared, m->m_s, m->v_s};
     float* experts[CKPT_NUM_KINDS] = {m->experts, m->m_e, m->v_e};
     size_t per = (m->n_shared + m->ep - 1) / m->ep, lo = (size_t)m->epc->rank * per;

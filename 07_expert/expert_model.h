@@ -198,6 +198,10 @@ void expert_blocks_backward_weights(ExpertModel* m, MoeLayer* L, int l);
 void expert_attention_forward(ExpertModel* m, int l, const BlockParams* p, BlockActs* a, const float* x);
 void expert_attention_backward(ExpertModel* m, int l, const BlockParams* p, BlockParams* g, const BlockActs* a,
                                const BlockScratch* s, const float* x, const float* dln2, float* dres);
+// --recompute selective, before layer l's backward: the attention
+// probabilities its backward reads, again from the kept q, k, v into a
+// (cp = 1: model.h's att; Ulysses: the head shard's; the ring keeps none).
+void expert_attention_recompute(ExpertModel* m, int l, BlockActs* a);
 // A dense layer (--moe-every > 1): model.h's gpt_block_forward and
 // gpt_block_backward at cp = 1; at cp > 1 the attention half above and the
 // dense MLP on my rows (backward: acts.dres from d res3 to d x).

@@ -76,30 +76,33 @@ static void balance_loss(ExpertModel* m, MoeLayer* L, int layer_index) {
     // END EXERCISE 1
 }
 
-// Capacity mode: at most floor(f k N_global / E) slots per expert over the
-// global batch, kept in batch order (token, then slot); the rest are dropped
-// and pass through the residual. f = 0: dropless. Sets L->pos_host[i] to 0
-// for a kept slot i (token i / k, its (i % k)-th choice), -1 for a dropped
-// one, and L->cnt_send[e] to my kept slots of expert e. Returns the slots
-// dropped over the global batch.
+// Capacity mode: each expert keeps at most floor(f k N_global / E) slots, the
+// first in the global batch's order (sequence, position, slot, as on one
+// rank); the rest pass through the residual (f = 0: dropless). L->pos_host[i]
+// = 0 keeps slot i (token i / k, its (i % k)-th choice), -1 drops it;
+// L->cnt_send[e] = my kept slots of e. Returns the slots dropped, globally.
 static long plan_capacity(ExpertModel* m, MoeLayer* L) {
     // EXERCISE 2: capacity: keep the first slots of each expert in the order of the global batch, drop the rest, count them
+    const CPShard* sh = &m->cp.sh;
     int N = m->N, k = m->cfg.top_k, E = m->cfg.experts;
-    long cap = m->capacity_factor > 0 ? (long)(m->capacity_factor * k * (double)N * m->batch.size / E) : -1;
-    long* cnt = xmalloc((size_t)E * sizeof(long));
-    long* before = xmalloc((size_t)E * sizeof(long));  // slots to e on the ranks before me
-    for (int e = 0; e < E; e++) cnt[e] = 0, before[e] = 0, L->cnt_send[e] = 0;
-    for (int i = 0; i < N * k; i++) cnt[L->idx_host[i]]++;
-    // the group's rank order (world order) = the order of the batch's
-    // shares (share = dp * ep + ep coordinate; --cp refuses capacity), so
-    // an exclusive scan counts the slots of the tokens before mine
-    MPI_CHECK(MPI_Exscan(cnt, before, E, MPI_LONG, MPI_SUM, m->batch.mpi));
-    if (m->batch.rank == 0)
-        for (int e = 0; e < E; e++) before[e] = 0;  // Exscan leaves rank 0's undefined
-    long dropped = 0;
+    long cap = m->capacity_factor > 0 ? (long)(m->capacity_factor * k * (double)N * m->batch.size / E) : -1, dropped = 0;
+    // the batch in blocks, a run of len positions of one sequence held by one
+    // rank (ring.h): nb per sequence, B sequences per share (dp x ep). Mine:
+    int nb = sh->T / sh->len, n_blocks = m->batch.size / sh->cp * sh->B * nb, *blk = xmalloc((size_t)N * sizeof(int));
+    for (int row = 0; row < N; row++)  // part-major rows (ring.h)
+        blk[row] = (m->share * sh->B + row / sh->len % sh->B) * nb +
+                   cp_shard_pos(sh, sh->rank, row / (sh->B * sh->len)) / sh->len;
+    // every block's slots per expert (mine, the rest 0) summed over dp x cp x ep,
+    // then an exclusive scan in batch order: the slots to e before each block
+    long* cnt = xcalloc((size_t)n_blocks * E, sizeof(long));
+    for (int i = 0; i < N * k; i++) cnt[(size_t)blk[i / k] * E + L->idx_host[i]]++;
+    MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, cnt, n_blocks * E, MPI_LONG, MPI_SUM, m->batch.mpi));
+    for (int e = 0; e < E; e++)
+        for (long g = 0, before = 0, c; g < n_blocks; g++) c = cnt[g * E + e], cnt[g * E + e] = before, before += c;
+    for (int e = 0; e < E; e++) L->cnt_send[e] = 0;
     for (int i = 0; i < N * k; i++) {
         int e = L->idx_host[i];
-        if (cap >= 0 && before[e]++ >= cap) {
+        if (cap >= 0 && cnt[(size_t)blk[i / k] * E + e]++ >= cap) {
             L->pos_host[i] = -1;
             dropped++;
         } else {
@@ -108,8 +111,8 @@ static long plan_capacity(ExpertModel* m, MoeLayer* L) {
         }
     }
     MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, &dropped, 1, MPI_LONG, MPI_SUM, m->batch.mpi));
-    free(before);
     free(cnt);
+    free(blk);
     return dropped;
     // END EXERCISE 2
 }
@@ -230,30 +233,27 @@ static void moe_layer_forward(ExpertModel* m, int l, BlockActs* a, const float* 
 // backward (docs/recompute.md). Returns the activations backward reads.
 //   selective  keeps the router's choices, the plan and every row that
 //              crossed the network (exp_in, fch, back): no exchange is
-//              repeated. Recomputed: the attention probabilities from qkv,
-//              and gelu(fch) of the experts' rows.
+//              repeated. Recomputed: the probabilities from qkv (--cp: if
+//              Ulysses), and gelu(fch) of the experts' rows.
 //   full       keeps only the layer's output; the whole layer runs again,
 //              the router included: the same ops on the same input choose
 //              the same experts, but the dispatch and combine all-to-all-v
 //              are issued again, 2 more exchanges per MoE layer per step
 //              (counted in the summary's alltoall bytes), and so are the
-//              plan's small host exchanges (the counts, the scan, the sums).
+//              plan's small host exchanges and --cp's attention exchanges.
 static BlockActs moe_layer_recompute(ExpertModel* m, int l, const float* x) {
     const MoeConfig* c = &m->cfg;
-    int C = c->gpt.channels, NH = c->gpt.num_heads;
     BlockActs a = expert_block_acts(m, l);
     MoeLayer* L = expert_layer(m, l);
     // the same span as model.c's dense blocks (docs/tracing.md)
     double t0 = trace_start();
     if (m->recompute == RECOMPUTE_SELECTIVE) {
-        // as model.c: attention_forward rewrites atty (kept, the same bits)
-        // into attproj's slot, which backward never reads
-        attention_forward(a.attproj, a.att, a.qkv, m->B, m->T, C, NH);
+        expert_attention_recompute(m, l, &a);  // the probabilities, from the kept q, k, v (with --cp too)
         gelu_forward(L->fch_gelu, L->fch, (size_t)L->n_recv * c->hidden);
     } else if (m->recompute == RECOMPUTE_FULL) {
         // everything into the transient (its res3 too: the kept one stays);
         // the step's statistics were counted by the first forward
-        a = block_acts_at(m->acts.transient, m->B, m->T, C, NH);
+        a = block_acts_at(m->acts.transient, m->B, m->T, c->gpt.channels, c->gpt.num_heads);
         int record = m->record;
         m->record = 0;
         moe_layer_forward(m, l, &a, x);

@@ -383,13 +383,24 @@ void moe_ckpt_variant(const MoeConfig* c, char* out, size_t len) {
              c->hidden, c->moe_every);
 }
 
+int moe_ckpt_dense(const MoeConfig* c) { return c->experts == 1 && c->hidden == 4 * c->gpt.channels; }
+
+// Tensor t of the MoE table as the checkpoint names it: itself, or in the
+// dense form the GPT's (ParamTensor: the first 14 are the same ids; the one
+// expert's four are the MLP's; no router: -1).
+static int ckpt_id(const MoeConfig* c, int t) {
+    if (!moe_ckpt_dense(c) || t <= T_FCPROJB) return t;
+    if (t == T_ROUTER) return -1;
+    return t >= T_LNFW ? P_LNFW + (t - T_LNFW) : P_FCW + (t - T_EFCW);
+}
+
 // The part of [lo, hi) of a flat buffer (values from data, which holds
 // element lo) that falls on the piece at flat offset `off` of n floats,
 // which is elements [gstart, gstart + n) of tensor t.
 static void add_piece(CkptList* l, CkptKind kind, int t, size_t off, size_t n, size_t gstart, size_t lo, size_t hi,
                       float* data) {
     size_t a = off > lo ? off : lo, b = off + n < hi ? off + n : hi;
-    if (a >= b) return;
+    if (a >= b || t < 0) return;
     CkptSlice s = {.kind = kind, .tensor = t, .start = gstart + (a - off), .len = b - a, .count = 1,
                    .data = data + (a - lo)};
     ckpt_add(l, s);
@@ -398,6 +409,7 @@ static void add_piece(CkptList* l, CkptKind kind, int t, size_t off, size_t n, s
 void moe_ckpt_add_shared(CkptList* l, const MoeConfig* c, CkptKind kind, size_t lo, size_t n, float* data) {
     const GPTConfig* g = &c->gpt;
     size_t hi = lo + n, C = (size_t)g->channels;
+    int dense_form = moe_ckpt_dense(c);
     add_piece(l, kind, T_WTE, moe_wte_offset(c), param_tensor_numel(g, P_WTE), 0, lo, hi, data);
     add_piece(l, kind, T_WPE, moe_wpe_offset(c), param_tensor_numel(g, P_WPE), 0, lo, hi, data);
     for (int layer = 0, dense = 0; layer < g->num_layers; layer++) {
@@ -410,18 +422,18 @@ void moe_ckpt_add_shared(CkptList* l, const MoeConfig* c, CkptKind kind, size_t 
         }
         if (moe_is_moe_layer(c, layer)) {
             size_t rn = (size_t)c->experts * C;
-            add_piece(l, kind, T_ROUTER, off, rn, (size_t)moe_layer_index(c, layer) * rn, lo, hi, data);
-        } else {
+            add_piece(l, kind, ckpt_id(c, T_ROUTER), off, rn, (size_t)moe_layer_index(c, layer) * rn, lo, hi, data);
+        } else {  // the dense form: the GPT's MLP of every layer
             for (ParamTensor t = P_FCW; t <= P_FCPROJB; t++) {
                 size_t tn = param_tensor_numel(g, t);
-                add_piece(l, kind, T_FCW + (t - P_FCW), off, tn, (size_t)dense * tn, lo, hi, data);
+                add_piece(l, kind, T_FCW + (t - P_FCW), off, tn, (size_t)(dense_form ? layer : dense) * tn, lo, hi, data);
                 off += tn;
             }
             dense++;
         }
     }
-    add_piece(l, kind, T_LNFW, moe_lnf_offset(c), C, 0, lo, hi, data);
-    add_piece(l, kind, T_LNFB, moe_lnf_offset(c) + C, C, 0, lo, hi, data);
+    add_piece(l, kind, ckpt_id(c, T_LNFW), moe_lnf_offset(c), C, 0, lo, hi, data);
+    add_piece(l, kind, ckpt_id(c, T_LNFB), moe_lnf_offset(c) + C, C, 0, lo, hi, data);
 }
 
 void moe_ckpt_add_experts(CkptList* l, const MoeConfig* c, CkptKind kind, int e0, int n_local, float* data) {
@@ -431,9 +443,10 @@ void moe_ckpt_add_experts(CkptList* l, const MoeConfig* c, CkptKind kind, int e0
         for (int le = 0; le < n_local; le++) {
             ExpertParams p = moe_expert_at(c, data, m, le, n_local);
             float* at[4] = {p.fcw, p.fcb, p.fcprojw, p.fcprojb};
-            size_t e = (size_t)m * E + (size_t)(e0 + le);  // the global (layer, expert)
+            // the global (layer, expert); the dense form's: the GPT's layer
+            size_t e = moe_ckpt_dense(c) ? (size_t)((m + 1) * c->moe_every - 1) : (size_t)m * E + (size_t)(e0 + le);
             for (int t = 0; t < 4; t++) {
-                CkptSlice s = {.kind = kind, .tensor = T_EFCW + t, .start = e * numel[t], .len = numel[t],
+                CkptSlice s = {.kind = kind, .tensor = ckpt_id(c, T_EFCW + t), .start = e * numel[t], .len = numel[t],
                                .count = 1, .data = at[t]};
                 ckpt_add(l, s);
             }

@@ -146,6 +146,15 @@ void moe_ckpt_tensors(const MoeConfig* c, CkptTensor out[MOE_CKPT_TENSORS]);
 // The manifest's variant line: E, k, H and moe_every (k and moe_every
 // change the model without changing every shape).
 void moe_ckpt_variant(const MoeConfig* c, char* out, size_t len);
+// 1: the model is the dense GPT's (E = 1, so k = 1, and H = 4C: the router's
+// softmax over one expert is exactly 1 whatever its weights, so its
+// gradient is 0 and it never changes a loss). Its checkpoint is then the
+// dense form, the GPT's 16 tensors and no variant line: the one expert's
+// four tensors are the MLP's of its layer, and the router is not saved
+// (nor read: it keeps its init). Chapter 0 resumes it, and it resumes any
+// dense chapter's. The lists below write that form; the caller sets the
+// GPT's table (ckpt_set_model with no table).
+int moe_ckpt_dense(const MoeConfig* c);
 // The flat range [lo, lo + n) of the shared buffer (a replica or a piece of
 // it), values at data: one slice per (tensor, layer) piece it overlaps.
 void moe_ckpt_add_shared(CkptList* l, const MoeConfig* c, CkptKind kind, size_t lo, size_t n, float* data);

@@ -6,7 +6,9 @@
 # a hand count, the load-balancing loss's coefficient, the MoE file, bad
 # input, --help; and with --cp (chapter 6's context parallelism in
 # attention), E = 1 against chapter 0 and E = 4 against one rank on
-# cp, dp x cp, ep x cp and dp x cp x ep meshes. (The router, gating, auxiliary loss, dispatch and combine
+# cp, dp x cp, ep x cp and dp x cp x ep meshes (16 ranks too), with capacity
+# drops and --recompute, and checkpoints across the compositions (E = 1's
+# resumed by chapter 0). (The router, gating, auxiliary loss, dispatch and combine
 # ops are checked against finite differences in tests/test_ops.c, the whole
 # MoE model on one rank in tests/test_moe.c.)
 . "$(dirname "$0")/lib.sh"
@@ -49,6 +51,7 @@ c7_coef() {  # K COEF -> the step-0 record without its timings
     grep '"type":"step"' "$TEST_TMPDIR/c7_coef_$1_$2.jsonl" | sed 's/"ms":[^,]*,"tokens_per_s":[^,]*,//'
 }
 c7_field() { echo "$1" | sed -n "s/.*\"$2\":\([^,]*\),.*/\1/p"; }
+c7_drops() { grep '"type":"step"' "$1" | grep -o '"dropped":[0-9]*' | tr '\n' ' '; }  # "dropped":N per step
 r0=$(c7_coef 2 0) r1=$(c7_coef 2 0.1)
 if [ -n "$r0" ] && [ "$(c7_field "$r0" loss) $(c7_field "$r0" aux_loss)" = "$(c7_field "$r1" loss) $(c7_field "$r1" aux_loss)" ] &&
     [ "$(c7_field "$r0" norm)" != "$(c7_field "$r1" norm)" ]; then
@@ -141,6 +144,23 @@ for run in "4 --ep 2 --cp 2 --cp-mode ring" "4 --ep 2 --cp 2 --cp-mode ulysses -
     fi
 done
 
+# 16 ranks on the machine's cores (oversubscribed): dp x cp x ep = 2 x 2 x 4
+# (ring, zigzag; one expert a rank, 3 sequences a share, 2 x 8 positions a
+# rank), 4 steps, dropless and with capacity 1, against one rank: the routing
+# the same at every step, so the dropped slots too
+c7_16="--steps 4 --batch 24 --seq 32 --peak-gflops 10 --experts 4 --top-k 2"
+for cap in "" "--capacity-factor 1"; do
+    ref=$TEST_TMPDIR/c7_16ref$(echo "$cap" | tr -cd 'a-z0-9').jsonl log=${ref/16ref/16} a=""
+    mpi_run $T_RUN 1 "$BUILD/chapter-7" $c7_16 $cap --log "$ref"
+    mpi_run $T_RUN 16 "$BUILD/chapter-7" $c7_16 $cap --dp 2 --cp 2 --ep 4 --cp-balance zigzag --log "$log"
+    if [ $RC = 0 ] && [ "$(c7_drops "$log")" = "$(c7_drops "$ref")" ] &&
+        a=$(bash tests/compare_routing.sh "$ref" "$log" $TOL $TOL_NORM 2>&1); then
+        pass "experts: 16 ranks, dp x cp x ep = 2 x 2 x 4${cap:+, $cap}, reproduce one rank ($a; dropped per step: $(c7_drops "$log" | sed 's/"dropped"://g; s/ $//'))"
+    else
+        fail "experts: 16 ranks, dp x cp x ep = 2 x 2 x 4${cap:+, $cap}" "exit $RC; $a; dropped $(c7_drops "$log") against $(c7_drops "$ref"); $(echo "$OUT" | grep -E 'error' | head -2)"
+    fi
+done
+
 # Training-state checkpoints. c7_tail LOG FIRST: the step records from step
 # FIRST on, without the timings: loss, norm, aux_loss, dropped and
 # expert_tokens as printed.
@@ -191,6 +211,64 @@ if [ $RC = 0 ] && echo "$OUT" | grep -q "checkpoint: resumed from" &&
 else
     fail "experts: an ep x cp checkpoint on one rank" "exit $RC; $a; $(echo "$OUT" | grep -E 'error' | head -3)"
 fi
+# across compositions: saved on dp x cp x ep = 2 x 2 x 2 (8 ranks, Ulysses,
+# zigzag) at step 4, resumed on ep = 4 (whole sequences, one expert a rank)
+# and on one rank: each continues the 8-rank run (up to a routing difference)
+c7_ck8=$TEST_TMPDIR/c7_ck8
+mpi_run $T_RUN 8 "$BUILD/chapter-7" $c7_flags --dp 2 --ep 2 --cp 2 --cp-mode ulysses --cp-balance zigzag \
+    --ckpt-dir "$c7_ck8" --save-every 4 --log "$TEST_TMPDIR/c7_ck8.jsonl"
+c7_tail "$TEST_TMPDIR/c7_ck8.jsonl" 4 >"$TEST_TMPDIR/c7_ck8_tail.jsonl"
+for mesh in "4 --ep 4" "1"; do
+    log=$TEST_TMPDIR/c7_ck8_$(echo "$mesh" | tr -cd 'a-z0-9').jsonl a=""
+    mpi_run $T_RUN ${mesh%% *} "$BUILD/chapter-7" $c7_flags $([ "$mesh" = 1 ] || echo "${mesh#* }") \
+        --resume "$c7_ck8/step-00000004" --log "$log"
+    if [ $RC = 0 ] && echo "$OUT" | grep -q "checkpoint: resumed from .*(chapter 7, world 8)" &&
+        a=$(bash tests/compare_routing.sh "$TEST_TMPDIR/c7_ck8_tail.jsonl" "$log" $TOL $TOL_NORM 2>&1); then
+        pass "experts: the dp x cp x ep = 2 x 2 x 2 checkpoint of step 4 resumes on $([ "$mesh" = 1 ] && echo "one rank" || echo "${mesh#* }") ($a)"
+    else
+        fail "experts: a dp x cp x ep checkpoint on ${mesh}" "exit $RC; $a; $(echo "$OUT" | grep -E 'error|resumed' | head -3)"
+    fi
+done
+# E = 1, k = 1 with H = 4C is chapter 0's model, and its checkpoint is the
+# dense GPT's (moe.h: the one expert is the MLP; the router, whose softmax
+# over one expert is 1 whatever its weights, is not saved): saved on
+# dp x cp = 2 x 2 at step 4, chapter 0 resumes it and continues the run; and
+# chapter 7 resumes chapter 0's checkpoint on cp = 2 and continues chapter 0's
+c7_ck1=$TEST_TMPDIR/c7_ck1
+mpi_run $T_RUN 4 "$BUILD/chapter-7" $INV_FLAGS --experts 1 --top-k 1 --dp 2 --cp 2 --cp-balance zigzag \
+    --ckpt-dir "$c7_ck1" --save-every 4 --log "$TEST_TMPDIR/c7_ck1.jsonl"
+c7_tail "$TEST_TMPDIR/c7_ck1.jsonl" 4 >"$TEST_TMPDIR/c7_ck1_tail.jsonl"
+mpi_run $T_RUN 1 "$BUILD/chapter-0" $INV_FLAGS --resume "$c7_ck1/step-00000004" --log "$TEST_TMPDIR/c7_ck1_c0.jsonl"
+a="" b=""
+if [ $RC = 0 ] && echo "$OUT" | grep -q "checkpoint: resumed from .*(chapter 7, world 4)" &&
+    a=$(bash tests/compare_losses.sh "$TEST_TMPDIR/c7_ck1_tail.jsonl" "$TEST_TMPDIR/c7_ck1_c0.jsonl" $TOL 2>&1) &&
+    b=$(bash tests/compare_losses.sh "$TEST_TMPDIR/c7_ck1_tail.jsonl" "$TEST_TMPDIR/c7_ck1_c0.jsonl" $TOL_NORM norm 2>&1); then
+    pass "experts: chapter 0 resumes E=1, k=1's dp x cp = 2 x 2 checkpoint of step 4 and continues its run ($a; ${b#* steps, })"
+else
+    fail "experts: chapter 0 resuming E=1's checkpoint" "exit $RC; $a; $b; $(echo "$OUT" | grep -E 'error|resumed' | head -3)"
+fi
+# ... and chapter 7 itself on the same mesh, the router left at its init:
+# every field of the uninterrupted run's records, the same bits
+mpi_run $T_RUN 4 "$BUILD/chapter-7" $INV_FLAGS --experts 1 --top-k 1 --dp 2 --cp 2 --cp-balance zigzag \
+    --resume "$c7_ck1/step-00000004" --log "$TEST_TMPDIR/c7_ck1_res.jsonl"
+a=$(c7_tail "$TEST_TMPDIR/c7_ck1.jsonl" 4) b=$(c7_tail "$TEST_TMPDIR/c7_ck1_res.jsonl" 0)
+if [ $RC = 0 ] && [ -n "$a" ] && [ "$a" = "$b" ] && [ "$(echo "$b" | wc -l)" = $((INV_STEPS - 4)) ]; then
+    pass "experts: E=1, k=1 on dp x cp = 2 x 2 resumes its dense-form checkpoint bit for bit (the router not saved)"
+else
+    fail "experts: E=1 resumed on dp x cp" "exit $RC; $(diff <(echo "$a") <(echo "$b") | head -4)"
+fi
+mpi_run $T_RUN 1 "$BUILD/chapter-0" $INV_FLAGS --ckpt-dir "$TEST_TMPDIR/c7_ck0" --save-every 4 --log "$TEST_TMPDIR/c7_ck0.jsonl"
+c7_tail "$TEST_TMPDIR/c7_ck0.jsonl" 4 >"$TEST_TMPDIR/c7_ck0_tail.jsonl"
+mpi_run $T_RUN 2 "$BUILD/chapter-7" $INV_FLAGS --experts 1 --top-k 1 --cp 2 --resume "$TEST_TMPDIR/c7_ck0/step-00000004" \
+    --log "$TEST_TMPDIR/c7_ck0_c7.jsonl"
+a="" b=""
+if [ $RC = 0 ] && echo "$OUT" | grep -q "checkpoint: resumed from .*(chapter 0, world 1)" &&
+    a=$(bash tests/compare_losses.sh "$TEST_TMPDIR/c7_ck0_tail.jsonl" "$TEST_TMPDIR/c7_ck0_c7.jsonl" $TOL 2>&1) &&
+    b=$(bash tests/compare_losses.sh "$TEST_TMPDIR/c7_ck0_tail.jsonl" "$TEST_TMPDIR/c7_ck0_c7.jsonl" $TOL_NORM norm 2>&1); then
+    pass "experts: E=1, k=1 on cp=2 resumes chapter 0's checkpoint of step 4 and continues chapter 0's run ($a; ${b#* steps, })"
+else
+    fail "experts: E=1 resuming chapter 0's checkpoint" "exit $RC; $a; $b; $(echo "$OUT" | grep -E 'error|resumed' | head -3)"
+fi
 # --recompute (docs/recompute.md): on dp x ep = 2 x 2, selective and full
 # give the step records of none, every field the same bits (so the
 # invariant holds per mode); the activation and exchange-buffer bytes per
@@ -234,6 +312,35 @@ for mode in selective full; do
         pass "experts: --recompute $mode on 2 x 2 gives none's records bit for bit ($b against ep=1), $want bytes (the formula), $a2a all-to-all bytes per step"
     else
         fail "experts: --recompute $mode" "exit $RC; bytes $want, formula $(c7_rc_bytes $mode); all-to-all $(c7_a2a "$log"), want $a2a; $(diff <(echo "$a") <(c7_tail "$log" 0) | head -3)"
+    fi
+done
+
+# --recompute with --cp (expert_cp.c): selective makes the attention
+# probabilities again from the kept q|k|v (Ulysses: one layer's head-shard
+# probabilities for every layer; the ring keeps none, its backward reads the
+# kept lse), full runs each layer's forward again, its attention's ring or
+# all-to-alls too, and keeps one layer's lse and q|k|v. On ep x cp = 2 x 2,
+# ring and Ulysses (zigzag), and with a dense layer below an MoE layer
+# (--moe-every 2: expert_dense_backward's recompute): the step records of
+# none, every field the same bits, and less activation memory per rank at
+# each mode (its bytes are the planner's, tests/plan.sh).
+c7_act() { grep '"type":"summary"' "$1" | sed 's/.*"activations":\[\([0-9]*\),.*/\1/'; }
+for run in "ep x cp = 2 x 2 (ring)|$c7_flags --ep 2 --cp 2 --cp-mode ring" \
+    "ep x cp = 2 x 2 (ulysses, zigzag)|$c7_flags --ep 2 --cp 2 --cp-mode ulysses --cp-balance zigzag" \
+    "ep x cp = 2 x 2 (ring), a dense and an MoE layer|--steps 4 --batch 24 --seq 32 --peak-gflops 10 --experts 4 --top-k 3 --moe-every 2 --expert-hidden 96 --ep 2 --cp 2"; do
+    name="experts: --recompute selective and full on ${run%%|*}" run=${run#*|} a="" bytes="" ok=1
+    for mode in none selective full; do
+        log=$TEST_TMPDIR/c7_rcp_$mode$(echo "$run" | tr -cd 'a-z0-9').jsonl
+        mpi_run $T_RUN 4 "$BUILD/chapter-7" $run --recompute $mode --log "$log"
+        b=$(c7_tail "$log" 0)
+        [ $mode = none ] && a=$b
+        [ $RC = 0 ] && [ -n "$b" ] && [ "$b" = "$a" ] || ok=0
+        bytes="$bytes $(c7_act "$log")"
+    done
+    if [ $ok = 1 ] && awk -v s="$bytes" 'BEGIN { split(s, b, " "); exit !(b[1] > b[2] && b[2] > b[3] && b[3] > 0) }'; then
+        pass "$name: the records of none bit for bit, activations per rank $(echo $bytes | sed "s/ / > /g") bytes (none, selective, full)"
+    else
+        fail "$name" "exit $RC; activations$bytes; $(diff <(echo "$a") <(echo "$b") | head -3)"
     fi
 done
 
@@ -346,12 +453,14 @@ fi
 # drops 576 per expert: 2 x 576 x 2 layers = 2304 per step, on any mesh. The
 # slots kept are the first 192 of the global batch, wherever they live: on
 # dp x ep = 2 x 2 each rank holds 192 tokens, so rank 0's are kept and the
-# others' dropped (a rank that kept its own first 192 would drop none).
+# others' dropped (a rank that kept its own first 192 would drop none). With
+# --cp the first 192 tokens (sequences 0-5) are spread over the cp ranks of
+# the first share, in runs of T/cp positions (zigzag: two runs a rank).
 c7_cap="--steps 3 --batch 24 --seq 32 --peak-gflops 10 --experts 2 --top-k 2 --capacity-factor 0.25"
 mpi_run $T_RUN 1 "$BUILD/chapter-7" $c7_cap --log "$TEST_TMPDIR/c7_cap1.jsonl"
 n1=$(grep -c '"dropped":2304,' "$TEST_TMPDIR/c7_cap1.jsonl")
-for mesh in "2 --ep 2" "4 --dp 2 --ep 2"; do
-    np=${mesh%% *} log=$TEST_TMPDIR/c7_cap$np.jsonl a=""
+for mesh in "2 --ep 2" "4 --dp 2 --ep 2" "2 --cp 2 --cp-balance zigzag" "4 --dp 2 --cp 2"; do
+    np=${mesh%% *} log=$TEST_TMPDIR/c7_cap$(echo "$mesh" | tr -cd 'a-z0-9').jsonl a=""
     mpi_run $T_RUN $np "$BUILD/chapter-7" $c7_cap ${mesh#* } --log "$log"
     n2=$(grep -c '"dropped":2304,' "$log")
     if [ "$n1" = 3 ] && [ "$n2" = 3 ] && a=$(bash tests/compare_routing.sh "$TEST_TMPDIR/c7_cap1.jsonl" "$log" $TOL $TOL_NORM 2>&1); then
@@ -361,18 +470,23 @@ for mesh in "2 --ep 2" "4 --dp 2 --ep 2"; do
     fi
 done
 # and with the router choosing: E = 4, k = 2, capacity 1 (some slots
-# dropped at every step) on dp x ep = 2 x 2 against one rank
+# dropped at every step) on dp x ep = 2 x 2 against one rank, and with --cp
+# (each rank's runs of positions placed in the batch's order by
+# plan_capacity): the routing the same at every step, so the slots dropped
+# at every step are one rank's, to the slot
 c7_cap="$INV_FLAGS --experts 4 --top-k 2 --capacity-factor 1"
 mpi_run $T_RUN 1 "$BUILD/chapter-7" $c7_cap --log "$TEST_TMPDIR/c7_capr1.jsonl"
-mpi_run $T_RUN 4 "$BUILD/chapter-7" $c7_cap --dp 2 --ep 2 --log "$TEST_TMPDIR/c7_capr4.jsonl"
 n1=$(grep '"type":"step"' "$TEST_TMPDIR/c7_capr1.jsonl" | grep -vc '"dropped":0,')
-a=""
-if [ $RC = 0 ] && [ "$n1" = $INV_STEPS ] &&
-    a=$(bash tests/compare_routing.sh "$TEST_TMPDIR/c7_capr1.jsonl" "$TEST_TMPDIR/c7_capr4.jsonl" $TOL $TOL_NORM 2>&1); then
-    pass "experts: capacity 1 with E=4, k=2 on dp x ep = 2 x 2 reproduces one rank, the same slots dropped ($a)"
-else
-    fail "experts: capacity 1 on dp x ep = 2 x 2" "exit $RC; steps with drops on one rank: $n1 of $INV_STEPS; $a"
-fi
+for mesh in "4 --dp 2 --ep 2" "2 --cp 2 --cp-balance zigzag" "4 --dp 2 --cp 2" "4 --ep 2 --cp 2 --cp-mode ulysses --cp-balance zigzag"; do
+    log=$TEST_TMPDIR/c7_capr$(echo "$mesh" | tr -cd 'a-z0-9').jsonl a=""
+    mpi_run $T_RUN ${mesh%% *} "$BUILD/chapter-7" $c7_cap ${mesh#* } --log "$log"
+    if [ $RC = 0 ] && [ "$n1" = $INV_STEPS ] && [ "$(c7_drops "$log")" = "$(c7_drops "$TEST_TMPDIR/c7_capr1.jsonl")" ] &&
+        a=$(bash tests/compare_routing.sh "$TEST_TMPDIR/c7_capr1.jsonl" "$log" $TOL $TOL_NORM 2>&1); then
+        pass "experts: capacity 1 with E=4, k=2 on ${mesh#* } reproduces one rank, the same slots dropped at every step ($a)"
+    else
+        fail "experts: capacity 1 on ${mesh#* }" "exit $RC; steps with drops on one rank: $n1 of $INV_STEPS; dropped $(c7_drops "$log") against $(c7_drops "$TEST_TMPDIR/c7_capr1.jsonl"); $a"
+    fi
+done
 
 # MoE routing is discontinuous (docs/07_expert.md): another mesh adds the
 # same numbers in another order, and once a token's k-th and (k+1)-th
@@ -499,14 +613,12 @@ jobs_run error_case chapter-7 1 "--capacity-factor -1" "--capacity-factor must b
 jobs_run error_case chapter-7 1 "--ep-overlap 0" "--ep-overlap 0: each MoE layer's exchanges are cut into that many chunks"
 jobs_run error_case chapter-7 2 "--ep 2 --batch 4 --seq 16 --ep-overlap -3" "--ep-overlap -3: each MoE layer's exchanges"
 jobs_run error_case chapter-7 2 "--ep 2 --batch 4 --seq 16 --ep-overlap 33" "a rank's 32 tokens, so it must be between 1 and 32"
-# a mesh the sequence or the heads do not split over, and what --cp does
-# not compose with yet (issue #35)
+# a mesh the sequence or the heads do not split over, and a --cp-mode that
+# is not one
 jobs_run error_case chapter-7 3 "--cp 3 --seq 32" "--seq 32 does not split over cp=3 ranks"
 jobs_run error_case chapter-7 2 "--cp 2 --seq 30 --cp-balance zigzag" "--seq 30 does not split into 2 x cp = 4 zigzag half-chunks"
 jobs_run error_case chapter-7 3 "--cp 3 --seq 48 --cp-mode ulysses" "--cp-mode ulysses splits the model's 4 heads over cp=3 ranks"
 jobs_run error_case chapter-7 2 "--cp 2 --cp-mode star" "--cp-mode star is not one of ring, ulysses"
-jobs_run error_case chapter-7 2 "--cp 2 --recompute full" "but not yet with --recompute: use --cp 1 for it"
-jobs_run error_case chapter-7 2 "--cp 2 --capacity-factor 1" "but not yet with --capacity-factor"
 jobs_run help_case chapter-7 "--cp-mode"
 jobs_run help_case chapter-7 "--capacity-factor"
 jobs_run help_case chapter-7 "--ep-overlap"

@@ -184,6 +184,14 @@ c7 4 --batch 24 --seq 32 --experts 4 --top-k 2 --ep 2 --cp 2 --ep-overlap 3
 c7 4 --batch 24 --seq 32 --experts 4 --top-k 2 --dp 2 --cp 2 --cp-mode ulysses --cp-balance zigzag
 c7 8 --batch 24 --seq 32 --experts 4 --top-k 2 --dp 2 --ep 2 --cp 2 --cp-balance zigzag
 c7 4 --batch 24 --seq 32 --experts 4 --top-k 3 --moe-every 2 --expert-hidden 96 --ep 2 --cp 2
+c7 4 --batch 24 --seq 32 --experts 4 --top-k 2 --capacity-factor 1 --ep 2 --cp 2 --cp-mode ulysses --cp-balance zigzag
+# --cp with --recompute: one layer's lse, q|k|v (full) and Ulysses'
+# probabilities (selective, full); full's attention exchanges again
+for f in "--cp-mode ring --recompute selective" "--cp-mode ring --recompute full" \
+    "--cp-mode ulysses --cp-balance zigzag --recompute selective" "--cp-mode ulysses --recompute full"; do
+    c7 4 --batch 24 --seq 32 --experts 4 --top-k 2 --ep 2 --cp 2 $f
+done
+c7 4 --batch 24 --seq 32 --experts 4 --top-k 3 --moe-every 2 --expert-hidden 96 --ep 2 --cp 2 --cp-mode ulysses --recompute full
 jobs_wait
 
 echo "== --show-sharding"
@@ -239,7 +247,6 @@ plan_error "--cp-mode star" --chapter 6 --ranks 2 --cp 2 --cp-mode star
 plan_error "--sp" --chapter 6 --ranks 4 --tp 2 --cp 2 --sp
 plan_error "--ep" --chapter 7 --ranks 3 --ep 3 --experts 4
 plan_error "--ep-overlap" --chapter 7 --ranks 2 --ep 2 --batch 24 --seq 32 --ep-overlap 385
-plan_error "--cp: chapter 7 composes it with --recompute none and dropless routing only" --chapter 7 --ranks 4 --ep 2 --cp 2 --recompute full
 plan_error "--ranks: chapter 7 has the dp, cp and ep axes only" --chapter 7 --ranks 4 --ep 2 --tp 2
 
 echo "== the step-time model (07_expert/plan/plan_time.h)"
@@ -270,21 +277,14 @@ plan_time_check() {
     out=$("$BUILD/plan" "$@" --json --profile "$profile" 2>&1)
     local verdict
     verdict=$(python3 - "$profile" "$what" "$out" "$@" <<'PY'
-import json, math, sys
+import sys
+sys.path.insert(0, "tests")
+from plan_profile import flag, plan_records, read_profile  # tests/plan_profile.py
 prof_path, what, out = sys.argv[1:4]
 flags = sys.argv[4:]
-prof = {}
-for line in open(prof_path):
-    line = line.split("#")[0].strip()
-    if "=" in line:
-        k, v = [x.strip() for x in line.split("=", 1)]
-        prof[k] = v
-recs = [json.loads(l) for l in out.splitlines() if l.startswith("{")]
-plan = [r for r in recs if r["type"] == "plan"][0]
-got = [r for r in recs if r["type"] == "plan_time"][0]
-def flag(name, default):
-    return int(flags[flags.index(name) + 1]) if name in flags else default
-ch, ranks, dp = flag("--chapter", 0), flag("--ranks", 1), flag("--dp", 1)
+prof = read_profile(prof_path)
+plan, got = plan_records(out)
+ch, ranks, dp = flag(flags, "--chapter", 0), flag(flags, "--ranks", 1), flag(flags, "--dp", 1)
 L, C, Vp, B, T = 2, 64, 256, 4, 64
 n = B / dp * T
 matmul = 6 * n * (12 * L * C * C + Vp * C)
@@ -342,23 +342,16 @@ plan_time_check_57() {
     local out verdict
     out=$("$BUILD/plan" "$@" --json --profile "$link" 2>&1)
     verdict=$(python3 - "$link" "$out" "$@" <<'PY'
-import json, sys
+import sys
+sys.path.insert(0, "tests")
+from plan_profile import flag, plan_records, read_profile  # tests/plan_profile.py
 prof_path, out = sys.argv[1:3]
 flags = sys.argv[3:]
-prof = {}
-for line in open(prof_path):
-    line = line.split("#")[0].strip()
-    if "=" in line:
-        k, v = [x.strip() for x in line.split("=", 1)]
-        prof[k] = v
-recs = [json.loads(l) for l in out.splitlines() if l.startswith("{")]
-plan = [r for r in recs if r["type"] == "plan"][0]
-got = [r for r in recs if r["type"] == "plan_time"][0]
-def flag(name, default):
-    return int(flags[flags.index(name) + 1]) if name in flags else default
-ch, ranks = flag("--chapter", 0), flag("--ranks", 1)
-size = {a: flag("--" + a, 1) for a in ("dp", "tp", "pp", "cp", "ep")}
-L, C, Vp, B, T = 2, 64, 256, flag("--batch", 4), flag("--seq", 64)
+prof = read_profile(prof_path)
+plan, got = plan_records(out)
+ch, ranks = flag(flags, "--chapter", 0), flag(flags, "--ranks", 1)
+size = {a: flag(flags, "--" + a, 1) for a in ("dp", "tp", "pp", "cp", "ep")}
+L, C, Vp, B, T = 2, 64, 256, flag(flags, "--batch", 4), flag(flags, "--seq", 64)
 s = float(prof["element_bytes"]) / 4
 r_shared = ranks  # compute_shared = 1
 lat, gbps = float(prof["link.intra.latency_us"]) * 1e-6, float(prof["link.intra.gbps"]) * 1e9

@@ -3,7 +3,7 @@
 # logs the same losses and norms as none, bit for bit, in chapters 0, 2 and 3,
 # and each rank's activation peak is the mode's formula; a trace is valid
 # JSON, nested per rank and adds up to its run's summary (tests/trace_check.py,
-# chapters 0, 2-7),
+# chapters 0, 2-7, and chapter 7 on dp x cp x ep = 2 x 2 x 2),
 # and the checker fails on a broken trace; bad flags give one message.
 . "$(dirname "$0")/lib.sh"
 echo "== --recompute and --trace"
@@ -97,6 +97,32 @@ rc_run c5zb 4 chapter-5 --pp 2 --dp 2 --schedule zb --recompute selective --step
 rc_trace c5zb "chapter 5 pp=2 x dp=2 zb, recompute selective" --pipeline --split --recompute selective
 rc_run c7 4 chapter-7 --ep 2 --dp 2 --recompute full --steps 3 --trace "$TEST_TMPDIR/rc_c7.json"
 rc_trace c7 "chapter 7 ep=2 x dp=2, recompute full" --layers 2 --recompute full
+# chapter 7 on the composed mesh dp x cp x ep = 2 x 2 x 2 (8 ranks on the
+# machine's cores; the ring with zigzag), recompute full: valid and adding
+# up, and every rank's timeline holds each axis's exchanges in flight or
+# waited for: the ring's sends and receives (cp), the all-to-alls (ep) and
+# the all-reduces of the two gradient groups (dp+cp+ep, dp+cp)
+rc_run c7cp 8 chapter-7 --dp 2 --cp 2 --ep 2 --cp-balance zigzag --recompute full --steps 3 --trace "$TEST_TMPDIR/rc_c7cp.json"
+rc_trace c7cp "chapter 7 dp x cp x ep = 2 x 2 x 2, recompute full" --layers 2 --recompute full
+if out=$(python3 - "$TEST_TMPDIR/rc_c7cp.json" 8 2>&1 <<'EOF_PY'
+import json, sys
+spans = [e for e in json.load(open(sys.argv[1]))["traceEvents"] if e.get("ph") == "X"]
+want = [("inflight", "send (cp)"), ("inflight", "recv (cp)"), ("inflight", "alltoall (ep)"),
+        ("wait", "allreduce (dp+cp+ep)"), ("wait", "allreduce (dp+cp)")]
+bad = []
+for r in range(int(sys.argv[2])):
+    have = {(e["cat"], e["name"]) for e in spans if e["pid"] == r}
+    bad += [f"rank {r} has no {c} '{n}'" for c, n in want if (c, n) not in have]
+if bad:
+    print("; ".join(bad[:4]))
+    sys.exit(1)
+print(f"each of {sys.argv[2]} ranks: " + ", ".join(n for _, n in want))
+EOF_PY
+); then
+    pass "trace: chapter 7 on dp x cp x ep = 2 x 2 x 2 shows every axis's exchanges on every rank ($out)"
+else
+    fail "trace: the axes of chapter 7's composed mesh" "$out"
+fi
 # ... and fails on a pipeline rank that misses spans: zb's trace checked as
 # if the schedule did not split backward (its W spans and their recomputes
 # are then too many)

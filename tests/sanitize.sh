@@ -64,6 +64,7 @@ run "chapter 6 tp 2 with sequence parallelism" $MPIRUN -np 2 "$BUILD/chapter-6" 
 if [ -x "$BUILD/chapter-7" ]; then
     run "chapter 7 dp 2 x ep 2, capacity, save" $MPIRUN -np 4 "$BUILD/chapter-7" --dp 2 --ep 2 --batch 8 --steps 2 --capacity-factor 1 --peak-gflops 10 --save "$TEST_TMPDIR/m.bin"
     run "chapter 7 from its file on ep 4" $MPIRUN -np 4 "$BUILD/chapter-7" --ep 4 --batch 8 --steps 1 --peak-gflops 10 --model "$TEST_TMPDIR/m.bin"
+    run "chapter 7 ep 2 x cp 2 (Ulysses, zigzag), capacity, recompute selective" $MPIRUN -np 4 "$BUILD/chapter-7" --ep 2 --cp 2 --cp-mode ulysses --cp-balance zigzag --batch 8 --steps 2 --capacity-factor 1 --recompute selective --peak-gflops 10
 fi
 head -c 50000 /usr/share/games/fortunes/fortunes > "$TEST_TMPDIR/c.txt"
 run "tokenize" "$BUILD/tokenize" "$TEST_TMPDIR/c.txt" "$TEST_TMPDIR/c"

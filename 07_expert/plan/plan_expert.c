@@ -44,8 +44,6 @@ const char* plan_check_expert(const PlanArgs* a, PlanInfo* info, char* msg, size
         if (a->T % ncp) return "--seq: the sequence must split over cp";
         if (zigzag && a->T % (2 * ncp)) return "--seq: zigzag needs a sequence divisible by 2 x cp";
         if (!ring && a->cfg.num_heads % ncp) return "--cp-mode ulysses: cp must divide the model's heads";
-        if (a->recompute != RECOMPUTE_NONE || !dropless(a))
-            return "--cp: chapter 7 composes it with --recompute none and dropless routing only";
     }
     MoeConfig c = moe_of(a);
     const char* bad = moe_config_problem(&c);
@@ -91,25 +89,29 @@ void plan_chapter_7(const PlanArgs* a, RankPlan* p, int r) {
     p->peak[MEM_COMM] = f * (send + n * Nk * C + R * C + Nk * C);  // send, back, recv, dsend
     // --cp (expert_cp_create): the ring's per-layer lse and one pair's
     // partials, its K/V and dK/dV buffers; or Ulysses' per-layer head-shard
-    // q|k|v and probabilities, its scratch and all-to-all buffers
+    // q|k|v and probabilities, its scratch and all-to-all buffers. One
+    // layer's of what --recompute makes again: full the lse and q|k|v (Lf),
+    // selective and full the probabilities (Lp)
     int ring = !strcmp(a->cp_mode, "ring"), L = g->num_layers, NH = g->num_heads;
-    double NC = N * C;
+    double NC = N * C, Lf = a->recompute == RECOMPUTE_FULL ? 1 : L, Lp = a->recompute == RECOMPUTE_NONE ? L : 1;
+    // the attention's forward exchanges again under --recompute full
+    int passes = a->recompute == RECOMPUTE_FULL ? 3 : 2;
     Comm cpg = plan_group(AXIS_CP, ncp, coord[AXIS_CP]);
     if (ncp > 1) {
-        p->peak[MEM_ACTIVATIONS] += f * (ring ? L * N * NH + NC + 3 * N * NH
-                                              : L * 3 * NC + L * N * NH * T + NC + 3 * NC + N * NH * T);
+        p->peak[MEM_ACTIVATIONS] += f * (ring ? Lf * N * NH + NC + 3 * N * NH
+                                              : Lf * 3 * NC + Lp * N * NH * T + NC + 3 * NC + N * NH * T);
         p->peak[MEM_COMM] += f * (ring ? 10 * NC : 6 * NC);
         if (a->moe_every > 1) p->peak[MEM_ACTIVATIONS] += f * 8 * NC;  // a dense layer's MLP gradients
         for (int l = 0; l < L; l++) {
             if (ring) {
-                // K/V one hop per block but the last, forward and backward;
-                // the dK/dV partial sums cp hops in backward
-                for (int i = 0; i < 2 * (ncp - 1) + ncp; i++) {
+                // K/V one hop per block but the last, forward (twice under
+                // full) and backward; the dK/dV partial sums cp hops in backward
+                for (int i = 0; i < passes * (ncp - 1) + ncp; i++) {
                     comm_tally(&cpg, COLL_RECV, 2 * (size_t)NC * sizeof(float), 0.0);
                     comm_tally(&cpg, COLL_SEND, 2 * (size_t)NC * sizeof(float), 1.0);
                 }
             } else {
-                for (int i = 0; i < 2; i++) {
+                for (int i = 0; i < passes; i++) {
                     comm_tally(&cpg, COLL_ALLTOALL, 3 * (size_t)NC * sizeof(float), comm_ring_factor(&cpg));
                     comm_tally(&cpg, COLL_ALLTOALL, (size_t)NC * sizeof(float), comm_ring_factor(&cpg));
                 }
