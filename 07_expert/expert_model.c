@@ -206,8 +206,10 @@ int expert_run_start(Run* run, ExpertFlags* fl, int argc, char** argv) {
     return run_start(run, argc, argv, "build/chapter-7",
                      "Chapter 7: mixture of experts, experts sharded over ep: route, count, all-to-all-v\n"
                      "dispatch, experts, all-to-all-v combine; replicated gradients over dp x cp x ep, experts over\n"
-                     "dp x cp; with --cp, chapter 6's context parallelism in attention.",
-                     extra, sizeof(extra) / sizeof(extra[0]), (1u << AXIS_DP) | (1u << AXIS_CP) | (1u << AXIS_EP));
+                     "dp x cp; with --cp, chapter 6's context parallelism in attention; with --tp, tensor\n"
+                     "parallelism with sequence parallelism (attention split by heads, the rest by tokens).",
+                     extra, sizeof(extra) / sizeof(extra[0]),
+                     (1u << AXIS_DP) | (1u << AXIS_TP) | (1u << AXIS_CP) | (1u << AXIS_EP));
 }
 
 // ---------------------------------------------------------------- the config
@@ -265,7 +267,13 @@ MoeConfig expert_config(const Run* run, ExpertFlags* f) {
     if (setup->B % world != 0)
         fail_all("the batch of %d sequences does not split over dp x ep = %d ranks (every rank takes its own "
                  "sequences): use a --batch that is a multiple of %d", setup->B, world, world);
-    int cp = run->mesh.size[AXIS_CP];
+    int cp = run->mesh.size[AXIS_CP], tp = run->mesh.size[AXIS_TP];
+    // --tp: a tp rank holds B/tp whole sequences of its share through the
+    // per-token parts (sequence parallelism, expert_tp.c)
+    if ((setup->B / world) % tp != 0)
+        fail_all("--tp %d: each tp rank takes whole sequences of its share, but the %d sequences per dp x ep share do "
+                 "not split over tp=%d: use a --batch that is a multiple of %d", tp, setup->B / world, tp, world * tp);
+    world *= tp;
     long tokens = (long)(setup->B / world) * (setup->T / cp);  // a rank's tokens per MoE layer
     if (f->ep_overlap < 1 || f->ep_overlap > tokens)
         fail_all("--ep-overlap %d: each MoE layer's exchanges are cut into that many chunks of a rank's %ld tokens, "
@@ -276,9 +284,12 @@ MoeConfig expert_config(const Run* run, ExpertFlags* f) {
         if (f->cp_balance == BALANCE_ZIGZAG && setup->T % (2 * cp) != 0)
             fail_all("--seq %d does not split into 2 x cp = %d zigzag half-chunks: use a sequence length divisible "
                      "by %d, or --cp-balance none", setup->T, 2 * cp, 2 * cp);
-        if (f->cp_mode == CP_ULYSSES && cfg.gpt.num_heads % cp != 0)
+        if (f->cp_mode == CP_ULYSSES && (cfg.gpt.num_heads / tp) % cp != 0)
             fail_all("--cp-mode ulysses splits the model's %d heads over cp=%d ranks: use a cp that divides %d, or "
-                     "--cp-mode ring", cfg.gpt.num_heads, cp, cfg.gpt.num_heads);
+                     "--cp-mode ring", cfg.gpt.num_heads / tp, cp, cfg.gpt.num_heads / tp);
+        if (tp > 1 && f->cp_balance == BALANCE_ZIGZAG)
+            fail_all("--tp %d with --cp-balance zigzag: the tp group's rows are its sequences in the plain cut's "
+                     "layout; chapter 7 does not compose zigzag with tp yet (issue #35): use --cp-balance none", tp);
         // what the first step of the composition (issue #35) does not do yet
         const TrainArgs* a = &run->args;
         const char* not_yet = a->recompute != RECOMPUTE_NONE ? "--recompute"
@@ -288,6 +299,9 @@ MoeConfig expert_config(const Run* run, ExpertFlags* f) {
             fail_all("--cp %d: chapter 7 composes context parallelism with dp and ep in the MoE layers' attention, "
                      "but not yet with %s: use --cp 1 for it", cp, not_yet);
     }
+    if (tp > 1 && run->args.recompute != RECOMPUTE_NONE)
+        fail_all("--tp %d: chapter 7 composes tensor parallelism with dp, cp and ep, but not yet with --recompute "
+                 "(issue #35's remaining work): use --recompute none", tp);
     return cfg;
 }
 
@@ -296,20 +310,25 @@ MoeConfig expert_config(const Run* run, ExpertFlags* f) {
 void expert_model_create(ExpertModel* m, const MoeConfig* cfg, const ExpertFlags* flags, const Run* run) {
     const Mesh* mesh = &run->mesh;
     int B = run->setup.B / (mesh->size[AXIS_DP] * mesh->size[AXIS_EP]), T = run->setup.T, ncp = mesh->size[AXIS_CP];
+    int ntp = mesh->size[AXIS_TP];
     uint64_t seed = (uint64_t)run->args.seed;
     RecomputeMode recompute = (RecomputeMode)run->args.recompute;
     memset(m, 0, sizeof(*m));
     m->recompute = recompute;
     m->cfg = *cfg;
-    // a cp rank holds T/cp positions of each of its B sequences: as the
-    // per-token parts of the model see it, B sequences of T/cp
+    m->cfg.tp = ntp;  // with --tp the shared buffer leaves out the split tensors (moe.h)
+    // a cp rank holds T/cp positions of each of its B sequences, a tp rank
+    // B/tp of them: as the per-token parts of the model see it, B/tp
+    // sequences of T/cp
+    B /= ntp;
     m->B = B, m->T = T / ncp, m->N = B * (T / ncp);
     m->world = &run->world, m->dp = &run->axes[AXIS_DP], m->epc = &run->axes[AXIS_EP];
     // the group's name in the summary is its axes ("dp+ep"; "dp+cp+ep" with --cp)
-    comm_create_group(&m->batch, mesh, (1u << AXIS_DP) | (ncp > 1 ? 1u << AXIS_CP : 0u) | (1u << AXIS_EP));
+    unsigned tpa = ntp > 1 ? 1u << AXIS_TP : 0u;
+    comm_create_group(&m->batch, mesh, (1u << AXIS_DP) | (ncp > 1 ? 1u << AXIS_CP : 0u) | (1u << AXIS_EP) | tpa);
     m->dpcp = m->dp;
-    if (ncp > 1) {
-        comm_create_group(&m->dpcp_own, mesh, (1u << AXIS_DP) | (1u << AXIS_CP));
+    if (ncp > 1 || ntp > 1) {  // with --tp the experts' copies are over dp x cp x tp
+        comm_create_group(&m->dpcp_own, mesh, (1u << AXIS_DP) | (1u << AXIS_CP) | tpa);
         m->dpcp = &m->dpcp_own;
     }
     m->cp = (ExpertCP){.mode = flags->cp_mode, .cpc = &run->axes[AXIS_CP]};
@@ -317,9 +336,9 @@ void expert_model_create(ExpertModel* m, const MoeConfig* cfg, const ExpertFlags
     m->cp.sh = (CPShard){.cp = ncp, .rank = mesh->coord[AXIS_CP], .parts = zig ? 2 : 1, .len = zig ? T / (2 * ncp) : T / ncp,
                          .B = B, .T = T};
     m->ep = mesh->size[AXIS_EP];
-    // shares follow the world rank order (dp, then ep; the cp ranks of a
-    // share hold its positions)
-    m->share = mesh->coord[AXIS_DP] * m->ep + mesh->coord[AXIS_EP];
+    // shares follow the world rank order (dp, then ep, then tp; the cp ranks
+    // of a share hold its positions)
+    m->share = (mesh->coord[AXIS_DP] * m->ep + mesh->coord[AXIS_EP]) * ntp + mesh->coord[AXIS_TP];
     m->E_local = cfg->experts / m->ep;
     m->e0 = m->epc->rank * m->E_local;
     int N = m->N, C = cfg->gpt.channels, H = cfg->hidden, E = cfg->experts, k = cfg->top_k;
@@ -327,7 +346,7 @@ void expert_model_create(ExpertModel* m, const MoeConfig* cfg, const ExpertFlags
     // dropless: my experts may receive every slot of every token of my ep
     // group that can choose them (a token picks an expert at most once)
     m->R = N * m->ep * (k < m->E_local ? k : m->E_local);
-    m->n_shared = moe_num_shared(cfg);
+    m->n_shared = moe_num_shared(&m->cfg);
     m->n_experts = (size_t)Lm * m->E_local * moe_expert_numel(cfg);
     m->shared = mem_alloc_floats(m->n_shared, MEM_PARAMS);
     m->experts = mem_alloc_floats(m->n_experts, MEM_PARAMS);
@@ -337,9 +356,14 @@ void expert_model_create(ExpertModel* m, const MoeConfig* cfg, const ExpertFlags
     m->v_s = mem_alloc_floats(m->n_shared, MEM_OPTIMIZER);
     m->m_e = mem_alloc_floats(m->n_experts, MEM_OPTIMIZER);
     m->v_e = mem_alloc_floats(m->n_experts, MEM_OPTIMIZER);
-    float* host = xmalloc((m->n_shared > m->n_experts ? m->n_shared : m->n_experts) * sizeof(float));
-    moe_init_shared(host, cfg, seed);
-    mem_to_device(m->shared, host, m->n_shared * sizeof(float));
+    expert_tp_create(m, run);  // --tp: my slices of the split tensors, the all-gather buffers
+    size_t whole = moe_num_shared(cfg);
+    float* host = xmalloc((whole > m->n_experts ? whole : m->n_experts) * sizeof(float));
+    moe_init_shared(host, cfg, seed);  // the whole model's values, then split with --tp
+    if (ntp > 1)
+        expert_tp_load(m, host);
+    else
+        mem_to_device(m->shared, host, m->n_shared * sizeof(float));
     moe_init_experts(host, cfg, m->e0, m->E_local, seed);
     mem_to_device(m->experts, host, m->n_experts * sizeof(float));
     free(host);
@@ -404,11 +428,14 @@ void expert_model_create(ExpertModel* m, const MoeConfig* cfg, const ExpertFlags
     const char* path = run->setup.checkpoint;
     if (path) {  // --model FILE: the replicated parameters and my experts
         char msg[1024];
-        float* shared = xmalloc(m->n_shared * sizeof(float));
+        float* shared = xmalloc(moe_num_shared(cfg) * sizeof(float));
         float* mine = xmalloc((m->n_experts ? m->n_experts : 1) * sizeof(float));
         const char* bad = moe_checkpoint_read(path, cfg, shared, mine, m->e0, m->E_local, msg, sizeof(msg));
         fail_if_any(bad != NULL, bad);
-        mem_to_device(m->shared, shared, m->n_shared * sizeof(float));
+        if (ntp > 1)
+            expert_tp_load(m, shared);
+        else
+            mem_to_device(m->shared, shared, m->n_shared * sizeof(float));
         mem_to_device(m->experts, mine, m->n_experts * sizeof(float));
         free(shared);
         free(mine);
@@ -438,6 +465,7 @@ void expert_model_free(ExpertModel* m) {
     free(m->a2a_started);
     free(m->routed);
     expert_cp_free(m);
+    expert_tp_free(m);
     if (m->dpcp == &m->dpcp_own) comm_destroy_group(&m->dpcp_own);
     comm_destroy_group(&m->batch);
 }
@@ -527,10 +555,14 @@ void expert_model_save(ExpertModel* m, const char* path) {
     }
     char msg[1024];
     const char* bad = NULL;
+    MoeConfig whole = m->cfg;
+    whole.tp = 1;
+    // with --tp, the whole shared buffer assembled on tp rank 0 (world rank 0 is one)
+    float* gathered = m->tp.tp > 1 && m->tp.dpcpep->rank == 0 ? expert_tp_gather_whole(m) : NULL;
     if (m->world->rank == 0) {
-        float* shared = xmalloc(m->n_shared * sizeof(float));
-        mem_to_host(shared, m->shared, m->n_shared * sizeof(float));
-        bad = moe_checkpoint_write(path, &m->cfg, shared, all, msg, sizeof(msg));
+        float* shared = gathered ? gathered : xmalloc(m->n_shared * sizeof(float));
+        if (!gathered) mem_to_host(shared, m->shared, m->n_shared * sizeof(float));
+        bad = moe_checkpoint_write(path, &whole, shared, all, msg, sizeof(msg));
         free(shared);
         if (!bad) printf("saved %s (mixture of experts, version %d)\n", path, MOE_CHECKPOINT_VERSION);
     }
@@ -578,6 +610,12 @@ void expert_model_ckpt(Ckpt* ck, ExpertModel* m) {
         }
         moe_ckpt_add_shared(&ck->need, &m->cfg, (CkptKind)k, 0, m->n_shared, shared[k]);
         moe_ckpt_add_experts(&ck->need, &m->cfg, (CkptKind)k, m->e0, m->E_local, experts[k]);
+        if (m->tp.tp > 1) {  // my slices of qkvw, qkvb, attprojw: dp x cp x ep rank 0 writes them
+            float* slices[CKPT_NUM_KINDS] = {m->tp.w, m->tp.m, m->tp.v};
+            if (m->tp.dpcpep->rank == 0)
+                moe_ckpt_add_attn_tp(&ck->own, &m->cfg, (CkptKind)k, m->tp.tp, m->tp.rank, slices[k]);
+            moe_ckpt_add_attn_tp(&ck->need, &m->cfg, (CkptKind)k, m->tp.tp, m->tp.rank, slices[k]);
+        }
     }
 }
 
