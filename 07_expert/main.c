@@ -12,9 +12,8 @@
 // --cp N: chapter 6's context parallelism; a share's cp ranks hold T/cp
 // positions of its sequences and attention meets the others' keys and values
 // (expert_cp.c). The rest is per token: a token is routed where it lives.
-// --tp N: tensor parallelism with sequence parallelism; a tp rank holds
-// B/tp of a share's sequences, attention alone is split by heads over the
-// tp group (expert_tp.c); the experts stay whole on every tp rank.
+// --tp N: tensor parallelism with sequence parallelism: a tp rank holds B/tp
+// of a share's sequences, attention is split by heads (expert_tp.c).
 //
 // One MoE layer, forward, in the order of moe_layer_forward below:
 //   1. route      router logits -> softmax -> top-k experts and gates
@@ -351,17 +350,10 @@ static void model_backward(ExpertModel* m) {
 // ---------------------------------------------------------------- the three gradient groups
 
 // Every rank's gradient is of ITS tokens' mean loss. The replicated
-// parameters saw every token of the batch, one share per rank: their
-// gradient is the mean over the dp x cp x ep (x tp) group. An expert saw
-// only the tokens routed to it from the ep ranks of its own (dp, cp, tp)
-// coordinate, already summed over those ranks by backward; its copies on
-// the other dp, cp and tp ranks saw the other tokens. So its gradient is the
-// sum over dp x cp x tp, and over ep there is nothing to reduce: every ep
-// rank holds different experts. With --tp, a slice of qkvw, qkvb, attprojw
-// saw every token of its tp group (the all-gathers brought them), so its
-// gradient is already the sum of the group's tp rank losses: summed over
-// dp x cp x ep, the ranks with the same slice. Both sums are scaled by
-// 1 / (dp cp ep tp), as each rank's share counts that much of the mean.
+// parameters saw every token: the mean over dp x cp x ep x tp. An expert saw
+// its ep group's tokens routed to it (summed by backward), its copies on the
+// dp, cp, tp ranks the others: the sum over dp x cp x tp. A tp slice saw its
+// tp group's tokens: the sum over dp x cp x ep. Sums scale by 1/(dp cp ep tp).
 static void reduce_gradients(ExpertModel* m) {
     // EXERCISE 4: the gradient groups: the replicated parameters' mean over dp x cp x ep x tp, the experts' sum over dp x cp x tp and the tp slices' over dp x cp x ep, scaled for the global mean
     comm_allreduce(&m->batch, m->dshared, m->n_shared, COMM_AVG);
@@ -374,10 +366,7 @@ static void reduce_gradients(ExpertModel* m) {
     // END EXERCISE 4
 }
 
-// The global norm: the replicated gradients enter once (on the rank 0 of
-// ep and of dp x cp x tp; they are equal on every rank), each rank's experts
-// once (dp x cp x tp rank 0), each tp slice once (dp x cp x ep rank 0),
-// summed over ep and dp x cp x tp: the whole mesh.
+// The global norm: each gradient once, summed over ep and dp x cp x tp.
 static float clip_and_step(ExpertModel* m, const TrainArgs* args, int step) {
     double* mine = train_sumsq_begin();  // on the device, read once by train_global_norm
     if (m->dpcp->rank == 0) grad_sumsq(mine, m->dexperts, m->n_experts);
