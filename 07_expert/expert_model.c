@@ -43,7 +43,9 @@ void expert_a2a_wait(ExpertModel* m, int i) {
 }
 
 size_t expert_total_params(const ExpertModel* m) {
-    return m->n_shared + (size_t)moe_num_moe_layers(&m->cfg) * m->cfg.experts * moe_expert_numel(&m->cfg);
+    MoeConfig whole = m->cfg;  // with --tp the shared buffer holds 1 / tp of qkvw, qkvb, attprojw
+    whole.tp = 1;
+    return moe_num_shared(&whole) + (size_t)moe_num_moe_layers(&m->cfg) * m->cfg.experts * moe_expert_numel(&m->cfg);
 }
 
 // ---------------------------------------------------------------- the plan's send order and the experts' blocks
@@ -477,8 +479,13 @@ void expert_print_setup(const ExpertModel* m, const Run* run) {
     print0("chapter 7: experts, dp=%d x ep=%d, %d expert%s (%d per rank), top-%d, H=%d, %d of %d layers MoE, %s, device %s\n",
            ndp, nep, E, E == 1 ? "" : "s", m->E_local, c->top_k, c->hidden, moe_num_moe_layers(c), c->gpt.num_layers,
            m->capacity_factor > 0 ? "capacity mode" : "dropless", run->device);
+    size_t outside = total - (size_t)moe_num_moe_layers(c) * E * moe_expert_numel(c);
     print0("model %s: %zu parameters (%zu replicated, %zu in experts), %zu active per token; global batch %d x %d, %d per rank\n",
-           run->setup.model_name, total, m->n_shared, total - m->n_shared, moe_active_params(c), run->setup.B, run->setup.T, m->B);
+           run->setup.model_name, total, outside, total - outside, moe_active_params(c), run->setup.B, run->setup.T, m->B);
+    if (m->tp.tp > 1)
+        print0("tensor parallelism: tp=%d with sequence parallelism: each rank holds %d of its tp group's %d sequences "
+               "and %d of the %d heads (1/%d of qkvw, qkvb, attprojw); the experts whole on every tp rank\n",
+               m->tp.tp, m->B, m->B * m->tp.tp, c->gpt.num_heads / m->tp.tp, c->gpt.num_heads, m->tp.tp);
     const CPShard* sh = &m->cp.sh;
     if (sh->cp > 1)
         print0("context parallelism: cp=%d, %s, balance %s: each rank holds %d of the %d positions of its %d sequences "
@@ -680,8 +687,15 @@ void expert_model_show_sharding(const ExpertModel* m, int show) {
     snprintf(slice, sizeof(slice), "experts %d..%d of %d", m->e0, m->e0 + m->E_local - 1, m->cfg.experts);
     shard_table_add(t, "experts", "(Lm, E, ...)", "(-, ep, -)", "(-, ep, -)", "(-, ep, -)", slice, f * experts,
                     f * experts, 2 * f * experts);
+    if (m->tp.tp > 1) {  // qkvw, qkvb by rows (my heads' q, k, v), attprojw by columns
+        double sl = (double)m->tp.n;
+        snprintf(slice, sizeof(slice), "heads %d..%d of %d", m->tp.rank * m->cfg.gpt.num_heads / m->tp.tp,
+                 (m->tp.rank + 1) * m->cfg.gpt.num_heads / m->tp.tp - 1, m->cfg.gpt.num_heads);
+        shard_table_add(t, "qkv, attproj", "(L, ...)", "(-, tp, -)", "(-, tp, -)", "(-, tp, -)", slice,
+                        f * sl, f * sl, 2 * f * sl);
+    }
     char title[64];
-    snprintf(title, sizeof(title), "chapter 7, ep=%d, dp=%d", m->ep, m->dp->size);
+    snprintf(title, sizeof(title), "chapter 7, ep=%d, dp=%d, tp=%d", m->ep, m->dp->size, m->tp.tp);
     shard_table_show(t, show, title);
     free(t);
 }
