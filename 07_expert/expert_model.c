@@ -330,7 +330,7 @@ void expert_model_create(ExpertModel* m, const MoeConfig* cfg, const ExpertFlags
     comm_create_group(&m->batch, mesh, (1u << AXIS_DP) | (ncp > 1 ? 1u << AXIS_CP : 0u) | (1u << AXIS_EP) | tpa);
     m->dpcp = m->dp;
     if (ncp > 1 || ntp > 1) {  // with --tp the experts' copies are over dp x cp x tp
-        comm_create_group(&m->dpcp_own, mesh, (1u << AXIS_DP) | (1u << AXIS_CP) | tpa);
+        comm_create_group(&m->dpcp_own, mesh, (1u << AXIS_DP) | (ncp > 1 ? 1u << AXIS_CP : 0u) | tpa);
         m->dpcp = &m->dpcp_own;
     }
     m->cp = (ExpertCP){.mode = flags->cp_mode, .cpc = &run->axes[AXIS_CP]};

@@ -166,7 +166,9 @@ void expert_tp_create(ExpertModel* m, const Run* run) {
     t->sh = m->cp.sh;
     t->sh.B = m->B * t->tp;  // attention sees the group's sequences
     if (t->tp == 1) return;
-    comm_create_group(&t->dpcpep_own, mesh, (1u << AXIS_DP) | (1u << AXIS_CP) | (1u << AXIS_EP));
+    // named by its axes in the summary, cp only with --cp (as the batch group)
+    unsigned cp = mesh->size[AXIS_CP] > 1 ? 1u << AXIS_CP : 0u;
+    comm_create_group(&t->dpcpep_own, mesh, (1u << AXIS_DP) | cp | (1u << AXIS_EP));
     t->dpcpep = &t->dpcpep_own;
     const int C = m->cfg.gpt.channels;
     t->n = (size_t)m->cfg.gpt.num_layers * moe_attn_tp_numel(C, t->tp);

@@ -248,7 +248,9 @@ double moe_flops_per_token(const MoeConfig* c, int T) {
 }
 
 size_t moe_active_params(const MoeConfig* c) {
-    return moe_num_shared(c) + (size_t)moe_num_moe_layers(c) * c->top_k * moe_expert_numel(c);
+    MoeConfig whole = *c;  // the whole model's, tp split or not
+    whole.tp = 1;
+    return moe_num_shared(&whole) + (size_t)moe_num_moe_layers(c) * c->top_k * moe_expert_numel(c);
 }
 
 // ---------------------------------------------------------------- checkpoint
