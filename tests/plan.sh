@@ -184,6 +184,16 @@ c7 4 --batch 24 --seq 32 --experts 4 --top-k 2 --ep 2 --cp 2 --ep-overlap 3
 c7 4 --batch 24 --seq 32 --experts 4 --top-k 2 --dp 2 --cp 2 --cp-mode ulysses --cp-balance zigzag
 c7 8 --batch 24 --seq 32 --experts 4 --top-k 2 --dp 2 --ep 2 --cp 2 --cp-balance zigzag
 c7 4 --batch 24 --seq 32 --experts 4 --top-k 3 --moe-every 2 --expert-hidden 96 --ep 2 --cp 2
+# --tp: the shared buffer without qkvw, qkvb, attprojw and a rank's slices of
+# them, the (N tp, C) gather buffers, tp's all-gathers and reduce-scatters,
+# the slices' group dp x cp x ep (the meshes tests/chapter_7.sh runs)
+c7 2 --batch 24 --seq 32 --experts 1 --top-k 1 --tp 2
+c7 4 --batch 24 --seq 32 --experts 1 --top-k 1 --dp 2 --tp 2
+c7 4 --batch 24 --seq 32 --experts 4 --top-k 2 --ep 2 --tp 2
+c7 4 --batch 24 --seq 32 --experts 4 --top-k 2 --tp 2 --cp 2 --cp-mode ulysses
+c7 4 --batch 24 --seq 32 --experts 1 --top-k 1 --tp 2 --cp 2
+c7 2 --batch 24 --seq 32 --experts 1 --top-k 1 --moe-every 2 --tp 2
+c7 8 --batch 24 --seq 32 --experts 4 --top-k 2 --dp 2 --tp 2 --ep 2
 jobs_wait
 
 echo "== --show-sharding"
