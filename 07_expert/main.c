@@ -355,15 +355,15 @@ static void model_backward(ExpertModel* m) {
 // dp, cp, tp ranks the others: the sum over dp x cp x tp. A tp slice saw its
 // tp group's tokens: the sum over dp x cp x ep. Sums scale by 1/(dp cp ep tp).
 static void reduce_gradients(ExpertModel* m) {
-    // EXERCISE 4: the gradient groups: the replicated parameters' mean over dp x cp x ep x tp, the experts' sum over dp x cp x tp and the tp slices' over dp x cp x ep, scaled for the global mean
+    // EXERCISE 4: the two gradient groups: the replicated parameters' mean over dp x cp x ep, the experts' over dp x cp only, scaled for the global mean
     comm_allreduce(&m->batch, m->dshared, m->n_shared, COMM_AVG);
     comm_allreduce(m->dpcp, m->dexperts, m->n_experts, COMM_SUM);
     ops_scale(m->dexperts, m->n_experts, 1.0f / (float)m->batch.size);
-    if (m->tp.tp > 1) {
+    // END EXERCISE 4
+    if (m->tp.tp > 1) {  // --tp: the slices, the third group
         comm_allreduce(m->tp.dpcpep, m->tp.dw, m->tp.n, COMM_SUM);
         ops_scale(m->tp.dw, m->tp.n, 1.0f / (float)m->batch.size);
     }
-    // END EXERCISE 4
 }
 
 // The global norm: each gradient once, summed over ep and dp x cp x tp.
