@@ -301,9 +301,10 @@ MoeConfig expert_config(const Run* run, ExpertFlags* f) {
             fail_all("--cp %d: chapter 7 composes context parallelism with dp and ep in the MoE layers' attention, "
                      "but not yet with %s: use --cp 1 for it", cp, not_yet);
     }
-    if (tp > 1 && run->args.recompute != RECOMPUTE_NONE)
-        fail_all("--tp %d: chapter 7 composes tensor parallelism with dp, cp and ep, but not yet with --recompute "
-                 "(issue #35's remaining work): use --recompute none", tp);
+    if (tp > 1 && run->args.recompute != RECOMPUTE_NONE && cfg.moe_every > 1)
+        fail_all("--tp %d: chapter 7 composes tensor parallelism with --recompute in MoE layers, but not yet in a "
+                 "dense layer (--moe-every %d; issue #35's remaining work): use --recompute none or --moe-every 1",
+                 tp, cfg.moe_every);
     return cfg;
 }
 

@@ -249,7 +249,7 @@ static BlockActs moe_layer_recompute(ExpertModel* m, int l, const float* x) {
     if (m->recompute == RECOMPUTE_SELECTIVE) {
         // as model.c: attention_forward rewrites atty (kept, the same bits)
         // into attproj's slot, which backward never reads
-        attention_forward(a.attproj, a.att, a.qkv, m->B, m->T, C, NH);
+        attention_forward(a.attproj, a.att, a.qkv, m->tp.sh.B, m->T, C / m->tp.tp, NH / m->tp.tp);  // --tp: my heads
         gelu_forward(L->fch_gelu, L->fch, (size_t)L->n_recv * c->hidden);
     } else if (m->recompute == RECOMPUTE_FULL) {
         // everything into the transient (its res3 too: the kept one stays);

@@ -206,8 +206,21 @@ invariant --norm "experts: E=1, k=1 on tp x cp = 2 x 2 (ring) is chapter 0's den
 invariant --norm "experts: E=1, k=1 on tp x cp = 2 x 2 (ulysses) is chapter 0's dense model" "$INV_FLAGS" 4 chapter-7 "--experts 1 --top-k 1 --tp 2 --cp 2 --cp-mode ulysses"
 invariant --norm "experts: E=1, k=1, --moe-every 2 on tp=2 is chapter 0's dense model" "$INV_FLAGS" 2 chapter-7 "--experts 1 --top-k 1 --moe-every 2 --tp 2"
 c7_same "ep x tp = 2 x 2" 4 "--ep 2 --tp 2"
+c7_eptp=$C7_LOG
 c7_same "tp x cp = 2 x 2 (ulysses)" 4 "--tp 2 --cp 2 --cp-mode ulysses"
 c7_same "dp x tp x ep = 2 x 2 x 2" 8 "--dp 2 --tp 2 --ep 2"
+# --recompute with --tp: selective recomputes the attention of this rank's
+# heads from the kept qkv; full runs each MoE layer again, its all-gather
+# and reduce-scatter included. Both give none's step records, the same bits.
+for rc in selective full; do
+    mpi_run $T_RUN 4 "$BUILD/chapter-7" $c7_flags --ep 2 --tp 2 --recompute $rc --log "$TEST_TMPDIR/c7_tp_$rc.jsonl"
+    a=$(c7_tail "$c7_eptp" 0) b=$(c7_tail "$TEST_TMPDIR/c7_tp_$rc.jsonl" 0)
+    if [ $RC = 0 ] && [ -n "$a" ] && [ "$a" = "$b" ]; then
+        pass "experts: --recompute $rc on ep x tp = 2 x 2 gives none's $INV_STEPS step records bit for bit"
+    else
+        fail "experts: --recompute $rc on ep x tp" "exit $RC; $(diff <(echo "$a") <(echo "$b") | head -4)"
+    fi
+done
 # capacity mode over tp: the tp ranks' tokens are the share's in batch order
 # (world order: tp fastest), so the same slots are kept and dropped as on
 # one rank, the dropped count the same
@@ -579,7 +592,7 @@ jobs_run error_case chapter-7 2 "--cp 2 --capacity-factor 1" "but not yet with -
 jobs_run error_case chapter-7 3 "--tp 3 --batch 6" "the model's 4 heads do not split over tp=3 ranks"
 jobs_run error_case chapter-7 2 "--tp 2 --batch 3" "the 3 sequences per dp x ep share do not split over tp=2"
 jobs_run error_case chapter-7 4 "--tp 2 --cp 2 --cp-balance zigzag" "does not compose zigzag with tp yet"
-jobs_run error_case chapter-7 2 "--tp 2 --recompute selective" "but not yet with --recompute"
+jobs_run error_case chapter-7 2 "--tp 2 --moe-every 2 --recompute selective" "with --recompute in MoE layers, but not yet in a dense layer"
 jobs_run help_case chapter-7 "--cp-mode"
 jobs_run help_case chapter-7 "--capacity-factor"
 jobs_run help_case chapter-7 "--ep-overlap"

@@ -194,6 +194,8 @@ c7 4 --batch 24 --seq 32 --experts 4 --top-k 2 --tp 2 --cp 2 --cp-mode ulysses
 c7 4 --batch 24 --seq 32 --experts 1 --top-k 1 --tp 2 --cp 2
 c7 2 --batch 24 --seq 32 --experts 1 --top-k 1 --moe-every 2 --tp 2
 c7 8 --batch 24 --seq 32 --experts 4 --top-k 2 --dp 2 --tp 2 --ep 2
+c7 4 --batch 24 --seq 32 --experts 4 --top-k 2 --ep 2 --tp 2 --recompute selective
+c7 4 --batch 24 --seq 32 --experts 4 --top-k 2 --ep 2 --tp 2 --recompute full
 jobs_wait
 
 echo "== --show-sharding"
@@ -251,7 +253,7 @@ plan_error "--ep" --chapter 7 --ranks 3 --ep 3 --experts 4
 plan_error "--ep-overlap" --chapter 7 --ranks 2 --ep 2 --batch 24 --seq 32 --ep-overlap 385
 plan_error "--cp: chapter 7 composes it with --recompute none and dropless routing only" --chapter 7 --ranks 4 --ep 2 --cp 2 --recompute full
 plan_error "--ranks: chapter 7 has the dp, tp, cp and ep axes only" --chapter 7 --ranks 4 --ep 2 --pp 2
-plan_error "--tp: chapter 7 composes it with --recompute none only" --chapter 7 --ranks 2 --tp 2 --recompute selective
+plan_error "--tp: chapter 7 composes it with --recompute in MoE layers only" --chapter 7 --ranks 2 --tp 2 --moe-every 2 --recompute selective
 plan_error "--batch: each tp rank takes whole sequences" --chapter 7 --ranks 4 --tp 4 --batch 6
 plan_error "--tp: tp must divide the model's heads" --chapter 7 --ranks 3 --tp 3 --batch 6
 

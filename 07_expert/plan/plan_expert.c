@@ -40,7 +40,8 @@ const char* plan_check_expert(const PlanArgs* a, PlanInfo* info, char* msg, size
     if (ntp > 1) {  // expert_config's checks
         if (a->cfg.num_heads % ntp) return "--tp: tp must divide the model's heads";
         if (a->B % (ndp * nep * ntp)) return "--batch: each tp rank takes whole sequences of its dp x ep share";
-        if (a->recompute != RECOMPUTE_NONE) return "--tp: chapter 7 composes it with --recompute none only";
+        if (a->recompute != RECOMPUTE_NONE && a->moe_every > 1)
+            return "--tp: chapter 7 composes it with --recompute in MoE layers only (--moe-every 1)";
         if (ncp > 1 && !strcmp(a->cp_balance, "zigzag")) return "--tp: chapter 7 composes it with --cp-balance none only";
     }
     if (ncp > 1) {  // expert_config's checks
@@ -130,15 +131,17 @@ void plan_chapter_7(const PlanArgs* a, RankPlan* p, int r) {
     }
     if ((ncp > 1 || ntp > 1) && a->moe_every > 1) p->peak[MEM_ACTIVATIONS] += f * 8 * NC;  // a dense layer's MLP gradients
     // --tp (expert_tp.c): the group's rows gathered and a partial sum, (N tp,
-    // C) each; per layer forward an all-gather and a reduce-scatter, backward
-    // two all-gathers (d attproj, ln1 again) and a reduce-scatter (d ln1)
+    // C) each; per layer forward an all-gather and a reduce-scatter (twice
+    // under --recompute full), backward two all-gathers (d attproj, ln1
+    // again) and a reduce-scatter (d ln1)
     Comm tpg = plan_group(AXIS_TP, ntp, coord[AXIS_TP]);
     if (ntp > 1) {
         size_t full = (size_t)(NC * ntp) * sizeof(float);
         p->peak[MEM_ACTIVATIONS] += f * 2 * NC * ntp;
         for (int l = 0; l < L; l++) {
-            for (int i = 0; i < 3; i++) comm_tally(&tpg, COLL_ALLGATHER, full, comm_ring_factor(&tpg));
-            for (int i = 0; i < 2; i++) comm_tally(&tpg, COLL_REDUCE_SCATTER, full, comm_ring_factor(&tpg));
+            int fwd = a->recompute == RECOMPUTE_FULL ? 2 : 1;
+            for (int i = 0; i < 2 + fwd; i++) comm_tally(&tpg, COLL_ALLGATHER, full, comm_ring_factor(&tpg));
+            for (int i = 0; i < 1 + fwd; i++) comm_tally(&tpg, COLL_REDUCE_SCATTER, full, comm_ring_factor(&tpg));
         }
     }
     // per MoE layer dispatch and combine forward, both again in backward,
