@@ -241,6 +241,7 @@ void expert_tp_attention_forward(ExpertModel* m, int l, const BlockParams* p, Bl
 void expert_tp_attention_backward(ExpertModel* m, int l, const BlockParams* p, BlockParams* g, const BlockActs* a,
                                   const BlockScratch* s, const float* x, const float* dln2, float* dres);
 void expert_tp_create(ExpertModel* m, const Run* run);
+void expert_tp_init(ExpertModel* m, uint64_t seed);  // my slices' counter-based init
 void expert_tp_load(ExpertModel* m, const float* whole);  // whole: moe_num_shared at tp = 1 (host)
 void expert_tp_free(ExpertModel* m);
 // The whole model's shared buffer (host, tp = 1 layout) on tp rank 0 from

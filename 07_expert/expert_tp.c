@@ -18,6 +18,7 @@
 
 #include "errors.h"
 #include "expert_model.h"
+#include "init.h"
 #include "memory.h"
 #include "mesh.h"
 
@@ -124,6 +125,29 @@ static void relayout(const ExpertModel* m, float* whole, float* shared, float* s
     }
     MOVE(whole + moe_lnf_offset(&wc), shared + moe_lnf_offset(c), 2 * (size_t)C);
 #undef MOVE
+}
+
+void expert_tp_init(ExpertModel* m, uint64_t seed) {
+    const GPTConfig* g = &m->cfg.gpt;
+    size_t C = (size_t)g->channels, tp = (size_t)m->tp.tp, Cl = C / tp, r = (size_t)m->tp.rank;
+    float* w = xmalloc(m->tp.n * sizeof(float));
+    // counter-based: each value from its index in the whole tensor, so my
+    // slices are the whole model's without making it
+    for (int l = 0; l < g->num_layers; l++) {
+        BlockParams p = with_slices(m, (BlockParams){0}, w, l);
+        for (size_t j = 0; j < 3; j++)  // q, k, v: rows j C + [r Cl, (r + 1) Cl)
+            for (size_t i = 0; i < Cl; i++) {
+                size_t row = j * C + r * Cl + i;
+                for (size_t col = 0; col < C; col++)
+                    p.qkvw[(j * Cl + i) * C + col] = gpt_init_value(g, seed, P_QKVW, l, row * C + col);
+                p.qkvb[j * Cl + i] = gpt_init_value(g, seed, P_QKVB, l, row);
+            }
+        for (size_t row = 0; row < C; row++)  // columns [r Cl, (r + 1) Cl) of every row
+            for (size_t i = 0; i < Cl; i++)
+                p.attprojw[row * Cl + i] = gpt_init_value(g, seed, P_ATTPROJW, l, row * C + r * Cl + i);
+    }
+    mem_to_device(m->tp.w, w, m->tp.n * sizeof(float));
+    free(w);
 }
 
 void expert_tp_load(ExpertModel* m, const float* whole) {

@@ -105,7 +105,6 @@ ExpertParams moe_expert_at(const MoeConfig* c, float* experts, int m, int le, in
 #define ROUTER_TENSOR_ID NUM_PARAM_TENSORS
 
 void moe_init_shared(float* out, const MoeConfig* c, uint64_t seed) {
-    // the whole model's layout (c->tp <= 1): expert_tp.c splits it
     const GPTConfig* g = &c->gpt;
     int C = g->channels, L = g->num_layers;
     size_t n = param_tensor_numel(g, P_WTE);
@@ -118,6 +117,7 @@ void moe_init_shared(float* out, const MoeConfig* c, uint64_t seed) {
         // half alone in an MoE block
         ParamTensor last = moe_is_moe_layer(c, l) ? P_LN2B : P_FCPROJB;
         for (ParamTensor t = P_LN1W; t <= last; t++) {
+            if (c->tp > 1 && (t == P_QKVW || t == P_QKVB || t == P_ATTPROJW)) continue;  // not in the buffer
             size_t tn = param_tensor_numel(g, t);
             for (size_t i = 0; i < tn; i++) *b++ = gpt_init_value(g, seed, t, l, i);
         }

@@ -71,8 +71,9 @@ typedef struct {
 ExpertParams moe_expert_at(const MoeConfig* c, float* experts, int m, int le, int n_local);
 
 // ---------------------------------------------------------------- init
-// The shared buffer (host memory), and experts [e0, e0 + n_local) of every
-// MoE layer (host memory, the layout above).
+// The shared buffer (host memory; with c->tp > 1 without the split tensors),
+// and experts [e0, e0 + n_local) of every MoE layer (host memory, the layout
+// above).
 void moe_init_shared(float* out, const MoeConfig* c, uint64_t seed);
 void moe_init_experts(float* out, const MoeConfig* c, int e0, int n_local, uint64_t seed);
 
