@@ -289,9 +289,6 @@ MoeConfig expert_config(const Run* run, ExpertFlags* f) {
         if (f->cp_mode == CP_ULYSSES && (cfg.gpt.num_heads / tp) % cp != 0)
             fail_all("--cp-mode ulysses splits the model's %d heads over cp=%d ranks: use a cp that divides %d, or "
                      "--cp-mode ring", cfg.gpt.num_heads / tp, cp, cfg.gpt.num_heads / tp);
-        if (tp > 1 && f->cp_balance == BALANCE_ZIGZAG)
-            fail_all("--tp %d with --cp-balance zigzag: the tp group's rows are its sequences in the plain cut's "
-                     "layout; chapter 7 does not compose zigzag with tp yet (issue #35): use --cp-balance none", tp);
         // what the first step of the composition (issue #35) does not do yet
         const TrainArgs* a = &run->args;
         const char* not_yet = a->recompute != RECOMPUTE_NONE ? "--recompute"

@@ -203,11 +203,12 @@ fi
 invariant --norm --val "experts: E=1, k=1 on tp=2 (sequence parallel) is chapter 0's dense model" "$INV_FLAGS" 2 chapter-7 "--experts 1 --top-k 1 --tp 2"
 invariant --norm "experts: E=1, k=1 on dp x tp = 2 x 2 is chapter 0's dense model" "$INV_FLAGS" 4 chapter-7 "--experts 1 --top-k 1 --dp 2 --tp 2"
 invariant --norm "experts: E=1, k=1 on tp x cp = 2 x 2 (ring) is chapter 0's dense model" "$INV_FLAGS" 4 chapter-7 "--experts 1 --top-k 1 --tp 2 --cp 2"
-invariant --norm "experts: E=1, k=1 on tp x cp = 2 x 2 (ulysses) is chapter 0's dense model" "$INV_FLAGS" 4 chapter-7 "--experts 1 --top-k 1 --tp 2 --cp 2 --cp-mode ulysses"
+invariant --norm "experts: E=1, k=1 on tp x cp = 2 x 2 (ulysses, zigzag) is chapter 0's dense model" "$INV_FLAGS" 4 chapter-7 "--experts 1 --top-k 1 --tp 2 --cp 2 --cp-mode ulysses --cp-balance zigzag"
 invariant --norm "experts: E=1, k=1, --moe-every 2 on tp=2 is chapter 0's dense model" "$INV_FLAGS" 2 chapter-7 "--experts 1 --top-k 1 --moe-every 2 --tp 2"
 c7_same "ep x tp = 2 x 2" 4 "--ep 2 --tp 2"
 c7_eptp=$C7_LOG
 c7_same "tp x cp = 2 x 2 (ulysses)" 4 "--tp 2 --cp 2 --cp-mode ulysses"
+c7_same "tp x cp = 2 x 2 (ring, zigzag)" 4 "--tp 2 --cp 2 --cp-balance zigzag"
 c7_same "dp x tp x ep = 2 x 2 x 2" 8 "--dp 2 --tp 2 --ep 2"
 # --recompute with --tp: selective recomputes the attention of this rank's
 # heads from the kept qkv; full runs each MoE layer again, its all-gather
@@ -591,7 +592,6 @@ jobs_run error_case chapter-7 2 "--cp 2 --capacity-factor 1" "but not yet with -
 # --tp: the heads, the share's sequences, and what it does not compose with yet
 jobs_run error_case chapter-7 3 "--tp 3 --batch 6" "the model's 4 heads do not split over tp=3 ranks"
 jobs_run error_case chapter-7 2 "--tp 2 --batch 3" "the 3 sequences per dp x ep share do not split over tp=2"
-jobs_run error_case chapter-7 4 "--tp 2 --cp 2 --cp-balance zigzag" "does not compose zigzag with tp yet"
 jobs_run error_case chapter-7 2 "--tp 2 --moe-every 2 --recompute selective" "with --recompute in MoE layers, but not yet in a dense layer"
 jobs_run help_case chapter-7 "--cp-mode"
 jobs_run help_case chapter-7 "--capacity-factor"

@@ -191,6 +191,7 @@ c7 2 --batch 24 --seq 32 --experts 1 --top-k 1 --tp 2
 c7 4 --batch 24 --seq 32 --experts 1 --top-k 1 --dp 2 --tp 2
 c7 4 --batch 24 --seq 32 --experts 4 --top-k 2 --ep 2 --tp 2
 c7 4 --batch 24 --seq 32 --experts 4 --top-k 2 --tp 2 --cp 2 --cp-mode ulysses
+c7 4 --batch 24 --seq 32 --experts 4 --top-k 2 --tp 2 --cp 2 --cp-balance zigzag
 c7 4 --batch 24 --seq 32 --experts 1 --top-k 1 --tp 2 --cp 2
 c7 2 --batch 24 --seq 32 --experts 1 --top-k 1 --moe-every 2 --tp 2
 c7 8 --batch 24 --seq 32 --experts 4 --top-k 2 --dp 2 --tp 2 --ep 2
