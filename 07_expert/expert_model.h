@@ -1,5 +1,5 @@
 // expert_model.h: chapter 7's mixture-of-experts model on one rank of the
-// dp x cp x ep mesh: its buffers (the replicated parameters, this rank's experts,
+// dp x tp x cp x ep mesh: its buffers (the replicated parameters, this rank's experts,
 // their gradients and AdamW moments, the activations each MoE layer keeps),
 // their creation and release, the MoE file (--model FILE, --save FILE) and
 // the training-state checkpoint's slices (--ckpt-dir, --resume).
@@ -93,15 +93,15 @@ typedef struct {
 
 typedef struct {
     MoeConfig cfg;
-    int B, T, N;           // this rank's sequences, its positions of each (T/cp), B*T token rows
+    int B, T, N;           // this rank's sequences (B/tp of its share's), its positions of each (T/cp), B*T token rows
     int share;             // my sequences of the global batch: [share B, (share + 1) B)
     int ep, E_local, e0;   // ep ranks; my experts are [e0, e0 + E_local)
     int R;                 // most rows my experts can receive in one layer
-    Comm batch;            // every rank that holds the replicated parameters: dp x cp x ep,
+    Comm batch;            // every rank that holds the replicated parameters: dp x cp x ep (x tp),
                            // each with its own tokens of the global batch
     const Comm *world, *dp, *epc;  // world: rank 0 writes the file
-    const Comm* dpcp;      // the copies of my experts: dp x cp (= dp when cp = 1)
-    Comm dpcp_own;         // that group, made when cp > 1
+    const Comm* dpcp;      // the copies of my experts: dp x cp x tp (= dp when cp = tp = 1)
+    Comm dpcp_own;         // that group, made when cp > 1 or tp > 1
     ExpertCP cp;
     ExpertTP tp;
     float aux_coef, capacity_factor;  // capacity_factor 0: dropless
