@@ -209,7 +209,7 @@ c7_same "ep x tp = 2 x 2" 4 "--ep 2 --tp 2"
 c7_eptp=$C7_LOG
 c7_same "tp x cp = 2 x 2 (ulysses)" 4 "--tp 2 --cp 2 --cp-mode ulysses"
 c7_same "tp x cp = 2 x 2 (ring, zigzag)" 4 "--tp 2 --cp 2 --cp-balance zigzag"
-c7_same "dp x tp x ep = 2 x 2 x 2" 8 "--dp 2 --tp 2 --ep 2"
+c7_same "dp x tp x ep = 2 x 2 x 2 (--ep-overlap 3)" 8 "--dp 2 --tp 2 --ep 2 --ep-overlap 3"
 # --recompute with --tp: selective recomputes the attention of this rank's
 # heads from the kept qkv; full runs each MoE layer again, its all-gather
 # and reduce-scatter included. Both give none's step records, the same bits.
