@@ -246,6 +246,17 @@ if [ $RC = 0 ] && [ -s "$TEST_TMPDIR/c7_tp_init1.bin" ] && cmp -s "$TEST_TMPDIR/
 else
     fail "experts: --save on ep x tp" "exit $RC; $(cmp "$TEST_TMPDIR/c7_tp_init1.bin" "$TEST_TMPDIR/c7_tp_init4.bin" 2>&1)"
 fi
+# --model FILE on tp: each rank keeps its slices of the file's tensors; the
+# step-0 file trained on ep x tp = 2 x 2 follows the one rank's run from it
+c7_m="--model $TEST_TMPDIR/c7_tp_init4.bin --steps 3 --batch 24 --seq 32 --peak-gflops 10"
+mpi_run $T_RUN 1 "$BUILD/chapter-7" $c7_m --log "$TEST_TMPDIR/c7_tp_m1.jsonl"
+mpi_run $T_RUN 4 "$BUILD/chapter-7" $c7_m --ep 2 --tp 2 --log "$TEST_TMPDIR/c7_tp_m4.jsonl"
+a=""
+if [ $RC = 0 ] && a=$(bash tests/compare_routing.sh "$TEST_TMPDIR/c7_tp_m1.jsonl" "$TEST_TMPDIR/c7_tp_m4.jsonl" $TOL $TOL_NORM 2>&1); then
+    pass "experts: --model FILE on ep x tp = 2 x 2 trains as on one rank ($a)"
+else
+    fail "experts: --model FILE on ep x tp" "exit $RC; $a; $(echo "$OUT" | grep -E 'error' | head -3)"
+fi
 # checkpoints across tp: saved on ep x tp = 2 x 2 (the slices as strided
 # slices of the global qkvw, qkvb, attprojw), resumed there bit for bit and
 # on one rank; the dp x ep checkpoint (tp = 1) resumes on tp x cp = 2 x 2
