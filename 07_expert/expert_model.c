@@ -358,7 +358,7 @@ void expert_model_create(ExpertModel* m, const MoeConfig* cfg, const ExpertFlags
     m->v_e = mem_alloc_floats(m->n_experts, MEM_OPTIMIZER);
     expert_tp_create(m, run);  // --tp: my slices of the split tensors, the all-gather buffers
     float* host = xmalloc((m->n_shared > m->n_experts ? m->n_shared : m->n_experts) * sizeof(float));
-    moe_init_shared(host, &m->cfg, seed);  // with --tp without the split tensors: my slices of them
+    moe_init_shared(host, &m->cfg, seed);  // with --tp without qkvw, qkvb, attprojw: my slices next
     mem_to_device(m->shared, host, m->n_shared * sizeof(float));
     if (ntp > 1) expert_tp_init(m, seed);
     moe_init_experts(host, cfg, m->e0, m->E_local, seed);
