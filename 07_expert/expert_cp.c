@@ -11,12 +11,20 @@
 #include "memory.h"
 #include "trace.h"
 
+// The attention's rows, channels and heads: with --tp the tp group's rows
+// (m->tp.sh, its B tp sequences) and this rank's NH/tp heads; at tp = 1 my
+// rows and every head.
+static void attn_dims(const ExpertModel* m, int* N, int* C, int* NH) {
+    *N = m->N * m->tp.tp, *C = m->cfg.gpt.channels / m->tp.tp, *NH = m->cfg.gpt.num_heads / m->tp.tp;
+}
+
 // ---------------------------------------------------------------- ring attention
 // At step s the block in hand is the K/V of cp rank src = r - s: it goes on
 // to the right while I compute with it, and the next arrives from the left.
 static void ring_forward(ExpertModel* m, const float* qkv, float* atty, float* lse) {
     ExpertCP* cp = &m->cp;
-    const int C = m->cfg.gpt.channels, NH = m->cfg.gpt.num_heads, N = m->N;
+    int N, C, NH;
+    attn_dims(m, &N, &C, &NH);
     const int n = cp->cpc->size, r = cp->cpc->rank, right = (r + 1) % n, left = (r - 1 + n) % n;
     const size_t kv_count = (size_t)N * 2 * C;
     ops_copy_2d(cp->kv[0], 2 * C, qkv + C, 3 * C, N, 2 * C);  // only K and V travel
@@ -28,11 +36,11 @@ static void ring_forward(ExpertModel* m, const float* qkv, float* atty, float* l
             comm_irecv(cp->cpc, cp->kv[(s + 1) % 2], kv_count, left, &from_left);
             comm_isend(cp->cpc, kv, kv_count, right, &to_right);
         }
-        ring_forward_block(&cp->sh, &cp->ring, qkv, kv, (r - s + n) % n, atty, lse, C, NH);
+        ring_forward_block(&m->tp.sh, &cp->ring, qkv, kv, (r - s + n) % n, atty, lse, C, NH);
         comm_wait(&from_left);
         comm_wait(&to_right);
     }
-    ring_forward_finish(&cp->sh, &cp->ring, atty, lse, C, NH);
+    ring_forward_finish(&m->tp.sh, &cp->ring, atty, lse, C, NH);
 }
 
 // The K/V blocks go around again; each rank adds its queries' share of
@@ -41,7 +49,8 @@ static void ring_forward(ExpertModel* m, const float* qkv, float* atty, float* l
 static void ring_backward(ExpertModel* m, const float* qkv, const float* atty, const float* lse, const float* datty,
                           float* dqkv) {
     ExpertCP* cp = &m->cp;
-    const int C = m->cfg.gpt.channels, NH = m->cfg.gpt.num_heads, N = m->N;
+    int N, C, NH;
+    attn_dims(m, &N, &C, &NH);
     const int n = cp->cpc->size, r = cp->cpc->rank, right = (r + 1) % n, left = (r - 1 + n) % n;
     const size_t kv_count = (size_t)N * 2 * C;
     ops_copy_2d(cp->kv[0], 2 * C, qkv + C, 3 * C, N, 2 * C);
@@ -55,7 +64,7 @@ static void ring_backward(ExpertModel* m, const float* qkv, const float* atty, c
             comm_isend(cp->cpc, kv, kv_count, right, &to_right);
         }
         ops_zero(dkv, kv_count);
-        ring_backward_block(&cp->sh, qkv, atty, lse, datty, kv, (r - s + n) % n, dqkv, dkv, C, NH);
+        ring_backward_block(&m->tp.sh, qkv, atty, lse, datty, kv, (r - s + n) % n, dqkv, dkv, C, NH);
         if (s > 0) {  // what the ranks before me added for src's keys
             comm_wait(&d_from_left);
             comm_wait(&d_to_right);
@@ -77,11 +86,13 @@ static void ring_backward(ExpertModel* m, const float* qkv, const float* atty, c
 // for every token of the B sequences and my head group's C/cp channels.
 static void seq_to_heads(ExpertModel* m, float* dst, const float* src, int w) {
     const ExpertCP* cp = &m->cp;
-    const CPShard* sh = &cp->sh;
-    const int n = sh->cp, C = m->cfg.gpt.channels, c = C / n, wc = w * c;
-    const size_t block = (size_t)m->N * wc;
+    const CPShard* sh = &m->tp.sh;
+    int N, C, NH;
+    attn_dims(m, &N, &C, &NH);
+    const int n = sh->cp, c = C / n, wc = w * c;
+    const size_t block = (size_t)N * wc;
     for (int j = 0; j < n; j++)
-        for (int t = 0; t < w; t++) ops_copy_2d(cp->send + j * block + t * c, wc, src + t * C + j * c, w * C, m->N, c);
+        for (int t = 0; t < w; t++) ops_copy_2d(cp->send + j * block + t * c, wc, src + t * C + j * c, w * C, N, c);
     comm_alltoall(cp->cpc, cp->send, cp->recv, block);
     for (int s = 0; s < n; s++)
         for (int p = 0; p < sh->parts; p++)
@@ -93,9 +104,11 @@ static void seq_to_heads(ExpertModel* m, float* dst, const float* src, int w) {
 // Head shards back to sequence shards: the inverse of seq_to_heads.
 static void heads_to_seq(ExpertModel* m, float* dst, const float* src, int w) {
     const ExpertCP* cp = &m->cp;
-    const CPShard* sh = &cp->sh;
-    const int n = sh->cp, C = m->cfg.gpt.channels, c = C / n, wc = w * c;
-    const size_t block = (size_t)m->N * wc;
+    const CPShard* sh = &m->tp.sh;
+    int N, C, NH;
+    attn_dims(m, &N, &C, &NH);
+    const int n = sh->cp, c = C / n, wc = w * c;
+    const size_t block = (size_t)N * wc;
     for (int s = 0; s < n; s++)
         for (int p = 0; p < sh->parts; p++)
             for (int b = 0; b < sh->B; b++)
@@ -103,7 +116,7 @@ static void heads_to_seq(ExpertModel* m, float* dst, const float* src, int w) {
                          src + ((size_t)b * sh->T + cp_shard_pos(sh, s, p)) * wc, (size_t)sh->len * wc);
     comm_alltoall(cp->cpc, cp->send, cp->recv, block);
     for (int j = 0; j < n; j++)
-        for (int t = 0; t < w; t++) ops_copy_2d(dst + t * C + j * c, w * C, cp->recv + j * block + t * c, wc, m->N, c);
+        for (int t = 0; t < w; t++) ops_copy_2d(dst + t * C + j * c, w * C, cp->recv + j * block + t * c, wc, N, c);
 }
 
 // ---------------------------------------------------------------- the attention half
@@ -122,55 +135,86 @@ static float* layer_att_h(ExpertModel* m, int l) {
     return m->cp.att_h + (size_t)(m->recompute == RECOMPUTE_NONE ? l : 0) * m->N * m->cfg.gpt.num_heads * m->cp.sh.T;
 }
 
+void expert_attention_core_forward(ExpertModel* m, int l, BlockActs* a) {
+    int N, C, NH;
+    attn_dims(m, &N, &C, &NH);
+    const int n = m->cp.sh.cp;
+    const CPShard* sh = &m->tp.sh;
+    if (n == 1) {
+        attention_forward(a->atty, a->att, a->qkv, sh->B, sh->T, C, NH);
+    } else if (m->cp.mode == CP_RING) {
+        ring_forward(m, a->qkv, a->atty, layer_lse(m, l));
+    } else {
+        // whole sequences, NH/cp heads: chapter 0's attention on C/cp channels
+        seq_to_heads(m, layer_qkv_h(m, l), a->qkv, 3);
+        attention_forward(m->cp.y_h, layer_att_h(m, l), layer_qkv_h(m, l), sh->B, sh->T, C / n, NH / n);
+        heads_to_seq(m, a->atty, m->cp.y_h, 1);
+    }
+}
+
+void expert_attention_core_backward(ExpertModel* m, int l, const BlockActs* a, const BlockScratch* s) {
+    int N, C, NH;
+    attn_dims(m, &N, &C, &NH);
+    const int n = m->cp.sh.cp;
+    const CPShard* sh = &m->tp.sh;
+    ExpertCP* cp = &m->cp;
+    if (n == 1) {
+        attention_backward(s->dqkv, s->datt, s->datty, a->qkv, a->att, sh->B, sh->T, C, NH);
+    } else if (m->cp.mode == CP_RING) {
+        ring_backward(m, a->qkv, a->atty, layer_lse(m, l), s->datty, s->dqkv);
+    } else {
+        seq_to_heads(m, cp->y_h, s->datty, 1);
+        ops_zero(cp->dqkv_h, (size_t)N * 3 * C);
+        attention_backward(cp->dqkv_h, cp->datt_h, cp->y_h, layer_qkv_h(m, l), layer_att_h(m, l), sh->B, sh->T, C / n,
+                           NH / n);
+        heads_to_seq(m, s->dqkv, cp->dqkv_h, 3);
+    }
+}
+
 void expert_attention_forward(ExpertModel* m, int l, const BlockParams* p, BlockActs* a, const float* x) {
     const int C = m->cfg.gpt.channels, NH = m->cfg.gpt.num_heads, n = m->cp.sh.cp;
+    if (m->tp.tp > 1) {
+        expert_tp_attention_forward(m, l, p, a, x);  // expert_tp.c
+        return;
+    }
     if (n == 1) {
         moe_attention_forward(p, a, x, m->B, m->T, C, NH);
         return;
     }
     moe_attention_in(p, a, x, m->N, C);
-    if (m->cp.mode == CP_RING) {
-        ring_forward(m, a->qkv, a->atty, layer_lse(m, l));
-    } else {
-        // whole sequences, NH/cp heads: chapter 0's attention on C/cp channels
-        seq_to_heads(m, layer_qkv_h(m, l), a->qkv, 3);
-        attention_forward(m->cp.y_h, layer_att_h(m, l), layer_qkv_h(m, l), m->cp.sh.B, m->cp.sh.T, C / n, NH / n);
-        heads_to_seq(m, a->atty, m->cp.y_h, 1);
-    }
+    expert_attention_core_forward(m, l, a);  // the ring or Ulysses over cp
     moe_attention_out(p, a, x, m->N, C);
 }
 
 void expert_attention_backward(ExpertModel* m, int l, const BlockParams* p, BlockParams* g, const BlockActs* a,
                                const BlockScratch* s, const float* x, const float* dln2, float* dres) {
     const int C = m->cfg.gpt.channels, NH = m->cfg.gpt.num_heads, n = m->cp.sh.cp;
+    if (m->tp.tp > 1) {
+        expert_tp_attention_backward(m, l, p, g, a, s, x, dln2, dres);
+        return;
+    }
     if (n == 1) {
         moe_attention_backward(p, g, a, s, x, dln2, dres, m->B, m->T, C, NH);
         return;
     }
     moe_attention_backward_out(p, a, s, dln2, dres, m->N, C);  // s->datty; s->dqkv zeroed
-    if (m->cp.mode == CP_RING) {
-        ring_backward(m, a->qkv, a->atty, layer_lse(m, l), s->datty, s->dqkv);
-    } else {
-        ExpertCP* cp = &m->cp;
-        seq_to_heads(m, cp->y_h, s->datty, 1);
-        ops_zero(cp->dqkv_h, (size_t)m->N * 3 * C);
-        attention_backward(cp->dqkv_h, cp->datt_h, cp->y_h, layer_qkv_h(m, l), layer_att_h(m, l), cp->sh.B, cp->sh.T,
-                           C / n, NH / n);
-        heads_to_seq(m, s->dqkv, cp->dqkv_h, 3);
-    }
+    expert_attention_core_backward(m, l, a, s);
     moe_attention_backward_in(p, g, a, s, x, dln2, dres, m->N, C);
 }
 
 void expert_attention_recompute(ExpertModel* m, int l, BlockActs* a) {
-    const int C = m->cfg.gpt.channels, NH = m->cfg.gpt.num_heads, n = m->cp.sh.cp;
+    int N, C, NH;
+    attn_dims(m, &N, &C, &NH);  // with --tp: my heads over the tp group's rows
+    const int n = m->cp.sh.cp;
+    const CPShard* sh = &m->tp.sh;
     if (n == 1) {
         // as model.c: attention_forward rewrites atty (kept, the same bits)
         // into attproj's slot, which backward never reads
-        attention_forward(a->attproj, a->att, a->qkv, m->B, m->T, C, NH);
+        attention_forward(a->attproj, a->att, a->qkv, sh->B, sh->T, C, NH);
     } else if (m->cp.mode == CP_ULYSSES) {
         // my head shard's probabilities from its kept q, k, v; the output
         // again into the scratch y_h
-        attention_forward(m->cp.y_h, layer_att_h(m, l), layer_qkv_h(m, l), m->cp.sh.B, m->cp.sh.T, C / n, NH / n);
+        attention_forward(m->cp.y_h, layer_att_h(m, l), layer_qkv_h(m, l), sh->B, sh->T, C / n, NH / n);
     }
     // ring: its backward reads q, k, v, the output and the lse, all kept
 }
@@ -188,7 +232,7 @@ static void dense_forward(ExpertModel* m, int l, const BlockParams* p, BlockActs
 }
 
 void expert_dense_forward(ExpertModel* m, int l, const BlockParams* p) {
-    if (m->cp.sh.cp == 1) {
+    if (m->cp.sh.cp == 1 && m->tp.tp == 1) {
         gpt_block_forward(&m->acts, &m->cfg.gpt, l, p, m->B, m->T);
         return;
     }
@@ -205,7 +249,7 @@ void expert_dense_forward(ExpertModel* m, int l, const BlockParams* p) {
 // into the transient (its attention's exchanges too).
 void expert_dense_backward(ExpertModel* m, int l, const BlockParams* p, BlockParams* g) {
     const GPTConfig* cfg = &m->cfg.gpt;
-    if (m->cp.sh.cp == 1) {
+    if (m->cp.sh.cp == 1 && m->tp.tp == 1) {
         gpt_block_backward(&m->acts, cfg, l, p, g, m->B, m->T);
         return;
     }
@@ -240,11 +284,16 @@ void expert_dense_backward(ExpertModel* m, int l, const BlockParams* p, BlockPar
 
 void expert_cp_create(ExpertModel* m) {
     ExpertCP* cp = &m->cp;
-    if (cp->sh.cp == 1) return;
     const int C = m->cfg.gpt.channels, NH = m->cfg.gpt.num_heads, L = m->cfg.gpt.num_layers, T = cp->sh.T;
     const size_t NC = (size_t)m->N * C;
-    // each layer's state, or one layer's where --recompute makes it again
-    // (the layer_ functions above)
+    if ((cp->sh.cp > 1 || m->tp.tp > 1) && m->cfg.moe_every > 1) {  // a dense layer's MLP gradients (N, 4C)
+        cp->dfch_gelu = mem_alloc_floats(4 * NC, MEM_ACTIVATIONS);
+        cp->dfch = mem_alloc_floats(4 * NC, MEM_ACTIVATIONS);
+    }
+    if (cp->sh.cp == 1) return;
+    // with --tp the attention's N tp rows of 1/tp of the channels and heads:
+    // the same floats as my N rows of all of them. Each layer's state, or
+    // one layer's where --recompute makes it again (the layer_ functions above)
     const size_t Lf = m->recompute == RECOMPUTE_FULL ? 1 : (size_t)L, Lp = m->recompute == RECOMPUTE_NONE ? (size_t)L : 1;
     if (cp->mode == CP_RING) {
         cp->lse = mem_alloc_floats(Lf * m->N * NH, MEM_ACTIVATIONS);
@@ -267,10 +316,6 @@ void expert_cp_create(ExpertModel* m) {
         cp->y_h = mem_alloc_floats(NC, MEM_ACTIVATIONS);
         cp->dqkv_h = mem_alloc_floats(3 * NC, MEM_ACTIVATIONS);
         cp->datt_h = mem_alloc_floats((size_t)m->N * NH * T, MEM_ACTIVATIONS);
-    }
-    if (m->cfg.moe_every > 1) {  // a dense layer's MLP gradients (N, 4C)
-        cp->dfch_gelu = mem_alloc_floats(4 * NC, MEM_ACTIVATIONS);
-        cp->dfch = mem_alloc_floats(4 * NC, MEM_ACTIVATIONS);
     }
 }
 

@@ -43,7 +43,9 @@ void expert_a2a_wait(ExpertModel* m, int i) {
 }
 
 size_t expert_total_params(const ExpertModel* m) {
-    return m->n_shared + (size_t)moe_num_moe_layers(&m->cfg) * m->cfg.experts * moe_expert_numel(&m->cfg);
+    MoeConfig whole = m->cfg;  // with --tp the shared buffer holds 1 / tp of qkvw, qkvb, attprojw
+    whole.tp = 1;
+    return moe_num_shared(&whole) + (size_t)moe_num_moe_layers(&m->cfg) * m->cfg.experts * moe_expert_numel(&m->cfg);
 }
 
 // ---------------------------------------------------------------- the plan's send order and the experts' blocks
@@ -206,8 +208,10 @@ int expert_run_start(Run* run, ExpertFlags* fl, int argc, char** argv) {
     return run_start(run, argc, argv, "build/chapter-7",
                      "Chapter 7: mixture of experts, experts sharded over ep: route, count, all-to-all-v\n"
                      "dispatch, experts, all-to-all-v combine; replicated gradients over dp x cp x ep, experts over\n"
-                     "dp x cp; with --cp, chapter 6's context parallelism in attention.",
-                     extra, sizeof(extra) / sizeof(extra[0]), (1u << AXIS_DP) | (1u << AXIS_CP) | (1u << AXIS_EP));
+                     "dp x cp; with --cp, chapter 6's context parallelism in attention; with --tp, tensor\n"
+                     "parallelism with sequence parallelism (attention split by heads, the rest by tokens).",
+                     extra, sizeof(extra) / sizeof(extra[0]),
+                     (1u << AXIS_DP) | (1u << AXIS_TP) | (1u << AXIS_CP) | (1u << AXIS_EP));
 }
 
 // ---------------------------------------------------------------- the config
@@ -265,7 +269,13 @@ MoeConfig expert_config(const Run* run, ExpertFlags* f) {
     if (setup->B % world != 0)
         fail_all("the batch of %d sequences does not split over dp x ep = %d ranks (every rank takes its own "
                  "sequences): use a --batch that is a multiple of %d", setup->B, world, world);
-    int cp = run->mesh.size[AXIS_CP];
+    int cp = run->mesh.size[AXIS_CP], tp = run->mesh.size[AXIS_TP];
+    // --tp: a tp rank holds B/tp whole sequences of its share through the
+    // per-token parts (sequence parallelism, expert_tp.c)
+    if ((setup->B / world) % tp != 0)
+        fail_all("--tp %d: each tp rank takes whole sequences of its share, but the %d sequences per dp x ep share do "
+                 "not split over tp=%d: use a --batch that is a multiple of %d", tp, setup->B / world, tp, world * tp);
+    world *= tp;
     long tokens = (long)(setup->B / world) * (setup->T / cp);  // a rank's tokens per MoE layer
     if (f->ep_overlap < 1 || f->ep_overlap > tokens)
         fail_all("--ep-overlap %d: each MoE layer's exchanges are cut into that many chunks of a rank's %ld tokens, "
@@ -276,10 +286,14 @@ MoeConfig expert_config(const Run* run, ExpertFlags* f) {
         if (f->cp_balance == BALANCE_ZIGZAG && setup->T % (2 * cp) != 0)
             fail_all("--seq %d does not split into 2 x cp = %d zigzag half-chunks: use a sequence length divisible "
                      "by %d, or --cp-balance none", setup->T, 2 * cp, 2 * cp);
-        if (f->cp_mode == CP_ULYSSES && cfg.gpt.num_heads % cp != 0)
+        if (f->cp_mode == CP_ULYSSES && (cfg.gpt.num_heads / tp) % cp != 0)
             fail_all("--cp-mode ulysses splits the model's %d heads over cp=%d ranks: use a cp that divides %d, or "
-                     "--cp-mode ring", cfg.gpt.num_heads, cp, cfg.gpt.num_heads);
+                     "--cp-mode ring", cfg.gpt.num_heads / tp, cp, cfg.gpt.num_heads / tp);
     }
+    if (tp > 1 && run->args.recompute != RECOMPUTE_NONE && cfg.moe_every > 1)
+        fail_all("--tp %d: chapter 7 composes tensor parallelism with --recompute in MoE layers, but not yet in a "
+                 "dense layer (--moe-every %d; issue #35's remaining work): use --recompute none or --moe-every 1",
+                 tp, cfg.moe_every);
     return cfg;
 }
 
@@ -288,20 +302,25 @@ MoeConfig expert_config(const Run* run, ExpertFlags* f) {
 void expert_model_create(ExpertModel* m, const MoeConfig* cfg, const ExpertFlags* flags, const Run* run) {
     const Mesh* mesh = &run->mesh;
     int B = run->setup.B / (mesh->size[AXIS_DP] * mesh->size[AXIS_EP]), T = run->setup.T, ncp = mesh->size[AXIS_CP];
+    int ntp = mesh->size[AXIS_TP];
     uint64_t seed = (uint64_t)run->args.seed;
     RecomputeMode recompute = (RecomputeMode)run->args.recompute;
     memset(m, 0, sizeof(*m));
     m->recompute = recompute;
     m->cfg = *cfg;
-    // a cp rank holds T/cp positions of each of its B sequences: as the
-    // per-token parts of the model see it, B sequences of T/cp
+    m->cfg.tp = ntp;  // with --tp the shared buffer leaves out the split tensors (moe.h)
+    // a cp rank holds T/cp positions of each of its B sequences, a tp rank
+    // B/tp of them: as the per-token parts of the model see it, B/tp
+    // sequences of T/cp
+    B /= ntp;
     m->B = B, m->T = T / ncp, m->N = B * (T / ncp);
     m->world = &run->world, m->dp = &run->axes[AXIS_DP], m->epc = &run->axes[AXIS_EP];
     // the group's name in the summary is its axes ("dp+ep"; "dp+cp+ep" with --cp)
-    comm_create_group(&m->batch, mesh, (1u << AXIS_DP) | (ncp > 1 ? 1u << AXIS_CP : 0u) | (1u << AXIS_EP));
+    unsigned tpa = ntp > 1 ? 1u << AXIS_TP : 0u;
+    comm_create_group(&m->batch, mesh, (1u << AXIS_DP) | (ncp > 1 ? 1u << AXIS_CP : 0u) | (1u << AXIS_EP) | tpa);
     m->dpcp = m->dp;
-    if (ncp > 1) {
-        comm_create_group(&m->dpcp_own, mesh, (1u << AXIS_DP) | (1u << AXIS_CP));
+    if (ncp > 1 || ntp > 1) {  // with --tp the experts' copies are over dp x cp x tp
+        comm_create_group(&m->dpcp_own, mesh, (1u << AXIS_DP) | (ncp > 1 ? 1u << AXIS_CP : 0u) | tpa);
         m->dpcp = &m->dpcp_own;
     }
     m->cp = (ExpertCP){.mode = flags->cp_mode, .cpc = &run->axes[AXIS_CP]};
@@ -309,9 +328,9 @@ void expert_model_create(ExpertModel* m, const MoeConfig* cfg, const ExpertFlags
     m->cp.sh = (CPShard){.cp = ncp, .rank = mesh->coord[AXIS_CP], .parts = zig ? 2 : 1, .len = zig ? T / (2 * ncp) : T / ncp,
                          .B = B, .T = T};
     m->ep = mesh->size[AXIS_EP];
-    // shares follow the world rank order (dp, then ep; the cp ranks of a
-    // share hold its positions)
-    m->share = mesh->coord[AXIS_DP] * m->ep + mesh->coord[AXIS_EP];
+    // shares follow the world rank order (dp, then ep, then tp; the cp ranks
+    // of a share hold its positions)
+    m->share = (mesh->coord[AXIS_DP] * m->ep + mesh->coord[AXIS_EP]) * ntp + mesh->coord[AXIS_TP];
     m->E_local = cfg->experts / m->ep;
     m->e0 = m->epc->rank * m->E_local;
     int N = m->N, C = cfg->gpt.channels, H = cfg->hidden, E = cfg->experts, k = cfg->top_k;
@@ -319,7 +338,7 @@ void expert_model_create(ExpertModel* m, const MoeConfig* cfg, const ExpertFlags
     // dropless: my experts may receive every slot of every token of my ep
     // group that can choose them (a token picks an expert at most once)
     m->R = N * m->ep * (k < m->E_local ? k : m->E_local);
-    m->n_shared = moe_num_shared(cfg);
+    m->n_shared = moe_num_shared(&m->cfg);
     m->n_experts = (size_t)Lm * m->E_local * moe_expert_numel(cfg);
     m->shared = mem_alloc_floats(m->n_shared, MEM_PARAMS);
     m->experts = mem_alloc_floats(m->n_experts, MEM_PARAMS);
@@ -329,9 +348,11 @@ void expert_model_create(ExpertModel* m, const MoeConfig* cfg, const ExpertFlags
     m->v_s = mem_alloc_floats(m->n_shared, MEM_OPTIMIZER);
     m->m_e = mem_alloc_floats(m->n_experts, MEM_OPTIMIZER);
     m->v_e = mem_alloc_floats(m->n_experts, MEM_OPTIMIZER);
+    expert_tp_create(m, run);  // --tp: my slices of the split tensors, the all-gather buffers
     float* host = xmalloc((m->n_shared > m->n_experts ? m->n_shared : m->n_experts) * sizeof(float));
-    moe_init_shared(host, cfg, seed);
+    moe_init_shared(host, &m->cfg, seed);  // with --tp without qkvw, qkvb, attprojw: my slices next
     mem_to_device(m->shared, host, m->n_shared * sizeof(float));
+    if (ntp > 1) expert_tp_init(m, seed);
     moe_init_experts(host, cfg, m->e0, m->E_local, seed);
     mem_to_device(m->experts, host, m->n_experts * sizeof(float));
     free(host);
@@ -396,11 +417,14 @@ void expert_model_create(ExpertModel* m, const MoeConfig* cfg, const ExpertFlags
     const char* path = run->setup.checkpoint;
     if (path) {  // --model FILE: the replicated parameters and my experts
         char msg[1024];
-        float* shared = xmalloc(m->n_shared * sizeof(float));
+        float* shared = xmalloc(moe_num_shared(cfg) * sizeof(float));
         float* mine = xmalloc((m->n_experts ? m->n_experts : 1) * sizeof(float));
         const char* bad = moe_checkpoint_read(path, cfg, shared, mine, m->e0, m->E_local, msg, sizeof(msg));
         fail_if_any(bad != NULL, bad);
-        mem_to_device(m->shared, shared, m->n_shared * sizeof(float));
+        if (ntp > 1)
+            expert_tp_load(m, shared);
+        else
+            mem_to_device(m->shared, shared, m->n_shared * sizeof(float));
         mem_to_device(m->experts, mine, m->n_experts * sizeof(float));
         free(shared);
         free(mine);
@@ -430,6 +454,7 @@ void expert_model_free(ExpertModel* m) {
     free(m->a2a_started);
     free(m->routed);
     expert_cp_free(m);
+    expert_tp_free(m);
     if (m->dpcp == &m->dpcp_own) comm_destroy_group(&m->dpcp_own);
     comm_destroy_group(&m->batch);
 }
@@ -441,8 +466,13 @@ void expert_print_setup(const ExpertModel* m, const Run* run) {
     print0("chapter 7: experts, dp=%d x ep=%d, %d expert%s (%d per rank), top-%d, H=%d, %d of %d layers MoE, %s, device %s\n",
            ndp, nep, E, E == 1 ? "" : "s", m->E_local, c->top_k, c->hidden, moe_num_moe_layers(c), c->gpt.num_layers,
            m->capacity_factor > 0 ? "capacity mode" : "dropless", run->device);
+    size_t outside = total - (size_t)moe_num_moe_layers(c) * E * moe_expert_numel(c);
     print0("model %s: %zu parameters (%zu replicated, %zu in experts), %zu active per token; global batch %d x %d, %d per rank\n",
-           run->setup.model_name, total, m->n_shared, total - m->n_shared, moe_active_params(c), run->setup.B, run->setup.T, m->B);
+           run->setup.model_name, total, outside, total - outside, moe_active_params(c), run->setup.B, run->setup.T, m->B);
+    if (m->tp.tp > 1)
+        print0("tensor parallelism: tp=%d with sequence parallelism: each rank holds %d of its tp group's %d sequences "
+               "and %d of the %d heads (1/%d of qkvw, qkvb, attprojw); the experts whole on every tp rank\n",
+               m->tp.tp, m->B, m->B * m->tp.tp, c->gpt.num_heads / m->tp.tp, c->gpt.num_heads, m->tp.tp);
     const CPShard* sh = &m->cp.sh;
     if (sh->cp > 1)
         print0("context parallelism: cp=%d, %s, balance %s: each rank holds %d of the %d positions of its %d sequences "
@@ -519,10 +549,14 @@ void expert_model_save(ExpertModel* m, const char* path) {
     }
     char msg[1024];
     const char* bad = NULL;
+    MoeConfig whole = m->cfg;
+    whole.tp = 1;
+    // with --tp, the whole shared buffer assembled on tp rank 0 (world rank 0 is one)
+    float* gathered = m->tp.tp > 1 && m->tp.dpcpep->rank == 0 ? expert_tp_gather_whole(m) : NULL;
     if (m->world->rank == 0) {
-        float* shared = xmalloc(m->n_shared * sizeof(float));
-        mem_to_host(shared, m->shared, m->n_shared * sizeof(float));
-        bad = moe_checkpoint_write(path, &m->cfg, shared, all, msg, sizeof(msg));
+        float* shared = gathered ? gathered : xmalloc(m->n_shared * sizeof(float));
+        if (!gathered) mem_to_host(shared, m->shared, m->n_shared * sizeof(float));
+        bad = moe_checkpoint_write(path, &whole, shared, all, msg, sizeof(msg));
         free(shared);
         if (!bad) printf("saved %s (mixture of experts, version %d)\n", path, MOE_CHECKPOINT_VERSION);
     }
@@ -573,6 +607,12 @@ void expert_model_ckpt(Ckpt* ck, ExpertModel* m) {
         }
         moe_ckpt_add_shared(&ck->need, &m->cfg, (CkptKind)k, 0, m->n_shared, shared[k]);
         moe_ckpt_add_experts(&ck->need, &m->cfg, (CkptKind)k, m->e0, m->E_local, experts[k]);
+        if (m->tp.tp > 1) {  // my slices of qkvw, qkvb, attprojw: dp x cp x ep rank 0 writes them
+            float* slices[CKPT_NUM_KINDS] = {m->tp.w, m->tp.m, m->tp.v};
+            if (m->tp.dpcpep->rank == 0)
+                moe_ckpt_add_attn_tp(&ck->own, &m->cfg, (CkptKind)k, m->tp.tp, m->tp.rank, slices[k]);
+            moe_ckpt_add_attn_tp(&ck->need, &m->cfg, (CkptKind)k, m->tp.tp, m->tp.rank, slices[k]);
+        }
     }
 }
 
@@ -637,8 +677,15 @@ void expert_model_show_sharding(const ExpertModel* m, int show) {
     snprintf(slice, sizeof(slice), "experts %d..%d of %d", m->e0, m->e0 + m->E_local - 1, m->cfg.experts);
     shard_table_add(t, "experts", "(Lm, E, ...)", "(-, ep, -)", "(-, ep, -)", "(-, ep, -)", slice, f * experts,
                     f * experts, 2 * f * experts);
+    if (m->tp.tp > 1) {  // qkvw, qkvb by rows (my heads' q, k, v), attprojw by columns
+        double sl = (double)m->tp.n;
+        snprintf(slice, sizeof(slice), "heads %d..%d of %d", m->tp.rank * m->cfg.gpt.num_heads / m->tp.tp,
+                 (m->tp.rank + 1) * m->cfg.gpt.num_heads / m->tp.tp - 1, m->cfg.gpt.num_heads);
+        shard_table_add(t, "qkv, attproj", "(L, ...)", "(-, tp, -)", "(-, tp, -)", "(-, tp, -)", slice,
+                        f * sl, f * sl, 2 * f * sl);
+    }
     char title[64];
-    snprintf(title, sizeof(title), "chapter 7, ep=%d, dp=%d", m->ep, m->dp->size);
+    snprintf(title, sizeof(title), "chapter 7, ep=%d, dp=%d, tp=%d", m->ep, m->dp->size, m->tp.tp);
     shard_table_show(t, show, title);
     free(t);
 }

@@ -1,5 +1,5 @@
 // expert_model.h: chapter 7's mixture-of-experts model on one rank of the
-// dp x cp x ep mesh: its buffers (the replicated parameters, this rank's experts,
+// dp x tp x cp x ep mesh: its buffers (the replicated parameters, this rank's experts,
 // their gradients and AdamW moments, the activations each MoE layer keeps),
 // their creation and release, the MoE file (--model FILE, --save FILE) and
 // the training-state checkpoint's slices (--ckpt-dir, --resume).
@@ -72,18 +72,38 @@ typedef struct {
     float *dfch_gelu, *dfch;         // --moe-every > 1: a dense layer's MLP gradients, (N, 4C) each
 } ExpertCP;
 
+// Tensor parallelism with sequence parallelism (--tp N, expert_tp.c). A tp
+// rank holds B/tp whole sequences of its share (its N token rows) through
+// everything that works token by token: the embedding, the LayerNorms, the
+// residuals, the router, the MoE layer (the experts whole, replicated over
+// tp) and the head. Attention alone meets the tp group: its N tp rows are
+// all-gathered, each rank runs its NH/tp heads (qkv column-parallel,
+// attproj row-parallel) and a reduce-scatter brings its rows back.
+// tp = 1: nothing here is allocated and sh is cp.sh.
+typedef struct {
+    int tp, rank;
+    const Comm* tpc;         // the all-gather / reduce-scatter group
+    const Comm* dpcpep;      // the copies of my slices: dp x cp x ep
+    Comm dpcpep_own;
+    CPShard sh;              // attention's layout: the tp group's B tp sequences (cp.sh: my B)
+    size_t n;                // floats of my slices: L (4C^2 + 3C) / tp
+    float *w, *dw, *m, *v;   // per layer qkvw (3C/tp, C) qkvb (3C/tp) attprojw (C, C/tp)
+    float *full, *dfull;     // (N tp, C) every row of the group: a gathered LayerNorm output, a partial sum
+} ExpertTP;
+
 typedef struct {
     MoeConfig cfg;
-    int B, T, N;           // this rank's sequences, its positions of each (T/cp), B*T token rows
+    int B, T, N;           // this rank's sequences (B/tp of its share's), its positions of each (T/cp), B*T token rows
     int share;             // my sequences of the global batch: [share B, (share + 1) B)
     int ep, E_local, e0;   // ep ranks; my experts are [e0, e0 + E_local)
     int R;                 // most rows my experts can receive in one layer
-    Comm batch;            // every rank that holds the replicated parameters: dp x cp x ep,
+    Comm batch;            // every rank that holds the replicated parameters: dp x cp x ep (x tp),
                            // each with its own tokens of the global batch
     const Comm *world, *dp, *epc;  // world: rank 0 writes the file
-    const Comm* dpcp;      // the copies of my experts: dp x cp (= dp when cp = 1)
-    Comm dpcp_own;         // that group, made when cp > 1
+    const Comm* dpcp;      // the copies of my experts: dp x cp x tp (= dp when cp = tp = 1)
+    Comm dpcp_own;         // that group, made when cp > 1 or tp > 1
     ExpertCP cp;
+    ExpertTP tp;
     float aux_coef, capacity_factor;  // capacity_factor 0: dropless
     // parameters: the replicated ones and my experts (moe.h's two buffers)
     size_t n_shared, n_experts;
@@ -207,6 +227,30 @@ void expert_attention_recompute(ExpertModel* m, int l, BlockActs* a);
 // dense MLP on my rows (backward: acts.dres from d res3 to d x).
 void expert_dense_forward(ExpertModel* m, int l, const BlockParams* p);
 void expert_dense_backward(ExpertModel* m, int l, const BlockParams* p, BlockParams* g);
+// Layer l's parameters (or gradients) as a BlockParams: the shared buffer's
+// tensors and, with --tp, this rank's slices of qkvw, qkvb and attprojw.
+BlockParams expert_block_params(ExpertModel* m, int l);
+BlockParams expert_block_grads(ExpertModel* m, int l);
+// Attention itself on the attention's rows (the tp group's, this rank's
+// NH/tp heads): a->qkv to a->atty, at cp = 1 chapter 0's op, at cp > 1 the
+// ring or Ulysses over cp (expert_cp.c); backward s->datty to s->dqkv.
+void expert_attention_core_forward(ExpertModel* m, int l, BlockActs* a);
+void expert_attention_core_backward(ExpertModel* m, int l, const BlockActs* a, const BlockScratch* s);
+// --tp (expert_tp.c): the attention half on my N rows around the tp
+// group's attention; the slices' buffers, from the whole model's values
+// (host, moe.h's layout at tp = 1) split into the shared buffer's layout
+// and my slices, and back for --save; the checkpoint's and the sharding
+// table's lines of the slices.
+void expert_tp_attention_forward(ExpertModel* m, int l, const BlockParams* p, BlockActs* a, const float* x);
+void expert_tp_attention_backward(ExpertModel* m, int l, const BlockParams* p, BlockParams* g, const BlockActs* a,
+                                  const BlockScratch* s, const float* x, const float* dln2, float* dres);
+void expert_tp_create(ExpertModel* m, const Run* run);
+void expert_tp_init(ExpertModel* m, uint64_t seed);  // my slices' counter-based init
+void expert_tp_load(ExpertModel* m, const float* whole);  // whole: moe_num_shared at tp = 1 (host)
+void expert_tp_free(ExpertModel* m);
+// The whole model's shared buffer (host, tp = 1 layout) on tp rank 0 from
+// every rank's; collective over tp. NULL on the other ranks.
+float* expert_tp_gather_whole(ExpertModel* m);
 // The cp buffers of m (m->N, m->cfg and m->cp.sh set), and their release.
 void expert_cp_create(ExpertModel* m);
 void expert_cp_free(ExpertModel* m);

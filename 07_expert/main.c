@@ -12,6 +12,8 @@
 // --cp N: chapter 6's context parallelism; a share's cp ranks hold T/cp
 // positions of its sequences and attention meets the others' keys and values
 // (expert_cp.c). The rest is per token: a token is routed where it lives.
+// --tp N: tensor parallelism with sequence parallelism: a tp rank holds B/tp
+// of a share's sequences, attention is split by heads (expert_tp.c).
 //
 // One MoE layer, forward, in the order of moe_layer_forward below:
 //   1. route      router logits -> softmax -> top-k experts and gates
@@ -21,9 +23,8 @@
 //   4. experts    the received rows, grouped by expert, through each expert
 //   5. combine    all-to-all-v the outputs back, sum them weighted by the gates
 // 3-5 go in chunks of the tokens (--ep-overlap), pipelined; backward runs
-// the two exchanges in reverse (moe_layer_backward). Gradients go to two
-// groups (reduce_gradients): the replicated parameters over dp x cp x ep,
-// the experts over dp x cp. Buffers, files, flags: expert_model.c.
+// the two exchanges in reverse (moe_layer_backward). Gradients go to
+// three groups (reduce_gradients). Buffers, files, flags: expert_model.c.
 #include <stdlib.h>
 #include <string.h>
 
@@ -205,7 +206,7 @@ static void moe_layer_forward(ExpertModel* m, int l, BlockActs* a, const float* 
     int N = m->N, C = c->gpt.channels, E = c->experts, k = c->top_k, nc = m->chunks, ep = m->ep;
     int mi = moe_layer_index(c, l);
     MoeLayer* L = expert_layer(m, l);
-    BlockParams p = moe_block_params(c, m->shared, l);
+    BlockParams p = expert_block_params(m, l);  // with --tp, my slices of the attention's matrices
     expert_attention_forward(m, l, &p, a, x);  // with --cp, over the cp group
     // 1. route: logits (N, E) = ln2 @ router^T, softmax, top-k, gates
     matmul_forward(L->logits, a->ln2, moe_router_at(c, m->shared, l), NULL, N, C, E);
@@ -271,8 +272,7 @@ static void moe_layer_backward(ExpertModel* m, int l, const float* x) {
     double t0 = trace_start();
     BlockActs a = moe_layer_recompute(m, l, x);
     MoeLayer* L = expert_layer(m, l);
-    BlockParams p = moe_block_params(c, m->shared, l);
-    BlockParams g = moe_block_params(c, m->dshared, l);
+    BlockParams p = expert_block_params(m, l), g = expert_block_grads(m, l);
     BlockScratch s = gpt_acts_scratch(&m->acts, &c->gpt);
     float* dres = m->acts.dres;
     // combine, backwards: d of each returned row, and of each gate
@@ -324,7 +324,7 @@ static float model_forward(ExpertModel* m, const int* inputs, const int* targets
             moe_layer_forward(m, l, &a, gpt_acts_block_input(&m->acts, g, l, B, T));
             trace_compute(t0, "block %d forward", l);
         } else {  // a dense layer: the GPT's block (with --cp, its attention over cp)
-            BlockParams p = moe_block_params(&m->cfg, m->shared, l);
+            BlockParams p = expert_block_params(m, l);
             expert_dense_forward(m, l, &p);
         }
     }
@@ -340,40 +340,38 @@ static void model_backward(ExpertModel* m) {
             moe_layer_backward(m, l, gpt_acts_block_input(&m->acts, g, l, B, T));
         } else {
             // a dense layer: the GPT's block, recomputed as model.h says
-            BlockParams p = moe_block_params(&m->cfg, m->shared, l), gp = moe_block_params(&m->cfg, m->dshared, l);
+            BlockParams p = expert_block_params(m, l), gp = expert_block_grads(m, l);
             expert_dense_backward(m, l, &p, &gp);
         }
     }
     expert_embed_backward(m);
 }
 
-// ---------------------------------------------------------------- the two gradient groups
+// ---------------------------------------------------------------- the three gradient groups
 
 // Every rank's gradient is of ITS tokens' mean loss. The replicated
-// parameters saw every token of the batch, one share per rank: their
-// gradient is the mean over the dp x cp x ep group. An expert saw only the
-// tokens routed to it from the ep ranks of its own (dp, cp) coordinate (the
-// all-to-all brought them to it), already summed over those ranks by
-// backward; its copies on the other dp replicas and cp ranks saw the other
-// tokens. So its gradient is the sum over dp x cp (the expert-data-parallel
-// group), and over ep there is nothing to reduce: every ep rank holds
-// different experts. Scaled by 1 / (dp cp ep), as each rank's share counts
-// that much of the global mean.
+// parameters saw every token: the mean over dp x cp x ep x tp. An expert saw
+// its ep group's tokens routed to it (summed by backward), its copies on the
+// dp, cp, tp ranks the others: the sum over dp x cp x tp. A tp slice saw its
+// tp group's tokens: the sum over dp x cp x ep. Sums scale by 1/(dp cp ep tp).
 static void reduce_gradients(ExpertModel* m) {
     // EXERCISE 4: the two gradient groups: the replicated parameters' mean over dp x cp x ep, the experts' over dp x cp only, scaled for the global mean
     comm_allreduce(&m->batch, m->dshared, m->n_shared, COMM_AVG);
     comm_allreduce(m->dpcp, m->dexperts, m->n_experts, COMM_SUM);
     ops_scale(m->dexperts, m->n_experts, 1.0f / (float)m->batch.size);
     // END EXERCISE 4
+    if (m->tp.tp > 1) {  // --tp: the slices, the third group
+        comm_allreduce(m->tp.dpcpep, m->tp.dw, m->tp.n, COMM_SUM);
+        ops_scale(m->tp.dw, m->tp.n, 1.0f / (float)m->batch.size);
+    }
 }
 
-// The global norm: the replicated gradients enter once (on ep rank 0 of
-// dp x cp rank 0; they are equal on every rank), each rank's experts once
-// (dp x cp rank 0), summed over ep and dp x cp.
+// The global norm: each gradient once, summed over ep and dp x cp x tp.
 static float clip_and_step(ExpertModel* m, const TrainArgs* args, int step) {
     double* mine = train_sumsq_begin();  // on the device, read once by train_global_norm
     if (m->dpcp->rank == 0) grad_sumsq(mine, m->dexperts, m->n_experts);
     if (m->epc->rank == 0 && m->dpcp->rank == 0) grad_sumsq(mine, m->dshared, m->n_shared);
+    if (m->tp.tp > 1 && m->tp.dpcpep->rank == 0) grad_sumsq(mine, m->tp.dw, m->tp.n);
     const Comm* groups[] = {m->epc, m->dpcp};
     double norm = train_global_norm(mine, groups, 2);
     float scale = grad_clip_scale(norm, args->clip);
@@ -381,6 +379,7 @@ static float clip_and_step(ExpertModel* m, const TrainArgs* args, int step) {
     double t0 = trace_start();
     adamw_update(m->shared, m->dshared, m->m_s, m->v_s, m->n_shared, ac, step + 1, scale);
     adamw_update(m->experts, m->dexperts, m->m_e, m->v_e, m->n_experts, ac, step + 1, scale);
+    if (m->tp.tp > 1) adamw_update(m->tp.w, m->tp.dw, m->tp.m, m->tp.v, m->tp.n, ac, step + 1, scale);
     trace_compute(t0, "optimizer");
     return (float)norm;
 }
@@ -429,8 +428,9 @@ int main(int argc, char** argv) {
         float my_loss = model_forward(&model, loop.inputs, loop.targets);
         mem_zero(model.dshared, model.n_shared * sizeof(float));
         mem_zero(model.dexperts, model.n_experts * sizeof(float));
+        if (model.tp.tp > 1) mem_zero(model.tp.dw, model.tp.n * sizeof(float));
         model_backward(&model);    // the two exchanges of each MoE layer, reversed
-        reduce_gradients(&model);  // the replicated parameters over dp x cp x ep, the experts over dp x cp
+        reduce_gradients(&model);  // the replicated parameters, the experts, the tp slices: three groups
         float norm = clip_and_step(&model, args, step);
         // the language-model loss of the global batch (a host scalar: plain MPI)
         float loss = (float)train_mean(&model.batch, my_loss);  // dp x cp x ep: equal token counts

@@ -31,9 +31,19 @@ int moe_layer_index(const MoeConfig* c, int l) { return (l + 1) / c->moe_every -
 
 size_t moe_attn_numel(int C) { return 4 * (size_t)C * C + 8 * (size_t)C; }
 
+size_t moe_attn_tp_numel(int C, int tp) { return (4 * (size_t)C * C + 3 * (size_t)C) / tp; }
+
+// The attention half's floats in the shared buffer: with tp > 1, without
+// the qkvw, qkvb and attprojw that tp splits (4C^2 + 3C of them).
+static size_t attn_numel(const MoeConfig* c) {
+    int C = c->gpt.channels;
+    return moe_attn_numel(C) - (c->tp > 1 ? moe_attn_tp_numel(C, 1) : 0);
+}
+
 size_t moe_block_numel(const MoeConfig* c, int l) {
     int C = c->gpt.channels;
-    return moe_is_moe_layer(c, l) ? moe_attn_numel(C) + (size_t)c->experts * C : gpt_block_numel(C);
+    size_t mlp = moe_is_moe_layer(c, l) ? (size_t)c->experts * C : gpt_block_numel(C) - moe_attn_numel(C);
+    return attn_numel(c) + mlp;
 }
 
 size_t moe_wte_offset(const MoeConfig* c) { (void)c; return 0; }
@@ -52,13 +62,23 @@ BlockParams moe_block_params(const MoeConfig* c, float* shared, int l) {
     int C = c->gpt.channels;
     // the first 8 tensors are laid out as in a dense block: block_params_at
     // places them; an MoE block has no fc* (its router follows ln2b)
-    BlockParams p = block_params_at(shared + moe_block_offset(c, l), C);
+    float* base = shared + moe_block_offset(c, l);
+    BlockParams p = block_params_at(base, C);
+    if (c->tp > 1) {
+        // the same order without qkvw, qkvb, attprojw (a tp rank's slices
+        // of them live elsewhere): ln1w ln1b attprojb ln2w ln2b, then the
+        // dense MLP's four
+        size_t CC = (size_t)C * C;
+        p.qkvw = p.qkvb = p.attprojw = NULL;
+        p.attprojb = base + 2 * C, p.ln2w = base + 3 * C, p.ln2b = base + 4 * C;
+        p.fcw = base + 5 * C, p.fcb = p.fcw + 4 * CC, p.fcprojw = p.fcb + 4 * C, p.fcprojb = p.fcprojw + 4 * CC;
+    }
     if (moe_is_moe_layer(c, l)) p.fcw = p.fcb = p.fcprojw = p.fcprojb = NULL;
     return p;
 }
 
 float* moe_router_at(const MoeConfig* c, float* shared, int l) {
-    return shared + moe_block_offset(c, l) + moe_attn_numel(c->gpt.channels);
+    return shared + moe_block_offset(c, l) + attn_numel(c);
 }
 
 // ---------------------------------------------------------------- expert parameters
@@ -97,6 +117,7 @@ void moe_init_shared(float* out, const MoeConfig* c, uint64_t seed) {
         // half alone in an MoE block
         ParamTensor last = moe_is_moe_layer(c, l) ? P_LN2B : P_FCPROJB;
         for (ParamTensor t = P_LN1W; t <= last; t++) {
+            if (c->tp > 1 && (t == P_QKVW || t == P_QKVB || t == P_ATTPROJW)) continue;  // not in the buffer
             size_t tn = param_tensor_numel(g, t);
             for (size_t i = 0; i < tn; i++) *b++ = gpt_init_value(g, seed, t, l, i);
         }
@@ -227,7 +248,9 @@ double moe_flops_per_token(const MoeConfig* c, int T) {
 }
 
 size_t moe_active_params(const MoeConfig* c) {
-    return moe_num_shared(c) + (size_t)moe_num_moe_layers(c) * c->top_k * moe_expert_numel(c);
+    MoeConfig whole = *c;  // the whole model's, tp split or not
+    whole.tp = 1;
+    return moe_num_shared(&whole) + (size_t)moe_num_moe_layers(c) * c->top_k * moe_expert_numel(c);
 }
 
 // ---------------------------------------------------------------- checkpoint
@@ -417,6 +440,7 @@ void moe_ckpt_add_shared(CkptList* l, const MoeConfig* c, CkptKind kind, size_t 
         // the attention half: the dense block's first 8 tensors, in order
         for (ParamTensor t = P_LN1W; t <= P_LN2B; t++) {
             size_t tn = param_tensor_numel(g, t);
+            if (c->tp > 1 && (t == P_QKVW || t == P_QKVB || t == P_ATTPROJW)) continue;  // moe_ckpt_add_attn_tp's
             add_piece(l, kind, T_LN1W + (t - P_LN1W), off, tn, (size_t)layer * tn, lo, hi, data);
             off += tn;
         }
@@ -451,4 +475,23 @@ void moe_ckpt_add_experts(CkptList* l, const MoeConfig* c, CkptKind kind, int e0
                 ckpt_add(l, s);
             }
         }
+}
+
+void moe_ckpt_add_attn_tp(CkptList* l, const MoeConfig* c, CkptKind kind, int tp, int rank, float* data) {
+    size_t C = (size_t)c->gpt.channels, Cl = C / tp;
+    for (int layer = 0; layer < c->gpt.num_layers; layer++) {
+        float* w = data + (size_t)layer * moe_attn_tp_numel((int)C, tp);
+        // qkvw (L, 3C, C): 3 runs of Cl rows (q, k, v of my heads), C rows apart
+        CkptSlice s = {.kind = kind, .tensor = T_LN1W + (P_QKVW - P_LN1W), .start = ((size_t)layer * 3 * C + rank * Cl) * C,
+                       .len = Cl * C, .stride = C * C, .count = 3, .data = w};
+        ckpt_add(l, s);
+        // qkvb (L, 3C): the same 3 runs of Cl
+        s = (CkptSlice){.kind = kind, .tensor = T_LN1W + (P_QKVB - P_LN1W), .start = (size_t)layer * 3 * C + rank * Cl,
+                        .len = Cl, .stride = C, .count = 3, .data = w + 3 * Cl * C};
+        ckpt_add(l, s);
+        // attprojw (L, C, C): columns [rank Cl, (rank + 1) Cl) of every row
+        s = (CkptSlice){.kind = kind, .tensor = T_LN1W + (P_ATTPROJW - P_LN1W), .start = (size_t)layer * C * C + rank * Cl,
+                        .len = Cl, .stride = C, .count = C, .data = w + 3 * Cl * C + 3 * Cl};
+        ckpt_add(l, s);
+    }
 }

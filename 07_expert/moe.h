@@ -34,6 +34,11 @@ typedef struct {
     int top_k;      // k <= E experts per token
     int hidden;     // H, each expert's MLP width (default 4C)
     int moe_every;  // layer l is MoE iff (l + 1) % moe_every == 0
+    // tensor parallelism (chapter 7's --tp, expert_tp.c): with tp > 1 the
+    // shared buffer leaves out every layer's qkvw, qkvb and attprojw (a tp
+    // rank holds its slices of them in a buffer of their own); 0 or 1: the
+    // whole model, as the file and the checkpoint's tensors name it
+    int tp;
 } MoeConfig;
 
 // NULL if the config is usable, else a message.
@@ -51,7 +56,8 @@ size_t moe_num_shared(const MoeConfig* c);
 size_t moe_wte_offset(const MoeConfig* c);   // 0
 size_t moe_wpe_offset(const MoeConfig* c);
 size_t moe_lnf_offset(const MoeConfig* c);   // lnfw, then lnfb
-// Layer l's parameters in a shared buffer; an MoE layer's fc* are NULL.
+// Layer l's parameters in a shared buffer; an MoE layer's fc* are NULL, and
+// with c->tp > 1 qkvw, qkvb and attprojw are NULL too (not in the buffer).
 BlockParams moe_block_params(const MoeConfig* c, float* shared, int l);
 float* moe_router_at(const MoeConfig* c, float* shared, int l);  // (E, C)
 
@@ -65,8 +71,9 @@ typedef struct {
 ExpertParams moe_expert_at(const MoeConfig* c, float* experts, int m, int le, int n_local);
 
 // ---------------------------------------------------------------- init
-// The shared buffer (host memory), and experts [e0, e0 + n_local) of every
-// MoE layer (host memory, the layout above).
+// The shared buffer (host memory; with c->tp > 1 without the split tensors),
+// and experts [e0, e0 + n_local) of every MoE layer (host memory, the layout
+// above).
 void moe_init_shared(float* out, const MoeConfig* c, uint64_t seed);
 void moe_init_experts(float* out, const MoeConfig* c, int e0, int n_local, uint64_t seed);
 
@@ -161,5 +168,12 @@ void moe_ckpt_add_shared(CkptList* l, const MoeConfig* c, CkptKind kind, size_t 
 // A rank's experts buffer (experts [e0, e0 + n_local) of every MoE layer):
 // one slice per (layer, expert, tensor).
 void moe_ckpt_add_experts(CkptList* l, const MoeConfig* c, CkptKind kind, int e0, int n_local, float* data);
+// A tp rank's slices of every layer's qkvw (3 row blocks of C/tp: its heads'
+// q, k and v), qkvb (the same) and attprojw (columns [r C/tp, (r+1) C/tp)),
+// laid out per layer as expert_tp.c holds them: qkvw (3C/tp, C), qkvb
+// (3C/tp), attprojw (C, C/tp). Slices of the global tensors: any tp resumes.
+void moe_ckpt_add_attn_tp(CkptList* l, const MoeConfig* c, CkptKind kind, int tp, int rank, float* data);
+// Floats of one layer's tp slices: (4C^2 + 3C) / tp.
+size_t moe_attn_tp_numel(int C, int tp);
 
 #endif

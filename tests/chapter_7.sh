@@ -8,7 +8,9 @@
 # attention), E = 1 against chapter 0 and E = 4 against one rank on
 # cp, dp x cp, ep x cp and dp x cp x ep meshes (16 ranks too), with capacity
 # drops and --recompute, and checkpoints across the compositions (E = 1's
-# resumed by chapter 0). (The router, gating, auxiliary loss, dispatch and combine
+# resumed by chapter 0); and with --tp (tensor parallelism with sequence
+# parallelism) on tp, dp x tp, tp x cp, ep x tp and dp x tp x ep meshes, with
+# checkpoints across tp. (The router, gating, auxiliary loss, dispatch and combine
 # ops are checked against finite differences in tests/test_ops.c, the whole
 # MoE model on one rank in tests/test_moe.c.)
 . "$(dirname "$0")/lib.sh"
@@ -269,6 +271,97 @@ if [ $RC = 0 ] && echo "$OUT" | grep -q "checkpoint: resumed from .*(chapter 0, 
 else
     fail "experts: E=1 resuming chapter 0's checkpoint" "exit $RC; $a; $b; $(echo "$OUT" | grep -E 'error|resumed' | head -3)"
 fi
+# Tensor parallelism with sequence parallelism (--tp, expert_tp.c,
+# docs/07_expert.md): a tp rank holds B/tp whole sequences of its share
+# through every per-token part, attention is split by heads over tp, the
+# experts stay whole. E = 1, k = 1 on tp = 2, dp x tp = 2 x 2, tp x cp =
+# 2 x 2 (ring; Ulysses over the rank's heads) and with a dense layer
+# (--moe-every 2) is chapter 0's model; E = 4, k = 2 on ep x tp, tp x cp
+# and dp x tp x ep follows the one-rank run up to the first routing change.
+invariant --norm --val "experts: E=1, k=1 on tp=2 (sequence parallel) is chapter 0's dense model" "$INV_FLAGS" 2 chapter-7 "--experts 1 --top-k 1 --tp 2"
+invariant --norm "experts: E=1, k=1 on dp x tp = 2 x 2 is chapter 0's dense model" "$INV_FLAGS" 4 chapter-7 "--experts 1 --top-k 1 --dp 2 --tp 2"
+invariant --norm "experts: E=1, k=1 on tp x cp = 2 x 2 (ring) is chapter 0's dense model" "$INV_FLAGS" 4 chapter-7 "--experts 1 --top-k 1 --tp 2 --cp 2"
+invariant --norm "experts: E=1, k=1 on tp x cp = 2 x 2 (ulysses, zigzag) is chapter 0's dense model" "$INV_FLAGS" 4 chapter-7 "--experts 1 --top-k 1 --tp 2 --cp 2 --cp-mode ulysses --cp-balance zigzag"
+invariant --norm "experts: E=1, k=1, --moe-every 2 on tp=2 is chapter 0's dense model" "$INV_FLAGS" 2 chapter-7 "--experts 1 --top-k 1 --moe-every 2 --tp 2"
+c7_same "ep x tp = 2 x 2" 4 "--ep 2 --tp 2"
+c7_eptp=$C7_LOG
+c7_same "tp x cp = 2 x 2 (ulysses)" 4 "--tp 2 --cp 2 --cp-mode ulysses"
+c7_same "tp x cp = 2 x 2 (ring, zigzag)" 4 "--tp 2 --cp 2 --cp-balance zigzag"
+c7_same "dp x tp x ep = 2 x 2 x 2 (--ep-overlap 3)" 8 "--dp 2 --tp 2 --ep 2 --ep-overlap 3"
+# --recompute with --tp: selective recomputes the attention of this rank's
+# heads from the kept qkv; full runs each MoE layer again, its all-gather
+# and reduce-scatter included. Both give none's step records, the same bits.
+for rc in selective full; do
+    mpi_run $T_RUN 4 "$BUILD/chapter-7" $c7_flags --ep 2 --tp 2 --recompute $rc --log "$TEST_TMPDIR/c7_tp_$rc.jsonl"
+    a=$(c7_tail "$c7_eptp" 0) b=$(c7_tail "$TEST_TMPDIR/c7_tp_$rc.jsonl" 0)
+    if [ $RC = 0 ] && [ -n "$a" ] && [ "$a" = "$b" ]; then
+        pass "experts: --recompute $rc on ep x tp = 2 x 2 gives none's $INV_STEPS step records bit for bit"
+    else
+        fail "experts: --recompute $rc on ep x tp" "exit $RC; $(diff <(echo "$a") <(echo "$b") | head -4)"
+    fi
+done
+# capacity mode over tp: the tp ranks' tokens are the share's in batch order
+# (world order: tp fastest), so the same slots are kept and dropped as on
+# one rank, the dropped count the same
+c7_cap_ref=$TEST_TMPDIR/c7_cap_ref.jsonl c7_cap=$TEST_TMPDIR/c7_cap_tp.jsonl
+mpi_run $T_RUN 1 "$BUILD/chapter-7" $c7_flags --capacity-factor 1 --log "$c7_cap_ref"
+mpi_run $T_RUN 4 "$BUILD/chapter-7" $c7_flags --capacity-factor 1 --ep 2 --tp 2 --log "$c7_cap"
+a=""
+if [ $RC = 0 ] && a=$(bash tests/compare_routing.sh "$c7_cap_ref" "$c7_cap" $TOL $TOL_NORM 2>&1) &&
+    [ -n "$(grep -o '"dropped_total":[1-9][0-9]*' "$c7_cap")" ] &&
+    [ "$(grep -o '"dropped_total":[0-9]*' "$c7_cap")" = "$(grep -o '"dropped_total":[0-9]*' "$c7_cap_ref")" ]; then
+    pass "experts: capacity mode on ep x tp = 2 x 2 keeps and drops the one-rank run's slots ($a; $(grep -o '"dropped_total":[0-9]*' "$c7_cap"))"
+else
+    fail "experts: capacity mode on ep x tp" "exit $RC; $a; $(grep -o '"dropped_total":[0-9]*' "$c7_cap_ref" "$c7_cap")"
+fi
+# init and --save: the tp slices are the whole model's values (counter-based
+# init), and --save gathers them: at step 0 the file of ep x tp = 2 x 2 is
+# the one rank's, byte for byte
+mpi_run $T_RUN 1 "$BUILD/chapter-7" --steps 0 --batch 24 --seq 32 --peak-gflops 10 --experts 4 --top-k 2 --save "$TEST_TMPDIR/c7_tp_init1.bin"
+mpi_run $T_RUN 4 "$BUILD/chapter-7" --steps 0 --batch 24 --seq 32 --peak-gflops 10 --experts 4 --top-k 2 --ep 2 --tp 2 --save "$TEST_TMPDIR/c7_tp_init4.bin"
+if [ $RC = 0 ] && [ -s "$TEST_TMPDIR/c7_tp_init1.bin" ] && cmp -s "$TEST_TMPDIR/c7_tp_init1.bin" "$TEST_TMPDIR/c7_tp_init4.bin"; then
+    pass "experts: --save at step 0 on ep x tp = 2 x 2 writes the one-rank file byte for byte (init and the tp gather)"
+else
+    fail "experts: --save on ep x tp" "exit $RC; $(cmp "$TEST_TMPDIR/c7_tp_init1.bin" "$TEST_TMPDIR/c7_tp_init4.bin" 2>&1)"
+fi
+# --model FILE on tp: each rank keeps its slices of the file's tensors; the
+# step-0 file trained on ep x tp = 2 x 2 follows the one rank's run from it
+c7_m="--model $TEST_TMPDIR/c7_tp_init4.bin --steps 3 --batch 24 --seq 32 --peak-gflops 10"
+mpi_run $T_RUN 1 "$BUILD/chapter-7" $c7_m --log "$TEST_TMPDIR/c7_tp_m1.jsonl"
+mpi_run $T_RUN 4 "$BUILD/chapter-7" $c7_m --ep 2 --tp 2 --log "$TEST_TMPDIR/c7_tp_m4.jsonl"
+a=""
+if [ $RC = 0 ] && a=$(bash tests/compare_routing.sh "$TEST_TMPDIR/c7_tp_m1.jsonl" "$TEST_TMPDIR/c7_tp_m4.jsonl" $TOL $TOL_NORM 2>&1); then
+    pass "experts: --model FILE on ep x tp = 2 x 2 trains as on one rank ($a)"
+else
+    fail "experts: --model FILE on ep x tp" "exit $RC; $a; $(echo "$OUT" | grep -E 'error' | head -3)"
+fi
+# checkpoints across tp: saved on ep x tp = 2 x 2 (the slices as strided
+# slices of the global qkvw, qkvb, attprojw), resumed there bit for bit and
+# on one rank; the dp x ep checkpoint (tp = 1) resumes on tp x cp = 2 x 2
+c7_ckt=$TEST_TMPDIR/c7_ckt
+mpi_run $T_RUN 4 "$BUILD/chapter-7" $c7_flags --ep 2 --tp 2 --ckpt-dir "$c7_ckt" --save-every 4 --log "$TEST_TMPDIR/c7_ckt.jsonl"
+mpi_run $T_RUN 4 "$BUILD/chapter-7" $c7_flags --ep 2 --tp 2 --resume "$c7_ckt/step-00000004" --log "$TEST_TMPDIR/c7_ckt_res.jsonl"
+a=$(c7_tail "$TEST_TMPDIR/c7_ckt.jsonl" 4) b=$(c7_tail "$TEST_TMPDIR/c7_ckt_res.jsonl" 0)
+if [ $RC = 0 ] && echo "$OUT" | grep -q "checkpoint: resumed from" && [ -n "$a" ] && [ "$a" = "$b" ] &&
+    [ "$(echo "$b" | wc -l)" = $((INV_STEPS - 4)) ]; then
+    pass "experts: ep x tp = 2 x 2 resumed at step 4 repeats steps 4..$((INV_STEPS - 1)) bit for bit"
+else
+    fail "experts: resume on ep x tp = 2 x 2" "exit $RC; $(diff <(echo "$a") <(echo "$b") | head -4); $(echo "$OUT" | grep -E 'error|resumed' | head -2)"
+fi
+for run in "1 tp2to1 one rank" "4 tp1to2 tp x cp = 2 x 2"; do
+    read -r np tag where <<< "$run"
+    if [ "$tag" = tp2to1 ]; then ck=$c7_ckt/step-00000004 src=$TEST_TMPDIR/c7_ckt.jsonl mesh=""
+    else ck=$c7_ck/step-00000004 src=$c7_full mesh="--tp 2 --cp 2"; fi
+    mpi_run $T_RUN "$np" "$BUILD/chapter-7" $c7_flags $mesh --resume "$ck" --log "$TEST_TMPDIR/c7_$tag.jsonl"
+    c7_tail "$src" 4 >"$TEST_TMPDIR/c7_${tag}_tail.jsonl"
+    a=""
+    if [ $RC = 0 ] && echo "$OUT" | grep -q "checkpoint: resumed from" &&
+        a=$(bash tests/compare_routing.sh "$TEST_TMPDIR/c7_${tag}_tail.jsonl" "$TEST_TMPDIR/c7_$tag.jsonl" $TOL $TOL_NORM 2>&1); then
+        pass "experts: the $( [ $tag = tp2to1 ] && echo "ep x tp = 2 x 2" || echo "dp x ep = 2 x 2") checkpoint of step 4 resumes on $where ($a)"
+    else
+        fail "experts: checkpoint $tag" "exit $RC; $a; $(echo "$OUT" | grep -E 'error' | head -3)"
+    fi
+done
 # --recompute (docs/recompute.md): on dp x ep = 2 x 2, selective and full
 # give the step records of none, every field the same bits (so the
 # invariant holds per mode); the activation and exchange-buffer bytes per
@@ -619,6 +712,10 @@ jobs_run error_case chapter-7 3 "--cp 3 --seq 32" "--seq 32 does not split over 
 jobs_run error_case chapter-7 2 "--cp 2 --seq 30 --cp-balance zigzag" "--seq 30 does not split into 2 x cp = 4 zigzag half-chunks"
 jobs_run error_case chapter-7 3 "--cp 3 --seq 48 --cp-mode ulysses" "--cp-mode ulysses splits the model's 4 heads over cp=3 ranks"
 jobs_run error_case chapter-7 2 "--cp 2 --cp-mode star" "--cp-mode star is not one of ring, ulysses"
+# --tp: the heads, the share's sequences, and what it does not compose with yet
+jobs_run error_case chapter-7 3 "--tp 3 --batch 6" "the model's 4 heads do not split over tp=3 ranks"
+jobs_run error_case chapter-7 2 "--tp 2 --batch 3" "the 3 sequences per dp x ep share do not split over tp=2"
+jobs_run error_case chapter-7 2 "--tp 2 --moe-every 2 --recompute selective" "with --recompute in MoE layers, but not yet in a dense layer"
 jobs_run help_case chapter-7 "--cp-mode"
 jobs_run help_case chapter-7 "--capacity-factor"
 jobs_run help_case chapter-7 "--ep-overlap"

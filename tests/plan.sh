@@ -192,6 +192,19 @@ for f in "--cp-mode ring --recompute selective" "--cp-mode ring --recompute full
     c7 4 --batch 24 --seq 32 --experts 4 --top-k 2 --ep 2 --cp 2 $f
 done
 c7 4 --batch 24 --seq 32 --experts 4 --top-k 3 --moe-every 2 --expert-hidden 96 --ep 2 --cp 2 --cp-mode ulysses --recompute full
+# --tp: the shared buffer without qkvw, qkvb, attprojw and a rank's slices of
+# them, the (N tp, C) gather buffers, tp's all-gathers and reduce-scatters,
+# the slices' group dp x cp x ep (the meshes tests/chapter_7.sh runs)
+c7 2 --batch 24 --seq 32 --experts 1 --top-k 1 --tp 2
+c7 4 --batch 24 --seq 32 --experts 1 --top-k 1 --dp 2 --tp 2
+c7 4 --batch 24 --seq 32 --experts 4 --top-k 2 --ep 2 --tp 2
+c7 4 --batch 24 --seq 32 --experts 4 --top-k 2 --tp 2 --cp 2 --cp-mode ulysses
+c7 4 --batch 24 --seq 32 --experts 4 --top-k 2 --tp 2 --cp 2 --cp-balance zigzag
+c7 4 --batch 24 --seq 32 --experts 1 --top-k 1 --tp 2 --cp 2
+c7 2 --batch 24 --seq 32 --experts 1 --top-k 1 --moe-every 2 --tp 2
+c7 8 --batch 24 --seq 32 --experts 4 --top-k 2 --dp 2 --tp 2 --ep 2
+c7 4 --batch 24 --seq 32 --experts 4 --top-k 2 --ep 2 --tp 2 --recompute selective
+c7 4 --batch 24 --seq 32 --experts 4 --top-k 2 --ep 2 --tp 2 --recompute full
 jobs_wait
 
 echo "== --show-sharding"
@@ -247,7 +260,10 @@ plan_error "--cp-mode star" --chapter 6 --ranks 2 --cp 2 --cp-mode star
 plan_error "--sp" --chapter 6 --ranks 4 --tp 2 --cp 2 --sp
 plan_error "--ep" --chapter 7 --ranks 3 --ep 3 --experts 4
 plan_error "--ep-overlap" --chapter 7 --ranks 2 --ep 2 --batch 24 --seq 32 --ep-overlap 385
-plan_error "--ranks: chapter 7 has the dp, cp and ep axes only" --chapter 7 --ranks 4 --ep 2 --tp 2
+plan_error "--ranks: chapter 7 has the dp, tp, cp and ep axes only" --chapter 7 --ranks 4 --ep 2 --pp 2
+plan_error "--tp: chapter 7 composes it with --recompute in MoE layers only" --chapter 7 --ranks 2 --tp 2 --moe-every 2 --recompute selective
+plan_error "--batch: each tp rank takes whole sequences" --chapter 7 --ranks 4 --tp 4 --batch 6
+plan_error "--tp: tp must divide the model's heads" --chapter 7 --ranks 3 --tp 3 --batch 6
 
 echo "== the step-time model (07_expert/plan/plan_time.h)"
 # A fixed profile, and the time the documented formula gives for it,
