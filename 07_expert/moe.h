@@ -152,5 +152,9 @@ void moe_ckpt_add_shared(CkptList* l, const MoeConfig* c, CkptKind kind, size_t 
 // A rank's experts buffer (experts [e0, e0 + n_local) of every MoE layer):
 // one slice per (layer, expert, tensor).
 void moe_ckpt_add_experts(CkptList* l, const MoeConfig* c, CkptKind kind, int e0, int n_local, float* data);
+// The same for a buffer of n_layers MoE layers only, the model's MoE layers
+// [m0, m0 + n_layers) (a pipeline stage's).
+void moe_ckpt_add_expert_layers(CkptList* l, const MoeConfig* c, CkptKind kind, int m0, int n_layers, int e0,
+                                int n_local, float* data);
 
 #endif
