@@ -68,7 +68,7 @@ typedef struct {
     ExpertBackward backward;
     Schedule sched;
     const char* sched_name;
-    int pp, stage, v, S, M, b, T, per_rank, share;
+    int pp, stage, v, S, M, B, b, T, per_rank, share;
     const Comm* ppc;
     Comm embed;  // stage 0 and stage pp-1 of this (dp, ep) coordinate
     XpChunk chunk[XP_MAX_CHUNKS];
@@ -76,7 +76,7 @@ typedef struct {
     int n_in;
     XpSend* sends;
     int n_sends, max_sends;
-    const int *inputs, *targets;  // host: this step's share (per_rank, T)
+    int *inputs, *targets;  // host (m, b, T): this step's tokens of each microbatch on this rank
     // the step's figures: losses (last stage), routing statistics of my layers
     double loss_sum, aux;
     long dropped, dropped_total;
@@ -288,6 +288,21 @@ static void step_record(ExpertPipe* P, TrainLoop* loop) {
     json_add_long_matrix(fields, "expert_tokens", P->routed, moe_num_moe_layers(&P->cfg), P->cfg.experts);
 }
 
+// ---------------------------------------------------------------- the tokens
+
+// Microbatch mb of a step is the global batch's sequences [mb B/m, (mb+1) B/m),
+// split over the dp x ep ranks (b = B / (m dp ep) each, in share order), so
+// that one MoE layer call sees the same tokens on every mesh: its balance
+// statistics and capacity are over the microbatch, and chapter 7 on one rank
+// with the same m is the reference.
+static void load_microbatches(ExpertPipe* P, const TokenSet* d, long step) {
+    int B = P->B, T = P->T;
+    for (int mb = 0; mb < P->M; mb++) {
+        size_t t0 = (size_t)mb * P->b * T;
+        data_batch(d, step, B, T, mb * (B / P->M) + P->share * P->b, P->b, P->inputs + t0, P->targets + t0);
+    }
+}
+
 // ---------------------------------------------------------------- validation
 
 // One microbatch through the stages, forward only: chunk after chunk, each
@@ -318,8 +333,19 @@ static float val_forward(void* ctx, const int* inputs, const int* targets) {
 
 static float val_loss(void* ctx, const TrainSetup* setup, int n_batches) {
     ExpertPipe* P = ctx;
-    return train_val_loss_with(setup, n_batches, val_forward, P, P->share * P->per_rank, P->per_rank, P->b,
-                               &P->chunk[0].m.batch);
+    size_t per_epoch = data_batches_per_epoch(&setup->val, setup->B, setup->T);
+    if (per_epoch == 0) return -1.0f;
+    if ((size_t)n_batches > per_epoch) n_batches = (int)per_epoch;
+    double sum = 0.0;
+    for (int i = 0; i < n_batches; i++) {
+        load_microbatches(P, &setup->val, i);
+        for (int mb = 0; mb < P->M; mb++) {
+            size_t t0 = (size_t)mb * P->b * P->T;
+            sum += val_forward(P, P->inputs + t0, P->targets + t0);
+        }
+    }
+    // every rank of dp x ep ran as many microbatches of the same size: the mean
+    return (float)(train_mean(&P->chunk[0].m.batch, sum) / ((double)n_batches * P->M));
 }
 
 // ---------------------------------------------------------------- set-up
@@ -447,7 +473,7 @@ static void pipe_create(ExpertPipe* P, Run* run, ExpertFlags* fl, const MoeConfi
     const Mesh* mesh = &run->mesh;
     P->cfg = *cfg;
     P->pp = mesh->size[AXIS_PP], P->stage = mesh->coord[AXIS_PP], P->ppc = &run->axes[AXIS_PP];
-    P->T = run->setup.T;
+    P->B = run->setup.B, P->T = run->setup.T;
     P->per_rank = run->setup.B / (mesh->size[AXIS_DP] * mesh->size[AXIS_EP]);
     P->share = mesh->coord[AXIS_DP] * mesh->size[AXIS_EP] + mesh->coord[AXIS_EP];
     check_and_schedule(P, run, fl);
@@ -475,6 +501,8 @@ static void pipe_create(ExpertPipe* P, Run* run, ExpertFlags* fl, const MoeConfi
     P->max_sends = P->sched.n[P->stage] + P->v + 1;
     P->sends = xcalloc((size_t)P->max_sends, sizeof(XpSend));
     P->routed = xcalloc((size_t)moe_num_moe_layers(cfg) * cfg->experts, sizeof(long));
+    P->inputs = xmalloc((size_t)P->per_rank * P->T * sizeof(int));
+    P->targets = xmalloc((size_t)P->per_rank * P->T * sizeof(int));
 }
 
 static void pipe_free(ExpertPipe* P) {
@@ -494,6 +522,8 @@ static void pipe_free(ExpertPipe* P) {
     for (int i = 0; i < P->n_in; i++) free(P->in[i].msg);
     if (P->embed.size > 0) comm_destroy_group(&P->embed);
     free(P->routed);
+    free(P->inputs);
+    free(P->targets);
     schedule_free(&P->sched);
 }
 
@@ -602,8 +632,7 @@ int expert_pipe_train(Run* run, ExpertFlags* fl, const MoeConfig* cfg, ExpertFor
         .chapter = 7, .num_params = total, .flops_per_token = moe_flops_per_token(cfg, setup->T),
         .rows = P.per_rank, .val_loss = val_loss, .ctx = &P, .ckpt = &ck});
     for (int step = loop.start; step < loop.steps; step++) {
-        data_batch(&setup->train, step, setup->B, setup->T, P.share * P.per_rank, P.per_rank, loop.inputs, loop.targets);
-        P.inputs = loop.inputs, P.targets = loop.targets;
+        load_microbatches(&P, &setup->train, step);
         float norm, loss = train_step(&P, args, step, &norm);
         step_record(&P, &loop);
         train_loop_step(&loop, step, loss, norm);
