@@ -14,6 +14,7 @@
 #include "mesh.h"
 #include "rank.h"
 #include "schedule.h"
+#include "sharding.h"
 #include "trace.h"
 
 #define XP_MAX_CHUNKS 64  // virtual stages, as chapter 5
@@ -225,8 +226,11 @@ static void reduce_gradients(ExpertPipe* P) {
     }
     for (int c = 0; c < P->v; c++) {
         XpChunk* ch = &P->chunk[c];
-        for (int i = 0; i < ch->n_pieces; i++)
-            comm_allreduce(&ch->m.batch, ch->m.dshared + ch->piece[i].local, ch->piece[i].count, COMM_AVG);
+        for (int i = 0; i < ch->n_pieces;) {  // pieces that touch in the buffer in one call
+            size_t lo = ch->piece[i].local, n = ch->piece[i].count;
+            for (i++; i < ch->n_pieces && ch->piece[i].local == lo + n; i++) n += ch->piece[i].count;
+            comm_allreduce(&ch->m.batch, ch->m.dshared + lo, n, COMM_AVG);
+        }
         comm_allreduce(ch->m.dpcp, ch->m.dexperts, ch->m.n_experts, COMM_SUM);
         ops_scale(ch->m.dexperts, ch->m.n_experts, 1.0f / (float)ch->m.batch.size);
     }
@@ -447,13 +451,12 @@ static void chunk_create(ExpertPipe* P, int c, const ExpertFlags* fl, const floa
     // tied copy of wte on the last
     size_t blk_l = moe_block_offset(&local, 0), blk_n = moe_lnf_offset(&local) - blk_l;
     size_t wte_n = param_tensor_numel(&P->cfg.gpt, P_WTE);
-    ch->n_pieces = 0;
+    ch->n_pieces = 0;  // in the order of the local buffer
     if (ch->m.embeds) ch->piece[ch->n_pieces++] = (XpPiece){0, 0, blk_l, 0};
+    else if (ch->m.has_head) ch->piece[ch->n_pieces++] = (XpPiece){0, 0, wte_n, 1};
     ch->piece[ch->n_pieces++] = (XpPiece){moe_block_offset(&P->cfg, ch->first), blk_l, blk_n, 0};
-    if (ch->m.has_head) {
+    if (ch->m.has_head)
         ch->piece[ch->n_pieces++] = (XpPiece){moe_lnf_offset(&P->cfg), moe_lnf_offset(&local), 2 * (size_t)C, 0};
-        if (!ch->m.embeds) ch->piece[ch->n_pieces++] = (XpPiece){0, 0, wte_n, 1};
-    }
     // the values: the whole model's, piece by piece (the rest zero)
     float* host = xcalloc(ch->m.n_shared, sizeof(float));
     for (int i = 0; i < ch->n_pieces; i++)
@@ -599,6 +602,33 @@ static void pipe_save(ExpertPipe* P, const char* path) {
     free(experts);
 }
 
+// --show-sharding: each chunk's replicated buffer (its layers, with the
+// slots of wte, wpe and lnf a model of its own has) and its experts.
+static void pipe_show_sharding(const ExpertPipe* P, int show) {
+    if (!show) return;
+    ShardTable* t = xcalloc(1, sizeof(ShardTable));
+    double f = sizeof(float);
+    char name[24], slice[40];
+    for (int c = 0; c < P->v; c++) {
+        const XpChunk* ch = &P->chunk[c];
+        double shared = (double)ch->m.n_shared, experts = (double)ch->m.n_experts;
+        int last = ch->first + ch->m.cfg.gpt.num_layers - 1;
+        snprintf(name, sizeof(name), "chunk %d: GPT+routers", c);
+        snprintf(slice, sizeof(slice), "layers %d..%d%s%s", ch->first, last, ch->m.embeds ? ", embedding" : "",
+                 ch->m.has_head ? ", head" : "");
+        shard_table_add(t, name, "", "(pp, -)", "(pp, -)", "(pp, -)", slice, f * shared, f * shared, 2 * f * shared);
+        snprintf(name, sizeof(name), "chunk %d: experts", c);
+        snprintf(slice, sizeof(slice), "experts %d..%d of %d", ch->m.e0, ch->m.e0 + ch->m.E_local - 1, P->cfg.experts);
+        shard_table_add(t, name, "(Lm, E, ...)", "(pp, ep, -)", "(pp, ep, -)", "(pp, ep, -)", slice, f * experts,
+                        f * experts, 2 * f * experts);
+    }
+    char title[64];
+    snprintf(title, sizeof(title), "chapter 7, pp=%d x %d chunk%s, ep=%d, dp=%d", P->pp, P->v, P->v == 1 ? "" : "s",
+             P->chunk[0].m.ep, P->chunk[0].m.dp->size);
+    shard_table_show(t, show, title);
+    free(t);
+}
+
 // ---------------------------------------------------------------- the loop
 
 int expert_pipe_wanted(const Run* run, const ExpertFlags* flags) {
@@ -622,6 +652,7 @@ int expert_pipe_train(Run* run, ExpertFlags* fl, const MoeConfig* cfg, ExpertFor
            m0->capacity_factor > 0 ? "capacity mode per microbatch" : "dropless", run->device);
     size_t total = moe_num_shared(cfg) + (size_t)moe_num_moe_layers(cfg) * cfg->experts * moe_expert_numel(cfg);
     print0("model %s: %zu parameters; global batch %d x %d\n", setup->model_name, total, setup->B, setup->T);
+    pipe_show_sharding(&P, args->show_sharding);  // --show-sharding
     Ckpt ck;
     ckpt_init(&ck, args, setup, mesh, 7);
     pipe_ckpt(&ck, &P);
