@@ -14,12 +14,18 @@
 // received, which depends on the routing. The plan gives each rank's most
 // (N k C + R C floats per exchange pair), and, dropless, the exact sum over
 // the ranks: every slot is sent once by dispatch and once back by combine.
+//
+// With --pp (or --microbatches: 07_expert/expert_pipe.c) each pp rank holds
+// v chunks, each a model of L / (pp v) layers with the slots of wte, wpe and
+// lnf, one microbatch's activations per slot and the slots a chunk's list
+// holds at once; the send buffers are chapter 5's range (plan_pipeline.c).
 #include <stdio.h>
 #include <string.h>
 
 #include "comm_groups.h"
 #include "comm_stats.h"
 #include "args.h"
+#include "model_layout.h"
 #include "moe.h"
 #include "plan.h"
 
@@ -32,9 +38,26 @@ static MoeConfig moe_of(const PlanArgs* a) {
 // dropless: no --capacity-factor, or one of E / k or more (expert_model.c)
 static int dropless(const PlanArgs* a) { return !(a->capacity > 0) || a->capacity >= (double)a->experts / a->top_k; }
 
+// The pipeline's step (expert_pipe_wanted): --pp > 1, --microbatches or --virtual given.
+static int pipelined(const PlanArgs* a) { return a->mesh[AXIS_PP] > 1 || a->microbatches > 0 || a->virt != 1; }
+
+// expert_pipe.c's checks, then the lists.
+static const char* check_pipe(const PlanArgs* a, PlanInfo* info, char* msg, size_t len) {
+    int pp = a->mesh[AXIS_PP], per_rank = a->B / (a->mesh[AXIS_DP] * a->mesh[AXIS_EP]), v = a->virt;
+    int m = a->microbatches ? a->microbatches : pp, L = a->cfg.num_layers;
+    if (a->mesh[AXIS_CP] > 1 || a->recompute != RECOMPUTE_NONE)
+        return "--pp: chapter 7's pipeline does not compose with --cp or --recompute yet (issue #35)";
+    if (m < 1 || per_rank % m) return "--microbatches: must divide a rank's sequences, --batch / (dp ep)";
+    if (v < 1 || v > 64 / pp || (v > 1 && pp == 1)) return "--virtual: 1 to 64 / pp chunks, more than 1 with pp > 1 only";
+    if (L % (pp * v)) return "--pp: the layers must cut into pp x virtual equal stages";
+    if ((L / (pp * v)) % a->moe_every) return "--moe-every: a stage must start at a multiple of it";
+    if (a->ep_overlap > per_rank / m * a->T) return "--ep-overlap: at most a microbatch's tokens on a rank";
+    return plan_pipeline_lists(a, m, info, msg, len);
+}
+
 const char* plan_check_expert(const PlanArgs* a, PlanInfo* info, char* msg, size_t len) {
-    int ndp = a->mesh[AXIS_DP], nep = a->mesh[AXIS_EP], ncp = a->mesh[AXIS_CP];
-    if (a->ranks != ndp * ncp * nep) return "--ranks: chapter 7 has the dp, cp and ep axes only";
+    int ndp = a->mesh[AXIS_DP], nep = a->mesh[AXIS_EP], ncp = a->mesh[AXIS_CP], npp = a->mesh[AXIS_PP];
+    if (a->ranks != ndp * npp * ncp * nep) return "--ranks: chapter 7 has the dp, pp, cp and ep axes only";
     if (ncp > 1) {  // expert_config's checks
         int ring = !strcmp(a->cp_mode, "ring"), zigzag = !strcmp(a->cp_balance, "zigzag");
         if (!ring && strcmp(a->cp_mode, "ulysses"))
@@ -61,13 +84,102 @@ const char* plan_check_expert(const PlanArgs* a, PlanInfo* info, char* msg, size
     // and comes back once per exchange pair)
     info->comm_bound[COLL_ALLTOALL][AXIS_EP] = 1;
     if (dropless(a)) {
+        // (with --pp each (dp, ep) coordinate's stages hold every MoE layer once)
         double N = (double)a->B / (ndp * nep) * (a->T / ncp), pairs = (a->recompute == RECOMPUTE_FULL ? 3 : 2) * (double)moe_num_moe_layers(&c);
-        info->comm_sum[COLL_ALLTOALL][AXIS_EP] = a->steps * a->ranks * pairs * 2 * N * a->top_k * a->cfg.channels * sizeof(float);
+        info->comm_sum[COLL_ALLTOALL][AXIS_EP] = a->steps * (a->ranks / npp) * pairs * 2 * N * a->top_k * a->cfg.channels * sizeof(float);
     }
-    return NULL;
+    return pipelined(a) ? check_pipe(a, info, msg, len) : NULL;
+}
+
+// A pp rank's chunks (expert_pipe.c): each an ExpertModel of its layers
+// (moe.h's buffers of a model of L / S layers) on b = B / (dp ep m)
+// sequences, as many activation slots as its list holds microbatches at
+// once; its all-reduces (the pieces that touch in one call), the tied wte
+// between the two ends, the norm over ep, dp and pp; its messages.
+static void plan_pipe(const PlanArgs* a, RankPlan* p, int r) {
+    MoeConfig c = moe_of(a);
+    const GPTConfig* g = &a->cfg;
+    int coord[NUM_AXES];
+    plan_coords(a, r, coord);
+    int ndp = a->mesh[AXIS_DP], nep = a->mesh[AXIS_EP], pp = a->mesh[AXIS_PP], s = coord[AXIS_PP], v = a->virt;
+    int S = pp * v, M = a->microbatches ? a->microbatches : pp, T = a->T, b = a->B / (ndp * nep) / M;
+    int C = g->channels, E = c.experts, k = c.top_k, H = c.hidden, El = E / nep, Lc = g->num_layers / S;
+    double N = (double)b * T, Nk = N * k, R = N * nep * (k < El ? k : El), f = sizeof(float), out = nep > 1 ? 1.0 : 0.0;
+    const Schedule* sc = plan_pipeline_schedule();
+    char name[32];
+    Mesh mesh;
+    memset(&mesh, 0, sizeof(mesh));
+    for (int x = 0; x < NUM_AXES; x++) mesh.size[x] = a->mesh[x];
+    comm_group_slot_name(&mesh, (1u << AXIS_DP) | (1u << AXIS_EP), name, sizeof(name));
+    Comm batch = plan_group(comm_slot_for(name), ndp * nep, coord[AXIS_DP] * nep + coord[AXIS_EP]);
+    Comm dp = plan_group(AXIS_DP, ndp, coord[AXIS_DP]), ep = plan_group(AXIS_EP, nep, coord[AXIS_EP]);
+    Comm ppc = plan_group(AXIS_PP, pp, s);
+    double params = 0, acts = 0, comm = 0;
+    p->flops = 0;
+    for (int ch = 0; ch < v; ch++) {
+        MoeConfig lc = c;
+        lc.gpt.num_layers = Lc;
+        int kv = ch * pp + s, n_moe = moe_num_moe_layers(&lc), embeds = kv == 0, head = kv == S - 1, busy = 0;
+        double shared = (double)moe_num_shared(&lc), experts = (double)n_moe * El * moe_expert_numel(&lc);
+        params += shared + experts;
+        for (int i = 0, now = 0; i < sc->n[s]; i++) {  // a slot taken at F, given back at B
+            Action x = sc->list[s][i];
+            if (x.chunk == ch && x.type == ACT_F && ++now > busy) busy = now;
+            if (x.chunk == ch && x.type == ACT_B) now--;
+        }
+        // per slot the GPT's activations and each MoE layer's (expert_moe_layers_create);
+        // per chunk the scratch every MoE layer shares (expert_model_create)
+        acts += busy * (plan_acts_bytes(&lc.gpt, b, T, RECOMPUTE_NONE) / f + n_moe * (2 * N * E + 4 * Nk + R * C + 2 * R * H + E));
+        acts += 2 * R * C + 2 * R * H + Nk + N * E + N * C;
+        comm += busy * n_moe * 2 * Nk * C + R * C + Nk * C;  // send, back; recv, dsend
+        // the replicated pieces: [wte wpe blocks (lnf)] on the first, else
+        // (the tied wte) and [blocks (lnf)]; the experts over dp
+        double blocks = (double)(moe_lnf_offset(&lc) - moe_block_offset(&lc, 0)) + (head ? 2.0 * C : 0.0);
+        double wte = (double)param_tensor_numel(g, P_WTE), front = (double)moe_block_offset(&lc, 0);
+        if (embeds) {
+            comm_tally(&batch, COLL_ALLREDUCE, (size_t)(front + blocks) * sizeof(float), 2.0 * comm_ring_factor(&batch));
+        } else {
+            if (head) comm_tally(&batch, COLL_ALLREDUCE, (size_t)wte * sizeof(float), 2.0 * comm_ring_factor(&batch));
+            comm_tally(&batch, COLL_ALLREDUCE, (size_t)blocks * sizeof(float), 2.0 * comm_ring_factor(&batch));
+        }
+        comm_tally(&dp, COLL_ALLREDUCE, (size_t)experts * sizeof(float), 2.0 * comm_ring_factor(&dp));
+        // per microbatch and MoE layer: dispatch and combine, both again in backward
+        int nc = a->ep_overlap;
+        long ntok = (long)N;
+        for (int l = 0; l < M * n_moe * 2; l++)
+            for (int q = 0; q < nc; q++) {
+                double nt = (double)((long)(q + 1) * ntok / nc - (long)q * ntok / nc);
+                double rows = nt * nep * (k < El ? k : El);
+                comm_tally_bytes(&ep, COLL_ALLTOALL, f * nt * k * C, out * f * nt * k * C);
+                comm_tally_bytes(&ep, COLL_ALLTOALL, f * rows * C, out * f * rows * C);
+            }
+        // FLOPs: the chunk's layers on the rank's tokens, the head on the last
+        p->flops += N * M * (moe_flops_per_token(&lc, T) - (head ? 0.0 : 6.0 * g->padded_vocab_size * C));
+    }
+    p->peak[MEM_PARAMS] = f * params;
+    p->peak[MEM_GRADS] = f * params;
+    p->peak[MEM_OPTIMIZER] = 2 * f * params;
+    p->peak[MEM_ACTIVATIONS] = f * acts;
+    // the send buffers: between one (if the rank sends) and the most in flight
+    double BTC = N * C;
+    int most = plan_pipeline_sends_most(s);
+    p->peak[MEM_COMM] = f * (comm + BTC * most);
+    p->low[MEM_COMM] = f * (comm + (most > 0 ? BTC : 0.0));
+    p->ranged[MEM_COMM] = p->low[MEM_COMM] != p->peak[MEM_COMM];
+    plan_pipeline_messages(pp, s, (size_t)BTC);
+    if (pp > 1 && (s == 0 || s == pp - 1)) {
+        Comm embed = plan_group(comm_slot_for("embedding"), 2, s == 0 ? 0 : 1);
+        comm_tally(&embed, COLL_ALLREDUCE, param_tensor_numel(g, P_WTE) * sizeof(float), 2.0 * comm_ring_factor(&embed));
+    }
+    const Comm* groups[] = {&ep, &dp, &ppc};
+    plan_norm(p, groups, 3);
 }
 
 void plan_chapter_7(const PlanArgs* a, RankPlan* p, int r) {
+    if (pipelined(a)) {
+        plan_pipe(a, p, r);
+        return;
+    }
     MoeConfig c = moe_of(a);
     const GPTConfig* g = &a->cfg;
     int coord[NUM_AXES];
