@@ -481,6 +481,10 @@ for s in gpipe 1f1b zb; do
 done
 invariant --norm "experts: E=1, k=1 on pp=2 (interleaved, 3 chunks a rank) is chapter 0's dense model" "$INV_FLAGS --model tiny6" 2 chapter-7 "--experts 1 --top-k 1 --pp 2 --schedule interleaved --virtual 3 --microbatches 4"
 invariant --norm --val "experts: E=1, k=1 on dp x pp = 2 x 2 is chapter 0's dense model" "$INV_FLAGS" 4 chapter-7 "--experts 1 --top-k 1 --dp 2 --pp 2"
+# weight decay on: the stages' pieces decay as chapter 0's parameters; a
+# dense layer between MoE layers (--moe-every 2) with stages of whole periods
+invariant --norm "experts: E=1, k=1 on pp=2 with --wd 0.1 is chapter 0's with --wd 0.1" "$INV_FLAGS --wd 0.1" 2 chapter-7 "--experts 1 --top-k 1 --pp 2"
+invariant --norm "experts: E=1, k=1, --moe-every 2 on pp=3 (tiny6) is chapter 0's dense model" "$INV_FLAGS --model tiny6" 3 chapter-7 "--experts 1 --top-k 1 --moe-every 2 --pp 3"
 # A microbatch is a slice of the global batch, its balance statistics over
 # its tokens (docs/07_expert.md), so the reference of E = 4, k = 2 with m
 # microbatches is one rank with the same --microbatches. At m = 1 and pp = 1
@@ -510,6 +514,18 @@ c7m_same "ep=2 x pp=2" 4 "--ep 2 --pp 2 --ckpt-dir $TEST_TMPDIR/c7_ckp --save-ev
 c7_pfull=$C7_LOG
 c7m_same "ep=2 x pp=2 (gpipe)" 4 "--ep 2 --pp 2 --schedule gpipe"
 c7m_same "dp=2 x pp=2" 4 "--dp 2 --pp 2"
+c7m_same "dp=2 x ep=2 x pp=2" 8 "--dp 2 --ep 2 --pp 2 --ep-overlap 3"
+# capacity mode: each expert's slots are counted over the microbatch's
+# tokens, in the global batch's order, on every mesh
+mpi_run $T_RUN 1 "$BUILD/chapter-7" $c7_flags --microbatches 2 --capacity-factor 1 --log "$TEST_TMPDIR/c7m_cap1.jsonl"
+mpi_run $T_RUN 4 "$BUILD/chapter-7" $c7_flags --microbatches 2 --capacity-factor 1 --ep 2 --pp 2 --log "$TEST_TMPDIR/c7m_cap4.jsonl"
+a=""
+if [ $RC = 0 ] && grep -q '"dropped":[1-9]' "$TEST_TMPDIR/c7m_cap1.jsonl" &&
+    a=$(bash tests/compare_routing.sh "$TEST_TMPDIR/c7m_cap1.jsonl" "$TEST_TMPDIR/c7m_cap4.jsonl" $TOL $TOL_NORM 2>&1); then
+    pass "experts: capacity 1 on ep x pp = 2 x 2 with 2 microbatches drops the slots one rank drops ($a)"
+else
+    fail "experts: capacity 1 on ep x pp = 2 x 2" "exit $RC; $a; $(echo "$OUT" | grep -E 'error' | head -3)"
+fi
 # its checkpoint holds the whole model's tensors: resumed on ep x pp = 2 x 2
 # bit for bit, on one rank (pp 2 -> 1) within the tolerance
 mpi_run $T_RUN 4 "$BUILD/chapter-7" $c7_flags --microbatches 2 --ep 2 --pp 2 --resume "$TEST_TMPDIR/c7_ckp/step-00000004" --log "$TEST_TMPDIR/c7_pres.jsonl"
@@ -584,6 +600,8 @@ jobs_run error_case chapter-7 2 "--pp 2 --virtual 2" "--virtual 2 needs --schedu
 jobs_run error_case chapter-7 2 "--pp 2 --schedule fast" "--schedule fast is not one of gpipe, 1f1b, interleaved, zb"
 jobs_run error_case chapter-7 4 "--pp 2 --cp 2" "does not compose with --cp yet (issue #35)"
 jobs_run error_case chapter-7 2 "--pp 2 --recompute full" "does not compose with --recompute yet (issue #35)"
+jobs_run error_case chapter-7 2 "--pp 2 --model tiny6 --moe-every 2" "--moe-every 2 with 3 layers per stage: a stage must start at a multiple of 2"
+jobs_run error_case chapter-7 2 "--pp 2 --sample 10" "does not compose with --sample yet (issue #35)"
 jobs_run help_case chapter-7 "--microbatches"
 jobs_run help_case chapter-7 "--cp-mode"
 jobs_run help_case chapter-7 "--capacity-factor"
