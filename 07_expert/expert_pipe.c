@@ -311,13 +311,14 @@ static void load_microbatches(ExpertPipe* P, const TokenSet* d, long step) {
 
 // One microbatch through the stages, forward only: chunk after chunk, each
 // receiving its input from the stage before; the loss goes from the last
-// stage to its pipeline.
-static float val_forward(void* ctx, const int* inputs, const int* targets) {
-    ExpertPipe* P = ctx;
+// stage to its pipeline. *last (if not NULL): the last chunk's slot, whose
+// head holds the logits.
+static float forward_only(ExpertPipe* P, const int* inputs, const int* targets, XpSlot** last) {
     float loss = 0.0f;
     for (int c = 0; c < P->v; c++) {
         XpChunk* ch = &P->chunk[c];
         XpSlot* sl = slot_get(P, ch, -1);
+        if (last) *last = sl;
         if (ch->vstage > 0) comm_recv(P->ppc, sl->acts.encoded, act_floats(P), prev_rank(P));
         slot_use(ch, sl);
         ch->m.record = 0;
@@ -333,6 +334,30 @@ static float val_forward(void* ctx, const int* inputs, const int* targets) {
     double l = loss;
     MPI_CHECK(MPI_Bcast(&l, 1, MPI_DOUBLE, P->pp - 1, P->ppc->mpi));
     return (float)l;
+}
+
+static float val_forward(void* ctx, const int* inputs, const int* targets) {
+    return forward_only(ctx, inputs, targets, NULL);
+}
+
+// --sample: every rank runs each forward through the stages, share 0's first
+// sequence holding the window (as chapter 7's next_logits); the last stage's
+// row of position t-1 goes to stage 0 of its pipeline, where world rank 0
+// samples (host floats: plain MPI).
+static void next_logits(void* ctx, const int* window, int t, float* row) {
+    ExpertPipe* P = ctx;
+    int Vp = P->cfg.gpt.padded_vocab_size;
+    size_t BT = (size_t)P->b * P->T;
+    int* tokens = xcalloc(2 * BT, sizeof(int));  // inputs, then targets (unused: zeros)
+    if (P->share == 0) memcpy(tokens, window, (size_t)t * sizeof(int));
+    XpSlot* last = NULL;
+    forward_only(P, tokens, tokens + BT, &last);
+    if (P->stage == P->pp - 1) {
+        HeadActs h = gpt_acts_head(&last->acts, &P->chunk[P->v - 1].m.cfg.gpt, P->b, P->T);
+        mem_to_host(row, h.logits + (size_t)(t - 1) * Vp, (size_t)Vp * sizeof(float));
+    }
+    MPI_CHECK(MPI_Bcast(row, Vp, MPI_FLOAT, P->pp - 1, P->ppc->mpi));
+    free(tokens);
 }
 
 static float val_loss(void* ctx, const TrainSetup* setup, int n_batches) {
@@ -361,9 +386,9 @@ static void check_and_schedule(ExpertPipe* P, const Run* run, const ExpertFlags*
     const TrainSetup* s = &run->setup;
     const Mesh* mesh = &run->mesh;
     int L = P->cfg.gpt.num_layers, kind = schedule_parse(fl->schedule);
-    if (mesh->size[AXIS_CP] > 1 || run->args.recompute != RECOMPUTE_NONE || run->args.sample > 0)
+    if (mesh->size[AXIS_CP] > 1 || run->args.recompute != RECOMPUTE_NONE)
         fail_all("--pp/--microbatches: chapter 7's pipeline does not compose with %s yet (issue #35): leave it out",
-                 mesh->size[AXIS_CP] > 1 ? "--cp" : run->args.recompute != RECOMPUTE_NONE ? "--recompute" : "--sample");
+                 mesh->size[AXIS_CP] > 1 ? "--cp" : "--recompute");
     if (kind < 0) fail_all("--schedule %s is not one of gpipe, 1f1b, interleaved, zb", fl->schedule);
     P->sched_name = schedule_name((ScheduleKind)kind);
     P->M = fl->microbatches == ARG_NOT_GIVEN ? P->pp : fl->microbatches;
@@ -677,6 +702,7 @@ int expert_pipe_train(Run* run, ExpertFlags* fl, const MoeConfig* cfg, ExpertFor
     json_add_int(&summary, "peak_slots", P.peak_slots);
     train_loop_end(&loop, &summary);
     json_free(&summary);
+    train_sample_with(args, &cfg->gpt, P.T, next_logits, &P);  // --sample: every rank runs each forward
     if (args->save) pipe_save(&P, args->save);
     pipe_free(&P);
     run_finish(run);

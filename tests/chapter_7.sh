@@ -472,6 +472,19 @@ if [ -n "$s0" ] && [ "$s1" = "$s0" ] && [ -n "$s2" ] && [ "$s2" = "$s3" ] && [ "
 else
     fail "experts: --sample" "E=1 '$s1' (cp=2: '$s4') vs chapter 0 '$s0'; E=2 ep=2 '$s2' (ep x cp: '$s5') vs ep=1 '$s3'"
 fi
+# through the pipeline: the last stage's row goes back to stage 0, where
+# rank 0 samples (E = 2 with 2 microbatches trains what one rank with 2 does)
+mpi_run $T_RUN 2 "$BUILD/chapter-7" --experts 1 --top-k 1 --pp 2 --batch 4 --seq 16 --steps 1 --sample 40
+s6=$(c7_sample)
+mpi_run $T_RUN 1 "$BUILD/chapter-7" --experts 2 --top-k 1 --microbatches 2 --batch 4 --seq 16 --steps 1 --sample 40
+s7=$(c7_sample)
+mpi_run $T_RUN 4 "$BUILD/chapter-7" --experts 2 --top-k 1 --ep 2 --pp 2 --batch 4 --seq 16 --steps 1 --sample 40
+s8=$(c7_sample)
+if [ -n "$s0" ] && [ "$s6" = "$s0" ] && [ -n "$s7" ] && [ "$s8" = "$s7" ]; then
+    pass "experts: --sample 40 through pp=2 at E=1, k=1 is chapter 0's sample; E=2 on ep x pp = 2 x 2 samples what one rank with 2 microbatches does"
+else
+    fail "experts: --sample with --pp" "E=1 pp=2 '$s6' vs chapter 0 '$s0'; E=2 ep x pp '$s8' vs one rank '$s7'"
+fi
 # Pipeline parallelism (--pp, chapter 5's schedules, expert_pipe.c): each
 # stage runs chapter 7's forward and backward on its layers, microbatch by
 # microbatch. E = 1, k = 1 is chapter 0's model under every schedule (tiny6
@@ -601,7 +614,6 @@ jobs_run error_case chapter-7 2 "--pp 2 --schedule fast" "--schedule fast is not
 jobs_run error_case chapter-7 4 "--pp 2 --cp 2" "does not compose with --cp yet (issue #35)"
 jobs_run error_case chapter-7 2 "--pp 2 --recompute full" "does not compose with --recompute yet (issue #35)"
 jobs_run error_case chapter-7 2 "--pp 2 --model tiny6 --moe-every 2" "--moe-every 2 with 3 layers per stage: a stage must start at a multiple of 2"
-jobs_run error_case chapter-7 2 "--pp 2 --sample 10" "does not compose with --sample yet (issue #35)"
 jobs_run help_case chapter-7 "--microbatches"
 jobs_run help_case chapter-7 "--cp-mode"
 jobs_run help_case chapter-7 "--capacity-factor"
