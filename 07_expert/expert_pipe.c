@@ -106,8 +106,12 @@ static XpSlot* slot_get(ExpertPipe* P, XpChunk* ch, int mb) {
     }
     if (!free_one) {
         free_one = xcalloc(1, sizeof(XpSlot));
-        gpt_acts_create_recompute(&free_one->acts, &ch->m.cfg.gpt, P->b, P->T, RECOMPUTE_NONE);
-        free_one->moe = expert_moe_layers_create(&ch->m, ch->n_moe);
+        // --recompute: the GPT's activations as the mode keeps them; selective
+        // keeps each MoE layer's routing, plan and rows (their send and
+        // fch_gelu buffers the model's one each), full none: every layer runs
+        // again before its backward in the model's one MoE layer state
+        gpt_acts_create_recompute(&free_one->acts, &ch->m.cfg.gpt, P->b, P->T, ch->m.recompute);
+        free_one->moe = ch->m.recompute == RECOMPUTE_FULL ? ch->slot[0]->moe : expert_moe_layers_create(&ch->m, ch->n_moe);
         if (ch->n_slots == P->M) FATAL("more microbatches in flight than the step has");
         ch->slot[ch->n_slots++] = free_one;
         int total = 0;
@@ -386,9 +390,8 @@ static void check_and_schedule(ExpertPipe* P, const Run* run, const ExpertFlags*
     const TrainSetup* s = &run->setup;
     const Mesh* mesh = &run->mesh;
     int L = P->cfg.gpt.num_layers, kind = schedule_parse(fl->schedule);
-    if (mesh->size[AXIS_CP] > 1 || run->args.recompute != RECOMPUTE_NONE)
-        fail_all("--pp/--microbatches: chapter 7's pipeline does not compose with %s yet (issue #35): leave it out",
-                 mesh->size[AXIS_CP] > 1 ? "--cp" : "--recompute");
+    if (mesh->size[AXIS_CP] > 1)
+        fail_all("--pp/--microbatches: chapter 7's pipeline does not compose with --cp yet (issue #35): leave it out");
     if (kind < 0) fail_all("--schedule %s is not one of gpipe, 1f1b, interleaved, zb", fl->schedule);
     P->sched_name = schedule_name((ScheduleKind)kind);
     P->M = fl->microbatches == ARG_NOT_GIVEN ? P->pp : fl->microbatches;
@@ -538,7 +541,7 @@ static void pipe_free(ExpertPipe* P) {
         XpChunk* ch = &P->chunk[c];
         for (int i = 1; i < ch->n_slots; i++) {  // slot 0 is the model's own
             gpt_acts_free(&ch->slot[i]->acts);
-            expert_moe_layers_free(&ch->m, ch->slot[i]->moe, ch->n_moe);
+            if (ch->m.recompute != RECOMPUTE_FULL) expert_moe_layers_free(&ch->m, ch->slot[i]->moe, ch->n_moe);
         }
         slot_use(ch, ch->slot[0]);
         for (int i = 0; i < ch->n_slots; i++) free(ch->slot[i]);

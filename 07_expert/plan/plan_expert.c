@@ -45,8 +45,7 @@ static int pipelined(const PlanArgs* a) { return a->mesh[AXIS_PP] > 1 || a->micr
 static const char* check_pipe(const PlanArgs* a, PlanInfo* info, char* msg, size_t len) {
     int pp = a->mesh[AXIS_PP], per_rank = a->B / (a->mesh[AXIS_DP] * a->mesh[AXIS_EP]), v = a->virt;
     int m = a->microbatches ? a->microbatches : pp, L = a->cfg.num_layers;
-    if (a->mesh[AXIS_CP] > 1 || a->recompute != RECOMPUTE_NONE)
-        return "--pp: chapter 7's pipeline does not compose with --cp or --recompute yet (issue #35)";
+    if (a->mesh[AXIS_CP] > 1) return "--pp: chapter 7's pipeline does not compose with --cp yet (issue #35)";
     if (m < 1 || per_rank % m) return "--microbatches: must divide a rank's sequences, --batch / (dp ep)";
     if (v < 1 || v > 64 / pp || (v > 1 && pp == 1)) return "--virtual: 1 to 64 / pp chunks, more than 1 with pp > 1 only";
     if (L % (pp * v)) return "--pp: the layers must cut into pp x virtual equal stages";
@@ -127,11 +126,16 @@ static void plan_pipe(const PlanArgs* a, RankPlan* p, int r) {
             if (x.chunk == ch && x.type == ACT_F && ++now > busy) busy = now;
             if (x.chunk == ch && x.type == ACT_B) now--;
         }
-        // per slot the GPT's activations and each MoE layer's (expert_moe_layers_create);
+        // per slot the GPT's activations as --recompute keeps them and each
+        // MoE layer's (expert_moe_layers_create: selective without send and
+        // fch_gelu, the model's one each; full none, the model's one layer);
         // per chunk the scratch every MoE layer shares (expert_model_create)
-        acts += busy * (plan_acts_bytes(&lc.gpt, b, T, RECOMPUTE_NONE) / f + n_moe * (2 * N * E + 4 * Nk + R * C + 2 * R * H + E));
-        acts += 2 * R * C + 2 * R * H + Nk + N * E + N * C;
-        comm += busy * n_moe * 2 * Nk * C + R * C + Nk * C;  // send, back; recv, dsend
+        double layer = 2 * N * E + 4 * Nk + R * C + R * H + E;  // without fch_gelu
+        acts += busy * plan_acts_bytes(&lc.gpt, b, T, a->recompute) / f + 2 * R * C + 2 * R * H + Nk + N * E + N * C;
+        comm += R * C + Nk * C;  // recv, dsend
+        if (a->recompute == RECOMPUTE_NONE) acts += busy * n_moe * (layer + R * H), comm += busy * n_moe * 2 * Nk * C;
+        if (a->recompute == RECOMPUTE_SELECTIVE) acts += busy * n_moe * layer + R * H, comm += busy * n_moe * Nk * C + Nk * C;
+        if (a->recompute == RECOMPUTE_FULL) acts += layer + R * H, comm += 2 * Nk * C;
         // the replicated pieces: [wte wpe blocks (lnf)] on the first, else
         // (the tied wte) and [blocks (lnf)]; the experts over dp
         double blocks = (double)(moe_lnf_offset(&lc) - moe_block_offset(&lc, 0)) + (head ? 2.0 * C : 0.0);
@@ -143,10 +147,11 @@ static void plan_pipe(const PlanArgs* a, RankPlan* p, int r) {
             comm_tally(&batch, COLL_ALLREDUCE, (size_t)blocks * sizeof(float), 2.0 * comm_ring_factor(&batch));
         }
         comm_tally(&dp, COLL_ALLREDUCE, (size_t)experts * sizeof(float), 2.0 * comm_ring_factor(&dp));
-        // per microbatch and MoE layer: dispatch and combine, both again in backward
+        // per microbatch and MoE layer: dispatch and combine, both again in
+        // backward (and in the forward --recompute full runs again)
         int nc = a->ep_overlap;
         long ntok = (long)N;
-        for (int l = 0; l < M * n_moe * 2; l++)
+        for (int l = 0; l < M * n_moe * (a->recompute == RECOMPUTE_FULL ? 3 : 2); l++)
             for (int q = 0; q < nc; q++) {
                 double nt = (double)((long)(q + 1) * ntok / nc - (long)q * ntok / nc);
                 double rows = nt * nep * (k < El ? k : El);
@@ -155,6 +160,8 @@ static void plan_pipe(const PlanArgs* a, RankPlan* p, int r) {
             }
         // FLOPs: the chunk's layers on the rank's tokens, the head on the last
         p->flops += N * M * (moe_flops_per_token(&lc, T) - (head ? 0.0 : 6.0 * g->padded_vocab_size * C));
+        if (a->recompute == RECOMPUTE_FULL)  // the blocks' forward again, not the head's
+            p->flops += N * M * (moe_flops_per_token(&lc, T) / 3.0 - 2.0 * g->padded_vocab_size * C);
     }
     p->peak[MEM_PARAMS] = f * params;
     p->peak[MEM_GRADS] = f * params;
