@@ -461,6 +461,18 @@ static void embedding_group(Comm* embed, const Mesh* mesh) {
     }
 }
 
+// The config of a chunk's model: L / S layers, and the embedding's tables
+// only where the chunk uses them (wte on the first and the last, wpe on the
+// first; a chunk without the head has no vocabulary, so no logits in its
+// slots either). lnf's 2C floats stay on every chunk.
+static MoeConfig pipe_chunk_config(const MoeConfig* whole, int layers, int embeds, int head) {
+    MoeConfig local = *whole;
+    local.gpt.num_layers = layers;
+    if (!embeds) local.gpt.max_seq_len = 0;
+    if (!embeds && !head) local.gpt.vocab_size = local.gpt.padded_vocab_size = 0;
+    return local;
+}
+
 // Chunk c: virtual stage k = c pp + stage, layers [k L/S, (k+1) L/S), an
 // ExpertModel of them (so of B/(dp ep m) sequences), its pieces of the
 // whole model, its parameters from the whole model's init or --model FILE.
@@ -468,13 +480,13 @@ static void chunk_create(ExpertPipe* P, int c, const ExpertFlags* fl, const floa
     XpChunk* ch = &P->chunk[c];
     int L = P->cfg.gpt.num_layers, Lc = L / P->S, C = P->cfg.gpt.channels;
     ch->vstage = c * P->pp + P->stage, ch->first = ch->vstage * Lc;
-    MoeConfig local = P->cfg;
-    local.gpt.num_layers = Lc;
+    int embeds = ch->vstage == 0, head = ch->vstage == P->S - 1;
+    MoeConfig local = pipe_chunk_config(&P->cfg, Lc, embeds, head);
     ch->moe0 = 0;
     for (int l = 0; l < ch->first; l++) ch->moe0 += moe_is_moe_layer(&P->cfg, l);
     ch->n_moe = moe_num_moe_layers(&local);
     expert_model_create(&ch->m, &local, fl, &P->run_mb);
-    ch->m.embeds = ch->vstage == 0, ch->m.has_head = ch->vstage == P->S - 1;
+    ch->m.embeds = embeds, ch->m.has_head = head;
     // the pieces: [wte wpe] on the first, the blocks, [lnfw lnfb] and the
     // tied copy of wte on the last
     size_t blk_l = moe_block_offset(&local, 0), blk_n = moe_lnf_offset(&local) - blk_l;

@@ -116,10 +116,13 @@ static void plan_pipe(const PlanArgs* a, RankPlan* p, int r) {
     double params = 0, acts = 0, comm = 0;
     p->flops = 0;
     for (int ch = 0; ch < v; ch++) {
-        MoeConfig lc = c;
+        MoeConfig lc = c;  // the chunk's layers (its FLOPs), and as expert_pipe.c holds them
         lc.gpt.num_layers = Lc;
         int kv = ch * pp + s, n_moe = moe_num_moe_layers(&lc), embeds = kv == 0, head = kv == S - 1, busy = 0;
-        double shared = (double)moe_num_shared(&lc), experts = (double)n_moe * El * moe_expert_numel(&lc);
+        MoeConfig held = lc;
+        if (!embeds) held.gpt.max_seq_len = 0;
+        if (!embeds && !head) held.gpt.vocab_size = held.gpt.padded_vocab_size = 0;
+        double shared = (double)moe_num_shared(&held), experts = (double)n_moe * El * moe_expert_numel(&lc);
         params += shared + experts;
         for (int i = 0, now = 0; i < sc->n[s]; i++) {  // a slot taken at F, given back at B
             Action x = sc->list[s][i];
@@ -131,21 +134,18 @@ static void plan_pipe(const PlanArgs* a, RankPlan* p, int r) {
         // fch_gelu, the model's one each; full none, the model's one layer);
         // per chunk the scratch every MoE layer shares (expert_model_create)
         double layer = 2 * N * E + 4 * Nk + R * C + R * H + E;  // without fch_gelu
-        acts += busy * plan_acts_bytes(&lc.gpt, b, T, a->recompute) / f + 2 * R * C + 2 * R * H + Nk + N * E + N * C;
+        acts += busy * plan_acts_bytes(&held.gpt, b, T, a->recompute) / f + 2 * R * C + 2 * R * H + Nk + N * E + N * C;
         comm += R * C + Nk * C;  // recv, dsend
         if (a->recompute == RECOMPUTE_NONE) acts += busy * n_moe * (layer + R * H), comm += busy * n_moe * 2 * Nk * C;
         if (a->recompute == RECOMPUTE_SELECTIVE) acts += busy * n_moe * layer + R * H, comm += busy * n_moe * Nk * C + Nk * C;
         if (a->recompute == RECOMPUTE_FULL) acts += layer + R * H, comm += 2 * Nk * C;
-        // the replicated pieces: [wte wpe blocks (lnf)] on the first, else
-        // (the tied wte) and [blocks (lnf)]; the experts over dp
-        double blocks = (double)(moe_lnf_offset(&lc) - moe_block_offset(&lc, 0)) + (head ? 2.0 * C : 0.0);
-        double wte = (double)param_tensor_numel(g, P_WTE), front = (double)moe_block_offset(&lc, 0);
-        if (embeds) {
-            comm_tally(&batch, COLL_ALLREDUCE, (size_t)(front + blocks) * sizeof(float), 2.0 * comm_ring_factor(&batch));
-        } else {
-            if (head) comm_tally(&batch, COLL_ALLREDUCE, (size_t)wte * sizeof(float), 2.0 * comm_ring_factor(&batch));
-            comm_tally(&batch, COLL_ALLREDUCE, (size_t)blocks * sizeof(float), 2.0 * comm_ring_factor(&batch));
-        }
+        // the replicated pieces in one call: [wte wpe blocks (lnf)] on the
+        // first, [(the tied wte) blocks (lnf)] elsewhere; the experts over dp
+        double blocks = (double)(moe_lnf_offset(&held) - moe_block_offset(&held, 0)) + (head ? 2.0 * C : 0.0);
+        double wte = (double)param_tensor_numel(g, P_WTE), front = (double)moe_block_offset(&held, 0);
+        // (a chunk holds no wpe off the first: the tied wte and the blocks touch)
+        double pieces = (embeds ? front : head ? wte : 0.0) + blocks;
+        comm_tally(&batch, COLL_ALLREDUCE, (size_t)pieces * sizeof(float), 2.0 * comm_ring_factor(&batch));
         comm_tally(&dp, COLL_ALLREDUCE, (size_t)experts * sizeof(float), 2.0 * comm_ring_factor(&dp));
         // per microbatch and MoE layer: dispatch and combine, both again in
         // backward (and in the forward --recompute full runs again)
