@@ -26,6 +26,7 @@
 typedef struct {
     GPTActs acts;
     MoeLayer* moe;
+    float *lse, *qkv_h, *att_h;  // --cp: what each layer's attention keeps (expert_model.h's ExpertCP)
     int mb, busy;
 } XpSlot;
 
@@ -69,7 +70,7 @@ typedef struct {
     ExpertBackward backward;
     Schedule sched;
     const char* sched_name;
-    int pp, stage, v, S, M, B, b, T, per_rank, share;
+    int pp, stage, v, S, M, B, b, T, Tr, per_rank, share;  // Tr: a rank's positions of a sequence, T / cp
     const Comm* ppc;
     Comm embed;  // stage 0 and stage pp-1 of this (dp, ep) coordinate
     XpChunk chunk[XP_MAX_CHUNKS];
@@ -87,13 +88,31 @@ typedef struct {
 
 static int next_rank(const ExpertPipe* P) { return (P->stage + 1) % P->pp; }
 static int prev_rank(const ExpertPipe* P) { return (P->stage + P->pp - 1) % P->pp; }
-static size_t act_floats(const ExpertPipe* P) { return (size_t)P->b * P->T * P->cfg.gpt.channels; }
+static size_t act_floats(const ExpertPipe* P) { return (size_t)P->b * P->Tr * P->cfg.gpt.channels; }
 
 // ---------------------------------------------------------------- slots
 
 static void slot_use(XpChunk* ch, XpSlot* sl) {
     ch->m.acts = sl->acts;
     ch->m.moe = sl->moe;
+    ch->m.cp.lse = sl->lse, ch->m.cp.qkv_h = sl->qkv_h, ch->m.cp.att_h = sl->att_h;
+}
+
+// --cp: a slot's own copy of what each layer's attention keeps for its
+// backward (ring: the log-sum-exp; Ulysses: the head shard's q|k|v and
+// probabilities), as expert_cp_create sizes the model's; the rest of the
+// cp buffers is scratch of one layer, the chunk's model's.
+static void slot_cp_create(const XpChunk* ch, XpSlot* sl) {
+    const ExpertModel* m = &ch->m;
+    if (m->cp.sh.cp == 1) return;
+    size_t L = (size_t)m->cfg.gpt.num_layers, N = (size_t)m->N, C = (size_t)m->cfg.gpt.channels;
+    size_t NH = (size_t)m->cfg.gpt.num_heads;
+    if (m->cp.mode == CP_RING) {
+        sl->lse = mem_alloc_floats(L * N * NH, MEM_ACTIVATIONS);
+    } else {
+        sl->qkv_h = mem_alloc_floats(L * 3 * N * C, MEM_ACTIVATIONS);
+        sl->att_h = mem_alloc_floats(L * N * NH * (size_t)m->cp.sh.T, MEM_ACTIVATIONS);
+    }
 }
 
 // The slot of (mb, chunk): the one taken, else a free one, else a new one
@@ -110,7 +129,8 @@ static XpSlot* slot_get(ExpertPipe* P, XpChunk* ch, int mb) {
         // keeps each MoE layer's routing, plan and rows (their send and
         // fch_gelu buffers the model's one each), full none: every layer runs
         // again before its backward in the model's one MoE layer state
-        gpt_acts_create_recompute(&free_one->acts, &ch->m.cfg.gpt, P->b, P->T, ch->m.recompute);
+        gpt_acts_create_recompute(&free_one->acts, &ch->m.cfg.gpt, P->b, P->Tr, ch->m.recompute);
+        slot_cp_create(ch, free_one);
         free_one->moe = ch->m.recompute == RECOMPUTE_FULL ? ch->slot[0]->moe : expert_moe_layers_create(&ch->m, ch->n_moe);
         if (ch->n_slots == P->M) FATAL("more microbatches in flight than the step has");
         ch->slot[ch->n_slots++] = free_one;
@@ -180,7 +200,7 @@ static void forward(ExpertPipe* P, int mb, int c) {
     for (int i = 0; i < ch->n_moe * E; i++) P->routed[(size_t)ch->moe0 * E + i] += ch->m.routed[i];
     const GPTConfig* g = &ch->m.cfg.gpt;
     if (ch->vstage == P->S - 1) P->loss_sum += loss;
-    else send(P, gpt_acts_block_output(&sl->acts, g, g->num_layers - 1, P->b, P->T), next_rank(P));
+    else send(P, gpt_acts_block_output(&sl->acts, g, g->num_layers - 1, P->b, P->Tr), next_rank(P));
 }
 
 // B: the gradient of the chunk's output (from the head, or from the stage
@@ -330,7 +350,7 @@ static float forward_only(ExpertPipe* P, const int* inputs, const int* targets, 
         ch->m.record = 1;
         if (ch->vstage < P->S - 1) {
             const GPTConfig* g = &ch->m.cfg.gpt;
-            send(P, gpt_acts_block_output(&sl->acts, g, g->num_layers - 1, P->b, P->T), next_rank(P));
+            send(P, gpt_acts_block_output(&sl->acts, g, g->num_layers - 1, P->b, P->Tr), next_rank(P));
         }
         sl->busy = 0;
     }
@@ -356,9 +376,21 @@ static void next_logits(void* ctx, const int* window, int t, float* row) {
     if (P->share == 0) memcpy(tokens, window, (size_t)t * sizeof(int));
     XpSlot* last = NULL;
     forward_only(P, tokens, tokens + BT, &last);
+    // with --cp, position t-1 lives on one cp rank (ring.h's layout): it
+    // tells its cp group, as chapter 7's own next_logits does
+    const ExpertModel* m = &P->chunk[P->v - 1].m;
+    const CPShard* sh = &m->cp.sh;
+    int owner = 0;
+    size_t r = 0;
+    for (int c = 0; c < sh->cp; c++)
+        for (int p = 0; p < sh->parts; p++) {
+            int pos0 = cp_shard_pos(sh, c, p);
+            if (pos0 <= t - 1 && t - 1 < pos0 + sh->len) owner = c, r = (size_t)p * sh->B * sh->len + (size_t)(t - 1 - pos0);
+        }
     if (P->stage == P->pp - 1) {
-        HeadActs h = gpt_acts_head(&last->acts, &P->chunk[P->v - 1].m.cfg.gpt, P->b, P->T);
-        mem_to_host(row, h.logits + (size_t)(t - 1) * Vp, (size_t)Vp * sizeof(float));
+        HeadActs h = gpt_acts_head(&last->acts, &m->cfg.gpt, P->b, P->Tr);
+        if (sh->rank == owner) mem_to_host(row, h.logits + r * Vp, (size_t)Vp * sizeof(float));
+        if (sh->cp > 1) MPI_CHECK(MPI_Bcast(row, Vp, MPI_FLOAT, owner, m->cp.cpc->mpi));
     }
     MPI_CHECK(MPI_Bcast(row, Vp, MPI_FLOAT, P->pp - 1, P->ppc->mpi));
     free(tokens);
@@ -390,8 +422,6 @@ static void check_and_schedule(ExpertPipe* P, const Run* run, const ExpertFlags*
     const TrainSetup* s = &run->setup;
     const Mesh* mesh = &run->mesh;
     int L = P->cfg.gpt.num_layers, kind = schedule_parse(fl->schedule);
-    if (mesh->size[AXIS_CP] > 1)
-        fail_all("--pp/--microbatches: chapter 7's pipeline does not compose with --cp yet (issue #35): leave it out");
     if (kind < 0) fail_all("--schedule %s is not one of gpipe, 1f1b, interleaved, zb", fl->schedule);
     P->sched_name = schedule_name((ScheduleKind)kind);
     P->M = fl->microbatches == ARG_NOT_GIVEN ? P->pp : fl->microbatches;
@@ -412,9 +442,9 @@ static void check_and_schedule(ExpertPipe* P, const Run* run, const ExpertFlags*
         fail_all("--moe-every %d with %d layers per stage: a stage must start at a multiple of %d (issue #35: "
                  "stages of whole MoE periods)", P->cfg.moe_every, L / P->S, P->cfg.moe_every);
     P->b = P->per_rank / P->M;
-    if (fl->ep_overlap > P->b * P->T)
-        fail_all("--ep-overlap %d: a microbatch has %d tokens per rank: use at most %d", fl->ep_overlap, P->b * P->T,
-                 P->b * P->T);
+    if (fl->ep_overlap > P->b * P->Tr)
+        fail_all("--ep-overlap %d: a microbatch has %d tokens per rank: use at most %d", fl->ep_overlap, P->b * P->Tr,
+                 P->b * P->Tr);
     char msg[1024];
     const char* bad = schedule_build(&P->sched, (ScheduleKind)kind, P->pp, P->M, P->v, msg, sizeof(msg));
     if (!bad) bad = schedule_validate(&P->sched, NULL, msg, sizeof(msg));
@@ -508,7 +538,8 @@ static void chunk_create(ExpertPipe* P, int c, const ExpertFlags* fl, const floa
     // the model's own activations are the first slot
     ch->slot = xcalloc((size_t)P->M, sizeof(XpSlot*));  // at most every microbatch in flight
     ch->slot[0] = xcalloc(1, sizeof(XpSlot));
-    *ch->slot[0] = (XpSlot){.acts = ch->m.acts, .moe = ch->m.moe, .mb = -1, .busy = 0};
+    *ch->slot[0] = (XpSlot){.acts = ch->m.acts, .moe = ch->m.moe, .lse = ch->m.cp.lse, .qkv_h = ch->m.cp.qkv_h,
+                            .att_h = ch->m.cp.att_h, .mb = -1, .busy = 0};
     ch->n_slots = 1;
 }
 
@@ -516,7 +547,7 @@ static void pipe_create(ExpertPipe* P, Run* run, ExpertFlags* fl, const MoeConfi
     const Mesh* mesh = &run->mesh;
     P->cfg = *cfg;
     P->pp = mesh->size[AXIS_PP], P->stage = mesh->coord[AXIS_PP], P->ppc = &run->axes[AXIS_PP];
-    P->B = run->setup.B, P->T = run->setup.T;
+    P->B = run->setup.B, P->T = run->setup.T, P->Tr = P->T / mesh->size[AXIS_CP];
     P->per_rank = run->setup.B / (mesh->size[AXIS_DP] * mesh->size[AXIS_EP]);
     P->share = mesh->coord[AXIS_DP] * mesh->size[AXIS_EP] + mesh->coord[AXIS_EP];
     check_and_schedule(P, run, fl);
@@ -554,6 +585,9 @@ static void pipe_free(ExpertPipe* P) {
         for (int i = 1; i < ch->n_slots; i++) {  // slot 0 is the model's own
             gpt_acts_free(&ch->slot[i]->acts);
             if (ch->m.recompute != RECOMPUTE_FULL) expert_moe_layers_free(&ch->m, ch->slot[i]->moe, ch->n_moe);
+            float* cp[] = {ch->slot[i]->lse, ch->slot[i]->qkv_h, ch->slot[i]->att_h};
+            for (int j = 0; j < 3; j++)
+                if (cp[j]) mem_free(cp[j]);
         }
         slot_use(ch, ch->slot[0]);
         for (int i = 0; i < ch->n_slots; i++) free(ch->slot[i]);
