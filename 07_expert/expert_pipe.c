@@ -194,7 +194,7 @@ static void forward(ExpertPipe* P, int mb, int c) {
     slot_use(ch, sl);
     size_t t0 = (size_t)mb * P->b * P->T;
     float loss = P->forward(&ch->m, P->inputs + t0, P->targets + t0);
-    // this microbatch's routing statistics of my MoE layers (global over dp x ep)
+    // this microbatch's routing statistics of my MoE layers (global over dp x cp x ep)
     P->aux += ch->m.aux, P->dropped += ch->m.dropped;
     int E = P->cfg.experts;
     for (int i = 0; i < ch->n_moe * E; i++) P->routed[(size_t)ch->moe0 * E + i] += ch->m.routed[i];
@@ -233,8 +233,8 @@ static void run_schedule(ExpertPipe* P) {
 // its own mean (LM loss + aux_coef aux); the step's objective is their mean
 // over the m microbatches: x 1/m. Then, per chunk: the tied wte's two
 // halves summed between the first and the last stage (chapter 5), the
-// stage's replicated pieces averaged over dp x ep, its experts summed over
-// dp and scaled for the global mean (chapter 7's two groups).
+// stage's replicated pieces averaged over dp x cp x ep, its experts summed
+// over dp x cp and scaled for the global mean (chapter 7's two groups).
 static void reduce_gradients(ExpertPipe* P) {
     for (int c = 0; c < P->v; c++) {
         ExpertModel* m = &P->chunk[c].m;
@@ -302,7 +302,7 @@ static float train_step(ExpertPipe* P, const TrainArgs* args, int step, float* n
     MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, &P->aux, 1, MPI_DOUBLE, MPI_SUM, P->ppc->mpi));
     MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, &P->dropped, 1, MPI_LONG, MPI_SUM, P->ppc->mpi));
     MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, P->routed, Lm * E, MPI_LONG, MPI_SUM, P->ppc->mpi));
-    // only the last stage saw the loss: it tells its pipeline, then the dp x ep mean
+    // only the last stage saw the loss: it tells its pipeline, then the dp x cp x ep mean
     double loss = P->stage == P->pp - 1 ? P->loss_sum / P->M : 0.0;
     MPI_CHECK(MPI_Bcast(&loss, 1, MPI_DOUBLE, P->pp - 1, P->ppc->mpi));
     return (float)train_mean(&P->chunk[0].m.batch, loss);
@@ -409,7 +409,7 @@ static float val_loss(void* ctx, const TrainSetup* setup, int n_batches) {
             sum += val_forward(P, P->inputs + t0, P->targets + t0);
         }
     }
-    // every rank of dp x ep ran as many microbatches of the same size: the mean
+    // every rank of dp x cp x ep ran as many microbatches of the same size: the mean
     return (float)(train_mean(&P->chunk[0].m.batch, sum) / ((double)n_batches * P->M));
 }
 

@@ -12,13 +12,15 @@
 // of wte whose gradient is summed with stage 0's (chapter 5's embedding
 // group).
 //
-// The microbatches: a rank's share of the batch (B / (dp ep) sequences) runs
-// in m microbatches and the gradients accumulate over them. One MoE layer
-// call sees one microbatch: its load-balancing loss and its capacity are
-// over that microbatch's tokens on the dp x ep ranks of the stage. So the
-// objective is the mean over the microbatches of (LM loss + aux_coef aux),
-// which depends on m but not on pp: chapter 7 on one rank with the same
-// --microbatches (this same code at pp = 1) is the reference.
+// The microbatches: a step's batch runs in m microbatches, each a slice of
+// the global batch split over the dp x ep ranks (with --cp, T/cp positions
+// of each sequence on a cp rank), and the gradients accumulate over them.
+// One MoE layer call sees one microbatch: its load-balancing loss and its
+// capacity are over that microbatch's tokens on the dp x cp x ep ranks of
+// the stage. So the objective is the mean over the microbatches of (LM loss
+// + aux_coef aux), which depends on m but not on the mesh: chapter 7 on one
+// rank with the same --microbatches (this same code at pp = 1) is the
+// reference.
 #ifndef EXPERT_PIPE_H
 #define EXPERT_PIPE_H
 
@@ -35,7 +37,7 @@ int expert_pipe_wanted(const Run* run, const ExpertFlags* flags);
 
 // Trains as main.c's loop does, with each step's forwards and backwards run
 // by the schedule's lists (expert_pipe.c), then --save; returns the exit
-// status. Refuses what the pipeline does not compose with yet (issue #35).
+// status. Refuses what the pipeline does not do yet (issue #35).
 int expert_pipe_train(Run* run, ExpertFlags* flags, const MoeConfig* cfg, ExpertForward forward,
                       ExpertBackward backward);
 

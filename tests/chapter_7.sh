@@ -480,10 +480,12 @@ mpi_run $T_RUN 1 "$BUILD/chapter-7" --experts 2 --top-k 1 --microbatches 2 --bat
 s7=$(c7_sample)
 mpi_run $T_RUN 4 "$BUILD/chapter-7" --experts 2 --top-k 1 --ep 2 --pp 2 --batch 4 --seq 16 --steps 1 --sample 40
 s8=$(c7_sample)
-if [ -n "$s0" ] && [ "$s6" = "$s0" ] && [ -n "$s7" ] && [ "$s8" = "$s7" ]; then
-    pass "experts: --sample 40 through pp=2 at E=1, k=1 is chapter 0's sample; E=2 on ep x pp = 2 x 2 samples what one rank with 2 microbatches does"
+mpi_run $T_RUN 4 "$BUILD/chapter-7" --experts 1 --top-k 1 --pp 2 --cp 2 --cp-balance zigzag --batch 4 --seq 16 --steps 1 --sample 40
+s9=$(c7_sample)
+if [ -n "$s0" ] && [ "$s6" = "$s0" ] && [ "$s9" = "$s0" ] && [ -n "$s7" ] && [ "$s8" = "$s7" ]; then
+    pass "experts: --sample 40 through pp=2 (and cp x pp = 2 x 2) at E=1, k=1 is chapter 0's sample; E=2 on ep x pp = 2 x 2 samples what one rank with 2 microbatches does"
 else
-    fail "experts: --sample with --pp" "E=1 pp=2 '$s6' vs chapter 0 '$s0'; E=2 ep x pp '$s8' vs one rank '$s7'"
+    fail "experts: --sample with --pp" "E=1 pp=2 '$s6' (cp x pp '$s9') vs chapter 0 '$s0'; E=2 ep x pp '$s8' vs one rank '$s7'"
 fi
 # Pipeline parallelism (--pp, chapter 5's schedules, expert_pipe.c): each
 # stage runs chapter 7's forward and backward on its layers, microbatch by
@@ -528,6 +530,11 @@ c7_pfull=$C7_LOG
 c7m_same "ep=2 x pp=2 (gpipe)" 4 "--ep 2 --pp 2 --schedule gpipe"
 c7m_same "dp=2 x pp=2" 4 "--dp 2 --pp 2"
 c7m_same "dp=2 x ep=2 x pp=2" 8 "--dp 2 --ep 2 --pp 2 --ep-overlap 3"
+# --cp: each slot keeps its layers' attention state (the ring's lse, or
+# Ulysses' head shard); E = 1 against chapter 0, E = 4 against one rank
+invariant --norm "experts: E=1, k=1 on cp x pp = 2 x 2 (ring) is chapter 0's dense model" "$INV_FLAGS" 4 chapter-7 "--experts 1 --top-k 1 --cp 2 --pp 2"
+invariant --norm --val "experts: E=1, k=1 on cp x pp = 2 x 2 (ulysses, zigzag) is chapter 0's dense model" "$INV_FLAGS" 4 chapter-7 "--experts 1 --top-k 1 --cp 2 --cp-mode ulysses --cp-balance zigzag --pp 2"
+c7m_same "ep=2 x cp=2 x pp=2 (ring, zigzag)" 8 "--ep 2 --cp 2 --cp-balance zigzag --pp 2"
 # --recompute: a slot keeps what the mode keeps (full: no MoE layer state at
 # all, each layer runs again in B, its exchanges too); the same bits as none
 invariant --norm "experts: E=1, k=1 on pp=2 with --recompute selective is chapter 0's dense model" "$INV_FLAGS" 2 chapter-7 "--experts 1 --top-k 1 --pp 2 --recompute selective"
@@ -623,7 +630,6 @@ jobs_run error_case chapter-7 2 "--pp 2 --microbatches 5" "--microbatches 5 does
 jobs_run error_case chapter-7 2 "--pp 2 --virtual 2 --schedule interleaved" "do not cut into pp=2 x 2 chunks = 4 equal stages"
 jobs_run error_case chapter-7 2 "--pp 2 --virtual 2" "--virtual 2 needs --schedule interleaved"
 jobs_run error_case chapter-7 2 "--pp 2 --schedule fast" "--schedule fast is not one of gpipe, 1f1b, interleaved, zb"
-jobs_run error_case chapter-7 4 "--pp 2 --cp 2" "does not compose with --cp yet (issue #35)"
 jobs_run error_case chapter-7 2 "--pp 2 --model tiny6 --moe-every 2" "--moe-every 2 with 3 layers per stage: a stage must start at a multiple of 2"
 jobs_run help_case chapter-7 "--microbatches"
 jobs_run help_case chapter-7 "--cp-mode"

@@ -196,6 +196,9 @@ c7 2 --batch 24 --seq 32 --experts 4 --top-k 2 --pp 2 --model tiny6 --schedule i
 c7 3 --batch 24 --seq 32 --experts 4 --top-k 3 --moe-every 2 --expert-hidden 96 --model tiny6 --pp 3 --schedule zb
 c7 4 --batch 24 --seq 32 --experts 2 --top-k 2 --capacity-factor 0.25 --ep 2 --pp 2 --ep-overlap 3
 c7 4 --batch 24 --seq 32 --experts 4 --top-k 2 --ep 2 --pp 2 --recompute selective
+c7 4 --batch 24 --seq 32 --experts 1 --top-k 1 --pp 2 --cp 2
+c7 8 --batch 24 --seq 32 --experts 4 --top-k 2 --ep 2 --pp 2 --cp 2 --cp-mode ulysses --cp-balance zigzag
+c7 4 --batch 24 --seq 32 --experts 4 --top-k 3 --moe-every 3 --expert-hidden 96 --model tiny6 --pp 2 --cp 2 --ep-overlap 3
 c7 4 --batch 24 --seq 32 --experts 4 --top-k 3 --moe-every 3 --expert-hidden 96 --model tiny6 --ep 2 --pp 2 --schedule gpipe --microbatches 4 --recompute full
 jobs_wait
 
@@ -253,7 +256,6 @@ plan_error "--sp" --chapter 6 --ranks 4 --tp 2 --cp 2 --sp
 plan_error "--ep" --chapter 7 --ranks 3 --ep 3 --experts 4
 plan_error "--ep-overlap" --chapter 7 --ranks 2 --ep 2 --batch 24 --seq 32 --ep-overlap 385
 plan_error "--microbatches: must divide a rank's sequences" --chapter 7 --ranks 2 --pp 2 --batch 24 --microbatches 5
-plan_error "does not compose with --cp yet (issue #35)" --chapter 7 --ranks 4 --pp 2 --cp 2
 plan_error "--cp: chapter 7 composes it with --recompute none and dropless routing only" --chapter 7 --ranks 4 --ep 2 --cp 2 --recompute full
 plan_error "--ranks: chapter 7 has the dp, pp, cp and ep axes only" --chapter 7 --ranks 4 --ep 2 --tp 2
 

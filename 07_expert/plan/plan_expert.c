@@ -45,12 +45,11 @@ static int pipelined(const PlanArgs* a) { return a->mesh[AXIS_PP] > 1 || a->micr
 static const char* check_pipe(const PlanArgs* a, PlanInfo* info, char* msg, size_t len) {
     int pp = a->mesh[AXIS_PP], per_rank = a->B / (a->mesh[AXIS_DP] * a->mesh[AXIS_EP]), v = a->virt;
     int m = a->microbatches ? a->microbatches : pp, L = a->cfg.num_layers;
-    if (a->mesh[AXIS_CP] > 1) return "--pp: chapter 7's pipeline does not compose with --cp yet (issue #35)";
     if (m < 1 || per_rank % m) return "--microbatches: must divide a rank's sequences, --batch / (dp ep)";
     if (v < 1 || v > 64 / pp || (v > 1 && pp == 1)) return "--virtual: 1 to 64 / pp chunks, more than 1 with pp > 1 only";
     if (L % (pp * v)) return "--pp: the layers must cut into pp x virtual equal stages";
     if ((L / (pp * v)) % a->moe_every) return "--moe-every: a stage must start at a multiple of it";
-    if (a->ep_overlap > per_rank / m * a->T) return "--ep-overlap: at most a microbatch's tokens on a rank";
+    if (a->ep_overlap > per_rank / m * (a->T / a->mesh[AXIS_CP])) return "--ep-overlap: at most a microbatch's tokens on a rank";
     return plan_pipeline_lists(a, m, info, msg, len);
 }
 
@@ -101,18 +100,29 @@ static void plan_pipe(const PlanArgs* a, RankPlan* p, int r) {
     int coord[NUM_AXES];
     plan_coords(a, r, coord);
     int ndp = a->mesh[AXIS_DP], nep = a->mesh[AXIS_EP], pp = a->mesh[AXIS_PP], s = coord[AXIS_PP], v = a->virt;
-    int S = pp * v, M = a->microbatches ? a->microbatches : pp, T = a->T, b = a->B / (ndp * nep) / M;
-    int C = g->channels, E = c.experts, k = c.top_k, H = c.hidden, El = E / nep, Lc = g->num_layers / S;
-    double N = (double)b * T, Nk = N * k, R = N * nep * (k < El ? k : El), f = sizeof(float), out = nep > 1 ? 1.0 : 0.0;
+    int ncp = a->mesh[AXIS_CP], S = pp * v, M = a->microbatches ? a->microbatches : pp, T = a->T, b = a->B / (ndp * nep) / M;
+    int C = g->channels, E = c.experts, k = c.top_k, H = c.hidden, El = E / nep, Lc = g->num_layers / S, NH = g->num_heads;
+    // a microbatch's rows on a rank: T/cp positions of its b sequences
+    double N = (double)b * (T / ncp), Nk = N * k, R = N * nep * (k < El ? k : El), f = sizeof(float), out = nep > 1 ? 1.0 : 0.0;
+    double NC = N * C;
+    int ring = !strcmp(a->cp_mode, "ring");
     const Schedule* sc = plan_pipeline_schedule();
     char name[32];
     Mesh mesh;
     memset(&mesh, 0, sizeof(mesh));
     for (int x = 0; x < NUM_AXES; x++) mesh.size[x] = a->mesh[x];
-    comm_group_slot_name(&mesh, (1u << AXIS_DP) | (1u << AXIS_EP), name, sizeof(name));
-    Comm batch = plan_group(comm_slot_for(name), ndp * nep, coord[AXIS_DP] * nep + coord[AXIS_EP]);
+    // the groups of expert_model_create: dp x cp x ep (cp in the name only
+    // with --cp) and the experts' dp x cp
+    unsigned with_cp = ncp > 1 ? 1u << AXIS_CP : 0u;
+    comm_group_slot_name(&mesh, (1u << AXIS_DP) | with_cp | (1u << AXIS_EP), name, sizeof(name));
+    Comm batch = plan_group(comm_slot_for(name), ndp * ncp * nep,
+                            (coord[AXIS_DP] * nep + coord[AXIS_EP]) * ncp + coord[AXIS_CP]);
     Comm dp = plan_group(AXIS_DP, ndp, coord[AXIS_DP]), ep = plan_group(AXIS_EP, nep, coord[AXIS_EP]);
-    Comm ppc = plan_group(AXIS_PP, pp, s);
+    if (ncp > 1) {
+        comm_group_slot_name(&mesh, (1u << AXIS_DP) | (1u << AXIS_CP), name, sizeof(name));
+        dp = plan_group(comm_slot_for(name), ndp * ncp, coord[AXIS_DP] * ncp + coord[AXIS_CP]);
+    }
+    Comm ppc = plan_group(AXIS_PP, pp, s), cpg = plan_group(AXIS_CP, ncp, coord[AXIS_CP]);
     double params = 0, acts = 0, comm = 0;
     p->flops = 0;
     for (int ch = 0; ch < v; ch++) {
@@ -134,7 +144,28 @@ static void plan_pipe(const PlanArgs* a, RankPlan* p, int r) {
         // fch_gelu, the model's one each; full none, the model's one layer);
         // per chunk the scratch every MoE layer shares (expert_model_create)
         double layer = 2 * N * E + 4 * Nk + R * C + R * H + E;  // without fch_gelu
-        acts += busy * plan_acts_bytes(&held.gpt, b, T, a->recompute) / f + 2 * R * C + 2 * R * H + Nk + N * E + N * C;
+        acts += busy * plan_acts_bytes(&held.gpt, b, T / ncp, a->recompute) / f + 2 * R * C + 2 * R * H + Nk + N * E + N * C;
+        if (ncp > 1) {
+            // --cp: per slot what each layer's attention keeps (slot_cp_create),
+            // per chunk the model's scratch and exchange buffers (expert_cp_create)
+            acts += busy * (ring ? Lc * N * NH : Lc * 3 * NC + Lc * N * NH * T);
+            acts += ring ? NC + 3 * N * NH : NC + 3 * NC + N * NH * T;
+            comm += ring ? 10 * NC : 6 * NC;
+            if (a->moe_every > 1) acts += 8 * NC;  // a dense layer's MLP gradients
+            for (int l = 0; l < M * Lc; l++) {  // every layer of every microbatch, forward and backward
+                if (ring) {
+                    for (int i = 0; i < 2 * (ncp - 1) + ncp; i++) {
+                        comm_tally(&cpg, COLL_RECV, 2 * (size_t)NC * sizeof(float), 0.0);
+                        comm_tally(&cpg, COLL_SEND, 2 * (size_t)NC * sizeof(float), 1.0);
+                    }
+                } else {
+                    for (int i = 0; i < 2; i++) {
+                        comm_tally(&cpg, COLL_ALLTOALL, 3 * (size_t)NC * sizeof(float), comm_ring_factor(&cpg));
+                        comm_tally(&cpg, COLL_ALLTOALL, (size_t)NC * sizeof(float), comm_ring_factor(&cpg));
+                    }
+                }
+            }
+        }
         comm += R * C + Nk * C;  // recv, dsend
         if (a->recompute == RECOMPUTE_NONE) acts += busy * n_moe * (layer + R * H), comm += busy * n_moe * 2 * Nk * C;
         if (a->recompute == RECOMPUTE_SELECTIVE) acts += busy * n_moe * layer + R * H, comm += busy * n_moe * Nk * C + Nk * C;
