@@ -20,9 +20,10 @@
 #define XP_MAX_CHUNKS 64  // virtual stages, as chapter 5
 
 // What one (microbatch, chunk) keeps from its F to its B: the chunk's
-// activations (its input in acts.encoded, its layers', the head's) and its
-// MoE layers' routing, plan and rows. The chunk's ExpertModel works on a
-// slot by pointing m->acts and m->moe at it.
+// activations (its input in acts.encoded, its layers', the head's), its MoE
+// layers' routing, plan and rows, and with --cp its layers' attention state.
+// The chunk's ExpertModel works on a slot by pointing m->acts, m->moe and
+// m->cp's kept buffers at it (slot_use).
 typedef struct {
     GPTActs acts;
     MoeLayer* moe;
@@ -32,9 +33,9 @@ typedef struct {
 
 // A range of a chunk's replicated buffer that belongs to the model: global
 // offset in the whole model's shared layout (moe.h), local offset, count.
-// A chunk's buffer is laid out as a model of its own layers, so it has the
-// slots of wte, wpe and lnf everywhere; only the pieces below are the
-// stage's (the rest stays zero-gradient and unread).
+// A chunk's buffer is laid out as a model of its own layers
+// (pipe_chunk_config); only lnf's slot off the last chunk is not a piece
+// (it stays zero-gradient and unread).
 typedef struct {
     size_t global, local, count;
     int tied_copy;  // the last stage's copy of wte: not in the norm, not written
@@ -72,7 +73,7 @@ typedef struct {
     const char* sched_name;
     int pp, stage, v, S, M, B, b, T, Tr, per_rank, share;  // Tr: a rank's positions of a sequence, T / cp
     const Comm* ppc;
-    Comm embed;  // stage 0 and stage pp-1 of this (dp, ep) coordinate
+    Comm embed;  // stage 0 and stage pp-1 of this (dp, cp, ep) coordinate
     XpChunk chunk[XP_MAX_CHUNKS];
     XpIncoming in[2];
     int n_in;
@@ -261,8 +262,8 @@ static void reduce_gradients(ExpertPipe* P) {
 }
 
 // The norm: each parameter once (the tied copy left out; the replicated
-// pieces on ep rank 0 of dp rank 0, the experts on dp rank 0), summed over
-// ep, dp and the stages.
+// pieces on ep rank 0 of dp x cp rank 0, the experts on dp x cp rank 0),
+// summed over ep, dp x cp and the stages.
 static float clip_and_step(ExpertPipe* P, const TrainArgs* args, int step) {
     double* mine = train_sumsq_begin();
     for (int c = 0; c < P->v; c++) {
@@ -319,10 +320,10 @@ static void step_record(ExpertPipe* P, TrainLoop* loop) {
 // ---------------------------------------------------------------- the tokens
 
 // Microbatch mb of a step is the global batch's sequences [mb B/m, (mb+1) B/m),
-// split over the dp x ep ranks (b = B / (m dp ep) each, in share order), so
-// that one MoE layer call sees the same tokens on every mesh: its balance
-// statistics and capacity are over the microbatch, and chapter 7 on one rank
-// with the same m is the reference.
+// split over the dp x ep ranks (b = B / (m dp ep) each, in share order; a
+// share's cp ranks hold the same sequences), so that one MoE layer call sees
+// the same tokens on every mesh: its balance statistics and capacity are over
+// the microbatch, and chapter 7 on one rank with the same m is the reference.
 static void load_microbatches(ExpertPipe* P, const TokenSet* d, long step) {
     int B = P->B, T = P->T;
     for (int mb = 0; mb < P->M; mb++) {
