@@ -344,12 +344,17 @@ MoeLayer* expert_moe_layers_create(const ExpertModel* m, int n) {
 }
 
 void expert_model_create(ExpertModel* m, const MoeConfig* cfg, const ExpertFlags* flags, const Run* run) {
+    expert_model_create_part(m, cfg, flags, run, 1, 1);
+}
+
+void expert_model_create_part(ExpertModel* m, const MoeConfig* cfg, const ExpertFlags* flags, const Run* run,
+                              int embeds, int has_head) {
     const Mesh* mesh = &run->mesh;
     int B = run->setup.B / (mesh->size[AXIS_DP] * mesh->size[AXIS_EP]), T = run->setup.T, ncp = mesh->size[AXIS_CP];
     uint64_t seed = (uint64_t)run->args.seed;
     RecomputeMode recompute = (RecomputeMode)run->args.recompute;
     memset(m, 0, sizeof(*m));
-    m->embeds = m->has_head = 1;
+    m->embeds = embeds, m->has_head = has_head;
     m->recompute = recompute;
     m->cfg = *cfg;
     // a cp rank holds T/cp positions of each of its B sequences: as the
@@ -394,7 +399,9 @@ void expert_model_create(ExpertModel* m, const MoeConfig* cfg, const ExpertFlags
     moe_init_experts(host, cfg, m->e0, m->E_local, seed);
     mem_to_device(m->experts, host, m->n_experts * sizeof(float));
     free(host);
-    gpt_acts_create_recompute(&m->acts, &cfg->gpt, B, m->T, recompute);
+    GPTConfig acts_cfg = cfg->gpt;  // without the head, no logits (a pipeline stage's)
+    if (!has_head) acts_cfg.vocab_size = acts_cfg.padded_vocab_size = 0;
+    gpt_acts_create_recompute(&m->acts, &acts_cfg, B, m->T, recompute);
     expert_cp_create(m);
     size_t R = (size_t)m->R, Nk = (size_t)N * k;
     // --recompute full: one MoE layer's state, reused by every layer (each

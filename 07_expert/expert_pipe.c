@@ -130,7 +130,9 @@ static XpSlot* slot_get(ExpertPipe* P, XpChunk* ch, int mb) {
         // keeps each MoE layer's routing, plan and rows (their send and
         // fch_gelu buffers the model's one each), full none: every layer runs
         // again before its backward in the model's one MoE layer state
-        gpt_acts_create_recompute(&free_one->acts, &ch->m.cfg.gpt, P->b, P->Tr, ch->m.recompute);
+        GPTConfig g = ch->m.cfg.gpt;  // as expert_model_create_part: no logits without the head
+        if (!ch->m.has_head) g.vocab_size = g.padded_vocab_size = 0;
+        gpt_acts_create_recompute(&free_one->acts, &g, P->b, P->Tr, ch->m.recompute);
         slot_cp_create(ch, free_one);
         free_one->moe = ch->m.recompute == RECOMPUTE_FULL ? ch->slot[0]->moe : expert_moe_layers_create(&ch->m, ch->n_moe);
         if (ch->n_slots == P->M) FATAL("more microbatches in flight than the step has");
@@ -494,8 +496,8 @@ static void embedding_group(Comm* embed, const Mesh* mesh) {
 
 // The config of a chunk's model: L / S layers, and the embedding's tables
 // only where the chunk uses them (wte on the first and the last, wpe on the
-// first; a chunk without the head has no vocabulary, so no logits in its
-// slots either). lnf's 2C floats stay on every chunk.
+// first). lnf's 2C floats stay on every chunk; a chunk without the head
+// keeps no logits in its slots (expert_model_create_part).
 static MoeConfig pipe_chunk_config(const MoeConfig* whole, int layers, int embeds, int head) {
     MoeConfig local = *whole;
     local.gpt.num_layers = layers;
@@ -516,8 +518,7 @@ static void chunk_create(ExpertPipe* P, int c, const ExpertFlags* fl, const floa
     ch->moe0 = 0;
     for (int l = 0; l < ch->first; l++) ch->moe0 += moe_is_moe_layer(&P->cfg, l);
     ch->n_moe = moe_num_moe_layers(&local);
-    expert_model_create(&ch->m, &local, fl, &P->run_mb);
-    ch->m.embeds = embeds, ch->m.has_head = head;
+    expert_model_create_part(&ch->m, &local, fl, &P->run_mb, embeds, head);
     // the pieces: [wte wpe] on the first, the blocks, [lnfw lnfb] and the
     // tied copy of wte on the last
     size_t blk_l = moe_block_offset(&local, 0), blk_n = moe_lnf_offset(&local) - blk_l;

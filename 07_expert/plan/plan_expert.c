@@ -144,7 +144,9 @@ static void plan_pipe(const PlanArgs* a, RankPlan* p, int r) {
         // fch_gelu, the model's one each; full none, the model's one layer);
         // per chunk the scratch every MoE layer shares (expert_model_create)
         double layer = 2 * N * E + 4 * Nk + R * C + R * H + E;  // without fch_gelu
-        acts += busy * plan_acts_bytes(&held.gpt, b, T / ncp, a->recompute) / f + 2 * R * C + 2 * R * H + Nk + N * E + N * C;
+        GPTConfig acts_cfg = held.gpt;  // no logits without the head
+        if (!head) acts_cfg.vocab_size = acts_cfg.padded_vocab_size = 0;
+        acts += busy * plan_acts_bytes(&acts_cfg, b, T / ncp, a->recompute) / f + 2 * R * C + 2 * R * H + Nk + N * E + N * C;
         if (ncp > 1) {
             // --cp: per slot what each layer's attention keeps (slot_cp_create),
             // per chunk the model's scratch and exchange buffers (expert_cp_create)
