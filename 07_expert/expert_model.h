@@ -154,7 +154,7 @@ MoeConfig expert_config(const Run* run, ExpertFlags* flags);
 // allocated and counted, the parameters initialised (counter-based, moe.h)
 // or read from --model FILE, statistics recorded.
 void expert_model_create(ExpertModel* m, const MoeConfig* cfg, const ExpertFlags* flags, const Run* run);
-// The same for a pipeline chunk (expert_pipe.c): embeds and has_head as the
+// The same for a pipeline chunk (expert_stage.c): embeds and has_head as the
 // fields say; without the head the activations have no logits.
 void expert_model_create_part(ExpertModel* m, const MoeConfig* cfg, const ExpertFlags* flags, const Run* run,
                               int embeds, int has_head);

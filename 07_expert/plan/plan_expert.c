@@ -15,10 +15,11 @@
 // (N k C + R C floats per exchange pair), and, dropless, the exact sum over
 // the ranks: every slot is sent once by dispatch and once back by combine.
 //
-// With --pp (or --microbatches: 07_expert/expert_pipe.c) each pp rank holds
-// v chunks, each a model of L / (pp v) layers with the slots of wte, wpe and
-// lnf, one microbatch's activations per slot and the slots a chunk's list
-// holds at once; the send buffers are chapter 5's range (plan_pipeline.c).
+// With --pp (or --microbatches: 07_expert/expert_pipe.c and expert_stage.c)
+// each pp rank holds v chunks, each a model of L / (pp v) layers with the
+// embedding's tables where it uses them, one microbatch's activations per
+// slot and the slots a chunk's list holds at once; the send buffers are
+// chapter 5's range (plan_pipeline.c).
 #include <stdio.h>
 #include <string.h>
 
@@ -41,7 +42,7 @@ static int dropless(const PlanArgs* a) { return !(a->capacity > 0) || a->capacit
 // The pipeline's step (expert_pipe_wanted): --pp > 1, --microbatches or --virtual given.
 static int pipelined(const PlanArgs* a) { return a->mesh[AXIS_PP] > 1 || a->microbatches > 0 || a->virt != 1; }
 
-// expert_pipe.c's checks, then the lists.
+// expert_stage.c's checks, then the lists.
 static const char* check_pipe(const PlanArgs* a, PlanInfo* info, char* msg, size_t len) {
     int pp = a->mesh[AXIS_PP], per_rank = a->B / (a->mesh[AXIS_DP] * a->mesh[AXIS_EP]), v = a->virt;
     int m = a->microbatches ? a->microbatches : pp, L = a->cfg.num_layers;
@@ -89,7 +90,7 @@ const char* plan_check_expert(const PlanArgs* a, PlanInfo* info, char* msg, size
     return pipelined(a) ? check_pipe(a, info, msg, len) : NULL;
 }
 
-// A pp rank's chunks (expert_pipe.c): each an ExpertModel of its layers
+// A pp rank's chunks (expert_stage.c): each an ExpertModel of its layers
 // (moe.h's buffers of a model of L / S layers) on b = B / (dp ep m)
 // sequences, as many activation slots as its list holds microbatches at
 // once; its all-reduces (the pieces that touch in one call), the tied wte
@@ -126,7 +127,7 @@ static void plan_pipe(const PlanArgs* a, RankPlan* p, int r) {
     double params = 0, acts = 0, comm = 0;
     p->flops = 0;
     for (int ch = 0; ch < v; ch++) {
-        MoeConfig lc = c;  // the chunk's layers (its FLOPs), and as expert_pipe.c holds them
+        MoeConfig lc = c;  // the chunk's layers (its FLOPs), and as expert_stage.c holds them
         lc.gpt.num_layers = Lc;
         int kv = ch * pp + s, n_moe = moe_num_moe_layers(&lc), embeds = kv == 0, head = kv == S - 1, busy = 0;
         MoeConfig held = lc;
