@@ -145,6 +145,7 @@ void expert_embed_forward(ExpertModel* m, const int* inputs, const int* targets)
     cp_shard_tokens(sh, rows + N, targets);
     gpt_acts_load(&m->acts, rows, rows + N);
     free(rows);
+    if (!m->embeds) return;  // a later pipeline stage: its input arrived in acts.encoded
     for (int p = 0; p < sh->parts; p++) {
         size_t r0 = (size_t)p * sh->B * sh->len;
         encoder_forward(m->acts.encoded + r0 * C, m->acts.inputs + r0, m->shared + moe_wte_offset(&m->cfg),
@@ -154,6 +155,7 @@ void expert_embed_forward(ExpertModel* m, const int* inputs, const int* targets)
 }
 
 float expert_head_forward(ExpertModel* m) {
+    if (!m->has_head) return 0.0f;
     const GPTConfig* g = &m->cfg.gpt;
     int B = m->B, T = m->T, C = g->channels;
     HeadActs h = gpt_acts_head(&m->acts, g, B, T);
@@ -164,6 +166,7 @@ float expert_head_forward(ExpertModel* m) {
 }
 
 void expert_head_backward(ExpertModel* m) {
+    if (!m->has_head) return;  // acts.dres arrived from the stage after
     const GPTConfig* g = &m->cfg.gpt;
     int B = m->B, T = m->T, C = g->channels, L = g->num_layers;
     HeadActs h = gpt_acts_head(&m->acts, g, B, T);
@@ -175,6 +178,7 @@ void expert_head_backward(ExpertModel* m) {
 }
 
 void expert_embed_backward(ExpertModel* m) {
+    if (!m->embeds) return;
     const CPShard* sh = &m->cp.sh;
     float* G = m->dshared;
     int C = m->cfg.gpt.channels;
@@ -189,7 +193,8 @@ void expert_embed_backward(ExpertModel* m) {
 
 int expert_run_start(Run* run, ExpertFlags* fl, int argc, char** argv) {
     *fl = (ExpertFlags){.experts = 4, .top_k = 2, .hidden = 0, .moe_every = 1, .ep_overlap = 1, .aux_coef = 0.01f,
-                        .capacity = 0.0f, .cp_mode_name = "ring", .cp_balance_name = "none"};
+                        .capacity = 0.0f, .cp_mode_name = "ring", .cp_balance_name = "none", .schedule = "1f1b",
+                        .microbatches = ARG_NOT_GIVEN, .virtual_chunks = 1};
     ArgSpec extra[] = {
         {"experts", ARG_INT, &fl->experts, "experts per MoE layer, E  [4]"},
         {"top-k", ARG_INT, &fl->top_k, "experts per token, k  [2]"},
@@ -203,15 +208,20 @@ int expert_run_start(Run* run, ExpertFlags* fl, int argc, char** argv) {
          "travels  [1]"},
         {"cp-mode", ARG_STRING, &fl->cp_mode_name, "ring | ulysses: how attention meets the other cp ranks' tokens (chapter 6)  [ring]"},
         {"cp-balance", ARG_STRING, &fl->cp_balance_name, "none | zigzag: which positions each cp rank holds (chapter 6)  [none]"},
+        {"schedule", ARG_STRING, &fl->schedule, "with --pp: gpipe | 1f1b | interleaved | zb (chapter 5)  [1f1b]"},
+        {"microbatches", ARG_INT, &fl->microbatches,
+         "a rank's share of the batch in m microbatches, gradients accumulated (the pipeline's; also at pp 1)  [pp]"},
+        {"virtual", ARG_INT, &fl->virtual_chunks, "chunks (virtual stages) per pp rank, --schedule interleaved only  [1]"},
     };
     train_config_reader = expert_read_gpt_config;  // --model FILE is an MoE file (moe.h)
     return run_start(run, argc, argv, "build/chapter-7",
                      "Chapter 7: mixture of experts, experts sharded over ep: route, count, all-to-all-v\n"
                      "dispatch, experts, all-to-all-v combine; replicated gradients over dp x cp x ep, experts over\n"
                      "dp x cp; with --cp, chapter 6's context parallelism in attention; with --tp, tensor\n"
-                     "parallelism with sequence parallelism (attention split by heads, the rest by tokens).",
+                     "parallelism with sequence parallelism (attention split by heads, the rest by tokens); with\n"
+                     "--pp, chapter 5's pipeline stages and schedules.",
                      extra, sizeof(extra) / sizeof(extra[0]),
-                     (1u << AXIS_DP) | (1u << AXIS_TP) | (1u << AXIS_CP) | (1u << AXIS_EP));
+                     (1u << AXIS_DP) | (1u << AXIS_TP) | (1u << AXIS_PP) | (1u << AXIS_CP) | (1u << AXIS_EP));
 }
 
 // ---------------------------------------------------------------- the config
@@ -290,6 +300,9 @@ MoeConfig expert_config(const Run* run, ExpertFlags* f) {
             fail_all("--cp-mode ulysses splits the model's %d heads over cp=%d ranks: use a cp that divides %d, or "
                      "--cp-mode ring", cfg.gpt.num_heads / tp, cp, cfg.gpt.num_heads / tp);
     }
+    if (tp > 1 && run->mesh.size[AXIS_PP] > 1)
+        fail_all("--tp %d --pp %d: chapter 7 does not compose --tp with --pp yet (issue #35): use one of them",
+                 tp, run->mesh.size[AXIS_PP]);
     if (tp > 1 && run->args.recompute != RECOMPUTE_NONE && cfg.moe_every > 1)
         fail_all("--tp %d: chapter 7 composes tensor parallelism with --recompute in MoE layers, but not yet in a "
                  "dense layer (--moe-every %d; issue #35's remaining work): use --recompute none or --moe-every 1",
@@ -299,13 +312,58 @@ MoeConfig expert_config(const Run* run, ExpertFlags* f) {
 
 // ---------------------------------------------------------------- set-up
 
+// n MoE layers' state (expert_model.h): what a layer keeps from its forward
+// for its backward, on m->N token rows.
+MoeLayer* expert_moe_layers_create(const ExpertModel* m, int n) {
+    const MoeConfig* cfg = &m->cfg;
+    int N = m->N, C = cfg->gpt.channels, H = cfg->hidden, E = cfg->experts, k = cfg->top_k, nc = m->chunks;
+    size_t R = (size_t)m->R, Nk = (size_t)N * k;
+    MoeLayer* layers = xcalloc((size_t)n, sizeof(MoeLayer));
+    for (int i = 0; i < n; i++) {
+        MoeLayer* q = &layers[i];
+        q->logits = mem_alloc_floats((size_t)N * E, MEM_ACTIVATIONS);
+        q->probs = mem_alloc_floats((size_t)N * E, MEM_ACTIVATIONS);
+        q->gates = mem_alloc_floats(Nk, MEM_ACTIVATIONS);
+        q->idx = mem_alloc(Nk * sizeof(int), MEM_ACTIVATIONS);
+        q->pos = mem_alloc(Nk * sizeof(int), MEM_ACTIVATIONS);
+        q->send_src = mem_alloc(Nk * sizeof(int), MEM_ACTIVATIONS);
+        q->send = m->send_shared ? m->send_shared : mem_alloc_floats(Nk * C, MEM_COMM);
+        q->back = mem_alloc_floats(Nk * C, MEM_COMM);
+        q->exp_in = mem_alloc_floats(R * C, MEM_ACTIVATIONS);
+        q->fch = mem_alloc_floats(R * H, MEM_ACTIVATIONS);
+        q->fch_gelu = m->gelu_shared ? m->gelu_shared : mem_alloc_floats(R * H, MEM_ACTIVATIONS);
+        q->aux_dprobs = mem_alloc_floats((size_t)E, MEM_ACTIVATIONS);
+        q->idx_host = xmalloc(Nk * sizeof(int));
+        q->pos_host = xmalloc(Nk * sizeof(int));
+        q->src_host = xmalloc(Nk * sizeof(int));
+        q->cnt_send = xmalloc((size_t)E * sizeof(int));
+        q->cnt_chunk = xmalloc((size_t)nc * E * sizeof(int));
+        q->cnt_recv = xmalloc((size_t)nc * E * sizeof(int));  // ep x n x E/ep
+        q->send_row = xmalloc((size_t)(nc + 1) * sizeof(int));
+        q->blk_recv = xmalloc((size_t)nc * E * sizeof(int));
+        q->blk_row = xmalloc((size_t)nc * E * sizeof(int));
+        q->expert_off = xmalloc((size_t)(m->E_local + 1) * sizeof(int));
+        q->sc = xmalloc((size_t)nc * m->ep * sizeof(size_t));
+        q->sd = xmalloc((size_t)nc * m->ep * sizeof(size_t));
+        q->rc = xmalloc((size_t)nc * m->ep * sizeof(size_t));
+        q->rd = xmalloc((size_t)nc * m->ep * sizeof(size_t));
+    }
+    return layers;
+}
+
 void expert_model_create(ExpertModel* m, const MoeConfig* cfg, const ExpertFlags* flags, const Run* run) {
+    expert_model_create_part(m, cfg, flags, run, 1, 1);
+}
+
+void expert_model_create_part(ExpertModel* m, const MoeConfig* cfg, const ExpertFlags* flags, const Run* run,
+                              int embeds, int has_head) {
     const Mesh* mesh = &run->mesh;
     int B = run->setup.B / (mesh->size[AXIS_DP] * mesh->size[AXIS_EP]), T = run->setup.T, ncp = mesh->size[AXIS_CP];
     int ntp = mesh->size[AXIS_TP];
     uint64_t seed = (uint64_t)run->args.seed;
     RecomputeMode recompute = (RecomputeMode)run->args.recompute;
     memset(m, 0, sizeof(*m));
+    m->embeds = embeds, m->has_head = has_head;
     m->recompute = recompute;
     m->cfg = *cfg;
     m->cfg.tp = ntp;  // with --tp the shared buffer leaves out the split tensors (moe.h)
@@ -356,7 +414,9 @@ void expert_model_create(ExpertModel* m, const MoeConfig* cfg, const ExpertFlags
     moe_init_experts(host, cfg, m->e0, m->E_local, seed);
     mem_to_device(m->experts, host, m->n_experts * sizeof(float));
     free(host);
-    gpt_acts_create_recompute(&m->acts, &cfg->gpt, B, m->T, recompute);
+    GPTConfig acts_cfg = cfg->gpt;  // without the head, no logits (a pipeline stage's)
+    if (!has_head) acts_cfg.vocab_size = acts_cfg.padded_vocab_size = 0;
+    gpt_acts_create_recompute(&m->acts, &acts_cfg, B, m->T, recompute);
     expert_cp_create(m);
     size_t R = (size_t)m->R, Nk = (size_t)N * k;
     // --recompute full: one MoE layer's state, reused by every layer (each
@@ -371,36 +431,7 @@ void expert_model_create(ExpertModel* m, const MoeConfig* cfg, const ExpertFlags
     int nc = m->chunks = flags->ep_overlap;
     m->a2a = xcalloc((size_t)2 * nc, sizeof(CommRequest));
     m->a2a_started = xcalloc((size_t)2 * nc, sizeof(double));
-    m->moe = xcalloc((size_t)n_moe, sizeof(MoeLayer));
-    for (int i = 0; i < n_moe; i++) {
-        MoeLayer* q = &m->moe[i];
-        q->logits = mem_alloc_floats((size_t)N * E, MEM_ACTIVATIONS);
-        q->probs = mem_alloc_floats((size_t)N * E, MEM_ACTIVATIONS);
-        q->gates = mem_alloc_floats(Nk, MEM_ACTIVATIONS);
-        q->idx = mem_alloc(Nk * sizeof(int), MEM_ACTIVATIONS);
-        q->pos = mem_alloc(Nk * sizeof(int), MEM_ACTIVATIONS);
-        q->send_src = mem_alloc(Nk * sizeof(int), MEM_ACTIVATIONS);
-        q->send = m->send_shared ? m->send_shared : mem_alloc_floats(Nk * C, MEM_COMM);
-        q->back = mem_alloc_floats(Nk * C, MEM_COMM);
-        q->exp_in = mem_alloc_floats(R * C, MEM_ACTIVATIONS);
-        q->fch = mem_alloc_floats(R * H, MEM_ACTIVATIONS);
-        q->fch_gelu = m->gelu_shared ? m->gelu_shared : mem_alloc_floats(R * H, MEM_ACTIVATIONS);
-        q->aux_dprobs = mem_alloc_floats((size_t)E, MEM_ACTIVATIONS);
-        q->idx_host = xmalloc(Nk * sizeof(int));
-        q->pos_host = xmalloc(Nk * sizeof(int));
-        q->src_host = xmalloc(Nk * sizeof(int));
-        q->cnt_send = xmalloc((size_t)E * sizeof(int));
-        q->cnt_chunk = xmalloc((size_t)nc * E * sizeof(int));
-        q->cnt_recv = xmalloc((size_t)nc * E * sizeof(int));  // ep x n x E/ep
-        q->send_row = xmalloc((size_t)(nc + 1) * sizeof(int));
-        q->blk_recv = xmalloc((size_t)nc * E * sizeof(int));
-        q->blk_row = xmalloc((size_t)nc * E * sizeof(int));
-        q->expert_off = xmalloc((size_t)(m->E_local + 1) * sizeof(int));
-        q->sc = xmalloc((size_t)nc * m->ep * sizeof(size_t));
-        q->sd = xmalloc((size_t)nc * m->ep * sizeof(size_t));
-        q->rc = xmalloc((size_t)nc * m->ep * sizeof(size_t));
-        q->rd = xmalloc((size_t)nc * m->ep * sizeof(size_t));
-    }
+    m->moe = expert_moe_layers_create(m, n_moe);
     m->recv = mem_alloc_floats(R * C, MEM_COMM);
     m->xbuf = mem_alloc_floats(R * C, MEM_ACTIVATIONS);
     m->ybuf = mem_alloc_floats(R * C, MEM_ACTIVATIONS);
@@ -431,15 +462,9 @@ void expert_model_create(ExpertModel* m, const MoeConfig* cfg, const ExpertFlags
     }
 }
 
-void expert_model_free(ExpertModel* m) {
-    float* dev[] = {m->shared, m->dshared, m->m_s, m->v_s, m->experts, m->dexperts, m->m_e, m->v_e,
-                    m->recv, m->xbuf, m->ybuf, m->dfch, m->dfch_gelu, m->dsend, m->dgates, m->dlogits, m->dln2,
-                    m->send_shared, m->gelu_shared};
-    for (size_t i = 0; i < sizeof(dev) / sizeof(dev[0]); i++) mem_free(dev[i]);
-    gpt_acts_free(&m->acts);
-    int n_moe = m->recompute == RECOMPUTE_FULL ? 1 : moe_num_moe_layers(&m->cfg);
-    for (int i = 0; i < n_moe; i++) {
-        MoeLayer* q = &m->moe[i];
+void expert_moe_layers_free(const ExpertModel* m, MoeLayer* layers, int n) {
+    for (int i = 0; i < n; i++) {
+        MoeLayer* q = &layers[i];
         float* f[] = {q->logits, q->probs, q->gates, m->send_shared ? NULL : q->send, q->back, q->exp_in, q->fch,
                       m->gelu_shared ? NULL : q->fch_gelu, q->aux_dprobs};
         for (size_t j = 0; j < sizeof(f) / sizeof(f[0]); j++) mem_free(f[j]);
@@ -449,7 +474,16 @@ void expert_model_free(ExpertModel* m) {
                      q->blk_recv, q->blk_row, q->expert_off, q->sc, q->sd, q->rc, q->rd};
         for (size_t j = 0; j < sizeof(h) / sizeof(h[0]); j++) free(h[j]);
     }
-    free(m->moe);
+    free(layers);
+}
+
+void expert_model_free(ExpertModel* m) {
+    float* dev[] = {m->shared, m->dshared, m->m_s, m->v_s, m->experts, m->dexperts, m->m_e, m->v_e,
+                    m->recv, m->xbuf, m->ybuf, m->dfch, m->dfch_gelu, m->dsend, m->dgates, m->dlogits, m->dln2,
+                    m->send_shared, m->gelu_shared};
+    for (size_t i = 0; i < sizeof(dev) / sizeof(dev[0]); i++) mem_free(dev[i]);
+    gpt_acts_free(&m->acts);
+    expert_moe_layers_free(m, m->moe, m->recompute == RECOMPUTE_FULL ? 1 : moe_num_moe_layers(&m->cfg));
     free(m->a2a);
     free(m->a2a_started);
     free(m->routed);

@@ -132,6 +132,11 @@ typedef struct {
     CommRequest* a2a;
     double* a2a_started;
     double a2a_blocked_s, a2a_inflight_s, a2a_blocked_timed, a2a_inflight_timed;
+    // --pp (expert_pipe.c): this model is one pipeline chunk's layers; only
+    // the first embeds the tokens (the others' input, acts.encoded, arrives
+    // from the stage before) and only the last runs the head (the others'
+    // acts.dres arrives from the stage after). 1 and 1 without --pp.
+    int embeds, has_head;
 } ExpertModel;
 
 // Chapter 7's own flags, as parsed (hidden 0: 4C; capacity 0: dropless).
@@ -141,6 +146,10 @@ typedef struct {
     const char *cp_mode_name, *cp_balance_name;  // --cp-mode, --cp-balance as given
     CPMode cp_mode;                              // parsed by expert_config
     CPBalance cp_balance;
+    // --pp with chapter 5's schedules (expert_pipe.h); microbatches
+    // ARG_NOT_GIVEN: pp (and no pipeline at pp = 1)
+    const char* schedule;
+    int microbatches, virtual_chunks;
 } ExpertFlags;
 
 // The chapter's flags (the table is in expert_model.c) and run_start (the
@@ -165,9 +174,18 @@ MoeConfig expert_config(const Run* run, ExpertFlags* flags);
 // allocated and counted, the parameters initialised (counter-based, moe.h)
 // or read from --model FILE, statistics recorded.
 void expert_model_create(ExpertModel* m, const MoeConfig* cfg, const ExpertFlags* flags, const Run* run);
+// The same for a pipeline chunk (expert_stage.c): embeds and has_head as the
+// fields say; without the head the activations have no logits.
+void expert_model_create_part(ExpertModel* m, const MoeConfig* cfg, const ExpertFlags* flags, const Run* run,
+                              int embeds, int has_head);
 // The start-up lines: the mesh, the experts, the parameters.
 void expert_print_setup(const ExpertModel* m, const Run* run);
 void expert_model_free(ExpertModel* m);
+// n MoE layers' state for m->N token rows (one layer each, as
+// expert_model_create makes m->moe), and its release: a pipeline stage keeps
+// one set per microbatch in flight (expert_pipe.c).
+MoeLayer* expert_moe_layers_create(const ExpertModel* m, int n);
+void expert_moe_layers_free(const ExpertModel* m, MoeLayer* layers, int n);
 
 // Where MoE layer l's state lives (--recompute full: one for all layers).
 MoeLayer* expert_layer(ExpertModel* m, int l);
@@ -178,7 +196,10 @@ BlockActs expert_block_acts(ExpertModel* m, int l);
 // The parts of the step that work token by token on this rank's B x T
 // tokens: the token ids to the device and their embeddings; the final
 // LayerNorm, LM head and loss (returns their mean); its backward into
-// acts.dres; the embeddings' backward from acts.dres.
+// acts.dres; the embeddings' backward from acts.dres. In a pipeline chunk
+// without the embedding (m->embeds 0) the first only loads the tokens and
+// the last does nothing; without the head (m->has_head 0) the head's
+// forward returns 0 and its backward does nothing.
 void expert_embed_forward(ExpertModel* m, const int* inputs, const int* targets);
 float expert_head_forward(ExpertModel* m);
 void expert_head_backward(ExpertModel* m);

@@ -14,6 +14,7 @@
 // (expert_cp.c). The rest is per token: a token is routed where it lives.
 // --tp N: tensor parallelism with sequence parallelism: a tp rank holds B/tp
 // of a share's sequences, attention is split by heads (expert_tp.c).
+// --pp N: chapter 5's stages run this forward and backward (expert_pipe.c).
 //
 // One MoE layer, forward, in the order of moe_layer_forward below:
 //   1. route      router logits -> softmax -> top-k experts and gates
@@ -26,14 +27,13 @@
 // the two exchanges in reverse (moe_layer_backward). Gradients go to
 // three groups (reduce_gradients). Buffers, files, flags: expert_model.c.
 #include <stdlib.h>
-#include <string.h>
 
 #include "memory.h"
 #include "errors.h"
 #include "exercise.h"  // exercise_not_done, in a homework tree
 #include "trace.h"
 
-#include "expert_model.h"
+#include "expert_pipe.h"  // expert_model.h, and --pp
 
 // ---------------------------------------------------------------- 1-2. route and count
 
@@ -410,6 +410,7 @@ int main(int argc, char** argv) {
     const TrainArgs* args = &run.args;
     const TrainSetup* setup = &run.setup;
     MoeConfig cfg = expert_config(&run, &fl);  // the flags or --model FILE's, checked against the mesh
+    if (expert_pipe_wanted(&run, &fl)) return expert_pipe_train(&run, &fl, &cfg, model_forward, model_backward);
     ExpertModel model;  // my experts, the replicated rest, my share of the batch
     expert_model_create(&model, &cfg, &fl, &run);
     expert_model_show_sharding(&model, run.args.show_sharding);  // --show-sharding
@@ -417,7 +418,6 @@ int main(int argc, char** argv) {
     int B = setup->B, T = setup->T, per_rank = model.B;
     Ckpt ck;  // --ckpt-dir, --resume: this rank's slices, from whatever mesh saved them
     expert_ckpt_open(&ck, &model, &run);
-
     TrainLoop loop;
     train_loop_begin(&loop, &run, &(TrainLoopSpec){
         .chapter = 7, .num_params = expert_total_params(&model), .flops_per_token = moe_flops_per_token(&cfg, T),

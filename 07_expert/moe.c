@@ -461,14 +461,20 @@ void moe_ckpt_add_shared(CkptList* l, const MoeConfig* c, CkptKind kind, size_t 
 }
 
 void moe_ckpt_add_experts(CkptList* l, const MoeConfig* c, CkptKind kind, int e0, int n_local, float* data) {
+    moe_ckpt_add_expert_layers(l, c, kind, 0, moe_num_moe_layers(c), e0, n_local, data);
+}
+
+void moe_ckpt_add_expert_layers(CkptList* l, const MoeConfig* c, CkptKind kind, int m0, int n_layers, int e0,
+                                int n_local, float* data) {
     size_t H = (size_t)c->hidden, C = (size_t)c->gpt.channels, E = (size_t)c->experts;
     size_t numel[4] = {H * C, H, C * H, C};
-    for (int m = 0; m < moe_num_moe_layers(c); m++)
+    for (int m = 0; m < n_layers; m++)
         for (int le = 0; le < n_local; le++) {
             ExpertParams p = moe_expert_at(c, data, m, le, n_local);
             float* at[4] = {p.fcw, p.fcb, p.fcprojw, p.fcprojb};
             // the global (layer, expert); the dense form's: the GPT's layer
-            size_t e = moe_ckpt_dense(c) ? (size_t)((m + 1) * c->moe_every - 1) : (size_t)m * E + (size_t)(e0 + le);
+            size_t e = moe_ckpt_dense(c) ? (size_t)((m0 + m + 1) * c->moe_every - 1)
+                                         : (size_t)(m0 + m) * E + (size_t)(e0 + le);
             for (int t = 0; t < 4; t++) {
                 CkptSlice s = {.kind = kind, .tensor = ckpt_id(c, T_EFCW + t), .start = e * numel[t], .len = numel[t],
                                .count = 1, .data = at[t]};

@@ -175,5 +175,9 @@ void moe_ckpt_add_experts(CkptList* l, const MoeConfig* c, CkptKind kind, int e0
 void moe_ckpt_add_attn_tp(CkptList* l, const MoeConfig* c, CkptKind kind, int tp, int rank, float* data);
 // Floats of one layer's tp slices: (4C^2 + 3C) / tp.
 size_t moe_attn_tp_numel(int C, int tp);
+// The same for a buffer of n_layers MoE layers only, the model's MoE layers
+// [m0, m0 + n_layers) (a pipeline stage's).
+void moe_ckpt_add_expert_layers(CkptList* l, const MoeConfig* c, CkptKind kind, int m0, int n_layers, int e0,
+                                int n_local, float* data);
 
 #endif

@@ -679,6 +679,122 @@ if [ -n "$s0" ] && [ "$s1" = "$s0" ] && [ -n "$s2" ] && [ "$s2" = "$s3" ] && [ "
 else
     fail "experts: --sample" "E=1 '$s1' (cp=2: '$s4') vs chapter 0 '$s0'; E=2 ep=2 '$s2' (ep x cp: '$s5') vs ep=1 '$s3'"
 fi
+# through the pipeline: the last stage's row goes back to stage 0, where
+# rank 0 samples (E = 2 with 2 microbatches trains what one rank with 2 does)
+mpi_run $T_RUN 2 "$BUILD/chapter-7" --experts 1 --top-k 1 --pp 2 --batch 4 --seq 16 --steps 1 --sample 40
+s6=$(c7_sample)
+mpi_run $T_RUN 1 "$BUILD/chapter-7" --experts 2 --top-k 1 --microbatches 2 --batch 4 --seq 16 --steps 1 --sample 40
+s7=$(c7_sample)
+mpi_run $T_RUN 4 "$BUILD/chapter-7" --experts 2 --top-k 1 --ep 2 --pp 2 --batch 4 --seq 16 --steps 1 --sample 40
+s8=$(c7_sample)
+mpi_run $T_RUN 4 "$BUILD/chapter-7" --experts 1 --top-k 1 --pp 2 --cp 2 --cp-balance zigzag --batch 4 --seq 16 --steps 1 --sample 40
+s9=$(c7_sample)
+if [ -n "$s0" ] && [ "$s6" = "$s0" ] && [ "$s9" = "$s0" ] && [ -n "$s7" ] && [ "$s8" = "$s7" ]; then
+    pass "experts: --sample 40 through pp=2 (and cp x pp = 2 x 2) at E=1, k=1 is chapter 0's sample; E=2 on ep x pp = 2 x 2 samples what one rank with 2 microbatches does"
+else
+    fail "experts: --sample with --pp" "E=1 pp=2 '$s6' (cp x pp '$s9') vs chapter 0 '$s0'; E=2 ep x pp '$s8' vs one rank '$s7'"
+fi
+# Pipeline parallelism (--pp, chapter 5's schedules, expert_pipe.c): each
+# stage runs chapter 7's forward and backward on its layers, microbatch by
+# microbatch. E = 1, k = 1 is chapter 0's model under every schedule (tiny6
+# for interleaved: 6 layers in pp=2 x 3 chunks) and on dp x pp = 2 x 2.
+for s in gpipe 1f1b zb; do
+    invariant --norm --val "experts: E=1, k=1 on pp=2 ($s, 4 microbatches) is chapter 0's dense model" "$INV_FLAGS" 2 chapter-7 "--experts 1 --top-k 1 --pp 2 --schedule $s --microbatches 4"
+done
+invariant --norm "experts: E=1, k=1 on pp=2 (interleaved, 3 chunks a rank) is chapter 0's dense model" "$INV_FLAGS --model tiny6" 2 chapter-7 "--experts 1 --top-k 1 --pp 2 --schedule interleaved --virtual 3 --microbatches 4"
+invariant --norm --val "experts: E=1, k=1 on dp x pp = 2 x 2 is chapter 0's dense model" "$INV_FLAGS" 4 chapter-7 "--experts 1 --top-k 1 --dp 2 --pp 2"
+# weight decay on: the stages' pieces decay as chapter 0's parameters; a
+# dense layer between MoE layers (--moe-every 2) with stages of whole periods
+invariant --norm "experts: E=1, k=1 on pp=2 with --wd 0.1 is chapter 0's with --wd 0.1" "$INV_FLAGS --wd 0.1" 2 chapter-7 "--experts 1 --top-k 1 --pp 2"
+invariant --norm "experts: E=1, k=1, --moe-every 2 on pp=3 (tiny6) is chapter 0's dense model" "$INV_FLAGS --model tiny6" 3 chapter-7 "--experts 1 --top-k 1 --moe-every 2 --pp 3"
+# A microbatch is a slice of the global batch, its balance statistics over
+# its tokens (docs/07_expert.md), so the reference of E = 4, k = 2 with m
+# microbatches is one rank with the same --microbatches. At m = 1 and pp = 1
+# that run is chapter 7's own step, bit for bit.
+c7m_ref=$TEST_TMPDIR/c7m_ref.jsonl
+mpi_run $T_RUN 1 "$BUILD/chapter-7" $c7_flags --microbatches 1 --log "$TEST_TMPDIR/c7m1.jsonl"
+a=""
+if [ $RC = 0 ] && a=$(bash tests/compare_routing.sh "$c7_ref" "$TEST_TMPDIR/c7m1.jsonl" 0 0 2>&1); then
+    pass "experts: --microbatches 1 on one rank (the pipeline's step) is chapter 7's step bit for bit ($a)"
+else
+    fail "experts: --microbatches 1 against chapter 7's step" "exit $RC; $a; $(echo "$OUT" | grep error | head -2)"
+fi
+mpi_run $T_RUN 1 "$BUILD/chapter-7" $c7_flags --microbatches 2 --log "$c7m_ref"
+c7m_same() {  # NAME NP FLAGS: against one rank with --microbatches 2, aux_loss too
+    local log=$TEST_TMPDIR/c7m_$2_$(echo "$1" | tr -cd 'a-z0-9').jsonl a="" b=""
+    mpi_run $T_RUN "$2" "$BUILD/chapter-7" $c7_flags --microbatches 2 $3 --log "$log"
+    C7_LOG=$log
+    if [ $RC = 0 ] && a=$(bash tests/compare_routing.sh "$c7m_ref" "$log" $TOL $TOL_NORM 2>&1) &&
+        b=$(bash tests/compare_losses.sh "$c7m_ref" "$log" $TOL aux_loss 2>&1); then
+        pass "experts: $1 with 2 microbatches reproduces one rank's ($a; aux_loss ${b#* steps, })"
+    else
+        fail "experts: $1 with 2 microbatches" "exit $RC; $a; $b; command: $CMD; $(echo "$OUT" | grep -E 'error' | head -3)"
+    fi
+}
+c7m_same "pp=2" 2 "--pp 2 --schedule 1f1b"
+c7m_same "ep=2 x pp=2" 4 "--ep 2 --pp 2 --ckpt-dir $TEST_TMPDIR/c7_ckp --save-every 4"
+c7_pfull=$C7_LOG
+c7m_same "ep=2 x pp=2 (gpipe)" 4 "--ep 2 --pp 2 --schedule gpipe"
+c7m_same "dp=2 x pp=2" 4 "--dp 2 --pp 2"
+c7m_same "dp=2 x ep=2 x pp=2" 8 "--dp 2 --ep 2 --pp 2 --ep-overlap 3"
+# --cp: each slot keeps its layers' attention state (the ring's lse, or
+# Ulysses' head shard); E = 1 against chapter 0, E = 4 against one rank
+invariant --norm "experts: E=1, k=1 on cp x pp = 2 x 2 (ring) is chapter 0's dense model" "$INV_FLAGS" 4 chapter-7 "--experts 1 --top-k 1 --cp 2 --pp 2"
+invariant --norm --val "experts: E=1, k=1 on cp x pp = 2 x 2 (ulysses, zigzag) is chapter 0's dense model" "$INV_FLAGS" 4 chapter-7 "--experts 1 --top-k 1 --cp 2 --cp-mode ulysses --cp-balance zigzag --pp 2"
+c7m_same "ep=2 x cp=2 x pp=2 (ring, zigzag)" 8 "--ep 2 --cp 2 --cp-balance zigzag --pp 2"
+# --recompute: a slot keeps what the mode keeps (full: no MoE layer state at
+# all, each layer runs again in B, its exchanges too); the same bits as none
+invariant --norm "experts: E=1, k=1 on pp=2 with --recompute selective is chapter 0's dense model" "$INV_FLAGS" 2 chapter-7 "--experts 1 --top-k 1 --pp 2 --recompute selective"
+for rc in selective full; do
+    mpi_run $T_RUN 4 "$BUILD/chapter-7" $c7_flags --microbatches 2 --ep 2 --pp 2 --recompute $rc --log "$TEST_TMPDIR/c7m_rc_$rc.jsonl"
+    a=""
+    if [ $RC = 0 ] && a=$(bash tests/compare_routing.sh "$c7_pfull" "$TEST_TMPDIR/c7m_rc_$rc.jsonl" 0 0 2>&1); then
+        pass "experts: ep x pp = 2 x 2 with --recompute $rc gives --recompute none's steps bit for bit ($a)"
+    else
+        fail "experts: ep x pp = 2 x 2 with --recompute $rc" "exit $RC; $a; $(echo "$OUT" | grep -E 'error' | head -3)"
+    fi
+done
+# capacity mode: each expert's slots are counted over the microbatch's
+# tokens, in the global batch's order, on every mesh
+mpi_run $T_RUN 1 "$BUILD/chapter-7" $c7_flags --microbatches 2 --capacity-factor 1 --log "$TEST_TMPDIR/c7m_cap1.jsonl"
+mpi_run $T_RUN 4 "$BUILD/chapter-7" $c7_flags --microbatches 2 --capacity-factor 1 --ep 2 --pp 2 --log "$TEST_TMPDIR/c7m_cap4.jsonl"
+a=""
+if [ $RC = 0 ] && grep -q '"dropped":[1-9]' "$TEST_TMPDIR/c7m_cap1.jsonl" &&
+    a=$(bash tests/compare_routing.sh "$TEST_TMPDIR/c7m_cap1.jsonl" "$TEST_TMPDIR/c7m_cap4.jsonl" $TOL $TOL_NORM 2>&1); then
+    pass "experts: capacity 1 on ep x pp = 2 x 2 with 2 microbatches drops the slots one rank drops ($a)"
+else
+    fail "experts: capacity 1 on ep x pp = 2 x 2" "exit $RC; $a; $(echo "$OUT" | grep -E 'error' | head -3)"
+fi
+# its checkpoint holds the whole model's tensors: resumed on ep x pp = 2 x 2
+# bit for bit, on one rank (pp 2 -> 1) within the tolerance
+mpi_run $T_RUN 4 "$BUILD/chapter-7" $c7_flags --microbatches 2 --ep 2 --pp 2 --resume "$TEST_TMPDIR/c7_ckp/step-00000004" --log "$TEST_TMPDIR/c7_pres.jsonl"
+a=$(c7_tail "$c7_pfull" 4) b=$(c7_tail "$TEST_TMPDIR/c7_pres.jsonl" 0)
+if [ $RC = 0 ] && echo "$OUT" | grep -q "checkpoint: resumed from" && [ -n "$a" ] && [ "$a" = "$b" ] &&
+    [ "$(echo "$b" | wc -l)" = $((INV_STEPS - 4)) ]; then
+    pass "experts: ep x pp = 2 x 2 resumed at step 4 repeats steps 4..$((INV_STEPS - 1)) bit for bit"
+else
+    fail "experts: resume on ep x pp = 2 x 2" "exit $RC; $(diff <(echo "$a") <(echo "$b") | head -4); $(echo "$OUT" | grep -E 'error|resumed' | head -2)"
+fi
+mpi_run $T_RUN 1 "$BUILD/chapter-7" $c7_flags --microbatches 2 --resume "$TEST_TMPDIR/c7_ckp/step-00000004" --log "$TEST_TMPDIR/c7_pres1.jsonl"
+c7_tail "$c7_pfull" 4 >"$TEST_TMPDIR/c7_ptail.jsonl"
+a=""
+if [ $RC = 0 ] && echo "$OUT" | grep -q "checkpoint: resumed from" &&
+    a=$(bash tests/compare_routing.sh "$TEST_TMPDIR/c7_ptail.jsonl" "$TEST_TMPDIR/c7_pres1.jsonl" $TOL $TOL_NORM 2>&1); then
+    pass "experts: the ep x pp = 2 x 2 checkpoint of step 4 resumes on one rank ($a)"
+else
+    fail "experts: an ep x pp checkpoint on one rank" "exit $RC; $a; $(echo "$OUT" | grep -E 'error' | head -3)"
+fi
+# --save gathers every stage's pieces: read back on ep = 4, the same val loss
+mpi_run $T_RUN 4 "$BUILD/chapter-7" $c7_flags --steps 3 --ep 2 --pp 2 --save "$TEST_TMPDIR/c7p.bin" --log "$TEST_TMPDIR/c7p_save.jsonl"
+v0=$(grep '"type":"val"' "$TEST_TMPDIR/c7p_save.jsonl" | tail -1 | sed 's/.*"val_loss":\([-0-9.e]*\).*/\1/')
+mpi_run $T_RUN 4 "$BUILD/chapter-7" --batch 24 --seq 32 --peak-gflops 10 --steps 0 --ep 4 --model "$TEST_TMPDIR/c7p.bin" --log "$TEST_TMPDIR/c7p_load.jsonl"
+v1=$(grep '"type":"val"' "$TEST_TMPDIR/c7p_load.jsonl" | tail -1 | sed 's/.*"val_loss":\([-0-9.e]*\).*/\1/')
+if [ -n "$v0" ] && awk -v a="$v0" -v b="$v1" -v t=$TOL 'BEGIN { d = a - b; if (d < 0) d = -d; exit !(b != "" && d <= t) }'; then
+    pass "experts: the MoE file saved on ep x pp = 2 x 2 reads back on ep=4 (val loss $v0 then $v1)"
+else
+    fail "experts: MoE file from ep x pp = 2 x 2" "val loss $v0 after saving, '$v1' after loading; $(echo "$OUT" | grep error)"
+fi
+
 ref_checkpoint
 jobs_run error_case chapter-7 1 "--model $CKPT" "a dense llm.c file has no router and no experts"
 # sizes bounded by the machine and the model before any product is formed
@@ -716,6 +832,16 @@ jobs_run error_case chapter-7 2 "--cp 2 --cp-mode star" "--cp-mode star is not o
 jobs_run error_case chapter-7 3 "--tp 3 --batch 6" "the model's 4 heads do not split over tp=3 ranks"
 jobs_run error_case chapter-7 2 "--tp 2 --batch 3" "the 3 sequences per dp x ep share do not split over tp=2"
 jobs_run error_case chapter-7 2 "--tp 2 --moe-every 2 --recompute selective" "with --recompute in MoE layers, but not yet in a dense layer"
+jobs_run error_case chapter-7 4 "--tp 2 --pp 2" "does not compose --tp with --pp yet (issue #35)"
+# the pipeline: the layers over pp x virtual, the microbatches over a
+# rank's sequences, and what it does not compose with yet (issue #35)
+jobs_run error_case chapter-7 4 "--pp 4" "the model's 2 layers do not split over pp=4 ranks"
+jobs_run error_case chapter-7 2 "--pp 2 --microbatches 5" "--microbatches 5 does not divide a rank's 4 sequences"
+jobs_run error_case chapter-7 2 "--pp 2 --virtual 2 --schedule interleaved" "do not cut into pp=2 x 2 chunks = 4 equal stages"
+jobs_run error_case chapter-7 2 "--pp 2 --virtual 2" "--virtual 2 needs --schedule interleaved"
+jobs_run error_case chapter-7 2 "--pp 2 --schedule fast" "--schedule fast is not one of gpipe, 1f1b, interleaved, zb"
+jobs_run error_case chapter-7 2 "--pp 2 --model tiny6 --moe-every 2" "--moe-every 2 with 3 layers per stage: a stage must start at a multiple of 2"
+jobs_run help_case chapter-7 "--microbatches"
 jobs_run help_case chapter-7 "--cp-mode"
 jobs_run help_case chapter-7 "--capacity-factor"
 jobs_run help_case chapter-7 "--ep-overlap"

@@ -168,6 +168,7 @@ jobs_run file_case "chapter 6 cp=2 ring zigzag" 2 chapter-6 "--cp 2 --cp-balance
 jobs_run file_case "chapter 6 cp=2 ulysses" 2 chapter-6 "--cp 2 --cp-mode ulysses"
 jobs_run file_case "chapter 6 tp=2 --sp" 2 chapter-6 "--tp 2 --sp"
 jobs_run moe_case "model file (tiny6, seed 7): chapter 7 ep=2, as 2 equal experts" "$MF_FLAGS" 2 "--ep 2" "$MF/tiny6_moe.bin"
+jobs_run moe_case "model file (tiny6, seed 7): chapter 7 ep=2 x pp=2 interleaved, as 2 equal experts" "$MF_FLAGS" 4 "--ep 2 --pp 2 --schedule interleaved --virtual 3 --microbatches 4" "$MF/tiny6_moe.bin"
 jobs_run self_pair "model file (chapter 7's, E=4 k=2): chapter 7 ep=2" "${MF_FLAGS/tiny6.bin/moe.bin}" 2 chapter-7 "--ep 2"
 
 # ---------------------------------------------------------------- 2. V < Vp
@@ -191,6 +192,7 @@ jobs_run pad_case "chapter 6 tp=2 --sp" 2 chapter-6 "--tp 2 --sp"
 jobs_run pad_case "chapter 6 tp=3 --sp" 3 chapter-6 "--tp 3 --sp"
 jobs_run pad_case "chapter 5 pp=2" 2 chapter-5 "--pp 2"
 jobs_run moe_case "padded vocabulary (V=250 < Vp=256): chapter 7 ep=2, as 2 equal experts" "$PAD_FLAGS" 2 "--ep 2" "$MF/v250_moe.bin"
+jobs_run moe_case "padded vocabulary (V=250 < Vp=256): chapter 7 ep=2 x pp=2, as 2 equal experts" "$PAD_FLAGS" 4 "--ep 2 --pp 2" "$MF/v250_moe.bin"
 jobs_wait
 
 finish

@@ -205,6 +205,22 @@ c7 2 --batch 24 --seq 32 --experts 1 --top-k 1 --moe-every 2 --tp 2
 c7 8 --batch 24 --seq 32 --experts 4 --top-k 2 --dp 2 --tp 2 --ep 2
 c7 4 --batch 24 --seq 32 --experts 4 --top-k 2 --ep 2 --tp 2 --recompute selective
 c7 4 --batch 24 --seq 32 --experts 4 --top-k 2 --ep 2 --tp 2 --recompute full
+# --pp (07_expert/expert_pipe.c): each chunk a model of its layers, its
+# slots the microbatches its list holds at once, chapter 5's send buffers
+# (a range), the tied wte's all-reduce, the norm over pp; --microbatches on
+# one rank; every schedule; capacity mode per microbatch with --ep-overlap
+c7 2 --batch 24 --seq 32 --experts 1 --top-k 1 --pp 2
+c7 1 --batch 24 --seq 32 --experts 4 --top-k 2 --microbatches 2
+c7 4 --batch 24 --seq 32 --experts 4 --top-k 2 --ep 2 --pp 2
+c7 4 --batch 24 --seq 32 --experts 4 --top-k 2 --dp 2 --pp 2 --schedule gpipe --microbatches 4
+c7 2 --batch 24 --seq 32 --experts 4 --top-k 2 --pp 2 --model tiny6 --schedule interleaved --virtual 3 --microbatches 4
+c7 3 --batch 24 --seq 32 --experts 4 --top-k 3 --moe-every 2 --expert-hidden 96 --model tiny6 --pp 3 --schedule zb
+c7 4 --batch 24 --seq 32 --experts 2 --top-k 2 --capacity-factor 0.25 --ep 2 --pp 2 --ep-overlap 3
+c7 4 --batch 24 --seq 32 --experts 4 --top-k 2 --ep 2 --pp 2 --recompute selective
+c7 4 --batch 24 --seq 32 --experts 1 --top-k 1 --pp 2 --cp 2
+c7 8 --batch 24 --seq 32 --experts 4 --top-k 2 --ep 2 --pp 2 --cp 2 --cp-mode ulysses --cp-balance zigzag
+c7 4 --batch 24 --seq 32 --experts 4 --top-k 3 --moe-every 3 --expert-hidden 96 --model tiny6 --pp 2 --cp 2 --ep-overlap 3
+c7 4 --batch 24 --seq 32 --experts 4 --top-k 3 --moe-every 3 --expert-hidden 96 --model tiny6 --ep 2 --pp 2 --schedule gpipe --microbatches 4 --recompute full
 jobs_wait
 
 echo "== --show-sharding"
@@ -260,10 +276,12 @@ plan_error "--cp-mode star" --chapter 6 --ranks 2 --cp 2 --cp-mode star
 plan_error "--sp" --chapter 6 --ranks 4 --tp 2 --cp 2 --sp
 plan_error "--ep" --chapter 7 --ranks 3 --ep 3 --experts 4
 plan_error "--ep-overlap" --chapter 7 --ranks 2 --ep 2 --batch 24 --seq 32 --ep-overlap 385
-plan_error "--ranks: chapter 7 has the dp, tp, cp and ep axes only" --chapter 7 --ranks 4 --ep 2 --pp 2
+plan_error "--ranks: chapter 7's mesh is dp x tp x pp x cp x ep" --chapter 7 --ranks 4 --ep 2
 plan_error "--tp: chapter 7 composes it with --recompute in MoE layers only" --chapter 7 --ranks 2 --tp 2 --moe-every 2 --recompute selective
 plan_error "--batch: each tp rank takes whole sequences" --chapter 7 --ranks 4 --tp 4 --batch 6
 plan_error "--tp: tp must divide the model's heads" --chapter 7 --ranks 3 --tp 3 --batch 6
+plan_error "--tp with --pp: chapter 7 does not compose them yet (issue #35)" --chapter 7 --ranks 4 --tp 2 --pp 2
+plan_error "--microbatches: must divide a rank's sequences" --chapter 7 --ranks 2 --pp 2 --batch 24 --microbatches 5
 
 echo "== the step-time model (07_expert/plan/plan_time.h)"
 # A fixed profile, and the time the documented formula gives for it,

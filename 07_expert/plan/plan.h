@@ -12,6 +12,7 @@
 #include "memory.h"
 #include "mesh.h"
 #include "model.h"
+#include "schedule.h"  // chapter 5's lists (chapters 5 and 7 plan them)
 
 // ---------------------------------------------------------------- the question
 
@@ -103,5 +104,15 @@ void plan_chapter_7(const PlanArgs* a, RankPlan* p, int r);
 const char* plan_check_pipeline(const PlanArgs* a, PlanInfo* info, char* msg, size_t len);
 const char* plan_check_context(const PlanArgs* a, PlanInfo* info, char* msg, size_t len);
 const char* plan_check_expert(const PlanArgs* a, PlanInfo* info, char* msg, size_t len);
+
+// The pipeline's lists (chapter 5's schedules, used by chapters 5 and 7):
+// built and validated for a->mesh's pp, m microbatches, a->virt chunks and
+// a->schedule, with the bubble into info; then the lists, the most send
+// buffers stage s holds at once, and stage s's messages of one step (each
+// `floats` long) tallied on the pp axis.
+const char* plan_pipeline_lists(const PlanArgs* a, int m, PlanInfo* info, char* msg, size_t len);
+const Schedule* plan_pipeline_schedule(void);
+int plan_pipeline_sends_most(int stage);
+void plan_pipeline_messages(int pp, int s, size_t floats);
 
 #endif

@@ -16,12 +16,19 @@
 // received, which depends on the routing. The plan gives each rank's most
 // (N k C + R C floats per exchange pair), and, dropless, the exact sum over
 // the ranks: every slot is sent once by dispatch and once back by combine.
+//
+// With --pp (or --microbatches: 07_expert/expert_pipe.c and expert_stage.c)
+// each pp rank holds v chunks, each a model of L / (pp v) layers with the
+// embedding's tables where it uses them, one microbatch's activations per
+// slot and the slots a chunk's list holds at once; the send buffers are
+// chapter 5's range (plan_pipeline.c).
 #include <stdio.h>
 #include <string.h>
 
 #include "comm_groups.h"
 #include "comm_stats.h"
 #include "args.h"
+#include "model_layout.h"
 #include "moe.h"
 #include "plan.h"
 
@@ -34,14 +41,31 @@ static MoeConfig moe_of(const PlanArgs* a) {
 // dropless: no --capacity-factor, or one of E / k or more (expert_model.c)
 static int dropless(const PlanArgs* a) { return !(a->capacity > 0) || a->capacity >= (double)a->experts / a->top_k; }
 
+// The pipeline's step (expert_pipe_wanted): --pp > 1, --microbatches or --virtual given.
+static int pipelined(const PlanArgs* a) { return a->mesh[AXIS_PP] > 1 || a->microbatches > 0 || a->virt != 1; }
+
+// expert_stage.c's checks, then the lists.
+static const char* check_pipe(const PlanArgs* a, PlanInfo* info, char* msg, size_t len) {
+    int pp = a->mesh[AXIS_PP], per_rank = a->B / (a->mesh[AXIS_DP] * a->mesh[AXIS_EP]), v = a->virt;
+    int m = a->microbatches ? a->microbatches : pp, L = a->cfg.num_layers;
+    if (m < 1 || per_rank % m) return "--microbatches: must divide a rank's sequences, --batch / (dp ep)";
+    if (v < 1 || v > 64 / pp || (v > 1 && pp == 1)) return "--virtual: 1 to 64 / pp chunks, more than 1 with pp > 1 only";
+    if (L % (pp * v)) return "--pp: the layers must cut into pp x virtual equal stages";
+    if ((L / (pp * v)) % a->moe_every) return "--moe-every: a stage must start at a multiple of it";
+    if (a->ep_overlap > per_rank / m * (a->T / a->mesh[AXIS_CP])) return "--ep-overlap: at most a microbatch's tokens on a rank";
+    return plan_pipeline_lists(a, m, info, msg, len);
+}
+
 const char* plan_check_expert(const PlanArgs* a, PlanInfo* info, char* msg, size_t len) {
     int ndp = a->mesh[AXIS_DP], nep = a->mesh[AXIS_EP], ncp = a->mesh[AXIS_CP], ntp = a->mesh[AXIS_TP];
-    if (a->ranks != ndp * ncp * nep * ntp) return "--ranks: chapter 7 has the dp, tp, cp and ep axes only";
+    int npp = a->mesh[AXIS_PP];
+    if (a->ranks != ndp * ntp * npp * ncp * nep) return "--ranks: chapter 7's mesh is dp x tp x pp x cp x ep";
     if (ntp > 1) {  // expert_config's checks
         if (a->cfg.num_heads % ntp) return "--tp: tp must divide the model's heads";
         if (a->B % (ndp * nep * ntp)) return "--batch: each tp rank takes whole sequences of its dp x ep share";
         if (a->recompute != RECOMPUTE_NONE && a->moe_every > 1)
             return "--tp: chapter 7 composes it with --recompute in MoE layers only (--moe-every 1)";
+        if (npp > 1) return "--tp with --pp: chapter 7 does not compose them yet (issue #35)";
     }
     if (ncp > 1) {  // expert_config's checks
         int ring = !strcmp(a->cp_mode, "ring"), zigzag = !strcmp(a->cp_balance, "zigzag");
@@ -67,13 +91,144 @@ const char* plan_check_expert(const PlanArgs* a, PlanInfo* info, char* msg, size
     // and comes back once per exchange pair)
     info->comm_bound[COLL_ALLTOALL][AXIS_EP] = 1;
     if (dropless(a)) {
+        // (with --pp each (dp, ep) coordinate's stages hold every MoE layer once)
         double N = (double)a->B / (ndp * nep * ntp) * (a->T / ncp), pairs = (a->recompute == RECOMPUTE_FULL ? 3 : 2) * (double)moe_num_moe_layers(&c);
-        info->comm_sum[COLL_ALLTOALL][AXIS_EP] = a->steps * a->ranks * pairs * 2 * N * a->top_k * a->cfg.channels * sizeof(float);
+        info->comm_sum[COLL_ALLTOALL][AXIS_EP] = a->steps * (a->ranks / npp) * pairs * 2 * N * a->top_k * a->cfg.channels * sizeof(float);
     }
-    return NULL;
+    return pipelined(a) ? check_pipe(a, info, msg, len) : NULL;
+}
+
+// A pp rank's chunks (expert_stage.c): each an ExpertModel of its layers
+// (moe.h's buffers of a model of L / S layers) on b = B / (dp ep m)
+// sequences, as many activation slots as its list holds microbatches at
+// once; its all-reduces (the pieces that touch in one call), the tied wte
+// between the two ends, the norm over ep, dp and pp; its messages.
+static void plan_pipe(const PlanArgs* a, RankPlan* p, int r) {
+    MoeConfig c = moe_of(a);
+    const GPTConfig* g = &a->cfg;
+    int coord[NUM_AXES];
+    plan_coords(a, r, coord);
+    int ndp = a->mesh[AXIS_DP], nep = a->mesh[AXIS_EP], pp = a->mesh[AXIS_PP], s = coord[AXIS_PP], v = a->virt;
+    int ncp = a->mesh[AXIS_CP], S = pp * v, M = a->microbatches ? a->microbatches : pp, T = a->T, b = a->B / (ndp * nep) / M;
+    int C = g->channels, E = c.experts, k = c.top_k, H = c.hidden, El = E / nep, Lc = g->num_layers / S, NH = g->num_heads;
+    // a microbatch's rows on a rank: T/cp positions of its b sequences
+    double N = (double)b * (T / ncp), Nk = N * k, R = N * nep * (k < El ? k : El), f = sizeof(float), out = nep > 1 ? 1.0 : 0.0;
+    double NC = N * C;
+    int ring = !strcmp(a->cp_mode, "ring");
+    const Schedule* sc = plan_pipeline_schedule();
+    char name[32];
+    Mesh mesh;
+    memset(&mesh, 0, sizeof(mesh));
+    for (int x = 0; x < NUM_AXES; x++) mesh.size[x] = a->mesh[x];
+    // the groups of expert_model_create: dp x cp x ep (cp in the name only
+    // with --cp) and the experts' dp x cp
+    unsigned with_cp = ncp > 1 ? 1u << AXIS_CP : 0u;
+    comm_group_slot_name(&mesh, (1u << AXIS_DP) | with_cp | (1u << AXIS_EP), name, sizeof(name));
+    Comm batch = plan_group(comm_slot_for(name), ndp * ncp * nep,
+                            (coord[AXIS_DP] * nep + coord[AXIS_EP]) * ncp + coord[AXIS_CP]);
+    Comm dp = plan_group(AXIS_DP, ndp, coord[AXIS_DP]), ep = plan_group(AXIS_EP, nep, coord[AXIS_EP]);
+    if (ncp > 1) {
+        comm_group_slot_name(&mesh, (1u << AXIS_DP) | (1u << AXIS_CP), name, sizeof(name));
+        dp = plan_group(comm_slot_for(name), ndp * ncp, coord[AXIS_DP] * ncp + coord[AXIS_CP]);
+    }
+    Comm ppc = plan_group(AXIS_PP, pp, s), cpg = plan_group(AXIS_CP, ncp, coord[AXIS_CP]);
+    double params = 0, acts = 0, comm = 0;
+    p->flops = 0;
+    for (int ch = 0; ch < v; ch++) {
+        MoeConfig lc = c;  // the chunk's layers (its FLOPs), and as expert_stage.c holds them
+        lc.gpt.num_layers = Lc;
+        int kv = ch * pp + s, n_moe = moe_num_moe_layers(&lc), embeds = kv == 0, head = kv == S - 1, busy = 0;
+        MoeConfig held = lc;
+        if (!embeds) held.gpt.max_seq_len = 0;
+        if (!embeds && !head) held.gpt.vocab_size = held.gpt.padded_vocab_size = 0;
+        double shared = (double)moe_num_shared(&held), experts = (double)n_moe * El * moe_expert_numel(&lc);
+        params += shared + experts;
+        for (int i = 0, now = 0; i < sc->n[s]; i++) {  // a slot taken at F, given back at B
+            Action x = sc->list[s][i];
+            if (x.chunk == ch && x.type == ACT_F && ++now > busy) busy = now;
+            if (x.chunk == ch && x.type == ACT_B) now--;
+        }
+        // per slot the GPT's activations as --recompute keeps them and each
+        // MoE layer's (expert_moe_layers_create: selective without send and
+        // fch_gelu, the model's one each; full none, the model's one layer);
+        // per chunk the scratch every MoE layer shares (expert_model_create)
+        double layer = 2 * N * E + 4 * Nk + R * C + R * H + E;  // without fch_gelu
+        GPTConfig acts_cfg = held.gpt;  // no logits without the head
+        if (!head) acts_cfg.vocab_size = acts_cfg.padded_vocab_size = 0;
+        acts += busy * plan_acts_bytes(&acts_cfg, b, T / ncp, a->recompute) / f + 2 * R * C + 2 * R * H + Nk + N * E + N * C;
+        if (ncp > 1) {
+            // --cp: per slot what each layer's attention keeps (slot_cp_create),
+            // per chunk the model's scratch and exchange buffers (expert_cp_create)
+            acts += busy * (ring ? Lc * N * NH : Lc * 3 * NC + Lc * N * NH * T);
+            acts += ring ? NC + 3 * N * NH : NC + 3 * NC + N * NH * T;
+            comm += ring ? 10 * NC : 6 * NC;
+            if (a->moe_every > 1) acts += 8 * NC;  // a dense layer's MLP gradients
+            for (int l = 0; l < M * Lc; l++) {  // every layer of every microbatch, forward and backward
+                if (ring) {
+                    for (int i = 0; i < 2 * (ncp - 1) + ncp; i++) {
+                        comm_tally(&cpg, COLL_RECV, 2 * (size_t)NC * sizeof(float), 0.0);
+                        comm_tally(&cpg, COLL_SEND, 2 * (size_t)NC * sizeof(float), 1.0);
+                    }
+                } else {
+                    for (int i = 0; i < 2; i++) {
+                        comm_tally(&cpg, COLL_ALLTOALL, 3 * (size_t)NC * sizeof(float), comm_ring_factor(&cpg));
+                        comm_tally(&cpg, COLL_ALLTOALL, (size_t)NC * sizeof(float), comm_ring_factor(&cpg));
+                    }
+                }
+            }
+        }
+        comm += R * C + Nk * C;  // recv, dsend
+        if (a->recompute == RECOMPUTE_NONE) acts += busy * n_moe * (layer + R * H), comm += busy * n_moe * 2 * Nk * C;
+        if (a->recompute == RECOMPUTE_SELECTIVE) acts += busy * n_moe * layer + R * H, comm += busy * n_moe * Nk * C + Nk * C;
+        if (a->recompute == RECOMPUTE_FULL) acts += layer + R * H, comm += 2 * Nk * C;
+        // the replicated pieces in one call: [wte wpe blocks (lnf)] on the
+        // first, [(the tied wte) blocks (lnf)] elsewhere; the experts over dp
+        double blocks = (double)(moe_lnf_offset(&held) - moe_block_offset(&held, 0)) + (head ? 2.0 * C : 0.0);
+        double wte = (double)param_tensor_numel(g, P_WTE), front = (double)moe_block_offset(&held, 0);
+        // (a chunk holds no wpe off the first: the tied wte and the blocks touch)
+        double pieces = (embeds ? front : head ? wte : 0.0) + blocks;
+        comm_tally(&batch, COLL_ALLREDUCE, (size_t)pieces * sizeof(float), 2.0 * comm_ring_factor(&batch));
+        comm_tally(&dp, COLL_ALLREDUCE, (size_t)experts * sizeof(float), 2.0 * comm_ring_factor(&dp));
+        // per microbatch and MoE layer: dispatch and combine, both again in
+        // backward (and in the forward --recompute full runs again)
+        int nc = a->ep_overlap;
+        long ntok = (long)N;
+        for (int l = 0; l < M * n_moe * (a->recompute == RECOMPUTE_FULL ? 3 : 2); l++)
+            for (int q = 0; q < nc; q++) {
+                double nt = (double)((long)(q + 1) * ntok / nc - (long)q * ntok / nc);
+                double rows = nt * nep * (k < El ? k : El);
+                comm_tally_bytes(&ep, COLL_ALLTOALL, f * nt * k * C, out * f * nt * k * C);
+                comm_tally_bytes(&ep, COLL_ALLTOALL, f * rows * C, out * f * rows * C);
+            }
+        // FLOPs: the chunk's layers on the rank's tokens, the head on the last
+        p->flops += N * M * (moe_flops_per_token(&lc, T) - (head ? 0.0 : 6.0 * g->padded_vocab_size * C));
+        if (a->recompute == RECOMPUTE_FULL)  // the blocks' forward again, not the head's
+            p->flops += N * M * (moe_flops_per_token(&lc, T) / 3.0 - 2.0 * g->padded_vocab_size * C);
+    }
+    p->peak[MEM_PARAMS] = f * params;
+    p->peak[MEM_GRADS] = f * params;
+    p->peak[MEM_OPTIMIZER] = 2 * f * params;
+    p->peak[MEM_ACTIVATIONS] = f * acts;
+    // the send buffers: between one (if the rank sends) and the most in flight
+    double BTC = N * C;
+    int most = plan_pipeline_sends_most(s);
+    p->peak[MEM_COMM] = f * (comm + BTC * most);
+    p->low[MEM_COMM] = f * (comm + (most > 0 ? BTC : 0.0));
+    p->ranged[MEM_COMM] = p->low[MEM_COMM] != p->peak[MEM_COMM];
+    plan_pipeline_messages(pp, s, (size_t)BTC);
+    if (pp > 1 && (s == 0 || s == pp - 1)) {
+        Comm embed = plan_group(comm_slot_for("embedding"), 2, s == 0 ? 0 : 1);
+        comm_tally(&embed, COLL_ALLREDUCE, param_tensor_numel(g, P_WTE) * sizeof(float), 2.0 * comm_ring_factor(&embed));
+    }
+    const Comm* groups[] = {&ep, &dp, &ppc};
+    plan_norm(p, groups, 3);
 }
 
 void plan_chapter_7(const PlanArgs* a, RankPlan* p, int r) {
+    if (pipelined(a)) {
+        plan_pipe(a, p, r);
+        return;
+    }
     MoeConfig c = moe_of(a);
     const GPTConfig* g = &a->cfg;
     int coord[NUM_AXES];

@@ -138,6 +138,12 @@ const char* plan_check_pipeline(const PlanArgs* a, PlanInfo* info, char* msg, si
     if (pp * v > L) return "--pp: the model's layers cannot fill pp x virtual stages";
     if (v > 1 && L % (pp * v)) return "--virtual: the layers do not cut into pp x virtual equal chunks";
     if (a->B % (ndp * m)) return "--microbatches: --batch must split into dp x microbatches";
+    return plan_pipeline_lists(a, m, info, msg, len);
+}
+
+const char* plan_pipeline_lists(const PlanArgs* a, int m, PlanInfo* info, char* msg, size_t len) {
+    int pp = a->mesh[AXIS_PP], v = a->virt, kind = schedule_parse(a->schedule);
+    if (kind < 0) return snprintf(msg, len, "--schedule %s is not one of gpipe, 1f1b, interleaved, zb", a->schedule), msg;
     if (pl.built) schedule_free(&pl.sched);
     pl.built = 0;
     const char* bad = schedule_build(&pl.sched, (ScheduleKind)kind, pp, m, v, msg, len);
@@ -167,6 +173,18 @@ const char* plan_check_pipeline(const PlanArgs* a, PlanInfo* info, char* msg, si
              schedule_bubble_formula((ScheduleKind)kind, pp, m, v));
     info->bubble_how = how;
     return NULL;
+}
+
+const Schedule* plan_pipeline_schedule(void) { return &pl.sched; }
+int plan_pipeline_sends_most(int stage) { return pl.sends_most[stage]; }
+
+void plan_pipeline_messages(int pp, int s, size_t floats) {
+    Comm ppc = plan_group(AXIS_PP, pp, s);
+    for (int i = 0; i < pl.sched.n[s]; i++) {
+        const Action* x = &pl.sched.list[s][i];
+        if (receives_from(x, s, pp, pl.S) >= 0) comm_tally(&ppc, COLL_RECV, floats * sizeof(float), 0.0);
+        if (sends_to(x, s, pp, pl.S) >= 0) comm_tally(&ppc, COLL_SEND, floats * sizeof(float), 1.0);
+    }
 }
 
 void plan_chapter_5(const PlanArgs* a, RankPlan* p, int r) {
@@ -208,11 +226,7 @@ void plan_chapter_5(const PlanArgs* a, RankPlan* p, int r) {
         p->flops += plan_flops(g, (double)a->B / ndp, T, layers, 0, 1, RECOMPUTE_NONE) / 3.0;
     // the step's messages: main.c's forward and backward
     Comm ppc = plan_group(AXIS_PP, pp, s);
-    for (int i = 0; i < pl.sched.n[s]; i++) {
-        const Action* x = &pl.sched.list[s][i];
-        if (receives_from(x, s, pp, S) >= 0) comm_tally(&ppc, COLL_RECV, BTC * sizeof(float), 0.0);
-        if (sends_to(x, s, pp, S) >= 0) comm_tally(&ppc, COLL_SEND, BTC * sizeof(float), 1.0);
-    }
+    plan_pipeline_messages(pp, s, BTC);
     // the tied embedding's two gradients summed by the two ends
     if (pp > 1 && (s == 0 || s == pp - 1)) {
         Comm embed = plan_group(comm_slot_for("embedding"), 2, s == 0 ? 0 : 1);

@@ -1,0 +1,44 @@
+// expert_pipe.h: chapter 7's pipeline (--pp, --schedule, --microbatches,
+// --virtual): chapter 5's stages and schedules around chapter 7's MoE model.
+//
+// The layers are cut into S = pp x v virtual stages of L / S layers each
+// (chapter 5's split, even here); chunk c of pp rank r is virtual stage
+// k = c pp + r. Each chunk is an ExpertModel of its own layers (a model
+// whose config has L / S layers), so chapter 7's forward and backward run
+// unchanged on it: the MoE layers' all-to-all over ep happens inside F and
+// B, and every ep rank of a stage runs the same list of actions, so their
+// exchanges meet in the same order. Stage 0's chunk 0 embeds the tokens; the
+// last virtual stage runs the final LayerNorm and the head with a tied copy
+// of wte whose gradient is summed with stage 0's (chapter 5's embedding
+// group).
+//
+// The microbatches: a step's batch runs in m microbatches, each a slice of
+// the global batch split over the dp x ep ranks (with --cp, T/cp positions
+// of each sequence on a cp rank), and the gradients accumulate over them.
+// One MoE layer call sees one microbatch: its load-balancing loss and its
+// capacity are over that microbatch's tokens on the dp x cp x ep ranks of
+// the stage. So the objective is the mean over the microbatches of (LM loss
+// + aux_coef aux), which depends on m but not on the mesh: chapter 7 on one
+// rank with the same --microbatches (this same code at pp = 1) is the
+// reference.
+#ifndef EXPERT_PIPE_H
+#define EXPERT_PIPE_H
+
+#include "expert_model.h"
+
+// Chapter 7's whole-model forward (returns this rank's mean loss, 0 off the
+// last stage) and backward on one ExpertModel: main.c's model_forward and
+// model_backward, which a pipeline chunk runs as they are.
+typedef float (*ExpertForward)(ExpertModel* m, const int* inputs, const int* targets);
+typedef void (*ExpertBackward)(ExpertModel* m);
+
+// 1 when the run is a pipeline: --pp > 1, or --microbatches given.
+int expert_pipe_wanted(const Run* run, const ExpertFlags* flags);
+
+// Trains as main.c's loop does, with each step's forwards and backwards run
+// by the schedule's lists (expert_pipe.c), then --save; returns the exit
+// status. Refuses what the pipeline does not do yet (issue #35).
+int expert_pipe_train(Run* run, ExpertFlags* flags, const MoeConfig* cfg, ExpertForward forward,
+                      ExpertBackward backward);
+
+#endif

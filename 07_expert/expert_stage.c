@@ -1,0 +1,302 @@
+// expert_stage.c: a rank of chapter 7's pipeline, its chunks and their
+// state (expert_stage.h): the checks and the lists, the chunks' models and
+// pieces, the embedding group, checkpoints, --save and --show-sharding.
+#include "expert_stage.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "errors.h"
+#include "memory.h"
+#include "mesh.h"
+#include "sharding.h"
+
+// ---------------------------------------------------------------- set-up
+
+// What the pipeline does not compose with yet, the flags against the mesh
+// and the layers, and the schedule's lists (built and validated by every
+// rank). Every refusal is one message from rank 0 and an exit of every rank.
+static void check_and_schedule(ExpertPipe* P, const Run* run, const ExpertFlags* fl) {
+    const TrainSetup* s = &run->setup;
+    const Mesh* mesh = &run->mesh;
+    int L = P->cfg.gpt.num_layers, kind = schedule_parse(fl->schedule);
+    if (kind < 0) fail_all("--schedule %s is not one of gpipe, 1f1b, interleaved, zb", fl->schedule);
+    P->sched_name = schedule_name((ScheduleKind)kind);
+    P->M = fl->microbatches == ARG_NOT_GIVEN ? P->pp : fl->microbatches;
+    P->v = fl->virtual_chunks;
+    if (P->M < 1) fail_all("--microbatches must be positive (leave it out for pp = %d)", P->pp);
+    if (P->per_rank % P->M != 0)
+        fail_all("--microbatches %d does not divide a rank's %d sequences (the batch of %d over dp x ep = %d ranks): "
+                 "use a divisor of %d", P->M, P->per_rank, s->B, mesh->size[AXIS_DP] * mesh->size[AXIS_EP], P->per_rank);
+    if (P->v < 1 || P->v > XP_MAX_CHUNKS / P->pp)
+        fail_all("--virtual %d: use 1 to %d chunks per rank", P->v, XP_MAX_CHUNKS / P->pp);
+    if (P->v > 1 && kind != SCHED_INTERLEAVED) fail_all("--virtual %d needs --schedule interleaved", P->v);
+    if (P->v > 1 && P->pp == 1) fail_all("--virtual %d interleaves chunks over pp ranks: use --pp 2 or more", P->v);
+    P->S = P->pp * P->v;
+    if (L % P->S != 0)
+        fail_all("the model's %d layers do not cut into pp=%d x %d chunk%s = %d equal stages: use pp x virtual dividing %d",
+                 L, P->pp, P->v, P->v == 1 ? "" : "s", P->S, L);
+    if ((L / P->S) % P->cfg.moe_every != 0)
+        fail_all("--moe-every %d with %d layers per stage: a stage must start at a multiple of %d (issue #35: "
+                 "stages of whole MoE periods)", P->cfg.moe_every, L / P->S, P->cfg.moe_every);
+    P->b = P->per_rank / P->M;
+    if (fl->ep_overlap > P->b * P->Tr)
+        fail_all("--ep-overlap %d: a microbatch has %d tokens per rank: use at most %d", fl->ep_overlap, P->b * P->Tr,
+                 P->b * P->Tr);
+    char msg[1024];
+    const char* bad = schedule_build(&P->sched, (ScheduleKind)kind, P->pp, P->M, P->v, msg, sizeof(msg));
+    if (!bad) bad = schedule_validate(&P->sched, NULL, msg, sizeof(msg));
+    if (bad) fail_all("%s", bad);
+}
+
+// From each neighbour's list, the messages it sends this rank, in order.
+static void incoming_build(ExpertPipe* P) {
+    if (P->pp == 1) return;
+    int peers[2] = {prev_rank(P), next_rank(P)};
+    P->n_in = peers[0] == peers[1] ? 1 : 2;
+    for (int i = 0; i < P->n_in; i++) {
+        int p = peers[i];
+        XpIncoming* in = &P->in[i];
+        in->peer = p;
+        in->msg = xcalloc((size_t)P->sched.n[p] + 1, sizeof(XpMessage));
+        for (int a = 0; a < P->sched.n[p]; a++) {
+            Action act = P->sched.list[p][a];
+            int k = act.chunk * P->pp + p;
+            if (act.type == ACT_F && k < P->S - 1 && (k + 1) % P->pp == P->stage)
+                in->msg[in->n++] = (XpMessage){0, act.mb, (k + 1) / P->pp};
+            if (act.type == ACT_B && k > 0 && (k - 1) % P->pp == P->stage)
+                in->msg[in->n++] = (XpMessage){1, act.mb, (k - 1) / P->pp};
+        }
+    }
+}
+
+// The embedding group of every (dp, ep) coordinate: its stage 0 and stage
+// pp-1 (collective over the world; each rank keeps its own).
+static void embedding_group(Comm* embed, const Mesh* mesh) {
+    memset(embed, 0, sizeof(*embed));
+    int pp = mesh->size[AXIS_PP];
+    if (pp == 1) return;
+    for (int r = 0; r < mesh->world_size; r++) {
+        int coord[NUM_AXES], ends[2];
+        mesh_coord_of(mesh, r, coord);
+        if (coord[AXIS_PP] != 0) continue;
+        ends[0] = r;
+        coord[AXIS_PP] = pp - 1;
+        ends[1] = mesh_rank_at(mesh, coord);
+        Comm g;
+        comm_create_group_ranks(&g, ends, 2, "embedding");
+        if (g.size > 0) *embed = g;
+    }
+}
+
+// The config of a chunk's model: L / S layers, and the embedding's tables
+// only where the chunk uses them (wte on the first and the last, wpe on the
+// first). lnf's 2C floats stay on every chunk; a chunk without the head
+// keeps no logits in its slots (expert_model_create_part).
+static MoeConfig pipe_chunk_config(const MoeConfig* whole, int layers, int embeds, int head) {
+    MoeConfig local = *whole;
+    local.gpt.num_layers = layers;
+    if (!embeds) local.gpt.max_seq_len = 0;
+    if (!embeds && !head) local.gpt.vocab_size = local.gpt.padded_vocab_size = 0;
+    return local;
+}
+
+// Chunk c: virtual stage k = c pp + stage, layers [k L/S, (k+1) L/S), an
+// ExpertModel of them (so of B/(dp ep m) sequences), its pieces of the
+// whole model, its parameters from the whole model's init or --model FILE.
+static void chunk_create(ExpertPipe* P, int c, const ExpertFlags* fl, const float* all_shared, const float* all_experts) {
+    XpChunk* ch = &P->chunk[c];
+    int L = P->cfg.gpt.num_layers, Lc = L / P->S, C = P->cfg.gpt.channels;
+    ch->vstage = c * P->pp + P->stage, ch->first = ch->vstage * Lc;
+    int embeds = ch->vstage == 0, head = ch->vstage == P->S - 1;
+    MoeConfig local = pipe_chunk_config(&P->cfg, Lc, embeds, head);
+    ch->moe0 = 0;
+    for (int l = 0; l < ch->first; l++) ch->moe0 += moe_is_moe_layer(&P->cfg, l);
+    ch->n_moe = moe_num_moe_layers(&local);
+    expert_model_create_part(&ch->m, &local, fl, &P->run_mb, embeds, head);
+    // the pieces: [wte wpe] on the first, the blocks, [lnfw lnfb] and the
+    // tied copy of wte on the last
+    size_t blk_l = moe_block_offset(&local, 0), blk_n = moe_lnf_offset(&local) - blk_l;
+    size_t wte_n = param_tensor_numel(&P->cfg.gpt, P_WTE);
+    ch->n_pieces = 0;  // in the order of the local buffer
+    if (ch->m.embeds) ch->piece[ch->n_pieces++] = (XpPiece){0, 0, blk_l, 0};
+    else if (ch->m.has_head) ch->piece[ch->n_pieces++] = (XpPiece){0, 0, wte_n, 1};
+    ch->piece[ch->n_pieces++] = (XpPiece){moe_block_offset(&P->cfg, ch->first), blk_l, blk_n, 0};
+    if (ch->m.has_head)
+        ch->piece[ch->n_pieces++] = (XpPiece){moe_lnf_offset(&P->cfg), moe_lnf_offset(&local), 2 * (size_t)C, 0};
+    // the values: the whole model's, piece by piece (the rest zero)
+    float* host = xcalloc(ch->m.n_shared, sizeof(float));
+    for (int i = 0; i < ch->n_pieces; i++)
+        memcpy(host + ch->piece[i].local, all_shared + ch->piece[i].global, ch->piece[i].count * sizeof(float));
+    mem_to_device(ch->m.shared, host, ch->m.n_shared * sizeof(float));
+    free(host);
+    size_t per_layer = (size_t)ch->m.E_local * moe_expert_numel(&P->cfg);
+    mem_to_device(ch->m.experts, all_experts + (size_t)ch->moe0 * per_layer, ch->m.n_experts * sizeof(float));
+    // the model's own activations are the first slot
+    ch->slot = xcalloc((size_t)P->M, sizeof(XpSlot*));  // at most every microbatch in flight
+    ch->slot[0] = xcalloc(1, sizeof(XpSlot));
+    *ch->slot[0] = (XpSlot){.acts = ch->m.acts, .moe = ch->m.moe, .lse = ch->m.cp.lse, .qkv_h = ch->m.cp.qkv_h,
+                            .att_h = ch->m.cp.att_h, .mb = -1, .busy = 0};
+    ch->n_slots = 1;
+}
+
+void expert_stage_create(ExpertPipe* P, Run* run, ExpertFlags* fl, const MoeConfig* cfg) {
+    const Mesh* mesh = &run->mesh;
+    P->cfg = *cfg;
+    P->pp = mesh->size[AXIS_PP], P->stage = mesh->coord[AXIS_PP], P->ppc = &run->axes[AXIS_PP];
+    P->B = run->setup.B, P->T = run->setup.T, P->Tr = P->T / mesh->size[AXIS_CP];
+    P->per_rank = run->setup.B / (mesh->size[AXIS_DP] * mesh->size[AXIS_EP]);
+    P->share = mesh->coord[AXIS_DP] * mesh->size[AXIS_EP] + mesh->coord[AXIS_EP];
+    check_and_schedule(P, run, fl);
+    P->run_mb = *run;
+    P->run_mb.setup.B = run->setup.B / P->M;  // a chunk's model holds one microbatch
+    P->run_mb.setup.checkpoint = NULL;        // the parameters come from below
+    // the whole model's parameters on the host, then each chunk's pieces
+    int ep = mesh->size[AXIS_EP], El = cfg->experts / ep, e0 = mesh->coord[AXIS_EP] * El;
+    size_t n_shared = moe_num_shared(cfg), n_exp = (size_t)moe_num_moe_layers(cfg) * El * moe_expert_numel(cfg);
+    float* all_shared = xmalloc(n_shared * sizeof(float));
+    float* all_experts = xmalloc((n_exp ? n_exp : 1) * sizeof(float));
+    if (run->setup.checkpoint) {
+        char msg[1024];
+        const char* bad = moe_checkpoint_read(run->setup.checkpoint, cfg, all_shared, all_experts, e0, El, msg, sizeof(msg));
+        fail_if_any(bad != NULL, bad);
+    } else {
+        moe_init_shared(all_shared, cfg, (uint64_t)run->args.seed);
+        moe_init_experts(all_experts, cfg, e0, El, (uint64_t)run->args.seed);
+    }
+    for (int c = 0; c < P->v; c++) chunk_create(P, c, fl, all_shared, all_experts);
+    free(all_shared);
+    free(all_experts);
+    embedding_group(&P->embed, mesh);
+    incoming_build(P);
+    P->max_sends = P->sched.n[P->stage] + P->v + 1;
+    P->sends = xcalloc((size_t)P->max_sends, sizeof(XpSend));
+    P->routed = xcalloc((size_t)moe_num_moe_layers(cfg) * cfg->experts, sizeof(long));
+    P->inputs = xmalloc((size_t)P->per_rank * P->T * sizeof(int));
+    P->targets = xmalloc((size_t)P->per_rank * P->T * sizeof(int));
+}
+
+void expert_stage_free(ExpertPipe* P) {
+    for (int c = 0; c < P->v; c++) {
+        XpChunk* ch = &P->chunk[c];
+        for (int i = 1; i < ch->n_slots; i++) {  // slot 0 is the model's own
+            gpt_acts_free(&ch->slot[i]->acts);
+            if (ch->m.recompute != RECOMPUTE_FULL) expert_moe_layers_free(&ch->m, ch->slot[i]->moe, ch->n_moe);
+            float* cp[] = {ch->slot[i]->lse, ch->slot[i]->qkv_h, ch->slot[i]->att_h};
+            for (int j = 0; j < 3; j++)
+                if (cp[j]) mem_free(cp[j]);
+        }
+        slot_use(ch, ch->slot[0]);
+        for (int i = 0; i < ch->n_slots; i++) free(ch->slot[i]);
+        free(ch->slot);
+        expert_model_free(&ch->m);
+    }
+    for (int i = 0; i < P->n_sends; i++) mem_free(P->sends[i].buf);
+    free(P->sends);
+    for (int i = 0; i < P->n_in; i++) free(P->in[i].msg);
+    if (P->embed.size > 0) comm_destroy_group(&P->embed);
+    free(P->routed);
+    free(P->inputs);
+    free(P->targets);
+    schedule_free(&P->sched);
+}
+
+// ---------------------------------------------------------------- checkpoints and --save
+
+// This rank's slices of the training state, in the whole model's tensors:
+// dp replica 0 writes its stage's pieces (the replicated ones spread over the
+// ep ranks, 1/ep each) and its experts; every rank reads its pieces (the tied
+// copy of wte too) and its experts. So pp2 resumes on pp1 and back.
+void expert_stage_ckpt(Ckpt* ck, ExpertPipe* P) {
+    static CkptTensor table[MOE_CKPT_TENSORS];
+    char variant[256];
+    moe_ckpt_tensors(&P->cfg, table);
+    moe_ckpt_variant(&P->cfg, variant, sizeof(variant));
+    ckpt_set_model(ck, table, MOE_CKPT_TENSORS, variant);
+    for (int c = 0; c < P->v; c++) {
+        ExpertModel* m = &P->chunk[c].m;
+        float* shared[CKPT_NUM_KINDS] = {m->shared, m->m_s, m->v_s};
+        float* experts[CKPT_NUM_KINDS] = {m->experts, m->m_e, m->v_e};
+        for (int k = 0; k < CKPT_NUM_KINDS; k++) {
+            for (int i = 0; i < P->chunk[c].n_pieces; i++) {
+                XpPiece pc = P->chunk[c].piece[i];
+                size_t per = (pc.count + m->ep - 1) / m->ep, lo = (size_t)m->epc->rank * per;
+                if (lo > pc.count) lo = pc.count;
+                size_t n = pc.count - lo < per ? pc.count - lo : per;
+                if (m->dpcp->rank == 0 && !pc.tied_copy && n > 0)
+                    moe_ckpt_add_shared(&ck->own, &P->cfg, (CkptKind)k, pc.global + lo, n, shared[k] + pc.local + lo);
+                moe_ckpt_add_shared(&ck->need, &P->cfg, (CkptKind)k, pc.global, pc.count, shared[k] + pc.local);
+            }
+            if (m->dpcp->rank == 0)
+                moe_ckpt_add_expert_layers(&ck->own, &P->cfg, (CkptKind)k, P->chunk[c].moe0, P->chunk[c].n_moe, m->e0,
+                                           m->E_local, experts[k]);
+            moe_ckpt_add_expert_layers(&ck->need, &P->cfg, (CkptKind)k, P->chunk[c].moe0, P->chunk[c].n_moe, m->e0,
+                                       m->E_local, experts[k]);
+        }
+    }
+}
+
+// --save FILE: the whole model, each stage's pieces summed over pp into
+// zeros (disjoint pieces: exact), then chapter 7's writer on a model of the
+// whole (world rank 0 is stage 0: it writes). Collective.
+void expert_stage_save(ExpertPipe* P, const char* path) {
+    const MoeConfig* cfg = &P->cfg;
+    ExpertModel* m0 = &P->chunk[0].m;
+    size_t n_shared = moe_num_shared(cfg), per_layer = (size_t)m0->E_local * moe_expert_numel(cfg);
+    size_t n_exp = (size_t)moe_num_moe_layers(cfg) * per_layer;
+    float* shared = xcalloc(n_shared, sizeof(float));
+    float* experts = xcalloc(n_exp ? n_exp : 1, sizeof(float));
+    for (int c = 0; c < P->v; c++) {
+        XpChunk* ch = &P->chunk[c];
+        float* host = xmalloc(ch->m.n_shared * sizeof(float));
+        mem_to_host(host, ch->m.shared, ch->m.n_shared * sizeof(float));
+        for (int i = 0; i < ch->n_pieces; i++)
+            if (!ch->piece[i].tied_copy)
+                memcpy(shared + ch->piece[i].global, host + ch->piece[i].local, ch->piece[i].count * sizeof(float));
+        free(host);
+        mem_to_host(experts + (size_t)ch->moe0 * per_layer, ch->m.experts, ch->m.n_experts * sizeof(float));
+    }
+    // host floats for the file, not training: plain MPI
+    MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, shared, (int)n_shared, MPI_FLOAT, MPI_SUM, P->ppc->mpi));
+    MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, experts, (int)n_exp, MPI_FLOAT, MPI_SUM, P->ppc->mpi));
+    ExpertModel whole = *m0;
+    whole.cfg = *cfg;
+    whole.n_shared = n_shared, whole.n_experts = n_exp;
+    whole.shared = mem_alloc_floats(n_shared, MEM_OTHER);
+    whole.experts = mem_alloc_floats(n_exp ? n_exp : 1, MEM_OTHER);
+    mem_to_device(whole.shared, shared, n_shared * sizeof(float));
+    mem_to_device(whole.experts, experts, n_exp * sizeof(float));
+    expert_model_save(&whole, path);
+    mem_free(whole.shared);
+    mem_free(whole.experts);
+    free(shared);
+    free(experts);
+}
+
+// --show-sharding: each chunk's replicated buffer (its layers, with the
+// slots of wte, wpe and lnf a model of its own has) and its experts.
+void expert_stage_show_sharding(const ExpertPipe* P, int show) {
+    if (!show) return;
+    ShardTable* t = xcalloc(1, sizeof(ShardTable));
+    double f = sizeof(float);
+    char name[24], slice[40];
+    for (int c = 0; c < P->v; c++) {
+        const XpChunk* ch = &P->chunk[c];
+        double shared = (double)ch->m.n_shared, experts = (double)ch->m.n_experts;
+        int last = ch->first + ch->m.cfg.gpt.num_layers - 1;
+        snprintf(name, sizeof(name), "chunk %d: GPT+routers", c);
+        snprintf(slice, sizeof(slice), "layers %d..%d%s%s", ch->first, last, ch->m.embeds ? ", embedding" : "",
+                 ch->m.has_head ? ", head" : "");
+        shard_table_add(t, name, "", "(pp, -)", "(pp, -)", "(pp, -)", slice, f * shared, f * shared, 2 * f * shared);
+        snprintf(name, sizeof(name), "chunk %d: experts", c);
+        snprintf(slice, sizeof(slice), "experts %d..%d of %d", ch->m.e0, ch->m.e0 + ch->m.E_local - 1, P->cfg.experts);
+        shard_table_add(t, name, "(Lm, E, ...)", "(pp, ep, -)", "(pp, ep, -)", "(pp, ep, -)", slice, f * experts,
+                        f * experts, 2 * f * experts);
+    }
+    char title[64];
+    snprintf(title, sizeof(title), "chapter 7, pp=%d x %d chunk%s, ep=%d, dp=%d", P->pp, P->v, P->v == 1 ? "" : "s",
+             P->chunk[0].m.ep, P->chunk[0].m.dp->size);
+    shard_table_show(t, show, title);
+    free(t);
+}
