@@ -4,27 +4,35 @@
 
 usage: step_comm_check.py TRACE.json LOG.jsonl --layers L --chunks N --cp-mode ring|ulysses|none
                           --replicated P --experts-local Q --tokens N_rank --top-k k --channels C
+                          [--tp T] [--cp R]
 
-(--cp-mode none: a mesh without cp, whose steps have no cp traffic.)
+(--cp-mode none: a mesh without cp, whose steps have no cp traffic; --cp R:
+the ring's size, 2 unless told; --tp T: tensor parallelism, 1 unless told.
+P is the replicated count the run prints, of the whole model: with --tp a
+rank holds P - T S of it whole and S = L (4 C^2 + 3 C) / T in slices.)
 
 For every rank and every step of the trace (step_comm.py --json --rank r --step s):
 
   1. the order of one step: per MoE layer l = 0..L-1 in "block l forward",
-     the attention's cp traffic, then the dispatch and combine all-to-alls
-     over ep (2 N of them, N = --ep-overlap's chunks); backward, l = L-1..0
-     in "block l backward", the MoE's 2 N all-to-alls over ep first, then the
-     attention's cp traffic; then, after the last backward, the gradients'
-     all-reduces, the replicated parameters over dp+cp+ep, then the experts
-     over dp+cp (reduce_gradients), then the norm's over ep and dp+cp
-     (clip_and_step); without cp, dp+ep and dp. No other group and no
-     other collective.
-  2. the bytes the code fixes: the gradient all-reduces carry 4 P and 4 Q
-     bytes (P, Q: the replicated and local expert parameters the run prints);
-     dropless, each forward dispatch sends the rank's N_rank k rows of C
-     floats in all (summed over its chunks), and so does each backward's
-     first exchange.
-  3. the cp traffic: the ring's send and receive pairs, or Ulysses'
-     all-to-alls, over cp only.
+     the attention (with --tp: an all-gather over tp, the cp traffic, a
+     reduce-scatter over tp; expert_tp.c), then the dispatch and combine
+     all-to-alls over ep (2 N of them, N = --ep-overlap's chunks); backward,
+     l = L-1..0 in "block l backward", the MoE's 2 N all-to-alls over ep
+     first, then the attention's backward (with --tp: an all-gather, the cp
+     traffic, an all-gather and a reduce-scatter); then, after the last
+     backward, the gradients' all-reduces (reduce_gradients): the replicated
+     parameters over dp+cp+ep, the experts over dp+cp, with --tp the slices
+     over dp+cp+ep (and tp in the first two groups: dp+tp+cp+ep, dp+tp+cp);
+     then the norm's over ep and the experts' group (clip_and_step).
+     Without cp, no cp in the names. No other group, no other collective.
+  2. the bytes the code fixes: the gradient all-reduces carry 4 P, 4 Q
+     (and 4 S) bytes; dropless, each forward dispatch sends the rank's
+     N_rank k rows of C floats in all (summed over its chunks), and so does
+     each backward's first exchange; every tp all-gather and reduce-scatter
+     counts the group's N_rank tp rows of C floats.
+  3. the cp traffic: Ulysses' all-to-alls, or the ring's cp - 1 K|V
+     messages forward and (cp - 1) + cp backward, each a send and a receive
+     of 2 N_rank C floats, over cp only.
   4. over all steps, the calls and bytes per collective and group equal the
      summary's "comm" counters of that rank (the trace and the counters are
      two outputs of one tally).
@@ -67,6 +75,20 @@ def main(argv):
     steps = sorted({e["args"]["step"] for e in events if e.get("ph") == "X" and e["cat"] == "step" and e["pid"] == 0})
     problems = []
     cp_ops = {"send", "recv"} if mode == "ring" else {"alltoall"} if mode == "ulysses" else set()
+    tp, ncp = int(o.get("tp", 1)), int(o.get("cp", 2 if cp_ops else 1))
+    # the groups expert_model.c and expert_tp.c create, named by their axes in mesh order
+    def group(*axes):
+        return "+".join(a for a in ("dp", "tp", "cp", "ep") if a in axes and (a != "tp" or tp > 1)
+                        and (a != "cp" or cp_ops))
+    g_batch, g_exp, g_slices = group("dp", "tp", "cp", "ep"), group("dp", "tp", "cp"), group("dp", "cp", "ep")
+    # --tp: a rank holds 1/tp of every layer's qkvw, qkvb, attprojw (moe_attn_tp_numel: (4 C^2 + 3 C) / tp),
+    # the rest of the replicated parameters whole
+    S = L * (4 * C * C + 3 * C) // tp if tp > 1 else 0
+    P_rank = P - tp * S
+    attn_cp = ["cp"] if cp_ops else []
+    attn_fwd = ["allgather tp"] + attn_cp + ["reduce_scatter tp"] if tp > 1 else attn_cp
+    attn_bwd = ["allgather tp"] + attn_cp + ["allgather tp", "reduce_scatter tp"] if tp > 1 else attn_cp
+    moe = ["alltoall ep"] * (2 * nc)
     for r in ranks:
         totals = {}
         for s in steps:
@@ -86,29 +108,46 @@ def main(argv):
                                     f"(next: {[(x['op'], x['group'], x['in']) for x in rest[:3]]})")
                     break
                 rest = rest[len(mine):]
+                # the block's shape: each call as "op group", a run of cp calls as one "cp"
+                shape = []
+                for x in mine:
+                    tok = "cp" if x["group"] == "cp" else f"{x['op']} {x['group']}"
+                    if not (tok == "cp" and shape and shape[-1] == "cp"):
+                        shape.append(tok)
+                if phase == "forward":  # attention (expert_tp.c / expert_cp.c), then the MoE (main.c)
+                    want_shape = attn_fwd + moe
+                else:                   # the MoE's exchanges reversed, then attention's backward
+                    want_shape = moe + attn_bwd
+                if shape != want_shape:
+                    problems.append(f"{where}: {name} issues {shape}, not {want_shape}")
                 a2a = [x for x in mine if x["group"] == "ep"]
                 cp = [x for x in mine if x["group"] == "cp"]
-                if len(a2a) + len(cp) != len(mine):
-                    problems.append(f"{where}: {name} has collectives on other groups: "
-                                    f"{sorted({x['group'] for x in mine} - {'ep', 'cp'})}")
-                if [x["op"] for x in a2a] != ["alltoall"] * (2 * nc):
-                    problems.append(f"{where}: {name} has {[x['op'] for x in a2a]} over ep, "
-                                    f"not the {2 * nc} all-to-alls of {nc} chunk(s)")
-                if bool(cp) != bool(cp_ops) or {x["op"] for x in cp} - cp_ops:
+                tpx = [x for x in mine if x["group"] == "tp"]
+                if {x["op"] for x in cp} - cp_ops:
                     problems.append(f"{where}: {name}'s cp traffic is {[x['op'] for x in cp]}, not {mode}'s {sorted(cp_ops)}")
-                # attention (cp) before the experts (ep) forward, after them backward
-                order = [x["group"] for x in mine]
-                first, second = ("cp", "ep") if phase == "forward" else ("ep", "cp")
-                if order != [first] * order.count(first) + [second] * order.count(second):
-                    problems.append(f"{where}: {name} runs its groups in the order {order}, not {first} then {second}")
+                # 3. the ring: cp - 1 K|V messages forward, (cp - 1) + cp backward (dK|dV home),
+                # each a send and a receive of 2 N C floats (with tp: N tp rows of C/tp channels)
+                if mode == "ring":
+                    n_msg = ncp - 1 if phase == "forward" else 2 * ncp - 1
+                    for op in ("send", "recv"):
+                        got = [x["bytes"] for x in cp if x["op"] == op]
+                        if got != [2 * N * C * 4] * n_msg:
+                            problems.append(f"{where}: {name}'s ring {op}s carry {got} bytes, "
+                                            f"not {n_msg} of 2 N C 4 = {2 * N * C * 4}")
+                # tp: every all-gather and reduce-scatter moves the group's N tp rows of C floats
+                for x in tpx:
+                    if x["bytes"] != N * tp * C * 4:
+                        problems.append(f"{where}: {name}'s tp {x['op']} counts {x['bytes']} bytes, "
+                                        f"not N tp C 4 = {N * tp * C * 4}")
                 # 2. dropless: the first exchange of a layer moves the rank's N k rows (all its chunks)
                 sent = sum(x["bytes"] for x in a2a[:nc])
                 if len(a2a) == 2 * nc and sent != N * k * C * 4:
                     problems.append(f"{where}: {name}'s first exchange sends {sent} bytes, not N k C 4 = {N * k * C * 4}")
-            # the groups' names are their axes; without cp: dp+ep and dp (expert_model.c)
-            rep, exp = ("dp+cp+ep", "dp+cp") if cp_ops else ("dp+ep", "dp")
-            want = [("allreduce", rep, 4 * P), ("allreduce", exp, 4 * Q), ("allreduce", "ep", None),
-                    ("allreduce", exp, None)]
+            # after backward: reduce_gradients, then clip_and_step's two sums of squares
+            want = [("allreduce", g_batch, 4 * P_rank), ("allreduce", g_exp, 4 * Q)]
+            if tp > 1:
+                want.append(("allreduce", g_slices, 4 * S))
+            want += [("allreduce", "ep", None), ("allreduce", g_exp, None)]
             got = [(x["op"], x["group"], x["bytes"]) for x in rest]
             if len(got) != len(want) or any(g[:2] != w[:2] or (w[2] is not None and g[2] != w[2]) for g, w in zip(got, want)):
                 problems.append(f"{where}: after the last backward {got}, not the gradients' and the norm's {want}")
@@ -122,7 +161,7 @@ def main(argv):
         print("\n".join(f"FAIL {p}" for p in problems[:12]))
         return 1
     print(f"ok: {len(ranks)} ranks x {len(steps)} steps: every step's collectives in the order of 07_expert/main.c "
-          f"({L} layers, {nc} chunk(s), cp {mode}), the gradients' bytes, and the summary's counters")
+          f"({L} layers, {nc} chunk(s), cp {mode}, tp {tp}), the bytes the code fixes, and the summary's counters")
     return 0
 
 

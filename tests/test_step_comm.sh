@@ -1,17 +1,25 @@
 #!/bin/bash
 # test_step_comm.sh: docs/plots/step_comm.py (make capstone, docs/capstone.md)
-# on real traces of chapter 7 on 8 ranks. Prints PASS/FAIL/SKIP lines;
-# tests/plots.sh counts them. Takes ~10 s.
+# on fresh traces of chapter 7 (the page's listing is quoted from a committed
+# trace; this checks the tool on this machine's runs). Prints PASS/FAIL/SKIP
+# lines; tests/plots.sh counts them. Takes ~20 s.
 #
-#   1. dp 2 x cp 2 (ring) x ep 2, dp 2 x cp 2 (Ulysses) x ep 2 with
-#      --ep-overlap 2, and dp 4 x ep 2: 3, 2 and 2 steps of the test model
-#      with --trace and --log;
+#   1. the page's mesh dp 2 x tp 2 x cp 2 (ring) x ep 2 on 16 ranks, and
+#      dp 2 x cp 2 (ring) x ep 2, dp 2 x cp 2 (Ulysses) x ep 2 with
+#      --ep-overlap 2, dp 4 x ep 2 on 8 ranks, tp 2 x ep 2 on 4: 2 or 3
+#      steps of the test model with --trace and --log;
 #   2. tests/step_comm_check.py: every rank's every step lists the collectives
-#      07_expert/main.c issues, in its order, on its groups, with the bytes
-#      the code fixes, and the calls and bytes add up to the summary's;
-#   3. the check fails on traces made wrong on purpose (a collective moved to
-#      another group, the gradient all-reduces swapped, a send dropped), and
-#      the tool refuses a trace without bytes and a step that is not there;
+#      07_expert/main.c and expert_tp.c issue, in their order, on their
+#      groups, with the bytes that do not depend on the routing (the ring's
+#      messages, tp's all-gathers and reduce-scatters, the dispatch's total,
+#      the gradients' all-reduces), and the calls and bytes add up to the
+#      summary's counters;
+#   3. the check fails on four-axis traces made wrong on purpose (a
+#      collective moved to another group, the gradient all-reduces swapped,
+#      a send dropped, tp's all-gather and reduce-scatter swapped, a tp
+#      all-gather's bytes halved, the tp slices' all-reduce on another
+#      group), and the tool refuses a trace without bytes and a step that is
+#      not there; a trimmed trace (--trim) lists the same as the whole;
 #   4. the picture is a PNG, and make capstone's command line is the one the
 #      docs' figure came from.
 set -u
@@ -31,11 +39,12 @@ trap 'rm -rf "$tmp"' EXIT
 FLAGS="--batch 24 --seq 32 --peak-gflops 10 --experts 4 --top-k 2"
 
 # ---------------------------------------------------------------- 1-2. real traces
-# run NAME STEPS CHECK-FLAGS -- CHAPTER-7-FLAGS
+# run NAME NP STEPS TOKENS CHECK-FLAGS -- CHAPTER-7-FLAGS
+# TOKENS: a rank's tokens, 24 / (dp ep tp) sequences of 32 / cp positions
 run() {
-    local name=$1 steps=$2 check=$3 out
-    shift 4
-    if ! out=$(timeout 120 $MPIRUN -np 8 "$BUILD/chapter-7" $FLAGS --steps "$steps" "$@" \
+    local name=$1 np=$2 steps=$3 tokens=$4 check=$5 out
+    shift 6
+    if ! out=$(timeout 180 $MPIRUN -np "$np" "$BUILD/chapter-7" $FLAGS --steps "$steps" "$@" \
             --trace "$tmp/$name.json" --log "$tmp/$name.jsonl" 2>&1); then
         fail "step_comm: chapter 7 $*" "$(echo "$out" | tail -3 | tr '\n' ' ')"
         return 1
@@ -45,23 +54,26 @@ run() {
     P=$(echo "$out" | grep -o '(\([0-9]*\) replicated' | grep -o '[0-9]*')
     Q=$(echo "$out" | grep -o '[0-9]* in experts' | grep -o '^[0-9]*')
     Q=$((Q / 2))  # ep 2: half the experts on each rank
-    # tokens per rank: 24 / (dp ep) sequences of 32 / cp positions
     if out=$(python3 tests/step_comm_check.py "$tmp/$name.json" "$tmp/$name.jsonl" --layers 2 --top-k 2 \
-            --channels 64 --tokens 96 --replicated "$P" --experts-local "$Q" $check 2>&1); then
+            --channels 64 --tokens "$tokens" --replicated "$P" --experts-local "$Q" $check 2>&1); then
         pass "step_comm: $name: $out"
     else
         fail "step_comm: $name" "$(echo "$out" | head -4 | tr '\n' ' ')"
     fi
 }
-run ring 3 "--chunks 1 --cp-mode ring" -- --dp 2 --cp 2 --ep 2
-run ulysses 2 "--chunks 2 --cp-mode ulysses" -- --dp 2 --cp 2 --ep 2 --cp-mode ulysses --ep-overlap 2
-run nocp 2 "--chunks 1 --cp-mode none" -- --dp 4 --ep 2
+# the page's mesh: four axes on 16 ranks (tokens: 24 / 8 x 32 / 2)
+run mesh4 16 2 48 "--chunks 1 --cp-mode ring --tp 2" -- --dp 2 --tp 2 --cp 2 --ep 2
+run ring 8 3 96 "--chunks 1 --cp-mode ring" -- --dp 2 --cp 2 --ep 2
+run ulysses 8 2 96 "--chunks 2 --cp-mode ulysses" -- --dp 2 --cp 2 --ep 2 --cp-mode ulysses --ep-overlap 2
+run nocp 8 2 96 "--chunks 1 --cp-mode none" -- --dp 4 --ep 2
+run tpnocp 4 2 192 "--chunks 1 --cp-mode none --tp 2" -- --tp 2 --ep 2
 
 # ---------------------------------------------------------------- 3. made wrong on purpose
-CHECK="--layers 2 --top-k 2 --channels 64 --tokens 96 --replicated 54912 --experts-local 132352 --chunks 1 --cp-mode ring"
-# tamper HOW OUT: the ring trace with one change (python below)
+# on the four-axis trace (P = 54912 replicated, Q = 264704 / 2 experts a rank)
+CHECK="--layers 2 --top-k 2 --channels 64 --tokens 48 --replicated 54912 --experts-local 132352 --chunks 1 --cp-mode ring --tp 2"
+# tamper HOW OUT: the four-axis trace with one change (python below)
 tamper() {
-    python3 - "$tmp/ring.json" "$2" "$1" <<'PY'
+    python3 - "$tmp/mesh4.json" "$2" "$1" <<'PY'
 import json, sys
 src, dst, how = sys.argv[1:4]
 doc = json.load(open(src))
@@ -72,11 +84,21 @@ if how == "group":    # rank 3's first dispatch goes over dp instead of ep
     e = next(e for e in rank if e["name"] == "start alltoall (ep)")
     e["name"] = "start alltoall (dp)"
 elif how == "swap":   # the gradients' two all-reduces of rank 3's last step, swapped
-    a = [e for e in rank if e["name"] in ("allreduce (dp+cp+ep)", "allreduce (dp+cp)") and e["args"]["bytes"] > 4]
+    a = [e for e in rank if e["name"] in ("allreduce (dp+tp+cp+ep)", "allreduce (dp+tp+cp)") and e["args"]["bytes"] > 4]
     a[-2]["name"], a[-1]["name"] = a[-1]["name"], a[-2]["name"]
 elif how == "drop":   # one of rank 3's ring sends (its start span) is lost
     e = next(e for e in rank if e["name"] == "start send (cp)")
     ev.remove(e)
+elif how == "tp-order":  # rank 3's first tp all-gather and reduce-scatter trade places
+    g = next(e for e in rank if e["name"] == "allgather (tp)")
+    r = next(e for e in rank if e["name"] == "reduce_scatter (tp)")
+    g["name"], r["name"] = r["name"], g["name"]
+elif how == "tp-bytes":  # rank 3's first tp all-gather counted as this rank's rows only
+    e = next(e for e in rank if e["name"] == "allgather (tp)")
+    e["args"]["bytes"] //= 2
+elif how == "slices":  # the tp slices' all-reduce over tp's group instead of dp+cp+ep
+    e = [e for e in rank if e["name"] == "allreduce (dp+cp+ep)"][-1]
+    e["name"] = "allreduce (dp+tp+cp)"
 elif how == "nobytes":
     for e in ev:
         if e.get("cat") in ("wait", "comm", "inflight"):
@@ -84,10 +106,10 @@ elif how == "nobytes":
 json.dump(doc, open(dst, "w"))
 PY
 }
-if [ -s "$tmp/ring.json" ]; then
-    for how in group swap drop; do
+if [ -s "$tmp/mesh4.json" ]; then
+    for how in group swap drop tp-order tp-bytes slices; do
         tamper $how "$tmp/$how.json"
-        if out=$(python3 tests/step_comm_check.py "$tmp/$how.json" "$tmp/ring.jsonl" $CHECK 2>&1); then
+        if out=$(python3 tests/step_comm_check.py "$tmp/$how.json" "$tmp/mesh4.jsonl" $CHECK 2>&1); then
             fail "step_comm: the check on a trace with $how" "passed: $out"
         else
             pass "step_comm: the check fails on a trace with $how ($(echo "$out" | head -1 | cut -c1-120))"
@@ -100,8 +122,16 @@ if [ -s "$tmp/ring.json" ]; then
     else
         fail "step_comm: a trace without bytes" "$out"
     fi
-    out=$(python3 docs/plots/step_comm.py "$tmp/ring.json" --step 9 2>&1)
-    if [ $? -ne 0 ] && echo "$out" | grep -q 'no step 9 on rank 0 (it has steps 0..2)'; then
+    python3 docs/plots/step_comm.py "$tmp/mesh4.json" --step 1 --trim "$tmp/trim.json" > "$tmp/whole.txt" 2>&1
+    python3 docs/plots/step_comm.py "$tmp/trim.json" --step 1 > "$tmp/trim.txt" 2>&1
+    if [ -s "$tmp/whole.txt" ] && grep -q '^step 1 of rank 0 (16 ranks)' "$tmp/trim.txt" && cmp -s "$tmp/whole.txt" "$tmp/trim.txt" &&
+        [ "$(stat -c %s "$tmp/trim.json")" -lt 40000 ]; then
+        pass "step_comm: a trimmed trace ($(($(stat -c %s "$tmp/trim.json") / 1024)) KiB) lists what the whole one does"
+    else
+        fail "step_comm: --trim" "$(diff "$tmp/whole.txt" "$tmp/trim.txt" | head -3 | tr '\n' ' ')"
+    fi
+    out=$(python3 docs/plots/step_comm.py "$tmp/mesh4.json" --step 9 2>&1)
+    if [ $? -ne 0 ] && echo "$out" | grep -q 'no step 9 on rank 0 (it has steps 0..1)'; then
         pass "step_comm: refuses a step the trace does not hold, naming those it holds"
     else
         fail "step_comm: --step 9" "$out"
@@ -111,7 +141,7 @@ if [ -s "$tmp/ring.json" ]; then
     if ! command -v gnuplot >/dev/null 2>&1; then
         skip "step_comm: the picture" "gnuplot not installed"
     else
-        python3 docs/plots/step_comm.py "$tmp/ring.json" "$tmp/step.png" --title test > /dev/null 2>&1
+        python3 docs/plots/step_comm.py "$tmp/mesh4.json" "$tmp/step.png" --title test > /dev/null 2>&1
         size=$(stat -c %s "$tmp/step.png" 2>/dev/null || echo 0)
         magic=$(head -c 8 "$tmp/step.png" 2>/dev/null | od -An -tx1 | tr -d ' \n')
         if [ "$magic" = 89504e470d0a1a0a ] && [ "$size" -gt 20000 ]; then
@@ -121,9 +151,10 @@ if [ -s "$tmp/ring.json" ]; then
         fi
     fi
 fi
-if make -n --no-print-directory capstone DOCS=1 2>/dev/null | grep -q 'step_comm.py .* docs/plots/capstone_step.png' &&
-    make -n --no-print-directory capstone 2>/dev/null | grep -q 'chapter-7 .*--dp 2 --cp 2 --ep 2'; then
-    pass "step_comm: make capstone runs chapter 7 on dp 2 x cp 2 x ep 2 and DOCS=1 draws docs/plots/capstone_step.png"
+if make -n --no-print-directory capstone DOCS=1 2>/dev/null | grep -q 'step_comm.py docs/plots/data/capstone/step1_rank0.json docs/plots/capstone_step.png' &&
+    make -n --no-print-directory capstone DOCS=1 2>/dev/null | grep -q 'step_comm.py .* --trim docs/plots/data/capstone/step1_rank0.json' &&
+    make -n --no-print-directory capstone 2>/dev/null | grep -q 'np 16 .*chapter-7 .*--dp 2 --tp 2 --cp 2 --ep 2'; then
+    pass "step_comm: make capstone runs chapter 7 on dp 2 x tp 2 x cp 2 x ep 2 and DOCS=1 trims docs/plots/data/capstone/ and draws docs/plots/capstone_step.png from it"
 else
     fail "step_comm: make capstone" "$(make -n --no-print-directory capstone DOCS=1 2>&1 | tail -2 | tr '\n' ' ')"
 fi

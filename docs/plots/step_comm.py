@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """One training step's collectives on one rank, in order, per group (make capstone).
 
-usage: step_comm.py TRACE.json [OUT.png] [--rank R] [--step S] [--title T] [--json]
+usage: step_comm.py TRACE.json [OUT.png] [--rank R] [--step S] [--title T] [--json] [--trim OUT.json]
 
 Reads a --trace file (docs/tracing.md), takes rank R's spans (default 0) inside
 its step S (default: the first timed step) and lists every collective the comm
@@ -19,6 +19,13 @@ Prints the listing (no timings: the order, groups and bytes are the program's,
 not the machine's); --json prints it as JSON instead. With OUT.png, draws it
 with gnuplot: one row per group, one column per collective in the step's
 order, coloured by the operation and labelled with its bytes.
+
+--trim OUT.json writes the part of the trace the listing reads (rank R's
+spans inside its step S, and how many ranks the run had) as a trace of its
+own: the tool reads it as it reads the whole one, so a page can quote a
+listing from a small committed file (docs/plots/data/capstone/) instead of
+a live run, whose all-to-all bytes depend on the routing and so on the
+machine's float rounding.
 
 Host exchanges of integers that a chapter makes with plain MPI (chapter 7's
 routing counts, for one) do not go through the comm layer and are not here.
@@ -45,16 +52,16 @@ def die(msg):
 
 
 def parse_args(argv):
-    opts = {"rank": 0, "step": None, "title": "", "json": False, "trace": None, "out": None}
+    opts = {"rank": 0, "step": None, "title": "", "json": False, "trace": None, "out": None, "trim": None}
     i = 1
     while i < len(argv):
         a = argv[i]
-        if a in ("--rank", "--step", "--title"):
+        if a in ("--rank", "--step", "--title", "--trim"):
             if i + 1 >= len(argv):
                 die(f"{a} needs a value")
             v = argv[i + 1]
-            if a == "--title":
-                opts["title"] = v
+            if a in ("--title", "--trim"):
+                opts[a[2:]] = v
             else:
                 try:
                     opts[a[2:]] = int(v)
@@ -68,7 +75,7 @@ def parse_args(argv):
             print(__doc__.strip())
             sys.exit(0)
         elif a.startswith("--"):
-            die(f"unknown flag {a} (--rank, --step, --title, --json)")
+            die(f"unknown flag {a} (--rank, --step, --title, --json, --trim)")
         elif opts["trace"] is None:
             opts["trace"] = a
         elif opts["out"] is None:
@@ -77,7 +84,7 @@ def parse_args(argv):
             die(f"one trace and one picture only ({a}?)")
         i += 1
     if opts["trace"] is None:
-        die("usage: step_comm.py TRACE.json [OUT.png] [--rank R] [--step S] [--title T] [--json]")
+        die("usage: step_comm.py TRACE.json [OUT.png] [--rank R] [--step S] [--title T] [--json] [--trim OUT.json]")
     return opts
 
 
@@ -140,7 +147,7 @@ def collectives(events, rank, step):
             die(f"the span '{name}' at {e['ts']} us has no bytes: a trace from before the comm layer wrote them")
         out.append({"op": op, "group": group, "bytes": int(bytes_), "in": where(e["ts"]),
                     "blocking": blocking})
-    return chosen["args"]["step"], out
+    return chosen, host, out
 
 
 def fmt_bytes(b):
@@ -154,10 +161,10 @@ def fmt_bytes(b):
 def listing(rank, ranks, step, ops):
     groups = sorted({o["group"] for o in ops}, key=group_key)
     lines = [f"step {step} of rank {rank} ({ranks} ranks): {len(ops)} collectives on {len(groups)} groups, in the order issued",
-             f"{'#':>3}  {'group':<10} {'op':<15} {'bytes':>9}  {'call':<8}  in"]
+             f"{'#':>3}  {'group':<12} {'op':<15} {'bytes':>9}  {'call':<8}  in"]
     for i, o in enumerate(ops, 1):
         call = "blocking" if o["blocking"] else "started"
-        lines.append(f"{i:>3}  {o['group']:<10} {o['op']:<15} {o['bytes']:>9}  {call:<8}  {o['in']}")
+        lines.append(f"{i:>3}  {o['group']:<12} {o['op']:<15} {o['bytes']:>9}  {call:<8}  {o['in']}")
     for g in groups:
         mine = [o for o in ops if o["group"] == g]
         kinds = sorted({o["op"] for o in mine})
@@ -195,7 +202,7 @@ def draw(out, title, ops):
             if k > 0:
                 objs.append(f'set arrow from {a - 0.5},0.4 to {a - 0.5},{top} nohead dt 2 lc rgb "#999999"')
         used = [k for k in COLORS if any(o["op"] == k for o in ops)]
-        legend = ", ".join(f'NaN with boxes fs solid 1.0 lc rgb "#{COLORS[k]:06X}" title "{k}"' for k in used)
+        legend = ", ".join(f'NaN with boxes fs solid 1.0 lc rgb "#{COLORS[k]:06X}" title "{k}" noenhanced' for k in used)
         ytics = ", ".join(f'"{g}" {row[g]}' for g in groups)
         width = max(700, 160 + 38 * n)
         height = 200 + 150 * len(groups)
@@ -226,11 +233,18 @@ def main(argv):
     opts = parse_args(argv)
     try:
         with open(opts["trace"]) as f:
-            events = json.load(f)["traceEvents"]
-    except (OSError, ValueError, KeyError, TypeError) as e:
+            doc = json.load(f)
+        events = doc["traceEvents"]
+        # a trimmed trace (--trim) says how many ranks the run had
+        ranks = doc.get("otherData", {}).get("ranks") or len({e["pid"] for e in events if e.get("ph") == "X"})
+    except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:
         die(f"cannot read the trace '{opts['trace']}': {e}")
-    ranks = len({e["pid"] for e in events if e.get("ph") == "X"})
-    step, ops = collectives(events, opts["rank"], opts["step"])
+    chosen, host, ops = collectives(events, opts["rank"], opts["step"])
+    step = chosen["args"]["step"]
+    if opts["trim"]:
+        with open(opts["trim"], "w") as f:
+            json.dump({"traceEvents": [chosen] + host, "otherData": {"ranks": ranks}}, f, separators=(",", ":"))
+            f.write("\n")
     if opts["json"]:
         print(json.dumps({"rank": opts["rank"], "ranks": ranks, "step": step, "collectives": ops}))
     else:
