@@ -389,6 +389,11 @@ int expert_pipe_train(Run* run, ExpertFlags* fl, const MoeConfig* cfg, ExpertFor
     json_add_int(&summary, "microbatches", P.M);
     json_add_int(&summary, "virtual", P.v);
     json_add_int(&summary, "peak_slots", P.peak_slots);
+    // every rank's layers, as chapter 5's summary (tests/trace_check.py --pipeline reads them)
+    int mine = P.v * (cfg->gpt.num_layers / P.S), *layers = xcalloc((size_t)mesh->world_size, sizeof(int));
+    MPI_CHECK(MPI_Gather(&mine, 1, MPI_INT, layers, 1, MPI_INT, 0, MPI_COMM_WORLD));
+    json_add_int_array(&summary, "layers", layers, mesh->world_size);
+    free(layers);
     train_loop_end(&loop, &summary);
     json_free(&summary);
     train_sample_with(args, &cfg->gpt, P.T, next_logits, &P);  // --sample: every rank runs each forward
