@@ -153,13 +153,15 @@ static void run_schedule(ExpertPipe* P) {
 // over the m microbatches: x 1/m. Then, per chunk: the tied wte's two
 // halves summed between the first and the last stage (chapter 5), the
 // stage's replicated pieces averaged over dp x cp x ep, its experts summed
-// over dp x cp and scaled for the global mean (chapter 7's two groups).
+// over dp x cp (x tp) and scaled for the global mean, and with --tp its
+// slices summed over dp x cp x ep (chapter 7's three groups).
 static void reduce_gradients(ExpertPipe* P) {
     for (int c = 0; c < P->v; c++) {
         ExpertModel* m = &P->chunk[c].m;
         if (P->M > 1) {
             ops_scale(m->dshared, m->n_shared, 1.0f / (float)P->M);
             ops_scale(m->dexperts, m->n_experts, 1.0f / (float)P->M);
+            if (m->tp.tp > 1) ops_scale(m->tp.dw, m->tp.n, 1.0f / (float)P->M);
         }
     }
     if (P->pp > 1 && (P->stage == 0 || P->stage == P->pp - 1)) {
@@ -176,16 +178,22 @@ static void reduce_gradients(ExpertPipe* P) {
         }
         comm_allreduce(ch->m.dpcp, ch->m.dexperts, ch->m.n_experts, COMM_SUM);
         ops_scale(ch->m.dexperts, ch->m.n_experts, 1.0f / (float)ch->m.batch.size);
+        if (ch->m.tp.tp > 1) {  // --tp: the chunk's slices over dp x cp x ep (main.c's third group)
+            comm_allreduce(ch->m.tp.dpcpep, ch->m.tp.dw, ch->m.tp.n, COMM_SUM);
+            ops_scale(ch->m.tp.dw, ch->m.tp.n, 1.0f / (float)ch->m.batch.size);
+        }
     }
 }
 
 // The norm: each parameter once (the tied copy left out; the replicated
-// pieces on ep rank 0 of dp x cp rank 0, the experts on dp x cp rank 0),
-// summed over ep, dp x cp and the stages.
+// pieces on ep rank 0 of dp x cp (x tp) rank 0, the experts on dp x cp
+// (x tp) rank 0, a tp slice on dp x cp x ep rank 0), summed over ep,
+// dp x cp (x tp) and the stages.
 static float clip_and_step(ExpertPipe* P, const TrainArgs* args, int step) {
     double* mine = train_sumsq_begin();
     for (int c = 0; c < P->v; c++) {
         XpChunk* ch = &P->chunk[c];
+        if (ch->m.tp.tp > 1 && ch->m.tp.dpcpep->rank == 0) grad_sumsq(mine, ch->m.tp.dw, ch->m.tp.n);
         if (ch->m.dpcp->rank != 0) continue;
         grad_sumsq(mine, ch->m.dexperts, ch->m.n_experts);
         for (int i = 0; i < ch->n_pieces && ch->m.epc->rank == 0; i++)
@@ -200,6 +208,7 @@ static float clip_and_step(ExpertPipe* P, const TrainArgs* args, int step) {
         ExpertModel* m = &P->chunk[c].m;
         adamw_update(m->shared, m->dshared, m->m_s, m->v_s, m->n_shared, ac, step + 1, scale);
         adamw_update(m->experts, m->dexperts, m->m_e, m->v_e, m->n_experts, ac, step + 1, scale);
+        if (m->tp.tp > 1) adamw_update(m->tp.w, m->tp.dw, m->tp.m, m->tp.v, m->tp.n, ac, step + 1, scale);
     }
     trace_compute(t0, "optimizer");
     return (float)norm;
@@ -210,6 +219,7 @@ static float train_step(ExpertPipe* P, const TrainArgs* args, int step, float* n
     for (int c = 0; c < P->v; c++) {
         mem_zero(P->chunk[c].m.dshared, P->chunk[c].m.n_shared * sizeof(float));
         mem_zero(P->chunk[c].m.dexperts, P->chunk[c].m.n_experts * sizeof(float));
+        if (P->chunk[c].m.tp.tp > 1) mem_zero(P->chunk[c].m.tp.dw, P->chunk[c].m.tp.n * sizeof(float));
     }
     P->loss_sum = P->aux = 0.0, P->dropped = 0;
     memset(P->routed, 0, (size_t)Lm * E * sizeof(long));
@@ -238,7 +248,8 @@ static void step_record(ExpertPipe* P, TrainLoop* loop) {
 // ---------------------------------------------------------------- the tokens
 
 // Microbatch mb of a step is the global batch's sequences [mb B/m, (mb+1) B/m),
-// split over the dp x ep ranks (b = B / (m dp ep) each, in share order; a
+// split over the dp x ep x tp ranks (b = B / (m dp ep tp) each, in share
+// order: a tp rank whole sequences of its dp x ep share's, as at pp = 1; a
 // share's cp ranks hold the same sequences), so that one MoE layer call sees
 // the same tokens on every mesh: its balance statistics and capacity are over
 // the microbatch, and chapter 7 on one rank with the same m is the reference.
@@ -347,9 +358,9 @@ int expert_pipe_train(Run* run, ExpertFlags* fl, const MoeConfig* cfg, ExpertFor
     expert_stage_create(&P, run, fl, cfg);
     const Mesh* mesh = &run->mesh;
     ExpertModel* m0 = &P.chunk[0].m;
-    print0("chapter 7: experts in a pipeline, dp=%d x ep=%d x pp=%d, schedule %s, %d microbatch%s of %d sequence%s per "
+    print0("chapter 7: experts in a pipeline, dp=%d x tp=%d x ep=%d x pp=%d x cp=%d, schedule %s, %d microbatch%s of %d sequence%s per "
            "rank, %d chunk%s of %d layer%s per pp rank; %d expert%s (%d per rank), top-%d, %s, device %s\n",
-           mesh->size[AXIS_DP], mesh->size[AXIS_EP], P.pp, P.sched_name, P.M, P.M == 1 ? "" : "es", P.b,
+           mesh->size[AXIS_DP], mesh->size[AXIS_TP], mesh->size[AXIS_EP], P.pp, mesh->size[AXIS_CP], P.sched_name, P.M, P.M == 1 ? "" : "es", P.b,
            P.b == 1 ? "" : "s", P.v, P.v == 1 ? "" : "s", cfg->gpt.num_layers / P.S, cfg->gpt.num_layers / P.S == 1 ? "" : "s",
            cfg->experts, cfg->experts == 1 ? "" : "s", m0->E_local, cfg->top_k,
            m0->capacity_factor > 0 ? "capacity mode per microbatch" : "dropless", run->device);
@@ -378,6 +389,11 @@ int expert_pipe_train(Run* run, ExpertFlags* fl, const MoeConfig* cfg, ExpertFor
     json_add_int(&summary, "microbatches", P.M);
     json_add_int(&summary, "virtual", P.v);
     json_add_int(&summary, "peak_slots", P.peak_slots);
+    // every rank's layers, as chapter 5's summary (tests/trace_check.py --pipeline reads them)
+    int mine = P.v * (cfg->gpt.num_layers / P.S), *layers = xcalloc((size_t)mesh->world_size, sizeof(int));
+    MPI_CHECK(MPI_Gather(&mine, 1, MPI_INT, layers, 1, MPI_INT, 0, MPI_COMM_WORLD));
+    json_add_int_array(&summary, "layers", layers, mesh->world_size);
+    free(layers);
     train_loop_end(&loop, &summary);
     json_free(&summary);
     train_sample_with(args, &cfg->gpt, P.T, next_logits, &P);  // --sample: every rank runs each forward

@@ -26,9 +26,15 @@ static void check_and_schedule(ExpertPipe* P, const Run* run, const ExpertFlags*
     P->M = fl->microbatches == ARG_NOT_GIVEN ? P->pp : fl->microbatches;
     P->v = fl->virtual_chunks;
     if (P->M < 1) fail_all("--microbatches must be positive (leave it out for pp = %d)", P->pp);
+    int tp = mesh->size[AXIS_TP], share = s->B / (mesh->size[AXIS_DP] * mesh->size[AXIS_EP]);
+    if (tp > 1 && share % (P->M * tp) != 0)  // --tp: each tp rank whole sequences of each microbatch
+        fail_all("--microbatches %d --tp %d: a microbatch of a dp x ep share (%d sequences) must split into tp=%d "
+                 "ranks' whole sequences, so m x tp must divide %d: use other --microbatches or --batch",
+                 P->M, tp, share, tp, share);
     if (P->per_rank % P->M != 0)
-        fail_all("--microbatches %d does not divide a rank's %d sequences (the batch of %d over dp x ep = %d ranks): "
-                 "use a divisor of %d", P->M, P->per_rank, s->B, mesh->size[AXIS_DP] * mesh->size[AXIS_EP], P->per_rank);
+        fail_all("--microbatches %d does not divide a rank's %d sequences (the batch of %d over dp x ep x tp = %d "
+                 "ranks): use a divisor of %d", P->M, P->per_rank, s->B,
+                 mesh->size[AXIS_DP] * mesh->size[AXIS_EP] * tp, P->per_rank);
     if (P->v < 1 || P->v > XP_MAX_CHUNKS / P->pp)
         fail_all("--virtual %d: use 1 to %d chunks per rank", P->v, XP_MAX_CHUNKS / P->pp);
     if (P->v > 1 && kind != SCHED_INTERLEAVED) fail_all("--virtual %d needs --schedule interleaved", P->v);
@@ -102,12 +108,29 @@ static MoeConfig pipe_chunk_config(const MoeConfig* whole, int layers, int embed
     return local;
 }
 
+// The pieces of a chunk (first layer `first`, its own config `local`) in
+// the whole model's buffer (`whole`): [wte wpe] on the first, the blocks,
+// [lnfw lnfb] and the tied copy of wte on the last. With --tp both layouts
+// leave out qkvw, qkvb, attprojw (moe.h), so the blocks stay one piece.
+static int chunk_pieces(XpPiece* piece, const MoeConfig* whole, const MoeConfig* local, int first, int embeds, int head) {
+    size_t blk_l = moe_block_offset(local, 0), blk_n = moe_lnf_offset(local) - blk_l;
+    size_t wte_n = param_tensor_numel(&whole->gpt, P_WTE);
+    int n = 0;  // in the order of the local buffer
+    if (embeds) piece[n++] = (XpPiece){0, 0, blk_l, 0};
+    else if (head) piece[n++] = (XpPiece){0, 0, wte_n, 1};
+    piece[n++] = (XpPiece){moe_block_offset(whole, first), blk_l, blk_n, 0};
+    if (head) piece[n++] = (XpPiece){moe_lnf_offset(whole), moe_lnf_offset(local), 2 * (size_t)whole->gpt.channels, 0};
+    return n;
+}
+
 // Chunk c: virtual stage k = c pp + stage, layers [k L/S, (k+1) L/S), an
-// ExpertModel of them (so of B/(dp ep m) sequences), its pieces of the
-// whole model, its parameters from the whole model's init or --model FILE.
+// ExpertModel of them (so of B/(dp ep tp m) sequences), its pieces of the
+// whole model, its parameters from the whole model's init or --model FILE
+// (all_shared: moe.h's layout at tp = 1; with --tp, expert_tp_load cuts the
+// chunk's copy of it into the shared buffer and this tp rank's slices).
 static void chunk_create(ExpertPipe* P, int c, const ExpertFlags* fl, const float* all_shared, const float* all_experts) {
     XpChunk* ch = &P->chunk[c];
-    int L = P->cfg.gpt.num_layers, Lc = L / P->S, C = P->cfg.gpt.channels;
+    int L = P->cfg.gpt.num_layers, Lc = L / P->S;
     ch->vstage = c * P->pp + P->stage, ch->first = ch->vstage * Lc;
     int embeds = ch->vstage == 0, head = ch->vstage == P->S - 1;
     MoeConfig local = pipe_chunk_config(&P->cfg, Lc, embeds, head);
@@ -115,21 +138,19 @@ static void chunk_create(ExpertPipe* P, int c, const ExpertFlags* fl, const floa
     for (int l = 0; l < ch->first; l++) ch->moe0 += moe_is_moe_layer(&P->cfg, l);
     ch->n_moe = moe_num_moe_layers(&local);
     expert_model_create_part(&ch->m, &local, fl, &P->run_mb, embeds, head);
-    // the pieces: [wte wpe] on the first, the blocks, [lnfw lnfb] and the
-    // tied copy of wte on the last
-    size_t blk_l = moe_block_offset(&local, 0), blk_n = moe_lnf_offset(&local) - blk_l;
-    size_t wte_n = param_tensor_numel(&P->cfg.gpt, P_WTE);
-    ch->n_pieces = 0;  // in the order of the local buffer
-    if (ch->m.embeds) ch->piece[ch->n_pieces++] = (XpPiece){0, 0, blk_l, 0};
-    else if (ch->m.has_head) ch->piece[ch->n_pieces++] = (XpPiece){0, 0, wte_n, 1};
-    ch->piece[ch->n_pieces++] = (XpPiece){moe_block_offset(&P->cfg, ch->first), blk_l, blk_n, 0};
-    if (ch->m.has_head)
-        ch->piece[ch->n_pieces++] = (XpPiece){moe_lnf_offset(&P->cfg), moe_lnf_offset(&local), 2 * (size_t)C, 0};
-    // the values: the whole model's, piece by piece (the rest zero)
-    float* host = xcalloc(ch->m.n_shared, sizeof(float));
-    for (int i = 0; i < ch->n_pieces; i++)
-        memcpy(host + ch->piece[i].local, all_shared + ch->piece[i].global, ch->piece[i].count * sizeof(float));
-    mem_to_device(ch->m.shared, host, ch->m.n_shared * sizeof(float));
+    ch->n_pieces = chunk_pieces(ch->piece, &P->cfg, &ch->m.cfg, ch->first, embeds, head);
+    // the values: the whole model's, piece by piece (the rest zero), in
+    // the layout at tp = 1
+    MoeConfig whole1 = P->cfg, local1 = ch->m.cfg;
+    whole1.tp = local1.tp = 1;
+    XpPiece one[4];
+    int n1 = chunk_pieces(one, &whole1, &local1, ch->first, embeds, head);
+    float* host = xcalloc(moe_num_shared(&local1), sizeof(float));
+    for (int i = 0; i < n1; i++) memcpy(host + one[i].local, all_shared + one[i].global, one[i].count * sizeof(float));
+    if (ch->m.tp.tp > 1)
+        expert_tp_load(&ch->m, host);
+    else
+        mem_to_device(ch->m.shared, host, ch->m.n_shared * sizeof(float));
     free(host);
     size_t per_layer = (size_t)ch->m.E_local * moe_expert_numel(&P->cfg);
     mem_to_device(ch->m.experts, all_experts + (size_t)ch->moe0 * per_layer, ch->m.n_experts * sizeof(float));
@@ -143,11 +164,14 @@ static void chunk_create(ExpertPipe* P, int c, const ExpertFlags* fl, const floa
 
 void expert_stage_create(ExpertPipe* P, Run* run, ExpertFlags* fl, const MoeConfig* cfg) {
     const Mesh* mesh = &run->mesh;
+    int tp = mesh->size[AXIS_TP];
     P->cfg = *cfg;
+    P->cfg.tp = tp;  // the whole model's shared layout as the chunks hold it (moe.h: without the tp slices)
     P->pp = mesh->size[AXIS_PP], P->stage = mesh->coord[AXIS_PP], P->ppc = &run->axes[AXIS_PP];
     P->B = run->setup.B, P->T = run->setup.T, P->Tr = P->T / mesh->size[AXIS_CP];
-    P->per_rank = run->setup.B / (mesh->size[AXIS_DP] * mesh->size[AXIS_EP]);
-    P->share = mesh->coord[AXIS_DP] * mesh->size[AXIS_EP] + mesh->coord[AXIS_EP];
+    // a rank's sequences: B/tp of its dp x ep share's, in world order (dp, ep, tp) as expert_model_create
+    P->per_rank = run->setup.B / (mesh->size[AXIS_DP] * mesh->size[AXIS_EP] * tp);
+    P->share = (mesh->coord[AXIS_DP] * mesh->size[AXIS_EP] + mesh->coord[AXIS_EP]) * tp + mesh->coord[AXIS_TP];
     check_and_schedule(P, run, fl);
     P->run_mb = *run;
     P->run_mb.setup.B = run->setup.B / P->M;  // a chunk's model holds one microbatch
@@ -207,13 +231,20 @@ void expert_stage_free(ExpertPipe* P) {
 // This rank's slices of the training state, in the whole model's tensors:
 // dp replica 0 writes its stage's pieces (the replicated ones spread over the
 // ep ranks, 1/ep each) and its experts; every rank reads its pieces (the tied
-// copy of wte too) and its experts. So pp2 resumes on pp1 and back.
+// copy of wte too) and its experts. With --tp, dp x cp x ep rank 0 of each
+// tp rank writes its slices of the chunk's layers' qkvw, qkvb, attprojw
+// (strided slices of the global tensors). So pp2 resumes on pp1 and back,
+// tp2 x pp2 on any other mesh; E = 1, H = 4C is the dense GPT's checkpoint
+// (chapter 0 resumes it), as chapter 7's own (expert_model_ckpt).
 void expert_stage_ckpt(Ckpt* ck, ExpertPipe* P) {
     static CkptTensor table[MOE_CKPT_TENSORS];
     char variant[256];
     moe_ckpt_tensors(&P->cfg, table);
     moe_ckpt_variant(&P->cfg, variant, sizeof(variant));
-    ckpt_set_model(ck, table, MOE_CKPT_TENSORS, variant);
+    if (moe_ckpt_dense(&P->cfg))
+        ckpt_set_model(ck, NULL, 0, NULL);
+    else
+        ckpt_set_model(ck, table, MOE_CKPT_TENSORS, variant);
     for (int c = 0; c < P->v; c++) {
         ExpertModel* m = &P->chunk[c].m;
         float* shared[CKPT_NUM_KINDS] = {m->shared, m->m_s, m->v_s};
@@ -233,20 +264,32 @@ void expert_stage_ckpt(Ckpt* ck, ExpertPipe* P) {
                                            m->E_local, experts[k]);
             moe_ckpt_add_expert_layers(&ck->need, &P->cfg, (CkptKind)k, P->chunk[c].moe0, P->chunk[c].n_moe, m->e0,
                                        m->E_local, experts[k]);
+            if (m->tp.tp > 1) {
+                float* slices[CKPT_NUM_KINDS] = {m->tp.w, m->tp.m, m->tp.v};
+                int l0 = P->chunk[c].first, n = m->cfg.gpt.num_layers;
+                if (m->tp.dpcpep->rank == 0)
+                    moe_ckpt_add_attn_tp_layers(&ck->own, &P->cfg, (CkptKind)k, m->tp.tp, m->tp.rank, l0, n, slices[k]);
+                moe_ckpt_add_attn_tp_layers(&ck->need, &P->cfg, (CkptKind)k, m->tp.tp, m->tp.rank, l0, n, slices[k]);
+            }
         }
     }
 }
 
-// --save FILE: the whole model, each stage's pieces summed over pp into
-// zeros (disjoint pieces: exact), then chapter 7's writer on a model of the
-// whole (world rank 0 is stage 0: it writes). Collective.
+// --save FILE: the whole model, each stage's pieces (and with --tp its tp
+// rank's slices of its layers) summed over pp into zeros (disjoint pieces:
+// exact), then chapter 7's writer on a model of the whole, which gathers
+// the slices over tp and the experts over ep (world rank 0 is stage 0 and
+// tp rank 0: it writes). Collective.
 void expert_stage_save(ExpertPipe* P, const char* path) {
     const MoeConfig* cfg = &P->cfg;
     ExpertModel* m0 = &P->chunk[0].m;
     size_t n_shared = moe_num_shared(cfg), per_layer = (size_t)m0->E_local * moe_expert_numel(cfg);
     size_t n_exp = (size_t)moe_num_moe_layers(cfg) * per_layer;
+    int tp = m0->tp.tp;
+    size_t tp_layer = tp > 1 ? moe_attn_tp_numel(cfg->gpt.channels, tp) : 0, n_tp = cfg->gpt.num_layers * tp_layer;
     float* shared = xcalloc(n_shared, sizeof(float));
     float* experts = xcalloc(n_exp ? n_exp : 1, sizeof(float));
+    float* slices = xcalloc(n_tp ? n_tp : 1, sizeof(float));
     for (int c = 0; c < P->v; c++) {
         XpChunk* ch = &P->chunk[c];
         float* host = xmalloc(ch->m.n_shared * sizeof(float));
@@ -256,10 +299,12 @@ void expert_stage_save(ExpertPipe* P, const char* path) {
                 memcpy(shared + ch->piece[i].global, host + ch->piece[i].local, ch->piece[i].count * sizeof(float));
         free(host);
         mem_to_host(experts + (size_t)ch->moe0 * per_layer, ch->m.experts, ch->m.n_experts * sizeof(float));
+        if (tp > 1) mem_to_host(slices + (size_t)ch->first * tp_layer, ch->m.tp.w, ch->m.tp.n * sizeof(float));
     }
     // host floats for the file, not training: plain MPI
     MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, shared, (int)n_shared, MPI_FLOAT, MPI_SUM, P->ppc->mpi));
     MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, experts, (int)n_exp, MPI_FLOAT, MPI_SUM, P->ppc->mpi));
+    if (tp > 1) MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, slices, (int)n_tp, MPI_FLOAT, MPI_SUM, P->ppc->mpi));
     ExpertModel whole = *m0;
     whole.cfg = *cfg;
     whole.n_shared = n_shared, whole.n_experts = n_exp;
@@ -267,11 +312,18 @@ void expert_stage_save(ExpertPipe* P, const char* path) {
     whole.experts = mem_alloc_floats(n_exp ? n_exp : 1, MEM_OTHER);
     mem_to_device(whole.shared, shared, n_shared * sizeof(float));
     mem_to_device(whole.experts, experts, n_exp * sizeof(float));
+    if (tp > 1) {
+        whole.tp.n = n_tp;
+        whole.tp.w = mem_alloc_floats(n_tp, MEM_OTHER);
+        mem_to_device(whole.tp.w, slices, n_tp * sizeof(float));
+    }
     expert_model_save(&whole, path);
     mem_free(whole.shared);
     mem_free(whole.experts);
+    if (tp > 1) mem_free(whole.tp.w);
     free(shared);
     free(experts);
+    free(slices);
 }
 
 // --show-sharding: each chunk's replicated buffer (its layers, with the
@@ -280,7 +332,7 @@ void expert_stage_show_sharding(const ExpertPipe* P, int show) {
     if (!show) return;
     ShardTable* t = xcalloc(1, sizeof(ShardTable));
     double f = sizeof(float);
-    char name[24], slice[40];
+    char name[24], slice[48];
     for (int c = 0; c < P->v; c++) {
         const XpChunk* ch = &P->chunk[c];
         double shared = (double)ch->m.n_shared, experts = (double)ch->m.n_experts;
@@ -293,10 +345,20 @@ void expert_stage_show_sharding(const ExpertPipe* P, int show) {
         snprintf(slice, sizeof(slice), "experts %d..%d of %d", ch->m.e0, ch->m.e0 + ch->m.E_local - 1, P->cfg.experts);
         shard_table_add(t, name, "(Lm, E, ...)", "(pp, ep, -)", "(pp, ep, -)", "(pp, ep, -)", slice, f * experts,
                         f * experts, 2 * f * experts);
+        const ExpertTP* tp = &ch->m.tp;
+        if (tp->tp > 1) {  // its layers' qkvw, qkvb by rows (my heads' q, k, v), attprojw by columns
+            double sl = (double)tp->n;
+            int NH = P->cfg.gpt.num_heads;
+            snprintf(name, sizeof(name), "chunk %d: qkv, attproj", c);
+            snprintf(slice, sizeof(slice), "layers %d..%d, heads %d..%d", ch->first, last, tp->rank * NH / tp->tp,
+                     (tp->rank + 1) * NH / tp->tp - 1);
+            shard_table_add(t, name, "(L, ...)", "(pp, tp, -)", "(pp, tp, -)", "(pp, tp, -)", slice, f * sl, f * sl,
+                            2 * f * sl);
+        }
     }
-    char title[64];
-    snprintf(title, sizeof(title), "chapter 7, pp=%d x %d chunk%s, ep=%d, dp=%d", P->pp, P->v, P->v == 1 ? "" : "s",
-             P->chunk[0].m.ep, P->chunk[0].m.dp->size);
+    char title[80];
+    snprintf(title, sizeof(title), "chapter 7, pp=%d x %d chunk%s, ep=%d, dp=%d, tp=%d", P->pp, P->v,
+             P->v == 1 ? "" : "s", P->chunk[0].m.ep, P->chunk[0].m.dp->size, P->chunk[0].m.tp.tp);
     shard_table_show(t, show, title);
     free(t);
 }

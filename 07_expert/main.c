@@ -14,7 +14,7 @@
 // (expert_cp.c). The rest is per token: a token is routed where it lives.
 // --tp N: tensor parallelism with sequence parallelism: a tp rank holds B/tp
 // of a share's sequences, attention is split by heads (expert_tp.c).
-// --pp N: chapter 5's stages run this forward and backward (expert_pipe.c).
+// --pp N: chapter 5's stages run this forward and backward, tp cp ep dp inside (expert_pipe.c).
 //
 // One MoE layer, forward, in the order of moe_layer_forward below:
 //   1. route      router logits -> softmax -> top-k experts and gates

@@ -484,9 +484,14 @@ void moe_ckpt_add_expert_layers(CkptList* l, const MoeConfig* c, CkptKind kind, 
 }
 
 void moe_ckpt_add_attn_tp(CkptList* l, const MoeConfig* c, CkptKind kind, int tp, int rank, float* data) {
+    moe_ckpt_add_attn_tp_layers(l, c, kind, tp, rank, 0, c->gpt.num_layers, data);
+}
+
+void moe_ckpt_add_attn_tp_layers(CkptList* l, const MoeConfig* c, CkptKind kind, int tp, int rank, int l0,
+                                 int n_layers, float* data) {
     size_t C = (size_t)c->gpt.channels, Cl = C / tp;
-    for (int layer = 0; layer < c->gpt.num_layers; layer++) {
-        float* w = data + (size_t)layer * moe_attn_tp_numel((int)C, tp);
+    for (int layer = l0; layer < l0 + n_layers; layer++) {
+        float* w = data + (size_t)(layer - l0) * moe_attn_tp_numel((int)C, tp);
         // qkvw (L, 3C, C): 3 runs of Cl rows (q, k, v of my heads), C rows apart
         CkptSlice s = {.kind = kind, .tensor = T_LN1W + (P_QKVW - P_LN1W), .start = ((size_t)layer * 3 * C + rank * Cl) * C,
                        .len = Cl * C, .stride = C * C, .count = 3, .data = w};

@@ -173,6 +173,10 @@ void moe_ckpt_add_experts(CkptList* l, const MoeConfig* c, CkptKind kind, int e0
 // laid out per layer as expert_tp.c holds them: qkvw (3C/tp, C), qkvb
 // (3C/tp), attprojw (C, C/tp). Slices of the global tensors: any tp resumes.
 void moe_ckpt_add_attn_tp(CkptList* l, const MoeConfig* c, CkptKind kind, int tp, int rank, float* data);
+// The same for layers [l0, l0 + n_layers) of the whole model (a pipeline
+// chunk's; data holds their slices from layer l0's on).
+void moe_ckpt_add_attn_tp_layers(CkptList* l, const MoeConfig* c, CkptKind kind, int tp, int rank, int l0,
+                                 int n_layers, float* data);
 // Floats of one layer's tp slices: (4C^2 + 3C) / tp.
 size_t moe_attn_tp_numel(int C, int tp);
 // The same for a buffer of n_layers MoE layers only, the model's MoE layers

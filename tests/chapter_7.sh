@@ -10,7 +10,9 @@
 # drops and --recompute, and checkpoints across the compositions (E = 1's
 # resumed by chapter 0); and with --tp (tensor parallelism with sequence
 # parallelism) on tp, dp x tp, tp x cp, ep x tp and dp x tp x ep meshes, with
-# checkpoints across tp. (The router, gating, auxiliary loss, dispatch and combine
+# checkpoints across tp; and every axis at once: --tp inside --pp's stages
+# with dp, cp and ep (8 and 16 ranks), its checkpoint resumed by chapter 0
+# and on another composition, --recompute, --save and --sample. (The router, gating, auxiliary loss, dispatch and combine
 # ops are checked against finite differences in tests/test_ops.c, the whole
 # MoE model on one rank in tests/test_moe.c.)
 . "$(dirname "$0")/lib.sh"
@@ -795,6 +797,75 @@ else
     fail "experts: MoE file from ep x pp = 2 x 2" "val loss $v0 after saving, '$v1' after loading; $(echo "$OUT" | grep error)"
 fi
 
+# Every axis at once (docs/07_expert.md): --tp inside each pipeline chunk
+# (each chunk's ExpertModel holds its layers' tp slices; a microbatch gives
+# each tp rank whole sequences; a stage sends its tp rank's own rows to the
+# same tp rank of the next), with dp, cp, ep and --recompute. E = 1, k = 1
+# on dp x tp x pp = 2 x 2 x 2 and tp x pp x cp = 2 x 2 x 2 (8 ranks) is
+# chapter 0's model; the second saves a checkpoint at step 4
+c7x_ck=$TEST_TMPDIR/c7x_ck
+invariant --norm --val "experts: E=1, k=1 on dp x tp x pp = 2 x 2 x 2 (8 ranks) is chapter 0's dense model" "$INV_FLAGS" 8 chapter-7 "--experts 1 --top-k 1 --dp 2 --tp 2 --pp 2"
+invariant --norm "experts: E=1, k=1 on tp x pp x cp = 2 x 2 x 2 (8 ranks, ring) is chapter 0's dense model" "$INV_FLAGS" 8 chapter-7 "--experts 1 --top-k 1 --tp 2 --pp 2 --cp 2 --ckpt-dir $c7x_ck --save-every 4"
+c7x_e1=$INV_LOG
+# E = 4, k = 2 against one rank with the same 2 microbatches: ep x tp x pp
+# (8 ranks), and four axes of the five on 16 ranks (tp x pp x cp x ep,
+# Ulysses with zigzag; dp x tp x pp x ep would need a batch of 32)
+c7m_same "ep=2 x tp=2 x pp=2 (8 ranks)" 8 "--ep 2 --tp 2 --pp 2"
+c7x_full=$C7_LOG
+c7m_same "tp=2 x pp=2 x cp=2 x ep=2 (16 ranks, ulysses, zigzag)" 16 "--tp 2 --pp 2 --cp 2 --ep 2 --cp-mode ulysses --cp-balance zigzag"
+# --recompute on the composed mesh: the same records as none, bit for bit
+for rc in selective full; do
+    mpi_run $T_RUN 8 "$BUILD/chapter-7" $c7_flags --microbatches 2 --ep 2 --tp 2 --pp 2 --recompute $rc --log "$TEST_TMPDIR/c7x_rc_$rc.jsonl"
+    a=""
+    if [ $RC = 0 ] && a=$(bash tests/compare_routing.sh "$c7x_full" "$TEST_TMPDIR/c7x_rc_$rc.jsonl" 0 0 2>&1); then
+        pass "experts: ep x tp x pp = 2 x 2 x 2 with --recompute $rc gives --recompute none's steps bit for bit ($a)"
+    else
+        fail "experts: ep x tp x pp = 2 x 2 x 2 with --recompute $rc" "exit $RC; $a; $(echo "$OUT" | grep -E 'error' | head -3)"
+    fi
+done
+# the tp x pp x cp checkpoint of step 4 (the dense form: E = 1, H = 4C;
+# the tp slices as strided slices of the global qkvw, qkvb, attprojw):
+# resumed on the same mesh bit for bit, by chapter 0 and on dp x tp x pp =
+# 2 x 2 x 2 (gpipe), each continuing the run
+mpi_run $T_RUN 8 "$BUILD/chapter-7" $INV_FLAGS --experts 1 --top-k 1 --tp 2 --pp 2 --cp 2 --resume "$c7x_ck/step-00000004" \
+    --log "$TEST_TMPDIR/c7x_res.jsonl"
+a=$(c7_tail "$c7x_e1" 4) b=$(c7_tail "$TEST_TMPDIR/c7x_res.jsonl" 0)
+if [ $RC = 0 ] && [ -n "$a" ] && [ "$a" = "$b" ] && [ "$(echo "$b" | wc -l)" = $((INV_STEPS - 4)) ]; then
+    pass "experts: tp x pp x cp = 2 x 2 x 2 resumed at step 4 repeats steps 4..$((INV_STEPS - 1)) bit for bit"
+else
+    fail "experts: resume on tp x pp x cp" "exit $RC; $(diff <(echo "$a") <(echo "$b") | head -4); $(echo "$OUT" | grep -E 'error' | head -2)"
+fi
+c7_tail "$c7x_e1" 4 >"$TEST_TMPDIR/c7x_tail.jsonl"
+for run in "1 chapter-0 chapter 0" "8 chapter-7 dp x tp x pp = 2 x 2 x 2"; do
+    read -r np bin where <<< "$run"
+    mesh=""
+    [ "$bin" = chapter-7 ] && mesh="--experts 1 --top-k 1 --dp 2 --tp 2 --pp 2 --schedule gpipe"
+    log=$TEST_TMPDIR/c7x_res_$bin.jsonl a="" b=""
+    mpi_run $T_RUN "$np" "$BUILD/$bin" $INV_FLAGS $mesh --resume "$c7x_ck/step-00000004" --log "$log"
+    if [ $RC = 0 ] && echo "$OUT" | grep -q "checkpoint: resumed from .*(chapter 7, world 8)" &&
+        a=$(bash tests/compare_losses.sh "$TEST_TMPDIR/c7x_tail.jsonl" "$log" $TOL 2>&1) &&
+        b=$(bash tests/compare_losses.sh "$TEST_TMPDIR/c7x_tail.jsonl" "$log" $TOL_NORM norm 2>&1); then
+        pass "experts: $where resumes E=1's tp x pp x cp = 2 x 2 x 2 checkpoint of step 4 and continues its run ($a; ${b#* steps, })"
+    else
+        fail "experts: $where resuming the tp x pp x cp checkpoint" "exit $RC; $a; $b; $(echo "$OUT" | grep -E 'error|resumed' | head -3)"
+    fi
+done
+# --save gathers over tp and pp: at step 0 the file of ep x tp x pp is the
+# one-rank file byte for byte; --sample through tp x pp at E = 1 is chapter 0's
+mpi_run $T_RUN 8 "$BUILD/chapter-7" --steps 0 --batch 24 --seq 32 --peak-gflops 10 --experts 4 --top-k 2 --ep 2 --tp 2 --pp 2 \
+    --save "$TEST_TMPDIR/c7x_init8.bin"
+if [ $RC = 0 ] && [ -s "$TEST_TMPDIR/c7_tp_init1.bin" ] && cmp -s "$TEST_TMPDIR/c7_tp_init1.bin" "$TEST_TMPDIR/c7x_init8.bin"; then
+    pass "experts: --save at step 0 on ep x tp x pp = 2 x 2 x 2 writes the one-rank file byte for byte (gathered over tp and pp)"
+else
+    fail "experts: --save on ep x tp x pp" "exit $RC; $(cmp "$TEST_TMPDIR/c7_tp_init1.bin" "$TEST_TMPDIR/c7x_init8.bin" 2>&1)"
+fi
+mpi_run $T_RUN 4 "$BUILD/chapter-7" --experts 1 --top-k 1 --tp 2 --pp 2 --batch 4 --seq 16 --steps 1 --sample 40
+s10=$(c7_sample)
+if [ $RC = 0 ] && [ -n "$s0" ] && [ "$s10" = "$s0" ]; then
+    pass "experts: --sample 40 through tp x pp = 2 x 2 at E=1, k=1 is chapter 0's sample"
+else
+    fail "experts: --sample on tp x pp" "exit $RC; '$s10' vs chapter 0 '$s0'"
+fi
 ref_checkpoint
 jobs_run error_case chapter-7 1 "--model $CKPT" "a dense llm.c file has no router and no experts"
 # sizes bounded by the machine and the model before any product is formed
@@ -828,11 +899,11 @@ jobs_run error_case chapter-7 3 "--cp 3 --seq 32" "--seq 32 does not split over 
 jobs_run error_case chapter-7 2 "--cp 2 --seq 30 --cp-balance zigzag" "--seq 30 does not split into 2 x cp = 4 zigzag half-chunks"
 jobs_run error_case chapter-7 3 "--cp 3 --seq 48 --cp-mode ulysses" "--cp-mode ulysses splits the model's 4 heads over cp=3 ranks"
 jobs_run error_case chapter-7 2 "--cp 2 --cp-mode star" "--cp-mode star is not one of ring, ulysses"
-# --tp: the heads, the share's sequences, and what it does not compose with yet
+# --tp: the heads, the share's sequences (and, with --pp, a microbatch's)
 jobs_run error_case chapter-7 3 "--tp 3 --batch 6" "the model's 4 heads do not split over tp=3 ranks"
 jobs_run error_case chapter-7 2 "--tp 2 --batch 3" "the 3 sequences per dp x ep share do not split over tp=2"
 jobs_run error_case chapter-7 2 "--tp 2 --moe-every 2 --recompute selective" "with --recompute in MoE layers, but not yet in a dense layer"
-jobs_run error_case chapter-7 4 "--tp 2 --pp 2" "does not compose --tp with --pp yet (issue #35)"
+jobs_run error_case chapter-7 4 "--tp 2 --pp 2 --batch 6" "a microbatch of a dp x ep share (6 sequences) must split into tp=2 ranks' whole sequences"
 # the pipeline: the layers over pp x virtual, the microbatches over a
 # rank's sequences, and what it does not compose with yet (issue #35)
 jobs_run error_case chapter-7 4 "--pp 4" "the model's 2 layers do not split over pp=4 ranks"

@@ -213,6 +213,14 @@ c7 2 --batch 24 --seq 32 --experts 1 --top-k 1 --pp 2
 c7 1 --batch 24 --seq 32 --experts 4 --top-k 2 --microbatches 2
 c7 4 --batch 24 --seq 32 --experts 4 --top-k 2 --ep 2 --pp 2
 c7 4 --batch 24 --seq 32 --experts 4 --top-k 2 --dp 2 --pp 2 --schedule gpipe --microbatches 4
+# every axis at once: --tp inside each pipeline chunk (its slices, gather
+# buffers and tp traffic per layer and microbatch), with dp, cp, ep and
+# --recompute full; 8 and 16 ranks (the meshes tests/chapter_7.sh runs)
+c7 8 --batch 24 --seq 32 --experts 1 --top-k 1 --dp 2 --tp 2 --pp 2
+c7 8 --batch 24 --seq 32 --experts 1 --top-k 1 --tp 2 --pp 2 --cp 2
+c7 8 --batch 24 --seq 32 --experts 4 --top-k 2 --ep 2 --tp 2 --pp 2
+c7 8 --batch 24 --seq 32 --experts 4 --top-k 2 --ep 2 --tp 2 --pp 2 --recompute full
+c7 16 --batch 24 --seq 32 --experts 4 --top-k 2 --ep 2 --tp 2 --pp 2 --cp 2
 c7 2 --batch 24 --seq 32 --experts 4 --top-k 2 --pp 2 --model tiny6 --schedule interleaved --virtual 3 --microbatches 4
 c7 3 --batch 24 --seq 32 --experts 4 --top-k 3 --moe-every 2 --expert-hidden 96 --model tiny6 --pp 3 --schedule zb
 c7 4 --batch 24 --seq 32 --experts 2 --top-k 2 --capacity-factor 0.25 --ep 2 --pp 2 --ep-overlap 3
@@ -279,7 +287,7 @@ plan_error "--ep-overlap" --chapter 7 --ranks 2 --ep 2 --batch 24 --seq 32 --ep-
 plan_error "--tp: chapter 7 composes it with --recompute in MoE layers only" --chapter 7 --ranks 2 --tp 2 --moe-every 2 --recompute selective
 plan_error "--batch: each tp rank takes whole sequences" --chapter 7 --ranks 4 --tp 4 --batch 6
 plan_error "--tp: tp must divide the model's heads" --chapter 7 --ranks 3 --tp 3 --batch 6
-plan_error "--tp with --pp: chapter 7 does not compose them yet (issue #35)" --chapter 7 --ranks 4 --tp 2 --pp 2
+plan_error "--microbatches: must divide a rank's sequences, --batch / (dp ep tp)" --chapter 7 --ranks 4 --tp 2 --pp 2 --batch 6
 plan_error "--microbatches: must divide a rank's sequences" --chapter 7 --ranks 2 --pp 2 --batch 24 --microbatches 5
 
 echo "== the step-time model (07_expert/plan/plan_time.h)"

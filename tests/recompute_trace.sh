@@ -3,7 +3,8 @@
 # logs the same losses and norms as none, bit for bit, in chapters 0, 2 and 3,
 # and each rank's activation peak is the mode's formula; a trace is valid
 # JSON, nested per rank and adds up to its run's summary (tests/trace_check.py,
-# chapters 0, 2-7, and chapter 7 on dp x cp x ep = 2 x 2 x 2),
+# chapters 0, 2-7, and chapter 7 on dp x cp x ep = 2 x 2 x 2 and on
+# dp x tp x pp = 2 x 2 x 2),
 # and the checker fails on a broken trace; bad flags give one message.
 . "$(dirname "$0")/lib.sh"
 echo "== --recompute and --trace"
@@ -104,11 +105,14 @@ rc_trace c7 "chapter 7 ep=2 x dp=2, recompute full" --layers 2 --recompute full
 # the all-reduces of the two gradient groups (dp+cp+ep, dp+cp)
 rc_run c7cp 8 chapter-7 --dp 2 --cp 2 --ep 2 --cp-balance zigzag --recompute full --steps 3 --trace "$TEST_TMPDIR/rc_c7cp.json"
 rc_trace c7cp "chapter 7 dp x cp x ep = 2 x 2 x 2, recompute full" --layers 2 --recompute full
-if out=$(python3 - "$TEST_TMPDIR/rc_c7cp.json" 8 2>&1 <<'EOF_PY'
+# rc_axes LABEL NP WHAT CAT:NAME...: every rank's timeline holds each span
+rc_axes() {
+    local label=$1 np=$2 what=$3 out
+    shift 3
+    if out=$(python3 - "$TEST_TMPDIR/rc_$label.json" "$np" "$@" 2>&1 <<'EOF_PY'
 import json, sys
 spans = [e for e in json.load(open(sys.argv[1]))["traceEvents"] if e.get("ph") == "X"]
-want = [("inflight", "send (cp)"), ("inflight", "recv (cp)"), ("inflight", "alltoall (ep)"),
-        ("wait", "allreduce (dp+cp+ep)"), ("wait", "allreduce (dp+cp)")]
+want = [tuple(w.split(":", 1)) for w in sys.argv[3:]]
 bad = []
 for r in range(int(sys.argv[2])):
     have = {(e["cat"], e["name"]) for e in spans if e["pid"] == r}
@@ -118,11 +122,22 @@ if bad:
     sys.exit(1)
 print(f"each of {sys.argv[2]} ranks: " + ", ".join(n for _, n in want))
 EOF_PY
-); then
-    pass "trace: chapter 7 on dp x cp x ep = 2 x 2 x 2 shows every axis's exchanges on every rank ($out)"
-else
-    fail "trace: the axes of chapter 7's composed mesh" "$out"
-fi
+    ); then
+        pass "trace: chapter 7 on $what shows every axis's exchanges on every rank ($out)"
+    else
+        fail "trace: the axes of chapter 7 on $what" "$out"
+    fi
+}
+rc_axes c7cp 8 "dp x cp x ep = 2 x 2 x 2" "inflight:send (cp)" "inflight:recv (cp)" "inflight:alltoall (ep)" \
+    "wait:allreduce (dp+cp+ep)" "wait:allreduce (dp+cp)"
+# tp inside pp's stages (dp x tp x pp = 2 x 2 x 2, E = 4 on one ep rank):
+# tp's all-gathers and reduce-scatters in each stage's layers, pp's
+# messages, the three gradient groups (the replicated pieces over
+# dp+tp+ep, the experts over dp+tp, the tp slices over dp+ep)
+rc_run c7x 8 chapter-7 --dp 2 --tp 2 --pp 2 --recompute full --steps 3 --trace "$TEST_TMPDIR/rc_c7x.json"
+rc_trace c7x "chapter 7 dp x tp x pp = 2 x 2 x 2, recompute full" --pipeline --recompute full
+rc_axes c7x 8 "dp x tp x pp = 2 x 2 x 2" "wait:allgather (tp)" "wait:reduce_scatter (tp)" "inflight:send (pp)" \
+    "wait:recv (pp)" "wait:allreduce (dp+tp+ep)" "wait:allreduce (dp+tp)" "wait:allreduce (dp+ep)"
 # ... and fails on a pipeline rank that misses spans: zb's trace checked as
 # if the schedule did not split backward (its W spans and their recomputes
 # are then too many)

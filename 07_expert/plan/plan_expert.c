@@ -46,9 +46,9 @@ static int pipelined(const PlanArgs* a) { return a->mesh[AXIS_PP] > 1 || a->micr
 
 // expert_stage.c's checks, then the lists.
 static const char* check_pipe(const PlanArgs* a, PlanInfo* info, char* msg, size_t len) {
-    int pp = a->mesh[AXIS_PP], per_rank = a->B / (a->mesh[AXIS_DP] * a->mesh[AXIS_EP]), v = a->virt;
-    int m = a->microbatches ? a->microbatches : pp, L = a->cfg.num_layers;
-    if (m < 1 || per_rank % m) return "--microbatches: must divide a rank's sequences, --batch / (dp ep)";
+    int pp = a->mesh[AXIS_PP], tp = a->mesh[AXIS_TP], share = a->B / (a->mesh[AXIS_DP] * a->mesh[AXIS_EP]), v = a->virt;
+    int m = a->microbatches ? a->microbatches : pp, L = a->cfg.num_layers, per_rank = share / tp;
+    if (m < 1 || share % (m * tp)) return "--microbatches: must divide a rank's sequences, --batch / (dp ep tp)";
     if (v < 1 || v > 64 / pp || (v > 1 && pp == 1)) return "--virtual: 1 to 64 / pp chunks, more than 1 with pp > 1 only";
     if (L % (pp * v)) return "--pp: the layers must cut into pp x virtual equal stages";
     if ((L / (pp * v)) % a->moe_every) return "--moe-every: a stage must start at a multiple of it";
@@ -65,7 +65,6 @@ const char* plan_check_expert(const PlanArgs* a, PlanInfo* info, char* msg, size
         if (a->B % (ndp * nep * ntp)) return "--batch: each tp rank takes whole sequences of its dp x ep share";
         if (a->recompute != RECOMPUTE_NONE && a->moe_every > 1)
             return "--tp: chapter 7 composes it with --recompute in MoE layers only (--moe-every 1)";
-        if (npp > 1) return "--tp with --pp: chapter 7 does not compose them yet (issue #35)";
     }
     if (ncp > 1) {  // expert_config's checks
         int ring = !strcmp(a->cp_mode, "ring"), zigzag = !strcmp(a->cp_balance, "zigzag");
@@ -99,17 +98,21 @@ const char* plan_check_expert(const PlanArgs* a, PlanInfo* info, char* msg, size
 }
 
 // A pp rank's chunks (expert_stage.c): each an ExpertModel of its layers
-// (moe.h's buffers of a model of L / S layers) on b = B / (dp ep m)
+// (moe.h's buffers of a model of L / S layers) on b = B / (dp ep tp m)
 // sequences, as many activation slots as its list holds microbatches at
 // once; its all-reduces (the pieces that touch in one call), the tied wte
-// between the two ends, the norm over ep, dp and pp; its messages.
+// between the two ends, the norm over ep, dp (x cp x tp) and pp; its
+// messages. With --tp each chunk holds its layers' tp slices, the (N tp, C)
+// gather buffers, and runs tp's all-gathers and reduce-scatters in every
+// layer of every microbatch; the slices are reduced over dp x cp x ep.
 static void plan_pipe(const PlanArgs* a, RankPlan* p, int r) {
     MoeConfig c = moe_of(a);
     const GPTConfig* g = &a->cfg;
     int coord[NUM_AXES];
     plan_coords(a, r, coord);
     int ndp = a->mesh[AXIS_DP], nep = a->mesh[AXIS_EP], pp = a->mesh[AXIS_PP], s = coord[AXIS_PP], v = a->virt;
-    int ncp = a->mesh[AXIS_CP], S = pp * v, M = a->microbatches ? a->microbatches : pp, T = a->T, b = a->B / (ndp * nep) / M;
+    int ncp = a->mesh[AXIS_CP], ntp = a->mesh[AXIS_TP], S = pp * v, M = a->microbatches ? a->microbatches : pp, T = a->T;
+    int b = a->B / (ndp * nep * ntp) / M;
     int C = g->channels, E = c.experts, k = c.top_k, H = c.hidden, El = E / nep, Lc = g->num_layers / S, NH = g->num_heads;
     // a microbatch's rows on a rank: T/cp positions of its b sequences
     double N = (double)b * (T / ncp), Nk = N * k, R = N * nep * (k < El ? k : El), f = sizeof(float), out = nep > 1 ? 1.0 : 0.0;
@@ -120,18 +123,22 @@ static void plan_pipe(const PlanArgs* a, RankPlan* p, int r) {
     Mesh mesh;
     memset(&mesh, 0, sizeof(mesh));
     for (int x = 0; x < NUM_AXES; x++) mesh.size[x] = a->mesh[x];
-    // the groups of expert_model_create: dp x cp x ep (cp in the name only
-    // with --cp) and the experts' dp x cp
-    unsigned with_cp = ncp > 1 ? 1u << AXIS_CP : 0u;
-    comm_group_slot_name(&mesh, (1u << AXIS_DP) | with_cp | (1u << AXIS_EP), name, sizeof(name));
-    Comm batch = plan_group(comm_slot_for(name), ndp * ncp * nep,
-                            (coord[AXIS_DP] * nep + coord[AXIS_EP]) * ncp + coord[AXIS_CP]);
+    // the groups of expert_model_create: dp x cp x ep (x tp; cp and tp in
+    // the name only with --cp, --tp), the experts' dp x cp (x tp), and with
+    // --tp the slices' dp x cp x ep (expert_tp_create)
+    unsigned with_cp = ncp > 1 ? 1u << AXIS_CP : 0u, with_tp = ntp > 1 ? 1u << AXIS_TP : 0u;
+    comm_group_slot_name(&mesh, (1u << AXIS_DP) | with_cp | (1u << AXIS_EP) | with_tp, name, sizeof(name));
+    Comm batch = plan_group(comm_slot_for(name), ndp * ncp * nep * ntp,
+                            ((coord[AXIS_DP] * nep + coord[AXIS_EP]) * ncp + coord[AXIS_CP]) * ntp + coord[AXIS_TP]);
     Comm dp = plan_group(AXIS_DP, ndp, coord[AXIS_DP]), ep = plan_group(AXIS_EP, nep, coord[AXIS_EP]);
-    if (ncp > 1) {
-        comm_group_slot_name(&mesh, (1u << AXIS_DP) | (1u << AXIS_CP), name, sizeof(name));
-        dp = plan_group(comm_slot_for(name), ndp * ncp, coord[AXIS_DP] * ncp + coord[AXIS_CP]);
+    if (ncp > 1 || ntp > 1) {
+        comm_group_slot_name(&mesh, (1u << AXIS_DP) | with_cp | with_tp, name, sizeof(name));
+        dp = plan_group(comm_slot_for(name), ndp * ncp * ntp, (coord[AXIS_DP] * ncp + coord[AXIS_CP]) * ntp + coord[AXIS_TP]);
     }
+    comm_group_slot_name(&mesh, (1u << AXIS_DP) | with_cp | (1u << AXIS_EP), name, sizeof(name));
+    Comm same = plan_group(comm_slot_for(name), ndp * ncp * nep, (coord[AXIS_DP] * nep + coord[AXIS_EP]) * ncp + coord[AXIS_CP]);
     Comm ppc = plan_group(AXIS_PP, pp, s), cpg = plan_group(AXIS_CP, ncp, coord[AXIS_CP]);
+    Comm tpg = plan_group(AXIS_TP, ntp, coord[AXIS_TP]);
     double params = 0, acts = 0, comm = 0;
     p->flops = 0;
     for (int ch = 0; ch < v; ch++) {
@@ -139,10 +146,12 @@ static void plan_pipe(const PlanArgs* a, RankPlan* p, int r) {
         lc.gpt.num_layers = Lc;
         int kv = ch * pp + s, n_moe = moe_num_moe_layers(&lc), embeds = kv == 0, head = kv == S - 1, busy = 0;
         MoeConfig held = lc;
+        held.tp = ntp;  // the shared buffer without the tp slices (moe.h)
         if (!embeds) held.gpt.max_seq_len = 0;
         if (!embeds && !head) held.gpt.vocab_size = held.gpt.padded_vocab_size = 0;
         double shared = (double)moe_num_shared(&held), experts = (double)n_moe * El * moe_expert_numel(&lc);
-        params += shared + experts;
+        double slices = ntp > 1 ? (double)Lc * moe_attn_tp_numel(C, ntp) : 0.0;
+        params += shared + experts + slices;
         for (int i = 0, now = 0; i < sc->n[s]; i++) {  // a slot taken at F, given back at B
             Action x = sc->list[s][i];
             if (x.chunk == ch && x.type == ACT_F && ++now > busy) busy = now;
@@ -162,7 +171,6 @@ static void plan_pipe(const PlanArgs* a, RankPlan* p, int r) {
             acts += busy * (ring ? Lc * N * NH : Lc * 3 * NC + Lc * N * NH * T);
             acts += ring ? NC + 3 * N * NH : NC + 3 * NC + N * NH * T;
             comm += ring ? 10 * NC : 6 * NC;
-            if (a->moe_every > 1) acts += 8 * NC;  // a dense layer's MLP gradients
             for (int l = 0; l < M * Lc; l++) {  // every layer of every microbatch, forward and backward
                 if (ring) {
                     for (int i = 0; i < 2 * (ncp - 1) + ncp; i++) {
@@ -177,6 +185,20 @@ static void plan_pipe(const PlanArgs* a, RankPlan* p, int r) {
                 }
             }
         }
+        if ((ncp > 1 || ntp > 1) && a->moe_every > 1) acts += 8 * NC;  // a dense layer's MLP gradients
+        if (ntp > 1) {
+            // --tp (expert_tp.c): the (N tp, C) gathered rows and partial
+            // sums; per layer of every microbatch an all-gather and a
+            // reduce-scatter forward (twice under --recompute full), two
+            // all-gathers and a reduce-scatter backward
+            size_t full = (size_t)(NC * ntp) * sizeof(float);
+            int fwd = a->recompute == RECOMPUTE_FULL ? 2 : 1;
+            acts += 2 * NC * ntp;
+            for (int l = 0; l < M * Lc; l++) {
+                for (int i = 0; i < 2 + fwd; i++) comm_tally(&tpg, COLL_ALLGATHER, full, comm_ring_factor(&tpg));
+                for (int i = 0; i < 1 + fwd; i++) comm_tally(&tpg, COLL_REDUCE_SCATTER, full, comm_ring_factor(&tpg));
+            }
+        }
         comm += R * C + Nk * C;  // recv, dsend
         if (a->recompute == RECOMPUTE_NONE) acts += busy * n_moe * (layer + R * H), comm += busy * n_moe * 2 * Nk * C;
         if (a->recompute == RECOMPUTE_SELECTIVE) acts += busy * n_moe * layer + R * H, comm += busy * n_moe * Nk * C + Nk * C;
@@ -189,6 +211,7 @@ static void plan_pipe(const PlanArgs* a, RankPlan* p, int r) {
         double pieces = (embeds ? front : head ? wte : 0.0) + blocks;
         comm_tally(&batch, COLL_ALLREDUCE, (size_t)pieces * sizeof(float), 2.0 * comm_ring_factor(&batch));
         comm_tally(&dp, COLL_ALLREDUCE, (size_t)experts * sizeof(float), 2.0 * comm_ring_factor(&dp));
+        if (ntp > 1) comm_tally(&same, COLL_ALLREDUCE, (size_t)slices * sizeof(float), 2.0 * comm_ring_factor(&same));
         // per microbatch and MoE layer: dispatch and combine, both again in
         // backward (and in the forward --recompute full runs again)
         int nc = a->ep_overlap;
