@@ -205,6 +205,15 @@ c7 2 --batch 24 --seq 32 --experts 1 --top-k 1 --moe-every 2 --tp 2
 c7 8 --batch 24 --seq 32 --experts 4 --top-k 2 --dp 2 --tp 2 --ep 2
 c7 4 --batch 24 --seq 32 --experts 4 --top-k 2 --ep 2 --tp 2 --recompute selective
 c7 4 --batch 24 --seq 32 --experts 4 --top-k 2 --ep 2 --tp 2 --recompute full
+# --zero 1 (07_expert/expert_zero.h): each buffer's moments sharded over
+# its copies, the buffers padded to N S, the gradient shards; a
+# reduce-scatter and an all-gather per buffer instead of the all-reduce.
+# dp 3 pads (n not divisible by 3); tp adds the slices' group
+c7 2 --batch 24 --seq 32 --experts 1 --top-k 1 --dp 2 --zero 1
+c7 4 --batch 24 --seq 32 --experts 1 --top-k 1 --dp 2 --cp 2 --zero 1
+c7 4 --batch 24 --seq 32 --experts 4 --top-k 2 --dp 2 --ep 2 --zero 1
+c7 3 --batch 24 --seq 32 --experts 4 --top-k 2 --dp 3 --zero 1
+c7 8 --batch 24 --seq 32 --experts 4 --top-k 2 --dp 2 --tp 2 --ep 2 --zero 1
 # --pp (07_expert/expert_pipe.c): each chunk a model of its layers, its
 # slots the microbatches its list holds at once, chapter 5's send buffers
 # (a range), the tied wte's all-reduce, the norm over pp; --microbatches on
