@@ -508,6 +508,11 @@ void expert_print_setup(const ExpertModel* m, const Run* run) {
         print0("tensor parallelism: tp=%d with sequence parallelism: each rank holds %d of its tp group's %d sequences "
                "and %d of the %d heads (1/%d of qkvw, qkvb, attprojw); the experts whole on every tp rank\n",
                m->tp.tp, m->B, m->B * m->tp.tp, c->gpt.num_heads / m->tp.tp, c->gpt.num_heads, m->tp.tp);
+    if (m->zero)  // --zero 1 (expert_zero.h)
+        print0("ZeRO-1: the AdamW moments sharded over each buffer's copies: the replicated parameters over %d "
+               "ranks, the experts over %d%s; %zu floats of moments a rank\n", m->z[ZERO_SHARED].g->size,
+               m->z[ZERO_EXPERTS].g->size, m->nz > 2 ? ", the tp slices over the dp x cp x ep ranks" : "",
+               2 * (m->z[ZERO_SHARED].S + m->z[ZERO_EXPERTS].S + (m->nz > 2 ? m->z[ZERO_TP].S : 0)));
     const CPShard* sh = &m->cp.sh;
     if (sh->cp > 1)
         print0("context parallelism: cp=%d, %s, balance %s: each rank holds %d of the %d positions of its %d sequences "
@@ -689,6 +694,7 @@ void expert_report(const ExpertModel* m, const ExpertFlags* fl, const TrainLoop*
     double per_step = trained > 0 ? a2a.bytes / m->batch.size / trained : 0.0;
     print0("dispatch and combine: %.0f bytes sent per rank per step in all-to-all-v (mean over ranks), %ld token-slots dropped\n",
            per_step, m->dropped_total);
+    json_add_int(extra, "zero", m->zero);  // --zero: 0, or 1 (expert_zero.h)
     json_add_int(extra, "experts", fl->experts);
     json_add_int(extra, "top_k", fl->top_k);
     json_add_int(extra, "expert_hidden", m->cfg.hidden);

@@ -819,6 +819,7 @@ c7_zfull=$C7_LOG
 c7_zo=$((2 * 4 * (54912 / 4 + 132352 / 2))) c7_zp=$((4 * (54912 + 132352)))
 c7_zg=$((c7_zp + 4 * (54912 / 4 + 132352 / 2)))
 if grep '"type":"summary"' "$c7_zfull" | grep -qF "\"peak_bytes\":{\"params\":[$c7_zp,$c7_zp,$c7_zp,$c7_zp],\"grads\":[$c7_zg,$c7_zg,$c7_zg,$c7_zg],\"optimizer\":[$c7_zo,$c7_zo,$c7_zo,$c7_zo]" &&
+    grep '"type":"summary"' "$c7_zfull" | grep -qF '"zero":1,' && grep '"type":"summary"' "$c7_full" | grep -qF '"zero":0,' &&
     grep '"type":"summary"' "$c7_full" | grep -qF "\"optimizer\":[$((2 * c7_zp)),"; then
     pass "experts: --zero 1 on dp x ep = 2 x 2 holds $c7_zo optimizer bytes per rank (replicated / 4 + experts / 2) instead of $((2 * c7_zp)), $c7_zp of parameters, $c7_zg of gradients (+ the shard)"
 else

@@ -286,6 +286,8 @@ plan_error "--sp" --chapter 6 --ranks 4 --tp 2 --cp 2 --sp
 plan_error "--ep" --chapter 7 --ranks 3 --ep 3 --experts 4
 plan_error "--ep-overlap" --chapter 7 --ranks 2 --ep 2 --batch 24 --seq 32 --ep-overlap 385
 plan_error "--ranks: chapter 7's mesh is dp x tp x pp x cp x ep" --chapter 7 --ranks 4 --ep 2
+plan_error "--zero: chapter 7's stages are 0 and 1" --chapter 7 --ranks 2 --dp 2 --zero 2
+plan_error "--zero 1 with the pipeline: chapter 7 does not compose them yet (issue #35)" --chapter 7 --ranks 2 --pp 2 --zero 1
 plan_error "--tp: chapter 7 composes it with --recompute in MoE layers only" --chapter 7 --ranks 2 --tp 2 --moe-every 2 --recompute selective
 plan_error "--batch: each tp rank takes whole sequences" --chapter 7 --ranks 4 --tp 4 --batch 6
 plan_error "--tp: tp must divide the model's heads" --chapter 7 --ranks 3 --tp 3 --batch 6
