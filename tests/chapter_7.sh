@@ -803,7 +803,7 @@ fi
 # tp, the tp slices over dp x cp x ep); reduce-scatter, AdamW on the shard
 # with the global norm, all-gather. E = 1 on dp, dp x cp, dp x tp (with
 # weight decay) and dp = 3 (shards padded) is chapter 0's model; E = 4, k = 2
-# on dp x ep reproduces one rank
+# on dp x ep, dp x tp x ep and dp x cp x ep reproduces one rank
 invariant --norm --val "experts: E=1, k=1 with --zero 1 on dp=2 is chapter 0's dense model" "$INV_FLAGS" 2 chapter-7 "--experts 1 --top-k 1 --dp 2 --zero 1"
 invariant --norm "experts: E=1, k=1 with --zero 1 on dp x cp = 2 x 2 is chapter 0's dense model" "$INV_FLAGS" 4 chapter-7 "--experts 1 --top-k 1 --dp 2 --cp 2 --zero 1"
 invariant --norm "experts: E=1, k=1 with --zero 1 on dp x tp = 2 x 2 with --wd 0.1 is chapter 0's with --wd 0.1" "$INV_FLAGS --wd 0.1" 4 chapter-7 "--experts 1 --top-k 1 --dp 2 --tp 2 --zero 1"
@@ -811,6 +811,10 @@ invariant --norm "experts: E=1, k=1 with --zero 1 on dp=3 (padded shards) is cha
 c7_ckz=$TEST_TMPDIR/c7_ckz
 c7_same "dp=2 x ep=2 with --zero 1" 4 "--dp 2 --ep 2 --zero 1 --ckpt-dir $c7_ckz --save-every 4"
 c7_zfull=$C7_LOG
+# all three groups at once: the tp slices' over dp x ep, the experts' over
+# dp x tp; and the experts over dp x cp (Ulysses)
+c7_same "dp x tp x ep = 2 x 2 x 2 with --zero 1" 8 "--dp 2 --tp 2 --ep 2 --zero 1"
+c7_same "dp x cp x ep = 2 x 2 x 2 (Ulysses) with --zero 1" 8 "--dp 2 --cp 2 --ep 2 --cp-mode ulysses --zero 1"
 # the bytes per rank: the replicated buffer (54,912 floats) over its 4
 # copies, each rank's experts (2 layers x 2 experts x 33,088) over their 2
 # (dp): the moments 2 x 4 x (54912/4 + 132352/2), a quarter and a half of
