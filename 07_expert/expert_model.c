@@ -726,18 +726,18 @@ void expert_model_show_sharding(const ExpertModel* m, int show) {
     ShardTable* t = xcalloc(1, sizeof(ShardTable));
     double f = sizeof(float), shared = (double)m->n_shared, experts = (double)m->n_experts;
     char slice[40];
-    // --zero 1: the moments flat over each buffer's copies (expert_zero.h)
+    // --zero 1: the moments flat over each buffer's copies (m->batch, m->dpcp, m->tp.dpcpep; expert_zero.h)
     const ZeroBuf* z[] = {&m->z[ZERO_SHARED], &m->z[ZERO_EXPERTS], &m->z[ZERO_TP]};  // in the table's order
     shard_table_add(t, "GPT + routers", "", "(-, -)", "(-, -)", m->zero ? "flat/batch" : "(-, -)", "all", f * shared,
                     f * shared, 2 * f * (double)z[0]->S);
     snprintf(slice, sizeof(slice), "experts %d..%d of %d", m->e0, m->e0 + m->E_local - 1, m->cfg.experts);
-    shard_table_add(t, "experts", "(Lm, E, ...)", "(-, ep, -)", "(-, ep, -)", m->zero ? "(-, ep, -) flat/edp" : "(-, ep, -)",
+    shard_table_add(t, "experts", "(Lm, E, ...)", "(-, ep, -)", "(-, ep, -)", m->zero ? "(-, ep, -) flat/dpcp" : "(-, ep, -)",
                     slice, f * experts, f * experts, 2 * f * (double)z[1]->S);
     if (m->tp.tp > 1) {  // qkvw, qkvb by rows (my heads' q, k, v), attprojw by columns
         double sl = (double)m->tp.n;
         snprintf(slice, sizeof(slice), "heads %d..%d of %d", m->tp.rank * m->cfg.gpt.num_heads / m->tp.tp,
                  (m->tp.rank + 1) * m->cfg.gpt.num_heads / m->tp.tp - 1, m->cfg.gpt.num_heads);
-        shard_table_add(t, "qkv, attproj", "(L, ...)", "(-, tp, -)", "(-, tp, -)", m->zero ? "(-, tp, -) flat/edp" : "(-, tp, -)",
+        shard_table_add(t, "qkv, attproj", "(L, ...)", "(-, tp, -)", "(-, tp, -)", m->zero ? "(-, tp, -) flat/dpcpep" : "(-, tp, -)",
                         slice, f * sl, f * sl, 2 * f * (double)z[2]->S);
     }
     double pad = 0, gsh = 0;  // --zero 1: each buffer's padding to N S and its gradient shard
