@@ -194,7 +194,7 @@ void expert_embed_backward(ExpertModel* m) {
 int expert_run_start(Run* run, ExpertFlags* fl, int argc, char** argv) {
     *fl = (ExpertFlags){.experts = 4, .top_k = 2, .hidden = 0, .moe_every = 1, .ep_overlap = 1, .aux_coef = 0.01f,
                         .capacity = 0.0f, .cp_mode_name = "ring", .cp_balance_name = "none", .schedule = "1f1b",
-                        .microbatches = ARG_NOT_GIVEN, .virtual_chunks = 1};
+                        .microbatches = ARG_NOT_GIVEN, .virtual_chunks = 1, .zero = 0};
     ArgSpec extra[] = {
         {"experts", ARG_INT, &fl->experts, "experts per MoE layer, E  [4]"},
         {"top-k", ARG_INT, &fl->top_k, "experts per token, k  [2]"},
@@ -212,6 +212,8 @@ int expert_run_start(Run* run, ExpertFlags* fl, int argc, char** argv) {
         {"microbatches", ARG_INT, &fl->microbatches,
          "a rank's share of the batch in m microbatches, gradients accumulated (the pipeline's; also at pp 1)  [pp]"},
         {"virtual", ARG_INT, &fl->virtual_chunks, "chunks (virtual stages) per pp rank, --schedule interleaved only  [1]"},
+        {"zero", ARG_INT, &fl->zero,
+         "ZeRO stage over each buffer's copies: 0 none, 1 the AdamW moments sharded (expert_zero.h)  [0]"},
     };
     train_config_reader = expert_read_gpt_config;  // --model FILE is an MoE file (moe.h)
     return run_start(run, argc, argv, "build/chapter-7",
@@ -304,6 +306,7 @@ MoeConfig expert_config(const Run* run, ExpertFlags* f) {
         fail_all("--tp %d: chapter 7 composes tensor parallelism with --recompute in MoE layers, but not yet in a "
                  "dense layer (--moe-every %d; issue #35's remaining work): use --recompute none or --moe-every 1",
                  tp, cfg.moe_every);
+    expert_zero_check(f->zero, run->mesh.size[AXIS_PP] > 1 || f->microbatches != ARG_NOT_GIVEN || f->virtual_chunks != 1);
     return cfg;
 }
 
@@ -395,15 +398,12 @@ void expert_model_create_part(ExpertModel* m, const MoeConfig* cfg, const Expert
     m->R = N * m->ep * (k < m->E_local ? k : m->E_local);
     m->n_shared = moe_num_shared(&m->cfg);
     m->n_experts = (size_t)Lm * m->E_local * moe_expert_numel(cfg);
-    m->shared = mem_alloc_floats(m->n_shared, MEM_PARAMS);
-    m->experts = mem_alloc_floats(m->n_experts, MEM_PARAMS);
-    m->dshared = mem_alloc_floats(m->n_shared, MEM_GRADS);
-    m->dexperts = mem_alloc_floats(m->n_experts, MEM_GRADS);
-    m->m_s = mem_alloc_floats(m->n_shared, MEM_OPTIMIZER);
-    m->v_s = mem_alloc_floats(m->n_shared, MEM_OPTIMIZER);
-    m->m_e = mem_alloc_floats(m->n_experts, MEM_OPTIMIZER);
-    m->v_e = mem_alloc_floats(m->n_experts, MEM_OPTIMIZER);
+    // parameters, gradients, moments; --zero 1: the moments sharded over the copies
+    m->zero = flags->zero;
+    expert_zero_alloc(&m->z[ZERO_SHARED], m->zero, &m->batch, m->n_shared, &m->shared, &m->dshared, &m->m_s, &m->v_s);
+    expert_zero_alloc(&m->z[ZERO_EXPERTS], m->zero, m->dpcp, m->n_experts, &m->experts, &m->dexperts, &m->m_e, &m->v_e);
     expert_tp_create(m, run);  // --tp: my slices of the split tensors, the all-gather buffers
+    m->nz = ntp > 1 ? 3 : 2;
     float* host = xmalloc((m->n_shared > m->n_experts ? m->n_shared : m->n_experts) * sizeof(float));
     moe_init_shared(host, &m->cfg, seed);  // with --tp without qkvw, qkvb, attprojw: my slices next
     mem_to_device(m->shared, host, m->n_shared * sizeof(float));
@@ -486,6 +486,7 @@ void expert_model_free(ExpertModel* m) {
     free(m->routed);
     expert_cp_free(m);
     expert_tp_free(m);
+    expert_zero_free(&m->z[ZERO_SHARED]), expert_zero_free(&m->z[ZERO_EXPERTS]), expert_zero_free(&m->z[ZERO_TP]);
     if (m->dpcp == &m->dpcp_own) comm_destroy_group(&m->dpcp_own);
     comm_destroy_group(&m->batch);
 }
@@ -504,6 +505,11 @@ void expert_print_setup(const ExpertModel* m, const Run* run) {
         print0("tensor parallelism: tp=%d with sequence parallelism: each rank holds %d of its tp group's %d sequences "
                "and %d of the %d heads (1/%d of qkvw, qkvb, attprojw); the experts whole on every tp rank\n",
                m->tp.tp, m->B, m->B * m->tp.tp, c->gpt.num_heads / m->tp.tp, c->gpt.num_heads, m->tp.tp);
+    if (m->zero)  // --zero 1 (expert_zero.h)
+        print0("ZeRO-1: the AdamW moments sharded over each buffer's copies: the replicated parameters over %d "
+               "ranks, the experts over %d%s; %zu floats of moments a rank\n", m->z[ZERO_SHARED].g->size,
+               m->z[ZERO_EXPERTS].g->size, m->nz > 2 ? ", the tp slices over the dp x cp x ep ranks" : "",
+               2 * (m->z[ZERO_SHARED].S + m->z[ZERO_EXPERTS].S + (m->nz > 2 ? m->z[ZERO_TP].S : 0)));
     const CPShard* sh = &m->cp.sh;
     if (sh->cp > 1)
         print0("context parallelism: cp=%d, %s, balance %s: each rank holds %d of the %d positions of its %d sequences "
@@ -631,7 +637,7 @@ void expert_model_ckpt(Ckpt* ck, ExpertModel* m) {
     size_t per = (m->n_shared + m->ep - 1) / m->ep, lo = (size_t)m->epc->rank * per;
     if (lo > m->n_shared) lo = m->n_shared;
     size_t n = m->n_shared - lo < per ? m->n_shared - lo : per;
-    for (int k = 0; k < CKPT_NUM_KINDS; k++) {
+    for (int k = 0; k < (m->zero ? 1 : CKPT_NUM_KINDS); k++) {  // --zero 1: the moments' shards below
         if (m->dpcp->rank == 0) {
             moe_ckpt_add_shared(&ck->own, &m->cfg, (CkptKind)k, lo, n, shared[k] + lo);
             moe_ckpt_add_experts(&ck->own, &m->cfg, (CkptKind)k, m->e0, m->E_local, experts[k]);
@@ -644,6 +650,19 @@ void expert_model_ckpt(Ckpt* ck, ExpertModel* m) {
                 moe_ckpt_add_attn_tp(&ck->own, &m->cfg, (CkptKind)k, m->tp.tp, m->tp.rank, slices[k]);
             moe_ckpt_add_attn_tp(&ck->need, &m->cfg, (CkptKind)k, m->tp.tp, m->tp.rank, slices[k]);
         }
+    }
+    // --zero 1: the moments are sharded over each buffer's copies, every
+    // rank's shard its own: each rank writes and reads its shard, as slices
+    // of the same global tensors (so any mesh and stage resumes)
+    for (int b = 0; m->zero && b < m->nz; b++) {
+        CkptList full = {0};  // the whole buffer's parameters, as slices of the global tensors
+        const ZeroBuf* z = &m->z[b];
+        if (b == ZERO_SHARED) moe_ckpt_add_shared(&full, &m->cfg, CKPT_PARAMS, 0, m->n_shared, z->params);
+        if (b == ZERO_EXPERTS) moe_ckpt_add_experts(&full, &m->cfg, CKPT_PARAMS, m->e0, m->E_local, z->params);
+        if (b == ZERO_TP) moe_ckpt_add_attn_tp(&full, &m->cfg, CKPT_PARAMS, m->tp.tp, m->tp.rank, z->params);
+        expert_zero_ckpt_add(&ck->own, &full, z->params, z, z->m, z->v);
+        expert_zero_ckpt_add(&ck->need, &full, z->params, z, z->m, z->v);
+        ckpt_list_free(&full);
     }
 }
 
@@ -672,6 +691,7 @@ void expert_report(const ExpertModel* m, const ExpertFlags* fl, const TrainLoop*
     double per_step = trained > 0 ? a2a.bytes / m->batch.size / trained : 0.0;
     print0("dispatch and combine: %.0f bytes sent per rank per step in all-to-all-v (mean over ranks), %ld token-slots dropped\n",
            per_step, m->dropped_total);
+    json_add_int(extra, "zero", m->zero);  // --zero: 0, or 1 (expert_zero.h)
     json_add_int(extra, "experts", fl->experts);
     json_add_int(extra, "top_k", fl->top_k);
     json_add_int(extra, "expert_hidden", m->cfg.hidden);
@@ -703,17 +723,25 @@ void expert_model_show_sharding(const ExpertModel* m, int show) {
     ShardTable* t = xcalloc(1, sizeof(ShardTable));
     double f = sizeof(float), shared = (double)m->n_shared, experts = (double)m->n_experts;
     char slice[40];
-    shard_table_add(t, "GPT + routers", "", "(-, -)", "(-, -)", "(-, -)", "all", f * shared, f * shared,
-                    2 * f * shared);
+    // --zero 1: the moments flat over each buffer's copies (m->batch, m->dpcp, m->tp.dpcpep; expert_zero.h)
+    const ZeroBuf* z[] = {&m->z[ZERO_SHARED], &m->z[ZERO_EXPERTS], &m->z[ZERO_TP]};  // in the table's order
+    shard_table_add(t, "GPT + routers", "", "(-, -)", "(-, -)", m->zero ? "flat/batch" : "(-, -)", "all", f * shared,
+                    f * shared, 2 * f * (double)z[0]->S);
     snprintf(slice, sizeof(slice), "experts %d..%d of %d", m->e0, m->e0 + m->E_local - 1, m->cfg.experts);
-    shard_table_add(t, "experts", "(Lm, E, ...)", "(-, ep, -)", "(-, ep, -)", "(-, ep, -)", slice, f * experts,
-                    f * experts, 2 * f * experts);
+    shard_table_add(t, "experts", "(Lm, E, ...)", "(-, ep, -)", "(-, ep, -)", m->zero ? "(-, ep, -) flat/dpcp" : "(-, ep, -)",
+                    slice, f * experts, f * experts, 2 * f * (double)z[1]->S);
     if (m->tp.tp > 1) {  // qkvw, qkvb by rows (my heads' q, k, v), attprojw by columns
         double sl = (double)m->tp.n;
         snprintf(slice, sizeof(slice), "heads %d..%d of %d", m->tp.rank * m->cfg.gpt.num_heads / m->tp.tp,
                  (m->tp.rank + 1) * m->cfg.gpt.num_heads / m->tp.tp - 1, m->cfg.gpt.num_heads);
-        shard_table_add(t, "qkv, attproj", "(L, ...)", "(-, tp, -)", "(-, tp, -)", "(-, tp, -)", slice,
-                        f * sl, f * sl, 2 * f * sl);
+        shard_table_add(t, "qkv, attproj", "(L, ...)", "(-, tp, -)", "(-, tp, -)", m->zero ? "(-, tp, -) flat/dpcpep" : "(-, tp, -)",
+                        slice, f * sl, f * sl, 2 * f * (double)z[2]->S);
+    }
+    double pad = 0, gsh = 0;  // --zero 1: each buffer's padding to N S and its gradient shard
+    for (int b = 0; m->zero && b < m->nz; b++) pad += (double)(z[b]->full - z[b]->n), gsh += (double)z[b]->S;
+    if (m->zero) {
+        shard_table_add(t, "ZeRO padding", "", "tails", "tails", NULL, "", f * pad, f * pad, 0);
+        shard_table_add(t, "ZeRO grad shard", "", NULL, "flat", NULL, "mine", 0, f * gsh, 0);
     }
     char title[64];
     snprintf(title, sizeof(title), "chapter 7, ep=%d, dp=%d, tp=%d", m->ep, m->dp->size, m->tp.tp);

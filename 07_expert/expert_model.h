@@ -16,6 +16,7 @@
 #include "ckpt.h"
 #include "comm.h"
 #include "context.h"  // chapter 6's CPMode, CPBalance, cp_parse_flags
+#include "expert_zero.h"  // --zero 1: ZeroBuf
 #include "moe.h"
 #include "ring.h"     // chapter 6's CPShard and ring attention's compute
 #include "train.h"
@@ -109,6 +110,11 @@ typedef struct {
     size_t n_shared, n_experts;
     float *shared, *dshared, *m_s, *v_s;
     float *experts, *dexperts, *m_e, *v_e;
+    // --zero 1 (expert_zero.h): each buffer's moments sharded over the group
+    // of its copies (batch, dpcp, tp.dpcpep); zero 0: every rank all of them
+    // (the experts first: the norm sums them first, as without --zero)
+    int zero, nz;  // nz: the buffers, 2, or 3 with --tp
+    ZeroBuf z[3];  // [ZERO_EXPERTS], [ZERO_SHARED], [ZERO_TP]
     // activations: the GPT's (embedding, the blocks' attention halves and
     // dense MLPs as --recompute keeps them, head, scratch, dres, token ids)
     // and each MoE layer's own
@@ -150,6 +156,7 @@ typedef struct {
     // ARG_NOT_GIVEN: pp (and no pipeline at pp = 1)
     const char* schedule;
     int microbatches, virtual_chunks;
+    int zero;  // --zero: 0, or 1 the AdamW moments sharded (expert_zero.h)
 } ExpertFlags;
 
 // The chapter's flags (the table is in expert_model.c) and run_start (the

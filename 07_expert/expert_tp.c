@@ -236,10 +236,7 @@ void expert_tp_create(ExpertModel* m, const Run* run) {
     t->dpcpep = &t->dpcpep_own;
     const int C = m->cfg.gpt.channels;
     t->n = (size_t)m->cfg.gpt.num_layers * moe_attn_tp_numel(C, t->tp);
-    t->w = mem_alloc_floats(t->n, MEM_PARAMS);
-    t->dw = mem_alloc_floats(t->n, MEM_GRADS);
-    t->m = mem_alloc_floats(t->n, MEM_OPTIMIZER);
-    t->v = mem_alloc_floats(t->n, MEM_OPTIMIZER);
+    expert_zero_alloc(&m->z[ZERO_TP], m->zero, t->dpcpep, t->n, &t->w, &t->dw, &t->m, &t->v);  // --zero 1: sharded moments
     t->full = mem_alloc_floats((size_t)m->N * t->tp * C, MEM_ACTIVATIONS);
     t->dfull = mem_alloc_floats((size_t)m->N * t->tp * C, MEM_ACTIVATIONS);
 }

@@ -10,11 +10,11 @@
 //   mpirun -np 4 build/chapter-7 --dp 2 --ep 2 --experts 4 --top-k 2
 //
 // --cp N: chapter 6's context parallelism; a share's cp ranks hold T/cp
-// positions of its sequences and attention meets the others' keys and values
-// (expert_cp.c). The rest is per token: a token is routed where it lives.
-// --tp N: tensor parallelism with sequence parallelism: a tp rank holds B/tp
-// of a share's sequences, attention is split by heads (expert_tp.c).
-// --pp N: chapter 5's stages run this forward and backward, tp cp ep dp inside (expert_pipe.c).
+// positions of its sequences, attention meets the others' keys and values
+// (expert_cp.c); the rest is per token. --tp N: tensor parallelism with
+// sequence parallelism: a tp rank holds B/tp of a share's sequences,
+// attention is split by heads (expert_tp.c). --pp N: chapter 5's stages run
+// this forward and backward, tp, cp, ep and dp inside (expert_pipe.c).
 //
 // One MoE layer, forward, in the order of moe_layer_forward below:
 //   1. route      router logits -> softmax -> top-k experts and gates
@@ -24,8 +24,9 @@
 //   4. experts    the received rows, grouped by expert, through each expert
 //   5. combine    all-to-all-v the outputs back, sum them weighted by the gates
 // 3-5 go in chunks of the tokens (--ep-overlap), pipelined; backward runs
-// the two exchanges in reverse (moe_layer_backward). Gradients go to
-// three groups (reduce_gradients). Buffers, files, flags: expert_model.c.
+// the two exchanges in reverse (moe_layer_backward). Gradients go to three
+// groups (reduce_gradients; --zero 1 shards the AdamW moments over each,
+// expert_zero.h). Buffers, files, flags: expert_model.c.
 #include <stdlib.h>
 
 #include "memory.h"
@@ -70,10 +71,7 @@ static void balance_loss(ExpertModel* m, MoeLayer* L, int layer_index) {
     }
     mem_to_device(L->aux_dprobs, aux_host, (size_t)E * sizeof(float));
     if (m->record) m->aux += aux;
-    free(aux_host);
-    free(probs);
-    free(psum);
-    free(cnt);
+    free(aux_host), free(probs), free(psum), free(cnt);
     // END EXERCISE 1
 }
 
@@ -112,8 +110,7 @@ static long plan_capacity(ExpertModel* m, MoeLayer* L) {
         }
     }
     MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, &dropped, 1, MPI_LONG, MPI_SUM, m->batch.mpi));
-    free(cnt);
-    free(blk);
+    free(cnt), free(blk);
     return dropped;
     // END EXERCISE 2
 }
@@ -181,7 +178,6 @@ static void plan_dispatch(ExpertModel* m, MoeLayer* L, int layer_index) {
 }
 
 // ---------------------------------------------------------------- 3-5. the MoE layer, in chunks
-//
 // --ep-overlap n cuts each exchange into n chunks of the layer's tokens, so
 // that the experts work on one chunk while the next one travels:
 //
@@ -338,8 +334,7 @@ static void model_backward(ExpertModel* m) {
     for (int l = g->num_layers - 1; l >= 0; l--) {
         if (moe_is_moe_layer(&m->cfg, l)) {
             moe_layer_backward(m, l, gpt_acts_block_input(&m->acts, g, l, B, T));
-        } else {
-            // a dense layer: the GPT's block, recomputed as model.h says
+        } else {  // a dense layer: the GPT's block, recomputed as model.h says
             BlockParams p = expert_block_params(m, l), gp = expert_block_grads(m, l);
             expert_dense_backward(m, l, &p, &gp);
         }
@@ -355,6 +350,11 @@ static void model_backward(ExpertModel* m) {
 // dp, cp, tp ranks the others: the sum over dp x cp x tp. A tp slice saw its
 // tp group's tokens: the sum over dp x cp x ep. Sums scale by 1/(dp cp ep tp).
 static void reduce_gradients(ExpertModel* m) {
+    for (ZeroBuf* z = m->z; m->zero && z < m->z + m->nz; z++) {  // --zero 1: each rank receives its shard only
+        comm_reduce_scatter(z->g, z->grads, z->dshard, z->S, COMM_SUM);
+        ops_scale(z->dshard, z->S, 1.0f / (float)m->batch.size);
+    }
+    if (m->zero) return;
     // EXERCISE 4: the two gradient groups: the replicated parameters' mean over dp x cp x ep, the experts' over dp x cp only, scaled for the global mean
     comm_allreduce(&m->batch, m->dshared, m->n_shared, COMM_AVG);
     comm_allreduce(m->dpcp, m->dexperts, m->n_experts, COMM_SUM);
@@ -366,26 +366,30 @@ static void reduce_gradients(ExpertModel* m) {
     }
 }
 
-// The global norm: each gradient once, summed over ep and dp x cp x tp.
+// The global norm: each gradient once, summed over ep and dp x cp x tp (the
+// first copy's, or with --zero every rank's shard). AdamW steps each buffer
+// whole, or (--zero 1) my shard; an all-gather brings every copy the shards.
 static float clip_and_step(ExpertModel* m, const TrainArgs* args, int step) {
     double* mine = train_sumsq_begin();  // on the device, read once by train_global_norm
-    if (m->dpcp->rank == 0) grad_sumsq(mine, m->dexperts, m->n_experts);
-    if (m->epc->rank == 0 && m->dpcp->rank == 0) grad_sumsq(mine, m->dshared, m->n_shared);
-    if (m->tp.tp > 1 && m->tp.dpcpep->rank == 0) grad_sumsq(mine, m->tp.dw, m->tp.n);
+    for (ZeroBuf* z = m->z; z < m->z + m->nz; z++)  // the experts, the replicated buffer, the tp slices
+        if (m->zero || z->g->rank == 0) grad_sumsq(mine, z->dshard, z->S);
     const Comm* groups[] = {m->epc, m->dpcp};
     double norm = train_global_norm(mine, groups, 2);
     float scale = grad_clip_scale(norm, args->clip);
     AdamWConfig ac = train_adamw(args);
     double t0 = trace_start();
-    adamw_update(m->shared, m->dshared, m->m_s, m->v_s, m->n_shared, ac, step + 1, scale);
-    adamw_update(m->experts, m->dexperts, m->m_e, m->v_e, m->n_experts, ac, step + 1, scale);
-    if (m->tp.tp > 1) adamw_update(m->tp.w, m->tp.dw, m->tp.m, m->tp.v, m->tp.n, ac, step + 1, scale);
+    for (ZeroBuf* z = m->z; z < m->z + m->nz; z++)
+        adamw_update(z->params + z->off, z->dshard, z->m, z->v, z->S, ac, step + 1, scale);
     trace_compute(t0, "optimizer");
+    for (ZeroBuf* z = m->z; m->zero && z < m->z + m->nz; z++)  // the updated shards to every copy, in place
+        comm_allgather(z->g, z->params + z->off, z->params, z->S);
     return (float)norm;
 }
 
 // ---------------------------------------------------------------- validation
 
+// Validation: every rank its own sequences, as in training; the routing
+// statistics count training steps only.
 static float forward_for_val(void* ctx, const int* inputs, const int* targets) {
     ExpertModel* m = ctx;
     m->record = 0;
@@ -393,9 +397,6 @@ static float forward_for_val(void* ctx, const int* inputs, const int* targets) {
     m->record = 1;
     return loss;
 }
-
-// Validation: every rank its own sequences, as in training; the routing
-// statistics count training steps only.
 static float val_loss(void* ctx, const TrainSetup* setup, int n_batches) {
     ExpertModel* m = ctx;
     return train_val_loss_with(setup, n_batches, forward_for_val, m, m->share * m->B, m->B, m->B, &m->batch);
@@ -408,14 +409,13 @@ int main(int argc, char** argv) {
     Run run;
     if (!expert_run_start(&run, &fl, argc, argv)) return 0;
     const TrainArgs* args = &run.args;
-    const TrainSetup* setup = &run.setup;
     MoeConfig cfg = expert_config(&run, &fl);  // the flags or --model FILE's, checked against the mesh
     if (expert_pipe_wanted(&run, &fl)) return expert_pipe_train(&run, &fl, &cfg, model_forward, model_backward);
     ExpertModel model;  // my experts, the replicated rest, my share of the batch
     expert_model_create(&model, &cfg, &fl, &run);
     expert_model_show_sharding(&model, run.args.show_sharding);  // --show-sharding
     expert_print_setup(&model, &run);
-    int B = setup->B, T = setup->T, per_rank = model.B;
+    int B = run.setup.B, T = run.setup.T, per_rank = model.B;
     Ckpt ck;  // --ckpt-dir, --resume: this rank's slices, from whatever mesh saved them
     expert_ckpt_open(&ck, &model, &run);
     TrainLoop loop;
@@ -423,7 +423,7 @@ int main(int argc, char** argv) {
         .chapter = 7, .num_params = expert_total_params(&model), .flops_per_token = moe_flops_per_token(&cfg, T),
         .rows = per_rank, .val_loss = val_loss, .ctx = &model, .ckpt = &ck});
     for (int step = loop.start; step < loop.steps; step++) {
-        data_batch(&setup->train, step, B, T, model.share * per_rank, per_rank, loop.inputs, loop.targets);
+        data_batch(&run.setup.train, step, B, T, model.share * per_rank, per_rank, loop.inputs, loop.targets);
         // forward: per MoE layer route, plan, dispatch, experts, combine
         float my_loss = model_forward(&model, loop.inputs, loop.targets);
         mem_zero(model.dshared, model.n_shared * sizeof(float));

@@ -10,9 +10,12 @@
 # drops and --recompute, and checkpoints across the compositions (E = 1's
 # resumed by chapter 0); and with --tp (tensor parallelism with sequence
 # parallelism) on tp, dp x tp, tp x cp, ep x tp and dp x tp x ep meshes, with
-# checkpoints across tp; and every axis at once: --tp inside --pp's stages
+# checkpoints across tp; every axis at once: --tp inside --pp's stages
 # with dp, cp and ep (8 and 16 ranks), its checkpoint resumed by chapter 0
-# and on another composition, --recompute, --save and --sample. (The router, gating, auxiliary loss, dispatch and combine
+# and on another composition, --recompute, --save and --sample; and with
+# --zero 1 (the AdamW moments sharded over each buffer's copies) on dp,
+# dp x cp, dp x tp, dp x ep, its bytes and its checkpoint across meshes and
+# stages. (The router, gating, auxiliary loss, dispatch and combine
 # ops are checked against finite differences in tests/test_ops.c, the whole
 # MoE model on one rank in tests/test_moe.c.)
 . "$(dirname "$0")/lib.sh"
@@ -866,6 +869,59 @@ if [ $RC = 0 ] && [ -n "$s0" ] && [ "$s10" = "$s0" ]; then
 else
     fail "experts: --sample on tp x pp" "exit $RC; '$s10' vs chapter 0 '$s0'"
 fi
+# --zero 1 (ZeRO over the data-parallel groups, 07_expert/expert_zero.h):
+# each buffer's AdamW moments sharded over the ranks that hold its copies
+# (the replicated buffer over dp x cp x ep x tp, the experts over dp x cp x
+# tp, the tp slices over dp x cp x ep); reduce-scatter, AdamW on the shard
+# with the global norm, all-gather. E = 1 on dp, dp x cp, dp x tp (with
+# weight decay) and dp = 3 (shards padded) is chapter 0's model; E = 4, k = 2
+# on dp x ep, dp x tp x ep and dp x cp x ep reproduces one rank
+invariant --norm --val "experts: E=1, k=1 with --zero 1 on dp=2 is chapter 0's dense model" "$INV_FLAGS" 2 chapter-7 "--experts 1 --top-k 1 --dp 2 --zero 1"
+invariant --norm "experts: E=1, k=1 with --zero 1 on dp x cp = 2 x 2 is chapter 0's dense model" "$INV_FLAGS" 4 chapter-7 "--experts 1 --top-k 1 --dp 2 --cp 2 --zero 1"
+invariant --norm "experts: E=1, k=1 with --zero 1 on dp x tp = 2 x 2 with --wd 0.1 is chapter 0's with --wd 0.1" "$INV_FLAGS --wd 0.1" 4 chapter-7 "--experts 1 --top-k 1 --dp 2 --tp 2 --zero 1"
+invariant --norm "experts: E=1, k=1 with --zero 1 on dp=3 (padded shards) is chapter 0's dense model" "$INV_FLAGS" 3 chapter-7 "--experts 1 --top-k 1 --dp 3 --zero 1"
+c7_ckz=$TEST_TMPDIR/c7_ckz
+c7_same "dp=2 x ep=2 with --zero 1" 4 "--dp 2 --ep 2 --zero 1 --ckpt-dir $c7_ckz --save-every 4"
+c7_zfull=$C7_LOG
+# all three groups at once: the tp slices' over dp x ep, the experts' over
+# dp x tp; and the experts over dp x cp (Ulysses)
+c7_same "dp x tp x ep = 2 x 2 x 2 with --zero 1" 8 "--dp 2 --tp 2 --ep 2 --zero 1"
+c7_same "dp x cp x ep = 2 x 2 x 2 (Ulysses) with --zero 1" 8 "--dp 2 --cp 2 --ep 2 --cp-mode ulysses --zero 1"
+# the bytes per rank: the replicated buffer (54,912 floats) over its 4
+# copies, each rank's experts (2 layers x 2 experts x 33,088) over their 2
+# (dp): the moments 2 x 4 x (54912/4 + 132352/2), a quarter and a half of
+# --zero 0's; parameters as without --zero (no padding: both divide), the
+# gradients those plus the reduced shard
+c7_zo=$((2 * 4 * (54912 / 4 + 132352 / 2))) c7_zp=$((4 * (54912 + 132352)))
+c7_zg=$((c7_zp + 4 * (54912 / 4 + 132352 / 2)))
+if grep '"type":"summary"' "$c7_zfull" | grep -qF "\"peak_bytes\":{\"params\":[$c7_zp,$c7_zp,$c7_zp,$c7_zp],\"grads\":[$c7_zg,$c7_zg,$c7_zg,$c7_zg],\"optimizer\":[$c7_zo,$c7_zo,$c7_zo,$c7_zo]" &&
+    grep '"type":"summary"' "$c7_zfull" | grep -qF '"zero":1,' && grep '"type":"summary"' "$c7_full" | grep -qF '"zero":0,' &&
+    grep '"type":"summary"' "$c7_full" | grep -qF "\"optimizer\":[$((2 * c7_zp)),"; then
+    pass "experts: --zero 1 on dp x ep = 2 x 2 holds $c7_zo optimizer bytes per rank (replicated / 4 + experts / 2) instead of $((2 * c7_zp)), $c7_zp of parameters, $c7_zg of gradients (+ the shard)"
+else
+    fail "experts: --zero 1 memory" "want $c7_zp, $c7_zg, $c7_zo; $(grep -o '"peak_bytes":{"params":[^}]*' "$c7_zfull")"
+fi
+# its checkpoint registers the moment shards as slices of the global
+# tensors: resumed on the same mesh the same bits; on ep = 4 without --zero
+# (another mesh and stage) within the invariant's tolerance
+mpi_run $T_RUN 4 "$BUILD/chapter-7" $c7_flags --dp 2 --ep 2 --zero 1 --resume "$c7_ckz/step-00000004" --log "$TEST_TMPDIR/c7_zres.jsonl"
+a=$(c7_tail "$c7_zfull" 4) b=$(c7_tail "$TEST_TMPDIR/c7_zres.jsonl" 0)
+if [ $RC = 0 ] && echo "$OUT" | grep -q "checkpoint: resumed from" && [ -n "$a" ] && [ "$a" = "$b" ] &&
+    [ "$(echo "$b" | wc -l)" = $((INV_STEPS - 4)) ]; then
+    pass "experts: --zero 1 on dp x ep = 2 x 2 resumed at step 4 repeats steps 4..$((INV_STEPS - 1)) bit for bit"
+else
+    fail "experts: --zero 1 resume on dp x ep = 2 x 2" "exit $RC; $(diff <(echo "$a") <(echo "$b") | head -4); $(echo "$OUT" | grep -E 'error|resumed' | head -2)"
+fi
+mpi_run $T_RUN 4 "$BUILD/chapter-7" $c7_flags --ep 4 --resume "$c7_ckz/step-00000004" --log "$TEST_TMPDIR/c7_zres4.jsonl"
+c7_tail "$c7_zfull" 4 >"$TEST_TMPDIR/c7_ztail4.jsonl"
+a=""
+if [ $RC = 0 ] && echo "$OUT" | grep -q "checkpoint: resumed from" &&
+    a=$(bash tests/compare_routing.sh "$TEST_TMPDIR/c7_ztail4.jsonl" "$TEST_TMPDIR/c7_zres4.jsonl" $TOL $TOL_NORM 2>&1); then
+    pass "experts: the --zero 1 checkpoint of dp x ep = 2 x 2 resumes on ep=4 without --zero and continues its run ($a)"
+else
+    fail "experts: a --zero 1 checkpoint on ep=4" "exit $RC; $a; $(echo "$OUT" | grep -E 'error' | head -3)"
+fi
+
 ref_checkpoint
 jobs_run error_case chapter-7 1 "--model $CKPT" "a dense llm.c file has no router and no experts"
 # sizes bounded by the machine and the model before any product is formed
@@ -912,6 +968,12 @@ jobs_run error_case chapter-7 2 "--pp 2 --virtual 2 --schedule interleaved" "do 
 jobs_run error_case chapter-7 2 "--pp 2 --virtual 2" "--virtual 2 needs --schedule interleaved"
 jobs_run error_case chapter-7 2 "--pp 2 --schedule fast" "--schedule fast is not one of gpipe, 1f1b, interleaved, zb"
 jobs_run error_case chapter-7 2 "--pp 2 --model tiny6 --moe-every 2" "--moe-every 2 with 3 layers per stage: a stage must start at a multiple of 2"
+# --zero: stage 1 only, and not with the pipeline, yet (issue #35)
+jobs_run error_case chapter-7 2 "--dp 2 --zero 2" "--zero 2: chapter 7 shards the AdamW moments (--zero 1) but not yet the gradients"
+jobs_run error_case chapter-7 2 "--dp 2 --zero 3" "(issue #35): use --zero 1"
+jobs_run error_case chapter-7 2 "--dp 2 --zero -1" "--zero -1: the stages here are 0 (none) and 1"
+jobs_run error_case chapter-7 4 "--dp 2 --pp 2 --zero 1" "--zero 1 with --pp, --microbatches or --virtual: chapter 7's pipeline keeps whole AdamW moments (issue #35)"
+jobs_run help_case chapter-7 "--zero"
 jobs_run help_case chapter-7 "--microbatches"
 jobs_run help_case chapter-7 "--cp-mode"
 jobs_run help_case chapter-7 "--capacity-factor"

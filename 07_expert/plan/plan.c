@@ -435,7 +435,7 @@ int main(int argc, char** argv) {
     a.dp_mode = "overlapped";
     a.bucket_kb = 1024;
     a.accum = 1;
-    a.zero = 3;
+    a.zero = ARG_NOT_GIVEN;  // 3 (chapters 3, 4), 0 (chapter 7)
     a.prefetch = 1;
     a.reshard = 1;
     a.schedule = "1f1b";
@@ -472,7 +472,7 @@ int main(int argc, char** argv) {
         {"dp-mode", ARG_STRING, &a.dp_mode, "(chapter 2) naive | bucketed | overlapped | ps  [overlapped]"},
         {"bucket-kb", ARG_INT, &a.bucket_kb, "(chapter 2)  [1024]"},
         {"grad-accum", ARG_INT, &a.accum, "(chapter 2)  [1]"},
-        {"zero", ARG_INT, &a.zero, "(chapters 3, 4) 1 | 2 | 3  [3]"},
+        {"zero", ARG_INT, &a.zero, "(chapters 3, 4) 1 | 2 | 3  [3]; (chapter 7) 0 | 1  [0]"},
         {"prefetch", ARG_INT, &a.prefetch, "(chapter 3) 0 | 1  [1]"},
         {"reshard", ARG_INT, &a.reshard, "(chapter 3) 0 | 1  [1]"},
         {"schedule", ARG_STRING, &a.schedule, "(chapters 5, 7) gpipe | 1f1b | interleaved | zb  [1f1b]"},
@@ -498,6 +498,7 @@ int main(int argc, char** argv) {
     const char* bad = args_parse_only(argc, argv, flags, n_flags, msg, sizeof(msg));
     if (bad && !strcmp(bad, "help")) help = 1, bad = NULL;
     if (bad) die("%s", bad);
+    if (a.zero == ARG_NOT_GIVEN) a.zero = a.chapter == 7 ? 0 : 3;
     if (help) {
         args_usage("build/plan",
                    "Predicts a chapter's run: peak bytes per rank and category, bytes per collective and axis\n"

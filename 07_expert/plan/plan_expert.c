@@ -22,6 +22,7 @@
 // embedding's tables where it uses them, one microbatch's activations per
 // slot and the slots a chunk's list holds at once; the send buffers are
 // chapter 5's range (plan_pipeline.c).
+#include <math.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -79,6 +80,8 @@ const char* plan_check_expert(const PlanArgs* a, PlanInfo* info, char* msg, size
     MoeConfig c = moe_of(a);
     const char* bad = moe_config_problem(&c);
     if (bad) return snprintf(msg, len, "%s", bad), msg;
+    if (a->zero != 0 && a->zero != 1) return "--zero: chapter 7's stages are 0 and 1 (2 and 3: issue #35)";
+    if (a->zero && pipelined(a)) return "--zero 1 with the pipeline: chapter 7 does not compose them yet (issue #35)";
     if (a->experts % nep) return "--ep: the experts must split over ep";
     if (a->capacity < 0) return "--capacity-factor must be >= 0";
     if (a->B % (ndp * nep)) return "--batch: the batch must split over dp x ep";
@@ -266,9 +269,18 @@ void plan_chapter_7(const PlanArgs* a, RankPlan* p, int r) {
     ct.tp = ntp;
     double shared = (double)moe_num_shared(&ct), experts = (double)Lm * El * moe_expert_numel(&c);
     double slices = ntp > 1 ? (double)g->num_layers * moe_attn_tp_numel(C, ntp) : 0.0;
-    p->peak[MEM_PARAMS] = f * (shared + experts + slices);
-    p->peak[MEM_GRADS] = f * (shared + experts + slices);
-    p->peak[MEM_OPTIMIZER] = 2 * f * (shared + experts + slices);
+    // --zero 1 (expert_zero.h): each buffer of n floats over its N copies:
+    // S = ceil(n / N) of the moments, the parameters and gradient padded to
+    // N S, and a gradient shard of S
+    int ndup[3] = {a->zero ? ndp * ncp * nep * ntp : 1, a->zero ? ndp * ncp * ntp : 1, a->zero ? ndp * ncp * nep : 1};
+    double nbuf[3] = {shared, experts, slices}, full = 0, shard = 0;
+    for (int b = 0; b < 3; b++) {
+        double S = ceil(nbuf[b] / ndup[b]);
+        full += ndup[b] * S, shard += S;
+    }
+    p->peak[MEM_PARAMS] = f * full;
+    p->peak[MEM_GRADS] = f * (full + (a->zero ? shard : 0));
+    p->peak[MEM_OPTIMIZER] = 2 * f * shard;
     // the GPT's activations, then each MoE layer's own (one for --recompute
     // full: every layer runs again before its backward), the fch_gelu and
     // send buffers selective shares, and what every MoE layer shares
@@ -352,20 +364,36 @@ void plan_chapter_7(const PlanArgs* a, RankPlan* p, int r) {
     comm_group_slot_name(&mesh, (1u << AXIS_DP) | with_cp | (1u << AXIS_EP) | with_tp, name, sizeof(name));
     Comm batch = plan_group(comm_slot_for(name), ndp * ncp * nep * ntp,
                             ((coord[AXIS_DP] * nep + coord[AXIS_EP]) * ncp + coord[AXIS_CP]) * ntp + coord[AXIS_TP]);
-    comm_tally(&batch, COLL_ALLREDUCE, (size_t)shared * sizeof(float), 2.0 * comm_ring_factor(&batch));
+    // --zero 1: a reduce-scatter of each padded buffer instead of the
+    // all-reduce, and after the step an all-gather of the updated shards
+    Comm* zg[3] = {&batch, NULL, NULL};
+    if (!a->zero) comm_tally(&batch, COLL_ALLREDUCE, (size_t)shared * sizeof(float), 2.0 * comm_ring_factor(&batch));
     Comm dpcp = plan_group(AXIS_DP, ndp, coord[AXIS_DP]);
     if (ncp > 1 || ntp > 1) {
         comm_group_slot_name(&mesh, (1u << AXIS_DP) | with_cp | with_tp, name, sizeof(name));
         dpcp = plan_group(comm_slot_for(name), ndp * ncp * ntp, (coord[AXIS_DP] * ncp + coord[AXIS_CP]) * ntp + coord[AXIS_TP]);
     }
-    comm_tally(&dpcp, COLL_ALLREDUCE, (size_t)experts * sizeof(float), 2.0 * comm_ring_factor(&dpcp));
+    zg[1] = &dpcp;
+    if (!a->zero) comm_tally(&dpcp, COLL_ALLREDUCE, (size_t)experts * sizeof(float), 2.0 * comm_ring_factor(&dpcp));
+    Comm same;
     if (ntp > 1) {  // the tp slices, over the ranks that hold the same one
         comm_group_slot_name(&mesh, (1u << AXIS_DP) | with_cp | (1u << AXIS_EP), name, sizeof(name));
-        Comm same = plan_group(comm_slot_for(name), ndp * ncp * nep, (coord[AXIS_DP] * nep + coord[AXIS_EP]) * ncp + coord[AXIS_CP]);
-        comm_tally(&same, COLL_ALLREDUCE, (size_t)slices * sizeof(float), 2.0 * comm_ring_factor(&same));
+        same = plan_group(comm_slot_for(name), ndp * ncp * nep, (coord[AXIS_DP] * nep + coord[AXIS_EP]) * ncp + coord[AXIS_CP]);
+        zg[2] = &same;
+        if (!a->zero) comm_tally(&same, COLL_ALLREDUCE, (size_t)slices * sizeof(float), 2.0 * comm_ring_factor(&same));
     }
+    for (int b = 0; a->zero && b < 3; b++)
+        if (zg[b]) {
+            size_t bytes = (size_t)(ndup[b] * ceil(nbuf[b] / ndup[b])) * sizeof(float);
+            comm_tally(zg[b], COLL_REDUCE_SCATTER, bytes, comm_ring_factor(zg[b]));
+        }
     const Comm* groups[] = {&ep, &dpcp};
     plan_norm(p, groups, 2);
+    for (int b = 0; a->zero && b < 3; b++)
+        if (zg[b]) {
+            size_t bytes = (size_t)(ndup[b] * ceil(nbuf[b] / ndup[b])) * sizeof(float);
+            comm_tally(zg[b], COLL_ALLGATHER, bytes, comm_ring_factor(zg[b]));
+        }
     // FLOPs: this rank's tokens through the model, k experts each (what its
     // experts compute depends on the routing: this is the mean rank's)
     p->flops = N * moe_flops_per_token(&c, T);
