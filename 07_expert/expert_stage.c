@@ -332,7 +332,7 @@ void expert_stage_show_sharding(const ExpertPipe* P, int show) {
     if (!show) return;
     ShardTable* t = xcalloc(1, sizeof(ShardTable));
     double f = sizeof(float);
-    char name[24], slice[48];
+    char name[48], slice[48];  // "chunk %d: ..." fits any int
     for (int c = 0; c < P->v; c++) {
         const XpChunk* ch = &P->chunk[c];
         double shared = (double)ch->m.n_shared, experts = (double)ch->m.n_experts;
