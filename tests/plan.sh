@@ -399,8 +399,10 @@ lat, gbps = float(prof["link.intra.latency_us"]) * 1e-6, float(prof["link.intra.
 steps = lambda coll, g: {"allreduce": 2 * (g - 1), "send": 1, "recv": 0}.get(coll, g - 1)
 best = 0
 for rank in range(ranks):
-    n = B / size["dp"] * T / (size["cp"] if ch in (6, 7) else 1) / (size["ep"] if ch == 7 else 1)
-    Lr, Vl = (L / size["pp"], Vp if rank == size["pp"] - 1 else 0) if ch == 5 else (L, Vp)
+    # chapter 7: a rank's B / (dp ep tp) sequences, T / cp positions of each
+    n = B / size["dp"] * T / (size["cp"] if ch in (6, 7) else 1) / (size["ep"] * size["tp"] if ch == 7 else 1)
+    pp_rank = rank // (ranks // size["pp"])  # pp: the slowest axis of the rank order (common/mesh.c)
+    Lr, Vl = (L / size["pp"], Vp if pp_rank == size["pp"] - 1 else 0) if ch in (5, 7) and size["pp"] > 1 else (L, Vp)
     attention = 12 * n * Lr * T * C
     matmul = plan["flops_per_step"][rank] - attention
     opt = plan["peak_bytes"]["optimizer"][rank] / 8
@@ -413,7 +415,7 @@ for rank in range(ranks):
         for axis, c in axes.items():
             g = 1
             for part in axis.split("+"):
-                g *= size.get(part, ranks)
+                g *= 2 if part == "embedding" else size.get(part, ranks)  # the tied wte: the two ends
             if g > 1:
                 comm += c["calls"][rank] * steps(coll, g) * lat + c["bus_bytes"][rank] * s / gbps
     b = plan["bubble"]
@@ -434,6 +436,9 @@ plan_time_check_57 --chapter 6 --ranks 2 --cp 2 --batch 24 --seq 32
 plan_time_check_57 --chapter 6 --ranks 2 --cp 2 --cp-mode ulysses --batch 24 --seq 32
 plan_time_check_57 --chapter 7 --ranks 2 --ep 2 --batch 24 --seq 32
 plan_time_check_57 --chapter 7 --ranks 4 --ep 2 --cp 2 --batch 24 --seq 32
+plan_time_check_57 --chapter 7 --ranks 4 --ep 2 --pp 2 --batch 24 --seq 32
+plan_time_check_57 --chapter 7 --ranks 4 --tp 2 --pp 2 --batch 24 --seq 32 --schedule gpipe
+plan_time_check_57 --chapter 7 --ranks 8 --dp 2 --tp 2 --pp 2 --batch 24 --seq 32
 
 # --search --profile: the layouts ranked by predicted step time, each the
 # time build/plan --profile predicts for that layout alone (5 of them
