@@ -337,7 +337,8 @@ static void consider(const PlanArgs* a, const char* what, double memory, const M
         free(times);
     }
     free(plans);
-    if (peak <= memory && *n < cap) {
+    if (peak <= memory && *n == cap) die("%s: more layouts fit than it can list; give fewer --ranks", "--search");
+    if (peak <= memory) {
         snprintf(found[*n].what, sizeof(found[*n].what), "%s", what);
         found[*n].peak = peak;
         found[*n].bus = bus;
