@@ -269,6 +269,92 @@ else
     fail "--search" "$out / $less"
 fi
 
+# --search --chapter 7: every dp x tp x pp x cp x ep mesh of 8 ranks that
+# chapter 7 accepts, enumerated here by the rules docs/planner.md states
+# (independently of plan.c's loops), each planned alone: the search must
+# list exactly those whose fullest rank fits (a budget equal to one
+# layout's peak keeps it), with that layout's own peak and bus bytes, in
+# the stated order (fewest bus bytes; with --profile the shortest step,
+# each the step the layout's own plan predicts, to the search's 4 printed
+# digits)
+search7() {
+    python3 - "$BUILD/plan" "$@" <<'PY'
+import itertools, json, re, subprocess, sys
+plan, prof = sys.argv[1], (sys.argv[2] if len(sys.argv) > 2 else None)
+R, B, T, L, NH, E = 8, 24, 32, 2, 4, 4  # tiny: L 2, NH 4
+model = ["--experts", str(E), "--top-k", "2", "--batch", str(B), "--seq", str(T)]
+def valid(dp, tp, pp, cp, ep, mode):
+    if NH % tp or B % (dp * ep * tp) or E % ep or T % cp:
+        return False
+    if mode == "ulysses" and (NH // tp) % cp:
+        return False
+    if pp > 1:  # pp microbatches (the default), whole sequences of a microbatch on each tp rank
+        share = B // (dp * ep)
+        if share % (pp * tp) or L % pp:
+            return False
+    return True
+layouts = []
+for dp, tp, pp, cp, ep in itertools.product(range(1, R + 1), repeat=5):
+    if dp * tp * pp * cp * ep != R:
+        continue
+    for sched in (["gpipe", "1f1b", "zb"] if pp > 1 else [None]):
+        for mode in (["ring", "ulysses"] if cp > 1 else [None]):
+            if valid(dp, tp, pp, cp, ep, mode):
+                layouts.append((dp, tp, pp, cp, ep, sched, mode))
+def flags(x):
+    f = ["--dp", x[0], "--tp", x[1], "--pp", x[2], "--cp", x[3], "--ep", x[4]]
+    f += ["--schedule", x[5]] if x[5] else []
+    f += ["--cp-mode", x[6]] if x[6] else []
+    return [str(v) for v in f]
+own = {}
+for x in layouts:  # each layout's own plan: its fullest rank, its busiest rank, its step
+    out = subprocess.run([plan, "--chapter", "7", "--ranks", str(R), "--json"] + model + flags(x) +
+                         (["--profile", prof] if prof else []), capture_output=True, text=True).stdout
+    recs = [json.loads(l) for l in out.splitlines() if l.startswith("{")]
+    p = recs[0]
+    peak = max(p["peak_bytes"]["total"])
+    bus = max(sum(c["bus_bytes"][r] for axes in p["comm"].values() for c in axes.values()) for r in range(R))
+    own[x] = (peak, bus, recs[1]["ms_per_step"] if prof else 0.0)
+budget = sorted(v[0] for v in own.values())[len(own) // 2]  # a layout's own peak: it must be kept
+out = subprocess.run([plan, "--search", "--chapter", "7", "--ranks", str(R), "--memory-per-rank", str(budget)] + model +
+                     (["--profile", prof] if prof else []), capture_output=True, text=True).stdout
+bad = []
+head = re.match(r"search: (\d+) of (\d+) layouts", out)
+if not head or int(head.group(2)) != len(layouts):
+    bad.append(f"tried {head and head.group(2)}, enumerated {len(layouts)}")
+listed = []
+for line in out.splitlines()[1:]:
+    m = re.match(r"  chapter 7((?: --\S+ \S+)*)\s+peak\s+(\d+) bytes\s+bus\s+(\d+) bytes per step(?:\s+(\S+) ms)?$", line)
+    if not m:
+        bad.append(f"unparsed: {line}")
+        continue
+    f = dict(re.findall(r"--(\S+) (\S+)", m.group(1)))
+    x = tuple(int(f.get(a, 1)) for a in ("dp", "tp", "pp", "cp", "ep")) + (f.get("schedule"), f.get("cp-mode"))
+    listed.append(x)
+    if x not in own:
+        bad.append(f"listed but not valid: {x}")
+        continue
+    peak, bus, ms = own[x]
+    if int(m.group(2)) != peak or int(m.group(3)) != bus:
+        bad.append(f"{x}: search {m.group(2)} {m.group(3)}, own {peak} {bus}")
+    if prof and abs(float(m.group(4)) - ms) > 5e-4 * ms + 5e-4:  # %.4g against %.3f
+        bad.append(f"{x}: search {m.group(4)} ms, own {ms}")
+want = sorted(x for x, v in own.items() if v[0] <= budget)
+if sorted(listed) != want:
+    bad.append(f"listed {len(listed)}, fit {len(want)}")
+keys = [own[x][2] if prof else own[x][1] for x in listed if x in own]
+if keys != sorted(keys):
+    bad.append("not in order")
+n_out = sum(1 for v in own.values() if v[0] > budget)
+print(("BAD " + "; ".join(bad[:5])) if bad else f"ok {len(layouts)} layouts enumerated, {len(listed)} fit {budget} bytes, {n_out} do not")
+PY
+}
+verdict=$(search7)
+case $verdict in
+    ok*) pass "--search --chapter 7: ${verdict#ok }, each with its own plan's peak and bus bytes, fewest bus bytes first" ;;
+    *) fail "--search --chapter 7" "$verdict" ;;
+esac
+
 echo "== the planner's input"
 plan_error() {
     local expect=$1
@@ -410,8 +496,10 @@ lat, gbps = float(prof["link.intra.latency_us"]) * 1e-6, float(prof["link.intra.
 steps = lambda coll, g: {"allreduce": 2 * (g - 1), "send": 1, "recv": 0}.get(coll, g - 1)
 best = 0
 for rank in range(ranks):
-    n = B / size["dp"] * T / (size["cp"] if ch in (6, 7) else 1) / (size["ep"] if ch == 7 else 1)
-    Lr, Vl = (L / size["pp"], Vp if rank == size["pp"] - 1 else 0) if ch == 5 else (L, Vp)
+    # chapter 7: a rank's B / (dp ep tp) sequences, T / cp positions of each
+    n = B / size["dp"] * T / (size["cp"] if ch in (6, 7) else 1) / (size["ep"] * size["tp"] if ch == 7 else 1)
+    pp_rank = rank // (ranks // size["pp"])  # pp: the slowest axis of the rank order (common/mesh.c)
+    Lr, Vl = (L / size["pp"], Vp if pp_rank == size["pp"] - 1 else 0) if ch in (5, 7) and size["pp"] > 1 else (L, Vp)
     attention = 12 * n * Lr * T * C
     matmul = plan["flops_per_step"][rank] - attention
     opt = plan["peak_bytes"]["optimizer"][rank] / 8
@@ -424,7 +512,7 @@ for rank in range(ranks):
         for axis, c in axes.items():
             g = 1
             for part in axis.split("+"):
-                g *= size.get(part, ranks)
+                g *= 2 if part == "embedding" else size.get(part, ranks)  # the tied wte: the two ends
             if g > 1:
                 comm += c["calls"][rank] * steps(coll, g) * lat + c["bus_bytes"][rank] * s / gbps
     b = plan["bubble"]
@@ -445,6 +533,9 @@ plan_time_check_57 --chapter 6 --ranks 2 --cp 2 --batch 24 --seq 32
 plan_time_check_57 --chapter 6 --ranks 2 --cp 2 --cp-mode ulysses --batch 24 --seq 32
 plan_time_check_57 --chapter 7 --ranks 2 --ep 2 --batch 24 --seq 32
 plan_time_check_57 --chapter 7 --ranks 4 --ep 2 --cp 2 --batch 24 --seq 32
+plan_time_check_57 --chapter 7 --ranks 4 --ep 2 --pp 2 --batch 24 --seq 32
+plan_time_check_57 --chapter 7 --ranks 4 --tp 2 --pp 2 --batch 24 --seq 32 --schedule gpipe
+plan_time_check_57 --chapter 7 --ranks 8 --dp 2 --tp 2 --pp 2 --batch 24 --seq 32
 
 # --search --profile: the layouts ranked by predicted step time, each the
 # time build/plan --profile predicts for that layout alone (5 of them
@@ -474,6 +565,13 @@ if [ -z "$bad" ] && [ $checked = 5 ] && [ "$(echo "$out" | grep -c '^  chapter')
 else
     fail "--search --profile" "${bad#; }; $out"
 fi
+
+verdict=$(search7 "$link")
+case $verdict in
+    ok*) pass "--search --chapter 7 --profile: ${verdict#ok }, each with its own plan's step, shortest first" ;;
+    *) fail "--search --chapter 7 --profile" "$verdict" ;;
+esac
+plan_error "--search: without --chapter" --search --chapter 5 --ranks 2 --memory-per-rank 1e9
 
 # profile_error EXPECT LINES: a profile with these lines is refused with one
 # error line naming the file's line and the problem

@@ -26,9 +26,10 @@
 // them, each rank's at most the plan's, their sum over ranks exact when
 // dropless). The plan also prints each rank's matmul and attention FLOPs
 // per step and chapter 5's bubble. --search plans every layout of --ranks
-// in chapters 0, 2, 3 and 4 and lists those that fit --memory-per-rank,
-// fewest bus bytes per step first. No step time: that needs a machine
-// profile.
+// in chapters 0 and 2 to 6 (with --chapter 7: every dp x tp x pp x cp x ep
+// mesh of chapter 7's model) and lists those that fit --memory-per-rank,
+// fewest bus bytes per step first, or with --profile (plan_time.h) the
+// shortest predicted step first.
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -146,7 +147,7 @@ static void print_json(const PlanArgs* a, const PlanInfo* info, const RankPlan* 
                 }
         printf("]");
     }
-    printf(",\"bubble\":%.4f,\"flops_per_step\":[", info->bubble);
+    printf(",\"bubble\":%.9f,\"flops_per_step\":[", info->bubble);
     for (int r = 0; r < n; r++) printf("%s%.0f", r ? "," : "", plans[r].flops);
     printf("]}\n");
 }
@@ -291,11 +292,11 @@ static const char* predict_times(const MachineProfile* prof, const PlanArgs* a, 
 // --search: every layout of --ranks the planned chapters offer (chapter 2's
 // modes, chapter 3's stages, chapter 4's dp x tp with each stage, chapter
 // 5's dp x pp with each schedule, chapter 6's dp x cp ring and Ulysses;
-// chapter 7 trains another model, so it is not a layout of this one), those
-// whose largest rank fits --memory-per-rank, fewest bus bytes per step first
-// or, with --profile, the shortest predicted step first.
+// chapter 7 trains another model, so it is searched on its own: --search
+// --chapter 7), those whose largest rank fits --memory-per-rank, fewest bus
+// bytes per step first or, with --profile, the shortest predicted step first.
 typedef struct {
-    char what[96];
+    char what[128];
     double peak, bus, ms;
 } Candidate;
 
@@ -312,7 +313,7 @@ static int by_bus(const void* x, const void* y) {
 // Plans one layout; adds it to found[] if its fullest rank fits memory.
 static void consider(const PlanArgs* a, const char* what, double memory, const MachineProfile* prof,
                      Candidate* found, int* n, int cap, int* tried) {
-    char msg[256];
+    char msg[1024];
     PlanInfo info;
     PlanFn fn = plan_pick(a, &info, msg, sizeof(msg));
     if (!fn) return;  // a layout the model or the mesh does not allow
@@ -336,7 +337,8 @@ static void consider(const PlanArgs* a, const char* what, double memory, const M
         free(times);
     }
     free(plans);
-    if (peak <= memory && *n < cap) {
+    if (peak <= memory && *n == cap) die("%s: more layouts fit than it can list; give fewer --ranks", "--search");
+    if (peak <= memory) {
         snprintf(found[*n].what, sizeof(found[*n].what), "%s", what);
         found[*n].peak = peak;
         found[*n].bus = bus;
@@ -345,7 +347,76 @@ static void consider(const PlanArgs* a, const char* what, double memory, const M
     }
 }
 
+// The found layouts in the key's order, one line each.
+static void search_print(const PlanArgs* base, double memory, const MachineProfile* prof, Candidate* found, int n,
+                         int tried) {
+    qsort(found, (size_t)n, sizeof(Candidate), prof ? by_time : by_bus);
+    printf("search: %d of %d layouts of %d rank%s fit %.0f bytes per rank (peak of the fullest rank), %s first\n", n,
+           tried, base->ranks, base->ranks == 1 ? "" : "s", memory,
+           prof ? "the shortest predicted step (the slowest rank's)" : "fewest bus bytes per step (the busiest rank)");
+    int width = 48;
+    for (int i = 0; i < n; i++)
+        if ((int)strlen(found[i].what) > width) width = (int)strlen(found[i].what);
+    for (int i = 0; i < n; i++) {
+        printf("  %-*s peak %12.0f bytes  bus %12.0f bytes per step", width, found[i].what, found[i].peak, found[i].bus);
+        if (prof) printf("  %11.4g ms", found[i].ms);
+        printf("\n");
+    }
+}
+
+// --search --chapter 7: every dp x tp x pp x cp x ep of --ranks, with pp
+// each of chapter 5's schedules (gpipe, 1f1b, zb; --microbatches as given,
+// else pp, one chunk a rank), with cp the ring and Ulysses; the model's
+// flags (--experts, --top-k, --capacity-factor, --recompute, --ep-overlap,
+// --cp-balance ...) as given. A mesh chapter 7 refuses (plan_check_expert:
+// heads, layers, experts, the batch's and a microbatch's splits) is left
+// out of the count.
+static void search_expert(const PlanArgs* base, double memory, const MachineProfile* prof) {
+    static Candidate found[4096];
+    int n = 0, tried = 0, cap = (int)(sizeof(found) / sizeof(found[0])), R = base->ranks;
+    static const char* schedules[] = {"gpipe", "1f1b", "zb"};
+    static const char* cp_modes[] = {"ring", "ulysses"};
+    for (int dp = 1; dp <= R; dp++)
+        for (int tp = 1; tp <= R / dp; tp++)
+            for (int pp = 1; pp <= R / (dp * tp); pp++)
+                for (int cp = 1; cp <= R / (dp * tp * pp); cp++) {
+                    int ep = R / (dp * tp * pp * cp);
+                    if (dp * tp * pp * cp * ep != R) continue;
+                    for (int k = 0; k < (pp > 1 ? 3 : 1) * (cp > 1 ? 2 : 1); k++) {
+                        PlanArgs a = *base;
+                        a.steps = 1;
+                        int sizes[NUM_AXES] = {0};
+                        sizes[AXIS_DP] = dp, sizes[AXIS_TP] = tp, sizes[AXIS_PP] = pp, sizes[AXIS_CP] = cp;
+                        sizes[AXIS_EP] = ep;
+                        for (int x = 0; x < NUM_AXES; x++) a.mesh[x] = sizes[x];
+                        a.virt = 1;
+                        if (pp == 1) a.microbatches = 0;  // no pipeline: chapter 7's plain step
+                        char what[128];
+                        int len = snprintf(what, sizeof(what), "chapter 7");
+                        static const MeshAxis order[] = {AXIS_DP, AXIS_TP, AXIS_PP, AXIS_CP, AXIS_EP};
+                        for (int i = 0; i < 5; i++)
+                            if (sizes[order[i]] > 1)
+                                len += snprintf(what + len, sizeof(what) - len, " --%s %d", mesh_axis_name(order[i]),
+                                                sizes[order[i]]);
+                        if (pp > 1) {
+                            a.schedule = schedules[k % 3];
+                            len += snprintf(what + len, sizeof(what) - len, " --schedule %s", a.schedule);
+                        }
+                        if (cp > 1) {
+                            a.cp_mode = cp_modes[pp > 1 ? k / 3 : k];
+                            snprintf(what + len, sizeof(what) - len, " --cp-mode %s", a.cp_mode);
+                        }
+                        consider(&a, what, memory, prof, found, &n, cap, &tried);
+                    }
+                }
+    search_print(base, memory, prof, found, n, tried);
+}
+
 static void search(const PlanArgs* base, double memory, const MachineProfile* prof) {
+    if (base->chapter == 7) {
+        search_expert(base, memory, prof);
+        return;
+    }
     Candidate found[512];
     int n = 0, tried = 0, cap = (int)(sizeof(found) / sizeof(found[0]));
     static const char* modes[] = {"naive", "bucketed", "overlapped", "ps"};
@@ -404,15 +475,7 @@ static void search(const PlanArgs* base, double memory, const MachineProfile* pr
             consider(&a, what, memory, prof, found, &n, cap, &tried);
         }
     }
-    qsort(found, (size_t)n, sizeof(Candidate), prof ? by_time : by_bus);
-    printf("search: %d of %d layouts of %d rank%s fit %.0f bytes per rank (peak of the fullest rank), %s first\n", n,
-           tried, base->ranks, base->ranks == 1 ? "" : "s", memory,
-           prof ? "the shortest predicted step (the slowest rank's)" : "fewest bus bytes per step (the busiest rank)");
-    for (int i = 0; i < n; i++) {
-        printf("  %-48s peak %12.0f bytes  bus %12.0f bytes per step", found[i].what, found[i].peak, found[i].bus);
-        if (prof) printf("  %11.4g ms", found[i].ms);
-        printf("\n");
-    }
+    search_print(base, memory, prof, found, n, tried);
 }
 
 static int parse_int_or(int v, int dflt) { return v == ARG_NOT_GIVEN ? dflt : v; }
@@ -487,7 +550,8 @@ int main(int argc, char** argv) {
         {"moe-every", ARG_INT, &a.moe_every, "(chapter 7) every k-th layer is an MoE layer  [1]"},
         {"capacity-factor", ARG_FLOAT, &capacity, "(chapter 7) tokens an expert takes, x its fair share  [chapter 7's]"},
         {"ep-overlap", ARG_INT, &a.ep_overlap, "(chapter 7) each exchange in that many chunks of a rank's tokens  [1]"},
-        {"search", ARG_FLAG, &do_search, "every layout of --ranks in chapters 0, 2 to 6 that fits --memory-per-rank"},
+        {"search", ARG_FLAG, &do_search,
+         "every layout of --ranks in chapters 0, 2 to 6 that fits --memory-per-rank (--chapter 7: chapter 7's meshes)"},
         {"memory-per-rank", ARG_STRING, &memory_arg, "bytes a rank may hold (--search), e.g. 8e6"},
         {"profile", ARG_STRING, &profile_path, "a machine profile: also predict ms/step (plan_time.h)"},
         {"measure-attention", ARG_FLAG, &measure_attention, "time attention at --batch --seq and the model's C, NH"},
@@ -549,6 +613,8 @@ int main(int argc, char** argv) {
         char* end = NULL;
         double memory = memory_arg ? strtod(memory_arg, &end) : 0.0;
         if (!memory_arg || *end || !(memory > 0)) die("%s: give the bytes a rank may hold, e.g. --memory-per-rank 4000000", "--search");
+        if (a.chapter != -1 && a.chapter != 7)
+            die("%s: without --chapter it searches chapters 0 and 2 to 6; --chapter 7 searches chapter 7's meshes", "--search");
         search(&a, memory, profile_path ? &profile : NULL);
         return 0;
     }

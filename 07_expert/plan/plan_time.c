@@ -178,12 +178,16 @@ static int work_from_plan(const GPTConfig* cfg, const PtChapter* ch, double opt_
     double L = cfg->num_layers, C = cfg->channels, T = ch->T, Vp = cfg->padded_vocab_size;
     double tp = ch->chapter == 6 && ch->tp > 1 ? ch->tp : 1;
     double n = (double)ch->B / ch->dp * T, Lr = L, Vl = Vp;
-    if (ch->chapter == 5) {
+    if ((ch->chapter == 5 || ch->chapter == 7) && ch->pp > 1) {  // the rank's stages: L / pp layers
         Lr = L / ch->pp;
-        Vl = ch->pp_rank == ch->pp - 1 ? Vp : 0;
+        Vl = ch->pp_rank == ch->pp - 1 ? Vp : 0;  // the head on the last (its last chunk's)
     }
     if (ch->chapter == 6 || ch->chapter == 7) n /= ch->cp;  // chapter 7 composes cp too
-    if (ch->chapter == 7) n /= ch->ep;
+    // chapter 7's tp is sequence-parallel attention (expert_tp.c): a rank
+    // keeps B / (dp ep tp) whole sequences and runs every op on them at full
+    // width, its heads' attention over the group's gathered rows: the same
+    // FLOPs as its own rows with every head
+    if (ch->chapter == 7) n /= (double)ch->ep * (ch->tp > 1 ? ch->tp : 1);
     double attn = 12.0 * n * Lr * T * C / tp;
     w->attention_flops = ch->recompute == RECOMPUTE_FULL ? attn * 4.0 / 3.0 : attn;
     w->matmul_flops = ch->plan_flops - w->attention_flops;
@@ -191,7 +195,7 @@ static int work_from_plan(const GPTConfig* cfg, const PtChapter* ch, double opt_
     if (ch->recompute == RECOMPUTE_SELECTIVE) w->attention_flops += 2.0 * n * Lr * T * C / tp;
     w->memory_bytes = 4.0 * (n * (Lr * (18.0 * C + 20.0 * C / tp) + 4.0 * Vl) + 7.0 * opt_params + grad_params);
     w->ranks_on_node = 1;
-    w->bubble = ch->chapter == 5 ? ch->bubble : 0;
+    w->bubble = ch->chapter == 5 || ch->chapter == 7 ? ch->bubble : 0;  // 0 without a pipeline
     return 1;
 }
 
@@ -330,6 +334,7 @@ void plan_time_predict(const MachineProfile* p, const StepWork* w, StepTime* t) 
 static int slot_group_size(int slot, const int* mesh, int ranks) {
     if (slot < NUM_AXES) return mesh[slot];
     if (slot == COMM_WORLD_AXIS) return ranks;
+    if (!strcmp(comm_axis_name(slot), "embedding")) return 2;  // the tied wte: the pipeline's two ends
     char name[64];
     snprintf(name, sizeof(name), "%s", comm_axis_name(slot));
     int size = 1, matched = 0;

@@ -85,7 +85,7 @@ typedef struct {
     double matmul_flops, attention_flops;  // per rank per step
     double memory_bytes;                   // of the memory-bound ops, 4-byte elements
     int ranks_on_node;                     // ranks sharing one device when compute_shared
-    double bubble;                         // pipeline bubble fraction (0 until chapter 5 is planned)
+    double bubble;                         // pipeline bubble fraction (0 without a pipeline)
     int n_coll;
     PtColl coll[PT_MAX_COLLS];
 } StepWork;
@@ -97,7 +97,7 @@ typedef struct {
     int dp, tp, tp_rank;   // the rank's mesh
     int pp, cp, ep, pp_rank;  // chapters 5 to 7
     double plan_flops;     // chapters 5 to 7: the plan's FLOPs of this rank per step (plan.h's RankPlan)
-    double bubble;         // chapter 5: the schedule's bubble fraction (plan.h's PlanInfo)
+    double bubble;         // chapters 5 and 7: the schedule's bubble fraction (plan.h's PlanInfo)
     int B, T;              // global batch, sequence length
     RecomputeMode recompute;
     const char* dp_mode;   // chapter 2
@@ -116,13 +116,16 @@ typedef struct {
 // Chapters 5 to 7 take the plan's own FLOPs per rank (the schedules, the
 // cp split and the experts are the plan's to count) and split them:
 //   n tokens   = B / dp * T (5: every stage sees them all), B / (dp cp) * T (6),
-//                B / (dp cp ep) * T (7); Lr layers = L / pp (5), else L
+//                B / (dp cp ep tp) * T (7: its tp is sequence-parallel
+//                attention, a rank's own sequences, so tp = 1 below);
+//                Lr layers = L / pp (5, and 7 with --pp), else L
 //   attention  = 12 n Lr T C / tp (x 4/3 under full recompute, + 2 n Lr T C / tp
-//                under selective), matmul = the plan's FLOPs - that
+//                under selective; tp: chapter 6's), matmul = the plan's FLOPs - that
 //   memory     = as above with n and Lr; Vl = Vp on the rank holding the head
-//                (5: the last stage), 0 elsewhere
-//   bubble     = the plan's (chapter 5); no collective of 5 to 7 counts as
-//                hideable (the model's time is an upper bound there)
+//                (with --pp: the last pp rank), 0 elsewhere
+//   bubble     = the plan's (chapter 5, chapter 7 with --pp); no collective
+//                of 5 to 7 counts as hideable (the model's time is an upper
+//                bound there); the tied wte's all-reduce is a group of 2
 // Returns 0 and leaves w alone for a chapter it does not know.
 int plan_time_work(const GPTConfig* cfg, const PtChapter* ch, double opt_params, double grad_params,
                    StepWork* w);
