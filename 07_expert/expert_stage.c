@@ -14,6 +14,8 @@
 
 // ---------------------------------------------------------------- set-up
 
+static void stage_finish(ExpertPipe* P, const Mesh* mesh);
+
 // What the pipeline does not compose with yet, the flags against the mesh
 // and the layers, and the schedule's lists (built and validated by every
 // rank). Every refusal is one message from rank 0 and an exit of every rank.
@@ -123,6 +125,15 @@ static int chunk_pieces(XpPiece* piece, const MoeConfig* whole, const MoeConfig*
     return n;
 }
 
+// The model's own activations are a chunk's first slot.
+static void chunk_slots(const ExpertPipe* P, XpChunk* ch) {
+    ch->slot = xcalloc((size_t)P->M, sizeof(XpSlot*));  // at most every microbatch in flight
+    ch->slot[0] = xcalloc(1, sizeof(XpSlot));
+    *ch->slot[0] = (XpSlot){.acts = ch->m.acts, .moe = ch->m.moe, .lse = ch->m.cp.lse, .qkv_h = ch->m.cp.qkv_h,
+                            .att_h = ch->m.cp.att_h, .mb = -1, .busy = 0};
+    ch->n_slots = 1;
+}
+
 // Chunk c: virtual stage k = c pp + stage, layers [k L/S, (k+1) L/S), an
 // ExpertModel of them (so of B/(dp ep tp m) sequences), its pieces of the
 // whole model, its parameters from the whole model's init or --model FILE
@@ -154,12 +165,9 @@ static void chunk_create(ExpertPipe* P, int c, const ExpertFlags* fl, const floa
     free(host);
     size_t per_layer = (size_t)ch->m.E_local * moe_expert_numel(&P->cfg);
     mem_to_device(ch->m.experts, all_experts + (size_t)ch->moe0 * per_layer, ch->m.n_experts * sizeof(float));
-    // the model's own activations are the first slot
-    ch->slot = xcalloc((size_t)P->M, sizeof(XpSlot*));  // at most every microbatch in flight
-    ch->slot[0] = xcalloc(1, sizeof(XpSlot));
-    *ch->slot[0] = (XpSlot){.acts = ch->m.acts, .moe = ch->m.moe, .lse = ch->m.cp.lse, .qkv_h = ch->m.cp.qkv_h,
-                            .att_h = ch->m.cp.att_h, .mb = -1, .busy = 0};
-    ch->n_slots = 1;
+    // the last stage's copy of wte: its gradient is stage 0's, counted there in the norm
+    if (head && !embeds) ch->m.z[ZERO_SHARED].tied = param_tensor_numel(&P->cfg.gpt, P_WTE);
+    chunk_slots(P, ch);
 }
 
 void expert_stage_create(ExpertPipe* P, Run* run, ExpertFlags* fl, const MoeConfig* cfg) {
@@ -192,6 +200,35 @@ void expert_stage_create(ExpertPipe* P, Run* run, ExpertFlags* fl, const MoeConf
     for (int c = 0; c < P->v; c++) chunk_create(P, c, fl, all_shared, all_experts);
     free(all_shared);
     free(all_experts);
+    P->total = moe_num_shared(cfg) + (size_t)moe_num_moe_layers(cfg) * cfg->experts * moe_expert_numel(cfg);
+    stage_finish(P, mesh);
+}
+
+void expert_stage_create_one(ExpertPipe* P, Run* run, ExpertFlags* fl, const MoeConfig* cfg) {
+    P->plain = 1;
+    P->cfg = *cfg;
+    P->cfg.tp = run->mesh.size[AXIS_TP];
+    P->pp = 1, P->stage = 0, P->ppc = &run->axes[AXIS_PP];
+    P->M = P->v = P->S = 1;
+    XpChunk* ch = &P->chunk[0];
+    ExpertModel* m = &ch->m;
+    expert_model_create(m, cfg, fl, run);
+    P->B = run->setup.B, P->T = run->setup.T, P->Tr = m->T;
+    P->per_rank = P->b = m->B, P->share = m->share;
+    P->total = expert_total_params(m);
+    P->sched_name = schedule_name(SCHED_1F1B);
+    char msg[1024];
+    const char* bad = schedule_build(&P->sched, SCHED_1F1B, 1, 1, 1, msg, sizeof(msg));
+    if (bad) fail_all("%s", bad);
+    ch->n_moe = moe_num_moe_layers(cfg);
+    ch->n_pieces = chunk_pieces(ch->piece, &P->cfg, &m->cfg, 0, 1, 1);
+    chunk_slots(P, ch);
+    stage_finish(P, &run->mesh);
+}
+
+// What a rank's stage shares with its neighbours and keeps for a step.
+static void stage_finish(ExpertPipe* P, const Mesh* mesh) {
+    const MoeConfig* cfg = &P->cfg;
     embedding_group(&P->embed, mesh);
     incoming_build(P);
     P->max_sends = P->sched.n[P->stage] + P->v + 1;

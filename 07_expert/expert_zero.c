@@ -4,6 +4,7 @@
 
 #include "errors.h"
 #include "memory.h"
+#include "ops.h"
 
 void expert_zero_alloc(ZeroBuf* z, int zero, const Comm* g, size_t n, float** params, float** grads, float** m,
                        float** v) {
@@ -24,6 +25,11 @@ void expert_zero_alloc(ZeroBuf* z, int zero, const Comm* g, size_t n, float** pa
 void expert_zero_free(ZeroBuf* z) {
     if (z->dshard != z->grads) mem_free(z->dshard);
     z->dshard = NULL;
+}
+
+void expert_zero_sumsq(double* mine, const ZeroBuf* z) {
+    size_t skip = z->tied > z->off ? z->tied - z->off : 0;  // the tied copy's floats in what I step
+    if (skip < z->S) grad_sumsq(mine, z->dshard + skip, z->S - skip);
 }
 
 void expert_zero_check(int zero, int pipe) {

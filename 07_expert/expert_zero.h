@@ -31,6 +31,7 @@ typedef struct {
     size_t off;      // where what I step starts in params: r S (0 without --zero)
     float *params, *grads, *m, *v;  // the buffer's (expert_zero_alloc's)
     float* dshard;   // (S) the reduced gradient I step: my shard (--zero 1), or grads itself
+    size_t tied;     // the first floats are a copy of another stage's (the pipeline's last stage's wte): out of the norm
 } ZeroBuf;
 enum { ZERO_EXPERTS, ZERO_SHARED, ZERO_TP };  // chapter 7's buffers, in ExpertModel.z
 
@@ -41,6 +42,10 @@ enum { ZERO_EXPERTS, ZERO_SHARED, ZERO_TP };  // chapter 7's buffers, in ExpertM
 void expert_zero_alloc(ZeroBuf* z, int zero, const Comm* g, size_t n, float** params, float** grads, float** m,
                        float** v);
 void expert_zero_free(ZeroBuf* z);
+
+// Adds the squares of the gradient I step (dshard: my shard with --zero 1,
+// else the whole buffer) to *mine, the tied copy left out.
+void expert_zero_sumsq(double* mine, const ZeroBuf* z);
 
 // --zero: 0 or 1 (2 and 3 refused with issue #35), not with the pipeline
 // (pipe 1: --pp, --microbatches or --virtual given). Every rank exits on a
