@@ -334,6 +334,10 @@ void expert_pipe_create(ExpertPipe* P, Run* run, ExpertFlags* fl, const MoeConfi
            cfg->gpt.num_layers / P->S == 1 ? "" : "s", cfg->experts, cfg->experts == 1 ? "" : "s", m0->E_local, cfg->top_k,
            m0->capacity_factor > 0 ? "capacity mode per microbatch" : "dropless", run->device);
     print0("model %s: %zu parameters; global batch %d x %d\n", setup->model_name, P->total, setup->B, setup->T);
+    if (m0->zero)  // --zero 1 (expert_zero.h), each chunk's buffers
+        print0("ZeRO-1: the AdamW moments of each chunk's buffers sharded over their copies: the replicated "
+               "parameters over %d ranks, the experts over %d%s\n", m0->z[ZERO_SHARED].g->size,
+               m0->z[ZERO_EXPERTS].g->size, m0->nz > 2 ? ", the tp slices over the dp x cp x ep ranks" : "");
     expert_stage_show_sharding(P, args->show_sharding);  // --show-sharding
     ckpt_init(ck, args, setup, mesh, 7);
     expert_stage_ckpt(ck, P);

@@ -273,6 +273,32 @@ void expert_stage_free(ExpertPipe* P) {
 // (strided slices of the global tensors). So pp2 resumes on pp1 and back,
 // tp2 x pp2 on any other mesh; E = 1, H = 4C is the dense GPT's checkpoint
 // (chapter 0 resumes it), as chapter 7's own (expert_model_ckpt).
+// --zero 1: each rank of a buffer's group writes and reads its shard of
+// the moments, as slices of the global tensors (expert_zero_ckpt_add): the
+// chunk's pieces (the tied copy of wte read, not written: stage 0 writes
+// it), its experts' layers, its tp slices.
+static void chunk_zero_ckpt(Ckpt* ck, const ExpertPipe* P, XpChunk* ch) {
+    ExpertModel* m = &ch->m;
+    for (int b = 0; b < m->nz; b++) {
+        const ZeroBuf* z = &m->z[b];
+        for (int own = 0; own < 2; own++) {
+            CkptList full = {0};  // the buffer's parameters, as slices of the global tensors
+            if (b == ZERO_SHARED)
+                for (int i = 0; i < ch->n_pieces; i++)
+                    if (!own || !ch->piece[i].tied_copy)
+                        moe_ckpt_add_shared(&full, &P->cfg, CKPT_PARAMS, ch->piece[i].global, ch->piece[i].count,
+                                            z->params + ch->piece[i].local);
+            if (b == ZERO_EXPERTS)
+                moe_ckpt_add_expert_layers(&full, &P->cfg, CKPT_PARAMS, ch->moe0, ch->n_moe, m->e0, m->E_local, z->params);
+            if (b == ZERO_TP)
+                moe_ckpt_add_attn_tp_layers(&full, &P->cfg, CKPT_PARAMS, m->tp.tp, m->tp.rank, ch->first,
+                                            m->cfg.gpt.num_layers, z->params);
+            expert_zero_ckpt_add(own ? &ck->own : &ck->need, &full, z->params, z, z->m, z->v);
+            ckpt_list_free(&full);
+        }
+    }
+}
+
 void expert_stage_ckpt(Ckpt* ck, ExpertPipe* P) {
     static CkptTensor table[MOE_CKPT_TENSORS];
     char variant[256];
@@ -286,7 +312,7 @@ void expert_stage_ckpt(Ckpt* ck, ExpertPipe* P) {
         ExpertModel* m = &P->chunk[c].m;
         float* shared[CKPT_NUM_KINDS] = {m->shared, m->m_s, m->v_s};
         float* experts[CKPT_NUM_KINDS] = {m->experts, m->m_e, m->v_e};
-        for (int k = 0; k < CKPT_NUM_KINDS; k++) {
+        for (int k = 0; k < (m->zero ? 1 : CKPT_NUM_KINDS); k++) {  // --zero 1: the moments' shards below
             for (int i = 0; i < P->chunk[c].n_pieces; i++) {
                 XpPiece pc = P->chunk[c].piece[i];
                 size_t per = (pc.count + m->ep - 1) / m->ep, lo = (size_t)m->epc->rank * per;
@@ -309,6 +335,7 @@ void expert_stage_ckpt(Ckpt* ck, ExpertPipe* P) {
                 moe_ckpt_add_attn_tp_layers(&ck->need, &P->cfg, (CkptKind)k, m->tp.tp, m->tp.rank, l0, n, slices[k]);
             }
         }
+        if (m->zero) chunk_zero_ckpt(ck, P, &P->chunk[c]);
     }
 }
 
@@ -377,11 +404,15 @@ void expert_stage_show_sharding(const ExpertPipe* P, int show) {
         snprintf(name, sizeof(name), "chunk %d: GPT+routers", c);
         snprintf(slice, sizeof(slice), "layers %d..%d%s%s", ch->first, last, ch->m.embeds ? ", embedding" : "",
                  ch->m.has_head ? ", head" : "");
-        shard_table_add(t, name, "", "(pp, -)", "(pp, -)", "(pp, -)", slice, f * shared, f * shared, 2 * f * shared);
+        // --zero 1: the moments flat over each buffer's copies (expert_zero.h), a shard S each
+        const ZeroBuf* z = ch->m.z;
+        int zero = ch->m.zero;
+        shard_table_add(t, name, "", "(pp, -)", "(pp, -)", zero ? "(pp, -) flat/batch" : "(pp, -)", slice, f * shared,
+                        f * shared, 2 * f * z[ZERO_SHARED].S);
         snprintf(name, sizeof(name), "chunk %d: experts", c);
         snprintf(slice, sizeof(slice), "experts %d..%d of %d", ch->m.e0, ch->m.e0 + ch->m.E_local - 1, P->cfg.experts);
-        shard_table_add(t, name, "(Lm, E, ...)", "(pp, ep, -)", "(pp, ep, -)", "(pp, ep, -)", slice, f * experts,
-                        f * experts, 2 * f * experts);
+        shard_table_add(t, name, "(Lm, E, ...)", "(pp, ep, -)", "(pp, ep, -)", zero ? "(pp, ep, -) flat/dpcp" : "(pp, ep, -)",
+                        slice, f * experts, f * experts, 2 * f * z[ZERO_EXPERTS].S);
         const ExpertTP* tp = &ch->m.tp;
         if (tp->tp > 1) {  // its layers' qkvw, qkvb by rows (my heads' q, k, v), attprojw by columns
             double sl = (double)tp->n;
@@ -389,9 +420,19 @@ void expert_stage_show_sharding(const ExpertPipe* P, int show) {
             snprintf(name, sizeof(name), "chunk %d: qkv, attproj", c);
             snprintf(slice, sizeof(slice), "layers %d..%d, heads %d..%d", ch->first, last, tp->rank * NH / tp->tp,
                      (tp->rank + 1) * NH / tp->tp - 1);
-            shard_table_add(t, name, "(L, ...)", "(pp, tp, -)", "(pp, tp, -)", "(pp, tp, -)", slice, f * sl, f * sl,
-                            2 * f * sl);
+            shard_table_add(t, name, "(L, ...)", "(pp, tp, -)", "(pp, tp, -)", zero ? "(pp, tp, -) flat/dpcpep" : "(pp, tp, -)",
+                            slice, f * sl, f * sl, 2 * f * z[ZERO_TP].S);
         }
+    }
+    double pad = 0, gsh = 0;  // --zero 1: each buffer's padding to N S and its gradient shard
+    for (int c = 0; c < P->v; c++)
+        for (int b = 0; P->chunk[c].m.zero && b < P->chunk[c].m.nz; b++) {
+            const ZeroBuf* z = &P->chunk[c].m.z[b];
+            pad += (double)(z->full - z->n), gsh += (double)z->S;
+        }
+    if (P->chunk[0].m.zero) {
+        shard_table_add(t, "ZeRO padding", "", "tails", "tails", NULL, "", f * pad, f * pad, 0);
+        shard_table_add(t, "ZeRO grad shard", "", NULL, "flat", NULL, "mine", 0, f * gsh, 0);
     }
     char title[80];
     snprintf(title, sizeof(title), "chapter 7, pp=%d x %d chunk%s, ep=%d, dp=%d, tp=%d", P->pp, P->v,

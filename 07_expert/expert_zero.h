@@ -13,7 +13,8 @@
 // --zero 2 (the gradients too) needs backward to hand each layer's gradient
 // to a reduce-scatter as soon as it is made, into a unit buffer as chapter 3
 // does, and --zero 3 the parameters gathered per layer: issue #35's
-// remaining work; both are refused, and so is --zero with the pipeline.
+// remaining work; both are refused. With --pp each chunk's buffers are
+// sharded over their groups (the last stage's tied wte as any other floats).
 #ifndef EXPERT_ZERO_H
 #define EXPERT_ZERO_H
 
@@ -47,10 +48,9 @@ void expert_zero_free(ZeroBuf* z);
 // else the whole buffer) to *mine, the tied copy left out.
 void expert_zero_sumsq(double* mine, const ZeroBuf* z);
 
-// --zero: 0 or 1 (2 and 3 refused with issue #35), not with the pipeline
-// (pipe 1: --pp, --microbatches or --virtual given). Every rank exits on a
+// --zero: 0 or 1 (2 and 3 refused with issue #35). Every rank exits on a
 // bad value, with one message.
-void expert_zero_check(int zero, int pipe);
+void expert_zero_check(int zero);
 
 // The checkpoint's lines of my moment shards (m, v: S floats each, the
 // shard [lo, lo + len) of a buffer): `full` lists the whole buffer's

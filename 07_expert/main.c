@@ -14,7 +14,8 @@
 // (expert_cp.c); the rest is per token. --tp N: tensor parallelism with
 // sequence parallelism: a tp rank holds B/tp of a share's sequences,
 // attention is split by heads (expert_tp.c). --pp N: chapter 5's stages run
-// this forward and backward, tp, cp, ep and dp inside (expert_pipe.c).
+// this forward and backward, tp, cp, ep and dp inside; main's one loop runs
+// every mesh, the schedule's actions executed by expert_pipe.c.
 //
 // One MoE layer, forward, in the order of moe_layer_forward below:
 //   1. route      router logits -> softmax -> top-k experts and gates
@@ -349,26 +350,28 @@ static void model_backward(ExpertModel* m) {
 // its ep group's tokens routed to it (summed by backward), its copies on the
 // dp, cp, tp ranks the others: the sum over dp x cp x tp. A tp slice saw its
 // tp group's tokens: the sum over dp x cp x ep. Sums scale by 1/(dp cp ep tp).
-// Each chunk (a pipeline stage's layers) has its own three groups.
+static void reduce_chunk(ExpertModel* m) {
+    for (ZeroBuf* z = m->z; m->zero && z < m->z + m->nz; z++) {  // --zero 1: each rank receives its shard only
+        comm_reduce_scatter(z->g, z->grads, z->dshard, z->S, COMM_SUM);
+        ops_scale(z->dshard, z->S, 1.0f / (float)m->batch.size);
+    }
+    if (m->zero) return;
+    // EXERCISE 4: the two gradient groups: the replicated parameters' mean over dp x cp x ep, the experts' over dp x cp only, scaled for the global mean
+    comm_allreduce(&m->batch, m->dshared, m->n_shared, COMM_AVG);
+    comm_allreduce(m->dpcp, m->dexperts, m->n_experts, COMM_SUM);
+    ops_scale(m->dexperts, m->n_experts, 1.0f / (float)m->batch.size);
+    // END EXERCISE 4
+    if (m->tp.tp > 1) {  // --tp: the slices, the third group
+        comm_allreduce(m->tp.dpcpep, m->tp.dw, m->tp.n, COMM_SUM);
+        ops_scale(m->tp.dw, m->tp.n, 1.0f / (float)m->batch.size);
+    }
+}
+
+// The step's gradients: accumulated over the microbatches, then each chunk
+// (a pipeline stage's layers; the whole model without --pp) over its groups.
 static void reduce_gradients(ExpertPipe* P) {
     expert_pipe_accumulated(P);  // x 1/m over the microbatches; --pp: the tied wte's halves summed
-    for (int c = 0; c < P->v; c++) {
-        ExpertModel* m = &P->chunk[c].m;
-        for (ZeroBuf* z = m->z; m->zero && z < m->z + m->nz; z++) {  // --zero 1: each rank receives its shard only
-            comm_reduce_scatter(z->g, z->grads, z->dshard, z->S, COMM_SUM);
-            ops_scale(z->dshard, z->S, 1.0f / (float)m->batch.size);
-        }
-        if (m->zero) continue;
-        // EXERCISE 4: the two gradient groups: the replicated parameters' mean over dp x cp x ep, the experts' over dp x cp only, scaled for the global mean
-        comm_allreduce(&m->batch, m->dshared, m->n_shared, COMM_AVG);
-        comm_allreduce(m->dpcp, m->dexperts, m->n_experts, COMM_SUM);
-        ops_scale(m->dexperts, m->n_experts, 1.0f / (float)m->batch.size);
-        // END EXERCISE 4
-        if (m->tp.tp > 1) {  // --tp: the slices, the third group
-            comm_allreduce(m->tp.dpcpep, m->tp.dw, m->tp.n, COMM_SUM);
-            ops_scale(m->tp.dw, m->tp.n, 1.0f / (float)m->batch.size);
-        }
-    }
+    for (int c = 0; c < P->v; c++) reduce_chunk(&P->chunk[c].m);
 }
 
 // The global norm: each gradient once, summed over ep, dp x cp x tp and the
