@@ -1,8 +1,10 @@
 // expert_pipe.c: chapter 7's pipeline (expert_pipe.h), the executor of the
-// schedule's lists on a rank's stages (expert_stage.h). In the order of a
-// step: the slots, the actions F and B with their sends and receives, the
-// step (the schedule, the tied embedding, the gradient groups, the norm over
-// the stages, AdamW), then the tokens, validation, --sample and the loop.
+// schedule's lists on a rank's chunks (expert_stage.h) for main.c's one
+// training loop. In the order of a step: the slots, the actions F and B with
+// their sends and receives, the step's parts main.c calls (the schedule run,
+// the accumulation over the microbatches and the tied embedding, the loss,
+// the record), then the tokens, validation, --sample, the set-up and the end.
+// The gradient groups, the norm and AdamW are main.c's.
 #include "expert_stage.h"
 
 #include <stdlib.h>

@@ -3,7 +3,8 @@
 // its layers, their pieces of the whole model, the activation slots, the
 // schedule's lists and who sends this rank what; their set-up and release,
 // the training-state checkpoint's slices, --save and --show-sharding
-// (expert_stage.c). The step that runs the lists is expert_pipe.c's.
+// (expert_stage.c). The step is main.c's, its lists run by expert_pipe.c;
+// without the pipeline a rank has one chunk (expert_stage_create_one).
 #ifndef EXPERT_STAGE_H
 #define EXPERT_STAGE_H
 

@@ -102,7 +102,8 @@ const char* plan_check_expert(const PlanArgs* a, PlanInfo* info, char* msg, size
 // A pp rank's chunks (expert_stage.c): each an ExpertModel of its layers
 // (moe.h's buffers of a model of L / S layers) on b = B / (dp ep tp m)
 // sequences, as many activation slots as its list holds microbatches at
-// once; its all-reduces (the pieces that touch in one call), the tied wte
+// once; its all-reduces (each buffer whole, main.c's reduce_chunk; --zero
+// 1 a reduce-scatter and an all-gather of each, padded), the tied wte
 // between the two ends, the norm over ep, dp (x cp x tp) and pp; its
 // messages. With --tp each chunk holds its layers' tp slices, the (N tp, C)
 // gather buffers, and runs tp's all-gathers and reduce-scatters in every
