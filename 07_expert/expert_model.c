@@ -306,7 +306,7 @@ MoeConfig expert_config(const Run* run, ExpertFlags* f) {
         fail_all("--tp %d: chapter 7 composes tensor parallelism with --recompute in MoE layers, but not yet in a "
                  "dense layer (--moe-every %d; issue #35's remaining work): use --recompute none or --moe-every 1",
                  tp, cfg.moe_every);
-    expert_zero_check(f->zero, run->mesh.size[AXIS_PP] > 1 || f->microbatches != ARG_NOT_GIVEN || f->virtual_chunks != 1);
+    expert_zero_check(f->zero);
     return cfg;
 }
 

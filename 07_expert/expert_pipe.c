@@ -1,8 +1,10 @@
 // expert_pipe.c: chapter 7's pipeline (expert_pipe.h), the executor of the
-// schedule's lists on a rank's stages (expert_stage.h). In the order of a
-// step: the slots, the actions F and B with their sends and receives, the
-// step (the schedule, the tied embedding, the gradient groups, the norm over
-// the stages, AdamW), then the tokens, validation, --sample and the loop.
+// schedule's lists on a rank's chunks (expert_stage.h) for main.c's one
+// training loop. In the order of a step: the slots, the actions F and B with
+// their sends and receives, the step's parts main.c calls (the schedule run,
+// the accumulation over the microbatches and the tied embedding, the loss,
+// the record), then the tokens, validation, --sample, the set-up and the end.
+// The gradient groups, the norm and AdamW are main.c's.
 #include "expert_stage.h"
 
 #include <stdlib.h>
@@ -138,7 +140,16 @@ static void backward(ExpertPipe* P, int mb, int c) {
 
 // ---------------------------------------------------------------- the step
 
-static void run_schedule(ExpertPipe* P) {
+void expert_pipe_run(ExpertPipe* P) {
+    int E = P->cfg.experts, Lm = moe_num_moe_layers(&P->cfg);
+    for (int c = 0; c < P->v; c++) {  // the gradients accumulate over the microbatches from zero
+        ExpertModel* m = &P->chunk[c].m;
+        mem_zero(m->dshared, m->n_shared * sizeof(float));
+        mem_zero(m->dexperts, m->n_experts * sizeof(float));
+        if (m->tp.tp > 1) mem_zero(m->tp.dw, m->tp.n * sizeof(float));
+    }
+    P->loss_sum = P->aux = 0.0, P->dropped = 0;
+    memset(P->routed, 0, (size_t)Lm * E * sizeof(long));
     for (int i = 0; i < P->n_in; i++) P->in[i].next = 0;
     for (int i = 0; i < P->sched.n[P->stage]; i++) {
         Action a = P->sched.list[P->stage][i];
@@ -148,96 +159,44 @@ static void run_schedule(ExpertPipe* P) {
     for (int i = 0; i < P->n_sends; i++) comm_wait(&P->sends[i].req);
 }
 
-// The gradients of one step. Each microbatch's backward gave the gradient of
-// its own mean (LM loss + aux_coef aux); the step's objective is their mean
-// over the m microbatches: x 1/m. Then, per chunk: the tied wte's two
-// halves summed between the first and the last stage (chapter 5), the
-// stage's replicated pieces averaged over dp x cp x ep, its experts summed
-// over dp x cp (x tp) and scaled for the global mean, and with --tp its
-// slices summed over dp x cp x ep (chapter 7's three groups).
-static void reduce_gradients(ExpertPipe* P) {
-    for (int c = 0; c < P->v; c++) {
+// Each microbatch's backward gave the gradient of its own mean (LM loss +
+// aux_coef aux); the step's objective is their mean over the m
+// microbatches: x 1/m. Then the tied wte's two halves summed between the
+// first and the last stage (chapter 5's embedding group).
+void expert_pipe_accumulated(ExpertPipe* P) {
+    for (int c = 0; c < P->v && P->M > 1; c++) {
         ExpertModel* m = &P->chunk[c].m;
-        if (P->M > 1) {
-            ops_scale(m->dshared, m->n_shared, 1.0f / (float)P->M);
-            ops_scale(m->dexperts, m->n_experts, 1.0f / (float)P->M);
-            if (m->tp.tp > 1) ops_scale(m->tp.dw, m->tp.n, 1.0f / (float)P->M);
-        }
+        ops_scale(m->dshared, m->n_shared, 1.0f / (float)P->M);
+        ops_scale(m->dexperts, m->n_experts, 1.0f / (float)P->M);
+        if (m->tp.tp > 1) ops_scale(m->tp.dw, m->tp.n, 1.0f / (float)P->M);
     }
     if (P->pp > 1 && (P->stage == 0 || P->stage == P->pp - 1)) {
         ExpertModel* end = &P->chunk[P->stage == 0 ? 0 : P->v - 1].m;
         comm_allreduce(&P->embed, end->dshared + moe_wte_offset(&end->cfg), param_tensor_numel(&P->cfg.gpt, P_WTE),
                        COMM_SUM);
     }
-    for (int c = 0; c < P->v; c++) {
-        XpChunk* ch = &P->chunk[c];
-        for (int i = 0; i < ch->n_pieces;) {  // pieces that touch in the buffer in one call
-            size_t lo = ch->piece[i].local, n = ch->piece[i].count;
-            for (i++; i < ch->n_pieces && ch->piece[i].local == lo + n; i++) n += ch->piece[i].count;
-            comm_allreduce(&ch->m.batch, ch->m.dshared + lo, n, COMM_AVG);
-        }
-        comm_allreduce(ch->m.dpcp, ch->m.dexperts, ch->m.n_experts, COMM_SUM);
-        ops_scale(ch->m.dexperts, ch->m.n_experts, 1.0f / (float)ch->m.batch.size);
-        if (ch->m.tp.tp > 1) {  // --tp: the chunk's slices over dp x cp x ep (main.c's third group)
-            comm_allreduce(ch->m.tp.dpcpep, ch->m.tp.dw, ch->m.tp.n, COMM_SUM);
-            ops_scale(ch->m.tp.dw, ch->m.tp.n, 1.0f / (float)ch->m.batch.size);
-        }
-    }
 }
 
-// The norm: each parameter once (the tied copy left out; the replicated
-// pieces on ep rank 0 of dp x cp (x tp) rank 0, the experts on dp x cp
-// (x tp) rank 0, a tp slice on dp x cp x ep rank 0), summed over ep,
-// dp x cp (x tp) and the stages.
-static float clip_and_step(ExpertPipe* P, const TrainArgs* args, int step) {
-    double* mine = train_sumsq_begin();
-    for (int c = 0; c < P->v; c++) {
-        XpChunk* ch = &P->chunk[c];
-        if (ch->m.tp.tp > 1 && ch->m.tp.dpcpep->rank == 0) grad_sumsq(mine, ch->m.tp.dw, ch->m.tp.n);
-        if (ch->m.dpcp->rank != 0) continue;
-        grad_sumsq(mine, ch->m.dexperts, ch->m.n_experts);
-        for (int i = 0; i < ch->n_pieces && ch->m.epc->rank == 0; i++)
-            if (!ch->piece[i].tied_copy) grad_sumsq(mine, ch->m.dshared + ch->piece[i].local, ch->piece[i].count);
-    }
-    const Comm* groups[] = {P->chunk[0].m.epc, P->chunk[0].m.dpcp, P->ppc};
-    double norm = train_global_norm(mine, groups, 3);
-    float scale = grad_clip_scale(norm, args->clip);
-    AdamWConfig ac = train_adamw(args);
-    double t0 = trace_start();
-    for (int c = 0; c < P->v; c++) {
-        ExpertModel* m = &P->chunk[c].m;
-        adamw_update(m->shared, m->dshared, m->m_s, m->v_s, m->n_shared, ac, step + 1, scale);
-        adamw_update(m->experts, m->dexperts, m->m_e, m->v_e, m->n_experts, ac, step + 1, scale);
-        if (m->tp.tp > 1) adamw_update(m->tp.w, m->tp.dw, m->tp.m, m->tp.v, m->tp.n, ac, step + 1, scale);
-    }
-    trace_compute(t0, "optimizer");
-    return (float)norm;
-}
-
-static float train_step(ExpertPipe* P, const TrainArgs* args, int step, float* norm) {
+double expert_pipe_loss(ExpertPipe* P) {
     int E = P->cfg.experts, Lm = moe_num_moe_layers(&P->cfg);
-    for (int c = 0; c < P->v; c++) {
-        mem_zero(P->chunk[c].m.dshared, P->chunk[c].m.n_shared * sizeof(float));
-        mem_zero(P->chunk[c].m.dexperts, P->chunk[c].m.n_experts * sizeof(float));
-        if (P->chunk[c].m.tp.tp > 1) mem_zero(P->chunk[c].m.tp.dw, P->chunk[c].m.tp.n * sizeof(float));
-    }
-    P->loss_sum = P->aux = 0.0, P->dropped = 0;
-    memset(P->routed, 0, (size_t)Lm * E * sizeof(long));
-    run_schedule(P);  // every F and B of the step, in this stage's order
-    reduce_gradients(P);
-    *norm = clip_and_step(P, args, step);
     // the routing statistics of every MoE layer: each stage holds its own
     // layers' (host integers and doubles: plain MPI over pp)
-    MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, &P->aux, 1, MPI_DOUBLE, MPI_SUM, P->ppc->mpi));
-    MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, &P->dropped, 1, MPI_LONG, MPI_SUM, P->ppc->mpi));
-    MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, P->routed, Lm * E, MPI_LONG, MPI_SUM, P->ppc->mpi));
-    // only the last stage saw the loss: it tells its pipeline, then the dp x cp x ep mean
+    if (P->pp > 1) {
+        MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, &P->aux, 1, MPI_DOUBLE, MPI_SUM, P->ppc->mpi));
+        MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, &P->dropped, 1, MPI_LONG, MPI_SUM, P->ppc->mpi));
+        MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, P->routed, Lm * E, MPI_LONG, MPI_SUM, P->ppc->mpi));
+    }
+    // only the last stage saw the loss: it tells its pipeline
     double loss = P->stage == P->pp - 1 ? P->loss_sum / P->M : 0.0;
-    MPI_CHECK(MPI_Bcast(&loss, 1, MPI_DOUBLE, P->pp - 1, P->ppc->mpi));
-    return (float)train_mean(&P->chunk[0].m.batch, loss);
+    if (P->pp > 1) MPI_CHECK(MPI_Bcast(&loss, 1, MPI_DOUBLE, P->pp - 1, P->ppc->mpi));
+    return loss;
 }
 
-static void step_record(ExpertPipe* P, TrainLoop* loop) {
+void expert_pipe_record(ExpertPipe* P, TrainLoop* loop, int step) {
+    if (P->plain) {  // chapter 7's record, the all-to-all's timings too
+        expert_step_record(&P->chunk[0].m, loop, step);
+        return;
+    }
     JsonBuf* fields = &loop->step_extra;
     P->dropped_total += P->dropped;
     json_add_double(fields, "aux_loss", P->aux / P->M, "%.7f");  // the mean over the microbatches
@@ -253,7 +212,7 @@ static void step_record(ExpertPipe* P, TrainLoop* loop) {
 // share's cp ranks hold the same sequences), so that one MoE layer call sees
 // the same tokens on every mesh: its balance statistics and capacity are over
 // the microbatch, and chapter 7 on one rank with the same m is the reference.
-static void load_microbatches(ExpertPipe* P, const TokenSet* d, long step) {
+void expert_pipe_load(ExpertPipe* P, const TokenSet* d, long step) {
     int B = P->B, T = P->T;
     for (int mb = 0; mb < P->M; mb++) {
         size_t t0 = (size_t)mb * P->b * T;
@@ -326,79 +285,90 @@ static void next_logits(void* ctx, const int* window, int t, float* row) {
     free(tokens);
 }
 
-static float val_loss(void* ctx, const TrainSetup* setup, int n_batches) {
+float expert_pipe_val_loss(void* ctx, const TrainSetup* setup, int n_batches) {
     ExpertPipe* P = ctx;
     size_t per_epoch = data_batches_per_epoch(&setup->val, setup->B, setup->T);
     if (per_epoch == 0) return -1.0f;
     if ((size_t)n_batches > per_epoch) n_batches = (int)per_epoch;
     double sum = 0.0;
     for (int i = 0; i < n_batches; i++) {
-        load_microbatches(P, &setup->val, i);
+        expert_pipe_load(P, &setup->val, i);
         for (int mb = 0; mb < P->M; mb++) {
             size_t t0 = (size_t)mb * P->b * P->T;
             sum += val_forward(P, P->inputs + t0, P->targets + t0);
         }
     }
-    // every rank of dp x cp x ep ran as many microbatches of the same size: the mean
-    return (float)(train_mean(&P->chunk[0].m.batch, sum) / ((double)n_batches * P->M));
+    // every rank of dp x cp x ep ran as many microbatches of the same size:
+    // the mean (as train_val_loss_with, the same bits without the pipeline)
+    double total = 0.0;
+    const Comm* batch = &P->chunk[0].m.batch;
+    MPI_CHECK(MPI_Allreduce(&sum, &total, 1, MPI_DOUBLE, MPI_SUM, batch->mpi));
+    return (float)(total / ((double)batch->size * n_batches * P->M));
 }
 
-// ---------------------------------------------------------------- the loop
+// ---------------------------------------------------------------- set-up and the end
 
 int expert_pipe_wanted(const Run* run, const ExpertFlags* flags) {
     return run->mesh.size[AXIS_PP] > 1 || flags->microbatches != ARG_NOT_GIVEN || flags->virtual_chunks != 1;
 }
 
-int expert_pipe_train(Run* run, ExpertFlags* fl, const MoeConfig* cfg, ExpertForward forward, ExpertBackward backward) {
-    static ExpertPipe P;  // the chunks' models point into P.run_mb
-    memset(&P, 0, sizeof(P));
-    P.forward = forward, P.backward = backward;
+void expert_pipe_create(ExpertPipe* P, Run* run, ExpertFlags* fl, const MoeConfig* cfg, ExpertForward forward,
+                        ExpertBackward backward, Ckpt* ck) {
+    memset(P, 0, sizeof(*P));
+    P->forward = forward, P->backward = backward;
     const TrainArgs* args = &run->args;
+    if (!expert_pipe_wanted(run, fl)) {  // chapter 7's model of my share, as one chunk
+        expert_stage_create_one(P, run, fl, cfg);
+        ExpertModel* m = &P->chunk[0].m;
+        expert_model_show_sharding(m, args->show_sharding);  // --show-sharding
+        expert_print_setup(m, run);
+        expert_ckpt_open(ck, m, run);  // --ckpt-dir, --resume: this rank's slices, from whatever mesh saved them
+        return;
+    }
     const TrainSetup* setup = &run->setup;
-    expert_stage_create(&P, run, fl, cfg);
+    expert_stage_create(P, run, fl, cfg);
     const Mesh* mesh = &run->mesh;
-    ExpertModel* m0 = &P.chunk[0].m;
+    ExpertModel* m0 = &P->chunk[0].m;
     print0("chapter 7: experts in a pipeline, dp=%d x tp=%d x ep=%d x pp=%d x cp=%d, schedule %s, %d microbatch%s of %d sequence%s per "
            "rank, %d chunk%s of %d layer%s per pp rank; %d expert%s (%d per rank), top-%d, %s, device %s\n",
-           mesh->size[AXIS_DP], mesh->size[AXIS_TP], mesh->size[AXIS_EP], P.pp, mesh->size[AXIS_CP], P.sched_name, P.M, P.M == 1 ? "" : "es", P.b,
-           P.b == 1 ? "" : "s", P.v, P.v == 1 ? "" : "s", cfg->gpt.num_layers / P.S, cfg->gpt.num_layers / P.S == 1 ? "" : "s",
-           cfg->experts, cfg->experts == 1 ? "" : "s", m0->E_local, cfg->top_k,
+           mesh->size[AXIS_DP], mesh->size[AXIS_TP], mesh->size[AXIS_EP], P->pp, mesh->size[AXIS_CP], P->sched_name, P->M,
+           P->M == 1 ? "" : "es", P->b, P->b == 1 ? "" : "s", P->v, P->v == 1 ? "" : "s", cfg->gpt.num_layers / P->S,
+           cfg->gpt.num_layers / P->S == 1 ? "" : "s", cfg->experts, cfg->experts == 1 ? "" : "s", m0->E_local, cfg->top_k,
            m0->capacity_factor > 0 ? "capacity mode per microbatch" : "dropless", run->device);
-    size_t total = moe_num_shared(cfg) + (size_t)moe_num_moe_layers(cfg) * cfg->experts * moe_expert_numel(cfg);
-    print0("model %s: %zu parameters; global batch %d x %d\n", setup->model_name, total, setup->B, setup->T);
-    expert_stage_show_sharding(&P, args->show_sharding);  // --show-sharding
-    Ckpt ck;
-    ckpt_init(&ck, args, setup, mesh, 7);
-    expert_stage_ckpt(&ck, &P);
-    ckpt_resume(&ck);
+    print0("model %s: %zu parameters; global batch %d x %d\n", setup->model_name, P->total, setup->B, setup->T);
+    if (m0->zero)  // --zero 1 (expert_zero.h), each chunk's buffers
+        print0("ZeRO-1: the AdamW moments of each chunk's buffers sharded over their copies: the replicated "
+               "parameters over %d ranks, the experts over %d%s\n", m0->z[ZERO_SHARED].g->size,
+               m0->z[ZERO_EXPERTS].g->size, m0->nz > 2 ? ", the tp slices over the dp x cp x ep ranks" : "");
+    expert_stage_show_sharding(P, args->show_sharding);  // --show-sharding
+    ckpt_init(ck, args, setup, mesh, 7);
+    expert_stage_ckpt(ck, P);
+    ckpt_resume(ck);
+}
 
-    TrainLoop loop;
-    train_loop_begin(&loop, run, &(TrainLoopSpec){
-        .chapter = 7, .num_params = total, .flops_per_token = moe_flops_per_token(cfg, setup->T),
-        .rows = P.per_rank, .val_loss = val_loss, .ctx = &P, .ckpt = &ck});
-    for (int step = loop.start; step < loop.steps; step++) {
-        load_microbatches(&P, &setup->train, step);
-        float norm, loss = train_step(&P, args, step, &norm);
-        step_record(&P, &loop);
-        train_loop_step(&loop, step, loss, norm);
+void expert_pipe_report(ExpertPipe* P, const ExpertFlags* fl, const TrainLoop* loop, JsonBuf* summary) {
+    ExpertModel* m0 = &P->chunk[0].m;
+    if (P->plain) {
+        expert_report(m0, fl, loop, summary);
+        return;
     }
-    JsonBuf summary = {0};
-    m0->dropped_total = P.dropped_total;
-    expert_report(m0, fl, &loop, &summary);
-    json_add_string(&summary, "schedule", P.sched_name);
-    json_add_int(&summary, "microbatches", P.M);
-    json_add_int(&summary, "virtual", P.v);
-    json_add_int(&summary, "peak_slots", P.peak_slots);
+    m0->dropped_total = P->dropped_total;
+    expert_report(m0, fl, loop, summary);
+    json_add_string(summary, "schedule", P->sched_name);
+    json_add_int(summary, "microbatches", P->M);
+    json_add_int(summary, "virtual", P->v);
+    json_add_int(summary, "peak_slots", P->peak_slots);
     // every rank's layers, as chapter 5's summary (tests/trace_check.py --pipeline reads them)
-    int mine = P.v * (cfg->gpt.num_layers / P.S), *layers = xcalloc((size_t)mesh->world_size, sizeof(int));
+    int world = m0->world->size, mine = P->v * (P->cfg.gpt.num_layers / P->S);
+    int* layers = xcalloc((size_t)world, sizeof(int));
     MPI_CHECK(MPI_Gather(&mine, 1, MPI_INT, layers, 1, MPI_INT, 0, MPI_COMM_WORLD));
-    json_add_int_array(&summary, "layers", layers, mesh->world_size);
+    json_add_int_array(summary, "layers", layers, world);
     free(layers);
-    train_loop_end(&loop, &summary);
-    json_free(&summary);
-    train_sample_with(args, &cfg->gpt, P.T, next_logits, &P);  // --sample: every rank runs each forward
-    if (args->save) expert_stage_save(&P, args->save);
-    expert_stage_free(&P);
-    run_finish(run);
-    return 0;
+}
+
+void expert_pipe_finish(ExpertPipe* P, const TrainArgs* args) {
+    train_sample_with(args, &P->cfg.gpt, P->T, next_logits, P);  // --sample: every rank runs each forward
+    if (args->save && P->plain) expert_model_save(&P->chunk[0].m, args->save);
+    else if (args->save) expert_stage_save(P, args->save);
+    expert_stage_free(P);
 }

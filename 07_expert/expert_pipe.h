@@ -32,13 +32,35 @@
 typedef float (*ExpertForward)(ExpertModel* m, const int* inputs, const int* targets);
 typedef void (*ExpertBackward)(ExpertModel* m);
 
-// 1 when the run is a pipeline: --pp > 1, or --microbatches given.
+// 1 when the run is a pipeline: --pp > 1, or --microbatches or --virtual given.
 int expert_pipe_wanted(const Run* run, const ExpertFlags* flags);
 
-// Trains as main.c's loop does, with each step's forwards and backwards run
-// by the schedule's lists (expert_pipe.c), then --save; returns the exit
-// status. Refuses what the pipeline does not do yet (issue #35).
-int expert_pipe_train(Run* run, ExpertFlags* flags, const MoeConfig* cfg, ExpertForward forward,
-                      ExpertBackward backward);
+// main.c's step, on this rank's chunks (expert_stage.h's ExpertPipe; one
+// chunk, chapter 7's model of the rank's share, without the pipeline):
+typedef struct ExpertPipe ExpertPipe;
+// The chunks, the schedule's lists, --show-sharding, the set-up's lines and
+// the checkpoint (opened, resumed). Collective.
+void expert_pipe_create(ExpertPipe* P, Run* run, ExpertFlags* flags, const MoeConfig* cfg, ExpertForward forward,
+                        ExpertBackward backward, Ckpt* ck);
+// Step `step`'s tokens of every microbatch of this rank (expert_pipe.c says which).
+void expert_pipe_load(ExpertPipe* P, const TokenSet* d, long step);
+// The gradients zeroed, then the schedule's actions of this stage in order:
+// F and B of each (microbatch, chunk), forward and backward on the chunk's
+// model, with the activations and their gradients sent between the stages.
+void expert_pipe_run(ExpertPipe* P);
+// x 1/m over the microbatches; with pp > 1 the tied wte's halves summed
+// between the first and the last stage.
+void expert_pipe_accumulated(ExpertPipe* P);
+// The step's LM loss of this pipeline (the microbatches' mean, told by the
+// last stage) and the routing statistics over the stages.
+double expert_pipe_loss(ExpertPipe* P);
+// The step record's aux_loss, dropped, expert_tokens.
+void expert_pipe_record(ExpertPipe* P, TrainLoop* loop, int step);
+// TrainLoopSpec.val_loss (ctx: the ExpertPipe).
+float expert_pipe_val_loss(void* ctx, const TrainSetup* setup, int n_batches);
+// The summary's fields (the traffic, a2a_hidden_share; the schedule's with the pipeline).
+void expert_pipe_report(ExpertPipe* P, const ExpertFlags* flags, const TrainLoop* loop, JsonBuf* summary);
+// --sample, --save, and everything freed. Collective.
+void expert_pipe_finish(ExpertPipe* P, const TrainArgs* args);
 
 #endif

@@ -14,6 +14,8 @@
 
 // ---------------------------------------------------------------- set-up
 
+static void stage_finish(ExpertPipe* P, const Mesh* mesh);
+
 // What the pipeline does not compose with yet, the flags against the mesh
 // and the layers, and the schedule's lists (built and validated by every
 // rank). Every refusal is one message from rank 0 and an exit of every rank.
@@ -123,6 +125,15 @@ static int chunk_pieces(XpPiece* piece, const MoeConfig* whole, const MoeConfig*
     return n;
 }
 
+// The model's own activations are a chunk's first slot.
+static void chunk_slots(const ExpertPipe* P, XpChunk* ch) {
+    ch->slot = xcalloc((size_t)P->M, sizeof(XpSlot*));  // at most every microbatch in flight
+    ch->slot[0] = xcalloc(1, sizeof(XpSlot));
+    *ch->slot[0] = (XpSlot){.acts = ch->m.acts, .moe = ch->m.moe, .lse = ch->m.cp.lse, .qkv_h = ch->m.cp.qkv_h,
+                            .att_h = ch->m.cp.att_h, .mb = -1, .busy = 0};
+    ch->n_slots = 1;
+}
+
 // Chunk c: virtual stage k = c pp + stage, layers [k L/S, (k+1) L/S), an
 // ExpertModel of them (so of B/(dp ep tp m) sequences), its pieces of the
 // whole model, its parameters from the whole model's init or --model FILE
@@ -154,12 +165,9 @@ static void chunk_create(ExpertPipe* P, int c, const ExpertFlags* fl, const floa
     free(host);
     size_t per_layer = (size_t)ch->m.E_local * moe_expert_numel(&P->cfg);
     mem_to_device(ch->m.experts, all_experts + (size_t)ch->moe0 * per_layer, ch->m.n_experts * sizeof(float));
-    // the model's own activations are the first slot
-    ch->slot = xcalloc((size_t)P->M, sizeof(XpSlot*));  // at most every microbatch in flight
-    ch->slot[0] = xcalloc(1, sizeof(XpSlot));
-    *ch->slot[0] = (XpSlot){.acts = ch->m.acts, .moe = ch->m.moe, .lse = ch->m.cp.lse, .qkv_h = ch->m.cp.qkv_h,
-                            .att_h = ch->m.cp.att_h, .mb = -1, .busy = 0};
-    ch->n_slots = 1;
+    // the last stage's copy of wte: its gradient is stage 0's, counted there in the norm
+    if (head && !embeds) ch->m.z[ZERO_SHARED].tied = param_tensor_numel(&P->cfg.gpt, P_WTE);
+    chunk_slots(P, ch);
 }
 
 void expert_stage_create(ExpertPipe* P, Run* run, ExpertFlags* fl, const MoeConfig* cfg) {
@@ -192,6 +200,35 @@ void expert_stage_create(ExpertPipe* P, Run* run, ExpertFlags* fl, const MoeConf
     for (int c = 0; c < P->v; c++) chunk_create(P, c, fl, all_shared, all_experts);
     free(all_shared);
     free(all_experts);
+    P->total = moe_num_shared(cfg) + (size_t)moe_num_moe_layers(cfg) * cfg->experts * moe_expert_numel(cfg);
+    stage_finish(P, mesh);
+}
+
+void expert_stage_create_one(ExpertPipe* P, Run* run, ExpertFlags* fl, const MoeConfig* cfg) {
+    P->plain = 1;
+    P->cfg = *cfg;
+    P->cfg.tp = run->mesh.size[AXIS_TP];
+    P->pp = 1, P->stage = 0, P->ppc = &run->axes[AXIS_PP];
+    P->M = P->v = P->S = 1;
+    XpChunk* ch = &P->chunk[0];
+    ExpertModel* m = &ch->m;
+    expert_model_create(m, cfg, fl, run);
+    P->B = run->setup.B, P->T = run->setup.T, P->Tr = m->T;
+    P->per_rank = P->b = m->B, P->share = m->share;
+    P->total = expert_total_params(m);
+    P->sched_name = schedule_name(SCHED_1F1B);
+    char msg[1024];
+    const char* bad = schedule_build(&P->sched, SCHED_1F1B, 1, 1, 1, msg, sizeof(msg));
+    if (bad) fail_all("%s", bad);
+    ch->n_moe = moe_num_moe_layers(cfg);
+    ch->n_pieces = chunk_pieces(ch->piece, &P->cfg, &m->cfg, 0, 1, 1);
+    chunk_slots(P, ch);
+    stage_finish(P, &run->mesh);
+}
+
+// What a rank's stage shares with its neighbours and keeps for a step.
+static void stage_finish(ExpertPipe* P, const Mesh* mesh) {
+    const MoeConfig* cfg = &P->cfg;
     embedding_group(&P->embed, mesh);
     incoming_build(P);
     P->max_sends = P->sched.n[P->stage] + P->v + 1;
@@ -236,6 +273,32 @@ void expert_stage_free(ExpertPipe* P) {
 // (strided slices of the global tensors). So pp2 resumes on pp1 and back,
 // tp2 x pp2 on any other mesh; E = 1, H = 4C is the dense GPT's checkpoint
 // (chapter 0 resumes it), as chapter 7's own (expert_model_ckpt).
+// --zero 1: each rank of a buffer's group writes and reads its shard of
+// the moments, as slices of the global tensors (expert_zero_ckpt_add): the
+// chunk's pieces (the tied copy of wte read, not written: stage 0 writes
+// it), its experts' layers, its tp slices.
+static void chunk_zero_ckpt(Ckpt* ck, const ExpertPipe* P, XpChunk* ch) {
+    ExpertModel* m = &ch->m;
+    for (int b = 0; b < m->nz; b++) {
+        const ZeroBuf* z = &m->z[b];
+        for (int own = 0; own < 2; own++) {
+            CkptList full = {0};  // the buffer's parameters, as slices of the global tensors
+            if (b == ZERO_SHARED)
+                for (int i = 0; i < ch->n_pieces; i++)
+                    if (!own || !ch->piece[i].tied_copy)
+                        moe_ckpt_add_shared(&full, &P->cfg, CKPT_PARAMS, ch->piece[i].global, ch->piece[i].count,
+                                            z->params + ch->piece[i].local);
+            if (b == ZERO_EXPERTS)
+                moe_ckpt_add_expert_layers(&full, &P->cfg, CKPT_PARAMS, ch->moe0, ch->n_moe, m->e0, m->E_local, z->params);
+            if (b == ZERO_TP)
+                moe_ckpt_add_attn_tp_layers(&full, &P->cfg, CKPT_PARAMS, m->tp.tp, m->tp.rank, ch->first,
+                                            m->cfg.gpt.num_layers, z->params);
+            expert_zero_ckpt_add(own ? &ck->own : &ck->need, &full, z->params, z, z->m, z->v);
+            ckpt_list_free(&full);
+        }
+    }
+}
+
 void expert_stage_ckpt(Ckpt* ck, ExpertPipe* P) {
     static CkptTensor table[MOE_CKPT_TENSORS];
     char variant[256];
@@ -249,7 +312,7 @@ void expert_stage_ckpt(Ckpt* ck, ExpertPipe* P) {
         ExpertModel* m = &P->chunk[c].m;
         float* shared[CKPT_NUM_KINDS] = {m->shared, m->m_s, m->v_s};
         float* experts[CKPT_NUM_KINDS] = {m->experts, m->m_e, m->v_e};
-        for (int k = 0; k < CKPT_NUM_KINDS; k++) {
+        for (int k = 0; k < (m->zero ? 1 : CKPT_NUM_KINDS); k++) {  // --zero 1: the moments' shards below
             for (int i = 0; i < P->chunk[c].n_pieces; i++) {
                 XpPiece pc = P->chunk[c].piece[i];
                 size_t per = (pc.count + m->ep - 1) / m->ep, lo = (size_t)m->epc->rank * per;
@@ -272,6 +335,7 @@ void expert_stage_ckpt(Ckpt* ck, ExpertPipe* P) {
                 moe_ckpt_add_attn_tp_layers(&ck->need, &P->cfg, (CkptKind)k, m->tp.tp, m->tp.rank, l0, n, slices[k]);
             }
         }
+        if (m->zero) chunk_zero_ckpt(ck, P, &P->chunk[c]);
     }
 }
 
@@ -340,11 +404,15 @@ void expert_stage_show_sharding(const ExpertPipe* P, int show) {
         snprintf(name, sizeof(name), "chunk %d: GPT+routers", c);
         snprintf(slice, sizeof(slice), "layers %d..%d%s%s", ch->first, last, ch->m.embeds ? ", embedding" : "",
                  ch->m.has_head ? ", head" : "");
-        shard_table_add(t, name, "", "(pp, -)", "(pp, -)", "(pp, -)", slice, f * shared, f * shared, 2 * f * shared);
+        // --zero 1: the moments flat over each buffer's copies (expert_zero.h), a shard S each
+        const ZeroBuf* z = ch->m.z;
+        int zero = ch->m.zero;
+        shard_table_add(t, name, "", "(pp, -)", "(pp, -)", zero ? "(pp, -) flat/batch" : "(pp, -)", slice, f * shared,
+                        f * shared, 2 * f * z[ZERO_SHARED].S);
         snprintf(name, sizeof(name), "chunk %d: experts", c);
         snprintf(slice, sizeof(slice), "experts %d..%d of %d", ch->m.e0, ch->m.e0 + ch->m.E_local - 1, P->cfg.experts);
-        shard_table_add(t, name, "(Lm, E, ...)", "(pp, ep, -)", "(pp, ep, -)", "(pp, ep, -)", slice, f * experts,
-                        f * experts, 2 * f * experts);
+        shard_table_add(t, name, "(Lm, E, ...)", "(pp, ep, -)", "(pp, ep, -)", zero ? "(pp, ep, -) flat/dpcp" : "(pp, ep, -)",
+                        slice, f * experts, f * experts, 2 * f * z[ZERO_EXPERTS].S);
         const ExpertTP* tp = &ch->m.tp;
         if (tp->tp > 1) {  // its layers' qkvw, qkvb by rows (my heads' q, k, v), attprojw by columns
             double sl = (double)tp->n;
@@ -352,9 +420,19 @@ void expert_stage_show_sharding(const ExpertPipe* P, int show) {
             snprintf(name, sizeof(name), "chunk %d: qkv, attproj", c);
             snprintf(slice, sizeof(slice), "layers %d..%d, heads %d..%d", ch->first, last, tp->rank * NH / tp->tp,
                      (tp->rank + 1) * NH / tp->tp - 1);
-            shard_table_add(t, name, "(L, ...)", "(pp, tp, -)", "(pp, tp, -)", "(pp, tp, -)", slice, f * sl, f * sl,
-                            2 * f * sl);
+            shard_table_add(t, name, "(L, ...)", "(pp, tp, -)", "(pp, tp, -)", zero ? "(pp, tp, -) flat/dpcpep" : "(pp, tp, -)",
+                            slice, f * sl, f * sl, 2 * f * z[ZERO_TP].S);
         }
+    }
+    double pad = 0, gsh = 0;  // --zero 1: each buffer's padding to N S and its gradient shard
+    for (int c = 0; c < P->v; c++)
+        for (int b = 0; P->chunk[c].m.zero && b < P->chunk[c].m.nz; b++) {
+            const ZeroBuf* z = &P->chunk[c].m.z[b];
+            pad += (double)(z->full - z->n), gsh += (double)z->S;
+        }
+    if (P->chunk[0].m.zero) {
+        shard_table_add(t, "ZeRO padding", "", "tails", "tails", NULL, "", f * pad, f * pad, 0);
+        shard_table_add(t, "ZeRO grad shard", "", NULL, "flat", NULL, "mine", 0, f * gsh, 0);
     }
     char title[80];
     snprintf(title, sizeof(title), "chapter 7, pp=%d x %d chunk%s, ep=%d, dp=%d, tp=%d", P->pp, P->v,

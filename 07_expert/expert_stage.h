@@ -3,7 +3,8 @@
 // its layers, their pieces of the whole model, the activation slots, the
 // schedule's lists and who sends this rank what; their set-up and release,
 // the training-state checkpoint's slices, --save and --show-sharding
-// (expert_stage.c). The step that runs the lists is expert_pipe.c's.
+// (expert_stage.c). The step is main.c's, its lists run by expert_pipe.c;
+// without the pipeline a rank has one chunk (expert_stage_create_one).
 #ifndef EXPERT_STAGE_H
 #define EXPERT_STAGE_H
 
@@ -57,7 +58,9 @@ typedef struct {
     CommRequest req;
 } XpSend;
 
-typedef struct {
+struct ExpertPipe {
+    int plain;    // pp = 1 without the pipeline's flags: one chunk, chapter 7's model of the rank's share
+    size_t total;  // the whole model's parameters
     Run run_mb;   // the run as one microbatch sees it: setup.B = B / m (the chunks' models point into it)
     MoeConfig cfg;  // the whole model's
     ExpertForward forward;
@@ -78,7 +81,7 @@ typedef struct {
     long dropped, dropped_total;
     long* routed;  // (L_moe, E) of the whole model
     int peak_slots;
-} ExpertPipe;
+};
 
 static inline int next_rank(const ExpertPipe* P) { return (P->stage + 1) % P->pp; }
 static inline int prev_rank(const ExpertPipe* P) { return (P->stage + P->pp - 1) % P->pp; }
@@ -97,6 +100,10 @@ static inline void slot_use(XpChunk* ch, XpSlot* sl) {
 // the embedding group and its incoming messages. Refuses bad flags on every
 // rank with one message. Collective over the world.
 void expert_stage_create(ExpertPipe* P, Run* run, ExpertFlags* flags, const MoeConfig* cfg);
+// Without the pipeline (pp = 1, no --microbatches, --virtual): one chunk,
+// chapter 7's model of the rank's whole share (expert_model_create), and
+// the schedule of one microbatch: its F, then its B.
+void expert_stage_create_one(ExpertPipe* P, Run* run, ExpertFlags* flags, const MoeConfig* cfg);
 void expert_stage_free(ExpertPipe* P);
 // This rank's slices of the training state, in the whole model's tensors.
 void expert_stage_ckpt(Ckpt* ck, ExpertPipe* P);

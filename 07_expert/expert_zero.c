@@ -4,6 +4,7 @@
 
 #include "errors.h"
 #include "memory.h"
+#include "ops.h"
 
 void expert_zero_alloc(ZeroBuf* z, int zero, const Comm* g, size_t n, float** params, float** grads, float** m,
                        float** v) {
@@ -26,15 +27,17 @@ void expert_zero_free(ZeroBuf* z) {
     z->dshard = NULL;
 }
 
-void expert_zero_check(int zero, int pipe) {
+void expert_zero_sumsq(double* mine, const ZeroBuf* z) {
+    size_t skip = z->tied > z->off ? z->tied - z->off : 0;  // the tied copy's floats in what I step
+    if (skip < z->S) grad_sumsq(mine, z->dshard + skip, z->S - skip);
+}
+
+void expert_zero_check(int zero) {
     if (zero == 2 || zero == 3)
         fail_all("--zero %d: chapter 7 shards the AdamW moments (--zero 1) but not yet the gradients or the "
                  "parameters, which need backward to hand each layer's gradient to its reduce-scatter as chapter 3 "
                  "does (issue #35): use --zero 1", zero);
     if (zero != 0 && zero != 1) fail_all("--zero %d: the stages here are 0 (none) and 1 (the AdamW moments)", zero);
-    if (zero && pipe)
-        fail_all("--zero 1 with --pp, --microbatches or --virtual: chapter 7's pipeline keeps whole AdamW moments "
-                 "(issue #35): drop --zero or the pipeline's flags");
 }
 
 void expert_zero_ckpt_add(CkptList* out, const CkptList* full, const float* params, const ZeroBuf* z, float* m,

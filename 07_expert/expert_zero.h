@@ -13,7 +13,8 @@
 // --zero 2 (the gradients too) needs backward to hand each layer's gradient
 // to a reduce-scatter as soon as it is made, into a unit buffer as chapter 3
 // does, and --zero 3 the parameters gathered per layer: issue #35's
-// remaining work; both are refused, and so is --zero with the pipeline.
+// remaining work; both are refused. With --pp each chunk's buffers are
+// sharded over their groups (the last stage's tied wte as any other floats).
 #ifndef EXPERT_ZERO_H
 #define EXPERT_ZERO_H
 
@@ -31,6 +32,7 @@ typedef struct {
     size_t off;      // where what I step starts in params: r S (0 without --zero)
     float *params, *grads, *m, *v;  // the buffer's (expert_zero_alloc's)
     float* dshard;   // (S) the reduced gradient I step: my shard (--zero 1), or grads itself
+    size_t tied;     // the first floats are a copy of another stage's (the pipeline's last stage's wte): out of the norm
 } ZeroBuf;
 enum { ZERO_EXPERTS, ZERO_SHARED, ZERO_TP };  // chapter 7's buffers, in ExpertModel.z
 
@@ -42,10 +44,13 @@ void expert_zero_alloc(ZeroBuf* z, int zero, const Comm* g, size_t n, float** pa
                        float** v);
 void expert_zero_free(ZeroBuf* z);
 
-// --zero: 0 or 1 (2 and 3 refused with issue #35), not with the pipeline
-// (pipe 1: --pp, --microbatches or --virtual given). Every rank exits on a
+// Adds the squares of the gradient I step (dshard: my shard with --zero 1,
+// else the whole buffer) to *mine, the tied copy left out.
+void expert_zero_sumsq(double* mine, const ZeroBuf* z);
+
+// --zero: 0 or 1 (2 and 3 refused with issue #35). Every rank exits on a
 // bad value, with one message.
-void expert_zero_check(int zero, int pipe);
+void expert_zero_check(int zero);
 
 // The checkpoint's lines of my moment shards (m, v: S floats each, the
 // shard [lo, lo + len) of a buffer): `full` lists the whole buffer's

@@ -14,7 +14,8 @@
 // (expert_cp.c); the rest is per token. --tp N: tensor parallelism with
 // sequence parallelism: a tp rank holds B/tp of a share's sequences,
 // attention is split by heads (expert_tp.c). --pp N: chapter 5's stages run
-// this forward and backward, tp, cp, ep and dp inside (expert_pipe.c).
+// this forward and backward, tp, cp, ep and dp inside; main's one loop runs
+// every mesh, the schedule's actions executed by expert_pipe.c.
 //
 // One MoE layer, forward, in the order of moe_layer_forward below:
 //   1. route      router logits -> softmax -> top-k experts and gates
@@ -34,7 +35,7 @@
 #include "exercise.h"  // exercise_not_done, in a homework tree
 #include "trace.h"
 
-#include "expert_pipe.h"  // expert_model.h, and --pp
+#include "expert_stage.h"  // expert_model.h, and the chunks, the schedule (expert_pipe.h)
 
 // ---------------------------------------------------------------- 1-2. route and count
 
@@ -349,7 +350,7 @@ static void model_backward(ExpertModel* m) {
 // its ep group's tokens routed to it (summed by backward), its copies on the
 // dp, cp, tp ranks the others: the sum over dp x cp x tp. A tp slice saw its
 // tp group's tokens: the sum over dp x cp x ep. Sums scale by 1/(dp cp ep tp).
-static void reduce_gradients(ExpertModel* m) {
+static void reduce_chunk(ExpertModel* m) {
     for (ZeroBuf* z = m->z; m->zero && z < m->z + m->nz; z++) {  // --zero 1: each rank receives its shard only
         comm_reduce_scatter(z->g, z->grads, z->dshard, z->S, COMM_SUM);
         ops_scale(z->dshard, z->S, 1.0f / (float)m->batch.size);
@@ -366,84 +367,78 @@ static void reduce_gradients(ExpertModel* m) {
     }
 }
 
-// The global norm: each gradient once, summed over ep and dp x cp x tp (the
-// first copy's, or with --zero every rank's shard). AdamW steps each buffer
-// whole, or (--zero 1) my shard; an all-gather brings every copy the shards.
-static float clip_and_step(ExpertModel* m, const TrainArgs* args, int step) {
+// The step's gradients: accumulated over the microbatches, then each chunk
+// (a pipeline stage's layers; the whole model without --pp) over its groups.
+static void reduce_gradients(ExpertPipe* P) {
+    expert_pipe_accumulated(P);  // x 1/m over the microbatches; --pp: the tied wte's halves summed
+    for (int c = 0; c < P->v; c++) reduce_chunk(&P->chunk[c].m);
+}
+
+// The global norm: each gradient once, summed over ep, dp x cp x tp and the
+// stages (the first copy's, or with --zero every rank's shard; the last
+// stage's tied wte left out). AdamW steps each buffer whole, or (--zero 1)
+// my shard; an all-gather brings every copy the shards.
+static float clip_and_step(ExpertPipe* P, const TrainArgs* args, int step) {
     double* mine = train_sumsq_begin();  // on the device, read once by train_global_norm
-    for (ZeroBuf* z = m->z; z < m->z + m->nz; z++)  // the experts, the replicated buffer, the tp slices
-        if (m->zero || z->g->rank == 0) grad_sumsq(mine, z->dshard, z->S);
-    const Comm* groups[] = {m->epc, m->dpcp};
-    double norm = train_global_norm(mine, groups, 2);
+    for (int c = 0; c < P->v; c++) {
+        ExpertModel* m = &P->chunk[c].m;
+        for (ZeroBuf* z = m->z; z < m->z + m->nz; z++)  // the experts, the replicated buffer, the tp slices
+            if (m->zero || z->g->rank == 0) expert_zero_sumsq(mine, z);
+    }
+    const Comm* groups[] = {P->chunk[0].m.epc, P->chunk[0].m.dpcp, P->ppc};
+    double norm = train_global_norm(mine, groups, P->pp > 1 ? 3 : 2);
     float scale = grad_clip_scale(norm, args->clip);
     AdamWConfig ac = train_adamw(args);
     double t0 = trace_start();
-    for (ZeroBuf* z = m->z; z < m->z + m->nz; z++)
-        adamw_update(z->params + z->off, z->dshard, z->m, z->v, z->S, ac, step + 1, scale);
+    for (int c = 0; c < P->v; c++)
+        for (ZeroBuf* z = P->chunk[c].m.z; z < P->chunk[c].m.z + P->chunk[c].m.nz; z++)
+            adamw_update(z->params + z->off, z->dshard, z->m, z->v, z->S, ac, step + 1, scale);
     trace_compute(t0, "optimizer");
-    for (ZeroBuf* z = m->z; m->zero && z < m->z + m->nz; z++)  // the updated shards to every copy, in place
-        comm_allgather(z->g, z->params + z->off, z->params, z->S);
+    for (int c = 0; c < P->v; c++)  // --zero 1: the updated shards to every copy, in place
+        for (ZeroBuf* z = P->chunk[c].m.z; P->chunk[c].m.zero && z < P->chunk[c].m.z + P->chunk[c].m.nz; z++)
+            comm_allgather(z->g, z->params + z->off, z->params, z->S);
     return (float)norm;
-}
-
-// ---------------------------------------------------------------- validation
-
-// Validation: every rank its own sequences, as in training; the routing
-// statistics count training steps only.
-static float forward_for_val(void* ctx, const int* inputs, const int* targets) {
-    ExpertModel* m = ctx;
-    m->record = 0;
-    float loss = model_forward(m, inputs, targets);
-    m->record = 1;
-    return loss;
-}
-static float val_loss(void* ctx, const TrainSetup* setup, int n_batches) {
-    ExpertModel* m = ctx;
-    return train_val_loss_with(setup, n_batches, forward_for_val, m, m->share * m->B, m->B, m->B, &m->batch);
 }
 
 // ---------------------------------------------------------------- main
 
+// One loop for every mesh. Without --pp (and --microbatches) a rank has one
+// chunk, the whole model, and the schedule is one F and one B; with --pp a
+// rank's chunks are its stages' layers and the schedule (chapter 5's)
+// interleaves the microbatches' F and B, expert_pipe.c sending the
+// activations and their gradients between the stages.
 int main(int argc, char** argv) {
     ExpertFlags fl;  // --experts, --top-k, ..., --ep-overlap (expert_model.c)
     Run run;
     if (!expert_run_start(&run, &fl, argc, argv)) return 0;
     const TrainArgs* args = &run.args;
     MoeConfig cfg = expert_config(&run, &fl);  // the flags or --model FILE's, checked against the mesh
-    if (expert_pipe_wanted(&run, &fl)) return expert_pipe_train(&run, &fl, &cfg, model_forward, model_backward);
-    ExpertModel model;  // my experts, the replicated rest, my share of the batch
-    expert_model_create(&model, &cfg, &fl, &run);
-    expert_model_show_sharding(&model, run.args.show_sharding);  // --show-sharding
-    expert_print_setup(&model, &run);
-    int B = run.setup.B, T = run.setup.T, per_rank = model.B;
+    static ExpertPipe P;  // my chunks (each an ExpertModel: my experts, the replicated rest), the schedule
     Ckpt ck;  // --ckpt-dir, --resume: this rank's slices, from whatever mesh saved them
-    expert_ckpt_open(&ck, &model, &run);
+    expert_pipe_create(&P, &run, &fl, &cfg, model_forward, model_backward, &ck);
+    const Comm* batch = &P.chunk[0].m.batch;  // dp x cp x ep x tp: the ranks of one stage that share the batch
     TrainLoop loop;
     train_loop_begin(&loop, &run, &(TrainLoopSpec){
-        .chapter = 7, .num_params = expert_total_params(&model), .flops_per_token = moe_flops_per_token(&cfg, T),
-        .rows = per_rank, .val_loss = val_loss, .ctx = &model, .ckpt = &ck});
+        .chapter = 7, .num_params = P.total, .flops_per_token = moe_flops_per_token(&cfg, run.setup.T),
+        .rows = P.per_rank, .val_loss = expert_pipe_val_loss, .ctx = &P, .ckpt = &ck});
     for (int step = loop.start; step < loop.steps; step++) {
-        data_batch(&run.setup.train, step, B, T, model.share * per_rank, per_rank, loop.inputs, loop.targets);
-        // forward: per MoE layer route, plan, dispatch, experts, combine
-        float my_loss = model_forward(&model, loop.inputs, loop.targets);
-        mem_zero(model.dshared, model.n_shared * sizeof(float));
-        mem_zero(model.dexperts, model.n_experts * sizeof(float));
-        if (model.tp.tp > 1) mem_zero(model.tp.dw, model.tp.n * sizeof(float));
-        model_backward(&model);    // the two exchanges of each MoE layer, reversed
-        reduce_gradients(&model);  // the replicated parameters, the experts, the tp slices: three groups
-        float norm = clip_and_step(&model, args, step);
+        expert_pipe_load(&P, &run.setup.train, step);  // my share of the batch, in m microbatches
+        // the schedule's F and B of each (microbatch, chunk): model_forward
+        // (per MoE layer route, plan, dispatch, experts, combine) and
+        // model_backward (the two exchanges of each MoE layer, reversed)
+        expert_pipe_run(&P);
+        reduce_gradients(&P);  // the replicated parameters, the experts, the tp slices: three groups
+        float norm = clip_and_step(&P, args, step);
         // the language-model loss of the global batch (a host scalar: plain MPI)
-        float loss = (float)train_mean(&model.batch, my_loss);  // dp x cp x ep: equal token counts
-        expert_step_record(&model, &loop, step);  // the record's aux_loss, dropped, expert_tokens
+        float loss = (float)train_mean(batch, expert_pipe_loss(&P));  // dp x cp x ep: equal token counts
+        expert_pipe_record(&P, &loop, step);  // the record's aux_loss, dropped, expert_tokens
         train_loop_step(&loop, step, loss, norm);
     }
     JsonBuf summary = {0};
-    expert_report(&model, &fl, &loop, &summary);  // the traffic, a2a_hidden_share
+    expert_pipe_report(&P, &fl, &loop, &summary);  // the traffic, a2a_hidden_share
     train_loop_end(&loop, &summary);  // the final validation and the summary
     json_free(&summary);
-    expert_sample(&model, args, forward_for_val);  // --sample: every rank runs each forward
-    if (args->save) expert_model_save(&model, args->save);
-    expert_model_free(&model);
+    expert_pipe_finish(&P, args);  // --sample (every rank runs each forward), --save
     run_finish(&run);
     return 0;
 }

@@ -214,6 +214,10 @@ c7 4 --batch 24 --seq 32 --experts 1 --top-k 1 --dp 2 --cp 2 --zero 1
 c7 4 --batch 24 --seq 32 --experts 4 --top-k 2 --dp 2 --ep 2 --zero 1
 c7 3 --batch 24 --seq 32 --experts 4 --top-k 2 --dp 3 --zero 1
 c7 8 --batch 24 --seq 32 --experts 4 --top-k 2 --dp 2 --tp 2 --ep 2 --zero 1
+# with --pp: each chunk's buffers over their groups, per chunk a
+# reduce-scatter and an all-gather of each (tests/chapter_7.sh's meshes)
+c7 4 --batch 24 --seq 32 --experts 1 --top-k 1 --dp 2 --pp 2 --zero 1
+c7 4 --batch 24 --seq 32 --experts 4 --top-k 2 --dp 2 --pp 2 --microbatches 2 --zero 1
 # --pp (07_expert/expert_pipe.c): each chunk a model of its layers, its
 # slots the microbatches its list holds at once, chapter 5's send buffers
 # (a range), the tied wte's all-reduce, the norm over pp; --microbatches on
@@ -380,7 +384,6 @@ plan_error "--sp" --chapter 6 --ranks 4 --tp 2 --cp 2 --sp
 plan_error "--ep" --chapter 7 --ranks 3 --ep 3 --experts 4
 plan_error "--ep-overlap" --chapter 7 --ranks 2 --ep 2 --batch 24 --seq 32 --ep-overlap 385
 plan_error "--zero: chapter 7's stages are 0 and 1" --chapter 7 --ranks 2 --dp 2 --zero 2
-plan_error "--zero 1 with the pipeline: chapter 7 does not compose them yet (issue #35)" --chapter 7 --ranks 2 --pp 2 --zero 1
 plan_error "--tp: chapter 7 composes it with --recompute in MoE layers only" --chapter 7 --ranks 2 --tp 2 --moe-every 2 --recompute selective
 plan_error "--batch: each tp rank takes whole sequences" --chapter 7 --ranks 4 --tp 4 --batch 6
 plan_error "--tp: tp must divide the model's heads" --chapter 7 --ranks 3 --tp 3 --batch 6

@@ -81,7 +81,6 @@ const char* plan_check_expert(const PlanArgs* a, PlanInfo* info, char* msg, size
     const char* bad = moe_config_problem(&c);
     if (bad) return snprintf(msg, len, "%s", bad), msg;
     if (a->zero != 0 && a->zero != 1) return "--zero: chapter 7's stages are 0 and 1 (2 and 3: issue #35)";
-    if (a->zero && pipelined(a)) return "--zero 1 with the pipeline: chapter 7 does not compose them yet (issue #35)";
     if (a->experts % nep) return "--ep: the experts must split over ep";
     if (a->capacity < 0) return "--capacity-factor must be >= 0";
     if (a->B % (ndp * nep)) return "--batch: the batch must split over dp x ep";
@@ -103,7 +102,8 @@ const char* plan_check_expert(const PlanArgs* a, PlanInfo* info, char* msg, size
 // A pp rank's chunks (expert_stage.c): each an ExpertModel of its layers
 // (moe.h's buffers of a model of L / S layers) on b = B / (dp ep tp m)
 // sequences, as many activation slots as its list holds microbatches at
-// once; its all-reduces (the pieces that touch in one call), the tied wte
+// once; its all-reduces (each buffer whole, main.c's reduce_chunk; --zero
+// 1 a reduce-scatter and an all-gather of each, padded), the tied wte
 // between the two ends, the norm over ep, dp (x cp x tp) and pp; its
 // messages. With --tp each chunk holds its layers' tp slices, the (N tp, C)
 // gather buffers, and runs tp's all-gathers and reduce-scatters in every
@@ -142,7 +142,13 @@ static void plan_pipe(const PlanArgs* a, RankPlan* p, int r) {
     Comm same = plan_group(comm_slot_for(name), ndp * ncp * nep, (coord[AXIS_DP] * nep + coord[AXIS_EP]) * ncp + coord[AXIS_CP]);
     Comm ppc = plan_group(AXIS_PP, pp, s), cpg = plan_group(AXIS_CP, ncp, coord[AXIS_CP]);
     Comm tpg = plan_group(AXIS_TP, ntp, coord[AXIS_TP]);
-    double params = 0, acts = 0, comm = 0;
+    double full = 0, shard = 0, acts = 0, comm = 0;
+    // --zero 1 (expert_zero.h): each chunk's buffers of n floats over their N
+    // copies (batch, dp x cp (x tp), dp x cp x ep): the moments S = ceil(n / N),
+    // the parameters and gradient padded to N S, a gradient shard S
+    int ndup[3] = {a->zero ? batch.size : 1, a->zero ? dp.size : 1, a->zero ? same.size : 1};
+    Comm* zg[3] = {&batch, &dp, ntp > 1 ? &same : NULL};
+    double nbuf[64][3];  // --virtual: at most 64 chunks (check_pipe)
     p->flops = 0;
     for (int ch = 0; ch < v; ch++) {
         MoeConfig lc = c;  // the chunk's layers (its FLOPs), and as expert_stage.c holds them
@@ -154,7 +160,11 @@ static void plan_pipe(const PlanArgs* a, RankPlan* p, int r) {
         if (!embeds && !head) held.gpt.vocab_size = held.gpt.padded_vocab_size = 0;
         double shared = (double)moe_num_shared(&held), experts = (double)n_moe * El * moe_expert_numel(&lc);
         double slices = ntp > 1 ? (double)Lc * moe_attn_tp_numel(C, ntp) : 0.0;
-        params += shared + experts + slices;
+        nbuf[ch][0] = shared, nbuf[ch][1] = experts, nbuf[ch][2] = slices;
+        for (int q = 0; q < 3; q++) {
+            double S1 = ceil(nbuf[ch][q] / ndup[q]);
+            full += ndup[q] * S1, shard += S1;
+        }
         for (int i = 0, now = 0; i < sc->n[s]; i++) {  // a slot taken at F, given back at B
             Action x = sc->list[s][i];
             if (x.chunk == ch && x.type == ACT_F && ++now > busy) busy = now;
@@ -206,15 +216,15 @@ static void plan_pipe(const PlanArgs* a, RankPlan* p, int r) {
         if (a->recompute == RECOMPUTE_NONE) acts += busy * n_moe * (layer + R * H), comm += busy * n_moe * 2 * Nk * C;
         if (a->recompute == RECOMPUTE_SELECTIVE) acts += busy * n_moe * layer + R * H, comm += busy * n_moe * Nk * C + Nk * C;
         if (a->recompute == RECOMPUTE_FULL) acts += layer + R * H, comm += 2 * Nk * C;
-        // the replicated pieces in one call: [wte wpe blocks (lnf)] on the
-        // first, [(the tied wte) blocks (lnf)] elsewhere; the experts over dp
-        double blocks = (double)(moe_lnf_offset(&held) - moe_block_offset(&held, 0)) + (head ? 2.0 * C : 0.0);
-        double wte = (double)param_tensor_numel(g, P_WTE), front = (double)moe_block_offset(&held, 0);
-        // (a chunk holds no wpe off the first: the tied wte and the blocks touch)
-        double pieces = (embeds ? front : head ? wte : 0.0) + blocks;
-        comm_tally(&batch, COLL_ALLREDUCE, (size_t)pieces * sizeof(float), 2.0 * comm_ring_factor(&batch));
-        comm_tally(&dp, COLL_ALLREDUCE, (size_t)experts * sizeof(float), 2.0 * comm_ring_factor(&dp));
-        if (ntp > 1) comm_tally(&same, COLL_ALLREDUCE, (size_t)slices * sizeof(float), 2.0 * comm_ring_factor(&same));
+        // main.c's reduce_chunk: the replicated buffer whole (lnf's unused
+        // slot off the last chunk too), the experts over dp; --zero 1 a
+        // reduce-scatter of each padded buffer instead (after the loop, as
+        // the step runs them after every chunk's backward)
+        if (!a->zero) {
+            comm_tally(&batch, COLL_ALLREDUCE, (size_t)shared * sizeof(float), 2.0 * comm_ring_factor(&batch));
+            comm_tally(&dp, COLL_ALLREDUCE, (size_t)experts * sizeof(float), 2.0 * comm_ring_factor(&dp));
+            if (ntp > 1) comm_tally(&same, COLL_ALLREDUCE, (size_t)slices * sizeof(float), 2.0 * comm_ring_factor(&same));
+        }
         // per microbatch and MoE layer: dispatch and combine, both again in
         // backward (and in the forward --recompute full runs again)
         int nc = a->ep_overlap;
@@ -231,9 +241,13 @@ static void plan_pipe(const PlanArgs* a, RankPlan* p, int r) {
         if (a->recompute == RECOMPUTE_FULL)  // the blocks' forward again, not the head's
             p->flops += N * M * (moe_flops_per_token(&lc, T) / 3.0 - 2.0 * g->padded_vocab_size * C);
     }
-    p->peak[MEM_PARAMS] = f * params;
-    p->peak[MEM_GRADS] = f * params;
-    p->peak[MEM_OPTIMIZER] = 2 * f * params;
+    for (int ch = 0; a->zero && ch < v; ch++)
+        for (int q = 0; q < 3; q++)
+            if (zg[q]) comm_tally(zg[q], COLL_REDUCE_SCATTER, (size_t)(ndup[q] * ceil(nbuf[ch][q] / ndup[q])) * sizeof(float),
+                                  comm_ring_factor(zg[q]));
+    p->peak[MEM_PARAMS] = f * full;
+    p->peak[MEM_GRADS] = f * (full + (a->zero ? shard : 0));
+    p->peak[MEM_OPTIMIZER] = 2 * f * shard;
     p->peak[MEM_ACTIVATIONS] = f * acts;
     // the send buffers: between one (if the rank sends) and the most in flight
     double BTC = N * C;
@@ -247,7 +261,11 @@ static void plan_pipe(const PlanArgs* a, RankPlan* p, int r) {
         comm_tally(&embed, COLL_ALLREDUCE, param_tensor_numel(g, P_WTE) * sizeof(float), 2.0 * comm_ring_factor(&embed));
     }
     const Comm* groups[] = {&ep, &dp, &ppc};
-    plan_norm(p, groups, 3);
+    plan_norm(p, groups, pp > 1 ? 3 : 2);  // (main.c's clip_and_step: the stages' group with pp > 1)
+    for (int ch = 0; a->zero && ch < v; ch++)  // --zero 1: the updated shards to every copy
+        for (int q = 0; q < 3; q++)
+            if (zg[q]) comm_tally(zg[q], COLL_ALLGATHER, (size_t)(ndup[q] * ceil(nbuf[ch][q] / ndup[q])) * sizeof(float),
+                                  comm_ring_factor(zg[q]));
 }
 
 void plan_chapter_7(const PlanArgs* a, RankPlan* p, int r) {
