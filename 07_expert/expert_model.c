@@ -312,6 +312,16 @@ MoeConfig expert_config(const Run* run, ExpertFlags* f) {
 
 // ---------------------------------------------------------------- set-up
 
+int expert_cp_owner(const CPShard* sh, int pos, size_t* row) {
+    int owner = 0;
+    for (int c = 0; c < sh->cp; c++)
+        for (int p = 0; p < sh->parts; p++) {
+            int pos0 = cp_shard_pos(sh, c, p);
+            if (pos0 <= pos && pos < pos0 + sh->len) owner = c, *row = (size_t)p * sh->B * sh->len + (size_t)(pos - pos0);
+        }
+    return owner;
+}
+
 // n MoE layers' state (expert_model.h): what a layer keeps from its forward
 // for its backward, on m->N token rows.
 MoeLayer* expert_moe_layers_create(const ExpertModel* m, int n) {
@@ -540,13 +550,8 @@ static void next_logits(void* ctx, const int* window, int t, float* row) {
     int* tokens = xcalloc((size_t)m->B * sh->T * 2, sizeof(int));  // inputs, then targets (unused: zeros)
     if (m->share == 0) memcpy(tokens, window, (size_t)t * sizeof(int));
     s->forward(m, tokens, tokens + (size_t)m->B * sh->T);
-    int owner = 0;
     size_t r = 0;
-    for (int c = 0; c < sh->cp; c++)
-        for (int p = 0; p < sh->parts; p++) {
-            int pos0 = cp_shard_pos(sh, c, p);
-            if (pos0 <= t - 1 && t - 1 < pos0 + sh->len) owner = c, r = (size_t)p * sh->B * sh->len + (size_t)(t - 1 - pos0);
-        }
+    int owner = expert_cp_owner(sh, t - 1, &r);
     HeadActs h = gpt_acts_head(&m->acts, &m->cfg.gpt, m->B, m->T);
     if (sh->rank == owner) mem_to_host(row, h.logits + r * Vp, (size_t)Vp * sizeof(float));
     if (sh->cp > 1) MPI_CHECK(MPI_Bcast(row, Vp, MPI_FLOAT, owner, m->cp.cpc->mpi));  // host floats: plain MPI

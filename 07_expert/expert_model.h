@@ -279,6 +279,9 @@ void expert_tp_free(ExpertModel* m);
 // The whole model's shared buffer (host, tp = 1 layout) on tp rank 0 from
 // every rank's; collective over tp. NULL on the other ranks.
 float* expert_tp_gather_whole(ExpertModel* m);
+// The cp rank that holds position pos of a sequence (ring.h's layout), and
+// pos's row there in the first of its sequences (--sample reads its logits).
+int expert_cp_owner(const CPShard* sh, int pos, size_t* row);
 // The cp buffers of m (m->N, m->cfg and m->cp.sh set), and their release.
 void expert_cp_create(ExpertModel* m);
 void expert_cp_free(ExpertModel* m);

@@ -269,13 +269,8 @@ static void next_logits(void* ctx, const int* window, int t, float* row) {
     // tells its cp group, as chapter 7's own next_logits does
     const ExpertModel* m = &P->chunk[P->v - 1].m;
     const CPShard* sh = &m->cp.sh;
-    int owner = 0;
     size_t r = 0;
-    for (int c = 0; c < sh->cp; c++)
-        for (int p = 0; p < sh->parts; p++) {
-            int pos0 = cp_shard_pos(sh, c, p);
-            if (pos0 <= t - 1 && t - 1 < pos0 + sh->len) owner = c, r = (size_t)p * sh->B * sh->len + (size_t)(t - 1 - pos0);
-        }
+    int owner = expert_cp_owner(sh, t - 1, &r);
     if (P->stage == P->pp - 1) {
         HeadActs h = gpt_acts_head(&last->acts, &m->cfg.gpt, P->b, P->Tr);
         if (sh->rank == owner) mem_to_host(row, h.logits + r * Vp, (size_t)Vp * sizeof(float));

@@ -99,6 +99,35 @@ const char* plan_check_expert(const PlanArgs* a, PlanInfo* info, char* msg, size
     return pipelined(a) ? check_pipe(a, info, msg, len) : NULL;
 }
 
+// The three gradient groups expert_model_create makes, as the plan counts
+// them (cp and tp in their names only with --cp, --tp): the replicated
+// buffer's dp x cp x ep x tp, the experts' dp x cp x tp and the tp slices'
+// dp x cp x ep (expert_tp_create; with tp = 1 the same group as the first).
+typedef struct {
+    Comm batch, experts, slices;
+} GradGroups;
+
+static GradGroups grad_groups(const PlanArgs* a, const int coord[NUM_AXES]) {
+    int ndp = a->mesh[AXIS_DP], nep = a->mesh[AXIS_EP], ncp = a->mesh[AXIS_CP], ntp = a->mesh[AXIS_TP];
+    char name[32];
+    Mesh mesh;
+    memset(&mesh, 0, sizeof(mesh));
+    for (int x = 0; x < NUM_AXES; x++) mesh.size[x] = a->mesh[x];
+    unsigned with_cp = ncp > 1 ? 1u << AXIS_CP : 0u, with_tp = ntp > 1 ? 1u << AXIS_TP : 0u;
+    GradGroups g;
+    comm_group_slot_name(&mesh, (1u << AXIS_DP) | with_cp | (1u << AXIS_EP) | with_tp, name, sizeof(name));
+    g.batch = plan_group(comm_slot_for(name), ndp * ncp * nep * ntp,
+                         ((coord[AXIS_DP] * nep + coord[AXIS_EP]) * ncp + coord[AXIS_CP]) * ntp + coord[AXIS_TP]);
+    g.experts = plan_group(AXIS_DP, ndp, coord[AXIS_DP]);
+    if (ncp > 1 || ntp > 1) {
+        comm_group_slot_name(&mesh, (1u << AXIS_DP) | with_cp | with_tp, name, sizeof(name));
+        g.experts = plan_group(comm_slot_for(name), ndp * ncp * ntp, (coord[AXIS_DP] * ncp + coord[AXIS_CP]) * ntp + coord[AXIS_TP]);
+    }
+    comm_group_slot_name(&mesh, (1u << AXIS_DP) | with_cp | (1u << AXIS_EP), name, sizeof(name));
+    g.slices = plan_group(comm_slot_for(name), ndp * ncp * nep, (coord[AXIS_DP] * nep + coord[AXIS_EP]) * ncp + coord[AXIS_CP]);
+    return g;
+}
+
 // A pp rank's chunks (expert_stage.c): each an ExpertModel of its layers
 // (moe.h's buffers of a model of L / S layers) on b = B / (dp ep tp m)
 // sequences, as many activation slots as its list holds microbatches at
@@ -122,24 +151,8 @@ static void plan_pipe(const PlanArgs* a, RankPlan* p, int r) {
     double NC = N * C;
     int ring = !strcmp(a->cp_mode, "ring");
     const Schedule* sc = plan_pipeline_schedule();
-    char name[32];
-    Mesh mesh;
-    memset(&mesh, 0, sizeof(mesh));
-    for (int x = 0; x < NUM_AXES; x++) mesh.size[x] = a->mesh[x];
-    // the groups of expert_model_create: dp x cp x ep (x tp; cp and tp in
-    // the name only with --cp, --tp), the experts' dp x cp (x tp), and with
-    // --tp the slices' dp x cp x ep (expert_tp_create)
-    unsigned with_cp = ncp > 1 ? 1u << AXIS_CP : 0u, with_tp = ntp > 1 ? 1u << AXIS_TP : 0u;
-    comm_group_slot_name(&mesh, (1u << AXIS_DP) | with_cp | (1u << AXIS_EP) | with_tp, name, sizeof(name));
-    Comm batch = plan_group(comm_slot_for(name), ndp * ncp * nep * ntp,
-                            ((coord[AXIS_DP] * nep + coord[AXIS_EP]) * ncp + coord[AXIS_CP]) * ntp + coord[AXIS_TP]);
-    Comm dp = plan_group(AXIS_DP, ndp, coord[AXIS_DP]), ep = plan_group(AXIS_EP, nep, coord[AXIS_EP]);
-    if (ncp > 1 || ntp > 1) {
-        comm_group_slot_name(&mesh, (1u << AXIS_DP) | with_cp | with_tp, name, sizeof(name));
-        dp = plan_group(comm_slot_for(name), ndp * ncp * ntp, (coord[AXIS_DP] * ncp + coord[AXIS_CP]) * ntp + coord[AXIS_TP]);
-    }
-    comm_group_slot_name(&mesh, (1u << AXIS_DP) | with_cp | (1u << AXIS_EP), name, sizeof(name));
-    Comm same = plan_group(comm_slot_for(name), ndp * ncp * nep, (coord[AXIS_DP] * nep + coord[AXIS_EP]) * ncp + coord[AXIS_CP]);
+    GradGroups gg = grad_groups(a, coord);
+    Comm batch = gg.batch, dp = gg.experts, same = gg.slices, ep = plan_group(AXIS_EP, nep, coord[AXIS_EP]);
     Comm ppc = plan_group(AXIS_PP, pp, s), cpg = plan_group(AXIS_CP, ncp, coord[AXIS_CP]);
     Comm tpg = plan_group(AXIS_TP, ntp, coord[AXIS_TP]);
     double full = 0, shard = 0, acts = 0, comm = 0;
@@ -371,34 +384,16 @@ void plan_chapter_7(const PlanArgs* a, RankPlan* p, int r) {
             comm_tally_bytes(&ep, COLL_ALLTOALL, f * nt * k * C, out * f * nt * k * C);
             comm_tally_bytes(&ep, COLL_ALLTOALL, f * rows * C, out * f * rows * C);
         }
-    // the two gradient groups (dp x cp x ep and dp x cp; cp in their names
-    // only with --cp, as expert_model_create makes them), then the norm over
-    // ep and dp x cp
-    char name[32];
-    Mesh mesh;
-    memset(&mesh, 0, sizeof(mesh));
-    for (int x = 0; x < NUM_AXES; x++) mesh.size[x] = a->mesh[x];
-    unsigned with_cp = ncp > 1 ? 1u << AXIS_CP : 0u, with_tp = ntp > 1 ? 1u << AXIS_TP : 0u;
-    comm_group_slot_name(&mesh, (1u << AXIS_DP) | with_cp | (1u << AXIS_EP) | with_tp, name, sizeof(name));
-    Comm batch = plan_group(comm_slot_for(name), ndp * ncp * nep * ntp,
-                            ((coord[AXIS_DP] * nep + coord[AXIS_EP]) * ncp + coord[AXIS_CP]) * ntp + coord[AXIS_TP]);
-    // --zero 1: a reduce-scatter of each padded buffer instead of the
-    // all-reduce, and after the step an all-gather of the updated shards
-    Comm* zg[3] = {&batch, NULL, NULL};
-    if (!a->zero) comm_tally(&batch, COLL_ALLREDUCE, (size_t)shared * sizeof(float), 2.0 * comm_ring_factor(&batch));
-    Comm dpcp = plan_group(AXIS_DP, ndp, coord[AXIS_DP]);
-    if (ncp > 1 || ntp > 1) {
-        comm_group_slot_name(&mesh, (1u << AXIS_DP) | with_cp | with_tp, name, sizeof(name));
-        dpcp = plan_group(comm_slot_for(name), ndp * ncp * ntp, (coord[AXIS_DP] * ncp + coord[AXIS_CP]) * ntp + coord[AXIS_TP]);
-    }
-    zg[1] = &dpcp;
-    if (!a->zero) comm_tally(&dpcp, COLL_ALLREDUCE, (size_t)experts * sizeof(float), 2.0 * comm_ring_factor(&dpcp));
-    Comm same;
-    if (ntp > 1) {  // the tp slices, over the ranks that hold the same one
-        comm_group_slot_name(&mesh, (1u << AXIS_DP) | with_cp | (1u << AXIS_EP), name, sizeof(name));
-        same = plan_group(comm_slot_for(name), ndp * ncp * nep, (coord[AXIS_DP] * nep + coord[AXIS_EP]) * ncp + coord[AXIS_CP]);
-        zg[2] = &same;
-        if (!a->zero) comm_tally(&same, COLL_ALLREDUCE, (size_t)slices * sizeof(float), 2.0 * comm_ring_factor(&same));
+    // the three gradient groups (grad_groups), then the norm over ep and
+    // dp x cp x tp. --zero 1: a reduce-scatter of each padded buffer instead
+    // of the all-reduce, and after the step an all-gather of the updated shards
+    GradGroups gg = grad_groups(a, coord);
+    Comm batch = gg.batch, dpcp = gg.experts, same = gg.slices;
+    Comm* zg[3] = {&batch, &dpcp, ntp > 1 ? &same : NULL};
+    if (!a->zero) {
+        comm_tally(&batch, COLL_ALLREDUCE, (size_t)shared * sizeof(float), 2.0 * comm_ring_factor(&batch));
+        comm_tally(&dpcp, COLL_ALLREDUCE, (size_t)experts * sizeof(float), 2.0 * comm_ring_factor(&dpcp));
+        if (ntp > 1) comm_tally(&same, COLL_ALLREDUCE, (size_t)slices * sizeof(float), 2.0 * comm_ring_factor(&same));
     }
     for (int b = 0; a->zero && b < 3; b++)
         if (zg[b]) {
