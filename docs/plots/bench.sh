@@ -23,6 +23,8 @@
 #                              ch4_tp2_dp1
 #   ch7_e4k1_epN               chapter 7, 4 experts, top-1 (the dense model's active
 #                              parameters), ep = 1 and 4
+#   ch7_e4k1_AXES              the same model on 4 ranks of two axes composed:
+#                              ep2_tp2, ep2_pp2, tp2_pp2 (issue #35)
 #
 # A chapter's runs are in the sweep only if its binary ($BIN/chapter-N) exists.
 # Each run first writes a temporary file and replaces the old one only when it
@@ -127,6 +129,10 @@ if have 7; then
     # as in the dense model (plus the router's E C per layer), on 1 and 4 ranks
     add ch7_e4k1_ep1 1 "$BIN/chapter-7" --experts 4 --top-k 1 $TRAIN
     add ch7_e4k1_ep4 4 "$BIN/chapter-7" --ep 4 --experts 4 --top-k 1 $TRAIN
+    # the composition on 4 ranks: two axes at a time (1F1B, 2 microbatches with pp)
+    add ch7_e4k1_ep2_tp2 4 "$BIN/chapter-7" --ep 2 --tp 2 --experts 4 --top-k 1 $TRAIN
+    add ch7_e4k1_ep2_pp2 4 "$BIN/chapter-7" --ep 2 --pp 2 --experts 4 --top-k 1 $TRAIN
+    add ch7_e4k1_tp2_pp2 4 "$BIN/chapter-7" --tp 2 --pp 2 --experts 4 --top-k 1 $TRAIN
 else skipped="$skipped 7"; fi
 total=${#names[@]}
 if [ "$total" = 0 ]; then
