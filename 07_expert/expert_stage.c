@@ -45,9 +45,6 @@ static void check_and_schedule(ExpertPipe* P, const Run* run, const ExpertFlags*
     if (L % P->S != 0)
         fail_all("the model's %d layers do not cut into pp=%d x %d chunk%s = %d equal stages: use pp x virtual dividing %d",
                  L, P->pp, P->v, P->v == 1 ? "" : "s", P->S, L);
-    if ((L / P->S) % P->cfg.moe_every != 0)
-        fail_all("--moe-every %d with %d layers per stage: a stage must start at a multiple of %d (issue #35: "
-                 "stages of whole MoE periods)", P->cfg.moe_every, L / P->S, P->cfg.moe_every);
     P->b = P->per_rank / P->M;
     if (fl->ep_overlap > P->b * P->Tr)
         fail_all("--ep-overlap %d: a microbatch has %d tokens per rank: use at most %d", fl->ep_overlap, P->b * P->Tr,
@@ -102,9 +99,10 @@ static void embedding_group(Comm* embed, const Mesh* mesh) {
 // only where the chunk uses them (wte on the first and the last, wpe on the
 // first). lnf's 2C floats stay on every chunk; a chunk without the head
 // keeps no logits in its slots (expert_model_create_part).
-static MoeConfig pipe_chunk_config(const MoeConfig* whole, int layers, int embeds, int head) {
+static MoeConfig pipe_chunk_config(const MoeConfig* whole, int first, int layers, int embeds, int head) {
     MoeConfig local = *whole;
     local.gpt.num_layers = layers;
+    local.first_layer = first;  // MoE or dense as the whole model's layers (moe.h), wherever the chunk starts
     if (!embeds) local.gpt.max_seq_len = 0;
     if (!embeds && !head) local.gpt.vocab_size = local.gpt.padded_vocab_size = 0;
     return local;
@@ -144,7 +142,7 @@ static void chunk_create(ExpertPipe* P, int c, const ExpertFlags* fl, const floa
     int L = P->cfg.gpt.num_layers, Lc = L / P->S;
     ch->vstage = c * P->pp + P->stage, ch->first = ch->vstage * Lc;
     int embeds = ch->vstage == 0, head = ch->vstage == P->S - 1;
-    MoeConfig local = pipe_chunk_config(&P->cfg, Lc, embeds, head);
+    MoeConfig local = pipe_chunk_config(&P->cfg, ch->first, Lc, embeds, head);
     ch->moe0 = 0;
     for (int l = 0; l < ch->first; l++) ch->moe0 += moe_is_moe_layer(&P->cfg, l);
     ch->n_moe = moe_num_moe_layers(&local);

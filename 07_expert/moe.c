@@ -23,9 +23,15 @@ const char* moe_config_problem(const MoeConfig* c) {
     return NULL;
 }
 
-int moe_is_moe_layer(const MoeConfig* c, int l) { return (l + 1) % c->moe_every == 0; }
-int moe_num_moe_layers(const MoeConfig* c) { return c->gpt.num_layers / c->moe_every; }
-int moe_layer_index(const MoeConfig* c, int l) { return (l + 1) / c->moe_every - 1; }
+// Local layer l is global layer first_layer + l (a pipeline chunk's); the
+// MoE layers before global layer g are g / moe_every of them.
+int moe_is_moe_layer(const MoeConfig* c, int l) { return (c->first_layer + l + 1) % c->moe_every == 0; }
+int moe_num_moe_layers(const MoeConfig* c) {
+    return (c->first_layer + c->gpt.num_layers) / c->moe_every - c->first_layer / c->moe_every;
+}
+int moe_layer_index(const MoeConfig* c, int l) {
+    return (c->first_layer + l + 1) / c->moe_every - 1 - c->first_layer / c->moe_every;
+}
 
 // ---------------------------------------------------------------- shared parameters
 

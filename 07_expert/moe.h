@@ -39,10 +39,18 @@ typedef struct {
     // rank holds its slices of them in a buffer of their own); 0 or 1: the
     // whole model, as the file and the checkpoint's tensors name it
     int tp;
+    // the global index of local layer 0: 0 for the whole model, a pipeline
+    // chunk's first layer for its own config (expert_stage.c), so that its
+    // local layer j is MoE or dense as global layer first_layer + j is, and
+    // its MoE layers are indexed from its first one. The init and the file
+    // functions take the whole model (first_layer 0).
+    int first_layer;
 } MoeConfig;
 
 // NULL if the config is usable, else a message.
 const char* moe_config_problem(const MoeConfig* c);
+// l is a local layer (global first_layer + l); the MoE layers counted and
+// indexed are the config's own (a chunk's from its first MoE layer).
 int moe_is_moe_layer(const MoeConfig* c, int l);
 int moe_num_moe_layers(const MoeConfig* c);
 // The index of MoE layer l among the MoE layers (l must be one).

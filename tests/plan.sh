@@ -242,6 +242,11 @@ c7 4 --batch 24 --seq 32 --experts 1 --top-k 1 --pp 2 --cp 2
 c7 8 --batch 24 --seq 32 --experts 4 --top-k 2 --ep 2 --pp 2 --cp 2 --cp-mode ulysses --cp-balance zigzag
 c7 4 --batch 24 --seq 32 --experts 4 --top-k 3 --moe-every 3 --expert-hidden 96 --model tiny6 --pp 2 --cp 2 --ep-overlap 3
 c7 4 --batch 24 --seq 32 --experts 4 --top-k 3 --moe-every 3 --expert-hidden 96 --model tiny6 --ep 2 --pp 2 --schedule gpipe --microbatches 4 --recompute full
+# stages that start inside the --moe-every period (tiny6: layer 3 on pp 2,
+# a stage without an MoE layer on pp 3)
+c7 2 --batch 24 --seq 32 --experts 4 --top-k 2 --moe-every 2 --model tiny6 --pp 2 --microbatches 2
+c7 3 --batch 24 --seq 32 --experts 4 --top-k 3 --moe-every 3 --expert-hidden 96 --model tiny6 --pp 3 --microbatches 2
+c7 4 --batch 24 --seq 32 --experts 4 --top-k 2 --moe-every 2 --model tiny6 --ep 2 --pp 2 --zero 1
 jobs_wait
 
 echo "== --show-sharding"

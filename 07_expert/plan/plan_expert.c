@@ -52,7 +52,6 @@ static const char* check_pipe(const PlanArgs* a, PlanInfo* info, char* msg, size
     if (m < 1 || share % (m * tp)) return "--microbatches: must divide a rank's sequences, --batch / (dp ep tp)";
     if (v < 1 || v > 64 / pp || (v > 1 && pp == 1)) return "--virtual: 1 to 64 / pp chunks, more than 1 with pp > 1 only";
     if (L % (pp * v)) return "--pp: the layers must cut into pp x virtual equal stages";
-    if ((L / (pp * v)) % a->moe_every) return "--moe-every: a stage must start at a multiple of it";
     if (a->ep_overlap > per_rank / m * (a->T / a->mesh[AXIS_CP])) return "--ep-overlap: at most a microbatch's tokens on a rank";
     return plan_pipeline_lists(a, m, info, msg, len);
 }
@@ -166,7 +165,9 @@ static void plan_pipe(const PlanArgs* a, RankPlan* p, int r) {
     for (int ch = 0; ch < v; ch++) {
         MoeConfig lc = c;  // the chunk's layers (its FLOPs), and as expert_stage.c holds them
         lc.gpt.num_layers = Lc;
-        int kv = ch * pp + s, n_moe = moe_num_moe_layers(&lc), embeds = kv == 0, head = kv == S - 1, busy = 0;
+        int kv = ch * pp + s;
+        lc.first_layer = kv * Lc;  // MoE or dense as the whole model's layers, wherever the chunk starts
+        int n_moe = moe_num_moe_layers(&lc), embeds = kv == 0, head = kv == S - 1, busy = 0;
         MoeConfig held = lc;
         held.tp = ntp;  // the shared buffer without the tp slices (moe.h)
         if (!embeds) held.gpt.max_seq_len = 0;
