@@ -802,9 +802,10 @@ fi
 # stages that start inside the --moe-every period: a chunk's local layer j
 # is global layer first_layer + j (07_expert/moe.h). tiny6 with k = 2 on
 # pp = 2 (stage 1 starts at layer 3, a dense layer after an MoE one) and
-# k = 3 on pp = 3 (stage 0 has no MoE layer) against one rank with the same
-# microbatches; the pp = 2 run's checkpoint resumes on one rank, and its
-# --save at step 0 is the one-rank file byte for byte
+# k = 3 on pp = 3 (stage 0 has no MoE layer), k = 2 on tp x pp = 2 x 2 (the
+# chunks' tp slices) against one rank with the same microbatches; the pp = 2
+# run's checkpoint resumes on one rank, and its --save at step 0 is the
+# one-rank file byte for byte
 c7_align() {  # NAME NP FLAGS MESH [EXTRA]: MESH against one rank
     local ref=$TEST_TMPDIR/c7al_$1_1.jsonl log=$TEST_TMPDIR/c7al_$1.jsonl a=""
     mpi_run $T_RUN 1 "$BUILD/chapter-7" $INV_FLAGS --model tiny6 --microbatches 2 $3 --log "$ref"
@@ -817,6 +818,7 @@ c7_align() {  # NAME NP FLAGS MESH [EXTRA]: MESH against one rank
 }
 c7_align k2 2 "--experts 4 --top-k 2 --moe-every 2" "--pp 2" "--ckpt-dir $TEST_TMPDIR/c7al_ck --save-every 4"
 c7_align k3 3 "--experts 4 --top-k 3 --expert-hidden 96 --moe-every 3" "--pp 3"
+c7_align k2tp 4 "--experts 4 --top-k 2 --moe-every 2" "--tp 2 --pp 2"
 mpi_run $T_RUN 1 "$BUILD/chapter-7" $INV_FLAGS --model tiny6 --microbatches 2 --experts 4 --top-k 2 --moe-every 2 \
     --resume "$TEST_TMPDIR/c7al_ck/step-00000004" --log "$TEST_TMPDIR/c7al_res1.jsonl"
 c7_tail "$TEST_TMPDIR/c7al_k2.jsonl" 4 >"$TEST_TMPDIR/c7al_tail.jsonl"
