@@ -420,7 +420,7 @@ done
 # all-to-alls too, and keeps one layer's lse and q|k|v. On ep x cp = 2 x 2,
 # ring and Ulysses (zigzag), and with a dense layer below an MoE layer
 # (--moe-every 2: expert_dense_backward's recompute); and that dense layer
-# under --tp (tp = 2, ep x tp = 2 x 2): selective makes the probabilities of
+# under --tp (tp = 2, ep x tp = 2 x 2, tp x cp = 2 x 2): selective makes the probabilities of
 # the rank's heads and gelu(fch) again, full the whole layer, its tp
 # all-gather and reduce-scatter too. The step records of none, every field
 # the same bits, and less activation memory per rank at each mode (its
@@ -431,7 +431,8 @@ for run in "ep x cp = 2 x 2 (ring)|4|$c7_flags --ep 2 --cp 2 --cp-mode ring" \
     "ep x cp = 2 x 2 (ulysses, zigzag)|4|$c7_flags --ep 2 --cp 2 --cp-mode ulysses --cp-balance zigzag" \
     "ep x cp = 2 x 2 (ring), a dense and an MoE layer|4|$c7_dense --ep 2 --cp 2" \
     "tp = 2, a dense and an MoE layer|2|$c7_dense --tp 2" \
-    "ep x tp = 2 x 2, a dense and an MoE layer|4|$c7_dense --ep 2 --tp 2"; do
+    "ep x tp = 2 x 2, a dense and an MoE layer|4|$c7_dense --ep 2 --tp 2" \
+    "tp x cp = 2 x 2 (ulysses, zigzag), a dense and an MoE layer|4|$c7_dense --tp 2 --cp 2 --cp-mode ulysses --cp-balance zigzag"; do
     name="experts: --recompute selective and full on ${run%%|*}" run=${run#*|} a="" bytes="" ok=1
     np=${run%%|*} run=${run#*|}
     for mode in none selective full; do

@@ -207,11 +207,12 @@ c7 4 --batch 24 --seq 32 --experts 4 --top-k 2 --ep 2 --tp 2 --recompute selecti
 c7 4 --batch 24 --seq 32 --experts 4 --top-k 2 --ep 2 --tp 2 --recompute full
 # --tp with --recompute in a dense layer (--moe-every 2): selective one
 # layer's probabilities and gelu(fch), full one layer's everything and its
-# tp all-gathers and reduce-scatter again
+# tp all-gathers and reduce-scatter again (with --cp: its ring or all-to-alls)
 for f in "--tp 2 --recompute selective" "--tp 2 --recompute full" "--ep 2 --tp 2" "--ep 2 --tp 2 --recompute selective" \
-    "--ep 2 --tp 2 --recompute full"; do
+    "--ep 2 --tp 2 --recompute full" "--tp 2 --cp 2 --cp-mode ulysses --cp-balance zigzag --recompute selective" \
+    "--tp 2 --cp 2 --recompute full"; do
     np=2
-    case "$f" in --ep*) np=4 ;; esac
+    case "$f" in --ep* | *--cp*) np=4 ;; esac
     c7 $np --batch 24 --seq 32 --experts 4 --top-k 3 --moe-every 2 --expert-hidden 96 $f
 done
 # --zero 1 (07_expert/expert_zero.h): each buffer's moments sharded over
