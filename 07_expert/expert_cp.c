@@ -244,9 +244,10 @@ void expert_dense_forward(ExpertModel* m, int l, const BlockParams* p) {
 
 // acts.dres: d res3 on entry, d x on return; the MLP's weight gradients
 // first, then the attention half's (expert_attention_backward). At cp > 1
-// --recompute makes what it dropped again first, as model.h's blocks do:
-// selective the probabilities (Ulysses) and gelu(fch), full the whole layer
-// into the transient (its attention's exchanges too).
+// or with --tp, --recompute makes what it dropped again first, as model.h's
+// blocks do: selective the probabilities (at cp = 1 or Ulysses: of my heads)
+// and gelu(fch), full the whole layer into the transient (its attention's
+// exchanges too: the ring or all-to-alls, tp's all-gather and reduce-scatter).
 void expert_dense_backward(ExpertModel* m, int l, const BlockParams* p, BlockParams* g) {
     const GPTConfig* cfg = &m->cfg.gpt;
     if (m->cp.sh.cp == 1 && m->tp.tp == 1) {

@@ -302,10 +302,6 @@ MoeConfig expert_config(const Run* run, ExpertFlags* f) {
             fail_all("--cp-mode ulysses splits the model's %d heads over cp=%d ranks: use a cp that divides %d, or "
                      "--cp-mode ring", cfg.gpt.num_heads / tp, cp, cfg.gpt.num_heads / tp);
     }
-    if (tp > 1 && run->args.recompute != RECOMPUTE_NONE && cfg.moe_every > 1)
-        fail_all("--tp %d: chapter 7 composes tensor parallelism with --recompute in MoE layers, but not yet in a "
-                 "dense layer (--moe-every %d; issue #35's remaining work): use --recompute none or --moe-every 1",
-                 tp, cfg.moe_every);
     expert_zero_check(f->zero);
     return cfg;
 }

@@ -419,17 +419,25 @@ done
 # kept lse), full runs each layer's forward again, its attention's ring or
 # all-to-alls too, and keeps one layer's lse and q|k|v. On ep x cp = 2 x 2,
 # ring and Ulysses (zigzag), and with a dense layer below an MoE layer
-# (--moe-every 2: expert_dense_backward's recompute): the step records of
-# none, every field the same bits, and less activation memory per rank at
-# each mode (its bytes are the planner's, tests/plan.sh).
+# (--moe-every 2: expert_dense_backward's recompute); and that dense layer
+# under --tp (tp = 2, ep x tp = 2 x 2, tp x cp = 2 x 2): selective makes the probabilities of
+# the rank's heads and gelu(fch) again, full the whole layer, its tp
+# all-gather and reduce-scatter too. The step records of none, every field
+# the same bits, and less activation memory per rank at each mode (its
+# bytes are the planner's, tests/plan.sh).
 c7_act() { grep '"type":"summary"' "$1" | sed 's/.*"activations":\[\([0-9]*\),.*/\1/'; }
-for run in "ep x cp = 2 x 2 (ring)|$c7_flags --ep 2 --cp 2 --cp-mode ring" \
-    "ep x cp = 2 x 2 (ulysses, zigzag)|$c7_flags --ep 2 --cp 2 --cp-mode ulysses --cp-balance zigzag" \
-    "ep x cp = 2 x 2 (ring), a dense and an MoE layer|--steps 4 --batch 24 --seq 32 --peak-gflops 10 --experts 4 --top-k 3 --moe-every 2 --expert-hidden 96 --ep 2 --cp 2"; do
+c7_dense="--steps 4 --batch 24 --seq 32 --peak-gflops 10 --experts 4 --top-k 3 --moe-every 2 --expert-hidden 96"
+for run in "ep x cp = 2 x 2 (ring)|4|$c7_flags --ep 2 --cp 2 --cp-mode ring" \
+    "ep x cp = 2 x 2 (ulysses, zigzag)|4|$c7_flags --ep 2 --cp 2 --cp-mode ulysses --cp-balance zigzag" \
+    "ep x cp = 2 x 2 (ring), a dense and an MoE layer|4|$c7_dense --ep 2 --cp 2" \
+    "tp = 2, a dense and an MoE layer|2|$c7_dense --tp 2" \
+    "ep x tp = 2 x 2, a dense and an MoE layer|4|$c7_dense --ep 2 --tp 2" \
+    "tp x cp = 2 x 2 (ulysses, zigzag), a dense and an MoE layer|4|$c7_dense --tp 2 --cp 2 --cp-mode ulysses --cp-balance zigzag"; do
     name="experts: --recompute selective and full on ${run%%|*}" run=${run#*|} a="" bytes="" ok=1
+    np=${run%%|*} run=${run#*|}
     for mode in none selective full; do
         log=$TEST_TMPDIR/c7_rcp_$mode$(echo "$run" | tr -cd 'a-z0-9').jsonl
-        mpi_run $T_RUN 4 "$BUILD/chapter-7" $run --recompute $mode --log "$log"
+        mpi_run $T_RUN $np "$BUILD/chapter-7" $run --recompute $mode --log "$log"
         b=$(c7_tail "$log" 0)
         [ $mode = none ] && a=$b
         [ $RC = 0 ] && [ -n "$b" ] && [ "$b" = "$a" ] || ok=0
@@ -1013,7 +1021,6 @@ jobs_run error_case chapter-7 2 "--cp 2 --cp-mode star" "--cp-mode star is not o
 # --tp: the heads, the share's sequences (and, with --pp, a microbatch's)
 jobs_run error_case chapter-7 3 "--tp 3 --batch 6" "the model's 4 heads do not split over tp=3 ranks"
 jobs_run error_case chapter-7 2 "--tp 2 --batch 3" "the 3 sequences per dp x ep share do not split over tp=2"
-jobs_run error_case chapter-7 2 "--tp 2 --moe-every 2 --recompute selective" "with --recompute in MoE layers, but not yet in a dense layer"
 jobs_run error_case chapter-7 4 "--tp 2 --pp 2 --batch 6" "a microbatch of a dp x ep share (6 sequences) must split into tp=2 ranks' whole sequences"
 # the pipeline: the layers over pp x virtual, the microbatches over a
 # rank's sequences, and what it does not compose with yet (issue #35)

@@ -205,6 +205,16 @@ c7 2 --batch 24 --seq 32 --experts 1 --top-k 1 --moe-every 2 --tp 2
 c7 8 --batch 24 --seq 32 --experts 4 --top-k 2 --dp 2 --tp 2 --ep 2
 c7 4 --batch 24 --seq 32 --experts 4 --top-k 2 --ep 2 --tp 2 --recompute selective
 c7 4 --batch 24 --seq 32 --experts 4 --top-k 2 --ep 2 --tp 2 --recompute full
+# --tp with --recompute in a dense layer (--moe-every 2): selective one
+# layer's probabilities and gelu(fch), full one layer's everything and its
+# tp all-gathers and reduce-scatter again (with --cp: its ring or all-to-alls)
+for f in "--tp 2 --recompute selective" "--tp 2 --recompute full" "--ep 2 --tp 2" "--ep 2 --tp 2 --recompute selective" \
+    "--ep 2 --tp 2 --recompute full" "--tp 2 --cp 2 --cp-mode ulysses --cp-balance zigzag --recompute selective" \
+    "--tp 2 --cp 2 --recompute full"; do
+    np=2
+    case "$f" in --ep* | *--cp*) np=4 ;; esac
+    c7 $np --batch 24 --seq 32 --experts 4 --top-k 3 --moe-every 2 --expert-hidden 96 $f
+done
 # --zero 1 (07_expert/expert_zero.h): each buffer's moments sharded over
 # its copies, the buffers padded to N S, the gradient shards; a
 # reduce-scatter and an all-gather per buffer instead of the all-reduce.
@@ -389,7 +399,6 @@ plan_error "--sp" --chapter 6 --ranks 4 --tp 2 --cp 2 --sp
 plan_error "--ep" --chapter 7 --ranks 3 --ep 3 --experts 4
 plan_error "--ep-overlap" --chapter 7 --ranks 2 --ep 2 --batch 24 --seq 32 --ep-overlap 385
 plan_error "--zero: chapter 7's stages are 0 and 1" --chapter 7 --ranks 2 --dp 2 --zero 2
-plan_error "--tp: chapter 7 composes it with --recompute in MoE layers only" --chapter 7 --ranks 2 --tp 2 --moe-every 2 --recompute selective
 plan_error "--batch: each tp rank takes whole sequences" --chapter 7 --ranks 4 --tp 4 --batch 6
 plan_error "--tp: tp must divide the model's heads" --chapter 7 --ranks 3 --tp 3 --batch 6
 plan_error "--microbatches: must divide a rank's sequences, --batch / (dp ep tp)" --chapter 7 --ranks 4 --tp 2 --pp 2 --batch 6

@@ -63,8 +63,6 @@ const char* plan_check_expert(const PlanArgs* a, PlanInfo* info, char* msg, size
     if (ntp > 1) {  // expert_config's checks
         if (a->cfg.num_heads % ntp) return "--tp: tp must divide the model's heads";
         if (a->B % (ndp * nep * ntp)) return "--batch: each tp rank takes whole sequences of its dp x ep share";
-        if (a->recompute != RECOMPUTE_NONE && a->moe_every > 1)
-            return "--tp: chapter 7 composes it with --recompute in MoE layers only (--moe-every 1)";
     }
     if (ncp > 1) {  // expert_config's checks
         int ring = !strcmp(a->cp_mode, "ring"), zigzag = !strcmp(a->cp_balance, "zigzag");
