@@ -950,6 +950,18 @@ if [ $RC = 0 ] && echo "$OUT" | grep -q "checkpoint: resumed from" && [ -n "$a" 
 else
     fail "experts: --zero 1 resume on dp x pp = 2 x 2" "exit $RC; $(diff <(echo "$a") <(echo "$b") | head -4); $(echo "$OUT" | grep -E 'error|resumed' | head -2)"
 fi
+# and on another composition, tp x ep = 2 x 2 without --pp or --zero (the
+# moment shards of each stage's chunks read back as slices of the global
+# tensors), within the invariant's tolerance
+mpi_run $T_RUN 4 "$BUILD/chapter-7" $c7_flags --tp 2 --ep 2 --resume "$c7_ckzp/step-00000004" --log "$TEST_TMPDIR/c7_zpres_te.jsonl"
+c7_tail "$c7_zpfull" 4 >"$TEST_TMPDIR/c7_zptail4.jsonl"
+a=""
+if [ $RC = 0 ] && echo "$OUT" | grep -q "checkpoint: resumed from" &&
+    a=$(bash tests/compare_routing.sh "$TEST_TMPDIR/c7_zptail4.jsonl" "$TEST_TMPDIR/c7_zpres_te.jsonl" $TOL $TOL_NORM 2>&1); then
+    pass "experts: the --zero 1 checkpoint of dp x pp = 2 x 2 resumes on tp x ep = 2 x 2 and continues its run ($a)"
+else
+    fail "experts: a --zero 1 dp x pp checkpoint on tp x ep" "exit $RC; $a; $(echo "$OUT" | grep -E 'error' | head -3)"
+fi
 # the bytes per rank: the replicated buffer (54,912 floats) over its 4
 # copies, each rank's experts (2 layers x 2 experts x 33,088) over their 2
 # (dp): the moments 2 x 4 x (54912/4 + 132352/2), a quarter and a half of
