@@ -632,12 +632,21 @@ void ckpt_finish(Ckpt* c, JsonLog* log) {
         // what the drain saves: the state is serialised once per step, on level 1
         print0("checkpoint: the state serialised to files: %zu bytes on rank 0 in %d level-1 and %d level-3 saves; %d level-3 save%s drained from level 1 (%zu bytes copied, not serialised again)\n",
                c->serialised_bytes, c->local_saves, c->saves, c->drains, c->drains == 1 ? "" : "s", c->drained_bytes);
-        if (c->rank == 0 && log && log->f) {
-            fprintf(log->f, "{\"type\":\"checkpoint_local\",\"saves\":%d,\"nodes\":%d,\"redundancy\":\"%s\",\"ms_per_save\":%.3f,\"redundancy_ms_per_save\":%.3f,\"redundancy_bytes_max\":%.0f,\"file_bytes\":%zu,\"redundancy_bytes\":%zu,\"serialised_bytes\":%zu,\"drained_bytes\":%zu,\"drains\":%d}\n",
-                    c->local_saves, c->nodes, args_redundancy_name(c->redundancy), c->local_s * per,
-                    c->redundancy_s * per, most, c->local_file_bytes, c->redundancy_bytes, c->serialised_bytes,
-                    c->drained_bytes, c->drains);
-            fflush(log->f);
+        if (c->rank == 0) {
+            JsonBuf rec = {0};
+            json_add_int(&rec, "saves", c->local_saves);
+            json_add_int(&rec, "nodes", c->nodes);
+            json_add_string(&rec, "redundancy", args_redundancy_name(c->redundancy));
+            json_add_double(&rec, "ms_per_save", c->local_s * per, "%.3f");
+            json_add_double(&rec, "redundancy_ms_per_save", c->redundancy_s * per, "%.3f");
+            json_add_double(&rec, "redundancy_bytes_max", most, "%.0f");
+            json_add_int(&rec, "file_bytes", (long long)c->local_file_bytes);
+            json_add_int(&rec, "redundancy_bytes", (long long)c->redundancy_bytes);
+            json_add_int(&rec, "serialised_bytes", (long long)c->serialised_bytes);
+            json_add_int(&rec, "drained_bytes", (long long)c->drained_bytes);
+            json_add_int(&rec, "drains", c->drains);
+            report_record(log, "checkpoint_local", &rec);
+            json_free(&rec);
         }
     }
     if (c->saves > 0 || c->resume) {
@@ -662,22 +671,30 @@ void ckpt_finish(Ckpt* c, JsonLog* log) {
                        100.0 * ((double)c->delta_bytes_total / c->deltas) / ((double)c->full_bytes_total / (c->saves - c->deltas)));
             if (c->resume) printf("checkpoint: loaded %.1f KiB on rank 0 in %.2f ms\n", mine[1] / 1024.0, 1e3 * c->load_s);
             fflush(stdout);
-            if (log && log->f) {
-                // an incremental run's full and delta files on rank 0 (0: none)
-                int fulls = c->saves - c->deltas;
-                fprintf(log->f, "{\"type\":\"checkpoint\",\"saves\":%d,\"async\":%s,\"stall_ms_per_save\":%.3f,\"final_wait_ms\":%.3f,\"deltas\":%d,\"full_bytes_per_save\":%.0f,\"delta_bytes_per_save\":%.0f,\"save_bytes\":[",
-                        c->saves, c->async ? "true" : "false", c->stall_s * per, 1e3 * c->finish_s, c->deltas,
-                        fulls ? (double)c->full_bytes_total / fulls : 0.0, c->deltas ? (double)c->delta_bytes_total / c->deltas : 0.0);
-                for (int r = 0; r < c->world; r++) fprintf(log->f, "%s%.0f", r ? "," : "", all[4 * r]);
-                fprintf(log->f, "],\"write_ms_per_save\":[");
-                for (int r = 0; r < c->world; r++) fprintf(log->f, "%s%.3f", r ? "," : "", all[4 * r + 3] * per);
-                fprintf(log->f, "],\"load_bytes\":[");
-                for (int r = 0; r < c->world; r++) fprintf(log->f, "%s%.0f", r ? "," : "", all[4 * r + 1]);
-                fprintf(log->f, "],\"load_ms\":[");
-                for (int r = 0; r < c->world; r++) fprintf(log->f, "%s%.3f", r ? "," : "", 1e3 * all[4 * r + 2]);
-                fprintf(log->f, "]}\n");
-                fflush(log->f);
+            // an incremental run's full and delta files on rank 0 (0: none)
+            int fulls = c->saves - c->deltas;
+            JsonBuf rec = {0};
+            json_add_int(&rec, "saves", c->saves);
+            json_add_bool(&rec, "async", c->async);
+            json_add_double(&rec, "stall_ms_per_save", c->stall_s * per, "%.3f");
+            json_add_double(&rec, "final_wait_ms", 1e3 * c->finish_s, "%.3f");
+            json_add_int(&rec, "deltas", c->deltas);
+            json_add_double(&rec, "full_bytes_per_save", fulls ? (double)c->full_bytes_total / fulls : 0.0, "%.0f");
+            json_add_double(&rec, "delta_bytes_per_save", c->deltas ? (double)c->delta_bytes_total / c->deltas : 0.0,
+                            "%.0f");
+            // every rank's figures, one array each: all is (world, 4)
+            double* per_rank = xmalloc(sizeof(double) * (size_t)c->world);
+            const char* keys[4] = {"save_bytes", "write_ms_per_save", "load_bytes", "load_ms"};
+            const int column[4] = {0, 3, 1, 2};  // of mine[] above
+            const double scale[4] = {1.0, per, 1.0, 1e3};
+            const char* fmt[4] = {"%.0f", "%.3f", "%.0f", "%.3f"};
+            for (int k = 0; k < 4; k++) {
+                for (int r = 0; r < c->world; r++) per_rank[r] = all[4 * r + column[k]] * scale[k];
+                json_add_double_array(&rec, keys[k], per_rank, c->world, fmt[k]);
             }
+            free(per_rank);
+            report_record(log, "checkpoint", &rec);
+            json_free(&rec);
         }
         free(all);
     }

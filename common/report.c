@@ -432,6 +432,12 @@ void json_clear(JsonBuf* b) {
     if (b->s) b->s[0] = '\0';
 }
 
+void report_record(JsonLog* log, const char* type, const JsonBuf* fields) {
+    if (!log || !log->f) return;
+    const char* f = json_fields(fields);
+    check_log(log, fprintf(log->f, "{\"type\":\"%s\"%s%s}\n", type, *f ? "," : "", f) > 0);
+}
+
 void json_free(JsonBuf* b) {
     free(b->s);
     *b = (JsonBuf){0};

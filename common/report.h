@@ -103,4 +103,9 @@ const char* json_fields(const JsonBuf* b);
 void json_clear(JsonBuf* b);  // empty again, memory kept
 void json_free(JsonBuf* b);
 
+// One record of a kind of its own: {"type":"TYPE",FIELDS} on a line of the
+// log (nothing without --log); a write that fails ends the run, as every
+// record's does. Rank 0 only.
+void report_record(JsonLog* log, const char* type, const JsonBuf* fields);
+
 #endif

@@ -1,9 +1,12 @@
 // test_report.c: a chapter's own JSON fields (JsonBuf, common/report.h): each
 // helper's exact text, the commas between fields, escaping, null for numbers
-// JSON cannot hold, and a buffer that grows past its first allocation.
+// JSON cannot hold, a buffer that grows past its first allocation, and
+// report_record's lines in a log file.
 #include <math.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "report.h"
 #include "test.h"
@@ -62,6 +65,32 @@ int main(void) {
     }
     check(strcmp(json_fields(&b), want) == 0 && b.len == strlen(want) && strlen(want) > 256,
           "json: the buffer grows and keeps every field (300 fields)", "%zu bytes, want %zu", b.len, strlen(want));
+
+    // report_record: a record of its own type, with fields and without,
+    // one line each; no log (NULL or not opened) writes nothing
+    char path[] = "/tmp/test_report_XXXXXX", msg[256];
+    int fd = mkstemp(path);
+    close(fd);
+    JsonLog log = {0};
+    check(jsonl_open(&log, path, msg, sizeof(msg)) == NULL, "json: the log opens", "%s", msg);
+    json_clear(&b);
+    json_add_int(&b, "saves", 2);
+    json_add_bool(&b, "async", 0);
+    report_record(&log, "checkpoint", &b);
+    json_clear(&b);
+    report_record(&log, "empty", &b);
+    report_record(NULL, "nowhere", &b);
+    jsonl_close(&log);
+    report_record(&log, "closed", &b);
+    char text[256] = "";
+    FILE* f = fopen(path, "r");
+    size_t n = f ? fread(text, 1, sizeof(text) - 1, f) : 0;
+    text[n] = 0;
+    if (f) fclose(f);
+    unlink(path);
+    check(strcmp(text, "{\"type\":\"checkpoint\",\"saves\":2,\"async\":false}\n{\"type\":\"empty\"}\n") == 0,
+          "json: report_record writes one line per record, no comma without fields, nothing without a log", "got '%s'",
+          text);
 
     json_free(&b);
     expect(&b, "", "json: json_free leaves an empty JsonBuf");
