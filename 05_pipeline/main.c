@@ -83,7 +83,7 @@ static void receive(Pipeline* P, int grad, int mb, int c) {
         comm_recv(P->pp, msg.grad ? sl->dres : sl->x, BTC, peer);
         if (msg.grad == grad && msg.mb == mb && msg.chunk == c) {
             // the time spent waiting for the input is bubble, not work
-            P->t_start = now_seconds();
+            device_stamp(&P->stamps, 2 * P->action);  // the action's start, again (run_schedule)
             return;
         }
         P->early++;  // another action's input, kept in its slot until that action runs
@@ -206,24 +206,33 @@ static void weights(Pipeline* P, int mb, int c) {
 // ---------------------------------------------------------------- the step
 
 // Runs this rank's list once: one training step's forwards and backwards.
-// Each action's start and end (host clock) go to P->times, for the
-// timelines; the start is when the action's input is there: a wait in its
-// receive is idle time, the bubble, and not part of the action.
+// Each action's start and end are stamps on the device (memory.h), for the
+// timelines, read after the step (pipe_timeline): no wait for the device
+// per action, so on a GPU the host queues the next action's kernels while
+// the GPU runs this one. The start is when the action's input is there: a
+// receive stamps it again (receive), so a wait for the input is idle time,
+// the bubble, and not part of the action. On the CPU a stamp is the host
+// clock: comm_recv blocks the host until the message is in, so the start is
+// the message's arrival. On CUDA comm_recv returns at once and the compute
+// stream waits for the message (common/cuda/comm.c); a stamp is an event on
+// that stream, so the start is when the stream passed that wait: the
+// message in and the previous action's kernels done. The end is when the
+// stream has run the action's kernels (on the CPU: when they returned).
 static void run_schedule(Pipeline* P, long step) {
     int r = P->stage;
     P->loss_sum = 0.0;
     for (int i = 0; i < P->n_in; i++) P->in[i].next = 0;  // each step's messages from the start
+    device_stamps_begin(&P->stamps, 2 * P->sched.n[r]);  // on CUDA a wait for the device, once a step
     for (int i = 0; i < P->sched.n[r]; i++) {
         Action a = P->sched.list[r][i];
-        P->t_start = now_seconds();
+        P->action = i;
+        device_stamp(&P->stamps, 2 * i);  // its start, unless a receive moves it
         switch (a.type) {
             case ACT_F: forward(P, a.mb, a.chunk, step); break;
             case ACT_B: backward(P, a.mb, a.chunk); break;
             case ACT_W: weights(P, a.mb, a.chunk); break;
         }
-        device_synchronize();  // the action's end on the device, for its timeline
-        P->times[2 * i] = P->t_start;
-        P->times[2 * i + 1] = now_seconds();
+        device_stamp(&P->stamps, 2 * i + 1);  // its end
     }
     sends_wait(P);
 }

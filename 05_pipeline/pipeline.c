@@ -347,6 +347,7 @@ void pipe_free(Pipeline* P) {
     free(P->tg_host);
     free(P->loss_host);
     free(P->times);
+    device_stamps_free(&P->stamps);
     schedule_free(&P->sched);
 }
 
@@ -472,6 +473,7 @@ double pipe_timeline(Pipeline* P, JsonLog* log, int step, int warmup) {
     int world = 0, me = 0;
     MPI_CHECK(MPI_Comm_size(MPI_COMM_WORLD, &world));
     MPI_CHECK(MPI_Comm_rank(MPI_COMM_WORLD, &me));
+    device_stamps_read(&P->stamps, P->times);  // run_schedule's stamps, as host times
     int n2 = 2 * P->sched.n[P->stage], *counts = NULL, *displs = NULL;
     double* all = NULL;
     if (me == 0) counts = xmalloc((size_t)world * sizeof(int)), displs = xmalloc((size_t)world * sizeof(int));

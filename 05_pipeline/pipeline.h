@@ -22,6 +22,7 @@
 
 #include "ckpt.h"
 #include "comm.h"
+#include "memory.h"
 #include "model.h"
 #include "report.h"
 #include "schedule.h"
@@ -132,8 +133,9 @@ typedef struct {
     double loss_sum;  // the step's mean losses of its microbatches, summed (last stage)
     int peak_slots;   // slots allocated at once, at most
     int early;        // messages received before the one an action waited for
-    double t_start;   // when the running action started computing (after its receive)
-    double* times;    // (actions of this rank, 2): each action's start and end in the step
+    DeviceStamps stamps;  // (actions of this rank, 2): each action's start and end, on the device
+    int action;           // the running action's index in this rank's list
+    double* times;        // (actions of this rank, 2): the stamps, read after the step (pipe_timeline)
     double bubble_sum;
     int bubble_n;
 } Pipeline;
@@ -188,7 +190,9 @@ float pipe_val_loss(void* pipeline, const TrainSetup* setup, int n_batches);
 float* pipe_gather_params(Pipeline* P);
 // Registers this rank's pieces with the training-state checkpoint.
 void pipe_ckpt(Ckpt* ck, const Pipeline* P);
-// Rank 0 gathers every rank's action times of the step, writes them as
+// Reads this rank's action stamps of the step (on CUDA a wait for the
+// device, which the step's norm has waited for already), then rank 0
+// gathers every rank's action times of the step, writes them as
 // timeline records to the log and adds the step's bubble to the mean (unless
 // warmup: the first of several timed steps). Returns the step's bubble.
 double pipe_timeline(Pipeline* P, JsonLog* log, int step, int warmup);

@@ -78,4 +78,34 @@ double device_clock_seconds(DeviceClock* c);
 void device_clock_reset(DeviceClock* c);  // the total to 0 (a zeroed DeviceClock is reset)
 void device_clock_free(DeviceClock* c);   // its events (then it is zeroed, ready for use again)
 
+// Timestamps of device work, for timelines (chapter 5's actions): when the
+// device reached each of n points of a step, on the host clock (now_seconds's,
+// runtime.h), without waiting for the device at each point. A step is
+// device_stamps_begin(s, n), device_stamp(s, i) for each point i in
+// [0, n), in any order, then device_stamps_read once the step's work is
+// done. On the CPU a stamp is the host clock at the call (an op has finished
+// when it returns). On CUDA the host only queues the work: begin waits for
+// the device once (device_synchronize), reads the host clock (the anchor)
+// and records a first event on the compute stream; a stamp records event i
+// there (it completes when the stream reaches it: after the work queued
+// before it, and after any wait for communication the stream holds at that
+// point); read waits for the device and gives stamp i as the anchor plus
+// cudaEventElapsedTime(first, event i). A stamp taken again in the same step
+// replaces the one before. Refused (FATAL): a stamp out of [0, n), a stamp
+// or read without a begin, a read of a stamp not taken since the begin.
+// Events are made at first use and kept for the next steps (n of them at
+// most: the largest n of any begin).
+typedef struct {
+    double anchor;        // the host clock at the step's begin (CUDA: the first event's time)
+    double* t;            // CPU: stamp i's host time
+    void** ev;            // CUDA: the first event, then stamp i's at ev[1 + i]
+    unsigned char* done;  // stamp i taken since the begin
+    int n, cap;           // this step's stamps; stamps there is room for
+    int begun;            // a begin was called (and the object not freed since)
+} DeviceStamps;
+void device_stamps_begin(DeviceStamps* s, int n);
+void device_stamp(DeviceStamps* s, int i);
+void device_stamps_read(DeviceStamps* s, double* out);  // out: (n,), once the step's work is queued
+void device_stamps_free(DeviceStamps* s);               // its events (then zeroed, ready for use again)
+
 #endif

@@ -22,6 +22,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "device.h"
 #include "memory.h"
 #include "ops.h"
 #include "runtime.h"
@@ -1832,6 +1833,53 @@ static void test_device_clock(void) {
     case_end();
 }
 
+// ================================================================ device stamps
+// memory.h's DeviceStamps: when the device reached each point of a step.
+// Here a queued sequence of kernels, a stamp before and after each: on
+// both backends the stamps read back in the order the stream ran them
+// (never decreasing), none before the anchor, none after the read
+// returned, over two steps of the same object (events reused, the second
+// step longer so the lists grow). On a GPU also: the stamps do not make the
+// host wait. The host finishes queueing the kernels (about 10 us each)
+// long before the GPU has run them (each reads and writes 256 MiB), so the
+// last stamp reads later than the host's end of queueing; a stamp that
+// synchronized (as chapter 5's per-action device_synchronize did) would
+// put the host's end after it. tests/test_device_stamps.c checks the
+// CPU twin's bookkeeping and refusals.
+static void test_device_stamps(void) {
+    int gpu = strcmp(device_memory_name(), "GPU memory") == 0;
+    size_t N = gpu ? (size_t)1 << 26 : (size_t)1 << 16;
+    float* x = dev_zeros(N);
+    DeviceStamps s = {0};
+    for (int step = 0; step < 2; step++) {
+        int K = step == 0 ? 8 : 24;  // kernels; 2 K stamps
+        double* out = (double*)host_alloc(2 * (size_t)K * sizeof(double));
+        device_stamps_begin(&s, 2 * K);
+        for (int k = 0; k < K; k++) {
+            device_stamp(&s, 2 * k);
+            ops_scale(x, N, 0.5f);
+            device_stamp(&s, 2 * k + 1);
+        }
+        double queued = now_seconds();
+        device_stamps_read(&s, out);
+        double read = now_seconds();
+        int ordered = out[0] >= s.anchor, bad = -1;
+        for (int i = 1; i < 2 * K && ordered; i++)
+            if (out[i] < out[i - 1]) ordered = 0, bad = i;
+        char name[160];
+        snprintf(name, sizeof(name), "device stamps: step %d, %d kernels queued with a stamp before and after each: in order, from the anchor to the read", step, K);
+        check(ordered && out[2 * K - 1] <= read, name, "anchor %.9f, stamp %d %.9f after %.9f, last %.9f, read at %.9f", s.anchor,
+              bad, bad > 0 ? out[bad] : 0.0, bad > 0 ? out[bad - 1] : 0.0, out[2 * K - 1], read);
+        if (gpu) {
+            snprintf(name, sizeof(name), "device stamps: step %d, the host queued %d kernels before the GPU ran them (no wait per stamp)", step, K);
+            check(queued < out[2 * K - 1], name, "host done queueing at %.9f, the last kernel ended at %.9f", queued,
+                  out[2 * K - 1]);
+        }
+    }
+    device_stamps_free(&s);
+    case_end();
+}
+
 int main(int argc, char** argv) {
     runtime_init(&argc, &argv);
     verbose = argc > 1 && strcmp(argv[1], "-v") == 0;
@@ -1856,6 +1904,7 @@ int main(int argc, char** argv) {
     test_moe_router();
     test_moe_dispatch_combine();
     test_device_clock();
+    test_device_stamps();
     int rc = test_exit_code();
     runtime_finalize();
     return rc;
