@@ -478,10 +478,10 @@ void expert_model_create_part(ExpertModel* m, const MoeConfig* cfg, const Expert
     m->nz = ntp > 1 ? 3 : 2;
     float* host = xmalloc((m->n_shared > m->n_experts ? m->n_shared : m->n_experts) * sizeof(float));
     moe_init_shared(host, &m->cfg, seed);  // with --tp without qkvw, qkvb, attprojw: my slices next
-    mem_to_device(m->shared, host, m->n_shared * sizeof(float));
+    expert_zero_put(&m->z[ZERO_SHARED], host);
     if (ntp > 1) expert_tp_init(m, seed);
     moe_init_experts(host, cfg, m->e0, m->E_local, seed);
-    mem_to_device(m->experts, host, m->n_experts * sizeof(float));
+    expert_zero_put(&m->z[ZERO_EXPERTS], host);
     free(host);
     GPTConfig acts_cfg = cfg->gpt;  // without the head, no logits (a pipeline stage's)
     if (!has_head) acts_cfg.vocab_size = acts_cfg.padded_vocab_size = 0;
@@ -524,8 +524,8 @@ void expert_model_create_part(ExpertModel* m, const MoeConfig* cfg, const Expert
         if (ntp > 1)
             expert_tp_load(m, shared);
         else
-            mem_to_device(m->shared, shared, m->n_shared * sizeof(float));
-        mem_to_device(m->experts, mine, m->n_experts * sizeof(float));
+            expert_zero_put(&m->z[ZERO_SHARED], shared);
+        expert_zero_put(&m->z[ZERO_EXPERTS], mine);
         free(shared);
         free(mine);
     }
@@ -827,6 +827,24 @@ void expert_report(const ExpertModel* m, const ExpertFlags* fl, const TrainLoop*
 
 // ---------------------------------------------------------------- --show-sharding
 
+// --zero 2, 3: what the engines hold beyond the buffers' rows (the
+// parameters whole, or --zero 3's shards; no gradient): the gradient shards
+// and the unit gradient buffers; --zero 2 the padding of the parameters, 3
+// the two gather slots.
+static void zero_units_sharding(const ExpertModel* m, ShardTable* t) {
+    double f = sizeof(float), pad = 0, shard = 0, slots = 0, unit = 0;
+    for (int b = 0; b < m->nz; b++) {
+        const FSDP* e = &m->z[b].f;
+        pad += (double)(e->padded_total - m->z[b].n), shard += (double)e->shard_total;
+        slots += 2.0 * (double)e->max_padded;
+        unit += (double)e->max_padded + (e->own_grads[0] ? (double)(e->shard[0] * (size_t)e->dp->size) : 0.0);
+    }
+    if (m->zero == 2) shard_table_add(t, "ZeRO padding", "", "tails", NULL, NULL, "", f * pad, 0, 0);
+    if (m->zero == 3) shard_table_add(t, "gather slots", "", "gathered", NULL, NULL, "2 x the largest unit", f * slots, 0, 0);
+    shard_table_add(t, "ZeRO grad shard", "", NULL, "units/group", NULL, "mine", 0, f * shard, 0);
+    shard_table_add(t, "unit gradient", "", NULL, "(-)", NULL, "the largest unit, wte's", 0, f * unit, 0);
+}
+
 void expert_model_show_sharding(const ExpertModel* m, int show) {
     if (!show) return;
     ShardTable* t = xcalloc(1, sizeof(ShardTable));
@@ -834,21 +852,24 @@ void expert_model_show_sharding(const ExpertModel* m, int show) {
     char slice[40];
     // --zero 1: the moments flat over each buffer's copies (m->batch, m->dpcp, m->tp.dpcpep; expert_zero.h)
     const ZeroBuf* z[] = {&m->z[ZERO_SHARED], &m->z[ZERO_EXPERTS], &m->z[ZERO_TP]};  // in the table's order
-    shard_table_add(t, "GPT + routers", "", "(-, -)", "(-, -)", m->zero ? "flat/batch" : "(-, -)", "all", f * shared,
-                    f * shared, 2 * f * (double)z[0]->S);
+    // --zero 2: no whole gradient (the engines' rows below); 3: the parameters' shards only
+    double p3 = m->zero == 3 ? 0 : 1, g2 = m->zero > 1 ? 0 : 1, s3 = m->zero == 3 ? f : 0;
+    shard_table_add(t, "GPT + routers", "", "(-, -)", "(-, -)", m->zero ? "flat/batch" : "(-, -)", "all",
+                    p3 * f * shared + s3 * (double)z[0]->S, g2 * f * shared, 2 * f * (double)z[0]->S);
     snprintf(slice, sizeof(slice), "experts %d..%d of %d", m->e0, m->e0 + m->E_local - 1, m->cfg.experts);
     shard_table_add(t, "experts", "(Lm, E, ...)", "(-, ep, -)", "(-, ep, -)", m->zero ? "(-, ep, -) flat/dpcp" : "(-, ep, -)",
-                    slice, f * experts, f * experts, 2 * f * (double)z[1]->S);
+                    slice, p3 * f * experts + s3 * (double)z[1]->S, g2 * f * experts, 2 * f * (double)z[1]->S);
     if (m->tp.tp > 1) {  // qkvw, qkvb by rows (my heads' q, k, v), attprojw by columns
         double sl = (double)m->tp.n;
         snprintf(slice, sizeof(slice), "heads %d..%d of %d", m->tp.rank * m->cfg.gpt.num_heads / m->tp.tp,
                  (m->tp.rank + 1) * m->cfg.gpt.num_heads / m->tp.tp - 1, m->cfg.gpt.num_heads);
         shard_table_add(t, "qkv, attproj", "(L, ...)", "(-, tp, -)", "(-, tp, -)", m->zero ? "(-, tp, -) flat/dpcpep" : "(-, tp, -)",
-                        slice, f * sl, f * sl, 2 * f * (double)z[2]->S);
+                        slice, p3 * f * sl + s3 * (double)z[2]->S, g2 * f * sl, 2 * f * (double)z[2]->S);
     }
     double pad = 0, gsh = 0;  // --zero 1: each buffer's padding to N S and its gradient shard
-    for (int b = 0; m->zero && b < m->nz; b++) pad += (double)(z[b]->full - z[b]->n), gsh += (double)z[b]->S;
-    if (m->zero) {
+    for (int b = 0; m->zero == 1 && b < m->nz; b++) pad += (double)(z[b]->full - z[b]->n), gsh += (double)z[b]->S;
+    if (m->zero > 1) zero_units_sharding(m, t);
+    if (m->zero == 1) {
         shard_table_add(t, "ZeRO padding", "", "tails", "tails", NULL, "", f * pad, f * pad, 0);
         shard_table_add(t, "ZeRO grad shard", "", NULL, "flat", NULL, "mine", 0, f * gsh, 0);
     }

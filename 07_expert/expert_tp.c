@@ -198,7 +198,7 @@ void expert_tp_init(ExpertModel* m, uint64_t seed) {
             for (size_t i = 0; i < Cl; i++)
                 p.attprojw[row * Cl + i] = gpt_init_value(g, seed, P_ATTPROJW, l, row * C + r * Cl + i);
     }
-    mem_to_device(m->tp.w, w, m->tp.n * sizeof(float));
+    expert_zero_put(&m->z[ZERO_TP], w);
     free(w);
 }
 
@@ -206,8 +206,8 @@ void expert_tp_load(ExpertModel* m, const float* whole) {
     float* shared = xmalloc(m->n_shared * sizeof(float));
     float* slices = xmalloc(m->tp.n * sizeof(float));
     relayout(m, (float*)whole, shared, slices, m->tp.rank, 0);
-    mem_to_device(m->shared, shared, m->n_shared * sizeof(float));
-    mem_to_device(m->tp.w, slices, m->tp.n * sizeof(float));
+    expert_zero_put(&m->z[ZERO_SHARED], shared);
+    expert_zero_put(&m->z[ZERO_TP], slices);
     free(shared);
     free(slices);
 }

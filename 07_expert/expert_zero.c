@@ -14,9 +14,9 @@ void expert_zero_alloc(ZeroBuf* z, int zero, const Comm* g, size_t n, float** pa
                        float** v) {
     int N = zero == 1 ? g->size : 1, r = zero == 1 ? g->rank : 0;
     *z = (ZeroBuf){.g = g, .n = n, .S = (n + N - 1) / N};
-    if (zero > 1) {  // staging for the values; expert_zero_shard hands them to the engine
-        *params = z->params = mem_alloc_floats(n, MEM_OTHER);
-        *grads = *m = *v = NULL;
+    if (zero > 1) {  // the values on the host until expert_zero_shard hands each rank's shards to the engine
+        z->staging = xcalloc(n ? n : 1, sizeof(float));
+        *params = *grads = *m = *v = NULL;
         return;
     }
     z->lo = (size_t)r * z->S < n ? (size_t)r * z->S : n;
@@ -47,11 +47,16 @@ void expert_zero_units(ZeroBuf* z, int units, const size_t* numel) {
     CHECK(z->unit_off[units] == z->n, "the units cover %zu of the buffer's %zu floats", z->unit_off[units], z->n);
 }
 
-// The engine's fill: floats [lo, lo + n) of unit i, from the host copy.
+void expert_zero_put(ZeroBuf* z, const float* host) {
+    if (z->staging) memcpy(z->staging, host, z->n * sizeof(float));
+    else mem_to_device(z->params, host, z->n * sizeof(float));
+}
+
+// The engine's fill: floats [lo, lo + n) of unit i, from the staging.
 static const char* fill_from(void* ctx, int unit, size_t lo, size_t n, float* dst, char* msg, size_t len) {
     const ZeroBuf* z = ctx;
     (void)msg, (void)len;
-    memcpy(dst, z->params + z->unit_off[unit] + lo, n * sizeof(float));  // params: the host copy here
+    memcpy(dst, z->staging + z->unit_off[unit] + lo, n * sizeof(float));
     return NULL;
 }
 
@@ -59,14 +64,10 @@ void expert_zero_shard(ZeroBuf* z, int zero, const int* own_grads) {
     if (zero < 2) return;
     size_t* numel = xmalloc(sizeof(size_t) * (size_t)z->units);
     for (int i = 0; i < z->units; i++) numel[i] = z->unit_off[i + 1] - z->unit_off[i];
-    float* staging = z->params;
-    ZeroBuf host = *z;  // the fill reads the values from a host copy
-    host.params = xmalloc((z->n ? z->n : 1) * sizeof(float));
-    mem_to_host(host.params, staging, z->n * sizeof(float));
-    mem_free(staging);
-    FsdpSpec spec = {.n_units = z->units, .numel = numel, .own_grads = own_grads, .fill = fill_from, .fill_ctx = &host};
+    FsdpSpec spec = {.n_units = z->units, .numel = numel, .own_grads = own_grads, .fill = fill_from, .fill_ctx = z};
     fsdp_create(&z->f, z->g, &spec, zero, 0, 1);  // no prefetch; two gather slots (reshard)
-    free(host.params);
+    free(z->staging);
+    z->staging = NULL;
     free(numel);
     z->sharded = 1;
     z->params = z->grads = NULL;

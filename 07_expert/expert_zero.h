@@ -51,6 +51,7 @@ typedef struct {
     int units;
     size_t* unit_off;  // (units + 1) unit i is floats [unit_off[i], unit_off[i + 1])
     int sharded;       // 1: --zero 2 or 3, f in use
+    float* staging;    // --zero 2, 3 until expert_zero_shard: the n values, on the host
     FSDP f;
 } ZeroBuf;
 enum { ZERO_EXPERTS, ZERO_SHARED, ZERO_TP };  // chapter 7's buffers, in ExpertModel.z
@@ -58,16 +59,19 @@ enum { ZERO_EXPERTS, ZERO_SHARED, ZERO_TP };  // chapter 7's buffers, in ExpertM
 // One buffer of n floats held by the group g: its parameters, gradient and
 // AdamW moments allocated and counted (memory.h). zero 0: n floats each, as
 // every rank keeps all; zero 1: the parameters and gradient padded to N S,
-// the moments and a gradient shard S each; zero 2, 3: only the parameters,
-// whole, as staging (MEM_OTHER) for the init or --model FILE to write, until
-// expert_zero_shard.
+// the moments and a gradient shard S each; zero 2, 3: nothing on the device
+// (*params etc. NULL), the values staged on the host (expert_zero_put)
+// until expert_zero_shard: no rank ever holds the whole buffer there.
 void expert_zero_alloc(ZeroBuf* z, int zero, const Comm* g, size_t n, float** params, float** grads, float** m,
                        float** v);
 void expert_zero_free(ZeroBuf* z);
+// The buffer's values (host, n floats): into its parameters, or (--zero 2,
+// 3) into the staging.
+void expert_zero_put(ZeroBuf* z, const float* host);
 // The buffer's units: units runs of numel[i] floats, in order, covering it.
 void expert_zero_units(ZeroBuf* z, int units, const size_t* numel);
-// --zero 2, 3: the engine over g from the staging parameters (freed), each
-// rank keeping its shards; own_grads as FsdpSpec's (NULL: none). Collective.
+// --zero 2, 3: the engine over g from the staging (freed), each rank
+// keeping its shards; own_grads as FsdpSpec's (NULL: none). Collective.
 void expert_zero_shard(ZeroBuf* z, int zero, const int* own_grads);
 // Unit i's parameters (--zero 3: all-gathered unless they are here) and the
 // buffer its gradient accumulates in (--zero 2, 3: the unit gradient buffer).
