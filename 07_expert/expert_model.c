@@ -251,7 +251,8 @@ int expert_run_start(Run* run, ExpertFlags* fl, int argc, char** argv) {
          "a rank's share of the batch in m microbatches, gradients accumulated (the pipeline's; also at pp 1)  [pp]"},
         {"virtual", ARG_INT, &fl->virtual_chunks, "chunks (virtual stages) per pp rank, --schedule interleaved only  [1]"},
         {"zero", ARG_INT, &fl->zero,
-         "ZeRO stage over each buffer's copies: 0 none, 1 the AdamW moments sharded (expert_zero.h)  [0]"},
+         "ZeRO stage over each buffer's copies: 0 none, 1 the AdamW moments sharded, 2 the gradients too, 3 the "
+         "parameters too (expert_zero.h; 2 and 3 not with --pp)  [0]"},
     };
     train_config_reader = expert_read_gpt_config;  // --model FILE is an MoE file (moe.h)
     return run_start(run, argc, argv, "build/chapter-7",
@@ -578,9 +579,11 @@ void expert_print_setup(const ExpertModel* m, const Run* run) {
         print0("tensor parallelism: tp=%d with sequence parallelism: each rank holds %d of its tp group's %d sequences "
                "and %d of the %d heads (1/%d of qkvw, qkvb, attprojw); the experts whole on every tp rank\n",
                m->tp.tp, m->B, m->B * m->tp.tp, c->gpt.num_heads / m->tp.tp, c->gpt.num_heads, m->tp.tp);
-    if (m->zero)  // --zero 1 (expert_zero.h)
-        print0("ZeRO-1: the AdamW moments sharded over each buffer's copies: the replicated parameters over %d "
-               "ranks, the experts over %d%s; %zu floats of moments a rank\n", m->z[ZERO_SHARED].g->size,
+    static const char* what[] = {"", "the AdamW moments", "the AdamW moments and the gradients (a unit per layer)",
+                                 "the AdamW moments, the gradients and the parameters (a unit per layer)"};
+    if (m->zero)  // --zero (expert_zero.h)
+        print0("ZeRO-%d: %s sharded over each buffer's copies: the replicated parameters over %d ranks, the experts "
+               "over %d%s; %zu floats of moments a rank\n", m->zero, what[m->zero], m->z[ZERO_SHARED].g->size,
                m->z[ZERO_EXPERTS].g->size, m->nz > 2 ? ", the tp slices over the dp x cp x ep ranks" : "",
                2 * (m->z[ZERO_SHARED].S + m->z[ZERO_EXPERTS].S + (m->nz > 2 ? m->z[ZERO_TP].S : 0)));
     const CPShard* sh = &m->cp.sh;
