@@ -1014,6 +1014,17 @@ if grep '"type":"summary"' "$c7_z3full" | grep -qF "\"peak_bytes\":{\"params\":[
 else
     fail "experts: --zero 3 memory" "want $c7_z3p, $c7_z3g, $c7_zo; $(grep -o '"peak_bytes":{"params":[^}]*' "$c7_z3full")"
 fi
+# --save assembles each buffer from the engines' shards, unit by unit: at
+# step 0 on dp x tp x ep = 2 x 2 x 2 (three engines) one rank's file, byte
+# for byte (c7_tp_init1.bin, --tp's test above)
+for z in 2 3; do
+    mpi_run $T_RUN 8 "$BUILD/chapter-7" --steps 0 --batch 24 --seq 32 --peak-gflops 10 --experts 4 --top-k 2 --dp 2 --tp 2 --ep 2 --zero $z --save "$TEST_TMPDIR/c7_z${z}_init.bin"
+    if [ $RC = 0 ] && [ -s "$TEST_TMPDIR/c7_tp_init1.bin" ] && cmp -s "$TEST_TMPDIR/c7_tp_init1.bin" "$TEST_TMPDIR/c7_z${z}_init.bin"; then
+        pass "experts: --save with --zero $z on dp x tp x ep = 2 x 2 x 2 at step 0 writes one rank's file, byte for byte"
+    else
+        fail "experts: --save with --zero $z" "exit $RC; $(cmp "$TEST_TMPDIR/c7_tp_init1.bin" "$TEST_TMPDIR/c7_z${z}_init.bin" 2>&1)"
+    fi
+done
 # its checkpoint: every rank its shards of each unit, as slices of the
 # global tensors: resumed on one rank without --zero, and on dp x tp = 2 x 2
 # with --zero 2 (other groups, other units), each continuing the run
