@@ -112,7 +112,10 @@ typedef struct {
     float *experts, *dexperts, *m_e, *v_e;
     // --zero 1 (expert_zero.h): each buffer's moments sharded over the group
     // of its copies (batch, dpcp, tp.dpcpep); zero 0: every rank all of them
-    // (the experts first: the norm sums them first, as without --zero)
+    // (the experts first: the norm sums them first, as without --zero);
+    // --zero 2, 3: chapter 3's engine in each z holds the buffer, the flat
+    // pointers above (and tp's) are NULL, and a layer finds its parameters
+    // by unit (expert_block_params, expert_router, expert_zero_params)
     int zero, nz;  // nz: the buffers, 2, or 3 with --tp
     ZeroBuf z[3];  // [ZERO_EXPERTS], [ZERO_SHARED], [ZERO_TP]
     // activations: the GPT's (embedding, the blocks' attention halves and

@@ -38,12 +38,12 @@
 typedef struct {
     const Comm* g;   // the ranks that hold identical copies of the buffer
     size_t n;        // the buffer's floats
-    size_t S;        // each rank's shard: ceil(n / N) (n without --zero)
+    size_t S;        // each rank's shard: ceil(n / N) (n without --zero; --zero 2, 3: the sum over the units)
     size_t full;     // floats of the parameters and gradient: N S (n without --zero)
     size_t lo, len;  // my shard of the n floats: [lo, lo + len), len <= S
     size_t off;      // where what I step starts in params: r S (0 without --zero)
     float *params, *grads, *m, *v;  // the buffer's (expert_zero_alloc's)
-    float* dshard;   // (S) the reduced gradient I step: my shard (--zero 1), or grads itself
+    float* dshard;   // (S) the reduced gradient I step: my shard (--zero 1, 2, 3), or grads itself
     size_t tied;     // the first floats are a copy of another stage's (the pipeline's last stage's wte): out of the norm
     // the buffer as units, each a contiguous run of it (every stage has them:
     // the layers find their parameters by unit); --zero 2, 3: the engine f
