@@ -1014,6 +1014,21 @@ if grep '"type":"summary"' "$c7_z3full" | grep -qF "\"peak_bytes\":{\"params\":[
 else
     fail "experts: --zero 3 memory" "want $c7_z3p, $c7_z3g, $c7_zo; $(grep -o '"peak_bytes":{"params":[^}]*' "$c7_z3full")"
 fi
+# E = 1's --zero 3 checkpoint (dp x tp = 2 x 2) is the dense GPT's, written
+# shard by shard: chapter 0 resumes it and continues its run
+c7_cke=$TEST_TMPDIR/c7_cke
+mpi_run $T_RUN 4 "$BUILD/chapter-7" $INV_FLAGS --experts 1 --top-k 1 --dp 2 --tp 2 --zero 3 \
+    --ckpt-dir "$c7_cke" --save-every 4 --log "$TEST_TMPDIR/c7_cke.jsonl"
+c7_tail "$TEST_TMPDIR/c7_cke.jsonl" 4 >"$TEST_TMPDIR/c7_cke_tail.jsonl"
+mpi_run $T_RUN 1 "$BUILD/chapter-0" $INV_FLAGS --resume "$c7_cke/step-00000004" --log "$TEST_TMPDIR/c7_cke_c0.jsonl"
+a="" b=""
+if [ $RC = 0 ] && echo "$OUT" | grep -q "checkpoint: resumed from .*(chapter 7, world 4)" &&
+    a=$(bash tests/compare_losses.sh "$TEST_TMPDIR/c7_cke_tail.jsonl" "$TEST_TMPDIR/c7_cke_c0.jsonl" $TOL 2>&1) &&
+    b=$(bash tests/compare_losses.sh "$TEST_TMPDIR/c7_cke_tail.jsonl" "$TEST_TMPDIR/c7_cke_c0.jsonl" $TOL_NORM norm 2>&1); then
+    pass "experts: chapter 0 resumes E=1, k=1's --zero 3 checkpoint of dp x tp = 2 x 2 and continues its run ($a; ${b#* steps, })"
+else
+    fail "experts: chapter 0 resuming E=1's --zero 3 checkpoint" "exit $RC; $a; $b; $(echo "$OUT" | grep -E 'error|resumed' | head -3)"
+fi
 # --save assembles each buffer from the engines' shards, unit by unit: at
 # step 0 on dp x tp x ep = 2 x 2 x 2 (three engines) one rank's file, byte
 # for byte (c7_tp_init1.bin, --tp's test above)
