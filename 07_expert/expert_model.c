@@ -91,7 +91,7 @@ void expert_blocks_forward(ExpertModel* m, MoeLayer* L, int l, int c) {
     int C = cf->gpt.channels, H = cf->hidden, mi = moe_layer_index(cf, l);
     double t0 = trace_start();
     for (int le = 0; le < m->E_local; le++) {
-        ExpertParams p = moe_expert_at(cf, m->experts, mi, le, m->E_local);
+        ExpertParams p = moe_expert_at(cf, expert_zero_params(&m->z[ZERO_EXPERTS], mi), 0, le, m->E_local);
         for (int s = 0; s < m->ep; s++) {
             Block b = block_of(m, L, c, s, le);
             ops_copy(L->exp_in + b.r * C, m->recv + b.q * C, (size_t)b.n * C);
@@ -107,7 +107,7 @@ void expert_blocks_backward_input(ExpertModel* m, MoeLayer* L, int l, int c) {
     int C = cf->gpt.channels, H = cf->hidden, mi = moe_layer_index(cf, l);
     double t0 = trace_start();
     for (int le = 0; le < m->E_local; le++) {
-        ExpertParams p = moe_expert_at(cf, m->experts, mi, le, m->E_local);
+        ExpertParams p = moe_expert_at(cf, expert_zero_params(&m->z[ZERO_EXPERTS], mi), 0, le, m->E_local);
         for (int s = 0; s < m->ep; s++) {
             Block b = block_of(m, L, c, s, le);
             ops_copy(m->xbuf + b.r * C, m->recv + b.q * C, (size_t)b.n * C);
@@ -124,12 +124,49 @@ void expert_blocks_backward_weights(ExpertModel* m, MoeLayer* L, int l) {
     int C = cf->gpt.channels, H = cf->hidden, mi = moe_layer_index(cf, l);
     double t0 = trace_start();
     for (int le = 0; le < m->E_local; le++) {
-        ExpertParams g = moe_expert_at(cf, m->dexperts, mi, le, m->E_local);
+        ExpertParams g = moe_expert_at(cf, expert_zero_grads(&m->z[ZERO_EXPERTS], mi), 0, le, m->E_local);
         size_t r0 = (size_t)L->expert_off[le];
         moe_expert_backward_weights(&g, m->xbuf + r0 * C, L->exp_in + r0 * C, L->fch_gelu + r0 * H, m->dfch + r0 * H,
                                     L->expert_off[le + 1] - L->expert_off[le], C, H);
     }
     trace_compute(t0, "block %d experts weights", l);
+}
+
+// ---------------------------------------------------------------- --zero 2, 3: the units of a layer
+
+// Layer l's units in the three buffers (l = -1: the embedding's [wte wpe];
+// l = L: the head's [lnfw lnfb], with wte, unit 0, for the head's forward
+// and the gradient the embedding's backward closes).
+void expert_units_gather(ExpertModel* m, int l) {
+    int L = m->cfg.gpt.num_layers;
+    if (m->zero < 3) return;
+    if (l < 0)  // a new forward: what was gathered before the step is stale
+        for (int b = 0; b < m->nz; b++) expert_zero_drop(&m->z[b]);
+    expert_zero_params(&m->z[ZERO_SHARED], 1 + l);
+    if (l == L) expert_zero_params(&m->z[ZERO_SHARED], 0);
+    if (l < 0 || l == L) return;
+    if (moe_is_moe_layer(&m->cfg, l)) expert_zero_params(&m->z[ZERO_EXPERTS], moe_layer_index(&m->cfg, l));
+    if (m->nz > 2) expert_zero_params(&m->z[ZERO_TP], l);
+}
+
+void expert_units_open(ExpertModel* m, int l) {
+    int L = m->cfg.gpt.num_layers;
+    if (m->zero < 2) return;
+    expert_units_gather(m, l);
+    expert_zero_grads_begin(&m->z[ZERO_SHARED], 1 + l);
+    if (l == L) expert_zero_grads_begin(&m->z[ZERO_SHARED], 0);
+    if (l < 0 || l == L) return;
+    if (moe_is_moe_layer(&m->cfg, l)) expert_zero_grads_begin(&m->z[ZERO_EXPERTS], moe_layer_index(&m->cfg, l));
+    if (m->nz > 2) expert_zero_grads_begin(&m->z[ZERO_TP], l);
+}
+
+void expert_units_reduce(ExpertModel* m, int l) {
+    int L = m->cfg.gpt.num_layers;
+    if (m->zero < 2) return;
+    expert_zero_reduce(&m->z[ZERO_SHARED], 1 + l);
+    if (l < 0 || l == L) return;
+    if (moe_is_moe_layer(&m->cfg, l)) expert_zero_reduce(&m->z[ZERO_EXPERTS], moe_layer_index(&m->cfg, l));
+    if (m->nz > 2) expert_zero_reduce(&m->z[ZERO_TP], l);
 }
 
 // ---------------------------------------------------------------- the per-token parts of the step
@@ -146,11 +183,11 @@ void expert_embed_forward(ExpertModel* m, const int* inputs, const int* targets)
     gpt_acts_load(&m->acts, rows, rows + N);
     free(rows);
     if (!m->embeds) return;  // a later pipeline stage: its input arrived in acts.encoded
+    float* u = expert_zero_params(&m->z[ZERO_SHARED], 0);  // unit 0: [wte wpe]
     for (int p = 0; p < sh->parts; p++) {
         size_t r0 = (size_t)p * sh->B * sh->len;
-        encoder_forward(m->acts.encoded + r0 * C, m->acts.inputs + r0, m->shared + moe_wte_offset(&m->cfg),
-                        m->shared + moe_wpe_offset(&m->cfg) + (size_t)cp_shard_pos(sh, sh->rank, p) * C, sh->B,
-                        sh->len, C);
+        encoder_forward(m->acts.encoded + r0 * C, m->acts.inputs + r0, u + moe_wte_offset(&m->cfg),
+                        u + moe_wpe_offset(&m->cfg) + (size_t)cp_shard_pos(sh, sh->rank, p) * C, sh->B, sh->len, C);
     }
 }
 
@@ -159,8 +196,8 @@ float expert_head_forward(ExpertModel* m) {
     const GPTConfig* g = &m->cfg.gpt;
     int B = m->B, T = m->T, C = g->channels;
     HeadActs h = gpt_acts_head(&m->acts, g, B, T);
-    float* lnf = m->shared + moe_lnf_offset(&m->cfg);
-    head_forward(g, m->shared + moe_wte_offset(&m->cfg), lnf, lnf + C, &h,
+    float* lnf = expert_zero_params(&m->z[ZERO_SHARED], g->num_layers + 1);  // the last unit: [lnfw lnfb]
+    head_forward(g, expert_zero_params(&m->z[ZERO_SHARED], 0) + moe_wte_offset(&m->cfg), lnf, lnf + C, &h,
                  gpt_acts_block_output(&m->acts, g, g->num_layers - 1, B, T), m->acts.targets, B, T);
     return gpt_acts_mean_loss(&m->acts, g);
 }
@@ -171,16 +208,17 @@ void expert_head_backward(ExpertModel* m) {
     int B = m->B, T = m->T, C = g->channels, L = g->num_layers;
     HeadActs h = gpt_acts_head(&m->acts, g, B, T);
     BlockScratch s = gpt_acts_scratch(&m->acts, g);
-    float *P = m->shared, *G = m->dshared;
-    size_t lnf = moe_lnf_offset(&m->cfg), wte = moe_wte_offset(&m->cfg);
-    head_backward(g, P + wte, P + lnf, G + wte, G + lnf, G + lnf + C, &h, gpt_acts_block_output(&m->acts, g, L - 1, B, T),
+    ZeroBuf* z = &m->z[ZERO_SHARED];  // unit 0 [wte wpe], unit L + 1 [lnfw lnfb]
+    float *P = expert_zero_params(z, 0), *G = expert_zero_grads(z, 0), *lnf = expert_zero_params(z, L + 1);
+    float *dlnf = expert_zero_grads(z, L + 1), *wte = P + moe_wte_offset(&m->cfg);
+    head_backward(g, wte, lnf, G + moe_wte_offset(&m->cfg), dlnf, dlnf + C, &h, gpt_acts_block_output(&m->acts, g, L - 1, B, T),
                   m->acts.targets, 1.0f / (float)(B * T), s.dln, m->acts.dres, B, T);
 }
 
 void expert_embed_backward(ExpertModel* m) {
     if (!m->embeds) return;
     const CPShard* sh = &m->cp.sh;
-    float* G = m->dshared;
+    float* G = expert_zero_grads(&m->z[ZERO_SHARED], 0);  // unit 0's: the head's dwte is in it
     int C = m->cfg.gpt.channels;
     for (int p = 0; p < sh->parts; p++) {
         size_t r0 = (size_t)p * sh->B * sh->len;
@@ -213,7 +251,8 @@ int expert_run_start(Run* run, ExpertFlags* fl, int argc, char** argv) {
          "a rank's share of the batch in m microbatches, gradients accumulated (the pipeline's; also at pp 1)  [pp]"},
         {"virtual", ARG_INT, &fl->virtual_chunks, "chunks (virtual stages) per pp rank, --schedule interleaved only  [1]"},
         {"zero", ARG_INT, &fl->zero,
-         "ZeRO stage over each buffer's copies: 0 none, 1 the AdamW moments sharded (expert_zero.h)  [0]"},
+         "ZeRO stage over each buffer's copies: 0 none, 1 the AdamW moments sharded, 2 the gradients too, 3 the "
+         "parameters too (expert_zero.h; 2 and 3 not with --pp)  [0]"},
     };
     train_config_reader = expert_read_gpt_config;  // --model FILE is an MoE file (moe.h)
     return run_start(run, argc, argv, "build/chapter-7",
@@ -302,7 +341,7 @@ MoeConfig expert_config(const Run* run, ExpertFlags* f) {
             fail_all("--cp-mode ulysses splits the model's %d heads over cp=%d ranks: use a cp that divides %d, or "
                      "--cp-mode ring", cfg.gpt.num_heads / tp, cp, cfg.gpt.num_heads / tp);
     }
-    expert_zero_check(f->zero);
+    expert_zero_check(f->zero, run->mesh.size[AXIS_PP] > 1 || f->microbatches != ARG_NOT_GIVEN || f->virtual_chunks != 1);
     return cfg;
 }
 
@@ -361,6 +400,34 @@ void expert_model_create(ExpertModel* m, const MoeConfig* cfg, const ExpertFlags
     expert_model_create_part(m, cfg, flags, run, 1, 1);
 }
 
+// Each buffer's units (expert_zero.h): the replicated buffer's [wte wpe],
+// every block's piece and [lnfw lnfb]; the experts of each MoE layer; the tp
+// slices of each layer. --zero 2, 3: chapter 3's engine takes each buffer
+// over its group, the tied wte's unit with a gradient of its own.
+static void zero_units(ExpertModel* m) {
+    const MoeConfig* c = &m->cfg;
+    int L = c->gpt.num_layers, Lm = moe_num_moe_layers(c);
+    size_t* numel = xmalloc(sizeof(size_t) * (size_t)(L + 2));
+    numel[0] = moe_block_offset(c, 0);
+    for (int l = 0; l < L; l++) numel[1 + l] = moe_block_numel(c, l);
+    numel[L + 1] = 2 * (size_t)c->gpt.channels;
+    expert_zero_units(&m->z[ZERO_SHARED], L + 2, numel);
+    for (int i = 0; i < Lm; i++) numel[i] = (size_t)m->E_local * moe_expert_numel(c);
+    expert_zero_units(&m->z[ZERO_EXPERTS], Lm, numel);
+    for (int l = 0; m->nz > 2 && l < L; l++) numel[l] = moe_attn_tp_numel(c->gpt.channels, m->tp.tp);
+    if (m->nz > 2) expert_zero_units(&m->z[ZERO_TP], L, numel);
+    free(numel);
+    if (m->zero < 2) return;
+    int* own = xcalloc((size_t)(L + 2), sizeof(int));
+    own[0] = 1;  // wte: the head's gradient and the embedding's, one open buffer between them
+    expert_zero_shard(&m->z[ZERO_SHARED], m->zero, own);
+    expert_zero_shard(&m->z[ZERO_EXPERTS], m->zero, NULL);
+    if (m->nz > 2) expert_zero_shard(&m->z[ZERO_TP], m->zero, NULL);
+    free(own);
+    m->shared = m->dshared = m->m_s = m->v_s = m->experts = m->dexperts = m->m_e = m->v_e = NULL;
+    m->tp.w = m->tp.dw = m->tp.m = m->tp.v = NULL;  // the engines hold them now
+}
+
 void expert_model_create_part(ExpertModel* m, const MoeConfig* cfg, const ExpertFlags* flags, const Run* run,
                               int embeds, int has_head) {
     const Mesh* mesh = &run->mesh;
@@ -412,10 +479,10 @@ void expert_model_create_part(ExpertModel* m, const MoeConfig* cfg, const Expert
     m->nz = ntp > 1 ? 3 : 2;
     float* host = xmalloc((m->n_shared > m->n_experts ? m->n_shared : m->n_experts) * sizeof(float));
     moe_init_shared(host, &m->cfg, seed);  // with --tp without qkvw, qkvb, attprojw: my slices next
-    mem_to_device(m->shared, host, m->n_shared * sizeof(float));
+    expert_zero_put(&m->z[ZERO_SHARED], host);
     if (ntp > 1) expert_tp_init(m, seed);
     moe_init_experts(host, cfg, m->e0, m->E_local, seed);
-    mem_to_device(m->experts, host, m->n_experts * sizeof(float));
+    expert_zero_put(&m->z[ZERO_EXPERTS], host);
     free(host);
     GPTConfig acts_cfg = cfg->gpt;  // without the head, no logits (a pipeline stage's)
     if (!has_head) acts_cfg.vocab_size = acts_cfg.padded_vocab_size = 0;
@@ -458,11 +525,12 @@ void expert_model_create_part(ExpertModel* m, const MoeConfig* cfg, const Expert
         if (ntp > 1)
             expert_tp_load(m, shared);
         else
-            mem_to_device(m->shared, shared, m->n_shared * sizeof(float));
-        mem_to_device(m->experts, mine, m->n_experts * sizeof(float));
+            expert_zero_put(&m->z[ZERO_SHARED], shared);
+        expert_zero_put(&m->z[ZERO_EXPERTS], mine);
         free(shared);
         free(mine);
     }
+    zero_units(m);  // each buffer's units; --zero 2, 3: the engines take the values
 }
 
 void expert_moe_layers_free(const ExpertModel* m, MoeLayer* layers, int n) {
@@ -511,9 +579,11 @@ void expert_print_setup(const ExpertModel* m, const Run* run) {
         print0("tensor parallelism: tp=%d with sequence parallelism: each rank holds %d of its tp group's %d sequences "
                "and %d of the %d heads (1/%d of qkvw, qkvb, attprojw); the experts whole on every tp rank\n",
                m->tp.tp, m->B, m->B * m->tp.tp, c->gpt.num_heads / m->tp.tp, c->gpt.num_heads, m->tp.tp);
-    if (m->zero)  // --zero 1 (expert_zero.h)
-        print0("ZeRO-1: the AdamW moments sharded over each buffer's copies: the replicated parameters over %d "
-               "ranks, the experts over %d%s; %zu floats of moments a rank\n", m->z[ZERO_SHARED].g->size,
+    static const char* what[] = {"", "the AdamW moments", "the AdamW moments and the gradients (a unit per layer)",
+                                 "the AdamW moments, the gradients and the parameters (a unit per layer)"};
+    if (m->zero)  // --zero (expert_zero.h)
+        print0("ZeRO-%d: %s sharded over each buffer's copies: the replicated parameters over %d ranks, the experts "
+               "over %d%s; %zu floats of moments a rank\n", m->zero, what[m->zero], m->z[ZERO_SHARED].g->size,
                m->z[ZERO_EXPERTS].g->size, m->nz > 2 ? ", the tp slices over the dp x cp x ep ranks" : "",
                2 * (m->z[ZERO_SHARED].S + m->z[ZERO_EXPERTS].S + (m->nz > 2 ? m->z[ZERO_TP].S : 0)));
     const CPShard* sh = &m->cp.sh;
@@ -565,6 +635,16 @@ void expert_sample(ExpertModel* m, const TrainArgs* args, TrainForward forward) 
 // gathered over ep (dp rank 0's ep group; every dp replica holds the same
 // experts). A host-side copy for the file, not part of training.
 void expert_model_save(ExpertModel* m, const char* path) {
+    if (m->zero > 1) {  // --zero 2, 3: each buffer whole on every rank for the file, then as it was
+        m->shared = expert_zero_whole(&m->z[ZERO_SHARED]), m->experts = expert_zero_whole(&m->z[ZERO_EXPERTS]);
+        if (m->nz > 2) m->tp.w = expert_zero_whole(&m->z[ZERO_TP]);
+        m->zero = 0;
+        expert_model_save(m, path);
+        m->zero = m->z[ZERO_SHARED].f.zero;
+        mem_free(m->shared), mem_free(m->experts), mem_free(m->tp.w);
+        m->shared = m->experts = m->tp.w = NULL;
+        return;
+    }
     int Lm = moe_num_moe_layers(&m->cfg), E = m->cfg.experts, El = m->E_local;
     size_t ne = moe_expert_numel(&m->cfg);
     float* all = NULL;
@@ -625,6 +705,33 @@ void expert_ckpt_open(Ckpt* ck, ExpertModel* m, const Run* run) {
     ckpt_resume(ck);
 }
 
+// Unit i of buffer b as slices of the global tensors, kind `kind`, values at
+// data (the unit's first float).
+static void unit_slices(CkptList* out, ExpertModel* m, int b, int i, CkptKind kind, float* data) {
+    const ZeroBuf* z = &m->z[b];
+    if (b == ZERO_SHARED) moe_ckpt_add_shared(out, &m->cfg, kind, z->unit_off[i], z->unit_off[i + 1] - z->unit_off[i], data);
+    if (b == ZERO_EXPERTS) moe_ckpt_add_expert_layers(out, &m->cfg, kind, i, 1, m->e0, m->E_local, data);
+    if (b == ZERO_TP) moe_ckpt_add_attn_tp_layers(out, &m->cfg, kind, m->tp.tp, m->tp.rank, i, 1, data);
+}
+
+// --zero 2, 3: every rank of a buffer's group writes and reads its shard of
+// each unit, the parameters and the moments (expert_zero_ckpt_unit); --zero
+// 2 reads the parameters whole (every rank holds them all). The unit
+// gradient buffer (as large as any unit) is the origin the slices' offsets
+// are taken from: nothing is read there.
+static void zero_units_ckpt(Ckpt* ck, ExpertModel* m) {
+    for (int b = 0; b < m->nz; b++) {
+        ZeroBuf* z = &m->z[b];
+        for (int i = 0; i < z->units; i++) {
+            CkptList full = {0};
+            unit_slices(&full, m, b, i, CKPT_PARAMS, z->f.unit_grads);
+            expert_zero_ckpt_unit(&ck->own, &ck->need, &full, z->f.unit_grads, z, i);
+            ckpt_list_free(&full);
+            if (m->zero == 2) unit_slices(&ck->need, m, b, i, CKPT_PARAMS, z->f.full_params + z->f.padded_off[i]);
+        }
+    }
+}
+
 void expert_model_ckpt(Ckpt* ck, ExpertModel* m) {
     char variant[256];
     moe_ckpt_tensors(&m->cfg, ckpt_table);
@@ -633,6 +740,10 @@ void expert_model_ckpt(Ckpt* ck, ExpertModel* m) {
         ckpt_set_model(ck, NULL, 0, NULL);
     else
         ckpt_set_model(ck, ckpt_table, MOE_CKPT_TENSORS, variant);
+    if (m->zero > 1) {  // --zero 2, 3: each rank its shards of every unit
+        zero_units_ckpt(ck, m);
+        return;
+    }
     float* shared[CKPT_NUM_KINDS] = {m->shared, m->m_s, m->v_s};
     float* experts[CKPT_NUM_KINDS] = {m->experts, m->m_e, m->v_e};
     size_t per = (m->n_shared + m->ep - 1) / m->ep, lo = (size_t)m->epc->rank * per;
@@ -719,6 +830,24 @@ void expert_report(const ExpertModel* m, const ExpertFlags* fl, const TrainLoop*
 
 // ---------------------------------------------------------------- --show-sharding
 
+// --zero 2, 3: what the engines hold beyond the buffers' rows (the
+// parameters whole, or --zero 3's shards; no gradient): the gradient shards
+// and the unit gradient buffers; --zero 2 the padding of the parameters, 3
+// the two gather slots.
+static void zero_units_sharding(const ExpertModel* m, ShardTable* t) {
+    double f = sizeof(float), pad = 0, shard = 0, slots = 0, unit = 0;
+    for (int b = 0; b < m->nz; b++) {
+        const FSDP* e = &m->z[b].f;
+        pad += (double)(e->padded_total - m->z[b].n), shard += (double)e->shard_total;
+        slots += 2.0 * (double)e->max_padded;
+        unit += (double)e->max_padded + (e->own_grads[0] ? (double)(e->shard[0] * (size_t)e->dp->size) : 0.0);
+    }
+    if (m->zero == 2) shard_table_add(t, "ZeRO padding", "", "tails", NULL, NULL, "", f * pad, 0, 0);
+    if (m->zero == 3) shard_table_add(t, "gather slots", "", "gathered", NULL, NULL, "2 x the largest unit", f * slots, 0, 0);
+    shard_table_add(t, "ZeRO grad shard", "", NULL, "units/group", NULL, "mine", 0, f * shard, 0);
+    shard_table_add(t, "unit gradient", "", NULL, "(-)", NULL, "the largest unit, wte's", 0, f * unit, 0);
+}
+
 void expert_model_show_sharding(const ExpertModel* m, int show) {
     if (!show) return;
     ShardTable* t = xcalloc(1, sizeof(ShardTable));
@@ -726,21 +855,24 @@ void expert_model_show_sharding(const ExpertModel* m, int show) {
     char slice[40];
     // --zero 1: the moments flat over each buffer's copies (m->batch, m->dpcp, m->tp.dpcpep; expert_zero.h)
     const ZeroBuf* z[] = {&m->z[ZERO_SHARED], &m->z[ZERO_EXPERTS], &m->z[ZERO_TP]};  // in the table's order
-    shard_table_add(t, "GPT + routers", "", "(-, -)", "(-, -)", m->zero ? "flat/batch" : "(-, -)", "all", f * shared,
-                    f * shared, 2 * f * (double)z[0]->S);
+    // --zero 2: no whole gradient (the engines' rows below); 3: the parameters' shards only
+    double p3 = m->zero == 3 ? 0 : 1, g2 = m->zero > 1 ? 0 : 1, s3 = m->zero == 3 ? f : 0;
+    shard_table_add(t, "GPT + routers", "", "(-, -)", "(-, -)", m->zero ? "flat/batch" : "(-, -)", "all",
+                    p3 * f * shared + s3 * (double)z[0]->S, g2 * f * shared, 2 * f * (double)z[0]->S);
     snprintf(slice, sizeof(slice), "experts %d..%d of %d", m->e0, m->e0 + m->E_local - 1, m->cfg.experts);
     shard_table_add(t, "experts", "(Lm, E, ...)", "(-, ep, -)", "(-, ep, -)", m->zero ? "(-, ep, -) flat/dpcp" : "(-, ep, -)",
-                    slice, f * experts, f * experts, 2 * f * (double)z[1]->S);
+                    slice, p3 * f * experts + s3 * (double)z[1]->S, g2 * f * experts, 2 * f * (double)z[1]->S);
     if (m->tp.tp > 1) {  // qkvw, qkvb by rows (my heads' q, k, v), attprojw by columns
         double sl = (double)m->tp.n;
         snprintf(slice, sizeof(slice), "heads %d..%d of %d", m->tp.rank * m->cfg.gpt.num_heads / m->tp.tp,
                  (m->tp.rank + 1) * m->cfg.gpt.num_heads / m->tp.tp - 1, m->cfg.gpt.num_heads);
         shard_table_add(t, "qkv, attproj", "(L, ...)", "(-, tp, -)", "(-, tp, -)", m->zero ? "(-, tp, -) flat/dpcpep" : "(-, tp, -)",
-                        slice, f * sl, f * sl, 2 * f * (double)z[2]->S);
+                        slice, p3 * f * sl + s3 * (double)z[2]->S, g2 * f * sl, 2 * f * (double)z[2]->S);
     }
     double pad = 0, gsh = 0;  // --zero 1: each buffer's padding to N S and its gradient shard
-    for (int b = 0; m->zero && b < m->nz; b++) pad += (double)(z[b]->full - z[b]->n), gsh += (double)z[b]->S;
-    if (m->zero) {
+    for (int b = 0; m->zero == 1 && b < m->nz; b++) pad += (double)(z[b]->full - z[b]->n), gsh += (double)z[b]->S;
+    if (m->zero > 1) zero_units_sharding(m, t);
+    if (m->zero == 1) {
         shard_table_add(t, "ZeRO padding", "", "tails", "tails", NULL, "", f * pad, f * pad, 0);
         shard_table_add(t, "ZeRO grad shard", "", NULL, "flat", NULL, "mine", 0, f * gsh, 0);
     }

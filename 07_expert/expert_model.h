@@ -16,7 +16,7 @@
 #include "ckpt.h"
 #include "comm.h"
 #include "context.h"  // chapter 6's CPMode, CPBalance, cp_parse_flags
-#include "expert_zero.h"  // --zero 1: ZeroBuf
+#include "expert_zero.h"  // --zero: ZeroBuf
 #include "moe.h"
 #include "ring.h"     // chapter 6's CPShard and ring attention's compute
 #include "train.h"
@@ -112,7 +112,10 @@ typedef struct {
     float *experts, *dexperts, *m_e, *v_e;
     // --zero 1 (expert_zero.h): each buffer's moments sharded over the group
     // of its copies (batch, dpcp, tp.dpcpep); zero 0: every rank all of them
-    // (the experts first: the norm sums them first, as without --zero)
+    // (the experts first: the norm sums them first, as without --zero);
+    // --zero 2, 3: chapter 3's engine in each z holds the buffer, the flat
+    // pointers above (and tp's) are NULL, and a layer finds its parameters
+    // by unit (expert_block_params, expert_router, expert_zero_params)
     int zero, nz;  // nz: the buffers, 2, or 3 with --tp
     ZeroBuf z[3];  // [ZERO_EXPERTS], [ZERO_SHARED], [ZERO_TP]
     // activations: the GPT's (embedding, the blocks' attention halves and
@@ -156,7 +159,7 @@ typedef struct {
     // ARG_NOT_GIVEN: pp (and no pipeline at pp = 1)
     const char* schedule;
     int microbatches, virtual_chunks;
-    int zero;  // --zero: 0, or 1 the AdamW moments sharded (expert_zero.h)
+    int zero;  // --zero: 0, 1 the AdamW moments sharded, 2 the gradients, 3 the parameters (expert_zero.h)
 } ExpertFlags;
 
 // The chapter's flags (the table is in expert_model.c) and run_start (the
@@ -211,6 +214,20 @@ void expert_embed_forward(ExpertModel* m, const int* inputs, const int* targets)
 float expert_head_forward(ExpertModel* m);
 void expert_head_backward(ExpertModel* m);
 void expert_embed_backward(ExpertModel* m);
+// --zero 2, 3 (expert_zero.h), layer l's units in the three buffers (its
+// piece of the replicated buffer, its experts, its tp slices; l = -1 the
+// embedding's [wte wpe], l = L the head's [lnfw lnfb] and wte). gather:
+// --zero 3 all-gathers them over their groups (l = -1 first forgets the last
+// step's). open, before the layer's backward: gathered again, and their
+// gradient buffers zeroed (l = L opens wte's too, which -1 closes). reduce,
+// after it: each gradient reduce-scattered over its group. Nothing at lower
+// stages.
+void expert_units_gather(ExpertModel* m, int l);
+void expert_units_open(ExpertModel* m, int l);
+void expert_units_reduce(ExpertModel* m, int l);
+// Layer l's router (E, C) and its gradient.
+float* expert_router(ExpertModel* m, int l);
+float* expert_router_grad(ExpertModel* m, int l);
 // The exchanges of the MoE layers (dispatch: chunk c is request c; combine:
 // chunks + c): a non-blocking all-to-all-v over ep, and its wait, which
 // adds the seconds blocked and in flight to the step's figures.

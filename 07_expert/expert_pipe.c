@@ -142,7 +142,8 @@ static void backward(ExpertPipe* P, int mb, int c) {
 
 void expert_pipe_run(ExpertPipe* P) {
     int E = P->cfg.experts, Lm = moe_num_moe_layers(&P->cfg);
-    for (int c = 0; c < P->v; c++) {  // the gradients accumulate over the microbatches from zero
+    for (int c = 0; c < P->v && P->chunk[c].m.zero < 2; c++) {  // the gradients accumulate over the microbatches from zero
+        // (--zero 2, 3: no pipeline, and each unit's gradient is zeroed as backward opens it)
         ExpertModel* m = &P->chunk[c].m;
         mem_zero(m->dshared, m->n_shared * sizeof(float));
         mem_zero(m->dexperts, m->n_experts * sizeof(float));

@@ -24,22 +24,34 @@
 
 // ---------------------------------------------------------------- the parameters of a layer
 
-static BlockParams with_slices(const ExpertModel* m, BlockParams p, float* slices, int l) {
+// w: layer l's slices (its unit of the tp buffer).
+static BlockParams with_slices(const ExpertModel* m, BlockParams p, float* w) {
     if (m->tp.tp == 1) return p;
     int C = m->cfg.gpt.channels, Cl = C / m->tp.tp;
-    float* w = slices + (size_t)l * moe_attn_tp_numel(C, m->tp.tp);
     p.qkvw = w;                                  // (3C/tp, C): my heads' q, k, v rows
     p.qkvb = w + 3 * (size_t)Cl * C;             // (3C/tp)
     p.attprojw = p.qkvb + 3 * (size_t)Cl;        // (C, C/tp): my heads' columns
     return p;
 }
 
+// Layer l is unit 1 + l of the replicated buffer and unit l of the tp slices
+// (expert_zero.h): with --zero 3 the gathered copies.
 BlockParams expert_block_params(ExpertModel* m, int l) {
-    return with_slices(m, moe_block_params(&m->cfg, m->shared, l), m->tp.w, l);
+    BlockParams p = moe_block_params_in(&m->cfg, expert_zero_params(&m->z[ZERO_SHARED], 1 + l), l);
+    return with_slices(m, p, m->tp.tp > 1 ? expert_zero_params(&m->z[ZERO_TP], l) : NULL);
 }
 
 BlockParams expert_block_grads(ExpertModel* m, int l) {
-    return with_slices(m, moe_block_params(&m->cfg, m->dshared, l), m->tp.dw, l);
+    BlockParams g = moe_block_params_in(&m->cfg, expert_zero_grads(&m->z[ZERO_SHARED], 1 + l), l);
+    return with_slices(m, g, m->tp.tp > 1 ? expert_zero_grads(&m->z[ZERO_TP], l) : NULL);
+}
+
+float* expert_router(ExpertModel* m, int l) {
+    return moe_router_in(&m->cfg, expert_zero_params(&m->z[ZERO_SHARED], 1 + l));
+}
+
+float* expert_router_grad(ExpertModel* m, int l) {
+    return moe_router_in(&m->cfg, expert_zero_grads(&m->z[ZERO_SHARED], 1 + l));
 }
 
 // ---------------------------------------------------------------- the tp group's rows
@@ -174,7 +186,7 @@ void expert_tp_init(ExpertModel* m, uint64_t seed) {
     // counter-based: each value from its index in the whole tensor, so my
     // slices are the whole model's without making it
     for (int l = 0; l < g->num_layers; l++) {
-        BlockParams p = with_slices(m, (BlockParams){0}, w, l);
+        BlockParams p = with_slices(m, (BlockParams){0}, w + (size_t)l * moe_attn_tp_numel((int)C, (int)tp));
         for (size_t j = 0; j < 3; j++)  // q, k, v: rows j C + [r Cl, (r + 1) Cl)
             for (size_t i = 0; i < Cl; i++) {
                 size_t row = j * C + r * Cl + i;
@@ -186,7 +198,7 @@ void expert_tp_init(ExpertModel* m, uint64_t seed) {
             for (size_t i = 0; i < Cl; i++)
                 p.attprojw[row * Cl + i] = gpt_init_value(g, seed, P_ATTPROJW, l, row * C + r * Cl + i);
     }
-    mem_to_device(m->tp.w, w, m->tp.n * sizeof(float));
+    expert_zero_put(&m->z[ZERO_TP], w);
     free(w);
 }
 
@@ -194,8 +206,8 @@ void expert_tp_load(ExpertModel* m, const float* whole) {
     float* shared = xmalloc(m->n_shared * sizeof(float));
     float* slices = xmalloc(m->tp.n * sizeof(float));
     relayout(m, (float*)whole, shared, slices, m->tp.rank, 0);
-    mem_to_device(m->shared, shared, m->n_shared * sizeof(float));
-    mem_to_device(m->tp.w, slices, m->tp.n * sizeof(float));
+    expert_zero_put(&m->z[ZERO_SHARED], shared);
+    expert_zero_put(&m->z[ZERO_TP], slices);
     free(shared);
     free(slices);
 }
@@ -236,7 +248,7 @@ void expert_tp_create(ExpertModel* m, const Run* run) {
     t->dpcpep = &t->dpcpep_own;
     const int C = m->cfg.gpt.channels;
     t->n = (size_t)m->cfg.gpt.num_layers * moe_attn_tp_numel(C, t->tp);
-    expert_zero_alloc(&m->z[ZERO_TP], m->zero, t->dpcpep, t->n, &t->w, &t->dw, &t->m, &t->v);  // --zero 1: sharded moments
+    expert_zero_alloc(&m->z[ZERO_TP], m->zero, t->dpcpep, t->n, &t->w, &t->dw, &t->m, &t->v);  // --zero: expert_zero.h
     t->full = mem_alloc_floats((size_t)m->N * t->tp * C, MEM_ACTIVATIONS);
     t->dfull = mem_alloc_floats((size_t)m->N * t->tp * C, MEM_ACTIVATIONS);
 }

@@ -1,21 +1,19 @@
 // Chapter 7: mixture of experts with expert parallelism.
 //
-// In an MoE layer (moe.h) each token's MLP is k of E experts, chosen
-// by a router. The experts are sharded over the ep ranks (E / ep each); the
-// rest of the model is replicated on every rank, and every rank of the
-// dp x ep mesh takes its own share of the global batch. So a token lives on
-// one rank and its experts on others: each MoE layer moves the token rows to
-// their experts and the outputs back.
+// In an MoE layer (moe.h) each token's MLP is k of E experts, chosen by a router. The
+// experts are sharded over the ep ranks (E / ep each); the rest of the model is replicated
+// on every rank, and every rank of the dp x ep mesh takes its own share of the global batch.
+// So a token lives on one rank and its experts on others: each MoE layer moves the token
+// rows to their experts and the outputs back.
 //
 //   mpirun -np 4 build/chapter-7 --dp 2 --ep 2 --experts 4 --top-k 2
 //
-// --cp N: chapter 6's context parallelism; a share's cp ranks hold T/cp
-// positions of its sequences, attention meets the others' keys and values
-// (expert_cp.c); the rest is per token. --tp N: tensor parallelism with
-// sequence parallelism: a tp rank holds B/tp of a share's sequences,
-// attention is split by heads (expert_tp.c). --pp N: chapter 5's stages run
-// this forward and backward, tp, cp, ep and dp inside; main's one loop runs
-// every mesh, the schedule's actions executed by expert_pipe.c.
+// --cp N: chapter 6's context parallelism; a share's cp ranks hold T/cp positions of its
+// sequences, attention meets the others' keys and values (expert_cp.c); the rest is per
+// token. --tp N: tensor parallelism with sequence parallelism: a tp rank holds B/tp of a
+// share's sequences, attention is split by heads (expert_tp.c). --pp N: chapter 5's stages
+// run this forward and backward, tp, cp, ep and dp inside; main's one loop runs every
+// mesh, the schedule's actions executed by expert_pipe.c.
 //
 // One MoE layer, forward, in the order of moe_layer_forward below:
 //   1. route      router logits -> softmax -> top-k experts and gates
@@ -26,8 +24,8 @@
 //   5. combine    all-to-all-v the outputs back, sum them weighted by the gates
 // 3-5 go in chunks of the tokens (--ep-overlap), pipelined; backward runs
 // the two exchanges in reverse (moe_layer_backward). Gradients go to three
-// groups (reduce_gradients; --zero 1 shards the AdamW moments over each,
-// expert_zero.h). Buffers, files, flags: expert_model.c.
+// groups (reduce_gradients; --zero 1 shards the AdamW moments over each, 2
+// the gradients too, 3 the parameters: expert_zero.h). Flags: expert_model.c.
 #include <stdlib.h>
 
 #include "memory.h"
@@ -185,9 +183,8 @@ static void plan_dispatch(ExpertModel* m, MoeLayer* L, int layer_index) {
 //   in flight  dispatch 0 | dispatch 1 | dispatch 2, combine 0 | ... | combine n-1
 //   experts               | chunk 0    | chunk 1               | ... |
 //
-// The first dispatch and the last combine have nothing to hide behind
-// (docs/07_expert.md). Every row meets the same ops whatever n and the
-// experts keep their rows in the order of n = 1: the same bits for every n.
+// The first dispatch and the last combine have nothing to hide behind (docs/07_expert.md). Every
+// row meets the same ops whatever n and the experts keep their rows in n = 1's order: the same bits.
 
 // Chunk c's rows of the dispatch: my rows to every ep rank, then the start.
 static void dispatch_start(ExpertModel* m, MoeLayer* L, const float* ln2, int c) {
@@ -206,7 +203,7 @@ static void moe_layer_forward(ExpertModel* m, int l, BlockActs* a, const float* 
     BlockParams p = expert_block_params(m, l);  // with --tp, my slices of the attention's matrices
     expert_attention_forward(m, l, &p, a, x);  // with --cp, over the cp group
     // 1. route: logits (N, E) = ln2 @ router^T, softmax, top-k, gates
-    matmul_forward(L->logits, a->ln2, moe_router_at(c, m->shared, l), NULL, N, C, E);
+    matmul_forward(L->logits, a->ln2, expert_router(m, l), NULL, N, C, E);
     moe_router_forward(L->probs, L->idx, L->gates, L->logits, N, E, k);
     // 2. count and exchange the counts
     plan_dispatch(m, L, mi);
@@ -236,9 +233,9 @@ static void moe_layer_forward(ExpertModel* m, int l, BlockActs* a, const float* 
 //   full       keeps only the layer's output; the whole layer runs again,
 //              the router included: the same ops on the same input choose
 //              the same experts, but the dispatch and combine all-to-all-v
-//              are issued again, 2 more exchanges per MoE layer per step
-//              (counted in the summary's alltoall bytes), and so are the
-//              plan's small host exchanges and --cp's attention exchanges.
+//              are issued again, 2 more per MoE layer per step (counted in
+//              the summary's alltoall bytes), as are the plan's small host
+//              exchanges, --cp's attention exchanges and --zero 3's gathers.
 static BlockActs moe_layer_recompute(ExpertModel* m, int l, const float* x) {
     const MoeConfig* c = &m->cfg;
     BlockActs a = expert_block_acts(m, l);
@@ -282,7 +279,7 @@ static void moe_layer_backward(ExpertModel* m, int l, const float* x) {
     // load-balancing loss), and its weight gradient
     ops_zero(m->dlogits, (size_t)N * E);
     moe_router_backward(m->dlogits, m->dgates, L->aux_dprobs, L->probs, L->idx, L->gates, N, E, k);
-    matmul_backward(NULL, moe_router_at(c, m->dshared, l), NULL, m->dlogits, a.ln2, NULL, N, C, E);
+    matmul_backward(NULL, expert_router_grad(m, l), NULL, m->dlogits, a.ln2, NULL, N, C, E);
     for (int i = 0; i < nc; i++) {
         expert_a2a_wait(m, i);
         if (i + 1 < nc)
@@ -300,7 +297,7 @@ static void moe_layer_backward(ExpertModel* m, int l, const float* x) {
     expert_a2a_wait(m, 2 * nc - 1);
     ops_zero(m->dln2, (size_t)N * C);
     moe_gather_backward(m->dln2, m->dsend, L->pos, N, k, C);
-    matmul_backward(m->dln2, NULL, NULL, m->dlogits, NULL, moe_router_at(c, m->shared, l), N, C, E);
+    matmul_backward(m->dln2, NULL, NULL, m->dlogits, NULL, expert_router(m, l), N, C, E);
     expert_attention_backward(m, l, &p, &g, &a, &s, x, m->dln2, dres);
     trace_compute(t0, "block %d backward", l);
 }
@@ -313,8 +310,10 @@ static float model_forward(ExpertModel* m, const int* inputs, const int* targets
     const GPTConfig* g = &m->cfg.gpt;
     int B = m->B, T = m->T;
     if (m->record) m->aux = 0.0, m->dropped = 0, m->a2a_blocked_s = 0.0, m->a2a_inflight_s = 0.0;
+    expert_units_gather(m, -1);  // --zero 3: each unit all-gathered over its buffer's group just before it runs
     expert_embed_forward(m, inputs, targets);
     for (int l = 0; l < g->num_layers; l++) {
+        expert_units_gather(m, l);  // layer l's: its block's piece, its experts, its tp slices
         if (moe_is_moe_layer(&m->cfg, l)) {
             BlockActs a = expert_block_acts(m, l);
             double t0 = trace_start();
@@ -325,22 +324,28 @@ static float model_forward(ExpertModel* m, const int* inputs, const int* targets
             expert_dense_forward(m, l, &p);
         }
     }
+    expert_units_gather(m, g->num_layers);  // [lnfw lnfb] and wte
     return expert_head_forward(m);
 }
 
 static void model_backward(ExpertModel* m) {
     const GPTConfig* g = &m->cfg.gpt;
     int B = m->B, T = m->T;
+    expert_units_open(m, g->num_layers);  // --zero 2, 3: the units' gradients zeroed (3: the units gathered),
     expert_head_backward(m);  // m->acts.dres: d loss / d the last layer's output
+    expert_units_reduce(m, g->num_layers);  // reduce-scattered as soon as made (wte's open until the embedding's)
     for (int l = g->num_layers - 1; l >= 0; l--) {
+        expert_units_open(m, l);
         if (moe_is_moe_layer(&m->cfg, l)) {
             moe_layer_backward(m, l, gpt_acts_block_input(&m->acts, g, l, B, T));
         } else {  // a dense layer: the GPT's block, recomputed as model.h says
             BlockParams p = expert_block_params(m, l), gp = expert_block_grads(m, l);
             expert_dense_backward(m, l, &p, &gp);
         }
+        expert_units_reduce(m, l);
     }
     expert_embed_backward(m);
+    expert_units_reduce(m, -1);  // [wte wpe]
 }
 
 // ---------------------------------------------------------------- the three gradient groups
@@ -352,8 +357,8 @@ static void model_backward(ExpertModel* m) {
 // tp group's tokens: the sum over dp x cp x ep. Sums scale by 1/(dp cp ep tp).
 static void reduce_chunk(ExpertModel* m) {
     for (ZeroBuf* z = m->z; m->zero && z < m->z + m->nz; z++) {  // --zero 1: each rank receives its shard only
-        comm_reduce_scatter(z->g, z->grads, z->dshard, z->S, COMM_SUM);
-        ops_scale(z->dshard, z->S, 1.0f / (float)m->batch.size);
+        if (m->zero == 1) comm_reduce_scatter(z->g, z->grads, z->dshard, z->S, COMM_SUM);  // 2, 3: in backward, the mean
+        ops_scale(z->dshard, z->S, (m->zero > 1 ? (float)z->g->size : 1.0f) / (float)m->batch.size);
     }
     if (m->zero) return;
     // EXERCISE 4: the two gradient groups: the replicated parameters' mean over dp x cp x ep, the experts' over dp x cp only, scaled for the global mean
@@ -376,8 +381,8 @@ static void reduce_gradients(ExpertPipe* P) {
 
 // The global norm: each gradient once, summed over ep, dp x cp x tp and the
 // stages (the first copy's, or with --zero every rank's shard; the last
-// stage's tied wte left out). AdamW steps each buffer whole, or (--zero 1)
-// my shard; an all-gather brings every copy the shards.
+// stage's tied wte left out). AdamW steps each buffer whole, or (--zero)
+// my shard; an all-gather brings every copy the shards (not --zero 3's).
 static float clip_and_step(ExpertPipe* P, const TrainArgs* args, int step) {
     double* mine = train_sumsq_begin();  // on the device, read once by train_global_norm
     for (int c = 0; c < P->v; c++) {
@@ -392,10 +397,11 @@ static float clip_and_step(ExpertPipe* P, const TrainArgs* args, int step) {
     double t0 = trace_start();
     for (int c = 0; c < P->v; c++)
         for (ZeroBuf* z = P->chunk[c].m.z; z < P->chunk[c].m.z + P->chunk[c].m.nz; z++)
-            adamw_update(z->params + z->off, z->dshard, z->m, z->v, z->S, ac, step + 1, scale);
+            if (z->sharded) fsdp_step(&z->f, ac, step + 1, scale);  // --zero 2, 3: chapter 3's (2: then all-gathered)
+            else adamw_update(z->params + z->off, z->dshard, z->m, z->v, z->S, ac, step + 1, scale);
     trace_compute(t0, "optimizer");
     for (int c = 0; c < P->v; c++)  // --zero 1: the updated shards to every copy, in place
-        for (ZeroBuf* z = P->chunk[c].m.z; P->chunk[c].m.zero && z < P->chunk[c].m.z + P->chunk[c].m.nz; z++)
+        for (ZeroBuf* z = P->chunk[c].m.z; P->chunk[c].m.zero == 1 && z < P->chunk[c].m.z + P->chunk[c].m.nz; z++)
             comm_allgather(z->g, z->params + z->off, z->params, z->S);
     return (float)norm;
 }
@@ -423,9 +429,8 @@ int main(int argc, char** argv) {
         .rows = P.per_rank, .val_loss = expert_pipe_val_loss, .ctx = &P, .ckpt = &ck});
     for (int step = loop.start; step < loop.steps; step++) {
         expert_pipe_load(&P, &run.setup.train, step);  // my share of the batch, in m microbatches
-        // the schedule's F and B of each (microbatch, chunk): model_forward
-        // (per MoE layer route, plan, dispatch, experts, combine) and
-        // model_backward (the two exchanges of each MoE layer, reversed)
+        // the schedule's F and B of each (microbatch, chunk): model_forward (per MoE layer route,
+        // plan, dispatch, experts, combine), model_backward (the two exchanges of each, reversed)
         expert_pipe_run(&P);
         reduce_gradients(&P);  // the replicated parameters, the experts, the tp slices: three groups
         float norm = clip_and_step(&P, args, step);

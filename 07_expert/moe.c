@@ -65,10 +65,13 @@ size_t moe_lnf_offset(const MoeConfig* c) { return moe_block_offset(c, c->gpt.nu
 size_t moe_num_shared(const MoeConfig* c) { return moe_lnf_offset(c) + 2 * (size_t)c->gpt.channels; }
 
 BlockParams moe_block_params(const MoeConfig* c, float* shared, int l) {
+    return moe_block_params_in(c, shared + moe_block_offset(c, l), l);
+}
+
+BlockParams moe_block_params_in(const MoeConfig* c, float* base, int l) {
     int C = c->gpt.channels;
     // the first 8 tensors are laid out as in a dense block: block_params_at
     // places them; an MoE block has no fc* (its router follows ln2b)
-    float* base = shared + moe_block_offset(c, l);
     BlockParams p = block_params_at(base, C);
     if (c->tp > 1) {
         // the same order without qkvw, qkvb, attprojw (a tp rank's slices
@@ -84,8 +87,10 @@ BlockParams moe_block_params(const MoeConfig* c, float* shared, int l) {
 }
 
 float* moe_router_at(const MoeConfig* c, float* shared, int l) {
-    return shared + moe_block_offset(c, l) + attn_numel(c);
+    return moe_router_in(c, shared + moe_block_offset(c, l));
 }
+
+float* moe_router_in(const MoeConfig* c, float* block) { return block + attn_numel(c); }
 
 // ---------------------------------------------------------------- expert parameters
 

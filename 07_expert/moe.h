@@ -68,6 +68,10 @@ size_t moe_lnf_offset(const MoeConfig* c);   // lnfw, then lnfb
 // with c->tp > 1 qkvw, qkvb and attprojw are NULL too (not in the buffer).
 BlockParams moe_block_params(const MoeConfig* c, float* shared, int l);
 float* moe_router_at(const MoeConfig* c, float* shared, int l);  // (E, C)
+// The same from the block's own first float (a unit of --zero 2, 3 holds
+// one block alone, expert_zero.h).
+BlockParams moe_block_params_in(const MoeConfig* c, float* block, int l);
+float* moe_router_in(const MoeConfig* c, float* block);
 
 // ---------------------------------------------------------------- expert parameters
 size_t moe_expert_numel(const MoeConfig* c);  // 2HC + H + C

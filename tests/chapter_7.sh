@@ -15,7 +15,9 @@
 # and on another composition, --recompute, --save and --sample; and with
 # --zero 1 (the AdamW moments sharded over each buffer's copies) on dp,
 # dp x cp, dp x tp, dp x ep, its bytes and its checkpoint across meshes and
-# stages. (The router, gating, auxiliary loss, dispatch and combine
+# stages; --zero 2 and 3 (chapter 3's engine per buffer, a unit per layer)
+# against chapter 0 and one rank, their bytes, their checkpoint on other
+# meshes, and their refusal with the pipeline. (The router, gating, auxiliary loss, dispatch and combine
 # ops are checked against finite differences in tests/test_ops.c, the whole
 # MoE model on one rank in tests/test_moe.c.)
 . "$(dirname "$0")/lib.sh"
@@ -997,6 +999,75 @@ else
     fail "experts: a --zero 1 checkpoint on ep=4" "exit $RC; $a; $(echo "$OUT" | grep -E 'error' | head -3)"
 fi
 
+# --zero 2 and 3 (expert_zero.h): chapter 3's engine on each buffer over its
+# group, a unit per layer; each layer's units reduce-scattered (2, 3) and
+# all-gathered (3) in main.c's layer loop. E = 1 on dp x tp with --zero 3 is
+# chapter 0's model (the tp slices a third group); E = 4, k = 2 on dp x ep
+# with 2 and 3, on dp x cp with 3, with --recompute full (each layer's
+# units gathered again before its backward) reproduces one rank
+invariant --norm --val "experts: E=1, k=1 with --zero 3 on dp x tp = 2 x 2 is chapter 0's dense model" "$INV_FLAGS" 4 chapter-7 "--experts 1 --top-k 1 --dp 2 --tp 2 --zero 3"
+c7_same "dp=2 x ep=2 with --zero 2" 4 "--dp 2 --ep 2 --zero 2"
+c7_ck3=$TEST_TMPDIR/c7_ck3
+c7_same "dp=2 x ep=2 with --zero 3" 4 "--dp 2 --ep 2 --zero 3 --ckpt-dir $c7_ck3 --save-every 4"
+c7_z3full=$C7_LOG
+c7_same "dp x cp = 2 x 2 with --zero 3" 4 "--dp 2 --cp 2 --zero 3"
+c7_same "dp x ep = 2 x 2 with --zero 3 --recompute full" 4 "--dp 2 --ep 2 --zero 3 --recompute full"
+# the bytes per rank of dp x ep = 2 x 2: the moments as --zero 1's (every
+# unit divides: 54,912 floats of the replicated buffer over 4, 132,352 of
+# experts over 2); --zero 3's parameters are those shards plus two gather
+# slots of the largest unit of each buffer ([wte wpe], 20,480 floats; one
+# MoE layer's 2 experts, 66,176), its gradients the shards plus the unit
+# gradient buffer of each and the tied wte's own ([wte wpe] again)
+c7_z3p=$((4 * (54912 / 4 + 2 * 20480 + 132352 / 2 + 2 * 66176)))
+c7_z3g=$((4 * (54912 / 4 + 2 * 20480 + 132352 / 2 + 66176)))
+if grep '"type":"summary"' "$c7_z3full" | grep -qF "\"peak_bytes\":{\"params\":[$c7_z3p,$c7_z3p,$c7_z3p,$c7_z3p],\"grads\":[$c7_z3g,$c7_z3g,$c7_z3g,$c7_z3g],\"optimizer\":[$c7_zo,$c7_zo,$c7_zo,$c7_zo]" &&
+    grep '"type":"summary"' "$c7_z3full" | grep -qF '"zero":3,'; then
+    pass "experts: --zero 3 on dp x ep = 2 x 2 holds $c7_z3p parameter bytes per rank (shards + 2 gather slots per buffer) instead of $c7_zp, $c7_z3g of gradients, $c7_zo of moments"
+else
+    fail "experts: --zero 3 memory" "want $c7_z3p, $c7_z3g, $c7_zo; $(grep -o '"peak_bytes":{"params":[^}]*' "$c7_z3full")"
+fi
+# E = 1's --zero 3 checkpoint (dp x tp = 2 x 2) is the dense GPT's, written
+# shard by shard: chapter 0 resumes it and continues its run
+c7_cke=$TEST_TMPDIR/c7_cke
+mpi_run $T_RUN 4 "$BUILD/chapter-7" $INV_FLAGS --experts 1 --top-k 1 --dp 2 --tp 2 --zero 3 \
+    --ckpt-dir "$c7_cke" --save-every 4 --log "$TEST_TMPDIR/c7_cke.jsonl"
+c7_tail "$TEST_TMPDIR/c7_cke.jsonl" 4 >"$TEST_TMPDIR/c7_cke_tail.jsonl"
+mpi_run $T_RUN 1 "$BUILD/chapter-0" $INV_FLAGS --resume "$c7_cke/step-00000004" --log "$TEST_TMPDIR/c7_cke_c0.jsonl"
+a="" b=""
+if [ $RC = 0 ] && echo "$OUT" | grep -q "checkpoint: resumed from .*(chapter 7, world 4)" &&
+    a=$(bash tests/compare_losses.sh "$TEST_TMPDIR/c7_cke_tail.jsonl" "$TEST_TMPDIR/c7_cke_c0.jsonl" $TOL 2>&1) &&
+    b=$(bash tests/compare_losses.sh "$TEST_TMPDIR/c7_cke_tail.jsonl" "$TEST_TMPDIR/c7_cke_c0.jsonl" $TOL_NORM norm 2>&1); then
+    pass "experts: chapter 0 resumes E=1, k=1's --zero 3 checkpoint of dp x tp = 2 x 2 and continues its run ($a; ${b#* steps, })"
+else
+    fail "experts: chapter 0 resuming E=1's --zero 3 checkpoint" "exit $RC; $a; $b; $(echo "$OUT" | grep -E 'error|resumed' | head -3)"
+fi
+# --save assembles each buffer from the engines' shards, unit by unit: at
+# step 0 on dp x tp x ep = 2 x 2 x 2 (three engines) one rank's file, byte
+# for byte (c7_tp_init1.bin, --tp's test above)
+for z in 2 3; do
+    mpi_run $T_RUN 8 "$BUILD/chapter-7" --steps 0 --batch 24 --seq 32 --peak-gflops 10 --experts 4 --top-k 2 --dp 2 --tp 2 --ep 2 --zero $z --save "$TEST_TMPDIR/c7_z${z}_init.bin"
+    if [ $RC = 0 ] && [ -s "$TEST_TMPDIR/c7_tp_init1.bin" ] && cmp -s "$TEST_TMPDIR/c7_tp_init1.bin" "$TEST_TMPDIR/c7_z${z}_init.bin"; then
+        pass "experts: --save with --zero $z on dp x tp x ep = 2 x 2 x 2 at step 0 writes one rank's file, byte for byte"
+    else
+        fail "experts: --save with --zero $z" "exit $RC; $(cmp "$TEST_TMPDIR/c7_tp_init1.bin" "$TEST_TMPDIR/c7_z${z}_init.bin" 2>&1)"
+    fi
+done
+# its checkpoint: every rank its shards of each unit, as slices of the
+# global tensors: resumed on one rank without --zero, and on dp x tp = 2 x 2
+# with --zero 2 (other groups, other units), each continuing the run
+c7_tail "$c7_z3full" 4 >"$TEST_TMPDIR/c7_z3tail4.jsonl"
+for mesh in "1|" "4|--dp 2 --tp 2 --zero 2"; do
+    mpi_run $T_RUN "${mesh%%|*}" "$BUILD/chapter-7" $c7_flags ${mesh#*|} --resume "$c7_ck3/step-00000004" --log "$TEST_TMPDIR/c7_z3res.jsonl"
+    a="" mesh="${mesh%%|*}|${mesh#*|}"
+    [ "$mesh" = "1|" ] && mesh="1|(chapter 7 without --zero)"
+    if [ $RC = 0 ] && echo "$OUT" | grep -q "checkpoint: resumed from" &&
+        a=$(bash tests/compare_routing.sh "$TEST_TMPDIR/c7_z3tail4.jsonl" "$TEST_TMPDIR/c7_z3res.jsonl" $TOL $TOL_NORM 2>&1); then
+        pass "experts: the --zero 3 checkpoint of dp x ep = 2 x 2 resumes on ${mesh%%|*} rank(s) ${mesh#*|} and continues its run ($a)"
+    else
+        fail "experts: a --zero 3 checkpoint on ${mesh%%|*} rank(s) ${mesh#*|}" "exit $RC; $a; $(echo "$OUT" | grep -E 'error' | head -3)"
+    fi
+done
+
 ref_checkpoint
 jobs_run error_case chapter-7 1 "--model $CKPT" "a dense llm.c file has no router and no experts"
 # sizes bounded by the machine and the model before any product is formed
@@ -1041,10 +1112,13 @@ jobs_run error_case chapter-7 2 "--pp 2 --microbatches 5" "--microbatches 5 does
 jobs_run error_case chapter-7 2 "--pp 2 --virtual 2 --schedule interleaved" "do not cut into pp=2 x 2 chunks = 4 equal stages"
 jobs_run error_case chapter-7 2 "--pp 2 --virtual 2" "--virtual 2 needs --schedule interleaved"
 jobs_run error_case chapter-7 2 "--pp 2 --schedule fast" "--schedule fast is not one of gpipe, 1f1b, interleaved, zb"
-# --zero: stage 1 only, and not with the pipeline, yet (issue #35)
-jobs_run error_case chapter-7 2 "--dp 2 --zero 2" "--zero 2: chapter 7 shards the AdamW moments (--zero 1) but not yet the gradients"
-jobs_run error_case chapter-7 2 "--dp 2 --zero 3" "(issue #35): use --zero 1"
-jobs_run error_case chapter-7 2 "--dp 2 --zero -1" "--zero -1: the stages here are 0 (none) and 1"
+# --zero: 0 to 3; 2 and 3 not with the pipeline (the gradients accumulate
+# over the microbatches: a reduce-scatter per unit per microbatch)
+jobs_run error_case chapter-7 4 "--dp 2 --pp 2 --zero 3" "--zero 3: not with the pipeline (--pp, --microbatches): the gradients accumulate over the microbatches"
+jobs_run error_case chapter-7 2 "--pp 2 --zero 2" "use --zero 1"
+jobs_run error_case chapter-7 2 "--dp 2 --microbatches 2 --zero 2" "--zero 2: not with the pipeline"
+jobs_run error_case chapter-7 2 "--dp 2 --zero 4" "--zero 4: the stages are 0 (none), 1 (the AdamW moments), 2"
+jobs_run error_case chapter-7 2 "--dp 2 --zero -1" "--zero -1: the stages are 0 (none)"
 jobs_run help_case chapter-7 "--zero"
 jobs_run help_case chapter-7 "--microbatches"
 jobs_run help_case chapter-7 "--cp-mode"

@@ -224,6 +224,18 @@ c7 4 --batch 24 --seq 32 --experts 1 --top-k 1 --dp 2 --cp 2 --zero 1
 c7 4 --batch 24 --seq 32 --experts 4 --top-k 2 --dp 2 --ep 2 --zero 1
 c7 3 --batch 24 --seq 32 --experts 4 --top-k 2 --dp 3 --zero 1
 c7 8 --batch 24 --seq 32 --experts 4 --top-k 2 --dp 2 --tp 2 --ep 2 --zero 1
+# --zero 2, 3: chapter 3's engine on each buffer over its group, a unit per
+# layer: the shards, the unit gradient buffers (the tied wte's own), --zero
+# 3's two gather slots per buffer and its gathers in main.c's order (a unit
+# still in a slot not again); a reduce-scatter per unit, --zero 2's
+# all-gather per unit after the step. dp 3 pads every unit; tp, cp and
+# --recompute full (the units gathered again before a backward: in a slot)
+c7 4 --batch 24 --seq 32 --experts 4 --top-k 2 --dp 2 --ep 2 --zero 2
+c7 4 --batch 24 --seq 32 --experts 4 --top-k 2 --dp 2 --ep 2 --zero 3
+c7 4 --batch 24 --seq 32 --experts 1 --top-k 1 --dp 2 --tp 2 --zero 3
+c7 3 --batch 24 --seq 32 --experts 4 --top-k 2 --dp 3 --zero 2
+c7 4 --batch 24 --seq 32 --experts 4 --top-k 3 --moe-every 2 --expert-hidden 96 --dp 2 --cp 2 --zero 3 --recompute full
+c7 8 --batch 24 --seq 32 --experts 4 --top-k 2 --dp 2 --tp 2 --ep 2 --zero 3
 # with --pp: each chunk's buffers over their groups, per chunk a
 # reduce-scatter and an all-gather of each (tests/chapter_7.sh's meshes)
 c7 4 --batch 24 --seq 32 --experts 1 --top-k 1 --dp 2 --pp 2 --zero 1
@@ -398,7 +410,8 @@ plan_error "--cp-mode star" --chapter 6 --ranks 2 --cp 2 --cp-mode star
 plan_error "--sp" --chapter 6 --ranks 4 --tp 2 --cp 2 --sp
 plan_error "--ep" --chapter 7 --ranks 3 --ep 3 --experts 4
 plan_error "--ep-overlap" --chapter 7 --ranks 2 --ep 2 --batch 24 --seq 32 --ep-overlap 385
-plan_error "--zero: chapter 7's stages are 0 and 1" --chapter 7 --ranks 2 --dp 2 --zero 2
+plan_error "--zero 2, 3: not with the pipeline" --chapter 7 --ranks 4 --dp 2 --pp 2 --zero 3
+plan_error "--zero: chapter 7's stages are 0, 1, 2 and 3" --chapter 7 --ranks 2 --dp 2 --zero 4
 plan_error "--batch: each tp rank takes whole sequences" --chapter 7 --ranks 4 --tp 4 --batch 6
 plan_error "--tp: tp must divide the model's heads" --chapter 7 --ranks 3 --tp 3 --batch 6
 plan_error "--microbatches: must divide a rank's sequences, --batch / (dp ep tp)" --chapter 7 --ranks 4 --tp 2 --pp 2 --batch 6

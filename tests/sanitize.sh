@@ -68,6 +68,9 @@ if [ -x "$BUILD/chapter-7" ]; then
     # --zero 1: padded shards (dp 3), the moments' checkpoint slices, resumed with the tp slices' shards
     run "chapter 7 --zero 1 on dp 3, save" $MPIRUN -np 3 "$BUILD/chapter-7" --dp 3 --batch 12 --steps 2 --zero 1 --peak-gflops 10 --ckpt-dir "$TEST_TMPDIR/z" --save-every 1
     run "chapter 7 --zero 1 resumed on dp 2 x tp 2" $MPIRUN -np 4 "$BUILD/chapter-7" --dp 2 --tp 2 --batch 12 --steps 2 --zero 1 --peak-gflops 10 --resume "$TEST_TMPDIR/z/step-00000001"
+    run "chapter 7 --zero 3 on dp 2 x tp 2 (units, gathers, checkpoint, save)" $MPIRUN -np 4 "$BUILD/chapter-7" --dp 2 --tp 2 --batch 12 --steps 2 --zero 3 --peak-gflops 10 --ckpt-dir "$TEST_TMPDIR/z3" --save-every 1 --save "$TEST_TMPDIR/m3.bin"
+    run "chapter 7 --zero 2 on dp 3, resumed from it" $MPIRUN -np 3 "$BUILD/chapter-7" --dp 3 --batch 12 --steps 2 --zero 2 --peak-gflops 10 --resume "$TEST_TMPDIR/z3/step-00000001"
+    run "chapter 7 --zero 3 on dp 2 x ep 2 from its file, recompute full" $MPIRUN -np 4 "$BUILD/chapter-7" --dp 2 --ep 2 --batch 8 --steps 2 --zero 3 --recompute full --peak-gflops 10 --model "$TEST_TMPDIR/m.bin"
 fi
 head -c 50000 /usr/share/games/fortunes/fortunes > "$TEST_TMPDIR/c.txt"
 run "tokenize" "$BUILD/tokenize" "$TEST_TMPDIR/c.txt" "$TEST_TMPDIR/c"

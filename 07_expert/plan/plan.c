@@ -535,7 +535,7 @@ int main(int argc, char** argv) {
         {"dp-mode", ARG_STRING, &a.dp_mode, "(chapter 2) naive | bucketed | overlapped | ps  [overlapped]"},
         {"bucket-kb", ARG_INT, &a.bucket_kb, "(chapter 2)  [1024]"},
         {"grad-accum", ARG_INT, &a.accum, "(chapter 2)  [1]"},
-        {"zero", ARG_INT, &a.zero, "(chapters 3, 4) 1 | 2 | 3  [3]; (chapter 7) 0 | 1  [0]"},
+        {"zero", ARG_INT, &a.zero, "(chapters 3, 4) 1 | 2 | 3  [3]; (chapter 7) 0 | 1 | 2 | 3  [0]"},
         {"prefetch", ARG_INT, &a.prefetch, "(chapter 3) 0 | 1  [1]"},
         {"reshard", ARG_INT, &a.reshard, "(chapter 3) 0 | 1  [1]"},
         {"schedule", ARG_STRING, &a.schedule, "(chapters 5, 7) gpipe | 1f1b | interleaved | zb  [1f1b]"},

@@ -77,7 +77,10 @@ const char* plan_check_expert(const PlanArgs* a, PlanInfo* info, char* msg, size
     MoeConfig c = moe_of(a);
     const char* bad = moe_config_problem(&c);
     if (bad) return snprintf(msg, len, "%s", bad), msg;
-    if (a->zero != 0 && a->zero != 1) return "--zero: chapter 7's stages are 0 and 1 (2 and 3: issue #35)";
+    if (a->zero < 0 || a->zero > 3) return "--zero: chapter 7's stages are 0, 1, 2 and 3";
+    if (a->zero > 1 && pipelined(a))
+        return "--zero 2, 3: not with the pipeline (--pp, --microbatches): the gradients accumulate over the microbatches, "
+               "so sharding them would cost a reduce-scatter per unit per microbatch: use --zero 1";
     if (a->experts % nep) return "--ep: the experts must split over ep";
     if (a->capacity < 0) return "--capacity-factor must be >= 0";
     if (a->B % (ndp * nep)) return "--batch: the batch must split over dp x ep";
@@ -123,6 +126,73 @@ static GradGroups grad_groups(const PlanArgs* a, const int coord[NUM_AXES]) {
     comm_group_slot_name(&mesh, (1u << AXIS_DP) | with_cp | (1u << AXIS_EP), name, sizeof(name));
     g.slices = plan_group(comm_slot_for(name), ndp * ncp * nep, (coord[AXIS_DP] * nep + coord[AXIS_EP]) * ncp + coord[AXIS_CP]);
     return g;
+}
+
+// --zero 2, 3 (expert_zero.h): chapter 3's engine on each buffer, its units
+// over the buffer's group (03_fsdp/fsdp.c's sizes: S = ceil(n / N) per unit,
+// padded to N S). Adds the engine's bytes to *params, *grads, *opt (the
+// shards, --zero 3's two gather slots, the unit gradient buffer and the tied
+// wte's own) and tallies one step: --zero 3's gathers in the order main.c's
+// layer loop asks for the units (req, n_req: forward then backward; the
+// two slots alternate, a unit still in one is not gathered again), every
+// unit's reduce-scatter, --zero 2's all-gather of the updated shards.
+static void plan_zero_units(const PlanArgs* a, const Comm* g, const size_t* numel, int n, int own0, const int* req,
+                            int n_req, double* params, double* grads, double* opt) {
+    int N = g->size, slot_of[4096 + 2], in_slot[2] = {-1, -1}, next = 0;
+    size_t padded[4096 + 2], shard = 0, max_padded = 0, total = 0;
+    for (int i = 0; i < n; i++) {
+        padded[i] = (numel[i] + N - 1) / N * N;
+        shard += padded[i] / N, total += padded[i], slot_of[i] = -1;
+        if (padded[i] > max_padded) max_padded = padded[i];
+    }
+    *params += (double)(a->zero == 3 ? shard + 2 * max_padded : total);
+    *grads += (double)(shard + max_padded + (own0 ? padded[0] : 0));
+    *opt += 2.0 * (double)shard;
+    for (int k = 0; a->zero == 3 && k < n_req; k++) {
+        int i = req[k];
+        if (i < 0) {  // a forward's start: fsdp_drop_gathered
+            for (int j = 0; j < n; j++) slot_of[j] = -1;
+            in_slot[0] = in_slot[1] = -1;
+            continue;
+        }
+        if (slot_of[i] >= 0) continue;
+        if (in_slot[next] >= 0) slot_of[in_slot[next]] = -1;
+        in_slot[next] = i, slot_of[i] = next, next ^= 1;
+        comm_tally(g, COLL_ALLGATHER, padded[i] * sizeof(float), comm_ring_factor(g));
+    }
+    for (int i = 0; i < n; i++) comm_tally(g, COLL_REDUCE_SCATTER, padded[i] * sizeof(float), comm_ring_factor(g));
+    for (int i = 0; a->zero == 2 && i < n; i++) comm_tally(g, COLL_ALLGATHER, padded[i] * sizeof(float), comm_ring_factor(g));
+}
+
+// The units' requests of one step (main.c's model_forward, model_backward):
+// the replicated buffer's [wte wpe], blocks, [lnfw lnfb] then wte; backward
+// [lnfw lnfb], wte, the blocks from the last. The experts' and the slices'
+// (one unit per MoE layer, per layer): forward in order, backward reversed.
+static void plan_zero(const PlanArgs* a, const MoeConfig* c, const Comm* const zg[3], const double nbuf[3],
+                      RankPlan* p) {
+    int L = c->gpt.num_layers, Lm = moe_num_moe_layers(c), req[3 * 4096 + 8], n;
+    size_t numel[4096 + 2];
+    double params = 0, grads = 0, opt = 0, f = sizeof(float);
+    MoeConfig ct = *c;
+    ct.tp = a->mesh[AXIS_TP];
+    numel[0] = moe_block_offset(&ct, 0);
+    for (int l = 0; l < L; l++) numel[1 + l] = moe_block_numel(&ct, l);
+    numel[L + 1] = 2 * (size_t)c->gpt.channels;
+    n = 0, req[n++] = -1, req[n++] = 0;
+    for (int l = 0; l < L; l++) req[n++] = 1 + l;
+    req[n++] = L + 1, req[n++] = 0, req[n++] = L + 1, req[n++] = 0;
+    for (int l = L - 1; l >= 0; l--) req[n++] = 1 + l;
+    plan_zero_units(a, zg[0], numel, L + 2, 1, req, n, &params, &grads, &opt);
+    for (int b = 1; b < 3; b++) {
+        if (!zg[b]) continue;
+        int units = b == 1 ? Lm : L;
+        for (int i = 0; i < units; i++) numel[i] = (size_t)(nbuf[b] / units);
+        n = 0, req[n++] = -1;
+        for (int i = 0; i < units; i++) req[n++] = i;
+        for (int i = units - 1; i >= 0; i--) req[n++] = i;
+        plan_zero_units(a, zg[b], numel, units, 0, req, n, &params, &grads, &opt);
+    }
+    p->peak[MEM_PARAMS] = f * params, p->peak[MEM_GRADS] = f * grads, p->peak[MEM_OPTIMIZER] = f * opt;
 }
 
 // A pp rank's chunks (expert_stage.c): each an ExpertModel of its layers
@@ -310,7 +380,7 @@ void plan_chapter_7(const PlanArgs* a, RankPlan* p, int r) {
     }
     p->peak[MEM_PARAMS] = f * full;
     p->peak[MEM_GRADS] = f * (full + (a->zero ? shard : 0));
-    p->peak[MEM_OPTIMIZER] = 2 * f * shard;
+    p->peak[MEM_OPTIMIZER] = 2 * f * shard;  // --zero 2, 3: plan_zero's, below
     // the GPT's activations, then each MoE layer's own (one for --recompute
     // full: every layer runs again before its backward), the fch_gelu and
     // send buffers selective shares, and what every MoE layer shares
@@ -389,19 +459,23 @@ void plan_chapter_7(const PlanArgs* a, RankPlan* p, int r) {
     GradGroups gg = grad_groups(a, coord);
     Comm batch = gg.batch, dpcp = gg.experts, same = gg.slices;
     Comm* zg[3] = {&batch, &dpcp, ntp > 1 ? &same : NULL};
+    if (a->zero > 1) {  // --zero 2, 3: the engines' bytes and collectives
+        const Comm* zz[3] = {&batch, &dpcp, ntp > 1 ? &same : NULL};
+        plan_zero(a, &c, zz, nbuf, p);
+    }
     if (!a->zero) {
         comm_tally(&batch, COLL_ALLREDUCE, (size_t)shared * sizeof(float), 2.0 * comm_ring_factor(&batch));
         comm_tally(&dpcp, COLL_ALLREDUCE, (size_t)experts * sizeof(float), 2.0 * comm_ring_factor(&dpcp));
         if (ntp > 1) comm_tally(&same, COLL_ALLREDUCE, (size_t)slices * sizeof(float), 2.0 * comm_ring_factor(&same));
     }
-    for (int b = 0; a->zero && b < 3; b++)
+    for (int b = 0; a->zero == 1 && b < 3; b++)
         if (zg[b]) {
             size_t bytes = (size_t)(ndup[b] * ceil(nbuf[b] / ndup[b])) * sizeof(float);
             comm_tally(zg[b], COLL_REDUCE_SCATTER, bytes, comm_ring_factor(zg[b]));
         }
     const Comm* groups[] = {&ep, &dpcp};
     plan_norm(p, groups, 2);
-    for (int b = 0; a->zero && b < 3; b++)
+    for (int b = 0; a->zero == 1 && b < 3; b++)
         if (zg[b]) {
             size_t bytes = (size_t)(ndup[b] * ceil(nbuf[b] / ndup[b])) * sizeof(float);
             comm_tally(zg[b], COLL_ALLGATHER, bytes, comm_ring_factor(zg[b]));
