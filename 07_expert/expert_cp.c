@@ -249,8 +249,11 @@ void expert_dense_forward(ExpertModel* m, int l, const BlockParams* p) {
 }
 
 // acts.dres: d res3 on entry, d x on return; the MLP's weight gradients
-// first, then the attention half's (expert_attention_backward). At cp > 1
-// or with --tp, --recompute makes what it dropped again first, as model.h's
+// first, then the attention half's (expert_attention_backward). A split
+// backward (zb) takes this path at cp = tp = 1 too: model.c's block
+// computes its weight gradients inside, this one passes them to
+// expert_wgrad (queued for W). At cp > 1, with --tp or split,
+// --recompute makes what it dropped again first, as model.h's
 // blocks do: selective the probabilities (at cp = 1 or Ulysses: of my heads)
 // and gelu(fch), full the whole layer into the transient (its attention's
 // exchanges too: the ring or all-to-alls, tp's all-gather and reduce-scatter).

@@ -295,8 +295,9 @@ void expert_attention_backward(ExpertModel* m, int l, const BlockParams* p, Bloc
 // (cp = 1: model.h's att; Ulysses: the head shard's; the ring keeps none).
 void expert_attention_recompute(ExpertModel* m, int l, BlockActs* a);
 // A dense layer (--moe-every > 1): model.h's gpt_block_forward and
-// gpt_block_backward at cp = 1; at cp > 1 the attention half above and the
-// dense MLP on my rows (backward: acts.dres from d res3 to d x).
+// gpt_block_backward at cp = tp = 1; at cp > 1 or tp > 1 the attention half
+// above and the dense MLP on my rows (backward: acts.dres from d res3 to d
+// x; with a split backward at cp = tp = 1 too, its weights queued).
 void expert_dense_forward(ExpertModel* m, int l, const BlockParams* p);
 void expert_dense_backward(ExpertModel* m, int l, const BlockParams* p, BlockParams* g);
 // Layer l's parameters (or gradients) as a BlockParams: the shared buffer's
