@@ -253,6 +253,8 @@ c7 3 --batch 24 --seq 32 --experts 4 --top-k 3 --moe-every 2 --expert-hidden 96 
 c7 2 --batch 24 --seq 32 --experts 4 --top-k 2 --pp 2 --schedule zb
 c7 8 --batch 24 --seq 32 --experts 4 --top-k 2 --ep 2 --tp 2 --pp 2 --schedule zb
 c7 8 --batch 24 --seq 32 --experts 4 --top-k 2 --ep 2 --pp 2 --cp 2 --schedule zb
+# (and with --recompute full: each layer's ring exchanges of forward again)
+c7 8 --batch 24 --seq 32 --experts 4 --top-k 2 --ep 2 --pp 2 --cp 2 --schedule zb --recompute full
 c7 4 --batch 24 --seq 32 --experts 4 --top-k 3 --moe-every 2 --expert-hidden 96 --tp 2 --pp 2 --schedule zb --recompute selective --microbatches 4
 c7 4 --batch 24 --seq 32 --experts 2 --top-k 2 --capacity-factor 0.25 --ep 2 --pp 2 --ep-overlap 3
 c7 4 --batch 24 --seq 32 --experts 4 --top-k 2 --ep 2 --pp 2 --recompute selective

@@ -211,14 +211,17 @@ static void plan_pipe(const PlanArgs* a, RankPlan* p, int r) {
             acts += busy * (ring ? Lc * N * NH : Lc * 3 * NC + Lc * N * NH * T);
             acts += ring ? NC + 3 * N * NH : NC + 3 * NC + N * NH * T;
             comm += ring ? 10 * NC : 6 * NC;
-            for (int l = 0; l < M * Lc; l++) {  // every layer of every microbatch, forward and backward
+            // every layer of every microbatch, forward and backward (the
+            // forward's exchanges again under --recompute full)
+            int passes = a->recompute == RECOMPUTE_FULL ? 3 : 2;
+            for (int l = 0; l < M * Lc; l++) {
                 if (ring) {
-                    for (int i = 0; i < 2 * (ncp - 1) + ncp; i++) {
+                    for (int i = 0; i < passes * (ncp - 1) + ncp; i++) {
                         comm_tally(&cpg, COLL_RECV, 2 * (size_t)NC * sizeof(float), 0.0);
                         comm_tally(&cpg, COLL_SEND, 2 * (size_t)NC * sizeof(float), 1.0);
                     }
                 } else {
-                    for (int i = 0; i < 2; i++) {
+                    for (int i = 0; i < passes; i++) {
                         comm_tally(&cpg, COLL_ALLTOALL, 3 * (size_t)NC * sizeof(float), comm_ring_factor(&cpg));
                         comm_tally(&cpg, COLL_ALLTOALL, (size_t)NC * sizeof(float), comm_ring_factor(&cpg));
                     }
