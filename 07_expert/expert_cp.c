@@ -193,13 +193,19 @@ void expert_attention_backward(ExpertModel* m, int l, const BlockParams* p, Bloc
         expert_tp_attention_backward(m, l, p, g, a, s, x, dln2, dres);
         return;
     }
-    if (n == 1) {
-        moe_attention_backward(p, g, a, s, x, dln2, dres, m->B, m->T, C, NH);
-        return;
-    }
-    moe_attention_backward_out(p, a, s, dln2, dres, m->N, C);  // s->datty; s->dqkv zeroed
-    expert_attention_core_backward(m, l, a, s);
-    moe_attention_backward_in(p, g, a, s, x, dln2, dres, m->N, C);
+    const int N = m->N;
+    moe_attention_backward_out(p, a, s, dln2, dres, N, C);  // s->datty; s->dqkv zeroed; d res2 kept
+    if (n == 1)  // moe_attention_backward's own order
+        attention_backward(s->dqkv, s->datt, s->datty, a->qkv, a->att, m->B, m->T, C, NH);
+    else
+        expert_attention_core_backward(m, l, a, s);  // the ring or Ulysses over cp
+    // the input half and the LayerNorms' weights; the two matmuls' weights
+    // at once or (zb) queued for W (expert_wgrad.c)
+    BlockParams gi = *g;
+    gi.attprojw = gi.attprojb = gi.qkvw = gi.qkvb = NULL;
+    moe_attention_backward_in(p, &gi, a, s, x, dln2, dres, N, C);
+    expert_wgrad(m, l, g->attprojw, g->attprojb, s->dfch_gelu, a->atty, N, C, C);
+    expert_wgrad(m, l, g->qkvw, g->qkvb, s->dqkv, a->ln1, N, C, 3 * C);
 }
 
 void expert_attention_recompute(ExpertModel* m, int l, BlockActs* a) {
@@ -243,14 +249,17 @@ void expert_dense_forward(ExpertModel* m, int l, const BlockParams* p) {
 }
 
 // acts.dres: d res3 on entry, d x on return; the MLP's weight gradients
-// first, then the attention half's (expert_attention_backward). At cp > 1
-// or with --tp, --recompute makes what it dropped again first, as model.h's
+// first, then the attention half's (expert_attention_backward). A split
+// backward (zb) takes this path at cp = tp = 1 too: model.c's block
+// computes its weight gradients inside, this one passes them to
+// expert_wgrad (queued for W). At cp > 1, with --tp or split,
+// --recompute makes what it dropped again first, as model.h's
 // blocks do: selective the probabilities (at cp = 1 or Ulysses: of my heads)
 // and gelu(fch), full the whole layer into the transient (its attention's
 // exchanges too: the ring or all-to-alls, tp's all-gather and reduce-scatter).
 void expert_dense_backward(ExpertModel* m, int l, const BlockParams* p, BlockParams* g) {
     const GPTConfig* cfg = &m->cfg.gpt;
-    if (m->cp.sh.cp == 1 && m->tp.tp == 1) {
+    if (m->cp.sh.cp == 1 && m->tp.tp == 1 && !m->split) {
         gpt_block_backward(&m->acts, cfg, l, p, g, m->B, m->T);
         return;
     }
@@ -272,11 +281,13 @@ void expert_dense_backward(ExpertModel* m, int l, const BlockParams* p, BlockPar
     BlockScratch s = gpt_acts_scratch(&m->acts, cfg);
     float* dres = m->acts.dres;
     ops_zero(m->cp.dfch_gelu, N4C);
-    matmul_backward(m->cp.dfch_gelu, g->fcprojw, g->fcprojb, dres, a.fch_gelu, p->fcprojw, N, 4 * C, C);
+    matmul_backward(m->cp.dfch_gelu, NULL, NULL, dres, NULL, p->fcprojw, N, 4 * C, C);
+    expert_wgrad(m, l, g->fcprojw, g->fcprojb, dres, a.fch_gelu, N, 4 * C, C);  // zb: queued for W
     ops_zero(m->cp.dfch, N4C);
     gelu_backward(m->cp.dfch, a.fch, m->cp.dfch_gelu, N4C);
     ops_zero(m->dln2, (size_t)N * C);
-    matmul_backward(m->dln2, g->fcw, g->fcb, m->cp.dfch, a.ln2, p->fcw, N, C, 4 * C);
+    matmul_backward(m->dln2, NULL, NULL, m->cp.dfch, NULL, p->fcw, N, C, 4 * C);
+    expert_wgrad(m, l, g->fcw, g->fcb, m->cp.dfch, a.ln2, N, C, 4 * C);
     expert_attention_backward(m, l, p, g, &a, &s, gpt_acts_block_input(&m->acts, cfg, l, m->B, m->T), m->dln2, dres);
     trace_compute(t0, "block %d backward", l);
 }

@@ -126,8 +126,10 @@ void expert_blocks_backward_weights(ExpertModel* m, MoeLayer* L, int l) {
     for (int le = 0; le < m->E_local; le++) {
         ExpertParams g = moe_expert_at(cf, expert_zero_grads(&m->z[ZERO_EXPERTS], mi), 0, le, m->E_local);
         size_t r0 = (size_t)L->expert_off[le];
-        moe_expert_backward_weights(&g, m->xbuf + r0 * C, L->exp_in + r0 * C, L->fch_gelu + r0 * H, m->dfch + r0 * H,
-                                    L->expert_off[le + 1] - L->expert_off[le], C, H);
+        int n = L->expert_off[le + 1] - L->expert_off[le];
+        // moe_expert_backward_weights' two matmuls, at once or (zb) queued for W
+        expert_wgrad(m, l, g.fcprojw, g.fcprojb, m->xbuf + r0 * C, L->fch_gelu + r0 * H, n, H, C);
+        expert_wgrad(m, l, g.fcw, g.fcb, m->dfch + r0 * H, L->exp_in + r0 * C, n, C, H);
     }
     trace_compute(t0, "block %d experts weights", l);
 }

@@ -54,6 +54,30 @@ typedef struct {
     int n_send, n_recv;
 } MoeLayer;
 
+// A split backward (--schedule zb; expert_wgrad.c): B computes what the
+// stage before waits for, the input gradients, through every exchange of
+// the layers (the MoE all-to-alls, the tp and cp collectives); the weight
+// gradients of the big matmuls (attention's qkv and proj, a dense layer's fc
+// and proj, the router, the experts' fc and proj) go into a queue, each with
+// a copy of its input rows and output-gradient rows, and W runs the queue
+// later, with no communication and nothing recomputed. Copies, not
+// pointers: most of those rows sit in buffers the next layer reuses (the
+// scratch, tp's gathered rows, what --recompute makes again). The small
+// per-element weight gradients stay in B: the LayerNorms', the embeddings'
+// and the tied head's.
+typedef struct {
+    float *dw, *db;     // the gradients it accumulates into (either may be NULL)
+    float *dout, *inp;  // (N, OC), (N, C): the copies in the arena (inp NULL when dw is)
+    int N, C, OC, layer;
+} WGradEntry;
+
+typedef struct {
+    float* arena;  // (cap) the copies of one (microbatch, chunk)'s deferred matmuls
+    size_t cap, used;
+    WGradEntry* e;
+    int n, max;
+} WGradQueue;
+
 // Context parallelism (--cp N): chapter 6's token layout and attention over
 // the cp group, in every MoE layer's attention half. A cp rank holds T/cp
 // positions of each of its B sequences (sh, ring.h: part-major rows); the
@@ -146,6 +170,10 @@ typedef struct {
     // from the stage before) and only the last runs the head (the others'
     // acts.dres arrives from the stage after). 1 and 1 without --pp.
     int embeds, has_head;
+    // --schedule zb (expert_wgrad.c): split 1; wq, while B runs on a slot,
+    // that slot's queue (NULL: every weight gradient at once)
+    int split;
+    WGradQueue* wq;
 } ExpertModel;
 
 // Chapter 7's own flags, as parsed (hidden 0: 4C; capacity 0: dropless).
@@ -254,6 +282,22 @@ void expert_blocks_backward_input(ExpertModel* m, MoeLayer* L, int l, int c);
 // The weight half of backward: each expert over all its rows, in the
 // experts' order (the order n = 1 gives for any n).
 void expert_blocks_backward_weights(ExpertModel* m, MoeLayer* L, int l);
+// The split backward (expert_wgrad.c). expert_wgrad_enable: a chunk of a
+// split schedule (a dense layer then takes chapter 7's own backward at
+// cp = tp = 1 too, expert_cp.c, with its (N, 4C) MLP gradients). The
+// arena's floats per (microbatch, chunk): every deferred matmul's copies,
+// the experts' at their most rows R; a queue of them, and its release.
+// expert_wgrad: dw (OC, C) += dout^T inp, db (OC) += the rows' sum of dout
+// (matmul_backward's weight half), at once, or with m->wq set copied into
+// its arena and queued; expert_wgrad_run runs a queue in the order it was
+// filled (a "block l backward weights" span per layer) and empties it.
+void expert_wgrad_enable(ExpertModel* m);
+size_t expert_wgrad_floats(const ExpertModel* m);
+void expert_wgrad_create(WGradQueue* q, const ExpertModel* m);
+void expert_wgrad_free(WGradQueue* q);
+void expert_wgrad(ExpertModel* m, int layer, float* dw, float* db, const float* dout, const float* inp, int N, int C,
+                  int OC);
+void expert_wgrad_run(WGradQueue* q);
 // The attention half of layer l (ln1 to ln2, moe.h) on my N rows: at cp = 1
 // moe_attention_forward itself; at cp > 1 its two halves around the cp
 // group's attention (--cp-mode ring: the K/V blocks around the ring;
@@ -268,8 +312,9 @@ void expert_attention_backward(ExpertModel* m, int l, const BlockParams* p, Bloc
 // (cp = 1: model.h's att; Ulysses: the head shard's; the ring keeps none).
 void expert_attention_recompute(ExpertModel* m, int l, BlockActs* a);
 // A dense layer (--moe-every > 1): model.h's gpt_block_forward and
-// gpt_block_backward at cp = 1; at cp > 1 the attention half above and the
-// dense MLP on my rows (backward: acts.dres from d res3 to d x).
+// gpt_block_backward at cp = tp = 1; at cp > 1 or tp > 1 the attention half
+// above and the dense MLP on my rows (backward: acts.dres from d res3 to d
+// x; with a split backward at cp = tp = 1 too, its weights queued).
 void expert_dense_forward(ExpertModel* m, int l, const BlockParams* p);
 void expert_dense_backward(ExpertModel* m, int l, const BlockParams* p, BlockParams* g);
 // Layer l's parameters (or gradients) as a BlockParams: the shared buffer's

@@ -53,6 +53,7 @@ static XpSlot* slot_get(ExpertPipe* P, XpChunk* ch, int mb) {
         gpt_acts_create_recompute(&free_one->acts, &g, P->b, P->Tr, ch->m.recompute);
         slot_cp_create(ch, free_one);
         free_one->moe = ch->m.recompute == RECOMPUTE_FULL ? ch->slot[0]->moe : expert_moe_layers_create(&ch->m, ch->n_moe);
+        if (ch->m.split) expert_wgrad_create(&free_one->wq, &ch->m);  // zb: what its W reads
         if (ch->n_slots == P->M) FATAL("more microbatches in flight than the step has");
         ch->slot[ch->n_slots++] = free_one;
         int total = 0;
@@ -126,15 +127,27 @@ static void forward(ExpertPipe* P, int mb, int c) {
 
 // B: the gradient of the chunk's output (from the head, or from the stage
 // after), chapter 7's backward of its layers (the exchanges reversed), d of
-// the input back to the stage before. The MoE layers' weight halves are not
-// split out: with zb, B does the whole backward and W has nothing left.
+// the input back to the stage before. With a split backward (zb) B is the
+// input half: every exchange of the layers stays in it (the MoE
+// all-to-alls, tp's and cp's collectives), and the big matmuls' weight
+// gradients go into the slot's queue with copies of what they read
+// (expert_wgrad.c; the LayerNorms', embeddings' and tied head's stay here).
 static void backward(ExpertPipe* P, int mb, int c) {
     XpChunk* ch = &P->chunk[c];
     XpSlot* sl = slot_find(ch, mb);
     if (ch->vstage < P->S - 1) receive(P, 1, mb, c);
     slot_use(ch, sl);
+    ch->m.wq = ch->m.split ? &sl->wq : NULL;
     P->backward(&ch->m);
+    ch->m.wq = NULL;
     if (ch->vstage > 0) send(P, sl->acts.dres, prev_rank(P));
+    if (!ch->m.split) sl->busy = 0;
+}
+
+// W (zb): the queued weight gradients, no communication; then the slot is free.
+static void weights(ExpertPipe* P, int mb, int c) {
+    XpSlot* sl = slot_find(&P->chunk[c], mb);
+    expert_wgrad_run(&sl->wq);
     sl->busy = 0;
 }
 
@@ -156,6 +169,7 @@ void expert_pipe_run(ExpertPipe* P) {
         Action a = P->sched.list[P->stage][i];
         if (a.type == ACT_F) forward(P, a.mb, a.chunk);
         else if (a.type == ACT_B) backward(P, a.mb, a.chunk);
+        else weights(P, a.mb, a.chunk);
     }
     for (int i = 0; i < P->n_sends; i++) comm_wait(&P->sends[i].req);
 }

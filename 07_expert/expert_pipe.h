@@ -7,7 +7,9 @@
 // whose config has L / S layers), so chapter 7's forward and backward run
 // unchanged on it: the MoE layers' all-to-all over ep happens inside F and
 // B, and every ep rank of a stage runs the same list of actions, so their
-// exchanges meet in the same order. Stage 0's chunk 0 embeds the tokens; the
+// exchanges meet in the same order. With --schedule zb, B is the input half
+// (every exchange still in it) and W the weight gradients B queued, without
+// communication (expert_wgrad.c). Stage 0's chunk 0 embeds the tokens; the
 // last virtual stage runs the final LayerNorm and the head with a tied copy
 // of wte whose gradient is summed with stage 0's (chapter 5's embedding
 // group).

@@ -130,6 +130,7 @@ static void chunk_slots(const ExpertPipe* P, XpChunk* ch) {
     *ch->slot[0] = (XpSlot){.acts = ch->m.acts, .moe = ch->m.moe, .lse = ch->m.cp.lse, .qkv_h = ch->m.cp.qkv_h,
                             .att_h = ch->m.cp.att_h, .mb = -1, .busy = 0};
     ch->n_slots = 1;
+    if (ch->m.split) expert_wgrad_create(&ch->slot[0]->wq, &ch->m);
 }
 
 // Chunk c: virtual stage k = c pp + stage, layers [k L/S, (k+1) L/S), an
@@ -147,6 +148,7 @@ static void chunk_create(ExpertPipe* P, int c, const ExpertFlags* fl, const floa
     for (int l = 0; l < ch->first; l++) ch->moe0 += moe_is_moe_layer(&P->cfg, l);
     ch->n_moe = moe_num_moe_layers(&local);
     expert_model_create_part(&ch->m, &local, fl, &P->run_mb, embeds, head);
+    if (P->sched.split_backward) expert_wgrad_enable(&ch->m);  // zb: B and W (expert_wgrad.c)
     ch->n_pieces = chunk_pieces(ch->piece, &P->cfg, &ch->m.cfg, ch->first, embeds, head);
     // the values: the whole model's, piece by piece (the rest zero), in
     // the layout at tp = 1
@@ -247,7 +249,7 @@ void expert_stage_free(ExpertPipe* P) {
                 if (cp[j]) mem_free(cp[j]);
         }
         slot_use(ch, ch->slot[0]);
-        for (int i = 0; i < ch->n_slots; i++) free(ch->slot[i]);
+        for (int i = 0; i < ch->n_slots; i++) expert_wgrad_free(&ch->slot[i]->wq), free(ch->slot[i]);
         free(ch->slot);
         expert_model_free(&ch->m);
     }

@@ -13,7 +13,7 @@
 
 #define XP_MAX_CHUNKS 64  // virtual stages, as chapter 5
 
-// What one (microbatch, chunk) keeps from its F to its B: the chunk's
+// What one (microbatch, chunk) keeps from its F to its B (zb: its W): the chunk's
 // activations (its input in acts.encoded, its layers', the head's), its MoE
 // layers' routing, plan and rows, and with --cp its layers' attention state.
 // The chunk's ExpertModel works on a slot by pointing m->acts, m->moe and
@@ -22,6 +22,7 @@ typedef struct {
     GPTActs acts;
     MoeLayer* moe;
     float *lse, *qkv_h, *att_h;  // --cp: what each layer's attention keeps (expert_model.h's ExpertCP)
+    WGradQueue wq;               // zb: the weight gradients its B queued for its W (expert_wgrad.c)
     int mb, busy;
 } XpSlot;
 

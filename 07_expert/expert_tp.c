@@ -127,16 +127,20 @@ void expert_tp_attention_backward(ExpertModel* m, int l, const BlockParams* p, B
     // the reduce-scatter's backward: all-gather d attproj of every row
     tp_allgather(m, dres, t->dfull, t->full);                                         // (N tp, C)
     ops_zero(s->datty, (size_t)Ng * Cl);
-    matmul_backward(s->datty, g->attprojw, NULL, t->dfull, a->atty, p->attprojw, Ng, Cl, C);
-    // the bias, added once per row: its gradient over my rows (the tp mean
+    matmul_backward(s->datty, NULL, NULL, t->dfull, NULL, p->attprojw, Ng, Cl, C);
+    // the weight gradients at once or (zb) queued for W (expert_wgrad.c).
+    // The bias, added once per row: its gradient over my rows (the tp mean
     // of the replicated gradients adds the other ranks' rows)
-    matmul_backward(NULL, NULL, g->attprojb, dres, NULL, NULL, N, Cl, C);
+    expert_wgrad(m, l, g->attprojw, NULL, t->dfull, a->atty, Ng, Cl, C);
+    expert_wgrad(m, l, NULL, g->attprojb, dres, NULL, N, Cl, C);
     ops_zero(s->dqkv, (size_t)Ng * 3 * Cl);
     expert_attention_core_backward(m, l, a, s);                                       // s->dqkv (N tp, 3C/tp)
-    // ln1's output of every row again, for qkvw's gradient
+    // ln1's output of every row again, for qkvw's gradient (a collective:
+    // in B even when the gradient waits for W)
     tp_allgather(m, a->ln1, t->full, t->dfull);
     ops_zero(t->dfull, (size_t)Ng * C);
-    matmul_backward(t->dfull, g->qkvw, g->qkvb, s->dqkv, t->full, p->qkvw, Ng, C, 3 * Cl);
+    matmul_backward(t->dfull, NULL, NULL, s->dqkv, NULL, p->qkvw, Ng, C, 3 * Cl);
+    expert_wgrad(m, l, g->qkvw, g->qkvb, s->dqkv, t->full, Ng, C, 3 * Cl);
     // the all-gather's backward: reduce-scatter d ln1, each rank its rows
     tp_reduce_scatter(m, t->dfull, s->dln, t->full);                                 // (N, C)
     layernorm_backward(dres, g->ln1w, g->ln1b, s->dln, x, p->ln1w, a->ln1_mean, a->ln1_rstd, N, C);

@@ -276,10 +276,10 @@ static void moe_layer_backward(ExpertModel* m, int l, const float* x) {
     // the combine's exchange reversed: the rows' gradients go to the experts
     expert_a2a_start(m, 0, m->dsend, L->sc, L->sd, m->recv, L->rc, L->rd);
     // meanwhile the router, backwards (through the gates and the
-    // load-balancing loss), and its weight gradient
+    // load-balancing loss), and its weight gradient (zb: queued for W)
     ops_zero(m->dlogits, (size_t)N * E);
     moe_router_backward(m->dlogits, m->dgates, L->aux_dprobs, L->probs, L->idx, L->gates, N, E, k);
-    matmul_backward(NULL, expert_router_grad(m, l), NULL, m->dlogits, a.ln2, NULL, N, C, E);
+    expert_wgrad(m, l, expert_router_grad(m, l), NULL, m->dlogits, a.ln2, N, C, E);
     for (int i = 0; i < nc; i++) {
         expert_a2a_wait(m, i);
         if (i + 1 < nc)

@@ -207,8 +207,8 @@ void moe_attention_backward_in(const BlockParams* p, BlockParams* g, const Block
     // then the weight half's five gradients of these tensors, in
     // block_backward's order
     layernorm_backward(NULL, g->ln2w, g->ln2b, dln2, a->res2, NULL, a->ln2_mean, a->ln2_rstd, N, C);
-    matmul_backward(NULL, g->attprojw, g->attprojb, dattproj, a->atty, NULL, N, C, C);
-    matmul_backward(NULL, g->qkvw, g->qkvb, s->dqkv, a->ln1, NULL, N, C, 3 * C);
+    if (g->attprojw) matmul_backward(NULL, g->attprojw, g->attprojb, dattproj, a->atty, NULL, N, C, C);
+    if (g->qkvw) matmul_backward(NULL, g->qkvw, g->qkvb, s->dqkv, a->ln1, NULL, N, C, 3 * C);
     layernorm_backward(NULL, g->ln1w, g->ln1b, dln1, x, NULL, a->ln1_mean, a->ln1_rstd, N, C);
 }
 

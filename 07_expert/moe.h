@@ -105,8 +105,11 @@ void moe_attention_backward(const BlockParams* p, BlockParams* g, const BlockAct
 // context parallelism puts the cp group's attention between them):
 // moe_attention_in writes ln1 and qkv; moe_attention_out, from atty,
 // attproj, res2 and ln2. Backward: moe_attention_backward_out leaves d atty
-// in s->datty and zeroes s->dqkv (for attention's backward to fill);
-// moe_attention_backward_in takes s->dqkv down to d x and the gradients.
+// in s->datty and zeroes s->dqkv (for attention's backward to fill), and
+// keeps d res2 (attproj's d-output) in s->dfch_gelu's first N C floats;
+// moe_attention_backward_in takes s->dqkv down to d x and the gradients
+// (g->attprojw, g->qkvw NULL: not those two matmuls' with their biases,
+// which a split backward takes itself, expert_wgrad.c).
 void moe_attention_in(const BlockParams* p, BlockActs* a, const float* x, int N, int C);
 void moe_attention_out(const BlockParams* p, BlockActs* a, const float* x, int N, int C);
 void moe_attention_backward_out(const BlockParams* p, const BlockActs* a, const BlockScratch* s,

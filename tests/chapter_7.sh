@@ -722,6 +722,7 @@ invariant --norm --val "experts: E=1, k=1 on dp x pp = 2 x 2 is chapter 0's dens
 # dense layer between MoE layers (--moe-every 2) with stages of whole periods
 invariant --norm "experts: E=1, k=1 on pp=2 with --wd 0.1 is chapter 0's with --wd 0.1" "$INV_FLAGS --wd 0.1" 2 chapter-7 "--experts 1 --top-k 1 --pp 2"
 invariant --norm "experts: E=1, k=1, --moe-every 2 on pp=3 (tiny6) is chapter 0's dense model" "$INV_FLAGS --model tiny6" 3 chapter-7 "--experts 1 --top-k 1 --moe-every 2 --pp 3"
+invariant --norm "experts: E=1, k=1, --moe-every 2 on pp=3 (tiny6, zb: the dense layers' split) is chapter 0's dense model" "$INV_FLAGS --model tiny6" 3 chapter-7 "--experts 1 --top-k 1 --moe-every 2 --pp 3 --schedule zb"
 # A microbatch is a slice of the global batch, its balance statistics over
 # its tokens (docs/07_expert.md), so the reference of E = 4, k = 2 with m
 # microbatches is one rank with the same --microbatches. At m = 1 and pp = 1
@@ -752,6 +753,39 @@ c7_pfull=$C7_LOG
 c7m_same "ep=2 x pp=2 (gpipe)" 4 "--ep 2 --pp 2 --schedule gpipe"
 c7m_same "dp=2 x pp=2" 4 "--dp 2 --pp 2"
 c7m_same "dp=2 x ep=2 x pp=2" 8 "--dp 2 --ep 2 --pp 2 --ep-overlap 3"
+# --schedule zb splits each chunk's backward (07_expert/expert_wgrad.c): B
+# the input half with every exchange, W the queued weight gradients of the
+# big matmuls; on pp, tp x pp, ep x pp and with --recompute full (W reads
+# only its copies: nothing runs again)
+c7m_same "pp=2 (zb)" 2 "--pp 2 --schedule zb"
+c7m_same "tp=2 x pp=2 (zb)" 4 "--tp 2 --pp 2 --schedule zb"
+c7m_same "ep=2 x pp=2 (zb)" 4 "--ep 2 --pp 2 --schedule zb"
+c7m_same "ep=2 x pp=2 (zb, --recompute full)" 4 "--ep 2 --pp 2 --schedule zb --recompute full"
+# W did the weight work: the trace holds, per layer and microbatch, B's
+# "block l backward" and W's "block l backward weights" span (a W that
+# runs nothing has none: tests/trace_check.py --split fails), and no W span
+# holds a communication of its own: no wait, no comm span but "progress"
+# (the long ops' hook that moves the sends B left in flight, docs/tracing.md)
+zt=$TEST_TMPDIR/c7_zb_trace.json
+mpi_run $T_RUN 4 "$BUILD/chapter-7" $c7_flags --steps 3 --microbatches 4 --ep 2 --pp 2 --schedule zb --trace "$zt" --log "$TEST_TMPDIR/c7_zbt.jsonl"
+a="" b=""
+if [ $RC = 0 ] && a=$(python3 tests/trace_check.py "$zt" "$TEST_TMPDIR/c7_zbt.jsonl" --pipeline --split 2>&1) &&
+    b=$(python3 - "$zt" <<'EOF_PY'
+import json, re, sys
+spans = [e for e in json.load(open(sys.argv[1]))["traceEvents"] if e.get("ph") == "X" and e["tid"] == 0]
+w = [e for e in spans if e["cat"] == "compute" and re.fullmatch(r"block \d+ backward weights", e["name"])]
+bad = [f"rank {e['pid']} '{e['name']}' at {e['ts']} holds '{c['name']}'" for e in w for c in spans
+       if c["pid"] == e["pid"] and (c["cat"] == "wait" or c["cat"] == "comm" and c["name"] != "progress") and e["ts"] <= c["ts"] and c["ts"] + c["dur"] <= e["ts"] + e["dur"]]
+if bad or not w:
+    print(f"{len(w)} W spans; " + "; ".join(bad[:3]))
+    sys.exit(1)
+print(f"{len(w)} W spans, none holding a communication of its own")
+EOF_PY
+    ); then
+    pass "experts: zb on ep x pp = 2 x 2: $(echo "$a" | grep -c '^PASS') trace checks with --split; $b"
+else
+    fail "experts: zb's W in the trace" "exit $RC; $(echo "$a" | grep FAIL | head -2); $b"
+fi
 # --cp: each slot keeps its layers' attention state (the ring's lse, or
 # Ulysses' head shard); E = 1 against chapter 0, E = 4 against one rank
 invariant --norm "experts: E=1, k=1 on cp x pp = 2 x 2 (ring) is chapter 0's dense model" "$INV_FLAGS" 4 chapter-7 "--experts 1 --top-k 1 --cp 2 --pp 2"
@@ -829,6 +863,7 @@ c7_align() {  # NAME NP FLAGS MESH [EXTRA]: MESH against one rank
 c7_align k2 2 "--experts 4 --top-k 2 --moe-every 2" "--pp 2" "--ckpt-dir $TEST_TMPDIR/c7al_ck --save-every 4"
 c7_align k3 3 "--experts 4 --top-k 3 --expert-hidden 96 --moe-every 3" "--pp 3"
 c7_align k2tp 4 "--experts 4 --top-k 2 --moe-every 2" "--tp 2 --pp 2"
+c7_align k2zb 2 "--experts 4 --top-k 2 --moe-every 2" "--pp 2 --schedule zb"
 mpi_run $T_RUN 1 "$BUILD/chapter-7" $INV_FLAGS --model tiny6 --microbatches 2 --experts 4 --top-k 2 --moe-every 2 \
     --resume "$TEST_TMPDIR/c7al_ck/step-00000004" --log "$TEST_TMPDIR/c7al_res1.jsonl"
 c7_tail "$TEST_TMPDIR/c7al_k2.jsonl" 4 >"$TEST_TMPDIR/c7al_tail.jsonl"

@@ -258,6 +258,16 @@ c7 8 --batch 24 --seq 32 --experts 4 --top-k 2 --ep 2 --tp 2 --pp 2 --recompute 
 c7 16 --batch 24 --seq 32 --experts 4 --top-k 2 --ep 2 --tp 2 --pp 2 --cp 2
 c7 2 --batch 24 --seq 32 --experts 4 --top-k 2 --pp 2 --model tiny6 --schedule interleaved --virtual 3 --microbatches 4
 c7 3 --batch 24 --seq 32 --experts 4 --top-k 3 --moe-every 2 --expert-hidden 96 --model tiny6 --pp 3 --schedule zb
+# --schedule zb (07_expert/expert_wgrad.c): a slot held from F to W, per
+# slot the queue's copies of what W reads, a dense layer's MLP gradients at
+# cp = tp = 1 too; on pp, ep x tp x pp, ep x cp x pp, and tp x pp with
+# --moe-every 2 and --recompute selective
+c7 2 --batch 24 --seq 32 --experts 4 --top-k 2 --pp 2 --schedule zb
+c7 8 --batch 24 --seq 32 --experts 4 --top-k 2 --ep 2 --tp 2 --pp 2 --schedule zb
+c7 8 --batch 24 --seq 32 --experts 4 --top-k 2 --ep 2 --pp 2 --cp 2 --schedule zb
+# (and with --recompute full: each layer's ring exchanges of forward again)
+c7 8 --batch 24 --seq 32 --experts 4 --top-k 2 --ep 2 --pp 2 --cp 2 --schedule zb --recompute full
+c7 4 --batch 24 --seq 32 --experts 4 --top-k 3 --moe-every 2 --expert-hidden 96 --tp 2 --pp 2 --schedule zb --recompute selective --microbatches 4
 c7 4 --batch 24 --seq 32 --experts 2 --top-k 2 --capacity-factor 0.25 --ep 2 --pp 2 --ep-overlap 3
 c7 4 --batch 24 --seq 32 --experts 4 --top-k 2 --ep 2 --pp 2 --recompute selective
 c7 4 --batch 24 --seq 32 --experts 1 --top-k 1 --pp 2 --cp 2

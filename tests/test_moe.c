@@ -20,7 +20,7 @@
 // experts, each slot kept or dropped) is the same at all four points; a
 // direction that changes it is replaced by another.
 //
-// modules: 07_expert/expert_model 07_expert/moe 07_expert/expert_cp 07_expert/expert_tp 07_expert/expert_pipe 07_expert/expert_stage 07_expert/expert_zero 03_fsdp/fsdp 05_pipeline/schedule 06_sequence_context/context 06_sequence_context/ring
+// modules: 07_expert/expert_model 07_expert/moe 07_expert/expert_cp 07_expert/expert_tp 07_expert/expert_pipe 07_expert/expert_stage 07_expert/expert_zero 07_expert/expert_wgrad 03_fsdp/fsdp 05_pipeline/schedule 06_sequence_context/context 06_sequence_context/ring
 #include <math.h>
 #include <string.h>
 

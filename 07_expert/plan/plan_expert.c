@@ -247,10 +247,25 @@ static void plan_pipe(const PlanArgs* a, RankPlan* p, int r) {
             double S1 = ceil(nbuf[ch][q] / ndup[q]);
             full += ndup[q] * S1, shard += S1;
         }
-        for (int i = 0, now = 0; i < sc->n[s]; i++) {  // a slot taken at F, given back at B
+        int split = sc->split_backward;  // zb: B and W (expert_wgrad.c)
+        for (int i = 0, now = 0; i < sc->n[s]; i++) {  // a slot taken at F, given back at B (zb: at W)
             Action x = sc->list[s][i];
             if (x.chunk == ch && x.type == ACT_F && ++now > busy) busy = now;
-            if (x.chunk == ch && x.type == ACT_B) now--;
+            if (x.chunk == ch && x.type == (split ? ACT_W : ACT_B)) now--;
+        }
+        if (split) {
+            // per slot the queue's copies of what W reads (expert_wgrad_floats):
+            // per layer attention's qkv and proj on the tp group's N tp rows
+            // (tp: the proj bias on my N), an MoE layer's router and at most R
+            // expert rows through fc and proj, a dense layer's fc and proj;
+            // a dense layer's (N, 4C) MLP gradients at cp = tp = 1 too
+            double Ng = N * ntp, Cl = (double)C / ntp, q = 0;
+            for (int l = 0; l < Lc; l++) {
+                q += Ng * (C + 3 * Cl) + Ng * (Cl + C) + (ntp > 1 ? NC : 0);
+                q += moe_is_moe_layer(&lc, l) ? N * (C + E) + 2 * R * (C + H) : 10 * NC;
+            }
+            acts += busy * q;
+            if (ncp == 1 && ntp == 1 && a->moe_every > 1) acts += 8 * NC;
         }
         // per slot the GPT's activations as --recompute keeps them and each
         // MoE layer's (expert_moe_layers_create: selective without send and
@@ -266,14 +281,17 @@ static void plan_pipe(const PlanArgs* a, RankPlan* p, int r) {
             acts += busy * (ring ? Lc * N * NH : Lc * 3 * NC + Lc * N * NH * T);
             acts += ring ? NC + 3 * N * NH : NC + 3 * NC + N * NH * T;
             comm += ring ? 10 * NC : 6 * NC;
-            for (int l = 0; l < M * Lc; l++) {  // every layer of every microbatch, forward and backward
+            // every layer of every microbatch, forward and backward (the
+            // forward's exchanges again under --recompute full)
+            int passes = a->recompute == RECOMPUTE_FULL ? 3 : 2;
+            for (int l = 0; l < M * Lc; l++) {
                 if (ring) {
-                    for (int i = 0; i < 2 * (ncp - 1) + ncp; i++) {
+                    for (int i = 0; i < passes * (ncp - 1) + ncp; i++) {
                         comm_tally(&cpg, COLL_RECV, 2 * (size_t)NC * sizeof(float), 0.0);
                         comm_tally(&cpg, COLL_SEND, 2 * (size_t)NC * sizeof(float), 1.0);
                     }
                 } else {
-                    for (int i = 0; i < 2; i++) {
+                    for (int i = 0; i < passes; i++) {
                         comm_tally(&cpg, COLL_ALLTOALL, 3 * (size_t)NC * sizeof(float), comm_ring_factor(&cpg));
                         comm_tally(&cpg, COLL_ALLTOALL, (size_t)NC * sizeof(float), comm_ring_factor(&cpg));
                     }
