@@ -57,7 +57,7 @@ void* xcalloc(size_t count, size_t size);
 // the system for paging", and advises it sparingly, for staging areas: so
 // large one-off buffers (a checkpoint's or a model file's parameters, their
 // initialization) stay plain xmalloc. Not counted by mem_current / mem_peak
-// (host memory, like xmalloc's). On the CPU backend: xmalloc and free. On
+// (host memory, like xmalloc's). On the CPU backend: malloc and free. On
 // CUDA, refused (FATAL) before device_init: cudaMallocHost would start a
 // CUDA context on GPU 0 of every rank, and the block would count as pinned
 // for that context only (cudaHostAlloc's cudaHostAllocPortable flag is what
