@@ -237,7 +237,7 @@ void tp_create(TPModel* m, const Run* run, int B, int zero, int prefetch, int re
     m->dres = mem_alloc_floats(N * C, MEM_ACTIVATIONS);
     m->inputs = mem_alloc(N * sizeof(int), MEM_ACTIVATIONS);
     m->targets = mem_alloc(N * sizeof(int), MEM_ACTIVATIONS);
-    m->losses_host = xmalloc(N * sizeof(float));
+    m->losses_host = mem_alloc_host(N * sizeof(float));  // read every step (memory.h)
 }
 
 void tp_free(TPModel* m) {
@@ -246,7 +246,7 @@ void tp_free(TPModel* m) {
     if (m->transient) mem_free(m->transient);
     mem_free(m->inputs);
     mem_free(m->targets);
-    free(m->losses_host);
+    mem_free_host(m->losses_host);
     free(m->tiles);
     free(m->unit_off);
     fsdp_free(&m->f);

@@ -319,9 +319,10 @@ void pipe_create(Pipeline* P, const Run* run, ScheduleKind kind, int n_micro, in
     P->sends = xcalloc((size_t)P->max_sends, sizeof(SendBuf));
     incoming_build(P);
     size_t BT = (size_t)b * T;
-    P->in_host = xmalloc(BT * sizeof(int));
-    P->tg_host = xmalloc(BT * sizeof(int));
-    P->loss_host = xmalloc(BT * sizeof(float));
+    // staging buffers (memory.h): every microbatch's tokens and losses
+    P->in_host = mem_alloc_host(BT * sizeof(int));
+    P->tg_host = mem_alloc_host(BT * sizeof(int));
+    P->loss_host = mem_alloc_host(BT * sizeof(float));
     P->times = xcalloc((size_t)2 * P->sched.n[P->stage] + 2, sizeof(double));
 }
 
@@ -343,9 +344,9 @@ void pipe_free(Pipeline* P) {
     mem_free(P->vel);
     mem_free(P->scratch);
     mem_free(P->transient);
-    free(P->in_host);
-    free(P->tg_host);
-    free(P->loss_host);
+    mem_free_host(P->in_host);
+    mem_free_host(P->tg_host);
+    mem_free_host(P->loss_host);
     free(P->times);
     device_stamps_free(&P->stamps);
     schedule_free(&P->sched);

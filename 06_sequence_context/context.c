@@ -151,7 +151,8 @@ void cp_create(CPModel* m, const Run* run, CPMode mode, CPBalance balance, int o
     m->head = mem_alloc_floats(head_acts_numel(1, N, C, m->cfg.padded_vocab_size), MEM_ACTIVATIONS);
     m->inputs = mem_alloc((size_t)N * sizeof(int), MEM_ACTIVATIONS);
     m->targets = mem_alloc((size_t)N * sizeof(int), MEM_ACTIVATIONS);
-    m->losses_host = xmalloc((size_t)N * sizeof(float));
+    m->losses_host = mem_alloc_host((size_t)N * sizeof(float));  // staging buffers (memory.h)
+    m->rows_host = mem_alloc_host((size_t)N * 2 * sizeof(int));
     m->dres = mem_alloc_floats(NC, MEM_ACTIVATIONS);
     m->dln = mem_alloc_floats(NC, MEM_ACTIVATIONS);
     m->stash = mem_alloc_floats(block_stash_numel(1, N, C), MEM_ACTIVATIONS);
@@ -190,7 +191,8 @@ void cp_free(CPModel* m) {
     for (size_t i = 0; i < sizeof bufs / sizeof *bufs; i++) mem_free(bufs[i]);
     mem_free(m->inputs);
     mem_free(m->targets);
-    free(m->losses_host);
+    mem_free_host(m->losses_host);
+    mem_free_host(m->rows_host);
     device_clock_free(&m->attn_clock);
     device_clock_free(&m->ring_wait_clock);
     comm_destroy_group(&m->dpcp);
@@ -240,12 +242,11 @@ static const float* last_output(const CPModel* m) {
 void cp_embed_forward(CPModel* m, const int* inputs, const int* targets) {
     const CPShard* sh = &m->sh;
     const int C = m->cfg.channels, N = m->N;
-    int* rows = xmalloc((size_t)N * 2 * sizeof(int));
+    int* rows = m->rows_host;
     cp_shard_tokens(sh, rows, inputs);
     cp_shard_tokens(sh, rows + N, targets);
     mem_to_device(m->inputs, rows, (size_t)N * sizeof(int));
     mem_to_device(m->targets, rows + N, (size_t)N * sizeof(int));
-    free(rows);
     double t0 = trace_start();
     // positions follow the tokens: part p's rows take wpe from its first position on
     for (int p = 0; p < sh->parts; p++) {

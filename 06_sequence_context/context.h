@@ -66,6 +66,7 @@ typedef struct {
     float* head;     // head_acts_numel(1, N, C, Vp)
     int *inputs, *targets;  // (N) on the device, my rows
     float* losses_host;     // (N)
+    int* rows_host;         // (2, N) my rows' inputs, then targets, on their way to the device
     // backward
     float *dres, *dln, *stash, *dfch_gelu, *datty;
     // ring buffers: packed [k | v] rows (N, 2C), the block in hand and the

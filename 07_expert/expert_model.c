@@ -179,11 +179,10 @@ void expert_units_reduce(ExpertModel* m, int l) {
 void expert_embed_forward(ExpertModel* m, const int* inputs, const int* targets) {
     const CPShard* sh = &m->cp.sh;
     int N = m->N, C = m->cfg.gpt.channels;
-    int* rows = xmalloc((size_t)N * 2 * sizeof(int));
+    int* rows = m->rows_host;
     cp_shard_tokens(sh, rows, inputs);
     cp_shard_tokens(sh, rows + N, targets);
     gpt_acts_load(&m->acts, rows, rows + N);
-    free(rows);
     if (!m->embeds) return;  // a later pipeline stage: its input arrived in acts.encoded
     float* u = expert_zero_params(&m->z[ZERO_SHARED], 0);  // unit 0: [wte wpe]
     for (int p = 0; p < sh->parts; p++) {
@@ -380,9 +379,9 @@ MoeLayer* expert_moe_layers_create(const ExpertModel* m, int n) {
         q->fch = mem_alloc_floats(R * H, MEM_ACTIVATIONS);
         q->fch_gelu = m->gelu_shared ? m->gelu_shared : mem_alloc_floats(R * H, MEM_ACTIVATIONS);
         q->aux_dprobs = mem_alloc_floats((size_t)E, MEM_ACTIVATIONS);
-        q->idx_host = xmalloc(Nk * sizeof(int));
-        q->pos_host = xmalloc(Nk * sizeof(int));
-        q->src_host = xmalloc(Nk * sizeof(int));
+        q->idx_host = mem_alloc_host(Nk * sizeof(int));
+        q->pos_host = mem_alloc_host(Nk * sizeof(int));
+        q->src_host = mem_alloc_host(Nk * sizeof(int));
         q->cnt_send = xmalloc((size_t)E * sizeof(int));
         q->cnt_chunk = xmalloc((size_t)nc * E * sizeof(int));
         q->cnt_recv = xmalloc((size_t)nc * E * sizeof(int));  // ep x n x E/ep
@@ -514,6 +513,9 @@ void expert_model_create_part(ExpertModel* m, const MoeConfig* cfg, const Expert
     m->dlogits = mem_alloc_floats((size_t)N * E, MEM_ACTIVATIONS);
     m->dln2 = mem_alloc_floats((size_t)N * C, MEM_ACTIVATIONS);
     m->routed = xcalloc((size_t)Lm * E, sizeof(long));
+    m->rows_host = mem_alloc_host((size_t)N * 2 * sizeof(int));
+    m->probs_host = mem_alloc_host((size_t)N * E * sizeof(float));
+    m->aux_host = mem_alloc_host((size_t)E * sizeof(float));
     m->aux_coef = flags->aux_coef;
     m->capacity_factor = flags->capacity;
     m->record = 1;
@@ -543,7 +545,8 @@ void expert_moe_layers_free(const ExpertModel* m, MoeLayer* layers, int n) {
         for (size_t j = 0; j < sizeof(f) / sizeof(f[0]); j++) mem_free(f[j]);
         int* d[] = {q->idx, q->pos, q->send_src};
         for (size_t j = 0; j < sizeof(d) / sizeof(d[0]); j++) mem_free(d[j]);
-        void* h[] = {q->idx_host, q->pos_host, q->src_host, q->cnt_send, q->cnt_chunk, q->cnt_recv, q->send_row,
+        mem_free_host(q->idx_host), mem_free_host(q->pos_host), mem_free_host(q->src_host);
+        void* h[] = {q->cnt_send, q->cnt_chunk, q->cnt_recv, q->send_row,
                      q->blk_recv, q->blk_row, q->expert_off, q->sc, q->sd, q->rc, q->rd};
         for (size_t j = 0; j < sizeof(h) / sizeof(h[0]); j++) free(h[j]);
     }
@@ -560,6 +563,7 @@ void expert_model_free(ExpertModel* m) {
     free(m->a2a);
     free(m->a2a_started);
     free(m->routed);
+    mem_free_host(m->rows_host), mem_free_host(m->probs_host), mem_free_host(m->aux_host);
     expert_cp_free(m);
     expert_tp_free(m);
     expert_zero_free(&m->z[ZERO_SHARED]), expert_zero_free(&m->z[ZERO_EXPERTS]), expert_zero_free(&m->z[ZERO_TP]);

@@ -42,7 +42,8 @@ typedef struct {
     float *exp_in, *fch, *fch_gelu; // (R, C), (R, H), (R, H) in the experts' order
     float* aux_dprobs;              // (E) d objective / d each prob (load-balancing loss)
     // the plan, on the host: counts are integers, and the comm layer's
-    // collectives are float-only, so they travel by plain MPI
+    // collectives are float-only, so they travel by plain MPI; the first
+    // three are staging buffers (memory.h), copied every step
     int *idx_host, *pos_host, *src_host;
     int* cnt_send;                  // (E) my kept slots of each expert
     int* cnt_chunk;                 // (n, E) of them, per chunk
@@ -151,6 +152,11 @@ typedef struct {
     float *send_shared, *gelu_shared;  // --recompute selective: every layer's send and fch_gelu
     // scratch shared by the layers
     float *recv, *xbuf, *ybuf, *dfch, *dfch_gelu, *dsend, *dgates, *dlogits, *dln2;
+    // host staging buffers (memory.h), used every step: my rows' inputs then
+    // targets (2, N) on their way to the device; a layer's router probs
+    // (N, E) and its balance gradient (E), balance_loss's
+    int* rows_host;
+    float *probs_host, *aux_host;
     // statistics of the last forward, summed over the MoE layers (global)
     double aux;      // the load-balancing loss (without aux_coef)
     long dropped;    // token-slots dropped by capacity

@@ -48,8 +48,8 @@ static void balance_loss(ExpertModel* m, MoeLayer* L, int layer_index) {
     int N = m->N, k = m->cfg.top_k, E = m->cfg.experts;
     long* cnt = xmalloc((size_t)E * sizeof(long));
     double* psum = xmalloc((size_t)E * sizeof(double));
-    float* probs = xmalloc((size_t)N * E * sizeof(float));
-    float* aux_host = xmalloc((size_t)E * sizeof(float));
+    float* probs = m->probs_host;     // (N, E) staging buffers (memory.h), copied every step
+    float* aux_host = m->aux_host;    // (E)
     mem_to_host(probs, L->probs, (size_t)N * E * sizeof(float));
     for (int e = 0; e < E; e++) cnt[e] = 0, psum[e] = 0.0;
     for (int i = 0; i < N * k; i++) cnt[L->idx_host[i]]++;
@@ -70,7 +70,7 @@ static void balance_loss(ExpertModel* m, MoeLayer* L, int layer_index) {
     }
     mem_to_device(L->aux_dprobs, aux_host, (size_t)E * sizeof(float));
     if (m->record) m->aux += aux;
-    free(aux_host), free(probs), free(psum), free(cnt);
+    free(psum), free(cnt);
     // END EXERCISE 1
 }
 

@@ -43,6 +43,28 @@ void mem_zero(void* device_ptr, size_t bytes);
 void* xmalloc(size_t bytes);
 void* xcalloc(size_t count, size_t size);
 
+// Host staging buffers: host memory that mem_to_device or mem_to_host copies
+// to or from the device EVERY step (the batch's tokens, the per-token losses,
+// the norm's scalar, chapter 7's routing plan), allocated once and reused.
+// On CUDA they are page-locked (cudaMallocHost). The CUDA Runtime API's
+// cudaMallocHost: the driver tracks such ranges and accelerates cudaMemcpy*
+// on them, "much higher bandwidth than pageable memory obtained with
+// functions such as malloc()"; its "API synchronization behavior" page: a
+// copy from pageable memory is first staged by the driver into pinned
+// memory (and may synchronize with the stream to do it). The cudaMallocHost
+// page also warns that "allocating excessive amounts" of it "may degrade
+// system performance, since it reduces the amount of memory available to
+// the system for paging", and advises it sparingly, for staging areas: so
+// large one-off buffers (a checkpoint's or a model file's parameters, their
+// initialization) stay plain xmalloc. Not counted by mem_current / mem_peak
+// (host memory, like xmalloc's). On the CPU backend: malloc and free. On
+// CUDA, refused (FATAL) before device_init: cudaMallocHost would start a
+// CUDA context on GPU 0 of every rank, and the block would count as pinned
+// for that context only (cudaHostAlloc's cudaHostAllocPortable flag is what
+// makes a block pinned for all). mem_free_host(NULL) does nothing.
+void* mem_alloc_host(size_t bytes);
+void mem_free_host(void* ptr);
+
 // Picks and prepares this rank's device (the GPU of its node-local rank on
 // CUDA; nothing on the CPU). Returns a printable name.
 const char* device_init(int local_rank);

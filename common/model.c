@@ -354,7 +354,7 @@ void gpt_acts_create_recompute(GPTActs* a, const GPTConfig* cfg, int B, int T, R
     a->dres = mem_alloc_floats(BT * C, MEM_ACTIVATIONS);
     a->inputs = (int*)mem_alloc(BT * sizeof(int), MEM_ACTIVATIONS);
     a->targets = (int*)mem_alloc(BT * sizeof(int), MEM_ACTIVATIONS);
-    a->losses_host = xmalloc(BT * sizeof(float));
+    a->losses_host = mem_alloc_host(BT * sizeof(float));  // read every step (memory.h)
 }
 
 void gpt_acts_free(GPTActs* a) {
@@ -366,7 +366,7 @@ void gpt_acts_free(GPTActs* a) {
     mem_free(a->dres);
     mem_free(a->inputs);
     mem_free(a->targets);
-    free(a->losses_host);
+    mem_free_host(a->losses_host);
     memset(a, 0, sizeof(*a));
 }
 

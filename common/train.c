@@ -121,8 +121,9 @@ float train_val_loss_with(const TrainSetup* s, int n_batches, TrainForward forwa
     if (per_epoch == 0) return -1.0f;
     if ((size_t)n_batches > per_epoch) n_batches = (int)per_epoch;
     size_t BT = (size_t)micro * s->T;
-    int* inputs = xmalloc(BT * sizeof(int));
-    int* targets = xmalloc(BT * sizeof(int));
+    // staging buffers: every piece's tokens go to the device from them
+    int* inputs = mem_alloc_host(BT * sizeof(int));
+    int* targets = mem_alloc_host(BT * sizeof(int));
     double sum = 0.0;
     int pieces = 0;
     for (int i = 0; i < n_batches; i++) {
@@ -132,8 +133,8 @@ float train_val_loss_with(const TrainSetup* s, int n_batches, TrainForward forwa
             pieces++;
         }
     }
-    free(inputs);
-    free(targets);
+    mem_free_host(inputs);
+    mem_free_host(targets);
     if (group) {
         // every rank runs as many pieces: the mean over all of them
         double total = 0.0;
@@ -252,11 +253,14 @@ double train_mean(const Comm* group, double mine) {
 }
 
 // The run's norm scalars, allocated once: the step's sum of squares (a
-// double) and, behind it, the float the all-reduce carries.
+// double) and, behind it, the float the all-reduce carries; norm_host is
+// their staging buffer on the host (memory.h), read every step.
 static double* norm_buf = NULL;
+static double* norm_host = NULL;
 
 static double* norm_scalars(void) {
     if (!norm_buf) norm_buf = mem_alloc(2 * sizeof(double), MEM_OTHER);
+    if (!norm_host) norm_host = mem_alloc_host(2 * sizeof(double));
     return norm_buf;
 }
 
@@ -267,23 +271,25 @@ double* train_sumsq_begin(void) {
 
 static void train_sumsq_free(void) {
     mem_free(norm_buf);
+    mem_free_host(norm_host);
     norm_buf = NULL;
+    norm_host = NULL;
 }
 
 double train_global_norm(const double* sumsq, const Comm* const* groups, int n_groups) {
     if (n_groups == 0) {
-        double s;
-        mem_to_host(&s, sumsq, sizeof(double));
-        return sqrt(s);
+        norm_scalars();
+        mem_to_host(norm_host, sumsq, sizeof(double));
+        return sqrt(norm_host[0]);
     }
     // the sum of squares travels as a float on the device, like any gradient
     // traffic, so the comm layer counts it (one all-reduce of 4 bytes per group)
     float* wire = (float*)(norm_scalars() + 1);
     ops_double_to_float(wire, sumsq, 1);
     for (int i = 0; i < n_groups; i++) comm_allreduce(groups[i], wire, 1, COMM_SUM);
-    float total;
-    mem_to_host(&total, wire, sizeof(float));
-    return sqrt((double)total);
+    float* total = (float*)(norm_host + 1);
+    mem_to_host(total, wire, sizeof(float));
+    return sqrt((double)*total);
 }
 
 int run_start(Run* r, int argc, char** argv, const char* program, const char* summary,
@@ -344,14 +350,15 @@ void train_loop_open(JsonLog* log, int** inputs, int** targets, const TrainArgs*
     char msg[1024];
     const char* bad = jsonl_open(log, a->log, msg, sizeof(msg));
     fail_if_any(bad != NULL, bad);
-    *inputs = xmalloc((size_t)rows * T * sizeof(int));
-    *targets = xmalloc((size_t)rows * T * sizeof(int));
+    // staging buffers (memory.h): the step's tokens go to the device from them
+    *inputs = mem_alloc_host((size_t)rows * T * sizeof(int));
+    *targets = mem_alloc_host((size_t)rows * T * sizeof(int));
 }
 
 void train_loop_close(JsonLog* log, int* inputs, int* targets) {
     jsonl_close(log);
-    free(inputs);
-    free(targets);
+    mem_free_host(inputs);
+    mem_free_host(targets);
 }
 
 void train_print_recompute(RecomputeMode mode, const char* note) {

@@ -1781,6 +1781,46 @@ static void test_moe_dispatch_combine(void) {
     case_end();
 }
 
+// ================================================================ host staging buffers
+// memory.h's mem_alloc_host: plain host memory on the CPU, page-locked
+// (cudaMallocHost) on CUDA. What can go wrong: the block counted as device
+// memory (the planner's exact byte predictions would move), a block too
+// small (the pattern's last element), and on CUDA, where a copy from pinned
+// memory is truly asynchronous, a mem_to_device that returns before the copy
+// is done: the staging buffer is refilled at once after each copy, so a
+// device that read it late would hold the second pattern, not the first.
+static void test_host_staging(void) {
+    enum { N = 1 << 16 };
+    size_t before = 0, peak_before = mem_peak_total();
+    for (int c = 0; c < MEM_NUM_CATEGORIES; c++) before += mem_current(c);
+    float* src = mem_alloc_host(N * sizeof(float));
+    float* dst = mem_alloc_host(N * sizeof(float));
+    void* empty = mem_alloc_host(0);
+    size_t during = 0;
+    for (int c = 0; c < MEM_NUM_CATEGORIES; c++) during += mem_current(c);
+    check(src && dst && empty, "host staging: mem_alloc_host gives a block, for 0 bytes too", "%p %p %p", (void*)src,
+          (void*)dst, empty);
+    check(during == before && mem_peak_total() == peak_before,
+          "host staging: not counted as device memory (mem_current, mem_peak_total unchanged)",
+          "%zu -> %zu bytes in use, peak %zu -> %zu", before, during, peak_before, mem_peak_total());
+    float* x = dev_zeros(N);
+    for (int i = 0; i < N; i++) src[i] = (float)(i % 1000) + 0.5f;
+    mem_to_device(x, src, N * sizeof(float));
+    for (int i = 0; i < N; i++) src[i] = -1.0f;  // refilled as soon as the copy returns
+    ops_scale(x, N, 2.0f);
+    mem_to_host(dst, x, N * sizeof(float));
+    int bad = -1;
+    for (int i = 0; i < N && bad < 0; i++)
+        if (dst[i] != 2.0f * ((float)(i % 1000) + 0.5f)) bad = i;
+    check(bad < 0, "host staging: to the device and back through staging buffers, refilled after each copy",
+          "element %d: %g, want %g", bad, bad < 0 ? 0.0 : (double)dst[bad],
+          bad < 0 ? 0.0 : 2.0 * ((bad % 1000) + 0.5));
+    mem_free_host(src);
+    mem_free_host(dst);
+    mem_free_host(empty);
+    mem_free_host(NULL);  // does nothing
+}
+
 // ================================================================ the device clock
 // memory.h's DeviceClock times device work: the host clock on the CPU,
 // events on the compute stream on CUDA. No timed assert: the checks are on
@@ -1903,6 +1943,7 @@ int main(int argc, char** argv) {
     test_backward_halves();
     test_moe_router();
     test_moe_dispatch_combine();
+    test_host_staging();
     test_device_clock();
     test_device_stamps();
     int rc = test_exit_code();

@@ -32,6 +32,15 @@ void mem_to_host(void* dst_host, const void* src_device, size_t bytes) {
 
 void mem_zero(void* device_ptr, size_t bytes) { memset(device_ptr, 0, bytes); }
 
+// The host is the device: a staging buffer is plain host memory (malloc,
+// not memory.c's xmalloc: memory.c calls this file).
+void* mem_alloc_host(size_t bytes) {
+    void* p = malloc(bytes ? bytes : 1);
+    if (!p) FATAL("out of host memory allocating a %zu-byte staging buffer", bytes);
+    return p;
+}
+void mem_free_host(void* ptr) { free(ptr); }
+
 const char* device_init(int local_rank) {
     (void)local_rank;
     return "cpu";

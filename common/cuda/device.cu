@@ -83,6 +83,29 @@ extern "C" void mem_to_host(void* dst_host, const void* src_device, size_t bytes
     device_synchronize();
 }
 
+// Staging buffers (memory.h), page-locked. A copy from pinned memory is a
+// DMA straight from the block; from pageable memory the driver first
+// stages it into pinned memory of its own ("API synchronization behavior"
+// in the CUDA Runtime API). With pinned memory cudaMemcpyAsync may return
+// before the copy is done: the device_synchronize in mem_to_device and
+// mem_to_host is what lets a caller reuse the buffer at once. Freed after
+// a polled device_synchronize, as device_raw_free does: no queued work
+// reads the block after it (every copy waits anyway), and cudaFreeHost
+// cannot hang on a collective stuck on a dead peer.
+extern "C" void* mem_alloc_host(size_t bytes) {
+    if (!cuda_compute_stream)
+        FATAL("mem_alloc_host(%zu bytes) before device_init: a pinned block would belong to GPU 0's context", bytes);
+    void* p = NULL;
+    CUDA_CHECK(cudaMallocHost(&p, bytes ? bytes : 1));
+    return p;
+}
+
+extern "C" void mem_free_host(void* ptr) {
+    if (!ptr) return;
+    device_synchronize();
+    CUDA_CHECK(cudaFreeHost(ptr));
+}
+
 // Queued like a kernel: later work on the stream sees zeros.
 extern "C" void mem_zero(void* device_ptr, size_t bytes) {
     if (bytes == 0) return;
