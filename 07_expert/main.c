@@ -235,7 +235,7 @@ static void moe_layer_forward(ExpertModel* m, int l, BlockActs* a, const float* 
 //              the same experts, but the dispatch and combine all-to-all-v
 //              are issued again, 2 more per MoE layer per step (counted in
 //              the summary's alltoall bytes), as are the plan's small host
-//              exchanges, --cp's attention exchanges and --zero 3's gathers.
+//              exchanges and --cp's attention exchanges.
 static BlockActs moe_layer_recompute(ExpertModel* m, int l, const float* x) {
     const MoeConfig* c = &m->cfg;
     BlockActs a = expert_block_acts(m, l);

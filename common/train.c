@@ -121,9 +121,11 @@ float train_val_loss_with(const TrainSetup* s, int n_batches, TrainForward forwa
     if (per_epoch == 0) return -1.0f;
     if ((size_t)n_batches > per_epoch) n_batches = (int)per_epoch;
     size_t BT = (size_t)micro * s->T;
-    // staging buffers: every piece's tokens go to the device from them
-    int* inputs = mem_alloc_host(BT * sizeof(int));
-    int* targets = mem_alloc_host(BT * sizeof(int));
+    // every piece's tokens go to the device from these; pageable, not
+    // pinned: a validation runs every --val-every steps, and pinning a block
+    // for it would cost more than its copies save (memory.h)
+    int* inputs = xmalloc(BT * sizeof(int));
+    int* targets = xmalloc(BT * sizeof(int));
     double sum = 0.0;
     int pieces = 0;
     for (int i = 0; i < n_batches; i++) {
@@ -133,8 +135,8 @@ float train_val_loss_with(const TrainSetup* s, int n_batches, TrainForward forwa
             pieces++;
         }
     }
-    mem_free_host(inputs);
-    mem_free_host(targets);
+    free(inputs);
+    free(targets);
     if (group) {
         // every rank runs as many pieces: the mean over all of them
         double total = 0.0;
