@@ -223,10 +223,13 @@ void moe_attention_backward(const BlockParams* p, BlockParams* g, const BlockAct
 void moe_expert_forward(const ExpertParams* p, float* out, float* fch, float* fch_gelu,
                         const float* in, int n, int C, int H) {
     if (n == 0) return;
-    // the dense block's MLP half, on this expert's rows
-    matmul_forward(fch, in, p->fcw, p->fcb, n, C, H);
+    // the dense block's MLP half, on this expert's rows. --ep-overlap cuts
+    // these rows into chunks, so the products are the row-by-row ones
+    // (ops.h): each row's bits do not depend on how many rows a call holds,
+    // which BLAS does not promise, and every n gives the same bits
+    matmul_forward_rowwise(fch, in, p->fcw, p->fcb, n, C, H);
     gelu_forward(fch_gelu, fch, (size_t)n * H);
-    matmul_forward(out, fch_gelu, p->fcprojw, p->fcprojb, n, H, C);
+    matmul_forward_rowwise(out, fch_gelu, p->fcprojw, p->fcprojb, n, H, C);
 }
 
 void moe_expert_backward_input(const ExpertParams* p, float* din, const float* dout, const float* fch,
@@ -234,10 +237,10 @@ void moe_expert_backward_input(const ExpertParams* p, float* din, const float* d
     if (n == 0) return;
     size_t nH = (size_t)n * H;
     ops_zero(dfch_gelu, nH);
-    matmul_backward(dfch_gelu, NULL, NULL, dout, NULL, p->fcprojw, n, H, C);
+    matmul_backward_input_rowwise(dfch_gelu, dout, p->fcprojw, n, H, C);  // row by row, as forward
     ops_zero(dfch, nH);
     gelu_backward(dfch, fch, dfch_gelu, nH);
-    matmul_backward(din, NULL, NULL, dfch, NULL, p->fcw, n, C, H);
+    matmul_backward_input_rowwise(din, dfch, p->fcw, n, C, H);
 }
 
 void moe_expert_backward_weights(ExpertParams* g, const float* dout, const float* in, const float* fch_gelu,

@@ -548,6 +548,31 @@ static void test_matmul(void) {
     case_end();
 }
 
+// The row-by-row matmul (ops.h): the same math as matmul_forward and
+// matmul_backward's dinp, against the same reference, on sizes that leave
+// edge tiles in both directions (5 rows of 4, 19 and 3 columns of 16).
+static void test_matmul_rowwise(void) {
+    enum { N = 5, C = 19, OC = 3 };
+    Buf inp = buf_random(N * C, 1.0), w = buf_random(OC * C, 1.0), bias = buf_random(OC, 1.0),
+        r = buf_random(N * OC, 1.0), out = buf_zeros(N * OC);
+    for (int i = 0; i < N * OC; i++) out.h[i] = 99.0f;  // forward writes
+    to_device(out.dev, out.h, N * OC);
+    matmul_forward_rowwise(out.dev, inp.dev, w.dev, bias.dev, N, C, OC);
+    matmul_ref(out.d, inp.d, w.d, bias.d, N, C, OC);
+    check_forward("matmul_forward_rowwise out (bias)", &out);
+    matmul_forward_rowwise(out.dev, inp.dev, w.dev, NULL, N, C, OC);
+    matmul_ref(out.d, inp.d, w.d, NULL, N, C, OC);
+    check_forward("matmul_forward_rowwise out (bias NULL)", &out);
+    Buf dinp = buf_zeros(N * C);
+    matmul_backward_input_rowwise(dinp.dev, r.dev, w.dev, N, C, OC);
+    matmul_ctx ctx = {inp.d, w.d, bias.d, r.d, out.d, N, C, OC};
+    check_backward("matmul_backward_input_rowwise dinp vs FD", &dinp, matmul_objective, &ctx, &inp);
+    buf_prefill(&dinp);
+    matmul_backward_input_rowwise(dinp.dev, r.dev, w.dev, N, C, OC);
+    check_accumulates("matmul_backward_input_rowwise dinp accumulates", &dinp);
+    case_end();
+}
+
 // ================================================================ attention
 // Causal attention written from the definition: per (b, t, head), scores of
 // the query against keys 0..t, softmax, weighted sum of the values.
@@ -1929,6 +1954,7 @@ int main(int argc, char** argv) {
     test_encoder_vocab();
     test_layernorm();
     test_matmul();
+    test_matmul_rowwise();
     test_attention();
     test_gelu();
     test_residual();

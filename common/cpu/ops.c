@@ -30,6 +30,13 @@ static inline void progress(void) {
 // blocks of this many columns, one block per thread at a time.
 #define OPS_COL_BLOCK 64
 
+// Below this many floats ops_add, ops_scale and grad_sumsq run a plain loop. An OpenMP
+// "parallel for if (small)" is not free: even when the if-clause is false the
+// runtime still sets up a (one-thread) parallel region on every call, which
+// costs more than adding a few floats (chapter 1's 8-byte all-reduce showed
+// it). An explicit branch keeps small calls to a bare loop.
+#define OPS_PARALLEL_MIN 16384
+
 // expf in a form a loop can vectorise: a call to libm's expf keeps a loop
 // scalar (one value at a time), while plain arithmetic lets gcc run 8 values
 // per AVX instruction. e^x = 2^n e^r with n = round(x / ln 2) and
@@ -54,6 +61,46 @@ static inline float exp_lanes(float x) {
     p = p * r * r + r + 1.0f;
     union { int32_t i; float f; } two_n = {.i = ((int32_t)n + 127) << 23};
     return p * two_n.f;
+}
+
+// Sums along a row in an order fixed by the index alone: lane l of
+// SUM_LANES adds the elements l, l + SUM_LANES, l + 2 SUM_LANES, ... in
+// turn, and the lanes are added as a fixed tree. A `#pragma omp simd
+// reduction` would let the compiler pick the split: its vector width (4,
+// 8 or 16 lanes with -march=native), an alignment peel that depends on the
+// row's address, a scalar remainder that depends on the row's length; the
+// same row then sums to other bits in another buffer or on another CPU.
+// Here the lanes are explicit, so every build adds alike; gcc still runs
+// them as one vector.
+#define SUM_LANES 8
+static inline float sum_of_lanes(const float acc[SUM_LANES]) {
+    return ((acc[0] + acc[1]) + (acc[2] + acc[3])) + ((acc[4] + acc[5]) + (acc[6] + acc[7]));
+}
+
+// row[j] = e^(row[j] - mx) for j < n, in place; returns their sum.
+static inline float exp_and_sum(float* row, int n, float mx) {
+    float acc[SUM_LANES] = {0};
+    int j = 0;
+    for (; j + SUM_LANES <= n; j += SUM_LANES)
+        for (int l = 0; l < SUM_LANES; l++) {
+            row[j + l] = exp_lanes(row[j + l] - mx);
+            acc[l] += row[j + l];
+        }
+    for (int l = 0; j + l < n; l++) {
+        row[j + l] = exp_lanes(row[j + l] - mx);
+        acc[l] += row[j + l];
+    }
+    return sum_of_lanes(acc);
+}
+
+// sum over j < n of a[j] b[j]
+static inline float dot_lanes(const float* a, const float* b, int n) {
+    float acc[SUM_LANES] = {0};
+    int j = 0;
+    for (; j + SUM_LANES <= n; j += SUM_LANES)
+        for (int l = 0; l < SUM_LANES; l++) acc[l] += a[j + l] * b[j + l];
+    for (int l = 0; j + l < n; l++) acc[l] += a[j + l] * b[j + l];
+    return sum_of_lanes(acc);
 }
 
 // ---------------------------------------------------------------- embedding
@@ -251,6 +298,75 @@ void matmul_backward(float* dinp, float* dw, float* dbias, const float* dout,
     optime_stop(OPK_MATMUL, OP_BWD, t0);
 }
 
+// ---------------------------------------------------------------- linear, row by row
+// out (R, J) = a (R, K) @ b (K, J), each element summed over k in order,
+// then written (+ bias) or added into out. A tile of RW_MR rows by RW_NR
+// columns keeps its sums in registers; the vector lanes run across the
+// tile's columns, so no sum is ever split across lanes, and the edge tiles
+// add in the same order as the full ones.
+#define RW_MR 4
+#define RW_NR 16
+static void rows_times_matrix(float* out, int ldo, const float* a, int lda, const float* b, int ldb,
+                              int R, int K, int J, const float* bias, int accumulate) {
+    #pragma omp parallel for collapse(2) schedule(static)
+    for (int j0 = 0; j0 < J; j0 += RW_NR) {
+        for (int r0 = 0; r0 < R; r0 += RW_MR) {
+            int mr = R - r0 < RW_MR ? R - r0 : RW_MR, nr = J - j0 < RW_NR ? J - j0 : RW_NR;
+            float acc[RW_MR][RW_NR] = {{0}};
+            const float* ar = a + (size_t)r0 * lda;
+            if (mr == RW_MR && nr == RW_NR) {
+                for (int k = 0; k < K; k++) {
+                    const float* bk = b + (size_t)k * ldb + j0;
+                    for (int r = 0; r < RW_MR; r++) {
+                        float x = ar[(size_t)r * lda + k];
+                        for (int j = 0; j < RW_NR; j++) acc[r][j] += x * bk[j];
+                    }
+                }
+            } else {
+                for (int k = 0; k < K; k++) {
+                    const float* bk = b + (size_t)k * ldb + j0;
+                    for (int r = 0; r < mr; r++) {
+                        float x = ar[(size_t)r * lda + k];
+                        for (int j = 0; j < nr; j++) acc[r][j] += x * bk[j];
+                    }
+                }
+            }
+            for (int r = 0; r < mr; r++) {
+                float* o = out + (size_t)(r0 + r) * ldo + j0;
+                for (int j = 0; j < nr; j++)
+                    o[j] = accumulate ? o[j] + acc[r][j] : (bias ? acc[r][j] + bias[j0 + j] : acc[r][j]);
+            }
+        }
+    }
+}
+
+void matmul_forward_rowwise(float* out, const float* inp, const float* w, const float* bias,
+                            int N, int C, int OC) {
+    if (N <= 0 || OC <= 0) return;
+    progress();
+    double t0 = optime_start();
+    // w^T (C, OC), so that one input channel's weights for every output are
+    // contiguous: a working buffer of the call (C x OC floats, as attention's
+    // tiles: host memory, not counted), its cost C*OC against N*C*OC
+    float* wt = xmalloc((size_t)C * OC * sizeof(float));
+    #pragma omp parallel for
+    for (int c = 0; c < C; c++)
+        for (int o = 0; o < OC; o++) wt[(size_t)c * OC + o] = w[(size_t)o * C + c];
+    rows_times_matrix(out, OC, inp, C, wt, OC, N, C, OC, bias, 0);
+    free(wt);
+    optime_stop(OPK_MATMUL, OP_FWD, t0);
+}
+
+void matmul_backward_input_rowwise(float* dinp, const float* dout, const float* w, int N, int C,
+                                   int OC) {
+    if (N <= 0 || C <= 0) return;
+    progress();
+    double t0 = optime_start();
+    // w (OC, C) already holds one output's weights for every channel contiguously
+    rows_times_matrix(dinp, C, dout, OC, w, C, N, OC, C, NULL, 1);
+    optime_stop(OPK_MATMUL, OP_BWD, t0);
+}
+
 // ---------------------------------------------------------------- attention
 // Rows of the score matrix per causal block (see attention_forward).
 #define ATT_ROW_BLOCK 64
@@ -290,12 +406,7 @@ void attention_forward(float* out, float* att, const float* qkv, int B, int T, i
                     // a max is exact in any order, so it may run in lanes
                     #pragma omp simd reduction(max : mx)
                     for (int s = 1; s <= t; s++) mx = row[s] > mx ? row[s] : mx;
-                    float sum = 0.0f;
-                    #pragma omp simd reduction(+ : sum)
-                    for (int s = 0; s <= t; s++) {
-                        row[s] = exp_lanes(row[s] - mx);
-                        sum += row[s];
-                    }
+                    float sum = exp_and_sum(row, t + 1, mx);
                     float inv = 1.0f / sum;
                     for (int s = 0; s <= t; s++) row[s] *= inv;
                     // att @ v below reads this block's columns up to i1, so
@@ -346,9 +457,7 @@ void attention_backward(float* dqkv, float* datt, const float* dout, const float
                 for (int t = i0; t < i1; t++) {
                     const float* arow = a + (size_t)t * T;
                     float* drow = da + (size_t)t * T;
-                    float dot = 0.0f;
-                    #pragma omp simd reduction(+ : dot)
-                    for (int s = 0; s <= t; s++) dot += arow[s] * drow[s];
+                    float dot = dot_lanes(arow, drow, t + 1);
                     for (int s = 0; s <= t; s++) drow[s] = arow[s] * (drow[s] - dot);
                     // zeros up to the block's edge i1, which the dk product
                     // below reads; it never reads past it
@@ -438,11 +547,7 @@ void attention_chunk_forward(float* out, float* rowmax, float* sumexp, const flo
                             mx = row[0];
                             #pragma omp simd reduction(max : mx)
                             for (int j = 1; j < nvis; j++) mx = row[j] > mx ? row[j] : mx;
-                            #pragma omp simd reduction(+ : sum)
-                            for (int j = 0; j < nvis; j++) {
-                                row[j] = exp_lanes(row[j] - mx);
-                                sum += row[j];
-                            }
+                            sum = exp_and_sum(row, nvis, mx);
                         }
                         // the row's future keys weigh 0 in the product below
                         for (int j = nvis; j < nk; j++) row[j] = 0.0f;
@@ -713,11 +818,25 @@ void adamw_update(float* params, const float* grads, float* m, float* v, size_t 
     optime_stop(OPK_OPTIMIZER, OP_FWD, t0);
 }
 
+// The sum in a fixed order, whatever the thread count: blocks of
+// SUMSQ_BLOCK values, each summed in order, then the blocks' sums in order.
+// (An OpenMP reduction would add the threads' shares in whatever order they
+// finish, split where the thread count says.)
+#define SUMSQ_BLOCK 4096
 void grad_sumsq(double* sumsq, const float* grads, size_t n) {
     double t0 = optime_start();
+    size_t nb = (n + SUMSQ_BLOCK - 1) / SUMSQ_BLOCK;
+    double* part = xmalloc((nb ? nb : 1) * sizeof(double));
+    #pragma omp parallel for if (n > OPS_PARALLEL_MIN)
+    for (size_t b = 0; b < nb; b++) {
+        size_t i1 = (b + 1) * SUMSQ_BLOCK < n ? (b + 1) * SUMSQ_BLOCK : n;
+        double s = 0.0;
+        for (size_t i = b * SUMSQ_BLOCK; i < i1; i++) s += (double)grads[i] * grads[i];
+        part[b] = s;
+    }
     double s = 0.0;
-    #pragma omp parallel for reduction(+ : s)
-    for (size_t i = 0; i < n; i++) s += (double)grads[i] * grads[i];
+    for (size_t b = 0; b < nb; b++) s += part[b];
+    free(part);
     *sumsq += s;  // the slice's sum, then into the step's (as the CUDA twin adds)
     optime_stop(OPK_OPTIMIZER, OP_FWD, t0);
 }
@@ -735,12 +854,6 @@ void ops_zero(float* x, size_t n) {
     optime_stop(OPK_MEMORY, OP_FWD, t0);
 }
 
-// Below this many floats ops_add and ops_scale run a plain loop. An OpenMP
-// "parallel for if (small)" is not free: even when the if-clause is false the
-// runtime still sets up a (one-thread) parallel region on every call, which
-// costs more than adding a few floats (chapter 1's 8-byte all-reduce showed
-// it). An explicit branch keeps small calls to a bare loop.
-#define OPS_PARALLEL_MIN 16384
 
 void ops_scale(float* x, size_t n, float s) {
     double t0 = optime_start();

@@ -450,6 +450,52 @@ extern "C" void matmul_backward(float* dinp, float* dw, float* dbias, const floa
     }
 }
 
+// The row-by-row products (ops.h): one thread per output element sums its
+// products in order, a multiply then an add each (--fmad=false), as the CPU
+// twin's tiles do, so both backends give the same bits, and a row's bits do
+// not depend on the call's shape. Simple and slower than cuBLAS: chapter 7's
+// experts use it where --ep-overlap cuts their rows into chunks.
+__global__ void matmul_forward_rowwise_kernel(float* out, const float* inp, const float* w,
+                                              const float* bias, int N, int C, int OC) {
+    FOR_EACH_INDEX(i, (size_t)N * OC) {
+        size_t n = i / OC;
+        int o = (int)(i % OC);
+        const float* x = inp + n * C;
+        const float* wo = w + (size_t)o * C;
+        float acc = 0.0f;
+        for (int c = 0; c < C; c++) acc += x[c] * wo[c];
+        out[i] = bias ? acc + bias[o] : acc;
+    }
+}
+
+__global__ void matmul_backward_input_rowwise_kernel(float* dinp, const float* dout, const float* w,
+                                                     int N, int C, int OC) {
+    FOR_EACH_INDEX(i, (size_t)N * C) {
+        size_t n = i / C;
+        int c = (int)(i % C);
+        const float* d = dout + n * OC;
+        float acc = 0.0f;
+        for (int o = 0; o < OC; o++) acc += d[o] * w[(size_t)o * C + c];
+        dinp[i] += acc;
+    }
+}
+
+extern "C" void matmul_forward_rowwise(float* out, const float* inp, const float* w, const float* bias,
+                                       int N, int C, int OC) {
+    if (N <= 0 || OC <= 0) return;
+    matmul_forward_rowwise_kernel<<<grid_for((size_t)N * OC), THREADS, 0, cuda_compute_stream>>>(
+        out, inp, w, bias, N, C, OC);
+    KERNEL_CHECK();
+}
+
+extern "C" void matmul_backward_input_rowwise(float* dinp, const float* dout, const float* w, int N,
+                                              int C, int OC) {
+    if (N <= 0 || C <= 0) return;
+    matmul_backward_input_rowwise_kernel<<<grid_for((size_t)N * C), THREADS, 0, cuda_compute_stream>>>(
+        dinp, dout, w, N, C, OC);
+    KERNEL_CHECK();
+}
+
 // ---------------------------------------------------------------- attention
 // As on the CPU, one (batch, head) pair is a (T, hs) slice of q, k and v with
 // row stride 3C, and each pair is a few small matmuls. Here the heads of one
