@@ -20,7 +20,8 @@
 #   make fuzz          fuzz the file loaders (libFuzzer, FUZZ_SECONDS each)
 #   make sanitize      the tiny tests under ASan and UBSan (build/sanitize/)
 #   make portability   the docs and a run per chapter with OpenBLAS's Haswell kernels,
-#                      without -march=native (build/portable/) and over TCP (tests/portability.sh)
+#                      without -march=native (build/portable/) and over TCP, and the
+#                      bit-for-bit claims at x86-64-v2, v3 and v4 (tests/portability.sh)
 #   make homework CHAPTER=N [DEST=dir]   a student tree: chapter N's exercises cut out
 #   make grade CHAPTER=N [EXERCISE=K]    grade them: "grade chapter N: S / T"
 #   make grade-class CHAPTER=N SUBMISSIONS=DIR   a class: one line a folder, a CSV
@@ -306,7 +307,7 @@ sanitize:
 # with Open MPI over TCP on the loopback. Same as make test CHAPTER=portability.
 .PHONY: portability
 portability:
-	@$(MAKE) --no-print-directory BACKEND=cpu all
+	@$(MAKE) --no-print-directory BACKEND=cpu all tests
 	@bash tests/run.sh portability
 
 # Fuzz the loaders a user feeds files to (checkpoint, token file, text) with

@@ -15,6 +15,18 @@
 #              shared memory (btl self,vader, tests/lib.sh). The arithmetic
 #              is that of the native build, so its docs figures are not
 #              checked again, only the runs that talk.
+#   isa-v2, isa-v3, isa-v4   builds for the x86-64 levels (-march=x86-64-v2:
+#              SSE4.2, 4 lanes; v3: AVX2, 8 lanes; v4: AVX-512 with 512-bit
+#              vectors preferred, 16 lanes, as gcc tunes for Intel's AVX-512
+#              servers), each where this CPU runs it (ld.so --help says which)
+#              and a SKIP line where it does not. They run only the claims
+#              that are bit for bit by construction (below).
+#
+# Every leg also runs the bit-for-bit claims that hold by construction, so
+# they must hold in every build and with every BLAS kernel: each row op's
+# rows the same bits alone as in any batch (tests/test_rows.c) and chapter 7's
+# --ep-overlap 5 the same step records as --ep-overlap 1 (its experts'
+# products are row by row, ops.h). make test runs both in the native build.
 #
 # In each leg every chapter reproduces chapter 0's losses within the
 # invariant's tolerance (TOL, TOL_NORM: both runs on the same machine, as in
@@ -25,7 +37,7 @@
 . "$(dirname "$0")/lib.sh"
 PORT_BUILD=${PORT_BUILD:-build/portable}
 case $PORT_BUILD in /*) PORT_DIR=$PORT_BUILD ;; *) PORT_DIR=$PWD/$PORT_BUILD ;; esac
-LEGS=${PORT_LEGS:-haswell portable tcp}
+LEGS=${PORT_LEGS:-haswell portable tcp isa-v2 isa-v3 isa-v4}
 
 # The native reference (this CPU's OpenBLAS kernels, -march=native) that the
 # other builds' references are compared with.
@@ -111,9 +123,52 @@ experts() {
     fi
 }
 
+# bits LEG: the claims that are bit for bit by construction, in this leg's
+# build: tests/test_rows (its PASS/FAIL lines named for the leg) and chapter
+# 7's --ep-overlap 5 against 1 on ep 2 (the step records, timings aside)
+bits() {
+    local L=$1 out rc a b
+    out=$(timeout -k 10 600 "$BUILD/tests/test_rows" < /dev/null 2>&1)
+    rc=$?
+    echo "$out" | grep -E '^(PASS|FAIL)' | sed -E "s/^(PASS|FAIL) /\1 $L: /"
+    passed=$((passed + $(echo "$out" | grep -c '^PASS')))
+    failed=$((failed + $(echo "$out" | grep -c '^FAIL')))
+    [ $rc -eq 0 ] || echo "$out" | grep -q '^FAIL' || fail "$L: test_rows" "exited $rc: $(echo "$out" | tail -2)"
+    local flags="$INV_FLAGS --experts 4 --top-k 2 --ep 2"
+    mpi_run $T_RUN 2 "$BUILD/chapter-7" $flags --ep-overlap 1 --log "$TEST_TMPDIR/bits_ov1.jsonl"
+    a=$(grep '"type":"step"' "$TEST_TMPDIR/bits_ov1.jsonl" 2>/dev/null | sed 's/"ms":[^,]*,"tokens_per_s":[^,]*,//')
+    mpi_run $T_RUN 2 "$BUILD/chapter-7" $flags --ep-overlap 5 --log "$TEST_TMPDIR/bits_ov5.jsonl"
+    b=$(grep '"type":"step"' "$TEST_TMPDIR/bits_ov5.jsonl" 2>/dev/null | sed 's/"ms":[^,]*,"tokens_per_s":[^,]*,//')
+    if [ $RC = 0 ] && [ -n "$a" ] && [ "$a" = "$b" ]; then
+        pass "$L: chapter 7 --ep-overlap 5 on ep=2 gives --ep-overlap 1's step records bit for bit ($(echo "$a" | wc -l) steps)"
+    else
+        fail "$L: chapter 7 --ep-overlap 5 against 1" "exit $RC; $(diff <(echo "$a") <(echo "$b") | head -3)"
+    fi
+}
+
+# isa_build LEG LEVEL ARCH: builds the programs and tests for an x86-64 level
+# into build/isa-LEVEL and points BUILD there; returns 1 (with a SKIP line)
+# where this CPU cannot run that level
+isa_build() {
+    local L=$1 level=$2 arch=$3 log
+    if ! /lib64/ld-linux-x86-64.so.2 --help 2>/dev/null | grep -q "x86-64-$level (supported"; then
+        skip "$L: x86-64-$level" "this CPU does not run x86-64-$level code (ld.so --help), so its build is not tested here"
+        return 1
+    fi
+    echo "== portability: $L: a build with $arch (build/isa-$level)"
+    log=$TEST_TMPDIR/build.log
+    if ! make --no-print-directory BACKEND=cpu BUILD="build/isa-$level" ARCH="$arch" all tests > "$log" 2>&1; then
+        fail "$L: make ARCH='$arch' all tests" "$(grep -m3 -E 'error|Error' "$log")"
+        return 1
+    fi
+    pass "$L: make BUILD=build/isa-$level ARCH='$arch' all tests builds"
+    BUILD=build/isa-$level
+}
+
 # chapters LEG: one run per chapter, two at a time
 chapters() {
     local L=$1
+    jobs_run bits "$L"
     if [ "$L" = tcp ]; then
         jobs_run mesh_talks "$L" 4 "--dp 2 --tp 2"
     else
@@ -146,11 +201,11 @@ leg() {
         portable)
             echo "== portability: portable: gcc -O3 without -march=native ($PORT_BUILD)"
             local log=$TEST_TMPDIR/build.log
-            if ! make --no-print-directory BACKEND=cpu BUILD="$PORT_BUILD" ARCH= all > "$log" 2>&1; then
-                fail "$L: make BUILD=$PORT_BUILD ARCH= all" "$(grep -m3 -E 'error|Error' "$log")"
+            if ! make --no-print-directory BACKEND=cpu BUILD="$PORT_BUILD" ARCH= all tests > "$log" 2>&1; then
+                fail "$L: make BUILD=$PORT_BUILD ARCH= all tests" "$(grep -m3 -E 'error|Error' "$log")"
                 return
             fi
-            pass "$L: make BUILD=$PORT_BUILD ARCH= all builds without -march=native"
+            pass "$L: make BUILD=$PORT_BUILD ARCH= all tests builds without -march=native"
             BUILD=$PORT_BUILD
             docs_tree "$TEST_TMPDIR/tree"
             docs_leg "$L" "$TEST_TMPDIR/tree" ;;
@@ -165,7 +220,15 @@ leg() {
             else
                 fail "$L: the tcp transport" "exit $RC; command: $CMD; $(echo "$OUT" | grep -iE 'tcp|error' | head -3)"
             fi ;;
-        *) fail "portability" "no leg '$L' (PORT_LEGS: haswell portable tcp)"; return ;;
+        isa-v2|isa-v3|isa-v4)
+            local level=${L#isa-} arch="-march=x86-64-${L#isa-}"
+            [ "$level" = v4 ] && arch="$arch -mprefer-vector-width=512"
+            if isa_build "$L" "$level" "$arch"; then
+                bits "$L"
+            fi
+            echo "$passed $failed $skipped" > "$TEST_TMPDIR/counts"
+            return ;;
+        *) fail "portability" "no leg '$L' (PORT_LEGS: haswell portable tcp isa-v2 isa-v3 isa-v4)"; return ;;
     esac
     chapters "$L"
     echo "$passed $failed $skipped" > "$TEST_TMPDIR/counts"
