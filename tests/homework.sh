@@ -149,14 +149,29 @@ hw_student() {
     else
         fail "homework: the student tree of chapter $ch" "HOMEWORK.md missing or the instructor's files were copied"
     fi
-    # the lessons show the stubs (cut.py shown: no solution line in any
-    # Markdown file of the student tree); the docs' references and quotes
-    # hold there (the figures are the full tree's docs-check)
-    out=$(python3 tests/homework/cut.py shown "$ch" "$st" 2>&1)
-    if [ $? = 0 ]; then
-        pass "homework: the student tree of chapter $ch's docs show the stubs ($out)"
+    # one tree a week: the later chapters' exercises are stubs too (a tree
+    # of week N holds no answer of week N+1), and so is every marked copy of
+    # one (chapter 7's pipeline receives as chapter 5's exercise 3 does)
+    local later=() c
+    for c in $hw_chapters; do [ "$c" -gt "$ch" ] && later+=("$c"); done
+    local missing=""
+    for c in "${later[@]+"${later[@]}"}"; do
+        grep -q "exercise_not_done($c, " "$st/$(printf %02d "$c")"_*/*.c || missing="$missing $c"
+    done
+    if [ -n "$missing" ]; then
+        fail "homework: the student tree of chapter $ch stubs the later chapters" "no stub in chapter(s)$missing"
     else
-        fail "homework: the student tree of chapter $ch's docs hold solution lines" "$(echo "$out" | head -4)"
+        pass "homework: the student tree of chapter $ch stubs the later chapters too (${later[*]:-none})"
+    fi
+    # no solution of a stubbed exercise anywhere in the tree (cut.py leaks:
+    # every file, code, docs, tests and scripts, for runs of its lines; the
+    # Markdown files for any of its lines); the docs' references and quotes
+    # hold there (the figures are the full tree's docs-check)
+    out=$(python3 tests/homework/cut.py leaks "$ch" "$st" 2>&1)
+    if [ $? = 0 ]; then
+        pass "homework: the student tree of chapter $ch shows no stubbed exercise's solution ($out)"
+    else
+        fail "homework: the student tree of chapter $ch shows solution lines" "$(echo "$out" | head -4)"
     fi
     out=$(python3 tests/docs_check.py --root "$st" --no-figures 2>&1)
     if [ $? = 0 ]; then
