@@ -239,6 +239,15 @@ EOF
         grep -q '^# hangs' "$v" && lim=30
         out=$(cd "$bt" && env ${lim:+T_RUN=$lim} EXERCISE=$ex bash tests/homework/grade.sh "$ch" 2>&1)
         read -r s t <<< "$(hw_score "$out")"
+        # a variant that crashes: the grader says which signal, in which
+        # exercise, without MPI's banner or a tool's complaint about a log
+        # the run never wrote
+        local crash
+        crash=$(sed -n 's/^# crashes: //p' "$v")
+        if [ -n "$crash" ] && { ! echo "$out" | grep -qF -- "$crash" ||
+            echo "$out" | grep -qE '\*\*\* End of error message|^grep: |No such file'; }; then
+            fail "homework: variant $name's crash report" "want '$crash', no MPI banner, no grep error; got: $(echo "$out" | grep -A3 '^FAIL' | head -4 | cut -c1-200)"
+        fi
         if [ -n "${t:-}" ] && [ "$s" = 0 ] && [ "$t" -gt 0 ] && ! echo "$out" | grep -q '^FAIL the build'; then
             pass "homework: variant $name ($(sed -n '2p' "$v" | sed 's/^# //')...) scores $s / $t on exercise $ex: $(echo "$out" | grep '^FAIL' | head -1 | cut -c1-110)"
         else
