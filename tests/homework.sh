@@ -125,7 +125,7 @@ hw_student() {
         return
     fi
     cp -a "$BUILD" "$st/build"
-    out=$(cd "$st" && bash tests/homework/grade.sh "$ch" 2>&1)
+    out=$(cd "$st" && BUILD=build bash tests/homework/grade.sh "$ch" 2>&1)  # its own build, stubs and all
     read -r s t <<< "$(hw_score "$out")"
     n_ex=$(python3 tests/homework/cut.py list "$ch" | wc -l)
     if [ -n "${t:-}" ] && [ "$s" = 0 ] && [ "$t" -gt 0 ] && ! echo "$out" | grep -q '^FAIL the build' &&
@@ -237,7 +237,10 @@ EOF
         # 120, is still several times a collective check on a loaded machine
         lim=
         grep -q '^# hangs' "$v" && lim=30
-        out=$(cd "$bt" && env ${lim:+T_RUN=$lim} EXERCISE=$ex bash tests/homework/grade.sh "$ch" 2>&1)
+        # BUILD=build: the copy's own build dir, even when BUILD is set for
+        # the suite (make's `BUILD ?=` and lib.sh would take it): a buggy
+        # program must never overwrite the tree's own
+        out=$(cd "$bt" && env BUILD=build ${lim:+T_RUN=$lim} EXERCISE=$ex bash tests/homework/grade.sh "$ch" 2>&1)
         read -r s t <<< "$(hw_score "$out")"
         # a variant that crashes: the grader says which signal, in which
         # exercise, without MPI's banner or a tool's complaint about a log

@@ -277,7 +277,9 @@ if [ -n "${SUBMISSION:-}" ]; then
             echo "exercise $k: 0 / $pts"
             continue
         fi
-        out=$(cd "$iso" && env -u SUBMISSION EXERCISE=$k TEST_TMPDIR=$TEST_TMPDIR/iso_$k bash -c 'mkdir -p "$TEST_TMPDIR"; bash tests/homework/grade.sh '"$chapter" 2>&1)
+        # BUILD=build: the copy's own build dir (a BUILD set outside would
+        # send the student's program over this tree's)
+        out=$(cd "$iso" && env -u SUBMISSION BUILD=build EXERCISE=$k TEST_TMPDIR=$TEST_TMPDIR/iso_$k bash -c 'mkdir -p "$TEST_TMPDIR"; bash tests/homework/grade.sh '"$chapter" 2>&1)
         echo "$out" | grep -vE '^(== grading|grade chapter)'
         got=$(echo "$out" | sed -n "s/^exercise $k (.*): \([0-9]*\) \/ [0-9]*$/\1/p")
         score=$((score + ${got:-0}))
