@@ -287,13 +287,27 @@ hw_class() {
     # cyd's exercise 4 spins forever: its run ends at the time limit (20 s
     # here, T_RUN), its exercise scores 0, exercise 1 keeps its points
     out=$(T_RUN=20 bash tests/homework/grade_class.sh 7 "$cl" "$csv" 2>&1)
-    if grep -qx 'name,ex1/3,ex2/3,ex3/4,ex4/3,total' "$csv" && grep -qx 'ada,3,0,0,0,3' "$csv" &&
-        grep -qx 'cyd,3,0,0,0,3' "$csv" && grep -q 'a hang' build/grade-class-7-cyd.log &&
-        grep -qx 'bob,0,0,0,0,0' "$csv" && grep -q 'FAIL the build' build/grade-class-7-bob.log &&
+    # the CSV: quoted names and notes; bob's note says why he scores 0, with
+    # the compiler's message at his own file and line (the line after his
+    # exercise 2 marker), not the grader's spliced copy's
+    local bob_line
+    bob_line=$(grep -n 'this does not compile' "$cl/bob/07_expert/main.c" | cut -d: -f1)
+    if grep -qx 'name,ex1/3,ex2/3,ex3/4,ex4/3,total,note' "$csv" && grep -qx '"ada",3,0,0,0,3,""' "$csv" &&
+        grep -qx '"cyd",3,0,0,0,3,""' "$csv" && grep -q 'a hang' build/grade-class-7-cyd.log &&
+        grep -q "^\"bob\",0,0,0,0,0,\"no build: $cl/bob/07_expert/main.c:$bob_line:" "$csv" &&
+        grep -q 'FAIL the build' build/grade-class-7-bob.log &&
         grep -q '^FAIL exercise 1: finite differences' build/grade-class-7-bob.log; then
         pass "homework: make grade-class CHAPTER=7: a correct exercise 1 with 2-4 stubbed earns 3 / 13, the P_e-for-f_e gradient and a region that does not build score 0 each, a region that hangs costs only its exercise, one line a folder and a CSV"
     else
         fail "homework: make grade-class CHAPTER=7" "$(echo "$out" | tail -4 | tr '\n' ';') csv: $(tr '\n' ';' < "$csv" 2>/dev/null); bob: $(grep -E '^(FAIL|  )' build/grade-class-7-bob.log | head -4)"
+    fi
+    # run inside a student tree, grade-class refuses (it would grade every
+    # region against that tree's stubs: a complete submission scores 0)
+    out=$(cd "$cl/ada" && bash tests/homework/grade_class.sh 7 "$cl" "$TEST_TMPDIR/x.csv" 2>&1)
+    if [ $? = 2 ] && echo "$out" | grep -q "^error: make grade-class runs in the instructor's full tree"; then
+        pass "homework: make grade-class refuses to run in a student tree"
+    else
+        fail "homework: make grade-class in a student tree" "$out"
     fi
     rm -rf "$cl" build/grade-class-7-ada.log build/grade-class-7-bob.log build/grade-class-7-cyd.log
 }

@@ -280,7 +280,20 @@ if [ -n "${SUBMISSION:-}" ]; then
         # BUILD=build: the copy's own build dir (a BUILD set outside would
         # send the student's program over this tree's)
         out=$(cd "$iso" && env -u SUBMISSION BUILD=build EXERCISE=$k TEST_TMPDIR=$TEST_TMPDIR/iso_$k bash -c 'mkdir -p "$TEST_TMPDIR"; bash tests/homework/grade.sh '"$chapter" 2>&1)
-        echo "$out" | grep -vE '^(== grading|grade chapter)'
+        # a compiler message names the copy's file and line: the student's
+        # own file and line instead (region k starts at its marker in both)
+        rel=${file#"$iso"/}
+        at_iso=$(grep -n "^ *// EXERCISE $k:" "$file" | head -1 | cut -d: -f1)
+        at_sub=$(grep -n "^ *// EXERCISE $k:" "$sub/$rel" | head -1 | cut -d: -f1)
+        echo "$out" | grep -vE '^(== grading|grade chapter)' |
+            awk -v f="$rel" -v d=$(( ${at_sub:-0} - ${at_iso:-0} )) -v dir="$sub" '{
+                while (match($0, "(^|[ /])" f ":[0-9]+")) {
+                    pre = substr($0, 1, RSTART - 1); m = substr($0, RSTART, RLENGTH); post = substr($0, RSTART + RLENGTH)
+                    lead = substr(m, 1, 1) == "/" || substr(m, 1, 1) == " " ? substr(m, 1, 1) : ""
+                    n = substr(m, length(lead) + length(f) + 2) + d
+                    $0 = pre lead "\001" n post
+                }
+                gsub("\001", dir "/" f ":"); print }'
         got=$(echo "$out" | sed -n "s/^exercise $k (.*): \([0-9]*\) \/ [0-9]*$/\1/p")
         score=$((score + ${got:-0}))
         # this tree's region back, newer than the student's object
