@@ -8,6 +8,7 @@
 #include <string.h>
 
 #include "expert_model.h"
+#include "exercise.h"
 #include "memory.h"
 #include "trace.h"
 
@@ -48,6 +49,7 @@ static void ring_forward(ExpertModel* m, const float* qkv, float* atty, float* l
 // after cp hops it is home (chapter 6's ring_attention_backward).
 static void ring_backward(ExpertModel* m, const float* qkv, const float* atty, const float* lse, const float* datty,
                           float* dqkv) {
+    // COPY OF CHAPTER 6 EXERCISE 3: chapter 6's ring backward on chapter 7's buffers: stubbed in every tree that stubs that exercise
     ExpertCP* cp = &m->cp;
     int N, C, NH;
     attn_dims(m, &N, &C, &NH);
@@ -78,6 +80,7 @@ static void ring_backward(ExpertModel* m, const float* qkv, const float* atty, c
     comm_wait(&d_from_left);
     comm_wait(&d_to_right);
     ops_copy_2d(dqkv + C, 3 * C, cp->dkv_in, 2 * C, N, 2 * C);  // d of my keys and values, home
+    // END COPY OF CHAPTER 6 EXERCISE 3
 }
 
 // ---------------------------------------------------------------- Ulysses attention
@@ -85,6 +88,7 @@ static void ring_backward(ExpertModel* m, const float* qkv, const float* atty, c
 // token for my tokens and every head; dst (B, T, w*C/cp) the same w tensors
 // for every token of the B sequences and my head group's C/cp channels.
 static void seq_to_heads(ExpertModel* m, float* dst, const float* src, int w) {
+    // COPY OF CHAPTER 6 EXERCISE 4: chapter 6's Ulysses exchange on chapter 7's buffers: stubbed in every tree that stubs that exercise
     const ExpertCP* cp = &m->cp;
     const CPShard* sh = &m->tp.sh;
     int N, C, NH;
@@ -99,6 +103,7 @@ static void seq_to_heads(ExpertModel* m, float* dst, const float* src, int w) {
             for (int b = 0; b < sh->B; b++)
                 ops_copy(dst + ((size_t)b * sh->T + cp_shard_pos(sh, s, p)) * wc,
                          cp->recv + s * block + ((size_t)p * sh->B + b) * sh->len * wc, (size_t)sh->len * wc);
+    // END COPY OF CHAPTER 6 EXERCISE 4
 }
 
 // Head shards back to sequence shards: the inverse of seq_to_heads.

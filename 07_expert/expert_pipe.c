@@ -11,6 +11,7 @@
 #include <string.h>
 
 #include "errors.h"
+#include "exercise.h"
 #include "memory.h"
 #include "rank.h"
 #include "trace.h"
@@ -76,6 +77,7 @@ static XpSlot* slot_find(XpChunk* ch, int mb) {
 // blocking receives, and a peer's messages taken in the order it sends them
 // (P->in, from its list), each into the slot where it belongs.
 static void receive(ExpertPipe* P, int grad, int mb, int c) {
+    // COPY OF CHAPTER 5 EXERCISE 3: chapter 5's receive() on chapter 7's slots: stubbed in every tree that stubs that exercise
     int peer = grad ? next_rank(P) : prev_rank(P);
     XpIncoming* in = P->in[0].peer == peer ? &P->in[0] : &P->in[1];
     for (int i = 0; i < in->next; i++)  // it came early, already in its slot
@@ -88,6 +90,7 @@ static void receive(ExpertPipe* P, int grad, int mb, int c) {
         if (msg.grad == grad && msg.mb == mb && msg.chunk == c) return;
     }
     FATAL("stage %d: rank %d never sends the %s of microbatch %d", P->stage, peer, grad ? "gradient" : "activation", mb);
+    // END COPY OF CHAPTER 5 EXERCISE 3
 }
 
 static void send(ExpertPipe* P, const float* src, int peer) {
@@ -185,11 +188,13 @@ void expert_pipe_accumulated(ExpertPipe* P) {
         ops_scale(m->dexperts, m->n_experts, 1.0f / (float)P->M);
         if (m->tp.tp > 1) ops_scale(m->tp.dw, m->tp.n, 1.0f / (float)P->M);
     }
+    // COPY OF CHAPTER 5 EXERCISE 4: chapter 5's tied-embedding sum in the same embedding group: stubbed in every tree that stubs that exercise
     if (P->pp > 1 && (P->stage == 0 || P->stage == P->pp - 1)) {
         ExpertModel* end = &P->chunk[P->stage == 0 ? 0 : P->v - 1].m;
         comm_allreduce(&P->embed, end->dshared + moe_wte_offset(&end->cfg), param_tensor_numel(&P->cfg.gpt, P_WTE),
                        COMM_SUM);
     }
+    // END COPY OF CHAPTER 5 EXERCISE 4
 }
 
 double expert_pipe_loss(ExpertPipe* P) {

@@ -6,6 +6,7 @@
 ref=$1 run=$2 tol=$3 field=${4:-loss}
 # "step field" per step record; a record without the field prints "step ?"
 extract() {
+    [ -f "$1" ] || return 0  # a run that died before its log: no records (said below), not grep's error
     grep '"type":"step"' "$1" | sed -e "s/.*\"step\":\([0-9]*\),.*\"$field\":\([-0-9.e]*\)[,}].*/\1 \2/" \
         -e 't' -e 's/.*"step":\([0-9]*\),.*/\1 ?/'
 }

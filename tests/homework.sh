@@ -125,7 +125,7 @@ hw_student() {
         return
     fi
     cp -a "$BUILD" "$st/build"
-    out=$(cd "$st" && bash tests/homework/grade.sh "$ch" 2>&1)
+    out=$(cd "$st" && BUILD=build bash tests/homework/grade.sh "$ch" 2>&1)  # its own build, stubs and all
     read -r s t <<< "$(hw_score "$out")"
     n_ex=$(python3 tests/homework/cut.py list "$ch" | wc -l)
     if [ -n "${t:-}" ] && [ "$s" = 0 ] && [ "$t" -gt 0 ] && ! echo "$out" | grep -q '^FAIL the build' &&
@@ -149,14 +149,29 @@ hw_student() {
     else
         fail "homework: the student tree of chapter $ch" "HOMEWORK.md missing or the instructor's files were copied"
     fi
-    # the lessons show the stubs (cut.py shown: no solution line in any
-    # Markdown file of the student tree); the docs' references and quotes
-    # hold there (the figures are the full tree's docs-check)
-    out=$(python3 tests/homework/cut.py shown "$ch" "$st" 2>&1)
-    if [ $? = 0 ]; then
-        pass "homework: the student tree of chapter $ch's docs show the stubs ($out)"
+    # one tree a week: the later chapters' exercises are stubs too (a tree
+    # of week N holds no answer of week N+1), and so is every marked copy of
+    # one (chapter 7's pipeline receives as chapter 5's exercise 3 does)
+    local later=() c
+    for c in $hw_chapters; do [ "$c" -gt "$ch" ] && later+=("$c"); done
+    local missing=""
+    for c in "${later[@]+"${later[@]}"}"; do
+        grep -q "exercise_not_done($c, " "$st/$(printf %02d "$c")"_*/*.c || missing="$missing $c"
+    done
+    if [ -n "$missing" ]; then
+        fail "homework: the student tree of chapter $ch stubs the later chapters" "no stub in chapter(s)$missing"
     else
-        fail "homework: the student tree of chapter $ch's docs hold solution lines" "$(echo "$out" | head -4)"
+        pass "homework: the student tree of chapter $ch stubs the later chapters too (${later[*]:-none})"
+    fi
+    # no solution of a stubbed exercise anywhere in the tree (cut.py leaks:
+    # every file, code, docs, tests and scripts, for runs of its lines; the
+    # Markdown files for any of its lines); the docs' references and quotes
+    # hold there (the figures are the full tree's docs-check)
+    out=$(python3 tests/homework/cut.py leaks "$ch" "$st" 2>&1)
+    if [ $? = 0 ]; then
+        pass "homework: the student tree of chapter $ch shows no stubbed exercise's solution ($out)"
+    else
+        fail "homework: the student tree of chapter $ch shows solution lines" "$(echo "$out" | head -4)"
     fi
     out=$(python3 tests/docs_check.py --root "$st" --no-figures 2>&1)
     if [ $? = 0 ]; then
@@ -222,8 +237,20 @@ EOF
         # 120, is still several times a collective check on a loaded machine
         lim=
         grep -q '^# hangs' "$v" && lim=30
-        out=$(cd "$bt" && env ${lim:+T_RUN=$lim} EXERCISE=$ex bash tests/homework/grade.sh "$ch" 2>&1)
+        # BUILD=build: the copy's own build dir, even when BUILD is set for
+        # the suite (make's `BUILD ?=` and lib.sh would take it): a buggy
+        # program must never overwrite the tree's own
+        out=$(cd "$bt" && env BUILD=build ${lim:+T_RUN=$lim} EXERCISE=$ex bash tests/homework/grade.sh "$ch" 2>&1)
         read -r s t <<< "$(hw_score "$out")"
+        # a variant that crashes: the grader says which signal, in which
+        # exercise, without MPI's banner or a tool's complaint about a log
+        # the run never wrote
+        local crash
+        crash=$(sed -n 's/^# crashes: //p' "$v")
+        if [ -n "$crash" ] && { ! echo "$out" | grep -qF -- "$crash" ||
+            echo "$out" | grep -qE '\*\*\* End of error message|^grep: |No such file'; }; then
+            fail "homework: variant $name's crash report" "want '$crash', no MPI banner, no grep error; got: $(echo "$out" | grep -A3 '^FAIL' | head -4 | cut -c1-200)"
+        fi
         if [ -n "${t:-}" ] && [ "$s" = 0 ] && [ "$t" -gt 0 ] && ! echo "$out" | grep -q '^FAIL the build'; then
             pass "homework: variant $name ($(sed -n '2p' "$v" | sed 's/^# //')...) scores $s / $t on exercise $ex: $(echo "$out" | grep '^FAIL' | head -1 | cut -c1-110)"
         else
@@ -260,13 +287,27 @@ hw_class() {
     # cyd's exercise 4 spins forever: its run ends at the time limit (20 s
     # here, T_RUN), its exercise scores 0, exercise 1 keeps its points
     out=$(T_RUN=20 bash tests/homework/grade_class.sh 7 "$cl" "$csv" 2>&1)
-    if grep -qx 'name,ex1/3,ex2/3,ex3/4,ex4/3,total' "$csv" && grep -qx 'ada,3,0,0,0,3' "$csv" &&
-        grep -qx 'cyd,3,0,0,0,3' "$csv" && grep -q 'a hang' build/grade-class-7-cyd.log &&
-        grep -qx 'bob,0,0,0,0,0' "$csv" && grep -q 'FAIL the build' build/grade-class-7-bob.log &&
+    # the CSV: quoted names and notes; bob's note says why he scores 0, with
+    # the compiler's message at his own file and line (the line after his
+    # exercise 2 marker), not the grader's spliced copy's
+    local bob_line
+    bob_line=$(grep -n 'this does not compile' "$cl/bob/07_expert/main.c" | cut -d: -f1)
+    if grep -qx 'name,ex1/3,ex2/3,ex3/4,ex4/3,total,note' "$csv" && grep -qx '"ada",3,0,0,0,3,""' "$csv" &&
+        grep -qx '"cyd",3,0,0,0,3,""' "$csv" && grep -q 'a hang' build/grade-class-7-cyd.log &&
+        grep -q "^\"bob\",0,0,0,0,0,\"no build: $cl/bob/07_expert/main.c:$bob_line:" "$csv" &&
+        grep -q 'FAIL the build' build/grade-class-7-bob.log &&
         grep -q '^FAIL exercise 1: finite differences' build/grade-class-7-bob.log; then
         pass "homework: make grade-class CHAPTER=7: a correct exercise 1 with 2-4 stubbed earns 3 / 13, the P_e-for-f_e gradient and a region that does not build score 0 each, a region that hangs costs only its exercise, one line a folder and a CSV"
     else
         fail "homework: make grade-class CHAPTER=7" "$(echo "$out" | tail -4 | tr '\n' ';') csv: $(tr '\n' ';' < "$csv" 2>/dev/null); bob: $(grep -E '^(FAIL|  )' build/grade-class-7-bob.log | head -4)"
+    fi
+    # run inside a student tree, grade-class refuses (it would grade every
+    # region against that tree's stubs: a complete submission scores 0)
+    out=$(cd "$cl/ada" && bash tests/homework/grade_class.sh 7 "$cl" "$TEST_TMPDIR/x.csv" 2>&1)
+    if [ $? = 2 ] && echo "$out" | grep -q "^error: make grade-class runs in the instructor's full tree"; then
+        pass "homework: make grade-class refuses to run in a student tree"
+    else
+        fail "homework: make grade-class in a student tree" "$out"
     fi
     rm -rf "$cl" build/grade-class-7-ada.log build/grade-class-7-bob.log build/grade-class-7-cyd.log
 }

@@ -45,6 +45,15 @@ ROOT = os.path.normpath(os.path.join(os.path.dirname(os.path.abspath(__file__)),
 OPEN = re.compile(r"^(\s*)// EXERCISE (\d+): ?(.*)$")
 CLOSE = re.compile(r"^\s*// END EXERCISE (\d+)\s*$")
 ANY = re.compile(r"//\s*(END\s+)?EXERCISE\b")
+# A copy of another chapter's exercise in code a later chapter runs (chapter
+# 7's pipeline receives as chapter 5's does): marked so that every cut that
+# stubs the exercise stubs the copy too.
+#     // COPY OF CHAPTER 5 EXERCISE 3: why the copy exists
+#     ...
+#     // END COPY OF CHAPTER 5 EXERCISE 3
+COPY_OPEN = re.compile(r"^(\s*)// COPY OF CHAPTER (\d+) EXERCISE (\d+): ?(.*)$")
+COPY_CLOSE = re.compile(r"^\s*// END COPY OF CHAPTER (\d+) EXERCISE (\d+)\s*$")
+COPY_ANY = re.compile(r"//\s*(END\s+)?COPY OF\b")
 # kept out of a student tree (paths relative to the root)
 INSTRUCTOR_ONLY = ("docs/answers.md", "tests/homework/bugs/")
 
@@ -112,6 +121,62 @@ def regions(n):
     return found, problems
 
 
+def copies():
+    """(copies, problems): the copy regions of the tree's code (chapters'
+    folders and common/), as dicts like regions' with the chapter and the
+    exercise they copy."""
+    found, problems = [], []
+    for f in tracked_files():
+        if not (f.endswith((".c", ".h", ".cu")) and (re.match(r"^\d\d_", f) or f.startswith("common/"))):
+            continue
+        if not os.path.isfile(os.path.join(ROOT, f)):
+            continue
+        lines = open(os.path.join(ROOT, f), errors="replace").read().split("\n")
+        current = None
+        for i, line in enumerate(lines):
+            m, c = COPY_OPEN.match(line), COPY_CLOSE.match(line)
+            where = "%s:%d" % (f, i + 1)
+            if m:
+                if current:
+                    problems.append("%s: a COPY opens inside another" % where)
+                    continue
+                current = {"chapter": int(m.group(2)), "n": int(m.group(3)), "task": m.group(4).strip(),
+                           "path": f, "first": i, "indent": m.group(1), "copy": True}
+                if not current["task"]:
+                    problems.append("%s: a COPY has no reason after the colon" % where)
+            elif c:
+                if not current or (int(c.group(1)), int(c.group(2))) != (current["chapter"], current["n"]):
+                    problems.append("%s: END COPY OF CHAPTER %s EXERCISE %s closes nothing" % (where, c.group(1), c.group(2)))
+                    current = None
+                else:
+                    current["last"] = i
+                    found.append(current)
+                    current = None
+            elif COPY_ANY.search(line):
+                problems.append("%s: a malformed copy marker: %s" % (where, line.strip()))
+        if current:
+            problems.append("%s:%d: the COPY is never closed" % (f, current["first"] + 1))
+    for cp in found:
+        if not any(e["n"] == cp["n"] for e in regions(cp["chapter"])[0]):
+            problems.append("%s:%d: chapter %d has no exercise %d to copy"
+                            % (cp["path"], cp["first"] + 1, cp["chapter"], cp["n"]))
+    return found, problems
+
+
+def cut_regions(chapter):
+    """What the student tree of `chapter` stubs: every exercise of that
+    chapter and of every later one (a tree handed out in week N must not hold
+    week N+1's answers), and every copy of one of them elsewhere. Each a dict
+    of regions() with its "chapter"."""
+    out = []
+    for c in chapters():
+        if c >= chapter:
+            for e in regions(c)[0]:
+                out.append(dict(e, chapter=c))
+    out += [cp for cp in copies()[0] if cp["chapter"] >= chapter]
+    return out
+
+
 def enclosing_params(lines, first):
     """The parameter names of the function whose body holds line `first`.
     A function definition starts at column 0 in this code base: the nearest
@@ -148,7 +213,7 @@ def stub(ex, chapter, lines):
     params = enclosing_params(lines, ex["first"])
     if params:
         out.append(ind + " ".join("(void)%s;" % p for p in params))
-    out.append(ind + "exercise_not_done(%d, %d);" % (chapter, ex["n"]))
+    out.append(ind + "exercise_not_done(%d, %d);" % (ex.get("chapter", chapter), ex["n"]))
     out.append(lines[ex["last"]])
     return out
 
@@ -186,7 +251,7 @@ def grade_entries(chapter):
     return exercises, checks
 
 
-def homework_md(chapter, exs, maps):
+def homework_md(chapter, exs, maps, later=()):
     entries, checks = grade_entries(chapter)
     points = {e: (p, t) for e, p, t in entries}
     total = sum(p for _, p, _ in entries)
@@ -197,7 +262,11 @@ def homework_md(chapter, exs, maps):
            "marked `// EXERCISE n: task` ... `// END EXERCISE n`; in between, a stub stops",
            "every run that reaches it with `exercise n of chapter %d is not done`." % chapter,
            "Replace the stub (keep the two marker lines) until the grader gives full marks.",
-           "The lesson, %s, explains the ideas; its section *Exercises* has hints." % doc, "",
+           "The lesson, %s, explains the ideas; its section *Exercises* has hints." % doc, ""]
+    if later:
+        out += ["The exercises of the later chapters (%s) are stubs too: they are the homework" % ", ".join(map(str, later)),
+                "of the weeks to come, and a run of those chapters stops at its first stub.", ""]
+    out += [
            "| # | where | task | points |", "|---|---|---|---|"]
     for e in exs:
         p = points.get(e["n"], (0, ""))[0]
@@ -311,14 +380,15 @@ def student_doc(text, maps, solution):
             lines[i] = docs_check.CODE_SPAN_RE.sub(renumber, line)
     # a block that quotes a solution's lines without a reference (a run
     # record, an aside): those lines give way to a note
+    quotes = quoted_code(text.split("\n"), ROOT)  # of code outside every region: the student tree has it too
     for i, (body, first, indent) in doc.fences.items():
-        if i in replace:
+        if i in replace or first in quotes:
             continue
-        hit = sorted({solution[l.strip()] for l in body if l.strip() in solution})
+        hit = sorted({solution[normalize(l)] for l in body if normalize(l) in solution})
         if hit:
-            replace[i] = [l if l.strip() not in solution else
-                          re.match(r"\s*", l).group(0) + "// ... (the solution of exercise %s: not in the homework tree)"
-                          % solution[l.strip()] for l in body]
+            replace[i] = [l if normalize(l) not in solution else
+                          re.match(r"\s*", l).group(0) + "// ... (the solution of %s: not in the homework tree)"
+                          % solution[normalize(l)] for l in body]
             # a run of such notes is one note
             replace[i] = [l for k, l in enumerate(replace[i]) if k == 0 or "(the solution of" not in l
                           or l.strip() != replace[i][k - 1].strip()]
@@ -335,27 +405,22 @@ def student_doc(text, maps, solution):
     return "\n".join(out)
 
 
-def solution_lines(chapter, exs, maps):
-    """{stripped line: exercise n} of the solutions' code lines (not
-    comments, 20 characters or more) that the student tree's code does not
-    hold elsewhere: a doc that shows one gives the solution away."""
+def solution_lines(exs):
+    """{normalized line: "exercise n of chapter c"}: the lines that the leak
+    test (leaks) counts as giving a solution away in a Markdown file."""
+    common = boilerplate()
     sol = {}
-    for e in exs:
-        for l in maps[e["path"]][0][e["first"] + 1:e["last"]]:
-            if len(l.strip()) >= 20 and not l.strip().startswith("//"):
-                sol[l.strip()] = e["n"]
-    for f in tracked_files():
-        if f.endswith((".c", ".h", ".cu")) and os.path.isfile(os.path.join(ROOT, f)):
-            lines = maps[f][1] if f in maps else open(os.path.join(ROOT, f), errors="replace").read().split("\n")
-            for l in lines:
-                sol.pop(l.strip(), None)
+    for k, lines in solution_sets(exs).items():
+        for n in lines - common:
+            sol[n] = label(k)
     return sol
 
 
 def write_student(chapter, dest):
     exs, problems = regions(chapter)
+    problems += [p for c in chapters() if c > chapter for p in regions(c)[1]] + copies()[1]
     if problems:
-        sys.exit("error: chapter %d's exercise markers are not well formed:\n  %s" % (chapter, "\n  ".join(problems)))
+        sys.exit("error: the exercise markers are not well formed:\n  %s" % "\n  ".join(problems))
     if not exs:
         sys.exit("error: chapter %d has no exercises marked yet (chapters with homework: %s)"
                  % (chapter, ", ".join(str(c) for c in chapters() if regions(c)[0]) or "none"))
@@ -365,15 +430,17 @@ def write_student(chapter, dest):
         sys.exit("error: DEST=%s lies inside the repository; give a path outside it or under build/" % dest)
     if os.path.exists(dest) and os.listdir(dest):
         sys.exit("error: DEST=%s exists and is not empty; remove it or give another DEST" % dest)
+    exs = [dict(e, chapter=chapter) for e in exs]
+    cut = cut_regions(chapter)  # chapter's exercises, every later chapter's, their copies
     by_path = {}
-    for e in exs:
+    for e in cut:
         by_path.setdefault(e["path"], []).append(e)
     maps = {}  # stubbed file -> (full lines, student lines, lo, hi)
     for f, fexs in by_path.items():
         lines = open(os.path.join(ROOT, f)).read().split("\n")
         student, lo, hi = line_map(lines, fexs, chapter)
         maps[f] = (lines, student, lo, hi)
-    solution = solution_lines(chapter, exs, maps)
+    solution = solution_lines(cut)
     for f in tracked_files():
         if f.startswith(INSTRUCTOR_ONLY):
             continue
@@ -394,40 +461,201 @@ def write_student(chapter, dest):
                 shutil.copymode(src, dst)
         else:
             shutil.copy2(src, dst)  # keeps the time stamp: a copied build stays valid
-    open(os.path.join(dest, "HOMEWORK.md"), "w").write(homework_md(chapter, exs, maps))
+    later = sorted({e["chapter"] for e in cut if e["chapter"] > chapter})
+    open(os.path.join(dest, "HOMEWORK.md"), "w").write(homework_md(chapter, exs, maps, later))
     # the lessons link to the answers' chapters: their headings stay, the
     # answers do not
     heads = [l for l in open(os.path.join(ROOT, "docs", "answers.md")).read().split("\n") if l.startswith("#")]
     with open(os.path.join(dest, "docs", "answers.md"), "w") as f:
         f.write(heads[0] + "\n\nThe answers are the instructor's: this is a homework tree (HOMEWORK.md).\n\n")
         f.write("\n\n".join(heads[1:]) + "\n")
-    print("wrote the student tree of chapter %d to %s: %d exercises stubbed (%s), HOMEWORK.md"
-          % (chapter, dest, len(exs), ", ".join("%d" % e["n"] for e in exs)))
+    print("wrote the student tree of chapter %d to %s: %d exercises stubbed (%s)%s, HOMEWORK.md"
+          % (chapter, dest, len(exs), ", ".join("%d" % e["n"] for e in exs),
+             "; the later chapters' too (%s: %d regions, copies included)"
+             % (", ".join(map(str, later)), len(cut) - len(exs)) if later else ""))
 
 
-def shown(chapter, st):
-    """The check of a student tree ST (tests/homework.sh): the lines of the
-    solutions (20 characters or more, not comments, not in ST's code
-    elsewhere) that a Markdown file of ST shows. Exit 1 if any."""
-    exs, _ = regions(chapter)
-    sol = set()
+# ---------------------------------------------------------------- leaks
+# A solution leaks when a file of the student tree shows its lines: a copy
+# of the code somewhere else (another chapter's program, a test, a script)
+# or a doc that quotes it. Lines are compared after normalize(): stripped,
+# white space collapsed, a trailing // comment dropped (a copy's comment
+# differs from the original's). Only lines of 20 characters or more count:
+# `}` or `return;` say nothing.
+RUN = 3  # this many solution lines of one exercise in a row (comments and short lines between them aside): a copy
+
+
+def normalize(line):
+    l = line.strip()
+    m = re.search(r"\s//", l)
+    if m and l[:m.start()].count('"') % 2 == 0:
+        l = l[:m.start()]
+    return " ".join(l.split())
+
+
+def telling(line):
+    """A normalized line that can give a solution away: long enough and code."""
+    return len(line) >= 20 and not line.startswith(("//", "/*", "*"))
+
+
+def region_lines(lines, e):
+    return lines[e["first"] + 1:e["last"]]
+
+
+def solution_sets(exs):
+    """{(chapter, n): the telling normalized lines of the full tree's
+    solution of exercise n of chapter (and of its marked copies)}"""
+    sol = {}
     for e in exs:
-        body = open(os.path.join(ROOT, e["path"])).read().split("\n")[e["first"] + 1:e["last"]]
-        sol |= {l.strip() for l in body if len(l.strip()) >= 20 and not l.strip().startswith("//")}
-    found = []
-    for d, _, names in os.walk(st):
-        for n in names:
-            if n.endswith((".c", ".h", ".cu")):
-                sol -= {l.strip() for l in open(os.path.join(d, n), errors="replace")}
-    for d, _, names in os.walk(st):
-        for n in sorted(names):
-            if n.endswith(".md"):
-                for i, l in enumerate(open(os.path.join(d, n), errors="replace")):
-                    if l.strip() in sol:
-                        found.append("%s:%d: %s" % (os.path.relpath(os.path.join(d, n), st), i + 1, l.strip()))
-    for f in found[:5]:
+        lines = open(os.path.join(ROOT, e["path"]), errors="replace").read().split("\n")
+        sol.setdefault((e["chapter"], e["n"]), set()).update(
+            n for n in map(normalize, region_lines(lines, e)) if telling(n))
+    return sol
+
+
+def boilerplate():
+    """The telling lines that the full tree's code outside every exercise and
+    copy holds in two files or more (`const GPTConfig* g = P->cfg;`): a doc
+    that quotes one gives no solution away. A line of one file only (a
+    solution line that chapter 5's backward shares with its exercise 5) is
+    not boilerplate: a doc must not quote it."""
+    inside = {}
+    for e in [dict(x, chapter=c) for c in chapters() for x in regions(c)[0]] + copies()[0]:
+        inside.setdefault(e["path"], set()).update(range(e["first"], e["last"] + 1))
+    seen = {}
+    for f in tracked_files():
+        if f.endswith((".c", ".h", ".cu")) and os.path.isfile(os.path.join(ROOT, f)):
+            for i, l in enumerate(open(os.path.join(ROOT, f), errors="replace").read().split("\n")):
+                if i not in inside.get(f, ()):
+                    n = normalize(l)
+                    if telling(n):
+                        seen.setdefault(n, set()).add(f)
+    return {n for n, fs in seen.items() if len(fs) >= 2}
+
+
+def marked(lines):
+    """{line index: (chapter or None, n)} of the lines between the markers of
+    an exercise (chapter None: the file's own chapter) or of a copy."""
+    out, cur = {}, None
+    for i, l in enumerate(lines):
+        m, c = OPEN.match(l) or COPY_OPEN.match(l), CLOSE.match(l) or COPY_CLOSE.match(l)
+        if m:
+            cur = (int(m.group(2)), int(m.group(3))) if m.re is COPY_OPEN else (None, int(m.group(2)))
+        elif c:
+            cur = None
+        elif cur:
+            out[i] = cur
+    return out
+
+
+def quoted_code(lines, root):
+    """The indexes of the lines of a Markdown file (LINES) inside a fenced
+    block that quotes a file of the tree ROOT by reference, exactly
+    (docs-check's rule: `path:N-M` on the line before the block). Such a
+    quote shows code the tree holds anyway (chapter 6's forward ring, which
+    shares lines with its backward, exercise 3): it gives nothing away that
+    the tree's own code does not, and it must stay equal to that code for
+    docs-check."""
+    sys.path.insert(0, os.path.join(ROOT, "tests"))
+    import docs_check
+    doc = docs_check.Doc("x", lines)
+    out = set()
+    cache = {}
+    for i, line in enumerate(lines):
+        if doc.kind[i] == "fence":
+            continue
+        fence = doc.next_nonblank(i + 1)
+        if fence not in doc.fences:
+            continue
+        body, first, _ = doc.fences[fence]
+        for cm in docs_check.CODE_SPAN_RE.finditer(line):
+            m = docs_check.REF_RE.match(cm.group(2).strip())
+            if not m or not os.path.isfile(os.path.join(root, m.group(1))):
+                continue
+            if m.group(1) not in cache:
+                cache[m.group(1)] = open(os.path.join(root, m.group(1)), errors="replace").read().split("\n")
+            a = int(m.group(2))
+            b = int(m.group(3)) if m.group(3) else a
+            inside = marked(cache[m.group(1)])
+            if any(j in inside for j in range(a - 1, b)):
+                continue  # a quote of a region: what it shows must be the stub, and is checked
+            if [l.rstrip() for l in cache[m.group(1)][a - 1:b]] == [l.rstrip() for l in body]:
+                out.update(range(first, first + len(body)))
+                break
+    return out
+
+
+def label(key):
+    return "exercise %d of chapter %d" % (key[1], key[0])
+
+
+def file_leaks(rel, lines, sol, common, homes, root):
+    """[(line, key, what)]: runs of RUN solution lines of one exercise in
+    any file but the exercise's own (there, the code around the stub is the
+    scaffolding the student reads: chapter 6's forward ring beside its
+    backward, heads_to_seq beside seq_to_heads); in a Markdown file also each
+    solution line that is not boilerplate."""
+    found, run, start = [], {k: 0 for k in sol if rel not in homes[k]}, {}
+    quotes = quoted_code(lines, root) if rel.endswith(".md") else set()
+    # in the exercise's own file (or its copy's), what lies between its
+    # markers must be the stub: any line of the solution there is a leak
+    regions_here = marked(lines) if any(rel in h for h in homes.values()) else {}
+    for i, raw in enumerate(lines):
+        n = normalize(raw)
+        if not telling(n) or i in quotes:
+            continue
+        if i in regions_here:
+            for k, lines_k in sol.items():
+                if rel in homes[k] and n in lines_k:
+                    found.append((i + 1, k, "a line of its solution between the markers"))
+                    break
+            continue  # blank, a comment or short: neither part of a run nor its end
+        for k in run:
+            if n in sol[k]:
+                if run[k] == 0:
+                    start[k] = i
+                run[k] += 1
+                if run[k] == RUN:
+                    found.append((start[k] + 1, k, "%d lines in a row of its solution" % RUN))
+            else:
+                run[k] = 0
+        if rel.endswith(".md") and n not in common:
+            for k, lines_k in sol.items():
+                if n in lines_k:
+                    found.append((i + 1, k, "a line of its solution: " + n[:70]))
+                    break
+    return found
+
+
+def leaks(chapter, st):
+    """The check of a student tree ST (tests/homework.sh): every file of ST
+    (code, docs, tests, scripts) scanned for the solution lines of every
+    exercise the cut of `chapter` stubs. Exit 1 if any shows."""
+    exs = cut_regions(chapter)
+    sol = solution_sets(exs)
+    common = boilerplate()
+    homes = {}
+    for e in exs:  # a copy's file is a home too: chapter 7's forward ring beside its copy of the backward
+        homes.setdefault((e["chapter"], e["n"]), set()).add(e["path"])
+    found, scanned = [], 0
+    for d, subdirs, names in os.walk(st):
+        if os.path.relpath(d, st) == ".":
+            subdirs[:] = [x for x in subdirs if x not in ("build", ".git")]
+        for name in sorted(names):
+            path = os.path.join(d, name)
+            rel = os.path.relpath(path, st)
+            if os.path.getsize(path) > 4 << 20:
+                continue  # a data file, not code or prose
+            data = open(path, "rb").read()
+            if b"\0" in data[:8192]:
+                continue  # binary
+            scanned += 1
+            for line, k, what in file_leaks(rel, data.decode("utf-8", "replace").split("\n"), sol, common, homes, st):
+                found.append("%s:%d: %s: %s" % (rel, line, label(k), what))
+    for f in found[:int(os.environ.get("LEAKS_SHOWN", "8"))]:
         print(f)
-    print("%d of the %d solution lines shown in the Markdown files" % (len(found), len(sol)))
+    print("%d leaks of %d stubbed exercises' solutions (%d telling lines) in %d files"
+          % (len(found), len(sol), sum(map(len, sol.values())), scanned))
     sys.exit(1 if found or not sol else 0)
 
 
@@ -470,7 +698,7 @@ def splice(chapter, n, src_root, dest_root):
 
 
 def main(argv):
-    if len(argv) < 2 or argv[1] not in ("check", "list", "student", "shown", "copy", "splice"):
+    if len(argv) < 2 or argv[1] not in ("check", "list", "student", "leaks", "shown", "copy", "splice"):
         sys.exit(__doc__)
     cmd = argv[1]
     if cmd == "copy" and len(argv) == 3:
@@ -479,11 +707,18 @@ def main(argv):
     if cmd == "splice" and len(argv) == 6:
         splice(int(argv[2]), int(argv[3]), argv[4], argv[5])
         return
-    if cmd == "shown" and len(argv) == 4:
-        shown(int(argv[2]), argv[3])
+    if cmd in ("leaks", "shown") and len(argv) == 4:
+        leaks(int(argv[2]), argv[3])
     if cmd == "check":
         which = [int(a) for a in argv[2:]] or chapters()
         bad = 0
+        if not argv[2:]:
+            cps, problems = copies()
+            for p in problems:
+                print("error: %s" % p)
+            bad += len(problems)
+            if cps and not problems:
+                print("copies: %s" % ", ".join("%s:%d of chapter %d's exercise %d" % (c["path"], c["first"] + 1, c["chapter"], c["n"]) for c in cps))
         for c in which:
             exs, problems = regions(c)
             for p in problems:

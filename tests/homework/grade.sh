@@ -82,7 +82,7 @@ train() {
     if [ $res = 1 ]; then
         # the program's own error: line first and whole, then the comparison
         program_error
-        sed 's/^FAIL /  /' "$TEST_TMPDIR/grade_inv" | head -3 | cut -c1-600
+        sed 's/^FAIL /  /' "$TEST_TMPDIR/grade_inv" | quiet | head -3 | cut -c1-600
         return 1
     fi
     sum=$(grep '"type":"summary"' "$INV_LOG")
@@ -95,15 +95,58 @@ train() {
     return 0
 }
 
-# program_error: the first error: line of the last run ($OUT), whole
+# program_error: the first error: line of the last run ($OUT), whole; a
+# hang or a crash said as such
 program_error() {
     local e
     e=$(echo "$OUT" | grep -m1 '^error:')
     [ -n "$e" ] && echo "  $e"
     if timed_out; then
         echo "  no end within the time limit (exit $RC): a hang"
+    elif e=$(crash_report); then
+        echo "  $e"
     fi
     return 0
+}
+# crash_report: "segmentation fault (SIGSEGV) in exercise K on rank R: in
+# f, called from g" when the last run died of a signal (mpirun's "exited on
+# signal N (Name)" line, else an exit status of 128 + N), the frames from
+# the first backtrace Open MPI printed (the program's own, resolved by
+# addr2line where it printed an offset); returns 1 when the run did not crash
+crash_report() {
+    local num="" name="" rank="" where
+    read -r rank num name <<< "$(echo "$OUT" | sed -nE 's/.*process rank ([0-9]+) .*exited on signal ([0-9]+) \(([^)]*)\).*/\1 \2 \3/p' | head -1)"
+    if [ -z "$num" ]; then
+        [ "${RC:-0}" -gt 128 ] && [ "$RC" -lt 160 ] || return 1
+        num=$((RC - 128)) rank=""
+        name=$(kill -l "$num" 2>/dev/null) || return 1
+    fi
+    where=$(backtrace_frames | head -2 | paste -sd, | sed 's/,/, called from /')
+    echo "$(echo "$name" | tr 'A-Z' 'a-z') (SIG$(kill -l "$num" 2>/dev/null || echo "$num")) in exercise ${current_ex:-?}${rank:+ on rank $rank}${where:+: in $where}"
+}
+# backtrace_frames: the function names of the program's own frames in the
+# first backtrace of $OUT, innermost first (libraries and MPI's wrappers left out)
+backtrace_frames() {
+    local frame bin sym off
+    echo "$OUT" | awk '/\*\*\* Process received signal \*\*\*/ { n++ } n == 1 && /\] \[ *[0-9]+\] / { print } /End of error message/ && n == 1 { exit }' |
+        sed -nE 's/.*\] \[ *([0-9]+)\] ([^ (]+)\(([^)]*)\).*/\1 \2 \3/p' | while read -r frame bin sym; do
+        case $bin in *.so* | */libc* ) continue ;; esac
+        if [[ "$sym" == +0x* ]]; then
+            # frame 1 is where the signal hit (frame 0 the handler); any
+            # later one a return address, just after its call
+            off=$(printf '0x%x' $(( ${sym#+} - (frame > 1 ? 1 : 0) )))
+            sym=$(addr2line -f -e "$bin" "$off" 2>/dev/null | head -1)
+        else
+            sym=${sym%%+*}
+        fi
+        case $sym in "" | "??" | MPI_* | PMPI_* | _start | __libc*) continue ;; esac
+        echo "$sym"
+    done
+}
+# quiet TEXT: without MPI's crash banner (its backtrace lines, "*** End of
+# error message ***"), which crash_report has said in one line
+quiet() {
+    sed -E 's/ *\[[^] ]*:[0-9]+\] \*\*\*[^*]*\*\*\*//g' | grep -vE '^ *\[[^] ]*:[0-9]+\] |^ *$'
 }
 # readable ERE: the figure an ERE of a .grade file asks for, without the
 # regex escapes ('"activation_slots":\[4,3,2,1\]' -> "activation_slots":[4,3,2,1])
@@ -194,6 +237,7 @@ check() {
     # the verdict first, then what the helper found (the program's error:
     # line first, expected against actual)
     local said
+    current_ex=$k  # crash_report names it
     if said=$("$@"); then
         echo "PASS exercise $k: $what"
     else
@@ -233,8 +277,23 @@ if [ -n "${SUBMISSION:-}" ]; then
             echo "exercise $k: 0 / $pts"
             continue
         fi
-        out=$(cd "$iso" && env -u SUBMISSION EXERCISE=$k TEST_TMPDIR=$TEST_TMPDIR/iso_$k bash -c 'mkdir -p "$TEST_TMPDIR"; bash tests/homework/grade.sh '"$chapter" 2>&1)
-        echo "$out" | grep -vE '^(== grading|grade chapter)'
+        # BUILD=build: the copy's own build dir (a BUILD set outside would
+        # send the student's program over this tree's)
+        out=$(cd "$iso" && env -u SUBMISSION BUILD=build EXERCISE=$k TEST_TMPDIR=$TEST_TMPDIR/iso_$k bash -c 'mkdir -p "$TEST_TMPDIR"; bash tests/homework/grade.sh '"$chapter" 2>&1)
+        # a compiler message names the copy's file and line: the student's
+        # own file and line instead (region k starts at its marker in both)
+        rel=${file#"$iso"/}
+        at_iso=$(grep -n "^ *// EXERCISE $k:" "$file" | head -1 | cut -d: -f1)
+        at_sub=$(grep -n "^ *// EXERCISE $k:" "$sub/$rel" | head -1 | cut -d: -f1)
+        echo "$out" | grep -vE '^(== grading|grade chapter)' |
+            awk -v f="$rel" -v d=$(( ${at_sub:-0} - ${at_iso:-0} )) -v dir="$sub" '{
+                while (match($0, "(^|[ /])" f ":[0-9]+")) {
+                    pre = substr($0, 1, RSTART - 1); m = substr($0, RSTART, RLENGTH); post = substr($0, RSTART + RLENGTH)
+                    lead = substr(m, 1, 1) == "/" || substr(m, 1, 1) == " " ? substr(m, 1, 1) : ""
+                    n = substr(m, length(lead) + length(f) + 2) + d
+                    $0 = pre lead "\001" n post
+                }
+                gsub("\001", dir "/" f ":"); print }'
         got=$(echo "$out" | sed -n "s/^exercise $k (.*): \([0-9]*\) \/ [0-9]*$/\1/p")
         score=$((score + ${got:-0}))
         # this tree's region back, newer than the student's object

@@ -18,9 +18,38 @@ fi
 spec=tests/homework/chapter_$chapter.grade
 [ -f "$spec" ] || { echo "error: chapter $chapter has no grading entries ($spec)" >&2; exit 2; }
 [ -d "$dir" ] || { echo "error: SUBMISSIONS=$dir is not a folder" >&2; exit 2; }
+# the instructor's tree only: in a student tree (HOMEWORK.md at the root,
+# the exercises stubbed) every region spliced into it would be graded
+# against stubs, and a complete submission would score 0
+if [ -f HOMEWORK.md ] || [ ! -d tests/homework/bugs ]; then
+    echo "error: make grade-class runs in the instructor's full tree (this one is a student tree: HOMEWORK.md, no tests/homework/bugs/)" >&2
+    exit 2
+fi
+# csv_field TEXT: TEXT as one CSV field (RFC 4180): quoted, its quotes doubled
+csv_field() { local q=${1//\"/\"\"}; printf '"%s"' "$q"; }
+# why_zero SUB LOG: a note for a score of 0, else nothing
+why_zero() {
+    local sub=$1 log=$2 inner
+    if [ -z "$(ls -A "$sub" 2>/dev/null)" ]; then
+        echo "empty folder"
+    elif [ ! -f "$sub/Makefile" ]; then
+        inner=$(find "$sub" -mindepth 2 -maxdepth 3 -name Makefile -printf '%h\n' 2>/dev/null | head -1)
+        if ls "$sub"/*.zip "$sub"/*.tar* > /dev/null 2>&1; then
+            echo "an archive inside, not a tree: unpack $(basename "$(ls "$sub"/*.zip "$sub"/*.tar* 2>/dev/null | head -1)")"
+        elif [ -n "$inner" ]; then
+            echo "the tree is one level down, in ${inner#$sub}"
+        else
+            echo "not a student tree (no Makefile)"
+        fi
+    elif grep -q '^FAIL the build' "$log"; then
+        echo "no build: $(grep -m1 -E '[^ ]+:[0-9]+:[0-9]+: error' "$log" | sed 's/^ *//' | cut -c1-160)"
+    elif grep -q 'markers missing' "$log"; then
+        echo "exercise markers missing or changed"
+    fi
+}
 csv=${3:-build/grade-class-$chapter.csv}
 exs=$(sed -n 's/^exercise \([0-9]*\) .*/\1/p' "$spec")
-head="name$(for k in $exs; do printf ',ex%s/%s' "$k" "$(sed -n "s/^exercise $k \([0-9]*\) .*/\1/p" "$spec")"; done),total"
+head="name$(for k in $exs; do printf ',ex%s/%s' "$k" "$(sed -n "s/^exercise $k \([0-9]*\) .*/\1/p" "$spec")"; done),total,note"
 mkdir -p "$(dirname "$csv")"
 echo "$head" > "$csv.tmp"
 echo "$head" | tr ',' '\t'
@@ -35,8 +64,11 @@ for sub in "$dir"/*/; do
         got=$(sed -n "s/^exercise $k\( (.*)\)\{0,1\}: \([0-9]*\) \/ [0-9]*$/\2/p" "$log" | tail -1)
         row="$row,${got:-0}" sum=$((sum + ${got:-0}))
     done
-    echo "$row,$sum" >> "$csv.tmp"
-    echo "$row,$sum" | tr ',' '\t'
+    note=""
+    [ "$sum" = 0 ] && note=$(why_zero "$sub" "$log")
+    # the CSV quotes the name and the note (a folder named "Doe, Jane")
+    echo "$(csv_field "$name")${row#"$name"},$sum,$(csv_field "$note")" >> "$csv.tmp"
+    printf '%s\t%s\t%s\t%s\n' "$name" "$(echo "${row#"$name,"}" | tr ',' '\t')" "$sum" "$note"
     n=$((n + 1))
 done
 mv "$csv.tmp" "$csv"
