@@ -1,6 +1,6 @@
 #!/bin/bash
 # Chapter 7: mixture of experts with expert parallelism. The link to the
-# reference (E = 1, k = 1 is chapter 0's model, bit for bit), every mesh
+# reference (E = 1, k = 1 is chapter 0's model, within TOL), every mesh
 # reproducing the ep = 1 MoE run up to the first routing difference, the
 # all-to-all bytes against the formula, capacity mode's dropped count against
 # a hand count, the load-balancing loss's coefficient, the MoE file, bad
@@ -25,13 +25,14 @@
 echo "== chapter 7: experts"
 # E = 1, k = 1: the router's softmax over one expert is exactly 1, the one
 # gate is 1, expert 0's init is the dense MLP's: chapter 0's model. Within
-# TOL (the invariant) and, stronger, the same bits (tolerance 0).
+# TOL (the invariant) and TOL_NORM.
 invariant --norm --val "experts: E=1, k=1 is chapter 0's dense model" "$INV_FLAGS" 1 chapter-7 "--experts 1 --top-k 1"
-if cmp=$(bash tests/compare_losses.sh "$REF" "$INV_LOG" 0 2>&1) &&
-    cmpn=$(bash tests/compare_losses.sh "$REF" "$INV_LOG" 0 norm 2>&1); then
-    pass "experts: E=1, k=1 gives chapter 0's losses and norms bit for bit ($cmp; ${cmpn#* steps, })"
+# within TOL, not bit for bit: the expert's products are row by row (ops.h), chapter 0's BLAS calls (40 steps differ at step 16 here)
+if cmp=$(bash tests/compare_losses.sh "$REF" "$INV_LOG" $TOL 2>&1) &&
+    cmpn=$(bash tests/compare_losses.sh "$REF" "$INV_LOG" $TOL_NORM norm 2>&1); then
+    pass "experts: E=1, k=1 gives chapter 0's losses within $TOL and norms within $TOL_NORM (other products, not the same bits by construction) ($cmp; ${cmpn#* steps, })"
 else
-    fail "experts: E=1, k=1 bit for bit" "$cmp; $cmpn"
+    fail "experts: E=1, k=1 within TOL of chapter 0" "$cmp; $cmpn"
 fi
 # E = 1: f = P = 1 in each of the tiny model's 2 MoE layers, so aux = 2 exactly
 if grep '"type":"step"' "$INV_LOG" | grep -q '"aux_loss":2.0000000,"dropped":0,"expert_tokens":\[\[768\],\[768\]\]'; then
