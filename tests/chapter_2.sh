@@ -75,6 +75,7 @@ dp_accounting() {
     fi
 }
 dp_case() {  # MODE NP ACC: one layout's invariant and accounting
+    # bit-identical replicas by construction: every replica applies the same all-reduced bytes from the same start
     invariant --norm --expect "bit-identical on every rank" "data parallel $1 dp=$2 grad-accum=$3" \
         "$INV_FLAGS" $2 chapter-2 "--dp $2 --dp-mode $1 --grad-accum $3 --bucket-kb 64"
     dp_accounting $1 $2 $3 "$INV_LOG"
@@ -101,6 +102,7 @@ done
 # counters count each hand collective once, as the library's
 dp_hand() {  # NP
     local np=$1
+    # bit-identical replicas by construction: every replica applies the same all-reduced bytes from the same start
     invariant --norm --expect "bit-identical on every rank" "data parallel overlapped dp=$np --comm hand" \
         "$INV_FLAGS" $np chapter-2 "--dp $np --dp-mode overlapped --bucket-kb 64 --comm hand"
     # the counters: one call per bucket, as the library's (the hand ring's
@@ -112,6 +114,7 @@ dp_hand() {  # NP
     fi
 }
 for np in 2 3 4; do jobs_run dp_hand $np; done
+# bit-identical replicas by construction: every rank receives the server's same broadcast bytes
 jobs_run invariant --norm --expect "bit-identical on every rank" "data parallel ps dp=3 --comm hand" \
     "$INV_FLAGS" 3 chapter-2 "--dp 3 --dp-mode ps --comm hand"
 jobs_wait

@@ -61,6 +61,7 @@ tp_ranks() {
 tp_case() {
     local dp=$1 tp=$2 ref_flags=$3 B=$4 T=$5 np=$(( $1 * $2 )) name="chapter 4 dp=$1 tp=$2${TP_FLAGS:+ $TP_FLAGS}" sum sz e
     shift 5
+    # replicas bit-identical by construction: every tp rank runs the same ops on the same all-reduced bytes
     invariant --norm --val --expect "bit-identical on every tp rank" "$name ($ref_flags)" "$ref_flags" $np \
         chapter-4 "--dp $dp --tp $tp ${TP_FLAGS:-}"
     sum=$(grep '"type":"summary"' "$INV_LOG")
@@ -98,6 +99,7 @@ done
 rc4_steps() { grep '"type":"step"' "$1" | sed 's/,"ms":.*//'; }
 for md in selective full; do
     TP_RECOMPUTE=$md TP_FLAGS="--recompute $md" tp_case 2 2 "$INV_FLAGS" $INV_BATCH $INV_SEQ $tiny_sizes
+    # bit for bit by construction: the same calls on the same rows, recomputed
     if [ -s "$INV_LOG" ] && [ "$(rc4_steps "$INV_LOG")" = "$(rc4_steps "$NONE_LOG")" ]; then
         pass "chapter 4 dp=2 tp=2 --recompute $md logs the same 10 losses and norms as none, bit for bit"
     else
@@ -189,6 +191,7 @@ ck4_case() {
     cmp=$(ck4_cmp "$ref" "$CK4/$name.jsonl" "$tol" "$first") || ok=0
     echo "$OUT" | grep -q "checkpoint: resumed from" || { ok=0; cmp="$cmp, not resumed"; }
     if [ -n "$a" ]; then
+        # bit for bit by construction: only same-mesh resumes pass BIN_A BIN_B (the same calls on the same rows)
         if cmp -s "$a" "$b"; then cmp="$cmp, final parameters bit-identical"; else ok=0; cmp="$cmp, final parameters DIFFER"; fi
     fi
     if [ $ok = 1 ]; then pass "checkpoint: $what ($cmp)"
@@ -204,6 +207,7 @@ if [ "$files" = "MANIFEST rank-00000.bin rank-00001.bin rank-00002.bin rank-0000
 else
     fail "checkpoint: chapter 4 files" "step-00000005 holds '$files'"
 fi
+# bit for bit by construction: the same calls on the same rows (a resume on the same mesh)
 ck4_case a_r "chapter 4 dp=2 tp=2 resumed at step 5 repeats its uninterrupted run bit for bit" "$A_LOG" 0 5 \
     4 chapter-4 --dp 2 --tp 2 --resume "$CK4/a/step-00000005" --save "$CK4/a_r.bin" -- "$CK4/a.bin" "$CK4/a_r.bin"
 ck4_case tp4 "chapter 4 tp=4 resumed from dp=2 tp=2's step 5 (another mesh) continues chapter 0's losses" "$REF" $TOL 5 \

@@ -157,6 +157,7 @@ ck5_case() {
     cmp=$(ck5_cmp "$ref" "$CK5/$name.jsonl" "$tol") || ok=0
     echo "$OUT" | grep -q "checkpoint: resumed from" || { ok=0; cmp="$cmp, not resumed"; }
     if [ -n "$a" ]; then
+        # bit for bit by construction: only same-mesh resumes pass BIN_A BIN_B (the same calls on the same rows)
         if cmp -s "$a" "$b"; then cmp="$cmp, final parameters bit-identical"; else ok=0; cmp="$cmp, final parameters DIFFER"; fi
     fi
     if [ $ok = 1 ]; then pass "checkpoint: $what ($cmp)"
@@ -165,6 +166,7 @@ ck5_case() {
 invariant "checkpoint: chapter 5 pp=2 saving at steps 5 and 10" "$CK5_FLAGS" 2 chapter-5 \
     "--pp 2 --ckpt-dir $CK5/p2 --save-every 5 --save $CK5/p2.bin"
 P2_LOG=$INV_LOG
+# bit for bit by construction: the same calls on the same rows (a resume on the same mesh)
 ck5_case p2r "chapter 5 pp=2 resumed at step 5 repeats its uninterrupted run bit for bit" "$P2_LOG" 0 \
     2 chapter-5 --pp 2 --resume "$CK5/p2/step-00000005" --save "$CK5/p2r.bin" -- "$CK5/p2.bin" "$CK5/p2r.bin"
 ck5_case c0r "chapter 0 resumed from chapter 5 pp=2's step 5 continues chapter 0's losses" "$REF" $TOL \

@@ -92,6 +92,7 @@ cp_recompute_case() {
     invariant --norm --val --expect "activations kept per layer: $((4 * N * kept)) bytes" "$name" "$INV_FLAGS" $ncp \
         chapter-6 "--cp $ncp --cp-mode $mode $flags --recompute $r"
     sum=$(grep '"type":"summary"' "$INV_LOG")
+    # bit for bit by construction: the same calls on the same rows, recomputed
     if [ "$(cp_steps "$INV_LOG")" = "$(cp_steps "$none_log")" ] &&
         echo "$sum" | grep -qF "\"activations\":$(rank_array $acts $ncp)," &&
         echo "$sum" | grep -qF "\"cp_calls_per_step\":$calls,\"cp_bytes_per_step\":$((calls * N * per_call * 4)),"; then
@@ -107,6 +108,7 @@ cp_recompute_case ulysses full 2 "" "$ULY2"
 # --cp-overlap 0 waits for each K/V (and dK/dV) block before computing:
 # the same sums in the same order, so the same bits as the overlapped ring
 invariant --norm --val --expect "overlap off" "cp=2 ring --cp-overlap 0" "$INV_FLAGS" 2 chapter-6 "--cp 2 --cp-overlap 0"
+# bit for bit by construction: the same calls on the same blocks in the same order, only the waits move
 if [ "$(cp_steps "$INV_LOG")" = "$(cp_steps "$RING2")" ]; then
     pass "cp=2 ring --cp-overlap 0: the same losses and norms as overlapped, bit for bit"
 else
@@ -195,6 +197,7 @@ sp_ranks() {
 # sp_case dp tp [FLAGS]: the invariant, then the summary against the formulas
 sp_case() {
     local dp=$1 tp=$2 np=$(( $1 * $2 )) name="chapter 6 --sp dp=$1 tp=$2" sum sz e
+    # bit-identical by construction: every tp rank receives the same all-reduced bytes and runs the same ops on them
     invariant --norm --val --expect "LayerNorm gradients (summed over tp): bit-identical on every tp rank at every step" \
         "$name" "$INV_FLAGS" $np chapter-6 "--dp $dp --tp $tp --sp ${3:-}"
     echo "$OUT" | grep -qF "replicated tensors (LayerNorms, row-parallel biases, wpe, lnf): bit-identical on every tp rank" &&
@@ -253,6 +256,7 @@ sp_recompute_case() {
         + N * (C + 12 * Cl + NH / tp * T) + N * C + 2 * N + 3 * Nl * C) ))
     invariant --norm --expect "recompute $r: backward recomputes" "$name" "$INV_FLAGS" 2 chapter-6 "--tp 2 --sp --recompute $r"
     sum=$(grep '"type":"summary"' "$INV_LOG")
+    # bit for bit by construction: the same calls on the same rows, recomputed
     if [ "$(sp_steps "$INV_LOG" 0)" = "$(sp_steps "$TEST_TMPDIR/sp_dp1_tp2.jsonl" 0)" ] &&
         echo "$sum" | grep -qF "\"layer_acts_bytes\":$(( 4 * kept ))," &&
         echo "$sum" | grep -qF "\"activations\":$(rank_array $acts 2)," &&
@@ -272,6 +276,7 @@ sp_recompute_case full
 # mesh it repeats steps 5..9 bit for bit (the logged losses and norms), and
 # chapter 4 on dp=2 x tp=2 resumes the same files on chapter 0's losses.
 mpi_run $T_RUN 2 "$BUILD/chapter-6" --tp 2 --sp $INV_FLAGS --resume "$SPCK/step-00000005" --log "$TEST_TMPDIR/sp_resumed.jsonl"
+# bit for bit by construction: the same calls on the same rows (a resume on the same mesh)
 if [ $RC = 0 ] && echo "$OUT" | grep -q "checkpoint: resumed from" &&
     [ "$(sp_steps "$TEST_TMPDIR/sp_dp1_tp2.jsonl" 5)" = "$(sp_steps "$TEST_TMPDIR/sp_resumed.jsonl" 0)" ] &&
     [ "$(sp_steps "$TEST_TMPDIR/sp_resumed.jsonl" 0 | wc -l)" = 5 ]; then

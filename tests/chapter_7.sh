@@ -1,6 +1,6 @@
 #!/bin/bash
 # Chapter 7: mixture of experts with expert parallelism. The link to the
-# reference (E = 1, k = 1 is chapter 0's model, bit for bit), every mesh
+# reference (E = 1, k = 1 is chapter 0's model, within TOL), every mesh
 # reproducing the ep = 1 MoE run up to the first routing difference, the
 # all-to-all bytes against the formula, capacity mode's dropped count against
 # a hand count, the load-balancing loss's coefficient, the MoE file, bad
@@ -25,13 +25,14 @@
 echo "== chapter 7: experts"
 # E = 1, k = 1: the router's softmax over one expert is exactly 1, the one
 # gate is 1, expert 0's init is the dense MLP's: chapter 0's model. Within
-# TOL (the invariant) and, stronger, the same bits (tolerance 0).
+# TOL (the invariant) and TOL_NORM.
 invariant --norm --val "experts: E=1, k=1 is chapter 0's dense model" "$INV_FLAGS" 1 chapter-7 "--experts 1 --top-k 1"
-if cmp=$(bash tests/compare_losses.sh "$REF" "$INV_LOG" 0 2>&1) &&
-    cmpn=$(bash tests/compare_losses.sh "$REF" "$INV_LOG" 0 norm 2>&1); then
-    pass "experts: E=1, k=1 gives chapter 0's losses and norms bit for bit ($cmp; ${cmpn#* steps, })"
+# within TOL, not bit for bit: the expert's products are row by row (ops.h), chapter 0's BLAS calls (40 steps differ at step 16 here)
+if cmp=$(bash tests/compare_losses.sh "$REF" "$INV_LOG" $TOL 2>&1) &&
+    cmpn=$(bash tests/compare_losses.sh "$REF" "$INV_LOG" $TOL_NORM norm 2>&1); then
+    pass "experts: E=1, k=1 gives chapter 0's losses within $TOL and norms within $TOL_NORM (other products, not the same bits by construction) ($cmp; ${cmpn#* steps, })"
 else
-    fail "experts: E=1, k=1 bit for bit" "$cmp; $cmpn"
+    fail "experts: E=1, k=1 within TOL of chapter 0" "$cmp; $cmpn"
 fi
 # E = 1: f = P = 1 in each of the tiny model's 2 MoE layers, so aux = 2 exactly
 if grep '"type":"step"' "$INV_LOG" | grep -q '"aux_loss":2.0000000,"dropped":0,"expert_tokens":\[\[768\],\[768\]\]'; then
@@ -61,6 +62,7 @@ c7_coef() {  # K COEF -> the step-0 record without its timings
 }
 c7_field() { echo "$1" | sed -n "s/.*\"$2\":\([^,]*\),.*/\1/p"; }
 c7_drops() { grep '"type":"step"' "$1" | grep -o '"dropped":[0-9]*' | tr '\n' ' '; }  # "dropped":N per step
+# the same bits by construction: the coefficient enters backward only, forward's calls and rows are the same
 r0=$(c7_coef 2 0) r1=$(c7_coef 2 0.1)
 if [ -n "$r0" ] && [ "$(c7_field "$r0" loss) $(c7_field "$r0" aux_loss)" = "$(c7_field "$r1" loss) $(c7_field "$r1" aux_loss)" ] &&
     [ "$(c7_field "$r0" norm)" != "$(c7_field "$r1" norm)" ]; then
@@ -185,6 +187,7 @@ c7_tail() { grep '"type":"step"' "$1" | awk -v f="$2" '{ match($0, /"step":[0-9]
 # FROM: what the resume line must name, e.g. "chapter 7, world 8".
 c7_resumed_same() {
     local a b
+    # bit for bit by construction: the same calls on the same rows (a resume on the same mesh)
     a=$(c7_tail "$2" 4) b=$(c7_tail "$3" 0)
     if [ $RC = 0 ] && echo "$OUT" | grep -q "checkpoint: resumed from" && [ -n "$a" ] && [ "$a" = "$b" ] &&
         [ "$(echo "$b" | wc -l)" = $((INV_STEPS - 4)) ]; then
@@ -267,6 +270,7 @@ c7_resumed_dense "chapter 0 resumes E=1, k=1's dp x cp = 2 x 2 checkpoint of ste
 # every field of the uninterrupted run's records, the same bits
 mpi_run $T_RUN 4 "$BUILD/chapter-7" $INV_FLAGS --experts 1 --top-k 1 --dp 2 --cp 2 --cp-balance zigzag \
     --resume "$c7_ck1/step-00000004" --log "$TEST_TMPDIR/c7_ck1_res.jsonl"
+# bit for bit by construction: the same calls on the same rows (a resume on the same mesh)
 a=$(c7_tail "$TEST_TMPDIR/c7_ck1.jsonl" 4) b=$(c7_tail "$TEST_TMPDIR/c7_ck1_res.jsonl" 0)
 if [ $RC = 0 ] && [ -n "$a" ] && [ "$a" = "$b" ] && [ "$(echo "$b" | wc -l)" = $((INV_STEPS - 4)) ]; then
     pass "experts: E=1, k=1 on dp x cp = 2 x 2 resumes its dense-form checkpoint bit for bit (the router not saved)"
@@ -299,6 +303,7 @@ c7_same "dp x tp x ep = 2 x 2 x 2 (--ep-overlap 3)" 8 "--dp 2 --tp 2 --ep 2 --ep
 # and reduce-scatter included. Both give none's step records, the same bits.
 for rc in selective full; do
     mpi_run $T_RUN 4 "$BUILD/chapter-7" $c7_flags --ep 2 --tp 2 --recompute $rc --log "$TEST_TMPDIR/c7_tp_$rc.jsonl"
+    # bit for bit by construction: the same calls on the same rows, recomputed
     a=$(c7_tail "$c7_eptp" 0) b=$(c7_tail "$TEST_TMPDIR/c7_tp_$rc.jsonl" 0)
     if [ $RC = 0 ] && [ -n "$a" ] && [ "$a" = "$b" ]; then
         pass "experts: --recompute $rc on ep x tp = 2 x 2 gives none's $INV_STEPS step records bit for bit"
@@ -325,6 +330,7 @@ fi
 # the one rank's, byte for byte
 mpi_run $T_RUN 1 "$BUILD/chapter-7" --steps 0 --batch 24 --seq 32 --peak-gflops 10 --experts 4 --top-k 2 --save "$TEST_TMPDIR/c7_tp_init1.bin"
 mpi_run $T_RUN 4 "$BUILD/chapter-7" --steps 0 --batch 24 --seq 32 --peak-gflops 10 --experts 4 --top-k 2 --ep 2 --tp 2 --save "$TEST_TMPDIR/c7_tp_init4.bin"
+# byte for byte by construction: each value a function of its index, the gather a copy (no arithmetic)
 if [ $RC = 0 ] && [ -s "$TEST_TMPDIR/c7_tp_init1.bin" ] && cmp -s "$TEST_TMPDIR/c7_tp_init1.bin" "$TEST_TMPDIR/c7_tp_init4.bin"; then
     pass "experts: --save at step 0 on ep x tp = 2 x 2 writes the one-rank file byte for byte (init and the tp gather)"
 else
@@ -394,6 +400,7 @@ for mode in selective full; do
     want=$(c7_peak "$log")
     x=4; [ $mode = full ] && x=6  # exchanges per MoE layer per step
     a2a=$((2 * x * 192 * 2 * 64 * 4))
+    # bit for bit by construction: the same calls on the same rows, recomputed
     if [ $RC = 0 ] && [ "$(c7_tail "$log" 0)" = "$a" ] && [ "$want" = "$(c7_rc_bytes $mode)" ] &&
         [ "$(c7_a2a "$log")" = $a2a ] && b=$(bash tests/compare_routing.sh "$c7_ref" "$log" $TOL $TOL_NORM 2>&1); then
         pass "experts: --recompute $mode on 2 x 2 gives none's records bit for bit ($b against ep=1), $want bytes (the formula), $a2a all-to-all bytes per step"
@@ -429,6 +436,7 @@ for run in "ep x cp = 2 x 2 (ring)|4|$c7_flags --ep 2 --cp 2 --cp-mode ring" \
         mpi_run $T_RUN $np "$BUILD/chapter-7" $run --recompute $mode --log "$log"
         b=$(c7_tail "$log" 0)
         [ $mode = none ] && a=$b
+        # bit for bit by construction: the same calls on the same rows, recomputed
         [ $RC = 0 ] && [ -n "$b" ] && [ "$b" = "$a" ] || ok=0
         bytes="$bytes $(c7_act "$log")"
     done
@@ -457,6 +465,7 @@ for n in 2 5; do
     log=$TEST_TMPDIR/c7_ov$n.jsonl
     mpi_run $T_RUN 2 "$BUILD/chapter-7" $c7_flags --ep 2 --ep-overlap $n --log "$log"
     sh=$(c7_share "$log")
+    # bit for bit by construction: the chunks' calls differ in rows, and every op they run is row-stable (tests/test_rows.c)
     if [ $RC = 0 ] && [ -n "$(c7_tail "$c7_ep2" 0)" ] && [ "$(c7_tail "$c7_ep2" 0)" = "$(c7_tail "$log" 0)" ] &&
         awk -v s="$sh" 'BEGIN { split(s, f, " "); exit !(s != "" && f[1] >= 0 && f[1] <= 1 && f[2] <= f[3]) }'; then
         pass "experts: --ep-overlap $n on ep=2 gives --ep-overlap 1's step records bit for bit (share hidden, blocked and in-flight ms: $sh)"
@@ -467,6 +476,7 @@ done
 for n in 1 5; do
     OPENBLAS_CORETYPE=Haswell mpi_run $T_RUN 2 "$BUILD/chapter-7" $c7_flags --ep 2 --ep-overlap $n --log "$TEST_TMPDIR/c7_ovh$n.jsonl"
 done
+# bit for bit by construction: every op a chunk runs is row-stable (tests/test_rows.c), whatever the BLAS kernel
 a=$(c7_tail "$TEST_TMPDIR/c7_ovh1.jsonl" 0)
 if [ $RC = 0 ] && [ -n "$a" ] && [ "$a" = "$(c7_tail "$TEST_TMPDIR/c7_ovh5.jsonl" 0)" ]; then
     pass "experts: with OpenBLAS's Haswell kernels, --ep-overlap 5 on ep=2 gives --ep-overlap 1's step records bit for bit"
@@ -476,6 +486,7 @@ fi
 for n in 1 3; do
     mpi_run $T_RUN 2 "$BUILD/chapter-7" $c7_flags --capacity-factor 1 --ep 2 --ep-overlap $n --log "$TEST_TMPDIR/c7_ovc$n.jsonl"
 done
+# bit for bit by construction: every op a chunk runs is row-stable (tests/test_rows.c)
 a=$(c7_tail "$TEST_TMPDIR/c7_ovc1.jsonl" 0)
 if [ $RC = 0 ] && [ -n "$a" ] && [ "$a" = "$(c7_tail "$TEST_TMPDIR/c7_ovc3.jsonl" 0)" ] && echo "$a" | grep -qv '"dropped":0,'; then
     pass "experts: capacity 1 on ep=2 (slots dropped at every step): --ep-overlap 3 gives --ep-overlap 1's records bit for bit"
@@ -550,6 +561,7 @@ invariant --norm "experts: E=1, k=1, --moe-every 2 (a dense and an MoE layer) on
 # the same with --recompute full: the dense layer recomputed by model.h, the
 # MoE layer by the chapter, the same bits as without
 mpi_run $T_RUN 2 "$BUILD/chapter-7" $c7_odd --ep 2 --recompute full --log "$TEST_TMPDIR/c7_odd2f.jsonl"
+# bit for bit by construction: the same calls on the same rows, recomputed
 if [ $RC = 0 ] && [ -n "$(c7_tail "$TEST_TMPDIR/c7_odd2ep2.jsonl" 0)" ] &&
     [ "$(c7_tail "$TEST_TMPDIR/c7_odd2ep2.jsonl" 0)" = "$(c7_tail "$TEST_TMPDIR/c7_odd2f.jsonl" 0)" ]; then
     pass "experts: --moe-every 2 with --recompute full (a dense and an MoE layer recomputed) gives the records of none bit for bit"
@@ -731,6 +743,7 @@ invariant --norm "experts: E=1, k=1, --moe-every 2 on pp=3 (tiny6, zb: the dense
 c7m_ref=$TEST_TMPDIR/c7m_ref.jsonl
 mpi_run $T_RUN 1 "$BUILD/chapter-7" $c7_flags --microbatches 1 --log "$TEST_TMPDIR/c7m1.jsonl"
 a=""
+# bit for bit by construction: one microbatch of the whole batch makes the same calls on the same rows
 if [ $RC = 0 ] && a=$(bash tests/compare_routing.sh "$c7_ref" "$TEST_TMPDIR/c7m1.jsonl" 0 0 2>&1); then
     pass "experts: --microbatches 1 on one rank (the pipeline's step) is chapter 7's step bit for bit ($a)"
 else
@@ -798,6 +811,7 @@ invariant --norm "experts: E=1, k=1 on pp=2 with --recompute selective is chapte
 for rc in selective full; do
     mpi_run $T_RUN 4 "$BUILD/chapter-7" $c7_flags --microbatches 2 --ep 2 --pp 2 --recompute $rc --log "$TEST_TMPDIR/c7m_rc_$rc.jsonl"
     a=""
+    # bit for bit by construction: the same calls on the same rows, recomputed
     if [ $RC = 0 ] && a=$(bash tests/compare_routing.sh "$c7_pfull" "$TEST_TMPDIR/c7m_rc_$rc.jsonl" 0 0 2>&1); then
         pass "experts: ep x pp = 2 x 2 with --recompute $rc gives --recompute none's steps bit for bit ($a)"
     else
@@ -858,6 +872,7 @@ c7_resumed_near "the pp = 2, --moe-every 2 (tiny6) checkpoint of step 4 resumes 
 c7_al0="--steps 0 --batch 24 --seq 32 --peak-gflops 10 --model tiny6 --experts 4 --top-k 2 --moe-every 2"
 mpi_run $T_RUN 1 "$BUILD/chapter-7" $c7_al0 --save "$TEST_TMPDIR/c7al_s1.bin"
 mpi_run $T_RUN 2 "$BUILD/chapter-7" $c7_al0 --pp 2 --save "$TEST_TMPDIR/c7al_s2.bin"
+# byte for byte by construction: each value a function of its index, the gather a copy (no arithmetic)
 if [ $RC = 0 ] && cmp -s "$TEST_TMPDIR/c7al_s1.bin" "$TEST_TMPDIR/c7al_s2.bin"; then
     pass "experts: --save at step 0 on pp = 2 with --moe-every 2 (tiny6) writes the one-rank file byte for byte"
 else
@@ -884,6 +899,7 @@ c7m_same "tp=2 x pp=2 x cp=2 x ep=2 (16 ranks, ulysses, zigzag)" 16 "--tp 2 --pp
 for rc in selective full; do
     mpi_run $T_RUN 8 "$BUILD/chapter-7" $c7_flags --microbatches 2 --ep 2 --tp 2 --pp 2 --recompute $rc --log "$TEST_TMPDIR/c7x_rc_$rc.jsonl"
     a=""
+    # bit for bit by construction: the same calls on the same rows, recomputed
     if [ $RC = 0 ] && a=$(bash tests/compare_routing.sh "$c7x_full" "$TEST_TMPDIR/c7x_rc_$rc.jsonl" 0 0 2>&1); then
         pass "experts: ep x tp x pp = 2 x 2 x 2 with --recompute $rc gives --recompute none's steps bit for bit ($a)"
     else
@@ -896,6 +912,7 @@ done
 # 2 x 2 x 2 (gpipe), each continuing the run
 mpi_run $T_RUN 8 "$BUILD/chapter-7" $INV_FLAGS --experts 1 --top-k 1 --tp 2 --pp 2 --cp 2 --resume "$c7x_ck/step-00000004" \
     --log "$TEST_TMPDIR/c7x_res.jsonl"
+# bit for bit by construction: the same calls on the same rows (a resume on the same mesh)
 a=$(c7_tail "$c7x_e1" 4) b=$(c7_tail "$TEST_TMPDIR/c7x_res.jsonl" 0)
 if [ $RC = 0 ] && [ -n "$a" ] && [ "$a" = "$b" ] && [ "$(echo "$b" | wc -l)" = $((INV_STEPS - 4)) ]; then
     pass "experts: tp x pp x cp = 2 x 2 x 2 resumed at step 4 repeats steps 4..$((INV_STEPS - 1)) bit for bit"
@@ -915,6 +932,7 @@ done
 # one-rank file byte for byte; --sample through tp x pp at E = 1 is chapter 0's
 mpi_run $T_RUN 8 "$BUILD/chapter-7" --steps 0 --batch 24 --seq 32 --peak-gflops 10 --experts 4 --top-k 2 --ep 2 --tp 2 --pp 2 \
     --save "$TEST_TMPDIR/c7x_init8.bin"
+# byte for byte by construction: each value a function of its index, the gather a copy (no arithmetic)
 if [ $RC = 0 ] && [ -s "$TEST_TMPDIR/c7_tp_init1.bin" ] && cmp -s "$TEST_TMPDIR/c7_tp_init1.bin" "$TEST_TMPDIR/c7x_init8.bin"; then
     pass "experts: --save at step 0 on ep x tp x pp = 2 x 2 x 2 writes the one-rank file byte for byte (gathered over tp and pp)"
 else
@@ -1022,6 +1040,7 @@ c7_resumed_dense "chapter 0 resumes E=1, k=1's --zero 3 checkpoint of dp x tp = 
 # for byte (c7_tp_init1.bin, --tp's test above)
 for z in 2 3; do
     mpi_run $T_RUN 8 "$BUILD/chapter-7" --steps 0 --batch 24 --seq 32 --peak-gflops 10 --experts 4 --top-k 2 --dp 2 --tp 2 --ep 2 --zero $z --save "$TEST_TMPDIR/c7_z${z}_init.bin"
+    # byte for byte by construction: each value a function of its index, the gather a copy (no arithmetic)
     if [ $RC = 0 ] && [ -s "$TEST_TMPDIR/c7_tp_init1.bin" ] && cmp -s "$TEST_TMPDIR/c7_tp_init1.bin" "$TEST_TMPDIR/c7_z${z}_init.bin"; then
         pass "experts: --save with --zero $z on dp x tp x ep = 2 x 2 x 2 at step 0 writes one rank's file, byte for byte"
     else

@@ -27,6 +27,7 @@ lv_losses() { grep '"type":"step"' "$1" | sed 's/.*"step":\([0-9]*\).*"loss":\([
 # the same losses and norms as REF from FIRST on, and saved the same weights
 lv_same() {
     local ref=$1 run=$2 first=$3 what=$4
+    # bit for bit by construction: a rebuilt file is the same bytes (copy, xor) resumed on the same mesh
     if grep -q "checkpoint: resuming from level 1" "$LV/$run.out" && [ -n "$(lv_losses "$LV/$run.jsonl" "$first")" ] &&
         [ "$(lv_losses "$LV/$ref.jsonl" "$first")" = "$(lv_losses "$LV/$run.jsonl" "$first")" ] && cmp -s "$LV/$ref.bin" "$LV/$run.bin"; then
         pass "levels: $what ($(grep -o 'resuming from level 1.*' "$LV/$run.out" | head -1))"
@@ -112,6 +113,7 @@ lv_own_node p2r 1 "the partner copy sent from node 1"
 # the resume falls back to level 3 and says why
 lv_both() {
 lv_run b0 1 0 --ckpt-local "$LV/b1" --local-every 2 --ckpt-dir "$LV/b3" --save-every 4 --async-save
+# byte for byte by construction: level 3's file is a copy of level 1's
 if cmp -s "$LV/b1/node-0/step-00000004/rank-00000.bin" "$LV/b3/step-00000004/rank-00000.bin"; then
     pass "levels: level 1 and level 3 of step 4 hold the same rank file, byte for byte (one copy off the device)"
 else
@@ -135,6 +137,7 @@ CKPT_KILL=save:4:0 lv_run bk 1 0 --ckpt-local "$LV/bk1" --local-every 2 --ckpt-d
 local left
 left=$(ls "$LV/bk3" | tr '\n' ' ')
 lv_run bkr 1 0 --ckpt-local "$LV/bk1" --ckpt-dir "$LV/bk3" --resume "$LV/bk3"
+# bit for bit by construction: the same state resumed on the same mesh
 if [ "$left" = "step-00000004.tmp " ] && grep -q "resuming from level 1 (node-local), step 4 (level 3 has none)" "$LV/bkr.out" &&
     [ "$(lv_losses "$LV/b0.jsonl" 4)" = "$(lv_losses "$LV/bkr.jsonl" 4)" ]; then
     pass "levels: killed while draining step 4: level 3 left only step-00000004.tmp, the resume took level 1's step 4 and went on bit for bit"
@@ -143,6 +146,7 @@ else
 fi
 rm -rf "$LV/b3/step-00000008" "$LV/b1/node-0/step-0000000"[48] "$LV/b1/node-0/step-00000006/rank-00000.bin"
 lv_run b0r 1 0 --ckpt-local "$LV/b1" --resume "$LV/b3"
+# bit for bit by construction: the same state resumed on the same mesh
 if grep -q "^note: level-1 step 6: rank-00000.bin of node 0 is on no node" "$LV/b0r.out" &&
     grep -q "resuming from level 3 (durable), step 4" "$LV/b0r.out" && [ "$(lv_losses "$LV/b0.jsonl" 4)" = "$(lv_losses "$LV/b0r.jsonl" 4)" ]; then
     pass "levels: level 1's newest step has a file lost and no redundancy, its next is older than level 3's: resumed from level 3 (step 4) bit for bit, saying why"
@@ -163,6 +167,7 @@ else
     fail "levels: --incremental files" "$(ls "$LV/i3" | tr '\n' ' ')"
 fi
 lv_run i3r 2 3 --dp 2 --zero 3 --resume "$LV/i3/step-00000007" --save "$LV/i3r.bin"
+# bit for bit by construction: base xor delta is the saved state's bytes, resumed on the same mesh
 if grep -q "checkpoint: resumed from" "$LV/i3r.out" && [ "$(lv_losses "$LV/i3.jsonl" 7)" = "$(lv_losses "$LV/i3r.jsonl" 7)" ] && cmp -s "$LV/i3.bin" "$LV/i3r.bin"; then
     pass "levels: a delta (step 7) applied to its full save (step 5) resumes bit for bit"
 else

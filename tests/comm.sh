@@ -86,6 +86,7 @@ cm_pair() {  # [--tol] WHAT NP BIN FLAGS...: the library run, the hand run, the 
         else
             fail "$what --comm hand" "exit $RC; $cmp"
         fi
+    # bit for bit by construction: every sum is over 2 ranks, a + b = b + a; the other calls are the same
     elif [ $ok = 1 ] && [ -s "$TEST_TMPDIR/cm_hand.jsonl" ] &&
         [ "$(cm_steps "$TEST_TMPDIR/cm_hand.jsonl")" = "$(cm_steps "$TEST_TMPDIR/cm_library.jsonl")" ]; then
         pass "$what --comm hand: the same 3 losses and norms as --comm library, bit for bit"

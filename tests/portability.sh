@@ -139,6 +139,7 @@ bits() {
     a=$(grep '"type":"step"' "$TEST_TMPDIR/bits_ov1.jsonl" 2>/dev/null | sed 's/"ms":[^,]*,"tokens_per_s":[^,]*,//')
     mpi_run $T_RUN 2 "$BUILD/chapter-7" $flags --ep-overlap 5 --log "$TEST_TMPDIR/bits_ov5.jsonl"
     b=$(grep '"type":"step"' "$TEST_TMPDIR/bits_ov5.jsonl" 2>/dev/null | sed 's/"ms":[^,]*,"tokens_per_s":[^,]*,//')
+    # bit for bit by construction: every op a chunk runs is row-stable (tests/test_rows.c)
     if [ $RC = 0 ] && [ -n "$a" ] && [ "$a" = "$b" ]; then
         pass "$L: chapter 7 --ep-overlap 5 on ep=2 gives --ep-overlap 1's step records bit for bit ($(echo "$a" | wc -l) steps)"
     else
@@ -175,6 +176,7 @@ chapters() {
         jobs_run ref_drift "$L"
     fi
     jobs_run collectives "$L" 3
+    # replicas (and tp replicas below) bit-identical by construction: the same ops on the same all-reduced bytes
     jobs_run invariant --norm --expect "bit-identical on every rank" "$L: chapter 2 dp=2 overlapped" "$INV_FLAGS" 2 \
         chapter-2 "--dp 2 --bucket-kb 64"
     jobs_run invariant --norm --val "$L: chapter 3 ZeRO-3 dp=2" "$INV_FLAGS" 2 chapter-3 "--dp 2 --zero 3"

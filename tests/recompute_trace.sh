@@ -18,6 +18,7 @@ rc_run() {  # LABEL NP BIN FLAGS...: runs into $TEST_TMPDIR/rc_LABEL.jsonl, fail
         --log "$TEST_TMPDIR/rc_$label.jsonl" "$@"
     [ "$RC" -eq 0 ] || fail "recompute/trace: $label" "exit $RC; $(echo "$OUT" | tail -3)"
 }
+# bit for bit by construction: the same calls on the same rows, recomputed
 # the same losses and norms, bit for bit, as recompute none in the same chapter
 rc_same() {  # LABEL REF_LABEL WHAT
     if [ -s "$TEST_TMPDIR/rc_$1.jsonl" ] && [ "$(rc_steps "$TEST_TMPDIR/rc_$1.jsonl")" = "$(rc_steps "$TEST_TMPDIR/rc_$2.jsonl")" ]; then

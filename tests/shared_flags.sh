@@ -169,12 +169,14 @@ for c in chapters:
         % (ve[0]["val_loss"] if ve else None, vals[-1]["val_loss"] if vals else None))
 
     # --resume: step 2 again from the step-2 checkpoint, bit for bit
+    # (by construction: the same mesh, so the same calls on the same rows)
     bad_c = ran(c, "C")
     ok = not bad_b and not bad_c and steps_of(C) == steps_of(B)[2:] and len(steps_of(C)) == 1
     row("--resume (step 2 from the step-2 checkpoint)", c, ok, bad_b or bad_c or "resumed %s, trained %s"
         % (steps_of(C), steps_of(B)[2:]))
 
     # --recompute full: the same losses and norms, bit for bit
+    # (by construction: the same calls on the same rows, recomputed)
     ok = not bad_a and not bad_b and steps_of(A) == steps_of(B) and len(steps_of(A)) == STEPS
     row("--recompute full", c, ok, bad_a or bad_b or "with %s, without %s" % (steps_of(A), steps_of(B)))
 

@@ -255,6 +255,7 @@ static void test_checkpoint(void) {
     float* loaded = calloc(P, sizeof(float));
     bad = checkpoint_read_config(path, &back, msg, sizeof(msg));
     if (!bad) bad = checkpoint_read_params(path, &back, loaded, msg, sizeof(msg));
+    // bit for bit by construction: a file round trip copies bytes (no arithmetic)
     check(bad == NULL && memcmp(&back, &cfg, sizeof(cfg)) == 0 && memcmp(loaded, params, P * sizeof(float)) == 0,
           "checkpoint: round trip gives the same config and parameters bit for bit", "%s", bad ? bad : "data differs");
 
@@ -528,12 +529,14 @@ static void test_split_block_backward(void) {
         BlockStash st = block_stash_at(stash + (size_t)l * block_stash_numel(B, T, C), B, T, C);
         block_backward_weights(&g, &a, &st, x, B, T, C);
     }
+    // bitwise by construction: the halves issue the fused backward's calls on the same rows
     check(input_same && untouched == 0.0,
           "split backward: input halves of 3 layers give block_backward's d x bitwise, writing no parameter gradient",
           "d x same %d, |parameter gradients| after the input halves %g", input_same, untouched);
     size_t first_diff = G;
     for (size_t i = 0; i < G && first_diff == G; i++)
         if (memcmp(&g_split[i], &g_fused[i], sizeof(float)) != 0) first_diff = i;
+    // bitwise by construction: the same calls on the same rows; a layer's gradients never mix with another's
     check(first_diff == G,
           "split backward: weight halves run later, in another layer order, give block_backward's gradients bitwise",
           "first difference at block-gradient index %zu (layer %zu): %.9g vs %.9g", first_diff,
@@ -578,6 +581,7 @@ static void test_split_head_backward(void) {
     BlockStash st = block_stash_at(stash, B, T, C);
     block_backward_input(&p, &a, &s, &st, gpt_acts_block(&m.acts, c, L - 2, B, T).res3, m.acts.dres, B, T, C, NH);
     head_backward_weights(c, g_split, g_split + Vp * C, g_split + Vp * C + C, &h, last, dlnf, B, T);
+    // bitwise by construction: the halves issue the fused backward's calls on the same rows
     check(input_same, "split backward: the head's input half gives head_backward's d x bitwise", "differs");
     check(same_floats(g_split, g_fused, nhead),
           "split backward: the head's weight half, run after a block's input half, gives dwte, dlnfw, dlnfb bitwise",
@@ -634,6 +638,7 @@ static void test_split_model_backward(void) {
     size_t first_diff = P;
     for (size_t i = 0; i < P && first_diff == P; i++)
         if (memcmp(&G[i], &g_fused[i], sizeof(float)) != 0) first_diff = i;
+    // bitwise by construction: the same calls on the same rows, each gradient summed in the fused order
     check(first_diff == P, "split backward: the whole model, all input halves then all weight halves, gives gpt_backward's gradients bitwise",
           "first difference at flat offset %zu of %zu", first_diff, P);
     free(g_fused); free(dlnf); free(stash);
@@ -921,6 +926,7 @@ static void test_tp_block(void) {
     float* r0[] = {G[0].ln1w, G[0].ln1b, G[0].attprojb, G[0].ln2w, G[0].ln2b, G[0].fcprojb};
     float* r1[] = {G[1].ln1w, G[1].ln1b, G[1].attprojb, G[1].ln2w, G[1].ln2b, G[1].fcprojb};
     for (int k = 0; k < 6; k++) agree &= memcmp(r0[k], r1[k], C * sizeof(float)) == 0;
+    // bit-identical by construction: both ranks run the same ops on the same summed bytes
     check(agree, "tp block: the replicated tensors' gradients are bit-identical on both ranks", "they differ");
     float* all[] = {w, g, x, dout, acts, scr, dres, sum, sp[0], sp[1], sg[0], sg[1], sa[0], sa[1], ss[0], ss[1], dr[0], dr[1]};
     for (size_t i = 0; i < sizeof(all) / sizeof(all[0]); i++) mem_free(all[i]);
@@ -1063,6 +1069,7 @@ static void test_recompute(void) {
             size_t first = m.num_params;
             for (size_t i = 0; i < m.num_params && first == m.num_params; i++)
                 if (memcmp(&m.grads[i], &ref[i], sizeof(float)) != 0) first = i;
+            // bitwise by construction: the same calls on the same rows, recomputed
             snprintf(what, sizeof(what), "recompute %s: the loss and every gradient of a second step are none's bitwise, and sampling gives the same tokens", name);
             check(first == m.num_params && memcmp(&loss, &ref_loss, sizeof(float)) == 0 &&
                       memcmp(sample, ref_sample, sizeof(sample)) == 0,

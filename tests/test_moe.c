@@ -361,6 +361,7 @@ static void test_case(const MoeCase* mc) {
         size_t diff = 0;
         for (size_t i = 0; i < m->n_shared; i++) diff += g3_s[i] != g_s[i];
         for (size_t i = 0; i < m->n_experts; i++) diff += g3_e[i] != g_e[i];
+        // bit for bit by construction: every op a chunk runs is row-stable (tests/test_rows.c), the weight gradients one call
         snprintf(name, sizeof(name), "moe %s: in 3 chunks (--ep-overlap 3) the same aux, drops and gradient, bit for bit",
                  mc->name);
         check(diff == 0 && f3.m.aux == aux && f3.m.dropped == dropped, name,

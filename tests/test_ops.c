@@ -993,6 +993,7 @@ static void test_grad_norm(void) {
         mem_to_device(d_dev, d, sizeof(d));
         ops_double_to_float(f_dev, d_dev, K);
         to_host(got_f, f_dev, K);
+        // bit for bit by construction: one IEEE rounding per value, as the cast
         check(memcmp(got_f, want_f, sizeof(got_f)) == 0, "ops_double_to_float rounds as the C cast (bit for bit)",
               "got %.9g %.9g %.9g %.9g %.9g %.9g", (double)got_f[0], (double)got_f[1], (double)got_f[2],
               (double)got_f[3], (double)got_f[4], (double)got_f[5]);
@@ -1593,6 +1594,7 @@ static void test_backward_halves(void) {
     int same = memcmp(buf_fetch(&i1), buf_fetch(&i2), sizeof(float) * N * C) == 0 &&
                memcmp(buf_fetch(&w1), buf_fetch(&w2), sizeof(float) * OC * C) == 0 &&
                memcmp(buf_fetch(&b1), buf_fetch(&b2), sizeof(float) * OC) == 0;
+    // bitwise by construction: the halves issue the one call's gemms and bias loop on the same shapes
     check(same, "matmul_backward in two halves (dinp, no inp; then dw+dbias, no w) == one call, bitwise",
           "a gradient differs from the one-call result");
 
@@ -1618,6 +1620,7 @@ static void test_backward_halves(void) {
     same = memcmp(buf_fetch(&li1), buf_fetch(&li2), sizeof(float) * N * C) == 0 &&
            memcmp(buf_fetch(&lw1), buf_fetch(&lw2), sizeof(float) * C) == 0 &&
            memcmp(buf_fetch(&lb1), buf_fetch(&lb2), sizeof(float) * C) == 0;
+    // bitwise by construction: the halves run the one call's loops in the same order
     check(same, "layernorm_backward in two halves (dinp; then dw+db, no w) == one call, bitwise",
           "a gradient differs from the one-call result");
 

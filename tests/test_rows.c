@@ -200,6 +200,7 @@ static void test_row_op(const RowOp* op) {
         }
     }
     char name[256];
+    // the same bits by construction is what this holds each row op to: (b) of docs/notes/bit_for_bit.md
     snprintf(name, sizeof(name), "rows: %s, each of %d rows the same bits as alone (%d calls: 1-4 threads, 4 offsets, 14 lengths, 4 chunkings)",
              op->name, op->rows, calls);
     check(!bad, name, "%s", why);
