@@ -11,9 +11,10 @@
 // MPI_X is also callable as PMPI_X, so a program may define its own MPI_X
 // that does something around PMPI_X. mpiP and Score-P work this way.
 //
-// Only the thread that started the watchdog is marked: the census thread
-// and the checkpoint writer make MPI calls of their own, and the marks
-// count one thread's nesting. Inside a comm.c mark the outer name wins.
+// Only the thread that started the watchdog is marked: the checkpoint
+// writer makes MPI calls of its own, and the marks count one thread's
+// nesting (the census thread calls PMPI_ directly and never comes here).
+// Inside a comm.c mark the outer name wins.
 #include "watchdog.h"
 
 #include <mpi.h>

@@ -92,18 +92,23 @@ static void my_state(RankState* s, int round) {
     }
 }
 
+// The census talks through MPI's profiling names (PMPI_Send, not MPI_Send):
+// watch_mpi.c's wrappers of the MPI_ names report every blocking call to this
+// file, and the watchdog's own messages must not pass through what watches
+// MPI (no circle between the two files; tests/layers_check.py).
+
 // Answers every question another rank's census has sent this rank.
 static void answer_questions(void) {
     for (;;) {
         int pending = 0;
         MPI_Status st;
-        MPI_Iprobe(MPI_ANY_SOURCE, TAG_ASK, census_comm, &pending, &st);
+        PMPI_Iprobe(MPI_ANY_SOURCE, TAG_ASK, census_comm, &pending, &st);
         if (!pending) return;
         int round = 0;
-        MPI_Recv(&round, 1, MPI_INT, st.MPI_SOURCE, TAG_ASK, census_comm, MPI_STATUS_IGNORE);
+        PMPI_Recv(&round, 1, MPI_INT, st.MPI_SOURCE, TAG_ASK, census_comm, MPI_STATUS_IGNORE);
         RankState s;
         my_state(&s, round);
-        MPI_Send(&s, (int)sizeof(s), MPI_BYTE, st.MPI_SOURCE, TAG_ANSWER, census_comm);
+        PMPI_Send(&s, (int)sizeof(s), MPI_BYTE, st.MPI_SOURCE, TAG_ANSWER, census_comm);
     }
 }
 
@@ -135,8 +140,8 @@ static void census(int round) {
     for (int r = 0; r < n; r++) {
         if (r == me) continue;
         MPI_Request req;
-        MPI_Isend(&round, 1, MPI_INT, r, TAG_ASK, census_comm, &req);
-        MPI_Request_free(&req);  // a tiny message: sent eagerly, or never if r is gone
+        PMPI_Isend(&round, 1, MPI_INT, r, TAG_ASK, census_comm, &req);
+        PMPI_Request_free(&req);  // a tiny message: sent eagerly, or never if r is gone
         asked++;
     }
     // a live rank answers within its thread's next turn; a loaded machine
@@ -148,13 +153,13 @@ static void census(int round) {
         answer_questions();  // another rank may be counting at the same time
         int pending = 0;
         MPI_Status st;
-        MPI_Iprobe(MPI_ANY_SOURCE, TAG_ANSWER, census_comm, &pending, &st);
+        PMPI_Iprobe(MPI_ANY_SOURCE, TAG_ANSWER, census_comm, &pending, &st);
         if (!pending) {
             sleep_seconds(0.01);
             continue;
         }
         RankState s;
-        MPI_Recv(&s, (int)sizeof(s), MPI_BYTE, st.MPI_SOURCE, TAG_ANSWER, census_comm, MPI_STATUS_IGNORE);
+        PMPI_Recv(&s, (int)sizeof(s), MPI_BYTE, st.MPI_SOURCE, TAG_ANSWER, census_comm, MPI_STATUS_IGNORE);
         if (s.round != round || s.rank < 0 || s.rank >= n || answered[s.rank]) continue;  // a late answer
         states[s.rank] = s;
         answered[s.rank] = 1;
