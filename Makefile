@@ -72,7 +72,7 @@ ifeq ($(BACKEND),cpu)
   else
     LDLIBS += -lopenblas
   endif
-  BACKEND_C  := common/cpu/ops.c common/cpu/device.c common/cpu/comm.c
+  BACKEND_C  := common/cpu/ops.c common/cpu/device.c common/cpu/device_clock.c common/cpu/comm.c
   BACKEND_CU :=
 else ifeq ($(BACKEND),cuda)
   ifeq ($(HAVE_NVCC),)
@@ -185,7 +185,7 @@ $(OBJ)/%.o: %.cu $(FLAGS_STAMP)
 # (a test that needs MPI ranks or arguments names the script that runs it).
 TESTS := $(patsubst tests/%.c,%,$(wildcard tests/test_*.c))
 test_modules = $(shell sed -n 's|^// modules: *||p' tests/$(1).c)
-CPU_COMMON_OBJ := $(patsubst %.c,$(BUILD)/obj/cpu/%.o,$(COMMON_SRC) common/cpu/ops.c common/cpu/device.c common/cpu/comm.c)
+CPU_COMMON_OBJ := $(patsubst %.c,$(BUILD)/obj/cpu/%.o,$(COMMON_SRC) common/cpu/ops.c common/cpu/device.c common/cpu/device_clock.c common/cpu/comm.c)
 define TEST_RULE
 $(BUILD)/tests/$(1): $(BUILD)/obj/cpu/tests/$(1).o $(patsubst %,$(BUILD)/obj/cpu/%.o,$(call test_modules,$(1))) $(CPU_COMMON_OBJ)
 	@mkdir -p $$(dir $$@)

@@ -22,6 +22,7 @@
 #include "errors.h"
 #include "matmul_peak.h"
 #include "memory.h"
+#include "device.h"
 #include "mesh.h"
 #include "model.h"
 #include "rank.h"

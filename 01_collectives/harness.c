@@ -11,6 +11,7 @@
 #include "errors.h"
 #include "rank.h"
 #include "memory.h"
+#include "device.h"
 #include "ops.h"
 #include "runtime.h"
 

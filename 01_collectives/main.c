@@ -25,6 +25,7 @@
 #include "harness.h"
 #include "errors.h"
 #include "memory.h"
+#include "device.h"
 #include "ops.h"
 #include "rank.h"
 #include "runtime.h"

@@ -8,6 +8,7 @@
 #include "errors.h"
 #include "exercise.h"  // exercise_not_done, in a homework tree
 #include "memory.h"
+#include "device_clock.h"
 #include "runtime.h"
 
 // ---------------------------------------------------------------- units and shards

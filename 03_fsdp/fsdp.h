@@ -32,6 +32,7 @@
 #include "memory.h"  // DeviceClock
 #include "ops.h"
 #include "sharding.h"
+#include "device_clock.h"
 
 // Writes floats [lo, lo + n) of unit `unit` into dst (host memory). Returns
 // NULL, or a message (written into msg) when the values cannot be had (a

@@ -41,6 +41,7 @@
 #include "errors.h"
 #include "exercise.h"  // exercise_not_done, in a homework tree
 #include "memory.h"
+#include "device_clock.h"
 #include "rank.h"
 #include "runtime.h"
 #include "trace.h"

@@ -13,6 +13,7 @@
 #include "exercise.h"  // exercise_not_done, in a homework tree
 #include "rank.h"
 #include "memory.h"
+#include "device_clock.h"
 #include "mesh.h"
 #include "trace.h"
 

@@ -23,6 +23,7 @@
 #include "ckpt.h"
 #include "comm.h"
 #include "memory.h"
+#include "device_clock.h"
 #include "model.h"
 #include "report.h"
 #include "schedule.h"

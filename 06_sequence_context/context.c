@@ -10,6 +10,7 @@
 #include "init.h"
 #include "rank.h"
 #include "memory.h"
+#include "device_clock.h"
 #include "mesh.h"
 #include "trace.h"
 

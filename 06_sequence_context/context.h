@@ -16,6 +16,7 @@
 #include "report.h"
 #include "ring.h"
 #include "train.h"
+#include "device_clock.h"
 
 // Who holds which tokens (ring.h's CPShard):
 //

@@ -27,6 +27,7 @@
 
 #include "memory.h"  // DeviceClock
 #include "mesh.h"
+#include "device_clock.h"
 
 // the world is counted as one more "axis" after the mesh's; groups over
 // several axes or listed ranks get slots after that, up to COMM_MAX_SLOTS

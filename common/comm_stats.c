@@ -7,6 +7,7 @@
 
 #include "comm_trace.h"
 #include "errors.h"
+#include "device_clock.h"
 
 static CommCount counts[NUM_COLLECTIVES][COMM_MAX_SLOTS];
 static double wait_seconds = 0.0;

@@ -8,6 +8,7 @@
 #include <stddef.h>
 
 #include "comm.h"
+#include "device_clock.h"
 
 // Counts one call on c's axis: bytes is the size it works on per rank
 // (nccl-tests' "size"), factor nccl-tests' bus factor for it.

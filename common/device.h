@@ -1,5 +1,8 @@
-// device.h: what a backend provides underneath memory.h: raw allocation on
-// the device. Only memory.c calls these; everything else uses mem_alloc.
+// device.h: the backend's device: this rank's device started (the GPU of its
+// node-local rank on CUDA), its queue waited for, its ops' host threads, and
+// the raw allocation underneath memory.h (only memory.c calls
+// device_raw_alloc and device_raw_free; everything else uses mem_alloc).
+// The clocks of the device's work are device_clock.h's.
 #ifndef DEVICE_H
 #define DEVICE_H
 
@@ -15,5 +18,11 @@ const char* device_memory_name(void);
 
 // Host threads for this rank's ops (OpenMP and the BLAS library).
 void device_set_threads(int n);
+
+// Picks and prepares this rank's device (the GPU of its node-local rank on
+// CUDA; nothing on the CPU). Returns a printable name.
+const char* device_init(int local_rank);
+// Waits for all work queued on the device (a no-op on the CPU).
+void device_synchronize(void);
 
 #endif

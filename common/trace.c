@@ -16,6 +16,7 @@
 #include "atomic_file.h"
 #include "errors.h"
 #include "memory.h"
+#include "device.h"
 #include "rank.h"
 #include "runtime.h"
 

@@ -10,6 +10,7 @@
 #include "errors.h"
 #include "matmul_peak.h"
 #include "memory.h"
+#include "device.h"
 #include "model_file.h"
 #include "optime.h"
 #include "paths.h"

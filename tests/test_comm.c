@@ -25,6 +25,7 @@
 #include "device.h"
 #include "errors.h"
 #include "memory.h"
+#include "device_clock.h"
 #include "mesh.h"
 #include "rank.h"
 #include "report.h"

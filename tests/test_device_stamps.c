@@ -19,6 +19,7 @@
 #include <unistd.h>
 
 #include "memory.h"
+#include "device_clock.h"
 #include "runtime.h"
 #include "test.h"
 

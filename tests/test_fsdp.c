@@ -19,6 +19,7 @@
 #include "errors.h"
 #include "fsdp.h"
 #include "memory.h"
+#include "device.h"
 #include "mesh.h"
 #include "rank.h"
 #include "runtime.h"

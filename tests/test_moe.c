@@ -30,6 +30,7 @@
 
 #include "runtime.h"
 #include "test.h"
+#include "device.h"
 
 static uint64_t rng_state = 7;
 static double uniform(void) {  // xorshift64*, in [0, 1)

@@ -24,6 +24,7 @@
 
 #include "device.h"
 #include "memory.h"
+#include "device_clock.h"
 #include "ops.h"
 #include "runtime.h"
 #include "test.h"

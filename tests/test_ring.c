@@ -18,6 +18,7 @@
 #include <string.h>
 
 #include "memory.h"
+#include "device.h"
 #include "ops.h"
 #include "ring.h"
 #include "runtime.h"

@@ -84,6 +84,7 @@
 
 #include "cuda_common.h"
 #include "memory.h"
+#include "device_clock.h"
 #include "ops.h"
 #include "runtime.h"
 #include "watchdog.h"
