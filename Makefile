@@ -157,16 +157,17 @@ $(BIN)/roofline: $(OBJ)/common/tools/roofline.o $(COMMON_OBJ)
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) -o $@ $^ $(LDLIBS)
 # the planner: a chapter's peak bytes and communication, predicted (tests/plan.sh):
-# 07_expert/plan/*.c, and the chapters' own modules whose sizes and
-# schedules it reads (PLAN_MODULES, paths without .c). It sits beside the
-# last chapter, not in common/tools, because it links every chapter's engine
-# and nothing in common/ includes a chapter's header.
+# tools/plan/*.c, and the chapters' own modules whose sizes and schedules it
+# reads (PLAN_MODULES, paths without .c). A tool of the whole course, so it
+# sits in the top-level tools/, neither in a chapter's folder nor in
+# common/tools (it links every chapter's engine, and nothing in common/
+# includes a chapter's header).
 PLAN_MODULES := 05_pipeline/schedule 05_pipeline/pipeline 06_sequence_context/context 06_sequence_context/ring \
                 06_sequence_context/sequence 04_fsdp_tp/tp 03_fsdp/fsdp 07_expert/moe
-$(BIN)/plan: $(patsubst %.c,$(OBJ)/%.o,$(wildcard 07_expert/plan/*.c)) $(patsubst %,$(OBJ)/%.o,$(PLAN_MODULES)) $(COMMON_OBJ)
+$(BIN)/plan: $(patsubst %.c,$(OBJ)/%.o,$(wildcard tools/plan/*.c)) $(patsubst %,$(OBJ)/%.o,$(PLAN_MODULES)) $(COMMON_OBJ)
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) -o $@ $^ $(LDLIBS)
-$(OBJ)/07_expert/plan/%.o: CFLAGS += -I07_expert/plan $(patsubst %,-I%,$(sort $(dir $(PLAN_MODULES))))
+$(OBJ)/tools/plan/%.o: CFLAGS += -Itools/plan $(patsubst %,-I%,$(sort $(dir $(PLAN_MODULES))))
 
 $(OBJ)/%.o: %.c $(FLAGS_STAMP)
 	@mkdir -p $(dir $@)

@@ -1,5 +1,5 @@
 #!/bin/bash
-# tests/plan.sh: build/plan (07_expert/plan/*.c) predicts a chapter's run.
+# tests/plan.sh: build/plan (tools/plan/*.c) predicts a chapter's run.
 # For each chapter and mesh below, the plan's peak bytes per category per
 # rank and its calls, bytes and bus bytes per collective and axis EQUAL the
 # summary of a real run of the same flags (--log FILE.jsonl), integer for
@@ -427,7 +427,7 @@ plan_error "--tp: tp must divide the model's heads" --chapter 7 --ranks 3 --tp 3
 plan_error "--microbatches: must divide a rank's sequences, --batch / (dp ep tp)" --chapter 7 --ranks 4 --tp 2 --pp 2 --batch 6
 plan_error "--microbatches: must divide a rank's sequences" --chapter 7 --ranks 2 --pp 2 --batch 24 --microbatches 5
 
-echo "== the step-time model (07_expert/plan/plan_time.h)"
+echo "== the step-time model (tools/plan/plan_time.h)"
 # A fixed profile, and the time the documented formula gives for it,
 # computed here from the plan's own counts (its --json record):
 #   step = (matmul_flops / matmul_gflops + attention_flops / attention_gflops
@@ -513,7 +513,7 @@ printf 'element_bytes = 2\nranks_per_node = 8\nlink.intra.gbps = 4\nlink.intra.l
 plan_time_check "$link" none --chapter 3 --ranks 2 --dp 2 --zero 1
 
 # chapters 5 to 7: the plan's own FLOPs per rank split into attention and
-# the matmuls, the bubble from the plan (07_expert/plan/plan_time.h), every
+# the matmuls, the bubble from the plan (tools/plan/plan_time.h), every
 # collective on the link model (point-to-point: one latency per send); the
 # slowest rank's step, evaluated here from the plan's --json record
 plan_time_check_57() {
@@ -639,7 +639,7 @@ out=$("$BUILD/plan" --chapter 0 --profile "$TEST_TMPDIR/none.txt" 2>&1)
 [ $? -ne 0 ] && echo "$out" | grep -q "^error: .*none.txt: cannot read the profile" &&
     pass "a profile that is not there: error line" || fail "missing profile" "$out"
 # the committed profiles parse, and plan the presets
-for f in 07_expert/plan/profiles/*.txt; do
+for f in tools/plan/profiles/*.txt; do
     out=$("$BUILD/plan" --chapter 3 --ranks 8 --dp 8 --model gpt2-124m --batch 64 --seq 1024 --profile "$f" 2>&1)
     if [ $? -eq 0 ] && echo "$out" | grep -q '^  step [0-9.]* ms'; then
         pass "profile $f plans GPT-2 124M on 8 ranks"

@@ -1,6 +1,6 @@
 #!/bin/bash
 # measure_profile.sh OUT: this machine's profile for build/plan --profile
-# (make profile runs it; the format and the model are in 07_expert/plan/plan_time.h
+# (make profile runs it; the format and the model are in tools/plan/plan_time.h
 # and docs/planner.md). Every figure is measured here, one line each with the
 # command it came from:
 #   - build/roofline: the matmul rate at the four shapes of a block of the

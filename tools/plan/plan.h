@@ -1,5 +1,5 @@
 // plan.h: the planner's question and answer, shared by build/plan's main
-// (07_expert/plan/plan.c) and the chapter planners: plan_dense.c (chapters 0,
+// (tools/plan/plan.c) and the chapter planners: plan_dense.c (chapters 0,
 // 2, 3, 4), plan_pipeline.c (5), plan_context.c (6), plan_expert.c (7).
 // A planner fills one rank's RankPlan for one step; plan.c runs it for every
 // rank and --steps steps, feeding the comm layer's own counters.
