@@ -17,6 +17,12 @@ says what is checked; in short:
    the next non-blank line after the reference's line opens a fenced code
    block, the block equals lines N..M exactly (trailing white space ignored).
    Where one line holds several references, the block must equal one of them.
+   A reference no block quotes names what its lines hold, and they must hold
+   it: the name in backquotes right after it, `path:N` (`name`), or else the
+   backquoted name of its sentence nearest before it (after it when none is
+   before; not a reference, not a path). A range of C (.c .h .cu) holds whole
+   blocks: as many braces closed as opened. So code that moves under a
+   reference fails the check even when the reference still exists.
 2. Links and images: every relative [text](path), ![alt](path) and
    [label]: path resolves (from the doc's folder) to a file or folder of the
    repository; a #anchor on a Markdown file matches one of its headings
@@ -48,6 +54,7 @@ the tolerance, the closest to it first. Exits 1 if anything failed, 2 on
 bad usage.
 """
 import os
+import bisect
 import re
 import subprocess
 import sys
@@ -316,7 +323,7 @@ class Checker:
     def check(self, rel):
         """Returns (problems, counts) for one doc."""
         problems = []
-        counts = {'references': 0, 'quotes': 0, 'links': 0, 'figures': 0}
+        counts = {'references': 0, 'quotes': 0, 'named': 0, 'links': 0, 'figures': 0}
         try:
             lines = self.repo.lines(rel) if self.repo.is_file(rel) else open(
                 os.path.join(self.repo.root, rel), encoding='utf-8').read().split('\n')
@@ -333,6 +340,7 @@ class Checker:
             if m:
                 counts['links'] += 1
                 self.check_link(rel, m.group(2), lambda w, i=i: problem(i, w))
+        need_name = set()  # (line index, reference) of references no block quotes
         for i, text in doc.prose:
             refs = []
             for span in CODE_SPAN_RE.finditer(text):
@@ -354,6 +362,9 @@ class Checker:
                     problem(i, what)
                 else:
                     ok.append(m)
+            # the references of this line that still need a name (rule 1b):
+            # those that exist and that no fenced block after the line quotes
+            unnamed = list(ok)
             j = doc.next_nonblank(i + 1)
             if j in doc.fences and len(ok) == len(refs):
                 counts['quotes'] += 1
@@ -362,6 +373,15 @@ class Checker:
                 if all(diffs):
                     for d in diffs:
                         problem(d[0], d[1])
+                    unnamed = []  # the quote is what is wrong: said once
+                else:
+                    unnamed = [m for m, d in zip(refs, diffs) if d is not None]
+            for m in unnamed:
+                need_name.add((i, m.group(0)))
+
+        # 1b. every reference that no block quotes names what its lines hold
+        for unit in prose_units(doc):
+            self.check_names(unit, need_name, counts, problem)
 
         for i, cmd, after in doc.checks:
             counts['figures'] += 1
@@ -431,6 +451,75 @@ class Checker:
         if b > n:
             return 'code reference `%s`: %s has %d lines' % (m.group(0), path, n)
         return None
+
+    def check_names(self, unit, need_name, counts, problem):
+        """Rule 1b: a reference that no fenced block quotes names what its
+        lines hold, and the name must be in those lines: the name written
+        right after it in parentheses, `path:N` (`name`), or else the
+        backticked name of the same sentence nearest before it (after it when
+        none is before): a code span that is neither a reference nor a path
+        of the repository. A range of C must also hold whole blocks (as many
+        braces closed as opened), so that code moving under a range that held
+        a function or a loop is seen even when the name is still inside."""
+        text, starts = unit
+        spans = []  # (start, end, content, reference match or None)
+        for s in CODE_SPAN_RE.finditer(text):
+            c = s.group(2).strip()
+            spans.append((s.start(), s.end(), c, REF_RE.match(c)))
+        if not any(r for _, _, _, r in spans):
+            return
+        bounds = sentence_bounds(text, spans)
+        for k, (a, b, c, r) in enumerate(spans):
+            if not r:
+                continue
+            i = starts[bisect.bisect_right(starts, (a, 1 << 30)) - 1][1]
+            if (i, r.group(0)) not in need_name:
+                continue
+            need_name.discard((i, r.group(0)))
+            path, lo = r.group(1), int(r.group(2))
+            hi = int(r.group(3)) if r.group(3) else lo
+            explicit = EXPLICIT_NAME_RE.match(text, b)
+            if explicit:
+                name, how = explicit.group(2).strip(), 'the name after it'
+            else:
+                s0, s1 = next((x, y) for x, y in bounds if x <= a < y)
+                # the nearest before it, else the nearest after it
+                cands = [(x > a, a - y if x < a else x - b, cc) for x, y, cc, rr in spans
+                         if not rr and s0 <= x < s1 and self.is_name(cc)]
+                if not cands:
+                    problem(i, 'code reference `%s` names nothing its lines could be checked against: quote the '
+                            'lines in a fenced block after it, name them in the sentence (`name`), or write '
+                            '`%s` (`name`)' % (r.group(0), r.group(0)))
+                    continue
+                after, _, name = min(cands)
+                how = 'the nearest name %s it in its sentence' % ('after' if after else 'before')
+            lines = self.repo.lines(path)
+            held = name_in(name, lines[lo - 1:hi])
+            depth = brace_depth(lines[lo - 1:hi]) if path.endswith(C_EXTS) and hi > lo else (0, 0)
+            if held and depth != (0, 0):
+                # the name is there but the range cuts a block: the code moved
+                # under a range that held a whole function, loop or block
+                problem(i, 'code reference `%s` (`%s`): lines %d-%d of %s cut a block (%s); a range of C holds '
+                        'whole blocks%s' % (r.group(0), name, lo, hi, path, describe_depth(depth),
+                                            whole_block_hint(lines, lo, hi, name)))
+                continue
+            if held:
+                counts['named'] += 1
+                continue
+            if self.homework and any('exercise_not_done(' in l for l in lines[lo - 1:hi]):
+                counts['named'] += 1  # a student tree: the lines are an exercise's stub now
+                continue
+            at = [n + 1 for n in range(len(lines)) if name_in(name, lines[n:n + 1])]
+            where = '; %s holds it at line%s %s' % (path, 's' * (len(at) > 1), ', '.join(map(str, at[:6]))) \
+                if at else '; %s does not hold it at all' % path
+            problem(i, 'code reference `%s` names `%s` (%s), which lines %s of %s do not hold%s' % (
+                r.group(0), name, how, '%d-%d' % (lo, hi) if hi > lo else lo, path, where))
+
+    def is_name(self, c):
+        """A code span a reference may name: not a path of the repository
+        (the file itself names no lines)."""
+        c = c.rstrip('/')
+        return bool(c) and not self.repo.is_file(c) and not self.repo.is_dir(c)
 
     def compare_quote(self, m, body, first, rel):
         """None if the block equals the lines, else (doc line index, what differs)."""
@@ -578,6 +667,104 @@ def closest(needle, hay, kind):
     return (best if len(best) <= 160 else best[:157] + '...'), k
 
 
+# `path:N` (`name`): the name a reference points at, written after it
+EXPLICIT_NAME_RE = re.compile(r'\s*\(\s*(`+)(.+?)\1\s*\)')
+LIST_ITEM_RE = re.compile(r'^\s*(?:[-*+]|[0-9]+[.)])\s+')
+ABBREV_RE = re.compile(r'(?:\be\.g|\bi\.e|\bcf|\bvs|\betc)\.$')
+
+
+def prose_units(doc):
+    """The doc's prose cut into paragraphs, list items, table rows and
+    headings, each as (text joined with spaces, [(offset, line index)])."""
+    units, cur = [], None
+    for i, line in enumerate(doc.lines):
+        if doc.kind[i] != 'prose' or not line.strip():
+            cur = None
+            continue
+        text = re.sub(r'<!--.*?-->', '', line)
+        alone = text.lstrip().startswith(('|', '#'))
+        if cur is None or alone or LIST_ITEM_RE.match(text) or cur[2]:
+            cur = ['', [], alone]
+            units.append(cur)
+        elif cur[0]:
+            cur[0] += ' '
+        cur[1].append((len(cur[0]), i))
+        cur[0] += text
+    return [(t, s) for t, s, _ in units]
+
+
+def sentence_bounds(text, spans):
+    """[(start, end)] of the sentences of TEXT: a sentence ends at . ! ? or ;
+    followed by white space (outside code spans; not e.g., i.e.); a table row's
+    cells are one sentence."""
+    masked = list(text)
+    for a, b, _, _ in spans:
+        masked[a:b] = 'C' * (b - a)
+    masked = ''.join(masked)
+    bounds, start = [], 0
+    for m in re.finditer(r'[.!?;](?=\s)', masked):
+        if ABBREV_RE.search(masked[max(0, m.start() - 4):m.end()]):
+            continue
+        bounds.append((start, m.end()))
+        start = m.end()
+    bounds.append((start, len(text) + 1))
+    return bounds
+
+
+C_EXTS = ('.c', '.h', '.cu', '.cuh')
+
+
+def brace_depth(lines):
+    """(closes before any open, opens left unclosed) of C LINES, braces in
+    comments, strings and character literals ignored: (0, 0) when the lines
+    hold whole blocks."""
+    text = '\n'.join(lines)
+    text = re.sub(r'//[^\n]*|/\*.*?\*/|"(?:\\.|[^"\\\n])*"|\'(?:\\.|[^\'\\\n])*\'', ' ', text, flags=re.S)
+    depth = low = 0
+    for ch in text:
+        if ch == '{':
+            depth += 1
+        elif ch == '}':
+            depth -= 1
+            low = min(low, depth)
+    return (-low, depth - low)
+
+
+def describe_depth(depth):
+    closes, opens = depth
+    what = []
+    if closes:
+        what.append('%d `}` of a block opened above them' % closes)
+    if opens:
+        what.append('%d `{` left open' % opens)
+    return ' and '.join(what)
+
+
+def whole_block_hint(lines, lo, hi, name):
+    """'; lines a-b do' for the nearest range of the same length that holds
+    whole blocks and NAME, within 40 lines, if any."""
+    n = hi - lo
+    for d in range(1, 41):
+        for a in (lo + d, lo - d):
+            if 1 <= a and a + n <= len(lines) and brace_depth(lines[a - 1:a + n]) == (0, 0) \
+                    and name_in(name, lines[a - 1:a + n]):
+                return '; lines %d-%d do' % (a, a + n)
+    return ''
+
+
+def name_in(name, lines):
+    """Whether NAME (white space runs as one space; a trailing () dropped)
+    appears in LINES, as a whole word where it begins or ends with one."""
+    name = ' '.join(name.split())
+    if name.endswith('()'):
+        name = name[:-2]
+    if not name:
+        return False
+    hay = ' '.join(' '.join(lines).split())
+    pat = (r'\b' if re.match(r'\w', name) else '') + re.escape(name) + (r'\b' if re.search(r'\w$', name) else '')
+    return re.search(pat, hay) is not None
+
+
 def default_docs(repo):
     docs = sorted(f for f in repo.files
                   if (f.startswith('docs/') and f.count('/') == 1 or f.startswith('docs/notes/') and f.count('/') == 2)
@@ -624,7 +811,7 @@ def main(argv):
         return 2
     checker = Checker(repo, jobs, figures)
     nfail = 0
-    total = {'references': 0, 'quotes': 0, 'links': 0, 'figures': 0}
+    total = {'references': 0, 'quotes': 0, 'named': 0, 'links': 0, 'figures': 0}
     try:
         if figures:
             checker.prefetch(files)
@@ -632,8 +819,8 @@ def main(argv):
             problems, counts = checker.check(rel)
             for k in total:
                 total[k] += counts[k]
-            what = 'references %d (quoted %d), links %d, figures %d' % (
-                counts['references'], counts['quotes'], counts['links'], counts['figures'])
+            what = 'references %d (quoted %d, named %d), links %d, figures %d' % (
+                counts['references'], counts['quotes'], counts['named'], counts['links'], counts['figures'])
             if problems:
                 nfail += 1
                 print('FAIL docs-check %s: %d problem%s (%s)' % (rel, len(problems), 's' * (len(problems) != 1), what))
@@ -655,9 +842,9 @@ def main(argv):
     if checker.stubbed:
         print('docs-check: %d quoted figure%s wait for an exercise of this homework tree (the command stops at its '
               'stub): %s' % (len(checker.stubbed), 's' * (len(checker.stubbed) != 1), ' '.join(checker.stubbed)))
-    print('docs-check: %d of %d docs pass; references %d (quoted %d), links %d, figures %d from %d commands '
-          '(%.1f s running them, %d at a time, %.1f s in all)' % (
-              len(files) - nfail, len(files), total['references'], total['quotes'], total['links'],
+    print('docs-check: %d of %d docs pass; references %d (quoted %d, named %d), links %d, figures %d from %d '
+          'commands (%.1f s running them, %d at a time, %.1f s in all)' % (
+              len(files) - nfail, len(files), total['references'], total['quotes'], total['named'], total['links'],
               total['figures'], checker.ran, checker.run_seconds, checker.jobs, time.time() - t0))
     return 1 if nfail else 0
 

@@ -8,7 +8,11 @@
 #   c. a broken link, a broken #anchor, a broken image;
 #   d. a check command that fails;
 #   e. a quoted loss changed in its 4th decimal, a 4-decimal norm two units
-#      off, a byte count off by one, a float with another number of decimals.
+#      off, a byte count off by one, a float with another number of decimals;
+#   f. code moved under a reference no block quotes: a line inserted above a
+#      named line (the name is no longer there), above a range of C (the name
+#      still is, but the range cuts the function); a wrong name after a
+#      reference; a reference whose sentence names nothing.
 # A decimal figure that differs by one unit in its last digit (the loss
 # 4.834765 quoted 4.834766), or by the relative tolerance, passes.
 # The correct tree's docs/README.md shows that each doc has a $DOCS_TMP of its
@@ -92,8 +96,10 @@ The loop is `src/sum.c:6`:
    }
    ```
 
-2. A reference without a quote: `src/sum.c:7`, and one in a list of two,
-   `src/sum.c:1` and `src/sum.c:2`.
+2. References without a quote name what their lines hold. The print,
+   `printf` at `src/sum.c:7`. Two in a list, `src/sum.c:1` (`sum.c`) and
+   `src/sum.c:2` (`stdio.h`): the name in backquotes right after each.
+   The function again, unquoted: `main`, `src/sum.c:4-9`.
 
 ## 3. Measure it
 
@@ -144,7 +150,7 @@ else
     fail "docs-check: the correct tree" "exit $rc: $(echo "$out" | tr '\n' ' ')"
 fi
 # each quoted block, reference, link and figure was seen
-if echo "$out" | grep -q 'docs/01_sum.md (references 5 (quoted 2), links 4, figures 5)'; then
+if echo "$out" | grep -q 'docs/01_sum.md (references 6 (quoted 2, named 4), links 4, figures 5)'; then
     pass "docs-check: counts every reference, quote, link and figure of the tree"
 else
     fail "docs-check: counts" "$(echo "$out" | grep 01_sum)"
@@ -153,7 +159,7 @@ fi
 # the loss printed 4.834765 against the quoted 4.834766: one unit in the last
 # digit, within the tolerance of docs/TEMPLATE.md, and named as such
 if echo "$out" | grep -qF 'docs-check: 1 printed line matched within the tolerance of decimal figures, not verbatim:' &&
-    echo "$out" | grep -qF 'docs-check:   docs/01_sum.md:63 prints "step    7/10 | loss 4.834765 | norm 1.5651", the doc "step    7/10 | loss 4.834766 | norm 1.5651" (4% of the tolerance)'; then
+    echo "$out" | grep -qF 'docs-check:   docs/01_sum.md:65 prints "step    7/10 | loss 4.834765 | norm 1.5651", the doc "step    7/10 | loss 4.834766 | norm 1.5651" (4% of the tolerance)'; then
     pass "docs-check: a loss that differs in its last printed digit (4.834765 quoted 4.834766) passes, and is reported"
 else
     fail "docs-check: a last-digit difference" "$(echo "$out" | tr '\n' ' ')"
@@ -184,9 +190,9 @@ defect() {
     fi
 }
 defect "(a) one digit changed in a quoted figure (fenced block)" 's/^sum 55$/sum 56/' docs/01_sum.md \
-    'docs/01_sum.md:33: check: the command prints "sum 55", which the fenced block at line 33 does not hold; nearest there: "sum 56"'
+    'docs/01_sum.md:35: check: the command prints "sum 55", which the fenced block at line 35 does not hold; nearest there: "sum 56"'
 defect "(a) one digit changed in a quoted figure (paragraph)" 's/^is 55, as/is 54, as/' docs/01_sum.md \
-    'docs/01_sum.md:40: check: the command prints "the sum is 55"'
+    'docs/01_sum.md:42: check: the command prints "the sum is 55"'
 defect "(b) a quoted code line moved in the source" '5i\    // a new line above the loop' src/sum.c \
     'docs/01_sum.md:10: quote of `src/sum.c:6` differs from src/sum.c:6'
 defect "(b) a quoted code line edited in the doc" 's/printf("sum %d\\n", s);/printf("%d\\n", s);/' docs/01_sum.md \
@@ -194,7 +200,7 @@ defect "(b) a quoted code line edited in the doc" 's/printf("sum %d\\n", s);/pri
 defect "(b) a quoted line edited in the source" 's/i <= 10/i < 10/' src/sum.c \
     'docs/01_sum.md:10: quote of `src/sum.c:6` differs'
 defect "(b) a reference past the end of the file" 's/`src\/sum.c:7`/`src\/sum.c:70`/' docs/01_sum.md \
-    'docs/01_sum.md:26: code reference `src/sum.c:70`: src/sum.c has 9 lines'
+    'docs/01_sum.md:27: code reference `src/sum.c:70`: src/sum.c has 9 lines'
 defect "(b) a reference to a missing file" 's/`src\/sum.c:1`/`src\/sums.c:1`/' docs/01_sum.md \
     'docs/01_sum.md:27: code reference `src/sums.c:1`: no file src/sums.c'
 defect "(c) a broken link" 's/(01_sum.md)/(01_sums.md)/' docs/README.md \
@@ -206,16 +212,26 @@ defect "(c) a broken image" 's/plots\/fig.png/plots\/fig2.png/' docs/01_sum.md \
 defect "(c) a line anchor past the end" 's/#L4-L9/#L4-L19/' docs/01_sum.md \
     'src/sum.c has 9 lines'
 defect "(d) a check command that fails" "s/check: printf 'the sum/check: exit 3; printf 'the sum/" docs/01_sum.md \
-    'docs/01_sum.md:39: check: the command failed (exit 3)'
+    'docs/01_sum.md:41: check: the command failed (exit 3)'
+# references no block quotes: each names what its lines hold (docs/TEMPLATE.md)
+defect "(f) code moved under a named line" '3i\// a new line near the top' src/sum.c \
+    'docs/01_sum.md:27: code reference `src/sum.c:7` names `printf` (the nearest name before it in its sentence), which lines 7 of src/sum.c do not hold; src/sum.c holds it at line 8'
+defect "(f) code moved under a range of C that still holds the name" '2i\// a new line near the top' src/sum.c \
+    'docs/01_sum.md:29: code reference `src/sum.c:4-9` (`main`): lines 4-9 of src/sum.c cut a block (1 `{` left open); a range of C holds whole blocks; lines 5-10 do'
+defect "(f) a wrong name right after a reference" 's/(`stdio.h`)/(`stdlib.h`)/' docs/01_sum.md \
+    'docs/01_sum.md:28: code reference `src/sum.c:2` names `stdlib.h` (the name after it), which lines 2 of src/sum.c do not hold; src/sum.c does not hold it at all'
+defect "(f) a reference whose sentence names nothing" 's/`printf` at `src/`src/' docs/01_sum.md \
+    'docs/01_sum.md:27: code reference `src/sum.c:7` names nothing its lines could be checked against'
+
 # floats within a tolerance, the rest exact (docs/TEMPLATE.md)
 defect "(e) a quoted loss changed in its 4th decimal" 's/loss 4.834766/loss 4.834866/' docs/01_sum.md \
-    'docs/01_sum.md:63: check: the command prints "step    7/10 | loss 4.834765 | norm 1.5651", which the fenced block at line 63 does not hold; nearest there: "step    7/10 | loss 4.834866 | norm 1.5651" (4.834765 against 4.834866: |d| 1.0e-04 > tolerance 2.5e-05)'
+    'docs/01_sum.md:65: check: the command prints "step    7/10 | loss 4.834765 | norm 1.5651", which the fenced block at line 65 does not hold; nearest there: "step    7/10 | loss 4.834866 | norm 1.5651" (4.834765 against 4.834866: |d| 1.0e-04 > tolerance 2.5e-05)'
 defect "(e) a 4-decimal norm two units off" 's/norm 1.5651$/norm 1.5653/' docs/01_sum.md \
     '(1.5651 against 1.5653: |d| 2.0e-04 > tolerance 1.1e-04)'
 defect "(e) a byte count off by one (integers are exact)" 's/^bytes 1572864$/bytes 1572865/' docs/01_sum.md \
-    'docs/01_sum.md:64: check: the command prints "bytes 1572864"'
+    'docs/01_sum.md:66: check: the command prints "bytes 1572864"'
 defect "(e) a float quoted with another number of decimals" 's/loss 4.834766/loss 4.83477/' docs/01_sum.md \
-    'docs/01_sum.md:63: check: the command prints "step    7/10 | loss 4.834765 | norm 1.5651"'
+    'docs/01_sum.md:65: check: the command prints "step    7/10 | loss 4.834765 | norm 1.5651"'
 
 # within the tolerance: the tree still passes
 passes() {
