@@ -29,8 +29,13 @@
 #include "report.h"
 #include "runtime.h"
 #include "trace.h"
+#include "run.h"
 #include "train.h"
+#include "train_eval.h"
+#include "train_loop.h"
+#include "train_step.h"
 #include "watchdog.h"
+#include "sharding.h"
 
 // ---------------------------------------------------------------- part 1: the mesh
 
@@ -187,7 +192,7 @@ int main(int argc, char** argv) {
     if (mesh.world_size == 1) {
         print0("%d thread%s, device %s\n", threads, threads == 1 ? "" : "s", device);
         // a run of one rank: the flags, the mesh, the model and data, the
-        // matmul peak for MFU (train.h's Run, without the communicators the
+        // matmul peak for MFU (run.h's Run, without the communicators the
         // reference does not use)
         Run run = {.args = args, .mesh = mesh, .device = device};
         train_setup(&run.setup, &args);

@@ -14,6 +14,7 @@
 #include "device.h"
 #include "ops.h"
 #include "runtime.h"
+#include "report.h"
 
 const char* const alg_names[NUM_ALGS] = {
     "allreduce_ring", "allreduce_doubling", "reduce_scatter", "allgather",

@@ -29,6 +29,7 @@
 #include "ops.h"
 #include "rank.h"
 #include "runtime.h"
+#include "report.h"
 
 // ---------------------------------------------------------------- the collectives, by hand and by the library
 

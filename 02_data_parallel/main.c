@@ -36,7 +36,12 @@
 #include "report.h"
 #include "runtime.h"
 #include "trace.h"
+#include "run.h"
 #include "train.h"
+#include "train_eval.h"
+#include "train_loop.h"
+#include "train_step.h"
+#include "sharding.h"
 
 typedef enum { MODE_NAIVE, MODE_BUCKETED, MODE_OVERLAPPED, MODE_PS } DPMode;
 static const char* mode_names[] = {"naive", "bucketed", "overlapped", "ps"};

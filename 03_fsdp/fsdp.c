@@ -10,6 +10,7 @@
 #include "memory.h"
 #include "device_clock.h"
 #include "runtime.h"
+#include "sharding.h"
 
 // ---------------------------------------------------------------- units and shards
 

@@ -52,7 +52,11 @@
 #include "report.h"
 #include "runtime.h"
 #include "trace.h"
+#include "run.h"
 #include "train.h"
+#include "train_eval.h"
+#include "train_loop.h"
+#include "train_step.h"
 
 #include "fsdp.h"
 #include "tp.h"

@@ -11,7 +11,11 @@
 #include "exercise.h"  // exercise_not_done, in a homework tree
 #include "memory.h"
 #include "runtime.h"
+#include "run.h"
 #include "train.h"
+#include "train_eval.h"
+#include "train_step.h"
+#include "sharding.h"
 
 // ---------------------------------------------------------------- which rank holds what
 

@@ -40,7 +40,9 @@
 #include "model.h"
 #include "model_tp.h"
 #include "ops.h"
+#include "run.h"
 #include "train.h"
+#include "train_eval.h"
 
 #include "fsdp.h"
 

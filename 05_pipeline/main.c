@@ -47,6 +47,11 @@
 #include "trace.h"
 
 #include "pipeline.h"
+#include "run.h"
+#include "train_eval.h"
+#include "train_loop.h"
+#include "train_step.h"
+#include "report.h"
 
 // ---------------------------------------------------------------- point to point
 // Why no schedule can deadlock here. Every send is non-blocking (a rank never

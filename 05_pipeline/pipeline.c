@@ -16,6 +16,11 @@
 #include "device_clock.h"
 #include "mesh.h"
 #include "trace.h"
+#include "run.h"
+#include "train_eval.h"
+#include "train_step.h"
+#include "report.h"
+#include "sharding.h"
 
 // ---------------------------------------------------------------- what a rank owns
 

@@ -27,6 +27,7 @@
 #include "model.h"
 #include "report.h"
 #include "schedule.h"
+#include "run.h"
 #include "train.h"
 
 #define PIPE_MAX_CHUNKS 64                   // virtual stages a run may have (pp x virtual)

@@ -13,6 +13,11 @@
 #include "device_clock.h"
 #include "mesh.h"
 #include "trace.h"
+#include "run.h"
+#include "train_eval.h"
+#include "train_loop.h"
+#include "report.h"
+#include "sharding.h"
 
 const char* const cp_mode_names[2] = {"ring", "ulysses"};
 const char* const cp_balance_names[2] = {"none", "zigzag"};

@@ -15,7 +15,9 @@
 #include "model.h"
 #include "report.h"
 #include "ring.h"
+#include "run.h"
 #include "train.h"
+#include "train_loop.h"
 #include "device_clock.h"
 
 // Who holds which tokens (ring.h's CPShard):

@@ -47,6 +47,10 @@
 
 #include "context.h"
 #include "sequence.h"
+#include "run.h"
+#include "train_loop.h"
+#include "train_step.h"
+#include "report.h"
 
 // ---------------------------------------------------------------- ring attention
 // A ring transfer completed, the time spent waiting for it counted: the part

@@ -45,7 +45,10 @@
 #include "model_tp.h"
 #include "rank.h"
 #include "report.h"
+#include "run.h"
 #include "train.h"
+#include "train_eval.h"
+#include "train_loop.h"
 
 #include "sequence.h"
 #include "trace.h"

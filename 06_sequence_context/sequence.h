@@ -19,6 +19,7 @@
 #include "ckpt.h"
 #include "report.h"
 #include "tp.h"
+#include "run.h"
 #include "train.h"
 
 typedef struct {

@@ -14,6 +14,11 @@
 #include "trace.h"
 #include "memory.h"
 #include "mesh.h"
+#include "run.h"
+#include "train_eval.h"
+#include "train_loop.h"
+#include "report.h"
+#include "sharding.h"
 
 MoeLayer* expert_layer(ExpertModel* m, int l) {
     return &m->moe[m->recompute == RECOMPUTE_FULL ? 0 : moe_layer_index(&m->cfg, l)];

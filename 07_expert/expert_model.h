@@ -19,7 +19,9 @@
 #include "expert_zero.h"  // --zero: ZeroBuf
 #include "moe.h"
 #include "ring.h"     // chapter 6's CPShard and ring attention's compute
-#include "train.h"
+#include "run.h"
+#include "train_eval.h"
+#include "train_loop.h"
 
 // What forward keeps of one MoE layer for backward: the routing, the plan of
 // the two exchanges, and the rows on both sides. With --ep-overlap n the

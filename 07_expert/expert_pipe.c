@@ -15,6 +15,10 @@
 #include "memory.h"
 #include "rank.h"
 #include "trace.h"
+#include "run.h"
+#include "train_eval.h"
+#include "train_loop.h"
+#include "report.h"
 
 // ---------------------------------------------------------------- slots
 

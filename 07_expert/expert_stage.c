@@ -11,6 +11,7 @@
 #include "memory.h"
 #include "mesh.h"
 #include "sharding.h"
+#include "run.h"
 
 // ---------------------------------------------------------------- set-up
 

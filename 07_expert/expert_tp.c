@@ -21,6 +21,7 @@
 #include "init.h"
 #include "memory.h"
 #include "mesh.h"
+#include "run.h"
 
 // ---------------------------------------------------------------- the parameters of a layer
 

@@ -34,6 +34,10 @@
 #include "trace.h"
 
 #include "expert_stage.h"  // expert_model.h, and the chunks, the schedule (expert_pipe.h)
+#include "run.h"
+#include "train_loop.h"
+#include "train_step.h"
+#include "report.h"
 
 // ---------------------------------------------------------------- 1-2. route and count
 

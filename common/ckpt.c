@@ -51,6 +51,7 @@
 #include "rank.h"
 #include "runtime.h"
 #include "train.h"  // TrainSetup's fields (ckpt_init)
+#include "report.h"
 
 // ---------------------------------------------------------------- set-up
 

@@ -25,6 +25,7 @@
 #include "runtime.h"
 #include "test.h"
 #include "train.h"
+#include "train_step.h"
 
 // ---------------------------------------------------------------- checks over every rank
 

@@ -31,6 +31,7 @@
 #include "runtime.h"
 #include "test.h"
 #include "device.h"
+#include "run.h"
 
 static uint64_t rng_state = 7;
 static double uniform(void) {  // xorshift64*, in [0, 1)
