@@ -18,11 +18,20 @@
 # exits non-zero when a check failed or a script ended without its counts.
 # The scripts share one scratch directory, so a run they have in common (the
 # reference of the invariant, a saved checkpoint) is made once.
+#
+# Every MPI run of every script is profiled (tests/lib.sh, mpi_run: wall and
+# CPU seconds, ranks, command) into the scratch directory; the runner ends
+# with the ten slowest runs, then the summary line. TEST_PROFILE=FILE also
+# appends this run's profile lines to FILE.
 set -u
 cd "$(dirname "$0")/.."
 TEST_TMPDIR=$(mktemp -d)
 export TEST_TMPDIR
 trap 'rm -rf "$TEST_TMPDIR"' EXIT
+user_profile=${TEST_PROFILE:-}
+TEST_PROFILE=$TEST_TMPDIR/profile.tsv
+export TEST_PROFILE
+: > "$TEST_PROFILE"
 
 # the scripts that are not a chapter's, in the order a full run takes them
 TOPICS="comm checkpoints ckpt_levels hardening watchdog recompute_trace docs plots homework gpu"
@@ -83,6 +92,16 @@ for f in "${scripts[@]}"; do
     echo "-- $f: $p pass, $q fail, $s skip ($(($(date +%s) - start)) s, cpu $((CPU_S - cpu0)) s)"
 done
 
+# the ten slowest runs by wall time; the scratch directory's path shortened
+if [ -s "$TEST_PROFILE" ]; then
+    [ -n "$user_profile" ] && cat "$TEST_PROFILE" >> "$user_profile"
+    echo
+    echo "the 10 slowest of $(wc -l < "$TEST_PROFILE") MPI runs (wall s, cpu s, ranks, script: command; \$T = the scratch directory):"
+    sort -t$'\t' -k2,2 -rn "$TEST_PROFILE" | head -10 |
+        awk -F'\t' -v t="$TEST_TMPDIR" '{ c = $5; while ((i = index(c, t)) > 0) c = substr(c, 1, i - 1) "$T" substr(c, i + length(t))
+                                           if (length(c) > 160) c = substr(c, 1, 157) "..."
+                                           printf "%7.2f %7.2f %3d  %s: %s\n", $2, $3, $4, $1, c }'
+fi
 echo
 echo "$passed passed, $failed failed, $skipped skipped"
 [ $failed -eq 0 ]
