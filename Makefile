@@ -220,8 +220,12 @@ gpu-check:
 
 # tests/run.sh runs tests/unit.sh, every tests/chapter_N.sh, plots.sh, gpu.sh;
 # with CHAPTER=N only tests/chapter_N.sh (a word W: tests/W.sh)
+# The build before the tests uses every core (a plain `make test` after a
+# change to common/ rebuilt every program one file at a time), unless make
+# was given -j itself (its jobserver is shared then).
+NPROC = $(shell nproc 2>/dev/null || echo 2)
 test:
-	@$(MAKE) --no-print-directory BACKEND=cpu all tests
+	@$(MAKE) --no-print-directory $(if $(filter -j% --jobserver%,$(MAKEFLAGS)),,-j$(NPROC)) BACKEND=cpu all tests
 	@bash tests/run.sh $(CHAPTER)
 
 # Every `path:N` reference, relative link and `<!-- check: CMD -->` figure of

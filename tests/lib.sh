@@ -104,25 +104,34 @@ timed_out() { [ "$RC" = 124 ] || [ "$RC" = 137 ]; }
 # the script, the run's wall seconds, its CPU seconds (user + sys of mpirun
 # and the ranks: the children this shell waited for), its ranks and its
 # command. On a shared machine a run's CPU time says what it costs more than
-# its wall time. `sort -t$'\t' -k3 -rn FILE | head` lists the dearest runs.
+# its wall time. tests/run.sh profiles every run into its scratch folder and
+# ends with the ten slowest; `sort -t$'\t' -k3 -rn FILE | head` lists the
+# dearest runs. Measured without a fork: $EPOCHREALTIME and the builtin
+# `times`, so profiling costs the run nothing but a file write.
 profile_start() {
-    PROFILE_T0=$(date +%s.%N)
+    PROFILE_T0=${EPOCHREALTIME/[.,]/}  # microseconds
     profile_cpu
     PROFILE_C0=$PROFILE_CPU
 }
 profile_end() {
-    local t1=$(date +%s.%N)
+    local t1=${EPOCHREALTIME/[.,]/} w c
     profile_cpu
-    awk -v s="$(basename "$0")" -v t0="$PROFILE_T0" -v t1="$t1" -v c0="$PROFILE_C0" -v c1="$PROFILE_CPU" \
-        -v np="$1" -v cmd="$2" 'BEGIN { printf "%s\t%.2f\t%.2f\t%s\t%s\n", s, t1 - t0, c1 - c0, np, cmd }' >> "$TEST_PROFILE"
+    w=$(( (t1 - PROFILE_T0 + 5000) / 10000 )) c=$(( (PROFILE_CPU - PROFILE_C0 + 5) / 10 ))  # centiseconds
+    printf '%s\t%d.%02d\t%d.%02d\t%s\t%s\n' "${0##*/}" $((w / 100)) $((w % 100)) $((c / 100)) $((c % 100)) "$1" "$2" >> "$TEST_PROFILE"
 }
-# PROFILE_CPU: the CPU seconds (user + sys) of the children this shell has
-# waited for, from the builtin `times` (written to a file: in a $(...)
-# subshell it would count only the subshell's children)
+# PROFILE_CPU: the CPU milliseconds (user + sys) of the children this shell
+# has waited for, from the builtin `times` (written to a file: in a $(...)
+# subshell it would count only the subshell's children); its second line is
+# the children's "XmY.ZZZs XmY.ZZZs"
 profile_cpu() {
-    local f=$TEST_TMPDIR/times.$BASHPID
+    local f=$TEST_TMPDIR/times.$BASHPID l u s t m ms=0
     times > "$f"
-    PROFILE_CPU=$(tail -1 "$f" | awk '{ for (i = 1; i <= 2; i++) { split($i, a, /[ms]/); s += a[1] * 60 + a[2] } } END { printf "%.2f", s }')
+    { read -r l; read -r u s; } < "$f"
+    for t in "$u" "$s"; do
+        m=${t%%m*} t=${t#*m} t=${t%s}
+        ms=$((ms + 10#$m * 60000 + 10#${t%[.,]*} * 1000 + 10#${t#*[.,]}))
+    done
+    PROFILE_CPU=$ms
 }
 
 # A C test program prints PASS/FAIL lines; a crash or a hang counts as one
