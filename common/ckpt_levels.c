@@ -78,15 +78,21 @@ void ckpt_nodes_init(Ckpt* c, int ranks_per_node) {
 }
 
 // Sends n bytes to `to` and receives m bytes from `from` over comm, in
-// pieces an int counts.
+// pieces an int counts: ceil(n / piece) messages out, ceil(m / piece) in,
+// none for 0 bytes. The receiver's m is the sender's n (the sizes go first,
+// 8 bytes each way), so every message posted is matched, whatever each
+// rank holds: a rank with nothing to send or receive posts nothing, and
+// no neighbour waits for it (a skipped MPI_Sendrecv hung 3+ nodes).
 static void sendrecv_bytes(const void* out, size_t n, int to, void* in, size_t m, int from, MPI_Comm comm) {
     const size_t piece = (size_t)1 << 30;
-    for (size_t at = 0; at < n || at < m; at += piece) {
-        int ns = at < n ? (int)(n - at < piece ? n - at : piece) : 0;
-        int ms = at < m ? (int)(m - at < piece ? m - at : piece) : 0;
-        MPI_CHECK(MPI_Sendrecv(ns ? (const char*)out + at : out, ns, MPI_BYTE, to, 77, ms ? (char*)in + at : in, ms,
-                               MPI_BYTE, from, 77, comm, MPI_STATUS_IGNORE));
-    }
+    size_t k = 0, count = (n + piece - 1) / piece + (m + piece - 1) / piece;
+    MPI_Request* req = xmalloc((count ? count : 1) * sizeof(*req));
+    for (size_t at = 0; at < m; at += piece)
+        MPI_CHECK(MPI_Irecv((char*)in + at, (int)(m - at < piece ? m - at : piece), MPI_BYTE, from, 77, comm, &req[k++]));
+    for (size_t at = 0; at < n; at += piece)
+        MPI_CHECK(MPI_Isend((const char*)out + at, (int)(n - at < piece ? n - at : piece), MPI_BYTE, to, 77, comm, &req[k++]));
+    MPI_CHECK(MPI_Waitall((int)k, req, MPI_STATUSES_IGNORE));
+    free(req);
 }
 
 // The xor parity's geometry for a group of g files of at most max_bytes:

@@ -108,6 +108,23 @@ lv_same p2 p2r 4 "partner, node 0 deleted: its file read from the partner copy o
 lv_own_node p2r 1 "the partner copy sent from node 1"
 }
 
+# --- partner copies on 3 nodes (chapter 2: rank 0 alone has a file, so
+# ranks 1 and 2 in a row have none; each still meets its neighbours, or the
+# save hangs): the save in time, node 0 deleted and rebuilt from node 1
+lv_partner3() {
+lv_run p3 3 2 --dp 3 --ckpt-local "$LV/p3" --local-every 1 --ranks-per-node 1 --ckpt-redundancy partner --save "$LV/p3.bin"
+if grep -q "saved level 1" "$LV/p3.out" && [ -f "$LV/p3/node-1/step-00000008/rank-00000.bin" ] &&
+    cmp -s "$LV/p3/node-0/step-00000008/rank-00000.bin" "$LV/p3/node-1/step-00000008/rank-00000.bin"; then
+    pass "levels: partner over 3 nodes, two ranks in a row without a file: every step saved, rank 0's copy on node 1"
+else
+    fail "levels: partner over 3 nodes (a hang times out at 120 s)" "$(grep -E '^error|watchdog' "$LV/p3.out" | head -2)"
+fi
+rm -rf "$LV/p3/node-0" "$LV/p3/node-"[12]/step-00000008
+lv_run p3r 3 2 --dp 3 --ckpt-local "$LV/p3" --ranks-per-node 1 --ckpt-redundancy partner --resume "$LV/p3" --save "$LV/p3r.bin"
+lv_same p3 p3r 7 "partner over 3 nodes, node 0 deleted: rank 0's file from node 1's copy, bit for bit"
+lv_own_node p3r 1 "the partner copy sent from node 1 of 3"
+}
+
 # --- level 1 next to level 3: the same bytes; no redundancy and a node lost:
 # the resume falls back to level 3 and says why
 lv_both() {
@@ -187,6 +204,7 @@ jobs_run lv_inc
 jobs_run lv_xor2
 jobs_run lv_xor3
 jobs_run lv_partner
+jobs_run lv_partner3
 jobs_run lv_both
 jobs_wait
 
