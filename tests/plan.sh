@@ -413,6 +413,10 @@ plan_error "--ranks" --chapter 2 --ranks 4 --dp 2
 plan_error "not planned" --chapter 9
 plan_error "--zero" --chapter 3 --ranks 2 --dp 2 --zero 4
 plan_error "--dp-mode" --chapter 2 --ranks 2 --dp 2 --dp-mode rings
+# what chapter 2 refuses (tests/chapter_2.sh): more overlapped buckets than fit in flight
+plan_error "--bucket-kb 41: more than 1024 buckets in flight at once in --dp-mode overlapped; chapter 2 refuses it: use --bucket-kb 42 or more" \
+    --chapter 2 --ranks 2 --dp 2 --dp-mode overlapped --bucket-kb 41 --model small --batch 2 --seq 32
+plan_error "--bucket-kb must be >= 1" --chapter 2 --ranks 2 --dp 2 --bucket-kb 0
 plan_error "--memory-per-rank" --search --ranks 2 --memory-per-rank lots
 plan_error "--schedule pipedream" --chapter 5 --ranks 2 --pp 2 --schedule pipedream
 plan_error "--virtual" --chapter 5 --ranks 2 --pp 2 --virtual 2

@@ -219,8 +219,16 @@ static PlanFn plan_pick(const PlanArgs* a, PlanInfo* info, char* msg, size_t len
             else if (strcmp(a->dp_mode, "naive") && strcmp(a->dp_mode, "bucketed") &&
                      strcmp(a->dp_mode, "overlapped") && strcmp(a->dp_mode, "ps"))
                 bad = "--dp-mode: not one of naive, bucketed, overlapped, ps";
-            else if (a->accum < 1 || a->bucket_kb < 1 || a->B % (N * a->accum))
+            else if (a->bucket_kb < 1) bad = "--bucket-kb must be >= 1";
+            else if (a->accum < 1 || a->B % (N * a->accum))
                 bad = "--grad-accum: --batch must split into dp x --grad-accum micro-batches";
+            else if (!strcmp(a->dp_mode, "overlapped") &&
+                     (size_t)a->bucket_kb < comm_min_piece_kb(gpt_num_params(&a->cfg) * sizeof(float))) {
+                // the chapter's own refusal (02_data_parallel/main.c): every bucket in flight at once
+                snprintf(msg, len, "--bucket-kb %d: more than %d buckets in flight at once in --dp-mode overlapped; chapter 2 refuses it: use --bucket-kb %zu or more",
+                         a->bucket_kb, COMM_MAX_IN_FLIGHT, comm_min_piece_kb(gpt_num_params(&a->cfg) * sizeof(float)));
+                bad = msg;
+            }
             plan = plan_chapter_2;
             break;
         case 3:
