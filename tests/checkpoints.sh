@@ -374,7 +374,7 @@ out=$(OMPI_MCA_odls_base_sigkill_timeout=0 timeout 60 $MPIRUN -np 2 "$BUILD/chap
 rc=$?
 local holder
 holder=$(cat "$CK/lock/.lock" 2>/dev/null)
-{ kill -9 $pid; pkill -9 -f -- "--ckpt-dir $CK/lock"; wait $pid; } 2>/dev/null
+{ own_kill $pid; wait $pid; } 2>/dev/null  # run A: its own processes, by pid
 if [ $rc -eq 1 ] && [ "$(echo "$out" | grep -c '^error')" = 1 ] &&
     echo "$out" | grep -qF -- "--ckpt-dir '$CK/lock' is in use by another run ($holder)" && ! echo "$out" | grep -q '^step' &&
     echo "$holder" | grep -q "^pid [0-9]* on host"; then

@@ -14,19 +14,19 @@ echo "== watchdog: stopped ranks, slow ranks"
 # every rank to end (exit 3 from MPI_Abort) within the limit, with one
 # error line naming the stopped rank
 wd_stop() {
-    local name=$1 np=$2 victim=$3 bin=$4 out=$TEST_TMPDIR/wd_$1.out pid pids rc i t0 t1
+    local name=$1 np=$2 victim=$3 bin=$4 out=$TEST_TMPDIR/wd_$1.out pid vpid rc i t0 t1
     shift 4
     timeout 120 $MPIRUN -np "$np" "$BUILD/$bin" "$@" --steps 100000 --peak-gflops 10 --timeout 2 >"$out" 2>&1 &
     pid=$!
     for i in $(seq 1 600); do grep -q '^step *2/' "$out" 2>/dev/null && break; sleep 0.1; done
-    # the ranks' pids in rank order: Open MPI numbers a node's ranks as it starts them
-    pids=$(pgrep -f -- "^$BUILD/$bin .*--timeout 2" | sort -n)
+    # the victim: rank $victim of this job, found under its mpirun by pid
+    vpid=$(own_rank_pid $pid "$victim")
     t0=$(date +%s)
-    kill -STOP "$(echo "$pids" | sed -n "$((victim + 1))p")"
+    if [ -n "$vpid" ]; then kill -STOP "$vpid"; else own_kill $pid; fi  # no rank found: end the run now
     wait $pid
     rc=$?
     t1=$(date +%s)
-    { pkill -9 -f -- "$BUILD/$bin .*--timeout 2"; } 2>/dev/null
+    [ -n "$vpid" ] && is_own "$vpid" && kill -9 "$vpid" 2>/dev/null  # if mpirun left it stopped
     if [ $rc -ne 0 ] && [ $rc -ne 124 ] && [ "$(grep -c '^error: watchdog' "$out")" = 1 ] &&
         grep -q "^error: watchdog: rank [0-9]* in .* at step [0-9]*; rank $victim stopped progressing (no answer within 2 s): ending every rank (--timeout 2)" "$out"; then
         pass "watchdog: $name: rank $victim stopped, every rank ended in $((t1 - t0)) s with one message naming it"
@@ -34,6 +34,13 @@ wd_stop() {
         fail "watchdog: $name" "exit $rc after $((t1 - t0)) s; $(grep -E '^error' "$out" | head -2)"
     fi
 }
+# another checkout's ranks on a shared machine: processes whose command
+# lines look like this test's programs. The tests signal only what they
+# started, by pid: these must come through untouched (not killed, not stopped)
+( exec -a "$BUILD/chapter-2 --dp 2 --timeout 2 $BUILD/tests/test_watchdog" sleep 600 ) &
+decoy2=$!
+( exec -a "$BUILD/chapter-5 --pp 2 --timeout 2" sleep 600 ) &
+decoy5=$!
 wd_stop "a collective (chapter 2, dp 2)" 2 1 chapter-2 --dp 2
 wd_stop "a pipeline message (chapter 5, pp 2)" 2 0 chapter-5 --pp 2 --microbatches 4
 
@@ -42,9 +49,9 @@ wd_stop "a pipeline message (chapter 5, pp 2)" 2 0 chapter-5 --pp 2 --microbatch
 # it too, so a peer stopped there ends the job as well (tests/test_watchdog.c)
 for call in allreduce bcast recv gather barrier; do
     t0=$(date +%s)
-    out=$(timeout 60 $MPIRUN -np 2 "$BUILD/tests/test_watchdog" $call 2>&1)
+    # -k: whatever is left of this run is killed with it (its own processes only)
+    out=$(timeout -k 5 60 $MPIRUN -np 2 "$BUILD/tests/test_watchdog" $call 2>&1)
     rc=$? t1=$(date +%s)
-    { pkill -9 -f -- "$BUILD/tests/test_watchdog"; } 2>/dev/null
     if [ $rc -ne 0 ] && [ $rc -ne 124 ] && [ "$(echo "$out" | grep -c '^error: watchdog')" = 1 ] &&
         echo "$out" | grep -q "^error: watchdog: rank 0 in MPI_${call^} .* rank 1 stopped progressing"; then
         pass "watchdog: rank 0 in a plain MPI_$call, rank 1 stopped: every rank ended in $((t1 - t0)) s"
@@ -52,6 +59,19 @@ for call in allreduce bcast recv gather barrier; do
         fail "watchdog: a plain MPI_$call" "exit $rc (124 = hang) after $((t1 - t0)) s; $(echo "$out" | grep -E 'error|returned' | head -2)"
     fi
 done
+
+decoys_ok=1
+for d in $decoy2 $decoy5; do
+    st=$(ps -o stat= -p "$d" 2>/dev/null)
+    { [ -n "$st" ] && [ "${st:0:1}" != T ]; } || decoys_ok=0
+done
+if [ $decoys_ok = 1 ]; then
+    pass "watchdog: processes the tests did not start, named like their ranks, are neither killed nor stopped"
+else
+    fail "watchdog: the tests signalled processes they did not start" "decoys: $(ps -o pid=,stat=,args= -p "$decoy2,$decoy5" 2>/dev/null | tr '\n' ';')"
+fi
+kill $decoy2 $decoy5 2>/dev/null
+wait $decoy2 $decoy5 2>/dev/null
 
 # alive but slow: the shortest timeout, 1 s; every census finds the peer computing, so the
 # run ends normally with the losses of a run without a watchdog
