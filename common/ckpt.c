@@ -367,6 +367,32 @@ void ckpt_after_step(Ckpt* c, int step) {
 
 // ---------------------------------------------------------------- incremental: applying a delta
 
+// The resume's private directory, removed at exit on every path: a refused
+// resume ends every rank through fail_if_any (exit), the ranks whose own
+// checks passed too, and the full rank files restored there must not pile
+// up in the temporary directory at every attempt of a supervisor.
+static char restore_scratch[4096];
+static void restore_scratch_remove(void) {
+    if (restore_scratch[0]) ckpt_remove_dir(restore_scratch);
+    restore_scratch[0] = 0;
+}
+// fail_if_any for the resume once scratch directories exist: if any rank
+// failed, every rank removes its own first. The exit handler alone is not
+// enough: once the failing rank has exited, mpirun ends the ranks still in
+// fail_if_any's MPI_Finalize before their exit handlers run.
+static void resume_fail_if_any(int failed, const char* msg) {
+    int any = 0;
+    MPI_CHECK(MPI_Allreduce(&failed, &any, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD));
+    if (any) restore_scratch_remove();
+    fail_if_any(failed, msg);
+}
+static void restore_scratch_keep(const char* dir) {
+    static int registered = 0;
+    if (!registered) atexit(restore_scratch_remove);
+    registered = 1;
+    snprintf(restore_scratch, sizeof(restore_scratch), "%s", dir);
+}
+
 // Restores full file f of the incremental checkpoint in dir: its delta
 // (checked against the manifest) decompressed and xor'ed with the same file
 // of the full save it names, which must be that save (its manifest's
@@ -433,6 +459,12 @@ static const char* delta_restore(const char* dir, CkptManifest* m, int f, const 
             if (out.err[0]) {
                 snprintf(msg, msg_len, "%s", out.err);
                 bad = msg;
+            } else if (out.hash != m->files[f].hash) {
+                // the delta passed its own checksum: the base file is what is
+                // wrong, named where it is (the scratch copy is removed)
+                snprintf(msg, msg_len, "the full save's '%s', which the delta '%s/rank-%05d.delta' is applied to, is corrupt: the restored file's checksum %016llx is not the manifest's %016llx; resume from another checkpoint",
+                         path, dir, r, out.hash, m->files[f].hash);
+                bad = msg;
             }
         }
         free(x);
@@ -471,8 +503,10 @@ int ckpt_resume(Ckpt* c) {
         snprintf(msg, sizeof(msg), "cannot create a directory '%s' to restore the checkpoint in: %s", scratch, strerror(errno));
         bad = msg;
         scratch[0] = 0;
+    } else {
+        restore_scratch_keep(scratch);
     }
-    fail_if_any(bad != NULL, bad);
+    resume_fail_if_any(bad != NULL, bad);
     if (c->local) {
         char dir1[4096], report[2048] = "", why[1024] = "";
         int step1 = ckpt_local_pick(c, have3[1], &m, scratch, dir1, sizeof(dir1), report, sizeof(report), why, sizeof(why));
@@ -498,21 +532,18 @@ int ckpt_resume(Ckpt* c) {
                  c->resume);
         bad = msg;
     }
-    if (bad) ckpt_remove_dir(scratch);
-    fail_if_any(bad != NULL, bad);
+    resume_fail_if_any(bad != NULL, bad);
     if (!level1) {
         MPI_CHECK(MPI_Bcast(dir, sizeof(dir), MPI_CHAR, 0, MPI_COMM_WORLD));
         bad = ckpt_read_manifest(dir, c, &m, msg, sizeof(msg));
-        if (bad) ckpt_remove_dir(scratch);
-        fail_if_any(bad != NULL, bad);
+        resume_fail_if_any(bad != NULL, bad);
     }
     if (m.B != c->B || m.T != c->T) {
         snprintf(msg, sizeof(msg), "checkpoint '%s' was trained with batch %d x %d; this run has %d x %d: resume with --batch %d --seq %d (the data position and the losses depend on them)",
                  dir, m.B, m.T, c->B, c->T, m.B, m.T);
         bad = msg;
-        ckpt_remove_dir(scratch);
     }
-    fail_if_any(bad != NULL, bad);
+    resume_fail_if_any(bad != NULL, bad);
     if (m.lr != c->lr || m.wd != c->wd || m.clip != c->clip || m.seed != c->seed)
         print0("note: checkpoint '%s' was trained with --lr %g --wd %g --clip %g --seed %d; this run continues with --lr %g --wd %g --clip %g --seed %d\n",
                dir, m.lr, m.wd, m.clip, m.seed, c->lr, c->wd, c->clip, c->seed);
@@ -537,8 +568,7 @@ int ckpt_resume(Ckpt* c) {
     // byte anywhere is found; level 1: its node's first rank checked it
     for (int f = 0; f < m.n_files && !bad; f++)
         if (use[f] || (!level1 && f % c->world == c->rank)) bad = ckpt_verify_file(&m, f, msg, sizeof(msg));
-    if (bad && scratch[0]) ckpt_remove_dir(scratch);
-    fail_if_any(bad != NULL, bad);
+    resume_fail_if_any(bad != NULL, bad);
     // the reads: each needed slice assembled in a host buffer from every
     // saved slice it overlaps, then copied to the device
     size_t max_floats = 0;
@@ -577,12 +607,12 @@ int ckpt_resume(Ckpt* c) {
     }
     for (int f = 0; f < m.n_files; f++)
         if (fds[f] >= 0) close(fds[f]);
-    if (scratch[0]) ckpt_remove_dir(scratch);
+    restore_scratch_remove();
     free(fds);
     free(stage);
     free(use);
     ckpt_manifest_free(&m);
-    fail_if_any(bad != NULL, bad);
+    resume_fail_if_any(bad != NULL, bad);
     c->start_step = m.step;
     c->load_s = now_seconds() - t0;
     if (level1) {

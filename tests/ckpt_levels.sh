@@ -198,6 +198,38 @@ rm -rf "$LV/i3x/step-00000005"; cp -r "$LV/i3o/step-00000005" "$LV/i3x/step-0000
 error_case chapter-3 2 "--dp 2 --zero 3 $LVF --resume $LV/i3x/step-00000007" "is a delta against another run's full save of step 5"
 rm -rf "$LV/i3x/step-00000005"
 error_case chapter-3 2 "--dp 2 --zero 3 $LVF --resume $LV/i3x/step-00000007" "is a delta against the full save of step 5, but"
+# a refused resume leaves no scratch directory: the base's rank 1 file
+# corrupted (same size), so rank 1's restore fails while rank 0 has already
+# restored its full file into its private directory under TMPDIR
+cp -r "$LV/i3" "$LV/i3c"
+printf '\xff' | dd of="$LV/i3c/step-00000005/rank-00001.bin" bs=1 seek=2000 conv=notrunc status=none
+mkdir -p "$LV/i3c_tmp"
+out=$(TMPDIR="$LV/i3c_tmp" timeout 60 $MPIRUN -np 2 -x TMPDIR "$BUILD/chapter-3" --dp 2 --zero 3 $LVF --resume "$LV/i3c/step-00000007" 2>&1)
+local rc=$? left
+left=$(ls -A "$LV/i3c_tmp" | tr '\n' ' ')
+if [ $rc -ne 0 ] && [ $rc -ne 124 ] && [ "$(echo "$out" | grep -c '^error: ')" = 1 ] && [ -z "$left" ] &&
+    echo "$out" | grep -q "^error: the full save's '$LV/i3c/step-00000005/rank-00001.bin', which the delta '$LV/i3c/step-00000007/rank-00001.delta' is applied to, is corrupt"; then
+    pass "levels: a refused resume of an incremental chain (a corrupt base) names the base file and leaves no ckpt-restore-* directory in TMPDIR"
+else
+    fail "levels: scratch directories after a refused resume" "exit $rc; left in TMPDIR: ${left:-nothing}; $(echo "$out" | grep '^error' | head -1)"
+fi
+}
+
+# --- a level-1 save that fails (a full disk: a file size limit) leaves no
+# step-N.tmp in the node's directory, as level 3 cleans up its own
+lv_full() {
+local out rc left
+rm -rf "$LV/full"
+out=$( (ulimit -f 65536; timeout 120 $MPIRUN -np 1 "$BUILD/chapter-0" --model small --steps 1 --batch 1 --seq 16 \
+    --peak-gflops 10 --ckpt-local "$LV/full" --local-every 1) 2>&1)
+rc=$?
+left=$(ls -A "$LV/full/node-0" 2>/dev/null | tr '\n' ' ')
+if [ $rc -eq 1 ] && echo "$out" | grep -q "^error: writing checkpoint file '.*full/node-0/step-00000001.tmp/rank-00000.bin' failed: File too large" &&
+    [ -d "$LV/full/node-0" ] && [ -z "$left" ]; then
+    pass "levels: a level-1 save that fails (file too large) ends the run with the file named and leaves no step-00000001.tmp"
+else
+    fail "levels: a failed level-1 save" "exit $rc; left in node-0: ${left:-nothing}; $(echo "$out" | grep '^error' | head -1)"
+fi
 }
 
 jobs_run lv_inc
@@ -206,6 +238,7 @@ jobs_run lv_xor3
 jobs_run lv_partner
 jobs_run lv_partner3
 jobs_run lv_both
+jobs_run lv_full
 jobs_wait
 
 # flags that cannot work: one error: line
