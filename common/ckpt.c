@@ -513,6 +513,8 @@ int ckpt_resume(Ckpt* c) {
         level1 = step1 >= 0;
         if (level1) {
             snprintf(dir, sizeof(dir), "%s", dir1);
+            // a newer level-1 step was unusable: say why an older one is taken
+            if (why[0]) print0("note: %s; an older level-1 step is taken\n", why);
             print0("checkpoint: resuming from %s%s\n", report,
                    !have3[0]          ? " (level 3 has none)"
                    : have3[1] == step1 ? " (level 3 has the same step: level 1 is read, it is nearer)"

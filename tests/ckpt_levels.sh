@@ -215,6 +215,20 @@ else
 fi
 }
 
+# --- the newest level-1 step has a file lost and no redundancy: the
+# resume takes the older one bit for bit, with a note saying why
+lv_older() {
+lv_run o0 1 0 --ckpt-local "$LV/o1" --local-every 2
+rm -f "$LV/o1/node-0/step-00000008/rank-00000.bin"
+lv_run o0r 1 0 --ckpt-local "$LV/o1" --resume "$LV/o1"
+if grep -q "^note: level-1 step 8: rank-00000.bin of node 0 is on no node of this run (--ckpt-redundancy none was saved); an older level-1 step is taken" "$LV/o0r.out" &&
+    grep -q "checkpoint: resuming from level 1 (node-local), step 6" "$LV/o0r.out" && [ "$(lv_losses "$LV/o0.jsonl" 6)" = "$(lv_losses "$LV/o0r.jsonl" 6)" ]; then
+    pass "levels: level 1's newest step lost a file: the resume took step 6 bit for bit, with a note saying why"
+else
+    fail "levels: the fall back to an older level-1 step" "$(grep -E '^error|^note|resuming' "$LV/o0r.out" | head -3)"
+fi
+}
+
 # --- a level-1 save that fails (a full disk: a file size limit) leaves no
 # step-N.tmp in the node's directory, as level 3 cleans up its own
 lv_full() {
@@ -239,6 +253,7 @@ jobs_run lv_partner
 jobs_run lv_partner3
 jobs_run lv_both
 jobs_run lv_full
+jobs_run lv_older
 jobs_wait
 
 # flags that cannot work: one error: line
