@@ -55,19 +55,20 @@
 // ---------------------------------------------------------------- set-up
 
 // One writer per checkpoint directory: rank 0 holds an exclusive flock on
-// DIR/.lock for the whole run, and writes its pid, host and start time into
+// DIR/.lock for the whole run (level 1: each node's first rank on
+// LOCAL/node-K/.lock, its node's own storage), and writes its pid, host and start time into
 // it for the message a second run gets. The kernel drops the lock when the
 // process ends, however it ends, so a .lock file whose lock can be taken is
 // the leftover of a run that died: it is taken over with a note. (flock
 // works across processes on one machine and, on Linux, on NFS through
 // fcntl locks; a file system without locks gives a clear error instead.)
-static const char* lock_dir(Ckpt* c, char* msg, size_t msg_len) {
+static const char* lock_dir(const char* dir, const char* flag, int* lock_fd, char* msg, size_t msg_len) {
     char path[4096 + 16];
-    mkdir(c->dir, 0755);  // may exist; the open below says if it is unusable
-    snprintf(path, sizeof(path), "%s/.lock", c->dir);
+    mkdir(dir, 0755);  // may exist; the open below says if it is unusable
+    snprintf(path, sizeof(path), "%s/.lock", dir);
     int fd = open(path, O_RDWR | O_CREAT, 0644);
     if (fd < 0) {
-        snprintf(msg, msg_len, "cannot create the lock file '%s': %s (check --ckpt-dir)", path, strerror(errno));
+        snprintf(msg, msg_len, "cannot create the lock file '%s': %s (check %s)", path, strerror(errno), flag);
         return msg;
     }
     char before[256] = "";
@@ -78,14 +79,15 @@ static const char* lock_dir(Ckpt* c, char* msg, size_t msg_len) {
         int err = errno;
         close(fd);
         if (err == EWOULDBLOCK)
-            snprintf(msg, msg_len, "--ckpt-dir '%s' is in use by another run (%s): give each run its own directory, or wait for that one to end",
-                     c->dir, before[0] ? before : "its .lock file names no process");
+            snprintf(msg, msg_len, "%s '%s' is in use by another run (%s): give each run its own directory, or wait for that one to end",
+                     flag, dir, before[0] ? before : "its .lock file names no process");
         else
-            snprintf(msg, msg_len, "cannot lock '%s': %s (a file system without file locks: use a local --ckpt-dir)", path,
-                     strerror(err));
+            snprintf(msg, msg_len, "cannot lock '%s': %s (a file system without file locks: use a local %s)", path,
+                     strerror(err), flag);
         return msg;
     }
-    if (before[0]) print0("note: --ckpt-dir '%s': the lock of an earlier run (%s) is stale (that run has ended); taking it over\n", c->dir, before);
+    // printf, not print0: on level 1 the node's first rank may not be rank 0
+    if (before[0]) printf("note: %s '%s': the lock of an earlier run (%s) is stale (that run has ended); taking it over\n", flag, dir, before);
     char host[256] = "?", now[64] = "?";
     gethostname(host, sizeof(host) - 1);
     time_t t = time(NULL);
@@ -97,7 +99,7 @@ static const char* lock_dir(Ckpt* c, char* msg, size_t msg_len) {
         close(fd);
         return msg;
     }
-    c->lock_fd = fd;
+    *lock_fd = fd;
     return NULL;
 }
 
@@ -126,10 +128,19 @@ void ckpt_init(Ckpt* c, const TrainArgs* a, const TrainSetup* s, const Mesh* mes
     c->local_every = a->local_every;
     c->redundancy = a->redundancy;
     c->incremental = a->incremental;
+    c->local_lock_fd = -1;
     if (c->local) ckpt_nodes_init(c, a->ranks_per_node);
+    char msg[1024];
+    const char* bad = NULL;
+    if (c->local && c->local_index == 0) {  // a second run's first save would delete this one's .tmp
+        char node_dir[4096];
+        ckpt_node_dir(c, c->node, node_dir, sizeof(node_dir));
+        mkdir(c->local, 0755);
+        bad = lock_dir(node_dir, "--ckpt-local", &c->local_lock_fd, msg, sizeof(msg));
+    }
+    fail_if_any(bad != NULL, bad);
     if (c->dir) {
-        char msg[1024];
-        const char* bad = c->rank == 0 ? lock_dir(c, msg, sizeof(msg)) : NULL;
+        bad = c->rank == 0 ? lock_dir(c->dir, "--ckpt-dir", &c->lock_fd, msg, sizeof(msg)) : NULL;
         fail_if_any(bad != NULL, bad);
     }
 }
@@ -734,14 +745,17 @@ void ckpt_finish(Ckpt* c, JsonLog* log) {
     c->host = NULL;
     free(c->base_host);
     c->base_host = NULL;
+    // the lock's text goes with the lock: a .lock file left with text
+    // means a run died holding it
     if (c->lock_fd >= 0) {
-        // the lock's text goes with the lock: a .lock file left with text
-        // means a run died holding it
-        char path[4096 + 16];
-        snprintf(path, sizeof(path), "%s/.lock", c->dir);
-        if (ftruncate(c->lock_fd, 0) != 0) print0("note: cannot clear the lock file '%s'\n", path);
+        if (ftruncate(c->lock_fd, 0) != 0) print0("note: cannot clear the lock file '%s/.lock'\n", c->dir);
         close(c->lock_fd);
         c->lock_fd = -1;
+    }
+    if (c->local_lock_fd >= 0) {
+        if (ftruncate(c->local_lock_fd, 0) != 0) printf("note: cannot clear the lock file of '%s/node-%d'\n", c->local, c->node);
+        close(c->local_lock_fd);
+        c->local_lock_fd = -1;
     }
     if (c->group != MPI_COMM_NULL) MPI_Comm_free(&c->group);
     free(c->node_of);

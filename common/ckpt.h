@@ -134,6 +134,7 @@ typedef struct Ckpt {  // named: train.h's loop holds a pointer to one
     double load_s;
     size_t load_bytes;
     int lock_fd;  // rank 0: DIR/.lock, held (flock) from ckpt_init to ckpt_finish; -1 if none
+    int local_lock_fd;  // each node's first rank: LOCAL/node-K/.lock, held alike; -1 if none
     // level 1 (--ckpt-local): the same files and manifest under
     // LOCAL/node-K/step-N, K this rank's node; level 2 (--ckpt-redundancy)
     // keeps them across nodes: a partner's copy, or an xor parity per group

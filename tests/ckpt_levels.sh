@@ -229,6 +229,36 @@ else
 fi
 }
 
+# --- one writer per level-1 directory: a second run on the same --ckpt-local
+# is refused while the first runs (its first save deleted the first run's
+# step-N.tmp in progress); once the first is killed its lock is stale and
+# the next run takes it over with a note
+lv_lock() {
+local pid out rc holder i
+rm -rf "$LV/lk"
+timeout 300 $MPIRUN -np 1 "$BUILD/chapter-0" $LVF --steps 100000 --ckpt-local "$LV/lk" --local-every 50 >"$LV/lkA.out" 2>&1 &
+pid=$!
+for i in $(seq 1 600); do grep -q '^step' "$LV/lkA.out" 2>/dev/null && break; sleep 0.1; done
+out=$(OMPI_MCA_odls_base_sigkill_timeout=0 timeout 60 $MPIRUN -np 2 "$BUILD/chapter-2" --dp 2 $LVF --ckpt-local "$LV/lk" --local-every 1 2>&1)
+rc=$?
+holder=$(cat "$LV/lk/node-0/.lock" 2>/dev/null)
+{ own_kill $pid; wait $pid; } 2>/dev/null  # run A: its own processes, by pid
+if [ $rc -eq 1 ] && [ "$(echo "$out" | grep -c '^error')" = 1 ] && ! echo "$out" | grep -q '^step' &&
+    echo "$out" | grep -qF -- "--ckpt-local '$LV/lk/node-0' is in use by another run ($holder)" && echo "$holder" | grep -q "^pid [0-9]* on host"; then
+    pass "levels: a second run on a --ckpt-local in use is refused before its first step, naming the holder ($holder)"
+else
+    fail "levels: the --ckpt-local lock" "exit $rc; holder '$holder'; $(echo "$out" | grep -E '^(error|step|checkpoint)' | head -2)"
+fi
+out=$(timeout 60 $MPIRUN -np 1 "$BUILD/chapter-0" $LVF --steps 2 --ckpt-local "$LV/lk" --local-every 1 2>&1)
+rc=$?
+if [ $rc -eq 0 ] && echo "$out" | grep -qF -- "note: --ckpt-local '$LV/lk/node-0': the lock of an earlier run ($holder) is stale" &&
+    [ -z "$(cat "$LV/lk/node-0/.lock")" ]; then
+    pass "levels: the lock of a killed run is taken over with a note, and cleared at the end"
+else
+    fail "levels: a stale --ckpt-local lock" "exit $rc; $(echo "$out" | grep -E '^(error|note)' | head -2)"
+fi
+}
+
 # --- a level-1 save that fails (a full disk: a file size limit) leaves no
 # step-N.tmp in the node's directory, as level 3 cleans up its own
 lv_full() {
@@ -237,7 +267,7 @@ rm -rf "$LV/full"
 out=$( (ulimit -f 65536; timeout 120 $MPIRUN -np 1 "$BUILD/chapter-0" --model small --steps 1 --batch 1 --seq 16 \
     --peak-gflops 10 --ckpt-local "$LV/full" --local-every 1) 2>&1)
 rc=$?
-left=$(ls -A "$LV/full/node-0" 2>/dev/null | tr '\n' ' ')
+left=$(ls "$LV/full/node-0" 2>/dev/null | tr '\n' ' ')
 if [ $rc -eq 1 ] && echo "$out" | grep -q "^error: writing checkpoint file '.*full/node-0/step-00000001.tmp/rank-00000.bin' failed: File too large" &&
     [ -d "$LV/full/node-0" ] && [ -z "$left" ]; then
     pass "levels: a level-1 save that fails (file too large) ends the run with the file named and leaves no step-00000001.tmp"
@@ -254,6 +284,7 @@ jobs_run lv_partner3
 jobs_run lv_both
 jobs_run lv_full
 jobs_run lv_older
+jobs_run lv_lock
 jobs_wait
 
 # flags that cannot work: one error: line
