@@ -216,6 +216,64 @@ else
 fi
 }
 
+# the supervisor uses every level: with --ckpt-local and level 3 only every
+# 100 steps, a job killed after step 5 resumes from level 1's step 4 (it
+# printed "no usable checkpoint: starting over" and started over each time)
+ck_sv_levels() {
+local rc
+rm -rf "$CK/svl" "$CK/svl1"
+CKPT_KILL=step:5:0 timeout 240 bash common/tools/supervise.sh --np 1 --retries 1 -- \
+    "$BUILD/chapter-0" $CKF --ckpt-dir "$CK/svl" --save-every 100 --ckpt-local "$CK/svl1" --local-every 2 --log "$CK/svl.jsonl" >"$CK/svl.out" 2>&1
+rc=$?
+if [ $rc -eq 0 ] && grep -q "^supervise: attempt 2 on 1 rank(s): .* --resume $CK/svl$" "$CK/svl.out" &&
+    grep -q "checkpoint: resuming from level 1 (node-local), step 4" "$CK/svl.out" && ! grep -q "starting over" "$CK/svl.out"; then
+    ck_expect svl "the supervisor resumes a killed job from level 1's step 4 (level 3 has none), continuing the reference bit for bit" ref 4 0
+else
+    fail "checkpoint: supervisor and level 1" "exit $rc; $(grep -E '^supervise|^error|resuming' "$CK/svl.out" | head -5)"
+fi
+}
+
+# a SIGTERM the supervisor did not send (a scheduler's, to mpirun) is a
+# failure to restart from, not a refusal of the input (mpirun exits 1 and
+# no rank prints an error: line); one sent to the supervisor ends the job
+# and the supervisor, with no restart. Every signal goes to a process this
+# test started, found by pid.
+ck_sv_term() {
+local sv mp p i rc
+rm -rf "$CK/svt"
+timeout 240 bash common/tools/supervise.sh --np 1 --retries 1 -- "$BUILD/chapter-0" --steps 3000 --batch 12 --seq 32 \
+    --peak-gflops 10 --ckpt-dir "$CK/svt" --save-every 100 >"$CK/svt.out" 2>&1 &
+sv=$!
+for i in $(seq 1 600); do grep -q '^checkpoint: saved' "$CK/svt.out" 2>/dev/null && break; sleep 0.1; done
+mp=""
+for p in $(own_tree $sv); do [ "$(cat /proc/$p/comm 2>/dev/null)" = mpirun ] && mp=$p; done
+[ -n "$mp" ] && kill -TERM "$mp"
+wait $sv
+rc=$?
+if [ -n "$mp" ] && [ $rc -eq 0 ] && grep -q "^supervise: attempt 1 failed (exit 1); restarting" "$CK/svt.out" &&
+    grep -q "^checkpoint: resumed from $CK/svt/step-" "$CK/svt.out" && grep -q "^supervise: attempt 2 succeeded" "$CK/svt.out"; then
+    pass "checkpoint: SIGTERM to the job's mpirun (not from the supervisor): restarted from the newest checkpoint, and succeeded"
+else
+    fail "checkpoint: the supervisor and a SIGTERM to mpirun" "mpirun ${mp:-not found}, exit $rc; $(grep -E '^supervise|^error' "$CK/svt.out" | head -4)"
+fi
+rm -rf "$CK/svs"
+timeout 240 bash common/tools/supervise.sh --np 1 --retries 3 -- "$BUILD/chapter-0" --steps 3000 --batch 12 --seq 32 \
+    --peak-gflops 10 --ckpt-dir "$CK/svs" --save-every 100 >"$CK/svs.out" 2>&1 &
+sv=$!
+for i in $(seq 1 600); do grep -q '^checkpoint: saved' "$CK/svs.out" 2>/dev/null && break; sleep 0.1; done
+p=$(ps -o pid= --ppid $sv | head -1)  # the supervisor's bash, under timeout
+[ -n "$p" ] && kill -TERM $p
+wait $sv
+rc=$?
+sleep 1
+if [ -n "$p" ] && [ $rc -ne 0 ] && [ "$(grep -c '^supervise: attempt' "$CK/svs.out")" = 1 ] &&
+    grep -q "^supervise: stopped by SIGTERM" "$CK/svs.out" && [ -z "$(own_tree $sv | tail -n +2)" ]; then
+    pass "checkpoint: SIGTERM to the supervisor ends the job and the supervisor, with no restart"
+else
+    fail "checkpoint: SIGTERM to the supervisor" "exit $rc; $(grep -E '^supervise|^error' "$CK/svs.out" | head -4)"
+fi
+}
+
 # --- bad checkpoints: one message naming the file, exit 1 on every rank,
 # nothing written. Each case works on a copy of chapter 3's step 3.
 # ck_bad NAME DESCRIPTION EXPECTED-TEXT NP FLAGS...
@@ -242,6 +300,8 @@ jobs_run ck_k1
 jobs_run ck_k2
 jobs_run ck_sv
 jobs_run ck_sv_fallback
+jobs_run ck_sv_levels
+jobs_run ck_sv_term
 ck_copy flip
 # one byte flipped in the middle of rank 3's shard (read by rank 1 of dp 2)
 size=$(stat -c %s "$CK/flip/rank-00003.bin")
