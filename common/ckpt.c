@@ -103,6 +103,53 @@ static const char* lock_dir(const char* dir, const char* flag, int* lock_fd, cha
     return NULL;
 }
 
+// The lock's text goes with the lock: a .lock file left with text means a
+// run died holding it (a refusal after the locks releases them too).
+static void release_locks(Ckpt* c) {
+    if (c->lock_fd >= 0) {
+        if (ftruncate(c->lock_fd, 0) != 0) print0("note: cannot clear the lock file '%s/.lock'\n", c->dir);
+        close(c->lock_fd);
+        c->lock_fd = -1;
+    }
+    if (c->local_lock_fd >= 0) {
+        if (ftruncate(c->local_lock_fd, 0) != 0) printf("note: cannot clear the lock file of '%s/node-%d'\n", c->local, c->node);
+        close(c->local_lock_fd);
+        c->local_lock_fd = -1;
+    }
+}
+
+// The run's identity (ckpt.h): rank 0 hashes the training tokens and the
+// settings that decide the trained model, every rank gets the result.
+static void run_identity(Ckpt* c, const TrainSetup* s) {
+    unsigned long long v[3] = {0, 0, 0};
+    if (c->rank == 0) {
+        v[1] = ckpt_checksum(s->train.tokens, s->train.count * sizeof(uint16_t));
+        v[2] = s->train.count;
+        const GPTConfig* g = &c->cfg;
+        char text[512];
+        int n = snprintf(text, sizeof(text), "model %d %d %d %d %d %d batch %d seq %d seed %d lr %.9g wd %.9g clip %.9g data %llu %016llx",
+                         g->max_seq_len, g->vocab_size, g->padded_vocab_size, g->num_layers, g->num_heads, g->channels,
+                         c->B, c->T, c->seed, c->lr, c->wd, c->clip, v[2], v[1]);
+        v[0] = ckpt_checksum(text, (size_t)n);
+    }
+    MPI_CHECK(MPI_Bcast(v, 3, MPI_UNSIGNED_LONG_LONG, 0, MPI_COMM_WORLD));
+    c->run_id = v[0];
+    c->data_hash = v[1];
+    c->data_tokens = (size_t)v[2];
+}
+
+// A fresh run (no --resume) on a directory holding another run's complete
+// checkpoints would prune them by step or be pruned for them, and a later
+// restart could resume the other run's model: refused, saying how to go on.
+static const char* foreign_dir(const char* flag, const char* dir, const char* base, unsigned long long id, char* msg,
+                               size_t len) {
+    int step = ckpt_foreign_step(base, id);
+    if (step < 0) return NULL;
+    snprintf(msg, len, "%s '%s' holds another run's checkpoints (%s/step-%08d: other data or settings than this run's): give this run its own %s, or continue that run with --resume %s",
+             flag, dir, base, step, flag, dir);
+    return msg;
+}
+
 void ckpt_init(Ckpt* c, const TrainArgs* a, const TrainSetup* s, const Mesh* mesh, int chapter) {
     memset(c, 0, sizeof(*c));
     c->dir = a->ckpt_dir;
@@ -143,6 +190,19 @@ void ckpt_init(Ckpt* c, const TrainArgs* a, const TrainSetup* s, const Mesh* mes
         bad = c->rank == 0 ? lock_dir(c->dir, "--ckpt-dir", &c->lock_fd, msg, sizeof(msg)) : NULL;
         fail_if_any(bad != NULL, bad);
     }
+    if (!c->dir && !c->local) return;
+    run_identity(c, s);
+    if (c->resume) return;  // --resume names what to continue, whosever it is
+    bad = c->dir && c->rank == 0 ? foreign_dir("--ckpt-dir", c->dir, c->dir, c->run_id, msg, sizeof(msg)) : NULL;
+    if (!bad && c->local && c->local_index == 0) {
+        char node_dir[4096];
+        ckpt_node_dir(c, c->node, node_dir, sizeof(node_dir));
+        bad = foreign_dir("--ckpt-local", c->local, node_dir, c->run_id, msg, sizeof(msg));
+    }
+    int failed = bad != NULL, any = 0;
+    MPI_CHECK(MPI_Allreduce(&failed, &any, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD));
+    if (any) release_locks(c);  // refused: the directories are not this run's to hold
+    fail_if_any(failed, bad);
 }
 
 void ckpt_set_model(Ckpt* c, const CkptTensor* tensors, int n, const char* variant) {
@@ -557,6 +617,9 @@ int ckpt_resume(Ckpt* c) {
         bad = msg;
     }
     resume_fail_if_any(bad != NULL, bad);
+    if (!m.has_run_id || m.run_id != c->run_id)
+        print0("note: checkpoint '%s' is another run's (%s): continuing from it, as --resume asks; this run's saves record this run\n",
+               dir, m.has_run_id ? "other data or settings than this run's" : "it records no run");
     if (m.lr != c->lr || m.wd != c->wd || m.clip != c->clip || m.seed != c->seed)
         print0("note: checkpoint '%s' was trained with --lr %g --wd %g --clip %g --seed %d; this run continues with --lr %g --wd %g --clip %g --seed %d\n",
                dir, m.lr, m.wd, m.clip, m.seed, c->lr, c->wd, c->clip, c->seed);
@@ -745,18 +808,7 @@ void ckpt_finish(Ckpt* c, JsonLog* log) {
     c->host = NULL;
     free(c->base_host);
     c->base_host = NULL;
-    // the lock's text goes with the lock: a .lock file left with text
-    // means a run died holding it
-    if (c->lock_fd >= 0) {
-        if (ftruncate(c->lock_fd, 0) != 0) print0("note: cannot clear the lock file '%s/.lock'\n", c->dir);
-        close(c->lock_fd);
-        c->lock_fd = -1;
-    }
-    if (c->local_lock_fd >= 0) {
-        if (ftruncate(c->local_lock_fd, 0) != 0) printf("note: cannot clear the lock file of '%s/node-%d'\n", c->local, c->node);
-        close(c->local_lock_fd);
-        c->local_lock_fd = -1;
-    }
+    release_locks(c);
     if (c->group != MPI_COMM_NULL) MPI_Comm_free(&c->group);
     free(c->node_of);
     c->node_of = NULL;

@@ -274,6 +274,44 @@ else
 fi
 }
 
+# run identity: every manifest records the run (a hash of the model, seed,
+# batch, AdamW's settings and the training tokens). A fresh run on a
+# directory holding another run's checkpoints is refused before anything
+# is saved or pruned (it lost its own saves to --keep, and a restart then
+# resumed the other run's model as a success); the same run again is not;
+# an explicit --resume of another run's checkpoint goes on, saying so
+ck_identity() {
+local before out rc
+rm -rf "$CK/idA" "$CK/idL"
+head -c 30000 README.md > "$CK/other.txt"
+mpi_run $T_RUN 2 "$BUILD/chapter-3" --dp 2 --zero 3 $CKF --ckpt-dir "$CK/idA" --save-every 2 --ckpt-local "$CK/idL" --local-every 2
+before=$(ls "$CK/idA" "$CK/idL/node-0" | tr '\n' ' ')
+error_case chapter-3 2 "--dp 2 --zero 3 $CKF --ckpt-dir $CK/idA --save-every 2 --data $CK/other.txt" \
+    "--ckpt-dir '$CK/idA' holds another run's checkpoints ($CK/idA/step-00000008: other data or settings than this run's): give this run its own --ckpt-dir, or continue that run with --resume $CK/idA"
+error_case chapter-0 1 "$CKF --ckpt-dir $CK/idA --save-every 2 --seed 7" "holds another run's checkpoints"
+error_case chapter-0 1 "$CKF --ckpt-local $CK/idL --local-every 2 --lr 3e-3" "--ckpt-local '$CK/idL' holds another run's checkpoints ($CK/idL/node-0/step-00000008"
+if [ "$(ls "$CK/idA" "$CK/idL/node-0" | tr '\n' ' ')" = "$before" ] && [ -z "$(cat "$CK/idA/.lock")" ]; then
+    pass "checkpoint: the refused runs left both levels as they were ($before) and no lock held"
+else
+    fail "checkpoint: a refused run changed the directories" "before: $before; after: $(ls "$CK/idA" "$CK/idL/node-0" | tr '\n' ' ')"
+fi
+if grep -q "^run id=[0-9a-f]\{16\} data_tokens=[0-9]* data_hash=[0-9a-f]\{16\}$" "$CK/idA/step-00000008/MANIFEST" "$CK/idL/node-0/step-00000008/MANIFEST"; then
+    pass "checkpoint: both levels' manifests record the run ($(grep '^run ' "$CK/idA/step-00000008/MANIFEST"))"
+else
+    fail "checkpoint: the run line of the manifests" "$(grep -h '^run' "$CK/idA/step-00000008/MANIFEST" "$CK/idL/node-0/step-00000008/MANIFEST")"
+fi
+# the same run again, on another mesh (the same model: the same run), is not refused
+mpi_run $T_RUN 1 "$BUILD/chapter-0" $CKF --ckpt-dir "$CK/idA" --save-every 2
+rc=$RC
+out=$(timeout 60 $MPIRUN -np 1 "$BUILD/chapter-0" $CKF --steps 10 --data "$CK/other.txt" --resume "$CK/idA" 2>&1)
+if [ $rc -eq 0 ] && [ $? -eq 0 ] && echo "$out" | grep -q "^note: checkpoint '$CK/idA/step-00000008' is another run's (other data or settings than this run's): continuing from it, as --resume asks" &&
+    echo "$out" | grep -q "checkpoint: resumed from $CK/idA/step-00000008"; then
+    pass "checkpoint: the same run fresh again is not refused; an explicit --resume of another run's checkpoint goes on with a note"
+else
+    fail "checkpoint: the same run again, or --resume of another run" "first exit $rc; $(echo "$out" | grep -E '^(error|note)' | head -2)"
+fi
+}
+
 # --- bad checkpoints: one message naming the file, exit 1 on every rank,
 # nothing written. Each case works on a copy of chapter 3's step 3.
 # ck_bad NAME DESCRIPTION EXPECTED-TEXT NP FLAGS...
@@ -302,6 +340,7 @@ jobs_run ck_sv
 jobs_run ck_sv_fallback
 jobs_run ck_sv_levels
 jobs_run ck_sv_term
+jobs_run ck_identity
 ck_copy flip
 # one byte flipped in the middle of rank 3's shard (read by rank 1 of dp 2)
 size=$(stat -c %s "$CK/flip/rank-00003.bin")
@@ -380,12 +419,15 @@ jobs_run ck_bad none "a directory without a checkpoint" "no complete checkpoint 
 # file, the .tmp directory goes, the checkpoint already there stays
 ck_full() {
 local out rc
-rm -rf "$CK/full" && mkdir "$CK/full" && cp -r "$CK/c0/step-00000004" "$CK/full/"
-out=$( (ulimit -f 65536; timeout 120 $MPIRUN -np 1 "$BUILD/chapter-0" --model small --steps 1 --batch 1 --seq 16 \
-    --peak-gflops 10 --ckpt-dir "$CK/full") 2>&1)
+# (the older checkpoint is this run's own step 1, resumed: a fresh run on a
+# directory of another run's checkpoints is refused before it saves)
+rm -rf "$CK/full"
+timeout 120 $MPIRUN -np 1 "$BUILD/chapter-0" --model small --steps 1 --batch 1 --seq 16 --peak-gflops 10 --ckpt-dir "$CK/full" >/dev/null 2>&1
+out=$( (ulimit -f 65536; timeout 120 $MPIRUN -np 1 "$BUILD/chapter-0" --model small --steps 2 --batch 1 --seq 16 \
+    --peak-gflops 10 --ckpt-dir "$CK/full" --resume "$CK/full") 2>&1)
 rc=$?
-if [ $rc -eq 1 ] && echo "$out" | grep -q "^error: writing checkpoint file '.*full/step-00000001.tmp/rank-00000.bin' failed: File too large" &&
-    [ "$(ls "$CK/full" | tr '\n' ' ')" = "step-00000004 " ]; then
+if [ $rc -eq 1 ] && echo "$out" | grep -q "^error: writing checkpoint file '.*full/step-00000002.tmp/rank-00000.bin' failed: File too large" &&
+    [ "$(ls "$CK/full" | tr '\n' ' ')" = "step-00000001 " ]; then
     pass "checkpoint: a save past a file-size limit fails with the file's name; the older checkpoint stays, no .tmp is left"
 else
     fail "checkpoint: failed save" "exit $rc; $(echo "$out" | grep error | head -2); files: $(ls "$CK/full" | tr '\n' ' ')"
