@@ -362,6 +362,12 @@ static void save(Ckpt* c, int step, int local, int durable) {
         double before = c->local_s;
         ckpt_save_local(c, step);
         t0 += c->local_s - before;
+        if (durable && c->own.n > 0 && ckpt_fault_fires(c, "flip", step)) {  // the test hook (ckpt_files.c)
+            char path[4096 + 64];
+            ckpt_node_dir(c, c->node, path, sizeof(path));
+            snprintf(path + strlen(path), sizeof(path) - strlen(path), "/step-%08d/rank-%05d.bin", step, c->rank);
+            ckpt_fault_flip(path);
+        }
     }
     if (!durable) {
         c->stall_s += now_seconds() - t0;

@@ -305,7 +305,9 @@ static void prune(const char* dir, int keep) {
 // ---------------------------------------------------------------- fault injection (tests)
 
 // CKPT_KILL=step:S:R kills rank R with SIGKILL after step S; save:S:R kills
-// it halfway through writing its file of the checkpoint of step S. Only in a
+// it halfway through writing its file of the checkpoint of step S; flip:S:R
+// changes one byte of its level-1 file of step S before level 3 drains it
+// (ckpt_fault_flip: the drain must notice). Only in a
 // run that did not resume, so a restarted job runs through. The tests and
 // docs/checkpoints.md use it to kill a rank at a known moment.
 int ckpt_fault_fires(const Ckpt* c, const char* where, int step) {
@@ -315,6 +317,17 @@ int ckpt_fault_fires(const Ckpt* c, const char* where, int step) {
     int s = -1, r = -1;
     if (sscanf(spec, "%15[a-z]:%d:%d", what, &s, &r) != 3) return 0;
     return !strcmp(what, where) && s == step && r == c->rank;
+}
+
+void ckpt_fault_flip(const char* path) {
+    int fd = open(path, O_RDWR);
+    unsigned char b = 0;
+    off_t at = fd >= 0 ? lseek(fd, 0, SEEK_END) / 2 : 0;
+    if (fd < 0 || pread(fd, &b, 1, at) != 1) FATAL("CKPT_KILL=flip: cannot read '%s'", path);
+    b ^= 0x01;
+    if (pwrite(fd, &b, 1, at) != 1) FATAL("CKPT_KILL=flip: cannot write '%s'", path);
+    close(fd);
+    fprintf(stderr, "[rank %d] CKPT_KILL: changed byte %lld of %s\n", world_rank(), (long long)at, path);
 }
 
 void ckpt_fault_kill(void) {

@@ -45,6 +45,7 @@ unsigned char* ckpt_read_whole(const char* path, size_t* n);
 // the CKPT_KILL test hook
 int ckpt_fault_fires(const Ckpt* c, const char* where, int step);
 void ckpt_fault_kill(void);
+void ckpt_fault_flip(const char* path);
 
 // writing a rank's file
 // What a file write gives: its size and checksum, or an error.

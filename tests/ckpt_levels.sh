@@ -215,6 +215,25 @@ else
 fi
 }
 
+# --- a level-1 file changed in place (one byte, the same size) between its
+# save and the drain to level 3 (the test hook CKPT_KILL=flip:4:0): the
+# drain compares the copy's checksum with what level 1 wrote and refuses it,
+# so level 3 never holds a step that differs from the state saved
+lv_flip() {
+local out rc
+rm -rf "$LV/fl1" "$LV/fl3"
+out=$(CKPT_KILL=flip:4:0 timeout 60 $MPIRUN -np 1 "$BUILD/chapter-0" $LVF --ckpt-local "$LV/fl1" --local-every 2 \
+    --ckpt-dir "$LV/fl3" --save-every 4 2>&1)
+rc=$?
+if [ $rc -eq 1 ] && [ "$(echo "$out" | grep -c '^error')" = 1 ] &&
+    echo "$out" | grep -q "^error: draining '$LV/fl1/node-0/step-00000004/rank-00000.bin' to '.*': the level-1 file changed since its save" &&
+    [ -z "$(ls "$LV/fl3")" ]; then
+    pass "levels: a level-1 file changed before its drain (same size): the drain refuses it, level 3 keeps nothing of step 4"
+else
+    fail "levels: a changed level-1 file at the drain" "exit $rc; level 3: $(ls "$LV/fl3" | tr '\n' ' '); $(echo "$out" | grep -E '^error|CKPT' | head -2)"
+fi
+}
+
 # --- the newest level-1 step has a file lost and no redundancy: the
 # resume takes the older one bit for bit, with a note saying why
 lv_older() {
@@ -285,6 +304,7 @@ jobs_run lv_both
 jobs_run lv_full
 jobs_run lv_older
 jobs_run lv_lock
+jobs_run lv_flip
 jobs_wait
 
 # flags that cannot work: one error: line
