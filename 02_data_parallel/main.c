@@ -261,6 +261,12 @@ int main(int argc, char** argv) {
     MeshNeeds needs = {.microbatches = accum};
     train_check_mesh(&run.mesh, setup, &needs);
     int micro = B / ndp / accum;
+    // overlapped: every bucket's all-reduce is started before any is waited
+    // for, and the comm layer holds COMM_MAX_IN_FLIGHT: refuse more buckets now
+    size_t grad_bytes = gpt_num_params(&setup->cfg) * sizeof(float), min_kb = comm_min_piece_kb(grad_bytes);
+    if (mode == MODE_OVERLAPPED && (size_t)bucket_kb < min_kb)
+        fail_all("--bucket-kb %d cuts the %zu bytes of gradients into more than %d buckets, all in flight at once in --dp-mode overlapped: use --bucket-kb %zu or more",
+                 bucket_kb, grad_bytes, COMM_MAX_IN_FLIGHT, min_kb);
 
     // a full replica on every rank, activations for one micro-batch
     GPT model;

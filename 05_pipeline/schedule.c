@@ -5,11 +5,11 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/stat.h>
 
 #include "errors.h"
 #include "exercise.h"  // exercise_not_done, in a homework tree
 #include "memory.h"
+#include "paths.h"
 
 static const char* names[NUM_SCHEDULES + 1] = {"gpipe", "1f1b", "interleaved", "zb", "file"};
 
@@ -147,11 +147,8 @@ static int parse_action(const char* tok, Action* a) {
 
 const char* schedule_read(Schedule* s, const char* path, int pp, char* msg, size_t len) {
     memset(s, 0, sizeof(*s));
-    struct stat st;
-    if (stat(path, &st) == 0 && S_ISDIR(st.st_mode)) {
-        snprintf(msg, len, "--schedule-file '%s' is a directory: give a text file with one 'rank R: ACTIONS' line per rank", path);
+    if (paths_check_regular("--schedule-file", path, "give a text file with one 'rank R: ACTIONS' line per rank", msg, len))
         return msg;
-    }
     FILE* f = fopen(path, "r");
     if (!f) {
         snprintf(msg, len, "cannot read --schedule-file '%s'", path);
@@ -163,10 +160,18 @@ const char* schedule_read(Schedule* s, const char* path, int pp, char* msg, size
     s->list = xcalloc((size_t)pp, sizeof(Action*));
     int* cap = xcalloc((size_t)pp, sizeof(int));
     int* seen = xcalloc((size_t)pp, sizeof(int));
-    char line[4096];
+    char* line = NULL;
+    size_t line_cap = 0;
+    ssize_t got;
     const char* bad = NULL;
-    for (int ln = 1; !bad && fgets(line, sizeof(line), f); ln++) {
-        char* hash = strchr(line, '#');
+    for (int ln = 1; !bad && (got = getline(&line, &line_cap, f)) >= 0; ln++) {
+        char* hash = memchr(line, '#', (size_t)got);
+        size_t col = paths_not_text(line, hash ? (size_t)(hash - line) : (size_t)got);
+        if (col) {  // binary, not a schedule: say where, quote nothing
+            snprintf(msg, len, "--schedule-file %s line %d: byte %zu is not text: want 'rank R: ACTIONS' lines", path, ln, col);
+            bad = msg;
+            break;
+        }
         if (hash) *hash = 0;
         char* tok = strtok(line, " \t\r\n");
         if (!tok) continue;  // blank or comment
@@ -200,6 +205,7 @@ const char* schedule_read(Schedule* s, const char* path, int pp, char* msg, size
             s->list[r][s->n[r]++] = a;
         }
     }
+    free(line);
     fclose(f);
     for (int r = 0; r < pp && !bad; r++)
         if (!seen[r]) {

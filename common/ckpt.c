@@ -56,19 +56,20 @@
 // ---------------------------------------------------------------- set-up
 
 // One writer per checkpoint directory: rank 0 holds an exclusive flock on
-// DIR/.lock for the whole run, and writes its pid, host and start time into
+// DIR/.lock for the whole run (level 1: each node's first rank on
+// LOCAL/node-K/.lock, its node's own storage), and writes its pid, host and start time into
 // it for the message a second run gets. The kernel drops the lock when the
 // process ends, however it ends, so a .lock file whose lock can be taken is
 // the leftover of a run that died: it is taken over with a note. (flock
 // works across processes on one machine and, on Linux, on NFS through
 // fcntl locks; a file system without locks gives a clear error instead.)
-static const char* lock_dir(Ckpt* c, char* msg, size_t msg_len) {
+static const char* lock_dir(const char* dir, const char* flag, int* lock_fd, char* msg, size_t msg_len) {
     char path[4096 + 16];
-    mkdir(c->dir, 0755);  // may exist; the open below says if it is unusable
-    snprintf(path, sizeof(path), "%s/.lock", c->dir);
+    mkdir(dir, 0755);  // may exist; the open below says if it is unusable
+    snprintf(path, sizeof(path), "%s/.lock", dir);
     int fd = open(path, O_RDWR | O_CREAT, 0644);
     if (fd < 0) {
-        snprintf(msg, msg_len, "cannot create the lock file '%s': %s (check --ckpt-dir)", path, strerror(errno));
+        snprintf(msg, msg_len, "cannot create the lock file '%s': %s (check %s)", path, strerror(errno), flag);
         return msg;
     }
     char before[256] = "";
@@ -79,14 +80,15 @@ static const char* lock_dir(Ckpt* c, char* msg, size_t msg_len) {
         int err = errno;
         close(fd);
         if (err == EWOULDBLOCK)
-            snprintf(msg, msg_len, "--ckpt-dir '%s' is in use by another run (%s): give each run its own directory, or wait for that one to end",
-                     c->dir, before[0] ? before : "its .lock file names no process");
+            snprintf(msg, msg_len, "%s '%s' is in use by another run (%s): give each run its own directory, or wait for that one to end",
+                     flag, dir, before[0] ? before : "its .lock file names no process");
         else
-            snprintf(msg, msg_len, "cannot lock '%s': %s (a file system without file locks: use a local --ckpt-dir)", path,
-                     strerror(err));
+            snprintf(msg, msg_len, "cannot lock '%s': %s (a file system without file locks: use a local %s)", path,
+                     strerror(err), flag);
         return msg;
     }
-    if (before[0]) print0("note: --ckpt-dir '%s': the lock of an earlier run (%s) is stale (that run has ended); taking it over\n", c->dir, before);
+    // printf, not print0: on level 1 the node's first rank may not be rank 0
+    if (before[0]) printf("note: %s '%s': the lock of an earlier run (%s) is stale (that run has ended); taking it over\n", flag, dir, before);
     char host[256] = "?", now[64] = "?";
     gethostname(host, sizeof(host) - 1);
     time_t t = time(NULL);
@@ -98,8 +100,55 @@ static const char* lock_dir(Ckpt* c, char* msg, size_t msg_len) {
         close(fd);
         return msg;
     }
-    c->lock_fd = fd;
+    *lock_fd = fd;
     return NULL;
+}
+
+// The lock's text goes with the lock: a .lock file left with text means a
+// run died holding it (a refusal after the locks releases them too).
+static void release_locks(Ckpt* c) {
+    if (c->lock_fd >= 0) {
+        if (ftruncate(c->lock_fd, 0) != 0) print0("note: cannot clear the lock file '%s/.lock'\n", c->dir);
+        close(c->lock_fd);
+        c->lock_fd = -1;
+    }
+    if (c->local_lock_fd >= 0) {
+        if (ftruncate(c->local_lock_fd, 0) != 0) printf("note: cannot clear the lock file of '%s/node-%d'\n", c->local, c->node);
+        close(c->local_lock_fd);
+        c->local_lock_fd = -1;
+    }
+}
+
+// The run's identity (ckpt.h): rank 0 hashes the training tokens and the
+// settings that decide the trained model, every rank gets the result.
+static void run_identity(Ckpt* c, const TrainSetup* s) {
+    unsigned long long v[3] = {0, 0, 0};
+    if (c->rank == 0) {
+        v[1] = ckpt_checksum(s->train.tokens, s->train.count * sizeof(uint16_t));
+        v[2] = s->train.count;
+        const GPTConfig* g = &c->cfg;
+        char text[512];
+        int n = snprintf(text, sizeof(text), "model %d %d %d %d %d %d batch %d seq %d seed %d lr %.9g wd %.9g clip %.9g data %llu %016llx",
+                         g->max_seq_len, g->vocab_size, g->padded_vocab_size, g->num_layers, g->num_heads, g->channels,
+                         c->B, c->T, c->seed, c->lr, c->wd, c->clip, v[2], v[1]);
+        v[0] = ckpt_checksum(text, (size_t)n);
+    }
+    MPI_CHECK(MPI_Bcast(v, 3, MPI_UNSIGNED_LONG_LONG, 0, MPI_COMM_WORLD));
+    c->run_id = v[0];
+    c->data_hash = v[1];
+    c->data_tokens = (size_t)v[2];
+}
+
+// A fresh run (no --resume) on a directory holding another run's complete
+// checkpoints would prune them by step or be pruned for them, and a later
+// restart could resume the other run's model: refused, saying how to go on.
+static const char* foreign_dir(const char* flag, const char* dir, const char* base, unsigned long long id, char* msg,
+                               size_t len) {
+    int step = ckpt_foreign_step(base, id);
+    if (step < 0) return NULL;
+    snprintf(msg, len, "%s '%s' holds another run's checkpoints (%s/step-%08d: other data or settings than this run's): give this run its own %s, or continue that run with --resume %s",
+             flag, dir, base, step, flag, dir);
+    return msg;
 }
 
 void ckpt_init(Ckpt* c, const TrainArgs* a, const TrainSetup* s, const Mesh* mesh, int chapter) {
@@ -127,12 +176,34 @@ void ckpt_init(Ckpt* c, const TrainArgs* a, const TrainSetup* s, const Mesh* mes
     c->local_every = a->local_every;
     c->redundancy = a->redundancy;
     c->incremental = a->incremental;
+    c->local_lock_fd = -1;
     if (c->local) ckpt_nodes_init(c, a->ranks_per_node);
+    char msg[1024];
+    const char* bad = NULL;
+    if (c->local && c->local_index == 0) {  // a second run's first save would delete this one's .tmp
+        char node_dir[4096];
+        ckpt_node_dir(c, c->node, node_dir, sizeof(node_dir));
+        mkdir(c->local, 0755);
+        bad = lock_dir(node_dir, "--ckpt-local", &c->local_lock_fd, msg, sizeof(msg));
+    }
+    fail_if_any(bad != NULL, bad);
     if (c->dir) {
-        char msg[1024];
-        const char* bad = c->rank == 0 ? lock_dir(c, msg, sizeof(msg)) : NULL;
+        bad = c->rank == 0 ? lock_dir(c->dir, "--ckpt-dir", &c->lock_fd, msg, sizeof(msg)) : NULL;
         fail_if_any(bad != NULL, bad);
     }
+    if (!c->dir && !c->local) return;
+    run_identity(c, s);
+    if (c->resume) return;  // --resume names what to continue, whosever it is
+    bad = c->dir && c->rank == 0 ? foreign_dir("--ckpt-dir", c->dir, c->dir, c->run_id, msg, sizeof(msg)) : NULL;
+    if (!bad && c->local && c->local_index == 0) {
+        char node_dir[4096];
+        ckpt_node_dir(c, c->node, node_dir, sizeof(node_dir));
+        bad = foreign_dir("--ckpt-local", c->local, node_dir, c->run_id, msg, sizeof(msg));
+    }
+    int failed = bad != NULL, any = 0;
+    MPI_CHECK(MPI_Allreduce(&failed, &any, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD));
+    if (any) release_locks(c);  // refused: the directories are not this run's to hold
+    fail_if_any(failed, bad);
 }
 
 void ckpt_set_model(Ckpt* c, const CkptTensor* tensors, int n, const char* variant) {
@@ -292,6 +363,12 @@ static void save(Ckpt* c, int step, int local, int durable) {
         double before = c->local_s;
         ckpt_save_local(c, step);
         t0 += c->local_s - before;
+        if (durable && c->own.n > 0 && ckpt_fault_fires(c, "flip", step)) {  // the test hook (ckpt_files.c)
+            char path[4096 + 64];
+            ckpt_node_dir(c, c->node, path, sizeof(path));
+            snprintf(path + strlen(path), sizeof(path) - strlen(path), "/step-%08d/rank-%05d.bin", step, c->rank);
+            ckpt_fault_flip(path);
+        }
     }
     if (!durable) {
         c->stall_s += now_seconds() - t0;
@@ -368,6 +445,32 @@ void ckpt_after_step(Ckpt* c, int step) {
 
 // ---------------------------------------------------------------- incremental: applying a delta
 
+// The resume's private directory, removed at exit on every path: a refused
+// resume ends every rank through fail_if_any (exit), the ranks whose own
+// checks passed too, and the full rank files restored there must not pile
+// up in the temporary directory at every attempt of a supervisor.
+static char restore_scratch[4096];
+static void restore_scratch_remove(void) {
+    if (restore_scratch[0]) ckpt_remove_dir(restore_scratch);
+    restore_scratch[0] = 0;
+}
+// fail_if_any for the resume once scratch directories exist: if any rank
+// failed, every rank removes its own first. The exit handler alone is not
+// enough: once the failing rank has exited, mpirun ends the ranks still in
+// fail_if_any's MPI_Finalize before their exit handlers run.
+static void resume_fail_if_any(int failed, const char* msg) {
+    int any = 0;
+    MPI_CHECK(MPI_Allreduce(&failed, &any, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD));
+    if (any) restore_scratch_remove();
+    fail_if_any(failed, msg);
+}
+static void restore_scratch_keep(const char* dir) {
+    static int registered = 0;
+    if (!registered) atexit(restore_scratch_remove);
+    registered = 1;
+    snprintf(restore_scratch, sizeof(restore_scratch), "%s", dir);
+}
+
 // Restores full file f of the incremental checkpoint in dir: its delta
 // (checked against the manifest) decompressed and xor'ed with the same file
 // of the full save it names, which must be that save (its manifest's
@@ -434,6 +537,12 @@ static const char* delta_restore(const char* dir, CkptManifest* m, int f, const 
             if (out.err[0]) {
                 snprintf(msg, msg_len, "%s", out.err);
                 bad = msg;
+            } else if (out.hash != m->files[f].hash) {
+                // the delta passed its own checksum: the base file is what is
+                // wrong, named where it is (the scratch copy is removed)
+                snprintf(msg, msg_len, "the full save's '%s', which the delta '%s/rank-%05d.delta' is applied to, is corrupt: the restored file's checksum %016llx is not the manifest's %016llx; resume from another checkpoint",
+                         path, dir, r, out.hash, m->files[f].hash);
+                bad = msg;
             }
         }
         free(x);
@@ -472,14 +581,18 @@ int ckpt_resume(Ckpt* c) {
         snprintf(msg, sizeof(msg), "cannot create a directory '%s' to restore the checkpoint in: %s", scratch, strerror(errno));
         bad = msg;
         scratch[0] = 0;
+    } else {
+        restore_scratch_keep(scratch);
     }
-    fail_if_any(bad != NULL, bad);
+    resume_fail_if_any(bad != NULL, bad);
     if (c->local) {
         char dir1[4096], report[2048] = "", why[1024] = "";
         int step1 = ckpt_local_pick(c, have3[1], &m, scratch, dir1, sizeof(dir1), report, sizeof(report), why, sizeof(why));
         level1 = step1 >= 0;
         if (level1) {
             snprintf(dir, sizeof(dir), "%s", dir1);
+            // a newer level-1 step was unusable: say why an older one is taken
+            if (why[0]) print0("note: %s; an older level-1 step is taken\n", why);
             print0("checkpoint: resuming from %s%s\n", report,
                    !have3[0]          ? " (level 3 has none)"
                    : have3[1] == step1 ? " (level 3 has the same step: level 1 is read, it is nearer)"
@@ -499,21 +612,21 @@ int ckpt_resume(Ckpt* c) {
                  c->resume);
         bad = msg;
     }
-    if (bad) ckpt_remove_dir(scratch);
-    fail_if_any(bad != NULL, bad);
+    resume_fail_if_any(bad != NULL, bad);
     if (!level1) {
         MPI_CHECK(MPI_Bcast(dir, sizeof(dir), MPI_CHAR, 0, MPI_COMM_WORLD));
         bad = ckpt_read_manifest(dir, c, &m, msg, sizeof(msg));
-        if (bad) ckpt_remove_dir(scratch);
-        fail_if_any(bad != NULL, bad);
+        resume_fail_if_any(bad != NULL, bad);
     }
     if (m.B != c->B || m.T != c->T) {
         snprintf(msg, sizeof(msg), "checkpoint '%s' was trained with batch %d x %d; this run has %d x %d: resume with --batch %d --seq %d (the data position and the losses depend on them)",
                  dir, m.B, m.T, c->B, c->T, m.B, m.T);
         bad = msg;
-        ckpt_remove_dir(scratch);
     }
-    fail_if_any(bad != NULL, bad);
+    resume_fail_if_any(bad != NULL, bad);
+    if (!m.has_run_id || m.run_id != c->run_id)
+        print0("note: checkpoint '%s' is another run's (%s): continuing from it, as --resume asks; this run's saves record this run\n",
+               dir, m.has_run_id ? "other data or settings than this run's" : "it records no run");
     if (m.lr != c->lr || m.wd != c->wd || m.clip != c->clip || m.seed != c->seed)
         print0("note: checkpoint '%s' was trained with --lr %g --wd %g --clip %g --seed %d; this run continues with --lr %g --wd %g --clip %g --seed %d\n",
                dir, m.lr, m.wd, m.clip, m.seed, c->lr, c->wd, c->clip, c->seed);
@@ -538,8 +651,7 @@ int ckpt_resume(Ckpt* c) {
     // byte anywhere is found; level 1: its node's first rank checked it
     for (int f = 0; f < m.n_files && !bad; f++)
         if (use[f] || (!level1 && f % c->world == c->rank)) bad = ckpt_verify_file(&m, f, msg, sizeof(msg));
-    if (bad && scratch[0]) ckpt_remove_dir(scratch);
-    fail_if_any(bad != NULL, bad);
+    resume_fail_if_any(bad != NULL, bad);
     // the reads: each needed slice assembled in a host buffer from every
     // saved slice it overlaps, then copied to the device
     size_t max_floats = 0;
@@ -578,12 +690,12 @@ int ckpt_resume(Ckpt* c) {
     }
     for (int f = 0; f < m.n_files; f++)
         if (fds[f] >= 0) close(fds[f]);
-    if (scratch[0]) ckpt_remove_dir(scratch);
+    restore_scratch_remove();
     free(fds);
     free(stage);
     free(use);
     ckpt_manifest_free(&m);
-    fail_if_any(bad != NULL, bad);
+    resume_fail_if_any(bad != NULL, bad);
     c->start_step = m.step;
     c->load_s = now_seconds() - t0;
     if (level1) {
@@ -703,15 +815,7 @@ void ckpt_finish(Ckpt* c, JsonLog* log) {
     c->host = NULL;
     free(c->base_host);
     c->base_host = NULL;
-    if (c->lock_fd >= 0) {
-        // the lock's text goes with the lock: a .lock file left with text
-        // means a run died holding it
-        char path[4096 + 16];
-        snprintf(path, sizeof(path), "%s/.lock", c->dir);
-        if (ftruncate(c->lock_fd, 0) != 0) print0("note: cannot clear the lock file '%s'\n", path);
-        close(c->lock_fd);
-        c->lock_fd = -1;
-    }
+    release_locks(c);
     if (c->group != MPI_COMM_NULL) MPI_Comm_free(&c->group);
     free(c->node_of);
     c->node_of = NULL;

@@ -109,6 +109,11 @@ typedef struct Ckpt {  // named: train.h's loop holds a pointer to one
     int n_tensors;
     char variant[256];
     int B, T, seed, steps;
+    // the run's identity: a hash of what decides the model it trains (the
+    // model, seed, batch, sequence, AdamW's settings and the training
+    // tokens), not of the mesh or chapter, which train the same model
+    unsigned long long run_id, data_hash;
+    size_t data_tokens;
     int mesh[NUM_AXES];
     float lr, wd, clip;
     int world, rank;
@@ -134,6 +139,7 @@ typedef struct Ckpt {  // named: train.h's loop holds a pointer to one
     double load_s;
     size_t load_bytes;
     int lock_fd;  // rank 0: DIR/.lock, held (flock) from ckpt_init to ckpt_finish; -1 if none
+    int local_lock_fd;  // each node's first rank: LOCAL/node-K/.lock, held alike; -1 if none
     // level 1 (--ckpt-local): the same files and manifest under
     // LOCAL/node-K/step-N, K this rank's node; level 2 (--ckpt-redundancy)
     // keeps them across nodes: a partner's copy, or an xor parity per group

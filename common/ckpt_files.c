@@ -184,6 +184,34 @@ void ckpt_remove_dir(const char* path) {
     rmdir(path);
 }
 
+int ckpt_foreign_step(const char* base, unsigned long long run_id) {
+    DIR* d = opendir(base);
+    if (!d) return -1;
+    int newest = -1, step;
+    struct dirent* e;
+    while ((e = readdir(d)) != NULL) {
+        if (!ckpt_parse_step_name(e->d_name, &step) || step <= newest) continue;
+        char path[4096 + 64];
+        snprintf(path, sizeof(path), "%s/%s/MANIFEST", base, e->d_name);
+        size_t n = 0;
+        char* text = (char*)ckpt_read_whole(path, &n);
+        if (!text) continue;  // not complete: no run's checkpoint yet
+        char* grown = realloc(text, n + 1);
+        if (!grown) {
+            free(text);
+            continue;
+        }
+        text = grown;
+        text[n] = 0;
+        unsigned long long id = 0;
+        const char* line = strstr(text, "\nrun id=");
+        if (!line || sscanf(line + 1, "run id=%llx", &id) != 1 || id != run_id) newest = step;
+        free(text);
+    }
+    closedir(d);
+    return newest;
+}
+
 // "step-00000006" and nothing more: a complete checkpoint's name; its step.
 int ckpt_parse_step_name(const char* name, int* step) {
     int n = 0, used = 0;
@@ -277,7 +305,9 @@ static void prune(const char* dir, int keep) {
 // ---------------------------------------------------------------- fault injection (tests)
 
 // CKPT_KILL=step:S:R kills rank R with SIGKILL after step S; save:S:R kills
-// it halfway through writing its file of the checkpoint of step S. Only in a
+// it halfway through writing its file of the checkpoint of step S; flip:S:R
+// changes one byte of its level-1 file of step S before level 3 drains it
+// (ckpt_fault_flip: the drain must notice). Only in a
 // run that did not resume, so a restarted job runs through. The tests and
 // docs/checkpoints.md use it to kill a rank at a known moment.
 int ckpt_fault_fires(const Ckpt* c, const char* where, int step) {
@@ -287,6 +317,17 @@ int ckpt_fault_fires(const Ckpt* c, const char* where, int step) {
     int s = -1, r = -1;
     if (sscanf(spec, "%15[a-z]:%d:%d", what, &s, &r) != 3) return 0;
     return !strcmp(what, where) && s == step && r == c->rank;
+}
+
+void ckpt_fault_flip(const char* path) {
+    int fd = open(path, O_RDWR);
+    unsigned char b = 0;
+    off_t at = fd >= 0 ? lseek(fd, 0, SEEK_END) / 2 : 0;
+    if (fd < 0 || pread(fd, &b, 1, at) != 1) FATAL("CKPT_KILL=flip: cannot read '%s'", path);
+    b ^= 0x01;
+    if (pwrite(fd, &b, 1, at) != 1) FATAL("CKPT_KILL=flip: cannot write '%s'", path);
+    close(fd);
+    fprintf(stderr, "[rank %d] CKPT_KILL: changed byte %lld of %s\n", world_rank(), (long long)at, path);
 }
 
 void ckpt_fault_kill(void) {
@@ -439,6 +480,8 @@ static char* manifest_text(const Ckpt* c, int step, const int* counts, const uin
     // init is counter-based and sampling seeds itself from --seed: the seed
     // is the whole RNG state
     OUT("rng seed=%d\n", c->seed);
+    // which run saved it: a fresh run refuses a directory of another's
+    OUT("run id=%016llx data_tokens=%zu data_hash=%016llx\n", c->run_id, c->data_tokens, c->data_hash);
     OUT("adamw lr=%.9g wd=%.9g clip=%.9g t=%d\n", c->lr, c->wd, c->clip, step);
     int n_files = 0;
     for (int r = 0; r < c->world; r++) n_files += files[5 * r] != 0;
@@ -716,6 +759,7 @@ const char* ckpt_read_manifest(const char* dir, const Ckpt* c, CkptManifest* m, 
         else if (!strncmp(line, "step ", 5)) ok = sscanf(line, "step %d", &m->step) == 1 && m->step >= 0;
         else if (!strncmp(line, "data ", 5)) ok = sscanf(line, "data batch=%d seq=%d", &m->B, &m->T) == 2;
         else if (!strncmp(line, "rng ", 4)) ok = sscanf(line, "rng seed=%d", &m->seed) == 1;
+        else if (!strncmp(line, "run ", 4)) ok = m->has_run_id = sscanf(line, "run id=%llx", &m->run_id) == 1;
         else if (!strncmp(line, "adamw ", 6)) ok = sscanf(line, "adamw lr=%f wd=%f clip=%f", &m->lr, &m->wd, &m->clip) == 3;
         else if (!strncmp(line, "files ", 6)) {
             // one "files" line: a second would replace the list (and leak it)

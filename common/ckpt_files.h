@@ -32,6 +32,10 @@ unsigned long long ckpt_checksum_end(XXH3_state_t* s);
 
 // small file helpers
 void ckpt_remove_dir(const char* path);
+// The newest complete checkpoint (step-N with a MANIFEST) in base that
+// another run saved (its manifest's run id is not `run_id`, or it has
+// none), or -1.
+int ckpt_foreign_step(const char* base, unsigned long long run_id);
 int ckpt_parse_step_name(const char* name, int* step);
 int ckpt_has_manifest(const char* dir);
 void ckpt_tmp_dir_of(const char* base, int step, char* out, size_t len);
@@ -41,6 +45,7 @@ unsigned char* ckpt_read_whole(const char* path, size_t* n);
 // the CKPT_KILL test hook
 int ckpt_fault_fires(const Ckpt* c, const char* where, int step);
 void ckpt_fault_kill(void);
+void ckpt_fault_flip(const char* path);
 
 // writing a rank's file
 // What a file write gives: its size and checksum, or an error.
@@ -75,6 +80,8 @@ typedef struct {
     int step, B, T, seed, chapter, world;
     GPTConfig cfg;
     float lr, wd, clip;
+    unsigned long long run_id;  // the saving run's identity (Ckpt.run_id)
+    int has_run_id;             // 0: a manifest of a version that wrote none
     int n_files, n_slices;
     CkptSavedFile* files;
     CkptSavedSlice* slices;

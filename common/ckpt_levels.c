@@ -78,15 +78,21 @@ void ckpt_nodes_init(Ckpt* c, int ranks_per_node) {
 }
 
 // Sends n bytes to `to` and receives m bytes from `from` over comm, in
-// pieces an int counts.
+// pieces an int counts: ceil(n / piece) messages out, ceil(m / piece) in,
+// none for 0 bytes. The receiver's m is the sender's n (the sizes go first,
+// 8 bytes each way), so every message posted is matched, whatever each
+// rank holds: a rank with nothing to send or receive posts nothing, and
+// no neighbour waits for it (a skipped MPI_Sendrecv hung 3+ nodes).
 static void sendrecv_bytes(const void* out, size_t n, int to, void* in, size_t m, int from, MPI_Comm comm) {
     const size_t piece = (size_t)1 << 30;
-    for (size_t at = 0; at < n || at < m; at += piece) {
-        int ns = at < n ? (int)(n - at < piece ? n - at : piece) : 0;
-        int ms = at < m ? (int)(m - at < piece ? m - at : piece) : 0;
-        MPI_CHECK(MPI_Sendrecv(ns ? (const char*)out + at : out, ns, MPI_BYTE, to, 77, ms ? (char*)in + at : in, ms,
-                               MPI_BYTE, from, 77, comm, MPI_STATUS_IGNORE));
-    }
+    size_t k = 0, count = (n + piece - 1) / piece + (m + piece - 1) / piece;
+    MPI_Request* req = xmalloc((count ? count : 1) * sizeof(*req));
+    for (size_t at = 0; at < m; at += piece)
+        MPI_CHECK(MPI_Irecv((char*)in + at, (int)(m - at < piece ? m - at : piece), MPI_BYTE, from, 77, comm, &req[k++]));
+    for (size_t at = 0; at < n; at += piece)
+        MPI_CHECK(MPI_Isend((const char*)out + at, (int)(n - at < piece ? n - at : piece), MPI_BYTE, to, 77, comm, &req[k++]));
+    MPI_CHECK(MPI_Waitall((int)k, req, MPI_STATUSES_IGNORE));
+    free(req);
 }
 
 // The xor parity's geometry for a group of g files of at most max_bytes:
@@ -169,6 +175,17 @@ static void xor_parity(Ckpt* c, int step, const unsigned char* image, size_t byt
     free(parity);
 }
 
+// fail_if_any for a level-1 save past the creation of its .tmp directory:
+// if any rank failed (a full disk), every node's first rank removes the
+// step's .tmp before every rank ends, as level 3 cleans up its own. Every
+// rank is past its writes here, so nothing writes into what is removed.
+static void local_fail_if_any(const Ckpt* c, const char* tmp, int failed, const char* msg) {
+    int any = 0;
+    MPI_CHECK(MPI_Allreduce(&failed, &any, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD));
+    if (any && c->local_index == 0) ckpt_remove_dir(tmp);
+    fail_if_any(failed, msg);
+}
+
 // A level-1 save of the state already in c->host: every rank writes its
 // file into its node's directory, level 2 adds the partner copy or the
 // parity, rank 0 builds the manifest (with the nodes and the parities) and
@@ -223,7 +240,7 @@ void ckpt_save_local(Ckpt* c, int step) {
         c->redundancy_s += now_seconds() - t1;
     }
     int failed = own.err[0] || extra.err[0];
-    fail_if_any(failed, own.err[0] ? own.err : extra.err);
+    local_fail_if_any(c, tmp, failed, own.err[0] ? own.err : extra.err);
     uint64_t file[5] = {(uint64_t)has_file, has_file ? own.bytes : 0, has_file ? own.hash : 0,
                         c->redundancy == CKPT_REDUNDANCY_XOR ? extra.bytes : 0,
                         c->redundancy == CKPT_REDUNDANCY_XOR ? extra.hash : 0};
@@ -236,7 +253,7 @@ void ckpt_save_local(Ckpt* c, int step) {
     MPI_CHECK(MPI_Bcast(text, (int)len64, MPI_CHAR, 0, MPI_COMM_WORLD));
     bad = c->local_index == 0 ? ckpt_install_manifest(c, base, step, text, (size_t)len64, msg, sizeof(msg)) : NULL;
     free(text);
-    fail_if_any(bad != NULL, bad);
+    local_fail_if_any(c, tmp, bad != NULL, bad);
     c->local_saves++;
     c->local_s += now_seconds() - t0;
     print0("checkpoint: saved level 1 %s/node-*/step-%08d (redundancy %s)\n", c->local, step,

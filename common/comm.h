@@ -200,6 +200,18 @@ void comm_ialltoallv(const Comm* c, const float* send, const size_t* send_counts
                      const size_t* recv_displs, CommRequest* req);
 void comm_isend(const Comm* c, const float* buf, size_t count, int peer, CommRequest* req);
 void comm_irecv(const Comm* c, float* buf, size_t count, int peer, CommRequest* req);
+// The most non-blocking operations one rank may have started and not yet
+// completed: the CPU layer keeps them in a fixed table, which progress
+// walks. A program that starts one per piece of a buffer and waits for
+// them together bounds its pieces by this before it starts (chapter 2's
+// --bucket-kb, refused alike by build/plan), never mid-step.
+#define COMM_MAX_IN_FLIGHT 1024
+// The smallest piece in KiB that cuts `bytes` into at most
+// COMM_MAX_IN_FLIGHT pieces.
+static inline size_t comm_min_piece_kb(size_t bytes) {
+    size_t most = (size_t)1024 * COMM_MAX_IN_FLIGHT;  // the bytes of that many 1-KiB pieces
+    return (bytes + most - 1) / most;
+}
 // Completes req (a no-op on a request that is not active): its result is
 // in place for everything after. On CUDA, as every blocking call there, it
 // orders later device work after the operation and returns without waiting.

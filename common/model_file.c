@@ -6,6 +6,7 @@
 #include "model_file.h"
 
 #include <errno.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -71,6 +72,23 @@ const char* checkpoint_read_config(const char* path, GPTConfig* cfg, char* msg, 
     return NULL;
 }
 
+// A weight that is not a number (NaN, Inf) is the file's fault, not
+// training's: blamed on it at load time, before step 0 would report a
+// non-finite loss and advise a lower --lr. x holds elements first.. of
+// tensor t's layer l; NULL when all are finite.
+static const char* nonfinite_weight(const char* path, ParamTensor t, int l, const float* x, size_t n, size_t first,
+                                    char* msg, size_t msg_len) {
+    for (size_t i = 0; i < n; i++)
+        if (!isfinite(x[i])) {
+            char layer[32] = "";
+            if (param_tensor_is_block(t)) snprintf(layer, sizeof(layer), " of layer %d", l);
+            snprintf(msg, msg_len, "checkpoint '%s' holds a weight that is not a number (%s) at element %zu of tensor %s%s: the file is corrupt or was saved from a diverged run; give a model file whose weights are all finite",
+                     path, isnan(x[i]) ? "NaN" : "Inf", first + i, param_tensor_name(t), layer);
+            return msg;
+        }
+    return NULL;
+}
+
 const char* checkpoint_read_params(const char* path, const GPTConfig* cfg, float* params,
                                    char* msg, size_t msg_len) {
     FILE* f = fopen(path, "rb");
@@ -83,9 +101,14 @@ const char* checkpoint_read_params(const char* path, const GPTConfig* cfg, float
         int layers = param_tensor_is_block(t) ? cfg->num_layers : 1;
         size_t n = param_tensor_numel(cfg, t);
         for (int l = 0; l < layers; l++) {
-            if (fread(params + gpt_tensor_offset(cfg, t, l), sizeof(float), n, f) != n) {
+            float* x = params + gpt_tensor_offset(cfg, t, l);
+            if (fread(x, sizeof(float), n, f) != n) {
                 fclose(f);
                 snprintf(msg, msg_len, "checkpoint '%s' ended inside tensor %s", path, param_tensor_name(t));
+                return msg;
+            }
+            if (nonfinite_weight(path, t, l, x, n, 0, msg, msg_len)) {
+                fclose(f);
                 return msg;
             }
         }
@@ -114,6 +137,10 @@ const char* checkpoint_read_range(const char* path, const GPTConfig* cfg, float*
                 fread(out + (lo - start), sizeof(float), hi - lo, f) != hi - lo) {
                 fclose(f);
                 snprintf(msg, msg_len, "checkpoint '%s' ended inside tensor %s", path, param_tensor_name(t));
+                return msg;
+            }
+            if (nonfinite_weight(path, t, l, out + (lo - start), hi - lo, lo - off, msg, msg_len)) {
+                fclose(f);
                 return msg;
             }
         }

@@ -73,3 +73,24 @@ const char* paths_check_dir(const PathArg* dir, int output, char* msg, size_t ms
     PathArg as_file = {dir->flag, dir->path};
     return paths_check_writable(&as_file, msg, msg_len);
 }
+
+const char* paths_check_regular(const char* flag, const char* path, const char* want, char* msg, size_t msg_len) {
+    struct stat st;
+    if (stat(path, &st) != 0 || S_ISREG(st.st_mode)) return NULL;
+    const char* what = S_ISDIR(st.st_mode)    ? "a directory"
+                       : S_ISCHR(st.st_mode)  ? "a character device"
+                       : S_ISBLK(st.st_mode)  ? "a block device"
+                       : S_ISFIFO(st.st_mode) ? "a pipe"
+                       : S_ISSOCK(st.st_mode) ? "a socket"
+                                              : "not a regular file";
+    snprintf(msg, msg_len, "%s '%s' is %s: %s", flag, path, what, want);
+    return msg;
+}
+
+size_t paths_not_text(const char* line, size_t n) {
+    for (size_t i = 0; i < n; i++) {
+        unsigned char c = (unsigned char)line[i];
+        if ((c < 0x20 && c != '\t' && c != '\r' && c != '\n') || c > 0x7e) return i + 1;
+    }
+    return 0;
+}

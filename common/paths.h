@@ -26,4 +26,17 @@ const char* paths_check_writable(const PathArg* output, char* msg, size_t msg_le
 // directory (--resume) must exist. Returns NULL or a message naming it.
 const char* paths_check_dir(const PathArg* dir, int output, char* msg, size_t msg_len);
 
+// A file a loader reads to its end (a schedule, a machine profile) must be
+// a regular file: a device (/dev/zero) or a FIFO never ends, and reading one
+// would spin where no --timeout sees it. Returns NULL (a regular file, or no
+// file at all: opening it says so) or a message naming the flag, the path,
+// what it is, and `want`.
+const char* paths_check_regular(const char* flag, const char* path, const char* want, char* msg, size_t msg_len);
+
+// The column (from 1) of the first byte of line[0..n) that is not text
+// (printable ASCII or a tab, CR or LF; a NUL included), or 0: a loader
+// refuses such a line by its position instead of quoting bytes a terminal
+// would misread.
+size_t paths_not_text(const char* line, size_t n);
+
 #endif

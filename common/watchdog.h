@@ -19,6 +19,11 @@
 #define WATCHDOG_H
 
 #define WATCHDOG_DEFAULT_SECONDS 300.0
+// The shortest --timeout: a deadlock is every rank waiting longer than it,
+// and below a second every rank inside one collective that has not yet
+// finished (a start-up barrier, a large all-reduce) already looks like one;
+// a census's answers may take that long on a loaded machine too.
+#define WATCHDOG_MIN_SECONDS 1.0
 
 // Starts the thread (every rank, collective; timeout <= 0: off).
 void watchdog_start(double timeout_seconds);

@@ -126,6 +126,21 @@ jobs_run error_case chapter-2 2 "--dp 2 --batch 4 --grad-accum 3" "use a batch d
 jobs_run error_case chapter-2 2 "--dp 2 --dp-mode rings" "--dp-mode rings is not one of"
 jobs_run error_case chapter-2 2 "--dp 2 --tp 1" "this chapter has no tp axis"
 jobs_run error_case chapter-2 2 "--dp 2 --model $TEST_TMPDIR/truncated.bin" "truncated or corrupt"
+# --dp-mode overlapped starts every bucket before it waits for any: more
+# buckets than the comm layer holds in flight (COMM_MAX_IN_FLIGHT, 1024) are
+# refused up front, with the smallest size that fits (small: 43376640 bytes
+# of gradients, 42 KiB = 1009 buckets, 41 KiB = 1034), not aborted mid-step
+jobs_run error_case chapter-2 2 "--dp 2 --dp-mode overlapped --bucket-kb 7 --model small --batch 2 --seq 32" "use --bucket-kb 42 or more"
+jobs_run error_case chapter-2 2 "--dp 2 --dp-mode overlapped --bucket-kb 41 --model small --batch 2 --seq 32" "use --bucket-kb 42 or more"
+dp_fewest_buckets() {
+    mpi_run $T_RUN 2 "$BUILD/chapter-2" --dp 2 --dp-mode overlapped --bucket-kb 42 --model small --batch 2 --seq 32 --steps 2 --peak-gflops 10
+    if [ $RC = 0 ] && echo "$OUT" | grep -q "mode overlapped, 1009 buckets of 42 KiB" && echo "$OUT" | grep -q "bit-identical on every rank"; then
+        pass "chapter 2 overlapped, --bucket-kb 42 on small: 1009 buckets in flight at once, 2 steps, replicas bit-identical"
+    else
+        fail "chapter 2 overlapped at the fewest KiB that fit" "exit $RC; $(echo "$OUT" | grep -E '^error|buckets' | head -2)"
+    fi
+}
+jobs_run dp_fewest_buckets
 jobs_run help_case chapter-2 "--dp-mode S"
 jobs_run help_case chapter-2 "--comm S"
 jobs_run error_case chapter-2 2 "--dp 2 --comm mpi" "--comm mpi is not one of library, hand"

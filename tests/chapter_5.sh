@@ -209,6 +209,11 @@ jobs_run error_case chapter-5 2 "--pp 2 --schedule-file $TEST_TMPDIR/pp_bad.sche
 jobs_run error_case chapter-5 2 "--pp 2 --schedule-file $TEST_TMPDIR/pp_short.sched --peak-gflops 10" "has no line for rank 1"
 jobs_run error_case chapter-5 2 "--pp 2 --schedule-file $TEST_TMPDIR/pp_before.sched --peak-gflops 10" "B(0, chunk 0) comes before its F"
 jobs_run error_case chapter-5 2 "--pp 2 --schedule-file $TEST_TMPDIR/pp_cycle.sched --peak-gflops 10" "deadlock: every rank waits"
+# not a file of text: a device never ends (read to its end it spun forever),
+# and a terminal escape in a line is refused by its column, never echoed
+printf 'rank 0: F0 \033[2J B0\nrank 1: F0 B0\n' > "$TEST_TMPDIR/pp_binary.sched"
+jobs_run error_case chapter-5 2 "--pp 2 --schedule-file /dev/zero --peak-gflops 10" "--schedule-file '/dev/zero' is a character device: give a text file"
+jobs_run error_case chapter-5 2 "--pp 2 --schedule-file $TEST_TMPDIR/pp_binary.sched --peak-gflops 10" "line 1: byte 12 is not text"
 jobs_wait  # independent: 2 at a time (the schedule files are written above)
 
 finish

@@ -217,6 +217,102 @@ else
 fi
 }
 
+# the supervisor uses every level: with --ckpt-local and level 3 only every
+# 100 steps, a job killed after step 5 resumes from level 1's step 4 (it
+# printed "no usable checkpoint: starting over" and started over each time)
+ck_sv_levels() {
+local rc
+rm -rf "$CK/svl" "$CK/svl1"
+CKPT_KILL=step:5:0 timeout 240 bash common/tools/supervise.sh --np 1 --retries 1 -- \
+    "$BUILD/chapter-0" $CKF --ckpt-dir "$CK/svl" --save-every 100 --ckpt-local "$CK/svl1" --local-every 2 --log "$CK/svl.jsonl" >"$CK/svl.out" 2>&1
+rc=$?
+if [ $rc -eq 0 ] && grep -q "^supervise: attempt 2 on 1 rank(s): .* --resume $CK/svl$" "$CK/svl.out" &&
+    grep -q "checkpoint: resuming from level 1 (node-local), step 4" "$CK/svl.out" && ! grep -q "starting over" "$CK/svl.out"; then
+    ck_expect svl "the supervisor resumes a killed job from level 1's step 4 (level 3 has none), continuing the reference bit for bit" ref 4 0
+else
+    fail "checkpoint: supervisor and level 1" "exit $rc; $(grep -E '^supervise|^error|resuming' "$CK/svl.out" | head -5)"
+fi
+}
+
+# a SIGTERM the supervisor did not send (a scheduler's, to mpirun) is a
+# failure to restart from, not a refusal of the input (mpirun exits 1 and
+# no rank prints an error: line); one sent to the supervisor ends the job
+# and the supervisor, with no restart. Every signal goes to a process this
+# test started, found by pid.
+ck_sv_term() {
+local sv mp p i rc
+rm -rf "$CK/svt"
+timeout 240 bash common/tools/supervise.sh --np 1 --retries 1 -- "$BUILD/chapter-0" --steps 3000 --batch 12 --seq 32 \
+    --peak-gflops 10 --ckpt-dir "$CK/svt" --save-every 100 >"$CK/svt.out" 2>&1 &
+sv=$!
+for i in $(seq 1 600); do grep -q '^checkpoint: saved' "$CK/svt.out" 2>/dev/null && break; sleep 0.1; done
+mp=""
+for p in $(own_tree $sv); do [ "$(cat /proc/$p/comm 2>/dev/null)" = mpirun ] && mp=$p; done
+[ -n "$mp" ] && kill -TERM "$mp"
+wait $sv
+rc=$?
+if [ -n "$mp" ] && [ $rc -eq 0 ] && grep -q "^supervise: attempt 1 failed (exit 1); restarting" "$CK/svt.out" &&
+    grep -q "^checkpoint: resumed from $CK/svt/step-" "$CK/svt.out" && grep -q "^supervise: attempt 2 succeeded" "$CK/svt.out"; then
+    pass "checkpoint: SIGTERM to the job's mpirun (not from the supervisor): restarted from the newest checkpoint, and succeeded"
+else
+    fail "checkpoint: the supervisor and a SIGTERM to mpirun" "mpirun ${mp:-not found}, exit $rc; $(grep -E '^supervise|^error' "$CK/svt.out" | head -4)"
+fi
+rm -rf "$CK/svs"
+timeout 240 bash common/tools/supervise.sh --np 1 --retries 3 -- "$BUILD/chapter-0" --steps 3000 --batch 12 --seq 32 \
+    --peak-gflops 10 --ckpt-dir "$CK/svs" --save-every 100 >"$CK/svs.out" 2>&1 &
+sv=$!
+for i in $(seq 1 600); do grep -q '^checkpoint: saved' "$CK/svs.out" 2>/dev/null && break; sleep 0.1; done
+p=$(ps -o pid= --ppid $sv | head -1)  # the supervisor's bash, under timeout
+[ -n "$p" ] && kill -TERM $p
+wait $sv
+rc=$?
+sleep 1
+if [ -n "$p" ] && [ $rc -ne 0 ] && [ "$(grep -c '^supervise: attempt' "$CK/svs.out")" = 1 ] &&
+    grep -q "^supervise: stopped by SIGTERM" "$CK/svs.out" && [ -z "$(own_tree $sv | tail -n +2)" ]; then
+    pass "checkpoint: SIGTERM to the supervisor ends the job and the supervisor, with no restart"
+else
+    fail "checkpoint: SIGTERM to the supervisor" "exit $rc; $(grep -E '^supervise|^error' "$CK/svs.out" | head -4)"
+fi
+}
+
+# run identity: every manifest records the run (a hash of the model, seed,
+# batch, AdamW's settings and the training tokens). A fresh run on a
+# directory holding another run's checkpoints is refused before anything
+# is saved or pruned (it lost its own saves to --keep, and a restart then
+# resumed the other run's model as a success); the same run again is not;
+# an explicit --resume of another run's checkpoint goes on, saying so
+ck_identity() {
+local before out rc
+rm -rf "$CK/idA" "$CK/idL"
+head -c 30000 README.md > "$CK/other.txt"
+mpi_run $T_RUN 2 "$BUILD/chapter-3" --dp 2 --zero 3 $CKF --ckpt-dir "$CK/idA" --save-every 2 --ckpt-local "$CK/idL" --local-every 2
+before=$(ls "$CK/idA" "$CK/idL/node-0" | tr '\n' ' ')
+error_case chapter-3 2 "--dp 2 --zero 3 $CKF --ckpt-dir $CK/idA --save-every 2 --data $CK/other.txt" \
+    "--ckpt-dir '$CK/idA' holds another run's checkpoints ($CK/idA/step-00000008: other data or settings than this run's): give this run its own --ckpt-dir, or continue that run with --resume $CK/idA"
+error_case chapter-0 1 "$CKF --ckpt-dir $CK/idA --save-every 2 --seed 7" "holds another run's checkpoints"
+error_case chapter-0 1 "$CKF --ckpt-local $CK/idL --local-every 2 --lr 3e-3" "--ckpt-local '$CK/idL' holds another run's checkpoints ($CK/idL/node-0/step-00000008"
+if [ "$(ls "$CK/idA" "$CK/idL/node-0" | tr '\n' ' ')" = "$before" ] && [ -z "$(cat "$CK/idA/.lock")" ]; then
+    pass "checkpoint: the refused runs left both levels as they were ($before) and no lock held"
+else
+    fail "checkpoint: a refused run changed the directories" "before: $before; after: $(ls "$CK/idA" "$CK/idL/node-0" | tr '\n' ' ')"
+fi
+if grep -q "^run id=[0-9a-f]\{16\} data_tokens=[0-9]* data_hash=[0-9a-f]\{16\}$" "$CK/idA/step-00000008/MANIFEST" "$CK/idL/node-0/step-00000008/MANIFEST"; then
+    pass "checkpoint: both levels' manifests record the run ($(grep '^run ' "$CK/idA/step-00000008/MANIFEST"))"
+else
+    fail "checkpoint: the run line of the manifests" "$(grep -h '^run' "$CK/idA/step-00000008/MANIFEST" "$CK/idL/node-0/step-00000008/MANIFEST")"
+fi
+# the same run again, on another mesh (the same model: the same run), is not refused
+mpi_run $T_RUN 1 "$BUILD/chapter-0" $CKF --ckpt-dir "$CK/idA" --save-every 2
+rc=$RC
+out=$(timeout 60 $MPIRUN -np 1 "$BUILD/chapter-0" $CKF --steps 10 --data "$CK/other.txt" --resume "$CK/idA" 2>&1)
+if [ $rc -eq 0 ] && [ $? -eq 0 ] && echo "$out" | grep -q "^note: checkpoint '$CK/idA/step-00000008' is another run's (other data or settings than this run's): continuing from it, as --resume asks" &&
+    echo "$out" | grep -q "checkpoint: resumed from $CK/idA/step-00000008"; then
+    pass "checkpoint: the same run fresh again is not refused; an explicit --resume of another run's checkpoint goes on with a note"
+else
+    fail "checkpoint: the same run again, or --resume of another run" "first exit $rc; $(echo "$out" | grep -E '^(error|note)' | head -2)"
+fi
+}
+
 # --- bad checkpoints: one message naming the file, exit 1 on every rank,
 # nothing written. Each case works on a copy of chapter 3's step 3.
 # ck_bad NAME DESCRIPTION EXPECTED-TEXT NP FLAGS...
@@ -243,6 +339,9 @@ jobs_run ck_k1
 jobs_run ck_k2
 jobs_run ck_sv
 jobs_run ck_sv_fallback
+jobs_run ck_sv_levels
+jobs_run ck_sv_term
+jobs_run ck_identity
 ck_copy flip
 # one byte flipped in the middle of rank 3's shard (read by rank 1 of dp 2)
 size=$(stat -c %s "$CK/flip/rank-00003.bin")
@@ -321,12 +420,15 @@ jobs_run ck_bad none "a directory without a checkpoint" "no complete checkpoint 
 # file, the .tmp directory goes, the checkpoint already there stays
 ck_full() {
 local out rc
-rm -rf "$CK/full" && mkdir "$CK/full" && cp -r "$CK/c0/step-00000004" "$CK/full/"
-out=$( (ulimit -f 65536; timeout 120 $MPIRUN -np 1 "$BUILD/chapter-0" --model small --steps 1 --batch 1 --seq 16 \
-    --peak-gflops 10 --ckpt-dir "$CK/full") 2>&1)
+# (the older checkpoint is this run's own step 1, resumed: a fresh run on a
+# directory of another run's checkpoints is refused before it saves)
+rm -rf "$CK/full"
+timeout 120 $MPIRUN -np 1 "$BUILD/chapter-0" --model small --steps 1 --batch 1 --seq 16 --peak-gflops 10 --ckpt-dir "$CK/full" >/dev/null 2>&1
+out=$( (ulimit -f 65536; timeout 120 $MPIRUN -np 1 "$BUILD/chapter-0" --model small --steps 2 --batch 1 --seq 16 \
+    --peak-gflops 10 --ckpt-dir "$CK/full" --resume "$CK/full") 2>&1)
 rc=$?
-if [ $rc -eq 1 ] && echo "$out" | grep -q "^error: writing checkpoint file '.*full/step-00000001.tmp/rank-00000.bin' failed: File too large" &&
-    [ "$(ls "$CK/full" | tr '\n' ' ')" = "step-00000004 " ]; then
+if [ $rc -eq 1 ] && echo "$out" | grep -q "^error: writing checkpoint file '.*full/step-00000002.tmp/rank-00000.bin' failed: File too large" &&
+    [ "$(ls "$CK/full" | tr '\n' ' ')" = "step-00000001 " ]; then
     pass "checkpoint: a save past a file-size limit fails with the file's name; the older checkpoint stays, no .tmp is left"
 else
     fail "checkpoint: failed save" "exit $rc; $(echo "$out" | grep error | head -2); files: $(ls "$CK/full" | tr '\n' ' ')"
@@ -375,7 +477,7 @@ out=$(OMPI_MCA_odls_base_sigkill_timeout=0 timeout 60 $MPIRUN -np 2 "$BUILD/chap
 rc=$?
 local holder
 holder=$(cat "$CK/lock/.lock" 2>/dev/null)
-{ kill -9 $pid; pkill -9 -f -- "--ckpt-dir $CK/lock"; wait $pid; } 2>/dev/null
+{ own_kill $pid; wait $pid; } 2>/dev/null  # run A: its own processes, by pid
 if [ $rc -eq 1 ] && [ "$(echo "$out" | grep -c '^error')" = 1 ] &&
     echo "$out" | grep -qF -- "--ckpt-dir '$CK/lock' is in use by another run ($holder)" && ! echo "$out" | grep -q '^step' &&
     echo "$holder" | grep -q "^pid [0-9]* on host"; then

@@ -109,6 +109,23 @@ lv_same p2 p2r 4 "partner, node 0 deleted: its file read from the partner copy o
 lv_own_node p2r 1 "the partner copy sent from node 1"
 }
 
+# --- partner copies on 3 nodes (chapter 2: rank 0 alone has a file, so
+# ranks 1 and 2 in a row have none; each still meets its neighbours, or the
+# save hangs): the save in time, node 0 deleted and rebuilt from node 1
+lv_partner3() {
+lv_run p3 3 2 --dp 3 --ckpt-local "$LV/p3" --local-every 1 --ranks-per-node 1 --ckpt-redundancy partner --save "$LV/p3.bin"
+if grep -q "saved level 1" "$LV/p3.out" && [ -f "$LV/p3/node-1/step-00000008/rank-00000.bin" ] &&
+    cmp -s "$LV/p3/node-0/step-00000008/rank-00000.bin" "$LV/p3/node-1/step-00000008/rank-00000.bin"; then
+    pass "levels: partner over 3 nodes, two ranks in a row without a file: every step saved, rank 0's copy on node 1"
+else
+    fail "levels: partner over 3 nodes (a hang times out at 120 s)" "$(grep -E '^error|watchdog' "$LV/p3.out" | head -2)"
+fi
+rm -rf "$LV/p3/node-0" "$LV/p3/node-"[12]/step-00000008
+lv_run p3r 3 2 --dp 3 --ckpt-local "$LV/p3" --ranks-per-node 1 --ckpt-redundancy partner --resume "$LV/p3" --save "$LV/p3r.bin"
+lv_same p3 p3r 7 "partner over 3 nodes, node 0 deleted: rank 0's file from node 1's copy, bit for bit"
+lv_own_node p3r 1 "the partner copy sent from node 1 of 3"
+}
+
 # --- level 1 next to level 3: the same bytes; no redundancy and a node lost:
 # the resume falls back to level 3 and says why
 lv_both() {
@@ -186,13 +203,113 @@ rm -rf "$LV/i3x/step-00000005"; cp -r "$LV/i3o/step-00000005" "$LV/i3x/step-0000
 error_case chapter-3 2 "--dp 2 --zero 3 $LVF --resume $LV/i3x/step-00000007" "is a delta against another run's full save of step 5"
 rm -rf "$LV/i3x/step-00000005"
 error_case chapter-3 2 "--dp 2 --zero 3 $LVF --resume $LV/i3x/step-00000007" "is a delta against the full save of step 5, but"
+# a refused resume leaves no scratch directory: the base's rank 1 file
+# corrupted (same size), so rank 1's restore fails while rank 0 has already
+# restored its full file into its private directory under TMPDIR
+cp -r "$LV/i3" "$LV/i3c"
+printf '\xff' | dd of="$LV/i3c/step-00000005/rank-00001.bin" bs=1 seek=2000 conv=notrunc status=none
+mkdir -p "$LV/i3c_tmp"
+out=$(TMPDIR="$LV/i3c_tmp" timeout 60 $MPIRUN -np 2 -x TMPDIR "$BUILD/chapter-3" --dp 2 --zero 3 $LVF --resume "$LV/i3c/step-00000007" 2>&1)
+local rc=$? left
+left=$(ls -A "$LV/i3c_tmp" | tr '\n' ' ')
+if [ $rc -ne 0 ] && [ $rc -ne 124 ] && [ "$(echo "$out" | grep -c '^error: ')" = 1 ] && [ -z "$left" ] &&
+    echo "$out" | grep -q "^error: the full save's '$LV/i3c/step-00000005/rank-00001.bin', which the delta '$LV/i3c/step-00000007/rank-00001.delta' is applied to, is corrupt"; then
+    pass "levels: a refused resume of an incremental chain (a corrupt base) names the base file and leaves no ckpt-restore-* directory in TMPDIR"
+else
+    fail "levels: scratch directories after a refused resume" "exit $rc; left in TMPDIR: ${left:-nothing}; $(echo "$out" | grep '^error' | head -1)"
+fi
+}
+
+# --- a level-1 file changed in place (one byte, the same size) between its
+# save and the drain to level 3 (the test hook CKPT_KILL=flip:4:0): the
+# drain compares the copy's checksum with what level 1 wrote and refuses it,
+# so level 3 never holds a step that differs from the state saved
+lv_flip() {
+local out rc
+rm -rf "$LV/fl1" "$LV/fl3"
+out=$(CKPT_KILL=flip:4:0 timeout 60 $MPIRUN -np 1 "$BUILD/chapter-0" $LVF --ckpt-local "$LV/fl1" --local-every 2 \
+    --ckpt-dir "$LV/fl3" --save-every 4 2>&1)
+rc=$?
+if [ $rc -eq 1 ] && [ "$(echo "$out" | grep -c '^error')" = 1 ] &&
+    echo "$out" | grep -q "^error: draining '$LV/fl1/node-0/step-00000004/rank-00000.bin' to '.*': the level-1 file changed since its save" &&
+    [ -z "$(ls "$LV/fl3")" ]; then
+    pass "levels: a level-1 file changed before its drain (same size): the drain refuses it, level 3 keeps nothing of step 4"
+else
+    fail "levels: a changed level-1 file at the drain" "exit $rc; level 3: $(ls "$LV/fl3" | tr '\n' ' '); $(echo "$out" | grep -E '^error|CKPT' | head -2)"
+fi
+}
+
+# --- the newest level-1 step has a file lost and no redundancy: the
+# resume takes the older one bit for bit, with a note saying why
+lv_older() {
+lv_run o0 1 0 --ckpt-local "$LV/o1" --local-every 2
+rm -f "$LV/o1/node-0/step-00000008/rank-00000.bin"
+lv_run o0r 1 0 --ckpt-local "$LV/o1" --resume "$LV/o1"
+if grep -q "^note: level-1 step 8: rank-00000.bin of node 0 is on no node of this run (--ckpt-redundancy none was saved); an older level-1 step is taken" "$LV/o0r.out" &&
+    grep -q "checkpoint: resuming from level 1 (node-local), step 6" "$LV/o0r.out" && [ "$(lv_losses "$LV/o0.jsonl" 6)" = "$(lv_losses "$LV/o0r.jsonl" 6)" ]; then
+    pass "levels: level 1's newest step lost a file: the resume took step 6 bit for bit, with a note saying why"
+else
+    fail "levels: the fall back to an older level-1 step" "$(grep -E '^error|^note|resuming' "$LV/o0r.out" | head -3)"
+fi
+}
+
+# --- one writer per level-1 directory: a second run on the same --ckpt-local
+# is refused while the first runs (its first save deleted the first run's
+# step-N.tmp in progress); once the first is killed its lock is stale and
+# the next run takes it over with a note
+lv_lock() {
+local pid out rc holder i
+rm -rf "$LV/lk"
+timeout 300 $MPIRUN -np 1 "$BUILD/chapter-0" $LVF --steps 100000 --ckpt-local "$LV/lk" --local-every 50 >"$LV/lkA.out" 2>&1 &
+pid=$!
+for i in $(seq 1 600); do grep -q '^step' "$LV/lkA.out" 2>/dev/null && break; sleep 0.1; done
+out=$(OMPI_MCA_odls_base_sigkill_timeout=0 timeout 60 $MPIRUN -np 2 "$BUILD/chapter-2" --dp 2 $LVF --ckpt-local "$LV/lk" --local-every 1 2>&1)
+rc=$?
+holder=$(cat "$LV/lk/node-0/.lock" 2>/dev/null)
+{ own_kill $pid; wait $pid; } 2>/dev/null  # run A: its own processes, by pid
+if [ $rc -eq 1 ] && [ "$(echo "$out" | grep -c '^error')" = 1 ] && ! echo "$out" | grep -q '^step' &&
+    echo "$out" | grep -qF -- "--ckpt-local '$LV/lk/node-0' is in use by another run ($holder)" && echo "$holder" | grep -q "^pid [0-9]* on host"; then
+    pass "levels: a second run on a --ckpt-local in use is refused before its first step, naming the holder ($holder)"
+else
+    fail "levels: the --ckpt-local lock" "exit $rc; holder '$holder'; $(echo "$out" | grep -E '^(error|step|checkpoint)' | head -2)"
+fi
+out=$(timeout 60 $MPIRUN -np 1 "$BUILD/chapter-0" $LVF --steps 2 --ckpt-local "$LV/lk" --local-every 1 2>&1)
+rc=$?
+if [ $rc -eq 0 ] && echo "$out" | grep -qF -- "note: --ckpt-local '$LV/lk/node-0': the lock of an earlier run ($holder) is stale" &&
+    [ -z "$(cat "$LV/lk/node-0/.lock")" ]; then
+    pass "levels: the lock of a killed run is taken over with a note, and cleared at the end"
+else
+    fail "levels: a stale --ckpt-local lock" "exit $rc; $(echo "$out" | grep -E '^(error|note)' | head -2)"
+fi
+}
+
+# --- a level-1 save that fails (a full disk: a file size limit) leaves no
+# step-N.tmp in the node's directory, as level 3 cleans up its own
+lv_full() {
+local out rc left
+rm -rf "$LV/full"
+out=$( (ulimit -f 65536; timeout 120 $MPIRUN -np 1 "$BUILD/chapter-0" --model small --steps 1 --batch 1 --seq 16 \
+    --peak-gflops 10 --ckpt-local "$LV/full" --local-every 1) 2>&1)
+rc=$?
+left=$(ls "$LV/full/node-0" 2>/dev/null | tr '\n' ' ')
+if [ $rc -eq 1 ] && echo "$out" | grep -q "^error: writing checkpoint file '.*full/node-0/step-00000001.tmp/rank-00000.bin' failed: File too large" &&
+    [ -d "$LV/full/node-0" ] && [ -z "$left" ]; then
+    pass "levels: a level-1 save that fails (file too large) ends the run with the file named and leaves no step-00000001.tmp"
+else
+    fail "levels: a failed level-1 save" "exit $rc; left in node-0: ${left:-nothing}; $(echo "$out" | grep '^error' | head -1)"
+fi
 }
 
 jobs_run lv_inc
 jobs_run lv_xor2
 jobs_run lv_xor3
 jobs_run lv_partner
+jobs_run lv_partner3
 jobs_run lv_both
+jobs_run lv_full
+jobs_run lv_older
+jobs_run lv_lock
+jobs_run lv_flip
 jobs_wait
 
 # flags that cannot work: one error: line

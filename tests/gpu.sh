@@ -7,16 +7,16 @@
 echo "== GPU"
 # The CUDA backend compiles and links wherever nvcc is; its tests run where
 # nvidia-smi lists a GPU and say "skipped" elsewhere.
-CUDA_BUILD=build/cuda
+CUDA_BUILD=$BUILD/cuda  # the Makefile's BIN for BACKEND=cuda under BUILD
 nvcc_path=$(command -v nvcc 2>/dev/null || ls /usr/local/cuda/bin/nvcc 2>/dev/null)
 gpus=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU')
 cuda_built=0
 if [ -z "$nvcc_path" ]; then
     skip "CUDA backend build" "nvcc not found"
 # (on every core: after a change to common/ the whole backend recompiles)
-elif make --no-print-directory -j"$(nproc 2>/dev/null || echo 2)" BACKEND=cuda all "$CUDA_BUILD/tests/test_ops" >"$TEST_TMPDIR/cuda-build.log" 2>&1; then
+elif make --no-print-directory -j"$(nproc 2>/dev/null || echo 2)" BUILD="$BUILD" BACKEND=cuda all "$CUDA_BUILD/tests/test_ops" >"$TEST_TMPDIR/cuda-build.log" 2>&1; then
     cuda_built=1
-    pass "CUDA backend compiles and links (make BACKEND=cuda all $CUDA_BUILD/tests/test_ops)"
+    pass "CUDA backend compiles and links (make BUILD=$BUILD BACKEND=cuda all $CUDA_BUILD/tests/test_ops)"
 else
     fail "CUDA backend build" "$(grep -E 'error|warning' "$TEST_TMPDIR/cuda-build.log" | head -5; tail -3 "$TEST_TMPDIR/cuda-build.log")"
 fi

@@ -13,7 +13,7 @@
 . "$(dirname "$0")/lib.sh"
 
 echo "== GPU check"
-CUDA_BUILD=build/cuda
+CUDA_BUILD=$BUILD/cuda  # the Makefile's BIN for BACKEND=cuda under BUILD
 gpus=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU')
 gpus=${gpus:-0}
 nvcc_path=$(command -v nvcc 2>/dev/null || ls /usr/local/cuda/bin/nvcc 2>/dev/null)
@@ -23,7 +23,7 @@ if [ "$gpus" = 0 ]; then
     echo "no GPU on this machine (nvidia-smi -L lists none): every GPU check is skipped"
 elif [ -z "$nvcc_path" ]; then
     missing="nvcc not found"
-elif ! make --no-print-directory BACKEND=cuda all "$CUDA_BUILD/tests/test_ops" "$CUDA_BUILD/tests/test_comm" \
+elif ! make --no-print-directory BUILD="$BUILD" BACKEND=cuda all "$CUDA_BUILD/tests/test_ops" "$CUDA_BUILD/tests/test_comm" \
         "$CUDA_BUILD/tests/test_fsdp" >"$TEST_TMPDIR/gpu-check-build.log" 2>&1; then
     fail "CUDA build" "$(grep -E 'error' "$TEST_TMPDIR/gpu-check-build.log" | head -3)"
     missing="the CUDA build failed"

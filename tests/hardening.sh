@@ -58,7 +58,36 @@ head -c 5000 "$TEST_TMPDIR/corpus.txt" > "$TEST_TMPDIR/short_val.txt"
 "$BUILD/tokenize" "$TEST_TMPDIR/short_val.txt" "$TEST_TMPDIR/short_val" >/dev/null
 jobs_run error_case chapter-0 1 "--val $TEST_TMPDIR/short_val_val.bin --batch 8" "validation file '$TEST_TMPDIR/short_val_val.bin' has 500 tokens, fewer than one batch"
 jobs_run error_case chapter-0 1 "--data $CKPT" "is an llm.c model checkpoint, not training data"
+# a weight that is not a number is the file's fault, named where it sits
+# (it was blamed on training: a non-finite loss, "lower --lr"); tiny's file:
+# qkvw of layer 1 starts at float 16384 + 4096 + 128 + 128 + 12288 (wte,
+# wpe, ln1w, ln1b, layer 0's qkvw), behind the 1024-byte header
+cp "$CKPT" "$TEST_TMPDIR/nan.bin"
+printf '\x00\x00\xc0\x7f' | dd of="$TEST_TMPDIR/nan.bin" bs=1 seek=$((1024 + 4 * (33024 + 5))) conv=notrunc status=none
+cp "$CKPT" "$TEST_TMPDIR/inf.bin"
+printf '\x00\x00\x80\x7f' | dd of="$TEST_TMPDIR/inf.bin" bs=1 seek=$((1024 + 4 * 100)) conv=notrunc status=none
+jobs_run error_case chapter-0 1 "--model $TEST_TMPDIR/nan.bin" "holds a weight that is not a number (NaN) at element 5 of tensor qkvw of layer 1: the file is corrupt"
+# a sharded read (chapter 3: each rank reads its own ranges) and a stage's (chapter 5)
+jobs_run error_case chapter-3 2 "--dp 2 --zero 3 --model $TEST_TMPDIR/inf.bin" "holds a weight that is not a number (Inf) at element 100 of tensor wte: the file is corrupt"
+jobs_run error_case chapter-5 2 "--pp 2 --model $TEST_TMPDIR/nan.bin" "(NaN) at element 5 of tensor qkvw of layer 1"
 jobs_wait  # the divergences and these error cases: 2 at a time
+# the test scripts after `make all` without `make tests`: the programs of
+# make tests are missing; a script says what to build (it said "exited 127")
+mkdir -p "$TEST_TMPDIR/half"
+cp "$BUILD"/chapter-* "$TEST_TMPDIR/half/"
+out=$(BUILD=$TEST_TMPDIR/half env -u TEST_COUNTS bash tests/unit.sh 2>&1)
+if [ $? -ne 0 ] && echo "$out" | grep -q "^FAIL test_ops: error: $TEST_TMPDIR/half/tests/test_ops is not built: run 'make BACKEND=cpu BUILD=$TEST_TMPDIR/half all tests'" &&
+    ! echo "$out" | grep -q "exited 127"; then
+    pass "hardening: a test script with its programs not built says what to build, not 'exited 127'"
+else
+    fail "hardening: a test script without its programs" "$(echo "$out" | grep -E 'test_ops|127' | head -2)"
+fi
+out=$(BUILD=$TEST_TMPDIR/half env -u TEST_COUNTS bash -c '. tests/lib.sh; mpi_run --may-fail 60 1 "$BUILD/tests/test_watchdog" allreduce; echo "RC=$RC"' 2>&1)
+if echo "$out" | grep -q "error: $TEST_TMPDIR/half/tests/test_watchdog is not built: run 'make" && echo "$out" | grep -qx "RC=127"; then
+    pass "hardening: mpi_run of a program not built names it and what to build"
+else
+    fail "hardening: mpi_run of a program not built" "$(echo "$out" | head -3)"
+fi
 # a model path with a quote is escaped in the JSON summary
 cp "$CKPT" "$TEST_TMPDIR/a\"b.bin"
 timeout 60 $MPIRUN -np 1 "$BUILD/chapter-0" --model "$TEST_TMPDIR/a\"b.bin" --steps 1 --peak-gflops 10 --log "$TEST_TMPDIR/quote.jsonl" >/dev/null 2>&1

@@ -73,6 +73,50 @@ T_SHORT=60    # mesh pictures, bad input, --help, runs of a few steps
 T_RUN=${T_RUN:-120}  # training runs of 10 or more steps, collective checks
                      # (tests/homework.sh gives a variant that hangs less)
 
+# Signals go to this script's own processes only, by PID, never by a name
+# pattern (pkill -f, pgrep): on a shared machine a pattern also matches
+# another checkout's or another test run's ranks.
+# own_tree PID: PID and every process below it, one a line.
+own_tree() {
+    local p
+    echo "$1"
+    for p in $(ps -o pid= --ppid "$1" 2>/dev/null); do own_tree "$p"; done
+}
+# own_rank_pid PID RANK: the pid of MPI rank RANK of the job under PID (a
+# job this script started in the background), read from the ranks' own
+# environment (Open MPI's OMPI_COMM_WORLD_RANK); empty when not started yet.
+own_rank_pid() {
+    local p
+    for p in $(own_tree "$1"); do
+        if tr '\0' '\n' < "/proc/$p/environ" 2>/dev/null | grep -qx "OMPI_COMM_WORLD_RANK=$2"; then
+            echo "$p"
+            return
+        fi
+    done
+}
+# is_own PID: PID is still a process of this test run (it inherited this
+# run's TEST_TMPDIR), not another process that reused the number.
+is_own() { tr '\0' '\n' < "/proc/$1/environ" 2>/dev/null | grep -qxF "TEST_TMPDIR=$TEST_TMPDIR"; }
+# own_kill PID: SIGKILL to PID and everything below it (a stopped rank
+# included), deepest first, so no process is left to its parent's timeout.
+own_kill() {
+    local tree
+    tree=$(own_tree "$1" | tac)
+    [ -n "$tree" ] && kill -9 $tree 2>/dev/null
+    return 0
+}
+
+# not_built PROGRAM: nothing when PROGRAM is built; else prints the
+# error line saying which make target builds it (after `make all`, the test
+# programs of `make tests` are missing: they ran as "exited 127")
+not_built() {
+    [ -x "$1" ] && return 1
+    local backend=cpu target=all
+    case $1 in "$BUILD"/cuda/*) backend=cuda ;; esac
+    case $1 in */tests/*) target=tests ;; esac
+    echo "error: $1 is not built: run 'make BACKEND=$backend BUILD=$BUILD all tests' (make $target builds it; make test builds everything it runs)"
+}
+
 # mpi_run [--may-fail] LIMIT NP PROGRAM ARGS...: runs PROGRAM on NP ranks
 # (tests/mpirun.sh) under `timeout LIMIT`, stdin closed. Sets OUT (stdout and
 # stderr together), OUT_FILE (the same bytes, NULs included; overwritten by
@@ -87,6 +131,11 @@ mpi_run() {
     OUT_FILE=$TEST_TMPDIR/mpi_run$TEST_JOB.out
     CMD="$MPIRUN -np $np $*"
     # -k: an mpirun that ignores SIGTERM is killed 10 s later
+    if not_built "$1" > "$OUT_FILE"; then
+        RC=127 OUT=$(cat "$OUT_FILE")
+        echo "  $OUT"
+        return
+    fi
     [ -n "${TEST_PROFILE:-}" ] && profile_start
     timeout -k 10 "$limit" $MPIRUN -np "$np" "$@" < /dev/null > "$OUT_FILE" 2>&1
     RC=$?
@@ -138,6 +187,10 @@ profile_cpu() {
 # failure.
 run_program() {
     local prog=$1 out rc
+    if out=$(not_built "$prog"); then
+        fail "$(basename "$prog")" "$out"
+        return
+    fi
     out=$(timeout -k 10 600 "$prog" < /dev/null 2>&1)
     rc=$?
     echo "$out" | grep -E '^(PASS|FAIL)'

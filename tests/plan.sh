@@ -401,9 +401,9 @@ plan_error() {
     local expect=$1
     shift
     local out rc
-    out=$("$BUILD/plan" "$@" 2>&1)
+    out=$(timeout 60 "$BUILD/plan" "$@" 2>&1)  # 124: a loop that never ends
     rc=$?
-    if [ $rc -ne 0 ] && [ "$(echo "$out" | grep -c '^error: ')" = 1 ] && echo "$out" | grep -qF -- "$expect"; then
+    if [ $rc -ne 0 ] && [ $rc -ne 124 ] && [ "$(echo "$out" | grep -c '^error: ')" = 1 ] && echo "$out" | grep -qF -- "$expect"; then
         pass "plan $*: one error line naming '$expect'"
     else
         fail "plan $*" "exit $rc: $out"
@@ -413,6 +413,16 @@ plan_error "--ranks" --chapter 2 --ranks 4 --dp 2
 plan_error "not planned" --chapter 9
 plan_error "--zero" --chapter 3 --ranks 2 --dp 2 --zero 4
 plan_error "--dp-mode" --chapter 2 --ranks 2 --dp 2 --dp-mode rings
+# what chapter 2 refuses (tests/chapter_2.sh): more overlapped buckets than fit in flight
+plan_error "--bucket-kb 41: more than 1024 buckets in flight at once in --dp-mode overlapped; chapter 2 refuses it: use --bucket-kb 42 or more" \
+    --chapter 2 --ranks 2 --dp 2 --dp-mode overlapped --bucket-kb 41 --model small --batch 2 --seq 32
+plan_error "--bucket-kb must be >= 1" --chapter 2 --ranks 2 --dp 2 --bucket-kb 0
+# bounded arithmetic and work: sizes whose products pass 64 bits (they
+# printed a wrapped total, 18446684734443266048) and 2^31 steps (minutes)
+plan_error "--batch 2147483647 x --seq 2147483647 tokens a step of this model: the planner's figures could pass 2^62 bytes" \
+    --chapter 0 --batch 2147483647 --seq 2147483647 --max-seq 2147483647
+plan_error "the planner's figures could pass 2^62 bytes" --chapter 0 --batch 65536 --seq 32768 --max-seq 32768
+plan_error "--steps 2147483647 on 1 rank(s): the planner plans at most 1000000 rank-steps" --chapter 0 --steps 2147483647
 plan_error "--memory-per-rank" --search --ranks 2 --memory-per-rank lots
 plan_error "--schedule pipedream" --chapter 5 --ranks 2 --pp 2 --schedule pipedream
 plan_error "--virtual" --chapter 5 --ranks 2 --pp 2 --virtual 2
@@ -618,10 +628,11 @@ plan_error "--search: without --chapter" --search --chapter 5 --ranks 2 --memory
 profile_error() {
     local expect=$1 body=$2 f=$TEST_TMPDIR/plan_bad_$$_$RANDOM.txt out rc
     printf '%b' "$body" > "$f"
-    out=$("$BUILD/plan" --chapter 0 --profile "$f" 2>&1)
+    out=$(timeout 60 "$BUILD/plan" --chapter 0 --profile "$f" 2>&1)
     rc=$?
-    if [ $rc -ne 0 ] && [ "$(echo "$out" | grep -c '^error: ')" = 1 ] && echo "$out" | grep -qF -- "$expect" &&
-        ! echo "$out" | grep -q '^plan:'; then
+    # and only text: a garbage file's bytes are never echoed
+    if [ $rc -ne 0 ] && [ $rc -ne 124 ] && [ "$(echo "$out" | grep -c '^error: ')" = 1 ] && echo "$out" | grep -qF -- "$expect" &&
+        ! echo "$out" | grep -q '^plan:' && ! echo "$out" | LC_ALL=C grep -q '[^[:print:]]'; then
         pass "bad profile ($expect): one error line, nothing planned"
     else
         fail "bad profile ($expect)" "exit $rc: $out"
@@ -635,6 +646,10 @@ profile_error ":2: 'memory_gbps' given twice" 'memory_gbps = 1\nmemory_gbps = 2\
 profile_error ":1: 'coll.allreduse.p2.alpha_us': no collective named 'allreduse'" 'coll.allreduse.p2.alpha_us = 1\n'
 profile_error "coll.allreduce.p2 has only one of alpha_us and busbw_gbps" 'coll.allreduce.p2.alpha_us = 1\n'
 profile_error "the profile 'x' has no attention_gflops" 'name = x\nmatmul_gflops = 1\nmemory_gbps = 1\n'
+profile_error ":2: byte 1 is not text" 'name = x\n\033[31mmatmul_gflops = 1\n'
+profile_error ":1: byte 5 is not text" 'name\001\377\033 = x\n'
+# a device never ends: read line by line it spun at 100% CPU forever
+plan_error "--profile '/dev/zero' is a character device: give a text file" --chapter 0 --profile /dev/zero
 out=$("$BUILD/plan" --chapter 0 --profile "$TEST_TMPDIR/none.txt" 2>&1)
 [ $? -ne 0 ] && echo "$out" | grep -q "^error: .*none.txt: cannot read the profile" &&
     pass "a profile that is not there: error line" || fail "missing profile" "$out"

@@ -9,37 +9,24 @@
 . "$(dirname "$0")/lib.sh"
 echo "== watchdog: stopped ranks, slow ranks"
 
-# The checks wait (for a timeout, for a stopped rank to be noticed) far more
-# than they compute: they run twice TEST_JOBS at a time (jobs_run; 4 took
-# 9 s where one at a time took 26 s, the CPU time the same), each finding its own
-# processes by the programs' absolute paths and its mpirun's children, never
-# another job's (or another checkout's test run's). A job that ends by
-# MPI_Abort leaves a rank stopped: mpirun kills it at once rather than after
-# its 2 s grace (SIGTERM does not reach a stopped process; SIGKILL does).
-export OMPI_MCA_odls_base_sigkill_timeout=0
-TEST_JOBS=$((TEST_JOBS * 2))
-ABS_BUILD=$(cd "$BUILD" && pwd)
-
 # wd_stop NAME NP WORLD-RANK PROGRAM FLAGS...: starts the run with
 # --timeout 2, waits for its step 2, stops one rank with SIGSTOP and expects
 # every rank to end (exit 3 from MPI_Abort) within the limit, with one
 # error line naming the stopped rank
 wd_stop() {
-    local name=$1 np=$2 victim=$3 bin=$4 out=$TEST_TMPDIR/wd_$4.out pid mp pids rc i t0 t1
+    local name=$1 np=$2 victim=$3 bin=$4 out=$TEST_TMPDIR/wd_$1.out pid vpid rc i t0 t1
     shift 4
-    timeout 120 $MPIRUN -np "$np" "$ABS_BUILD/$bin" "$@" --steps 100000 --peak-gflops 10 --timeout 2 >"$out" 2>&1 &
+    timeout 120 $MPIRUN -np "$np" "$BUILD/$bin" "$@" --steps 100000 --peak-gflops 10 --timeout 2 >"$out" 2>&1 &
     pid=$!
     for i in $(seq 1 600); do grep -q '^step *2/' "$out" 2>/dev/null && break; sleep 0.1; done
-    # the ranks: the children of mpirun (timeout's child), in rank order:
-    # Open MPI numbers a node's ranks as it starts them
-    mp=$(pgrep -P "$pid" | head -1)
-    pids=$(pgrep -P "${mp:-0}" -f -- "^$ABS_BUILD/$bin .*--timeout 2" | sort -n)
+    # the victim: rank $victim of this job, found under its mpirun by pid
+    vpid=$(own_rank_pid $pid "$victim")
     t0=$(date +%s)
-    kill -STOP "$(echo "$pids" | sed -n "$((victim + 1))p")"
+    if [ -n "$vpid" ]; then kill -STOP "$vpid"; else own_kill $pid; fi  # no rank found: end the run now
     wait $pid
     rc=$?
     t1=$(date +%s)
-    [ -n "$pids" ] && { kill -9 $pids; } 2>/dev/null
+    [ -n "$vpid" ] && is_own "$vpid" && kill -9 "$vpid" 2>/dev/null  # if mpirun left it stopped
     if [ $rc -ne 0 ] && [ $rc -ne 124 ] && [ "$(grep -c '^error: watchdog' "$out")" = 1 ] &&
         grep -q "^error: watchdog: rank [0-9]* in .* at step [0-9]*; rank $victim stopped progressing (no answer within 2 s): ending every rank (--timeout 2)" "$out"; then
         pass "watchdog: $name: rank $victim stopped, every rank ended in $((t1 - t0)) s with one message naming it"
@@ -47,46 +34,60 @@ wd_stop() {
         fail "watchdog: $name" "exit $rc after $((t1 - t0)) s; $(grep -E '^error' "$out" | head -2)"
     fi
 }
-jobs_run wd_stop "a collective (chapter 2, dp 2)" 2 1 chapter-2 --dp 2
-jobs_run wd_stop "a pipeline message (chapter 5, pp 2)" 2 0 chapter-5 --pp 2 --microbatches 4
+# another checkout's ranks on a shared machine: processes whose command
+# lines look like this test's programs. The tests signal only what they
+# started, by pid: these must come through untouched (not killed, not stopped)
+( exec -a "$BUILD/chapter-2 --dp 2 --timeout 2 $BUILD/tests/test_watchdog" sleep 600 ) &
+decoy2=$!
+( exec -a "$BUILD/chapter-5 --pp 2 --timeout 2" sleep 600 ) &
+decoy5=$!
+wd_stop "a collective (chapter 2, dp 2)" 2 1 chapter-2 --dp 2
+wd_stop "a pipeline message (chapter 5, pp 2)" 2 0 chapter-5 --pp 2 --microbatches 4
 
 # a plain MPI call (a loss's mean, a stage's loss broadcast, a checkpoint's
 # "every writer done?"), not one of comm.c's marked waits: watch_mpi.c marks
 # it too, so a peer stopped there ends the job as well (tests/test_watchdog.c)
-wd_plain() {
-    local call=$1 out rc t0 t1
+for call in allreduce bcast recv gather barrier; do
     t0=$(date +%s)
-    out=$(timeout 60 $MPIRUN -np 2 "$ABS_BUILD/tests/test_watchdog" $call 2>&1)
+    # -k: whatever is left of this run is killed with it (its own processes only)
+    out=$(timeout -k 5 60 $MPIRUN -np 2 "$BUILD/tests/test_watchdog" $call 2>&1)
     rc=$? t1=$(date +%s)
-    { pkill -9 -f -- "^$ABS_BUILD/tests/test_watchdog $call\$"; } 2>/dev/null
     if [ $rc -ne 0 ] && [ $rc -ne 124 ] && [ "$(echo "$out" | grep -c '^error: watchdog')" = 1 ] &&
         echo "$out" | grep -q "^error: watchdog: rank 0 in MPI_${call^} .* rank 1 stopped progressing"; then
         pass "watchdog: rank 0 in a plain MPI_$call, rank 1 stopped: every rank ended in $((t1 - t0)) s"
     else
         fail "watchdog: a plain MPI_$call" "exit $rc (124 = hang) after $((t1 - t0)) s; $(echo "$out" | grep -E 'error|returned' | head -2)"
     fi
-}
-for call in allreduce bcast recv gather barrier; do jobs_run wd_plain $call; done
-
-# alive but slow: a timeout of 0.2 s, far below how long a rank waits for
-# its peer on this machine; every census finds the peer computing, so the
-# run ends normally with the losses of a run without a watchdog
-wd_slow() {
-    local slow_rc slow_out
-    mpi_run 120 2 "$BUILD/chapter-5" --pp 2 --microbatches 4 --steps 4 --peak-gflops 10 --timeout 0.2 --log "$TEST_TMPDIR/wd_slow.jsonl"
-    slow_rc=$RC slow_out=$OUT
-    mpi_run 120 2 "$BUILD/chapter-5" --pp 2 --microbatches 4 --steps 4 --peak-gflops 10 --timeout 0 --log "$TEST_TMPDIR/wd_off.jsonl"
-    if [ "$slow_rc" = 0 ] && ! echo "$slow_out" | grep -q watchdog &&
-        [ "$(grep '"type":"step"' "$TEST_TMPDIR/wd_slow.jsonl" | sed 's/"ms".*//')" = "$(grep '"type":"step"' "$TEST_TMPDIR/wd_off.jsonl" | sed 's/"ms".*//')" ]; then
-        pass "watchdog: a live run with --timeout 0.2 ends normally, with the losses of --timeout 0"
-    else
-        fail "watchdog: a slow live run" "exit $slow_rc; $(echo "$slow_out" | grep -E 'error|watchdog' | head -2)"
-    fi
-}
-jobs_run wd_slow
-
-for bad in -1 2e6; do
-    jobs_run error_case chapter-2 2 "--dp 2 --timeout $bad" "--timeout must be 0 (no watchdog) or a number of seconds"
 done
-jobs_wait
+
+decoys_ok=1
+for d in $decoy2 $decoy5; do
+    st=$(ps -o stat= -p "$d" 2>/dev/null)
+    { [ -n "$st" ] && [ "${st:0:1}" != T ]; } || decoys_ok=0
+done
+if [ $decoys_ok = 1 ]; then
+    pass "watchdog: processes the tests did not start, named like their ranks, are neither killed nor stopped"
+else
+    fail "watchdog: the tests signalled processes they did not start" "decoys: $(ps -o pid=,stat=,args= -p "$decoy2,$decoy5" 2>/dev/null | tr '\n' ';')"
+fi
+kill $decoy2 $decoy5 2>/dev/null
+wait $decoy2 $decoy5 2>/dev/null
+
+# alive but slow: the shortest timeout, 1 s; every census finds the peer computing, so the
+# run ends normally with the losses of a run without a watchdog
+mpi_run 120 2 "$BUILD/chapter-5" --pp 2 --microbatches 4 --steps 4 --peak-gflops 10 --timeout 1 --log "$TEST_TMPDIR/wd_slow.jsonl"
+slow_rc=$RC slow_out=$OUT
+mpi_run 120 2 "$BUILD/chapter-5" --pp 2 --microbatches 4 --steps 4 --peak-gflops 10 --timeout 0 --log "$TEST_TMPDIR/wd_off.jsonl"
+if [ "$slow_rc" = 0 ] && ! echo "$slow_out" | grep -q watchdog &&
+    [ "$(grep '"type":"step"' "$TEST_TMPDIR/wd_slow.jsonl" | sed 's/"ms".*//')" = "$(grep '"type":"step"' "$TEST_TMPDIR/wd_off.jsonl" | sed 's/"ms".*//')" ]; then
+    pass "watchdog: a live run with --timeout 1 ends normally, with the losses of --timeout 0"
+else
+    fail "watchdog: a slow live run" "exit $slow_rc; $(echo "$slow_out" | grep -E 'error|watchdog' | head -2)"
+fi
+
+# below 1 s (WATCHDOG_MIN_SECONDS) a collective every rank is in looks like
+# a deadlock: 1e-9 reported one at start-up
+for bad in -1 2e6 1e-9 0.5; do
+    error_case chapter-2 2 "--dp 2 --timeout $bad" "--timeout must be 0 (no watchdog) or a number of seconds"
+done
 finish

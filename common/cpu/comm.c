@@ -370,8 +370,7 @@ void comm_barrier(const Comm* c) {
 // (MPI_Request_get_status runs the progress engine and leaves the request
 // as it is). A start adds its request to the list; comm_wait and comm_test
 // take it out before they complete it.
-#define MAX_IN_FLIGHT 1024
-static CommRequest* in_flight[MAX_IN_FLIGHT];
+static CommRequest* in_flight[COMM_MAX_IN_FLIGHT];  // the bound comm.h states
 static int n_in_flight = 0;
 static int progress_enabled = -1;  // COMM_PROGRESS=0 turns comm_progress off
 
@@ -395,7 +394,7 @@ void comm_progress(void) {
 }
 
 static void track(CommRequest* req) {
-    CHECK(n_in_flight < MAX_IN_FLIGHT, "more than %d non-blocking operations in flight", MAX_IN_FLIGHT);
+    CHECK(n_in_flight < COMM_MAX_IN_FLIGHT, "more than %d non-blocking operations in flight", COMM_MAX_IN_FLIGHT);
     ops_set_progress_hook(comm_progress);  // the ops drive it from now on
     in_flight[n_in_flight++] = req;
 }

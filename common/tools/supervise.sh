@@ -10,18 +10,25 @@
 # N on the first, M (default N) on every restart. The command must carry
 # --ckpt-dir DIR; a restart adds --resume DIR/step-K, the newest complete
 # checkpoint (a step directory with its MANIFEST) not found bad, or starts
-# over when there is none. MPIRUN overrides the launcher (default:
-# tests/mpirun.sh, which oversubscribes).
+# over when there is none. With --ckpt-local L in the command as well, a
+# restart adds --resume DIR whenever either level holds a complete step:
+# the program takes the newest usable step of level 1 or 3 and says which,
+# falling back across steps and levels with a note. MPIRUN overrides the
+# launcher (default: tests/mpirun.sh, which oversubscribes).
 #
-# What it retries: a crash or a kill (any exit but 0 and 1), up to R times.
-# Exit 1 is the programs' refusal of their input (a bad flag, a mesh that
-# does not fit, a corrupt file): the same command would fail the same way,
-# so it is not retried, with one exception: when the refusal names the
-# checkpoint the attempt resumed from (its manifest or one of its files is
-# corrupt, truncated or missing), that checkpoint is skipped, with the
-# reason printed, and the attempt is made again from the next older one;
-# skipping does not use up a retry. Exits with the job's status: 0 once an
-# attempt succeeds, else the status of the last failure.
+# What it retries: a crash or a kill, up to R times: any exit but 0, and
+# exit 1 too unless the job printed an `error:` line. Exit 1 with one is the
+# programs' refusal of their input (a bad flag, a mesh that does not fit, a
+# corrupt file): the same command would fail the same way, so it is not
+# retried, with one exception: when the refusal names the checkpoint the
+# attempt resumed from (its manifest or one of its files is corrupt,
+# truncated or missing), that checkpoint is skipped, with the reason
+# printed, and the attempt is made again from the next older one; skipping
+# does not use up a retry. A SIGTERM or SIGINT to the supervisor itself
+# goes to the job and ends both, with no restart; one to the job alone (a
+# scheduler's) is a failure like a kill and is retried. Exits with the
+# job's status: 0 once an attempt succeeds, else the status of the last
+# failure.
 set -u
 here=$(cd "$(dirname "$0")/../.." && pwd)
 MPIRUN=${MPIRUN:-bash $here/tests/mpirun.sh}
@@ -37,9 +44,10 @@ while [ $# -gt 0 ]; do
 done
 [ $# -gt 0 ] || { echo "supervise.sh: no command after --" >&2; exit 2; }
 cmd=("$@")
-dir=""
+dir="" local_dir=""
 for ((i = 0; i < ${#cmd[@]} - 1; i++)); do
     [ "${cmd[$i]}" = --ckpt-dir ] && dir=${cmd[$((i + 1))]}
+    [ "${cmd[$i]}" = --ckpt-local ] && local_dir=${cmd[$((i + 1))]}
 done
 [ -n "$dir" ] || { echo "supervise.sh: the command needs --ckpt-dir DIR (where restarts resume from)" >&2; exit 2; }
 
@@ -54,27 +62,50 @@ newest_usable() {
     done < <(checkpoints "$dir")
 }
 
-attempt=0 n=$np log=$(mktemp)
+# level 1 (--ckpt-local L): any complete step on any node's directory
+local_steps() { [ -n "$local_dir" ] && ls -d "$local_dir"/node-*/step-*/MANIFEST >/dev/null 2>&1; }
+
+attempt=0 n=$np log=$(mktemp) job="" stopping=""
 trap 'rm -f "$log"' EXIT
+# a signal to the supervisor: the job gets it too, and nothing restarts
+trap 'stopping=TERM; [ -n "$job" ] && kill -TERM "$job" 2>/dev/null' TERM
+trap 'stopping=INT; [ -n "$job" ] && kill -INT "$job" 2>/dev/null' INT
 while :; do
     args=("${cmd[@]//\{np\}/$n}")
     resume=""
     if [ $attempt -gt 0 ]; then
         resume=$(newest_usable)
-        if [ -n "$resume" ]; then args+=(--resume "$resume"); else echo "supervise: no usable checkpoint in $dir: starting over"; fi
+        if [ -n "$local_dir" ] && { [ -n "$resume" ] || local_steps; }; then
+            resume=$dir  # the program picks the newest usable step of either level
+            args+=(--resume "$resume")
+        elif [ -n "$resume" ]; then
+            args+=(--resume "$resume")
+        else
+            echo "supervise: no usable checkpoint in $dir${local_dir:+ or $local_dir}: starting over"
+        fi
     fi
     echo "supervise: attempt $((attempt + 1)) on $n rank(s): ${args[*]}"
-    $MPIRUN -np "$n" "${args[@]}" 2>&1 | tee "$log"
-    rc=${PIPESTATUS[0]}
+    # in the background, so a signal to the supervisor reaches it at once
+    $MPIRUN -np "$n" "${args[@]}" > >(tee "$log") 2>&1 &
+    job=$!
+    rc=0
+    wait $job || rc=$?
+    while kill -0 "$job" 2>/dev/null; do wait $job; rc=$?; done  # a trapped signal interrupted wait
+    job=""
+    wait  # tee has written the whole log
+    if [ -n "$stopping" ]; then
+        echo "supervise: stopped by SIG$stopping (exit $rc); the job was ended, nothing restarts" >&2
+        exit $rc
+    fi
     [ $rc -eq 0 ] && { echo "supervise: attempt $((attempt + 1)) succeeded"; exit 0; }
-    if [ $rc -eq 1 ]; then
-        reason=$(grep -m1 '^error' "$log")
-        if [ -n "$resume" ] && [[ $reason == *"$resume"* ]]; then
+    reason=$(grep -m1 '^error: ' "$log")
+    if [ $rc -eq 1 ] && [ -n "$reason" ]; then  # a refusal says why; an exit 1 without a word is a kill (mpirun's on SIGTERM)
+        if [ -n "$resume" ] && [ "$resume" != "$dir" ] && [[ $reason == *"$resume"* ]]; then
             echo "supervise: skipping checkpoint $resume, which the job refused: $reason" >&2
             skipped+="$resume"$'\n'
             continue
         fi
-        echo "supervise: the job refused its input (exit 1: ${reason:-no error line}); it would fail the same way again, so no restart" >&2
+        echo "supervise: the job refused its input (exit 1: $reason); it would fail the same way again, so no restart" >&2
         exit 1
     fi
     attempt=$((attempt + 1))
@@ -83,5 +114,5 @@ while :; do
         exit $rc
     fi
     n=${fallback:-$np}
-    echo "supervise: attempt $attempt failed (exit $rc); restarting on $n rank(s) from the newest usable checkpoint in $dir" >&2
+    echo "supervise: attempt $attempt failed (exit $rc); restarting on $n rank(s) from the newest usable checkpoint in $dir${local_dir:+ or $local_dir}" >&2
 done

@@ -200,6 +200,10 @@ static void print_table(const PlanArgs* a, const PlanInfo* info, const RankPlan*
 
 // ---------------------------------------------------------------- main
 
+// --ranks x --steps the planner plans one by one (plan_run): a bound on
+// its time, about a second.
+#define PLAN_MAX_RANK_STEPS 1e6
+
 // The chapter's planner for these flags, or NULL and msg saying what does
 // not fit (the checks the chapter itself makes of its mesh and flags); info
 // gets what the whole plan shares.
@@ -219,8 +223,16 @@ static PlanFn plan_pick(const PlanArgs* a, PlanInfo* info, char* msg, size_t len
             else if (strcmp(a->dp_mode, "naive") && strcmp(a->dp_mode, "bucketed") &&
                      strcmp(a->dp_mode, "overlapped") && strcmp(a->dp_mode, "ps"))
                 bad = "--dp-mode: not one of naive, bucketed, overlapped, ps";
-            else if (a->accum < 1 || a->bucket_kb < 1 || a->B % (N * a->accum))
+            else if (a->bucket_kb < 1) bad = "--bucket-kb must be >= 1";
+            else if (a->accum < 1 || a->B % (N * a->accum))
                 bad = "--grad-accum: --batch must split into dp x --grad-accum micro-batches";
+            else if (!strcmp(a->dp_mode, "overlapped") &&
+                     (size_t)a->bucket_kb < comm_min_piece_kb(gpt_num_params(&a->cfg) * sizeof(float))) {
+                // the chapter's own refusal (02_data_parallel/main.c): every bucket in flight at once
+                snprintf(msg, len, "--bucket-kb %d: more than %d buckets in flight at once in --dp-mode overlapped; chapter 2 refuses it: use --bucket-kb %zu or more",
+                         a->bucket_kb, COMM_MAX_IN_FLIGHT, comm_min_piece_kb(gpt_num_params(&a->cfg) * sizeof(float)));
+                bad = msg;
+            }
             plan = plan_chapter_2;
             break;
         case 3:
@@ -608,6 +620,23 @@ int main(int argc, char** argv) {
     if (a.ranks < 1 || (world != a.ranks && !do_search))
         die("%s: the product of the mesh axes must equal --ranks", "--ranks");
     if (a.steps < 1) die("%s must be >= 1", "--steps");
+    // bounded work: plan_run plans every rank's every step
+    if ((double)a.ranks * a.steps > PLAN_MAX_RANK_STEPS) {
+        snprintf(msg, sizeof(msg), "--steps %d on %d rank(s): the planner plans at most %.0f rank-steps (--ranks x --steps, one by one): give fewer --steps",
+                 a.steps, a.ranks, PLAN_MAX_RANK_STEPS);
+        die("%s", msg);
+    }
+    // bounded arithmetic: the figures are size_t products of the sizes, so
+    // sizes whose products could pass 2^64 are refused before any is formed.
+    // A step's tokens are at most a token file's (an int32 count); the FLOPs,
+    // in doubles, bound the activations' elements (a few per FLOP at most)
+    double tokens = (double)a.B * a.T, flops = plan_flops(&a.cfg, a.B, a.T, a.cfg.num_layers,
+                                                          a.cfg.padded_vocab_size, 1, RECOMPUTE_FULL);
+    if (tokens > 2147483646.0 || 16.0 * (double)gpt_num_params(&a.cfg) + 4.0 * flops > 0x1p62) {
+        snprintf(msg, sizeof(msg), "--batch %d x --seq %d tokens a step of this model: the planner's figures could pass 2^62 bytes (%.3g FLOPs a step); plan at most 2^31 - 2 tokens a step, and fewer with a large model",
+                 a.B, a.T, flops);
+        die("%s", msg);
+    }
     a.capacity = capacity;
     if (do_search) {
         char* end = NULL;

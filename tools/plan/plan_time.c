@@ -12,6 +12,7 @@
 #include "mesh.h"
 #include "model_layout.h"
 #include "ops.h"
+#include "paths.h"
 #include "runtime.h"
 
 // ---------------------------------------------------------------- the profile file
@@ -84,6 +85,8 @@ const char* plan_profile_read(const char* path, MachineProfile* p, char* msg, si
     size_t n_figures = (sizeof(*p) - offsetof(MachineProfile, compute_shared)) / sizeof(double);
     double* all = (double*)((char*)p + offsetof(MachineProfile, compute_shared));
     for (size_t i = 0; i < n_figures; i++) all[i] = PT_UNKNOWN;
+    if (paths_check_regular("--profile", path, "give a text file of 'key = value' lines (make profile writes one)", msg, len))
+        return msg;
     unsigned char* seen = calloc(n_figures, 1);
     FILE* f = fopen(path, "r");
     if (!f || !seen) {
@@ -92,12 +95,20 @@ const char* plan_profile_read(const char* path, MachineProfile* p, char* msg, si
         if (f) fclose(f);
         return msg;
     }
-    char line[1024];
+    char* line = NULL;
+    size_t line_cap = 0;
+    ssize_t got;
     int lineno = 0;
     const char* bad = NULL;
-    while (!bad && fgets(line, sizeof(line), f)) {
+    while (!bad && (got = getline(&line, &line_cap, f)) >= 0) {
         lineno++;
-        char* hash = strchr(line, '#');
+        char* hash = memchr(line, '#', (size_t)got);
+        size_t col = paths_not_text(line, hash ? (size_t)(hash - line) : (size_t)got);
+        if (col) {  // binary, not a profile: say where, quote nothing
+            snprintf(msg, len, "%s:%d: byte %zu is not text: a profile is 'key = value' lines", path, lineno, col);
+            bad = msg;
+            break;
+        }
         if (hash) *hash = '\0';  // the source, after the figure
         char* s = pt_trim(line);
         if (!*s) continue;
@@ -150,6 +161,7 @@ const char* plan_profile_read(const char* path, MachineProfile* p, char* msg, si
         }
         *slot = v;
     }
+    free(line);
     fclose(f);
     free(seen);
     if (!bad) {
