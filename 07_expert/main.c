@@ -33,11 +33,8 @@
 #include "exercise.h"  // exercise_not_done, in a homework tree
 #include "trace.h"
 
-#include "expert_stage.h"  // expert_model.h, and the chunks, the schedule (expert_pipe.h)
-#include "run.h"
-#include "train_loop.h"
+#include "expert_stage.h"  // expert_model.h (run.h, train_loop.h), the chunks, the schedule
 #include "train_step.h"
-#include "report.h"
 
 // ---------------------------------------------------------------- 1-2. route and count
 
