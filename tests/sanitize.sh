@@ -120,9 +120,12 @@ run "chapter 5 --schedule-file on pp 2" $MPIRUN -np 2 "$BUILD/chapter-5" --pp 2 
 run "plan chapter 7" "$BUILD/plan" --chapter 7 --ranks 4 --ep 2 --dp 2 --batch 8 --steps 2 --json
 run "plan --search" "$BUILD/plan" --search --ranks 4 --memory-per-rank 100000000
 # the watchdog: a rank stopped (SIGSTOP) while its peer waits in MPI ends
-# the job with the watchdog's message (exit 3, MPI_Abort)
+# the job with the watchdog's message (exit 3, MPI_Abort); a rank making
+# many brief waits while its peer waits longer than --timeout does not
 run_want "watchdog: a stopped rank ended by --timeout" fail "^error: watchdog: rank 0 in MPI_Barrier .*rank 1 stopped progressing" \
     timeout -k 5 60 $MPIRUN -np 2 "$BUILD/tests/test_watchdog" barrier
+run_want "watchdog: brief waits beside a long one are no stall" 0 "rank 1 made [0-9]+ brief waits" \
+    timeout -k 5 60 $MPIRUN -np 2 "$BUILD/tests/test_watchdog" brief
 head -c 50000 /usr/share/games/fortunes/fortunes > "$TEST_TMPDIR/c.txt"
 run "tokenize" "$BUILD/tokenize" "$TEST_TMPDIR/c.txt" "$TEST_TMPDIR/c"
 echo
