@@ -471,6 +471,79 @@ static void restore_scratch_keep(const char* dir) {
     snprintf(restore_scratch, sizeof(restore_scratch), "%s", dir);
 }
 
+// The full save an incremental checkpoint in dir is a delta against: the
+// step directory base_step beside it.
+static void base_dir_of(const char* dir, int base_step, char* base, size_t len) {
+    snprintf(base, len, "%s", dir);
+    char* slash = strrchr(base, '/');
+    if (slash) snprintf(slash + 1, len - (size_t)(slash + 1 - base), "step-%08d", base_step);
+    else snprintf(base, len, "step-%08d", base_step);
+}
+
+// The incremental chain, checked before anything is restored, each link
+// against its own manifest: the full save's manifest is the one the delta
+// was taken against (its checksum); each full file this rank restores
+// matches the full save's own manifest (size, checksum, step:
+// ckpt_verify_file); each delta matches the delta's manifest. A failure
+// names the file at fault where it lies, never a scratch copy restored from
+// it, and the caller refuses the resume on every rank before any rank
+// restores a file from a broken chain. Returns NULL or a message.
+static const char* chain_check(const Ckpt* c, const char* dir, const CkptManifest* m, const int* use, char* msg,
+                               size_t msg_len) {
+    char base[4096], path[4096 + 96], why[1024];
+    base_dir_of(dir, m->base_step, base, sizeof(base));
+    snprintf(path, sizeof(path), "%s/MANIFEST", base);
+    size_t n = 0;
+    unsigned char* text = ckpt_read_whole(path, &n);
+    if (!text) {
+        snprintf(msg, msg_len, "checkpoint '%s' is a delta against the full save of step %d, but '%s' is missing: resume from a full save (--keep keeps the full saves its deltas need)",
+                 dir, m->base_step, path);
+        return msg;
+    }
+    unsigned long long h = ckpt_checksum(text, n);
+    free(text);
+    if (h != m->base_hash) {
+        snprintf(msg, msg_len, "checkpoint '%s' is a delta against another run's full save of step %d ('%s' is not the one it was taken against): resume from a full save",
+                 dir, m->base_step, base);
+        return msg;
+    }
+    CkptManifest bm;
+    const char* bad = NULL;
+    if (ckpt_read_manifest(base, c, &bm, why, sizeof(why))) {
+        snprintf(msg, msg_len, "checkpoint '%s' is a delta against the full save '%s', whose manifest cannot be used: %s", dir, base, why);
+        bad = msg;
+    }
+    for (int f = 0; f < m->n_files && !bad; f++) {
+        if (!use[f] && f % c->world != c->rank) continue;  // the files delta_restore restores here
+        int j = 0, r = -1;
+        while (j < bm.n_files && strcmp(bm.files[j].name, m->files[f].name) != 0) j++;
+        sscanf(m->files[f].name, "rank-%d.bin", &r);
+        if (j == bm.n_files) {
+            snprintf(msg, msg_len, "checkpoint '%s' is a delta against the full save '%s', whose manifest lists no %s", dir, base, m->files[f].name);
+            bad = msg;
+        } else if (ckpt_verify_file(&bm, j, why, sizeof(why))) {
+            snprintf(msg, msg_len, "checkpoint '%s' is a delta against the full save '%s', which does not match its own manifest: %s; resume from another checkpoint",
+                     dir, base, why);
+            bad = msg;
+        } else if (r < 0 || r >= m->world || !m->delta_bytes[r]) {
+            snprintf(msg, msg_len, "checkpoint '%s' lists no delta for %s", dir, m->files[f].name);
+            bad = msg;
+        } else {
+            snprintf(path, sizeof(path), "%s/rank-%05d.delta", dir, r);
+            size_t dn = 0;
+            unsigned char* delta = ckpt_read_whole(path, &dn);
+            if (!delta || dn != m->delta_bytes[r] || ckpt_checksum(delta, dn) != m->delta_hash[r] || dn < CKPT_HEADER_BYTES) {
+                snprintf(msg, msg_len, "checkpoint delta '%s' is missing, truncated or corrupt (its size or checksum is not its manifest's, '%s/MANIFEST')",
+                         path, dir);
+                bad = msg;
+            }
+            free(delta);
+        }
+    }
+    ckpt_manifest_free(&bm);
+    return bad;
+}
+
 // Restores full file f of the incremental checkpoint in dir: its delta
 // (checked against the manifest) decompressed and xor'ed with the same file
 // of the full save it names, which must be that save (its manifest's
@@ -479,10 +552,7 @@ static void restore_scratch_keep(const char* dir) {
 // full file's checksum. Returns NULL or a message.
 static const char* delta_restore(const char* dir, CkptManifest* m, int f, const char* scratch, char* msg, size_t msg_len) {
     char base[4096], path[4096 + 96];
-    snprintf(base, sizeof(base), "%s", dir);
-    char* slash = strrchr(base, '/');
-    if (slash) snprintf(slash + 1, sizeof(base) - (size_t)(slash + 1 - base), "step-%08d", m->base_step);
-    else snprintf(base, sizeof(base), "step-%08d", m->base_step);
+    base_dir_of(dir, m->base_step, base, sizeof(base));
     snprintf(path, sizeof(path), "%s/MANIFEST", base);
     size_t n = 0;
     unsigned char* text = ckpt_read_whole(path, &n);
@@ -642,8 +712,13 @@ int ckpt_resume(Ckpt* c) {
     // level 1: the files this rank reads that its node lacks come from a
     // rank whose node has them (every file was checked on its node)
     if (level1) ckpt_local_fetch(c, &m, use, scratch);
-    // an incremental save: the full files this rank reads or checks, restored
-    // from their deltas into its scratch directory
+    // an incremental save: the chain checked first, on every rank, then the
+    // full files this rank reads or checks restored from their deltas into
+    // its scratch directory
+    if (m.base_step >= 0) {
+        bad = chain_check(c, dir, &m, use, msg, sizeof(msg));
+        resume_fail_if_any(bad != NULL, bad);
+    }
     if (m.base_step >= 0)
         for (int f = 0; f < m.n_files && !bad; f++)
             if (use[f] || f % c->world == c->rank) bad = delta_restore(dir, &m, f, scratch, msg, sizeof(msg));
