@@ -119,8 +119,25 @@ static void release_locks(Ckpt* c) {
     }
 }
 
+// The checksum of a --model FILE's bytes, read in pieces (a GPT-2 file is
+// hundreds of MiB); 0 when it cannot be read (train_setup has read it already).
+static unsigned long long file_checksum(const char* path) {
+    FILE* f = fopen(path, "rb");
+    if (!f) return 0;
+    XXH3_state_t* sum = ckpt_checksum_begin();
+    size_t cap = 1u << 22, got;
+    unsigned char* buf = xmalloc(cap);
+    while ((got = fread(buf, 1, cap, f)) > 0) ckpt_checksum_add(sum, buf, got);
+    free(buf);
+    fclose(f);
+    return ckpt_checksum_end(sum);
+}
+
 // The run's identity (ckpt.h): rank 0 hashes the training tokens and the
-// settings that decide the trained model, every rank gets the result.
+// settings that decide the trained model, every rank gets the result. The
+// start weights count: two runs from other --model files are other runs
+// although their shapes agree. The model's variant (chapter 7's experts)
+// is known later and mixed in by ckpt_set_model.
 static void run_identity(Ckpt* c, const TrainSetup* s) {
     unsigned long long v[3] = {0, 0, 0};
     if (c->rank == 0) {
@@ -128,9 +145,10 @@ static void run_identity(Ckpt* c, const TrainSetup* s) {
         v[2] = s->train.count;
         const GPTConfig* g = &c->cfg;
         char text[512];
-        int n = snprintf(text, sizeof(text), "model %d %d %d %d %d %d batch %d seq %d seed %d lr %.9g wd %.9g clip %.9g data %llu %016llx",
+        int n = snprintf(text, sizeof(text), "model %d %d %d %d %d %d batch %d seq %d seed %d lr %.9g wd %.9g clip %.9g data %llu %016llx start %016llx",
                          g->max_seq_len, g->vocab_size, g->padded_vocab_size, g->num_layers, g->num_heads, g->channels,
-                         c->B, c->T, c->seed, c->lr, c->wd, c->clip, v[2], v[1]);
+                         c->B, c->T, c->seed, c->lr, c->wd, c->clip, v[2], v[1],
+                         s->checkpoint ? file_checksum(s->checkpoint) : 0ULL);
         v[0] = ckpt_checksum(text, (size_t)n);
     }
     MPI_CHECK(MPI_Bcast(v, 3, MPI_UNSIGNED_LONG_LONG, 0, MPI_COMM_WORLD));
@@ -193,8 +211,15 @@ void ckpt_init(Ckpt* c, const TrainArgs* a, const TrainSetup* s, const Mesh* mes
     }
     if (!c->dir && !c->local) return;
     run_identity(c, s);
-    if (c->resume) return;  // --resume names what to continue, whosever it is
-    bad = c->dir && c->rank == 0 ? foreign_dir("--ckpt-dir", c->dir, c->dir, c->run_id, msg, sizeof(msg)) : NULL;
+}
+
+// A fresh run's directories hold no other run's checkpoints (foreign_dir).
+// Called by ckpt_resume, after ckpt_set_model has given the identity its
+// variant; a repeated call finds this run's own checkpoints and passes.
+static void refuse_foreign_dirs(Ckpt* c) {
+    if ((!c->dir && !c->local) || c->resume) return;  // --resume names what to continue, whosever it is
+    char msg[1024];
+    const char* bad = c->dir && c->rank == 0 ? foreign_dir("--ckpt-dir", c->dir, c->dir, c->run_id, msg, sizeof(msg)) : NULL;
     if (!bad && c->local && c->local_index == 0) {
         char node_dir[4096];
         ckpt_node_dir(c, c->node, node_dir, sizeof(node_dir));
@@ -210,6 +235,14 @@ void ckpt_set_model(Ckpt* c, const CkptTensor* tensors, int n, const char* varia
     c->tensors = tensors;
     c->n_tensors = n;
     snprintf(c->variant, sizeof(c->variant), "%s", variant ? variant : "");
+    // the variant decides the model as much as GPTConfig does (another
+    // --experts or --top-k trains another model): part of the identity.
+    // Every rank mixes it in alike (the same variant, the same run_id).
+    if (c->variant[0] && (c->dir || c->local)) {
+        char text[320];
+        int len = snprintf(text, sizeof(text), "run %016llx variant %s", c->run_id, c->variant);
+        c->run_id = ckpt_checksum(text, (size_t)len);
+    }
 }
 
 // ---------------------------------------------------------------- a level-3 save: the writer, then the commit
@@ -623,6 +656,7 @@ static const char* delta_restore(const char* dir, CkptManifest* m, int f, const 
 }
 
 int ckpt_resume(Ckpt* c) {
+    refuse_foreign_dirs(c);
     if (!c->resume) return 0;
     double t0 = now_seconds();
     char msg[1024], dir[4096] = "";
