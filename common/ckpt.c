@@ -119,8 +119,25 @@ static void release_locks(Ckpt* c) {
     }
 }
 
+// The checksum of a --model FILE's bytes, read in pieces (a GPT-2 file is
+// hundreds of MiB); 0 when it cannot be read (train_setup has read it already).
+static unsigned long long file_checksum(const char* path) {
+    FILE* f = fopen(path, "rb");
+    if (!f) return 0;
+    XXH3_state_t* sum = ckpt_checksum_begin();
+    size_t cap = 1u << 22, got;
+    unsigned char* buf = xmalloc(cap);
+    while ((got = fread(buf, 1, cap, f)) > 0) ckpt_checksum_add(sum, buf, got);
+    free(buf);
+    fclose(f);
+    return ckpt_checksum_end(sum);
+}
+
 // The run's identity (ckpt.h): rank 0 hashes the training tokens and the
-// settings that decide the trained model, every rank gets the result.
+// settings that decide the trained model, every rank gets the result. The
+// start weights count: two runs from other --model files are other runs
+// although their shapes agree. The model's variant (chapter 7's experts)
+// is known later and mixed in by ckpt_set_model.
 static void run_identity(Ckpt* c, const TrainSetup* s) {
     unsigned long long v[3] = {0, 0, 0};
     if (c->rank == 0) {
@@ -128,9 +145,10 @@ static void run_identity(Ckpt* c, const TrainSetup* s) {
         v[2] = s->train.count;
         const GPTConfig* g = &c->cfg;
         char text[512];
-        int n = snprintf(text, sizeof(text), "model %d %d %d %d %d %d batch %d seq %d seed %d lr %.9g wd %.9g clip %.9g data %llu %016llx",
+        int n = snprintf(text, sizeof(text), "model %d %d %d %d %d %d batch %d seq %d seed %d lr %.9g wd %.9g clip %.9g data %llu %016llx start %016llx",
                          g->max_seq_len, g->vocab_size, g->padded_vocab_size, g->num_layers, g->num_heads, g->channels,
-                         c->B, c->T, c->seed, c->lr, c->wd, c->clip, v[2], v[1]);
+                         c->B, c->T, c->seed, c->lr, c->wd, c->clip, v[2], v[1],
+                         s->checkpoint ? file_checksum(s->checkpoint) : 0ULL);
         v[0] = ckpt_checksum(text, (size_t)n);
     }
     MPI_CHECK(MPI_Bcast(v, 3, MPI_UNSIGNED_LONG_LONG, 0, MPI_COMM_WORLD));
@@ -193,8 +211,15 @@ void ckpt_init(Ckpt* c, const TrainArgs* a, const TrainSetup* s, const Mesh* mes
     }
     if (!c->dir && !c->local) return;
     run_identity(c, s);
-    if (c->resume) return;  // --resume names what to continue, whosever it is
-    bad = c->dir && c->rank == 0 ? foreign_dir("--ckpt-dir", c->dir, c->dir, c->run_id, msg, sizeof(msg)) : NULL;
+}
+
+// A fresh run's directories hold no other run's checkpoints (foreign_dir).
+// Called by ckpt_resume, after ckpt_set_model has given the identity its
+// variant; a repeated call finds this run's own checkpoints and passes.
+static void refuse_foreign_dirs(Ckpt* c) {
+    if ((!c->dir && !c->local) || c->resume) return;  // --resume names what to continue, whosever it is
+    char msg[1024];
+    const char* bad = c->dir && c->rank == 0 ? foreign_dir("--ckpt-dir", c->dir, c->dir, c->run_id, msg, sizeof(msg)) : NULL;
     if (!bad && c->local && c->local_index == 0) {
         char node_dir[4096];
         ckpt_node_dir(c, c->node, node_dir, sizeof(node_dir));
@@ -210,6 +235,14 @@ void ckpt_set_model(Ckpt* c, const CkptTensor* tensors, int n, const char* varia
     c->tensors = tensors;
     c->n_tensors = n;
     snprintf(c->variant, sizeof(c->variant), "%s", variant ? variant : "");
+    // the variant decides the model as much as GPTConfig does (another
+    // --experts or --top-k trains another model): part of the identity.
+    // Every rank mixes it in alike (the same variant, the same run_id).
+    if (c->variant[0] && (c->dir || c->local)) {
+        char text[320];
+        int len = snprintf(text, sizeof(text), "run %016llx variant %s", c->run_id, c->variant);
+        c->run_id = ckpt_checksum(text, (size_t)len);
+    }
 }
 
 // ---------------------------------------------------------------- a level-3 save: the writer, then the commit
@@ -471,6 +504,79 @@ static void restore_scratch_keep(const char* dir) {
     snprintf(restore_scratch, sizeof(restore_scratch), "%s", dir);
 }
 
+// The full save an incremental checkpoint in dir is a delta against: the
+// step directory base_step beside it.
+static void base_dir_of(const char* dir, int base_step, char* base, size_t len) {
+    snprintf(base, len, "%s", dir);
+    char* slash = strrchr(base, '/');
+    if (slash) snprintf(slash + 1, len - (size_t)(slash + 1 - base), "step-%08d", base_step);
+    else snprintf(base, len, "step-%08d", base_step);
+}
+
+// The incremental chain, checked before anything is restored, each link
+// against its own manifest: the full save's manifest is the one the delta
+// was taken against (its checksum); each full file this rank restores
+// matches the full save's own manifest (size, checksum, step:
+// ckpt_verify_file); each delta matches the delta's manifest. A failure
+// names the file at fault where it lies, never a scratch copy restored from
+// it, and the caller refuses the resume on every rank before any rank
+// restores a file from a broken chain. Returns NULL or a message.
+static const char* chain_check(const Ckpt* c, const char* dir, const CkptManifest* m, const int* use, char* msg,
+                               size_t msg_len) {
+    char base[4096], path[4096 + 96], why[1024];
+    base_dir_of(dir, m->base_step, base, sizeof(base));
+    snprintf(path, sizeof(path), "%s/MANIFEST", base);
+    size_t n = 0;
+    unsigned char* text = ckpt_read_whole(path, &n);
+    if (!text) {
+        snprintf(msg, msg_len, "checkpoint '%s' is a delta against the full save of step %d, but '%s' is missing: resume from a full save (--keep keeps the full saves its deltas need)",
+                 dir, m->base_step, path);
+        return msg;
+    }
+    unsigned long long h = ckpt_checksum(text, n);
+    free(text);
+    if (h != m->base_hash) {
+        snprintf(msg, msg_len, "checkpoint '%s' is a delta against another run's full save of step %d ('%s' is not the one it was taken against): resume from a full save",
+                 dir, m->base_step, base);
+        return msg;
+    }
+    CkptManifest bm;
+    const char* bad = NULL;
+    if (ckpt_read_manifest(base, c, &bm, why, sizeof(why))) {
+        snprintf(msg, msg_len, "checkpoint '%s' is a delta against the full save '%s', whose manifest cannot be used: %s", dir, base, why);
+        bad = msg;
+    }
+    for (int f = 0; f < m->n_files && !bad; f++) {
+        if (!use[f] && f % c->world != c->rank) continue;  // the files delta_restore restores here
+        int j = 0, r = -1;
+        while (j < bm.n_files && strcmp(bm.files[j].name, m->files[f].name) != 0) j++;
+        sscanf(m->files[f].name, "rank-%d.bin", &r);
+        if (j == bm.n_files) {
+            snprintf(msg, msg_len, "checkpoint '%s' is a delta against the full save '%s', whose manifest lists no %s", dir, base, m->files[f].name);
+            bad = msg;
+        } else if (ckpt_verify_file(&bm, j, why, sizeof(why))) {
+            snprintf(msg, msg_len, "checkpoint '%s' is a delta against the full save '%s', which does not match its own manifest: %s; resume from another checkpoint",
+                     dir, base, why);
+            bad = msg;
+        } else if (r < 0 || r >= m->world || !m->delta_bytes[r]) {
+            snprintf(msg, msg_len, "checkpoint '%s' lists no delta for %s", dir, m->files[f].name);
+            bad = msg;
+        } else {
+            snprintf(path, sizeof(path), "%s/rank-%05d.delta", dir, r);
+            size_t dn = 0;
+            unsigned char* delta = ckpt_read_whole(path, &dn);
+            if (!delta || dn != m->delta_bytes[r] || ckpt_checksum(delta, dn) != m->delta_hash[r] || dn < CKPT_HEADER_BYTES) {
+                snprintf(msg, msg_len, "checkpoint delta '%s' is missing, truncated or corrupt (its size or checksum is not its manifest's, '%s/MANIFEST')",
+                         path, dir);
+                bad = msg;
+            }
+            free(delta);
+        }
+    }
+    ckpt_manifest_free(&bm);
+    return bad;
+}
+
 // Restores full file f of the incremental checkpoint in dir: its delta
 // (checked against the manifest) decompressed and xor'ed with the same file
 // of the full save it names, which must be that save (its manifest's
@@ -479,10 +585,7 @@ static void restore_scratch_keep(const char* dir) {
 // full file's checksum. Returns NULL or a message.
 static const char* delta_restore(const char* dir, CkptManifest* m, int f, const char* scratch, char* msg, size_t msg_len) {
     char base[4096], path[4096 + 96];
-    snprintf(base, sizeof(base), "%s", dir);
-    char* slash = strrchr(base, '/');
-    if (slash) snprintf(slash + 1, sizeof(base) - (size_t)(slash + 1 - base), "step-%08d", m->base_step);
-    else snprintf(base, sizeof(base), "step-%08d", m->base_step);
+    base_dir_of(dir, m->base_step, base, sizeof(base));
     snprintf(path, sizeof(path), "%s/MANIFEST", base);
     size_t n = 0;
     unsigned char* text = ckpt_read_whole(path, &n);
@@ -553,6 +656,7 @@ static const char* delta_restore(const char* dir, CkptManifest* m, int f, const 
 }
 
 int ckpt_resume(Ckpt* c) {
+    refuse_foreign_dirs(c);
     if (!c->resume) return 0;
     double t0 = now_seconds();
     char msg[1024], dir[4096] = "";
@@ -642,8 +746,13 @@ int ckpt_resume(Ckpt* c) {
     // level 1: the files this rank reads that its node lacks come from a
     // rank whose node has them (every file was checked on its node)
     if (level1) ckpt_local_fetch(c, &m, use, scratch);
-    // an incremental save: the full files this rank reads or checks, restored
-    // from their deltas into its scratch directory
+    // an incremental save: the chain checked first, on every rank, then the
+    // full files this rank reads or checks restored from their deltas into
+    // its scratch directory
+    if (m.base_step >= 0) {
+        bad = chain_check(c, dir, &m, use, msg, sizeof(msg));
+        resume_fail_if_any(bad != NULL, bad);
+    }
     if (m.base_step >= 0)
         for (int f = 0; f < m.n_files && !bad; f++)
             if (use[f] || f % c->world == c->rank) bad = delta_restore(dir, &m, f, scratch, msg, sizeof(msg));

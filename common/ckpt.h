@@ -110,8 +110,9 @@ typedef struct Ckpt {  // named: train.h's loop holds a pointer to one
     char variant[256];
     int B, T, seed, steps;
     // the run's identity: a hash of what decides the model it trains (the
-    // model, seed, batch, sequence, AdamW's settings and the training
-    // tokens), not of the mesh or chapter, which train the same model
+    // model, its variant, the --model file's bytes it starts from, seed,
+    // batch, sequence, AdamW's settings and the training tokens), not of
+    // the mesh or chapter, which train the same model
     unsigned long long run_id, data_hash;
     size_t data_tokens;
     int mesh[NUM_AXES];

@@ -333,6 +333,33 @@ ck_bad() {
 }
 ck_copy() { rm -rf "$CK/$1"; cp -r "$CK/c3/step-00000003" "$CK/$1"; }
 # the second round: resumes on other meshes, kills, the supervisor, bad files
+# run identity, the model's variant and its start: chapter 7's experts
+# (--experts, --top-k, ...) and the --model file a run starts from decide
+# the model as much as its shapes do. A fresh run with other --experts, or
+# from another --model file, on the same --ckpt-dir is refused (before,
+# neither entered the identity: the run went on and pruned the other run's
+# steps by number); the same run again is not
+ck_identity_model() {
+local rc
+rm -rf "$CK/idE" "$CK/idM"
+mpi_run $T_RUN 2 "$BUILD/chapter-7" --ep 2 --experts 4 $CKF --ckpt-dir "$CK/idE" --save-every 4
+rc=$RC
+error_case chapter-7 2 "--ep 2 --experts 2 $CKF --ckpt-dir $CK/idE --save-every 4" \
+    "--ckpt-dir '$CK/idE' holds another run's checkpoints ($CK/idE/step-00000008: other data or settings than this run's)"
+error_case chapter-7 2 "--ep 2 --experts 4 --top-k 1 $CKF --ckpt-dir $CK/idE --save-every 4" "--ckpt-dir '$CK/idE' holds another run's checkpoints"
+mpi_run $T_RUN 2 "$BUILD/chapter-7" --ep 2 --experts 4 $CKF --ckpt-dir "$CK/idE" --save-every 4
+if [ $rc -eq 0 ] && [ "$RC" = 0 ]; then
+    pass "checkpoint: chapter 7 with the same --experts again on its --ckpt-dir is not refused"
+else
+    fail "checkpoint: chapter 7, the same run again" "exits $rc, $RC; $(echo "$OUT" | grep '^error' | head -1)"
+fi
+# two start files of the same shapes: a step apart
+mpi_run $T_RUN 1 "$BUILD/chapter-0" --steps 1 --batch 12 --seq 32 --peak-gflops 10 --save "$CK/start1.bin"
+mpi_run $T_RUN 1 "$BUILD/chapter-0" --steps 2 --batch 12 --seq 32 --peak-gflops 10 --save "$CK/start2.bin"
+mpi_run $T_RUN 1 "$BUILD/chapter-0" --model "$CK/start1.bin" $CKF --ckpt-dir "$CK/idM" --save-every 4
+error_case chapter-0 1 "--model $CK/start2.bin $CKF --ckpt-dir $CK/idM --save-every 4" "--ckpt-dir '$CK/idM' holds another run's checkpoints"
+}
+
 jobs_run ck_m
 jobs_run ck_z3
 jobs_run ck_k1
@@ -342,6 +369,7 @@ jobs_run ck_sv_fallback
 jobs_run ck_sv_levels
 jobs_run ck_sv_term
 jobs_run ck_identity
+jobs_run ck_identity_model
 ck_copy flip
 # one byte flipped in the middle of rank 3's shard (read by rank 1 of dp 2)
 size=$(stat -c %s "$CK/flip/rank-00003.bin")

@@ -203,9 +203,13 @@ rm -rf "$LV/i3x/step-00000005"; cp -r "$LV/i3o/step-00000005" "$LV/i3x/step-0000
 error_case chapter-3 2 "--dp 2 --zero 3 $LVF --resume $LV/i3x/step-00000007" "is a delta against another run's full save of step 5"
 rm -rf "$LV/i3x/step-00000005"
 error_case chapter-3 2 "--dp 2 --zero 3 $LVF --resume $LV/i3x/step-00000007" "is a delta against the full save of step 5, but"
-# a refused resume leaves no scratch directory: the base's rank 1 file
-# corrupted (same size), so rank 1's restore fails while rank 0 has already
-# restored its full file into its private directory under TMPDIR
+# a corrupt base (the full save's rank 1 file, one byte, same size): the
+# chain is checked before anything is restored, each link against its own
+# manifest, so the refusal names the base file and the full save's
+# manifest it failed (before, only the file restored from it in a scratch
+# directory was checked, against the delta's manifest, and the line said
+# so: "which the delta ... is applied to, is corrupt: the restored file's
+# checksum"), and a refused resume leaves no scratch directory in TMPDIR
 cp -r "$LV/i3" "$LV/i3c"
 printf '\xff' | dd of="$LV/i3c/step-00000005/rank-00001.bin" bs=1 seek=2000 conv=notrunc status=none
 mkdir -p "$LV/i3c_tmp"
@@ -213,8 +217,8 @@ out=$(TMPDIR="$LV/i3c_tmp" timeout 60 $MPIRUN -np 2 -x TMPDIR "$BUILD/chapter-3"
 local rc=$? left
 left=$(ls -A "$LV/i3c_tmp" | tr '\n' ' ')
 if [ $rc -ne 0 ] && [ $rc -ne 124 ] && [ "$(echo "$out" | grep -c '^error: ')" = 1 ] && [ -z "$left" ] &&
-    echo "$out" | grep -q "^error: the full save's '$LV/i3c/step-00000005/rank-00001.bin', which the delta '$LV/i3c/step-00000007/rank-00001.delta' is applied to, is corrupt"; then
-    pass "levels: a refused resume of an incremental chain (a corrupt base) names the base file and leaves no ckpt-restore-* directory in TMPDIR"
+    echo "$out" | grep -q "^error: checkpoint '$LV/i3c/step-00000007' is a delta against the full save '$LV/i3c/step-00000005', which does not match its own manifest: checkpoint file '$LV/i3c/step-00000005/rank-00001.bin' is corrupt"; then
+    pass "levels: a corrupt base of an incremental chain, checked against its own manifest before the restore: the refusal names the base file, no ckpt-restore-* directory is left in TMPDIR"
 else
     fail "levels: scratch directories after a refused resume" "exit $rc; left in TMPDIR: ${left:-nothing}; $(echo "$out" | grep '^error' | head -1)"
 fi

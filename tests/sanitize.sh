@@ -15,16 +15,23 @@ passed=0
 failed=0
 
 # run NAME COMMAND...: passes when the command exits 0 and no sanitizer spoke
-run() {
-    local name=$1 out rc
-    shift
+run() { run_want "$1" 0 "" "${@:2}"; }
+# run_want NAME RC WANT COMMAND...: passes when the command exits RC (0, or
+# "fail": any status but 0 and 124, the timeout's), its output holds the
+# extended regular expression WANT (none when empty: the path the case is
+# meant to take was taken, not skipped) and no sanitizer spoke
+run_want() {
+    local name=$1 want_rc=$2 want=$3 out rc rc_ok=0
+    shift 3
     out=$(timeout 300 "$@" 2>&1)
     rc=$?
-    if [ $rc -eq 0 ] && ! echo "$out" | grep -qE 'AddressSanitizer|runtime error:|LeakSanitizer'; then
+    if [ "$want_rc" = fail ]; then [ $rc -ne 0 ] && [ $rc -ne 124 ] && rc_ok=1; else [ $rc -eq "$want_rc" ] && rc_ok=1; fi
+    [ -z "$want" ] || echo "$out" | grep -qE -- "$want" || rc_ok=0
+    if [ $rc_ok = 1 ] && ! echo "$out" | grep -qE 'AddressSanitizer|runtime error:|LeakSanitizer'; then
         echo "PASS sanitize: $name"
         passed=$((passed + 1))
     else
-        echo "FAIL sanitize: $name: exit $rc"
+        echo "FAIL sanitize: $name: exit $rc${want:+ (wanted: $want)}"
         echo "$out" | grep -m5 -E 'ERROR|runtime error|SUMMARY|^error' | sed 's/^/    /'
         failed=$((failed + 1))
     fi
@@ -74,6 +81,51 @@ if [ -x "$BUILD/chapter-7" ]; then
     run "chapter 7 --zero 2 on dp 3, resumed from it" $MPIRUN -np 3 "$BUILD/chapter-7" --dp 3 --batch 12 --steps 2 --zero 2 --peak-gflops 10 --resume "$TEST_TMPDIR/z3/step-00000001"
     run "chapter 7 --zero 3 on dp 2 x ep 2 from its file, recompute full" $MPIRUN -np 4 "$BUILD/chapter-7" --dp 2 --ep 2 --batch 8 --steps 2 --zero 3 --recompute full --peak-gflops 10 --model "$TEST_TMPDIR/m.bin"
 fi
+# the checkpoint levels (common/ckpt_levels.c): level 1 under --ckpt-local
+# with partner copies on 3 simulated nodes (on chapter 2 only rank 0 writes:
+# two ranks in a row own no file) and xor parity, a node's directory
+# deleted and rebuilt over MPI on the resume
+LV=$TEST_TMPDIR/levels
+mkdir -p "$LV"
+LVF="--batch 6 --seq 32 --peak-gflops 10"
+run "chapter 3 ZeRO-3, level 1 with partner copies on 3 nodes" $MPIRUN -np 3 "$BUILD/chapter-3" --dp 3 --zero 3 $LVF --steps 2 \
+    --ckpt-local "$LV/p" --local-every 1 --ranks-per-node 1 --ckpt-redundancy partner
+rm -rf "$LV/p/node-0"
+run_want "chapter 3 resumed with node 0 lost: its files from the partner copy" 0 "partner copy on node" $MPIRUN -np 3 "$BUILD/chapter-3" \
+    --dp 3 --zero 3 $LVF --steps 3 --ckpt-local "$LV/p" --ranks-per-node 1 --resume "$LV/p"
+run "chapter 2 on 3 nodes, partner copies (ranks that own no file)" $MPIRUN -np 3 "$BUILD/chapter-2" --dp 3 $LVF --steps 2 \
+    --ckpt-local "$LV/p2" --local-every 1 --ranks-per-node 1 --ckpt-redundancy partner
+run "chapter 3 ZeRO-3, level 1 with xor parity on 3 nodes" $MPIRUN -np 3 "$BUILD/chapter-3" --dp 3 --zero 3 $LVF --steps 2 \
+    --ckpt-local "$LV/x" --local-every 1 --ranks-per-node 1 --ckpt-redundancy xor
+rm -rf "$LV/x/node-1"
+run_want "chapter 3 resumed with node 1 lost: rebuilt from the xor parity" 0 "rebuilt rank-00001.bin of node 1 from the xor parity" \
+    $MPIRUN -np 3 "$BUILD/chapter-3" --dp 3 --zero 3 $LVF --steps 3 --ckpt-local "$LV/x" --ranks-per-node 1 --resume "$LV/x"
+# level 1 every step, level 3 every 2: level 3's saves are drained (copied) from level 1's files
+run_want "chapter 0, level 1 drained to level 3 (async)" 0 "saved .*/d3/step-00000002 \(drained from level 1\)" $MPIRUN -np 1 "$BUILD/chapter-0" \
+    $LVF --steps 2 --ckpt-local "$LV/d1" --local-every 1 --ckpt-dir "$LV/d3" --save-every 2 --async-save
+# incremental saves: step 2 a delta against step 1's full save, restored on another mesh
+run "chapter 3 ZeRO-3, --incremental 2" $MPIRUN -np 2 "$BUILD/chapter-3" --dp 2 --zero 3 $LVF --steps 2 --ckpt-dir "$LV/i" --save-every 1 --incremental 2
+run_want "chapter 3 ZeRO-1 on 3 ranks resumes the delta" 0 "resumed from .*/i/step-00000002" $MPIRUN -np 3 "$BUILD/chapter-3" --dp 3 --zero 1 $LVF \
+    --steps 3 --resume "$LV/i/step-00000002"
+# the supervisor (common/tools/supervise.sh): rank 0 killed after step 2,
+# the job restarted from level 1's step 2 (level 3 only every 100 steps)
+run_want "supervise.sh: a killed job resumed from level 1" 0 "attempt 2 succeeded" env CKPT_KILL=step:2:0 MPIRUN="$MPIRUN" \
+    bash common/tools/supervise.sh --np 1 --retries 1 -- "$BUILD/chapter-0" $LVF --steps 3 --ckpt-dir "$LV/s3" --save-every 100 \
+    --ckpt-local "$LV/s1" --local-every 1
+# a pipeline schedule from a file (chapter 5's --schedule-file), split backward
+printf 'rank 0: F0 F1 B0 W0 B1 W1\nrank 1: F1 F0 B1 W1 B0 W0\n' > "$TEST_TMPDIR/zb.sched"
+run "chapter 5 --schedule-file on pp 2" $MPIRUN -np 2 "$BUILD/chapter-5" --pp 2 --microbatches 2 --schedule-file "$TEST_TMPDIR/zb.sched" \
+    --steps 2 --peak-gflops 10
+# the planner: one chapter's plan and a search over meshes
+run "plan chapter 7" "$BUILD/plan" --chapter 7 --ranks 4 --ep 2 --dp 2 --batch 8 --steps 2 --json
+run "plan --search" "$BUILD/plan" --search --ranks 4 --memory-per-rank 100000000
+# the watchdog: a rank stopped (SIGSTOP) while its peer waits in MPI ends
+# the job with the watchdog's message (exit 3, MPI_Abort); a rank making
+# many brief waits while its peer waits longer than --timeout does not
+run_want "watchdog: a stopped rank ended by --timeout" fail "^error: watchdog: rank 0 in MPI_Barrier .*rank 1 stopped progressing" \
+    timeout -k 5 60 $MPIRUN -np 2 "$BUILD/tests/test_watchdog" barrier
+run_want "watchdog: brief waits beside a long one are no stall" 0 "rank 1 made [0-9]+ brief waits" \
+    timeout -k 5 60 $MPIRUN -np 2 "$BUILD/tests/test_watchdog" brief
 head -c 50000 /usr/share/games/fortunes/fortunes > "$TEST_TMPDIR/c.txt"
 run "tokenize" "$BUILD/tokenize" "$TEST_TMPDIR/c.txt" "$TEST_TMPDIR/c"
 echo

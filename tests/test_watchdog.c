@@ -7,11 +7,24 @@
 // The job must end by MPI_Abort with the watchdog's message naming rank 1;
 // before watch_mpi.c it hung until the runner's timeout.
 //
+//   mpirun -np 2 build/tests/test_watchdog brief
+// The opposite: no stall. Rank 0 waits in MPI_Recv for about 4 timeouts
+// while rank 1 makes many brief marked waits (0.2 s each, as comm.c marks a
+// wait on a peer that answers soon) back to back, then sends. Every census
+// rank 0 takes finds rank 1 inside a wait, but one shorter than the
+// timeout: rank 1 is moving, and the run must end normally (exit 0). A
+// census that counted "inside a wait" as stuck, or a wait clock not restarted
+// at each wait, calls it a deadlock. Checked: with watchdog.c's census test
+// `states[r].waited < timeout_s` removed (only `!states[r].waiting` left),
+// this mode ended with "error: watchdog: every rank has waited more than
+// 1 s ... (a deadlock)" and exit 3, and tests/watchdog.sh failed.
+//
 // run by: tests/watchdog.sh (on 2 MPI ranks)
 #include <mpi.h>
 #include <signal.h>
 #include <stdio.h>
 #include <string.h>
+#include <time.h>
 
 #include "runtime.h"
 #include "watchdog.h"
@@ -23,13 +36,33 @@ int main(int argc, char** argv) {
     MPI_Comm_size(MPI_COMM_WORLD, &size);
     const char* call = argc > 1 ? argv[1] : "";
     if (size != 2 || (strcmp(call, "allreduce") && strcmp(call, "bcast") && strcmp(call, "recv") &&
-                      strcmp(call, "gather") && strcmp(call, "barrier"))) {
-        if (rank == 0) fprintf(stderr, "usage: mpirun -np 2 test_watchdog allreduce|bcast|recv|gather|barrier\n");
+                      strcmp(call, "gather") && strcmp(call, "barrier") && strcmp(call, "brief"))) {
+        if (rank == 0) fprintf(stderr, "usage: mpirun -np 2 test_watchdog allreduce|bcast|recv|gather|barrier|brief\n");
         MPI_Finalize();
         return 2;
     }
     watchdog_start(1.0);
     MPI_Barrier(MPI_COMM_WORLD);
+    if (!strcmp(call, "brief")) {
+        int waits = 0;
+        if (rank == 1) {
+            struct timespec t0, now, pause = {0, 200000000};  // 0.2 s: a fifth of the timeout
+            clock_gettime(CLOCK_MONOTONIC, &t0);
+            do {  // about 4 s, inside a wait nearly all the time, none of them long
+                watchdog_enter("brief", "world", 0);
+                nanosleep(&pause, NULL);
+                watchdog_leave();
+                waits++;
+                clock_gettime(CLOCK_MONOTONIC, &now);
+            } while ((double)(now.tv_sec - t0.tv_sec) + 1e-9 * (double)(now.tv_nsec - t0.tv_nsec) < 4.0);
+            MPI_Send(&waits, 1, MPI_INT, 0, 0, MPI_COMM_WORLD);
+        } else {
+            MPI_Recv(&waits, 1, MPI_INT, 1, 0, MPI_COMM_WORLD, MPI_STATUS_IGNORE);  // about 4 s: longer than the timeout
+            printf("rank 0 waited in MPI_Recv while rank 1 made %d brief waits: no watchdog\n", waits);
+        }
+        runtime_finalize();
+        return 0;
+    }
     if (rank == 1) {
         raise(SIGSTOP);  // never returns in a passing run: the job is ended
         fprintf(stderr, "rank 1 was continued: the test was interrupted\n");
