@@ -743,6 +743,16 @@ static void zero_units_ckpt(Ckpt* ck, ExpertModel* m) {
     }
 }
 
+void expert_ckpt_identity(Ckpt* ck, const ExpertModel* m) {
+    // what routing trains under: other drops or another balance term train
+    // another model. One dropless expert is chapter 0's model (its router's
+    // softmax is 1 whatever the balance term): the same identity as chapter 0's
+    if (moe_ckpt_dense(&m->cfg) && m->capacity_factor == 0) return;
+    char settings[96];
+    snprintf(settings, sizeof(settings), "capacity %.9g aux %.9g", m->capacity_factor, m->aux_coef);
+    ckpt_add_identity(ck, settings);
+}
+
 void expert_model_ckpt(Ckpt* ck, ExpertModel* m) {
     char variant[256];
     moe_ckpt_tensors(&m->cfg, ckpt_table);
@@ -751,6 +761,7 @@ void expert_model_ckpt(Ckpt* ck, ExpertModel* m) {
         ckpt_set_model(ck, NULL, 0, NULL);
     else
         ckpt_set_model(ck, ckpt_table, MOE_CKPT_TENSORS, variant);
+    expert_ckpt_identity(ck, m);
     if (m->zero > 1) {  // --zero 2, 3: each rank its shards of every unit
         zero_units_ckpt(ck, m);
         return;

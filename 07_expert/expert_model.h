@@ -384,6 +384,9 @@ void expert_report(const ExpertModel* m, const ExpertFlags* flags, const TrainLo
 // replicated state each) and reads (all the replicated state, its own
 // experts), in the MoE model's global tensors, so any dp x ep mesh resumes.
 void expert_model_ckpt(Ckpt* ck, ExpertModel* m);
+// The chapter's settings that change the trained model (--capacity-factor,
+// --aux-coef), mixed into the checkpoints' run identity (ckpt_add_identity).
+void expert_ckpt_identity(Ckpt* ck, const ExpertModel* m);
 // --ckpt-dir, --save-every, --resume: ckpt_init for chapter 7, this rank's
 // lists (expert_model_ckpt), then the resume, from whatever mesh saved it.
 void expert_ckpt_open(Ckpt* ck, ExpertModel* m, const Run* run);

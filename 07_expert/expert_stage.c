@@ -309,6 +309,7 @@ void expert_stage_ckpt(Ckpt* ck, ExpertPipe* P) {
         ckpt_set_model(ck, NULL, 0, NULL);
     else
         ckpt_set_model(ck, table, MOE_CKPT_TENSORS, variant);
+    expert_ckpt_identity(ck, &P->chunk[0].m);  // every chunk routes under the same flags
     for (int c = 0; c < P->v; c++) {
         ExpertModel* m = &P->chunk[c].m;
         float* shared[CKPT_NUM_KINDS] = {m->shared, m->m_s, m->v_s};

@@ -231,17 +231,25 @@ static void refuse_foreign_dirs(Ckpt* c) {
     fail_if_any(failed, bad);
 }
 
+void ckpt_add_identity(Ckpt* c, const char* what) {
+    // every rank mixes in the same text, so every rank keeps the same run_id
+    if (!what || !what[0] || (!c->dir && !c->local)) return;
+    char text[512];
+    int len = snprintf(text, sizeof(text), "run %016llx %s", c->run_id, what);
+    if (len >= (int)sizeof(text)) len = (int)sizeof(text) - 1;
+    c->run_id = ckpt_checksum(text, (size_t)len);
+}
+
 void ckpt_set_model(Ckpt* c, const CkptTensor* tensors, int n, const char* variant) {
     c->tensors = tensors;
     c->n_tensors = n;
     snprintf(c->variant, sizeof(c->variant), "%s", variant ? variant : "");
     // the variant decides the model as much as GPTConfig does (another
-    // --experts or --top-k trains another model): part of the identity.
-    // Every rank mixes it in alike (the same variant, the same run_id).
-    if (c->variant[0] && (c->dir || c->local)) {
-        char text[320];
-        int len = snprintf(text, sizeof(text), "run %016llx variant %s", c->run_id, c->variant);
-        c->run_id = ckpt_checksum(text, (size_t)len);
+    // --experts or --top-k trains another model): part of the identity
+    if (c->variant[0]) {
+        char text[300];
+        snprintf(text, sizeof(text), "variant %s", c->variant);
+        ckpt_add_identity(c, text);
     }
 }
 

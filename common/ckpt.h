@@ -187,6 +187,10 @@ void ckpt_init(Ckpt* c, const TrainArgs* a, const struct TrainSetup* s, const Me
 // For a model other than the GPT, before ckpt_resume: its tensor table
 // (kept by pointer: it must outlive c) and its variant line.
 void ckpt_set_model(Ckpt* c, const CkptTensor* tensors, int n, const char* variant);
+// A chapter's own settings that change the model a run trains (chapter 7's
+// --capacity-factor and --aux-coef), mixed into the run's identity like the
+// shared ones, before ckpt_resume; the same text on every rank.
+void ckpt_add_identity(Ckpt* c, const char* what);
 // With --resume: finds the latest complete checkpoint (with --ckpt-local
 // too, the newest step complete or rebuildable on level 1 or 3), checks its manifest
 // against the model, the batch and the files' checksums, and fills every

@@ -347,6 +347,8 @@ rc=$RC
 error_case chapter-7 2 "--ep 2 --experts 2 $CKF --ckpt-dir $CK/idE --save-every 4" \
     "--ckpt-dir '$CK/idE' holds another run's checkpoints ($CK/idE/step-00000008: other data or settings than this run's)"
 error_case chapter-7 2 "--ep 2 --experts 4 --top-k 1 $CKF --ckpt-dir $CK/idE --save-every 4" "--ckpt-dir '$CK/idE' holds another run's checkpoints"
+error_case chapter-7 2 "--ep 2 --experts 4 --capacity-factor 1 $CKF --ckpt-dir $CK/idE --save-every 4" "--ckpt-dir '$CK/idE' holds another run's checkpoints"
+error_case chapter-7 2 "--ep 2 --experts 4 --aux-coef 0.1 $CKF --ckpt-dir $CK/idE --save-every 4" "--ckpt-dir '$CK/idE' holds another run's checkpoints"
 mpi_run $T_RUN 2 "$BUILD/chapter-7" --ep 2 --experts 4 $CKF --ckpt-dir "$CK/idE" --save-every 4
 if [ $rc -eq 0 ] && [ "$RC" = 0 ]; then
     pass "checkpoint: chapter 7 with the same --experts again on its --ckpt-dir is not refused"
