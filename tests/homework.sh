@@ -275,8 +275,8 @@ hw_class() {
         python3 tests/homework/cut.py student 7 "$cl/bob" > /dev/null &&
         python3 tests/homework/cut.py splice 7 1 . "$cl/ada" > /dev/null &&
         python3 tests/homework/cut.py splice 7 1 . "$cl/bob" > /dev/null &&
-        sed -i -f tests/homework/bugs/chapter_7_ex1_p_for_f.sed "$cl/bob/07_expert/main.c" &&
-        sed -i 's|^\(    // EXERCISE 2: .*\)$|\1\n    this does not compile;|' "$cl/bob/07_expert/main.c" &&
+        sed -i -f tests/homework/bugs/chapter_7_ex1_p_for_f.sed "$cl/bob/07_expert/moe_layer.c" &&
+        sed -i 's|^\(    // EXERCISE 2: .*\)$|\1\n    this does not compile;|' "$cl/bob/07_expert/moe_layer.c" &&
         python3 tests/homework/cut.py student 7 "$cl/cyd" > /dev/null &&
         python3 tests/homework/cut.py splice 7 1 . "$cl/cyd" > /dev/null &&
         sed -i 's|^\(    // EXERCISE 4: .*\)$|\1\n    for (;;) {}|' "$cl/cyd/07_expert/main.c" || {

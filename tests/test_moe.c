@@ -5,14 +5,15 @@
 // and the load-balancing loss with its coefficient; and aux itself against
 // a count made here.
 //
-// It compiles the chapter's own file (07_expert/main.c, its main renamed),
-// so what is checked is the code the chapter runs (balance_loss,
-// plan_capacity, the layer's backward), not a copy: a gradient that is wrong
-// the same way on every mesh (the load-balancing gradient taking the mean
-// router probability P_e where the token fraction f_e belongs, say) passes
-// every comparison of one mesh with another, and fails here. The model's
-// buffers are the chapter's module's (07_expert/expert_model.o, linked), on
-// one rank: the whole batch, every expert.
+// It links the chapter's modules (07_expert/moe_layer.c: balance_loss,
+// plan_capacity, the layer's forward and backward; moe.c; moe_model.c), so
+// what is checked is the code the chapter and the capstone run, not a copy:
+// a gradient that is wrong the same way on every mesh (the load-balancing
+// gradient taking the mean router probability P_e where the token fraction
+// f_e belongs, say) passes every comparison of one mesh with another, and
+// fails here. The model is composed from them below as 07_expert/main.c
+// composes it (model_forward, model_backward), on one rank: the whole
+// batch, every expert; the gradient groups are the identity there.
 //
 // Routing is piecewise constant: top-k and the capacity drop choose experts,
 // and a finite difference that crosses a choice measures a jump, not a
@@ -20,18 +21,62 @@
 // experts, each slot kept or dropped) is the same at all four points; a
 // direction that changes it is replaced by another.
 //
-// modules: 07_expert/expert_model 07_expert/moe 07_expert/expert_cp 07_expert/expert_tp 07_expert/expert_pipe 07_expert/expert_stage 07_expert/expert_zero 07_expert/expert_wgrad 03_fsdp/fsdp 05_pipeline/schedule 06_sequence_context/context 06_sequence_context/ring
+// modules: 07_expert/moe 07_expert/moe_layer 07_expert/moe_model
 #include <math.h>
+#include <stdlib.h>
 #include <string.h>
 
-#define main chapter_7_main
-#include "../07_expert/main.c"
-#undef main
-
+#include "device.h"
+#include "errors.h"
+#include "memory.h"
+#include "mesh.h"
+#include "moe_model.h"
+#include "run.h"
 #include "runtime.h"
 #include "test.h"
-#include "device.h"
-#include "run.h"
+
+// ---------------------------------------------------------------- the model, composed from the modules
+
+static float model_forward(MoeModel* m, const int* inputs, const int* targets) {
+    const GPTConfig* g = &m->cfg.gpt;
+    int C = g->channels, NH = g->num_heads;
+    if (m->moe.record) moe_step_begin(&m->moe);
+    moe_model_embed_forward(m, inputs, targets);
+    for (int l = 0; l < g->num_layers; l++) {
+        BlockParams p = moe_model_block(m, m->shared, l);
+        if (!moe_is_moe_layer(&m->cfg, l)) {
+            gpt_block_forward(&m->acts, g, l, &p, m->B, m->T);
+            continue;
+        }
+        BlockActs a = moe_model_block_acts(m, l);
+        moe_attention_forward(&p, &a, gpt_acts_block_input(&m->acts, g, l, m->B, m->T), m->B, m->T, C, NH);
+        moe_layer_forward(&m->moe, moe_model_layer(m, l), l, a.ln2, moe_model_router(m, m->shared, l),
+                          moe_model_experts(m, m->experts, l), a.fcproj);
+        residual_forward(a.res3, a.res2, a.fcproj, (size_t)m->N * C);
+    }
+    return moe_model_head_forward(m);
+}
+
+static void model_backward(MoeModel* m) {
+    const GPTConfig* g = &m->cfg.gpt;
+    int C = g->channels, NH = g->num_heads;
+    moe_model_head_backward(m);
+    for (int l = g->num_layers - 1; l >= 0; l--) {
+        const float* x = gpt_acts_block_input(&m->acts, g, l, m->B, m->T);
+        BlockParams p = moe_model_block(m, m->shared, l), gp = moe_model_block(m, m->dshared, l);
+        if (!moe_is_moe_layer(&m->cfg, l)) {
+            gpt_block_backward(&m->acts, g, l, &p, &gp, m->B, m->T);
+            continue;
+        }
+        BlockActs a = moe_model_block_acts(m, l);
+        BlockScratch s = gpt_acts_scratch(&m->acts, g);
+        moe_layer_backward(&m->moe, moe_model_layer(m, l), l, m->acts.dres, a.ln2, moe_model_router(m, m->shared, l),
+                           moe_model_router(m, m->dshared, l), moe_model_experts(m, m->experts, l),
+                           moe_model_experts(m, m->dexperts, l), m->dln2);
+        moe_attention_backward(&p, &gp, &a, &s, x, m->dln2, m->acts.dres, m->B, m->T, C, NH);
+    }
+    moe_model_embed_backward(m);
+}
 
 static uint64_t rng_state = 7;
 static double uniform(void) {  // xorshift64*, in [0, 1)
@@ -61,7 +106,7 @@ typedef struct {
 } Piece;
 
 typedef struct {
-    ExpertModel m;
+    MoeModel m;
     int inputs[N], targets[N];
     float *p_s, *p_e;  // host copies of the parameters at the point checked
     uint64_t* route0;  // the routing there (routing())
@@ -80,9 +125,9 @@ static void routing(const Fixture* f, uint64_t* out) {
         for (int t = 0; t < N; t++) {
             uint64_t s = 0;
             for (int j = 0; j < k; j++) {
-                int e = f->m.moe[i].idx_host[t * k + j];
+                int e = f->m.layers[i].idx_host[t * k + j];
                 s |= 1ull << e;
-                if (f->m.moe[i].pos_host[t * k + j] >= 0) s |= 1ull << (32 + e);
+                if (f->m.layers[i].pos_host[t * k + j] >= 0) s |= 1ull << (32 + e);
             }
             out[i * N + t] = s;
         }
@@ -90,8 +135,8 @@ static void routing(const Fixture* f, uint64_t* out) {
 
 // J at the parameters now on the device; *same &= the routing is the base's.
 static double objective(Fixture* f, int* same) {
-    ExpertModel* m = &f->m;
-    double J = model_forward(m, f->inputs, f->targets) + (double)m->aux_coef * m->aux;
+    MoeModel* m = &f->m;
+    double J = model_forward(m, f->inputs, f->targets) + (double)m->moe.aux_coef * m->moe.aux;
     uint64_t* r = xmalloc((size_t)n_moe(f) * N * sizeof(uint64_t));
     routing(f, r);
     *same &= !memcmp(r, f->route0, (size_t)n_moe(f) * N * sizeof(uint64_t));
@@ -107,13 +152,13 @@ static double routing_margin(const Fixture* f) {
     double margin = INFINITY;
     float* logits = xmalloc((size_t)N * E * sizeof(float));
     for (int i = 0; i < n_moe(f); i++) {
-        mem_to_host(logits, f->m.moe[i].logits, (size_t)N * E * sizeof(float));
+        mem_to_host(logits, f->m.layers[i].logits, (size_t)N * E * sizeof(float));
         for (int t = 0; t < N; t++) {
             // the k-th largest is the smallest chosen one; the (k+1)-th the
             // largest of the others
             double kth = INFINITY, next = -INFINITY;
             uint64_t chosen = 0;
-            for (int j = 0; j < k; j++) chosen |= 1ull << f->m.moe[i].idx_host[t * k + j];
+            for (int j = 0; j < k; j++) chosen |= 1ull << f->m.layers[i].idx_host[t * k + j];
             for (int e = 0; e < E; e++) {
                 double x = logits[(size_t)t * E + e];
                 if (chosen >> e & 1) kth = fmin(kth, x);
@@ -129,12 +174,11 @@ static double routing_margin(const Fixture* f) {
 // The chapter's step without the optimizer: forward, backward, the gradient
 // reduction (the identity on one rank, run as the chapter runs it).
 static void gradient(Fixture* f, double* g_s, double* g_e) {
-    ExpertModel* m = &f->m;
+    MoeModel* m = &f->m;
     model_forward(m, f->inputs, f->targets);
     mem_zero(m->dshared, m->n_shared * sizeof(float));
     mem_zero(m->dexperts, m->n_experts * sizeof(float));
     model_backward(m);
-    reduce_chunk(m);  // main.c's reduce_gradients on a rank's one chunk
     float* tmp = xmalloc((m->n_shared > m->n_experts ? m->n_shared : m->n_experts) * sizeof(float));
     mem_to_host(tmp, m->dshared, m->n_shared * sizeof(float));
     for (size_t i = 0; i < m->n_shared; i++) g_s[i] = tmp[i];
@@ -203,7 +247,7 @@ static double directional_fd(Fixture* f, const Piece* p, const double* d, int au
     for (int i = 0; i < 4; i++) {
         place(f, p, d, hs[i]);
         J[i] = objective(f, same);
-        if (aux_only) J[i] = (double)f->m.aux_coef * f->m.aux;
+        if (aux_only) J[i] = (double)f->m.moe.aux_coef * f->m.moe.aux;
     }
     place(f, p, d, 0.0);
     double fd_h = (J[0] - J[1]) / (2 * h), fd_h2 = (J[2] - J[3]) / h;
@@ -265,10 +309,10 @@ static double aux_by_hand(Fixture* f) {
     double aux = 0.0;
     float* probs = xmalloc((size_t)N * E * sizeof(float));
     for (int i = 0; i < n_moe(f); i++) {
-        mem_to_host(probs, f->m.moe[i].probs, (size_t)N * E * sizeof(float));
+        mem_to_host(probs, f->m.layers[i].probs, (size_t)N * E * sizeof(float));
         for (int e = 0; e < E; e++) {
             double fe = 0.0, Pe = 0.0;
-            for (int s = 0; s < N * k; s++) fe += f->m.moe[i].idx_host[s] == e;
+            for (int s = 0; s < N * k; s++) fe += f->m.layers[i].idx_host[s] == e;
             for (int t = 0; t < N; t++) Pe += probs[(size_t)t * E + e];
             aux += E * (fe / (N * k)) * (Pe / N);
         }
@@ -280,15 +324,14 @@ static double aux_by_hand(Fixture* f) {
 static void test_case(const MoeCase* mc) {
     MoeConfig cfg = {.gpt = small_cfg, .experts = mc->E, .top_k = mc->k, .hidden = H, .moe_every = mc->moe_every};
     Fixture f;
-    ExpertModel* m = &f.m;
+    MoeModel* m = &f.m;
     // the chapter's run on one rank: B sequences of T tokens, seed 11, no
     // recompute, parameters from init (no --model file)
-    run.setup.B = B, run.setup.T = T, run.setup.checkpoint = NULL;
+    run.setup.B = B, run.setup.T = T, run.setup.checkpoint = NULL, run.setup.model_name = "test";
     run.args.seed = 11, run.args.recompute = RECOMPUTE_NONE;
-    ExpertFlags flags = {.experts = mc->E, .top_k = mc->k, .hidden = H, .moe_every = mc->moe_every,
+    MoeFlags flags = {.experts = mc->E, .top_k = mc->k, .hidden = H, .moe_every = mc->moe_every,
                          .ep_overlap = 1, .aux_coef = mc->aux_coef, .capacity = mc->capacity};
-    expert_model_create(m, &cfg, &flags, &run);
-    m->record = 1;
+    moe_model_create(m, &cfg, &flags, &run);
     // At init the weights are small: every op near its linear regime, the
     // router's probabilities near 1/E (where P_e and f_e are hard to tell
     // apart), LayerNorm weights exactly 1. Every parameter moves well away
@@ -341,8 +384,8 @@ static void test_case(const MoeCase* mc) {
     f.route0 = xmalloc((size_t)n_moe(&f) * N * sizeof(uint64_t));
     gradient(&f, g_s, g_e);
     routing(&f, f.route0);
-    long dropped = m->dropped;
-    double aux = m->aux, aux_ref = aux_by_hand(&f);
+    long dropped = m->moe.dropped;
+    double aux = m->moe.aux, aux_ref = aux_by_hand(&f);
     char name[256];
 
     // --ep-overlap 3: the layer's exchanges in 3 chunks of the 16 tokens
@@ -351,8 +394,7 @@ static void test_case(const MoeCase* mc) {
     {
         Fixture f3;
         flags.ep_overlap = 3;
-        expert_model_create(&f3.m, &cfg, &flags, &run);
-        f3.m.record = 1;
+        moe_model_create(&f3.m, &cfg, &flags, &run);
         mem_to_device(f3.m.shared, f.p_s, m->n_shared * sizeof(float));
         mem_to_device(f3.m.experts, f.p_e, m->n_experts * sizeof(float));
         memcpy(f3.inputs, f.inputs, sizeof(f.inputs));
@@ -366,12 +408,12 @@ static void test_case(const MoeCase* mc) {
         // bit for bit by construction: every op a chunk runs is row-stable (tests/test_rows.c), the weight gradients one call
         snprintf(name, sizeof(name), "moe %s: in 3 chunks (--ep-overlap 3) the same aux, drops and gradient, bit for bit",
                  mc->name);
-        check(diff == 0 && f3.m.aux == aux && f3.m.dropped == dropped, name,
-              "%zu gradient values differ; aux %.9f against %.9f, dropped %ld against %ld", diff, f3.m.aux, aux,
-              f3.m.dropped, dropped);
+        check(diff == 0 && f3.m.moe.aux == aux && f3.m.moe.dropped == dropped, name,
+              "%zu gradient values differ; aux %.9f against %.9f, dropped %ld against %ld", diff, f3.m.moe.aux, aux,
+              f3.m.moe.dropped, dropped);
         free(g3_s);
         free(g3_e);
-        expert_model_free(&f3.m);
+        moe_model_free(&f3.m);
     }
 
     // the forward's statistics: aux as counted here; slots dropped exactly
@@ -399,10 +441,10 @@ static void test_case(const MoeCase* mc) {
     // adds, g(aux_coef) - g(0), on the same routing. It reaches the router
     // and what is below it (ln2, attention, embeddings, and the experts of
     // the MoE layers below an MoE layer)
-    float coef = m->aux_coef;
-    m->aux_coef = 0.0f;
+    float coef = m->moe.aux_coef;
+    m->moe.aux_coef = 0.0f;
     gradient(&f, g0_s, g0_e);
-    m->aux_coef = coef;
+    m->moe.aux_coef = coef;
     if (cfg.top_k == 1) {
         // k = 1: the one gate is p / p = 1 whatever the router says, so the
         // LM loss gives the router no gradient; only the aux loss trains it
@@ -431,7 +473,7 @@ static void test_case(const MoeCase* mc) {
     free(g0_e);
     free(f.p_s);
     free(f.p_e);
-    expert_model_free(m);
+    moe_model_free(m);
 }
 
 int main(int argc, char** argv) {

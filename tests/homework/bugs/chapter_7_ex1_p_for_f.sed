@@ -1,4 +1,4 @@
-# file: 07_expert/main.c
+# file: 07_expert/moe_layer.c
 # The load-balancing gradient with the mean router probability P_e where the
 # token fraction f_e belongs: wrong the same way on every mesh.
-s|aux_host\[e\] = (float)(m->aux_coef \* E \* f / N);|aux_host[e] = (float)(m->aux_coef * E * P / N);|
+s|aux_host\[e\] = (float)(X->aux_coef \* E \* f / N);|aux_host[e] = (float)(X->aux_coef * E * P / N);|
