@@ -34,13 +34,13 @@ typedef struct {
     int top_k;      // k <= E experts per token
     int hidden;     // H, each expert's MLP width (default 4C)
     int moe_every;  // layer l is MoE iff (l + 1) % moe_every == 0
-    // tensor parallelism (chapter 7's --tp, expert_tp.c): with tp > 1 the
+    // tensor parallelism (the capstone's --tp, capstone/composed_tp.c): with tp > 1 the
     // shared buffer leaves out every layer's qkvw, qkvb and attprojw (a tp
     // rank holds its slices of them in a buffer of their own); 0 or 1: the
     // whole model, as the file and the checkpoint's tensors name it
     int tp;
     // the global index of local layer 0: 0 for the whole model, a pipeline
-    // chunk's first layer for its own config (expert_stage.c), so that its
+    // chunk's first layer for its own config (capstone/composed_stage.c), so that its
     // local layer j is MoE or dense as global layer first_layer + j is, and
     // its MoE layers are indexed from its first one. The init and the file
     // functions take the whole model (first_layer 0).
@@ -69,7 +69,7 @@ size_t moe_lnf_offset(const MoeConfig* c);   // lnfw, then lnfb
 BlockParams moe_block_params(const MoeConfig* c, float* shared, int l);
 float* moe_router_at(const MoeConfig* c, float* shared, int l);  // (E, C)
 // The same from the block's own first float (a unit of --zero 2, 3 holds
-// one block alone, expert_zero.h).
+// one block alone, capstone/composed_zero.h).
 BlockParams moe_block_params_in(const MoeConfig* c, float* block, int l);
 float* moe_router_in(const MoeConfig* c, float* block);
 
@@ -109,7 +109,7 @@ void moe_attention_backward(const BlockParams* p, BlockParams* g, const BlockAct
 // keeps d res2 (attproj's d-output) in s->dfch_gelu's first N C floats;
 // moe_attention_backward_in takes s->dqkv down to d x and the gradients
 // (g->attprojw, g->qkvw NULL: not those two matmuls' with their biases,
-// which a split backward takes itself, expert_wgrad.c).
+// which a split backward takes itself, capstone/composed_wgrad.c).
 void moe_attention_in(const BlockParams* p, BlockActs* a, const float* x, int N, int C);
 void moe_attention_out(const BlockParams* p, BlockActs* a, const float* x, int N, int C);
 void moe_attention_backward_out(const BlockParams* p, const BlockActs* a, const BlockScratch* s,
@@ -185,7 +185,7 @@ void moe_ckpt_add_shared(CkptList* l, const MoeConfig* c, CkptKind kind, size_t 
 void moe_ckpt_add_experts(CkptList* l, const MoeConfig* c, CkptKind kind, int e0, int n_local, float* data);
 // A tp rank's slices of every layer's qkvw (3 row blocks of C/tp: its heads'
 // q, k and v), qkvb (the same) and attprojw (columns [r C/tp, (r+1) C/tp)),
-// laid out per layer as expert_tp.c holds them: qkvw (3C/tp, C), qkvb
+// laid out per layer as capstone/composed_tp.c holds them: qkvw (3C/tp, C), qkvb
 // (3C/tp), attprojw (C, C/tp). Slices of the global tensors: any tp resumes.
 void moe_ckpt_add_attn_tp(CkptList* l, const MoeConfig* c, CkptKind kind, int tp, int rank, float* data);
 // The same for layers [l0, l0 + n_layers) of the whole model (a pipeline
