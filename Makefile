@@ -157,11 +157,14 @@ CAPSTONE_MODULES := $(if $(wildcard capstone/modules),$(shell cat capstone/modul
 .PHONY: capstone-bin
 capstone-bin: $(BIN)/capstone
 # (an older make capstone left its step listing in a folder of the binary's
-# name, build/capstone/: it goes, as make capstone writes build/capstone-step/)
-$(BIN)/capstone: $(patsubst %.c,$(OBJ)/%.o,$(CAPSTONE_SRC)) $(patsubst %,$(OBJ)/%.o,$(CAPSTONE_MODULES)) $(COMMON_OBJ)
+# name, build/capstone/: such a folder is not the program, so it goes and the
+# program is linked, as make capstone writes build/capstone-step/ now)
+CAPSTONE_OLD_DIR := $(if $(wildcard $(BIN)/capstone/.),capstone-old-dir)
+.PHONY: capstone-old-dir
+$(BIN)/capstone: $(patsubst %.c,$(OBJ)/%.o,$(CAPSTONE_SRC)) $(patsubst %,$(OBJ)/%.o,$(CAPSTONE_MODULES)) $(COMMON_OBJ) $(CAPSTONE_OLD_DIR)
 	@mkdir -p $(dir $@)
 	@if [ -d $@ ]; then echo "rm -r $@  (make capstone's old output folder; it writes build/capstone-step/ now)"; rm -r $@; fi
-	$(CC) $(CFLAGS) -o $@ $^ $(LDLIBS)
+	$(CC) $(CFLAGS) -o $@ $(filter-out capstone-old-dir,$^) $(LDLIBS)
 $(OBJ)/capstone/%.o: CFLAGS += $(patsubst %,-I%,$(sort $(dir $(CAPSTONE_MODULES))))
 
 .PHONY: all modules test tests tools demo bench-ref bench-peer setup clean docs-check fuzz sanitize homework grade print-link-sources print-ldlibs
