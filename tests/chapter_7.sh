@@ -76,7 +76,6 @@ c7_sample() { sed -n '/^sample (40 tokens):/,$p' <<< "$OUT" | head -2; }
 # the shared runs (after the section definitions) leave behind, and
 # names its files after its own runs. So the sections run as jobs, 2 at
 # a time (jobs_run, TEST_JOBS), their PASS/FAIL lines printed in order.
-# (One after another, chapter 7 took 86 s of wall time for 109 s of CPU.)
 
 # ---- E = 1 is chapter 0's model; the load-balancing coefficient
 c7_sec_e1() {
