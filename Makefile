@@ -1,11 +1,12 @@
 # The course's build.
 #   make chapter-N     build/chapter-N (N = 0..7, the chapters that exist)
-#   make all           every chapter and the tools (tokenize, roofline, plan)
+#   make capstone-bin  build/capstone: every axis at once on chapter 7's model (capstone/)
+#   make all           every chapter, the capstone and the tools (tokenize, roofline, plan)
 #   make test          every test; ends with "N passed, N failed, N skipped"
 #   make docs-check    the docs' code references, links and quoted figures (docs/TEMPLATE.md)
 #   make test CHAPTER=N   only chapter N's tests (tests/chapter_N.sh: its mesh,
 #                      invariant, accounting, error and --help cases);
-#                      CHAPTER=unit, plots or gpu runs that script (tests/run.sh)
+#                      CHAPTER=capstone, unit, plots or gpu runs that script (tests/run.sh)
 #   make demo          set-up, then train the small model and print a sample
 #   make bench-ref     the roofline (build/roofline), then the reference's speed on the small model (one rank)
 #   make bench-peer    the same model in PyTorch, alternated with chapters 0 and 2
@@ -15,7 +16,7 @@
 #   make bench-ckpt    each checkpoint level and mode, timed (docs/plots/data/ckpt/; make plots draws them)
 #   make docs-plots    redraws the docs' figures, docs/plots/*.png, from docs/plots/data/
 #   make timeline TRACE=FILE.json   a --trace file as a Gantt chart PNG (docs/tracing.md)
-#   make capstone      one step's collectives on a multi-axis mesh, per group, in order (docs/capstone.md)
+#   make capstone      build/capstone's step: its collectives on a multi-axis mesh, per group, in order (docs/capstone.md)
 #   make setup         install the Debian packages (as root) or print the line
 #   make fuzz          fuzz the file loaders (libFuzzer, FUZZ_SECONDS each)
 #   make sanitize      the tiny tests under ASan and UBSan (build/sanitize/)
@@ -143,8 +144,31 @@ $(OBJ)/$(1)/%.o: CFLAGS += $(patsubst %,-I%,$(sort $(dir $(call chapter_modules,
 endef
 $(foreach d,$(CHAPTER_DIRS),$(eval $(call CHAPTER_RULE,$(d))))
 
+# ---------------------------------------------------------------- the capstone
+# build/capstone trains chapter 7's MoE model on every axis at once (dp, ep,
+# tp, cp, pp, --zero; docs/capstone.md). It is no chapter, so it sits in its
+# own capstone/, outside the chapters' rule: it links capstone/*.c (the
+# composed engine, copied from chapter 7 when issue 42 made chapter 7 the
+# MoE lesson alone) and the chapters' modules named in capstone/modules, as
+# a chapter names them. It never links 07_expert/expert_*.o, whose copies
+# capstone/composed_*.c are: the same functions, so the names would collide.
+CAPSTONE_SRC := $(wildcard capstone/*.c)
+CAPSTONE_MODULES := $(if $(wildcard capstone/modules),$(shell cat capstone/modules))
+.PHONY: capstone-bin
+capstone-bin: $(BIN)/capstone
+# (an older make capstone left its step listing in a folder of the binary's
+# name, build/capstone/: such a folder is not the program, so it goes and the
+# program is linked, as make capstone writes build/capstone-step/ now)
+CAPSTONE_OLD_DIR := $(if $(wildcard $(BIN)/capstone/.),capstone-old-dir)
+.PHONY: capstone-old-dir
+$(BIN)/capstone: $(patsubst %.c,$(OBJ)/%.o,$(CAPSTONE_SRC)) $(patsubst %,$(OBJ)/%.o,$(CAPSTONE_MODULES)) $(COMMON_OBJ) $(CAPSTONE_OLD_DIR)
+	@mkdir -p $(dir $@)
+	@if [ -d $@ ]; then echo "rm -r $@  (make capstone's old output folder; it writes build/capstone-step/ now)"; rm -r $@; fi
+	$(CC) $(CFLAGS) -o $@ $(filter-out capstone-old-dir,$^) $(LDLIBS)
+$(OBJ)/capstone/%.o: CFLAGS += $(patsubst %,-I%,$(sort $(dir $(CAPSTONE_MODULES))))
+
 .PHONY: all modules test tests tools demo bench-ref bench-peer setup clean docs-check fuzz sanitize homework grade print-link-sources print-ldlibs
-all: $(addprefix chapter-,$(CHAPTERS)) modules tools
+all: $(addprefix chapter-,$(CHAPTERS)) capstone-bin modules tools
 
 # every module compiles, linked by a chapter or not yet
 modules: $(patsubst %.c,$(OBJ)/%.o,$(MODULE_SRC))
@@ -218,8 +242,9 @@ gpu-check:
 	@$(MAKE) --no-print-directory BACKEND=cpu all
 	@bash tests/gpu_check.sh
 
-# tests/run.sh runs tests/unit.sh, every tests/chapter_N.sh, plots.sh, gpu.sh;
-# with CHAPTER=N only tests/chapter_N.sh (a word W: tests/W.sh)
+# tests/run.sh runs tests/unit.sh, every tests/chapter_N.sh, capstone.sh,
+# plots.sh, gpu.sh; with CHAPTER=N only tests/chapter_N.sh (a word W:
+# tests/W.sh, e.g. CHAPTER=capstone)
 # The build before the tests uses every core (a plain `make test` after a
 # change to common/ rebuilt every program one file at a time), unless make
 # was given -j itself (its jobserver is shared then).

@@ -11,14 +11,15 @@
 #    it and initialised its own model fails. Chapter 7 loads only its own
 #    format (a dense file has no experts): the same model written in it with
 #    E = k = 2 experts that are both the dense MLP and a zero router (equal
-#    gates: 0.5 f + 0.5 f = f) trains chapter 0's losses on ep = 2, without
-#    the load-balancing loss and clipping (its norm is not chapter 0's: each
+#    gates: 0.5 f + 0.5 f = f) trains chapter 0's losses on ep = 2 (and on
+#    the capstone's ep x pp, chapter 7's model on every axis), without the
+#    load-balancing loss and clipping (its norm is not chapter 0's: each
 #    expert gets half the MLP's gradient); and a file chapter 7 saved loads
 #    on ep = 2 with chapter 7's own losses and norms on one rank.
 # 2. A vocabulary padded as llm.c pads GPT-2's (V = 250 < Vp = 256; every
 #    preset has V = Vp): the invariant on tp = 2 and 3 (chapter 4, and
 #    chapter 6 with --sp), pp = 2 (chapter 5) and ep = 2 (chapter 7, the
-#    model as two equal experts as above). Softmax and loss run over the
+#    model as two equal experts as above; ep x pp = 2 x 2 on the capstone). Softmax and loss run over the
 #    first V logits, so a padded row that entered the loss would change the
 #    losses; the padded rows of wte start at zero and stay zero (checked in
 #    a tp = 3 --save).
@@ -86,13 +87,14 @@ h[:12] = [20240326, version, maxT, V, L, NH, C, Vp, E, E, 4 * C, 1]
 open(out, 'wb').write(struct.pack('256i', *h) + shared.tobytes() + experts.tobytes())
 PY
 }
-# moe_case NAME "REF_FLAGS" NP "MESH" MOE_FILE: chapter 7 on NP ranks with
-# MESH on MOE_FILE (as_moe of REF_FLAGS' --model) reproduces the losses and
-# the validation loss of `reference "REF_FLAGS --clip 0"` within TOL
+# moe_case NAME "REF_FLAGS" NP PROGRAM "MESH" MOE_FILE: PROGRAM (chapter-7,
+# or capstone for a composed MESH) on NP ranks with MESH on MOE_FILE (as_moe
+# of REF_FLAGS' --model) reproduces the losses and the validation loss of
+# `reference "REF_FLAGS --clip 0"` within TOL
 moe_case() {
-    local name=$1 ref_flags="$2 --clip 0" np=$3 mesh=$4 file=$5 log=$MF/moe_case$TEST_JOB.jsonl c1 c2 ok=1
+    local name=$1 ref_flags="$2 --clip 0" np=$3 prog=$4 mesh=$5 file=$6 log=$MF/moe_case$TEST_JOB.jsonl c1 c2 ok=1
     reference "$ref_flags"
-    mpi_run $T_RUN "$np" "$BUILD/chapter-7" $mesh $ref_flags --model "$file" --aux-coef 0 --log "$log"
+    mpi_run $T_RUN "$np" "$BUILD/$prog" $mesh $ref_flags --model "$file" --aux-coef 0 --log "$log"
     [ $RC = 0 ] || ok=0
     c1=$(bash tests/compare_losses.sh "$REF" "$log" $TOL 2>&1) || ok=0
     c2=$(compare_val "$REF" "$log" 2>&1) || ok=0
@@ -167,8 +169,8 @@ jobs_run file_case "chapter 6 cp=2 ring" 2 chapter-6 "--cp 2"
 jobs_run file_case "chapter 6 cp=2 ring zigzag" 2 chapter-6 "--cp 2 --cp-balance zigzag"
 jobs_run file_case "chapter 6 cp=2 ulysses" 2 chapter-6 "--cp 2 --cp-mode ulysses"
 jobs_run file_case "chapter 6 tp=2 --sp" 2 chapter-6 "--tp 2 --sp"
-jobs_run moe_case "model file (tiny6, seed 7): chapter 7 ep=2, as 2 equal experts" "$MF_FLAGS" 2 "--ep 2" "$MF/tiny6_moe.bin"
-jobs_run moe_case "model file (tiny6, seed 7): chapter 7 ep=2 x pp=2 interleaved, as 2 equal experts" "$MF_FLAGS" 4 "--ep 2 --pp 2 --schedule interleaved --virtual 3 --microbatches 4" "$MF/tiny6_moe.bin"
+jobs_run moe_case "model file (tiny6, seed 7): chapter 7 ep=2, as 2 equal experts" "$MF_FLAGS" 2 chapter-7 "--ep 2" "$MF/tiny6_moe.bin"
+jobs_run moe_case "model file (tiny6, seed 7): capstone ep=2 x pp=2 interleaved, as 2 equal experts" "$MF_FLAGS" 4 capstone "--ep 2 --pp 2 --schedule interleaved --virtual 3 --microbatches 4" "$MF/tiny6_moe.bin"
 jobs_run self_pair "model file (chapter 7's, E=4 k=2): chapter 7 ep=2" "${MF_FLAGS/tiny6.bin/moe.bin}" 2 chapter-7 "--ep 2"
 
 # ---------------------------------------------------------------- 2. V < Vp
@@ -191,8 +193,8 @@ jobs_run pad_tp3
 jobs_run pad_case "chapter 6 tp=2 --sp" 2 chapter-6 "--tp 2 --sp"
 jobs_run pad_case "chapter 6 tp=3 --sp" 3 chapter-6 "--tp 3 --sp"
 jobs_run pad_case "chapter 5 pp=2" 2 chapter-5 "--pp 2"
-jobs_run moe_case "padded vocabulary (V=250 < Vp=256): chapter 7 ep=2, as 2 equal experts" "$PAD_FLAGS" 2 "--ep 2" "$MF/v250_moe.bin"
-jobs_run moe_case "padded vocabulary (V=250 < Vp=256): chapter 7 ep=2 x pp=2, as 2 equal experts" "$PAD_FLAGS" 4 "--ep 2 --pp 2" "$MF/v250_moe.bin"
+jobs_run moe_case "padded vocabulary (V=250 < Vp=256): chapter 7 ep=2, as 2 equal experts" "$PAD_FLAGS" 2 chapter-7 "--ep 2" "$MF/v250_moe.bin"
+jobs_run moe_case "padded vocabulary (V=250 < Vp=256): capstone ep=2 x pp=2, as 2 equal experts" "$PAD_FLAGS" 4 capstone "--ep 2 --pp 2" "$MF/v250_moe.bin"
 jobs_wait
 
 finish

@@ -17,15 +17,21 @@
 . "$(dirname "$0")/lib.sh"
 
 echo "== the planner against the runs"
-# same_as_run NP CHAPTER FLAGS...: runs the chapter for 2 steps, plans it,
-# compares the summary's peak_bytes and comm objects with the plan's
+# same_as_run [--capstone] NP CHAPTER FLAGS...: runs the chapter for 2
+# steps, plans it, compares the summary's peak_bytes and comm objects with
+# the plan's. --capstone: the run is build/capstone's (chapter 7's model on
+# every axis: the planner's --chapter 7 plans its compositions)
 same_as_run() {
+    local prog
+    if [ "$1" = --capstone ]; then prog=capstone; shift; fi
     local np=$1 ch=$2
     shift 2
+    local label="chapter $ch"
+    [ -n "${prog:-}" ] && label="the capstone (chapter $ch's model)" || prog=chapter-$ch
     local log=$TEST_TMPDIR/plan_${ch}_$$_$RANDOM.jsonl
-    mpi_run $T_SHORT "$np" "$BUILD/chapter-$ch" --steps 2 --peak-gflops 10 --log "$log" --show-sharding "$@"
+    mpi_run $T_SHORT "$np" "$BUILD/$prog" --steps 2 --peak-gflops 10 --log "$log" --show-sharding "$@"
     if [ $RC -ne 0 ]; then
-        fail "plan: chapter $ch on $np ranks ($*)" "the run failed: $(echo "$OUT" | tail -3)"
+        fail "plan: $label on $np ranks ($*)" "the run failed: $(echo "$OUT" | tail -3)"
         return
     fi
     local plan
@@ -85,9 +91,9 @@ print("; ".join(bad))
 PY
 ) || diff="the check failed: $diff"
     if [ -z "$diff" ]; then
-        pass "plan: chapter $ch on $np ranks ($*): peak bytes and communication equal the run's (or lie in the plan's bounds), and so do the sharding table's totals"
+        pass "plan: $label on $np ranks ($*): peak bytes and communication equal the run's (or lie in the plan's bounds), and so do the sharding table's totals"
     else
-        fail "plan: chapter $ch on $np ranks ($*)" "$diff; plan: $plan"
+        fail "plan: $label on $np ranks ($*)" "$diff; plan: $plan"
     fi
 }
 # the meshes and flags the chapters' tests use; dp 3 pads FSDP's shards;
@@ -150,11 +156,18 @@ done
 jobs_run same_as_run 4 6 --tp 2 --dp 2 --sp
 # chapter 7: the meshes and models of tests/chapter_7.sh: E = 1 (chapter 0's
 # model), E = 4 k = 2 on 1, ep 2, ep 4, dp x ep with --recompute; k = 3
-# every other layer with H = 96; capacity 0.25 (E = 2) and 1; the defaults
+# every other layer with H = 96; capacity 0.25 (E = 2) and 1; the defaults.
+# Its compositions (--tp, --cp, --pp, --microbatches, --zero, ...) are
+# build/capstone's, tests/capstone.sh's meshes: c7 runs them there, still
+# planned as chapter 7's model
 c7() {
-    local np=$1
+    local np=$1 cap=""
     shift
-    jobs_run same_as_run "$np" 7 "$@"
+    case " $* " in
+        *" --tp "* | *" --cp "* | *" --cp-mode "* | *" --cp-balance "* | *" --pp "* | *" --schedule "* | \
+            *" --microbatches "* | *" --virtual "* | *" --zero "*) cap=--capstone ;;
+    esac
+    jobs_run same_as_run $cap "$np" 7 "$@"
 }
 c7 1 --batch 24 --seq 32 --experts 1 --top-k 1
 for mesh in "1" "2 --ep 2" "4 --ep 4" "4 --dp 2 --ep 2" "4 --dp 2 --ep 2 --recompute selective" \
@@ -194,7 +207,7 @@ done
 c7 4 --batch 24 --seq 32 --experts 4 --top-k 3 --moe-every 2 --expert-hidden 96 --ep 2 --cp 2 --cp-mode ulysses --recompute full
 # --tp: the shared buffer without qkvw, qkvb, attprojw and a rank's slices of
 # them, the (N tp, C) gather buffers, tp's all-gathers and reduce-scatters,
-# the slices' group dp x cp x ep (the meshes tests/chapter_7.sh runs)
+# the slices' group dp x cp x ep (the meshes tests/capstone.sh runs)
 c7 2 --batch 24 --seq 32 --experts 1 --top-k 1 --tp 2
 c7 4 --batch 24 --seq 32 --experts 1 --top-k 1 --dp 2 --tp 2
 c7 4 --batch 24 --seq 32 --experts 4 --top-k 2 --ep 2 --tp 2
@@ -215,7 +228,7 @@ for f in "--tp 2 --recompute selective" "--tp 2 --recompute full" "--ep 2 --tp 2
     case "$f" in --ep* | *--cp*) np=4 ;; esac
     c7 $np --batch 24 --seq 32 --experts 4 --top-k 3 --moe-every 2 --expert-hidden 96 $f
 done
-# --zero 1 (07_expert/expert_zero.h): each buffer's moments sharded over
+# --zero 1 (capstone/composed_zero.h): each buffer's moments sharded over
 # its copies, the buffers padded to N S, the gradient shards; a
 # reduce-scatter and an all-gather per buffer instead of the all-reduce.
 # dp 3 pads (n not divisible by 3); tp adds the slices' group
@@ -237,10 +250,10 @@ c7 3 --batch 24 --seq 32 --experts 4 --top-k 2 --dp 3 --zero 2
 c7 4 --batch 24 --seq 32 --experts 4 --top-k 3 --moe-every 2 --expert-hidden 96 --dp 2 --cp 2 --zero 3 --recompute full
 c7 8 --batch 24 --seq 32 --experts 4 --top-k 2 --dp 2 --tp 2 --ep 2 --zero 3
 # with --pp: each chunk's buffers over their groups, per chunk a
-# reduce-scatter and an all-gather of each (tests/chapter_7.sh's meshes)
+# reduce-scatter and an all-gather of each (tests/capstone.sh's meshes)
 c7 4 --batch 24 --seq 32 --experts 1 --top-k 1 --dp 2 --pp 2 --zero 1
 c7 4 --batch 24 --seq 32 --experts 4 --top-k 2 --dp 2 --pp 2 --microbatches 2 --zero 1
-# --pp (07_expert/expert_pipe.c): each chunk a model of its layers, its
+# --pp (capstone/composed_pipe.c): each chunk a model of its layers, its
 # slots the microbatches its list holds at once, chapter 5's send buffers
 # (a range), the tied wte's all-reduce, the norm over pp; --microbatches on
 # one rank; every schedule; capacity mode per microbatch with --ep-overlap
@@ -250,7 +263,7 @@ c7 4 --batch 24 --seq 32 --experts 4 --top-k 2 --ep 2 --pp 2
 c7 4 --batch 24 --seq 32 --experts 4 --top-k 2 --dp 2 --pp 2 --schedule gpipe --microbatches 4
 # every axis at once: --tp inside each pipeline chunk (its slices, gather
 # buffers and tp traffic per layer and microbatch), with dp, cp, ep and
-# --recompute full; 8 and 16 ranks (the meshes tests/chapter_7.sh runs)
+# --recompute full; 8 and 16 ranks (the meshes tests/capstone.sh runs)
 c7 8 --batch 24 --seq 32 --experts 1 --top-k 1 --dp 2 --tp 2 --pp 2
 c7 8 --batch 24 --seq 32 --experts 1 --top-k 1 --tp 2 --pp 2 --cp 2
 c7 8 --batch 24 --seq 32 --experts 4 --top-k 2 --ep 2 --tp 2 --pp 2
@@ -258,7 +271,7 @@ c7 8 --batch 24 --seq 32 --experts 4 --top-k 2 --ep 2 --tp 2 --pp 2 --recompute 
 c7 16 --batch 24 --seq 32 --experts 4 --top-k 2 --ep 2 --tp 2 --pp 2 --cp 2
 c7 2 --batch 24 --seq 32 --experts 4 --top-k 2 --pp 2 --model tiny6 --schedule interleaved --virtual 3 --microbatches 4
 c7 3 --batch 24 --seq 32 --experts 4 --top-k 3 --moe-every 2 --expert-hidden 96 --model tiny6 --pp 3 --schedule zb
-# --schedule zb (07_expert/expert_wgrad.c): a slot held from F to W, per
+# --schedule zb (capstone/composed_wgrad.c): a slot held from F to W, per
 # slot the queue's copies of what W reads, a dense layer's MLP gradients at
 # cp = tp = 1 too; on pp, ep x tp x pp, ep x cp x pp, and tp x pp with
 # --moe-every 2 and --recompute selective
@@ -311,7 +324,7 @@ else
 fi
 
 # --search --chapter 7: every dp x tp x pp x cp x ep mesh of 8 ranks that
-# chapter 7 accepts, enumerated here by the rules docs/planner.md states
+# chapter 7's model accepts (build/capstone runs them), enumerated here by the rules docs/planner.md states
 # (independently of plan.c's loops), each planned alone: the search must
 # list exactly those whose fullest rank fits (a budget equal to one
 # layout's peak keeps it), with that layout's own peak and bus bytes, in

@@ -4,7 +4,8 @@
 # The last digits of a float that comes out of a reduction move with the CPU,
 # the BLAS kernel and the compiler's vectorisation; a two-machine `mpirun
 # --hostfile` talks over TCP, not shared memory. Three legs, each with the
-# docs' figures (make docs-check) and one invariant run per chapter:
+# docs' figures (make docs-check) and one invariant run per chapter (and
+# one of the capstone, build/capstone):
 #
 #   haswell    OpenBLAS's AVX2 kernels (OPENBLAS_CORETYPE=Haswell) instead
 #              of the ones it picks for this CPU (AVX-512 on a recent x86-64)
@@ -185,6 +186,8 @@ chapters() {
     jobs_run invariant --norm "$L: chapter 5 pp=2 1f1b m=4" "$INV_FLAGS" 2 chapter-5 "--pp 2 --schedule 1f1b --microbatches 4"
     jobs_run invariant --norm --val "$L: chapter 6 cp=2 ring zigzag" "$INV_FLAGS" 2 chapter-6 "--cp 2 --cp-balance zigzag"
     jobs_run experts "$L"
+    # the capstone: E = 1 (chapter 0's model) with tp inside pp's stages
+    jobs_run invariant --norm "$L: capstone E=1 tp=2 x pp=2" "$INV_FLAGS" 4 capstone "--experts 1 --top-k 1 --tp 2 --pp 2"
     jobs_wait
 }
 

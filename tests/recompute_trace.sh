@@ -3,8 +3,8 @@
 # logs the same losses and norms as none, bit for bit, in chapters 0, 2 and 3,
 # and each rank's activation peak is the mode's formula; a trace is valid
 # JSON, nested per rank and adds up to its run's summary (tests/trace_check.py,
-# chapters 0, 2-7, and chapter 7 on dp x cp x ep = 2 x 2 x 2 and on
-# dp x tp x pp = 2 x 2 x 2),
+# chapters 0, 2-7, and the capstone, chapter 7's model, on dp x cp x ep =
+# 2 x 2 x 2 and on dp x tp x pp = 2 x 2 x 2),
 # and the checker fails on a broken trace; bad flags give one message.
 . "$(dirname "$0")/lib.sh"
 echo "== --recompute and --trace"
@@ -99,13 +99,14 @@ rc_run c5zb 4 chapter-5 --pp 2 --dp 2 --schedule zb --recompute selective --step
 rc_trace c5zb "chapter 5 pp=2 x dp=2 zb, recompute selective" --pipeline --split --recompute selective
 rc_run c7 4 chapter-7 --ep 2 --dp 2 --recompute full --steps 3 --trace "$TEST_TMPDIR/rc_c7.json"
 rc_trace c7 "chapter 7 ep=2 x dp=2, recompute full" --layers 2 --recompute full
-# chapter 7 on the composed mesh dp x cp x ep = 2 x 2 x 2 (8 ranks on the
-# machine's cores; the ring with zigzag), recompute full: valid and adding
-# up, and every rank's timeline holds each axis's exchanges in flight or
-# waited for: the ring's sends and receives (cp), the all-to-alls (ep) and
-# the all-reduces of the two gradient groups (dp+cp+ep, dp+cp)
-rc_run c7cp 8 chapter-7 --dp 2 --cp 2 --ep 2 --cp-balance zigzag --recompute full --steps 3 --trace "$TEST_TMPDIR/rc_c7cp.json"
-rc_trace c7cp "chapter 7 dp x cp x ep = 2 x 2 x 2, recompute full" --layers 2 --recompute full
+# the capstone (chapter 7's model) on the composed mesh dp x cp x ep =
+# 2 x 2 x 2 (8 ranks on the machine's cores; the ring with zigzag),
+# recompute full: valid and adding up, and every rank's timeline holds each
+# axis's exchanges in flight or waited for: the ring's sends and receives
+# (cp), the all-to-alls (ep) and the all-reduces of the two gradient groups
+# (dp+cp+ep, dp+cp)
+rc_run c7cp 8 capstone --dp 2 --cp 2 --ep 2 --cp-balance zigzag --recompute full --steps 3 --trace "$TEST_TMPDIR/rc_c7cp.json"
+rc_trace c7cp "capstone dp x cp x ep = 2 x 2 x 2, recompute full" --layers 2 --recompute full
 # rc_axes LABEL NP WHAT CAT:NAME...: every rank's timeline holds each span
 rc_axes() {
     local label=$1 np=$2 what=$3 out
@@ -124,9 +125,9 @@ if bad:
 print(f"each of {sys.argv[2]} ranks: " + ", ".join(n for _, n in want))
 EOF_PY
     ); then
-        pass "trace: chapter 7 on $what shows every axis's exchanges on every rank ($out)"
+        pass "trace: the capstone on $what shows every axis's exchanges on every rank ($out)"
     else
-        fail "trace: the axes of chapter 7 on $what" "$out"
+        fail "trace: the axes of the capstone on $what" "$out"
     fi
 }
 rc_axes c7cp 8 "dp x cp x ep = 2 x 2 x 2" "inflight:send (cp)" "inflight:recv (cp)" "inflight:alltoall (ep)" \
@@ -135,8 +136,8 @@ rc_axes c7cp 8 "dp x cp x ep = 2 x 2 x 2" "inflight:send (cp)" "inflight:recv (c
 # tp's all-gathers and reduce-scatters in each stage's layers, pp's
 # messages, the three gradient groups (the replicated pieces over
 # dp+tp+ep, the experts over dp+tp, the tp slices over dp+ep)
-rc_run c7x 8 chapter-7 --dp 2 --tp 2 --pp 2 --recompute full --steps 3 --trace "$TEST_TMPDIR/rc_c7x.json"
-rc_trace c7x "chapter 7 dp x tp x pp = 2 x 2 x 2, recompute full" --pipeline --recompute full
+rc_run c7x 8 capstone --dp 2 --tp 2 --pp 2 --recompute full --steps 3 --trace "$TEST_TMPDIR/rc_c7x.json"
+rc_trace c7x "capstone dp x tp x pp = 2 x 2 x 2, recompute full" --pipeline --recompute full
 rc_axes c7x 8 "dp x tp x pp = 2 x 2 x 2" "wait:allgather (tp)" "wait:reduce_scatter (tp)" "inflight:send (pp)" \
     "wait:recv (pp)" "wait:allreduce (dp+tp+ep)" "wait:allreduce (dp+tp)" "wait:allreduce (dp+ep)"
 # ... and fails on a pipeline rank that misses spans: zb's trace checked as

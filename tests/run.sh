@@ -3,10 +3,12 @@
 #
 #   bash tests/run.sh              everything: unit.sh, chapter_0.sh,
 #                                  chapter_1.sh, ... (every tests/chapter_N.sh
-#                                  there is, in order), then the topic scripts
-#                                  of TOPICS (comm, checkpoints, ckpt_levels, hardening, watchdog, recompute_trace, docs, plots, homework, gpu)
+#                                  there is, in order), capstone.sh (the
+#                                  program of every axis, build/capstone), then
+#                                  the topic scripts of TOPICS (comm, checkpoints, ckpt_levels, hardening, watchdog, recompute_trace, docs, plots, homework, gpu)
 #   bash tests/run.sh 2            one chapter's script, tests/chapter_2.sh
-#                                  (`make test CHAPTER=2`)
+#                                  (`make test CHAPTER=2`); `capstone`:
+#                                  tests/capstone.sh (`make test CHAPTER=capstone`)
 #   bash tests/run.sh 0 unit gpu   several: a number N is tests/chapter_N.sh,
 #                                  a word W is tests/W.sh
 #   bash tests/run.sh portability  what a full run leaves out: other BLAS
@@ -44,6 +46,8 @@ if [ $# -eq 0 ]; then
     scripts+=(tests/unit.sh)
     # chapter scripts by number, so chapter_10 would follow chapter_9
     for f in $(ls tests/chapter_*.sh | sort -t_ -k2 -n); do scripts+=("$f"); done
+    # the capstone composes the chapters: it follows them, as a chapter would
+    scripts+=(tests/capstone.sh)
     # topic scripts: every program's hardening, the docs, the plots, the GPU
     for t in $TOPICS; do scripts+=("tests/$t.sh"); done
 else
@@ -53,7 +57,7 @@ else
             *) f=tests/$a.sh ;;
         esac
         if [ ! -f "$f" ]; then
-            echo "error: no test script $f for '$a'; there are: $(cd tests && ls chapter_*.sh unit.sh; for t in $TOPICS portability; do echo "$t.sh"; done | tr '\n' ' ')" >&2
+            echo "error: no test script $f for '$a'; there are: $(cd tests && ls chapter_*.sh capstone.sh unit.sh; for t in $TOPICS portability; do echo "$t.sh"; done | tr '\n' ' ')" >&2
             exit 2
         fi
         scripts+=("$f")
@@ -73,7 +77,7 @@ skipped=0
 # cache (tests/lib.sh, reference: written under a temporary name and moved in
 # place, safe to share) is one for all.
 run_jobs=${TEST_RUN_JOBS:-2}
-LONGEST_FIRST="chapter_7 homework plan docs plots"
+LONGEST_FIRST="capstone chapter_7 homework plan docs plots"
 order=()
 for w in $LONGEST_FIRST; do
     for i in "${!scripts[@]}"; do [ "${scripts[$i]}" = "tests/$w.sh" ] && order+=("$i"); done

@@ -71,15 +71,19 @@ run "chapter 6 tp 2 with sequence parallelism" $MPIRUN -np 2 "$BUILD/chapter-6" 
 if [ -x "$BUILD/chapter-7" ]; then
     run "chapter 7 dp 2 x ep 2, capacity, save" $MPIRUN -np 4 "$BUILD/chapter-7" --dp 2 --ep 2 --batch 8 --steps 2 --capacity-factor 1 --peak-gflops 10 --save "$TEST_TMPDIR/m.bin"
     run "chapter 7 from its file on ep 4" $MPIRUN -np 4 "$BUILD/chapter-7" --ep 4 --batch 8 --steps 1 --peak-gflops 10 --model "$TEST_TMPDIR/m.bin"
-    run "chapter 7 ep 2 x cp 2 (Ulysses, zigzag), capacity, recompute selective" $MPIRUN -np 4 "$BUILD/chapter-7" --ep 2 --cp 2 --cp-mode ulysses --cp-balance zigzag --batch 8 --steps 2 --capacity-factor 1 --recompute selective --peak-gflops 10
+fi
+# the capstone: chapter 7's model on the compositions (its --model file is
+# chapter 7's, saved above)
+if [ -x "$BUILD/capstone" ]; then
+    run "capstone ep 2 x cp 2 (Ulysses, zigzag), capacity, recompute selective" $MPIRUN -np 4 "$BUILD/capstone" --ep 2 --cp 2 --cp-mode ulysses --cp-balance zigzag --batch 8 --steps 2 --capacity-factor 1 --recompute selective --peak-gflops 10
     # --zero 1: padded shards (dp 3), the moments' checkpoint slices, resumed with the tp slices' shards
-    run "chapter 7 zb on tp 2 x pp 2, --moe-every 2 (the split backward's queues)" $MPIRUN -np 4 "$BUILD/chapter-7" --tp 2 --pp 2 --schedule zb --moe-every 2 --batch 8 --steps 2 --peak-gflops 10
-    run "chapter 7 zb on ep 2 x pp 2, recompute full" $MPIRUN -np 4 "$BUILD/chapter-7" --ep 2 --pp 2 --schedule zb --batch 8 --steps 2 --recompute full --peak-gflops 10
-    run "chapter 7 --zero 1 on dp 3, save" $MPIRUN -np 3 "$BUILD/chapter-7" --dp 3 --batch 12 --steps 2 --zero 1 --peak-gflops 10 --ckpt-dir "$TEST_TMPDIR/z" --save-every 1
-    run "chapter 7 --zero 1 resumed on dp 2 x tp 2" $MPIRUN -np 4 "$BUILD/chapter-7" --dp 2 --tp 2 --batch 12 --steps 2 --zero 1 --peak-gflops 10 --resume "$TEST_TMPDIR/z/step-00000001"
-    run "chapter 7 --zero 3 on dp 2 x tp 2 (units, gathers, checkpoint, save)" $MPIRUN -np 4 "$BUILD/chapter-7" --dp 2 --tp 2 --batch 12 --steps 2 --zero 3 --peak-gflops 10 --ckpt-dir "$TEST_TMPDIR/z3" --save-every 1 --save "$TEST_TMPDIR/m3.bin"
-    run "chapter 7 --zero 2 on dp 3, resumed from it" $MPIRUN -np 3 "$BUILD/chapter-7" --dp 3 --batch 12 --steps 2 --zero 2 --peak-gflops 10 --resume "$TEST_TMPDIR/z3/step-00000001"
-    run "chapter 7 --zero 3 on dp 2 x ep 2 from its file, recompute full" $MPIRUN -np 4 "$BUILD/chapter-7" --dp 2 --ep 2 --batch 8 --steps 2 --zero 3 --recompute full --peak-gflops 10 --model "$TEST_TMPDIR/m.bin"
+    run "capstone zb on tp 2 x pp 2, --moe-every 2 (the split backward's queues)" $MPIRUN -np 4 "$BUILD/capstone" --tp 2 --pp 2 --schedule zb --moe-every 2 --batch 8 --steps 2 --peak-gflops 10
+    run "capstone zb on ep 2 x pp 2, recompute full" $MPIRUN -np 4 "$BUILD/capstone" --ep 2 --pp 2 --schedule zb --batch 8 --steps 2 --recompute full --peak-gflops 10
+    run "capstone --zero 1 on dp 3, save" $MPIRUN -np 3 "$BUILD/capstone" --dp 3 --batch 12 --steps 2 --zero 1 --peak-gflops 10 --ckpt-dir "$TEST_TMPDIR/z" --save-every 1
+    run "capstone --zero 1 resumed on dp 2 x tp 2" $MPIRUN -np 4 "$BUILD/capstone" --dp 2 --tp 2 --batch 12 --steps 2 --zero 1 --peak-gflops 10 --resume "$TEST_TMPDIR/z/step-00000001"
+    run "capstone --zero 3 on dp 2 x tp 2 (units, gathers, checkpoint, save)" $MPIRUN -np 4 "$BUILD/capstone" --dp 2 --tp 2 --batch 12 --steps 2 --zero 3 --peak-gflops 10 --ckpt-dir "$TEST_TMPDIR/z3" --save-every 1 --save "$TEST_TMPDIR/m3.bin"
+    run "capstone --zero 2 on dp 3, resumed from it" $MPIRUN -np 3 "$BUILD/capstone" --dp 3 --batch 12 --steps 2 --zero 2 --peak-gflops 10 --resume "$TEST_TMPDIR/z3/step-00000001"
+    run "capstone --zero 3 on dp 2 x ep 2 from chapter 7's file, recompute full" $MPIRUN -np 4 "$BUILD/capstone" --dp 2 --ep 2 --batch 8 --steps 2 --zero 3 --recompute full --peak-gflops 10 --model "$TEST_TMPDIR/m.bin"
 fi
 # the checkpoint levels (common/ckpt_levels.c): level 1 under --ckpt-local
 # with partner copies on 3 simulated nodes (on chapter 2 only rank 0 writes:

@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
-"""Checks docs/plots/step_comm.py's listing of chapter 7's steps against what
-07_expert/main.c issues and against the run's own counters.
+"""Checks docs/plots/step_comm.py's listing of the capstone's steps (chapter 7's
+model) against what capstone/main.c issues and against the run's own counters.
 
 usage: step_comm_check.py TRACE.json LOG.jsonl --layers L --chunks N --cp-mode ring|ulysses|none
                           --replicated P --experts-local Q --tokens N_rank --top-k k --channels C
@@ -15,7 +15,7 @@ For every rank and every step of the trace (step_comm.py --json --rank r --step 
 
   1. the order of one step: per MoE layer l = 0..L-1 in "block l forward",
      the attention (with --tp: an all-gather over tp, the cp traffic, a
-     reduce-scatter over tp; expert_tp.c), then the dispatch and combine
+     reduce-scatter over tp; composed_tp.c), then the dispatch and combine
      all-to-alls over ep (2 N of them, N = --ep-overlap's chunks); backward,
      l = L-1..0 in "block l backward", the MoE's 2 N all-to-alls over ep
      first, then the attention's backward (with --tp: an all-gather, the cp
@@ -76,7 +76,7 @@ def main(argv):
     problems = []
     cp_ops = {"send", "recv"} if mode == "ring" else {"alltoall"} if mode == "ulysses" else set()
     tp, ncp = int(o.get("tp", 1)), int(o.get("cp", 2 if cp_ops else 1))
-    # the groups expert_model.c and expert_tp.c create, named by their axes in mesh order
+    # the groups composed_model.c and composed_tp.c create, named by their axes in mesh order
     def group(*axes):
         return "+".join(a for a in ("dp", "tp", "cp", "ep") if a in axes and (a != "tp" or tp > 1)
                         and (a != "cp" or cp_ops))
@@ -114,7 +114,7 @@ def main(argv):
                     tok = "cp" if x["group"] == "cp" else f"{x['op']} {x['group']}"
                     if not (tok == "cp" and shape and shape[-1] == "cp"):
                         shape.append(tok)
-                if phase == "forward":  # attention (expert_tp.c / expert_cp.c), then the MoE (main.c)
+                if phase == "forward":  # attention (composed_tp.c / composed_cp.c), then the MoE (main.c)
                     want_shape = attn_fwd + moe
                 else:                   # the MoE's exchanges reversed, then attention's backward
                     want_shape = moe + attn_bwd
@@ -160,7 +160,7 @@ def main(argv):
     if problems:
         print("\n".join(f"FAIL {p}" for p in problems[:12]))
         return 1
-    print(f"ok: {len(ranks)} ranks x {len(steps)} steps: every step's collectives in the order of 07_expert/main.c "
+    print(f"ok: {len(ranks)} ranks x {len(steps)} steps: every step's collectives in the order of capstone/main.c "
           f"({L} layers, {nc} chunk(s), cp {mode}, tp {tp}), the bytes the code fixes, and the summary's counters")
     return 0
 

@@ -1,6 +1,6 @@
 #!/bin/bash
 # test_step_comm.sh: docs/plots/step_comm.py (make capstone, docs/capstone.md)
-# on fresh traces of chapter 7 (the page's listing is quoted from a committed
+# on fresh traces of build/capstone (the page's listing is quoted from a committed
 # trace; this checks the tool on this machine's runs). Prints PASS/FAIL/SKIP
 # lines; tests/plots.sh counts them. Takes ~20 s.
 #
@@ -9,7 +9,7 @@
 #      --ep-overlap 2, dp 4 x ep 2 on 8 ranks, tp 2 x ep 2 on 4: 2 or 3
 #      steps of the test model with --trace and --log;
 #   2. tests/step_comm_check.py: every rank's every step lists the collectives
-#      07_expert/main.c and expert_tp.c issue, in their order, on their
+#      capstone/main.c and composed_tp.c issue, in their order, on their
 #      groups, with the bytes that do not depend on the routing (the ring's
 #      messages, tp's all-gathers and reduce-scatters, the dispatch's total,
 #      the gradients' all-reduces), and the calls and bytes add up to the
@@ -30,8 +30,8 @@ pass() { echo "PASS $1"; }
 fail() { echo "FAIL $1: $2"; }
 skip() { echo "SKIP $1: $2"; }
 
-if [ ! -x "$BUILD/chapter-7" ]; then
-    fail "step_comm" "$BUILD/chapter-7 is not built (make all)"
+if [ ! -x "$BUILD/capstone" ]; then
+    fail "step_comm" "$BUILD/capstone is not built (make all)"
     exit 1
 fi
 tmp=$(mktemp -d)
@@ -39,14 +39,14 @@ trap 'rm -rf "$tmp"' EXIT
 FLAGS="--batch 24 --seq 32 --peak-gflops 10 --experts 4 --top-k 2"
 
 # ---------------------------------------------------------------- 1-2. real traces
-# run NAME NP STEPS TOKENS CHECK-FLAGS -- CHAPTER-7-FLAGS
+# run NAME NP STEPS TOKENS CHECK-FLAGS -- CAPSTONE-FLAGS
 # TOKENS: a rank's tokens, 24 / (dp ep tp) sequences of 32 / cp positions
 run() {
     local name=$1 np=$2 steps=$3 tokens=$4 check=$5 out
     shift 6
-    if ! out=$(timeout 180 $MPIRUN -np "$np" "$BUILD/chapter-7" $FLAGS --steps "$steps" "$@" \
+    if ! out=$(timeout 180 $MPIRUN -np "$np" "$BUILD/capstone" $FLAGS --steps "$steps" "$@" \
             --trace "$tmp/$name.json" --log "$tmp/$name.jsonl" 2>&1); then
-        fail "step_comm: chapter 7 $*" "$(echo "$out" | tail -3 | tr '\n' ' ')"
+        fail "step_comm: capstone $*" "$(echo "$out" | tail -3 | tr '\n' ' ')"
         return 1
     fi
     # the parameters the gradient all-reduces carry, as the run prints them
@@ -153,8 +153,8 @@ if [ -s "$tmp/mesh4.json" ]; then
 fi
 if make -n --no-print-directory capstone DOCS=1 2>/dev/null | grep -q 'step_comm.py docs/plots/data/capstone/step1_rank0.json docs/plots/capstone_step.png' &&
     make -n --no-print-directory capstone DOCS=1 2>/dev/null | grep -q 'step_comm.py .* --trim docs/plots/data/capstone/step1_rank0.json' &&
-    make -n --no-print-directory capstone 2>/dev/null | grep -q 'np 16 .*chapter-7 .*--dp 2 --tp 2 --cp 2 --ep 2'; then
-    pass "step_comm: make capstone runs chapter 7 on dp 2 x tp 2 x cp 2 x ep 2 and DOCS=1 trims docs/plots/data/capstone/ and draws docs/plots/capstone_step.png from it"
+    make -n --no-print-directory capstone 2>/dev/null | grep -q 'np 16 [^ ]*/capstone --dp 2 --tp 2 --cp 2 --ep 2'; then
+    pass "step_comm: make capstone runs build/capstone on dp 2 x tp 2 x cp 2 x ep 2 and DOCS=1 trims docs/plots/data/capstone/ and draws docs/plots/capstone_step.png from it"
 else
     fail "step_comm: make capstone" "$(make -n --no-print-directory capstone DOCS=1 2>&1 | tail -2 | tr '\n' ' ')"
 fi

@@ -24,9 +24,12 @@
 #   ch7_e4k1_epN               chapter 7, 4 experts, top-1 (the dense model's active
 #                              parameters), ep = 1 and 4
 #   ch7_e4k1_AXES              the same model on 4 ranks of two axes composed:
-#                              ep2_tp2, ep2_pp2, tp2_pp2 (issue #35)
+#                              ep2_tp2, ep2_pp2, tp2_pp2 (issue #35), by build/capstone
+#                              (chapter 7's model on every axis; its summaries say
+#                              chapter 7, so the runs keep chapter 7's names)
 #
-# A chapter's runs are in the sweep only if its binary ($BIN/chapter-N) exists.
+# A chapter's runs are in the sweep only if its binary ($BIN/chapter-N, or
+# $BIN/capstone) exists.
 # Each run first writes a temporary file and replaces the old one only when it
 # succeeds. Every run's console output is kept in build/plots/logs/NAME.out.
 # At the end sweep.txt in the data folder lists the runs, their command lines,
@@ -129,14 +132,17 @@ if have 7; then
     # as in the dense model (plus the router's E C per layer), on 1 and 4 ranks
     add ch7_e4k1_ep1 1 "$BIN/chapter-7" --experts 4 --top-k 1 $TRAIN
     add ch7_e4k1_ep4 4 "$BIN/chapter-7" --ep 4 --experts 4 --top-k 1 $TRAIN
-    # the composition on 4 ranks: two axes at a time (1F1B, 2 microbatches with pp)
-    add ch7_e4k1_ep2_tp2 4 "$BIN/chapter-7" --ep 2 --tp 2 --experts 4 --top-k 1 $TRAIN
-    add ch7_e4k1_ep2_pp2 4 "$BIN/chapter-7" --ep 2 --pp 2 --experts 4 --top-k 1 $TRAIN
-    add ch7_e4k1_tp2_pp2 4 "$BIN/chapter-7" --tp 2 --pp 2 --experts 4 --top-k 1 $TRAIN
 else skipped="$skipped 7"; fi
+if [ -x "$BIN/capstone" ]; then
+    # the same model composed on 4 ranks, two axes at a time (1F1B, 2
+    # microbatches with pp): the capstone's runs
+    add ch7_e4k1_ep2_tp2 4 "$BIN/capstone" --ep 2 --tp 2 --experts 4 --top-k 1 $TRAIN
+    add ch7_e4k1_ep2_pp2 4 "$BIN/capstone" --ep 2 --pp 2 --experts 4 --top-k 1 $TRAIN
+    add ch7_e4k1_tp2_pp2 4 "$BIN/capstone" --tp 2 --pp 2 --experts 4 --top-k 1 $TRAIN
+else skipped="$skipped capstone"; fi
 total=${#names[@]}
 if [ "$total" = 0 ]; then
-    echo "bench: nothing to run: no $BIN/chapter-N binaries${ONLY:+ with runs matching '$ONLY'} (make all builds them)" >&2
+    echo "bench: nothing to run: no $BIN/chapter-N or $BIN/capstone binaries${ONLY:+ with runs matching '$ONLY'} (make all builds them)" >&2
     exit 1
 fi
 # One matmul peak for the whole sweep. Each program measures its own at
@@ -163,7 +169,7 @@ if [ $needs_peak = 1 ] && { [ -z "$PEAK" ] || [ "$PEAK" = 0 ]; }; then
     echo "bench: could not measure the matmul peak (build chapter 0, or give PEAK=GFLOPS)" >&2
     exit 1
 fi
-[ -n "$skipped" ] && echo "bench: leaving out chapter(s)$skipped: no $BIN/chapter-N binary"
+[ -n "$skipped" ] && echo "bench: leaving out chapter(s)$skipped: no $BIN/chapter-N (or $BIN/capstone) binary"
 echo "bench: $total runs, $STEPS steps each on the small model, logs to $OUT/, console output to $LOGS/"
 echo "bench: this machine has $(nproc) cores; load average at start: $(cut -d' ' -f1-3 /proc/loadavg)"
 [ $needs_peak = 1 ] && echo "bench: matmul peak of the node: $PEAK GFLOP/s (every run's MFU is against it)"

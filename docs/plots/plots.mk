@@ -37,10 +37,11 @@ docs-plots:
 
 # make capstone [NP=16] [MESH="--dp 2 --tp 2 --cp 2 --ep 2 --experts 4 --top-k 2"] [DOCS=1]
 # One training step's collectives on a multi-axis mesh, per group and in the
-# order a rank issues them (docs/capstone.md): chapter 7 on NP ranks with
+# order a rank issues them (docs/capstone.md): build/capstone on NP ranks with
 # MESH, 3 steps of the test model with --trace, then docs/plots/step_comm.py
-# on rank 0's step 1: the listing in build/capstone/step.txt and the picture
-# in build/capstone/step.png. Another mesh is another MESH: the rows are the
+# on rank 0's step 1: the listing in build/capstone-step/step.txt and the picture
+# in build/capstone-step/step.png (not build/capstone/: that is the program).
+# Another mesh is another MESH: the rows are the
 # groups the trace names. DOCS=1: the page's files instead, rank 0's step 1
 # trimmed from the trace into docs/plots/data/capstone/step1_rank0.json
 # (what the page's listing is quoted from: its all-to-all bytes follow the
@@ -49,11 +50,12 @@ docs-plots:
 CAPSTONE_NP = $(or $(NP),16)
 CAPSTONE_MESH = $(or $(MESH),--dp 2 --tp 2 --cp 2 --ep 2 --experts 4 --top-k 2)
 CAPSTONE_DOCS = $(filter-out 0,$(DOCS))
-CAPSTONE_PNG = $(if $(CAPSTONE_DOCS),docs/plots/capstone_step.png,build/capstone/step.png)
+CAPSTONE_OUT = build/capstone-step
+CAPSTONE_PNG = $(if $(CAPSTONE_DOCS),docs/plots/capstone_step.png,$(CAPSTONE_OUT)/step.png)
 CAPSTONE_TRIM = docs/plots/data/capstone/step1_rank0.json
 .PHONY: capstone
-capstone: chapter-7
-	@mkdir -p build/capstone
-	bash tests/mpirun.sh -np $(CAPSTONE_NP) $(BIN)/chapter-7 $(CAPSTONE_MESH) --batch 24 --seq 32 --steps 3 --peak-gflops 10 --trace build/capstone/trace.json --log build/capstone/trace.jsonl > build/capstone/run.txt
-	$(if $(CAPSTONE_DOCS),mkdir -p $(dir $(CAPSTONE_TRIM)) && python3 docs/plots/step_comm.py build/capstone/trace.json --step 1 --trim $(CAPSTONE_TRIM) > /dev/null)
-	python3 docs/plots/step_comm.py $(if $(CAPSTONE_DOCS),$(CAPSTONE_TRIM),build/capstone/trace.json) $(CAPSTONE_PNG) --step 1 --title "chapter 7 $(CAPSTONE_MESH), test model" | tee build/capstone/step.txt
+capstone: capstone-bin
+	@mkdir -p $(CAPSTONE_OUT)
+	bash tests/mpirun.sh -np $(CAPSTONE_NP) $(BIN)/capstone $(CAPSTONE_MESH) --batch 24 --seq 32 --steps 3 --peak-gflops 10 --trace $(CAPSTONE_OUT)/trace.json --log $(CAPSTONE_OUT)/trace.jsonl > $(CAPSTONE_OUT)/run.txt
+	$(if $(CAPSTONE_DOCS),mkdir -p $(dir $(CAPSTONE_TRIM)) && python3 docs/plots/step_comm.py $(CAPSTONE_OUT)/trace.json --step 1 --trim $(CAPSTONE_TRIM) > /dev/null)
+	python3 docs/plots/step_comm.py $(if $(CAPSTONE_DOCS),$(CAPSTONE_TRIM),$(CAPSTONE_OUT)/trace.json) $(CAPSTONE_PNG) --step 1 --title "capstone $(CAPSTONE_MESH), test model" | tee $(CAPSTONE_OUT)/step.txt

@@ -45,9 +45,9 @@ ROOT = os.path.normpath(os.path.join(os.path.dirname(os.path.abspath(__file__)),
 OPEN = re.compile(r"^(\s*)// EXERCISE (\d+): ?(.*)$")
 CLOSE = re.compile(r"^\s*// END EXERCISE (\d+)\s*$")
 ANY = re.compile(r"//\s*(END\s+)?EXERCISE\b")
-# A copy of another chapter's exercise in code a later chapter runs (chapter
-# 7's pipeline receives as chapter 5's does): marked so that every cut that
-# stubs the exercise stubs the copy too.
+# A copy of another chapter's exercise in code a later chapter or the
+# capstone runs (the capstone's pipeline receives as chapter 5's does):
+# marked so that every cut that stubs the exercise stubs the copy too.
 #     // COPY OF CHAPTER 5 EXERCISE 3: why the copy exists
 #     ...
 #     // END COPY OF CHAPTER 5 EXERCISE 3
@@ -123,11 +123,11 @@ def regions(n):
 
 def copies():
     """(copies, problems): the copy regions of the tree's code (chapters'
-    folders and common/), as dicts like regions' with the chapter and the
-    exercise they copy."""
+    folders, capstone/ and common/), as dicts like regions' with the chapter
+    and the exercise they copy."""
     found, problems = [], []
     for f in tracked_files():
-        if not (f.endswith((".c", ".h", ".cu")) and (re.match(r"^\d\d_", f) or f.startswith("common/"))):
+        if not (f.endswith((".c", ".h", ".cu")) and (re.match(r"^\d\d_", f) or f.startswith(("common/", "capstone/")))):
             continue
         if not os.path.isfile(os.path.join(ROOT, f)):
             continue

@@ -2,9 +2,10 @@
 // cp x ep, every dp x ep rank its own B / (dp ep) sequences (T/cp positions
 // of each on a cp rank), E / ep experts of each MoE layer, the replicated
 // parameters reduced over dp x cp x ep and the experts over dp x cp
-// (07_expert/expert_model.c's and expert_cp.c's buffers, 07_expert/main.c's
-// step; with --cp, chapter 6's ring or Ulysses traffic in every layer; with
-// --tp, expert_tp.c's sequence-parallel attention: B / (dp ep tp) sequences
+// (capstone/composed_model.c's and composed_cp.c's buffers, capstone/main.c's
+// step: build/capstone trains this model on every axis, chapter 7 on dp x ep
+// alone; with --cp, chapter 6's ring or Ulysses traffic in every layer; with
+// --tp, composed_tp.c's sequence-parallel attention: B / (dp ep tp) sequences
 // a rank, 1/tp of qkvw, qkvb, attprojw reduced over dp x cp x ep).
 //
 // Exact: parameters, gradients, AdamW, activations and the exchange buffers
@@ -17,7 +18,7 @@
 // (N k C + R C floats per exchange pair), and, dropless, the exact sum over
 // the ranks: every slot is sent once by dispatch and once back by combine.
 //
-// With --pp (or --microbatches: 07_expert/expert_pipe.c and expert_stage.c)
+// With --pp (or --microbatches: capstone/composed_pipe.c and composed_stage.c)
 // each pp rank holds v chunks, each a model of L / (pp v) layers with the
 // embedding's tables where it uses them, one microbatch's activations per
 // slot and the slots a chunk's list holds at once; the send buffers are
@@ -39,13 +40,13 @@ static MoeConfig moe_of(const PlanArgs* a) {
     return c;
 }
 
-// dropless: no --capacity-factor, or one of E / k or more (expert_model.c)
+// dropless: no --capacity-factor, or one of E / k or more (composed_model.c)
 static int dropless(const PlanArgs* a) { return !(a->capacity > 0) || a->capacity >= (double)a->experts / a->top_k; }
 
 // The pipeline's step (expert_pipe_wanted): --pp > 1, --microbatches or --virtual given.
 static int pipelined(const PlanArgs* a) { return a->mesh[AXIS_PP] > 1 || a->microbatches > 0 || a->virt != 1; }
 
-// expert_stage.c's checks, then the lists.
+// composed_stage.c's checks, then the lists.
 static const char* check_pipe(const PlanArgs* a, PlanInfo* info, char* msg, size_t len) {
     int pp = a->mesh[AXIS_PP], tp = a->mesh[AXIS_TP], share = a->B / (a->mesh[AXIS_DP] * a->mesh[AXIS_EP]), v = a->virt;
     int m = a->microbatches ? a->microbatches : pp, L = a->cfg.num_layers, per_rank = share / tp;
@@ -128,7 +129,7 @@ static GradGroups grad_groups(const PlanArgs* a, const int coord[NUM_AXES]) {
     return g;
 }
 
-// --zero 2, 3 (expert_zero.h): chapter 3's engine on each buffer, its units
+// --zero 2, 3 (composed_zero.h): chapter 3's engine on each buffer, its units
 // over the buffer's group (03_fsdp/fsdp.c's sizes: S = ceil(n / N) per unit,
 // padded to N S). Adds the engine's bytes to *params, *grads, *opt (the
 // shards, --zero 3's two gather slots, the unit gradient buffer and the tied
@@ -195,7 +196,7 @@ static void plan_zero(const PlanArgs* a, const MoeConfig* c, const Comm* const z
     p->peak[MEM_PARAMS] = f * params, p->peak[MEM_GRADS] = f * grads, p->peak[MEM_OPTIMIZER] = f * opt;
 }
 
-// A pp rank's chunks (expert_stage.c): each an ExpertModel of its layers
+// A pp rank's chunks (composed_stage.c): each an ExpertModel of its layers
 // (moe.h's buffers of a model of L / S layers) on b = B / (dp ep tp m)
 // sequences, as many activation slots as its list holds microbatches at
 // once; its all-reduces (each buffer whole, main.c's reduce_chunk; --zero
@@ -223,7 +224,7 @@ static void plan_pipe(const PlanArgs* a, RankPlan* p, int r) {
     Comm ppc = plan_group(AXIS_PP, pp, s), cpg = plan_group(AXIS_CP, ncp, coord[AXIS_CP]);
     Comm tpg = plan_group(AXIS_TP, ntp, coord[AXIS_TP]);
     double full = 0, shard = 0, acts = 0, comm = 0;
-    // --zero 1 (expert_zero.h): each chunk's buffers of n floats over their N
+    // --zero 1 (composed_zero.h): each chunk's buffers of n floats over their N
     // copies (batch, dp x cp (x tp), dp x cp x ep): the moments S = ceil(n / N),
     // the parameters and gradient padded to N S, a gradient shard S
     int ndup[3] = {a->zero ? batch.size : 1, a->zero ? dp.size : 1, a->zero ? same.size : 1};
@@ -231,7 +232,7 @@ static void plan_pipe(const PlanArgs* a, RankPlan* p, int r) {
     double nbuf[64][3];  // --virtual: at most 64 chunks (check_pipe)
     p->flops = 0;
     for (int ch = 0; ch < v; ch++) {
-        MoeConfig lc = c;  // the chunk's layers (its FLOPs), and as expert_stage.c holds them
+        MoeConfig lc = c;  // the chunk's layers (its FLOPs), and as composed_stage.c holds them
         lc.gpt.num_layers = Lc;
         int kv = ch * pp + s;
         lc.first_layer = kv * Lc;  // MoE or dense as the whole model's layers, wherever the chunk starts
@@ -247,7 +248,7 @@ static void plan_pipe(const PlanArgs* a, RankPlan* p, int r) {
             double S1 = ceil(nbuf[ch][q] / ndup[q]);
             full += ndup[q] * S1, shard += S1;
         }
-        int split = sc->split_backward;  // zb: B and W (expert_wgrad.c)
+        int split = sc->split_backward;  // zb: B and W (composed_wgrad.c)
         for (int i = 0, now = 0; i < sc->n[s]; i++) {  // a slot taken at F, given back at B (zb: at W)
             Action x = sc->list[s][i];
             if (x.chunk == ch && x.type == ACT_F && ++now > busy) busy = now;
@@ -300,7 +301,7 @@ static void plan_pipe(const PlanArgs* a, RankPlan* p, int r) {
         }
         if ((ncp > 1 || ntp > 1) && a->moe_every > 1) acts += 8 * NC;  // a dense layer's MLP gradients
         if (ntp > 1) {
-            // --tp (expert_tp.c): the (N tp, C) gathered rows and partial
+            // --tp (composed_tp.c): the (N tp, C) gathered rows and partial
             // sums; per layer of every microbatch an all-gather and a
             // reduce-scatter forward (twice under --recompute full), two
             // all-gathers and a reduce-scatter backward
@@ -387,7 +388,7 @@ void plan_chapter_7(const PlanArgs* a, RankPlan* p, int r) {
     ct.tp = ntp;
     double shared = (double)moe_num_shared(&ct), experts = (double)Lm * El * moe_expert_numel(&c);
     double slices = ntp > 1 ? (double)g->num_layers * moe_attn_tp_numel(C, ntp) : 0.0;
-    // --zero 1 (expert_zero.h): each buffer of n floats over its N copies:
+    // --zero 1 (composed_zero.h): each buffer of n floats over its N copies:
     // S = ceil(n / N) of the moments, the parameters and gradient padded to
     // N S, and a gradient shard of S
     int ndup[3] = {a->zero ? ndp * ncp * nep * ntp : 1, a->zero ? ndp * ncp * ntp : 1, a->zero ? ndp * ncp * nep : 1};
@@ -439,7 +440,7 @@ void plan_chapter_7(const PlanArgs* a, RankPlan* p, int r) {
         }
     }
     if ((ncp > 1 || ntp > 1) && a->moe_every > 1) p->peak[MEM_ACTIVATIONS] += f * 8 * NC;  // a dense layer's MLP gradients
-    // --tp (expert_tp.c): the group's rows gathered and a partial sum, (N tp,
+    // --tp (composed_tp.c): the group's rows gathered and a partial sum, (N tp,
     // C) each; per layer forward an all-gather and a reduce-scatter (twice
     // under --recompute full), backward two all-gathers (d attproj, ln1
     // again) and a reduce-scatter (d ln1)

@@ -1,0 +1,905 @@
+// composed_model.c: chapter 7's model on a rank (composed_model.h): its buffers,
+// the MoE file and the training-state checkpoint's slices.
+#include "composed_model.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "errors.h"
+#include "rank.h"
+#include "runtime.h"
+#include "trace.h"
+#include "memory.h"
+#include "mesh.h"
+#include "run.h"
+#include "train_eval.h"
+#include "train_loop.h"
+#include "report.h"
+#include "sharding.h"
+
+MoeLayer* expert_layer(ExpertModel* m, int l) {
+    return &m->moe[m->recompute == RECOMPUTE_FULL ? 0 : moe_layer_index(&m->cfg, l)];
+}
+
+BlockActs expert_block_acts(ExpertModel* m, int l) { return gpt_acts_block(&m->acts, &m->cfg.gpt, l, m->B, m->T); }
+
+int expert_chunk_start(const ExpertModel* m, int c) { return (int)((long)c * m->N / m->chunks); }
+
+// ---------------------------------------------------------------- the exchanges
+
+void expert_a2a_start(ExpertModel* m, int i, const float* send, const size_t* sc, const size_t* sd, float* recv,
+                      const size_t* rc, const size_t* rd) {
+    m->a2a_started[i] = now_seconds();
+    comm_ialltoallv(m->epc, send, sc, sd, recv, rc, rd, &m->a2a[i]);
+}
+
+// Blocked: the wait itself. In flight: from the start to the end of the
+// wait, as chapter 3 times its prefetched gathers; the share of that time
+// the rank computed instead of waiting is what the overlap hid.
+void expert_a2a_wait(ExpertModel* m, int i) {
+    double t0 = now_seconds();
+    comm_wait(&m->a2a[i]);
+    double t1 = now_seconds();
+    m->a2a_blocked_s += t1 - t0;
+    m->a2a_inflight_s += t1 - m->a2a_started[i];
+}
+
+size_t expert_total_params(const ExpertModel* m) {
+    MoeConfig whole = m->cfg;  // with --tp the shared buffer holds 1 / tp of qkvw, qkvb, attprojw
+    whole.tp = 1;
+    return moe_num_shared(&whole) + (size_t)moe_num_moe_layers(&m->cfg) * m->cfg.experts * moe_expert_numel(&m->cfg);
+}
+
+// ---------------------------------------------------------------- the plan's send order and the experts' blocks
+
+void expert_plan_send_order(ExpertModel* m, MoeLayer* L) {
+    int k = m->cfg.top_k, E = m->cfg.experts, nc = m->chunks;
+    // send row i is token src_host[i]; slot j of token t goes to row
+    // pos_host[t k + j] (kept slots only: pos_host < 0 is a dropped one)
+    memset(L->cnt_chunk, 0, (size_t)nc * E * sizeof(int));
+    for (int c = 0; c < nc; c++)
+        for (int i = expert_chunk_start(m, c) * k; i < expert_chunk_start(m, c + 1) * k; i++)
+            if (L->pos_host[i] >= 0) L->cnt_chunk[c * E + L->idx_host[i]]++;
+    int* fill = xmalloc((size_t)nc * E * sizeof(int));
+    for (int i = 0, row = 0; i < nc * E; i++) {
+        if (i % E == 0) L->send_row[i / E] = row;
+        fill[i] = row, row += L->cnt_chunk[i];
+    }
+    L->n_send = L->send_row[nc] = fill[nc * E - 1] + L->cnt_chunk[nc * E - 1];
+    for (int c = 0; c < nc; c++)
+        for (int i = expert_chunk_start(m, c) * k; i < expert_chunk_start(m, c + 1) * k; i++) {
+            if (L->pos_host[i] < 0) continue;
+            int row = fill[c * E + L->idx_host[i]]++;
+            L->pos_host[i] = row;
+            L->src_host[row] = i / k;
+        }
+    free(fill);
+}
+
+// Block (chunk c, source s, expert le): n rows, at q in the receive order
+// and r in the experts' order.
+typedef struct {
+    int n;
+    size_t q, r;
+} Block;
+
+static Block block_of(const ExpertModel* m, const MoeLayer* L, int c, int s, int le) {
+    int b = (c * m->ep + s) * m->E_local + le;
+    return (Block){L->cnt_recv[(s * m->chunks + c) * m->E_local + le], (size_t)L->blk_recv[b], (size_t)L->blk_row[b]};
+}
+
+void expert_blocks_forward(ExpertModel* m, MoeLayer* L, int l, int c) {
+    const MoeConfig* cf = &m->cfg;
+    int C = cf->gpt.channels, H = cf->hidden, mi = moe_layer_index(cf, l);
+    double t0 = trace_start();
+    for (int le = 0; le < m->E_local; le++) {
+        ExpertParams p = moe_expert_at(cf, expert_zero_params(&m->z[ZERO_EXPERTS], mi), 0, le, m->E_local);
+        for (int s = 0; s < m->ep; s++) {
+            Block b = block_of(m, L, c, s, le);
+            ops_copy(L->exp_in + b.r * C, m->recv + b.q * C, (size_t)b.n * C);
+            moe_expert_forward(&p, m->xbuf + b.q * C, L->fch + b.r * H, L->fch_gelu + b.r * H, L->exp_in + b.r * C,
+                               b.n, C, H);
+        }
+    }
+    trace_compute(t0, "block %d experts chunk %d", l, c);
+}
+
+void expert_blocks_backward_input(ExpertModel* m, MoeLayer* L, int l, int c) {
+    const MoeConfig* cf = &m->cfg;
+    int C = cf->gpt.channels, H = cf->hidden, mi = moe_layer_index(cf, l);
+    double t0 = trace_start();
+    for (int le = 0; le < m->E_local; le++) {
+        ExpertParams p = moe_expert_at(cf, expert_zero_params(&m->z[ZERO_EXPERTS], mi), 0, le, m->E_local);
+        for (int s = 0; s < m->ep; s++) {
+            Block b = block_of(m, L, c, s, le);
+            ops_copy(m->xbuf + b.r * C, m->recv + b.q * C, (size_t)b.n * C);
+            ops_zero(m->ybuf + b.q * C, (size_t)b.n * C);
+            moe_expert_backward_input(&p, m->ybuf + b.q * C, m->xbuf + b.r * C, L->fch + b.r * H, m->dfch + b.r * H,
+                                      m->dfch_gelu + b.r * H, b.n, C, H);
+        }
+    }
+    trace_compute(t0, "block %d experts chunk %d backward", l, c);
+}
+
+void expert_blocks_backward_weights(ExpertModel* m, MoeLayer* L, int l) {
+    const MoeConfig* cf = &m->cfg;
+    int C = cf->gpt.channels, H = cf->hidden, mi = moe_layer_index(cf, l);
+    double t0 = trace_start();
+    for (int le = 0; le < m->E_local; le++) {
+        ExpertParams g = moe_expert_at(cf, expert_zero_grads(&m->z[ZERO_EXPERTS], mi), 0, le, m->E_local);
+        size_t r0 = (size_t)L->expert_off[le];
+        int n = L->expert_off[le + 1] - L->expert_off[le];
+        // moe_expert_backward_weights' two matmuls, at once or (zb) queued for W
+        expert_wgrad(m, l, g.fcprojw, g.fcprojb, m->xbuf + r0 * C, L->fch_gelu + r0 * H, n, H, C);
+        expert_wgrad(m, l, g.fcw, g.fcb, m->dfch + r0 * H, L->exp_in + r0 * C, n, C, H);
+    }
+    trace_compute(t0, "block %d experts weights", l);
+}
+
+// ---------------------------------------------------------------- --zero 2, 3: the units of a layer
+
+// Layer l's units in the three buffers (l = -1: the embedding's [wte wpe];
+// l = L: the head's [lnfw lnfb], with wte, unit 0, for the head's forward
+// and the gradient the embedding's backward closes).
+void expert_units_gather(ExpertModel* m, int l) {
+    int L = m->cfg.gpt.num_layers;
+    if (m->zero < 3) return;
+    if (l < 0)  // a new forward: what was gathered before the step is stale
+        for (int b = 0; b < m->nz; b++) expert_zero_drop(&m->z[b]);
+    expert_zero_params(&m->z[ZERO_SHARED], 1 + l);
+    if (l == L) expert_zero_params(&m->z[ZERO_SHARED], 0);
+    if (l < 0 || l == L) return;
+    if (moe_is_moe_layer(&m->cfg, l)) expert_zero_params(&m->z[ZERO_EXPERTS], moe_layer_index(&m->cfg, l));
+    if (m->nz > 2) expert_zero_params(&m->z[ZERO_TP], l);
+}
+
+void expert_units_open(ExpertModel* m, int l) {
+    int L = m->cfg.gpt.num_layers;
+    if (m->zero < 2) return;
+    expert_units_gather(m, l);
+    expert_zero_grads_begin(&m->z[ZERO_SHARED], 1 + l);
+    if (l == L) expert_zero_grads_begin(&m->z[ZERO_SHARED], 0);
+    if (l < 0 || l == L) return;
+    if (moe_is_moe_layer(&m->cfg, l)) expert_zero_grads_begin(&m->z[ZERO_EXPERTS], moe_layer_index(&m->cfg, l));
+    if (m->nz > 2) expert_zero_grads_begin(&m->z[ZERO_TP], l);
+}
+
+void expert_units_reduce(ExpertModel* m, int l) {
+    int L = m->cfg.gpt.num_layers;
+    if (m->zero < 2) return;
+    expert_zero_reduce(&m->z[ZERO_SHARED], 1 + l);
+    if (l < 0 || l == L) return;
+    if (moe_is_moe_layer(&m->cfg, l)) expert_zero_reduce(&m->z[ZERO_EXPERTS], moe_layer_index(&m->cfg, l));
+    if (m->nz > 2) expert_zero_reduce(&m->z[ZERO_TP], l);
+}
+
+// ---------------------------------------------------------------- the per-token parts of the step
+
+// My rows of the B sequences (host (B, T) token arrays): at cp = 1 all of
+// them in order; at cp > 1 my positions, part-major (ring.h). Each part's
+// rows take wpe from its first position on.
+void expert_embed_forward(ExpertModel* m, const int* inputs, const int* targets) {
+    const CPShard* sh = &m->cp.sh;
+    int N = m->N, C = m->cfg.gpt.channels;
+    int* rows = m->rows_host;
+    cp_shard_tokens(sh, rows, inputs);
+    cp_shard_tokens(sh, rows + N, targets);
+    gpt_acts_load(&m->acts, rows, rows + N);
+    if (!m->embeds) return;  // a later pipeline stage: its input arrived in acts.encoded
+    float* u = expert_zero_params(&m->z[ZERO_SHARED], 0);  // unit 0: [wte wpe]
+    for (int p = 0; p < sh->parts; p++) {
+        size_t r0 = (size_t)p * sh->B * sh->len;
+        encoder_forward(m->acts.encoded + r0 * C, m->acts.inputs + r0, u + moe_wte_offset(&m->cfg),
+                        u + moe_wpe_offset(&m->cfg) + (size_t)cp_shard_pos(sh, sh->rank, p) * C, sh->B, sh->len, C);
+    }
+}
+
+float expert_head_forward(ExpertModel* m) {
+    if (!m->has_head) return 0.0f;
+    const GPTConfig* g = &m->cfg.gpt;
+    int B = m->B, T = m->T, C = g->channels;
+    HeadActs h = gpt_acts_head(&m->acts, g, B, T);
+    float* lnf = expert_zero_params(&m->z[ZERO_SHARED], g->num_layers + 1);  // the last unit: [lnfw lnfb]
+    head_forward(g, expert_zero_params(&m->z[ZERO_SHARED], 0) + moe_wte_offset(&m->cfg), lnf, lnf + C, &h,
+                 gpt_acts_block_output(&m->acts, g, g->num_layers - 1, B, T), m->acts.targets, B, T);
+    return gpt_acts_mean_loss(&m->acts, g);
+}
+
+void expert_head_backward(ExpertModel* m) {
+    if (!m->has_head) return;  // acts.dres arrived from the stage after
+    const GPTConfig* g = &m->cfg.gpt;
+    int B = m->B, T = m->T, C = g->channels, L = g->num_layers;
+    HeadActs h = gpt_acts_head(&m->acts, g, B, T);
+    BlockScratch s = gpt_acts_scratch(&m->acts, g);
+    ZeroBuf* z = &m->z[ZERO_SHARED];  // unit 0 [wte wpe], unit L + 1 [lnfw lnfb]
+    float *P = expert_zero_params(z, 0), *G = expert_zero_grads(z, 0), *lnf = expert_zero_params(z, L + 1);
+    float *dlnf = expert_zero_grads(z, L + 1), *wte = P + moe_wte_offset(&m->cfg);
+    head_backward(g, wte, lnf, G + moe_wte_offset(&m->cfg), dlnf, dlnf + C, &h, gpt_acts_block_output(&m->acts, g, L - 1, B, T),
+                  m->acts.targets, 1.0f / (float)(B * T), s.dln, m->acts.dres, B, T);
+}
+
+void expert_embed_backward(ExpertModel* m) {
+    if (!m->embeds) return;
+    const CPShard* sh = &m->cp.sh;
+    float* G = expert_zero_grads(&m->z[ZERO_SHARED], 0);  // unit 0's: the head's dwte is in it
+    int C = m->cfg.gpt.channels;
+    for (int p = 0; p < sh->parts; p++) {
+        size_t r0 = (size_t)p * sh->B * sh->len;
+        encoder_backward(G + moe_wte_offset(&m->cfg), G + moe_wpe_offset(&m->cfg) + (size_t)cp_shard_pos(sh, sh->rank, p) * C,
+                         m->acts.dres + r0 * C, m->acts.inputs + r0, sh->B, sh->len, C);
+    }
+}
+
+// ---------------------------------------------------------------- the flags
+
+int expert_run_start(Run* run, ExpertFlags* fl, int argc, char** argv) {
+    *fl = (ExpertFlags){.experts = 4, .top_k = 2, .hidden = 0, .moe_every = 1, .ep_overlap = 1, .aux_coef = 0.01f,
+                        .capacity = 0.0f, .cp_mode_name = "ring", .cp_balance_name = "none", .schedule = "1f1b",
+                        .microbatches = ARG_NOT_GIVEN, .virtual_chunks = 1, .zero = 0};
+    ArgSpec extra[] = {
+        {"experts", ARG_INT, &fl->experts, "experts per MoE layer, E  [4]"},
+        {"top-k", ARG_INT, &fl->top_k, "experts per token, k  [2]"},
+        {"expert-hidden", ARG_INT, &fl->hidden, "each expert's MLP width, H  [4C]"},
+        {"moe-every", ARG_INT, &fl->moe_every, "every k-th layer is an MoE layer (layers k-1, 2k-1, ...)  [1]"},
+        {"aux-coef", ARG_FLOAT, &fl->aux_coef, "weight of the load-balancing loss in the objective  [0.01]"},
+        {"capacity-factor", ARG_FLOAT, &fl->capacity,
+         "f > 0: each expert takes at most floor(f k tokens / E) slots per step, the rest are dropped  [0: dropless]"},
+        {"ep-overlap", ARG_INT, &fl->ep_overlap,
+         "n: each MoE layer's exchanges in n chunks of its tokens, chunk c's experts running while chunk c+1 "
+         "travels  [1]"},
+        {"cp-mode", ARG_STRING, &fl->cp_mode_name, "ring | ulysses: how attention meets the other cp ranks' tokens (chapter 6)  [ring]"},
+        {"cp-balance", ARG_STRING, &fl->cp_balance_name, "none | zigzag: which positions each cp rank holds (chapter 6)  [none]"},
+        {"schedule", ARG_STRING, &fl->schedule, "with --pp: gpipe | 1f1b | interleaved | zb (chapter 5)  [1f1b]"},
+        {"microbatches", ARG_INT, &fl->microbatches,
+         "a rank's share of the batch in m microbatches, gradients accumulated (the pipeline's; also at pp 1)  [pp]"},
+        {"virtual", ARG_INT, &fl->virtual_chunks, "chunks (virtual stages) per pp rank, --schedule interleaved only  [1]"},
+        {"zero", ARG_INT, &fl->zero,
+         "ZeRO stage over each buffer's copies: 0 none, 1 the AdamW moments sharded, 2 the gradients too, 3 the "
+         "parameters too (composed_zero.h; 2 and 3 not with --pp)  [0]"},
+    };
+    train_config_reader = expert_read_gpt_config;  // --model FILE is an MoE file (moe.h)
+    return run_start(run, argc, argv, "build/capstone",
+                     "The capstone: chapter 7's mixture of experts on every axis at once: experts sharded over ep\n"
+                     "(route, count, all-to-all-v dispatch, experts, all-to-all-v combine); with --cp, chapter 6's\n"
+                     "context parallelism in attention; with --tp, tensor parallelism with sequence parallelism\n"
+                     "(attention split by heads, the rest by tokens); with --pp, chapter 5's pipeline stages and\n"
+                     "schedules; with --zero, ZeRO over each buffer's copies.",
+                     extra, sizeof(extra) / sizeof(extra[0]),
+                     (1u << AXIS_DP) | (1u << AXIS_TP) | (1u << AXIS_PP) | (1u << AXIS_CP) | (1u << AXIS_EP));
+}
+
+// ---------------------------------------------------------------- the config
+
+const char* expert_read_gpt_config(const char* path, GPTConfig* cfg, char* msg, size_t len) {
+    MoeConfig c;
+    const char* bad = moe_checkpoint_read_config(path, &c, msg, len);
+    if (!bad) *cfg = c.gpt;
+    return bad;
+}
+
+MoeConfig expert_config(const Run* run, ExpertFlags* f) {
+    const TrainSetup* setup = &run->setup;
+    MoeConfig cfg = {.gpt = setup->cfg, .experts = f->experts, .top_k = f->top_k,
+                     .hidden = f->hidden > 0 ? f->hidden : 4 * setup->cfg.channels, .moe_every = f->moe_every};
+    char msg[1024];
+    if (setup->checkpoint) {
+        // the file's experts, router and widths win over the flags (run_start
+        // read this header already, with expert_read_gpt_config)
+        const char* bad = moe_checkpoint_read_config(setup->checkpoint, &cfg, msg, sizeof(msg));
+        fail_if_any(bad != NULL, bad);
+        print0("--model %s: E=%d, top-%d, H=%d, every %d layer%s MoE (from the file)\n", setup->checkpoint, cfg.experts,
+               cfg.top_k, cfg.hidden, cfg.moe_every, cfg.moe_every == 1 ? "" : "s");
+        f->experts = cfg.experts, f->top_k = cfg.top_k, f->moe_every = cfg.moe_every;
+    }
+    const char* bad = moe_config_problem(&cfg);
+    if (bad) fail_all("%s", bad);
+    if (f->hidden < 0) fail_all("--expert-hidden must be >= 1 (or 0 for 4C)");
+    // the experts a rank holds, their gradients and both AdamW moments must
+    // fit this machine's memory (computed in doubles: no product overflows)
+    int ep = run->mesh.size[AXIS_EP];
+    double expert_bytes = 4.0 * sizeof(float) * moe_num_moe_layers(&cfg) * ((double)cfg.experts / ep) *
+                          (2.0 * cfg.hidden * cfg.gpt.channels + cfg.hidden + cfg.gpt.channels);
+    double machine = (double)sysconf(_SC_PHYS_PAGES) * (double)sysconf(_SC_PAGESIZE);
+    if (expert_bytes > machine)
+        fail_all("--expert-hidden %d: a rank's experts need %.1f GiB (parameters, gradients, AdamW moments), more than this machine's %.1f GiB: use a smaller --expert-hidden or more ep ranks",
+                 cfg.hidden, expert_bytes / (1 << 30), machine / (1 << 30));
+    if (f->capacity < 0 || !isfinite(f->capacity)) fail_all("--capacity-factor must be >= 0 (0: dropless)");
+    // capacity = factor x k x tokens / E slots per expert: at factor >= E / k
+    // every token's every slot fits whatever the routing, so it is dropless
+    // (and the slot count cannot overflow a long)
+    if (f->capacity >= (double)cfg.experts / cfg.top_k) {
+        print0("note: --capacity-factor %g >= E / k = %g keeps every slot whatever the routing: dropless\n", f->capacity,
+               (double)cfg.experts / cfg.top_k);
+        f->capacity = 0;
+    }
+    double slots = (double)f->capacity * cfg.top_k * (double)setup->B * setup->T / cfg.experts;
+    if (f->capacity > 0 && slots < 1)
+        print0("warning: --capacity-factor %g gives each expert %.2f slots of the batch's %d tokens, so 0: every token's MoE output is dropped (use a factor of at least %g)\n",
+               f->capacity, slots, setup->B * setup->T, (double)cfg.experts / ((double)cfg.top_k * setup->B * setup->T));
+    if (!(f->aux_coef >= 0) || !isfinite(f->aux_coef)) fail_all("--aux-coef must be >= 0");
+    MeshNeeds needs = {.experts = cfg.experts};
+    train_check_mesh(&run->mesh, setup, &needs);
+    int world = run->mesh.size[AXIS_DP] * run->mesh.size[AXIS_EP];
+    if (setup->B % world != 0)
+        fail_all("the batch of %d sequences does not split over dp x ep = %d ranks (every rank takes its own "
+                 "sequences): use a --batch that is a multiple of %d", setup->B, world, world);
+    int cp = run->mesh.size[AXIS_CP], tp = run->mesh.size[AXIS_TP];
+    // --tp: a tp rank holds B/tp whole sequences of its share through the
+    // per-token parts (sequence parallelism, composed_tp.c)
+    if ((setup->B / world) % tp != 0)
+        fail_all("--tp %d: each tp rank takes whole sequences of its share, but the %d sequences per dp x ep share do "
+                 "not split over tp=%d: use a --batch that is a multiple of %d", tp, setup->B / world, tp, world * tp);
+    world *= tp;
+    long tokens = (long)(setup->B / world) * (setup->T / cp);  // a rank's tokens per MoE layer
+    if (f->ep_overlap < 1 || f->ep_overlap > tokens)
+        fail_all("--ep-overlap %d: each MoE layer's exchanges are cut into that many chunks of a rank's %ld tokens, "
+                 "so it must be between 1 and %ld", f->ep_overlap, tokens, tokens);
+    cp_parse_flags(f->cp_mode_name, f->cp_balance_name, 1, &f->cp_mode, &f->cp_balance);
+    if (cp > 1) {
+        // chapter 6's layout and algorithms need what they need there
+        if (f->cp_balance == BALANCE_ZIGZAG && setup->T % (2 * cp) != 0)
+            fail_all("--seq %d does not split into 2 x cp = %d zigzag half-chunks: use a sequence length divisible "
+                     "by %d, or --cp-balance none", setup->T, 2 * cp, 2 * cp);
+        if (f->cp_mode == CP_ULYSSES && (cfg.gpt.num_heads / tp) % cp != 0)
+            fail_all("--cp-mode ulysses splits the model's %d heads over cp=%d ranks: use a cp that divides %d, or "
+                     "--cp-mode ring", cfg.gpt.num_heads / tp, cp, cfg.gpt.num_heads / tp);
+    }
+    expert_zero_check(f->zero, run->mesh.size[AXIS_PP] > 1 || f->microbatches != ARG_NOT_GIVEN || f->virtual_chunks != 1);
+    return cfg;
+}
+
+// ---------------------------------------------------------------- set-up
+
+int expert_cp_owner(const CPShard* sh, int pos, size_t* row) {
+    int owner = 0;
+    for (int c = 0; c < sh->cp; c++)
+        for (int p = 0; p < sh->parts; p++) {
+            int pos0 = cp_shard_pos(sh, c, p);
+            if (pos0 <= pos && pos < pos0 + sh->len) owner = c, *row = (size_t)p * sh->B * sh->len + (size_t)(pos - pos0);
+        }
+    return owner;
+}
+
+// n MoE layers' state (composed_model.h): what a layer keeps from its forward
+// for its backward, on m->N token rows.
+MoeLayer* expert_moe_layers_create(const ExpertModel* m, int n) {
+    const MoeConfig* cfg = &m->cfg;
+    int N = m->N, C = cfg->gpt.channels, H = cfg->hidden, E = cfg->experts, k = cfg->top_k, nc = m->chunks;
+    size_t R = (size_t)m->R, Nk = (size_t)N * k;
+    MoeLayer* layers = xcalloc((size_t)n, sizeof(MoeLayer));
+    for (int i = 0; i < n; i++) {
+        MoeLayer* q = &layers[i];
+        q->logits = mem_alloc_floats((size_t)N * E, MEM_ACTIVATIONS);
+        q->probs = mem_alloc_floats((size_t)N * E, MEM_ACTIVATIONS);
+        q->gates = mem_alloc_floats(Nk, MEM_ACTIVATIONS);
+        q->idx = mem_alloc(Nk * sizeof(int), MEM_ACTIVATIONS);
+        q->pos = mem_alloc(Nk * sizeof(int), MEM_ACTIVATIONS);
+        q->send_src = mem_alloc(Nk * sizeof(int), MEM_ACTIVATIONS);
+        q->send = m->send_shared ? m->send_shared : mem_alloc_floats(Nk * C, MEM_COMM);
+        q->back = mem_alloc_floats(Nk * C, MEM_COMM);
+        q->exp_in = mem_alloc_floats(R * C, MEM_ACTIVATIONS);
+        q->fch = mem_alloc_floats(R * H, MEM_ACTIVATIONS);
+        q->fch_gelu = m->gelu_shared ? m->gelu_shared : mem_alloc_floats(R * H, MEM_ACTIVATIONS);
+        q->aux_dprobs = mem_alloc_floats((size_t)E, MEM_ACTIVATIONS);
+        q->idx_host = mem_alloc_host(Nk * sizeof(int));
+        q->pos_host = mem_alloc_host(Nk * sizeof(int));
+        q->src_host = mem_alloc_host(Nk * sizeof(int));
+        q->cnt_send = xmalloc((size_t)E * sizeof(int));
+        q->cnt_chunk = xmalloc((size_t)nc * E * sizeof(int));
+        q->cnt_recv = xmalloc((size_t)nc * E * sizeof(int));  // ep x n x E/ep
+        q->send_row = xmalloc((size_t)(nc + 1) * sizeof(int));
+        q->blk_recv = xmalloc((size_t)nc * E * sizeof(int));
+        q->blk_row = xmalloc((size_t)nc * E * sizeof(int));
+        q->expert_off = xmalloc((size_t)(m->E_local + 1) * sizeof(int));
+        q->sc = xmalloc((size_t)nc * m->ep * sizeof(size_t));
+        q->sd = xmalloc((size_t)nc * m->ep * sizeof(size_t));
+        q->rc = xmalloc((size_t)nc * m->ep * sizeof(size_t));
+        q->rd = xmalloc((size_t)nc * m->ep * sizeof(size_t));
+    }
+    return layers;
+}
+
+void expert_model_create(ExpertModel* m, const MoeConfig* cfg, const ExpertFlags* flags, const Run* run) {
+    expert_model_create_part(m, cfg, flags, run, 1, 1);
+}
+
+// Each buffer's units (composed_zero.h): the replicated buffer's [wte wpe],
+// every block's piece and [lnfw lnfb]; the experts of each MoE layer; the tp
+// slices of each layer. --zero 2, 3: chapter 3's engine takes each buffer
+// over its group, the tied wte's unit with a gradient of its own.
+static void zero_units(ExpertModel* m) {
+    const MoeConfig* c = &m->cfg;
+    int L = c->gpt.num_layers, Lm = moe_num_moe_layers(c);
+    size_t* numel = xmalloc(sizeof(size_t) * (size_t)(L + 2));
+    numel[0] = moe_block_offset(c, 0);
+    for (int l = 0; l < L; l++) numel[1 + l] = moe_block_numel(c, l);
+    numel[L + 1] = 2 * (size_t)c->gpt.channels;
+    expert_zero_units(&m->z[ZERO_SHARED], L + 2, numel);
+    for (int i = 0; i < Lm; i++) numel[i] = (size_t)m->E_local * moe_expert_numel(c);
+    expert_zero_units(&m->z[ZERO_EXPERTS], Lm, numel);
+    for (int l = 0; m->nz > 2 && l < L; l++) numel[l] = moe_attn_tp_numel(c->gpt.channels, m->tp.tp);
+    if (m->nz > 2) expert_zero_units(&m->z[ZERO_TP], L, numel);
+    free(numel);
+    if (m->zero < 2) return;
+    int* own = xcalloc((size_t)(L + 2), sizeof(int));
+    own[0] = 1;  // wte: the head's gradient and the embedding's, one open buffer between them
+    expert_zero_shard(&m->z[ZERO_SHARED], m->zero, own);
+    expert_zero_shard(&m->z[ZERO_EXPERTS], m->zero, NULL);
+    if (m->nz > 2) expert_zero_shard(&m->z[ZERO_TP], m->zero, NULL);
+    free(own);
+    m->shared = m->dshared = m->m_s = m->v_s = m->experts = m->dexperts = m->m_e = m->v_e = NULL;
+    m->tp.w = m->tp.dw = m->tp.m = m->tp.v = NULL;  // the engines hold them now
+}
+
+void expert_model_create_part(ExpertModel* m, const MoeConfig* cfg, const ExpertFlags* flags, const Run* run,
+                              int embeds, int has_head) {
+    const Mesh* mesh = &run->mesh;
+    int B = run->setup.B / (mesh->size[AXIS_DP] * mesh->size[AXIS_EP]), T = run->setup.T, ncp = mesh->size[AXIS_CP];
+    int ntp = mesh->size[AXIS_TP];
+    uint64_t seed = (uint64_t)run->args.seed;
+    RecomputeMode recompute = (RecomputeMode)run->args.recompute;
+    memset(m, 0, sizeof(*m));
+    m->embeds = embeds, m->has_head = has_head;
+    m->recompute = recompute;
+    m->cfg = *cfg;
+    m->cfg.tp = ntp;  // with --tp the shared buffer leaves out the split tensors (moe.h)
+    // a cp rank holds T/cp positions of each of its B sequences, a tp rank
+    // B/tp of them: as the per-token parts of the model see it, B/tp
+    // sequences of T/cp
+    B /= ntp;
+    m->B = B, m->T = T / ncp, m->N = B * (T / ncp);
+    m->world = &run->world, m->dp = &run->axes[AXIS_DP], m->epc = &run->axes[AXIS_EP];
+    // the group's name in the summary is its axes ("dp+ep"; "dp+cp+ep" with --cp)
+    unsigned tpa = ntp > 1 ? 1u << AXIS_TP : 0u;
+    comm_create_group(&m->batch, mesh, (1u << AXIS_DP) | (ncp > 1 ? 1u << AXIS_CP : 0u) | (1u << AXIS_EP) | tpa);
+    m->dpcp = m->dp;
+    if (ncp > 1 || ntp > 1) {  // with --tp the experts' copies are over dp x cp x tp
+        comm_create_group(&m->dpcp_own, mesh, (1u << AXIS_DP) | (ncp > 1 ? 1u << AXIS_CP : 0u) | tpa);
+        m->dpcp = &m->dpcp_own;
+    }
+    m->cp = (ExpertCP){.mode = flags->cp_mode, .cpc = &run->axes[AXIS_CP]};
+    int zig = ncp > 1 && flags->cp_balance == BALANCE_ZIGZAG;
+    m->cp.sh = (CPShard){.cp = ncp, .rank = mesh->coord[AXIS_CP], .parts = zig ? 2 : 1, .len = zig ? T / (2 * ncp) : T / ncp,
+                         .B = B, .T = T};
+    m->ep = mesh->size[AXIS_EP];
+    // shares follow the world rank order (dp, then ep, then tp; the cp ranks
+    // of a share hold its positions)
+    m->share = (mesh->coord[AXIS_DP] * m->ep + mesh->coord[AXIS_EP]) * ntp + mesh->coord[AXIS_TP];
+    m->E_local = cfg->experts / m->ep;
+    m->e0 = m->epc->rank * m->E_local;
+    int N = m->N, C = cfg->gpt.channels, H = cfg->hidden, E = cfg->experts, k = cfg->top_k;
+    int Lm = moe_num_moe_layers(cfg);
+    // dropless: my experts may receive every slot of every token of my ep
+    // group that can choose them (a token picks an expert at most once)
+    m->R = N * m->ep * (k < m->E_local ? k : m->E_local);
+    m->n_shared = moe_num_shared(&m->cfg);
+    m->n_experts = (size_t)Lm * m->E_local * moe_expert_numel(cfg);
+    // parameters, gradients, moments; --zero 1: the moments sharded over the copies
+    m->zero = flags->zero;
+    expert_zero_alloc(&m->z[ZERO_SHARED], m->zero, &m->batch, m->n_shared, &m->shared, &m->dshared, &m->m_s, &m->v_s);
+    expert_zero_alloc(&m->z[ZERO_EXPERTS], m->zero, m->dpcp, m->n_experts, &m->experts, &m->dexperts, &m->m_e, &m->v_e);
+    expert_tp_create(m, run);  // --tp: my slices of the split tensors, the all-gather buffers
+    m->nz = ntp > 1 ? 3 : 2;
+    float* host = xmalloc((m->n_shared > m->n_experts ? m->n_shared : m->n_experts) * sizeof(float));
+    moe_init_shared(host, &m->cfg, seed);  // with --tp without qkvw, qkvb, attprojw: my slices next
+    expert_zero_put(&m->z[ZERO_SHARED], host);
+    if (ntp > 1) expert_tp_init(m, seed);
+    moe_init_experts(host, cfg, m->e0, m->E_local, seed);
+    expert_zero_put(&m->z[ZERO_EXPERTS], host);
+    free(host);
+    GPTConfig acts_cfg = cfg->gpt;  // without the head, no logits (a pipeline stage's)
+    if (!has_head) acts_cfg.vocab_size = acts_cfg.padded_vocab_size = 0;
+    gpt_acts_create_recompute(&m->acts, &acts_cfg, B, m->T, recompute);
+    expert_cp_create(m);
+    size_t R = (size_t)m->R, Nk = (size_t)N * k;
+    // --recompute full: one MoE layer's state, reused by every layer (each
+    // layer's forward runs again before its backward); selective: each
+    // layer's own, but send (read by no backward) and fch_gelu (recomputed)
+    // in one buffer each
+    int n_moe = recompute == RECOMPUTE_FULL ? 1 : Lm;
+    if (recompute == RECOMPUTE_SELECTIVE) {
+        m->send_shared = mem_alloc_floats(Nk * C, MEM_COMM);
+        m->gelu_shared = mem_alloc_floats(R * H, MEM_ACTIVATIONS);
+    }
+    int nc = m->chunks = flags->ep_overlap;
+    m->a2a = xcalloc((size_t)2 * nc, sizeof(CommRequest));
+    m->a2a_started = xcalloc((size_t)2 * nc, sizeof(double));
+    m->moe = expert_moe_layers_create(m, n_moe);
+    m->recv = mem_alloc_floats(R * C, MEM_COMM);
+    m->xbuf = mem_alloc_floats(R * C, MEM_ACTIVATIONS);
+    m->ybuf = mem_alloc_floats(R * C, MEM_ACTIVATIONS);
+    m->dfch = mem_alloc_floats(R * H, MEM_ACTIVATIONS);
+    m->dfch_gelu = mem_alloc_floats(R * H, MEM_ACTIVATIONS);
+    m->dsend = mem_alloc_floats(Nk * C, MEM_COMM);
+    m->dgates = mem_alloc_floats(Nk, MEM_ACTIVATIONS);
+    m->dlogits = mem_alloc_floats((size_t)N * E, MEM_ACTIVATIONS);
+    m->dln2 = mem_alloc_floats((size_t)N * C, MEM_ACTIVATIONS);
+    m->routed = xcalloc((size_t)Lm * E, sizeof(long));
+    m->rows_host = mem_alloc_host((size_t)N * 2 * sizeof(int));
+    m->probs_host = mem_alloc_host((size_t)N * E * sizeof(float));
+    m->aux_host = mem_alloc_host((size_t)E * sizeof(float));
+    m->aux_coef = flags->aux_coef;
+    m->capacity_factor = flags->capacity;
+    m->record = 1;
+    const char* path = run->setup.checkpoint;
+    if (path) {  // --model FILE: the replicated parameters and my experts
+        char msg[1024];
+        float* shared = xmalloc(moe_num_shared(cfg) * sizeof(float));
+        float* mine = xmalloc((m->n_experts ? m->n_experts : 1) * sizeof(float));
+        const char* bad = moe_checkpoint_read(path, cfg, shared, mine, m->e0, m->E_local, msg, sizeof(msg));
+        fail_if_any(bad != NULL, bad);
+        if (ntp > 1)
+            expert_tp_load(m, shared);
+        else
+            expert_zero_put(&m->z[ZERO_SHARED], shared);
+        expert_zero_put(&m->z[ZERO_EXPERTS], mine);
+        free(shared);
+        free(mine);
+    }
+    zero_units(m);  // each buffer's units; --zero 2, 3: the engines take the values
+}
+
+void expert_moe_layers_free(const ExpertModel* m, MoeLayer* layers, int n) {
+    for (int i = 0; i < n; i++) {
+        MoeLayer* q = &layers[i];
+        float* f[] = {q->logits, q->probs, q->gates, m->send_shared ? NULL : q->send, q->back, q->exp_in, q->fch,
+                      m->gelu_shared ? NULL : q->fch_gelu, q->aux_dprobs};
+        for (size_t j = 0; j < sizeof(f) / sizeof(f[0]); j++) mem_free(f[j]);
+        int* d[] = {q->idx, q->pos, q->send_src};
+        for (size_t j = 0; j < sizeof(d) / sizeof(d[0]); j++) mem_free(d[j]);
+        mem_free_host(q->idx_host), mem_free_host(q->pos_host), mem_free_host(q->src_host);
+        void* h[] = {q->cnt_send, q->cnt_chunk, q->cnt_recv, q->send_row,
+                     q->blk_recv, q->blk_row, q->expert_off, q->sc, q->sd, q->rc, q->rd};
+        for (size_t j = 0; j < sizeof(h) / sizeof(h[0]); j++) free(h[j]);
+    }
+    free(layers);
+}
+
+void expert_model_free(ExpertModel* m) {
+    float* dev[] = {m->shared, m->dshared, m->m_s, m->v_s, m->experts, m->dexperts, m->m_e, m->v_e,
+                    m->recv, m->xbuf, m->ybuf, m->dfch, m->dfch_gelu, m->dsend, m->dgates, m->dlogits, m->dln2,
+                    m->send_shared, m->gelu_shared};
+    for (size_t i = 0; i < sizeof(dev) / sizeof(dev[0]); i++) mem_free(dev[i]);
+    gpt_acts_free(&m->acts);
+    expert_moe_layers_free(m, m->moe, m->recompute == RECOMPUTE_FULL ? 1 : moe_num_moe_layers(&m->cfg));
+    free(m->a2a);
+    free(m->a2a_started);
+    free(m->routed);
+    mem_free_host(m->rows_host), mem_free_host(m->probs_host), mem_free_host(m->aux_host);
+    expert_cp_free(m);
+    expert_tp_free(m);
+    expert_zero_free(&m->z[ZERO_SHARED]), expert_zero_free(&m->z[ZERO_EXPERTS]), expert_zero_free(&m->z[ZERO_TP]);
+    if (m->dpcp == &m->dpcp_own) comm_destroy_group(&m->dpcp_own);
+    comm_destroy_group(&m->batch);
+}
+
+void expert_print_setup(const ExpertModel* m, const Run* run) {
+    const MoeConfig* c = &m->cfg;
+    int ndp = run->mesh.size[AXIS_DP], nep = run->mesh.size[AXIS_EP], E = c->experts;
+    size_t total = expert_total_params(m);
+    print0("chapter 7: experts, dp=%d x ep=%d, %d expert%s (%d per rank), top-%d, H=%d, %d of %d layers MoE, %s, device %s\n",
+           ndp, nep, E, E == 1 ? "" : "s", m->E_local, c->top_k, c->hidden, moe_num_moe_layers(c), c->gpt.num_layers,
+           m->capacity_factor > 0 ? "capacity mode" : "dropless", run->device);
+    size_t outside = total - (size_t)moe_num_moe_layers(c) * E * moe_expert_numel(c);
+    print0("model %s: %zu parameters (%zu replicated, %zu in experts), %zu active per token; global batch %d x %d, %d per rank\n",
+           run->setup.model_name, total, outside, total - outside, moe_active_params(c), run->setup.B, run->setup.T, m->B);
+    if (m->tp.tp > 1)
+        print0("tensor parallelism: tp=%d with sequence parallelism: each rank holds %d of its tp group's %d sequences "
+               "and %d of the %d heads (1/%d of qkvw, qkvb, attprojw); the experts whole on every tp rank\n",
+               m->tp.tp, m->B, m->B * m->tp.tp, c->gpt.num_heads / m->tp.tp, c->gpt.num_heads, m->tp.tp);
+    static const char* what[] = {"", "the AdamW moments", "the AdamW moments and the gradients (a unit per layer)",
+                                 "the AdamW moments, the gradients and the parameters (a unit per layer)"};
+    if (m->zero)  // --zero (composed_zero.h)
+        print0("ZeRO-%d: %s sharded over each buffer's copies: the replicated parameters over %d ranks, the experts "
+               "over %d%s; %zu floats of moments a rank\n", m->zero, what[m->zero], m->z[ZERO_SHARED].g->size,
+               m->z[ZERO_EXPERTS].g->size, m->nz > 2 ? ", the tp slices over the dp x cp x ep ranks" : "",
+               2 * (m->z[ZERO_SHARED].S + m->z[ZERO_EXPERTS].S + (m->nz > 2 ? m->z[ZERO_TP].S : 0)));
+    const CPShard* sh = &m->cp.sh;
+    if (sh->cp > 1)
+        print0("context parallelism: cp=%d, %s, balance %s: each rank holds %d of the %d positions of its %d sequences "
+               "(dp=%d x cp=%d x ep=%d ranks)\n", sh->cp, cp_mode_names[m->cp.mode], sh->parts == 2 ? "zigzag" : "none",
+               m->T, sh->T, m->B, ndp, sh->cp, nep);
+}
+
+// ---------------------------------------------------------------- --sample
+
+typedef struct {
+    ExpertModel* m;
+    TrainForward forward;
+} Sampler;
+
+// The next token's logits: every rank runs the model on its whole batch, so
+// that the all-to-alls of each MoE layer meet; share 0's first sequence
+// holds the window (the causal attention never looks past it), every other
+// row is token 0. Dropless, a token's experts and output depend on that
+// token alone; in capacity mode the other rows compete for the slots too.
+// With --cp, position t-1 lives on one cp rank (ring.h's layout): it
+// broadcasts the row over the cp group, so that share 0's cp ranks draw the
+// same token and keep the same window.
+static void next_logits(void* ctx, const int* window, int t, float* row) {
+    Sampler* s = ctx;
+    ExpertModel* m = s->m;
+    const CPShard* sh = &m->cp.sh;
+    int Vp = m->cfg.gpt.padded_vocab_size;
+    int* tokens = xcalloc((size_t)m->B * sh->T * 2, sizeof(int));  // inputs, then targets (unused: zeros)
+    if (m->share == 0) memcpy(tokens, window, (size_t)t * sizeof(int));
+    s->forward(m, tokens, tokens + (size_t)m->B * sh->T);
+    size_t r = 0;
+    int owner = expert_cp_owner(sh, t - 1, &r);
+    HeadActs h = gpt_acts_head(&m->acts, &m->cfg.gpt, m->B, m->T);
+    if (sh->rank == owner) mem_to_host(row, h.logits + r * Vp, (size_t)Vp * sizeof(float));
+    if (sh->cp > 1) MPI_CHECK(MPI_Bcast(row, Vp, MPI_FLOAT, owner, m->cp.cpc->mpi));  // host floats: plain MPI
+    free(tokens);
+}
+
+void expert_sample(ExpertModel* m, const TrainArgs* args, TrainForward forward) {
+    Sampler s = {.m = m, .forward = forward};
+    train_sample_with(args, &m->cfg.gpt, m->cp.sh.T, next_logits, &s);
+}
+
+// ---------------------------------------------------------------- the MoE file
+
+// --save FILE: rank 0 writes the replicated parameters and every expert,
+// gathered over ep (dp rank 0's ep group; every dp replica holds the same
+// experts). A host-side copy for the file, not part of training.
+void expert_model_save(ExpertModel* m, const char* path) {
+    if (m->zero > 1) {  // --zero 2, 3: each buffer whole on every rank for the file, then as it was
+        m->shared = expert_zero_whole(&m->z[ZERO_SHARED]), m->experts = expert_zero_whole(&m->z[ZERO_EXPERTS]);
+        if (m->nz > 2) m->tp.w = expert_zero_whole(&m->z[ZERO_TP]);
+        m->zero = 0;
+        expert_model_save(m, path);
+        m->zero = m->z[ZERO_SHARED].f.zero;
+        mem_free(m->shared), mem_free(m->experts), mem_free(m->tp.w);
+        m->shared = m->experts = m->tp.w = NULL;
+        return;
+    }
+    int Lm = moe_num_moe_layers(&m->cfg), E = m->cfg.experts, El = m->E_local;
+    size_t ne = moe_expert_numel(&m->cfg);
+    float* all = NULL;
+    if (m->dpcp->rank == 0) {
+        // all ep ranks' buffers, rank after rank, then reordered to
+        // [layer][expert] (each rank holds [layer][its experts])
+        float* gathered = m->epc->rank == 0 ? mem_alloc_floats(m->n_experts * m->ep, MEM_OTHER) : NULL;
+        comm_gather(m->epc, m->experts, gathered, m->n_experts, 0);
+        if (m->epc->rank == 0) {
+            float* host = xmalloc(m->n_experts * m->ep * sizeof(float));
+            mem_to_host(host, gathered, m->n_experts * m->ep * sizeof(float));
+            all = xmalloc((size_t)Lm * E * ne * sizeof(float));
+            for (int r = 0; r < m->ep; r++)
+                for (int l = 0; l < Lm; l++)
+                    memcpy(all + ((size_t)l * E + (size_t)r * El) * ne, host + (size_t)r * m->n_experts + (size_t)l * El * ne,
+                           (size_t)El * ne * sizeof(float));
+            free(host);
+        }
+        mem_free(gathered);
+    }
+    char msg[1024];
+    const char* bad = NULL;
+    MoeConfig whole = m->cfg;
+    whole.tp = 1;
+    // with --tp, the whole shared buffer assembled on tp rank 0 (world rank 0 is one)
+    float* gathered = m->tp.tp > 1 && m->tp.dpcpep->rank == 0 ? expert_tp_gather_whole(m) : NULL;
+    if (m->world->rank == 0) {
+        float* shared = gathered ? gathered : xmalloc(m->n_shared * sizeof(float));
+        if (!gathered) mem_to_host(shared, m->shared, m->n_shared * sizeof(float));
+        bad = moe_checkpoint_write(path, &whole, shared, all, msg, sizeof(msg));
+        free(shared);
+        if (!bad) printf("saved %s (mixture of experts, version %d)\n", path, MOE_CHECKPOINT_VERSION);
+    }
+    free(all);
+    fail_if_any(bad != NULL, bad);
+}
+
+// ---------------------------------------------------------------- training-state checkpoints
+
+// What this rank writes and reads of the training state (ckpt.h), in the
+// MoE model's own tensors (moe.h: the router and the experts have global
+// shapes of their own). Who writes what, so that nothing is written twice:
+//   - the experts, with their AdamW moments, exist once per dp replica, on
+//     the ep rank that holds them: dp replica 0 writes them, each ep rank
+//     its own E/ep experts;
+//   - the replicated parameters and moments are the same on all dp x ep
+//     ranks: dp replica 0's ep ranks write 1/ep of the flat buffer each, so
+//     the write is spread over as many ranks (and files) as the experts';
+//     the other replicas write nothing.
+// Every rank reads all the replicated state and its own experts. The slices
+// are global (experts [e0, e0 + E/ep) of every MoE layer), so a checkpoint
+// saved on one dp x ep mesh resumes on any other.
+static CkptTensor ckpt_table[MOE_CKPT_TENSORS];
+
+void expert_ckpt_open(Ckpt* ck, ExpertModel* m, const Run* run) {
+    ckpt_init(ck, &run->args, &run->setup, &run->mesh, 7);
+    expert_model_ckpt(ck, m);
+    ckpt_resume(ck);
+}
+
+// Unit i of buffer b as slices of the global tensors, kind `kind`, values at
+// data (the unit's first float).
+static void unit_slices(CkptList* out, ExpertModel* m, int b, int i, CkptKind kind, float* data) {
+    const ZeroBuf* z = &m->z[b];
+    if (b == ZERO_SHARED) moe_ckpt_add_shared(out, &m->cfg, kind, z->unit_off[i], z->unit_off[i + 1] - z->unit_off[i], data);
+    if (b == ZERO_EXPERTS) moe_ckpt_add_expert_layers(out, &m->cfg, kind, i, 1, m->e0, m->E_local, data);
+    if (b == ZERO_TP) moe_ckpt_add_attn_tp_layers(out, &m->cfg, kind, m->tp.tp, m->tp.rank, i, 1, data);
+}
+
+// --zero 2, 3: every rank of a buffer's group writes and reads its shard of
+// each unit, the parameters and the moments (expert_zero_ckpt_unit); --zero
+// 2 reads the parameters whole (every rank holds them all). The unit
+// gradient buffer (as large as any unit) is the origin the slices' offsets
+// are taken from: nothing is read there.
+static void zero_units_ckpt(Ckpt* ck, ExpertModel* m) {
+    for (int b = 0; b < m->nz; b++) {
+        ZeroBuf* z = &m->z[b];
+        for (int i = 0; i < z->units; i++) {
+            CkptList full = {0};
+            unit_slices(&full, m, b, i, CKPT_PARAMS, z->f.unit_grads);
+            expert_zero_ckpt_unit(&ck->own, &ck->need, &full, z->f.unit_grads, z, i);
+            ckpt_list_free(&full);
+            if (m->zero == 2) unit_slices(&ck->need, m, b, i, CKPT_PARAMS, z->f.full_params + z->f.padded_off[i]);
+        }
+    }
+}
+
+void expert_ckpt_identity(Ckpt* ck, const ExpertModel* m) {
+    // what routing trains under: other drops or another balance term train
+    // another model. One dropless expert is chapter 0's model (its router's
+    // softmax is 1 whatever the balance term): the same identity as chapter 0's
+    if (moe_ckpt_dense(&m->cfg) && m->capacity_factor == 0) return;
+    char settings[96];
+    snprintf(settings, sizeof(settings), "capacity %.9g aux %.9g", m->capacity_factor, m->aux_coef);
+    ckpt_add_identity(ck, settings);
+}
+
+void expert_model_ckpt(Ckpt* ck, ExpertModel* m) {
+    char variant[256];
+    moe_ckpt_tensors(&m->cfg, ckpt_table);
+    moe_ckpt_variant(&m->cfg, variant, sizeof(variant));
+    if (moe_ckpt_dense(&m->cfg))  // E = 1, H = 4C: the dense GPT's checkpoint (moe.h)
+        ckpt_set_model(ck, NULL, 0, NULL);
+    else
+        ckpt_set_model(ck, ckpt_table, MOE_CKPT_TENSORS, variant);
+    expert_ckpt_identity(ck, m);
+    if (m->zero > 1) {  // --zero 2, 3: each rank its shards of every unit
+        zero_units_ckpt(ck, m);
+        return;
+    }
+    float* shared[CKPT_NUM_KINDS] = {m->shared, m->m_s, m->v_s};
+    float* experts[CKPT_NUM_KINDS] = {m->experts, m->m_e, m->v_e};
+    size_t per = (m->n_shared + m->ep - 1) / m->ep, lo = (size_t)m->epc->rank * per;
+    if (lo > m->n_shared) lo = m->n_shared;
+    size_t n = m->n_shared - lo < per ? m->n_shared - lo : per;
+    for (int k = 0; k < (m->zero ? 1 : CKPT_NUM_KINDS); k++) {  // --zero 1: the moments' shards below
+        if (m->dpcp->rank == 0) {
+            moe_ckpt_add_shared(&ck->own, &m->cfg, (CkptKind)k, lo, n, shared[k] + lo);
+            moe_ckpt_add_experts(&ck->own, &m->cfg, (CkptKind)k, m->e0, m->E_local, experts[k]);
+        }
+        moe_ckpt_add_shared(&ck->need, &m->cfg, (CkptKind)k, 0, m->n_shared, shared[k]);
+        moe_ckpt_add_experts(&ck->need, &m->cfg, (CkptKind)k, m->e0, m->E_local, experts[k]);
+        if (m->tp.tp > 1) {  // my slices of qkvw, qkvb, attprojw: dp x cp x ep rank 0 writes them
+            float* slices[CKPT_NUM_KINDS] = {m->tp.w, m->tp.m, m->tp.v};
+            if (m->tp.dpcpep->rank == 0)
+                moe_ckpt_add_attn_tp(&ck->own, &m->cfg, (CkptKind)k, m->tp.tp, m->tp.rank, slices[k]);
+            moe_ckpt_add_attn_tp(&ck->need, &m->cfg, (CkptKind)k, m->tp.tp, m->tp.rank, slices[k]);
+        }
+    }
+    // --zero 1: the moments are sharded over each buffer's copies, every
+    // rank's shard its own: each rank writes and reads its shard, as slices
+    // of the same global tensors (so any mesh and stage resumes)
+    for (int b = 0; m->zero && b < m->nz; b++) {
+        CkptList full = {0};  // the whole buffer's parameters, as slices of the global tensors
+        const ZeroBuf* z = &m->z[b];
+        if (b == ZERO_SHARED) moe_ckpt_add_shared(&full, &m->cfg, CKPT_PARAMS, 0, m->n_shared, z->params);
+        if (b == ZERO_EXPERTS) moe_ckpt_add_experts(&full, &m->cfg, CKPT_PARAMS, m->e0, m->E_local, z->params);
+        if (b == ZERO_TP) moe_ckpt_add_attn_tp(&full, &m->cfg, CKPT_PARAMS, m->tp.tp, m->tp.rank, z->params);
+        expert_zero_ckpt_add(&ck->own, &full, z->params, z, z->m, z->v);
+        expert_zero_ckpt_add(&ck->need, &full, z->params, z, z->m, z->v);
+        ckpt_list_free(&full);
+    }
+}
+
+// ---------------------------------------------------------------- the summary
+
+void expert_step_record(ExpertModel* m, TrainLoop* loop, int step) {
+    JsonBuf* fields = &loop->step_extra;
+    m->dropped_total += m->dropped;
+    if (train_loop_timed(loop, step)) {
+        m->a2a_blocked_timed += m->a2a_blocked_s;
+        m->a2a_inflight_timed += m->a2a_inflight_s;
+    }
+    json_add_double(fields, "aux_loss", m->aux, "%.7f");
+    json_add_int(fields, "dropped", m->dropped);
+    json_add_long_matrix(fields, "expert_tokens", m->routed, moe_num_moe_layers(&m->cfg), m->cfg.experts);
+}
+
+void expert_report(const ExpertModel* m, const ExpertFlags* fl, const TrainLoop* loop, JsonBuf* extra) {
+    int trained = loop->steps - loop->start, timed = loop->clock.timed;
+    // the all-to-all traffic of training. A rank sends its N k token-slots
+    // in dispatch and, in combine, what its experts received: this varies by
+    // rank, the mean over the ranks is N k C floats per exchange (a host
+    // figure for the log: plain MPI)
+    CommCount a2a = comm_count(COLL_ALLTOALL, AXIS_EP);
+    MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, &a2a.bytes, 1, MPI_DOUBLE, MPI_SUM, m->batch.mpi));
+    double per_step = trained > 0 ? a2a.bytes / m->batch.size / trained : 0.0;
+    print0("dispatch and combine: %.0f bytes sent per rank per step in all-to-all-v (mean over ranks), %ld token-slots dropped\n",
+           per_step, m->dropped_total);
+    json_add_int(extra, "zero", m->zero);  // --zero: 0, or 1 (composed_zero.h)
+    json_add_int(extra, "experts", fl->experts);
+    json_add_int(extra, "top_k", fl->top_k);
+    json_add_int(extra, "expert_hidden", m->cfg.hidden);
+    json_add_int(extra, "moe_every", fl->moe_every);
+    json_add_double(extra, "aux_coef", fl->aux_coef, "%g");
+    json_add_double(extra, "capacity_factor", fl->capacity, "%g");
+    json_add_int(extra, "active_params", (long long)moe_active_params(&m->cfg));
+    json_add_double(extra, "alltoall_bytes_per_step", per_step, "%.0f");
+    json_add_int(extra, "dropped_total", m->dropped_total);
+    // the share of the exchanges' time in flight that compute hid (rank 0,
+    // the timed steps; -1 when nothing was exchanged): 1 - blocked / in flight
+    double hidden = m->a2a_inflight_timed > 0 ? 1.0 - m->a2a_blocked_timed / m->a2a_inflight_timed : -1.0;
+    double blocked_ms = timed ? 1e3 * m->a2a_blocked_timed / timed : 0.0;
+    double inflight_ms = timed ? 1e3 * m->a2a_inflight_timed / timed : 0.0;
+    if (hidden >= 0)
+        print0("ep overlap: %d chunk%s per MoE layer; %.1f%% of the all-to-alls' time in flight hidden behind compute "
+               "(rank 0: %.2f ms blocked of %.2f ms in flight per step; comm_progress %s)\n", m->chunks,
+               m->chunks == 1 ? "" : "s", 100.0 * hidden, blocked_ms, inflight_ms, comm_progress_on() ? "on" : "off");
+    json_add_int(extra, "ep_overlap", m->chunks);
+    json_add_double(extra, "a2a_hidden_share", hidden, "%.4f");
+    json_add_double(extra, "a2a_blocked_ms_per_step", blocked_ms, "%.3f");
+    json_add_double(extra, "a2a_inflight_ms_per_step", inflight_ms, "%.3f");
+}
+
+// ---------------------------------------------------------------- --show-sharding
+
+// --zero 2, 3: what the engines hold beyond the buffers' rows (the
+// parameters whole, or --zero 3's shards; no gradient): the gradient shards
+// and the unit gradient buffers; --zero 2 the padding of the parameters, 3
+// the two gather slots.
+static void zero_units_sharding(const ExpertModel* m, ShardTable* t) {
+    double f = sizeof(float), pad = 0, shard = 0, slots = 0, unit = 0;
+    for (int b = 0; b < m->nz; b++) {
+        const FSDP* e = &m->z[b].f;
+        pad += (double)(e->padded_total - m->z[b].n), shard += (double)e->shard_total;
+        slots += 2.0 * (double)e->max_padded;
+        unit += (double)e->max_padded + (e->own_grads[0] ? (double)(e->shard[0] * (size_t)e->dp->size) : 0.0);
+    }
+    if (m->zero == 2) shard_table_add(t, "ZeRO padding", "", "tails", NULL, NULL, "", f * pad, 0, 0);
+    if (m->zero == 3) shard_table_add(t, "gather slots", "", "gathered", NULL, NULL, "2 x the largest unit", f * slots, 0, 0);
+    shard_table_add(t, "ZeRO grad shard", "", NULL, "units/group", NULL, "mine", 0, f * shard, 0);
+    shard_table_add(t, "unit gradient", "", NULL, "(-)", NULL, "the largest unit, wte's", 0, f * unit, 0);
+}
+
+void expert_model_show_sharding(const ExpertModel* m, int show) {
+    if (!show) return;
+    ShardTable* t = xcalloc(1, sizeof(ShardTable));
+    double f = sizeof(float), shared = (double)m->n_shared, experts = (double)m->n_experts;
+    char slice[40];
+    // --zero 1: the moments flat over each buffer's copies (m->batch, m->dpcp, m->tp.dpcpep; composed_zero.h)
+    const ZeroBuf* z[] = {&m->z[ZERO_SHARED], &m->z[ZERO_EXPERTS], &m->z[ZERO_TP]};  // in the table's order
+    // --zero 2: no whole gradient (the engines' rows below); 3: the parameters' shards only
+    double p3 = m->zero == 3 ? 0 : 1, g2 = m->zero > 1 ? 0 : 1, s3 = m->zero == 3 ? f : 0;
+    shard_table_add(t, "GPT + routers", "", "(-, -)", "(-, -)", m->zero ? "flat/batch" : "(-, -)", "all",
+                    p3 * f * shared + s3 * (double)z[0]->S, g2 * f * shared, 2 * f * (double)z[0]->S);
+    snprintf(slice, sizeof(slice), "experts %d..%d of %d", m->e0, m->e0 + m->E_local - 1, m->cfg.experts);
+    shard_table_add(t, "experts", "(Lm, E, ...)", "(-, ep, -)", "(-, ep, -)", m->zero ? "(-, ep, -) flat/dpcp" : "(-, ep, -)",
+                    slice, p3 * f * experts + s3 * (double)z[1]->S, g2 * f * experts, 2 * f * (double)z[1]->S);
+    if (m->tp.tp > 1) {  // qkvw, qkvb by rows (my heads' q, k, v), attprojw by columns
+        double sl = (double)m->tp.n;
+        snprintf(slice, sizeof(slice), "heads %d..%d of %d", m->tp.rank * m->cfg.gpt.num_heads / m->tp.tp,
+                 (m->tp.rank + 1) * m->cfg.gpt.num_heads / m->tp.tp - 1, m->cfg.gpt.num_heads);
+        shard_table_add(t, "qkv, attproj", "(L, ...)", "(-, tp, -)", "(-, tp, -)", m->zero ? "(-, tp, -) flat/dpcpep" : "(-, tp, -)",
+                        slice, p3 * f * sl + s3 * (double)z[2]->S, g2 * f * sl, 2 * f * (double)z[2]->S);
+    }
+    double pad = 0, gsh = 0;  // --zero 1: each buffer's padding to N S and its gradient shard
+    for (int b = 0; m->zero == 1 && b < m->nz; b++) pad += (double)(z[b]->full - z[b]->n), gsh += (double)z[b]->S;
+    if (m->zero > 1) zero_units_sharding(m, t);
+    if (m->zero == 1) {
+        shard_table_add(t, "ZeRO padding", "", "tails", "tails", NULL, "", f * pad, f * pad, 0);
+        shard_table_add(t, "ZeRO grad shard", "", NULL, "flat", NULL, "mine", 0, f * gsh, 0);
+    }
+    char title[64];
+    snprintf(title, sizeof(title), "chapter 7, ep=%d, dp=%d, tp=%d", m->ep, m->dp->size, m->tp.tp);
+    shard_table_show(t, show, title);
+    free(t);
+}

@@ -1,0 +1,393 @@
+// composed_pipe.c: chapter 7's pipeline (composed_pipe.h), the executor of the
+// schedule's lists on a rank's chunks (composed_stage.h) for main.c's one
+// training loop. In the order of a step: the slots, the actions F and B with
+// their sends and receives, the step's parts main.c calls (the schedule run,
+// the accumulation over the microbatches and the tied embedding, the loss,
+// the record), then the tokens, validation, --sample, the set-up and the end.
+// The gradient groups, the norm and AdamW are main.c's.
+#include "composed_stage.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+#include "errors.h"
+#include "exercise.h"
+#include "memory.h"
+#include "rank.h"
+#include "trace.h"
+#include "run.h"
+#include "train_eval.h"
+#include "train_loop.h"
+#include "report.h"
+
+// ---------------------------------------------------------------- slots
+
+// --cp: a slot's own copy of what each layer's attention keeps for its
+// backward (ring: the log-sum-exp; Ulysses: the head shard's q|k|v and
+// probabilities), as expert_cp_create sizes the model's; the rest of the
+// cp buffers is scratch of one layer, the chunk's model's.
+static void slot_cp_create(const XpChunk* ch, XpSlot* sl) {
+    const ExpertModel* m = &ch->m;
+    if (m->cp.sh.cp == 1) return;
+    size_t L = (size_t)m->cfg.gpt.num_layers, N = (size_t)m->N, C = (size_t)m->cfg.gpt.channels;
+    size_t NH = (size_t)m->cfg.gpt.num_heads;
+    if (m->cp.mode == CP_RING) {
+        sl->lse = mem_alloc_floats(L * N * NH, MEM_ACTIVATIONS);
+    } else {
+        sl->qkv_h = mem_alloc_floats(L * 3 * N * C, MEM_ACTIVATIONS);
+        sl->att_h = mem_alloc_floats(L * N * NH * (size_t)m->cp.sh.T, MEM_ACTIVATIONS);
+    }
+}
+
+// The slot of (mb, chunk): the one taken, else a free one, else a new one
+// (so the peak of slots allocated is the peak in flight).
+static XpSlot* slot_get(ExpertPipe* P, XpChunk* ch, int mb) {
+    XpSlot* free_one = NULL;
+    for (int i = 0; i < ch->n_slots; i++) {
+        if (ch->slot[i]->busy && ch->slot[i]->mb == mb) return ch->slot[i];
+        if (!ch->slot[i]->busy && !free_one) free_one = ch->slot[i];
+    }
+    if (!free_one) {
+        free_one = xcalloc(1, sizeof(XpSlot));
+        // --recompute: the GPT's activations as the mode keeps them; selective
+        // keeps each MoE layer's routing, plan and rows (their send and
+        // fch_gelu buffers the model's one each), full none: every layer runs
+        // again before its backward in the model's one MoE layer state
+        GPTConfig g = ch->m.cfg.gpt;  // as expert_model_create_part: no logits without the head
+        if (!ch->m.has_head) g.vocab_size = g.padded_vocab_size = 0;
+        gpt_acts_create_recompute(&free_one->acts, &g, P->b, P->Tr, ch->m.recompute);
+        slot_cp_create(ch, free_one);
+        free_one->moe = ch->m.recompute == RECOMPUTE_FULL ? ch->slot[0]->moe : expert_moe_layers_create(&ch->m, ch->n_moe);
+        if (ch->m.split) expert_wgrad_create(&free_one->wq, &ch->m);  // zb: what its W reads
+        if (ch->n_slots == P->M) FATAL("more microbatches in flight than the step has");
+        ch->slot[ch->n_slots++] = free_one;
+        int total = 0;
+        for (int c = 0; c < P->v; c++) total += P->chunk[c].n_slots;
+        if (total > P->peak_slots) P->peak_slots = total;
+    }
+    free_one->busy = 1, free_one->mb = mb;
+    return free_one;
+}
+
+static XpSlot* slot_find(XpChunk* ch, int mb) {
+    for (int i = 0; i < ch->n_slots; i++)
+        if (ch->slot[i]->busy && ch->slot[i]->mb == mb) return ch->slot[i];
+    FATAL("no activations kept for microbatch %d", mb);
+}
+
+// ---------------------------------------------------------------- point to point
+// As chapter 5 (05_pipeline/main.c says why no list that the validator
+// accepts can deadlock): non-blocking sends from buffers of their own,
+// blocking receives, and a peer's messages taken in the order it sends them
+// (P->in, from its list), each into the slot where it belongs.
+static void receive(ExpertPipe* P, int grad, int mb, int c) {
+    // COPY OF CHAPTER 5 EXERCISE 3: chapter 5's receive() on chapter 7's slots: stubbed in every tree that stubs that exercise
+    int peer = grad ? next_rank(P) : prev_rank(P);
+    XpIncoming* in = P->in[0].peer == peer ? &P->in[0] : &P->in[1];
+    for (int i = 0; i < in->next; i++)  // it came early, already in its slot
+        if (in->msg[i].grad == grad && in->msg[i].mb == mb && in->msg[i].chunk == c) return;
+    while (in->next < in->n) {
+        XpMessage msg = in->msg[in->next++];
+        XpChunk* ch = &P->chunk[msg.chunk];
+        XpSlot* sl = msg.grad ? slot_find(ch, msg.mb) : slot_get(P, ch, msg.mb);
+        comm_recv(P->ppc, msg.grad ? sl->acts.dres : sl->acts.encoded, act_floats(P), peer);
+        if (msg.grad == grad && msg.mb == mb && msg.chunk == c) return;
+    }
+    FATAL("stage %d: rank %d never sends the %s of microbatch %d", P->stage, peer, grad ? "gradient" : "activation", mb);
+    // END COPY OF CHAPTER 5 EXERCISE 3
+}
+
+static void send(ExpertPipe* P, const float* src, int peer) {
+    XpSend* sb = NULL;
+    for (int i = 0; i < P->n_sends && !sb; i++)
+        if (comm_test(&P->sends[i].req)) sb = &P->sends[i];
+    if (!sb) {
+        if (P->n_sends == P->max_sends) FATAL("more sends in flight than the schedule has");
+        sb = &P->sends[P->n_sends++];
+        sb->buf = mem_alloc_floats(act_floats(P), MEM_COMM);
+    }
+    ops_copy(sb->buf, src, act_floats(P));
+    comm_isend(P->ppc, sb->buf, act_floats(P), peer, &sb->req);
+}
+
+// ---------------------------------------------------------------- the actions
+
+// F: the chunk's input (the tokens' embedding on virtual stage 0, else the
+// stage before's output), chapter 7's forward of the chunk's layers (each
+// MoE layer's all-to-all over ep inside), then the loss (the last virtual
+// stage) or the output on to the next stage.
+static void forward(ExpertPipe* P, int mb, int c) {
+    XpChunk* ch = &P->chunk[c];
+    XpSlot* sl = slot_get(P, ch, mb);
+    if (ch->vstage > 0) receive(P, 0, mb, c);
+    slot_use(ch, sl);
+    size_t t0 = (size_t)mb * P->b * P->T;
+    float loss = P->forward(&ch->m, P->inputs + t0, P->targets + t0);
+    // this microbatch's routing statistics of my MoE layers (global over dp x cp x ep)
+    P->aux += ch->m.aux, P->dropped += ch->m.dropped;
+    int E = P->cfg.experts;
+    for (int i = 0; i < ch->n_moe * E; i++) P->routed[(size_t)ch->moe0 * E + i] += ch->m.routed[i];
+    const GPTConfig* g = &ch->m.cfg.gpt;
+    if (ch->vstage == P->S - 1) P->loss_sum += loss;
+    else send(P, gpt_acts_block_output(&sl->acts, g, g->num_layers - 1, P->b, P->Tr), next_rank(P));
+}
+
+// B: the gradient of the chunk's output (from the head, or from the stage
+// after), chapter 7's backward of its layers (the exchanges reversed), d of
+// the input back to the stage before. With a split backward (zb) B is the
+// input half: every exchange of the layers stays in it (the MoE
+// all-to-alls, tp's and cp's collectives), and the big matmuls' weight
+// gradients go into the slot's queue with copies of what they read
+// (composed_wgrad.c; the LayerNorms', embeddings' and tied head's stay here).
+static void backward(ExpertPipe* P, int mb, int c) {
+    XpChunk* ch = &P->chunk[c];
+    XpSlot* sl = slot_find(ch, mb);
+    if (ch->vstage < P->S - 1) receive(P, 1, mb, c);
+    slot_use(ch, sl);
+    ch->m.wq = ch->m.split ? &sl->wq : NULL;
+    P->backward(&ch->m);
+    ch->m.wq = NULL;
+    if (ch->vstage > 0) send(P, sl->acts.dres, prev_rank(P));
+    if (!ch->m.split) sl->busy = 0;
+}
+
+// W (zb): the queued weight gradients, no communication; then the slot is free.
+static void weights(ExpertPipe* P, int mb, int c) {
+    XpSlot* sl = slot_find(&P->chunk[c], mb);
+    expert_wgrad_run(&sl->wq);
+    sl->busy = 0;
+}
+
+// ---------------------------------------------------------------- the step
+
+void expert_pipe_run(ExpertPipe* P) {
+    int E = P->cfg.experts, Lm = moe_num_moe_layers(&P->cfg);
+    for (int c = 0; c < P->v && P->chunk[c].m.zero < 2; c++) {  // the gradients accumulate over the microbatches from zero
+        // (--zero 2, 3: no pipeline, and each unit's gradient is zeroed as backward opens it)
+        ExpertModel* m = &P->chunk[c].m;
+        mem_zero(m->dshared, m->n_shared * sizeof(float));
+        mem_zero(m->dexperts, m->n_experts * sizeof(float));
+        if (m->tp.tp > 1) mem_zero(m->tp.dw, m->tp.n * sizeof(float));
+    }
+    P->loss_sum = P->aux = 0.0, P->dropped = 0;
+    memset(P->routed, 0, (size_t)Lm * E * sizeof(long));
+    for (int i = 0; i < P->n_in; i++) P->in[i].next = 0;
+    for (int i = 0; i < P->sched.n[P->stage]; i++) {
+        Action a = P->sched.list[P->stage][i];
+        if (a.type == ACT_F) forward(P, a.mb, a.chunk);
+        else if (a.type == ACT_B) backward(P, a.mb, a.chunk);
+        else weights(P, a.mb, a.chunk);
+    }
+    for (int i = 0; i < P->n_sends; i++) comm_wait(&P->sends[i].req);
+}
+
+// Each microbatch's backward gave the gradient of its own mean (LM loss +
+// aux_coef aux); the step's objective is their mean over the m
+// microbatches: x 1/m. Then the tied wte's two halves summed between the
+// first and the last stage (chapter 5's embedding group).
+void expert_pipe_accumulated(ExpertPipe* P) {
+    for (int c = 0; c < P->v && P->M > 1; c++) {
+        ExpertModel* m = &P->chunk[c].m;
+        ops_scale(m->dshared, m->n_shared, 1.0f / (float)P->M);
+        ops_scale(m->dexperts, m->n_experts, 1.0f / (float)P->M);
+        if (m->tp.tp > 1) ops_scale(m->tp.dw, m->tp.n, 1.0f / (float)P->M);
+    }
+    // COPY OF CHAPTER 5 EXERCISE 4: chapter 5's tied-embedding sum in the same embedding group: stubbed in every tree that stubs that exercise
+    if (P->pp > 1 && (P->stage == 0 || P->stage == P->pp - 1)) {
+        ExpertModel* end = &P->chunk[P->stage == 0 ? 0 : P->v - 1].m;
+        comm_allreduce(&P->embed, end->dshared + moe_wte_offset(&end->cfg), param_tensor_numel(&P->cfg.gpt, P_WTE),
+                       COMM_SUM);
+    }
+    // END COPY OF CHAPTER 5 EXERCISE 4
+}
+
+double expert_pipe_loss(ExpertPipe* P) {
+    int E = P->cfg.experts, Lm = moe_num_moe_layers(&P->cfg);
+    // the routing statistics of every MoE layer: each stage holds its own
+    // layers' (host integers and doubles: plain MPI over pp)
+    if (P->pp > 1) {
+        MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, &P->aux, 1, MPI_DOUBLE, MPI_SUM, P->ppc->mpi));
+        MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, &P->dropped, 1, MPI_LONG, MPI_SUM, P->ppc->mpi));
+        MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, P->routed, Lm * E, MPI_LONG, MPI_SUM, P->ppc->mpi));
+    }
+    // only the last stage saw the loss: it tells its pipeline
+    double loss = P->stage == P->pp - 1 ? P->loss_sum / P->M : 0.0;
+    if (P->pp > 1) MPI_CHECK(MPI_Bcast(&loss, 1, MPI_DOUBLE, P->pp - 1, P->ppc->mpi));
+    return loss;
+}
+
+void expert_pipe_record(ExpertPipe* P, TrainLoop* loop, int step) {
+    if (P->plain) {  // chapter 7's record, the all-to-all's timings too
+        expert_step_record(&P->chunk[0].m, loop, step);
+        return;
+    }
+    JsonBuf* fields = &loop->step_extra;
+    P->dropped_total += P->dropped;
+    json_add_double(fields, "aux_loss", P->aux / P->M, "%.7f");  // the mean over the microbatches
+    json_add_int(fields, "dropped", P->dropped);
+    json_add_long_matrix(fields, "expert_tokens", P->routed, moe_num_moe_layers(&P->cfg), P->cfg.experts);
+}
+
+// ---------------------------------------------------------------- the tokens
+
+// Microbatch mb of a step is the global batch's sequences [mb B/m, (mb+1) B/m),
+// split over the dp x ep x tp ranks (b = B / (m dp ep tp) each, in share
+// order: a tp rank whole sequences of its dp x ep share's, as at pp = 1; a
+// share's cp ranks hold the same sequences), so that one MoE layer call sees
+// the same tokens on every mesh: its balance statistics and capacity are over
+// the microbatch, and chapter 7 on one rank with the same m is the reference.
+void expert_pipe_load(ExpertPipe* P, const TokenSet* d, long step) {
+    int B = P->B, T = P->T;
+    for (int mb = 0; mb < P->M; mb++) {
+        size_t t0 = (size_t)mb * P->b * T;
+        data_batch(d, step, B, T, mb * (B / P->M) + P->share * P->b, P->b, P->inputs + t0, P->targets + t0);
+    }
+}
+
+// ---------------------------------------------------------------- validation
+
+// One microbatch through the stages, forward only: chunk after chunk, each
+// receiving its input from the stage before; the loss goes from the last
+// stage to its pipeline. *last (if not NULL): the last chunk's slot, whose
+// head holds the logits.
+static float forward_only(ExpertPipe* P, const int* inputs, const int* targets, XpSlot** last) {
+    float loss = 0.0f;
+    for (int c = 0; c < P->v; c++) {
+        XpChunk* ch = &P->chunk[c];
+        XpSlot* sl = slot_get(P, ch, -1);
+        if (last) *last = sl;
+        if (ch->vstage > 0) comm_recv(P->ppc, sl->acts.encoded, act_floats(P), prev_rank(P));
+        slot_use(ch, sl);
+        ch->m.record = 0;
+        loss = P->forward(&ch->m, inputs, targets);
+        ch->m.record = 1;
+        if (ch->vstage < P->S - 1) {
+            const GPTConfig* g = &ch->m.cfg.gpt;
+            send(P, gpt_acts_block_output(&sl->acts, g, g->num_layers - 1, P->b, P->Tr), next_rank(P));
+        }
+        sl->busy = 0;
+    }
+    for (int i = 0; i < P->n_sends; i++) comm_wait(&P->sends[i].req);
+    double l = loss;
+    MPI_CHECK(MPI_Bcast(&l, 1, MPI_DOUBLE, P->pp - 1, P->ppc->mpi));
+    return (float)l;
+}
+
+static float val_forward(void* ctx, const int* inputs, const int* targets) {
+    return forward_only(ctx, inputs, targets, NULL);
+}
+
+// --sample: every rank runs each forward through the stages, share 0's first
+// sequence holding the window (as chapter 7's next_logits); the last stage's
+// row of position t-1 goes to stage 0 of its pipeline, where world rank 0
+// samples (host floats: plain MPI).
+static void next_logits(void* ctx, const int* window, int t, float* row) {
+    ExpertPipe* P = ctx;
+    int Vp = P->cfg.gpt.padded_vocab_size;
+    size_t BT = (size_t)P->b * P->T;
+    int* tokens = xcalloc(2 * BT, sizeof(int));  // inputs, then targets (unused: zeros)
+    if (P->share == 0) memcpy(tokens, window, (size_t)t * sizeof(int));
+    XpSlot* last = NULL;
+    forward_only(P, tokens, tokens + BT, &last);
+    // with --cp, position t-1 lives on one cp rank (ring.h's layout): it
+    // tells its cp group, as chapter 7's own next_logits does
+    const ExpertModel* m = &P->chunk[P->v - 1].m;
+    const CPShard* sh = &m->cp.sh;
+    size_t r = 0;
+    int owner = expert_cp_owner(sh, t - 1, &r);
+    if (P->stage == P->pp - 1) {
+        HeadActs h = gpt_acts_head(&last->acts, &m->cfg.gpt, P->b, P->Tr);
+        if (sh->rank == owner) mem_to_host(row, h.logits + r * Vp, (size_t)Vp * sizeof(float));
+        if (sh->cp > 1) MPI_CHECK(MPI_Bcast(row, Vp, MPI_FLOAT, owner, m->cp.cpc->mpi));
+    }
+    MPI_CHECK(MPI_Bcast(row, Vp, MPI_FLOAT, P->pp - 1, P->ppc->mpi));
+    free(tokens);
+}
+
+float expert_pipe_val_loss(void* ctx, const TrainSetup* setup, int n_batches) {
+    ExpertPipe* P = ctx;
+    size_t per_epoch = data_batches_per_epoch(&setup->val, setup->B, setup->T);
+    if (per_epoch == 0) return -1.0f;
+    if ((size_t)n_batches > per_epoch) n_batches = (int)per_epoch;
+    double sum = 0.0;
+    for (int i = 0; i < n_batches; i++) {
+        expert_pipe_load(P, &setup->val, i);
+        for (int mb = 0; mb < P->M; mb++) {
+            size_t t0 = (size_t)mb * P->b * P->T;
+            sum += val_forward(P, P->inputs + t0, P->targets + t0);
+        }
+    }
+    // every rank of dp x cp x ep ran as many microbatches of the same size:
+    // the mean (as train_val_loss_with, the same bits without the pipeline)
+    double total = 0.0;
+    const Comm* batch = &P->chunk[0].m.batch;
+    MPI_CHECK(MPI_Allreduce(&sum, &total, 1, MPI_DOUBLE, MPI_SUM, batch->mpi));
+    return (float)(total / ((double)batch->size * n_batches * P->M));
+}
+
+// ---------------------------------------------------------------- set-up and the end
+
+int expert_pipe_wanted(const Run* run, const ExpertFlags* flags) {
+    return run->mesh.size[AXIS_PP] > 1 || flags->microbatches != ARG_NOT_GIVEN || flags->virtual_chunks != 1;
+}
+
+void expert_pipe_create(ExpertPipe* P, Run* run, ExpertFlags* fl, const MoeConfig* cfg, ExpertForward forward,
+                        ExpertBackward backward, Ckpt* ck) {
+    memset(P, 0, sizeof(*P));
+    P->forward = forward, P->backward = backward;
+    const TrainArgs* args = &run->args;
+    if (!expert_pipe_wanted(run, fl)) {  // chapter 7's model of my share, as one chunk
+        expert_stage_create_one(P, run, fl, cfg);
+        ExpertModel* m = &P->chunk[0].m;
+        expert_model_show_sharding(m, args->show_sharding);  // --show-sharding
+        expert_print_setup(m, run);
+        expert_ckpt_open(ck, m, run);  // --ckpt-dir, --resume: this rank's slices, from whatever mesh saved them
+        return;
+    }
+    const TrainSetup* setup = &run->setup;
+    expert_stage_create(P, run, fl, cfg);
+    const Mesh* mesh = &run->mesh;
+    ExpertModel* m0 = &P->chunk[0].m;
+    print0("chapter 7: experts in a pipeline, dp=%d x tp=%d x ep=%d x pp=%d x cp=%d, schedule %s, %d microbatch%s of %d sequence%s per "
+           "rank, %d chunk%s of %d layer%s per pp rank; %d expert%s (%d per rank), top-%d, %s, device %s\n",
+           mesh->size[AXIS_DP], mesh->size[AXIS_TP], mesh->size[AXIS_EP], P->pp, mesh->size[AXIS_CP], P->sched_name, P->M,
+           P->M == 1 ? "" : "es", P->b, P->b == 1 ? "" : "s", P->v, P->v == 1 ? "" : "s", cfg->gpt.num_layers / P->S,
+           cfg->gpt.num_layers / P->S == 1 ? "" : "s", cfg->experts, cfg->experts == 1 ? "" : "s", m0->E_local, cfg->top_k,
+           m0->capacity_factor > 0 ? "capacity mode per microbatch" : "dropless", run->device);
+    print0("model %s: %zu parameters; global batch %d x %d\n", setup->model_name, P->total, setup->B, setup->T);
+    if (m0->zero)  // --zero 1 (composed_zero.h), each chunk's buffers
+        print0("ZeRO-1: the AdamW moments of each chunk's buffers sharded over their copies: the replicated "
+               "parameters over %d ranks, the experts over %d%s\n", m0->z[ZERO_SHARED].g->size,
+               m0->z[ZERO_EXPERTS].g->size, m0->nz > 2 ? ", the tp slices over the dp x cp x ep ranks" : "");
+    expert_stage_show_sharding(P, args->show_sharding);  // --show-sharding
+    ckpt_init(ck, args, setup, mesh, 7);
+    expert_stage_ckpt(ck, P);
+    ckpt_resume(ck);
+}
+
+void expert_pipe_report(ExpertPipe* P, const ExpertFlags* fl, const TrainLoop* loop, JsonBuf* summary) {
+    ExpertModel* m0 = &P->chunk[0].m;
+    if (P->plain) {
+        expert_report(m0, fl, loop, summary);
+        return;
+    }
+    m0->dropped_total = P->dropped_total;
+    expert_report(m0, fl, loop, summary);
+    json_add_string(summary, "schedule", P->sched_name);
+    json_add_int(summary, "microbatches", P->M);
+    json_add_int(summary, "virtual", P->v);
+    json_add_int(summary, "peak_slots", P->peak_slots);
+    // every rank's layers, as chapter 5's summary (tests/trace_check.py --pipeline reads them)
+    int world = m0->world->size, mine = P->v * (P->cfg.gpt.num_layers / P->S);
+    int* layers = xcalloc((size_t)world, sizeof(int));
+    MPI_CHECK(MPI_Gather(&mine, 1, MPI_INT, layers, 1, MPI_INT, 0, MPI_COMM_WORLD));
+    json_add_int_array(summary, "layers", layers, world);
+    free(layers);
+}
+
+void expert_pipe_finish(ExpertPipe* P, const TrainArgs* args) {
+    train_sample_with(args, &P->cfg.gpt, P->T, next_logits, P);  // --sample: every rank runs each forward
+    if (args->save && P->plain) expert_model_save(&P->chunk[0].m, args->save);
+    else if (args->save) expert_stage_save(P, args->save);
+    expert_stage_free(P);
+}

@@ -1,0 +1,444 @@
+// composed_stage.c: a rank of chapter 7's pipeline, its chunks and their
+// state (composed_stage.h): the checks and the lists, the chunks' models and
+// pieces, the embedding group, checkpoints, --save and --show-sharding.
+#include "composed_stage.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "errors.h"
+#include "memory.h"
+#include "mesh.h"
+#include "sharding.h"
+#include "run.h"
+
+// ---------------------------------------------------------------- set-up
+
+static void stage_finish(ExpertPipe* P, const Mesh* mesh);
+
+// What the pipeline does not compose with yet, the flags against the mesh
+// and the layers, and the schedule's lists (built and validated by every
+// rank). Every refusal is one message from rank 0 and an exit of every rank.
+static void check_and_schedule(ExpertPipe* P, const Run* run, const ExpertFlags* fl) {
+    const TrainSetup* s = &run->setup;
+    const Mesh* mesh = &run->mesh;
+    int L = P->cfg.gpt.num_layers, kind = schedule_parse(fl->schedule);
+    if (kind < 0) fail_all("--schedule %s is not one of gpipe, 1f1b, interleaved, zb", fl->schedule);
+    P->sched_name = schedule_name((ScheduleKind)kind);
+    P->M = fl->microbatches == ARG_NOT_GIVEN ? P->pp : fl->microbatches;
+    P->v = fl->virtual_chunks;
+    if (P->M < 1) fail_all("--microbatches must be positive (leave it out for pp = %d)", P->pp);
+    int tp = mesh->size[AXIS_TP], share = s->B / (mesh->size[AXIS_DP] * mesh->size[AXIS_EP]);
+    if (tp > 1 && share % (P->M * tp) != 0)  // --tp: each tp rank whole sequences of each microbatch
+        fail_all("--microbatches %d --tp %d: a microbatch of a dp x ep share (%d sequences) must split into tp=%d "
+                 "ranks' whole sequences, so m x tp must divide %d: use other --microbatches or --batch",
+                 P->M, tp, share, tp, share);
+    if (P->per_rank % P->M != 0)
+        fail_all("--microbatches %d does not divide a rank's %d sequences (the batch of %d over dp x ep x tp = %d "
+                 "ranks): use a divisor of %d", P->M, P->per_rank, s->B,
+                 mesh->size[AXIS_DP] * mesh->size[AXIS_EP] * tp, P->per_rank);
+    if (P->v < 1 || P->v > XP_MAX_CHUNKS / P->pp)
+        fail_all("--virtual %d: use 1 to %d chunks per rank", P->v, XP_MAX_CHUNKS / P->pp);
+    if (P->v > 1 && kind != SCHED_INTERLEAVED) fail_all("--virtual %d needs --schedule interleaved", P->v);
+    if (P->v > 1 && P->pp == 1) fail_all("--virtual %d interleaves chunks over pp ranks: use --pp 2 or more", P->v);
+    P->S = P->pp * P->v;
+    if (L % P->S != 0)
+        fail_all("the model's %d layers do not cut into pp=%d x %d chunk%s = %d equal stages: use pp x virtual dividing %d",
+                 L, P->pp, P->v, P->v == 1 ? "" : "s", P->S, L);
+    P->b = P->per_rank / P->M;
+    if (fl->ep_overlap > P->b * P->Tr)
+        fail_all("--ep-overlap %d: a microbatch has %d tokens per rank: use at most %d", fl->ep_overlap, P->b * P->Tr,
+                 P->b * P->Tr);
+    char msg[1024];
+    const char* bad = schedule_build(&P->sched, (ScheduleKind)kind, P->pp, P->M, P->v, msg, sizeof(msg));
+    if (!bad) bad = schedule_validate(&P->sched, NULL, msg, sizeof(msg));
+    if (bad) fail_all("%s", bad);
+}
+
+// From each neighbour's list, the messages it sends this rank, in order.
+static void incoming_build(ExpertPipe* P) {
+    if (P->pp == 1) return;
+    int peers[2] = {prev_rank(P), next_rank(P)};
+    P->n_in = peers[0] == peers[1] ? 1 : 2;
+    for (int i = 0; i < P->n_in; i++) {
+        int p = peers[i];
+        XpIncoming* in = &P->in[i];
+        in->peer = p;
+        in->msg = xcalloc((size_t)P->sched.n[p] + 1, sizeof(XpMessage));
+        for (int a = 0; a < P->sched.n[p]; a++) {
+            Action act = P->sched.list[p][a];
+            int k = act.chunk * P->pp + p;
+            if (act.type == ACT_F && k < P->S - 1 && (k + 1) % P->pp == P->stage)
+                in->msg[in->n++] = (XpMessage){0, act.mb, (k + 1) / P->pp};
+            if (act.type == ACT_B && k > 0 && (k - 1) % P->pp == P->stage)
+                in->msg[in->n++] = (XpMessage){1, act.mb, (k - 1) / P->pp};
+        }
+    }
+}
+
+// The embedding group of every (dp, ep) coordinate: its stage 0 and stage
+// pp-1 (collective over the world; each rank keeps its own).
+static void embedding_group(Comm* embed, const Mesh* mesh) {
+    memset(embed, 0, sizeof(*embed));
+    int pp = mesh->size[AXIS_PP];
+    if (pp == 1) return;
+    for (int r = 0; r < mesh->world_size; r++) {
+        int coord[NUM_AXES], ends[2];
+        mesh_coord_of(mesh, r, coord);
+        if (coord[AXIS_PP] != 0) continue;
+        ends[0] = r;
+        coord[AXIS_PP] = pp - 1;
+        ends[1] = mesh_rank_at(mesh, coord);
+        Comm g;
+        comm_create_group_ranks(&g, ends, 2, "embedding");
+        if (g.size > 0) *embed = g;
+    }
+}
+
+// The config of a chunk's model: L / S layers, and the embedding's tables
+// only where the chunk uses them (wte on the first and the last, wpe on the
+// first). lnf's 2C floats stay on every chunk; a chunk without the head
+// keeps no logits in its slots (expert_model_create_part).
+static MoeConfig pipe_chunk_config(const MoeConfig* whole, int first, int layers, int embeds, int head) {
+    MoeConfig local = *whole;
+    local.gpt.num_layers = layers;
+    local.first_layer = first;  // MoE or dense as the whole model's layers (moe.h), wherever the chunk starts
+    if (!embeds) local.gpt.max_seq_len = 0;
+    if (!embeds && !head) local.gpt.vocab_size = local.gpt.padded_vocab_size = 0;
+    return local;
+}
+
+// The pieces of a chunk (first layer `first`, its own config `local`) in
+// the whole model's buffer (`whole`): [wte wpe] on the first, the blocks,
+// [lnfw lnfb] and the tied copy of wte on the last. With --tp both layouts
+// leave out qkvw, qkvb, attprojw (moe.h), so the blocks stay one piece.
+static int chunk_pieces(XpPiece* piece, const MoeConfig* whole, const MoeConfig* local, int first, int embeds, int head) {
+    size_t blk_l = moe_block_offset(local, 0), blk_n = moe_lnf_offset(local) - blk_l;
+    size_t wte_n = param_tensor_numel(&whole->gpt, P_WTE);
+    int n = 0;  // in the order of the local buffer
+    if (embeds) piece[n++] = (XpPiece){0, 0, blk_l, 0};
+    else if (head) piece[n++] = (XpPiece){0, 0, wte_n, 1};
+    piece[n++] = (XpPiece){moe_block_offset(whole, first), blk_l, blk_n, 0};
+    if (head) piece[n++] = (XpPiece){moe_lnf_offset(whole), moe_lnf_offset(local), 2 * (size_t)whole->gpt.channels, 0};
+    return n;
+}
+
+// The model's own activations are a chunk's first slot.
+static void chunk_slots(const ExpertPipe* P, XpChunk* ch) {
+    ch->slot = xcalloc((size_t)P->M, sizeof(XpSlot*));  // at most every microbatch in flight
+    ch->slot[0] = xcalloc(1, sizeof(XpSlot));
+    *ch->slot[0] = (XpSlot){.acts = ch->m.acts, .moe = ch->m.moe, .lse = ch->m.cp.lse, .qkv_h = ch->m.cp.qkv_h,
+                            .att_h = ch->m.cp.att_h, .mb = -1, .busy = 0};
+    ch->n_slots = 1;
+    if (ch->m.split) expert_wgrad_create(&ch->slot[0]->wq, &ch->m);
+}
+
+// Chunk c: virtual stage k = c pp + stage, layers [k L/S, (k+1) L/S), an
+// ExpertModel of them (so of B/(dp ep tp m) sequences), its pieces of the
+// whole model, its parameters from the whole model's init or --model FILE
+// (all_shared: moe.h's layout at tp = 1; with --tp, expert_tp_load cuts the
+// chunk's copy of it into the shared buffer and this tp rank's slices).
+static void chunk_create(ExpertPipe* P, int c, const ExpertFlags* fl, const float* all_shared, const float* all_experts) {
+    XpChunk* ch = &P->chunk[c];
+    int L = P->cfg.gpt.num_layers, Lc = L / P->S;
+    ch->vstage = c * P->pp + P->stage, ch->first = ch->vstage * Lc;
+    int embeds = ch->vstage == 0, head = ch->vstage == P->S - 1;
+    MoeConfig local = pipe_chunk_config(&P->cfg, ch->first, Lc, embeds, head);
+    ch->moe0 = 0;
+    for (int l = 0; l < ch->first; l++) ch->moe0 += moe_is_moe_layer(&P->cfg, l);
+    ch->n_moe = moe_num_moe_layers(&local);
+    expert_model_create_part(&ch->m, &local, fl, &P->run_mb, embeds, head);
+    if (P->sched.split_backward) expert_wgrad_enable(&ch->m);  // zb: B and W (composed_wgrad.c)
+    ch->n_pieces = chunk_pieces(ch->piece, &P->cfg, &ch->m.cfg, ch->first, embeds, head);
+    // the values: the whole model's, piece by piece (the rest zero), in
+    // the layout at tp = 1
+    MoeConfig whole1 = P->cfg, local1 = ch->m.cfg;
+    whole1.tp = local1.tp = 1;
+    XpPiece one[4];
+    int n1 = chunk_pieces(one, &whole1, &local1, ch->first, embeds, head);
+    float* host = xcalloc(moe_num_shared(&local1), sizeof(float));
+    for (int i = 0; i < n1; i++) memcpy(host + one[i].local, all_shared + one[i].global, one[i].count * sizeof(float));
+    if (ch->m.tp.tp > 1)
+        expert_tp_load(&ch->m, host);
+    else
+        mem_to_device(ch->m.shared, host, ch->m.n_shared * sizeof(float));
+    free(host);
+    size_t per_layer = (size_t)ch->m.E_local * moe_expert_numel(&P->cfg);
+    mem_to_device(ch->m.experts, all_experts + (size_t)ch->moe0 * per_layer, ch->m.n_experts * sizeof(float));
+    // the last stage's copy of wte: its gradient is stage 0's, counted there in the norm
+    if (head && !embeds) ch->m.z[ZERO_SHARED].tied = param_tensor_numel(&P->cfg.gpt, P_WTE);
+    chunk_slots(P, ch);
+}
+
+void expert_stage_create(ExpertPipe* P, Run* run, ExpertFlags* fl, const MoeConfig* cfg) {
+    const Mesh* mesh = &run->mesh;
+    int tp = mesh->size[AXIS_TP];
+    P->cfg = *cfg;
+    P->cfg.tp = tp;  // the whole model's shared layout as the chunks hold it (moe.h: without the tp slices)
+    P->pp = mesh->size[AXIS_PP], P->stage = mesh->coord[AXIS_PP], P->ppc = &run->axes[AXIS_PP];
+    P->B = run->setup.B, P->T = run->setup.T, P->Tr = P->T / mesh->size[AXIS_CP];
+    // a rank's sequences: B/tp of its dp x ep share's, in world order (dp, ep, tp) as expert_model_create
+    P->per_rank = run->setup.B / (mesh->size[AXIS_DP] * mesh->size[AXIS_EP] * tp);
+    P->share = (mesh->coord[AXIS_DP] * mesh->size[AXIS_EP] + mesh->coord[AXIS_EP]) * tp + mesh->coord[AXIS_TP];
+    check_and_schedule(P, run, fl);
+    P->run_mb = *run;
+    P->run_mb.setup.B = run->setup.B / P->M;  // a chunk's model holds one microbatch
+    P->run_mb.setup.checkpoint = NULL;        // the parameters come from below
+    // the whole model's parameters on the host, then each chunk's pieces
+    int ep = mesh->size[AXIS_EP], El = cfg->experts / ep, e0 = mesh->coord[AXIS_EP] * El;
+    size_t n_shared = moe_num_shared(cfg), n_exp = (size_t)moe_num_moe_layers(cfg) * El * moe_expert_numel(cfg);
+    float* all_shared = xmalloc(n_shared * sizeof(float));
+    float* all_experts = xmalloc((n_exp ? n_exp : 1) * sizeof(float));
+    if (run->setup.checkpoint) {
+        char msg[1024];
+        const char* bad = moe_checkpoint_read(run->setup.checkpoint, cfg, all_shared, all_experts, e0, El, msg, sizeof(msg));
+        fail_if_any(bad != NULL, bad);
+    } else {
+        moe_init_shared(all_shared, cfg, (uint64_t)run->args.seed);
+        moe_init_experts(all_experts, cfg, e0, El, (uint64_t)run->args.seed);
+    }
+    for (int c = 0; c < P->v; c++) chunk_create(P, c, fl, all_shared, all_experts);
+    free(all_shared);
+    free(all_experts);
+    P->total = moe_num_shared(cfg) + (size_t)moe_num_moe_layers(cfg) * cfg->experts * moe_expert_numel(cfg);
+    stage_finish(P, mesh);
+}
+
+void expert_stage_create_one(ExpertPipe* P, Run* run, ExpertFlags* fl, const MoeConfig* cfg) {
+    P->plain = 1;
+    P->cfg = *cfg;
+    P->cfg.tp = run->mesh.size[AXIS_TP];
+    P->pp = 1, P->stage = 0, P->ppc = &run->axes[AXIS_PP];
+    P->M = P->v = P->S = 1;
+    XpChunk* ch = &P->chunk[0];
+    ExpertModel* m = &ch->m;
+    expert_model_create(m, cfg, fl, run);
+    P->B = run->setup.B, P->T = run->setup.T, P->Tr = m->T;
+    P->per_rank = P->b = m->B, P->share = m->share;
+    P->total = expert_total_params(m);
+    P->sched_name = schedule_name(SCHED_1F1B);
+    char msg[1024];
+    const char* bad = schedule_build(&P->sched, SCHED_1F1B, 1, 1, 1, msg, sizeof(msg));
+    if (bad) fail_all("%s", bad);
+    ch->n_moe = moe_num_moe_layers(cfg);
+    ch->n_pieces = chunk_pieces(ch->piece, &P->cfg, &m->cfg, 0, 1, 1);
+    chunk_slots(P, ch);
+    stage_finish(P, &run->mesh);
+}
+
+// What a rank's stage shares with its neighbours and keeps for a step.
+static void stage_finish(ExpertPipe* P, const Mesh* mesh) {
+    const MoeConfig* cfg = &P->cfg;
+    embedding_group(&P->embed, mesh);
+    incoming_build(P);
+    P->max_sends = P->sched.n[P->stage] + P->v + 1;
+    P->sends = xcalloc((size_t)P->max_sends, sizeof(XpSend));
+    P->routed = xcalloc((size_t)moe_num_moe_layers(cfg) * cfg->experts, sizeof(long));
+    P->inputs = xmalloc((size_t)P->per_rank * P->T * sizeof(int));
+    P->targets = xmalloc((size_t)P->per_rank * P->T * sizeof(int));
+}
+
+void expert_stage_free(ExpertPipe* P) {
+    for (int c = 0; c < P->v; c++) {
+        XpChunk* ch = &P->chunk[c];
+        for (int i = 1; i < ch->n_slots; i++) {  // slot 0 is the model's own
+            gpt_acts_free(&ch->slot[i]->acts);
+            if (ch->m.recompute != RECOMPUTE_FULL) expert_moe_layers_free(&ch->m, ch->slot[i]->moe, ch->n_moe);
+            float* cp[] = {ch->slot[i]->lse, ch->slot[i]->qkv_h, ch->slot[i]->att_h};
+            for (int j = 0; j < 3; j++)
+                if (cp[j]) mem_free(cp[j]);
+        }
+        slot_use(ch, ch->slot[0]);
+        for (int i = 0; i < ch->n_slots; i++) expert_wgrad_free(&ch->slot[i]->wq), free(ch->slot[i]);
+        free(ch->slot);
+        expert_model_free(&ch->m);
+    }
+    for (int i = 0; i < P->n_sends; i++) mem_free(P->sends[i].buf);
+    free(P->sends);
+    for (int i = 0; i < P->n_in; i++) free(P->in[i].msg);
+    if (P->embed.size > 0) comm_destroy_group(&P->embed);
+    free(P->routed);
+    free(P->inputs);
+    free(P->targets);
+    schedule_free(&P->sched);
+}
+
+// ---------------------------------------------------------------- checkpoints and --save
+
+// This rank's slices of the training state, in the whole model's tensors:
+// dp replica 0 writes its stage's pieces (the replicated ones spread over the
+// ep ranks, 1/ep each) and its experts; every rank reads its pieces (the tied
+// copy of wte too) and its experts. With --tp, dp x cp x ep rank 0 of each
+// tp rank writes its slices of the chunk's layers' qkvw, qkvb, attprojw
+// (strided slices of the global tensors). So pp2 resumes on pp1 and back,
+// tp2 x pp2 on any other mesh; E = 1, H = 4C is the dense GPT's checkpoint
+// (chapter 0 resumes it), as chapter 7's own (expert_model_ckpt).
+// --zero 1: each rank of a buffer's group writes and reads its shard of
+// the moments, as slices of the global tensors (expert_zero_ckpt_add): the
+// chunk's pieces (the tied copy of wte read, not written: stage 0 writes
+// it), its experts' layers, its tp slices.
+static void chunk_zero_ckpt(Ckpt* ck, const ExpertPipe* P, XpChunk* ch) {
+    ExpertModel* m = &ch->m;
+    for (int b = 0; b < m->nz; b++) {
+        const ZeroBuf* z = &m->z[b];
+        for (int own = 0; own < 2; own++) {
+            CkptList full = {0};  // the buffer's parameters, as slices of the global tensors
+            if (b == ZERO_SHARED)
+                for (int i = 0; i < ch->n_pieces; i++)
+                    if (!own || !ch->piece[i].tied_copy)
+                        moe_ckpt_add_shared(&full, &P->cfg, CKPT_PARAMS, ch->piece[i].global, ch->piece[i].count,
+                                            z->params + ch->piece[i].local);
+            if (b == ZERO_EXPERTS)
+                moe_ckpt_add_expert_layers(&full, &P->cfg, CKPT_PARAMS, ch->moe0, ch->n_moe, m->e0, m->E_local, z->params);
+            if (b == ZERO_TP)
+                moe_ckpt_add_attn_tp_layers(&full, &P->cfg, CKPT_PARAMS, m->tp.tp, m->tp.rank, ch->first,
+                                            m->cfg.gpt.num_layers, z->params);
+            expert_zero_ckpt_add(own ? &ck->own : &ck->need, &full, z->params, z, z->m, z->v);
+            ckpt_list_free(&full);
+        }
+    }
+}
+
+void expert_stage_ckpt(Ckpt* ck, ExpertPipe* P) {
+    static CkptTensor table[MOE_CKPT_TENSORS];
+    char variant[256];
+    moe_ckpt_tensors(&P->cfg, table);
+    moe_ckpt_variant(&P->cfg, variant, sizeof(variant));
+    if (moe_ckpt_dense(&P->cfg))
+        ckpt_set_model(ck, NULL, 0, NULL);
+    else
+        ckpt_set_model(ck, table, MOE_CKPT_TENSORS, variant);
+    expert_ckpt_identity(ck, &P->chunk[0].m);  // every chunk routes under the same flags
+    for (int c = 0; c < P->v; c++) {
+        ExpertModel* m = &P->chunk[c].m;
+        float* shared[CKPT_NUM_KINDS] = {m->shared, m->m_s, m->v_s};
+        float* experts[CKPT_NUM_KINDS] = {m->experts, m->m_e, m->v_e};
+        for (int k = 0; k < (m->zero ? 1 : CKPT_NUM_KINDS); k++) {  // --zero 1: the moments' shards below
+            for (int i = 0; i < P->chunk[c].n_pieces; i++) {
+                XpPiece pc = P->chunk[c].piece[i];
+                size_t per = (pc.count + m->ep - 1) / m->ep, lo = (size_t)m->epc->rank * per;
+                if (lo > pc.count) lo = pc.count;
+                size_t n = pc.count - lo < per ? pc.count - lo : per;
+                if (m->dpcp->rank == 0 && !pc.tied_copy && n > 0)
+                    moe_ckpt_add_shared(&ck->own, &P->cfg, (CkptKind)k, pc.global + lo, n, shared[k] + pc.local + lo);
+                moe_ckpt_add_shared(&ck->need, &P->cfg, (CkptKind)k, pc.global, pc.count, shared[k] + pc.local);
+            }
+            if (m->dpcp->rank == 0)
+                moe_ckpt_add_expert_layers(&ck->own, &P->cfg, (CkptKind)k, P->chunk[c].moe0, P->chunk[c].n_moe, m->e0,
+                                           m->E_local, experts[k]);
+            moe_ckpt_add_expert_layers(&ck->need, &P->cfg, (CkptKind)k, P->chunk[c].moe0, P->chunk[c].n_moe, m->e0,
+                                       m->E_local, experts[k]);
+            if (m->tp.tp > 1) {
+                float* slices[CKPT_NUM_KINDS] = {m->tp.w, m->tp.m, m->tp.v};
+                int l0 = P->chunk[c].first, n = m->cfg.gpt.num_layers;
+                if (m->tp.dpcpep->rank == 0)
+                    moe_ckpt_add_attn_tp_layers(&ck->own, &P->cfg, (CkptKind)k, m->tp.tp, m->tp.rank, l0, n, slices[k]);
+                moe_ckpt_add_attn_tp_layers(&ck->need, &P->cfg, (CkptKind)k, m->tp.tp, m->tp.rank, l0, n, slices[k]);
+            }
+        }
+        if (m->zero) chunk_zero_ckpt(ck, P, &P->chunk[c]);
+    }
+}
+
+// --save FILE: the whole model, each stage's pieces (and with --tp its tp
+// rank's slices of its layers) summed over pp into zeros (disjoint pieces:
+// exact), then chapter 7's writer on a model of the whole, which gathers
+// the slices over tp and the experts over ep (world rank 0 is stage 0 and
+// tp rank 0: it writes). Collective.
+void expert_stage_save(ExpertPipe* P, const char* path) {
+    const MoeConfig* cfg = &P->cfg;
+    ExpertModel* m0 = &P->chunk[0].m;
+    size_t n_shared = moe_num_shared(cfg), per_layer = (size_t)m0->E_local * moe_expert_numel(cfg);
+    size_t n_exp = (size_t)moe_num_moe_layers(cfg) * per_layer;
+    int tp = m0->tp.tp;
+    size_t tp_layer = tp > 1 ? moe_attn_tp_numel(cfg->gpt.channels, tp) : 0, n_tp = cfg->gpt.num_layers * tp_layer;
+    float* shared = xcalloc(n_shared, sizeof(float));
+    float* experts = xcalloc(n_exp ? n_exp : 1, sizeof(float));
+    float* slices = xcalloc(n_tp ? n_tp : 1, sizeof(float));
+    for (int c = 0; c < P->v; c++) {
+        XpChunk* ch = &P->chunk[c];
+        float* host = xmalloc(ch->m.n_shared * sizeof(float));
+        mem_to_host(host, ch->m.shared, ch->m.n_shared * sizeof(float));
+        for (int i = 0; i < ch->n_pieces; i++)
+            if (!ch->piece[i].tied_copy)
+                memcpy(shared + ch->piece[i].global, host + ch->piece[i].local, ch->piece[i].count * sizeof(float));
+        free(host);
+        mem_to_host(experts + (size_t)ch->moe0 * per_layer, ch->m.experts, ch->m.n_experts * sizeof(float));
+        if (tp > 1) mem_to_host(slices + (size_t)ch->first * tp_layer, ch->m.tp.w, ch->m.tp.n * sizeof(float));
+    }
+    // host floats for the file, not training: plain MPI
+    MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, shared, (int)n_shared, MPI_FLOAT, MPI_SUM, P->ppc->mpi));
+    MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, experts, (int)n_exp, MPI_FLOAT, MPI_SUM, P->ppc->mpi));
+    if (tp > 1) MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, slices, (int)n_tp, MPI_FLOAT, MPI_SUM, P->ppc->mpi));
+    ExpertModel whole = *m0;
+    whole.cfg = *cfg;
+    whole.n_shared = n_shared, whole.n_experts = n_exp;
+    whole.shared = mem_alloc_floats(n_shared, MEM_OTHER);
+    whole.experts = mem_alloc_floats(n_exp ? n_exp : 1, MEM_OTHER);
+    mem_to_device(whole.shared, shared, n_shared * sizeof(float));
+    mem_to_device(whole.experts, experts, n_exp * sizeof(float));
+    if (tp > 1) {
+        whole.tp.n = n_tp;
+        whole.tp.w = mem_alloc_floats(n_tp, MEM_OTHER);
+        mem_to_device(whole.tp.w, slices, n_tp * sizeof(float));
+    }
+    expert_model_save(&whole, path);
+    mem_free(whole.shared);
+    mem_free(whole.experts);
+    if (tp > 1) mem_free(whole.tp.w);
+    free(shared);
+    free(experts);
+    free(slices);
+}
+
+// --show-sharding: each chunk's replicated buffer (its layers, with the
+// slots of wte, wpe and lnf a model of its own has) and its experts.
+void expert_stage_show_sharding(const ExpertPipe* P, int show) {
+    if (!show) return;
+    ShardTable* t = xcalloc(1, sizeof(ShardTable));
+    double f = sizeof(float);
+    char name[48], slice[48];  // "chunk %d: ..." fits any int
+    for (int c = 0; c < P->v; c++) {
+        const XpChunk* ch = &P->chunk[c];
+        double shared = (double)ch->m.n_shared, experts = (double)ch->m.n_experts;
+        int last = ch->first + ch->m.cfg.gpt.num_layers - 1;
+        snprintf(name, sizeof(name), "chunk %d: GPT+routers", c);
+        snprintf(slice, sizeof(slice), "layers %d..%d%s%s", ch->first, last, ch->m.embeds ? ", embedding" : "",
+                 ch->m.has_head ? ", head" : "");
+        // --zero 1: the moments flat over each buffer's copies (composed_zero.h), a shard S each
+        const ZeroBuf* z = ch->m.z;
+        int zero = ch->m.zero;
+        shard_table_add(t, name, "", "(pp, -)", "(pp, -)", zero ? "(pp, -) flat/batch" : "(pp, -)", slice, f * shared,
+                        f * shared, 2 * f * z[ZERO_SHARED].S);
+        snprintf(name, sizeof(name), "chunk %d: experts", c);
+        snprintf(slice, sizeof(slice), "experts %d..%d of %d", ch->m.e0, ch->m.e0 + ch->m.E_local - 1, P->cfg.experts);
+        shard_table_add(t, name, "(Lm, E, ...)", "(pp, ep, -)", "(pp, ep, -)", zero ? "(pp, ep, -) flat/dpcp" : "(pp, ep, -)",
+                        slice, f * experts, f * experts, 2 * f * z[ZERO_EXPERTS].S);
+        const ExpertTP* tp = &ch->m.tp;
+        if (tp->tp > 1) {  // its layers' qkvw, qkvb by rows (my heads' q, k, v), attprojw by columns
+            double sl = (double)tp->n;
+            int NH = P->cfg.gpt.num_heads;
+            snprintf(name, sizeof(name), "chunk %d: qkv, attproj", c);
+            snprintf(slice, sizeof(slice), "layers %d..%d, heads %d..%d", ch->first, last, tp->rank * NH / tp->tp,
+                     (tp->rank + 1) * NH / tp->tp - 1);
+            shard_table_add(t, name, "(L, ...)", "(pp, tp, -)", "(pp, tp, -)", zero ? "(pp, tp, -) flat/dpcpep" : "(pp, tp, -)",
+                            slice, f * sl, f * sl, 2 * f * z[ZERO_TP].S);
+        }
+    }
+    double pad = 0, gsh = 0;  // --zero 1: each buffer's padding to N S and its gradient shard
+    for (int c = 0; c < P->v; c++)
+        for (int b = 0; P->chunk[c].m.zero && b < P->chunk[c].m.nz; b++) {
+            const ZeroBuf* z = &P->chunk[c].m.z[b];
+            pad += (double)(z->full - z->n), gsh += (double)z->S;
+        }
+    if (P->chunk[0].m.zero) {
+        shard_table_add(t, "ZeRO padding", "", "tails", "tails", NULL, "", f * pad, f * pad, 0);
+        shard_table_add(t, "ZeRO grad shard", "", NULL, "flat", NULL, "mine", 0, f * gsh, 0);
+    }
+    char title[80];
+    snprintf(title, sizeof(title), "chapter 7, pp=%d x %d chunk%s, ep=%d, dp=%d, tp=%d", P->pp, P->v,
+             P->v == 1 ? "" : "s", P->chunk[0].m.ep, P->chunk[0].m.dp->size, P->chunk[0].m.tp.tp);
+    shard_table_show(t, show, title);
+    free(t);
+}

@@ -1,0 +1,267 @@
+// composed_tp.c: tensor parallelism with sequence parallelism in chapter 7
+// (--tp N, composed_model.h's ExpertTP), chapter 6's Megatron sequence
+// parallelism (06_sequence_context/sequence.c) on chapter 7's model.
+//
+// Outside attention every op works token by token, so a tp rank runs the
+// embedding, the LayerNorms, the residuals, the router, the MoE layer and
+// the head on its own N rows (B/tp whole sequences of its share). Attention
+// mixes the tokens of a sequence and is split by heads: the group's rows are
+// all-gathered (chapter 6's "gather from the sequence-parallel region"), qkv
+// is column-parallel (this rank's NH/tp heads), attproj row-parallel (a
+// partial sum for every row), and a reduce-scatter adds the partial sums
+// and hands each rank its rows back. Backward mirrors it, and all-gathers
+// ln1's output again for qkvw's gradient (it is not kept: that is the
+// saving). The experts stay whole on every tp rank (docs/07_expert.md says
+// why). Every collective of tp is in this file, in step order.
+#include <stdlib.h>
+#include <string.h>
+
+#include "errors.h"
+#include "composed_model.h"
+#include "init.h"
+#include "memory.h"
+#include "mesh.h"
+#include "run.h"
+
+// ---------------------------------------------------------------- the parameters of a layer
+
+// w: layer l's slices (its unit of the tp buffer).
+static BlockParams with_slices(const ExpertModel* m, BlockParams p, float* w) {
+    if (m->tp.tp == 1) return p;
+    int C = m->cfg.gpt.channels, Cl = C / m->tp.tp;
+    p.qkvw = w;                                  // (3C/tp, C): my heads' q, k, v rows
+    p.qkvb = w + 3 * (size_t)Cl * C;             // (3C/tp)
+    p.attprojw = p.qkvb + 3 * (size_t)Cl;        // (C, C/tp): my heads' columns
+    return p;
+}
+
+// Layer l is unit 1 + l of the replicated buffer and unit l of the tp slices
+// (composed_zero.h): with --zero 3 the gathered copies.
+BlockParams expert_block_params(ExpertModel* m, int l) {
+    BlockParams p = moe_block_params_in(&m->cfg, expert_zero_params(&m->z[ZERO_SHARED], 1 + l), l);
+    return with_slices(m, p, m->tp.tp > 1 ? expert_zero_params(&m->z[ZERO_TP], l) : NULL);
+}
+
+BlockParams expert_block_grads(ExpertModel* m, int l) {
+    BlockParams g = moe_block_params_in(&m->cfg, expert_zero_grads(&m->z[ZERO_SHARED], 1 + l), l);
+    return with_slices(m, g, m->tp.tp > 1 ? expert_zero_grads(&m->z[ZERO_TP], l) : NULL);
+}
+
+float* expert_router(ExpertModel* m, int l) {
+    return moe_router_in(&m->cfg, expert_zero_params(&m->z[ZERO_SHARED], 1 + l));
+}
+
+float* expert_router_grad(ExpertModel* m, int l) {
+    return moe_router_in(&m->cfg, expert_zero_grads(&m->z[ZERO_SHARED], 1 + l));
+}
+
+// ---------------------------------------------------------------- the tp group's rows
+
+// With --cp-balance zigzag a rank's rows are part-major over its own
+// sequences, (part, b', i), so an all-gather lays them out (r, part, b', i);
+// attention over the group wants (part, r B/tp + b', i), chapter 6's layout
+// of the group's B tp sequences. to_group: the first into the second, else
+// back. A copy of blocks of B/tp x T/(2 cp) rows; plain cut: nothing moves.
+static void reorder(const ExpertModel* m, float* dst, const float* src, int to_group) {
+    const CPShard* sh = &m->cp.sh;  // my rows
+    const int tp = m->tp.tp;
+    const size_t C = (size_t)m->cfg.gpt.channels, blk = (size_t)sh->B * sh->len * C;
+    for (int r = 0; r < tp; r++)
+        for (int p = 0; p < sh->parts; p++) {
+            size_t mine = ((size_t)r * sh->parts + p) * blk, group = ((size_t)p * tp + r) * blk;
+            ops_copy(dst + (to_group ? group : mine), src + (to_group ? mine : group), blk);
+        }
+}
+
+// All-gather over tp: my rows (N, C) into every row of the group (N tp, C),
+// in the group's order (scratch: (N tp, C) for zigzag's reordering).
+static void tp_allgather(ExpertModel* m, const float* mine, float* all, float* scratch) {
+    const size_t NC = (size_t)m->N * m->cfg.gpt.channels;
+    if (m->cp.sh.parts == 1) {
+        comm_allgather(m->tp.tpc, mine, all, NC);  // rank order is the group's order
+        return;
+    }
+    comm_allgather(m->tp.tpc, mine, scratch, NC);
+    reorder(m, all, scratch, 1);
+}
+
+// Reduce-scatter over tp: the partial sums of every row (N tp, C) added, my
+// rows (N, C) kept.
+static void tp_reduce_scatter(ExpertModel* m, const float* all, float* mine, float* scratch) {
+    const size_t NC = (size_t)m->N * m->cfg.gpt.channels;
+    if (m->cp.sh.parts == 2) {
+        reorder(m, scratch, all, 0);
+        all = scratch;
+    }
+    comm_reduce_scatter(m->tp.tpc, all, mine, NC, COMM_SUM);
+}
+
+// ---------------------------------------------------------------- the attention half
+
+// x (N, C): my rows of the layer's input; a->res2, a->ln2 (N, C) my rows.
+// a->qkv (N tp, 3C/tp) and a->atty (N tp, C/tp) hold every row of the group
+// for my heads (the same floats as N rows of 3C and C: the GPT's buffers).
+void expert_tp_attention_forward(ExpertModel* m, int l, const BlockParams* p, BlockActs* a, const float* x) {
+    ExpertTP* t = &m->tp;
+    const int N = m->N, C = m->cfg.gpt.channels, Cl = C / t->tp, Ng = N * t->tp;
+    const size_t NC = (size_t)N * C;
+    layernorm_forward(a->ln1, a->ln1_mean, a->ln1_rstd, x, p->ln1w, p->ln1b, N, C);  // (N, C) my rows
+    // all-gather over tp: every row of the group, its B tp sequences
+    tp_allgather(m, a->ln1, t->full, t->dfull);                                      // (N tp, C)
+    matmul_forward(a->qkv, t->full, p->qkvw, p->qkvb, Ng, C, 3 * Cl);                // (N tp, 3C/tp)
+    expert_attention_core_forward(m, l, a);                                          // (N tp, C/tp)
+    // row-parallel: every row's partial sum over my heads, the bias added
+    // by tp rank 0 alone so that the sum holds it once
+    matmul_forward(t->full, a->atty, p->attprojw, t->rank == 0 ? p->attprojb : NULL, Ng, Cl, C);
+    // reduce-scatter over tp: the partial sums added, my rows kept
+    tp_reduce_scatter(m, t->full, a->attproj, t->dfull);                             // (N, C)
+    residual_forward(a->res2, x, a->attproj, NC);
+    layernorm_forward(a->ln2, a->ln2_mean, a->ln2_rstd, a->res2, p->ln2w, p->ln2b, N, C);
+}
+
+// dres: d res3 on entry (my rows), d x on return; dln2 (N, C) d ln2's output.
+void expert_tp_attention_backward(ExpertModel* m, int l, const BlockParams* p, BlockParams* g, const BlockActs* a,
+                                  const BlockScratch* s, const float* x, const float* dln2, float* dres) {
+    ExpertTP* t = &m->tp;
+    const int N = m->N, C = m->cfg.gpt.channels, Cl = C / t->tp, Ng = N * t->tp;
+    layernorm_backward(dres, NULL, NULL, dln2, a->res2, p->ln2w, a->ln2_mean, a->ln2_rstd, N, C);  // d res2
+    // the reduce-scatter's backward: all-gather d attproj of every row
+    tp_allgather(m, dres, t->dfull, t->full);                                         // (N tp, C)
+    ops_zero(s->datty, (size_t)Ng * Cl);
+    matmul_backward(s->datty, NULL, NULL, t->dfull, NULL, p->attprojw, Ng, Cl, C);
+    // the weight gradients at once or (zb) queued for W (composed_wgrad.c).
+    // The bias, added once per row: its gradient over my rows (the tp mean
+    // of the replicated gradients adds the other ranks' rows)
+    expert_wgrad(m, l, g->attprojw, NULL, t->dfull, a->atty, Ng, Cl, C);
+    expert_wgrad(m, l, NULL, g->attprojb, dres, NULL, N, Cl, C);
+    ops_zero(s->dqkv, (size_t)Ng * 3 * Cl);
+    expert_attention_core_backward(m, l, a, s);                                       // s->dqkv (N tp, 3C/tp)
+    // ln1's output of every row again, for qkvw's gradient (a collective:
+    // in B even when the gradient waits for W)
+    tp_allgather(m, a->ln1, t->full, t->dfull);
+    ops_zero(t->dfull, (size_t)Ng * C);
+    matmul_backward(t->dfull, NULL, NULL, s->dqkv, NULL, p->qkvw, Ng, C, 3 * Cl);
+    expert_wgrad(m, l, g->qkvw, g->qkvb, s->dqkv, t->full, Ng, C, 3 * Cl);
+    // the all-gather's backward: reduce-scatter d ln1, each rank its rows
+    tp_reduce_scatter(m, t->dfull, s->dln, t->full);                                 // (N, C)
+    layernorm_backward(dres, g->ln1w, g->ln1b, s->dln, x, p->ln1w, a->ln1_mean, a->ln1_rstd, N, C);
+    layernorm_backward(NULL, g->ln2w, g->ln2b, dln2, a->res2, NULL, a->ln2_mean, a->ln2_rstd, N, C);
+}
+
+// ---------------------------------------------------------------- the whole model and my slices
+
+// Host copies between the whole model's shared buffer (moe.h's layout at
+// tp = 1) and a tp rank's two: the shared buffer without the split tensors,
+// and the rank's slices. to_whole: the other way (for --save).
+static void relayout(const ExpertModel* m, float* whole, float* shared, float* slices, int rank, int to_whole) {
+    MoeConfig wc = m->cfg;
+    wc.tp = 1;
+    const MoeConfig* c = &m->cfg;
+    int C = c->gpt.channels, tp = m->tp.tp, Cl = C / tp, L = c->gpt.num_layers;
+    // copy n floats between the whole model (w) and my buffers (s)
+#define MOVE(w, s, n) (to_whole ? memcpy((w), (s), (n) * sizeof(float)) : memcpy((s), (w), (n) * sizeof(float)))
+    MOVE(whole, shared, moe_block_offset(c, 0));  // wte, wpe
+    for (int l = 0; l < L; l++) {
+        BlockParams pw = moe_block_params(&wc, whole, l), ps = moe_block_params(c, shared, l);
+        float* wv[] = {pw.ln1w, pw.ln1b, pw.attprojb, pw.ln2w, pw.ln2b};
+        float* sv[] = {ps.ln1w, ps.ln1b, ps.attprojb, ps.ln2w, ps.ln2b};
+        for (int i = 0; i < 5; i++) MOVE(wv[i], sv[i], (size_t)C);
+        if (moe_is_moe_layer(c, l)) {
+            MOVE(moe_router_at(&wc, whole, l), moe_router_at(c, shared, l), (size_t)c->experts * C);
+        } else {
+            MOVE(pw.fcw, ps.fcw, gpt_block_numel(C) - moe_attn_numel(C));  // fcw .. fcprojb, contiguous in both
+        }
+        float* w = slices + (size_t)l * moe_attn_tp_numel(C, tp);
+        for (int j = 0; j < 3; j++) {  // q, k, v: rows [j C + rank Cl, j C + (rank + 1) Cl)
+            MOVE(pw.qkvw + ((size_t)j * C + (size_t)rank * Cl) * C, w + (size_t)j * Cl * C, (size_t)Cl * C);
+            MOVE(pw.qkvb + (size_t)j * C + (size_t)rank * Cl, w + 3 * (size_t)Cl * C + (size_t)j * Cl, (size_t)Cl);
+        }
+        float* ap = w + 3 * (size_t)Cl * C + 3 * (size_t)Cl;
+        for (int row = 0; row < C; row++)  // columns [rank Cl, (rank + 1) Cl) of every row
+            MOVE(pw.attprojw + (size_t)row * C + (size_t)rank * Cl, ap + (size_t)row * Cl, (size_t)Cl);
+    }
+    MOVE(whole + moe_lnf_offset(&wc), shared + moe_lnf_offset(c), 2 * (size_t)C);
+#undef MOVE
+}
+
+void expert_tp_init(ExpertModel* m, uint64_t seed) {
+    const GPTConfig* g = &m->cfg.gpt;
+    size_t C = (size_t)g->channels, tp = (size_t)m->tp.tp, Cl = C / tp, r = (size_t)m->tp.rank;
+    float* w = xmalloc(m->tp.n * sizeof(float));
+    // counter-based: each value from its index in the whole tensor, so my
+    // slices are the whole model's without making it
+    for (int l = 0; l < g->num_layers; l++) {
+        BlockParams p = with_slices(m, (BlockParams){0}, w + (size_t)l * moe_attn_tp_numel((int)C, (int)tp));
+        for (size_t j = 0; j < 3; j++)  // q, k, v: rows j C + [r Cl, (r + 1) Cl)
+            for (size_t i = 0; i < Cl; i++) {
+                size_t row = j * C + r * Cl + i;
+                for (size_t col = 0; col < C; col++)
+                    p.qkvw[(j * Cl + i) * C + col] = gpt_init_value(g, seed, P_QKVW, l, row * C + col);
+                p.qkvb[j * Cl + i] = gpt_init_value(g, seed, P_QKVB, l, row);
+            }
+        for (size_t row = 0; row < C; row++)  // columns [r Cl, (r + 1) Cl) of every row
+            for (size_t i = 0; i < Cl; i++)
+                p.attprojw[row * Cl + i] = gpt_init_value(g, seed, P_ATTPROJW, l, row * C + r * Cl + i);
+    }
+    expert_zero_put(&m->z[ZERO_TP], w);
+    free(w);
+}
+
+void expert_tp_load(ExpertModel* m, const float* whole) {
+    float* shared = xmalloc(m->n_shared * sizeof(float));
+    float* slices = xmalloc(m->tp.n * sizeof(float));
+    relayout(m, (float*)whole, shared, slices, m->tp.rank, 0);
+    expert_zero_put(&m->z[ZERO_SHARED], shared);
+    expert_zero_put(&m->z[ZERO_TP], slices);
+    free(shared);
+    free(slices);
+}
+
+float* expert_tp_gather_whole(ExpertModel* m) {
+    ExpertTP* t = &m->tp;
+    float* all = t->rank == 0 ? mem_alloc_floats(t->n * t->tp, MEM_OTHER) : NULL;
+    comm_gather(t->tpc, t->w, all, t->n, 0);
+    float* whole = NULL;
+    if (t->rank == 0) {
+        MoeConfig wc = m->cfg;
+        wc.tp = 1;
+        whole = xmalloc(moe_num_shared(&wc) * sizeof(float));
+        float* shared = xmalloc(m->n_shared * sizeof(float));
+        float* slices = xmalloc(t->n * t->tp * sizeof(float));
+        mem_to_host(shared, m->shared, m->n_shared * sizeof(float));
+        mem_to_host(slices, all, t->n * t->tp * sizeof(float));
+        for (int r = 0; r < t->tp; r++) relayout(m, whole, shared, slices + (size_t)r * t->n, r, 1);
+        free(shared);
+        free(slices);
+    }
+    mem_free(all);
+    return whole;
+}
+
+// ---------------------------------------------------------------- buffers
+
+void expert_tp_create(ExpertModel* m, const Run* run) {
+    ExpertTP* t = &m->tp;
+    const Mesh* mesh = &run->mesh;
+    t->tp = mesh->size[AXIS_TP], t->rank = mesh->coord[AXIS_TP], t->tpc = &run->axes[AXIS_TP];
+    t->sh = m->cp.sh;
+    t->sh.B = m->B * t->tp;  // attention sees the group's sequences
+    if (t->tp == 1) return;
+    // named by its axes in the summary, cp only with --cp (as the batch group)
+    unsigned cp = mesh->size[AXIS_CP] > 1 ? 1u << AXIS_CP : 0u;
+    comm_create_group(&t->dpcpep_own, mesh, (1u << AXIS_DP) | cp | (1u << AXIS_EP));
+    t->dpcpep = &t->dpcpep_own;
+    const int C = m->cfg.gpt.channels;
+    t->n = (size_t)m->cfg.gpt.num_layers * moe_attn_tp_numel(C, t->tp);
+    expert_zero_alloc(&m->z[ZERO_TP], m->zero, t->dpcpep, t->n, &t->w, &t->dw, &t->m, &t->v);  // --zero: composed_zero.h
+    t->full = mem_alloc_floats((size_t)m->N * t->tp * C, MEM_ACTIVATIONS);
+    t->dfull = mem_alloc_floats((size_t)m->N * t->tp * C, MEM_ACTIVATIONS);
+}
+
+void expert_tp_free(ExpertModel* m) {
+    ExpertTP* t = &m->tp;
+    if (t->tp == 1) return;
+    float* bufs[] = {t->w, t->dw, t->m, t->v, t->full, t->dfull};
+    for (size_t i = 0; i < sizeof bufs / sizeof *bufs; i++) mem_free(bufs[i]);
+    comm_destroy_group(&t->dpcpep_own);
+}
