@@ -21,122 +21,15 @@
 #include "sharding.h"
 
 MoeLayer* expert_layer(ExpertModel* m, int l) {
-    return &m->moe[m->recompute == RECOMPUTE_FULL ? 0 : moe_layer_index(&m->cfg, l)];
+    return &m->layers[m->recompute == RECOMPUTE_FULL ? 0 : moe_layer_index(&m->cfg, l)];
 }
 
 BlockActs expert_block_acts(ExpertModel* m, int l) { return gpt_acts_block(&m->acts, &m->cfg.gpt, l, m->B, m->T); }
-
-int expert_chunk_start(const ExpertModel* m, int c) { return (int)((long)c * m->N / m->chunks); }
-
-// ---------------------------------------------------------------- the exchanges
-
-void expert_a2a_start(ExpertModel* m, int i, const float* send, const size_t* sc, const size_t* sd, float* recv,
-                      const size_t* rc, const size_t* rd) {
-    m->a2a_started[i] = now_seconds();
-    comm_ialltoallv(m->epc, send, sc, sd, recv, rc, rd, &m->a2a[i]);
-}
-
-// Blocked: the wait itself. In flight: from the start to the end of the
-// wait, as chapter 3 times its prefetched gathers; the share of that time
-// the rank computed instead of waiting is what the overlap hid.
-void expert_a2a_wait(ExpertModel* m, int i) {
-    double t0 = now_seconds();
-    comm_wait(&m->a2a[i]);
-    double t1 = now_seconds();
-    m->a2a_blocked_s += t1 - t0;
-    m->a2a_inflight_s += t1 - m->a2a_started[i];
-}
 
 size_t expert_total_params(const ExpertModel* m) {
     MoeConfig whole = m->cfg;  // with --tp the shared buffer holds 1 / tp of qkvw, qkvb, attprojw
     whole.tp = 1;
     return moe_num_shared(&whole) + (size_t)moe_num_moe_layers(&m->cfg) * m->cfg.experts * moe_expert_numel(&m->cfg);
-}
-
-// ---------------------------------------------------------------- the plan's send order and the experts' blocks
-
-void expert_plan_send_order(ExpertModel* m, MoeLayer* L) {
-    int k = m->cfg.top_k, E = m->cfg.experts, nc = m->chunks;
-    // send row i is token src_host[i]; slot j of token t goes to row
-    // pos_host[t k + j] (kept slots only: pos_host < 0 is a dropped one)
-    memset(L->cnt_chunk, 0, (size_t)nc * E * sizeof(int));
-    for (int c = 0; c < nc; c++)
-        for (int i = expert_chunk_start(m, c) * k; i < expert_chunk_start(m, c + 1) * k; i++)
-            if (L->pos_host[i] >= 0) L->cnt_chunk[c * E + L->idx_host[i]]++;
-    int* fill = xmalloc((size_t)nc * E * sizeof(int));
-    for (int i = 0, row = 0; i < nc * E; i++) {
-        if (i % E == 0) L->send_row[i / E] = row;
-        fill[i] = row, row += L->cnt_chunk[i];
-    }
-    L->n_send = L->send_row[nc] = fill[nc * E - 1] + L->cnt_chunk[nc * E - 1];
-    for (int c = 0; c < nc; c++)
-        for (int i = expert_chunk_start(m, c) * k; i < expert_chunk_start(m, c + 1) * k; i++) {
-            if (L->pos_host[i] < 0) continue;
-            int row = fill[c * E + L->idx_host[i]]++;
-            L->pos_host[i] = row;
-            L->src_host[row] = i / k;
-        }
-    free(fill);
-}
-
-// Block (chunk c, source s, expert le): n rows, at q in the receive order
-// and r in the experts' order.
-typedef struct {
-    int n;
-    size_t q, r;
-} Block;
-
-static Block block_of(const ExpertModel* m, const MoeLayer* L, int c, int s, int le) {
-    int b = (c * m->ep + s) * m->E_local + le;
-    return (Block){L->cnt_recv[(s * m->chunks + c) * m->E_local + le], (size_t)L->blk_recv[b], (size_t)L->blk_row[b]};
-}
-
-void expert_blocks_forward(ExpertModel* m, MoeLayer* L, int l, int c) {
-    const MoeConfig* cf = &m->cfg;
-    int C = cf->gpt.channels, H = cf->hidden, mi = moe_layer_index(cf, l);
-    double t0 = trace_start();
-    for (int le = 0; le < m->E_local; le++) {
-        ExpertParams p = moe_expert_at(cf, expert_zero_params(&m->z[ZERO_EXPERTS], mi), 0, le, m->E_local);
-        for (int s = 0; s < m->ep; s++) {
-            Block b = block_of(m, L, c, s, le);
-            ops_copy(L->exp_in + b.r * C, m->recv + b.q * C, (size_t)b.n * C);
-            moe_expert_forward(&p, m->xbuf + b.q * C, L->fch + b.r * H, L->fch_gelu + b.r * H, L->exp_in + b.r * C,
-                               b.n, C, H);
-        }
-    }
-    trace_compute(t0, "block %d experts chunk %d", l, c);
-}
-
-void expert_blocks_backward_input(ExpertModel* m, MoeLayer* L, int l, int c) {
-    const MoeConfig* cf = &m->cfg;
-    int C = cf->gpt.channels, H = cf->hidden, mi = moe_layer_index(cf, l);
-    double t0 = trace_start();
-    for (int le = 0; le < m->E_local; le++) {
-        ExpertParams p = moe_expert_at(cf, expert_zero_params(&m->z[ZERO_EXPERTS], mi), 0, le, m->E_local);
-        for (int s = 0; s < m->ep; s++) {
-            Block b = block_of(m, L, c, s, le);
-            ops_copy(m->xbuf + b.r * C, m->recv + b.q * C, (size_t)b.n * C);
-            ops_zero(m->ybuf + b.q * C, (size_t)b.n * C);
-            moe_expert_backward_input(&p, m->ybuf + b.q * C, m->xbuf + b.r * C, L->fch + b.r * H, m->dfch + b.r * H,
-                                      m->dfch_gelu + b.r * H, b.n, C, H);
-        }
-    }
-    trace_compute(t0, "block %d experts chunk %d backward", l, c);
-}
-
-void expert_blocks_backward_weights(ExpertModel* m, MoeLayer* L, int l) {
-    const MoeConfig* cf = &m->cfg;
-    int C = cf->gpt.channels, H = cf->hidden, mi = moe_layer_index(cf, l);
-    double t0 = trace_start();
-    for (int le = 0; le < m->E_local; le++) {
-        ExpertParams g = moe_expert_at(cf, expert_zero_grads(&m->z[ZERO_EXPERTS], mi), 0, le, m->E_local);
-        size_t r0 = (size_t)L->expert_off[le];
-        int n = L->expert_off[le + 1] - L->expert_off[le];
-        // moe_expert_backward_weights' two matmuls, at once or (zb) queued for W
-        expert_wgrad(m, l, g.fcprojw, g.fcprojb, m->xbuf + r0 * C, L->fch_gelu + r0 * H, n, H, C);
-        expert_wgrad(m, l, g.fcw, g.fcb, m->dfch + r0 * H, L->exp_in + r0 * C, n, C, H);
-    }
-    trace_compute(t0, "block %d experts weights", l);
 }
 
 // ---------------------------------------------------------------- --zero 2, 3: the units of a layer
@@ -363,45 +256,6 @@ int expert_cp_owner(const CPShard* sh, int pos, size_t* row) {
     return owner;
 }
 
-// n MoE layers' state (composed_model.h): what a layer keeps from its forward
-// for its backward, on m->N token rows.
-MoeLayer* expert_moe_layers_create(const ExpertModel* m, int n) {
-    const MoeConfig* cfg = &m->cfg;
-    int N = m->N, C = cfg->gpt.channels, H = cfg->hidden, E = cfg->experts, k = cfg->top_k, nc = m->chunks;
-    size_t R = (size_t)m->R, Nk = (size_t)N * k;
-    MoeLayer* layers = xcalloc((size_t)n, sizeof(MoeLayer));
-    for (int i = 0; i < n; i++) {
-        MoeLayer* q = &layers[i];
-        q->logits = mem_alloc_floats((size_t)N * E, MEM_ACTIVATIONS);
-        q->probs = mem_alloc_floats((size_t)N * E, MEM_ACTIVATIONS);
-        q->gates = mem_alloc_floats(Nk, MEM_ACTIVATIONS);
-        q->idx = mem_alloc(Nk * sizeof(int), MEM_ACTIVATIONS);
-        q->pos = mem_alloc(Nk * sizeof(int), MEM_ACTIVATIONS);
-        q->send_src = mem_alloc(Nk * sizeof(int), MEM_ACTIVATIONS);
-        q->send = m->send_shared ? m->send_shared : mem_alloc_floats(Nk * C, MEM_COMM);
-        q->back = mem_alloc_floats(Nk * C, MEM_COMM);
-        q->exp_in = mem_alloc_floats(R * C, MEM_ACTIVATIONS);
-        q->fch = mem_alloc_floats(R * H, MEM_ACTIVATIONS);
-        q->fch_gelu = m->gelu_shared ? m->gelu_shared : mem_alloc_floats(R * H, MEM_ACTIVATIONS);
-        q->aux_dprobs = mem_alloc_floats((size_t)E, MEM_ACTIVATIONS);
-        q->idx_host = mem_alloc_host(Nk * sizeof(int));
-        q->pos_host = mem_alloc_host(Nk * sizeof(int));
-        q->src_host = mem_alloc_host(Nk * sizeof(int));
-        q->cnt_send = xmalloc((size_t)E * sizeof(int));
-        q->cnt_chunk = xmalloc((size_t)nc * E * sizeof(int));
-        q->cnt_recv = xmalloc((size_t)nc * E * sizeof(int));  // ep x n x E/ep
-        q->send_row = xmalloc((size_t)(nc + 1) * sizeof(int));
-        q->blk_recv = xmalloc((size_t)nc * E * sizeof(int));
-        q->blk_row = xmalloc((size_t)nc * E * sizeof(int));
-        q->expert_off = xmalloc((size_t)(m->E_local + 1) * sizeof(int));
-        q->sc = xmalloc((size_t)nc * m->ep * sizeof(size_t));
-        q->sd = xmalloc((size_t)nc * m->ep * sizeof(size_t));
-        q->rc = xmalloc((size_t)nc * m->ep * sizeof(size_t));
-        q->rd = xmalloc((size_t)nc * m->ep * sizeof(size_t));
-    }
-    return layers;
-}
-
 void expert_model_create(ExpertModel* m, const MoeConfig* cfg, const ExpertFlags* flags, const Run* run) {
     expert_model_create_part(m, cfg, flags, run, 1, 1);
 }
@@ -470,11 +324,8 @@ void expert_model_create_part(ExpertModel* m, const MoeConfig* cfg, const Expert
     m->share = (mesh->coord[AXIS_DP] * m->ep + mesh->coord[AXIS_EP]) * ntp + mesh->coord[AXIS_TP];
     m->E_local = cfg->experts / m->ep;
     m->e0 = m->epc->rank * m->E_local;
-    int N = m->N, C = cfg->gpt.channels, H = cfg->hidden, E = cfg->experts, k = cfg->top_k;
+    int N = m->N, C = cfg->gpt.channels;
     int Lm = moe_num_moe_layers(cfg);
-    // dropless: my experts may receive every slot of every token of my ep
-    // group that can choose them (a token picks an expert at most once)
-    m->R = N * m->ep * (k < m->E_local ? k : m->E_local);
     m->n_shared = moe_num_shared(&m->cfg);
     m->n_experts = (size_t)Lm * m->E_local * moe_expert_numel(cfg);
     // parameters, gradients, moments; --zero 1: the moments sharded over the copies
@@ -494,36 +345,29 @@ void expert_model_create_part(ExpertModel* m, const MoeConfig* cfg, const Expert
     if (!has_head) acts_cfg.vocab_size = acts_cfg.padded_vocab_size = 0;
     gpt_acts_create_recompute(&m->acts, &acts_cfg, B, m->T, recompute);
     expert_cp_create(m);
-    size_t R = (size_t)m->R, Nk = (size_t)N * k;
+    // the MoE layers: chapter 7's engine over ep. Capacity keeps the first
+    // slots in the global batch's order, cut into blocks: a run of len
+    // positions of one sequence held by one cp rank (ring.h), nb per
+    // sequence, B sequences per share; my rows are part-major (ring.h)
+    const CPShard* sh = &m->cp.sh;
+    int nb = sh->T / sh->len;
+    int* row_block = xmalloc((size_t)N * sizeof(int));
+    for (int row = 0; row < N; row++)
+        row_block[row] = (m->share * sh->B + row / sh->len % sh->B) * nb +
+                         cp_shard_pos(sh, sh->rank, row / (sh->B * sh->len)) / sh->len;
+    MoeSpec spec = {.cfg = m->cfg, .N = N, .epc = m->epc, .batch = &m->batch, .chunks = flags->ep_overlap,
+                    .aux_coef = flags->aux_coef, .capacity_factor = flags->capacity,
+                    .n_blocks = m->batch.size / sh->cp * sh->B * nb, .row_block = row_block, .recompute = recompute};
+    moe_parallel_create(&m->moe, &spec);
+    free(row_block);
+    // --schedule zb: the router's and the experts' weight gradients go to
+    // this chunk's queue (expert_wgrad: at once when no queue is set)
+    m->moe.wgrad = expert_wgrad_hook, m->moe.wgrad_ctx = m;
     // --recompute full: one MoE layer's state, reused by every layer (each
-    // layer's forward runs again before its backward); selective: each
-    // layer's own, but send (read by no backward) and fch_gelu (recomputed)
-    // in one buffer each
-    int n_moe = recompute == RECOMPUTE_FULL ? 1 : Lm;
-    if (recompute == RECOMPUTE_SELECTIVE) {
-        m->send_shared = mem_alloc_floats(Nk * C, MEM_COMM);
-        m->gelu_shared = mem_alloc_floats(R * H, MEM_ACTIVATIONS);
-    }
-    int nc = m->chunks = flags->ep_overlap;
-    m->a2a = xcalloc((size_t)2 * nc, sizeof(CommRequest));
-    m->a2a_started = xcalloc((size_t)2 * nc, sizeof(double));
-    m->moe = expert_moe_layers_create(m, n_moe);
-    m->recv = mem_alloc_floats(R * C, MEM_COMM);
-    m->xbuf = mem_alloc_floats(R * C, MEM_ACTIVATIONS);
-    m->ybuf = mem_alloc_floats(R * C, MEM_ACTIVATIONS);
-    m->dfch = mem_alloc_floats(R * H, MEM_ACTIVATIONS);
-    m->dfch_gelu = mem_alloc_floats(R * H, MEM_ACTIVATIONS);
-    m->dsend = mem_alloc_floats(Nk * C, MEM_COMM);
-    m->dgates = mem_alloc_floats(Nk, MEM_ACTIVATIONS);
-    m->dlogits = mem_alloc_floats((size_t)N * E, MEM_ACTIVATIONS);
+    // layer's forward runs again before its backward)
+    m->layers = moe_layers_create(&m->moe, recompute == RECOMPUTE_FULL ? 1 : Lm);
     m->dln2 = mem_alloc_floats((size_t)N * C, MEM_ACTIVATIONS);
-    m->routed = xcalloc((size_t)Lm * E, sizeof(long));
     m->rows_host = mem_alloc_host((size_t)N * 2 * sizeof(int));
-    m->probs_host = mem_alloc_host((size_t)N * E * sizeof(float));
-    m->aux_host = mem_alloc_host((size_t)E * sizeof(float));
-    m->aux_coef = flags->aux_coef;
-    m->capacity_factor = flags->capacity;
-    m->record = 1;
     const char* path = run->setup.checkpoint;
     if (path) {  // --model FILE: the replicated parameters and my experts
         char msg[1024];
@@ -542,33 +386,13 @@ void expert_model_create_part(ExpertModel* m, const MoeConfig* cfg, const Expert
     zero_units(m);  // each buffer's units; --zero 2, 3: the engines take the values
 }
 
-void expert_moe_layers_free(const ExpertModel* m, MoeLayer* layers, int n) {
-    for (int i = 0; i < n; i++) {
-        MoeLayer* q = &layers[i];
-        float* f[] = {q->logits, q->probs, q->gates, m->send_shared ? NULL : q->send, q->back, q->exp_in, q->fch,
-                      m->gelu_shared ? NULL : q->fch_gelu, q->aux_dprobs};
-        for (size_t j = 0; j < sizeof(f) / sizeof(f[0]); j++) mem_free(f[j]);
-        int* d[] = {q->idx, q->pos, q->send_src};
-        for (size_t j = 0; j < sizeof(d) / sizeof(d[0]); j++) mem_free(d[j]);
-        mem_free_host(q->idx_host), mem_free_host(q->pos_host), mem_free_host(q->src_host);
-        void* h[] = {q->cnt_send, q->cnt_chunk, q->cnt_recv, q->send_row,
-                     q->blk_recv, q->blk_row, q->expert_off, q->sc, q->sd, q->rc, q->rd};
-        for (size_t j = 0; j < sizeof(h) / sizeof(h[0]); j++) free(h[j]);
-    }
-    free(layers);
-}
-
 void expert_model_free(ExpertModel* m) {
-    float* dev[] = {m->shared, m->dshared, m->m_s, m->v_s, m->experts, m->dexperts, m->m_e, m->v_e,
-                    m->recv, m->xbuf, m->ybuf, m->dfch, m->dfch_gelu, m->dsend, m->dgates, m->dlogits, m->dln2,
-                    m->send_shared, m->gelu_shared};
+    float* dev[] = {m->shared, m->dshared, m->m_s, m->v_s, m->experts, m->dexperts, m->m_e, m->v_e, m->dln2};
     for (size_t i = 0; i < sizeof(dev) / sizeof(dev[0]); i++) mem_free(dev[i]);
     gpt_acts_free(&m->acts);
-    expert_moe_layers_free(m, m->moe, m->recompute == RECOMPUTE_FULL ? 1 : moe_num_moe_layers(&m->cfg));
-    free(m->a2a);
-    free(m->a2a_started);
-    free(m->routed);
-    mem_free_host(m->rows_host), mem_free_host(m->probs_host), mem_free_host(m->aux_host);
+    moe_layers_free(&m->moe, m->layers, m->recompute == RECOMPUTE_FULL ? 1 : moe_num_moe_layers(&m->cfg));
+    moe_parallel_free(&m->moe);
+    mem_free_host(m->rows_host);
     expert_cp_free(m);
     expert_tp_free(m);
     expert_zero_free(&m->z[ZERO_SHARED]), expert_zero_free(&m->z[ZERO_EXPERTS]), expert_zero_free(&m->z[ZERO_TP]);
@@ -582,7 +406,7 @@ void expert_print_setup(const ExpertModel* m, const Run* run) {
     size_t total = expert_total_params(m);
     print0("chapter 7: experts, dp=%d x ep=%d, %d expert%s (%d per rank), top-%d, H=%d, %d of %d layers MoE, %s, device %s\n",
            ndp, nep, E, E == 1 ? "" : "s", m->E_local, c->top_k, c->hidden, moe_num_moe_layers(c), c->gpt.num_layers,
-           m->capacity_factor > 0 ? "capacity mode" : "dropless", run->device);
+           m->moe.capacity_factor > 0 ? "capacity mode" : "dropless", run->device);
     size_t outside = total - (size_t)moe_num_moe_layers(c) * E * moe_expert_numel(c);
     print0("model %s: %zu parameters (%zu replicated, %zu in experts), %zu active per token; global batch %d x %d, %d per rank\n",
            run->setup.model_name, total, outside, total - outside, moe_active_params(c), run->setup.B, run->setup.T, m->B);
@@ -747,9 +571,9 @@ void expert_ckpt_identity(Ckpt* ck, const ExpertModel* m) {
     // what routing trains under: other drops or another balance term train
     // another model. One dropless expert is chapter 0's model (its router's
     // softmax is 1 whatever the balance term): the same identity as chapter 0's
-    if (moe_ckpt_dense(&m->cfg) && m->capacity_factor == 0) return;
+    if (moe_ckpt_dense(&m->cfg) && m->moe.capacity_factor == 0) return;
     char settings[96];
-    snprintf(settings, sizeof(settings), "capacity %.9g aux %.9g", m->capacity_factor, m->aux_coef);
+    snprintf(settings, sizeof(settings), "capacity %.9g aux %.9g", m->moe.capacity_factor, m->moe.aux_coef);
     ckpt_add_identity(ck, settings);
 }
 
@@ -802,30 +626,8 @@ void expert_model_ckpt(Ckpt* ck, ExpertModel* m) {
 
 // ---------------------------------------------------------------- the summary
 
-void expert_step_record(ExpertModel* m, TrainLoop* loop, int step) {
-    JsonBuf* fields = &loop->step_extra;
-    m->dropped_total += m->dropped;
-    if (train_loop_timed(loop, step)) {
-        m->a2a_blocked_timed += m->a2a_blocked_s;
-        m->a2a_inflight_timed += m->a2a_inflight_s;
-    }
-    json_add_double(fields, "aux_loss", m->aux, "%.7f");
-    json_add_int(fields, "dropped", m->dropped);
-    json_add_long_matrix(fields, "expert_tokens", m->routed, moe_num_moe_layers(&m->cfg), m->cfg.experts);
-}
-
 void expert_report(const ExpertModel* m, const ExpertFlags* fl, const TrainLoop* loop, JsonBuf* extra) {
-    int trained = loop->steps - loop->start, timed = loop->clock.timed;
-    // the all-to-all traffic of training. A rank sends its N k token-slots
-    // in dispatch and, in combine, what its experts received: this varies by
-    // rank, the mean over the ranks is N k C floats per exchange (a host
-    // figure for the log: plain MPI)
-    CommCount a2a = comm_count(COLL_ALLTOALL, AXIS_EP);
-    MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, &a2a.bytes, 1, MPI_DOUBLE, MPI_SUM, m->batch.mpi));
-    double per_step = trained > 0 ? a2a.bytes / m->batch.size / trained : 0.0;
-    print0("dispatch and combine: %.0f bytes sent per rank per step in all-to-all-v (mean over ranks), %ld token-slots dropped\n",
-           per_step, m->dropped_total);
-    json_add_int(extra, "zero", m->zero);  // --zero: 0, or 1 (composed_zero.h)
+    json_add_int(extra, "zero", m->zero);  // --zero: 0 .. 3 (composed_zero.h)
     json_add_int(extra, "experts", fl->experts);
     json_add_int(extra, "top_k", fl->top_k);
     json_add_int(extra, "expert_hidden", m->cfg.hidden);
@@ -833,21 +635,7 @@ void expert_report(const ExpertModel* m, const ExpertFlags* fl, const TrainLoop*
     json_add_double(extra, "aux_coef", fl->aux_coef, "%g");
     json_add_double(extra, "capacity_factor", fl->capacity, "%g");
     json_add_int(extra, "active_params", (long long)moe_active_params(&m->cfg));
-    json_add_double(extra, "alltoall_bytes_per_step", per_step, "%.0f");
-    json_add_int(extra, "dropped_total", m->dropped_total);
-    // the share of the exchanges' time in flight that compute hid (rank 0,
-    // the timed steps; -1 when nothing was exchanged): 1 - blocked / in flight
-    double hidden = m->a2a_inflight_timed > 0 ? 1.0 - m->a2a_blocked_timed / m->a2a_inflight_timed : -1.0;
-    double blocked_ms = timed ? 1e3 * m->a2a_blocked_timed / timed : 0.0;
-    double inflight_ms = timed ? 1e3 * m->a2a_inflight_timed / timed : 0.0;
-    if (hidden >= 0)
-        print0("ep overlap: %d chunk%s per MoE layer; %.1f%% of the all-to-alls' time in flight hidden behind compute "
-               "(rank 0: %.2f ms blocked of %.2f ms in flight per step; comm_progress %s)\n", m->chunks,
-               m->chunks == 1 ? "" : "s", 100.0 * hidden, blocked_ms, inflight_ms, comm_progress_on() ? "on" : "off");
-    json_add_int(extra, "ep_overlap", m->chunks);
-    json_add_double(extra, "a2a_hidden_share", hidden, "%.4f");
-    json_add_double(extra, "a2a_blocked_ms_per_step", blocked_ms, "%.3f");
-    json_add_double(extra, "a2a_inflight_ms_per_step", inflight_ms, "%.3f");
+    moe_report(&m->moe, loop, extra);  // the traffic, the drops, the share of the exchanges hidden (moe_layer.c)
 }
 
 // ---------------------------------------------------------------- --show-sharding

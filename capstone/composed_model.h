@@ -18,44 +18,11 @@
 #include "context.h"  // chapter 6's CPMode, CPBalance, cp_parse_flags
 #include "composed_zero.h"  // --zero: ZeroBuf
 #include "moe.h"
+#include "moe_layer.h"  // chapter 7's MoE layer over ep: MoeParallel, MoeLayer
 #include "ring.h"     // chapter 6's CPShard and ring attention's compute
 #include "run.h"
 #include "train_eval.h"
 #include "train_loop.h"
-
-// What forward keeps of one MoE layer for backward: the routing, the plan of
-// the two exchanges, and the rows on both sides. With --ep-overlap n the
-// exchanges go in n chunks of the layer's tokens (chunk c: tokens
-// [c N / n, (c + 1) N / n)), so the plan is per chunk.
-//   send order     my kept slots by (chunk, expert, token): each chunk's
-//                  rows are contiguous and in destination order
-//   receive order  by (chunk, source rank, my expert, token)
-//   experts' order by (my expert, source rank, chunk, token): each expert's
-//                  rows contiguous, and for any n the order n = 1 gives, so
-//                  the experts' weight gradients sum their rows in the same
-//                  order whatever n (the same bits)
-// A block (chunk c, source s, expert le) is contiguous in both of the last
-// two orders: moving it between them is a copy.
-typedef struct {
-    float *logits, *probs, *gates;  // (N, E), (N, E), (N, k)
-    int *idx, *pos;                 // (N, k) chosen experts; row of (t, j) in send (-1: dropped)
-    int* send_src;                  // (N*k) token of each send row
-    float *send, *back;             // (N*k, C) my rows out, the expert outputs back (send order)
-    float *exp_in, *fch, *fch_gelu; // (R, C), (R, H), (R, H) in the experts' order
-    float* aux_dprobs;              // (E) d objective / d each prob (load-balancing loss)
-    // the plan, on the host: counts are integers, and the comm layer's
-    // collectives are float-only, so they travel by plain MPI; the first
-    // three are staging buffers (memory.h), copied every step
-    int *idx_host, *pos_host, *src_host;
-    int* cnt_send;                  // (E) my kept slots of each expert
-    int* cnt_chunk;                 // (n, E) of them, per chunk
-    int* cnt_recv;                  // (ep, n, E/ep) rows from source s in chunk c for my expert le
-    int* send_row;                  // (n + 1) each chunk's first row in send order
-    int *blk_recv, *blk_row;        // (n, ep, E/ep) block (c, s, le)'s first row: receive / experts' order
-    int* expert_off;                // (E/ep + 1) each of my experts' rows in the experts' order
-    size_t *sc, *sd, *rc, *rd;      // (n, ep) floats sent to / received from each ep rank per chunk
-    int n_send, n_recv;
-} MoeLayer;
 
 // A split backward (--schedule zb; composed_wgrad.c): B computes what the
 // stage before waits for, the input gradients, through every exchange of
@@ -124,7 +91,6 @@ typedef struct {
     int B, T, N;           // this rank's sequences (B/tp of its share's), its positions of each (T/cp), B*T token rows
     int share;             // my sequences of the global batch: [share B, (share + 1) B)
     int ep, E_local, e0;   // ep ranks; my experts are [e0, e0 + E_local)
-    int R;                 // most rows my experts can receive in one layer
     Comm batch;            // every rank that holds the replicated parameters: dp x cp x ep (x tp),
                            // each with its own tokens of the global batch
     const Comm *world, *dp, *epc;  // world: rank 0 writes the file
@@ -132,7 +98,6 @@ typedef struct {
     Comm dpcp_own;         // that group, made when cp > 1 or tp > 1
     ExpertCP cp;
     ExpertTP tp;
-    float aux_coef, capacity_factor;  // capacity_factor 0: dropless
     // parameters: the replicated ones and my experts (moe.h's two buffers)
     size_t n_shared, n_experts;
     float *shared, *dshared, *m_s, *v_s;
@@ -150,29 +115,15 @@ typedef struct {
     // and each MoE layer's own
     GPTActs acts;
     RecomputeMode recompute;
-    MoeLayer* moe;  // one per MoE layer (--recompute full: one for all)
-    float *send_shared, *gelu_shared;  // --recompute selective: every layer's send and fch_gelu
-    // scratch shared by the layers
-    float *recv, *xbuf, *ybuf, *dfch, *dfch_gelu, *dsend, *dgates, *dlogits, *dln2;
-    // host staging buffers (memory.h), used every step: my rows' inputs then
-    // targets (2, N) on their way to the device; a layer's router probs
-    // (N, E) and its balance gradient (E), balance_loss's
+    // the MoE layers: chapter 7's engine (07_expert/moe_layer.h: the routing,
+    // the plan, the exchanges over ep, the step's statistics) and each
+    // layer's kept state (--recompute full: one for all)
+    MoeParallel moe;
+    MoeLayer* layers;
+    float* dln2;     // (N, C) an MoE layer's d ln2
+    // host staging (memory.h), used every step: my rows' inputs then targets
+    // (2, N) on their way to the device
     int* rows_host;
-    float *probs_host, *aux_host;
-    // statistics of the last forward, summed over the MoE layers (global)
-    double aux;      // the load-balancing loss (without aux_coef)
-    long dropped;    // token-slots dropped by capacity
-    long* routed;    // (L_moe, E) token-slots routed to each expert
-    long dropped_total;  // over the training steps so far
-    int record;      // 1: this forward is a training step's (statistics kept)
-    // --ep-overlap: chunks per MoE layer, and the dispatch (0 .. n-1) and
-    // combine (n .. 2n-1) exchanges of one layer in flight, with when each
-    // started; the seconds blocked in their waits and in flight (start to
-    // the end of the wait) in this training step and over the timed steps
-    int chunks;
-    CommRequest* a2a;
-    double* a2a_started;
-    double a2a_blocked_s, a2a_inflight_s, a2a_blocked_timed, a2a_inflight_timed;
     // --pp (composed_pipe.c): this model is one pipeline chunk's layers; only
     // the first embeds the tokens (the others' input, acts.encoded, arrives
     // from the stage before) and only the last runs the head (the others'
@@ -227,12 +178,6 @@ void expert_model_create_part(ExpertModel* m, const MoeConfig* cfg, const Expert
 // The start-up lines: the mesh, the experts, the parameters.
 void expert_print_setup(const ExpertModel* m, const Run* run);
 void expert_model_free(ExpertModel* m);
-// n MoE layers' state for m->N token rows (one layer each, as
-// expert_model_create makes m->moe), and its release: a pipeline stage keeps
-// one set per microbatch in flight (composed_pipe.c).
-MoeLayer* expert_moe_layers_create(const ExpertModel* m, int n);
-void expert_moe_layers_free(const ExpertModel* m, MoeLayer* layers, int n);
-
 // Where MoE layer l's state lives (--recompute full: one for all layers).
 MoeLayer* expert_layer(ExpertModel* m, int l);
 // Where layer l's forward writes its attention half (and a dense layer its
@@ -264,32 +209,6 @@ void expert_units_reduce(ExpertModel* m, int l);
 // Layer l's router (E, C) and its gradient.
 float* expert_router(ExpertModel* m, int l);
 float* expert_router_grad(ExpertModel* m, int l);
-// The exchanges of the MoE layers (dispatch: chunk c is request c; combine:
-// chunks + c): a non-blocking all-to-all-v over ep, and its wait, which
-// adds the seconds blocked and in flight to the step's figures.
-void expert_a2a_start(ExpertModel* m, int i, const float* send, const size_t* sc, const size_t* sd, float* recv,
-                      const size_t* rc, const size_t* rd);
-void expert_a2a_wait(ExpertModel* m, int i);
-// Chunk c's first token of a rank's N (c = chunks: N).
-int expert_chunk_start(const ExpertModel* m, int c);
-// The plan's send order, from the kept slots (L->pos_host >= 0) and their
-// experts (L->idx_host): per chunk and expert the slots kept (cnt_chunk),
-// each chunk's first send row (send_row, n_send), and every kept slot's row
-// (pos_host) and every row's token (src_host).
-void expert_plan_send_order(ExpertModel* m, MoeLayer* L);
-// The experts on chunk c of MoE layer l, block by block (source, expert):
-// forward, each block's received rows (m->recv, receive order) copied into
-// exp_in in the experts' order, its fch and fch_gelu kept there, its
-// outputs into m->xbuf in the receive order (what the combine sends back);
-// backward's input half, the row gradients (m->recv) copied into m->xbuf in
-// the experts' order (kept for the weights) and d of the inputs into
-// m->ybuf in the receive order, dfch kept in m->dfch. Rows are independent
-// in both, so chunk by chunk is the same bits as all at once.
-void expert_blocks_forward(ExpertModel* m, MoeLayer* L, int l, int c);
-void expert_blocks_backward_input(ExpertModel* m, MoeLayer* L, int l, int c);
-// The weight half of backward: each expert over all its rows, in the
-// experts' order (the order n = 1 gives for any n).
-void expert_blocks_backward_weights(ExpertModel* m, MoeLayer* L, int l);
 // The split backward (composed_wgrad.c). expert_wgrad_enable: a chunk of a
 // split schedule (a dense layer then takes chapter 7's own backward at
 // cp = tp = 1 too, composed_cp.c, with its (N, 4C) MLP gradients). The
@@ -306,6 +225,9 @@ void expert_wgrad_free(WGradQueue* q);
 void expert_wgrad(ExpertModel* m, int layer, float* dw, float* db, const float* dout, const float* inp, int N, int C,
                   int OC);
 void expert_wgrad_run(WGradQueue* q);
+// expert_wgrad as the MoE layer's MoeWeightGrad (ctx: the ExpertModel).
+void expert_wgrad_hook(void* ctx, int layer, float* dw, float* db, const float* dout, const float* inp, int N, int C,
+                       int OC);
 // The attention half of layer l (ln1 to ln2, moe.h) on my N rows: at cp = 1
 // moe_attention_forward itself; at cp > 1 its two halves around the cp
 // group's attention (--cp-mode ring: the K/V blocks around the ring;
@@ -367,12 +289,6 @@ void expert_sample(ExpertModel* m, const TrainArgs* args, TrainForward forward);
 // replicated parameters and every expert gathered over ep. Collective.
 void expert_model_save(ExpertModel* m, const char* path);
 
-// After training step `step`: its routing statistics (aux_loss, dropped,
-// expert_tokens per MoE layer and expert, over the global batch) into the
-// step record's fields (loop->step_extra), dropped into dropped_total, and
-// the exchanges' blocked and in-flight seconds into the timed totals when
-// the loop's clock timed the step.
-void expert_step_record(ExpertModel* m, TrainLoop* loop, int step);
 // After training: prints the all-to-all traffic per step (the mean over the
 // ranks), the dropped slots and the share of the exchanges' time in flight
 // that compute hid, and adds the chapter's summary fields (the MoE's shape,

@@ -57,7 +57,7 @@ static XpSlot* slot_get(ExpertPipe* P, XpChunk* ch, int mb) {
         if (!ch->m.has_head) g.vocab_size = g.padded_vocab_size = 0;
         gpt_acts_create_recompute(&free_one->acts, &g, P->b, P->Tr, ch->m.recompute);
         slot_cp_create(ch, free_one);
-        free_one->moe = ch->m.recompute == RECOMPUTE_FULL ? ch->slot[0]->moe : expert_moe_layers_create(&ch->m, ch->n_moe);
+        free_one->layers = ch->m.recompute == RECOMPUTE_FULL ? ch->slot[0]->layers : moe_layers_create(&ch->m.moe, ch->n_moe);
         if (ch->m.split) expert_wgrad_create(&free_one->wq, &ch->m);  // zb: what its W reads
         if (ch->n_slots == P->M) FATAL("more microbatches in flight than the step has");
         ch->slot[ch->n_slots++] = free_one;
@@ -124,9 +124,9 @@ static void forward(ExpertPipe* P, int mb, int c) {
     size_t t0 = (size_t)mb * P->b * P->T;
     float loss = P->forward(&ch->m, P->inputs + t0, P->targets + t0);
     // this microbatch's routing statistics of my MoE layers (global over dp x cp x ep)
-    P->aux += ch->m.aux, P->dropped += ch->m.dropped;
+    P->aux += ch->m.moe.aux, P->dropped += ch->m.moe.dropped;
     int E = P->cfg.experts;
-    for (int i = 0; i < ch->n_moe * E; i++) P->routed[(size_t)ch->moe0 * E + i] += ch->m.routed[i];
+    for (int i = 0; i < ch->n_moe * E; i++) P->routed[(size_t)ch->moe0 * E + i] += ch->m.moe.routed[i];
     const GPTConfig* g = &ch->m.cfg.gpt;
     if (ch->vstage == P->S - 1) P->loss_sum += loss;
     else send(P, gpt_acts_block_output(&sl->acts, g, g->num_layers - 1, P->b, P->Tr), next_rank(P));
@@ -218,7 +218,7 @@ double expert_pipe_loss(ExpertPipe* P) {
 
 void expert_pipe_record(ExpertPipe* P, TrainLoop* loop, int step) {
     if (P->plain) {  // chapter 7's record, the all-to-all's timings too
-        expert_step_record(&P->chunk[0].m, loop, step);
+        moe_step_record(&P->chunk[0].m.moe, loop, step);
         return;
     }
     JsonBuf* fields = &loop->step_extra;
@@ -258,9 +258,9 @@ static float forward_only(ExpertPipe* P, const int* inputs, const int* targets, 
         if (last) *last = sl;
         if (ch->vstage > 0) comm_recv(P->ppc, sl->acts.encoded, act_floats(P), prev_rank(P));
         slot_use(ch, sl);
-        ch->m.record = 0;
+        ch->m.moe.record = 0;
         loss = P->forward(&ch->m, inputs, targets);
-        ch->m.record = 1;
+        ch->m.moe.record = 1;
         if (ch->vstage < P->S - 1) {
             const GPTConfig* g = &ch->m.cfg.gpt;
             send(P, gpt_acts_block_output(&sl->acts, g, g->num_layers - 1, P->b, P->Tr), next_rank(P));
@@ -353,7 +353,7 @@ void expert_pipe_create(ExpertPipe* P, Run* run, ExpertFlags* fl, const MoeConfi
            mesh->size[AXIS_DP], mesh->size[AXIS_TP], mesh->size[AXIS_EP], P->pp, mesh->size[AXIS_CP], P->sched_name, P->M,
            P->M == 1 ? "" : "es", P->b, P->b == 1 ? "" : "s", P->v, P->v == 1 ? "" : "s", cfg->gpt.num_layers / P->S,
            cfg->gpt.num_layers / P->S == 1 ? "" : "s", cfg->experts, cfg->experts == 1 ? "" : "s", m0->E_local, cfg->top_k,
-           m0->capacity_factor > 0 ? "capacity mode per microbatch" : "dropless", run->device);
+           m0->moe.capacity_factor > 0 ? "capacity mode per microbatch" : "dropless", run->device);
     print0("model %s: %zu parameters; global batch %d x %d\n", setup->model_name, P->total, setup->B, setup->T);
     if (m0->zero)  // --zero 1 (composed_zero.h), each chunk's buffers
         print0("ZeRO-1: the AdamW moments of each chunk's buffers sharded over their copies: the replicated "
@@ -371,7 +371,7 @@ void expert_pipe_report(ExpertPipe* P, const ExpertFlags* fl, const TrainLoop* l
         expert_report(m0, fl, loop, summary);
         return;
     }
-    m0->dropped_total = P->dropped_total;
+    m0->moe.dropped_total = P->dropped_total;
     expert_report(m0, fl, loop, summary);
     json_add_string(summary, "schedule", P->sched_name);
     json_add_int(summary, "microbatches", P->M);

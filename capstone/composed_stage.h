@@ -16,11 +16,11 @@
 // What one (microbatch, chunk) keeps from its F to its B (zb: its W): the chunk's
 // activations (its input in acts.encoded, its layers', the head's), its MoE
 // layers' routing, plan and rows, and with --cp its layers' attention state.
-// The chunk's ExpertModel works on a slot by pointing m->acts, m->moe and
+// The chunk's ExpertModel works on a slot by pointing m->acts, m->layers and
 // m->cp's kept buffers at it (slot_use).
 typedef struct {
     GPTActs acts;
-    MoeLayer* moe;
+    MoeLayer* layers;
     float *lse, *qkv_h, *att_h;  // --cp: what each layer's attention keeps (composed_model.h's ExpertCP)
     WGradQueue wq;               // zb: the weight gradients its B queued for its W (composed_wgrad.c)
     int mb, busy;
@@ -92,7 +92,7 @@ static inline size_t act_floats(const ExpertPipe* P) { return (size_t)P->b * P->
 // (--cp) kept attention buffers are the slot's.
 static inline void slot_use(XpChunk* ch, XpSlot* sl) {
     ch->m.acts = sl->acts;
-    ch->m.moe = sl->moe;
+    ch->m.layers = sl->layers;
     ch->m.cp.lse = sl->lse, ch->m.cp.qkv_h = sl->qkv_h, ch->m.cp.att_h = sl->att_h;
 }
 

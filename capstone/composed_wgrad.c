@@ -30,7 +30,7 @@ void expert_wgrad_enable(ExpertModel* m) {
 size_t expert_wgrad_floats(const ExpertModel* m) {
     const MoeConfig* c = &m->cfg;
     size_t N = (size_t)m->N, C = (size_t)c->gpt.channels, tp = (size_t)(m->tp.tp > 1 ? m->tp.tp : 1);
-    size_t Ng = N * tp, Cl = C / tp, H = (size_t)c->hidden, E = (size_t)c->experts, R = (size_t)m->R, f = 0;
+    size_t Ng = N * tp, Cl = C / tp, H = (size_t)c->hidden, E = (size_t)c->experts, R = (size_t)m->moe.R, f = 0;
     for (int l = 0; l < c->gpt.num_layers; l++) {
         f += Ng * (C + 3 * Cl) + Ng * (Cl + C) + (tp > 1 ? N * C : 0);
         if (moe_is_moe_layer(c, l))
@@ -72,6 +72,11 @@ void expert_wgrad(ExpertModel* m, int layer, float* dw, float* db, const float* 
     ops_copy(e->dout, dout, nd);
     if (dw) ops_copy(e->inp, inp, ni);
     q->used += nd + ni;
+}
+
+void expert_wgrad_hook(void* ctx, int layer, float* dw, float* db, const float* dout, const float* inp, int N, int C,
+                       int OC) {
+    expert_wgrad(ctx, layer, dw, db, dout, inp, N, C, OC);
 }
 
 void expert_wgrad_run(WGradQueue* q) {
