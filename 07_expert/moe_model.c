@@ -27,10 +27,10 @@ static const char* read_gpt_config(const char* path, GPTConfig* cfg, char* msg, 
     return bad;
 }
 
-int moe_model_run_start(Run* run, MoeFlags* fl, int argc, char** argv) {
+void moe_flags_specs(MoeFlags* fl, ArgSpec out[MOE_NUM_FLAGS]) {
     *fl = (MoeFlags){.experts = 4, .top_k = 2, .hidden = 0, .moe_every = 1, .ep_overlap = 1, .aux_coef = 0.01f,
                      .capacity = 0.0f};
-    ArgSpec extra[] = {
+    ArgSpec specs[MOE_NUM_FLAGS] = {
         {"experts", ARG_INT, &fl->experts, "experts per MoE layer, E  [4]"},
         {"top-k", ARG_INT, &fl->top_k, "experts per token, k  [2]"},
         {"expert-hidden", ARG_INT, &fl->hidden, "each expert's MLP width, H  [4C]"},
@@ -42,15 +42,21 @@ int moe_model_run_start(Run* run, MoeFlags* fl, int argc, char** argv) {
          "n: each MoE layer's exchanges in n chunks of its tokens, chunk c's experts running while chunk c+1 "
          "travels  [1]"},
     };
+    memcpy(out, specs, sizeof(specs));
     train_config_reader = read_gpt_config;  // --model FILE is an MoE file (moe.h)
+}
+
+int moe_model_run_start(Run* run, MoeFlags* fl, int argc, char** argv) {
+    ArgSpec extra[MOE_NUM_FLAGS];
+    moe_flags_specs(fl, extra);
     return run_start(run, argc, argv, "build/chapter-7",
                      "Chapter 7: mixture of experts, experts sharded over ep: route, count, all-to-all-v\n"
                      "dispatch, experts, all-to-all-v combine; the replicated gradients averaged over dp x ep,\n"
                      "the experts' summed over dp. Every axis at once (tp, pp, cp, ZeRO): build/capstone.",
-                     extra, sizeof(extra) / sizeof(extra[0]), (1u << AXIS_DP) | (1u << AXIS_EP));
+                     extra, MOE_NUM_FLAGS, (1u << AXIS_DP) | (1u << AXIS_EP));
 }
 
-MoeConfig moe_model_config(const Run* run, MoeFlags* f) {
+MoeConfig moe_config_checked(const Run* run, MoeFlags* f) {
     const TrainSetup* setup = &run->setup;
     MoeConfig cfg = {.gpt = setup->cfg, .experts = f->experts, .top_k = f->top_k,
                      .hidden = f->hidden > 0 ? f->hidden : 4 * setup->cfg.channels, .moe_every = f->moe_every};
@@ -92,14 +98,23 @@ MoeConfig moe_model_config(const Run* run, MoeFlags* f) {
     if (!(f->aux_coef >= 0) || !isfinite(f->aux_coef)) fail_all("--aux-coef must be >= 0");
     MeshNeeds needs = {.experts = cfg.experts};
     train_check_mesh(&run->mesh, setup, &needs);
-    int world = run->mesh.size[AXIS_DP] * ep;
-    if (setup->B % world != 0)
-        fail_all("the batch of %d sequences does not split over dp x ep = %d ranks (every rank takes its own "
-                 "sequences): use a --batch that is a multiple of %d", setup->B, world, world);
-    long tokens = (long)(setup->B / world) * setup->T;  // a rank's tokens per MoE layer
+    return cfg;
+}
+
+void moe_check_overlap(const MoeFlags* f, long tokens) {
     if (f->ep_overlap < 1 || f->ep_overlap > tokens)
         fail_all("--ep-overlap %d: each MoE layer's exchanges are cut into that many chunks of a rank's %ld tokens, "
                  "so it must be between 1 and %ld", f->ep_overlap, tokens, tokens);
+}
+
+MoeConfig moe_model_config(const Run* run, MoeFlags* f) {
+    MoeConfig cfg = moe_config_checked(run, f);
+    const TrainSetup* setup = &run->setup;
+    int world = run->mesh.size[AXIS_DP] * run->mesh.size[AXIS_EP];
+    if (setup->B % world != 0)
+        fail_all("the batch of %d sequences does not split over dp x ep = %d ranks (every rank takes its own "
+                 "sequences): use a --batch that is a multiple of %d", setup->B, world, world);
+    moe_check_overlap(f, (long)(setup->B / world) * setup->T);  // a rank's tokens per MoE layer
     return cfg;
 }
 
@@ -296,27 +311,30 @@ static void next_logits(void* ctx, const int* window, int t, float* row) {
 // --save FILE: rank 0 writes the replicated parameters and every expert,
 // gathered over ep (dp rank 0's ep group; every dp replica holds the same
 // experts). A host-side copy for the file, not part of training.
-static void save(MoeModel* m, const char* path) {
-    int Lm = moe_num_moe_layers(&m->cfg), E = m->cfg.experts, El = m->E_local;
-    size_t ne = moe_expert_numel(&m->cfg);
+float* moe_gather_experts(const MoeConfig* cfg, const Comm* epc, const float* experts, size_t n_experts, int E_local) {
+    int Lm = moe_num_moe_layers(cfg), E = cfg->experts, ep = epc->size;
+    size_t ne = moe_expert_numel(cfg);
+    // all ep ranks' buffers, rank after rank, then reordered to [layer][expert]
+    // (each rank holds [layer][its experts])
+    float* gathered = epc->rank == 0 ? mem_alloc_floats(n_experts * ep, MEM_OTHER) : NULL;
+    comm_gather(epc, experts, gathered, n_experts, 0);
     float* all = NULL;
-    if (m->dp->rank == 0) {
-        // all ep ranks' buffers, rank after rank, then reordered to
-        // [layer][expert] (each rank holds [layer][its experts])
-        float* gathered = m->epc->rank == 0 ? mem_alloc_floats(m->n_experts * m->ep, MEM_OTHER) : NULL;
-        comm_gather(m->epc, m->experts, gathered, m->n_experts, 0);
-        if (m->epc->rank == 0) {
-            float* host = xmalloc(m->n_experts * m->ep * sizeof(float));
-            mem_to_host(host, gathered, m->n_experts * m->ep * sizeof(float));
-            all = xmalloc((size_t)Lm * E * ne * sizeof(float));
-            for (int r = 0; r < m->ep; r++)
-                for (int l = 0; l < Lm; l++)
-                    memcpy(all + ((size_t)l * E + (size_t)r * El) * ne, host + (size_t)r * m->n_experts + (size_t)l * El * ne,
-                           (size_t)El * ne * sizeof(float));
-            free(host);
-        }
-        mem_free(gathered);
+    if (epc->rank == 0) {
+        float* host = xmalloc(n_experts * ep * sizeof(float));
+        mem_to_host(host, gathered, n_experts * ep * sizeof(float));
+        all = xmalloc((size_t)Lm * E * ne * sizeof(float));
+        for (int r = 0; r < ep; r++)
+            for (int l = 0; l < Lm; l++)
+                memcpy(all + ((size_t)l * E + (size_t)r * E_local) * ne, host + (size_t)r * n_experts + (size_t)l * E_local * ne,
+                       (size_t)E_local * ne * sizeof(float));
+        free(host);
     }
+    mem_free(gathered);
+    return all;
+}
+
+static void save(MoeModel* m, const char* path) {
+    float* all = m->dp->rank == 0 ? moe_gather_experts(&m->cfg, m->epc, m->experts, m->n_experts, m->E_local) : NULL;
     char msg[1024];
     const char* bad = NULL;
     if (m->world->rank == 0) {
@@ -353,23 +371,26 @@ void moe_model_finish(MoeModel* m, const TrainArgs* args, MoeForward forward) {
 // saved on one dp x ep mesh resumes on any other, and on the capstone's.
 static CkptTensor ckpt_table[MOE_CKPT_TENSORS];
 
-void moe_model_ckpt_open(Ckpt* ck, MoeModel* m, const Run* run) {
-    ckpt_init(ck, &run->args, &run->setup, &run->mesh, 7);
+void moe_ckpt_model(Ckpt* ck, const MoeConfig* cfg, float capacity_factor, float aux_coef) {
     char variant[256];
-    moe_ckpt_tensors(&m->cfg, ckpt_table);
-    moe_ckpt_variant(&m->cfg, variant, sizeof(variant));
-    if (moe_ckpt_dense(&m->cfg))  // E = 1, H = 4C: the dense GPT's checkpoint (moe.h)
+    moe_ckpt_tensors(cfg, ckpt_table);
+    moe_ckpt_variant(cfg, variant, sizeof(variant));
+    if (moe_ckpt_dense(cfg))  // E = 1, H = 4C: the dense GPT's checkpoint (moe.h)
         ckpt_set_model(ck, NULL, 0, NULL);
     else
         ckpt_set_model(ck, ckpt_table, MOE_CKPT_TENSORS, variant);
     // what routing trains under: other drops or another balance term train
     // another model. One dropless expert is chapter 0's model (its router's
     // softmax is 1 whatever the balance term): the same identity as chapter 0's
-    if (!(moe_ckpt_dense(&m->cfg) && m->moe.capacity_factor == 0)) {
-        char settings[96];
-        snprintf(settings, sizeof(settings), "capacity %.9g aux %.9g", m->moe.capacity_factor, m->moe.aux_coef);
-        ckpt_add_identity(ck, settings);
-    }
+    if (moe_ckpt_dense(cfg) && capacity_factor == 0) return;
+    char settings[96];
+    snprintf(settings, sizeof(settings), "capacity %.9g aux %.9g", capacity_factor, aux_coef);
+    ckpt_add_identity(ck, settings);
+}
+
+void moe_model_ckpt_open(Ckpt* ck, MoeModel* m, const Run* run) {
+    ckpt_init(ck, &run->args, &run->setup, &run->mesh, 7);
+    moe_ckpt_model(ck, &m->cfg, m->moe.capacity_factor, m->moe.aux_coef);
     float* shared[CKPT_NUM_KINDS] = {m->shared, m->m_s, m->v_s};
     float* experts[CKPT_NUM_KINDS] = {m->experts, m->m_e, m->v_e};
     size_t per = (m->n_shared + m->ep - 1) / m->ep, lo = (size_t)m->epc->rank * per;

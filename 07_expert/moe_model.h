@@ -9,6 +9,7 @@
 #ifndef MOE_MODEL_H
 #define MOE_MODEL_H
 
+#include "args.h"
 #include "ckpt.h"
 #include "comm.h"
 #include "moe.h"
@@ -40,6 +41,28 @@ typedef struct {
     float* dln2;        // (N, C) an MoE layer's d ln2
     int* rows_host;     // (2, N) host staging: my inputs then targets
 } MoeModel;
+
+// The seven flags above as the rows of a flag table (args.h), with their
+// defaults set in *flags; and --model FILE read as an MoE file. The capstone
+// adds them to its own.
+#define MOE_NUM_FLAGS 7
+void moe_flags_specs(MoeFlags* flags, ArgSpec out[MOE_NUM_FLAGS]);
+// The model's config from the flags or --model FILE's header (the file wins;
+// *flags updated to it), and the checks that do not depend on how the mesh
+// splits the batch (the config, the experts' memory, the capacity, the
+// balance coefficient, the mesh against the experts). Bad input ends every
+// rank with one message.
+MoeConfig moe_config_checked(const Run* run, MoeFlags* flags);
+// --ep-overlap against a rank's tokens per MoE layer.
+void moe_check_overlap(const MoeFlags* flags, long tokens);
+// The MoE model's tensors in a training-state checkpoint (moe.h's table, or
+// the dense GPT's at E = 1), and the routing settings that change the
+// trained model mixed into the run identity (ckpt_add_identity).
+void moe_ckpt_model(Ckpt* ck, const MoeConfig* cfg, float capacity_factor, float aux_coef);
+// For --save: every expert of every MoE layer, [layer][expert], gathered over
+// ep from each rank's n_experts floats (E_local experts a layer) to ep rank
+// 0's host memory (NULL on the others). Collective over epc.
+float* moe_gather_experts(const MoeConfig* cfg, const Comm* epc, const float* experts, size_t n_experts, int E_local);
 
 // The chapter's flags and run_start (the shared flags, the dp x ep mesh);
 // --model FILE is read as an MoE file. 0: end at once (--help).

@@ -129,20 +129,11 @@ void expert_embed_backward(ExpertModel* m) {
 // ---------------------------------------------------------------- the flags
 
 int expert_run_start(Run* run, ExpertFlags* fl, int argc, char** argv) {
-    *fl = (ExpertFlags){.experts = 4, .top_k = 2, .hidden = 0, .moe_every = 1, .ep_overlap = 1, .aux_coef = 0.01f,
-                        .capacity = 0.0f, .cp_mode_name = "ring", .cp_balance_name = "none", .schedule = "1f1b",
-                        .microbatches = ARG_NOT_GIVEN, .virtual_chunks = 1, .zero = 0};
-    ArgSpec extra[] = {
-        {"experts", ARG_INT, &fl->experts, "experts per MoE layer, E  [4]"},
-        {"top-k", ARG_INT, &fl->top_k, "experts per token, k  [2]"},
-        {"expert-hidden", ARG_INT, &fl->hidden, "each expert's MLP width, H  [4C]"},
-        {"moe-every", ARG_INT, &fl->moe_every, "every k-th layer is an MoE layer (layers k-1, 2k-1, ...)  [1]"},
-        {"aux-coef", ARG_FLOAT, &fl->aux_coef, "weight of the load-balancing loss in the objective  [0.01]"},
-        {"capacity-factor", ARG_FLOAT, &fl->capacity,
-         "f > 0: each expert takes at most floor(f k tokens / E) slots per step, the rest are dropped  [0: dropless]"},
-        {"ep-overlap", ARG_INT, &fl->ep_overlap,
-         "n: each MoE layer's exchanges in n chunks of its tokens, chunk c's experts running while chunk c+1 "
-         "travels  [1]"},
+    ArgSpec extra[MOE_NUM_FLAGS + 6];
+    moe_flags_specs(&fl->moe, extra);  // chapter 7's seven, with their defaults; --model FILE: an MoE file
+    fl->cp_mode_name = "ring", fl->cp_balance_name = "none", fl->schedule = "1f1b";
+    fl->microbatches = ARG_NOT_GIVEN, fl->virtual_chunks = 1, fl->zero = 0;
+    ArgSpec composition[] = {
         {"cp-mode", ARG_STRING, &fl->cp_mode_name, "ring | ulysses: how attention meets the other cp ranks' tokens (chapter 6)  [ring]"},
         {"cp-balance", ARG_STRING, &fl->cp_balance_name, "none | zigzag: which positions each cp rank holds (chapter 6)  [none]"},
         {"schedule", ARG_STRING, &fl->schedule, "with --pp: gpipe | 1f1b | interleaved | zb (chapter 5)  [1f1b]"},
@@ -153,7 +144,7 @@ int expert_run_start(Run* run, ExpertFlags* fl, int argc, char** argv) {
          "ZeRO stage over each buffer's copies: 0 none, 1 the AdamW moments sharded, 2 the gradients too, 3 the "
          "parameters too (composed_zero.h; 2 and 3 not with --pp)  [0]"},
     };
-    train_config_reader = expert_read_gpt_config;  // --model FILE is an MoE file (moe.h)
+    memcpy(extra + MOE_NUM_FLAGS, composition, sizeof(composition));
     return run_start(run, argc, argv, "build/capstone",
                      "The capstone: chapter 7's mixture of experts on every axis at once: experts sharded over ep\n"
                      "(route, count, all-to-all-v dispatch, experts, all-to-all-v combine); with --cp, chapter 6's\n"
@@ -166,55 +157,9 @@ int expert_run_start(Run* run, ExpertFlags* fl, int argc, char** argv) {
 
 // ---------------------------------------------------------------- the config
 
-const char* expert_read_gpt_config(const char* path, GPTConfig* cfg, char* msg, size_t len) {
-    MoeConfig c;
-    const char* bad = moe_checkpoint_read_config(path, &c, msg, len);
-    if (!bad) *cfg = c.gpt;
-    return bad;
-}
-
 MoeConfig expert_config(const Run* run, ExpertFlags* f) {
     const TrainSetup* setup = &run->setup;
-    MoeConfig cfg = {.gpt = setup->cfg, .experts = f->experts, .top_k = f->top_k,
-                     .hidden = f->hidden > 0 ? f->hidden : 4 * setup->cfg.channels, .moe_every = f->moe_every};
-    char msg[1024];
-    if (setup->checkpoint) {
-        // the file's experts, router and widths win over the flags (run_start
-        // read this header already, with expert_read_gpt_config)
-        const char* bad = moe_checkpoint_read_config(setup->checkpoint, &cfg, msg, sizeof(msg));
-        fail_if_any(bad != NULL, bad);
-        print0("--model %s: E=%d, top-%d, H=%d, every %d layer%s MoE (from the file)\n", setup->checkpoint, cfg.experts,
-               cfg.top_k, cfg.hidden, cfg.moe_every, cfg.moe_every == 1 ? "" : "s");
-        f->experts = cfg.experts, f->top_k = cfg.top_k, f->moe_every = cfg.moe_every;
-    }
-    const char* bad = moe_config_problem(&cfg);
-    if (bad) fail_all("%s", bad);
-    if (f->hidden < 0) fail_all("--expert-hidden must be >= 1 (or 0 for 4C)");
-    // the experts a rank holds, their gradients and both AdamW moments must
-    // fit this machine's memory (computed in doubles: no product overflows)
-    int ep = run->mesh.size[AXIS_EP];
-    double expert_bytes = 4.0 * sizeof(float) * moe_num_moe_layers(&cfg) * ((double)cfg.experts / ep) *
-                          (2.0 * cfg.hidden * cfg.gpt.channels + cfg.hidden + cfg.gpt.channels);
-    double machine = (double)sysconf(_SC_PHYS_PAGES) * (double)sysconf(_SC_PAGESIZE);
-    if (expert_bytes > machine)
-        fail_all("--expert-hidden %d: a rank's experts need %.1f GiB (parameters, gradients, AdamW moments), more than this machine's %.1f GiB: use a smaller --expert-hidden or more ep ranks",
-                 cfg.hidden, expert_bytes / (1 << 30), machine / (1 << 30));
-    if (f->capacity < 0 || !isfinite(f->capacity)) fail_all("--capacity-factor must be >= 0 (0: dropless)");
-    // capacity = factor x k x tokens / E slots per expert: at factor >= E / k
-    // every token's every slot fits whatever the routing, so it is dropless
-    // (and the slot count cannot overflow a long)
-    if (f->capacity >= (double)cfg.experts / cfg.top_k) {
-        print0("note: --capacity-factor %g >= E / k = %g keeps every slot whatever the routing: dropless\n", f->capacity,
-               (double)cfg.experts / cfg.top_k);
-        f->capacity = 0;
-    }
-    double slots = (double)f->capacity * cfg.top_k * (double)setup->B * setup->T / cfg.experts;
-    if (f->capacity > 0 && slots < 1)
-        print0("warning: --capacity-factor %g gives each expert %.2f slots of the batch's %d tokens, so 0: every token's MoE output is dropped (use a factor of at least %g)\n",
-               f->capacity, slots, setup->B * setup->T, (double)cfg.experts / ((double)cfg.top_k * setup->B * setup->T));
-    if (!(f->aux_coef >= 0) || !isfinite(f->aux_coef)) fail_all("--aux-coef must be >= 0");
-    MeshNeeds needs = {.experts = cfg.experts};
-    train_check_mesh(&run->mesh, setup, &needs);
+    MoeConfig cfg = moe_config_checked(run, &f->moe);  // chapter 7's checks of the MoE flags and the file
     int world = run->mesh.size[AXIS_DP] * run->mesh.size[AXIS_EP];
     if (setup->B % world != 0)
         fail_all("the batch of %d sequences does not split over dp x ep = %d ranks (every rank takes its own "
@@ -226,10 +171,7 @@ MoeConfig expert_config(const Run* run, ExpertFlags* f) {
         fail_all("--tp %d: each tp rank takes whole sequences of its share, but the %d sequences per dp x ep share do "
                  "not split over tp=%d: use a --batch that is a multiple of %d", tp, setup->B / world, tp, world * tp);
     world *= tp;
-    long tokens = (long)(setup->B / world) * (setup->T / cp);  // a rank's tokens per MoE layer
-    if (f->ep_overlap < 1 || f->ep_overlap > tokens)
-        fail_all("--ep-overlap %d: each MoE layer's exchanges are cut into that many chunks of a rank's %ld tokens, "
-                 "so it must be between 1 and %ld", f->ep_overlap, tokens, tokens);
+    moe_check_overlap(&f->moe, (long)(setup->B / world) * (setup->T / cp));  // a rank's tokens per MoE layer
     cp_parse_flags(f->cp_mode_name, f->cp_balance_name, 1, &f->cp_mode, &f->cp_balance);
     if (cp > 1) {
         // chapter 6's layout and algorithms need what they need there
@@ -355,8 +297,8 @@ void expert_model_create_part(ExpertModel* m, const MoeConfig* cfg, const Expert
     for (int row = 0; row < N; row++)
         row_block[row] = (m->share * sh->B + row / sh->len % sh->B) * nb +
                          cp_shard_pos(sh, sh->rank, row / (sh->B * sh->len)) / sh->len;
-    MoeSpec spec = {.cfg = m->cfg, .N = N, .epc = m->epc, .batch = &m->batch, .chunks = flags->ep_overlap,
-                    .aux_coef = flags->aux_coef, .capacity_factor = flags->capacity,
+    MoeSpec spec = {.cfg = m->cfg, .N = N, .epc = m->epc, .batch = &m->batch, .chunks = flags->moe.ep_overlap,
+                    .aux_coef = flags->moe.aux_coef, .capacity_factor = flags->moe.capacity,
                     .n_blocks = m->batch.size / sh->cp * sh->B * nb, .row_block = row_block, .recompute = recompute};
     moe_parallel_create(&m->moe, &spec);
     free(row_block);
@@ -480,26 +422,8 @@ void expert_model_save(ExpertModel* m, const char* path) {
         m->shared = m->experts = m->tp.w = NULL;
         return;
     }
-    int Lm = moe_num_moe_layers(&m->cfg), E = m->cfg.experts, El = m->E_local;
-    size_t ne = moe_expert_numel(&m->cfg);
-    float* all = NULL;
-    if (m->dpcp->rank == 0) {
-        // all ep ranks' buffers, rank after rank, then reordered to
-        // [layer][expert] (each rank holds [layer][its experts])
-        float* gathered = m->epc->rank == 0 ? mem_alloc_floats(m->n_experts * m->ep, MEM_OTHER) : NULL;
-        comm_gather(m->epc, m->experts, gathered, m->n_experts, 0);
-        if (m->epc->rank == 0) {
-            float* host = xmalloc(m->n_experts * m->ep * sizeof(float));
-            mem_to_host(host, gathered, m->n_experts * m->ep * sizeof(float));
-            all = xmalloc((size_t)Lm * E * ne * sizeof(float));
-            for (int r = 0; r < m->ep; r++)
-                for (int l = 0; l < Lm; l++)
-                    memcpy(all + ((size_t)l * E + (size_t)r * El) * ne, host + (size_t)r * m->n_experts + (size_t)l * El * ne,
-                           (size_t)El * ne * sizeof(float));
-            free(host);
-        }
-        mem_free(gathered);
-    }
+    // every expert, gathered over ep by dp x cp x tp rank 0's ep group (chapter 7's gather)
+    float* all = m->dpcp->rank == 0 ? moe_gather_experts(&m->cfg, m->epc, m->experts, m->n_experts, m->E_local) : NULL;
     char msg[1024];
     const char* bad = NULL;
     MoeConfig whole = m->cfg;
@@ -532,7 +456,6 @@ void expert_model_save(ExpertModel* m, const char* path) {
 // Every rank reads all the replicated state and its own experts. The slices
 // are global (experts [e0, e0 + E/ep) of every MoE layer), so a checkpoint
 // saved on one dp x ep mesh resumes on any other.
-static CkptTensor ckpt_table[MOE_CKPT_TENSORS];
 
 void expert_ckpt_open(Ckpt* ck, ExpertModel* m, const Run* run) {
     ckpt_init(ck, &run->args, &run->setup, &run->mesh, 7);
@@ -567,25 +490,8 @@ static void zero_units_ckpt(Ckpt* ck, ExpertModel* m) {
     }
 }
 
-void expert_ckpt_identity(Ckpt* ck, const ExpertModel* m) {
-    // what routing trains under: other drops or another balance term train
-    // another model. One dropless expert is chapter 0's model (its router's
-    // softmax is 1 whatever the balance term): the same identity as chapter 0's
-    if (moe_ckpt_dense(&m->cfg) && m->moe.capacity_factor == 0) return;
-    char settings[96];
-    snprintf(settings, sizeof(settings), "capacity %.9g aux %.9g", m->moe.capacity_factor, m->moe.aux_coef);
-    ckpt_add_identity(ck, settings);
-}
-
 void expert_model_ckpt(Ckpt* ck, ExpertModel* m) {
-    char variant[256];
-    moe_ckpt_tensors(&m->cfg, ckpt_table);
-    moe_ckpt_variant(&m->cfg, variant, sizeof(variant));
-    if (moe_ckpt_dense(&m->cfg))  // E = 1, H = 4C: the dense GPT's checkpoint (moe.h)
-        ckpt_set_model(ck, NULL, 0, NULL);
-    else
-        ckpt_set_model(ck, ckpt_table, MOE_CKPT_TENSORS, variant);
-    expert_ckpt_identity(ck, m);
+    moe_ckpt_model(ck, &m->cfg, m->moe.capacity_factor, m->moe.aux_coef);  // chapter 7's tensors and identity
     if (m->zero > 1) {  // --zero 2, 3: each rank its shards of every unit
         zero_units_ckpt(ck, m);
         return;
@@ -628,12 +534,12 @@ void expert_model_ckpt(Ckpt* ck, ExpertModel* m) {
 
 void expert_report(const ExpertModel* m, const ExpertFlags* fl, const TrainLoop* loop, JsonBuf* extra) {
     json_add_int(extra, "zero", m->zero);  // --zero: 0 .. 3 (composed_zero.h)
-    json_add_int(extra, "experts", fl->experts);
-    json_add_int(extra, "top_k", fl->top_k);
+    json_add_int(extra, "experts", fl->moe.experts);
+    json_add_int(extra, "top_k", fl->moe.top_k);
     json_add_int(extra, "expert_hidden", m->cfg.hidden);
-    json_add_int(extra, "moe_every", fl->moe_every);
-    json_add_double(extra, "aux_coef", fl->aux_coef, "%g");
-    json_add_double(extra, "capacity_factor", fl->capacity, "%g");
+    json_add_int(extra, "moe_every", fl->moe.moe_every);
+    json_add_double(extra, "aux_coef", fl->moe.aux_coef, "%g");
+    json_add_double(extra, "capacity_factor", fl->moe.capacity, "%g");
     json_add_int(extra, "active_params", (long long)moe_active_params(&m->cfg));
     moe_report(&m->moe, loop, extra);  // the traffic, the drops, the share of the exchanges hidden (moe_layer.c)
 }

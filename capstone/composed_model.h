@@ -18,7 +18,8 @@
 #include "context.h"  // chapter 6's CPMode, CPBalance, cp_parse_flags
 #include "composed_zero.h"  // --zero: ZeroBuf
 #include "moe.h"
-#include "moe_layer.h"  // chapter 7's MoE layer over ep: MoeParallel, MoeLayer
+#include "moe_layer.h"
+#include "moe_model.h"  // chapter 7's flags, config checks, checkpoint tensors, --save's gather  // chapter 7's MoE layer over ep: MoeParallel, MoeLayer
 #include "ring.h"     // chapter 6's CPShard and ring attention's compute
 #include "run.h"
 #include "train_eval.h"
@@ -135,10 +136,9 @@ typedef struct {
     WGradQueue* wq;
 } ExpertModel;
 
-// Chapter 7's own flags, as parsed (hidden 0: 4C; capacity 0: dropless).
+// The capstone's flags, as parsed: chapter 7's (07_expert/moe_model.h) and the composition's.
 typedef struct {
-    int experts, top_k, hidden, moe_every, ep_overlap;
-    float aux_coef, capacity;
+    MoeFlags moe;  // --experts, --top-k, --expert-hidden, --moe-every, --aux-coef, --capacity-factor, --ep-overlap
     const char *cp_mode_name, *cp_balance_name;  // --cp-mode, --cp-balance as given
     CPMode cp_mode;                              // parsed by expert_config
     CPBalance cp_balance;
@@ -153,11 +153,6 @@ typedef struct {
 // shared flags, the dp x cp x ep mesh); --model FILE is read as an MoE file.
 // Returns 0 when the program should end at once (--help).
 int expert_run_start(Run* run, ExpertFlags* flags, int argc, char** argv);
-
-// The reader run_start uses for --model FILE (train_config_reader): the GPT
-// part of an MoE file's header. A dense llm.c file is refused with the
-// reason (it has no router and no experts).
-const char* expert_read_gpt_config(const char* path, GPTConfig* cfg, char* msg, size_t len);
 
 // The model's config after run_start: the flags, or with --model FILE the
 // file's experts, router and widths (they win over the flags; *flags is
@@ -300,9 +295,6 @@ void expert_report(const ExpertModel* m, const ExpertFlags* flags, const TrainLo
 // replicated state each) and reads (all the replicated state, its own
 // experts), in the MoE model's global tensors, so any dp x ep mesh resumes.
 void expert_model_ckpt(Ckpt* ck, ExpertModel* m);
-// The chapter's settings that change the trained model (--capacity-factor,
-// --aux-coef), mixed into the checkpoints' run identity (ckpt_add_identity).
-void expert_ckpt_identity(Ckpt* ck, const ExpertModel* m);
 // --ckpt-dir, --save-every, --resume: ckpt_init for chapter 7, this rank's
 // lists (expert_model_ckpt), then the resume, from whatever mesh saved it.
 void expert_ckpt_open(Ckpt* ck, ExpertModel* m, const Run* run);

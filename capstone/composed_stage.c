@@ -47,8 +47,8 @@ static void check_and_schedule(ExpertPipe* P, const Run* run, const ExpertFlags*
         fail_all("the model's %d layers do not cut into pp=%d x %d chunk%s = %d equal stages: use pp x virtual dividing %d",
                  L, P->pp, P->v, P->v == 1 ? "" : "s", P->S, L);
     P->b = P->per_rank / P->M;
-    if (fl->ep_overlap > P->b * P->Tr)
-        fail_all("--ep-overlap %d: a microbatch has %d tokens per rank: use at most %d", fl->ep_overlap, P->b * P->Tr,
+    if (fl->moe.ep_overlap > P->b * P->Tr)
+        fail_all("--ep-overlap %d: a microbatch has %d tokens per rank: use at most %d", fl->moe.ep_overlap, P->b * P->Tr,
                  P->b * P->Tr);
     char msg[1024];
     const char* bad = schedule_build(&P->sched, (ScheduleKind)kind, P->pp, P->M, P->v, msg, sizeof(msg));
@@ -301,15 +301,8 @@ static void chunk_zero_ckpt(Ckpt* ck, const ExpertPipe* P, XpChunk* ch) {
 }
 
 void expert_stage_ckpt(Ckpt* ck, ExpertPipe* P) {
-    static CkptTensor table[MOE_CKPT_TENSORS];
-    char variant[256];
-    moe_ckpt_tensors(&P->cfg, table);
-    moe_ckpt_variant(&P->cfg, variant, sizeof(variant));
-    if (moe_ckpt_dense(&P->cfg))
-        ckpt_set_model(ck, NULL, 0, NULL);
-    else
-        ckpt_set_model(ck, table, MOE_CKPT_TENSORS, variant);
-    expert_ckpt_identity(ck, &P->chunk[0].m);  // every chunk routes under the same flags
+    // the whole model's tensors and routing settings (every chunk routes under the same flags)
+    moe_ckpt_model(ck, &P->cfg, P->chunk[0].m.moe.capacity_factor, P->chunk[0].m.moe.aux_coef);
     for (int c = 0; c < P->v; c++) {
         ExpertModel* m = &P->chunk[c].m;
         float* shared[CKPT_NUM_KINDS] = {m->shared, m->m_s, m->v_s};
