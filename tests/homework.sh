@@ -291,10 +291,10 @@ hw_class() {
     # the compiler's message at his own file and line (the line after his
     # exercise 2 marker), not the grader's spliced copy's
     local bob_line
-    bob_line=$(grep -n 'this does not compile' "$cl/bob/07_expert/main.c" | cut -d: -f1)
+    bob_line=$(grep -n 'this does not compile' "$cl/bob/07_expert/moe_layer.c" | cut -d: -f1)
     if grep -qx 'name,ex1/3,ex2/3,ex3/4,ex4/3,total,note' "$csv" && grep -qx '"ada",3,0,0,0,3,""' "$csv" &&
         grep -qx '"cyd",3,0,0,0,3,""' "$csv" && grep -q 'a hang' build/grade-class-7-cyd.log &&
-        grep -q "^\"bob\",0,0,0,0,0,\"no build: $cl/bob/07_expert/main.c:$bob_line:" "$csv" &&
+        grep -q "^\"bob\",0,0,0,0,0,\"no build: $cl/bob/07_expert/moe_layer.c:$bob_line:" "$csv" &&
         grep -q 'FAIL the build' build/grade-class-7-bob.log &&
         grep -q '^FAIL exercise 1: finite differences' build/grade-class-7-bob.log; then
         pass "homework: make grade-class CHAPTER=7: a correct exercise 1 with 2-4 stubbed earns 3 / 13, the P_e-for-f_e gradient and a region that does not build score 0 each, a region that hangs costs only its exercise, one line a folder and a CSV"
