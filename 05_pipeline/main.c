@@ -75,27 +75,24 @@
 // The built-in schedules never need this (their channels carry one kind of
 // message, or run in lockstep); a schedule of your own (--schedule-file) may,
 // and the summary counts such messages per rank ("early_receives").
+// The receive itself is pipe_receive (05_pipeline/pipeline.c), which the
+// capstone's pipeline calls too; this rank tells it where each message goes.
+
+// Where a message goes: an activation into the slot of (mb, chunk c), taken
+// now if it came before its F; a gradient into the slot its F took.
+static float* slot_buffer(void* pipeline, int grad, int mb, int c) {
+    Pipeline* P = pipeline;
+    Slot* sl = grad ? slot_find(P, c, mb) : slot_get(P, c, mb);
+    return grad ? sl->dres : sl->x;
+}
+
+// The input of F (grad 0) or B (grad 1) of (mb, chunk c), from the peer.
 static void receive(Pipeline* P, int grad, int mb, int c) {
-    // EXERCISE 3: receive the input of an action from its peer: the messages that peer sent before it first, each into its own slot; one that came early is already there
-    int peer = grad ? pipe_next(P) : pipe_prev(P);
-    Incoming* in = P->in[0].peer == peer ? &P->in[0] : &P->in[1];
     size_t BTC = (size_t)P->micro_batch * P->seq * P->cfg->channels;
-    // already here: it came early, before the one another action waited for
-    for (int i = 0; i < in->next; i++)
-        if (in->msg[i].grad == grad && in->msg[i].mb == mb && in->msg[i].chunk == c) return;
-    while (in->next < in->n) {
-        Message msg = in->msg[in->next++];
-        Slot* sl = msg.grad ? slot_find(P, msg.chunk, msg.mb) : slot_get(P, msg.chunk, msg.mb);
-        comm_recv(P->pp, msg.grad ? sl->dres : sl->x, BTC, peer);
-        if (msg.grad == grad && msg.mb == mb && msg.chunk == c) {
-            // the time spent waiting for the input is bubble, not work
-            device_stamp(&P->stamps, 2 * P->action);  // the action's start, again (run_schedule)
-            return;
-        }
-        P->early++;  // another action's input, kept in its slot until that action runs
-    }
-    FATAL("stage %d: rank %d never sends the %s of microbatch %d", P->stage, peer, grad ? "gradient" : "activation", mb);
-    // END EXERCISE 3
+    // received now, not early: the time spent waiting for it is bubble, not
+    // work, so the action's start is stamped again (run_schedule)
+    if (pipe_receive(P->in, P->pp, BTC, grad, mb, c, slot_buffer, P, &P->early))
+        device_stamp(&P->stamps, 2 * P->action);
 }
 
 // Non-blocking, from a buffer of its own (the slot may be reused before the
@@ -249,13 +246,11 @@ static void run_schedule(Pipeline* P, long step) {
 // all-reduce it in their group of two (a + b = b + a, bit for bit): both hold
 // the same sum, take the same AdamW step and stay equal. Megatron-LM does the
 // same in its "embedding group" of the first and last stage (P->embed, one
-// per pipeline).
+// per pipeline). The sum is pipe_sum_tied_embedding (05_pipeline/pipeline.c),
+// which the capstone's pipeline calls too.
 static void sum_tied_embedding(Pipeline* P) {
-    // EXERCISE 4: the tied embedding: the first and the last stage sum their two wte gradients in their group of two
-    if (P->n_stages == 1 || (P->stage != 0 && P->stage != P->n_stages - 1)) return;
-    float* mine = P->stage == 0 ? P->dwte : P->dhead_wte;
-    comm_allreduce(&P->embed, mine, param_tensor_numel(P->cfg, P_WTE), COMM_SUM);
-    // END EXERCISE 4
+    float* mine = P->stage == 0 ? P->dwte : P->dhead_wte;  // the lookup's half, or the head's
+    pipe_sum_tied_embedding(&P->embed, P->pp, mine, param_tensor_numel(P->cfg, P_WTE));
 }
 
 static float train_step(Pipeline* P, const TrainArgs* args, long step, float* norm) {

@@ -195,30 +195,65 @@ SendBuf* pipe_send_buffer(Pipeline* P, const float* src) {
     return sb;
 }
 
-// ---------------------------------------------------------------- set-up
+// ---------------------------------------------------------------- point to point
+// The executor's receive: 05_pipeline/main.c says why no list the validator
+// accepts can deadlock and why a rank takes its peer's messages in the order
+// they were sent; the capstone's pipeline (capstone/composed_pipe.c) receives
+// through the same two functions into its own slots.
 
-// From each neighbour's list, the messages it sends to this rank, in the
-// order it sends them (receive in main.c reads them in that order).
-static void incoming_build(Pipeline* P) {
-    int pp = P->n_stages;
-    if (pp == 1) return;
-    int peers[2] = {pipe_prev(P), pipe_next(P)};
-    P->n_in = peers[0] == peers[1] ? 1 : 2;
-    for (int i = 0; i < P->n_in; i++) {
+int pipe_incoming_build(const Schedule* s, int stage, Incoming in[2]) {
+    int pp = s->pp, S = pp * s->v;
+    if (pp == 1) return 0;
+    int peers[2] = {(stage + pp - 1) % pp, (stage + 1) % pp};
+    int n_in = peers[0] == peers[1] ? 1 : 2;
+    for (int i = 0; i < n_in; i++) {
         int p = peers[i];
-        Incoming* in = &P->in[i];
-        in->peer = p;
-        in->msg = xcalloc((size_t)P->sched.n[p] + 1, sizeof(Message));
-        for (int a = 0; a < P->sched.n[p]; a++) {
-            Action act = P->sched.list[p][a];
-            int k = act.chunk * pp + p;
-            if (act.type == ACT_F && k < P->n_vstages - 1 && (k + 1) % pp == P->stage)
-                in->msg[in->n++] = (Message){0, act.mb, (k + 1) / pp};
-            if (act.type == ACT_B && k > 0 && (k - 1) % pp == P->stage)
-                in->msg[in->n++] = (Message){1, act.mb, (k - 1) / pp};
+        in[i] = (Incoming){.peer = p, .msg = xcalloc((size_t)s->n[p] + 1, sizeof(Message))};
+        for (int a = 0; a < s->n[p]; a++) {
+            Action act = s->list[p][a];
+            int k = act.chunk * pp + p;  // the sender's virtual stage
+            if (act.type == ACT_F && k < S - 1 && (k + 1) % pp == stage)
+                in[i].msg[in[i].n++] = (Message){0, act.mb, (k + 1) / pp};
+            if (act.type == ACT_B && k > 0 && (k - 1) % pp == stage)
+                in[i].msg[in[i].n++] = (Message){1, act.mb, (k - 1) / pp};
         }
     }
+    return n_in;
 }
+
+void pipe_incoming_free(Incoming in[2], int n) {
+    for (int i = 0; i < n; i++) free(in[i].msg);
+}
+
+int pipe_receive(Incoming lists[2], const Comm* pp, size_t count, int grad, int mb, int c,
+                 PipeSlotBuffer slot_buffer, void* ctx, int* early) {
+    // EXERCISE 3: receive the input of an action from its peer: the messages that peer sent before it first, each into its own slot; one that came early is already there
+    int stage = pp->rank, peer = grad ? (stage + 1) % pp->size : (stage + pp->size - 1) % pp->size;
+    Incoming* in = lists[0].peer == peer ? &lists[0] : &lists[1];
+    // already here: it came early, before the one another action waited for
+    for (int i = 0; i < in->next; i++)
+        if (in->msg[i].grad == grad && in->msg[i].mb == mb && in->msg[i].chunk == c) return 0;
+    while (in->next < in->n) {
+        Message msg = in->msg[in->next++];
+        comm_recv(pp, slot_buffer(ctx, msg.grad, msg.mb, msg.chunk), count, peer);
+        if (msg.grad == grad && msg.mb == mb && msg.chunk == c) return 1;  // the one the action waits for
+        (*early)++;  // another action's input, kept in its slot until that action runs
+    }
+    FATAL("stage %d: rank %d never sends the %s of microbatch %d", stage, peer, grad ? "gradient" : "activation", mb);
+    // END EXERCISE 3
+}
+
+// ---------------------------------------------------------------- the tied embedding
+// (05_pipeline/main.c's sum_tied_embedding says why the two ends sum.)
+
+void pipe_sum_tied_embedding(const Comm* embed, const Comm* pp, float* mine, size_t n) {
+    // EXERCISE 4: the tied embedding: the first and the last stage sum their two wte gradients in their group of two
+    if (pp->size == 1 || (pp->rank != 0 && pp->rank != pp->size - 1)) return;
+    comm_allreduce(embed, mine, n, COMM_SUM);
+    // END EXERCISE 4
+}
+
+// ---------------------------------------------------------------- set-up
 
 // The embedding group of each pipeline (one per dp rank): world ranks of
 // stage 0 and stage pp-1 with this dp coordinate. Every rank takes part in
@@ -323,7 +358,7 @@ void pipe_create(Pipeline* P, const Run* run, ScheduleKind kind, int n_micro, in
             mem_alloc_floats(block_transient_numel(b, T, cfg->channels, cfg->num_heads, P->recompute), MEM_ACTIVATIONS);
     P->max_sends = 2 * n_micro * n_virtual + 1;
     P->sends = xcalloc((size_t)P->max_sends, sizeof(SendBuf));
-    incoming_build(P);
+    P->n_in = pipe_incoming_build(&P->sched, P->stage, P->in);
     size_t BT = (size_t)b * T;
     // staging buffers (memory.h): every microbatch's tokens and losses
     P->in_host = mem_alloc_host(BT * sizeof(int));
@@ -342,7 +377,7 @@ void pipe_free(Pipeline* P) {
     }
     for (int i = 0; i < P->n_sends; i++) mem_free(P->sends[i].buf);
     free(P->sends);
-    for (int i = 0; i < P->n_in; i++) free(P->in[i].msg);
+    pipe_incoming_free(P->in, P->n_in);
     if (P->embed.size > 0) comm_destroy_group(&P->embed);
     mem_free(P->params);
     mem_free(P->grads);

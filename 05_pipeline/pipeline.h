@@ -13,8 +13,12 @@
 //   - the whole model gathered for --sample and --save, the pieces registered
 //     with the training-state checkpoint, validation through the stages, and
 //     the timelines of each step (the bubble).
-// The actions (forward, backward, weights) and their sends and receives, the
-// tied embedding's all-reduce and the step live in 05_pipeline/main.c.
+//   - the two steps of the executor that the capstone's pipeline
+//     (capstone/composed_pipe.c) runs too: receiving an action's input in
+//     the order its peer sends (pipe_receive, exercise 3) and the tied
+//     embedding's sum (pipe_sum_tied_embedding, exercise 4).
+// The actions (forward, backward, weights) and where they send and receive,
+// the tied embedding's sum and the step live in 05_pipeline/main.c.
 #ifndef PIPELINE_H
 #define PIPELINE_H
 
@@ -100,6 +104,31 @@ typedef struct {
     Message* msg;
 } Incoming;
 
+// From every rank's lists (s: pp ranks, v chunks each), the messages the
+// neighbours of `stage` send it in a step, each neighbour's in the order it
+// sends them, into in[] (freed by pipe_incoming_free). Returns how many
+// neighbours send: 0 with one stage, 1 when the stage before is the stage
+// after (pp = 2), else 2.
+int pipe_incoming_build(const Schedule* s, int stage, Incoming in[2]);
+void pipe_incoming_free(Incoming in[2], int n);
+
+// Where a message's payload goes on this rank: the buffer of the activation
+// (grad 0, the input of F(mb, chunk)) or of the gradient (grad 1, the input
+// of B(mb, chunk)), in the slot that (mb, chunk) holds or takes now.
+typedef float* (*PipeSlotBuffer)(void* ctx, int grad, int mb, int chunk);
+
+// The input of an action (05_pipeline/main.c says why in this order): the
+// activation of F(mb, chunk) from the stage before (grad 0) or the gradient
+// of B(mb, chunk) from the stage after (grad 1), count floats. The messages
+// that peer sent before it (in the order of its list: lists from
+// pipe_incoming_build) are received first, each into slot_buffer(ctx, ...),
+// and counted in *early; one that came early is already in its buffer.
+// pp: the pipeline's stages (this rank's stage is its rank). Returns 1 when
+// this call received the input (the action waited for it), 0 when it had
+// come early. Every step starts each lists[i].next at 0.
+int pipe_receive(Incoming lists[2], const Comm* pp, size_t count, int grad, int mb, int chunk,
+                 PipeSlotBuffer slot_buffer, void* ctx, int* early);
+
 // ---------------------------------------------------------------- the pipeline of one rank
 typedef struct {
     const GPTConfig* cfg;
@@ -183,6 +212,11 @@ double slot_mean_loss(Pipeline* P, const Slot* sl);
 SendBuf* pipe_send_buffer(Pipeline* P, const float* src);
 
 // ---------------------------------------------------------------- around the step
+// The tied embedding's gradient: the first and the last stage of the
+// pipeline pp each hold a half of wte's (mine, n floats: the lookup's, the
+// head's) and sum them in their embedding group (embed, the two ends); any
+// other stage, and a pipeline of one stage, does nothing.
+void pipe_sum_tied_embedding(const Comm* embed, const Comm* pp, float* mine, size_t n);
 // The validation loss through the stages (forward only), the mean over dp;
 // -1 without validation data. Collective over the world. A TrainValLoss
 // (train.h), ctx the Pipeline.

@@ -11,7 +11,6 @@
 #include <string.h>
 
 #include "errors.h"
-#include "exercise.h"
 #include "memory.h"
 #include "rank.h"
 #include "trace.h"
@@ -41,7 +40,7 @@ static void slot_cp_create(const XpChunk* ch, XpSlot* sl) {
 
 // The slot of (mb, chunk): the one taken, else a free one, else a new one
 // (so the peak of slots allocated is the peak in flight).
-static XpSlot* slot_get(ExpertPipe* P, XpChunk* ch, int mb) {
+static XpSlot* chunk_slot_get(ExpertPipe* P, XpChunk* ch, int mb) {
     XpSlot* free_one = NULL;
     for (int i = 0; i < ch->n_slots; i++) {
         if (ch->slot[i]->busy && ch->slot[i]->mb == mb) return ch->slot[i];
@@ -69,7 +68,7 @@ static XpSlot* slot_get(ExpertPipe* P, XpChunk* ch, int mb) {
     return free_one;
 }
 
-static XpSlot* slot_find(XpChunk* ch, int mb) {
+static XpSlot* chunk_slot_find(XpChunk* ch, int mb) {
     for (int i = 0; i < ch->n_slots; i++)
         if (ch->slot[i]->busy && ch->slot[i]->mb == mb) return ch->slot[i];
     FATAL("no activations kept for microbatch %d", mb);
@@ -77,24 +76,22 @@ static XpSlot* slot_find(XpChunk* ch, int mb) {
 
 // ---------------------------------------------------------------- point to point
 // As chapter 5 (05_pipeline/main.c says why no list that the validator
-// accepts can deadlock): non-blocking sends from buffers of their own,
-// blocking receives, and a peer's messages taken in the order it sends them
-// (P->in, from its list), each into the slot where it belongs.
+// accepts can deadlock): non-blocking sends from buffers of their own, and
+// chapter 5's receive (pipe_receive, 05_pipeline/pipeline.c): a peer's
+// messages taken in the order it sends them (P->in, from its list), each
+// into the slot where it belongs.
+
+// Where a message goes: an activation into the slot of (mb, chunk c), taken
+// now if it came before its F; a gradient into the slot its F took.
+static float* slot_buffer(void* ctx, int grad, int mb, int c) {
+    ExpertPipe* P = ctx;
+    XpChunk* ch = &P->chunk[c];
+    XpSlot* sl = grad ? chunk_slot_find(ch, mb) : chunk_slot_get(P, ch, mb);
+    return grad ? sl->acts.dres : sl->acts.encoded;
+}
+
 static void receive(ExpertPipe* P, int grad, int mb, int c) {
-    // COPY OF CHAPTER 5 EXERCISE 3: chapter 5's receive() on chapter 7's slots: stubbed in every tree that stubs that exercise
-    int peer = grad ? next_rank(P) : prev_rank(P);
-    XpIncoming* in = P->in[0].peer == peer ? &P->in[0] : &P->in[1];
-    for (int i = 0; i < in->next; i++)  // it came early, already in its slot
-        if (in->msg[i].grad == grad && in->msg[i].mb == mb && in->msg[i].chunk == c) return;
-    while (in->next < in->n) {
-        XpMessage msg = in->msg[in->next++];
-        XpChunk* ch = &P->chunk[msg.chunk];
-        XpSlot* sl = msg.grad ? slot_find(ch, msg.mb) : slot_get(P, ch, msg.mb);
-        comm_recv(P->ppc, msg.grad ? sl->acts.dres : sl->acts.encoded, act_floats(P), peer);
-        if (msg.grad == grad && msg.mb == mb && msg.chunk == c) return;
-    }
-    FATAL("stage %d: rank %d never sends the %s of microbatch %d", P->stage, peer, grad ? "gradient" : "activation", mb);
-    // END COPY OF CHAPTER 5 EXERCISE 3
+    pipe_receive(P->in, P->ppc, act_floats(P), grad, mb, c, slot_buffer, P, &P->early);
 }
 
 static void send(ExpertPipe* P, const float* src, int peer) {
@@ -118,7 +115,7 @@ static void send(ExpertPipe* P, const float* src, int peer) {
 // stage) or the output on to the next stage.
 static void forward(ExpertPipe* P, int mb, int c) {
     XpChunk* ch = &P->chunk[c];
-    XpSlot* sl = slot_get(P, ch, mb);
+    XpSlot* sl = chunk_slot_get(P, ch, mb);
     if (ch->vstage > 0) receive(P, 0, mb, c);
     slot_use(ch, sl);
     size_t t0 = (size_t)mb * P->b * P->T;
@@ -141,7 +138,7 @@ static void forward(ExpertPipe* P, int mb, int c) {
 // (composed_wgrad.c; the LayerNorms', embeddings' and tied head's stay here).
 static void backward(ExpertPipe* P, int mb, int c) {
     XpChunk* ch = &P->chunk[c];
-    XpSlot* sl = slot_find(ch, mb);
+    XpSlot* sl = chunk_slot_find(ch, mb);
     if (ch->vstage < P->S - 1) receive(P, 1, mb, c);
     slot_use(ch, sl);
     ch->m.wq = ch->m.split ? &sl->wq : NULL;
@@ -153,7 +150,7 @@ static void backward(ExpertPipe* P, int mb, int c) {
 
 // W (zb): the queued weight gradients, no communication; then the slot is free.
 static void weights(ExpertPipe* P, int mb, int c) {
-    XpSlot* sl = slot_find(&P->chunk[c], mb);
+    XpSlot* sl = chunk_slot_find(&P->chunk[c], mb);
     expert_wgrad_run(&sl->wq);
     sl->busy = 0;
 }
@@ -192,13 +189,11 @@ void expert_pipe_accumulated(ExpertPipe* P) {
         ops_scale(m->dexperts, m->n_experts, 1.0f / (float)P->M);
         if (m->tp.tp > 1) ops_scale(m->tp.dw, m->tp.n, 1.0f / (float)P->M);
     }
-    // COPY OF CHAPTER 5 EXERCISE 4: chapter 5's tied-embedding sum in the same embedding group: stubbed in every tree that stubs that exercise
-    if (P->pp > 1 && (P->stage == 0 || P->stage == P->pp - 1)) {
-        ExpertModel* end = &P->chunk[P->stage == 0 ? 0 : P->v - 1].m;
-        comm_allreduce(&P->embed, end->dshared + moe_wte_offset(&end->cfg), param_tensor_numel(&P->cfg.gpt, P_WTE),
-                       COMM_SUM);
-    }
-    // END COPY OF CHAPTER 5 EXERCISE 4
+    // chapter 5's sum (the other stages do nothing): the first stage's chunk 0
+    // holds the lookup's half, the last stage's last chunk the head's
+    ExpertModel* end = &P->chunk[P->stage == 0 ? 0 : P->v - 1].m;
+    pipe_sum_tied_embedding(&P->embed, P->ppc, end->dshared + moe_wte_offset(&end->cfg),
+                            param_tensor_numel(&P->cfg.gpt, P_WTE));
 }
 
 double expert_pipe_loss(ExpertPipe* P) {
@@ -254,7 +249,7 @@ static float forward_only(ExpertPipe* P, const int* inputs, const int* targets, 
     float loss = 0.0f;
     for (int c = 0; c < P->v; c++) {
         XpChunk* ch = &P->chunk[c];
-        XpSlot* sl = slot_get(P, ch, -1);
+        XpSlot* sl = chunk_slot_get(P, ch, -1);
         if (last) *last = sl;
         if (ch->vstage > 0) comm_recv(P->ppc, sl->acts.encoded, act_floats(P), prev_rank(P));
         slot_use(ch, sl);

@@ -56,27 +56,6 @@ static void check_and_schedule(ExpertPipe* P, const Run* run, const ExpertFlags*
     if (bad) fail_all("%s", bad);
 }
 
-// From each neighbour's list, the messages it sends this rank, in order.
-static void incoming_build(ExpertPipe* P) {
-    if (P->pp == 1) return;
-    int peers[2] = {prev_rank(P), next_rank(P)};
-    P->n_in = peers[0] == peers[1] ? 1 : 2;
-    for (int i = 0; i < P->n_in; i++) {
-        int p = peers[i];
-        XpIncoming* in = &P->in[i];
-        in->peer = p;
-        in->msg = xcalloc((size_t)P->sched.n[p] + 1, sizeof(XpMessage));
-        for (int a = 0; a < P->sched.n[p]; a++) {
-            Action act = P->sched.list[p][a];
-            int k = act.chunk * P->pp + p;
-            if (act.type == ACT_F && k < P->S - 1 && (k + 1) % P->pp == P->stage)
-                in->msg[in->n++] = (XpMessage){0, act.mb, (k + 1) / P->pp};
-            if (act.type == ACT_B && k > 0 && (k - 1) % P->pp == P->stage)
-                in->msg[in->n++] = (XpMessage){1, act.mb, (k - 1) / P->pp};
-        }
-    }
-}
-
 // The embedding group of every (dp, ep) coordinate: its stage 0 and stage
 // pp-1 (collective over the world; each rank keeps its own).
 static void embedding_group(Comm* embed, const Mesh* mesh) {
@@ -231,7 +210,7 @@ void expert_stage_create_one(ExpertPipe* P, Run* run, ExpertFlags* fl, const Moe
 static void stage_finish(ExpertPipe* P, const Mesh* mesh) {
     const MoeConfig* cfg = &P->cfg;
     embedding_group(&P->embed, mesh);
-    incoming_build(P);
+    P->n_in = pipe_incoming_build(&P->sched, P->stage, P->in);  // chapter 5's, from every rank's lists
     P->max_sends = P->sched.n[P->stage] + P->v + 1;
     P->sends = xcalloc((size_t)P->max_sends, sizeof(XpSend));
     P->routed = xcalloc((size_t)moe_num_moe_layers(cfg) * cfg->experts, sizeof(long));
@@ -256,7 +235,7 @@ void expert_stage_free(ExpertPipe* P) {
     }
     for (int i = 0; i < P->n_sends; i++) mem_free(P->sends[i].buf);
     free(P->sends);
-    for (int i = 0; i < P->n_in; i++) free(P->in[i].msg);
+    pipe_incoming_free(P->in, P->n_in);
     if (P->embed.size > 0) comm_destroy_group(&P->embed);
     free(P->routed);
     free(P->inputs);

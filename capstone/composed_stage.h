@@ -9,6 +9,7 @@
 #define COMPOSED_STAGE_H
 
 #include "composed_pipe.h"
+#include "pipeline.h"  // chapter 5's Incoming, pipe_incoming_build, pipe_receive
 #include "schedule.h"
 
 #define XP_MAX_CHUNKS 64  // virtual stages, as chapter 5
@@ -46,15 +47,6 @@ typedef struct {
 } XpChunk;
 
 typedef struct {
-    int grad, mb, chunk;
-} XpMessage;
-
-typedef struct {
-    int peer, n, next;
-    XpMessage* msg;
-} XpIncoming;
-
-typedef struct {
     float* buf;
     CommRequest req;
 } XpSend;
@@ -72,8 +64,9 @@ struct ExpertPipe {
     const Comm* ppc;
     Comm embed;  // stage 0 and stage pp-1 of this (dp, cp, ep) coordinate
     XpChunk chunk[XP_MAX_CHUNKS];
-    XpIncoming in[2];
+    Incoming in[2];  // chapter 5's lists: what each neighbour sends this rank, in its order
     int n_in;
+    int early;       // messages that came before their action asked (pipe_receive counts; not reported)
     XpSend* sends;
     int n_sends, max_sends;
     int *inputs, *targets;  // host (m, b, T): this step's tokens of each microbatch on this rank
@@ -98,8 +91,9 @@ static inline void slot_use(XpChunk* ch, XpSlot* sl) {
 
 // Every rank builds and validates every rank's list, makes its chunks (their
 // parameters from the whole model's init or --model FILE, piece by piece),
-// the embedding group and its incoming messages. Refuses bad flags on every
-// rank with one message. Collective over the world.
+// the embedding group and its incoming messages (chapter 5's
+// pipe_incoming_build). Refuses bad flags on every rank with one message.
+// Collective over the world.
 void expert_stage_create(ExpertPipe* P, Run* run, ExpertFlags* flags, const MoeConfig* cfg);
 // Without the pipeline (pp = 1, no --microbatches, --virtual): one chunk,
 // chapter 7's model of the rank's whole share (expert_model_create), and

@@ -151,7 +151,7 @@ hw_student() {
     fi
     # one tree a week: the later chapters' exercises are stubs too (a tree
     # of week N holds no answer of week N+1), and so is every marked copy of
-    # one (chapter 7's pipeline receives as chapter 5's exercise 3 does)
+    # one (the capstone's context parallelism runs chapter 6's exercise 3)
     local later=() c
     for c in $hw_chapters; do [ "$c" -gt "$ch" ] && later+=("$c"); done
     local missing=""

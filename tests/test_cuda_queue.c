@@ -543,10 +543,11 @@ static const char* sim_run(Sim* S, Rules rules, Timing timing, int big, char* wh
 // ---------------------------------------------------------------- chapter 5
 // What 05_pipeline/main.c calls, per rank and step: each action's receive
 // (the messages its peer sent before the one it needs, each a comm_recv:
-// incoming_build / receive), its send (send: comm_test on the slots, then
-// comm_isend), sends_wait at the end of the lists, the tied embedding's
-// all-reduce (first and last stage), the norm's all-reduce and the loss's
-// MPI_Bcast; after two steps a validation forward (blocking sends).
+// pipeline.c's pipe_incoming_build / pipe_receive), its send (send:
+// comm_test on the slots, then comm_isend), sends_wait at the end of the
+// lists, the tied embedding's all-reduce (first and last stage), the norm's
+// all-reduce and the loss's MPI_Bcast; after two steps a validation forward
+// (blocking sends).
 typedef struct {
     int grad, mb, chunk;
 } Msg;

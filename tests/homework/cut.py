@@ -46,11 +46,12 @@ OPEN = re.compile(r"^(\s*)// EXERCISE (\d+): ?(.*)$")
 CLOSE = re.compile(r"^\s*// END EXERCISE (\d+)\s*$")
 ANY = re.compile(r"//\s*(END\s+)?EXERCISE\b")
 # A copy of another chapter's exercise in code a later chapter or the
-# capstone runs (the capstone's pipeline receives as chapter 5's does):
-# marked so that every cut that stubs the exercise stubs the copy too.
-#     // COPY OF CHAPTER 5 EXERCISE 3: why the copy exists
+# capstone runs (the capstone's context parallelism runs chapter 6's ring
+# backward): marked so that every cut that stubs the exercise stubs the copy
+# too.
+#     // COPY OF CHAPTER 6 EXERCISE 3: why the copy exists
 #     ...
-#     // END COPY OF CHAPTER 5 EXERCISE 3
+#     // END COPY OF CHAPTER 6 EXERCISE 3
 COPY_OPEN = re.compile(r"^(\s*)// COPY OF CHAPTER (\d+) EXERCISE (\d+): ?(.*)$")
 COPY_CLOSE = re.compile(r"^\s*// END COPY OF CHAPTER (\d+) EXERCISE (\d+)\s*$")
 COPY_ANY = re.compile(r"//\s*(END\s+)?COPY OF\b")
