@@ -10,9 +10,9 @@
 
 enum { TAG_ASK = 1, TAG_ANSWER = 2 };
 
-// Its own clock (not runtime.h's now_seconds: runtime.c stops the watchdog,
+// Its own clock, not runtime.h's now_seconds (runtime.c stops the watchdog,
 // and common/ keeps no circle of files calling each other)
-static double now_seconds(void) {
+static double watchdog_clock(void) {
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
     return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
@@ -32,7 +32,7 @@ typedef struct {
 // thread reads a consistent enough picture; a torn op name is impossible,
 // the strings are never written, only pointed at).
 static int depth = 0;                 // nesting of marked waits
-static double wait_start = 0.0;       // now_seconds() at the outermost enter
+static double wait_start = 0.0;       // watchdog_clock() at the outermost enter
 static const char* wait_op = "";
 static const char* wait_group = "";
 static int wait_peer = -1;
@@ -51,7 +51,7 @@ void watchdog_enter(const char* op, const char* group, int peer) {
         __atomic_store_n(&wait_op, op, __ATOMIC_RELAXED);
         __atomic_store_n(&wait_group, group ? group : "world", __ATOMIC_RELAXED);
         __atomic_store_n(&wait_peer, peer, __ATOMIC_RELAXED);
-        double t = now_seconds();
+        double t = watchdog_clock();
         __atomic_store(&wait_start, &t, __ATOMIC_RELAXED);
     }
     __atomic_add_fetch(&depth, 1, __ATOMIC_RELEASE);
@@ -83,7 +83,7 @@ static void my_state(RankState* s, int round) {
     if (s->waiting) {
         double t0;
         __atomic_load(&wait_start, &t0, __ATOMIC_RELAXED);
-        s->waited = now_seconds() - t0;
+        s->waited = watchdog_clock() - t0;
         s->peer = __atomic_load_n(&wait_peer, __ATOMIC_RELAXED);
         snprintf(s->op, sizeof(s->op), "%s", __atomic_load_n(&wait_op, __ATOMIC_RELAXED));
         snprintf(s->group, sizeof(s->group), "%s", __atomic_load_n(&wait_group, __ATOMIC_RELAXED));
@@ -147,9 +147,9 @@ static void census(int round) {
     // a live rank answers within its thread's next turn; a loaded machine
     // can delay that by a second or two
     double grace = timeout_s < 2.0 ? 2.0 : timeout_s < 10.0 ? timeout_s : 10.0;
-    double t0 = now_seconds();
+    double t0 = watchdog_clock();
     int got = 0;
-    while (got < asked && now_seconds() - t0 < grace) {
+    while (got < asked && watchdog_clock() - t0 < grace) {
         answer_questions();  // another rank may be counting at the same time
         int pending = 0;
         MPI_Status st;
@@ -201,13 +201,13 @@ static void* watch(void* arg) {
     while (!__atomic_load_n(&stop_flag, __ATOMIC_ACQUIRE)) {
         answer_questions();
         if (__atomic_load_n(&depth, __ATOMIC_ACQUIRE) > 0) {
-            double t0, now = now_seconds();
+            double t0, now = watchdog_clock();
             __atomic_load(&wait_start, &t0, __ATOMIC_RELAXED);
             // one census per timeout period of one wait: a slow peer that
             // answered "computing" is asked again only a timeout later
             if (now - t0 > timeout_s && now - last_census > timeout_s) {
                 census(++round);
-                last_census = now_seconds();
+                last_census = watchdog_clock();
             }
         }
         sleep_seconds(0.1);
