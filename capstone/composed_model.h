@@ -223,7 +223,7 @@ void expert_wgrad_run(WGradQueue* q);
 // expert_wgrad as the MoE layer's MoeWeightGrad (ctx: the ExpertModel).
 void expert_wgrad_hook(void* ctx, int layer, float* dw, float* db, const float* dout, const float* inp, int N, int C,
                        int OC);
-// The attention half of layer l (ln1 to ln2, moe.h) on my N rows: at cp = 1
+// The attention half of layer l (ln1 to ln2, moe.h) on my N rows (composed_attention.c): at cp = 1
 // moe_attention_forward itself; at cp > 1 its two halves around the cp
 // group's attention (--cp-mode ring: the K/V blocks around the ring;
 // ulysses: all-to-all to head shards and back), chapter 6's algorithms on
@@ -251,6 +251,9 @@ BlockParams expert_block_grads(ExpertModel* m, int l);
 // ring or Ulysses over cp (composed_cp.c); backward s->datty to s->dqkv.
 void expert_attention_core_forward(ExpertModel* m, int l, BlockActs* a);
 void expert_attention_core_backward(ExpertModel* m, int l, const BlockActs* a, const BlockScratch* s);
+// expert_attention_recompute's work on the attention's rows (the tp
+// group's with --tp; composed_cp.c).
+void expert_attention_core_recompute(ExpertModel* m, int l, BlockActs* a);
 // --tp (composed_tp.c): the attention half on my N rows around the tp
 // group's attention; the slices' buffers, from the whole model's values
 // (host, moe.h's layout at tp = 1) split into the shared buffer's layout

@@ -1,0 +1,197 @@
+// composed_build.c: a rank's (or a pipeline chunk's) model built and freed,
+// and written to the MoE file (composed_model.h): the one place that puts
+// every axis's buffers together, the replicated and expert buffers with
+// --zero (composed_zero.c), the tp slices (composed_tp.c), the cp state
+// (composed_cp.c) and chapter 7's MoE layers (07_expert/moe_layer.c).
+// Above them all, so none of them calls back into it.
+#include "composed_model.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "errors.h"
+#include "memory.h"
+#include "mesh.h"
+#include "rank.h"
+#include "run.h"
+
+// ---------------------------------------------------------------- set-up
+void expert_model_create(ExpertModel* m, const MoeConfig* cfg, const ExpertFlags* flags, const Run* run) {
+    expert_model_create_part(m, cfg, flags, run, 1, 1);
+}
+
+// Each buffer's units (composed_zero.h): the replicated buffer's [wte wpe],
+// every block's piece and [lnfw lnfb]; the experts of each MoE layer; the tp
+// slices of each layer. --zero 2, 3: chapter 3's engine takes each buffer
+// over its group, the tied wte's unit with a gradient of its own.
+static void zero_units(ExpertModel* m) {
+    const MoeConfig* c = &m->cfg;
+    int L = c->gpt.num_layers, Lm = moe_num_moe_layers(c);
+    size_t* numel = xmalloc(sizeof(size_t) * (size_t)(L + 2));
+    numel[0] = moe_block_offset(c, 0);
+    for (int l = 0; l < L; l++) numel[1 + l] = moe_block_numel(c, l);
+    numel[L + 1] = 2 * (size_t)c->gpt.channels;
+    expert_zero_units(&m->z[ZERO_SHARED], L + 2, numel);
+    for (int i = 0; i < Lm; i++) numel[i] = (size_t)m->E_local * moe_expert_numel(c);
+    expert_zero_units(&m->z[ZERO_EXPERTS], Lm, numel);
+    for (int l = 0; m->nz > 2 && l < L; l++) numel[l] = moe_attn_tp_numel(c->gpt.channels, m->tp.tp);
+    if (m->nz > 2) expert_zero_units(&m->z[ZERO_TP], L, numel);
+    free(numel);
+    if (m->zero < 2) return;
+    int* own = xcalloc((size_t)(L + 2), sizeof(int));
+    own[0] = 1;  // wte: the head's gradient and the embedding's, one open buffer between them
+    expert_zero_shard(&m->z[ZERO_SHARED], m->zero, own);
+    expert_zero_shard(&m->z[ZERO_EXPERTS], m->zero, NULL);
+    if (m->nz > 2) expert_zero_shard(&m->z[ZERO_TP], m->zero, NULL);
+    free(own);
+    m->shared = m->dshared = m->m_s = m->v_s = m->experts = m->dexperts = m->m_e = m->v_e = NULL;
+    m->tp.w = m->tp.dw = m->tp.m = m->tp.v = NULL;  // the engines hold them now
+}
+
+void expert_model_create_part(ExpertModel* m, const MoeConfig* cfg, const ExpertFlags* flags, const Run* run,
+                              int embeds, int has_head) {
+    const Mesh* mesh = &run->mesh;
+    int B = run->setup.B / (mesh->size[AXIS_DP] * mesh->size[AXIS_EP]), T = run->setup.T, ncp = mesh->size[AXIS_CP];
+    int ntp = mesh->size[AXIS_TP];
+    uint64_t seed = (uint64_t)run->args.seed;
+    RecomputeMode recompute = (RecomputeMode)run->args.recompute;
+    memset(m, 0, sizeof(*m));
+    m->embeds = embeds, m->has_head = has_head;
+    m->recompute = recompute;
+    m->cfg = *cfg;
+    m->cfg.tp = ntp;  // with --tp the shared buffer leaves out the split tensors (moe.h)
+    // a cp rank holds T/cp positions of each of its B sequences, a tp rank
+    // B/tp of them: as the per-token parts of the model see it, B/tp
+    // sequences of T/cp
+    B /= ntp;
+    m->B = B, m->T = T / ncp, m->N = B * (T / ncp);
+    m->world = &run->world, m->dp = &run->axes[AXIS_DP], m->epc = &run->axes[AXIS_EP];
+    // the group's name in the summary is its axes ("dp+ep"; "dp+cp+ep" with --cp)
+    unsigned tpa = ntp > 1 ? 1u << AXIS_TP : 0u;
+    comm_create_group(&m->batch, mesh, (1u << AXIS_DP) | (ncp > 1 ? 1u << AXIS_CP : 0u) | (1u << AXIS_EP) | tpa);
+    m->dpcp = m->dp;
+    if (ncp > 1 || ntp > 1) {  // with --tp the experts' copies are over dp x cp x tp
+        comm_create_group(&m->dpcp_own, mesh, (1u << AXIS_DP) | (ncp > 1 ? 1u << AXIS_CP : 0u) | tpa);
+        m->dpcp = &m->dpcp_own;
+    }
+    m->cp = (ExpertCP){.mode = flags->cp_mode, .cpc = &run->axes[AXIS_CP]};
+    int zig = ncp > 1 && flags->cp_balance == BALANCE_ZIGZAG;
+    m->cp.sh = (CPShard){.cp = ncp, .rank = mesh->coord[AXIS_CP], .parts = zig ? 2 : 1, .len = zig ? T / (2 * ncp) : T / ncp,
+                         .B = B, .T = T};
+    m->ep = mesh->size[AXIS_EP];
+    // shares follow the world rank order (dp, then ep, then tp; the cp ranks
+    // of a share hold its positions)
+    m->share = (mesh->coord[AXIS_DP] * m->ep + mesh->coord[AXIS_EP]) * ntp + mesh->coord[AXIS_TP];
+    m->E_local = cfg->experts / m->ep;
+    m->e0 = m->epc->rank * m->E_local;
+    int N = m->N, C = cfg->gpt.channels;
+    int Lm = moe_num_moe_layers(cfg);
+    m->n_shared = moe_num_shared(&m->cfg);
+    m->n_experts = (size_t)Lm * m->E_local * moe_expert_numel(cfg);
+    // parameters, gradients, moments; --zero 1: the moments sharded over the copies
+    m->zero = flags->zero;
+    expert_zero_alloc(&m->z[ZERO_SHARED], m->zero, &m->batch, m->n_shared, &m->shared, &m->dshared, &m->m_s, &m->v_s);
+    expert_zero_alloc(&m->z[ZERO_EXPERTS], m->zero, m->dpcp, m->n_experts, &m->experts, &m->dexperts, &m->m_e, &m->v_e);
+    expert_tp_create(m, run);  // --tp: my slices of the split tensors, the all-gather buffers
+    m->nz = ntp > 1 ? 3 : 2;
+    float* host = xmalloc((m->n_shared > m->n_experts ? m->n_shared : m->n_experts) * sizeof(float));
+    moe_init_shared(host, &m->cfg, seed);  // with --tp without qkvw, qkvb, attprojw: my slices next
+    expert_zero_put(&m->z[ZERO_SHARED], host);
+    if (ntp > 1) expert_tp_init(m, seed);
+    moe_init_experts(host, cfg, m->e0, m->E_local, seed);
+    expert_zero_put(&m->z[ZERO_EXPERTS], host);
+    free(host);
+    GPTConfig acts_cfg = cfg->gpt;  // without the head, no logits (a pipeline stage's)
+    if (!has_head) acts_cfg.vocab_size = acts_cfg.padded_vocab_size = 0;
+    gpt_acts_create_recompute(&m->acts, &acts_cfg, B, m->T, recompute);
+    expert_cp_create(m);
+    // the MoE layers: chapter 7's engine over ep. Capacity keeps the first
+    // slots in the global batch's order, cut into blocks: a run of len
+    // positions of one sequence held by one cp rank (ring.h), nb per
+    // sequence, B sequences per share; my rows are part-major (ring.h)
+    const CPShard* sh = &m->cp.sh;
+    int nb = sh->T / sh->len;
+    int* row_block = xmalloc((size_t)N * sizeof(int));
+    for (int row = 0; row < N; row++)
+        row_block[row] = (m->share * sh->B + row / sh->len % sh->B) * nb +
+                         cp_shard_pos(sh, sh->rank, row / (sh->B * sh->len)) / sh->len;
+    MoeSpec spec = {.cfg = m->cfg, .N = N, .epc = m->epc, .batch = &m->batch, .chunks = flags->moe.ep_overlap,
+                    .aux_coef = flags->moe.aux_coef, .capacity_factor = flags->moe.capacity,
+                    .n_blocks = m->batch.size / sh->cp * sh->B * nb, .row_block = row_block, .recompute = recompute};
+    moe_parallel_create(&m->moe, &spec);
+    free(row_block);
+    // --schedule zb: the router's and the experts' weight gradients go to
+    // this chunk's queue (expert_wgrad: at once when no queue is set)
+    m->moe.wgrad = expert_wgrad_hook, m->moe.wgrad_ctx = m;
+    // --recompute full: one MoE layer's state, reused by every layer (each
+    // layer's forward runs again before its backward)
+    m->layers = moe_layers_create(&m->moe, recompute == RECOMPUTE_FULL ? 1 : Lm);
+    m->dln2 = mem_alloc_floats((size_t)N * C, MEM_ACTIVATIONS);
+    m->rows_host = mem_alloc_host((size_t)N * 2 * sizeof(int));
+    const char* path = run->setup.checkpoint;
+    if (path) {  // --model FILE: the replicated parameters and my experts
+        char msg[1024];
+        float* shared = xmalloc(moe_num_shared(cfg) * sizeof(float));
+        float* mine = xmalloc((m->n_experts ? m->n_experts : 1) * sizeof(float));
+        const char* bad = moe_checkpoint_read(path, cfg, shared, mine, m->e0, m->E_local, msg, sizeof(msg));
+        fail_if_any(bad != NULL, bad);
+        if (ntp > 1)
+            expert_tp_load(m, shared);
+        else
+            expert_zero_put(&m->z[ZERO_SHARED], shared);
+        expert_zero_put(&m->z[ZERO_EXPERTS], mine);
+        free(shared);
+        free(mine);
+    }
+    zero_units(m);  // each buffer's units; --zero 2, 3: the engines take the values
+}
+
+void expert_model_free(ExpertModel* m) {
+    float* dev[] = {m->shared, m->dshared, m->m_s, m->v_s, m->experts, m->dexperts, m->m_e, m->v_e, m->dln2};
+    for (size_t i = 0; i < sizeof(dev) / sizeof(dev[0]); i++) mem_free(dev[i]);
+    gpt_acts_free(&m->acts);
+    moe_layers_free(&m->moe, m->layers, m->recompute == RECOMPUTE_FULL ? 1 : moe_num_moe_layers(&m->cfg));
+    moe_parallel_free(&m->moe);
+    mem_free_host(m->rows_host);
+    expert_cp_free(m);
+    expert_tp_free(m);
+    expert_zero_free(&m->z[ZERO_SHARED]), expert_zero_free(&m->z[ZERO_EXPERTS]), expert_zero_free(&m->z[ZERO_TP]);
+    if (m->dpcp == &m->dpcp_own) comm_destroy_group(&m->dpcp_own);
+    comm_destroy_group(&m->batch);
+}
+
+// ---------------------------------------------------------------- the MoE file
+
+// --save FILE: rank 0 writes the replicated parameters and every expert,
+// gathered over ep (dp rank 0's ep group; every dp replica holds the same
+// experts). A host-side copy for the file, not part of training.
+void expert_model_save(ExpertModel* m, const char* path) {
+    if (m->zero > 1) {  // --zero 2, 3: each buffer whole on every rank for the file, then as it was
+        m->shared = expert_zero_whole(&m->z[ZERO_SHARED]), m->experts = expert_zero_whole(&m->z[ZERO_EXPERTS]);
+        if (m->nz > 2) m->tp.w = expert_zero_whole(&m->z[ZERO_TP]);
+        m->zero = 0;
+        expert_model_save(m, path);
+        m->zero = m->z[ZERO_SHARED].f.zero;
+        mem_free(m->shared), mem_free(m->experts), mem_free(m->tp.w);
+        m->shared = m->experts = m->tp.w = NULL;
+        return;
+    }
+    // every expert, gathered over ep by dp x cp x tp rank 0's ep group (chapter 7's gather)
+    float* all = m->dpcp->rank == 0 ? moe_gather_experts(&m->cfg, m->epc, m->experts, m->n_experts, m->E_local) : NULL;
+    char msg[1024];
+    const char* bad = NULL;
+    MoeConfig whole = m->cfg;
+    whole.tp = 1;
+    // with --tp, the whole shared buffer assembled on tp rank 0 (world rank 0 is one)
+    float* gathered = m->tp.tp > 1 && m->tp.dpcpep->rank == 0 ? expert_tp_gather_whole(m) : NULL;
+    if (m->world->rank == 0) {
+        float* shared = gathered ? gathered : xmalloc(m->n_shared * sizeof(float));
+        if (!gathered) mem_to_host(shared, m->shared, m->n_shared * sizeof(float));
+        bad = moe_checkpoint_write(path, &whole, shared, all, msg, sizeof(msg));
+        free(shared);
+        if (!bad) printf("saved %s (mixture of experts, version %d)\n", path, MOE_CHECKPOINT_VERSION);
+    }
+    free(all);
+    fail_if_any(bad != NULL, bad);
+}
