@@ -15,9 +15,9 @@
 # AdamW moments sharded over each buffer's copies) on dp, dp x cp, dp x tp,
 # dp x ep, its bytes and its checkpoint across meshes and stages; --zero 2
 # and 3 (chapter 3's engine per buffer, a unit per layer) against chapter 0
-# and one rank, their bytes, their checkpoint on other meshes, and their
-# refusal with the pipeline. A mesh's reference is the capstone on one rank
-# (its own step), as it was chapter 7's before.
+# and one rank, their bytes, their checkpoint on other meshes (--zero 3
+# ones too), and their refusal with the pipeline. A mesh's reference is the
+# capstone on one rank (its own step), as it was chapter 7's before.
 . "$(dirname "$0")/lib.sh"
 
 echo "== capstone: chapter 7's experts on every axis"
@@ -737,6 +737,17 @@ for mesh in "1|" "4|--dp 2 --tp 2 --zero 2"; do
     c7_resumed_near "the --zero 3 checkpoint of dp x ep = 2 x 2 resumes on ${mesh%%|*} rank(s) ${mesh#*|} and continues its run" \
         "$c7_z3full" "$TEST_TMPDIR/c7_z3res.jsonl"
 done
+# ... and on --zero 3 meshes, where each rank reads back only its shard of
+# each unit's parameters (expert_zero_ckpt_unit: no rank holds them whole,
+# so the runs above, which read them whole, cannot see a --zero 3 resume
+# that skips them and trains on from the init): on the same mesh the
+# uninterrupted run's records bit for bit, on dp x tp = 2 x 2 with --zero 3
+# (other groups, other units, a third buffer) within the tolerance
+mpi_run $T_RUN 4 "$BUILD/capstone" $c7_flags --dp 2 --ep 2 --zero 3 --resume "$c7_ck3/step-00000004" --log "$TEST_TMPDIR/c7_z3res3.jsonl"
+c7_resumed_same "--zero 3 on dp x ep = 2 x 2 (parameters read back as shards)" "$c7_z3full" "$TEST_TMPDIR/c7_z3res3.jsonl"
+mpi_run $T_RUN 4 "$BUILD/capstone" $c7_flags --dp 2 --tp 2 --zero 3 --resume "$c7_ck3/step-00000004" --log "$TEST_TMPDIR/c7_z3res3t.jsonl"
+c7_resumed_near "the --zero 3 checkpoint of dp x ep = 2 x 2 resumes on dp x tp = 2 x 2 with --zero 3 (parameters read as other shards) and continues its run" \
+    "$c7_z3full" "$TEST_TMPDIR/c7_z3res3t.jsonl"
 
 }
 
