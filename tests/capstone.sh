@@ -3,12 +3,12 @@
 # experts on every axis at once. These are the cases tests/chapter_7.sh ran
 # on chapter 7's compositions before issue 42 made chapter 7 the MoE lesson
 # alone: with --cp (chapter 6's context parallelism in attention), E = 1
-# against chapter 0 and E = 4 against one rank on cp, dp x cp, ep x cp and
-# dp x cp x ep meshes (16 ranks too), with capacity drops and --recompute,
-# and checkpoints across the compositions (E = 1's resumed by chapter 0,
-# chapter 0's and chapter 7's resumed here, the capstone's by chapter 7,
-# ep = 3's, whose replicated pieces do not split evenly, with and without
-# pp);
+# against chapter 0 and E = 4 against one rank on cp (2 and 4), dp x cp,
+# ep x cp and dp x cp x ep meshes (16 ranks too), with capacity drops and
+# --recompute, and checkpoints across the compositions (E = 1's resumed by
+# chapter 0, chapter 0's and chapter 7's resumed here, the capstone's by
+# chapter 7, ep = 3's, whose replicated pieces do not split evenly, with
+# and without pp);
 # with --tp (tensor parallelism with sequence parallelism) on tp, dp x tp,
 # tp x cp, ep x tp and dp x tp x ep meshes, with checkpoints across tp;
 # every axis at once: --tp inside --pp's stages with dp, cp and ep (8 and
@@ -125,6 +125,14 @@ c7_sec_cp() {
 invariant --norm "capstone: E=1, k=1 on cp=2 (ring) is chapter 0's dense model" "$INV_FLAGS" 2 capstone "--experts 1 --top-k 1 --cp 2 --cp-mode ring"
 invariant --norm "capstone: E=1, k=1 on cp=2 (ulysses, zigzag) is chapter 0's dense model" "$INV_FLAGS" 2 capstone "--experts 1 --top-k 1 --cp 2 --cp-mode ulysses --cp-balance zigzag"
 invariant --norm --val "capstone: E=1, k=1 on dp x cp = 2 x 2 (ring, zigzag) is chapter 0's dense model" "$INV_FLAGS" 4 capstone "--experts 1 --top-k 1 --dp 2 --cp 2 --cp-balance zigzag"
+# cp = 4: at cp = 2 a rank's left and right neighbours are the same rank,
+# so a ring that sent K/V the wrong way round would still pair every query
+# block with the right keys; at cp = 4 (8 positions a rank, 4 a zigzag
+# half-chunk) only the right direction gives chapter 0's model. Ulysses at
+# cp = 4: one of the 4 heads a rank.
+invariant --norm "capstone: E=1, k=1 on cp=4 (ring: K/V blocks passed rightwards, 3 hops) is chapter 0's dense model" "$INV_FLAGS" 4 capstone "--experts 1 --top-k 1 --cp 4 --cp-mode ring"
+invariant --norm "capstone: E=1, k=1 on cp=4 (ring, zigzag) is chapter 0's dense model" "$INV_FLAGS" 4 capstone "--experts 1 --top-k 1 --cp 4 --cp-mode ring --cp-balance zigzag"
+invariant --norm "capstone: E=1, k=1 on cp=4 (ulysses, one head a rank, zigzag) is chapter 0's dense model" "$INV_FLAGS" 4 capstone "--experts 1 --top-k 1 --cp 4 --cp-mode ulysses --cp-balance zigzag"
 for run in "4 --ep 2 --cp 2 --cp-mode ring" "4 --ep 2 --cp 2 --cp-mode ulysses --cp-balance zigzag" \
     "8 --dp 2 --ep 2 --cp 2 --cp-mode ulysses"; do
     np=${run%% *} flags=${run#* } a=""
