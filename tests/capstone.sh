@@ -3,10 +3,12 @@
 # experts on every axis at once. These are the cases tests/chapter_7.sh ran
 # on chapter 7's compositions before issue 42 made chapter 7 the MoE lesson
 # alone: with --cp (chapter 6's context parallelism in attention), E = 1
-# against chapter 0 and E = 4 against one rank on cp, dp x cp, ep x cp and
-# dp x cp x ep meshes (16 ranks too), with capacity drops and --recompute,
-# and checkpoints across the compositions (E = 1's resumed by chapter 0,
-# chapter 0's and chapter 7's resumed here, the capstone's by chapter 7);
+# against chapter 0 and E = 4 against one rank on cp (2 and 4), dp x cp,
+# ep x cp and dp x cp x ep meshes (16 ranks too), with capacity drops and
+# --recompute, and checkpoints across the compositions (E = 1's resumed by
+# chapter 0, chapter 0's and chapter 7's resumed here, the capstone's by
+# chapter 7, ep = 3's, whose replicated pieces do not split evenly, with
+# and without pp);
 # with --tp (tensor parallelism with sequence parallelism) on tp, dp x tp,
 # tp x cp, ep x tp and dp x tp x ep meshes, with checkpoints across tp;
 # every axis at once: --tp inside --pp's stages with dp, cp and ep (8 and
@@ -15,9 +17,9 @@
 # AdamW moments sharded over each buffer's copies) on dp, dp x cp, dp x tp,
 # dp x ep, its bytes and its checkpoint across meshes and stages; --zero 2
 # and 3 (chapter 3's engine per buffer, a unit per layer) against chapter 0
-# and one rank, their bytes, their checkpoint on other meshes, and their
-# refusal with the pipeline. A mesh's reference is the capstone on one rank
-# (its own step), as it was chapter 7's before.
+# and one rank, their bytes, their checkpoint on other meshes (--zero 3
+# ones too), and their refusal with the pipeline. A mesh's reference is the
+# capstone on one rank (its own step), as it was chapter 7's before.
 . "$(dirname "$0")/lib.sh"
 
 echo "== capstone: chapter 7's experts on every axis"
@@ -40,8 +42,9 @@ c7_tail() { grep '"type":"step"' "$1" | awk -v f="$2" '{ match($0, /"step":[0-9]
 # After a resume's mpi_run (RC, OUT): RES, the resumed run's log, against
 # FULL, the uninterrupted run's, from step 4 on. NAME says what resumed where.
 #   c7_resumed_same NAME FULL RES         every field of every record, the same bits
-#   c7_resumed_near NAME FULL RES [FROM]  within the invariant's tolerances, up to
-#                                         a routing flip (compare_routing.sh)
+#   c7_resumed_near NAME FULL RES [FROM [STEP]]  within the invariant's tolerances,
+#                                         up to a routing flip (compare_routing.sh);
+#                                         STEP: the step resumed at, if not 4
 #   c7_resumed_dense NAME FULL RES FROM   the dense model's loss and norm (E = 1
 #                                         against chapter 0, either way)
 # FROM: what the resume line must name, e.g. "chapter 7, world 8".
@@ -58,7 +61,7 @@ c7_resumed_same() {
 c7_resumed_near() {
     local tail=$3.tail a="" from="checkpoint: resumed from"
     [ -n "${4:-}" ] && from="$from .*($4)"
-    c7_tail "$2" 4 >"$tail"
+    c7_tail "$2" "${5:-4}" >"$tail"
     if [ $RC = 0 ] && echo "$OUT" | grep -q "$from" &&
         a=$(bash tests/compare_routing.sh "$tail" "$3" $TOL $TOL_NORM 2>&1); then
         pass "capstone: $1 ($a)"
@@ -122,6 +125,14 @@ c7_sec_cp() {
 invariant --norm "capstone: E=1, k=1 on cp=2 (ring) is chapter 0's dense model" "$INV_FLAGS" 2 capstone "--experts 1 --top-k 1 --cp 2 --cp-mode ring"
 invariant --norm "capstone: E=1, k=1 on cp=2 (ulysses, zigzag) is chapter 0's dense model" "$INV_FLAGS" 2 capstone "--experts 1 --top-k 1 --cp 2 --cp-mode ulysses --cp-balance zigzag"
 invariant --norm --val "capstone: E=1, k=1 on dp x cp = 2 x 2 (ring, zigzag) is chapter 0's dense model" "$INV_FLAGS" 4 capstone "--experts 1 --top-k 1 --dp 2 --cp 2 --cp-balance zigzag"
+# cp = 4: at cp = 2 a rank's left and right neighbours are the same rank,
+# so a ring that sent K/V the wrong way round would still pair every query
+# block with the right keys; at cp = 4 (8 positions a rank, 4 a zigzag
+# half-chunk) only the right direction gives chapter 0's model. Ulysses at
+# cp = 4: one of the 4 heads a rank.
+invariant --norm "capstone: E=1, k=1 on cp=4 (ring: K/V blocks passed rightwards, 3 hops) is chapter 0's dense model" "$INV_FLAGS" 4 capstone "--experts 1 --top-k 1 --cp 4 --cp-mode ring"
+invariant --norm "capstone: E=1, k=1 on cp=4 (ring, zigzag) is chapter 0's dense model" "$INV_FLAGS" 4 capstone "--experts 1 --top-k 1 --cp 4 --cp-mode ring --cp-balance zigzag"
+invariant --norm "capstone: E=1, k=1 on cp=4 (ulysses, one head a rank, zigzag) is chapter 0's dense model" "$INV_FLAGS" 4 capstone "--experts 1 --top-k 1 --cp 4 --cp-mode ulysses --cp-balance zigzag"
 for run in "4 --ep 2 --cp 2 --cp-mode ring" "4 --ep 2 --cp 2 --cp-mode ulysses --cp-balance zigzag" \
     "8 --dp 2 --ep 2 --cp 2 --cp-mode ulysses"; do
     np=${run%% *} flags=${run#* } a=""
@@ -201,6 +212,26 @@ mpi_run $T_RUN 1 "$BUILD/chapter-0" $INV_FLAGS --ckpt-dir "$TEST_TMPDIR/c7_ck0" 
 mpi_run $T_RUN 2 "$BUILD/capstone" $INV_FLAGS --experts 1 --top-k 1 --cp 2 --resume "$TEST_TMPDIR/c7_ck0/step-00000004" \
     --log "$TEST_TMPDIR/c7_ck0_c7.jsonl"
 c7_resumed_dense "E=1, k=1 on cp=2 resumes chapter 0's checkpoint of step 4 and continues chapter 0's run" "$TEST_TMPDIR/c7_ck0.jsonl" "$TEST_TMPDIR/c7_ck0_c7.jsonl" "chapter 0, world 1"
+# checkpoints whose replicated pieces do not split evenly over ep: on
+# ep x pp = 3 x 2 (6 ranks, 3 experts, one a rank) each stage's ep ranks
+# write 1/3 of each of its pieces, and [wte wpe] (20,480 floats) and [lnfw
+# lnfb] (128) leave a remainder (expert_stage_ckpt's split rounds up, the
+# last rank writes less). Saved at step 4, resumed on one rank: every float
+# read once, whoever wrote it, and the 6-rank run continued
+c7_p3="$INV_FLAGS --experts 3 --top-k 2" c7_ckp3=$TEST_TMPDIR/c7_ckp3
+mpi_run $T_RUN 6 "$BUILD/capstone" $c7_p3 --microbatches 2 --ep 3 --pp 2 --ckpt-dir "$c7_ckp3" --save-every 4 --log "$TEST_TMPDIR/c7_ckp3.jsonl"
+mpi_run $T_RUN 1 "$BUILD/capstone" $c7_p3 --microbatches 2 --resume "$c7_ckp3/step-00000004" --log "$TEST_TMPDIR/c7_ckp3_1.jsonl"
+c7_resumed_near "the ep x pp = 3 x 2 checkpoint of step 4 (pieces of 20,480 and 128 floats split over 3 ep ranks) resumes on one rank and continues its run" \
+    "$TEST_TMPDIR/c7_ckp3.jsonl" "$TEST_TMPDIR/c7_ckp3_1.jsonl" "chapter 7, world 6"
+# ... and without the pipeline (no --microbatches: expert_model_ckpt), ep=3's
+# ranks write 1/3 of the whole replicated buffer, 54,784 floats: ep=3
+# resumes the 3 x 2 checkpoint and saves at step 8, one rank resumes that
+# and continues ep=3's run
+mpi_run $T_RUN 3 "$BUILD/capstone" $c7_p3 --ep 3 --resume "$c7_ckp3/step-00000004" --ckpt-dir "$TEST_TMPDIR/c7_ckp3e" --save-every 4 \
+    --log "$TEST_TMPDIR/c7_ckp3_3.jsonl"
+mpi_run $T_RUN 1 "$BUILD/capstone" $c7_p3 --resume "$TEST_TMPDIR/c7_ckp3e/step-00000008" --log "$TEST_TMPDIR/c7_ckp3_31.jsonl"
+c7_resumed_near "ep=3's checkpoint of step 8 (54,784 replicated floats split over 3 ep ranks, no pipeline) resumes on one rank and continues ep=3's run" \
+    "$TEST_TMPDIR/c7_ckp3_3.jsonl" "$TEST_TMPDIR/c7_ckp3_31.jsonl" "chapter 7, world 3" 8
 }
 
 # ---- tensor parallelism
@@ -737,6 +768,17 @@ for mesh in "1|" "4|--dp 2 --tp 2 --zero 2"; do
     c7_resumed_near "the --zero 3 checkpoint of dp x ep = 2 x 2 resumes on ${mesh%%|*} rank(s) ${mesh#*|} and continues its run" \
         "$c7_z3full" "$TEST_TMPDIR/c7_z3res.jsonl"
 done
+# ... and on --zero 3 meshes, where each rank reads back only its shard of
+# each unit's parameters (expert_zero_ckpt_unit: no rank holds them whole,
+# so the runs above, which read them whole, cannot see a --zero 3 resume
+# that skips them and trains on from the init): on the same mesh the
+# uninterrupted run's records bit for bit, on dp x tp = 2 x 2 with --zero 3
+# (other groups, other units, a third buffer) within the tolerance
+mpi_run $T_RUN 4 "$BUILD/capstone" $c7_flags --dp 2 --ep 2 --zero 3 --resume "$c7_ck3/step-00000004" --log "$TEST_TMPDIR/c7_z3res3.jsonl"
+c7_resumed_same "--zero 3 on dp x ep = 2 x 2 (parameters read back as shards)" "$c7_z3full" "$TEST_TMPDIR/c7_z3res3.jsonl"
+mpi_run $T_RUN 4 "$BUILD/capstone" $c7_flags --dp 2 --tp 2 --zero 3 --resume "$c7_ck3/step-00000004" --log "$TEST_TMPDIR/c7_z3res3t.jsonl"
+c7_resumed_near "the --zero 3 checkpoint of dp x ep = 2 x 2 resumes on dp x tp = 2 x 2 with --zero 3 (parameters read as other shards) and continues its run" \
+    "$c7_z3full" "$TEST_TMPDIR/c7_z3res3t.jsonl"
 
 }
 

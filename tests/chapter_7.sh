@@ -232,6 +232,37 @@ if [ $RC = 0 ] && [ -n "$a" ] && [ "$a" = "$(c7_tail "$TEST_TMPDIR/c7_ovc3.jsonl
 else
     fail "experts: --ep-overlap 3 with capacity 1" "exit $RC; $(diff <(echo "$a") <(c7_tail "$TEST_TMPDIR/c7_ovc3.jsonl" 0) | head -3)"
 fi
+# The chunk boundaries (moe_chunk_start: chunk c is tokens [c N/n,
+# (c+1) N/n) of a rank's N; plan_send_order's loops over them): dropless on
+# ep=4, N = 192 tokens a rank cut by --ep-overlap 5 into chunks of 38 and 39
+# (192 = 5 x 38 + 2), against ep=4's --ep-overlap 1 run (c7_same above). And
+# capacity by hand, one expert's kept slots straddling a chunk boundary:
+# E = 2, k = 2 sends every token to both experts, capacity 0.125 keeps
+# floor(0.125 x 2 x 768 / 2) = 96 slots of each, the batch's first 96
+# tokens: on ep=2 rank 0's tokens 0..95, which --ep-overlap 5 cuts at 76
+# (chunks of 76, 77, 77, 77, 77 of 384): chunk 0 kept whole, chunk 1's
+# first 20 tokens kept and the rest dropped, chunks 2..4 and rank 1 dropped
+# (2 layers x 2 experts x 672 = 2688 slots per step). Each: every field of
+# the step records the same bits as --ep-overlap 1.
+mpi_run $T_RUN 4 "$BUILD/chapter-7" $c7_flags --ep 4 --ep-overlap 5 --log "$TEST_TMPDIR/c7_ov4_5.jsonl"
+# bit for bit by construction: every op a chunk runs is row-stable (tests/test_rows.c)
+a=$(c7_tail "$c7_ep4" 0) b=$(c7_tail "$TEST_TMPDIR/c7_ov4_5.jsonl" 0)
+if [ $RC = 0 ] && [ -n "$a" ] && [ "$a" = "$b" ]; then
+    pass "experts: --ep-overlap 5 on ep=4 (192 tokens a rank: uneven chunks of 38 and 39) gives --ep-overlap 1's step records bit for bit"
+else
+    fail "experts: --ep-overlap 5 on ep=4 (uneven chunks)" "exit $RC; $(diff <(echo "$a") <(echo "$b") | head -3)"
+fi
+c7_ovs="--steps 3 --batch 24 --seq 32 --peak-gflops 10 --experts 2 --top-k 2 --capacity-factor 0.125 --ep 2"
+for n in 1 5; do
+    mpi_run $T_RUN 2 "$BUILD/chapter-7" $c7_ovs --ep-overlap $n --log "$TEST_TMPDIR/c7_ovs$n.jsonl"
+done
+# bit for bit by construction: every op a chunk runs is row-stable (tests/test_rows.c)
+a=$(c7_tail "$TEST_TMPDIR/c7_ovs1.jsonl" 0) b=$(c7_tail "$TEST_TMPDIR/c7_ovs5.jsonl" 0)
+if [ $RC = 0 ] && [ -n "$a" ] && [ "$a" = "$b" ] && [ "$(echo "$b" | grep -c '"dropped":2688,')" = 3 ]; then
+    pass "experts: capacity 0.125 with E=2, k=2 on ep=2 keeps the first 96 tokens, cut inside --ep-overlap 5's chunk 1 (tokens 76..152): 2688 slots dropped per step (hand count) and --ep-overlap 1's step records bit for bit"
+else
+    fail "experts: --ep-overlap 5 with a capacity cut inside a chunk" "exit $RC; steps with 2688 dropped: $(echo "$b" | grep -c '"dropped":2688,') of 3; $(diff <(echo "$a") <(echo "$b") | head -3)"
+fi
 # The trace of --ep-overlap 3 (docs/tracing.md): valid and adding up to the
 # log, and the chunks interleaved. On every rank, each "experts chunk c"
 # span (forward, and backward's input half) runs inside the in-flight spans
@@ -481,6 +512,7 @@ else
     fail "experts: parameter memory at ep=2" "want $c7_p; $(grep -o '"peak_bytes":{"params":[^]]*]' "$C7_LOG")"
 fi
 c7_same "ep=4" 4 "--ep 4"
+c7_ep4=$C7_LOG
 # the dp x ep = 2 x 2 run also saves its training state every 4 steps
 # (asynchronously): the checkpoint tests below resume from it
 c7_ck=$TEST_TMPDIR/c7_ck
