@@ -21,43 +21,21 @@
 # ones too), and their refusal with the pipeline. A mesh's reference is the
 # capstone on one rank (its own step), as it was chapter 7's before.
 . "$(dirname "$0")/lib.sh"
+C7_PROG=capstone C7_LABEL=capstone
+. "$(dirname "$0")/moe_lib.sh"  # c7_same, c7_tail, c7_resumed_same, c7_drops, c7_sample
 
 echo "== capstone: chapter 7's experts on every axis"
 
 # ---------------------------------------------------------------- helpers
 # (defined first: the sections below run as jobs that call them)
-c7_drops() { grep '"type":"step"' "$1" | grep -o '"dropped":[0-9]*' | tr '\n' ' '; }  # "dropped":N per step
-c7_same() {
-    local log=$TEST_TMPDIR/c7_$2_$(echo "$1" | tr -cd 'a-z0-9').jsonl a=""
-    mpi_run $T_RUN "$2" "$BUILD/capstone" $c7_flags $3 --log "$log"
-    C7_LOG=$log
-    if [ $RC = 0 ] && a=$(bash tests/compare_routing.sh "$c7_ref" "$log" $TOL $TOL_NORM 2>&1); then
-        pass "capstone: $1 reproduces ep=1 ($a)"
-    else
-        fail "capstone: $1" "exit $RC; $a; command: $CMD; $(echo "$OUT" | grep -E 'error' | head -3)"
-    fi
-}
-c7_tail() { grep '"type":"step"' "$1" | awk -v f="$2" '{ match($0, /"step":[0-9]+/); if (substr($0, RSTART + 7, RLENGTH - 7) + 0 >= f) print }' |
-    sed 's/"ms":[^,]*,"tokens_per_s":[^,]*,//'; }
-# After a resume's mpi_run (RC, OUT): RES, the resumed run's log, against
-# FULL, the uninterrupted run's, from step 4 on. NAME says what resumed where.
-#   c7_resumed_same NAME FULL RES         every field of every record, the same bits
+# After a resume's mpi_run (RC, OUT), RES against FULL (tests/moe_lib.sh has
+# c7_resumed_same, every record the same bits):
 #   c7_resumed_near NAME FULL RES [FROM [STEP]]  within the invariant's tolerances,
 #                                         up to a routing flip (compare_routing.sh);
 #                                         STEP: the step resumed at, if not 4
 #   c7_resumed_dense NAME FULL RES FROM   the dense model's loss and norm (E = 1
 #                                         against chapter 0, either way)
 # FROM: what the resume line must name, e.g. "chapter 7, world 8".
-c7_resumed_same() {
-    local a b
-    a=$(c7_tail "$2" 4) b=$(c7_tail "$3" 0)
-    if [ $RC = 0 ] && echo "$OUT" | grep -q "checkpoint: resumed from" && [ -n "$a" ] && [ "$a" = "$b" ] &&
-        [ "$(echo "$b" | wc -l)" = $((INV_STEPS - 4)) ]; then
-        pass "capstone: $1 resumed at step 4 repeats steps 4..$((INV_STEPS - 1)) bit for bit"
-    else
-        fail "capstone: resume on $1" "exit $RC; $(diff <(echo "$a") <(echo "$b") | head -4); $(echo "$OUT" | grep -E 'error|resumed' | head -2)"
-    fi
-}
 c7_resumed_near() {
     local tail=$3.tail a="" from="checkpoint: resumed from"
     [ -n "${4:-}" ] && from="$from .*($4)"
@@ -81,7 +59,6 @@ c7_resumed_dense() {
     fi
 }
 c7_act() { grep '"type":"summary"' "$1" | sed 's/.*"activations":\[\([0-9]*\),.*/\1/'; }
-c7_sample() { sed -n '/^sample (40 tokens):/,$p' <<< "$OUT" | head -2; }
 c7m_same() {  # NAME NP FLAGS: against one rank with --microbatches 2, aux_loss too
     local log=$TEST_TMPDIR/c7m_$2_$(echo "$1" | tr -cd 'a-z0-9').jsonl a="" b=""
     mpi_run $T_RUN "$2" "$BUILD/capstone" $c7_flags --microbatches 2 $3 --log "$log"

@@ -12,6 +12,8 @@
 # ops are checked against finite differences in tests/test_ops.c, the
 # whole MoE model on one rank in tests/test_moe.c.)
 . "$(dirname "$0")/lib.sh"
+C7_PROG=chapter-7 C7_LABEL=experts
+. "$(dirname "$0")/moe_lib.sh"  # c7_same, c7_tail, c7_resumed_same, c7_drops, c7_sample
 
 echo "== chapter 7: experts"
 
@@ -23,32 +25,6 @@ c7_coef() {  # K COEF -> the step-0 record without its timings
     grep '"type":"step"' "$TEST_TMPDIR/c7_coef_$1_$2.jsonl" | sed 's/"ms":[^,]*,"tokens_per_s":[^,]*,//'
 }
 c7_field() { echo "$1" | sed -n "s/.*\"$2\":\([^,]*\),.*/\1/p"; }
-c7_drops() { grep '"type":"step"' "$1" | grep -o '"dropped":[0-9]*' | tr '\n' ' '; }  # "dropped":N per step
-c7_same() {
-    local log=$TEST_TMPDIR/c7_$2_$(echo "$1" | tr -cd 'a-z0-9').jsonl a=""
-    mpi_run $T_RUN "$2" "$BUILD/chapter-7" $c7_flags $3 --log "$log"
-    C7_LOG=$log
-    if [ $RC = 0 ] && a=$(bash tests/compare_routing.sh "$c7_ref" "$log" $TOL $TOL_NORM 2>&1); then
-        pass "experts: $1 reproduces ep=1 ($a)"
-    else
-        fail "experts: $1" "exit $RC; $a; command: $CMD; $(echo "$OUT" | grep -E 'error' | head -3)"
-    fi
-}
-c7_tail() { grep '"type":"step"' "$1" | awk -v f="$2" '{ match($0, /"step":[0-9]+/); if (substr($0, RSTART + 7, RLENGTH - 7) + 0 >= f) print }' |
-    sed 's/"ms":[^,]*,"tokens_per_s":[^,]*,//'; }
-# After a resume's mpi_run (RC, OUT): RES, the resumed run's log, against
-# FULL, the uninterrupted run's, from step 4 on. NAME says what resumed where.
-#   c7_resumed_same NAME FULL RES         every field of every record, the same bits
-c7_resumed_same() {
-    local a b
-    a=$(c7_tail "$2" 4) b=$(c7_tail "$3" 0)
-    if [ $RC = 0 ] && echo "$OUT" | grep -q "checkpoint: resumed from" && [ -n "$a" ] && [ "$a" = "$b" ] &&
-        [ "$(echo "$b" | wc -l)" = $((INV_STEPS - 4)) ]; then
-        pass "experts: $1 resumed at step 4 repeats steps 4..$((INV_STEPS - 1)) bit for bit"
-    else
-        fail "experts: resume on $1" "exit $RC; $(diff <(echo "$a") <(echo "$b") | head -4); $(echo "$OUT" | grep -E 'error|resumed' | head -2)"
-    fi
-}
 c7_rc_bytes() {  # MODE -> "ACTIVATIONS COMM" in bytes
     local N=192 C=64 NH=4 T=32 L=2 Lm=2 Vp=256 E=4 k=2 H=256 R=768 acts store tr n gelu send
     acts=$((18 * C + NH * T + 4))
@@ -69,7 +45,6 @@ c7_a2a() { grep '"type":"summary"' "$1" | sed 's/.*"alltoall_bytes_per_step":\([
 c7_share() { grep '"type":"summary"' "$1" | sed -n 's/.*"a2a_hidden_share":\([-0-9.]*\),"a2a_blocked_ms_per_step":\([0-9.]*\),"a2a_inflight_ms_per_step":\([0-9.]*\).*/\1 \2 \3/p'; }
 c7_val() { grep '"type":"val"' "$1" | tail -1 | sed 's/.*"val_loss":\([-0-9.e]*\).*/\1/'; }
 c7_first() { grep '"type":"step"' "$1" 2>/dev/null | head -1 | sed -n 's/.*"loss":\([-0-9.e]*\),.*/\1/p'; }
-c7_sample() { sed -n '/^sample (40 tokens):/,$p' <<< "$OUT" | head -2; }
 
 # ---------------------------------------------------------------- the sections
 # Each section below is independent of the others: it reads only what
