@@ -366,38 +366,13 @@ invariant --norm "capstone: E=1, k=1, --moe-every 2 (a dense and an MoE layer) o
 # dp x ep are chapter 7's: tests/chapter_7.sh). With --cp the first 192
 # tokens (sequences 0-5) are spread over the cp ranks of the first share, in
 # runs of T/cp positions (zigzag: two runs a rank).
-c7_cap="--steps 3 --batch 24 --seq 32 --peak-gflops 10 --experts 2 --top-k 2 --capacity-factor 0.25"
-mpi_run $T_RUN 1 "$BUILD/capstone" $c7_cap --log "$TEST_TMPDIR/c7_cap1.jsonl"
-n1=$(grep -c '"dropped":2304,' "$TEST_TMPDIR/c7_cap1.jsonl")
-    # bit for bit by construction: the chunks' calls differ in rows, and every op they run is row-stable (tests/test_rows.c)
-for mesh in "2 --cp 2 --cp-balance zigzag" "4 --dp 2 --cp 2"; do
-    np=${mesh%% *} log=$TEST_TMPDIR/c7_cap$(echo "$mesh" | tr -cd 'a-z0-9').jsonl a=""
-    mpi_run $T_RUN $np "$BUILD/capstone" $c7_cap ${mesh#* } --log "$log"
-    n2=$(grep -c '"dropped":2304,' "$log")
-    if [ "$n1" = 3 ] && [ "$n2" = 3 ] && a=$(bash tests/compare_routing.sh "$TEST_TMPDIR/c7_cap1.jsonl" "$log" $TOL $TOL_NORM 2>&1); then
-        pass "capstone: capacity 0.25 drops 2304 token-slots per step (hand count), ${mesh#* } drops the same and matches ($a)"
-    else
-        fail "capstone: capacity mode on ${mesh#* }" "steps with 2304 dropped: $n1 (ep=1), $n2 (${mesh#* }); $a; exit $RC"
-    fi
-done
+c7_capacity_hand "2 --cp 2 --cp-balance zigzag" "4 --dp 2 --cp 2"
 # and with the router choosing: E = 4, k = 2, capacity 1 (some slots
 # dropped at every step) against one rank with --cp (each rank's runs of
 # positions placed in the batch's order by plan_capacity; dp x ep = 2 x 2 is
 # chapter 7's): the routing the same at every step, so the slots dropped
 # at every step are one rank's, to the slot
-c7_cap="$INV_FLAGS --experts 4 --top-k 2 --capacity-factor 1"
-mpi_run $T_RUN 1 "$BUILD/capstone" $c7_cap --log "$TEST_TMPDIR/c7_capr1.jsonl"
-n1=$(grep '"type":"step"' "$TEST_TMPDIR/c7_capr1.jsonl" | grep -vc '"dropped":0,')
-for mesh in "2 --cp 2 --cp-balance zigzag" "4 --dp 2 --cp 2" "4 --ep 2 --cp 2 --cp-mode ulysses --cp-balance zigzag"; do
-    log=$TEST_TMPDIR/c7_capr$(echo "$mesh" | tr -cd 'a-z0-9').jsonl a=""
-    mpi_run $T_RUN ${mesh%% *} "$BUILD/capstone" $c7_cap ${mesh#* } --log "$log"
-    if [ $RC = 0 ] && [ "$n1" = $INV_STEPS ] && [ "$(c7_drops "$log")" = "$(c7_drops "$TEST_TMPDIR/c7_capr1.jsonl")" ] &&
-        a=$(bash tests/compare_routing.sh "$TEST_TMPDIR/c7_capr1.jsonl" "$log" $TOL $TOL_NORM 2>&1); then
-        pass "capstone: capacity 1 with E=4, k=2 on ${mesh#* } reproduces one rank, the same slots dropped at every step ($a)"
-    else
-        fail "capstone: capacity 1 on ${mesh#* }" "exit $RC; steps with drops on one rank: $n1 of $INV_STEPS; dropped $(c7_drops "$log") against $(c7_drops "$TEST_TMPDIR/c7_capr1.jsonl"); $a"
-    fi
-done
+c7_capacity_routed "2 --cp 2 --cp-balance zigzag" "4 --dp 2 --cp 2" "4 --ep 2 --cp 2 --cp-mode ulysses --cp-balance zigzag"
 }
 
 # ---- --sample with --cp and --pp

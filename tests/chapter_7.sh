@@ -319,37 +319,12 @@ fi
 # slots kept are the first 192 of the global batch, wherever they live: on
 # dp x ep = 2 x 2 each rank holds 192 tokens, so rank 0's are kept and the
 # others' dropped (a rank that kept its own first 192 would drop none).
-c7_cap="--steps 3 --batch 24 --seq 32 --peak-gflops 10 --experts 2 --top-k 2 --capacity-factor 0.25"
-mpi_run $T_RUN 1 "$BUILD/chapter-7" $c7_cap --log "$TEST_TMPDIR/c7_cap1.jsonl"
-n1=$(grep -c '"dropped":2304,' "$TEST_TMPDIR/c7_cap1.jsonl")
-    # bit for bit by construction: the chunks' calls differ in rows, and every op they run is row-stable (tests/test_rows.c)
-for mesh in "2 --ep 2" "4 --dp 2 --ep 2"; do
-    np=${mesh%% *} log=$TEST_TMPDIR/c7_cap$(echo "$mesh" | tr -cd 'a-z0-9').jsonl a=""
-    mpi_run $T_RUN $np "$BUILD/chapter-7" $c7_cap ${mesh#* } --log "$log"
-    n2=$(grep -c '"dropped":2304,' "$log")
-    if [ "$n1" = 3 ] && [ "$n2" = 3 ] && a=$(bash tests/compare_routing.sh "$TEST_TMPDIR/c7_cap1.jsonl" "$log" $TOL $TOL_NORM 2>&1); then
-        pass "experts: capacity 0.25 drops 2304 token-slots per step (hand count), ${mesh#* } drops the same and matches ($a)"
-    else
-        fail "experts: capacity mode on ${mesh#* }" "steps with 2304 dropped: $n1 (ep=1), $n2 (${mesh#* }); $a; exit $RC"
-    fi
-done
+c7_capacity_hand "2 --ep 2" "4 --dp 2 --ep 2"
 # and with the router choosing: E = 4, k = 2, capacity 1 (some slots
 # dropped at every step) on dp x ep = 2 x 2 against one rank: the routing
 # the same at every step, so the slots dropped
 # at every step are one rank's, to the slot
-c7_cap="$INV_FLAGS --experts 4 --top-k 2 --capacity-factor 1"
-mpi_run $T_RUN 1 "$BUILD/chapter-7" $c7_cap --log "$TEST_TMPDIR/c7_capr1.jsonl"
-n1=$(grep '"type":"step"' "$TEST_TMPDIR/c7_capr1.jsonl" | grep -vc '"dropped":0,')
-for mesh in "4 --dp 2 --ep 2"; do
-    log=$TEST_TMPDIR/c7_capr$(echo "$mesh" | tr -cd 'a-z0-9').jsonl a=""
-    mpi_run $T_RUN ${mesh%% *} "$BUILD/chapter-7" $c7_cap ${mesh#* } --log "$log"
-    if [ $RC = 0 ] && [ "$n1" = $INV_STEPS ] && [ "$(c7_drops "$log")" = "$(c7_drops "$TEST_TMPDIR/c7_capr1.jsonl")" ] &&
-        a=$(bash tests/compare_routing.sh "$TEST_TMPDIR/c7_capr1.jsonl" "$log" $TOL $TOL_NORM 2>&1); then
-        pass "experts: capacity 1 with E=4, k=2 on ${mesh#* } reproduces one rank, the same slots dropped at every step ($a)"
-    else
-        fail "experts: capacity 1 on ${mesh#* }" "exit $RC; steps with drops on one rank: $n1 of $INV_STEPS; dropped $(c7_drops "$log") against $(c7_drops "$TEST_TMPDIR/c7_capr1.jsonl"); $a"
-    fi
-done
+c7_capacity_routed "4 --dp 2 --ep 2"
 
 # MoE routing is discontinuous (docs/07_expert.md): another mesh adds the
 # same numbers in another order, and once a token's k-th and (k+1)-th

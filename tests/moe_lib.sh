@@ -28,3 +28,41 @@ c7_resumed_same() {
     fi
 }
 c7_sample() { sed -n '/^sample (40 tokens):/,$p' <<< "$OUT" | head -2; }
+
+# Capacity on other meshes against one rank. c7_capacity_hand MESH...:
+# E = 2, k = 2, capacity 0.25 keeps the first 192 token-slots of each
+# expert of the global batch and drops 2304 per step on any mesh (the hand
+# count); each MESH ("NP FLAGS") drops the same and matches one rank.
+# c7_capacity_routed MESH...: E = 4, k = 2, capacity 1, where the router
+# chooses: the same slots dropped at every step as one rank's.
+c7_capacity_hand() {
+    local cap="--steps 3 --batch 24 --seq 32 --peak-gflops 10 --experts 2 --top-k 2 --capacity-factor 0.25" n1 n2 np log a mesh
+    mpi_run $T_RUN 1 "$BUILD/$C7_PROG" $cap --log "$TEST_TMPDIR/c7_cap1.jsonl"
+    n1=$(grep -c '"dropped":2304,' "$TEST_TMPDIR/c7_cap1.jsonl")
+    # bit for bit by construction: the chunks' calls differ in rows, and every op they run is row-stable (tests/test_rows.c)
+    for mesh in "$@"; do
+        np=${mesh%% *} log=$TEST_TMPDIR/c7_cap$(echo "$mesh" | tr -cd 'a-z0-9').jsonl a=""
+        mpi_run $T_RUN $np "$BUILD/$C7_PROG" $cap ${mesh#* } --log "$log"
+        n2=$(grep -c '"dropped":2304,' "$log")
+        if [ "$n1" = 3 ] && [ "$n2" = 3 ] && a=$(bash tests/compare_routing.sh "$TEST_TMPDIR/c7_cap1.jsonl" "$log" $TOL $TOL_NORM 2>&1); then
+            pass "$C7_LABEL: capacity 0.25 drops 2304 token-slots per step (hand count), ${mesh#* } drops the same and matches ($a)"
+        else
+            fail "$C7_LABEL: capacity mode on ${mesh#* }" "steps with 2304 dropped: $n1 (ep=1), $n2 (${mesh#* }); $a; exit $RC"
+        fi
+    done
+}
+c7_capacity_routed() {
+    local cap="$INV_FLAGS --experts 4 --top-k 2 --capacity-factor 1" n1 log a mesh ref=$TEST_TMPDIR/c7_capr1.jsonl
+    mpi_run $T_RUN 1 "$BUILD/$C7_PROG" $cap --log "$ref"
+    n1=$(grep '"type":"step"' "$ref" | grep -vc '"dropped":0,')
+    for mesh in "$@"; do
+        log=$TEST_TMPDIR/c7_capr$(echo "$mesh" | tr -cd 'a-z0-9').jsonl a=""
+        mpi_run $T_RUN ${mesh%% *} "$BUILD/$C7_PROG" $cap ${mesh#* } --log "$log"
+        if [ $RC = 0 ] && [ "$n1" = $INV_STEPS ] && [ "$(c7_drops "$log")" = "$(c7_drops "$ref")" ] &&
+            a=$(bash tests/compare_routing.sh "$ref" "$log" $TOL $TOL_NORM 2>&1); then
+            pass "$C7_LABEL: capacity 1 with E=4, k=2 on ${mesh#* } reproduces one rank, the same slots dropped at every step ($a)"
+        else
+            fail "$C7_LABEL: capacity 1 on ${mesh#* }" "exit $RC; steps with drops on one rank: $n1 of $INV_STEPS; dropped $(c7_drops "$log") against $(c7_drops "$ref"); $a"
+        fi
+    done
+}
