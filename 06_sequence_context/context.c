@@ -7,6 +7,7 @@
 #include <string.h>
 
 #include "errors.h"
+#include "exercise.h"  // exercise_not_done, in a homework tree
 #include "init.h"
 #include "rank.h"
 #include "memory.h"
@@ -402,4 +403,145 @@ void cp_report(const CPModel* m, int steps_run, double ring_wait_timed, const St
     json_add_int(extra, "transient_bytes", (long long)(m->transient_numel * sizeof(float)));
     free(all_scores);
     free(all_ms);
+}
+
+// ---------------------------------------------------------------- attention over the cp group
+
+CPAttention cp_attention(CPModel* m) {
+    return (CPAttention){.cpc = m->cpc, .sh = &m->sh, .N = m->N, .C = m->cfg.channels, .NH = m->cfg.num_heads,
+                         .kv = {m->kv[0], m->kv[1]}, .dkv = {m->dkv[0], m->dkv[1]}, .dkv_in = m->dkv_in,
+                         .ring = &m->ring, .send = m->send, .recv = m->recv, .overlap = m->overlap,
+                         .wait_clock = &m->ring_wait_clock, .attn_clock = m->attn_timed ? &m->attn_clock : NULL};
+}
+
+// A ring transfer completed, the time spent waiting for it counted: the part
+// of the ring's communication the attention in hand did not hide. With
+// --cp-overlap 0 each transfer is waited for as soon as it is posted, before
+// the compute it would overlap: then every wait is the whole transfer.
+static void ring_wait(const CPAttention* a, CommRequest* r) {
+    if (a->wait_clock) comm_wait_clock_begin(a->wait_clock);  // the wait alone, read at the step's end (cp_work_settle)
+    comm_wait(r);
+    if (a->wait_clock) comm_wait_clock_end(a->wait_clock);
+}
+
+// The compute with the block in hand, on the attention clock if it runs.
+static void attn_clock_start(const CPAttention* a) {
+    if (a->attn_clock) device_clock_start(a->attn_clock);
+}
+
+static void attn_clock_stop(const CPAttention* a) {
+    if (a->attn_clock) device_clock_stop(a->attn_clock);
+}
+
+// At step s the block in hand is the K/V of cp rank src = r - s: it goes on
+// to the right while I compute with it, and the next arrives from the left.
+//
+//   step 0: r holds K/V of r      step 1: of r-1      ...   step cp-1: of r+1
+void cp_ring_forward(const CPAttention* a, const float* qkv, float* atty, float* lse) {
+    const int C = a->C, NH = a->NH, N = a->N;
+    const int n = a->cpc->size, r = a->cpc->rank, right = (r + 1) % n, left = (r - 1 + n) % n;
+    const size_t kv_count = (size_t)N * 2 * C;
+    // pack my K and V out of qkv: only they travel (2C of the 3C per token)
+    ops_copy_2d(a->kv[0], 2 * C, qkv + C, 3 * C, N, 2 * C);
+    ring_forward_begin(a->ring);
+    for (int s = 0; s < n; s++) {
+        const int src = (r - s + n) % n;
+        const float* kv = a->kv[s % 2];
+        CommRequest to_right = {0}, from_left = {0};
+        if (s < n - 1) {  // pass the block on while computing with it
+            comm_irecv(a->cpc, a->kv[(s + 1) % 2], kv_count, left, &from_left);
+            comm_isend(a->cpc, kv, kv_count, right, &to_right);
+        }
+        if (!a->overlap) ring_wait(a, &from_left), ring_wait(a, &to_right);
+        attn_clock_start(a);
+        ring_forward_block(a->sh, a->ring, qkv, kv, src, atty, lse, C, NH);
+        attn_clock_stop(a);
+        ring_wait(a, &from_left);
+        ring_wait(a, &to_right);
+    }
+    // out / sumexp, and lse = rowmax + log(sumexp) in place of rowmax
+    ring_forward_finish(a->sh, a->ring, atty, lse, C, NH);
+}
+
+// The K/V blocks go around as in forward; each rank adds its queries' share
+// of dK|dV into the partial sum that arrived with the block and passes it
+// on; after cp hops (one more than K/V makes) it is home. Blocks and sums
+// both come from the left neighbour, untagged: receives match its sends in
+// order (a step's block, then that step's sum).
+void cp_ring_backward(const CPAttention* a, const float* qkv, const float* atty, const float* lse,
+                      const float* datty, float* dqkv) {
+    // EXERCISE 3: ring backward: K/V go around again; each rank adds its queries' dK/dV share to the partial sum that arrived and sends it on; after cp hops it is home in dqkv
+    const int C = a->C, NH = a->NH, N = a->N;
+    const int n = a->cpc->size, r = a->cpc->rank, right = (r + 1) % n, left = (r - 1 + n) % n;
+    const size_t kv_count = (size_t)N * 2 * C;
+    ops_copy_2d(a->kv[0], 2 * C, qkv + C, 3 * C, N, 2 * C);
+    CommRequest d_to_right = {0}, d_from_left = {0};
+    for (int s = 0; s < n; s++) {
+        const int src = (r - s + n) % n;
+        const float* kv = a->kv[s % 2];
+        float* dkv = a->dkv[s % 2];  // the other one may still be on its way right
+        CommRequest to_right = {0}, from_left = {0};
+        if (s < n - 1) {
+            comm_irecv(a->cpc, a->kv[(s + 1) % 2], kv_count, left, &from_left);
+            comm_isend(a->cpc, kv, kv_count, right, &to_right);
+        }
+        if (!a->overlap) ring_wait(a, &from_left), ring_wait(a, &to_right);
+        attn_clock_start(a);
+        ops_zero(dkv, kv_count);
+        ring_backward_block(a->sh, qkv, atty, lse, datty, kv, src, dqkv, dkv, C, NH);
+        attn_clock_stop(a);
+        if (s > 0) {  // what the ranks before me added for src's keys
+            ring_wait(a, &d_from_left);
+            ring_wait(a, &d_to_right);
+            ops_add(dkv, a->dkv_in, kv_count);
+        }
+        if (n > 1) {
+            comm_irecv(a->cpc, a->dkv_in, kv_count, left, &d_from_left);
+            comm_isend(a->cpc, dkv, kv_count, right, &d_to_right);
+            if (!a->overlap) ring_wait(a, &d_from_left), ring_wait(a, &d_to_right);
+        }
+        ring_wait(a, &from_left);
+        ring_wait(a, &to_right);
+    }
+    ring_wait(a, &d_from_left);
+    ring_wait(a, &d_to_right);
+    // home: d of my keys and values from every query of the sequence (on
+    // one rank it never left)
+    ops_copy_2d(dqkv + C, 3 * C, n > 1 ? a->dkv_in : a->dkv[0], 2 * C, N, 2 * C);
+    // END EXERCISE 3
+}
+
+// Pack block j of the send buffer with head group j's columns of my rows,
+// exchange, and lay each rank's rows at their positions in whole sequences.
+void cp_seq_to_heads(const CPAttention* a, float* dst, const float* src, int w) {
+    // EXERCISE 4: Ulysses: pack head group j's columns of my tokens into block j, all-to-all over cp, lay each rank's tokens at their positions in whole sequences
+    const CPShard* sh = a->sh;
+    const int n = a->cpc->size, C = a->C, c = C / n, wc = w * c, N = a->N;
+    const size_t block = (size_t)N * wc;
+    for (int j = 0; j < n; j++)
+        for (int t = 0; t < w; t++)
+            ops_copy_2d(a->send + j * block + t * c, wc, src + t * C + j * c, w * C, N, c);
+    comm_alltoall(a->cpc, a->send, a->recv, block);
+    for (int s = 0; s < n; s++)
+        for (int p = 0; p < sh->parts; p++)
+            for (int b = 0; b < sh->B; b++)
+                ops_copy(dst + ((size_t)b * sh->T + cp_shard_pos(sh, s, p)) * wc,
+                         a->recv + s * block + ((size_t)p * sh->B + b) * sh->len * wc, (size_t)sh->len * wc);
+    // END EXERCISE 4
+}
+
+// Head shards back to sequence shards: the inverse of cp_seq_to_heads.
+void cp_heads_to_seq(const CPAttention* a, float* dst, const float* src, int w) {
+    const CPShard* sh = a->sh;
+    const int n = a->cpc->size, C = a->C, c = C / n, wc = w * c, N = a->N;
+    const size_t block = (size_t)N * wc;
+    for (int s = 0; s < n; s++)
+        for (int p = 0; p < sh->parts; p++)
+            for (int b = 0; b < sh->B; b++)
+                ops_copy(a->send + s * block + ((size_t)p * sh->B + b) * sh->len * wc,
+                         src + ((size_t)b * sh->T + cp_shard_pos(sh, s, p)) * wc, (size_t)sh->len * wc);
+    comm_alltoall(a->cpc, a->send, a->recv, block);
+    for (int j = 0; j < n; j++)
+        for (int t = 0; t < w; t++)
+            ops_copy_2d(dst + t * C + j * c, w * C, a->recv + j * block + t * c, wc, N, c);
 }

@@ -2,8 +2,12 @@
 // (chapter 6): the replica of the weights, where each layer's activations
 // live under --recompute, the buffers of the ring and of Ulysses, and what
 // the chapter measures of attention (its work and time per cp rank, the
-// ring's waits). The step itself -- the ring's sends and receives, Ulysses'
-// all-to-alls, the blocks, the gradient all-reduce -- is the chapter's, in
+// ring's waits). Attention over the cp group too: the ring's loop, forward
+// and backward, and Ulysses' exchange between sequence and head shards
+// (cp_ring_forward, cp_ring_backward, cp_seq_to_heads, cp_heads_to_seq),
+// on the buffers a CPAttention names, so that the capstone runs them on
+// its own model's. The step -- where the ring and the all-to-alls run, the
+// blocks, the gradient all-reduce -- is the chapter's, in
 // 06_sequence_context/main.c; ring attention's compute with one K/V block in
 // hand is ring.c's.
 #ifndef CONTEXT_H
@@ -159,5 +163,50 @@ void cp_ckpt(Ckpt* ck, CPModel* m, int world_rank);
 // trained; ring_wait_timed: rank 0's seconds in the ring's waits over the
 // steps the clock timed. Collective over the cp group.
 void cp_report(const CPModel* m, int steps_run, double ring_wait_timed, const StepClock* clock, JsonBuf* extra);
+
+// ---------------------------------------------------------------- attention over the cp group
+// What the ring and Ulysses need besides a layer's tensors: the group, the
+// layout and size of attention's rows, the buffers, and chapter 6's
+// measurements. A view, made for the call: chapter 6 makes it from its
+// CPModel (cp_attention), the capstone from its model, whose attention's
+// rows are the tp group's with --tp (capstone/composed_cp.c).
+typedef struct {
+    const Comm* cpc;     // the ring / all-to-all group: sh->cp ranks
+    const CPShard* sh;   // who holds which positions of attention's B sequences of T
+    int N, C, NH;        // attention's rows on this rank (B*T/cp), its channels and heads
+    // ring: packed [k | v] rows (N, 2C), the block in hand and the next;
+    // dK|dV partial sums (N, 2C) two deep (one may still be sending) and the
+    // one arriving; the running partials of my queries (ring.h)
+    float *kv[2], *dkv[2], *dkv_in;
+    RingForward* ring;
+    // ulysses: the all-to-all's send and receive buffers, (N, 3C) each
+    float *send, *recv;
+    // what chapter 6 measures (the capstone: 1, NULL, NULL)
+    int overlap;              // 1: compute while the next block travels; 0: wait for it first (--cp-overlap)
+    DeviceClock* wait_clock;  // the ring's waits, counted here too (comm_wait_clock_begin); NULL: not
+    DeviceClock* attn_clock;  // a span around the compute with each block in hand; NULL: not timed
+} CPAttention;
+
+// Chapter 6's view of its model: the clock of attention only while
+// m->attn_timed (not in validation, nor in --recompute full's forward).
+CPAttention cp_attention(CPModel* m);
+
+// Ring attention, forward: qkv (N, 3C) holds my rows' queries, keys and
+// values; atty (N, C) gets my queries' attention output, lse (N, NH) its
+// log-sum-exp. cp - 1 hops of my K/V block around the ring (sends to the
+// right, receives from the left).
+void cp_ring_forward(const CPAttention* a, const float* qkv, float* atty, float* lse);
+// Backward: datty (N, C) is d atty; dqkv (N, 3C), zero on entry, gets d of
+// my queries and of my keys and values. The K/V blocks go around again and
+// each block's dK|dV sum travels with it, home after cp hops.
+void cp_ring_backward(const CPAttention* a, const float* qkv, const float* atty, const float* lse,
+                      const float* datty, float* dqkv);
+// Ulysses' all-to-all, sequence shards to head shards: src (N, w*C) holds
+// w tensors of C channels per row (w = 3: q|k|v; w = 1: an attention
+// output or its gradient) for my rows and every head; dst (B, T, w*C/cp)
+// gets the same w tensors for every position of the B sequences and my
+// head group's C/cp channels. cp_heads_to_seq is its inverse.
+void cp_seq_to_heads(const CPAttention* a, float* dst, const float* src, int w);
+void cp_heads_to_seq(const CPAttention* a, float* dst, const float* src, int w);
 
 #endif

@@ -35,13 +35,13 @@
 // the end builds one of the two and drives its step from one training loop.
 // Who holds which tokens (CPShard) and ring attention's compute with one
 // K/V block in hand are ring.c's (tests/test_ring.c runs them over a
-// simulated ring); the model's buffers are context.c's; the communication
-// and the step are here.
+// simulated ring); the model's buffers, and the loops that move the ring's
+// blocks and make Ulysses' all-to-alls (the capstone runs them too), are
+// context.c's; the step, and where in it each of those runs, is here.
 #include <stdlib.h>
 
 #include "memory.h"
 #include "errors.h"
-#include "exercise.h"  // exercise_not_done, in a homework tree
 #include "runtime.h"
 #include "trace.h"
 
@@ -53,46 +53,26 @@
 #include "report.h"
 
 // ---------------------------------------------------------------- ring attention
-// A ring transfer completed, the time spent waiting for it counted: the part
-// of the ring's communication the attention in hand did not hide. With
-// --cp-overlap 0 each transfer is waited for as soon as it is posted, before
-// the compute it would overlap: then every wait is the whole transfer.
-static void ring_wait(CPModel* m, CommRequest* r) {
-    comm_wait_clock_begin(&m->ring_wait_clock);  // the wait alone, read at the step's end (cp_work_settle)
-    comm_wait(r);
-    comm_wait_clock_end(&m->ring_wait_clock);
-}
+// Each rank keeps its queries; the K/V blocks travel around the ring of cp
+// ranks, one hop per step. At step s the block in hand is the K/V of cp
+// rank src = r - s: it goes on to the right while I compute with it, and
+// the next arrives from the left.
+//
+//   step 0: r holds K/V of r      step 1: of r-1      ...   step cp-1: of r+1
+//
+// The loops that move the blocks are context.c's (cp_ring_forward,
+// cp_ring_backward: the capstone runs them too); what a rank computes with
+// the block in hand is ring.c's.
 
 // Forward. qkv (N, 3C) holds my tokens' queries, keys and values; atty
 // (N, C) gets my queries' attention output, lse (N, NH) its statistics.
-// At step s the block in hand is the K/V of cp rank src = r - s: it goes on
-// to the right while I compute with it, and the next arrives from the left.
-//
-//   step 0: r holds K/V of r      step 1: of r-1      ...   step cp-1: of r+1
+// My K and V are packed out of qkv (only they travel), then cp steps: post
+// the receive of the next block and the send of this one, compute with this
+// one, wait. With --cp-overlap 0 each transfer is waited for as soon as it
+// is posted, before the compute it would hide.
 static void ring_attention_forward(CPModel* m, const float* qkv, float* atty, float* lse) {
-    const int C = m->cfg.channels, NH = m->cfg.num_heads, N = m->N;
-    const int n = m->cpc->size, r = m->cpc->rank, right = (r + 1) % n, left = (r - 1 + n) % n;
-    const size_t kv_count = (size_t)N * 2 * C;
-    // pack my K and V out of qkv: only they travel (2C of the 3C per token)
-    ops_copy_2d(m->kv[0], 2 * C, qkv + C, 3 * C, N, 2 * C);
-    ring_forward_begin(&m->ring);
-    for (int s = 0; s < n; s++) {
-        const int src = (r - s + n) % n;
-        const float* kv = m->kv[s % 2];
-        CommRequest to_right = {0}, from_left = {0};
-        if (s < n - 1) {  // pass the block on while computing with it
-            comm_irecv(m->cpc, m->kv[(s + 1) % 2], kv_count, left, &from_left);
-            comm_isend(m->cpc, kv, kv_count, right, &to_right);
-        }
-        if (!m->overlap) ring_wait(m, &from_left), ring_wait(m, &to_right);
-        cp_attn_clock_start(m);
-        ring_forward_block(&m->sh, &m->ring, qkv, kv, src, atty, lse, C, NH);
-        cp_attn_clock_stop(m);
-        ring_wait(m, &from_left);
-        ring_wait(m, &to_right);
-    }
-    // out / sumexp, and lse = rowmax + log(sumexp) in place of rowmax
-    ring_forward_finish(&m->sh, &m->ring, atty, lse, C, NH);
+    CPAttention a = cp_attention(m);      // the cp group, my rows, the ring's buffers, the clocks
+    cp_ring_forward(&a, qkv, atty, lse);  // cp - 1 hops: the block in hand sent right, the next received from the left
 }
 
 // Backward. datty (N, C) is d atty; dqkv (N, 3C), zero on entry, gets d of
@@ -100,111 +80,41 @@ static void ring_attention_forward(CPModel* m, const float* qkv, float* atty, fl
 // queries). The K/V blocks go around as in forward; each rank adds its
 // queries' share of dK|dV into the partial sum that arrived with the block
 // and passes it on; after cp hops (one more than K/V makes) it is home.
-// Blocks and sums both come from the left neighbour, untagged: receives
-// match its sends in order (a step's block, then that step's sum).
 static void ring_attention_backward(CPModel* m, const float* qkv, const float* atty, const float* lse,
                                     const float* datty, float* dqkv) {
-    // EXERCISE 3: ring backward: K/V go around again; each rank adds its queries' dK/dV share to the partial sum that arrived and sends it on; after cp hops it is home in dqkv
-    const int C = m->cfg.channels, NH = m->cfg.num_heads, N = m->N;
-    const int n = m->cpc->size, r = m->cpc->rank, right = (r + 1) % n, left = (r - 1 + n) % n;
-    const size_t kv_count = (size_t)N * 2 * C;
-    ops_copy_2d(m->kv[0], 2 * C, qkv + C, 3 * C, N, 2 * C);
-    CommRequest d_to_right = {0}, d_from_left = {0};
-    for (int s = 0; s < n; s++) {
-        const int src = (r - s + n) % n;
-        const float* kv = m->kv[s % 2];
-        float* dkv = m->dkv[s % 2];  // the other one may still be on its way right
-        CommRequest to_right = {0}, from_left = {0};
-        if (s < n - 1) {
-            comm_irecv(m->cpc, m->kv[(s + 1) % 2], kv_count, left, &from_left);
-            comm_isend(m->cpc, kv, kv_count, right, &to_right);
-        }
-        if (!m->overlap) ring_wait(m, &from_left), ring_wait(m, &to_right);
-        cp_attn_clock_start(m);
-        ops_zero(dkv, kv_count);
-        ring_backward_block(&m->sh, qkv, atty, lse, datty, kv, src, dqkv, dkv, C, NH);
-        cp_attn_clock_stop(m);
-        if (s > 0) {  // what the ranks before me added for src's keys
-            ring_wait(m, &d_from_left);
-            ring_wait(m, &d_to_right);
-            ops_add(dkv, m->dkv_in, kv_count);
-        }
-        if (n > 1) {
-            comm_irecv(m->cpc, m->dkv_in, kv_count, left, &d_from_left);
-            comm_isend(m->cpc, dkv, kv_count, right, &d_to_right);
-            if (!m->overlap) ring_wait(m, &d_from_left), ring_wait(m, &d_to_right);
-        }
-        ring_wait(m, &from_left);
-        ring_wait(m, &to_right);
-    }
-    ring_wait(m, &d_from_left);
-    ring_wait(m, &d_to_right);
-    // home: d of my keys and values from every query of the sequence (on
-    // one rank it never left)
-    ops_copy_2d(dqkv + C, 3 * C, n > 1 ? m->dkv_in : m->dkv[0], 2 * C, N, 2 * C);
-    // END EXERCISE 3
+    CPAttention a = cp_attention(m);
+    cp_ring_backward(&a, qkv, atty, lse, datty, dqkv);  // cp - 1 K/V sends, cp dK|dV sends
 }
 
 // ---------------------------------------------------------------- Ulysses attention
-// Sequence shards to head shards: src (N, w*C) holds w tensors of C
-// channels per token (w = 3: q|k|v; w = 1: an attention output) for my
-// tokens and every head; dst (B, T, w*C/cp) gets the same w tensors for
-// every token of the B sequences and my head group's C/cp channels. Pack
-// block j of the send buffer with head group j's columns of my tokens,
-// exchange, and lay each rank's tokens at their positions.
-static void seq_to_heads(CPModel* m, float* dst, const float* src, int w) {
-    // EXERCISE 4: Ulysses: pack head group j's columns of my tokens into block j, all-to-all over cp, lay each rank's tokens at their positions in whole sequences
-    const CPShard* sh = &m->sh;
-    const int n = m->cpc->size, C = m->cfg.channels, c = C / n, wc = w * c, N = m->N;
-    const size_t block = (size_t)N * wc;
-    for (int j = 0; j < n; j++)
-        for (int t = 0; t < w; t++)
-            ops_copy_2d(m->send + j * block + t * c, wc, src + t * C + j * c, w * C, N, c);
-    comm_alltoall(m->cpc, m->send, m->recv, block);
-    for (int s = 0; s < n; s++)
-        for (int p = 0; p < sh->parts; p++)
-            for (int b = 0; b < sh->B; b++)
-                ops_copy(dst + ((size_t)b * sh->T + cp_shard_pos(sh, s, p)) * wc,
-                         m->recv + s * block + ((size_t)p * sh->B + b) * sh->len * wc, (size_t)sh->len * wc);
-    // END EXERCISE 4
-}
-
-// Head shards back to sequence shards: the inverse of seq_to_heads.
-static void heads_to_seq(CPModel* m, float* dst, const float* src, int w) {
-    const CPShard* sh = &m->sh;
-    const int n = m->cpc->size, C = m->cfg.channels, c = C / n, wc = w * c, N = m->N;
-    const size_t block = (size_t)N * wc;
-    for (int s = 0; s < n; s++)
-        for (int p = 0; p < sh->parts; p++)
-            for (int b = 0; b < sh->B; b++)
-                ops_copy(m->send + s * block + ((size_t)p * sh->B + b) * sh->len * wc,
-                         src + ((size_t)b * sh->T + cp_shard_pos(sh, s, p)) * wc, (size_t)sh->len * wc);
-    comm_alltoall(m->cpc, m->send, m->recv, block);
-    for (int j = 0; j < n; j++)
-        for (int t = 0; t < w; t++)
-            ops_copy_2d(dst + t * C + j * c, w * C, m->recv + j * block + t * c, wc, N, c);
-}
-
+// One all-to-all over cp turns "my tokens, every head" into "every token of
+// my B sequences, my NH/cp heads" (cp_seq_to_heads, context.c: block j of
+// the send buffer holds head group j's columns of my tokens; what arrives
+// is laid at its positions in whole sequences); attention runs whole on
+// those heads; one all-to-all turns it back (cp_heads_to_seq).
 static void ulysses_attention_forward(CPModel* m, LayerActs* la) {
     const int n = m->cpc->size, C = m->cfg.channels, NH = m->cfg.num_heads;
-    seq_to_heads(m, la->qkv_h, la->a.qkv, 3);
+    CPAttention a = cp_attention(m);
+    cp_seq_to_heads(&a, la->qkv_h, la->a.qkv, 3);  // all-to-all: my heads' q|k|v, whole sequences
     cp_attn_clock_start(m);
     // whole sequences, NH/cp heads: chapter 0's attention on C/cp channels
     attention_forward(m->y_h, la->att_h, la->qkv_h, m->sh.B, m->sh.T, C / n, NH / n);
     cp_attn_clock_stop(m);
     m->attn_scores += (long)m->sh.B * (NH / n) * ((long)m->sh.T * (m->sh.T + 1) / 2);
-    heads_to_seq(m, la->a.atty, m->y_h, 1);
+    cp_heads_to_seq(&a, la->a.atty, m->y_h, 1);  // all-to-all: the output back to my tokens
 }
 
+// Backward: the same two exchanges on the gradients.
 static void ulysses_attention_backward(CPModel* m, const LayerActs* la, const float* datty, float* dqkv) {
     const int n = m->cpc->size, C = m->cfg.channels, NH = m->cfg.num_heads;
     const CPShard* sh = &m->sh;
-    seq_to_heads(m, m->y_h, datty, 1);
+    CPAttention a = cp_attention(m);
+    cp_seq_to_heads(&a, m->y_h, datty, 1);  // all-to-all: d output of my heads, whole sequences
     cp_attn_clock_start(m);
     ops_zero(m->dqkv_h, (size_t)m->N * 3 * C);
     attention_backward(m->dqkv_h, m->datt_h, m->y_h, la->qkv_h, la->att_h, sh->B, sh->T, C / n, NH / n);
     cp_attn_clock_stop(m);
-    heads_to_seq(m, dqkv, m->dqkv_h, 3);
+    cp_heads_to_seq(&a, dqkv, m->dqkv_h, 3);  // all-to-all: dq|dk|dv back to my tokens
 }
 
 // ---------------------------------------------------------------- the block

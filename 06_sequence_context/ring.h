@@ -1,6 +1,7 @@
 // ring.h: context parallelism's token layout and ring attention's compute,
 // one K/V block at a time (chapter 6). The communication that moves the
-// blocks around the ring stays in the chapter's main.c; this module is what
+// blocks around the ring is context.c's (cp_ring_forward, cp_ring_backward,
+// called where the chapter's main.c runs the ring); this module is what
 // a rank computes with the block in hand, so that tests/test_ring.c can run
 // the very same code over a simulated ring, no MPI needed.
 #ifndef RING_H

@@ -15,7 +15,7 @@
 
 #include "ckpt.h"
 #include "comm.h"
-#include "context.h"  // chapter 6's CPMode, CPBalance, cp_parse_flags
+#include "context.h"  // chapter 6's CPMode, CPBalance, cp_parse_flags, and its ring and Ulysses loops (CPAttention)
 #include "composed_zero.h"  // --zero: ZeroBuf
 #include "moe.h"
 #include "moe_layer.h"
@@ -226,8 +226,8 @@ void expert_wgrad_hook(void* ctx, int layer, float* dw, float* db, const float* 
 // The attention half of layer l (ln1 to ln2, moe.h) on my N rows (composed_attention.c): at cp = 1
 // moe_attention_forward itself; at cp > 1 its two halves around the cp
 // group's attention (--cp-mode ring: the K/V blocks around the ring;
-// ulysses: all-to-all to head shards and back), chapter 6's algorithms on
-// ring.c's compute (composed_cp.c). Backward likewise, with dln2 and dres as
+// ulysses: all-to-all to head shards and back), chapter 6's loops
+// (context.c) and ring.c's compute, called from composed_cp.c. Backward likewise, with dln2 and dres as
 // moe_attention_backward takes them.
 void expert_attention_forward(ExpertModel* m, int l, const BlockParams* p, BlockActs* a, const float* x);
 void expert_attention_backward(ExpertModel* m, int l, const BlockParams* p, BlockParams* g, const BlockActs* a,

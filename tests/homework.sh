@@ -151,7 +151,7 @@ hw_student() {
     fi
     # one tree a week: the later chapters' exercises are stubs too (a tree
     # of week N holds no answer of week N+1), and so is every marked copy of
-    # one (the capstone's context parallelism runs chapter 6's exercise 3)
+    # one (the capstone's main.c sums chapter 7's gradient groups as exercise 4 does)
     local later=() c
     for c in $hw_chapters; do [ "$c" -gt "$ch" ] && later+=("$c"); done
     local missing=""

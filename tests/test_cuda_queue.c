@@ -637,8 +637,9 @@ static unsigned replay(const Schedule* sc, char* why, size_t len) {
 #define BAD_CHANNELS (0xFu << 4)
 
 // ---------------------------------------------------------------- chapter 6 and 7
-// 06_sequence_context/main.c's ring attention: forward, then backward, with
-// and without --cp-overlap, then the dp+cp gradient all-reduce.
+// 06_sequence_context/context.c's ring attention (cp_ring_forward, then
+// cp_ring_backward, as chapter 6's main.c calls them), with and without
+// --cp-overlap, then the dp+cp gradient all-reduce.
 static void ring_programs(Sim* S, int n, int overlap) {
     S->members[0] = S->members[1] = (1u << n) - 1;
     enum { FROM_LEFT, TO_RIGHT, D_FROM_LEFT, D_TO_RIGHT };

@@ -46,12 +46,12 @@ OPEN = re.compile(r"^(\s*)// EXERCISE (\d+): ?(.*)$")
 CLOSE = re.compile(r"^\s*// END EXERCISE (\d+)\s*$")
 ANY = re.compile(r"//\s*(END\s+)?EXERCISE\b")
 # A copy of another chapter's exercise in code a later chapter or the
-# capstone runs (the capstone's context parallelism runs chapter 6's ring
-# backward): marked so that every cut that stubs the exercise stubs the copy
-# too.
-#     // COPY OF CHAPTER 6 EXERCISE 3: why the copy exists
+# capstone runs (the capstone's main.c sums chapter 7's gradient groups as
+# its exercise 4 does): marked so that every cut that stubs the exercise
+# stubs the copy too.
+#     // COPY OF CHAPTER 7 EXERCISE 4: why the copy exists
 #     ...
-#     // END COPY OF CHAPTER 6 EXERCISE 3
+#     // END COPY OF CHAPTER 7 EXERCISE 4
 COPY_OPEN = re.compile(r"^(\s*)// COPY OF CHAPTER (\d+) EXERCISE (\d+): ?(.*)$")
 COPY_CLOSE = re.compile(r"^\s*// END COPY OF CHAPTER (\d+) EXERCISE (\d+)\s*$")
 COPY_ANY = re.compile(r"//\s*(END\s+)?COPY OF\b")
@@ -594,7 +594,7 @@ def file_leaks(rel, lines, sol, common, homes, root):
     """[(line, key, what)]: runs of RUN solution lines of one exercise in
     any file but the exercise's own (there, the code around the stub is the
     scaffolding the student reads: chapter 6's forward ring beside its
-    backward, heads_to_seq beside seq_to_heads); in a Markdown file also each
+    backward, cp_heads_to_seq beside cp_seq_to_heads); in a Markdown file also each
     solution line that is not boilerplate."""
     found, run, start = [], {k: 0 for k in sol if rel not in homes[k]}, {}
     quotes = quoted_code(lines, root) if rel.endswith(".md") else set()

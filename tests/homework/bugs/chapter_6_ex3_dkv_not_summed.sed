@@ -1,4 +1,4 @@
-# file: 06_sequence_context/main.c
+# file: 06_sequence_context/context.c
 # The dK/dV that arrived is dropped instead of added: each block's gradient
 # comes home with the last rank's share only.
-/^static void ring_attention_backward/,/^}/{/ops_add(dkv, m->dkv_in, kv_count);/d}
+/^void cp_ring_backward/,/^}/{/ops_add(dkv, a->dkv_in, kv_count);/d}
