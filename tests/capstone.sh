@@ -339,22 +339,10 @@ done
 # ---- a dense layer and capacity mode with --cp
 c7_sec_odd() {
 
-# a dense layer below an MoE layer (--moe-every 2), experts of width 96, and
-# k = 3 > the 2 experts of a rank (the receive buffers' bound min(k, E/ep)),
+# a dense layer below an MoE layer, experts of width 96, k = 3 (moe_lib.sh),
 # on ep x cp = 2 x 2: the dense layer's attention over cp too (ep = 2 alone
 # is chapter 7's: tests/chapter_7.sh)
-c7_odd="--steps 4 --batch 24 --seq 32 --peak-gflops 10 --experts 4 --top-k 3 --moe-every 2 --expert-hidden 96"
-mpi_run $T_RUN 1 "$BUILD/capstone" $c7_odd --log "$TEST_TMPDIR/c7_odd1.jsonl"
-for mesh in "4 --ep 2 --cp 2 --cp-mode ulysses --cp-balance zigzag"; do
-    log=$TEST_TMPDIR/c7_odd$(echo "$mesh" | tr -cd 'a-z0-9').jsonl a=""
-    mpi_run $T_RUN ${mesh%% *} "$BUILD/capstone" $c7_odd ${mesh#* } --log "$log"
-    if [ $RC = 0 ] && a=$(bash tests/compare_routing.sh "$TEST_TMPDIR/c7_odd1.jsonl" "$log" $TOL $TOL_NORM 2>&1); then
-        pass "capstone: --moe-every 2, H=96, k=3 on ${mesh#* } reproduces ep=1 ($a)"
-    else
-        fail "capstone: --moe-every 2, H=96, k=3 on ${mesh#* }" "exit $RC; $a; command: $CMD"
-    fi
-        # bit for bit by construction: the same calls on the same rows, recomputed
-done
+c7_odd_meshes "4 --ep 2 --cp 2 --cp-mode ulysses --cp-balance zigzag"
 invariant --norm "capstone: E=1, k=1, --moe-every 2 (a dense and an MoE layer) on cp=2 (ring) is chapter 0's dense model" "$INV_FLAGS" 2 capstone "--experts 1 --top-k 1 --moe-every 2 --cp 2"
 
 # Capacity mode, by hand: E = 2, k = 2 sends every token to both experts,

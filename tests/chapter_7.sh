@@ -289,20 +289,8 @@ fi
 # ---- a dense layer, capacity mode, a long run
 c7_sec_odd() {
 
-# a dense layer below an MoE layer (--moe-every 2), experts of width 96, and
-# k = 3 > the 2 experts of a rank (the receive buffers' bound min(k, E/ep))
-c7_odd="--steps 4 --batch 24 --seq 32 --peak-gflops 10 --experts 4 --top-k 3 --moe-every 2 --expert-hidden 96"
-mpi_run $T_RUN 1 "$BUILD/chapter-7" $c7_odd --log "$TEST_TMPDIR/c7_odd1.jsonl"
-for mesh in "2 --ep 2"; do
-    log=$TEST_TMPDIR/c7_odd$(echo "$mesh" | tr -cd 'a-z0-9').jsonl a=""
-    mpi_run $T_RUN ${mesh%% *} "$BUILD/chapter-7" $c7_odd ${mesh#* } --log "$log"
-    if [ $RC = 0 ] && a=$(bash tests/compare_routing.sh "$TEST_TMPDIR/c7_odd1.jsonl" "$log" $TOL $TOL_NORM 2>&1); then
-        pass "experts: --moe-every 2, H=96, k=3 on ${mesh#* } reproduces ep=1 ($a)"
-    else
-        fail "experts: --moe-every 2, H=96, k=3 on ${mesh#* }" "exit $RC; $a; command: $CMD"
-    fi
-        # bit for bit by construction: the same calls on the same rows, recomputed
-done
+# a dense layer below an MoE layer, experts of width 96, k = 3 (moe_lib.sh)
+c7_odd_meshes "2 --ep 2"
 # the same with --recompute full: the dense layer recomputed by model.h, the
 # MoE layer by the chapter, the same bits as without
 mpi_run $T_RUN 2 "$BUILD/chapter-7" $c7_odd --ep 2 --recompute full --log "$TEST_TMPDIR/c7_odd2f.jsonl"

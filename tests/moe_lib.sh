@@ -66,3 +66,22 @@ c7_capacity_routed() {
         fi
     done
 }
+
+# c7_odd_meshes MESH...: a dense layer below an MoE layer (--moe-every 2),
+# experts of width 96, and k = 3 > the 2 experts of a rank (the receive
+# buffers' bound min(k, E/ep)), the flags c7_odd: each MESH ("NP FLAGS")
+# against one rank.
+c7_odd="--steps 4 --batch 24 --seq 32 --peak-gflops 10 --experts 4 --top-k 3 --moe-every 2 --expert-hidden 96"
+c7_odd_meshes() {
+    local odd=$c7_odd ref=$TEST_TMPDIR/c7_odd1.jsonl mesh log a
+    mpi_run $T_RUN 1 "$BUILD/$C7_PROG" $odd --log "$ref"
+    for mesh in "$@"; do
+        log=$TEST_TMPDIR/c7_odd$(echo "$mesh" | tr -cd 'a-z0-9').jsonl a=""
+        mpi_run $T_RUN ${mesh%% *} "$BUILD/$C7_PROG" $odd ${mesh#* } --log "$log"
+        if [ $RC = 0 ] && a=$(bash tests/compare_routing.sh "$ref" "$log" $TOL $TOL_NORM 2>&1); then
+            pass "$C7_LABEL: --moe-every 2, H=96, k=3 on ${mesh#* } reproduces ep=1 ($a)"
+        else
+            fail "$C7_LABEL: --moe-every 2, H=96, k=3 on ${mesh#* }" "exit $RC; $a; command: $CMD"
+        fi
+    done
+}
