@@ -729,14 +729,7 @@ c7_zo=$((2 * 4 * (54912 / 4 + 132352 / 2))) c7_zp=$((4 * (54912 + 132352)))
 c7_zg=$((c7_zp + 4 * (54912 / 4 + 132352 / 2)))
 
 # The MoE model (E = 4, k = 2) on one rank is the reference of the meshes.
-c7_flags="$INV_FLAGS --experts 4 --top-k 2"
-c7_ref=$TEST_TMPDIR/c7_ref.jsonl
-mpi_run $T_RUN 1 "$BUILD/capstone" $c7_flags --log "$c7_ref"
-if [ $RC = 0 ] && [ "$(grep -c '"type":"step"' "$c7_ref")" = $INV_STEPS ]; then
-    pass "capstone: E=4, k=2 on one rank trains $INV_STEPS steps"
-else
-    fail "capstone: the ep=1 run" "exit $RC; command: $CMD; $(echo "$OUT" | tail -3)"
-fi
+c7_reference  # c7_flags, c7_ref (moe_lib.sh)
 # c7_same NAME NP FLAGS: the run reproduces the ep = 1 losses and norms up
 # to the first step whose routing differs (tests/compare_routing.sh: a
 # near-tie decided by the last bits of another summation order is not a

@@ -414,14 +414,7 @@ fi
 jobs_run c7_sec_e1
 
 # The MoE model (E = 4, k = 2) on one rank is the reference of the meshes.
-c7_flags="$INV_FLAGS --experts 4 --top-k 2"
-c7_ref=$TEST_TMPDIR/c7_ref.jsonl
-mpi_run $T_RUN 1 "$BUILD/chapter-7" $c7_flags --log "$c7_ref"
-if [ $RC = 0 ] && [ "$(grep -c '"type":"step"' "$c7_ref")" = $INV_STEPS ]; then
-    pass "experts: E=4, k=2 on one rank trains $INV_STEPS steps"
-else
-    fail "experts: the ep=1 run" "exit $RC; command: $CMD; $(echo "$OUT" | tail -3)"
-fi
+c7_reference  # c7_flags, c7_ref (moe_lib.sh)
 # c7_same NAME NP FLAGS: the run reproduces the ep = 1 losses and norms up
 # to the first step whose routing differs (tests/compare_routing.sh: a
 # near-tie decided by the last bits of another summation order is not a

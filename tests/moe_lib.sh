@@ -85,3 +85,16 @@ c7_odd_meshes() {
         fi
     done
 }
+
+# c7_reference: the MoE model (E = 4, k = 2, c7_flags) on one rank, the
+# reference of the meshes (c7_ref, read by c7_same); it must train every step.
+c7_reference() {
+    c7_flags="$INV_FLAGS --experts 4 --top-k 2"
+    c7_ref=$TEST_TMPDIR/c7_ref.jsonl
+    mpi_run $T_RUN 1 "$BUILD/$C7_PROG" $c7_flags --log "$c7_ref"
+    if [ $RC = 0 ] && [ "$(grep -c '"type":"step"' "$c7_ref")" = $INV_STEPS ]; then
+        pass "$C7_LABEL: E=4, k=2 on one rank trains $INV_STEPS steps"
+    else
+        fail "$C7_LABEL: the ep=1 run" "exit $RC; command: $CMD; $(echo "$OUT" | tail -3)"
+    fi
+}
