@@ -218,7 +218,13 @@ $(BUILD)/tests/$(1): $(BUILD)/obj/cpu/tests/$(1).o $(patsubst %,$(BUILD)/obj/cpu
 $(BUILD)/obj/cpu/tests/$(1).o: CFLAGS += $(patsubst %,-I%,$(sort $(dir $(call test_modules,$(1)))))
 endef
 $(foreach t,$(TESTS),$(eval $(call TEST_RULE,$(t))))
-tests: $(addprefix $(BUILD)/tests/,$(TESTS))
+tests: $(addprefix $(BUILD)/tests/,$(TESTS)) $(BUILD)/tests/libyield_sleep.so
+# the test runner's sched_yield (tests/yield_sleep.c says why), preloaded into
+# the ranks by tests/lib.sh: built without OPT, so a sanitized build's copy
+# does not carry the sanitizer runtime (which must come first when preloaded)
+$(BUILD)/tests/libyield_sleep.so: tests/yield_sleep.c
+	@mkdir -p $(dir $@)
+	$(CC) -O2 -shared -fPIC -o $@ $<
 $(BUILD)/obj/cpu/tests/%.o: CFLAGS += -Itests
 ifeq ($(BACKEND),cuda)
 # the op tests on the CUDA backend (tests/run.sh runs them where a GPU is)

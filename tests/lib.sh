@@ -39,6 +39,13 @@ export OMP_WAIT_POLICY=${OMP_WAIT_POLICY:-passive}
 # that yield two 2-rank jobs side by side took a third less CPU time and
 # wall time than with ranks that spin. The messages and numbers are the same.
 export OMPI_MCA_mpi_yield_when_idle=${OMPI_MCA_mpi_yield_when_idle:-1}
+# ...and that yield is a 50 us sleep (tests/yield_sleep.c says why: ranks
+# that all wait passed the core around in sched_yield calls), which
+# tests/mpirun.sh preloads into the ranks when it is built (make tests);
+# TEST_YIELD_SLEEP=0 runs without it. The messages and numbers are the same.
+if [ "${TEST_YIELD_SLEEP:-1}" != 0 ] && [ -f "$BUILD/tests/libyield_sleep.so" ]; then
+    export TEST_YIELD_SLEEP_LIB=$(cd "$BUILD/tests" && pwd)/libyield_sleep.so
+fi
 # Every test runs its ranks on this one machine: Open MPI's shared-memory
 # transport (vader) is all they use, so it need not start and probe the
 # network ones (UCX, OFI, TCP) at every launch; 4-rank 10-step runs took a

@@ -7,4 +7,9 @@
 if [ "$(id -u)" = 0 ]; then
     export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 fi
+# The test scripts' ranks yield by sleeping (tests/lib.sh sets
+# TEST_YIELD_SLEEP_LIB; tests/yield_sleep.c says why).
+if [ -n "${TEST_YIELD_SLEEP_LIB:-}" ]; then
+    export LD_PRELOAD=$TEST_YIELD_SLEEP_LIB${LD_PRELOAD:+:$LD_PRELOAD}
+fi
 exec mpirun --oversubscribe --bind-to none "$@"
