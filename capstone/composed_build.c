@@ -35,7 +35,7 @@ static void zero_units(ExpertModel* m) {
     expert_zero_units(&m->z[ZERO_SHARED], L + 2, numel);
     for (int i = 0; i < Lm; i++) numel[i] = (size_t)m->E_local * moe_expert_numel(c);
     expert_zero_units(&m->z[ZERO_EXPERTS], Lm, numel);
-    for (int l = 0; m->nz > 2 && l < L; l++) numel[l] = moe_attn_tp_numel(c->gpt.channels, m->tp.tp);
+    for (int l = 0; m->nz > 2 && l < L; l++) numel[l] = moe_tp_numel(c, l, m->tp.tp);
     if (m->nz > 2) expert_zero_units(&m->z[ZERO_TP], L, numel);
     free(numel);
     if (m->zero < 2) return;

@@ -26,12 +26,16 @@
 // ---------------------------------------------------------------- the parameters of a layer
 
 // w: layer l's slices (its unit of the tp buffer).
-static BlockParams with_slices(const ExpertModel* m, BlockParams p, float* w) {
+static BlockParams with_slices(const ExpertModel* m, int l, BlockParams p, float* w) {
     if (m->tp.tp == 1) return p;
-    int C = m->cfg.gpt.channels, Cl = C / m->tp.tp;
+    int C = m->cfg.gpt.channels, Cl = C / m->tp.tp, Fl = 4 * Cl;
     p.qkvw = w;                                  // (3C/tp, C): my heads' q, k, v rows
     p.qkvb = w + 3 * (size_t)Cl * C;             // (3C/tp)
     p.attprojw = p.qkvb + 3 * (size_t)Cl;        // (C, C/tp): my heads' columns
+    if (moe_is_moe_layer(&m->cfg, l)) return p;
+    p.fcw = p.attprojw + (size_t)C * Cl;         // (4C/tp, C): my hidden units' rows
+    p.fcb = p.fcw + (size_t)Fl * C;              // (4C/tp)
+    p.fcprojw = p.fcb + Fl;                      // (C, 4C/tp): my hidden units' columns
     return p;
 }
 
@@ -39,12 +43,12 @@ static BlockParams with_slices(const ExpertModel* m, BlockParams p, float* w) {
 // (composed_zero.h): with --zero 3 the gathered copies.
 BlockParams expert_block_params(ExpertModel* m, int l) {
     BlockParams p = moe_block_params_in(&m->cfg, expert_zero_params(&m->z[ZERO_SHARED], 1 + l), l);
-    return with_slices(m, p, m->tp.tp > 1 ? expert_zero_params(&m->z[ZERO_TP], l) : NULL);
+    return with_slices(m, l, p, m->tp.tp > 1 ? expert_zero_params(&m->z[ZERO_TP], l) : NULL);
 }
 
 BlockParams expert_block_grads(ExpertModel* m, int l) {
     BlockParams g = moe_block_params_in(&m->cfg, expert_zero_grads(&m->z[ZERO_SHARED], 1 + l), l);
-    return with_slices(m, g, m->tp.tp > 1 ? expert_zero_grads(&m->z[ZERO_TP], l) : NULL);
+    return with_slices(m, l, g, m->tp.tp > 1 ? expert_zero_grads(&m->z[ZERO_TP], l) : NULL);
 }
 
 float* expert_router(ExpertModel* m, int l) {
@@ -157,52 +161,59 @@ static void relayout(const ExpertModel* m, float* whole, float* shared, float* s
     MoeConfig wc = m->cfg;
     wc.tp = 1;
     const MoeConfig* c = &m->cfg;
-    int C = c->gpt.channels, tp = m->tp.tp, Cl = C / tp, L = c->gpt.num_layers;
-    // copy n floats between the whole model (w) and my buffers (s)
+    size_t C = (size_t)c->gpt.channels, tp = (size_t)m->tp.tp, Cl = C / tp, Fl = 4 * Cl, r = (size_t)rank;
+    // copy n floats between the whole model (w) and my buffers (s); rows
+    // runs of n, the whole's ws apart and mine n apart
 #define MOVE(w, s, n) (to_whole ? memcpy((w), (s), (n) * sizeof(float)) : memcpy((s), (w), (n) * sizeof(float)))
+#define MOVE_ROWS(w, ws, s, n, rows) for (size_t i_ = 0; i_ < (rows); i_++) MOVE((w) + i_ * (ws), (s) + i_ * (n), (n))
     MOVE(whole, shared, moe_block_offset(c, 0));  // wte, wpe
-    for (int l = 0; l < L; l++) {
+    for (int l = 0; l < c->gpt.num_layers; l++) {
         BlockParams pw = moe_block_params(&wc, whole, l), ps = moe_block_params(c, shared, l);
+        BlockParams pt = with_slices(m, l, ps, slices + moe_tp_offset(c, l, (int)tp));
         float* wv[] = {pw.ln1w, pw.ln1b, pw.attprojb, pw.ln2w, pw.ln2b};
         float* sv[] = {ps.ln1w, ps.ln1b, ps.attprojb, ps.ln2w, ps.ln2b};
-        for (int i = 0; i < 5; i++) MOVE(wv[i], sv[i], (size_t)C);
+        for (int i = 0; i < 5; i++) MOVE(wv[i], sv[i], C);
+        // q, k, v: rows [j C + r Cl, j C + (r + 1) Cl); attprojw: columns
+        // [r Cl, (r + 1) Cl) of every row
+        MOVE_ROWS(pw.qkvw + r * Cl * C, C * C, pt.qkvw, Cl * C, 3);
+        MOVE_ROWS(pw.qkvb + r * Cl, C, pt.qkvb, Cl, 3);
+        MOVE_ROWS(pw.attprojw + r * Cl, C, pt.attprojw, Cl, C);
         if (moe_is_moe_layer(c, l)) {
             MOVE(moe_router_at(&wc, whole, l), moe_router_at(c, shared, l), (size_t)c->experts * C);
-        } else {
-            MOVE(pw.fcw, ps.fcw, gpt_block_numel(C) - moe_attn_numel(C));  // fcw .. fcprojb, contiguous in both
+            continue;
         }
-        float* w = slices + (size_t)l * moe_attn_tp_numel(C, tp);
-        for (int j = 0; j < 3; j++) {  // q, k, v: rows [j C + rank Cl, j C + (rank + 1) Cl)
-            MOVE(pw.qkvw + ((size_t)j * C + (size_t)rank * Cl) * C, w + (size_t)j * Cl * C, (size_t)Cl * C);
-            MOVE(pw.qkvb + (size_t)j * C + (size_t)rank * Cl, w + 3 * (size_t)Cl * C + (size_t)j * Cl, (size_t)Cl);
-        }
-        float* ap = w + 3 * (size_t)Cl * C + 3 * (size_t)Cl;
-        for (int row = 0; row < C; row++)  // columns [rank Cl, (rank + 1) Cl) of every row
-            MOVE(pw.attprojw + (size_t)row * C + (size_t)rank * Cl, ap + (size_t)row * Cl, (size_t)Cl);
+        // fcw, fcb: my hidden units' rows; fcprojw: their columns; fcprojb whole
+        MOVE(pw.fcw + r * Fl * C, pt.fcw, Fl * C);
+        MOVE(pw.fcb + r * Fl, pt.fcb, Fl);
+        MOVE_ROWS(pw.fcprojw + r * Fl, 4 * C, pt.fcprojw, Fl, C);
+        MOVE(pw.fcprojb, ps.fcprojb, C);
     }
-    MOVE(whole + moe_lnf_offset(&wc), shared + moe_lnf_offset(c), 2 * (size_t)C);
+    MOVE(whole + moe_lnf_offset(&wc), shared + moe_lnf_offset(c), 2 * C);
+#undef MOVE_ROWS
 #undef MOVE
 }
 
+// My slices' counter-based init: each value from its index in the whole
+// tensor, so my slices are the whole model's without making it. The same
+// copies as relayout's, from a whole layer's tensor index to mine.
 void expert_tp_init(ExpertModel* m, uint64_t seed) {
     const GPTConfig* g = &m->cfg.gpt;
-    size_t C = (size_t)g->channels, tp = (size_t)m->tp.tp, Cl = C / tp, r = (size_t)m->tp.rank;
+    size_t C = (size_t)g->channels, tp = (size_t)m->tp.tp, Cl = C / tp, Fl = 4 * Cl, r = (size_t)m->tp.rank;
     float* w = xmalloc(m->tp.n * sizeof(float));
-    // counter-based: each value from its index in the whole tensor, so my
-    // slices are the whole model's without making it
+    // n values of tensor t in layer l, rows of n from index i0, ws apart
+#define INIT_ROWS(out, t, i0, ws, n, rows) \
+    for (size_t i_ = 0; i_ < (rows) * (n); i_++) (out)[i_] = gpt_init_value(g, seed, t, l, (i0) + i_ / (n) * (ws) + i_ % (n))
     for (int l = 0; l < g->num_layers; l++) {
-        BlockParams p = with_slices(m, (BlockParams){0}, w + (size_t)l * moe_attn_tp_numel((int)C, (int)tp));
-        for (size_t j = 0; j < 3; j++)  // q, k, v: rows j C + [r Cl, (r + 1) Cl)
-            for (size_t i = 0; i < Cl; i++) {
-                size_t row = j * C + r * Cl + i;
-                for (size_t col = 0; col < C; col++)
-                    p.qkvw[(j * Cl + i) * C + col] = gpt_init_value(g, seed, P_QKVW, l, row * C + col);
-                p.qkvb[j * Cl + i] = gpt_init_value(g, seed, P_QKVB, l, row);
-            }
-        for (size_t row = 0; row < C; row++)  // columns [r Cl, (r + 1) Cl) of every row
-            for (size_t i = 0; i < Cl; i++)
-                p.attprojw[row * Cl + i] = gpt_init_value(g, seed, P_ATTPROJW, l, row * C + r * Cl + i);
+        BlockParams p = with_slices(m, l, (BlockParams){0}, w + moe_tp_offset(&m->cfg, l, (int)tp));
+        INIT_ROWS(p.qkvw, P_QKVW, r * Cl * C, C * C, Cl * C, 3);
+        INIT_ROWS(p.qkvb, P_QKVB, r * Cl, C, Cl, 3);
+        INIT_ROWS(p.attprojw, P_ATTPROJW, r * Cl, C, Cl, C);
+        if (moe_is_moe_layer(&m->cfg, l)) continue;
+        INIT_ROWS(p.fcw, P_FCW, r * Fl * C, Fl * C, Fl * C, 1);
+        INIT_ROWS(p.fcb, P_FCB, r * Fl, Fl, Fl, 1);
+        INIT_ROWS(p.fcprojw, P_FCPROJW, r * Fl, 4 * C, Fl, C);
     }
+#undef INIT_ROWS
     expert_zero_put(&m->z[ZERO_TP], w);
     free(w);
 }
@@ -252,7 +263,7 @@ void expert_tp_create(ExpertModel* m, const Run* run) {
     comm_create_group(&t->dpcpep_own, mesh, (1u << AXIS_DP) | cp | (1u << AXIS_EP));
     t->dpcpep = &t->dpcpep_own;
     const int C = m->cfg.gpt.channels;
-    t->n = (size_t)m->cfg.gpt.num_layers * moe_attn_tp_numel(C, t->tp);
+    t->n = moe_tp_offset(&m->cfg, m->cfg.gpt.num_layers, t->tp);
     expert_zero_alloc(&m->z[ZERO_TP], m->zero, t->dpcpep, t->n, &t->w, &t->dw, &t->m, &t->v);  // --zero: composed_zero.h
     t->full = mem_alloc_floats((size_t)m->N * t->tp * C, MEM_ACTIVATIONS);
     t->dfull = mem_alloc_floats((size_t)m->N * t->tp * C, MEM_ACTIVATIONS);
