@@ -29,7 +29,7 @@ MoeLayer* expert_layer(ExpertModel* m, int l) {
 BlockActs expert_block_acts(ExpertModel* m, int l) { return gpt_acts_block(&m->acts, &m->cfg.gpt, l, m->B, m->T); }
 
 size_t expert_total_params(const ExpertModel* m) {
-    MoeConfig whole = m->cfg;  // with --tp the shared buffer holds 1 / tp of qkvw, qkvb, attprojw
+    MoeConfig whole = m->cfg;  // with --tp the shared buffer leaves out the tp slices
     whole.tp = 1;
     return moe_num_shared(&whole) + (size_t)moe_num_moe_layers(&m->cfg) * m->cfg.experts * moe_expert_numel(&m->cfg);
 }
@@ -213,8 +213,9 @@ void expert_print_setup(const ExpertModel* m, const Run* run) {
            run->setup.model_name, total, outside, total - outside, moe_active_params(c), run->setup.B, run->setup.T, m->B);
     if (m->tp.tp > 1)
         print0("tensor parallelism: tp=%d with sequence parallelism: each rank holds %d of its tp group's %d sequences "
-               "and %d of the %d heads (1/%d of qkvw, qkvb, attprojw); the experts whole on every tp rank\n",
-               m->tp.tp, m->B, m->B * m->tp.tp, c->gpt.num_heads / m->tp.tp, c->gpt.num_heads, m->tp.tp);
+               "and %d of the %d heads (1/%d of qkvw, qkvb, attprojw%s); the experts whole on every tp rank\n",
+               m->tp.tp, m->B, m->B * m->tp.tp, c->gpt.num_heads / m->tp.tp, c->gpt.num_heads, m->tp.tp,
+               c->moe_every > 1 ? ", and of a dense layer's fcw, fcb, fcprojw" : "");
     static const char* what[] = {"", "the AdamW moments", "the AdamW moments and the gradients (a unit per layer)",
                                  "the AdamW moments, the gradients and the parameters (a unit per layer)"};
     if (m->zero)  // --zero (composed_zero.h)
@@ -333,7 +334,7 @@ void expert_model_ckpt(Ckpt* ck, ExpertModel* m) {
         }
         moe_ckpt_add_shared(&ck->need, &m->cfg, (CkptKind)k, 0, m->n_shared, shared[k]);
         moe_ckpt_add_experts(&ck->need, &m->cfg, (CkptKind)k, m->e0, m->E_local, experts[k]);
-        if (m->tp.tp > 1) {  // my slices of qkvw, qkvb, attprojw: dp x cp x ep rank 0 writes them
+        if (m->tp.tp > 1) {  // my tp slices (moe.h): dp x cp x ep rank 0 writes them
             float* slices[CKPT_NUM_KINDS] = {m->tp.w, m->tp.m, m->tp.v};
             if (m->tp.dpcpep->rank == 0)
                 moe_ckpt_add_tp(&ck->own, &m->cfg, (CkptKind)k, m->tp.tp, m->tp.rank, slices[k]);

@@ -91,7 +91,7 @@ static MoeConfig pipe_chunk_config(const MoeConfig* whole, int first, int layers
 // The pieces of a chunk (first layer `first`, its own config `local`) in
 // the whole model's buffer (`whole`): [wte wpe] on the first, the blocks,
 // [lnfw lnfb] and the tied copy of wte on the last. With --tp both layouts
-// leave out qkvw, qkvb, attprojw (moe.h), so the blocks stay one piece.
+// leave out the tp slices (moe.h), so the blocks stay one piece.
 static int chunk_pieces(XpPiece* piece, const MoeConfig* whole, const MoeConfig* local, int first, int embeds, int head) {
     size_t blk_l = moe_block_offset(local, 0), blk_n = moe_lnf_offset(local) - blk_l;
     size_t wte_n = param_tensor_numel(&whole->gpt, P_WTE);
@@ -249,7 +249,7 @@ void expert_stage_free(ExpertPipe* P) {
 // dp replica 0 writes its stage's pieces (the replicated ones spread over the
 // ep ranks, 1/ep each) and its experts; every rank reads its pieces (the tied
 // copy of wte too) and its experts. With --tp, dp x cp x ep rank 0 of each
-// tp rank writes its slices of the chunk's layers' qkvw, qkvb, attprojw
+// tp rank writes its slices of the chunk's layers (moe_ckpt_add_tp)
 // (strided slices of the global tensors). So pp2 resumes on pp1 and back,
 // tp2 x pp2 on any other mesh; E = 1, H = 4C is the dense GPT's checkpoint
 // (chapter 0 resumes it), as chapter 7's own (expert_model_ckpt).

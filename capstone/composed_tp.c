@@ -2,17 +2,20 @@
 // (--tp N, composed_model.h's ExpertTP), chapter 6's Megatron sequence
 // parallelism (06_sequence_context/sequence.c) on chapter 7's model.
 //
-// Outside attention every op works token by token, so a tp rank runs the
-// embedding, the LayerNorms, the residuals, the router, the MoE layer and
-// the head on its own N rows (B/tp whole sequences of its share). Attention
-// mixes the tokens of a sequence and is split by heads: the group's rows are
-// all-gathered (chapter 6's "gather from the sequence-parallel region"), qkv
-// is column-parallel (this rank's NH/tp heads), attproj row-parallel (a
-// partial sum for every row), and a reduce-scatter adds the partial sums
-// and hands each rank its rows back. Backward mirrors it, and all-gathers
-// ln1's output again for qkvw's gradient (it is not kept: that is the
-// saving). The experts stay whole on every tp rank (docs/07_expert.md says
-// why). Every collective of tp is in this file, in step order.
+// Outside attention and a dense MLP every op works token by token, so a tp
+// rank runs the embedding, the LayerNorms, the residuals, the router, the
+// MoE layer and the head on its own N rows (B/tp whole sequences of its
+// share). Attention mixes the tokens of a sequence and is split by heads: the
+// group's rows are all-gathered (chapter 6's "gather from the
+// sequence-parallel region"), qkv is column-parallel (this rank's NH/tp
+// heads), attproj row-parallel (a partial sum for every row), and a
+// reduce-scatter adds the partial sums and hands each rank its rows back.
+// Backward mirrors it, and all-gathers ln1's output again for qkvw's
+// gradient (it is not kept: that is the saving). A dense layer's MLP is
+// chapter 6's own (sp_mlp_forward, composed_attention.c): fc on my 4C/tp
+// hidden units. The experts stay whole on every tp rank (docs/07_expert.md
+// says why). Every collective of tp's attention is in this file, in step
+// order, the MLP's in 06_sequence_context/sequence.c.
 #include <stdlib.h>
 #include <string.h>
 
@@ -154,66 +157,56 @@ void expert_tp_attention_backward(ExpertModel* m, int l, const BlockParams* p, B
 
 // ---------------------------------------------------------------- the whole model and my slices
 
-// Host copies between the whole model's shared buffer (moe.h's layout at
-// tp = 1) and a tp rank's two: the shared buffer without the split tensors,
-// and the rank's slices. to_whole: the other way (for --save).
-static void relayout(const ExpertModel* m, float* whole, float* shared, float* slices, int rank, int to_whole) {
+// Between the whole model's shared buffer (moe.h's layout at tp = 1, host)
+// and a tp rank's two: the shared buffer without the split tensors, and the
+// rank's slices. dir TO_MINE (--model FILE), TO_WHOLE (--save), or INIT: my
+// slices' counter-based values alone, each from its index in the whole
+// tensor, so my slices are the whole model's without making it.
+enum { TO_MINE, TO_WHOLE, INIT };
+static void relayout(const ExpertModel* m, float* whole, float* shared, float* slices, int rank, int dir, uint64_t seed) {
     MoeConfig wc = m->cfg;
     wc.tp = 1;
     const MoeConfig* c = &m->cfg;
-    size_t C = (size_t)c->gpt.channels, tp = (size_t)m->tp.tp, Cl = C / tp, Fl = 4 * Cl, r = (size_t)rank;
-    // copy n floats between the whole model (w) and my buffers (s); rows
-    // runs of n, the whole's ws apart and mine n apart
-#define MOVE(w, s, n) (to_whole ? memcpy((w), (s), (n) * sizeof(float)) : memcpy((s), (w), (n) * sizeof(float)))
-#define MOVE_ROWS(w, ws, s, n, rows) for (size_t i_ = 0; i_ < (rows); i_++) MOVE((w) + i_ * (ws), (s) + i_ * (n), (n))
-    MOVE(whole, shared, moe_block_offset(c, 0));  // wte, wpe
-    for (int l = 0; l < c->gpt.num_layers; l++) {
-        BlockParams pw = moe_block_params(&wc, whole, l), ps = moe_block_params(c, shared, l);
+    const GPTConfig* g = &c->gpt;
+    size_t C = (size_t)g->channels, tp = (size_t)m->tp.tp, Cl = C / tp, Fl = 4 * Cl, r = (size_t)rank;
+#define MOVE(w, s, n) (dir == TO_WHOLE ? memcpy((w), (s), (n) * sizeof(float)) : memcpy((s), (w), (n) * sizeof(float)))
+    // rows runs of n floats of tensor t from index i0 of the whole's (rows
+    // ws apart) to mine (n apart), or INIT's values of them
+#define ROWS(t, w, i0, ws, s, n, rows)                                                          \
+    for (size_t i_ = 0; i_ < (rows); i_++)                                                        \
+        if (dir == INIT)                                                                          \
+            for (size_t k_ = 0; k_ < (n); k_++) (s)[i_ * (n) + k_] = gpt_init_value(g, seed, t, l, (i0) + i_ * (ws) + k_); \
+        else MOVE((w) + (i0) + i_ * (ws), (s) + i_ * (n), (n))
+    if (dir != INIT) MOVE(whole, shared, moe_block_offset(c, 0));  // wte, wpe
+    for (int l = 0; l < g->num_layers; l++) {
+        BlockParams pw = {0}, ps = dir == INIT ? pw : moe_block_params(c, shared, l);
         BlockParams pt = with_slices(m, l, ps, slices + moe_tp_offset(c, l, (int)tp));
-        float* wv[] = {pw.ln1w, pw.ln1b, pw.attprojb, pw.ln2w, pw.ln2b};
-        float* sv[] = {ps.ln1w, ps.ln1b, ps.attprojb, ps.ln2w, ps.ln2b};
-        for (int i = 0; i < 5; i++) MOVE(wv[i], sv[i], C);
+        if (dir != INIT) {
+            pw = moe_block_params(&wc, whole, l);
+            float* wv[] = {pw.ln1w, pw.ln1b, pw.attprojb, pw.ln2w, pw.ln2b, pw.fcprojb};
+            float* sv[] = {ps.ln1w, ps.ln1b, ps.attprojb, ps.ln2w, ps.ln2b, ps.fcprojb};
+            for (int i = 0; i < 5 + !!ps.fcprojb; i++) MOVE(wv[i], sv[i], C);  // a dense layer's fcprojb whole
+            if (moe_is_moe_layer(c, l)) MOVE(moe_router_at(&wc, whole, l), moe_router_at(c, shared, l), (size_t)c->experts * C);
+        }
         // q, k, v: rows [j C + r Cl, j C + (r + 1) Cl); attprojw: columns
         // [r Cl, (r + 1) Cl) of every row
-        MOVE_ROWS(pw.qkvw + r * Cl * C, C * C, pt.qkvw, Cl * C, 3);
-        MOVE_ROWS(pw.qkvb + r * Cl, C, pt.qkvb, Cl, 3);
-        MOVE_ROWS(pw.attprojw + r * Cl, C, pt.attprojw, Cl, C);
-        if (moe_is_moe_layer(c, l)) {
-            MOVE(moe_router_at(&wc, whole, l), moe_router_at(c, shared, l), (size_t)c->experts * C);
-            continue;
-        }
-        // fcw, fcb: my hidden units' rows; fcprojw: their columns; fcprojb whole
-        MOVE(pw.fcw + r * Fl * C, pt.fcw, Fl * C);
-        MOVE(pw.fcb + r * Fl, pt.fcb, Fl);
-        MOVE_ROWS(pw.fcprojw + r * Fl, 4 * C, pt.fcprojw, Fl, C);
-        MOVE(pw.fcprojb, ps.fcprojb, C);
+        ROWS(P_QKVW, pw.qkvw, r * Cl * C, C * C, pt.qkvw, Cl * C, 3);
+        ROWS(P_QKVB, pw.qkvb, r * Cl, C, pt.qkvb, Cl, 3);
+        ROWS(P_ATTPROJW, pw.attprojw, r * Cl, C, pt.attprojw, Cl, C);
+        if (moe_is_moe_layer(c, l)) continue;
+        // fcw, fcb: my hidden units' rows; fcprojw: their columns
+        ROWS(P_FCW, pw.fcw, r * Fl * C, 0, pt.fcw, Fl * C, 1);
+        ROWS(P_FCB, pw.fcb, r * Fl, 0, pt.fcb, Fl, 1);
+        ROWS(P_FCPROJW, pw.fcprojw, r * Fl, 4 * C, pt.fcprojw, Fl, C);
     }
-    MOVE(whole + moe_lnf_offset(&wc), shared + moe_lnf_offset(c), 2 * C);
-#undef MOVE_ROWS
+    if (dir != INIT) MOVE(whole + moe_lnf_offset(&wc), shared + moe_lnf_offset(c), 2 * C);
+#undef ROWS
 #undef MOVE
 }
 
-// My slices' counter-based init: each value from its index in the whole
-// tensor, so my slices are the whole model's without making it. The same
-// copies as relayout's, from a whole layer's tensor index to mine.
 void expert_tp_init(ExpertModel* m, uint64_t seed) {
-    const GPTConfig* g = &m->cfg.gpt;
-    size_t C = (size_t)g->channels, tp = (size_t)m->tp.tp, Cl = C / tp, Fl = 4 * Cl, r = (size_t)m->tp.rank;
     float* w = xmalloc(m->tp.n * sizeof(float));
-    // n values of tensor t in layer l, rows of n from index i0, ws apart
-#define INIT_ROWS(out, t, i0, ws, n, rows) \
-    for (size_t i_ = 0; i_ < (rows) * (n); i_++) (out)[i_] = gpt_init_value(g, seed, t, l, (i0) + i_ / (n) * (ws) + i_ % (n))
-    for (int l = 0; l < g->num_layers; l++) {
-        BlockParams p = with_slices(m, l, (BlockParams){0}, w + moe_tp_offset(&m->cfg, l, (int)tp));
-        INIT_ROWS(p.qkvw, P_QKVW, r * Cl * C, C * C, Cl * C, 3);
-        INIT_ROWS(p.qkvb, P_QKVB, r * Cl, C, Cl, 3);
-        INIT_ROWS(p.attprojw, P_ATTPROJW, r * Cl, C, Cl, C);
-        if (moe_is_moe_layer(&m->cfg, l)) continue;
-        INIT_ROWS(p.fcw, P_FCW, r * Fl * C, Fl * C, Fl * C, 1);
-        INIT_ROWS(p.fcb, P_FCB, r * Fl, Fl, Fl, 1);
-        INIT_ROWS(p.fcprojw, P_FCPROJW, r * Fl, 4 * C, Fl, C);
-    }
-#undef INIT_ROWS
+    relayout(m, NULL, NULL, w, m->tp.rank, INIT, seed);
     expert_zero_put(&m->z[ZERO_TP], w);
     free(w);
 }
@@ -221,7 +214,7 @@ void expert_tp_init(ExpertModel* m, uint64_t seed) {
 void expert_tp_load(ExpertModel* m, const float* whole) {
     float* shared = xmalloc(m->n_shared * sizeof(float));
     float* slices = xmalloc(m->tp.n * sizeof(float));
-    relayout(m, (float*)whole, shared, slices, m->tp.rank, 0);
+    relayout(m, (float*)whole, shared, slices, m->tp.rank, TO_MINE, 0);
     expert_zero_put(&m->z[ZERO_SHARED], shared);
     expert_zero_put(&m->z[ZERO_TP], slices);
     free(shared);
@@ -241,7 +234,7 @@ float* expert_tp_gather_whole(ExpertModel* m) {
         float* slices = xmalloc(t->n * t->tp * sizeof(float));
         mem_to_host(shared, m->shared, m->n_shared * sizeof(float));
         mem_to_host(slices, all, t->n * t->tp * sizeof(float));
-        for (int r = 0; r < t->tp; r++) relayout(m, whole, shared, slices + (size_t)r * t->n, r, 1);
+        for (int r = 0; r < t->tp; r++) relayout(m, whole, shared, slices + (size_t)r * t->n, r, TO_WHOLE, 0);
         free(shared);
         free(slices);
     }
