@@ -200,6 +200,8 @@ void moe_ckpt_add_tp_layers(CkptList* l, const MoeConfig* c, CkptKind kind, int 
 // (12C^2 + 7C) / tp; and of layers [0, l)'s, where layer l's start.
 size_t moe_tp_numel(const MoeConfig* c, int l, int tp);
 size_t moe_tp_offset(const MoeConfig* c, int l, int tp);
+// p with layer l's split tensors pointing into its tp slices at w.
+BlockParams moe_tp_params(const MoeConfig* c, BlockParams p, float* w, int l, int tp);
 // The same for a buffer of n_layers MoE layers only, the model's MoE layers
 // [m0, m0 + n_layers) (a pipeline stage's).
 void moe_ckpt_add_expert_layers(CkptList* l, const MoeConfig* c, CkptKind kind, int m0, int n_layers, int e0,

@@ -50,17 +50,14 @@ void expert_attention_recompute(ExpertModel* m, int l, BlockActs* a) {
 
 // ---------------------------------------------------------------- a dense layer (--moe-every > 1)
 // model.h's block at cp = tp = 1; else the same attention half as an MoE
-// layer's (above), then the dense MLP, into a: on my rows, or with --tp
-// chapter 6's Megatron MLP (06_sequence_context/sequence.h: the tp group's
-// rows all-gathered, my 4C/tp hidden units, the partial sums
-// reduce-scattered back to my rows; a->fch, a->fch_gelu hold the group's
-// N tp rows of 4C/tp, the same floats as N rows of 4C).
+// layer's (above), then the dense MLP into a: on my rows, or with --tp
+// chapter 6's (sequence.h: my 4C/tp hidden units of the group's N tp rows,
+// in a->fch, the same floats as N rows of 4C).
 static void dense_forward(ExpertModel* m, int l, const BlockParams* p, BlockActs* a) {
     const int N = m->N, C = m->cfg.gpt.channels;
     expert_attention_forward(m, l, p, a, gpt_acts_block_input(&m->acts, &m->cfg.gpt, l, m->B, m->T));
-    if (m->tp.tp > 1) {
-        sp_mlp_forward(m->tp.tpc, p, a, m->tp.full, N, C);  // (N, C) my rows
-    } else {
+    if (m->tp.tp > 1) sp_mlp_forward(m->tp.tpc, p, a, m->tp.full, N, C);  // (N, C) my rows
+    else {
         matmul_forward(a->fch, a->ln2, p->fcw, p->fcb, N, C, 4 * C);
         gelu_forward(a->fch_gelu, a->fch, (size_t)N * 4 * C);
         matmul_forward(a->fcproj, a->fch_gelu, p->fcprojw, p->fcprojb, N, 4 * C, C);
@@ -112,9 +109,8 @@ void expert_dense_backward(ExpertModel* m, int l, const BlockParams* p, BlockPar
     BlockScratch s = gpt_acts_scratch(&m->acts, cfg);
     float* dres = m->acts.dres;
     if (m->tp.tp > 1) {
-        // chapter 6's, its weight gradients at once or (zb) queued; fcprojb
-        // replicated: its gradient over my rows (the batch group's mean adds
-        // the other ranks' rows, as attprojb's)
+        // chapter 6's, the weight gradients at once or (zb) queued; fcprojb's
+        // over my rows (the batch group's mean adds the rest, as attprojb's)
         BlockParams gs = *g;
         gs.fcprojb = NULL;
         SpWeightGrad wg = {expert_wgrad_hook, m, l};

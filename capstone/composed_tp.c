@@ -28,18 +28,9 @@
 
 // ---------------------------------------------------------------- the parameters of a layer
 
-// w: layer l's slices (its unit of the tp buffer).
+// w: layer l's slices (its unit of the tp buffer; moe.h's layout).
 static BlockParams with_slices(const ExpertModel* m, int l, BlockParams p, float* w) {
-    if (m->tp.tp == 1) return p;
-    int C = m->cfg.gpt.channels, Cl = C / m->tp.tp, Fl = 4 * Cl;
-    p.qkvw = w;                                  // (3C/tp, C): my heads' q, k, v rows
-    p.qkvb = w + 3 * (size_t)Cl * C;             // (3C/tp)
-    p.attprojw = p.qkvb + 3 * (size_t)Cl;        // (C, C/tp): my heads' columns
-    if (moe_is_moe_layer(&m->cfg, l)) return p;
-    p.fcw = p.attprojw + (size_t)C * Cl;         // (4C/tp, C): my hidden units' rows
-    p.fcb = p.fcw + (size_t)Fl * C;              // (4C/tp)
-    p.fcprojw = p.fcb + Fl;                      // (C, 4C/tp): my hidden units' columns
-    return p;
+    return m->tp.tp == 1 ? p : moe_tp_params(&m->cfg, p, w, l, m->tp.tp);
 }
 
 // Layer l is unit 1 + l of the replicated buffer and unit l of the tp slices
