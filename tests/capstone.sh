@@ -330,8 +330,8 @@ else
 fi
 # checkpoints across tp with a dense layer: saved on tp = 2 (fcw, fcb as
 # runs of rows, fcprojw as runs of columns of the global tensors), resumed
-# there bit for bit and on one rank; one rank's resumed on tp = 2; and E =
-# 1's (the dense form) resumed by chapter 0
+# there bit for bit and on one rank; one rank's resumed on tp = 2; a
+# pipeline's; and E = 1's (the dense form) resumed by chapter 0
 mpi_run $T_RUN 2 "$BUILD/capstone" $d --tp 2 --ckpt-dir "$TEST_TMPDIR/c7d_ck2" --save-every 4 --log "$TEST_TMPDIR/c7d_ck2.jsonl"
 mpi_run $T_RUN 2 "$BUILD/capstone" $d --tp 2 --resume "$TEST_TMPDIR/c7d_ck2/step-00000004" --log "$TEST_TMPDIR/c7d_ck2_res.jsonl"
 c7_resumed_same "tp = 2 with a dense layer" "$TEST_TMPDIR/c7d_ck2.jsonl" "$TEST_TMPDIR/c7d_ck2_res.jsonl"
@@ -340,6 +340,11 @@ c7_resumed_near "the tp = 2 checkpoint of step 4 with a dense layer resumes on o
 mpi_run $T_RUN 1 "$BUILD/capstone" $d --ckpt-dir "$TEST_TMPDIR/c7d_ck1" --save-every 4 --log "$TEST_TMPDIR/c7d_ck1.jsonl"
 mpi_run $T_RUN 2 "$BUILD/capstone" $d --tp 2 --resume "$TEST_TMPDIR/c7d_ck1/step-00000004" --log "$TEST_TMPDIR/c7d_ck1_2.jsonl"
 c7_resumed_near "one rank's checkpoint of step 4 with a dense layer resumes on tp = 2" "$TEST_TMPDIR/c7d_ck1.jsonl" "$TEST_TMPDIR/c7d_ck1_2.jsonl"
+# a pipeline's: tp x pp = 2 x 2 with --zero 1 (each stage's slices, the
+# dense layer's in stage 0) resumed on one rank with the same microbatches
+mpi_run $T_RUN 4 "$BUILD/capstone" $d --tp 2 --pp 2 --zero 1 --ckpt-dir "$TEST_TMPDIR/c7d_ckp" --save-every 4 --log "$TEST_TMPDIR/c7d_ckp.jsonl"
+mpi_run $T_RUN 1 "$BUILD/capstone" $d --microbatches 2 --resume "$TEST_TMPDIR/c7d_ckp/step-00000004" --log "$TEST_TMPDIR/c7d_ckp_1.jsonl"
+c7_resumed_near "the tp x pp = 2 x 2 (--zero 1) checkpoint of step 4 with a dense layer resumes on one rank with 2 microbatches" "$TEST_TMPDIR/c7d_ckp.jsonl" "$TEST_TMPDIR/c7d_ckp_1.jsonl" "chapter 7, world 4"
 mpi_run $T_RUN 2 "$BUILD/capstone" $INV_FLAGS --experts 1 --top-k 1 --moe-every 2 --tp 2 --ckpt-dir "$TEST_TMPDIR/c7d_cke" \
     --save-every 4 --log "$TEST_TMPDIR/c7d_cke.jsonl"
 mpi_run $T_RUN 1 "$BUILD/chapter-0" $INV_FLAGS --resume "$TEST_TMPDIR/c7d_cke/step-00000004" --log "$TEST_TMPDIR/c7d_cke_c0.jsonl"
