@@ -119,12 +119,22 @@ static BlockActs sp_acts(const SP* s, int l) {
 
 // ---------------------------------------------------------------- the block
 
+// dw (OC, C) += dout^T inp, db (OC) += dout's rows' sum: at once, or handed
+// to wg (sequence.h)
+static void weight_grad(const SpWeightGrad* wg, float* dw, float* db, const float* dout, const float* inp, int N,
+                        int C, int OC) {
+    if (wg && wg->fn)
+        wg->fn(wg->ctx, wg->layer, dw, db, dout, inp, N, C, OC);
+    else
+        matmul_backward(NULL, dw, db, dout, inp, NULL, N, C, OC);
+}
+
 // x (Nl,C): this rank's tokens of the block's input; a->res3 (Nl,C) the same
 // tokens of its output. Every collective of the block is here.
 static void block_forward_sp(const SP* s, const BlockParams* p, BlockActs* a, const float* x) {
     const TPModel* m = &s->m;
     int B = m->B, T = m->T, N = s->N, Nl = s->Nl, C = m->cfg.channels, tp = m->ntp;
-    int Cl = C / tp, Fl = 4 * C / tp, NHl = m->cfg.num_heads / tp;
+    int Cl = C / tp, NHl = m->cfg.num_heads / tp;
     size_t NlC = (size_t)Nl * C;
     // attention: the LayerNorm on this rank's tokens only
     layernorm_forward(a->ln1, a->ln1_mean, a->ln1_rstd, x, p->ln1w, p->ln1b, Nl, C);  // (Nl, C)
@@ -141,16 +151,24 @@ static void block_forward_sp(const SP* s, const BlockParams* p, BlockActs* a, co
     // over tp: the partial sums added, this rank keeping its own tokens
     comm_reduce_scatter(m->tp, s->full, a->attproj, NlC, COMM_SUM);                   // (Nl, C)
     residual_forward(a->res2, x, a->attproj, NlC);
-    // MLP: the same pattern
+    // MLP: the same pattern (sp_mlp_forward, below)
     layernorm_forward(a->ln2, a->ln2_mean, a->ln2_rstd, a->res2, p->ln2w, p->ln2b, Nl, C);
-    // gather_from_sequence_parallel_region, forward: all-gather
-    comm_allgather(m->tp, a->ln2, s->full, NlC);                                      // (N, C)
-    matmul_forward(a->fch, s->full, p->fcw, p->fcb, N, C, Fl);                        // (N, 4C/tp)
-    gelu_forward(a->fch_gelu, a->fch, (size_t)N * Fl);
-    matmul_forward(s->full, a->fch_gelu, p->fcprojw, m->rtp == 0 ? p->fcprojb : NULL, N, Fl, C);
-    // reduce_scatter_to_sequence_parallel_region, forward: reduce-scatter
-    comm_reduce_scatter(m->tp, s->full, a->fcproj, NlC, COMM_SUM);                    // (Nl, C)
+    sp_mlp_forward(m->tp, p, a, s->full, Nl, C);                                      // (Nl, C)
     residual_forward(a->res3, a->res2, a->fcproj, NlC);
+}
+
+// The MLP half (sequence.h): ln2's rows of every token, fc column-parallel
+// (my 4C/tp hidden units), GELU, fcproj row-parallel, the sums of my rows.
+void sp_mlp_forward(const Comm* tp, const BlockParams* p, BlockActs* a, float* full, int Nl, int C) {
+    int N = Nl * tp->size, Fl = 4 * C / tp->size;
+    size_t NlC = (size_t)Nl * C;
+    // gather_from_sequence_parallel_region, forward: all-gather
+    comm_allgather(tp, a->ln2, full, NlC);                                            // (N, C)
+    matmul_forward(a->fch, full, p->fcw, p->fcb, N, C, Fl);                           // (N, 4C/tp)
+    gelu_forward(a->fch_gelu, a->fch, (size_t)N * Fl);
+    matmul_forward(full, a->fch_gelu, p->fcprojw, tp->rank == 0 ? p->fcprojb : NULL, N, Fl, C);
+    // reduce_scatter_to_sequence_parallel_region, forward: reduce-scatter
+    comm_reduce_scatter(tp, full, a->fcproj, NlC, COMM_SUM);                          // (Nl, C)
 }
 
 // The backward of one column-parallel matmul out (N, OC) = in (N, C) @ w^T + b
@@ -161,21 +179,39 @@ static void block_forward_sp(const SP* s, const BlockParams* p, BlockActs* a, co
 //   the input of every token is all-gathered again (it was not kept: that is
 //   the saving) while the input gradient's matmul runs, which needs only w;
 //   gather_from_sequence_parallel_region's backward, the reduce-scatter of
-//   the partial input gradients, runs while the weight gradient's matmul does.
-static void column_parallel_backward(const SP* s, float* dw, float* db, float* dshard, const float* dout,
-                                     const float* in_shard, const float* w, float* dpartial, int C,
-                                     int OC) {
-    const TPModel* m = &s->m;
-    int N = s->N;
-    size_t NlC = (size_t)s->Nl * C;
+//   the partial input gradients, runs while the weight gradient's matmul does
+//   (or, with wg, while wg takes it: the capstone queues it for later).
+void sp_column_parallel_backward(const Comm* tp, float* dw, float* db, float* dshard, const float* dout,
+                                 const float* in_shard, const float* w, float* dpartial, float* gathered, int Nl, int C,
+                                 int OC, const SpWeightGrad* wg) {
+    int N = Nl * tp->size;
+    size_t NlC = (size_t)Nl * C;
     CommRequest gather, scatter;
-    comm_iallgather(m->tp, in_shard, s->dfull, NlC, &gather);                 // (N, C) in flight
+    comm_iallgather(tp, in_shard, gathered, NlC, &gather);                     // (N, C) in flight
     ops_zero(dpartial, (size_t)N * C);
     matmul_backward(dpartial, NULL, NULL, dout, NULL, w, N, C, OC);           // partial d in (N, C)
     comm_wait(&gather);
-    comm_ireduce_scatter(m->tp, dpartial, dshard, NlC, COMM_SUM, &scatter);   // (Nl, C) in flight
-    matmul_backward(NULL, dw, db, dout, s->dfull, NULL, N, C, OC);            // dw, db from every token
+    comm_ireduce_scatter(tp, dpartial, dshard, NlC, COMM_SUM, &scatter);      // (Nl, C) in flight
+    weight_grad(wg, dw, db, dout, gathered, N, C, OC);                        // dw, db from every token
     comm_wait(&scatter);
+}
+
+// The MLP half's backward (sequence.h). reduce_scatter_to_sequence_parallel_
+// region, backward: all-gather the output gradient, every rank then has
+// every token's; fc with gather_from_sequence_parallel_region's backward.
+void sp_mlp_backward(const Comm* tp, const BlockParams* p, BlockParams* g, const BlockActs* a, float* dln,
+                     const float* dout, float* dfch_gelu, float* dfch, float* dpartial, float* dfull, int Nl, int C,
+                     const SpWeightGrad* wg) {
+    int N = Nl * tp->size, Fl = 4 * C / tp->size;
+    comm_allgather(tp, dout, dfull, (size_t)Nl * C);                                  // (N, C)
+    // the row-parallel bias's gradient (the sum over every token) comes out
+    // the same on every rank: the replicated bias stays the same everywhere
+    ops_zero(dfch_gelu, (size_t)N * Fl);
+    matmul_backward(dfch_gelu, NULL, NULL, dfull, NULL, p->fcprojw, N, Fl, C);
+    weight_grad(wg, g->fcprojw, g->fcprojb, dfull, a->fch_gelu, N, Fl, C);
+    ops_zero(dfch, (size_t)N * Fl);
+    gelu_backward(dfch, a->fch, dfch_gelu, (size_t)N * Fl);
+    sp_column_parallel_backward(tp, g->fcw, g->fcb, dln, dfch, a->ln2, p->fcw, dpartial, dfull, Nl, C, Fl, wg);
 }
 
 // dres (Nl,C): on entry this rank's tokens of d loss / d block output, on
@@ -185,19 +221,10 @@ static void block_backward_sp(const SP* s, const BlockParams* p, BlockParams* g,
                               const BlockScratch* sc, const float* x, float* dres) {
     const TPModel* m = &s->m;
     int B = m->B, T = m->T, N = s->N, Nl = s->Nl, C = m->cfg.channels, tp = m->ntp;
-    int Cl = C / tp, Fl = 4 * C / tp, NHl = m->cfg.num_heads / tp;
+    int Cl = C / tp, NHl = m->cfg.num_heads / tp;
     size_t NlC = (size_t)Nl * C;
-    // MLP, backwards. reduce_scatter_to_sequence_parallel_region, backward:
-    // all-gather the output gradient, every rank then has every token's
-    comm_allgather(m->tp, dres, s->dfull, NlC);                                       // (N, C)
-    // the row-parallel bias's gradient (the sum over every token) comes out
-    // the same on every rank: the replicated bias stays the same everywhere
-    ops_zero(sc->dfch_gelu, (size_t)N * Fl);
-    matmul_backward(sc->dfch_gelu, g->fcprojw, g->fcprojb, s->dfull, a->fch_gelu, p->fcprojw, N, Fl, C);
-    ops_zero(sc->dfch, (size_t)N * Fl);
-    gelu_backward(sc->dfch, a->fch, sc->dfch_gelu, (size_t)N * Fl);
-    // fc, with gather_from_sequence_parallel_region's backward (reduce-scatter)
-    column_parallel_backward(s, g->fcw, g->fcb, s->dln, sc->dfch, a->ln2, p->fcw, sc->dln, C, Fl);
+    // MLP, backwards (sp_mlp_backward, above): this rank's tokens of d ln2
+    sp_mlp_backward(m->tp, p, g, a, s->dln, dres, sc->dfch_gelu, sc->dfch, sc->dln, s->dfull, Nl, C, NULL);
     layernorm_backward(dres, g->ln2w, g->ln2b, s->dln, a->res2, p->ln2w, a->ln2_mean, a->ln2_rstd, Nl, C);
     // attention, backwards: the same pattern
     comm_allgather(m->tp, dres, s->dfull, NlC);                                       // (N, C)
@@ -205,7 +232,8 @@ static void block_backward_sp(const SP* s, const BlockParams* p, BlockParams* g,
     matmul_backward(sc->datty, g->attprojw, g->attprojb, s->dfull, a->atty, p->attprojw, N, Cl, C);
     ops_zero(sc->dqkv, (size_t)N * 3 * Cl);
     attention_backward(sc->dqkv, sc->datt, sc->datty, a->qkv, a->att, B, T, Cl, NHl);
-    column_parallel_backward(s, g->qkvw, g->qkvb, s->dln, sc->dqkv, a->ln1, p->qkvw, sc->dln, C, 3 * Cl);
+    sp_column_parallel_backward(m->tp, g->qkvw, g->qkvb, s->dln, sc->dqkv, a->ln1, p->qkvw, sc->dln, s->dfull, Nl, C,
+                                3 * Cl, NULL);
     layernorm_backward(dres, g->ln1w, g->ln1b, s->dln, x, p->ln1w, a->ln1_mean, a->ln1_rstd, Nl, C);
     // each rank's LayerNorm weight gradients hold its own tokens' share:
     // summed over tp, every rank holds the whole (and the same bits: the

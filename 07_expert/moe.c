@@ -37,19 +37,50 @@ int moe_layer_index(const MoeConfig* c, int l) {
 
 size_t moe_attn_numel(int C) { return 4 * (size_t)C * C + 8 * (size_t)C; }
 
-size_t moe_attn_tp_numel(int C, int tp) { return (4 * (size_t)C * C + 3 * (size_t)C) / tp; }
+// What tp splits of a layer: attention's qkvw, qkvb, attprojw (4C^2 + 3C)
+// and a dense layer's fcw, fcb, fcprojw (8C^2 + 4C); fcprojb stays whole.
+static size_t split_attn(size_t C) { return 4 * C * C + 3 * C; }
+static size_t split_mlp(size_t C) { return 8 * C * C + 4 * C; }
+
+size_t moe_tp_numel(const MoeConfig* c, int l, int tp) {
+    size_t C = (size_t)c->gpt.channels;
+    return (split_attn(C) + (moe_is_moe_layer(c, l) ? 0 : split_mlp(C))) / (size_t)tp;
+}
+
+BlockParams moe_tp_params(const MoeConfig* c, BlockParams p, float* w, int l, int tp) {
+    size_t C = (size_t)c->gpt.channels, Cl = C / (size_t)tp, Fl = 4 * Cl;
+    p.qkvw = w;                           // (3C/tp, C): my heads' q, k, v rows
+    p.qkvb = w + 3 * Cl * C;              // (3C/tp)
+    p.attprojw = p.qkvb + 3 * Cl;         // (C, C/tp): my heads' columns
+    if (moe_is_moe_layer(c, l)) return p;
+    p.fcw = p.attprojw + C * Cl;          // (4C/tp, C): my hidden units' rows
+    p.fcb = p.fcw + Fl * C;               // (4C/tp)
+    p.fcprojw = p.fcb + Fl;               // (C, 4C/tp): my hidden units' columns
+    return p;
+}
+
+size_t moe_tp_offset(const MoeConfig* c, int l, int tp) {
+    size_t off = 0;
+    for (int i = 0; i < l; i++) off += moe_tp_numel(c, i, tp);
+    return off;
+}
 
 // The attention half's floats in the shared buffer: with tp > 1, without
-// the qkvw, qkvb and attprojw that tp splits (4C^2 + 3C of them).
+// the qkvw, qkvb and attprojw that tp splits.
 static size_t attn_numel(const MoeConfig* c) {
     int C = c->gpt.channels;
-    return moe_attn_numel(C) - (c->tp > 1 ? moe_attn_tp_numel(C, 1) : 0);
+    return moe_attn_numel(C) - (c->tp > 1 ? split_attn((size_t)C) : 0);
 }
 
 size_t moe_block_numel(const MoeConfig* c, int l) {
     int C = c->gpt.channels;
-    size_t mlp = moe_is_moe_layer(c, l) ? (size_t)c->experts * C : gpt_block_numel(C) - moe_attn_numel(C);
-    return attn_numel(c) + mlp;
+    size_t dense = gpt_block_numel(C) - moe_attn_numel(C) - (c->tp > 1 ? split_mlp((size_t)C) : 0);
+    return attn_numel(c) + (moe_is_moe_layer(c, l) ? (size_t)c->experts * C : dense);
+}
+
+// Tensor t is in the shared buffer (not split over tp)
+static int in_shared(const MoeConfig* c, ParamTensor t) {
+    return c->tp <= 1 || !(t == P_QKVW || t == P_QKVB || t == P_ATTPROJW || t == P_FCW || t == P_FCB || t == P_FCPROJW);
 }
 
 size_t moe_wte_offset(const MoeConfig* c) { (void)c; return 0; }
@@ -74,13 +105,11 @@ BlockParams moe_block_params_in(const MoeConfig* c, float* base, int l) {
     // places them; an MoE block has no fc* (its router follows ln2b)
     BlockParams p = block_params_at(base, C);
     if (c->tp > 1) {
-        // the same order without qkvw, qkvb, attprojw (a tp rank's slices
-        // of them live elsewhere): ln1w ln1b attprojb ln2w ln2b, then the
-        // dense MLP's four
-        size_t CC = (size_t)C * C;
-        p.qkvw = p.qkvb = p.attprojw = NULL;
-        p.attprojb = base + 2 * C, p.ln2w = base + 3 * C, p.ln2b = base + 4 * C;
-        p.fcw = base + 5 * C, p.fcb = p.fcw + 4 * CC, p.fcprojw = p.fcb + 4 * C, p.fcprojb = p.fcprojw + 4 * CC;
+        // the same order without qkvw, qkvb, attprojw, fcw, fcb, fcprojw (a
+        // tp rank's slices of them live elsewhere): ln1w ln1b attprojb ln2w
+        // ln2b, then a dense layer's fcprojb
+        p.qkvw = p.qkvb = p.attprojw = p.fcw = p.fcb = p.fcprojw = NULL;
+        p.attprojb = base + 2 * C, p.ln2w = base + 3 * C, p.ln2b = base + 4 * C, p.fcprojb = base + 5 * C;
     }
     if (moe_is_moe_layer(c, l)) p.fcw = p.fcb = p.fcprojw = p.fcprojb = NULL;
     return p;
@@ -128,7 +157,7 @@ void moe_init_shared(float* out, const MoeConfig* c, uint64_t seed) {
         // half alone in an MoE block
         ParamTensor last = moe_is_moe_layer(c, l) ? P_LN2B : P_FCPROJB;
         for (ParamTensor t = P_LN1W; t <= last; t++) {
-            if (c->tp > 1 && (t == P_QKVW || t == P_QKVB || t == P_ATTPROJW)) continue;  // not in the buffer
+            if (!in_shared(c, t)) continue;  // a tp rank's slices
             size_t tn = param_tensor_numel(g, t);
             for (size_t i = 0; i < tn; i++) *b++ = gpt_init_value(g, seed, t, l, i);
         }
@@ -454,7 +483,7 @@ void moe_ckpt_add_shared(CkptList* l, const MoeConfig* c, CkptKind kind, size_t 
         // the attention half: the dense block's first 8 tensors, in order
         for (ParamTensor t = P_LN1W; t <= P_LN2B; t++) {
             size_t tn = param_tensor_numel(g, t);
-            if (c->tp > 1 && (t == P_QKVW || t == P_QKVB || t == P_ATTPROJW)) continue;  // moe_ckpt_add_attn_tp's
+            if (!in_shared(c, t)) continue;  // moe_ckpt_add_tp's
             add_piece(l, kind, T_LN1W + (t - P_LN1W), off, tn, (size_t)layer * tn, lo, hi, data);
             off += tn;
         }
@@ -464,6 +493,7 @@ void moe_ckpt_add_shared(CkptList* l, const MoeConfig* c, CkptKind kind, size_t 
         } else {  // the dense form: the GPT's MLP of every layer
             for (ParamTensor t = P_FCW; t <= P_FCPROJB; t++) {
                 size_t tn = param_tensor_numel(g, t);
+                if (!in_shared(c, t)) continue;  // moe_ckpt_add_tp's
                 add_piece(l, kind, T_FCW + (t - P_FCW), off, tn, (size_t)(dense_form ? layer : dense) * tn, lo, hi, data);
                 off += tn;
             }
@@ -497,26 +527,37 @@ void moe_ckpt_add_expert_layers(CkptList* l, const MoeConfig* c, CkptKind kind, 
         }
 }
 
-void moe_ckpt_add_attn_tp(CkptList* l, const MoeConfig* c, CkptKind kind, int tp, int rank, float* data) {
-    moe_ckpt_add_attn_tp_layers(l, c, kind, tp, rank, 0, c->gpt.num_layers, data);
+void moe_ckpt_add_tp(CkptList* l, const MoeConfig* c, CkptKind kind, int tp, int rank, float* data) {
+    moe_ckpt_add_tp_layers(l, c, kind, tp, rank, 0, c->gpt.num_layers, data);
 }
 
-void moe_ckpt_add_attn_tp_layers(CkptList* l, const MoeConfig* c, CkptKind kind, int tp, int rank, int l0,
-                                 int n_layers, float* data) {
-    size_t C = (size_t)c->gpt.channels, Cl = C / tp;
+// one slice: count runs of len floats, stride apart, from start of tensor t
+static void add_runs(CkptList* l, CkptKind kind, int t, size_t start, size_t len, size_t stride, size_t count,
+                     float* data) {
+    CkptSlice s = {.kind = kind, .tensor = t, .start = start, .len = len, .stride = stride, .count = count, .data = data};
+    ckpt_add(l, s);
+}
+
+void moe_ckpt_add_tp_layers(CkptList* l, const MoeConfig* c, CkptKind kind, int tp, int rank, int l0, int n_layers,
+                            float* data) {
+    size_t C = (size_t)c->gpt.channels, Cl = C / tp, F = 4 * C, Fl = F / tp, r = (size_t)rank;
     for (int layer = l0; layer < l0 + n_layers; layer++) {
-        float* w = data + (size_t)(layer - l0) * moe_attn_tp_numel((int)C, tp);
-        // qkvw (L, 3C, C): 3 runs of Cl rows (q, k, v of my heads), C rows apart
-        CkptSlice s = {.kind = kind, .tensor = T_LN1W + (P_QKVW - P_LN1W), .start = ((size_t)layer * 3 * C + rank * Cl) * C,
-                       .len = Cl * C, .stride = C * C, .count = 3, .data = w};
-        ckpt_add(l, s);
-        // qkvb (L, 3C): the same 3 runs of Cl
-        s = (CkptSlice){.kind = kind, .tensor = T_LN1W + (P_QKVB - P_LN1W), .start = (size_t)layer * 3 * C + rank * Cl,
-                        .len = Cl, .stride = C, .count = 3, .data = w + 3 * Cl * C};
-        ckpt_add(l, s);
-        // attprojw (L, C, C): columns [rank Cl, (rank + 1) Cl) of every row
-        s = (CkptSlice){.kind = kind, .tensor = T_LN1W + (P_ATTPROJW - P_LN1W), .start = (size_t)layer * C * C + rank * Cl,
-                        .len = Cl, .stride = C, .count = C, .data = w + 3 * Cl * C + 3 * Cl};
-        ckpt_add(l, s);
+        size_t L = (size_t)layer;
+        BlockParams p = moe_tp_params(c, (BlockParams){0}, data + moe_tp_offset(c, layer, tp) - moe_tp_offset(c, l0, tp),
+                                      layer, tp);
+        // qkvw (L, 3C, C): 3 runs of Cl rows (q, k, v of my heads), C rows
+        // apart; qkvb (L, 3C) the same 3 runs of Cl; attprojw (L, C, C):
+        // columns [r Cl, (r + 1) Cl) of every row
+        add_runs(l, kind, T_LN1W + (P_QKVW - P_LN1W), (L * 3 * C + r * Cl) * C, Cl * C, C * C, 3, p.qkvw);
+        add_runs(l, kind, T_LN1W + (P_QKVB - P_LN1W), L * 3 * C + r * Cl, Cl, C, 3, p.qkvb);
+        add_runs(l, kind, T_LN1W + (P_ATTPROJW - P_LN1W), L * C * C + r * Cl, Cl, C, C, p.attprojw);
+        if (moe_is_moe_layer(c, layer)) continue;
+        // a dense layer (its index among the dense ones; the dense form's:
+        // the GPT's layer): fcw (Ld, 4C, C) rows [r Fl, (r + 1) Fl), fcb
+        // (Ld, 4C) the same, fcprojw (Ld, C, 4C) columns [r Fl, (r + 1) Fl)
+        size_t d = moe_ckpt_dense(c) ? L : L - L / (size_t)c->moe_every;
+        add_runs(l, kind, T_FCW, (d * F + r * Fl) * C, Fl * C, Fl * C, 1, p.fcw);
+        add_runs(l, kind, T_FCW + 1, d * F + r * Fl, Fl, Fl, 1, p.fcb);
+        add_runs(l, kind, T_FCW + 2, d * C * F + r * Fl, Fl, F, C, p.fcprojw);
     }
 }

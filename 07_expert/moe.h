@@ -35,7 +35,8 @@ typedef struct {
     int hidden;     // H, each expert's MLP width (default 4C)
     int moe_every;  // layer l is MoE iff (l + 1) % moe_every == 0
     // tensor parallelism (the capstone's --tp, capstone/composed_tp.c): with tp > 1 the
-    // shared buffer leaves out every layer's qkvw, qkvb and attprojw (a tp
+    // shared buffer leaves out every layer's qkvw, qkvb and attprojw and a
+    // dense layer's fcw, fcb and fcprojw (a tp
     // rank holds its slices of them in a buffer of their own); 0 or 1: the
     // whole model, as the file and the checkpoint's tensors name it
     int tp;
@@ -65,7 +66,7 @@ size_t moe_wte_offset(const MoeConfig* c);   // 0
 size_t moe_wpe_offset(const MoeConfig* c);
 size_t moe_lnf_offset(const MoeConfig* c);   // lnfw, then lnfb
 // Layer l's parameters in a shared buffer; an MoE layer's fc* are NULL, and
-// with c->tp > 1 qkvw, qkvb and attprojw are NULL too (not in the buffer).
+// with c->tp > 1 qkvw, qkvb, attprojw, fcw, fcb, fcprojw are NULL too (not in the buffer).
 BlockParams moe_block_params(const MoeConfig* c, float* shared, int l);
 float* moe_router_at(const MoeConfig* c, float* shared, int l);  // (E, C)
 // The same from the block's own first float (a unit of --zero 2, 3 holds
@@ -185,15 +186,22 @@ void moe_ckpt_add_shared(CkptList* l, const MoeConfig* c, CkptKind kind, size_t 
 void moe_ckpt_add_experts(CkptList* l, const MoeConfig* c, CkptKind kind, int e0, int n_local, float* data);
 // A tp rank's slices of every layer's qkvw (3 row blocks of C/tp: its heads'
 // q, k and v), qkvb (the same) and attprojw (columns [r C/tp, (r+1) C/tp)),
-// laid out per layer as capstone/composed_tp.c holds them: qkvw (3C/tp, C), qkvb
-// (3C/tp), attprojw (C, C/tp). Slices of the global tensors: any tp resumes.
-void moe_ckpt_add_attn_tp(CkptList* l, const MoeConfig* c, CkptKind kind, int tp, int rank, float* data);
+// and of a dense layer's fcw and fcb (rows [r 4C/tp, (r+1) 4C/tp): its hidden
+// units) and fcprojw (the same columns), laid out per layer as
+// capstone/composed_tp.c holds them: qkvw (3C/tp, C), qkvb (3C/tp), attprojw
+// (C, C/tp) [fcw (4C/tp, C), fcb (4C/tp), fcprojw (C, 4C/tp)]. Slices of the
+// global tensors: any tp resumes.
+void moe_ckpt_add_tp(CkptList* l, const MoeConfig* c, CkptKind kind, int tp, int rank, float* data);
 // The same for layers [l0, l0 + n_layers) of the whole model (a pipeline
 // chunk's; data holds their slices from layer l0's on).
-void moe_ckpt_add_attn_tp_layers(CkptList* l, const MoeConfig* c, CkptKind kind, int tp, int rank, int l0,
-                                 int n_layers, float* data);
-// Floats of one layer's tp slices: (4C^2 + 3C) / tp.
-size_t moe_attn_tp_numel(int C, int tp);
+void moe_ckpt_add_tp_layers(CkptList* l, const MoeConfig* c, CkptKind kind, int tp, int rank, int l0, int n_layers,
+                            float* data);
+// Floats of layer l's tp slices: (4C^2 + 3C) / tp, a dense layer's
+// (12C^2 + 7C) / tp; and of layers [0, l)'s, where layer l's start.
+size_t moe_tp_numel(const MoeConfig* c, int l, int tp);
+size_t moe_tp_offset(const MoeConfig* c, int l, int tp);
+// p with layer l's split tensors pointing into its tp slices at w.
+BlockParams moe_tp_params(const MoeConfig* c, BlockParams p, float* w, int l, int tp);
 // The same for a buffer of n_layers MoE layers only, the model's MoE layers
 // [m0, m0 + n_layers) (a pipeline stage's).
 void moe_ckpt_add_expert_layers(CkptList* l, const MoeConfig* c, CkptKind kind, int m0, int n_layers, int e0,

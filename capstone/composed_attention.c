@@ -4,6 +4,7 @@
 // Ulysses over cp (composed_cp.c), else chapter 7's own (moe.h). It picks;
 // the files below it never call back.
 #include "composed_model.h"
+#include "sequence.h"  // chapter 6's Megatron MLP: a dense layer under --tp
 #include "trace.h"
 
 void expert_attention_forward(ExpertModel* m, int l, const BlockParams* p, BlockActs* a, const float* x) {
@@ -48,14 +49,19 @@ void expert_attention_recompute(ExpertModel* m, int l, BlockActs* a) {
 }
 
 // ---------------------------------------------------------------- a dense layer (--moe-every > 1)
-// model.h's block at cp = 1; at cp > 1 the same attention half as an MoE
-// layer's (above), then the dense MLP on my rows, into a.
+// model.h's block at cp = tp = 1; else the same attention half as an MoE
+// layer's (above), then the dense MLP into a: on my rows, or with --tp
+// chapter 6's (sequence.h: my 4C/tp hidden units of the group's N tp rows,
+// in a->fch, the same floats as N rows of 4C).
 static void dense_forward(ExpertModel* m, int l, const BlockParams* p, BlockActs* a) {
     const int N = m->N, C = m->cfg.gpt.channels;
     expert_attention_forward(m, l, p, a, gpt_acts_block_input(&m->acts, &m->cfg.gpt, l, m->B, m->T));
-    matmul_forward(a->fch, a->ln2, p->fcw, p->fcb, N, C, 4 * C);
-    gelu_forward(a->fch_gelu, a->fch, (size_t)N * 4 * C);
-    matmul_forward(a->fcproj, a->fch_gelu, p->fcprojw, p->fcprojb, N, 4 * C, C);
+    if (m->tp.tp > 1) sp_mlp_forward(m->tp.tpc, p, a, m->tp.full, N, C);  // (N, C) my rows
+    else {
+        matmul_forward(a->fch, a->ln2, p->fcw, p->fcb, N, C, 4 * C);
+        gelu_forward(a->fch_gelu, a->fch, (size_t)N * 4 * C);
+        matmul_forward(a->fcproj, a->fch_gelu, p->fcprojw, p->fcprojb, N, 4 * C, C);
+    }
     residual_forward(a->res3, a->res2, a->fcproj, (size_t)N * C);
 }
 
@@ -102,14 +108,25 @@ void expert_dense_backward(ExpertModel* m, int l, const BlockParams* p, BlockPar
     }
     BlockScratch s = gpt_acts_scratch(&m->acts, cfg);
     float* dres = m->acts.dres;
-    ops_zero(m->cp.dfch_gelu, N4C);
-    matmul_backward(m->cp.dfch_gelu, NULL, NULL, dres, NULL, p->fcprojw, N, 4 * C, C);
-    expert_wgrad(m, l, g->fcprojw, g->fcprojb, dres, a.fch_gelu, N, 4 * C, C);  // zb: queued for W
-    ops_zero(m->cp.dfch, N4C);
-    gelu_backward(m->cp.dfch, a.fch, m->cp.dfch_gelu, N4C);
-    ops_zero(m->dln2, (size_t)N * C);
-    matmul_backward(m->dln2, NULL, NULL, m->cp.dfch, NULL, p->fcw, N, C, 4 * C);
-    expert_wgrad(m, l, g->fcw, g->fcb, m->cp.dfch, a.ln2, N, C, 4 * C);
+    if (m->tp.tp > 1) {
+        // chapter 6's, the weight gradients at once or (zb) queued; fcprojb's
+        // over my rows (the batch group's mean adds the rest, as attprojb's)
+        BlockParams gs = *g;
+        gs.fcprojb = NULL;
+        SpWeightGrad wg = {expert_wgrad_hook, m, l};
+        sp_mlp_backward(m->tp.tpc, p, &gs, &a, m->dln2, dres, m->cp.dfch_gelu, m->cp.dfch, m->tp.full, m->tp.dfull, N,
+                        C, &wg);
+        expert_wgrad(m, l, NULL, g->fcprojb, dres, NULL, N, C, C);
+    } else {
+        ops_zero(m->cp.dfch_gelu, N4C);
+        matmul_backward(m->cp.dfch_gelu, NULL, NULL, dres, NULL, p->fcprojw, N, 4 * C, C);
+        expert_wgrad(m, l, g->fcprojw, g->fcprojb, dres, a.fch_gelu, N, 4 * C, C);  // zb: queued for W
+        ops_zero(m->cp.dfch, N4C);
+        gelu_backward(m->cp.dfch, a.fch, m->cp.dfch_gelu, N4C);
+        ops_zero(m->dln2, (size_t)N * C);
+        matmul_backward(m->dln2, NULL, NULL, m->cp.dfch, NULL, p->fcw, N, C, 4 * C);
+        expert_wgrad(m, l, g->fcw, g->fcb, m->cp.dfch, a.ln2, N, C, 4 * C);
+    }
     expert_attention_backward(m, l, p, g, &a, &s, gpt_acts_block_input(&m->acts, cfg, l, m->B, m->T), m->dln2, dres);
     trace_compute(t0, "block %d backward", l);
 }

@@ -35,7 +35,7 @@ static void zero_units(ExpertModel* m) {
     expert_zero_units(&m->z[ZERO_SHARED], L + 2, numel);
     for (int i = 0; i < Lm; i++) numel[i] = (size_t)m->E_local * moe_expert_numel(c);
     expert_zero_units(&m->z[ZERO_EXPERTS], Lm, numel);
-    for (int l = 0; m->nz > 2 && l < L; l++) numel[l] = moe_attn_tp_numel(c->gpt.channels, m->tp.tp);
+    for (int l = 0; m->nz > 2 && l < L; l++) numel[l] = moe_tp_numel(c, l, m->tp.tp);
     if (m->nz > 2) expert_zero_units(&m->z[ZERO_TP], L, numel);
     free(numel);
     if (m->zero < 2) return;
@@ -96,7 +96,7 @@ void expert_model_create_part(ExpertModel* m, const MoeConfig* cfg, const Expert
     expert_tp_create(m, run);  // --tp: my slices of the split tensors, the all-gather buffers
     m->nz = ntp > 1 ? 3 : 2;
     float* host = xmalloc((m->n_shared > m->n_experts ? m->n_shared : m->n_experts) * sizeof(float));
-    moe_init_shared(host, &m->cfg, seed);  // with --tp without qkvw, qkvb, attprojw: my slices next
+    moe_init_shared(host, &m->cfg, seed);  // with --tp without the tp slices: mine next
     expert_zero_put(&m->z[ZERO_SHARED], host);
     if (ntp > 1) expert_tp_init(m, seed);
     moe_init_experts(host, cfg, m->e0, m->E_local, seed);

@@ -29,7 +29,7 @@ MoeLayer* expert_layer(ExpertModel* m, int l) {
 BlockActs expert_block_acts(ExpertModel* m, int l) { return gpt_acts_block(&m->acts, &m->cfg.gpt, l, m->B, m->T); }
 
 size_t expert_total_params(const ExpertModel* m) {
-    MoeConfig whole = m->cfg;  // with --tp the shared buffer holds 1 / tp of qkvw, qkvb, attprojw
+    MoeConfig whole = m->cfg;  // with --tp the shared buffer leaves out the tp slices
     whole.tp = 1;
     return moe_num_shared(&whole) + (size_t)moe_num_moe_layers(&m->cfg) * m->cfg.experts * moe_expert_numel(&m->cfg);
 }
@@ -213,8 +213,9 @@ void expert_print_setup(const ExpertModel* m, const Run* run) {
            run->setup.model_name, total, outside, total - outside, moe_active_params(c), run->setup.B, run->setup.T, m->B);
     if (m->tp.tp > 1)
         print0("tensor parallelism: tp=%d with sequence parallelism: each rank holds %d of its tp group's %d sequences "
-               "and %d of the %d heads (1/%d of qkvw, qkvb, attprojw); the experts whole on every tp rank\n",
-               m->tp.tp, m->B, m->B * m->tp.tp, c->gpt.num_heads / m->tp.tp, c->gpt.num_heads, m->tp.tp);
+               "and %d of the %d heads (1/%d of qkvw, qkvb, attprojw%s); the experts whole on every tp rank\n",
+               m->tp.tp, m->B, m->B * m->tp.tp, c->gpt.num_heads / m->tp.tp, c->gpt.num_heads, m->tp.tp,
+               c->moe_every > 1 ? ", and of a dense layer's fcw, fcb, fcprojw" : "");
     static const char* what[] = {"", "the AdamW moments", "the AdamW moments and the gradients (a unit per layer)",
                                  "the AdamW moments, the gradients and the parameters (a unit per layer)"};
     if (m->zero)  // --zero (composed_zero.h)
@@ -294,7 +295,7 @@ static void unit_slices(CkptList* out, ExpertModel* m, int b, int i, CkptKind ki
     const ZeroBuf* z = &m->z[b];
     if (b == ZERO_SHARED) moe_ckpt_add_shared(out, &m->cfg, kind, z->unit_off[i], z->unit_off[i + 1] - z->unit_off[i], data);
     if (b == ZERO_EXPERTS) moe_ckpt_add_expert_layers(out, &m->cfg, kind, i, 1, m->e0, m->E_local, data);
-    if (b == ZERO_TP) moe_ckpt_add_attn_tp_layers(out, &m->cfg, kind, m->tp.tp, m->tp.rank, i, 1, data);
+    if (b == ZERO_TP) moe_ckpt_add_tp_layers(out, &m->cfg, kind, m->tp.tp, m->tp.rank, i, 1, data);
 }
 
 // --zero 2, 3: every rank of a buffer's group writes and reads its shard of
@@ -333,11 +334,11 @@ void expert_model_ckpt(Ckpt* ck, ExpertModel* m) {
         }
         moe_ckpt_add_shared(&ck->need, &m->cfg, (CkptKind)k, 0, m->n_shared, shared[k]);
         moe_ckpt_add_experts(&ck->need, &m->cfg, (CkptKind)k, m->e0, m->E_local, experts[k]);
-        if (m->tp.tp > 1) {  // my slices of qkvw, qkvb, attprojw: dp x cp x ep rank 0 writes them
+        if (m->tp.tp > 1) {  // my tp slices (moe.h): dp x cp x ep rank 0 writes them
             float* slices[CKPT_NUM_KINDS] = {m->tp.w, m->tp.m, m->tp.v};
             if (m->tp.dpcpep->rank == 0)
-                moe_ckpt_add_attn_tp(&ck->own, &m->cfg, (CkptKind)k, m->tp.tp, m->tp.rank, slices[k]);
-            moe_ckpt_add_attn_tp(&ck->need, &m->cfg, (CkptKind)k, m->tp.tp, m->tp.rank, slices[k]);
+                moe_ckpt_add_tp(&ck->own, &m->cfg, (CkptKind)k, m->tp.tp, m->tp.rank, slices[k]);
+            moe_ckpt_add_tp(&ck->need, &m->cfg, (CkptKind)k, m->tp.tp, m->tp.rank, slices[k]);
         }
     }
     // --zero 1: the moments are sharded over each buffer's copies, every
@@ -348,7 +349,7 @@ void expert_model_ckpt(Ckpt* ck, ExpertModel* m) {
         const ZeroBuf* z = &m->z[b];
         if (b == ZERO_SHARED) moe_ckpt_add_shared(&full, &m->cfg, CKPT_PARAMS, 0, m->n_shared, z->params);
         if (b == ZERO_EXPERTS) moe_ckpt_add_experts(&full, &m->cfg, CKPT_PARAMS, m->e0, m->E_local, z->params);
-        if (b == ZERO_TP) moe_ckpt_add_attn_tp(&full, &m->cfg, CKPT_PARAMS, m->tp.tp, m->tp.rank, z->params);
+        if (b == ZERO_TP) moe_ckpt_add_tp(&full, &m->cfg, CKPT_PARAMS, m->tp.tp, m->tp.rank, z->params);
         expert_zero_ckpt_add(&ck->own, &full, z->params, z, z->m, z->v);
         expert_zero_ckpt_add(&ck->need, &full, z->params, z, z->m, z->v);
         ckpt_list_free(&full);
@@ -403,11 +404,11 @@ void expert_model_show_sharding(const ExpertModel* m, int show) {
     snprintf(slice, sizeof(slice), "experts %d..%d of %d", m->e0, m->e0 + m->E_local - 1, m->cfg.experts);
     shard_table_add(t, "experts", "(Lm, E, ...)", "(-, ep, -)", "(-, ep, -)", m->zero ? "(-, ep, -) flat/dpcp" : "(-, ep, -)",
                     slice, p3 * f * experts + s3 * (double)z[1]->S, g2 * f * experts, 2 * f * (double)z[1]->S);
-    if (m->tp.tp > 1) {  // qkvw, qkvb by rows (my heads' q, k, v), attprojw by columns
+    if (m->tp.tp > 1) {  // qkvw, qkvb by rows (my heads' q, k, v), attprojw by columns; a dense fc likewise
         double sl = (double)m->tp.n;
         snprintf(slice, sizeof(slice), "heads %d..%d of %d", m->tp.rank * m->cfg.gpt.num_heads / m->tp.tp,
                  (m->tp.rank + 1) * m->cfg.gpt.num_heads / m->tp.tp - 1, m->cfg.gpt.num_heads);
-        shard_table_add(t, "qkv, attproj", "(L, ...)", "(-, tp, -)", "(-, tp, -)", m->zero ? "(-, tp, -) flat/dpcpep" : "(-, tp, -)",
+        shard_table_add(t, m->cfg.moe_every > 1 ? "qkv, attproj, fc, fcproj" : "qkv, attproj", "(L, ...)", "(-, tp, -)", "(-, tp, -)", m->zero ? "(-, tp, -) flat/dpcpep" : "(-, tp, -)",
                         slice, p3 * f * sl + s3 * (double)z[2]->S, g2 * f * sl, 2 * f * (double)z[2]->S);
     }
     double pad = 0, gsh = 0;  // --zero 1: each buffer's padding to N S and its gradient shard

@@ -72,9 +72,10 @@ typedef struct {
 // rank holds B/tp whole sequences of its share (its N token rows) through
 // everything that works token by token: the embedding, the LayerNorms, the
 // residuals, the router, the MoE layer (the experts whole, replicated over
-// tp) and the head. Attention alone meets the tp group: its N tp rows are
+// tp) and the head. Attention meets the tp group: its N tp rows are
 // all-gathered, each rank runs its NH/tp heads (qkv column-parallel,
-// attproj row-parallel) and a reduce-scatter brings its rows back.
+// attproj row-parallel) and a reduce-scatter brings its rows back; so does
+// a dense layer's MLP (chapter 6's: fc on my 4C/tp hidden units).
 // tp = 1: nothing here is allocated and sh is cp.sh.
 typedef struct {
     int tp, rank;
@@ -82,8 +83,8 @@ typedef struct {
     const Comm* dpcpep;      // the copies of my slices: dp x cp x ep
     Comm dpcpep_own;
     CPShard sh;              // attention's layout: the tp group's B tp sequences (cp.sh: my B)
-    size_t n;                // floats of my slices: L (4C^2 + 3C) / tp
-    float *w, *dw, *m, *v;   // per layer qkvw (3C/tp, C) qkvb (3C/tp) attprojw (C, C/tp)
+    size_t n;                // floats of my slices: moe_tp_offset(L), (4C^2 + 3C) / tp a layer, + (8C^2 + 4C) / tp dense
+    float *w, *dw, *m, *v;   // per layer qkvw (3C/tp, C) qkvb (3C/tp) attprojw (C, C/tp) [fcw (4C/tp, C) fcb fcprojw (C, 4C/tp)]
     float *full, *dfull;     // (N tp, C) every row of the group: a gathered LayerNorm output, a partial sum
 } ExpertTP;
 
@@ -243,7 +244,8 @@ void expert_attention_recompute(ExpertModel* m, int l, BlockActs* a);
 void expert_dense_forward(ExpertModel* m, int l, const BlockParams* p);
 void expert_dense_backward(ExpertModel* m, int l, const BlockParams* p, BlockParams* g);
 // Layer l's parameters (or gradients) as a BlockParams: the shared buffer's
-// tensors and, with --tp, this rank's slices of qkvw, qkvb and attprojw.
+// tensors and, with --tp, this rank's slices of qkvw, qkvb and attprojw (and
+// of a dense layer's fcw, fcb and fcprojw).
 BlockParams expert_block_params(ExpertModel* m, int l);
 BlockParams expert_block_grads(ExpertModel* m, int l);
 // Attention itself on the attention's rows (the tp group's, this rank's

@@ -91,7 +91,7 @@ static MoeConfig pipe_chunk_config(const MoeConfig* whole, int first, int layers
 // The pieces of a chunk (first layer `first`, its own config `local`) in
 // the whole model's buffer (`whole`): [wte wpe] on the first, the blocks,
 // [lnfw lnfb] and the tied copy of wte on the last. With --tp both layouts
-// leave out qkvw, qkvb, attprojw (moe.h), so the blocks stay one piece.
+// leave out the tp slices (moe.h), so the blocks stay one piece.
 static int chunk_pieces(XpPiece* piece, const MoeConfig* whole, const MoeConfig* local, int first, int embeds, int head) {
     size_t blk_l = moe_block_offset(local, 0), blk_n = moe_lnf_offset(local) - blk_l;
     size_t wte_n = param_tensor_numel(&whole->gpt, P_WTE);
@@ -249,7 +249,7 @@ void expert_stage_free(ExpertPipe* P) {
 // dp replica 0 writes its stage's pieces (the replicated ones spread over the
 // ep ranks, 1/ep each) and its experts; every rank reads its pieces (the tied
 // copy of wte too) and its experts. With --tp, dp x cp x ep rank 0 of each
-// tp rank writes its slices of the chunk's layers' qkvw, qkvb, attprojw
+// tp rank writes its slices of the chunk's layers (moe_ckpt_add_tp)
 // (strided slices of the global tensors). So pp2 resumes on pp1 and back,
 // tp2 x pp2 on any other mesh; E = 1, H = 4C is the dense GPT's checkpoint
 // (chapter 0 resumes it), as chapter 7's own (expert_model_ckpt).
@@ -271,8 +271,8 @@ static void chunk_zero_ckpt(Ckpt* ck, const ExpertPipe* P, XpChunk* ch) {
             if (b == ZERO_EXPERTS)
                 moe_ckpt_add_expert_layers(&full, &P->cfg, CKPT_PARAMS, ch->moe0, ch->n_moe, m->e0, m->E_local, z->params);
             if (b == ZERO_TP)
-                moe_ckpt_add_attn_tp_layers(&full, &P->cfg, CKPT_PARAMS, m->tp.tp, m->tp.rank, ch->first,
-                                            m->cfg.gpt.num_layers, z->params);
+                moe_ckpt_add_tp_layers(&full, &P->cfg, CKPT_PARAMS, m->tp.tp, m->tp.rank, ch->first,
+                                       m->cfg.gpt.num_layers, z->params);
             expert_zero_ckpt_add(own ? &ck->own : &ck->need, &full, z->params, z, z->m, z->v);
             ckpt_list_free(&full);
         }
@@ -305,8 +305,8 @@ void expert_stage_ckpt(Ckpt* ck, ExpertPipe* P) {
                 float* slices[CKPT_NUM_KINDS] = {m->tp.w, m->tp.m, m->tp.v};
                 int l0 = P->chunk[c].first, n = m->cfg.gpt.num_layers;
                 if (m->tp.dpcpep->rank == 0)
-                    moe_ckpt_add_attn_tp_layers(&ck->own, &P->cfg, (CkptKind)k, m->tp.tp, m->tp.rank, l0, n, slices[k]);
-                moe_ckpt_add_attn_tp_layers(&ck->need, &P->cfg, (CkptKind)k, m->tp.tp, m->tp.rank, l0, n, slices[k]);
+                    moe_ckpt_add_tp_layers(&ck->own, &P->cfg, (CkptKind)k, m->tp.tp, m->tp.rank, l0, n, slices[k]);
+                moe_ckpt_add_tp_layers(&ck->need, &P->cfg, (CkptKind)k, m->tp.tp, m->tp.rank, l0, n, slices[k]);
             }
         }
         if (m->zero) chunk_zero_ckpt(ck, P, &P->chunk[c]);
@@ -324,7 +324,7 @@ void expert_stage_save(ExpertPipe* P, const char* path) {
     size_t n_shared = moe_num_shared(cfg), per_layer = (size_t)m0->E_local * moe_expert_numel(cfg);
     size_t n_exp = (size_t)moe_num_moe_layers(cfg) * per_layer;
     int tp = m0->tp.tp;
-    size_t tp_layer = tp > 1 ? moe_attn_tp_numel(cfg->gpt.channels, tp) : 0, n_tp = cfg->gpt.num_layers * tp_layer;
+    size_t n_tp = tp > 1 ? moe_tp_offset(cfg, cfg->gpt.num_layers, tp) : 0;
     float* shared = xcalloc(n_shared, sizeof(float));
     float* experts = xcalloc(n_exp ? n_exp : 1, sizeof(float));
     float* slices = xcalloc(n_tp ? n_tp : 1, sizeof(float));
@@ -337,7 +337,7 @@ void expert_stage_save(ExpertPipe* P, const char* path) {
                 memcpy(shared + ch->piece[i].global, host + ch->piece[i].local, ch->piece[i].count * sizeof(float));
         free(host);
         mem_to_host(experts + (size_t)ch->moe0 * per_layer, ch->m.experts, ch->m.n_experts * sizeof(float));
-        if (tp > 1) mem_to_host(slices + (size_t)ch->first * tp_layer, ch->m.tp.w, ch->m.tp.n * sizeof(float));
+        if (tp > 1) mem_to_host(slices + moe_tp_offset(cfg, ch->first, tp), ch->m.tp.w, ch->m.tp.n * sizeof(float));
     }
     // host floats for the file, not training: plain MPI
     MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, shared, (int)n_shared, MPI_FLOAT, MPI_SUM, P->ppc->mpi));
@@ -391,7 +391,7 @@ void expert_stage_show_sharding(const ExpertPipe* P, int show) {
         if (tp->tp > 1) {  // its layers' qkvw, qkvb by rows (my heads' q, k, v), attprojw by columns
             double sl = (double)tp->n;
             int NH = P->cfg.gpt.num_heads;
-            snprintf(name, sizeof(name), "chunk %d: qkv, attproj", c);
+            snprintf(name, sizeof(name), "chunk %d: qkv, attproj%s", c, P->cfg.moe_every > 1 ? ", fc, fcproj" : "");
             snprintf(slice, sizeof(slice), "layers %d..%d, heads %d..%d", ch->first, last, tp->rank * NH / tp->tp,
                      (tp->rank + 1) * NH / tp->tp - 1);
             shard_table_add(t, name, "(L, ...)", "(pp, tp, -)", "(pp, tp, -)", zero ? "(pp, tp, -) flat/dpcpep" : "(pp, tp, -)",

@@ -2,17 +2,20 @@
 // (--tp N, composed_model.h's ExpertTP), chapter 6's Megatron sequence
 // parallelism (06_sequence_context/sequence.c) on chapter 7's model.
 //
-// Outside attention every op works token by token, so a tp rank runs the
-// embedding, the LayerNorms, the residuals, the router, the MoE layer and
-// the head on its own N rows (B/tp whole sequences of its share). Attention
-// mixes the tokens of a sequence and is split by heads: the group's rows are
-// all-gathered (chapter 6's "gather from the sequence-parallel region"), qkv
-// is column-parallel (this rank's NH/tp heads), attproj row-parallel (a
-// partial sum for every row), and a reduce-scatter adds the partial sums
-// and hands each rank its rows back. Backward mirrors it, and all-gathers
-// ln1's output again for qkvw's gradient (it is not kept: that is the
-// saving). The experts stay whole on every tp rank (docs/07_expert.md says
-// why). Every collective of tp is in this file, in step order.
+// Outside attention and a dense MLP every op works token by token, so a tp
+// rank runs the embedding, the LayerNorms, the residuals, the router, the
+// MoE layer and the head on its own N rows (B/tp whole sequences of its
+// share). Attention mixes the tokens of a sequence and is split by heads: the
+// group's rows are all-gathered (chapter 6's "gather from the
+// sequence-parallel region"), qkv is column-parallel (this rank's NH/tp
+// heads), attproj row-parallel (a partial sum for every row), and a
+// reduce-scatter adds the partial sums and hands each rank its rows back.
+// Backward mirrors it, and all-gathers ln1's output again for qkvw's
+// gradient (it is not kept: that is the saving). A dense layer's MLP is
+// chapter 6's own (sp_mlp_forward, composed_attention.c): fc on my 4C/tp
+// hidden units. The experts stay whole on every tp rank (docs/07_expert.md
+// says why). Every collective of tp's attention is in this file, in step
+// order, the MLP's in 06_sequence_context/sequence.c.
 #include <stdlib.h>
 #include <string.h>
 
@@ -25,26 +28,21 @@
 
 // ---------------------------------------------------------------- the parameters of a layer
 
-// w: layer l's slices (its unit of the tp buffer).
-static BlockParams with_slices(const ExpertModel* m, BlockParams p, float* w) {
-    if (m->tp.tp == 1) return p;
-    int C = m->cfg.gpt.channels, Cl = C / m->tp.tp;
-    p.qkvw = w;                                  // (3C/tp, C): my heads' q, k, v rows
-    p.qkvb = w + 3 * (size_t)Cl * C;             // (3C/tp)
-    p.attprojw = p.qkvb + 3 * (size_t)Cl;        // (C, C/tp): my heads' columns
-    return p;
+// w: layer l's slices (its unit of the tp buffer; moe.h's layout).
+static BlockParams with_slices(const ExpertModel* m, int l, BlockParams p, float* w) {
+    return m->tp.tp == 1 ? p : moe_tp_params(&m->cfg, p, w, l, m->tp.tp);
 }
 
 // Layer l is unit 1 + l of the replicated buffer and unit l of the tp slices
 // (composed_zero.h): with --zero 3 the gathered copies.
 BlockParams expert_block_params(ExpertModel* m, int l) {
     BlockParams p = moe_block_params_in(&m->cfg, expert_zero_params(&m->z[ZERO_SHARED], 1 + l), l);
-    return with_slices(m, p, m->tp.tp > 1 ? expert_zero_params(&m->z[ZERO_TP], l) : NULL);
+    return with_slices(m, l, p, m->tp.tp > 1 ? expert_zero_params(&m->z[ZERO_TP], l) : NULL);
 }
 
 BlockParams expert_block_grads(ExpertModel* m, int l) {
     BlockParams g = moe_block_params_in(&m->cfg, expert_zero_grads(&m->z[ZERO_SHARED], 1 + l), l);
-    return with_slices(m, g, m->tp.tp > 1 ? expert_zero_grads(&m->z[ZERO_TP], l) : NULL);
+    return with_slices(m, l, g, m->tp.tp > 1 ? expert_zero_grads(&m->z[ZERO_TP], l) : NULL);
 }
 
 float* expert_router(ExpertModel* m, int l) {
@@ -150,59 +148,56 @@ void expert_tp_attention_backward(ExpertModel* m, int l, const BlockParams* p, B
 
 // ---------------------------------------------------------------- the whole model and my slices
 
-// Host copies between the whole model's shared buffer (moe.h's layout at
-// tp = 1) and a tp rank's two: the shared buffer without the split tensors,
-// and the rank's slices. to_whole: the other way (for --save).
-static void relayout(const ExpertModel* m, float* whole, float* shared, float* slices, int rank, int to_whole) {
+// Between the whole model's shared buffer (moe.h's layout at tp = 1, host)
+// and a tp rank's two: the shared buffer without the split tensors, and the
+// rank's slices. dir TO_MINE (--model FILE), TO_WHOLE (--save), or INIT: my
+// slices' counter-based values alone, each from its index in the whole
+// tensor, so my slices are the whole model's without making it.
+enum { TO_MINE, TO_WHOLE, INIT };
+static void relayout(const ExpertModel* m, float* whole, float* shared, float* slices, int rank, int dir, uint64_t seed) {
     MoeConfig wc = m->cfg;
     wc.tp = 1;
     const MoeConfig* c = &m->cfg;
-    int C = c->gpt.channels, tp = m->tp.tp, Cl = C / tp, L = c->gpt.num_layers;
-    // copy n floats between the whole model (w) and my buffers (s)
-#define MOVE(w, s, n) (to_whole ? memcpy((w), (s), (n) * sizeof(float)) : memcpy((s), (w), (n) * sizeof(float)))
-    MOVE(whole, shared, moe_block_offset(c, 0));  // wte, wpe
-    for (int l = 0; l < L; l++) {
-        BlockParams pw = moe_block_params(&wc, whole, l), ps = moe_block_params(c, shared, l);
-        float* wv[] = {pw.ln1w, pw.ln1b, pw.attprojb, pw.ln2w, pw.ln2b};
-        float* sv[] = {ps.ln1w, ps.ln1b, ps.attprojb, ps.ln2w, ps.ln2b};
-        for (int i = 0; i < 5; i++) MOVE(wv[i], sv[i], (size_t)C);
-        if (moe_is_moe_layer(c, l)) {
-            MOVE(moe_router_at(&wc, whole, l), moe_router_at(c, shared, l), (size_t)c->experts * C);
-        } else {
-            MOVE(pw.fcw, ps.fcw, gpt_block_numel(C) - moe_attn_numel(C));  // fcw .. fcprojb, contiguous in both
+    const GPTConfig* g = &c->gpt;
+    size_t C = (size_t)g->channels, tp = (size_t)m->tp.tp, Cl = C / tp, Fl = 4 * Cl, r = (size_t)rank;
+#define MOVE(w, s, n) (dir == TO_WHOLE ? memcpy((w), (s), (n) * sizeof(float)) : memcpy((s), (w), (n) * sizeof(float)))
+    // rows runs of n floats of tensor t from index i0 of the whole's (rows
+    // ws apart) to mine (n apart), or INIT's values of them
+#define ROWS(t, w, i0, ws, s, n, rows)                                                          \
+    for (size_t i_ = 0; i_ < (rows); i_++)                                                        \
+        if (dir == INIT)                                                                          \
+            for (size_t k_ = 0; k_ < (n); k_++) (s)[i_ * (n) + k_] = gpt_init_value(g, seed, t, l, (i0) + i_ * (ws) + k_); \
+        else MOVE((w) + (i0) + i_ * (ws), (s) + i_ * (n), (n))
+    if (dir != INIT) MOVE(whole, shared, moe_block_offset(c, 0));  // wte, wpe
+    for (int l = 0; l < g->num_layers; l++) {
+        BlockParams pw = {0}, ps = dir == INIT ? pw : moe_block_params(c, shared, l);
+        BlockParams pt = with_slices(m, l, ps, slices + moe_tp_offset(c, l, (int)tp));
+        if (dir != INIT) {
+            pw = moe_block_params(&wc, whole, l);
+            float* wv[] = {pw.ln1w, pw.ln1b, pw.attprojb, pw.ln2w, pw.ln2b, pw.fcprojb};
+            float* sv[] = {ps.ln1w, ps.ln1b, ps.attprojb, ps.ln2w, ps.ln2b, ps.fcprojb};
+            for (int i = 0; i < 5 + !!ps.fcprojb; i++) MOVE(wv[i], sv[i], C);  // a dense layer's fcprojb whole
+            if (moe_is_moe_layer(c, l)) MOVE(moe_router_at(&wc, whole, l), moe_router_at(c, shared, l), (size_t)c->experts * C);
         }
-        float* w = slices + (size_t)l * moe_attn_tp_numel(C, tp);
-        for (int j = 0; j < 3; j++) {  // q, k, v: rows [j C + rank Cl, j C + (rank + 1) Cl)
-            MOVE(pw.qkvw + ((size_t)j * C + (size_t)rank * Cl) * C, w + (size_t)j * Cl * C, (size_t)Cl * C);
-            MOVE(pw.qkvb + (size_t)j * C + (size_t)rank * Cl, w + 3 * (size_t)Cl * C + (size_t)j * Cl, (size_t)Cl);
-        }
-        float* ap = w + 3 * (size_t)Cl * C + 3 * (size_t)Cl;
-        for (int row = 0; row < C; row++)  // columns [rank Cl, (rank + 1) Cl) of every row
-            MOVE(pw.attprojw + (size_t)row * C + (size_t)rank * Cl, ap + (size_t)row * Cl, (size_t)Cl);
+        // q, k, v: rows [j C + r Cl, j C + (r + 1) Cl); attprojw: columns
+        // [r Cl, (r + 1) Cl) of every row
+        ROWS(P_QKVW, pw.qkvw, r * Cl * C, C * C, pt.qkvw, Cl * C, 3);
+        ROWS(P_QKVB, pw.qkvb, r * Cl, C, pt.qkvb, Cl, 3);
+        ROWS(P_ATTPROJW, pw.attprojw, r * Cl, C, pt.attprojw, Cl, C);
+        if (moe_is_moe_layer(c, l)) continue;
+        // fcw, fcb: my hidden units' rows; fcprojw: their columns
+        ROWS(P_FCW, pw.fcw, r * Fl * C, 0, pt.fcw, Fl * C, 1);
+        ROWS(P_FCB, pw.fcb, r * Fl, 0, pt.fcb, Fl, 1);
+        ROWS(P_FCPROJW, pw.fcprojw, r * Fl, 4 * C, pt.fcprojw, Fl, C);
     }
-    MOVE(whole + moe_lnf_offset(&wc), shared + moe_lnf_offset(c), 2 * (size_t)C);
+    if (dir != INIT) MOVE(whole + moe_lnf_offset(&wc), shared + moe_lnf_offset(c), 2 * C);
+#undef ROWS
 #undef MOVE
 }
 
 void expert_tp_init(ExpertModel* m, uint64_t seed) {
-    const GPTConfig* g = &m->cfg.gpt;
-    size_t C = (size_t)g->channels, tp = (size_t)m->tp.tp, Cl = C / tp, r = (size_t)m->tp.rank;
     float* w = xmalloc(m->tp.n * sizeof(float));
-    // counter-based: each value from its index in the whole tensor, so my
-    // slices are the whole model's without making it
-    for (int l = 0; l < g->num_layers; l++) {
-        BlockParams p = with_slices(m, (BlockParams){0}, w + (size_t)l * moe_attn_tp_numel((int)C, (int)tp));
-        for (size_t j = 0; j < 3; j++)  // q, k, v: rows j C + [r Cl, (r + 1) Cl)
-            for (size_t i = 0; i < Cl; i++) {
-                size_t row = j * C + r * Cl + i;
-                for (size_t col = 0; col < C; col++)
-                    p.qkvw[(j * Cl + i) * C + col] = gpt_init_value(g, seed, P_QKVW, l, row * C + col);
-                p.qkvb[j * Cl + i] = gpt_init_value(g, seed, P_QKVB, l, row);
-            }
-        for (size_t row = 0; row < C; row++)  // columns [r Cl, (r + 1) Cl) of every row
-            for (size_t i = 0; i < Cl; i++)
-                p.attprojw[row * Cl + i] = gpt_init_value(g, seed, P_ATTPROJW, l, row * C + r * Cl + i);
-    }
+    relayout(m, NULL, NULL, w, m->tp.rank, INIT, seed);
     expert_zero_put(&m->z[ZERO_TP], w);
     free(w);
 }
@@ -210,7 +205,7 @@ void expert_tp_init(ExpertModel* m, uint64_t seed) {
 void expert_tp_load(ExpertModel* m, const float* whole) {
     float* shared = xmalloc(m->n_shared * sizeof(float));
     float* slices = xmalloc(m->tp.n * sizeof(float));
-    relayout(m, (float*)whole, shared, slices, m->tp.rank, 0);
+    relayout(m, (float*)whole, shared, slices, m->tp.rank, TO_MINE, 0);
     expert_zero_put(&m->z[ZERO_SHARED], shared);
     expert_zero_put(&m->z[ZERO_TP], slices);
     free(shared);
@@ -230,7 +225,7 @@ float* expert_tp_gather_whole(ExpertModel* m) {
         float* slices = xmalloc(t->n * t->tp * sizeof(float));
         mem_to_host(shared, m->shared, m->n_shared * sizeof(float));
         mem_to_host(slices, all, t->n * t->tp * sizeof(float));
-        for (int r = 0; r < t->tp; r++) relayout(m, whole, shared, slices + (size_t)r * t->n, r, 1);
+        for (int r = 0; r < t->tp; r++) relayout(m, whole, shared, slices + (size_t)r * t->n, r, TO_WHOLE, 0);
         free(shared);
         free(slices);
     }
@@ -252,7 +247,7 @@ void expert_tp_create(ExpertModel* m, const Run* run) {
     comm_create_group(&t->dpcpep_own, mesh, (1u << AXIS_DP) | cp | (1u << AXIS_EP));
     t->dpcpep = &t->dpcpep_own;
     const int C = m->cfg.gpt.channels;
-    t->n = (size_t)m->cfg.gpt.num_layers * moe_attn_tp_numel(C, t->tp);
+    t->n = moe_tp_offset(&m->cfg, m->cfg.gpt.num_layers, t->tp);
     expert_zero_alloc(&m->z[ZERO_TP], m->zero, t->dpcpep, t->n, &t->w, &t->dw, &t->m, &t->v);  // --zero: composed_zero.h
     t->full = mem_alloc_floats((size_t)m->N * t->tp * C, MEM_ACTIVATIONS);
     t->dfull = mem_alloc_floats((size_t)m->N * t->tp * C, MEM_ACTIVATIONS);

@@ -26,7 +26,8 @@ void expert_wgrad_enable(ExpertModel* m) {
 // qkv (ln1 and d qkv) and proj (atty and d res2), with --tp the proj bias
 // on my N rows of d res2; an MoE layer's router (ln2 and d logits) and at
 // most R expert rows through fc (exp_in, d fch) and proj (fch_gelu, d out);
-// a dense layer's fc (ln2, d fch) and proj (fch_gelu, d res3).
+// a dense layer's fc (ln2, d fch) and proj (fch_gelu, d res3): on the Ng
+// rows with --tp (N 4C floats of fch either way), and the proj bias on my N.
 size_t expert_wgrad_floats(const ExpertModel* m) {
     const MoeConfig* c = &m->cfg;
     size_t N = (size_t)m->N, C = (size_t)c->gpt.channels, tp = (size_t)(m->tp.tp > 1 ? m->tp.tp : 1);
@@ -36,7 +37,7 @@ size_t expert_wgrad_floats(const ExpertModel* m) {
         if (moe_is_moe_layer(c, l))
             f += N * (C + E) + R * (C + H) + R * (H + C);
         else
-            f += N * (C + 4 * C) + N * (4 * C + C);
+            f += (Ng * C + N * 4 * C) * 2 + (tp > 1 ? N * C : 0);
     }
     return f;
 }
@@ -44,8 +45,8 @@ size_t expert_wgrad_floats(const ExpertModel* m) {
 void expert_wgrad_create(WGradQueue* q, const ExpertModel* m) {
     q->cap = expert_wgrad_floats(m), q->used = 0, q->n = 0;
     q->arena = mem_alloc_floats(q->cap, MEM_ACTIVATIONS);
-    // at most 3 matmuls of attention, and the router and 2 per expert or a dense MLP's 2
-    q->max = m->cfg.gpt.num_layers * (3 + (1 + 2 * m->E_local > 2 ? 1 + 2 * m->E_local : 2));
+    // at most 3 matmuls of attention, and the router and 2 per expert or a dense MLP's 3
+    q->max = m->cfg.gpt.num_layers * (3 + (1 + 2 * m->E_local > 3 ? 1 + 2 * m->E_local : 3));
     q->e = xcalloc((size_t)q->max, sizeof(WGradEntry));
 }
 

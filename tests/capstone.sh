@@ -294,6 +294,63 @@ for run in "1 tp2to1 one rank" "4 tp1to2 tp x cp = 2 x 2"; do
 done
 }
 
+# ---- a dense layer's MLP over tp
+c7_sec_tpmlp() {
+# Under --tp a dense layer (--moe-every 2) runs chapter 6's Megatron MLP
+# (06_sequence_context/sequence.h): fc column-parallel on 4C/tp hidden units,
+# fcproj row-parallel, its fcw, fcb, fcprojw slices of the global tensors.
+# E = 1, k = 1 with a dense layer is chapter 0's model on tp x pp, tp x cp
+# (zigzag) and dp x tp with --zero 3; E = 4, k = 3 on tp x pp with zb (the
+# weight gradients queued) follows one rank with the same microbatches.
+invariant --norm "capstone: E=1, k=1, --moe-every 2 on tp x pp = 2 x 2 (the dense MLP split over tp) is chapter 0's dense model" "$INV_FLAGS" 4 capstone "--experts 1 --top-k 1 --moe-every 2 --tp 2 --pp 2"
+invariant --norm "capstone: E=1, k=1, --moe-every 2 on tp x cp = 2 x 2 (ring, zigzag) is chapter 0's dense model" "$INV_FLAGS" 4 capstone "--experts 1 --top-k 1 --moe-every 2 --tp 2 --cp 2 --cp-balance zigzag"
+invariant --norm "capstone: E=1, k=1, --moe-every 2 on dp x tp = 2 x 2 with --zero 3 is chapter 0's dense model" "$INV_FLAGS --wd 0.1" 4 capstone "--experts 1 --top-k 1 --moe-every 2 --dp 2 --tp 2 --zero 3"
+local d="$INV_FLAGS --experts 4 --top-k 3 --moe-every 2 --expert-hidden 96" a=""
+mpi_run $T_RUN 1 "$BUILD/capstone" $d --microbatches 2 --log "$TEST_TMPDIR/c7d_m2.jsonl"
+mpi_run $T_RUN 4 "$BUILD/capstone" $d --tp 2 --pp 2 --schedule zb --log "$TEST_TMPDIR/c7d_zb.jsonl"
+if [ $RC = 0 ] && a=$(bash tests/compare_routing.sh "$TEST_TMPDIR/c7d_m2.jsonl" "$TEST_TMPDIR/c7d_zb.jsonl" $TOL $TOL_NORM 2>&1); then
+    pass "capstone: E=4, k=3, a dense and an MoE layer on tp x pp = 2 x 2 (zb) reproduces one rank with 2 microbatches ($a)"
+else
+    fail "capstone: a dense layer on tp x pp (zb)" "exit $RC; $a; $(echo "$OUT" | grep error | head -2)"
+fi
+# What a rank holds: the summary's parameter bytes per rank at tp = 2 are
+# one rank's less half of every layer's qkvw, qkvb, attprojw (4C^2 + 3C) and
+# of the dense layer's fcw, fcb, fcprojw (8C^2 + 4C), C = 64: exact integers
+# (a dense MLP replicated over tp keeps 66,048 bytes more a rank)
+local p1 p2 C=64
+mpi_run $T_RUN 1 "$BUILD/capstone" --steps 1 --batch 8 --seq 32 --peak-gflops 10 --experts 4 --top-k 3 --moe-every 2 --expert-hidden 96 --log "$TEST_TMPDIR/c7d_p1.jsonl"
+p1=$(grep '"type":"summary"' "$TEST_TMPDIR/c7d_p1.jsonl" | sed 's/.*"params":\[\([0-9]*\)\].*/\1/')
+mpi_run $T_RUN 2 "$BUILD/capstone" --steps 1 --batch 8 --seq 32 --peak-gflops 10 --experts 4 --top-k 3 --moe-every 2 --expert-hidden 96 --tp 2 --log "$TEST_TMPDIR/c7d_p2.jsonl"
+p2=$(grep '"type":"summary"' "$TEST_TMPDIR/c7d_p2.jsonl" | sed 's/.*"params":\[\([0-9, ]*\)\].*/\1/')
+local want=$(( p1 - 4 * (2 * (4 * C * C + 3 * C) + 8 * C * C + 4 * C) / 2 ))
+if [ $RC = 0 ] && [ -n "$p1" ] && [ "$p2" = "$want,$want" ]; then
+    pass "capstone: --moe-every 2 on tp=2: each rank holds $want parameter bytes of one rank's $p1 (attention's and the dense MLP's split tensors halved)"
+else
+    fail "capstone: parameter bytes of a dense layer on tp=2" "exit $RC; one rank $p1, tp=2 '$p2', expected $want on each"
+fi
+# checkpoints across tp with a dense layer: saved on tp = 2 (fcw, fcb as
+# runs of rows, fcprojw as runs of columns of the global tensors), resumed
+# there bit for bit and on one rank; one rank's resumed on tp = 2; a
+# pipeline's; and E = 1's (the dense form) resumed by chapter 0
+mpi_run $T_RUN 2 "$BUILD/capstone" $d --tp 2 --ckpt-dir "$TEST_TMPDIR/c7d_ck2" --save-every 4 --log "$TEST_TMPDIR/c7d_ck2.jsonl"
+mpi_run $T_RUN 2 "$BUILD/capstone" $d --tp 2 --resume "$TEST_TMPDIR/c7d_ck2/step-00000004" --log "$TEST_TMPDIR/c7d_ck2_res.jsonl"
+c7_resumed_same "tp = 2 with a dense layer" "$TEST_TMPDIR/c7d_ck2.jsonl" "$TEST_TMPDIR/c7d_ck2_res.jsonl"
+mpi_run $T_RUN 1 "$BUILD/capstone" $d --resume "$TEST_TMPDIR/c7d_ck2/step-00000004" --log "$TEST_TMPDIR/c7d_ck2_1.jsonl"
+c7_resumed_near "the tp = 2 checkpoint of step 4 with a dense layer resumes on one rank" "$TEST_TMPDIR/c7d_ck2.jsonl" "$TEST_TMPDIR/c7d_ck2_1.jsonl" "chapter 7, world 2"
+mpi_run $T_RUN 1 "$BUILD/capstone" $d --ckpt-dir "$TEST_TMPDIR/c7d_ck1" --save-every 4 --log "$TEST_TMPDIR/c7d_ck1.jsonl"
+mpi_run $T_RUN 2 "$BUILD/capstone" $d --tp 2 --resume "$TEST_TMPDIR/c7d_ck1/step-00000004" --log "$TEST_TMPDIR/c7d_ck1_2.jsonl"
+c7_resumed_near "one rank's checkpoint of step 4 with a dense layer resumes on tp = 2" "$TEST_TMPDIR/c7d_ck1.jsonl" "$TEST_TMPDIR/c7d_ck1_2.jsonl"
+# a pipeline's: tp x pp = 2 x 2 with --zero 1 (each stage's slices, the
+# dense layer's in stage 0) resumed on one rank with the same microbatches
+mpi_run $T_RUN 4 "$BUILD/capstone" $d --tp 2 --pp 2 --zero 1 --ckpt-dir "$TEST_TMPDIR/c7d_ckp" --save-every 4 --log "$TEST_TMPDIR/c7d_ckp.jsonl"
+mpi_run $T_RUN 1 "$BUILD/capstone" $d --microbatches 2 --resume "$TEST_TMPDIR/c7d_ckp/step-00000004" --log "$TEST_TMPDIR/c7d_ckp_1.jsonl"
+c7_resumed_near "the tp x pp = 2 x 2 (--zero 1) checkpoint of step 4 with a dense layer resumes on one rank with 2 microbatches" "$TEST_TMPDIR/c7d_ckp.jsonl" "$TEST_TMPDIR/c7d_ckp_1.jsonl" "chapter 7, world 4"
+mpi_run $T_RUN 2 "$BUILD/capstone" $INV_FLAGS --experts 1 --top-k 1 --moe-every 2 --tp 2 --ckpt-dir "$TEST_TMPDIR/c7d_cke" \
+    --save-every 4 --log "$TEST_TMPDIR/c7d_cke.jsonl"
+mpi_run $T_RUN 1 "$BUILD/chapter-0" $INV_FLAGS --resume "$TEST_TMPDIR/c7d_cke/step-00000004" --log "$TEST_TMPDIR/c7d_cke_c0.jsonl"
+c7_resumed_dense "chapter 0 resumes E=1, k=1, --moe-every 2's tp=2 checkpoint of step 4 and continues its run" "$TEST_TMPDIR/c7d_cke.jsonl" "$TEST_TMPDIR/c7d_cke_c0.jsonl" "chapter 7, world 2"
+}
+
 # ---- --recompute on the compositions
 c7_sec_rc() {
     # bit for bit by construction: the same calls on the same rows, recomputed
@@ -768,7 +825,7 @@ mpi_run $T_RUN 1 "$BUILD/capstone" --steps 0 --batch 24 --seq 32 --peak-gflops 1
 mpi_run $T_RUN 1 "$BUILD/chapter-0" --model tiny --batch 4 --seq 16 --steps 1 --sample 40
 s0=$(c7_sample)
 # the longest sections first
-for s in pp tp rc odd z23 z1 x file ck cp; do jobs_run c7_sec_$s; done
+for s in pp tp tpmlp rc odd z23 z1 x file ck cp; do jobs_run c7_sec_$s; done
 jobs_wait
 
 # a mesh the sequence or the heads do not split over, and a --cp-mode that

@@ -205,8 +205,8 @@ for f in "--cp-mode ring --recompute selective" "--cp-mode ring --recompute full
     c7 4 --batch 24 --seq 32 --experts 4 --top-k 2 --ep 2 --cp 2 $f
 done
 c7 4 --batch 24 --seq 32 --experts 4 --top-k 3 --moe-every 2 --expert-hidden 96 --ep 2 --cp 2 --cp-mode ulysses --recompute full
-# --tp: the shared buffer without qkvw, qkvb, attprojw and a rank's slices of
-# them, the (N tp, C) gather buffers, tp's all-gathers and reduce-scatters,
+# --tp: the shared buffer without qkvw, qkvb, attprojw (and a dense layer's
+# fcw, fcb, fcprojw) and a rank's slices of them, the (N tp, C) gather buffers, tp's all-gathers and reduce-scatters,
 # the slices' group dp x cp x ep (the meshes tests/capstone.sh runs)
 c7 2 --batch 24 --seq 32 --experts 1 --top-k 1 --tp 2
 c7 4 --batch 24 --seq 32 --experts 1 --top-k 1 --dp 2 --tp 2
@@ -227,6 +227,13 @@ for f in "--tp 2 --recompute selective" "--tp 2 --recompute full" "--ep 2 --tp 2
     np=2
     case "$f" in --ep* | *--cp*) np=4 ;; esac
     c7 $np --batch 24 --seq 32 --experts 4 --top-k 3 --moe-every 2 --expert-hidden 96 $f
+done
+# a dense layer's MLP split over tp (chapter 6's sp_mlp_forward): its fcw,
+# fcb, fcprojw in the tp slices (a layer's unit larger than an MoE layer's),
+# its all-gathers and reduce-scatters, inside a zb pipeline (the queue's
+# copies of the group's rows) and under --zero 1 and 3
+for f in "--tp 2 --pp 2 --schedule zb" "--dp 2 --tp 2 --zero 1" "--dp 2 --tp 2 --zero 3"; do
+    c7 4 --batch 24 --seq 32 --experts 4 --top-k 3 --moe-every 2 --expert-hidden 96 $f
 done
 # --zero 1 (capstone/composed_zero.h): each buffer's moments sharded over
 # its copies, the buffers padded to N S, the gradient shards; a

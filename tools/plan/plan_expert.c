@@ -5,8 +5,9 @@
 // (capstone/composed_model.c's and composed_cp.c's buffers, capstone/main.c's
 // step: build/capstone trains this model on every axis, chapter 7 on dp x ep
 // alone; with --cp, chapter 6's ring or Ulysses traffic in every layer; with
-// --tp, composed_tp.c's sequence-parallel attention: B / (dp ep tp) sequences
-// a rank, 1/tp of qkvw, qkvb, attprojw reduced over dp x cp x ep).
+// --tp, composed_tp.c's sequence-parallel attention and a dense layer's MLP
+// (chapter 6's): B / (dp ep tp) sequences a rank, 1/tp of qkvw, qkvb,
+// attprojw and of a dense layer's fcw, fcb, fcprojw reduced over dp x cp x ep).
 //
 // Exact: parameters, gradients, AdamW, activations and the exchange buffers
 // (sized for the most rows a rank's experts can receive, R = N ep min(k,
@@ -186,8 +187,8 @@ static void plan_zero(const PlanArgs* a, const MoeConfig* c, const Comm* const z
     plan_zero_units(a, zg[0], numel, L + 2, 1, req, n, &params, &grads, &opt);
     for (int b = 1; b < 3; b++) {
         if (!zg[b]) continue;
-        int units = b == 1 ? Lm : L;
-        for (int i = 0; i < units; i++) numel[i] = (size_t)(nbuf[b] / units);
+        int units = b == 1 ? Lm : L;  // the slices: a dense layer's hold its MLP's too
+        for (int i = 0; i < units; i++) numel[i] = b == 1 ? (size_t)(nbuf[b] / units) : moe_tp_numel(c, i, ct.tp);
         n = 0, req[n++] = -1;
         for (int i = 0; i < units; i++) req[n++] = i;
         for (int i = units - 1; i >= 0; i--) req[n++] = i;
@@ -242,7 +243,7 @@ static void plan_pipe(const PlanArgs* a, RankPlan* p, int r) {
         if (!embeds) held.gpt.max_seq_len = 0;
         if (!embeds && !head) held.gpt.vocab_size = held.gpt.padded_vocab_size = 0;
         double shared = (double)moe_num_shared(&held), experts = (double)n_moe * El * moe_expert_numel(&lc);
-        double slices = ntp > 1 ? (double)Lc * moe_attn_tp_numel(C, ntp) : 0.0;
+        double slices = ntp > 1 ? (double)moe_tp_offset(&lc, Lc, ntp) : 0.0;
         nbuf[ch][0] = shared, nbuf[ch][1] = experts, nbuf[ch][2] = slices;
         for (int q = 0; q < 3; q++) {
             double S1 = ceil(nbuf[ch][q] / ndup[q]);
@@ -263,7 +264,7 @@ static void plan_pipe(const PlanArgs* a, RankPlan* p, int r) {
             double Ng = N * ntp, Cl = (double)C / ntp, q = 0;
             for (int l = 0; l < Lc; l++) {
                 q += Ng * (C + 3 * Cl) + Ng * (Cl + C) + (ntp > 1 ? NC : 0);
-                q += moe_is_moe_layer(&lc, l) ? N * (C + E) + 2 * R * (C + H) : 10 * NC;
+                q += moe_is_moe_layer(&lc, l) ? N * (C + E) + 2 * R * (C + H) : 2 * (Ng * C + 4 * NC) + (ntp > 1 ? NC : 0);
             }
             acts += busy * q;
             if (ncp == 1 && ntp == 1 && a->moe_every > 1) acts += 8 * NC;
@@ -304,11 +305,12 @@ static void plan_pipe(const PlanArgs* a, RankPlan* p, int r) {
             // --tp (composed_tp.c): the (N tp, C) gathered rows and partial
             // sums; per layer of every microbatch an all-gather and a
             // reduce-scatter forward (twice under --recompute full), two
-            // all-gathers and a reduce-scatter backward
+            // all-gathers and a reduce-scatter backward; a dense layer's MLP
+            // (chapter 6's) the same again
             size_t full = (size_t)(NC * ntp) * sizeof(float);
             int fwd = a->recompute == RECOMPUTE_FULL ? 2 : 1;
             acts += 2 * NC * ntp;
-            for (int l = 0; l < M * Lc; l++) {
+            for (int l = 0; l < M * (2 * Lc - n_moe); l++) {
                 for (int i = 0; i < 2 + fwd; i++) comm_tally(&tpg, COLL_ALLGATHER, full, comm_ring_factor(&tpg));
                 for (int i = 0; i < 1 + fwd; i++) comm_tally(&tpg, COLL_REDUCE_SCATTER, full, comm_ring_factor(&tpg));
             }
@@ -383,11 +385,12 @@ void plan_chapter_7(const PlanArgs* a, RankPlan* p, int r) {
     int C = g->channels, E = c.experts, k = c.top_k, H = c.hidden, El = E / nep, Lm = moe_num_moe_layers(&c);
     // --cp: a rank's N rows are T/cp positions of its B sequences
     double N = (double)B * (T / ncp), Nk = N * k, R = N * nep * (k < El ? k : El), f = sizeof(float);
-    // --tp: the shared buffer without qkvw, qkvb, attprojw, and my slices of them
+    // --tp: the shared buffer without qkvw, qkvb, attprojw (and a dense
+    // layer's fcw, fcb, fcprojw), and my slices of them
     MoeConfig ct = c;
     ct.tp = ntp;
     double shared = (double)moe_num_shared(&ct), experts = (double)Lm * El * moe_expert_numel(&c);
-    double slices = ntp > 1 ? (double)g->num_layers * moe_attn_tp_numel(C, ntp) : 0.0;
+    double slices = ntp > 1 ? (double)moe_tp_offset(&c, g->num_layers, ntp) : 0.0;
     // --zero 1 (composed_zero.h): each buffer of n floats over its N copies:
     // S = ceil(n / N) of the moments, the parameters and gradient padded to
     // N S, and a gradient shard of S
@@ -443,12 +446,13 @@ void plan_chapter_7(const PlanArgs* a, RankPlan* p, int r) {
     // --tp (composed_tp.c): the group's rows gathered and a partial sum, (N tp,
     // C) each; per layer forward an all-gather and a reduce-scatter (twice
     // under --recompute full), backward two all-gathers (d attproj, ln1
-    // again) and a reduce-scatter (d ln1)
+    // again) and a reduce-scatter (d ln1); a dense layer's MLP (chapter 6's
+    // sp_mlp_forward, sp_mlp_backward) the same again (d fcproj, ln2 again, d ln2)
     Comm tpg = plan_group(AXIS_TP, ntp, coord[AXIS_TP]);
     if (ntp > 1) {
         size_t full = (size_t)(NC * ntp) * sizeof(float);
         p->peak[MEM_ACTIVATIONS] += f * 2 * NC * ntp;
-        for (int l = 0; l < L; l++) {
+        for (int l = 0; l < 2 * L - Lm; l++) {
             int fwd = a->recompute == RECOMPUTE_FULL ? 2 : 1;
             for (int i = 0; i < 2 + fwd; i++) comm_tally(&tpg, COLL_ALLGATHER, full, comm_ring_factor(&tpg));
             for (int i = 0; i < 1 + fwd; i++) comm_tally(&tpg, COLL_REDUCE_SCATTER, full, comm_ring_factor(&tpg));
