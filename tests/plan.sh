@@ -309,6 +309,16 @@ if [ $RC -eq 0 ] && echo "$OUT" | grep -q '^  qkvw .*(L/pp) .*layers 0 ' && echo
 else
     fail "--show-sharding in chapter 5" "exit $RC; $(echo "$OUT" | head -30)"
 fi
+# a tensor held as several tiles shows them all: a tp rank of chapter 4
+# holds its heads' q, k and v rows of qkvw (3 x (C/tp) x C = 6144 floats of
+# tiny's C = 64 at tp 2) and of qkvb (3 x 32), not the q tile alone
+mpi_run $T_SHORT 2 "$BUILD/chapter-4" --tp 2 --steps 0 --peak-gflops 10 --show-sharding
+if [ $RC -eq 0 ] && echo "$OUT" | grep -q '^  qkvw .* 3 tiles: 6144 of 6144 ' &&
+    echo "$OUT" | grep -q '^  qkvb .* 3 tiles: 96 of 96 '; then
+    pass "--show-sharding in chapter 4: qkvw's and qkvb's rows count the rank's q, k and v tiles (6144 and 96 floats a layer)"
+else
+    fail "--show-sharding in chapter 4 (every tile of qkvw)" "exit $RC; $(echo "$OUT" | grep -E '^  qkv')"
+fi
 
 echo "== --search --memory-per-rank"
 # the same plans, every layout of 2 ranks: ZeRO-3 on dp 2 holds 3882768
