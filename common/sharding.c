@@ -72,6 +72,18 @@ void sharding_add_flat(ShardTable* t, const ShardTensor* tensors, int n, const s
         snprintf(flat, sizeof(flat), "%s flat/dp", s->split);
         if (b > a) snprintf(slice, sizeof(slice), "[%zu, %zu) of %zu", a - s->off, b - s->off, s->numel);
         else snprintf(slice, sizeof(slice), "none");
+        // a tensor held as several tiles in one unit (chapter 4's qkvw: the
+        // q, k and v rows of this rank's heads): the row's text counts them
+        // all, the floats this rank holds of the tiles' floats
+        int tiles = 0;
+        size_t held = 0, of = 0;
+        for (int j = 0; j < n; j++) {
+            const ShardTensor* o = &tensors[j];
+            if (o->unit != s->unit || strcmp(o->name, s->name)) continue;
+            size_t oa = o->off > lo ? o->off : lo, ob = o->off + o->numel < hi ? o->off + o->numel : hi;
+            tiles++, of += o->numel, held += ob > oa ? ob - oa : 0;
+        }
+        if (tiles > 1) snprintf(slice, sizeof(slice), "%d tiles: %zu of %zu", tiles, held, of);
         shard_table_add(t, s->name, s->shape, zero == 3 ? flat : s->split, flat, flat, slice,
                         f * (zero == 3 ? mine : whole), f * mine, 2 * f * mine);
     }

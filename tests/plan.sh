@@ -316,6 +316,16 @@ if [ $RC -eq 0 ] && echo "$OUT" | grep -q '^  qkvw .*(L/pp) .*layers 0 ' && echo
 else
     fail "--show-sharding in chapter 5" "exit $RC; $(echo "$OUT" | head -30)"
 fi
+# a tensor held as several tiles shows them all: a tp rank of chapter 4
+# holds its heads' q, k and v rows of qkvw (3 x (C/tp) x C = 6144 floats of
+# tiny's C = 64 at tp 2) and of qkvb (3 x 32), not the q tile alone
+mpi_run $T_SHORT 2 "$BUILD/chapter-4" --tp 2 --steps 0 --peak-gflops 10 --show-sharding
+if [ $RC -eq 0 ] && echo "$OUT" | grep -q '^  qkvw .* 3 tiles: 6144 of 6144 ' &&
+    echo "$OUT" | grep -q '^  qkvb .* 3 tiles: 96 of 96 '; then
+    pass "--show-sharding in chapter 4: qkvw's and qkvb's rows count the rank's q, k and v tiles (6144 and 96 floats a layer)"
+else
+    fail "--show-sharding in chapter 4 (every tile of qkvw)" "exit $RC; $(echo "$OUT" | grep -E '^  qkv')"
+fi
 
 echo "== --search --memory-per-rank"
 # the same plans, every layout of 2 ranks: ZeRO-3 on dp 2 holds 3882768
@@ -487,7 +497,7 @@ plan_time_check() {
     verdict=$(python3 - "$profile" "$what" "$out" "$@" <<'PY'
 import sys
 sys.path.insert(0, "tests")
-from plan_profile import flag, plan_records, read_profile  # tests/plan_profile.py
+from plan_profile import flag, link_seconds, plan_records, read_profile  # tests/plan_profile.py
 prof_path, what, out = sys.argv[1:4]
 flags = sys.argv[4:]
 prof = read_profile(prof_path)
@@ -512,9 +522,8 @@ for coll, axes in plan["comm"].items():
         key = f"coll.{coll}.p{dp}"
         if key + ".busbw_gbps" in prof:
             t = calls * float(prof[key + ".alpha_us"]) * 1e-6 + bus * s / float(prof[key + ".busbw_gbps"]) / 1e9
-        else:  # the link model: ring steps per call
-            steps = {"allreduce": 2 * (dp - 1)}.get(coll, dp - 1)
-            t = calls * steps * float(prof["link.intra.latency_us"]) * 1e-6 + bus * s / float(prof["link.intra.gbps"]) / 1e9
+        else:  # the link model (one node: ranks_per_node 8)
+            t = link_seconds(prof, coll, dp, 1, calls, bus, s)[0]
         comm += t
         if what == "hide" and coll in ("allreduce", "allgather"):
             hideable += t * (calls - 1) / calls
@@ -542,6 +551,77 @@ grep -v '^coll\.' "$prof" > "$link"
 printf 'element_bytes = 2\nranks_per_node = 8\nlink.intra.gbps = 4\nlink.intra.latency_us = 30\n' >> "$link"
 plan_time_check "$link" none --chapter 3 --ranks 2 --dp 2 --zero 1
 
+# across nodes (ranks_per_node 2: a dp group of 8 ranks sits on 4 nodes):
+# the link model's ring with its intra- and inter-node steps, and for an
+# all-reduce NCCL's tree where it is faster, against the closed forms
+# (tests/plan_profile.py's link_seconds, written from docs/planner.md);
+# want: which algorithm the all-reduces must take (tree or ring)
+nodes=$TEST_TMPDIR/plan_profile_nodes_$$.txt
+grep -v '^coll\.' "$prof" | sed 's/^compute_shared = 1.*/compute_shared = 0/' > "$nodes"
+printf 'ranks_per_node = 2\nlink.intra.gbps = 4\nlink.intra.latency_us = 3\nlink.inter.gbps = 1\nlink.inter.latency_us = 20\nlink.base_latency_us = 8\n' >> "$nodes"
+plan_link_check() {
+    local want=$1 out verdict
+    shift
+    out=$("$BUILD/plan" "$@" --json --profile "$nodes" 2>&1)
+    verdict=$(python3 - "$nodes" "$want" "$out" "$@" <<'PY'
+import sys
+sys.path.insert(0, "tests")
+from plan_profile import flag, link_seconds, plan_records, read_profile  # tests/plan_profile.py
+prof_path, want, out = sys.argv[1:4]
+flags = sys.argv[4:]
+prof = read_profile(prof_path)
+plan, got = plan_records(out)
+ranks = flag(flags, "--ranks", 1)
+n = ranks // int(prof["ranks_per_node"])  # the dp group is the world: every node
+comm, algos = 0.0, set()
+for coll, axes in plan["comm"].items():
+    for axis, c in axes.items():
+        t, tree = link_seconds(prof, coll, ranks, n, c["calls"][0], c["bus_bytes"][0], 1.0)
+        comm += t
+        if coll == "allreduce":
+            algos.add("tree" if tree else "ring")
+ok = abs(got["comm_ms"] - 1e3 * comm) <= 1e-3 + 1e-9 * 1e3 * comm and algos == ({want} if want != "none" else set())
+print(("ok" if ok else "BAD") + f" comm {got['comm_ms']:.3f} ms, closed form {1e3 * comm:.3f} ms on {n} nodes, all-reduce by {'/'.join(sorted(algos)) or 'none'}")
+PY
+)
+    case $verdict in
+        ok*) pass "plan --profile (link model across nodes) $*: ${verdict#ok }" ;;
+        *) fail "plan --profile (link model across nodes) $*" "$verdict; $out" ;;
+    esac
+}
+plan_link_check tree --chapter 2 --ranks 8 --dp 8 --batch 8 --dp-mode bucketed --bucket-kb 4
+plan_link_check ring --chapter 2 --ranks 8 --dp 8 --batch 8 --model small
+plan_link_check tree --chapter 3 --ranks 8 --dp 8 --batch 8 --zero 3  # its one all-reduce, the loss: 4 bytes, latency-bound
+
+# the device's memory (memory_gb): every plan with a profile says whether
+# its fullest rank fits, in the text and the --json record, and --search
+# without --memory-per-rank keeps only the layouts that fit the device
+budget_check() {  # GB PEAK_FITS: the verdict the plan must give
+    local gb=$1 want=$2 out js
+    sed "s/^memory_gb = .*//" "$nodes" > "$nodes.mem"
+    echo "memory_gb = $gb" >> "$nodes.mem"
+    out=$("$BUILD/plan" --chapter 2 --ranks 2 --dp 2 --profile "$nodes.mem" 2>&1)
+    js=$("$BUILD/plan" --chapter 2 --ranks 2 --dp 2 --profile "$nodes.mem" --json 2>&1 | tail -1)
+    peak=$("$BUILD/plan" --chapter 2 --ranks 2 --dp 2 --json | head -1 | python3 -c 'import json,sys; print(max(json.load(sys.stdin)["peak_bytes"]["total"]))')
+    if [ "$want" = fits ] && echo "$out" | grep -q "^device memory: fits: the fullest rank (0) peaks at" &&
+        echo "$js" | grep -q "\"peak_bytes\":$peak,\"fits\":true"; then
+        pass "plan --profile memory_gb = $gb: the peak of $peak bytes fits, said in the text and the json"
+    elif [ "$want" = over ] && echo "$out" | grep -q "^device memory: OVER BUDGET" &&
+        echo "$js" | grep -q "\"peak_bytes\":$peak,\"fits\":false"; then
+        pass "plan --profile memory_gb = $gb: the peak of $peak bytes is over budget, said in the text and the json"
+    else
+        fail "plan --profile memory_gb = $gb (want $want, peak $peak)" "$(echo "$out" | tail -2) $js"
+    fi
+}
+budget_check 1 fits
+budget_check 0.001 over
+out=$("$BUILD/plan" --search --ranks 2 --profile "$nodes.mem" 2>&1)  # memory_gb 0.001: 1 MB a rank
+if echo "$out" | grep -q "^search: [0-9]* of [0-9]* layouts of 2 ranks fit 1000000 bytes per rank"; then
+    pass "plan --search --profile: the device's memory_gb is the budget ($(echo "$out" | head -1 | cut -c1-60)...)"
+else
+    fail "plan --search --profile with memory_gb" "$(echo "$out" | head -3)"
+fi
+
 # chapters 5 to 7: the plan's own FLOPs per rank split into attention and
 # the matmuls, the bubble from the plan (tools/plan/plan_time.h), every
 # collective on the link model (point-to-point: one latency per send); the
@@ -552,7 +632,7 @@ plan_time_check_57() {
     verdict=$(python3 - "$link" "$out" "$@" <<'PY'
 import sys
 sys.path.insert(0, "tests")
-from plan_profile import flag, plan_records, read_profile  # tests/plan_profile.py
+from plan_profile import flag, link_seconds, plan_records, read_profile  # tests/plan_profile.py
 prof_path, out = sys.argv[1:3]
 flags = sys.argv[3:]
 prof = read_profile(prof_path)
@@ -562,8 +642,6 @@ size = {a: flag(flags, "--" + a, 1) for a in ("dp", "tp", "pp", "cp", "ep")}
 L, C, Vp, B, T = 2, 64, 256, flag(flags, "--batch", 4), flag(flags, "--seq", 64)
 s = float(prof["element_bytes"]) / 4
 r_shared = ranks  # compute_shared = 1
-lat, gbps = float(prof["link.intra.latency_us"]) * 1e-6, float(prof["link.intra.gbps"]) * 1e9
-steps = lambda coll, g: {"allreduce": 2 * (g - 1), "send": 1, "recv": 0}.get(coll, g - 1)
 best = 0
 for rank in range(ranks):
     # chapter 7: a rank's B / (dp ep tp) sequences, T / cp positions of each
@@ -583,8 +661,7 @@ for rank in range(ranks):
             g = 1
             for part in axis.split("+"):
                 g *= 2 if part == "embedding" else size.get(part, ranks)  # the tied wte: the two ends
-            if g > 1:
-                comm += c["calls"][rank] * steps(coll, g) * lat + c["bus_bytes"][rank] * s / gbps
+            comm += link_seconds(prof, coll, g, 1, c["calls"][rank], c["bus_bytes"][rank], s)[0]  # one node
     b = plan["bubble"]
     bubble = (compute + other) * b / (1 - b) if 0 < b < 1 else 0
     best = max(best, 1e3 * (compute + other + comm + bubble))

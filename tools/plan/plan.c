@@ -152,6 +152,44 @@ static void print_json(const PlanArgs* a, const PlanInfo* info, const RankPlan* 
     printf("]}\n");
 }
 
+// A plan of more than this many ranks prints a row once for a run of
+// consecutive ranks that have the same figures ("0-4095"): a 4096-rank
+// data-parallel plan is a few lines, not 16,000.
+#define PLAN_GROUP_ABOVE 16
+
+// The last rank of the run that starts at r whose rows are the same:
+// same(a, x, y) says whether ranks x and y print the same figures.
+static int same_run_end(const PlanArgs* a, const RankPlan* plans, int r,
+                        int (*same)(const RankPlan*, const RankPlan*, const void*), const void* ctx) {
+    int last = r;
+    if (a->ranks <= PLAN_GROUP_ABOVE) return r;
+    while (last + 1 < a->ranks && same(&plans[r], &plans[last + 1], ctx)) last++;
+    return last;
+}
+
+static void rank_label(char* out, size_t len, int first, int last) {
+    if (first == last) snprintf(out, len, "%d", first);
+    else snprintf(out, len, "%d-%d", first, last);
+}
+
+static int same_bytes(const RankPlan* x, const RankPlan* y, const void* ctx) {
+    (void)ctx;
+    for (int c = 0; c <= MEM_NUM_CATEGORIES; c++)
+        for (int low = 0; low < 2; low++)
+            if (plan_bytes(x, c, low) != plan_bytes(y, c, low)) return 0;
+    return plan_ranged(x) == plan_ranged(y);
+}
+
+static int same_comm(const RankPlan* x, const RankPlan* y, const void* ctx) {
+    (void)ctx;
+    return !memcmp(x->comm, y->comm, sizeof(x->comm));
+}
+
+static int same_flops(const RankPlan* x, const RankPlan* y, const void* ctx) {
+    (void)ctx;
+    return x->flops == y->flops;
+}
+
 // The human table: peak bytes per rank and category, then each rank's
 // communication per step, its FLOPs per step and (chapter 5) the bubble.
 static void print_table(const PlanArgs* a, const PlanInfo* info, const RankPlan* plans) {
@@ -164,8 +202,11 @@ static void print_table(const PlanArgs* a, const PlanInfo* info, const RankPlan*
     printf("peak bytes per rank:\n  %-6s", "rank");
     for (int c = 0; c <= MEM_NUM_CATEGORIES; c++) printf(" %13s", category_name(c));
     printf("\n");
-    for (int r = 0; r < a->ranks; r++) {
-        printf("  %-6d", r);
+    for (int r = 0, last; r < a->ranks; r = last + 1) {
+        last = same_run_end(a, plans, r, same_bytes, NULL);
+        char who[32];
+        rank_label(who, sizeof(who), r, last);
+        printf("  %-6s", who);
         for (int c = 0; c <= MEM_NUM_CATEGORIES; c++) printf(" %13.0f", plan_bytes(&plans[r], c, 0));
         printf("\n");
         if (!plan_ranged(&plans[r])) continue;
@@ -176,19 +217,27 @@ static void print_table(const PlanArgs* a, const PlanInfo* info, const RankPlan*
     printf("communication per step (over %d step%s: the summary's \"comm\" divided by it):\n", a->steps,
            a->steps == 1 ? "" : "s");
     int any = 0;
-    for (int r = 0; r < a->ranks; r++)
+    for (int r = 0, last; r < a->ranks; r = last + 1) {
+        last = same_run_end(a, plans, r, same_comm, NULL);
+        char who[32];
+        rank_label(who, sizeof(who), r, last);
         for (int c = 0; c < NUM_COLLECTIVES; c++)
             for (int x = 0; x < comm_num_slots(); x++) {
                 const CommCount* q = &plans[r].comm[c][x];
                 if (q->calls == 0) continue;
-                printf("  rank %-3d %-15s %-9s %8g calls %14.0f bytes %14.0f bus bytes%s\n", r,
+                printf("  %s %-3s %-15s %-9s %8g calls %14.0f bytes %14.0f bus bytes%s\n", last > r ? "ranks" : "rank", who,
                        collective_name((Collective)c), comm_axis_name(x), q->calls / a->steps, q->bytes / a->steps,
                        q->bus_bytes / a->steps, info->comm_bound[c][x] ? " (at most)" : "");
                 any = 1;
             }
+    }
     if (!any) printf("  none\n");
     printf("FLOPs per step (matmuls and attention, forward and backward):");
-    for (int r = 0; r < a->ranks; r++) printf(" %.4g", plans[r].flops);
+    for (int r = 0, last; r < a->ranks; r = last + 1) {
+        last = same_run_end(a, plans, r, same_flops, NULL);
+        if (last > r) printf(" %.4g (ranks %d-%d)", plans[r].flops, r, last);
+        else printf(" %.4g", plans[r].flops);
+    }
     printf("\n");
     if (a->chapter == 5) printf("bubble: %.4f of the ranks' time idle (%s)\n", info->bubble, info->bubble_how);
     for (int r = 0; r < a->ranks; r++)
@@ -641,7 +690,9 @@ int main(int argc, char** argv) {
     if (do_search) {
         char* end = NULL;
         double memory = memory_arg ? strtod(memory_arg, &end) : 0.0;
-        if (!memory_arg || *end || !(memory > 0)) die("%s: give the bytes a rank may hold, e.g. --memory-per-rank 4000000", "--search");
+        if (!memory_arg && profile_path && profile.memory_gb != PT_UNKNOWN) memory = profile.memory_gb * 1e9, end = "";
+        if ((!memory_arg && !end) || (end && *end) || !(memory > 0))
+            die("%s: give the bytes a rank may hold, e.g. --memory-per-rank 4000000 (or a --profile with memory_gb)", "--search");
         if (a.chapter != -1 && a.chapter != 7)
             die("%s: without --chapter it searches chapters 0 and 2 to 6; --chapter 7 searches chapter 7's meshes", "--search");
         search(&a, memory, profile_path ? &profile : NULL);
@@ -663,7 +714,12 @@ int main(int argc, char** argv) {
     }
     if (a.json) print_json(&a, &info, plans);
     else print_table(&a, &info, plans);
-    if (times) plan_time_print(&profile, times, a.ranks, (double)a.B * a.T, a.json);
+    if (times) {
+        int fullest = 0;  // the rank whose peak the device must hold
+        for (int r = 1; r < a.ranks; r++)
+            if (plan_total(&plans[r], 0) > plan_total(&plans[fullest], 0)) fullest = r;
+        plan_time_print(&profile, times, a.ranks, (double)a.B * a.T, plan_total(&plans[fullest], 0), fullest, a.json);
+    }
     free(times);
     free(plans);
     return 0;

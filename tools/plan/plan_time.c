@@ -41,6 +41,8 @@ static double* pt_field(MachineProfile* p, const char* key) {
         {"link.intra.latency_us", offsetof(MachineProfile, intra_latency_us)},
         {"link.inter.gbps", offsetof(MachineProfile, inter_gbps)},
         {"link.inter.latency_us", offsetof(MachineProfile, inter_latency_us)},
+        {"link.base_latency_us", offsetof(MachineProfile, base_latency_us)},
+        {"memory_gb", offsetof(MachineProfile, memory_gb)},
     };
     for (size_t i = 0; i < sizeof(fields) / sizeof(fields[0]); i++)
         if (!strcmp(key, fields[i].key)) return (double*)((char*)p + fields[i].offset);
@@ -75,7 +77,7 @@ static double* pt_coll_field(MachineProfile* p, const char* key, char* why, size
 // plan_profile_read walks the figures as one array of doubles
 _Static_assert(sizeof(MachineProfile) ==
                    offsetof(MachineProfile, compute_shared) +
-                       sizeof(double) * (11 + 2 * NUM_COLLECTIVES * (PT_MAX_GROUP + 1)),
+                       sizeof(double) * (13 + 2 * NUM_COLLECTIVES * (PT_MAX_GROUP + 1)),
                "MachineProfile: every field after the name is a double");
 
 const char* plan_profile_read(const char* path, MachineProfile* p, char* msg, size_t len) {
@@ -244,7 +246,7 @@ int plan_time_work(const GPTConfig* cfg, const PtChapter* ch, double opt_params,
     return 1;
 }
 
-void plan_time_add_coll(StepWork* w, const PtChapter* ch, Collective coll, int group, double calls,
+void plan_time_add_coll(StepWork* w, const PtChapter* ch, Collective coll, int group, int nodes, double calls,
                         double bus_bytes) {
     if (w->n_coll >= PT_MAX_COLLS || calls <= 0) return;
     double hide = 0;
@@ -258,6 +260,7 @@ void plan_time_add_coll(StepWork* w, const PtChapter* ch, Collective coll, int g
     PtColl* c = &w->coll[w->n_coll++];
     c->coll = coll;
     c->group = group;
+    c->nodes = nodes < 1 ? 1 : nodes;
     c->calls = calls;
     c->bus_bytes = bus_bytes;
     c->hideable = hide;
@@ -265,16 +268,51 @@ void plan_time_add_coll(StepWork* w, const PtChapter* ch, Collective coll, int g
 
 // ---------------------------------------------------------------- the prediction
 
-// messages one rank sends in sequence in the course's algorithms (chapter 1's table)
-static double pt_steps(Collective c, int p) {
+// A latency the profile does not give is taken as 0 (and said: the time is
+// then a lower bound).
+static double pt_latency(double us, StepTime* t) {
+    if (us != PT_UNKNOWN) return us * 1e-6;
+    if (t) t->unknown_latency = 1;
+    return 0;
+}
+
+// plan_time.h gives the model and docs/planner.md its derivation. The
+// latencies are per call; calls multiplies them, the bus bytes are the
+// step's sum already.
+static double pt_link(const MachineProfile* p, Collective c, int group, int nodes, double calls, double bus_bytes,
+                      double s, int* tree, StepTime* t) {
+    if (tree) *tree = 0;
+    int n = nodes < 1 ? 1 : nodes > group ? group : nodes;
+    double k = (double)group / n;
+    double bw = (n == 1 ? p->intra_gbps : p->inter_gbps) * 1e9;
+    double base = pt_latency(p->base_latency_us, t), li = pt_latency(p->intra_latency_us, t);
+    double le = n > 1 ? pt_latency(p->inter_latency_us, t) : 0;
+    double hop = n > 1 ? le : li;  // one message's latency: the slowest link it may cross
+    double bandwidth = bus_bytes * s / bw;
+    double steps, inter;
     switch (c) {
-        case COLL_ALLREDUCE: return 2.0 * (p - 1);
-        case COLL_BROADCAST:
-        case COLL_REDUCE: return ceil(log2((double)p));
-        case COLL_SEND: return 1.0;  // one message, whatever the group
-        case COLL_RECV: return 0.0;  // its latency is the send's
-        default: return p - 1.0;
+        case COLL_ALLREDUCE: steps = 2.0 * (group - 1), inter = 2.0 * (n - 1); break;
+        case COLL_REDUCE_SCATTER:
+        case COLL_ALLGATHER: steps = group - 1.0, inter = n - 1.0; break;
+        case COLL_RECV: return 0;  // a message's time is its send's
+        default:  // broadcast, reduce, all-to-all, send: one latency, the messages pipelined or at once
+            return calls * (base + hop) + bandwidth;
     }
+    double ring = calls * (base + (steps - inter) * li + inter * le) + bandwidth;
+    if (c != COLL_ALLREDUCE || n == 1) return ring;
+    // the buffer of one call, S = bus p / (2 (p-1)); the tree moves 2 S each way
+    double buffer = bus_bytes * group / (2.0 * (group - 1));
+    double tree_s = calls * (base + 2.0 * ((k - 1) * li + log2((double)n) * le)) + 2.0 * buffer * s / bw;
+    if (tree_s < ring) {
+        if (tree) *tree = 1;
+        return tree_s;
+    }
+    return ring;
+}
+
+double plan_time_link_seconds(const MachineProfile* p, Collective c, int group, int nodes, double calls,
+                              double bus_bytes, double s, int* tree) {
+    return group < 2 ? 0 : pt_link(p, c, group, nodes, calls, bus_bytes, s, tree, NULL);
 }
 
 static double pt_coll_seconds(const MachineProfile* p, const PtColl* c, double s, StepTime* t) {
@@ -294,14 +332,15 @@ static double pt_coll_seconds(const MachineProfile* p, const PtColl* c, double s
         return c->calls * p->alpha_us[c->coll][best] * 1e-6 + c->bus_bytes * s / (p->busbw_gbps[c->coll][best] * 1e9);
     }
     t->used_link_model = 1;
-    int intra = p->ranks_per_node != PT_UNKNOWN && c->group <= p->ranks_per_node;
-    double gbps = intra ? p->intra_gbps : p->inter_gbps, lat = intra ? p->intra_latency_us : p->inter_latency_us;
-    if (gbps == PT_UNKNOWN) {
+    int intra = c->nodes <= 1;
+    if ((intra ? p->intra_gbps : p->inter_gbps) == PT_UNKNOWN) {
         t->missing = intra ? "link.intra.gbps (or a fit coll.NAME.pN)" : "link.inter.gbps (or a fit coll.NAME.pN)";
         return 0;
     }
-    if (lat == PT_UNKNOWN) t->unknown_latency = 1, lat = 0;
-    return c->calls * pt_steps(c->coll, c->group) * lat * 1e-6 + c->bus_bytes * s / (gbps * 1e9);
+    int tree = 0;
+    double sec = pt_link(p, c->coll, c->group, c->nodes, c->calls, c->bus_bytes, s, &tree, t);
+    if (tree) t->used_tree = 1;
+    return sec;
 }
 
 void plan_time_predict(const MachineProfile* p, const StepWork* w, StepTime* t) {
@@ -341,19 +380,66 @@ void plan_time_predict(const MachineProfile* p, const StepWork* w, StepTime* t) 
 
 // ---------------------------------------------------------------- the planner's hook
 
-// The ranks of a counter slot's group: an axis's size, the world, or for a
-// group over several axes ("dp+cp") the product of theirs.
-static int slot_group_size(int slot, const int* mesh, int ranks) {
-    if (slot < NUM_AXES) return mesh[slot];
-    if (slot == COMM_WORLD_AXIS) return ranks;
-    if (!strcmp(comm_axis_name(slot), "embedding")) return 2;  // the tied wte: the pipeline's two ends
+// The axes of a counter slot's group (a bit each): one axis, the world, or
+// for a group over several axes ("dp+cp") theirs. The tied embedding's group
+// (the pipeline's two ends) is EMBEDDING_GROUP; a group of listed ranks is
+// the world (its bound).
+#define EMBEDDING_GROUP (~0u)
+static unsigned slot_axes(int slot) {
+    const unsigned all = (1u << NUM_AXES) - 1;
+    if (slot < NUM_AXES) return 1u << slot;
+    if (slot == COMM_WORLD_AXIS) return all;
+    if (!strcmp(comm_axis_name(slot), "embedding")) return EMBEDDING_GROUP;
     char name[64];
     snprintf(name, sizeof(name), "%s", comm_axis_name(slot));
-    int size = 1, matched = 0;
+    unsigned axes = 0;
     for (char* part = strtok(name, "+"); part; part = strtok(NULL, "+"))
         for (int a = 0; a < NUM_AXES; a++)
-            if (!strcmp(part, mesh_axis_name((MeshAxis)a))) size *= mesh[a], matched++;
-    return matched ? size : ranks;  // listed ranks: the world is the bound
+            if (!strcmp(part, mesh_axis_name((MeshAxis)a))) axes |= 1u << a;
+    return axes ? axes : all;
+}
+
+static int slot_group_size(int slot, const int* mesh) {
+    unsigned axes = slot_axes(slot);
+    if (axes == EMBEDDING_GROUP) return 2;
+    int size = 1;
+    for (int a = 0; a < NUM_AXES; a++)
+        if (axes & (1u << a)) size *= mesh[a];
+    return size;
+}
+
+// The nodes that hold the group of `slot` which rank r is in: ranks_per_node
+// ranks a node in world-rank order, the group's members the ranks whose
+// coordinates differ from r's only on the group's axes (mesh.h's order).
+// 1 when the profile has no ranks_per_node. seen: scratch of one int per node.
+static int slot_group_nodes(int slot, const Mesh* m, int r, double rpn, int* seen, int n_nodes) {
+    if (rpn == PT_UNKNOWN || rpn < 1) return 1;
+    unsigned axes = slot_axes(slot);
+    int coord[NUM_AXES], c[NUM_AXES];
+    mesh_coord_of(m, r, coord);
+    if (axes == EMBEDDING_GROUP) {  // stage 0 and the last stage of r's pipeline
+        memcpy(c, coord, sizeof(c));
+        c[AXIS_PP] = 0;
+        int a = (int)(mesh_rank_at(m, c) / rpn);
+        c[AXIS_PP] = m->size[AXIS_PP] - 1;
+        return a == (int)(mesh_rank_at(m, c) / rpn) ? 1 : 2;
+    }
+    memset(seen, 0, (size_t)n_nodes * sizeof(int));
+    memcpy(c, coord, sizeof(c));
+    for (int a = 0; a < NUM_AXES; a++)
+        if (axes & (1u << a)) c[a] = 0;
+    int nodes = 0;
+    for (;;) {  // every member: an odometer over the group's axes
+        int node = (int)(mesh_rank_at(m, c) / rpn);
+        if (!seen[node]) seen[node] = 1, nodes++;
+        int a = NUM_AXES - 1;
+        for (; a >= 0; a--) {
+            if (!(axes & (1u << a))) continue;
+            if (++c[a] < m->size[a]) break;
+            c[a] = 0;
+        }
+        if (a < 0) return nodes;
+    }
 }
 
 void plan_time_rank(const MachineProfile* p, const GPTConfig* cfg, const PtChapter* ch_in, const int* mesh, int ranks,
@@ -375,17 +461,21 @@ void plan_time_rank(const MachineProfile* p, const GPTConfig* cfg, const PtChapt
         return;
     }
     w.ranks_on_node = ranks;
+    int n_nodes = p->ranks_per_node == PT_UNKNOWN ? 1 : (int)ceil(ranks / p->ranks_per_node);
+    int* seen = xcalloc((size_t)n_nodes, sizeof(int));
     for (int c = 0; c < NUM_COLLECTIVES; c++)
         for (int x = 0; x < COMM_MAX_SLOTS; x++) {
             const CommCount* q = &comm[c][x];
             if (q->calls == 0) continue;
-            int group = slot_group_size(x, mesh, ranks);
-            plan_time_add_coll(&w, &ch, (Collective)c, group, q->calls / steps, q->bus_bytes / steps);
+            int group = slot_group_size(x, mesh), nodes = slot_group_nodes(x, &m, r, p->ranks_per_node, seen, n_nodes);
+            plan_time_add_coll(&w, &ch, (Collective)c, group, nodes, q->calls / steps, q->bus_bytes / steps);
         }
+    free(seen);
     plan_time_predict(p, &w, t);
 }
 
-int plan_time_print(const MachineProfile* p, const StepTime* per_rank, int ranks, double tokens_per_step, int json) {
+int plan_time_print(const MachineProfile* p, const StepTime* per_rank, int ranks, double tokens_per_step,
+                    double peak, int peak_rank, int json) {
     int slow = 0;
     for (int r = 0; r < ranks; r++) {
         if (per_rank[r].missing) {
@@ -399,9 +489,13 @@ int plan_time_print(const MachineProfile* p, const StepTime* per_rank, int ranks
     if (json) {
         printf("{\"type\":\"plan_time\",\"profile\":\"%s\",\"ms_per_step\":%.3f,\"tokens_per_s\":%.1f,"
                "\"tokens_per_s_per_rank\":%.1f,\"slowest_rank\":%d,\"matmul_ms\":%.3f,\"attention_ms\":%.3f,\"other_ms\":%.3f,"
-               "\"comm_ms\":%.3f,\"hidden_ms\":%.3f,\"exposed_comm_ms\":%.3f,\"bubble_ms\":%.3f}\n",
+               "\"comm_ms\":%.3f,\"hidden_ms\":%.3f,\"exposed_comm_ms\":%.3f,\"bubble_ms\":%.3f",
                p->name, t->total_ms, tps, tps / ranks, slow, t->matmul_ms, t->attention_ms, t->other_ms, t->comm_ms, t->hidden_ms,
                t->exposed_ms, t->bubble_ms);
+        if (p->memory_gb != PT_UNKNOWN)
+            printf(",\"device_memory_bytes\":%.0f,\"peak_bytes\":%.0f,\"fits\":%s", p->memory_gb * 1e9, peak,
+                   peak <= p->memory_gb * 1e9 ? "true" : "false");
+        printf("}\n");
         return 0;
     }
     printf("predicted step time, profile '%s' (model: docs/planner.md):\n", p->name);
@@ -421,6 +515,19 @@ int plan_time_print(const MachineProfile* p, const StepTime* per_rank, int ranks
     if (t->used_nearest_fit) printf("  note: a group size without its own fit was timed with the nearest size's\n");
     if (t->used_link_model) printf("  note: collectives without a fit were timed by the link model\n");
     if (t->unknown_latency) printf("  note: a link latency is unknown in the profile: taken as 0 (the time is a lower bound)\n");
+    if (t->used_tree) printf("  note: an all-reduce across nodes was priced as NCCL's tree, faster there than its ring\n");
+    // the plan counts the course's 4-byte floats: a bf16 run (element_bytes
+    // 2) holds some categories in half of that, so over budget here is the
+    // fp32 run's verdict
+    if (p->memory_gb != PT_UNKNOWN) {
+        double have = p->memory_gb * 1e9;
+        if (peak <= have)
+            printf("device memory: fits: the fullest rank (%d) peaks at %.2f GB of the device's %.0f GB\n", peak_rank,
+                   peak / 1e9, p->memory_gb);
+        else
+            printf("device memory: OVER BUDGET: the fullest rank (%d) peaks at %.2f GB, %.2f GB over the device's %.0f GB\n",
+                   peak_rank, peak / 1e9, (peak - have) / 1e9, p->memory_gb);
+    }
     return 0;
 }
 

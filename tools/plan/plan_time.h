@@ -16,7 +16,9 @@
 //   comm(c,p)= calls * alpha(c,p) + bus_bytes * s / busbw(c,p)
 //              alpha and busbw: chapter 1's fit for collective c on p ranks
 //              when the profile has it (the nearest p otherwise); else the
-//              link model calls * steps(c,p) * latency + bus_bytes * s / link
+//              link model (plan_time_link_seconds): the group's p ranks on
+//              n nodes, priced as NCCL prices its algorithms (ring, and for
+//              an all-reduce across nodes the tree when it is faster)
 //              a point-to-point message: one send (its receive costs
 //              nothing more); without a fit or a link figure, the
 //              all-to-all's fit on 2 ranks (one message each way)
@@ -55,6 +57,8 @@ typedef struct {
     double element_bytes;        // bytes per element moved: 4 (fp32, the course) or 2 (bf16)
     double intra_gbps, intra_latency_us;  // the link between ranks of one node, per direction
     double inter_gbps, inter_latency_us;  // between nodes, per rank
+    double base_latency_us;               // a collective call's fixed cost (link.base_latency_us)
+    double memory_gb;                     // the device's memory, 1e9 bytes (memory_gb): every plan is compared with it
     // chapter 1's alpha-beta fit, per collective and group size
     double alpha_us[NUM_COLLECTIVES][PT_MAX_GROUP + 1];
     double busbw_gbps[NUM_COLLECTIVES][PT_MAX_GROUP + 1];
@@ -75,6 +79,7 @@ const char* plan_profile_read(const char* path, MachineProfile* p, char* msg, si
 typedef struct {
     Collective coll;
     int group;
+    int nodes;  // the nodes the group's ranks sit on (1 when the profile has no ranks_per_node)
     double calls, bus_bytes;
     double hideable;  // 0..1
 } PtColl;
@@ -131,9 +136,33 @@ int plan_time_work(const GPTConfig* cfg, const PtChapter* ch, double opt_params,
                    StepWork* w);
 
 // Adds a collective of the plan (calls and bus bytes per step) on a group of
-// `group` ranks; its hideable share follows the chapter (see above).
-void plan_time_add_coll(StepWork* w, const PtChapter* ch, Collective coll, int group, double calls,
+// `group` ranks on `nodes` nodes; its hideable share follows the chapter
+// (see above).
+void plan_time_add_coll(StepWork* w, const PtChapter* ch, Collective coll, int group, int nodes, double calls,
                         double bus_bytes);
+
+// ---------------------------------------------------------------- the link model
+// A collective without a fit, priced from the profile's links as NCCL's own
+// cost model prices it (NCCL 2.30, src/graph/tuning.cc, ncclTopoTuneModel;
+// docs/planner.md derives it). One call moves bus_bytes / calls of the
+// plan's bus bytes; p ranks sit on n nodes, k = p / n on each; Li, Le the
+// intra- and inter-node latency per step, base the call's fixed cost, bw the
+// slowest link a byte crosses (intra on one node, inter across nodes), s the
+// element size over 4:
+//   ring       base + (steps - inter) Li + inter Le + bus s / bw
+//              steps: all-reduce 2(p-1), reduce-scatter and all-gather p-1;
+//              inter: the steps that cross nodes, 2(n-1) and n-1
+//   tree       all-reduce across nodes only: base + 2 ((k-1) Li + log2(n) Le)
+//              + 2 S s / bw, S = bus p / (2(p-1)) the buffer (a chain in
+//              each node, a binary tree between them, up then down)
+//   broadcast, reduce: base + one latency + bus s / bw (NCCL pipelines them
+//              along its ring: the chunks follow each other)
+//   all-to-all, send: base + one latency + bus s / bw (the messages of an
+//              all-to-all go out at once, one to each peer)
+// An all-reduce takes the faster of ring and tree, as NCCL's tuner does.
+// *tree (if not NULL) is set to 1 when the tree was the faster.
+double plan_time_link_seconds(const MachineProfile* p, Collective c, int group, int nodes, double calls,
+                              double bus_bytes, double s, int* tree);
 
 // ---------------------------------------------------------------- the prediction
 
@@ -142,6 +171,7 @@ typedef struct {
     int used_link_model;    // some collective had no fit: the link model timed it
     int used_nearest_fit;   // some group size had no fit: the nearest size's was used
     int unknown_latency;    // a latency the link model needed is unknown: taken as 0
+    int used_tree;          // the link model priced an all-reduce as a tree (faster than the ring)
     const char* missing;    // a figure the model needs and the profile lacks, else NULL
 } StepTime;
 
@@ -156,9 +186,13 @@ void plan_time_rank(const MachineProfile* p, const GPTConfig* cfg, const PtChapt
                     int r, const double* peak, const CommCount (*comm)[COMM_MAX_SLOTS], int steps, StepTime* t);
 
 // Prints every rank's prediction (json: one {"type":"plan_time",...}
-// record); returns 1 if the profile lacked a figure the model needed (the
-// error line says which).
-int plan_time_print(const MachineProfile* p, const StepTime* per_rank, int ranks, double tokens_per_step, int json);
+// record), then the plan's peak (peak bytes on its fullest rank, peak_rank)
+// against the device's memory when the profile gives it: a line that says
+// whether it fits (json: "device_memory_bytes", "peak_bytes", "fits").
+// Returns 1 if the profile lacked a figure the model needed (the error line
+// says which).
+int plan_time_print(const MachineProfile* p, const StepTime* per_rank, int ranks, double tokens_per_step,
+                    double peak, int peak_rank, int json);
 
 // ---------------------------------------------------------------- planner-only presets
 
