@@ -340,6 +340,25 @@ else
     fail "--search" "$out / $less"
 fi
 
+# every schedule and sequence parallelism too: chapter 5's interleaved
+# schedule with the fewest chunks that cut small's 6 layers evenly over pp 2
+# (--virtual 3), chapter 6's --sp on dp x tp; each listed with the peak and
+# bus bytes its own plan gives
+out=$("$BUILD/plan" --search --ranks 4 --memory-per-rank 1e9 --model small --batch 8 --seq 256 2>&1)
+bad=""
+for what in "chapter 5 --dp 2 --pp 2 --schedule interleaved --virtual 3" "chapter 6 --dp 2 --tp 2 --sp"; do
+    line=$(echo "$out" | grep -F "  $what " | head -1)
+    flags=${what#chapter }
+    own=$("$BUILD/plan" --chapter $flags --ranks 4 --model small --batch 8 --seq 256 --json 2>&1 | head -1 |
+        python3 -c 'import json,sys; p=json.load(sys.stdin); print(max(p["peak_bytes"]["total"]))' 2>/dev/null)
+    [ -n "$line" ] && [ -n "$own" ] && echo "$line" | grep -q "peak  *$own bytes" || bad="$bad; $what: listed '${line:-nothing}', own peak ${own:-none}"
+done
+if [ -z "$bad" ]; then
+    pass "--search lists chapter 5's interleaved schedule (with its --virtual) and chapter 6's --sp, each at its own plan's peak"
+else
+    fail "--search: interleaved and --sp" "${bad#; }"
+fi
+
 # --search --chapter 7: every dp x tp x pp x cp x ep mesh of 8 ranks that
 # chapter 7's model accepts (build/capstone runs them), enumerated here by the rules docs/planner.md states
 # (independently of plan.c's loops), each planned alone: the search must

@@ -514,13 +514,14 @@ static void search(const PlanArgs* base, double memory, const MachineProfile* pr
             }
         }
     // chapter 5: dp x pp with each schedule (microbatches: the chapter's
-    // default); chapter 6: dp x cp, the ring and Ulysses
-    static const char* schedules[] = {"gpipe", "1f1b", "zb"};
+    // default; interleaved with --virtual 2, two chunks a rank); chapter 6:
+    // dp x cp, the ring and Ulysses, and dp x tp with sequence parallelism
+    static const char* schedules[] = {"gpipe", "1f1b", "zb", "interleaved"};
     static const char* cp_modes[] = {"ring", "ulysses"};
     for (int split = 2; split <= base->ranks; split++) {
         if (base->ranks % split) continue;
-        for (int k = 0; k < 5; k++) {
-            int ch = k < 3 ? 5 : 6, axis = ch == 5 ? AXIS_PP : AXIS_CP;
+        for (int k = 0; k < 7; k++) {
+            int ch = k < 4 ? 5 : 6, axis = ch == 5 ? AXIS_PP : k < 6 ? AXIS_CP : AXIS_TP;
             PlanArgs a = *base;
             a.chapter = ch;
             a.steps = 1;
@@ -528,11 +529,26 @@ static void search(const PlanArgs* base, double memory, const MachineProfile* pr
             a.mesh[AXIS_DP] = base->ranks / split;
             a.mesh[axis] = split;
             char what[96];
-            if (ch == 5) a.schedule = schedules[k];
-            else a.cp_mode = cp_modes[k - 3];
-            snprintf(what, sizeof(what), "chapter %d --dp %d --%s %d --%s %s", ch, a.mesh[AXIS_DP],
-                     mesh_axis_name((MeshAxis)axis), split, ch == 5 ? "schedule" : "cp-mode",
-                     ch == 5 ? a.schedule : a.cp_mode);
+            if (ch == 5) {
+                a.schedule = schedules[k];
+                a.virt = 1;
+                if (k == 3) {  // interleaved: the fewest chunks a rank (2 or more) that cut the layers evenly
+                    int L = a.cfg.num_layers;
+                    for (a.virt = 2; a.virt * split <= L && L % (a.virt * split); a.virt++) {}
+                    if (a.virt * split > L) continue;
+                }
+                char chunks[24] = "";
+                if (a.virt > 1) snprintf(chunks, sizeof(chunks), " --virtual %d", a.virt);
+                snprintf(what, sizeof(what), "chapter 5 --dp %d --pp %d --schedule %s%s", a.mesh[AXIS_DP], split,
+                         a.schedule, chunks);
+            } else if (axis == AXIS_CP) {
+                a.cp_mode = cp_modes[k - 4];
+                snprintf(what, sizeof(what), "chapter 6 --dp %d --cp %d --cp-mode %s", a.mesh[AXIS_DP], split,
+                         a.cp_mode);
+            } else {
+                a.sp = 1;
+                snprintf(what, sizeof(what), "chapter 6 --dp %d --tp %d --sp", a.mesh[AXIS_DP], split);
+            }
             consider(&a, what, memory, prof, found, &n, cap, &tried);
         }
     }
