@@ -611,6 +611,28 @@ PY
 plan_link_check tree --chapter 2 --ranks 8 --dp 8 --batch 8 --dp-mode bucketed --bucket-kb 4
 plan_link_check ring --chapter 2 --ranks 8 --dp 8 --batch 8 --model small
 plan_link_check tree --chapter 3 --ranks 8 --dp 8 --batch 8 --zero 3  # its one all-reduce, the loss: 4 bytes, latency-bound
+# a group of some axes: tp is the fastest axis of the rank order
+# (common/mesh.c), so on dp 4 x tp 2 with 2 ranks a node each tp pair sits
+# on one node (NVLink only) and each dp group on 4 nodes
+out=$("$BUILD/plan" --chapter 4 --ranks 8 --dp 4 --tp 2 --batch 8 --zero 1 --json --profile "$nodes" 2>&1)
+verdict=$(python3 - "$nodes" "$out" <<'PY'
+import sys
+sys.path.insert(0, "tests")
+from plan_profile import link_seconds, plan_records, read_profile  # tests/plan_profile.py
+prof = read_profile(sys.argv[1])
+plan, got = plan_records(sys.argv[2])
+r = got["slowest_rank"]
+where = {"tp": (2, 1), "dp": (4, 4)}  # axis: (ranks, nodes)
+comm = sum(link_seconds(prof, coll, *where[axis], c["calls"][r], c["bus_bytes"][r], 1.0)[0]
+           for coll, axes in plan["comm"].items() for axis, c in axes.items())
+ok = abs(got["comm_ms"] - 1e3 * comm) <= 1e-3 + 1e-9 * 1e3 * comm
+print(("ok" if ok else "BAD") + f" comm {got['comm_ms']:.3f} ms, closed form {1e3 * comm:.3f} ms (tp on 1 node, dp on 4)")
+PY
+)
+case $verdict in
+    ok*) pass "plan --profile (link model, groups of one axis each) chapter 4 dp 4 x tp 2: ${verdict#ok }" ;;
+    *) fail "plan --profile (link model, dp x tp groups)" "$verdict" ;;
+esac
 
 # the device's memory (memory_gb): every plan with a profile says whether
 # its fullest rank fits, in the text and the --json record, and --search

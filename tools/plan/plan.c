@@ -341,13 +341,17 @@ static const char* predict_times(const MachineProfile* prof, const PlanArgs* a, 
     PtChapter ch = {.chapter = a->chapter, .dp = a->mesh[AXIS_DP], .tp = a->mesh[AXIS_TP], .B = a->B, .T = a->T,
                     .recompute = a->recompute, .dp_mode = a->dp_mode, .zero = a->zero, .prefetch = a->prefetch,
                     .pp = a->mesh[AXIS_PP], .cp = a->mesh[AXIS_CP], .ep = a->mesh[AXIS_EP], .bubble = info->bubble};
-    for (int r = 0; r < a->ranks; r++) {
+    PtNodes nodes;  // the nodes each group spans, listed once for the layout
+    plan_time_nodes_init(&nodes, prof, a->mesh, a->ranks);
+    const char* missing = NULL;
+    for (int r = 0; r < a->ranks && !missing; r++) {
         ch.plan_flops = plans[r].flops;
-        plan_time_rank(prof, &a->cfg, &ch, a->mesh, a->ranks, r, plans[r].peak,
-                       (const CommCount(*)[COMM_MAX_SLOTS])plans[r].comm, a->steps, &times[r]);
-        if (times[r].missing) return times[r].missing;
+        plan_time_rank(prof, &a->cfg, &ch, &nodes, r, plans[r].peak, (const CommCount(*)[COMM_MAX_SLOTS])plans[r].comm,
+                       a->steps, &times[r]);
+        missing = times[r].missing;
     }
-    return NULL;
+    plan_time_nodes_free(&nodes);
+    return missing;
 }
 
 // --search: every layout of --ranks the planned chapters offer (chapter 2's

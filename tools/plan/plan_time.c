@@ -408,42 +408,84 @@ static int slot_group_size(int slot, const int* mesh) {
     return size;
 }
 
-// The nodes that hold the group of `slot` which rank r is in: ranks_per_node
-// ranks a node in world-rank order, the group's members the ranks whose
-// coordinates differ from r's only on the group's axes (mesh.h's order).
-// 1 when the profile has no ranks_per_node. seen: scratch of one int per node.
-static int slot_group_nodes(int slot, const Mesh* m, int r, double rpn, int* seen, int n_nodes) {
-    if (rpn == PT_UNKNOWN || rpn < 1) return 1;
-    unsigned axes = slot_axes(slot);
-    int coord[NUM_AXES], c[NUM_AXES];
-    mesh_coord_of(m, r, coord);
-    if (axes == EMBEDDING_GROUP) {  // stage 0 and the last stage of r's pipeline
-        memcpy(c, coord, sizeof(c));
-        c[AXIS_PP] = 0;
-        int a = (int)(mesh_rank_at(m, c) / rpn);
-        c[AXIS_PP] = m->size[AXIS_PP] - 1;
-        return a == (int)(mesh_rank_at(m, c) / rpn) ? 1 : 2;
-    }
-    memset(seen, 0, (size_t)n_nodes * sizeof(int));
-    memcpy(c, coord, sizeof(c));
-    for (int a = 0; a < NUM_AXES; a++)
-        if (axes & (1u << a)) c[a] = 0;
-    int nodes = 0;
-    for (;;) {  // every member: an odometer over the group's axes
-        int node = (int)(mesh_rank_at(m, c) / rpn);
-        if (!seen[node]) seen[node] = 1, nodes++;
-        int a = NUM_AXES - 1;
-        for (; a >= 0; a--) {
-            if (!(axes & (1u << a))) continue;
-            if (++c[a] < m->size[a]) break;
-            c[a] = 0;
-        }
-        if (a < 0) return nodes;
-    }
+void plan_time_nodes_init(PtNodes* n, const MachineProfile* p, const int* mesh, int ranks) {
+    memset(n, 0, sizeof(*n));
+    memcpy(n->mesh, mesh, sizeof(n->mesh));
+    n->ranks = ranks;
+    n->ranks_per_node = p->ranks_per_node;
 }
 
-void plan_time_rank(const MachineProfile* p, const GPTConfig* cfg, const PtChapter* ch_in, const int* mesh, int ranks,
-                    int r, const double* peak, const CommCount (*comm)[COMM_MAX_SLOTS], int steps, StepTime* t) {
+void plan_time_nodes_free(PtNodes* n) {
+    for (int x = 0; x < COMM_MAX_SLOTS; x++) free(n->nodes[x]);
+    free(n->seen);
+    memset(n, 0, sizeof(*n));
+}
+
+// The nodes that hold the group of `slot` which rank r is in:
+// ranks_per_node ranks a node in world-rank order, the group's members the
+// ranks whose coordinates differ from r's only on the group's axes (mesh.h's
+// order). 1 when the profile has no ranks_per_node. The first ask of a slot
+// lists every group once and notes its count for each of its members.
+static int slot_group_nodes(PtNodes* n, int slot, int r) {
+    double rpn = n->ranks_per_node;
+    if (rpn == PT_UNKNOWN || rpn < 1) return 1;
+    if (n->nodes[slot]) return n->nodes[slot][r];
+    Mesh m;
+    memset(&m, 0, sizeof(m));
+    for (int x = 0; x < NUM_AXES; x++) m.size[x] = n->mesh[x];
+    int n_nodes = (int)ceil(n->ranks / rpn);
+    int* count = xmalloc((size_t)n->ranks * sizeof(int));
+    for (int q = 0; q < n->ranks; q++) count[q] = -1;
+    if (!n->seen) n->seen = xcalloc((size_t)n_nodes, sizeof(int));
+    unsigned axes = slot_axes(slot);
+    int* members = xmalloc((size_t)n->ranks * sizeof(int));
+    for (int q = 0; q < n->ranks; q++) {
+        if (count[q] >= 0) continue;
+        int coord[NUM_AXES], c[NUM_AXES], k = 0;
+        mesh_coord_of(&m, q, coord);
+        memcpy(c, coord, sizeof(c));
+        if (axes == EMBEDDING_GROUP) {  // stage 0 and the last stage of q's pipeline
+            c[AXIS_PP] = 0;
+            members[k++] = mesh_rank_at(&m, c);
+            c[AXIS_PP] = m.size[AXIS_PP] - 1;
+            if (mesh_rank_at(&m, c) != members[0]) members[k++] = mesh_rank_at(&m, c);
+            int ends = (int)(members[0] / rpn) == (int)(members[k - 1] / rpn) ? 1 : 2;
+            count[q] = ends;  // a middle stage sends nothing there: its figure is never used
+            for (int i = 0; i < k; i++) count[members[i]] = ends;
+            continue;
+        } else {
+            for (int a = 0; a < NUM_AXES; a++)
+                if (axes & (1u << a)) c[a] = 0;
+            for (;;) {  // every member: an odometer over the group's axes
+                members[k++] = mesh_rank_at(&m, c);
+                int a = NUM_AXES - 1;
+                for (; a >= 0; a--) {
+                    if (!(axes & (1u << a))) continue;
+                    if (++c[a] < m.size[a]) break;
+                    c[a] = 0;
+                }
+                if (a < 0) break;
+            }
+        }
+        int nodes = 0;
+        for (int i = 0; i < k; i++) {
+            int node = (int)(members[i] / rpn);
+            if (!n->seen[node]) n->seen[node] = 1, nodes++;
+        }
+        for (int i = 0; i < k; i++) {
+            n->seen[(int)(members[i] / rpn)] = 0;
+            if (count[members[i]] < 0) count[members[i]] = nodes;
+        }
+    }
+    free(members);
+    n->nodes[slot] = count;
+    return count[r];
+}
+
+void plan_time_rank(const MachineProfile* p, const GPTConfig* cfg, const PtChapter* ch_in, PtNodes* nodes, int r,
+                    const double* peak, const CommCount (*comm)[COMM_MAX_SLOTS], int steps, StepTime* t) {
+    const int* mesh = nodes->mesh;
+    int ranks = nodes->ranks;
     PtChapter ch = *ch_in;
     Mesh m;
     memset(&m, 0, sizeof(m));
@@ -461,16 +503,13 @@ void plan_time_rank(const MachineProfile* p, const GPTConfig* cfg, const PtChapt
         return;
     }
     w.ranks_on_node = ranks;
-    int n_nodes = p->ranks_per_node == PT_UNKNOWN ? 1 : (int)ceil(ranks / p->ranks_per_node);
-    int* seen = xcalloc((size_t)n_nodes, sizeof(int));
     for (int c = 0; c < NUM_COLLECTIVES; c++)
         for (int x = 0; x < COMM_MAX_SLOTS; x++) {
             const CommCount* q = &comm[c][x];
             if (q->calls == 0) continue;
-            int group = slot_group_size(x, mesh), nodes = slot_group_nodes(x, &m, r, p->ranks_per_node, seen, n_nodes);
-            plan_time_add_coll(&w, &ch, (Collective)c, group, nodes, q->calls / steps, q->bus_bytes / steps);
+            int group = slot_group_size(x, mesh), spans = slot_group_nodes(nodes, x, r);
+            plan_time_add_coll(&w, &ch, (Collective)c, group, spans, q->calls / steps, q->bus_bytes / steps);
         }
-    free(seen);
     plan_time_predict(p, &w, t);
 }
 

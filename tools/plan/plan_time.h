@@ -179,11 +179,24 @@ void plan_time_predict(const MachineProfile* p, const StepWork* w, StepTime* t);
 
 // ---------------------------------------------------------------- the planner's hook
 
+// The nodes each counter slot's group spans, per rank, for one mesh (the
+// link model's n): filled a slot at a time as the predictions ask, each
+// group's members listed once, so a layout of R ranks costs O(R) a slot.
+typedef struct {
+    int mesh[NUM_AXES], ranks;
+    double ranks_per_node;
+    int* nodes[COMM_MAX_SLOTS];  // (ranks) or NULL until asked
+    int* seen;                   // scratch: one flag a node
+} PtNodes;
+void plan_time_nodes_init(PtNodes* n, const MachineProfile* p, const int* mesh, int ranks);
+void plan_time_nodes_free(PtNodes* n);
+
 // Rank r's prediction from its plan: peak bytes per memory category (the
 // AdamW and gradient floats come from them) and its collective counts over
-// `steps` steps; mesh holds the axis sizes (group sizes), ranks the world.
-void plan_time_rank(const MachineProfile* p, const GPTConfig* cfg, const PtChapter* ch, const int* mesh, int ranks,
-                    int r, const double* peak, const CommCount (*comm)[COMM_MAX_SLOTS], int steps, StepTime* t);
+// `steps` steps; nodes holds the mesh (group sizes), the world and the
+// nodes each group spans.
+void plan_time_rank(const MachineProfile* p, const GPTConfig* cfg, const PtChapter* ch, PtNodes* nodes, int r,
+                    const double* peak, const CommCount (*comm)[COMM_MAX_SLOTS], int steps, StepTime* t);
 
 // Prints every rank's prediction (json: one {"type":"plan_time",...}
 // record), then the plan's peak (peak bytes on its fullest rank, peak_rank)
