@@ -458,6 +458,39 @@ plan_error() {
         fail "plan $*" "exit $rc: $out"
     fi
 }
+# model files: the planner reads --model FILE with the reader the chapter
+# uses, so it plans what the chapter loads and refuses what the chapter
+# refuses, with the chapter's own words: chapter 7's MoE file (its experts
+# win over --experts, as in the chapter), and neither kind of file where the
+# other is wanted
+mf=$TEST_TMPDIR/plan_files
+mkdir -p "$mf"
+mpi_run $T_SHORT 1 "$BUILD/chapter-7" --steps 1 --peak-gflops 10 --experts 2 --top-k 1 --save "$mf/moe.bin"
+mpi_run $T_SHORT 1 "$BUILD/chapter-0" --steps 1 --peak-gflops 10 --save "$mf/dense.bin"
+out=$("$BUILD/plan" --chapter 7 --ranks 2 --ep 2 --experts 8 --model "$mf/moe.bin" --json 2>&1 | head -1)
+want=$("$BUILD/plan" --chapter 7 --ranks 2 --ep 2 --experts 2 --top-k 1 --json 2>&1 | head -1)
+if [ -n "$out" ] && [ "$out" = "$want" ]; then
+    pass "plan --chapter 7 --model MOE_FILE: planned with the file's experts (E 2, k 1, not --experts 8), as chapter 7 runs it"
+else
+    fail "plan --chapter 7 --model MOE_FILE" "$(echo "$out" | cut -c1-200) / $(echo "$want" | cut -c1-200)"
+fi
+same_refusal() {  # NP CHAPTER-FLAGS... -- PLAN-FLAGS...: one error, the chapter's own line
+    local np=$1 flags=() plan_flags
+    shift
+    while [ "$1" != -- ]; do flags+=("$1"); shift; done
+    shift
+    mpi_run --may-fail $T_SHORT "$np" "$BUILD/${flags[0]}" "${flags[@]:1}" --steps 1 --peak-gflops 10
+    local run_err plan_err
+    run_err=$(echo "$OUT" | grep -m1 '^error: ')
+    plan_err=$("$BUILD/plan" "$@" 2>&1 | grep -m1 '^error: ')
+    if [ -n "$run_err" ] && [ "$run_err" = "$plan_err" ]; then
+        pass "plan $*: refused with the chapter's own line ($(echo "$run_err" | cut -c1-90)...)"
+    else
+        fail "plan $* (the chapter's refusal)" "chapter: '${run_err:-none}' planner: '${plan_err:-none}'"
+    fi
+}
+same_refusal 2 chapter-7 --ep 2 --model "$mf/dense.bin" -- --chapter 7 --ranks 2 --ep 2 --model "$mf/dense.bin"
+same_refusal 2 chapter-2 --dp 2 --model "$mf/moe.bin" -- --chapter 2 --ranks 2 --dp 2 --model "$mf/moe.bin"
 plan_error "--ranks" --chapter 2 --ranks 4 --dp 2
 plan_error "not planned" --chapter 9
 plan_error "--zero" --chapter 3 --ranks 2 --dp 2 --zero 4

@@ -41,6 +41,7 @@
 #include "mesh.h"
 #include "model.h"
 #include "model_file.h"
+#include "moe.h"  // chapter 7's MoE file (--model FILE with --chapter 7)
 #include "model_layout.h"
 #include "model_tp.h"
 #include "plan_time.h"
@@ -599,7 +600,7 @@ int main(int argc, char** argv) {
         {"steps", ARG_INT, &a.steps, "steps the --json communication counts (as the summary)  [1]"},
         {"json", ARG_FLAG, &a.json, "one JSON record: the summary's peak_bytes and comm objects"},
         {"model", ARG_STRING, &model,
-         "tiny | small | tiny6 | FILE.bin, or planner-only gpt2-124m | gpt2-350m | gpt2-1.5b | llama3-8b-like  [tiny]"},
+         "tiny | small | tiny6 | FILE.bin (read as the chapter reads it: chapter 7 an MoE file, the others llm.c's), or planner-only gpt2-124m | gpt2-350m | gpt2-1.5b | llama3-8b-like  [tiny]"},
         {"layers", ARG_INT, &layers, "L, overriding the model's"},
         {"channels", ARG_INT, &channels, "C"},
         {"heads", ARG_INT, &heads, "NH"},
@@ -655,8 +656,21 @@ int main(int argc, char** argv) {
     // the model: a preset, or a checkpoint's header; then explicit sizes
     a.model_name = model;
     if (!gpt_preset(model, &a.cfg) && !plan_time_preset(model, &a.cfg)) {
-        bad = checkpoint_read_config(model, &a.cfg, msg, sizeof(msg));
-        if (bad) die("%s", bad);
+        // a file: the reader the chapter itself uses, so the planner takes
+        // what the chapter takes and refuses what it refuses: chapter 7 (and
+        // the capstone) read an MoE file, whose experts, router and widths
+        // win over the flags as they do there (07_expert/moe_model.c); the
+        // others read llm.c's dense file (common/model_file.c)
+        if (a.chapter == 7) {
+            MoeConfig c;
+            bad = moe_checkpoint_read_config(model, &c, msg, sizeof(msg));
+            if (bad) die("%s", bad);
+            a.cfg = c.gpt;
+            a.experts = c.experts, a.top_k = c.top_k, a.expert_hidden = c.hidden, a.moe_every = c.moe_every;
+        } else {
+            bad = checkpoint_read_config(model, &a.cfg, msg, sizeof(msg));
+            if (bad) die("%s", bad);
+        }
     }
     a.cfg.num_layers = parse_int_or(layers, a.cfg.num_layers);
     a.cfg.channels = parse_int_or(channels, a.cfg.channels);
