@@ -52,17 +52,29 @@
 // made by ncclCommSplit, with its own stream, that carries the messages of
 // one direction only. Its sends (on one rank) and receives (on the other)
 // then come in the same order, and a transfer waits for nothing but its own
-// peer. comm_isend and comm_irecv queue at once on their channel, after the
-// compute queued before the call (an event recorded at the call); comm_recv
-// makes the compute stream wait for its own channel only; comm_wait for its
-// request.
+// peer. Two NCCL rules shape how they are used:
+//   - NCCL connects a pair at its first use, blocking the host until the
+//     peer's host makes its own first call there: every channel is
+//     connected when it is made (connect_channels);
+//   - with NCCL_LAUNCH_ORDER_IMPLICIT=1 every NCCL kernel on the device
+//     starts after the one issued before it: a channel holds one operation
+//     in flight, the next one waits on the host for its turn (channel_post).
+// comm_isend and comm_irecv issue their operation on its channel at once
+// when the channel is free, else at the first comm_* call or polling wait
+// after the channel's previous operation ended; either way it runs after
+// the compute queued before the call (an event recorded at the call).
+// comm_recv and comm_send wait on the host for their channel to be free,
+// then make the compute stream wait for it only; comm_sendrecv is one group
+// on its two channels; comm_wait makes the compute stream wait for its
+// request (on the host first until the request is issued).
 // These are the CPU layer's semantics: an isend progresses by itself, a
 // receive waits for its own message only, an operation waits only for the
 // compute before it. docs/cuda.md explains the rules.
 //   Channels need other communicators' kernels to run concurrently with
 // them: NCCL >= 2.26 with NCCL_LAUNCH_ORDER_IMPLICIT=1 and CUDA >= 12.3
-// (runtime and driver; NCCL then orders launches by launch completion, not
-// by kernel completion). Elsewhere (the shared stream, an older CUDA), and
+// (the CUDA NCCL was built with and the driver, as NCCL decides: it then
+// orders launches by launch completion, not by kernel completion;
+// decide_streams). Elsewhere (the shared stream, an older CUDA), and
 // for a peer that is not a neighbour or a group made by comm_create_group*,
 // the operations are held as before: queued together in one
 // ncclGroupStart/End at the next comm_* call (comm_test and comm_wait
@@ -77,6 +89,7 @@
 #include "comm_stats.h"
 #include "comm_trace.h"
 
+#include <dlfcn.h>  // dladdr (-D_GNU_SOURCE)
 #include <sched.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -96,6 +109,7 @@
 // communicator of the same group, and the stream its operations run on.
 // A channel (see the top) is an NcclGroup too: its communicator of two
 // ranks (the sender is rank 0, the receiver rank 1) and its stream.
+struct ChannelOp;
 typedef struct NcclGroup {
     ncclComm_t nccl;
     cudaStream_t stream;      // its own, or shared_stream
@@ -105,6 +119,10 @@ typedef struct NcclGroup {
     // neighbour is both: to[0] and from[1].
     struct NcclGroup* to[2];
     struct NcclGroup* from[2];
+    // a channel's operations not yet issued: each waits for the one before
+    // it on the channel to end (one in flight, see channel_post)
+    struct ChannelOp* pending;
+    int n_pending, cap_pending;
 } NcclGroup;
 
 static NcclGroup* live_groups = NULL;
@@ -137,9 +155,13 @@ static void check_async_errors(void) {
     }
 }
 
+static void channels_pump(void);
+
 // Waits for a stream (event NULL) or an event, as above.
 // The watchdog (watchdog.h) watches every such wait: a peer that stopped
 // leaves an NCCL kernel waiting forever, and no error is ever reported.
+// While it waits, the channels' next operations are issued as the ones
+// before them end (channels_pump): what it waits for may need them.
 static void wait_checked(cudaStream_t stream, cudaEvent_t event) {
     watchdog_enter(event ? "wait for an NCCL operation" : "wait for a stream", "device", -1);
     for (;;) {
@@ -147,6 +169,7 @@ static void wait_checked(cudaStream_t stream, cudaEvent_t event) {
         if (q == cudaSuccess) break;
         if (q != cudaErrorNotReady) CUDA_CHECK(q);
         check_async_errors();
+        channels_pump();
         sched_yield();
     }
     watchdog_leave();
@@ -164,8 +187,52 @@ static NcclGroup* group_of(const Comm* c) {
 static ncclComm_t nccl_of(const Comm* c) { return group_of(c)->nccl; }
 static cudaStream_t stream_of(const Comm* c) { return group_of(c)->stream; }
 
+// The CUDA version NCCL was built with (1000 major + 10 minor), read from
+// the version string NCCL keeps in its library for `strings` to find
+// ("NCCL version 2.28.9+cuda13.0": VERSION_STRING in NCCL's src/init.cc).
+// NCCL's API does not report it, and NCCL's launch ordering depends on it
+// (see decide_streams). 0 when the string is not found.
+static int nccl_build_cuda_version(void) {
+    Dl_info info;
+    const char* path = "/proc/self/exe";  // NCCL linked statically
+    if (dladdr((void*)ncclGetVersion, &info) && info.dli_fname && info.dli_fname[0]) path = info.dli_fname;
+    FILE* f = fopen(path, "rb");
+    if (!f) return 0;
+    enum { CHUNK = 1 << 20, KEEP = 64, LIMIT = 64 << 20 };  // the string sits in .rodata, near the start
+    char* buf = (char*)xmalloc(CHUNK + KEEP);
+    size_t have = 0, read_total = 0;
+    int version = 0;
+    static const char key[] = "NCCL version ";
+    while (!version && read_total < LIMIT) {
+        size_t got = fread(buf + have, 1, CHUNK, f);
+        if (got == 0) break;
+        read_total += got;
+        have += got;
+        for (char* at = buf; (at = (char*)memmem(at, have - (size_t)(at - buf), key, sizeof(key) - 1)) != NULL; at++) {
+            char* plus = (char*)memchr(at, '+', (size_t)(buf + have - at) < KEEP ? (size_t)(buf + have - at) : KEEP);
+            int major = 0, minor = 0;
+            if (plus && sscanf(plus, "+cuda%d.%d", &major, &minor) == 2) {
+                version = major * 1000 + minor * 10;
+                break;
+            }
+        }
+        size_t keep = have < KEEP ? have : KEEP;  // a string cut by the chunk's end is found in the next
+        memmove(buf, buf + have - keep, keep);
+        have = keep;
+    }
+    free(buf);
+    fclose(f);
+    return version;
+}
+
 // Own streams need NCCL >= 2.26 with implicit launch order (see the top).
 // Runs before any other NCCL call, so NCCL reads the variable we set.
+// Channels need NCCL to order launches by launch completion, which NCCL
+// does when min(the CUDA it was built with, the driver) >= 12.3
+// (getImplicitOrder in NCCL's src/enqueue.cc); below that every NCCL kernel
+// waits for the one before it to end, and a receive would block the
+// channels behind it. So the decision uses what NCCL reports (ncclGetVersion)
+// and the versions NCCL itself compares, not this program's CUDA runtime.
 static void decide_streams(void) {
     if (own_streams >= 0) return;
     int version = 0;
@@ -173,13 +240,18 @@ static void decide_streams(void) {
     const char* env = getenv("NCCL_LAUNCH_ORDER_IMPLICIT");
     own_streams = version >= 22600 && !(env && strcmp(env, "0") == 0);
     if (own_streams) setenv("NCCL_LAUNCH_ORDER_IMPLICIT", "1", 0);
-    // NCCL orders launches by launch completion only with CUDA >= 12.3 on
-    // both sides; otherwise each NCCL kernel waits for the one before it to
-    // end, and a receive would block the channels behind it again
-    int driver = 0, runtime = 0;
-    CUDA_CHECK(cudaDriverGetVersion(&driver));
-    CUDA_CHECK(cudaRuntimeGetVersion(&runtime));
-    use_channels = own_streams && driver >= 12030 && runtime >= 12030;
+    int driver = 0, built = own_streams ? nccl_build_cuda_version() : 0;
+    CUDA_CHECK(cudaDriverGetVersion(&driver));  // what NCCL's ncclCudaDriverVersion reads (cuDriverGetVersion)
+    if (own_streams && built == 0) {
+        // not found: this program's runtime is the best guess left, said once
+        CUDA_CHECK(cudaRuntimeGetVersion(&built));
+        int rank = 0;
+        MPI_CHECK(MPI_Comm_rank(MPI_COMM_WORLD, &rank));
+        if (rank == 0)
+            fprintf(stderr, "note: the CUDA version NCCL was built with is not in its library; taking this "
+                            "program's (%d) to decide NCCL's launch ordering\n", built);
+    }
+    use_channels = own_streams && (driver < built ? driver : built) >= 12030;
 }
 
 // The compute stream's waits read on the GPU's clock since the last call:
@@ -223,6 +295,7 @@ static void live_free(NcclGroup* g) {
             *p = g->next;
             break;
         }
+    free(g->pending);
     free(g);
 }
 
@@ -252,6 +325,41 @@ static void make_channels(NcclGroup* g, int n, int me, int dir) {
     }
 }
 
+// NCCL connects a point-to-point pair at its first use, not when the
+// communicator is made: the first ncclSend or ncclRecv to a peer marks the
+// connections to set up (p2pTaskAppend in NCCL's src/enqueue.cc, "Mark
+// channels that need pre-connect"), and ncclGroupEnd then sets them up and
+// waits (groupLaunch, ncclP2PPreconnectFunc in src/group.cc), exchanging
+// addresses with the peer over the bootstrap network: a send to it, then a
+// receive from it (ncclTransportP2pSetup in src/transport.cc). So the first
+// call on a channel blocks the host until the peer's host makes its own
+// first call on that channel. In a ring where every rank first posts its
+// receive from the left, every host would block there for good. So every
+// channel is connected here, while all ranks make the group together: one
+// group over all the group's channels, a one-element message on each in the
+// direction it carries (rank 0 sends, rank 1 receives; NCCL connects all of
+// a peer's channels whatever the size), then a wait. Inside ncclGroupEnd
+// NCCL connects the communicators of a group each in its own thread
+// (asyncJobLaunch in src/group.cc), so the order of the channels here does
+// not matter. Later operations find the channels connected and never block
+// the host.
+static void connect_channels(NcclGroup* g) {
+    NcclGroup* ch[4] = {g->to[0], g->to[1], g->from[0], g->from[1]};
+    float* scratch = mem_alloc_floats(4, MEM_COMM);
+    for (int i = 0; i < 4; i++)
+        if (ch[i]) CUDA_CHECK(cudaMemsetAsync(scratch + i, 0, sizeof(float), ch[i]->stream));
+    NCCL_CHECK(ncclGroupStart());
+    for (int i = 0; i < 4; i++) {
+        if (!ch[i]) continue;
+        if (i < 2) NCCL_CHECK(ncclSend(scratch + i, 1, ncclFloat, 1, ch[i]->nccl, ch[i]->stream));
+        else NCCL_CHECK(ncclRecv(scratch + i, 1, ncclFloat, 0, ch[i]->nccl, ch[i]->stream));
+    }
+    NCCL_CHECK(ncclGroupEnd());
+    for (int i = 0; i < 4; i++)
+        if (ch[i]) wait_checked(ch[i]->stream, NULL);
+    mem_free(scratch);
+}
+
 // The group's rank 0 makes a unique id, MPI carries it to the rest of the
 // group, and every rank of the group joins the NCCL communicator with it.
 // With channels (the world, pp and cp: the groups that send and receive),
@@ -274,17 +382,20 @@ static void make_comm(Comm* c, MPI_Comm mpi, int axis, int channels) {
     if (channels && use_channels && c->size >= 2) {
         make_channels(g, c->size, c->rank, 1);
         if (c->size > 2) make_channels(g, c->size, c->rank, -1);  // with two, +1 already covers both ways
+        connect_channels(g);
     }
     c->backend = g;
 }
 
 static void flush_p2p(void);
+static void channels_drain(void);
 
 // Waits for the group's operations, then frees its channels, communicator and stream.
 static void free_nccl_group(Comm* c) {
     NcclGroup* g = (NcclGroup*)c->backend;
     if (!g) return;
     flush_p2p();
+    channels_drain();
     for (int i = 0; i < 2; i++) {
         if (g->to[i]) live_free(g->to[i]);
         if (g->from[i]) live_free(g->from[i]);
@@ -464,8 +575,11 @@ static void held_done(void) {
     num_held = 0;
 }
 
-// Queues the held operations as one group of their own.
+// Queues the held operations as one group of their own. Every comm_* call
+// passes here first (or through channels_pump itself), so it also issues
+// the channels' operations whose turn has come.
 static void flush_p2p(void) {
+    channels_pump();
     if (num_held == 0) return;
     held_wait_for_compute();
     NCCL_CHECK(ncclGroupStart());
@@ -567,6 +681,112 @@ static void queue_on_channel(NcclGroup* ch, int is_send, float* buf, size_t n, c
     if (n && is_send) NCCL_CHECK(ncclSend(buf, n, ncclFloat, 1, ch->nccl, ch->stream));
     if (n && !is_send) NCCL_CHECK(ncclRecv(buf, n, ncclFloat, 0, ch->nccl, ch->stream));
     if (ev) CUDA_CHECK(cudaEventRecord(ev, ch->stream));
+}
+
+// One operation in flight per channel. With NCCL_LAUNCH_ORDER_IMPLICIT=1,
+// NCCL makes every NCCL kernel on a device start after the one the host
+// issued before it has started (the launch stream waits for the device's
+// launchOrder stream: ncclLaunchPrepare and ncclLaunchFinish in NCCL's
+// src/enqueue.cc; "Using multiple NCCL communicators concurrently" in its
+// user guide). A channel's second operation cannot start before its first
+// has ended (one stream), and the first of a send ends only when the peer's
+// receive runs. Queued at once, it would hold back every operation issued
+// after it, on any channel or communicator, until that receive: a cycle in
+// chapter 5's interleaved schedule at pp = 2, where one channel carries
+// activations and gradients (tests/test_cuda_queue.c finds it). So a
+// channel's stream holds one operation at most: the next one waits on the
+// host (ChannelOp), is issued once the one before has ended, at the next
+// comm_* call or in any polling wait (channels_pump), and comm_wait on it
+// waits on the host until it is issued (the compute stream can only wait for
+// an operation already issued). Issued late, it still waits on the device
+// for the compute queued before the call (its request's event, recorded then).
+typedef struct ChannelOp {
+    int is_send;
+    float* buf;
+    size_t n;
+    CommRequest* req;
+} ChannelOp;
+
+// Non-zero when the stream has nothing left to run.
+static int stream_idle(cudaStream_t stream) {
+    cudaError_t q = cudaStreamQuery(stream);
+    if (q == cudaSuccess) return 1;
+    if (q != cudaErrorNotReady) CUDA_CHECK(q);
+    if (cudaPeekAtLastError() == cudaErrorNotReady) (void)cudaGetLastError();  // not an error: see comm_test
+    return 0;
+}
+
+static int channel_free(const NcclGroup* ch) { return ch->n_pending == 0 && stream_idle(ch->stream); }
+
+// Issues each channel's oldest waiting operation whose turn has come.
+static void channels_pump(void) {
+    for (NcclGroup* ch = live_groups; ch; ch = ch->next) {
+        if (ch->n_pending == 0 || !stream_idle(ch->stream)) continue;
+        ChannelOp op = ch->pending[0];
+        ch->n_pending--;
+        memmove(ch->pending, ch->pending + 1, (size_t)ch->n_pending * sizeof(ChannelOp));
+        cudaEvent_t ev = (cudaEvent_t)op.req->device_event;
+        CUDA_CHECK(cudaStreamWaitEvent(ch->stream, ev, 0));  // the compute before the call
+        if (op.is_send) NCCL_CHECK(ncclSend(op.buf, op.n, ncclFloat, 1, ch->nccl, ch->stream));
+        else NCCL_CHECK(ncclRecv(op.buf, op.n, ncclFloat, 0, ch->nccl, ch->stream));
+        CUDA_CHECK(cudaEventRecord(ev, ch->stream));  // now its end
+    }
+}
+
+// comm_isend / comm_irecv on a channel: issued now if the channel is free,
+// else kept until its turn (the event marks the compute before the call).
+static void channel_post(NcclGroup* ch, int is_send, float* buf, size_t n, CommRequest* req) {
+    channels_pump();
+    cudaEvent_t ev = (cudaEvent_t)req->device_event;
+    if (n == 0 || channel_free(ch)) {  // a count of 0 issues nothing
+        queue_on_channel(ch, is_send, buf, n, ev);
+        return;
+    }
+    CUDA_CHECK(cudaEventRecord(ev, cuda_compute_stream));
+    if (ch->n_pending == ch->cap_pending) {
+        ch->cap_pending = ch->cap_pending ? 2 * ch->cap_pending : 16;
+        ch->pending = (ChannelOp*)realloc(ch->pending, (size_t)ch->cap_pending * sizeof(ChannelOp));
+        CHECK(ch->pending != NULL, "out of host memory for a channel's waiting operations");
+    }
+    ch->pending[ch->n_pending++] = (ChannelOp){is_send, buf, n, req};
+}
+
+// Polls until done(arg) holds, issuing channel operations as their turn
+// comes, with NCCL's errors and the watchdog watching, as wait_checked.
+static void poll_until(int (*done)(const void*), const void* arg, const char* what) {
+    watchdog_enter(what, "device", -1);
+    for (;;) {
+        channels_pump();
+        if (done(arg)) break;
+        check_async_errors();
+        sched_yield();
+    }
+    watchdog_leave();
+}
+
+static int is_channel_free(const void* ch) { return channel_free((const NcclGroup*)ch); }
+static int request_issued(const void* req) {
+    for (NcclGroup* ch = live_groups; ch; ch = ch->next)
+        for (int i = 0; i < ch->n_pending; i++)
+            if (ch->pending[i].req == req) return 0;
+    return 1;
+}
+static int nothing_pending(const void* unused) {
+    (void)unused;
+    for (NcclGroup* ch = live_groups; ch; ch = ch->next)
+        if (ch->n_pending) return 0;
+    return 1;
+}
+
+// A blocking call's channel: free (its earlier operations ended), so the
+// operation is issued now, in the host's order.
+static void channel_wait_free(NcclGroup* ch) {
+    if (ch && !channel_free(ch)) poll_until(is_channel_free, ch, "wait for a point-to-point channel");
+}
+
+// Every channel operation issued (comm_barrier, freeing a group).
+static void channels_drain(void) {
+    if (!nothing_pending(NULL)) poll_until(nothing_pending, NULL, "wait for the channels' waiting operations");
 }
 
 // A blocking send or receive on channels: queued as begin_blocking does
@@ -757,6 +977,7 @@ void comm_send(const Comm* c, const float* buf, size_t n, int peer) {
     if (n == 0) return;
     NcclGroup* ch = channel_to(c, peer);
     if (ch) {
+        channel_wait_free(ch);
         begin_channels();
         queue_on_channel(ch, 1, (float*)buf, n, NULL);
         end_channels(ch, NULL);
@@ -772,6 +993,7 @@ void comm_recv(const Comm* c, float* buf, size_t n, int peer) {
     if (n == 0) return;
     NcclGroup* ch = channel_from(c, peer);
     if (ch) {  // waits for its own message only
+        channel_wait_free(ch);
         begin_channels();
         queue_on_channel(ch, 0, buf, n, NULL);
         end_channels(ch, NULL);
@@ -783,7 +1005,10 @@ void comm_recv(const Comm* c, float* buf, size_t n, int peer) {
 }
 
 // The send and the receive in one group, so they progress together: a ring
-// step where every rank sends right and receives from the left cannot deadlock.
+// step where every rank sends right and receives from the left cannot
+// deadlock. On channels too: a group over two communicators and two streams
+// (NCCL: "Mixing multiple streams within the same ncclGroupStart/End()
+// group"), issued once both channels are free.
 void comm_sendrecv(const Comm* c, const float* send, size_t send_n, int dest, float* recv,
                    size_t recv_n, int source) {
     comm_tally(c, COLL_SEND, send_n * sizeof(float), 1.0);
@@ -791,10 +1016,14 @@ void comm_sendrecv(const Comm* c, const float* send, size_t send_n, int dest, fl
     if (send_n == 0 && recv_n == 0) return;
     NcclGroup* to = send_n ? channel_to(c, dest) : NULL;
     NcclGroup* from = recv_n ? channel_from(c, source) : NULL;
-    if ((to || !send_n) && (from || !recv_n)) {  // two channels: they progress independently
+    if ((to || !send_n) && (from || !recv_n)) {
+        channel_wait_free(to);
+        channel_wait_free(from);
         begin_channels();
+        NCCL_CHECK(ncclGroupStart());
         if (to) queue_on_channel(to, 1, (float*)send, send_n, NULL);
         if (from) queue_on_channel(from, 0, recv, recv_n, NULL);
+        NCCL_CHECK(ncclGroupEnd());
         end_channels(to, from);
         return;
     }
@@ -808,6 +1037,7 @@ void comm_sendrecv(const Comm* c, const float* send, size_t send_n, int dest, fl
 void comm_barrier(const Comm* c) {
     comm_tally(c, COLL_BARRIER, 0, 0.0);
     flush_p2p();
+    channels_drain();
     wait_checked(cuda_compute_stream, NULL);
     double t0 = now_seconds();
     for (NcclGroup* g = live_groups; g; g = g->next) wait_checked(g->stream, NULL);
@@ -897,7 +1127,7 @@ void comm_isend(const Comm* c, const float* buf, size_t n, int peer, CommRequest
     }
     start(req);
     double t0 = now_seconds();
-    queue_on_channel(ch, 1, (float*)buf, n, (cudaEvent_t)req->device_event);
+    channel_post(ch, 1, (float*)buf, n, req);
     comm_add_progress(now_seconds() - t0);
 }
 
@@ -910,7 +1140,7 @@ void comm_irecv(const Comm* c, float* buf, size_t n, int peer, CommRequest* req)
     }
     start(req);
     double t0 = now_seconds();
-    queue_on_channel(ch, 0, buf, n, (cudaEvent_t)req->device_event);
+    channel_post(ch, 0, buf, n, req);
     comm_add_progress(now_seconds() - t0);
 }
 
@@ -932,6 +1162,7 @@ static void finish(CommRequest* req, int span) {
 void comm_wait(CommRequest* req) {
     if (!req->active) return;
     flush_p2p();
+    if (!request_issued(req)) poll_until(request_issued, req, "wait for a channel to issue a request");
     comm_request_current(req);
     // Stream-ordered, as the blocking calls: the compute stream waits for the
     // request's event and the host goes on (see the top of the file)
@@ -944,7 +1175,8 @@ int comm_test(CommRequest* req) {
     double t0 = now_seconds();
     flush_p2p();
     comm_request_current(req);
-    cudaError_t rc = cudaEventQuery((cudaEvent_t)req->device_event);
+    // not issued yet (waiting for its channel): its event marks only the compute before it
+    cudaError_t rc = request_issued(req) ? cudaEventQuery((cudaEvent_t)req->device_event) : cudaErrorNotReady;
     int done = rc != cudaErrorNotReady;
     if (!done) {
         // not an error: still in flight. Clear it in case the runtime kept it
