@@ -109,20 +109,17 @@
 // communicator of the same group, and the stream its operations run on.
 // A channel (see the top) is an NcclGroup too: its communicator of two
 // ranks (the sender is rank 0, the receiver rank 1) and its stream.
-struct ChannelOp;
 typedef struct NcclGroup {
     ncclComm_t nccl;
     cudaStream_t stream;      // its own, or shared_stream
     struct NcclGroup* next;   // every live group and channel, for comm_barrier
     // channels to and from the ring neighbours: [0] the next rank (+1),
     // [1] the previous (-1); NULL without channels. With two ranks the one
-    // neighbour is both: to[0] and from[1].
+    // neighbour is both, and its messages alternate between the two
+    // channels of each direction (see lane_to).
     struct NcclGroup* to[2];
     struct NcclGroup* from[2];
-    // a channel's operations not yet issued: each waits for the one before
-    // it on the channel to end (one in flight, see channel_post)
-    struct ChannelOp* pending;
-    int n_pending, cap_pending;
+    long sent, received;  // two ranks: messages to and from the peer so far
 } NcclGroup;
 
 static NcclGroup* live_groups = NULL;
@@ -135,6 +132,18 @@ static cudaEvent_t comm_done = NULL;       // "a blocking call's operation ended
 // stream reaching a blocking call or comm_wait to the end of the operation
 // it waits for (see comm_device_wait_seconds).
 static DeviceClock wait_clock;
+// The channels' operations waiting for their turn, in the order of the
+// calls (see channel_post).
+typedef struct ChannelOp {
+    NcclGroup* ch;
+    int is_send;
+    float* buf;
+    size_t n;
+    CommRequest* req;
+} ChannelOp;
+
+static ChannelOp* waiting = NULL;  // in the order of the calls
+static int n_waiting = 0, cap_waiting = 0;
 
 // ---------------------------------------------------------------- waiting, with NCCL's errors
 
@@ -295,7 +304,6 @@ static void live_free(NcclGroup* g) {
             *p = g->next;
             break;
         }
-    free(g->pending);
     free(g);
 }
 
@@ -380,8 +388,10 @@ static void make_comm(Comm* c, MPI_Comm mpi, int axis, int channels) {
     NCCL_CHECK(ncclCommInitRank(&nccl, c->size, id, c->rank));
     NcclGroup* g = live_add(nccl);
     if (channels && use_channels && c->size >= 2) {
+        // both directions, with two ranks too: then each way to the one
+        // peer has two channels (see channel_to)
         make_channels(g, c->size, c->rank, 1);
-        if (c->size > 2) make_channels(g, c->size, c->rank, -1);  // with two, +1 already covers both ways
+        make_channels(g, c->size, c->rank, -1);
         connect_channels(g);
     }
     c->backend = g;
@@ -416,6 +426,9 @@ static void shared_resources_release_if_unused(void) {
     compute_ready = comm_done = NULL;
     if (shared_stream) CUDA_CHECK(cudaStreamDestroy(shared_stream));
     shared_stream = NULL;
+    free(waiting);
+    waiting = NULL;
+    cap_waiting = 0;
 }
 
 // Non-zero when another rank of this node drives the same GPU as this rank.
@@ -581,6 +594,7 @@ static void held_done(void) {
 static void flush_p2p(void) {
     channels_pump();
     if (num_held == 0) return;
+    channels_drain();
     held_wait_for_compute();
     NCCL_CHECK(ncclGroupStart());
     queue_held_in_group();
@@ -621,6 +635,7 @@ static void wait_span_end(void) {
 // communication stream waits for compute (an event, not the host).
 static void begin_blocking(const Comm* c) {
     flush_p2p();
+    channels_drain();
     wait_span_begin();
     after_compute(stream_of(c));
 }
@@ -639,6 +654,7 @@ static void end_blocking(const Comm* c) {
 // (two groups in a row would leave each receive waiting for a send queued
 // behind it).
 static void begin_blocking_p2p(const Comm* c) {
+    channels_drain();
     held_wait_for_compute();
     wait_span_begin();
     after_compute(stream_of(c));
@@ -655,19 +671,38 @@ static void end_blocking_p2p(const Comm* c) {
 // ---------------------------------------------------------------- channels
 
 // The channel of a send to / a receive from peer (a ring neighbour), or
-// NULL: no channels here, or not a neighbour (the held path).
-static NcclGroup* channel_to(const Comm* c, int peer) {
+// NULL: no channels here, or not a neighbour (the held path). With two
+// ranks, where activations and gradients go to the same peer, the
+// messages alternate between the peer's two channels of each direction
+// (the +1 and the -1 one): the i-th message to the peer goes on to[i % 2]
+// and the peer takes its i-th message from it from from[1 - i % 2], the
+// same communicator. With one channel per direction at pp = 2 and NCCL's
+// launch order, a gradient sent behind an activation still in flight holds
+// back everything after it: chapter 5's interleaved schedule deadlocks
+// (tests/test_cuda_queue.c, FIX_PAIR). take: the message is sent now (a
+// blocking or non-blocking call with a count), so the next one alternates.
+static NcclGroup* channel_to(const Comm* c, int peer, int take) {
     NcclGroup* g = group_of(c);
     int n = c->size;
     if (n < 2) return NULL;
+    if (n == 2 && peer == 1 - c->rank) {
+        NcclGroup* ch = g->to[g->sent % 2];
+        if (ch && take) g->sent++;
+        return ch;
+    }
     if (peer == (c->rank + 1) % n) return g->to[0];
     if (peer == (c->rank + n - 1) % n) return g->to[1];
     return NULL;
 }
-static NcclGroup* channel_from(const Comm* c, int peer) {
+static NcclGroup* channel_from(const Comm* c, int peer, int take) {
     NcclGroup* g = group_of(c);
     int n = c->size;
     if (n < 2) return NULL;
+    if (n == 2 && peer == 1 - c->rank) {
+        NcclGroup* ch = g->from[1 - g->received % 2];
+        if (ch && take) g->received++;
+        return ch;
+    }
     if (peer == (c->rank + n - 1) % n) return g->from[1];
     if (peer == (c->rank + 1) % n) return g->from[0];
     return NULL;
@@ -683,29 +718,29 @@ static void queue_on_channel(NcclGroup* ch, int is_send, float* buf, size_t n, c
     if (ev) CUDA_CHECK(cudaEventRecord(ev, ch->stream));
 }
 
-// One operation in flight per channel. With NCCL_LAUNCH_ORDER_IMPLICIT=1,
-// NCCL makes every NCCL kernel on a device start after the one the host
-// issued before it has started (the launch stream waits for the device's
-// launchOrder stream: ncclLaunchPrepare and ncclLaunchFinish in NCCL's
-// src/enqueue.cc; "Using multiple NCCL communicators concurrently" in its
-// user guide). A channel's second operation cannot start before its first
-// has ended (one stream), and the first of a send ends only when the peer's
-// receive runs. Queued at once, it would hold back every operation issued
-// after it, on any channel or communicator, until that receive: a cycle in
-// chapter 5's interleaved schedule at pp = 2, where one channel carries
-// activations and gradients (tests/test_cuda_queue.c finds it). So a
-// channel's stream holds one operation at most: the next one waits on the
-// host (ChannelOp), is issued once the one before has ended, at the next
-// comm_* call or in any polling wait (channels_pump), and comm_wait on it
-// waits on the host until it is issued (the compute stream can only wait for
-// an operation already issued). Issued late, it still waits on the device
-// for the compute queued before the call (its request's event, recorded then).
-typedef struct ChannelOp {
-    int is_send;
-    float* buf;
-    size_t n;
-    CommRequest* req;
-} ChannelOp;
+// One operation in flight per channel, in the order of the calls. With
+// NCCL_LAUNCH_ORDER_IMPLICIT=1, NCCL makes every NCCL kernel on a device
+// start after the one the host issued before it has started (the launch
+// stream waits for the device's launchOrder stream: ncclLaunchPrepare and
+// ncclLaunchFinish in NCCL's src/enqueue.cc; "Using multiple NCCL
+// communicators concurrently" in its user guide). A channel's second
+// operation cannot start before its first has ended (one stream), and the
+// first of a send ends only when the peer's receive runs: queued at once,
+// it would hold back every operation issued after it, on any channel or
+// communicator, until that receive. So a channel's stream holds one
+// operation at most, and a later one waits on the host (ChannelOp) in one
+// queue, in the order of the calls; it is issued once its channel's
+// previous operation has ended, at the next comm_* call or in any polling
+// wait (channels_pump). Every other call that issues NCCL work first waits
+// on the host until the queue is empty (channels_drain): issued past a
+// waiting operation, a collective whose compute waits for a message could
+// hold back, in NCCL's launch order, the operation that message needs (the
+// test finds such cycles: any_order). comm_wait on a waiting request waits
+// on the host until it is issued (the compute stream can only wait for an
+// operation already issued). Issued late, an operation still waits on the
+// device for the compute queued before its call (its request's event,
+// recorded then).
+// (ChannelOp and the queue `waiting` are declared at the top of the file.)
 
 // Non-zero when the stream has nothing left to run.
 static int stream_idle(cudaStream_t stream) {
@@ -716,25 +751,27 @@ static int stream_idle(cudaStream_t stream) {
     return 0;
 }
 
-static int channel_free(const NcclGroup* ch) { return ch->n_pending == 0 && stream_idle(ch->stream); }
+static int channel_free(const NcclGroup* ch) { return n_waiting == 0 && stream_idle(ch->stream); }
 
-// Issues each channel's oldest waiting operation whose turn has come.
+// Issues the waiting operations, oldest first, while the oldest one's
+// channel has ended its previous operation.
 static void channels_pump(void) {
-    for (NcclGroup* ch = live_groups; ch; ch = ch->next) {
-        if (ch->n_pending == 0 || !stream_idle(ch->stream)) continue;
-        ChannelOp op = ch->pending[0];
-        ch->n_pending--;
-        memmove(ch->pending, ch->pending + 1, (size_t)ch->n_pending * sizeof(ChannelOp));
+    int done = 0;
+    while (done < n_waiting && stream_idle(waiting[done].ch->stream)) {
+        ChannelOp op = waiting[done++];
         cudaEvent_t ev = (cudaEvent_t)op.req->device_event;
-        CUDA_CHECK(cudaStreamWaitEvent(ch->stream, ev, 0));  // the compute before the call
-        if (op.is_send) NCCL_CHECK(ncclSend(op.buf, op.n, ncclFloat, 1, ch->nccl, ch->stream));
-        else NCCL_CHECK(ncclRecv(op.buf, op.n, ncclFloat, 0, ch->nccl, ch->stream));
-        CUDA_CHECK(cudaEventRecord(ev, ch->stream));  // now its end
+        CUDA_CHECK(cudaStreamWaitEvent(op.ch->stream, ev, 0));  // the compute before the call
+        if (op.is_send) NCCL_CHECK(ncclSend(op.buf, op.n, ncclFloat, 1, op.ch->nccl, op.ch->stream));
+        else NCCL_CHECK(ncclRecv(op.buf, op.n, ncclFloat, 0, op.ch->nccl, op.ch->stream));
+        CUDA_CHECK(cudaEventRecord(ev, op.ch->stream));  // now its end
     }
+    if (done == 0) return;
+    n_waiting -= done;
+    memmove(waiting, waiting + done, (size_t)n_waiting * sizeof(ChannelOp));
 }
 
-// comm_isend / comm_irecv on a channel: issued now if the channel is free,
-// else kept until its turn (the event marks the compute before the call).
+// comm_isend / comm_irecv on a channel: issued now if nothing waits and the
+// channel is free, else queued (the event marks the compute before the call).
 static void channel_post(NcclGroup* ch, int is_send, float* buf, size_t n, CommRequest* req) {
     channels_pump();
     cudaEvent_t ev = (cudaEvent_t)req->device_event;
@@ -743,15 +780,15 @@ static void channel_post(NcclGroup* ch, int is_send, float* buf, size_t n, CommR
         return;
     }
     CUDA_CHECK(cudaEventRecord(ev, cuda_compute_stream));
-    if (ch->n_pending == ch->cap_pending) {
-        ch->cap_pending = ch->cap_pending ? 2 * ch->cap_pending : 16;
-        ch->pending = (ChannelOp*)realloc(ch->pending, (size_t)ch->cap_pending * sizeof(ChannelOp));
-        CHECK(ch->pending != NULL, "out of host memory for a channel's waiting operations");
+    if (n_waiting == cap_waiting) {
+        cap_waiting = cap_waiting ? 2 * cap_waiting : 16;
+        waiting = (ChannelOp*)realloc(waiting, (size_t)cap_waiting * sizeof(ChannelOp));
+        CHECK(waiting != NULL, "out of host memory for the channels' waiting operations");
     }
-    ch->pending[ch->n_pending++] = (ChannelOp){is_send, buf, n, req};
+    waiting[n_waiting++] = (ChannelOp){ch, is_send, buf, n, req};
 }
 
-// Polls until done(arg) holds, issuing channel operations as their turn
+// Polls until done(arg) holds, issuing waiting operations as their turn
 // comes, with NCCL's errors and the watchdog watching, as wait_checked.
 static void poll_until(int (*done)(const void*), const void* arg, const char* what) {
     watchdog_enter(what, "device", -1);
@@ -766,27 +803,24 @@ static void poll_until(int (*done)(const void*), const void* arg, const char* wh
 
 static int is_channel_free(const void* ch) { return channel_free((const NcclGroup*)ch); }
 static int request_issued(const void* req) {
-    for (NcclGroup* ch = live_groups; ch; ch = ch->next)
-        for (int i = 0; i < ch->n_pending; i++)
-            if (ch->pending[i].req == req) return 0;
+    for (int i = 0; i < n_waiting; i++)
+        if (waiting[i].req == req) return 0;
     return 1;
 }
-static int nothing_pending(const void* unused) {
+static int nothing_waits(const void* unused) {
     (void)unused;
-    for (NcclGroup* ch = live_groups; ch; ch = ch->next)
-        if (ch->n_pending) return 0;
-    return 1;
+    return n_waiting == 0;
 }
 
-// A blocking call's channel: free (its earlier operations ended), so the
-// operation is issued now, in the host's order.
+// A blocking call's channel: nothing waits and its earlier operations
+// ended, so the operation is issued now, in the order of the calls.
 static void channel_wait_free(NcclGroup* ch) {
     if (ch && !channel_free(ch)) poll_until(is_channel_free, ch, "wait for a point-to-point channel");
 }
 
-// Every channel operation issued (comm_barrier, freeing a group).
+// Every waiting operation issued: before any other call issues NCCL work.
 static void channels_drain(void) {
-    if (!nothing_pending(NULL)) poll_until(nothing_pending, NULL, "wait for the channels' waiting operations");
+    if (n_waiting) poll_until(nothing_waits, NULL, "wait for the channels' waiting operations");
 }
 
 // A blocking send or receive on channels: queued as begin_blocking does
@@ -975,7 +1009,7 @@ void comm_alltoallv(const Comm* c, const float* send, const size_t* send_counts,
 void comm_send(const Comm* c, const float* buf, size_t n, int peer) {
     comm_tally(c, COLL_SEND, n * sizeof(float), 1.0);
     if (n == 0) return;
-    NcclGroup* ch = channel_to(c, peer);
+    NcclGroup* ch = channel_to(c, peer, 1);
     if (ch) {
         channel_wait_free(ch);
         begin_channels();
@@ -991,7 +1025,7 @@ void comm_send(const Comm* c, const float* buf, size_t n, int peer) {
 void comm_recv(const Comm* c, float* buf, size_t n, int peer) {
     comm_tally(c, COLL_RECV, n * sizeof(float), 0.0);
     if (n == 0) return;
-    NcclGroup* ch = channel_from(c, peer);
+    NcclGroup* ch = channel_from(c, peer, 1);
     if (ch) {  // waits for its own message only
         channel_wait_free(ch);
         begin_channels();
@@ -1014,8 +1048,8 @@ void comm_sendrecv(const Comm* c, const float* send, size_t send_n, int dest, fl
     comm_tally(c, COLL_SEND, send_n * sizeof(float), 1.0);
     comm_tally(c, COLL_RECV, recv_n * sizeof(float), 0.0);
     if (send_n == 0 && recv_n == 0) return;
-    NcclGroup* to = send_n ? channel_to(c, dest) : NULL;
-    NcclGroup* from = recv_n ? channel_from(c, source) : NULL;
+    NcclGroup* to = send_n ? channel_to(c, dest, 1) : NULL;
+    NcclGroup* from = recv_n ? channel_from(c, source, 1) : NULL;
     if ((to || !send_n) && (from || !recv_n)) {
         channel_wait_free(to);
         channel_wait_free(from);
@@ -1054,6 +1088,7 @@ void comm_barrier(const Comm* c) {
 static double begin_nonblocking(const Comm* c) {
     double t0 = now_seconds();
     flush_p2p();
+    channels_drain();
     after_compute(stream_of(c));
     return t0;
 }
@@ -1120,7 +1155,7 @@ void comm_ialltoallv(const Comm* c, const float* send, const size_t* send_counts
 // request's event behind it. Elsewhere held (see the top).
 void comm_isend(const Comm* c, const float* buf, size_t n, int peer, CommRequest* req) {
     comm_tally(c, COLL_SEND, n * sizeof(float), 1.0);
-    NcclGroup* ch = channel_to(c, peer);
+    NcclGroup* ch = channel_to(c, peer, n > 0);
     if (!ch) {
         hold_p2p(c, 1, (float*)buf, n, peer, req);
         return;
@@ -1133,7 +1168,7 @@ void comm_isend(const Comm* c, const float* buf, size_t n, int peer, CommRequest
 
 void comm_irecv(const Comm* c, float* buf, size_t n, int peer, CommRequest* req) {
     comm_tally(c, COLL_RECV, n * sizeof(float), 0.0);
-    NcclGroup* ch = channel_from(c, peer);
+    NcclGroup* ch = channel_from(c, peer, n > 0);
     if (!ch) {
         hold_p2p(c, 0, buf, n, peer, req);
         return;
