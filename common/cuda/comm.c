@@ -52,21 +52,27 @@
 // made by ncclCommSplit, with its own stream, that carries the messages of
 // one direction only. Its sends (on one rank) and receives (on the other)
 // then come in the same order, and a transfer waits for nothing but its own
-// peer. Two NCCL rules shape how they are used:
+// peer. In a group of two ranks the one neighbour is both the next and the
+// previous rank: it gets both channels of each direction, and the messages
+// to it alternate between them (channel_to). Two NCCL rules shape how the
+// channels are used:
 //   - NCCL connects a pair at its first use, blocking the host until the
 //     peer's host makes its own first call there: every channel is
 //     connected when it is made (connect_channels);
 //   - with NCCL_LAUNCH_ORDER_IMPLICIT=1 every NCCL kernel on the device
 //     starts after the one issued before it: a channel holds one operation
-//     in flight, the next one waits on the host for its turn (channel_post).
+//     in flight, a later one waits on the host for its turn, and the
+//     operations are issued in the order of the calls (channel_post).
 // comm_isend and comm_irecv issue their operation on its channel at once
-// when the channel is free, else at the first comm_* call or polling wait
-// after the channel's previous operation ended; either way it runs after
-// the compute queued before the call (an event recorded at the call).
-// comm_recv and comm_send wait on the host for their channel to be free,
-// then make the compute stream wait for it only; comm_sendrecv is one group
-// on its two channels; comm_wait makes the compute stream wait for its
-// request (on the host first until the request is issued).
+// when the channel is free and nothing waits, else at the first comm_* call
+// or polling wait after the operations before it were issued and its
+// channel's previous one ended; either way it runs after the compute queued
+// before the call (an event recorded at the call). Any other call that
+// issues NCCL work first waits on the host until nothing waits. comm_recv
+// and comm_send wait on the host for their channel to be free, then make the
+// compute stream wait for it only; comm_sendrecv is one group on its two
+// channels; comm_wait makes the compute stream wait for its request (on the
+// host first until the request is issued).
 // These are the CPU layer's semantics: an isend progresses by itself, a
 // receive waits for its own message only, an operation waits only for the
 // compute before it. docs/cuda.md explains the rules.
