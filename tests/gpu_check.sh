@@ -69,7 +69,10 @@ field() {
     v=$(grep '"type":"summary"' "$2" 2>/dev/null | grep -o "\"$1\":[-0-9.e]*" | head -1 | cut -d: -f2)
     echo "${v:--}"
 }
-GPU_FLAGS="--steps 10 --batch 24 --seq 32 --peak-gflops 10"
+# no --peak-gflops: each run measures its device's matmul rate
+# (common/matmul_peak.c, timed on the device's clock), so the MFU column is
+# against the GPU's own fp32 sgemm rate, and the CPU's against the CPU's
+GPU_FLAGS="--steps 10 --batch 24 --seq 32"
 FIGURE=comm_wait_ms_per_step
 
 # the op tests, the comm layer and the FSDP engine on GPU ranks
