@@ -75,6 +75,13 @@ extern "C" void mem_to_device(void* dst_device, const void* src_host, size_t byt
     device_synchronize();
 }
 
+static __device__ float handshake[4];
+extern "C" float* cuda_handshake_floats(void) {
+    void* p = NULL;
+    CUDA_CHECK(cudaGetSymbolAddress(&p, handshake));
+    return (float*)p;
+}
+
 extern "C" void mem_to_host(void* dst_host, const void* src_device, size_t bytes) {
     if (bytes == 0) return;
     CUDA_CHECK(cudaMemcpyAsync(dst_host, src_device, bytes, cudaMemcpyDeviceToHost,
