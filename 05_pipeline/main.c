@@ -102,9 +102,9 @@ static void send(Pipeline* P, const float* src, int peer) {
     comm_isend(P->pp, sb->buf, (size_t)P->micro_batch * P->seq * P->cfg->channels, peer, &sb->req);
 }
 
-// Every send of the step completed. On the CUDA backend a comm_isend is held
-// until this rank's next comm_* call (common/comm.h), so the step pairs each
-// send with its receive (the waits here) before any collective is started.
+// Every send of the step completed. On the CUDA backend a comm_isend may be
+// issued only at this rank's next comm_* call (common/comm.h), so the step
+// pairs each send with its receive (the waits here) before any collective.
 static void sends_wait(Pipeline* P) {
     for (int i = 0; i < P->n_sends; i++) comm_wait(&P->sends[i].req);
 }
