@@ -122,7 +122,7 @@ typedef struct NcclGroup {
     // channels to and from the ring neighbours: [0] the next rank (+1),
     // [1] the previous (-1); NULL without channels. With two ranks the one
     // neighbour is both, and its messages alternate between the two
-    // channels of each direction (see lane_to).
+    // channels of each direction (see channel_to).
     struct NcclGroup* to[2];
     struct NcclGroup* from[2];
     long sent, received;  // two ranks: messages to and from the peer so far
@@ -214,7 +214,7 @@ static int nccl_build_cuda_version(void) {
     FILE* f = fopen(path, "rb");
     if (!f) return 0;
     enum { CHUNK = 1 << 20, KEEP = 64, LIMIT = 64 << 20 };  // the string sits in .rodata, near the start
-    char* buf = (char*)xmalloc(CHUNK + KEEP);
+    char* buf = (char*)xmalloc(CHUNK + KEEP + 1);
     size_t have = 0, read_total = 0;
     int version = 0;
     static const char key[] = "NCCL version ";
@@ -223,6 +223,7 @@ static int nccl_build_cuda_version(void) {
         if (got == 0) break;
         read_total += got;
         have += got;
+        buf[have] = 0;  // sscanf below stops there
         for (char* at = buf; (at = (char*)memmem(at, have - (size_t)(at - buf), key, sizeof(key) - 1)) != NULL; at++) {
             char* plus = (char*)memchr(at, '+', (size_t)(buf + have - at) < KEEP ? (size_t)(buf + have - at) : KEEP);
             int major = 0, minor = 0;
