@@ -93,7 +93,7 @@ else ifeq ($(BACKEND),cuda)
   NVCCFLAGS := -O3 --fmad=false $(CUDA_ARCH) -std=c++17 -Icommon -I$(CUDA_HOME)/include -Werror all-warnings \
                -Xcompiler -Wall,-Wextra,-Werror,-fopenmp -MMD -MP
   CFLAGS    += -I$(CUDA_HOME)/include
-  LDLIBS    += -L$(CUDA_HOME)/lib64 -Wl,-rpath,$(CUDA_HOME)/lib64 -lcublas -lnccl -lcudart -lstdc++
+  LDLIBS    += -L$(CUDA_HOME)/lib64 -Wl,-rpath,$(CUDA_HOME)/lib64 -lcublas -lnccl -lcudart -lstdc++ -ldl
   BACKEND_C  := $(wildcard common/cuda/*.c)
   BACKEND_CU := $(wildcard common/cuda/*.cu)
 else

@@ -102,9 +102,9 @@ static void send(Pipeline* P, const float* src, int peer) {
     comm_isend(P->pp, sb->buf, (size_t)P->micro_batch * P->seq * P->cfg->channels, peer, &sb->req);
 }
 
-// Every send of the step completed. On the CUDA backend a comm_isend is held
-// until this rank's next comm_* call (common/comm.h), so the step pairs each
-// send with its receive (the waits here) before any collective is started.
+// Every send of the step completed. On the CUDA backend a comm_isend may be
+// issued only at this rank's next comm_* call (common/comm.h), so the step
+// pairs each send with its receive (the waits here) before any collective.
 static void sends_wait(Pipeline* P) {
     for (int i = 0; i < P->n_sends; i++) comm_wait(&P->sends[i].req);
 }
@@ -134,7 +134,7 @@ static void forward(Pipeline* P, int mb, int c, long step) {
     if (k == P->n_vstages - 1) {
         HeadActs h = slot_head(P, sl);
         head_forward(g, P->head_wte, P->lnfw, P->lnfb, &h, x, sl->targets, b, T);
-        P->loss_sum += slot_mean_loss(P, sl);
+        slot_queue_losses(P, sl, mb);  // added up once the step is done (pipe_step_loss_sum)
     } else {
         send(P, x, pipe_next(P));
     }
@@ -223,7 +223,7 @@ static void weights(Pipeline* P, int mb, int c) {
 // stream has run the action's kernels (on the CPU: when they returned).
 static void run_schedule(Pipeline* P, long step) {
     int r = P->stage;
-    P->loss_sum = 0.0;
+    P->n_losses = 0;
     for (int i = 0; i < P->n_in; i++) P->in[i].next = 0;  // each step's messages from the start
     device_stamps_begin(&P->stamps, 2 * P->sched.n[r]);  // on CUDA a wait for the device, once a step
     for (int i = 0; i < P->sched.n[r]; i++) {
@@ -271,7 +271,7 @@ static float train_step(Pipeline* P, const TrainArgs* args, long step, float* no
                  grad_clip_scale(*norm, args->clip));
     trace_compute(t0, "optimizer");
     // only the last stage saw the loss: it tells its pipeline, then the dp mean
-    double loss = P->stage == P->n_stages - 1 ? P->loss_sum / P->n_micro : 0.0;
+    double loss = P->stage == P->n_stages - 1 ? pipe_step_loss_sum(P) / P->n_micro : 0.0;
     MPI_CHECK(MPI_Bcast(&loss, 1, MPI_DOUBLE, P->n_stages - 1, P->pp->mpi));
     return (float)train_mean(P->dp, loss);
 }

@@ -7,6 +7,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "device.h"
 #include "errors.h"
 #include "init.h"
 #include "model_file.h"
@@ -165,20 +166,42 @@ HeadActs slot_head(const Pipeline* P, const Slot* sl) {
     return head_acts_at(sl->head, P->micro_batch, P->seq, P->cfg->channels, P->cfg->padded_vocab_size);
 }
 
+// Each microbatch has its own part of the staging buffers, so no copy still
+// queued reads a part the host is filling: the host writes a part once per
+// step, and the step ends with a wait for the device (the norm's read).
 void slot_load_tokens(Pipeline* P, Slot* sl, long step, int mb) {
     int per = P->setup->B / P->dp->size, b0 = P->dp->rank * per + mb * P->micro_batch;
-    data_batch(&P->setup->train, step, P->setup->B, P->seq, b0, P->micro_batch, P->in_host, P->tg_host);
     size_t BT = (size_t)P->micro_batch * P->seq;
-    if (sl->inputs) mem_to_device(sl->inputs, P->in_host, BT * sizeof(int));
-    if (sl->targets) mem_to_device(sl->targets, P->tg_host, BT * sizeof(int));
+    int *in = P->in_host + (size_t)mb * BT, *tg = P->tg_host + (size_t)mb * BT;
+    data_batch(&P->setup->train, step, P->setup->B, P->seq, b0, P->micro_batch, in, tg);
+    if (sl->inputs) mem_to_device_queued(sl->inputs, in, BT * sizeof(int));
+    if (sl->targets) mem_to_device_queued(sl->targets, tg, BT * sizeof(int));
+}
+
+static double mean_of(const float* losses, size_t BT) {
+    double sum = 0.0;
+    for (size_t i = 0; i < BT; i++) sum += losses[i];
+    return sum / (double)BT;
 }
 
 double slot_mean_loss(Pipeline* P, const Slot* sl) {
     size_t BT = (size_t)P->micro_batch * P->seq;
     mem_to_host(P->loss_host, slot_head(P, sl).losses, BT * sizeof(float));
+    return mean_of(P->loss_host, BT);
+}
+
+void slot_queue_losses(Pipeline* P, const Slot* sl, int mb) {
+    size_t BT = (size_t)P->micro_batch * P->seq;
+    mem_to_host_queued(P->loss_host + (size_t)mb * BT, slot_head(P, sl).losses, BT * sizeof(float));
+    P->loss_order[P->n_losses++] = mb;
+}
+
+double pipe_step_loss_sum(Pipeline* P) {
+    size_t BT = (size_t)P->micro_batch * P->seq;
+    device_synchronize();  // the queued copies have run
     double sum = 0.0;
-    for (size_t i = 0; i < BT; i++) sum += P->loss_host[i];
-    return sum / (double)BT;
+    for (int i = 0; i < P->n_losses; i++) sum += mean_of(P->loss_host + (size_t)P->loss_order[i] * BT, BT);
+    return sum;
 }
 
 SendBuf* pipe_send_buffer(Pipeline* P, const float* src) {
@@ -360,10 +383,12 @@ void pipe_create(Pipeline* P, const Run* run, ScheduleKind kind, int n_micro, in
     P->sends = xcalloc((size_t)P->max_sends, sizeof(SendBuf));
     P->n_in = pipe_incoming_build(&P->sched, P->stage, P->in);
     size_t BT = (size_t)b * T;
-    // staging buffers (memory.h): every microbatch's tokens and losses
-    P->in_host = mem_alloc_host(BT * sizeof(int));
-    P->tg_host = mem_alloc_host(BT * sizeof(int));
-    P->loss_host = mem_alloc_host(BT * sizeof(float));
+    // staging buffers (memory.h): the step's tokens and losses, a part per
+    // microbatch (slot_load_tokens says why)
+    P->in_host = mem_alloc_host((size_t)n_micro * BT * sizeof(int));
+    P->tg_host = mem_alloc_host((size_t)n_micro * BT * sizeof(int));
+    P->loss_host = mem_alloc_host((size_t)n_micro * BT * sizeof(float));
+    P->loss_order = xcalloc((size_t)n_micro, sizeof(int));
     P->times = xcalloc((size_t)2 * P->sched.n[P->stage] + 2, sizeof(double));
 }
 
@@ -388,6 +413,7 @@ void pipe_free(Pipeline* P) {
     mem_free_host(P->in_host);
     mem_free_host(P->tg_host);
     mem_free_host(P->loss_host);
+    free(P->loss_order);
     free(P->times);
     device_stamps_free(&P->stamps);
     schedule_free(&P->sched);

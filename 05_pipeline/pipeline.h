@@ -159,9 +159,10 @@ typedef struct {
     int n_sends, max_sends;
     Incoming in[2];  // from the stage before and the stage after (one if they are the same rank)
     int n_in;
-    int *in_host, *tg_host;
-    float* loss_host;
-    double loss_sum;  // the step's mean losses of its microbatches, summed (last stage)
+    int *in_host, *tg_host;  // (m, b, T) staging: the step's tokens, each microbatch's at mb b T
+    float* loss_host;        // (m, b, T) staging: the step's per-token losses (the last stage)
+    int* loss_order;         // (m) the microbatches in the order their losses were queued
+    int n_losses;
     int peak_slots;   // slots allocated at once, at most
     int early;        // messages received before the one an action waited for
     DeviceStamps stamps;  // (actions of this rank, 2): each action's start and end, on the device
@@ -203,10 +204,20 @@ const float* layer_input(const Pipeline* P, const Slot* sl, int j);
 // Before layer j's backward: what --recompute dropped, rebuilt (see pipeline.c).
 BlockActs slot_recompute(const Pipeline* P, const Slot* sl, int j, int layer, const BlockParams* p,
                          int weights_only);
-// The microbatch's tokens: stage 0 needs the inputs, the last stage the targets.
+// The microbatch's tokens: stage 0 needs the inputs, the last stage the
+// targets. Queued (mem_to_device_queued): the host does not wait for the
+// device, which runs the copy after the slot's earlier kernels.
 void slot_load_tokens(Pipeline* P, Slot* sl, long step, int mb);
-// The mean loss of the microbatch whose head forward just ran on sl (host).
+// The mean loss of the microbatch whose head forward just ran on sl (host;
+// waits for the device: validation).
 double slot_mean_loss(Pipeline* P, const Slot* sl);
+// Training: microbatch mb's per-token losses, queued to the host
+// (mem_to_host_queued); pipe_step_loss_sum adds them up once per step.
+void slot_queue_losses(Pipeline* P, const Slot* sl, int mb);
+// The step's queued losses (after waiting for the device once): the sum of
+// the microbatches' mean losses, in the order they were queued, the same
+// arithmetic as adding each slot_mean_loss as it came.
+double pipe_step_loss_sum(Pipeline* P);
 
 // A free send buffer holding a copy of src (b,T,C), for a comm_isend.
 SendBuf* pipe_send_buffer(Pipeline* P, const float* src);

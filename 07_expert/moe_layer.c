@@ -185,19 +185,21 @@ static void plan_dispatch(MoeParallel* X, MoeLayer* L, int mi) {
 // A non-blocking all-to-all-v over ep (request i), and its wait. Blocked:
 // the wait itself. In flight: from the start to the end of the wait, as
 // chapter 3 times its prefetched gathers; the share of that time the rank
-// computed instead of waiting is what the overlap hid.
+// computed instead of waiting is what the overlap hid. Both are spans on
+// the device's clock (see MoeParallel): on the CPU the host clock around
+// the calls, on CUDA events on the compute stream, which is what waits
+// there (a host clock would read ~0 blocked: comm_wait returns at once).
 static void a2a_start(MoeParallel* X, int i, const float* send, const size_t* sc, const size_t* sd, float* recv,
                       const size_t* rc, const size_t* rd) {
-    X->a2a_started[i] = now_seconds();
+    device_clock_start(&X->a2a_flight[i]);
     comm_ialltoallv(X->epc, send, sc, sd, recv, rc, rd, &X->a2a[i]);
 }
 
 static void a2a_wait(MoeParallel* X, int i) {
-    double t0 = now_seconds();
+    comm_wait_clock_begin(&X->a2a_blocked_clock);
     comm_wait(&X->a2a[i]);
-    double t1 = now_seconds();
-    X->a2a_blocked_s += t1 - t0;
-    X->a2a_inflight_s += t1 - X->a2a_started[i];
+    comm_wait_clock_end(&X->a2a_blocked_clock);
+    device_clock_stop(&X->a2a_flight[i]);
 }
 
 // Block (chunk c, source s, expert le): n rows, at q in the receive order
@@ -383,7 +385,7 @@ void moe_parallel_create(MoeParallel* X, const MoeSpec* s) {
         X->gelu_shared = mem_alloc_floats(R * H, MEM_ACTIVATIONS);
     }
     X->a2a = xcalloc((size_t)2 * nc, sizeof(CommRequest));
-    X->a2a_started = xcalloc((size_t)2 * nc, sizeof(double));
+    X->a2a_flight = xcalloc((size_t)2 * nc, sizeof(DeviceClock));
     X->recv = mem_alloc_floats(R * C, MEM_COMM);
     X->xbuf = mem_alloc_floats(R * C, MEM_ACTIVATIONS);
     X->ybuf = mem_alloc_floats(R * C, MEM_ACTIVATIONS);
@@ -455,17 +457,39 @@ void moe_parallel_free(MoeParallel* X) {
     float* dev[] = {X->recv, X->xbuf, X->ybuf, X->dfch, X->dfch_gelu, X->dsend, X->dgates, X->dlogits,
                     X->send_shared, X->gelu_shared};
     for (size_t i = 0; i < sizeof(dev) / sizeof(dev[0]); i++) mem_free(dev[i]);
-    free(X->a2a), free(X->a2a_started), free(X->routed), free(X->row_block);
+    for (int i = 0; i < 2 * X->chunks; i++) device_clock_free(&X->a2a_flight[i]);
+    device_clock_free(&X->a2a_blocked_clock);
+    free(X->a2a), free(X->a2a_flight), free(X->routed), free(X->row_block);
     mem_free_host(X->probs_host), mem_free_host(X->aux_host);
 }
 
 // ---------------------------------------------------------------- the step's figures
 
-void moe_step_begin(MoeParallel* X) { X->aux = 0.0, X->dropped = 0, X->a2a_blocked_s = 0.0, X->a2a_inflight_s = 0.0; }
+// The exchanges' seconds blocked and in flight since the last read (the
+// clocks' spans; reading waits for the last one's end on CUDA), and the
+// clocks emptied.
+static void a2a_clocks_read(MoeParallel* X, double* blocked, double* inflight) {
+    *blocked = device_clock_seconds(&X->a2a_blocked_clock);
+    device_clock_reset(&X->a2a_blocked_clock);
+    *inflight = 0.0;
+    for (int i = 0; i < 2 * X->chunks; i++) {
+        *inflight += device_clock_seconds(&X->a2a_flight[i]);
+        device_clock_reset(&X->a2a_flight[i]);
+    }
+}
+
+// A step starts: the exchanges since the last step's record (validation's)
+// are dropped.
+void moe_step_begin(MoeParallel* X) {
+    X->aux = 0.0, X->dropped = 0;
+    a2a_clocks_read(X, &X->a2a_blocked_s, &X->a2a_inflight_s);
+    X->a2a_blocked_s = X->a2a_inflight_s = 0.0;
+}
 
 void moe_step_record(MoeParallel* X, TrainLoop* loop, int step) {
     JsonBuf* fields = &loop->step_extra;
     X->dropped_total += X->dropped;
+    a2a_clocks_read(X, &X->a2a_blocked_s, &X->a2a_inflight_s);  // after the step: its spans have ended
     if (train_loop_timed(loop, step)) {
         X->a2a_blocked_timed += X->a2a_blocked_s;
         X->a2a_inflight_timed += X->a2a_inflight_s;

@@ -21,6 +21,7 @@
 #define MOE_LAYER_H
 
 #include "comm.h"
+#include "device_clock.h"
 #include "model.h"
 #include "moe.h"
 #include "report.h"
@@ -102,9 +103,15 @@ typedef struct {
     float *send_shared, *gelu_shared;  // --recompute selective: every layer's send and fch_gelu
     float *probs_host, *aux_host;      // host staging (memory.h): a layer's probs (N, E), its balance gradient (E)
     // the exchanges of one layer in flight: dispatch chunk c is request c,
-    // combine chunk c is chunks + c; when each started
+    // combine chunk c is chunks + c. Timed on the device's clock
+    // (device_clock.h), since on CUDA comm_wait returns at once and the
+    // compute stream waits: request i's time in flight is a span of
+    // a2a_flight[i], from the compute stream reaching its start to passing
+    // its wait (one clock each: the chunks' spans overlap); the waits alone
+    // are spans of a2a_blocked_clock (comm_wait_clock_begin)
     CommRequest* a2a;
-    double* a2a_started;
+    DeviceClock* a2a_flight;
+    DeviceClock a2a_blocked_clock;
     // statistics of the last forward, summed over the MoE layers (global):
     // kept when record is 1 (a training step's forward)
     int record;
@@ -113,7 +120,8 @@ typedef struct {
     long* routed;     // (L_moe, E) token-slots routed to each expert
     long dropped_total;
     // seconds blocked in the exchanges' waits and in flight (start to the
-    // end of the wait): this step's, and over the timed steps
+    // end of the wait): this step's (read from the clocks by
+    // moe_step_record), and over the timed steps
     double a2a_blocked_s, a2a_inflight_s, a2a_blocked_timed, a2a_inflight_timed;
 } MoeParallel;
 

@@ -180,8 +180,11 @@ void comm_barrier(const Comm* c);
 // until comm_wait. Compute placed between start and wait overlaps with it.
 // Every rank starts its collectives in the same order (NCCL requires it).
 // Point-to-point on the CUDA backend: with a ring neighbour (rank +- 1) of
-// the world, pp or cp group, comm_isend and comm_irecv queue at once on a
-// channel of their own and behave as on MPI (common/cuda/comm.c, docs/cuda.md).
+// the world, pp or cp group, comm_isend and comm_irecv go on a channel of
+// their own and behave as on MPI (common/cuda/comm.c, docs/cuda.md), except
+// that one whose channel still carries an earlier message is issued only at
+// this rank's next comm_* call or polling wait (so (1) below holds there
+// too), and that a later call may wait on the host for it to be issued.
 // Elsewhere (other peers, other groups, an NCCL or CUDA too old for
 // channels) they are held and queued together at this rank's next comm_*
 // call. There (1) do not make a host MPI call between comm_isend/irecv and

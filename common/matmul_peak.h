@@ -5,9 +5,13 @@
 #define MATMUL_PEAK_H
 
 // Measured single-precision matmul rate of this rank's device (GFLOP/s): the
-// best of a few square sgemms through matmul_forward. Allocations it makes are
-// freed and the allocator's peaks reset.
+// best of a few square sgemms through matmul_forward, each timed on the
+// device's clock (CUDA events on a GPU), at 1536 and, on a device that does
+// that in under 5 ms, at larger sizes up to 6144 (the best rate counts).
+// Allocations it makes are freed and the allocator's peaks reset.
 double measure_matmul_gflops(void);
+// The same, and the size whose rate was the best (N = C = OC).
+double measure_matmul_gflops_sized(int* size);
 // The same for matmul_forward's out (N, OC) = inp (N, C) @ w^T: the best of
 // five calls after a warm-up (build/roofline measures a block's shapes).
 double measure_matmul_gflops_at(int N, int C, int OC);

@@ -37,6 +37,15 @@ void mem_reset_peaks(void);
 void mem_to_device(void* dst_device, const void* src_host, size_t bytes);
 void mem_to_host(void* dst_host, const void* src_device, size_t bytes);
 void mem_zero(void* device_ptr, size_t bytes);
+// The same copies queued on the device's queue without waiting for it: the
+// copy runs after the work queued before it and before the work queued
+// after it, as a kernel does. The host side must be a staging buffer
+// (mem_alloc_host) left untouched until the device has run the copy: after
+// the next mem_to_host, mem_to_device or device_synchronize. Chapter 5's
+// stages queue a step's tokens and losses this way, so they do not wait for
+// the device once per microbatch. On the CPU a plain copy.
+void mem_to_device_queued(void* dst_device, const void* src_host, size_t bytes);
+void mem_to_host_queued(void* dst_host, const void* src_device, size_t bytes);
 
 // malloc and calloc for host-side bookkeeping (not device memory), ending
 // every rank with a message when the host is out of memory.

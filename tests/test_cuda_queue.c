@@ -1,5 +1,6 @@
 // test_cuda_queue.c: the CUDA comm layer's queueing rules, modelled on the
-// CPU, against every pipeline schedule, the ring and the MoE exchange.
+// CPU, against every pipeline schedule, the ring, the MoE exchange, chapter
+// 1's harness and the capstone's pipeline with its all-to-alls.
 //
 // No GPU is needed: the program replays what each rank's host calls
 // (comm_isend, comm_recv, comm_test, comm_wait, collectives) under the rules
@@ -18,32 +19,78 @@
 //     compute queued before it (a held one: before its comm_isend/irecv), and
 //     a blocking call or comm_wait makes the compute stream wait for the
 //     operation's end; the host goes on. The compute stream is modelled as
-//     its waits only (kernels always end); the host waits for it before the
-//     loss's MPI_Bcast (mem_to_host) and at the end (device_synchronize);
+//     its waits only (kernels always end); the host waits for it in
+//     mem_to_host and device_synchronize (before the loss's MPI_Bcast, at
+//     the end, H_SYNC);
 //   - the code before (the held rules) waited on the host instead: on a
 //     stream (every operation queued on it has ended) or on one request's
 //     event (its own operation has ended).
+// And NCCL's two rules (with the code's rule sets, nccl_rules below):
+//   - lazy connection. NCCL connects a point-to-point pair at its first use:
+//     the first ncclSend/ncclRecv to a peer marks its connections
+//     (p2pTaskAppend in NCCL's src/enqueue.cc, "Mark channels that need
+//     pre-connect"), ncclGroupEnd sets them up before it launches anything
+//     and waits (groupLaunch -> ncclP2PPreconnectFunc in src/group.cc), and
+//     the set-up trades addresses with the peer over the bootstrap network,
+//     a send to it then a receive from it (ncclTransportP2pSetup in
+//     src/transport.cc). So a pair's first call blocks the host until the
+//     peer's host makes its own first call on that pair. Collectives connect
+//     at their first call too (NCCL_RUNTIME_CONNECT, default 1 since 2.22,
+//     docs/userguide/source/env.rst; ncclCollPreconnect in src/group.cc):
+//     the first collective of a communicator blocks the host until every
+//     member's host has made its first one.
+//   - implicit launch order. With NCCL_LAUNCH_ORDER_IMPLICIT=1 (since 2.26,
+//     env.rst; "Using multiple NCCL communicators concurrently" in
+//     docs/userguide/source/usage/communicators.rst) every NCCL kernel on a
+//     device starts only after the one its host issued before it, on any
+//     communicator, has started: the launch stream waits for the device's
+//     launchOrder stream, which holds the previous launch's completion event
+//     (ncclLaunchPrepare and ncclLaunchFinish in src/enqueue.cc, with CUDA
+//     12.3's launch completion events; getImplicitOrder there).
 // A state in which no host can go on and no group or compute wait can end,
 // with work left (on a host or a stream), is a deadlock.
 //
-// Two rule sets:
-//   held     the code before the fix: comm_isend/irecv are held and queued
-//            as one group at the next comm_* call (comm_test and comm_wait
-//            flush them; a blocking send/recv takes them into its own
-//            group); every operation of a communicator runs on its one
+// Rule sets:
+//   held     the code before the channels: comm_isend/irecv are held and
+//            queued as one group at the next comm_* call (comm_test and
+//            comm_wait flush them; a blocking send/recv takes them into its
+//            own group); every operation of a communicator runs on its one
 //            stream; blocking calls wait on the host for the whole stream.
+//            Modelled without NCCL's two rules, as the code of the time
+//            was reviewed (history).
 //   channels the code now (docs/cuda.md): point-to-point with a ring
 //            neighbour goes on a channel of its own, one NCCL communicator
 //            and stream per direction (this rank to the next, the next to
-//            this rank, ...), queued at once; a channel carries one
-//            direction only, so its sends and receives meet in the same
-//            order; a blocking receive waits for its own message only;
-//            collectives keep the communicator's stream; stream-ordered.
+//            this rank, ...); a channel carries one direction only, so its
+//            sends and receives meet in the same order; a blocking receive
+//            waits for its own message only; collectives keep the
+//            communicator's stream; stream-ordered; both NCCL rules. With
+//            the mitigations of issue 45 (fix below, all on by default):
+//            FIX_EAGER   every channel connected when it is made;
+//            FIX_ONE     one operation in flight per channel: a later one
+//                        waits on the host, in the order of the calls, and
+//                        is issued once its channel's previous operation has
+//                        ended, at a comm_* call or in a polling wait; any
+//                        other call that issues NCCL work waits on the host
+//                        until every waiting operation is issued (so NCCL's
+//                        launch order stays the order of the calls), a
+//                        blocking send or receive also for its channel to be
+//                        free, comm_wait for its request to be issued;
+//            FIX_PAIR    a group of two ranks has two channels per
+//                        direction, its messages to the peer alternating
+//                        between them (both sides count the same way);
+//            FIX_SENDRECV comm_sendrecv is one group over its two channels.
+//            Switched off, the model must find today's deadlocks (the
+//            self-test): the code before issue 45 is channels with fix 0.
+//            Each mitigation is shown needed by a case that deadlocks
+//            without it, and issuing a waiting operation out of the calls'
+//            order (any_order) by one too.
 //   shared   the held rules on one stream for every communicator, as the
-//            code runs them now (stream-ordered).
+//            code runs them with NCCL_LAUNCH_ORDER_IMPLICIT=0 or an NCCL
+//            before 2.26 (stream-ordered; lazy connection, no launch order).
 // Host timing is modelled twice: hosts run ahead of the GPU (comm_test sees
 // "not done", the usual case), and the GPU keeps up (comm_test sees "done").
-//   build/tests/test_cuda_queue [--show SCHEDULE PP M V]
+//   build/tests/test_cuda_queue [--show SCHEDULE PP M V | --harness N FIX]   (QUEUE_DEBUG=1: the stuck state)
 //
 // modules: 05_pipeline/schedule
 #include <stdio.h>
@@ -54,9 +101,11 @@
 #include "test.h"
 
 #define MAX_RANKS 8
-#define NCOMM 2            // 0: pp / cp / ep; 1: the second group (embedding, dp+cp)
-#define MAX_SEQ 4096       // operations per (communicator, from, to)
-#define NSTREAM (NCOMM + NCOMM * MAX_RANKS * MAX_RANKS)
+#define NCOMM 12           // communicators (see the layout of a pp x ep mesh below)
+#define MAX_SEQ 1024       // operations per (communicator, from, to)
+#define MAX_POOL 2         // channels per direction at most (FIX_PAIR)
+#define NSTREAM (NCOMM + NCOMM * MAX_RANKS * MAX_RANKS * MAX_POOL)
+#define MAX_DEFER 1024
 
 // RULES_HELD_QUIET_TEST: the held rules without the flush in comm_test
 // (the issue's "removing the flush alone does not fix it")
@@ -65,6 +114,7 @@
 typedef enum { RULES_HELD, RULES_CHANNELS, RULES_HELD_QUIET_TEST, RULES_SHARED } Rules;
 #define HELD(S) ((S)->rules != RULES_CHANNELS)
 typedef enum { HOST_AHEAD, GPU_KEEPS_UP } Timing;
+enum { FIX_EAGER = 1, FIX_ONE = 2, FIX_SENDRECV = 4, FIX_PAIR = 8, FIX_ALL = 15 };
 
 // ---------------------------------------------------------------- host programs
 typedef enum {
@@ -74,14 +124,20 @@ typedef enum {
     H_PIPE_SEND,        // chapter 5's send(): comm_test on its send slots, then comm_isend
     H_PIPE_SENDS_WAIT,  // chapter 5's sends_wait(): comm_wait on every slot
     H_ALLREDUCE,        // any blocking collective
-    H_ALLTOALLV,        // comm_alltoallv with the peers in send / recv masks
-    H_HOST_BCAST,       // MPI_Bcast on the host (modelled as a barrier)
+    H_ALLTOALLV,        // comm_alltoallv (or scatter, gather) with the peers in send / recv masks
+    H_HOST_BCAST,       // mem_to_host, then an MPI call on the host (modelled as a barrier)
+    H_SENDRECV,         // comm_sendrecv: send to peer, receive from peer2
+    H_ICOLL,            // a non-blocking collective into request req
+    H_IA2A,             // comm_ialltoallv into request req, peers in the masks
+    H_SYNC,             // mem_to_host / device_synchronize: the host waits for the compute stream
+    H_BARRIER,          // comm_barrier
 } HostKind;
 
 typedef struct {
     HostKind kind;
     int comm, peer, req;
     unsigned send_mask, recv_mask;
+    int peer2;
 } HostOp;
 
 typedef struct {
@@ -101,11 +157,12 @@ static void emit(Program* p, HostOp o) {
 typedef enum { G_SEND, G_RECV, G_COLL } GKind;
 typedef struct {
     GKind kind;
-    int rank, comm, peer, seq, group;
+    int rank, comm, peer, seq, group, chan;
 } GOp;
 typedef struct {
-    int op0, nops, rank, done;
-    int cdep;  // it starts once rank's compute stream has passed this many entries (ordered rules)
+    int op0, nops, rank, done, started;
+    int conn_wait;  // NCCL still connects it (the host is inside ncclGroupEnd): nothing launched yet
+    int cdep;       // it starts once rank's compute stream has passed this many entries (ordered rules)
     int streams[MAX_RANKS * 2 + 2], nstreams;
 } Group;
 typedef struct {
@@ -113,19 +170,28 @@ typedef struct {
     int head, tail;
 } Stream;
 typedef struct {
-    int state;  // 0 inactive, 1 held, 2 queued
+    int state;  // 0 inactive, 1 held, 2 queued, 3 waiting for its channel (FIX_ONE)
     int group;
 } Req;
 typedef struct {
     int kind, comm, peer, req;
-    int cdep;  // the compute queued before comm_isend/irecv (its event)
+    int cdep;    // the compute queued before comm_isend/irecv (its event)
+    int stream;  // FIX_ONE: its channel
+    int lane;
 } Held;
+typedef struct {
+    int key, from, to;  // a point-to-point pair (from >= 0) or a communicator's collectives (key = comm)
+} ConnWait;
 
 typedef struct {
     int nranks, big;
     Rules rules;
     Timing timing;
-    int ordered;  // blocking calls and comm_wait make the compute stream wait, not the host
+    int ordered;     // blocking calls and comm_wait make the compute stream wait, not the host
+    int lazy, order; // NCCL's rules in force (set by sim_reset from rules)
+    unsigned fix;    // the mitigations (channels rules), FIX_ALL unless a test says otherwise
+    int any_order;   // FIX_ONE without the host's order (a waiting operation issued past later ones): shown wrong
+    int calls[MAX_RANKS][NCOMM][MAX_RANKS][2];  // a rank's point-to-point calls per (comm, peer, send/recv)
 
     unsigned members[NCOMM];
     Program prog[MAX_RANKS];
@@ -137,8 +203,18 @@ typedef struct {
     int slot_req[MAX_RANKS][256], n_slots[MAX_RANKS];  // chapter 5's send slots
     Held held[MAX_RANKS][1024];
     int n_held[MAX_RANKS];
+    Held defer[MAX_RANKS][MAX_DEFER];  // FIX_ONE: operations waiting for their channel, in call order
+    int n_defer[MAX_RANKS];
     int bar_seq[MAX_RANKS][NCOMM], bar_arrived[NCOMM][MAX_SEQ];
+    int sendrecv_send[MAX_RANKS];  // a sendrecv of two calls: its send's group
     int wait_compute[MAX_RANKS];  // the host waits for its compute stream (mem_to_host) first
+    // lazy connection: per pair (key, from, to) bit 1 the sender's host
+    // made its first call, bit 2 the receiver's; 3 connected. Per
+    // communicator, the members whose host made its first collective.
+    unsigned char conn[NSTREAM][MAX_RANKS][MAX_RANKS];
+    unsigned coll_conn[NCOMM];
+    ConnWait wait_conn[MAX_RANKS][4 * MAX_RANKS + 4];
+    int n_wait_conn[MAX_RANKS], conn_group[MAX_RANKS];
     // the compute stream (ordered rules): entries "wait for group g", in order
     int* cq[MAX_RANKS];
     int chead[MAX_RANKS], ctail[MAX_RANKS];
@@ -148,6 +224,10 @@ typedef struct {
     Group* group;
     int n_group, cap_group;
     Stream stream[MAX_RANKS][NSTREAM];
+    unsigned char used[MAX_RANKS][NSTREAM];
+    int used_list[MAX_RANKS][NSTREAM], n_used[MAX_RANKS];
+    int* issue_order[MAX_RANKS];  // each rank's groups in the order its host issued them
+    int n_issued[MAX_RANKS], cap_issued[MAX_RANKS], next_start[MAX_RANKS];
     int seq_send[NCOMM][MAX_RANKS][MAX_RANKS], seq_recv[NCOMM][MAX_RANKS][MAX_RANKS], seq_coll[MAX_RANKS][NCOMM];
     int* send_at;  // [comm][from][to][seq] -> op index + 1
     int* recv_at;
@@ -160,6 +240,7 @@ typedef struct {
 static Sim* sim_new(int nranks) {
     Sim* S = calloc(1, sizeof(Sim));
     S->nranks = nranks;
+    S->fix = FIX_ALL;
     size_t p2p = (size_t)NCOMM * MAX_RANKS * MAX_RANKS * MAX_SEQ;
     S->send_at = calloc(p2p, sizeof(int));
     S->recv_at = calloc(p2p, sizeof(int));
@@ -172,6 +253,7 @@ static void sim_free(Sim* S) {
         free(S->prog[r].op);
         for (int s = 0; s < NSTREAM; s++) free(S->stream[r][s].q);
         free(S->cq[r]);
+        free(S->issue_order[r]);
     }
     free(S->op), free(S->group), free(S->send_at), free(S->recv_at), free(S->coll_at);
     free(S);
@@ -181,12 +263,20 @@ static void sim_free(Sim* S) {
 static void sim_reset(Sim* S, Rules rules, Timing timing, int big) {
     S->rules = rules, S->timing = timing, S->big = big;
     S->ordered = rules == RULES_CHANNELS || rules == RULES_SHARED;  // the code now; held: the code before
+    S->lazy = rules == RULES_CHANNELS || rules == RULES_SHARED;
+    S->order = rules == RULES_CHANNELS;  // the shared stream runs with NCCL_LAUNCH_ORDER_IMPLICIT=0 (or before 2.26)
     memset(S->chead, 0, sizeof(S->chead)), memset(S->ctail, 0, sizeof(S->ctail));
     memset(S->wait_compute, 0, sizeof(S->wait_compute));
     memset(S->pc, 0, sizeof(S->pc)), memset(S->issued, 0, sizeof(S->issued)), memset(S->sub, 0, sizeof(S->sub));
     memset(S->req, 0, sizeof(S->req)), memset(S->n_slots, 0, sizeof(S->n_slots));
-    memset(S->n_held, 0, sizeof(S->n_held)), memset(S->bar_seq, 0, sizeof(S->bar_seq));
+    memset(S->n_held, 0, sizeof(S->n_held)), memset(S->n_defer, 0, sizeof(S->n_defer));
+    memset(S->bar_seq, 0, sizeof(S->bar_seq));
     memset(S->bar_arrived, 0, sizeof(S->bar_arrived));
+    memset(S->conn, 0, sizeof(S->conn)), memset(S->coll_conn, 0, sizeof(S->coll_conn));
+    memset(S->n_wait_conn, 0, sizeof(S->n_wait_conn));
+    memset(S->calls, 0, sizeof(S->calls));
+    if (rules == RULES_CHANNELS && (S->fix & FIX_EAGER))  // connect_channels in comm.c
+        memset(S->conn[NCOMM], 3, sizeof(S->conn) - sizeof(S->conn[0]) * NCOMM);
     for (int c = 0; c < NCOMM; c++)
         for (int f = 0; f < MAX_RANKS; f++)
             for (int t = 0; t < MAX_RANKS; t++) {
@@ -198,17 +288,50 @@ static void sim_reset(Sim* S, Rules rules, Timing timing, int big) {
             for (int s = 0; s < S->seq_coll[r][c]; s++) COLL_AT(S, c, s, r) = 0;
     memset(S->seq_send, 0, sizeof(S->seq_send)), memset(S->seq_recv, 0, sizeof(S->seq_recv));
     memset(S->seq_coll, 0, sizeof(S->seq_coll));
-    for (int r = 0; r < MAX_RANKS; r++)
-        for (int s = 0; s < NSTREAM; s++) S->stream[r][s].head = S->stream[r][s].tail = 0;
+    for (int r = 0; r < MAX_RANKS; r++) {
+        for (int i = 0; i < S->n_used[r]; i++) {
+            int s = S->used_list[r][i];
+            S->stream[r][s].head = S->stream[r][s].tail = 0;
+            S->used[r][s] = 0;
+        }
+        S->n_used[r] = 0;
+        S->n_issued[r] = S->next_start[r] = 0;
+    }
     S->n_op = S->n_group = 0;
 }
 
 // The stream an operation of rank r runs on: its communicator's, or (rules
 // channels, point to point) the channel of its direction.
+// p2p > 0: a channel, lane p2p - 1 of the direction's pool.
 static int stream_of(const Sim* S, int comm, int from, int to, int p2p) {
     if (S->rules == RULES_SHARED) return 0;
-    if (S->rules == RULES_CHANNELS && p2p) return NCOMM + (comm * MAX_RANKS + from) * MAX_RANKS + to;
+    if (S->rules == RULES_CHANNELS && p2p)
+        return NCOMM + ((comm * MAX_RANKS + from) * MAX_RANKS + to) * MAX_POOL + (p2p - 1);
     return comm;
+}
+
+// The channel (1 + lane) of rank r's next point-to-point call with peer:
+// the pair's i-th message goes on lane i % pool on both sides.
+static int popcount(unsigned x) {
+    int n = 0;
+    for (; x; x &= x - 1) n++;
+    return n;
+}
+static int peek_lane(const Sim* S, int r, int is_send, int comm, int peer) {
+    if (S->rules != RULES_CHANNELS) return 1;
+    int pool = (S->fix & FIX_PAIR) && popcount(S->members[comm]) == 2 ? 2 : 1;
+    return 1 + S->calls[r][comm][peer][is_send] % pool;
+}
+static int next_lane(Sim* S, int r, int is_send, int comm, int peer) {
+    int lane = peek_lane(S, r, is_send, comm, peer);
+    if (S->rules == RULES_CHANNELS) S->calls[r][comm][peer][is_send]++;
+    return lane;
+}
+
+// The NCCL communicator a point-to-point pair belongs to: the channel's, or
+// the group's own (where NCCL connects it).
+static int conn_key(const Sim* S, int comm, int from, int to, int p2p) {
+    return S->rules == RULES_CHANNELS && p2p ? stream_of(S, comm, from, to, p2p) : comm;
 }
 
 static void push_stream(Sim* S, int r, int s, int g) {
@@ -218,6 +341,7 @@ static void push_stream(Sim* S, int r, int s, int g) {
         fprintf(stderr, "test_cuda_queue: stream overflow\n");
         exit(2);
     }
+    if (!S->used[r][s]) S->used[r][s] = 1, S->used_list[r][S->n_used[r]++] = s;
     st->q[st->tail++] = g;
 }
 
@@ -276,30 +400,65 @@ static void group_add(Sim* S, int g, GKind kind, int comm, int peer, int channel
         fprintf(stderr, "test_cuda_queue: too many operations\n");
         exit(2);
     }
-    S->op[S->n_op++] = (GOp){kind, r, comm, peer, seq, g};
+    S->op[S->n_op++] = (GOp){kind, r, comm, peer, seq, g, channel};
     G->nops++;
     int have = 0;
     for (int i = 0; i < G->nstreams; i++) have |= G->streams[i] == s;
     if (!have) G->streams[G->nstreams++] = s;
 }
 
-// ncclGroupEnd: the group goes to the tail of every stream it uses.
-static void group_end(Sim* S, int g) {
+// Lazy connection: the pairs (and the communicator's collectives) that g
+// uses first on this rank; the host waits in ncclGroupEnd until each peer's
+// host has come to the same pair.
+static void connect_on_first_use(Sim* S, int g) {
     Group* G = &S->group[g];
-    for (int i = 0; i < G->nstreams; i++) push_stream(S, G->rank, G->streams[i], g);
-    if (G->nops == 0) G->done = 1;
+    int r = G->rank;
+    for (int i = 0; i < G->nops; i++) {
+        const GOp* o = &S->op[G->op0 + i];
+        if (o->kind == G_COLL) {
+            if ((S->coll_conn[o->comm] & S->members[o->comm]) == S->members[o->comm]) continue;
+            S->coll_conn[o->comm] |= 1u << r;
+            S->wait_conn[r][S->n_wait_conn[r]++] = (ConnWait){o->comm, -1, -1};
+            continue;
+        }
+        int from = o->kind == G_SEND ? r : o->peer, to = o->kind == G_SEND ? o->peer : r;
+        int key = conn_key(S, o->comm, from, to, o->chan);
+        unsigned char* cell = &S->conn[key][from][to];
+        if (*cell == 3) continue;
+        *cell |= o->kind == G_SEND ? 1 : 2;
+        S->wait_conn[r][S->n_wait_conn[r]++] = (ConnWait){key, from, to};
+    }
+    if (S->n_wait_conn[r]) G->conn_wait = 1, S->conn_group[r] = g;
 }
 
-static int group_running(const Sim* S, int g) {
+// ncclGroupEnd: the group goes to the tail of every stream it uses, in the
+// rank's launch order; with lazy connection, the host may stop here.
+static void group_end(Sim* S, int g) {
+    Group* G = &S->group[g];
+    int r = G->rank;
+    for (int i = 0; i < G->nstreams; i++) push_stream(S, r, G->streams[i], g);
+    if (G->nops == 0) {
+        G->done = G->started = 1;
+        return;
+    }
+    if (S->n_issued[r] == S->cap_issued[r]) {
+        S->cap_issued[r] = S->cap_issued[r] ? 2 * S->cap_issued[r] : 256;
+        S->issue_order[r] = realloc(S->issue_order[r], (size_t)S->cap_issued[r] * sizeof(int));
+    }
+    S->issue_order[r][S->n_issued[r]++] = g;
+    if (S->lazy) connect_on_first_use(S, g);
+}
+
+static int can_start(const Sim* S, int g) {
     const Group* G = &S->group[g];
-    if (G->done || S->chead[G->rank] < G->cdep) return 0;
+    if (G->done || G->started || G->conn_wait || S->chead[G->rank] < G->cdep) return 0;
     for (int i = 0; i < G->nstreams; i++) {
         const Stream* st = &S->stream[G->rank][G->streams[i]];
         if (st->head == st->tail || st->q[st->head] != g) return 0;
     }
     return 1;
 }
-static int started(const Sim* S, int op1) { return op1 && (S->group[S->op[op1 - 1].group].done || group_running(S, S->op[op1 - 1].group)); }
+static int started(const Sim* S, int op1) { return op1 && S->group[S->op[op1 - 1].group].started; }
 
 static int op_can_complete(const Sim* S, const GOp* o) {
     if (o->kind == G_SEND) return !S->big || started(S, P2P_AT(S, recv_at, o->comm, o->rank, o->peer, o->seq));
@@ -309,23 +468,41 @@ static int op_can_complete(const Sim* S, const GOp* o) {
     return 1;
 }
 
-// Ends every running group that can end; returns how many did.
+// Starts what can start (launch order: only in the order the host issued
+// them), ends every running group that can end; returns how many moved.
 static int gpu_step(Sim* S) {
     int n = 0;
     for (int r = 0; r < S->nranks; r++)  // compute streams pass the waits whose group ended
         while (S->chead[r] < S->ctail[r] && S->group[S->cq[r][S->chead[r]]].done) S->chead[r]++, n++;
+    for (int r = 0; r < S->nranks; r++) {
+        if (S->order) {
+            while (S->next_start[r] < S->n_issued[r]) {
+                int g = S->issue_order[r][S->next_start[r]];
+                if (!S->group[g].started) {
+                    if (!can_start(S, g)) break;
+                    S->group[g].started = 1, n++;
+                }
+                S->next_start[r]++;
+            }
+        } else {
+            for (int i = 0; i < S->n_used[r]; i++) {
+                Stream* st = &S->stream[r][S->used_list[r][i]];
+                if (st->head < st->tail && can_start(S, st->q[st->head])) S->group[st->q[st->head]].started = 1, n++;
+            }
+        }
+    }
     for (int r = 0; r < S->nranks; r++)
-        for (int s = 0; s < NSTREAM; s++) {
-            Stream* st = &S->stream[r][s];
+        for (int i = 0; i < S->n_used[r]; i++) {
+            Stream* st = &S->stream[r][S->used_list[r][i]];
             if (st->head == st->tail) continue;
             int g = st->q[st->head];
-            if (!group_running(S, g)) continue;
             Group* G = &S->group[g];
+            if (!G->started || G->done) continue;
             int ok = 1;
-            for (int i = 0; i < G->nops && ok; i++) ok = op_can_complete(S, &S->op[G->op0 + i]);
+            for (int k = 0; k < G->nops && ok; k++) ok = op_can_complete(S, &S->op[G->op0 + k]);
             if (!ok) continue;
             G->done = 1;
-            for (int i = 0; i < G->nstreams; i++) S->stream[r][G->streams[i]].head++;
+            for (int k = 0; k < G->nstreams; k++) S->stream[r][G->streams[k]].head++;
             n++;
         }
     return n;
@@ -356,22 +533,69 @@ static void flush(Sim* S, int r) {
     group_end(S, g);
 }
 
+static int one_in_flight(const Sim* S) { return S->rules == RULES_CHANNELS && (S->fix & FIX_ONE); }
+
+static int deferred_on(const Sim* S, int r, int s) {
+    for (int i = 0; i < S->n_defer[r]; i++)
+        if (S->defer[r][i].stream == s) return 1;
+    return 0;
+}
+static int channel_free(const Sim* S, int r, int s) { return stream_empty(S, r, s) && !deferred_on(S, r, s); }
+
+// channels_pump: each channel's oldest waiting operation is issued once the
+// channel's stream is empty; it waits for the compute before its call.
+static int pump(Sim* S, int r) {
+    if (!one_in_flight(S) || S->n_wait_conn[r]) return 0;
+    int n = 0;
+    static unsigned char seen[NSTREAM];
+    memset(seen, 0, sizeof(seen));
+    for (int i = 0; i < S->n_defer[r]; i++) {
+        Held d = S->defer[r][i];
+        if (seen[d.stream]) continue;
+        seen[d.stream] = 1;
+        if (!stream_empty(S, r, d.stream)) {
+            if (!S->any_order) break;  // in the order of the calls
+            continue;
+        }
+        int g = group_begin(S, r);
+        S->group[g].cdep = d.cdep;
+        group_add(S, g, d.kind == H_ISEND ? G_SEND : G_RECV, d.comm, d.peer, d.lane);
+        group_end(S, g);
+        S->req[r][d.req] = (Req){2, g};
+        memmove(&S->defer[r][i], &S->defer[r][i + 1], (size_t)(S->n_defer[r] - i - 1) * sizeof(Held));
+        S->n_defer[r]--, i--, n++;
+        if (S->n_wait_conn[r]) break;  // the host is inside ncclGroupEnd, connecting
+    }
+    return n;
+}
+
 // comm_isend / comm_irecv
 static void post(Sim* S, int r, HostKind kind, int comm, int peer, int q) {
     if (HELD(S)) {
-        S->held[r][S->n_held[r]++] = (Held){kind, comm, peer, q, S->ctail[r]};
+        S->held[r][S->n_held[r]++] = (Held){kind, comm, peer, q, S->ctail[r], 0, 1};
         S->req[r][q] = (Req){1, -1};
+        return;
+    }
+    int lane = next_lane(S, r, kind == H_ISEND, comm, peer);
+    int s = kind == H_ISEND ? stream_of(S, comm, r, peer, lane) : stream_of(S, comm, peer, r, lane);
+    if (one_in_flight(S) && (!channel_free(S, r, s) || (!S->any_order && S->n_defer[r]))) {  // channel_post: waits for its turn
+        if (S->n_defer[r] == MAX_DEFER) {
+            fprintf(stderr, "test_cuda_queue: too many waiting operations\n");
+            exit(2);
+        }
+        S->defer[r][S->n_defer[r]++] = (Held){kind, comm, peer, q, S->ctail[r], s, lane};
+        S->req[r][q] = (Req){3, -1};
         return;
     }
     int g = group_begin(S, r);
     after_compute(S, g);
-    group_add(S, g, kind == H_ISEND ? G_SEND : G_RECV, comm, peer, 1);
+    group_add(S, g, kind == H_ISEND ? G_SEND : G_RECV, comm, peer, lane);
     group_end(S, g);
     S->req[r][q] = (Req){2, g};
 }
 
 // comm_test: held flushes first; then "done?" (the request stays active
-// until a test or wait sees it done)
+// until a test or wait sees it done; one still waiting for its channel is not)
 static int test_req(Sim* S, int r, int q) {
     if (S->req[r][q].state == 0) return 1;
     if (S->rules != RULES_HELD_QUIET_TEST) flush(S, r);
@@ -388,22 +612,75 @@ static void wait_ordered(Sim* S, int r, int q) {
     S->req[r][q].state = 0;
 }
 
+// A blocking send or receive (or both in one group): a group of its own
+// with the held operations (held rules), after the compute so far.
+static int blocking_group(Sim* S, int r, int with_held) {
+    int g = group_begin(S, r);
+    if (HELD(S) && with_held) held_into(S, r, g);
+    after_compute(S, g);
+    return g;
+}
+
+static int is_channel_rank(const Sim* S, const HostOp* o) { return S->rules == RULES_CHANNELS && o->peer >= 0; }
+
+// Whether the host can make call o now (FIX_ONE: its channels are free, its
+// request issued; comm_barrier: everything issued and ended). Until then it
+// polls, issuing channel operations as their turn comes.
+static int ready(const Sim* S, int r, const HostOp* o) {
+    if (o->kind == H_BARRIER) {
+        if (S->n_defer[r] || S->n_held[r] || S->chead[r] < S->ctail[r]) return 0;
+        for (int i = 0; i < S->n_used[r]; i++)
+            if (!stream_empty(S, r, S->used_list[r][i])) return 0;
+        return 1;
+    }
+    if (!one_in_flight(S)) return 1;
+    if (!S->any_order && S->n_defer[r] && o->kind != H_ISEND && o->kind != H_IRECV && o->kind != H_PIPE_SEND &&
+        o->kind != H_WAIT && o->kind != H_PIPE_SENDS_WAIT && o->kind != H_SYNC && o->kind != H_HOST_BCAST)
+        return 0;
+    switch (o->kind) {
+        case H_SEND:
+            return !is_channel_rank(S, o) ||
+                   channel_free(S, r, stream_of(S, o->comm, r, o->peer, peek_lane(S, r, 1, o->comm, o->peer)));
+        case H_RECV:
+            return !is_channel_rank(S, o) ||
+                   channel_free(S, r, stream_of(S, o->comm, o->peer, r, peek_lane(S, r, 0, o->comm, o->peer)));
+        case H_SENDRECV:
+            return channel_free(S, r, stream_of(S, o->comm, r, o->peer, peek_lane(S, r, 1, o->comm, o->peer))) &&
+                   channel_free(S, r, stream_of(S, o->comm, o->peer2, r, peek_lane(S, r, 0, o->comm, o->peer2)));
+        case H_WAIT: return S->req[r][o->req].state != 3;
+        default: return 1;
+    }
+}
+
 // Issues host op o of rank r (its side effects) and says what it waits for.
 static void issue(Sim* S, int r, const HostOp* o) {
     S->wait_stream[r] = S->wait_group[r] = S->wait_req[r] = S->wait_bar_comm[r] = -1;
     switch (o->kind) {
         case H_RECV:
         case H_SEND: {
-            int g = group_begin(S, r);
-            if (HELD(S)) held_into(S, r, g);
-            after_compute(S, g);
-            group_add(S, g, o->kind == H_SEND ? G_SEND : G_RECV, o->comm, o->peer, 1);
+            int g = blocking_group(S, r, 1);
+            group_add(S, g, o->kind == H_SEND ? G_SEND : G_RECV, o->comm, o->peer,
+                      next_lane(S, r, o->kind == H_SEND, o->comm, o->peer));
             group_end(S, g);
             // end_blocking / end_channels: an event behind g on its stream (a
             // stream is FIFO: g's end is the end of all before it)
             if (S->ordered) compute_waits(S, r, g);
             else if (HELD(S)) S->wait_stream[r] = stream_of(S, o->comm, r, r, 0);  // the whole stream
             else S->wait_group[r] = g;                                           // its own message
+            break;
+        }
+        case H_SENDRECV: {
+            // one group (held rules: with the held operations; channels with
+            // FIX_SENDRECV: over both channels); before it, two calls in a
+            // row, the receive issued once the send's call returned (sub)
+            int g = blocking_group(S, r, 1);
+            group_add(S, g, G_SEND, o->comm, o->peer, next_lane(S, r, 1, o->comm, o->peer));
+            int one = HELD(S) || (S->fix & FIX_SENDRECV);
+            if (one) group_add(S, g, G_RECV, o->comm, o->peer2, next_lane(S, r, 0, o->comm, o->peer2));
+            group_end(S, g);
+            if (one) compute_waits(S, r, g);  // else after the receive's call too (end_channels)
+            S->sub[r] = one ? 0 : 1;
+            S->sendrecv_send[r] = g;
             break;
         }
         case H_ISEND:
@@ -425,11 +702,13 @@ static void issue(Sim* S, int r, const HostOp* o) {
         }
         case H_PIPE_SENDS_WAIT: break;  // host_step walks the slots
         case H_ALLREDUCE:
-        case H_ALLTOALLV: {
+        case H_ALLTOALLV:
+        case H_ICOLL:
+        case H_IA2A: {
             flush(S, r);
             int g = group_begin(S, r);
             after_compute(S, g);
-            if (o->kind == H_ALLREDUCE) group_add(S, g, G_COLL, o->comm, 0, 0);
+            if (o->kind == H_ALLREDUCE || o->kind == H_ICOLL) group_add(S, g, G_COLL, o->comm, 0, 0);
             // the alltoallv's sends and receives are NCCL calls of its own
             // communicator in both rule sets: its stream, not a channel
             for (int p = 0; p < S->nranks; p++) {
@@ -437,14 +716,18 @@ static void issue(Sim* S, int r, const HostOp* o) {
                 if (o->recv_mask >> p & 1) group_add(S, g, G_RECV, o->comm, p, 0);
             }
             group_end(S, g);
-            if (S->ordered) compute_waits(S, r, g);
+            if (o->kind == H_ICOLL || o->kind == H_IA2A) S->req[r][o->req] = (Req){2, g};
+            else if (S->ordered) compute_waits(S, r, g);
             else S->wait_stream[r] = stream_of(S, o->comm, r, r, 0);
             break;
         }
+        case H_SYNC: S->wait_compute[r] = S->ordered; break;
         case H_HOST_BCAST:
+        case H_BARRIER:
             // the loss it sends came to the host by mem_to_host: a wait for
-            // the compute stream first (device_synchronize, polled)
-            S->wait_compute[r] = S->ordered;
+            // the compute stream first (device_synchronize, polled);
+            // comm_barrier waited for everything already (ready)
+            S->wait_compute[r] = S->ordered && o->kind == H_HOST_BCAST;
             S->wait_bar_comm[r] = o->comm;
             S->wait_bar_seq[r] = S->bar_seq[r][o->comm]++;
             S->bar_arrived[o->comm][S->wait_bar_seq[r]]++;
@@ -452,25 +735,50 @@ static void issue(Sim* S, int r, const HostOp* o) {
     }
 }
 
-static int popcount(unsigned x) {
-    int n = 0;
-    for (; x; x &= x - 1) n++;
-    return n;
+// The host inside ncclGroupEnd, connecting: done once every pair's peer came.
+static int connected(const Sim* S, int r) {
+    for (int i = 0; i < S->n_wait_conn[r]; i++) {
+        const ConnWait* w = &S->wait_conn[r][i];
+        if (w->from < 0 ? (S->coll_conn[w->key] & S->members[w->key]) != S->members[w->key]
+                        : S->conn[w->key][w->from][w->to] != 3)
+            return 0;
+    }
+    return 1;
 }
 
 // One step of rank r's host: issue its next operation or finish a wait.
 static int host_step(Sim* S, int r) {
+    if (S->n_wait_conn[r]) {
+        if (!connected(S, r)) return 0;
+        S->n_wait_conn[r] = 0;
+        S->group[S->conn_group[r]].conn_wait = 0;
+        return 1;
+    }
     Program* p = &S->prog[r];
     if (S->pc[r] >= p->n) return 0;
     const HostOp* o = &p->op[S->pc[r]];
     if (!S->issued[r]) {
+        // every comm_* call (and any polling) issues the channel operations
+        // whose turn has come; MPI and mem_to_host's own waits below
+        int pumped = o->kind == H_HOST_BCAST || o->kind == H_SYNC ? 0 : pump(S, r);
+        if (!ready(S, r, o)) return pumped > 0;
         issue(S, r, o);
         S->issued[r] = 1;
-        S->sub[r] = 0;
+        if (o->kind != H_SENDRECV) S->sub[r] = 0;
+        return 1;
+    }
+    if (o->kind == H_SENDRECV && S->sub[r] == 1) {  // the second call of a sendrecv of two
+        int g = blocking_group(S, r, 0);
+        group_add(S, g, G_RECV, o->comm, o->peer2, next_lane(S, r, 0, o->comm, o->peer2));
+        group_end(S, g);
+        compute_waits(S, r, S->sendrecv_send[r]);
+        compute_waits(S, r, g);
+        S->sub[r] = 2;
         return 1;
     }
     if (S->wait_compute[r]) {
-        if (S->chead[r] < S->ctail[r]) return 0;
+        int pumped = pump(S, r);  // wait_checked polls
+        if (S->chead[r] < S->ctail[r]) return pumped > 0;
         S->wait_compute[r] = 0;
         return 1;
     }
@@ -478,8 +786,12 @@ static int host_step(Sim* S, int r) {
         while (S->sub[r] < S->n_slots[r]) {
             int q = S->slot_req[r][S->sub[r]];
             if (S->ordered) {
+                int pumped = pump(S, r);
+                if (S->n_wait_conn[r]) return 1;
+                if (S->req[r][q].state == 3) return pumped > 0;  // comm_wait polls until it is issued
                 wait_ordered(S, r, q);
                 S->sub[r]++;
+                if (S->n_wait_conn[r]) return 1;
                 continue;
             }
             flush(S, r);
@@ -503,6 +815,26 @@ static int host_step(Sim* S, int r) {
     return 1;
 }
 
+// QUEUE_DEBUG=1: each rank's host position and its issued groups not
+// ended ([group, started, compute entries it waits for, S/R/C peer.seq]).
+static void dump(const Sim* S) {
+    for (int r = 0; r < S->nranks; r++) {
+        fprintf(stderr, "rank %d pc %d compute %d/%d waiting %d:", r, S->pc[r], S->chead[r], S->ctail[r],
+                S->n_defer[r]);
+        for (int i = 0; i < S->n_issued[r]; i++) {
+            const Group* G = &S->group[S->issue_order[r][i]];
+            if (G->done) continue;
+            fprintf(stderr, " [g%d %s cdep %d", S->issue_order[r][i], G->started ? "started" : "queued", G->cdep);
+            for (int k = 0; k < G->nops; k++) {
+                const GOp* o = &S->op[G->op0 + k];
+                fprintf(stderr, " %c%d.%d", "SRC"[o->kind], o->peer, o->seq);
+            }
+            fprintf(stderr, "]");
+        }
+        fprintf(stderr, "\n");
+    }
+}
+
 // Runs the programs to the end or to a deadlock. Returns NULL, or what each
 // rank waits for.
 static const char* sim_run(Sim* S, Rules rules, Timing timing, int big, char* why, size_t len) {
@@ -520,92 +852,161 @@ static const char* sim_run(Sim* S, Rules rules, Timing timing, int big, char* wh
     // device_synchronize): work left on a stream is stuck too
     int stuck = 0;
     for (int r = 0; r < S->nranks; r++) {
-        stuck |= S->pc[r] < S->prog[r].n || S->chead[r] < S->ctail[r];
-        for (int s = 0; s < NSTREAM; s++) stuck |= !stream_empty(S, r, s);
+        stuck |= S->pc[r] < S->prog[r].n || S->chead[r] < S->ctail[r] || S->n_defer[r] || S->n_wait_conn[r];
+        for (int i = 0; i < S->n_used[r]; i++) stuck |= !stream_empty(S, r, S->used_list[r][i]);
     }
     if (!stuck) return NULL;
-    static const char* names[] = {"comm_recv", "comm_send", "comm_isend", "comm_irecv", "comm_wait", "send",
-                                  "sends_wait", "collective", "comm_alltoallv", "MPI_Bcast"};
+    if (getenv("QUEUE_DEBUG")) dump(S);
+    static const char* names[] = {"comm_recv", "comm_send", "comm_isend", "comm_irecv", "comm_wait",
+                                  "send", "sends_wait", "collective", "comm_alltoallv", "MPI",
+                                  "comm_sendrecv", "a non-blocking collective", "comm_ialltoallv", "mem_to_host",
+                                  "comm_barrier"};
     size_t at = (size_t)snprintf(why, len, "deadlock:");
     for (int r = 0; r < S->nranks && at < len; r++) {
         if (S->pc[r] >= S->prog[r].n) {
             at += (size_t)snprintf(why + at, len - at, " rank %d %s;", r,
-                                   S->chead[r] < S->ctail[r] ? "issued all, its compute stream waits" : "done");
+                                   S->n_wait_conn[r]           ? "issued all, connecting"
+                                   : S->chead[r] < S->ctail[r] ? "issued all, its compute stream waits"
+                                                               : "done");
             continue;
         }
         const HostOp* o = &S->prog[r].op[S->pc[r]];
-        at += (size_t)snprintf(why + at, len - at, " rank %d in %s (peer %d, host op %d of %d);", r,
-                               names[o->kind], o->peer, S->pc[r], S->prog[r].n);
+        at += (size_t)snprintf(why + at, len - at, " rank %d in %s%s (peer %d, host op %d of %d);", r,
+                               names[o->kind], S->n_wait_conn[r] ? ", connecting" : "", o->peer, S->pc[r],
+                               S->prog[r].n);
     }
     return why;
 }
 
-// ---------------------------------------------------------------- chapter 5
+// The host op of rank r at which a deadlocked run stopped (after sim_run).
+static int stopped_at(const Sim* S, int r) { return S->pc[r]; }
+
+// ---------------------------------------------------------------- chapter 5 and the capstone
+// A pp x ep mesh (rank = stage * ep + e) has these communicators: the pp
+// group of each e (channels), the embedding group of each e (first and last
+// stage), the ep group of each stage and the world. Chapter 5 is ep = 1:
+// communicator 0 is its pp group (the world) and 1 its embedding group.
+#define C_PP(e) (e)
+#define C_EMB(ep, e) ((ep) + (e))
+#define C_EP(ep, s) (2 * (ep) + (s))
+#define C_WORLD(ep, pp) (2 * (ep) + (pp))
+
+typedef struct {
+    int grad, mb, chunk;
+} Msg;
+
+// Chapter 7's MoE layer on stage s (07_expert/moe_layer.c): forward routes,
+// copies the routing to the host (mem_to_host) and trades the counts by
+// MPI_Alltoall over ep; then, in nc chunks (--ep-overlap), each chunk's
+// dispatch all-to-all-v is waited for while the next one starts and its
+// combine goes out (dispatch_start, a2a_start, a2a_wait). Backward runs the
+// two exchanges reversed in the same chunks.
+static void moe_layer_program(Program* p, int ep, int s, int e, int nc, int forward) {
+    unsigned peers = 0;
+    for (int j = 0; j < ep; j++)
+        if (j != e) peers |= 1u << (s * ep + j);
+    int c = C_EP(ep, s);
+    if (forward) emit(p, (HostOp){H_HOST_BCAST, c, -1, 0, 0, 0, 0});
+#define A2A(q) emit(p, (HostOp){H_IA2A, c, -1, 200 + (q), peers, peers, 0})
+#define W(q) emit(p, (HostOp){H_WAIT, 0, -1, 200 + (q), 0, 0, 0})
+    A2A(0);
+    for (int i = 0; i < nc; i++) {
+        W(i);
+        if (i + 1 < nc) A2A(i + 1);
+        A2A(nc + i);
+        if (i > 0) W(nc + i - 1);
+    }
+    W(2 * nc - 1);
+#undef A2A
+#undef W
+}
+
 // What 05_pipeline/main.c calls, per rank and step: each action's receive
 // (the messages its peer sent before the one it needs, each a comm_recv:
 // pipeline.c's pipe_incoming_build / pipe_receive), its send (send:
 // comm_test on the slots, then comm_isend), sends_wait at the end of the
 // lists, the tied embedding's all-reduce (first and last stage), the norm's
 // all-reduce and the loss's MPI_Bcast; after two steps a validation forward
-// (blocking sends).
-typedef struct {
-    int grad, mb, chunk;
-} Msg;
-
-static void pipeline_programs(Sim* S, const Schedule* sc) {
+// (blocking sends). With ep > 1, the capstone's pipeline
+// (capstone/composed_pipe.c): the same, with moe MoE layers in each F and B
+// (moe_layer_program) and the gradient all-reduces over ep and the world.
+static void pipe_programs(Sim* S, const Schedule* sc, int ep, int moe, int nc) {
     int pp = sc->pp, NS = pp * sc->v;
-    S->members[0] = (1u << pp) - 1;
-    S->members[1] = pp > 1 ? (1u << 0) | (1u << (pp - 1)) : 0;
-    for (int s = 0; s < pp; s++) {
-        Program* p = &S->prog[s];
-        // the messages each peer sends to s, in its order
-        int peers[2] = {(s + pp - 1) % pp, (s + 1) % pp}, n_in = peers[0] == peers[1] ? 1 : 2;
-        Msg* in[2];
-        int n[2] = {0, 0};
-        for (int i = 0; i < n_in; i++) {
-            int q = peers[i];
-            in[i] = calloc((size_t)sc->n[q] + 1, sizeof(Msg));
-            for (int a = 0; a < sc->n[q]; a++) {
-                Action act = sc->list[q][a];
-                int k = act.chunk * pp + q;
-                if (act.type == ACT_F && k < NS - 1 && (k + 1) % pp == s) in[i][n[i]++] = (Msg){0, act.mb, (k + 1) / pp};
-                if (act.type == ACT_B && k > 0 && (k - 1) % pp == s) in[i][n[i]++] = (Msg){1, act.mb, (k - 1) / pp};
-            }
-        }
-        for (int step = 0; step < 2; step++) {
-            int next[2] = {0, 0};
-            for (int a = 0; a < sc->n[s]; a++) {
-                Action act = sc->list[s][a];
-                int k = act.chunk * pp + s, need = -1, to = -1;
-                if (act.type == ACT_F && k > 0) need = 0;
-                if (act.type == ACT_B && k < NS - 1) need = 1;
-                if (act.type == ACT_F && k < NS - 1) to = (s + 1) % pp;
-                if (act.type == ACT_B && k > 0) to = (s + pp - 1) % pp;
-                if (need >= 0 && pp > 1) {
-                    int peer = need ? (s + 1) % pp : (s + pp - 1) % pp, i = peers[0] == peer ? 0 : 1, have = 0;
-                    for (int j = 0; j < next[i]; j++)
-                        have |= in[i][j].grad == need && in[i][j].mb == act.mb && in[i][j].chunk == act.chunk;
-                    while (!have && next[i] < n[i]) {
-                        Msg m = in[i][next[i]++];
-                        emit(p, (HostOp){H_RECV, 0, peer, 0, 0, 0});
-                        have = m.grad == need && m.mb == act.mb && m.chunk == act.chunk;
-                    }
-                }
-                if (to >= 0 && pp > 1) emit(p, (HostOp){H_PIPE_SEND, 0, to, 0, 0, 0});
-            }
-            emit(p, (HostOp){H_PIPE_SENDS_WAIT, 0, -1, 0, 0, 0});
-            if (pp > 1 && (s == 0 || s == pp - 1)) emit(p, (HostOp){H_ALLREDUCE, 1, -1, 0, 0, 0});
-            emit(p, (HostOp){H_ALLREDUCE, 0, -1, 0, 0, 0});
-            emit(p, (HostOp){H_HOST_BCAST, 0, -1, 0, 0, 0});
-        }
-        for (int c = 0; c < sc->v && pp > 1; c++) {  // val_forward
-            int k = c * pp + s;
-            if (k > 0) emit(p, (HostOp){H_RECV, 0, (s + pp - 1) % pp, 0, 0, 0});
-            if (k < NS - 1) emit(p, (HostOp){H_SEND, 0, (s + 1) % pp, 0, 0, 0});
-        }
-        for (int i = 0; i < n_in; i++) free(in[i]);
+    for (int e = 0; e < ep; e++) {
+        S->members[C_PP(e)] = S->members[C_EMB(ep, e)] = 0;
+        for (int s = 0; s < pp; s++) S->members[C_PP(e)] |= 1u << (s * ep + e);
+        if (pp > 1) S->members[C_EMB(ep, e)] = (1u << e) | (1u << ((pp - 1) * ep + e));
     }
+    for (int s = 0; s < pp && ep > 1; s++) {
+        S->members[C_EP(ep, s)] = 0;
+        for (int e = 0; e < ep; e++) S->members[C_EP(ep, s)] |= 1u << (s * ep + e);
+    }
+    S->members[C_WORLD(ep, pp)] = (1u << (pp * ep)) - 1;
+    for (int e = 0; e < ep; e++)
+        for (int s = 0; s < pp; s++) {
+            Program* p = &S->prog[s * ep + e];
+            int cpp = C_PP(e);
+#define RANK(stage) ((stage) * ep + e)
+            // the messages each peer sends to s, in its order
+            int peers[2] = {(s + pp - 1) % pp, (s + 1) % pp}, n_in = peers[0] == peers[1] ? 1 : 2;
+            Msg* in[2];
+            int n[2] = {0, 0};
+            for (int i = 0; i < n_in; i++) {
+                int q = peers[i];
+                in[i] = calloc((size_t)sc->n[q] + 1, sizeof(Msg));
+                for (int a = 0; a < sc->n[q]; a++) {
+                    Action act = sc->list[q][a];
+                    int k = act.chunk * pp + q;
+                    if (act.type == ACT_F && k < NS - 1 && (k + 1) % pp == s)
+                        in[i][n[i]++] = (Msg){0, act.mb, (k + 1) / pp};
+                    if (act.type == ACT_B && k > 0 && (k - 1) % pp == s) in[i][n[i]++] = (Msg){1, act.mb, (k - 1) / pp};
+                }
+            }
+            for (int step = 0; step < 2; step++) {
+                int next[2] = {0, 0};
+                for (int a = 0; a < sc->n[s]; a++) {
+                    Action act = sc->list[s][a];
+                    int k = act.chunk * pp + s, need = -1, to = -1;
+                    if (act.type == ACT_F && k > 0) need = 0;
+                    if (act.type == ACT_B && k < NS - 1) need = 1;
+                    if (act.type == ACT_F && k < NS - 1) to = (s + 1) % pp;
+                    if (act.type == ACT_B && k > 0) to = (s + pp - 1) % pp;
+                    if (need >= 0 && pp > 1) {
+                        int peer = need ? (s + 1) % pp : (s + pp - 1) % pp, i = peers[0] == peer ? 0 : 1, have = 0;
+                        for (int j = 0; j < next[i]; j++)
+                            have |= in[i][j].grad == need && in[i][j].mb == act.mb && in[i][j].chunk == act.chunk;
+                        while (!have && next[i] < n[i]) {
+                            Msg m = in[i][next[i]++];
+                            emit(p, (HostOp){H_RECV, cpp, RANK(peer), 0, 0, 0, 0});
+                            have = m.grad == need && m.mb == act.mb && m.chunk == act.chunk;
+                        }
+                    }
+                    if (act.type != ACT_W)
+                        for (int l = 0; l < moe; l++) moe_layer_program(p, ep, s, e, nc, act.type == ACT_F);
+                    if (to >= 0 && pp > 1) emit(p, (HostOp){H_PIPE_SEND, cpp, RANK(to), 0, 0, 0, 0});
+                }
+                emit(p, (HostOp){H_PIPE_SENDS_WAIT, cpp, -1, 0, 0, 0, 0});
+                if (pp > 1 && (s == 0 || s == pp - 1)) emit(p, (HostOp){H_ALLREDUCE, C_EMB(ep, e), -1, 0, 0, 0, 0});
+                if (ep > 1) {
+                    emit(p, (HostOp){H_ALLREDUCE, C_EP(ep, s), -1, 0, 0, 0, 0});
+                    emit(p, (HostOp){H_ALLREDUCE, C_WORLD(ep, pp), -1, 0, 0, 0, 0});
+                    emit(p, (HostOp){H_HOST_BCAST, C_WORLD(ep, pp), -1, 0, 0, 0, 0});
+                } else {
+                    emit(p, (HostOp){H_ALLREDUCE, cpp, -1, 0, 0, 0, 0});
+                    emit(p, (HostOp){H_HOST_BCAST, cpp, -1, 0, 0, 0, 0});
+                }
+            }
+            for (int c = 0; c < sc->v && pp > 1 && ep == 1; c++) {  // val_forward
+                int k = c * pp + s;
+                if (k > 0) emit(p, (HostOp){H_RECV, cpp, RANK((s + pp - 1) % pp), 0, 0, 0, 0});
+                if (k < NS - 1) emit(p, (HostOp){H_SEND, cpp, RANK((s + 1) % pp), 0, 0, 0, 0});
+            }
+            emit(p, (HostOp){H_SYNC, 0, -1, 0, 0, 0, 0});
+            for (int i = 0; i < n_in; i++) free(in[i]);
+#undef RANK
+        }
 }
+static void pipeline_programs(Sim* S, const Schedule* sc) { pipe_programs(S, sc, 1, 0, 1); }
 
 // The outcome of S's programs under the held and the channel rules, each
 // timing and message size: a bit per (rules, timing, big) that deadlocked;
@@ -636,42 +1037,101 @@ static unsigned replay(const Schedule* sc, char* why, size_t len) {
 }
 #define BAD_CHANNELS (0xFu << 4)
 
-// ---------------------------------------------------------------- chapter 6 and 7
+// Whether S's programs deadlock under the channel rules with mitigations
+// fix, in any timing, with messages above NCCL's buffer (and, with small,
+// below it too).
+static int channels_deadlock(Sim* S, unsigned fix, int small, char* why, size_t len) {
+    S->fix = fix;
+    int bad = 0;
+    for (int timing = 0; timing < 2 && !bad; timing++)
+        for (int big = small ? 0 : 1; big < 2 && !bad; big++)
+            bad = sim_run(S, RULES_CHANNELS, (Timing)timing, big, why, len) != NULL;
+    S->fix = FIX_ALL;
+    return bad;
+}
+
+// ---------------------------------------------------------------- chapters 1, 6 and 7
 // 06_sequence_context/context.c's ring attention (cp_ring_forward, then
-// cp_ring_backward, as chapter 6's main.c calls them), with and without
-// --cp-overlap, then the dp+cp gradient all-reduce.
+// cp_ring_backward, as chapter 6's main.c and the capstone call them), with
+// and without --cp-overlap, then the dp+cp gradient all-reduce.
 static void ring_programs(Sim* S, int n, int overlap) {
     S->members[0] = S->members[1] = (1u << n) - 1;
     enum { FROM_LEFT, TO_RIGHT, D_FROM_LEFT, D_TO_RIGHT };
     for (int r = 0; r < n; r++) {
         Program* p = &S->prog[r];
         int right = (r + 1) % n, left = (r + n - 1) % n;
-#define W(q) emit(p, (HostOp){H_WAIT, 0, -1, q, 0, 0})
+#define W(q) emit(p, (HostOp){H_WAIT, 0, -1, q, 0, 0, 0})
         for (int s = 0; s < n; s++) {
             if (s < n - 1) {
-                emit(p, (HostOp){H_IRECV, 0, left, FROM_LEFT, 0, 0});
-                emit(p, (HostOp){H_ISEND, 0, right, TO_RIGHT, 0, 0});
+                emit(p, (HostOp){H_IRECV, 0, left, FROM_LEFT, 0, 0, 0});
+                emit(p, (HostOp){H_ISEND, 0, right, TO_RIGHT, 0, 0, 0});
             }
             if (!overlap) W(FROM_LEFT), W(TO_RIGHT);
             W(FROM_LEFT), W(TO_RIGHT);
         }
         for (int s = 0; s < n; s++) {
             if (s < n - 1) {
-                emit(p, (HostOp){H_IRECV, 0, left, FROM_LEFT, 0, 0});
-                emit(p, (HostOp){H_ISEND, 0, right, TO_RIGHT, 0, 0});
+                emit(p, (HostOp){H_IRECV, 0, left, FROM_LEFT, 0, 0, 0});
+                emit(p, (HostOp){H_ISEND, 0, right, TO_RIGHT, 0, 0, 0});
             }
             if (!overlap) W(FROM_LEFT), W(TO_RIGHT);
             if (s > 0) W(D_FROM_LEFT), W(D_TO_RIGHT);
             if (n > 1) {
-                emit(p, (HostOp){H_IRECV, 0, left, D_FROM_LEFT, 0, 0});
-                emit(p, (HostOp){H_ISEND, 0, right, D_TO_RIGHT, 0, 0});
+                emit(p, (HostOp){H_IRECV, 0, left, D_FROM_LEFT, 0, 0, 0});
+                emit(p, (HostOp){H_ISEND, 0, right, D_TO_RIGHT, 0, 0, 0});
                 if (!overlap) W(D_FROM_LEFT), W(D_TO_RIGHT);
             }
             W(FROM_LEFT), W(TO_RIGHT);
         }
         W(D_FROM_LEFT), W(D_TO_RIGHT);
 #undef W
-        emit(p, (HostOp){H_ALLREDUCE, 1, -1, 0, 0, 0});
+        emit(p, (HostOp){H_ALLREDUCE, 1, -1, 0, 0, 0, 0});
+        emit(p, (HostOp){H_SYNC, 0, -1, 0, 0, 0, 0});
+    }
+}
+
+// 01_collectives/harness.c on the CUDA backend (the library's collectives):
+// the check of the non-blocking forms (each started, computed behind, waited
+// for, then its blocking twin and mem_to_host; last a ring shift by
+// irecv/isend), then the counters' pass: every blocking collective
+// (scatter, gather and the all-to-alls are sends and receives of the
+// world's communicator), comm_sendrecv around the ring, comm_barrier, the
+// non-blocking forms again and the ring shift.
+static void harness_programs(Sim* S, int n) {
+    S->members[0] = (1u << n) - 1;
+    unsigned all = (1u << n) - 1;
+    for (int r = 0; r < n; r++) {
+        Program* p = &S->prog[r];
+        int right = (r + 1) % n, left = (r + n - 1) % n;
+        unsigned others = all & ~(1u << r), root = r == 0 ? others : 1u, last = 1u << (n - 1);
+        for (int kind = 0; kind < 4; kind++) {
+            emit(p, (HostOp){H_ICOLL, 0, -1, 0, 0, 0, 0});
+            emit(p, (HostOp){H_WAIT, 0, -1, 0, 0, 0, 0});
+            emit(p, (HostOp){H_ALLREDUCE, 0, -1, 0, 0, 0, 0});
+            emit(p, (HostOp){H_SYNC, 0, -1, 0, 0, 0, 0});
+        }
+        emit(p, (HostOp){H_IRECV, 0, left, 0, 0, 0, 0});
+        emit(p, (HostOp){H_ISEND, 0, right, 1, 0, 0, 0});
+        emit(p, (HostOp){H_WAIT, 0, -1, 0, 0, 0, 0});
+        emit(p, (HostOp){H_WAIT, 0, -1, 1, 0, 0, 0});
+        emit(p, (HostOp){H_SYNC, 0, -1, 0, 0, 0, 0});
+        for (int c = 0; c < 5; c++) emit(p, (HostOp){H_ALLREDUCE, 0, -1, 0, 0, 0, 0});
+        // scatter from 0, gather to n-1, all-to-all, all-to-all-v
+        emit(p, (HostOp){H_ALLTOALLV, 0, -1, 0, r == 0 ? others : 0, r == 0 ? 0 : root, 0});
+        emit(p, (HostOp){H_ALLTOALLV, 0, -1, 0, r == n - 1 ? 0 : last, r == n - 1 ? others : 0, 0});
+        emit(p, (HostOp){H_ALLTOALLV, 0, -1, 0, others, others, 0});
+        emit(p, (HostOp){H_ALLTOALLV, 0, -1, 0, others, others, 0});
+        emit(p, (HostOp){H_SENDRECV, 0, right, 0, 0, 0, left});
+        emit(p, (HostOp){H_BARRIER, 0, -1, 0, 0, 0, 0});
+        for (int c = 0; c < 4; c++) {
+            emit(p, (HostOp){H_ICOLL, 0, -1, 0, 0, 0, 0});
+            emit(p, (HostOp){H_WAIT, 0, -1, 0, 0, 0, 0});
+        }
+        emit(p, (HostOp){H_IRECV, 0, left, 0, 0, 0, 0});
+        emit(p, (HostOp){H_ISEND, 0, right, 1, 0, 0, 0});
+        emit(p, (HostOp){H_WAIT, 0, -1, 0, 0, 0, 0});
+        emit(p, (HostOp){H_WAIT, 0, -1, 1, 0, 0, 0});
+        emit(p, (HostOp){H_SYNC, 0, -1, 0, 0, 0, 0});
     }
 }
 
@@ -695,12 +1155,12 @@ static void moe_programs(Sim* S, int n, unsigned seed) {
                     if (x % 2 == 0) out |= (unsigned)ij << j, in |= (unsigned)ji << j;
                     else out |= (unsigned)ji << j, in |= (unsigned)ij << j;
                 }
-                emit(&S->prog[r], (HostOp){H_ALLTOALLV, 0, -1, 0, out, in});
+                emit(&S->prog[r], (HostOp){H_ALLTOALLV, 0, -1, 0, out, in, 0});
             }
     }
     for (int r = 0; r < n; r++) {
-        emit(&S->prog[r], (HostOp){H_ALLREDUCE, 1, -1, 0, 0, 0});
-        emit(&S->prog[r], (HostOp){H_ALLREDUCE, 0, -1, 0, 0, 0});
+        emit(&S->prog[r], (HostOp){H_ALLREDUCE, 1, -1, 0, 0, 0, 0});
+        emit(&S->prog[r], (HostOp){H_ALLREDUCE, 0, -1, 0, 0, 0, 0});
     }
 }
 
@@ -719,6 +1179,12 @@ static const char* file_examples[] = {
     "# pp=2, 2 microbatches, split backward\nrank 0: F0 F1 B0 W0 B1 W1\nrank 1: F1 F0 B1 W1 B0 W0\n",
 };
 
+// Appends " name" to a list while it has room.
+static void list_add(char* list, size_t cap, const char* fmt, int a, int b, int c) {
+    size_t at = strlen(list);
+    if (at < cap - 64) snprintf(list + at, cap - at, fmt, a, b, c);
+}
+
 int main(int argc, char** argv) {
     char msg[512], why[1024];
     if (argc == 6 && strcmp(argv[1], "--show") == 0) {
@@ -731,6 +1197,20 @@ int main(int argc, char** argv) {
         unsigned bad = replay(&sc, why, sizeof(why));
         printf("deadlock bits (held: ahead small, ahead big, keeps-up small, keeps-up big; then channels): 0x%02x\n%s\n",
                bad, why);
+        Sim* S = sim_new(sc.pp);
+        pipeline_programs(S, &sc);
+        int off = channels_deadlock(S, 0, 0, why, sizeof(why));
+        printf("channels without issue 45's mitigations: %s\n", off ? why : "completes");
+        sim_free(S);
+        return 0;
+    }
+    if (argc == 4 && strcmp(argv[1], "--harness") == 0) {  // chapter 1's harness on N ranks, mitigations FIX
+        Sim* S = sim_new(atoi(argv[2]));
+        harness_programs(S, atoi(argv[2]));
+        S->fix = (unsigned)atoi(argv[3]);
+        const char* w = sim_run(S, RULES_CHANNELS, HOST_AHEAD, 1, why, sizeof(why));
+        printf("%s\n", w ? w : "completes");
+        sim_free(S);
         return 0;
     }
     // every built-in schedule, pp 2-4, m 1-16, v 1-3
@@ -783,9 +1263,187 @@ int main(int argc, char** argv) {
           "%d gpipe, %d 1f1b, %d zb cases deadlock", held_bad[SCHED_GPIPE], held_bad[SCHED_1F1B], held_bad[SCHED_ZB]);
     check(small_bad == 0, "the held rules complete every schedule while messages fit NCCL's buffer (why tiny runs pass)",
           "%d cases deadlock: %s", small_bad, first_small);
-    char name[128];
-    snprintf(name, sizeof(name), "the channel rules complete all %d built-in schedules (pp 2-4, m 1-16, v 1-3)", total);
+    char name[160];
+    snprintf(name, sizeof(name),
+             "the channel rules with NCCL's two rules complete all %d built-in schedules (pp 2-4, m 1-16, v 1-3)", total);
     check(chan_bad == 0 && total > 0, name, "%d cases deadlock, first: %s", chan_bad, first_chan);
+
+    // pp 5-8 (the capstone and chapter 5 take any pp up to the world)
+    int big_cases = 0, big_bad = 0;
+    char first_big[1200] = "";
+    for (int kind = 0; kind < NUM_SCHEDULES; kind++)
+        for (int pp = 5; pp <= MAX_RANKS; pp++)
+            for (int m = pp; m <= 2 * pp; m += pp)
+                for (int v = 1; v <= (kind == SCHED_INTERLEAVED ? 2 : 1); v++) {
+                    Schedule sc;
+                    if (schedule_build(&sc, (ScheduleKind)kind, pp, m, v, msg, sizeof(msg))) continue;
+                    if (schedule_validate(&sc, NULL, msg, sizeof(msg))) {
+                        schedule_free(&sc);
+                        continue;
+                    }
+                    Sim* S = sim_new(pp);
+                    pipeline_programs(S, &sc);
+                    big_cases++;
+                    if (channels_deadlock(S, FIX_ALL, 1, why, sizeof(why))) {
+                        big_bad++;
+                        if (!first_big[0])
+                            snprintf(first_big, sizeof(first_big), "%s pp=%d m=%d v=%d: %s", schedule_name(kind), pp,
+                                     m, v, why);
+                    }
+                    sim_free(S);
+                    schedule_free(&sc);
+                }
+    snprintf(name, sizeof(name), "the channel rules complete all %d schedules at pp 5-8 (m = pp, 2pp; v 1-2)",
+             big_cases);
+    check(big_bad == 0 && big_cases > 0, name, "%d cases deadlock, first: %s", big_bad, first_big);
+
+    // the self-test: without issue 45's mitigations (the code before it)
+    // the model finds its deadlocks; each mitigation is needed
+    int il_cases = 0, il_off = 0, il_no_pair = 0, il_all = 0;
+    char il_list[2000] = "", il_first_all[1200] = "";
+    for (int m = 4; m <= 16; m++)
+        for (int v = 2; v <= 3; v++) {
+            Schedule sc;
+            if (schedule_build(&sc, SCHED_INTERLEAVED, 2, m, v, msg, sizeof(msg))) continue;
+            Sim* S = sim_new(2);
+            pipeline_programs(S, &sc);
+            il_cases++;
+            int off = channels_deadlock(S, 0, 0, why, sizeof(why));
+            il_off += off;
+            if (off) list_add(il_list, sizeof(il_list), " m%d v%d", m, v, 0);
+            il_no_pair += channels_deadlock(S, FIX_ALL & ~FIX_PAIR, 0, why, sizeof(why));
+            if (channels_deadlock(S, FIX_ALL, 1, why, sizeof(why))) {
+                il_all++;
+                if (!il_first_all[0]) snprintf(il_first_all, sizeof(il_first_all), "m=%d v=%d: %s", m, v, why);
+            }
+            sim_free(S);
+            schedule_free(&sc);
+        }
+    printf("# interleaved pp 2, m 4-16, v 2-3 (%d cases), channels without the mitigations: %d deadlock:%s\n",
+           il_cases, il_off, il_list);
+    printf("# ... with them all but two channels per direction: %d deadlock\n", il_no_pair);
+    check(il_off == il_cases,
+          "self-test: without the mitigations NCCL's launch order deadlocks every interleaved pp 2 case (m 4-16, v 2-3)",
+          "%d of %d cases deadlock", il_off, il_cases);
+    check(il_no_pair == il_cases,
+          "self-test: one channel per direction at pp 2 (activations and gradients on it) still deadlocks them all",
+          "%d of %d cases deadlock", il_no_pair, il_cases);
+    check(il_all == 0, "with the mitigations, interleaved pp 2 (m 4-16, v 2-3) completes", "%d of %d cases deadlock, first: %s",
+          il_all, il_cases, il_first_all);
+
+    // one in flight per channel, and in the order of the calls
+    int one_bad = 0, order_bad = 0, one_cases = 0;
+    for (int kind = 0; kind < NUM_SCHEDULES; kind++)
+        for (int pp = 2; pp <= 4; pp++)
+            for (int m = pp; m <= 4 * pp; m += pp)
+                for (int v = 1; v <= (kind == SCHED_INTERLEAVED ? 3 : 1); v++) {
+                    Schedule sc;
+                    if (schedule_build(&sc, (ScheduleKind)kind, pp, m, v, msg, sizeof(msg))) continue;
+                    Sim* S = sim_new(pp);
+                    pipeline_programs(S, &sc);
+                    one_cases++;
+                    one_bad += channels_deadlock(S, FIX_ALL & ~FIX_ONE, 0, why, sizeof(why));
+                    S->any_order = 1;
+                    order_bad += channels_deadlock(S, FIX_ALL, 0, why, sizeof(why));
+                    sim_free(S);
+                    schedule_free(&sc);
+                }
+    printf("# schedules pp 2-4, m = pp..4pp (%d cases): %d deadlock with several operations in flight per channel, %d "
+           "with one but issued out of the calls' order\n",
+           one_cases, one_bad, order_bad);
+    // (no check on one_bad: once a pair has two channels per direction, the
+    // model finds no schedule that needs one in flight; comm.c keeps it so
+    // a message stuck in flight stops the host under the watchdog, naming
+    // the wait, instead of every NCCL kernel behind it on the device)
+    check(order_bad > 0, "self-test: a waiting operation issued after later calls' operations deadlocks some schedule",
+          "all %d cases complete", one_cases);
+
+    int ring_off = 0, ring_first = 0, ring_all = 0, ring_cases = 0;
+    char ring_why[1200] = "";
+    for (int n = 2; n <= MAX_RANKS; n++)
+        for (int overlap = 0; overlap < 2; overlap++) {
+            Sim* S = sim_new(n);
+            ring_programs(S, n, overlap);
+            ring_cases++;
+            S->fix = 0;
+            if (sim_run(S, RULES_CHANNELS, HOST_AHEAD, 0, why, sizeof(why))) {
+                ring_off++;
+                int at_first = 1;
+                for (int r = 0; r < n; r++) at_first &= stopped_at(S, r) == 0 && S->n_wait_conn[r] > 0;
+                ring_first += at_first;
+            }
+            S->fix = FIX_ONE | FIX_SENDRECV;  // everything but the eager connection
+            int one = sim_run(S, RULES_CHANNELS, HOST_AHEAD, 0, why, sizeof(why)) != NULL;
+            S->fix = FIX_ALL;
+            if (!one) snprintf(ring_why, sizeof(ring_why), "cp=%d overlap %d completes without eager connection", n,
+                               overlap);
+            if (channels_deadlock(S, FIX_ALL, 1, why, sizeof(why))) {
+                ring_all++;
+                snprintf(ring_why, sizeof(ring_why), "cp=%d overlap %d: %s", n, overlap, why);
+            }
+            sim_free(S);
+        }
+    printf("# ring attention cp 2-8 with and without overlap: %d of %d deadlock without the mitigations, %d of them "
+           "with every host connecting at its first operation\n",
+           ring_off, ring_cases, ring_first);
+    check(ring_off == ring_cases && ring_first == ring_cases,
+          "self-test: without eager connection every ring case (cp 2-8, overlap 0/1) deadlocks at the first host operation",
+          "%d of %d deadlock, %d at the first operation", ring_off, ring_cases, ring_first);
+    check(ring_all == 0 && !ring_why[0], "with the channels connected at creation every ring case completes",
+          "%s", ring_why);
+
+    int h_off = 0, h_all = 0, h_cases = 0;
+    char h_why[1200] = "";
+    for (int n = 2; n <= MAX_RANKS; n++) {
+        Sim* S = sim_new(n);
+        harness_programs(S, n);
+        h_cases++;
+        h_off += channels_deadlock(S, 0, 1, why, sizeof(why));
+        if (channels_deadlock(S, FIX_ALL, 1, why, sizeof(why))) {
+            h_all++;
+            if (!h_why[0]) snprintf(h_why, sizeof(h_why), "%d ranks: %s", n, why);
+        }
+        if (sim_run(S, RULES_SHARED, HOST_AHEAD, 0, why, sizeof(why)) && !h_why[0])
+            snprintf(h_why, sizeof(h_why), "%d ranks, shared stream: %s", n, why);
+        sim_free(S);
+    }
+    check(h_off == h_cases, "self-test: without the mitigations chapter 1's harness deadlocks (2-8 ranks)",
+          "%d of %d deadlock", h_off, h_cases);
+    check(h_all == 0 && !h_why[0], "chapter 1's harness completes with the mitigations and on the shared stream (2-8 ranks)",
+          "%s", h_why);
+
+    // the capstone: chapter 5's schedules over pp with chapter 7's MoE
+    // layers over ep inside each F and B (--ep-overlap 1-3 chunks), the
+    // all-to-alls in the same launch chain as the pipeline's channels
+    int cap_cases = 0, cap_bad = 0, cap_off = 0;
+    char cap_first[1200] = "";
+    static const int shapes[][2] = {{2, 2}, {2, 3}, {2, 4}, {4, 2}};
+    static const ScheduleKind kinds[] = {SCHED_1F1B, SCHED_ZB, SCHED_INTERLEAVED};
+    for (size_t sh = 0; sh < sizeof(shapes) / sizeof(*shapes); sh++)
+        for (size_t k = 0; k < sizeof(kinds) / sizeof(*kinds); k++)
+            for (int nc = 1; nc <= 3; nc++) {
+                int pp = shapes[sh][0], ep = shapes[sh][1], m = 2 * pp, v = kinds[k] == SCHED_INTERLEAVED ? 2 : 1;
+                Schedule sc;
+                if (schedule_build(&sc, kinds[k], pp, m, v, msg, sizeof(msg))) continue;
+                Sim* S = sim_new(pp * ep);
+                pipe_programs(S, &sc, ep, 2, nc);
+                cap_cases++;
+                cap_off += channels_deadlock(S, 0, 0, why, sizeof(why));
+                if (channels_deadlock(S, FIX_ALL, 1, why, sizeof(why))) {
+                    cap_bad++;
+                    if (!cap_first[0])
+                        snprintf(cap_first, sizeof(cap_first), "%s pp=%d ep=%d ep-overlap %d: %s", schedule_name(kinds[k]),
+                                 pp, ep, nc, why);
+                }
+                sim_free(S);
+                schedule_free(&sc);
+            }
+    printf("# capstone pipeline with MoE all-to-alls: %d of %d cases deadlock without the mitigations\n", cap_off,
+           cap_cases);
+    snprintf(name, sizeof(name),
+             "the capstone's pipeline (1f1b, zb, interleaved; pp x ep 2x2-2x4, 4x2; --ep-overlap 1-3) completes, %d cases",
+             cap_cases);
+    check(cap_bad == 0 && cap_cases > 0, name, "%d deadlock, first: %s", cap_bad, cap_first);
 
     // without comm_test's flush the held rules still deadlock: the receive
     // still waits for the whole stream, behind this rank's own sends
@@ -806,8 +1464,9 @@ int main(int argc, char** argv) {
     printf("# held rules without comm_test's flush: %d of %d interleaved cases (pp 2-4, m = 2pp, v 2-3) deadlock\n",
            quiet_bad, quiet_cases);
 
-    // the shared stream (held rules, one stream for every communicator):
-    // what make gpu-check's NCCL_LAUNCH_ORDER_IMPLICIT=0 cases rely on
+    // the shared stream (held rules, one stream for every communicator,
+    // lazy connection): what make gpu-check's NCCL_LAUNCH_ORDER_IMPLICIT=0
+    // cases rely on
     int shared_small = 0, shared_big = 0, shared_cases = 0;
     for (int pp = 2; pp <= 4; pp++)
         for (int m = pp; m <= 4 * pp; m += pp)
@@ -864,8 +1523,8 @@ int main(int argc, char** argv) {
     Sim* S = sim_new(2);
     S->members[0] = S->members[1] = 3;
     for (int r = 0; r < 2; r++) {
-        emit(&S->prog[r], (HostOp){H_RECV, 0, 1 - r, 0, 0, 0});
-        emit(&S->prog[r], (HostOp){H_SEND, 0, 1 - r, 0, 0, 0});
+        emit(&S->prog[r], (HostOp){H_RECV, 0, 1 - r, 0, 0, 0, 0});
+        emit(&S->prog[r], (HostOp){H_SEND, 0, 1 - r, 0, 0, 0, 0});
     }
     check(sim_run(S, RULES_CHANNELS, HOST_AHEAD, 1, why, sizeof(why)) != NULL,
           "the model finds a real deadlock (both ranks receive first)", "it completes");

@@ -29,6 +29,15 @@ void mem_to_host(void* dst_host, const void* src_device, size_t bytes) {
     memcpy(dst_host, src_device, bytes);
 }
 
+// An op has finished when it returns: queued is done.
+void mem_to_device_queued(void* dst_device, const void* src_host, size_t bytes) {
+    memcpy(dst_device, src_host, bytes);
+}
+
+void mem_to_host_queued(void* dst_host, const void* src_device, size_t bytes) {
+    memcpy(dst_host, src_device, bytes);
+}
+
 void mem_zero(void* device_ptr, size_t bytes) { memset(device_ptr, 0, bytes); }
 
 // The host is the device: a staging buffer is plain host memory (malloc,

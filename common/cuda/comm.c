@@ -52,17 +52,35 @@
 // made by ncclCommSplit, with its own stream, that carries the messages of
 // one direction only. Its sends (on one rank) and receives (on the other)
 // then come in the same order, and a transfer waits for nothing but its own
-// peer. comm_isend and comm_irecv queue at once on their channel, after the
-// compute queued before the call (an event recorded at the call); comm_recv
-// makes the compute stream wait for its own channel only; comm_wait for its
-// request.
+// peer. In a group of two ranks the one neighbour is both the next and the
+// previous rank: it gets both channels of each direction, and the messages
+// to it alternate between them (channel_to). Two NCCL rules shape how the
+// channels are used:
+//   - NCCL connects a pair at its first use, blocking the host until the
+//     peer's host makes its own first call there: every channel is
+//     connected when it is made (connect_channels);
+//   - with NCCL_LAUNCH_ORDER_IMPLICIT=1 every NCCL kernel on the device
+//     starts after the one issued before it: a channel holds one operation
+//     in flight, a later one waits on the host for its turn, and the
+//     operations are issued in the order of the calls (channel_post).
+// comm_isend and comm_irecv issue their operation on its channel at once
+// when the channel is free and nothing waits, else at the first comm_* call
+// or polling wait after the operations before it were issued and its
+// channel's previous one ended; either way it runs after the compute queued
+// before the call (an event recorded at the call). Any other call that
+// issues NCCL work first waits on the host until nothing waits. comm_recv
+// and comm_send wait on the host for their channel to be free, then make the
+// compute stream wait for it only; comm_sendrecv is one group on its two
+// channels; comm_wait makes the compute stream wait for its request (on the
+// host first until the request is issued).
 // These are the CPU layer's semantics: an isend progresses by itself, a
 // receive waits for its own message only, an operation waits only for the
 // compute before it. docs/cuda.md explains the rules.
 //   Channels need other communicators' kernels to run concurrently with
 // them: NCCL >= 2.26 with NCCL_LAUNCH_ORDER_IMPLICIT=1 and CUDA >= 12.3
-// (runtime and driver; NCCL then orders launches by launch completion, not
-// by kernel completion). Elsewhere (the shared stream, an older CUDA), and
+// (the CUDA NCCL was built with and the driver, as NCCL decides: it then
+// orders launches by launch completion, not by kernel completion;
+// decide_streams). Elsewhere (the shared stream, an older CUDA), and
 // for a peer that is not a neighbour or a group made by comm_create_group*,
 // the operations are held as before: queued together in one
 // ncclGroupStart/End at the next comm_* call (comm_test and comm_wait
@@ -77,6 +95,7 @@
 #include "comm_stats.h"
 #include "comm_trace.h"
 
+#include <dlfcn.h>  // dladdr (-D_GNU_SOURCE)
 #include <sched.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -102,9 +121,11 @@ typedef struct NcclGroup {
     struct NcclGroup* next;   // every live group and channel, for comm_barrier
     // channels to and from the ring neighbours: [0] the next rank (+1),
     // [1] the previous (-1); NULL without channels. With two ranks the one
-    // neighbour is both: to[0] and from[1].
+    // neighbour is both, and its messages alternate between the two
+    // channels of each direction (see channel_to).
     struct NcclGroup* to[2];
     struct NcclGroup* from[2];
+    long sent, received;  // two ranks: messages to and from the peer so far
 } NcclGroup;
 
 static NcclGroup* live_groups = NULL;
@@ -117,6 +138,18 @@ static cudaEvent_t comm_done = NULL;       // "a blocking call's operation ended
 // stream reaching a blocking call or comm_wait to the end of the operation
 // it waits for (see comm_device_wait_seconds).
 static DeviceClock wait_clock;
+// The channels' operations waiting for their turn, in the order of the
+// calls (see channel_post).
+typedef struct ChannelOp {
+    NcclGroup* ch;
+    int is_send;
+    float* buf;
+    size_t n;
+    CommRequest* req;
+} ChannelOp;
+
+static ChannelOp* waiting = NULL;  // in the order of the calls
+static int n_waiting = 0, cap_waiting = 0;
 
 // ---------------------------------------------------------------- waiting, with NCCL's errors
 
@@ -137,9 +170,13 @@ static void check_async_errors(void) {
     }
 }
 
+static void channels_pump(void);
+
 // Waits for a stream (event NULL) or an event, as above.
 // The watchdog (watchdog.h) watches every such wait: a peer that stopped
 // leaves an NCCL kernel waiting forever, and no error is ever reported.
+// While it waits, the channels' next operations are issued as the ones
+// before them end (channels_pump): what it waits for may need them.
 static void wait_checked(cudaStream_t stream, cudaEvent_t event) {
     watchdog_enter(event ? "wait for an NCCL operation" : "wait for a stream", "device", -1);
     for (;;) {
@@ -147,6 +184,7 @@ static void wait_checked(cudaStream_t stream, cudaEvent_t event) {
         if (q == cudaSuccess) break;
         if (q != cudaErrorNotReady) CUDA_CHECK(q);
         check_async_errors();
+        channels_pump();
         sched_yield();
     }
     watchdog_leave();
@@ -164,8 +202,53 @@ static NcclGroup* group_of(const Comm* c) {
 static ncclComm_t nccl_of(const Comm* c) { return group_of(c)->nccl; }
 static cudaStream_t stream_of(const Comm* c) { return group_of(c)->stream; }
 
+// The CUDA version NCCL was built with (1000 major + 10 minor), read from
+// the version string NCCL keeps in its library for `strings` to find
+// ("NCCL version 2.28.9+cuda13.0": VERSION_STRING in NCCL's src/init.cc).
+// NCCL's API does not report it, and NCCL's launch ordering depends on it
+// (see decide_streams). 0 when the string is not found.
+static int nccl_build_cuda_version(void) {
+    Dl_info info;
+    const char* path = "/proc/self/exe";  // NCCL linked statically
+    if (dladdr((void*)ncclGetVersion, &info) && info.dli_fname && info.dli_fname[0]) path = info.dli_fname;
+    FILE* f = fopen(path, "rb");
+    if (!f) return 0;
+    enum { CHUNK = 1 << 20, KEEP = 64, LIMIT = 64 << 20 };  // the string sits in .rodata, near the start
+    char* buf = (char*)xmalloc(CHUNK + KEEP + 1);
+    size_t have = 0, read_total = 0;
+    int version = 0;
+    static const char key[] = "NCCL version ";
+    while (!version && read_total < LIMIT) {
+        size_t got = fread(buf + have, 1, CHUNK, f);
+        if (got == 0) break;
+        read_total += got;
+        have += got;
+        buf[have] = 0;  // sscanf below stops there
+        for (char* at = buf; (at = (char*)memmem(at, have - (size_t)(at - buf), key, sizeof(key) - 1)) != NULL; at++) {
+            char* plus = (char*)memchr(at, '+', (size_t)(buf + have - at) < KEEP ? (size_t)(buf + have - at) : KEEP);
+            int major = 0, minor = 0;
+            if (plus && sscanf(plus, "+cuda%d.%d", &major, &minor) == 2) {
+                version = major * 1000 + minor * 10;
+                break;
+            }
+        }
+        size_t keep = have < KEEP ? have : KEEP;  // a string cut by the chunk's end is found in the next
+        memmove(buf, buf + have - keep, keep);
+        have = keep;
+    }
+    free(buf);
+    fclose(f);
+    return version;
+}
+
 // Own streams need NCCL >= 2.26 with implicit launch order (see the top).
 // Runs before any other NCCL call, so NCCL reads the variable we set.
+// Channels need NCCL to order launches by launch completion, which NCCL
+// does when min(the CUDA it was built with, the driver) >= 12.3
+// (getImplicitOrder in NCCL's src/enqueue.cc); below that every NCCL kernel
+// waits for the one before it to end, and a receive would block the
+// channels behind it. So the decision uses what NCCL reports (ncclGetVersion)
+// and the versions NCCL itself compares, not this program's CUDA runtime.
 static void decide_streams(void) {
     if (own_streams >= 0) return;
     int version = 0;
@@ -173,13 +256,18 @@ static void decide_streams(void) {
     const char* env = getenv("NCCL_LAUNCH_ORDER_IMPLICIT");
     own_streams = version >= 22600 && !(env && strcmp(env, "0") == 0);
     if (own_streams) setenv("NCCL_LAUNCH_ORDER_IMPLICIT", "1", 0);
-    // NCCL orders launches by launch completion only with CUDA >= 12.3 on
-    // both sides; otherwise each NCCL kernel waits for the one before it to
-    // end, and a receive would block the channels behind it again
-    int driver = 0, runtime = 0;
-    CUDA_CHECK(cudaDriverGetVersion(&driver));
-    CUDA_CHECK(cudaRuntimeGetVersion(&runtime));
-    use_channels = own_streams && driver >= 12030 && runtime >= 12030;
+    int driver = 0, built = own_streams ? nccl_build_cuda_version() : 0;
+    CUDA_CHECK(cudaDriverGetVersion(&driver));  // what NCCL's ncclCudaDriverVersion reads (cuDriverGetVersion)
+    if (own_streams && built == 0) {
+        // not found: this program's runtime is the best guess left, said once
+        CUDA_CHECK(cudaRuntimeGetVersion(&built));
+        int rank = 0;
+        MPI_CHECK(MPI_Comm_rank(MPI_COMM_WORLD, &rank));
+        if (rank == 0)
+            fprintf(stderr, "note: the CUDA version NCCL was built with is not in its library; taking this "
+                            "program's (%d) to decide NCCL's launch ordering\n", built);
+    }
+    use_channels = own_streams && (driver < built ? driver : built) >= 12030;
 }
 
 // The compute stream's waits read on the GPU's clock since the last call:
@@ -252,6 +340,40 @@ static void make_channels(NcclGroup* g, int n, int me, int dir) {
     }
 }
 
+// NCCL connects a point-to-point pair at its first use, not when the
+// communicator is made: the first ncclSend or ncclRecv to a peer marks the
+// connections to set up (p2pTaskAppend in NCCL's src/enqueue.cc, "Mark
+// channels that need pre-connect"), and ncclGroupEnd then sets them up and
+// waits (groupLaunch, ncclP2PPreconnectFunc in src/group.cc), exchanging
+// addresses with the peer over the bootstrap network: a send to it, then a
+// receive from it (ncclTransportP2pSetup in src/transport.cc). So the first
+// call on a channel blocks the host until the peer's host makes its own
+// first call on that channel. In a ring where every rank first posts its
+// receive from the left, every host would block there for good. So every
+// channel is connected here, while all ranks make the group together: one
+// group over all the group's channels, a one-element message on each in the
+// direction it carries (rank 0 sends, rank 1 receives; NCCL connects all of
+// a peer's channels whatever the size), then a wait. Inside ncclGroupEnd
+// NCCL connects the communicators of a group each in its own thread
+// (asyncJobLaunch in src/group.cc), so the order of the channels here does
+// not matter. Later operations find the channels connected and never block
+// the host.
+static void connect_channels(NcclGroup* g) {
+    NcclGroup* ch[4] = {g->to[0], g->to[1], g->from[0], g->from[1]};
+    float* scratch = cuda_handshake_floats();  // not one of the model's categories: 16 bytes at start-up
+    for (int i = 0; i < 4; i++)
+        if (ch[i]) CUDA_CHECK(cudaMemsetAsync(scratch + i, 0, sizeof(float), ch[i]->stream));
+    NCCL_CHECK(ncclGroupStart());
+    for (int i = 0; i < 4; i++) {
+        if (!ch[i]) continue;
+        if (i < 2) NCCL_CHECK(ncclSend(scratch + i, 1, ncclFloat, 1, ch[i]->nccl, ch[i]->stream));
+        else NCCL_CHECK(ncclRecv(scratch + i, 1, ncclFloat, 0, ch[i]->nccl, ch[i]->stream));
+    }
+    NCCL_CHECK(ncclGroupEnd());
+    for (int i = 0; i < 4; i++)
+        if (ch[i]) wait_checked(ch[i]->stream, NULL);
+}
+
 // The group's rank 0 makes a unique id, MPI carries it to the rest of the
 // group, and every rank of the group joins the NCCL communicator with it.
 // With channels (the world, pp and cp: the groups that send and receive),
@@ -272,19 +394,24 @@ static void make_comm(Comm* c, MPI_Comm mpi, int axis, int channels) {
     NCCL_CHECK(ncclCommInitRank(&nccl, c->size, id, c->rank));
     NcclGroup* g = live_add(nccl);
     if (channels && use_channels && c->size >= 2) {
+        // both directions, with two ranks too: then each way to the one
+        // peer has two channels (see channel_to)
         make_channels(g, c->size, c->rank, 1);
-        if (c->size > 2) make_channels(g, c->size, c->rank, -1);  // with two, +1 already covers both ways
+        make_channels(g, c->size, c->rank, -1);
+        connect_channels(g);
     }
     c->backend = g;
 }
 
 static void flush_p2p(void);
+static void channels_drain(void);
 
 // Waits for the group's operations, then frees its channels, communicator and stream.
 static void free_nccl_group(Comm* c) {
     NcclGroup* g = (NcclGroup*)c->backend;
     if (!g) return;
     flush_p2p();
+    channels_drain();
     for (int i = 0; i < 2; i++) {
         if (g->to[i]) live_free(g->to[i]);
         if (g->from[i]) live_free(g->from[i]);
@@ -305,6 +432,9 @@ static void shared_resources_release_if_unused(void) {
     compute_ready = comm_done = NULL;
     if (shared_stream) CUDA_CHECK(cudaStreamDestroy(shared_stream));
     shared_stream = NULL;
+    free(waiting);
+    waiting = NULL;
+    cap_waiting = 0;
 }
 
 // Non-zero when another rank of this node drives the same GPU as this rank.
@@ -464,9 +594,13 @@ static void held_done(void) {
     num_held = 0;
 }
 
-// Queues the held operations as one group of their own.
+// Queues the held operations as one group of their own. Every comm_* call
+// passes here first (or through channels_pump itself), so it also issues
+// the channels' operations whose turn has come.
 static void flush_p2p(void) {
+    channels_pump();
     if (num_held == 0) return;
+    channels_drain();
     held_wait_for_compute();
     NCCL_CHECK(ncclGroupStart());
     queue_held_in_group();
@@ -507,6 +641,7 @@ static void wait_span_end(void) {
 // communication stream waits for compute (an event, not the host).
 static void begin_blocking(const Comm* c) {
     flush_p2p();
+    channels_drain();
     wait_span_begin();
     after_compute(stream_of(c));
 }
@@ -525,6 +660,7 @@ static void end_blocking(const Comm* c) {
 // (two groups in a row would leave each receive waiting for a send queued
 // behind it).
 static void begin_blocking_p2p(const Comm* c) {
+    channels_drain();
     held_wait_for_compute();
     wait_span_begin();
     after_compute(stream_of(c));
@@ -541,19 +677,38 @@ static void end_blocking_p2p(const Comm* c) {
 // ---------------------------------------------------------------- channels
 
 // The channel of a send to / a receive from peer (a ring neighbour), or
-// NULL: no channels here, or not a neighbour (the held path).
-static NcclGroup* channel_to(const Comm* c, int peer) {
+// NULL: no channels here, or not a neighbour (the held path). With two
+// ranks, where activations and gradients go to the same peer, the
+// messages alternate between the peer's two channels of each direction
+// (the +1 and the -1 one): the i-th message to the peer goes on to[i % 2]
+// and the peer takes its i-th message from it from from[1 - i % 2], the
+// same communicator. With one channel per direction at pp = 2 and NCCL's
+// launch order, a gradient sent behind an activation still in flight holds
+// back everything after it: chapter 5's interleaved schedule deadlocks
+// (tests/test_cuda_queue.c, FIX_PAIR). take: the message is sent now (a
+// blocking or non-blocking call with a count), so the next one alternates.
+static NcclGroup* channel_to(const Comm* c, int peer, int take) {
     NcclGroup* g = group_of(c);
     int n = c->size;
     if (n < 2) return NULL;
+    if (n == 2 && peer == 1 - c->rank) {
+        NcclGroup* ch = g->to[g->sent % 2];
+        if (ch && take) g->sent++;
+        return ch;
+    }
     if (peer == (c->rank + 1) % n) return g->to[0];
     if (peer == (c->rank + n - 1) % n) return g->to[1];
     return NULL;
 }
-static NcclGroup* channel_from(const Comm* c, int peer) {
+static NcclGroup* channel_from(const Comm* c, int peer, int take) {
     NcclGroup* g = group_of(c);
     int n = c->size;
     if (n < 2) return NULL;
+    if (n == 2 && peer == 1 - c->rank) {
+        NcclGroup* ch = g->from[1 - g->received % 2];
+        if (ch && take) g->received++;
+        return ch;
+    }
     if (peer == (c->rank + n - 1) % n) return g->from[1];
     if (peer == (c->rank + 1) % n) return g->from[0];
     return NULL;
@@ -567,6 +722,111 @@ static void queue_on_channel(NcclGroup* ch, int is_send, float* buf, size_t n, c
     if (n && is_send) NCCL_CHECK(ncclSend(buf, n, ncclFloat, 1, ch->nccl, ch->stream));
     if (n && !is_send) NCCL_CHECK(ncclRecv(buf, n, ncclFloat, 0, ch->nccl, ch->stream));
     if (ev) CUDA_CHECK(cudaEventRecord(ev, ch->stream));
+}
+
+// One operation in flight per channel, in the order of the calls. With
+// NCCL_LAUNCH_ORDER_IMPLICIT=1, NCCL makes every NCCL kernel on a device
+// start after the one the host issued before it has started (the launch
+// stream waits for the device's launchOrder stream: ncclLaunchPrepare and
+// ncclLaunchFinish in NCCL's src/enqueue.cc; "Using multiple NCCL
+// communicators concurrently" in its user guide). A channel's second
+// operation cannot start before its first has ended (one stream), and the
+// first of a send ends only when the peer's receive runs: queued at once,
+// it would hold back every operation issued after it, on any channel or
+// communicator, until that receive. So a channel's stream holds one
+// operation at most, and a later one waits on the host (ChannelOp) in one
+// queue, in the order of the calls; it is issued once its channel's
+// previous operation has ended, at the next comm_* call or in any polling
+// wait (channels_pump). Every other call that issues NCCL work first waits
+// on the host until the queue is empty (channels_drain): issued past a
+// waiting operation, a collective whose compute waits for a message could
+// hold back, in NCCL's launch order, the operation that message needs (the
+// test finds such cycles: any_order). comm_wait on a waiting request waits
+// on the host until it is issued (the compute stream can only wait for an
+// operation already issued). Issued late, an operation still waits on the
+// device for the compute queued before its call (its request's event,
+// recorded then).
+// (ChannelOp and the queue `waiting` are declared at the top of the file.)
+
+// Non-zero when the stream has nothing left to run.
+static int stream_idle(cudaStream_t stream) {
+    cudaError_t q = cudaStreamQuery(stream);
+    if (q == cudaSuccess) return 1;
+    if (q != cudaErrorNotReady) CUDA_CHECK(q);
+    if (cudaPeekAtLastError() == cudaErrorNotReady) (void)cudaGetLastError();  // not an error: see comm_test
+    return 0;
+}
+
+static int channel_free(const NcclGroup* ch) { return n_waiting == 0 && stream_idle(ch->stream); }
+
+// Issues the waiting operations, oldest first, while the oldest one's
+// channel has ended its previous operation.
+static void channels_pump(void) {
+    int done = 0;
+    while (done < n_waiting && stream_idle(waiting[done].ch->stream)) {
+        ChannelOp op = waiting[done++];
+        cudaEvent_t ev = (cudaEvent_t)op.req->device_event;
+        CUDA_CHECK(cudaStreamWaitEvent(op.ch->stream, ev, 0));  // the compute before the call
+        if (op.is_send) NCCL_CHECK(ncclSend(op.buf, op.n, ncclFloat, 1, op.ch->nccl, op.ch->stream));
+        else NCCL_CHECK(ncclRecv(op.buf, op.n, ncclFloat, 0, op.ch->nccl, op.ch->stream));
+        CUDA_CHECK(cudaEventRecord(ev, op.ch->stream));  // now its end
+    }
+    if (done == 0) return;
+    n_waiting -= done;
+    memmove(waiting, waiting + done, (size_t)n_waiting * sizeof(ChannelOp));
+}
+
+// comm_isend / comm_irecv on a channel: issued now if nothing waits and the
+// channel is free, else queued (the event marks the compute before the call).
+static void channel_post(NcclGroup* ch, int is_send, float* buf, size_t n, CommRequest* req) {
+    channels_pump();
+    cudaEvent_t ev = (cudaEvent_t)req->device_event;
+    if (n == 0 || channel_free(ch)) {  // a count of 0 issues nothing
+        queue_on_channel(ch, is_send, buf, n, ev);
+        return;
+    }
+    CUDA_CHECK(cudaEventRecord(ev, cuda_compute_stream));
+    if (n_waiting == cap_waiting) {
+        cap_waiting = cap_waiting ? 2 * cap_waiting : 16;
+        waiting = (ChannelOp*)realloc(waiting, (size_t)cap_waiting * sizeof(ChannelOp));
+        CHECK(waiting != NULL, "out of host memory for the channels' waiting operations");
+    }
+    waiting[n_waiting++] = (ChannelOp){ch, is_send, buf, n, req};
+}
+
+// Polls until done(arg) holds, issuing waiting operations as their turn
+// comes, with NCCL's errors and the watchdog watching, as wait_checked.
+static void poll_until(int (*done)(const void*), const void* arg, const char* what) {
+    watchdog_enter(what, "device", -1);
+    for (;;) {
+        channels_pump();
+        if (done(arg)) break;
+        check_async_errors();
+        sched_yield();
+    }
+    watchdog_leave();
+}
+
+static int is_channel_free(const void* ch) { return channel_free((const NcclGroup*)ch); }
+static int request_issued(const void* req) {
+    for (int i = 0; i < n_waiting; i++)
+        if (waiting[i].req == req) return 0;
+    return 1;
+}
+static int nothing_waits(const void* unused) {
+    (void)unused;
+    return n_waiting == 0;
+}
+
+// A blocking call's channel: nothing waits and its earlier operations
+// ended, so the operation is issued now, in the order of the calls.
+static void channel_wait_free(NcclGroup* ch) {
+    if (ch && !channel_free(ch)) poll_until(is_channel_free, ch, "wait for a point-to-point channel");
+}
+
+// Every waiting operation issued: before any other call issues NCCL work.
+static void channels_drain(void) {
+    if (n_waiting) poll_until(nothing_waits, NULL, "wait for the channels' waiting operations");
 }
 
 // A blocking send or receive on channels: queued as begin_blocking does
@@ -755,8 +1015,9 @@ void comm_alltoallv(const Comm* c, const float* send, const size_t* send_counts,
 void comm_send(const Comm* c, const float* buf, size_t n, int peer) {
     comm_tally(c, COLL_SEND, n * sizeof(float), 1.0);
     if (n == 0) return;
-    NcclGroup* ch = channel_to(c, peer);
+    NcclGroup* ch = channel_to(c, peer, 1);
     if (ch) {
+        channel_wait_free(ch);
         begin_channels();
         queue_on_channel(ch, 1, (float*)buf, n, NULL);
         end_channels(ch, NULL);
@@ -770,8 +1031,9 @@ void comm_send(const Comm* c, const float* buf, size_t n, int peer) {
 void comm_recv(const Comm* c, float* buf, size_t n, int peer) {
     comm_tally(c, COLL_RECV, n * sizeof(float), 0.0);
     if (n == 0) return;
-    NcclGroup* ch = channel_from(c, peer);
+    NcclGroup* ch = channel_from(c, peer, 1);
     if (ch) {  // waits for its own message only
+        channel_wait_free(ch);
         begin_channels();
         queue_on_channel(ch, 0, buf, n, NULL);
         end_channels(ch, NULL);
@@ -783,18 +1045,25 @@ void comm_recv(const Comm* c, float* buf, size_t n, int peer) {
 }
 
 // The send and the receive in one group, so they progress together: a ring
-// step where every rank sends right and receives from the left cannot deadlock.
+// step where every rank sends right and receives from the left cannot
+// deadlock. On channels too: a group over two communicators and two streams
+// (NCCL: "Mixing multiple streams within the same ncclGroupStart/End()
+// group"), issued once both channels are free.
 void comm_sendrecv(const Comm* c, const float* send, size_t send_n, int dest, float* recv,
                    size_t recv_n, int source) {
     comm_tally(c, COLL_SEND, send_n * sizeof(float), 1.0);
     comm_tally(c, COLL_RECV, recv_n * sizeof(float), 0.0);
     if (send_n == 0 && recv_n == 0) return;
-    NcclGroup* to = send_n ? channel_to(c, dest) : NULL;
-    NcclGroup* from = recv_n ? channel_from(c, source) : NULL;
-    if ((to || !send_n) && (from || !recv_n)) {  // two channels: they progress independently
+    NcclGroup* to = send_n ? channel_to(c, dest, 1) : NULL;
+    NcclGroup* from = recv_n ? channel_from(c, source, 1) : NULL;
+    if ((to || !send_n) && (from || !recv_n)) {
+        channel_wait_free(to);
+        channel_wait_free(from);
         begin_channels();
+        NCCL_CHECK(ncclGroupStart());
         if (to) queue_on_channel(to, 1, (float*)send, send_n, NULL);
         if (from) queue_on_channel(from, 0, recv, recv_n, NULL);
+        NCCL_CHECK(ncclGroupEnd());
         end_channels(to, from);
         return;
     }
@@ -808,6 +1077,7 @@ void comm_sendrecv(const Comm* c, const float* send, size_t send_n, int dest, fl
 void comm_barrier(const Comm* c) {
     comm_tally(c, COLL_BARRIER, 0, 0.0);
     flush_p2p();
+    channels_drain();
     wait_checked(cuda_compute_stream, NULL);
     double t0 = now_seconds();
     for (NcclGroup* g = live_groups; g; g = g->next) wait_checked(g->stream, NULL);
@@ -824,6 +1094,7 @@ void comm_barrier(const Comm* c) {
 static double begin_nonblocking(const Comm* c) {
     double t0 = now_seconds();
     flush_p2p();
+    channels_drain();
     after_compute(stream_of(c));
     return t0;
 }
@@ -890,27 +1161,27 @@ void comm_ialltoallv(const Comm* c, const float* send, const size_t* send_counts
 // request's event behind it. Elsewhere held (see the top).
 void comm_isend(const Comm* c, const float* buf, size_t n, int peer, CommRequest* req) {
     comm_tally(c, COLL_SEND, n * sizeof(float), 1.0);
-    NcclGroup* ch = channel_to(c, peer);
+    NcclGroup* ch = channel_to(c, peer, n > 0);
     if (!ch) {
         hold_p2p(c, 1, (float*)buf, n, peer, req);
         return;
     }
     start(req);
     double t0 = now_seconds();
-    queue_on_channel(ch, 1, (float*)buf, n, (cudaEvent_t)req->device_event);
+    channel_post(ch, 1, (float*)buf, n, req);
     comm_add_progress(now_seconds() - t0);
 }
 
 void comm_irecv(const Comm* c, float* buf, size_t n, int peer, CommRequest* req) {
     comm_tally(c, COLL_RECV, n * sizeof(float), 0.0);
-    NcclGroup* ch = channel_from(c, peer);
+    NcclGroup* ch = channel_from(c, peer, n > 0);
     if (!ch) {
         hold_p2p(c, 0, buf, n, peer, req);
         return;
     }
     start(req);
     double t0 = now_seconds();
-    queue_on_channel(ch, 0, buf, n, (cudaEvent_t)req->device_event);
+    channel_post(ch, 0, buf, n, req);
     comm_add_progress(now_seconds() - t0);
 }
 
@@ -932,6 +1203,7 @@ static void finish(CommRequest* req, int span) {
 void comm_wait(CommRequest* req) {
     if (!req->active) return;
     flush_p2p();
+    if (!request_issued(req)) poll_until(request_issued, req, "wait for a channel to issue a request");
     comm_request_current(req);
     // Stream-ordered, as the blocking calls: the compute stream waits for the
     // request's event and the host goes on (see the top of the file)
@@ -944,7 +1216,8 @@ int comm_test(CommRequest* req) {
     double t0 = now_seconds();
     flush_p2p();
     comm_request_current(req);
-    cudaError_t rc = cudaEventQuery((cudaEvent_t)req->device_event);
+    // not issued yet (waiting for its channel): its event marks only the compute before it
+    cudaError_t rc = request_issued(req) ? cudaEventQuery((cudaEvent_t)req->device_event) : cudaErrorNotReady;
     int done = rc != cudaErrorNotReady;
     if (!done) {
         // not an error: still in flight. Clear it in case the runtime kept it

@@ -33,6 +33,10 @@ extern cublasHandle_t cuda_cublas;
 // synchronize) until the NCCL layer sets its polling wait, which also stops
 // the job on an asynchronous NCCL error (comm.c).
 extern void (*cuda_compute_wait)(void);
+// Four floats of device memory for the comm layer's one-element handshakes
+// (connect_channels in comm.c): a static device array, as ops.cu's, so not
+// one of the model's memory categories (device.cu).
+float* cuda_handshake_floats(void);
 
 #ifdef __cplusplus
 }

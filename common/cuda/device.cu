@@ -75,11 +75,30 @@ extern "C" void mem_to_device(void* dst_device, const void* src_host, size_t byt
     device_synchronize();
 }
 
+static __device__ float handshake[4];
+extern "C" float* cuda_handshake_floats(void) {
+    void* p = NULL;
+    CUDA_CHECK(cudaGetSymbolAddress(&p, handshake));
+    return (float*)p;
+}
+
 extern "C" void mem_to_host(void* dst_host, const void* src_device, size_t bytes) {
     if (bytes == 0) return;
     CUDA_CHECK(cudaMemcpyAsync(dst_host, src_device, bytes, cudaMemcpyDeviceToHost,
                                cuda_compute_stream));
     device_synchronize();
+}
+
+// Without the wait: from and to pinned memory cudaMemcpyAsync returns at once
+// and the copy runs in the compute stream's order (memory.h).
+extern "C" void mem_to_device_queued(void* dst_device, const void* src_host, size_t bytes) {
+    if (bytes == 0) return;
+    CUDA_CHECK(cudaMemcpyAsync(dst_device, src_host, bytes, cudaMemcpyHostToDevice, cuda_compute_stream));
+}
+
+extern "C" void mem_to_host_queued(void* dst_host, const void* src_device, size_t bytes) {
+    if (bytes == 0) return;
+    CUDA_CHECK(cudaMemcpyAsync(dst_host, src_device, bytes, cudaMemcpyDeviceToHost, cuda_compute_stream));
 }
 
 // Staging buffers (memory.h), page-locked. A copy from pinned memory is a

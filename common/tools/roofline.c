@@ -79,9 +79,10 @@ int main(int argc, char** argv) {
     int n = runtime_set_threads(threads);
     const char* device = device_init(runtime_local_rank());
 
-    double peak = measure_matmul_gflops();
+    int size = 0;
+    double peak = measure_matmul_gflops_sized(&size);
     printf("roofline of one rank: %s, %d thread(s)\n", device, n);
-    printf("  matmul peak, 1536 x 1536 x 1536:       %8.1f GFLOP/s\n", peak);
+    printf("  matmul peak, %d x %d x %d:       %8.1f GFLOP/s\n", size, size, size, peak);
     printf("  matmul_forward at a block's shapes, N %d tokens:\n", N);
     const char* names[4] = {"qkv", "attproj", "fc", "fcproj"};
     const int ins[4] = {C, C, C, 4 * C}, outs[4] = {3 * C, C, 4 * C, C};
