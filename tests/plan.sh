@@ -360,7 +360,8 @@ else
 fi
 
 # --search --chapter 7: every dp x tp x pp x cp x ep mesh of 8 ranks that
-# chapter 7's model accepts (build/capstone runs them), enumerated here by the rules docs/planner.md states
+# chapter 7's model accepts (build/capstone runs them), with each schedule,
+# cp mode and ZeRO stage the capstone composes, enumerated here by the rules docs/planner.md states
 # (independently of plan.c's loops), each planned alone: the search must
 # list exactly those whose fullest rank fits (a budget equal to one
 # layout's peak keeps it), with that layout's own peak and bus bytes, in
@@ -383,18 +384,23 @@ def valid(dp, tp, pp, cp, ep, mode):
         if share % (pp * tp) or L % pp:
             return False
     return True
+def chunks(pp):  # interleaved: the fewest chunks a rank (2 or more) that cut the L layers evenly
+    return next((v for v in range(2, L // pp + 1) if L % (pp * v) == 0), None)
 layouts = []
 for dp, tp, pp, cp, ep in itertools.product(range(1, R + 1), repeat=5):
     if dp * tp * pp * cp * ep != R:
         continue
-    for sched in (["gpipe", "1f1b", "zb"] if pp > 1 else [None]):
+    scheds = [("gpipe", None), ("1f1b", None), ("zb", None)] + ([("interleaved", chunks(pp))] if chunks(pp) else [])
+    for sched, virt in (scheds if pp > 1 else [(None, None)]):
         for mode in (["ring", "ulysses"] if cp > 1 else [None]):
-            if valid(dp, tp, pp, cp, ep, mode):
-                layouts.append((dp, tp, pp, cp, ep, sched, mode))
+            for zero in ([0, 1] if pp > 1 else [0, 1, 2, 3]):  # ZeRO 2 and 3 not with a pipeline
+                if valid(dp, tp, pp, cp, ep, mode):
+                    layouts.append((dp, tp, pp, cp, ep, sched, mode, zero, virt))
 def flags(x):
-    f = ["--dp", x[0], "--tp", x[1], "--pp", x[2], "--cp", x[3], "--ep", x[4]]
+    f = ["--dp", x[0], "--tp", x[1], "--pp", x[2], "--cp", x[3], "--ep", x[4], "--zero", x[7]]
     f += ["--schedule", x[5]] if x[5] else []
     f += ["--cp-mode", x[6]] if x[6] else []
+    f += ["--virtual", x[8]] if x[8] else []
     return [str(v) for v in f]
 own = {}
 for x in layouts:  # each layout's own plan: its fullest rank, its busiest rank, its step
@@ -419,7 +425,9 @@ for line in out.splitlines()[1:]:
         bad.append(f"unparsed: {line}")
         continue
     f = dict(re.findall(r"--(\S+) (\S+)", m.group(1)))
-    x = tuple(int(f.get(a, 1)) for a in ("dp", "tp", "pp", "cp", "ep")) + (f.get("schedule"), f.get("cp-mode"))
+    x = tuple(int(f.get(a, 1)) for a in ("dp", "tp", "pp", "cp", "ep")) + (f.get("schedule"), f.get("cp-mode"),
+                                                                          int(f.get("zero", 0)),
+                                                                          int(f["virtual"]) if "virtual" in f else None)
     listed.append(x)
     if x not in own:
         bad.append(f"listed but not valid: {x}")
