@@ -48,6 +48,12 @@ sys.path.insert(0, os.path.join(HERE, '..', '..', 'tests'))
 import docs_check as dc  # noqa: E402  the one parser of references and links
 
 try:
+    import pygments  # noqa: F401
+except ImportError:
+    # Debian's python3-pygments, for a python3 that is not Debian's (pyenv,
+    # a virtualenv) and so does not read its dist-packages
+    sys.path.append('/usr/lib/python3/dist-packages')
+try:
     from pygments import highlight
     from pygments.formatters import HtmlFormatter
     from pygments.lexers import get_lexer_by_name, get_lexer_for_filename, TextLexer
