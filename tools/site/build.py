@@ -334,38 +334,50 @@ class Site:
         return page, title, body, toc
 
     # ---- the page shell
-    def shell(self, page, title, body, nav='', toc=None, cls='doc', head=''):
+    def shell(self, page, title, body, nav='', toc=None, cls='doc', head='', bottom=''):
         up = relative('index.html', page)
         toc_html = ''
         if toc and len(toc) > 2:
             items = ''.join('<li class="l%d"><a href="#%s">%s</a></li>' % (lvl, html.escape(i), html.escape(t))
                             for lvl, i, t in toc)
             toc_html = '<details class="toc"><summary>On this page</summary><ul>%s</ul></details>' % items
+        # the navigation and the contents go under the page's title
+        at = body.find('</h1>')
+        at = at + len('</h1>') if at >= 0 else 0
+        body = body[:at] + nav + toc_html + body[at:]
         return ('<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8">'
                 '<meta name="viewport" content="width=device-width, initial-scale=1">'
                 '<title>%s</title>'
                 '<link rel="stylesheet" href="%s"><link rel="stylesheet" href="%s">%s</head>\n'
                 '<body class="%s"><header class="top"><a class="home" href="%s">%s</a>'
                 '<a class="all" href="%s">All pages</a></header>\n'
-                '<main>%s%s\n%s\n%s</main>\n'
+                '<main>%s\n%s</main>\n'
                 '<footer><a href="%s">Course map</a> · <a href="%s">All pages</a> · built from the checkout by '
                 '<code>make site</code></footer></body></html>\n') % (
             html.escape(title + ('' if title == TITLE else ' · ' + TITLE)),
             relative('assets/site.css', page), relative('assets/pygments.css', page), head,
-            cls, up, TITLE, relative('pages.html', page), nav, toc_html, body, nav.replace('nav top', 'nav bottom'),
-            up, relative('pages.html', page))
+            cls, up, TITLE, relative('pages.html', page), body, bottom, up, relative('pages.html', page))
 
-    def lesson_nav(self, rel, page):
+    def lesson_nav(self, rel, page, bottom=False):
+        """Previous and next through the lessons in course order, with the
+        page's notes, lesson and trace: compact at the top (the chapter's
+        number), the full titles at the bottom."""
+        def label(r, arrow_first):
+            full = self.short(r)
+            text = full if bottom else full.split(':')[0]
+            return html.escape(text), html.escape(full)
         parts = []
         if rel in self.lessons:
             k = self.lessons.index(rel)
             prev = self.lessons[k - 1] if k else 'docs/README.md'
             nxt = self.lessons[k + 1] if k + 1 < len(self.lessons) else None
-            parts.append('<a class="prev" rel="prev" href="%s">← %s</a>' % (
-                relative(site_path(prev, self.repo), page), html.escape(self.short(prev))))
+            text, full = label(prev, True)
+            parts.append('<a class="prev" rel="prev" href="%s" title="%s">← %s</a>' % (
+                relative(site_path(prev, self.repo), page), full, text))
             if nxt:
-                parts.append('<a class="next" rel="next" href="%s">%s →</a>' % (
-                    relative(site_path(nxt, self.repo), page), html.escape(self.short(nxt))))
+                text, full = label(nxt, False)
+                parts.append('<a class="next" rel="next" href="%s" title="%s">%s →</a>' % (
+                    relative(site_path(nxt, self.repo), page), full, text))
         elif rel == 'docs/README.md' and self.lessons:
             parts.append('<a class="next" rel="next" href="%s">Start: %s →</a>' % (
                 relative(site_path(self.lessons[0], self.repo), page), html.escape(self.short(self.lessons[0]))))
@@ -381,9 +393,11 @@ class Site:
                 extra.append('<a href="%s">its notes</a>' % relative(site_path(note, self.repo), page))
         for name, t in sorted(self.traces.items()):
             if t['lesson'] == rel:
-                extra.append('<a href="%s">trace %s</a>' % (relative(t['page'], page), html.escape(name)))
+                extra.append('<a href="%s">its trace, %s</a>' % (relative(t['page'], page), html.escape(name)))
         if not parts and not extra:
             return ''
+        if bottom:
+            return '<nav class="nav bottom">%s</nav>' % ''.join(parts) if parts else ''
         return '<nav class="nav top">%s%s</nav>' % (''.join(parts), (
             '<span class="extra">%s</span>' % ' · '.join(extra)) if extra else '')
 
@@ -401,7 +415,9 @@ class Site:
         n = len(self.repo.lines(rel))
         if len(code) != n:  # a lexer that changed the line count: plain text keeps the anchors true
             code = [html.escape(l) for l in self.repo.lines(rel)]
-        rows = '\n'.join('<span class="line" id="L%d"><a class="ln" href="#L%d" data-n="%d"></a>%s</span>'
+        # block elements, one a line, with no newline between them (a copy
+        # from the page still gets one a line; a newline would show as a gap)
+        rows = ''.join('<span class="line" id="L%d"><a class="ln" href="#L%d" data-n="%d"></a>%s</span>'
                          % (k + 1, k + 1, k + 1, c) for k, c in enumerate(code))
         crumbs = ['<a href="%s">src</a>' % relative('src/index.html', page)]
         parts = rel.split('/')
@@ -505,8 +521,9 @@ class Site:
         written = 0
         for rel, (page, title, body, toc) in zip(self.docs, rendered):
             nav = self.lesson_nav(rel, page)
+            bottom = self.lesson_nav(rel, page, bottom=True)
             src = '<p class="edit">This page is <code>%s</code> of the repository.</p>' % html.escape(rel)
-            self.write(page, self.shell(page, title, body + src, nav=nav, toc=toc,
+            self.write(page, self.shell(page, title, body + src, nav=nav, toc=toc, bottom=bottom,
                                         cls='doc lesson' if rel in self.lessons else 'doc'))
             written += 1
         for name, t in sorted(self.traces.items()):
