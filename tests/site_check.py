@@ -368,7 +368,13 @@ class Check:
 
 
 def all_pages(site):
-    pages = []
+    """Every page of the site, and the page of every doc even when it is
+    missing (then it does not load)."""
+    sys.path.insert(0, os.path.join(ROOT, 'tools', 'site'))
+    import build  # tools/site/build.py: where a doc's page goes, said once
+    repo = dc.Repo(ROOT)
+    pages = [build.site_path(f, repo) for f in sorted(repo.files) if build.is_page_md(f)]
+    pages = [p for p in pages if not os.path.exists(os.path.join(site, p))]
     for d, _, names in os.walk(site):
         for n in names:
             if n.endswith('.html'):
