@@ -485,8 +485,8 @@ def main(argv):
         if selftest:
             return self_test(site)
         c, saved, secs = run(site, pages or all_pages(site), shots)
-    except (RuntimeError, OSError) as e:
-        print('site-check: FAIL: %s' % e)
+    except Exception as e:  # the browser died, or would not start: say so in one line
+        print('site-check: FAIL: %s: %s' % (type(e).__name__, e))
         return 1
     k = c.counts
     bad_pages = len(set(p for p, _, _ in c.problems))
