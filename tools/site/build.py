@@ -27,7 +27,9 @@ Reads the checkout and writes static pages that open from the disk
   library, the JSON inlined so that it loads from file://), with the
   committed timeline figure; the lesson of its chapter and the figure it was
   drawn into link to it.
-- pages.html lists every page.
+- pages.html lists every page and searches them: every section of every doc
+  and every source file's name (tools/site/search.js, the index a script,
+  assets/search-index.js, since a page from file:// may not fetch).
 
 Uses python3, pandoc and python3-pygments (Debian packages). Prints one line
 and exits 0, or names what failed and exits 1.
@@ -326,11 +328,41 @@ class Site:
             return None
 
         walk(tree['blocks'], fix)
+        sections = self.sections(tree['blocks'])
         body = pandoc(['-f', 'json', '-t', 'html5', '--no-highlight'], json.dumps(tree))
         body = re.sub(r'<table>', '<div class="table-wrap"><table>', body).replace('</table>', '</table></div>')
         title = next((stringify(b['c'][2]) for b in tree['blocks'] if b['t'] == 'Header' and b['c'][0] == 1),
                      os.path.basename(rel))
-        return page, title, body, toc
+        return page, title, body, toc, sections
+
+    def sections(self, blocks):
+        """[(anchor, heading, plain text)] of the doc's sections, for the search."""
+        out = [['', '', []]]
+
+        def text(node, acc):
+            if isinstance(node, dict):
+                t, c = node.get('t'), node.get('c')
+                if t == 'Str':
+                    acc.append(c)
+                elif t in ('Space', 'SoftBreak', 'LineBreak'):
+                    acc.append(' ')
+                elif t == 'Code':
+                    acc.append(c[1])
+                elif t == 'RawBlock' or t == 'RawInline':
+                    acc.append(re.sub(r'<[^>]+>', '', html.unescape(c[1])) if t == 'RawBlock' else '')
+                elif isinstance(c, (list, dict)):
+                    text(c, acc)
+                if t in ('Para', 'Plain', 'RawBlock', 'Header'):
+                    acc.append('\n')
+            elif isinstance(node, list):
+                for x in node:
+                    text(x, acc)
+        for b in blocks:
+            if b['t'] == 'Header' and b['c'][0] <= 3:
+                out.append([b['c'][1][0], stringify(b['c'][2]), []])
+            else:
+                text(b, out[-1][2])
+        return [(a, h, ' '.join(''.join(acc).split())) for a, h, acc in out if h or acc]
 
     # ---- the page shell
     def shell(self, page, title, body, nav='', toc=None, cls='doc', head='', bottom=''):
@@ -349,7 +381,7 @@ class Site:
                 '<title>%s</title>'
                 '<link rel="stylesheet" href="%s"><link rel="stylesheet" href="%s">%s</head>\n'
                 '<body class="%s"><header class="top"><a class="home" href="%s">%s</a>'
-                '<a class="all" href="%s">All pages</a></header>\n'
+                '<a class="all" href="%s">All pages · search</a></header>\n'
                 '<main>%s\n%s</main>\n'
                 '<footer><a href="%s">Course map</a> · <a href="%s">All pages</a> · built from the checkout by '
                 '<code>make site</code></footer></body></html>\n') % (
@@ -518,7 +550,9 @@ class Site:
         with ThreadPoolExecutor(2) as pool:
             rendered = list(pool.map(self.render_doc, self.docs))
         written = 0
-        for rel, (page, title, body, toc) in zip(self.docs, rendered):
+        index = []  # the search's: (page, anchor, doc title, section title, text)
+        for rel, (page, title, body, toc, sections) in zip(self.docs, rendered):
+            index.extend([page, a, title, h, t] for a, h, t in sections)
             nav = self.lesson_nav(rel, page)
             bottom = self.lesson_nav(rel, page, bottom=True)
             src = '<p class="edit">This page is <code>%s</code> of the repository.</p>' % html.escape(rel)
@@ -546,7 +580,11 @@ class Site:
         written += 1
         assets = os.path.join(self.out, 'assets')
         os.makedirs(assets, exist_ok=True)
-        for a in ('site.css', 'source.js', 'trace.js'):
+        index.extend(['src/%s.html' % f, '', 'source', f, ''] for f in sorted(self.sources))
+        with open(os.path.join(assets, 'search-index.js'), 'w', encoding='utf-8') as f:
+            # a script, not JSON to fetch: the site opens from file://, where fetch is refused
+            f.write('window.SITE_INDEX = %s;\n' % json.dumps(index, separators=(',', ':')))
+        for a in ('site.css', 'source.js', 'trace.js', 'search.js'):
             shutil.copyfile(os.path.join(HERE, a), os.path.join(assets, a))
         with open(os.path.join(assets, 'pygments.css'), 'w') as f:
             f.write(HtmlFormatter(style='default').get_style_defs('.code'))
@@ -568,7 +606,11 @@ class Site:
                          for n, t in sorted(self.traces.items()))
         src = '<p><a href="%s">Browse the source</a> (%d files).</p>' % (relative('src/index.html', page),
                                                                          len(self.sources))
-        body = ('<h1>All pages</h1><h2 id="lessons">Lessons, in course order</h2><ol>%s</ol>'
+        body = ('<h1>All pages</h1><form class="search" role="search" onsubmit="return false">'
+                '<input id="q" type="search" placeholder="Search the lessons, notes and file names" '
+                'aria-label="search" autocomplete="off"></form><ol id="hits" class="hits"></ol>'
+                '<script src="assets/search-index.js"></script><script src="assets/search.js"></script>'
+                '<h2 id="lessons">Lessons, in course order</h2><ol>%s</ol>'
                 '<h2 id="topics">Topics</h2><ul>%s</ul><h2 id="notes">Notes and run records</h2><ul>%s</ul>'
                 '<h2 id="traces">Traces</h2><ul>%s</ul><h2 id="source">Source</h2>%s') % (
             lessons, topics, notes, traces, src)
