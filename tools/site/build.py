@@ -520,8 +520,9 @@ class Site:
             relative(site_path('docs/tracing.md', self.repo), page), html.escape(self.short('docs/tracing.md')))
             if 'docs/tracing.md' in self.docs else '')
         parts.append('<p>%s.</p>' % '; '.join(a for a in about if a))
-        parts.append('<p class="help">Drag (or swipe) to pan, wheel (or pinch) to zoom, tap a span for its name and '
-                     'length. The same file opens in <code>chrome://tracing</code> or Perfetto: '
+        parts.append('<p class="help">Drag or swipe sideways to pan, the wheel or + and − to zoom, pick a step, '
+                     'tap a span for its name and length. The same file opens in <code>chrome://tracing</code> or '
+                     'Perfetto: '
                      '<a href="%s" download>%s.json</a>.</p>' % (relative(site_path(t['json'], self.repo), page), name))
         parts.append('<div class="trace" id="trace"><div class="trace-bar"><button data-z="in">+</button>'
                      '<button data-z="out">−</button><button data-z="all">all</button>'

@@ -2,7 +2,9 @@
 // ("traceEvents", complete "X" spans and "M" names, as common/trace.c writes
 // them) inlined in the page as <script id="trace-data">, with no library and
 // no network. One row per rank and thread, spans nested in lanes; drag or
-// swipe to pan, wheel or pinch to zoom, tap a span for its name and length.
+// swipe sideways to pan (a vertical swipe scrolls the page), the wheel, the
+// buttons or a pinch where the browser passes it on to zoom, tap a span for
+// its name and length.
 (function () {
   'use strict';
   var COLORS = {compute: '#4e79a7', comm: '#f28e2b', wait: '#e15759', inflight: '#76b7b2', step: '#c9c9c9'};
