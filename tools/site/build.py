@@ -309,12 +309,15 @@ class Site:
                 got = self.target(rel, x['c'][2][0])
                 if got:
                     x['c'][2][0] = relative(got[0], page)
+                    # a tap opens the figure alone, at its own size (a tablet zooms it there)
+                    x = {'t': 'Link', 'c': [['', ['figure'], []], [x], [x['c'][2][0], '']]}
                     if got[1] in trace_figs:
                         tr = self.traces[trace_figs[got[1]]]
                         link = {'t': 'Link', 'c': [['', ['trace-link'], []],
                                                    [{'t': 'Str', 'c': 'Open this trace, zoomable'}],
                                                    [relative(tr['page'], page), '']]}
                         return [x, {'t': 'LineBreak'}, link]
+                    return [x]
             elif t == 'CodeBlock':
                 (ident, classes, kv), body = x['c']
                 lexer = block_lexer(classes[0] if classes else '', body)

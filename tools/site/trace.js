@@ -7,7 +7,20 @@
 // its name and length.
 (function () {
   'use strict';
-  var COLORS = {compute: '#4e79a7', comm: '#f28e2b', wait: '#e15759', inflight: '#76b7b2', step: '#c9c9c9'};
+  // the colours of the committed figures (docs/plots/timeline.py), by the same kinds
+  var COLORS = {forward: '#88BBEE', compute: '#3366AA', recompute: '#AA66CC', optimizer: '#228833',
+                comm: '#EE7733', wait: '#CC3311', inflight: '#66BB66', step: '#C9C9C9'};
+  var LEGEND = {forward: 'forward', compute: 'backward', recompute: 'recompute (forward again)',
+                optimizer: 'optimizer', comm: 'comm start/test (host)', wait: 'waiting',
+                inflight: 'collective in flight', step: 'step'};
+  var LIGHT = {forward: 1, inflight: 1, step: 1};
+  function kind(e) {
+    if (e.cat !== 'compute') return e.cat;
+    if (e.name.indexOf('recompute') >= 0) return 'recompute';
+    if (e.name.indexOf('forward') >= 0) return 'forward';
+    if (e.name === 'optimizer') return 'optimizer';
+    return 'compute';
+  }
   var LANE = 16, LABEL = 118, AXIS = 22;
   var data = JSON.parse(document.getElementById('trace-data').textContent);
   var events = data.traceEvents || data;
@@ -98,10 +111,11 @@
         if (e.ts > view.t1 || e.ts + e.dur < view.t0) return;
         var x0 = Math.max(x(e.ts), LABEL - 1), x1 = Math.min(x(e.ts + e.dur), width + 1);
         var w = Math.max(x1 - x0, 0.8), yy = r.y + 2 + e.depth * LANE;
-        ctx.fillStyle = COLORS[e.cat] || '#999';
+        var k = kind(e);
+        ctx.fillStyle = COLORS[k] || '#999';
         ctx.fillRect(x0, yy, w, LANE - 2);
         if (w > 40) {
-          ctx.fillStyle = e.cat === 'step' ? '#222' : '#fff';
+          ctx.fillStyle = LIGHT[k] ? '#222' : '#fff';
           ctx.fillText(e.name, x0 + 3, yy + LANE / 2 - 1, w - 6);
         }
       });
@@ -197,9 +211,11 @@
     draw();
   });
   var legend = document.getElementById('trace-legend');
-  Object.keys(COLORS).forEach(function (c) {
+  var used = {};
+  spans.forEach(function (e) { used[kind(e)] = 1; });
+  Object.keys(COLORS).filter(function (c) { return used[c]; }).forEach(function (c) {
     var s = document.createElement('span');
-    s.innerHTML = '<i style="background:' + COLORS[c] + '"></i>' + c;
+    s.innerHTML = '<i style="background:' + COLORS[c] + '"></i>' + LEGEND[c];
     legend.appendChild(s);
   });
   window.addEventListener('resize', resize);
