@@ -591,7 +591,12 @@ class Site:
         for a in ('site.css', 'source.js', 'trace.js', 'search.js'):
             shutil.copyfile(os.path.join(HERE, a), os.path.join(assets, a))
         with open(os.path.join(assets, 'pygments.css'), 'w') as f:
+            # light, and dark where the reader's system asks for it (site.css's colours follow)
             f.write(HtmlFormatter(style='default').get_style_defs('.code'))
+            dark = HtmlFormatter(style='monokai').get_style_defs('.code')
+            dark = '\n'.join(l for l in dark.split('\n') if not re.match(r'\s*(pre|\.code)\s*\{|\s*\.code \.hll|'
+                                                                          r'\s*td\.|\s*span\.|\s*\.code\s+\{', l))
+            f.write('\n@media (prefers-color-scheme: dark) {\n%s\n}\n' % dark)
         print('site: %d pages (%d docs, %d source files, %d traces), %d files copied, in %s/ (%.1f s)' % (
             written, len(self.docs), len(self.sources), len(self.traces), len(self.copies),
             os.path.relpath(self.out, os.getcwd()) if not os.path.relpath(self.out, os.getcwd()).startswith('..')
