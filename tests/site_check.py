@@ -15,6 +15,8 @@ and python3-websocket) and fails on:
 - a missing image (not loaded, or no pixels), stylesheet or script;
 - any JavaScript error: an uncaught exception, console.error, or an error
   the browser logs (a resource that failed to load);
+- a code reference of a doc (`path:N`, as docs_check.py finds them) that
+  is no link on its page;
 - a code reference link (`path:N` of a lesson, class "ref") that does not
   open the source page of PATH at line N, or whose lines there do not hold
   what the lesson names: the name docs_check.py finds for it (data-name,
@@ -46,6 +48,7 @@ import urllib.request
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 import docs_check as dc  # noqa: E402  the one rule of what a reference names
+sys.path.insert(0, os.path.join(HERE, '..', 'tools', 'site'))
 
 ROOT = os.path.normpath(os.path.join(HERE, '..'))
 PAGE_TIMEOUT = 60  # s a page may take to load; a hang, not a slow machine
@@ -241,6 +244,11 @@ class Check:
         self.pages = {}  # relative path -> what the collector found, or None if it did not load
         self.problems = []  # (page, kind, what)
         self.counts = {'pages': 0, 'links': 0, 'anchors': 0, 'images': 0, 'refs': 0, 'named': 0, 'quoted': 0}
+        # the docs whose pages these are (the site of this checkout), for check_all_linked
+        import build  # tools/site/build.py: where a doc's page goes, said once
+        self.repo = dc.Repo(ROOT)
+        self.checker = dc.Checker(self.repo, figures=False)
+        self.docs = {build.site_path(f, self.repo): f for f in self.repo.files if build.is_page_md(f)}
 
     def problem(self, page, kind, what):
         self.problems.append((page, kind, what))
@@ -282,6 +290,7 @@ class Check:
         found = self.visit(rel)
         if found is None:
             return
+        self.check_all_linked(rel, found)
         for img in found['imgs']:
             self.counts['images'] += 1
             if not img['ok']:
@@ -320,6 +329,27 @@ class Check:
                     continue
             if a['ref']:
                 self.check_ref(rel, a, target, frag, lines)
+
+    def check_all_linked(self, rel, found):
+        """The page of a doc links every code reference docs_check.py finds
+        in it (that names lines that exist), in the doc's order."""
+        doc = self.docs.get(rel)
+        if doc is None:
+            return
+        want = []
+        d = dc.Doc(doc, self.repo.lines(doc))
+        for i, text in d.prose:
+            for span in dc.CODE_SPAN_RE.finditer(text):
+                m = dc.REF_RE.match(span.group(2).strip())
+                if m and not self.checker.check_ref(m):
+                    want.append((m.group(0), i + 1))
+        got = [a['ref'] for a in found['links'] if a['ref']]
+        k = 0
+        for ref, line in want:
+            if ref in got[k:]:
+                k = got.index(ref, k) + 1
+            else:
+                self.problem(rel, 'unlinked', 'code reference `%s` of %s:%d is no link on the page' % (ref, doc, line))
 
     def check_ref(self, rel, a, target, frag, lines):
         """A code reference link: it opens PATH's source page at line N, and
@@ -370,8 +400,7 @@ class Check:
 def all_pages(site):
     """Every page of the site, and the page of every doc even when it is
     missing (then it does not load)."""
-    sys.path.insert(0, os.path.join(ROOT, 'tools', 'site'))
-    import build  # tools/site/build.py: where a doc's page goes, said once
+    import build
     repo = dc.Repo(ROOT)
     pages = [build.site_path(f, repo) for f in sorted(repo.files) if build.is_page_md(f)]
     pages = [p for p in pages if not os.path.exists(os.path.join(site, p))]
@@ -423,6 +452,12 @@ def self_test(site):
         if m:
             text = text[:m.end()] + 'a line the self-test put in the quote&#10;' + text[m.end():]
             faults['quote'] = 'the lesson quotes "a line the self-test put in the quote"'
+        # a reference the generator left without its link (the page's last,
+        # not one of those broken above)
+        m = ([None] + list(re.finditer(r'<a class="ref" data-ref="([^"]+)"[^>]*>(<code>[^<]*</code>)</a>', text)))[-1]
+        if m:
+            text = text[:m.start()] + m.group(2) + text[m.end():]
+            faults['unlinked'] = 'code reference `%s` of docs/%s:' % (m.group(1), LESSON.replace('.html', '.md'))
         broken = ('<p><a href="no-such-page.html">gone</a> <a href="index.html#no-such-anchor">nowhere</a> '
                   '<a href="src/Makefile.html#L999999">past the end</a> '
                   '<img src="plots/no-such-plot.png" alt="missing"></p>'
