@@ -276,10 +276,10 @@ docs-check:
 # (tests/site_check.py), after its self-test on a deliberately broken copy.
 .PHONY: site site-check
 site:
-	@bash .ci/install-deps.sh site >/dev/null || bash .ci/install-deps.sh site
+	@SETUP_QUIET=1 bash .ci/install-deps.sh site
 	@python3 tools/site/build.py
 site-check: site
-	@bash .ci/install-deps.sh site-check >/dev/null || bash .ci/install-deps.sh site-check
+	@SETUP_QUIET=1 bash .ci/install-deps.sh site-check
 	@python3 tests/site_check.py --self-test
 	@python3 tests/site_check.py
 

@@ -1,5 +1,7 @@
 #!/bin/bash
-# Installs the Debian packages the course needs, when they are missing.
+# Installs the Debian packages the course needs, when they are missing
+# (an argument site, site-check or all: below; SETUP_QUIET=1: silent when
+# nothing is missing).
 # As root it runs apt-get; otherwise it prints the one line to run.
 set -e
 PACKAGES="make gcc libc6-dev openmpi-bin libopenmpi-dev libopenblas-openmp-dev libxxhash-dev libzstd-dev gnuplot-nox fortunes python3 xxhash"
@@ -21,7 +23,7 @@ for p in $PACKAGES; do
     dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing="$missing $p"
 done
 if [ -z "$missing" ]; then
-    echo "set-up: every package is installed"
+    [ -n "${SETUP_QUIET:-}" ] || echo "set-up: every package is installed"
     exit 0
 fi
 if [ "$(id -u)" != 0 ]; then
