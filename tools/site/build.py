@@ -333,7 +333,14 @@ class Site:
         walk(tree['blocks'], fix)
         sections = self.sections(tree['blocks'])
         body = pandoc(['-f', 'json', '-t', 'html5', '--no-highlight'], json.dumps(tree))
-        body = re.sub(r'<table>', '<div class="table-wrap"><table>', body).replace('</table>', '</table></div>')
+        # tables scroll sideways in their box; one of 5 columns or more keeps
+        # the width its prose needs (a phone scrolls it rather than cut words)
+        def table(m):
+            head = re.search(r'<tr[^>]*>(.*?)</tr>', m.group(0), re.S)
+            cols = len(re.findall(r'<th[\s>]', head.group(1))) if head else 0
+            return '<div class="table-wrap"><table%s>%s</table></div>' % (
+                ' class="wide"' if cols >= 5 else '', m.group(1))
+        body = re.sub(r'<table>(.*?)</table>', table, body, flags=re.S)
         title = next((stringify(b['c'][2]) for b in tree['blocks'] if b['t'] == 'Header' and b['c'][0] == 1),
                      os.path.basename(rel))
         return page, title, body, toc, sections
