@@ -567,7 +567,8 @@ class Site:
             nav = self.lesson_nav(rel, page)
             bottom = self.lesson_nav(rel, page, bottom=True)
             src = '<p class="edit">This page is <code>%s</code> of the repository.</p>' % html.escape(rel)
-            self.write(page, self.shell(page, title, body + src, nav=nav, toc=toc, bottom=bottom,
+            head = '<script src="%s" defer></script>' % relative('assets/page.js', page)
+            self.write(page, self.shell(page, title, body + src, nav=nav, toc=toc, bottom=bottom, head=head,
                                         cls='doc lesson' if rel in self.lessons else 'doc'))
             written += 1
         for name, t in sorted(self.traces.items()):
@@ -595,7 +596,7 @@ class Site:
         with open(os.path.join(assets, 'search-index.js'), 'w', encoding='utf-8') as f:
             # a script, not JSON to fetch: the site opens from file://, where fetch is refused
             f.write('window.SITE_INDEX = %s;\n' % json.dumps(index, separators=(',', ':')))
-        for a in ('site.css', 'source.js', 'trace.js', 'search.js'):
+        for a in ('site.css', 'page.js', 'source.js', 'trace.js', 'search.js'):
             shutil.copyfile(os.path.join(HERE, a), os.path.join(assets, a))
         with open(os.path.join(assets, 'pygments.css'), 'w') as f:
             # light, and dark where the reader's system asks for it (site.css's colours follow)
