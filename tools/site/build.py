@@ -27,6 +27,9 @@ Reads the checkout and writes static pages that open from the disk
   library, the JSON inlined so that it loads from file://), with the
   committed timeline figure; the lesson of its chapter and the figure it was
   drawn into link to it.
+- the look: tools/site/site.css (one column for a phone or a tablet, the
+  contents beside the text on a wide screen, a dark theme where the system
+  asks for one), tools/site/page.js (the arrow keys turn the lessons).
 - pages.html lists every page and searches them: every section of every doc
   and every source file's name (tools/site/search.js, the index a script,
   assets/search-index.js, since a page from file:// may not fetch).
@@ -325,9 +328,6 @@ class Site:
                 return [{'t': 'RawBlock', 'c': ['html', '<pre class="code"><code>%s</code></pre>' % code.rstrip('\n')]}]
             elif t == 'Header' and x['c'][0] in (2, 3):
                 toc.append((x['c'][0], x['c'][1][0], stringify(x['c'][2])))
-            elif t == 'RawInline' and x['c'][0] == 'html':
-                # a link in raw HTML (the docs' <a id=...> anchors hold none)
-                pass
             return None
 
         walk(tree['blocks'], fix)
@@ -403,7 +403,7 @@ class Site:
         """Previous and next through the lessons in course order, with the
         page's notes, lesson and trace: compact at the top (the chapter's
         number), the full titles at the bottom."""
-        def label(r, arrow_first):
+        def label(r):
             full = self.short(r)
             text = full if bottom else full.split(':')[0]
             return html.escape(text), html.escape(full)
@@ -412,11 +412,11 @@ class Site:
             k = self.lessons.index(rel)
             prev = self.lessons[k - 1] if k else 'docs/README.md'
             nxt = self.lessons[k + 1] if k + 1 < len(self.lessons) else None
-            text, full = label(prev, True)
+            text, full = label(prev)
             parts.append('<a class="prev" rel="prev" href="%s" title="%s">← %s</a>' % (
                 relative(site_path(prev, self.repo), page), full, text))
             if nxt:
-                text, full = label(nxt, False)
+                text, full = label(nxt)
                 parts.append('<a class="next" rel="next" href="%s" title="%s">%s →</a>' % (
                     relative(site_path(nxt, self.repo), page), full, text))
         elif rel == 'docs/README.md' and self.lessons:
