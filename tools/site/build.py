@@ -536,7 +536,9 @@ class Site:
                      '<a href="%s" download>%s.json</a>.</p>' % (relative(site_path(t['json'], self.repo), page), name))
         parts.append('<div class="trace" id="trace"><div class="trace-bar"><button data-z="in">+</button>'
                      '<button data-z="out">−</button><button data-z="all">all</button>'
-                     '<select id="trace-step"></select></div><canvas id="trace-canvas"></canvas>'
+                     '<select id="trace-step" aria-label="step"></select></div>'
+                     '<canvas id="trace-canvas" role="img" aria-label="the trace as a timeline: one row per rank and '
+                     'thread"></canvas>'
                      '<div id="trace-info" class="trace-info">Tap a span.</div><div id="trace-legend"></div></div>')
         if t['figure']:
             parts.append('<h2 id="figure">The committed figure</h2><p><img src="%s" alt="timeline of %s"></p>' % (
