@@ -4,6 +4,9 @@
 #   make all           every chapter, the capstone and the tools (tokenize, roofline, plan)
 #   make test          every test; ends with "N passed, N failed, N skipped"
 #   make docs-check    the docs' code references, links and quoted figures (docs/TEMPLATE.md)
+#   make site          the course as a website, build/site/index.html (tools/site/, offline)
+#   make site-check    every page of it in headless Chromium: loads, links, anchors, images,
+#                      no JavaScript error, each `path:N` link at what its lesson names
 #   make test CHAPTER=N   only chapter N's tests (tests/chapter_N.sh: its mesh,
 #                      invariant, accounting, error and --help cases);
 #                      CHAPTER=capstone, unit, plots or gpu runs that script (tests/run.sh)
@@ -265,6 +268,20 @@ test:
 docs-check:
 	@$(MAKE) --no-print-directory BACKEND=cpu all
 	@python3 tests/docs_check.py
+
+# The course as a website: every lesson, topic and note page, the plots in
+# place, each `path:N` a link to a highlighted source page at that line, the
+# traces zoomable; from the checkout, offline (tools/site/build.py). Open
+# build/site/index.html. site-check opens every page in headless Chromium
+# (tests/site_check.py), after its self-test on a deliberately broken copy.
+.PHONY: site site-check
+site:
+	@SETUP_QUIET=1 bash .ci/install-deps.sh site
+	@python3 tools/site/build.py
+site-check: site
+	@SETUP_QUIET=1 bash .ci/install-deps.sh site-check
+	@python3 tests/site_check.py --self-test
+	@python3 tests/site_check.py
 
 # A --trace file as a Gantt chart: compute, communication and waiting per
 # rank (docs/tracing.md). STEPS=FIRST:LAST picks the steps (default: the first
