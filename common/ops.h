@@ -96,6 +96,30 @@ void attention_forward(float* out, float* att, const float* qkv, int B, int T, i
 void attention_backward(float* dqkv, float* datt, const float* dout, const float* qkv,
                         const float* att, int B, int T, int C, int NH);
 
+// ---------------------------------------------------------------- attention in O(T) memory
+// The same causal attention without the (B, NH, T, T) probabilities:
+// FlashAttention's algorithm (Dao et al. 2022; Dao 2023), blocks of keys
+// folded into each query row by the online softmax (Milakov & Gimelshein
+// 2018), the identity attention_chunk_merge below applies to whole chunks.
+// Forward keeps only out (B, T, C), as attention_forward's, and
+// lse (B, T, NH) = log of the row's softmax denominator in the units of the
+// scaled scores (max + log sum e^(score - max)), heads side by side as the
+// chunk ops' statistics. Backward recomputes each block's probabilities
+// p = exp(score - lse) and, with D = dout . out per row, ACCUMULATES
+//   dv_j += p_ij dout_i,  ds_ij = p_ij (dout_i . v_j - D_i),
+//   dq_i += ds_ij k_j / sqrt(hs),  dk_j += ds_ij q_i / sqrt(hs)
+// into dqkv (B, T, 3C). Each call takes its own working memory, a few tiles
+// of 64 x 64 floats and of 64 keys by hs: on the CPU per thread (host
+// memory, as the chunk ops' tiles), on the GPU in shared memory; nothing
+// grows with T.
+// A row's out, lse and dq are a function of that row's query, the keys and
+// values it sees and (backward) its dout, out and lse, whatever B, T past
+// the row, the other rows and the thread count (tests/test_rows.c); dk and
+// dv of a key add the queries that see it in one fixed order.
+void attention_flash_forward(float* out, float* lse, const float* qkv, int B, int T, int C, int NH);
+void attention_flash_backward(float* dqkv, const float* dout, const float* qkv, const float* out,
+                              const float* lse, int B, int T, int C, int NH);
+
 // ---------------------------------------------------------------- attention on sequence chunks
 // The same attention, cut by sequence chunks (context parallelism: a rank holds
 // one chunk of queries and meets the keys and values of the other chunks one

@@ -355,21 +355,35 @@ static void rows_times_edge(float* out, int ldo, const float* a, int lda, const 
         }
 }
 
+// One tile of out: rows r0.., columns j0.. (a full tile or an edge).
+static inline void rows_times_one_tile(float* out, int ldo, const float* a, int lda, const float* b,
+                                       int ldb, int R, int K, int J, const float* bias, int accumulate,
+                                       int r0, int j0) {
+    int mr = R - r0 < RW_MR ? R - r0 : RW_MR, nr = J - j0 < RW_NR ? J - j0 : RW_NR;
+    float* o = out + (size_t)r0 * ldo + j0;
+    const float* ar = a + (size_t)r0 * lda;
+    const float* bias_j = bias ? bias + j0 : NULL;
+    if (mr == RW_MR && nr == RW_NR)
+        rows_times_tile(o, ldo, ar, lda, b + j0, ldb, K, bias_j, accumulate);
+    else
+        rows_times_edge(o, ldo, ar, lda, b + j0, ldb, mr, nr, K, bias_j, accumulate);
+}
+
 static void rows_times_matrix(float* out, int ldo, const float* a, int lda, const float* b, int ldb,
                               int R, int K, int J, const float* bias, int accumulate) {
     #pragma omp parallel for collapse(2) schedule(static)
-    for (int j0 = 0; j0 < J; j0 += RW_NR) {
-        for (int r0 = 0; r0 < R; r0 += RW_MR) {
-            int mr = R - r0 < RW_MR ? R - r0 : RW_MR, nr = J - j0 < RW_NR ? J - j0 : RW_NR;
-            float* o = out + (size_t)r0 * ldo + j0;
-            const float* ar = a + (size_t)r0 * lda;
-            const float* bias_j = bias ? bias + j0 : NULL;
-            if (mr == RW_MR && nr == RW_NR)
-                rows_times_tile(o, ldo, ar, lda, b + j0, ldb, K, bias_j, accumulate);
-            else
-                rows_times_edge(o, ldo, ar, lda, b + j0, ldb, mr, nr, K, bias_j, accumulate);
-        }
-    }
+    for (int j0 = 0; j0 < J; j0 += RW_NR)
+        for (int r0 = 0; r0 < R; r0 += RW_MR)
+            rows_times_one_tile(out, ldo, a, lda, b, ldb, R, K, J, bias, accumulate, r0, j0);
+}
+
+// The same product on the calling thread alone (inside a parallel region:
+// the memory-efficient attention, one (batch, head) pair per thread).
+static void rows_times_matrix_serial(float* out, int ldo, const float* a, int lda, const float* b,
+                                     int ldb, int R, int K, int J, int accumulate) {
+    for (int r0 = 0; r0 < R; r0 += RW_MR)
+        for (int j0 = 0; j0 < J; j0 += RW_NR)
+            rows_times_one_tile(out, ldo, a, lda, b, ldb, R, K, J, NULL, accumulate, r0, j0);
 }
 
 void matmul_forward_rowwise(float* out, const float* inp, const float* w, const float* bias,
@@ -712,6 +726,246 @@ void attention_chunk_backward(float* dq_all, float* dk_all, float* dv_all, const
             }
         }
         free(p);
+    }
+    optime_stop(OPK_ATTENTION, OP_BWD, t0);
+}
+
+// ---------------------------------------------------------------- attention in O(T) memory
+// FlashAttention's algorithm (Dao et al. 2022, "FlashAttention: Fast and
+// Memory-Efficient Exact Attention with IO-Awareness"; the loop order of its
+// backward from Dao 2023, "FlashAttention-2"), on the online softmax of
+// Milakov & Gimelshein 2018 ("Online normalizer calculation for softmax"):
+// the scores of a tile of FLASH_BQ queries against one block of FLASH_BK
+// keys live in a tile of the thread's own, are folded into each row's
+// running (max m, sum l, unnormalised output o) and forgotten. Per row:
+//   m' = max(m, max_j s_j),  l' = l e^(m - m') + sum_j e^(s_j - m'),
+//   o' = o e^(m - m') + sum_j e^(s_j - m') v_j,
+// and after the last block out = o / l, lse = m + log l. That is
+// attention_chunk_merge's identity with a block of keys for a chunk: the
+// ring of chapter 6 is this loop with the blocks on other ranks.
+// Backward recomputes each tile's probabilities p = e^(s - lse) from q and k.
+//
+// Bits: every product runs through rows_times_matrix_serial (each element
+// one chain over its sum's index, in order, no fused multiply-add), every
+// row's sums and maxima run over the keys it sees, blocks at fixed key
+// positions (multiples of FLASH_BK from the chunk's first key), and a row
+// takes part in a block only if it sees a key of it. So a row's out and lse
+// are a function of its query and the keys and values it sees, whatever B,
+// the other rows, the tile it falls in and the thread count; dq likewise,
+// and dk, dv of a key are one fixed chain over the queries that see it.
+#define FLASH_BQ 64  // query rows per tile
+#define FLASH_BK 64  // keys per block
+
+// dst (cols, rows) = src (rows, cols)^T; src rows every src_stride floats,
+// dst rows every dst_stride.
+static void transpose_block(float* dst, int dst_stride, const float* src, int src_stride, int rows,
+                            int cols) {
+    for (int r = 0; r < rows; r++)
+        for (int c = 0; c < cols; c++) dst[(size_t)c * dst_stride + r] = src[(size_t)r * src_stride + c];
+}
+
+// The forward of query rows i0..i1-1 of one (batch, head) against keys
+// 0..Tk-1 of one kv chunk (positions as in attention_chunk_forward): o rows
+// (one every o_stride floats) get the unnormalised sum, m and l (i1-i0) the
+// row's max and sum of exponentials, as attention_chunk_forward defines
+// them (-INFINITY, 0 and a zero row for a query that sees no key).
+// Scratch: s (FLASH_BQ, FLASH_BK), kt (hs, FLASH_BK).
+static void flash_forward_tile(float* o, int o_stride, float* m, float* l, const float* q,
+                               int q_stride, const float* k, const float* v, int kv_stride, int i0,
+                               int i1, int Tk, int q0, int k0, int hs, float scale, float* s,
+                               float* kt) {
+    for (int i = i0; i < i1; i++) {
+        m[i - i0] = -INFINITY;
+        l[i - i0] = 0.0f;
+        for (int c = 0; c < hs; c++) o[(size_t)i * o_stride + c] = 0.0f;
+    }
+    const int nk = chunk_keys_visible(i1 - 1, q0, k0, Tk);  // the last row sees the most keys
+    for (int j0 = 0; j0 < nk; j0 += FLASH_BK) {
+        const int nb = nk - j0 < FLASH_BK ? nk - j0 : FLASH_BK;
+        // the rows that see key j0, and so this block: i >= j0 + k0 - q0
+        const int ia = j0 + k0 - q0 > i0 ? j0 + k0 - q0 : i0;
+        const int R = i1 - ia;
+        transpose_block(kt, FLASH_BK, k + (size_t)j0 * kv_stride, kv_stride, nb, hs);
+        // s (R, nb) = q[ia:i1] k[j0:j0+nb]^T, scaled below
+        rows_times_matrix_serial(s, FLASH_BK, q + (size_t)ia * q_stride, q_stride, kt, FLASH_BK, R,
+                                 hs, nb, 0);
+        for (int i = ia; i < i1; i++) {
+            float* row = s + (size_t)(i - ia) * FLASH_BK;
+            int nvis = chunk_keys_visible(i, q0, k0, Tk) - j0;
+            if (nvis > nb) nvis = nb;
+            float mx = -INFINITY;
+            // a max is exact in any order, so it may run in lanes
+            #pragma omp simd reduction(max : mx)
+            for (int j = 0; j < nvis; j++) {
+                row[j] *= scale;
+                mx = row[j] > mx ? row[j] : mx;
+            }
+            float m_old = m[i - i0];
+            float m_new = m_old > mx ? m_old : mx;
+            float sum = exp_and_sum(row, nvis, m_new);
+            for (int j = nvis; j < nb; j++) row[j] = 0.0f;  // future keys weigh 0 below
+            // the rescale of what the earlier blocks gave (none: alpha 0)
+            float alpha = m_old == -INFINITY ? 0.0f : expf(m_old - m_new);
+            l[i - i0] = l[i - i0] * alpha + sum;
+            m[i - i0] = m_new;
+            if (alpha != 1.0f) {
+                float* oi = o + (size_t)i * o_stride;
+                for (int c = 0; c < hs; c++) oi[c] *= alpha;
+            }
+        }
+        // o[ia:i1] += p (R, nb) @ v[j0:j0+nb]
+        rows_times_matrix_serial(o + (size_t)ia * o_stride, o_stride, s, FLASH_BK,
+                                 v + (size_t)j0 * kv_stride, kv_stride, R, nb, hs, 1);
+    }
+}
+
+void attention_flash_forward(float* out, float* lse, const float* qkv, int B, int T, int C, int NH) {
+    progress();
+    double t0 = optime_start();
+    const int hs = C / NH;
+    const float scale = 1.0f / sqrtf((float)hs);
+    const int ld = 3 * C;
+    #pragma omp parallel
+    {
+        // a tile of scores and a block of keys, transposed: 48 KiB at hs 64
+        float* s = xmalloc(((size_t)FLASH_BQ * FLASH_BK + (size_t)hs * FLASH_BK) * sizeof(float));
+        float* kt = s + (size_t)FLASH_BQ * FLASH_BK;
+        float m[FLASH_BQ], l[FLASH_BQ];
+        #pragma omp for collapse(2)
+        for (int b = 0; b < B; b++) {
+            for (int h = 0; h < NH; h++) {
+                const float* q = qkv + (size_t)b * T * ld + h * hs;
+                float* o = out + (size_t)b * T * C + h * hs;  // (T, hs), row stride C
+                float* lse_bh = lse + (size_t)b * T * NH + h;  // row i at lse_bh[i * NH]
+                for (int i0 = 0; i0 < T; i0 += FLASH_BQ) {
+                    int i1 = i0 + FLASH_BQ < T ? i0 + FLASH_BQ : T;
+                    flash_forward_tile(o, C, m, l, q, ld, q + C, q + 2 * C, ld, i0, i1, T, 0, 0, hs,
+                                       scale, s, kt);
+                    // every row sees key 0, so l >= 1 (its max term is e^0)
+                    for (int i = i0; i < i1; i++) {
+                        float inv = 1.0f / l[i - i0];
+                        float* oi = o + (size_t)i * C;
+                        for (int c = 0; c < hs; c++) oi[c] *= inv;
+                        lse_bh[(size_t)i * NH] = m[i - i0] + logf(l[i - i0]);
+                    }
+                }
+            }
+        }
+        free(s);
+    }
+    optime_stop(OPK_ATTENTION, OP_FWD, t0);
+}
+
+// The backward of one (batch, head) over query rows 0..Tq-1 and keys
+// 0..Tk-1 of a kv chunk (positions as in attention_chunk_backward), in
+// FlashAttention-2's order: each block of keys meets every tile of queries
+// that sees it, so dk and dv of the block build up in dk_acc, dv_acc and
+// are added once; dq is added to block by block. dout and out rows every
+// o_stride floats, lse every lse_stride.
+typedef struct {
+    float *kt, *vt;       // (hs, FLASH_BK): the block's keys and values, transposed
+    float *p, *ds;        // (FLASH_BQ, FLASH_BK): probabilities, their score gradients
+    float *pt, *dst;      // (FLASH_BK, FLASH_BQ): the same, transposed
+    float *dk_acc, *dv_acc;  // (FLASH_BK, hs)
+} FlashBackScratch;
+
+static float* flash_back_scratch(FlashBackScratch* w, int hs) {
+    size_t kv = (size_t)hs * FLASH_BK, tile = (size_t)FLASH_BQ * FLASH_BK;
+    float* base = xmalloc((4 * kv + 4 * tile) * sizeof(float));
+    w->kt = base, w->vt = w->kt + kv, w->dk_acc = w->vt + kv, w->dv_acc = w->dk_acc + kv;
+    w->p = w->dv_acc + kv, w->ds = w->p + tile, w->pt = w->ds + tile, w->dst = w->pt + tile;
+    return base;
+}
+
+static void flash_backward_head(float* dq, float* dk, float* dv, const float* dout,
+                                const float* out, int o_stride, const float* lse, int lse_stride,
+                                const float* q, int q_stride, const float* k, const float* v,
+                                int kv_stride, int Tq, int Tk, int q0, int k0, int hs, float scale,
+                                const FlashBackScratch* w) {
+    for (int j0 = 0; j0 < Tk; j0 += FLASH_BK) {
+        // the first query that sees key j0; none: no later block is seen either
+        const int first = j0 + k0 - q0 > 0 ? j0 + k0 - q0 : 0;
+        if (first >= Tq) break;
+        const int nb = Tk - j0 < FLASH_BK ? Tk - j0 : FLASH_BK;
+        transpose_block(w->kt, FLASH_BK, k + (size_t)j0 * kv_stride, kv_stride, nb, hs);
+        transpose_block(w->vt, FLASH_BK, v + (size_t)j0 * kv_stride, kv_stride, nb, hs);
+        memset(w->dk_acc, 0, (size_t)nb * hs * sizeof(float));
+        memset(w->dv_acc, 0, (size_t)nb * hs * sizeof(float));
+        for (int i0 = first - first % FLASH_BQ; i0 < Tq; i0 += FLASH_BQ) {
+            const int i1 = i0 + FLASH_BQ < Tq ? i0 + FLASH_BQ : Tq;
+            const int ia = first > i0 ? first : i0;
+            const int R = i1 - ia;
+            // the keys of the block the tile's last row sees
+            int nbk = chunk_keys_visible(i1 - 1, q0, k0, Tk) - j0;
+            if (nbk > nb) nbk = nb;
+            // p (R, nbk) = q k^T, exponentiated below; ds (R, nbk) = dout v^T
+            rows_times_matrix_serial(w->p, FLASH_BK, q + (size_t)ia * q_stride, q_stride, w->kt,
+                                     FLASH_BK, R, hs, nbk, 0);
+            rows_times_matrix_serial(w->ds, FLASH_BK, dout + (size_t)ia * o_stride, o_stride, w->vt,
+                                     FLASH_BK, R, hs, nbk, 0);
+            for (int i = ia; i < i1; i++) {
+                float* prow = w->p + (size_t)(i - ia) * FLASH_BK;
+                float* drow = w->ds + (size_t)(i - ia) * FLASH_BK;
+                int nvis = chunk_keys_visible(i, q0, k0, Tk) - j0;
+                if (nvis > nbk) nvis = nbk;
+                // D_i = dout_i . out_i = sum over ALL keys of p_ij (dout_i . v_j),
+                // the softmax's coupling term, from the finished out alone
+                const float D = dot_lanes(dout + (size_t)i * o_stride, out + (size_t)i * o_stride, hs);
+                const float L = lse[(size_t)i * lse_stride];
+                #pragma omp simd
+                for (int j = 0; j < nvis; j++) {
+                    prow[j] = exp_lanes(prow[j] * scale - L);
+                    // the score's gradient, with the score's scale folded in
+                    drow[j] = prow[j] * (drow[j] - D) * scale;
+                }
+                for (int j = nvis; j < nbk; j++) prow[j] = drow[j] = 0.0f;  // future keys
+            }
+            // dq[ia:i1] += ds (R, nbk) @ k[j0:j0+nbk]
+            rows_times_matrix_serial(dq + (size_t)ia * q_stride, q_stride, w->ds, FLASH_BK,
+                                     k + (size_t)j0 * kv_stride, kv_stride, R, nbk, hs, 1);
+            // dk_acc[0:nbk] += ds^T @ q[ia:i1], dv_acc[0:nbk] += p^T @ dout[ia:i1]
+            transpose_block(w->dst, FLASH_BQ, w->ds, FLASH_BK, R, nbk);
+            transpose_block(w->pt, FLASH_BQ, w->p, FLASH_BK, R, nbk);
+            rows_times_matrix_serial(w->dk_acc, hs, w->dst, FLASH_BQ, q + (size_t)ia * q_stride,
+                                     q_stride, nbk, R, hs, 1);
+            rows_times_matrix_serial(w->dv_acc, hs, w->pt, FLASH_BQ, dout + (size_t)ia * o_stride,
+                                     o_stride, nbk, R, hs, 1);
+        }
+        for (int j = 0; j < nb; j++) {
+            float* dkj = dk + (size_t)(j0 + j) * kv_stride;
+            float* dvj = dv + (size_t)(j0 + j) * kv_stride;
+            for (int c = 0; c < hs; c++) {
+                dkj[c] += w->dk_acc[(size_t)j * hs + c];
+                dvj[c] += w->dv_acc[(size_t)j * hs + c];
+            }
+        }
+    }
+}
+
+void attention_flash_backward(float* dqkv, const float* dout, const float* qkv, const float* out,
+                              const float* lse, int B, int T, int C, int NH) {
+    progress();
+    double t0 = optime_start();
+    const int hs = C / NH;
+    const float scale = 1.0f / sqrtf((float)hs);
+    const int ld = 3 * C;
+    #pragma omp parallel
+    {
+        FlashBackScratch w;
+        float* base = flash_back_scratch(&w, hs);
+        #pragma omp for collapse(2)
+        for (int b = 0; b < B; b++) {
+            for (int h = 0; h < NH; h++) {
+                size_t off = (size_t)b * T * ld + h * hs;
+                const float* q = qkv + off;
+                float* dq = dqkv + off;
+                size_t ooff = (size_t)b * T * C + h * hs;
+                flash_backward_head(dq, dq + C, dq + 2 * C, dout + ooff, out + ooff, C,
+                                    lse + (size_t)b * T * NH + h, NH, q, ld, q + C, q + 2 * C, ld, T,
+                                    T, 0, 0, hs, scale, &w);
+            }
+        }
+        free(base);
     }
     optime_stop(OPK_ATTENTION, OP_BWD, t0);
 }
