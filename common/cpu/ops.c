@@ -355,35 +355,21 @@ static void rows_times_edge(float* out, int ldo, const float* a, int lda, const 
         }
 }
 
-// One tile of out: rows r0.., columns j0.. (a full tile or an edge).
-static inline void rows_times_one_tile(float* out, int ldo, const float* a, int lda, const float* b,
-                                       int ldb, int R, int K, int J, const float* bias, int accumulate,
-                                       int r0, int j0) {
-    int mr = R - r0 < RW_MR ? R - r0 : RW_MR, nr = J - j0 < RW_NR ? J - j0 : RW_NR;
-    float* o = out + (size_t)r0 * ldo + j0;
-    const float* ar = a + (size_t)r0 * lda;
-    const float* bias_j = bias ? bias + j0 : NULL;
-    if (mr == RW_MR && nr == RW_NR)
-        rows_times_tile(o, ldo, ar, lda, b + j0, ldb, K, bias_j, accumulate);
-    else
-        rows_times_edge(o, ldo, ar, lda, b + j0, ldb, mr, nr, K, bias_j, accumulate);
-}
-
 static void rows_times_matrix(float* out, int ldo, const float* a, int lda, const float* b, int ldb,
                               int R, int K, int J, const float* bias, int accumulate) {
     #pragma omp parallel for collapse(2) schedule(static)
-    for (int j0 = 0; j0 < J; j0 += RW_NR)
-        for (int r0 = 0; r0 < R; r0 += RW_MR)
-            rows_times_one_tile(out, ldo, a, lda, b, ldb, R, K, J, bias, accumulate, r0, j0);
-}
-
-// The same product on the calling thread alone (inside a parallel region:
-// the memory-efficient attention, one (batch, head) pair per thread).
-static void rows_times_matrix_serial(float* out, int ldo, const float* a, int lda, const float* b,
-                                     int ldb, int R, int K, int J, int accumulate) {
-    for (int r0 = 0; r0 < R; r0 += RW_MR)
-        for (int j0 = 0; j0 < J; j0 += RW_NR)
-            rows_times_one_tile(out, ldo, a, lda, b, ldb, R, K, J, NULL, accumulate, r0, j0);
+    for (int j0 = 0; j0 < J; j0 += RW_NR) {
+        for (int r0 = 0; r0 < R; r0 += RW_MR) {
+            int mr = R - r0 < RW_MR ? R - r0 : RW_MR, nr = J - j0 < RW_NR ? J - j0 : RW_NR;
+            float* o = out + (size_t)r0 * ldo + j0;
+            const float* ar = a + (size_t)r0 * lda;
+            const float* bias_j = bias ? bias + j0 : NULL;
+            if (mr == RW_MR && nr == RW_NR)
+                rows_times_tile(o, ldo, ar, lda, b + j0, ldb, K, bias_j, accumulate);
+            else
+                rows_times_edge(o, ldo, ar, lda, b + j0, ldb, mr, nr, K, bias_j, accumulate);
+        }
+    }
 }
 
 void matmul_forward_rowwise(float* out, const float* inp, const float* w, const float* bias,
@@ -745,7 +731,7 @@ void attention_chunk_backward(float* dq_all, float* dk_all, float* dv_all, const
 // ring of chapter 6 is this loop with the blocks on other ranks.
 // Backward recomputes each tile's probabilities p = e^(s - lse) from q and k.
 //
-// Bits: every product runs through rows_times_matrix_serial (each element
+// Bits: every product runs through flash_mm (each element
 // one chain over its sum's index, in order, no fused multiply-add), every
 // row's sums and maxima run over the keys it sees, blocks at fixed key
 // positions (multiples of FLASH_BK from the chunk's first key), and a row
@@ -755,6 +741,88 @@ void attention_chunk_backward(float* dq_all, float* dk_all, float* dv_all, const
 // and dk, dv of a key are one fixed chain over the queries that see it.
 #define FLASH_BQ 64  // query rows per tile
 #define FLASH_BK 64  // keys per block
+
+// The products of the attention tiles: out (R, J) = a (R, K) @ b (K, J),
+// written or added into out, each element one chain over k in order, a
+// multiply then an add, as rows_times_matrix. Its own register tile, sized
+// for the attention's shapes (J = 64 keys or hs, K = hs or up to 64 keys):
+// FL_MR rows by FL_NR columns of accumulators that stay in registers (the
+// 8 x 32 tile of rows_times_tile needs 32 registers for its sums alone and
+// spills on these short products). Rows past the last full tile and
+// columns past the last full vector take narrower paths that add the same
+// products in the same order, so an element's bits never depend on where
+// its row or column falls.
+#ifdef __AVX512F__
+#define FL_MR 4   // 32 vector registers: 16 sums, 4 of b, 1 broadcast
+#define FL_NR 32
+#else
+#define FL_MR 4   // 16 (AVX) or 16 halves (SSE): 8 sums, 2 of b, 1 broadcast
+#define FL_NR 16
+#endif
+#define FL_NV (FL_NR / 8)
+
+static inline void flash_mm_tile(float* out, int ldo, const float* a, int ars, int aks, const float* b,
+                                 int ldb, int K, int accumulate) {
+    Lanes8 acc[FL_MR][FL_NV];
+    for (int r = 0; r < FL_MR; r++)
+        for (int v = 0; v < FL_NV; v++) acc[r][v] = (Lanes8){0};
+    for (int k = 0; k < K; k++) {
+        const Lanes8Load* bk = (const Lanes8Load*)(b + (size_t)k * ldb);
+        Lanes8 bv[FL_NV];
+        for (int v = 0; v < FL_NV; v++) bv[v] = bk[v];
+        for (int r = 0; r < FL_MR; r++) {
+            float x = a[(size_t)r * ars + (size_t)k * aks];
+            for (int v = 0; v < FL_NV; v++) acc[r][v] += x * bv[v];
+        }
+    }
+    for (int r = 0; r < FL_MR; r++) {
+        Lanes8Load* o = (Lanes8Load*)(out + (size_t)r * ldo);
+        for (int v = 0; v < FL_NV; v++) {
+            if (accumulate) o[v] += acc[r][v];
+            else o[v] = acc[r][v];
+        }
+    }
+}
+
+// one row, columns [0, nr) with nr <= FL_NR: whole vectors of 8, then single columns
+static inline void flash_mm_row(float* out, const float* a, int aks, const float* b, int ldb, int nr,
+                                int K, int accumulate) {
+    int nv = nr / 8;
+    Lanes8 acc[FL_NV];
+    float tail[8] = {0};
+    for (int v = 0; v < FL_NV; v++) acc[v] = (Lanes8){0};
+    for (int k = 0; k < K; k++) {
+        const float* bk = b + (size_t)k * ldb;
+        float x = a[(size_t)k * aks];
+        for (int v = 0; v < nv; v++) acc[v] += x * ((const Lanes8Load*)bk)[v];
+        for (int j = nv * 8; j < nr; j++) tail[j - nv * 8] += x * bk[j];
+    }
+    for (int j = 0; j < nr; j++) {
+        float s = j < nv * 8 ? acc[j / 8][j % 8] : tail[j - nv * 8];
+        out[j] = accumulate ? out[j] + s : s;
+    }
+}
+
+// a (R, K) is read as a[r * ars + k * aks]: a row-major matrix with row
+// stride lda is (ars, aks) = (lda, 1), and the transpose of a (K, R) one,
+// without copying it, (1, lda).
+static void flash_mm(float* out, int ldo, const float* a, int ars, int aks, const float* b, int ldb,
+                     int R, int K, int J, int accumulate) {
+    int R4 = R - R % FL_MR, J4 = J - J % FL_NR;
+    for (int r0 = 0; r0 < R4; r0 += FL_MR)
+        for (int j0 = 0; j0 < J4; j0 += FL_NR)
+            flash_mm_tile(out + (size_t)r0 * ldo + j0, ldo, a + (size_t)r0 * ars, ars, aks, b + j0, ldb,
+                          K, accumulate);
+    for (int r = 0; r < R; r++) {
+        if (r < R4 && J4 == J) continue;
+        for (int j0 = r < R4 ? J4 : 0; j0 < J; j0 += FL_NR) {
+            int nr = J - j0 < FL_NR ? J - j0 : FL_NR;
+            flash_mm_row(out + (size_t)r * ldo + j0, a + (size_t)r * ars, aks, b + j0, ldb, nr, K,
+                         accumulate);
+        }
+    }
+}
+
 
 // dst (cols, rows) = src (rows, cols)^T; src rows every src_stride floats,
 // dst rows every dst_stride.
@@ -787,7 +855,7 @@ static void flash_forward_tile(float* o, int o_stride, float* m, float* l, const
         const int R = i1 - ia;
         transpose_block(kt, FLASH_BK, k + (size_t)j0 * kv_stride, kv_stride, nb, hs);
         // s (R, nb) = q[ia:i1] k[j0:j0+nb]^T, scaled below
-        rows_times_matrix_serial(s, FLASH_BK, q + (size_t)ia * q_stride, q_stride, kt, FLASH_BK, R,
+        flash_mm(s, FLASH_BK, q + (size_t)ia * q_stride, q_stride, 1, kt, FLASH_BK, R,
                                  hs, nb, 0);
         for (int i = ia; i < i1; i++) {
             float* row = s + (size_t)(i - ia) * FLASH_BK;
@@ -814,7 +882,7 @@ static void flash_forward_tile(float* o, int o_stride, float* m, float* l, const
             }
         }
         // o[ia:i1] += p (R, nb) @ v[j0:j0+nb]
-        rows_times_matrix_serial(o + (size_t)ia * o_stride, o_stride, s, FLASH_BK,
+        flash_mm(o + (size_t)ia * o_stride, o_stride, s, FLASH_BK, 1,
                                  v + (size_t)j0 * kv_stride, kv_stride, R, nb, hs, 1);
     }
 }
@@ -865,15 +933,14 @@ void attention_flash_forward(float* out, float* lse, const float* qkv, int B, in
 typedef struct {
     float *kt, *vt;       // (hs, FLASH_BK): the block's keys and values, transposed
     float *p, *ds;        // (FLASH_BQ, FLASH_BK): probabilities, their score gradients
-    float *pt, *dst;      // (FLASH_BK, FLASH_BQ): the same, transposed
     float *dk_acc, *dv_acc;  // (FLASH_BK, hs)
 } FlashBackScratch;
 
 static float* flash_back_scratch(FlashBackScratch* w, int hs) {
     size_t kv = (size_t)hs * FLASH_BK, tile = (size_t)FLASH_BQ * FLASH_BK;
-    float* base = xmalloc((4 * kv + 4 * tile) * sizeof(float));
+    float* base = xmalloc((4 * kv + 2 * tile) * sizeof(float));
     w->kt = base, w->vt = w->kt + kv, w->dk_acc = w->vt + kv, w->dv_acc = w->dk_acc + kv;
-    w->p = w->dv_acc + kv, w->ds = w->p + tile, w->pt = w->ds + tile, w->dst = w->pt + tile;
+    w->p = w->dv_acc + kv, w->ds = w->p + tile;
     return base;
 }
 
@@ -899,9 +966,9 @@ static void flash_backward_head(float* dq, float* dk, float* dv, const float* do
             int nbk = chunk_keys_visible(i1 - 1, q0, k0, Tk) - j0;
             if (nbk > nb) nbk = nb;
             // p (R, nbk) = q k^T, exponentiated below; ds (R, nbk) = dout v^T
-            rows_times_matrix_serial(w->p, FLASH_BK, q + (size_t)ia * q_stride, q_stride, w->kt,
+            flash_mm(w->p, FLASH_BK, q + (size_t)ia * q_stride, q_stride, 1, w->kt,
                                      FLASH_BK, R, hs, nbk, 0);
-            rows_times_matrix_serial(w->ds, FLASH_BK, dout + (size_t)ia * o_stride, o_stride, w->vt,
+            flash_mm(w->ds, FLASH_BK, dout + (size_t)ia * o_stride, o_stride, 1, w->vt,
                                      FLASH_BK, R, hs, nbk, 0);
             for (int i = ia; i < i1; i++) {
                 float* prow = w->p + (size_t)(i - ia) * FLASH_BK;
@@ -921,15 +988,13 @@ static void flash_backward_head(float* dq, float* dk, float* dv, const float* do
                 for (int j = nvis; j < nbk; j++) prow[j] = drow[j] = 0.0f;  // future keys
             }
             // dq[ia:i1] += ds (R, nbk) @ k[j0:j0+nbk]
-            rows_times_matrix_serial(dq + (size_t)ia * q_stride, q_stride, w->ds, FLASH_BK,
+            flash_mm(dq + (size_t)ia * q_stride, q_stride, w->ds, FLASH_BK, 1,
                                      k + (size_t)j0 * kv_stride, kv_stride, R, nbk, hs, 1);
             // dk_acc[0:nbk] += ds^T @ q[ia:i1], dv_acc[0:nbk] += p^T @ dout[ia:i1]
-            transpose_block(w->dst, FLASH_BQ, w->ds, FLASH_BK, R, nbk);
-            transpose_block(w->pt, FLASH_BQ, w->p, FLASH_BK, R, nbk);
-            rows_times_matrix_serial(w->dk_acc, hs, w->dst, FLASH_BQ, q + (size_t)ia * q_stride,
-                                     q_stride, nbk, R, hs, 1);
-            rows_times_matrix_serial(w->dv_acc, hs, w->pt, FLASH_BQ, dout + (size_t)ia * o_stride,
-                                     o_stride, nbk, R, hs, 1);
+            flash_mm(w->dk_acc, hs, w->ds, 1, FLASH_BK, q + (size_t)ia * q_stride, q_stride, nbk, R,
+                     hs, 1);
+            flash_mm(w->dv_acc, hs, w->p, 1, FLASH_BK, dout + (size_t)ia * o_stride, o_stride, nbk, R,
+                     hs, 1);
         }
         for (int j = 0; j < nb; j++) {
             float* dkj = dk + (size_t)(j0 + j) * kv_stride;
