@@ -753,22 +753,24 @@ void attention_chunk_backward(float* dq_all, float* dk_all, float* dv_all, const
 // products in the same order, so an element's bits never depend on where
 // its row or column falls.
 #ifdef __AVX512F__
-#define FL_MR 4   // 32 vector registers: 16 sums, 4 of b, 1 broadcast
-#define FL_NR 32
+#define FL_W 16   // 32 registers of 16 floats: 8 sums, 1 of b, 1 broadcast
 #else
-#define FL_MR 4   // 16 (AVX) or 16 halves (SSE): 8 sums, 2 of b, 1 broadcast
-#define FL_NR 16
+#define FL_W 8    // 16 registers of 8 floats (or pairs of 4)
 #endif
-#define FL_NV (FL_NR / 8)
+#define FL_MR 8
+#define FL_NR FL_W
+#define FL_NV (FL_NR / FL_W)
+typedef float FlVec __attribute__((vector_size(FL_W * sizeof(float))));
+typedef float FlVecLoad __attribute__((vector_size(FL_W * sizeof(float)), aligned(4), may_alias));
 
 static inline void flash_mm_tile(float* out, int ldo, const float* a, int ars, int aks, const float* b,
                                  int ldb, int K, int accumulate) {
-    Lanes8 acc[FL_MR][FL_NV];
+    FlVec acc[FL_MR][FL_NV];
     for (int r = 0; r < FL_MR; r++)
-        for (int v = 0; v < FL_NV; v++) acc[r][v] = (Lanes8){0};
+        for (int v = 0; v < FL_NV; v++) acc[r][v] = (FlVec){0};
     for (int k = 0; k < K; k++) {
-        const Lanes8Load* bk = (const Lanes8Load*)(b + (size_t)k * ldb);
-        Lanes8 bv[FL_NV];
+        const FlVecLoad* bk = (const FlVecLoad*)(b + (size_t)k * ldb);
+        FlVec bv[FL_NV];
         for (int v = 0; v < FL_NV; v++) bv[v] = bk[v];
         for (int r = 0; r < FL_MR; r++) {
             float x = a[(size_t)r * ars + (size_t)k * aks];
@@ -776,7 +778,7 @@ static inline void flash_mm_tile(float* out, int ldo, const float* a, int ars, i
         }
     }
     for (int r = 0; r < FL_MR; r++) {
-        Lanes8Load* o = (Lanes8Load*)(out + (size_t)r * ldo);
+        FlVecLoad* o = (FlVecLoad*)(out + (size_t)r * ldo);
         for (int v = 0; v < FL_NV; v++) {
             if (accumulate) o[v] += acc[r][v];
             else o[v] = acc[r][v];
@@ -784,21 +786,21 @@ static inline void flash_mm_tile(float* out, int ldo, const float* a, int ars, i
     }
 }
 
-// one row, columns [0, nr) with nr <= FL_NR: whole vectors of 8, then single columns
+// one row, columns [0, nr) with nr <= FL_NR: whole vectors, then single columns
 static inline void flash_mm_row(float* out, const float* a, int aks, const float* b, int ldb, int nr,
                                 int K, int accumulate) {
-    int nv = nr / 8;
-    Lanes8 acc[FL_NV];
-    float tail[8] = {0};
-    for (int v = 0; v < FL_NV; v++) acc[v] = (Lanes8){0};
+    int nv = nr / FL_W;
+    FlVec acc[FL_NV];
+    float tail[FL_W] = {0};
+    for (int v = 0; v < FL_NV; v++) acc[v] = (FlVec){0};
     for (int k = 0; k < K; k++) {
         const float* bk = b + (size_t)k * ldb;
         float x = a[(size_t)k * aks];
-        for (int v = 0; v < nv; v++) acc[v] += x * ((const Lanes8Load*)bk)[v];
-        for (int j = nv * 8; j < nr; j++) tail[j - nv * 8] += x * bk[j];
+        for (int v = 0; v < nv; v++) acc[v] += x * ((const FlVecLoad*)bk)[v];
+        for (int j = nv * FL_W; j < nr; j++) tail[j - nv * FL_W] += x * bk[j];
     }
     for (int j = 0; j < nr; j++) {
-        float s = j < nv * 8 ? acc[j / 8][j % 8] : tail[j - nv * 8];
+        float s = j < nv * FL_W ? acc[j / FL_W][j % FL_W] : tail[j - nv * FL_W];
         out[j] = accumulate ? out[j] + s : s;
     }
 }
