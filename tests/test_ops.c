@@ -826,6 +826,39 @@ static void flash_mask_case(int T, int t0, int C, int NH) {
     case_end();
 }
 
+// One algorithm at two scales: the chunk ops of context parallelism, given
+// the whole sequence as one query chunk and one kv chunk, then finished, are
+// the memory-efficient attention. On the CPU both run the same tile loop
+// (common/cpu/ops.c), so the bits are the same; the GPU's chunk ops run on
+// cuBLAS, so there the two meet within 2 x FWD_TOL.
+static void flash_chunk_case(int B, int T, int C, int NH) {
+    const size_t QKV = (size_t)B * T * 3 * C, OUT = (size_t)B * T * C, LSE = (size_t)B * T * NH;
+    int cpu = strcmp(device_memory_name(), "GPU memory") != 0;
+    Buf qkv = buf_random(QKV, 1.5), r = buf_random(OUT, 1.0);
+    Buf out = buf_zeros(OUT), lse = buf_zeros(LSE), dqkv = buf_zeros(QKV);
+    Buf out2 = buf_zeros(OUT), mx = buf_zeros(LSE), se = buf_zeros(LSE), dqkv2 = buf_zeros(QKV);
+    attention_flash_forward(out.dev, lse.dev, qkv.dev, B, T, C, NH);
+    attention_flash_backward(dqkv.dev, r.dev, qkv.dev, out.dev, lse.dev, B, T, C, NH);
+    attention_chunk_forward(out2.dev, mx.dev, se.dev, qkv.dev, 3 * C, qkv.dev + C, qkv.dev + 2 * C, 3 * C, B, T,
+                            T, 0, 0, C, NH);
+    attention_chunk_finish(out2.dev, mx.dev, mx.dev, se.dev, B, T, C, NH);
+    attention_chunk_backward(dqkv2.dev, dqkv2.dev + C, dqkv2.dev + 2 * C, r.dev, out2.dev, mx.dev, qkv.dev, 3 * C,
+                             qkv.dev + C, qkv.dev + 2 * C, 3 * C, B, T, T, 0, 0, C, NH);
+    buf_fetch(&out), buf_fetch(&lse), buf_fetch(&dqkv), buf_fetch(&out2), buf_fetch(&mx), buf_fetch(&dqkv2);
+    char name[200];
+    snprintf(name, sizeof(name), "attention_chunk_* on one chunk of the whole sequence = attention_flash_* (%s), B %d, T %d, C %d, NH %d",
+             cpu ? "the same bits: one tile loop" : "within 2 x FWD_TOL: cuBLAS chunks", B, T, C, NH);
+    if (cpu) {
+        int same = !memcmp(out.h, out2.h, OUT * sizeof(float)) && !memcmp(lse.h, mx.h, LSE * sizeof(float)) &&
+                   !memcmp(dqkv.h, dqkv2.h, QKV * sizeof(float));
+        check(same, name, "out, lse or dqkv differ");
+    } else {
+        double e = fmax(rel_err_ff(out.h, out2.h, OUT), fmax(rel_err_ff(lse.h, mx.h, LSE), rel_err_ff(dqkv.h, dqkv2.h, QKV)));
+        check_err(name, e, 2 * FWD_TOL);
+    }
+    case_end();
+}
+
 static void test_attention_flash(void) {
     flash_case(2, 5, 8, 2, 1.5, 1);     // small enough for finite differences
     flash_case(1, 1, 8, 2, 1.5, 1);     // T = 1: one key, p = 1
@@ -838,6 +871,8 @@ static void test_attention_flash(void) {
     flash_mask_case(130, 64, 128, 2);
     flash_mask_case(130, 65, 128, 2);
     flash_mask_case(70, 63, 24, 2);
+    flash_chunk_case(2, 130, 128, 2);
+    flash_chunk_case(3, 37, 24, 2);
 }
 
 // ================================================================ pointwise

@@ -516,206 +516,6 @@ void attention_backward(float* dqkv, float* datt, const float* dout, const float
     optime_stop(OPK_ATTENTION, OP_BWD, t0);
 }
 
-// ---------------------------------------------------------------- attention on sequence chunks
-// A (query chunk, kv chunk) pair is a rectangle of the score matrix, cut by the
-// causal diagonal where the two chunks overlap in position. The keys a query
-// sees are always a prefix of the kv chunk, and the prefix grows with the
-// query, so the causal blocks of attention_forward carry over: a block of
-// query rows i0..i1-1 meets at most the keys row i1-1 sees, and each block is
-// a few matmuls over just those keys. The online-softmax statistics of a row
-// are taken between the matmuls. As above, one (batch, head) pair per thread:
-// it owns that head's slice of every row it writes, queries and keys alike,
-// so nothing races.
-//
-// Each thread holds one block's scores (and, backward, their gradients) in a
-// tile of ATT_ROW_BLOCK x Tk floats of its own, taken for the call: a
-// working buffer the size of a cache, not an activation, so it is plain
-// host memory and not counted by the tracking allocator (memory.h).
-
-// How many keys of the chunk query i sees: keys 0 .. q0 + i - k0, within 0..Tk.
-static inline int chunk_keys_visible(int i, int q0, int k0, int Tk) {
-    int n = q0 + i - k0 + 1;
-    return n < 0 ? 0 : (n > Tk ? Tk : n);
-}
-
-void attention_chunk_forward(float* out, float* rowmax, float* sumexp, const float* q_all,
-                             int q_stride, const float* k_all, const float* v_all, int kv_stride,
-                             int B, int Tq, int Tk, int q0, int k0, int C, int NH) {
-    progress();  // a ring's K/V block moves while this runs (chapter 6)
-    double t0 = optime_start();
-    const int hs = C / NH;
-    const float scale = 1.0f / sqrtf((float)hs);
-    #pragma omp parallel
-    {
-        float* s = xmalloc(((size_t)ATT_ROW_BLOCK * (Tk > 0 ? Tk : 1)) * sizeof(float));
-        #pragma omp for collapse(2)
-        for (int b = 0; b < B; b++) {
-            for (int h = 0; h < NH; h++) {
-                // query i: q + i*q_stride; key j: kb + j*kv_stride, value j: vb + j*kv_stride
-                const float* q = q_all + (size_t)b * Tq * q_stride + h * hs;
-                const float* kb = k_all + (size_t)b * Tk * kv_stride + h * hs;
-                const float* vb = v_all + (size_t)b * Tk * kv_stride + h * hs;
-                float* o = out + (size_t)b * Tq * C + h * hs;  // (Tq, hs), row stride C
-                const size_t r0 = (size_t)b * Tq * NH + h;     // stats row of query i: r0 + i*NH
-                for (int i0 = 0; i0 < Tq; i0 += ATT_ROW_BLOCK) {
-                    int i1 = i0 + ATT_ROW_BLOCK < Tq ? i0 + ATT_ROW_BLOCK : Tq;
-                    int nk = chunk_keys_visible(i1 - 1, q0, k0, Tk);  // keys of the block's last row
-                    if (nk == 0) {  // every row of the block is empty
-                        for (int i = i0; i < i1; i++) {
-                            for (int c = 0; c < hs; c++) o[(size_t)i * C + c] = 0.0f;
-                            rowmax[r0 + (size_t)i * NH] = -INFINITY;
-                            sumexp[r0 + (size_t)i * NH] = 0.0f;
-                        }
-                        continue;
-                    }
-                    // scores (i1-i0, nk) = q[i0:i1] k[0:nk]^T * scale
-                    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, i1 - i0, nk, hs, scale,
-                                q + (size_t)i0 * q_stride, q_stride, kb, kv_stride, 0.0f, s, nk);
-                    for (int i = i0; i < i1; i++) {
-                        float* row = s + (size_t)(i - i0) * nk;
-                        int nvis = chunk_keys_visible(i, q0, k0, Tk);
-                        float mx = -INFINITY, sum = 0.0f;
-                        if (nvis > 0) {
-                            mx = row[0];
-                            #pragma omp simd reduction(max : mx)
-                            for (int j = 1; j < nvis; j++) mx = row[j] > mx ? row[j] : mx;
-                            sum = exp_and_sum(row, nvis, mx);
-                        }
-                        // the row's future keys weigh 0 in the product below
-                        for (int j = nvis; j < nk; j++) row[j] = 0.0f;
-                        rowmax[r0 + (size_t)i * NH] = mx;
-                        sumexp[r0 + (size_t)i * NH] = sum;
-                    }
-                    // out[i0:i1] (i1-i0, hs) = weights (i1-i0, nk) @ v[0:nk], not normalised
-                    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, i1 - i0, hs, nk, 1.0f, s,
-                                nk, vb, kv_stride, 0.0f, o + (size_t)i0 * C, C);
-                }
-            }
-        }
-        free(s);
-    }
-    optime_stop(OPK_ATTENTION, OP_FWD, t0);
-}
-
-// Stats (B, Tq, NH) and out (B, Tq, C) = (B*Tq*NH, hs) list the (token, head)
-// rows in the same order, so row r of the stats owns out[r*hs .. r*hs + hs).
-void attention_chunk_merge(float* out, float* rowmax, float* sumexp, const float* out2,
-                           const float* rowmax2, const float* sumexp2, int B, int Tq, int C,
-                           int NH) {
-    double t0 = optime_start();
-    const int hs = C / NH;
-    const size_t rows = (size_t)B * Tq * NH;
-    #pragma omp parallel for
-    for (size_t r = 0; r < rows; r++) {
-        float m = rowmax[r] > rowmax2[r] ? rowmax[r] : rowmax2[r];
-        // an empty side (sumexp 0, rowmax -inf) weighs 0: exp(-inf - m) would be
-        // NaN when the other side is empty too
-        float a1 = sumexp[r] > 0.0f ? expf(rowmax[r] - m) : 0.0f;
-        float a2 = sumexp2[r] > 0.0f ? expf(rowmax2[r] - m) : 0.0f;
-        float* o = out + r * hs;
-        const float* o2 = out2 + r * hs;
-        for (int c = 0; c < hs; c++) o[c] = o[c] * a1 + o2[c] * a2;
-        sumexp[r] = sumexp[r] * a1 + sumexp2[r] * a2;
-        rowmax[r] = m;
-    }
-    optime_stop(OPK_ATTENTION, OP_FWD, t0);
-}
-
-void attention_chunk_finish(float* out, float* lse, const float* rowmax, const float* sumexp,
-                            int B, int Tq, int C, int NH) {
-    double t0 = optime_start();
-    const int hs = C / NH;
-    const size_t rows = (size_t)B * Tq * NH;
-    #pragma omp parallel for
-    for (size_t r = 0; r < rows; r++) {
-        float l = sumexp[r];
-        float inv = l > 0.0f ? 1.0f / l : 0.0f;
-        float* o = out + r * hs;
-        for (int c = 0; c < hs; c++) o[c] *= inv;
-        lse[r] = l > 0.0f ? rowmax[r] + logf(l) : -INFINITY;  // rowmax read first: lse may be rowmax
-    }
-    optime_stop(OPK_ATTENTION, OP_FWD, t0);
-}
-
-// Backward by the same causal blocks. A block recomputes its probabilities
-// p = exp(score - lse) from a product of q and k, takes dp = dout v^T in a
-// second product, turns it into ds = p (dp - D) row by row, and then adds its
-// share to dq (its own rows) and to dk, dv (the keys it meets) in three more
-// products: five matmuls per block where attention_backward, which keeps the
-// probabilities from forward, has four.
-void attention_chunk_backward(float* dq_all, float* dk_all, float* dv_all, const float* dout,
-                              const float* out, const float* lse, const float* q_all, int q_stride,
-                              const float* k_all, const float* v_all, int kv_stride, int B, int Tq,
-                              int Tk, int q0, int k0, int C, int NH) {
-    progress();
-    double t0 = optime_start();
-    const int hs = C / NH;
-    const float scale = 1.0f / sqrtf((float)hs);
-    #pragma omp parallel
-    {
-        // the block's probabilities p, then beside them its ds
-        size_t tile = (size_t)ATT_ROW_BLOCK * (Tk > 0 ? Tk : 1);
-        float* p = xmalloc(2 * tile * sizeof(float));
-        float* ds = p + tile;
-        #pragma omp for collapse(2)
-        for (int b = 0; b < B; b++) {
-            for (int h = 0; h < NH; h++) {
-                const float* q = q_all + (size_t)b * Tq * q_stride + h * hs;
-                float* dq = dq_all + (size_t)b * Tq * q_stride + h * hs;
-                const size_t kv = (size_t)b * Tk * kv_stride + h * hs;
-                const float *kb = k_all + kv, *vb = v_all + kv;
-                float *dk = dk_all + kv, *dv = dv_all + kv;
-                const float* d = dout + (size_t)b * Tq * C + h * hs;  // (Tq, hs), row stride C
-                const float* o = out + (size_t)b * Tq * C + h * hs;
-                const size_t r0 = (size_t)b * Tq * NH + h;
-                for (int i0 = 0; i0 < Tq; i0 += ATT_ROW_BLOCK) {
-                    int i1 = i0 + ATT_ROW_BLOCK < Tq ? i0 + ATT_ROW_BLOCK : Tq;
-                    int nk = chunk_keys_visible(i1 - 1, q0, k0, Tk);
-                    if (nk == 0) continue;  // no row of the block sees a key: no gradient
-                    // p (i1-i0, nk) = q[i0:i1] k[0:nk]^T * scale, exponentiated below
-                    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, i1 - i0, nk, hs, scale,
-                                q + (size_t)i0 * q_stride, q_stride, kb, kv_stride, 0.0f, p, nk);
-                    // ds (i1-i0, nk) = dout[i0:i1] v[0:nk]^T, the gradient of p so far
-                    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, i1 - i0, nk, hs, 1.0f,
-                                d + (size_t)i0 * C, C, vb, kv_stride, 0.0f, ds, nk);
-                    for (int i = i0; i < i1; i++) {
-                        float* prow = p + (size_t)(i - i0) * nk;
-                        float* drow = ds + (size_t)(i - i0) * nk;
-                        int nvis = chunk_keys_visible(i, q0, k0, Tk);
-                        if (nvis > 0) {
-                            // D_i = dout_i . out_i = sum over ALL keys of p_ij (dout_i . v_j):
-                            // the softmax's coupling term, known from the finished out alone
-                            const float* di = d + (size_t)i * C;
-                            const float* oi = o + (size_t)i * C;
-                            float D = 0.0f;
-                            for (int c = 0; c < hs; c++) D += di[c] * oi[c];
-                            const float L = lse[r0 + (size_t)i * NH];
-                            #pragma omp simd
-                            for (int j = 0; j < nvis; j++) {
-                                prow[j] = exp_lanes(prow[j] - L);
-                                drow[j] = prow[j] * (drow[j] - D);
-                            }
-                        }
-                        // future keys: exact zeros, so the products add nothing for them
-                        for (int j = nvis; j < nk; j++) prow[j] = drow[j] = 0.0f;
-                    }
-                    // dq[i0:i1] += ds @ k[0:nk] * scale
-                    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, i1 - i0, hs, nk, scale, ds,
-                                nk, kb, kv_stride, 1.0f, dq + (size_t)i0 * q_stride, q_stride);
-                    // dk[0:nk] += ds^T @ q[i0:i1] * scale
-                    cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, nk, hs, i1 - i0, scale, ds,
-                                nk, q + (size_t)i0 * q_stride, q_stride, 1.0f, dk, kv_stride);
-                    // dv[0:nk] += p^T @ dout[i0:i1]
-                    cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, nk, hs, i1 - i0, 1.0f, p, nk,
-                                d + (size_t)i0 * C, C, 1.0f, dv, kv_stride);
-                }
-            }
-        }
-        free(p);
-    }
-    optime_stop(OPK_ATTENTION, OP_BWD, t0);
-}
-
 // ---------------------------------------------------------------- attention in O(T) memory
 // FlashAttention's algorithm (Dao et al. 2022, "FlashAttention: Fast and
 // Memory-Efficient Exact Attention with IO-Awareness"; the loop order of its
@@ -739,6 +539,12 @@ void attention_chunk_backward(float* dq_all, float* dk_all, float* dv_all, const
 // are a function of its query and the keys and values it sees, whatever B,
 // the other rows, the tile it falls in and the thread count; dq likewise,
 // and dk, dv of a key are one fixed chain over the queries that see it.
+// How many keys of the chunk query i sees: keys 0 .. q0 + i - k0, within 0..Tk.
+static inline int chunk_keys_visible(int i, int q0, int k0, int Tk) {
+    int n = q0 + i - k0 + 1;
+    return n < 0 ? 0 : (n > Tk ? Tk : n);
+}
+
 #define FLASH_BQ 64  // query rows per tile
 #define FLASH_BK 64  // keys per block
 
@@ -1030,6 +836,127 @@ void attention_flash_backward(float* dqkv, const float* dout, const float* qkv, 
                 flash_backward_head(dq, dq + C, dq + 2 * C, dout + ooff, out + ooff, C,
                                     lse + (size_t)b * T * NH + h, NH, q, ld, q + C, q + 2 * C, ld, T,
                                     T, 0, 0, hs, scale, &w);
+            }
+        }
+        free(base);
+    }
+    optime_stop(OPK_ATTENTION, OP_BWD, t0);
+}
+
+// ---------------------------------------------------------------- attention on sequence chunks
+// A (query chunk, kv chunk) pair is a rectangle of the score matrix, cut by the
+// causal diagonal where the two chunks overlap in position: the keys a query
+// sees are a prefix of the kv chunk, growing with the query. That is the
+// memory-efficient attention's loop above with the chunk's positions (q0,
+// k0): the same tiles of queries, the same blocks of keys (from the kv
+// chunk's first key), the same online softmax. A ring of chapter 6 is one
+// more level of the same recurrence: a kv chunk is a block of keys that
+// lives on another rank, folded in by attention_chunk_merge. As above, one
+// (batch, head) pair per thread: it owns that head's slice of every row it
+// writes, queries and keys alike, so nothing races; its tiles are a few
+// 64 x 64 floats of its own, plain host memory (not an activation, not
+// counted by the tracking allocator, memory.h).
+
+void attention_chunk_forward(float* out, float* rowmax, float* sumexp, const float* q_all,
+                             int q_stride, const float* k_all, const float* v_all, int kv_stride,
+                             int B, int Tq, int Tk, int q0, int k0, int C, int NH) {
+    progress();  // a ring's K/V block moves while this runs (chapter 6)
+    double t0 = optime_start();
+    const int hs = C / NH;
+    const float scale = 1.0f / sqrtf((float)hs);
+    #pragma omp parallel
+    {
+        float* s = xmalloc(((size_t)FLASH_BQ * FLASH_BK + (size_t)hs * FLASH_BK) * sizeof(float));
+        float* kt = s + (size_t)FLASH_BQ * FLASH_BK;
+        float m[FLASH_BQ], l[FLASH_BQ];
+        #pragma omp for collapse(2)
+        for (int b = 0; b < B; b++) {
+            for (int h = 0; h < NH; h++) {
+                const float* q = q_all + (size_t)b * Tq * q_stride + h * hs;
+                const size_t kv = (size_t)b * Tk * kv_stride + h * hs;
+                float* o = out + (size_t)b * Tq * C + h * hs;  // (Tq, hs), row stride C
+                const size_t r0 = (size_t)b * Tq * NH + h;     // stats row of query i: r0 + i*NH
+                for (int i0 = 0; i0 < Tq; i0 += FLASH_BQ) {
+                    int i1 = i0 + FLASH_BQ < Tq ? i0 + FLASH_BQ : Tq;
+                    // the partials, not normalised: what attention_flash_forward
+                    // finishes at once, the ring merges with the other chunks' first
+                    flash_forward_tile(o, C, m, l, q, q_stride, k_all + kv, v_all + kv, kv_stride, i0, i1,
+                                       Tk, q0, k0, hs, scale, s, kt);
+                    for (int i = i0; i < i1; i++) {
+                        rowmax[r0 + (size_t)i * NH] = m[i - i0];
+                        sumexp[r0 + (size_t)i * NH] = l[i - i0];
+                    }
+                }
+            }
+        }
+        free(s);
+    }
+    optime_stop(OPK_ATTENTION, OP_FWD, t0);
+}
+
+// Stats (B, Tq, NH) and out (B, Tq, C) = (B*Tq*NH, hs) list the (token, head)
+// rows in the same order, so row r of the stats owns out[r*hs .. r*hs + hs).
+void attention_chunk_merge(float* out, float* rowmax, float* sumexp, const float* out2,
+                           const float* rowmax2, const float* sumexp2, int B, int Tq, int C,
+                           int NH) {
+    double t0 = optime_start();
+    const int hs = C / NH;
+    const size_t rows = (size_t)B * Tq * NH;
+    #pragma omp parallel for
+    for (size_t r = 0; r < rows; r++) {
+        float m = rowmax[r] > rowmax2[r] ? rowmax[r] : rowmax2[r];
+        // an empty side (sumexp 0, rowmax -inf) weighs 0: exp(-inf - m) would be
+        // NaN when the other side is empty too
+        float a1 = sumexp[r] > 0.0f ? expf(rowmax[r] - m) : 0.0f;
+        float a2 = sumexp2[r] > 0.0f ? expf(rowmax2[r] - m) : 0.0f;
+        float* o = out + r * hs;
+        const float* o2 = out2 + r * hs;
+        for (int c = 0; c < hs; c++) o[c] = o[c] * a1 + o2[c] * a2;
+        sumexp[r] = sumexp[r] * a1 + sumexp2[r] * a2;
+        rowmax[r] = m;
+    }
+    optime_stop(OPK_ATTENTION, OP_FWD, t0);
+}
+
+void attention_chunk_finish(float* out, float* lse, const float* rowmax, const float* sumexp,
+                            int B, int Tq, int C, int NH) {
+    double t0 = optime_start();
+    const int hs = C / NH;
+    const size_t rows = (size_t)B * Tq * NH;
+    #pragma omp parallel for
+    for (size_t r = 0; r < rows; r++) {
+        float l = sumexp[r];
+        float inv = l > 0.0f ? 1.0f / l : 0.0f;
+        float* o = out + r * hs;
+        for (int c = 0; c < hs; c++) o[c] *= inv;
+        lse[r] = l > 0.0f ? rowmax[r] + logf(l) : -INFINITY;  // rowmax read first: lse may be rowmax
+    }
+    optime_stop(OPK_ATTENTION, OP_FWD, t0);
+}
+
+// Backward: flash_backward_head on the pair, the same loop as
+// attention_flash_backward's with the chunks' positions.
+void attention_chunk_backward(float* dq_all, float* dk_all, float* dv_all, const float* dout,
+                              const float* out, const float* lse, const float* q_all, int q_stride,
+                              const float* k_all, const float* v_all, int kv_stride, int B, int Tq,
+                              int Tk, int q0, int k0, int C, int NH) {
+    progress();
+    double t0 = optime_start();
+    const int hs = C / NH;
+    const float scale = 1.0f / sqrtf((float)hs);
+    #pragma omp parallel
+    {
+        FlashBackScratch w;
+        float* base = flash_back_scratch(&w, hs);
+        #pragma omp for collapse(2)
+        for (int b = 0; b < B; b++) {
+            for (int h = 0; h < NH; h++) {
+                const size_t qo = (size_t)b * Tq * q_stride + h * hs;
+                const size_t kv = (size_t)b * Tk * kv_stride + h * hs;
+                const size_t oo = (size_t)b * Tq * C + h * hs;  // dout, out: (Tq, hs), row stride C
+                flash_backward_head(dq_all + qo, dk_all + kv, dv_all + kv, dout + oo, out + oo, C,
+                                    lse + (size_t)b * Tq * NH + h, NH, q_all + qo, q_stride, k_all + kv,
+                                    v_all + kv, kv_stride, Tq, Tk, q0, k0, hs, scale, &w);
             }
         }
         free(base);
