@@ -640,6 +640,26 @@ static void transpose_block(float* dst, int dst_stride, const float* src, int sr
         for (int c = 0; c < cols; c++) dst[(size_t)c * dst_stride + r] = src[(size_t)r * src_stride + c];
 }
 
+// A tile's rows go through a block of keys in groups of FLASH_SUB, at fixed
+// positions (i0, i0 + FLASH_SUB, ...): a group meets only the keys of the
+// block its last row sees, rounded up to whole vectors (the rest would be
+// masked anyway), so a block on the causal diagonal costs about 5/8 of a
+// full one. Where a row's group ends depends on the row's position alone
+// (and on i1, the end of the rows), and the keys a group leaves out are
+// zeros at the end of each sum it would have entered, so a row's bits are
+// the same whichever group it falls in.
+#define FLASH_SUB 16
+static inline int flash_group_end(int ra, int i0, int i1) {
+    int rb = i0 + ((ra - i0) / FLASH_SUB + 1) * FLASH_SUB;
+    return rb < i1 ? rb : i1;
+}
+// the keys of block j0 (nb of them) the rows before rb see, in whole vectors
+static inline int flash_group_keys(int rb, int j0, int nb, int q0, int k0, int Tk) {
+    int nc = chunk_keys_visible(rb - 1, q0, k0, Tk) - j0;
+    nc = (nc + FL_NR - 1) / FL_NR * FL_NR;
+    return nc < nb ? nc : nb;
+}
+
 // The forward of query rows i0..i1-1 of one (batch, head) against keys
 // 0..Tk-1 of one kv chunk (positions as in attention_chunk_forward): o rows
 // (one every o_stride floats) get the unnormalised sum, m and l (i1-i0) the
@@ -660,38 +680,41 @@ static void flash_forward_tile(float* o, int o_stride, float* m, float* l, const
         const int nb = nk - j0 < FLASH_BK ? nk - j0 : FLASH_BK;
         // the rows that see key j0, and so this block: i >= j0 + k0 - q0
         const int ia = j0 + k0 - q0 > i0 ? j0 + k0 - q0 : i0;
-        const int R = i1 - ia;
         transpose_block(kt, FLASH_BK, k + (size_t)j0 * kv_stride, kv_stride, nb, hs);
-        // s (R, nb) = q[ia:i1] k[j0:j0+nb]^T, scaled below
-        flash_mm(s, FLASH_BK, q + (size_t)ia * q_stride, q_stride, 1, kt, FLASH_BK, R,
-                                 hs, nb, 0);
-        for (int i = ia; i < i1; i++) {
-            float* row = s + (size_t)(i - ia) * FLASH_BK;
-            int nvis = chunk_keys_visible(i, q0, k0, Tk) - j0;
-            if (nvis > nb) nvis = nb;
-            float mx = -INFINITY;
-            // a max is exact in any order, so it may run in lanes
-            #pragma omp simd reduction(max : mx)
-            for (int j = 0; j < nvis; j++) {
-                row[j] *= scale;
-                mx = row[j] > mx ? row[j] : mx;
+        for (int ra = ia, rb; ra < i1; ra = rb) {
+            rb = flash_group_end(ra, i0, i1);
+            const int nc = flash_group_keys(rb, j0, nb, q0, k0, Tk);
+            float* sg = s + (size_t)(ra - ia) * FLASH_BK;
+            // s (rb-ra, nc) = q[ra:rb] k[j0:j0+nc]^T, scaled below
+            flash_mm(sg, FLASH_BK, q + (size_t)ra * q_stride, q_stride, 1, kt, FLASH_BK, rb - ra, hs, nc, 0);
+            for (int i = ra; i < rb; i++) {
+                float* row = sg + (size_t)(i - ra) * FLASH_BK;
+                int nvis = chunk_keys_visible(i, q0, k0, Tk) - j0;
+                if (nvis > nc) nvis = nc;
+                float mx = -INFINITY;
+                // a max is exact in any order, so it may run in lanes
+                #pragma omp simd reduction(max : mx)
+                for (int j = 0; j < nvis; j++) {
+                    row[j] *= scale;
+                    mx = row[j] > mx ? row[j] : mx;
+                }
+                float m_old = m[i - i0];
+                float m_new = m_old > mx ? m_old : mx;
+                float sum = exp_and_sum(row, nvis, m_new);
+                for (int j = nvis; j < nc; j++) row[j] = 0.0f;  // future keys weigh 0 below
+                // the rescale of what the earlier blocks gave (none: alpha 0)
+                float alpha = m_old == -INFINITY ? 0.0f : expf(m_old - m_new);
+                l[i - i0] = l[i - i0] * alpha + sum;
+                m[i - i0] = m_new;
+                if (alpha != 1.0f) {
+                    float* oi = o + (size_t)i * o_stride;
+                    for (int c = 0; c < hs; c++) oi[c] *= alpha;
+                }
             }
-            float m_old = m[i - i0];
-            float m_new = m_old > mx ? m_old : mx;
-            float sum = exp_and_sum(row, nvis, m_new);
-            for (int j = nvis; j < nb; j++) row[j] = 0.0f;  // future keys weigh 0 below
-            // the rescale of what the earlier blocks gave (none: alpha 0)
-            float alpha = m_old == -INFINITY ? 0.0f : expf(m_old - m_new);
-            l[i - i0] = l[i - i0] * alpha + sum;
-            m[i - i0] = m_new;
-            if (alpha != 1.0f) {
-                float* oi = o + (size_t)i * o_stride;
-                for (int c = 0; c < hs; c++) oi[c] *= alpha;
-            }
+            // o[ra:rb] += p (rb-ra, nc) @ v[j0:j0+nc]
+            flash_mm(o + (size_t)ra * o_stride, o_stride, sg, FLASH_BK, 1, v + (size_t)j0 * kv_stride,
+                     kv_stride, rb - ra, nc, hs, 1);
         }
-        // o[ia:i1] += p (R, nb) @ v[j0:j0+nb]
-        flash_mm(o + (size_t)ia * o_stride, o_stride, s, FLASH_BK, 1,
-                                 v + (size_t)j0 * kv_stride, kv_stride, R, nb, hs, 1);
     }
 }
 
@@ -769,40 +792,55 @@ static void flash_backward_head(float* dq, float* dk, float* dv, const float* do
         for (int i0 = first - first % FLASH_BQ; i0 < Tq; i0 += FLASH_BQ) {
             const int i1 = i0 + FLASH_BQ < Tq ? i0 + FLASH_BQ : Tq;
             const int ia = first > i0 ? first : i0;
-            const int R = i1 - ia;
             // the keys of the block the tile's last row sees
             int nbk = chunk_keys_visible(i1 - 1, q0, k0, Tk) - j0;
             if (nbk > nb) nbk = nb;
-            // p (R, nbk) = q k^T, exponentiated below; ds (R, nbk) = dout v^T
-            flash_mm(w->p, FLASH_BK, q + (size_t)ia * q_stride, q_stride, 1, w->kt,
-                                     FLASH_BK, R, hs, nbk, 0);
-            flash_mm(w->ds, FLASH_BK, dout + (size_t)ia * o_stride, o_stride, 1, w->vt,
-                                     FLASH_BK, R, hs, nbk, 0);
-            for (int i = ia; i < i1; i++) {
-                float* prow = w->p + (size_t)(i - ia) * FLASH_BK;
-                float* drow = w->ds + (size_t)(i - ia) * FLASH_BK;
-                int nvis = chunk_keys_visible(i, q0, k0, Tk) - j0;
-                if (nvis > nbk) nvis = nbk;
-                // D_i = dout_i . out_i = sum over ALL keys of p_ij (dout_i . v_j),
-                // the softmax's coupling term, from the finished out alone
-                const float D = dot_lanes(dout + (size_t)i * o_stride, out + (size_t)i * o_stride, hs);
-                const float L = lse[(size_t)i * lse_stride];
-                #pragma omp simd
-                for (int j = 0; j < nvis; j++) {
-                    prow[j] = exp_lanes(prow[j] * scale - L);
-                    // the score's gradient, with the score's scale folded in
-                    drow[j] = prow[j] * (drow[j] - D) * scale;
+            for (int ra = ia, rb; ra < i1; ra = rb) {
+                rb = flash_group_end(ra, i0, i1);
+                const int nc = flash_group_keys(rb, j0, nb, q0, k0, Tk);
+                float* pg = w->p + (size_t)(ra - ia) * FLASH_BK;
+                float* dg = w->ds + (size_t)(ra - ia) * FLASH_BK;
+                // p (rb-ra, nc) = q k^T, exponentiated below; ds = dout v^T
+                flash_mm(pg, FLASH_BK, q + (size_t)ra * q_stride, q_stride, 1, w->kt, FLASH_BK, rb - ra,
+                         hs, nc, 0);
+                flash_mm(dg, FLASH_BK, dout + (size_t)ra * o_stride, o_stride, 1, w->vt, FLASH_BK,
+                         rb - ra, hs, nc, 0);
+                for (int i = ra; i < rb; i++) {
+                    float* prow = pg + (size_t)(i - ra) * FLASH_BK;
+                    float* drow = dg + (size_t)(i - ra) * FLASH_BK;
+                    int nvis = chunk_keys_visible(i, q0, k0, Tk) - j0;
+                    if (nvis > nc) nvis = nc;
+                    // D_i = dout_i . out_i = sum over ALL keys of p_ij (dout_i . v_j),
+                    // the softmax's coupling term, from the finished out alone
+                    const float D =
+                        dot_lanes(dout + (size_t)i * o_stride, out + (size_t)i * o_stride, hs);
+                    const float L = lse[(size_t)i * lse_stride];
+                    #pragma omp simd
+                    for (int j = 0; j < nvis; j++) {
+                        prow[j] = exp_lanes(prow[j] * scale - L);
+                        // the score's gradient, with the score's scale folded in
+                        drow[j] = prow[j] * (drow[j] - D) * scale;
+                    }
+                    // future keys: zeros as far as the dq, dk and dv products
+                    // below read
+                    for (int j = nvis; j < (nc > nbk ? nc : nbk); j++) prow[j] = drow[j] = 0.0f;
                 }
-                for (int j = nvis; j < nbk; j++) prow[j] = drow[j] = 0.0f;  // future keys
+                // dq[ra:rb] += ds (rb-ra, nc) @ k[j0:j0+nc]
+                flash_mm(dq + (size_t)ra * q_stride, q_stride, dg, FLASH_BK, 1,
+                         k + (size_t)j0 * kv_stride, kv_stride, rb - ra, nc, hs, 1);
             }
-            // dq[ia:i1] += ds (R, nbk) @ k[j0:j0+nbk]
-            flash_mm(dq + (size_t)ia * q_stride, q_stride, w->ds, FLASH_BK, 1,
-                                     k + (size_t)j0 * kv_stride, kv_stride, R, nbk, hs, 1);
-            // dk_acc[0:nbk] += ds^T @ q[ia:i1], dv_acc[0:nbk] += p^T @ dout[ia:i1]
-            flash_mm(w->dk_acc, hs, w->ds, 1, FLASH_BK, q + (size_t)ia * q_stride, q_stride, nbk, R,
-                     hs, 1);
-            flash_mm(w->dv_acc, hs, w->p, 1, FLASH_BK, dout + (size_t)ia * o_stride, o_stride, nbk, R,
-                     hs, 1);
+            // dk_acc += ds^T @ q, dv_acc += p^T @ dout, by groups of FLASH_SUB
+            // keys, each over the queries from the first that sees its first key
+            for (int ka = 0; ka < nbk; ka += FLASH_SUB) {
+                const int kb = ka + FLASH_SUB < nbk ? ka + FLASH_SUB : nbk;
+                const int qa = j0 + ka + k0 - q0 > ia ? j0 + ka + k0 - q0 : ia;
+                const float* dsg = w->ds + (size_t)(qa - ia) * FLASH_BK + ka;
+                const float* pg = w->p + (size_t)(qa - ia) * FLASH_BK + ka;
+                flash_mm(w->dk_acc + (size_t)ka * hs, hs, dsg, 1, FLASH_BK, q + (size_t)qa * q_stride,
+                         q_stride, kb - ka, i1 - qa, hs, 1);
+                flash_mm(w->dv_acc + (size_t)ka * hs, hs, pg, 1, FLASH_BK, dout + (size_t)qa * o_stride,
+                         o_stride, kb - ka, i1 - qa, hs, 1);
+            }
         }
         for (int j = 0; j < nb; j++) {
             float* dkj = dk + (size_t)(j0 + j) * kv_stride;

@@ -12,12 +12,17 @@
 // small preset's layer (C 384, 6 heads) at its default batch, 8 x 256.
 // Each repetition runs full then flash, or flash then full on odd ones; the
 // figures are the median over the repetitions (and the best, which a
-// shared machine's noise moves less). Both results are compared, so a
-// faster op that computes something else shows.
+// shared machine's noise moves less), and the process's CPU time of each
+// (CLOCK_PROCESS_CPUTIME_ID: on a machine whose cores other jobs share, the
+// time the op ran, not the time it waited for a core; with one thread the
+// fairest of the three, with more it also counts threads spinning at
+// barriers). Both results are compared, so a faster op that computes
+// something else shows.
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "device.h"
 #include "memory.h"
@@ -33,6 +38,12 @@ static int bench_int(const char* flag, const char* text, int lo, int hi) {
         exit(1);
     }
     return (int)v;
+}
+
+static double cpu_seconds(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
 }
 
 static int cmp_double(const void* a, const void* b) {
@@ -129,13 +140,16 @@ int main(int argc, char** argv) {
     float* dqkv_flash = mem_alloc_floats(nqkv, MEM_OTHER);
 
     double* t[4];  // full fwd, full bwd, flash fwd, flash bwd
+    double* cpu[2];  // full, flash: fwd + bwd, CPU time
     for (int k = 0; k < 4; k++) t[k] = malloc((size_t)reps * sizeof(double));
+    for (int k = 0; k < 2; k++) cpu[k] = malloc((size_t)reps * sizeof(double));
     for (int r = -1; r < reps; r++) {  // r = -1: a warm-up of both, not counted
         for (int turn = 0; turn < 2; turn++) {
             int flash = (turn + (r & 1)) & 1;  // full first on even repetitions
             float* dqkv = flash ? dqkv_flash : dqkv_full;
             mem_zero(dqkv, nqkv * sizeof(float));
             device_synchronize();
+            double c0 = cpu_seconds();
             double t0 = now_seconds();
             if (flash) attention_flash_forward(out_flash, lse, qkv, B, T, C, NH);
             else attention_forward(out_full, att, qkv, B, T, C, NH);
@@ -145,7 +159,9 @@ int main(int argc, char** argv) {
             else attention_backward(dqkv, datt, dout, qkv, att, B, T, C, NH);
             device_synchronize();
             double t2 = now_seconds();
+            double c2 = cpu_seconds();
             if (r >= 0) {
+                cpu[flash][r] = (c2 - c0) * 1e3;
                 t[2 * flash][r] = (t1 - t0) * 1e3;
                 t[2 * flash + 1][r] = (t2 - t1) * 1e3;
             }
@@ -157,6 +173,8 @@ int main(int argc, char** argv) {
     double med[4], min[4], med_both[2], min_both[2];
     for (int k = 0; k < 4; k++) min[k] = best(t[k], reps), med[k] = median(t[k], reps);
     for (int f = 0; f < 2; f++) min_both[f] = best(both[f], reps), med_both[f] = median(both[f], reps);
+    double med_cpu[2];
+    for (int f = 0; f < 2; f++) med_cpu[f] = median(cpu[f], reps);
     double d_out = rel_diff(out_flash, out_full, nout), d_grad = rel_diff(dqkv_flash, dqkv_full, nqkv);
 
     printf("attention, B %d x T %d, C %d, %d heads, on %s, %d thread(s), %d alternated repetitions\n", B, T,
@@ -168,6 +186,8 @@ int main(int argc, char** argv) {
            min[3], med_both[1], min_both[1]);
     printf("  flash / full, both:    %.3f (median), %.3f (best)\n", med_both[1] / med_both[0],
            min_both[1] / min_both[0]);
+    printf("  CPU time, both (median): full %.2f ms, flash %.2f ms, flash / full %.3f\n", med_cpu[0],
+           med_cpu[1], med_cpu[1] / med_cpu[0]);
     printf("  kept for backward: full %.1f MiB of probabilities (+ as much scratch), flash %.3f MiB of lse\n",
            natt * 4.0 / 1048576, nlse * 4.0 / 1048576);
     printf("  flash against full: out %.2g, dqkv %.2g (max difference / max value)\n", d_out, d_grad);
@@ -181,12 +201,13 @@ int main(int argc, char** argv) {
                 "{\"type\":\"attention\",\"B\":%d,\"T\":%d,\"C\":%d,\"NH\":%d,\"threads\":%d,\"reps\":%d,"
                 "\"full_fwd_ms\":%.3f,\"full_bwd_ms\":%.3f,\"flash_fwd_ms\":%.3f,\"flash_bwd_ms\":%.3f,"
                 "\"full_ms\":%.3f,\"flash_ms\":%.3f,\"full_best_ms\":%.3f,\"flash_best_ms\":%.3f,"
-                "\"ratio\":%.4f,\"full_bytes\":%zu,\"flash_bytes\":%zu,\"out_diff\":%.3g,\"dqkv_diff\":%.3g}\n",
+                "\"ratio\":%.4f,\"full_cpu_ms\":%.3f,\"flash_cpu_ms\":%.3f,\"full_bytes\":%zu,\"flash_bytes\":%zu,\"out_diff\":%.3g,\"dqkv_diff\":%.3g}\n",
                 B, T, C, NH, nthreads, reps, med[0], med[1], med[2], med[3], med_both[0], med_both[1],
-                min_both[0], min_both[1], med_both[1] / med_both[0], natt * 4, nlse * 4, d_out, d_grad);
+                min_both[0], min_both[1], med_both[1] / med_both[0], med_cpu[0], med_cpu[1], natt * 4, nlse * 4, d_out, d_grad);
         fclose(f);
     }
     for (int k = 0; k < 4; k++) free(t[k]);
+    for (int k = 0; k < 2; k++) free(cpu[k]);
     float* bufs[] = {qkv, dout, out_full, att, datt, dqkv_full, out_flash, lse, dqkv_flash};
     for (size_t i = 0; i < sizeof(bufs) / sizeof(bufs[0]); i++) mem_free(bufs[i]);
     runtime_finalize();
