@@ -188,9 +188,10 @@ echo "bench: this machine has $(nproc) cores; load average at start: $(cut -d' '
 result() {
     local log=$1
     if grep -q '"type":"attention"' "$log"; then
-        # the attention bench: both ops' forward + backward, median ms
-        sed 's/.*"full_ms":\([0-9.]*\),"flash_ms":\([0-9.]*\),.*/\1 \2/' "$log" |
-            awk '{ printf "attention fwd+bwd: full %.2f ms, flash %.2f ms (x%.3f)", $1, $2, $2 / $1 }'
+        # the attention bench: both ops' forward + backward, median ms of
+        # wall and of CPU time
+        sed 's/.*"full_ms":\([0-9.]*\),"flash_ms":\([0-9.]*\),.*"full_cpu_ms":\([0-9.]*\),"flash_cpu_ms":\([0-9.]*\),.*/\1 \2 \3 \4/' "$log" |
+            awk '{ printf "attention fwd+bwd: full %.2f ms, flash %.2f ms (x%.3f; CPU time x%.3f)", $1, $2, $2 / $1, $4 / $3 }'
     elif grep -q '"type":"summary"' "$log"; then
         grep '"type":"summary"' "$log" | tail -1 |
             sed 's/.*"tokens_per_s":\([0-9.]*\).*"mfu":\([0-9.]*\).*/\1 \2/' |
