@@ -531,14 +531,15 @@ void attention_backward(float* dqkv, float* datt, const float* dout, const float
 // ring of chapter 6 is this loop with the blocks on other ranks.
 // Backward recomputes each tile's probabilities p = e^(s - lse) from q and k.
 //
-// Bits: every product runs through flash_mm (each element
-// one chain over its sum's index, in order, no fused multiply-add), every
-// row's sums and maxima run over the keys it sees, blocks at fixed key
-// positions (multiples of FLASH_BK from the chunk's first key), and a row
-// takes part in a block only if it sees a key of it. So a row's out and lse
-// are a function of its query and the keys and values it sees, whatever B,
-// the other rows, the tile it falls in and the thread count; dq likewise,
-// and dk, dv of a key are one fixed chain over the queries that see it.
+// Bits: every product runs through flash_mm (each element one chain over
+// its sum's index, in order, no fused multiply-add), every row's sums and
+// maxima run over the keys it sees, blocks at fixed key positions
+// (multiples of FLASH_BK from the chunk's first key), and a row takes part
+// in a block only if it sees a key of it. So a row's out and lse are a
+// function of its query and the keys and values it sees, whatever B, the
+// other rows, the tile it falls in and the thread count; dq likewise, and
+// dk, dv of a key are one fixed chain over the queries that see it.
+
 // How many keys of the chunk query i sees: keys 0 .. q0 + i - k0, within 0..Tk.
 static inline int chunk_keys_visible(int i, int q0, int k0, int Tk) {
     int n = q0 + i - k0 + 1;
@@ -726,7 +727,7 @@ void attention_flash_forward(float* out, float* lse, const float* qkv, int B, in
     const int ld = 3 * C;
     #pragma omp parallel
     {
-        // a tile of scores and a block of keys, transposed: 48 KiB at hs 64
+        // a tile of scores and a block of keys, transposed: 32 KiB at hs 64
         float* s = xmalloc(((size_t)FLASH_BQ * FLASH_BK + (size_t)hs * FLASH_BK) * sizeof(float));
         float* kt = s + (size_t)FLASH_BQ * FLASH_BK;
         float m[FLASH_BQ], l[FLASH_BQ];
