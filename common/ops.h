@@ -140,10 +140,12 @@ void attention_flash_backward(float* dqkv, const float* dout, const float* qkv, 
 // query i iff k0 + j <= q0 + i (causal). Scores are q.k / sqrt(hs), as in
 // attention_forward. The per-row statistics rowmax, sumexp, lse are
 // (B, Tq, NH): one value per (token, head), heads side by side as in out.
-// Both backends run a pair as matmuls (scores q k^T, then weights @ v; backward
-// five products), as attention_forward does. The CUDA backend keeps the
-// scores of one batch row, NH*Tq*Tk floats (twice that in backward), in a
-// buffer of its own that grows to the largest call (mem_alloc, activations).
+// The CPU runs a pair on attention_flash_*'s tiles and blocks of keys (the
+// same loop, with the chunks' positions; a few 64 x 64 tiles per thread).
+// The CUDA backend runs it as matmuls (scores q k^T, then weights @ v;
+// backward five products), as attention_forward does, and keeps the scores
+// of one batch row, NH*Tq*Tk floats (twice that in backward), in a buffer of
+// its own that grows to the largest call (mem_alloc, activations).
 //
 // Forward WRITES (overwrites) the partials of one (query chunk, kv chunk) pair:
 // rowmax = max visible score, sumexp = sum of exp(score - rowmax) over the
