@@ -559,13 +559,19 @@ static inline int chunk_keys_visible(int i, int q0, int k0, int Tk) {
 // columns past the last full vector take narrower paths that add the same
 // products in the same order, so an element's bits never depend on where
 // its row or column falls.
-#ifdef __AVX512F__
+#if defined(__AVX512F__)
 #define FL_W 16   // 32 registers of 16 floats: 8 sums, 1 of b, 1 broadcast
-#else
-#define FL_W 8    // 16 registers of 8 floats (or pairs of 4)
-#endif
 #define FL_MR 8
-#define FL_NR FL_W
+#define FL_NR 16
+#elif defined(__AVX__)
+#define FL_W 8    // 16 registers of 8 floats: 8 sums, 2 of b, 1 broadcast
+#define FL_MR 4
+#define FL_NR 16
+#else
+#define FL_W 8    // 16 registers of 4 floats, a vector of 8 in two: 8 sums, 2 of b, 1 broadcast
+#define FL_MR 4
+#define FL_NR 8
+#endif
 #define FL_NV (FL_NR / FL_W)
 typedef float FlVec __attribute__((vector_size(FL_W * sizeof(float))));
 typedef float FlVecLoad __attribute__((vector_size(FL_W * sizeof(float)), aligned(4), may_alias));
