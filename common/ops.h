@@ -109,7 +109,7 @@ void attention_backward(float* dqkv, float* datt, const float* dout, const float
 //   dv_j += p_ij dout_i,  ds_ij = p_ij (dout_i . v_j - D_i),
 //   dq_i += ds_ij k_j / sqrt(hs),  dk_j += ds_ij q_i / sqrt(hs)
 // into dqkv (B, T, 3C). Each call takes its own working memory, a few tiles
-// of 64 x 64 floats and of 64 keys by hs: on the CPU per thread (host
+// of up to 128 x 64 floats and of 64 keys by hs: on the CPU per thread (host
 // memory, as the chunk ops' tiles), on the GPU in shared memory; nothing
 // grows with T.
 // A row's out, lse and dq are a function of that row's query, the keys and
@@ -141,7 +141,7 @@ void attention_flash_backward(float* dqkv, const float* dout, const float* qkv, 
 // attention_forward. The per-row statistics rowmax, sumexp, lse are
 // (B, Tq, NH): one value per (token, head), heads side by side as in out.
 // The CPU runs a pair on attention_flash_*'s tiles and blocks of keys (the
-// same loop, with the chunks' positions; a few 64 x 64 tiles per thread).
+// same loop, with the chunks' positions; a few small tiles per thread).
 // The CUDA backend runs it as matmuls (scores q k^T, then weights @ v;
 // backward five products), as attention_forward does, and keeps the scores
 // of one batch row, NH*Tq*Tk floats (twice that in backward), in a buffer of
