@@ -176,11 +176,15 @@ all: $(addprefix chapter-,$(CHAPTERS)) capstone-bin modules tools
 # every module compiles, linked by a chapter or not yet
 modules: $(patsubst %.c,$(OBJ)/%.o,$(MODULE_SRC))
 
-tools: $(BIN)/tokenize $(BIN)/roofline $(BIN)/plan
+tools: $(BIN)/tokenize $(BIN)/roofline $(BIN)/plan $(BIN)/attention_bench
 $(BIN)/tokenize: $(OBJ)/common/tools/tokenize.o $(COMMON_OBJ)
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) -o $@ $^ $(LDLIBS)
 $(BIN)/roofline: $(OBJ)/common/tools/roofline.o $(COMMON_OBJ)
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) -o $@ $^ $(LDLIBS)
+# the two attentions timed against each other, alternated (make bench)
+$(BIN)/attention_bench: $(OBJ)/common/tools/attention_bench.o $(COMMON_OBJ)
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) -o $@ $^ $(LDLIBS)
 # the planner: a chapter's peak bytes and communication, predicted (tests/plan.sh):
