@@ -453,6 +453,69 @@ case $verdict in
     *) fail "--search --chapter 7" "$verdict" ;;
 esac
 
+echo "== the planner refuses what the chapters refuse, and they run what it lists"
+# A sample of --search's layouts (every 15th, at 1 step: the search lists
+# dozens to hundreds a size) on 2, 4 and 8 ranks, dense and chapter 7's (the
+# capstone runs those), must run; meshes the planner refuses (every third of
+# chapter 7's refused factorisations of 4 and 6 ranks, and a tp that does
+# not divide the padded vocabulary) must be refused by the program too, with
+# an error line.
+# The planner calls the chapters' own mesh check (common/train.c,
+# train_mesh_problem), so the two cannot drift apart unseen.
+SB="--batch 24 --seq 32"
+E7="--experts 4 --top-k 2"
+runs=$(python3 - "$BUILD/plan" "$SB" "$E7" <<'PY'
+import itertools, re, subprocess, sys
+plan, sb, e7 = sys.argv[1], sys.argv[2].split(), sys.argv[3].split()
+def search(extra, ranks):
+    out = subprocess.run([plan, "--search", "--ranks", str(ranks), "--memory-per-rank", "1e12"] + sb + extra,
+                         capture_output=True, text=True).stdout.splitlines()[1:]
+    return [re.split(r"\s+peak\s+", l)[0].strip() for l in out if l.startswith("  chapter")]
+for ranks in (2, 4, 8):
+    for extra in ([], ["--chapter", "7"] + e7):
+        for what in search(extra, ranks)[::15]:
+            f = what.split()
+            prog = "capstone" if f[1] == "7" else "chapter-" + f[1]
+            print("run", ranks, prog, " ".join(f[2:] + (e7 if f[1] == "7" else [])))
+# refusals: chapter 7's factorisations the planner refuses, every third
+refused = 0
+for ranks in (4, 6):
+    for dp, tp, pp, cp, ep in itertools.product(range(1, ranks + 1), repeat=5):
+        if dp * tp * pp * cp * ep != ranks:
+            continue
+        flags = f"--dp {dp} --tp {tp} --pp {pp} --cp {cp} --ep {ep}".split() + e7
+        r = subprocess.run([plan, "--chapter", "7", "--ranks", str(ranks)] + flags + sb, capture_output=True, text=True)
+        if r.returncode != 0:
+            if refused % 3 == 0:
+                print("refuse", ranks, "capstone", " ".join(flags))
+            refused += 1
+print("refuse", 3, "capstone", "--tp 3 --experts 2 --top-k 1 --model small")
+PY
+)
+n_run=0 n_ref=0 bad=""
+while read -r kind np prog flags; do
+    [ -z "$kind" ] && continue
+    mpi_run --may-fail $T_RUN "$np" "$BUILD/$prog" $flags $SB --steps 1 --peak-gflops 10
+    if [ "$kind" = run ]; then
+        n_run=$((n_run + 1))
+        [ "$RC" = 0 ] || bad="$bad; listed but failed ($RC): $prog $flags: $(echo "$OUT" | grep -m1 '^error')"
+    else
+        n_ref=$((n_ref + 1))
+        plan_line=$("$BUILD/plan" --chapter 7 --ranks "$np" $flags $SB 2>&1 | grep -m1 '^error: ')
+        run_line=$(echo "$OUT" | grep -m1 '^error: ')
+        if [ -z "$plan_line" ]; then
+            bad="$bad; the planner plans it, $prog refuses: $flags ($run_line)"
+        elif [ "$RC" = 0 ] || timed_out || [ -z "$run_line" ]; then
+            bad="$bad; planner refuses, $prog runs ($RC): $flags ($plan_line)"
+        fi
+    fi
+done <<< "$runs"
+if [ -z "$bad" ] && [ $n_run -gt 0 ] && [ $n_ref -gt 0 ]; then
+    pass "$n_run of --search's layouts on 2, 4 and 8 ranks run (1 step each); the $n_ref meshes the planner refuses are refused by the program too"
+else
+    fail "the planner and the chapters agree" "${bad#; } (ran $n_run, refusals $n_ref)"
+fi
+
 echo "== the planner's input"
 plan_error() {
     local expect=$1

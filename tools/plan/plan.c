@@ -45,6 +45,7 @@
 #include "model_layout.h"
 #include "model_tp.h"
 #include "plan_time.h"
+#include "train.h"  // train_mesh_problem: the chapters' mesh check
 
 #include "plan.h"
 
@@ -314,6 +315,18 @@ static PlanFn plan_pick(const PlanArgs* a, PlanInfo* info, char* msg, size_t len
             snprintf(msg, len, "--chapter %d is not planned (the planner knows chapters 0, 2, 3, 4, 5, 6 and 7)",
                      a->chapter);
             return NULL;
+    }
+    if (!bad && a->chapter != 4 && !(a->chapter == 6 && a->sp)) {
+        // the mesh check every chapter but 4 (and 6's --sp) makes
+        // (common/train.c): the same function, so the same refusals.
+        // Chapter 5 splits the layers itself (uneven allowed): pp = 1 there
+        int size[NUM_AXES];
+        memcpy(size, a->mesh, sizeof(size));
+        MeshNeeds needs = {0};
+        if (a->chapter == 2) needs.microbatches = a->accum;
+        if (a->chapter == 5) size[AXIS_PP] = 1, needs.microbatches = a->microbatches ? a->microbatches : a->mesh[AXIS_PP];
+        if (a->chapter == 7) needs.experts = a->experts;
+        bad = train_mesh_problem(size, &a->cfg, a->B, a->T, &needs, msg, len);
     }
     if (bad) {
         if (bad != msg) snprintf(msg, len, "%s", bad);
