@@ -562,6 +562,13 @@ same_refusal() {  # NP CHAPTER-FLAGS... -- PLAN-FLAGS...: one error, the chapter
 }
 same_refusal 2 chapter-7 --ep 2 --model "$mf/dense.bin" -- --chapter 7 --ranks 2 --ep 2 --model "$mf/dense.bin"
 same_refusal 2 chapter-2 --dp 2 --model "$mf/moe.bin" -- --chapter 2 --ranks 2 --dp 2 --model "$mf/moe.bin"
+# the mesh checks the chapters and the planner share (common/train.c's
+# train_mesh_problem, chapter 4's tp_mesh_problem): the same line
+same_refusal 3 chapter-4 --tp 3 --model tiny6 -- --chapter 4 --ranks 3 --tp 3 --model tiny6
+same_refusal 3 chapter-6 --tp 3 --sp --model tiny6 -- --chapter 6 --ranks 3 --tp 3 --sp --model tiny6
+same_refusal 3 capstone --tp 3 --experts 2 --top-k 1 --model small --batch 3 --seq 32 -- \
+    --chapter 7 --ranks 3 --tp 3 --experts 2 --top-k 1 --model small --batch 3 --seq 32
+same_refusal 4 chapter-2 --dp 4 --batch 6 -- --chapter 2 --ranks 4 --dp 4 --batch 6
 plan_error "--ranks" --chapter 2 --ranks 4 --dp 2
 plan_error "not planned" --chapter 9
 plan_error "--zero" --chapter 3 --ranks 2 --dp 2 --zero 4

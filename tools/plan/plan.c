@@ -45,6 +45,7 @@
 #include "model_layout.h"
 #include "model_tp.h"
 #include "plan_time.h"
+#include "tp.h"  // tp_mesh_problem: chapter 4's mesh check
 #include "train.h"  // train_mesh_problem: the chapters' mesh check
 
 #include "plan.h"
@@ -275,8 +276,7 @@ static PlanFn plan_pick(const PlanArgs* a, PlanInfo* info, char* msg, size_t len
                      strcmp(a->dp_mode, "overlapped") && strcmp(a->dp_mode, "ps"))
                 bad = "--dp-mode: not one of naive, bucketed, overlapped, ps";
             else if (a->bucket_kb < 1) bad = "--bucket-kb must be >= 1";
-            else if (a->accum < 1 || a->B % (N * a->accum))
-                bad = "--grad-accum: --batch must split into dp x --grad-accum micro-batches";
+            else if (a->accum < 1) bad = "--grad-accum must be >= 1";  // the batch's split: train_mesh_problem below
             else if (!strcmp(a->dp_mode, "overlapped") &&
                      (size_t)a->bucket_kb < comm_min_piece_kb(gpt_num_params(&a->cfg) * sizeof(float))) {
                 // the chapter's own refusal (02_data_parallel/main.c): every bucket in flight at once
@@ -291,12 +291,11 @@ static PlanFn plan_pick(const PlanArgs* a, PlanInfo* info, char* msg, size_t len
             if (a->chapter == 3 && world != N) bad = "--ranks: chapter 3 has the dp axis only";
             else if (a->chapter == 4 && world != N * a->mesh[AXIS_TP])
                 bad = "--ranks: chapter 4 has the dp and tp axes only";
-            else if (a->chapter == 4 && a->cfg.num_heads % a->mesh[AXIS_TP])
-                bad = "--tp: the model's heads must split over tp";
             else if (a->zero < 1 || a->zero > 3) bad = "--zero: the ZeRO stages are 1, 2 and 3";
             else if ((a->prefetch != 0 && a->prefetch != 1) || (a->reshard != 0 && a->reshard != 1))
                 bad = "--prefetch and --reshard take 0 or 1";
             else if (a->B % N) bad = "--batch: the batch must split over dp";
+            else if (a->chapter == 4) bad = tp_mesh_problem(&a->cfg, a->B, N, a->mesh[AXIS_TP], msg, len);  // chapter 4's own
             plan = a->chapter == 3 ? plan_chapter_3 : plan_chapter_4;
             break;
         case 5:
