@@ -197,6 +197,7 @@ static void sgemm_rm_batched(int ta, int tb, int M, int N, int K, float alpha, c
 extern "C" void ops_set_progress_hook(void (*hook)(void)) { (void)hook; }
 
 // ---------------------------------------------------------------- embedding
+static void enc_sort_reserve(int N);  // the backward's sort buffer, grown by the forward (below)
 
 __global__ void encoder_forward_kernel(float* out, const int* tokens, const float* wte,
                                        const float* wpe, int N, int T, int C) {
@@ -213,6 +214,7 @@ extern "C" void encoder_forward(float* out, const int* tokens, const float* wte,
     encoder_forward_kernel<<<grid_for(n), THREADS, 0, cuda_compute_stream>>>(out, tokens, wte, wpe,
                                                                             B * T, T, C);
     KERNEL_CHECK();
+    enc_sort_reserve(B * T);
 }
 
 // The backward of the embedding, parallel over rows and channels, adding in
@@ -226,9 +228,34 @@ extern "C" void encoder_forward(float* out, const int* tokens, const float* wte,
 //   many rows is one thread's walk per channel, the price of the fixed order.
 // The keys and CUB's working memory live in a buffer this file keeps and
 // grows when a batch needs more (mem_alloc, counted as activations; the old
-// buffer's cudaFree waits for the kernels that still use it).
+// buffer's cudaFree waits for the kernels that still use it). The forward
+// grows it for its rows (enc_sort_reserve): an allocation waits for the
+// device, and at the forward the compute stream waits on no transfer that
+// another rank's host has yet to issue, where in the middle of a backward
+// (a pipeline stage's, with sends and receives queued) it might.
 static void* enc_sort_buf = NULL;
 static size_t enc_sort_bytes = 0;
+
+// The buffer's layout for N rows: keys, sorted keys (each rounded up to
+// 256 bytes), CUB's working memory (its size from CUB's query, which
+// computes it on the host and queues nothing).
+static size_t enc_keys_bytes(int N) { return ((size_t)N * sizeof(unsigned long long) + 255) / 256 * 256; }
+static size_t enc_temp_bytes(int N) {
+    size_t temp_bytes = 0;
+    CUDA_CHECK(cub::DeviceRadixSort::SortKeys(NULL, temp_bytes, (const unsigned long long*)NULL,
+                                              (unsigned long long*)NULL, N, 0, enc_row_bits(N) + 32,
+                                              cuda_compute_stream));
+    return temp_bytes;
+}
+
+static void enc_sort_reserve(int N) {
+    size_t need = 2 * enc_keys_bytes(N) + enc_temp_bytes(N);
+    if (need > enc_sort_bytes) {
+        if (enc_sort_buf) mem_free(enc_sort_buf);
+        enc_sort_buf = mem_alloc(need, MEM_ACTIVATIONS);
+        enc_sort_bytes = need;
+    }
+}
 
 __global__ void enc_keys_kernel(unsigned long long* keys, const int* tokens, int N, int bits) {
     FOR_EACH_INDEX(n, (size_t)N) keys[n] = enc_key(tokens[n], (int)n, bits);
@@ -252,17 +279,8 @@ __global__ void enc_dwpe_kernel(float* dwpe, const float* dout, int N, int T, in
 
 // Sorts the N rows' keys; returns the sorted keys (device memory).
 static const unsigned long long* enc_sorted_keys(const int* tokens, int N, int bits) {
-    size_t keys_bytes = ((size_t)N * sizeof(unsigned long long) + 255) / 256 * 256;
-    size_t temp_bytes = 0;
-    CUDA_CHECK(cub::DeviceRadixSort::SortKeys(NULL, temp_bytes, (const unsigned long long*)NULL,
-                                              (unsigned long long*)NULL, N, 0, bits + 32,
-                                              cuda_compute_stream));
-    size_t need = 2 * keys_bytes + temp_bytes;
-    if (need > enc_sort_bytes) {
-        if (enc_sort_buf) mem_free(enc_sort_buf);
-        enc_sort_buf = mem_alloc(need, MEM_ACTIVATIONS);
-        enc_sort_bytes = need;
-    }
+    enc_sort_reserve(N);  // grown already by the forward of these rows, unless called alone
+    size_t keys_bytes = enc_keys_bytes(N), temp_bytes = enc_temp_bytes(N);
     unsigned long long* keys = (unsigned long long*)enc_sort_buf;
     unsigned long long* sorted = (unsigned long long*)((char*)enc_sort_buf + keys_bytes);
     void* temp = (char*)enc_sort_buf + 2 * keys_bytes;
@@ -314,6 +332,7 @@ extern "C" void encoder_forward_vocab(float* out, const int* tokens, const float
     encoder_forward_vocab_kernel<<<grid_for(n), THREADS, 0, cuda_compute_stream>>>(
         out, tokens, wte_shard, wpe, B * T, T, C, v0, nrows);
     KERNEL_CHECK();
+    enc_sort_reserve(B * T);
 }
 
 extern "C" void encoder_backward_vocab(float* dwte_shard, float* dwpe, const float* dout,
