@@ -186,6 +186,8 @@ int main(int argc, char** argv) {
     int threads = runtime_set_threads(args.threads);
     watchdog_start(args.timeout);
     const char* device = device_init(runtime_local_rank());
+    const char* tf32_note = device_set_tf32(args.tf32);  // --tf32 (device.h)
+    if (tf32_note) print0("note: %s\n", tf32_note);
 
     mesh_print(&mesh);
     mesh_check(&mesh);

@@ -47,6 +47,7 @@ static const SharedFlag shared_flags[] = {
     {"timeout", ARG_FLOAT, "end every rank when one waits this many seconds on a rank that stopped (0: never)  [300]"},
     {"recompute", ARG_STRING, "none | selective | full: activations kept for backward  [none]"},
     {"trace", ARG_STRING, "write every rank's timeline to FILE.json (Chrome trace events)"},
+    {"tf32", ARG_FLAG, "CUDA: cuBLAS matmuls on TF32 tensor cores (10-bit mantissa inputs); CPU: no effect  [off]"},
     {"show-sharding", ARG_FLAG, "print each tensor's placement over the mesh and the bytes per rank (--steps 0: only that)"},
 };
 #define NUM_SHARED (int)(sizeof(shared_flags) / sizeof(shared_flags[0]))
@@ -132,6 +133,7 @@ static void* shared_dest(TrainArgs* a, const char* name) {
     if (!strcmp(name, "recompute")) return &recompute_arg;
     if (!strcmp(name, "trace")) return &a->trace;
     if (!strcmp(name, "show-sharding")) return &a->show_sharding;
+    if (!strcmp(name, "tf32")) return &a->tf32;
     return NULL;
 }
 

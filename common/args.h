@@ -39,6 +39,7 @@ typedef struct {
     const char* trace;     // --trace FILE.json: per-rank timelines (trace.h)
     const char* comm;      // --comm library|hand (chapters 2+: run_start adds the flag)
     float timeout;         // --timeout SECONDS: the watchdog's limit on one wait (watchdog.h; 0: off)
+    int tf32;              // --tf32: TF32 tensor cores for cuBLAS's matmuls (CUDA; no effect on the CPU: device.h)
 } TrainArgs;
 
 #define ARGS_MAX_SAMPLE 100000

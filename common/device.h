@@ -22,6 +22,15 @@ void device_set_threads(int n);
 // Picks and prepares this rank's device (the GPU of its node-local rank on
 // CUDA; nothing on the CPU). Returns a printable name.
 const char* device_init(int local_rank);
+// --tf32: on CUDA, 1 lets cuBLAS's single-precision matmuls run on TF32
+// tensor cores (cublasSetMathMode CUBLAS_TF32_TENSOR_OP_MATH: inputs
+// rounded to a 10-bit mantissa, fp32 sums), 0 keeps full fp32 (the default
+// math mode). Only cuBLAS's calls change: the hand-written kernels
+// (attention's, the rowwise matmuls, every reduction) stay fp32. Call after
+// device_init. Returns NULL, or a note for the user when the flag does
+// nothing: the CPU backend accepts it and says so (its matmuls are CBLAS
+// sgemms, fp32 only), so one command line runs on both backends.
+const char* device_set_tf32(int on);
 // Waits for all work queued on the device (a no-op on the CPU).
 void device_synchronize(void);
 

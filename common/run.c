@@ -47,6 +47,8 @@ int run_start(Run* r, int argc, char** argv, const char* program, const char* su
     runtime_set_threads(r->args.threads);
     watchdog_start(r->args.timeout);  // from here on, a rank that stops ends the job (watchdog.h)
     r->device = device_init(runtime_local_rank());
+    const char* tf32_note = device_set_tf32(r->args.tf32);
+    if (tf32_note) print0("note: %s\n", tf32_note);
     comm_create(&r->world, r->axes, &r->mesh);
     train_setup(&r->setup, &r->args);
     r->peak_gflops = report_matmul_peak(r->args.peak_gflops);

@@ -35,14 +35,14 @@ TABLE=$TEST_TMPDIR/gpu_table.txt
 # gpu_case NAME NP CHAPTER "FLAGS" REF_CHAPTER "REF_FLAGS" [ENV...]: the
 # chapter on NP GPU ranks against REF_CHAPTER on one CPU rank (chapter 0, or
 # chapter 7 itself for E > 1 experts) with REF_FLAGS: loss and norm within
-# 1e-4 (GPU and CPU reduce in other orders); then the same run on the CPU,
-# for the table. ENV (VAR=VALUE) is set for the GPU run.
+# 1e-4 (GPU and CPU reduce in other orders; GPU_TOL overrides it); then the
+# same run on the CPU, for the table. ENV (VAR=VALUE) is set for the GPU run.
 gpu_case() {
     local name=$1 np=$2 ch=$3 flags=$4 rch=$5 rflags=$6
     shift 6
     if [ -n "$missing" ]; then skip "$name on $np GPU rank(s)" "$missing"; return; fi
     if [ "$gpus" -lt "$np" ]; then skip "$name on $np GPU ranks" "$gpus GPU(s) here, one rank per GPU"; return; fi
-    local key ref run=$TEST_TMPDIR/gpu_case.jsonl cpu=$TEST_TMPDIR/gpu_case_cpu.jsonl l n
+    local key ref run=$TEST_TMPDIR/gpu_case.jsonl cpu=$TEST_TMPDIR/gpu_case_cpu.jsonl l n tol=${GPU_TOL:-1e-4}
     key=$(echo "$rch $rflags" | md5sum | cut -c1-12)
     ref=$TEST_TMPDIR/gpu_ref_$key.jsonl
     [ -s "$ref" ] || mpi_run $T_RUN 1 "$BUILD/chapter-$rch" $GPU_FLAGS $rflags --log "$ref" >/dev/null
@@ -50,10 +50,10 @@ gpu_case() {
     OUT=$(env "$@" timeout $T_RUN $MPIRUN -np "$np" "$CUDA_BUILD/chapter-$ch" $GPU_FLAGS $flags --log "$run" 2>&1)
     RC=$?
     CMD="$* mpirun -np $np $CUDA_BUILD/chapter-$ch $GPU_FLAGS $flags"
-    l=$(bash tests/compare_losses.sh "$ref" "$run" 1e-4 2>&1)
-    n=$(bash tests/compare_losses.sh "$ref" "$run" 1e-4 norm 2>&1)
-    if [ $RC -eq 0 ] && bash tests/compare_losses.sh "$ref" "$run" 1e-4 >/dev/null 2>&1 &&
-        bash tests/compare_losses.sh "$ref" "$run" 1e-4 norm >/dev/null 2>&1; then
+    l=$(bash tests/compare_losses.sh "$ref" "$run" $tol 2>&1)
+    n=$(bash tests/compare_losses.sh "$ref" "$run" $tol norm 2>&1)
+    if [ $RC -eq 0 ] && bash tests/compare_losses.sh "$ref" "$run" $tol >/dev/null 2>&1 &&
+        bash tests/compare_losses.sh "$ref" "$run" $tol norm >/dev/null 2>&1; then
         pass "$name on $np GPU rank(s): the CPU reference's losses and norms ($l; $n)"
     else
         fail "$name on $np GPU rank(s)" "exit $RC (124 = hang); $l; $n; command: $CMD; $(echo "$OUT" | grep -E '^error' | head -2)"
@@ -100,6 +100,11 @@ done
 
 # every chapter on 1, 2 (and 4) GPUs
 for ch in 0 2 3 4; do gpu_case "chapter $ch" 1 $ch "" 0 ""; done
+# --tf32: cuBLAS on TF32 tensor cores (docs/cuda.md, section 3): each
+# product's inputs keep 10 mantissa bits, so the losses leave the fp32
+# reference by more than 1e-4; 2e-2 is a guess, not yet measured on a GPU.
+# Its ms/step beside chapter 0's in the table is the speed-up.
+GPU_TOL=2e-2 gpu_case "chapter 0 --tf32 (within 2e-2)" 1 0 "--tf32" 0 ""
 gpu_case "chapter 2 overlapped dp=2" 2 2 "--dp 2 --dp-mode overlapped --bucket-kb 64" 0 ""
 for z in 1 2 3; do gpu_case "chapter 3 ZeRO-$z dp=2" 2 3 "--dp 2 --zero $z" 0 ""; done
 gpu_case "chapter 4 tp=2" 2 4 "--tp 2" 0 ""

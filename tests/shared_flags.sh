@@ -5,13 +5,14 @@
 # one validation line and every other chapter three).
 #
 # The table: one row per (flag, chapter). Each chapter runs on its smallest
-# mesh (1 or 2 ranks) the tiny model for 3 steps, six runs per chapter:
+# mesh (1 or 2 ranks) the tiny model for 3 steps, seven runs per chapter:
 #   A  --val-every 1 --recompute full --trace --save --log
 #   B  --ckpt-dir --save-every 2 --log        (the plain run)
 #   C  --resume B's step-2 checkpoint         (step 2 alone)
 #   D  --comm hand                            (chapters 2..7; chapter 0 refuses it)
 #   E  --model A's --save file --steps 0      (the saved model loads)
 #   S  --sample 20 after one step             (alone: a chapter that refuses it fails one row)
+#   X  --tf32 --log                           (the CPU build: accepted, no effect)
 # and the checks, the same for every chapter:
 #   --val-every  3 validation records (after steps 0, 1, 2) and 3 "val loss"
 #                lines, the summary's val_loss the last of them
@@ -31,6 +32,9 @@
 #                losses = B's within 1e-5 (hand collectives may add in
 #                another order); chapter 0 (one rank, no collectives) refuses
 #                the flag with one error line and a non-zero exit
+#   --tf32       (CPU) exit 0, one line "note: --tf32 has no effect on the
+#                CPU backend ...", and B's losses and norms bit for bit (the
+#                flag changes nothing on the CPU: docs/cuda.md, section 3)
 #   --peak-gflops  summary peak_gflops = ranks x the given 7, and mfu = that
 #                tokens_per_s x flops_per_token / (peak x 1e9)
 # Floats out of reductions are compared within the tolerances above; counts
@@ -47,7 +51,7 @@ declare -A NP=([0]=1 [2]=2 [3]=2 [4]=2 [5]=2 [6]=2 [7]=2)
 declare -A MESH=([0]="" [2]="--dp 2" [3]="--dp 2" [4]="--tp 2" [5]="--pp 2" [6]="--cp 2" [7]="--ep 2")
 F="--model tiny --batch 4 --seq 16 --steps 3 --wd 0.1 --peak-gflops 7"
 
-# The six runs of chapter $1; each writes $S/c$1_X.{out,jsonl,rc}.
+# The seven runs of chapter $1; each writes $S/c$1_X.{out,jsonl,rc}.
 chapter_runs() {
     local c=$1 d=$S/c$1
     local P="$BUILD/chapter-$c"
@@ -66,6 +70,7 @@ chapter_runs() {
     run D $F --comm hand --log "$d/D.jsonl"
     run E --model "$d/A.bin" --batch 4 --seq 16 --steps 0 --peak-gflops 7 --log "$d/E.jsonl"
     run S --model tiny --batch 4 --seq 16 --steps 1 --peak-gflops 7 --sample 20
+    run X $F --tf32 --log "$d/X.jsonl"
 }
 for c in $CHAPTERS; do jobs_run chapter_runs "$c"; done
 jobs_wait
@@ -214,6 +219,13 @@ for c in chapters:
         ok = not bad_d and sd.get("comm_impl") == "hand" and sd.get("hand_collectives", 0) > 0 and close
         row("--comm hand", c, ok, bad_d or "comm_impl %s, hand_collectives %s, losses within 1e-5 of library's: %s"
             % (sd.get("comm_impl"), sd.get("hand_collectives"), close))
+
+    # --tf32 on the CPU: accepted, said to do nothing, and doing nothing
+    bad_x = ran(c, "X")
+    notes = [l for l in read(c, "X", "out").splitlines() if l.startswith("note: --tf32 has no effect on the CPU backend")]
+    ok = not bad_x and not bad_b and len(notes) == 1 and steps_of(records(c, "X")) == steps_of(B) and len(steps_of(B)) == STEPS
+    row("--tf32 (CPU: a note, no effect)", c, ok, bad_x or bad_b or "%d note lines, losses and norms %s, without %s"
+        % (len(notes), steps_of(records(c, "X")), steps_of(B)))
 
     # --peak-gflops 7: the sum over ranks, and MFU from it
     world = sb.get("world_size", 0)

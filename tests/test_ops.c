@@ -1682,6 +1682,60 @@ static void check_chunks_vs_whole(const chunk_setup* s, const char* what) {
     case_end();
 }
 
+// The sums whose GPU kernels cut a batch into pieces (common/cuda/ops_twin.h,
+// whose index logic tests/test_cuda_twins.c runs on the CPU), at sizes where
+// the pieces are many: the embedding backward past the 16,384 rows of the
+// kernel before it, with tokens repeated thousands of times, against the
+// rows added in row order on the host, bit for bit (both backends add each
+// token's and position's rows in row order, and the GPU's kernels are built
+// without fused multiply-adds); dbias over 5,000 rows (20 chunks of rows on
+// the GPU) and the MoE gate gradient at C = 768 (a warp's lanes make 24
+// passes) against the double reference.
+static void test_large_batches(void) {
+    enum { B = 5, T = 4000, N = B * T, C = 8, V = 50 };
+    int* tokens = host_alloc(N * sizeof(int));
+    for (int n = 0; n < N; n++) tokens[n] = (int)((rng_uniform() + 1.0) * 0.5 * V) % V;
+    int* tokens_dev = dev_copy_int(tokens, N);
+    Buf dout = buf_random((size_t)N * C, 1.0), dwte = buf_random(V * C, 1.0), dwpe = buf_random((size_t)T * C, 1.0);
+    float* want_te = host_alloc(V * C * sizeof(float));
+    float* want_pe = host_alloc((size_t)T * C * sizeof(float));
+    memcpy(want_te, dwte.h, V * C * sizeof(float));
+    memcpy(want_pe, dwpe.h, (size_t)T * C * sizeof(float));
+    for (int n = 0; n < N; n++)
+        for (int c = 0; c < C; c++) {
+            want_te[tokens[n] * C + c] += dout.h[(size_t)n * C + c];
+            want_pe[(size_t)(n % T) * C + c] += dout.h[(size_t)n * C + c];
+        }
+    encoder_backward(dwte.dev, dwpe.dev, dout.dev, tokens_dev, B, T, C);
+    check(!memcmp(buf_fetch(&dwte), want_te, V * C * sizeof(float)) &&
+              !memcmp(buf_fetch(&dwpe), want_pe, (size_t)T * C * sizeof(float)),
+          "encoder_backward at 20,000 rows, ~400 a token: dwte and dwpe = the rows added in row order, bit for bit",
+          "differs");
+    case_end();
+
+    enum { NB = 5000, OC = 70 };
+    Buf r = buf_random((size_t)NB * OC, 1.0), dbias = buf_zeros(OC);
+    for (int k = 0; k < OC; k++) {
+        double s = 0.0;
+        for (int n = 0; n < NB; n++) s += r.d[(size_t)n * OC + k];
+        dbias.d[k] = s;
+    }
+    matmul_backward(NULL, NULL, dbias.dev, r.dev, NULL, NULL, NB, 1, OC);
+    check_forward("matmul_backward dbias over 5,000 rows", &dbias);
+    case_end();
+
+    enum { NT = 40, K = 2, CG = 768 };
+    int pos[NT * K];
+    for (int i = 0; i < NT * K; i++) pos[i] = i % 7 == 3 ? -1 : (i * 37) % (NT * K);
+    int* pos_dev = dev_copy_int(pos, NT * K);
+    Buf gd = buf_random((size_t)NT * CG, 1.0), rows = buf_random((size_t)NT * K * CG, 1.0), dgates = buf_zeros(NT * K);
+    for (int i = 0; i < NT * K; i++)
+        dgates.d[i] = pos[i] < 0 ? 0.0 : dot_d(gd.d + (size_t)(i / K) * CG, rows.d + (size_t)pos[i] * CG, CG);
+    moe_combine_backward(NULL, dgates.dev, gd.dev, rows.dev, NULL, pos_dev, NT, K, CG);
+    check_forward("moe_combine_backward dgates at C = 768", &dgates);
+    case_end();
+}
+
 static void test_attention_chunks(void) {
     // B = 2, T = 7, C = 8, NH = 2; query chunks of 3 and 4 positions, kv
     // chunks of 4 and 3, so that the cuts do not line up:
@@ -2188,6 +2242,7 @@ int main(int argc, char** argv) {
     test_utilities();
     test_null_gradients();
     test_wide_rows();
+    test_large_batches();
     test_attention_chunks();
     test_backward_halves();
     test_moe_router();

@@ -54,6 +54,10 @@ const char* device_init(int local_rank) {
     return "cpu";
 }
 
+const char* device_set_tf32(int on) {
+    return on ? "--tf32 has no effect on the CPU backend: its matmuls are fp32 (CBLAS sgemm)" : NULL;
+}
+
 void device_synchronize(void) {}
 
 void device_set_threads(int n) {

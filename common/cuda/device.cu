@@ -157,12 +157,26 @@ extern "C" const char* device_init(int local_rank) {
     CUDA_CHECK(cudaStreamCreateWithFlags(&cuda_compute_stream, cudaStreamNonBlocking));
     CUBLAS_CHECK(cublasCreate(&cuda_cublas));
     CUBLAS_CHECK(cublasSetStream(cuda_cublas, cuda_compute_stream));
-    // full fp32 matmuls (no TF32), so the GPU trains the model the CPU trains
+    // full fp32 matmuls (no TF32), so the GPU trains the model the CPU trains;
+    // --tf32 changes this (device_set_tf32)
     CUBLAS_CHECK(cublasSetMathMode(cuda_cublas, CUBLAS_DEFAULT_MATH));
     cudaDeviceProp prop;
     CUDA_CHECK(cudaGetDeviceProperties(&prop, dev));
     snprintf(name, sizeof(name), "%s (GPU %d of %d on this node)", prop.name, dev, count);
     return name;
+}
+
+// --tf32 (device.h). CUBLAS_TF32_TENSOR_OP_MATH (cublas_api.h: "allow
+// accelerating single precision routines using TF32 tensor cores") lets
+// cublasSgemm and cublasSgemmStridedBatched round their inputs to TF32 (a
+// 10-bit mantissa) and multiply on tensor cores (sm_80 and later), summing
+// in fp32; CUBLAS_DEFAULT_MATH keeps them full fp32. The mode belongs to the
+// handle, so every later cuBLAS call of this rank follows it, the matmul
+// peak's included (report_matmul_peak runs after this): MFU is then
+// measured against the TF32 rate.
+extern "C" const char* device_set_tf32(int on) {
+    CUBLAS_CHECK(cublasSetMathMode(cuda_cublas, on ? CUBLAS_TF32_TENSOR_OP_MATH : CUBLAS_DEFAULT_MATH));
+    return NULL;
 }
 
 // Waits for everything queued on the compute stream (which includes waiting

@@ -10,18 +10,23 @@
 //   - a loop over rows with a reduction inside (LayerNorm, softmax,
 //     cross-entropy): one block per row, the reduction a tree in shared memory;
 //   - a sum over rows per column (dw, db, dbias of LayerNorm and matmul): a
-//     block per tile of 32 columns, rows split over 16 lanes (coalesced
-//     reads), then a tree over the lanes in shared memory;
+//     block per tile of 32 columns and chunk of rows, rows split over 16
+//     lanes (coalesced reads), a tree over the lanes in shared memory, then
+//     the chunks' sums in order;
 //   - the embedding scatter, where two rows may add into the same row of dwte:
-//     one thread per channel walking the rows in order, as the CPU does.
+//     the rows sorted by token, one thread per (token, channel) walking that
+//     token's rows in order, as the CPU does.
 // Every reduction adds in a fixed order, so two runs give identical bits.
 //
 // All work goes, in order, to the compute stream (cuda_common.h), and every
 // kernel launch is followed by KERNEL_CHECK(). Nothing here synchronizes
 // with the host (grad_sumsq leaves its sum on the device).
 #include "cuda_common.h"
+#include "ops_twin.h"
 
 #include <climits>
+
+#include <cub/device/device_radix_sort.cuh>
 
 #include <math.h>
 
@@ -101,12 +106,16 @@ __device__ double block_sum_double(double v) {
 // a multiple of 32 and the tile straddles one). Then the lanes of
 // each column add up in a tree in shared memory, in a fixed order. (The CPU
 // twin walks the rows in order over a block of columns per thread: the same
-// shape, one lane.) The parallelism is ceil(C / 32) blocks of 512 threads:
-// 24 blocks for C = 768, fewer than a large GPU's SMs; a second pass over row
-// chunks would fill it, at the price of a partials buffer.
-#define COL_TILE 32
-#define COL_LANES 16
-#define COL_THREADS (COL_TILE * COL_LANES)
+// shape, one lane.)
+// One block per tile alone would be ceil(C / 32) blocks (24 at C = 768),
+// fewer than a large GPU's SMs, each walking every row. So the rows are cut
+// into chunks of about COL_CHUNK_ROWS too (ops_twin.h, col_chunks): the grid
+// is tiles x chunks (768 blocks at C = 768, N = 8192), each block writes its
+// chunk's sums to a static partials buffer, and a second kernel adds each
+// column's chunks in order. The chunking depends on N and C only, so the
+// bits do too (tests/test_cuda_twins.c runs this index logic on the CPU).
+// COL_TILE, COL_LANES, COL_CHUNK_ROWS, COL_MAX_PARTIALS: ops_twin.h.
+__device__ float col_partials[2 * COL_MAX_PARTIALS];
 
 // Every thread of the block passes its lane's partial sum; thread (x, 0)
 // gets the total of column x over all lanes. Every thread must call it.
@@ -123,8 +132,17 @@ __device__ float column_lanes_sum(float v) {
     return total;
 }
 
-static dim3 column_tiles(int C) { return dim3((unsigned)((C + COL_TILE - 1) / COL_TILE)); }
+// The grid of a column sum: x the tiles of columns, y the chunks of rows.
+static dim3 column_grid(int N, int C) {
+    return dim3((unsigned)((C + COL_TILE - 1) / COL_TILE), (unsigned)col_chunks(N, C));
+}
 static dim3 column_block(void) { return dim3(COL_TILE, COL_LANES); }
+
+// The second pass, one thread per column: out[c] += the chunks' sums of
+// column c in chunk order (partials (chunks, C)).
+__global__ void column_partials_kernel(float* out, const float* partials, int chunks, int C) {
+    FOR_EACH_INDEX(c, (size_t)C) out[c] += col_partials_sum(partials, chunks, C, (int)c);
+}
 
 // ---------------------------------------------------------------- row-major sgemm on cuBLAS
 // cuBLAS is column-major; every matrix here is row-major. The bridge:
@@ -179,6 +197,7 @@ static void sgemm_rm_batched(int ta, int tb, int M, int N, int K, float alpha, c
 extern "C" void ops_set_progress_hook(void (*hook)(void)) { (void)hook; }
 
 // ---------------------------------------------------------------- embedding
+static void enc_sort_reserve(int N);  // the backward's sort buffer, grown by the forward (below)
 
 __global__ void encoder_forward_kernel(float* out, const int* tokens, const float* wte,
                                        const float* wpe, int N, int T, int C) {
@@ -195,43 +214,58 @@ extern "C" void encoder_forward(float* out, const int* tokens, const float* wte,
     encoder_forward_kernel<<<grid_for(n), THREADS, 0, cuda_compute_stream>>>(out, tokens, wte, wpe,
                                                                             B * T, T, C);
     KERNEL_CHECK();
+    enc_sort_reserve(B * T);
 }
 
 // The backward of the embedding, parallel over rows and channels, adding in
 // the CPU twin's order (row by row), so no two threads add into one value:
 //   dwpe: thread (t, c) adds rows t, t + T, t + 2T, ... (position t's rows);
-//   dwte: the rows of one token are chained (enc_links: each row's next row
-//   with the same token, and whether it is the token's first); thread (n, c)
-//   of a first row walks its chain. The links live in static device memory
-//   (nothing for the tracking allocator to count) for up to ENC_MAX_ROWS
-//   rows; a longer batch takes the old kernel, one thread per channel
-//   walking every row.
-#define ENC_MAX_ROWS 16384
-__device__ int enc_next[ENC_MAX_ROWS];
-__device__ unsigned char enc_first[ENC_MAX_ROWS];
+//   dwte: the rows are sorted by (token, row) (ops_twin.h: each row's key is
+//   token << bits | row, all distinct, so the sorted order is fixed; CUB's
+//   radix sort, O(N) passes over 8-byte keys), then thread (i, c) of the
+//   first sorted row of each token walks that token's rows in row order
+//   (enc_dwte_thread). O(N log N + N C) work for any N; a token that fills
+//   many rows is one thread's walk per channel, the price of the fixed order.
+// The keys and CUB's working memory live in a buffer this file keeps and
+// grows when a batch needs more (mem_alloc, counted as activations; the old
+// buffer's cudaFree waits for the kernels that still use it). The forward
+// grows it for its rows (enc_sort_reserve): an allocation waits for the
+// device, and at the forward the compute stream waits on no transfer that
+// another rank's host has yet to issue, where in the middle of a backward
+// (a pipeline stage's, with sends and receives queued) it might.
+static void* enc_sort_buf = NULL;
+static size_t enc_sort_bytes = 0;
 
-__global__ void enc_links_kernel(const int* tokens, int N) {
-    FOR_EACH_INDEX(i, (size_t)N) {
-        int n = (int)i, tok = tokens[n], next = -1, first = 1;
-        for (int m = 0; m < n && first; m++) first = tokens[m] != tok;
-        for (int m = n + 1; m < N && next < 0; m++)
-            if (tokens[m] == tok) next = m;
-        enc_next[n] = next;
-        enc_first[n] = (unsigned char)first;
+// The buffer's layout for N rows: keys, sorted keys (each rounded up to
+// 256 bytes), CUB's working memory (its size from CUB's query, which
+// computes it on the host and queues nothing).
+static size_t enc_keys_bytes(int N) { return ((size_t)N * sizeof(unsigned long long) + 255) / 256 * 256; }
+static size_t enc_temp_bytes(int N) {
+    size_t temp_bytes = 0;
+    CUDA_CHECK(cub::DeviceRadixSort::SortKeys(NULL, temp_bytes, (const unsigned long long*)NULL,
+                                              (unsigned long long*)NULL, N, 0, enc_row_bits(N) + 32,
+                                              cuda_compute_stream));
+    return temp_bytes;
+}
+
+static void enc_sort_reserve(int N) {
+    size_t need = 2 * enc_keys_bytes(N) + enc_temp_bytes(N);
+    if (need > enc_sort_bytes) {
+        if (enc_sort_buf) mem_free(enc_sort_buf);
+        enc_sort_buf = mem_alloc(need, MEM_ACTIVATIONS);
+        enc_sort_bytes = need;
     }
 }
 
+__global__ void enc_keys_kernel(unsigned long long* keys, const int* tokens, int N, int bits) {
+    FOR_EACH_INDEX(n, (size_t)N) keys[n] = enc_key(tokens[n], (int)n, bits);
+}
+
 // dwte rows [v0, v0 + nrows) (the whole table: v0 = 0, nrows = INT_MAX)
-__global__ void enc_dwte_kernel(float* dwte, const float* dout, const int* tokens, int N, int C, int v0,
-                                int nrows) {
-    FOR_EACH_INDEX(i, (size_t)N * C) {
-        int n = (int)(i / C), c = (int)(i % C);
-        int row = tokens[n] - v0;
-        if (!enc_first[n] || row < 0 || row >= nrows) continue;
-        float acc = dwte[(size_t)row * C + c];
-        for (int m = n; m >= 0; m = enc_next[m]) acc += dout[(size_t)m * C + c];
-        dwte[(size_t)row * C + c] = acc;
-    }
+__global__ void enc_dwte_kernel(float* dwte, const float* dout, const unsigned long long* sorted, int N, int C,
+                                int bits, int v0, int nrows) {
+    FOR_EACH_INDEX(i, (size_t)N * C) enc_dwte_thread(dwte, dout, sorted, N, C, bits, v0, nrows, (int)(i / C),
+                                                     (int)(i % C));
 }
 
 __global__ void enc_dwpe_kernel(float* dwpe, const float* dout, int N, int T, int C) {
@@ -243,34 +277,28 @@ __global__ void enc_dwpe_kernel(float* dwpe, const float* dout, int N, int T, in
     }
 }
 
-// The old kernel, for batches beyond ENC_MAX_ROWS rows: thread c owns
-// channel c of every row and walks the rows in order.
-__global__ void encoder_backward_serial_kernel(float* dwte, float* dwpe, const float* dout, const int* tokens,
-                                               int N, int T, int C, int v0, int nrows) {
-    int c = blockIdx.x * blockDim.x + threadIdx.x;
-    if (c >= C) return;
-    for (int n = 0; n < N; n++) {
-        float d = dout[(size_t)n * C + c];
-        int row = tokens[n] - v0;
-        if (dwte && row >= 0 && row < nrows) dwte[(size_t)row * C + c] += d;
-        if (dwpe) dwpe[(size_t)(n % T) * C + c] += d;
-    }
+// Sorts the N rows' keys; returns the sorted keys (device memory).
+static const unsigned long long* enc_sorted_keys(const int* tokens, int N, int bits) {
+    enc_sort_reserve(N);  // grown already by the forward of these rows, unless called alone
+    size_t keys_bytes = enc_keys_bytes(N), temp_bytes = enc_temp_bytes(N);
+    unsigned long long* keys = (unsigned long long*)enc_sort_buf;
+    unsigned long long* sorted = (unsigned long long*)((char*)enc_sort_buf + keys_bytes);
+    void* temp = (char*)enc_sort_buf + 2 * keys_bytes;
+    enc_keys_kernel<<<grid_for((size_t)N), THREADS, 0, cuda_compute_stream>>>(keys, tokens, N, bits);
+    KERNEL_CHECK();
+    CUDA_CHECK(cub::DeviceRadixSort::SortKeys(temp, temp_bytes, (const unsigned long long*)keys, sorted, N, 0,
+                                              bits + 32, cuda_compute_stream));
+    return sorted;
 }
 
 static void encoder_backward_rows(float* dwte, float* dwpe, const float* dout, const int* tokens, int N, int T,
                                   int C, int v0, int nrows) {
     if ((!dwte && !dwpe) || N == 0 || C == 0) return;
-    if (N > ENC_MAX_ROWS) {
-        encoder_backward_serial_kernel<<<(C + THREADS - 1) / THREADS, THREADS, 0, cuda_compute_stream>>>(
-            dwte, dwpe, dout, tokens, N, T, C, v0, nrows);
-        KERNEL_CHECK();
-        return;
-    }
     if (dwte) {
-        enc_links_kernel<<<grid_for((size_t)N), THREADS, 0, cuda_compute_stream>>>(tokens, N);
-        KERNEL_CHECK();
-        enc_dwte_kernel<<<grid_for((size_t)N * C), THREADS, 0, cuda_compute_stream>>>(dwte, dout, tokens, N, C,
-                                                                                      v0, nrows);
+        int bits = enc_row_bits(N);
+        const unsigned long long* sorted = enc_sorted_keys(tokens, N, bits);
+        enc_dwte_kernel<<<grid_for((size_t)N * C), THREADS, 0, cuda_compute_stream>>>(dwte, dout, sorted, N, C,
+                                                                                      bits, v0, nrows);
         KERNEL_CHECK();
     }
     if (dwpe) {
@@ -304,6 +332,7 @@ extern "C" void encoder_forward_vocab(float* out, const int* tokens, const float
     encoder_forward_vocab_kernel<<<grid_for(n), THREADS, 0, cuda_compute_stream>>>(
         out, tokens, wte_shard, wpe, B * T, T, C, v0, nrows);
     KERNEL_CHECK();
+    enc_sort_reserve(B * T);
 }
 
 extern "C" void encoder_backward_vocab(float* dwte_shard, float* dwpe, const float* dout,
@@ -367,26 +396,26 @@ __global__ void layernorm_backward_dinp_kernel(float* dinp, const float* dout, c
     }
 }
 
-// dw, db: sums over the rows, a tile of channels per block (coalesced; see
-// column_lanes_sum). Threads past the last channel add nothing but still
-// take part in the tree.
+// dw, db: sums over the rows, a block per (tile of channels, chunk of rows)
+// (coalesced; see column_lanes_sum and col_chunks). Threads past the last
+// channel add nothing but still take part in the tree. One chunk: the block
+// adds its sums into dw, db; more: into the partials, dw's at
+// col_partials, db's COL_MAX_PARTIALS floats on.
 __global__ void __launch_bounds__(COL_THREADS)
     layernorm_backward_dwdb_kernel(float* dw, float* db, const float* dout, const float* inp, const float* mean,
                                    const float* rstd, int N, int C) {
-    int c = blockIdx.x * COL_TILE + threadIdx.x;
+    int c = blockIdx.x * COL_TILE + threadIdx.x, r = blockIdx.y;
     float sw = 0.0f, sb = 0.0f;
-    if (c < C)
-        for (int n = threadIdx.y; n < N; n += COL_LANES) {
-            size_t i = (size_t)n * C + c;
-            float norm = (inp[i] - mean[n]) * rstd[n];
-            sw += norm * dout[i];
-            sb += dout[i];
-        }
+    if (c < C) col_lane_sum_ln(&sw, &sb, dout, inp, mean, rstd, N, C, c, r, threadIdx.y);
     sw = column_lanes_sum(sw);
     sb = column_lanes_sum(sb);
-    if (threadIdx.y == 0 && c < C) {
+    if (threadIdx.y != 0 || c >= C) return;
+    if (gridDim.y == 1) {
         if (dw) dw[c] += sw;
         if (db) db[c] += sb;
+    } else {
+        col_partials[(size_t)r * C + c] = sw;
+        col_partials[COL_MAX_PARTIALS + (size_t)r * C + c] = sb;
     }
 }
 
@@ -400,9 +429,24 @@ extern "C" void layernorm_backward(float* dinp, float* dw, float* db, const floa
         KERNEL_CHECK();
     }
     if (dw || db) {
-        layernorm_backward_dwdb_kernel<<<column_tiles(C), column_block(), 0, cuda_compute_stream>>>(
-            dw, db, dout, inp, mean, rstd, N, C);
+        dim3 grid = column_grid(N, C);
+        layernorm_backward_dwdb_kernel<<<grid, column_block(), 0, cuda_compute_stream>>>(dw, db, dout, inp,
+                                                                                       mean, rstd, N, C);
         KERNEL_CHECK();
+        if (grid.y > 1) {
+            float* partials = NULL;
+            CUDA_CHECK(cudaGetSymbolAddress((void**)&partials, col_partials));
+            if (dw) {
+                column_partials_kernel<<<grid_for((size_t)C), THREADS, 0, cuda_compute_stream>>>(
+                    dw, partials, (int)grid.y, C);
+                KERNEL_CHECK();
+            }
+            if (db) {
+                column_partials_kernel<<<grid_for((size_t)C), THREADS, 0, cuda_compute_stream>>>(
+                    db, partials + COL_MAX_PARTIALS, (int)grid.y, C);
+                KERNEL_CHECK();
+            }
+        }
     }
 }
 
@@ -423,18 +467,19 @@ extern "C" void matmul_forward(float* out, const float* inp, const float* w, con
     }
 }
 
-// dbias: sums of dout over the rows, a tile of output columns per block, as
-// LayerNorm's dw/db (column_lanes_sum). A cuBLAS gemv of dout^T with a vector
-// of ones would read coalesced too, but needs that vector in device memory
-// (N floats, growing with the batch), and LayerNorm's dw (a sum of products
-// formed on the fly) would still need this kernel: one kernel serves both.
+// dbias: sums of dout over the rows, a block per (tile of output columns,
+// chunk of rows), as LayerNorm's dw/db (column_lanes_sum, col_chunks). A
+// cuBLAS gemv of dout^T with a vector of ones would read coalesced too, but
+// needs that vector in device memory (N floats, growing with the batch), and
+// LayerNorm's dw (a sum of products formed on the fly) would still need this
+// kernel: one kernel serves both.
 __global__ void __launch_bounds__(COL_THREADS) bias_backward_kernel(float* dbias, const float* dout, int N, int OC) {
-    int k = blockIdx.x * COL_TILE + threadIdx.x;
-    float s = 0.0f;
-    if (k < OC)
-        for (int n = threadIdx.y; n < N; n += COL_LANES) s += dout[(size_t)n * OC + k];
+    int k = blockIdx.x * COL_TILE + threadIdx.x, r = blockIdx.y;
+    float s = k < OC ? col_lane_sum(dout, N, OC, k, r, threadIdx.y) : 0.0f;
     s = column_lanes_sum(s);
-    if (threadIdx.y == 0 && k < OC) dbias[k] += s;
+    if (threadIdx.y != 0 || k >= OC) return;
+    if (gridDim.y == 1) dbias[k] += s;
+    else col_partials[(size_t)r * OC + k] = s;
 }
 
 extern "C" void matmul_backward(float* dinp, float* dw, float* dbias, const float* dout,
@@ -445,8 +490,16 @@ extern "C" void matmul_backward(float* dinp, float* dw, float* dbias, const floa
     // dw (OC, C) += dout^T (OC, N) @ inp (N, C)
     if (dw) sgemm_rm(1, 0, OC, C, N, 1.0f, dout, OC, inp, C, 1.0f, dw, C);
     if (dbias) {
-        bias_backward_kernel<<<column_tiles(OC), column_block(), 0, cuda_compute_stream>>>(dbias, dout, N, OC);
+        dim3 grid = column_grid(N, OC);
+        bias_backward_kernel<<<grid, column_block(), 0, cuda_compute_stream>>>(dbias, dout, N, OC);
         KERNEL_CHECK();
+        if (grid.y > 1) {
+            float* partials = NULL;
+            CUDA_CHECK(cudaGetSymbolAddress((void**)&partials, col_partials));
+            column_partials_kernel<<<grid_for((size_t)OC), THREADS, 0, cuda_compute_stream>>>(dbias, partials,
+                                                                                           (int)grid.y, OC);
+            KERNEL_CHECK();
+        }
     }
 }
 
@@ -1332,8 +1385,9 @@ extern "C" void ops_copy_2d(float* dst, int dst_stride, const float* src, int sr
 // ---------------------------------------------------------------- mixture of experts
 // The twins of the CPU's loops: one thread per token row for the router
 // (E <= MOE_MAX_EXPERTS values, walked in the CPU's order), one thread per
-// element for the row copies and sums, one thread per (token, slot) for
-// the gate gradient's dot product (C terms in the CPU's order).
+// element for the row copies and sums, a warp per (token, slot) for the
+// gate gradient's dot product (32 lanes over the C terms, then a tree; not
+// the CPU's order, so those bits may differ from the CPU's in the last place).
 
 __global__ void moe_router_forward_kernel(float* probs, int* idx, float* gates,
                                           const float* logits, int N, int E, int k) {
@@ -1477,17 +1531,26 @@ __global__ void moe_combine_drows_kernel(float* drows, const float* dout, const 
     }
 }
 
+// The gate gradient: a warp per (token, slot) (ops_twin.h, dgate_lane_sum):
+// lane l sums channels l, l + 32, ... in order, so each of the warp's loads
+// reads 32 consecutive floats of each row (a thread per slot reading its own
+// row would touch 32 segments per load), then the lanes add up in a tree of
+// shuffles. The bits depend on the two rows and C only.
 __global__ void moe_combine_dgates_kernel(float* dgates, const float* dout, const float* rows,
                                           const int* pos, int N, int k, int C) {
     size_t total = (size_t)N * k;
-    FOR_EACH_INDEX(tj, total) {
+    size_t warps = (size_t)gridDim.x * (blockDim.x / GATE_LANES);
+    int lane = (int)(threadIdx.x % GATE_LANES);
+    // the loop's bound is the same for every lane of a warp, so all 32 reach
+    // each shuffle together
+    for (size_t tj = (size_t)blockIdx.x * (blockDim.x / GATE_LANES) + threadIdx.x / GATE_LANES; tj < total;
+         tj += warps) {
         int r = pos[tj];
         if (r < 0) continue;
-        const float* d = dout + (tj / k) * C;
-        const float* x = rows + (size_t)r * C;
-        float dot = 0.0f;
-        for (int c = 0; c < C; c++) dot += d[c] * x[c];
-        dgates[tj] += dot;
+        float dot = dgate_lane_sum(dout + (tj / k) * C, rows + (size_t)r * C, C, lane);
+        for (int offset = GATE_LANES / 2; offset > 0; offset /= 2)
+            dot += __shfl_down_sync(0xffffffffu, dot, offset);
+        if (lane == 0) dgates[tj] += dot;
     }
 }
 
@@ -1502,8 +1565,8 @@ extern "C" void moe_combine_backward(float* drows, float* dgates, const float* d
         KERNEL_CHECK();
     }
     if (dgates) {
-        size_t total = (size_t)N * k;
-        moe_combine_dgates_kernel<<<grid_for(total), THREADS, 0, cuda_compute_stream>>>(
+        size_t warps = (size_t)N * k;  // a warp per (token, slot)
+        moe_combine_dgates_kernel<<<grid_for(warps * GATE_LANES), THREADS, 0, cuda_compute_stream>>>(
             dgates, dout, rows, pos, N, k, C);
         KERNEL_CHECK();
     }
