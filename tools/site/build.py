@@ -202,6 +202,8 @@ class Site:
                     fig = o.group(1) if o and self.repo.is_file(o.group(1)) else None
             ch = re.match(r'ch(\d)_', name)
             lesson = next((l for l in self.lessons if ch and os.path.basename(l).startswith('0' + ch.group(1))), None)
+            if name.startswith('capstone_') and 'docs/capstone.md' in self.lessons:
+                lesson = 'docs/capstone.md'  # capstone_MESH: the capstone's lesson
             log = 'docs/plots/traces/%s.jsonl' % name
             traces[name] = {'json': f, 'figure': fig, 'lesson': lesson,
                             'log': log if self.repo.is_file(log) else None,
