@@ -303,3 +303,13 @@ void args_usage(const char* program, const char* summary, const ArgSpec* extra, 
     }
     fflush(stdout);
 }
+
+int args_int_in(const char* flag, const char* text, int lo, int hi) {
+    char* end = NULL;
+    long v = strtol(text ? text : "", &end, 10);
+    if (!text || !*text || *end || v < lo || v > hi) {
+        fprintf(stderr, "error: %s takes an integer from %d to %d, got '%s'\n", flag, lo, hi, text ? text : "");
+        exit(1);
+    }
+    return (int)v;
+}

@@ -78,4 +78,9 @@ const char* args_redundancy_name(int redundancy);
 void args_usage(const char* program, const char* summary, const ArgSpec* extra, int n_extra,
                 unsigned axes);
 
+// A tool's integer flag (build/roofline, build/attention_bench): the value of
+// flag in text, from lo to hi; anything else prints one error line naming
+// the flag and exits 1 (the tools run on one process).
+int args_int_in(const char* flag, const char* text, int lo, int hi);
+
 #endif

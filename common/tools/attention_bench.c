@@ -24,21 +24,11 @@
 #include <string.h>
 #include <time.h>
 
+#include "args.h"
 #include "device.h"
 #include "memory.h"
 #include "ops.h"
 #include "runtime.h"
-
-static int bench_int(const char* flag, const char* text, int lo, int hi) {
-    char* end = NULL;
-    long v = strtol(text ? text : "", &end, 10);
-    if (!text || !*text || *end || v < lo || v > hi) {
-        fprintf(stderr, "error: %s takes an integer from %d to %d, got '%s'\n", flag, lo, hi,
-                text ? text : "");
-        exit(1);
-    }
-    return (int)v;
-}
 
 static double cpu_seconds(void) {
     struct timespec ts;
@@ -88,17 +78,17 @@ int main(int argc, char** argv) {
                    argv[0]);
             return 0;
         } else if (!strcmp(argv[i], "--batch")) {
-            B = bench_int("--batch", value, 1, 1 << 16), i++;
+            B = args_int_in("--batch", value, 1, 1 << 16), i++;
         } else if (!strcmp(argv[i], "--seq")) {
-            T = bench_int("--seq", value, 1, 1 << 16), i++;
+            T = args_int_in("--seq", value, 1, 1 << 16), i++;
         } else if (!strcmp(argv[i], "--channels")) {
-            C = bench_int("--channels", value, 1, 1 << 14), i++;
+            C = args_int_in("--channels", value, 1, 1 << 14), i++;
         } else if (!strcmp(argv[i], "--heads")) {
-            NH = bench_int("--heads", value, 1, 1 << 10), i++;
+            NH = args_int_in("--heads", value, 1, 1 << 10), i++;
         } else if (!strcmp(argv[i], "--reps")) {
-            reps = bench_int("--reps", value, 1, 1000), i++;
+            reps = args_int_in("--reps", value, 1, 1000), i++;
         } else if (!strcmp(argv[i], "--threads")) {
-            threads = bench_int("--threads", value, 1, 1024), i++;
+            threads = args_int_in("--threads", value, 1, 1024), i++;
         } else if (!strcmp(argv[i], "--log")) {
             if (!value) {
                 fprintf(stderr, "error: --log takes a file name\n");

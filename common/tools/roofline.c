@@ -16,6 +16,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "args.h"
 #include "device.h"
 #include "matmul_peak.h"
 #include "memory.h"
@@ -43,17 +44,6 @@ static double roof_copy(size_t n) {
     return 2.0 * n * sizeof(float) / best / 1e9;
 }
 
-static int roof_int(const char* flag, const char* text, int lo, int hi) {
-    char* end = NULL;
-    long v = strtol(text ? text : "", &end, 10);
-    if (!text || !*text || *end || v < lo || v > hi) {
-        fprintf(stderr, "error: %s takes an integer from %d to %d, got '%s'\n", flag, lo, hi,
-                text ? text : "");
-        exit(1);
-    }
-    return (int)v;
-}
-
 int main(int argc, char** argv) {
     int threads = 0, N = 8 * 256, C = 384;
     for (int i = 1; i < argc; i++) {
@@ -65,11 +55,11 @@ int main(int argc, char** argv) {
                    argv[0]);
             return 0;
         } else if (!strcmp(argv[i], "--threads")) {
-            threads = roof_int("--threads", value, 1, 1024), i++;
+            threads = args_int_in("--threads", value, 1, 1024), i++;
         } else if (!strcmp(argv[i], "--tokens")) {
-            N = roof_int("--tokens", value, 1, 1 << 20), i++;
+            N = args_int_in("--tokens", value, 1, 1 << 20), i++;
         } else if (!strcmp(argv[i], "--channels")) {
-            C = roof_int("--channels", value, 1, 1 << 14), i++;
+            C = args_int_in("--channels", value, 1, 1 << 14), i++;
         } else {
             fprintf(stderr, "error: unknown option '%s' (see --help)\n", argv[i]);
             return 1;
