@@ -241,8 +241,12 @@ $(BIN)/tests/test_fsdp: $(OBJ)/tests/test_fsdp.o $(OBJ)/03_fsdp/fsdp.o $(COMMON_
 $(OBJ)/tests/test_fsdp.o: CFLAGS += -I03_fsdp
 endif
 
-# The GPU suite (tests/gpu_check.sh): every chapter on 1, 2 and 4 GPUs
-# against the CPU, with a table of times; without a GPU it says so and skips.
+# The first-GPU-day script (tests/gpu_check.sh, docs/cuda.md section 6):
+# every chapter and the capstone on 1-2 GPUs, the risky cases on 4, against
+# the same runs on the CPU, each case under a limit with every rank's stacks
+# on a hang; one table, and build/gpu-check.tar.gz to send back. Without a GPU
+# it says so and skips; `make gpu-check GPU_CHECK_BACKEND=cpu` runs the same
+# cases on the CPU build (the harness checked without a GPU).
 .PHONY: gpu-check
 gpu-check:
 	@$(MAKE) --no-print-directory BACKEND=cpu all

@@ -2,7 +2,7 @@
 # Installs the Debian packages the course needs, when they are missing.
 # As root it runs apt-get; otherwise it prints the one line to run.
 set -e
-PACKAGES="make gcc libc6-dev openmpi-bin libopenmpi-dev libopenblas-openmp-dev libxxhash-dev libzstd-dev gnuplot-nox fortunes python3 xxhash"
+PACKAGES="make gcc gdb libc6-dev openmpi-bin libopenmpi-dev libopenblas-openmp-dev libxxhash-dev libzstd-dev gnuplot-nox fortunes python3 xxhash"
 missing=""
 for p in $PACKAGES; do
     dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing="$missing $p"
