@@ -249,7 +249,6 @@ endif
 # cases on the CPU build (the harness checked without a GPU).
 .PHONY: gpu-check
 gpu-check:
-	@$(MAKE) --no-print-directory BACKEND=cpu all
 	@bash tests/gpu_check.sh
 
 # tests/run.sh runs tests/unit.sh, every tests/chapter_N.sh, capstone.sh,
