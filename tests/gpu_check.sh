@@ -131,7 +131,9 @@ ROWS=$OUT_DIR/rows.txt
 
 gpus=0
 missing=""
-SANITIZER=$(command -v compute-sanitizer 2>/dev/null || ls /usr/local/cuda/bin/compute-sanitizer 2>/dev/null)
+# GPU_CHECK_SANITIZER: another compute-sanitizer; in cpu mode, a stand-in
+# that takes its options (a check of the harness's sanitizer rows)
+SANITIZER=${GPU_CHECK_SANITIZER:-$(command -v compute-sanitizer 2>/dev/null || ls /usr/local/cuda/bin/compute-sanitizer 2>/dev/null)}
 if [ "$BACKEND" = cpu ]; then
     # the same cases, the "device" run on the CPU build: what this checks is
     # the harness, not the CUDA backend (its runs equal their references)
@@ -184,43 +186,60 @@ PY
 
 # ---------------------------------------------------------------- one run
 # dump_stacks PID NP DIR: every rank of the job under PID, all threads, into
-# DIR/stack.rankN.txt, taken at once (one gdb a rank, side by side, so the
-# stacks are one moment of the job); without gdb, each thread's kernel stack
-# and wait channel from /proc. Prints one line a rank: its main thread's
-# innermost frames, so the table's reader sees where each rank waits.
+# DIR/stack.rankN.txt, taken at once (the ranks side by side, so the stacks
+# are one moment of the job). A rank is every process that carries its
+# OMPI_COMM_WORLD_RANK: under compute-sanitizer, the tool and the program.
+# Prints one line a rank: its main thread's frames (stack_where), so the
+# table's reader sees where each rank waits.
 dump_stacks() {
-    local pid=$1 np=$2 dir=$3 r p f
+    local pid=$1 np=$2 dir=$3 r ps f jobs=()
     for ((r = 0; r < np; r++)); do
-        p=$(own_rank_pid "$pid" $r)
+        ps=$(rank_pids "$pid" $r)
         f=$dir/stack.rank$r.txt
-        if [ -z "$p" ]; then
+        if [ -z "$ps" ]; then
             echo "rank $r: no process (not started, or already gone)" > "$f"
-        elif command -v gdb >/dev/null; then
-            # -nx: no ~/.gdbinit; the CUDA driver's threads are listed too
-            timeout 60 gdb -batch -nx -p "$p" -ex 'set pagination off' -ex 'info threads' \
-                -ex 'thread apply all bt' > "$f" 2>&1 &
         else
-            {
-                echo "rank $r: pid $p, no gdb: kernel stacks from /proc (apt-get install gdb for user stacks)"
-                for t in /proc/$p/task/*; do
-                    echo "-- thread ${t##*/} $(cat "$t/comm" 2>/dev/null), wchan $(cat "$t/wchan" 2>/dev/null)"
-                    cat "$t/stack" 2>/dev/null
-                done
-            } > "$f" &
+            (for p in $ps; do stack_of "$p"; done > "$f" 2>&1) &
+            jobs+=($!)
         fi
     done
-    wait
+    # only the dumps: the job itself is still running (and hung)
+    [ ${#jobs[@]} -gt 0 ] && wait "${jobs[@]}"
     command -v nvidia-smi >/dev/null && nvidia-smi > "$dir/nvidia-smi.txt" 2>&1
     for ((r = 0; r < np; r++)); do
         echo "    rank $r: $(stack_where "$dir/stack.rank$r.txt")"
     done
 }
-# stack_where FILE: the main thread's frames (gdb's "Thread 1"), function
+# rank_pids PID RANK: every process of MPI rank RANK under PID, parents first
+rank_pids() {
+    local p
+    for p in $(own_tree "$1"); do
+        tr '\0' '\n' < "/proc/$p/environ" 2>/dev/null | grep -qx "OMPI_COMM_WORLD_RANK=$2" && echo "$p"
+    done
+}
+# stack_of PID: one process's stacks, every thread: gdb's (-nx: no
+# ~/.gdbinit; the CUDA driver's and NCCL's threads are listed too), or
+# without gdb each thread's kernel stack and wait channel from /proc
+stack_of() {
+    local t
+    echo "== pid $1: $(tr '\0' ' ' < "/proc/$1/cmdline" 2>/dev/null | cut -c1-200)"
+    if command -v gdb >/dev/null; then
+        timeout 60 gdb -batch -nx -p "$1" -ex 'set pagination off' -ex 'info threads' -ex 'thread apply all bt'
+    else
+        echo "no gdb: kernel stacks from /proc (apt-get install gdb for the program's own frames)"
+        for t in /proc/$1/task/*; do
+            echo "-- thread ${t##*/} $(cat "$t/comm" 2>/dev/null), wchan $(cat "$t/wchan" 2>/dev/null)"
+            cat "$t/stack" 2>/dev/null
+        done
+    fi
+}
+# stack_where FILE: the main thread's frames (gdb's "Thread 1"; of the last
+# process dumped, the program rather than a tool that runs it), function
 # names, innermost first: the two where it waits and, past the library's
 # own, the last five, which name the course's function that called it
 stack_where() {
     local w
-    w=$(awk '/^Thread 1 /{ on = 1; next } /^Thread /{ on = 0 }
+    w=$(awk '/^Thread 1 /{ on = 1; n = 0; next } /^Thread /{ on = 0 }
              on && /^#[0-9]/ { f = ""
                                for (i = 1; i <= NF; i++) if ($i == "in") { f = $(i + 1); break }
                                if (f == "" && /^#[0-9]+ +[a-zA-Z_]/) f = $2
@@ -351,7 +370,7 @@ while IFS='|' read -r kind np name cmd envs lim; do
     envs="$NCCL_ENV $envs"
     case $kind in
     memcheck|racecheck|initcheck|synccheck)
-        if [ "$BACKEND" = cpu ]; then
+        if [ "$BACKEND" = cpu ] && [ -z "${GPU_CHECK_SANITIZER:-}" ]; then
             skip "$label" "compute-sanitizer checks CUDA kernels: not in cpu mode"
             row SKIP "$np" "$name" - - - - - - - "cpu mode"; continue
         elif [ -z "$SANITIZER" ]; then
