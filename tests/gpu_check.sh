@@ -290,7 +290,19 @@ field() {
 }
 # row RESULT NP NAME SECS DLOSS DNORM MS CPUMS MFU WARN NOTE: a line of the table
 row() {
-    printf '%-8s %2s  %-50.50s %4s %9s %9s %9s %9s %6s %4s  %s\n' "$@" >> "$ROWS"
+    printf '%-8s %2s  %-50.50s %4s %9s %9s %9s %9s %6s %4s %-26s %s\n' "$@" >> "$ROWS"
+}
+# figure LOG: the chapter's own figure of the run, "name value": chapter 5's
+# measured bubble, the experts' all-to-all share hidden behind compute
+# (-1 where the layout has none), the ring's wait, or the comm wait
+figure() {
+    local f v
+    for f in bubble_measured:bubble a2a_hidden_share:a2a_hidden ring_wait_ms_per_step:ring_wait_ms \
+             comm_wait_ms_per_step:comm_wait_ms; do
+        v=$(field "${f%%:*}" "$1")
+        [ "$v" != - ] && [ "$v" != -1.0000 ] && { echo "${f#*:} $v"; return; }
+    done
+    echo -
 }
 
 # ---------------------------------------------------------------- the references
@@ -344,14 +356,14 @@ while IFS='|' read -r kind np name cmd envs lim; do
     n=$((n + 1))
     dir=$OUT_DIR/cases/$(printf '%02d' $n)-$(echo "$name" | tr -c 'a-zA-Z0-9=.\n' '_' | tr -s _ | cut -c1-60)
     label="$name on $np rank(s)"
-    if [ -n "$missing" ]; then skip "$label" "$missing"; row SKIP "$np" "$name" - - - - - - - "$missing"; continue; fi
+    if [ -n "$missing" ]; then skip "$label" "$missing"; row SKIP "$np" "$name" - - - - - - - - "$missing"; continue; fi
     if [ "$BACKEND" = cuda ] && [ "$gpus" -lt "$np" ]; then
         skip "$label" "$gpus GPU(s) here, one rank a GPU (NCCL refuses two ranks of a communicator on one GPU)"
-        row SKIP "$np" "$name" - - - - - - - "needs $np GPUs"; continue
+        row SKIP "$np" "$name" - - - - - - - - "needs $np GPUs"; continue
     fi
     if [ $hangs -ge "$MAX_HANGS" ] && [ "$np" -gt 1 ]; then
         skip "$label" "after $hangs hangs (GPU_CHECK_MAX_HANGS=$MAX_HANGS): read their stacks first"
-        row SKIP "$np" "$name" - - - - - - - "after $hangs hangs"; continue
+        row SKIP "$np" "$name" - - - - - - - - "after $hangs hangs"; continue
     fi
     # where the run is, on a terminal (an hour goes fast)
     [ -t 2 ] && printf '[%d/%d, %d s] %s on %d rank(s)\n' $n "$total" $((SECONDS - T0)) "$name" "$np" >&2
@@ -361,7 +373,7 @@ while IFS='|' read -r kind np name cmd envs lim; do
     left=$((BUDGET - (SECONDS - T0)))
     if [ $left -le 0 ]; then
         skip "$label" "past the budget of $BUDGET s (GPU_CHECK_BUDGET)"
-        row SKIP "$np" "$name" - - - - - - - "budget"; continue
+        row SKIP "$np" "$name" - - - - - - - - "budget"; continue
     fi
     cut=""
     [ "${lim:-$LIMIT}" -gt $left ] && lim=$left cut=" (the limit cut to the $left s left of GPU_CHECK_BUDGET)"
@@ -372,10 +384,10 @@ while IFS='|' read -r kind np name cmd envs lim; do
     memcheck|racecheck|initcheck|synccheck)
         if [ "$BACKEND" = cpu ] && [ -z "${GPU_CHECK_SANITIZER:-}" ]; then
             skip "$label" "compute-sanitizer checks CUDA kernels: not in cpu mode"
-            row SKIP "$np" "$name" - - - - - - - "cpu mode"; continue
+            row SKIP "$np" "$name" - - - - - - - - "cpu mode"; continue
         elif [ -z "$SANITIZER" ]; then
             skip "$label" "compute-sanitizer not found (PATH, /usr/local/cuda/bin)"
-            row SKIP "$np" "$name" - - - - - - - "no compute-sanitizer"; continue
+            row SKIP "$np" "$name" - - - - - - - - "no compute-sanitizer"; continue
         fi
         # shellcheck disable=SC2086
         watch_run "${lim:-$LIMIT}" "$dir" "$np" "$envs" "$SANITIZER" --tool $kind --error-exitcode 99 \
@@ -390,13 +402,15 @@ while IFS='|' read -r kind np name cmd envs lim; do
     esac
     out=$dir/out.txt
     warn=$(grep -c 'NCCL WARN' "$out")
-    why="exit $RC" note="" dl=- dn=- ms=- cms=- mfu=- ok=0
+    why="exit $RC" note="" dl=- dn=- ms=- cms=- mfu=- fig=- ok=0
     [ $RC = 124 ] && why="no end in ${lim:-$LIMIT} s$cut (a hang?): stacks of every rank in $dir"
     case $kind in
     train)
         ref=$OUT_DIR/refs/$(ref_key "$np" "$cmd")
         read -r rrc _ < "$ref/rc"
         ms=$(field ms_per_step "$dir/log.jsonl") cms=$(field ms_per_step "$ref/log.jsonl") mfu=$(field mfu "$dir/log.jsonl")
+        fig=$(figure "$dir/log.jsonl")
+        [ "$fig" != - ] && fig="$fig / $(figure "$ref/log.jsonl" | cut -d' ' -f2)"
         # chapter 7's models route: a near-tie that picks another expert on
         # the GPU is not a bug (tests/compare_routing.sh); the dense ones
         # compare loss and norm step by step. 1e-4: the two backends add in
@@ -434,14 +448,14 @@ while IFS='|' read -r kind np name cmd envs lim; do
     [ "$warn" = 0 ] || note="$note${note:+; }$(grep -m1 'NCCL WARN' "$out" | sed 's/.*NCCL WARN *//' | cut -c1-60)"
     if [ $ok = 1 ]; then
         pass "$label (${SECS} s${note:+: $note})"
-        row PASS "$np" "$name" "$SECS" "${dl:--}" "${dn:--}" "$ms" "$cms" "$mfu" "$warn" "$note"
+        row PASS "$np" "$name" "$SECS" "${dl:--}" "${dn:--}" "$ms" "$cms" "$mfu" "$warn" "$fig" "$note"
     else
         result=FAIL
         [ $RC = 124 ] && result=TIMEOUT hangs=$((hangs + 1))
         fail "$label" "$why; $(cat "$dir/cmd.txt"); $(grep -E '^error|FAIL' "$out" | head -2)"
         [ -n "$WHERE" ] && echo "$WHERE"
         [ $RC = 124 ] && note="no end in ${lim:-$LIMIT} s${cut:+ (budget)}: stacks in ${dir#"$OUT_DIR/"}"
-        row $result "$np" "$name" "$SECS" "${dl:--}" "${dn:--}" "$ms" "$cms" "$mfu" "$warn" "${note:-$why}"
+        row $result "$np" "$name" "$SECS" "${dl:--}" "${dn:--}" "$ms" "$cms" "$mfu" "$warn" "$fig" "${note:-$why}"
         [ -n "$WHERE" ] && echo "$WHERE" >> "$ROWS"
     fi
 done < <(grep -v '^ *#' "$ALL")
@@ -450,11 +464,13 @@ done < <(grep -v '^ *#' "$ALL")
 {
     echo
     echo "GPU check, $BACKEND backend, $(date -u '+%Y-%m-%d %H:%M UTC'), $((SECONDS - T0)) s"
-    printf '%-8s %2s  %-50s %4s %9s %9s %9s %9s %6s %4s  %s\n' result np case s "|dloss|" "|dnorm|" \
-        "ms/step" "cpu ms" mfu warn note
+    printf '%-8s %2s  %-50s %4s %9s %9s %9s %9s %6s %4s %-26s %s\n' result np case s "|dloss|" "|dnorm|" \
+        "ms/step" "cpu ms" mfu warn "figure (gpu / cpu)" note
     cat "$ROWS"
     echo "(|dloss|, |dnorm|: largest step difference from the same run on the CPU build, bound 1e-4;"
-    echo " warn: NCCL WARN lines; every case's output, log and stacks under $OUT_DIR/cases)"
+    echo " warn: NCCL WARN lines; figure: chapter 5's measured bubble, the share of the experts'"
+    echo " all-to-all hidden behind compute, the ring's wait or the comm wait, in ms a step;"
+    echo " every case's output, log and stacks under $OUT_DIR/cases)"
 } > "$SUMMARY"
 cat "$SUMMARY"
 # what to send back: one file
