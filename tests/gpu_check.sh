@@ -85,6 +85,7 @@ train     | 2 | chapter 6 cp=2 ring zigzag, overlap off       | chapter-6 $TRAIN
 train     | 2 | chapter 6 tp=2 sp                             | chapter-6 $TRAIN --tp 2 --sp |
 train     | 2 | chapter 7 ep=2 capacity 1.0 (drops)           | chapter-7 $TRAIN --experts 2 --capacity-factor 1.0 --ep 2 |
 train     | 2 | chapter 7 ep=2 experts 8 top-1 (empty sends)  | chapter-7 $TRAIN --experts 8 --top-k 1 --ep 2 |
+train     | 2 | chapter 7 ep=2 --ep-overlap 2                 | chapter-7 $TRAIN $MOE --ep 2 --ep-overlap 2 |
 train     | 2 | capstone pp=2 interleaved v=3 m=4             | capstone $TRAIN $MOE --model tiny6 --pp 2 --schedule interleaved --virtual 3 --microbatches 4 |
 train     | 2 | capstone tp=2                                 | capstone $TRAIN $MOE --tp 2 |
 train     | 4 | chapter 4 dp=2 x tp=2 ZeRO-3                  | chapter-4 $TRAIN --dp 2 --tp 2 --zero 3 |
@@ -125,7 +126,10 @@ ROWS=$OUT_DIR/rows.txt
     nvidia-smi 2>&1 | head -20
     nvidia-smi topo -m 2>&1
     (command -v nvcc || ls /usr/local/cuda/bin/nvcc) >/dev/null 2>&1 && { nvcc --version 2>/dev/null || /usr/local/cuda/bin/nvcc --version; } | tail -2
-    ldconfig -p 2>/dev/null | grep -E 'libnccl|libcublas\.' | head -4
+    # the libraries' full versions: the names their links resolve to
+    for l in $(ldconfig -p 2>/dev/null | grep -oE '/[^ ]*lib(nccl|cublas|cudart)\.so[.0-9]*$'); do
+        readlink -f "$l"
+    done | sort -u
     mpirun --version 2>&1 | head -1
 } > "$OUT_DIR/env.txt" 2>&1
 
@@ -464,6 +468,10 @@ done < <(grep -v '^ *#' "$ALL")
 {
     echo
     echo "GPU check, $BACKEND backend, $(date -u '+%Y-%m-%d %H:%M UTC'), $((SECONDS - T0)) s"
+    # NCCL prints its version at NCCL_DEBUG=WARN as at VERSION (showVersion,
+    # NCCL's src/init.cc): the version the runs loaded, not the one linked
+    nccl=$(cat "$OUT_DIR"/cases/*/out.txt 2>/dev/null | grep -o -m1 'NCCL version [^ ]*')
+    [ -n "$nccl" ] && echo "$nccl; $(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader 2>/dev/null | sort | uniq -c | sed 's/^ *//' | paste -sd';' -)"
     printf '%-8s %2s  %-50s %4s %9s %9s %9s %9s %6s %4s %-26s %s\n' result np case s "|dloss|" "|dnorm|" \
         "ms/step" "cpu ms" mfu warn "figure (gpu / cpu)" note
     cat "$ROWS"
