@@ -168,7 +168,7 @@ gc_rc=$?
 gc_ok=1 gc_why=""
 gc_need() { grep -qE -- "$1" "$gc_log" || { gc_ok=0; gc_why="$gc_why no line '$1';"; }; }
 gc_need '^result +np +case +s +\|dloss\| +\|dnorm\| +ms/step +cpu ms'
-gc_need '^PASS +2 +capstone pp=2 zb m=4 +[0-9]+ +0\.00e\+00 +0\.00e\+00 +[0-9.]+ +[0-9.]+ '
+gc_need '^PASS +2 +capstone pp=2 zb m=4 +[0-9]+ +[0-9.]+e[-+][0-9]+ +[0-9.]+e[-+][0-9]+ +[0-9.]+ +[0-9.]+ '
 gc_need '^SKIP +1 +op tests under compute-sanitizer memcheck .* cpu mode$'
 gc_need '^TIMEOUT +2 +planted hang .*no end in 8 s: stacks in cases/03-planted_hang$'
 gc_need '^1 passed, 1 failed, 1 skipped$'
