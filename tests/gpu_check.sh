@@ -92,6 +92,11 @@ train     | 4 | chapter 4 dp=2 x tp=2 ZeRO-3                  | chapter-4 $TRAIN
 train     | 4 | chapter 5 dp=2 x pp=2 interleaved v=3 m=4     | chapter-5 $TRAIN $P5 --dp 2 --pp 2 --schedule interleaved --virtual 3 --microbatches 4 |
 train     | 4 | chapter 7 dp=2 x ep=2                         | chapter-7 $TRAIN $MOE --dp 2 --ep 2 |
 train     | 4 | capstone tp=2 x pp=2 zb                       | capstone $TRAIN $MOE --tp 2 --pp 2 --schedule zb --microbatches 4 |
+train     | 4 | chapter 6 dp=2 x cp=2 ring zigzag (dp+cp group) | chapter-6 $TRAIN --dp 2 --cp 2 --cp-balance zigzag |
+train     | 3 | chapter 5 pp=3 interleaved v=2 m=6            | chapter-5 $TRAIN $P5 --pp 3 --schedule interleaved --virtual 2 --microbatches 6 |
+train     | 3 | chapter 5 pp=3 1f1b m=6                       | chapter-5 $TRAIN $P5 --pp 3 --schedule 1f1b --microbatches 6 |
+train     | 2 | chapter 3 dp=2 ZeRO-2                         | chapter-3 $TRAIN --dp 2 --zero 2 |
+train     | 2 | chapter 2 dp=2 --trace                        | chapter-2 $TRAIN --dp 2 --trace $OUT_DIR/trace.json |
 train     | 2 | chapter 5 interleaved, shared stream, NCCL buffer | chapter-5 $TRAIN $P5 --pp 2 --schedule interleaved --virtual 3 --microbatches 4 | NCCL_LAUNCH_ORDER_IMPLICIT=0 NCCL_BUFFSIZE=4194304
 train     | 2 | chapter 6 cp=2 ring, shared stream, NCCL buffer   | chapter-6 $TRAIN --cp 2 | NCCL_LAUNCH_ORDER_IMPLICIT=0 NCCL_BUFFSIZE=4194304
 kill      | 2 | chapter 2 dp=2, rank 1 killed at step 3       | chapter-2 --dp 2 --steps 50 --ckpt-dir $OUT_DIR/kill_ckpt --save-every 2 | CKPT_KILL=step:3:1
