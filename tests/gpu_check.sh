@@ -2,20 +2,23 @@
 # make gpu-check: the first-GPU-day script (docs/cuda.md, section 6).
 # One command, one table: every chapter (0-7 and the capstone) on 1-2 GPU
 # ranks, the risky cases on 4 (pp 4 interleaved, cp 4 ring), the op tests
-# under compute-sanitizer memcheck and racecheck, each training run compared
-# with the same command on the CPU backend (same ranks, same flags).
+# under compute-sanitizer (memcheck, racecheck, then initcheck, synccheck),
+# each training run compared with the same command on the CPU backend (same
+# ranks, same flags); within 15 minutes, hangs included.
 #
 #   bash tests/gpu_check.sh            the GPU day (make gpu-check)
 #   bash tests/gpu_check.sh --list     the case list, one case a line
-#   GPU_CHECK_BACKEND=cpu ...          the very same cases on the CPU build:
-#                                      the harness (timeouts, stack dumps,
+#   bash tests/gpu_check.sh --cpu      (or GPU_CHECK_BACKEND=cpu) the very
+#                                      same cases on the CPU build: the
+#                                      harness (limits, stack dumps,
 #                                      comparison, table) checked without a GPU
 #   GPU_CHECK_ONLY=REGEX               only the cases whose name matches
 #   GPU_CHECK_CASES=FILE               the cases of FILE (the --list format)
 #   GPU_CHECK_TIMEOUT=S                a case's limit unless it has its own [120]
 #   GPU_CHECK_BUDGET=S                 no case runs past S s [840: 14 min]
 #   GPU_CHECK_MAX_HANGS=N              after N hangs, skip the multi-rank cases [3]
-#   GPU_CHECK_OUT=DIR                  where everything is kept [build/gpu-check]
+#   GPU_CHECK_OUT=DIR                  where everything is kept [build/gpu-check;
+#                                      the run before is kept in DIR.prev]
 #
 # Every device run gets NCCL_DEBUG=WARN (NCCL's warnings in the output, counted
 # in the table) and NCCL_BUFFSIZE=16384: the tiny models' messages then exceed
@@ -108,14 +111,27 @@ EOF
 # stream for every communicator the model finds deadlocks above the buffer,
 # docs/notes/cuda.md, so a small buffer there would test what is known)
 
-if [ "${1:-}" = --list ]; then
-    if [ -n "${GPU_CHECK_CASES:-}" ]; then cat "$GPU_CHECK_CASES"; else cases; fi
-    exit 0
-fi
+case ${1:-} in
+    --list) if [ -n "${GPU_CHECK_CASES:-}" ]; then cat "$GPU_CHECK_CASES"; else cases; fi
+            exit 0 ;;
+    --cpu) BACKEND=cpu ;;
+    "") ;;
+    *) sed -n '2,/^$/s/^# \{0,1\}//p' "$0"; exit 2 ;;
+esac
 
 echo "== GPU check ($BACKEND backend)"
 T0=$SECONDS
-rm -rf "$OUT_DIR"
+# the run before stays, as DIR.prev: a rerun of a few cases (GPU_CHECK_ONLY)
+# must not lose the full run's stacks; a folder that is not a gpu-check's
+# output is never removed
+if [ -e "$OUT_DIR" ]; then
+    if [ ! -e "$OUT_DIR/env.txt" ] && [ -n "$(ls -A "$OUT_DIR" 2>/dev/null)" ]; then
+        echo "error: $OUT_DIR is not a gpu-check output (no env.txt): set GPU_CHECK_OUT to another folder" >&2
+        exit 2
+    fi
+    rm -rf "$OUT_DIR.prev"
+    mv "$OUT_DIR" "$OUT_DIR.prev"
+fi
 mkdir -p "$OUT_DIR/cases"
 SUMMARY=$OUT_DIR/summary.txt
 ROWS=$OUT_DIR/rows.txt
