@@ -144,8 +144,12 @@ ROWS=$OUT_DIR/rows.txt
     echo "commit: $(git rev-parse HEAD 2>/dev/null) $(git status --porcelain 2>/dev/null | grep -q . && echo '(with local changes)')"
     echo "host: $(uname -nrm)"
     echo "cpus: $(nproc 2>/dev/null)"
-    nvidia-smi 2>&1 | head -20
-    nvidia-smi topo -m 2>&1
+    if command -v nvidia-smi >/dev/null; then
+        nvidia-smi 2>&1 | head -20
+        nvidia-smi topo -m 2>&1
+    else
+        echo "nvidia-smi: not found (no NVIDIA driver here)"
+    fi
     (command -v nvcc || ls /usr/local/cuda/bin/nvcc) >/dev/null 2>&1 && { nvcc --version 2>/dev/null || /usr/local/cuda/bin/nvcc --version; } | tail -2
     # the libraries' full versions: the names their links resolve to
     for l in $(ldconfig -p 2>/dev/null | grep -oE '/[^ ]*lib(nccl|cublas|cudart)\.so[.0-9]*$'); do
