@@ -256,7 +256,7 @@ stack_of() {
         timeout 60 gdb -batch -nx -p "$1" -ex 'set pagination off' -ex 'info threads' -ex 'thread apply all bt'
     else
         echo "no gdb: kernel stacks from /proc (apt-get install gdb for the program's own frames)"
-        for t in /proc/$1/task/*; do
+        for t in /proc/"$1"/task/*; do
             echo "-- thread ${t##*/} $(cat "$t/comm" 2>/dev/null), wchan $(cat "$t/wchan" 2>/dev/null)"
             cat "$t/stack" 2>/dev/null
         done
@@ -351,18 +351,18 @@ if [ -z "$missing" ]; then
     nref=0
     while IFS='|' read -r kind np name cmd envs lim; do
         kind=$(trim "$kind") np=$(trim "$np") name=$(trim "$name") cmd=$(trim "$cmd") lim=$(trim "$lim")
-        [ "$kind" = train ] && selected "$name" || continue
+        if [ "$kind" != train ] || ! selected "$name"; then continue; fi
         [ "$BACKEND" = cuda ] && [ "$gpus" -lt "$np" ] && continue
         d=$OUT_DIR/refs/$(ref_key "$np" "$cmd")
         [ -d "$d" ] && continue
         mkdir -p "$d"
         while [ "$(jobs -rp | wc -l)" -ge "$JOBS" ]; do wait -n; done
-        # shellcheck disable=SC2086
         # each reference on its share of the cores (JOBS of them side by
         # side): its "cpu ms" is then not a fight for cores. The comparison
         # holds whatever the threads (chapter 0 at 1 and 2: the same bits)
         thr=$(( $(nproc 2>/dev/null || echo 2) / (JOBS * np) ))
         [ $thr -lt 1 ] && thr=1
+        # shellcheck disable=SC2086
         (watch_run "${lim:-$LIMIT}" "$d" "$np" "" "$BUILD/"$cmd --threads $thr --log "$d/log.jsonl"
          echo "$RC $SECS" > "$d/rc"; [ -n "$WHERE" ] && echo "$WHERE" > "$d/where") &
         nref=$((nref + 1))
