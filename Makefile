@@ -89,8 +89,11 @@ else ifeq ($(BACKEND),cuda)
   CUDA_ARCH ?= -gencode arch=compute_80,code=sm_80 -gencode arch=compute_90,code=sm_90 \
                -gencode arch=compute_90,code=compute_90
   # --fmad=false: no fused multiply-adds, as gcc compiles the CPU twin, so the
-  # two backends round the same formulas alike (reduction orders still differ)
-  NVCCFLAGS := -O3 --fmad=false $(CUDA_ARCH) -std=c++17 -Icommon -I$(CUDA_HOME)/include -Werror all-warnings \
+  # two backends round the same formulas alike (reduction orders still differ).
+  # -lineinfo: line tables for the device code, without changing its
+  # optimisation, so that compute-sanitizer's reports (make gpu-check) name
+  # the line of ops.cu, not only the kernel
+  NVCCFLAGS := -O3 --fmad=false -lineinfo $(CUDA_ARCH) -std=c++17 -Icommon -I$(CUDA_HOME)/include -Werror all-warnings \
                -Xcompiler -Wall,-Wextra,-Werror,-fopenmp -MMD -MP
   CFLAGS    += -I$(CUDA_HOME)/include
   LDLIBS    += -L$(CUDA_HOME)/lib64 -Wl,-rpath,$(CUDA_HOME)/lib64 -lcublas -lnccl -lcudart -lstdc++ -ldl
