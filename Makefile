@@ -4,6 +4,9 @@
 #   make all           every chapter, the capstone and the tools (tokenize, roofline, plan)
 #   make test          every test; ends with "N passed, N failed, N skipped"
 #   make docs-check    the docs' code references, links and quoted figures (docs/TEMPLATE.md)
+#   make site          the course as a website, build/site/index.html (tools/site/, offline)
+#   make site-check    every page of it in headless Chromium: loads, links, anchors, images,
+#                      no JavaScript error, each `path:N` link at what its lesson names
 #   make test CHAPTER=N   only chapter N's tests (tests/chapter_N.sh: its mesh,
 #                      invariant, accounting, error and --help cases);
 #                      CHAPTER=capstone, unit, plots or gpu runs that script (tests/run.sh)
@@ -176,11 +179,15 @@ all: $(addprefix chapter-,$(CHAPTERS)) capstone-bin modules tools
 # every module compiles, linked by a chapter or not yet
 modules: $(patsubst %.c,$(OBJ)/%.o,$(MODULE_SRC))
 
-tools: $(BIN)/tokenize $(BIN)/roofline $(BIN)/plan
+tools: $(BIN)/tokenize $(BIN)/roofline $(BIN)/plan $(BIN)/attention_bench
 $(BIN)/tokenize: $(OBJ)/common/tools/tokenize.o $(COMMON_OBJ)
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) -o $@ $^ $(LDLIBS)
 $(BIN)/roofline: $(OBJ)/common/tools/roofline.o $(COMMON_OBJ)
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) -o $@ $^ $(LDLIBS)
+# the two attentions timed against each other, alternated (make bench)
+$(BIN)/attention_bench: $(OBJ)/common/tools/attention_bench.o $(COMMON_OBJ)
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) -o $@ $^ $(LDLIBS)
 # the planner: a chapter's peak bytes and communication, predicted (tests/plan.sh):
@@ -271,6 +278,20 @@ test:
 docs-check:
 	@$(MAKE) --no-print-directory BACKEND=cpu all
 	@python3 tests/docs_check.py
+
+# The course as a website: every lesson, topic and note page, the plots in
+# place, each `path:N` a link to a highlighted source page at that line, the
+# traces zoomable; from the checkout, offline (tools/site/build.py). Open
+# build/site/index.html. site-check opens every page in headless Chromium
+# (tests/site_check.py), after its self-test on a deliberately broken copy.
+.PHONY: site site-check
+site:
+	@SETUP_QUIET=1 bash .ci/install-deps.sh site
+	@python3 tools/site/build.py
+site-check: site
+	@SETUP_QUIET=1 bash .ci/install-deps.sh site-check
+	@python3 tests/site_check.py --self-test
+	@python3 tests/site_check.py
 
 # A --trace file as a Gantt chart: compute, communication and waiting per
 # rank (docs/tracing.md). STEPS=FIRST:LAST picks the steps (default: the first

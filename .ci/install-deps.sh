@@ -1,14 +1,29 @@
 #!/bin/bash
-# Installs the Debian packages the course needs, when they are missing.
+# Installs the Debian packages the course needs, when they are missing
+# (an argument site, site-check or all: below; SETUP_QUIET=1: silent when
+# nothing is missing).
 # As root it runs apt-get; otherwise it prints the one line to run.
 set -e
 PACKAGES="make gcc gdb libc6-dev openmpi-bin libopenmpi-dev libopenblas-openmp-dev libxxhash-dev libzstd-dev gnuplot-nox fortunes python3 xxhash"
+# The course as a website (make site: pandoc, Pygments) and its check in a
+# real browser (make site-check: headless Chromium driven over the DevTools
+# protocol, fonts for its screenshots): only when asked, so that make setup
+# and make demo stay light. CI asks for all.
+SITE_PACKAGES="python3 pandoc python3-pygments"
+SITE_CHECK_PACKAGES="$SITE_PACKAGES chromium python3-websocket fonts-dejavu-core"
+case "${1:-}" in
+    "") ;;
+    site) PACKAGES="$SITE_PACKAGES" ;;
+    site-check) PACKAGES="$SITE_CHECK_PACKAGES" ;;
+    all) PACKAGES="$PACKAGES $SITE_CHECK_PACKAGES" ;;
+    *) echo "usage: $0 [site|site-check|all]" >&2; exit 2 ;;
+esac
 missing=""
 for p in $PACKAGES; do
     dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing="$missing $p"
 done
 if [ -z "$missing" ]; then
-    echo "set-up: every package is installed"
+    [ -n "${SETUP_QUIET:-}" ] || echo "set-up: every package is installed"
     exit 0
 fi
 if [ "$(id -u)" != 0 ]; then

@@ -76,21 +76,32 @@ int tp_shard_tiles(const GPTConfig* cfg, int tp, int r, Tile* out) {
     return n;
 }
 
-void tp_check_mesh(const GPTConfig* cfg, int B, int dp, int tp) {
-    // Not train_check_mesh: it asks tp to divide the padded vocabulary, which
-    // small (256) on tp = 3 does not need (the vocabulary may split unevenly)
-    if (B % dp != 0) fail_all("--batch %d does not split over dp=%d ranks: use a batch divisible by %d", B, dp, dp);
-    if (cfg->num_heads % tp != 0)
-        fail_all("the model's %d heads do not split over tp=%d ranks: use a tp that divides %d", cfg->num_heads, tp,
-                 cfg->num_heads);
-    if ((4 * cfg->channels) % tp != 0)
-        fail_all("the MLP's %d hidden units (4C) do not split over tp=%d ranks: use a tp that divides %d",
-                 4 * cfg->channels, tp, 4 * cfg->channels);
+const char* tp_mesh_problem(const GPTConfig* cfg, int B, int dp, int tp, char* msg, size_t len) {
+    // Not train_mesh_problem: it asks tp to divide the padded vocabulary,
+    // which small (256) on tp = 3 does not need (the vocabulary may split
+    // unevenly)
     int v0_last, rows_last;
     tp_vocab_rows(cfg, tp, tp - 1, &v0_last, &rows_last);
-    if (rows_last <= 0)
-        fail_all("the model's padded vocabulary of %d rows leaves the last of tp=%d ranks none: use a smaller tp",
+    if (B % dp != 0)
+        snprintf(msg, len, "--batch %d does not split over dp=%d ranks: use a batch divisible by %d", B, dp, dp);
+    else if (cfg->num_heads % tp != 0)
+        snprintf(msg, len, "the model's %d heads do not split over tp=%d ranks: use a tp that divides %d",
+                 cfg->num_heads, tp, cfg->num_heads);
+    else if ((4 * cfg->channels) % tp != 0)
+        snprintf(msg, len, "the MLP's %d hidden units (4C) do not split over tp=%d ranks: use a tp that divides %d",
+                 4 * cfg->channels, tp, 4 * cfg->channels);
+    else if (rows_last <= 0)
+        snprintf(msg, len, "the model's padded vocabulary of %d rows leaves the last of tp=%d ranks none: use a smaller tp",
                  cfg->padded_vocab_size, tp);
+    else
+        return NULL;
+    return msg;
+}
+
+void tp_check_mesh(const GPTConfig* cfg, int B, int dp, int tp) {
+    char msg[512];
+    const char* bad = tp_mesh_problem(cfg, B, dp, tp, msg, sizeof(msg));
+    if (bad) fail_all("%s", bad);
 }
 
 // ---------------------------------------------------------------- the tp rank's state

@@ -74,6 +74,9 @@ int tp_shard_tiles(const GPTConfig* cfg, int tp, int r, Tile* out);
 // hidden units per tp rank, vocabulary rows for every tp rank. Collective:
 // one clear message from rank 0 and every rank exits when one does not.
 void tp_check_mesh(const GPTConfig* cfg, int B, int dp, int tp);
+// The same checks without MPI: NULL, or the message in msg (the planner,
+// tools/plan, refuses with it).
+const char* tp_mesh_problem(const GPTConfig* cfg, int B, int dp, int tp, char* msg, size_t len);
 
 // ---------------------------------------------------------------- the tp rank's state
 

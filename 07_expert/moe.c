@@ -527,10 +527,6 @@ void moe_ckpt_add_expert_layers(CkptList* l, const MoeConfig* c, CkptKind kind, 
         }
 }
 
-void moe_ckpt_add_tp(CkptList* l, const MoeConfig* c, CkptKind kind, int tp, int rank, float* data) {
-    moe_ckpt_add_tp_layers(l, c, kind, tp, rank, 0, c->gpt.num_layers, data);
-}
-
 // one slice: count runs of len floats, stride apart, from start of tensor t
 static void add_runs(CkptList* l, CkptKind kind, int t, size_t start, size_t len, size_t stride, size_t count,
                      float* data) {

@@ -184,16 +184,12 @@ void moe_ckpt_add_shared(CkptList* l, const MoeConfig* c, CkptKind kind, size_t 
 // A rank's experts buffer (experts [e0, e0 + n_local) of every MoE layer):
 // one slice per (layer, expert, tensor).
 void moe_ckpt_add_experts(CkptList* l, const MoeConfig* c, CkptKind kind, int e0, int n_local, float* data);
-// A tp rank's slices of every layer's qkvw (3 row blocks of C/tp: its heads'
-// q, k and v), qkvb (the same) and attprojw (columns [r C/tp, (r+1) C/tp)),
-// and of a dense layer's fcw and fcb (rows [r 4C/tp, (r+1) 4C/tp): its hidden
-// units) and fcprojw (the same columns), laid out per layer as
-// capstone/composed_tp.c holds them: qkvw (3C/tp, C), qkvb (3C/tp), attprojw
-// (C, C/tp) [fcw (4C/tp, C), fcb (4C/tp), fcprojw (C, 4C/tp)]. Slices of the
-// global tensors: any tp resumes.
-void moe_ckpt_add_tp(CkptList* l, const MoeConfig* c, CkptKind kind, int tp, int rank, float* data);
-// The same for layers [l0, l0 + n_layers) of the whole model (a pipeline
-// chunk's; data holds their slices from layer l0's on).
+// A tp rank's slices of layers [l0, l0 + n_layers) (all: 0, L; a pipeline
+// chunk's: data holds them from layer l0's on): qkvw (3 row blocks of C/tp:
+// its heads' q, k and v), qkvb (the same), attprojw (columns [r C/tp,
+// (r+1) C/tp)), a dense layer's fcw and fcb (rows [r 4C/tp, (r+1) 4C/tp))
+// and fcprojw (those columns), laid out per layer as capstone/composed_tp.c
+// holds them (moe_tp_params). Slices of the global tensors: any tp resumes.
 void moe_ckpt_add_tp_layers(CkptList* l, const MoeConfig* c, CkptKind kind, int tp, int rank, int l0, int n_layers,
                             float* data);
 // Floats of layer l's tp slices: (4C^2 + 3C) / tp, a dense layer's

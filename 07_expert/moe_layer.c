@@ -186,9 +186,7 @@ static void plan_dispatch(MoeParallel* X, MoeLayer* L, int mi) {
 // the wait itself. In flight: from the start to the end of the wait, as
 // chapter 3 times its prefetched gathers; the share of that time the rank
 // computed instead of waiting is what the overlap hid. Both are spans on
-// the device's clock (see MoeParallel): on the CPU the host clock around
-// the calls, on CUDA events on the compute stream, which is what waits
-// there (a host clock would read ~0 blocked: comm_wait returns at once).
+// the device's clock (MoeParallel says why).
 static void a2a_start(MoeParallel* X, int i, const float* send, const size_t* sc, const size_t* sd, float* recv,
                       const size_t* rc, const size_t* rd) {
     device_clock_start(&X->a2a_flight[i]);

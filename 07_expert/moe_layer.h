@@ -103,12 +103,10 @@ typedef struct {
     float *send_shared, *gelu_shared;  // --recompute selective: every layer's send and fch_gelu
     float *probs_host, *aux_host;      // host staging (memory.h): a layer's probs (N, E), its balance gradient (E)
     // the exchanges of one layer in flight: dispatch chunk c is request c,
-    // combine chunk c is chunks + c. Timed on the device's clock
-    // (device_clock.h), since on CUDA comm_wait returns at once and the
-    // compute stream waits: request i's time in flight is a span of
-    // a2a_flight[i], from the compute stream reaching its start to passing
-    // its wait (one clock each: the chunks' spans overlap); the waits alone
-    // are spans of a2a_blocked_clock (comm_wait_clock_begin)
+    // combine chunk c is chunks + c. Timed on the device's clock (on CUDA
+    // comm_wait returns at once): request i's flight is a span of
+    // a2a_flight[i] (one clock each: the chunks' spans overlap), the waits
+    // alone spans of a2a_blocked_clock (comm_wait_clock_begin)
     CommRequest* a2a;
     DeviceClock* a2a_flight;
     DeviceClock a2a_blocked_clock;

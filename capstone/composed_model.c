@@ -324,6 +324,7 @@ void expert_model_ckpt(Ckpt* ck, ExpertModel* m) {
     }
     float* shared[CKPT_NUM_KINDS] = {m->shared, m->m_s, m->v_s};
     float* experts[CKPT_NUM_KINDS] = {m->experts, m->m_e, m->v_e};
+    int L = m->cfg.gpt.num_layers;  // the tp slices of every layer of this model (a chunk's: its own)
     size_t per = (m->n_shared + m->ep - 1) / m->ep, lo = (size_t)m->epc->rank * per;
     if (lo > m->n_shared) lo = m->n_shared;
     size_t n = m->n_shared - lo < per ? m->n_shared - lo : per;
@@ -337,8 +338,8 @@ void expert_model_ckpt(Ckpt* ck, ExpertModel* m) {
         if (m->tp.tp > 1) {  // my tp slices (moe.h): dp x cp x ep rank 0 writes them
             float* slices[CKPT_NUM_KINDS] = {m->tp.w, m->tp.m, m->tp.v};
             if (m->tp.dpcpep->rank == 0)
-                moe_ckpt_add_tp(&ck->own, &m->cfg, (CkptKind)k, m->tp.tp, m->tp.rank, slices[k]);
-            moe_ckpt_add_tp(&ck->need, &m->cfg, (CkptKind)k, m->tp.tp, m->tp.rank, slices[k]);
+                moe_ckpt_add_tp_layers(&ck->own, &m->cfg, (CkptKind)k, m->tp.tp, m->tp.rank, 0, L, slices[k]);
+            moe_ckpt_add_tp_layers(&ck->need, &m->cfg, (CkptKind)k, m->tp.tp, m->tp.rank, 0, L, slices[k]);
         }
     }
     // --zero 1: the moments are sharded over each buffer's copies, every
@@ -349,7 +350,7 @@ void expert_model_ckpt(Ckpt* ck, ExpertModel* m) {
         const ZeroBuf* z = &m->z[b];
         if (b == ZERO_SHARED) moe_ckpt_add_shared(&full, &m->cfg, CKPT_PARAMS, 0, m->n_shared, z->params);
         if (b == ZERO_EXPERTS) moe_ckpt_add_experts(&full, &m->cfg, CKPT_PARAMS, m->e0, m->E_local, z->params);
-        if (b == ZERO_TP) moe_ckpt_add_tp(&full, &m->cfg, CKPT_PARAMS, m->tp.tp, m->tp.rank, z->params);
+        if (b == ZERO_TP) moe_ckpt_add_tp_layers(&full, &m->cfg, CKPT_PARAMS, m->tp.tp, m->tp.rank, 0, L, z->params);
         expert_zero_ckpt_add(&ck->own, &full, z->params, z, z->m, z->v);
         expert_zero_ckpt_add(&ck->need, &full, z->params, z, z->m, z->v);
         ckpt_list_free(&full);

@@ -96,6 +96,30 @@ void attention_forward(float* out, float* att, const float* qkv, int B, int T, i
 void attention_backward(float* dqkv, float* datt, const float* dout, const float* qkv,
                         const float* att, int B, int T, int C, int NH);
 
+// ---------------------------------------------------------------- attention in O(T) memory
+// The same causal attention without the (B, NH, T, T) probabilities:
+// FlashAttention's algorithm (Dao et al. 2022; Dao 2023), blocks of keys
+// folded into each query row by the online softmax (Milakov & Gimelshein
+// 2018), the identity attention_chunk_merge below applies to whole chunks.
+// Forward keeps only out (B, T, C), as attention_forward's, and
+// lse (B, T, NH) = log of the row's softmax denominator in the units of the
+// scaled scores (max + log sum e^(score - max)), heads side by side as the
+// chunk ops' statistics. Backward recomputes each block's probabilities
+// p = exp(score - lse) and, with D = dout . out per row, ACCUMULATES
+//   dv_j += p_ij dout_i,  ds_ij = p_ij (dout_i . v_j - D_i),
+//   dq_i += ds_ij k_j / sqrt(hs),  dk_j += ds_ij q_i / sqrt(hs)
+// into dqkv (B, T, 3C). Each call takes its own working memory, a few tiles
+// of up to 128 x 64 floats and of 64 keys by hs: on the CPU per thread (host
+// memory, as the chunk ops' tiles), on the GPU in shared memory; nothing
+// grows with T.
+// A row's out, lse and dq are a function of that row's query, the keys and
+// values it sees and (backward) its dout, out and lse, whatever B, T past
+// the row, the other rows and the thread count (tests/test_rows.c); dk and
+// dv of a key add the queries that see it in one fixed order.
+void attention_flash_forward(float* out, float* lse, const float* qkv, int B, int T, int C, int NH);
+void attention_flash_backward(float* dqkv, const float* dout, const float* qkv, const float* out,
+                              const float* lse, int B, int T, int C, int NH);
+
 // ---------------------------------------------------------------- attention on sequence chunks
 // The same attention, cut by sequence chunks (context parallelism: a rank holds
 // one chunk of queries and meets the keys and values of the other chunks one
@@ -116,10 +140,12 @@ void attention_backward(float* dqkv, float* datt, const float* dout, const float
 // query i iff k0 + j <= q0 + i (causal). Scores are q.k / sqrt(hs), as in
 // attention_forward. The per-row statistics rowmax, sumexp, lse are
 // (B, Tq, NH): one value per (token, head), heads side by side as in out.
-// Both backends run a pair as matmuls (scores q k^T, then weights @ v; backward
-// five products), as attention_forward does. The CUDA backend keeps the
-// scores of one batch row, NH*Tq*Tk floats (twice that in backward), in a
-// buffer of its own that grows to the largest call (mem_alloc, activations).
+// The CPU runs a pair on attention_flash_*'s tiles and blocks of keys (the
+// same loop, with the chunks' positions; a few small tiles per thread).
+// The CUDA backend runs it as matmuls (scores q k^T, then weights @ v;
+// backward five products), as attention_forward does, and keeps the scores
+// of one batch row, NH*Tq*Tk floats (twice that in backward), in a buffer of
+// its own that grows to the largest call (mem_alloc, activations).
 //
 // Forward WRITES (overwrites) the partials of one (query chunk, kv chunk) pair:
 // rowmax = max visible score, sumexp = sum of exp(score - rowmax) over the

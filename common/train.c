@@ -98,36 +98,45 @@ void train_load_checkpoint(const TrainSetup* s, float* params_host) {
 
 // ---------------------------------------------------------------- the mesh against the model
 
-void train_check_mesh(const Mesh* mesh, const TrainSetup* s, const MeshNeeds* needs) {
-    const GPTConfig* c = &s->cfg;
-    int dp = mesh->size[AXIS_DP], tp = mesh->size[AXIS_TP], pp = mesh->size[AXIS_PP];
-    int cp = mesh->size[AXIS_CP], ep = mesh->size[AXIS_EP];
+const char* train_mesh_problem(const int size[NUM_AXES], const GPTConfig* c, int B, int T, const MeshNeeds* needs,
+                               char* msg, size_t len) {
+    int dp = size[AXIS_DP], tp = size[AXIS_TP], pp = size[AXIS_PP], cp = size[AXIS_CP], ep = size[AXIS_EP];
     int micro = needs && needs->microbatches > 1 ? needs->microbatches : 1;
     int experts = needs ? needs->experts : 0;
     // every check in one style: what, its value, the axis, the fix
 #define RANKS(n) (n), (n) == 1 ? "" : "s"
-    if (s->B % (dp * micro) != 0) {
+    if (B % (dp * micro) != 0) {
         if (micro == 1)
-            fail_all("--batch %d does not split over dp=%d rank%s: use a batch divisible by %d", s->B, RANKS(dp), dp);
-        fail_all("--batch %d does not split over dp=%d rank%s x %d micro-batches: use a batch divisible by %d",
-                 s->B, RANKS(dp), micro, dp * micro);
-    }
-    if (c->num_heads % tp != 0)
-        fail_all("the model's %d heads do not split over tp=%d rank%s: use a tp that divides %d", c->num_heads,
-                 RANKS(tp), c->num_heads);
-    if (c->padded_vocab_size % tp != 0)
-        fail_all("the model's padded vocabulary of %d does not split over tp=%d rank%s: use a tp that divides %d",
+            snprintf(msg, len, "--batch %d does not split over dp=%d rank%s: use a batch divisible by %d", B, RANKS(dp),
+                     dp);
+        else
+            snprintf(msg, len, "--batch %d does not split over dp=%d rank%s x %d micro-batches: use a batch divisible by %d",
+                     B, RANKS(dp), micro, dp * micro);
+    } else if (c->num_heads % tp != 0)
+        snprintf(msg, len, "the model's %d heads do not split over tp=%d rank%s: use a tp that divides %d",
+                 c->num_heads, RANKS(tp), c->num_heads);
+    else if (c->padded_vocab_size % tp != 0)
+        snprintf(msg, len, "the model's padded vocabulary of %d does not split over tp=%d rank%s: use a tp that divides %d",
                  c->padded_vocab_size, RANKS(tp), c->padded_vocab_size);
-    if (c->num_layers % pp != 0)
-        fail_all("the model's %d layers do not split over pp=%d rank%s: use a pp that divides %d", c->num_layers,
-                 RANKS(pp), c->num_layers);
-    if (s->T % cp != 0)
-        fail_all("--seq %d does not split over cp=%d rank%s: use a sequence length divisible by %d", s->T,
+    else if (c->num_layers % pp != 0)
+        snprintf(msg, len, "the model's %d layers do not split over pp=%d rank%s: use a pp that divides %d",
+                 c->num_layers, RANKS(pp), c->num_layers);
+    else if (T % cp != 0)
+        snprintf(msg, len, "--seq %d does not split over cp=%d rank%s: use a sequence length divisible by %d", T,
                  RANKS(cp), cp);
-    if (ep > 1 && experts <= 0)
-        fail_all("the model has no experts to split over ep=%d ranks: use --ep 1, or a model with experts", ep);
-    if (ep > 1 && experts % ep != 0)
-        fail_all("the model's %d experts do not split over ep=%d rank%s: use an ep that divides %d", experts,
+    else if (ep > 1 && experts <= 0)
+        snprintf(msg, len, "the model has no experts to split over ep=%d ranks: use --ep 1, or a model with experts", ep);
+    else if (ep > 1 && experts % ep != 0)
+        snprintf(msg, len, "the model's %d experts do not split over ep=%d rank%s: use an ep that divides %d", experts,
                  RANKS(ep), experts);
+    else
+        return NULL;
 #undef RANKS
+    return msg;
+}
+
+void train_check_mesh(const Mesh* mesh, const TrainSetup* s, const MeshNeeds* needs) {
+    char msg[512];
+    const char* bad = train_mesh_problem(mesh->size, &s->cfg, s->B, s->T, needs, msg, sizeof(msg));
+    if (bad) fail_all("%s", bad);
 }

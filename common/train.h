@@ -51,5 +51,10 @@ typedef struct {
 // exits after rank 0 prints "X does not split over axis=N: use ...".
 // needs may be NULL.
 void train_check_mesh(const Mesh* mesh, const TrainSetup* s, const MeshNeeds* needs);
+// The same check without MPI: NULL, or the message (in msg) rank 0 prints.
+// The planner (tools/plan) calls it, so it refuses exactly what the
+// chapters refuse here. size: the mesh's axis sizes; B, T the global batch.
+const char* train_mesh_problem(const int size[NUM_AXES], const GPTConfig* c, int B, int T, const MeshNeeds* needs,
+                               char* msg, size_t len);
 
 #endif

@@ -478,21 +478,13 @@ class Checker:
             need_name.discard((i, r.group(0)))
             path, lo = r.group(1), int(r.group(2))
             hi = int(r.group(3)) if r.group(3) else lo
-            explicit = EXPLICIT_NAME_RE.match(text, b)
-            if explicit:
-                name, how = explicit.group(2).strip(), 'the name after it'
-            else:
-                s0, s1 = next((x, y) for x, y in bounds if x <= a < y)
-                # the nearest before it, else the nearest after it
-                cands = [(x > a, a - y if x < a else x - b, cc) for x, y, cc, rr in spans
-                         if not rr and s0 <= x < s1 and self.is_name(cc)]
-                if not cands:
-                    problem(i, 'code reference `%s` names nothing its lines could be checked against: quote the '
-                            'lines in a fenced block after it, name them in the sentence (`name`), or write '
-                            '`%s` (`name`)' % (r.group(0), r.group(0)))
-                    continue
-                after, _, name = min(cands)
-                how = 'the nearest name %s it in its sentence' % ('after' if after else 'before')
+            named = self.name_of(text, spans, bounds, k)
+            if named is None:
+                problem(i, 'code reference `%s` names nothing its lines could be checked against: quote the '
+                        'lines in a fenced block after it, name them in the sentence (`name`), or write '
+                        '`%s` (`name`)' % (r.group(0), r.group(0)))
+                continue
+            name, how = named
             lines = self.repo.lines(path)
             held = name_in(name, lines[lo - 1:hi])
             depth = brace_depth(lines[lo - 1:hi]) if path.endswith(C_EXTS) and hi > lo else (0, 0)
@@ -514,6 +506,23 @@ class Checker:
                 if at else '; %s does not hold it at all' % path
             problem(i, 'code reference `%s` names `%s` (%s), which lines %s of %s do not hold%s' % (
                 r.group(0), name, how, '%d-%d' % (lo, hi) if hi > lo else lo, path, where))
+
+    def name_of(self, text, spans, bounds, k):
+        """(name, how) that the reference spans[k] of TEXT names (rule 1b),
+        or None when its sentence names nothing. SPANS and BOUNDS as in
+        check_names; tools/site/ marks its links with the same name."""
+        a, b = spans[k][0], spans[k][1]
+        explicit = EXPLICIT_NAME_RE.match(text, b)
+        if explicit:
+            return explicit.group(2).strip(), 'the name after it'
+        s0, s1 = next((x, y) for x, y in bounds if x <= a < y)
+        # the nearest before it, else the nearest after it
+        cands = [(x > a, a - y if x < a else x - b, cc) for x, y, cc, rr in spans
+                 if not rr and s0 <= x < s1 and self.is_name(cc)]
+        if not cands:
+            return None
+        after, _, name = min(cands)
+        return name, 'the nearest name %s it in its sentence' % ('after' if after else 'before')
 
     def is_name(self, c):
         """A code span a reference may name: not a path of the repository

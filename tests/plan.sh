@@ -360,7 +360,8 @@ else
 fi
 
 # --search --chapter 7: every dp x tp x pp x cp x ep mesh of 8 ranks that
-# chapter 7's model accepts (build/capstone runs them), enumerated here by the rules docs/planner.md states
+# chapter 7's model accepts (build/capstone runs them), with each schedule,
+# cp mode and ZeRO stage the capstone composes, enumerated here by the rules docs/planner.md states
 # (independently of plan.c's loops), each planned alone: the search must
 # list exactly those whose fullest rank fits (a budget equal to one
 # layout's peak keeps it), with that layout's own peak and bus bytes, in
@@ -383,18 +384,23 @@ def valid(dp, tp, pp, cp, ep, mode):
         if share % (pp * tp) or L % pp:
             return False
     return True
+def chunks(pp):  # interleaved: the fewest chunks a rank (2 or more) that cut the L layers evenly
+    return next((v for v in range(2, L // pp + 1) if L % (pp * v) == 0), None)
 layouts = []
 for dp, tp, pp, cp, ep in itertools.product(range(1, R + 1), repeat=5):
     if dp * tp * pp * cp * ep != R:
         continue
-    for sched in (["gpipe", "1f1b", "zb"] if pp > 1 else [None]):
+    scheds = [("gpipe", None), ("1f1b", None), ("zb", None)] + ([("interleaved", chunks(pp))] if chunks(pp) else [])
+    for sched, virt in (scheds if pp > 1 else [(None, None)]):
         for mode in (["ring", "ulysses"] if cp > 1 else [None]):
-            if valid(dp, tp, pp, cp, ep, mode):
-                layouts.append((dp, tp, pp, cp, ep, sched, mode))
+            for zero in ([0, 1] if pp > 1 else [0, 1, 2, 3]):  # ZeRO 2 and 3 not with a pipeline
+                if valid(dp, tp, pp, cp, ep, mode):
+                    layouts.append((dp, tp, pp, cp, ep, sched, mode, zero, virt))
 def flags(x):
-    f = ["--dp", x[0], "--tp", x[1], "--pp", x[2], "--cp", x[3], "--ep", x[4]]
+    f = ["--dp", x[0], "--tp", x[1], "--pp", x[2], "--cp", x[3], "--ep", x[4], "--zero", x[7]]
     f += ["--schedule", x[5]] if x[5] else []
     f += ["--cp-mode", x[6]] if x[6] else []
+    f += ["--virtual", x[8]] if x[8] else []
     return [str(v) for v in f]
 own = {}
 for x in layouts:  # each layout's own plan: its fullest rank, its busiest rank, its step
@@ -419,7 +425,9 @@ for line in out.splitlines()[1:]:
         bad.append(f"unparsed: {line}")
         continue
     f = dict(re.findall(r"--(\S+) (\S+)", m.group(1)))
-    x = tuple(int(f.get(a, 1)) for a in ("dp", "tp", "pp", "cp", "ep")) + (f.get("schedule"), f.get("cp-mode"))
+    x = tuple(int(f.get(a, 1)) for a in ("dp", "tp", "pp", "cp", "ep")) + (f.get("schedule"), f.get("cp-mode"),
+                                                                          int(f.get("zero", 0)),
+                                                                          int(f["virtual"]) if "virtual" in f else None)
     listed.append(x)
     if x not in own:
         bad.append(f"listed but not valid: {x}")
@@ -444,6 +452,69 @@ case $verdict in
     ok*) pass "--search --chapter 7: ${verdict#ok }, each with its own plan's peak and bus bytes, fewest bus bytes first" ;;
     *) fail "--search --chapter 7" "$verdict" ;;
 esac
+
+echo "== the planner refuses what the chapters refuse, and they run what it lists"
+# A sample of --search's layouts (every 15th, at 1 step: the search lists
+# dozens to hundreds a size) on 2, 4 and 8 ranks, dense and chapter 7's (the
+# capstone runs those), must run; meshes the planner refuses (every third of
+# chapter 7's refused factorisations of 4 and 6 ranks, and a tp that does
+# not divide the padded vocabulary) must be refused by the program too, with
+# an error line.
+# The planner calls the chapters' own mesh check (common/train.c,
+# train_mesh_problem), so the two cannot drift apart unseen.
+SB="--batch 24 --seq 32"
+E7="--experts 4 --top-k 2"
+runs=$(python3 - "$BUILD/plan" "$SB" "$E7" <<'PY'
+import itertools, re, subprocess, sys
+plan, sb, e7 = sys.argv[1], sys.argv[2].split(), sys.argv[3].split()
+def search(extra, ranks):
+    out = subprocess.run([plan, "--search", "--ranks", str(ranks), "--memory-per-rank", "1e12"] + sb + extra,
+                         capture_output=True, text=True).stdout.splitlines()[1:]
+    return [re.split(r"\s+peak\s+", l)[0].strip() for l in out if l.startswith("  chapter")]
+for ranks in (2, 4, 8):
+    for extra in ([], ["--chapter", "7"] + e7):
+        for what in search(extra, ranks)[::15]:
+            f = what.split()
+            prog = "capstone" if f[1] == "7" else "chapter-" + f[1]
+            print("run", ranks, prog, " ".join(f[2:] + (e7 if f[1] == "7" else [])))
+# refusals: chapter 7's factorisations the planner refuses, every third
+refused = 0
+for ranks in (4, 6):
+    for dp, tp, pp, cp, ep in itertools.product(range(1, ranks + 1), repeat=5):
+        if dp * tp * pp * cp * ep != ranks:
+            continue
+        flags = f"--dp {dp} --tp {tp} --pp {pp} --cp {cp} --ep {ep}".split() + e7
+        r = subprocess.run([plan, "--chapter", "7", "--ranks", str(ranks)] + flags + sb, capture_output=True, text=True)
+        if r.returncode != 0:
+            if refused % 3 == 0:
+                print("refuse", ranks, "capstone", " ".join(flags))
+            refused += 1
+print("refuse", 3, "capstone", "--tp 3 --experts 2 --top-k 1 --model small")
+PY
+)
+n_run=0 n_ref=0 bad=""
+while read -r kind np prog flags; do
+    [ -z "$kind" ] && continue
+    mpi_run --may-fail $T_RUN "$np" "$BUILD/$prog" $flags $SB --steps 1 --peak-gflops 10
+    if [ "$kind" = run ]; then
+        n_run=$((n_run + 1))
+        [ "$RC" = 0 ] || bad="$bad; listed but failed ($RC): $prog $flags: $(echo "$OUT" | grep -m1 '^error')"
+    else
+        n_ref=$((n_ref + 1))
+        plan_line=$("$BUILD/plan" --chapter 7 --ranks "$np" $flags $SB 2>&1 | grep -m1 '^error: ')
+        run_line=$(echo "$OUT" | grep -m1 '^error: ')
+        if [ -z "$plan_line" ]; then
+            bad="$bad; the planner plans it, $prog refuses: $flags ($run_line)"
+        elif [ "$RC" = 0 ] || timed_out || [ -z "$run_line" ]; then
+            bad="$bad; planner refuses, $prog runs ($RC): $flags ($plan_line)"
+        fi
+    fi
+done <<< "$runs"
+if [ -z "$bad" ] && [ $n_run -gt 0 ] && [ $n_ref -gt 0 ]; then
+    pass "$n_run of --search's layouts on 2, 4 and 8 ranks run (1 step each); the $n_ref meshes the planner refuses are refused by the program too"
+else
+    fail "the planner and the chapters agree" "${bad#; } (ran $n_run, refusals $n_ref)"
+fi
 
 echo "== the planner's input"
 plan_error() {
@@ -491,6 +562,13 @@ same_refusal() {  # NP CHAPTER-FLAGS... -- PLAN-FLAGS...: one error, the chapter
 }
 same_refusal 2 chapter-7 --ep 2 --model "$mf/dense.bin" -- --chapter 7 --ranks 2 --ep 2 --model "$mf/dense.bin"
 same_refusal 2 chapter-2 --dp 2 --model "$mf/moe.bin" -- --chapter 2 --ranks 2 --dp 2 --model "$mf/moe.bin"
+# the mesh checks the chapters and the planner share (common/train.c's
+# train_mesh_problem, chapter 4's tp_mesh_problem): the same line
+same_refusal 3 chapter-4 --tp 3 --model tiny6 -- --chapter 4 --ranks 3 --tp 3 --model tiny6
+same_refusal 3 chapter-6 --tp 3 --sp --model tiny6 -- --chapter 6 --ranks 3 --tp 3 --sp --model tiny6
+same_refusal 3 capstone --tp 3 --experts 2 --top-k 1 --model small --batch 3 --seq 32 -- \
+    --chapter 7 --ranks 3 --tp 3 --experts 2 --top-k 1 --model small --batch 3 --seq 32
+same_refusal 4 chapter-2 --dp 4 --batch 6 -- --chapter 2 --ranks 4 --dp 4 --batch 6
 plan_error "--ranks" --chapter 2 --ranks 4 --dp 2
 plan_error "not planned" --chapter 9
 plan_error "--zero" --chapter 3 --ranks 2 --dp 2 --zero 4

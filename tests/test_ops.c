@@ -660,6 +660,224 @@ static void test_attention(void) {
     case_end();
 }
 
+// ================================================================ attention in O(T) memory
+// attention_flash_forward and _backward against a float64 evaluation of the
+// same math: per (b, head, query t) the scaled scores s_j = q.k_j / sqrt(hs)
+// over keys j <= t, lse = log sum_j e^(s_j), p_j = e^(s_j - lse),
+// out = sum_j p_j v_j; backward from the definition, with D = dout . out,
+// dv_j += p_j dout, ds_j = p_j (dout . v_j - D), dq += ds_j k_j / sqrt(hs),
+// dk_j += ds_j q / sqrt(hs). Sizes cross the kernel's blocks of 64 keys
+// and 64 queries (63, 64, 65, 130, 200 positions), the smallest sequence
+// (T = 1), heads of 4 to 64 values (64: the CPU's vector tiles; smaller:
+// its edge tiles), several B and NH.
+//
+// Bounds. out, lse: max|fp32 - double| / max|double| <= FWD_TOL (1e-5). The
+// fp32 kernel adds at most 200 products of size ~1 per score and 200
+// weighted values per output; the rounding of such sums is a few units of
+// 6e-8 times sqrt(terms), and exp_lanes adds 1.4 units (measured on the CPU
+// backend: <= 2.3e-7 for out at scale 1.5). The gradients (dq, dk, dv each
+// on its own scale) use the same bound: each is one more chain of such sums
+// (measured: <= 5.3e-7). The large-score case (inputs of scale 6, scores up
+// to ~40) is the tightest: a score's rounding, ~|s| 6e-8, becomes a relative
+// error of that size in e^s (measured: 3.2e-6 for out, 3.6e-6 for dq, a
+// margin of 3). A block's key or query left out, a mask one key off or a
+// wrong rescale is off by 1e-2 or more. Against attention_forward/_backward
+// (fp32 against fp32, two roundings): 2 x FWD_TOL.
+static void attention_lse_ref(double* lse, const double* qkv, int B, int T, int C, int NH) {
+    int hs = C / NH;
+    double scale = 1.0 / sqrt((double)hs);
+    for (int b = 0; b < B; b++)
+        for (int t = 0; t < T; t++)
+            for (int h = 0; h < NH; h++) {
+                const double* q = qkv + ((size_t)b * T + t) * 3 * C + h * hs;
+                double mx = -INFINITY, s[1024];
+                for (int j = 0; j <= t; j++) {
+                    const double* k = qkv + ((size_t)b * T + j) * 3 * C + C + h * hs;
+                    s[j] = dot_d(q, k, (size_t)hs) * scale;
+                    mx = fmax(mx, s[j]);
+                }
+                double sum = 0.0;
+                for (int j = 0; j <= t; j++) sum += exp(s[j] - mx);
+                lse[((size_t)b * T + t) * NH + h] = mx + log(sum);
+            }
+}
+
+// dqkv (B, T, 3C) = the gradient of sum(out * dout), from the definition
+// (written, not accumulated). out from attention_ref.
+static void attention_grad_ref(double* dqkv, const double* dout, const double* qkv, const double* out,
+                               int B, int T, int C, int NH) {
+    int hs = C / NH;
+    double scale = 1.0 / sqrt((double)hs);
+    memset(dqkv, 0, (size_t)B * T * 3 * C * sizeof(double));
+    for (int b = 0; b < B; b++)
+        for (int t = 0; t < T; t++)
+            for (int h = 0; h < NH; h++) {
+                size_t row = ((size_t)b * T + t);
+                const double* q = qkv + row * 3 * C + h * hs;
+                const double* d = dout + row * C + h * hs;
+                double D = dot_d(d, out + row * C + h * hs, (size_t)hs);
+                double mx = -INFINITY, p[1024];
+                for (int j = 0; j <= t; j++) {
+                    p[j] = dot_d(q, qkv + ((size_t)b * T + j) * 3 * C + C + h * hs, (size_t)hs) * scale;
+                    mx = fmax(mx, p[j]);
+                }
+                double sum = 0.0;
+                for (int j = 0; j <= t; j++) sum += (p[j] = exp(p[j] - mx));
+                for (int j = 0; j <= t; j++) {
+                    size_t krow = ((size_t)b * T + j) * 3 * C;
+                    const double* k = qkv + krow + C + h * hs;
+                    const double* v = qkv + krow + 2 * C + h * hs;
+                    double pj = p[j] / sum;
+                    double ds = pj * (dot_d(d, v, (size_t)hs) - D);
+                    for (int c = 0; c < hs; c++) {
+                        dqkv[row * 3 * C + h * hs + c] += ds * k[c] * scale;
+                        dqkv[krow + C + h * hs + c] += ds * q[c] * scale;
+                        dqkv[krow + 2 * C + h * hs + c] += pj * d[c];
+                    }
+                }
+            }
+}
+
+// The error of one part (q, k or v: part 0, 1, 2) of a (B*T, 3C) gradient,
+// relative to the larger of that part's own scale and the whole gradient's.
+// (At T = 1 a row's only probability is 1 and dq, dk are 0 in exact
+// arithmetic: dout . v - D cancels two equal terms, and the fp32 result is
+// their rounding, a few 1e-8 against a dv of size 1.)
+static double qkv_part_err(const float* got, const double* want, size_t rows, int C, int part) {
+    double m = 0.0, s = 0.0;
+    for (size_t r = 0; r < rows; r++)
+        for (int c = 0; c < C; c++) {
+            size_t i = r * 3 * C + (size_t)part * C + c;
+            double d = fabs((double)got[i] - want[i]);
+            if (isnan(d)) return NAN;
+            m = fmax(m, d);
+            s = fmax(s, fabs(want[i]));
+        }
+    return m / (fmax(s, max_abs(want, rows * 3 * C)) + 1e-6);
+}
+
+static void flash_case(int B, int T, int C, int NH, double scale, int with_fd) {
+    const size_t QKV = (size_t)B * T * 3 * C, OUT = (size_t)B * T * C, LSE = (size_t)B * T * NH;
+    char what[96], name[200];
+    snprintf(what, sizeof(what), "B %d, T %d, C %d, NH %d (hs %d)%s", B, T, C, NH, C / NH,
+             scale > 2.0 ? ", large scores" : "");
+    Buf qkv = buf_random(QKV, scale), r = buf_random(OUT, 1.0);
+    Buf out = buf_zeros(OUT), lse = buf_zeros(LSE);
+    double* att_d = host_alloc((size_t)B * NH * T * T * sizeof(double));
+    attention_flash_forward(out.dev, lse.dev, qkv.dev, B, T, C, NH);
+    attention_ref(out.d, att_d, qkv.d, B, T, C, NH);
+    attention_lse_ref(lse.d, qkv.d, B, T, C, NH);
+    snprintf(name, sizeof(name), "attention_flash_forward out vs float64, %s", what);
+    check_forward(name, &out);
+    snprintf(name, sizeof(name), "attention_flash_forward lse vs float64, %s", what);
+    check_forward(name, &lse);
+
+    Buf dqkv = buf_zeros(QKV);
+    attention_flash_backward(dqkv.dev, r.dev, qkv.dev, out.dev, lse.dev, B, T, C, NH);
+    attention_grad_ref(dqkv.d, r.d, qkv.d, out.d, B, T, C, NH);
+    buf_fetch(&dqkv);
+    static const char* parts[3] = {"dq", "dk", "dv"};
+    for (int p = 0; p < 3; p++) {
+        snprintf(name, sizeof(name), "attention_flash_backward %s vs float64, %s", parts[p], what);
+        check_err(name, qkv_part_err(dqkv.h, dqkv.d, (size_t)B * T, C, p), FWD_TOL);
+    }
+    if (with_fd) {
+        attention_ctx ctx = {qkv.d, r.d, out.d, att_d, B, T, C, NH};
+        snprintf(name, sizeof(name), "attention_flash_backward dqkv vs FD, %s", what);
+        check_backward(name, &dqkv, attention_objective, &ctx, &qkv);
+    }
+
+    // against today's attention_forward / _backward, fp32 against fp32
+    Buf out2 = buf_zeros(OUT), att = buf_zeros((size_t)B * NH * T * T), datt = buf_zeros((size_t)B * NH * T * T);
+    Buf dqkv2 = buf_zeros(QKV);
+    attention_forward(out2.dev, att.dev, qkv.dev, B, T, C, NH);
+    attention_backward(dqkv2.dev, datt.dev, r.dev, qkv.dev, att.dev, B, T, C, NH);
+    snprintf(name, sizeof(name), "attention_flash_forward out vs attention_forward, %s", what);
+    check_err(name, rel_err_ff(buf_fetch(&out), buf_fetch(&out2), OUT), 2 * FWD_TOL);
+    snprintf(name, sizeof(name), "attention_flash_backward dqkv vs attention_backward, %s", what);
+    check_err(name, rel_err_ff(dqkv.h, buf_fetch(&dqkv2), QKV), 2 * FWD_TOL);
+
+    // backward accumulates into what dqkv holds
+    buf_prefill(&dqkv);
+    attention_flash_backward(dqkv.dev, r.dev, qkv.dev, out.dev, lse.dev, B, T, C, NH);
+    snprintf(name, sizeof(name), "attention_flash_backward dqkv accumulates, %s", what);
+    check_accumulates(name, &dqkv);
+    case_end();
+}
+
+// Causal masking at a block's edges: keys and values from position t0 on
+// are replaced by other values; every row before t0 must keep its out and
+// lse bit for bit (it never sees them), and the rows from t0 on must move.
+static void flash_mask_case(int T, int t0, int C, int NH) {
+    const size_t QKV = (size_t)T * 3 * C, OUT = (size_t)T * C, LSE = (size_t)T * NH;
+    Buf qkv = buf_random(QKV, 1.5);
+    Buf out = buf_zeros(OUT), lse = buf_zeros(LSE), out2 = buf_zeros(OUT), lse2 = buf_zeros(LSE);
+    attention_flash_forward(out.dev, lse.dev, qkv.dev, 1, T, C, NH);
+    for (int t = t0; t < T; t++)
+        for (int c = C; c < 3 * C; c++) qkv.h[(size_t)t * 3 * C + c] = (float)(3.0 * rng_uniform());
+    buf_upload(&qkv);
+    attention_flash_forward(out2.dev, lse2.dev, qkv.dev, 1, T, C, NH);
+    buf_fetch(&out), buf_fetch(&lse), buf_fetch(&out2), buf_fetch(&lse2);
+    int kept = !memcmp(out.h, out2.h, (size_t)t0 * C * sizeof(float)) &&
+               !memcmp(lse.h, lse2.h, (size_t)t0 * NH * sizeof(float));
+    int moved = memcmp(out.h + (size_t)t0 * C, out2.h + (size_t)t0 * C, (size_t)C * sizeof(float)) != 0;
+    char name[200];
+    snprintf(name, sizeof(name), "attention_flash_forward is causal at a block edge: keys from %d on changed, rows 0..%d the same bits, row %d moves (T %d)",
+             t0, t0 - 1, t0, T);
+    check(kept && moved, name, "rows before %d %s, row %d %s", t0, kept ? "kept" : "changed", t0,
+          moved ? "moved" : "did not move");
+    case_end();
+}
+
+// One algorithm at two scales: the chunk ops of context parallelism, given
+// the whole sequence as one query chunk and one kv chunk, then finished, are
+// the memory-efficient attention. On the CPU both run the same tile loop
+// (common/cpu/ops.c), so the bits are the same; the GPU's chunk ops run on
+// cuBLAS, so there the two meet within 2 x FWD_TOL.
+static void flash_chunk_case(int B, int T, int C, int NH) {
+    const size_t QKV = (size_t)B * T * 3 * C, OUT = (size_t)B * T * C, LSE = (size_t)B * T * NH;
+    int cpu = strcmp(device_memory_name(), "GPU memory") != 0;
+    Buf qkv = buf_random(QKV, 1.5), r = buf_random(OUT, 1.0);
+    Buf out = buf_zeros(OUT), lse = buf_zeros(LSE), dqkv = buf_zeros(QKV);
+    Buf out2 = buf_zeros(OUT), mx = buf_zeros(LSE), se = buf_zeros(LSE), dqkv2 = buf_zeros(QKV);
+    attention_flash_forward(out.dev, lse.dev, qkv.dev, B, T, C, NH);
+    attention_flash_backward(dqkv.dev, r.dev, qkv.dev, out.dev, lse.dev, B, T, C, NH);
+    attention_chunk_forward(out2.dev, mx.dev, se.dev, qkv.dev, 3 * C, qkv.dev + C, qkv.dev + 2 * C, 3 * C, B, T,
+                            T, 0, 0, C, NH);
+    attention_chunk_finish(out2.dev, mx.dev, mx.dev, se.dev, B, T, C, NH);
+    attention_chunk_backward(dqkv2.dev, dqkv2.dev + C, dqkv2.dev + 2 * C, r.dev, out2.dev, mx.dev, qkv.dev, 3 * C,
+                             qkv.dev + C, qkv.dev + 2 * C, 3 * C, B, T, T, 0, 0, C, NH);
+    buf_fetch(&out), buf_fetch(&lse), buf_fetch(&dqkv), buf_fetch(&out2), buf_fetch(&mx), buf_fetch(&dqkv2);
+    char name[200];
+    snprintf(name, sizeof(name), "attention_chunk_* on one chunk of the whole sequence = attention_flash_* (%s), B %d, T %d, C %d, NH %d",
+             cpu ? "the same bits: one tile loop" : "within 2 x FWD_TOL: cuBLAS chunks", B, T, C, NH);
+    if (cpu) {
+        int same = !memcmp(out.h, out2.h, OUT * sizeof(float)) && !memcmp(lse.h, mx.h, LSE * sizeof(float)) &&
+                   !memcmp(dqkv.h, dqkv2.h, QKV * sizeof(float));
+        check(same, name, "out, lse or dqkv differ");
+    } else {
+        double e = fmax(rel_err_ff(out.h, out2.h, OUT), fmax(rel_err_ff(lse.h, mx.h, LSE), rel_err_ff(dqkv.h, dqkv2.h, QKV)));
+        check_err(name, e, 2 * FWD_TOL);
+    }
+    case_end();
+}
+
+static void test_attention_flash(void) {
+    flash_case(2, 5, 8, 2, 1.5, 1);     // small enough for finite differences
+    flash_case(1, 1, 8, 2, 1.5, 1);     // T = 1: one key, p = 1
+    flash_case(3, 63, 24, 2, 1.5, 0);   // one block less a row
+    flash_case(1, 64, 64, 1, 1.5, 0);   // exactly one block, hs 64
+    flash_case(2, 65, 48, 3, 1.5, 0);   // one row past a block
+    flash_case(1, 130, 128, 2, 1.5, 0); // three blocks, the last of 2 rows, hs 64
+    flash_case(2, 200, 16, 4, 1.5, 0);  // hs 4
+    flash_case(1, 100, 64, 2, 6.0, 0);  // large scores: the online max moves a lot
+    flash_mask_case(130, 64, 128, 2);
+    flash_mask_case(130, 65, 128, 2);
+    flash_mask_case(70, 63, 24, 2);
+    flash_chunk_case(2, 130, 128, 2);
+    flash_chunk_case(3, 37, 24, 2);
+}
+
 // ================================================================ pointwise
 static double gelu_ref(double x) {
     const double pi = 3.14159265358979323846;
@@ -1960,6 +2178,7 @@ int main(int argc, char** argv) {
     test_matmul();
     test_matmul_rowwise();
     test_attention();
+    test_attention_flash();
     test_gelu();
     test_residual();
     test_crossentropy();

@@ -351,6 +351,76 @@ static void run_attention_chunk(const RowOp* op, float* const* in, float* const*
     mem_free(mx), mem_free(o2), mem_free(mx2), mem_free(se2);
 }
 
+// The memory-efficient attention: forward (out, lse), then its backward
+// into dqkv from forward's out and lse.
+static void run_attention_flash_fwd(const RowOp* op, float* const* in, float* const* out, int n) {
+    attention_flash_forward(out[0], out[1], in[0], n, op->T, op->C, op->NH);
+}
+static void run_attention_flash_bwd(const RowOp* op, float* const* in, float* const* out, int n) {
+    float* o = mem_alloc((size_t)n * op->T * op->C * sizeof(float), MEM_OTHER);
+    float* lse = mem_alloc((size_t)n * op->T * op->NH * sizeof(float), MEM_OTHER);
+    attention_flash_forward(o, lse, in[0], n, op->T, op->C, op->NH);
+    attention_flash_backward(out[0], in[1], in[0], o, lse, n, op->T, op->C, op->NH);
+    mem_free(o), mem_free(lse);
+}
+
+// A token of the memory-efficient attention: its out, lse and dq depend on
+// its query, the keys and values it sees and (backward) its dout, out and
+// lse, never on the tokens after it. So the first t tokens of a sequence of
+// T give the bits the same t tokens give as a sequence of their own, for t
+// around the kernel's blocks of 64 (a row then falls in a full tile in one
+// call and in an edge tile in the other). dk and dv are left out: the
+// queries after a key add to them.
+static void test_flash_prefix(int C, int NH) {
+    enum { T = 150 };
+    static const int prefixes[] = {1, 7, 63, 64, 65, 100, 128, 129};
+    float* qkv_h = host_random((size_t)T * 3 * C, 1.0f);
+    float* dout_h = host_random((size_t)T * C, 1.0f);
+    float *qkv = dev_from(qkv_h, (size_t)T * 3 * C), *dout = dev_from(dout_h, (size_t)T * C);
+    float* o = mem_alloc((size_t)T * C * sizeof(float), MEM_OTHER);
+    float* lse = mem_alloc((size_t)T * NH * sizeof(float), MEM_OTHER);
+    float* dq = mem_alloc((size_t)T * 3 * C * sizeof(float), MEM_OTHER);
+    float* full[3] = {xmalloc((size_t)T * C * sizeof(float)), xmalloc((size_t)T * NH * sizeof(float)),
+                      xmalloc((size_t)T * 3 * C * sizeof(float))};
+    float* part[3] = {xmalloc((size_t)T * C * sizeof(float)), xmalloc((size_t)T * NH * sizeof(float)),
+                      xmalloc((size_t)T * 3 * C * sizeof(float))};
+    char why[200] = "";
+    int bad = 0;
+    for (int ti = 1; ti <= 4 && !bad; ti *= 2) {
+        set_threads(ti);
+        for (int pi = -1; pi < (int)(sizeof(prefixes) / sizeof(prefixes[0])) && !bad; pi++) {
+            int t = pi < 0 ? T : prefixes[pi];
+            float** got = pi < 0 ? full : part;
+            mem_zero(dq, (size_t)T * 3 * C * sizeof(float));
+            attention_flash_forward(o, lse, qkv, 1, t, C, NH);
+            attention_flash_backward(dq, dout, qkv, o, lse, 1, t, C, NH);
+            mem_to_host(got[0], o, (size_t)t * C * sizeof(float));
+            mem_to_host(got[1], lse, (size_t)t * NH * sizeof(float));
+            mem_to_host(got[2], dq, (size_t)t * 3 * C * sizeof(float));
+            if (pi < 0) continue;
+            for (int r = 0; r < t && !bad; r++) {
+                const char* what = memcmp(full[0] + (size_t)r * C, part[0] + (size_t)r * C, C * sizeof(float)) ? "out"
+                                   : memcmp(full[1] + (size_t)r * NH, part[1] + (size_t)r * NH, NH * sizeof(float)) ? "lse"
+                                   : memcmp(full[2] + (size_t)r * 3 * C, part[2] + (size_t)r * 3 * C, C * sizeof(float)) ? "dq"
+                                   : NULL;
+                if (what) {
+                    snprintf(why, sizeof(why), "token %d: %s differs between a sequence of %d and of %d (%d threads)", r,
+                             what, t, T, ti);
+                    bad = 1;
+                }
+            }
+        }
+    }
+    char name[240];
+    snprintf(name, sizeof(name), "rows: attention_flash_forward and _backward (C %d, %d heads), each token's out, lse and dq the same bits in a sequence of 150 as in its first 1, 7, 63, 64, 65, 100, 128, 129 tokens (1, 2, 4 threads)",
+             C, NH);
+    check(!bad, name, "%s", why);
+    set_threads(1);
+    mem_free(qkv), mem_free(dout), mem_free(o), mem_free(lse), mem_free(dq);
+    for (int i = 0; i < 3; i++) free(full[i]), free(part[i]);
+    free(qkv_h), free(dout_h);
+}
+
 // ---------------------------------------------------------------- reductions
 // The gradient's sum of squares, which the norm of every step record comes
 // from: the same bits at 1, 2 and 4 threads and at any misalignment, for
@@ -430,8 +500,19 @@ int main(int argc, char** argv) {
         {.name = "attention_chunk_forward, _merge, _finish, _backward (chunks of 37 and 2 x 29)", .rows = 11, .n_in = 4,
          .n_out = 4, .in_w = {37 * CA, 29 * 2 * CA, 29 * 2 * CA, 37 * CA}, .out_w = {37 * CA, 37 * NH, 37 * CA, 29 * 2 * CA},
          .run = run_attention_chunk, .T = 37, .Tk = 29, .q0 = 40, .k0 = 11, .C = CA, .NH = NH},
+        {.name = "attention_flash_forward (sequences of 70, heads of 12)", .rows = 11, .n_in = 1, .n_out = 2,
+         .in_w = {T * 3 * CA}, .out_w = {T * CA, T * NH}, .run = run_attention_flash_fwd, .T = T, .C = CA, .NH = NH},
+        {.name = "attention_flash_backward (sequences of 70, heads of 12)", .rows = 11, .n_in = 2, .n_out = 1,
+         .in_w = {T * 3 * CA, T * CA}, .out_w = {T * 3 * CA}, .run = run_attention_flash_bwd, .T = T, .C = CA, .NH = NH},
+        // heads of 64: the CPU kernel's vector tiles, not only its edges
+        {.name = "attention_flash_forward (sequences of 70, heads of 64)", .rows = 7, .n_in = 1, .n_out = 2,
+         .in_w = {T * 3 * 128}, .out_w = {T * 128, T * 2}, .run = run_attention_flash_fwd, .T = T, .C = 128, .NH = 2},
+        {.name = "attention_flash_backward (sequences of 70, heads of 64)", .rows = 7, .n_in = 2, .n_out = 1,
+         .in_w = {T * 3 * 128, T * 128}, .out_w = {T * 3 * 128}, .run = run_attention_flash_bwd, .T = T, .C = 128, .NH = 2},
     };
     for (size_t i = 0; i < sizeof(ops) / sizeof(ops[0]); i++) test_row_op(&ops[i]);
+    test_flash_prefix(CA, NH);
+    test_flash_prefix(128, 2);
     test_sumsq();
     mem_free(w_dev), mem_free(b_dev), mem_free(lw_dev), mem_free(lb_dev);
     free(w), free(b), free(lw), free(lb);

@@ -802,6 +802,259 @@ extern "C" void attention_chunk_backward(float* dq, float* dk, float* dv, const 
     }
 }
 
+// ---------------------------------------------------------------- attention in O(T) memory
+// FlashAttention (Dao et al. 2022; Dao 2023) on the online softmax of
+// Milakov & Gimelshein 2018, the twin of the CPU's attention_flash_*: the
+// same per-row recurrence (ops.c states it), in tiles of shared memory.
+// A simple kernel, written to be read rather than to be fast: one thread per
+// query row (forward, dq) or per key row (dk, dv), so each row's sums run
+// in one fixed order on one thread (no atomics, the same bits every run, a
+// row's bits its own whatever B and T), and the tiles of keys, values and
+// queries a block's threads share are loaded once into shared memory by all
+// of them. A block is one (query tile or key tile, head, batch row):
+// grid (tiles, NH, B). FlashAttention's production kernels split a row over
+// a warp and run the products on tensor cores; this one keeps the algorithm
+// in plain sight.
+//
+// Shared memory holds two kinds of tile: one every thread reads the same
+// row of at once (a broadcast), stored (FLASH_TILE, hs); and one each thread
+// reads its own row of, stored with rows of hs + 1 floats, so that the 32
+// threads of a warp reading element c of their 32 rows hit 32 different
+// banks (with rows of hs, a multiple of 32, they would all hit one).
+#define FLASH_TILE 32  // query rows and keys per tile, one thread per row
+
+// Dynamic shared memory past 48 KiB must be asked for per kernel (large hs).
+static void flash_smem_limit(const void* kernel, size_t bytes) {
+    if (bytes > 48 * 1024)
+        CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)bytes));
+}
+
+// rows [t0, t0 + FLASH_TILE) of a (T, hs) slice (row stride ld) into dst
+// (row stride dst_ld), zeros past T; every thread of the block takes part.
+__device__ void flash_load_rows(float* dst, int dst_ld, const float* src, int ld, int t0, int T, int hs) {
+    for (int x = threadIdx.x; x < FLASH_TILE * hs; x += FLASH_TILE) {
+        int row = x / hs, c = x % hs;
+        dst[row * dst_ld + c] = t0 + row < T ? src[(size_t)(t0 + row) * ld + c] : 0.0f;
+    }
+}
+
+// Forward: block (query tile, h, b); thread r owns query row i = i0 + r.
+// Shared: its q row and unnormalised output o (rows of hs + 1), its scores,
+// then probabilities, p (rows of FLASH_TILE + 1), and the key and value
+// tiles (FLASH_TILE, hs), read by all.
+__global__ void attention_flash_forward_kernel(float* out, float* lse, const float* qkv, int T, int C,
+                                               int NH, float scale) {
+    extern __shared__ float sm[];
+    const int hs = C / NH, hp = hs + 1, ld = 3 * C, h = blockIdx.y, b = blockIdx.z;
+    const int r = threadIdx.x, i0 = blockIdx.x * FLASH_TILE, i = i0 + r;
+    float* qs = sm;                        // (FLASH_TILE, hp)
+    float* os = qs + FLASH_TILE * hp;      // (FLASH_TILE, hp)
+    float* ps = os + FLASH_TILE * hp;      // (FLASH_TILE, FLASH_TILE + 1)
+    float* ks = ps + FLASH_TILE * (FLASH_TILE + 1);  // (FLASH_TILE, hs)
+    float* vs = ks + FLASH_TILE * hs;      // (FLASH_TILE, hs)
+    const float* q = qkv + (size_t)b * T * ld + h * hs;
+    flash_load_rows(qs, hp, q, ld, i0, T, hs);
+    for (int c = 0; c < hs; c++) os[r * hp + c] = 0.0f;
+    float m = -INFINITY, l = 0.0f;
+    const int i_last = min(i0 + FLASH_TILE, T) - 1;  // the tile's last row sees the most keys
+    for (int j0 = 0; j0 <= i_last; j0 += FLASH_TILE) {
+        __syncthreads();  // everyone is done with the previous tile (and qs is loaded)
+        flash_load_rows(ks, hs, q + C, ld, j0, T, hs);
+        flash_load_rows(vs, hs, q + 2 * C, ld, j0, T, hs);
+        __syncthreads();
+        if (i < T && j0 <= i) {
+            const int nvis = min(FLASH_TILE, i - j0 + 1);  // keys j0 .. i of the tile
+            float* p = ps + r * (FLASH_TILE + 1);
+            float mx = -INFINITY;
+            for (int j = 0; j < nvis; j++) {
+                float s = 0.0f;
+                for (int c = 0; c < hs; c++) s += qs[r * hp + c] * ks[j * hs + c];
+                p[j] = s * scale;
+                mx = fmaxf(mx, p[j]);
+            }
+            const float m_new = fmaxf(m, mx);
+            const float alpha = m == -INFINITY ? 0.0f : expf(m - m_new);  // first block: nothing to rescale
+            float sum = 0.0f;
+            for (int j = 0; j < nvis; j++) {
+                p[j] = expf(p[j] - m_new);
+                sum += p[j];
+            }
+            l = l * alpha + sum;
+            m = m_new;
+            for (int c = 0; c < hs; c++) {
+                float acc = 0.0f;
+                for (int j = 0; j < nvis; j++) acc += p[j] * vs[j * hs + c];
+                os[r * hp + c] = os[r * hp + c] * alpha + acc;
+            }
+        }
+    }
+    if (i < T) {
+        // every row sees key 0, so l >= 1
+        const float inv = 1.0f / l;
+        float* o = out + ((size_t)b * T + i) * C + h * hs;
+        for (int c = 0; c < hs; c++) o[c] = os[r * hp + c] * inv;
+        lse[((size_t)b * T + i) * NH + h] = m + logf(l);
+    }
+}
+
+extern "C" void attention_flash_forward(float* out, float* lse, const float* qkv, int B, int T, int C,
+                                        int NH) {
+    if (B <= 0 || T <= 0 || NH <= 0) return;
+    const int hs = C / NH;
+    const size_t smem = ((size_t)2 * FLASH_TILE * (hs + 1) + (size_t)FLASH_TILE * (FLASH_TILE + 1) +
+                         (size_t)2 * FLASH_TILE * hs) * sizeof(float);
+    flash_smem_limit((const void*)attention_flash_forward_kernel, smem);
+    dim3 grid((unsigned)((T + FLASH_TILE - 1) / FLASH_TILE), (unsigned)NH, (unsigned)B);
+    attention_flash_forward_kernel<<<grid, FLASH_TILE, smem, cuda_compute_stream>>>(
+        out, lse, qkv, T, C, NH, 1.0f / sqrtf((float)hs));
+    KERNEL_CHECK();
+}
+
+// Per query row of a tile, into shared memory: lse and D = dout . out (each
+// row's dot by its own thread, in order); 0 past T (never used).
+__device__ void flash_load_row_stats(float* lses, float* Ds, const float* dout, const float* out,
+                                     const float* lse, int i0, int T, int C, int NH, int hs) {
+    const int r = threadIdx.x;
+    float D = 0.0f, L = 0.0f;
+    if (i0 + r < T) {
+        const float* d = dout + (size_t)(i0 + r) * C;
+        const float* o = out + (size_t)(i0 + r) * C;
+        for (int c = 0; c < hs; c++) D += d[c] * o[c];
+        L = lse[(size_t)(i0 + r) * NH];
+    }
+    Ds[r] = D;
+    lses[r] = L;
+}
+
+// dk, dv: block (key tile, h, b); thread r owns key row j = j0 + r and adds
+// up, over every query i >= j in order (the query tiles in turn),
+//   p = e^(q_i.k_j scale - lse_i), ds = p (dout_i.v_j - D_i),
+//   dk_j += ds scale q_i, dv_j += p dout_i.
+// Its own k_j, v_j and sums sit in shared memory (rows of hs + 1) beside
+// the query tile's q and dout (FLASH_TILE, hs), read by all.
+__global__ void attention_flash_dkdv_kernel(float* dqkv, const float* dout, const float* qkv,
+                                            const float* out, const float* lse, int T, int C, int NH,
+                                            float scale) {
+    extern __shared__ float sm[];
+    const int hs = C / NH, hp = hs + 1, ld = 3 * C, h = blockIdx.y, b = blockIdx.z;
+    const int r = threadIdx.x, j0 = blockIdx.x * FLASH_TILE, j = j0 + r;
+    float* ks = sm;                     // (FLASH_TILE, hp) each
+    float* vs = ks + FLASH_TILE * hp;
+    float* dks = vs + FLASH_TILE * hp;
+    float* dvs = dks + FLASH_TILE * hp;
+    float* qs = dvs + FLASH_TILE * hp;  // (FLASH_TILE, hs) each
+    float* dos = qs + FLASH_TILE * hs;
+    float* lses = dos + FLASH_TILE * hs;
+    float* Ds = lses + FLASH_TILE;
+    const size_t row0 = (size_t)b * T;
+    const float* q = qkv + row0 * ld + h * hs;
+    const float* d = dout + row0 * C + h * hs;
+    flash_load_rows(ks, hp, q + C, ld, j0, T, hs);
+    flash_load_rows(vs, hp, q + 2 * C, ld, j0, T, hs);
+    for (int c = 0; c < hs; c++) dks[r * hp + c] = dvs[r * hp + c] = 0.0f;
+    for (int i0 = j0; i0 < T; i0 += FLASH_TILE) {  // the first query that sees key j0 is j0
+        __syncthreads();
+        flash_load_rows(qs, hs, q, ld, i0, T, hs);
+        flash_load_rows(dos, hs, d, C, i0, T, hs);
+        flash_load_row_stats(lses, Ds, d, out + row0 * C + h * hs, lse + row0 * NH + h, i0, T, C, NH, hs);
+        __syncthreads();
+        if (j >= T) continue;
+        const int i_end = min(i0 + FLASH_TILE, T);
+        for (int i = max(i0, j); i < i_end; i++) {  // the queries of the tile that see key j
+            const int qi = i - i0;
+            float s = 0.0f, dp = 0.0f;
+            for (int c = 0; c < hs; c++) {
+                s += qs[qi * hs + c] * ks[r * hp + c];
+                dp += dos[qi * hs + c] * vs[r * hp + c];
+            }
+            const float p = expf(s * scale - lses[qi]);
+            const float ds = p * (dp - Ds[qi]) * scale;
+            for (int c = 0; c < hs; c++) {
+                dks[r * hp + c] += ds * qs[qi * hs + c];
+                dvs[r * hp + c] += p * dos[qi * hs + c];
+            }
+        }
+    }
+    if (j < T) {
+        float* dk = dqkv + (row0 + j) * ld + C + h * hs;
+        for (int c = 0; c < hs; c++) {
+            dk[c] += dks[r * hp + c];
+            dk[C + c] += dvs[r * hp + c];  // dv: C floats further along the row
+        }
+    }
+}
+
+// dq: block (query tile, h, b); thread r owns query row i = i0 + r and adds
+// up, over every key j <= i in order, dq_i += ds scale k_j. Its q, dout and
+// sum rows (hs + 1) sit beside the key and value tiles (FLASH_TILE, hs).
+__global__ void attention_flash_dq_kernel(float* dqkv, const float* dout, const float* qkv,
+                                          const float* out, const float* lse, int T, int C, int NH,
+                                          float scale) {
+    extern __shared__ float sm[];
+    const int hs = C / NH, hp = hs + 1, ld = 3 * C, h = blockIdx.y, b = blockIdx.z;
+    const int r = threadIdx.x, i0 = blockIdx.x * FLASH_TILE, i = i0 + r;
+    float* qs = sm;                      // (FLASH_TILE, hp) each
+    float* dos = qs + FLASH_TILE * hp;
+    float* dqs = dos + FLASH_TILE * hp;
+    float* ks = dqs + FLASH_TILE * hp;   // (FLASH_TILE, hs) each
+    float* vs = ks + FLASH_TILE * hs;
+    float* lses = vs + FLASH_TILE * hs;
+    float* Ds = lses + FLASH_TILE;
+    const size_t row0 = (size_t)b * T;
+    const float* q = qkv + row0 * ld + h * hs;
+    const float* d = dout + row0 * C + h * hs;
+    flash_load_rows(qs, hp, q, ld, i0, T, hs);
+    flash_load_rows(dos, hp, d, C, i0, T, hs);
+    flash_load_row_stats(lses, Ds, d, out + row0 * C + h * hs, lse + row0 * NH + h, i0, T, C, NH, hs);
+    for (int c = 0; c < hs; c++) dqs[r * hp + c] = 0.0f;
+    const int i_last = min(i0 + FLASH_TILE, T) - 1;
+    for (int j0 = 0; j0 <= i_last; j0 += FLASH_TILE) {
+        __syncthreads();
+        flash_load_rows(ks, hs, q + C, ld, j0, T, hs);
+        flash_load_rows(vs, hs, q + 2 * C, ld, j0, T, hs);
+        __syncthreads();
+        if (i >= T || j0 > i) continue;
+        const int nvis = min(FLASH_TILE, i - j0 + 1);
+        for (int j = 0; j < nvis; j++) {
+            float s = 0.0f, dp = 0.0f;
+            for (int c = 0; c < hs; c++) {
+                s += qs[r * hp + c] * ks[j * hs + c];
+                dp += dos[r * hp + c] * vs[j * hs + c];
+            }
+            const float p = expf(s * scale - lses[r]);
+            const float ds = p * (dp - Ds[r]) * scale;
+            for (int c = 0; c < hs; c++) dqs[r * hp + c] += ds * ks[j * hs + c];
+        }
+    }
+    if (i < T) {
+        float* dq = dqkv + (row0 + i) * ld + h * hs;
+        for (int c = 0; c < hs; c++) dq[c] += dqs[r * hp + c];
+    }
+}
+
+extern "C" void attention_flash_backward(float* dqkv, const float* dout, const float* qkv,
+                                         const float* out, const float* lse, int B, int T, int C,
+                                         int NH) {
+    if (B <= 0 || T <= 0 || NH <= 0) return;
+    const int hs = C / NH;
+    const float scale = 1.0f / sqrtf((float)hs);
+    dim3 grid((unsigned)((T + FLASH_TILE - 1) / FLASH_TILE), (unsigned)NH, (unsigned)B);
+    // two kernels, each over the pairs it needs, so that every gradient row
+    // is one thread's sum (no atomics): the probabilities are recomputed in both
+    const size_t smem_kv =
+        ((size_t)4 * FLASH_TILE * (hs + 1) + (size_t)2 * FLASH_TILE * hs + 2 * FLASH_TILE) * sizeof(float);
+    flash_smem_limit((const void*)attention_flash_dkdv_kernel, smem_kv);
+    attention_flash_dkdv_kernel<<<grid, FLASH_TILE, smem_kv, cuda_compute_stream>>>(
+        dqkv, dout, qkv, out, lse, T, C, NH, scale);
+    KERNEL_CHECK();
+    const size_t smem_q =
+        ((size_t)3 * FLASH_TILE * (hs + 1) + (size_t)2 * FLASH_TILE * hs + 2 * FLASH_TILE) * sizeof(float);
+    flash_smem_limit((const void*)attention_flash_dq_kernel, smem_q);
+    attention_flash_dq_kernel<<<grid, FLASH_TILE, smem_q, cuda_compute_stream>>>(
+        dqkv, dout, qkv, out, lse, T, C, NH, scale);
+    KERNEL_CHECK();
+}
+
 // ---------------------------------------------------------------- pointwise
 
 #define GELU_SCALE 0.7978845608028654f  // sqrt(2 / pi)

@@ -23,6 +23,12 @@
 #                              ch4_tp2_dp1
 #   ch7_e4k1_epN               chapter 7, 4 experts, top-1 (the dense model's active
 #                              parameters), ep = 1 and 4
+#   attention_bB_tT            build/attention_bench: attention forward + backward,
+#                              the (B, NH, T, T) op against the O(T)-memory one
+#                              (attention_flash_*, issue 46), alternated in one
+#                              process: the small preset's layer at B 8 x T 256
+#                              (the longest its maxT allows) and at B 2 x T 1024
+#                              (the same tokens, a longer context)
 #   ch7_e4k1_AXES              the same model on 4 ranks of two axes composed:
 #                              ep2_tp2, ep2_pp2, tp2_pp2 (issue #35), by build/capstone
 #                              (chapter 7's model on every axis; its summaries say
@@ -140,6 +146,10 @@ if [ -x "$BIN/capstone" ]; then
     add ch7_e4k1_ep2_pp2 4 "$BIN/capstone" --ep 2 --pp 2 --experts 4 --top-k 1 $TRAIN
     add ch7_e4k1_tp2_pp2 4 "$BIN/capstone" --tp 2 --pp 2 --experts 4 --top-k 1 $TRAIN
 else skipped="$skipped capstone"; fi
+if [ -x "$BIN/attention_bench" ]; then
+    add attention_b8_t256 1 "$BIN/attention_bench" --batch 8 --seq 256 --reps 15
+    add attention_b2_t1024 1 "$BIN/attention_bench" --batch 2 --seq 1024 --reps 9
+else skipped="$skipped attention_bench"; fi
 total=${#names[@]}
 if [ "$total" = 0 ]; then
     echo "bench: nothing to run: no $BIN/chapter-N or $BIN/capstone binaries${ONLY:+ with runs matching '$ONLY'} (make all builds them)" >&2
@@ -177,7 +187,12 @@ echo "bench: this machine has $(nproc) cores; load average at start: $(cut -d' '
 # the figure each run reports when done
 result() {
     local log=$1
-    if grep -q '"type":"summary"' "$log"; then
+    if grep -q '"type":"attention"' "$log"; then
+        # the attention bench: both ops' forward + backward, median ms of
+        # wall and of CPU time
+        sed 's/.*"full_ms":\([0-9.]*\),"flash_ms":\([0-9.]*\),.*"full_cpu_ms":\([0-9.]*\),"flash_cpu_ms":\([0-9.]*\),.*/\1 \2 \3 \4/' "$log" |
+            awk '{ printf "attention fwd+bwd: full %.2f ms, flash %.2f ms (x%.3f; CPU time x%.3f)", $1, $2, $2 / $1, $4 / $3 }'
+    elif grep -q '"type":"summary"' "$log"; then
         grep '"type":"summary"' "$log" | tail -1 |
             sed 's/.*"tokens_per_s":\([0-9.]*\).*"mfu":\([0-9.]*\).*/\1 \2/' |
             awk '{ printf "%.0f tokens/s, MFU %.1f%%", $1, 100 * $2 }'

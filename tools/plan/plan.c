@@ -45,6 +45,8 @@
 #include "model_layout.h"
 #include "model_tp.h"
 #include "plan_time.h"
+#include "tp.h"  // tp_mesh_problem: chapter 4's mesh check
+#include "train.h"  // train_mesh_problem: the chapters' mesh check
 
 #include "plan.h"
 
@@ -274,8 +276,7 @@ static PlanFn plan_pick(const PlanArgs* a, PlanInfo* info, char* msg, size_t len
                      strcmp(a->dp_mode, "overlapped") && strcmp(a->dp_mode, "ps"))
                 bad = "--dp-mode: not one of naive, bucketed, overlapped, ps";
             else if (a->bucket_kb < 1) bad = "--bucket-kb must be >= 1";
-            else if (a->accum < 1 || a->B % (N * a->accum))
-                bad = "--grad-accum: --batch must split into dp x --grad-accum micro-batches";
+            else if (a->accum < 1) bad = "--grad-accum must be >= 1";  // the batch's split: train_mesh_problem below
             else if (!strcmp(a->dp_mode, "overlapped") &&
                      (size_t)a->bucket_kb < comm_min_piece_kb(gpt_num_params(&a->cfg) * sizeof(float))) {
                 // the chapter's own refusal (02_data_parallel/main.c): every bucket in flight at once
@@ -290,12 +291,11 @@ static PlanFn plan_pick(const PlanArgs* a, PlanInfo* info, char* msg, size_t len
             if (a->chapter == 3 && world != N) bad = "--ranks: chapter 3 has the dp axis only";
             else if (a->chapter == 4 && world != N * a->mesh[AXIS_TP])
                 bad = "--ranks: chapter 4 has the dp and tp axes only";
-            else if (a->chapter == 4 && a->cfg.num_heads % a->mesh[AXIS_TP])
-                bad = "--tp: the model's heads must split over tp";
             else if (a->zero < 1 || a->zero > 3) bad = "--zero: the ZeRO stages are 1, 2 and 3";
             else if ((a->prefetch != 0 && a->prefetch != 1) || (a->reshard != 0 && a->reshard != 1))
                 bad = "--prefetch and --reshard take 0 or 1";
             else if (a->B % N) bad = "--batch: the batch must split over dp";
+            else if (a->chapter == 4) bad = tp_mesh_problem(&a->cfg, a->B, N, a->mesh[AXIS_TP], msg, len);  // chapter 4's own
             plan = a->chapter == 3 ? plan_chapter_3 : plan_chapter_4;
             break;
         case 5:
@@ -315,6 +315,18 @@ static PlanFn plan_pick(const PlanArgs* a, PlanInfo* info, char* msg, size_t len
                      a->chapter);
             return NULL;
     }
+    if (!bad && a->chapter != 4 && !(a->chapter == 6 && a->sp)) {
+        // the mesh check every chapter but 4 (and 6's --sp) makes
+        // (common/train.c): the same function, so the same refusals.
+        // Chapter 5 splits the layers itself (uneven allowed): pp = 1 there
+        int size[NUM_AXES];
+        memcpy(size, a->mesh, sizeof(size));
+        MeshNeeds needs = {0};
+        if (a->chapter == 2) needs.microbatches = a->accum;
+        if (a->chapter == 5) size[AXIS_PP] = 1, needs.microbatches = a->microbatches ? a->microbatches : a->mesh[AXIS_PP];
+        if (a->chapter == 7) needs.experts = a->experts;
+        bad = train_mesh_problem(size, &a->cfg, a->B, a->T, &needs, msg, len);
+    }
     if (bad) {
         if (bad != msg) snprintf(msg, len, "%s", bad);
         return NULL;
@@ -322,11 +334,30 @@ static PlanFn plan_pick(const PlanArgs* a, PlanInfo* info, char* msg, size_t len
     return plan;
 }
 
-// Every rank's plan over a->steps steps.
-static RankPlan* plan_run(const PlanArgs* a, PlanFn plan) {
-    RankPlan* plans = calloc((size_t)a->ranks, sizeof(RankPlan));
+// --search plans one representative of the data-parallel replicas: ranks
+// that differ only in their dp coordinate hold the same shapes and make the
+// same calls in every chapter (the batch splits evenly over dp, ZeRO's
+// shards are equal and padded), except chapter 2's parameter server, whose
+// dp rank 0 serves the others. So dp coordinates 0, 1 and the last stand
+// for all: the fullest and busiest rank is among them. tests/plan.sh
+// checks each listed layout against its own full plan.
+static int plan_wanted(const PlanArgs* a, int r, int replicas_once) {
+    if (!replicas_once || a->mesh[AXIS_DP] <= 3) return 1;
+    int coord[NUM_AXES];
+    plan_coords(a, r, coord);
+    return coord[AXIS_DP] <= 1 || coord[AXIS_DP] == a->mesh[AXIS_DP] - 1;
+}
+
+// Every rank's plan over a->steps steps (replicas_once: the representatives
+// above only, the others left zero).
+static RankPlan* plan_run(const PlanArgs* a, PlanFn plan, int replicas_once) {
+    RankPlan* plans = malloc((size_t)a->ranks * sizeof(RankPlan));
     if (!plans) die("%s", "out of memory");
     for (int r = 0; r < a->ranks; r++) {
+        // only the ranks planned are written (and read: plan_wanted), so a
+        // --search of thousands of ranks touches a few pages a layout
+        if (!plan_wanted(a, r, replicas_once)) continue;
+        memset(&plans[r], 0, sizeof(plans[r]));
         comm_counts_reset();
         for (int s = 0; s < a->steps; s++) plan(a, &plans[r], r);
         for (int c = 0; c < NUM_COLLECTIVES; c++)
@@ -338,7 +369,7 @@ static RankPlan* plan_run(const PlanArgs* a, PlanFn plan) {
 // The step time of every rank from its plan (plan_time.h) into times[];
 // returns NULL, or the figure the profile lacks.
 static const char* predict_times(const MachineProfile* prof, const PlanArgs* a, const PlanInfo* info,
-                                 const RankPlan* plans, StepTime* times) {
+                                 const RankPlan* plans, StepTime* times, int replicas_once) {
     PtChapter ch = {.chapter = a->chapter, .dp = a->mesh[AXIS_DP], .tp = a->mesh[AXIS_TP], .B = a->B, .T = a->T,
                     .recompute = a->recompute, .dp_mode = a->dp_mode, .zero = a->zero, .prefetch = a->prefetch,
                     .pp = a->mesh[AXIS_PP], .cp = a->mesh[AXIS_CP], .ep = a->mesh[AXIS_EP], .bubble = info->bubble};
@@ -346,6 +377,7 @@ static const char* predict_times(const MachineProfile* prof, const PlanArgs* a, 
     plan_time_nodes_init(&nodes, prof, a->mesh, a->ranks);
     const char* missing = NULL;
     for (int r = 0; r < a->ranks && !missing; r++) {
+        if (!plan_wanted(a, r, replicas_once)) continue;
         ch.plan_flops = plans[r].flops;
         plan_time_rank(prof, &a->cfg, &ch, &nodes, r, plans[r].peak, (const CommCount(*)[COMM_MAX_SLOTS])plans[r].comm,
                        a->steps, &times[r]);
@@ -362,7 +394,7 @@ static const char* predict_times(const MachineProfile* prof, const PlanArgs* a, 
 // --chapter 7), those whose largest rank fits --memory-per-rank, fewest bus
 // bytes per step first or, with --profile, the shortest predicted step first.
 typedef struct {
-    char what[128];
+    char what[160];
     double peak, bus, ms;
 } Candidate;
 
@@ -384,9 +416,10 @@ static void consider(const PlanArgs* a, const char* what, double memory, const M
     PlanFn fn = plan_pick(a, &info, msg, sizeof(msg));
     if (!fn) return;  // a layout the model or the mesh does not allow
     (*tried)++;
-    RankPlan* plans = plan_run(a, fn);
+    RankPlan* plans = plan_run(a, fn, 1);
     double peak = 0, bus = 0, ms = 0;
     for (int r = 0; r < a->ranks; r++) {
+        if (!plan_wanted(a, r, 1)) continue;
         if (plan_total(&plans[r], 0) > peak) peak = plan_total(&plans[r], 0);
         double mine = 0;
         for (int c = 0; c < NUM_COLLECTIVES; c++)
@@ -396,10 +429,10 @@ static void consider(const PlanArgs* a, const char* what, double memory, const M
     if (prof) {
         StepTime* times = calloc((size_t)a->ranks, sizeof(StepTime));
         if (!times) die("%s", "out of memory");
-        const char* missing = predict_times(prof, a, &info, plans, times);
+        const char* missing = predict_times(prof, a, &info, plans, times, 1);
         if (missing) die("--profile: the profile has no %s", missing);
         for (int r = 0; r < a->ranks; r++)
-            if (times[r].total_ms > ms) ms = times[r].total_ms;
+            if (plan_wanted(a, r, 1) && times[r].total_ms > ms) ms = times[r].total_ms;
         free(times);
     }
     free(plans);
@@ -440,7 +473,7 @@ static void search_print(const PlanArgs* base, double memory, const MachineProfi
 static void search_expert(const PlanArgs* base, double memory, const MachineProfile* prof) {
     static Candidate found[4096];
     int n = 0, tried = 0, cap = (int)(sizeof(found) / sizeof(found[0])), R = base->ranks;
-    static const char* schedules[] = {"gpipe", "1f1b", "zb"};
+    static const char* schedules[] = {"gpipe", "1f1b", "zb", "interleaved"};
     static const char* cp_modes[] = {"ring", "ulysses"};
     for (int dp = 1; dp <= R; dp++)
         for (int tp = 1; tp <= R / dp; tp++)
@@ -448,7 +481,13 @@ static void search_expert(const PlanArgs* base, double memory, const MachineProf
                 for (int cp = 1; cp <= R / (dp * tp * pp); cp++) {
                     int ep = R / (dp * tp * pp * cp);
                     if (dp * tp * pp * cp * ep != R) continue;
-                    for (int k = 0; k < (pp > 1 ? 3 : 1) * (cp > 1 ? 2 : 1); k++) {
+                    // the capstone's compositions: each schedule (interleaved
+                    // with the fewest chunks that cut the layers evenly), each
+                    // cp mode, and ZeRO over the copies (1 with a pipeline;
+                    // 2 and 3 without, as the capstone refuses them there)
+                    int n_sched = pp > 1 ? 4 : 1, n_cp = cp > 1 ? 2 : 1, n_zero = pp > 1 ? 2 : 4;
+                    for (int k = 0; k < n_sched * n_cp * n_zero; k++) {
+                        int ks = k % n_sched, kc = k / n_sched % n_cp, zero = k / (n_sched * n_cp);
                         PlanArgs a = *base;
                         a.steps = 1;
                         int sizes[NUM_AXES] = {0};
@@ -456,8 +495,9 @@ static void search_expert(const PlanArgs* base, double memory, const MachineProf
                         sizes[AXIS_EP] = ep;
                         for (int x = 0; x < NUM_AXES; x++) a.mesh[x] = sizes[x];
                         a.virt = 1;
+                        a.zero = zero;
                         if (pp == 1) a.microbatches = 0;  // no pipeline: chapter 7's plain step
-                        char what[128];
+                        char what[160];
                         int len = snprintf(what, sizeof(what), "chapter 7");
                         static const MeshAxis order[] = {AXIS_DP, AXIS_TP, AXIS_PP, AXIS_CP, AXIS_EP};
                         for (int i = 0; i < 5; i++)
@@ -465,13 +505,20 @@ static void search_expert(const PlanArgs* base, double memory, const MachineProf
                                 len += snprintf(what + len, sizeof(what) - len, " --%s %d", mesh_axis_name(order[i]),
                                                 sizes[order[i]]);
                         if (pp > 1) {
-                            a.schedule = schedules[k % 3];
+                            a.schedule = schedules[ks];
                             len += snprintf(what + len, sizeof(what) - len, " --schedule %s", a.schedule);
+                            if (ks == 3) {
+                                int L = a.cfg.num_layers;
+                                for (a.virt = 2; a.virt * pp <= L && L % (a.virt * pp); a.virt++) {}
+                                if (a.virt * pp > L) continue;
+                                len += snprintf(what + len, sizeof(what) - len, " --virtual %d", a.virt);
+                            }
                         }
                         if (cp > 1) {
-                            a.cp_mode = cp_modes[pp > 1 ? k / 3 : k];
-                            snprintf(what + len, sizeof(what) - len, " --cp-mode %s", a.cp_mode);
+                            a.cp_mode = cp_modes[kc];
+                            len += snprintf(what + len, sizeof(what) - len, " --cp-mode %s", a.cp_mode);
                         }
+                        if (zero) snprintf(what + len, sizeof(what) - len, " --zero %d", zero);
                         consider(&a, what, memory, prof, found, &n, cap, &tried);
                     }
                 }
@@ -735,12 +782,12 @@ int main(int argc, char** argv) {
     PlanInfo info;
     PlanFn plan = plan_pick(&a, &info, msg, sizeof(msg));
     if (!plan) die("%s", msg);
-    RankPlan* plans = plan_run(&a, plan);
+    RankPlan* plans = plan_run(&a, plan, 0);
     StepTime* times = NULL;
     if (profile_path) {  // the step time (plan_time.h): every rank from its plan, the slowest sets the step
         times = calloc((size_t)a.ranks, sizeof(StepTime));
         if (!times) die("%s", "out of memory");
-        const char* missing = predict_times(&profile, &a, &info, plans, times);
+        const char* missing = predict_times(&profile, &a, &info, plans, times, 0);
         if (missing) {  // before any output: a profile short of a figure plans nothing
             snprintf(msg, sizeof(msg), "the profile '%s' has no %s", profile.name, missing);
             die("%s", msg);

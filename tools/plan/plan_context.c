@@ -15,6 +15,7 @@
 #include "model_layout.h"
 #include "model_tp.h"
 #include "plan.h"
+#include "tp.h"  // tp_mesh_problem
 #include "sequence.h"
 
 const char* plan_check_context(const PlanArgs* a, PlanInfo* info, char* msg, size_t len) {
@@ -29,7 +30,8 @@ const char* plan_check_context(const PlanArgs* a, PlanInfo* info, char* msg, siz
     if (a->B % ndp) return "--batch: the batch must split over dp";
     if (a->sp) {
         if (ncp > 1) return "--sp runs on a dp x tp mesh: drop --cp";
-        if (a->cfg.num_heads % ntp || a->cfg.channels % ntp) return "--tp: the model's heads must split over tp";
+        const char* bad = tp_mesh_problem(&a->cfg, a->B, ndp, ntp, msg, len);  // chapter 4's check, as sp_create makes it
+        if (bad) return bad;
         if (((long)a->B / ndp * T) % ntp) return "--sp: (batch/dp) x seq must split over tp";
         return NULL;
     }
