@@ -173,13 +173,15 @@ gc_need '^SKIP +1 +op tests under compute-sanitizer memcheck .* cpu mode$'
 gc_need '^TIMEOUT +2 +planted hang .*no end in 8 s: stacks in cases/03-planted_hang$'
 gc_need '^1 passed, 1 failed, 1 skipped$'
 for r in 0 1; do
-    # the rank's main thread, named by gdb, down to the program's main
-    gc_need "^    rank $r: .* < main$"
-    # (gdb is a dependency, .ci/install-deps.sh; without it, /proc's stacks)
-    gc_stack='^Thread 1 '
-    command -v gdb >/dev/null || gc_stack='kernel stacks from /proc'
-    grep -q "$gc_stack" "$gc_out/cases/03-planted_hang/stack.rank$r.txt" 2>/dev/null ||
-        { gc_ok=0; gc_why="$gc_why no stack of rank $r;"; }
+    # the rank's main thread, named by gdb, down to the program's main; where
+    # gdb is missing (a dependency: .ci/install-deps.sh) or may not attach
+    # (a container without ptrace), the kernel's stacks from /proc
+    gc_stack=$gc_out/cases/03-planted_hang/stack.rank$r.txt
+    if grep -q '^Thread 1 ' "$gc_stack" 2>/dev/null; then
+        gc_need "^    rank $r: .* < main$"
+    elif ! grep -q 'kernel stacks from /proc' "$gc_stack" 2>/dev/null; then
+        gc_ok=0 gc_why="$gc_why no stack of rank $r;"
+    fi
 done
 [ -s "$gc_out.tar.gz" ] || { gc_ok=0; gc_why="$gc_why no $gc_out.tar.gz;"; }
 [ $gc_rc = 1 ] || { gc_ok=0; gc_why="$gc_why exit $gc_rc, not 1 (one failed case);"; }

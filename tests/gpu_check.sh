@@ -252,19 +252,25 @@ rank_pids() {
 }
 # stack_of PID: one process's stacks, every thread: gdb's (-nx: no
 # ~/.gdbinit; the CUDA driver's and NCCL's threads are listed too), or
-# without gdb each thread's kernel stack and wait channel from /proc
+# where there is no gdb, or it may not attach (a container without ptrace),
+# each thread's kernel stack and wait channel from /proc.
+# GPU_CHECK_GDB: another gdb (false: the /proc fallback, for its test)
 stack_of() {
-    local t
+    local t out gdb=${GPU_CHECK_GDB:-gdb}
     echo "== pid $1: $(tr '\0' ' ' < "/proc/$1/cmdline" 2>/dev/null | cut -c1-200)"
-    if command -v gdb >/dev/null; then
-        timeout 60 gdb -batch -nx -p "$1" -ex 'set pagination off' -ex 'info threads' -ex 'thread apply all bt'
+    if command -v "$gdb" >/dev/null; then
+        out=$(timeout 60 "$gdb" -batch -nx -p "$1" -ex 'set pagination off' -ex 'info threads' \
+            -ex 'thread apply all bt' 2>&1)
+        echo "$out"
+        echo "$out" | grep -q '^Thread 1 ' && return
+        echo "gdb read no stack (ptrace not permitted?): kernel stacks from /proc"
     else
         echo "no gdb: kernel stacks from /proc (apt-get install gdb for the program's own frames)"
-        for t in /proc/"$1"/task/*; do
-            echo "-- thread ${t##*/} $(cat "$t/comm" 2>/dev/null), wchan $(cat "$t/wchan" 2>/dev/null)"
-            cat "$t/stack" 2>/dev/null
-        done
     fi
+    for t in /proc/"$1"/task/*; do
+        echo "-- thread ${t##*/} $(cat "$t/comm" 2>/dev/null), wchan $(cat "$t/wchan" 2>/dev/null)"
+        cat "$t/stack" 2>/dev/null
+    done
 }
 # stack_where FILE: the main thread's frames (gdb's "Thread 1"; of the last
 # process dumped, the program rather than a tool that runs it), function
@@ -280,7 +286,11 @@ stack_where() {
              END { for (i = 0; i < n; i++)
                        if (n <= 7 || i < 2 || i >= n - 5) printf "%s%s", (i ? " < " : ""), fr[i]
                        else if (i == 2) printf " < ..." }' "$1")
-    [ -n "$w" ] && echo "$w" || head -1 "$1"
+    [ -n "$w" ] && { echo "$w"; return; }
+    # no gdb stack: the main thread's wait channel from /proc, or what the
+    # file says (a rank that was not running)
+    w=$(awk '/^== pid/ { m = "" } /^-- thread/ && m == "" { m = $0 } END { print m }' "$1")
+    [ -n "$w" ] && echo "no gdb stack; main thread${w#-- thread}" || head -1 "$1"
 }
 
 # watch_run LIMIT DIR NP ENV PROGRAM ARGS...: PROGRAM on NP ranks with ENV
