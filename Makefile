@@ -92,8 +92,11 @@ else ifeq ($(BACKEND),cuda)
   CUDA_ARCH ?= -gencode arch=compute_80,code=sm_80 -gencode arch=compute_90,code=sm_90 \
                -gencode arch=compute_90,code=compute_90
   # --fmad=false: no fused multiply-adds, as gcc compiles the CPU twin, so the
-  # two backends round the same formulas alike (reduction orders still differ)
-  NVCCFLAGS := -O3 --fmad=false $(CUDA_ARCH) -std=c++17 -Icommon -I$(CUDA_HOME)/include -Werror all-warnings \
+  # two backends round the same formulas alike (reduction orders still differ).
+  # -lineinfo: line tables for the device code, without changing its
+  # optimisation, so that compute-sanitizer's reports (make gpu-check) name
+  # the line of ops.cu, not only the kernel
+  NVCCFLAGS := -O3 --fmad=false -lineinfo $(CUDA_ARCH) -std=c++17 -Icommon -I$(CUDA_HOME)/include -Werror all-warnings \
                -Xcompiler -Wall,-Wextra,-Werror,-fopenmp -MMD -MP
   CFLAGS    += -I$(CUDA_HOME)/include
   LDLIBS    += -L$(CUDA_HOME)/lib64 -Wl,-rpath,$(CUDA_HOME)/lib64 -lcublas -lnccl -lcudart -lstdc++ -ldl
@@ -248,11 +251,14 @@ $(BIN)/tests/test_fsdp: $(OBJ)/tests/test_fsdp.o $(OBJ)/03_fsdp/fsdp.o $(COMMON_
 $(OBJ)/tests/test_fsdp.o: CFLAGS += -I03_fsdp
 endif
 
-# The GPU suite (tests/gpu_check.sh): every chapter on 1, 2 and 4 GPUs
-# against the CPU, with a table of times; without a GPU it says so and skips.
+# The first-GPU-day script (tests/gpu_check.sh, docs/cuda.md section 6):
+# every chapter and the capstone on 1-2 GPUs, the risky cases on 4, against
+# the same runs on the CPU, each case under a limit with every rank's stacks
+# on a hang; one table, and build/gpu-check.tar.gz to send back. Without a GPU
+# it says so and skips; `make gpu-check GPU_CHECK_BACKEND=cpu` runs the same
+# cases on the CPU build (the harness checked without a GPU).
 .PHONY: gpu-check
 gpu-check:
-	@$(MAKE) --no-print-directory BACKEND=cpu all
 	@bash tests/gpu_check.sh
 
 # tests/run.sh runs tests/unit.sh, every tests/chapter_N.sh, capstone.sh,

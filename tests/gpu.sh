@@ -2,6 +2,8 @@
 # The GPU tests: the CUDA backend builds wherever nvcc is; the op tests, the
 # reference across backends, the collectives on NCCL and the chapter
 # invariants run where nvidia-smi lists a GPU and say "skipped" elsewhere.
+# make gpu-check's harness (tests/gpu_check.sh) is checked everywhere, on
+# the CPU build: its case list, a case, a skip and a planted hang.
 . "$(dirname "$0")/lib.sh"
 
 echo "== GPU"
@@ -131,5 +133,62 @@ for np in 1 2; do
         fi
     fi
 done
+
+# make gpu-check's harness, without a GPU (tests/gpu_check.sh in its cpu
+# mode: the same cases on the CPU build). Its case list holds every chapter
+# at 1-2 ranks and the risky cases at 4; a subset of that very list runs,
+# with a planted hang (a 10^6-step run given 8 s): the training case passes
+# against its CPU reference with a row in the table, the sanitizer case says
+# why it is skipped, and the hang is a TIMEOUT row with every rank's stacks,
+# taken before the ranks were killed.
+gc_list=$TEST_TMPDIR/gpu_check_list.txt
+bash tests/gpu_check.sh --list > "$gc_list"
+gc_missing=""
+for want in "chapter-0 " "chapter-1 " "chapter-2 " "chapter-3 " "chapter-4 " "chapter-5 " "chapter-6 " "chapter-7 " "capstone "; do
+    awk -F'|' -v p="$want" 'index($4, p) && $2 + 0 <= 2 { f = 1 } END { exit !f }' "$gc_list" || gc_missing="$gc_missing ${want% } on 2 ranks,"
+done
+grep -E '^train *\| *4 \|.*--pp 4 --schedule interleaved' "$gc_list" >/dev/null || gc_missing="$gc_missing pp 4 interleaved,"
+grep -E '^train *\| *4 \|.*chapter-6 .*--cp 4' "$gc_list" >/dev/null || gc_missing="$gc_missing cp 4 ring,"
+for k in memcheck racecheck kill; do grep -q "^$k " "$gc_list" || gc_missing="$gc_missing $k,"; done
+if [ -z "$gc_missing" ]; then
+    pass "make gpu-check's list: chapters 0-7 and the capstone at 1-2 ranks, pp 4 interleaved and cp 4 ring at 4, memcheck, racecheck, a killed rank ($(wc -l < "$gc_list") cases)"
+else
+    fail "make gpu-check's list" "missing:${gc_missing%,}"
+fi
+gc_cases=$TEST_TMPDIR/gpu_check_cases.txt gc_out=$TEST_TMPDIR/gpu_check
+{
+    grep -E '^train .*\| capstone pp=2 zb m=4 ' "$gc_list"
+    grep -E '^memcheck ' "$gc_list"
+    echo "prog | 2 | planted hang | chapter-2 --dp 2 --steps 1000000 --batch 24 --seq 32 | | 8"
+} > "$gc_cases"
+gc_log=$TEST_TMPDIR/gpu_check.out
+env -u TEST_COUNTS GPU_CHECK_BACKEND=cpu GPU_CHECK_CASES="$gc_cases" GPU_CHECK_OUT="$gc_out" \
+    timeout -k 10 $T_RUN bash tests/gpu_check.sh > "$gc_log" 2>&1
+gc_rc=$?
+gc_ok=1 gc_why=""
+gc_need() { grep -qE -- "$1" "$gc_log" || { gc_ok=0; gc_why="$gc_why no line '$1';"; }; }
+gc_need '^result +np +case +s +\|dloss\| +\|dnorm\| +ms/step +cpu ms'
+gc_need '^PASS +2 +capstone pp=2 zb m=4 +[0-9]+ +[0-9.]+e[-+][0-9]+ +[0-9.]+e[-+][0-9]+ +[0-9.]+ +[0-9.]+ '
+gc_need '^SKIP +1 +op tests under compute-sanitizer memcheck .* cpu mode$'
+gc_need '^TIMEOUT +2 +planted hang .*no end in 8 s: stacks in cases/03-planted_hang$'
+gc_need '^1 passed, 1 failed, 1 skipped$'
+for r in 0 1; do
+    # the rank's main thread, named by gdb, down to the program's main; where
+    # gdb is missing (a dependency: .ci/install-deps.sh) or may not attach
+    # (a container without ptrace), the kernel's stacks from /proc
+    gc_stack=$gc_out/cases/03-planted_hang/stack.rank$r.txt
+    if grep -q '^Thread 1 ' "$gc_stack" 2>/dev/null; then
+        gc_need "^    rank $r: .* < main$"
+    elif ! grep -q 'kernel stacks from /proc' "$gc_stack" 2>/dev/null; then
+        gc_ok=0 gc_why="$gc_why no stack of rank $r;"
+    fi
+done
+[ -s "$gc_out.tar.gz" ] || { gc_ok=0; gc_why="$gc_why no $gc_out.tar.gz;"; }
+[ $gc_rc = 1 ] || { gc_ok=0; gc_why="$gc_why exit $gc_rc, not 1 (one failed case);"; }
+if [ $gc_ok = 1 ]; then
+    pass "make gpu-check on the CPU build (GPU_CHECK_BACKEND=cpu): a case of its list against its CPU reference, a skipped sanitizer, a planted hang as a TIMEOUT row with both ranks' stacks ($(grep -m1 "^    rank 1:" "$gc_log" | sed "s/^ *rank 1: .* < \([^<]* < [^<]* < main\)$/rank 1: ... \1/"))"
+else
+    fail "make gpu-check on the CPU build" "${gc_why% ;}; $(tail -12 "$gc_log")"
+fi
 
 finish
