@@ -113,15 +113,24 @@ void cp_parse_flags(const char* mode_name, const char* balance_name, int overlap
     if (overlap != 0 && overlap != 1) fail_all("--cp-overlap %d is not 0 or 1", overlap);
 }
 
+const char* cp_mesh_problem(CPMode mode, CPBalance balance, int T, int num_heads, int ncp, char* msg, size_t len) {
+    if (balance == BALANCE_ZIGZAG && T % (2 * ncp) != 0)
+        snprintf(msg, len, "--seq %d does not split into 2 x cp = %d zigzag half-chunks: use a sequence length divisible by "
+                 "%d, or --cp-balance none", T, 2 * ncp, 2 * ncp);
+    else if (mode == CP_ULYSSES && num_heads % ncp != 0)
+        snprintf(msg, len, "--cp-mode ulysses splits the model's %d heads over cp=%d ranks: use a cp that divides %d, or "
+                 "--cp-mode ring", num_heads, ncp, num_heads);
+    else
+        return NULL;
+    return msg;
+}
+
 void cp_create(CPModel* m, const Run* run, CPMode mode, CPBalance balance, int overlap, int B, int b0) {
     const TrainSetup* setup = &run->setup;
     int ncp = run->mesh.size[AXIS_CP];
-    if (balance == BALANCE_ZIGZAG && setup->T % (2 * ncp) != 0)
-        fail_all("--seq %d does not split into 2 x cp = %d zigzag half-chunks: use a sequence length divisible by "
-                 "%d, or --cp-balance none", setup->T, 2 * ncp, 2 * ncp);
-    if (mode == CP_ULYSSES && setup->cfg.num_heads % ncp != 0)
-        fail_all("--cp-mode ulysses splits the model's %d heads over cp=%d ranks: use a cp that divides %d, or "
-                 "--cp-mode ring", setup->cfg.num_heads, ncp, setup->cfg.num_heads);
+    char msg[512];
+    const char* bad = cp_mesh_problem(mode, balance, setup->T, setup->cfg.num_heads, ncp, msg, sizeof(msg));
+    if (bad) fail_all("%s", bad);
     memset(m, 0, sizeof(*m));
     m->balance = balance;
     m->b0 = b0;

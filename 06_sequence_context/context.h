@@ -101,6 +101,9 @@ typedef struct {
 // --cp-mode, --cp-balance and --cp-overlap checked and parsed; a bad value
 // ends every rank with one message.
 void cp_parse_flags(const char* mode_name, const char* balance_name, int overlap, CPMode* mode, CPBalance* balance);
+// What cp_create refuses of the mesh (zigzag's 2 x cp half-chunks, Ulysses'
+// heads over cp): NULL, or the message in msg. The planner calls it too.
+const char* cp_mesh_problem(CPMode mode, CPBalance balance, int T, int num_heads, int ncp, char* msg, size_t len);
 
 // This rank's model: B sequences of T tokens per step from sequence b0 of
 // the global batch, T/cp of each on this cp rank; every buffer allocated and

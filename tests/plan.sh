@@ -569,6 +569,9 @@ same_refusal 3 chapter-6 --tp 3 --sp --model tiny6 -- --chapter 6 --ranks 3 --tp
 same_refusal 3 capstone --tp 3 --experts 2 --top-k 1 --model small --batch 3 --seq 32 -- \
     --chapter 7 --ranks 3 --tp 3 --experts 2 --top-k 1 --model small --batch 3 --seq 32
 same_refusal 4 chapter-2 --dp 4 --batch 6 -- --chapter 2 --ranks 4 --dp 4 --batch 6
+# chapter 6's own rules (06_sequence_context/context.c, cp_mesh_problem)
+same_refusal 2 chapter-6 --cp 2 --cp-balance zigzag --seq 34 -- --chapter 6 --ranks 2 --cp 2 --cp-balance zigzag --seq 34
+same_refusal 3 chapter-6 --cp 3 --cp-mode ulysses --seq 63 -- --chapter 6 --ranks 3 --cp 3 --cp-mode ulysses --seq 63
 plan_error "--ranks" --chapter 2 --ranks 4 --dp 2
 plan_error "not planned" --chapter 9
 plan_error "--zero" --chapter 3 --ranks 2 --dp 2 --zero 4

@@ -45,6 +45,7 @@
 #include "model_layout.h"
 #include "model_tp.h"
 #include "plan_time.h"
+#include "context.h"  // cp_mesh_problem: chapter 6's
 #include "tp.h"  // tp_mesh_problem: chapter 4's mesh check
 #include "train.h"  // train_mesh_problem: the chapters' mesh check
 
@@ -326,6 +327,10 @@ static PlanFn plan_pick(const PlanArgs* a, PlanInfo* info, char* msg, size_t len
         if (a->chapter == 5) size[AXIS_PP] = 1, needs.microbatches = a->microbatches ? a->microbatches : a->mesh[AXIS_PP];
         if (a->chapter == 7) needs.experts = a->experts;
         bad = train_mesh_problem(size, &a->cfg, a->B, a->T, &needs, msg, len);
+        if (!bad && a->chapter == 6)  // then cp_create's own (06_sequence_context/context.c)
+            bad = cp_mesh_problem(strcmp(a->cp_mode, "ring") ? CP_ULYSSES : CP_RING,
+                                  strcmp(a->cp_balance, "zigzag") ? BALANCE_NONE : BALANCE_ZIGZAG, a->T,
+                                  a->cfg.num_heads, a->mesh[AXIS_CP], msg, len);
     }
     if (bad) {
         if (bad != msg) snprintf(msg, len, "%s", bad);

@@ -27,8 +27,7 @@ const char* plan_check_context(const PlanArgs* a, PlanInfo* info, char* msg, siz
         return snprintf(msg, len, "--cp-mode %s is not one of ring, ulysses", a->cp_mode), msg;
     if (!zigzag && strcmp(a->cp_balance, "none"))
         return snprintf(msg, len, "--cp-balance %s is not one of none, zigzag", a->cp_balance), msg;
-    if (a->B % ndp) return "--batch: the batch must split over dp";
-    if (a->sp) {
+    if (a->sp) {  // the batch over dp: tp_mesh_problem, as sp_create checks it
         if (ncp > 1) return "--sp runs on a dp x tp mesh: drop --cp";
         const char* bad = tp_mesh_problem(&a->cfg, a->B, ndp, ntp, msg, len);  // chapter 4's check, as sp_create makes it
         if (bad) return bad;
@@ -36,9 +35,9 @@ const char* plan_check_context(const PlanArgs* a, PlanInfo* info, char* msg, siz
         return NULL;
     }
     if (ntp > 1) return "--tp without --sp: tensor parallelism is chapter 4's";
-    if (T % ncp) return "--seq: the sequence must split over cp";
-    if (zigzag && T % (2 * ncp)) return "--seq: zigzag needs a sequence divisible by 2 x cp";
-    if (!ring && a->cfg.num_heads % ncp) return "--cp-mode ulysses: cp must divide the model's heads";
+    // the batch over dp and the sequence over cp: plan.c's
+    // train_mesh_problem, then cp_create's own rules (cp_mesh_problem), in
+    // the chapter's order
     return NULL;
 }
 
