@@ -199,24 +199,7 @@ fi
 
 # tiny8.bin: tiny with 8 layers (an llm.c model file, random weights), the
 # smallest model that pp 4 cuts into 2 interleaved chunks a rank
-[ -z "$missing" ] && python3 - "$T8" <<'PY'
-import random, struct, sys
-V = Vp = 256; maxT = 64; L = 8; NH = 4; C = 64
-rng = random.Random(45)
-w = lambda n: [rng.gauss(0.0, 0.02) for _ in range(n)]
-c = lambda n, v: [v] * n
-p = w(Vp * C) + w(maxT * C)                                   # wte wpe
-p += c(L * C, 1.0) + c(L * C, 0.0)                            # ln1w ln1b
-p += w(L * 3 * C * C) + c(L * 3 * C, 0.0)                     # qkvw qkvb
-p += w(L * C * C) + c(L * C, 0.0)                             # attprojw attprojb
-p += c(L * C, 1.0) + c(L * C, 0.0)                            # ln2w ln2b
-p += w(L * 4 * C * C) + c(L * 4 * C, 0.0)                     # fcw fcb
-p += w(L * C * 4 * C) + c(L * C, 0.0)                         # fcprojw fcprojb
-p += c(C, 1.0) + c(C, 0.0)                                    # lnfw lnfb
-h = [0] * 256
-h[:8] = [20240326, 3, maxT, V, L, NH, C, Vp]
-open(sys.argv[1], 'wb').write(struct.pack('256i', *h) + struct.pack('%df' % len(p), *p))
-PY
+[ -z "$missing" ] && python3 "$(dirname "$0")/make_model.py" "$T8" 256 256 64 8 4 64
 
 # ---------------------------------------------------------------- one run
 # dump_stacks PID NP DIR: every rank of the job under PID, all threads, into

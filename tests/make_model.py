@@ -1,0 +1,20 @@
+"""make_model.py FILE V Vp maxT L NH C: an llm.c model file (version 3, fp32)
+with random weights (normal, 0.02; LayerNorm weights near 1, biases near 0)
+and the padded rows of wte zero. tests/model_files.sh plans odd shapes with
+it, tests/gpu_check.sh the 8-layer model pp 4 interleaves."""
+import random, struct, sys
+path, (V, Vp, maxT, L, NH, C) = sys.argv[1], map(int, sys.argv[2:8])
+rng = random.Random(2026)
+w = lambda n: [rng.gauss(0.0, 0.02) for _ in range(n)]
+near = lambda n, c: [c + rng.gauss(0.0, 0.05) for _ in range(n)]
+p = w(V * C) + [0.0] * ((Vp - V) * C) + w(maxT * C)          # wte (padded rows 0), wpe
+p += near(L * C, 1.0) + near(L * C, 0.0)                      # ln1w ln1b
+p += w(L * 3 * C * C) + near(L * 3 * C, 0.0)                  # qkvw qkvb
+p += w(L * C * C) + near(L * C, 0.0)                          # attprojw attprojb
+p += near(L * C, 1.0) + near(L * C, 0.0)                      # ln2w ln2b
+p += w(L * 4 * C * C) + near(L * 4 * C, 0.0)                  # fcw fcb
+p += w(L * C * 4 * C) + near(L * C, 0.0)                      # fcprojw fcprojb
+p += near(C, 1.0) + near(C, 0.0)                              # lnfw lnfb
+h = [0] * 256
+h[:8] = [20240326, 3, maxT, V, L, NH, C, Vp]
+open(path, 'wb').write(struct.pack('256i', *h) + struct.pack('%df' % len(p), *p))
