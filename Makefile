@@ -197,7 +197,7 @@ $(BIN)/attention_bench: $(OBJ)/common/tools/attention_bench.o $(COMMON_OBJ)
 # common/tools (it links every chapter's engine, and nothing in common/
 # includes a chapter's header).
 PLAN_MODULES := 05_pipeline/schedule 05_pipeline/pipeline 06_sequence_context/context 06_sequence_context/ring \
-                06_sequence_context/sequence 04_fsdp_tp/tp 03_fsdp/fsdp 07_expert/moe
+                06_sequence_context/sequence 04_fsdp_tp/tp 03_fsdp/fsdp 07_expert/moe capstone/composed_rules
 $(BIN)/plan: $(patsubst %.c,$(OBJ)/%.o,$(wildcard tools/plan/*.c)) $(patsubst %,$(OBJ)/%.o,$(PLAN_MODULES)) $(COMMON_OBJ)
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) -o $@ $^ $(LDLIBS)

@@ -3,6 +3,7 @@
 // the training-state checkpoint's slices, the summary and --show-sharding.
 // Its buffers are built in composed_build.c.
 #include "composed_model.h"
+#include "composed_rules.h"
 
 #include <math.h>
 #include <stdio.h>
@@ -162,29 +163,17 @@ int expert_run_start(Run* run, ExpertFlags* fl, int argc, char** argv) {
 MoeConfig expert_config(const Run* run, ExpertFlags* f) {
     const TrainSetup* setup = &run->setup;
     MoeConfig cfg = moe_config_checked(run, &f->moe);  // chapter 7's checks of the MoE flags and the file
-    int world = run->mesh.size[AXIS_DP] * run->mesh.size[AXIS_EP];
-    if (setup->B % world != 0)
-        fail_all("the batch of %d sequences does not split over dp x ep = %d ranks (every rank takes its own "
-                 "sequences): use a --batch that is a multiple of %d", setup->B, world, world);
-    int cp = run->mesh.size[AXIS_CP], tp = run->mesh.size[AXIS_TP];
-    // --tp: a tp rank holds B/tp whole sequences of its share through the
-    // per-token parts (sequence parallelism, composed_tp.c)
-    if ((setup->B / world) % tp != 0)
-        fail_all("--tp %d: each tp rank takes whole sequences of its share, but the %d sequences per dp x ep share do "
-                 "not split over tp=%d: use a --batch that is a multiple of %d", tp, setup->B / world, tp, world * tp);
-    world *= tp;
-    moe_check_overlap(&f->moe, (long)(setup->B / world) * (setup->T / cp));  // a rank's tokens per MoE layer
+    // the layout: one function the planner calls too (composed_rules.h)
     cp_parse_flags(f->cp_mode_name, f->cp_balance_name, 1, &f->cp_mode, &f->cp_balance);
-    if (cp > 1) {
-        // chapter 6's layout and algorithms need what they need there
-        if (f->cp_balance == BALANCE_ZIGZAG && setup->T % (2 * cp) != 0)
-            fail_all("--seq %d does not split into 2 x cp = %d zigzag half-chunks: use a sequence length divisible "
-                     "by %d, or --cp-balance none", setup->T, 2 * cp, 2 * cp);
-        if (f->cp_mode == CP_ULYSSES && (cfg.gpt.num_heads / tp) % cp != 0)
-            fail_all("--cp-mode ulysses splits the model's %d heads over cp=%d ranks: use a cp that divides %d, or "
-                     "--cp-mode ring", cfg.gpt.num_heads / tp, cp, cfg.gpt.num_heads / tp);
-    }
-    expert_zero_check(f->zero, run->mesh.size[AXIS_PP] > 1 || f->microbatches != ARG_NOT_GIVEN || f->virtual_chunks != 1);
+    ComposedLayout lay = {.B = setup->B, .T = setup->T, .num_layers = cfg.gpt.num_layers, .num_heads = cfg.gpt.num_heads,
+                          .zero = f->zero, .microbatches = f->microbatches, .virtual_chunks = f->virtual_chunks,
+                          .schedule = f->schedule, .cp_mode = f->cp_mode, .cp_balance = f->cp_balance,
+                          .ep_overlap = f->moe.ep_overlap};
+    for (int x = 0; x < NUM_AXES; x++) lay.mesh[x] = run->mesh.size[x];
+    char msg[1024];
+    if (composed_layout_problem(&lay, msg, sizeof(msg))) fail_all("%s", msg);
+    int world = lay.mesh[AXIS_DP] * lay.mesh[AXIS_EP] * lay.mesh[AXIS_TP];
+    moe_check_overlap(&f->moe, (long)(setup->B / world) * (setup->T / lay.mesh[AXIS_CP]));  // a rank's tokens per MoE layer
     return cfg;
 }
 

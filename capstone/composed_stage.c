@@ -17,39 +17,17 @@
 
 static void stage_finish(ExpertPipe* P, const Mesh* mesh);
 
-// What the pipeline does not compose with yet, the flags against the mesh
-// and the layers, and the schedule's lists (built and validated by every
-// rank). Every refusal is one message from rank 0 and an exit of every rank.
-static void check_and_schedule(ExpertPipe* P, const Run* run, const ExpertFlags* fl) {
-    const TrainSetup* s = &run->setup;
-    const Mesh* mesh = &run->mesh;
-    int L = P->cfg.gpt.num_layers, kind = schedule_parse(fl->schedule);
-    if (kind < 0) fail_all("--schedule %s is not one of gpipe, 1f1b, interleaved, zb", fl->schedule);
+// The schedule's lists (built and validated by every rank) and the
+// pipeline's shape; expert_config refused every bad layout already
+// (composed_rules.c). Every refusal is one message from rank 0 and an exit of
+// every rank.
+static void build_schedule(ExpertPipe* P, const ExpertFlags* fl) {
+    int kind = schedule_parse(fl->schedule);
     P->sched_name = schedule_name((ScheduleKind)kind);
     P->M = fl->microbatches == ARG_NOT_GIVEN ? P->pp : fl->microbatches;
     P->v = fl->virtual_chunks;
-    if (P->M < 1) fail_all("--microbatches must be positive (leave it out for pp = %d)", P->pp);
-    int tp = mesh->size[AXIS_TP], share = s->B / (mesh->size[AXIS_DP] * mesh->size[AXIS_EP]);
-    if (tp > 1 && share % (P->M * tp) != 0)  // --tp: each tp rank whole sequences of each microbatch
-        fail_all("--microbatches %d --tp %d: a microbatch of a dp x ep share (%d sequences) must split into tp=%d "
-                 "ranks' whole sequences, so m x tp must divide %d: use other --microbatches or --batch",
-                 P->M, tp, share, tp, share);
-    if (P->per_rank % P->M != 0)
-        fail_all("--microbatches %d does not divide a rank's %d sequences (the batch of %d over dp x ep x tp = %d "
-                 "ranks): use a divisor of %d", P->M, P->per_rank, s->B,
-                 mesh->size[AXIS_DP] * mesh->size[AXIS_EP] * tp, P->per_rank);
-    if (P->v < 1 || P->v > XP_MAX_CHUNKS / P->pp)
-        fail_all("--virtual %d: use 1 to %d chunks per rank", P->v, XP_MAX_CHUNKS / P->pp);
-    if (P->v > 1 && kind != SCHED_INTERLEAVED) fail_all("--virtual %d needs --schedule interleaved", P->v);
-    if (P->v > 1 && P->pp == 1) fail_all("--virtual %d interleaves chunks over pp ranks: use --pp 2 or more", P->v);
     P->S = P->pp * P->v;
-    if (L % P->S != 0)
-        fail_all("the model's %d layers do not cut into pp=%d x %d chunk%s = %d equal stages: use pp x virtual dividing %d",
-                 L, P->pp, P->v, P->v == 1 ? "" : "s", P->S, L);
     P->b = P->per_rank / P->M;
-    if (fl->moe.ep_overlap > P->b * P->Tr)
-        fail_all("--ep-overlap %d: a microbatch has %d tokens per rank: use at most %d", fl->moe.ep_overlap, P->b * P->Tr,
-                 P->b * P->Tr);
     char msg[1024];
     const char* bad = schedule_build(&P->sched, (ScheduleKind)kind, P->pp, P->M, P->v, msg, sizeof(msg));
     if (!bad) bad = schedule_validate(&P->sched, NULL, msg, sizeof(msg));
@@ -160,7 +138,7 @@ void expert_stage_create(ExpertPipe* P, Run* run, ExpertFlags* fl, const MoeConf
     // a rank's sequences: B/tp of its dp x ep share's, in world order (dp, ep, tp) as expert_model_create
     P->per_rank = run->setup.B / (mesh->size[AXIS_DP] * mesh->size[AXIS_EP] * tp);
     P->share = (mesh->coord[AXIS_DP] * mesh->size[AXIS_EP] + mesh->coord[AXIS_EP]) * tp + mesh->coord[AXIS_TP];
-    check_and_schedule(P, run, fl);
+    build_schedule(P, fl);
     P->run_mb = *run;
     P->run_mb.setup.B = run->setup.B / P->M;  // a chunk's model holds one microbatch
     P->run_mb.setup.checkpoint = NULL;        // the parameters come from below

@@ -11,8 +11,9 @@
 #include "composed_pipe.h"
 #include "pipeline.h"  // chapter 5's Incoming, pipe_incoming_build, pipe_receive
 #include "schedule.h"
+#include "composed_rules.h"
 
-#define XP_MAX_CHUNKS 64  // virtual stages, as chapter 5
+#define XP_MAX_CHUNKS COMPOSED_MAX_CHUNKS  // virtual stages, as chapter 5 (composed_rules.h)
 
 // What one (microbatch, chunk) keeps from its F to its B (zb: its W): the chunk's
 // activations (its input in acts.encoded, its layers', the head's), its MoE

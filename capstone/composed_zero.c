@@ -113,16 +113,6 @@ void expert_zero_sumsq(double* mine, const ZeroBuf* z) {
     if (skip < z->S) grad_sumsq(mine, z->dshard + skip, z->S - skip);
 }
 
-void expert_zero_check(int zero, int pipelined) {
-    if (zero < 0 || zero > 3)
-        fail_all("--zero %d: the stages are 0 (none), 1 (the AdamW moments), 2 (the gradients too) and 3 (the "
-                 "parameters too)", zero);
-    if (zero > 1 && pipelined)
-        fail_all("--zero %d: not with the pipeline (--pp, --microbatches): the gradients accumulate over the "
-                 "microbatches, so sharding them would cost a reduce-scatter per unit per microbatch (ZeRO-2 and 3 "
-                 "are incompatible with pipeline parallelism, as DeepSpeed says): use --zero 1", zero);
-}
-
 // The part of each slice of `full` (data from origin) that falls in the
 // buffer's floats [lo, hi), added to out as `kind` with data at base (the
 // values of float lo).

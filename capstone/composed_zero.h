@@ -91,11 +91,6 @@ float* expert_zero_whole(ZeroBuf* z);
 // else the whole buffer) to *mine, the tied copy left out.
 void expert_zero_sumsq(double* mine, const ZeroBuf* z);
 
-// --zero: 0 to 3, 2 and 3 not with the pipeline (pipelined: --pp,
-// --microbatches or --virtual given). Every rank exits on a bad value, with
-// one message.
-void expert_zero_check(int zero, int pipelined);
-
 // The checkpoint's lines of my moment shards (m, v: S floats each, the
 // shard [lo, lo + len) of a buffer): `full` lists the whole buffer's
 // parameters as slices of the global tensors (data pointing into params);

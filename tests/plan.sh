@@ -572,6 +572,15 @@ same_refusal 4 chapter-2 --dp 4 --batch 6 -- --chapter 2 --ranks 4 --dp 4 --batc
 # chapter 6's own rules (06_sequence_context/context.c, cp_mesh_problem)
 same_refusal 2 chapter-6 --cp 2 --cp-balance zigzag --seq 34 -- --chapter 6 --ranks 2 --cp 2 --cp-balance zigzag --seq 34
 same_refusal 3 chapter-6 --cp 3 --cp-mode ulysses --seq 63 -- --chapter 6 --ranks 3 --cp 3 --cp-mode ulysses --seq 63
+# the capstone's compositions (capstone/composed_rules.c, composed_layout_problem):
+# one function the capstone and the planner call, so the same line
+same_refusal 2 capstone --cp 2 --cp-balance zigzag --seq 34 -- --chapter 7 --ranks 2 --cp 2 --cp-balance zigzag --seq 34
+same_refusal 2 capstone --pp 2 --zero 2 -- --chapter 7 --ranks 2 --pp 2 --zero 2
+same_refusal 2 capstone --pp 2 --virtual 2 -- --chapter 7 --ranks 2 --pp 2 --virtual 2
+same_refusal 2 capstone --pp 2 --microbatches 3 -- --chapter 7 --ranks 2 --pp 2 --microbatches 3
+same_refusal 2 capstone --pp 2 --model tiny6 --virtual 2 --schedule interleaved -- \
+    --chapter 7 --ranks 2 --pp 2 --model tiny6 --virtual 2 --schedule interleaved
+same_refusal 4 capstone --dp 2 --tp 2 --batch 6 -- --chapter 7 --ranks 4 --dp 2 --tp 2 --batch 6
 plan_error "--ranks" --chapter 2 --ranks 4 --dp 2
 plan_error "not planned" --chapter 9
 plan_error "--zero" --chapter 3 --ranks 2 --dp 2 --zero 4
@@ -593,12 +602,12 @@ plan_error "--cp-mode star" --chapter 6 --ranks 2 --cp 2 --cp-mode star
 plan_error "--sp" --chapter 6 --ranks 4 --tp 2 --cp 2 --sp
 plan_error "--ep" --chapter 7 --ranks 3 --ep 3 --experts 4
 plan_error "--ep-overlap" --chapter 7 --ranks 2 --ep 2 --batch 24 --seq 32 --ep-overlap 385
-plan_error "--zero 2, 3: not with the pipeline" --chapter 7 --ranks 4 --dp 2 --pp 2 --zero 3
-plan_error "--zero: chapter 7's stages are 0, 1, 2 and 3" --chapter 7 --ranks 2 --dp 2 --zero 4
-plan_error "--batch: each tp rank takes whole sequences" --chapter 7 --ranks 4 --tp 4 --batch 6
+plan_error "--zero 3: not with the pipeline" --chapter 7 --ranks 4 --dp 2 --pp 2 --zero 3
+plan_error "--zero 4: the stages are 0 (none)" --chapter 7 --ranks 2 --dp 2 --zero 4
+plan_error "--tp 4: each tp rank takes whole sequences of its share" --chapter 7 --ranks 4 --tp 4 --batch 6
 plan_error "--tp: tp must divide the model's heads" --chapter 7 --ranks 3 --tp 3 --batch 6
-plan_error "--microbatches: must divide a rank's sequences, --batch / (dp ep tp)" --chapter 7 --ranks 4 --tp 2 --pp 2 --batch 6
-plan_error "--microbatches: must divide a rank's sequences" --chapter 7 --ranks 2 --pp 2 --batch 24 --microbatches 5
+plan_error "--microbatches 2 --tp 2: a microbatch of a dp x ep share" --chapter 7 --ranks 4 --tp 2 --pp 2 --batch 6
+plan_error "--microbatches 5 does not divide a rank's 24 sequences" --chapter 7 --ranks 2 --pp 2 --batch 24 --microbatches 5
 
 echo "== the step-time model (tools/plan/plan_time.h)"
 # A fixed profile, and the time the documented formula gives for it,

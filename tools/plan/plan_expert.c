@@ -34,6 +34,7 @@
 #include "model_layout.h"
 #include "moe.h"
 #include "plan.h"
+#include "composed_rules.h"  // the capstone's refusals
 
 static MoeConfig moe_of(const PlanArgs* a) {
     MoeConfig c = {.gpt = a->cfg, .experts = a->experts, .top_k = a->top_k, .moe_every = a->moe_every};
@@ -47,48 +48,40 @@ static int dropless(const PlanArgs* a) { return !(a->capacity > 0) || a->capacit
 // The pipeline's step (expert_pipe_wanted): --pp > 1, --microbatches or --virtual given.
 static int pipelined(const PlanArgs* a) { return a->mesh[AXIS_PP] > 1 || a->microbatches > 0 || a->virt != 1; }
 
-// composed_stage.c's checks, then the lists.
-static const char* check_pipe(const PlanArgs* a, PlanInfo* info, char* msg, size_t len) {
-    int pp = a->mesh[AXIS_PP], tp = a->mesh[AXIS_TP], share = a->B / (a->mesh[AXIS_DP] * a->mesh[AXIS_EP]), v = a->virt;
-    int m = a->microbatches ? a->microbatches : pp, L = a->cfg.num_layers, per_rank = share / tp;
-    if (m < 1 || share % (m * tp)) return "--microbatches: must divide a rank's sequences, --batch / (dp ep tp)";
-    if (v < 1 || v > 64 / pp || (v > 1 && pp == 1)) return "--virtual: 1 to 64 / pp chunks, more than 1 with pp > 1 only";
-    if (L % (pp * v)) return "--pp: the layers must cut into pp x virtual equal stages";
-    if (a->ep_overlap > per_rank / m * (a->T / a->mesh[AXIS_CP])) return "--ep-overlap: at most a microbatch's tokens on a rank";
-    return plan_pipeline_lists(a, m, info, msg, len);
+// The layout as the capstone sees it (composed_rules.h); cp's names
+// parsed here, as chapter 6's cp_parse_flags does there.
+static const char* layout_problem(const PlanArgs* a, char* msg, size_t len) {
+    ComposedLayout c = {.B = a->B, .T = a->T, .num_layers = a->cfg.num_layers, .num_heads = a->cfg.num_heads,
+                        .zero = a->zero, .microbatches = a->microbatches ? a->microbatches : ARG_NOT_GIVEN,
+                        .virtual_chunks = a->virt, .schedule = a->schedule, .ep_overlap = a->ep_overlap};
+    for (int x = 0; x < NUM_AXES; x++) c.mesh[x] = a->mesh[x];
+    if (!strcmp(a->cp_mode, "ring")) c.cp_mode = CP_RING;
+    else if (!strcmp(a->cp_mode, "ulysses")) c.cp_mode = CP_ULYSSES;
+    else return snprintf(msg, len, "--cp-mode %s is not one of ring, ulysses", a->cp_mode), msg;
+    if (!strcmp(a->cp_balance, "none")) c.cp_balance = BALANCE_NONE;
+    else if (!strcmp(a->cp_balance, "zigzag")) c.cp_balance = BALANCE_ZIGZAG;
+    else return snprintf(msg, len, "--cp-balance %s is not one of none, zigzag", a->cp_balance), msg;
+    return composed_layout_problem(&c, msg, len);
 }
 
 const char* plan_check_expert(const PlanArgs* a, PlanInfo* info, char* msg, size_t len) {
     int ndp = a->mesh[AXIS_DP], nep = a->mesh[AXIS_EP], ncp = a->mesh[AXIS_CP], ntp = a->mesh[AXIS_TP];
     int npp = a->mesh[AXIS_PP];
     if (a->ranks != ndp * ntp * npp * ncp * nep) return "--ranks: chapter 7's mesh is dp x tp x pp x cp x ep";
-    if (ntp > 1) {  // expert_config's checks
-        if (a->cfg.num_heads % ntp) return "--tp: tp must divide the model's heads";
-        if (a->B % (ndp * nep * ntp)) return "--batch: each tp rank takes whole sequences of its dp x ep share";
-    }
-    if (ncp > 1) {  // expert_config's checks
-        int ring = !strcmp(a->cp_mode, "ring"), zigzag = !strcmp(a->cp_balance, "zigzag");
-        if (!ring && strcmp(a->cp_mode, "ulysses"))
-            return snprintf(msg, len, "--cp-mode %s is not one of ring, ulysses", a->cp_mode), msg;
-        if (!zigzag && strcmp(a->cp_balance, "none"))
-            return snprintf(msg, len, "--cp-balance %s is not one of none, zigzag", a->cp_balance), msg;
-        if (a->T % ncp) return "--seq: the sequence must split over cp";
-        if (zigzag && a->T % (2 * ncp)) return "--seq: zigzag needs a sequence divisible by 2 x cp";
-        if (!ring && (a->cfg.num_heads / ntp) % ncp) return "--cp-mode ulysses: cp must divide the model's heads (a tp rank's)";
-    }
+    if (ntp > 1 && a->cfg.num_heads % ntp) return "--tp: tp must divide the model's heads";
+    if (ncp > 1 && a->T % ncp) return "--seq: the sequence must split over cp";
     MoeConfig c = moe_of(a);
     const char* bad = moe_config_problem(&c);
     if (bad) return snprintf(msg, len, "%s", bad), msg;
-    if (a->zero < 0 || a->zero > 3) return "--zero: chapter 7's stages are 0, 1, 2 and 3";
-    if (a->zero > 1 && pipelined(a))
-        return "--zero 2, 3: not with the pipeline (--pp, --microbatches): the gradients accumulate over the microbatches, "
-               "so sharding them would cost a reduce-scatter per unit per microbatch: use --zero 1";
     if (a->experts % nep) return "--ep: the experts must split over ep";
     if (a->capacity < 0) return "--capacity-factor must be >= 0";
-    if (a->B % (ndp * nep)) return "--batch: the batch must split over dp x ep";
+    bad = layout_problem(a, msg, len);  // the capstone's own refusals, its lines
+    if (bad) return bad;
+    // chapter 7's moe_check_overlap (07_expert/moe_model.c), its line
     long tokens = (long)(a->B / (ndp * nep * ntp)) * (a->T / ncp);
     if (a->ep_overlap < 1 || a->ep_overlap > tokens)
-        return snprintf(msg, len, "--ep-overlap %d: must be between 1 and a rank's %ld tokens", a->ep_overlap, tokens), msg;
+        return snprintf(msg, len, "--ep-overlap %d: each MoE layer's exchanges are cut into that many chunks of a rank's "
+                        "%ld tokens, so it must be between 1 and %ld", a->ep_overlap, tokens, tokens), msg;
     // the all-to-all's bytes depend on the routing: each rank's a bound;
     // dropless, their sum over the ranks is exact (every slot goes out once
     // and comes back once per exchange pair)
@@ -98,7 +91,8 @@ const char* plan_check_expert(const PlanArgs* a, PlanInfo* info, char* msg, size
         double N = (double)a->B / (ndp * nep * ntp) * (a->T / ncp), pairs = (a->recompute == RECOMPUTE_FULL ? 3 : 2) * (double)moe_num_moe_layers(&c);
         info->comm_sum[COLL_ALLTOALL][AXIS_EP] = a->steps * (a->ranks / npp) * pairs * 2 * N * a->top_k * a->cfg.channels * sizeof(float);
     }
-    return pipelined(a) ? check_pipe(a, info, msg, len) : NULL;
+    // the lists: chapter 5's build and validation, as composed_stage.c's
+    return pipelined(a) ? plan_pipeline_lists(a, a->microbatches ? a->microbatches : npp, info, msg, len) : NULL;
 }
 
 // The three gradient groups expert_model_create makes, as the plan counts
@@ -230,7 +224,7 @@ static void plan_pipe(const PlanArgs* a, RankPlan* p, int r) {
     // the parameters and gradient padded to N S, a gradient shard S
     int ndup[3] = {a->zero ? batch.size : 1, a->zero ? dp.size : 1, a->zero ? same.size : 1};
     Comm* zg[3] = {&batch, &dp, ntp > 1 ? &same : NULL};
-    double nbuf[64][3];  // --virtual: at most 64 chunks (check_pipe)
+    double nbuf[64][3];  // --virtual: at most 64 chunks (composed_rules.h)
     p->flops = 0;
     for (int ch = 0; ch < v; ch++) {
         MoeConfig lc = c;  // the chunk's layers (its FLOPs), and as composed_stage.c holds them

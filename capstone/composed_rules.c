@@ -1,0 +1,66 @@
+// composed_rules.c: the capstone's refusals of a layout (composed_rules.h).
+#include "composed_rules.h"
+
+#include <stdio.h>
+
+#include "args.h"      // ARG_NOT_GIVEN
+#include "schedule.h"  // chapter 5's schedule_parse
+
+int composed_pipelined(const ComposedLayout* c) {
+    return c->mesh[AXIS_PP] > 1 || c->microbatches != ARG_NOT_GIVEN || c->virtual_chunks != 1;
+}
+
+static const char* pipeline_problem(const ComposedLayout* c, char* msg, size_t len) {
+    int pp = c->mesh[AXIS_PP], tp = c->mesh[AXIS_TP], v = c->virtual_chunks, L = c->num_layers;
+    int share = c->B / (c->mesh[AXIS_DP] * c->mesh[AXIS_EP]), per_rank = share / tp;
+    int m = c->microbatches == ARG_NOT_GIVEN ? pp : c->microbatches, kind = schedule_parse(c->schedule);
+    if (kind < 0) snprintf(msg, len, "--schedule %s is not one of gpipe, 1f1b, interleaved, zb", c->schedule);
+    else if (m < 1) snprintf(msg, len, "--microbatches must be positive (leave it out for pp = %d)", pp);
+    else if (tp > 1 && share % (m * tp) != 0)  // --tp: each tp rank whole sequences of each microbatch
+        snprintf(msg, len, "--microbatches %d --tp %d: a microbatch of a dp x ep share (%d sequences) must split into tp=%d "
+                 "ranks' whole sequences, so m x tp must divide %d: use other --microbatches or --batch", m, tp, share, tp, share);
+    else if (per_rank % m != 0)
+        snprintf(msg, len, "--microbatches %d does not divide a rank's %d sequences (the batch of %d over dp x ep x tp = %d "
+                 "ranks): use a divisor of %d", m, per_rank, c->B, c->mesh[AXIS_DP] * c->mesh[AXIS_EP] * tp, per_rank);
+    else if (v < 1 || v > COMPOSED_MAX_CHUNKS / pp)
+        snprintf(msg, len, "--virtual %d: use 1 to %d chunks per rank", v, COMPOSED_MAX_CHUNKS / pp);
+    else if (v > 1 && kind != SCHED_INTERLEAVED) snprintf(msg, len, "--virtual %d needs --schedule interleaved", v);
+    else if (v > 1 && pp == 1) snprintf(msg, len, "--virtual %d interleaves chunks over pp ranks: use --pp 2 or more", v);
+    else if (L % (pp * v) != 0)
+        snprintf(msg, len, "the model's %d layers do not cut into pp=%d x %d chunk%s = %d equal stages: use pp x virtual "
+                 "dividing %d", L, pp, v, v == 1 ? "" : "s", pp * v, L);
+    else if (c->ep_overlap > per_rank / m * (c->T / c->mesh[AXIS_CP]))
+        snprintf(msg, len, "--ep-overlap %d: a microbatch has %d tokens per rank: use at most %d", c->ep_overlap,
+                 per_rank / m * (c->T / c->mesh[AXIS_CP]), per_rank / m * (c->T / c->mesh[AXIS_CP]));
+    else
+        return NULL;
+    return msg;
+}
+
+const char* composed_layout_problem(const ComposedLayout* c, char* msg, size_t len) {
+    int world = c->mesh[AXIS_DP] * c->mesh[AXIS_EP], tp = c->mesh[AXIS_TP], cp = c->mesh[AXIS_CP];
+    if (c->B % world != 0)
+        snprintf(msg, len, "the batch of %d sequences does not split over dp x ep = %d ranks (every rank takes its own "
+                 "sequences): use a --batch that is a multiple of %d", c->B, world, world);
+    // --tp: a tp rank holds B/tp whole sequences of its share through the
+    // per-token parts (sequence parallelism, composed_tp.c)
+    else if ((c->B / world) % tp != 0)
+        snprintf(msg, len, "--tp %d: each tp rank takes whole sequences of its share, but the %d sequences per dp x ep "
+                 "share do not split over tp=%d: use a --batch that is a multiple of %d", tp, c->B / world, tp, world * tp);
+    // chapter 6's layout and algorithms need what they need there (a tp
+    // rank's heads are the ones Ulysses splits over cp)
+    else if (cp > 1 && cp_mesh_problem(c->cp_mode, c->cp_balance, c->T, c->num_heads / tp, cp, msg, len))
+        return msg;
+    else if (c->zero < 0 || c->zero > 3)
+        snprintf(msg, len, "--zero %d: the stages are 0 (none), 1 (the AdamW moments), 2 (the gradients too) and 3 (the "
+                 "parameters too)", c->zero);
+    else if (c->zero > 1 && composed_pipelined(c))
+        snprintf(msg, len, "--zero %d: not with the pipeline (--pp, --microbatches): the gradients accumulate over the "
+                 "microbatches, so sharding them would cost a reduce-scatter per unit per microbatch (ZeRO-2 and 3 "
+                 "are incompatible with pipeline parallelism, as DeepSpeed says): use --zero 1", c->zero);
+    else if (composed_pipelined(c))
+        return pipeline_problem(c, msg, len);
+    else
+        return NULL;
+    return msg;
+}
