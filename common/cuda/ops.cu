@@ -668,6 +668,14 @@ extern "C" void attention_backward(float* dqkv, float* datt, const float* dout, 
 // a warp and run the products on tensor cores; this one keeps the algorithm
 // in plain sight.
 
+// The kernels take their FlashArgs as a __grid_constant__ parameter, so
+// the phases read it where it lies (&a points into the parameter space,
+// no copy per thread). Every __syncthreads() sits in a loop whose bounds
+// are the block's (its tile and the arguments), never a thread's, so all
+// threads of a block reach each one, as CUDA requires; a thread with no
+// row of its own (past Tq or Tk) still loads and waits, and its step does
+// nothing.
+
 // Dynamic shared memory past 48 KiB must be asked for per kernel (large hs).
 static void flash_smem_limit(const void* kernel, size_t bytes) {
     if (bytes > 48 * 1024)
@@ -676,7 +684,7 @@ static void flash_smem_limit(const void* kernel, size_t bytes) {
 
 // Forward: block (query tile, h, b); thread r owns query row i0 + r, its
 // running max m and sum l in registers, its q and o rows in shared memory.
-__global__ void attention_flash_forward_kernel(FlashArgs a) {
+__global__ void attention_flash_forward_kernel(__grid_constant__ const FlashArgs a) {
     extern __shared__ float sm[];
     const FlashTiles t = flash_tiles(sm, FLASH_FWD, flash_hs(&a));
     const int i0 = blockIdx.x * FLASH_TILE, h = blockIdx.y, b = blockIdx.z, r = threadIdx.x;
@@ -696,7 +704,7 @@ __global__ void attention_flash_forward_kernel(FlashArgs a) {
 // over every query that sees it in order (the query tiles in turn),
 //   p = e^(q_i.k_j scale - lse_i), ds = p (dout_i.v_j - D_i) scale,
 //   dk_j += ds q_i, dv_j += p dout_i.
-__global__ void attention_flash_dkdv_kernel(FlashArgs a) {
+__global__ void attention_flash_dkdv_kernel(__grid_constant__ const FlashArgs a) {
     extern __shared__ float sm[];
     const FlashTiles t = flash_tiles(sm, FLASH_DKDV, flash_hs(&a));
     const int j0 = blockIdx.x * FLASH_TILE, h = blockIdx.y, b = blockIdx.z, r = threadIdx.x;
@@ -712,7 +720,7 @@ __global__ void attention_flash_dkdv_kernel(FlashArgs a) {
 
 // dq: block (query tile, h, b); thread r owns query row i0 + r and adds up,
 // over every key it sees in order, dq_i += ds k_j.
-__global__ void attention_flash_dq_kernel(FlashArgs a) {
+__global__ void attention_flash_dq_kernel(__grid_constant__ const FlashArgs a) {
     extern __shared__ float sm[];
     const FlashTiles t = flash_tiles(sm, FLASH_DQ, flash_hs(&a));
     const int i0 = blockIdx.x * FLASH_TILE, h = blockIdx.y, b = blockIdx.z, r = threadIdx.x;
