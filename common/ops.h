@@ -140,12 +140,12 @@ void attention_flash_backward(float* dqkv, const float* dout, const float* qkv, 
 // query i iff k0 + j <= q0 + i (causal). Scores are q.k / sqrt(hs), as in
 // attention_forward. The per-row statistics rowmax, sumexp, lse are
 // (B, Tq, NH): one value per (token, head), heads side by side as in out.
-// The CPU runs a pair on attention_flash_*'s tiles and blocks of keys (the
-// same loop, with the chunks' positions; a few small tiles per thread).
-// The CUDA backend runs it as matmuls (scores q k^T, then weights @ v;
-// backward five products), as attention_forward does, and keeps the scores
-// of one batch row, NH*Tq*Tk floats (twice that in backward), in a buffer of
-// its own that grows to the largest call (mem_alloc, activations).
+// Both backends run a pair on attention_flash_*'s own kernel, with the
+// chunks' positions: the same tiles and blocks of keys (a kv chunk is one
+// more level of blocks), so no call stores a pair's Tq x Tk scores, and one
+// chunk of the whole sequence (q0 = k0 = 0), finished, gives
+// attention_flash_*'s bits. Working memory as theirs: a few small tiles
+// per thread on the CPU, shared memory per block on the GPU.
 //
 // Forward WRITES (overwrites) the partials of one (query chunk, kv chunk) pair:
 // rowmax = max visible score, sumexp = sum of exp(score - rowmax) over the

@@ -648,71 +648,170 @@ extern "C" void attention_backward(float* dqkv, float* datt, const float* dout, 
     }
 }
 
+// ---------------------------------------------------------------- attention in O(T) memory
+// FlashAttention (Dao et al. 2022; Dao 2023) on the online softmax of
+// Milakov & Gimelshein 2018, the twin of the CPU's attention_flash_*: the
+// same per-row recurrence (ops.c states it), in tiles of shared memory.
+// One set of three kernels serves the whole sequence (attention_flash_*)
+// and a (query chunk, kv chunk) pair of context parallelism (the chunk ops
+// below): a FlashArgs (ops_twin.h) says where the queries and keys sit, and
+// a ring step is one more block of keys at its own offset.
+// A simple kernel, written to be read rather than to be fast: one thread per
+// query row (forward, dq) or per key row (dk, dv), so each row's sums run
+// in one fixed order on one thread (no atomics, the same bits every run, a
+// row's bits its own whatever B and T), and the tiles of keys, values and
+// queries a block's threads share are loaded once into shared memory by all
+// of them. A block is one (query tile or key tile, head, batch row):
+// grid (tiles, NH, B). What each thread does between two __syncthreads()
+// is a function in ops_twin.h, which tests/test_cuda_twins.c runs for every
+// thread on the CPU. FlashAttention's production kernels split a row over
+// a warp and run the products on tensor cores; this one keeps the algorithm
+// in plain sight.
+
+// The kernels take their FlashArgs as a __grid_constant__ parameter, so
+// the phases read it where it lies (&a points into the parameter space,
+// no copy per thread). Every __syncthreads() sits in a loop whose bounds
+// are the block's (its tile and the arguments), never a thread's, so all
+// threads of a block reach each one, as CUDA requires; a thread with no
+// row of its own (past Tq or Tk) still loads and waits, and its step does
+// nothing.
+
+// Dynamic shared memory past 48 KiB must be asked for per kernel (large hs).
+static void flash_smem_limit(const void* kernel, size_t bytes) {
+    if (bytes > 48 * 1024)
+        CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)bytes));
+}
+
+// Forward: block (query tile, h, b); thread r owns query row i0 + r, its
+// running max m and sum l in registers, its q and o rows in shared memory.
+__global__ void attention_flash_forward_kernel(__grid_constant__ const FlashArgs a) {
+    extern __shared__ float sm[];
+    const FlashTiles t = flash_tiles(sm, FLASH_FWD, flash_hs(&a));
+    const int i0 = blockIdx.x * FLASH_TILE, h = blockIdx.y, b = blockIdx.z, r = threadIdx.x;
+    flash_fwd_begin(&a, t, b, h, i0, r);
+    float m = -INFINITY, l = 0.0f;
+    const int end = flash_key_end(&a, i0);
+    for (int j0 = 0; j0 < end; j0 += FLASH_TILE) {
+        __syncthreads();  // everyone is done with the previous tile (and the queries are in)
+        flash_load_kv(&a, t, b, h, j0, flash_hs(&a), r);
+        __syncthreads();
+        flash_fwd_step(&a, t, i0, j0, r, &m, &l);
+    }
+    flash_fwd_end(&a, t, b, h, i0, r, m, l);
+}
+
+// dk, dv: block (key tile, h, b); thread r owns key row j0 + r and adds up,
+// over every query that sees it in order (the query tiles in turn),
+//   p = e^(q_i.k_j scale - lse_i), ds = p (dout_i.v_j - D_i) scale,
+//   dk_j += ds q_i, dv_j += p dout_i.
+__global__ void attention_flash_dkdv_kernel(__grid_constant__ const FlashArgs a) {
+    extern __shared__ float sm[];
+    const FlashTiles t = flash_tiles(sm, FLASH_DKDV, flash_hs(&a));
+    const int j0 = blockIdx.x * FLASH_TILE, h = blockIdx.y, b = blockIdx.z, r = threadIdx.x;
+    flash_dkdv_begin(&a, t, b, h, j0, r);
+    for (int i0 = flash_first_query(&a, j0); i0 < a.Tq; i0 += FLASH_TILE) {
+        __syncthreads();
+        flash_load_queries(&a, t, b, h, i0, r);
+        __syncthreads();
+        flash_dkdv_step(&a, t, i0, j0, r);
+    }
+    flash_dkdv_end(&a, t, b, h, j0, r);
+}
+
+// dq: block (query tile, h, b); thread r owns query row i0 + r and adds up,
+// over every key it sees in order, dq_i += ds k_j.
+__global__ void attention_flash_dq_kernel(__grid_constant__ const FlashArgs a) {
+    extern __shared__ float sm[];
+    const FlashTiles t = flash_tiles(sm, FLASH_DQ, flash_hs(&a));
+    const int i0 = blockIdx.x * FLASH_TILE, h = blockIdx.y, b = blockIdx.z, r = threadIdx.x;
+    flash_dq_begin(&a, t, b, h, i0, r);
+    const int end = flash_key_end(&a, i0);
+    for (int j0 = 0; j0 < end; j0 += FLASH_TILE) {
+        __syncthreads();
+        flash_load_kv(&a, t, b, h, j0, flash_hs(&a), r);
+        __syncthreads();
+        flash_dq_step(&a, t, i0, j0, r);
+    }
+    flash_dq_end(&a, t, b, h, i0, r);
+}
+
+static dim3 flash_grid(int rows, int NH, int B) {
+    return dim3((unsigned)((rows + FLASH_TILE - 1) / FLASH_TILE), (unsigned)NH, (unsigned)B);
+}
+
+// The forward of B batch rows: a's out and statistics, finished or partials.
+static void flash_forward(const FlashArgs* a, int B) {
+    const size_t smem = flash_smem_floats(FLASH_FWD, flash_hs(a)) * sizeof(float);
+    flash_smem_limit((const void*)attention_flash_forward_kernel, smem);
+    attention_flash_forward_kernel<<<flash_grid(a->Tq, a->NH, B), FLASH_TILE, smem, cuda_compute_stream>>>(*a);
+    KERNEL_CHECK();
+}
+
+// The backward: two kernels, each over the pairs it needs, so that every
+// gradient row is one thread's sum (no atomics): the probabilities are
+// recomputed in both. They run one after the other on the stream and write
+// disjoint rows or columns, so dq, dk, dv may be parts of one buffer.
+static void flash_backward(const FlashArgs* a, int B) {
+    const int hs = flash_hs(a);
+    const size_t smem_kv = flash_smem_floats(FLASH_DKDV, hs) * sizeof(float);
+    flash_smem_limit((const void*)attention_flash_dkdv_kernel, smem_kv);
+    attention_flash_dkdv_kernel<<<flash_grid(a->Tk, a->NH, B), FLASH_TILE, smem_kv, cuda_compute_stream>>>(*a);
+    KERNEL_CHECK();
+    const size_t smem_q = flash_smem_floats(FLASH_DQ, hs) * sizeof(float);
+    flash_smem_limit((const void*)attention_flash_dq_kernel, smem_q);
+    attention_flash_dq_kernel<<<flash_grid(a->Tq, a->NH, B), FLASH_TILE, smem_q, cuda_compute_stream>>>(*a);
+    KERNEL_CHECK();
+}
+
+// The whole sequence of a (B, T, 3C) qkv: one query chunk, one kv chunk,
+// both at position 0.
+static FlashArgs flash_whole(const float* qkv, int T, int C, int NH) {
+    FlashArgs a = {};  // every field zero: NULL pointers, q0 = k0 = 0
+    a.q = qkv, a.k = qkv + C, a.v = qkv + 2 * C;
+    a.q_stride = a.kv_stride = 3 * C;
+    a.Tq = a.Tk = T;
+    a.C = C, a.NH = NH;
+    a.scale = 1.0f / sqrtf((float)(C / NH));
+    return a;
+}
+
+extern "C" void attention_flash_forward(float* out, float* lse, const float* qkv, int B, int T, int C,
+                                        int NH) {
+    if (B <= 0 || T <= 0 || NH <= 0) return;
+    FlashArgs a = flash_whole(qkv, T, C, NH);
+    a.out = out, a.stat_m = lse, a.finish = 1;
+    flash_forward(&a, B);
+}
+
+extern "C" void attention_flash_backward(float* dqkv, const float* dout, const float* qkv,
+                                         const float* out, const float* lse, int B, int T, int C,
+                                         int NH) {
+    if (B <= 0 || T <= 0 || NH <= 0) return;
+    FlashArgs a = flash_whole(qkv, T, C, NH);
+    a.out = (float*)out;  // read only in backward
+    a.dout = dout, a.lse = lse;
+    a.dq = dqkv, a.dk = dqkv + C, a.dv = dqkv + 2 * C;
+    flash_backward(&a, B);
+}
+
 // ---------------------------------------------------------------- attention on sequence chunks
-// As attention_forward above: per batch row, the heads go to cuBLAS as one
-// strided batch (head h starts hs floats after head h-1 in q, k, v, out, and
-// Tq*Tk floats after it in the scores), and a kernel between the products
-// takes each row's online-softmax statistics and zeroes the scores the causal
-// cut hides (one block per (head, query) row). The products span the whole
-// (Tq, Tk) rectangle of a pair; the hidden part adds exact zeros, as the
-// upper triangle does in attention_forward.
-//
-// The scores of one batch row, (NH, Tq, Tk), and in backward their gradients
-// beside them, live in a buffer this file keeps and grows when a call needs
-// more (mem_alloc, counted as activations; the old buffer's cudaFree waits
-// for the kernels that still use it).
-//
-// Stats rows are numbered (B, Tq, NH): r = (b*Tq + i)*NH + h, and out
-// (B, Tq, C) = (B*Tq*NH, hs) puts that row's slice at out + r*hs.
+// A (query chunk, kv chunk) pair is a rectangle of the score matrix, cut by
+// the causal diagonal where the two chunks overlap in position: the kernels
+// above with the chunks' positions (q0, k0) and row strides. Nothing is
+// stored per pair but its partials (B, Tq, C) + 2 (B, Tq, NH), as on the
+// CPU: a ring of chapter 6 is one more level of the same recurrence, a kv
+// chunk a block of keys that lives on another rank, folded in by
+// attention_chunk_merge.
 
-static float* chunk_scores = NULL;
-static size_t chunk_scores_n = 0;
-
-static float* chunk_scores_buffer(size_t n) {
-    if (n > chunk_scores_n) {
-        if (chunk_scores) mem_free(chunk_scores);
-        chunk_scores = mem_alloc_floats(n, MEM_ACTIVATIONS);
-        chunk_scores_n = n;
-    }
-    return chunk_scores;
-}
-
-__device__ float row_dot(const float* a, const float* b, int n) {
-    float s = 0.0f;
-    for (int c = 0; c < n; c++) s += a[c] * b[c];
-    return s;
-}
-
-// How many keys of the chunk query i sees: keys 0 .. q0 + i - k0, within 0..Tk.
-__device__ int chunk_keys_visible(int i, int q0, int k0, int Tk) {
-    int n = q0 + i - k0 + 1;
-    return n < 0 ? 0 : (n > Tk ? Tk : n);
-}
-
-// One block per row (h, i) of batch row b's scores s (NH, Tq, Tk): the max
-// and the sum of exp(score - max) over the visible keys, the weights
-// exp(score - max) left in place of the scores, 0 for hidden keys. A row that
-// sees no key gets rowmax -inf, sumexp 0 and a row of zeros.
-__global__ void chunk_softmax_partials_kernel(float* s, float* rowmax, float* sumexp, int b, int Tq,
-                                              int Tk, int q0, int k0, int NH) {
-    const int h = blockIdx.x / Tq, i = blockIdx.x % Tq;
-    float* row = s + (size_t)blockIdx.x * Tk;
-    const int nvis = chunk_keys_visible(i, q0, k0, Tk);
-    float mx = -INFINITY;
-    for (int j = threadIdx.x; j < nvis; j += THREADS) mx = fmaxf(mx, row[j]);
-    mx = block_max(mx);
-    float part = 0.0f;
-    for (int j = threadIdx.x; j < nvis; j += THREADS) {
-        row[j] = expf(row[j] - mx);
-        part += row[j];
-    }
-    float sum = block_sum(part);
-    for (int j = nvis + threadIdx.x; j < Tk; j += THREADS) row[j] = 0.0f;
-    if (threadIdx.x == 0) {
-        size_t r = ((size_t)b * Tq + i) * NH + h;
-        rowmax[r] = mx;
-        sumexp[r] = sum;
-    }
+static FlashArgs flash_pair(const float* q, int q_stride, const float* k, const float* v, int kv_stride,
+                            int Tq, int Tk, int q0, int k0, int C, int NH) {
+    FlashArgs a = {};  // every field zero: NULL pointers, q0 = k0 = 0
+    a.q = q, a.k = k, a.v = v;
+    a.q_stride = q_stride, a.kv_stride = kv_stride;
+    a.Tq = Tq, a.Tk = Tk > 0 ? Tk : 0, a.q0 = q0, a.k0 = k0;
+    a.C = C, a.NH = NH;
+    a.scale = 1.0f / sqrtf((float)(C / NH));
+    return a;
 }
 
 extern "C" void attention_chunk_forward(float* out, float* rowmax, float* sumexp, const float* q,
@@ -720,45 +819,18 @@ extern "C" void attention_chunk_forward(float* out, float* rowmax, float* sumexp
                                         int kv_stride, int B, int Tq, int Tk, int q0, int k0,
                                         int C, int NH) {
     if (B <= 0 || Tq <= 0 || NH <= 0) return;
-    const int hs = C / NH;
-    const float scale = 1.0f / sqrtf((float)hs);
-    const long long TT = (long long)Tq * Tk;
-    // Tk = 0 still runs: every row is written as empty (the kernel's loops do
-    // nothing, and out is zeroed here, where no product writes it)
-    if (Tk <= 0) CUDA_CHECK(cudaMemsetAsync(out, 0, (size_t)B * Tq * C * sizeof(float), cuda_compute_stream));
-    float* s = chunk_scores_buffer((size_t)NH * TT + 1);
-    for (int b = 0; b < B; b++) {
-        const float* kb = k + (size_t)b * Tk * kv_stride;
-        const float* vb = v + (size_t)b * Tk * kv_stride;
-        // scores (Tq, Tk) = q k^T * scale, per head
-        sgemm_rm_batched(0, 1, Tq, Tk, hs, scale, q + (size_t)b * Tq * q_stride, q_stride, hs, kb,
-                         kv_stride, hs, 0.0f, s, Tk, TT, NH);
-        chunk_softmax_partials_kernel<<<NH * Tq, THREADS, 0, cuda_compute_stream>>>(s, rowmax, sumexp, b, Tq,
-                                                                                     Tk, q0, k0, NH);
-        KERNEL_CHECK();
-        // out (Tq, hs) = weights (Tq, Tk) @ v (Tk, hs), per head, row stride C, not normalised
-        if (Tk > 0)
-            sgemm_rm_batched(0, 0, Tq, hs, Tk, 1.0f, s, Tk, TT, vb, kv_stride, hs, 0.0f,
-                             out + (size_t)b * Tq * C, C, hs, NH);
-    }
+    // Tk = 0, or a chunk wholly in the future, still runs: every row is
+    // written as empty (no key tile to meet)
+    FlashArgs a = flash_pair(q, q_stride, k, v, kv_stride, Tq, Tk, q0, k0, C, NH);
+    a.out = out, a.stat_m = rowmax, a.stat_l = sumexp, a.finish = 0;
+    flash_forward(&a, B);
 }
 
-// One thread per (token, head) row.
+// One thread per (token, head) row: the CPU's loop body (ops_twin.h).
 __global__ void attention_chunk_merge_kernel(float* out, float* rowmax, float* sumexp,
                                              const float* out2, const float* rowmax2,
                                              const float* sumexp2, size_t rows, int hs) {
-    FOR_EACH_INDEX(r, rows) {
-        float m = rowmax[r] > rowmax2[r] ? rowmax[r] : rowmax2[r];
-        // an empty side (sumexp 0, rowmax -inf) weighs 0: exp(-inf - m) would be
-        // NaN when the other side is empty too
-        float a1 = sumexp[r] > 0.0f ? expf(rowmax[r] - m) : 0.0f;
-        float a2 = sumexp2[r] > 0.0f ? expf(rowmax2[r] - m) : 0.0f;
-        float* o = out + r * hs;
-        const float* o2 = out2 + r * hs;
-        for (int c = 0; c < hs; c++) o[c] = o[c] * a1 + o2[c] * a2;
-        sumexp[r] = sumexp[r] * a1 + sumexp2[r] * a2;
-        rowmax[r] = m;
-    }
+    FOR_EACH_INDEX(r, rows) flash_merge_row(out, rowmax, sumexp, out2, rowmax2, sumexp2, r, hs);
 }
 
 extern "C" void attention_chunk_merge(float* out, float* rowmax, float* sumexp, const float* out2,
@@ -771,16 +843,10 @@ extern "C" void attention_chunk_merge(float* out, float* rowmax, float* sumexp, 
     KERNEL_CHECK();
 }
 
-// One thread per (token, head) row.
+// One thread per (token, head) row, as merge.
 __global__ void attention_chunk_finish_kernel(float* out, float* lse, const float* rowmax,
                                               const float* sumexp, size_t rows, int hs) {
-    FOR_EACH_INDEX(r, rows) {
-        float l = sumexp[r];
-        float inv = l > 0.0f ? 1.0f / l : 0.0f;
-        float* o = out + r * hs;
-        for (int c = 0; c < hs; c++) o[c] *= inv;
-        lse[r] = l > 0.0f ? rowmax[r] + logf(l) : -INFINITY;  // rowmax read first: lse may be rowmax
-    }
+    FOR_EACH_INDEX(r, rows) flash_finish_row(out, lse, rowmax, sumexp, r, hs);
 }
 
 extern "C" void attention_chunk_finish(float* out, float* lse, const float* rowmax,
@@ -792,320 +858,17 @@ extern "C" void attention_chunk_finish(float* out, float* lse, const float* rowm
     KERNEL_CHECK();
 }
 
-// Backward, per batch row, as on the CPU: p = exp(score - lse) from a product
-// of q and k, dp = dout v^T from a second, ds = p (dp - D) in the kernel
-// below, then dq += ds k, dk += ds^T q (both * scale) and dv += p^T dout.
-// The products add in cuBLAS's own order; each is one call per batch row, so
-// no two of them add into the same value at once.
-
-// One block per row (h, i) of batch row b: p (NH, Tq, Tk) holds the scores and
-// ds the products dout v^T; both become what their names say, 0 for hidden
-// keys. D_i = dout_i . out_i, the softmax's coupling term, is the same
-// sequential dot in every thread.
-__global__ void chunk_softmax_backward_kernel(float* p, float* ds, const float* dout, const float* out,
-                                              const float* lse, int b, int Tq, int Tk, int q0, int k0,
-                                              int C, int NH) {
-    const int h = blockIdx.x / Tq, i = blockIdx.x % Tq, hs = C / NH;
-    float* prow = p + (size_t)blockIdx.x * Tk;
-    float* drow = ds + (size_t)blockIdx.x * Tk;
-    const int nvis = chunk_keys_visible(i, q0, k0, Tk);
-    if (nvis > 0) {
-        size_t r = ((size_t)b * Tq + i) * NH + h;
-        const float D = row_dot(dout + r * hs, out + r * hs, hs);
-        const float L = lse[r];
-        for (int j = threadIdx.x; j < nvis; j += THREADS) {
-            float pj = expf(prow[j] - L);
-            prow[j] = pj;
-            drow[j] = pj * (drow[j] - D);
-        }
-    }
-    for (int j = nvis + threadIdx.x; j < Tk; j += THREADS) prow[j] = drow[j] = 0.0f;
-}
-
 extern "C" void attention_chunk_backward(float* dq, float* dk, float* dv, const float* dout,
                                          const float* out, const float* lse, const float* q,
                                          int q_stride, const float* k, const float* v,
                                          int kv_stride, int B, int Tq, int Tk, int q0, int k0,
                                          int C, int NH) {
     if (B <= 0 || Tq <= 0 || Tk <= 0 || NH <= 0) return;
-    const int hs = C / NH;
-    const float scale = 1.0f / sqrtf((float)hs);
-    const long long TT = (long long)Tq * Tk;
-    float* p = chunk_scores_buffer(2 * (size_t)NH * TT);
-    float* ds = p + (size_t)NH * TT;
-    for (int b = 0; b < B; b++) {
-        const float* qb = q + (size_t)b * Tq * q_stride;
-        const float* kb = k + (size_t)b * Tk * kv_stride;
-        const float* vb = v + (size_t)b * Tk * kv_stride;
-        const float* db = dout + (size_t)b * Tq * C;
-        // p (Tq, Tk) = q k^T * scale; ds (Tq, Tk) = dout v^T, per head
-        sgemm_rm_batched(0, 1, Tq, Tk, hs, scale, qb, q_stride, hs, kb, kv_stride, hs, 0.0f, p, Tk, TT, NH);
-        sgemm_rm_batched(0, 1, Tq, Tk, hs, 1.0f, db, C, hs, vb, kv_stride, hs, 0.0f, ds, Tk, TT, NH);
-        chunk_softmax_backward_kernel<<<NH * Tq, THREADS, 0, cuda_compute_stream>>>(p, ds, dout, out, lse, b,
-                                                                                     Tq, Tk, q0, k0, C, NH);
-        KERNEL_CHECK();
-        // dq (Tq, hs) += ds @ k * scale;  dk (Tk, hs) += ds^T @ q * scale;  dv (Tk, hs) += p^T @ dout.
-        // dq, dk and dv may be the three parts of one dqkv buffer: the calls run one after another.
-        sgemm_rm_batched(0, 0, Tq, hs, Tk, scale, ds, Tk, TT, kb, kv_stride, hs, 1.0f,
-                         dq + (size_t)b * Tq * q_stride, q_stride, hs, NH);
-        sgemm_rm_batched(1, 0, Tk, hs, Tq, scale, ds, Tk, TT, qb, q_stride, hs, 1.0f,
-                         dk + (size_t)b * Tk * kv_stride, kv_stride, hs, NH);
-        sgemm_rm_batched(1, 0, Tk, hs, Tq, 1.0f, p, Tk, TT, db, C, hs, 1.0f,
-                         dv + (size_t)b * Tk * kv_stride, kv_stride, hs, NH);
-    }
-}
-
-// ---------------------------------------------------------------- attention in O(T) memory
-// FlashAttention (Dao et al. 2022; Dao 2023) on the online softmax of
-// Milakov & Gimelshein 2018, the twin of the CPU's attention_flash_*: the
-// same per-row recurrence (ops.c states it), in tiles of shared memory.
-// A simple kernel, written to be read rather than to be fast: one thread per
-// query row (forward, dq) or per key row (dk, dv), so each row's sums run
-// in one fixed order on one thread (no atomics, the same bits every run, a
-// row's bits its own whatever B and T), and the tiles of keys, values and
-// queries a block's threads share are loaded once into shared memory by all
-// of them. A block is one (query tile or key tile, head, batch row):
-// grid (tiles, NH, B). FlashAttention's production kernels split a row over
-// a warp and run the products on tensor cores; this one keeps the algorithm
-// in plain sight.
-//
-// Shared memory holds two kinds of tile: one every thread reads the same
-// row of at once (a broadcast), stored (FLASH_TILE, hs); and one each thread
-// reads its own row of, stored with rows of hs + 1 floats, so that the 32
-// threads of a warp reading element c of their 32 rows hit 32 different
-// banks (with rows of hs, a multiple of 32, they would all hit one).
-#define FLASH_TILE 32  // query rows and keys per tile, one thread per row
-
-// Dynamic shared memory past 48 KiB must be asked for per kernel (large hs).
-static void flash_smem_limit(const void* kernel, size_t bytes) {
-    if (bytes > 48 * 1024)
-        CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)bytes));
-}
-
-// rows [t0, t0 + FLASH_TILE) of a (T, hs) slice (row stride ld) into dst
-// (row stride dst_ld), zeros past T; every thread of the block takes part.
-__device__ void flash_load_rows(float* dst, int dst_ld, const float* src, int ld, int t0, int T, int hs) {
-    for (int x = threadIdx.x; x < FLASH_TILE * hs; x += FLASH_TILE) {
-        int row = x / hs, c = x % hs;
-        dst[row * dst_ld + c] = t0 + row < T ? src[(size_t)(t0 + row) * ld + c] : 0.0f;
-    }
-}
-
-// Forward: block (query tile, h, b); thread r owns query row i = i0 + r.
-// Shared: its q row and unnormalised output o (rows of hs + 1), its scores,
-// then probabilities, p (rows of FLASH_TILE + 1), and the key and value
-// tiles (FLASH_TILE, hs), read by all.
-__global__ void attention_flash_forward_kernel(float* out, float* lse, const float* qkv, int T, int C,
-                                               int NH, float scale) {
-    extern __shared__ float sm[];
-    const int hs = C / NH, hp = hs + 1, ld = 3 * C, h = blockIdx.y, b = blockIdx.z;
-    const int r = threadIdx.x, i0 = blockIdx.x * FLASH_TILE, i = i0 + r;
-    float* qs = sm;                        // (FLASH_TILE, hp)
-    float* os = qs + FLASH_TILE * hp;      // (FLASH_TILE, hp)
-    float* ps = os + FLASH_TILE * hp;      // (FLASH_TILE, FLASH_TILE + 1)
-    float* ks = ps + FLASH_TILE * (FLASH_TILE + 1);  // (FLASH_TILE, hs)
-    float* vs = ks + FLASH_TILE * hs;      // (FLASH_TILE, hs)
-    const float* q = qkv + (size_t)b * T * ld + h * hs;
-    flash_load_rows(qs, hp, q, ld, i0, T, hs);
-    for (int c = 0; c < hs; c++) os[r * hp + c] = 0.0f;
-    float m = -INFINITY, l = 0.0f;
-    const int i_last = min(i0 + FLASH_TILE, T) - 1;  // the tile's last row sees the most keys
-    for (int j0 = 0; j0 <= i_last; j0 += FLASH_TILE) {
-        __syncthreads();  // everyone is done with the previous tile (and qs is loaded)
-        flash_load_rows(ks, hs, q + C, ld, j0, T, hs);
-        flash_load_rows(vs, hs, q + 2 * C, ld, j0, T, hs);
-        __syncthreads();
-        if (i < T && j0 <= i) {
-            const int nvis = min(FLASH_TILE, i - j0 + 1);  // keys j0 .. i of the tile
-            float* p = ps + r * (FLASH_TILE + 1);
-            float mx = -INFINITY;
-            for (int j = 0; j < nvis; j++) {
-                float s = 0.0f;
-                for (int c = 0; c < hs; c++) s += qs[r * hp + c] * ks[j * hs + c];
-                p[j] = s * scale;
-                mx = fmaxf(mx, p[j]);
-            }
-            const float m_new = fmaxf(m, mx);
-            const float alpha = m == -INFINITY ? 0.0f : expf(m - m_new);  // first block: nothing to rescale
-            float sum = 0.0f;
-            for (int j = 0; j < nvis; j++) {
-                p[j] = expf(p[j] - m_new);
-                sum += p[j];
-            }
-            l = l * alpha + sum;
-            m = m_new;
-            for (int c = 0; c < hs; c++) {
-                float acc = 0.0f;
-                for (int j = 0; j < nvis; j++) acc += p[j] * vs[j * hs + c];
-                os[r * hp + c] = os[r * hp + c] * alpha + acc;
-            }
-        }
-    }
-    if (i < T) {
-        // every row sees key 0, so l >= 1
-        const float inv = 1.0f / l;
-        float* o = out + ((size_t)b * T + i) * C + h * hs;
-        for (int c = 0; c < hs; c++) o[c] = os[r * hp + c] * inv;
-        lse[((size_t)b * T + i) * NH + h] = m + logf(l);
-    }
-}
-
-extern "C" void attention_flash_forward(float* out, float* lse, const float* qkv, int B, int T, int C,
-                                        int NH) {
-    if (B <= 0 || T <= 0 || NH <= 0) return;
-    const int hs = C / NH;
-    const size_t smem = ((size_t)2 * FLASH_TILE * (hs + 1) + (size_t)FLASH_TILE * (FLASH_TILE + 1) +
-                         (size_t)2 * FLASH_TILE * hs) * sizeof(float);
-    flash_smem_limit((const void*)attention_flash_forward_kernel, smem);
-    dim3 grid((unsigned)((T + FLASH_TILE - 1) / FLASH_TILE), (unsigned)NH, (unsigned)B);
-    attention_flash_forward_kernel<<<grid, FLASH_TILE, smem, cuda_compute_stream>>>(
-        out, lse, qkv, T, C, NH, 1.0f / sqrtf((float)hs));
-    KERNEL_CHECK();
-}
-
-// Per query row of a tile, into shared memory: lse and D = dout . out (each
-// row's dot by its own thread, in order); 0 past T (never used).
-__device__ void flash_load_row_stats(float* lses, float* Ds, const float* dout, const float* out,
-                                     const float* lse, int i0, int T, int C, int NH, int hs) {
-    const int r = threadIdx.x;
-    float D = 0.0f, L = 0.0f;
-    if (i0 + r < T) {
-        const float* d = dout + (size_t)(i0 + r) * C;
-        const float* o = out + (size_t)(i0 + r) * C;
-        for (int c = 0; c < hs; c++) D += d[c] * o[c];
-        L = lse[(size_t)(i0 + r) * NH];
-    }
-    Ds[r] = D;
-    lses[r] = L;
-}
-
-// dk, dv: block (key tile, h, b); thread r owns key row j = j0 + r and adds
-// up, over every query i >= j in order (the query tiles in turn),
-//   p = e^(q_i.k_j scale - lse_i), ds = p (dout_i.v_j - D_i),
-//   dk_j += ds scale q_i, dv_j += p dout_i.
-// Its own k_j, v_j and sums sit in shared memory (rows of hs + 1) beside
-// the query tile's q and dout (FLASH_TILE, hs), read by all.
-__global__ void attention_flash_dkdv_kernel(float* dqkv, const float* dout, const float* qkv,
-                                            const float* out, const float* lse, int T, int C, int NH,
-                                            float scale) {
-    extern __shared__ float sm[];
-    const int hs = C / NH, hp = hs + 1, ld = 3 * C, h = blockIdx.y, b = blockIdx.z;
-    const int r = threadIdx.x, j0 = blockIdx.x * FLASH_TILE, j = j0 + r;
-    float* ks = sm;                     // (FLASH_TILE, hp) each
-    float* vs = ks + FLASH_TILE * hp;
-    float* dks = vs + FLASH_TILE * hp;
-    float* dvs = dks + FLASH_TILE * hp;
-    float* qs = dvs + FLASH_TILE * hp;  // (FLASH_TILE, hs) each
-    float* dos = qs + FLASH_TILE * hs;
-    float* lses = dos + FLASH_TILE * hs;
-    float* Ds = lses + FLASH_TILE;
-    const size_t row0 = (size_t)b * T;
-    const float* q = qkv + row0 * ld + h * hs;
-    const float* d = dout + row0 * C + h * hs;
-    flash_load_rows(ks, hp, q + C, ld, j0, T, hs);
-    flash_load_rows(vs, hp, q + 2 * C, ld, j0, T, hs);
-    for (int c = 0; c < hs; c++) dks[r * hp + c] = dvs[r * hp + c] = 0.0f;
-    for (int i0 = j0; i0 < T; i0 += FLASH_TILE) {  // the first query that sees key j0 is j0
-        __syncthreads();
-        flash_load_rows(qs, hs, q, ld, i0, T, hs);
-        flash_load_rows(dos, hs, d, C, i0, T, hs);
-        flash_load_row_stats(lses, Ds, d, out + row0 * C + h * hs, lse + row0 * NH + h, i0, T, C, NH, hs);
-        __syncthreads();
-        if (j >= T) continue;
-        const int i_end = min(i0 + FLASH_TILE, T);
-        for (int i = max(i0, j); i < i_end; i++) {  // the queries of the tile that see key j
-            const int qi = i - i0;
-            float s = 0.0f, dp = 0.0f;
-            for (int c = 0; c < hs; c++) {
-                s += qs[qi * hs + c] * ks[r * hp + c];
-                dp += dos[qi * hs + c] * vs[r * hp + c];
-            }
-            const float p = expf(s * scale - lses[qi]);
-            const float ds = p * (dp - Ds[qi]) * scale;
-            for (int c = 0; c < hs; c++) {
-                dks[r * hp + c] += ds * qs[qi * hs + c];
-                dvs[r * hp + c] += p * dos[qi * hs + c];
-            }
-        }
-    }
-    if (j < T) {
-        float* dk = dqkv + (row0 + j) * ld + C + h * hs;
-        for (int c = 0; c < hs; c++) {
-            dk[c] += dks[r * hp + c];
-            dk[C + c] += dvs[r * hp + c];  // dv: C floats further along the row
-        }
-    }
-}
-
-// dq: block (query tile, h, b); thread r owns query row i = i0 + r and adds
-// up, over every key j <= i in order, dq_i += ds scale k_j. Its q, dout and
-// sum rows (hs + 1) sit beside the key and value tiles (FLASH_TILE, hs).
-__global__ void attention_flash_dq_kernel(float* dqkv, const float* dout, const float* qkv,
-                                          const float* out, const float* lse, int T, int C, int NH,
-                                          float scale) {
-    extern __shared__ float sm[];
-    const int hs = C / NH, hp = hs + 1, ld = 3 * C, h = blockIdx.y, b = blockIdx.z;
-    const int r = threadIdx.x, i0 = blockIdx.x * FLASH_TILE, i = i0 + r;
-    float* qs = sm;                      // (FLASH_TILE, hp) each
-    float* dos = qs + FLASH_TILE * hp;
-    float* dqs = dos + FLASH_TILE * hp;
-    float* ks = dqs + FLASH_TILE * hp;   // (FLASH_TILE, hs) each
-    float* vs = ks + FLASH_TILE * hs;
-    float* lses = vs + FLASH_TILE * hs;
-    float* Ds = lses + FLASH_TILE;
-    const size_t row0 = (size_t)b * T;
-    const float* q = qkv + row0 * ld + h * hs;
-    const float* d = dout + row0 * C + h * hs;
-    flash_load_rows(qs, hp, q, ld, i0, T, hs);
-    flash_load_rows(dos, hp, d, C, i0, T, hs);
-    flash_load_row_stats(lses, Ds, d, out + row0 * C + h * hs, lse + row0 * NH + h, i0, T, C, NH, hs);
-    for (int c = 0; c < hs; c++) dqs[r * hp + c] = 0.0f;
-    const int i_last = min(i0 + FLASH_TILE, T) - 1;
-    for (int j0 = 0; j0 <= i_last; j0 += FLASH_TILE) {
-        __syncthreads();
-        flash_load_rows(ks, hs, q + C, ld, j0, T, hs);
-        flash_load_rows(vs, hs, q + 2 * C, ld, j0, T, hs);
-        __syncthreads();
-        if (i >= T || j0 > i) continue;
-        const int nvis = min(FLASH_TILE, i - j0 + 1);
-        for (int j = 0; j < nvis; j++) {
-            float s = 0.0f, dp = 0.0f;
-            for (int c = 0; c < hs; c++) {
-                s += qs[r * hp + c] * ks[j * hs + c];
-                dp += dos[r * hp + c] * vs[j * hs + c];
-            }
-            const float p = expf(s * scale - lses[r]);
-            const float ds = p * (dp - Ds[r]) * scale;
-            for (int c = 0; c < hs; c++) dqs[r * hp + c] += ds * ks[j * hs + c];
-        }
-    }
-    if (i < T) {
-        float* dq = dqkv + (row0 + i) * ld + h * hs;
-        for (int c = 0; c < hs; c++) dq[c] += dqs[r * hp + c];
-    }
-}
-
-extern "C" void attention_flash_backward(float* dqkv, const float* dout, const float* qkv,
-                                         const float* out, const float* lse, int B, int T, int C,
-                                         int NH) {
-    if (B <= 0 || T <= 0 || NH <= 0) return;
-    const int hs = C / NH;
-    const float scale = 1.0f / sqrtf((float)hs);
-    dim3 grid((unsigned)((T + FLASH_TILE - 1) / FLASH_TILE), (unsigned)NH, (unsigned)B);
-    // two kernels, each over the pairs it needs, so that every gradient row
-    // is one thread's sum (no atomics): the probabilities are recomputed in both
-    const size_t smem_kv =
-        ((size_t)4 * FLASH_TILE * (hs + 1) + (size_t)2 * FLASH_TILE * hs + 2 * FLASH_TILE) * sizeof(float);
-    flash_smem_limit((const void*)attention_flash_dkdv_kernel, smem_kv);
-    attention_flash_dkdv_kernel<<<grid, FLASH_TILE, smem_kv, cuda_compute_stream>>>(
-        dqkv, dout, qkv, out, lse, T, C, NH, scale);
-    KERNEL_CHECK();
-    const size_t smem_q =
-        ((size_t)3 * FLASH_TILE * (hs + 1) + (size_t)2 * FLASH_TILE * hs + 2 * FLASH_TILE) * sizeof(float);
-    flash_smem_limit((const void*)attention_flash_dq_kernel, smem_q);
-    attention_flash_dq_kernel<<<grid, FLASH_TILE, smem_q, cuda_compute_stream>>>(
-        dqkv, dout, qkv, out, lse, T, C, NH, scale);
-    KERNEL_CHECK();
+    FlashArgs a = flash_pair(q, q_stride, k, v, kv_stride, Tq, Tk, q0, k0, C, NH);
+    a.out = (float*)out;  // read only in backward
+    a.dout = dout, a.lse = lse;
+    a.dq = dq, a.dk = dk, a.dv = dv;
+    flash_backward(&a, B);
 }
 
 // ---------------------------------------------------------------- pointwise
