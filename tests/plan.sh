@@ -545,6 +545,17 @@ if [ -n "$out" ] && [ "$out" = "$want" ]; then
 else
     fail "plan --chapter 7 --model MOE_FILE" "$(echo "$out" | cut -c1-200) / $(echo "$want" | cut -c1-200)"
 fi
+# --chapter capstone names the program that runs the compositions: chapter
+# 7's model, its planner, the same plan; the text says which program
+out=$("$BUILD/plan" --chapter capstone --ranks 4 --tp 2 --pp 2 --batch 8 --json 2>&1)
+want=$("$BUILD/plan" --chapter 7 --ranks 4 --tp 2 --pp 2 --batch 8 --json 2>&1)
+head=$("$BUILD/plan" --chapter capstone --ranks 4 --tp 2 --pp 2 --batch 8 2>&1 | head -1)
+case "$head" in "plan: the capstone (chapter 7's model) on 4 ranks, mesh tp 2 pp 2,"*) named=1 ;; *) named=0 ;; esac
+if [ -n "$out" ] && [ "$out" = "$want" ] && [ $named = 1 ]; then
+    pass "plan --chapter capstone: chapter 7's model's plan, named as the capstone ($(echo "$head" | cut -c1-60)...)"
+else
+    fail "plan --chapter capstone" "$(echo "$head" | cut -c1-120) / json equal: $([ "$out" = "$want" ] && echo yes || echo no)"
+fi
 same_refusal() {  # NP CHAPTER-FLAGS... -- PLAN-FLAGS...: one error, the chapter's own line
     local np=$1 flags=() plan_flags
     shift

@@ -197,7 +197,8 @@ static int same_flops(const RankPlan* x, const RankPlan* y, const void* ctx) {
 // The human table: peak bytes per rank and category, then each rank's
 // communication per step, its FLOPs per step and (chapter 5) the bubble.
 static void print_table(const PlanArgs* a, const PlanInfo* info, const RankPlan* plans) {
-    printf("plan: chapter %d on %d rank%s, mesh", a->chapter, a->ranks, a->ranks == 1 ? "" : "s");
+    if (a->capstone) printf("plan: the capstone (chapter 7's model) on %d rank%s, mesh", a->ranks, a->ranks == 1 ? "" : "s");
+    else printf("plan: chapter %d on %d rank%s, mesh", a->chapter, a->ranks, a->ranks == 1 ? "" : "s");
     for (int x = 0; x < NUM_AXES; x++)
         if (a->mesh[x] > 1) printf(" %s %d", mesh_axis_name((MeshAxis)x), a->mesh[x]);
     printf(", model %s (L=%d C=%d NH=%d Vp=%d), %zu parameters, batch %d x %d\n", a->model_name,
@@ -312,7 +313,7 @@ static PlanFn plan_pick(const PlanArgs* a, PlanInfo* info, char* msg, size_t len
             plan = plan_chapter_7;
             break;
         default:
-            snprintf(msg, len, "--chapter %d is not planned (the planner knows chapters 0, 2, 3, 4, 5, 6 and 7)",
+            snprintf(msg, len, "--chapter %d is not planned (the planner knows chapters 0, 2, 3, 4, 5, 6 and 7, and the capstone)",
                      a->chapter);
             return NULL;
     }
@@ -503,7 +504,7 @@ static void search_expert(const PlanArgs* base, double memory, const MachineProf
                         a.zero = zero;
                         if (pp == 1) a.microbatches = 0;  // no pipeline: chapter 7's plain step
                         char what[160];
-                        int len = snprintf(what, sizeof(what), "chapter 7");
+                        int len = snprintf(what, sizeof(what), base->capstone ? "capstone" : "chapter 7");
                         static const MeshAxis order[] = {AXIS_DP, AXIS_TP, AXIS_PP, AXIS_CP, AXIS_EP};
                         for (int i = 0; i < 5; i++)
                             if (sizes[order[i]] > 1)
@@ -622,6 +623,7 @@ int main(int argc, char** argv) {
     int layers = ARG_NOT_GIVEN, channels = ARG_NOT_GIVEN, heads = ARG_NOT_GIVEN, vocab = ARG_NOT_GIVEN;
     int max_seq = ARG_NOT_GIVEN, batch = 0, seq = 0, help = 0, do_search = 0;
     const char* memory_arg = NULL;
+    const char* chapter_name = NULL;
     const char* profile_path = NULL;  // the step-time model's machine (plan_time.h)
     int measure_attention = 0;
     int mesh[NUM_AXES];
@@ -647,7 +649,8 @@ int main(int argc, char** argv) {
     a.ep_overlap = 1;
     float capacity = 0.0f;
     ArgSpec flags[] = {
-        {"chapter", ARG_INT, &a.chapter, "the chapter to plan (0, 2, 3, 4, 5, 6, 7)"},
+        {"chapter", ARG_STRING, &chapter_name,
+         "the chapter to plan (0, 2, 3, 4, 5, 6, 7), or capstone: chapter 7's model on every axis, as build/capstone runs it"},
         {"ranks", ARG_INT, &a.ranks, "world size  [1]"},
         {"steps", ARG_INT, &a.steps, "steps the --json communication counts (as the summary)  [1]"},
         {"json", ARG_FLAG, &a.json, "one JSON record: the summary's peak_bytes and comm objects"},
@@ -696,6 +699,15 @@ int main(int argc, char** argv) {
     const char* bad = args_parse_only(argc, argv, flags, n_flags, msg, sizeof(msg));
     if (bad && !strcmp(bad, "help")) help = 1, bad = NULL;
     if (bad) die("%s", bad);
+    if (chapter_name && !strcmp(chapter_name, "capstone")) {
+        a.chapter = 7, a.capstone = 1;  // the capstone trains chapter 7's model: its planner
+    } else if (chapter_name) {
+        char* end = NULL;
+        long c = strtol(chapter_name, &end, 10);
+        if (end == chapter_name || *end || c < 0 || c > 99)
+            die("--chapter %s is not planned (the planner knows chapters 0, 2, 3, 4, 5, 6 and 7, and the capstone)", chapter_name);
+        a.chapter = (int)c;
+    }
     if (a.zero == ARG_NOT_GIVEN) a.zero = a.chapter == 7 ? 0 : 3;
     if (help) {
         args_usage("build/plan",
@@ -780,7 +792,7 @@ int main(int argc, char** argv) {
         if ((!memory_arg && !end) || (end && *end) || !(memory > 0))
             die("%s: give the bytes a rank may hold, e.g. --memory-per-rank 4000000 (or a --profile with memory_gb)", "--search");
         if (a.chapter != -1 && a.chapter != 7)
-            die("%s: without --chapter it searches chapters 0 and 2 to 6; --chapter 7 searches chapter 7's meshes", "--search");
+            die("%s: without --chapter it searches chapters 0 and 2 to 6; --chapter 7 (or capstone) searches chapter 7's model's meshes", "--search");
         search(&a, memory, profile_path ? &profile : NULL);
         return 0;
     }

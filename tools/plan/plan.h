@@ -18,6 +18,7 @@
 
 typedef struct {
     int chapter, ranks, steps, json;
+    int capstone;             // --chapter capstone: chapter 7's model on every axis (build/capstone), named so
     GPTConfig cfg;
     const char* model_name;
     int B, T;                 // global batch, sequence length
