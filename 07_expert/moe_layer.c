@@ -166,11 +166,10 @@ static void plan_exchange(MoeParallel* X, MoeLayer* L) {
 // float collectives of the comm layer. One wait for the device (docs/cuda.md):
 // the all-to-all-v's sizes must reach the host. The probs ride along, the plan
 // goes back queued (staging written again only after the next layer's wait here).
-static void plan_dispatch(MoeParallel* X, MoeLayer* L, int mi) {
+static void plan_dispatch(MoeParallel* X, MoeLayer* L) {
     int N = X->N, k = X->cfg.top_k;
     mem_to_host_queued(X->probs_host, L->probs, (size_t)N * X->cfg.experts * sizeof(float));
     mem_to_host(L->idx_host, L->idx, (size_t)N * k * sizeof(int));
-    balance_loss(X, L, mi);
     long dropped = plan_capacity(X, L);
     if (X->record) X->dropped += dropped;
     // kept slots sorted by chunk, then expert (so destination rank), stable
@@ -305,10 +304,11 @@ void moe_layer_forward(MoeParallel* X, MoeLayer* L, int l, const float* ln2, con
     matmul_forward(L->logits, ln2, router, NULL, N, C, E);
     moe_router_forward(L->probs, L->idx, L->gates, L->logits, N, E, k);
     // 2. count and exchange the counts
-    plan_dispatch(X, L, moe_layer_index(&X->cfg, l));
+    plan_dispatch(X, L);
     // 3-5, chunk by chunk: while chunk i's experts run, chunk i+1's rows
     // travel to their experts and chunk i-1's outputs travel home
     dispatch_start(X, L, ln2, 0);
+    balance_loss(X, L, moe_layer_index(&X->cfg, l));  // while chunk 0 travels: backward is the first to use it
     for (int i = 0; i < nc; i++) {
         a2a_wait(X, i);  // 3. dispatch: chunk i's rows are here
         if (i + 1 < nc) dispatch_start(X, L, ln2, i + 1);

@@ -3,7 +3,8 @@
 //   J = mean LM loss + aux_coef * aux,   aux = sum over MoE layers of E sum_e f_e P_e
 // through the router, the top-k gates (k = 1 and k = 2), the capacity drop
 // and the load-balancing loss with its coefficient; and aux itself against
-// a count made here.
+// a count made here; and the host's waits for the device in each MoE
+// layer (device_host_waits): one a forward, none a backward.
 //
 // It links the chapter's modules (07_expert/moe_layer.c: balance_loss,
 // plan_capacity, the layer's forward and backward; moe.c; moe_model.c), so
