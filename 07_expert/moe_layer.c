@@ -29,13 +29,11 @@ static void balance_loss(MoeParallel* X, MoeLayer* L, int mi) {
     int N = X->N, k = X->cfg.top_k, E = X->cfg.experts;
     long* cnt = xmalloc((size_t)E * sizeof(long));
     double* psum = xmalloc((size_t)E * sizeof(double));
-    float* probs = X->probs_host;     // (N, E) staging buffers (memory.h), copied every step
-    float* aux_host = X->aux_host;    // (E)
-    mem_to_host(probs, L->probs, (size_t)N * E * sizeof(float));
+    float* aux_host = X->aux_host;  // (E) a staging buffer (memory.h), as probs_host (N, E), which plan_dispatch fills
     for (int e = 0; e < E; e++) cnt[e] = 0, psum[e] = 0.0;
     for (int i = 0; i < N * k; i++) cnt[L->idx_host[i]]++;
     for (int t = 0; t < N; t++)
-        for (int e = 0; e < E; e++) psum[e] += probs[(size_t)t * E + e];
+        for (int e = 0; e < E; e++) psum[e] += X->probs_host[(size_t)t * E + e];
     // both sums over every token of the batch: over the batch group (host data: plain MPI)
     MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, cnt, E, MPI_LONG, MPI_SUM, X->batch->mpi));
     MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, psum, E, MPI_DOUBLE, MPI_SUM, X->batch->mpi));
@@ -49,7 +47,7 @@ static void balance_loss(MoeParallel* X, MoeLayer* L, int mi) {
         aux_host[e] = (float)(X->aux_coef * E * f / N);
         if (X->record) X->routed[(size_t)mi * E + e] = cnt[e];
     }
-    mem_to_device(L->aux_dprobs, aux_host, (size_t)E * sizeof(float));
+    mem_to_device_queued(L->aux_dprobs, aux_host, (size_t)E * sizeof(float));  // no wait: plan_dispatch says why
     if (X->record) X->aux += aux;
     free(psum), free(cnt);
     // END EXERCISE 1
@@ -165,19 +163,21 @@ static void plan_exchange(MoeParallel* X, MoeLayer* L) {
 
 // From the router's choices, the plan of the exchanges. Integer data:
 // counts and indices go through the host by plain MPI, never through the
-// float collectives of the comm layer.
-static void plan_dispatch(MoeParallel* X, MoeLayer* L, int mi) {
+// float collectives of the comm layer. One wait for the device (docs/cuda.md):
+// the all-to-all-v's sizes must reach the host. The probs ride along, the plan
+// goes back queued (staging written again only after the next layer's wait here).
+static void plan_dispatch(MoeParallel* X, MoeLayer* L) {
     int N = X->N, k = X->cfg.top_k;
+    mem_to_host_queued(X->probs_host, L->probs, (size_t)N * X->cfg.experts * sizeof(float));
     mem_to_host(L->idx_host, L->idx, (size_t)N * k * sizeof(int));
-    balance_loss(X, L, mi);
     long dropped = plan_capacity(X, L);
     if (X->record) X->dropped += dropped;
     // kept slots sorted by chunk, then expert (so destination rank), stable
     // in token order; per chunk and expert, how many (L->cnt_chunk)
     plan_send_order(X, L);
     plan_exchange(X, L);
-    mem_to_device(L->pos, L->pos_host, (size_t)N * k * sizeof(int));
-    mem_to_device(L->send_src, L->src_host, (size_t)L->n_send * sizeof(int));
+    mem_to_device_queued(L->pos, L->pos_host, (size_t)N * k * sizeof(int));
+    mem_to_device_queued(L->send_src, L->src_host, (size_t)L->n_send * sizeof(int));
 }
 
 // ---------------------------------------------------------------- the exchanges and the experts
@@ -304,10 +304,11 @@ void moe_layer_forward(MoeParallel* X, MoeLayer* L, int l, const float* ln2, con
     matmul_forward(L->logits, ln2, router, NULL, N, C, E);
     moe_router_forward(L->probs, L->idx, L->gates, L->logits, N, E, k);
     // 2. count and exchange the counts
-    plan_dispatch(X, L, moe_layer_index(&X->cfg, l));
+    plan_dispatch(X, L);
     // 3-5, chunk by chunk: while chunk i's experts run, chunk i+1's rows
     // travel to their experts and chunk i-1's outputs travel home
     dispatch_start(X, L, ln2, 0);
+    balance_loss(X, L, moe_layer_index(&X->cfg, l));  // while chunk 0 travels: backward is the first to use it
     for (int i = 0; i < nc; i++) {
         a2a_wait(X, i);  // 3. dispatch: chunk i's rows are here
         if (i + 1 < nc) dispatch_start(X, L, ln2, i + 1);
@@ -476,8 +477,7 @@ static void a2a_clocks_read(MoeParallel* X, double* blocked, double* inflight) {
     }
 }
 
-// A step starts: the exchanges since the last step's record (validation's)
-// are dropped.
+// A step starts: the exchanges since the last step's record (validation's) are dropped.
 void moe_step_begin(MoeParallel* X) {
     X->aux = 0.0, X->dropped = 0;
     a2a_clocks_read(X, &X->a2a_blocked_s, &X->a2a_inflight_s);

@@ -47,9 +47,8 @@ typedef struct {
     float *send, *back;             // (N*k, C) my rows out, the expert outputs back (send order)
     float *exp_in, *fch, *fch_gelu; // (R, C), (R, H), (R, H) in the experts' order
     float* aux_dprobs;              // (E) d objective / d each prob (load-balancing loss)
-    // the plan, on the host: counts are integers, and the comm layer's
-    // collectives are float-only, so they travel by plain MPI; the first
-    // three are staging buffers (memory.h), copied every step
+    // the plan, on the host (integers: plain MPI, the comm layer's collectives
+    // are float-only); the first three are staging buffers (memory.h)
     int *idx_host, *pos_host, *src_host;
     int* cnt_send;                  // (E) my kept slots of each expert
     int* cnt_chunk;                 // (n, E) of them, per chunk

@@ -33,5 +33,16 @@ const char* device_init(int local_rank);
 const char* device_set_tf32(int on);
 // Waits for all work queued on the device (a no-op on the CPU).
 void device_synchronize(void);
+// How many times this rank's host has waited for its device so far: on CUDA
+// every device_synchronize, so every blocking copy (mem_to_host,
+// mem_to_device), allocation and free, and DeviceClock or DeviceStamps read
+// (each waits through it). The CPU backend counts the same copies,
+// allocations, frees and device_synchronize calls, which wait for nothing
+// there, so that a test on the CPU can assert how many waits a piece of
+// code would make on a GPU (tests/test_moe.c: an MoE layer's). The clocks'
+// reads are left out on the CPU (once a step, never inside a layer), and
+// the comm layer's own waits on both (comm_barrier; on CUDA, a channel's
+// turn for a point-to-point operation, docs/cuda.md).
+long device_host_waits(void);
 
 #endif

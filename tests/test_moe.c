@@ -3,7 +3,8 @@
 //   J = mean LM loss + aux_coef * aux,   aux = sum over MoE layers of E sum_e f_e P_e
 // through the router, the top-k gates (k = 1 and k = 2), the capacity drop
 // and the load-balancing loss with its coefficient; and aux itself against
-// a count made here.
+// a count made here; and the host's waits for the device in each MoE
+// layer (device_host_waits): one a forward, none a backward.
 //
 // It links the chapter's modules (07_expert/moe_layer.c: balance_loss,
 // plan_capacity, the layer's forward and backward; moe.c; moe_model.c), so
@@ -37,6 +38,21 @@
 
 // ---------------------------------------------------------------- the model, composed from the modules
 
+// The host's waits for the device (device_host_waits: on the CPU the same
+// calls are counted, though they wait for nothing) in each MoE layer's
+// forward and backward, fewest and most over the calls since the last
+// reset: one a forward (the exchange's sizes reach the host; every other
+// copy is queued), none a backward (the forward's plan serves it).
+typedef struct {
+    long fwd_min, fwd_max, bwd_min, bwd_max, n_fwd, n_bwd;
+} WaitTally;
+static WaitTally waits;
+static void wait_tally(long w, long* lo, long* hi, long* n) {
+    if (*n == 0 || w < *lo) *lo = w;
+    if (*n == 0 || w > *hi) *hi = w;
+    (*n)++;
+}
+
 static float model_forward(MoeModel* m, const int* inputs, const int* targets) {
     const GPTConfig* g = &m->cfg.gpt;
     int C = g->channels, NH = g->num_heads;
@@ -50,8 +66,10 @@ static float model_forward(MoeModel* m, const int* inputs, const int* targets) {
         }
         BlockActs a = moe_model_block_acts(m, l);
         moe_attention_forward(&p, &a, gpt_acts_block_input(&m->acts, g, l, m->B, m->T), m->B, m->T, C, NH);
+        long w0 = device_host_waits();
         moe_layer_forward(&m->moe, moe_model_layer(m, l), l, a.ln2, moe_model_router(m, m->shared, l),
                           moe_model_experts(m, m->experts, l), a.fcproj);
+        wait_tally(device_host_waits() - w0, &waits.fwd_min, &waits.fwd_max, &waits.n_fwd);
         residual_forward(a.res3, a.res2, a.fcproj, (size_t)m->N * C);
     }
     return moe_model_head_forward(m);
@@ -70,9 +88,11 @@ static void model_backward(MoeModel* m) {
         }
         BlockActs a = moe_model_block_acts(m, l);
         BlockScratch s = gpt_acts_scratch(&m->acts, g);
+        long w0 = device_host_waits();
         moe_layer_backward(&m->moe, moe_model_layer(m, l), l, m->acts.dres, a.ln2, moe_model_router(m, m->shared, l),
                            moe_model_router(m, m->dshared, l), moe_model_experts(m, m->experts, l),
                            moe_model_experts(m, m->dexperts, l), m->dln2);
+        wait_tally(device_host_waits() - w0, &waits.bwd_min, &waits.bwd_max, &waits.n_bwd);
         moe_attention_backward(&p, &gp, &a, &s, x, m->dln2, m->acts.dres, m->B, m->T, C, NH);
     }
     moe_model_embed_backward(m);
@@ -332,6 +352,7 @@ static void test_case(const MoeCase* mc) {
     MoeFlags flags = {.experts = mc->E, .top_k = mc->k, .hidden = H, .moe_every = mc->moe_every,
                          .ep_overlap = 1, .aux_coef = mc->aux_coef, .capacity = mc->capacity};
     moe_model_create(m, &cfg, &flags, &run);
+    memset(&waits, 0, sizeof(waits));
     // At init the weights are small: every op near its linear regime, the
     // router's probabilities near 1/E (where P_e and f_e are hard to tell
     // apart), LayerNorm weights exactly 1. Every parameter moves well away
@@ -423,6 +444,13 @@ static void test_case(const MoeCase* mc) {
     snprintf(name, sizeof(name), "moe %s: %s", mc->name,
              mc->capacity > 0 ? "the capacity drops some token-slots" : "dropless: no token-slot dropped");
     check(mc->capacity > 0 ? dropped > 0 : dropped == 0, name, "%ld slots dropped", dropped);
+
+    // the host's waits for the device: a regression that adds one (a copy
+    // that waits where a queued one would do) fails here, on the CPU
+    snprintf(name, sizeof(name), "moe %s: each MoE layer's forward waits for the device once, its backward never "
+             "(%ld forwards, %ld backwards, --ep-overlap 1 and 3)", mc->name, waits.n_fwd, waits.n_bwd);
+    check(waits.n_fwd > 0 && waits.n_bwd > 0 && waits.fwd_min == 1 && waits.fwd_max == 1 && waits.bwd_max == 0, name,
+          "forward %ld to %ld waits, backward %ld to %ld", waits.fwd_min, waits.fwd_max, waits.bwd_min, waits.bwd_max);
 
     // the whole objective, every tensor
     Piece* pieces = xmalloc(sizeof(Piece) * (size_t)(64 + 4 * 4 * cfg.experts * cfg.gpt.num_layers));

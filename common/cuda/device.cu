@@ -179,9 +179,15 @@ extern "C" const char* device_set_tf32(int on) {
     return NULL;
 }
 
+// The device's waits (copies, allocations, frees, the clocks' reads) all
+// come through device_synchronize: device.h's device_host_waits counts them.
+static long host_waits = 0;
+extern "C" long device_host_waits(void) { return host_waits; }
+
 // Waits for everything queued on the compute stream (which includes waiting
 // for the communication that comm_wait made it depend on).
 extern "C" void device_synchronize(void) {
+    host_waits++;
     if (cuda_compute_wait) cuda_compute_wait();
     else CUDA_CHECK(cudaStreamSynchronize(cuda_compute_stream));
 }
