@@ -424,13 +424,15 @@ c7_capacity_routed "2 --cp 2 --cp-balance zigzag" "4 --dp 2 --cp 2" "4 --ep 2 --
 c7_sec_file() {
 # --sample: E = 1, k = 1 is chapter 0's model, so its sample is chapter 0's
 # (the same draws from the same logits), and E = 2 on one rank is what ep = 2
-# samples (tests/chapter_7.sh): with --cp the same text again
-mpi_run $T_RUN 1 "$BUILD/capstone" --experts 2 --top-k 1 --batch 4 --seq 16 --steps 1 --sample 40
+# samples (tests/chapter_7.sh): with --cp the same text again (--peak-gflops:
+# measuring the peak, only the MFU's denominator, cost each run about a
+# second of every rank's CPU; the text is the same)
+mpi_run $T_RUN 1 "$BUILD/capstone" --experts 2 --top-k 1 --batch 4 --seq 16 --steps 1 --sample 40 --peak-gflops 10
 s3=$(c7_sample)
 # with --cp the last position's row lives on one cp rank, which broadcasts it
-mpi_run $T_RUN 2 "$BUILD/capstone" --experts 1 --top-k 1 --cp 2 --cp-balance zigzag --batch 4 --seq 16 --steps 1 --sample 40
+mpi_run $T_RUN 2 "$BUILD/capstone" --experts 1 --top-k 1 --cp 2 --cp-balance zigzag --batch 4 --seq 16 --steps 1 --sample 40 --peak-gflops 10
 s4=$(c7_sample)
-mpi_run $T_RUN 4 "$BUILD/capstone" --experts 2 --top-k 1 --ep 2 --cp 2 --cp-mode ulysses --batch 4 --seq 16 --steps 1 --sample 40
+mpi_run $T_RUN 4 "$BUILD/capstone" --experts 2 --top-k 1 --ep 2 --cp 2 --cp-mode ulysses --batch 4 --seq 16 --steps 1 --sample 40 --peak-gflops 10
 s5=$(c7_sample)
 if [ -n "$s0" ] && [ "$s4" = "$s0" ] && [ -n "$s3" ] && [ "$s5" = "$s3" ]; then
     pass "capstone: --sample 40 at E=1, k=1 on cp=2 is chapter 0's sample; E=2 on ep x cp = 2 x 2 samples what ep=1 does"
@@ -439,13 +441,13 @@ else
 fi
 # through the pipeline: the last stage's row goes back to stage 0, where
 # rank 0 samples (E = 2 with 2 microbatches trains what one rank with 2 does)
-mpi_run $T_RUN 2 "$BUILD/capstone" --experts 1 --top-k 1 --pp 2 --batch 4 --seq 16 --steps 1 --sample 40
+mpi_run $T_RUN 2 "$BUILD/capstone" --experts 1 --top-k 1 --pp 2 --batch 4 --seq 16 --steps 1 --sample 40 --peak-gflops 10
 s6=$(c7_sample)
-mpi_run $T_RUN 1 "$BUILD/capstone" --experts 2 --top-k 1 --microbatches 2 --batch 4 --seq 16 --steps 1 --sample 40
+mpi_run $T_RUN 1 "$BUILD/capstone" --experts 2 --top-k 1 --microbatches 2 --batch 4 --seq 16 --steps 1 --sample 40 --peak-gflops 10
 s7=$(c7_sample)
-mpi_run $T_RUN 4 "$BUILD/capstone" --experts 2 --top-k 1 --ep 2 --pp 2 --batch 4 --seq 16 --steps 1 --sample 40
+mpi_run $T_RUN 4 "$BUILD/capstone" --experts 2 --top-k 1 --ep 2 --pp 2 --batch 4 --seq 16 --steps 1 --sample 40 --peak-gflops 10
 s8=$(c7_sample)
-mpi_run $T_RUN 4 "$BUILD/capstone" --experts 1 --top-k 1 --pp 2 --cp 2 --cp-balance zigzag --batch 4 --seq 16 --steps 1 --sample 40
+mpi_run $T_RUN 4 "$BUILD/capstone" --experts 1 --top-k 1 --pp 2 --cp 2 --cp-balance zigzag --batch 4 --seq 16 --steps 1 --sample 40 --peak-gflops 10
 s9=$(c7_sample)
 if [ -n "$s0" ] && [ "$s6" = "$s0" ] && [ "$s9" = "$s0" ] && [ -n "$s7" ] && [ "$s8" = "$s7" ]; then
     pass "capstone: --sample 40 through pp=2 (and cp x pp = 2 x 2) at E=1, k=1 is chapter 0's sample; E=2 on ep x pp = 2 x 2 samples what one rank with 2 microbatches does"
@@ -640,7 +642,7 @@ if [ $RC = 0 ] && [ -s "$TEST_TMPDIR/c7_tp_init1.bin" ] && cmp -s "$TEST_TMPDIR/
 else
     fail "capstone: --save on ep x tp x pp" "exit $RC; $(cmp "$TEST_TMPDIR/c7_tp_init1.bin" "$TEST_TMPDIR/c7x_init8.bin" 2>&1)"
 fi
-mpi_run $T_RUN 4 "$BUILD/capstone" --experts 1 --top-k 1 --tp 2 --pp 2 --batch 4 --seq 16 --steps 1 --sample 40
+mpi_run $T_RUN 4 "$BUILD/capstone" --experts 1 --top-k 1 --tp 2 --pp 2 --batch 4 --seq 16 --steps 1 --sample 40 --peak-gflops 10
 s10=$(c7_sample)
 if [ $RC = 0 ] && [ -n "$s0" ] && [ "$s10" = "$s0" ]; then
     pass "capstone: --sample 40 through tp x pp = 2 x 2 at E=1, k=1 is chapter 0's sample"
@@ -822,7 +824,7 @@ mpi_run $T_RUN 1 "$BUILD/capstone" $c7_flags --microbatches 2 --log "$c7m_ref"
 # sections' --save runs must equal byte for byte
 mpi_run $T_RUN 1 "$BUILD/capstone" --steps 0 --batch 24 --seq 32 --peak-gflops 10 --experts 4 --top-k 2 --save "$TEST_TMPDIR/c7_tp_init1.bin"
 # chapter 0's sample, which the --sample checks of two sections compare with
-mpi_run $T_RUN 1 "$BUILD/chapter-0" --model tiny --batch 4 --seq 16 --steps 1 --sample 40
+mpi_run $T_RUN 1 "$BUILD/chapter-0" --model tiny --batch 4 --seq 16 --steps 1 --sample 40 --peak-gflops 10
 s0=$(c7_sample)
 # the longest sections first
 for s in pp tp tpmlp rc odd z23 z1 x file ck cp; do jobs_run c7_sec_$s; done

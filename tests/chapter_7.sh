@@ -396,11 +396,13 @@ fi
 # --sample: E = 1, k = 1 is chapter 0's model, so its sample is chapter 0's
 # (the same draws from the same logits); on ep = 2 every rank runs each
 # forward and rank 0's first sequence is sampled: the same text again
-mpi_run $T_RUN 1 "$BUILD/chapter-7" --experts 1 --top-k 1 --batch 4 --seq 16 --steps 1 --sample 40
+# (--peak-gflops: measuring the peak, only the MFU's denominator, cost each
+# of these runs about a second of every rank's CPU; the text is the same)
+mpi_run $T_RUN 1 "$BUILD/chapter-7" --experts 1 --top-k 1 --batch 4 --seq 16 --steps 1 --sample 40 --peak-gflops 10
 s1=$(c7_sample)
-mpi_run $T_RUN 2 "$BUILD/chapter-7" --experts 2 --top-k 1 --ep 2 --batch 4 --seq 16 --steps 1 --sample 40
+mpi_run $T_RUN 2 "$BUILD/chapter-7" --experts 2 --top-k 1 --ep 2 --batch 4 --seq 16 --steps 1 --sample 40 --peak-gflops 10
 s2=$(c7_sample)
-mpi_run $T_RUN 1 "$BUILD/chapter-7" --experts 2 --top-k 1 --batch 4 --seq 16 --steps 1 --sample 40
+mpi_run $T_RUN 1 "$BUILD/chapter-7" --experts 2 --top-k 1 --batch 4 --seq 16 --steps 1 --sample 40 --peak-gflops 10
 s3=$(c7_sample)
 if [ -n "$s0" ] && [ "$s1" = "$s0" ] && [ -n "$s2" ] && [ "$s2" = "$s3" ]; then
     pass "experts: --sample 40 at E=1, k=1 is chapter 0's sample; E=2 on ep=2 samples what ep=1 does"
@@ -450,7 +452,7 @@ c7_ck=$TEST_TMPDIR/c7_ck
 c7_same "dp=2 x ep=2" 4 "--dp 2 --ep 2 --ckpt-dir $c7_ck --save-every 4 --async-save"
 c7_full=$C7_LOG
 # chapter 0's sample, which the --sample check compares with
-mpi_run $T_RUN 1 "$BUILD/chapter-0" --model tiny --batch 4 --seq 16 --steps 1 --sample 40
+mpi_run $T_RUN 1 "$BUILD/chapter-0" --model tiny --batch 4 --seq 16 --steps 1 --sample 40 --peak-gflops 10
 s0=$(c7_sample)
 # the longest sections first
 for s in rc odd file ck ov; do jobs_run c7_sec_$s; done

@@ -388,6 +388,21 @@ bad_inputs() {
     printf 'short' > "$TEST_TMPDIR/short.txt"
 }
 
+# cpu_build_copy SRC DST: SRC's CPU build (its programs, test programs,
+# objects and their flag stamp) copied to DST with the time stamps kept, so
+# that make in a copy of the tree recompiles only the sources that differ
+# there (tests/homework.sh, grade.sh's SUBMISSION mode). The other builds
+# that share SRC (cuda/, sanitize/, portable/, isa-*/, site/: 240 MB of a CI
+# tree's 250) stay out: the graders build and run the CPU programs only.
+cpu_build_copy() {
+    local f
+    mkdir -p "$2/obj"
+    for f in "$1"/*; do [ -f "$f" ] && cp -a "$f" "$2/"; done
+    [ -d "$1/obj/cpu" ] && cp -a "$1/obj/cpu" "$2/obj/"
+    [ -d "$1/tests" ] && cp -a "$1/tests" "$2/"
+    return 0
+}
+
 # ---------------------------------------------------------------- parallel checks
 # Independent checks (each makes its own runs: the invariant over a list of
 # meshes) run TEST_JOBS (default 2, the cores the course assumes) at a time:

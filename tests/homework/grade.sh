@@ -264,7 +264,7 @@ if [ -n "${SUBMISSION:-}" ]; then
         echo "error: could not copy the tree: $(head -2 "$TEST_TMPDIR/grade_copy")" >&2
         exit 2
     fi
-    [ -d "$BUILD" ] && cp -a "$BUILD" "$iso/build"
+    [ -d "$BUILD" ] && cpu_build_copy "$BUILD" "$iso/build"
     echo "== grading chapter $chapter of $sub, each exercise on its own (the others: this tree's solutions)"
     score=0 total=0
     for k in $(sed -n 's/^exercise \([0-9]*\) .*/\1/p' "$spec"); do
