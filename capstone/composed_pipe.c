@@ -95,16 +95,12 @@ static void receive(ExpertPipe* P, int grad, int mb, int c) {
 }
 
 static void send(ExpertPipe* P, const float* src, int peer) {
-    XpSend* sb = NULL;
-    for (int i = 0; i < P->n_sends && !sb; i++)
-        if (comm_test(&P->sends[i].req)) sb = &P->sends[i];
-    if (!sb) {
-        if (P->n_sends == P->max_sends) FATAL("more sends in flight than the schedule has");
-        sb = &P->sends[P->n_sends++];
-        sb->buf = mem_alloc_floats(act_floats(P), MEM_COMM);
-    }
-    ops_copy(sb->buf, src, act_floats(P));
-    comm_isend(P->ppc, sb->buf, act_floats(P), peer, &sb->req);
+    SendBuf* sb = send_pool_take(&P->sends, src);
+    comm_isend(P->ppc, sb->buf, P->sends.count, peer, &sb->req);
+}
+
+static void sends_wait(ExpertPipe* P) {
+    for (int i = 0; i < P->sends.n; i++) comm_wait(&P->sends.b[i].req);
 }
 
 // ---------------------------------------------------------------- the actions
@@ -175,7 +171,7 @@ void expert_pipe_run(ExpertPipe* P) {
         else if (a.type == ACT_B) backward(P, a.mb, a.chunk);
         else weights(P, a.mb, a.chunk);
     }
-    for (int i = 0; i < P->n_sends; i++) comm_wait(&P->sends[i].req);
+    sends_wait(P);
 }
 
 // Each microbatch's backward gave the gradient of its own mean (LM loss +
@@ -262,7 +258,7 @@ static float forward_only(ExpertPipe* P, const int* inputs, const int* targets, 
         }
         sl->busy = 0;
     }
-    for (int i = 0; i < P->n_sends; i++) comm_wait(&P->sends[i].req);
+    sends_wait(P);
     double l = loss;
     MPI_CHECK(MPI_Bcast(&l, 1, MPI_DOUBLE, P->pp - 1, P->ppc->mpi));
     return (float)l;

@@ -56,25 +56,6 @@ static void check_and_schedule(ExpertPipe* P, const Run* run, const ExpertFlags*
     if (bad) fail_all("%s", bad);
 }
 
-// The embedding group of every (dp, ep) coordinate: its stage 0 and stage
-// pp-1 (collective over the world; each rank keeps its own).
-static void embedding_group(Comm* embed, const Mesh* mesh) {
-    memset(embed, 0, sizeof(*embed));
-    int pp = mesh->size[AXIS_PP];
-    if (pp == 1) return;
-    for (int r = 0; r < mesh->world_size; r++) {
-        int coord[NUM_AXES], ends[2];
-        mesh_coord_of(mesh, r, coord);
-        if (coord[AXIS_PP] != 0) continue;
-        ends[0] = r;
-        coord[AXIS_PP] = pp - 1;
-        ends[1] = mesh_rank_at(mesh, coord);
-        Comm g;
-        comm_create_group_ranks(&g, ends, 2, "embedding");
-        if (g.size > 0) *embed = g;
-    }
-}
-
 // The config of a chunk's model: L / S layers, and the embedding's tables
 // only where the chunk uses them (wte on the first and the last, wpe on the
 // first). lnf's 2C floats stay on every chunk; a chunk without the head
@@ -209,10 +190,9 @@ void expert_stage_create_one(ExpertPipe* P, Run* run, ExpertFlags* fl, const Moe
 // What a rank's stage shares with its neighbours and keeps for a step.
 static void stage_finish(ExpertPipe* P, const Mesh* mesh) {
     const MoeConfig* cfg = &P->cfg;
-    embedding_group(&P->embed, mesh);
-    P->n_in = pipe_incoming_build(&P->sched, P->stage, P->in);  // chapter 5's, from every rank's lists
-    P->max_sends = P->sched.n[P->stage] + P->v + 1;
-    P->sends = xcalloc((size_t)P->max_sends, sizeof(XpSend));
+    pipe_embedding_group(&P->embed, mesh);  // chapter 5's, as the three below
+    P->n_in = pipe_incoming_build(&P->sched, P->stage, P->in);  // from every rank's lists
+    send_pool_create(&P->sends, P->sched.n[P->stage] + P->v + 1, act_floats(P));
     P->routed = xcalloc((size_t)moe_num_moe_layers(cfg) * cfg->experts, sizeof(long));
     P->inputs = xmalloc((size_t)P->per_rank * P->T * sizeof(int));
     P->targets = xmalloc((size_t)P->per_rank * P->T * sizeof(int));
@@ -233,8 +213,7 @@ void expert_stage_free(ExpertPipe* P) {
         free(ch->slot);
         expert_model_free(&ch->m);
     }
-    for (int i = 0; i < P->n_sends; i++) mem_free(P->sends[i].buf);
-    free(P->sends);
+    send_pool_free(&P->sends);
     pipe_incoming_free(P->in, P->n_in);
     if (P->embed.size > 0) comm_destroy_group(&P->embed);
     free(P->routed);

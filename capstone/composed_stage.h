@@ -9,7 +9,7 @@
 #define COMPOSED_STAGE_H
 
 #include "composed_pipe.h"
-#include "pipeline.h"  // chapter 5's Incoming, pipe_incoming_build, pipe_receive
+#include "pipeline.h"  // chapter 5's Incoming, pipe_incoming_build, pipe_receive, SendPool
 #include "schedule.h"
 
 #define XP_MAX_CHUNKS 64  // virtual stages, as chapter 5
@@ -46,11 +46,6 @@ typedef struct {
     int n_slots;
 } XpChunk;
 
-typedef struct {
-    float* buf;
-    CommRequest req;
-} XpSend;
-
 struct ExpertPipe {
     int plain;    // pp = 1 without the pipeline's flags: one chunk, chapter 7's model of the rank's share
     size_t total;  // the whole model's parameters
@@ -67,8 +62,7 @@ struct ExpertPipe {
     Incoming in[2];  // chapter 5's lists: what each neighbour sends this rank, in its order
     int n_in;
     int early;       // messages that came before their action asked (pipe_receive counts; not reported)
-    XpSend* sends;
-    int n_sends, max_sends;
+    SendPool sends;  // chapter 5's: each send from a buffer of its own
     int *inputs, *targets;  // host (m, b, T): this step's tokens of each microbatch on this rank
     // the step's figures: losses (last stage), routing statistics of my layers
     double loss_sum, aux;
