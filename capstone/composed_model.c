@@ -1,5 +1,5 @@
 // composed_model.c: chapter 7's model on a rank (composed_model.h): where
-// its pieces are, the per-token parts of the step, the flags, --sample,
+// its pieces are, the per-token parts of the step, the flags,
 // the training-state checkpoint's slices, the summary and --show-sharding.
 // Its buffers are built in composed_build.c.
 #include "composed_model.h"
@@ -190,17 +190,6 @@ MoeConfig expert_config(const Run* run, ExpertFlags* f) {
 
 // ---------------------------------------------------------------- set-up
 
-int expert_cp_owner(const CPShard* sh, int pos, size_t* row) {
-    int owner = 0;
-    for (int c = 0; c < sh->cp; c++)
-        for (int p = 0; p < sh->parts; p++) {
-            int pos0 = cp_shard_pos(sh, c, p);
-            if (pos0 <= pos && pos < pos0 + sh->len) owner = c, *row = (size_t)p * sh->B * sh->len + (size_t)(pos - pos0);
-        }
-    return owner;
-}
-
-
 void expert_print_setup(const ExpertModel* m, const Run* run) {
     const MoeConfig* c = &m->cfg;
     int ndp = run->mesh.size[AXIS_DP], nep = run->mesh.size[AXIS_EP], E = c->experts;
@@ -229,43 +218,6 @@ void expert_print_setup(const ExpertModel* m, const Run* run) {
                "(dp=%d x cp=%d x ep=%d ranks)\n", sh->cp, cp_mode_names[m->cp.mode], sh->parts == 2 ? "zigzag" : "none",
                m->T, sh->T, m->B, ndp, sh->cp, nep);
 }
-
-// ---------------------------------------------------------------- --sample
-
-typedef struct {
-    ExpertModel* m;
-    TrainForward forward;
-} Sampler;
-
-// The next token's logits: every rank runs the model on its whole batch, so
-// that the all-to-alls of each MoE layer meet; share 0's first sequence
-// holds the window (the causal attention never looks past it), every other
-// row is token 0. Dropless, a token's experts and output depend on that
-// token alone; in capacity mode the other rows compete for the slots too.
-// With --cp, position t-1 lives on one cp rank (ring.h's layout): it
-// broadcasts the row over the cp group, so that share 0's cp ranks draw the
-// same token and keep the same window.
-static void next_logits(void* ctx, const int* window, int t, float* row) {
-    Sampler* s = ctx;
-    ExpertModel* m = s->m;
-    const CPShard* sh = &m->cp.sh;
-    int Vp = m->cfg.gpt.padded_vocab_size;
-    int* tokens = xcalloc((size_t)m->B * sh->T * 2, sizeof(int));  // inputs, then targets (unused: zeros)
-    if (m->share == 0) memcpy(tokens, window, (size_t)t * sizeof(int));
-    s->forward(m, tokens, tokens + (size_t)m->B * sh->T);
-    size_t r = 0;
-    int owner = expert_cp_owner(sh, t - 1, &r);
-    HeadActs h = gpt_acts_head(&m->acts, &m->cfg.gpt, m->B, m->T);
-    if (sh->rank == owner) mem_to_host(row, h.logits + r * Vp, (size_t)Vp * sizeof(float));
-    if (sh->cp > 1) MPI_CHECK(MPI_Bcast(row, Vp, MPI_FLOAT, owner, m->cp.cpc->mpi));  // host floats: plain MPI
-    free(tokens);
-}
-
-void expert_sample(ExpertModel* m, const TrainArgs* args, TrainForward forward) {
-    Sampler s = {.m = m, .forward = forward};
-    train_sample_with(args, &m->cfg.gpt, m->cp.sh.T, next_logits, &s);
-}
-
 
 // ---------------------------------------------------------------- training-state checkpoints
 

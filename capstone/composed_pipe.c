@@ -280,12 +280,11 @@ static void next_logits(void* ctx, const int* window, int t, float* row) {
     if (P->share == 0) memcpy(tokens, window, (size_t)t * sizeof(int));
     XpSlot* last = NULL;
     forward_only(P, tokens, tokens + BT, &last);
-    // with --cp, position t-1 lives on one cp rank (ring.h's layout): it
-    // tells its cp group, as chapter 7's own next_logits does
+    // with --cp, position t-1 lives on one cp rank: it tells its cp group
     const ExpertModel* m = &P->chunk[P->v - 1].m;
     const CPShard* sh = &m->cp.sh;
     size_t r = 0;
-    int owner = expert_cp_owner(sh, t - 1, &r);
+    int owner = cp_shard_owner(sh, t - 1, &r);  // chapter 6's layout (ring.h)
     if (P->stage == P->pp - 1) {
         HeadActs h = gpt_acts_head(&last->acts, &m->cfg.gpt, P->b, P->Tr);
         if (sh->rank == owner) mem_to_host(row, h.logits + r * Vp, (size_t)Vp * sizeof(float));
