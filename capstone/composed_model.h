@@ -1,8 +1,8 @@
 // composed_model.h: chapter 7's mixture-of-experts model on one rank of the
 // dp x tp x cp x ep mesh: its buffers (the replicated parameters, this rank's experts,
 // their gradients and AdamW moments, the activations each MoE layer keeps),
-// their creation and release, the MoE file (--model FILE, --save FILE) and
-// the training-state checkpoint's slices (--ckpt-dir, --resume).
+// their creation and release and the MoE file (--model FILE, --save FILE);
+// the training-state checkpoint's slices are each chunk's (composed_stage.h).
 //
 // The strategy is not here: routing, the exchange plan, the pipeline of
 // dispatch, experts and combine, and the two gradient groups are the
@@ -280,21 +280,6 @@ size_t expert_total_params(const ExpertModel* m);
 // --save FILE: the MoE file (moe.h), written by world rank 0 from the
 // replicated parameters and every expert gathered over ep. Collective.
 void expert_model_save(ExpertModel* m, const char* path);
-
-// After training: prints the all-to-all traffic per step (the mean over the
-// ranks), the dropped slots and the share of the exchanges' time in flight
-// that compute hid, and adds the chapter's summary fields (the MoE's shape,
-// the traffic, dropped_total, a2a_hidden_share). Collective.
-void expert_report(const ExpertModel* m, const ExpertFlags* flags, const TrainLoop* loop, JsonBuf* extra);
-
-// The training-state checkpoint's lists (ckpt.h): what this rank writes
-// (dp replica 0 writes the experts, each ep rank its own, and 1/ep of the
-// replicated state each) and reads (all the replicated state, its own
-// experts), in the MoE model's global tensors, so any dp x ep mesh resumes.
-void expert_model_ckpt(Ckpt* ck, ExpertModel* m);
-// --ckpt-dir, --save-every, --resume: ckpt_init for chapter 7, this rank's
-// lists (expert_model_ckpt), then the resume, from whatever mesh saved it.
-void expert_ckpt_open(Ckpt* ck, ExpertModel* m, const Run* run);
 
 // --show-sharding: the replicated parameters (the GPT and the routers) on
 // every rank, this rank's E/ep experts of every MoE layer (sharding.h).

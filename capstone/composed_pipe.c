@@ -326,30 +326,30 @@ void expert_pipe_create(ExpertPipe* P, Run* run, ExpertFlags* fl, const MoeConfi
     memset(P, 0, sizeof(*P));
     P->forward = forward, P->backward = backward;
     const TrainArgs* args = &run->args;
+    const TrainSetup* setup = &run->setup;
+    const Mesh* mesh = &run->mesh;
     if (!expert_pipe_wanted(run, fl)) {  // chapter 7's model of my share, as one chunk
         expert_stage_create_one(P, run, fl, cfg);
-        ExpertModel* m = &P->chunk[0].m;
-        expert_model_show_sharding(m, args->show_sharding);  // --show-sharding
-        expert_print_setup(m, run);
-        expert_ckpt_open(ck, m, run);  // --ckpt-dir, --resume: this rank's slices, from whatever mesh saved them
-        return;
+        expert_model_show_sharding(&P->chunk[0].m, args->show_sharding);  // --show-sharding
+        expert_print_setup(&P->chunk[0].m, run);
+    } else {
+        expert_stage_create(P, run, fl, cfg);
+        ExpertModel* m0 = &P->chunk[0].m;
+        print0("chapter 7: experts in a pipeline, dp=%d x tp=%d x ep=%d x pp=%d x cp=%d, schedule %s, %d microbatch%s of %d "
+               "sequence%s per rank, %d chunk%s of %d layer%s per pp rank; %d expert%s (%d per rank), top-%d, %s, device %s\n",
+               mesh->size[AXIS_DP], mesh->size[AXIS_TP], mesh->size[AXIS_EP], P->pp, mesh->size[AXIS_CP], P->sched_name,
+               P->M, P->M == 1 ? "" : "es", P->b, P->b == 1 ? "" : "s", P->v, P->v == 1 ? "" : "s",
+               cfg->gpt.num_layers / P->S, cfg->gpt.num_layers / P->S == 1 ? "" : "s", cfg->experts,
+               cfg->experts == 1 ? "" : "s", m0->E_local, cfg->top_k,
+               m0->moe.capacity_factor > 0 ? "capacity mode per microbatch" : "dropless", run->device);
+        print0("model %s: %zu parameters; global batch %d x %d\n", setup->model_name, P->total, setup->B, setup->T);
+        if (m0->zero)  // --zero 1 (composed_zero.h), each chunk's buffers
+            print0("ZeRO-1: the AdamW moments of each chunk's buffers sharded over their copies: the replicated "
+                   "parameters over %d ranks, the experts over %d%s\n", m0->z[ZERO_SHARED].g->size,
+                   m0->z[ZERO_EXPERTS].g->size, m0->nz > 2 ? ", the tp slices over the dp x cp x ep ranks" : "");
+        expert_stage_show_sharding(P, args->show_sharding);  // --show-sharding
     }
-    const TrainSetup* setup = &run->setup;
-    expert_stage_create(P, run, fl, cfg);
-    const Mesh* mesh = &run->mesh;
-    ExpertModel* m0 = &P->chunk[0].m;
-    print0("chapter 7: experts in a pipeline, dp=%d x tp=%d x ep=%d x pp=%d x cp=%d, schedule %s, %d microbatch%s of %d sequence%s per "
-           "rank, %d chunk%s of %d layer%s per pp rank; %d expert%s (%d per rank), top-%d, %s, device %s\n",
-           mesh->size[AXIS_DP], mesh->size[AXIS_TP], mesh->size[AXIS_EP], P->pp, mesh->size[AXIS_CP], P->sched_name, P->M,
-           P->M == 1 ? "" : "es", P->b, P->b == 1 ? "" : "s", P->v, P->v == 1 ? "" : "s", cfg->gpt.num_layers / P->S,
-           cfg->gpt.num_layers / P->S == 1 ? "" : "s", cfg->experts, cfg->experts == 1 ? "" : "s", m0->E_local, cfg->top_k,
-           m0->moe.capacity_factor > 0 ? "capacity mode per microbatch" : "dropless", run->device);
-    print0("model %s: %zu parameters; global batch %d x %d\n", setup->model_name, P->total, setup->B, setup->T);
-    if (m0->zero)  // --zero 1 (composed_zero.h), each chunk's buffers
-        print0("ZeRO-1: the AdamW moments of each chunk's buffers sharded over their copies: the replicated "
-               "parameters over %d ranks, the experts over %d%s\n", m0->z[ZERO_SHARED].g->size,
-               m0->z[ZERO_EXPERTS].g->size, m0->nz > 2 ? ", the tp slices over the dp x cp x ep ranks" : "");
-    expert_stage_show_sharding(P, args->show_sharding);  // --show-sharding
+    // --ckpt-dir, --resume: this rank's slices, from whatever mesh saved them
     ckpt_init(ck, args, setup, mesh, 7);
     expert_stage_ckpt(ck, P);
     ckpt_resume(ck);
@@ -357,12 +357,10 @@ void expert_pipe_create(ExpertPipe* P, Run* run, ExpertFlags* fl, const MoeConfi
 
 void expert_pipe_report(ExpertPipe* P, const ExpertFlags* fl, const TrainLoop* loop, JsonBuf* summary) {
     ExpertModel* m0 = &P->chunk[0].m;
-    if (P->plain) {
-        expert_report(m0, fl, loop, summary);
-        return;
-    }
-    m0->moe.dropped_total = P->dropped_total;
-    expert_report(m0, fl, loop, summary);
+    if (!P->plain) m0->moe.dropped_total = P->dropped_total;  // plain: moe_step_record counted them
+    // chapter 7's summary fields: the MoE's shape, the traffic, dropped_total, a2a_hidden_share
+    moe_model_report(&m0->cfg, &fl->moe, m0->zero, &m0->moe, loop, summary);
+    if (P->plain) return;
     json_add_string(summary, "schedule", P->sched_name);
     json_add_int(summary, "microbatches", P->M);
     json_add_int(summary, "virtual", P->v);

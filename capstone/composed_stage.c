@@ -224,14 +224,18 @@ void expert_stage_free(ExpertPipe* P) {
 
 // ---------------------------------------------------------------- checkpoints and --save
 
-// This rank's slices of the training state, in the whole model's tensors:
-// dp replica 0 writes its stage's pieces (the replicated ones spread over the
-// ep ranks, 1/ep each) and its experts; every rank reads its pieces (the tied
+// This rank's slices of the training state (ckpt.h), in the MoE model's own
+// global tensors (moe.h), so that nothing is written twice: the experts and
+// their moments exist once per dp x cp x tp replica, on the ep rank that
+// holds them, so replica 0 writes them, each ep rank its own E/ep; dp
+// replica 0 writes its stage's pieces of the replicated state (spread over
+// the ep ranks, 1/ep of each piece); every rank reads its pieces (the tied
 // copy of wte too) and its experts. With --tp, dp x cp x ep rank 0 of each
 // tp rank writes its slices of the chunk's layers (moe_ckpt_add_tp)
 // (strided slices of the global tensors). So pp2 resumes on pp1 and back,
 // tp2 x pp2 on any other mesh; E = 1, H = 4C is the dense GPT's checkpoint
-// (chapter 0 resumes it), as chapter 7's own (expert_model_ckpt).
+// (chapter 0 resumes it), as chapter 7's own (moe_model_ckpt_open).
+// Without the pipeline the rank's one chunk has the whole model's pieces.
 // --zero 1: each rank of a buffer's group writes and reads its shard of
 // the moments, as slices of the global tensors (expert_zero_ckpt_add): the
 // chunk's pieces (the tied copy of wte read, not written: stage 0 writes
@@ -258,11 +262,42 @@ static void chunk_zero_ckpt(Ckpt* ck, const ExpertPipe* P, XpChunk* ch) {
     }
 }
 
+// Unit i of buffer b as slices of the global tensors, kind `kind`, values at
+// data (the unit's first float).
+static void unit_slices(CkptList* out, ExpertModel* m, int b, int i, CkptKind kind, float* data) {
+    const ZeroBuf* z = &m->z[b];
+    if (b == ZERO_SHARED) moe_ckpt_add_shared(out, &m->cfg, kind, z->unit_off[i], z->unit_off[i + 1] - z->unit_off[i], data);
+    if (b == ZERO_EXPERTS) moe_ckpt_add_expert_layers(out, &m->cfg, kind, i, 1, m->e0, m->E_local, data);
+    if (b == ZERO_TP) moe_ckpt_add_tp_layers(out, &m->cfg, kind, m->tp.tp, m->tp.rank, i, 1, data);
+}
+
+// --zero 2, 3: every rank of a buffer's group writes and reads its shard of
+// each unit, the parameters and the moments (expert_zero_ckpt_unit); --zero
+// 2 reads the parameters whole (every rank holds them all). The unit
+// gradient buffer (as large as any unit) is the origin the slices' offsets
+// are taken from: nothing is read there.
+static void zero_units_ckpt(Ckpt* ck, ExpertModel* m) {
+    for (int b = 0; b < m->nz; b++) {
+        ZeroBuf* z = &m->z[b];
+        for (int i = 0; i < z->units; i++) {
+            CkptList full = {0};
+            unit_slices(&full, m, b, i, CKPT_PARAMS, z->f.unit_grads);
+            expert_zero_ckpt_unit(&ck->own, &ck->need, &full, z->f.unit_grads, z, i);
+            ckpt_list_free(&full);
+            if (m->zero == 2) unit_slices(&ck->need, m, b, i, CKPT_PARAMS, z->f.full_params + z->f.padded_off[i]);
+        }
+    }
+}
+
 void expert_stage_ckpt(Ckpt* ck, ExpertPipe* P) {
     // the whole model's tensors and routing settings (every chunk routes under the same flags)
     moe_ckpt_model(ck, &P->cfg, P->chunk[0].m.moe.capacity_factor, P->chunk[0].m.moe.aux_coef);
     for (int c = 0; c < P->v; c++) {
         ExpertModel* m = &P->chunk[c].m;
+        if (m->zero > 1) {  // --zero 2, 3 (no pipeline): each rank its shards of every unit
+            zero_units_ckpt(ck, m);
+            continue;
+        }
         float* shared[CKPT_NUM_KINDS] = {m->shared, m->m_s, m->v_s};
         float* experts[CKPT_NUM_KINDS] = {m->experts, m->m_e, m->v_e};
         for (int k = 0; k < (m->zero ? 1 : CKPT_NUM_KINDS); k++) {  // --zero 1: the moments' shards below

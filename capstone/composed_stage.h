@@ -94,7 +94,8 @@ void expert_stage_create(ExpertPipe* P, Run* run, ExpertFlags* flags, const MoeC
 // the schedule of one microbatch: its F, then its B.
 void expert_stage_create_one(ExpertPipe* P, Run* run, ExpertFlags* flags, const MoeConfig* cfg);
 void expert_stage_free(ExpertPipe* P);
-// This rank's slices of the training state, in the whole model's tensors.
+// This rank's slices of the training state, in the whole model's tensors
+// (--ckpt-dir, --resume), its chunks' (without the pipeline, its one chunk's).
 void expert_stage_ckpt(Ckpt* ck, ExpertPipe* P);
 // --save FILE: the whole model gathered over pp, written by world rank 0. Collective.
 void expert_stage_save(ExpertPipe* P, const char* path);
