@@ -71,16 +71,21 @@ static MoeConfig pipe_chunk_config(const MoeConfig* whole, int first, int layers
 
 // The pieces of a chunk (first layer `first`, its own config `local`) in
 // the whole model's buffer (`whole`): [wte wpe] on the first, the blocks,
-// [lnfw lnfb] and the tied copy of wte on the last. With --tp both layouts
-// leave out the tp slices (moe.h), so the blocks stay one piece.
-static int chunk_pieces(XpPiece* piece, const MoeConfig* whole, const MoeConfig* local, int first, int embeds, int head) {
+// [lnfw lnfb] and the tied copy of wte on the last (chapter 5's Piece: global
+// offset, count, local offset). With --tp both layouts leave out the tp
+// slices (moe.h), so the blocks stay one piece. A chunk's buffer is laid out
+// as a model of its own layers; only lnf's slot off the last chunk is not a
+// piece (it stays zero-gradient and unread).
+static int chunk_pieces(Piece* piece, const MoeConfig* whole, const MoeConfig* local, int first, int embeds, int head) {
     size_t blk_l = moe_block_offset(local, 0), blk_n = moe_lnf_offset(local) - blk_l;
     size_t wte_n = param_tensor_numel(&whole->gpt, P_WTE);
     int n = 0;  // in the order of the local buffer
-    if (embeds) piece[n++] = (XpPiece){0, 0, blk_l, 0};
-    else if (head) piece[n++] = (XpPiece){0, 0, wte_n, 1};
-    piece[n++] = (XpPiece){moe_block_offset(whole, first), blk_l, blk_n, 0};
-    if (head) piece[n++] = (XpPiece){moe_lnf_offset(whole), moe_lnf_offset(local), 2 * (size_t)whole->gpt.channels, 0};
+    if (embeds) piece[n++] = (Piece){.count = blk_l};
+    else if (head) piece[n++] = (Piece){.count = wte_n, .tied_copy = 1};
+    piece[n++] = (Piece){.global = moe_block_offset(whole, first), .count = blk_n, .local = blk_l};
+    if (head)
+        piece[n++] = (Piece){.global = moe_lnf_offset(whole), .count = 2 * (size_t)whole->gpt.channels,
+                             .local = moe_lnf_offset(local)};
     return n;
 }
 
@@ -115,7 +120,7 @@ static void chunk_create(ExpertPipe* P, int c, const ExpertFlags* fl, const floa
     // the layout at tp = 1
     MoeConfig whole1 = P->cfg, local1 = ch->m.cfg;
     whole1.tp = local1.tp = 1;
-    XpPiece one[4];
+    Piece one[4];
     int n1 = chunk_pieces(one, &whole1, &local1, ch->first, embeds, head);
     float* host = xcalloc(moe_num_shared(&local1), sizeof(float));
     for (int i = 0; i < n1; i++) memcpy(host + one[i].local, all_shared + one[i].global, one[i].count * sizeof(float));
@@ -302,7 +307,7 @@ void expert_stage_ckpt(Ckpt* ck, ExpertPipe* P) {
         float* experts[CKPT_NUM_KINDS] = {m->experts, m->m_e, m->v_e};
         for (int k = 0; k < (m->zero ? 1 : CKPT_NUM_KINDS); k++) {  // --zero 1: the moments' shards below
             for (int i = 0; i < P->chunk[c].n_pieces; i++) {
-                XpPiece pc = P->chunk[c].piece[i];
+                Piece pc = P->chunk[c].piece[i];
                 size_t per = (pc.count + m->ep - 1) / m->ep, lo = (size_t)m->epc->rank * per;
                 if (lo > pc.count) lo = pc.count;
                 size_t n = pc.count - lo < per ? pc.count - lo : per;

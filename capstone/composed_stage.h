@@ -27,20 +27,10 @@ typedef struct {
     int mb, busy;
 } XpSlot;
 
-// A range of a chunk's replicated buffer that belongs to the model: global
-// offset in the whole model's shared layout (moe.h), local offset, count.
-// A chunk's buffer is laid out as a model of its own layers
-// (pipe_chunk_config); only lnf's slot off the last chunk is not a piece
-// (it stays zero-gradient and unread).
-typedef struct {
-    size_t global, local, count;
-    int tied_copy;  // the last stage's copy of wte: not in the norm, not written
-} XpPiece;
-
 typedef struct {
     ExpertModel m;   // the chunk's layers as a model (cfg.gpt.num_layers = L / S)
     int vstage, first, moe0, n_moe;  // its virtual stage, first layer, first MoE layer, MoE layers
-    XpPiece piece[4];
+    Piece piece[4];  // chapter 5's: its ranges of the whole model's replicated buffer (chunk_pieces)
     int n_pieces;
     XpSlot** slot;
     int n_slots;
