@@ -98,15 +98,15 @@ static void receive(Pipeline* P, int grad, int mb, int c) {
 // Non-blocking, from a buffer of its own (the slot may be reused before the
 // peer has received it).
 static void send(Pipeline* P, const float* src, int peer) {
-    SendBuf* sb = pipe_send_buffer(P, src);
-    comm_isend(P->pp, sb->buf, (size_t)P->micro_batch * P->seq * P->cfg->channels, peer, &sb->req);
+    SendBuf* sb = send_pool_take(&P->sends, src);
+    comm_isend(P->pp, sb->buf, P->sends.count, peer, &sb->req);
 }
 
 // Every send of the step completed. On the CUDA backend a comm_isend may be
 // issued only at this rank's next comm_* call (common/comm.h), so the step
 // pairs each send with its receive (the waits here) before any collective.
 static void sends_wait(Pipeline* P) {
-    for (int i = 0; i < P->n_sends; i++) comm_wait(&P->sends[i].req);
+    for (int i = 0; i < P->sends.n; i++) comm_wait(&P->sends.b[i].req);
 }
 
 // ---------------------------------------------------------------- the three actions

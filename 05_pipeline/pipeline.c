@@ -204,17 +204,25 @@ double pipe_step_loss_sum(Pipeline* P) {
     return sum;
 }
 
-SendBuf* pipe_send_buffer(Pipeline* P, const float* src) {
-    size_t BTC = (size_t)P->micro_batch * P->seq * P->cfg->channels;
+void send_pool_create(SendPool* s, int max, size_t count) {
+    *s = (SendPool){.b = xcalloc((size_t)max, sizeof(SendBuf)), .max = max, .count = count};
+}
+
+void send_pool_free(SendPool* s) {
+    for (int i = 0; i < s->n; i++) mem_free(s->b[i].buf);
+    free(s->b);
+}
+
+SendBuf* send_pool_take(SendPool* s, const float* src) {
     SendBuf* sb = NULL;
-    for (int i = 0; i < P->n_sends && !sb; i++)
-        if (comm_test(&P->sends[i].req)) sb = &P->sends[i];
+    for (int i = 0; i < s->n && !sb; i++)
+        if (comm_test(&s->b[i].req)) sb = &s->b[i];
     if (!sb) {
-        if (P->n_sends == P->max_sends) FATAL("more sends in flight than the schedule has");
-        sb = &P->sends[P->n_sends++];
-        sb->buf = mem_alloc_floats(BTC, MEM_COMM);
+        if (s->n == s->max) FATAL("more sends in flight than the schedule has");
+        sb = &s->b[s->n++];
+        sb->buf = mem_alloc_floats(s->count, MEM_COMM);
     }
-    ops_copy(sb->buf, src, BTC);
+    ops_copy(sb->buf, src, s->count);
     return sb;
 }
 
@@ -278,17 +286,19 @@ void pipe_sum_tied_embedding(const Comm* embed, const Comm* pp, float* mine, siz
 
 // ---------------------------------------------------------------- set-up
 
-// The embedding group of each pipeline (one per dp rank): world ranks of
-// stage 0 and stage pp-1 with this dp coordinate. Every rank takes part in
-// making every group (collective over the world) and keeps its own.
-static void embedding_group(Comm* embed, const Mesh* mesh) {
+// One group per pipeline (here one per dp rank; in the capstone one per
+// coordinate of dp, tp, cp and ep): every rank of stage 0, in world order,
+// names its pipeline's two ends. Every rank takes part in making every group
+// and keeps its own.
+void pipe_embedding_group(Comm* embed, const Mesh* mesh) {
     memset(embed, 0, sizeof(*embed));
     int pp = mesh->size[AXIS_PP];
     if (pp == 1) return;
-    for (int d = 0; d < mesh->size[AXIS_DP]; d++) {
-        int coord[NUM_AXES] = {0}, ends[2];
-        coord[AXIS_DP] = d;
-        ends[0] = mesh_rank_at(mesh, coord);
+    for (int r = 0; r < mesh->world_size; r++) {
+        int coord[NUM_AXES], ends[2];
+        mesh_coord_of(mesh, r, coord);
+        if (coord[AXIS_PP] != 0) continue;
+        ends[0] = r;
         coord[AXIS_PP] = pp - 1;
         ends[1] = mesh_rank_at(mesh, coord);
         Comm g;
@@ -372,15 +382,14 @@ void pipe_create(Pipeline* P, const Run* run, ScheduleKind kind, int n_micro, in
         P->dhead_wte = P->stage == 0 ? P->dwte : P->grads + P->piece[i].local;
     }
     load_pieces(P, (uint64_t)run->args.seed);
-    embedding_group(&P->embed, &run->mesh);
+    pipe_embedding_group(&P->embed, &run->mesh);
     int b = P->micro_batch, T = P->seq;
     P->scratch = mem_alloc_floats(block_scratch_numel(b, T, cfg->channels, cfg->num_heads), MEM_ACTIVATIONS);
     P->recompute = (RecomputeMode)run->args.recompute;
     if (P->recompute != RECOMPUTE_NONE)
         P->transient =
             mem_alloc_floats(block_transient_numel(b, T, cfg->channels, cfg->num_heads, P->recompute), MEM_ACTIVATIONS);
-    P->max_sends = 2 * n_micro * n_virtual + 1;
-    P->sends = xcalloc((size_t)P->max_sends, sizeof(SendBuf));
+    send_pool_create(&P->sends, 2 * n_micro * n_virtual + 1, (size_t)b * T * cfg->channels);
     P->n_in = pipe_incoming_build(&P->sched, P->stage, P->in);
     size_t BT = (size_t)b * T;
     // staging buffers (memory.h): the step's tokens and losses, a part per
@@ -400,8 +409,7 @@ void pipe_free(Pipeline* P) {
         }
         free(P->pool[c].s);
     }
-    for (int i = 0; i < P->n_sends; i++) mem_free(P->sends[i].buf);
-    free(P->sends);
+    send_pool_free(&P->sends);
     pipe_incoming_free(P->in, P->n_in);
     if (P->embed.size > 0) comm_destroy_group(&P->embed);
     mem_free(P->params);

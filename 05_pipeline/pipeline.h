@@ -85,11 +85,22 @@ typedef struct {
 
 // A send leaves from a buffer of its own, so the slot it came from can be
 // reused before the peer has received it. The pool never moves (the CUDA
-// backend keeps pointers to the requests).
+// backend keeps pointers to the requests). The capstone's pipeline
+// (capstone/composed_pipe.c) sends from a pool of these too.
 typedef struct {
     float* buf;
     CommRequest req;
 } SendBuf;
+typedef struct {
+    SendBuf* b;
+    int n, max;    // buffers allocated, at most (a step's sends can need no more)
+    size_t count;  // floats of each: one activation (b,T,C)
+} SendPool;
+void send_pool_create(SendPool* s, int max, size_t count);
+void send_pool_free(SendPool* s);
+// A free buffer of the pool (one whose send completed, else a new one)
+// holding a copy of src (count floats), for a comm_isend.
+SendBuf* send_pool_take(SendPool* s, const float* src);
 
 // A message between stages: the activation for F or the gradient for B of
 // (mb, chunk of the receiver).
@@ -155,8 +166,7 @@ typedef struct {
     RecomputeMode recompute;          // --recompute: what a slot keeps of each layer
     float* transient;                 // the dropped fields of one layer, shared by every layer and slot
     SlotPool pool[PIPE_MAX_CHUNKS];
-    SendBuf* sends;
-    int n_sends, max_sends;
+    SendPool sends;
     Incoming in[2];  // from the stage before and the stage after (one if they are the same rank)
     int n_in;
     int *in_host, *tg_host;  // (m, b, T) staging: the step's tokens, each microbatch's at mb b T
@@ -219,10 +229,12 @@ void slot_queue_losses(Pipeline* P, const Slot* sl, int mb);
 // arithmetic as adding each slot_mean_loss as it came.
 double pipe_step_loss_sum(Pipeline* P);
 
-// A free send buffer holding a copy of src (b,T,C), for a comm_isend.
-SendBuf* pipe_send_buffer(Pipeline* P, const float* src);
 
 // ---------------------------------------------------------------- around the step
+// The embedding group of each pipeline: the world ranks of its stage 0 and
+// its stage pp-1 (the same coordinates on every other axis of the mesh);
+// size 0 on every other rank and with one stage. Collective over the world.
+void pipe_embedding_group(Comm* embed, const Mesh* mesh);
 // The tied embedding's gradient: the first and the last stage of the
 // pipeline pp each hold a half of wte's (mine, n floats: the lookup's, the
 // head's) and sum them in their embedding group (embed, the two ends); any

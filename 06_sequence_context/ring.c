@@ -15,6 +15,16 @@ int cp_shard_pos(const CPShard* s, int rank, int p) {
     // END EXERCISE 1
 }
 
+int cp_shard_owner(const CPShard* s, int pos, size_t* row) {
+    int owner = 0;
+    for (int c = 0; c < s->cp; c++)
+        for (int p = 0; p < s->parts; p++) {
+            int pos0 = cp_shard_pos(s, c, p);
+            if (pos0 <= pos && pos < pos0 + s->len) owner = c, *row = (size_t)p * s->B * s->len + (size_t)(pos - pos0);
+        }
+    return owner;
+}
+
 void cp_shard_tokens(const CPShard* s, int* dst, const int* src) {
     for (int p = 0; p < s->parts; p++)
         for (int b = 0; b < s->B; b++)

@@ -7,6 +7,8 @@
 #ifndef RING_H
 #define RING_H
 
+#include <stddef.h>
+
 // Who holds which tokens. A cp rank holds `parts` runs of `len` consecutive
 // positions of each of its B sequences of T tokens:
 //   balance none:   1 run of T/cp, rank r from position r*T/cp;
@@ -23,6 +25,10 @@ typedef struct {
 
 // The first global position of part p on cp rank `rank`.
 int cp_shard_pos(const CPShard* s, int rank, int p);
+// The cp rank that holds global position pos of a sequence, and pos's row
+// there in the first of its sequences (*row), as the capstone's --sample
+// finds the row of logits to draw from.
+int cp_shard_owner(const CPShard* s, int pos, size_t* row);
 // Host int work on token ids: this rank's rows of B whole sequences
 // src (B, T), into dst (B*T/cp) in the part-major order above.
 void cp_shard_tokens(const CPShard* s, int* dst, const int* src);

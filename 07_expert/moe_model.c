@@ -409,14 +409,14 @@ void moe_model_ckpt_open(Ckpt* ck, MoeModel* m, const Run* run) {
 
 // ---------------------------------------------------------------- the summary
 
-void moe_model_report(MoeModel* m, const MoeFlags* fl, const TrainLoop* loop, JsonBuf* extra) {
-    json_add_int(extra, "zero", 0);
+void moe_model_report(const MoeConfig* cfg, const MoeFlags* fl, int zero, const MoeParallel* moe, const TrainLoop* loop, JsonBuf* extra) {
+    json_add_int(extra, "zero", zero);
     json_add_int(extra, "experts", fl->experts);
     json_add_int(extra, "top_k", fl->top_k);
-    json_add_int(extra, "expert_hidden", m->cfg.hidden);
+    json_add_int(extra, "expert_hidden", cfg->hidden);
     json_add_int(extra, "moe_every", fl->moe_every);
     json_add_double(extra, "aux_coef", fl->aux_coef, "%g");
     json_add_double(extra, "capacity_factor", fl->capacity, "%g");
-    json_add_int(extra, "active_params", (long long)moe_active_params(&m->cfg));
-    moe_report(&m->moe, loop, extra);
+    json_add_int(extra, "active_params", (long long)moe_active_params(cfg));
+    moe_report(moe, loop, extra);  // the traffic, the drops, the share of the exchanges hidden (moe_layer.c)
 }

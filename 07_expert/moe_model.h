@@ -111,7 +111,7 @@ void moe_model_finish(MoeModel* m, const TrainArgs* args, MoeForward forward);
 // --ckpt-dir, --resume: ckpt_init for chapter 7, this rank's slices in the
 // MoE model's global tensors (any dp x ep mesh resumes), the resume.
 void moe_model_ckpt_open(Ckpt* ck, MoeModel* m, const Run* run);
-// After training: the summary's MoE fields and the exchanges' figures.
-void moe_model_report(MoeModel* m, const MoeFlags* flags, const TrainLoop* loop, JsonBuf* summary);
+// After training: the summary's MoE fields (zero: the ZeRO stage, the capstone's) and the exchanges' figures.
+void moe_model_report(const MoeConfig* cfg, const MoeFlags* fl, int zero, const MoeParallel* moe, const TrainLoop* loop, JsonBuf* summary);
 
 #endif

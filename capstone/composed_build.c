@@ -23,8 +23,9 @@ void expert_model_create(ExpertModel* m, const MoeConfig* cfg, const ExpertFlags
 
 // Each buffer's units (composed_zero.h): the replicated buffer's [wte wpe],
 // every block's piece and [lnfw lnfb]; the experts of each MoE layer; the tp
-// slices of each layer. --zero 2, 3: chapter 3's engine takes each buffer
-// over its group, the tied wte's unit with a gradient of its own.
+// slices of each layer. --zero: chapter 3's engine takes each buffer over
+// its group (2, 3: the tied wte's unit with a gradient of its own), and the
+// model's pointers are the engine's.
 static void zero_units(ExpertModel* m) {
     const MoeConfig* c = &m->cfg;
     int L = c->gpt.num_layers, Lm = moe_num_moe_layers(c);
@@ -38,15 +39,17 @@ static void zero_units(ExpertModel* m) {
     for (int l = 0; m->nz > 2 && l < L; l++) numel[l] = moe_tp_numel(c, l, m->tp.tp);
     if (m->nz > 2) expert_zero_units(&m->z[ZERO_TP], L, numel);
     free(numel);
-    if (m->zero < 2) return;
+    if (!m->zero) return;
     int* own = xcalloc((size_t)(L + 2), sizeof(int));
     own[0] = 1;  // wte: the head's gradient and the embedding's, one open buffer between them
     expert_zero_shard(&m->z[ZERO_SHARED], m->zero, own);
     expert_zero_shard(&m->z[ZERO_EXPERTS], m->zero, NULL);
     if (m->nz > 2) expert_zero_shard(&m->z[ZERO_TP], m->zero, NULL);
     free(own);
-    m->shared = m->dshared = m->m_s = m->v_s = m->experts = m->dexperts = m->m_e = m->v_e = NULL;
-    m->tp.w = m->tp.dw = m->tp.m = m->tp.v = NULL;  // the engines hold them now
+    const ZeroBuf* z = m->z;
+    m->shared = z[ZERO_SHARED].params, m->dshared = z[ZERO_SHARED].grads, m->m_s = z[ZERO_SHARED].m, m->v_s = z[ZERO_SHARED].v;
+    m->experts = z[ZERO_EXPERTS].params, m->dexperts = z[ZERO_EXPERTS].grads, m->m_e = z[ZERO_EXPERTS].m, m->v_e = z[ZERO_EXPERTS].v;
+    m->tp.w = z[ZERO_TP].params, m->tp.dw = z[ZERO_TP].grads, m->tp.m = z[ZERO_TP].m, m->tp.v = z[ZERO_TP].v;
 }
 
 void expert_model_create_part(ExpertModel* m, const MoeConfig* cfg, const ExpertFlags* flags, const Run* run,
@@ -144,12 +147,11 @@ void expert_model_create_part(ExpertModel* m, const MoeConfig* cfg, const Expert
         free(shared);
         free(mine);
     }
-    zero_units(m);  // each buffer's units; --zero 2, 3: the engines take the values
+    zero_units(m);  // each buffer's units; --zero: the engines take the values
 }
 
 void expert_model_free(ExpertModel* m) {
-    float* dev[] = {m->shared, m->dshared, m->m_s, m->v_s, m->experts, m->dexperts, m->m_e, m->v_e, m->dln2};
-    for (size_t i = 0; i < sizeof(dev) / sizeof(dev[0]); i++) mem_free(dev[i]);
+    mem_free(m->dln2);  // the parameters' buffers are their ZeroBufs' (expert_zero_free below)
     gpt_acts_free(&m->acts);
     moe_layers_free(&m->moe, m->layers, m->recompute == RECOMPUTE_FULL ? 1 : moe_num_moe_layers(&m->cfg));
     moe_parallel_free(&m->moe);

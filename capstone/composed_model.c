@@ -1,6 +1,7 @@
 // composed_model.c: chapter 7's model on a rank (composed_model.h): where
-// its pieces are, the per-token parts of the step, the flags, --sample,
-// the training-state checkpoint's slices, the summary and --show-sharding.
+// its pieces are, the per-token parts of the step, the flags, the set-up's
+// lines and --show-sharding (the checkpoint's slices: composed_stage.c; the
+// summary's MoE fields: chapter 7's moe_model_report).
 // Its buffers are built in composed_build.c.
 #include "composed_model.h"
 #include "composed_rules.h"
@@ -179,17 +180,6 @@ MoeConfig expert_config(const Run* run, ExpertFlags* f) {
 
 // ---------------------------------------------------------------- set-up
 
-int expert_cp_owner(const CPShard* sh, int pos, size_t* row) {
-    int owner = 0;
-    for (int c = 0; c < sh->cp; c++)
-        for (int p = 0; p < sh->parts; p++) {
-            int pos0 = cp_shard_pos(sh, c, p);
-            if (pos0 <= pos && pos < pos0 + sh->len) owner = c, *row = (size_t)p * sh->B * sh->len + (size_t)(pos - pos0);
-        }
-    return owner;
-}
-
-
 void expert_print_setup(const ExpertModel* m, const Run* run) {
     const MoeConfig* c = &m->cfg;
     int ndp = run->mesh.size[AXIS_DP], nep = run->mesh.size[AXIS_EP], E = c->experts;
@@ -217,147 +207,6 @@ void expert_print_setup(const ExpertModel* m, const Run* run) {
         print0("context parallelism: cp=%d, %s, balance %s: each rank holds %d of the %d positions of its %d sequences "
                "(dp=%d x cp=%d x ep=%d ranks)\n", sh->cp, cp_mode_names[m->cp.mode], sh->parts == 2 ? "zigzag" : "none",
                m->T, sh->T, m->B, ndp, sh->cp, nep);
-}
-
-// ---------------------------------------------------------------- --sample
-
-typedef struct {
-    ExpertModel* m;
-    TrainForward forward;
-} Sampler;
-
-// The next token's logits: every rank runs the model on its whole batch, so
-// that the all-to-alls of each MoE layer meet; share 0's first sequence
-// holds the window (the causal attention never looks past it), every other
-// row is token 0. Dropless, a token's experts and output depend on that
-// token alone; in capacity mode the other rows compete for the slots too.
-// With --cp, position t-1 lives on one cp rank (ring.h's layout): it
-// broadcasts the row over the cp group, so that share 0's cp ranks draw the
-// same token and keep the same window.
-static void next_logits(void* ctx, const int* window, int t, float* row) {
-    Sampler* s = ctx;
-    ExpertModel* m = s->m;
-    const CPShard* sh = &m->cp.sh;
-    int Vp = m->cfg.gpt.padded_vocab_size;
-    int* tokens = xcalloc((size_t)m->B * sh->T * 2, sizeof(int));  // inputs, then targets (unused: zeros)
-    if (m->share == 0) memcpy(tokens, window, (size_t)t * sizeof(int));
-    s->forward(m, tokens, tokens + (size_t)m->B * sh->T);
-    size_t r = 0;
-    int owner = expert_cp_owner(sh, t - 1, &r);
-    HeadActs h = gpt_acts_head(&m->acts, &m->cfg.gpt, m->B, m->T);
-    if (sh->rank == owner) mem_to_host(row, h.logits + r * Vp, (size_t)Vp * sizeof(float));
-    if (sh->cp > 1) MPI_CHECK(MPI_Bcast(row, Vp, MPI_FLOAT, owner, m->cp.cpc->mpi));  // host floats: plain MPI
-    free(tokens);
-}
-
-void expert_sample(ExpertModel* m, const TrainArgs* args, TrainForward forward) {
-    Sampler s = {.m = m, .forward = forward};
-    train_sample_with(args, &m->cfg.gpt, m->cp.sh.T, next_logits, &s);
-}
-
-
-// ---------------------------------------------------------------- training-state checkpoints
-
-// What this rank writes and reads of the training state (ckpt.h), in the
-// MoE model's own tensors (moe.h: the router and the experts have global
-// shapes of their own). Who writes what, so that nothing is written twice:
-//   - the experts, with their AdamW moments, exist once per dp replica, on
-//     the ep rank that holds them: dp replica 0 writes them, each ep rank
-//     its own E/ep experts;
-//   - the replicated parameters and moments are the same on all dp x ep
-//     ranks: dp replica 0's ep ranks write 1/ep of the flat buffer each, so
-//     the write is spread over as many ranks (and files) as the experts';
-//     the other replicas write nothing.
-// Every rank reads all the replicated state and its own experts. The slices
-// are global (experts [e0, e0 + E/ep) of every MoE layer), so a checkpoint
-// saved on one dp x ep mesh resumes on any other.
-
-void expert_ckpt_open(Ckpt* ck, ExpertModel* m, const Run* run) {
-    ckpt_init(ck, &run->args, &run->setup, &run->mesh, 7);
-    expert_model_ckpt(ck, m);
-    ckpt_resume(ck);
-}
-
-// Unit i of buffer b as slices of the global tensors, kind `kind`, values at
-// data (the unit's first float).
-static void unit_slices(CkptList* out, ExpertModel* m, int b, int i, CkptKind kind, float* data) {
-    const ZeroBuf* z = &m->z[b];
-    if (b == ZERO_SHARED) moe_ckpt_add_shared(out, &m->cfg, kind, z->unit_off[i], z->unit_off[i + 1] - z->unit_off[i], data);
-    if (b == ZERO_EXPERTS) moe_ckpt_add_expert_layers(out, &m->cfg, kind, i, 1, m->e0, m->E_local, data);
-    if (b == ZERO_TP) moe_ckpt_add_tp_layers(out, &m->cfg, kind, m->tp.tp, m->tp.rank, i, 1, data);
-}
-
-// --zero 2, 3: every rank of a buffer's group writes and reads its shard of
-// each unit, the parameters and the moments (expert_zero_ckpt_unit); --zero
-// 2 reads the parameters whole (every rank holds them all). The unit
-// gradient buffer (as large as any unit) is the origin the slices' offsets
-// are taken from: nothing is read there.
-static void zero_units_ckpt(Ckpt* ck, ExpertModel* m) {
-    for (int b = 0; b < m->nz; b++) {
-        ZeroBuf* z = &m->z[b];
-        for (int i = 0; i < z->units; i++) {
-            CkptList full = {0};
-            unit_slices(&full, m, b, i, CKPT_PARAMS, z->f.unit_grads);
-            expert_zero_ckpt_unit(&ck->own, &ck->need, &full, z->f.unit_grads, z, i);
-            ckpt_list_free(&full);
-            if (m->zero == 2) unit_slices(&ck->need, m, b, i, CKPT_PARAMS, z->f.full_params + z->f.padded_off[i]);
-        }
-    }
-}
-
-void expert_model_ckpt(Ckpt* ck, ExpertModel* m) {
-    moe_ckpt_model(ck, &m->cfg, m->moe.capacity_factor, m->moe.aux_coef);  // chapter 7's tensors and identity
-    if (m->zero > 1) {  // --zero 2, 3: each rank its shards of every unit
-        zero_units_ckpt(ck, m);
-        return;
-    }
-    float* shared[CKPT_NUM_KINDS] = {m->shared, m->m_s, m->v_s};
-    float* experts[CKPT_NUM_KINDS] = {m->experts, m->m_e, m->v_e};
-    int L = m->cfg.gpt.num_layers;  // the tp slices of every layer of this model (a chunk's: its own)
-    size_t per = (m->n_shared + m->ep - 1) / m->ep, lo = (size_t)m->epc->rank * per;
-    if (lo > m->n_shared) lo = m->n_shared;
-    size_t n = m->n_shared - lo < per ? m->n_shared - lo : per;
-    for (int k = 0; k < (m->zero ? 1 : CKPT_NUM_KINDS); k++) {  // --zero 1: the moments' shards below
-        if (m->dpcp->rank == 0) {
-            moe_ckpt_add_shared(&ck->own, &m->cfg, (CkptKind)k, lo, n, shared[k] + lo);
-            moe_ckpt_add_experts(&ck->own, &m->cfg, (CkptKind)k, m->e0, m->E_local, experts[k]);
-        }
-        moe_ckpt_add_shared(&ck->need, &m->cfg, (CkptKind)k, 0, m->n_shared, shared[k]);
-        moe_ckpt_add_experts(&ck->need, &m->cfg, (CkptKind)k, m->e0, m->E_local, experts[k]);
-        if (m->tp.tp > 1) {  // my tp slices (moe.h): dp x cp x ep rank 0 writes them
-            float* slices[CKPT_NUM_KINDS] = {m->tp.w, m->tp.m, m->tp.v};
-            if (m->tp.dpcpep->rank == 0)
-                moe_ckpt_add_tp_layers(&ck->own, &m->cfg, (CkptKind)k, m->tp.tp, m->tp.rank, 0, L, slices[k]);
-            moe_ckpt_add_tp_layers(&ck->need, &m->cfg, (CkptKind)k, m->tp.tp, m->tp.rank, 0, L, slices[k]);
-        }
-    }
-    // --zero 1: the moments are sharded over each buffer's copies, every
-    // rank's shard its own: each rank writes and reads its shard, as slices
-    // of the same global tensors (so any mesh and stage resumes)
-    for (int b = 0; m->zero && b < m->nz; b++) {
-        CkptList full = {0};  // the whole buffer's parameters, as slices of the global tensors
-        const ZeroBuf* z = &m->z[b];
-        if (b == ZERO_SHARED) moe_ckpt_add_shared(&full, &m->cfg, CKPT_PARAMS, 0, m->n_shared, z->params);
-        if (b == ZERO_EXPERTS) moe_ckpt_add_experts(&full, &m->cfg, CKPT_PARAMS, m->e0, m->E_local, z->params);
-        if (b == ZERO_TP) moe_ckpt_add_tp_layers(&full, &m->cfg, CKPT_PARAMS, m->tp.tp, m->tp.rank, 0, L, z->params);
-        expert_zero_ckpt_add(&ck->own, &full, z->params, z, z->m, z->v);
-        expert_zero_ckpt_add(&ck->need, &full, z->params, z, z->m, z->v);
-        ckpt_list_free(&full);
-    }
-}
-
-// ---------------------------------------------------------------- the summary
-
-void expert_report(const ExpertModel* m, const ExpertFlags* fl, const TrainLoop* loop, JsonBuf* extra) {
-    json_add_int(extra, "zero", m->zero);  // --zero: 0 .. 3 (composed_zero.h)
-    json_add_int(extra, "experts", fl->moe.experts);
-    json_add_int(extra, "top_k", fl->moe.top_k);
-    json_add_int(extra, "expert_hidden", m->cfg.hidden);
-    json_add_int(extra, "moe_every", fl->moe.moe_every);
-    json_add_double(extra, "aux_coef", fl->moe.aux_coef, "%g");
-    json_add_double(extra, "capacity_factor", fl->moe.capacity, "%g");
-    json_add_int(extra, "active_params", (long long)moe_active_params(&m->cfg));
-    moe_report(&m->moe, loop, extra);  // the traffic, the drops, the share of the exchanges hidden (moe_layer.c)
 }
 
 // ---------------------------------------------------------------- --show-sharding

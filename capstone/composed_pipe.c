@@ -95,16 +95,12 @@ static void receive(ExpertPipe* P, int grad, int mb, int c) {
 }
 
 static void send(ExpertPipe* P, const float* src, int peer) {
-    XpSend* sb = NULL;
-    for (int i = 0; i < P->n_sends && !sb; i++)
-        if (comm_test(&P->sends[i].req)) sb = &P->sends[i];
-    if (!sb) {
-        if (P->n_sends == P->max_sends) FATAL("more sends in flight than the schedule has");
-        sb = &P->sends[P->n_sends++];
-        sb->buf = mem_alloc_floats(act_floats(P), MEM_COMM);
-    }
-    ops_copy(sb->buf, src, act_floats(P));
-    comm_isend(P->ppc, sb->buf, act_floats(P), peer, &sb->req);
+    SendBuf* sb = send_pool_take(&P->sends, src);
+    comm_isend(P->ppc, sb->buf, P->sends.count, peer, &sb->req);
+}
+
+static void sends_wait(ExpertPipe* P) {
+    for (int i = 0; i < P->sends.n; i++) comm_wait(&P->sends.b[i].req);
 }
 
 // ---------------------------------------------------------------- the actions
@@ -175,7 +171,7 @@ void expert_pipe_run(ExpertPipe* P) {
         else if (a.type == ACT_B) backward(P, a.mb, a.chunk);
         else weights(P, a.mb, a.chunk);
     }
-    for (int i = 0; i < P->n_sends; i++) comm_wait(&P->sends[i].req);
+    sends_wait(P);
 }
 
 // Each microbatch's backward gave the gradient of its own mean (LM loss +
@@ -262,7 +258,7 @@ static float forward_only(ExpertPipe* P, const int* inputs, const int* targets, 
         }
         sl->busy = 0;
     }
-    for (int i = 0; i < P->n_sends; i++) comm_wait(&P->sends[i].req);
+    sends_wait(P);
     double l = loss;
     MPI_CHECK(MPI_Bcast(&l, 1, MPI_DOUBLE, P->pp - 1, P->ppc->mpi));
     return (float)l;
@@ -284,12 +280,11 @@ static void next_logits(void* ctx, const int* window, int t, float* row) {
     if (P->share == 0) memcpy(tokens, window, (size_t)t * sizeof(int));
     XpSlot* last = NULL;
     forward_only(P, tokens, tokens + BT, &last);
-    // with --cp, position t-1 lives on one cp rank (ring.h's layout): it
-    // tells its cp group, as chapter 7's own next_logits does
+    // with --cp, position t-1 lives on one cp rank: it tells its cp group
     const ExpertModel* m = &P->chunk[P->v - 1].m;
     const CPShard* sh = &m->cp.sh;
     size_t r = 0;
-    int owner = expert_cp_owner(sh, t - 1, &r);
+    int owner = cp_shard_owner(sh, t - 1, &r);  // chapter 6's layout (ring.h)
     if (P->stage == P->pp - 1) {
         HeadActs h = gpt_acts_head(&last->acts, &m->cfg.gpt, P->b, P->Tr);
         if (sh->rank == owner) mem_to_host(row, h.logits + r * Vp, (size_t)Vp * sizeof(float));
@@ -331,30 +326,30 @@ void expert_pipe_create(ExpertPipe* P, Run* run, ExpertFlags* fl, const MoeConfi
     memset(P, 0, sizeof(*P));
     P->forward = forward, P->backward = backward;
     const TrainArgs* args = &run->args;
+    const TrainSetup* setup = &run->setup;
+    const Mesh* mesh = &run->mesh;
     if (!expert_pipe_wanted(run, fl)) {  // chapter 7's model of my share, as one chunk
         expert_stage_create_one(P, run, fl, cfg);
-        ExpertModel* m = &P->chunk[0].m;
-        expert_model_show_sharding(m, args->show_sharding);  // --show-sharding
-        expert_print_setup(m, run);
-        expert_ckpt_open(ck, m, run);  // --ckpt-dir, --resume: this rank's slices, from whatever mesh saved them
-        return;
+        expert_model_show_sharding(&P->chunk[0].m, args->show_sharding);  // --show-sharding
+        expert_print_setup(&P->chunk[0].m, run);
+    } else {
+        expert_stage_create(P, run, fl, cfg);
+        ExpertModel* m0 = &P->chunk[0].m;
+        print0("chapter 7: experts in a pipeline, dp=%d x tp=%d x ep=%d x pp=%d x cp=%d, schedule %s, %d microbatch%s of %d "
+               "sequence%s per rank, %d chunk%s of %d layer%s per pp rank; %d expert%s (%d per rank), top-%d, %s, device %s\n",
+               mesh->size[AXIS_DP], mesh->size[AXIS_TP], mesh->size[AXIS_EP], P->pp, mesh->size[AXIS_CP], P->sched_name,
+               P->M, P->M == 1 ? "" : "es", P->b, P->b == 1 ? "" : "s", P->v, P->v == 1 ? "" : "s",
+               cfg->gpt.num_layers / P->S, cfg->gpt.num_layers / P->S == 1 ? "" : "s", cfg->experts,
+               cfg->experts == 1 ? "" : "s", m0->E_local, cfg->top_k,
+               m0->moe.capacity_factor > 0 ? "capacity mode per microbatch" : "dropless", run->device);
+        print0("model %s: %zu parameters; global batch %d x %d\n", setup->model_name, P->total, setup->B, setup->T);
+        if (m0->zero)  // --zero 1 (composed_zero.h), each chunk's buffers
+            print0("ZeRO-1: the AdamW moments of each chunk's buffers sharded over their copies: the replicated "
+                   "parameters over %d ranks, the experts over %d%s\n", m0->z[ZERO_SHARED].g->size,
+                   m0->z[ZERO_EXPERTS].g->size, m0->nz > 2 ? ", the tp slices over the dp x cp x ep ranks" : "");
+        expert_stage_show_sharding(P, args->show_sharding);  // --show-sharding
     }
-    const TrainSetup* setup = &run->setup;
-    expert_stage_create(P, run, fl, cfg);
-    const Mesh* mesh = &run->mesh;
-    ExpertModel* m0 = &P->chunk[0].m;
-    print0("chapter 7: experts in a pipeline, dp=%d x tp=%d x ep=%d x pp=%d x cp=%d, schedule %s, %d microbatch%s of %d sequence%s per "
-           "rank, %d chunk%s of %d layer%s per pp rank; %d expert%s (%d per rank), top-%d, %s, device %s\n",
-           mesh->size[AXIS_DP], mesh->size[AXIS_TP], mesh->size[AXIS_EP], P->pp, mesh->size[AXIS_CP], P->sched_name, P->M,
-           P->M == 1 ? "" : "es", P->b, P->b == 1 ? "" : "s", P->v, P->v == 1 ? "" : "s", cfg->gpt.num_layers / P->S,
-           cfg->gpt.num_layers / P->S == 1 ? "" : "s", cfg->experts, cfg->experts == 1 ? "" : "s", m0->E_local, cfg->top_k,
-           m0->moe.capacity_factor > 0 ? "capacity mode per microbatch" : "dropless", run->device);
-    print0("model %s: %zu parameters; global batch %d x %d\n", setup->model_name, P->total, setup->B, setup->T);
-    if (m0->zero)  // --zero 1 (composed_zero.h), each chunk's buffers
-        print0("ZeRO-1: the AdamW moments of each chunk's buffers sharded over their copies: the replicated "
-               "parameters over %d ranks, the experts over %d%s\n", m0->z[ZERO_SHARED].g->size,
-               m0->z[ZERO_EXPERTS].g->size, m0->nz > 2 ? ", the tp slices over the dp x cp x ep ranks" : "");
-    expert_stage_show_sharding(P, args->show_sharding);  // --show-sharding
+    // --ckpt-dir, --resume: this rank's slices, from whatever mesh saved them
     ckpt_init(ck, args, setup, mesh, 7);
     expert_stage_ckpt(ck, P);
     ckpt_resume(ck);
@@ -362,12 +357,10 @@ void expert_pipe_create(ExpertPipe* P, Run* run, ExpertFlags* fl, const MoeConfi
 
 void expert_pipe_report(ExpertPipe* P, const ExpertFlags* fl, const TrainLoop* loop, JsonBuf* summary) {
     ExpertModel* m0 = &P->chunk[0].m;
-    if (P->plain) {
-        expert_report(m0, fl, loop, summary);
-        return;
-    }
-    m0->moe.dropped_total = P->dropped_total;
-    expert_report(m0, fl, loop, summary);
+    if (!P->plain) m0->moe.dropped_total = P->dropped_total;  // plain: moe_step_record counted them
+    // chapter 7's summary fields: the MoE's shape, the traffic, dropped_total, a2a_hidden_share
+    moe_model_report(&m0->cfg, &fl->moe, m0->zero, &m0->moe, loop, summary);
+    if (P->plain) return;
     json_add_string(summary, "schedule", P->sched_name);
     json_add_int(summary, "microbatches", P->M);
     json_add_int(summary, "virtual", P->v);

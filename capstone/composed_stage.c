@@ -34,25 +34,6 @@ static void build_schedule(ExpertPipe* P, const ExpertFlags* fl) {
     if (bad) fail_all("%s", bad);
 }
 
-// The embedding group of every (dp, ep) coordinate: its stage 0 and stage
-// pp-1 (collective over the world; each rank keeps its own).
-static void embedding_group(Comm* embed, const Mesh* mesh) {
-    memset(embed, 0, sizeof(*embed));
-    int pp = mesh->size[AXIS_PP];
-    if (pp == 1) return;
-    for (int r = 0; r < mesh->world_size; r++) {
-        int coord[NUM_AXES], ends[2];
-        mesh_coord_of(mesh, r, coord);
-        if (coord[AXIS_PP] != 0) continue;
-        ends[0] = r;
-        coord[AXIS_PP] = pp - 1;
-        ends[1] = mesh_rank_at(mesh, coord);
-        Comm g;
-        comm_create_group_ranks(&g, ends, 2, "embedding");
-        if (g.size > 0) *embed = g;
-    }
-}
-
 // The config of a chunk's model: L / S layers, and the embedding's tables
 // only where the chunk uses them (wte on the first and the last, wpe on the
 // first). lnf's 2C floats stay on every chunk; a chunk without the head
@@ -68,16 +49,21 @@ static MoeConfig pipe_chunk_config(const MoeConfig* whole, int first, int layers
 
 // The pieces of a chunk (first layer `first`, its own config `local`) in
 // the whole model's buffer (`whole`): [wte wpe] on the first, the blocks,
-// [lnfw lnfb] and the tied copy of wte on the last. With --tp both layouts
-// leave out the tp slices (moe.h), so the blocks stay one piece.
-static int chunk_pieces(XpPiece* piece, const MoeConfig* whole, const MoeConfig* local, int first, int embeds, int head) {
+// [lnfw lnfb] and the tied copy of wte on the last (chapter 5's Piece: global
+// offset, count, local offset). With --tp both layouts leave out the tp
+// slices (moe.h), so the blocks stay one piece. A chunk's buffer is laid out
+// as a model of its own layers; only lnf's slot off the last chunk is not a
+// piece (it stays zero-gradient and unread).
+static int chunk_pieces(Piece* piece, const MoeConfig* whole, const MoeConfig* local, int first, int embeds, int head) {
     size_t blk_l = moe_block_offset(local, 0), blk_n = moe_lnf_offset(local) - blk_l;
     size_t wte_n = param_tensor_numel(&whole->gpt, P_WTE);
     int n = 0;  // in the order of the local buffer
-    if (embeds) piece[n++] = (XpPiece){0, 0, blk_l, 0};
-    else if (head) piece[n++] = (XpPiece){0, 0, wte_n, 1};
-    piece[n++] = (XpPiece){moe_block_offset(whole, first), blk_l, blk_n, 0};
-    if (head) piece[n++] = (XpPiece){moe_lnf_offset(whole), moe_lnf_offset(local), 2 * (size_t)whole->gpt.channels, 0};
+    if (embeds) piece[n++] = (Piece){.count = blk_l};
+    else if (head) piece[n++] = (Piece){.count = wte_n, .tied_copy = 1};
+    piece[n++] = (Piece){.global = moe_block_offset(whole, first), .count = blk_n, .local = blk_l};
+    if (head)
+        piece[n++] = (Piece){.global = moe_lnf_offset(whole), .count = 2 * (size_t)whole->gpt.channels,
+                             .local = moe_lnf_offset(local)};
     return n;
 }
 
@@ -112,7 +98,7 @@ static void chunk_create(ExpertPipe* P, int c, const ExpertFlags* fl, const floa
     // the layout at tp = 1
     MoeConfig whole1 = P->cfg, local1 = ch->m.cfg;
     whole1.tp = local1.tp = 1;
-    XpPiece one[4];
+    Piece one[4];
     int n1 = chunk_pieces(one, &whole1, &local1, ch->first, embeds, head);
     float* host = xcalloc(moe_num_shared(&local1), sizeof(float));
     for (int i = 0; i < n1; i++) memcpy(host + one[i].local, all_shared + one[i].global, one[i].count * sizeof(float));
@@ -187,10 +173,9 @@ void expert_stage_create_one(ExpertPipe* P, Run* run, ExpertFlags* fl, const Moe
 // What a rank's stage shares with its neighbours and keeps for a step.
 static void stage_finish(ExpertPipe* P, const Mesh* mesh) {
     const MoeConfig* cfg = &P->cfg;
-    embedding_group(&P->embed, mesh);
-    P->n_in = pipe_incoming_build(&P->sched, P->stage, P->in);  // chapter 5's, from every rank's lists
-    P->max_sends = P->sched.n[P->stage] + P->v + 1;
-    P->sends = xcalloc((size_t)P->max_sends, sizeof(XpSend));
+    pipe_embedding_group(&P->embed, mesh);  // chapter 5's, as the three below
+    P->n_in = pipe_incoming_build(&P->sched, P->stage, P->in);  // from every rank's lists
+    send_pool_create(&P->sends, P->sched.n[P->stage] + P->v + 1, act_floats(P));
     P->routed = xcalloc((size_t)moe_num_moe_layers(cfg) * cfg->experts, sizeof(long));
     P->inputs = xmalloc((size_t)P->per_rank * P->T * sizeof(int));
     P->targets = xmalloc((size_t)P->per_rank * P->T * sizeof(int));
@@ -211,8 +196,7 @@ void expert_stage_free(ExpertPipe* P) {
         free(ch->slot);
         expert_model_free(&ch->m);
     }
-    for (int i = 0; i < P->n_sends; i++) mem_free(P->sends[i].buf);
-    free(P->sends);
+    send_pool_free(&P->sends);
     pipe_incoming_free(P->in, P->n_in);
     if (P->embed.size > 0) comm_destroy_group(&P->embed);
     free(P->routed);
@@ -223,14 +207,18 @@ void expert_stage_free(ExpertPipe* P) {
 
 // ---------------------------------------------------------------- checkpoints and --save
 
-// This rank's slices of the training state, in the whole model's tensors:
-// dp replica 0 writes its stage's pieces (the replicated ones spread over the
-// ep ranks, 1/ep each) and its experts; every rank reads its pieces (the tied
+// This rank's slices of the training state (ckpt.h), in the MoE model's own
+// global tensors (moe.h), so that nothing is written twice: the experts and
+// their moments exist once per dp x cp x tp replica, on the ep rank that
+// holds them, so replica 0 writes them, each ep rank its own E/ep; dp
+// replica 0 writes its stage's pieces of the replicated state (spread over
+// the ep ranks, 1/ep of each piece); every rank reads its pieces (the tied
 // copy of wte too) and its experts. With --tp, dp x cp x ep rank 0 of each
 // tp rank writes its slices of the chunk's layers (moe_ckpt_add_tp)
 // (strided slices of the global tensors). So pp2 resumes on pp1 and back,
 // tp2 x pp2 on any other mesh; E = 1, H = 4C is the dense GPT's checkpoint
-// (chapter 0 resumes it), as chapter 7's own (expert_model_ckpt).
+// (chapter 0 resumes it), as chapter 7's own (moe_model_ckpt_open).
+// Without the pipeline the rank's one chunk has the whole model's pieces.
 // --zero 1: each rank of a buffer's group writes and reads its shard of
 // the moments, as slices of the global tensors (expert_zero_ckpt_add): the
 // chunk's pieces (the tied copy of wte read, not written: stage 0 writes
@@ -257,16 +245,47 @@ static void chunk_zero_ckpt(Ckpt* ck, const ExpertPipe* P, XpChunk* ch) {
     }
 }
 
+// Unit i of buffer b as slices of the global tensors, kind `kind`, values at
+// data (the unit's first float).
+static void unit_slices(CkptList* out, ExpertModel* m, int b, int i, CkptKind kind, float* data) {
+    const ZeroBuf* z = &m->z[b];
+    if (b == ZERO_SHARED) moe_ckpt_add_shared(out, &m->cfg, kind, z->unit_off[i], z->unit_off[i + 1] - z->unit_off[i], data);
+    if (b == ZERO_EXPERTS) moe_ckpt_add_expert_layers(out, &m->cfg, kind, i, 1, m->e0, m->E_local, data);
+    if (b == ZERO_TP) moe_ckpt_add_tp_layers(out, &m->cfg, kind, m->tp.tp, m->tp.rank, i, 1, data);
+}
+
+// --zero 2, 3: every rank of a buffer's group writes and reads its shard of
+// each unit, the parameters and the moments (expert_zero_ckpt_unit); --zero
+// 2 reads the parameters whole (every rank holds them all). The unit
+// gradient buffer (as large as any unit) is the origin the slices' offsets
+// are taken from: nothing is read there.
+static void zero_units_ckpt(Ckpt* ck, ExpertModel* m) {
+    for (int b = 0; b < m->nz; b++) {
+        ZeroBuf* z = &m->z[b];
+        for (int i = 0; i < z->units; i++) {
+            CkptList full = {0};
+            unit_slices(&full, m, b, i, CKPT_PARAMS, z->f.unit_grads);
+            expert_zero_ckpt_unit(&ck->own, &ck->need, &full, z->f.unit_grads, z, i);
+            ckpt_list_free(&full);
+            if (m->zero == 2) unit_slices(&ck->need, m, b, i, CKPT_PARAMS, z->f.full_params + z->f.padded_off[i]);
+        }
+    }
+}
+
 void expert_stage_ckpt(Ckpt* ck, ExpertPipe* P) {
     // the whole model's tensors and routing settings (every chunk routes under the same flags)
     moe_ckpt_model(ck, &P->cfg, P->chunk[0].m.moe.capacity_factor, P->chunk[0].m.moe.aux_coef);
     for (int c = 0; c < P->v; c++) {
         ExpertModel* m = &P->chunk[c].m;
+        if (m->zero > 1) {  // --zero 2, 3 (no pipeline): each rank its shards of every unit
+            zero_units_ckpt(ck, m);
+            continue;
+        }
         float* shared[CKPT_NUM_KINDS] = {m->shared, m->m_s, m->v_s};
         float* experts[CKPT_NUM_KINDS] = {m->experts, m->m_e, m->v_e};
         for (int k = 0; k < (m->zero ? 1 : CKPT_NUM_KINDS); k++) {  // --zero 1: the moments' shards below
             for (int i = 0; i < P->chunk[c].n_pieces; i++) {
-                XpPiece pc = P->chunk[c].piece[i];
+                Piece pc = P->chunk[c].piece[i];
                 size_t per = (pc.count + m->ep - 1) / m->ep, lo = (size_t)m->epc->rank * per;
                 if (lo > pc.count) lo = pc.count;
                 size_t n = pc.count - lo < per ? pc.count - lo : per;

@@ -9,7 +9,7 @@
 #define COMPOSED_STAGE_H
 
 #include "composed_pipe.h"
-#include "pipeline.h"  // chapter 5's Incoming, pipe_incoming_build, pipe_receive
+#include "pipeline.h"  // chapter 5's Incoming, pipe_incoming_build, pipe_receive, SendPool
 #include "schedule.h"
 #include "composed_rules.h"
 
@@ -28,29 +28,14 @@ typedef struct {
     int mb, busy;
 } XpSlot;
 
-// A range of a chunk's replicated buffer that belongs to the model: global
-// offset in the whole model's shared layout (moe.h), local offset, count.
-// A chunk's buffer is laid out as a model of its own layers
-// (pipe_chunk_config); only lnf's slot off the last chunk is not a piece
-// (it stays zero-gradient and unread).
-typedef struct {
-    size_t global, local, count;
-    int tied_copy;  // the last stage's copy of wte: not in the norm, not written
-} XpPiece;
-
 typedef struct {
     ExpertModel m;   // the chunk's layers as a model (cfg.gpt.num_layers = L / S)
     int vstage, first, moe0, n_moe;  // its virtual stage, first layer, first MoE layer, MoE layers
-    XpPiece piece[4];
+    Piece piece[4];  // chapter 5's: its ranges of the whole model's replicated buffer (chunk_pieces)
     int n_pieces;
     XpSlot** slot;
     int n_slots;
 } XpChunk;
-
-typedef struct {
-    float* buf;
-    CommRequest req;
-} XpSend;
 
 struct ExpertPipe {
     int plain;    // pp = 1 without the pipeline's flags: one chunk, chapter 7's model of the rank's share
@@ -68,8 +53,7 @@ struct ExpertPipe {
     Incoming in[2];  // chapter 5's lists: what each neighbour sends this rank, in its order
     int n_in;
     int early;       // messages that came before their action asked (pipe_receive counts; not reported)
-    XpSend* sends;
-    int n_sends, max_sends;
+    SendPool sends;  // chapter 5's: each send from a buffer of its own
     int *inputs, *targets;  // host (m, b, T): this step's tokens of each microbatch on this rank
     // the step's figures: losses (last stage), routing statistics of my layers
     double loss_sum, aux;
@@ -101,7 +85,8 @@ void expert_stage_create(ExpertPipe* P, Run* run, ExpertFlags* flags, const MoeC
 // the schedule of one microbatch: its F, then its B.
 void expert_stage_create_one(ExpertPipe* P, Run* run, ExpertFlags* flags, const MoeConfig* cfg);
 void expert_stage_free(ExpertPipe* P);
-// This rank's slices of the training state, in the whole model's tensors.
+// This rank's slices of the training state, in the whole model's tensors
+// (--ckpt-dir, --resume), its chunks' (without the pipeline, its one chunk's).
 void expert_stage_ckpt(Ckpt* ck, ExpertPipe* P);
 // --save FILE: the whole model gathered over pp, written by world rank 0. Collective.
 void expert_stage_save(ExpertPipe* P, const char* path);

@@ -256,7 +256,6 @@ void expert_tp_create(ExpertModel* m, const Run* run) {
 void expert_tp_free(ExpertModel* m) {
     ExpertTP* t = &m->tp;
     if (t->tp == 1) return;
-    float* bufs[] = {t->w, t->dw, t->m, t->v, t->full, t->dfull};
-    for (size_t i = 0; i < sizeof bufs / sizeof *bufs; i++) mem_free(bufs[i]);
+    mem_free(t->full), mem_free(t->dfull);  // the slices' buffers are z[ZERO_TP]'s
     comm_destroy_group(&t->dpcpep_own);
 }

@@ -12,29 +12,22 @@
 
 void expert_zero_alloc(ZeroBuf* z, int zero, const Comm* g, size_t n, float** params, float** grads, float** m,
                        float** v) {
-    int N = zero == 1 ? g->size : 1, r = zero == 1 ? g->rank : 0;
-    *z = (ZeroBuf){.g = g, .n = n, .S = (n + N - 1) / N};
-    if (zero > 1) {  // the values on the host until expert_zero_shard hands each rank's shards to the engine
+    *z = (ZeroBuf){.g = g, .n = n, .S = n, .full = n, .len = n};
+    if (zero) {  // the values on the host until expert_zero_shard hands each rank's shards to chapter 3's engine
         z->staging = xcalloc(n ? n : 1, sizeof(float));
         *params = *grads = *m = *v = NULL;
         return;
     }
-    z->lo = (size_t)r * z->S < n ? (size_t)r * z->S : n;
-    z->len = n - z->lo < z->S ? n - z->lo : z->S;
-    z->full = (size_t)N * z->S;  // n, or padded to N S
-    *params = mem_alloc_floats(z->full, MEM_PARAMS);
-    *grads = mem_alloc_floats(z->full, MEM_GRADS);
-    *m = mem_alloc_floats(z->S, MEM_OPTIMIZER);
-    *v = mem_alloc_floats(z->S, MEM_OPTIMIZER);
-    z->off = (size_t)r * z->S;
-    z->dshard = zero ? mem_alloc_floats(z->S, MEM_GRADS) : *grads;
-    z->params = *params, z->grads = *grads, z->m = *m, z->v = *v;
+    z->params = *params = mem_alloc_floats(n, MEM_PARAMS);
+    z->grads = z->dshard = *grads = mem_alloc_floats(n, MEM_GRADS);
+    z->m = *m = mem_alloc_floats(n, MEM_OPTIMIZER);
+    z->v = *v = mem_alloc_floats(n, MEM_OPTIMIZER);
 }
 
 void expert_zero_free(ZeroBuf* z) {
-    if (z->sharded) fsdp_free(&z->f);
-    else if (z->dshard != z->grads) mem_free(z->dshard);
-    z->dshard = NULL;
+    if (z->zero) fsdp_free(&z->f);
+    else mem_free(z->params), mem_free(z->grads), mem_free(z->m), mem_free(z->v);
+    z->params = z->grads = z->m = z->v = z->dshard = NULL;
     free(z->unit_off);
     z->unit_off = NULL;
 }
@@ -61,38 +54,48 @@ static const char* fill_from(void* ctx, int unit, size_t lo, size_t n, float* ds
 }
 
 void expert_zero_shard(ZeroBuf* z, int zero, const int* own_grads) {
-    if (zero < 2) return;
-    size_t* numel = xmalloc(sizeof(size_t) * (size_t)z->units);
-    for (int i = 0; i < z->units; i++) numel[i] = z->unit_off[i + 1] - z->unit_off[i];
-    FsdpSpec spec = {.n_units = z->units, .numel = numel, .own_grads = own_grads, .fill = fill_from, .fill_ctx = z};
+    if (!zero) return;
+    // --zero 1: the whole buffer one unit, as the step reduce-scatters and
+    // all-gathers it; 2, 3: a unit per layer
+    int units = zero == 1 ? 1 : z->units;
+    size_t* numel = xmalloc(sizeof(size_t) * (size_t)units);
+    for (int i = 0; i < units; i++) numel[i] = zero == 1 ? z->n : z->unit_off[i + 1] - z->unit_off[i];
+    FsdpSpec spec = {.n_units = units, .numel = numel, .own_grads = zero == 1 ? NULL : own_grads, .fill = fill_from,
+                     .fill_ctx = z};
     fsdp_create(&z->f, z->g, &spec, zero, 0, 1);  // no prefetch; two gather slots (reshard)
     free(z->staging);
     z->staging = NULL;
     free(numel);
-    z->sharded = 1;
-    z->params = z->grads = NULL;
-    z->m = z->f.m, z->v = z->f.v, z->dshard = z->f.shard_grads, z->S = z->f.shard_total, z->off = 0;
+    z->zero = zero;
+    // zero 1: every rank's full parameters and gradient (padded to N S), its
+    // shard [lo, lo + len) of the n floats; 2, 3: the engine's units only
+    z->params = zero == 1 ? z->f.full_params : NULL, z->grads = zero == 1 ? z->f.full_grads : NULL;
+    z->m = z->f.m, z->v = z->f.v, z->dshard = z->f.shard_grads, z->S = z->f.shard_total;
+    z->full = zero == 1 ? z->f.padded_total : 0;
+    z->off = zero == 1 ? (size_t)z->g->rank * z->S : 0;
+    z->lo = z->off < z->n ? z->off : z->n;
+    z->len = z->n - z->lo < z->S ? z->n - z->lo : z->S;
 }
 
 float* expert_zero_params(ZeroBuf* z, int i) {
-    return z->sharded ? fsdp_unit_params(&z->f, i) : z->params + z->unit_off[i];
+    return z->zero > 1 ? fsdp_unit_params(&z->f, i) : z->params + z->unit_off[i];
 }
 
 float* expert_zero_grads(ZeroBuf* z, int i) {
-    if (!z->sharded) return z->grads + z->unit_off[i];
+    if (z->zero < 2) return z->grads + z->unit_off[i];
     return z->f.own_grads[i] ? z->f.own_grads[i] : z->f.unit_grads;
 }
 
 void expert_zero_grads_begin(ZeroBuf* z, int i) {
-    if (z->sharded) fsdp_grads_begin(&z->f, i);
+    if (z->zero > 1) fsdp_grads_begin(&z->f, i);
 }
 
 void expert_zero_reduce(ZeroBuf* z, int i) {
-    if (z->sharded) fsdp_reduce_grads(&z->f, i);
+    if (z->zero > 1) fsdp_reduce_grads(&z->f, i);
 }
 
 void expert_zero_drop(ZeroBuf* z) {
-    if (z->sharded) fsdp_drop_gathered(&z->f);
+    if (z->zero > 1) fsdp_drop_gathered(&z->f);
 }
 
 float* expert_zero_whole(ZeroBuf* z) {

@@ -176,7 +176,8 @@ static void reduce_gradients(ExpertPipe* P) {
 // The global norm: each gradient once, summed over ep, dp x cp x tp and the
 // stages (the first copy's, or with --zero every rank's shard; the last
 // stage's tied wte left out). AdamW steps each buffer whole, or (--zero)
-// my shard; an all-gather brings every copy the shards (not --zero 3's).
+// my shard (chapter 3's fsdp_step, which all-gathers the shards to every
+// copy but with --zero 3).
 static float clip_and_step(ExpertPipe* P, const TrainArgs* args, int step) {
     double* mine = train_sumsq_begin();  // on the device, read once by train_global_norm
     for (int c = 0; c < P->v; c++) {
@@ -191,12 +192,9 @@ static float clip_and_step(ExpertPipe* P, const TrainArgs* args, int step) {
     double t0 = trace_start();
     for (int c = 0; c < P->v; c++)
         for (ZeroBuf* z = P->chunk[c].m.z; z < P->chunk[c].m.z + P->chunk[c].m.nz; z++)
-            if (z->sharded) fsdp_step(&z->f, ac, step + 1, scale);  // --zero 2, 3: chapter 3's (2: then all-gathered)
-            else adamw_update(z->params + z->off, z->dshard, z->m, z->v, z->S, ac, step + 1, scale);
+            if (z->zero) fsdp_step(&z->f, ac, step + 1, scale);  // --zero: chapter 3's (1, 2: then all-gathered)
+            else adamw_update(z->params, z->dshard, z->m, z->v, z->S, ac, step + 1, scale);
     trace_compute(t0, "optimizer");
-    for (int c = 0; c < P->v; c++)  // --zero 1: the updated shards to every copy, in place
-        for (ZeroBuf* z = P->chunk[c].m.z; P->chunk[c].m.zero == 1 && z < P->chunk[c].m.z + P->chunk[c].m.nz; z++)
-            comm_allgather(z->g, z->params + z->off, z->params, z->S);
     return (float)norm;
 }
 
