@@ -89,7 +89,7 @@ static void block_forward_tp(const TPModel* m, const BlockParams* p, BlockActs* 
     layernorm_forward(a->ln1, a->ln1_mean, a->ln1_rstd, x, p->ln1w, p->ln1b, N, C);
     // f forward (identity) -- column-parallel qkv: this rank's heads only
     matmul_forward(a->qkv, a->ln1, p->qkvw, p->qkvb, N, C, 3 * Cl);          // (N, 3C/tp)
-    attention_forward(a->atty, a->att, a->qkv, B, T, Cl, NHl);               // (N, C/tp)
+    attention_flash_forward(a->atty, a->lse, a->qkv, B, T, Cl, NHl);         // (N, C/tp)
     // EXERCISE 2: the row-parallel attention projection: this rank's partial sum, its bias added once over tp, then g
     // row-parallel projection: a partial sum of the output; the bias is
     // added by one rank, so the sum holds it once
@@ -133,7 +133,7 @@ static void block_backward_tp(const TPModel* m, const BlockParams* p, BlockParam
     ops_zero(s->datty, (size_t)N * Cl);
     matmul_backward(s->datty, g->attprojw, g->attprojb, dres, a->atty, p->attprojw, N, Cl, C);
     ops_zero(s->dqkv, (size_t)N * 3 * Cl);
-    attention_backward(s->dqkv, s->datt, s->datty, a->qkv, a->att, B, T, Cl, NHl);
+    attention_flash_backward(s->dqkv, s->datty, a->qkv, a->atty, a->lse, B, T, Cl, NHl);
     ops_zero(s->dln, NC);
     matmul_backward(s->dln, g->qkvw, g->qkvb, s->dqkv, a->ln1, p->qkvw, N, C, 3 * Cl);
     // f backward (all-reduce)
@@ -196,7 +196,7 @@ static void backward(TPModel* m) {
         double t0 = trace_start();
         // --recompute: what forward did not keep, again (docs/recompute.md)
         if (m->recompute == RECOMPUTE_SELECTIVE) {
-            tp_recompute_selective(m, &a);  // attention and GELU on this rank's slices: no collective
+            tp_recompute_selective(m, &a);  // GELU on this rank's slice: no collective
         } else if (m->recompute == RECOMPUTE_FULL) {
             a = tp_acts_transient(m);        // the whole block forward into the one-layer buffer,
             block_forward_tp(m, &p, &a, x);  // its two g all-reduces included

@@ -56,7 +56,7 @@ int tp_shard_tiles(const GPTConfig* cfg, int tp, int r, Tile* out) {
         // qkvw is [q; k; v] stacked, each C rows, head h at rows h*hs..: the
         // heads of rank r are rows [r*Cl, (r+1)*Cl) of each of the three, so
         // the shard is three row ranges, and its qkv output is [q k v] of
-        // those heads, the layout attention_forward reads
+        // those heads, the layout the attention op reads
         // EXERCISE 1: the QKV column split by heads: rank r's rows of qkvw and qkvb, its heads' q, k and v
         for (int k = 0; k < 3; k++) TILE(P_QKVW, l, k * C + r * Cl, Cl, 0, C);
         for (int k = 0; k < 3; k++) TILE(P_QKVB, l, k * C + r * Cl, Cl, 0, 1);
@@ -125,11 +125,9 @@ BlockActs tp_acts_transient(const TPModel* m) {
 }
 
 void tp_recompute_selective(const TPModel* m, BlockActs* a) {
-    int B = m->B, T = m->T, N = B * T, Cl = m->cfg.channels / m->ntp, NHl = m->cfg.num_heads / m->ntp;
-    // the same two ops as the forward on the same kept inputs: the same
-    // bits. attention_forward also rewrites its output atty, which is kept:
-    // that copy goes to attproj's slot (backward never reads it)
-    attention_forward(a->attproj, a->att, a->qkv, B, T, Cl, NHl);
+    int N = m->B * m->T, Cl = m->cfg.channels / m->ntp;
+    // the same op as the forward on the same kept input: the same bits
+    // (attention kept its output and lse, all its backward reads)
     gelu_forward(a->fch_gelu, a->fch, (size_t)N * 4 * Cl);
 }
 

@@ -125,8 +125,8 @@ BlockActs tp_acts(const TPModel* m, int l);
 // --recompute full: a whole block's activations in the transient, for the
 // chapter's block forward to run again before the layer's backward.
 BlockActs tp_acts_transient(const TPModel* m);
-// --recompute selective: the attention probabilities and gelu(fch) of the
-// layer whose view is a, recomputed from its kept qkv and fch (no collective).
+// --recompute selective: gelu(fch) of the layer whose view is a, recomputed
+// from its kept fch (no collective; attention kept its lse).
 void tp_recompute_selective(const TPModel* m, BlockActs* a);
 HeadActs tp_head_acts(const TPModel* m);
 // Block l's parameters: unit 1+l gathered over dp (fsdp_unit_params), seen

@@ -29,9 +29,8 @@ const char* const cp_balance_names[2] = {"none", "zigzag"};
 // 0's block_acts_kept splits them (docs/recompute.md):
 //   none       everything in the store
 //   selective  attproj, fcproj (backward never reads them) and fch_gelu go to
-//              the transient, and Ulysses' probabilities att_h; the ring
-//              keeps no probabilities at all (lse is its whole softmax
-//              state), so its attention has nothing to recompute
+//              the transient; neither attention keeps probabilities (lse is
+//              its whole softmax state), so it has nothing to recompute
 //   full       only res3, the block's output, stays; backward reruns the
 //              whole block, its ring passes or all-to-alls included
 enum { KEPT, DROPPED };
@@ -46,6 +45,7 @@ static float* place(float* const base[2], size_t at[2], int where, size_t n) {
 // floats of the store and of the transient, is of use).
 static LayerActs cp_layout(CPMode mode, RecomputeMode r, float* store, float* transient, int N, int C, int NH,
                            int T, size_t numel[2]) {
+    (void)T;  // nothing a layer keeps grows with the sequence but per token
     float* const base[2] = {store, transient};
     size_t at[2] = {0, 0}, NC = (size_t)N * C;
     int K = r == RECOMPUTE_FULL ? DROPPED : KEPT;     // the matmul outputs and LayerNorms
@@ -66,11 +66,10 @@ static LayerActs cp_layout(CPMode mode, RecomputeMode r, float* store, float* tr
     a->fch_gelu = place(base, at, D, 4 * NC);
     a->fcproj = place(base, at, D, NC);
     a->res3 = place(base, at, KEPT, NC);  // always kept: the next block's input
-    if (mode == CP_RING) {
-        la.lse = place(base, at, K, (size_t)N * NH);
-    } else {
+    la.lse = place(base, at, K, (size_t)N * NH);
+    if (mode == CP_ULYSSES) {
         la.qkv_h = place(base, at, K, 3 * NC);
-        la.att_h = place(base, at, D, (size_t)N * NH * T);
+        la.y_h = place(base, at, K, NC);
     }
     if (numel) numel[0] = at[0], numel[1] = at[1];
     return la;
@@ -87,10 +86,10 @@ LayerActs cp_layer_in_transient(const CPModel* m) {
 }
 
 // Floats per layer (store) and of the transient. With none a layer keeps
-// the block's 18C + 4 per token, plus ring: NH (lse); ulysses: 3C (my heads'
-// qkv for whole sequences: B*T*3C/cp = N*3C) and NH*T (their probabilities:
-// B*(NH/cp)*T*T = N*NH*T). Full's transient holds a whole layer (its res3
-// too: the recompute writes its own copy and leaves the kept one alone).
+// the block's 18C + 4 per token and NH (lse; Ulysses': B*T*(NH/cp) = N*NH),
+// plus for ulysses 4C: my heads' qkv and output for whole sequences
+// (B*T*4C/cp = N*4C). Full's transient holds a whole layer (its res3 too:
+// the recompute writes its own copy and leaves the kept one alone).
 void cp_layer_numels(CPMode mode, RecomputeMode r, int N, int C, int NH, int T, size_t* store,
                      size_t* transient) {
     size_t numel[2], whole[2];
@@ -188,9 +187,8 @@ void cp_create(CPModel* m, const Run* run, CPMode mode, CPBalance balance, int o
     } else {
         m->send = mem_alloc_floats(3 * NC, MEM_COMM);
         m->recv = mem_alloc_floats(3 * NC, MEM_COMM);
-        m->y_h = mem_alloc_floats(NC, MEM_ACTIVATIONS);
+        m->dy_h = mem_alloc_floats(NC, MEM_ACTIVATIONS);
         m->dqkv_h = mem_alloc_floats(3 * NC, MEM_ACTIVATIONS);
-        m->datt_h = mem_alloc_floats((size_t)N * NH * T, MEM_ACTIVATIONS);
     }
     if (setup->checkpoint) {  // --model FILE: every replica reads it whole
         host = xmalloc(m->P * sizeof(float));
@@ -203,7 +201,7 @@ void cp_create(CPModel* m, const Run* run, CPMode mode, CPBalance balance, int o
 void cp_free(CPModel* m) {
     float* bufs[] = {m->params, m->grads, m->m, m->v, m->encoded, m->layers, m->transient, m->head, m->dres, m->dln,
                      m->stash, m->dfch_gelu, m->datty, m->kv[0], m->kv[1], m->dkv[0], m->dkv[1], m->dkv_in,
-                     m->ring.o2, m->ring.m2, m->ring.l2, m->ring.sumexp, m->send, m->recv, m->y_h, m->dqkv_h, m->datt_h};
+                     m->ring.o2, m->ring.m2, m->ring.l2, m->ring.sumexp, m->send, m->recv, m->dy_h, m->dqkv_h};
     for (size_t i = 0; i < sizeof bufs / sizeof *bufs; i++) mem_free(bufs[i]);
     mem_free(m->inputs);
     mem_free(m->targets);

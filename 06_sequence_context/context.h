@@ -36,10 +36,11 @@ extern const char* const cp_balance_names[2];  // "none", "zigzag"
 
 // One layer's activations on my N token rows.
 typedef struct {
-    BlockActs a;   // the block's activations on my N tokens (a.att unused)
-    float* lse;    // ring: (N, NH) log-sum-exp of each (token, head): all backward needs of the softmax
+    BlockActs a;   // the block's activations on my N tokens (a.lse unused: lse below)
+    float* lse;    // (N, NH) log-sum-exp of each (token, head): all backward needs of the softmax
+                   // (ring: my tokens, every head; ulysses: (B, T, NH/cp), my heads' whole sequences)
     float* qkv_h;  // ulysses: (B, T, 3C/cp) my heads' q, k, v for the whole sequences
-    float* att_h;  // ulysses: (B, NH/cp, T, T) their softmax probabilities
+    float* y_h;    // ulysses: (B, T, C/cp) their attention output, as the flash op's backward reads it
 } LayerActs;
 
 // The balance figures: the attention work and time of this rank. Only a
@@ -81,10 +82,9 @@ typedef struct {
     // and the one arriving; the partials of one pair and the running sumexp
     float *kv[2], *dkv[2], *dkv_in;
     RingForward ring;  // the running partials of my queries (ring.h)
-    // ulysses buffers: all-to-all send and receive (N, 3C); my heads'
-    // attention output or its gradient (B, T, C/cp), dqkv (B, T, 3C/cp),
-    // datt (B, NH/cp, T, T)
-    float *send, *recv, *y_h, *dqkv_h, *datt_h;
+    // ulysses buffers: all-to-all send and receive (N, 3C); the gradient of
+    // my heads' attention output (B, T, C/cp), dqkv (B, T, 3C/cp)
+    float *send, *recv, *dy_h, *dqkv_h;
     // what the chapter measures
     int overlap;          // --cp-overlap: 1 computes while a block travels, 0 waits for it first
     double ring_wait_seconds;  // inside the ring's waits: the communication the attention did not hide

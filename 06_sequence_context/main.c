@@ -98,21 +98,22 @@ static void ulysses_attention_forward(CPModel* m, LayerActs* la) {
     cp_seq_to_heads(&a, la->qkv_h, la->a.qkv, 3);  // all-to-all: my heads' q|k|v, whole sequences
     cp_attn_clock_start(m);
     // whole sequences, NH/cp heads: chapter 0's attention on C/cp channels
-    attention_forward(m->y_h, la->att_h, la->qkv_h, m->sh.B, m->sh.T, C / n, NH / n);
+    attention_flash_forward(la->y_h, la->lse, la->qkv_h, m->sh.B, m->sh.T, C / n, NH / n);
     cp_attn_clock_stop(m);
     m->attn_scores += (long)m->sh.B * (NH / n) * ((long)m->sh.T * (m->sh.T + 1) / 2);
-    cp_heads_to_seq(&a, la->a.atty, m->y_h, 1);  // all-to-all: the output back to my tokens
+    cp_heads_to_seq(&a, la->a.atty, la->y_h, 1);  // all-to-all: the output back to my tokens
 }
 
-// Backward: the same two exchanges on the gradients.
+// Backward: the same two exchanges on the gradients. The op's backward
+// reads the output in the head layout too: the layer kept it (y_h).
 static void ulysses_attention_backward(CPModel* m, const LayerActs* la, const float* datty, float* dqkv) {
     const int n = m->cpc->size, C = m->cfg.channels, NH = m->cfg.num_heads;
     const CPShard* sh = &m->sh;
     CPAttention a = cp_attention(m);
-    cp_seq_to_heads(&a, m->y_h, datty, 1);  // all-to-all: d output of my heads, whole sequences
+    cp_seq_to_heads(&a, m->dy_h, datty, 1);  // all-to-all: d output of my heads, whole sequences
     cp_attn_clock_start(m);
     ops_zero(m->dqkv_h, (size_t)m->N * 3 * C);
-    attention_backward(m->dqkv_h, m->datt_h, m->y_h, la->qkv_h, la->att_h, sh->B, sh->T, C / n, NH / n);
+    attention_flash_backward(m->dqkv_h, m->dy_h, la->qkv_h, la->y_h, la->lse, sh->B, sh->T, C / n, NH / n);
     cp_attn_clock_stop(m);
     cp_heads_to_seq(&a, dqkv, m->dqkv_h, 3);  // all-to-all: dq|dk|dv back to my tokens
 }
@@ -189,8 +190,8 @@ static float model_forward(CPModel* m, const int* inputs, const int* targets) {
 
 // Layer l as its backward reads it: with --recompute, what forward dropped
 // is computed again into the transient (the "block l recompute" span).
-// Selective: gelu(fch), and Ulysses' probabilities from its kept head-shard
-// qkv (no communication); the ring has no probabilities to rebuild. Full:
+// Selective: gelu(fch) alone (no attention keeps probabilities to rebuild:
+// each kept its lse; no communication). Full:
 // the whole block from its kept input x, its attention with it: the ring's
 // K/V go around again (cp-1 more sends per layer), Ulysses' two forward
 // all-to-alls run again. The same ops on the same inputs: the same bits.
@@ -199,12 +200,10 @@ static float model_forward(CPModel* m, const int* inputs, const int* targets) {
 static LayerActs layer_for_backward(CPModel* m, const BlockParams* p, int l, const float* x) {
     LayerActs la = cp_layer_at(m, l);
     if (m->recompute == RECOMPUTE_NONE) return la;
-    const int C = m->cfg.channels, NH = m->cfg.num_heads, N = m->N, n = m->cpc->size;
+    const int C = m->cfg.channels, N = m->N;
     double t0 = trace_start();
     if (m->recompute == RECOMPUTE_SELECTIVE) {
         gelu_forward(la.a.fch_gelu, la.a.fch, (size_t)N * 4 * C);
-        if (m->mode == CP_ULYSSES)  // its output goes to scratch: atty was kept
-            attention_forward(m->y_h, la.att_h, la.qkv_h, m->sh.B, m->sh.T, C / n, NH / n);
     } else {
         CPWork kept = cp_work_pause(m);
         la = cp_layer_in_transient(m);

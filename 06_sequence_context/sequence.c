@@ -64,12 +64,12 @@
 // not keep (docs/recompute.md). With --recompute none:
 //   shard   ln1 (Nl,C) ln1_mean ln1_rstd (Nl) attproj res2 ln2 (Nl,C)
 //           ln2_mean ln2_rstd (Nl) fcproj res3 (Nl,C):   Nl*(6C + 4) floats
-//   slices  qkv (N,3C/tp) atty (N,C/tp) att (B,NH/tp,T,T) fch fch_gelu
-//           (N,4C/tp):                                   N*(12C + NH*T)/tp floats
-// together Nl*(18C + NH*T + 4): exactly 1/tp of a layer of chapter 0.
-// selective moves attproj, fcproj, att and fch_gelu to the transient (a
-// layer keeps Nl*(4C + 4) + N*8C/tp); full keeps only res3 (Nl*C), the next
-// layer's input, and moves the rest there.
+//   slices  qkv (N,3C/tp) atty (N,C/tp) lse (N,NH/tp) fch fch_gelu
+//           (N,4C/tp):                                   N*(12C + NH)/tp floats
+// together Nl*(18C + NH + 4): exactly 1/tp of a layer of chapter 0.
+// selective moves attproj, fcproj and fch_gelu to the transient (a layer
+// keeps Nl*(4C + 4) + N*(8C + NH)/tp); full keeps only res3 (Nl*C), the
+// next layer's input, and moves the rest there.
 enum { IN_SHARD, IN_SLICES, IN_TRANSIENT };
 
 static float* place(float* const base[3], size_t at[3], int where, size_t n) {
@@ -102,7 +102,7 @@ static BlockActs sp_layout(float* shard, float* slices, float* transient, int B,
     a.res3 = place(base, at, IN_SHARD, Nl * C);  // always kept
     a.qkv = place(base, at, P, N * 3 * Cl);
     a.atty = place(base, at, P, N * Cl);
-    a.att = place(base, at, dropP, (size_t)B * (NH / tp) * T * T);
+    a.lse = place(base, at, P, N * (size_t)(NH / tp));
     a.fch = place(base, at, P, N * Fl);
     a.fch_gelu = place(base, at, dropP, N * Fl);
     if (numel) memcpy(numel, at, sizeof(at));
@@ -143,7 +143,7 @@ static void block_forward_sp(const SP* s, const BlockParams* p, BlockActs* a, co
     comm_allgather(m->tp, a->ln1, s->full, NlC);                                      // (N, C)
     // column-parallel qkv on every token: this rank's heads
     matmul_forward(a->qkv, s->full, p->qkvw, p->qkvb, N, C, 3 * Cl);                  // (N, 3C/tp)
-    attention_forward(a->atty, a->att, a->qkv, B, T, Cl, NHl);                        // (N, C/tp)
+    attention_flash_forward(a->atty, a->lse, a->qkv, B, T, Cl, NHl);                  // (N, C/tp)
     // row-parallel projection: a partial sum for every token (the bias added
     // by one rank, so the sum holds it once)
     matmul_forward(s->full, a->atty, p->attprojw, m->rtp == 0 ? p->attprojb : NULL, N, Cl, C);
@@ -231,7 +231,7 @@ static void block_backward_sp(const SP* s, const BlockParams* p, BlockParams* g,
     ops_zero(sc->datty, (size_t)N * Cl);
     matmul_backward(sc->datty, g->attprojw, g->attprojb, s->dfull, a->atty, p->attprojw, N, Cl, C);
     ops_zero(sc->dqkv, (size_t)N * 3 * Cl);
-    attention_backward(sc->dqkv, sc->datt, sc->datty, a->qkv, a->att, B, T, Cl, NHl);
+    attention_flash_backward(sc->dqkv, sc->datty, a->qkv, a->atty, a->lse, B, T, Cl, NHl);
     sp_column_parallel_backward(m->tp, g->qkvw, g->qkvb, s->dln, sc->dqkv, a->ln1, p->qkvw, sc->dln, s->dfull, Nl, C,
                                 3 * Cl, NULL);
     layernorm_backward(dres, g->ln1w, g->ln1b, s->dln, x, p->ln1w, a->ln1_mean, a->ln1_rstd, Nl, C);
@@ -330,7 +330,7 @@ void sp_backward(SP* s) {
         if (s->recompute != RECOMPUTE_NONE) {
             double t1 = trace_start();
             if (s->recompute == RECOMPUTE_SELECTIVE)
-                tp_recompute_selective(m, &a);  // attention and GELU on this rank's slices: no collective
+                tp_recompute_selective(m, &a);  // GELU on this rank's slice: no collective
             else
                 block_forward_sp(s, &p, &a, x);  // with its 2 all-gathers and 2 reduce-scatters again
             trace_compute(t1, "block %d recompute", l);

@@ -48,8 +48,8 @@ static void moe_block_forward(MoeModel* m, int l, BlockActs* a, const float* x) 
 // --recompute: what layer l's forward did not keep, again, before its
 // backward (docs/recompute.md). Returns the activations backward reads.
 //   selective  keeps the router's choices, the plan and every row that
-//              crossed the network: no exchange is repeated. Recomputed: the
-//              attention probabilities, and gelu(fch) of the experts' rows.
+//              crossed the network: no exchange is repeated. Recomputed:
+//              gelu(fch) of the experts' rows (attention kept its lse).
 //   full       keeps only the layer's output; the whole layer runs again,
 //              the router included: the same ops on the same input choose
 //              the same experts, but the dispatch and combine all-to-all-v
@@ -60,9 +60,6 @@ static BlockActs moe_block_recompute(MoeModel* m, int l, const float* x) {
     BlockActs a = moe_model_block_acts(m, l);
     double t0 = trace_start();
     if (m->recompute == RECOMPUTE_SELECTIVE) {
-        // as model.c: attention_forward rewrites atty (kept, the same bits)
-        // into attproj's slot, which backward never reads
-        attention_forward(a.attproj, a.att, a.qkv, m->B, m->T, g->channels, g->num_heads);
         moe_layer_recompute(&m->moe, moe_model_layer(m, l));
     } else if (m->recompute == RECOMPUTE_FULL) {
         // everything into the transient (its res3 too: the kept one stays);

@@ -207,7 +207,7 @@ void moe_attention_forward(const BlockParams* p, BlockActs* a, const float* x, i
                            int C, int NH) {
     // block_forward's attention half, line for line
     moe_attention_in(p, a, x, B * T, C);
-    attention_forward(a->atty, a->att, a->qkv, B, T, C, NH);
+    attention_flash_forward(a->atty, a->lse, a->qkv, B, T, C, NH);
     moe_attention_out(p, a, x, B * T, C);
 }
 
@@ -245,7 +245,7 @@ void moe_attention_backward(const BlockParams* p, BlockParams* g, const BlockAct
                             const BlockScratch* s, const float* x, const float* dln2, float* dres,
                             int B, int T, int C, int NH) {
     moe_attention_backward_out(p, a, s, dln2, dres, B * T, C);
-    attention_backward(s->dqkv, s->datt, s->datty, a->qkv, a->att, B, T, C, NH);
+    attention_flash_backward(s->dqkv, s->datty, a->qkv, a->atty, a->lse, B, T, C, NH);
     moe_attention_backward_in(p, g, a, s, x, dln2, dres, B * T, C);
 }
 

@@ -32,7 +32,7 @@ void expert_attention_backward(ExpertModel* m, int l, const BlockParams* p, Bloc
     const int N = m->N;
     moe_attention_backward_out(p, a, s, dln2, dres, N, C);  // s->datty; s->dqkv zeroed; d res2 kept
     if (n == 1)  // moe_attention_backward's own order
-        attention_backward(s->dqkv, s->datt, s->datty, a->qkv, a->att, m->B, m->T, C, NH);
+        attention_flash_backward(s->dqkv, s->datty, a->qkv, a->atty, a->lse, m->B, m->T, C, NH);
     else
         expert_attention_core_backward(m, l, a, s);  // the ring or Ulysses over cp
     // the input half and the LayerNorms' weights; the two matmuls' weights
@@ -42,10 +42,6 @@ void expert_attention_backward(ExpertModel* m, int l, const BlockParams* p, Bloc
     moe_attention_backward_in(p, &gi, a, s, x, dln2, dres, N, C);
     expert_wgrad(m, l, g->attprojw, g->attprojb, s->dfch_gelu, a->atty, N, C, C);
     expert_wgrad(m, l, g->qkvw, g->qkvb, s->dqkv, a->ln1, N, C, 3 * C);
-}
-
-void expert_attention_recompute(ExpertModel* m, int l, BlockActs* a) {
-    expert_attention_core_recompute(m, l, a);  // at cp = 1 or Ulysses, the probabilities (composed_cp.c)
 }
 
 // ---------------------------------------------------------------- a dense layer (--moe-every > 1)
@@ -82,8 +78,8 @@ void expert_dense_forward(ExpertModel* m, int l, const BlockParams* p) {
 // computes its weight gradients inside, this one passes them to
 // expert_wgrad (queued for W). At cp > 1, with --tp or split,
 // --recompute makes what it dropped again first, as model.h's
-// blocks do: selective the probabilities (at cp = 1 or Ulysses: of my heads)
-// and gelu(fch), full the whole layer into the transient (its attention's
+// blocks do: selective gelu(fch) (attention kept its lse, no
+// probabilities), full the whole layer into the transient (its attention's
 // exchanges too: the ring or all-to-alls, tp's all-gather and reduce-scatter).
 void expert_dense_backward(ExpertModel* m, int l, const BlockParams* p, BlockParams* g) {
     const GPTConfig* cfg = &m->cfg.gpt;
@@ -98,7 +94,6 @@ void expert_dense_backward(ExpertModel* m, int l, const BlockParams* p, BlockPar
     if (m->recompute != RECOMPUTE_NONE) {
         double t1 = trace_start();
         if (m->recompute == RECOMPUTE_SELECTIVE) {
-            expert_attention_recompute(m, l, &a);
             gelu_forward(a.fch_gelu, a.fch, N4C);
         } else {
             a = block_acts_at(m->acts.transient, m->B, m->T, C, cfg->num_heads);

@@ -35,18 +35,15 @@ static CPAttention over_cp(ExpertModel* m) {
 // ---------------------------------------------------------------- the attention half
 
 // Layer l's kept ring / Ulysses state: each layer's own, or one for every
-// layer where --recompute makes it again before the layer's backward (full:
-// the whole layer's forward, so the lse and the head-shard q|k|v too;
-// selective and full: the Ulysses probabilities).
-static float* layer_lse(ExpertModel* m, int l) {
-    return m->cp.lse + (size_t)(m->recompute == RECOMPUTE_FULL ? 0 : l) * m->N * m->cfg.gpt.num_heads;
-}
+// layer where --recompute full makes the whole layer's forward again before
+// its backward (so the lse, and Ulysses' head-shard q|k|v and output too).
+// Neither keeps probabilities: selective has nothing of attention to redo.
+static size_t kept_layer(const ExpertModel* m, int l) { return m->recompute == RECOMPUTE_FULL ? 0 : (size_t)l; }
+static float* layer_lse(ExpertModel* m, int l) { return m->cp.lse + kept_layer(m, l) * m->N * m->cfg.gpt.num_heads; }
 static float* layer_qkv_h(ExpertModel* m, int l) {
-    return m->cp.qkv_h + (size_t)(m->recompute == RECOMPUTE_FULL ? 0 : l) * m->N * 3 * m->cfg.gpt.channels;
+    return m->cp.qkv_h + kept_layer(m, l) * m->N * 3 * m->cfg.gpt.channels;
 }
-static float* layer_att_h(ExpertModel* m, int l) {
-    return m->cp.att_h + (size_t)(m->recompute == RECOMPUTE_NONE ? l : 0) * m->N * m->cfg.gpt.num_heads * m->cp.sh.T;
-}
+static float* layer_y_h(ExpertModel* m, int l) { return m->cp.y_h + kept_layer(m, l) * m->N * m->cfg.gpt.channels; }
 
 void expert_attention_core_forward(ExpertModel* m, int l, BlockActs* a) {
     int N, C, NH;
@@ -54,7 +51,7 @@ void expert_attention_core_forward(ExpertModel* m, int l, BlockActs* a) {
     const int n = m->cp.sh.cp;
     const CPShard* sh = &m->tp.sh;
     if (n == 1) {
-        attention_forward(a->atty, a->att, a->qkv, sh->B, sh->T, C, NH);
+        attention_flash_forward(a->atty, a->lse, a->qkv, sh->B, sh->T, C, NH);
     } else if (m->cp.mode == CP_RING) {
         CPAttention at = over_cp(m);
         cp_ring_forward(&at, a->qkv, a->atty, layer_lse(m, l));
@@ -62,8 +59,8 @@ void expert_attention_core_forward(ExpertModel* m, int l, BlockActs* a) {
         // whole sequences, NH/cp heads: chapter 0's attention on C/cp channels
         CPAttention at = over_cp(m);
         cp_seq_to_heads(&at, layer_qkv_h(m, l), a->qkv, 3);
-        attention_forward(m->cp.y_h, layer_att_h(m, l), layer_qkv_h(m, l), sh->B, sh->T, C / n, NH / n);
-        cp_heads_to_seq(&at, a->atty, m->cp.y_h, 1);
+        attention_flash_forward(layer_y_h(m, l), layer_lse(m, l), layer_qkv_h(m, l), sh->B, sh->T, C / n, NH / n);
+        cp_heads_to_seq(&at, a->atty, layer_y_h(m, l), 1);
     }
 }
 
@@ -74,42 +71,25 @@ void expert_attention_core_backward(ExpertModel* m, int l, const BlockActs* a, c
     const CPShard* sh = &m->tp.sh;
     ExpertCP* cp = &m->cp;
     if (n == 1) {
-        attention_backward(s->dqkv, s->datt, s->datty, a->qkv, a->att, sh->B, sh->T, C, NH);
+        attention_flash_backward(s->dqkv, s->datty, a->qkv, a->atty, a->lse, sh->B, sh->T, C, NH);
     } else if (m->cp.mode == CP_RING) {
         CPAttention at = over_cp(m);
         cp_ring_backward(&at, a->qkv, a->atty, layer_lse(m, l), s->datty, s->dqkv);
     } else {
         CPAttention at = over_cp(m);
-        cp_seq_to_heads(&at, cp->y_h, s->datty, 1);
+        cp_seq_to_heads(&at, cp->dy_h, s->datty, 1);
         ops_zero(cp->dqkv_h, (size_t)N * 3 * C);
-        attention_backward(cp->dqkv_h, cp->datt_h, cp->y_h, layer_qkv_h(m, l), layer_att_h(m, l), sh->B, sh->T, C / n,
-                           NH / n);
+        attention_flash_backward(cp->dqkv_h, cp->dy_h, layer_qkv_h(m, l), layer_y_h(m, l), layer_lse(m, l), sh->B,
+                                 sh->T, C / n, NH / n);
         cp_heads_to_seq(&at, s->dqkv, cp->dqkv_h, 3);
     }
-}
-
-void expert_attention_core_recompute(ExpertModel* m, int l, BlockActs* a) {
-    int N, C, NH;
-    attn_dims(m, &N, &C, &NH);  // with --tp: my heads over the tp group's rows
-    const int n = m->cp.sh.cp;
-    const CPShard* sh = &m->tp.sh;
-    if (n == 1) {
-        // as model.c: attention_forward rewrites atty (kept, the same bits)
-        // into attproj's slot, which backward never reads
-        attention_forward(a->attproj, a->att, a->qkv, sh->B, sh->T, C, NH);
-    } else if (m->cp.mode == CP_ULYSSES) {
-        // my head shard's probabilities from its kept q, k, v; the output
-        // again into the scratch y_h
-        attention_forward(m->cp.y_h, layer_att_h(m, l), layer_qkv_h(m, l), sh->B, sh->T, C / n, NH / n);
-    }
-    // ring: its backward reads q, k, v, the output and the lse, all kept
 }
 
 // ---------------------------------------------------------------- buffers
 
 void expert_cp_create(ExpertModel* m) {
     ExpertCP* cp = &m->cp;
-    const int C = m->cfg.gpt.channels, NH = m->cfg.gpt.num_heads, L = m->cfg.gpt.num_layers, T = cp->sh.T;
+    const int C = m->cfg.gpt.channels, NH = m->cfg.gpt.num_heads, L = m->cfg.gpt.num_layers;
     const size_t NC = (size_t)m->N * C;
     if ((cp->sh.cp > 1 || m->tp.tp > 1) && m->cfg.moe_every > 1) {  // a dense layer's MLP gradients (N, 4C)
         cp->dfch_gelu = mem_alloc_floats(4 * NC, MEM_ACTIVATIONS);
@@ -118,10 +98,10 @@ void expert_cp_create(ExpertModel* m) {
     if (cp->sh.cp == 1) return;
     // with --tp the attention's N tp rows of 1/tp of the channels and heads:
     // the same floats as my N rows of all of them. Each layer's state, or
-    // one layer's where --recompute makes it again (the layer_ functions above)
-    const size_t Lf = m->recompute == RECOMPUTE_FULL ? 1 : (size_t)L, Lp = m->recompute == RECOMPUTE_NONE ? (size_t)L : 1;
+    // one layer's where --recompute full makes it again (kept_layer above)
+    const size_t Lf = m->recompute == RECOMPUTE_FULL ? 1 : (size_t)L;
+    cp->lse = mem_alloc_floats(Lf * m->N * NH, MEM_ACTIVATIONS);
     if (cp->mode == CP_RING) {
-        cp->lse = mem_alloc_floats(Lf * m->N * NH, MEM_ACTIVATIONS);
         for (int i = 0; i < 2; i++) {
             cp->kv[i] = mem_alloc_floats(2 * NC, MEM_COMM);
             cp->dkv[i] = mem_alloc_floats(2 * NC, MEM_COMM);
@@ -133,22 +113,22 @@ void expert_cp_create(ExpertModel* m) {
         cp->ring.l2 = mem_alloc_floats((size_t)m->N * NH, MEM_ACTIVATIONS);
         cp->ring.sumexp = mem_alloc_floats((size_t)m->N * NH, MEM_ACTIVATIONS);
     } else {
-        // (B, NH/cp, T, T) = N NH T floats of probabilities per layer
+        // the head shard's q|k|v and output over whole sequences, per layer:
+        // (B, T, 4C/cp) = 4 N C floats
         cp->qkv_h = mem_alloc_floats(Lf * 3 * NC, MEM_ACTIVATIONS);
-        cp->att_h = mem_alloc_floats(Lp * m->N * NH * T, MEM_ACTIVATIONS);
+        cp->y_h = mem_alloc_floats(Lf * NC, MEM_ACTIVATIONS);
         cp->send = mem_alloc_floats(3 * NC, MEM_COMM);
         cp->recv = mem_alloc_floats(3 * NC, MEM_COMM);
-        cp->y_h = mem_alloc_floats(NC, MEM_ACTIVATIONS);
+        cp->dy_h = mem_alloc_floats(NC, MEM_ACTIVATIONS);
         cp->dqkv_h = mem_alloc_floats(3 * NC, MEM_ACTIVATIONS);
-        cp->datt_h = mem_alloc_floats((size_t)m->N * NH * T, MEM_ACTIVATIONS);
     }
 }
 
 void expert_cp_free(ExpertModel* m) {
     ExpertCP* cp = &m->cp;
     float* bufs[] = {cp->lse, cp->kv[0], cp->kv[1], cp->dkv[0], cp->dkv[1], cp->dkv_in, cp->ring.o2, cp->ring.m2,
-                     cp->ring.l2, cp->ring.sumexp, cp->qkv_h, cp->att_h, cp->send, cp->recv, cp->y_h, cp->dqkv_h,
-                     cp->datt_h, cp->dfch_gelu, cp->dfch};
+                     cp->ring.l2, cp->ring.sumexp, cp->qkv_h, cp->y_h, cp->send, cp->recv, cp->dy_h, cp->dqkv_h,
+                     cp->dfch_gelu, cp->dfch};
     for (size_t i = 0; i < sizeof bufs / sizeof *bufs; i++)
         if (bufs[i]) mem_free(bufs[i]);
 }

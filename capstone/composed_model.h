@@ -52,19 +52,19 @@ typedef struct {
 // Context parallelism (--cp N): chapter 6's token layout and attention over
 // the cp group, in every MoE layer's attention half. A cp rank holds T/cp
 // positions of each of its B sequences (sh, ring.h: part-major rows); the
-// rest of the layer is per token. Ring: each layer keeps its log-sum-exp
-// (the ring's backward needs nothing else of the softmax); Ulysses: each
-// layer keeps its head shard's q, k, v and probabilities over whole
-// sequences. cp = 1: sh is every position, nothing else is allocated.
+// rest of the layer is per token. Each layer keeps its log-sum-exp (the
+// attention's backward needs nothing else of the softmax); Ulysses' layers
+// keep their head shard's q, k, v and output over whole sequences too.
+// cp = 1: sh is every position, nothing else is allocated.
 typedef struct {
     CPMode mode;
     CPShard sh;
     const Comm* cpc;                 // the ring / all-to-all group
-    float* lse;                      // ring: (L, N, NH) each layer's
+    float* lse;                      // (L, N, NH) each layer's (ulysses: its head shard's, (B, T, NH/cp))
     float *kv[2], *dkv[2], *dkv_in;  // ring: (N, 2C) [k | v] blocks and dK|dV sums (chapter 6's)
     RingForward ring;                // ring: the running partials (ring.h)
-    float *qkv_h, *att_h;            // ulysses: (L, B, T, 3C/cp), (L, B, NH/cp, T, T) each layer's
-    float *send, *recv, *y_h, *dqkv_h, *datt_h;  // ulysses: (N, 3C) x 2, (N, C), (N, 3C), (B, NH/cp, T, T)
+    float *qkv_h, *y_h;              // ulysses: (L, B, T, 3C/cp), (L, B, T, C/cp) each layer's
+    float *send, *recv, *dy_h, *dqkv_h;  // ulysses: (N, 3C) x 2, (N, C), (N, 3C)
     float *dfch_gelu, *dfch;         // --moe-every > 1: a dense layer's MLP gradients, (N, 4C) each
 } ExpertCP;
 
@@ -233,10 +233,6 @@ void expert_wgrad_hook(void* ctx, int layer, float* dw, float* db, const float* 
 void expert_attention_forward(ExpertModel* m, int l, const BlockParams* p, BlockActs* a, const float* x);
 void expert_attention_backward(ExpertModel* m, int l, const BlockParams* p, BlockParams* g, const BlockActs* a,
                                const BlockScratch* s, const float* x, const float* dln2, float* dres);
-// --recompute selective, before layer l's backward: the attention
-// probabilities its backward reads, again from the kept q, k, v into a
-// (cp = 1: model.h's att; Ulysses: the head shard's; the ring keeps none).
-void expert_attention_recompute(ExpertModel* m, int l, BlockActs* a);
 // A dense layer (--moe-every > 1): model.h's gpt_block_forward and
 // gpt_block_backward at cp = tp = 1; at cp > 1 or tp > 1 the attention half
 // above and the dense MLP on my rows (backward: acts.dres from d res3 to d
@@ -251,11 +247,10 @@ BlockParams expert_block_grads(ExpertModel* m, int l);
 // Attention itself on the attention's rows (the tp group's, this rank's
 // NH/tp heads): a->qkv to a->atty, at cp = 1 chapter 0's op, at cp > 1 the
 // ring or Ulysses over cp (composed_cp.c); backward s->datty to s->dqkv.
+// Each keeps only the lse of the softmax (no probabilities): --recompute
+// selective has no attention to redo.
 void expert_attention_core_forward(ExpertModel* m, int l, BlockActs* a);
 void expert_attention_core_backward(ExpertModel* m, int l, const BlockActs* a, const BlockScratch* s);
-// expert_attention_recompute's work on the attention's rows (the tp
-// group's with --tp; composed_cp.c).
-void expert_attention_core_recompute(ExpertModel* m, int l, BlockActs* a);
 // --tp (composed_tp.c): the attention half on my N rows around the tp
 // group's attention; the slices' buffers, from the whole model's values
 // (host, moe.h's layout at tp = 1) split into the shared buffer's layout

@@ -22,19 +22,18 @@
 // ---------------------------------------------------------------- slots
 
 // --cp: a slot's own copy of what each layer's attention keeps for its
-// backward (ring: the log-sum-exp; Ulysses: the head shard's q|k|v and
-// probabilities), as expert_cp_create sizes the model's; the rest of the
+// backward (the log-sum-exp; Ulysses: the head shard's q|k|v and output
+// too), as expert_cp_create sizes the model's; the rest of the
 // cp buffers is scratch of one layer, the chunk's model's.
 static void slot_cp_create(const XpChunk* ch, XpSlot* sl) {
     const ExpertModel* m = &ch->m;
     if (m->cp.sh.cp == 1) return;
     size_t L = (size_t)m->cfg.gpt.num_layers, N = (size_t)m->N, C = (size_t)m->cfg.gpt.channels;
     size_t NH = (size_t)m->cfg.gpt.num_heads;
-    if (m->cp.mode == CP_RING) {
-        sl->lse = mem_alloc_floats(L * N * NH, MEM_ACTIVATIONS);
-    } else {
+    sl->lse = mem_alloc_floats(L * N * NH, MEM_ACTIVATIONS);
+    if (m->cp.mode == CP_ULYSSES) {
         sl->qkv_h = mem_alloc_floats(L * 3 * N * C, MEM_ACTIVATIONS);
-        sl->att_h = mem_alloc_floats(L * N * NH * (size_t)m->cp.sh.T, MEM_ACTIVATIONS);
+        sl->y_h = mem_alloc_floats(L * N * C, MEM_ACTIVATIONS);
     }
 }
 

@@ -72,7 +72,7 @@ static void chunk_slots(const ExpertPipe* P, XpChunk* ch) {
     ch->slot = xcalloc((size_t)P->M, sizeof(XpSlot*));  // at most every microbatch in flight
     ch->slot[0] = xcalloc(1, sizeof(XpSlot));
     *ch->slot[0] = (XpSlot){.acts = ch->m.acts, .layers = ch->m.layers, .lse = ch->m.cp.lse, .qkv_h = ch->m.cp.qkv_h,
-                            .att_h = ch->m.cp.att_h, .mb = -1, .busy = 0};
+                            .y_h = ch->m.cp.y_h, .mb = -1, .busy = 0};
     ch->n_slots = 1;
     if (ch->m.split) expert_wgrad_create(&ch->slot[0]->wq, &ch->m);
 }
@@ -187,7 +187,7 @@ void expert_stage_free(ExpertPipe* P) {
         for (int i = 1; i < ch->n_slots; i++) {  // slot 0 is the model's own
             gpt_acts_free(&ch->slot[i]->acts);
             if (ch->m.recompute != RECOMPUTE_FULL) moe_layers_free(&ch->m.moe, ch->slot[i]->layers, ch->n_moe);
-            float* cp[] = {ch->slot[i]->lse, ch->slot[i]->qkv_h, ch->slot[i]->att_h};
+            float* cp[] = {ch->slot[i]->lse, ch->slot[i]->qkv_h, ch->slot[i]->y_h};
             for (int j = 0; j < 3; j++)
                 if (cp[j]) mem_free(cp[j]);
         }

@@ -23,7 +23,7 @@
 typedef struct {
     GPTActs acts;
     MoeLayer* layers;
-    float *lse, *qkv_h, *att_h;  // --cp: what each layer's attention keeps (composed_model.h's ExpertCP)
+    float *lse, *qkv_h, *y_h;  // --cp: what each layer's attention keeps (composed_model.h's ExpertCP)
     WGradQueue wq;               // zb: the weight gradients its B queued for its W (composed_wgrad.c)
     int mb, busy;
 } XpSlot;
@@ -71,7 +71,7 @@ static inline size_t act_floats(const ExpertPipe* P) { return (size_t)P->b * P->
 static inline void slot_use(XpChunk* ch, XpSlot* sl) {
     ch->m.acts = sl->acts;
     ch->m.layers = sl->layers;
-    ch->m.cp.lse = sl->lse, ch->m.cp.qkv_h = sl->qkv_h, ch->m.cp.att_h = sl->att_h;
+    ch->m.cp.lse = sl->lse, ch->m.cp.qkv_h = sl->qkv_h, ch->m.cp.y_h = sl->y_h;
 }
 
 // Every rank builds and validates every rank's list, makes its chunks (their

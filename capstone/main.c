@@ -52,8 +52,8 @@ static void moe_block_forward(ExpertModel* m, int l, BlockActs* a, const float* 
 // backward (docs/recompute.md). Returns the activations backward reads.
 //   selective  keeps the router's choices, the plan and every row that
 //              crossed the network (exp_in, fch, back): no exchange is
-//              repeated. Recomputed: the probabilities from qkv (--cp: if
-//              Ulysses), and gelu(fch) of the experts' rows.
+//              repeated. Recomputed: gelu(fch) of the experts' rows
+//              (attention kept its lse: no probabilities to rebuild).
 //   full       keeps only the layer's output; the whole layer runs again,
 //              the router included: the same ops on the same input choose
 //              the same experts, but the dispatch and combine all-to-all-v
@@ -66,7 +66,6 @@ static BlockActs moe_block_recompute(ExpertModel* m, int l, const float* x) {
     // the same span as model.c's dense blocks (docs/tracing.md)
     double t0 = trace_start();
     if (m->recompute == RECOMPUTE_SELECTIVE) {
-        expert_attention_recompute(m, l, &a);  // the probabilities, from the kept q, k, v (with --cp too)
         moe_layer_recompute(&m->moe, expert_layer(m, l));
     } else if (m->recompute == RECOMPUTE_FULL) {
         // everything into the transient (its res3 too: the kept one stays);

@@ -53,7 +53,7 @@ size_t block_acts_numel(int B, int T, int C, int NH) { return block_acts_numel_t
 
 size_t block_acts_numel_tp(int B, int T, int C, int NH, int tp) {
     size_t BT = (size_t)B * T, c = (size_t)C, cl = c / (size_t)tp, nhl = (size_t)NH / (size_t)tp;
-    return BT * (6 * c + 12 * cl + nhl * (size_t)T + 4);  // tp = 1: B*T*(18C + NH*T + 4)
+    return BT * (6 * c + 12 * cl + nhl + 4);  // tp = 1: B*T*(18C + NH + 4)
 }
 
 BlockActs block_acts_at(float* base, int B, int T, int C, int NH) {
@@ -68,7 +68,7 @@ BlockActs block_acts_at_tp(float* base, int B, int T, int C, int NH, int tp) {
     a.ln1_rstd = base;   base += BT;            // (B,T)
     a.qkv = base;        base += BT * 3 * cl;   // (B,T,3C/tp)
     a.atty = base;       base += BT * cl;       // (B,T,C/tp)
-    a.att = base;        base += BT * nhl * T;  // (B,NH/tp,T,T)
+    a.lse = base;        base += BT * nhl;      // (B,T,NH/tp)
     a.attproj = base;    base += BT * c;        // (B,T,C)
     a.res2 = base;       base += BT * c;        // (B,T,C)
     a.ln2 = base;        base += BT * c;        // (B,T,C)
@@ -93,9 +93,9 @@ size_t block_store_numel(int B, int T, int C, int NH, RecomputeMode mode) {
 }
 
 size_t block_store_numel_tp(int B, int T, int C, int NH, int tp, RecomputeMode mode) {
-    size_t BT = (size_t)B * T, c = (size_t)C, cl = c / (size_t)tp;
+    size_t BT = (size_t)B * T, c = (size_t)C, cl = c / (size_t)tp, nhl = (size_t)NH / (size_t)tp;
     switch (mode) {
-        case RECOMPUTE_SELECTIVE: return BT * (4 * c + 8 * cl + 4);  // tp = 1: 12C + 4
+        case RECOMPUTE_SELECTIVE: return BT * (4 * c + 8 * cl + nhl + 4);  // tp = 1: 12C + NH + 4
         case RECOMPUTE_FULL: return BT * c;
         default: return block_acts_numel_tp(B, T, C, NH, tp);
     }
@@ -106,9 +106,9 @@ size_t block_transient_numel(int B, int T, int C, int NH, RecomputeMode mode) {
 }
 
 size_t block_transient_numel_tp(int B, int T, int C, int NH, int tp, RecomputeMode mode) {
-    size_t BT = (size_t)B * T, c = (size_t)C, cl = c / (size_t)tp, nhl = (size_t)NH / (size_t)tp;
+    size_t BT = (size_t)B * T, c = (size_t)C, cl = c / (size_t)tp;
     switch (mode) {
-        case RECOMPUTE_SELECTIVE: return BT * (2 * c + 4 * cl + nhl * (size_t)T);  // tp = 1: 6C + NH*T
+        case RECOMPUTE_SELECTIVE: return BT * (2 * c + 4 * cl);  // tp = 1: 6C
         case RECOMPUTE_FULL: return block_acts_numel_tp(B, T, C, NH, tp);
         default: return 0;
     }
@@ -130,22 +130,22 @@ BlockActs block_acts_stored_tp(float* store, float* transient, int B, int T, int
     }
     if (mode != RECOMPUTE_SELECTIVE) return block_acts_at_tp(store, B, T, C, NH, tp);
     // Selective: the kept fields packed in the layer's store (ln1 + stats,
-    // qkv, atty, res2, ln2 + stats, fch, res3: 4C + 8C/tp + 4 per token), the
-    // dropped ones (att, fch_gelu, attproj, fcproj: 2C + 4C/tp + NH/tp*T) in
-    // the transient.
+    // qkv, atty, lse, res2, ln2 + stats, fch, res3: 4C + 8C/tp + NH/tp + 4
+    // per token), the dropped ones (fch_gelu, attproj, fcproj: 2C + 4C/tp)
+    // in the transient.
     BlockActs a;
     a.ln1 = store;        store += BT * c;
     a.ln1_mean = store;   store += BT;
     a.ln1_rstd = store;   store += BT;
     a.qkv = store;        store += BT * 3 * cl;
     a.atty = store;       store += BT * cl;
+    a.lse = store;        store += BT * nhl;
     a.res2 = store;       store += BT * c;
     a.ln2 = store;        store += BT * c;
     a.ln2_mean = store;   store += BT;
     a.ln2_rstd = store;   store += BT;
     a.fch = store;        store += BT * 4 * cl;
     a.res3 = store;
-    a.att = transient;       transient += BT * nhl * T;
     a.fch_gelu = transient;  transient += BT * 4 * cl;
     a.attproj = transient;   transient += BT * c;
     a.fcproj = transient;
@@ -155,8 +155,9 @@ BlockActs block_acts_stored_tp(float* store, float* transient, int B, int T, int
 size_t block_scratch_numel(int B, int T, int C, int NH) { return block_scratch_numel_tp(B, T, C, NH, 1); }
 
 size_t block_scratch_numel_tp(int B, int T, int C, int NH, int tp) {
-    size_t BT = (size_t)B * T, c = (size_t)C, cl = c / (size_t)tp, nhl = (size_t)NH / (size_t)tp;
-    return BT * (c + 12 * cl + nhl * (size_t)T);  // tp = 1: B*T*(13C + NH*T)
+    (void)NH;  // attention's backward needs no scratch of its own (ops.h)
+    size_t BT = (size_t)B * T, c = (size_t)C, cl = c / (size_t)tp;
+    return BT * (c + 12 * cl);  // tp = 1: B*T*13C
 }
 
 BlockScratch block_scratch_at(float* base, int B, int T, int C, int NH) {
@@ -164,12 +165,12 @@ BlockScratch block_scratch_at(float* base, int B, int T, int C, int NH) {
 }
 
 BlockScratch block_scratch_at_tp(float* base, int B, int T, int C, int NH, int tp) {
-    size_t BT = (size_t)B * T, c = (size_t)C, cl = c / (size_t)tp, nhl = (size_t)NH / (size_t)tp;
+    (void)NH;
+    size_t BT = (size_t)B * T, c = (size_t)C, cl = c / (size_t)tp;
     BlockScratch s;
     s.dln = base;        base += BT * c;        // (B,T,C)
     s.dqkv = base;       base += BT * 3 * cl;   // (B,T,3C/tp)
     s.datty = base;      base += BT * cl;       // (B,T,C/tp)
-    s.datt = base;       base += BT * nhl * T;  // (B,NH/tp,T,T)
     s.dfch = base;       base += BT * 4 * cl;   // (B,T,4C/tp)
     s.dfch_gelu = base;                         // (B,T,4C/tp)
     return s;
@@ -215,7 +216,7 @@ void block_forward(const BlockParams* p, BlockActs* a, const float* x,
     // attention half: res2 = x + attproj(attention(qkv(ln1(x))))
     layernorm_forward(a->ln1, a->ln1_mean, a->ln1_rstd, x, p->ln1w, p->ln1b, N, C);
     matmul_forward(a->qkv, a->ln1, p->qkvw, p->qkvb, N, C, 3 * C);
-    attention_forward(a->atty, a->att, a->qkv, B, T, C, NH);
+    attention_flash_forward(a->atty, a->lse, a->qkv, B, T, C, NH);  // keeps lse, not (T, T)
     matmul_forward(a->attproj, a->atty, p->attprojw, p->attprojb, N, C, C);
     residual_forward(a->res2, x, a->attproj, (size_t)N * C);
     // MLP half: res3 = res2 + fcproj(gelu(fc(ln2(res2))))
@@ -266,7 +267,7 @@ void block_backward_input(const BlockParams* p, const BlockActs* a, const BlockS
     ops_zero(s->datty, NC);
     matmul_backward(s->datty, NULL, NULL, dres, NULL, p->attprojw, N, C, C);
     ops_zero(st->dqkv, 3 * NC);
-    attention_backward(st->dqkv, s->datt, s->datty, a->qkv, a->att, B, T, C, NH);
+    attention_flash_backward(st->dqkv, s->datty, a->qkv, a->atty, a->lse, B, T, C, NH);
     ops_zero(st->dln1, NC);
     matmul_backward(st->dln1, NULL, NULL, st->dqkv, NULL, p->qkvw, N, C, 3 * C);
     layernorm_backward(dres, NULL, NULL, st->dln1, x, p->ln1w, a->ln1_mean, a->ln1_rstd, N, C);
@@ -376,10 +377,8 @@ BlockActs block_acts_recompute(const BlockParams* p, float* store, float* transi
                                int C, int NH, RecomputeMode mode) {
     BlockActs v = block_acts_kept(store, transient, B, T, C, NH, mode);
     if (mode == RECOMPUTE_SELECTIVE) {
-        // the same two ops as block_forward on the same kept inputs: the same
-        // bits. attention_forward also rewrites its output atty, which is
-        // kept: the copy goes to attproj's slot (backward never reads it).
-        attention_forward(v.attproj, v.att, v.qkv, B, T, C, NH);
+        // the same op as block_forward on the same kept input: the same bits
+        // (attention kept atty and lse, all its backward reads)
         gelu_forward(v.fch_gelu, v.fch, (size_t)B * T * 4 * C);
     } else if (mode == RECOMPUTE_FULL) {
         // the whole block again from its kept input, every output in the
@@ -392,11 +391,9 @@ BlockActs block_acts_recompute(const BlockParams* p, float* store, float* transi
 
 BlockActs block_acts_recompute_weights(const BlockParams* p, float* store, float* transient, const float* x, int B,
                                        int T, int C, int NH, RecomputeMode mode) {
-    if (mode != RECOMPUTE_SELECTIVE) return block_acts_recompute(p, store, transient, x, B, T, C, NH, mode);
-    // of the dropped fields, the weight half reads fch_gelu only
-    BlockActs v = block_acts_kept(store, transient, B, T, C, NH, mode);
-    gelu_forward(v.fch_gelu, v.fch, (size_t)B * T * 4 * C);
-    return v;
+    // of the dropped fields, the weight half reads fch_gelu only: what
+    // selective recomputes anyway
+    return block_acts_recompute(p, store, transient, x, B, T, C, NH, mode);
 }
 
 // Layer `layer`'s store: the same stride whatever (B, T) <= (a->B, a->T).

@@ -31,7 +31,8 @@ typedef struct {
     float *ln1, *ln1_mean, *ln1_rstd;  // (B,T,C), (B,T), (B,T)
     float* qkv;                        // (B,T,3C)
     float* atty;                       // (B,T,C) attention output, heads side by side
-    float* att;                        // (B,NH,T,T) softmax probabilities
+    float* lse;                        // (B,T,NH) log-sum-exp of each (token, head)'s softmax:
+                                       // with atty, all backward needs (ops.h's flash op)
     float* attproj;                    // (B,T,C)
     float* res2;                       // (B,T,C) x + attproj
     float *ln2, *ln2_mean, *ln2_rstd;  // (B,T,C), (B,T), (B,T)
@@ -40,21 +41,20 @@ typedef struct {
     float* fcproj;                     // (B,T,C)
     float* res3;                       // (B,T,C) the block's output
 } BlockActs;
-size_t block_acts_numel(int B, int T, int C, int NH);  // B*T*(18C + NH*T + 4)
+size_t block_acts_numel(int B, int T, int C, int NH);  // B*T*(18C + NH + 4)
 BlockActs block_acts_at(float* base, int B, int T, int C, int NH);
 
 // Gradient buffers a block's backward needs, reused by every layer
 // (block_backward lays its stash over them; the input half alone uses only
-// dfch_gelu, datty and datt; head_backward takes dln).
+// dfch_gelu and datty; head_backward takes dln).
 typedef struct {
     float* dln;       // (B,T,C)  d of a LayerNorm output
     float* dqkv;      // (B,T,3C)
     float* datty;     // (B,T,C)
-    float* datt;      // (B,NH,T,T)
     float* dfch;      // (B,T,4C)
     float* dfch_gelu; // (B,T,4C)
 } BlockScratch;
-size_t block_scratch_numel(int B, int T, int C, int NH);  // B*T*(13C + NH*T)
+size_t block_scratch_numel(int B, int T, int C, int NH);  // B*T*13C
 BlockScratch block_scratch_at(float* base, int B, int T, int C, int NH);
 
 // The block: x (B,T,C) -> a->res3 (B,T,C).
@@ -79,7 +79,7 @@ void block_backward(const BlockParams* p, BlockParams* g, const BlockActs* a,
 // activation), so nothing smaller than these d-outputs can stand in for them
 // without recomputing a matmul.
 //   stash: 11C floats per token, i.e. B*T*11C per layer per microbatch
-//   (beside the block's activations, B*T*(18C + NH*T + 4)).
+//   (beside the block's activations, B*T*(18C + NH + 4)).
 typedef struct {
     float* dfcproj;   // (B,T,C)  d fcproj output = d res3 (dres on entry)
     float* dfch;      // (B,T,4C) d fc output (d of the GELU input)
@@ -93,9 +93,9 @@ BlockStash block_stash_at(float* base, int B, int T, int C);
 
 // Input half: dres (B,T,C) from d block output to d x, exactly as
 // block_backward; writes every field of st and no parameter gradient. Reads
-// p, x and, of a, qkv, att, res2, fch and the four LayerNorm statistics
+// p, x and, of a, qkv, atty, lse, res2, fch and the four LayerNorm statistics
 // (the weight gradients' own inputs it leaves alone). Uses only
-// s->dfch_gelu, s->datty and s->datt of the scratch (5C + NH*T per token),
+// s->dfch_gelu and s->datty of the scratch (5C per token),
 // which may be shared by every layer; the stash must be this (layer,
 // microbatch)'s own until its weight half has run. (It is done with
 // s->dfch_gelu before it writes dfcproj, dln2, dattproj or dln1, so those
@@ -148,18 +148,19 @@ void head_backward_weights(const GPTConfig* cfg, float* dwte, float* dlnfw, floa
 
 // ---------------------------------------------------------------- activation recomputation
 // What each layer keeps from forward for backward (--recompute):
-//   none       every BlockActs field: B*T*(18C + NH*T + 4) per layer
-//   selective  drops what is cheap to recompute and large: the attention
-//              probabilities att (NH*T per token, rebuilt from the kept qkv
-//              by attention_forward) and fch_gelu (4C, gelu of the kept
-//              fch), and attproj and fcproj (C each), which backward never
-//              reads: B*T*(12C + 4) per layer; the matmul outputs stay
-//              (Korthikanti et al., 2022)
+//   none       every BlockActs field: B*T*(18C + NH + 4) per layer
+//   selective  drops what is cheap to recompute and large: fch_gelu (4C,
+//              gelu of the kept fch), and attproj and fcproj (C each), which
+//              backward never reads: B*T*(12C + NH + 4) per layer; the matmul
+//              outputs stay (Korthikanti et al., 2022). Their selective mode
+//              also dropped attention's (B,NH,T,T) probabilities; the flash
+//              op keeps none, only lse (NH per token), so there is no
+//              attention left to recompute (docs/recompute.md)
 //   full       keeps only the block's output res3 (C per token), the next
 //              block's input; backward reruns the block's forward from its
 //              input into a one-layer buffer first: B*T*C per layer
 // The dropped fields live in ONE buffer shared by every layer, the
-// transient: selective B*T*(6C + NH*T), full a whole BlockActs. Recomputing
+// transient: selective B*T*6C, full a whole BlockActs. Recomputing
 // repeats the same ops on the same inputs, so gradients and losses are the
 // same bits as with none.
 typedef enum { RECOMPUTE_NONE, RECOMPUTE_SELECTIVE, RECOMPUTE_FULL, NUM_RECOMPUTE_MODES } RecomputeMode;

@@ -30,17 +30,17 @@ BlockParams block_params_at_tp(float* base, int C, int tp);
 
 // What a block's forward saves on a tp rank: the full-width rows (ln1, attproj,
 // res2, ln2, fcproj, res3 are (B,T,C)) and the rank's slices: qkv (B,T,3C/tp),
-// atty (B,T,C/tp), att (B,NH/tp,T,T), fch and fch_gelu (B,T,4C/tp).
-// B*T*(6C + 12C/tp + NH*T/tp + 4) floats. NH % tp == 0.
+// atty (B,T,C/tp), lse (B,T,NH/tp), fch and fch_gelu (B,T,4C/tp).
+// B*T*(6C + 12C/tp + NH/tp + 4) floats. NH % tp == 0.
 size_t block_acts_numel_tp(int B, int T, int C, int NH, int tp);
 BlockActs block_acts_at_tp(float* base, int B, int T, int C, int NH, int tp);
 // With --recompute (model.h's modes), what one layer keeps and the one
 // transient buffer every layer shares, per token (Cl = C/tp, NHl = NH/tp):
-//   none       kept 6C + 12Cl + NHl*T + 4 (every field), transient 0
-//   selective  kept 4C + 8Cl + 4: ln1 + stats, qkv, atty, res2, ln2 + stats,
-//              fch, res3; transient 2C + 4Cl + NHl*T: att, fch_gelu, attproj,
-//              fcproj (attention and GELU recomputed from qkv and fch; the
-//              projections are never read by backward)
+//   none       kept 6C + 12Cl + NHl + 4 (every field), transient 0
+//   selective  kept 4C + 8Cl + NHl + 4: ln1 + stats, qkv, atty, lse, res2,
+//              ln2 + stats, fch, res3; transient 2C + 4Cl: fch_gelu, attproj,
+//              fcproj (GELU recomputed from fch; the projections are never
+//              read by backward)
 //   full       kept C: res3; transient a whole block_acts_numel_tp
 // With tp = 1 these are model.h's block_store_numel and block_transient_numel.
 size_t block_store_numel_tp(int B, int T, int C, int NH, int tp, RecomputeMode mode);
@@ -50,8 +50,7 @@ size_t block_transient_numel_tp(int B, int T, int C, int NH, int tp, RecomputeMo
 BlockActs block_acts_stored_tp(float* store, float* transient, int B, int T, int C, int NH, int tp,
                                RecomputeMode mode);
 // Backward's scratch on a tp rank: dln (B,T,C), dqkv (B,T,3C/tp), datty
-// (B,T,C/tp), datt (B,NH/tp,T,T), dfch and dfch_gelu (B,T,4C/tp).
-// B*T*(C + 12C/tp + NH*T/tp) floats.
+// (B,T,C/tp), dfch and dfch_gelu (B,T,4C/tp). B*T*(C + 12C/tp) floats.
 size_t block_scratch_numel_tp(int B, int T, int C, int NH, int tp);
 BlockScratch block_scratch_at_tp(float* base, int B, int T, int C, int NH, int tp);
 

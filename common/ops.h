@@ -90,7 +90,9 @@ void matmul_backward_input_rowwise(float* dinp, const float* dout, const float* 
 // the keys (C), then the values (C); a caller that owns a subset of heads
 // passes that subset's qkv and its own C and NH.
 // out (B, T, C) = softmax(q k^T / sqrt(hs), causal) v, heads side by side.
-// att (B, NH, T, T) keeps the softmax probabilities for backward.
+// att (B, NH, T, T) keeps the softmax probabilities for backward. The
+// chapters run attention_flash_* below instead; this op stays as the
+// reference the tests and build/attention_bench compare it with.
 void attention_forward(float* out, float* att, const float* qkv, int B, int T, int C, int NH);
 // datt (B, NH, T, T) is scratch; dqkv (B, T, 3C) is accumulated.
 void attention_backward(float* dqkv, float* datt, const float* dout, const float* qkv,

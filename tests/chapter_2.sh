@@ -32,7 +32,7 @@ for ((dp_i = 0; dp_i < dp_nb; dp_i++)); do
     [ $dp_lo -ge $dp_block0 ] && dp_early=$((dp_early + 1))
 done  # 6 of 8 buckets for tiny at 64 KiB
 # activation bytes of one sequence: chapter 0's formula (docs/00_mesh.md, section 5)
-dp_seq_acts=$((4 * dp_T * (dp_C + dp_L * (18 * dp_C + dp_NH * dp_T + 4) + (dp_C + dp_Vp + 6) + (13 * dp_C + dp_NH * dp_T) + dp_C + 2)))
+dp_seq_acts=$((4 * dp_T * (dp_C + dp_L * (18 * dp_C + dp_NH + 4) + (dp_C + dp_Vp + 6) + 13 * dp_C + dp_C + 2)))
 dp_rank0() {  # value N -> [value,0,...,0]: rank 0 alone holds it
     local out=$1 i
     for ((i = 1; i < $2; i++)); do out="$out,0"; done

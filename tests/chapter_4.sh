@@ -25,9 +25,9 @@ echo "== chapter 4: tensor parallelism x FSDP"
 tp_expect() {
     local Vp=$1 V=$2 maxT=$3 L=$4 NH=$5 C=$6 B=$7 T=$8 dp=$9 tp=${10} r=${11}
     local N=$(( B / dp * T )) per=$(( (Vp + tp - 1) / tp )) Cl=$(( C / tp )) Vl
-    local store=$(( 6 * C + 12 * Cl + NH / tp * T + 4 )) transient=0 again=0
+    local store=$(( 6 * C + 12 * Cl + NH / tp + 4 )) transient=0 again=0
     case ${TP_RECOMPUTE:-none} in
-        selective) store=$(( 4 * C + 8 * Cl + 4 )) transient=$(( 2 * C + 4 * Cl + NH / tp * T )) ;;
+        selective) store=$(( 4 * C + 8 * Cl + NH / tp + 4 )) transient=$(( 2 * C + 4 * Cl )) ;;
         full) transient=$store store=$C again=$(( 2 * L )) ;;
     esac
     Vl=$(( Vp - r * per )); [ $Vl -gt $per ] && Vl=$per
@@ -38,7 +38,7 @@ tp_expect() {
     [ $Sb -gt $Smax ] && Smax=$Sb; [ $Sf -gt $Smax ] && Smax=$Sf
     local Ppad=$(( dp * S )) Umax=$(( dp * Smax )) U0=$(( dp * S0 ))
     local acts=$(( N * C + L * N * store + N * transient + N * (C + Vl + 6) + 3 * N * tp \
-        + N * (C + 12 * Cl + NH / tp * T) + N * C + 2 * N ))
+        + N * (C + 12 * Cl) + N * C + 2 * N ))
     echo "$(( 4 * L + 3 + again )) $(( (4 * L + 2 + again) * N * C * 4 + 4 )) $(( 3 * N * tp * 4 )) $(( 2 * L + 3 ))" \
          "$(( 4 * (Ppad + U0 + L * dp * Sb) )) $(( 4 * Ppad ))" \
          "$(( 4 * (S + 2 * Umax) )) $(( 4 * (S + Umax + U0) )) $(( 8 * S )) $(( 4 * acts )) $(( L + 2 ))"

@@ -22,8 +22,8 @@ pp_flags() { echo "--model $1 --steps 10 --batch $2 --seq $pp_T --peak-gflops 10
 # from the formula (docs/05_pipeline.md, "The idea"): a shared BlockScratch
 # and (--recompute selective, full) the one transient of docs/recompute.md,
 # plus per microbatch in flight a slot: the chunk's input and dres (2btC),
-# what its layers keep (store: 18C + NH*T + 4 floats a token for none,
-# 12C + 4 selective, C full), the head's on the last stage, the stash with a
+# what its layers keep (store: 18C + NH + 4 floats a token for none,
+# 12C + NH + 4 selective, C full), the head's on the last stage, the stash with a
 # split backward, the token ids at the ends. Slots in flight: m (gpipe),
 # min(pp, m) (zb), min(pp - s, m) (1f1b). tiny's C = 64, NH = 4, Vp = 256.
 pp_acts() {
@@ -31,15 +31,15 @@ pp_acts() {
     shift 6
     awk -v B=$B -v dp=$dp -v pp=$pp -v m=$m -v sched=$sched -v rc=$rc -v T=$pp_T -v layers="$*" 'BEGIN {
         C = 64; NH = 4; Vp = 256; b = B / (dp * m); bt = b * T; split(layers, n, " ")
-        store = 18 * C + NH * T + 4; transient = 0
-        if (rc == "selective") { store = 12 * C + 4; transient = 6 * C + NH * T }
-        if (rc == "full") { store = C; transient = 18 * C + NH * T + 4 }
+        store = 18 * C + NH + 4; transient = 0
+        if (rc == "selective") { store = 12 * C + NH + 4; transient = 6 * C }
+        if (rc == "full") { store = C; transient = 18 * C + NH + 4 }
         for (s = 0; s < pp; s++) {
             L = n[s + 1]; first = s == 0; last = s == pp - 1
             slot = 2 * bt * C + L * bt * store + (last ? bt * (C + Vp + 6) : 0) + (first ? bt : 0) + (last ? bt : 0)
             if (sched == "zb") slot += L * bt * 11 * C + (last ? bt * C : 0)
             if (sched == "gpipe") k = m; else if (sched == "zb") k = (pp < m ? pp : m); else k = (pp - s < m ? pp - s : m)
-            for (d = 0; d < dp; d++) out = out (out == "" ? "" : ",") 4 * (bt * (13 * C + NH * T + transient) + k * slot)
+            for (d = 0; d < dp; d++) out = out (out == "" ? "" : ",") 4 * (bt * (13 * C + transient) + k * slot)
         }
         print "[" out "]" }'
 }

@@ -50,16 +50,16 @@ summary_has "cp=4: one all-reduce of the $P gradients per step over the dp+cp gr
     "\"allreduce\":{\"dp+cp\":{\"calls\":$(rank_array $INV_STEPS 4),\"bytes\":$(rank_array $((INV_STEPS * P * 4)) 4),"
 # Memory per rank (floats x 4 bytes): a full replica, P each for params and
 # grads, 2P for AdamW; activations per layer N(18C + 4) for the block plus
-# ring N NH (lse) / Ulysses N(3C + NH T) (my heads' qkv and probabilities for
-# whole sequences), and once N(21C + Vp + 8) (embedding, head, backward
-# buffers, the ring's pair partials C + 3NH) / N(24C + Vp + 8 + NH T)
-# (Ulysses' head buffers); comm: the ring's five N x 2C K/V buffers,
+# N NH (lse) and for Ulysses N 4C (my heads' qkv and output for whole
+# sequences), and once N(21C + Vp + 8 + 3NH) (embedding, head, backward
+# buffers, the ring's pair partials C + 3NH) / N(24C + Vp + 8) (Ulysses'
+# head-shard gradients 4C); comm: the ring's five N x 2C K/V buffers,
 # Ulysses' send and receive N x 3C.
 ring_act=$((4 * (L * N * (18 * C + 4 + NH) + N * (21 * C + VP + 8 + 3 * NH))))
 summary_has "cp=4 ring memory per rank: params, grads, optimizer P, P, 2P; activations $ring_act; comm 5 N 2C" "$RING4" \
     "\"peak_bytes\":{\"params\":$(rank_array $((P * 4)) 4),\"grads\":$(rank_array $((P * 4)) 4),\"optimizer\":$(rank_array $((2 * P * 4)) 4),\"activations\":$(rank_array $ring_act 4),\"comm\":$(rank_array $((5 * N * 2 * C * 4)) 4),"
 N=$((INV_BATCH * T / 2))
-uly_act=$((4 * (L * N * (21 * C + 4 + NH * T) + N * (24 * C + VP + 8 + NH * T))))
+uly_act=$((4 * (L * N * (22 * C + 4 + NH) + N * (24 * C + VP + 8))))
 summary_has "cp=2 ulysses memory per rank: activations $uly_act; comm 2 N 3C" "$ULY2" \
     "\"activations\":$(rank_array $uly_act 2),\"comm\":$(rank_array $((2 * N * 3 * C * 4)) 2),"
 # zigzag's balance: the causal scores per rank, equal (T(T+1)/2 B NH L / cp)
@@ -70,8 +70,8 @@ summary_has "cp=4 zigzag: every rank computes $((T * (T + 1) / 2 * INV_BATCH * N
 # norms as none, bit for bit (the runs above); what a layer keeps and the
 # peak activations against the formulas; full reruns each block's forward,
 # the ring's K/V passes (L(cp-1) more sends) or Ulysses' two all-to-alls (2L
-# more). Per token: selective keeps 12C+4 (+ ring NH, Ulysses 3C) and shares
-# a transient of 6C (+ Ulysses NH T); full keeps C and shares a whole layer.
+# more). Per token: selective keeps 12C+4+NH (+ Ulysses 4C) and shares a
+# transient of 6C; full keeps C and shares a whole layer.
 cp_steps() { grep '"type":"step"' "$1" | grep -o '"step":[0-9]*,"loss":[-0-9.e]*,"norm":[-0-9.e]*'; }
 cp_recompute_case() {
     local mode=$1 r=$2 ncp=$3 flags=$4 none_log=$5 name="cp=$3 $1 --recompute $2" sum
@@ -81,13 +81,13 @@ cp_recompute_case() {
         [ $r = full ] && calls=$((calls + L * (ncp - 1)))
         [ $r = selective ] && kept=$((12 * C + 4 + NH)) transient=$((6 * C))
     else
-        whole=$((21 * C + 4 + NH * T)); calls=$((4 * L)); per_call=$((2 * C))
+        whole=$((22 * C + 4 + NH)); calls=$((4 * L)); per_call=$((2 * C))
         [ $r = full ] && calls=$((calls + 2 * L))
-        [ $r = selective ] && kept=$((15 * C + 4)) transient=$((6 * C + NH * T))
+        [ $r = selective ] && kept=$((16 * C + 4 + NH)) transient=$((6 * C))
     fi
     [ $r = full ] && kept=$C transient=$whole
     local once=$((21 * C + VP + 8 + 3 * NH))
-    [ $mode = ulysses ] && once=$((24 * C + VP + 8 + NH * T))
+    [ $mode = ulysses ] && once=$((24 * C + VP + 8))
     local acts=$((4 * N * (L * kept + transient + once)))
     invariant --norm --val --expect "activations kept per layer: $((4 * N * kept)) bytes" "$name" "$INV_FLAGS" $ncp \
         chapter-6 "--cp $ncp --cp-mode $mode $flags --recompute $r"
@@ -177,8 +177,8 @@ sp_expect() {
     Vl=$(( Vp - r * per )); [ $Vl -gt $per ] && Vl=$per
     # chapter 4's activations with each layer's token part cut to Nl, and
     # three (Nl,C) buffers more: the embedding's output, dres, dln
-    local acts=$(( N * C + L * (Nl * (6 * C + 4) + N * (12 * Cl + NH / tp * T)) + N * (C + Vl + 6) + 3 * N * tp \
-        + N * (C + 12 * Cl + NH / tp * T) + N * C + 2 * N + 3 * Nl * C ))
+    local acts=$(( N * C + L * (Nl * (6 * C + 4) + N * (12 * Cl + NH / tp)) + N * (C + Vl + 6) + 3 * N * tp \
+        + N * (C + 12 * Cl) + N * C + 2 * N + 3 * Nl * C ))
     echo "$(( 6 * L + 3 )) $(( (6 * L + 2) * NC4 + 3 * N * tp * 4 )) $(( 4 * L + 2 )) $(( (4 * L + 2) * NC4 ))" \
          "$(( 2 * L + 2 )) $(( (2 * L + 1) * 2 * C * 4 + 4 ))" \
          "$(( 4 * Nl * (6 * C + 4) )) $(( 4 * N * (6 * C + 4) )) $(( 4 * acts ))"
@@ -240,20 +240,20 @@ invariant --val "sequence parallel tp=2 --wd 0.1" "$INV_FLAGS --wd 0.1" 2 chapte
 # --recompute on tp=2: the same bits as none (the logged losses and norms of
 # the run above); what a layer keeps, the peak activations and, for full,
 # the block's collectives issued again, against the formulas
-# (docs/recompute.md): selective keeps Nl(4C+4) + 8NC/tp per layer and shares
-# a transient of 2 Nl C + N NH/tp T + 4NC/tp; full keeps Nl C (res3) and
+# (docs/recompute.md): selective keeps Nl(4C+4) + N(8C + NH)/tp per layer and
+# shares a transient of 2 Nl C + 4NC/tp; full keeps Nl C (res3) and
 # shares everything else of one layer
 sp_recompute_case() {
     local r=$1 name="chapter 6 --sp tp=2 --recompute $1" sum N=$(( INV_BATCH * INV_SEQ )) C=64 L=2 NH=4 T=$INV_SEQ tp=2
     local Nl=$(( N / tp )) Cl=$(( C / tp )) Vl=128 kept transient extra_ag=0 extra_rs=0
     if [ $r = selective ]; then
-        kept=$(( Nl * (4 * C + 4) + N * 8 * Cl )); transient=$(( 2 * Nl * C + N * NH / tp * T + N * 4 * Cl ))
+        kept=$(( Nl * (4 * C + 4) + N * (8 * Cl + NH / tp) )); transient=$(( 2 * Nl * C + N * 4 * Cl ))
     else
-        kept=$(( Nl * C )); transient=$(( Nl * (5 * C + 4) + N * (12 * Cl + NH / tp * T) ))
+        kept=$(( Nl * C )); transient=$(( Nl * (5 * C + 4) + N * (12 * Cl + NH / tp) ))
         extra_ag=$(( 2 * L )); extra_rs=$(( 2 * L ))
     fi
     local acts=$(( 4 * (N * C + L * kept + transient + N * (C + Vl + 6) + 3 * N * tp \
-        + N * (C + 12 * Cl + NH / tp * T) + N * C + 2 * N + 3 * Nl * C) ))
+        + N * (C + 12 * Cl) + N * C + 2 * N + 3 * Nl * C) ))
     invariant --norm --expect "recompute $r: backward recomputes" "$name" "$INV_FLAGS" 2 chapter-6 "--tp 2 --sp --recompute $r"
     sum=$(grep '"type":"summary"' "$INV_LOG")
     # bit for bit by construction: the same calls on the same rows, recomputed

@@ -27,16 +27,16 @@ c7_coef() {  # K COEF -> the step-0 record without its timings
 c7_field() { echo "$1" | sed -n "s/.*\"$2\":\([^,]*\),.*/\1/p"; }
 c7_rc_bytes() {  # MODE -> "ACTIVATIONS COMM" in bytes
     local N=192 C=64 NH=4 T=32 L=2 Lm=2 Vp=256 E=4 k=2 H=256 R=768 acts store tr n gelu send
-    acts=$((18 * C + NH * T + 4))
+    acts=$((18 * C + NH + 4))
     case $1 in
         none) store=$acts tr=0 n=$Lm gelu=$((Lm * R * H)) send=$((Lm * N * k * C)) ;;
-        selective) store=$((12 * C + 4)) tr=$((6 * C + NH * T)) n=$Lm gelu=$((R * H)) send=$((N * k * C)) ;;
+        selective) store=$((12 * C + NH + 4)) tr=$((6 * C)) n=$Lm gelu=$((R * H)) send=$((N * k * C)) ;;
         full) store=$C tr=$acts n=1 gelu=$((R * H)) send=$((N * k * C)) ;;
     esac
     # the GPT's activations (docs/recompute.md's formula), each MoE layer's
     # own (router, plan, received rows, fch: n of them) with fch_gelu, and
     # the scratch every MoE layer shares
-    local gpt=$((N * (C + L * store + tr + C + Vp + 6 + 13 * C + NH * T + C + 2)))
+    local gpt=$((N * (C + L * store + tr + C + Vp + 6 + 13 * C + C + 2)))
     local moe=$((n * (2 * N * E + 4 * N * k + R * C + R * H + E) + gelu + 2 * R * C + 2 * R * H + N * k + N * E + N * C))
     echo "$((4 * (gpt + moe))) $((4 * (send + n * N * k * C + R * C + N * k * C)))"
 }

@@ -28,15 +28,15 @@ rc_same() {  # LABEL REF_LABEL WHAT
     fi
 }
 # activation bytes per rank, docs/recompute.md: 4BT[C + L*store + transient +
-# (C+Vp+6) + (13C+NH*T) + C + 2] for tiny (C 64, NH 4, L 2, Vp 256) at T 32
+# (C+Vp+6) + 13C + C + 2] for tiny (C 64, NH 4, L 2, Vp 256) at T 32
 rc_acts() {  # MODE B: the formula's bytes for B sequences
     local C=64 NH=4 L=2 Vp=256 T=32 store transient
     case $1 in
-        none) store=$((18 * C + NH * T + 4)); transient=0 ;;
-        selective) store=$((12 * C + 4)); transient=$((6 * C + NH * T)) ;;
-        full) store=$C; transient=$((18 * C + NH * T + 4)) ;;
+        none) store=$((18 * C + NH + 4)); transient=0 ;;
+        selective) store=$((12 * C + NH + 4)); transient=$((6 * C)) ;;
+        full) store=$C; transient=$((18 * C + NH + 4)) ;;
     esac
-    echo $((4 * $2 * T * (C + L * store + transient + (C + Vp + 6) + (13 * C + NH * T) + C + 2)))
+    echo $((4 * $2 * T * (C + L * store + transient + (C + Vp + 6) + 13 * C + C + 2)))
 }
 rc_peak() {  # LABEL MODE B NP WHAT: every rank's activation peak = the formula
     local want got i list=""

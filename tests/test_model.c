@@ -374,9 +374,10 @@ static void test_memory_formula(void) {
     double P = (double)cfg.padded_vocab_size * cfg.channels + (double)cfg.max_seq_len * cfg.channels +
                cfg.num_layers * (12.0 * cfg.channels * cfg.channels + 13.0 * cfg.channels) + 2.0 * cfg.channels;
     double C = cfg.channels, L = cfg.num_layers, NH = cfg.num_heads, Vp = cfg.padded_vocab_size;
-    // per token: embedding output C; per layer 18C + NH*T + 4; head C + Vp + 6;
-    // backward scratch 13C + NH*T; residual gradient C; input and target ids 2
-    double acts = 4.0 * B * T * (C + L * (18 * C + NH * T + 4) + (C + Vp + 6) + (13 * C + NH * T) + C + 2);
+    // per token: embedding output C; per layer 18C + NH + 4 (attention keeps
+    // one lse per head, nothing T x T); head C + Vp + 6; backward scratch
+    // 13C; residual gradient C; input and target ids 2
+    double acts = 4.0 * B * T * (C + L * (18 * C + NH + 4) + (C + Vp + 6) + 13 * C + C + 2);
     mem_reset_peaks();
     size_t before[MEM_NUM_CATEGORIES];
     for (int c = 0; c < MEM_NUM_CATEGORIES; c++) before[c] = mem_current(c);
@@ -682,7 +683,7 @@ static void test_tp_layouts(void) {
               (size_t)(p.attprojb - p.attprojw) == C * cl && (size_t)(p.fcprojb - p.fcprojw) == 4 * cl * C;
         BlockActs q = block_acts_at_tp(base, B, T, C, NH, tp);
         ok &= (size_t)(q.res3 + (size_t)B * T * C - base) == block_acts_numel_tp(B, T, C, NH, tp);
-        ok &= (size_t)(q.atty - q.qkv) == (size_t)B * T * 3 * cl && (size_t)(q.attproj - q.att) == (size_t)B * NH / tp * T * T;
+        ok &= (size_t)(q.atty - q.qkv) == (size_t)B * T * 3 * cl && (size_t)(q.attproj - q.lse) == (size_t)B * T * (NH / tp);
         BlockScratch w = block_scratch_at_tp(base, B, T, C, NH, tp);
         ok &= (size_t)(w.dfch_gelu + (size_t)B * T * 4 * cl - base) == block_scratch_numel_tp(B, T, C, NH, tp);
     }
@@ -705,7 +706,7 @@ static void test_tp_layouts(void) {
         BlockActs q = block_acts_stored_tp(base, tr, B, T, C, NH, tp, RECOMPUTE_SELECTIVE);
         rc &= (size_t)(q.res3 + BT * C - base) == store && q.fch + BT * 4 * C / tp == q.res3;
         rc &= (size_t)(q.fcproj + BT * C - tr) == block_transient_numel_tp(B, T, C, NH, tp, RECOMPUTE_SELECTIVE);
-        rc &= q.att == tr && q.fch_gelu == q.att + BT * (NH / tp) * T;
+        rc &= q.fch_gelu == tr && q.lse == q.atty + BT * C / tp && q.res2 == q.lse + BT * (NH / tp);
         BlockActs f = block_acts_stored_tp(base, tr, B, T, C, NH, tp, RECOMPUTE_FULL);
         BlockActs n = block_acts_stored_tp(base, tr, B, T, C, NH, tp, RECOMPUTE_NONE);
         rc &= f.res3 == base && f.ln1 == tr && block_store_numel_tp(B, T, C, NH, tp, RECOMPUTE_FULL) == BT * C &&
@@ -850,7 +851,7 @@ static void test_tp_block(void) {
     for (int r = 0; r < TP; r++) {
         layernorm_forward(A[r].ln1, A[r].ln1_mean, A[r].ln1_rstd, x, P[r].ln1w, P[r].ln1b, N, C);
         matmul_forward(A[r].qkv, A[r].ln1, P[r].qkvw, P[r].qkvb, N, C, 3 * Cl);
-        attention_forward(A[r].atty, A[r].att, A[r].qkv, B, T, Cl, NH / TP);
+        attention_flash_forward(A[r].atty, A[r].lse, A[r].qkv, B, T, Cl, NH / TP);
         matmul_forward(A[r].attproj, A[r].atty, P[r].attprojw, r == 0 ? P[r].attprojb : NULL, N, Cl, C);
     }
     ops_zero(sum, NC);
@@ -893,7 +894,7 @@ static void test_tp_block(void) {
         ops_zero(S[r].datty, N * Cl);
         matmul_backward(S[r].datty, G[r].attprojw, G[r].attprojb, dr[r], A[r].atty, P[r].attprojw, N, Cl, C);
         ops_zero(S[r].dqkv, N * 3 * Cl);
-        attention_backward(S[r].dqkv, S[r].datt, S[r].datty, A[r].qkv, A[r].att, B, T, Cl, NH / TP);
+        attention_flash_backward(S[r].dqkv, S[r].datty, A[r].qkv, A[r].atty, A[r].lse, B, T, Cl, NH / TP);
         ops_zero(S[r].dln, NC);
         matmul_backward(S[r].dln, G[r].qkvw, G[r].qkvb, S[r].dqkv, A[r].ln1, P[r].qkvw, N, C, 3 * Cl);
     }
@@ -1038,14 +1039,14 @@ static void test_recompute(void) {
         gpt_create_recompute(&m, c, B, T, 7, (RecomputeMode)mode);
         gpt_create_optimizer(&m);
         size_t got = mem_current(MEM_ACTIVATIONS) - before;
-        size_t per_layer = mode == RECOMPUTE_NONE ? 18 * (size_t)C + (size_t)NH * T + 4
-                           : mode == RECOMPUTE_SELECTIVE ? 12 * (size_t)C + 4 : (size_t)C;
+        size_t per_layer = mode == RECOMPUTE_NONE ? 18 * (size_t)C + (size_t)NH + 4
+                           : mode == RECOMPUTE_SELECTIVE ? 12 * (size_t)C + (size_t)NH + 4 : (size_t)C;
         size_t transient = mode == RECOMPUTE_NONE ? 0
-                           : mode == RECOMPUTE_SELECTIVE ? 6 * (size_t)C + (size_t)NH * T
-                                                         : 18 * (size_t)C + (size_t)NH * T + 4;
-        size_t want = 4 * (size_t)B * T * (C + L * per_layer + transient + (C + Vp + 6) + (13 * C + NH * T) + C + 2);
+                           : mode == RECOMPUTE_SELECTIVE ? 6 * (size_t)C
+                                                         : 18 * (size_t)C + (size_t)NH + 4;
+        size_t want = 4 * (size_t)B * T * (C + L * per_layer + transient + (C + Vp + 6) + 13 * C + C + 2);
         char what[160];
-        snprintf(what, sizeof(what), "recompute %s: activation bytes = 4BT[C + L*%zu + %zu + (C+Vp+6) + (13C+NH*T) + C + 2] = %zu",
+        snprintf(what, sizeof(what), "recompute %s: activation bytes = 4BT[C + L*%zu + %zu + (C+Vp+6) + 13C + C + 2] = %zu",
                  name, per_layer, transient, want);
         check(got == want, what, "allocated %zu", got);
         // two steps, so the second runs on parameters the first changed

@@ -57,10 +57,10 @@ static void plan_cp(const PlanArgs* a, RankPlan* p, int r) {
     cp_layer_numels(ring ? CP_RING : CP_ULYSSES, a->recompute, (int)N, C, NH, T, &store, &transient);
     // encoded, the layers, the transient, the head, inputs and targets,
     // dres, dln, the stash, d gelu, d atty; the ring's partials or
-    // Ulysses' head-shard buffers
+    // Ulysses' head-shard gradients (d output, dq|dk|dv)
     double acts = NC + (double)L * store + transient + head_acts_numel(1, (int)N, C, g->padded_vocab_size) + 2.0 * N +
                   2.0 * NC + block_stash_numel(1, (int)N, C) + 4.0 * NC + NC;
-    acts += ring ? NC + 3.0 * N * NH : NC + 3.0 * NC + (double)N * NH * T;
+    acts += ring ? NC + 3.0 * N * NH : NC + 3.0 * NC;
     p->peak[MEM_ACTIVATIONS] = f * acts;
     p->peak[MEM_COMM] = f * (ring ? 5 * 2.0 * NC : 2 * 3.0 * NC);
     // every block's attention meets the other cp ranks: forward, backward,
@@ -117,8 +117,8 @@ static void plan_sp(const PlanArgs* args, RankPlan* p, int r) {
     size_t ln = 3 * Nl * C + 4 * Nl;                           // ln1 (+mean, rstd), res2, ln2 (+mean, rstd)
     size_t proj = 2 * Nl * C;                                  // attproj, fcproj
     size_t res3 = Nl * C;
-    size_t kept_slices = N * 3 * Cl + N * Cl + N * 4 * Cl;     // qkv, atty, fch
-    size_t drop_slices = (size_t)B * (NH / ntp) * T * T + N * 4 * Cl;  // att, fch_gelu
+    size_t kept_slices = N * 3 * Cl + N * Cl + N * (NH / ntp) + N * 4 * Cl;  // qkv, atty, lse, fch
+    size_t drop_slices = N * 4 * Cl;                                       // fch_gelu
     if (a.recompute == RECOMPUTE_NONE)
         shard = ln + proj + res3, slices = kept_slices + drop_slices, transient = 0;
     else if (a.recompute == RECOMPUTE_SELECTIVE)

@@ -274,8 +274,8 @@ static void plan_pipe(const PlanArgs* a, RankPlan* p, int r) {
         if (ncp > 1) {
             // --cp: per slot what each layer's attention keeps (slot_cp_create),
             // per chunk the model's scratch and exchange buffers (expert_cp_create)
-            acts += busy * (ring ? Lc * N * NH : Lc * 3 * NC + Lc * N * NH * T);
-            acts += ring ? NC + 3 * N * NH : NC + 3 * NC + N * NH * T;
+            acts += busy * (ring ? Lc * N * NH : Lc * N * NH + Lc * 3 * NC + Lc * NC);
+            acts += ring ? NC + 3 * N * NH : NC + 3 * NC;
             comm += ring ? 10 * NC : 6 * NC;
             // every layer of every microbatch, forward and backward (the
             // forward's exchanges again under --recompute full)
@@ -406,19 +406,18 @@ void plan_chapter_7(const PlanArgs* a, RankPlan* p, int r) {
     double moe = n * (2 * N * E + 4 * Nk + R * C + R * H + E) + gelu + 2 * R * C + 2 * R * H + Nk + N * E + N * C;
     p->peak[MEM_ACTIVATIONS] = plan_acts_bytes(g, B, T / ncp, a->recompute) + f * moe;
     p->peak[MEM_COMM] = f * (send + n * Nk * C + R * C + Nk * C);  // send, back, recv, dsend
-    // --cp (expert_cp_create): the ring's per-layer lse and one pair's
+    // --cp (expert_cp_create): the per-layer lse; the ring's one pair's
     // partials, its K/V and dK/dV buffers; or Ulysses' per-layer head-shard
-    // q|k|v and probabilities, its scratch and all-to-all buffers. One
-    // layer's of what --recompute makes again: full the lse and q|k|v (Lf),
-    // selective and full the probabilities (Lp)
+    // q|k|v and output, its scratch and all-to-all buffers. One layer's
+    // under --recompute full, which makes them again (Lf)
     int ring = !strcmp(a->cp_mode, "ring"), L = g->num_layers, NH = g->num_heads;
-    double NC = N * C, Lf = a->recompute == RECOMPUTE_FULL ? 1 : L, Lp = a->recompute == RECOMPUTE_NONE ? L : 1;
+    double NC = N * C, Lf = a->recompute == RECOMPUTE_FULL ? 1 : L;
     // the attention's forward exchanges again under --recompute full
     int passes = a->recompute == RECOMPUTE_FULL ? 3 : 2;
     Comm cpg = plan_group(AXIS_CP, ncp, coord[AXIS_CP]);
     if (ncp > 1) {
         p->peak[MEM_ACTIVATIONS] += f * (ring ? Lf * N * NH + NC + 3 * N * NH
-                                              : Lf * 3 * NC + Lp * N * NH * T + NC + 3 * NC + N * NH * T);
+                                              : Lf * N * NH + Lf * 3 * NC + Lf * NC + NC + 3 * NC);
         p->peak[MEM_COMM] += f * (ring ? 10 * NC : 6 * NC);
         for (int l = 0; l < L; l++) {
             if (ring) {
