@@ -23,6 +23,13 @@ const char* moe_config_problem(const MoeConfig* c) {
     return NULL;
 }
 
+const char* moe_overlap_problem(int ep_overlap, long tokens, char* msg, size_t len) {
+    if (ep_overlap >= 1 && ep_overlap <= tokens) return NULL;
+    snprintf(msg, len, "--ep-overlap %d: each MoE layer's exchanges are cut into that many chunks of a rank's %ld "
+             "tokens, so it must be between 1 and %ld", ep_overlap, tokens, tokens);
+    return msg;
+}
+
 // Local layer l is global layer first_layer + l (a pipeline chunk's); the
 // MoE layers before global layer g are g / moe_every of them.
 int moe_is_moe_layer(const MoeConfig* c, int l) { return (c->first_layer + l + 1) % c->moe_every == 0; }

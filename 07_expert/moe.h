@@ -50,6 +50,8 @@ typedef struct {
 
 // NULL if the config is usable, else a message.
 const char* moe_config_problem(const MoeConfig* c);
+// --ep-overlap against a rank's tokens per MoE layer: NULL, or why not (in msg).
+const char* moe_overlap_problem(int ep_overlap, long tokens, char* msg, size_t len);
 // l is a local layer (global first_layer + l); the MoE layers counted and
 // indexed are the config's own (a chunk's from its first MoE layer).
 int moe_is_moe_layer(const MoeConfig* c, int l);

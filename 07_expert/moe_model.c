@@ -101,12 +101,6 @@ MoeConfig moe_config_checked(const Run* run, MoeFlags* f) {
     return cfg;
 }
 
-void moe_check_overlap(const MoeFlags* f, long tokens) {
-    if (f->ep_overlap < 1 || f->ep_overlap > tokens)
-        fail_all("--ep-overlap %d: each MoE layer's exchanges are cut into that many chunks of a rank's %ld tokens, "
-                 "so it must be between 1 and %ld", f->ep_overlap, tokens, tokens);
-}
-
 MoeConfig moe_model_config(const Run* run, MoeFlags* f) {
     MoeConfig cfg = moe_config_checked(run, f);
     const TrainSetup* setup = &run->setup;
@@ -114,7 +108,8 @@ MoeConfig moe_model_config(const Run* run, MoeFlags* f) {
     if (setup->B % world != 0)
         fail_all("the batch of %d sequences does not split over dp x ep = %d ranks (every rank takes its own "
                  "sequences): use a --batch that is a multiple of %d", setup->B, world, world);
-    moe_check_overlap(f, (long)(setup->B / world) * setup->T);  // a rank's tokens per MoE layer
+    char msg[256];  // a rank's tokens per MoE layer against --ep-overlap
+    if (moe_overlap_problem(f->ep_overlap, (long)(setup->B / world) * setup->T, msg, sizeof(msg))) fail_all("%s", msg);
     return cfg;
 }
 

@@ -53,8 +53,6 @@ void moe_flags_specs(MoeFlags* flags, ArgSpec out[MOE_NUM_FLAGS]);
 // balance coefficient, the mesh against the experts). Bad input ends every
 // rank with one message.
 MoeConfig moe_config_checked(const Run* run, MoeFlags* flags);
-// --ep-overlap against a rank's tokens per MoE layer.
-void moe_check_overlap(const MoeFlags* flags, long tokens);
 // The MoE model's tensors in a training-state checkpoint (moe.h's table, or
 // the dense GPT's at E = 1), and the routing settings that change the
 // trained model mixed into the run identity (ckpt_add_identity).

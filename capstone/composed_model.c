@@ -174,7 +174,8 @@ MoeConfig expert_config(const Run* run, ExpertFlags* f) {
     char msg[1024];
     if (composed_layout_problem(&lay, msg, sizeof(msg))) fail_all("%s", msg);
     int world = lay.mesh[AXIS_DP] * lay.mesh[AXIS_EP] * lay.mesh[AXIS_TP];
-    moe_check_overlap(&f->moe, (long)(setup->B / world) * (setup->T / lay.mesh[AXIS_CP]));  // a rank's tokens per MoE layer
+    long tokens = (long)(setup->B / world) * (setup->T / lay.mesh[AXIS_CP]);  // a rank's per MoE layer
+    if (moe_overlap_problem(f->moe.ep_overlap, tokens, msg, sizeof(msg))) fail_all("%s", msg);
     return cfg;
 }
 

@@ -77,11 +77,9 @@ const char* plan_check_expert(const PlanArgs* a, PlanInfo* info, char* msg, size
     if (a->capacity < 0) return "--capacity-factor must be >= 0";
     bad = layout_problem(a, msg, len);  // the capstone's own refusals, its lines
     if (bad) return bad;
-    // chapter 7's moe_check_overlap (07_expert/moe_model.c), its line
+    // chapter 7's own line (07_expert/moe.c)
     long tokens = (long)(a->B / (ndp * nep * ntp)) * (a->T / ncp);
-    if (a->ep_overlap < 1 || a->ep_overlap > tokens)
-        return snprintf(msg, len, "--ep-overlap %d: each MoE layer's exchanges are cut into that many chunks of a rank's "
-                        "%ld tokens, so it must be between 1 and %ld", a->ep_overlap, tokens, tokens), msg;
+    if (moe_overlap_problem(a->ep_overlap, tokens, msg, len)) return msg;
     // the all-to-all's bytes depend on the routing: each rank's a bound;
     // dropless, their sum over the ranks is exact (every slot goes out once
     // and comes back once per exchange pair)
