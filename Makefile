@@ -63,6 +63,9 @@ COMMON_SRC := common/errors.c common/rank.c common/exercise.c common/atomic_file
               common/ckpt.c common/ckpt_files.c common/ckpt_levels.c common/model_tp.c common/trace.c \
               common/optime.c common/watchdog.c common/watch_mpi.c common/sharding.c
 
+# the CPU backend: one file per op family (common/cpu/ops_*.c), the device, its clock, MPI
+CPU_BACKEND_C := $(sort $(wildcard common/cpu/ops_*.c)) common/cpu/device.c common/cpu/device_clock.c common/cpu/comm.c
+
 ifeq ($(BACKEND),cpu)
   BIN := $(BUILD)
   # OpenBLAS, the OpenMP build: one thread pool shared with our OpenMP loops,
@@ -76,7 +79,7 @@ ifeq ($(BACKEND),cpu)
   else
     LDLIBS += -lopenblas
   endif
-  BACKEND_C  := common/cpu/ops.c common/cpu/device.c common/cpu/device_clock.c common/cpu/comm.c
+  BACKEND_C  := $(CPU_BACKEND_C)
   BACKEND_CU :=
 else ifeq ($(BACKEND),cuda)
   ifeq ($(HAVE_NVCC),)
@@ -95,7 +98,7 @@ else ifeq ($(BACKEND),cuda)
   # two backends round the same formulas alike (reduction orders still differ).
   # -lineinfo: line tables for the device code, without changing its
   # optimisation, so that compute-sanitizer's reports (make gpu-check) name
-  # the line of ops.cu, not only the kernel
+  # the line of an ops_*.cu, not only the kernel
   NVCCFLAGS := -O3 --fmad=false -lineinfo $(CUDA_ARCH) -std=c++17 -Icommon -I$(CUDA_HOME)/include -Werror all-warnings \
                -Xcompiler -Wall,-Wextra,-Werror,-fopenmp -MMD -MP
   CFLAGS    += -I$(CUDA_HOME)/include
@@ -111,9 +114,9 @@ COMMON_OBJ := $(patsubst %.c,$(OBJ)/%.o,$(COMMON_SRC) $(BACKEND_C)) \
               $(patsubst %.cu,$(OBJ)/%.o,$(BACKEND_CU))
 # The CPU ops promise gcc that no program watches floating-point traps or
 # reads errno after a math call (none does): it may then vectorise loops that
-# compare floats (exp_lanes's clamp in common/cpu/ops.c) or take a square root
+# compare floats (exp_lanes's clamp in common/cpu/ops_cpu.h) or take a square root
 # (AdamW). The values computed are the same, bit for bit.
-$(OBJ)/common/cpu/ops.o: CFLAGS += -fno-trapping-math -fno-math-errno
+$(OBJ)/common/cpu/ops_%.o: CFLAGS += -fno-trapping-math -fno-math-errno
 
 # The flags are part of every object: a stamp file holds them and changes
 # (so everything rebuilds) only when they do, e.g. a new OPT or CUDA_ARCH.
@@ -220,7 +223,7 @@ $(OBJ)/%.o: %.cu $(FLAGS_STAMP)
 # (a test that needs MPI ranks or arguments names the script that runs it).
 TESTS := $(patsubst tests/%.c,%,$(wildcard tests/test_*.c))
 test_modules = $(shell sed -n 's|^// modules: *||p' tests/$(1).c)
-CPU_COMMON_OBJ := $(patsubst %.c,$(BUILD)/obj/cpu/%.o,$(COMMON_SRC) common/cpu/ops.c common/cpu/device.c common/cpu/device_clock.c common/cpu/comm.c)
+CPU_COMMON_OBJ := $(patsubst %.c,$(BUILD)/obj/cpu/%.o,$(COMMON_SRC) $(CPU_BACKEND_C))
 define TEST_RULE
 $(BUILD)/tests/$(1): $(BUILD)/obj/cpu/tests/$(1).o $(patsubst %,$(BUILD)/obj/cpu/%.o,$(call test_modules,$(1))) $(CPU_COMMON_OBJ)
 	@mkdir -p $$(dir $$@)

@@ -224,7 +224,7 @@ int comm_test(CommRequest* req);
 // Progress. Drives the non-blocking operations in flight: on MPI it asks
 // MPI about each (MPI_Request_get_status runs MPI's progress engine and
 // neither completes nor frees the request); nothing in flight, nothing done.
-// The CPU ops call it at their start (matmul, attention: common/cpu/ops.c),
+// The CPU ops call it at their start (matmul, attention: common/cpu/ops_*.c),
 // so the compute a chapter places between start and wait moves the bytes
 // without a line of its own, in every chapter. Results are the same with it
 // or without (COMM_PROGRESS=0 turns it off): it only moves bytes sooner. Its

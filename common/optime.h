@@ -1,5 +1,5 @@
 // optime.h: where a step's time goes, per kind of op. The CPU ops
-// (common/cpu/ops.c) read the clock at their start and end and add the
+// (common/cpu/ops_*.c) read the clock at their start and end and add the
 // difference to their kind's counter: two clock reads (tens of nanoseconds)
 // per op call, a few hundred calls a step, so it is always on. The step
 // clock (train.h) snapshots the counters around each timed step, so the

@@ -23,9 +23,10 @@ def check(backend):
     other = 'cuda' if backend == 'cpu' else 'cpu'
     srcs = sorted(f for f in glob.glob('common/**/*.c', recursive=True) + glob.glob('common/**/*.cu', recursive=True)
                   if not f.startswith('common/%s/' % other))
-    headers = {os.path.basename(h) for h in glob.glob('common/**/*.h', recursive=True)}
+    header_files = glob.glob('common/**/*.h', recursive=True) + glob.glob('common/**/*.cuh', recursive=True)
+    headers = {os.path.basename(h) for h in header_files}
     declared = {}
-    for h in glob.glob('common/**/*.h', recursive=True):
+    for h in header_files:
         text = strip_comments(open(h).read())
         declared[os.path.basename(h)] = set(re.findall(
             r'^[A-Za-z_][\w \*]*?\b(\w+)\s*\([^;{]*\)\s*(?:__attribute__\(\(.*?\)\))?\s*;', text, re.M | re.S))

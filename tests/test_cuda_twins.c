@@ -1,4 +1,4 @@
-// test_cuda_twins.c: the index logic of ops.cu's embedding backward, column
+// test_cuda_twins.c: the index logic of the CUDA ops' embedding backward, column
 // sums, MoE gate gradient and attention in O(T) memory, run on the CPU.
 //
 // No GPU runs here. common/cuda/ops_twin.h holds what each thread of those
@@ -434,7 +434,7 @@ static void twin_flash_backward(const FlashArgs* a, int B, int backwards) {
     }
 }
 
-// The arguments ops.cu builds for a pair (flash_pair there).
+// The arguments ops_flash.cu builds for a pair (flash_pair there).
 static FlashArgs pair_args(const float* q, int q_stride, const float* k, const float* v, int kv_stride, int Tq, int Tk,
                            int q0, int k0, int C, int NH) {
     FlashArgs a;
@@ -685,7 +685,7 @@ static void test_flash_whole(int B, int T, int C, int NH) {
     float* dout = randoms(OUT, 0);
     float *o1 = malloc(OUT * sizeof(float)), *lse1 = malloc(ST * sizeof(float));
     float *o2 = malloc(OUT * sizeof(float)), *m2 = malloc(ST * sizeof(float)), *l2 = malloc(ST * sizeof(float));
-    FlashArgs a = pair_args(qkv, 3 * C, qkv + C, qkv + 2 * C, 3 * C, T, T, 0, 0, C, NH);  // ops.cu's flash_whole
+    FlashArgs a = pair_args(qkv, 3 * C, qkv + C, qkv + 2 * C, 3 * C, T, T, 0, 0, C, NH);  // ops_flash.cu's flash_whole
     a.out = o1, a.stat_m = lse1, a.finish = 1;
     twin_flash_forward(&a, B, 0);
     FlashArgs c = a;

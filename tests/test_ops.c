@@ -832,7 +832,7 @@ static void flash_mask_case(int T, int t0, int C, int NH) {
 // One algorithm at two scales: the chunk ops of context parallelism, given
 // the whole sequence as one query chunk and one kv chunk, then finished, are
 // the memory-efficient attention. Both backends run the two on one kernel
-// (common/cpu/ops.c's tile loop; ops.cu's kernels, which take the chunks'
+// (common/cpu/ops_flash.c's tile loop; ops_flash.cu's kernels, which take the chunks'
 // positions), so the bits are the same on either.
 static void flash_chunk_case(int B, int T, int C, int NH) {
     const size_t QKV = (size_t)B * T * 3 * C, OUT = (size_t)B * T * C, LSE = (size_t)B * T * NH;

@@ -366,7 +366,7 @@ void comm_barrier(const Comm* c) {
 // from its progress engine. A rank that computes between start and wait
 // makes no MPI call, so without help the whole transfer happens inside
 // comm_wait. comm_progress makes those calls: the CPU ops call it at their
-// start (common/cpu/ops.c), and it asks MPI about each request in flight
+// start (common/cpu/ops_*.c), and it asks MPI about each request in flight
 // (MPI_Request_get_status runs the progress engine and leaves the request
 // as it is). A start adds its request to the list; comm_wait and comm_test
 // take it out before they complete it.

@@ -1,7 +1,7 @@
 // cuda_common.h: what the CUDA backend's files share: the compute stream, the
 // cuBLAS handle, and the macros that check every CUDA, cuBLAS and NCCL call.
 //
-// Included by ops.cu and device.cu (C++, nvcc) and by comm.c (C, mpicc).
+// Included by ops_*.cu and device.cu (C++, nvcc) and by comm.c (C, mpicc).
 // A .cu file includes this header first and the project's other headers
 // inside extern "C" { }: they are C headers without C++ guards of their own.
 //
@@ -34,7 +34,7 @@ extern cublasHandle_t cuda_cublas;
 // the job on an asynchronous NCCL error (comm.c).
 extern void (*cuda_compute_wait)(void);
 // Four floats of device memory for the comm layer's one-element handshakes
-// (connect_channels in comm.c): a static device array, as ops.cu's, so not
+// (connect_channels in comm.c): a static device array, as ops_columns.cu's, so not
 // one of the model's memory categories (device.cu).
 float* cuda_handshake_floats(void);
 

@@ -1,6 +1,6 @@
-// ops_twin.h: the index logic of some of ops.cu's kernels as plain
+// ops_twin.h: the index logic of some of the CUDA ops' kernels as plain
 // functions of one thread's indices, compiled twice: by nvcc into the kernels
-// (ops.cu) and by the C compiler into tests/test_cuda_twins.c, which calls
+// (common/cuda/ops_*.cu) and by the C compiler into tests/test_cuda_twins.c, which calls
 // them in loops over every thread of the grid on the CPU and checks the
 // result against the CPU ops and straightforward references. No GPU runs
 // here; this is how the kernels' logic is tested without one.
@@ -452,7 +452,7 @@ TWIN_FN void flash_dq_end(const FlashArgs* a, FlashTiles t, int b, int h, int i0
 // ---- the ring's merge and finish, one thread per (token, head) row r:
 // stats (B, Tq, NH) and out (B, Tq, C) = (B*Tq*NH, hs) list the rows in
 // the same order, so row r owns out[r*hs .. r*hs + hs). The CPU ops' loop
-// bodies (common/cpu/ops.c), so the two give the same bits.
+// bodies (common/cpu/ops_*.c), so the two give the same bits.
 TWIN_FN void flash_merge_row(float* out, float* rowmax, float* sumexp, const float* out2,
                              const float* rowmax2, const float* sumexp2, size_t r, int hs) {
     float m = rowmax[r] > rowmax2[r] ? rowmax[r] : rowmax2[r];
