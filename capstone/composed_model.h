@@ -63,14 +63,10 @@ typedef struct {
     float *dfch_gelu, *dfch;         // --moe-every > 1: a dense layer's MLP gradients, (N, 4C) each
 } ExpertCP;
 
-// Tensor parallelism with sequence parallelism (--tp N, composed_tp.c). A tp
-// rank holds B/tp whole sequences of its share (its N token rows) through
-// everything that works token by token: the embedding, the LayerNorms, the
-// residuals, the router, the MoE layer (the experts whole, replicated over
-// tp) and the head. Attention meets the tp group: its N tp rows are
-// all-gathered, each rank runs its NH/tp heads (qkv column-parallel,
-// attproj row-parallel) and a reduce-scatter brings its rows back; so does
-// a dense layer's MLP (chapter 6's: fc on my 4C/tp hidden units).
+// Tensor parallelism with sequence parallelism (--tp N): a tp rank holds
+// B/tp whole sequences of its share (its N rows) through every per-token
+// part, and meets its tp group in attention and a dense layer's MLP, split
+// by heads and hidden units (composed_attention.c; the slices composed_tp.c).
 // tp = 1: nothing here is allocated and sh is cp.sh.
 typedef struct {
     int tp, rank;
