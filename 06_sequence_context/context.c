@@ -173,23 +173,7 @@ void cp_create(CPModel* m, const Run* run, CPMode mode, CPBalance balance, int o
     m->stash = mem_alloc_floats(block_stash_numel(1, N, C), MEM_ACTIVATIONS);
     m->dfch_gelu = mem_alloc_floats(4 * NC, MEM_ACTIVATIONS);
     m->datty = mem_alloc_floats(NC, MEM_ACTIVATIONS);
-    if (mode == CP_RING) {
-        for (int i = 0; i < 2; i++) {
-            m->kv[i] = mem_alloc_floats(2 * NC, MEM_COMM);
-            m->dkv[i] = mem_alloc_floats(2 * NC, MEM_COMM);
-        }
-        m->dkv_in = mem_alloc_floats(2 * NC, MEM_COMM);
-        // one pair's partials are one part's rows: at most N
-        m->ring.o2 = mem_alloc_floats(NC, MEM_ACTIVATIONS);
-        m->ring.m2 = mem_alloc_floats((size_t)N * NH, MEM_ACTIVATIONS);
-        m->ring.l2 = mem_alloc_floats((size_t)N * NH, MEM_ACTIVATIONS);
-        m->ring.sumexp = mem_alloc_floats((size_t)N * NH, MEM_ACTIVATIONS);
-    } else {
-        m->send = mem_alloc_floats(3 * NC, MEM_COMM);
-        m->recv = mem_alloc_floats(3 * NC, MEM_COMM);
-        m->dy_h = mem_alloc_floats(NC, MEM_ACTIVATIONS);
-        m->dqkv_h = mem_alloc_floats(3 * NC, MEM_ACTIVATIONS);
-    }
+    cp_buffers_create(&m->buf, mode, N, C, NH);
     if (setup->checkpoint) {  // --model FILE: every replica reads it whole
         host = xmalloc(m->P * sizeof(float));
         train_load_checkpoint(setup, host);
@@ -200,9 +184,9 @@ void cp_create(CPModel* m, const Run* run, CPMode mode, CPBalance balance, int o
 
 void cp_free(CPModel* m) {
     float* bufs[] = {m->params, m->grads, m->m, m->v, m->encoded, m->layers, m->transient, m->head, m->dres, m->dln,
-                     m->stash, m->dfch_gelu, m->datty, m->kv[0], m->kv[1], m->dkv[0], m->dkv[1], m->dkv_in,
-                     m->ring.o2, m->ring.m2, m->ring.l2, m->ring.sumexp, m->send, m->recv, m->dy_h, m->dqkv_h};
+                     m->stash, m->dfch_gelu, m->datty};
     for (size_t i = 0; i < sizeof bufs / sizeof *bufs; i++) mem_free(bufs[i]);
+    cp_buffers_free(&m->buf);
     mem_free(m->inputs);
     mem_free(m->targets);
     mem_free_host(m->losses_host);
@@ -263,11 +247,7 @@ void cp_embed_forward(CPModel* m, const int* inputs, const int* targets) {
     mem_to_device(m->targets, rows + N, (size_t)N * sizeof(int));
     double t0 = trace_start();
     // positions follow the tokens: part p's rows take wpe from its first position on
-    for (int p = 0; p < sh->parts; p++) {
-        size_t r0 = (size_t)p * sh->B * sh->len;
-        encoder_forward(m->encoded + r0 * C, m->inputs + r0, WTE(m, m->params),
-                        WPE(m, m->params) + (size_t)cp_shard_pos(sh, sh->rank, p) * C, sh->B, sh->len, C);
-    }
+    cp_shard_encoder_forward(sh, m->encoded, m->inputs, WTE(m, m->params), WPE(m, m->params), C);
     trace_compute(t0, "embedding forward");
 }
 
@@ -291,21 +271,15 @@ void cp_head_backward(CPModel* m) {
 }
 
 void cp_embed_backward(CPModel* m) {
-    const CPShard* sh = &m->sh;
-    const int C = m->cfg.channels;
     double t0 = trace_start();
-    for (int p = 0; p < sh->parts; p++) {
-        size_t r0 = (size_t)p * sh->B * sh->len;
-        encoder_backward(WTE(m, m->grads), WPE(m, m->grads) + (size_t)cp_shard_pos(sh, sh->rank, p) * C,
-                         m->dres + r0 * C, m->inputs + r0, sh->B, sh->len, C);
-    }
+    cp_shard_encoder_backward(&m->sh, WTE(m, m->grads), WPE(m, m->grads), m->dres, m->inputs, m->cfg.channels);
     trace_compute(t0, "embedding backward");
 }
 
 // ---------------------------------------------------------------- what the chapter measures
 
 CPWork cp_work_pause(CPModel* m) {
-    CPWork w = {.attn_scores = m->attn_scores, .ring_scores = m->ring.scores, .ring_skipped = m->ring.skipped,
+    CPWork w = {.attn_scores = m->attn_scores, .ring_scores = m->buf.ring.scores, .ring_skipped = m->buf.ring.skipped,
                 .attn_timed = m->attn_timed};
     m->attn_timed = 0;
     return w;
@@ -313,7 +287,7 @@ CPWork cp_work_pause(CPModel* m) {
 
 void cp_work_restore(CPModel* m, const CPWork* w) {
     m->attn_scores = w->attn_scores;
-    m->ring.scores = w->ring_scores, m->ring.skipped = w->ring_skipped;
+    m->buf.ring.scores = w->ring_scores, m->buf.ring.skipped = w->ring_skipped;
     m->attn_timed = w->attn_timed;
 }
 
@@ -380,7 +354,7 @@ void cp_report(const CPModel* m, int steps_run, double ring_wait_timed, const St
     double cp_calls = cp_send.calls * per_step, cp_bytes = cp_send.bytes * per_step;
     print0("cp traffic per rank per step: %.0f %s, %.0f bytes\n", cp_calls, ring ? "sends" : "all-to-alls", cp_bytes);
     // (the ring counts scores per sequence and head: x B x NH)
-    long scores = ring ? m->ring.scores * m->sh.B * m->cfg.num_heads : m->attn_scores;
+    long scores = ring ? m->buf.ring.scores * m->sh.B * m->cfg.num_heads : m->attn_scores;
     double* all_scores = xmalloc((size_t)n * sizeof(double));
     double* all_ms = xmalloc((size_t)n * sizeof(double));
     double scores_ratio = per_rank(m, (double)scores * per_step, all_scores);
@@ -389,7 +363,7 @@ void cp_report(const CPModel* m, int steps_run, double ring_wait_timed, const St
     print_per_rank("attention compute per cp rank, ms per step", all_ms, n, "%.2f", ms_ratio);
     if (ring) {
         print0("ring: fully masked (query part, key part) pairs skipped per step, forward, cp rank 0: %ld\n",
-               steps_run > 0 ? m->ring.skipped / steps_run : 0);
+               steps_run > 0 ? m->buf.ring.skipped / steps_run : 0);
         // the ring's waits (forward, recompute, backward) per timed step: a
         // part of the communication the summary reports blocked
         print0("ring waits: %.2f ms per step for K/V and dK/dV blocks (rank 0, overlap %s)\n", ring_wait_ms,
@@ -414,11 +388,45 @@ void cp_report(const CPModel* m, int steps_run, double ring_wait_timed, const St
 
 // ---------------------------------------------------------------- attention over the cp group
 
+void cp_buffers_create(CPBuffers* b, CPMode mode, int N, int C, int NH) {
+    const size_t NC = (size_t)N * C;
+    memset(b, 0, sizeof(*b));
+    if (mode == CP_RING) {
+        for (int i = 0; i < 2; i++) {
+            b->kv[i] = mem_alloc_floats(2 * NC, MEM_COMM);
+            b->dkv[i] = mem_alloc_floats(2 * NC, MEM_COMM);
+        }
+        b->dkv_in = mem_alloc_floats(2 * NC, MEM_COMM);
+        // one pair's partials are one part's rows: at most N
+        b->ring.o2 = mem_alloc_floats(NC, MEM_ACTIVATIONS);
+        b->ring.m2 = mem_alloc_floats((size_t)N * NH, MEM_ACTIVATIONS);
+        b->ring.l2 = mem_alloc_floats((size_t)N * NH, MEM_ACTIVATIONS);
+        b->ring.sumexp = mem_alloc_floats((size_t)N * NH, MEM_ACTIVATIONS);
+    } else {
+        b->send = mem_alloc_floats(3 * NC, MEM_COMM);
+        b->recv = mem_alloc_floats(3 * NC, MEM_COMM);
+        b->dy_h = mem_alloc_floats(NC, MEM_ACTIVATIONS);
+        b->dqkv_h = mem_alloc_floats(3 * NC, MEM_ACTIVATIONS);
+    }
+}
+
+void cp_buffers_free(CPBuffers* b) {
+    float* bufs[] = {b->kv[0], b->kv[1], b->dkv[0], b->dkv[1], b->dkv_in, b->ring.o2, b->ring.m2, b->ring.l2,
+                     b->ring.sumexp, b->send, b->recv, b->dy_h, b->dqkv_h};
+    for (size_t i = 0; i < sizeof bufs / sizeof *bufs; i++)
+        if (bufs[i]) mem_free(bufs[i]);
+}
+
+CPAttention cp_attention_on(const Comm* cpc, const CPShard* sh, int N, int C, int NH, CPBuffers* b) {
+    return (CPAttention){.cpc = cpc, .sh = sh, .N = N, .C = C, .NH = NH, .kv = {b->kv[0], b->kv[1]},
+                         .dkv = {b->dkv[0], b->dkv[1]}, .dkv_in = b->dkv_in, .ring = &b->ring, .send = b->send,
+                         .recv = b->recv, .dy_h = b->dy_h, .dqkv_h = b->dqkv_h, .overlap = 1};
+}
+
 CPAttention cp_attention(CPModel* m) {
-    return (CPAttention){.cpc = m->cpc, .sh = &m->sh, .N = m->N, .C = m->cfg.channels, .NH = m->cfg.num_heads,
-                         .kv = {m->kv[0], m->kv[1]}, .dkv = {m->dkv[0], m->dkv[1]}, .dkv_in = m->dkv_in,
-                         .ring = &m->ring, .send = m->send, .recv = m->recv, .overlap = m->overlap,
-                         .wait_clock = &m->ring_wait_clock, .attn_clock = m->attn_timed ? &m->attn_clock : NULL};
+    CPAttention a = cp_attention_on(m->cpc, &m->sh, m->N, m->cfg.channels, m->cfg.num_heads, &m->buf);
+    a.overlap = m->overlap, a.wait_clock = &m->ring_wait_clock, a.attn_clock = m->attn_timed ? &m->attn_clock : NULL;
+    return a;
 }
 
 // A ring transfer completed, the time spent waiting for it counted: the part
@@ -551,4 +559,28 @@ void cp_heads_to_seq(const CPAttention* a, float* dst, const float* src, int w) 
     for (int j = 0; j < n; j++)
         for (int t = 0; t < w; t++)
             ops_copy_2d(dst + t * C + j * c, w * C, a->recv + j * block + t * c, wc, N, c);
+}
+
+// Ulysses: the two all-to-alls around chapter 0's attention on whole
+// sequences of my NH/cp heads (C/cp channels).
+void cp_ulysses_forward(const CPAttention* a, const float* qkv, float* atty, float* lse, float* qkv_h, float* y_h) {
+    const CPShard* sh = a->sh;
+    const int n = a->cpc->size;
+    cp_seq_to_heads(a, qkv_h, qkv, 3);  // all-to-all: my heads' q|k|v, whole sequences
+    attn_clock_start(a);
+    attention_flash_forward(y_h, lse, qkv_h, sh->B, sh->T, a->C / n, a->NH / n);
+    attn_clock_stop(a);
+    cp_heads_to_seq(a, atty, y_h, 1);  // all-to-all: the output back to my tokens
+}
+
+void cp_ulysses_backward(const CPAttention* a, const float* qkv_h, const float* y_h, const float* lse,
+                         const float* datty, float* dqkv) {
+    const CPShard* sh = a->sh;
+    const int n = a->cpc->size;
+    cp_seq_to_heads(a, a->dy_h, datty, 1);  // all-to-all: d output of my heads, whole sequences
+    attn_clock_start(a);
+    ops_zero(a->dqkv_h, (size_t)a->N * 3 * a->C);
+    attention_flash_backward(a->dqkv_h, a->dy_h, qkv_h, y_h, lse, sh->B, sh->T, a->C / n, a->NH / n);
+    attn_clock_stop(a);
+    cp_heads_to_seq(a, dqkv, a->dqkv_h, 3);  // all-to-all: dq|dk|dv back to my tokens
 }

@@ -34,6 +34,22 @@ typedef enum { BALANCE_NONE, BALANCE_ZIGZAG } CPBalance;
 extern const char* const cp_mode_names[2];     // "ring", "ulysses"
 extern const char* const cp_balance_names[2];  // "none", "zigzag"
 
+// The buffers attention over the cp group works in, for N rows of C
+// channels and NH heads, the mode's only (the rest NULL). Ring: packed
+// [k | v] rows (N, 2C), the block in hand and the next; dK|dV partial sums
+// (N, 2C) two deep (one may still be sending) and the one arriving; the
+// partials of one (query part, key part) pair and the running sumexp.
+// Ulysses: the all-to-all's send and receive (N, 3C); the gradient of my
+// heads' attention output (B, T, C/cp) and dqkv (B, T, 3C/cp).
+typedef struct {
+    float *kv[2], *dkv[2], *dkv_in;
+    RingForward ring;  // the running partials of my queries (ring.h)
+    float *send, *recv, *dy_h, *dqkv_h;
+} CPBuffers;
+// Allocated and counted (memory.h: comm buffers, activations); freed.
+void cp_buffers_create(CPBuffers* b, CPMode mode, int N, int C, int NH);
+void cp_buffers_free(CPBuffers* b);
+
 // One layer's activations on my N token rows.
 typedef struct {
     BlockActs a;   // the block's activations on my N tokens (a.lse unused: lse below)
@@ -77,14 +93,7 @@ typedef struct {
     int* rows_host;         // (2, N) my rows' inputs, then targets, on their way to the device
     // backward
     float *dres, *dln, *stash, *dfch_gelu, *datty;
-    // ring buffers: packed [k | v] rows (N, 2C), the block in hand and the
-    // next; dK|dV partial sums (N, 2C) two deep (one may still be sending)
-    // and the one arriving; the partials of one pair and the running sumexp
-    float *kv[2], *dkv[2], *dkv_in;
-    RingForward ring;  // the running partials of my queries (ring.h)
-    // ulysses buffers: all-to-all send and receive (N, 3C); the gradient of
-    // my heads' attention output (B, T, C/cp), dqkv (B, T, 3C/cp)
-    float *send, *recv, *dy_h, *dqkv_h;
+    CPBuffers buf;  // the ring's or Ulysses' buffers (below)
     // what the chapter measures
     int overlap;          // --cp-overlap: 1 computes while a block travels, 0 waits for it first
     double ring_wait_seconds;  // inside the ring's waits: the communication the attention did not hide
@@ -172,7 +181,7 @@ void cp_report(const CPModel* m, int steps_run, double ring_wait_timed, const St
 // layout and size of attention's rows, the buffers, and chapter 6's
 // measurements. A view, made for the call: chapter 6 makes it from its
 // CPModel (cp_attention), the capstone from its model, whose attention's
-// rows are the tp group's with --tp (capstone/composed_cp.c).
+// rows are the tp group's with --tp (capstone/composed_attention.c).
 typedef struct {
     const Comm* cpc;     // the ring / all-to-all group: sh->cp ranks
     const CPShard* sh;   // who holds which positions of attention's B sequences of T
@@ -182,14 +191,18 @@ typedef struct {
     // one arriving; the running partials of my queries (ring.h)
     float *kv[2], *dkv[2], *dkv_in;
     RingForward* ring;
-    // ulysses: the all-to-all's send and receive buffers, (N, 3C) each
-    float *send, *recv;
+    // ulysses: the all-to-all's send and receive buffers, (N, 3C) each,
+    // and backward's d output (B, T, C/cp) and dqkv (B, T, 3C/cp) of my heads
+    float *send, *recv, *dy_h, *dqkv_h;
     // what chapter 6 measures (the capstone: 1, NULL, NULL)
     int overlap;              // 1: compute while the next block travels; 0: wait for it first (--cp-overlap)
     DeviceClock* wait_clock;  // the ring's waits, counted here too (comm_wait_clock_begin); NULL: not
     DeviceClock* attn_clock;  // a span around the compute with each block in hand; NULL: not timed
 } CPAttention;
 
+// The view of N rows (C channels, NH heads) laid out as sh over the group
+// cpc, in b's buffers: every transfer overlapped, nothing timed.
+CPAttention cp_attention_on(const Comm* cpc, const CPShard* sh, int N, int C, int NH, CPBuffers* b);
 // Chapter 6's view of its model: the clock of attention only while
 // m->attn_timed (not in validation, nor in --recompute full's forward).
 CPAttention cp_attention(CPModel* m);
@@ -211,5 +224,14 @@ void cp_ring_backward(const CPAttention* a, const float* qkv, const float* atty,
 // head group's C/cp channels. cp_heads_to_seq is its inverse.
 void cp_seq_to_heads(const CPAttention* a, float* dst, const float* src, int w);
 void cp_heads_to_seq(const CPAttention* a, float* dst, const float* src, int w);
+// Ulysses attention, forward: qkv (N, 3C) my rows, every head; one
+// all-to-all to my heads' q|k|v of whole sequences (qkv_h (B, T, 3C/cp),
+// kept for backward), chapter 0's attention on them into y_h (B, T, C/cp)
+// and lse (B, T, NH/cp), one all-to-all back into atty (N, C).
+void cp_ulysses_forward(const CPAttention* a, const float* qkv, float* atty, float* lse, float* qkv_h, float* y_h);
+// Backward: the same two exchanges on the gradients, from datty (N, C) into
+// dqkv (N, 3C); the op's backward reads the kept qkv_h, y_h and lse.
+void cp_ulysses_backward(const CPAttention* a, const float* qkv_h, const float* y_h, const float* lse,
+                         const float* datty, float* dqkv);
 
 #endif

@@ -91,31 +91,22 @@ static void ring_attention_backward(CPModel* m, const float* qkv, const float* a
 // my B sequences, my NH/cp heads" (cp_seq_to_heads, context.c: block j of
 // the send buffer holds head group j's columns of my tokens; what arrives
 // is laid at its positions in whole sequences); attention runs whole on
-// those heads; one all-to-all turns it back (cp_heads_to_seq).
+// those heads; one all-to-all turns it back (cp_heads_to_seq). Both, with
+// the attention between them, are context.c's cp_ulysses_forward (the
+// capstone runs it too).
 static void ulysses_attention_forward(CPModel* m, LayerActs* la) {
-    const int n = m->cpc->size, C = m->cfg.channels, NH = m->cfg.num_heads;
-    CPAttention a = cp_attention(m);
-    cp_seq_to_heads(&a, la->qkv_h, la->a.qkv, 3);  // all-to-all: my heads' q|k|v, whole sequences
-    cp_attn_clock_start(m);
-    // whole sequences, NH/cp heads: chapter 0's attention on C/cp channels
-    attention_flash_forward(la->y_h, la->lse, la->qkv_h, m->sh.B, m->sh.T, C / n, NH / n);
-    cp_attn_clock_stop(m);
+    const int n = m->cpc->size, NH = m->cfg.num_heads;
+    CPAttention a = cp_attention(m);  // the cp group, my rows, the all-to-all's buffers, the clock
+    // all-to-all, chapter 0's attention on whole sequences of NH/cp heads (C/cp channels), all-to-all back
+    cp_ulysses_forward(&a, la->a.qkv, la->a.atty, la->lse, la->qkv_h, la->y_h);
     m->attn_scores += (long)m->sh.B * (NH / n) * ((long)m->sh.T * (m->sh.T + 1) / 2);
-    cp_heads_to_seq(&a, la->a.atty, la->y_h, 1);  // all-to-all: the output back to my tokens
 }
 
 // Backward: the same two exchanges on the gradients. The op's backward
 // reads the output in the head layout too: the layer kept it (y_h).
 static void ulysses_attention_backward(CPModel* m, const LayerActs* la, const float* datty, float* dqkv) {
-    const int n = m->cpc->size, C = m->cfg.channels, NH = m->cfg.num_heads;
-    const CPShard* sh = &m->sh;
     CPAttention a = cp_attention(m);
-    cp_seq_to_heads(&a, m->dy_h, datty, 1);  // all-to-all: d output of my heads, whole sequences
-    cp_attn_clock_start(m);
-    ops_zero(m->dqkv_h, (size_t)m->N * 3 * C);
-    attention_flash_backward(m->dqkv_h, m->dy_h, la->qkv_h, la->y_h, la->lse, sh->B, sh->T, C / n, NH / n);
-    cp_attn_clock_stop(m);
-    cp_heads_to_seq(&a, dqkv, m->dqkv_h, 3);  // all-to-all: dq|dk|dv back to my tokens
+    cp_ulysses_backward(&a, la->qkv_h, la->y_h, la->lse, datty, dqkv);
 }
 
 // ---------------------------------------------------------------- the block

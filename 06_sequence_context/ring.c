@@ -96,3 +96,20 @@ void ring_backward_block(const CPShard* me, const float* qkv, const float* atty,
                                      kv + ko * 2 * C + C, 2 * C, B, L, L, q0, k0, C, NH);
         }
 }
+
+void cp_shard_encoder_forward(const CPShard* s, float* out, const int* inputs, const float* wte, const float* wpe,
+                              int C) {
+    for (int p = 0; p < s->parts; p++) {
+        size_t r0 = (size_t)p * s->B * s->len;
+        encoder_forward(out + r0 * C, inputs + r0, wte, wpe + (size_t)cp_shard_pos(s, s->rank, p) * C, s->B, s->len, C);
+    }
+}
+
+void cp_shard_encoder_backward(const CPShard* s, float* dwte, float* dwpe, const float* dout, const int* inputs,
+                               int C) {
+    for (int p = 0; p < s->parts; p++) {
+        size_t r0 = (size_t)p * s->B * s->len;
+        encoder_backward(dwte, dwpe + (size_t)cp_shard_pos(s, s->rank, p) * C, dout + r0 * C, inputs + r0, s->B,
+                         s->len, C);
+    }
+}

@@ -32,6 +32,13 @@ int cp_shard_owner(const CPShard* s, int pos, size_t* row);
 // Host int work on token ids: this rank's rows of B whole sequences
 // src (B, T), into dst (B*T/cp) in the part-major order above.
 void cp_shard_tokens(const CPShard* s, int* dst, const int* src);
+// The embedding of this rank's rows, inputs (device, the order above),
+// into out (rows, C): each part's rows take wpe (maxT, C) from its first
+// position on. Backward: dout into dwte's and dwpe's rows, accumulated.
+void cp_shard_encoder_forward(const CPShard* s, float* out, const int* inputs, const float* wte, const float* wpe,
+                              int C);
+void cp_shard_encoder_backward(const CPShard* s, float* dwte, float* dwpe, const float* dout, const int* inputs,
+                               int C);
 // A (query part at q0, key part at k0) pair leaves some score unmasked iff
 // its first key is not after its last query: k0 <= q0 + len - 1.
 int cp_pair_visible(const CPShard* s, int q0, int k0);

@@ -2,7 +2,7 @@
 // and written to the MoE file (composed_model.h): the one place that puts
 // every axis's buffers together, the replicated and expert buffers with
 // --zero (composed_zero.c), the tp slices (composed_tp.c), the cp state
-// (composed_cp.c) and chapter 7's MoE layers (07_expert/moe_layer.c).
+// (composed_attention.c) and chapter 7's MoE layers (07_expert/moe_layer.c).
 // Above them all, so none of them calls back into it.
 #include "composed_model.h"
 

@@ -80,18 +80,15 @@ void expert_units_reduce(ExpertModel* m, int l) {
 // rows take wpe from its first position on.
 void expert_embed_forward(ExpertModel* m, const int* inputs, const int* targets) {
     const CPShard* sh = &m->cp.sh;
-    int N = m->N, C = m->cfg.gpt.channels;
+    int N = m->N;
     int* rows = m->rows_host;
     cp_shard_tokens(sh, rows, inputs);
     cp_shard_tokens(sh, rows + N, targets);
     gpt_acts_load(&m->acts, rows, rows + N);
     if (!m->embeds) return;  // a later pipeline stage: its input arrived in acts.encoded
     float* u = expert_zero_params(&m->z[ZERO_SHARED], 0);  // unit 0: [wte wpe]
-    for (int p = 0; p < sh->parts; p++) {
-        size_t r0 = (size_t)p * sh->B * sh->len;
-        encoder_forward(m->acts.encoded + r0 * C, m->acts.inputs + r0, u + moe_wte_offset(&m->cfg),
-                        u + moe_wpe_offset(&m->cfg) + (size_t)cp_shard_pos(sh, sh->rank, p) * C, sh->B, sh->len, C);
-    }
+    cp_shard_encoder_forward(sh, m->acts.encoded, m->acts.inputs, u + moe_wte_offset(&m->cfg),
+                             u + moe_wpe_offset(&m->cfg), m->cfg.gpt.channels);  // chapter 6's (ring.c)
 }
 
 float expert_head_forward(ExpertModel* m) {
@@ -120,14 +117,9 @@ void expert_head_backward(ExpertModel* m) {
 
 void expert_embed_backward(ExpertModel* m) {
     if (!m->embeds) return;
-    const CPShard* sh = &m->cp.sh;
     float* G = expert_zero_grads(&m->z[ZERO_SHARED], 0);  // unit 0's: the head's dwte is in it
-    int C = m->cfg.gpt.channels;
-    for (int p = 0; p < sh->parts; p++) {
-        size_t r0 = (size_t)p * sh->B * sh->len;
-        encoder_backward(G + moe_wte_offset(&m->cfg), G + moe_wpe_offset(&m->cfg) + (size_t)cp_shard_pos(sh, sh->rank, p) * C,
-                         m->acts.dres + r0 * C, m->acts.inputs + r0, sh->B, sh->len, C);
-    }
+    cp_shard_encoder_backward(&m->cp.sh, G + moe_wte_offset(&m->cfg), G + moe_wpe_offset(&m->cfg), m->acts.dres,
+                              m->acts.inputs, m->cfg.gpt.channels);
 }
 
 // ---------------------------------------------------------------- the flags

@@ -1,15 +1,12 @@
-// composed_model.h: chapter 7's mixture-of-experts model on one rank of the
-// dp x tp x cp x ep mesh: its buffers (the replicated parameters, this rank's experts,
-// their gradients and AdamW moments, the activations each MoE layer keeps),
-// their creation and release and the MoE file (--model FILE, --save FILE);
-// the training-state checkpoint's slices are each chunk's (composed_stage.h).
-//
-// The strategy is not here: routing, the exchange plan, the pipeline of
-// dispatch, experts and combine, and the two gradient groups are the
-// chapter's own, in capstone/main.c, in the order a step runs them. Here
-// are its bookkeeping: the flags, the send order of the plan, which rows of
-// a chunk run through which expert in which order, the exchanges' timing.
-// The model's layout, init and block pieces are moe.h's.
+// composed_model.h: the capstone's model on one rank of the dp x tp x pp x
+// cp x ep mesh (or one pipeline chunk of it), the map of capstone/: the
+// buffers (the replicated parameters, this rank's experts, its tp slices,
+// their gradients and AdamW moments, the activations) and, file by file,
+// what builds and runs them. The layers are the chapters': chapter 7's
+// model layout, init and MoE layer (07_expert/moe.h, moe_layer.h), chapter
+// 6's sequence-parallel MLP, ring and Ulysses (sequence.h, context.h),
+// chapter 3's engine under --zero (composed_zero.h). The step that calls
+// them, in the order it runs them, is capstone/main.c.
 #ifndef COMPOSED_MODEL_H
 #define COMPOSED_MODEL_H
 
@@ -18,9 +15,9 @@
 #include "context.h"  // chapter 6's CPMode, CPBalance, cp_parse_flags, and its ring and Ulysses loops (CPAttention)
 #include "composed_zero.h"  // --zero: ZeroBuf
 #include "moe.h"
-#include "moe_layer.h"
-#include "moe_model.h"  // chapter 7's flags, config checks, checkpoint tensors, --save's gather  // chapter 7's MoE layer over ep: MoeParallel, MoeLayer
-#include "ring.h"     // chapter 6's CPShard and ring attention's compute
+#include "moe_layer.h"   // chapter 7's MoE layer over ep: MoeParallel, MoeLayer
+#include "moe_model.h"  // chapter 7's flags, config checks, checkpoint tensors, --save's gather
+#include "ring.h"       // chapter 6's CPShard
 #include "run.h"
 #include "train_eval.h"
 #include "train_loop.h"
@@ -61,21 +58,15 @@ typedef struct {
     CPShard sh;
     const Comm* cpc;                 // the ring / all-to-all group
     float* lse;                      // (L, N, NH) each layer's (ulysses: its head shard's, (B, T, NH/cp))
-    float *kv[2], *dkv[2], *dkv_in;  // ring: (N, 2C) [k | v] blocks and dK|dV sums (chapter 6's)
-    RingForward ring;                // ring: the running partials (ring.h)
     float *qkv_h, *y_h;              // ulysses: (L, B, T, 3C/cp), (L, B, T, C/cp) each layer's
-    float *send, *recv, *dy_h, *dqkv_h;  // ulysses: (N, 3C) x 2, (N, C), (N, 3C)
+    CPBuffers buf;                   // chapter 6's: the ring's K/V blocks or the all-to-all's (context.h)
     float *dfch_gelu, *dfch;         // --moe-every > 1: a dense layer's MLP gradients, (N, 4C) each
 } ExpertCP;
 
-// Tensor parallelism with sequence parallelism (--tp N, composed_tp.c). A tp
-// rank holds B/tp whole sequences of its share (its N token rows) through
-// everything that works token by token: the embedding, the LayerNorms, the
-// residuals, the router, the MoE layer (the experts whole, replicated over
-// tp) and the head. Attention meets the tp group: its N tp rows are
-// all-gathered, each rank runs its NH/tp heads (qkv column-parallel,
-// attproj row-parallel) and a reduce-scatter brings its rows back; so does
-// a dense layer's MLP (chapter 6's: fc on my 4C/tp hidden units).
+// Tensor parallelism with sequence parallelism (--tp N): a tp rank holds
+// B/tp whole sequences of its share (its N rows) through every per-token
+// part, and meets its tp group in attention and a dense layer's MLP, split
+// by heads and hidden units (composed_attention.c; the slices composed_tp.c).
 // tp = 1: nothing here is allocated and sh is cp.sh.
 typedef struct {
     int tp, rank;
@@ -150,64 +141,86 @@ typedef struct {
     int zero;  // --zero: 0, 1 the AdamW moments sharded, 2 the gradients, 3 the parameters (composed_zero.h)
 } ExpertFlags;
 
-// The chapter's flags (the table is in composed_model.c) and run_start (the
-// shared flags, the dp x cp x ep mesh); --model FILE is read as an MoE file.
-// Returns 0 when the program should end at once (--help).
+// ---------------------------------------------------------------- composed_model.c
+// The flags (chapter 7's and the composition's) and run_start; returns 0
+// when the program should end at once (--help).
 int expert_run_start(Run* run, ExpertFlags* flags, int argc, char** argv);
-
-// The model's config after run_start: the flags, or with --model FILE the
-// file's experts, router and widths (they win over the flags; *flags is
-// updated to them). Checks the flags, and the mesh against the experts and
-// the batch (every rank takes its own sequences); bad input ends every rank
-// with one message.
+// The config: the flags, or --model FILE's experts and widths (they win;
+// *flags follows), checked against the mesh (composed_rules.h) on every rank.
 MoeConfig expert_config(const Run* run, ExpertFlags* flags);
-
-// This rank's model: its share of B/(dp ep) sequences of the global batch
-// per step (T/cp positions of each), the experts [e0, e0 + E/ep) of its ep coordinate, every buffer
-// allocated and counted, the parameters initialised (counter-based, moe.h)
-// or read from --model FILE, statistics recorded.
-void expert_model_create(ExpertModel* m, const MoeConfig* cfg, const ExpertFlags* flags, const Run* run);
-// The same for a pipeline chunk (composed_stage.c): embeds and has_head as the
-// fields say; without the head the activations have no logits.
-void expert_model_create_part(ExpertModel* m, const MoeConfig* cfg, const ExpertFlags* flags, const Run* run,
-                              int embeds, int has_head);
-// The start-up lines: the mesh, the experts, the parameters.
-void expert_print_setup(const ExpertModel* m, const Run* run);
-void expert_model_free(ExpertModel* m);
-// Where MoE layer l's state lives (--recompute full: one for all layers).
+// Where MoE layer l's state lives (--recompute full: one for all layers),
+// and where layer l's forward writes (model.h's store and transient).
 MoeLayer* expert_layer(ExpertModel* m, int l);
-// Where layer l's forward writes its attention half (and a dense layer its
-// MLP): the kept fields in the layer's store, the dropped ones in the
-// transient (model.h, --recompute).
 BlockActs expert_block_acts(ExpertModel* m, int l);
-// The parts of the step that work token by token on this rank's B x T
-// tokens: the token ids to the device and their embeddings; the final
-// LayerNorm, LM head and loss (returns their mean); its backward into
-// acts.dres; the embeddings' backward from acts.dres. In a pipeline chunk
-// without the embedding (m->embeds 0) the first only loads the tokens and
-// the last does nothing; without the head (m->has_head 0) the head's
-// forward returns 0 and its backward does nothing.
+// The parts that work token by token on my rows: the tokens to the device
+// and their embeddings (a later pipeline chunk: the tokens only); the final
+// LayerNorm, LM head and mean loss (no head: 0); their backwards, into and
+// from acts.dres (each nothing where the chunk has no head, no embedding).
 void expert_embed_forward(ExpertModel* m, const int* inputs, const int* targets);
 float expert_head_forward(ExpertModel* m);
 void expert_head_backward(ExpertModel* m);
 void expert_embed_backward(ExpertModel* m);
-// --zero 2, 3 (composed_zero.h), layer l's units in the three buffers (its
-// piece of the replicated buffer, its experts, its tp slices; l = -1 the
-// embedding's [wte wpe], l = L the head's [lnfw lnfb] and wte). gather:
-// --zero 3 all-gathers them over their groups (l = -1 first forgets the last
-// step's). open, before the layer's backward: gathered again, and their
-// gradient buffers zeroed (l = L opens wte's too, which -1 closes). reduce,
-// after it: each gradient reduce-scattered over its group. Nothing at lower
-// stages.
+// --zero 2, 3: layer l's units in the three buffers (l = -1 the embedding's
+// [wte wpe], l = L the head's [lnfw lnfb] and wte): gather (--zero 3) before
+// its forward, open (gathered, gradients zeroed) before its backward,
+// reduce (reduce-scattered) after it. Nothing at lower stages.
 void expert_units_gather(ExpertModel* m, int l);
 void expert_units_open(ExpertModel* m, int l);
 void expert_units_reduce(ExpertModel* m, int l);
-// Layer l's router (E, C) and its gradient.
+// All parameters (every expert of every MoE layer); the start-up lines;
+// --show-sharding's table (collective when show is set).
+size_t expert_total_params(const ExpertModel* m);
+void expert_print_setup(const ExpertModel* m, const Run* run);
+void expert_model_show_sharding(const ExpertModel* m, int show);
+
+// ---------------------------------------------------------------- composed_build.c
+// This rank's model: its B/(dp ep tp) sequences of the global batch (T/cp
+// positions of each), the experts [e0, e0 + E/ep), every buffer allocated
+// and counted, the parameters initialised (counter-based) or read from
+// --model FILE. _part: a pipeline chunk (composed_stage.c), embeds and
+// has_head as the fields say.
+void expert_model_create(ExpertModel* m, const MoeConfig* cfg, const ExpertFlags* flags, const Run* run);
+void expert_model_create_part(ExpertModel* m, const MoeConfig* cfg, const ExpertFlags* flags, const Run* run,
+                              int embeds, int has_head);
+void expert_model_free(ExpertModel* m);
+// --save FILE: the MoE file (moe.h) from world rank 0. Collective.
+void expert_model_save(ExpertModel* m, const char* path);
+
+// ---------------------------------------------------------------- composed_attention.c
+// The attention half of layer l (ln1 to ln2, moe.h) on my N rows: chapter
+// 7's own, with --tp around the tp group's heads, at cp > 1 chapter 6's ring
+// or Ulysses inside; backward with dln2 and dres as moe_attention_backward.
+void expert_attention_forward(ExpertModel* m, int l, const BlockParams* p, BlockActs* a, const float* x);
+void expert_attention_backward(ExpertModel* m, int l, const BlockParams* p, BlockParams* g, const BlockActs* a,
+                               const BlockScratch* s, const float* x, const float* dln2, float* dres);
+// A dense layer (--moe-every > 1): model.h's block at cp = tp = 1 (and not
+// split), else the attention half and the dense MLP on my rows (backward:
+// acts.dres from d res3 to d x).
+void expert_dense_forward(ExpertModel* m, int l, const BlockParams* p);
+void expert_dense_backward(ExpertModel* m, int l, const BlockParams* p, BlockParams* g);
+// The cp state and a dense layer's MLP gradients (m->N, m->cfg, m->cp.sh set).
+void expert_cp_create(ExpertModel* m);
+void expert_cp_free(ExpertModel* m);
+
+// ---------------------------------------------------------------- composed_tp.c
+// Layer l's parameters (gradients) with, under --tp, my slices of its split
+// tensors; its router (E, C) and the router's gradient.
+BlockParams expert_block_params(ExpertModel* m, int l);
+BlockParams expert_block_grads(ExpertModel* m, int l);
 float* expert_router(ExpertModel* m, int l);
 float* expert_router_grad(ExpertModel* m, int l);
-// The split backward (composed_wgrad.c). expert_wgrad_enable: a chunk of a
-// split schedule (a dense layer then takes chapter 7's own backward at
-// cp = tp = 1 too, composed_cp.c, with its (N, 4C) MLP gradients). The
+// --tp: the slices' buffers; my slices' counter-based init; the whole
+// shared buffer (host, moe.h's layout at tp = 1) cut into mine; and put
+// together again on tp rank 0 (NULL elsewhere; collective over tp).
+void expert_tp_create(ExpertModel* m, const Run* run);
+void expert_tp_init(ExpertModel* m, uint64_t seed);
+void expert_tp_load(ExpertModel* m, const float* whole);
+float* expert_tp_gather_whole(ExpertModel* m);
+void expert_tp_free(ExpertModel* m);
+
+// ---------------------------------------------------------------- composed_wgrad.c
+// The split backward. expert_wgrad_enable: a chunk of a split schedule (a
+// dense layer then takes the composed backward at cp = tp = 1 too). The
 // arena's floats per (microbatch, chunk): every deferred matmul's copies,
 // the experts' at their most rows R; a queue of them, and its release.
 // expert_wgrad: dw (OC, C) += dout^T inp, db (OC) += the rows' sum of dout
@@ -224,61 +237,5 @@ void expert_wgrad_run(WGradQueue* q);
 // expert_wgrad as the MoE layer's MoeWeightGrad (ctx: the ExpertModel).
 void expert_wgrad_hook(void* ctx, int layer, float* dw, float* db, const float* dout, const float* inp, int N, int C,
                        int OC);
-// The attention half of layer l (ln1 to ln2, moe.h) on my N rows (composed_attention.c): at cp = 1
-// moe_attention_forward itself; at cp > 1 its two halves around the cp
-// group's attention (--cp-mode ring: the K/V blocks around the ring;
-// ulysses: all-to-all to head shards and back), chapter 6's loops
-// (context.c) and ring.c's compute, called from composed_cp.c. Backward likewise, with dln2 and dres as
-// moe_attention_backward takes them.
-void expert_attention_forward(ExpertModel* m, int l, const BlockParams* p, BlockActs* a, const float* x);
-void expert_attention_backward(ExpertModel* m, int l, const BlockParams* p, BlockParams* g, const BlockActs* a,
-                               const BlockScratch* s, const float* x, const float* dln2, float* dres);
-// A dense layer (--moe-every > 1): model.h's gpt_block_forward and
-// gpt_block_backward at cp = tp = 1; at cp > 1 or tp > 1 the attention half
-// above and the dense MLP on my rows (backward: acts.dres from d res3 to d
-// x; with a split backward at cp = tp = 1 too, its weights queued).
-void expert_dense_forward(ExpertModel* m, int l, const BlockParams* p);
-void expert_dense_backward(ExpertModel* m, int l, const BlockParams* p, BlockParams* g);
-// Layer l's parameters (or gradients) as a BlockParams: the shared buffer's
-// tensors and, with --tp, this rank's slices of qkvw, qkvb and attprojw (and
-// of a dense layer's fcw, fcb and fcprojw).
-BlockParams expert_block_params(ExpertModel* m, int l);
-BlockParams expert_block_grads(ExpertModel* m, int l);
-// Attention itself on the attention's rows (the tp group's, this rank's
-// NH/tp heads): a->qkv to a->atty, at cp = 1 chapter 0's op, at cp > 1 the
-// ring or Ulysses over cp (composed_cp.c); backward s->datty to s->dqkv.
-// Each keeps only the lse of the softmax (no probabilities): --recompute
-// selective has no attention to redo.
-void expert_attention_core_forward(ExpertModel* m, int l, BlockActs* a);
-void expert_attention_core_backward(ExpertModel* m, int l, const BlockActs* a, const BlockScratch* s);
-// --tp (composed_tp.c): the attention half on my N rows around the tp
-// group's attention; the slices' buffers, from the whole model's values
-// (host, moe.h's layout at tp = 1) split into the shared buffer's layout
-// and my slices, and back for --save; the checkpoint's and the sharding
-// table's lines of the slices.
-void expert_tp_attention_forward(ExpertModel* m, int l, const BlockParams* p, BlockActs* a, const float* x);
-void expert_tp_attention_backward(ExpertModel* m, int l, const BlockParams* p, BlockParams* g, const BlockActs* a,
-                                  const BlockScratch* s, const float* x, const float* dln2, float* dres);
-void expert_tp_create(ExpertModel* m, const Run* run);
-void expert_tp_init(ExpertModel* m, uint64_t seed);  // my slices' counter-based init
-void expert_tp_load(ExpertModel* m, const float* whole);  // whole: moe_num_shared at tp = 1 (host)
-void expert_tp_free(ExpertModel* m);
-// The whole model's shared buffer (host, tp = 1 layout) on tp rank 0 from
-// every rank's; collective over tp. NULL on the other ranks.
-float* expert_tp_gather_whole(ExpertModel* m);
-// The cp buffers of m (m->N, m->cfg and m->cp.sh set), and their release.
-void expert_cp_create(ExpertModel* m);
-void expert_cp_free(ExpertModel* m);
-// All parameters, the replicated ones and every expert of every MoE layer.
-size_t expert_total_params(const ExpertModel* m);
-
-// --save FILE: the MoE file (moe.h), written by world rank 0 from the
-// replicated parameters and every expert gathered over ep. Collective.
-void expert_model_save(ExpertModel* m, const char* path);
-
-// --show-sharding: the replicated parameters (the GPT and the routers) on
-// every rank, this rank's E/ep experts of every MoE layer (sharding.h).
-// Collective when show is set.
-void expert_model_show_sharding(const ExpertModel* m, int show);
 
 #endif

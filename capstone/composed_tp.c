@@ -1,21 +1,10 @@
-// composed_tp.c: tensor parallelism with sequence parallelism in chapter 7
-// (--tp N, composed_model.h's ExpertTP), chapter 6's Megatron sequence
-// parallelism (06_sequence_context/sequence.c) on chapter 7's model.
-//
-// Outside attention and a dense MLP every op works token by token, so a tp
-// rank runs the embedding, the LayerNorms, the residuals, the router, the
-// MoE layer and the head on its own N rows (B/tp whole sequences of its
-// share). Attention mixes the tokens of a sequence and is split by heads: the
-// group's rows are all-gathered (chapter 6's "gather from the
-// sequence-parallel region"), qkv is column-parallel (this rank's NH/tp
-// heads), attproj row-parallel (a partial sum for every row), and a
-// reduce-scatter adds the partial sums and hands each rank its rows back.
-// Backward mirrors it, and all-gathers ln1's output again for qkvw's
-// gradient (it is not kept: that is the saving). A dense layer's MLP is
-// chapter 6's own (sp_mlp_forward, composed_attention.c): fc on my 4C/tp
-// hidden units. The experts stay whole on every tp rank (docs/07_expert.md
-// says why). Every collective of tp's attention is in this file, in step
-// order, the MLP's in 06_sequence_context/sequence.c.
+// composed_tp.c: tensor parallelism's parameters in chapter 7's model (--tp
+// N, composed_model.h's ExpertTP): a tp rank's slices of every layer's qkvw,
+// qkvb and attprojw (and of a dense layer's fcw, fcb, fcprojw) in moe.h's
+// layout, their counter-based init, the whole model cut into them (--model
+// FILE) and put together again (--save), and the group's buffers. The
+// attention half that runs on them, with every collective of tp's
+// attention, is composed_attention.c's.
 #include <stdlib.h>
 #include <string.h>
 
@@ -51,99 +40,6 @@ float* expert_router(ExpertModel* m, int l) {
 
 float* expert_router_grad(ExpertModel* m, int l) {
     return moe_router_in(&m->cfg, expert_zero_grads(&m->z[ZERO_SHARED], 1 + l));
-}
-
-// ---------------------------------------------------------------- the tp group's rows
-
-// With --cp-balance zigzag a rank's rows are part-major over its own
-// sequences, (part, b', i), so an all-gather lays them out (r, part, b', i);
-// attention over the group wants (part, r B/tp + b', i), chapter 6's layout
-// of the group's B tp sequences. to_group: the first into the second, else
-// back. A copy of blocks of B/tp x T/(2 cp) rows; plain cut: nothing moves.
-static void reorder(const ExpertModel* m, float* dst, const float* src, int to_group) {
-    const CPShard* sh = &m->cp.sh;  // my rows
-    const int tp = m->tp.tp;
-    const size_t C = (size_t)m->cfg.gpt.channels, blk = (size_t)sh->B * sh->len * C;
-    for (int r = 0; r < tp; r++)
-        for (int p = 0; p < sh->parts; p++) {
-            size_t mine = ((size_t)r * sh->parts + p) * blk, group = ((size_t)p * tp + r) * blk;
-            ops_copy(dst + (to_group ? group : mine), src + (to_group ? mine : group), blk);
-        }
-}
-
-// All-gather over tp: my rows (N, C) into every row of the group (N tp, C),
-// in the group's order (scratch: (N tp, C) for zigzag's reordering).
-static void tp_allgather(ExpertModel* m, const float* mine, float* all, float* scratch) {
-    const size_t NC = (size_t)m->N * m->cfg.gpt.channels;
-    if (m->cp.sh.parts == 1) {
-        comm_allgather(m->tp.tpc, mine, all, NC);  // rank order is the group's order
-        return;
-    }
-    comm_allgather(m->tp.tpc, mine, scratch, NC);
-    reorder(m, all, scratch, 1);
-}
-
-// Reduce-scatter over tp: the partial sums of every row (N tp, C) added, my
-// rows (N, C) kept.
-static void tp_reduce_scatter(ExpertModel* m, const float* all, float* mine, float* scratch) {
-    const size_t NC = (size_t)m->N * m->cfg.gpt.channels;
-    if (m->cp.sh.parts == 2) {
-        reorder(m, scratch, all, 0);
-        all = scratch;
-    }
-    comm_reduce_scatter(m->tp.tpc, all, mine, NC, COMM_SUM);
-}
-
-// ---------------------------------------------------------------- the attention half
-
-// x (N, C): my rows of the layer's input; a->res2, a->ln2 (N, C) my rows.
-// a->qkv (N tp, 3C/tp) and a->atty (N tp, C/tp) hold every row of the group
-// for my heads (the same floats as N rows of 3C and C: the GPT's buffers).
-void expert_tp_attention_forward(ExpertModel* m, int l, const BlockParams* p, BlockActs* a, const float* x) {
-    ExpertTP* t = &m->tp;
-    const int N = m->N, C = m->cfg.gpt.channels, Cl = C / t->tp, Ng = N * t->tp;
-    const size_t NC = (size_t)N * C;
-    layernorm_forward(a->ln1, a->ln1_mean, a->ln1_rstd, x, p->ln1w, p->ln1b, N, C);  // (N, C) my rows
-    // all-gather over tp: every row of the group, its B tp sequences
-    tp_allgather(m, a->ln1, t->full, t->dfull);                                      // (N tp, C)
-    matmul_forward(a->qkv, t->full, p->qkvw, p->qkvb, Ng, C, 3 * Cl);                // (N tp, 3C/tp)
-    expert_attention_core_forward(m, l, a);                                          // (N tp, C/tp)
-    // row-parallel: every row's partial sum over my heads, the bias added
-    // by tp rank 0 alone so that the sum holds it once
-    matmul_forward(t->full, a->atty, p->attprojw, t->rank == 0 ? p->attprojb : NULL, Ng, Cl, C);
-    // reduce-scatter over tp: the partial sums added, my rows kept
-    tp_reduce_scatter(m, t->full, a->attproj, t->dfull);                             // (N, C)
-    residual_forward(a->res2, x, a->attproj, NC);
-    layernorm_forward(a->ln2, a->ln2_mean, a->ln2_rstd, a->res2, p->ln2w, p->ln2b, N, C);
-}
-
-// dres: d res3 on entry (my rows), d x on return; dln2 (N, C) d ln2's output.
-void expert_tp_attention_backward(ExpertModel* m, int l, const BlockParams* p, BlockParams* g, const BlockActs* a,
-                                  const BlockScratch* s, const float* x, const float* dln2, float* dres) {
-    ExpertTP* t = &m->tp;
-    const int N = m->N, C = m->cfg.gpt.channels, Cl = C / t->tp, Ng = N * t->tp;
-    layernorm_backward(dres, NULL, NULL, dln2, a->res2, p->ln2w, a->ln2_mean, a->ln2_rstd, N, C);  // d res2
-    // the reduce-scatter's backward: all-gather d attproj of every row
-    tp_allgather(m, dres, t->dfull, t->full);                                         // (N tp, C)
-    ops_zero(s->datty, (size_t)Ng * Cl);
-    matmul_backward(s->datty, NULL, NULL, t->dfull, NULL, p->attprojw, Ng, Cl, C);
-    // the weight gradients at once or (zb) queued for W (composed_wgrad.c).
-    // The bias, added once per row: its gradient over my rows (the tp mean
-    // of the replicated gradients adds the other ranks' rows)
-    expert_wgrad(m, l, g->attprojw, NULL, t->dfull, a->atty, Ng, Cl, C);
-    expert_wgrad(m, l, NULL, g->attprojb, dres, NULL, N, Cl, C);
-    ops_zero(s->dqkv, (size_t)Ng * 3 * Cl);
-    expert_attention_core_backward(m, l, a, s);                                       // s->dqkv (N tp, 3C/tp)
-    // ln1's output of every row again, for qkvw's gradient (a collective:
-    // in B even when the gradient waits for W)
-    tp_allgather(m, a->ln1, t->full, t->dfull);
-    ops_zero(t->dfull, (size_t)Ng * C);
-    matmul_backward(t->dfull, NULL, NULL, s->dqkv, NULL, p->qkvw, Ng, C, 3 * Cl);
-    expert_wgrad(m, l, g->qkvw, g->qkvb, s->dqkv, t->full, Ng, C, 3 * Cl);
-    // the all-gather's backward: reduce-scatter d ln1, each rank its rows
-    tp_reduce_scatter(m, t->dfull, s->dln, t->full);                                 // (N, C)
-    layernorm_backward(dres, g->ln1w, g->ln1b, s->dln, x, p->ln1w, a->ln1_mean, a->ln1_rstd, N, C);
-    layernorm_backward(NULL, g->ln2w, g->ln2b, dln2, a->res2, NULL, a->ln2_mean, a->ln2_rstd, N, C);
 }
 
 // ---------------------------------------------------------------- the whole model and my slices

@@ -9,9 +9,9 @@
 //   mpirun -np 16 build/capstone --dp 2 --tp 2 --cp 2 --ep 2 --experts 4 --top-k 2
 //
 // --cp N: chapter 6's context parallelism; a share's cp ranks hold T/cp positions of its
-// sequences, attention meets the others' keys and values (composed_cp.c); the rest is per
+// sequences, attention meets the others' keys and values (composed_attention.c); the rest is per
 // token. --tp N: tensor parallelism with sequence parallelism: a tp rank holds B/tp of a
-// share's sequences, attention is split by heads (composed_tp.c). --pp N: chapter 5's stages
+// share's sequences, attention is split by heads (composed_attention.c). --pp N: chapter 5's stages
 // run this forward and backward, tp, cp, ep and dp inside; main's one loop runs every
 // mesh, the schedule's actions executed by composed_pipe.c.
 //

@@ -213,7 +213,7 @@ c7_resumed_near "ep=3's checkpoint of step 8 (54,784 replicated floats split ove
 
 # ---- tensor parallelism
 c7_sec_tp() {
-# Tensor parallelism with sequence parallelism (--tp, capstone/composed_tp.c,
+# Tensor parallelism with sequence parallelism (--tp, capstone/composed_attention.c,
 # docs/07_expert.md): a tp rank holds B/tp whole sequences of its share
 # through every per-token part, attention is split by heads over tp, the
 # experts stay whole. E = 1, k = 1 on tp = 2, dp x tp = 2 x 2, tp x cp =
@@ -354,7 +354,7 @@ c7_resumed_dense "chapter 0 resumes E=1, k=1, --moe-every 2's tp=2 checkpoint of
 # ---- --recompute on the compositions
 c7_sec_rc() {
     # bit for bit by construction: the same calls on the same rows, recomputed
-# --recompute with --cp (capstone/composed_cp.c): selective makes the attention
+# --recompute with --cp (capstone/composed_attention.c): selective makes the attention
 # probabilities again from the kept q|k|v (Ulysses: one layer's head-shard
 # probabilities for every layer; the ring keeps none, its backward reads the
 # kept lse), full runs each layer's forward again, its attention's ring or

@@ -15,7 +15,7 @@ For every rank and every step of the trace (step_comm.py --json --rank r --step 
 
   1. the order of one step: per MoE layer l = 0..L-1 in "block l forward",
      the attention (with --tp: an all-gather over tp, the cp traffic, a
-     reduce-scatter over tp; composed_tp.c), then the dispatch and combine
+     reduce-scatter over tp; composed_attention.c), then the dispatch and combine
      all-to-alls over ep (2 N of them, N = --ep-overlap's chunks); backward,
      l = L-1..0 in "block l backward", the MoE's 2 N all-to-alls over ep
      first, then the attention's backward (with --tp: an all-gather, the cp
@@ -114,7 +114,7 @@ def main(argv):
                     tok = "cp" if x["group"] == "cp" else f"{x['op']} {x['group']}"
                     if not (tok == "cp" and shape and shape[-1] == "cp"):
                         shape.append(tok)
-                if phase == "forward":  # attention (composed_tp.c / composed_cp.c), then the MoE (main.c)
+                if phase == "forward":  # attention (composed_attention.c), then the MoE (main.c)
                     want_shape = attn_fwd + moe
                 else:                   # the MoE's exchanges reversed, then attention's backward
                     want_shape = moe + attn_bwd

@@ -2,10 +2,10 @@
 // cp x ep, every dp x ep rank its own B / (dp ep) sequences (T/cp positions
 // of each on a cp rank), E / ep experts of each MoE layer, the replicated
 // parameters reduced over dp x cp x ep and the experts over dp x cp
-// (capstone/composed_model.c's and composed_cp.c's buffers, capstone/main.c's
+// (capstone/composed_model.c's and composed_attention.c's buffers, capstone/main.c's
 // step: build/capstone trains this model on every axis, chapter 7 on dp x ep
 // alone; with --cp, chapter 6's ring or Ulysses traffic in every layer; with
-// --tp, composed_tp.c's sequence-parallel attention and a dense layer's MLP
+// --tp, composed_attention.c's sequence-parallel attention and a dense layer's MLP
 // (chapter 6's): B / (dp ep tp) sequences a rank, 1/tp of qkvw, qkvb,
 // attprojw and of a dense layer's fcw, fcb, fcprojw reduced over dp x cp x ep).
 //

@@ -197,7 +197,7 @@ static int work_from_plan(const GPTConfig* cfg, const PtChapter* ch, double opt_
         Vl = ch->pp_rank == ch->pp - 1 ? Vp : 0;  // the head on the last (its last chunk's)
     }
     if (ch->chapter == 6 || ch->chapter == 7) n /= ch->cp;  // chapter 7 composes cp too
-    // chapter 7's tp is sequence-parallel attention (composed_tp.c): a rank
+    // chapter 7's tp is sequence-parallel attention (composed_attention.c): a rank
     // keeps B / (dp ep tp) whole sequences and runs every op on them at full
     // width, its heads' attention over the group's gathered rows: the same
     // FLOPs as its own rows with every head
