@@ -307,6 +307,17 @@ void pipe_embedding_group(Comm* embed, const Mesh* mesh) {
     }
 }
 
+void pipe_schedule_make(Schedule* s, ScheduleKind kind, int pp, int m, int v, Schedule* given) {
+    char msg[512];
+    const char* bad = NULL;
+    if (given) *s = *given;
+    else bad = schedule_build(s, kind, pp, m, v, msg, sizeof(msg));
+    if (bad) fail_all("%s", bad);
+    // every rank checks every rank's list: a list that could deadlock never runs
+    bad = schedule_validate(s, NULL, msg, sizeof(msg));
+    if (bad) fail_all("schedule %s is not valid: %s", schedule_name(kind), bad);
+}
+
 // The parameters: counter-based init (or the checkpoint) of each piece
 // alone, so this rank never builds the whole model. Stages hold different
 // numbers of pieces, so a failed read is remembered and every rank learns of
@@ -346,14 +357,7 @@ void pipe_create(Pipeline* P, const Run* run, ScheduleKind kind, int n_micro, in
     P->n_micro = n_micro;
     P->seq = setup->T;
     P->micro_batch = setup->B / P->dp->size / n_micro;
-    char msg[512];
-    const char* bad = NULL;
-    if (given) P->sched = *given;
-    else bad = schedule_build(&P->sched, kind, P->n_stages, n_micro, n_virtual, msg, sizeof(msg));
-    if (bad) fail_all("%s", bad);
-    // every rank checks every rank's list: a list that could deadlock never runs
-    bad = schedule_validate(&P->sched, NULL, msg, sizeof(msg));
-    if (bad) fail_all("schedule %s is not valid: %s", schedule_name(kind), bad);
+    pipe_schedule_make(&P->sched, kind, P->n_stages, n_micro, n_virtual, given);
     for (int c = 0; c < n_virtual; c++) P->layers[c] = stage_layers(cfg->num_layers, P->n_vstages, pipe_vstage(P, c));
     P->n_pieces = rank_pieces(cfg, P->n_stages, n_virtual, P->stage, P->piece);
     P->n_local = P->piece[P->n_pieces - 1].local + P->piece[P->n_pieces - 1].count;

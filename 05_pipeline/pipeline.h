@@ -140,6 +140,13 @@ typedef float* (*PipeSlotBuffer)(void* ctx, int grad, int mb, int chunk);
 int pipe_receive(Incoming lists[2], const Comm* pp, size_t count, int grad, int mb, int chunk,
                  PipeSlotBuffer slot_buffer, void* ctx, int* early);
 
+// The schedule a pipeline runs: given (lists read from --schedule-file,
+// taken over), or kind's lists for pp stages, m microbatches and v chunks.
+// Every rank builds and checks every rank's list, so a list that could
+// deadlock never runs; a bad one is refused by every rank with one message.
+// Chapter 5's pipe_create and the capstone's stages call it.
+void pipe_schedule_make(Schedule* s, ScheduleKind kind, int pp, int m, int v, Schedule* given);
+
 // ---------------------------------------------------------------- the pipeline of one rank
 typedef struct {
     const GPTConfig* cfg;

@@ -5,7 +5,7 @@
 // the accumulation over the microbatches and the tied embedding, the loss,
 // the record), then the tokens, validation, --sample, the set-up and the end.
 // The gradient groups, the norm and AdamW are main.c's.
-#include "composed_stage.h"
+#include "composed_pipe.h"
 
 #include <stdlib.h>
 #include <string.h>
@@ -18,6 +18,9 @@
 #include "train_eval.h"
 #include "train_loop.h"
 #include "report.h"
+
+static int next_rank(const ExpertPipe* P) { return (P->stage + 1) % P->pp; }
+static int prev_rank(const ExpertPipe* P) { return (P->stage + P->pp - 1) % P->pp; }
 
 // ---------------------------------------------------------------- slots
 
@@ -327,12 +330,11 @@ void expert_pipe_create(ExpertPipe* P, Run* run, ExpertFlags* fl, const MoeConfi
     const TrainArgs* args = &run->args;
     const TrainSetup* setup = &run->setup;
     const Mesh* mesh = &run->mesh;
-    if (!expert_pipe_wanted(run, fl)) {  // chapter 7's model of my share, as one chunk
-        expert_stage_create_one(P, run, fl, cfg);
+    expert_stage_create(P, run, fl, cfg);
+    if (P->plain) {  // chapter 7's model of my share, as one chunk
         expert_model_show_sharding(&P->chunk[0].m, args->show_sharding);  // --show-sharding
         expert_print_setup(&P->chunk[0].m, run);
     } else {
-        expert_stage_create(P, run, fl, cfg);
         ExpertModel* m0 = &P->chunk[0].m;
         print0("chapter 7: experts in a pipeline, dp=%d x tp=%d x ep=%d x pp=%d x cp=%d, schedule %s, %d microbatch%s of %d "
                "sequence%s per rank, %d chunk%s of %d layer%s per pp rank; %d expert%s (%d per rank), top-%d, %s, device %s\n",

@@ -27,7 +27,7 @@
 #include "exercise.h"  // exercise_not_done, in a homework tree
 #include "trace.h"
 
-#include "composed_stage.h"  // composed_model.h (run.h, train_loop.h), the chunks, the schedule
+#include "composed_pipe.h"  // composed_model.h (run.h, train_loop.h), the chunks, the schedule
 #include "train_step.h"
 
 // ---------------------------------------------------------------- one MoE block
