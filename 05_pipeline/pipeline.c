@@ -274,6 +274,31 @@ int pipe_receive(Incoming lists[2], const Comm* pp, size_t count, int grad, int 
     // END EXERCISE 3
 }
 
+void pipe_link_create(PipeLink* l, const Schedule* s, const Comm* pp, size_t count) {
+    memset(l, 0, sizeof(*l));
+    l->pp = pp;
+    l->n_in = pipe_incoming_build(s, pp->rank, l->in);
+    send_pool_create(&l->sends, s->n[pp->rank] + s->v + 1, count);  // a send per action at most, and validation's
+}
+
+void pipe_link_free(PipeLink* l) {
+    send_pool_free(&l->sends);
+    pipe_incoming_free(l->in, l->n_in);
+}
+
+void pipe_link_begin(PipeLink* l) {
+    for (int i = 0; i < l->n_in; i++) l->in[i].next = 0;
+}
+
+void pipe_send(PipeLink* l, const float* src, int peer) {
+    SendBuf* sb = send_pool_take(&l->sends, src);
+    comm_isend(l->pp, sb->buf, l->sends.count, peer, &sb->req);
+}
+
+void pipe_sends_wait(PipeLink* l) {
+    for (int i = 0; i < l->sends.n; i++) comm_wait(&l->sends.b[i].req);
+}
+
 // ---------------------------------------------------------------- the tied embedding
 // (05_pipeline/main.c's sum_tied_embedding says why the two ends sum.)
 
@@ -393,8 +418,7 @@ void pipe_create(Pipeline* P, const Run* run, ScheduleKind kind, int n_micro, in
     if (P->recompute != RECOMPUTE_NONE)
         P->transient =
             mem_alloc_floats(block_transient_numel(b, T, cfg->channels, cfg->num_heads, P->recompute), MEM_ACTIVATIONS);
-    send_pool_create(&P->sends, 2 * n_micro * n_virtual + 1, (size_t)b * T * cfg->channels);
-    P->n_in = pipe_incoming_build(&P->sched, P->stage, P->in);
+    pipe_link_create(&P->link, &P->sched, P->pp, (size_t)b * T * cfg->channels);
     size_t BT = (size_t)b * T;
     // staging buffers (memory.h): the step's tokens and losses, a part per
     // microbatch (slot_load_tokens says why)
@@ -413,8 +437,7 @@ void pipe_free(Pipeline* P) {
         }
         free(P->pool[c].s);
     }
-    send_pool_free(&P->sends);
-    pipe_incoming_free(P->in, P->n_in);
+    pipe_link_free(&P->link);
     if (P->embed.size > 0) comm_destroy_group(&P->embed);
     mem_free(P->params);
     mem_free(P->grads);
@@ -602,7 +625,7 @@ void pipe_summary_fields(const Pipeline* P, const char* sched_name, double simul
     // every rank's figures, (world, 3): its layers, peak slots, early receives
     int world = 0;
     MPI_CHECK(MPI_Comm_size(MPI_COMM_WORLD, &world));
-    int mine[3] = {0, P->peak_slots, P->early}, *all = xcalloc((size_t)world * 3, sizeof(int));
+    int mine[3] = {0, P->peak_slots, P->link.early}, *all = xcalloc((size_t)world * 3, sizeof(int));
     for (int c = 0; c < P->n_virtual; c++) mine[0] += P->layers[c].count;
     MPI_CHECK(MPI_Gather(mine, 3, MPI_INT, all, 3, MPI_INT, 0, MPI_COMM_WORLD));
     json_add_string(out, "schedule", sched_name);

@@ -85,8 +85,7 @@ typedef struct {
 
 // A send leaves from a buffer of its own, so the slot it came from can be
 // reused before the peer has received it. The pool never moves (the CUDA
-// backend keeps pointers to the requests). The capstone's pipeline
-// (capstone/composed_pipe.c) sends from a pool of these too.
+// backend keeps pointers to the requests).
 typedef struct {
     float* buf;
     CommRequest req;
@@ -147,6 +146,30 @@ int pipe_receive(Incoming lists[2], const Comm* pp, size_t count, int grad, int 
 // Chapter 5's pipe_create and the capstone's stages call it.
 void pipe_schedule_make(Schedule* s, ScheduleKind kind, int pp, int m, int v, Schedule* given);
 
+// ---------------------------------------------------------------- the links between the stages
+// What an executor needs to move its messages, whatever its chunks hold
+// (chapter 5's GPT blocks here, the capstone's MoE chunks there): the lists
+// of what each neighbour sends this rank, in its order, and the send buffers.
+typedef struct {
+    const Comm* pp;   // the stages of this pipeline (this rank's stage is its rank)
+    Incoming in[2];   // from the stage before and the stage after (one if they are the same rank)
+    int n_in;
+    SendPool sends;   // each of count floats: one activation or its gradient
+    int early;        // messages received before the one an action waited for
+} PipeLink;
+// The lists from every rank's (pipe_incoming_build), sends of count floats.
+void pipe_link_create(PipeLink* l, const Schedule* s, const Comm* pp, size_t count);
+void pipe_link_free(PipeLink* l);
+// A step's messages from the start: each neighbour's list read from its first.
+void pipe_link_begin(PipeLink* l);
+// Non-blocking, from a buffer of its own (the slot it came from may be
+// reused before the peer has received it): count floats to stage peer.
+void pipe_send(PipeLink* l, const float* src, int peer);
+// Every send of the step completed. On the CUDA backend a comm_isend may be
+// issued only at this rank's next comm_* call (common/comm.h), so a step
+// pairs each send with its receive (the waits here) before any collective.
+void pipe_sends_wait(PipeLink* l);
+
 // ---------------------------------------------------------------- the pipeline of one rank
 typedef struct {
     const GPTConfig* cfg;
@@ -173,15 +196,12 @@ typedef struct {
     RecomputeMode recompute;          // --recompute: what a slot keeps of each layer
     float* transient;                 // the dropped fields of one layer, shared by every layer and slot
     SlotPool pool[PIPE_MAX_CHUNKS];
-    SendPool sends;
-    Incoming in[2];  // from the stage before and the stage after (one if they are the same rank)
-    int n_in;
+    PipeLink link;   // the messages between the stages
     int *in_host, *tg_host;  // (m, b, T) staging: the step's tokens, each microbatch's at mb b T
     float* loss_host;        // (m, b, T) staging: the step's per-token losses (the last stage)
     int* loss_order;         // (m) the microbatches in the order their losses were queued
     int n_losses;
     int peak_slots;   // slots allocated at once, at most
-    int early;        // messages received before the one an action waited for
     DeviceStamps stamps;  // (actions of this rank, 2): each action's start and end, on the device
     int action;           // the running action's index in this rank's list
     double* times;        // (actions of this rank, 2): the stamps, read after the step (pipe_timeline)

@@ -77,11 +77,10 @@ static XpSlot* chunk_slot_find(XpChunk* ch, int mb) {
 }
 
 // ---------------------------------------------------------------- point to point
-// As chapter 5 (05_pipeline/main.c says why no list that the validator
-// accepts can deadlock): non-blocking sends from buffers of their own, and
-// chapter 5's receive (pipe_receive, 05_pipeline/pipeline.c): a peer's
-// messages taken in the order it sends them (P->in, from its list), each
-// into the slot where it belongs.
+// Chapter 5's (05_pipeline/main.c says why no list that the validator
+// accepts can deadlock): pipe_send, non-blocking from buffers of their own,
+// and pipe_receive: a peer's messages taken in the order it sends them
+// (P->link.in, from its list), each into the slot where it belongs.
 
 // Where a message goes: an activation into the slot of (mb, chunk c), taken
 // now if it came before its F; a gradient into the slot its F took.
@@ -93,16 +92,7 @@ static float* slot_buffer(void* ctx, int grad, int mb, int c) {
 }
 
 static void receive(ExpertPipe* P, int grad, int mb, int c) {
-    pipe_receive(P->in, P->ppc, act_floats(P), grad, mb, c, slot_buffer, P, &P->early);
-}
-
-static void send(ExpertPipe* P, const float* src, int peer) {
-    SendBuf* sb = send_pool_take(&P->sends, src);
-    comm_isend(P->ppc, sb->buf, P->sends.count, peer, &sb->req);
-}
-
-static void sends_wait(ExpertPipe* P) {
-    for (int i = 0; i < P->sends.n; i++) comm_wait(&P->sends.b[i].req);
+    pipe_receive(P->link.in, P->link.pp, act_floats(P), grad, mb, c, slot_buffer, P, &P->link.early);
 }
 
 // ---------------------------------------------------------------- the actions
@@ -124,7 +114,7 @@ static void forward(ExpertPipe* P, int mb, int c) {
     for (int i = 0; i < ch->n_moe * E; i++) P->routed[(size_t)ch->moe0 * E + i] += ch->m.moe.routed[i];
     const GPTConfig* g = &ch->m.cfg.gpt;
     if (ch->vstage == P->S - 1) P->loss_sum += loss;
-    else send(P, gpt_acts_block_output(&sl->acts, g, g->num_layers - 1, P->b, P->Tr), next_rank(P));
+    else pipe_send(&P->link, gpt_acts_block_output(&sl->acts, g, g->num_layers - 1, P->b, P->Tr), next_rank(P));
 }
 
 // B: the gradient of the chunk's output (from the head, or from the stage
@@ -142,7 +132,7 @@ static void backward(ExpertPipe* P, int mb, int c) {
     ch->m.wq = ch->m.split ? &sl->wq : NULL;
     P->backward(&ch->m);
     ch->m.wq = NULL;
-    if (ch->vstage > 0) send(P, sl->acts.dres, prev_rank(P));
+    if (ch->vstage > 0) pipe_send(&P->link, sl->acts.dres, prev_rank(P));
     if (!ch->m.split) sl->busy = 0;
 }
 
@@ -166,14 +156,14 @@ void expert_pipe_run(ExpertPipe* P) {
     }
     P->loss_sum = P->aux = 0.0, P->dropped = 0;
     memset(P->routed, 0, (size_t)Lm * E * sizeof(long));
-    for (int i = 0; i < P->n_in; i++) P->in[i].next = 0;
+    pipe_link_begin(&P->link);
     for (int i = 0; i < P->sched.n[P->stage]; i++) {
         Action a = P->sched.list[P->stage][i];
         if (a.type == ACT_F) forward(P, a.mb, a.chunk);
         else if (a.type == ACT_B) backward(P, a.mb, a.chunk);
         else weights(P, a.mb, a.chunk);
     }
-    sends_wait(P);
+    pipe_sends_wait(&P->link);
 }
 
 // Each microbatch's backward gave the gradient of its own mean (LM loss +
@@ -190,7 +180,7 @@ void expert_pipe_accumulated(ExpertPipe* P) {
     // chapter 5's sum (the other stages do nothing): the first stage's chunk 0
     // holds the lookup's half, the last stage's last chunk the head's
     ExpertModel* end = &P->chunk[P->stage == 0 ? 0 : P->v - 1].m;
-    pipe_sum_tied_embedding(&P->embed, P->ppc, end->dshared + moe_wte_offset(&end->cfg),
+    pipe_sum_tied_embedding(&P->embed, P->link.pp, end->dshared + moe_wte_offset(&end->cfg),
                             param_tensor_numel(&P->cfg.gpt, P_WTE));
 }
 
@@ -199,13 +189,13 @@ double expert_pipe_loss(ExpertPipe* P) {
     // the routing statistics of every MoE layer: each stage holds its own
     // layers' (host integers and doubles: plain MPI over pp)
     if (P->pp > 1) {
-        MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, &P->aux, 1, MPI_DOUBLE, MPI_SUM, P->ppc->mpi));
-        MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, &P->dropped, 1, MPI_LONG, MPI_SUM, P->ppc->mpi));
-        MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, P->routed, Lm * E, MPI_LONG, MPI_SUM, P->ppc->mpi));
+        MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, &P->aux, 1, MPI_DOUBLE, MPI_SUM, P->link.pp->mpi));
+        MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, &P->dropped, 1, MPI_LONG, MPI_SUM, P->link.pp->mpi));
+        MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, P->routed, Lm * E, MPI_LONG, MPI_SUM, P->link.pp->mpi));
     }
     // only the last stage saw the loss: it tells its pipeline
     double loss = P->stage == P->pp - 1 ? P->loss_sum / P->M : 0.0;
-    if (P->pp > 1) MPI_CHECK(MPI_Bcast(&loss, 1, MPI_DOUBLE, P->pp - 1, P->ppc->mpi));
+    if (P->pp > 1) MPI_CHECK(MPI_Bcast(&loss, 1, MPI_DOUBLE, P->pp - 1, P->link.pp->mpi));
     return loss;
 }
 
@@ -249,20 +239,20 @@ static float forward_only(ExpertPipe* P, const int* inputs, const int* targets, 
         XpChunk* ch = &P->chunk[c];
         XpSlot* sl = chunk_slot_get(P, ch, -1);
         if (last) *last = sl;
-        if (ch->vstage > 0) comm_recv(P->ppc, sl->acts.encoded, act_floats(P), prev_rank(P));
+        if (ch->vstage > 0) comm_recv(P->link.pp, sl->acts.encoded, act_floats(P), prev_rank(P));
         slot_use(ch, sl);
         ch->m.moe.record = 0;
         loss = P->forward(&ch->m, inputs, targets);
         ch->m.moe.record = 1;
         if (ch->vstage < P->S - 1) {
             const GPTConfig* g = &ch->m.cfg.gpt;
-            send(P, gpt_acts_block_output(&sl->acts, g, g->num_layers - 1, P->b, P->Tr), next_rank(P));
+            pipe_send(&P->link, gpt_acts_block_output(&sl->acts, g, g->num_layers - 1, P->b, P->Tr), next_rank(P));
         }
         sl->busy = 0;
     }
-    sends_wait(P);
+    pipe_sends_wait(&P->link);
     double l = loss;
-    MPI_CHECK(MPI_Bcast(&l, 1, MPI_DOUBLE, P->pp - 1, P->ppc->mpi));
+    MPI_CHECK(MPI_Bcast(&l, 1, MPI_DOUBLE, P->pp - 1, P->link.pp->mpi));
     return (float)l;
 }
 
@@ -292,7 +282,7 @@ static void next_logits(void* ctx, const int* window, int t, float* row) {
         if (sh->rank == owner) mem_to_host(row, h.logits + r * Vp, (size_t)Vp * sizeof(float));
         if (sh->cp > 1) MPI_CHECK(MPI_Bcast(row, Vp, MPI_FLOAT, owner, m->cp.cpc->mpi));
     }
-    MPI_CHECK(MPI_Bcast(row, Vp, MPI_FLOAT, P->pp - 1, P->ppc->mpi));
+    MPI_CHECK(MPI_Bcast(row, Vp, MPI_FLOAT, P->pp - 1, P->link.pp->mpi));
     free(tokens);
 }
 

@@ -29,7 +29,7 @@
 #define COMPOSED_PIPE_H
 
 #include "composed_model.h"
-#include "pipeline.h"  // chapter 5's Piece, Incoming, SendPool, pipe_schedule_make, pipe_receive
+#include "pipeline.h"  // chapter 5's Piece, PipeLink, pipe_schedule_make, pipe_receive, pipe_send
 #include "schedule.h"
 #include "composed_rules.h"
 
@@ -69,13 +69,9 @@ typedef struct {
     Schedule sched;
     const char* sched_name;
     int pp, stage, v, S, M, B, b, T, Tr, per_rank, share;  // Tr: a rank's positions of a sequence, T / cp
-    const Comm* ppc;
-    Comm embed;  // stage 0 and stage pp-1 of this (dp, cp, ep) coordinate
+    PipeLink link;  // chapter 5's: the stages (link.pp), what each neighbour sends this rank, the send buffers
+    Comm embed;     // stage 0 and stage pp-1 of this (dp, cp, ep) coordinate
     XpChunk chunk[COMPOSED_MAX_CHUNKS];
-    Incoming in[2];  // chapter 5's lists: what each neighbour sends this rank, in its order
-    int n_in;
-    int early;       // messages that came before their action asked (pipe_receive counts; not reported)
-    SendPool sends;  // chapter 5's: each send from a buffer of its own
     int *inputs, *targets;  // host (m, b, T): this step's tokens of each microbatch on this rank
     double loss_sum, aux;   // the step's: losses (last stage), routing statistics of my layers
     long dropped, dropped_total;

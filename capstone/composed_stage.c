@@ -97,7 +97,7 @@ void expert_stage_create(ExpertPipe* P, Run* run, ExpertFlags* fl, const MoeConf
     P->plain = !expert_pipe_wanted(run, fl);
     P->cfg = *cfg;
     P->cfg.tp = tp;  // the whole model's shared layout as the chunks hold it (moe.h: without the tp slices)
-    P->pp = mesh->size[AXIS_PP], P->stage = mesh->coord[AXIS_PP], P->ppc = &run->axes[AXIS_PP];
+    P->pp = mesh->size[AXIS_PP], P->stage = mesh->coord[AXIS_PP];
     P->B = run->setup.B, P->T = run->setup.T, P->Tr = P->T / mesh->size[AXIS_CP];
     // a rank's sequences: B/tp of its dp x ep share's, in world order (dp, ep, tp) as expert_model_create
     P->per_rank = run->setup.B / (mesh->size[AXIS_DP] * mesh->size[AXIS_EP] * tp);
@@ -134,8 +134,7 @@ void expert_stage_create(ExpertPipe* P, Run* run, ExpertFlags* fl, const MoeConf
     P->total = n_shared + (size_t)moe_num_moe_layers(cfg) * cfg->experts * moe_expert_numel(cfg);
     // what a rank shares with its neighbours and keeps for a step (chapter 5's)
     pipe_embedding_group(&P->embed, mesh);
-    P->n_in = pipe_incoming_build(&P->sched, P->stage, P->in);  // from every rank's lists
-    send_pool_create(&P->sends, P->sched.n[P->stage] + P->v + 1, act_floats(P));
+    pipe_link_create(&P->link, &P->sched, &run->axes[AXIS_PP], act_floats(P));  // from every rank's lists
     P->routed = xcalloc((size_t)moe_num_moe_layers(cfg) * cfg->experts, sizeof(long));
     P->inputs = xmalloc((size_t)P->per_rank * P->T * sizeof(int));
     P->targets = xmalloc((size_t)P->per_rank * P->T * sizeof(int));
@@ -156,8 +155,7 @@ void expert_stage_free(ExpertPipe* P) {
         free(ch->slot);
         expert_model_free(&ch->m);
     }
-    send_pool_free(&P->sends);
-    pipe_incoming_free(P->in, P->n_in);
+    pipe_link_free(&P->link);
     if (P->embed.size > 0) comm_destroy_group(&P->embed);
     free(P->routed);
     free(P->inputs);
@@ -297,9 +295,9 @@ void expert_stage_save(ExpertPipe* P, const char* path) {
         if (tp > 1) mem_to_host(slices + moe_tp_offset(cfg, ch->first, tp), ch->m.tp.w, ch->m.tp.n * sizeof(float));
     }
     // host floats for the file, not training: plain MPI
-    MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, shared, (int)n_shared, MPI_FLOAT, MPI_SUM, P->ppc->mpi));
-    MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, experts, (int)n_exp, MPI_FLOAT, MPI_SUM, P->ppc->mpi));
-    if (tp > 1) MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, slices, (int)n_tp, MPI_FLOAT, MPI_SUM, P->ppc->mpi));
+    MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, shared, (int)n_shared, MPI_FLOAT, MPI_SUM, P->link.pp->mpi));
+    MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, experts, (int)n_exp, MPI_FLOAT, MPI_SUM, P->link.pp->mpi));
+    if (tp > 1) MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, slices, (int)n_tp, MPI_FLOAT, MPI_SUM, P->link.pp->mpi));
     ExpertModel whole = *m0;
     whole.cfg = *cfg;
     whole.n_shared = n_shared, whole.n_experts = n_exp;
