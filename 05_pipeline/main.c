@@ -167,7 +167,7 @@ static void backward(Pipeline* P, int mb, int c) {
     if (k > 0) pipe_send(&P->link, sl->dres, pipe_prev(P));
     if (!split) {
         if (k == 0) encoder_backward(P->dwte, P->dwpe, sl->dres, sl->inputs, b, T, C);
-        sl->busy = 0;
+        slot_pool_give(&P->pool[c], mb);
     }
 }
 
@@ -191,7 +191,7 @@ static void weights(Pipeline* P, int mb, int c) {
     }
     // the embedding's gradient is a weight gradient too: d encoded sits in dres
     if (k == 0) encoder_backward(P->dwte, P->dwpe, sl->dres, sl->inputs, b, T, C);
-    sl->busy = 0;
+    slot_pool_give(&P->pool[c], mb);
     // END EXERCISE 5
 }
 

@@ -65,7 +65,6 @@ int rank_pieces(const GPTConfig* cfg, int n_stages, int n_virtual, int r, Piece*
 // busy, so the allocator's peak is exactly (peak slots in flight) x (slot),
 // plus the backward scratch and (--recompute) the transient, one of each.
 typedef struct {
-    int mb, busy;
     float* x;      // (b,T,C) the chunk's input: the embedding's output on stage 0, else received
     float* acts;   // layers x block_store_numel: what --recompute keeps of each layer
     float* head;   // head_acts_numel, on the last virtual stage
@@ -76,12 +75,25 @@ typedef struct {
     int* targets;  // (b,T) next tokens, the last stage
 } Slot;
 
-// The slots of one chunk. Each slot is allocated on its own and never moves:
-// an action holds a pointer to its slot while a receive may add another.
+// Which slot of a chunk holds which microbatch, whatever a slot holds
+// (chapter 5's Slot; the capstone's chunks keep their MoE layers' state).
+// Each slot is the caller's, allocated on its own, and never moves: an
+// action holds a pointer to its slot while a receive may add another.
 typedef struct {
-    Slot** s;
-    int n;
+    void** s;
+    int *mb, *busy;  // (max) the microbatch each slot holds, and whether it does
+    int n, max;      // slots made, at most (every microbatch of a step in flight)
 } SlotPool;
+void slot_pool_create(SlotPool* p, int max);
+void slot_pool_free(SlotPool* p);  // the pool; the slots are the caller's to free
+// The slot holding mb, else the first free one (mb's now), else NULL: then
+// the caller makes one and adds it, mb's (slot_pool_add).
+void* slot_pool_take(SlotPool* p, int mb);
+void slot_pool_add(SlotPool* p, void* slot, int mb);
+// The slot holding mb; NULL if none holds it.
+void* slot_pool_find(const SlotPool* p, int mb);
+// mb's slot given back (after the microbatch's last backward action).
+void slot_pool_give(SlotPool* p, int mb);
 
 // A send leaves from a buffer of its own, so the slot it came from can be
 // reused before the peer has received it. The pool never moves (the CUDA

@@ -40,40 +40,34 @@ static void slot_cp_create(const XpChunk* ch, XpSlot* sl) {
     }
 }
 
-// The slot of (mb, chunk): the one taken, else a free one, else a new one
-// (so the peak of slots allocated is the peak in flight).
+// The slot of (mb, chunk) (chapter 5's SlotPool): the one taken, else a
+// free one, else a new one, so the peak of slots made is the peak in flight.
 static XpSlot* chunk_slot_get(ExpertPipe* P, XpChunk* ch, int mb) {
-    XpSlot* free_one = NULL;
-    for (int i = 0; i < ch->n_slots; i++) {
-        if (ch->slot[i]->busy && ch->slot[i]->mb == mb) return ch->slot[i];
-        if (!ch->slot[i]->busy && !free_one) free_one = ch->slot[i];
-    }
-    if (!free_one) {
-        free_one = xcalloc(1, sizeof(XpSlot));
-        // --recompute: the GPT's activations as the mode keeps them; selective
-        // keeps each MoE layer's routing, plan and rows (their send and
-        // fch_gelu buffers the model's one each), full none: every layer runs
-        // again before its backward in the model's one MoE layer state
-        GPTConfig g = ch->m.cfg.gpt;  // as expert_model_create_part: no logits without the head
-        if (!ch->m.has_head) g.vocab_size = g.padded_vocab_size = 0;
-        gpt_acts_create_recompute(&free_one->acts, &g, P->b, P->Tr, ch->m.recompute);
-        slot_cp_create(ch, free_one);
-        free_one->layers = ch->m.recompute == RECOMPUTE_FULL ? ch->slot[0]->layers : moe_layers_create(&ch->m.moe, ch->n_moe);
-        if (ch->m.split) expert_wgrad_create(&free_one->wq, &ch->m);  // zb: what its W reads
-        if (ch->n_slots == P->M) FATAL("more microbatches in flight than the step has");
-        ch->slot[ch->n_slots++] = free_one;
-        int total = 0;
-        for (int c = 0; c < P->v; c++) total += P->chunk[c].n_slots;
-        if (total > P->peak_slots) P->peak_slots = total;
-    }
-    free_one->busy = 1, free_one->mb = mb;
-    return free_one;
+    XpSlot* sl = slot_pool_take(&ch->pool, mb);
+    if (sl) return sl;
+    sl = xcalloc(1, sizeof(XpSlot));
+    // --recompute: the GPT's activations as the mode keeps them; selective
+    // keeps each MoE layer's routing, plan and rows (their send and
+    // fch_gelu buffers the model's one each), full none: every layer runs
+    // again before its backward in the model's one MoE layer state
+    GPTConfig g = ch->m.cfg.gpt;  // as expert_model_create_part: no logits without the head
+    if (!ch->m.has_head) g.vocab_size = g.padded_vocab_size = 0;
+    gpt_acts_create_recompute(&sl->acts, &g, P->b, P->Tr, ch->m.recompute);
+    slot_cp_create(ch, sl);
+    XpSlot* own = ch->pool.s[0];
+    sl->layers = ch->m.recompute == RECOMPUTE_FULL ? own->layers : moe_layers_create(&ch->m.moe, ch->n_moe);
+    if (ch->m.split) expert_wgrad_create(&sl->wq, &ch->m);  // zb: what its W reads
+    slot_pool_add(&ch->pool, sl, mb);
+    int total = 0;
+    for (int c = 0; c < P->v; c++) total += P->chunk[c].pool.n;
+    if (total > P->peak_slots) P->peak_slots = total;
+    return sl;
 }
 
 static XpSlot* chunk_slot_find(XpChunk* ch, int mb) {
-    for (int i = 0; i < ch->n_slots; i++)
-        if (ch->slot[i]->busy && ch->slot[i]->mb == mb) return ch->slot[i];
-    FATAL("no activations kept for microbatch %d", mb);
+    XpSlot* sl = slot_pool_find(&ch->pool, mb);
+    if (!sl) FATAL("no activations kept for microbatch %d", mb);
+    return sl;
 }
 
 // ---------------------------------------------------------------- point to point
@@ -133,14 +127,14 @@ static void backward(ExpertPipe* P, int mb, int c) {
     P->backward(&ch->m);
     ch->m.wq = NULL;
     if (ch->vstage > 0) pipe_send(&P->link, sl->acts.dres, prev_rank(P));
-    if (!ch->m.split) sl->busy = 0;
+    if (!ch->m.split) slot_pool_give(&ch->pool, mb);
 }
 
 // W (zb): the queued weight gradients, no communication; then the slot is free.
 static void weights(ExpertPipe* P, int mb, int c) {
     XpSlot* sl = chunk_slot_find(&P->chunk[c], mb);
     expert_wgrad_run(&sl->wq);
-    sl->busy = 0;
+    slot_pool_give(&P->chunk[c].pool, mb);
 }
 
 // ---------------------------------------------------------------- the step
@@ -248,7 +242,7 @@ static float forward_only(ExpertPipe* P, const int* inputs, const int* targets, 
             const GPTConfig* g = &ch->m.cfg.gpt;
             pipe_send(&P->link, gpt_acts_block_output(&sl->acts, g, g->num_layers - 1, P->b, P->Tr), next_rank(P));
         }
-        sl->busy = 0;
+        slot_pool_give(&ch->pool, -1);
     }
     pipe_sends_wait(&P->link);
     double l = loss;

@@ -47,7 +47,6 @@ typedef struct {
     MoeLayer* layers;
     float *lse, *qkv_h, *y_h;  // --cp: what each layer's attention keeps (composed_model.h's ExpertCP)
     WGradQueue wq;             // zb: the weight gradients its B queued for its W (composed_wgrad.c)
-    int mb, busy;
 } XpSlot;
 
 typedef struct {
@@ -55,8 +54,7 @@ typedef struct {
     int vstage, first, moe0, n_moe;  // its virtual stage, first layer, first MoE layer, MoE layers
     Piece piece[4];  // chapter 5's: its ranges of the whole model's replicated buffer (chunk_pieces)
     int n_pieces;
-    XpSlot** slot;   // slot 0 is the model's own activations
-    int n_slots;
+    SlotPool pool;   // chapter 5's: which XpSlot holds which microbatch; slot 0 is the model's own
 } XpChunk;
 
 typedef struct {

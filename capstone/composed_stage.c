@@ -68,12 +68,12 @@ static void chunk_create(ExpertPipe* P, int c, const ExpertFlags* fl, const MoeC
     else expert_model_create_part(&ch->m, &local, fl, &P->run_mb, embeds, head);
     if (P->sched.split_backward) expert_wgrad_enable(&ch->m);  // zb: B and W (composed_wgrad.c)
     ch->n_pieces = chunk_pieces(ch->piece, &P->cfg, &ch->m.cfg, ch->first, embeds, head);
-    ch->slot = xcalloc((size_t)P->M, sizeof(XpSlot*));  // at most every microbatch in flight
-    ch->slot[0] = xcalloc(1, sizeof(XpSlot));
-    *ch->slot[0] = (XpSlot){.acts = ch->m.acts, .layers = ch->m.layers, .lse = ch->m.cp.lse, .qkv_h = ch->m.cp.qkv_h,
-                            .y_h = ch->m.cp.y_h, .mb = -1};
-    ch->n_slots = 1;
-    if (ch->m.split) expert_wgrad_create(&ch->slot[0]->wq, &ch->m);
+    XpSlot* own = xcalloc(1, sizeof(XpSlot));
+    *own = (XpSlot){.acts = ch->m.acts, .layers = ch->m.layers, .lse = ch->m.cp.lse, .qkv_h = ch->m.cp.qkv_h, .y_h = ch->m.cp.y_h};
+    if (ch->m.split) expert_wgrad_create(&own->wq, &ch->m);
+    slot_pool_create(&ch->pool, P->M);  // at most every microbatch in flight
+    slot_pool_add(&ch->pool, own, -1);
+    slot_pool_give(&ch->pool, -1);
     if (P->S == 1) return;
     // the values: the whole model's, piece by piece (the rest zero), in the layout at tp = 1
     MoeConfig whole1 = P->cfg, local1 = ch->m.cfg;
@@ -143,16 +143,18 @@ void expert_stage_create(ExpertPipe* P, Run* run, ExpertFlags* fl, const MoeConf
 void expert_stage_free(ExpertPipe* P) {
     for (int c = 0; c < P->v; c++) {
         XpChunk* ch = &P->chunk[c];
-        for (int i = 1; i < ch->n_slots; i++) {  // slot 0 is the model's own
-            gpt_acts_free(&ch->slot[i]->acts);
-            if (ch->m.recompute != RECOMPUTE_FULL) moe_layers_free(&ch->m.moe, ch->slot[i]->layers, ch->n_moe);
-            float* cp[] = {ch->slot[i]->lse, ch->slot[i]->qkv_h, ch->slot[i]->y_h};
-            for (int j = 0; j < 3; j++)
-                if (cp[j]) mem_free(cp[j]);
+        slot_use(ch, ch->pool.s[0]);  // the model frees its own (expert_model_free)
+        for (int i = 0; i < ch->pool.n; i++) {
+            XpSlot* sl = ch->pool.s[i];
+            if (i > 0) {  // slot 0 is the model's own
+                gpt_acts_free(&sl->acts);
+                if (ch->m.recompute != RECOMPUTE_FULL) moe_layers_free(&ch->m.moe, sl->layers, ch->n_moe);
+                mem_free(sl->lse), mem_free(sl->qkv_h), mem_free(sl->y_h);
+            }
+            expert_wgrad_free(&sl->wq);
+            free(sl);
         }
-        slot_use(ch, ch->slot[0]);
-        for (int i = 0; i < ch->n_slots; i++) expert_wgrad_free(&ch->slot[i]->wq), free(ch->slot[i]);
-        free(ch->slot);
+        slot_pool_free(&ch->pool);
         expert_model_free(&ch->m);
     }
     pipe_link_free(&P->link);
