@@ -94,21 +94,29 @@ static void receive(ExpertPipe* P, int grad, int mb, int c) {
 // F: the chunk's input (the tokens' embedding on virtual stage 0, else the
 // stage before's output), chapter 7's forward of the chunk's layers (each
 // MoE layer's all-to-all over ep inside), then the loss (the last virtual
-// stage) or the output on to the next stage.
-static void forward(ExpertPipe* P, int mb, int c) {
+// stage) or the output on to the next stage. Microbatch -1 is validation's
+// or --sample's, outside the step's lists: its input comes by a blocking
+// receive and its routing is not counted. Returns the chunk's loss.
+static float forward(ExpertPipe* P, int mb, int c, const int* inputs, const int* targets) {
     XpChunk* ch = &P->chunk[c];
     XpSlot* sl = chunk_slot_get(P, ch, mb);
-    if (ch->vstage > 0) receive(P, 0, mb, c);
+    if (ch->vstage > 0 && mb >= 0) receive(P, 0, mb, c);
+    if (ch->vstage > 0 && mb < 0) comm_recv(P->link.pp, sl->acts.encoded, act_floats(P), prev_rank(P));
     slot_use(ch, sl);
-    size_t t0 = (size_t)mb * P->b * P->T;
-    float loss = P->forward(&ch->m, P->inputs + t0, P->targets + t0);
-    // this microbatch's routing statistics of my MoE layers (global over dp x cp x ep)
-    P->aux += ch->m.moe.aux, P->dropped += ch->m.moe.dropped;
-    int E = P->cfg.experts;
-    for (int i = 0; i < ch->n_moe * E; i++) P->routed[(size_t)ch->moe0 * E + i] += ch->m.moe.routed[i];
+    ch->m.moe.record = mb >= 0;
+    float loss = P->forward(&ch->m, inputs, targets);
+    ch->m.moe.record = 1;
+    if (mb >= 0) {  // this microbatch's routing statistics of my MoE layers (global over dp x cp x ep)
+        P->aux += ch->m.moe.aux, P->dropped += ch->m.moe.dropped;
+        int E = P->cfg.experts;
+        for (int i = 0; i < ch->n_moe * E; i++) P->routed[(size_t)ch->moe0 * E + i] += ch->m.moe.routed[i];
+    }
     const GPTConfig* g = &ch->m.cfg.gpt;
-    if (ch->vstage == P->S - 1) P->loss_sum += loss;
-    else pipe_send(&P->link, gpt_acts_block_output(&sl->acts, g, g->num_layers - 1, P->b, P->Tr), next_rank(P));
+    if (ch->vstage < P->S - 1)
+        pipe_send(&P->link, gpt_acts_block_output(&sl->acts, g, g->num_layers - 1, P->b, P->Tr), next_rank(P));
+    else if (mb >= 0)
+        P->loss_sum += loss;
+    return loss;
 }
 
 // B: the gradient of the chunk's output (from the head, or from the stage
@@ -153,7 +161,8 @@ void expert_pipe_run(ExpertPipe* P) {
     pipe_link_begin(&P->link);
     for (int i = 0; i < P->sched.n[P->stage]; i++) {
         Action a = P->sched.list[P->stage][i];
-        if (a.type == ACT_F) forward(P, a.mb, a.chunk);
+        size_t t0 = (size_t)a.mb * P->b * P->T;  // the microbatch's tokens
+        if (a.type == ACT_F) forward(P, a.mb, a.chunk, P->inputs + t0, P->targets + t0);
         else if (a.type == ACT_B) backward(P, a.mb, a.chunk);
         else weights(P, a.mb, a.chunk);
     }
@@ -223,35 +232,19 @@ void expert_pipe_load(ExpertPipe* P, const TokenSet* d, long step) {
 
 // ---------------------------------------------------------------- validation
 
-// One microbatch through the stages, forward only: chunk after chunk, each
-// receiving its input from the stage before; the loss goes from the last
-// stage to its pipeline. *last (if not NULL): the last chunk's slot, whose
-// head holds the logits.
-static float forward_only(ExpertPipe* P, const int* inputs, const int* targets, XpSlot** last) {
+// One microbatch through the stages, forward only: chunk after chunk (F of
+// microbatch -1); the loss goes from the last stage to its pipeline.
+static float forward_only(void* ctx, const int* inputs, const int* targets) {
+    ExpertPipe* P = ctx;
     float loss = 0.0f;
     for (int c = 0; c < P->v; c++) {
-        XpChunk* ch = &P->chunk[c];
-        XpSlot* sl = chunk_slot_get(P, ch, -1);
-        if (last) *last = sl;
-        if (ch->vstage > 0) comm_recv(P->link.pp, sl->acts.encoded, act_floats(P), prev_rank(P));
-        slot_use(ch, sl);
-        ch->m.moe.record = 0;
-        loss = P->forward(&ch->m, inputs, targets);
-        ch->m.moe.record = 1;
-        if (ch->vstage < P->S - 1) {
-            const GPTConfig* g = &ch->m.cfg.gpt;
-            pipe_send(&P->link, gpt_acts_block_output(&sl->acts, g, g->num_layers - 1, P->b, P->Tr), next_rank(P));
-        }
-        slot_pool_give(&ch->pool, -1);
+        loss = forward(P, -1, c, inputs, targets);
+        slot_pool_give(&P->chunk[c].pool, -1);
     }
     pipe_sends_wait(&P->link);
     double l = loss;
     MPI_CHECK(MPI_Bcast(&l, 1, MPI_DOUBLE, P->pp - 1, P->link.pp->mpi));
     return (float)l;
-}
-
-static float val_forward(void* ctx, const int* inputs, const int* targets) {
-    return forward_only(ctx, inputs, targets, NULL);
 }
 
 // --sample: every rank runs each forward through the stages, share 0's first
@@ -264,15 +257,14 @@ static void next_logits(void* ctx, const int* window, int t, float* row) {
     size_t BT = (size_t)P->b * P->T;
     int* tokens = xcalloc(2 * BT, sizeof(int));  // inputs, then targets (unused: zeros)
     if (P->share == 0) memcpy(tokens, window, (size_t)t * sizeof(int));
-    XpSlot* last = NULL;
-    forward_only(P, tokens, tokens + BT, &last);
+    forward_only(P, tokens, tokens + BT);
     // with --cp, position t-1 lives on one cp rank: it tells its cp group
     const ExpertModel* m = &P->chunk[P->v - 1].m;
     const CPShard* sh = &m->cp.sh;
     size_t r = 0;
     int owner = cp_shard_owner(sh, t - 1, &r);  // chapter 6's layout (ring.h)
     if (P->stage == P->pp - 1) {
-        HeadActs h = gpt_acts_head(&last->acts, &m->cfg.gpt, P->b, P->Tr);
+        HeadActs h = gpt_acts_head(&m->acts, &m->cfg.gpt, P->b, P->Tr);  // the last chunk's slot's (slot_use)
         if (sh->rank == owner) mem_to_host(row, h.logits + r * Vp, (size_t)Vp * sizeof(float));
         if (sh->cp > 1) MPI_CHECK(MPI_Bcast(row, Vp, MPI_FLOAT, owner, m->cp.cpc->mpi));
     }
@@ -290,7 +282,7 @@ float expert_pipe_val_loss(void* ctx, const TrainSetup* setup, int n_batches) {
         expert_pipe_load(P, &setup->val, i);
         for (int mb = 0; mb < P->M; mb++) {
             size_t t0 = (size_t)mb * P->b * P->T;
-            sum += val_forward(P, P->inputs + t0, P->targets + t0);
+            sum += forward_only(P, P->inputs + t0, P->targets + t0);
         }
     }
     // every rank of dp x cp x ep ran as many microbatches of the same size:
