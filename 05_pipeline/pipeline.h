@@ -13,12 +13,16 @@
 //   - the whole model gathered for --sample and --save, the pieces registered
 //     with the training-state checkpoint, validation through the stages, and
 //     the timelines of each step (the bubble).
-//   - the two steps of the executor that the capstone's pipeline
-//     (capstone/composed_pipe.c) runs too: receiving an action's input in
-//     the order its peer sends (pipe_receive, exercise 3) and the tied
-//     embedding's sum (pipe_sum_tied_embedding, exercise 4).
-// The actions (forward, backward, weights) and where they send and receive,
-// the tied embedding's sum and the step live in 05_pipeline/main.c.
+// Part of it does not care what a stage computes, and the capstone's
+// pipeline (capstone/composed_pipe.c) runs its MoE chunks on that part too:
+// the schedule made and checked (pipe_schedule_make), the links between the
+// stages (PipeLink: receiving an action's input in the order its peer sends,
+// pipe_receive, exercise 3; pipe_send and pipe_sends_wait), which slot holds
+// which microbatch (SlotPool) and the tied embedding's sum
+// (pipe_sum_tied_embedding, exercise 4). An executor of its own is three
+// actions F, B, W over (microbatch, chunk) that call these where they send,
+// receive, take and give back a slot, and the loop over its rank's list.
+// Chapter 5's actions, that loop and the step live in 05_pipeline/main.c.
 #ifndef PIPELINE_H
 #define PIPELINE_H
 

@@ -2,7 +2,7 @@
 // dp x tp x cp x ep mesh: its buffers (the replicated parameters, this rank's experts,
 // their gradients and AdamW moments, the activations each MoE layer keeps),
 // their creation and release and the MoE file (--model FILE, --save FILE);
-// the training-state checkpoint's slices are each chunk's (composed_stage.h).
+// the training-state checkpoint's slices are each chunk's (composed_pipe.h).
 //
 // The strategy is not here: routing, the exchange plan, the pipeline of
 // dispatch, experts and combine, and the two gradient groups are the

@@ -1,10 +1,11 @@
-// composed_pipe.c: chapter 7's pipeline (composed_pipe.h), the executor of the
-// schedule's lists on a rank's chunks (composed_stage.h) for main.c's one
-// training loop. In the order of a step: the slots, the actions F and B with
-// their sends and receives, the step's parts main.c calls (the schedule run,
-// the accumulation over the microbatches and the tied embedding, the loss,
-// the record), then the tokens, validation, --sample, the set-up and the end.
-// The gradient groups, the norm and AdamW are main.c's.
+// composed_pipe.c: the capstone's pipeline (composed_pipe.h), the executor
+// of chapter 5's lists on a rank's chunks for main.c's one training loop:
+// three actions F, B, W over (microbatch, chunk) on chapter 5's links and
+// slot pools. In the order of a step: the slots, the actions, the step's
+// parts main.c calls (the schedule run, the accumulation over the
+// microbatches and the tied embedding, the loss, the record), then the
+// tokens, validation, --sample, the set-up and the end. The gradient
+// groups, the norm and AdamW are main.c's.
 #include "composed_pipe.h"
 
 #include <stdlib.h>

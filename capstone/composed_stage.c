@@ -1,6 +1,7 @@
-// composed_stage.c: a rank of chapter 7's pipeline, its chunks and their
-// state (composed_stage.h): the checks and the lists, the chunks' models and
-// pieces, the embedding group, checkpoints, --save and --show-sharding.
+// composed_stage.c: what a rank of the capstone's pipeline owns
+// (composed_pipe.h): its chunks' models, pieces and slots, the lists and
+// links (chapter 5's), checkpoints, --save and --show-sharding; with or
+// without the pipeline (one chunk).
 #include "composed_pipe.h"
 
 #include <stdio.h>
