@@ -309,7 +309,6 @@ void expert_pipe_create(ExpertPipe* P, Run* run, ExpertFlags* fl, const MoeConfi
     const Mesh* mesh = &run->mesh;
     expert_stage_create(P, run, fl, cfg);
     if (P->plain) {  // chapter 7's model of my share, as one chunk
-        expert_model_show_sharding(&P->chunk[0].m, args->show_sharding);  // --show-sharding
         expert_print_setup(&P->chunk[0].m, run);
     } else {
         ExpertModel* m0 = &P->chunk[0].m;
@@ -325,8 +324,8 @@ void expert_pipe_create(ExpertPipe* P, Run* run, ExpertFlags* fl, const MoeConfi
             print0("ZeRO-1: the AdamW moments of each chunk's buffers sharded over their copies: the replicated "
                    "parameters over %d ranks, the experts over %d%s\n", m0->z[ZERO_SHARED].g->size,
                    m0->z[ZERO_EXPERTS].g->size, m0->nz > 2 ? ", the tp slices over the dp x cp x ep ranks" : "");
-        expert_stage_show_sharding(P, args->show_sharding);  // --show-sharding
     }
+    expert_stage_show_sharding(P, args->show_sharding);  // --show-sharding
     // --ckpt-dir, --resume: this rank's slices, from whatever mesh saved them
     ckpt_init(ck, args, setup, mesh, 7);
     expert_stage_ckpt(ck, P);
@@ -353,7 +352,6 @@ void expert_pipe_report(ExpertPipe* P, const ExpertFlags* fl, const TrainLoop* l
 
 void expert_pipe_finish(ExpertPipe* P, const TrainArgs* args) {
     train_sample_with(args, &P->cfg.gpt, P->T, next_logits, P);  // --sample: every rank runs each forward
-    if (args->save && P->plain) expert_model_save(&P->chunk[0].m, args->save);
-    else if (args->save) expert_stage_save(P, args->save);
+    if (args->save) expert_stage_save(P, args->save);
     expert_stage_free(P);
 }

@@ -271,14 +271,18 @@ void expert_stage_ckpt(Ckpt* ck, ExpertPipe* P) {
     }
 }
 
-// --save FILE: the whole model, each stage's pieces (and with --tp its tp
-// rank's slices of its layers) summed over pp into zeros (disjoint pieces:
-// exact), then chapter 7's writer on a model of the whole, which gathers
-// the slices over tp and the experts over ep (world rank 0 is stage 0 and
-// tp rank 0: it writes). Collective.
+// --save FILE: chapter 7's writer (expert_model_save), which gathers the
+// slices over tp and the experts over ep (world rank 0 is stage 0 and tp
+// rank 0: it writes). One chunk is the whole model; else each stage's pieces
+// (and with --tp its tp rank's slices of its layers) are summed over pp into
+// zeros (disjoint pieces: exact) on a model of the whole. Collective.
 void expert_stage_save(ExpertPipe* P, const char* path) {
     const MoeConfig* cfg = &P->cfg;
     ExpertModel* m0 = &P->chunk[0].m;
+    if (P->S == 1) {
+        expert_model_save(m0, path);
+        return;
+    }
     size_t n_shared = moe_num_shared(cfg), per_layer = (size_t)m0->E_local * moe_expert_numel(cfg);
     size_t n_exp = (size_t)moe_num_moe_layers(cfg) * per_layer;
     int tp = m0->tp.tp;
@@ -323,9 +327,11 @@ void expert_stage_save(ExpertPipe* P, const char* path) {
 }
 
 // --show-sharding: each chunk's replicated buffer (its layers, with the
-// slots of wte, wpe and lnf a model of its own has) and its experts.
+// slots of wte, wpe and lnf a model of its own has) and its experts; without
+// the pipeline chapter 7's table of the one model (expert_model_show_sharding).
 void expert_stage_show_sharding(const ExpertPipe* P, int show) {
-    if (!show) return;
+    if (P->plain) expert_model_show_sharding(&P->chunk[0].m, show);
+    if (!show || P->plain) return;
     ShardTable* t = xcalloc(1, sizeof(ShardTable));
     double f = sizeof(float);
     char name[48], slice[48];  // "chunk %d: ..." fits any int
