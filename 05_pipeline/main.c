@@ -68,7 +68,7 @@
 // interleaving, one peer is both neighbours and sends activations and
 // gradients on the same channel, in an order that need not be the order in
 // which this rank needs them. So a rank knows, from its peers' lists, the
-// order in which each peer sends to it (P->in, built by pipe_create), and
+// order in which each peer sends to it (P->link.in, built by pipe_create), and
 // when it needs a message it receives everything that peer sent before it
 // first, each into the slot where it belongs (an early activation takes its
 // slot early), and the action that needs it later finds it already there.
@@ -91,23 +91,12 @@ static void receive(Pipeline* P, int grad, int mb, int c) {
     size_t BTC = (size_t)P->micro_batch * P->seq * P->cfg->channels;
     // received now, not early: the time spent waiting for it is bubble, not
     // work, so the action's start is stamped again (run_schedule)
-    if (pipe_receive(P->in, P->pp, BTC, grad, mb, c, slot_buffer, P, &P->early))
+    if (pipe_receive(P->link.in, P->pp, BTC, grad, mb, c, slot_buffer, P, &P->link.early))
         device_stamp(&P->stamps, 2 * P->action);
 }
-
-// Non-blocking, from a buffer of its own (the slot may be reused before the
-// peer has received it).
-static void send(Pipeline* P, const float* src, int peer) {
-    SendBuf* sb = send_pool_take(&P->sends, src);
-    comm_isend(P->pp, sb->buf, P->sends.count, peer, &sb->req);
-}
-
-// Every send of the step completed. On the CUDA backend a comm_isend may be
-// issued only at this rank's next comm_* call (common/comm.h), so the step
-// pairs each send with its receive (the waits here) before any collective.
-static void sends_wait(Pipeline* P) {
-    for (int i = 0; i < P->sends.n; i++) comm_wait(&P->sends.b[i].req);
-}
+// A send is pipe_send (non-blocking, from a buffer of its own: the slot may
+// be reused before the peer has received it); the step ends with
+// pipe_sends_wait, every send completed.
 
 // ---------------------------------------------------------------- the three actions
 // Chunk c of this rank is virtual stage k = pipe_vstage(P, c) of S =
@@ -136,7 +125,7 @@ static void forward(Pipeline* P, int mb, int c, long step) {
         head_forward(g, P->head_wte, P->lnfw, P->lnfb, &h, x, sl->targets, b, T);
         slot_queue_losses(P, sl, mb);  // added up once the step is done (pipe_step_loss_sum)
     } else {
-        send(P, x, pipe_next(P));
+        pipe_send(&P->link, x, pipe_next(P));
     }
 }
 
@@ -175,10 +164,10 @@ static void backward(Pipeline* P, int mb, int c) {
         }
         trace_compute(t0, "block %d backward", P->layers[c].first + j);
     }
-    if (k > 0) send(P, sl->dres, pipe_prev(P));
+    if (k > 0) pipe_send(&P->link, sl->dres, pipe_prev(P));
     if (!split) {
         if (k == 0) encoder_backward(P->dwte, P->dwpe, sl->dres, sl->inputs, b, T, C);
-        sl->busy = 0;
+        slot_pool_give(&P->pool[c], mb);
     }
 }
 
@@ -202,7 +191,7 @@ static void weights(Pipeline* P, int mb, int c) {
     }
     // the embedding's gradient is a weight gradient too: d encoded sits in dres
     if (k == 0) encoder_backward(P->dwte, P->dwpe, sl->dres, sl->inputs, b, T, C);
-    sl->busy = 0;
+    slot_pool_give(&P->pool[c], mb);
     // END EXERCISE 5
 }
 
@@ -224,7 +213,7 @@ static void weights(Pipeline* P, int mb, int c) {
 static void run_schedule(Pipeline* P, long step) {
     int r = P->stage;
     P->n_losses = 0;
-    for (int i = 0; i < P->n_in; i++) P->in[i].next = 0;  // each step's messages from the start
+    pipe_link_begin(&P->link);  // each step's messages from the start
     device_stamps_begin(&P->stamps, 2 * P->sched.n[r]);  // on CUDA a wait for the device, once a step
     for (int i = 0; i < P->sched.n[r]; i++) {
         Action a = P->sched.list[r][i];
@@ -237,7 +226,7 @@ static void run_schedule(Pipeline* P, long step) {
         }
         device_stamp(&P->stamps, 2 * i + 1);  // its end
     }
-    sends_wait(P);
+    pipe_sends_wait(&P->link);
 }
 
 // The tied embedding: stage 0 holds wte for the lookup and accumulated the

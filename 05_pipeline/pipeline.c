@@ -72,53 +72,79 @@ static size_t slot_floats(const Pipeline* P, int c, int* n_ints) {
     return f;
 }
 
+void slot_pool_create(SlotPool* p, int max) {
+    *p = (SlotPool){.s = xcalloc((size_t)max, sizeof(void*)), .mb = xcalloc((size_t)max, sizeof(int)),
+                    .busy = xcalloc((size_t)max, sizeof(int)), .max = max};
+}
+
+void slot_pool_free(SlotPool* p) {
+    free(p->s), free(p->mb), free(p->busy);
+}
+
+void* slot_pool_take(SlotPool* p, int mb) {
+    int free_one = -1;
+    for (int i = 0; i < p->n; i++) {
+        if (p->busy[i] && p->mb[i] == mb) return p->s[i];
+        if (!p->busy[i] && free_one < 0) free_one = i;
+    }
+    if (free_one < 0) return NULL;
+    p->busy[free_one] = 1, p->mb[free_one] = mb;
+    return p->s[free_one];
+}
+
+void slot_pool_add(SlotPool* p, void* slot, int mb) {
+    if (p->n == p->max) FATAL("more microbatches in flight than the step has");
+    p->s[p->n] = slot, p->busy[p->n] = 1, p->mb[p->n] = mb;
+    p->n++;
+}
+
+void* slot_pool_find(const SlotPool* p, int mb) {
+    for (int i = 0; i < p->n; i++)
+        if (p->busy[i] && p->mb[i] == mb) return p->s[i];
+    return NULL;
+}
+
+void slot_pool_give(SlotPool* p, int mb) {
+    for (int i = 0; i < p->n; i++)
+        if (p->busy[i] && p->mb[i] == mb) p->busy[i] = 0;
+}
+
 Slot* slot_get(Pipeline* P, int c, int mb) {
-    SlotPool* pool = &P->pool[c];
-    Slot* free_slot = NULL;
-    for (int i = 0; i < pool->n; i++) {
-        if (pool->s[i]->busy && pool->s[i]->mb == mb) return pool->s[i];
-        if (!pool->s[i]->busy && !free_slot) free_slot = pool->s[i];
+    Slot* sl = slot_pool_take(&P->pool[c], mb);
+    if (sl) return sl;
+    sl = xcalloc(1, sizeof(Slot));
+    const GPTConfig* g = P->cfg;
+    int C = g->channels, NH = g->num_heads, n = P->layers[c].count, k = pipe_vstage(P, c), ints;
+    int b = P->micro_batch, T = P->seq, last = k == P->n_vstages - 1;
+    size_t BT = (size_t)b * T, total = slot_floats(P, c, &ints);
+    // ints are 4 bytes like floats: one allocation per slot
+    float* base = mem_alloc_floats(total + (size_t)ints, MEM_ACTIVATIONS);
+    sl->x = base;                 base += BT * C;
+    sl->dres = base;              base += BT * C;
+    sl->acts = base;              base += (size_t)n * block_store_numel(b, T, C, NH, P->recompute);
+    if (last) {
+        sl->head = base;          base += head_acts_numel(b, T, C, g->padded_vocab_size);
     }
-    if (!free_slot) {
-        Slot** grown = realloc(pool->s, (size_t)(pool->n + 1) * sizeof(Slot*));
-        if (!grown) FATAL("out of host memory for activation slots");
-        pool->s = grown;
-        free_slot = pool->s[pool->n++] = xmalloc(sizeof(Slot));
-        const GPTConfig* g = P->cfg;
-        int C = g->channels, NH = g->num_heads, n = P->layers[c].count, k = pipe_vstage(P, c), ints;
-        int b = P->micro_batch, T = P->seq, last = k == P->n_vstages - 1;
-        size_t BT = (size_t)b * T, total = slot_floats(P, c, &ints);
-        // ints are 4 bytes like floats: one allocation per slot
-        float* base = mem_alloc_floats(total + (size_t)ints, MEM_ACTIVATIONS);
-        memset(free_slot, 0, sizeof(*free_slot));
-        free_slot->x = base;                 base += BT * C;
-        free_slot->dres = base;              base += BT * C;
-        free_slot->acts = base;              base += (size_t)n * block_store_numel(b, T, C, NH, P->recompute);
+    if (P->sched.split_backward) {
+        sl->stash = base;         base += (size_t)n * block_stash_numel(b, T, C);
         if (last) {
-            free_slot->head = base;          base += head_acts_numel(b, T, C, g->padded_vocab_size);
+            sl->dlnf = base;      base += BT * C;
         }
-        if (P->sched.split_backward) {
-            free_slot->stash = base;         base += (size_t)n * block_stash_numel(b, T, C);
-            if (last) {
-                free_slot->dlnf = base;      base += BT * C;
-            }
-        }
-        int* ib = (int*)base;
-        if (k == 0) free_slot->inputs = ib, ib += BT;
-        if (last) free_slot->targets = ib;
-        int in_use = 0;
-        for (int cc = 0; cc < P->n_virtual; cc++) in_use += P->pool[cc].n;
-        if (in_use > P->peak_slots) P->peak_slots = in_use;
     }
-    free_slot->busy = 1;
-    free_slot->mb = mb;
-    return free_slot;
+    int* ib = (int*)base;
+    if (k == 0) sl->inputs = ib, ib += BT;
+    if (last) sl->targets = ib;
+    slot_pool_add(&P->pool[c], sl, mb);
+    int in_use = 0;
+    for (int cc = 0; cc < P->n_virtual; cc++) in_use += P->pool[cc].n;
+    if (in_use > P->peak_slots) P->peak_slots = in_use;
+    return sl;
 }
 
 Slot* slot_find(Pipeline* P, int c, int mb) {
-    for (int i = 0; i < P->pool[c].n; i++)
-        if (P->pool[c].s[i]->busy && P->pool[c].s[i]->mb == mb) return P->pool[c].s[i];
-    FATAL("stage %d: no activations of microbatch %d chunk %d (a backward before its forward?)", P->stage, mb, c);
+    Slot* sl = slot_pool_find(&P->pool[c], mb);
+    if (!sl) FATAL("stage %d: no activations of microbatch %d chunk %d (a backward before its forward?)", P->stage, mb, c);
+    return sl;
 }
 
 static float* slot_store(const Pipeline* P, const Slot* sl, int j) {
@@ -274,6 +300,31 @@ int pipe_receive(Incoming lists[2], const Comm* pp, size_t count, int grad, int 
     // END EXERCISE 3
 }
 
+void pipe_link_create(PipeLink* l, const Schedule* s, const Comm* pp, size_t count) {
+    memset(l, 0, sizeof(*l));
+    l->pp = pp;
+    l->n_in = pipe_incoming_build(s, pp->rank, l->in);
+    send_pool_create(&l->sends, s->n[pp->rank] + s->v + 1, count);  // a send per action at most, and validation's
+}
+
+void pipe_link_free(PipeLink* l) {
+    send_pool_free(&l->sends);
+    pipe_incoming_free(l->in, l->n_in);
+}
+
+void pipe_link_begin(PipeLink* l) {
+    for (int i = 0; i < l->n_in; i++) l->in[i].next = 0;
+}
+
+void pipe_send(PipeLink* l, const float* src, int peer) {
+    SendBuf* sb = send_pool_take(&l->sends, src);
+    comm_isend(l->pp, sb->buf, l->sends.count, peer, &sb->req);
+}
+
+void pipe_sends_wait(PipeLink* l) {
+    for (int i = 0; i < l->sends.n; i++) comm_wait(&l->sends.b[i].req);
+}
+
 // ---------------------------------------------------------------- the tied embedding
 // (05_pipeline/main.c's sum_tied_embedding says why the two ends sum.)
 
@@ -305,6 +356,17 @@ void pipe_embedding_group(Comm* embed, const Mesh* mesh) {
         comm_create_group_ranks(&g, ends, 2, "embedding");
         if (g.size > 0) *embed = g;
     }
+}
+
+void pipe_schedule_make(Schedule* s, ScheduleKind kind, int pp, int m, int v, Schedule* given) {
+    char msg[512];
+    const char* bad = NULL;
+    if (given) *s = *given;
+    else bad = schedule_build(s, kind, pp, m, v, msg, sizeof(msg));
+    if (bad) fail_all("%s", bad);
+    // every rank checks every rank's list: a list that could deadlock never runs
+    bad = schedule_validate(s, NULL, msg, sizeof(msg));
+    if (bad) fail_all("schedule %s is not valid: %s", schedule_name(kind), bad);
 }
 
 // The parameters: counter-based init (or the checkpoint) of each piece
@@ -346,14 +408,7 @@ void pipe_create(Pipeline* P, const Run* run, ScheduleKind kind, int n_micro, in
     P->n_micro = n_micro;
     P->seq = setup->T;
     P->micro_batch = setup->B / P->dp->size / n_micro;
-    char msg[512];
-    const char* bad = NULL;
-    if (given) P->sched = *given;
-    else bad = schedule_build(&P->sched, kind, P->n_stages, n_micro, n_virtual, msg, sizeof(msg));
-    if (bad) fail_all("%s", bad);
-    // every rank checks every rank's list: a list that could deadlock never runs
-    bad = schedule_validate(&P->sched, NULL, msg, sizeof(msg));
-    if (bad) fail_all("schedule %s is not valid: %s", schedule_name(kind), bad);
+    pipe_schedule_make(&P->sched, kind, P->n_stages, n_micro, n_virtual, given);
     for (int c = 0; c < n_virtual; c++) P->layers[c] = stage_layers(cfg->num_layers, P->n_vstages, pipe_vstage(P, c));
     P->n_pieces = rank_pieces(cfg, P->n_stages, n_virtual, P->stage, P->piece);
     P->n_local = P->piece[P->n_pieces - 1].local + P->piece[P->n_pieces - 1].count;
@@ -389,8 +444,8 @@ void pipe_create(Pipeline* P, const Run* run, ScheduleKind kind, int n_micro, in
     if (P->recompute != RECOMPUTE_NONE)
         P->transient =
             mem_alloc_floats(block_transient_numel(b, T, cfg->channels, cfg->num_heads, P->recompute), MEM_ACTIVATIONS);
-    send_pool_create(&P->sends, 2 * n_micro * n_virtual + 1, (size_t)b * T * cfg->channels);
-    P->n_in = pipe_incoming_build(&P->sched, P->stage, P->in);
+    pipe_link_create(&P->link, &P->sched, P->pp, (size_t)b * T * cfg->channels);
+    for (int c = 0; c < n_virtual; c++) slot_pool_create(&P->pool[c], n_micro);  // at most every microbatch in flight
     size_t BT = (size_t)b * T;
     // staging buffers (memory.h): the step's tokens and losses, a part per
     // microbatch (slot_load_tokens says why)
@@ -404,13 +459,12 @@ void pipe_create(Pipeline* P, const Run* run, ScheduleKind kind, int n_micro, in
 void pipe_free(Pipeline* P) {
     for (int c = 0; c < P->n_virtual; c++) {
         for (int i = 0; i < P->pool[c].n; i++) {
-            mem_free(P->pool[c].s[i]->x);
+            mem_free(((Slot*)P->pool[c].s[i])->x);
             free(P->pool[c].s[i]);
         }
-        free(P->pool[c].s);
+        slot_pool_free(&P->pool[c]);
     }
-    send_pool_free(&P->sends);
-    pipe_incoming_free(P->in, P->n_in);
+    pipe_link_free(&P->link);
     if (P->embed.size > 0) comm_destroy_group(&P->embed);
     mem_free(P->params);
     mem_free(P->grads);
@@ -475,7 +529,7 @@ static float val_forward(void* ctx, const int* inputs, const int* targets) {
         } else {
             comm_send(P->pp, x, BTC, pipe_next(P));
         }
-        sl->busy = 0;
+        slot_pool_give(&P->pool[c], -1);
     }
     return loss;
 }
@@ -598,7 +652,7 @@ void pipe_summary_fields(const Pipeline* P, const char* sched_name, double simul
     // every rank's figures, (world, 3): its layers, peak slots, early receives
     int world = 0;
     MPI_CHECK(MPI_Comm_size(MPI_COMM_WORLD, &world));
-    int mine[3] = {0, P->peak_slots, P->early}, *all = xcalloc((size_t)world * 3, sizeof(int));
+    int mine[3] = {0, P->peak_slots, P->link.early}, *all = xcalloc((size_t)world * 3, sizeof(int));
     for (int c = 0; c < P->n_virtual; c++) mine[0] += P->layers[c].count;
     MPI_CHECK(MPI_Gather(mine, 3, MPI_INT, all, 3, MPI_INT, 0, MPI_COMM_WORLD));
     json_add_string(out, "schedule", sched_name);

@@ -13,12 +13,16 @@
 //   - the whole model gathered for --sample and --save, the pieces registered
 //     with the training-state checkpoint, validation through the stages, and
 //     the timelines of each step (the bubble).
-//   - the two steps of the executor that the capstone's pipeline
-//     (capstone/composed_pipe.c) runs too: receiving an action's input in
-//     the order its peer sends (pipe_receive, exercise 3) and the tied
-//     embedding's sum (pipe_sum_tied_embedding, exercise 4).
-// The actions (forward, backward, weights) and where they send and receive,
-// the tied embedding's sum and the step live in 05_pipeline/main.c.
+// Part of it does not care what a stage computes, and the capstone's
+// pipeline (capstone/composed_pipe.c) runs its MoE chunks on that part too:
+// the schedule made and checked (pipe_schedule_make), the links between the
+// stages (PipeLink: receiving an action's input in the order its peer sends,
+// pipe_receive, exercise 3; pipe_send and pipe_sends_wait), which slot holds
+// which microbatch (SlotPool) and the tied embedding's sum
+// (pipe_sum_tied_embedding, exercise 4). An executor of its own is three
+// actions F, B, W over (microbatch, chunk) that call these where they send,
+// receive, take and give back a slot, and the loop over its rank's list.
+// Chapter 5's actions, that loop and the step live in 05_pipeline/main.c.
 #ifndef PIPELINE_H
 #define PIPELINE_H
 
@@ -65,7 +69,6 @@ int rank_pieces(const GPTConfig* cfg, int n_stages, int n_virtual, int r, Piece*
 // busy, so the allocator's peak is exactly (peak slots in flight) x (slot),
 // plus the backward scratch and (--recompute) the transient, one of each.
 typedef struct {
-    int mb, busy;
     float* x;      // (b,T,C) the chunk's input: the embedding's output on stage 0, else received
     float* acts;   // layers x block_store_numel: what --recompute keeps of each layer
     float* head;   // head_acts_numel, on the last virtual stage
@@ -76,17 +79,29 @@ typedef struct {
     int* targets;  // (b,T) next tokens, the last stage
 } Slot;
 
-// The slots of one chunk. Each slot is allocated on its own and never moves:
-// an action holds a pointer to its slot while a receive may add another.
+// Which slot of a chunk holds which microbatch, whatever a slot holds
+// (chapter 5's Slot; the capstone's chunks keep their MoE layers' state).
+// Each slot is the caller's, allocated on its own, and never moves: an
+// action holds a pointer to its slot while a receive may add another.
 typedef struct {
-    Slot** s;
-    int n;
+    void** s;
+    int *mb, *busy;  // (max) the microbatch each slot holds, and whether it does
+    int n, max;      // slots made, at most (every microbatch of a step in flight)
 } SlotPool;
+void slot_pool_create(SlotPool* p, int max);
+void slot_pool_free(SlotPool* p);  // the pool; the slots are the caller's to free
+// The slot holding mb, else the first free one (mb's now), else NULL: then
+// the caller makes one and adds it, mb's (slot_pool_add).
+void* slot_pool_take(SlotPool* p, int mb);
+void slot_pool_add(SlotPool* p, void* slot, int mb);
+// The slot holding mb; NULL if none holds it.
+void* slot_pool_find(const SlotPool* p, int mb);
+// mb's slot given back (after the microbatch's last backward action).
+void slot_pool_give(SlotPool* p, int mb);
 
 // A send leaves from a buffer of its own, so the slot it came from can be
 // reused before the peer has received it. The pool never moves (the CUDA
-// backend keeps pointers to the requests). The capstone's pipeline
-// (capstone/composed_pipe.c) sends from a pool of these too.
+// backend keeps pointers to the requests).
 typedef struct {
     float* buf;
     CommRequest req;
@@ -140,6 +155,37 @@ typedef float* (*PipeSlotBuffer)(void* ctx, int grad, int mb, int chunk);
 int pipe_receive(Incoming lists[2], const Comm* pp, size_t count, int grad, int mb, int chunk,
                  PipeSlotBuffer slot_buffer, void* ctx, int* early);
 
+// The schedule a pipeline runs: given (lists read from --schedule-file,
+// taken over), or kind's lists for pp stages, m microbatches and v chunks.
+// Every rank builds and checks every rank's list, so a list that could
+// deadlock never runs; a bad one is refused by every rank with one message.
+// Chapter 5's pipe_create and the capstone's stages call it.
+void pipe_schedule_make(Schedule* s, ScheduleKind kind, int pp, int m, int v, Schedule* given);
+
+// ---------------------------------------------------------------- the links between the stages
+// What an executor needs to move its messages, whatever its chunks hold
+// (chapter 5's GPT blocks here, the capstone's MoE chunks there): the lists
+// of what each neighbour sends this rank, in its order, and the send buffers.
+typedef struct {
+    const Comm* pp;   // the stages of this pipeline (this rank's stage is its rank)
+    Incoming in[2];   // from the stage before and the stage after (one if they are the same rank)
+    int n_in;
+    SendPool sends;   // each of count floats: one activation or its gradient
+    int early;        // messages received before the one an action waited for
+} PipeLink;
+// The lists from every rank's (pipe_incoming_build), sends of count floats.
+void pipe_link_create(PipeLink* l, const Schedule* s, const Comm* pp, size_t count);
+void pipe_link_free(PipeLink* l);
+// A step's messages from the start: each neighbour's list read from its first.
+void pipe_link_begin(PipeLink* l);
+// Non-blocking, from a buffer of its own (the slot it came from may be
+// reused before the peer has received it): count floats to stage peer.
+void pipe_send(PipeLink* l, const float* src, int peer);
+// Every send of the step completed. On the CUDA backend a comm_isend may be
+// issued only at this rank's next comm_* call (common/comm.h), so a step
+// pairs each send with its receive (the waits here) before any collective.
+void pipe_sends_wait(PipeLink* l);
+
 // ---------------------------------------------------------------- the pipeline of one rank
 typedef struct {
     const GPTConfig* cfg;
@@ -166,15 +212,12 @@ typedef struct {
     RecomputeMode recompute;          // --recompute: what a slot keeps of each layer
     float* transient;                 // the dropped fields of one layer, shared by every layer and slot
     SlotPool pool[PIPE_MAX_CHUNKS];
-    SendPool sends;
-    Incoming in[2];  // from the stage before and the stage after (one if they are the same rank)
-    int n_in;
+    PipeLink link;   // the messages between the stages
     int *in_host, *tg_host;  // (m, b, T) staging: the step's tokens, each microbatch's at mb b T
     float* loss_host;        // (m, b, T) staging: the step's per-token losses (the last stage)
     int* loss_order;         // (m) the microbatches in the order their losses were queued
     int n_losses;
     int peak_slots;   // slots allocated at once, at most
-    int early;        // messages received before the one an action waited for
     DeviceStamps stamps;  // (actions of this rank, 2): each action's start and end, on the device
     int action;           // the running action's index in this rank's list
     double* times;        // (actions of this rank, 2): the stamps, read after the step (pipe_timeline)

@@ -1,11 +1,12 @@
-// composed_pipe.c: chapter 7's pipeline (composed_pipe.h), the executor of the
-// schedule's lists on a rank's chunks (composed_stage.h) for main.c's one
-// training loop. In the order of a step: the slots, the actions F and B with
-// their sends and receives, the step's parts main.c calls (the schedule run,
-// the accumulation over the microbatches and the tied embedding, the loss,
-// the record), then the tokens, validation, --sample, the set-up and the end.
-// The gradient groups, the norm and AdamW are main.c's.
-#include "composed_stage.h"
+// composed_pipe.c: the capstone's pipeline (composed_pipe.h), the executor
+// of chapter 5's lists on a rank's chunks for main.c's one training loop:
+// three actions F, B, W over (microbatch, chunk) on chapter 5's links and
+// slot pools. In the order of a step: the slots, the actions, the step's
+// parts main.c calls (the schedule run, the accumulation over the
+// microbatches and the tied embedding, the loss, the record), then the
+// tokens, validation, --sample, the set-up and the end. The gradient
+// groups, the norm and AdamW are main.c's.
+#include "composed_pipe.h"
 
 #include <stdlib.h>
 #include <string.h>
@@ -18,6 +19,9 @@
 #include "train_eval.h"
 #include "train_loop.h"
 #include "report.h"
+
+static int next_rank(const ExpertPipe* P) { return (P->stage + 1) % P->pp; }
+static int prev_rank(const ExpertPipe* P) { return (P->stage + P->pp - 1) % P->pp; }
 
 // ---------------------------------------------------------------- slots
 
@@ -37,48 +41,41 @@ static void slot_cp_create(const XpChunk* ch, XpSlot* sl) {
     }
 }
 
-// The slot of (mb, chunk): the one taken, else a free one, else a new one
-// (so the peak of slots allocated is the peak in flight).
+// The slot of (mb, chunk) (chapter 5's SlotPool): the one taken, else a
+// free one, else a new one, so the peak of slots made is the peak in flight.
 static XpSlot* chunk_slot_get(ExpertPipe* P, XpChunk* ch, int mb) {
-    XpSlot* free_one = NULL;
-    for (int i = 0; i < ch->n_slots; i++) {
-        if (ch->slot[i]->busy && ch->slot[i]->mb == mb) return ch->slot[i];
-        if (!ch->slot[i]->busy && !free_one) free_one = ch->slot[i];
-    }
-    if (!free_one) {
-        free_one = xcalloc(1, sizeof(XpSlot));
-        // --recompute: the GPT's activations as the mode keeps them; selective
-        // keeps each MoE layer's routing, plan and rows (their send and
-        // fch_gelu buffers the model's one each), full none: every layer runs
-        // again before its backward in the model's one MoE layer state
-        GPTConfig g = ch->m.cfg.gpt;  // as expert_model_create_part: no logits without the head
-        if (!ch->m.has_head) g.vocab_size = g.padded_vocab_size = 0;
-        gpt_acts_create_recompute(&free_one->acts, &g, P->b, P->Tr, ch->m.recompute);
-        slot_cp_create(ch, free_one);
-        free_one->layers = ch->m.recompute == RECOMPUTE_FULL ? ch->slot[0]->layers : moe_layers_create(&ch->m.moe, ch->n_moe);
-        if (ch->m.split) expert_wgrad_create(&free_one->wq, &ch->m);  // zb: what its W reads
-        if (ch->n_slots == P->M) FATAL("more microbatches in flight than the step has");
-        ch->slot[ch->n_slots++] = free_one;
-        int total = 0;
-        for (int c = 0; c < P->v; c++) total += P->chunk[c].n_slots;
-        if (total > P->peak_slots) P->peak_slots = total;
-    }
-    free_one->busy = 1, free_one->mb = mb;
-    return free_one;
+    XpSlot* sl = slot_pool_take(&ch->pool, mb);
+    if (sl) return sl;
+    sl = xcalloc(1, sizeof(XpSlot));
+    // --recompute: the GPT's activations as the mode keeps them; selective
+    // keeps each MoE layer's routing, plan and rows (their send and
+    // fch_gelu buffers the model's one each), full none: every layer runs
+    // again before its backward in the model's one MoE layer state
+    GPTConfig g = ch->m.cfg.gpt;  // as expert_model_create_part: no logits without the head
+    if (!ch->m.has_head) g.vocab_size = g.padded_vocab_size = 0;
+    gpt_acts_create_recompute(&sl->acts, &g, P->b, P->Tr, ch->m.recompute);
+    slot_cp_create(ch, sl);
+    XpSlot* own = ch->pool.s[0];
+    sl->layers = ch->m.recompute == RECOMPUTE_FULL ? own->layers : moe_layers_create(&ch->m.moe, ch->n_moe);
+    if (ch->m.split) expert_wgrad_create(&sl->wq, &ch->m);  // zb: what its W reads
+    slot_pool_add(&ch->pool, sl, mb);
+    int total = 0;
+    for (int c = 0; c < P->v; c++) total += P->chunk[c].pool.n;
+    if (total > P->peak_slots) P->peak_slots = total;
+    return sl;
 }
 
 static XpSlot* chunk_slot_find(XpChunk* ch, int mb) {
-    for (int i = 0; i < ch->n_slots; i++)
-        if (ch->slot[i]->busy && ch->slot[i]->mb == mb) return ch->slot[i];
-    FATAL("no activations kept for microbatch %d", mb);
+    XpSlot* sl = slot_pool_find(&ch->pool, mb);
+    if (!sl) FATAL("no activations kept for microbatch %d", mb);
+    return sl;
 }
 
 // ---------------------------------------------------------------- point to point
-// As chapter 5 (05_pipeline/main.c says why no list that the validator
-// accepts can deadlock): non-blocking sends from buffers of their own, and
-// chapter 5's receive (pipe_receive, 05_pipeline/pipeline.c): a peer's
-// messages taken in the order it sends them (P->in, from its list), each
-// into the slot where it belongs.
+// Chapter 5's (05_pipeline/main.c says why no list that the validator
+// accepts can deadlock): pipe_send, non-blocking from buffers of their own,
+// and pipe_receive: a peer's messages taken in the order it sends them
+// (P->link.in, from its list), each into the slot where it belongs.
 
 // Where a message goes: an activation into the slot of (mb, chunk c), taken
 // now if it came before its F; a gradient into the slot its F took.
@@ -90,16 +87,7 @@ static float* slot_buffer(void* ctx, int grad, int mb, int c) {
 }
 
 static void receive(ExpertPipe* P, int grad, int mb, int c) {
-    pipe_receive(P->in, P->ppc, act_floats(P), grad, mb, c, slot_buffer, P, &P->early);
-}
-
-static void send(ExpertPipe* P, const float* src, int peer) {
-    SendBuf* sb = send_pool_take(&P->sends, src);
-    comm_isend(P->ppc, sb->buf, P->sends.count, peer, &sb->req);
-}
-
-static void sends_wait(ExpertPipe* P) {
-    for (int i = 0; i < P->sends.n; i++) comm_wait(&P->sends.b[i].req);
+    pipe_receive(P->link.in, P->link.pp, act_floats(P), grad, mb, c, slot_buffer, P, &P->link.early);
 }
 
 // ---------------------------------------------------------------- the actions
@@ -107,21 +95,29 @@ static void sends_wait(ExpertPipe* P) {
 // F: the chunk's input (the tokens' embedding on virtual stage 0, else the
 // stage before's output), chapter 7's forward of the chunk's layers (each
 // MoE layer's all-to-all over ep inside), then the loss (the last virtual
-// stage) or the output on to the next stage.
-static void forward(ExpertPipe* P, int mb, int c) {
+// stage) or the output on to the next stage. Microbatch -1 is validation's
+// or --sample's, outside the step's lists: its input comes by a blocking
+// receive and its routing is not counted. Returns the chunk's loss.
+static float forward(ExpertPipe* P, int mb, int c, const int* inputs, const int* targets) {
     XpChunk* ch = &P->chunk[c];
     XpSlot* sl = chunk_slot_get(P, ch, mb);
-    if (ch->vstage > 0) receive(P, 0, mb, c);
+    if (ch->vstage > 0 && mb >= 0) receive(P, 0, mb, c);
+    if (ch->vstage > 0 && mb < 0) comm_recv(P->link.pp, sl->acts.encoded, act_floats(P), prev_rank(P));
     slot_use(ch, sl);
-    size_t t0 = (size_t)mb * P->b * P->T;
-    float loss = P->forward(&ch->m, P->inputs + t0, P->targets + t0);
-    // this microbatch's routing statistics of my MoE layers (global over dp x cp x ep)
-    P->aux += ch->m.moe.aux, P->dropped += ch->m.moe.dropped;
-    int E = P->cfg.experts;
-    for (int i = 0; i < ch->n_moe * E; i++) P->routed[(size_t)ch->moe0 * E + i] += ch->m.moe.routed[i];
+    ch->m.moe.record = mb >= 0;
+    float loss = P->forward(&ch->m, inputs, targets);
+    ch->m.moe.record = 1;
+    if (mb >= 0) {  // this microbatch's routing statistics of my MoE layers (global over dp x cp x ep)
+        P->aux += ch->m.moe.aux, P->dropped += ch->m.moe.dropped;
+        int E = P->cfg.experts;
+        for (int i = 0; i < ch->n_moe * E; i++) P->routed[(size_t)ch->moe0 * E + i] += ch->m.moe.routed[i];
+    }
     const GPTConfig* g = &ch->m.cfg.gpt;
-    if (ch->vstage == P->S - 1) P->loss_sum += loss;
-    else send(P, gpt_acts_block_output(&sl->acts, g, g->num_layers - 1, P->b, P->Tr), next_rank(P));
+    if (ch->vstage < P->S - 1)
+        pipe_send(&P->link, gpt_acts_block_output(&sl->acts, g, g->num_layers - 1, P->b, P->Tr), next_rank(P));
+    else if (mb >= 0)
+        P->loss_sum += loss;
+    return loss;
 }
 
 // B: the gradient of the chunk's output (from the head, or from the stage
@@ -139,15 +135,15 @@ static void backward(ExpertPipe* P, int mb, int c) {
     ch->m.wq = ch->m.split ? &sl->wq : NULL;
     P->backward(&ch->m);
     ch->m.wq = NULL;
-    if (ch->vstage > 0) send(P, sl->acts.dres, prev_rank(P));
-    if (!ch->m.split) sl->busy = 0;
+    if (ch->vstage > 0) pipe_send(&P->link, sl->acts.dres, prev_rank(P));
+    if (!ch->m.split) slot_pool_give(&ch->pool, mb);
 }
 
 // W (zb): the queued weight gradients, no communication; then the slot is free.
 static void weights(ExpertPipe* P, int mb, int c) {
     XpSlot* sl = chunk_slot_find(&P->chunk[c], mb);
     expert_wgrad_run(&sl->wq);
-    sl->busy = 0;
+    slot_pool_give(&P->chunk[c].pool, mb);
 }
 
 // ---------------------------------------------------------------- the step
@@ -163,14 +159,15 @@ void expert_pipe_run(ExpertPipe* P) {
     }
     P->loss_sum = P->aux = 0.0, P->dropped = 0;
     memset(P->routed, 0, (size_t)Lm * E * sizeof(long));
-    for (int i = 0; i < P->n_in; i++) P->in[i].next = 0;
+    pipe_link_begin(&P->link);
     for (int i = 0; i < P->sched.n[P->stage]; i++) {
         Action a = P->sched.list[P->stage][i];
-        if (a.type == ACT_F) forward(P, a.mb, a.chunk);
+        size_t t0 = (size_t)a.mb * P->b * P->T;  // the microbatch's tokens
+        if (a.type == ACT_F) forward(P, a.mb, a.chunk, P->inputs + t0, P->targets + t0);
         else if (a.type == ACT_B) backward(P, a.mb, a.chunk);
         else weights(P, a.mb, a.chunk);
     }
-    sends_wait(P);
+    pipe_sends_wait(&P->link);
 }
 
 // Each microbatch's backward gave the gradient of its own mean (LM loss +
@@ -187,7 +184,7 @@ void expert_pipe_accumulated(ExpertPipe* P) {
     // chapter 5's sum (the other stages do nothing): the first stage's chunk 0
     // holds the lookup's half, the last stage's last chunk the head's
     ExpertModel* end = &P->chunk[P->stage == 0 ? 0 : P->v - 1].m;
-    pipe_sum_tied_embedding(&P->embed, P->ppc, end->dshared + moe_wte_offset(&end->cfg),
+    pipe_sum_tied_embedding(&P->embed, P->link.pp, end->dshared + moe_wte_offset(&end->cfg),
                             param_tensor_numel(&P->cfg.gpt, P_WTE));
 }
 
@@ -196,13 +193,13 @@ double expert_pipe_loss(ExpertPipe* P) {
     // the routing statistics of every MoE layer: each stage holds its own
     // layers' (host integers and doubles: plain MPI over pp)
     if (P->pp > 1) {
-        MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, &P->aux, 1, MPI_DOUBLE, MPI_SUM, P->ppc->mpi));
-        MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, &P->dropped, 1, MPI_LONG, MPI_SUM, P->ppc->mpi));
-        MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, P->routed, Lm * E, MPI_LONG, MPI_SUM, P->ppc->mpi));
+        MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, &P->aux, 1, MPI_DOUBLE, MPI_SUM, P->link.pp->mpi));
+        MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, &P->dropped, 1, MPI_LONG, MPI_SUM, P->link.pp->mpi));
+        MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, P->routed, Lm * E, MPI_LONG, MPI_SUM, P->link.pp->mpi));
     }
     // only the last stage saw the loss: it tells its pipeline
     double loss = P->stage == P->pp - 1 ? P->loss_sum / P->M : 0.0;
-    if (P->pp > 1) MPI_CHECK(MPI_Bcast(&loss, 1, MPI_DOUBLE, P->pp - 1, P->ppc->mpi));
+    if (P->pp > 1) MPI_CHECK(MPI_Bcast(&loss, 1, MPI_DOUBLE, P->pp - 1, P->link.pp->mpi));
     return loss;
 }
 
@@ -236,35 +233,19 @@ void expert_pipe_load(ExpertPipe* P, const TokenSet* d, long step) {
 
 // ---------------------------------------------------------------- validation
 
-// One microbatch through the stages, forward only: chunk after chunk, each
-// receiving its input from the stage before; the loss goes from the last
-// stage to its pipeline. *last (if not NULL): the last chunk's slot, whose
-// head holds the logits.
-static float forward_only(ExpertPipe* P, const int* inputs, const int* targets, XpSlot** last) {
+// One microbatch through the stages, forward only: chunk after chunk (F of
+// microbatch -1); the loss goes from the last stage to its pipeline.
+static float forward_only(void* ctx, const int* inputs, const int* targets) {
+    ExpertPipe* P = ctx;
     float loss = 0.0f;
     for (int c = 0; c < P->v; c++) {
-        XpChunk* ch = &P->chunk[c];
-        XpSlot* sl = chunk_slot_get(P, ch, -1);
-        if (last) *last = sl;
-        if (ch->vstage > 0) comm_recv(P->ppc, sl->acts.encoded, act_floats(P), prev_rank(P));
-        slot_use(ch, sl);
-        ch->m.moe.record = 0;
-        loss = P->forward(&ch->m, inputs, targets);
-        ch->m.moe.record = 1;
-        if (ch->vstage < P->S - 1) {
-            const GPTConfig* g = &ch->m.cfg.gpt;
-            send(P, gpt_acts_block_output(&sl->acts, g, g->num_layers - 1, P->b, P->Tr), next_rank(P));
-        }
-        sl->busy = 0;
+        loss = forward(P, -1, c, inputs, targets);
+        slot_pool_give(&P->chunk[c].pool, -1);
     }
-    sends_wait(P);
+    pipe_sends_wait(&P->link);
     double l = loss;
-    MPI_CHECK(MPI_Bcast(&l, 1, MPI_DOUBLE, P->pp - 1, P->ppc->mpi));
+    MPI_CHECK(MPI_Bcast(&l, 1, MPI_DOUBLE, P->pp - 1, P->link.pp->mpi));
     return (float)l;
-}
-
-static float val_forward(void* ctx, const int* inputs, const int* targets) {
-    return forward_only(ctx, inputs, targets, NULL);
 }
 
 // --sample: every rank runs each forward through the stages, share 0's first
@@ -277,19 +258,18 @@ static void next_logits(void* ctx, const int* window, int t, float* row) {
     size_t BT = (size_t)P->b * P->T;
     int* tokens = xcalloc(2 * BT, sizeof(int));  // inputs, then targets (unused: zeros)
     if (P->share == 0) memcpy(tokens, window, (size_t)t * sizeof(int));
-    XpSlot* last = NULL;
-    forward_only(P, tokens, tokens + BT, &last);
+    forward_only(P, tokens, tokens + BT);
     // with --cp, position t-1 lives on one cp rank: it tells its cp group
     const ExpertModel* m = &P->chunk[P->v - 1].m;
     const CPShard* sh = &m->cp.sh;
     size_t r = 0;
     int owner = cp_shard_owner(sh, t - 1, &r);  // chapter 6's layout (ring.h)
     if (P->stage == P->pp - 1) {
-        HeadActs h = gpt_acts_head(&last->acts, &m->cfg.gpt, P->b, P->Tr);
+        HeadActs h = gpt_acts_head(&m->acts, &m->cfg.gpt, P->b, P->Tr);  // the last chunk's slot's (slot_use)
         if (sh->rank == owner) mem_to_host(row, h.logits + r * Vp, (size_t)Vp * sizeof(float));
         if (sh->cp > 1) MPI_CHECK(MPI_Bcast(row, Vp, MPI_FLOAT, owner, m->cp.cpc->mpi));
     }
-    MPI_CHECK(MPI_Bcast(row, Vp, MPI_FLOAT, P->pp - 1, P->ppc->mpi));
+    MPI_CHECK(MPI_Bcast(row, Vp, MPI_FLOAT, P->pp - 1, P->link.pp->mpi));
     free(tokens);
 }
 
@@ -303,7 +283,7 @@ float expert_pipe_val_loss(void* ctx, const TrainSetup* setup, int n_batches) {
         expert_pipe_load(P, &setup->val, i);
         for (int mb = 0; mb < P->M; mb++) {
             size_t t0 = (size_t)mb * P->b * P->T;
-            sum += val_forward(P, P->inputs + t0, P->targets + t0);
+            sum += forward_only(P, P->inputs + t0, P->targets + t0);
         }
     }
     // every rank of dp x cp x ep ran as many microbatches of the same size:
@@ -327,12 +307,10 @@ void expert_pipe_create(ExpertPipe* P, Run* run, ExpertFlags* fl, const MoeConfi
     const TrainArgs* args = &run->args;
     const TrainSetup* setup = &run->setup;
     const Mesh* mesh = &run->mesh;
-    if (!expert_pipe_wanted(run, fl)) {  // chapter 7's model of my share, as one chunk
-        expert_stage_create_one(P, run, fl, cfg);
-        expert_model_show_sharding(&P->chunk[0].m, args->show_sharding);  // --show-sharding
+    expert_stage_create(P, run, fl, cfg);
+    if (P->plain) {  // chapter 7's model of my share, as one chunk
         expert_print_setup(&P->chunk[0].m, run);
     } else {
-        expert_stage_create(P, run, fl, cfg);
         ExpertModel* m0 = &P->chunk[0].m;
         print0("chapter 7: experts in a pipeline, dp=%d x tp=%d x ep=%d x pp=%d x cp=%d, schedule %s, %d microbatch%s of %d "
                "sequence%s per rank, %d chunk%s of %d layer%s per pp rank; %d expert%s (%d per rank), top-%d, %s, device %s\n",
@@ -346,8 +324,8 @@ void expert_pipe_create(ExpertPipe* P, Run* run, ExpertFlags* fl, const MoeConfi
             print0("ZeRO-1: the AdamW moments of each chunk's buffers sharded over their copies: the replicated "
                    "parameters over %d ranks, the experts over %d%s\n", m0->z[ZERO_SHARED].g->size,
                    m0->z[ZERO_EXPERTS].g->size, m0->nz > 2 ? ", the tp slices over the dp x cp x ep ranks" : "");
-        expert_stage_show_sharding(P, args->show_sharding);  // --show-sharding
     }
+    expert_stage_show_sharding(P, args->show_sharding);  // --show-sharding
     // --ckpt-dir, --resume: this rank's slices, from whatever mesh saved them
     ckpt_init(ck, args, setup, mesh, 7);
     expert_stage_ckpt(ck, P);
@@ -374,7 +352,6 @@ void expert_pipe_report(ExpertPipe* P, const ExpertFlags* fl, const TrainLoop* l
 
 void expert_pipe_finish(ExpertPipe* P, const TrainArgs* args) {
     train_sample_with(args, &P->cfg.gpt, P->T, next_logits, P);  // --sample: every rank runs each forward
-    if (args->save && P->plain) expert_model_save(&P->chunk[0].m, args->save);
-    else if (args->save) expert_stage_save(P, args->save);
+    if (args->save) expert_stage_save(P, args->save);
     expert_stage_free(P);
 }

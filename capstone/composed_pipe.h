@@ -1,60 +1,126 @@
-// composed_pipe.h: chapter 7's pipeline (--pp, --schedule, --microbatches,
-// --virtual): chapter 5's stages and schedules around chapter 7's MoE model.
+// composed_pipe.h: the capstone's pipeline (--pp, --schedule, --microbatches,
+// --virtual): chapter 5's stages, schedules and executor around chapter 7's
+// MoE model. composed_stage.c makes what a rank owns (its chunks and their
+// state, checkpoints, --save, --show-sharding), composed_pipe.c runs the
+// schedule's lists on them for main.c's one training loop.
 //
 // The layers are cut into S = pp x v virtual stages of L / S layers each
 // (chapter 5's split, even here); chunk c of pp rank r is virtual stage
-// k = c pp + r. Each chunk is an ExpertModel of its own layers (a model
-// whose config has L / S layers), so chapter 7's forward and backward run
-// unchanged on it: the MoE layers' all-to-all over ep happens inside F and
-// B, and every ep rank of a stage runs the same list of actions, so their
-// exchanges meet in the same order. With --schedule zb, B is the input half
-// (every exchange still in it) and W the weight gradients B queued, without
-// communication (composed_wgrad.c). Stage 0's chunk 0 embeds the tokens; the
-// last virtual stage runs the final LayerNorm and the head with a tied copy
-// of wte whose gradient is summed with stage 0's (chapter 5's embedding
-// group).
+// k = c pp + r. Each chunk is an ExpertModel of its own layers, so
+// main.c's forward and backward run unchanged on it: the MoE layers'
+// all-to-all over ep happens inside F and B, and every ep rank of a stage
+// runs the same list of actions, so their exchanges meet in the same order.
+// With --schedule zb, B is the input half (every exchange still in it) and W
+// the weight gradients B queued (composed_wgrad.c). Virtual stage 0 embeds
+// the tokens; the last runs the head with a tied copy of wte whose gradient
+// is summed with stage 0's (chapter 5's embedding group). Without the
+// pipeline (pp = 1, no --microbatches, --virtual) a rank has one chunk,
+// chapter 7's model of its share, and the schedule is its F, then its B.
 //
 // The microbatches: a step's batch runs in m microbatches, each a slice of
 // the global batch split over the dp x ep ranks (with --cp, T/cp positions
 // of each sequence on a cp rank), and the gradients accumulate over them.
 // One MoE layer call sees one microbatch: its load-balancing loss and its
-// capacity are over that microbatch's tokens on the dp x cp x ep ranks of
-// the stage. So the objective is the mean over the microbatches of (LM loss
-// + aux_coef aux), which depends on m but not on the mesh: chapter 7 on one
-// rank with the same --microbatches (this same code at pp = 1) is the
-// reference.
+// capacity are over that microbatch's tokens. So the objective is the mean
+// over the microbatches of (LM loss + aux_coef aux), which depends on m but
+// not on the mesh: the capstone on one rank with the same --microbatches is
+// the reference.
 #ifndef COMPOSED_PIPE_H
 #define COMPOSED_PIPE_H
 
 #include "composed_model.h"
+#include "pipeline.h"  // chapter 5's Piece, PipeLink, pipe_schedule_make, pipe_receive, pipe_send
+#include "schedule.h"
+#include "composed_rules.h"
 
-// Chapter 7's whole-model forward (returns this rank's mean loss, 0 off the
-// last stage) and backward on one ExpertModel: main.c's model_forward and
-// model_backward, which a pipeline chunk runs as they are.
+// main.c's whole-model forward (returns this rank's mean loss, 0 off the
+// last stage) and backward, which a chunk runs as they are.
 typedef float (*ExpertForward)(ExpertModel* m, const int* inputs, const int* targets);
 typedef void (*ExpertBackward)(ExpertModel* m);
 
+// What one (microbatch, chunk) keeps from its F to its B (zb: its W): the
+// chunk's activations (its input in acts.encoded), its MoE layers' routing,
+// plan and rows, with --cp its layers' attention state, with zb its queue.
+// The chunk's model works on a slot by pointing at it (slot_use).
+typedef struct {
+    GPTActs acts;
+    MoeLayer* layers;
+    float *lse, *qkv_h, *y_h;  // --cp: what each layer's attention keeps (composed_model.h's ExpertCP)
+    WGradQueue wq;             // zb: the weight gradients its B queued for its W (composed_wgrad.c)
+} XpSlot;
+
+typedef struct {
+    ExpertModel m;   // the chunk's layers as a model (cfg.gpt.num_layers = L / S)
+    int vstage, first, moe0, n_moe;  // its virtual stage, first layer, first MoE layer, MoE layers
+    Piece piece[4];  // chapter 5's: its ranges of the whole model's replicated buffer (chunk_pieces)
+    int n_pieces;
+    SlotPool pool;   // chapter 5's: which XpSlot holds which microbatch; slot 0 is the model's own
+} XpChunk;
+
+typedef struct {
+    int plain;     // no pipeline: one chunk, chapter 7's model of the rank's share
+    size_t total;  // the whole model's parameters
+    Run run_mb;    // the run as one microbatch sees it: setup.B = B / m
+    MoeConfig cfg; // the whole model's
+    ExpertForward forward;
+    ExpertBackward backward;
+    Schedule sched;
+    const char* sched_name;
+    int pp, stage, v, S, M, B, b, T, Tr, per_rank, share;  // Tr: a rank's positions of a sequence, T / cp
+    PipeLink link;  // chapter 5's: the stages (link.pp), what each neighbour sends this rank, the send buffers
+    Comm embed;     // stage 0 and stage pp-1 of this (dp, cp, ep) coordinate
+    XpChunk chunk[COMPOSED_MAX_CHUNKS];
+    int *inputs, *targets;  // host (m, b, T): this step's tokens of each microbatch on this rank
+    double loss_sum, aux;   // the step's: losses (last stage), routing statistics of my layers
+    long dropped, dropped_total;
+    long* routed;  // (L_moe, E) of the whole model
+    int peak_slots;
+} ExpertPipe;
+
+static inline size_t act_floats(const ExpertPipe* P) { return (size_t)P->b * P->Tr * P->cfg.gpt.channels; }
+// A chunk's model works on a slot: its activations, MoE layer state and
+// (--cp) kept attention buffers are the slot's.
+static inline void slot_use(XpChunk* ch, XpSlot* sl) {
+    ch->m.acts = sl->acts;
+    ch->m.layers = sl->layers;
+    ch->m.cp.lse = sl->lse, ch->m.cp.qkv_h = sl->qkv_h, ch->m.cp.y_h = sl->y_h;
+}
+
+// ---------------------------------------------------------------- composed_stage.c
+
+// Every rank builds and validates every rank's list (chapter 5's), makes
+// its chunks (their parameters from the whole model's init or --model FILE,
+// piece by piece; without the pipeline chapter 7's model of its share), the
+// embedding group and its incoming messages. Collective over the world.
+void expert_stage_create(ExpertPipe* P, Run* run, ExpertFlags* flags, const MoeConfig* cfg);
+void expert_stage_free(ExpertPipe* P);
+// This rank's slices of the training state, in the whole model's tensors
+// (--ckpt-dir, --resume): its chunks'.
+void expert_stage_ckpt(Ckpt* ck, ExpertPipe* P);
+// --save FILE: the whole model gathered over pp, written by world rank 0. Collective.
+void expert_stage_save(ExpertPipe* P, const char* path);
+// --show-sharding: each chunk's buffers. Collective when show is set.
+void expert_stage_show_sharding(const ExpertPipe* P, int show);
+
+// ---------------------------------------------------------------- composed_pipe.c
+
 // 1 when the run is a pipeline: --pp > 1, or --microbatches or --virtual given.
 int expert_pipe_wanted(const Run* run, const ExpertFlags* flags);
-
-// main.c's step, on this rank's chunks (composed_stage.h's ExpertPipe; one
-// chunk, chapter 7's model of the rank's share, without the pipeline):
-typedef struct ExpertPipe ExpertPipe;
 // The chunks, the schedule's lists, --show-sharding, the set-up's lines and
 // the checkpoint (opened, resumed). Collective.
 void expert_pipe_create(ExpertPipe* P, Run* run, ExpertFlags* flags, const MoeConfig* cfg, ExpertForward forward,
                         ExpertBackward backward, Ckpt* ck);
-// Step `step`'s tokens of every microbatch of this rank (composed_pipe.c says which).
+// Step `step`'s tokens of every microbatch of this rank.
 void expert_pipe_load(ExpertPipe* P, const TokenSet* d, long step);
 // The gradients zeroed, then the schedule's actions of this stage in order:
-// F and B of each (microbatch, chunk), forward and backward on the chunk's
-// model, with the activations and their gradients sent between the stages.
+// F and B (zb: and W) of each (microbatch, chunk), with the activations and
+// their gradients sent between the stages.
 void expert_pipe_run(ExpertPipe* P);
 // x 1/m over the microbatches; with pp > 1 the tied wte's halves summed
 // between the first and the last stage.
 void expert_pipe_accumulated(ExpertPipe* P);
-// The step's LM loss of this pipeline (the microbatches' mean, told by the
-// last stage) and the routing statistics over the stages.
+// The step's LM loss (the microbatches' mean, told by the last stage) and
+// the routing statistics summed over the stages.
 double expert_pipe_loss(ExpertPipe* P);
 // The step record's aux_loss, dropped, expert_tokens.
 void expert_pipe_record(ExpertPipe* P, TrainLoop* loop, int step);

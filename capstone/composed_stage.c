@@ -1,7 +1,8 @@
-// composed_stage.c: a rank of chapter 7's pipeline, its chunks and their
-// state (composed_stage.h): the checks and the lists, the chunks' models and
-// pieces, the embedding group, checkpoints, --save and --show-sharding.
-#include "composed_stage.h"
+// composed_stage.c: what a rank of the capstone's pipeline owns
+// (composed_pipe.h): its chunks' models, pieces and slots, the lists and
+// links (chapter 5's), checkpoints, --save and --show-sharding; with or
+// without the pipeline (one chunk).
+#include "composed_pipe.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -14,25 +15,6 @@
 #include "run.h"
 
 // ---------------------------------------------------------------- set-up
-
-static void stage_finish(ExpertPipe* P, const Mesh* mesh);
-
-// The schedule's lists (built and validated by every rank) and the
-// pipeline's shape; expert_config refused every bad layout already
-// (composed_rules.c). Every refusal is one message from rank 0 and an exit of
-// every rank.
-static void build_schedule(ExpertPipe* P, const ExpertFlags* fl) {
-    int kind = schedule_parse(fl->schedule);
-    P->sched_name = schedule_name((ScheduleKind)kind);
-    P->M = fl->microbatches == ARG_NOT_GIVEN ? P->pp : fl->microbatches;
-    P->v = fl->virtual_chunks;
-    P->S = P->pp * P->v;
-    P->b = P->per_rank / P->M;
-    char msg[1024];
-    const char* bad = schedule_build(&P->sched, (ScheduleKind)kind, P->pp, P->M, P->v, msg, sizeof(msg));
-    if (!bad) bad = schedule_validate(&P->sched, NULL, msg, sizeof(msg));
-    if (bad) fail_all("%s", bad);
-}
 
 // The config of a chunk's model: L / S layers, and the embedding's tables
 // only where the chunk uses them (wte on the first and the last, wpe on the
@@ -67,115 +49,93 @@ static int chunk_pieces(Piece* piece, const MoeConfig* whole, const MoeConfig* l
     return n;
 }
 
-// The model's own activations are a chunk's first slot.
-static void chunk_slots(const ExpertPipe* P, XpChunk* ch) {
-    ch->slot = xcalloc((size_t)P->M, sizeof(XpSlot*));  // at most every microbatch in flight
-    ch->slot[0] = xcalloc(1, sizeof(XpSlot));
-    *ch->slot[0] = (XpSlot){.acts = ch->m.acts, .layers = ch->m.layers, .lse = ch->m.cp.lse, .qkv_h = ch->m.cp.qkv_h,
-                            .y_h = ch->m.cp.y_h, .mb = -1, .busy = 0};
-    ch->n_slots = 1;
-    if (ch->m.split) expert_wgrad_create(&ch->slot[0]->wq, &ch->m);
-}
-
 // Chunk c: virtual stage k = c pp + stage, layers [k L/S, (k+1) L/S), an
 // ExpertModel of them (so of B/(dp ep tp m) sequences), its pieces of the
-// whole model, its parameters from the whole model's init or --model FILE
-// (all_shared: moe.h's layout at tp = 1; with --tp, expert_tp_load cuts the
-// chunk's copy of it into the shared buffer and this tp rank's slices).
-static void chunk_create(ExpertPipe* P, int c, const ExpertFlags* fl, const float* all_shared, const float* all_experts) {
+// whole model and its slots (the model's own activations are the first).
+// With one chunk, chapter 7's model of the whole (its own init or --model
+// FILE); else its parameters from the whole model's (all_shared: moe.h's
+// layout at tp = 1; with --tp, expert_tp_load cuts the chunk's copy of it
+// into the shared buffer and this tp rank's slices).
+static void chunk_create(ExpertPipe* P, int c, const ExpertFlags* fl, const MoeConfig* cfg, const float* all_shared,
+                         const float* all_experts) {
     XpChunk* ch = &P->chunk[c];
     int L = P->cfg.gpt.num_layers, Lc = L / P->S;
     ch->vstage = c * P->pp + P->stage, ch->first = ch->vstage * Lc;
     int embeds = ch->vstage == 0, head = ch->vstage == P->S - 1;
     MoeConfig local = pipe_chunk_config(&P->cfg, ch->first, Lc, embeds, head);
-    ch->moe0 = 0;
     for (int l = 0; l < ch->first; l++) ch->moe0 += moe_is_moe_layer(&P->cfg, l);
     ch->n_moe = moe_num_moe_layers(&local);
-    expert_model_create_part(&ch->m, &local, fl, &P->run_mb, embeds, head);
+    if (P->S == 1) expert_model_create(&ch->m, cfg, fl, &P->run_mb);
+    else expert_model_create_part(&ch->m, &local, fl, &P->run_mb, embeds, head);
     if (P->sched.split_backward) expert_wgrad_enable(&ch->m);  // zb: B and W (composed_wgrad.c)
     ch->n_pieces = chunk_pieces(ch->piece, &P->cfg, &ch->m.cfg, ch->first, embeds, head);
-    // the values: the whole model's, piece by piece (the rest zero), in
-    // the layout at tp = 1
+    XpSlot* own = xcalloc(1, sizeof(XpSlot));
+    *own = (XpSlot){.acts = ch->m.acts, .layers = ch->m.layers, .lse = ch->m.cp.lse, .qkv_h = ch->m.cp.qkv_h, .y_h = ch->m.cp.y_h};
+    if (ch->m.split) expert_wgrad_create(&own->wq, &ch->m);
+    slot_pool_create(&ch->pool, P->M);  // at most every microbatch in flight
+    slot_pool_add(&ch->pool, own, -1);
+    slot_pool_give(&ch->pool, -1);
+    if (P->S == 1) return;
+    // the values: the whole model's, piece by piece (the rest zero), in the layout at tp = 1
     MoeConfig whole1 = P->cfg, local1 = ch->m.cfg;
     whole1.tp = local1.tp = 1;
     Piece one[4];
     int n1 = chunk_pieces(one, &whole1, &local1, ch->first, embeds, head);
     float* host = xcalloc(moe_num_shared(&local1), sizeof(float));
     for (int i = 0; i < n1; i++) memcpy(host + one[i].local, all_shared + one[i].global, one[i].count * sizeof(float));
-    if (ch->m.tp.tp > 1)
-        expert_tp_load(&ch->m, host);
-    else
-        mem_to_device(ch->m.shared, host, ch->m.n_shared * sizeof(float));
+    if (ch->m.tp.tp > 1) expert_tp_load(&ch->m, host);
+    else mem_to_device(ch->m.shared, host, ch->m.n_shared * sizeof(float));
     free(host);
     size_t per_layer = (size_t)ch->m.E_local * moe_expert_numel(&P->cfg);
     mem_to_device(ch->m.experts, all_experts + (size_t)ch->moe0 * per_layer, ch->m.n_experts * sizeof(float));
     // the last stage's copy of wte: its gradient is stage 0's, counted there in the norm
     if (head && !embeds) ch->m.z[ZERO_SHARED].tied = param_tensor_numel(&P->cfg.gpt, P_WTE);
-    chunk_slots(P, ch);
 }
 
 void expert_stage_create(ExpertPipe* P, Run* run, ExpertFlags* fl, const MoeConfig* cfg) {
     const Mesh* mesh = &run->mesh;
     int tp = mesh->size[AXIS_TP];
+    P->plain = !expert_pipe_wanted(run, fl);
     P->cfg = *cfg;
     P->cfg.tp = tp;  // the whole model's shared layout as the chunks hold it (moe.h: without the tp slices)
-    P->pp = mesh->size[AXIS_PP], P->stage = mesh->coord[AXIS_PP], P->ppc = &run->axes[AXIS_PP];
+    P->pp = mesh->size[AXIS_PP], P->stage = mesh->coord[AXIS_PP];
     P->B = run->setup.B, P->T = run->setup.T, P->Tr = P->T / mesh->size[AXIS_CP];
     // a rank's sequences: B/tp of its dp x ep share's, in world order (dp, ep, tp) as expert_model_create
     P->per_rank = run->setup.B / (mesh->size[AXIS_DP] * mesh->size[AXIS_EP] * tp);
     P->share = (mesh->coord[AXIS_DP] * mesh->size[AXIS_EP] + mesh->coord[AXIS_EP]) * tp + mesh->coord[AXIS_TP];
-    build_schedule(P, fl);
+    // the schedule's lists (chapter 5's, built and checked by every rank);
+    // expert_config refused every bad layout already (composed_rules.c)
+    int kind = P->plain ? SCHED_1F1B : schedule_parse(fl->schedule);
+    P->sched_name = schedule_name((ScheduleKind)kind);
+    P->M = fl->microbatches == ARG_NOT_GIVEN ? P->pp : fl->microbatches;
+    P->v = fl->virtual_chunks, P->S = P->pp * P->v, P->b = P->per_rank / P->M;
+    pipe_schedule_make(&P->sched, (ScheduleKind)kind, P->pp, P->M, P->v, NULL);
     P->run_mb = *run;
-    P->run_mb.setup.B = run->setup.B / P->M;  // a chunk's model holds one microbatch
-    P->run_mb.setup.checkpoint = NULL;        // the parameters come from below
+    P->run_mb.setup.B = run->setup.B / P->M;                       // a chunk's model holds one microbatch
+    if (P->S > 1) P->run_mb.setup.checkpoint = NULL;               // the parameters come from below
     // the whole model's parameters on the host, then each chunk's pieces
     int ep = mesh->size[AXIS_EP], El = cfg->experts / ep, e0 = mesh->coord[AXIS_EP] * El;
     size_t n_shared = moe_num_shared(cfg), n_exp = (size_t)moe_num_moe_layers(cfg) * El * moe_expert_numel(cfg);
-    float* all_shared = xmalloc(n_shared * sizeof(float));
-    float* all_experts = xmalloc((n_exp ? n_exp : 1) * sizeof(float));
-    if (run->setup.checkpoint) {
-        char msg[1024];
-        const char* bad = moe_checkpoint_read(run->setup.checkpoint, cfg, all_shared, all_experts, e0, El, msg, sizeof(msg));
-        fail_if_any(bad != NULL, bad);
-    } else {
-        moe_init_shared(all_shared, cfg, (uint64_t)run->args.seed);
-        moe_init_experts(all_experts, cfg, e0, El, (uint64_t)run->args.seed);
+    float *all_shared = NULL, *all_experts = NULL;
+    if (P->S > 1) {
+        all_shared = xmalloc(n_shared * sizeof(float));
+        all_experts = xmalloc((n_exp ? n_exp : 1) * sizeof(float));
+        if (run->setup.checkpoint) {
+            char msg[1024];
+            const char* bad = moe_checkpoint_read(run->setup.checkpoint, cfg, all_shared, all_experts, e0, El, msg, sizeof(msg));
+            fail_if_any(bad != NULL, bad);
+        } else {
+            moe_init_shared(all_shared, cfg, (uint64_t)run->args.seed);
+            moe_init_experts(all_experts, cfg, e0, El, (uint64_t)run->args.seed);
+        }
     }
-    for (int c = 0; c < P->v; c++) chunk_create(P, c, fl, all_shared, all_experts);
+    for (int c = 0; c < P->v; c++) chunk_create(P, c, fl, cfg, all_shared, all_experts);
     free(all_shared);
     free(all_experts);
-    P->total = moe_num_shared(cfg) + (size_t)moe_num_moe_layers(cfg) * cfg->experts * moe_expert_numel(cfg);
-    stage_finish(P, mesh);
-}
-
-void expert_stage_create_one(ExpertPipe* P, Run* run, ExpertFlags* fl, const MoeConfig* cfg) {
-    P->plain = 1;
-    P->cfg = *cfg;
-    P->cfg.tp = run->mesh.size[AXIS_TP];
-    P->pp = 1, P->stage = 0, P->ppc = &run->axes[AXIS_PP];
-    P->M = P->v = P->S = 1;
-    XpChunk* ch = &P->chunk[0];
-    ExpertModel* m = &ch->m;
-    expert_model_create(m, cfg, fl, run);
-    P->B = run->setup.B, P->T = run->setup.T, P->Tr = m->T;
-    P->per_rank = P->b = m->B, P->share = m->share;
-    P->total = expert_total_params(m);
-    P->sched_name = schedule_name(SCHED_1F1B);
-    char msg[1024];
-    const char* bad = schedule_build(&P->sched, SCHED_1F1B, 1, 1, 1, msg, sizeof(msg));
-    if (bad) fail_all("%s", bad);
-    ch->n_moe = moe_num_moe_layers(cfg);
-    ch->n_pieces = chunk_pieces(ch->piece, &P->cfg, &m->cfg, 0, 1, 1);
-    chunk_slots(P, ch);
-    stage_finish(P, &run->mesh);
-}
-
-// What a rank's stage shares with its neighbours and keeps for a step.
-static void stage_finish(ExpertPipe* P, const Mesh* mesh) {
-    const MoeConfig* cfg = &P->cfg;
-    pipe_embedding_group(&P->embed, mesh);  // chapter 5's, as the three below
-    P->n_in = pipe_incoming_build(&P->sched, P->stage, P->in);  // from every rank's lists
-    send_pool_create(&P->sends, P->sched.n[P->stage] + P->v + 1, act_floats(P));
+    P->total = n_shared + (size_t)moe_num_moe_layers(cfg) * cfg->experts * moe_expert_numel(cfg);
+    // what a rank shares with its neighbours and keeps for a step (chapter 5's)
+    pipe_embedding_group(&P->embed, mesh);
+    pipe_link_create(&P->link, &P->sched, &run->axes[AXIS_PP], act_floats(P));  // from every rank's lists
     P->routed = xcalloc((size_t)moe_num_moe_layers(cfg) * cfg->experts, sizeof(long));
     P->inputs = xmalloc((size_t)P->per_rank * P->T * sizeof(int));
     P->targets = xmalloc((size_t)P->per_rank * P->T * sizeof(int));
@@ -184,20 +144,21 @@ static void stage_finish(ExpertPipe* P, const Mesh* mesh) {
 void expert_stage_free(ExpertPipe* P) {
     for (int c = 0; c < P->v; c++) {
         XpChunk* ch = &P->chunk[c];
-        for (int i = 1; i < ch->n_slots; i++) {  // slot 0 is the model's own
-            gpt_acts_free(&ch->slot[i]->acts);
-            if (ch->m.recompute != RECOMPUTE_FULL) moe_layers_free(&ch->m.moe, ch->slot[i]->layers, ch->n_moe);
-            float* cp[] = {ch->slot[i]->lse, ch->slot[i]->qkv_h, ch->slot[i]->y_h};
-            for (int j = 0; j < 3; j++)
-                if (cp[j]) mem_free(cp[j]);
+        slot_use(ch, ch->pool.s[0]);  // the model frees its own (expert_model_free)
+        for (int i = 0; i < ch->pool.n; i++) {
+            XpSlot* sl = ch->pool.s[i];
+            if (i > 0) {  // slot 0 is the model's own
+                gpt_acts_free(&sl->acts);
+                if (ch->m.recompute != RECOMPUTE_FULL) moe_layers_free(&ch->m.moe, sl->layers, ch->n_moe);
+                mem_free(sl->lse), mem_free(sl->qkv_h), mem_free(sl->y_h);
+            }
+            expert_wgrad_free(&sl->wq);
+            free(sl);
         }
-        slot_use(ch, ch->slot[0]);
-        for (int i = 0; i < ch->n_slots; i++) expert_wgrad_free(&ch->slot[i]->wq), free(ch->slot[i]);
-        free(ch->slot);
+        slot_pool_free(&ch->pool);
         expert_model_free(&ch->m);
     }
-    send_pool_free(&P->sends);
-    pipe_incoming_free(P->in, P->n_in);
+    pipe_link_free(&P->link);
     if (P->embed.size > 0) comm_destroy_group(&P->embed);
     free(P->routed);
     free(P->inputs);
@@ -310,14 +271,18 @@ void expert_stage_ckpt(Ckpt* ck, ExpertPipe* P) {
     }
 }
 
-// --save FILE: the whole model, each stage's pieces (and with --tp its tp
-// rank's slices of its layers) summed over pp into zeros (disjoint pieces:
-// exact), then chapter 7's writer on a model of the whole, which gathers
-// the slices over tp and the experts over ep (world rank 0 is stage 0 and
-// tp rank 0: it writes). Collective.
+// --save FILE: chapter 7's writer (expert_model_save), which gathers the
+// slices over tp and the experts over ep (world rank 0 is stage 0 and tp
+// rank 0: it writes). One chunk is the whole model; else each stage's pieces
+// (and with --tp its tp rank's slices of its layers) are summed over pp into
+// zeros (disjoint pieces: exact) on a model of the whole. Collective.
 void expert_stage_save(ExpertPipe* P, const char* path) {
     const MoeConfig* cfg = &P->cfg;
     ExpertModel* m0 = &P->chunk[0].m;
+    if (P->S == 1) {
+        expert_model_save(m0, path);
+        return;
+    }
     size_t n_shared = moe_num_shared(cfg), per_layer = (size_t)m0->E_local * moe_expert_numel(cfg);
     size_t n_exp = (size_t)moe_num_moe_layers(cfg) * per_layer;
     int tp = m0->tp.tp;
@@ -337,9 +302,9 @@ void expert_stage_save(ExpertPipe* P, const char* path) {
         if (tp > 1) mem_to_host(slices + moe_tp_offset(cfg, ch->first, tp), ch->m.tp.w, ch->m.tp.n * sizeof(float));
     }
     // host floats for the file, not training: plain MPI
-    MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, shared, (int)n_shared, MPI_FLOAT, MPI_SUM, P->ppc->mpi));
-    MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, experts, (int)n_exp, MPI_FLOAT, MPI_SUM, P->ppc->mpi));
-    if (tp > 1) MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, slices, (int)n_tp, MPI_FLOAT, MPI_SUM, P->ppc->mpi));
+    MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, shared, (int)n_shared, MPI_FLOAT, MPI_SUM, P->link.pp->mpi));
+    MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, experts, (int)n_exp, MPI_FLOAT, MPI_SUM, P->link.pp->mpi));
+    if (tp > 1) MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, slices, (int)n_tp, MPI_FLOAT, MPI_SUM, P->link.pp->mpi));
     ExpertModel whole = *m0;
     whole.cfg = *cfg;
     whole.n_shared = n_shared, whole.n_experts = n_exp;
@@ -362,9 +327,11 @@ void expert_stage_save(ExpertPipe* P, const char* path) {
 }
 
 // --show-sharding: each chunk's replicated buffer (its layers, with the
-// slots of wte, wpe and lnf a model of its own has) and its experts.
+// slots of wte, wpe and lnf a model of its own has) and its experts; without
+// the pipeline chapter 7's table of the one model (expert_model_show_sharding).
 void expert_stage_show_sharding(const ExpertPipe* P, int show) {
-    if (!show) return;
+    if (P->plain) expert_model_show_sharding(&P->chunk[0].m, show);
+    if (!show || P->plain) return;
     ShardTable* t = xcalloc(1, sizeof(ShardTable));
     double f = sizeof(float);
     char name[48], slice[48];  // "chunk %d: ..." fits any int

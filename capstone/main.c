@@ -27,7 +27,7 @@
 #include "exercise.h"  // exercise_not_done, in a homework tree
 #include "trace.h"
 
-#include "composed_stage.h"  // composed_model.h (run.h, train_loop.h), the chunks, the schedule
+#include "composed_pipe.h"  // composed_model.h (run.h, train_loop.h), the chunks, the schedule
 #include "train_step.h"
 
 // ---------------------------------------------------------------- one MoE block
@@ -184,7 +184,7 @@ static float clip_and_step(ExpertPipe* P, const TrainArgs* args, int step) {
         for (ZeroBuf* z = m->z; z < m->z + m->nz; z++)  // the experts, the replicated buffer, the tp slices
             if (m->zero || z->g->rank == 0) expert_zero_sumsq(mine, z);
     }
-    const Comm* groups[] = {P->chunk[0].m.epc, P->chunk[0].m.dpcp, P->ppc};
+    const Comm* groups[] = {P->chunk[0].m.epc, P->chunk[0].m.dpcp, P->link.pp};
     double norm = train_global_norm(mine, groups, P->pp > 1 ? 3 : 2);
     float scale = grad_clip_scale(norm, args->clip);
     AdamWConfig ac = train_adamw(args);

@@ -923,9 +923,9 @@ static void moe_layer_program(Program* p, int ep, int s, int e, int nc, int forw
 
 // What 05_pipeline/main.c calls, per rank and step: each action's receive
 // (the messages its peer sent before the one it needs, each a comm_recv:
-// pipeline.c's pipe_incoming_build / pipe_receive), its send (send:
-// comm_test on the slots, then comm_isend), sends_wait at the end of the
-// lists, the tied embedding's all-reduce (first and last stage), the norm's
+// pipeline.c's PipeLink and pipe_receive), its send (pipe_send:
+// comm_test on the send buffers, then comm_isend), pipe_sends_wait at the
+// end of the lists, the tied embedding's all-reduce (first and last stage), the norm's
 // all-reduce and the loss's MPI_Bcast; after two steps a validation forward
 // (blocking sends). With ep > 1, the capstone's pipeline
 // (capstone/composed_pipe.c): the same, with moe MoE layers in each F and B
