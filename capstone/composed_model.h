@@ -168,11 +168,10 @@ void expert_embed_backward(ExpertModel* m);
 void expert_units_gather(ExpertModel* m, int l);
 void expert_units_open(ExpertModel* m, int l);
 void expert_units_reduce(ExpertModel* m, int l);
-// All parameters (every expert of every MoE layer); the start-up lines;
-// --show-sharding's table (collective when show is set).
+// All parameters (every expert of every MoE layer); the start-up lines
+// (--show-sharding's table: composed_pipe.h, expert_stage_show_sharding).
 size_t expert_total_params(const ExpertModel* m);
 void expert_print_setup(const ExpertModel* m, const Run* run);
-void expert_model_show_sharding(const ExpertModel* m, int show);
 
 // ---------------------------------------------------------------- composed_build.c
 // This rank's model: its B/(dp ep tp) sequences of the global batch (T/cp

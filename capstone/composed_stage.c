@@ -326,55 +326,89 @@ void expert_stage_save(ExpertPipe* P, const char* path) {
     free(slices);
 }
 
+// --zero 2, 3: what the engines hold beyond the buffers' rows (the
+// parameters whole, or --zero 3's shards; no gradient): the gradient shards
+// and the unit gradient buffers; --zero 2 the padding of the parameters, 3
+// the two gather slots.
+static void zero_units_sharding(const ExpertModel* m, ShardTable* t) {
+    double f = sizeof(float), pad = 0, shard = 0, slots = 0, unit = 0;
+    for (int b = 0; b < m->nz; b++) {
+        const FSDP* e = &m->z[b].f;
+        pad += (double)(e->padded_total - m->z[b].n), shard += (double)e->shard_total;
+        slots += 2.0 * (double)e->max_padded;
+        unit += (double)e->max_padded + (e->own_grads[0] ? (double)(e->shard[0] * (size_t)e->dp->size) : 0.0);
+    }
+    if (m->zero == 2) shard_table_add(t, "ZeRO padding", "", "tails", NULL, NULL, "", f * pad, 0, 0);
+    if (m->zero == 3) shard_table_add(t, "gather slots", "", "gathered", NULL, NULL, "2 x the largest unit", f * slots, 0, 0);
+    shard_table_add(t, "ZeRO grad shard", "", NULL, "units/group", NULL, "mine", 0, f * shard, 0);
+    shard_table_add(t, "unit gradient", "", NULL, "(-)", NULL, "the largest unit, wte's", 0, f * unit, 0);
+}
+
 // --show-sharding: each chunk's replicated buffer (its layers, with the
-// slots of wte, wpe and lnf a model of its own has) and its experts; without
-// the pipeline chapter 7's table of the one model (expert_model_show_sharding).
+// slots of wte, wpe and lnf a model of its own has), its experts and its tp
+// slices; without the pipeline the one chunk is chapter 7's model of the
+// rank's share, and its rows name no chunk and no pp axis.
 void expert_stage_show_sharding(const ExpertPipe* P, int show) {
-    if (P->plain) expert_model_show_sharding(&P->chunk[0].m, show);
-    if (!show || P->plain) return;
+    if (!show) return;
     ShardTable* t = xcalloc(1, sizeof(ShardTable));
-    double f = sizeof(float);
-    char name[48], slice[48];  // "chunk %d: ..." fits any int
+    const ExpertModel* m0 = &P->chunk[0].m;
+    double f = sizeof(float), pad = 0, gsh = 0;  // --zero 1: each buffer's padding to N S and its gradient shard
+    // --zero 2: no whole gradient (the engines' rows below); 3: the parameters' shards only
+    double p3 = m0->zero == 3 ? 0 : 1, g2 = m0->zero > 1 ? 0 : 1;
+    const char* pp = P->plain ? "-" : "pp";
+    char name[64], slice[64], chunk[16] = "", layers[32] = "", ax[2][32];
     for (int c = 0; c < P->v; c++) {
         const XpChunk* ch = &P->chunk[c];
-        double shared = (double)ch->m.n_shared, experts = (double)ch->m.n_experts;
-        int last = ch->first + ch->m.cfg.gpt.num_layers - 1;
-        snprintf(name, sizeof(name), "chunk %d: GPT+routers", c);
-        snprintf(slice, sizeof(slice), "layers %d..%d%s%s", ch->first, last, ch->m.embeds ? ", embedding" : "",
-                 ch->m.has_head ? ", head" : "");
-        // --zero 1: the moments flat over each buffer's copies (composed_zero.h), a shard S each
-        const ZeroBuf* z = ch->m.z;
-        int zero = ch->m.zero;
-        shard_table_add(t, name, "", "(pp, -)", "(pp, -)", zero ? "(pp, -) flat/batch" : "(pp, -)", slice, f * shared,
-                        f * shared, 2 * f * z[ZERO_SHARED].S);
-        snprintf(name, sizeof(name), "chunk %d: experts", c);
-        snprintf(slice, sizeof(slice), "experts %d..%d of %d", ch->m.e0, ch->m.e0 + ch->m.E_local - 1, P->cfg.experts);
-        shard_table_add(t, name, "(Lm, E, ...)", "(pp, ep, -)", "(pp, ep, -)", zero ? "(pp, ep, -) flat/dpcp" : "(pp, ep, -)",
-                        slice, f * experts, f * experts, 2 * f * z[ZERO_EXPERTS].S);
-        const ExpertTP* tp = &ch->m.tp;
-        if (tp->tp > 1) {  // its layers' qkvw, qkvb by rows (my heads' q, k, v), attprojw by columns
-            double sl = (double)tp->n;
-            int NH = P->cfg.gpt.num_heads;
-            snprintf(name, sizeof(name), "chunk %d: qkv, attproj%s", c, P->cfg.moe_every > 1 ? ", fc, fcproj" : "");
-            snprintf(slice, sizeof(slice), "layers %d..%d, heads %d..%d", ch->first, last, tp->rank * NH / tp->tp,
-                     (tp->rank + 1) * NH / tp->tp - 1);
-            shard_table_add(t, name, "(L, ...)", "(pp, tp, -)", "(pp, tp, -)", zero ? "(pp, tp, -) flat/dpcpep" : "(pp, tp, -)",
-                            slice, f * sl, f * sl, 2 * f * z[ZERO_TP].S);
+        const ExpertModel* m = &ch->m;
+        // --zero 1: the moments flat over each buffer's copies (m->batch, m->dpcp, m->tp.dpcpep; composed_zero.h)
+        const ZeroBuf* z[] = {&m->z[ZERO_SHARED], &m->z[ZERO_EXPERTS], &m->z[ZERO_TP]};  // in the table's order
+        double s3 = m->zero == 3 ? f : 0, shared = (double)m->n_shared, experts = (double)m->n_experts;
+        int last = ch->first + m->cfg.gpt.num_layers - 1, NH = m->cfg.gpt.num_heads;
+        if (P->plain) {
+            snprintf(name, sizeof(name), "GPT + routers");
+            snprintf(slice, sizeof(slice), "all");
+            snprintf(ax[1], sizeof(ax[1]), "flat/batch");
+        } else {
+            snprintf(chunk, sizeof(chunk), "chunk %d: ", c);
+            snprintf(layers, sizeof(layers), "layers %d..%d, ", ch->first, last);
+            snprintf(name, sizeof(name), "%sGPT+routers", chunk);
+            snprintf(slice, sizeof(slice), "layers %d..%d%s%s", ch->first, last, m->embeds ? ", embedding" : "",
+                     m->has_head ? ", head" : "");
+            snprintf(ax[1], sizeof(ax[1]), "(pp, -) flat/batch");
         }
+        snprintf(ax[0], sizeof(ax[0]), "(%s, -)", pp);
+        shard_table_add(t, name, "", ax[0], ax[0], m->zero ? ax[1] : ax[0], slice,
+                        p3 * f * shared + s3 * (double)z[0]->S, g2 * f * shared, 2 * f * (double)z[0]->S);
+        snprintf(name, sizeof(name), "%sexperts", chunk);
+        snprintf(slice, sizeof(slice), "experts %d..%d of %d", m->e0, m->e0 + m->E_local - 1, m->cfg.experts);
+        snprintf(ax[0], sizeof(ax[0]), "(%s, ep, -)", pp);
+        snprintf(ax[1], sizeof(ax[1]), "(%s, ep, -) flat/dpcp", pp);
+        shard_table_add(t, name, "(Lm, E, ...)", ax[0], ax[0], m->zero ? ax[1] : ax[0], slice,
+                        p3 * f * experts + s3 * (double)z[1]->S, g2 * f * experts, 2 * f * (double)z[1]->S);
+        if (m->tp.tp > 1) {  // qkvw, qkvb by rows (my heads' q, k, v), attprojw by columns; a dense fc likewise
+            double sl = (double)m->tp.n;
+            int h0 = m->tp.rank * NH / m->tp.tp, h1 = (m->tp.rank + 1) * NH / m->tp.tp - 1;
+            snprintf(name, sizeof(name), "%sqkv, attproj%s", chunk, m->cfg.moe_every > 1 ? ", fc, fcproj" : "");
+            if (P->plain) snprintf(slice, sizeof(slice), "heads %d..%d of %d", h0, h1, NH);
+            else snprintf(slice, sizeof(slice), "%sheads %d..%d", layers, h0, h1);
+            snprintf(ax[0], sizeof(ax[0]), "(%s, tp, -)", pp);
+            snprintf(ax[1], sizeof(ax[1]), "(%s, tp, -) flat/dpcpep", pp);
+            shard_table_add(t, name, "(L, ...)", ax[0], ax[0], m->zero ? ax[1] : ax[0], slice,
+                            p3 * f * sl + s3 * (double)z[2]->S, g2 * f * sl, 2 * f * (double)z[2]->S);
+        }
+        for (int b = 0; m->zero == 1 && b < m->nz; b++) pad += (double)(z[b]->full - z[b]->n), gsh += (double)z[b]->S;
     }
-    double pad = 0, gsh = 0;  // --zero 1: each buffer's padding to N S and its gradient shard
-    for (int c = 0; c < P->v; c++)
-        for (int b = 0; P->chunk[c].m.zero && b < P->chunk[c].m.nz; b++) {
-            const ZeroBuf* z = &P->chunk[c].m.z[b];
-            pad += (double)(z->full - z->n), gsh += (double)z->S;
-        }
-    if (P->chunk[0].m.zero) {
+    if (m0->zero > 1) zero_units_sharding(m0, t);
+    if (m0->zero == 1) {
         shard_table_add(t, "ZeRO padding", "", "tails", "tails", NULL, "", f * pad, f * pad, 0);
         shard_table_add(t, "ZeRO grad shard", "", NULL, "flat", NULL, "mine", 0, f * gsh, 0);
     }
     char title[80];
-    snprintf(title, sizeof(title), "chapter 7, pp=%d x %d chunk%s, ep=%d, dp=%d, tp=%d", P->pp, P->v,
-             P->v == 1 ? "" : "s", P->chunk[0].m.ep, P->chunk[0].m.dp->size, P->chunk[0].m.tp.tp);
+    if (P->plain)
+        snprintf(title, sizeof(title), "chapter 7, ep=%d, dp=%d, tp=%d", m0->ep, m0->dp->size, m0->tp.tp);
+    else
+        snprintf(title, sizeof(title), "chapter 7, pp=%d x %d chunk%s, ep=%d, dp=%d, tp=%d", P->pp, P->v,
+                 P->v == 1 ? "" : "s", m0->ep, m0->dp->size, m0->tp.tp);
     shard_table_show(t, show, title);
     free(t);
 }
