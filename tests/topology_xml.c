@@ -24,7 +24,13 @@ int main(int argc, char **argv) {
         fprintf(stderr, "error: hwloc could not read this machine's topology\n");
         return 1;
     }
-    int rc = hwloc_topology_export_xml(topology, argv[1], 0);
+    // hwloc 1's format, which hwloc 2 reads too: an Open MPI built with its
+    // own older hwloc reads the file the system's newer one writes
+#if HWLOC_API_VERSION >= 0x00020000
+    int rc = hwloc_topology_export_xml(topology, argv[1], HWLOC_TOPOLOGY_EXPORT_XML_FLAG_V1);
+#else
+    int rc = hwloc_topology_export_xml(topology, argv[1]);
+#endif
     if (rc != 0) perror(argv[1]);
     hwloc_topology_destroy(topology);
     return rc != 0;
