@@ -231,13 +231,18 @@ $(BUILD)/tests/$(1): $(BUILD)/obj/cpu/tests/$(1).o $(patsubst %,$(BUILD)/obj/cpu
 $(BUILD)/obj/cpu/tests/$(1).o: CFLAGS += $(patsubst %,-I%,$(sort $(dir $(call test_modules,$(1)))))
 endef
 $(foreach t,$(TESTS),$(eval $(call TEST_RULE,$(t))))
-tests: $(addprefix $(BUILD)/tests/,$(TESTS)) $(BUILD)/tests/libyield_sleep.so
+tests: $(addprefix $(BUILD)/tests/,$(TESTS)) $(BUILD)/tests/libyield_sleep.so $(BUILD)/tests/topology_xml
 # the test runner's sched_yield (tests/yield_sleep.c says why), preloaded into
 # the ranks by tests/lib.sh: built without OPT, so a sanitized build's copy
 # does not carry the sanitizer runtime (which must come first when preloaded)
 $(BUILD)/tests/libyield_sleep.so: tests/yield_sleep.c
 	@mkdir -p $(dir $@)
 	$(CC) -O2 -shared -fPIC -o $@ $<
+# the machine's topology as a file for the test runs' mpirun (tests/topology_xml.c
+# says why); hwloc comes with Open MPI's development package
+$(BUILD)/tests/topology_xml: tests/topology_xml.c
+	@mkdir -p $(dir $@)
+	$(CC) -O2 -o $@ $< -lhwloc
 $(BUILD)/obj/cpu/tests/%.o: CFLAGS += -Itests
 ifeq ($(BACKEND),cuda)
 # the op tests on the CUDA backend (tests/run.sh runs them where a GPU is)

@@ -46,6 +46,16 @@ export OMPI_MCA_mpi_yield_when_idle=${OMPI_MCA_mpi_yield_when_idle:-1}
 if [ "${TEST_YIELD_SLEEP:-1}" != 0 ] && [ -f "$BUILD/tests/libyield_sleep.so" ]; then
     export TEST_YIELD_SLEEP_LIB=$(cd "$BUILD/tests" && pwd)/libyield_sleep.so
 fi
+# mpirun and every rank read the machine's topology from one file, written
+# here once per test script (tests/topology_xml.c says why: it was a third of
+# the CPU time of a short job's start), once a 1-rank mpirun has started
+# with it (else they discover it, as without it); TEST_TOPOLOGY_FILE=0 lets
+# them discover it at each launch. The messages and numbers are the same.
+if [ "${TEST_TOPOLOGY_FILE:-1}" != 0 ] && [ -z "${OMPI_MCA_hwloc_base_topo_file:-}" ] &&
+   [ -x "$BUILD/tests/topology_xml" ] && "$BUILD/tests/topology_xml" "$TEST_TMPDIR/topology.xml" &&
+   OMPI_MCA_hwloc_base_topo_file=$TEST_TMPDIR/topology.xml timeout 60 $MPIRUN -np 1 true > /dev/null 2>&1; then
+    export OMPI_MCA_hwloc_base_topo_file=$TEST_TMPDIR/topology.xml
+fi
 # Every test runs its ranks on this one machine: Open MPI's shared-memory
 # transport (vader) is all they use, so it need not start and probe the
 # network ones (UCX, OFI, TCP) at every launch; 4-rank 10-step runs took a

@@ -18,8 +18,8 @@
 
 echo "== the planner against the runs"
 # same_as_run [--capstone] NP CHAPTER FLAGS...: runs the chapter for 2
-# steps, plans it, compares the summary's peak_bytes and comm objects with
-# the plan's. --capstone: the run is build/capstone's (chapter 7's model on
+# steps and plans it; plan_compare then compares the summary's peak_bytes and
+# comm objects with the plan's. --capstone: the run is build/capstone's (chapter 7's model on
 # every axis: the planner's --chapter 7 plans its compositions)
 same_as_run() {
     local prog
@@ -34,7 +34,6 @@ same_as_run() {
         fail "plan: $label on $np ranks ($*)" "the run failed: $(echo "$OUT" | tail -3)"
         return
     fi
-    local plan
     # the run's flags but those that move no byte (--wd, --cp-overlap)
     local pflags=() skip=0 f
     for f in "$@"; do
@@ -42,59 +41,83 @@ same_as_run() {
         if [ "$f" = --wd ] || [ "$f" = --cp-overlap ]; then skip=1; continue; fi
         pflags+=("$f")
     done
-    plan=$("$BUILD/plan" --chapter "$ch" --ranks "$np" --steps 2 --json "${pflags[@]}" 2>&1)
-    local diff
-    local table=$TEST_TMPDIR/plan_table_$$_$RANDOM.txt
-    echo "$OUT" | grep '^sharding totals rank ' > "$table"
-    diff=$(python3 - "$log" "$plan" "$table" "$*" 2>&1 <<'PY'
-import json, sys
-summ = [json.loads(l) for l in open(sys.argv[1]) if '"type":"summary"' in l][-1]
-plan = json.loads(sys.argv[2])
-bad = []
-# the sharding table's totals: "sharding totals rank R: params P grads G optimizer O"
-totals = {}
-for line in open(sys.argv[3]):
-    w = line.split()
-    totals[int(w[3].rstrip(":"))] = {w[4]: int(w[5]), w[6]: int(w[7]), w[8]: int(w[9])}
-ranks = len(summ["peak_bytes"]["params"])
-if sorted(totals) != list(range(ranks)):
-    bad.append(f"sharding table: totals for ranks {sorted(totals)}, expected 0..{ranks - 1}")
-else:
-    for cat in ("params", "grads", "optimizer"):
-        mine = [totals[r][cat] for r in range(ranks)]
-        if mine != summ["peak_bytes"][cat]:
-            bad.append(f"sharding table {cat}: {mine}, run {summ['peak_bytes'][cat]}")
-low = plan.get("peak_bytes_low", {})
-for cat, v in summ["peak_bytes"].items():
-    hi = plan["peak_bytes"].get(cat)
-    if cat in low:
-        if hi is None or any(not (l <= x <= h) for l, x, h in zip(low[cat], v, hi)):
-            bad.append(f"peak_bytes.{cat}: run {v}, plan between {low[cat]} and {hi}")
-    elif hi != v:
-        bad.append(f"peak_bytes.{cat}: run {v}, plan {hi}")
-run_c, plan_c = json.loads(json.dumps(summ["comm"])), json.loads(json.dumps(plan["comm"]))
-for coll, axis, total in plan.get("comm_bounds", []):
-    r, q = run_c.get(coll, {}).pop(axis, None), plan_c.get(coll, {}).pop(axis, None)
-    if r is None or q is None or r["calls"] != q["calls"] or \
-            any(x > y for f in ("bytes", "bus_bytes") for x, y in zip(r[f], q[f])):
-        bad.append(f"comm.{coll}.{axis}: run {r}, plan at most {q}")
-    elif total and sum(r["bytes"]) != total:
-        bad.append(f"comm.{coll}.{axis}: run's bytes sum to {sum(r['bytes'])}, plan {total}")
-run_c = {k: v for k, v in run_c.items() if v}
-plan_c = {k: v for k, v in plan_c.items() if v}
-if plan_c != run_c:
-    bad.append(f"comm: run {json.dumps(summ['comm'])}, plan {json.dumps(plan['comm'])}")
-want = summ["flops_per_token"] * summ["batch"] * summ["seq"]
-if "--recompute full" not in sys.argv[4] and sum(plan["flops_per_step"]) != want:
-    bad.append(f"FLOPs per step: plan {plan['flops_per_step']} summed, run {want}")
-print("; ".join(bad))
+    # the comparison waits for plan_compare, after every run: one python
+    # for all of them, not one a run
+    local d=$PLAN_CHECKS/$(printf %04d "$JOBS_STARTED").$BASHPID
+    mkdir -p "$d"
+    "$BUILD/plan" --chapter "$ch" --ranks "$np" --steps 2 --json "${pflags[@]}" > "$d/plan" 2>&1
+    echo "$OUT" | grep '^sharding totals rank ' > "$d/table"
+    echo "$log" > "$d/log"
+    echo "$label on $np ranks ($*)" > "$d/name"
+    echo "$*" > "$d/flags"
+}
+PLAN_CHECKS=$TEST_TMPDIR/plan_checks
+# plan_compare: for every run same_as_run made, in the order they started,
+# the summary's peak_bytes and comm objects against the plan's, and the
+# sharding table's totals against the summary's; one PASS or FAIL line each
+plan_compare() {
+    python3 - "$PLAN_CHECKS" <<'PY'
+import json, os, sys
+
+
+def check(log, plan_text, table, flags):
+    summ = [json.loads(l) for l in open(log) if '"type":"summary"' in l][-1]
+    plan = json.loads(plan_text)
+    bad = []
+    # the sharding table's totals: "sharding totals rank R: params P grads G optimizer O"
+    totals = {}
+    for line in open(table):
+        w = line.split()
+        totals[int(w[3].rstrip(":"))] = {w[4]: int(w[5]), w[6]: int(w[7]), w[8]: int(w[9])}
+    ranks = len(summ["peak_bytes"]["params"])
+    if sorted(totals) != list(range(ranks)):
+        bad.append(f"sharding table: totals for ranks {sorted(totals)}, expected 0..{ranks - 1}")
+    else:
+        for cat in ("params", "grads", "optimizer"):
+            mine = [totals[r][cat] for r in range(ranks)]
+            if mine != summ["peak_bytes"][cat]:
+                bad.append(f"sharding table {cat}: {mine}, run {summ['peak_bytes'][cat]}")
+    low = plan.get("peak_bytes_low", {})
+    for cat, v in summ["peak_bytes"].items():
+        hi = plan["peak_bytes"].get(cat)
+        if cat in low:
+            if hi is None or any(not (l <= x <= h) for l, x, h in zip(low[cat], v, hi)):
+                bad.append(f"peak_bytes.{cat}: run {v}, plan between {low[cat]} and {hi}")
+        elif hi != v:
+            bad.append(f"peak_bytes.{cat}: run {v}, plan {hi}")
+    run_c, plan_c = json.loads(json.dumps(summ["comm"])), json.loads(json.dumps(plan["comm"]))
+    for coll, axis, total in plan.get("comm_bounds", []):
+        r, q = run_c.get(coll, {}).pop(axis, None), plan_c.get(coll, {}).pop(axis, None)
+        if r is None or q is None or r["calls"] != q["calls"] or \
+                any(x > y for f in ("bytes", "bus_bytes") for x, y in zip(r[f], q[f])):
+            bad.append(f"comm.{coll}.{axis}: run {r}, plan at most {q}")
+        elif total and sum(r["bytes"]) != total:
+            bad.append(f"comm.{coll}.{axis}: run's bytes sum to {sum(r['bytes'])}, plan {total}")
+    run_c = {k: v for k, v in run_c.items() if v}
+    plan_c = {k: v for k, v in plan_c.items() if v}
+    if plan_c != run_c:
+        bad.append(f"comm: run {json.dumps(summ['comm'])}, plan {json.dumps(plan['comm'])}")
+    want = summ["flops_per_token"] * summ["batch"] * summ["seq"]
+    if "--recompute full" not in flags and sum(plan["flops_per_step"]) != want:
+        bad.append(f"FLOPs per step: plan {plan['flops_per_step']} summed, run {want}")
+    return "; ".join(bad)
+
+
+top = sys.argv[1]
+for d in sorted(os.listdir(top)) if os.path.isdir(top) else []:
+    d = os.path.join(top, d)
+    read = lambda f: open(os.path.join(d, f)).read()
+    name, plan_text = read("name").rstrip("\n"), read("plan").rstrip("\n")
+    try:
+        diff = check(read("log").rstrip("\n"), plan_text, os.path.join(d, "table"), read("flags").rstrip("\n"))
+    except Exception as e:  # a plan or log that is not what the check reads
+        diff = f"the check failed: {type(e).__name__}: {e}"
+    if not diff:
+        print(f"PASS plan: {name}: peak bytes and communication equal the run's (or lie in the plan's bounds), "
+              "and so do the sharding table's totals")
+    else:
+        print(f"FAIL plan: {name}: {diff}; plan: {plan_text}")
 PY
-) || diff="the check failed: $diff"
-    if [ -z "$diff" ]; then
-        pass "plan: $label on $np ranks ($*): peak bytes and communication equal the run's (or lie in the plan's bounds), and so do the sharding table's totals"
-    else
-        fail "plan: $label on $np ranks ($*)" "$diff; plan: $plan"
-    fi
 }
 # the meshes and flags the chapters' tests use; dp 3 pads FSDP's shards;
 # recompute changes the activations (and chapter 4's tp all-reduces)
@@ -300,6 +323,12 @@ c7 2 --batch 24 --seq 32 --experts 4 --top-k 2 --moe-every 2 --model tiny6 --pp 
 c7 3 --batch 24 --seq 32 --experts 4 --top-k 3 --moe-every 3 --expert-hidden 96 --model tiny6 --pp 3 --microbatches 2
 c7 4 --batch 24 --seq 32 --experts 4 --top-k 2 --moe-every 2 --model tiny6 --ep 2 --pp 2 --zero 1
 jobs_wait
+out=$(plan_compare 2>&1)
+count_lines "$out"
+n_checks=$(ls "$PLAN_CHECKS" 2>/dev/null | wc -l)
+if [ "$(echo "$out" | grep -c '^\(PASS\|FAIL\) plan: ')" != "$n_checks" ]; then
+    fail "plan: the comparison of $n_checks runs" "$(echo "$out" | grep -v '^\(PASS\|FAIL\) ' | tail -4)"
+fi
 
 echo "== --show-sharding"
 # --steps 0: the table and no step; a chapter without a table refuses the flag

@@ -11,7 +11,7 @@ the ring's size, 2 unless told; --tp T: tensor parallelism, 1 unless told.
 P is the replicated count the run prints, of the whole model: with --tp a
 rank holds P - T S of it whole and S = L (4 C^2 + 3 C) / T in slices.)
 
-For every rank and every step of the trace (step_comm.py --json --rank r --step s):
+For every rank and every step of the trace (step_comm.py's listing, as --json --rank r --step s prints it):
 
   1. the order of one step: per MoE layer l = 0..L-1 in "block l forward",
      the attention (with --tp: an all-gather over tp, the cp traffic, a
@@ -39,6 +39,7 @@ For every rank and every step of the trace (step_comm.py --json --rank r --step 
 
 Exits 1 with every problem found, 0 with one line per check passed.
 """
+import importlib.util
 import json
 import subprocess
 import sys
@@ -53,12 +54,33 @@ def opts(argv):
     return o
 
 
-def listing(trace, rank, step):
+# step_comm.py's own functions, called in this process on the trace read once:
+# a step_comm.py process per rank and step (32 of them on 16 ranks) read the
+# whole trace each time, 2 s of CPU time per check; one run of its command
+# line (check_cli) still shows that --json prints the same listing
+def step_comm_module():
+    spec = importlib.util.spec_from_file_location("step_comm", "docs/plots/step_comm.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def listing(step_comm, events, rank, step):
+    try:
+        _, _, ops = step_comm.collectives(events, rank, step)
+    except SystemExit as e:  # step_comm.py's die(): its message, as its command line prints it
+        raise SystemExit(f"FAIL step_comm.py on rank {rank} step {step}: {e}")
+    return ops
+
+
+def check_cli(trace, rank, step, ops):
     out = subprocess.run([sys.executable, "docs/plots/step_comm.py", trace, "--json", "--rank", str(rank),
                           "--step", str(step)], capture_output=True, text=True)
     if out.returncode != 0:
         raise SystemExit(f"FAIL step_comm.py on rank {rank} step {step}: {out.stderr.strip()}")
-    return json.loads(out.stdout)
+    if json.loads(out.stdout)["collectives"] != ops:
+        return [f"rank {rank} step {step}: step_comm.py --json lists other collectives than its collectives()"]
+    return []
 
 
 def main(argv):
@@ -89,10 +111,13 @@ def main(argv):
     attn_fwd = ["allgather tp"] + attn_cp + ["reduce_scatter tp"] if tp > 1 else attn_cp
     attn_bwd = ["allgather tp"] + attn_cp + ["allgather tp", "reduce_scatter tp"] if tp > 1 else attn_cp
     moe = ["alltoall ep"] * (2 * nc)
+    step_comm = step_comm_module()
     for r in ranks:
         totals = {}
         for s in steps:
-            ops = listing(trace, r, s)["collectives"]
+            ops = listing(step_comm, events, r, s)
+            if r == ranks[0] and s == steps[0]:
+                problems += check_cli(trace, r, s, ops)
             where = f"rank {r} step {s}"
             for x in ops:
                 t = totals.setdefault((x["op"], x["group"]), [0, 0])
