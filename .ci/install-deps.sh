@@ -4,7 +4,7 @@
 # nothing is missing).
 # As root it runs apt-get; otherwise it prints the one line to run.
 set -e
-PACKAGES="make gcc gdb libc6-dev openmpi-bin libopenmpi-dev libopenblas-openmp-dev libxxhash-dev libzstd-dev gnuplot-nox fortunes python3 xxhash"
+PACKAGES="make gcc gdb libc6-dev openmpi-bin libopenmpi-dev libhwloc-dev libopenblas-openmp-dev libxxhash-dev libzstd-dev gnuplot-nox fortunes python3 xxhash"
 # The course as a website (make site: pandoc, Pygments) and its check in a
 # real browser (make site-check: headless Chromium driven over the DevTools
 # protocol, fonts for its screenshots): only when asked, so that make setup
