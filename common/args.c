@@ -42,7 +42,7 @@ static const SharedFlag shared_flags[] = {
     {"ckpt-redundancy", ARG_STRING, "none | partner | xor: level 2, level-1 files kept across nodes  [none]"},
     {"val-every", ARG_INT, "validation loss every N steps, 0 = at the end only  [0]"},
     {"val-batches", ARG_INT, "batches per validation loss  [4]"},
-    {"threads", ARG_INT, "threads per rank  [cores / ranks on the node]"},
+    {"threads", ARG_INT, "threads per rank  [OMP_NUM_THREADS, else cores / ranks on the node]"},
     {"peak-gflops", ARG_FLOAT, "matmul peak for MFU in GFLOP/s  [measured at start-up]"},
     {"timeout", ARG_FLOAT, "end every rank when one waits this many seconds on a rank that stopped (0: never)  [300]"},
     {"recompute", ARG_STRING, "none | selective | full: activations kept for backward  [none]"},

@@ -3,9 +3,11 @@
 
 #include <mpi.h>
 #include <sched.h>
+#include <stdlib.h>
 #include <time.h>
 #include <unistd.h>
 
+#include "args.h"  // ARGS_MAX_THREADS
 #include "device.h"
 #include "memory.h"
 #include "ops.h"
@@ -46,6 +48,10 @@ int runtime_cores_allowed(void) {
 
 int runtime_set_threads(int requested) {
     int n = requested;
+    // OMP_NUM_THREADS, the OpenMP user's own setting, stands for --threads
+    // when that is not given (tests/lib.sh sets 1: its scripts run two at a time)
+    const char* env = getenv("OMP_NUM_THREADS");
+    if (n <= 0 && env && atoi(env) > 0) n = atoi(env) < ARGS_MAX_THREADS ? atoi(env) : ARGS_MAX_THREADS;
     if (n <= 0) {
         // a fair share of the node's cores, but never more than the cores this
         // rank may run on (mpirun binds ranks to cores unless --bind-to none)

@@ -10,8 +10,8 @@ void runtime_finalize(void);
 int runtime_local_size(void);
 int runtime_local_rank(void);
 
-// Threads per rank: requested if > 0, else (cores on the node / ranks on the
-// node), capped by the cores this rank is bound to, at least 1, so
+// Threads per rank: requested if > 0, else OMP_NUM_THREADS if set, else
+// (cores on the node / ranks on the node), capped by the cores this rank is bound to, at least 1, so
 // oversubscribed ranks never spin threads against each other. Sets OpenMP's
 // and OpenBLAS's thread counts; returns the count.
 int runtime_set_threads(int requested);

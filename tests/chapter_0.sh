@@ -67,6 +67,19 @@ if [ "$(grep '"type":"step"' "$log1" | sed 's/,"ms".*//')" = "$(grep '"type":"st
 else
     fail "reference: two runs give bit-identical losses" "losses differ; command: $CMD"
 fi
+# the same bits at any thread count, by construction: every row's result is
+# that row's alone and every reduction's order is fixed (issue 41; the op-level
+# checks are tests/unit.sh's "rows:"). The runs above take tests/lib.sh's
+# OMP_NUM_THREADS=1; these say --threads.
+for thr in 2 4; do
+    mpi_run $T_RUN 1 "$BUILD/chapter-0" --steps 12 --peak-gflops 10 --threads $thr --log "$TEST_TMPDIR/threads_$thr.jsonl"
+    if [ "$RC" = 0 ] && grep -q '"type":"step"' "$log1" && [ "$(grep '"type":"step"' "$log1" | sed 's/,"ms".*//')" = \
+        "$(grep '"type":"step"' "$TEST_TMPDIR/threads_$thr.jsonl" | sed 's/,"ms".*//')" ]; then
+        pass "reference: --threads $thr gives the 1-thread run's step records bit for bit"
+    else
+        fail "reference: --threads $thr gives the 1-thread run's step records bit for bit" "exit $RC; command: $CMD"
+    fi
+done
 # save, then load the saved file as the model: the loaded model has the same
 # validation loss as the one that was saved
 ref_checkpoint

@@ -33,6 +33,13 @@ fi
 # jobs running) spinning threads take the cores from the threads they wait
 # for, and a 10-step run took 3 to 4 times as long. The numbers are the same.
 export OMP_WAIT_POLICY=${OMP_WAIT_POLICY:-passive}
+# One thread per rank unless a run says --threads (the programs take
+# OMP_NUM_THREADS for --threads 0): the scripts run two at a time on the 2
+# cores the course assumes, so a 1-rank run's second thread only contended
+# (a 1-rank 10-step capstone run: 0.28 s of user time at 1 thread, 0.35-0.40
+# at 2). The numbers are the same at any thread count (tests/unit.sh's rows
+# checks; chapter 0 at 1, 2 and 4 threads in tests/chapter_0.sh).
+export OMP_NUM_THREADS=${OMP_NUM_THREADS:-1}
 # Likewise a rank that waits for a message yields its core while it polls
 # (Open MPI does that by itself only when a job has more ranks than cores):
 # the tests run 2 jobs of 2 to 8 ranks at a time on 2 cores, and with ranks
