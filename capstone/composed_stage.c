@@ -356,7 +356,7 @@ void expert_stage_show_sharding(const ExpertPipe* P, int show) {
     // --zero 2: no whole gradient (the engines' rows below); 3: the parameters' shards only
     double p3 = m0->zero == 3 ? 0 : 1, g2 = m0->zero > 1 ? 0 : 1;
     const char* pp = P->plain ? "-" : "pp";
-    char name[64], slice[64], chunk[16] = "", layers[32] = "", ax[2][32];
+    char name[96], slice[96], chunk[24] = "", layers[48] = "", ax[2][48];  // fit any int
     for (int c = 0; c < P->v; c++) {
         const XpChunk* ch = &P->chunk[c];
         const ExpertModel* m = &ch->m;
