@@ -51,7 +51,8 @@ int runtime_set_threads(int requested) {
     // OMP_NUM_THREADS, the OpenMP user's own setting, stands for --threads
     // when that is not given (tests/lib.sh sets 1: its scripts run two at a time)
     const char* env = getenv("OMP_NUM_THREADS");
-    if (n <= 0 && env && atoi(env) > 0) n = atoi(env) < ARGS_MAX_THREADS ? atoi(env) : ARGS_MAX_THREADS;
+    int from_env = env ? atoi(env) : 0;  // 0 when unset or not a number
+    if (n <= 0 && from_env > 0) n = from_env < ARGS_MAX_THREADS ? from_env : ARGS_MAX_THREADS;
     if (n <= 0) {
         // a fair share of the node's cores, but never more than the cores this
         // rank may run on (mpirun binds ranks to cores unless --bind-to none)
