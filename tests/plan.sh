@@ -28,10 +28,16 @@ same_as_run() {
     shift 2
     local label="chapter $ch"
     [ -n "${prog:-}" ] && label="the capstone (chapter $ch's model)" || prog=chapter-$ch
-    local log=$TEST_TMPDIR/plan_${ch}_$$_$RANDOM.jsonl
+    # the run's log and the plan go in this run's own directory: a name made
+    # from $RANDOM collided between two parallel runs (about 1 in 4 suites
+    # for 142 runs in 32768 names) and one run read the other's summary
+    local d=$PLAN_CHECKS/$(printf %04d "$JOBS_STARTED").$BASHPID
+    mkdir -p "$d"
+    local log=$d/run.jsonl
     mpi_run $T_SHORT "$np" "$BUILD/$prog" --steps 2 --peak-gflops 10 --log "$log" --show-sharding "$@"
     if [ $RC -ne 0 ]; then
         fail "plan: $label on $np ranks ($*)" "the run failed: $(echo "$OUT" | tail -3)"
+        rm -rf "$d"
         return
     fi
     # the run's flags but those that move no byte (--wd, --cp-overlap)
@@ -43,8 +49,6 @@ same_as_run() {
     done
     # the comparison waits for plan_compare, after every run: one python
     # for all of them, not one a run
-    local d=$PLAN_CHECKS/$(printf %04d "$JOBS_STARTED").$BASHPID
-    mkdir -p "$d"
     "$BUILD/plan" --chapter "$ch" --ranks "$np" --steps 2 --json "${pflags[@]}" > "$d/plan" 2>&1
     echo "$OUT" | grep '^sharding totals rank ' > "$d/table"
     echo "$log" > "$d/log"
@@ -927,7 +931,7 @@ plan_error "--search: without --chapter" --search --chapter 5 --ranks 2 --memory
 # profile_error EXPECT LINES: a profile with these lines is refused with one
 # error line naming the file's line and the problem
 profile_error() {
-    local expect=$1 body=$2 f=$TEST_TMPDIR/plan_bad_$$_$RANDOM.txt out rc
+    local expect=$1 body=$2 f=$(mktemp "$TEST_TMPDIR/plan_bad_XXXXXX.txt") out rc
     printf '%b' "$body" > "$f"
     out=$(timeout 60 "$BUILD/plan" --chapter 0 --profile "$f" 2>&1)
     rc=$?
