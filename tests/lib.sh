@@ -299,16 +299,24 @@ INV_FLAGS="--steps $INV_STEPS --batch $INV_BATCH --seq $INV_SEQ --peak-gflops 10
 # $REF.rc). Cached by FLAGS (whitespace aside) for the whole test run, so
 # every chapter's invariant with the same flags shares one reference run.
 reference() {
-    local key
+    local key lock
     key=$(echo $1 | md5sum | cut -c1-16)
     REF=$TEST_TMPDIR/ref_cache/$key.jsonl
+    [ -e "$REF.rc" ] && return
+    mkdir -p "$TEST_TMPDIR/ref_cache"
+    # One run per key: jobs and scripts share ref_cache (jobs_run,
+    # tests/run.sh, tests/homework.sh), and one that misses while another
+    # makes the reference waits on the key's lock, then reads that one's.
+    # (Two that ran at once renamed their files over each other's: a run
+    # that failed, a timeout on a loaded machine, replaced a good log.)
+    # The run does not inherit the lock's descriptor ({lock}>&-).
+    exec {lock}>"$REF.lock"
+    flock "$lock"
     if [ ! -e "$REF.rc" ]; then
-        mkdir -p "$TEST_TMPDIR/ref_cache"
-        # written under a name of its own and moved in place, .rc last: jobs
-        # that share ref_cache (tests/homework.sh) never read a half-written
-        # log, and two that miss it at once both write the same bytes
+        # written under a name of its own and moved in place, .rc last: a
+        # job that finds .rc never reads a half-written log
         local tmp=$REF.$BASHPID
-        mpi_run $T_RUN 1 "$BUILD/chapter-0" $1 --log "$tmp"
+        mpi_run $T_RUN 1 "$BUILD/chapter-0" $1 --log "$tmp" {lock}>&-
         cp "$OUT_FILE" "$tmp.out"
         echo "$CMD" > "$tmp.cmd"
         echo $RC > "$tmp.rc"
@@ -317,6 +325,7 @@ reference() {
         mv -f "$tmp.cmd" "$REF.cmd"
         mv -f "$tmp.rc" "$REF.rc"
     fi
+    exec {lock}>&-
 }
 
 # val_records FILE: "step val_loss" per validation record

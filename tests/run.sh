@@ -74,8 +74,8 @@ skipped=0
 # a full run kept 2 cores busy only about half the time (7 min 14 s of wall
 # time for 8 min of CPU time). Each runs in a
 # scratch directory of its own, so no two share a file; only the reference
-# cache (tests/lib.sh, reference: written under a temporary name and moved in
-# place, safe to share) is one for all.
+# cache (tests/lib.sh, reference: one run per key under the key's lock,
+# written under a temporary name and moved in place) is one for all.
 run_jobs=${TEST_RUN_JOBS:-2}
 # by wall time on a quiet 2-core machine (2026-11-29): homework first, whose
 # planted hangs wait at their time limits while the capstone computes beside it
