@@ -85,10 +85,9 @@ float* zero_buffer_whole(ZeroBuffer* z);
 void zero_buffer_sumsq(double* mine, const ZeroBuffer* z);
 
 // Lists the engine's unit i (--zero 1: the whole buffer) as slices of the
-// global tensors (ckpt.h), kind CKPT_PARAMS, its values at data (only
-// offsets from it are read); write: the list this rank writes, which leaves
-// out what another rank writes (a tied copy). The caller's map from its
-// buffer to the model's tensors.
+// global tensors (ckpt.h), kind CKPT_PARAMS, its values at data; write: the
+// list this rank writes, which leaves out what another rank writes (a tied
+// copy). The caller's map from its buffer to the model's tensors.
 typedef void (*ZeroBufferSlices)(void* ctx, CkptList* out, int write, int unit, float* data);
 // --zero: what this rank writes (own) and reads (need) of the buffer's
 // training state, unit by unit: its shard of each unit's moments
