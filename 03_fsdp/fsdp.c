@@ -305,6 +305,18 @@ void fsdp_step(FSDP* f, AdamWConfig opt, int t, float scale) {
     comm_wait_clock_end(&f->allgather_clock);
 }
 
+// ---------------------------------------------------------------- checkpoints
+
+void fsdp_ckpt_shard(const FSDP* f, int i, CkptList* out, int params, FsdpSlices slices, void* ctx) {
+    size_t lo, hi, so = f->shard_off[i];
+    shard_range(f, i, f->dp->rank, &lo, &hi);
+    if (params)
+        slices(ctx, out, i, lo, hi - lo, CKPT_PARAMS,
+               f->zero == 3 ? f->shard_params + so : f->full_params + f->padded_off[i] + lo);
+    slices(ctx, out, i, lo, hi - lo, CKPT_M, f->m + so);
+    slices(ctx, out, i, lo, hi - lo, CKPT_V, f->v + so);
+}
+
 // ---------------------------------------------------------------- the whole
 
 float* fsdp_gather_host(FSDP* f) {

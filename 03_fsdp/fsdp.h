@@ -28,6 +28,7 @@
 
 #include <stddef.h>
 
+#include "ckpt.h"
 #include "comm.h"
 #include "memory.h"  // DeviceClock
 #include "ops.h"
@@ -152,6 +153,18 @@ size_t fsdp_padding_nonzero(const FSDP* f);
 // clipping). ZeRO-1 and 2 then all-gather the updated shards into every
 // rank's full parameters (timed in allgather_clock).
 void fsdp_step(FSDP* f, AdamWConfig opt, int t, float scale);
+
+// ---------------------------------------------------------------- checkpoints
+// Adds floats [lo, lo + n) of unit `unit` to out as checkpoint slices of the
+// global tensors (ckpt.h), kind `kind`, their values at data: the caller's
+// map from its units to the model's tensors (chapter 3: a range of the flat
+// layout, ckpt_add_flat; chapter 4: of its tiles).
+typedef void (*FsdpSlices)(void* ctx, CkptList* out, int unit, size_t lo, size_t n, CkptKind kind, float* data);
+// This rank's shard of unit i, its real floats (the padding is no part of
+// the model: never written nor read), as checkpoint slices into out: the
+// AdamW moments, and with `params` the parameters (ZeRO-3: the shard; 1
+// and 2: the same floats of the full parameters).
+void fsdp_ckpt_shard(const FSDP* f, int i, CkptList* out, int params, FsdpSlices slices, void* ctx);
 
 // ---------------------------------------------------------------- the whole
 // Every unit gathered once, concatenated in unit order without padding, in

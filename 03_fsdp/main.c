@@ -113,32 +113,31 @@ static void sharded_gpt_create(ShardedGPT* g, const Comm* dp, const TrainSetup* 
 
 // ---------------------------------------------------------------- checkpoints
 
+// A range of a unit is a range of the flat layout for the checkpoint too:
+// ckpt_add_flat cuts it into the llm.c tensors it overlaps.
+static void unit_slices(void* ctx, CkptList* out, int unit, size_t lo, size_t n, CkptKind kind, float* data) {
+    const UnitSource* src = ctx;
+    ckpt_add_flat(out, src->cfg, kind, src->off[unit] + lo, n, data);
+}
+
 // What this rank writes and reads of the training state (ckpt.h), unit by
-// unit: a shard is a range of the flat layout, so ckpt_add_flat cuts it into
-// the llm.c tensors it overlaps. The padding past a unit's end is no part of
-// the model: it is neither written nor read (it stays zero).
+// unit: its shard (fsdp_ckpt_shard; the padding past a unit's end is no
+// part of the model: neither written nor read, it stays zero).
 static void sharded_gpt_ckpt(Ckpt* ck, const FSDP* f, const GPTConfig* cfg) {
-    int r = f->dp->rank;
     size_t* off = xmalloc(sizeof(size_t) * f->n);
     size_t* numel = xmalloc(sizeof(size_t) * f->n);
     gpt_units(cfg, off, numel);
+    UnitSource units = {.cfg = cfg, .off = off};
     for (int i = 0; i < f->n; i++) {
-        // this rank's real floats of unit i: [lo, hi)
-        size_t lo = (size_t)r * f->shard[i], hi = lo + f->shard[i];
-        if (lo > numel[i]) lo = numel[i];
-        if (hi > numel[i]) hi = numel[i];
-        size_t so = f->shard_off[i];
-        if (f->zero == 3) {
-            // everything sharded: each rank writes and reads its own shard
-            ckpt_add_state(&ck->own, cfg, off[i] + lo, hi - lo, f->shard_params + so, f->m + so, f->v + so);
-            ckpt_add_state(&ck->need, cfg, off[i] + lo, hi - lo, f->shard_params + so, f->m + so, f->v + so);
-        } else {
-            // ZeRO-1/2: the moments sharded, the parameters replicated in
-            // full: dp rank 0 writes them, every rank reads them whole
-            ckpt_add_state(&ck->own, cfg, off[i] + lo, hi - lo, NULL, f->m + so, f->v + so);
-            ckpt_add_state(&ck->need, cfg, off[i] + lo, hi - lo, NULL, f->m + so, f->v + so);
+        // the moments sharded under every stage, ZeRO-3's parameters too:
+        // each rank writes and reads its own shard
+        fsdp_ckpt_shard(f, i, &ck->own, f->zero == 3, unit_slices, &units);
+        fsdp_ckpt_shard(f, i, &ck->need, f->zero == 3, unit_slices, &units);
+        if (f->zero < 3) {
+            // ZeRO-1/2: the parameters replicated in full: dp rank 0
+            // writes them, every rank reads them whole
             float* full = f->full_params + f->padded_off[i];
-            if (r == 0) ckpt_add_flat(&ck->own, cfg, CKPT_PARAMS, off[i], numel[i], full);
+            if (f->dp->rank == 0) ckpt_add_flat(&ck->own, cfg, CKPT_PARAMS, off[i], numel[i], full);
             ckpt_add_flat(&ck->need, cfg, CKPT_PARAMS, off[i], numel[i], full);
         }
     }

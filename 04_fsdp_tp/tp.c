@@ -489,28 +489,33 @@ static void ckpt_add_shard_range(CkptList* l, const TPModel* m, CkptKind kind, s
     }
 }
 
+// The engine's map for fsdp_ckpt_shard (chapter 3's): floats of a unit are
+// floats of this tp rank's shard, cut by its tiles.
+typedef struct {
+    const TPModel* m;
+    int skip_replicated;
+} TileSlices;
+
+static void tile_slices(void* ctx, CkptList* out, int unit, size_t lo, size_t n, CkptKind kind, float* data) {
+    const TileSlices* t = ctx;
+    size_t q0 = t->m->unit_off[unit] + lo;
+    ckpt_add_shard_range(out, t->m, kind, q0, q0 + n, data, t->skip_replicated);
+}
+
 void tp_ckpt_lists(Ckpt* ck, const TPModel* m) {
     const FSDP* f = &m->f;
-    int r = f->dp->rank;
+    TileSlices own = {m, m->rtp != 0}, need = {m, 0};  // a replicated tile: written by tp rank 0
     for (int u = 0; u < f->n; u++) {
-        // this dp rank's real floats of unit u, [lo, hi) of the unit
-        size_t lo = (size_t)r * f->shard[u], hi = lo + f->shard[u];
-        if (lo > f->numel[u]) lo = f->numel[u];
-        if (hi > f->numel[u]) hi = f->numel[u];
-        size_t q0 = m->unit_off[u] + lo, q1 = m->unit_off[u] + hi, so = f->shard_off[u];
-        // the moments are sharded over dp under every stage
-        float* kinds[] = {f->zero == 3 ? f->shard_params + so : NULL, f->m + so, f->v + so};
-        for (int k = 0; k < CKPT_NUM_KINDS; k++) {
-            ckpt_add_shard_range(&ck->own, m, (CkptKind)k, q0, q1, kinds[k], m->rtp != 0);
-            ckpt_add_shard_range(&ck->need, m, (CkptKind)k, q0, q1, kinds[k], 0);
-        }
+        // the moments are sharded over dp under every stage, ZeRO-3's
+        // parameters too: this dp rank's shard of unit u
+        fsdp_ckpt_shard(f, u, &ck->own, f->zero == 3, tile_slices, &own);
+        fsdp_ckpt_shard(f, u, &ck->need, f->zero == 3, tile_slices, &need);
         if (f->zero < 3) {
             // ZeRO-1/2: the parameters whole on every dp rank: dp rank 0
             // writes them, every rank reads them
             float* full = f->full_params + f->padded_off[u];
-            size_t u0 = m->unit_off[u], u1 = u0 + f->numel[u];
-            if (r == 0) ckpt_add_shard_range(&ck->own, m, CKPT_PARAMS, u0, u1, full, m->rtp != 0);
-            ckpt_add_shard_range(&ck->need, m, CKPT_PARAMS, u0, u1, full, 0);
+            if (f->dp->rank == 0) tile_slices(&own, &ck->own, u, 0, f->numel[u], CKPT_PARAMS, full);
+            tile_slices(&need, &ck->need, u, 0, f->numel[u], CKPT_PARAMS, full);
         }
     }
 }

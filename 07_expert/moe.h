@@ -72,7 +72,7 @@ size_t moe_lnf_offset(const MoeConfig* c);   // lnfw, then lnfb
 BlockParams moe_block_params(const MoeConfig* c, float* shared, int l);
 float* moe_router_at(const MoeConfig* c, float* shared, int l);  // (E, C)
 // The same from the block's own first float (a unit of --zero 2, 3 holds
-// one block alone, capstone/composed_zero.h).
+// one block alone, 03_fsdp/zero_buffer.h).
 BlockParams moe_block_params_in(const MoeConfig* c, float* block, int l);
 float* moe_router_in(const MoeConfig* c, float* block);
 

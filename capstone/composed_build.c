@@ -1,7 +1,7 @@
 // composed_build.c: a rank's (or a pipeline chunk's) model built and freed,
 // and written to the MoE file (composed_model.h): the one place that puts
 // every axis's buffers together, the replicated and expert buffers with
-// --zero (composed_zero.c), the tp slices (composed_tp.c), the cp state
+// --zero (chapter 3's zero_buffer.h), the tp slices (composed_tp.c), the cp state
 // (composed_attention.c) and chapter 7's MoE layers (07_expert/moe_layer.c).
 // Above them all, so none of them calls back into it.
 #include "composed_model.h"
@@ -21,7 +21,7 @@ void expert_model_create(ExpertModel* m, const MoeConfig* cfg, const ExpertFlags
     expert_model_create_part(m, cfg, flags, run, 1, 1);
 }
 
-// Each buffer's units (composed_zero.h): the replicated buffer's [wte wpe],
+// Each buffer's units (zero_buffer.h): the replicated buffer's [wte wpe],
 // every block's piece and [lnfw lnfb]; the experts of each MoE layer; the tp
 // slices of each layer. --zero: chapter 3's engine takes each buffer over
 // its group (2, 3: the tied wte's unit with a gradient of its own), and the
@@ -30,23 +30,20 @@ static void zero_units(ExpertModel* m) {
     const MoeConfig* c = &m->cfg;
     int L = c->gpt.num_layers, Lm = moe_num_moe_layers(c);
     size_t* numel = xmalloc(sizeof(size_t) * (size_t)(L + 2));
+    int* own = xcalloc((size_t)(L + 2), sizeof(int));
+    own[0] = 1;  // wte: the head's gradient and the embedding's, one open buffer between them
     numel[0] = moe_block_offset(c, 0);
     for (int l = 0; l < L; l++) numel[1 + l] = moe_block_numel(c, l);
     numel[L + 1] = 2 * (size_t)c->gpt.channels;
-    expert_zero_units(&m->z[ZERO_SHARED], L + 2, numel);
+    zero_buffer_units(&m->z[ZERO_SHARED], L + 2, numel, own);
     for (int i = 0; i < Lm; i++) numel[i] = (size_t)m->E_local * moe_expert_numel(c);
-    expert_zero_units(&m->z[ZERO_EXPERTS], Lm, numel);
+    zero_buffer_units(&m->z[ZERO_EXPERTS], Lm, numel, NULL);
     for (int l = 0; m->nz > 2 && l < L; l++) numel[l] = moe_tp_numel(c, l, m->tp.tp);
-    if (m->nz > 2) expert_zero_units(&m->z[ZERO_TP], L, numel);
+    if (m->nz > 2) zero_buffer_units(&m->z[ZERO_TP], L, numel, NULL);
     free(numel);
-    if (!m->zero) return;
-    int* own = xcalloc((size_t)(L + 2), sizeof(int));
-    own[0] = 1;  // wte: the head's gradient and the embedding's, one open buffer between them
-    expert_zero_shard(&m->z[ZERO_SHARED], m->zero, own);
-    expert_zero_shard(&m->z[ZERO_EXPERTS], m->zero, NULL);
-    if (m->nz > 2) expert_zero_shard(&m->z[ZERO_TP], m->zero, NULL);
     free(own);
-    const ZeroBuf* z = m->z;
+    if (!m->zero) return;
+    const ZeroBuffer* z = m->z;
     m->shared = z[ZERO_SHARED].params, m->dshared = z[ZERO_SHARED].grads, m->m_s = z[ZERO_SHARED].m, m->v_s = z[ZERO_SHARED].v;
     m->experts = z[ZERO_EXPERTS].params, m->dexperts = z[ZERO_EXPERTS].grads, m->m_e = z[ZERO_EXPERTS].m, m->v_e = z[ZERO_EXPERTS].v;
     m->tp.w = z[ZERO_TP].params, m->tp.dw = z[ZERO_TP].grads, m->tp.m = z[ZERO_TP].m, m->tp.v = z[ZERO_TP].v;
@@ -94,16 +91,16 @@ void expert_model_create_part(ExpertModel* m, const MoeConfig* cfg, const Expert
     m->n_experts = (size_t)Lm * m->E_local * moe_expert_numel(cfg);
     // parameters, gradients, moments; --zero 1: the moments sharded over the copies
     m->zero = flags->zero;
-    expert_zero_alloc(&m->z[ZERO_SHARED], m->zero, &m->batch, m->n_shared, &m->shared, &m->dshared, &m->m_s, &m->v_s);
-    expert_zero_alloc(&m->z[ZERO_EXPERTS], m->zero, m->dpcp, m->n_experts, &m->experts, &m->dexperts, &m->m_e, &m->v_e);
+    zero_buffer_alloc(&m->z[ZERO_SHARED], m->zero, &m->batch, m->n_shared, &m->shared, &m->dshared, &m->m_s, &m->v_s);
+    zero_buffer_alloc(&m->z[ZERO_EXPERTS], m->zero, m->dpcp, m->n_experts, &m->experts, &m->dexperts, &m->m_e, &m->v_e);
     expert_tp_create(m, run);  // --tp: my slices of the split tensors, the all-gather buffers
     m->nz = ntp > 1 ? 3 : 2;
     float* host = xmalloc((m->n_shared > m->n_experts ? m->n_shared : m->n_experts) * sizeof(float));
     moe_init_shared(host, &m->cfg, seed);  // with --tp without the tp slices: mine next
-    expert_zero_put(&m->z[ZERO_SHARED], host);
+    zero_buffer_put(&m->z[ZERO_SHARED], host);
     if (ntp > 1) expert_tp_init(m, seed);
     moe_init_experts(host, cfg, m->e0, m->E_local, seed);
-    expert_zero_put(&m->z[ZERO_EXPERTS], host);
+    zero_buffer_put(&m->z[ZERO_EXPERTS], host);
     free(host);
     GPTConfig acts_cfg = cfg->gpt;  // without the head, no logits (a pipeline stage's)
     if (!has_head) acts_cfg.vocab_size = acts_cfg.padded_vocab_size = 0;
@@ -142,8 +139,8 @@ void expert_model_create_part(ExpertModel* m, const MoeConfig* cfg, const Expert
         if (ntp > 1)
             expert_tp_load(m, shared);
         else
-            expert_zero_put(&m->z[ZERO_SHARED], shared);
-        expert_zero_put(&m->z[ZERO_EXPERTS], mine);
+            zero_buffer_put(&m->z[ZERO_SHARED], shared);
+        zero_buffer_put(&m->z[ZERO_EXPERTS], mine);
         free(shared);
         free(mine);
     }
@@ -151,14 +148,14 @@ void expert_model_create_part(ExpertModel* m, const MoeConfig* cfg, const Expert
 }
 
 void expert_model_free(ExpertModel* m) {
-    mem_free(m->dln2);  // the parameters' buffers are their ZeroBufs' (expert_zero_free below)
+    mem_free(m->dln2);  // the parameters' buffers are their ZeroBufs' (zero_buffer_free below)
     gpt_acts_free(&m->acts);
     moe_layers_free(&m->moe, m->layers, m->recompute == RECOMPUTE_FULL ? 1 : moe_num_moe_layers(&m->cfg));
     moe_parallel_free(&m->moe);
     mem_free_host(m->rows_host);
     expert_cp_free(m);
     expert_tp_free(m);
-    expert_zero_free(&m->z[ZERO_SHARED]), expert_zero_free(&m->z[ZERO_EXPERTS]), expert_zero_free(&m->z[ZERO_TP]);
+    zero_buffer_free(&m->z[ZERO_SHARED]), zero_buffer_free(&m->z[ZERO_EXPERTS]), zero_buffer_free(&m->z[ZERO_TP]);
     if (m->dpcp == &m->dpcp_own) comm_destroy_group(&m->dpcp_own);
     comm_destroy_group(&m->batch);
 }
@@ -170,8 +167,8 @@ void expert_model_free(ExpertModel* m) {
 // experts). A host-side copy for the file, not part of training.
 void expert_model_save(ExpertModel* m, const char* path) {
     if (m->zero > 1) {  // --zero 2, 3: each buffer whole on every rank for the file, then as it was
-        m->shared = expert_zero_whole(&m->z[ZERO_SHARED]), m->experts = expert_zero_whole(&m->z[ZERO_EXPERTS]);
-        if (m->nz > 2) m->tp.w = expert_zero_whole(&m->z[ZERO_TP]);
+        m->shared = zero_buffer_whole(&m->z[ZERO_SHARED]), m->experts = zero_buffer_whole(&m->z[ZERO_EXPERTS]);
+        if (m->nz > 2) m->tp.w = zero_buffer_whole(&m->z[ZERO_TP]);
         m->zero = 0;
         expert_model_save(m, path);
         m->zero = m->z[ZERO_SHARED].f.zero;

@@ -45,32 +45,32 @@ void expert_units_gather(ExpertModel* m, int l) {
     int L = m->cfg.gpt.num_layers;
     if (m->zero < 3) return;
     if (l < 0)  // a new forward: what was gathered before the step is stale
-        for (int b = 0; b < m->nz; b++) expert_zero_drop(&m->z[b]);
-    expert_zero_params(&m->z[ZERO_SHARED], 1 + l);
-    if (l == L) expert_zero_params(&m->z[ZERO_SHARED], 0);
+        for (int b = 0; b < m->nz; b++) zero_buffer_drop(&m->z[b]);
+    zero_buffer_params(&m->z[ZERO_SHARED], 1 + l);
+    if (l == L) zero_buffer_params(&m->z[ZERO_SHARED], 0);
     if (l < 0 || l == L) return;
-    if (moe_is_moe_layer(&m->cfg, l)) expert_zero_params(&m->z[ZERO_EXPERTS], moe_layer_index(&m->cfg, l));
-    if (m->nz > 2) expert_zero_params(&m->z[ZERO_TP], l);
+    if (moe_is_moe_layer(&m->cfg, l)) zero_buffer_params(&m->z[ZERO_EXPERTS], moe_layer_index(&m->cfg, l));
+    if (m->nz > 2) zero_buffer_params(&m->z[ZERO_TP], l);
 }
 
 void expert_units_open(ExpertModel* m, int l) {
     int L = m->cfg.gpt.num_layers;
     if (m->zero < 2) return;
     expert_units_gather(m, l);
-    expert_zero_grads_begin(&m->z[ZERO_SHARED], 1 + l);
-    if (l == L) expert_zero_grads_begin(&m->z[ZERO_SHARED], 0);
+    zero_buffer_grads_begin(&m->z[ZERO_SHARED], 1 + l);
+    if (l == L) zero_buffer_grads_begin(&m->z[ZERO_SHARED], 0);
     if (l < 0 || l == L) return;
-    if (moe_is_moe_layer(&m->cfg, l)) expert_zero_grads_begin(&m->z[ZERO_EXPERTS], moe_layer_index(&m->cfg, l));
-    if (m->nz > 2) expert_zero_grads_begin(&m->z[ZERO_TP], l);
+    if (moe_is_moe_layer(&m->cfg, l)) zero_buffer_grads_begin(&m->z[ZERO_EXPERTS], moe_layer_index(&m->cfg, l));
+    if (m->nz > 2) zero_buffer_grads_begin(&m->z[ZERO_TP], l);
 }
 
 void expert_units_reduce(ExpertModel* m, int l) {
     int L = m->cfg.gpt.num_layers;
     if (m->zero < 2) return;
-    expert_zero_reduce(&m->z[ZERO_SHARED], 1 + l);
+    zero_buffer_reduce(&m->z[ZERO_SHARED], 1 + l);
     if (l < 0 || l == L) return;
-    if (moe_is_moe_layer(&m->cfg, l)) expert_zero_reduce(&m->z[ZERO_EXPERTS], moe_layer_index(&m->cfg, l));
-    if (m->nz > 2) expert_zero_reduce(&m->z[ZERO_TP], l);
+    if (moe_is_moe_layer(&m->cfg, l)) zero_buffer_reduce(&m->z[ZERO_EXPERTS], moe_layer_index(&m->cfg, l));
+    if (m->nz > 2) zero_buffer_reduce(&m->z[ZERO_TP], l);
 }
 
 // ---------------------------------------------------------------- the per-token parts of the step
@@ -86,7 +86,7 @@ void expert_embed_forward(ExpertModel* m, const int* inputs, const int* targets)
     cp_shard_tokens(sh, rows + N, targets);
     gpt_acts_load(&m->acts, rows, rows + N);
     if (!m->embeds) return;  // a later pipeline stage: its input arrived in acts.encoded
-    float* u = expert_zero_params(&m->z[ZERO_SHARED], 0);  // unit 0: [wte wpe]
+    float* u = zero_buffer_params(&m->z[ZERO_SHARED], 0);  // unit 0: [wte wpe]
     cp_shard_encoder_forward(sh, m->acts.encoded, m->acts.inputs, u + moe_wte_offset(&m->cfg),
                              u + moe_wpe_offset(&m->cfg), m->cfg.gpt.channels);  // chapter 6's (ring.c)
 }
@@ -96,8 +96,8 @@ float expert_head_forward(ExpertModel* m) {
     const GPTConfig* g = &m->cfg.gpt;
     int B = m->B, T = m->T, C = g->channels;
     HeadActs h = gpt_acts_head(&m->acts, g, B, T);
-    float* lnf = expert_zero_params(&m->z[ZERO_SHARED], g->num_layers + 1);  // the last unit: [lnfw lnfb]
-    head_forward(g, expert_zero_params(&m->z[ZERO_SHARED], 0) + moe_wte_offset(&m->cfg), lnf, lnf + C, &h,
+    float* lnf = zero_buffer_params(&m->z[ZERO_SHARED], g->num_layers + 1);  // the last unit: [lnfw lnfb]
+    head_forward(g, zero_buffer_params(&m->z[ZERO_SHARED], 0) + moe_wte_offset(&m->cfg), lnf, lnf + C, &h,
                  gpt_acts_block_output(&m->acts, g, g->num_layers - 1, B, T), m->acts.targets, B, T);
     return gpt_acts_mean_loss(&m->acts, g);
 }
@@ -108,16 +108,16 @@ void expert_head_backward(ExpertModel* m) {
     int B = m->B, T = m->T, C = g->channels, L = g->num_layers;
     HeadActs h = gpt_acts_head(&m->acts, g, B, T);
     BlockScratch s = gpt_acts_scratch(&m->acts, g);
-    ZeroBuf* z = &m->z[ZERO_SHARED];  // unit 0 [wte wpe], unit L + 1 [lnfw lnfb]
-    float *P = expert_zero_params(z, 0), *G = expert_zero_grads(z, 0), *lnf = expert_zero_params(z, L + 1);
-    float *dlnf = expert_zero_grads(z, L + 1), *wte = P + moe_wte_offset(&m->cfg);
+    ZeroBuffer* z = &m->z[ZERO_SHARED];  // unit 0 [wte wpe], unit L + 1 [lnfw lnfb]
+    float *P = zero_buffer_params(z, 0), *G = zero_buffer_grads(z, 0), *lnf = zero_buffer_params(z, L + 1);
+    float *dlnf = zero_buffer_grads(z, L + 1), *wte = P + moe_wte_offset(&m->cfg);
     head_backward(g, wte, lnf, G + moe_wte_offset(&m->cfg), dlnf, dlnf + C, &h, gpt_acts_block_output(&m->acts, g, L - 1, B, T),
                   m->acts.targets, 1.0f / (float)(B * T), s.dln, m->acts.dres, B, T);
 }
 
 void expert_embed_backward(ExpertModel* m) {
     if (!m->embeds) return;
-    float* G = expert_zero_grads(&m->z[ZERO_SHARED], 0);  // unit 0's: the head's dwte is in it
+    float* G = zero_buffer_grads(&m->z[ZERO_SHARED], 0);  // unit 0's: the head's dwte is in it
     cp_shard_encoder_backward(&m->cp.sh, G + moe_wte_offset(&m->cfg), G + moe_wpe_offset(&m->cfg), m->acts.dres,
                               m->acts.inputs, m->cfg.gpt.channels);
 }
@@ -138,7 +138,7 @@ int expert_run_start(Run* run, ExpertFlags* fl, int argc, char** argv) {
         {"virtual", ARG_INT, &fl->virtual_chunks, "chunks (virtual stages) per pp rank, --schedule interleaved only  [1]"},
         {"zero", ARG_INT, &fl->zero,
          "ZeRO stage over each buffer's copies: 0 none, 1 the AdamW moments sharded, 2 the gradients too, 3 the "
-         "parameters too (composed_zero.h; 2 and 3 not with --pp)  [0]"},
+         "parameters too (03_fsdp/zero_buffer.h; 2 and 3 not with --pp)  [0]"},
     };
     memcpy(extra + MOE_NUM_FLAGS, composition, sizeof(composition));
     return run_start(run, argc, argv, "build/capstone",
@@ -190,7 +190,7 @@ void expert_print_setup(const ExpertModel* m, const Run* run) {
                c->moe_every > 1 ? ", and of a dense layer's fcw, fcb, fcprojw" : "");
     static const char* what[] = {"", "the AdamW moments", "the AdamW moments and the gradients (a unit per layer)",
                                  "the AdamW moments, the gradients and the parameters (a unit per layer)"};
-    if (m->zero)  // --zero (composed_zero.h)
+    if (m->zero)  // --zero (zero_buffer.h)
         print0("ZeRO-%d: %s sharded over each buffer's copies: the replicated parameters over %d ranks, the experts "
                "over %d%s; %zu floats of moments a rank\n", m->zero, what[m->zero], m->z[ZERO_SHARED].g->size,
                m->z[ZERO_EXPERTS].g->size, m->nz > 2 ? ", the tp slices over the dp x cp x ep ranks" : "",

@@ -5,7 +5,7 @@
 // what builds and runs them. The layers are the chapters': chapter 7's
 // model layout, init and MoE layer (07_expert/moe.h, moe_layer.h), chapter
 // 6's sequence-parallel MLP, ring and Ulysses (sequence.h, context.h),
-// chapter 3's engine under --zero (composed_zero.h); the pipeline's chunks
+// chapter 3's ZeRO buffers under --zero (zero_buffer.h); the pipeline's chunks
 // and their checkpoint slices are composed_pipe.h's. The step that calls
 // them, in the order it runs them, is capstone/main.c.
 #ifndef COMPOSED_MODEL_H
@@ -14,7 +14,6 @@
 #include "ckpt.h"
 #include "comm.h"
 #include "context.h"  // chapter 6's CPMode, CPBalance, cp_parse_flags, and its ring and Ulysses loops (CPAttention)
-#include "composed_zero.h"  // --zero: ZeroBuf
 #include "moe.h"
 #include "moe_layer.h"   // chapter 7's MoE layer over ep: MoeParallel, MoeLayer
 #include "moe_model.h"  // chapter 7's flags, config checks, checkpoint tensors, --save's gather
@@ -22,6 +21,7 @@
 #include "run.h"
 #include "train_eval.h"
 #include "train_loop.h"
+#include "zero_buffer.h"  // chapter 3's ZeroBuffer: --zero
 
 // A split backward (--schedule zb; composed_wgrad.c): B computes what the
 // stage before waits for, the input gradients, through every exchange of
@@ -80,6 +80,7 @@ typedef struct {
     float *full, *dfull;     // (N tp, C) every row of the group: a gathered LayerNorm output, a partial sum
 } ExpertTP;
 
+enum { ZERO_EXPERTS, ZERO_SHARED, ZERO_TP };  // the model's buffers, in ExpertModel.z
 typedef struct {
     MoeConfig cfg;
     int B, T, N;           // this rank's sequences (B/tp of its share's), its positions of each (T/cp), B*T token rows
@@ -96,14 +97,22 @@ typedef struct {
     size_t n_shared, n_experts;
     float *shared, *dshared, *m_s, *v_s;
     float *experts, *dexperts, *m_e, *v_e;
-    // --zero 1 (composed_zero.h): each buffer's moments sharded over the group
-    // of its copies (batch, dpcp, tp.dpcpep); zero 0: every rank all of them
-    // (the experts first: the norm sums them first, as without --zero);
-    // --zero 2, 3: chapter 3's engine in each z holds the buffer, the flat
-    // pointers above (and tp's) are NULL, and a layer finds its parameters
-    // by unit (expert_block_params, expert_router, expert_zero_params)
-    int zero, nz;  // nz: the buffers, 2, or 3 with --tp
-    ZeroBuf z[3];  // [ZERO_EXPERTS], [ZERO_SHARED], [ZERO_TP]
+    // each buffer a ZeroBuffer (chapter 3's, 03_fsdp/zero_buffer.h) over the
+    // ranks that hold identical copies of it: the replicated buffer over its
+    // batch group (dp x cp x ep x tp), the experts over dpcp (dp x cp x tp,
+    // as DeepSpeed-MoE shards experts), the tp slices over tp.dpcpep. Its
+    // units, one per layer: [wte wpe] (a gradient of its own: the head opens
+    // it, the embedding closes it), each block's piece, [lnfw lnfb]; each MoE
+    // layer's E/ep experts; each layer's tp slices. zero 0: every rank all of
+    // them (the experts first: the norm sums them first, as without --zero);
+    // --zero 1 the moments sharded; --zero 2, 3 the engine holds the buffer,
+    // the flat pointers above (and tp's) are NULL, and a layer finds its
+    // parameters by unit (expert_block_params, expert_router,
+    // zero_buffer_params). --zero 2 and 3 are refused with the pipeline
+    // (composed_rules.c); with --pp --zero 1 shards each chunk's buffers (the
+    // last stage's copy of wte as any other floats, out of the norm: tied).
+    int zero, nz;     // nz: the buffers, 2, or 3 with --tp
+    ZeroBuffer z[3];  // [ZERO_EXPERTS], [ZERO_SHARED], [ZERO_TP]
     // activations: the GPT's (embedding, the blocks' attention halves and
     // dense MLPs as --recompute keeps them, head, scratch, dres, token ids)
     // and each MoE layer's own
@@ -139,7 +148,7 @@ typedef struct {
     // ARG_NOT_GIVEN: pp (and no pipeline at pp = 1)
     const char* schedule;
     int microbatches, virtual_chunks;
-    int zero;  // --zero: 0, 1 the AdamW moments sharded, 2 the gradients, 3 the parameters (composed_zero.h)
+    int zero;  // --zero: 0, 1 the AdamW moments sharded, 2 the gradients, 3 the parameters (zero_buffer.h)
 } ExpertFlags;
 
 // ---------------------------------------------------------------- composed_model.c

@@ -320,7 +320,7 @@ void expert_pipe_create(ExpertPipe* P, Run* run, ExpertFlags* fl, const MoeConfi
                cfg->experts == 1 ? "" : "s", m0->E_local, cfg->top_k,
                m0->moe.capacity_factor > 0 ? "capacity mode per microbatch" : "dropless", run->device);
         print0("model %s: %zu parameters; global batch %d x %d\n", setup->model_name, P->total, setup->B, setup->T);
-        if (m0->zero)  // --zero 1 (composed_zero.h), each chunk's buffers
+        if (m0->zero)  // --zero 1 (zero_buffer.h), each chunk's buffers
             print0("ZeRO-1: the AdamW moments of each chunk's buffers sharded over their copies: the replicated "
                    "parameters over %d ranks, the experts over %d%s\n", m0->z[ZERO_SHARED].g->size,
                    m0->z[ZERO_EXPERTS].g->size, m0->nz > 2 ? ", the tp slices over the dp x cp x ep ranks" : "");

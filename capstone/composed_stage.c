@@ -180,56 +180,47 @@ void expert_stage_free(ExpertPipe* P) {
 // tp2 x pp2 on any other mesh; E = 1, H = 4C is the dense GPT's checkpoint
 // (chapter 0 resumes it), as chapter 7's own (moe_model_ckpt_open).
 // Without the pipeline the rank's one chunk has the whole model's pieces.
-// --zero 1: each rank of a buffer's group writes and reads its shard of
-// the moments, as slices of the global tensors (expert_zero_ckpt_add): the
-// chunk's pieces (the tied copy of wte read, not written: stage 0 writes
-// it), its experts' layers, its tp slices.
-static void chunk_zero_ckpt(Ckpt* ck, const ExpertPipe* P, XpChunk* ch) {
-    ExpertModel* m = &ch->m;
-    for (int b = 0; b < m->nz; b++) {
-        const ZeroBuf* z = &m->z[b];
-        for (int own = 0; own < 2; own++) {
-            CkptList full = {0};  // the buffer's parameters, as slices of the global tensors
-            if (b == ZERO_SHARED)
-                for (int i = 0; i < ch->n_pieces; i++)
-                    if (!own || !ch->piece[i].tied_copy)
-                        moe_ckpt_add_shared(&full, &P->cfg, CKPT_PARAMS, ch->piece[i].global, ch->piece[i].count,
-                                            z->params + ch->piece[i].local);
-            if (b == ZERO_EXPERTS)
-                moe_ckpt_add_expert_layers(&full, &P->cfg, CKPT_PARAMS, ch->moe0, ch->n_moe, m->e0, m->E_local, z->params);
-            if (b == ZERO_TP)
-                moe_ckpt_add_tp_layers(&full, &P->cfg, CKPT_PARAMS, m->tp.tp, m->tp.rank, ch->first,
-                                       m->cfg.gpt.num_layers, z->params);
-            expert_zero_ckpt_add(own ? &ck->own : &ck->need, &full, z->params, z, z->m, z->v);
-            ckpt_list_free(&full);
+// --zero: each rank of a buffer's group writes and reads its shard of each
+// of the engine's units (zero_buffer_ckpt, chapter 3's), as slices of the
+// global tensors: --zero 1 of the moments, the one unit the chunk's whole
+// buffer (its pieces, the tied copy of wte read, not written: stage 0
+// writes it; its experts' layers; its tp slices); --zero 2, 3 (no pipeline)
+// of each layer's unit, its parameters too.
+typedef struct {
+    const ExpertPipe* P;
+    const XpChunk* ch;
+    int b;
+} ChunkBuffer;
+
+// The engine's unit i of buffer b as slices of the global tensors, values
+// at data: the buffer's units [u0, u0 + nu) (--zero 1: all of them), a
+// range of the replicated floats (cut by the chunk's pieces), MoE layers of
+// the experts, layers of the tp slices.
+static void unit_slices(void* ctx, CkptList* out, int write, int i, float* data) {
+    const ChunkBuffer* cb = ctx;
+    const XpChunk* ch = cb->ch;
+    const ExpertModel* m = &ch->m;
+    const ZeroBuffer* z = &m->z[cb->b];
+    const MoeConfig* cfg = &cb->P->cfg;
+    int u0 = m->zero == 1 ? 0 : i, nu = m->zero == 1 ? z->units : 1;
+    if (cb->b == ZERO_SHARED) {  // the floats [a, e) of the chunk's buffer, piece by piece
+        size_t a = z->unit_off[u0], e = z->unit_off[u0 + nu];
+        for (int k = 0; k < ch->n_pieces; k++) {
+            Piece pc = ch->piece[k];
+            size_t lo = pc.local > a ? pc.local : a, hi = pc.local + pc.count < e ? pc.local + pc.count : e;
+            if (lo < hi && !(write && pc.tied_copy))
+                moe_ckpt_add_shared(out, cfg, CKPT_PARAMS, pc.global + (lo - pc.local), hi - lo, data + (lo - a));
         }
     }
+    if (cb->b == ZERO_EXPERTS)
+        moe_ckpt_add_expert_layers(out, cfg, CKPT_PARAMS, ch->moe0 + u0, nu, m->e0, m->E_local, data);
+    if (cb->b == ZERO_TP) moe_ckpt_add_tp_layers(out, cfg, CKPT_PARAMS, m->tp.tp, m->tp.rank, ch->first + u0, nu, data);
 }
 
-// Unit i of buffer b as slices of the global tensors, kind `kind`, values at
-// data (the unit's first float).
-static void unit_slices(CkptList* out, ExpertModel* m, int b, int i, CkptKind kind, float* data) {
-    const ZeroBuf* z = &m->z[b];
-    if (b == ZERO_SHARED) moe_ckpt_add_shared(out, &m->cfg, kind, z->unit_off[i], z->unit_off[i + 1] - z->unit_off[i], data);
-    if (b == ZERO_EXPERTS) moe_ckpt_add_expert_layers(out, &m->cfg, kind, i, 1, m->e0, m->E_local, data);
-    if (b == ZERO_TP) moe_ckpt_add_tp_layers(out, &m->cfg, kind, m->tp.tp, m->tp.rank, i, 1, data);
-}
-
-// --zero 2, 3: every rank of a buffer's group writes and reads its shard of
-// each unit, the parameters and the moments (expert_zero_ckpt_unit); --zero
-// 2 reads the parameters whole (every rank holds them all). The unit
-// gradient buffer (as large as any unit) is the origin the slices' offsets
-// are taken from: nothing is read there.
-static void zero_units_ckpt(Ckpt* ck, ExpertModel* m) {
-    for (int b = 0; b < m->nz; b++) {
-        ZeroBuf* z = &m->z[b];
-        for (int i = 0; i < z->units; i++) {
-            CkptList full = {0};
-            unit_slices(&full, m, b, i, CKPT_PARAMS, z->f.unit_grads);
-            expert_zero_ckpt_unit(&ck->own, &ck->need, &full, z->f.unit_grads, z, i);
-            ckpt_list_free(&full);
-            if (m->zero == 2) unit_slices(&ck->need, m, b, i, CKPT_PARAMS, z->f.full_params + z->f.padded_off[i]);
-        }
+static void chunk_zero_ckpt(Ckpt* ck, const ExpertPipe* P, XpChunk* ch) {
+    for (int b = 0; b < ch->m.nz; b++) {
+        ChunkBuffer cb = {P, ch, b};
+        zero_buffer_ckpt(&ck->own, &ck->need, &ch->m.z[b], unit_slices, &cb);
     }
 }
 
@@ -239,7 +230,7 @@ void expert_stage_ckpt(Ckpt* ck, ExpertPipe* P) {
     for (int c = 0; c < P->v; c++) {
         ExpertModel* m = &P->chunk[c].m;
         if (m->zero > 1) {  // --zero 2, 3 (no pipeline): each rank its shards of every unit
-            zero_units_ckpt(ck, m);
+            chunk_zero_ckpt(ck, P, &P->chunk[c]);
             continue;
         }
         float* shared[CKPT_NUM_KINDS] = {m->shared, m->m_s, m->v_s};
@@ -360,8 +351,8 @@ void expert_stage_show_sharding(const ExpertPipe* P, int show) {
     for (int c = 0; c < P->v; c++) {
         const XpChunk* ch = &P->chunk[c];
         const ExpertModel* m = &ch->m;
-        // --zero 1: the moments flat over each buffer's copies (m->batch, m->dpcp, m->tp.dpcpep; composed_zero.h)
-        const ZeroBuf* z[] = {&m->z[ZERO_SHARED], &m->z[ZERO_EXPERTS], &m->z[ZERO_TP]};  // in the table's order
+        // --zero 1: the moments flat over each buffer's copies (m->batch, m->dpcp, m->tp.dpcpep; zero_buffer.h)
+        const ZeroBuffer* z[] = {&m->z[ZERO_SHARED], &m->z[ZERO_EXPERTS], &m->z[ZERO_TP]};  // in the table's order
         double s3 = m->zero == 3 ? f : 0, shared = (double)m->n_shared, experts = (double)m->n_experts;
         int last = ch->first + m->cfg.gpt.num_layers - 1, NH = m->cfg.gpt.num_heads;
         if (P->plain) {

@@ -23,23 +23,23 @@ static BlockParams with_slices(const ExpertModel* m, int l, BlockParams p, float
 }
 
 // Layer l is unit 1 + l of the replicated buffer and unit l of the tp slices
-// (composed_zero.h): with --zero 3 the gathered copies.
+// (zero_buffer.h): with --zero 3 the gathered copies.
 BlockParams expert_block_params(ExpertModel* m, int l) {
-    BlockParams p = moe_block_params_in(&m->cfg, expert_zero_params(&m->z[ZERO_SHARED], 1 + l), l);
-    return with_slices(m, l, p, m->tp.tp > 1 ? expert_zero_params(&m->z[ZERO_TP], l) : NULL);
+    BlockParams p = moe_block_params_in(&m->cfg, zero_buffer_params(&m->z[ZERO_SHARED], 1 + l), l);
+    return with_slices(m, l, p, m->tp.tp > 1 ? zero_buffer_params(&m->z[ZERO_TP], l) : NULL);
 }
 
 BlockParams expert_block_grads(ExpertModel* m, int l) {
-    BlockParams g = moe_block_params_in(&m->cfg, expert_zero_grads(&m->z[ZERO_SHARED], 1 + l), l);
-    return with_slices(m, l, g, m->tp.tp > 1 ? expert_zero_grads(&m->z[ZERO_TP], l) : NULL);
+    BlockParams g = moe_block_params_in(&m->cfg, zero_buffer_grads(&m->z[ZERO_SHARED], 1 + l), l);
+    return with_slices(m, l, g, m->tp.tp > 1 ? zero_buffer_grads(&m->z[ZERO_TP], l) : NULL);
 }
 
 float* expert_router(ExpertModel* m, int l) {
-    return moe_router_in(&m->cfg, expert_zero_params(&m->z[ZERO_SHARED], 1 + l));
+    return moe_router_in(&m->cfg, zero_buffer_params(&m->z[ZERO_SHARED], 1 + l));
 }
 
 float* expert_router_grad(ExpertModel* m, int l) {
-    return moe_router_in(&m->cfg, expert_zero_grads(&m->z[ZERO_SHARED], 1 + l));
+    return moe_router_in(&m->cfg, zero_buffer_grads(&m->z[ZERO_SHARED], 1 + l));
 }
 
 // ---------------------------------------------------------------- the whole model and my slices
@@ -94,7 +94,7 @@ static void relayout(const ExpertModel* m, float* whole, float* shared, float* s
 void expert_tp_init(ExpertModel* m, uint64_t seed) {
     float* w = xmalloc(m->tp.n * sizeof(float));
     relayout(m, NULL, NULL, w, m->tp.rank, INIT, seed);
-    expert_zero_put(&m->z[ZERO_TP], w);
+    zero_buffer_put(&m->z[ZERO_TP], w);
     free(w);
 }
 
@@ -102,8 +102,8 @@ void expert_tp_load(ExpertModel* m, const float* whole) {
     float* shared = xmalloc(m->n_shared * sizeof(float));
     float* slices = xmalloc(m->tp.n * sizeof(float));
     relayout(m, (float*)whole, shared, slices, m->tp.rank, TO_MINE, 0);
-    expert_zero_put(&m->z[ZERO_SHARED], shared);
-    expert_zero_put(&m->z[ZERO_TP], slices);
+    zero_buffer_put(&m->z[ZERO_SHARED], shared);
+    zero_buffer_put(&m->z[ZERO_TP], slices);
     free(shared);
     free(slices);
 }
@@ -144,7 +144,7 @@ void expert_tp_create(ExpertModel* m, const Run* run) {
     t->dpcpep = &t->dpcpep_own;
     const int C = m->cfg.gpt.channels;
     t->n = moe_tp_offset(&m->cfg, m->cfg.gpt.num_layers, t->tp);
-    expert_zero_alloc(&m->z[ZERO_TP], m->zero, t->dpcpep, t->n, &t->w, &t->dw, &t->m, &t->v);  // --zero: composed_zero.h
+    zero_buffer_alloc(&m->z[ZERO_TP], m->zero, t->dpcpep, t->n, &t->w, &t->dw, &t->m, &t->v);  // --zero: zero_buffer.h
     t->full = mem_alloc_floats((size_t)m->N * t->tp * C, MEM_ACTIVATIONS);
     t->dfull = mem_alloc_floats((size_t)m->N * t->tp * C, MEM_ACTIVATIONS);
 }

@@ -19,7 +19,7 @@
 // combine over ep, --ep-overlap chunks; backward the two exchanges reversed), inside
 // the attention half this program composes (moe_block_forward). Gradients go to three
 // groups (reduce_gradients; --zero 1 shards the AdamW moments over each, 2
-// the gradients too, 3 the parameters: composed_zero.h). Flags: composed_model.c.
+// the gradients too, 3 the parameters: zero_buffer.h). Flags: composed_model.c.
 #include <stdlib.h>
 
 #include "memory.h"
@@ -44,7 +44,7 @@ static void moe_block_forward(ExpertModel* m, int l, BlockActs* a, const float* 
     expert_attention_forward(m, l, &p, a, x);  // with --cp, over the cp group
     // --zero 3: the layer's experts are its gathered unit
     moe_layer_forward(&m->moe, expert_layer(m, l), l, a->ln2, expert_router(m, l),
-                      expert_zero_params(&m->z[ZERO_EXPERTS], mi), a->fcproj);
+                      zero_buffer_params(&m->z[ZERO_EXPERTS], mi), a->fcproj);
     residual_forward(a->res3, a->res2, a->fcproj, (size_t)m->N * m->cfg.gpt.channels);
 }
 
@@ -89,8 +89,8 @@ static void moe_block_backward(ExpertModel* m, int l, const float* x) {
     BlockParams p = expert_block_params(m, l), g = expert_block_grads(m, l);
     BlockScratch s = gpt_acts_scratch(&m->acts, &m->cfg.gpt);
     moe_layer_backward(&m->moe, expert_layer(m, l), l, m->acts.dres, a.ln2, expert_router(m, l),
-                       expert_router_grad(m, l), expert_zero_params(&m->z[ZERO_EXPERTS], mi),
-                       expert_zero_grads(&m->z[ZERO_EXPERTS], mi), m->dln2);
+                       expert_router_grad(m, l), zero_buffer_params(&m->z[ZERO_EXPERTS], mi),
+                       zero_buffer_grads(&m->z[ZERO_EXPERTS], mi), m->dln2);
     expert_attention_backward(m, l, &p, &g, &a, &s, x, m->dln2, m->acts.dres);
     trace_compute(t0, "block %d backward", l);
 }
@@ -149,7 +149,7 @@ static void model_backward(ExpertModel* m) {
 // dp, cp, tp ranks the others: the sum over dp x cp x tp. A tp slice saw its
 // tp group's tokens: the sum over dp x cp x ep. Sums scale by 1/(dp cp ep tp).
 static void reduce_chunk(ExpertModel* m) {
-    for (ZeroBuf* z = m->z; m->zero && z < m->z + m->nz; z++) {  // --zero 1: each rank receives its shard only
+    for (ZeroBuffer* z = m->z; m->zero && z < m->z + m->nz; z++) {  // --zero 1: each rank receives its shard only
         if (m->zero == 1) comm_reduce_scatter(z->g, z->grads, z->dshard, z->S, COMM_SUM);  // 2, 3: in backward, the mean
         ops_scale(z->dshard, z->S, (m->zero > 1 ? (float)z->g->size : 1.0f) / (float)m->batch.size);
     }
@@ -181,8 +181,8 @@ static float clip_and_step(ExpertPipe* P, const TrainArgs* args, int step) {
     double* mine = train_sumsq_begin();  // on the device, read once by train_global_norm
     for (int c = 0; c < P->v; c++) {
         ExpertModel* m = &P->chunk[c].m;
-        for (ZeroBuf* z = m->z; z < m->z + m->nz; z++)  // the experts, the replicated buffer, the tp slices
-            if (m->zero || z->g->rank == 0) expert_zero_sumsq(mine, z);
+        for (ZeroBuffer* z = m->z; z < m->z + m->nz; z++)  // the experts, the replicated buffer, the tp slices
+            if (m->zero || z->g->rank == 0) zero_buffer_sumsq(mine, z);
     }
     const Comm* groups[] = {P->chunk[0].m.epc, P->chunk[0].m.dpcp, P->link.pp};
     double norm = train_global_norm(mine, groups, P->pp > 1 ? 3 : 2);
@@ -190,7 +190,7 @@ static float clip_and_step(ExpertPipe* P, const TrainArgs* args, int step) {
     AdamWConfig ac = train_adamw(args);
     double t0 = trace_start();
     for (int c = 0; c < P->v; c++)
-        for (ZeroBuf* z = P->chunk[c].m.z; z < P->chunk[c].m.z + P->chunk[c].m.nz; z++)
+        for (ZeroBuffer* z = P->chunk[c].m.z; z < P->chunk[c].m.z + P->chunk[c].m.nz; z++)
             if (z->zero) fsdp_step(&z->f, ac, step + 1, scale);  // --zero: chapter 3's (1, 2: then all-gathered)
             else adamw_update(z->params, z->dshard, z->m, z->v, z->S, ac, step + 1, scale);
     trace_compute(t0, "optimizer");

@@ -653,7 +653,7 @@ fi
 
 # ---- --zero 1
 c7_sec_z1() {
-# --zero 1 (ZeRO over the data-parallel groups, capstone/composed_zero.h):
+# --zero 1 (ZeRO over the data-parallel groups, 03_fsdp/zero_buffer.h):
 # each buffer's AdamW moments sharded over the ranks that hold its copies
 # (the replicated buffer over dp x cp x ep x tp, the experts over dp x cp x
 # tp, the tp slices over dp x cp x ep); reduce-scatter, AdamW on the shard
@@ -711,7 +711,7 @@ c7_resumed_near "the --zero 1 checkpoint of dp x ep = 2 x 2 resumes on ep=4 with
 
 # ---- --zero 2 and 3
 c7_sec_z23() {
-# --zero 2 and 3 (composed_zero.h): chapter 3's engine on each buffer over its
+# --zero 2 and 3 (03_fsdp/zero_buffer.h): chapter 3's engine on each buffer over its
 # group, a unit per layer; each layer's units reduce-scattered (2, 3) and
 # all-gathered (3) in main.c's layer loop. E = 1 on dp x tp with --zero 3 is
 # chapter 0's model (the tp slices a third group); E = 4, k = 2 on dp x ep
@@ -768,7 +768,7 @@ for mesh in "1|" "4|--dp 2 --tp 2 --zero 2"; do
         "$c7_z3full" "$TEST_TMPDIR/c7_z3res.jsonl"
 done
 # ... and on --zero 3 meshes, where each rank reads back only its shard of
-# each unit's parameters (expert_zero_ckpt_unit: no rank holds them whole,
+# each unit's parameters (zero_buffer_ckpt: no rank holds them whole,
 # so the runs above, which read them whole, cannot see a --zero 3 resume
 # that skips them and trains on from the init): on the same mesh the
 # uninterrupted run's records bit for bit, on dp x tp = 2 x 2 with --zero 3

@@ -262,7 +262,7 @@ done
 for f in "--tp 2 --pp 2 --schedule zb" "--dp 2 --tp 2 --zero 1" "--dp 2 --tp 2 --zero 3"; do
     c7 4 --batch 24 --seq 32 --experts 4 --top-k 3 --moe-every 2 --expert-hidden 96 $f
 done
-# --zero 1 (capstone/composed_zero.h): each buffer's moments sharded over
+# --zero 1 (03_fsdp/zero_buffer.h): each buffer's moments sharded over
 # its copies, the buffers padded to N S, the gradient shards; a
 # reduce-scatter and an all-gather per buffer instead of the all-reduce.
 # dp 3 pads (n not divisible by 3); tp adds the slices' group

@@ -122,7 +122,7 @@ static GradGroups grad_groups(const PlanArgs* a, const int coord[NUM_AXES]) {
     return g;
 }
 
-// --zero 2, 3 (composed_zero.h): chapter 3's engine on each buffer, its units
+// --zero 2, 3 (03_fsdp/zero_buffer.h): chapter 3's engine on each buffer, its units
 // over the buffer's group (03_fsdp/fsdp.c's sizes: S = ceil(n / N) per unit,
 // padded to N S). Adds the engine's bytes to *params, *grads, *opt (the
 // shards, --zero 3's two gather slots, the unit gradient buffer and the tied
@@ -217,7 +217,7 @@ static void plan_pipe(const PlanArgs* a, RankPlan* p, int r) {
     Comm ppc = plan_group(AXIS_PP, pp, s), cpg = plan_group(AXIS_CP, ncp, coord[AXIS_CP]);
     Comm tpg = plan_group(AXIS_TP, ntp, coord[AXIS_TP]);
     double full = 0, shard = 0, acts = 0, comm = 0;
-    // --zero 1 (composed_zero.h): each chunk's buffers of n floats over their N
+    // --zero 1 (03_fsdp/zero_buffer.h): each chunk's buffers of n floats over their N
     // copies (batch, dp x cp (x tp), dp x cp x ep): the moments S = ceil(n / N),
     // the parameters and gradient padded to N S, a gradient shard S
     int ndup[3] = {a->zero ? batch.size : 1, a->zero ? dp.size : 1, a->zero ? same.size : 1};
@@ -383,7 +383,7 @@ void plan_chapter_7(const PlanArgs* a, RankPlan* p, int r) {
     ct.tp = ntp;
     double shared = (double)moe_num_shared(&ct), experts = (double)Lm * El * moe_expert_numel(&c);
     double slices = ntp > 1 ? (double)moe_tp_offset(&c, g->num_layers, ntp) : 0.0;
-    // --zero 1 (composed_zero.h): each buffer of n floats over its N copies:
+    // --zero 1 (03_fsdp/zero_buffer.h): each buffer of n floats over its N copies:
     // S = ceil(n / N) of the moments, the parameters and gradient padded to
     // N S, and a gradient shard of S
     int ndup[3] = {a->zero ? ndp * ncp * nep * ntp : 1, a->zero ? ndp * ncp * ntp : 1, a->zero ? ndp * ncp * nep : 1};
