@@ -125,7 +125,7 @@ static void forward(Pipeline* P, int mb, int c, long step) {
         head_forward(g, P->head_wte, P->lnfw, P->lnfb, &h, x, sl->targets, b, T);
         slot_queue_losses(P, sl, mb);  // added up once the step is done (pipe_step_loss_sum)
     } else {
-        pipe_send(&P->link, x, pipe_next(P));
+        pipe_send(&P->link, x, pipe_next(&P->link));
     }
 }
 
@@ -164,7 +164,7 @@ static void backward(Pipeline* P, int mb, int c) {
         }
         trace_compute(t0, "block %d backward", P->layers[c].first + j);
     }
-    if (k > 0) pipe_send(&P->link, sl->dres, pipe_prev(P));
+    if (k > 0) pipe_send(&P->link, sl->dres, pipe_prev(&P->link));
     if (!split) {
         if (k == 0) encoder_backward(P->dwte, P->dwpe, sl->dres, sl->inputs, b, T, C);
         slot_pool_give(&P->pool[c], mb);

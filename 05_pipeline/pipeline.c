@@ -512,7 +512,7 @@ static float val_forward(void* ctx, const int* inputs, const int* targets) {
             mem_to_device(sl->inputs, inputs, BT * sizeof(int));
             encoder_forward(sl->x, sl->inputs, P->wte, P->wpe, b, T, C);
         } else {
-            comm_recv(P->pp, sl->x, BTC, pipe_prev(P));
+            comm_recv(P->pp, sl->x, BTC, pipe_prev(&P->link));
         }
         const float* x = sl->x;
         for (int j = 0; j < P->layers[c].count; j++) {
@@ -527,7 +527,7 @@ static float val_forward(void* ctx, const int* inputs, const int* targets) {
             head_forward(g, P->head_wte, P->lnfw, P->lnfb, &h, x, sl->targets, b, T);
             loss = (float)slot_mean_loss(P, sl);
         } else {
-            comm_send(P->pp, x, BTC, pipe_next(P));
+            comm_send(P->pp, x, BTC, pipe_next(&P->link));
         }
         slot_pool_give(&P->pool[c], -1);
     }

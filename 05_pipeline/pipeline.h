@@ -234,10 +234,11 @@ void pipe_free(Pipeline* P);
 // Prints (rank 0) each stage's layers and what else it holds.
 void pipe_print_layout(const Pipeline* P);
 
-// The virtual stage of chunk c of this rank, and this rank's neighbours on the pp axis.
+// The virtual stage of chunk c of this rank, and this rank's neighbours on
+// the pp axis (a link's stages: this chapter's and the capstone's).
 static inline int pipe_vstage(const Pipeline* P, int c) { return c * P->n_stages + P->stage; }
-static inline int pipe_next(const Pipeline* P) { return (P->stage + 1) % P->n_stages; }
-static inline int pipe_prev(const Pipeline* P) { return (P->stage + P->n_stages - 1) % P->n_stages; }
+static inline int pipe_next(const PipeLink* l) { return (l->pp->rank + 1) % l->pp->size; }
+static inline int pipe_prev(const PipeLink* l) { return (l->pp->rank + l->pp->size - 1) % l->pp->size; }
 // Parameters and gradients of layer j of chunk c.
 BlockParams pipe_block_params(const Pipeline* P, int c, int j);
 BlockParams pipe_block_grads(const Pipeline* P, int c, int j);

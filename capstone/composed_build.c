@@ -17,10 +17,6 @@
 #include "run.h"
 
 // ---------------------------------------------------------------- set-up
-void expert_model_create(ExpertModel* m, const MoeConfig* cfg, const ExpertFlags* flags, const Run* run) {
-    expert_model_create_part(m, cfg, flags, run, 1, 1);
-}
-
 // Each buffer's units (zero_buffer.h): the replicated buffer's [wte wpe],
 // every block's piece and [lnfw lnfb]; the experts of each MoE layer; the tp
 // slices of each layer. --zero: chapter 3's engine takes each buffer over
@@ -49,8 +45,8 @@ static void zero_units(ExpertModel* m) {
     m->tp.w = z[ZERO_TP].params, m->tp.dw = z[ZERO_TP].grads, m->tp.m = z[ZERO_TP].m, m->tp.v = z[ZERO_TP].v;
 }
 
-void expert_model_create_part(ExpertModel* m, const MoeConfig* cfg, const ExpertFlags* flags, const Run* run,
-                              int embeds, int has_head) {
+void expert_model_create(ExpertModel* m, const MoeConfig* cfg, const ExpertFlags* flags, const Run* run, int embeds,
+                         int has_head) {
     const Mesh* mesh = &run->mesh;
     int B = run->setup.B / (mesh->size[AXIS_DP] * mesh->size[AXIS_EP]), T = run->setup.T, ncp = mesh->size[AXIS_CP];
     int ntp = mesh->size[AXIS_TP];

@@ -30,47 +30,41 @@ MoeLayer* expert_layer(ExpertModel* m, int l) {
 
 BlockActs expert_block_acts(ExpertModel* m, int l) { return gpt_acts_block(&m->acts, &m->cfg.gpt, l, m->B, m->T); }
 
-size_t expert_total_params(const ExpertModel* m) {
-    MoeConfig whole = m->cfg;  // with --tp the shared buffer leaves out the tp slices
-    whole.tp = 1;
-    return moe_num_shared(&whole) + (size_t)moe_num_moe_layers(&m->cfg) * m->cfg.experts * moe_expert_numel(&m->cfg);
-}
-
 // ---------------------------------------------------------------- --zero 2, 3: the units of a layer
 
-// Layer l's units in the three buffers (l = -1: the embedding's [wte wpe];
-// l = L: the head's [lnfw lnfb], with wte, unit 0, for the head's forward
-// and the gradient the embedding's backward closes).
+// Layer l's units, (buffer, unit) each: its piece of the replicated buffer
+// (l = -1: [wte wpe]; l = L: [lnfw lnfb], then wte's, which the head reads
+// and whose gradient the embedding's backward closes), its experts, its tp
+// slices. Returns how many.
+static int layer_units(const ExpertModel* m, int l, int u[3][2]) {
+    int L = m->cfg.gpt.num_layers, n = 0;
+    u[n][0] = ZERO_SHARED, u[n++][1] = 1 + l;
+    if (l == L) u[n][0] = ZERO_SHARED, u[n++][1] = 0;
+    if (l < 0 || l == L) return n;
+    if (moe_is_moe_layer(&m->cfg, l)) u[n][0] = ZERO_EXPERTS, u[n++][1] = moe_layer_index(&m->cfg, l);
+    if (m->nz > 2) u[n][0] = ZERO_TP, u[n++][1] = l;
+    return n;
+}
+
 void expert_units_gather(ExpertModel* m, int l) {
-    int L = m->cfg.gpt.num_layers;
+    int u[3][2], n = layer_units(m, l, u);
     if (m->zero < 3) return;
     if (l < 0)  // a new forward: what was gathered before the step is stale
         for (int b = 0; b < m->nz; b++) zero_buffer_drop(&m->z[b]);
-    zero_buffer_params(&m->z[ZERO_SHARED], 1 + l);
-    if (l == L) zero_buffer_params(&m->z[ZERO_SHARED], 0);
-    if (l < 0 || l == L) return;
-    if (moe_is_moe_layer(&m->cfg, l)) zero_buffer_params(&m->z[ZERO_EXPERTS], moe_layer_index(&m->cfg, l));
-    if (m->nz > 2) zero_buffer_params(&m->z[ZERO_TP], l);
+    for (int i = 0; i < n; i++) zero_buffer_params(&m->z[u[i][0]], u[i][1]);
 }
 
 void expert_units_open(ExpertModel* m, int l) {
-    int L = m->cfg.gpt.num_layers;
+    int u[3][2], n = layer_units(m, l, u);
     if (m->zero < 2) return;
     expert_units_gather(m, l);
-    zero_buffer_grads_begin(&m->z[ZERO_SHARED], 1 + l);
-    if (l == L) zero_buffer_grads_begin(&m->z[ZERO_SHARED], 0);
-    if (l < 0 || l == L) return;
-    if (moe_is_moe_layer(&m->cfg, l)) zero_buffer_grads_begin(&m->z[ZERO_EXPERTS], moe_layer_index(&m->cfg, l));
-    if (m->nz > 2) zero_buffer_grads_begin(&m->z[ZERO_TP], l);
+    for (int i = 0; i < n; i++) zero_buffer_grads_begin(&m->z[u[i][0]], u[i][1]);
 }
 
 void expert_units_reduce(ExpertModel* m, int l) {
-    int L = m->cfg.gpt.num_layers;
+    int u[3][2], n = layer_units(m, l, u) - (l == m->cfg.gpt.num_layers);  // wte's stays open
     if (m->zero < 2) return;
-    zero_buffer_reduce(&m->z[ZERO_SHARED], 1 + l);
-    if (l < 0 || l == L) return;
-    if (moe_is_moe_layer(&m->cfg, l)) zero_buffer_reduce(&m->z[ZERO_EXPERTS], moe_layer_index(&m->cfg, l));
-    if (m->nz > 2) zero_buffer_reduce(&m->z[ZERO_TP], l);
+    for (int i = 0; i < n; i++) zero_buffer_reduce(&m->z[u[i][0]], u[i][1]);
 }
 
 // ---------------------------------------------------------------- the per-token parts of the step
@@ -165,39 +159,9 @@ MoeConfig expert_config(const Run* run, ExpertFlags* f) {
     for (int x = 0; x < NUM_AXES; x++) lay.mesh[x] = run->mesh.size[x];
     char msg[1024];
     if (composed_layout_problem(&lay, msg, sizeof(msg))) fail_all("%s", msg);
+    if (!composed_pipelined(&lay)) f->schedule = "1f1b";  // one stage, one microbatch: one F, then one B
     int world = lay.mesh[AXIS_DP] * lay.mesh[AXIS_EP] * lay.mesh[AXIS_TP];
     long tokens = (long)(setup->B / world) * (setup->T / lay.mesh[AXIS_CP]);  // a rank's per MoE layer
     if (moe_overlap_problem(f->moe.ep_overlap, tokens, msg, sizeof(msg))) fail_all("%s", msg);
     return cfg;
-}
-
-// ---------------------------------------------------------------- set-up
-
-void expert_print_setup(const ExpertModel* m, const Run* run) {
-    const MoeConfig* c = &m->cfg;
-    int ndp = run->mesh.size[AXIS_DP], nep = run->mesh.size[AXIS_EP], E = c->experts;
-    size_t total = expert_total_params(m);
-    print0("chapter 7: experts, dp=%d x ep=%d, %d expert%s (%d per rank), top-%d, H=%d, %d of %d layers MoE, %s, device %s\n",
-           ndp, nep, E, E == 1 ? "" : "s", m->E_local, c->top_k, c->hidden, moe_num_moe_layers(c), c->gpt.num_layers,
-           m->moe.capacity_factor > 0 ? "capacity mode" : "dropless", run->device);
-    size_t outside = total - (size_t)moe_num_moe_layers(c) * E * moe_expert_numel(c);
-    print0("model %s: %zu parameters (%zu replicated, %zu in experts), %zu active per token; global batch %d x %d, %d per rank\n",
-           run->setup.model_name, total, outside, total - outside, moe_active_params(c), run->setup.B, run->setup.T, m->B);
-    if (m->tp.tp > 1)
-        print0("tensor parallelism: tp=%d with sequence parallelism: each rank holds %d of its tp group's %d sequences "
-               "and %d of the %d heads (1/%d of qkvw, qkvb, attprojw%s); the experts whole on every tp rank\n",
-               m->tp.tp, m->B, m->B * m->tp.tp, c->gpt.num_heads / m->tp.tp, c->gpt.num_heads, m->tp.tp,
-               c->moe_every > 1 ? ", and of a dense layer's fcw, fcb, fcprojw" : "");
-    static const char* what[] = {"", "the AdamW moments", "the AdamW moments and the gradients (a unit per layer)",
-                                 "the AdamW moments, the gradients and the parameters (a unit per layer)"};
-    if (m->zero)  // --zero (zero_buffer.h)
-        print0("ZeRO-%d: %s sharded over each buffer's copies: the replicated parameters over %d ranks, the experts "
-               "over %d%s; %zu floats of moments a rank\n", m->zero, what[m->zero], m->z[ZERO_SHARED].g->size,
-               m->z[ZERO_EXPERTS].g->size, m->nz > 2 ? ", the tp slices over the dp x cp x ep ranks" : "",
-               2 * (m->z[ZERO_SHARED].S + m->z[ZERO_EXPERTS].S + (m->nz > 2 ? m->z[ZERO_TP].S : 0)));
-    const CPShard* sh = &m->cp.sh;
-    if (sh->cp > 1)
-        print0("context parallelism: cp=%d, %s, balance %s: each rank holds %d of the %d positions of its %d sequences "
-               "(dp=%d x cp=%d x ep=%d ranks)\n", sh->cp, cp_mode_names[m->cp.mode], sh->parts == 2 ? "zigzag" : "none",
-               m->T, sh->T, m->B, ndp, sh->cp, nep);
 }

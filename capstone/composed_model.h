@@ -177,20 +177,15 @@ void expert_embed_backward(ExpertModel* m);
 void expert_units_gather(ExpertModel* m, int l);
 void expert_units_open(ExpertModel* m, int l);
 void expert_units_reduce(ExpertModel* m, int l);
-// All parameters (every expert of every MoE layer); the start-up lines
-// (--show-sharding's table: composed_pipe.h, expert_stage_show_sharding).
-size_t expert_total_params(const ExpertModel* m);
-void expert_print_setup(const ExpertModel* m, const Run* run);
 
 // ---------------------------------------------------------------- composed_build.c
 // This rank's model: its B/(dp ep tp) sequences of the global batch (T/cp
 // positions of each), the experts [e0, e0 + E/ep), every buffer allocated
 // and counted, the parameters initialised (counter-based) or read from
-// --model FILE. _part: a pipeline chunk (composed_stage.c), embeds and
-// has_head as the fields say.
-void expert_model_create(ExpertModel* m, const MoeConfig* cfg, const ExpertFlags* flags, const Run* run);
-void expert_model_create_part(ExpertModel* m, const MoeConfig* cfg, const ExpertFlags* flags, const Run* run,
-                              int embeds, int has_head);
+// --model FILE; a pipeline chunk's (composed_stage.c: cfg its layers),
+// embeds and has_head as the fields say (1 and 1: the whole model).
+void expert_model_create(ExpertModel* m, const MoeConfig* cfg, const ExpertFlags* flags, const Run* run, int embeds,
+                         int has_head);
 void expert_model_free(ExpertModel* m);
 // --save FILE: the MoE file (moe.h) from world rank 0. Collective.
 void expert_model_save(ExpertModel* m, const char* path);

@@ -20,9 +20,6 @@
 #include "train_loop.h"
 #include "report.h"
 
-static int next_rank(const ExpertPipe* P) { return (P->stage + 1) % P->pp; }
-static int prev_rank(const ExpertPipe* P) { return (P->stage + P->pp - 1) % P->pp; }
-
 // ---------------------------------------------------------------- slots
 
 // --cp: a slot's own copy of what each layer's attention keeps for its
@@ -51,7 +48,7 @@ static XpSlot* chunk_slot_get(ExpertPipe* P, XpChunk* ch, int mb) {
     // keeps each MoE layer's routing, plan and rows (their send and
     // fch_gelu buffers the model's one each), full none: every layer runs
     // again before its backward in the model's one MoE layer state
-    GPTConfig g = ch->m.cfg.gpt;  // as expert_model_create_part: no logits without the head
+    GPTConfig g = ch->m.cfg.gpt;  // as expert_model_create: no logits without the head
     if (!ch->m.has_head) g.vocab_size = g.padded_vocab_size = 0;
     gpt_acts_create_recompute(&sl->acts, &g, P->b, P->Tr, ch->m.recompute);
     slot_cp_create(ch, sl);
@@ -102,9 +99,10 @@ static float forward(ExpertPipe* P, int mb, int c, const int* inputs, const int*
     XpChunk* ch = &P->chunk[c];
     XpSlot* sl = chunk_slot_get(P, ch, mb);
     if (ch->vstage > 0 && mb >= 0) receive(P, 0, mb, c);
-    if (ch->vstage > 0 && mb < 0) comm_recv(P->link.pp, sl->acts.encoded, act_floats(P), prev_rank(P));
+    if (ch->vstage > 0 && mb < 0) comm_recv(P->link.pp, sl->acts.encoded, act_floats(P), pipe_prev(&P->link));
     slot_use(ch, sl);
     ch->m.moe.record = mb >= 0;
+    ch->m.moe.aux = 0.0, ch->m.moe.dropped = 0;  // this forward's (the clocks run over the step: expert_pipe_run)
     float loss = P->forward(&ch->m, inputs, targets);
     ch->m.moe.record = 1;
     if (mb >= 0) {  // this microbatch's routing statistics of my MoE layers (global over dp x cp x ep)
@@ -114,7 +112,7 @@ static float forward(ExpertPipe* P, int mb, int c, const int* inputs, const int*
     }
     const GPTConfig* g = &ch->m.cfg.gpt;
     if (ch->vstage < P->S - 1)
-        pipe_send(&P->link, gpt_acts_block_output(&sl->acts, g, g->num_layers - 1, P->b, P->Tr), next_rank(P));
+        pipe_send(&P->link, gpt_acts_block_output(&sl->acts, g, g->num_layers - 1, P->b, P->Tr), pipe_next(&P->link));
     else if (mb >= 0)
         P->loss_sum += loss;
     return loss;
@@ -135,7 +133,7 @@ static void backward(ExpertPipe* P, int mb, int c) {
     ch->m.wq = ch->m.split ? &sl->wq : NULL;
     P->backward(&ch->m);
     ch->m.wq = NULL;
-    if (ch->vstage > 0) pipe_send(&P->link, sl->acts.dres, prev_rank(P));
+    if (ch->vstage > 0) pipe_send(&P->link, sl->acts.dres, pipe_prev(&P->link));
     if (!ch->m.split) slot_pool_give(&ch->pool, mb);
 }
 
@@ -150,9 +148,12 @@ static void weights(ExpertPipe* P, int mb, int c) {
 
 void expert_pipe_run(ExpertPipe* P) {
     int E = P->cfg.experts, Lm = moe_num_moe_layers(&P->cfg);
-    for (int c = 0; c < P->v && P->chunk[c].m.zero < 2; c++) {  // the gradients accumulate over the microbatches from zero
-        // (--zero 2, 3: no pipeline, and each unit's gradient is zeroed as backward opens it)
+    for (int c = 0; c < P->v; c++) {
         ExpertModel* m = &P->chunk[c].m;
+        moe_step_begin(&m->moe);  // chapter 7's: the exchanges' clocks from here (validation's dropped)
+        // the gradients accumulate over the microbatches from zero (--zero 2,
+        // 3: no pipeline, and each unit's gradient is zeroed as backward opens it)
+        if (m->zero > 1) continue;
         mem_zero(m->dshared, m->n_shared * sizeof(float));
         mem_zero(m->dexperts, m->n_experts * sizeof(float));
         if (m->tp.tp > 1) mem_zero(m->tp.dw, m->tp.n * sizeof(float));
@@ -188,25 +189,30 @@ void expert_pipe_accumulated(ExpertPipe* P) {
                             param_tensor_numel(&P->cfg.gpt, P_WTE));
 }
 
+// At pp = 1 the exchanges over pp are over one rank: they leave every value as it is.
 double expert_pipe_loss(ExpertPipe* P) {
     int E = P->cfg.experts, Lm = moe_num_moe_layers(&P->cfg);
     // the routing statistics of every MoE layer: each stage holds its own
     // layers' (host integers and doubles: plain MPI over pp)
-    if (P->pp > 1) {
-        MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, &P->aux, 1, MPI_DOUBLE, MPI_SUM, P->link.pp->mpi));
-        MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, &P->dropped, 1, MPI_LONG, MPI_SUM, P->link.pp->mpi));
-        MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, P->routed, Lm * E, MPI_LONG, MPI_SUM, P->link.pp->mpi));
-    }
+    MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, &P->aux, 1, MPI_DOUBLE, MPI_SUM, P->link.pp->mpi));
+    MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, &P->dropped, 1, MPI_LONG, MPI_SUM, P->link.pp->mpi));
+    MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, P->routed, Lm * E, MPI_LONG, MPI_SUM, P->link.pp->mpi));
     // only the last stage saw the loss: it tells its pipeline
     double loss = P->stage == P->pp - 1 ? P->loss_sum / P->M : 0.0;
-    if (P->pp > 1) MPI_CHECK(MPI_Bcast(&loss, 1, MPI_DOUBLE, P->pp - 1, P->link.pp->mpi));
+    MPI_CHECK(MPI_Bcast(&loss, 1, MPI_DOUBLE, P->pp - 1, P->link.pp->mpi));
     return loss;
 }
 
+// The step's statistics (at m = 1 and one chunk, chapter 7's record's bits:
+// 0.0 + aux and aux / 1 are aux). Each chunk's exchanges' clocks go to its
+// timed totals by chapter 7's moe_step_record, whose fields (of the chunk's
+// layers) are dropped; the summary's a2a_hidden_share is chunk 0's.
 void expert_pipe_record(ExpertPipe* P, TrainLoop* loop, int step) {
-    if (P->plain) {  // chapter 7's record, the all-to-all's timings too
-        moe_step_record(&P->chunk[0].m.moe, loop, step);
-        return;
+    TrainLoop clocks = *loop;
+    for (int c = 0; c < P->v; c++) {
+        clocks.step_extra = (JsonBuf){0};
+        moe_step_record(&P->chunk[c].m.moe, &clocks, step);
+        json_free(&clocks.step_extra);
     }
     JsonBuf* fields = &loop->step_extra;
     P->dropped_total += P->dropped;
@@ -296,8 +302,43 @@ float expert_pipe_val_loss(void* ctx, const TrainSetup* setup, int n_batches) {
 
 // ---------------------------------------------------------------- set-up and the end
 
-int expert_pipe_wanted(const Run* run, const ExpertFlags* flags) {
-    return run->mesh.size[AXIS_PP] > 1 || flags->microbatches != ARG_NOT_GIVEN || flags->virtual_chunks != 1;
+// The set-up's lines: the model and its experts over ep with dp, then a
+// line for each other axis in use (the pipeline's: more than one stage or
+// microbatch).
+static void print_setup(const ExpertPipe* P, const Run* run) {
+    const MoeConfig* c = &P->cfg;
+    const ExpertModel* m = &P->chunk[0].m;
+    int ndp = run->mesh.size[AXIS_DP], nep = run->mesh.size[AXIS_EP], E = c->experts, Lc = c->gpt.num_layers / P->S;
+    print0("chapter 7: experts, dp=%d x ep=%d, %d expert%s (%d per rank), top-%d, H=%d, %d of %d layers MoE, %s, device %s\n",
+           ndp, nep, E, E == 1 ? "" : "s", m->E_local, c->top_k, c->hidden, moe_num_moe_layers(c), c->gpt.num_layers,
+           m->moe.capacity_factor > 0 ? "capacity mode" : "dropless", run->device);
+    size_t outside = P->total - (size_t)moe_num_moe_layers(c) * E * moe_expert_numel(c);
+    print0("model %s: %zu parameters (%zu replicated, %zu in experts), %zu active per token; global batch %d x %d, %d per rank\n",
+           run->setup.model_name, P->total, outside, P->total - outside, moe_active_params(c), run->setup.B,
+           run->setup.T, P->per_rank);
+    if (P->S * P->M > 1)
+        print0("pipeline: pp=%d, schedule %s, %d microbatch%s of %d sequence%s per rank, %d chunk%s of %d layer%s per pp "
+               "rank; routing statistics and capacity per microbatch\n", P->pp, P->sched_name, P->M,
+               P->M == 1 ? "" : "es", P->b, P->b == 1 ? "" : "s", P->v, P->v == 1 ? "" : "s", Lc, Lc == 1 ? "" : "s");
+    if (m->tp.tp > 1)
+        print0("tensor parallelism: tp=%d with sequence parallelism: each rank holds %d of its tp group's %d sequences "
+               "and %d of the %d heads (1/%d of qkvw, qkvb, attprojw%s); the experts whole on every tp rank\n",
+               m->tp.tp, P->per_rank, P->per_rank * m->tp.tp, c->gpt.num_heads / m->tp.tp, c->gpt.num_heads, m->tp.tp,
+               c->moe_every > 1 ? ", and of a dense layer's fcw, fcb, fcprojw" : "");
+    static const char* what[] = {"", "the AdamW moments", "the AdamW moments and the gradients (a unit per layer)",
+                                 "the AdamW moments, the gradients and the parameters (a unit per layer)"};
+    size_t moments = 0;  // every chunk's buffers' shards
+    for (int k = 0; k < P->v; k++)
+        for (int b = 0; b < P->chunk[k].m.nz; b++) moments += 2 * P->chunk[k].m.z[b].S;
+    if (m->zero)  // --zero (zero_buffer.h)
+        print0("ZeRO-%d: %s sharded over each buffer's copies: the replicated parameters over %d ranks, the experts "
+               "over %d%s; %zu floats of moments a rank\n", m->zero, what[m->zero], m->z[ZERO_SHARED].g->size,
+               m->z[ZERO_EXPERTS].g->size, m->nz > 2 ? ", the tp slices over the dp x cp x ep ranks" : "", moments);
+    const CPShard* sh = &m->cp.sh;
+    if (sh->cp > 1)
+        print0("context parallelism: cp=%d, %s, balance %s: each rank holds %d of the %d positions of its %d sequences "
+               "(dp=%d x cp=%d x ep=%d ranks)\n", sh->cp, cp_mode_names[m->cp.mode], sh->parts == 2 ? "zigzag" : "none",
+               m->T, sh->T, P->per_rank, ndp, sh->cp, nep);
 }
 
 void expert_pipe_create(ExpertPipe* P, Run* run, ExpertFlags* fl, const MoeConfig* cfg, ExpertForward forward,
@@ -308,23 +349,7 @@ void expert_pipe_create(ExpertPipe* P, Run* run, ExpertFlags* fl, const MoeConfi
     const TrainSetup* setup = &run->setup;
     const Mesh* mesh = &run->mesh;
     expert_stage_create(P, run, fl, cfg);
-    if (P->plain) {  // chapter 7's model of my share, as one chunk
-        expert_print_setup(&P->chunk[0].m, run);
-    } else {
-        ExpertModel* m0 = &P->chunk[0].m;
-        print0("chapter 7: experts in a pipeline, dp=%d x tp=%d x ep=%d x pp=%d x cp=%d, schedule %s, %d microbatch%s of %d "
-               "sequence%s per rank, %d chunk%s of %d layer%s per pp rank; %d expert%s (%d per rank), top-%d, %s, device %s\n",
-               mesh->size[AXIS_DP], mesh->size[AXIS_TP], mesh->size[AXIS_EP], P->pp, mesh->size[AXIS_CP], P->sched_name,
-               P->M, P->M == 1 ? "" : "es", P->b, P->b == 1 ? "" : "s", P->v, P->v == 1 ? "" : "s",
-               cfg->gpt.num_layers / P->S, cfg->gpt.num_layers / P->S == 1 ? "" : "s", cfg->experts,
-               cfg->experts == 1 ? "" : "s", m0->E_local, cfg->top_k,
-               m0->moe.capacity_factor > 0 ? "capacity mode per microbatch" : "dropless", run->device);
-        print0("model %s: %zu parameters; global batch %d x %d\n", setup->model_name, P->total, setup->B, setup->T);
-        if (m0->zero)  // --zero 1 (zero_buffer.h), each chunk's buffers
-            print0("ZeRO-1: the AdamW moments of each chunk's buffers sharded over their copies: the replicated "
-                   "parameters over %d ranks, the experts over %d%s\n", m0->z[ZERO_SHARED].g->size,
-                   m0->z[ZERO_EXPERTS].g->size, m0->nz > 2 ? ", the tp slices over the dp x cp x ep ranks" : "");
-    }
+    print_setup(P, run);
     expert_stage_show_sharding(P, args->show_sharding);  // --show-sharding
     // --ckpt-dir, --resume: this rank's slices, from whatever mesh saved them
     ckpt_init(ck, args, setup, mesh, 7);
@@ -334,10 +359,9 @@ void expert_pipe_create(ExpertPipe* P, Run* run, ExpertFlags* fl, const MoeConfi
 
 void expert_pipe_report(ExpertPipe* P, const ExpertFlags* fl, const TrainLoop* loop, JsonBuf* summary) {
     ExpertModel* m0 = &P->chunk[0].m;
-    if (!P->plain) m0->moe.dropped_total = P->dropped_total;  // plain: moe_step_record counted them
+    m0->moe.dropped_total = P->dropped_total;  // the whole model's, over the stages
     // chapter 7's summary fields: the MoE's shape, the traffic, dropped_total, a2a_hidden_share
-    moe_model_report(&m0->cfg, &fl->moe, m0->zero, &m0->moe, loop, summary);
-    if (P->plain) return;
+    moe_model_report(&P->cfg, &fl->moe, m0->zero, &m0->moe, loop, summary);
     json_add_string(summary, "schedule", P->sched_name);
     json_add_int(summary, "microbatches", P->M);
     json_add_int(summary, "virtual", P->v);

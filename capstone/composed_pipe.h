@@ -14,8 +14,9 @@
 // the weight gradients B queued (composed_wgrad.c). Virtual stage 0 embeds
 // the tokens; the last runs the head with a tied copy of wte whose gradient
 // is summed with stage 0's (chapter 5's embedding group). Without the
-// pipeline (pp = 1, no --microbatches, --virtual) a rank has one chunk,
-// chapter 7's model of its share, and the schedule is its F, then its B.
+// pipeline (pp = 1, no --microbatches, --virtual) it is a pipeline of one
+// stage and one microbatch: a rank's one chunk is chapter 7's model of its
+// share, and 1f1b's list is its F, then its B. Nothing else differs.
 //
 // The microbatches: a step's batch runs in m microbatches, each a slice of
 // the global batch split over the dp x ep ranks (with --cp, T/cp positions
@@ -58,7 +59,6 @@ typedef struct {
 } XpChunk;
 
 typedef struct {
-    int plain;     // no pipeline: one chunk, chapter 7's model of the rank's share
     size_t total;  // the whole model's parameters
     Run run_mb;    // the run as one microbatch sees it: setup.B = B / m
     MoeConfig cfg; // the whole model's
@@ -104,8 +104,6 @@ void expert_stage_show_sharding(const ExpertPipe* P, int show);
 
 // ---------------------------------------------------------------- composed_pipe.c
 
-// 1 when the run is a pipeline: --pp > 1, or --microbatches or --virtual given.
-int expert_pipe_wanted(const Run* run, const ExpertFlags* flags);
 // The chunks, the schedule's lists, --show-sharding, the set-up's lines and
 // the checkpoint (opened, resumed). Collective.
 void expert_pipe_create(ExpertPipe* P, Run* run, ExpertFlags* flags, const MoeConfig* cfg, ExpertForward forward,

@@ -19,7 +19,7 @@
 // The config of a chunk's model: L / S layers, and the embedding's tables
 // only where the chunk uses them (wte on the first and the last, wpe on the
 // first). lnf's 2C floats stay on every chunk; a chunk without the head
-// keeps no logits in its slots (expert_model_create_part).
+// keeps no logits in its slots (expert_model_create).
 static MoeConfig pipe_chunk_config(const MoeConfig* whole, int first, int layers, int embeds, int head) {
     MoeConfig local = *whole;
     local.gpt.num_layers = layers;
@@ -56,17 +56,16 @@ static int chunk_pieces(Piece* piece, const MoeConfig* whole, const MoeConfig* l
 // FILE); else its parameters from the whole model's (all_shared: moe.h's
 // layout at tp = 1; with --tp, expert_tp_load cuts the chunk's copy of it
 // into the shared buffer and this tp rank's slices).
-static void chunk_create(ExpertPipe* P, int c, const ExpertFlags* fl, const MoeConfig* cfg, const float* all_shared,
-                         const float* all_experts) {
+static void chunk_create(ExpertPipe* P, int c, const ExpertFlags* fl, const float* all_shared, const float* all_experts) {
     XpChunk* ch = &P->chunk[c];
     int L = P->cfg.gpt.num_layers, Lc = L / P->S;
     ch->vstage = c * P->pp + P->stage, ch->first = ch->vstage * Lc;
     int embeds = ch->vstage == 0, head = ch->vstage == P->S - 1;
     MoeConfig local = pipe_chunk_config(&P->cfg, ch->first, Lc, embeds, head);
+    local.tp = 1;  // moe.h's layout at tp = 1, as --model FILE holds it (the model cuts out its tp slices)
     for (int l = 0; l < ch->first; l++) ch->moe0 += moe_is_moe_layer(&P->cfg, l);
     ch->n_moe = moe_num_moe_layers(&local);
-    if (P->S == 1) expert_model_create(&ch->m, cfg, fl, &P->run_mb);
-    else expert_model_create_part(&ch->m, &local, fl, &P->run_mb, embeds, head);
+    expert_model_create(&ch->m, &local, fl, &P->run_mb, embeds, head);
     if (P->sched.split_backward) expert_wgrad_enable(&ch->m);  // zb: B and W (composed_wgrad.c)
     ch->n_pieces = chunk_pieces(ch->piece, &P->cfg, &ch->m.cfg, ch->first, embeds, head);
     XpSlot* own = xcalloc(1, sizeof(XpSlot));
@@ -95,7 +94,6 @@ static void chunk_create(ExpertPipe* P, int c, const ExpertFlags* fl, const MoeC
 void expert_stage_create(ExpertPipe* P, Run* run, ExpertFlags* fl, const MoeConfig* cfg) {
     const Mesh* mesh = &run->mesh;
     int tp = mesh->size[AXIS_TP];
-    P->plain = !expert_pipe_wanted(run, fl);
     P->cfg = *cfg;
     P->cfg.tp = tp;  // the whole model's shared layout as the chunks hold it (moe.h: without the tp slices)
     P->pp = mesh->size[AXIS_PP], P->stage = mesh->coord[AXIS_PP];
@@ -105,7 +103,7 @@ void expert_stage_create(ExpertPipe* P, Run* run, ExpertFlags* fl, const MoeConf
     P->share = (mesh->coord[AXIS_DP] * mesh->size[AXIS_EP] + mesh->coord[AXIS_EP]) * tp + mesh->coord[AXIS_TP];
     // the schedule's lists (chapter 5's, built and checked by every rank);
     // expert_config refused every bad layout already (composed_rules.c)
-    int kind = P->plain ? SCHED_1F1B : schedule_parse(fl->schedule);
+    int kind = schedule_parse(fl->schedule);  // without the pipeline 1f1b (expert_config): one F, one B
     P->sched_name = schedule_name((ScheduleKind)kind);
     P->M = fl->microbatches == ARG_NOT_GIVEN ? P->pp : fl->microbatches;
     P->v = fl->virtual_chunks, P->S = P->pp * P->v, P->b = P->per_rank / P->M;
@@ -129,7 +127,8 @@ void expert_stage_create(ExpertPipe* P, Run* run, ExpertFlags* fl, const MoeConf
             moe_init_experts(all_experts, cfg, e0, El, (uint64_t)run->args.seed);
         }
     }
-    for (int c = 0; c < P->v; c++) chunk_create(P, c, fl, cfg, all_shared, all_experts);
+    for (int c = 0; c < P->v; c++) chunk_create(P, c, fl, all_shared, all_experts);
+    P->peak_slots = P->v;  // each chunk's own slot
     free(all_shared);
     free(all_experts);
     P->total = n_shared + (size_t)moe_num_moe_layers(cfg) * cfg->experts * moe_expert_numel(cfg);
@@ -337,8 +336,7 @@ static void zero_units_sharding(const ExpertModel* m, ShardTable* t) {
 
 // --show-sharding: each chunk's replicated buffer (its layers, with the
 // slots of wte, wpe and lnf a model of its own has), its experts and its tp
-// slices; without the pipeline the one chunk is chapter 7's model of the
-// rank's share, and its rows name no chunk and no pp axis.
+// slices (a rank's chunks named when it has several; the pp axis "-" at pp = 1).
 void expert_stage_show_sharding(const ExpertPipe* P, int show) {
     if (!show) return;
     ShardTable* t = xcalloc(1, sizeof(ShardTable));
@@ -346,8 +344,8 @@ void expert_stage_show_sharding(const ExpertPipe* P, int show) {
     double f = sizeof(float), pad = 0, gsh = 0;  // --zero 1: each buffer's padding to N S and its gradient shard
     // --zero 2: no whole gradient (the engines' rows below); 3: the parameters' shards only
     double p3 = m0->zero == 3 ? 0 : 1, g2 = m0->zero > 1 ? 0 : 1;
-    const char* pp = P->plain ? "-" : "pp";
-    char name[96], slice[96], chunk[24] = "", layers[48] = "", ax[2][48];  // fit any int
+    const char* pp = P->pp > 1 ? "pp" : "-";  // an axis of one rank keeps the dimension whole
+    char name[96], slice[96], chunk[24], layers[48], ax[2][48];  // fit any int
     for (int c = 0; c < P->v; c++) {
         const XpChunk* ch = &P->chunk[c];
         const ExpertModel* m = &ch->m;
@@ -355,19 +353,14 @@ void expert_stage_show_sharding(const ExpertPipe* P, int show) {
         const ZeroBuffer* z[] = {&m->z[ZERO_SHARED], &m->z[ZERO_EXPERTS], &m->z[ZERO_TP]};  // in the table's order
         double s3 = m->zero == 3 ? f : 0, shared = (double)m->n_shared, experts = (double)m->n_experts;
         int last = ch->first + m->cfg.gpt.num_layers - 1, NH = m->cfg.gpt.num_heads;
-        if (P->plain) {
-            snprintf(name, sizeof(name), "GPT + routers");
-            snprintf(slice, sizeof(slice), "all");
-            snprintf(ax[1], sizeof(ax[1]), "flat/batch");
-        } else {
-            snprintf(chunk, sizeof(chunk), "chunk %d: ", c);
-            snprintf(layers, sizeof(layers), "layers %d..%d, ", ch->first, last);
-            snprintf(name, sizeof(name), "%sGPT+routers", chunk);
-            snprintf(slice, sizeof(slice), "layers %d..%d%s%s", ch->first, last, m->embeds ? ", embedding" : "",
-                     m->has_head ? ", head" : "");
-            snprintf(ax[1], sizeof(ax[1]), "(pp, -) flat/batch");
-        }
+        snprintf(chunk, sizeof(chunk), "chunk %d: ", c);
+        if (P->v == 1) chunk[0] = '\0';  // a chunk named when a rank has several
+        snprintf(layers, sizeof(layers), "layers %d..%d, ", ch->first, last);
+        snprintf(name, sizeof(name), "%sGPT + routers", chunk);
+        snprintf(slice, sizeof(slice), "layers %d..%d%s%s", ch->first, last, m->embeds ? ", embedding" : "",
+                 m->has_head ? ", head" : "");
         snprintf(ax[0], sizeof(ax[0]), "(%s, -)", pp);
+        snprintf(ax[1], sizeof(ax[1]), "(%s, -) flat/batch", pp);
         shard_table_add(t, name, "", ax[0], ax[0], m->zero ? ax[1] : ax[0], slice,
                         p3 * f * shared + s3 * (double)z[0]->S, g2 * f * shared, 2 * f * (double)z[0]->S);
         snprintf(name, sizeof(name), "%sexperts", chunk);
@@ -380,8 +373,7 @@ void expert_stage_show_sharding(const ExpertPipe* P, int show) {
             double sl = (double)m->tp.n;
             int h0 = m->tp.rank * NH / m->tp.tp, h1 = (m->tp.rank + 1) * NH / m->tp.tp - 1;
             snprintf(name, sizeof(name), "%sqkv, attproj%s", chunk, m->cfg.moe_every > 1 ? ", fc, fcproj" : "");
-            if (P->plain) snprintf(slice, sizeof(slice), "heads %d..%d of %d", h0, h1, NH);
-            else snprintf(slice, sizeof(slice), "%sheads %d..%d", layers, h0, h1);
+            snprintf(slice, sizeof(slice), "%sheads %d..%d", layers, h0, h1);
             snprintf(ax[0], sizeof(ax[0]), "(%s, tp, -)", pp);
             snprintf(ax[1], sizeof(ax[1]), "(%s, tp, -) flat/dpcpep", pp);
             shard_table_add(t, name, "(L, ...)", ax[0], ax[0], m->zero ? ax[1] : ax[0], slice,
@@ -395,11 +387,8 @@ void expert_stage_show_sharding(const ExpertPipe* P, int show) {
         shard_table_add(t, "ZeRO grad shard", "", NULL, "flat", NULL, "mine", 0, f * gsh, 0);
     }
     char title[80];
-    if (P->plain)
-        snprintf(title, sizeof(title), "chapter 7, ep=%d, dp=%d, tp=%d", m0->ep, m0->dp->size, m0->tp.tp);
-    else
-        snprintf(title, sizeof(title), "chapter 7, pp=%d x %d chunk%s, ep=%d, dp=%d, tp=%d", P->pp, P->v,
-                 P->v == 1 ? "" : "s", m0->ep, m0->dp->size, m0->tp.tp);
+    snprintf(title, sizeof(title), "chapter 7, pp=%d x %d chunk%s, ep=%d, dp=%d, tp=%d", P->pp, P->v, P->v == 1 ? "" : "s",
+             m0->ep, m0->dp->size, m0->tp.tp);
     shard_table_show(t, show, title);
     free(t);
 }

@@ -102,7 +102,6 @@ static void moe_block_backward(ExpertModel* m, int l, const float* x) {
 static float model_forward(ExpertModel* m, const int* inputs, const int* targets) {
     const GPTConfig* g = &m->cfg.gpt;
     int B = m->B, T = m->T;
-    if (m->moe.record) moe_step_begin(&m->moe);
     expert_units_gather(m, -1);  // --zero 3: each unit all-gathered over its buffer's group just before it runs
     expert_embed_forward(m, inputs, targets);
     for (int l = 0; l < g->num_layers; l++) {
@@ -185,7 +184,7 @@ static float clip_and_step(ExpertPipe* P, const TrainArgs* args, int step) {
             if (m->zero || z->g->rank == 0) zero_buffer_sumsq(mine, z);
     }
     const Comm* groups[] = {P->chunk[0].m.epc, P->chunk[0].m.dpcp, P->link.pp};
-    double norm = train_global_norm(mine, groups, P->pp > 1 ? 3 : 2);
+    double norm = train_global_norm(mine, groups, P->pp > 1 ? 3 : 2);  // pp = 1: no call the summary would count
     float scale = grad_clip_scale(norm, args->clip);
     AdamWConfig ac = train_adamw(args);
     double t0 = trace_start();

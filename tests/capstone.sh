@@ -805,19 +805,19 @@ c7_ck=$TEST_TMPDIR/c7_ck7
 c7_full7=$TEST_TMPDIR/c7_full7.jsonl
 mpi_run $T_RUN 4 "$BUILD/chapter-7" $c7_flags --dp 2 --ep 2 --ckpt-dir "$c7_ck" --save-every 4 --async-save --log "$c7_full7"
 # the pipeline sections' reference: one rank with 2 microbatches (and
-# with 1: the capstone's own step without the pipeline, chapter 7's)
+# with 1: the run without the flag, a pipeline of one stage and one microbatch)
 # A microbatch is a slice of the global batch, its balance statistics over
 # its tokens (docs/07_expert.md), so the reference of E = 4, k = 2 with m
 # microbatches is one rank with the same --microbatches. At m = 1 and pp = 1
-# that run is the plain step, bit for bit.
+# that run is the one without --microbatches, bit for bit.
 c7m_ref=$TEST_TMPDIR/c7m_ref.jsonl
 mpi_run $T_RUN 1 "$BUILD/capstone" $c7_flags --microbatches 1 --log "$TEST_TMPDIR/c7m1.jsonl"
 a=""
 # bit for bit by construction: one microbatch of the whole batch makes the same calls on the same rows
 if [ $RC = 0 ] && a=$(bash tests/compare_routing.sh "$c7_ref" "$TEST_TMPDIR/c7m1.jsonl" 0 0 2>&1); then
-    pass "capstone: --microbatches 1 on one rank (the pipeline's step) is the plain step (chapter 7's) bit for bit ($a)"
+    pass "capstone: --microbatches 1 on one rank is the run without it (one stage, one microbatch) bit for bit ($a)"
 else
-    fail "capstone: --microbatches 1 against the plain step" "exit $RC; $a; $(echo "$OUT" | grep error | head -2)"
+    fail "capstone: --microbatches 1 against the run without it" "exit $RC; $a; $(echo "$OUT" | grep error | head -2)"
 fi
 mpi_run $T_RUN 1 "$BUILD/capstone" $c7_flags --microbatches 2 --log "$c7m_ref"
 # the one-rank file at step 0 that the tp, ep x tp x pp and --zero
