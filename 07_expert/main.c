@@ -191,7 +191,7 @@ int main(int argc, char** argv) {
         float norm = clip_and_step(&m, args, step);
         // the language-model loss of the global batch (a host scalar: plain MPI)
         float loss = (float)train_mean(&m.batch, mine);
-        moe_step_record(&m.moe, &loop, step);  // the record's aux_loss, dropped, expert_tokens
+        moe_step_record(&m.moe, &loop, step, &loop.step_extra);  // the record's aux_loss, dropped, expert_tokens
         train_loop_step(&loop, step, loss, norm);
     }
     JsonBuf summary = {0};

@@ -484,14 +484,14 @@ void moe_step_begin(MoeParallel* X) {
     X->a2a_blocked_s = X->a2a_inflight_s = 0.0;
 }
 
-void moe_step_record(MoeParallel* X, TrainLoop* loop, int step) {
-    JsonBuf* fields = &loop->step_extra;
+void moe_step_record(MoeParallel* X, const TrainLoop* loop, int step, JsonBuf* fields) {
     X->dropped_total += X->dropped;
     a2a_clocks_read(X, &X->a2a_blocked_s, &X->a2a_inflight_s);  // after the step: its spans have ended
     if (train_loop_timed(loop, step)) {
         X->a2a_blocked_timed += X->a2a_blocked_s;
         X->a2a_inflight_timed += X->a2a_inflight_s;
     }
+    if (!fields) return;
     json_add_double(fields, "aux_loss", X->aux, "%.7f");
     json_add_int(fields, "dropped", X->dropped);
     json_add_long_matrix(fields, "expert_tokens", X->routed, moe_num_moe_layers(&X->cfg), X->cfg.experts);

@@ -148,10 +148,11 @@ void moe_layer_recompute(MoeParallel* X, MoeLayer* L);
 // Chunk c's first token of the N (c = chunks: N).
 int moe_chunk_start(const MoeParallel* X, int c);
 
-// After a training step: its routing statistics into the step record
-// (aux_loss, dropped, expert_tokens per MoE layer and expert, over the
-// global batch), the exchanges' seconds into the timed totals when timed.
-void moe_step_record(MoeParallel* X, TrainLoop* loop, int step);
+// After a training step: its routing statistics into the step record's
+// fields (aux_loss, dropped, expert_tokens per MoE layer and expert, over
+// the global batch; NULL: a caller that records them itself), the
+// exchanges' seconds into the timed totals when timed.
+void moe_step_record(MoeParallel* X, const TrainLoop* loop, int step, JsonBuf* fields);
 // After training: the all-to-all traffic per step (the mean over the
 // ranks), the dropped slots, the share of the exchanges' time compute hid,
 // printed and added to the summary. Collective over X->batch.

@@ -205,15 +205,10 @@ double expert_pipe_loss(ExpertPipe* P) {
 
 // The step's statistics (at m = 1 and one chunk, chapter 7's record's bits:
 // 0.0 + aux and aux / 1 are aux). Each chunk's exchanges' clocks go to its
-// timed totals by chapter 7's moe_step_record, whose fields (of the chunk's
-// layers) are dropped; the summary's a2a_hidden_share is chunk 0's.
+// timed totals by chapter 7's moe_step_record (the fields are the
+// pipeline's, below); the summary's a2a_hidden_share is chunk 0's.
 void expert_pipe_record(ExpertPipe* P, TrainLoop* loop, int step) {
-    TrainLoop clocks = *loop;
-    for (int c = 0; c < P->v; c++) {
-        clocks.step_extra = (JsonBuf){0};
-        moe_step_record(&P->chunk[c].m.moe, &clocks, step);
-        json_free(&clocks.step_extra);
-    }
+    for (int c = 0; c < P->v; c++) moe_step_record(&P->chunk[c].m.moe, loop, step, NULL);
     JsonBuf* fields = &loop->step_extra;
     P->dropped_total += P->dropped;
     json_add_double(fields, "aux_loss", P->aux / P->M, "%.7f");  // the mean over the microbatches
