@@ -198,8 +198,7 @@ static void chunk_zero_ckpt(Ckpt* ck, const ExpertPipe* P, XpChunk* ch) {
             if (b == ZERO_EXPERTS)
                 moe_ckpt_add_expert_layers(&full, &P->cfg, CKPT_PARAMS, ch->moe0, ch->n_moe, m->e0, m->E_local, z->params);
             if (b == ZERO_TP)
-                moe_ckpt_add_tp_layers(&full, &P->cfg, CKPT_PARAMS, m->tp.tp, m->tp.rank, ch->first,
-                                       m->cfg.gpt.num_layers, z->params);
+                expert_tp_ckpt_add(&full, m, CKPT_PARAMS, 0, m->cfg.gpt.num_layers, z->params);
             expert_zero_ckpt_add(own ? &ck->own : &ck->need, &full, z->params, z, z->m, z->v);
             ckpt_list_free(&full);
         }
@@ -212,7 +211,7 @@ static void unit_slices(CkptList* out, ExpertModel* m, int b, int i, CkptKind ki
     const ZeroBuf* z = &m->z[b];
     if (b == ZERO_SHARED) moe_ckpt_add_shared(out, &m->cfg, kind, z->unit_off[i], z->unit_off[i + 1] - z->unit_off[i], data);
     if (b == ZERO_EXPERTS) moe_ckpt_add_expert_layers(out, &m->cfg, kind, i, 1, m->e0, m->E_local, data);
-    if (b == ZERO_TP) moe_ckpt_add_tp_layers(out, &m->cfg, kind, m->tp.tp, m->tp.rank, i, 1, data);
+    if (b == ZERO_TP) expert_tp_ckpt_add(out, m, kind, i, 1, data);
 }
 
 // --zero 2, 3: every rank of a buffer's group writes and reads its shard of
@@ -261,10 +260,9 @@ void expert_stage_ckpt(Ckpt* ck, ExpertPipe* P) {
                                        m->E_local, experts[k]);
             if (m->tp.tp > 1) {
                 float* slices[CKPT_NUM_KINDS] = {m->tp.w, m->tp.m, m->tp.v};
-                int l0 = P->chunk[c].first, n = m->cfg.gpt.num_layers;
-                if (m->tp.dpcpep->rank == 0)
-                    moe_ckpt_add_tp_layers(&ck->own, &P->cfg, (CkptKind)k, m->tp.tp, m->tp.rank, l0, n, slices[k]);
-                moe_ckpt_add_tp_layers(&ck->need, &P->cfg, (CkptKind)k, m->tp.tp, m->tp.rank, l0, n, slices[k]);
+                int n = m->cfg.gpt.num_layers;
+                if (m->tp.dpcpep->rank == 0) expert_tp_ckpt_add(&ck->own, m, (CkptKind)k, 0, n, slices[k]);
+                expert_tp_ckpt_add(&ck->need, m, (CkptKind)k, 0, n, slices[k]);
             }
         }
         if (m->zero) chunk_zero_ckpt(ck, P, &P->chunk[c]);
