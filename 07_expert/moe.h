@@ -186,15 +186,20 @@ void moe_ckpt_add_shared(CkptList* l, const MoeConfig* c, CkptKind kind, size_t 
 // A rank's experts buffer (experts [e0, e0 + n_local) of every MoE layer):
 // one slice per (layer, expert, tensor).
 void moe_ckpt_add_experts(CkptList* l, const MoeConfig* c, CkptKind kind, int e0, int n_local, float* data);
-// Floats of layer l's tp slices: (4C^2 + 3C) / tp, a dense layer's
+// The same for a buffer of n_layers MoE layers only, the model's MoE layers
+// [m0, m0 + n_layers) (a pipeline stage's).
+void moe_ckpt_add_expert_layers(CkptList* l, const MoeConfig* c, CkptKind kind, int m0, int n_layers, int e0,
+                                int n_local, float* data);
+
+// ---------------------------------------------------------------- tp slices
+// A tp rank's slices (the capstone's --tp: chapter 4's tiles that split a
+// tensor, capstone/composed_tp.c), per layer qkvw (3C/tp, C) qkvb (3C/tp)
+// attprojw (C, C/tp), a dense layer's fcw (4C/tp, C) fcb (4C/tp) fcprojw
+// (C, 4C/tp). Floats of layer l's: (4C^2 + 3C) / tp, a dense layer's
 // (12C^2 + 7C) / tp; and of layers [0, l)'s, where layer l's start.
 size_t moe_tp_numel(const MoeConfig* c, int l, int tp);
 size_t moe_tp_offset(const MoeConfig* c, int l, int tp);
 // p with layer l's split tensors pointing into its tp slices at w.
 BlockParams moe_tp_params(const MoeConfig* c, BlockParams p, float* w, int l, int tp);
-// The same for a buffer of n_layers MoE layers only, the model's MoE layers
-// [m0, m0 + n_layers) (a pipeline stage's).
-void moe_ckpt_add_expert_layers(CkptList* l, const MoeConfig* c, CkptKind kind, int m0, int n_layers, int e0,
-                                int n_local, float* data);
 
 #endif

@@ -10,7 +10,6 @@
 
 #include "errors.h"
 #include "composed_model.h"
-#include "init.h"
 #include "memory.h"
 #include "mesh.h"
 #include "run.h"
