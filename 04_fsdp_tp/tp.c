@@ -29,51 +29,67 @@ void tp_vocab_rows(const GPTConfig* cfg, int tp, int r, int* v0, int* rows) {
     *rows = left < per ? left : per;
 }
 
+// Tiles laid one after another: each at the offset where the last ended.
+typedef struct {
+    const GPTConfig* cfg;
+    Tile* out;   // NULL: only counted
+    int n;
+    size_t off;
+} TileList;
+
+static void add_tile(TileList* s, ParamTensor t, int layer, size_t row0, size_t nrows, size_t col0, size_t ncols) {
+    size_t rows, cols;
+    param_tensor_shape(s->cfg, t, &rows, &cols);
+    if (s->out) s->out[s->n] = (Tile){t, layer, row0, nrows, col0, ncols, s->off, nrows == rows && ncols == cols};
+    s->off += nrows * ncols;
+    s->n++;
+}
+
+// Block l's shard on tp rank r (model_tp.h's layout), appended to s.
+static void block_tiles(TileList* s, int tp, int r, int l) {
+    size_t C = (size_t)s->cfg->channels, Cl = C / tp, Fl = 4 * C / tp;
+    add_tile(s, P_LN1W, l, 0, C, 0, 1);
+    add_tile(s, P_LN1B, l, 0, C, 0, 1);
+    // qkvw is [q; k; v] stacked, each C rows, head h at rows h*hs..: the
+    // heads of rank r are rows [r*Cl, (r+1)*Cl) of each of the three, so
+    // the shard is three row ranges, and its qkv output is [q k v] of those
+    // heads, the layout the attention op reads
+    // EXERCISE 1: the QKV column split by heads: rank r's rows of qkvw and qkvb, its heads' q, k and v
+    for (int k = 0; k < 3; k++) add_tile(s, P_QKVW, l, k * C + r * Cl, Cl, 0, C);
+    for (int k = 0; k < 3; k++) add_tile(s, P_QKVB, l, k * C + r * Cl, Cl, 0, 1);
+    // END EXERCISE 1
+    add_tile(s, P_ATTPROJW, l, 0, C, r * Cl, Cl);  // the columns that read rank r's heads
+    add_tile(s, P_ATTPROJB, l, 0, C, 0, 1);        // replicated, added once
+    add_tile(s, P_LN2W, l, 0, C, 0, 1);
+    add_tile(s, P_LN2B, l, 0, C, 0, 1);
+    add_tile(s, P_FCW, l, r * Fl, Fl, 0, C);       // rank r's hidden units
+    add_tile(s, P_FCB, l, r * Fl, Fl, 0, 1);
+    add_tile(s, P_FCPROJW, l, 0, C, r * Fl, Fl);   // the columns that read them
+    add_tile(s, P_FCPROJB, l, 0, C, 0, 1);         // replicated, added once
+}
+
+int tp_block_tiles(const GPTConfig* cfg, int tp, int r, int l, Tile* out) {
+    TileList s = {.cfg = cfg, .out = out};
+    block_tiles(&s, tp, r, l);
+    return s.n;
+}
+
 // The shard layout of a tp rank, in the order its flat buffer holds it:
 //   [wte rows of rank r] [wpe] [block 0's shard] ... [block L-1's shard] [lnfw lnfb]
 // where a block's shard is model_tp.h's. Writes the tiles (if out is given)
-// and returns their number. This function is the whole answer to "which rank
-// holds which slice of every weight".
+// and returns their number. This function (with block_tiles) is the whole
+// answer to "which rank holds which slice of every weight".
 int tp_shard_tiles(const GPTConfig* cfg, int tp, int r, Tile* out) {
-    size_t C = (size_t)cfg->channels, Cl = C / tp, Fl = 4 * C / tp;
+    size_t C = (size_t)cfg->channels;
     int v0, Vl;
     tp_vocab_rows(cfg, tp, r, &v0, &Vl);
-    size_t off = 0;
-    int n = 0;
-#define TILE(T_, L_, R0, NR, C0, NC)                                                              \
-    do {                                                                                          \
-        size_t rows_, cols_;                                                                      \
-        param_tensor_shape(cfg, T_, &rows_, &cols_);                                              \
-        if (out) out[n] = (Tile){T_, L_, R0, NR, C0, NC, off, (NR) == rows_ && (NC) == cols_};    \
-        off += (size_t)(NR) * (NC);                                                               \
-        n++;                                                                                      \
-    } while (0)
-    TILE(P_WTE, 0, (size_t)v0, (size_t)Vl, 0, C);          // vocabulary rows
-    TILE(P_WPE, 0, 0, (size_t)cfg->max_seq_len, 0, C);     // replicated
-    for (int l = 0; l < cfg->num_layers; l++) {
-        TILE(P_LN1W, l, 0, C, 0, 1);
-        TILE(P_LN1B, l, 0, C, 0, 1);
-        // qkvw is [q; k; v] stacked, each C rows, head h at rows h*hs..: the
-        // heads of rank r are rows [r*Cl, (r+1)*Cl) of each of the three, so
-        // the shard is three row ranges, and its qkv output is [q k v] of
-        // those heads, the layout the attention op reads
-        // EXERCISE 1: the QKV column split by heads: rank r's rows of qkvw and qkvb, its heads' q, k and v
-        for (int k = 0; k < 3; k++) TILE(P_QKVW, l, k * C + r * Cl, Cl, 0, C);
-        for (int k = 0; k < 3; k++) TILE(P_QKVB, l, k * C + r * Cl, Cl, 0, 1);
-        // END EXERCISE 1
-        TILE(P_ATTPROJW, l, 0, C, r * Cl, Cl);             // the columns that read rank r's heads
-        TILE(P_ATTPROJB, l, 0, C, 0, 1);                   // replicated, added once
-        TILE(P_LN2W, l, 0, C, 0, 1);
-        TILE(P_LN2B, l, 0, C, 0, 1);
-        TILE(P_FCW, l, r * Fl, Fl, 0, C);                  // rank r's hidden units
-        TILE(P_FCB, l, r * Fl, Fl, 0, 1);
-        TILE(P_FCPROJW, l, 0, C, r * Fl, Fl);              // the columns that read them
-        TILE(P_FCPROJB, l, 0, C, 0, 1);                    // replicated, added once
-    }
-    TILE(P_LNFW, 0, 0, C, 0, 1);
-    TILE(P_LNFB, 0, 0, C, 0, 1);
-#undef TILE
-    return n;
+    TileList s = {.cfg = cfg, .out = out};
+    add_tile(&s, P_WTE, 0, (size_t)v0, (size_t)Vl, 0, C);       // vocabulary rows
+    add_tile(&s, P_WPE, 0, 0, (size_t)cfg->max_seq_len, 0, C);  // replicated
+    for (int l = 0; l < cfg->num_layers; l++) block_tiles(&s, tp, r, l);
+    add_tile(&s, P_LNFW, 0, 0, C, 0, 1);
+    add_tile(&s, P_LNFB, 0, 0, C, 0, 1);
+    return s.n;
 }
 
 const char* tp_mesh_problem(const GPTConfig* cfg, int B, int dp, int tp, char* msg, size_t len) {

@@ -69,6 +69,10 @@ void tp_vocab_rows(const GPTConfig* cfg, int tp, int r, int* v0, int* rows);
 // where a block's shard is model_tp.h's. Writes the tiles (if out is given)
 // and returns their number.
 int tp_shard_tiles(const GPTConfig* cfg, int tp, int r, Tile* out);
+// Block l's tiles alone (the same as in the shard, off counted from the
+// block's first float); a later program that splits blocks as chapter 4 does
+// (the capstone) takes its slices from them.
+int tp_block_tiles(const GPTConfig* cfg, int tp, int r, int l, Tile* out);
 
 // Every split must be exact: whole sequences per dp rank, whole heads and
 // hidden units per tp rank, vocabulary rows for every tp rank. Collective:

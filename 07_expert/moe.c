@@ -534,33 +534,3 @@ void moe_ckpt_add_expert_layers(CkptList* l, const MoeConfig* c, CkptKind kind, 
         }
 }
 
-// one slice: count runs of len floats, stride apart, from start of tensor t
-static void add_runs(CkptList* l, CkptKind kind, int t, size_t start, size_t len, size_t stride, size_t count,
-                     float* data) {
-    CkptSlice s = {.kind = kind, .tensor = t, .start = start, .len = len, .stride = stride, .count = count, .data = data};
-    ckpt_add(l, s);
-}
-
-void moe_ckpt_add_tp_layers(CkptList* l, const MoeConfig* c, CkptKind kind, int tp, int rank, int l0, int n_layers,
-                            float* data) {
-    size_t C = (size_t)c->gpt.channels, Cl = C / tp, F = 4 * C, Fl = F / tp, r = (size_t)rank;
-    for (int layer = l0; layer < l0 + n_layers; layer++) {
-        size_t L = (size_t)layer;
-        BlockParams p = moe_tp_params(c, (BlockParams){0}, data + moe_tp_offset(c, layer, tp) - moe_tp_offset(c, l0, tp),
-                                      layer, tp);
-        // qkvw (L, 3C, C): 3 runs of Cl rows (q, k, v of my heads), C rows
-        // apart; qkvb (L, 3C) the same 3 runs of Cl; attprojw (L, C, C):
-        // columns [r Cl, (r + 1) Cl) of every row
-        add_runs(l, kind, T_LN1W + (P_QKVW - P_LN1W), (L * 3 * C + r * Cl) * C, Cl * C, C * C, 3, p.qkvw);
-        add_runs(l, kind, T_LN1W + (P_QKVB - P_LN1W), L * 3 * C + r * Cl, Cl, C, 3, p.qkvb);
-        add_runs(l, kind, T_LN1W + (P_ATTPROJW - P_LN1W), L * C * C + r * Cl, Cl, C, C, p.attprojw);
-        if (moe_is_moe_layer(c, layer)) continue;
-        // a dense layer (its index among the dense ones; the dense form's:
-        // the GPT's layer): fcw (Ld, 4C, C) rows [r Fl, (r + 1) Fl), fcb
-        // (Ld, 4C) the same, fcprojw (Ld, C, 4C) columns [r Fl, (r + 1) Fl)
-        size_t d = moe_ckpt_dense(c) ? L : L - L / (size_t)c->moe_every;
-        add_runs(l, kind, T_FCW, (d * F + r * Fl) * C, Fl * C, Fl * C, 1, p.fcw);
-        add_runs(l, kind, T_FCW + 1, d * F + r * Fl, Fl, Fl, 1, p.fcb);
-        add_runs(l, kind, T_FCW + 2, d * C * F + r * Fl, Fl, F, C, p.fcprojw);
-    }
-}

@@ -159,8 +159,8 @@ const char* moe_checkpoint_write(const char* path, const MoeConfig* c, const flo
 
 // ---------------------------------------------------------------- training-state checkpoint (ckpt.h)
 // The model's tensors in a training-state checkpoint, each in its own
-// global index space (ckpt_set_model): the GPT's names where the GPT has the
-// tensor, but the dense MLP's four only over the dense layers, plus
+// global index space (ckpt_set_model): the GPT's names and ids (ParamTensor)
+// where the GPT has the tensor, the dense MLP's four over the dense layers, plus
 //   router          (L_moe, E, C)
 //   expert_fcw      (L_moe, E, H, C)   expert_fcb      (L_moe, E, H)
 //   expert_fcprojw  (L_moe, E, C, H)   expert_fcprojb  (L_moe, E, C)
@@ -186,23 +186,20 @@ void moe_ckpt_add_shared(CkptList* l, const MoeConfig* c, CkptKind kind, size_t 
 // A rank's experts buffer (experts [e0, e0 + n_local) of every MoE layer):
 // one slice per (layer, expert, tensor).
 void moe_ckpt_add_experts(CkptList* l, const MoeConfig* c, CkptKind kind, int e0, int n_local, float* data);
-// A tp rank's slices of layers [l0, l0 + n_layers) (all: 0, L; a pipeline
-// chunk's: data holds them from layer l0's on): qkvw (3 row blocks of C/tp:
-// its heads' q, k and v), qkvb (the same), attprojw (columns [r C/tp,
-// (r+1) C/tp)), a dense layer's fcw and fcb (rows [r 4C/tp, (r+1) 4C/tp))
-// and fcprojw (those columns), laid out per layer as capstone/composed_tp.c
-// holds them (moe_tp_params). Slices of the global tensors: any tp resumes.
-void moe_ckpt_add_tp_layers(CkptList* l, const MoeConfig* c, CkptKind kind, int tp, int rank, int l0, int n_layers,
-                            float* data);
-// Floats of layer l's tp slices: (4C^2 + 3C) / tp, a dense layer's
+// The same for a buffer of n_layers MoE layers only, the model's MoE layers
+// [m0, m0 + n_layers) (a pipeline stage's).
+void moe_ckpt_add_expert_layers(CkptList* l, const MoeConfig* c, CkptKind kind, int m0, int n_layers, int e0,
+                                int n_local, float* data);
+
+// ---------------------------------------------------------------- tp slices
+// A tp rank's slices (the capstone's --tp: chapter 4's tiles that split a
+// tensor, capstone/composed_tp.c), per layer qkvw (3C/tp, C) qkvb (3C/tp)
+// attprojw (C, C/tp), a dense layer's fcw (4C/tp, C) fcb (4C/tp) fcprojw
+// (C, 4C/tp). Floats of layer l's: (4C^2 + 3C) / tp, a dense layer's
 // (12C^2 + 7C) / tp; and of layers [0, l)'s, where layer l's start.
 size_t moe_tp_numel(const MoeConfig* c, int l, int tp);
 size_t moe_tp_offset(const MoeConfig* c, int l, int tp);
 // p with layer l's split tensors pointing into its tp slices at w.
 BlockParams moe_tp_params(const MoeConfig* c, BlockParams p, float* w, int l, int tp);
-// The same for a buffer of n_layers MoE layers only, the model's MoE layers
-// [m0, m0 + n_layers) (a pipeline stage's).
-void moe_ckpt_add_expert_layers(CkptList* l, const MoeConfig* c, CkptKind kind, int m0, int n_layers, int e0,
-                                int n_local, float* data);
 
 #endif

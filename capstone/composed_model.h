@@ -220,6 +220,9 @@ void expert_tp_create(ExpertModel* m, const Run* run);
 void expert_tp_init(ExpertModel* m, uint64_t seed);
 void expert_tp_load(ExpertModel* m, const float* whole);
 float* expert_tp_gather_whole(ExpertModel* m);
+// Local layers [l0, l0 + n) of my slices (values at data, layer l0's first)
+// as slices of the checkpoint's global tensors: any tp resumes them.
+void expert_tp_ckpt_add(CkptList* out, const ExpertModel* m, CkptKind kind, int l0, int n, float* data);
 void expert_tp_free(ExpertModel* m);
 
 // ---------------------------------------------------------------- composed_wgrad.c

@@ -213,7 +213,7 @@ static void unit_slices(void* ctx, CkptList* out, int write, int i, float* data)
     }
     if (cb->b == ZERO_EXPERTS)
         moe_ckpt_add_expert_layers(out, cfg, CKPT_PARAMS, ch->moe0 + u0, nu, m->e0, m->E_local, data);
-    if (cb->b == ZERO_TP) moe_ckpt_add_tp_layers(out, cfg, CKPT_PARAMS, m->tp.tp, m->tp.rank, ch->first + u0, nu, data);
+    if (cb->b == ZERO_TP) expert_tp_ckpt_add(out, m, CKPT_PARAMS, u0, nu, data);
 }
 
 static void chunk_zero_ckpt(Ckpt* ck, const ExpertPipe* P, XpChunk* ch) {
@@ -251,10 +251,9 @@ void expert_stage_ckpt(Ckpt* ck, ExpertPipe* P) {
                                        m->E_local, experts[k]);
             if (m->tp.tp > 1) {
                 float* slices[CKPT_NUM_KINDS] = {m->tp.w, m->tp.m, m->tp.v};
-                int l0 = P->chunk[c].first, n = m->cfg.gpt.num_layers;
-                if (m->tp.dpcpep->rank == 0)
-                    moe_ckpt_add_tp_layers(&ck->own, &P->cfg, (CkptKind)k, m->tp.tp, m->tp.rank, l0, n, slices[k]);
-                moe_ckpt_add_tp_layers(&ck->need, &P->cfg, (CkptKind)k, m->tp.tp, m->tp.rank, l0, n, slices[k]);
+                int n = m->cfg.gpt.num_layers;
+                if (m->tp.dpcpep->rank == 0) expert_tp_ckpt_add(&ck->own, m, (CkptKind)k, 0, n, slices[k]);
+                expert_tp_ckpt_add(&ck->need, m, (CkptKind)k, 0, n, slices[k]);
             }
         }
         if (m->zero) chunk_zero_ckpt(ck, P, &P->chunk[c]);

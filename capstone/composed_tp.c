@@ -1,7 +1,7 @@
 // composed_tp.c: tensor parallelism's parameters in chapter 7's model (--tp
 // N, composed_model.h's ExpertTP): a tp rank's slices of every layer's qkvw,
-// qkvb and attprojw (and of a dense layer's fcw, fcb, fcprojw) in moe.h's
-// layout, their counter-based init, the whole model cut into them (--model
+// qkvb and attprojw (and of a dense layer's fcw, fcb, fcprojw), chapter 4's
+// tiles of them (04_fsdp_tp/tp.h), their counter-based init, the whole model cut into them (--model
 // FILE) and put together again (--save), and the group's buffers. The
 // attention half that runs on them, with every collective of tp's
 // attention, is composed_attention.c's.
@@ -10,10 +10,10 @@
 
 #include "errors.h"
 #include "composed_model.h"
-#include "init.h"
 #include "memory.h"
 #include "mesh.h"
 #include "run.h"
+#include "tp.h"  // chapter 4's tiles
 
 // ---------------------------------------------------------------- the parameters of a layer
 
@@ -44,56 +44,78 @@ float* expert_router_grad(ExpertModel* m, int l) {
 
 // ---------------------------------------------------------------- the whole model and my slices
 
-// Between the whole model's shared buffer (moe.h's layout at tp = 1, host)
-// and a tp rank's two: the shared buffer without the split tensors, and the
-// rank's slices. dir TO_MINE (--model FILE), TO_WHOLE (--save), or INIT: my
-// slices' counter-based values alone, each from its index in the whole
-// tensor, so my slices are the whole model's without making it.
-enum { TO_MINE, TO_WHOLE, INIT };
-static void relayout(const ExpertModel* m, float* whole, float* shared, float* slices, int rank, int dir, uint64_t seed) {
-    MoeConfig wc = m->cfg;
-    wc.tp = 1;
-    const MoeConfig* c = &m->cfg;
-    const GPTConfig* g = &c->gpt;
-    size_t C = (size_t)g->channels, tp = (size_t)m->tp.tp, Cl = C / tp, Fl = 4 * Cl, r = (size_t)rank;
-#define MOVE(w, s, n) (dir == TO_WHOLE ? memcpy((w), (s), (n) * sizeof(float)) : memcpy((s), (w), (n) * sizeof(float)))
-    // rows runs of n floats of tensor t from index i0 of the whole's (rows
-    // ws apart) to mine (n apart), or INIT's values of them
-#define ROWS(t, w, i0, ws, s, n, rows)                                                          \
-    for (size_t i_ = 0; i_ < (rows); i_++)                                                        \
-        if (dir == INIT)                                                                          \
-            for (size_t k_ = 0; k_ < (n); k_++) (s)[i_ * (n) + k_] = gpt_init_value(g, seed, t, l, (i0) + i_ * (ws) + k_); \
-        else MOVE((w) + (i0) + i_ * (ws), (s) + i_ * (n), (n))
-    if (dir != INIT) MOVE(whole, shared, moe_block_offset(c, 0));  // wte, wpe
+// Tp rank `rank`'s slices as chapter 4's tiles (04_fsdp_tp/tp.h): of each
+// layer's tp shard the tiles that split a tensor, in chapter 4's block order
+// and packed, which is moe_tp_params's layout (a MoE layer's MLP is its
+// experts: no tiles). The replicated tiles are the shared buffer's. Returns
+// their number; *tiles to free.
+static int slice_tiles(const ExpertModel* m, int rank, Tile** tiles) {
+    const GPTConfig* g = &m->cfg.gpt;
+    int per = tp_block_tiles(g, m->tp.tp, rank, 0, NULL), n = 0;
+    Tile* block = xmalloc(sizeof(Tile) * (size_t)per);
+    *tiles = xmalloc(sizeof(Tile) * (size_t)per * (size_t)g->num_layers);
+    size_t off = 0;
     for (int l = 0; l < g->num_layers; l++) {
-        BlockParams pw = {0}, ps = dir == INIT ? pw : moe_block_params(c, shared, l);
-        BlockParams pt = with_slices(m, l, ps, slices + moe_tp_offset(c, l, (int)tp));
-        if (dir != INIT) {
-            pw = moe_block_params(&wc, whole, l);
-            float* wv[] = {pw.ln1w, pw.ln1b, pw.attprojb, pw.ln2w, pw.ln2b, pw.fcprojb};
-            float* sv[] = {ps.ln1w, ps.ln1b, ps.attprojb, ps.ln2w, ps.ln2b, ps.fcprojb};
-            for (int i = 0; i < 5 + !!ps.fcprojb; i++) MOVE(wv[i], sv[i], C);  // a dense layer's fcprojb whole
-            if (moe_is_moe_layer(c, l)) MOVE(moe_router_at(&wc, whole, l), moe_router_at(c, shared, l), (size_t)c->experts * C);
+        tp_block_tiles(g, m->tp.tp, rank, l, block);
+        for (int i = 0; i < per; i++) {
+            Tile t = block[i];
+            int mlp = t.t == P_FCW || t.t == P_FCB || t.t == P_FCPROJW;
+            if (t.replicated || (mlp && moe_is_moe_layer(&m->cfg, l))) continue;
+            t.off = off;
+            off += t.nrows * t.ncols;
+            (*tiles)[n++] = t;
         }
-        // q, k, v: rows [j C + r Cl, j C + (r + 1) Cl); attprojw: columns
-        // [r Cl, (r + 1) Cl) of every row
-        ROWS(P_QKVW, pw.qkvw, r * Cl * C, C * C, pt.qkvw, Cl * C, 3);
-        ROWS(P_QKVB, pw.qkvb, r * Cl, C, pt.qkvb, Cl, 3);
-        ROWS(P_ATTPROJW, pw.attprojw, r * Cl, C, pt.attprojw, Cl, C);
-        if (moe_is_moe_layer(c, l)) continue;
-        // fcw, fcb: my hidden units' rows; fcprojw: their columns
-        ROWS(P_FCW, pw.fcw, r * Fl * C, 0, pt.fcw, Fl * C, 1);
-        ROWS(P_FCB, pw.fcb, r * Fl, 0, pt.fcb, Fl, 1);
-        ROWS(P_FCPROJW, pw.fcprojw, r * Fl, 4 * C, pt.fcprojw, Fl, C);
     }
-    if (dir != INIT) MOVE(whole + moe_lnf_offset(&wc), shared + moe_lnf_offset(c), 2 * C);
-#undef ROWS
-#undef MOVE
+    free(block);
+    CHECK(off == m->tp.n, "the tp slices' tiles and layout disagree");
+    return n;
 }
 
+// Layer l's copy of tensor t in the whole model's buffer (moe.h's layout at
+// tp = 1): a block's tensors (an MoE block's first eight) sit as in the GPT's.
+static float* whole_tensor(const MoeConfig* whole_cfg, float* whole, ParamTensor t, int l) {
+    const GPTConfig* g = &whole_cfg->gpt;
+    return whole + moe_block_offset(whole_cfg, l) + gpt_tensor_offset(g, t, l) - gpt_block_offset(g, l);
+}
+
+// Between the whole model (moe.h's layout at tp = 1, host) and tp rank
+// rank's two buffers: the shared one is the whole without the tensors the
+// tiles split, the rest in the same order (moe.h), run by run between them;
+// the slices are the tiles. to_whole: --save's way; else --model FILE's.
+static void between_whole(const ExpertModel* m, float* whole, float* shared, float* slices, int rank, int to_whole) {
+    MoeConfig wc = m->cfg;
+    wc.tp = 1;
+    const GPTConfig* g = &m->cfg.gpt;
+    Tile* tiles;
+    int n = slice_tiles(m, rank, &tiles);
+    size_t w = 0, s = 0;  // the next float of the whole and of the shared buffer
+    for (int i = 0; i <= n; i++) {
+        // the shared run up to tile i's tensor (to the end after the last),
+        // then past that tensor; its next tiles find it passed
+        float* t = i < n ? whole_tensor(&wc, whole, tiles[i].t, tiles[i].layer) : whole + moe_num_shared(&wc);
+        if (t >= whole + w) {
+            size_t k = (size_t)(t - (whole + w));
+            memcpy(to_whole ? whole + w : shared + s, to_whole ? shared + s : whole + w, k * sizeof(float));
+            s += k, w += k + (i < n ? param_tensor_numel(g, tiles[i].t) : 0);
+        }
+        if (i < n)
+            gpt_copy_tile(g, tiles[i].t, t, slices + tiles[i].off, tiles[i].row0, tiles[i].nrows, tiles[i].col0,
+                          tiles[i].ncols, to_whole);
+    }
+    CHECK(s == m->n_shared, "the shared buffer and the whole model disagree");
+    free(tiles);
+}
+
+// My slices' counter-based values alone, each from its place in the whole
+// tensor (gpt_init_tile), so my slices are the whole model's without making it.
 void expert_tp_init(ExpertModel* m, uint64_t seed) {
     float* w = xmalloc(m->tp.n * sizeof(float));
-    relayout(m, NULL, NULL, w, m->tp.rank, INIT, seed);
+    Tile* tiles;
+    int n = slice_tiles(m, m->tp.rank, &tiles);
+    for (int i = 0; i < n; i++)
+        gpt_init_tile(w + tiles[i].off, &m->cfg.gpt, seed, tiles[i].t, tiles[i].layer, tiles[i].row0, tiles[i].nrows,
+                      tiles[i].col0, tiles[i].ncols);
+    free(tiles);
     zero_buffer_put(&m->z[ZERO_TP], w);
     free(w);
 }
@@ -101,7 +123,7 @@ void expert_tp_init(ExpertModel* m, uint64_t seed) {
 void expert_tp_load(ExpertModel* m, const float* whole) {
     float* shared = xmalloc(m->n_shared * sizeof(float));
     float* slices = xmalloc(m->tp.n * sizeof(float));
-    relayout(m, (float*)whole, shared, slices, m->tp.rank, TO_MINE, 0);
+    between_whole(m, (float*)whole, shared, slices, m->tp.rank, 0);
     zero_buffer_put(&m->z[ZERO_SHARED], shared);
     zero_buffer_put(&m->z[ZERO_TP], slices);
     free(shared);
@@ -121,12 +143,41 @@ float* expert_tp_gather_whole(ExpertModel* m) {
         float* slices = xmalloc(t->n * t->tp * sizeof(float));
         mem_to_host(shared, m->shared, m->n_shared * sizeof(float));
         mem_to_host(slices, all, t->n * t->tp * sizeof(float));
-        for (int r = 0; r < t->tp; r++) relayout(m, whole, shared, slices + (size_t)r * t->n, r, TO_WHOLE, 0);
+        for (int r = 0; r < t->tp; r++) between_whole(m, whole, shared, slices + (size_t)r * t->n, r, 1);
         free(shared);
         free(slices);
     }
     mem_free(all);
     return whole;
+}
+
+// Local layers [l0, l0 + n) of my slices (data: layer l0's first float) as
+// checkpoint slices of the global tensors (moe.h's table: a block tensor's
+// id is its ParamTensor, a dense layer's MLP indexed among the dense layers,
+// in the dense form by its layer). A tile of whole rows is one run, the q,
+// k and v tiles of one tensor one slice of three runs, a tile of columns a
+// run in each of its rows.
+void expert_tp_ckpt_add(CkptList* out, const ExpertModel* m, CkptKind kind, int l0, int n, float* data) {
+    const MoeConfig* c = &m->cfg;
+    Tile* tiles;
+    int nt = slice_tiles(m, m->tp.rank, &tiles), k;
+    size_t first = moe_tp_offset(c, l0, m->tp.tp);
+    for (int i = 0; i < nt; i += k) {
+        const Tile* t = &tiles[i];
+        for (k = 1; i + k < nt && tiles[i + k].t == t->t && tiles[i + k].layer == t->layer; k++) {}
+        if (t->layer < l0 || t->layer >= l0 + n) continue;
+        size_t rows, cols, layer = (size_t)(c->first_layer + t->layer);
+        param_tensor_shape(&c->gpt, t->t, &rows, &cols);
+        if (t->t >= P_FCW && !moe_ckpt_dense(c)) layer -= layer / (size_t)c->moe_every;  // its dense index
+        CkptSlice s = {.kind = kind, .tensor = t->t, .start = (layer * rows + t->row0) * cols + t->col0,
+                       .len = t->ncols, .stride = cols, .count = t->nrows, .data = data + t->off - first};
+        if (t->ncols == cols) {  // whole rows
+            s.len = t->nrows * cols, s.count = (size_t)k;
+            s.stride = k > 1 ? (tiles[i + 1].row0 - t->row0) * cols : s.len;
+        }
+        ckpt_add(out, s);
+    }
+    free(tiles);
 }
 
 // ---------------------------------------------------------------- buffers

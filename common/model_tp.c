@@ -75,10 +75,17 @@ const char* checkpoint_read_tile(const char* path, const GPTConfig* cfg, float* 
 
 void gpt_place_tile(float* params, const GPTConfig* cfg, const float* tile, ParamTensor t, int layer,
                     size_t row0, size_t nrows, size_t col0, size_t ncols) {
+    gpt_copy_tile(cfg, t, params + gpt_tensor_offset(cfg, t, layer), (float*)tile, row0, nrows, col0, ncols, 1);
+}
+
+void gpt_copy_tile(const GPTConfig* cfg, ParamTensor t, float* tensor, float* tile, size_t row0, size_t nrows,
+                   size_t col0, size_t ncols, int to_tensor) {
     size_t rows, cols;
     param_tensor_shape(cfg, t, &rows, &cols);
     CHECK(row0 + nrows <= rows && col0 + ncols <= cols, "tile outside tensor %s", param_tensor_name(t));
-    float* dst = params + gpt_tensor_offset(cfg, t, layer);
-    for (size_t i = 0; i < nrows; i++)
-        memcpy(dst + (row0 + i) * cols + col0, tile + i * ncols, ncols * sizeof(float));
+    for (size_t i = 0; i < nrows; i++) {
+        float* whole = tensor + (row0 + i) * cols + col0;
+        float* mine = tile + i * ncols;
+        memcpy(to_tensor ? whole : mine, to_tensor ? mine : whole, ncols * sizeof(float));
+    }
 }

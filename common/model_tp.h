@@ -75,5 +75,11 @@ const char* checkpoint_read_tile(const char* path, const GPTConfig* cfg, float* 
 // place in params, the full model's flat layout (host memory).
 void gpt_place_tile(float* params, const GPTConfig* cfg, const float* tile, ParamTensor t, int layer,
                     size_t row0, size_t nrows, size_t col0, size_t ncols);
+// The copy under it, for a tensor wherever its layer's copy lives (another
+// layout's, the capstone's MoE buffer): between the tile (nrows, ncols) at
+// tile and its place in tensor (rows, cols as param_tensor_shape), into the
+// tensor when to_tensor, else out of it (host memory).
+void gpt_copy_tile(const GPTConfig* cfg, ParamTensor t, float* tensor, float* tile, size_t row0, size_t nrows,
+                   size_t col0, size_t ncols, int to_tensor);
 
 #endif
