@@ -45,16 +45,26 @@ static MoeConfig moe_of(const PlanArgs* a) {
 // dropless: no --capacity-factor, or one of E / k or more (composed_model.c)
 static int dropless(const PlanArgs* a) { return !(a->capacity > 0) || a->capacity >= (double)a->experts / a->top_k; }
 
-// The pipeline's step (expert_pipe_wanted): --pp > 1, --microbatches or --virtual given.
-static int pipelined(const PlanArgs* a) { return a->mesh[AXIS_PP] > 1 || a->microbatches > 0 || a->virt != 1; }
-
-// The layout as the capstone sees it (composed_rules.h); cp's names
-// parsed here, as chapter 6's cp_parse_flags does there.
-static const char* layout_problem(const PlanArgs* a, char* msg, size_t len) {
+// The layout as the capstone sees it (composed_rules.h), without cp's
+// names (layout_problem parses them).
+static ComposedLayout layout_of(const PlanArgs* a) {
     ComposedLayout c = {.B = a->B, .T = a->T, .num_layers = a->cfg.num_layers, .num_heads = a->cfg.num_heads,
                         .zero = a->zero, .microbatches = a->microbatches ? a->microbatches : ARG_NOT_GIVEN,
                         .virtual_chunks = a->virt, .schedule = a->schedule, .ep_overlap = a->ep_overlap};
     for (int x = 0; x < NUM_AXES; x++) c.mesh[x] = a->mesh[x];
+    return c;
+}
+
+// The pipeline's step, as the capstone decides: --pp > 1, --microbatches or --virtual given.
+static int pipelined(const PlanArgs* a) {
+    ComposedLayout c = layout_of(a);
+    return composed_pipelined(&c);
+}
+
+// The layout's problem, as the capstone's; cp's names parsed here, as
+// chapter 6's cp_parse_flags does there.
+static const char* layout_problem(const PlanArgs* a, char* msg, size_t len) {
+    ComposedLayout c = layout_of(a);
     if (!strcmp(a->cp_mode, "ring")) c.cp_mode = CP_RING;
     else if (!strcmp(a->cp_mode, "ulysses")) c.cp_mode = CP_ULYSSES;
     else return snprintf(msg, len, "--cp-mode %s is not one of ring, ulysses", a->cp_mode), msg;
