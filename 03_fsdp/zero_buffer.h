@@ -80,7 +80,7 @@ void zero_buffer_drop(ZeroBuffer* z);
 // by unit (--save's copy, not training's); free it. Collective over g.
 float* zero_buffer_whole(ZeroBuffer* z);
 
-// Adds the squares of the gradient I step (dshard: my shard with --zero 1,
+// Adds the squares of the gradient I step (dshard: my shard with --zero,
 // else the whole buffer) to *mine, the tied copy left out.
 void zero_buffer_sumsq(double* mine, const ZeroBuffer* z);
 

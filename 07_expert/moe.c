@@ -490,7 +490,7 @@ void moe_ckpt_add_shared(CkptList* l, const MoeConfig* c, CkptKind kind, size_t 
         // the attention half: the dense block's first 8 tensors, in order
         for (ParamTensor t = P_LN1W; t <= P_LN2B; t++) {
             size_t tn = param_tensor_numel(g, t);
-            if (!in_shared(c, t)) continue;  // moe_ckpt_add_tp's
+            if (!in_shared(c, t)) continue;  // a tp slice's: the capstone lists them
             add_piece(l, kind, T_LN1W + (t - P_LN1W), off, tn, (size_t)layer * tn, lo, hi, data);
             off += tn;
         }
@@ -500,7 +500,7 @@ void moe_ckpt_add_shared(CkptList* l, const MoeConfig* c, CkptKind kind, size_t 
         } else {  // the dense form: the GPT's MLP of every layer
             for (ParamTensor t = P_FCW; t <= P_FCPROJB; t++) {
                 size_t tn = param_tensor_numel(g, t);
-                if (!in_shared(c, t)) continue;  // moe_ckpt_add_tp's
+                if (!in_shared(c, t)) continue;  // a tp slice's: the capstone lists them
                 add_piece(l, kind, T_FCW + (t - P_FCW), off, tn, (size_t)(dense_form ? layer : dense) * tn, lo, hi, data);
                 off += tn;
             }

@@ -144,7 +144,7 @@ void expert_model_create(ExpertModel* m, const MoeConfig* cfg, const ExpertFlags
 }
 
 void expert_model_free(ExpertModel* m) {
-    mem_free(m->dln2);  // the parameters' buffers are their ZeroBufs' (zero_buffer_free below)
+    mem_free(m->dln2);  // the parameters' buffers are their ZeroBuffers' (zero_buffer_free below)
     gpt_acts_free(&m->acts);
     moe_layers_free(&m->moe, m->layers, m->recompute == RECOMPUTE_FULL ? 1 : moe_num_moe_layers(&m->cfg));
     moe_parallel_free(&m->moe);

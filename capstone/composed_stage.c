@@ -174,7 +174,7 @@ void expert_stage_free(ExpertPipe* P) {
 // replica 0 writes its stage's pieces of the replicated state (spread over
 // the ep ranks, 1/ep of each piece); every rank reads its pieces (the tied
 // copy of wte too) and its experts. With --tp, dp x cp x ep rank 0 of each
-// tp rank writes its slices of the chunk's layers (moe_ckpt_add_tp)
+// tp rank writes its slices of the chunk's layers (expert_tp_ckpt_add)
 // (strided slices of the global tensors). So pp2 resumes on pp1 and back,
 // tp2 x pp2 on any other mesh; E = 1, H = 4C is the dense GPT's checkpoint
 // (chapter 0 resumes it), as chapter 7's own (moe_model_ckpt_open).
