@@ -58,10 +58,11 @@ static int chunk_pieces(Piece* piece, const MoeConfig* whole, const MoeConfig* l
 // into the shared buffer and this tp rank's slices).
 static void chunk_create(ExpertPipe* P, int c, const ExpertFlags* fl, const float* all_shared, const float* all_experts) {
     XpChunk* ch = &P->chunk[c];
-    int L = P->cfg.gpt.num_layers, Lc = L / P->S;
-    ch->vstage = c * P->pp + P->stage, ch->first = ch->vstage * Lc;
+    ch->vstage = c * P->pp + P->stage;
+    LayerRange lr = stage_layers(P->cfg.gpt.num_layers, P->S, ch->vstage);  // chapter 5's split (even here)
     int embeds = ch->vstage == 0, head = ch->vstage == P->S - 1;
-    MoeConfig local = pipe_chunk_config(&P->cfg, ch->first, Lc, embeds, head);
+    ch->first = lr.first;
+    MoeConfig local = pipe_chunk_config(&P->cfg, ch->first, lr.count, embeds, head);
     local.tp = 1;  // moe.h's layout at tp = 1, as --model FILE holds it (the model cuts out its tp slices)
     for (int l = 0; l < ch->first; l++) ch->moe0 += moe_is_moe_layer(&P->cfg, l);
     ch->n_moe = moe_num_moe_layers(&local);
