@@ -546,37 +546,35 @@ float pipe_val_loss(void* pipeline, const TrainSetup* setup, int n_batches) {
 
 // ---------------------------------------------------------------- the model, the checkpoint
 
-// The dp-0 replica of every stage sends its pieces (the tied copy left out).
-// A check-and-output step, not the strategy: plain MPI on host copies, not
+void pipe_pieces_to_host(float* whole, const float* mine, const Piece* p, int n) {
+    for (int k = 0; k < n; k++)
+        if (!p[k].tied_copy) mem_to_host(whole + p[k].global, mine + p[k].local, p[k].count * sizeof(float));
+}
+
+// The stages' pieces are disjoint and every other float is zero bits, so
+// an OR of the floats' bits over the stages is each float's one owner's
+// value exactly (a sum would too, but for -0, which + 0 makes +0). A
+// check-and-output step, not the strategy: plain MPI on host copies, not
 // counted.
-float* pipe_gather_params(Pipeline* P) {
-    const GPTConfig* cfg = P->cfg;
-    float* full = NULL;
-    if (P->dp->rank != 0) return NULL;
-    if (P->stage == 0) full = xmalloc(gpt_num_params(cfg) * sizeof(float));
-    const size_t chunk = (size_t)1 << 28;  // floats per message (an int count)
-    for (int r = 0; r < P->n_stages; r++) {
-        Piece pieces[PIPE_MAX_PIECES];
-        int n = rank_pieces(cfg, P->n_stages, P->n_virtual, r, pieces);
-        for (int k = 0; k < n; k++) {
-            if (pieces[k].tied_copy) continue;
-            for (size_t off = 0; off < pieces[k].count; off += chunk) {
-                size_t cnt = pieces[k].count - off < chunk ? pieces[k].count - off : chunk;
-                if (r == 0 && P->stage == 0) {
-                    mem_to_host(full + pieces[k].global + off, P->params + pieces[k].local + off, cnt * sizeof(float));
-                } else if (P->stage == 0) {
-                    MPI_CHECK(MPI_Recv(full + pieces[k].global + off, (int)cnt, MPI_FLOAT, r, 0, P->pp->mpi,
-                                       MPI_STATUS_IGNORE));
-                } else if (P->stage == r) {
-                    float* h = xmalloc(cnt * sizeof(float));
-                    mem_to_host(h, P->params + pieces[k].local + off, cnt * sizeof(float));
-                    MPI_CHECK(MPI_Send(h, (int)cnt, MPI_FLOAT, 0, 0, P->pp->mpi));
-                    free(h);
-                }
-            }
-        }
+void pipe_pieces_merge(const Comm* pp, float* whole, size_t n) {
+    const size_t chunk = (size_t)1 << 28;  // floats per call (an int count)
+    for (size_t off = 0; off < n; off += chunk) {
+        int cnt = (int)(n - off < chunk ? n - off : chunk);
+        void* in = pp->rank == 0 ? MPI_IN_PLACE : (void*)(whole + off);
+        MPI_CHECK(MPI_Reduce(in, whole + off, cnt, MPI_UINT32_T, MPI_BOR, 0, pp->mpi));
     }
-    return full;
+}
+
+// dp rank 0 of every stage: its pieces, merged on stage 0.
+float* pipe_gather_params(Pipeline* P) {
+    if (P->dp->rank != 0) return NULL;
+    size_t n = gpt_num_params(P->cfg);
+    float* full = xcalloc(n, sizeof(float));
+    pipe_pieces_to_host(full, P->params, P->piece, P->n_pieces);
+    pipe_pieces_merge(P->pp, full, n);
+    if (P->stage == 0) return full;
+    free(full);
+    return NULL;
 }
 
 // What this rank writes and reads of the training state (ckpt.h): its

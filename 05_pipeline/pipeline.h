@@ -288,6 +288,15 @@ void pipe_sum_tied_embedding(const Comm* embed, const Comm* pp, float* mine, siz
 // -1 without validation data. Collective over the world. A TrainValLoss
 // (train.h), ctx the Pipeline.
 float pipe_val_loss(void* pipeline, const TrainSetup* setup, int n_batches);
+// A buffer's whole on the host from every stage's pieces of it, for a file
+// or a sample (not training): each stage copies its pieces of its device
+// buffer `mine` (the tied copy left out) into `whole` (host, zeros
+// elsewhere), then pipe_pieces_merge(pp, whole, n) leaves on pp rank 0 the
+// whole of n floats (the other stages' `whole` undefined). Collective over pp
+// (merge). The capstone's pipeline merges its three buffers so, its experts
+// and tp slices as one piece a chunk.
+void pipe_pieces_to_host(float* whole, const float* mine, const Piece* p, int n);
+void pipe_pieces_merge(const Comm* pp, float* whole, size_t n);
 // The whole model on world rank 0 (host, flat layout) for --sample and
 // --save; NULL elsewhere. Collective over the pp axis of dp rank 0.
 float* pipe_gather_params(Pipeline* P);

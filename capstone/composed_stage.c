@@ -58,10 +58,11 @@ static int chunk_pieces(Piece* piece, const MoeConfig* whole, const MoeConfig* l
 // into the shared buffer and this tp rank's slices).
 static void chunk_create(ExpertPipe* P, int c, const ExpertFlags* fl, const float* all_shared, const float* all_experts) {
     XpChunk* ch = &P->chunk[c];
-    int L = P->cfg.gpt.num_layers, Lc = L / P->S;
-    ch->vstage = c * P->pp + P->stage, ch->first = ch->vstage * Lc;
+    ch->vstage = c * P->pp + P->stage;
+    LayerRange lr = stage_layers(P->cfg.gpt.num_layers, P->S, ch->vstage);  // chapter 5's split (even here)
     int embeds = ch->vstage == 0, head = ch->vstage == P->S - 1;
-    MoeConfig local = pipe_chunk_config(&P->cfg, ch->first, Lc, embeds, head);
+    ch->first = lr.first;
+    MoeConfig local = pipe_chunk_config(&P->cfg, ch->first, lr.count, embeds, head);
     local.tp = 1;  // moe.h's layout at tp = 1, as --model FILE holds it (the model cuts out its tp slices)
     for (int l = 0; l < ch->first; l++) ch->moe0 += moe_is_moe_layer(&P->cfg, l);
     ch->n_moe = moe_num_moe_layers(&local);
@@ -262,9 +263,11 @@ void expert_stage_ckpt(Ckpt* ck, ExpertPipe* P) {
 
 // --save FILE: chapter 7's writer (expert_model_save), which gathers the
 // slices over tp and the experts over ep (world rank 0 is stage 0 and tp
-// rank 0: it writes). One chunk is the whole model; else each stage's pieces
-// (and with --tp its tp rank's slices of its layers) are summed over pp into
-// zeros (disjoint pieces: exact) on a model of the whole. Collective.
+// rank 0: it writes). One chunk is the whole model; else each of the three
+// buffers is merged over pp from the stages' pieces (chapter 5's
+// pipe_pieces_merge: the replicated buffer by the chunks' pieces, the experts
+// by MoE layers, with --tp this tp rank's slices by layers) on a model of the
+// whole. Collective.
 void expert_stage_save(ExpertPipe* P, const char* path) {
     const MoeConfig* cfg = &P->cfg;
     ExpertModel* m0 = &P->chunk[0].m;
@@ -272,47 +275,32 @@ void expert_stage_save(ExpertPipe* P, const char* path) {
         expert_model_save(m0, path);
         return;
     }
-    size_t n_shared = moe_num_shared(cfg), per_layer = (size_t)m0->E_local * moe_expert_numel(cfg);
-    size_t n_exp = (size_t)moe_num_moe_layers(cfg) * per_layer;
-    int tp = m0->tp.tp;
-    size_t n_tp = tp > 1 ? moe_tp_offset(cfg, cfg->gpt.num_layers, tp) : 0;
-    float* shared = xcalloc(n_shared, sizeof(float));
-    float* experts = xcalloc(n_exp ? n_exp : 1, sizeof(float));
-    float* slices = xcalloc(n_tp ? n_tp : 1, sizeof(float));
+    int tp = m0->tp.tp, nb = tp > 1 ? 3 : 2;  // the buffers: replicated, experts, tp slices
+    size_t per_layer = (size_t)m0->E_local * moe_expert_numel(cfg);
+    size_t n[3] = {moe_num_shared(cfg), (size_t)moe_num_moe_layers(cfg) * per_layer,
+                   tp > 1 ? moe_tp_offset(cfg, cfg->gpt.num_layers, tp) : 0};
+    float* host[3];
+    for (int b = 0; b < nb; b++) host[b] = xcalloc(n[b] ? n[b] : 1, sizeof(float));
     for (int c = 0; c < P->v; c++) {
-        XpChunk* ch = &P->chunk[c];
-        float* host = xmalloc(ch->m.n_shared * sizeof(float));
-        mem_to_host(host, ch->m.shared, ch->m.n_shared * sizeof(float));
-        for (int i = 0; i < ch->n_pieces; i++)
-            if (!ch->piece[i].tied_copy)
-                memcpy(shared + ch->piece[i].global, host + ch->piece[i].local, ch->piece[i].count * sizeof(float));
-        free(host);
-        mem_to_host(experts + (size_t)ch->moe0 * per_layer, ch->m.experts, ch->m.n_experts * sizeof(float));
-        if (tp > 1) mem_to_host(slices + moe_tp_offset(cfg, ch->first, tp), ch->m.tp.w, ch->m.tp.n * sizeof(float));
+        const XpChunk* ch = &P->chunk[c];
+        Piece experts = {.global = (size_t)ch->moe0 * per_layer, .count = ch->m.n_experts};
+        Piece slices = {.global = tp > 1 ? moe_tp_offset(cfg, ch->first, tp) : 0, .count = ch->m.tp.n};
+        pipe_pieces_to_host(host[0], ch->m.shared, ch->piece, ch->n_pieces);
+        pipe_pieces_to_host(host[1], ch->m.experts, &experts, 1);
+        if (tp > 1) pipe_pieces_to_host(host[2], ch->m.tp.w, &slices, 1);
     }
-    // host floats for the file, not training: plain MPI
-    MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, shared, (int)n_shared, MPI_FLOAT, MPI_SUM, P->link.pp->mpi));
-    MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, experts, (int)n_exp, MPI_FLOAT, MPI_SUM, P->link.pp->mpi));
-    if (tp > 1) MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, slices, (int)n_tp, MPI_FLOAT, MPI_SUM, P->link.pp->mpi));
     ExpertModel whole = *m0;
     whole.cfg = *cfg;
-    whole.n_shared = n_shared, whole.n_experts = n_exp;
-    whole.shared = mem_alloc_floats(n_shared, MEM_OTHER);
-    whole.experts = mem_alloc_floats(n_exp ? n_exp : 1, MEM_OTHER);
-    mem_to_device(whole.shared, shared, n_shared * sizeof(float));
-    mem_to_device(whole.experts, experts, n_exp * sizeof(float));
-    if (tp > 1) {
-        whole.tp.n = n_tp;
-        whole.tp.w = mem_alloc_floats(n_tp, MEM_OTHER);
-        mem_to_device(whole.tp.w, slices, n_tp * sizeof(float));
+    whole.n_shared = n[0], whole.n_experts = n[1];
+    if (tp > 1) whole.tp.n = n[2];
+    float** dev[3] = {&whole.shared, &whole.experts, &whole.tp.w};
+    for (int b = 0; b < nb; b++) {
+        pipe_pieces_merge(P->link.pp, host[b], n[b]);
+        *dev[b] = mem_alloc_floats(n[b] ? n[b] : 1, MEM_OTHER);
+        mem_to_device(*dev[b], host[b], n[b] * sizeof(float));
     }
     expert_model_save(&whole, path);
-    mem_free(whole.shared);
-    mem_free(whole.experts);
-    if (tp > 1) mem_free(whole.tp.w);
-    free(shared);
-    free(experts);
-    free(slices);
+    for (int b = 0; b < nb; b++) mem_free(*dev[b]), free(host[b]);
 }
 
 // --zero 2, 3: what the engines hold beyond the buffers' rows (the
