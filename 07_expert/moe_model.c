@@ -119,15 +119,16 @@ size_t moe_model_total_params(const MoeModel* m) {
     return moe_num_shared(&m->cfg) + (size_t)moe_num_moe_layers(&m->cfg) * m->cfg.experts * moe_expert_numel(&m->cfg);
 }
 
-static void print_setup(const MoeModel* m, const Run* run) {
-    const MoeConfig* c = &m->cfg;
+void moe_print_setup(const MoeConfig* c, int ndp, int nep, int E_local, float capacity_factor, size_t total,
+                     int per_rank, const Run* run) {
     int E = c->experts;
-    size_t total = moe_model_total_params(m), outside = m->n_shared;
+    size_t experts = (size_t)moe_num_moe_layers(c) * E * moe_expert_numel(c);
     print0("chapter 7: experts, dp=%d x ep=%d, %d expert%s (%d per rank), top-%d, H=%d, %d of %d layers MoE, %s, device %s\n",
-           m->dp->size, m->ep, E, E == 1 ? "" : "s", m->E_local, c->top_k, c->hidden, moe_num_moe_layers(c),
-           c->gpt.num_layers, m->moe.capacity_factor > 0 ? "capacity mode" : "dropless", run->device);
+           ndp, nep, E, E == 1 ? "" : "s", E_local, c->top_k, c->hidden, moe_num_moe_layers(c), c->gpt.num_layers,
+           capacity_factor > 0 ? "capacity mode" : "dropless", run->device);
     print0("model %s: %zu parameters (%zu replicated, %zu in experts), %zu active per token; global batch %d x %d, %d per rank\n",
-           run->setup.model_name, total, outside, total - outside, moe_active_params(c), run->setup.B, run->setup.T, m->B);
+           run->setup.model_name, total, total - experts, experts, moe_active_params(c), run->setup.B, run->setup.T,
+           per_rank);
 }
 
 // --show-sharding: the GPT and the routers on every rank, my E/ep experts of every MoE layer.
@@ -198,7 +199,8 @@ void moe_model_create(MoeModel* m, const MoeConfig* cfg, const MoeFlags* flags, 
     m->layers = moe_layers_create(&m->moe, m->recompute == RECOMPUTE_FULL ? 1 : Lm);
     m->dln2 = mem_alloc_floats((size_t)m->N * C, MEM_ACTIVATIONS);
     m->rows_host = mem_alloc_host((size_t)m->N * 2 * sizeof(int));
-    print_setup(m, run);
+    moe_print_setup(&m->cfg, m->dp->size, m->ep, m->E_local, m->moe.capacity_factor, moe_model_total_params(m), m->B,
+                    run);
     show_sharding(m, run->args.show_sharding);
 }
 

@@ -77,6 +77,10 @@ void moe_model_create(MoeModel* m, const MoeConfig* cfg, const MoeFlags* flags, 
 void moe_model_free(MoeModel* m);
 // All parameters: the replicated ones and every expert of every MoE layer.
 size_t moe_model_total_params(const MoeModel* m);
+// The start-up's first two lines: the experts over dp x ep, and the model's
+// `total` parameters (the replicated ones and the experts'), the batch.
+void moe_print_setup(const MoeConfig* c, int ndp, int nep, int E_local, float capacity_factor, size_t total,
+                     int per_rank, const Run* run);
 
 // Layer l's parameters and gradients in the replicated buffer; MoE layer l's
 // router (E, C), its gradient, and this rank's experts of it (and gradients).

@@ -303,14 +303,8 @@ float expert_pipe_val_loss(void* ctx, const TrainSetup* setup, int n_batches) {
 static void print_setup(const ExpertPipe* P, const Run* run) {
     const MoeConfig* c = &P->cfg;
     const ExpertModel* m = &P->chunk[0].m;
-    int ndp = run->mesh.size[AXIS_DP], nep = run->mesh.size[AXIS_EP], E = c->experts, Lc = c->gpt.num_layers / P->S;
-    print0("chapter 7: experts, dp=%d x ep=%d, %d expert%s (%d per rank), top-%d, H=%d, %d of %d layers MoE, %s, device %s\n",
-           ndp, nep, E, E == 1 ? "" : "s", m->E_local, c->top_k, c->hidden, moe_num_moe_layers(c), c->gpt.num_layers,
-           m->moe.capacity_factor > 0 ? "capacity mode" : "dropless", run->device);
-    size_t outside = P->total - (size_t)moe_num_moe_layers(c) * E * moe_expert_numel(c);
-    print0("model %s: %zu parameters (%zu replicated, %zu in experts), %zu active per token; global batch %d x %d, %d per rank\n",
-           run->setup.model_name, P->total, outside, P->total - outside, moe_active_params(c), run->setup.B,
-           run->setup.T, P->per_rank);
+    int ndp = run->mesh.size[AXIS_DP], nep = run->mesh.size[AXIS_EP], Lc = c->gpt.num_layers / P->S;
+    moe_print_setup(c, ndp, nep, m->E_local, m->moe.capacity_factor, P->total, P->per_rank, run);  // chapter 7's two lines
     if (P->S * P->M > 1)
         print0("pipeline: pp=%d, schedule %s, %d microbatch%s of %d sequence%s per rank, %d chunk%s of %d layer%s per pp "
                "rank; routing statistics and capacity per microbatch\n", P->pp, P->sched_name, P->M,
