@@ -119,16 +119,6 @@ static BlockActs sp_acts(const SP* s, int l) {
 
 // ---------------------------------------------------------------- the block
 
-// dw (OC, C) += dout^T inp, db (OC) += dout's rows' sum: at once, or handed
-// to wg (sequence.h)
-static void weight_grad(const SpWeightGrad* wg, float* dw, float* db, const float* dout, const float* inp, int N,
-                        int C, int OC) {
-    if (wg && wg->fn)
-        wg->fn(wg->ctx, wg->layer, dw, db, dout, inp, N, C, OC);
-    else
-        matmul_backward(NULL, dw, db, dout, inp, NULL, N, C, OC);
-}
-
 // x (Nl,C): this rank's tokens of the block's input; a->res3 (Nl,C) the same
 // tokens of its output. Every collective of the block is here.
 static void block_forward_sp(const SP* s, const BlockParams* p, BlockActs* a, const float* x) {
@@ -183,7 +173,7 @@ void sp_mlp_forward(const Comm* tp, const BlockParams* p, BlockActs* a, float* f
 //   (or, with wg, while wg takes it: the capstone queues it for later).
 void sp_column_parallel_backward(const Comm* tp, float* dw, float* db, float* dshard, const float* dout,
                                  const float* in_shard, const float* w, float* dpartial, float* gathered, int Nl, int C,
-                                 int OC, const SpWeightGrad* wg) {
+                                 int OC, const WeightGradHook* wg) {
     int N = Nl * tp->size;
     size_t NlC = (size_t)Nl * C;
     CommRequest gather, scatter;
@@ -201,7 +191,7 @@ void sp_column_parallel_backward(const Comm* tp, float* dw, float* db, float* ds
 // every token's; fc with gather_from_sequence_parallel_region's backward.
 void sp_mlp_backward(const Comm* tp, const BlockParams* p, BlockParams* g, const BlockActs* a, float* dln,
                      const float* dout, float* dfch_gelu, float* dfch, float* dpartial, float* dfull, int Nl, int C,
-                     const SpWeightGrad* wg) {
+                     const WeightGradHook* wg) {
     int N = Nl * tp->size, Fl = 4 * C / tp->size;
     comm_allgather(tp, dout, dfull, (size_t)Nl * C);                                  // (N, C)
     // the row-parallel bias's gradient (the sum over every token) comes out

@@ -88,15 +88,6 @@ int sp_finish(SP* s, const TrainArgs* args, int ln_agree);
 // is in them. Group rows are in tp rank order (the MLP works row by row, so
 // any order of the group's rows is as good).
 
-// A weight gradient handed on instead of computed at once: dw (OC, C) +=
-// dout^T inp, db (OC) += the rows' sum of dout (the capstone's zero-bubble
-// schedule queues it, copying its rows). NULL: matmul_backward at once.
-typedef struct {
-    void (*fn)(void* ctx, int layer, float* dw, float* db, const float* dout, const float* inp, int N, int C, int OC);
-    void* ctx;
-    int layer;
-} SpWeightGrad;
-
 // a->ln2 (Nl, C): my rows of ln2's output; into a->fcproj (Nl, C) my rows of
 // the MLP's output (summed over tp, fcprojb added once), through a->fch and
 // a->fch_gelu (Nl tp, 4C/tp): every row of the group, my 4C/tp hidden units.
@@ -108,13 +99,13 @@ void sp_mlp_forward(const Comm* tp, const BlockParams* p, BlockActs* a, float* f
 // dfch_gelu, dfch (Nl tp, 4C/tp), dpartial and dfull (Nl tp, C): scratch.
 void sp_mlp_backward(const Comm* tp, const BlockParams* p, BlockParams* g, const BlockActs* a, float* dln,
                      const float* dout, float* dfch_gelu, float* dfch, float* dpartial, float* dfull, int Nl, int C,
-                     const SpWeightGrad* wg);
+                     const WeightGradHook* wg);
 // The backward of a column-parallel matmul out (Nl tp, OC) = in @ w^T + b
 // whose input is the all-gather of my kept rows in_shard (Nl, C): from dout
 // (Nl tp, OC) accumulates dw, db and WRITES my rows of d in into dshard
 // (Nl, C). dpartial, gathered (Nl tp, C): scratch (gathered: in of every row).
 void sp_column_parallel_backward(const Comm* tp, float* dw, float* db, float* dshard, const float* dout,
                                  const float* in_shard, const float* w, float* dpartial, float* gathered, int Nl, int C,
-                                 int OC, const SpWeightGrad* wg);
+                                 int OC, const WeightGradHook* wg);
 
 #endif

@@ -251,15 +251,14 @@ static void experts_backward_input(MoeParallel* X, MoeLayer* L, int l, int c, fl
     trace_compute(t0, "block %d experts chunk %d backward", l, c);
 }
 
-// dw (OC, C) += dout^T inp, db += the rows' sum of dout: at once, or handed
-// to X->wgrad (the capstone's zero-bubble W).
-static void weight_grad(MoeParallel* X, int l, float* dw, float* db, const float* dout, const float* inp, int N, int C,
-                        int OC) {
+// Layer l's weight gradient: at once, or handed to X->wgrad (model.h's
+// weight_grad; the capstone's zero-bubble W).
+static void layer_weight_grad(MoeParallel* X, int l, float* dw, float* db, const float* dout, const float* inp, int N,
+                              int C, int OC) {
     if (N == 0) return;  // an expert that received no row
-    if (X->wgrad)
-        X->wgrad(X->wgrad_ctx, l, dw, db, dout, inp, N, C, OC);
-    else
-        matmul_backward(NULL, dw, db, dout, inp, NULL, N, C, OC);
+    WeightGradHook h = X->wgrad;
+    h.layer = l;
+    weight_grad(&h, dw, db, dout, inp, N, C, OC);
 }
 
 // The weight half: each expert over all its rows, in the experts' order
@@ -271,8 +270,8 @@ static void experts_backward_weights(MoeParallel* X, MoeLayer* L, int l, float* 
         ExpertParams g = moe_expert_at(&X->cfg, dexperts, 0, le, X->E_local);
         size_t r0 = (size_t)L->expert_off[le];
         int n = L->expert_off[le + 1] - L->expert_off[le];
-        weight_grad(X, l, g.fcprojw, g.fcprojb, X->xbuf + r0 * C, L->fch_gelu + r0 * H, n, H, C);
-        weight_grad(X, l, g.fcw, g.fcb, X->dfch + r0 * H, L->exp_in + r0 * C, n, C, H);
+        layer_weight_grad(X, l, g.fcprojw, g.fcprojb, X->xbuf + r0 * C, L->fch_gelu + r0 * H, n, H, C);
+        layer_weight_grad(X, l, g.fcw, g.fcb, X->dfch + r0 * H, L->exp_in + r0 * C, n, C, H);
     }
     trace_compute(t0, "block %d experts weights", l);
 }
@@ -339,7 +338,7 @@ void moe_layer_backward(MoeParallel* X, MoeLayer* L, int l, const float* dout, c
     // load-balancing loss), and its weight gradient
     ops_zero(X->dlogits, (size_t)N * E);
     moe_router_backward(X->dlogits, X->dgates, L->aux_dprobs, L->probs, L->idx, L->gates, N, E, k);
-    weight_grad(X, l, drouter, NULL, X->dlogits, ln2, N, C, E);
+    layer_weight_grad(X, l, drouter, NULL, X->dlogits, ln2, N, C, E);
     for (int i = 0; i < nc; i++) {
         a2a_wait(X, i);
         if (i + 1 < nc)

@@ -60,12 +60,6 @@ typedef struct {
     int n_send, n_recv;
 } MoeLayer;
 
-// A weight gradient the layer hands on instead of computing it at once:
-// dw (OC, C) += dout^T inp, db (OC) += the rows' sum of dout. The capstone's
-// zero-bubble schedule queues them for its W; NULL: matmul_backward at once.
-typedef void (*MoeWeightGrad)(void* ctx, int layer, float* dw, float* db, const float* dout, const float* inp,
-                              int N, int C, int OC);
-
 // How a rank's MoE layers are set up.
 typedef struct {
     MoeConfig cfg;          // the layers' model (a pipeline chunk's own: moe_layer_index counts from its first)
@@ -95,8 +89,7 @@ typedef struct {
     int n_blocks;
     int* row_block;
     RecomputeMode recompute;
-    MoeWeightGrad wgrad;  // NULL: weight gradients at once
-    void* wgrad_ctx;
+    WeightGradHook wgrad;  // model.h's: the capstone's zero-bubble W queues them (fn NULL: at once)
     // scratch shared by the layers (R rows on the experts' side, N k on mine)
     float *recv, *xbuf, *ybuf, *dfch, *dfch_gelu, *dsend, *dgates, *dlogits;
     float *send_shared, *gelu_shared;  // --recompute selective: every layer's send and fch_gelu

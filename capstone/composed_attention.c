@@ -266,7 +266,7 @@ void expert_dense_backward(ExpertModel* m, int l, const BlockParams* p, BlockPar
         // over my rows (the batch group's mean adds the rest, as attprojb's)
         BlockParams gs = *g;
         gs.fcprojb = NULL;
-        SpWeightGrad wg = {expert_wgrad_hook, m, l};
+        WeightGradHook wg = {expert_wgrad_hook, m, l};
         sp_mlp_backward(m->tp.tpc, p, &gs, &a, m->dln2, dres, m->cp.dfch_gelu, m->cp.dfch, m->tp.full, m->tp.dfull, N,
                         C, &wg);
         expert_wgrad(m, l, NULL, g->fcprojb, dres, NULL, N, C, C);

@@ -119,7 +119,7 @@ void expert_model_create(ExpertModel* m, const MoeConfig* cfg, const ExpertFlags
     free(row_block);
     // --schedule zb: the router's and the experts' weight gradients go to
     // this chunk's queue (expert_wgrad: at once when no queue is set)
-    m->moe.wgrad = expert_wgrad_hook, m->moe.wgrad_ctx = m;
+    m->moe.wgrad = (WeightGradHook){expert_wgrad_hook, m, 0};
     // --recompute full: one MoE layer's state, reused by every layer (each
     // layer's forward runs again before its backward)
     m->layers = moe_layers_create(&m->moe, recompute == RECOMPUTE_FULL ? 1 : Lm);

@@ -241,7 +241,7 @@ void expert_wgrad_free(WGradQueue* q);
 void expert_wgrad(ExpertModel* m, int layer, float* dw, float* db, const float* dout, const float* inp, int N, int C,
                   int OC);
 void expert_wgrad_run(WGradQueue* q);
-// expert_wgrad as the MoE layer's MoeWeightGrad (ctx: the ExpertModel).
+// expert_wgrad as the fn of a WeightGradHook (model.h; ctx: the ExpertModel).
 void expert_wgrad_hook(void* ctx, int layer, float* dw, float* db, const float* dout, const float* inp, int N, int C,
                        int OC);
 

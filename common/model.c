@@ -287,6 +287,14 @@ void block_backward_weights(BlockParams* g, const BlockActs* a, const BlockStash
     layernorm_backward(NULL, g->ln1w, g->ln1b, st->dln1, x, NULL, a->ln1_mean, a->ln1_rstd, N, C);
 }
 
+void weight_grad(const WeightGradHook* h, float* dw, float* db, const float* dout, const float* inp, int N, int C,
+                 int OC) {
+    if (h && h->fn)
+        h->fn(h->ctx, h->layer, dw, db, dout, inp, N, C, OC);
+    else
+        matmul_backward(NULL, dw, db, dout, inp, NULL, N, C, OC);
+}
+
 // ---------------------------------------------------------------- the head
 
 void head_forward(const GPTConfig* cfg, const float* wte, const float* lnfw, const float* lnfb,

@@ -112,6 +112,19 @@ void block_backward_input(const BlockParams* p, const BlockActs* a, const BlockS
 void block_backward_weights(BlockParams* g, const BlockActs* a, const BlockStash* st,
                             const float* x, int B, int T, int C);
 
+// One matmul's weight gradient, dw (OC, C) += dout^T inp and db (OC) += the
+// rows' sum of dout, handed to fn instead of computed at once: the
+// capstone's zero-bubble W queues it with a copy of the rows. Chapter 6's
+// Megatron MLP and chapter 7's MoE layer take one (NULL or fn NULL: at once).
+typedef struct {
+    void (*fn)(void* ctx, int layer, float* dw, float* db, const float* dout, const float* inp, int N, int C, int OC);
+    void* ctx;
+    int layer;
+} WeightGradHook;
+// dout (N, OC), inp (N, C): at once (matmul_backward's weight half) or to h.
+void weight_grad(const WeightGradHook* h, float* dw, float* db, const float* dout, const float* inp, int N, int C,
+                 int OC);
+
 // The head: final LayerNorm, LM head tied to wte, softmax cross-entropy.
 typedef struct {
     float *lnf, *lnf_mean, *lnf_rstd;    // (B,T,C), (B,T), (B,T)
