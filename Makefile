@@ -57,7 +57,7 @@ OPT     ?= -O3 $(ARCH)
 CFLAGS  := $(OPT) -std=c11 -D_GNU_SOURCE -fopenmp -Wall -Wextra -Werror -Icommon -MMD -MP
 LDLIBS  := -lm -lpthread -lxxhash -lzstd
 
-COMMON_SRC := common/errors.c common/rank.c common/exercise.c common/atomic_file.c common/memory.c common/model_layout.c common/model.c common/init.c \
+COMMON_SRC := common/errors.c common/rank.c common/exercise.c common/atomic_file.c common/memory.c common/model_layout.c common/model.c common/wgrad_queue.c common/init.c \
               common/model_file.c common/data.c common/mesh.c common/runtime.c common/matmul_peak.c \
               common/args.c common/report.c common/train.c common/train_eval.c common/train_step.c common/run.c common/train_loop.c common/comm_stats.c common/comm_trace.c common/comm_groups.c common/paths.c \
               common/ckpt.c common/ckpt_files.c common/ckpt_levels.c common/model_tp.c common/trace.c \

@@ -21,31 +21,17 @@
 #include "run.h"
 #include "train_eval.h"
 #include "train_loop.h"
+#include "wgrad_queue.h"  // --schedule zb: WGradQueue
 #include "zero_buffer.h"  // chapter 3's ZeroBuffer: --zero
 
 // A split backward (--schedule zb; composed_wgrad.c): B computes what the
 // stage before waits for, the input gradients, through every exchange of
 // the layers (the MoE all-to-alls, the tp and cp collectives); the weight
 // gradients of the big matmuls (attention's qkv and proj, a dense layer's fc
-// and proj, the router, the experts' fc and proj) go into a queue, each with
-// a copy of its input rows and output-gradient rows, and W runs the queue
-// later, with no communication and nothing recomputed. Copies, not
-// pointers: most of those rows sit in buffers the next layer reuses (the
-// scratch, tp's gathered rows, what --recompute makes again). The small
-// per-element weight gradients stay in B: the LayerNorms', the embeddings'
-// and the tied head's.
-typedef struct {
-    float *dw, *db;     // the gradients it accumulates into (either may be NULL)
-    float *dout, *inp;  // (N, OC), (N, C): the copies in the arena (inp NULL when dw is)
-    int N, C, OC, layer;
-} WGradEntry;
-
-typedef struct {
-    float* arena;  // (cap) the copies of one (microbatch, chunk)'s deferred matmuls
-    size_t cap, used;
-    WGradEntry* e;
-    int n, max;
-} WGradQueue;
+// and proj, the router, the experts' fc and proj) go into a queue
+// (common/wgrad_queue.h), each with a copy of its rows, and W runs it. The
+// small per-element weight gradients stay in B: the LayerNorms', the
+// embeddings' and the tied head's.
 
 // Context parallelism (--cp N): chapter 6's token layout and attention over
 // the cp group, in every MoE layer's attention half. A cp rank holds T/cp
@@ -227,20 +213,15 @@ void expert_tp_free(ExpertModel* m);
 
 // ---------------------------------------------------------------- composed_wgrad.c
 // The split backward. expert_wgrad_enable: a chunk of a split schedule (a
-// dense layer then takes the composed backward at cp = tp = 1 too). The
-// arena's floats per (microbatch, chunk): every deferred matmul's copies,
-// the experts' at their most rows R; a queue of them, and its release.
-// expert_wgrad: dw (OC, C) += dout^T inp, db (OC) += the rows' sum of dout
-// (matmul_backward's weight half), at once, or with m->wq set copied into
-// its arena and queued; expert_wgrad_run runs a queue in the order it was
-// filled (a "block l backward weights" span per layer) and empties it.
+// dense layer then takes the composed backward at cp = tp = 1 too).
+// expert_wgrad_create: a (microbatch, chunk)'s queue, sized for every
+// deferred matmul's copies (the experts' at their most rows R); W runs it
+// with wgrad_queue_run. expert_wgrad: dw (OC, C) += dout^T inp, db (OC) +=
+// the rows' sum of dout, at once, or with m->wq set queued there.
 void expert_wgrad_enable(ExpertModel* m);
-size_t expert_wgrad_floats(const ExpertModel* m);
 void expert_wgrad_create(WGradQueue* q, const ExpertModel* m);
-void expert_wgrad_free(WGradQueue* q);
 void expert_wgrad(ExpertModel* m, int layer, float* dw, float* db, const float* dout, const float* inp, int N, int C,
                   int OC);
-void expert_wgrad_run(WGradQueue* q);
 // expert_wgrad as the fn of a WeightGradHook (model.h; ctx: the ExpertModel).
 void expert_wgrad_hook(void* ctx, int layer, float* dw, float* db, const float* dout, const float* inp, int N, int C,
                        int OC);

@@ -140,7 +140,7 @@ static void backward(ExpertPipe* P, int mb, int c) {
 // W (zb): the queued weight gradients, no communication; then the slot is free.
 static void weights(ExpertPipe* P, int mb, int c) {
     XpSlot* sl = chunk_slot_find(&P->chunk[c], mb);
-    expert_wgrad_run(&sl->wq);
+    wgrad_queue_run(&sl->wq);
     slot_pool_give(&P->chunk[c].pool, mb);
 }
 

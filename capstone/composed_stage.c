@@ -152,7 +152,7 @@ void expert_stage_free(ExpertPipe* P) {
                 if (ch->m.recompute != RECOMPUTE_FULL) moe_layers_free(&ch->m.moe, sl->layers, ch->n_moe);
                 mem_free(sl->lse), mem_free(sl->qkv_h), mem_free(sl->y_h);
             }
-            expert_wgrad_free(&sl->wq);
+            wgrad_queue_free(&sl->wq);
             free(sl);
         }
         slot_pool_free(&ch->pool);

@@ -258,7 +258,7 @@ static void plan_pipe(const PlanArgs* a, RankPlan* p, int r) {
             if (x.chunk == ch && x.type == (split ? ACT_W : ACT_B)) now--;
         }
         if (split) {
-            // per slot the queue's copies of what W reads (expert_wgrad_floats):
+            // per slot the queue's copies of what W reads (composed_wgrad.c's wgrad_floats):
             // per layer attention's qkv and proj on the tp group's N tp rows
             // (tp: the proj bias on my N), an MoE layer's router and at most R
             // expert rows through fc and proj, a dense layer's fc and proj;
