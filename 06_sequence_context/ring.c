@@ -113,3 +113,12 @@ void cp_shard_encoder_backward(const CPShard* s, float* dwte, float* dwpe, const
                          s->len, C);
     }
 }
+
+void cp_shard_regroup(const CPShard* s, int tp, float* dst, const float* src, int C, int to_group) {
+    const size_t blk = (size_t)s->B * s->len * C;
+    for (int r = 0; r < tp; r++)
+        for (int p = 0; p < s->parts; p++) {
+            size_t mine = ((size_t)r * s->parts + p) * blk, group = ((size_t)p * tp + r) * blk;
+            ops_copy(dst + (to_group ? group : mine), src + (to_group ? mine : group), blk);
+        }
+}

@@ -39,6 +39,14 @@ void cp_shard_encoder_forward(const CPShard* s, float* out, const int* inputs, c
                               int C);
 void cp_shard_encoder_backward(const CPShard* s, float* dwte, float* dwpe, const float* dout, const int* inputs,
                                int C);
+// A tp group's rows under this layout (the capstone's --tp with --cp):
+// each of the tp ranks holds B of the group's B tp sequences, part-major,
+// so an all-gather over tp lays the rows out (r, part, b, t); attention
+// over the group wants (part, r B + b, t), the part-major order of all B tp
+// sequences. to_group 1: the first order (src) into the second (dst); 0:
+// back. Blocks of B len rows of C floats move (ops_copy); with one part the
+// two orders are the same.
+void cp_shard_regroup(const CPShard* s, int tp, float* dst, const float* src, int C, int to_group);
 // A (query part at q0, key part at k0) pair leaves some score unmasked iff
 // its first key is not after its last query: k0 <= q0 + len - 1.
 int cp_pair_visible(const CPShard* s, int q0, int k0);

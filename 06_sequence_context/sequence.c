@@ -120,31 +120,67 @@ static BlockActs sp_acts(const SP* s, int l) {
 // ---------------------------------------------------------------- the block
 
 // x (Nl,C): this rank's tokens of the block's input; a->res3 (Nl,C) the same
-// tokens of its output. Every collective of the block is here.
-static void block_forward_sp(const SP* s, const BlockParams* p, BlockActs* a, const float* x) {
+// tokens of its output. Every collective of the block is in its two halves.
+static SpAttention sp_attention_of(const SP* s) {
     const TPModel* m = &s->m;
-    int B = m->B, T = m->T, N = s->N, Nl = s->Nl, C = m->cfg.channels, tp = m->ntp;
-    int Cl = C / tp, NHl = m->cfg.num_heads / tp;
-    size_t NlC = (size_t)Nl * C;
-    // attention: the LayerNorm on this rank's tokens only
-    layernorm_forward(a->ln1, a->ln1_mean, a->ln1_rstd, x, p->ln1w, p->ln1b, Nl, C);  // (Nl, C)
-    // gather_from_sequence_parallel_region, forward: all-gather over tp. The
-    // tp blocks of rows in rank order are the (B,T,C) tensor.
-    comm_allgather(m->tp, a->ln1, s->full, NlC);                                      // (N, C)
-    // column-parallel qkv on every token: this rank's heads
-    matmul_forward(a->qkv, s->full, p->qkvw, p->qkvb, N, C, 3 * Cl);                  // (N, 3C/tp)
-    attention_flash_forward(a->atty, a->lse, a->qkv, B, T, Cl, NHl);                  // (N, C/tp)
-    // row-parallel projection: a partial sum for every token (the bias added
-    // by one rank, so the sum holds it once)
-    matmul_forward(s->full, a->atty, p->attprojw, m->rtp == 0 ? p->attprojb : NULL, N, Cl, C);
-    // reduce_scatter_to_sequence_parallel_region, forward: reduce-scatter
-    // over tp: the partial sums added, this rank keeping its own tokens
-    comm_reduce_scatter(m->tp, s->full, a->attproj, NlC, COMM_SUM);                   // (Nl, C)
-    residual_forward(a->res2, x, a->attproj, NlC);
+    // the tp group's rows in rank order, chapter 0's attention, gradients at once
+    return (SpAttention){m->tp, s->Nl, m->T, m->cfg.channels, m->cfg.num_heads, s->full, s->dfull, NULL, NULL, NULL};
+}
+
+static void block_forward_sp(const SP* s, const BlockParams* p, BlockActs* a, const float* x) {
+    int Nl = s->Nl, C = s->m.cfg.channels;
+    // attention (sp_attention_forward, below): ln1 on this rank's tokens,
+    // all-gather, my heads on every token, reduce-scatter; the residual
+    SpAttention v = sp_attention_of(s);
+    sp_attention_forward(&v, p, a, x);                                                // a->res2 (Nl, C)
     // MLP: the same pattern (sp_mlp_forward, below)
     layernorm_forward(a->ln2, a->ln2_mean, a->ln2_rstd, a->res2, p->ln2w, p->ln2b, Nl, C);
-    sp_mlp_forward(m->tp, p, a, s->full, Nl, C);                                      // (Nl, C)
-    residual_forward(a->res3, a->res2, a->fcproj, NlC);
+    sp_mlp_forward(s->m.tp, p, a, s->full, Nl, C);                                    // (Nl, C)
+    residual_forward(a->res3, a->res2, a->fcproj, (size_t)Nl * C);
+}
+
+// The group's rows of my rows' tensor (Nl, C), all-gathered over tp: the
+// tp blocks of rows in rank order are the (B,T,C) tensor; under zigzag
+// (v->order) they are regrouped into attention's order, through scratch.
+static void group_allgather(const SpAttention* v, const float* mine, float* all, float* scratch) {
+    size_t NlC = (size_t)v->Nl * v->C;
+    if (!v->order || v->order->parts == 1) {
+        comm_allgather(v->tp, mine, all, NlC);
+        return;
+    }
+    comm_allgather(v->tp, mine, scratch, NlC);
+    cp_shard_regroup(v->order, v->tp->size, all, scratch, v->C, 1);
+}
+
+// Every row's partial sums (Nl tp, C) added over tp, my rows kept (Nl, C).
+static void group_reduce_scatter(const SpAttention* v, const float* all, float* mine, float* scratch) {
+    if (v->order && v->order->parts > 1) {
+        cp_shard_regroup(v->order, v->tp->size, scratch, all, v->C, 0);
+        all = scratch;
+    }
+    comm_reduce_scatter(v->tp, all, mine, (size_t)v->Nl * v->C, COMM_SUM);
+}
+
+// The attention half (sequence.h): ln1's rows of every token, qkv
+// column-parallel (my heads), attention, attproj row-parallel, the sums of
+// my rows, the residual.
+void sp_attention_forward(const SpAttention* v, const BlockParams* p, BlockActs* a, const float* x) {
+    int Nl = v->Nl, tp = v->tp->size, N = Nl * tp, C = v->C, Cl = C / tp, NHl = v->NH / tp;
+    // the LayerNorm on this rank's tokens only
+    layernorm_forward(a->ln1, a->ln1_mean, a->ln1_rstd, x, p->ln1w, p->ln1b, Nl, C);  // (Nl, C)
+    // gather_from_sequence_parallel_region, forward: all-gather over tp
+    group_allgather(v, a->ln1, v->full, v->dfull);                                   // (N, C)
+    // column-parallel qkv on every token: this rank's heads
+    matmul_forward(a->qkv, v->full, p->qkvw, p->qkvb, N, C, 3 * Cl);                  // (N, 3C/tp)
+    if (v->core) v->core->forward(v->core->ctx, v->core->layer, a);                  // (N, C/tp)
+    else attention_flash_forward(a->atty, a->lse, a->qkv, N / v->T, v->T, Cl, NHl);
+    // row-parallel projection: a partial sum for every token (the bias added
+    // by one rank, so the sum holds it once)
+    matmul_forward(v->full, a->atty, p->attprojw, v->tp->rank == 0 ? p->attprojb : NULL, N, Cl, C);
+    // reduce_scatter_to_sequence_parallel_region, forward: reduce-scatter
+    // over tp: the partial sums added, this rank keeping its own tokens
+    group_reduce_scatter(v, v->full, a->attproj, v->dfull);                          // (Nl, C)
+    residual_forward(a->res2, x, a->attproj, (size_t)Nl * C);
 }
 
 // The MLP half (sequence.h): ln2's rows of every token, fc column-parallel
@@ -204,27 +240,49 @@ void sp_mlp_backward(const Comm* tp, const BlockParams* p, BlockParams* g, const
     sp_column_parallel_backward(tp, g->fcw, g->fcb, dln, dfch, a->ln2, p->fcw, dpartial, dfull, Nl, C, Fl, wg);
 }
 
+// The attention half's backward (sequence.h): the forward's collectives
+// mirrored, and ln1's output all-gathered again for qkvw's gradient.
+void sp_attention_backward(const SpAttention* v, const BlockParams* p, BlockParams* g, const BlockActs* a,
+                           const BlockScratch* sc, const float* x, float* dres, float* dln) {
+    int Nl = v->Nl, tp = v->tp->size, N = Nl * tp, C = v->C, Cl = C / tp, NHl = v->NH / tp;
+    // reduce_scatter_to_sequence_parallel_region, backward: all-gather d attproj
+    group_allgather(v, dres, v->dfull, v->full);                                     // (N, C)
+    ops_zero(sc->datty, (size_t)N * Cl);
+    matmul_backward(sc->datty, NULL, NULL, v->dfull, NULL, p->attprojw, N, Cl, C);
+    // the row-parallel bias's gradient, the sum over every token, comes out
+    // the same on every rank (g->attprojb NULL: the caller takes it)
+    weight_grad(v->wg, g->attprojw, g->attprojb, v->dfull, a->atty, N, Cl, C);
+    ops_zero(sc->dqkv, (size_t)N * 3 * Cl);
+    if (v->core) v->core->backward(v->core->ctx, v->core->layer, a, sc->datty, sc->dqkv);
+    else attention_flash_backward(sc->dqkv, sc->datty, a->qkv, a->atty, a->lse, N / v->T, v->T, Cl, NHl);
+    if (!v->order || v->order->parts == 1) {
+        // gather_from_sequence_parallel_region, backward, with ln1 gathered again
+        sp_column_parallel_backward(v->tp, g->qkvw, g->qkvb, dln, sc->dqkv, a->ln1, p->qkvw, v->dfull, v->full, Nl, C,
+                                    3 * Cl, v->wg);
+    } else {
+        // the same, one after another: the regrouping needs the second buffer
+        group_allgather(v, a->ln1, v->full, v->dfull);                               // (N, C)
+        ops_zero(v->dfull, (size_t)N * C);
+        matmul_backward(v->dfull, NULL, NULL, sc->dqkv, NULL, p->qkvw, N, C, 3 * Cl);
+        weight_grad(v->wg, g->qkvw, g->qkvb, sc->dqkv, v->full, N, C, 3 * Cl);
+        group_reduce_scatter(v, v->dfull, dln, v->full);                             // (Nl, C)
+    }
+    layernorm_backward(dres, g->ln1w, g->ln1b, dln, x, p->ln1w, a->ln1_mean, a->ln1_rstd, Nl, C);
+}
+
 // dres (Nl,C): on entry this rank's tokens of d loss / d block output, on
 // return of d loss / d x. Parameter gradients accumulate into g; the
 // LayerNorms' are summed over tp before the block returns.
 static void block_backward_sp(const SP* s, const BlockParams* p, BlockParams* g, const BlockActs* a,
                               const BlockScratch* sc, const float* x, float* dres) {
     const TPModel* m = &s->m;
-    int B = m->B, T = m->T, N = s->N, Nl = s->Nl, C = m->cfg.channels, tp = m->ntp;
-    int Cl = C / tp, NHl = m->cfg.num_heads / tp;
-    size_t NlC = (size_t)Nl * C;
+    int Nl = s->Nl, C = m->cfg.channels;
     // MLP, backwards (sp_mlp_backward, above): this rank's tokens of d ln2
     sp_mlp_backward(m->tp, p, g, a, s->dln, dres, sc->dfch_gelu, sc->dfch, sc->dln, s->dfull, Nl, C, NULL);
     layernorm_backward(dres, g->ln2w, g->ln2b, s->dln, a->res2, p->ln2w, a->ln2_mean, a->ln2_rstd, Nl, C);
-    // attention, backwards: the same pattern
-    comm_allgather(m->tp, dres, s->dfull, NlC);                                       // (N, C)
-    ops_zero(sc->datty, (size_t)N * Cl);
-    matmul_backward(sc->datty, g->attprojw, g->attprojb, s->dfull, a->atty, p->attprojw, N, Cl, C);
-    ops_zero(sc->dqkv, (size_t)N * 3 * Cl);
-    attention_flash_backward(sc->dqkv, sc->datty, a->qkv, a->atty, a->lse, B, T, Cl, NHl);
-    sp_column_parallel_backward(m->tp, g->qkvw, g->qkvb, s->dln, sc->dqkv, a->ln1, p->qkvw, sc->dln, s->dfull, Nl, C,
-                                3 * Cl, NULL);
-    layernorm_backward(dres, g->ln1w, g->ln1b, s->dln, x, p->ln1w, a->ln1_mean, a->ln1_rstd, Nl, C);
+    // attention, backwards: the same pattern (sp_attention_backward, above)
+    SpAttention v = sp_attention_of(s);
+    sp_attention_backward(&v, p, g, a, sc, x, dres, s->dln);
     // each rank's LayerNorm weight gradients hold its own tokens' share:
     // summed over tp, every rank holds the whole (and the same bits: the
     // replicated weights take the same AdamW step everywhere). [w b] of

@@ -18,6 +18,7 @@
 
 #include "ckpt.h"
 #include "report.h"
+#include "ring.h"  // CPShard: a tp group's rows under context parallelism
 #include "tp.h"
 #include "run.h"
 #include "train.h"
@@ -81,12 +82,47 @@ void sp_summary(const SP* s, JsonBuf* extra);
 int sp_finish(SP* s, const TrainArgs* args, int ln_agree);
 
 // ---------------------------------------------------------------- pieces another program composes
-// Megatron's sequence-parallel MLP and column-parallel backward, for any
-// program whose tp rank holds Nl token rows of its tp group's Nl tp (this
-// chapter's block; the capstone's dense layers, capstone/composed_attention.c).
-// They take the tp group, explicit buffers and row counts; every collective
-// is in them. Group rows are in tp rank order (the MLP works row by row, so
-// any order of the group's rows is as good).
+// Megatron's sequence-parallel attention and MLP halves and column-parallel
+// backward, for any program whose tp rank holds Nl token rows of its tp
+// group's Nl tp (this chapter's block; the capstone's layers under --tp,
+// capstone/composed_attention.c). They take the tp group, explicit buffers
+// and row counts; every collective is in them. Group rows are in tp rank
+// order (the MLP works row by row, so any order of the group's rows is as
+// good; attention's may be regrouped: SpAttention's order).
+
+// Attention itself on the group's rows, between qkv and attproj: forward
+// a->qkv (Nl tp, 3C/tp) into a->atty (Nl tp, C/tp); backward datty into
+// dqkv (zero on entry). The capstone's is chapter 6's ring or Ulysses over
+// a cp group, with each layer's own kept state (hence the layer).
+typedef struct {
+    void (*forward)(void* ctx, int layer, BlockActs* a);
+    void (*backward)(void* ctx, int layer, const BlockActs* a, const float* datty, float* dqkv);
+    void* ctx;
+    int layer;
+} AttentionCore;
+
+// The tp group as the attention half sees it, made for the call.
+typedef struct {
+    const Comm* tp;
+    int Nl, T, C, NH;           // my token rows; the sequences' length; the model's channels and heads
+    float *full, *dfull;        // (Nl tp, C) each: scratch
+    const CPShard* order;       // my rows' layout under --cp: zigzag's are regrouped for attention
+                                // (cp_shard_regroup); NULL or one part: in tp rank order
+    const AttentionCore* core;  // NULL: chapter 0's flash attention on the group's Nl tp / T sequences
+    const WeightGradHook* wg;   // the weight gradients at once (NULL) or handed on (model.h)
+} SpAttention;
+
+// x (Nl, C): my rows of the block's input; into a->res2 (Nl, C) my rows of
+// x + attention, through a->ln1, a->attproj (Nl, C) my rows and a->qkv,
+// a->atty, a->lse (Nl tp, 3C/tp, C/tp, NH/tp): every row, my NH/tp heads.
+// p: my slices qkvw (3C/tp, C), qkvb (3C/tp), attprojw (C, C/tp);
+// attprojb, ln1w, ln1b whole.
+void sp_attention_forward(const SpAttention* v, const BlockParams* p, BlockActs* a, const float* x);
+// dres (Nl, C): my rows of d res2 on entry, of d x on return. Gradients
+// accumulate into g (g->attprojb NULL: the caller's); sc->datty, sc->dqkv
+// (Nl tp rows) and dln (Nl, C): scratch.
+void sp_attention_backward(const SpAttention* v, const BlockParams* p, BlockParams* g, const BlockActs* a,
+                           const BlockScratch* sc, const float* x, float* dres, float* dln);
 
 // a->ln2 (Nl, C): my rows of ln2's output; into a->fcproj (Nl, C) my rows of
 // the MLP's output (summed over tp, fcprojb added once), through a->fch and

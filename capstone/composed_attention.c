@@ -6,15 +6,16 @@
 // works token by token, so a tp rank runs the embedding, the LayerNorms, the
 // residuals, the router, the MoE layer and the head on its own N rows (B/tp
 // whole sequences of its share). Attention mixes the tokens of a sequence
-// and is split by heads: the group's rows are all-gathered (chapter 6's
-// "gather from the sequence-parallel region"), qkv is column-parallel (this
-// rank's NH/tp heads), attproj row-parallel (a partial sum for every row),
-// and a reduce-scatter adds the partial sums and hands each rank its rows
-// back. Backward mirrors it, and all-gathers ln1's output again for qkvw's
-// gradient (it is not kept: that is the saving). A dense layer's MLP is
-// chapter 6's own (sp_mlp_forward, 06_sequence_context/sequence.c): fc on my
-// 4C/tp hidden units. The experts stay whole on every tp rank
-// (docs/07_expert.md says why).
+// and is split by heads: chapter 6's attention half (sp_attention_forward,
+// 06_sequence_context/sequence.c) all-gathers the group's rows, runs qkv
+// column-parallel (this rank's NH/tp heads) and attproj row-parallel, and
+// reduce-scatters the partial sums back to each rank's rows; under
+// --cp-balance zigzag it regroups the gathered rows into attention's order
+// (cp_shard_regroup, ring.c). What the capstone hands it: attention's core
+// (below), attprojb's gradient taken over my rows, and the zb queue as its
+// WeightGradHook. A dense layer's MLP is chapter 6's own too
+// (sp_mlp_forward): fc on my 4C/tp hidden units. The experts stay whole on
+// every tp rank (docs/07_expert.md says why).
 //
 // --cp (context parallelism): between qkv and attproj, chapter 6's ring or
 // Ulysses over the cp group (context.c: cp_ring_forward, cp_ulysses_forward
@@ -23,12 +24,12 @@
 // capstone does not measure. What stays here: which layer's state each call
 // reads and writes (--recompute) and the buffers.
 //
-// Without either, chapter 7's own attention half (moe.h). Every collective
-// of tp's attention is in this file, in step order; the MLP's in
-// 06_sequence_context/sequence.c, the ring's and Ulysses' in context.c.
+// Without either, chapter 7's own attention half (moe.h). The collectives
+// of tp's attention and MLP are in 06_sequence_context/sequence.c, the
+// ring's and Ulysses' in context.c.
 #include "composed_model.h"
 #include "memory.h"
-#include "sequence.h"  // chapter 6's Megatron MLP: a dense layer under --tp
+#include "sequence.h"  // chapter 6's Megatron attention and MLP halves: --tp
 #include "trace.h"
 
 // ---------------------------------------------------------------- attention itself
@@ -54,10 +55,12 @@ static float* layer_qkv_h(ExpertModel* m, int l) {
 static float* layer_y_h(ExpertModel* m, int l) { return m->cp.y_h + kept_layer(m, l) * m->N * m->cfg.gpt.channels; }
 
 // a->qkv to a->atty on the attention's rows: at cp = 1 chapter 0's op, at
-// cp > 1 the ring or Ulysses over cp; backward s->datty to s->dqkv (zero on
+// cp > 1 the ring or Ulysses over cp; backward datty to dqkv (zero on
 // entry). Each keeps only the lse of the softmax (no probabilities):
-// --recompute selective has no attention to redo.
-static void core_forward(ExpertModel* m, int l, BlockActs* a) {
+// --recompute selective has no attention to redo. Chapter 6's
+// AttentionCore (sequence.h): ctx is the model.
+static void core_forward(void* ctx, int l, BlockActs* a) {
+    ExpertModel* m = ctx;
     const CPShard* sh = &m->tp.sh;
     CPAttention at = over_cp(m);
     if (sh->cp == 1)
@@ -68,131 +71,66 @@ static void core_forward(ExpertModel* m, int l, BlockActs* a) {
         cp_ulysses_forward(&at, a->qkv, a->atty, layer_lse(m, l), layer_qkv_h(m, l), layer_y_h(m, l));
 }
 
-static void core_backward(ExpertModel* m, int l, const BlockActs* a, const BlockScratch* s) {
+static void core_backward(void* ctx, int l, const BlockActs* a, const float* datty, float* dqkv) {
+    ExpertModel* m = ctx;
     const CPShard* sh = &m->tp.sh;
     CPAttention at = over_cp(m);
     if (sh->cp == 1)
-        attention_flash_backward(s->dqkv, s->datty, a->qkv, a->atty, a->lse, sh->B, sh->T, at.C, at.NH);
+        attention_flash_backward(dqkv, datty, a->qkv, a->atty, a->lse, sh->B, sh->T, at.C, at.NH);
     else if (m->cp.mode == CP_RING)
-        cp_ring_backward(&at, a->qkv, a->atty, layer_lse(m, l), s->datty, s->dqkv);
+        cp_ring_backward(&at, a->qkv, a->atty, layer_lse(m, l), datty, dqkv);
     else
-        cp_ulysses_backward(&at, layer_qkv_h(m, l), layer_y_h(m, l), layer_lse(m, l), s->datty, s->dqkv);
-}
-
-// ---------------------------------------------------------------- the tp group's rows
-
-// With --cp-balance zigzag a rank's rows are part-major over its own
-// sequences, (part, b', i), so an all-gather lays them out (r, part, b', i);
-// attention over the group wants (part, r B/tp + b', i), chapter 6's layout
-// of the group's B tp sequences. to_group: the first into the second, else
-// back. A copy of blocks of B/tp x T/(2 cp) rows; plain cut: nothing moves.
-static void reorder(const ExpertModel* m, float* dst, const float* src, int to_group) {
-    const CPShard* sh = &m->cp.sh;  // my rows
-    const int tp = m->tp.tp;
-    const size_t C = (size_t)m->cfg.gpt.channels, blk = (size_t)sh->B * sh->len * C;
-    for (int r = 0; r < tp; r++)
-        for (int p = 0; p < sh->parts; p++) {
-            size_t mine = ((size_t)r * sh->parts + p) * blk, group = ((size_t)p * tp + r) * blk;
-            ops_copy(dst + (to_group ? group : mine), src + (to_group ? mine : group), blk);
-        }
-}
-
-// All-gather over tp: my rows (N, C) into every row of the group (N tp, C),
-// in the group's order (scratch: (N tp, C) for zigzag's reordering).
-static void tp_allgather(ExpertModel* m, const float* mine, float* all, float* scratch) {
-    const size_t NC = (size_t)m->N * m->cfg.gpt.channels;
-    if (m->cp.sh.parts == 1) {
-        comm_allgather(m->tp.tpc, mine, all, NC);  // rank order is the group's order
-        return;
-    }
-    comm_allgather(m->tp.tpc, mine, scratch, NC);
-    reorder(m, all, scratch, 1);
-}
-
-// Reduce-scatter over tp: the partial sums of every row (N tp, C) added, my
-// rows (N, C) kept.
-static void tp_reduce_scatter(ExpertModel* m, const float* all, float* mine, float* scratch) {
-    const size_t NC = (size_t)m->N * m->cfg.gpt.channels;
-    if (m->cp.sh.parts == 2) {
-        reorder(m, scratch, all, 0);
-        all = scratch;
-    }
-    comm_reduce_scatter(m->tp.tpc, all, mine, NC, COMM_SUM);
-}
-
-// ---------------------------------------------------------------- --tp: the attention half around the tp group
-
-// x (N, C): my rows of the layer's input; a->res2, a->ln2 (N, C) my rows.
-// a->qkv (N tp, 3C/tp) and a->atty (N tp, C/tp) hold every row of the group
-// for my heads (the same floats as N rows of 3C and C: the GPT's buffers).
-static void tp_attention_forward(ExpertModel* m, int l, const BlockParams* p, BlockActs* a, const float* x) {
-    ExpertTP* t = &m->tp;
-    const int N = m->N, C = m->cfg.gpt.channels, Cl = C / t->tp, Ng = N * t->tp;
-    const size_t NC = (size_t)N * C;
-    layernorm_forward(a->ln1, a->ln1_mean, a->ln1_rstd, x, p->ln1w, p->ln1b, N, C);  // (N, C) my rows
-    // all-gather over tp: every row of the group, its B tp sequences
-    tp_allgather(m, a->ln1, t->full, t->dfull);                                      // (N tp, C)
-    matmul_forward(a->qkv, t->full, p->qkvw, p->qkvb, Ng, C, 3 * Cl);                // (N tp, 3C/tp)
-    core_forward(m, l, a);                                                          // (N tp, C/tp)
-    // row-parallel: every row's partial sum over my heads, the bias added
-    // by tp rank 0 alone so that the sum holds it once
-    matmul_forward(t->full, a->atty, p->attprojw, t->rank == 0 ? p->attprojb : NULL, Ng, Cl, C);
-    // reduce-scatter over tp: the partial sums added, my rows kept
-    tp_reduce_scatter(m, t->full, a->attproj, t->dfull);                             // (N, C)
-    residual_forward(a->res2, x, a->attproj, NC);
-    layernorm_forward(a->ln2, a->ln2_mean, a->ln2_rstd, a->res2, p->ln2w, p->ln2b, N, C);
-}
-
-// dres: d res3 on entry (my rows), d x on return; dln2 (N, C) d ln2's output.
-static void tp_attention_backward(ExpertModel* m, int l, const BlockParams* p, BlockParams* g, const BlockActs* a,
-                                  const BlockScratch* s, const float* x, const float* dln2, float* dres) {
-    ExpertTP* t = &m->tp;
-    const int N = m->N, C = m->cfg.gpt.channels, Cl = C / t->tp, Ng = N * t->tp;
-    layernorm_backward(dres, NULL, NULL, dln2, a->res2, p->ln2w, a->ln2_mean, a->ln2_rstd, N, C);  // d res2
-    // the reduce-scatter's backward: all-gather d attproj of every row
-    tp_allgather(m, dres, t->dfull, t->full);                                         // (N tp, C)
-    ops_zero(s->datty, (size_t)Ng * Cl);
-    matmul_backward(s->datty, NULL, NULL, t->dfull, NULL, p->attprojw, Ng, Cl, C);
-    // the weight gradients at once or (zb) queued for W (composed_wgrad.c).
-    // The bias, added once per row: its gradient over my rows (the tp mean
-    // of the replicated gradients adds the other ranks' rows)
-    expert_wgrad(m, l, g->attprojw, NULL, t->dfull, a->atty, Ng, Cl, C);
-    expert_wgrad(m, l, NULL, g->attprojb, dres, NULL, N, Cl, C);
-    ops_zero(s->dqkv, (size_t)Ng * 3 * Cl);
-    core_backward(m, l, a, s);                                                       // s->dqkv (N tp, 3C/tp)
-    // ln1's output of every row again, for qkvw's gradient (a collective:
-    // in B even when the gradient waits for W)
-    tp_allgather(m, a->ln1, t->full, t->dfull);
-    ops_zero(t->dfull, (size_t)Ng * C);
-    matmul_backward(t->dfull, NULL, NULL, s->dqkv, NULL, p->qkvw, Ng, C, 3 * Cl);
-    expert_wgrad(m, l, g->qkvw, g->qkvb, s->dqkv, t->full, Ng, C, 3 * Cl);
-    // the all-gather's backward: reduce-scatter d ln1, each rank its rows
-    tp_reduce_scatter(m, t->dfull, s->dln, t->full);                                 // (N, C)
-    layernorm_backward(dres, g->ln1w, g->ln1b, s->dln, x, p->ln1w, a->ln1_mean, a->ln1_rstd, N, C);
-    layernorm_backward(NULL, g->ln2w, g->ln2b, dln2, a->res2, NULL, a->ln2_mean, a->ln2_rstd, N, C);
+        cp_ulysses_backward(&at, layer_qkv_h(m, l), layer_y_h(m, l), layer_lse(m, l), datty, dqkv);
 }
 
 // ---------------------------------------------------------------- the attention half: who runs it
 
-void expert_attention_forward(ExpertModel* m, int l, const BlockParams* p, BlockActs* a, const float* x) {
-    if (m->tp.tp > 1) {
-        tp_attention_forward(m, l, p, a, x);
-        return;
-    }
-    moe_attention_in(p, a, x, m->N, m->cfg.gpt.channels);  // moe_attention_forward's halves
-    core_forward(m, l, a);                                  // around chapter 0's op, or the ring or Ulysses over cp
-    moe_attention_out(p, a, x, m->N, m->cfg.gpt.channels);
+// With --tp, chapter 6's attention half (sequence.h) over the tp group: my
+// N rows of its N tp, regrouped for attention under zigzag (my rows'
+// layout, cp.sh), with attention's core above. a->qkv (N tp, 3C/tp) and
+// a->atty (N tp, C/tp) hold every row of the group for my heads (the same
+// floats as N rows of 3C and C: the GPT's buffers).
+static SpAttention over_tp(ExpertModel* m, const AttentionCore* core, const WeightGradHook* wg) {
+    const GPTConfig* c = &m->cfg.gpt;
+    return (SpAttention){m->tp.tpc, m->N, m->tp.sh.T, c->channels, c->num_heads, m->tp.full, m->tp.dfull,
+                         &m->cp.sh, core, wg};
 }
 
-void expert_attention_backward(ExpertModel* m, int l, const BlockParams* p, BlockParams* g, const BlockActs* a,
-                               const BlockScratch* s, const float* x, const float* dln2, float* dres) {
+void expert_attention_forward(ExpertModel* m, int l, const BlockParams* p, BlockActs* a, const float* x) {
+    const int N = m->N, C = m->cfg.gpt.channels;
     if (m->tp.tp > 1) {
-        tp_attention_backward(m, l, p, g, a, s, x, dln2, dres);
+        AttentionCore core = {core_forward, core_backward, m, l};
+        SpAttention v = over_tp(m, &core, NULL);
+        sp_attention_forward(&v, p, a, x);  // a->res2 (N, C) my rows
+        layernorm_forward(a->ln2, a->ln2_mean, a->ln2_rstd, a->res2, p->ln2w, p->ln2b, N, C);
         return;
     }
+    moe_attention_in(p, a, x, N, C);   // moe_attention_forward's halves
+    core_forward(m, l, a);             // around chapter 0's op, or the ring or Ulysses over cp
+    moe_attention_out(p, a, x, N, C);
+}
+
+// dres: d res3 on entry (my rows), d x on return; dln2 (N, C) d ln2's output.
+void expert_attention_backward(ExpertModel* m, int l, const BlockParams* p, BlockParams* g, const BlockActs* a,
+                               const BlockScratch* s, const float* x, const float* dln2, float* dres) {
     const int N = m->N, C = m->cfg.gpt.channels;
+    if (m->tp.tp > 1) {
+        layernorm_backward(dres, g->ln2w, g->ln2b, dln2, a->res2, p->ln2w, a->ln2_mean, a->ln2_rstd, N, C);
+        // attprojb, added once per row: its gradient over my rows of d res2
+        // (the batch group's mean of the replicated gradients adds the other
+        // tp ranks' rows); chapter 6's the rest, the weight gradients at once
+        // or (zb) queued for W (composed_wgrad.c)
+        expert_wgrad(m, l, NULL, g->attprojb, dres, NULL, N, C / m->tp.tp, C);
+        BlockParams gs = *g;
+        gs.attprojb = NULL;
+        AttentionCore core = {core_forward, core_backward, m, l};
+        WeightGradHook wg = {expert_wgrad_hook, m, l};
+        SpAttention v = over_tp(m, &core, &wg);
+        sp_attention_backward(&v, p, &gs, a, s, x, dres, s->dln);
+        return;
+    }
     moe_attention_backward_out(p, a, s, dln2, dres, N, C);  // s->datty; s->dqkv zeroed; d res2 kept
-    core_backward(m, l, a, s);
+    core_backward(m, l, a, s->datty, s->dqkv);
     // the input half and the LayerNorms' weights; the two matmuls' weights
     // at once or (zb) queued for W (composed_wgrad.c)
     BlockParams gi = *g;

@@ -15,7 +15,8 @@ For every rank and every step of the trace (step_comm.py's listing, as --json --
 
   1. the order of one step: per MoE layer l = 0..L-1 in "block l forward",
      the attention (with --tp: an all-gather over tp, the cp traffic, a
-     reduce-scatter over tp; composed_attention.c), then the dispatch and combine
+     reduce-scatter over tp; chapter 6's sp_attention_forward, which
+     composed_attention.c calls), then the dispatch and combine
      all-to-alls over ep (2 N of them, N = --ep-overlap's chunks); backward,
      l = L-1..0 in "block l backward", the MoE's 2 N all-to-alls over ep
      first, then the attention's backward (with --tp: an all-gather, the cp

@@ -9,7 +9,8 @@
 #      --ep-overlap 2, dp 4 x ep 2 on 8 ranks, tp 2 x ep 2 on 4: 2 or 3
 #      steps of the test model with --trace and --log;
 #   2. tests/step_comm_check.py: every rank's every step lists the collectives
-#      capstone/main.c and composed_attention.c issue, in their order, on their
+#      capstone/main.c and chapter 6's attention half (composed_attention.c
+#      calls it) issue, in their order, on their
 #      groups, with the bytes that do not depend on the routing (the ring's
 #      messages, tp's all-gathers and reduce-scatters, the dispatch's total,
 #      the gradients' all-reduces), and the calls and bytes add up to the
