@@ -142,23 +142,17 @@ static void block_forward_sp(const SP* s, const BlockParams* p, BlockActs* a, co
 // The group's rows of my rows' tensor (Nl, C), all-gathered over tp: the
 // tp blocks of rows in rank order are the (B,T,C) tensor; under zigzag
 // (v->order) they are regrouped into attention's order, through scratch.
+static int regrouped(const SpAttention* v) { return v->order && v->order->parts > 1; }
+
 static void group_allgather(const SpAttention* v, const float* mine, float* all, float* scratch) {
-    size_t NlC = (size_t)v->Nl * v->C;
-    if (!v->order || v->order->parts == 1) {
-        comm_allgather(v->tp, mine, all, NlC);
-        return;
-    }
-    comm_allgather(v->tp, mine, scratch, NlC);
-    cp_shard_regroup(v->order, v->tp->size, all, scratch, v->C, 1);
+    comm_allgather(v->tp, mine, regrouped(v) ? scratch : all, (size_t)v->Nl * v->C);
+    if (regrouped(v)) cp_shard_regroup(v->order, v->tp->size, all, scratch, v->C, 1);
 }
 
 // Every row's partial sums (Nl tp, C) added over tp, my rows kept (Nl, C).
 static void group_reduce_scatter(const SpAttention* v, const float* all, float* mine, float* scratch) {
-    if (v->order && v->order->parts > 1) {
-        cp_shard_regroup(v->order, v->tp->size, scratch, all, v->C, 0);
-        all = scratch;
-    }
-    comm_reduce_scatter(v->tp, all, mine, (size_t)v->Nl * v->C, COMM_SUM);
+    if (regrouped(v)) cp_shard_regroup(v->order, v->tp->size, scratch, all, v->C, 0);
+    comm_reduce_scatter(v->tp, regrouped(v) ? scratch : all, mine, (size_t)v->Nl * v->C, COMM_SUM);
 }
 
 // The attention half (sequence.h): ln1's rows of every token, qkv
@@ -255,7 +249,7 @@ void sp_attention_backward(const SpAttention* v, const BlockParams* p, BlockPara
     ops_zero(sc->dqkv, (size_t)N * 3 * Cl);
     if (v->core) v->core->backward(v->core->ctx, v->core->layer, a, sc->datty, sc->dqkv);
     else attention_flash_backward(sc->dqkv, sc->datty, a->qkv, a->atty, a->lse, N / v->T, v->T, Cl, NHl);
-    if (!v->order || v->order->parts == 1) {
+    if (!regrouped(v)) {
         // gather_from_sequence_parallel_region, backward, with ln1 gathered again
         sp_column_parallel_backward(v->tp, g->qkvw, g->qkvb, dln, sc->dqkv, a->ln1, p->qkvw, v->dfull, v->full, Nl, C,
                                     3 * Cl, v->wg);
