@@ -119,14 +119,14 @@ static BlockActs sp_acts(const SP* s, int l) {
 
 // ---------------------------------------------------------------- the block
 
-// x (Nl,C): this rank's tokens of the block's input; a->res3 (Nl,C) the same
-// tokens of its output. Every collective of the block is in its two halves.
+// The tp group's rows in rank order, chapter 0's attention, gradients at once.
 static SpAttention sp_attention_of(const SP* s) {
     const TPModel* m = &s->m;
-    // the tp group's rows in rank order, chapter 0's attention, gradients at once
     return (SpAttention){m->tp, s->Nl, m->T, m->cfg.channels, m->cfg.num_heads, s->full, s->dfull, NULL, NULL, NULL};
 }
 
+// x (Nl,C): this rank's tokens of the block's input; a->res3 (Nl,C) the same
+// tokens of its output. Every collective of the block is in its two halves.
 static void block_forward_sp(const SP* s, const BlockParams* p, BlockActs* a, const float* x) {
     int Nl = s->Nl, C = s->m.cfg.channels;
     // attention (sp_attention_forward, below): ln1 on this rank's tokens,
