@@ -169,96 +169,54 @@ void expert_stage_free(ExpertPipe* P) {
 // ---------------------------------------------------------------- checkpoints and --save
 
 // This rank's slices of the training state (ckpt.h), in the MoE model's own
-// global tensors (moe.h), so that nothing is written twice: the experts and
-// their moments exist once per dp x cp x tp replica, on the ep rank that
-// holds them, so replica 0 writes them, each ep rank its own E/ep; dp
-// replica 0 writes its stage's pieces of the replicated state (spread over
-// the ep ranks, 1/ep of each piece); every rank reads its pieces (the tied
-// copy of wte too) and its experts. With --tp, dp x cp x ep rank 0 of each
-// tp rank writes its slices of the chunk's layers (expert_tp_ckpt_add)
-// (strided slices of the global tensors). So pp2 resumes on pp1 and back,
-// tp2 x pp2 on any other mesh; E = 1, H = 4C is the dense GPT's checkpoint
-// (chapter 0 resumes it), as chapter 7's own (moe_model_ckpt_open).
-// Without the pipeline the rank's one chunk has the whole model's pieces.
-// --zero: each rank of a buffer's group writes and reads its shard of each
-// of the engine's units (zero_buffer_ckpt, chapter 3's), as slices of the
-// global tensors: --zero 1 of the moments, the one unit the chunk's whole
-// buffer (its pieces, the tied copy of wte read, not written: stage 0
-// writes it; its experts' layers; its tp slices); --zero 2, 3 (no pipeline)
-// of each layer's unit, its parameters too.
+// global tensors (moe.h), so that nothing is written twice and every rank
+// reads what it holds: each of a chunk's buffers through chapter 3's
+// zero_buffer_ckpt, which spreads the writing of what its group of copies
+// holds whole over the group (the replicated buffer over dp x cp x ep x tp,
+// the experts over dp x cp x tp, the tp slices over dp x cp x ep), and under
+// --zero writes and reads the engine's shards. A chunk's buffers as slices
+// of the global tensors: its pieces of the replicated floats (the tied copy
+// of wte read, not written: stage 0 writes it), its MoE layers' experts, its
+// layers' tp slices (strided slices of the global tensors). So pp2 resumes
+// on pp1 and back, tp2 x pp2 on any other mesh; E = 1, H = 4C is the dense
+// GPT's checkpoint (chapter 0 resumes it), as chapter 7's own
+// (moe_model_ckpt_open). Without the pipeline the rank's one chunk has the
+// whole model's pieces.
 typedef struct {
     const ExpertPipe* P;
     const XpChunk* ch;
     int b;
 } ChunkBuffer;
 
-// The engine's unit i of buffer b as slices of the global tensors, values
-// at data: the buffer's units [u0, u0 + nu) (--zero 1: all of them), a
+// Units [u0, u0 + nu) of buffer b (zero_buffer.h's ZeroBufferSlices): a
 // range of the replicated floats (cut by the chunk's pieces), MoE layers of
 // the experts, layers of the tp slices.
-static void unit_slices(void* ctx, CkptList* out, int write, int i, float* data) {
+static void unit_slices(void* ctx, CkptList* out, int write, CkptKind kind, int u0, int nu, float* data) {
     const ChunkBuffer* cb = ctx;
     const XpChunk* ch = cb->ch;
     const ExpertModel* m = &ch->m;
-    const ZeroBuffer* z = &m->z[cb->b];
     const MoeConfig* cfg = &cb->P->cfg;
-    int u0 = m->zero == 1 ? 0 : i, nu = m->zero == 1 ? z->units : 1;
     if (cb->b == ZERO_SHARED) {  // the floats [a, e) of the chunk's buffer, piece by piece
-        size_t a = z->unit_off[u0], e = z->unit_off[u0 + nu];
+        size_t a = m->z[cb->b].unit_off[u0], e = m->z[cb->b].unit_off[u0 + nu];
         for (int k = 0; k < ch->n_pieces; k++) {
             Piece pc = ch->piece[k];
             size_t lo = pc.local > a ? pc.local : a, hi = pc.local + pc.count < e ? pc.local + pc.count : e;
             if (lo < hi && !(write && pc.tied_copy))
-                moe_ckpt_add_shared(out, cfg, CKPT_PARAMS, pc.global + (lo - pc.local), hi - lo, data + (lo - a));
+                moe_ckpt_add_shared(out, cfg, kind, pc.global + (lo - pc.local), hi - lo, data + (lo - a));
         }
     }
-    if (cb->b == ZERO_EXPERTS)
-        moe_ckpt_add_expert_layers(out, cfg, CKPT_PARAMS, ch->moe0 + u0, nu, m->e0, m->E_local, data);
-    if (cb->b == ZERO_TP) expert_tp_ckpt_add(out, m, CKPT_PARAMS, u0, nu, data);
-}
-
-static void chunk_zero_ckpt(Ckpt* ck, const ExpertPipe* P, XpChunk* ch) {
-    for (int b = 0; b < ch->m.nz; b++) {
-        ChunkBuffer cb = {P, ch, b};
-        zero_buffer_ckpt(&ck->own, &ck->need, &ch->m.z[b], unit_slices, &cb);
-    }
+    if (cb->b == ZERO_EXPERTS) moe_ckpt_add_expert_layers(out, cfg, kind, ch->moe0 + u0, nu, m->e0, m->E_local, data);
+    if (cb->b == ZERO_TP) expert_tp_ckpt_add(out, m, kind, u0, nu, data);
 }
 
 void expert_stage_ckpt(Ckpt* ck, ExpertPipe* P) {
     // the whole model's tensors and routing settings (every chunk routes under the same flags)
     moe_ckpt_model(ck, &P->cfg, P->chunk[0].m.moe.capacity_factor, P->chunk[0].m.moe.aux_coef);
-    for (int c = 0; c < P->v; c++) {
-        ExpertModel* m = &P->chunk[c].m;
-        if (m->zero > 1) {  // --zero 2, 3 (no pipeline): each rank its shards of every unit
-            chunk_zero_ckpt(ck, P, &P->chunk[c]);
-            continue;
+    for (int c = 0; c < P->v; c++)
+        for (int b = 0; b < P->chunk[c].m.nz; b++) {
+            ChunkBuffer cb = {P, &P->chunk[c], b};
+            zero_buffer_ckpt(&ck->own, &ck->need, &P->chunk[c].m.z[b], unit_slices, &cb);
         }
-        float* shared[CKPT_NUM_KINDS] = {m->shared, m->m_s, m->v_s};
-        float* experts[CKPT_NUM_KINDS] = {m->experts, m->m_e, m->v_e};
-        for (int k = 0; k < (m->zero ? 1 : CKPT_NUM_KINDS); k++) {  // --zero 1: the moments' shards below
-            for (int i = 0; i < P->chunk[c].n_pieces; i++) {
-                Piece pc = P->chunk[c].piece[i];
-                size_t per = (pc.count + m->ep - 1) / m->ep, lo = (size_t)m->epc->rank * per;
-                if (lo > pc.count) lo = pc.count;
-                size_t n = pc.count - lo < per ? pc.count - lo : per;
-                if (m->dpcp->rank == 0 && !pc.tied_copy && n > 0)
-                    moe_ckpt_add_shared(&ck->own, &P->cfg, (CkptKind)k, pc.global + lo, n, shared[k] + pc.local + lo);
-                moe_ckpt_add_shared(&ck->need, &P->cfg, (CkptKind)k, pc.global, pc.count, shared[k] + pc.local);
-            }
-            if (m->dpcp->rank == 0)
-                moe_ckpt_add_expert_layers(&ck->own, &P->cfg, (CkptKind)k, P->chunk[c].moe0, P->chunk[c].n_moe, m->e0,
-                                           m->E_local, experts[k]);
-            moe_ckpt_add_expert_layers(&ck->need, &P->cfg, (CkptKind)k, P->chunk[c].moe0, P->chunk[c].n_moe, m->e0,
-                                       m->E_local, experts[k]);
-            if (m->tp.tp > 1) {
-                float* slices[CKPT_NUM_KINDS] = {m->tp.w, m->tp.m, m->tp.v};
-                int n = m->cfg.gpt.num_layers;
-                if (m->tp.dpcpep->rank == 0) expert_tp_ckpt_add(&ck->own, m, (CkptKind)k, 0, n, slices[k]);
-                expert_tp_ckpt_add(&ck->need, m, (CkptKind)k, 0, n, slices[k]);
-            }
-        }
-        if (m->zero) chunk_zero_ckpt(ck, P, &P->chunk[c]);
-    }
 }
 
 // --save FILE: chapter 7's writer (expert_model_save), which gathers the
