@@ -1,9 +1,11 @@
 // zero_buffer.c: a buffer under a ZeRO stage over its group of copies
-// (zero_buffer.h): its units, its engine and its checkpoint lines. The
-// step's collectives are the caller's (capstone/main.c), and so are the
-// units' gathers and reduce-scatters, in its layer loop.
+// (zero_buffer.h): its units, its engine, its checkpoint lines and its
+// --show-sharding rows. The step's collectives are the caller's
+// (capstone/main.c), and so are the units' gathers and reduce-scatters, in
+// its layer loop.
 #include "zero_buffer.h"
 
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -175,4 +177,32 @@ void zero_buffer_ckpt(CkptList* own, CkptList* need, const ZeroBuffer* z, ZeroBu
         }
         if (f->zero == 2) slices(ctx, need, 0, CKPT_PARAMS, u0, nu, f->full_params + f->padded_off[i]);  // read whole
     }
+}
+
+void zero_buffer_sharding(ShardTable* t, const ZeroBuffer* z, const char* name, const char* shape, const char* spec,
+                          const char* group, const char* slice) {
+    double f = sizeof(float), n = (double)z->n, S = (double)z->S;  // S = n without --zero
+    char flat[64];
+    snprintf(flat, sizeof(flat), "%s flat/%s", spec, group);
+    shard_table_add(t, name, shape, spec, spec, z->zero ? flat : spec, slice, f * (z->zero == 3 ? S : n),
+                    z->zero > 1 ? 0 : f * n, 2 * f * S);
+}
+
+void zero_buffer_sharding_engine(ShardTable* t, const ZeroBuffer* z) {
+    if (!z->zero) return;
+    const FSDP* e = &z->f;
+    double f = sizeof(float), pad = f * (double)(e->padded_total - z->n), tied = 0;
+    if (z->zero < 3)
+        shard_table_add(t, "ZeRO padding", "", "tails", z->zero == 1 ? "tails" : NULL, NULL, "", pad,
+                        z->zero == 1 ? pad : 0, 0);
+    if (z->zero == 3)
+        shard_table_add(t, "gather slots", "", "gathered", NULL, NULL, "2 x the largest unit",
+                        2 * f * (double)e->max_padded, 0, 0);
+    shard_table_add(t, "ZeRO grad shard", "", NULL, z->zero == 1 ? "flat" : "units/group", NULL, "mine", 0,
+                    f * (double)z->S, 0);
+    if (z->zero == 1) return;  // its full gradient is the buffer's row
+    for (int i = 0; i < e->n; i++)
+        if (e->own_grads[i]) tied += (double)(e->shard[i] * (size_t)e->dp->size);
+    shard_table_add(t, "unit gradient", "", NULL, "(-)", NULL, "the largest unit, wte's", 0,
+                    f * ((double)e->max_padded + tied), 0);
 }

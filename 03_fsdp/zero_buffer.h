@@ -28,6 +28,7 @@
 #include "ckpt.h"
 #include "comm.h"
 #include "fsdp.h"
+#include "sharding.h"
 
 typedef struct {
     const Comm* g;   // the ranks that hold identical copies of the buffer
@@ -99,5 +100,18 @@ typedef void (*ZeroBufferSlices)(void* ctx, CkptList* out, int write, CkptKind k
 // of each unit (fsdp_ckpt_shard, chapter 3's), --zero 3 reads so too and
 // --zero 2 reads the parameters whole (every rank holds them).
 void zero_buffer_ckpt(CkptList* own, CkptList* need, const ZeroBuffer* z, ZeroBufferSlices slices, void* ctx);
+// --show-sharding (common/sharding.h): the buffer's row, named name: its
+// placement spec without ZeRO ("(pp, ep, -)"), under --zero its moments
+// "spec flat/group"; the bytes this rank holds of its parameters (--zero 3
+// the shard), its gradient (--zero 2, 3: none, the engine's rows hold it)
+// and its moments (the shard).
+void zero_buffer_sharding(ShardTable* t, const ZeroBuffer* z, const char* name, const char* shape, const char* spec,
+                          const char* group, const char* slice);
+// --zero: the engine's rows beyond the buffers', each buffer's bytes added
+// to the rows of the buffers before it: the padding of the shards' tails
+// (--zero 1 in the parameters and gradient, 2 in the parameters); --zero 3
+// the two gather slots; the gradient shard; --zero 2, 3 the unit gradient
+// buffer and a tied unit's own (the GPT's wte).
+void zero_buffer_sharding_engine(ShardTable* t, const ZeroBuffer* z);
 
 #endif

@@ -261,76 +261,43 @@ void expert_stage_save(ExpertPipe* P, const char* path) {
     for (int b = 0; b < nb; b++) mem_free(*dev[b]), free(host[b]);
 }
 
-// --zero 2, 3: what the engines hold beyond the buffers' rows (the
-// parameters whole, or --zero 3's shards; no gradient): the gradient shards
-// and the unit gradient buffers; --zero 2 the padding of the parameters, 3
-// the two gather slots.
-static void zero_units_sharding(const ExpertModel* m, ShardTable* t) {
-    double f = sizeof(float), pad = 0, shard = 0, slots = 0, unit = 0;
-    for (int b = 0; b < m->nz; b++) {
-        const FSDP* e = &m->z[b].f;
-        pad += (double)(e->padded_total - m->z[b].n), shard += (double)e->shard_total;
-        slots += 2.0 * (double)e->max_padded;
-        unit += (double)e->max_padded + (e->own_grads[0] ? (double)(e->shard[0] * (size_t)e->dp->size) : 0.0);
-    }
-    if (m->zero == 2) shard_table_add(t, "ZeRO padding", "", "tails", NULL, NULL, "", f * pad, 0, 0);
-    if (m->zero == 3) shard_table_add(t, "gather slots", "", "gathered", NULL, NULL, "2 x the largest unit", f * slots, 0, 0);
-    shard_table_add(t, "ZeRO grad shard", "", NULL, "units/group", NULL, "mine", 0, f * shard, 0);
-    shard_table_add(t, "unit gradient", "", NULL, "(-)", NULL, "the largest unit, wte's", 0, f * unit, 0);
-}
-
-// --show-sharding: each chunk's replicated buffer (its layers, with the
-// slots of wte, wpe and lnf a model of its own has), its experts and its tp
-// slices (a rank's chunks named when it has several; the pp axis "-" at pp = 1).
+// --show-sharding: each chunk's buffers, a row each (chapter 3's
+// zero_buffer_sharding): the replicated buffer (its layers, with the slots
+// of wte, wpe and lnf a model of its own has), its experts and its tp
+// slices (a rank's chunks named when it has several; the pp axis "-" at
+// pp = 1); then the ZeRO engine's rows over every buffer.
 void expert_stage_show_sharding(const ExpertPipe* P, int show) {
     if (!show) return;
     ShardTable* t = xcalloc(1, sizeof(ShardTable));
     const ExpertModel* m0 = &P->chunk[0].m;
-    double f = sizeof(float), pad = 0, gsh = 0;  // --zero 1: each buffer's padding to N S and its gradient shard
-    // --zero 2: no whole gradient (the engines' rows below); 3: the parameters' shards only
-    double p3 = m0->zero == 3 ? 0 : 1, g2 = m0->zero > 1 ? 0 : 1;
     const char* pp = P->pp > 1 ? "pp" : "-";  // an axis of one rank keeps the dimension whole
-    char name[96], slice[96], chunk[24], layers[48], ax[2][48];  // fit any int
+    char name[96], slice[96], chunk[24], spec[48];  // fit any int
     for (int c = 0; c < P->v; c++) {
         const XpChunk* ch = &P->chunk[c];
         const ExpertModel* m = &ch->m;
-        // --zero 1: the moments flat over each buffer's copies (m->batch, m->dpcp, m->tp.dpcpep; zero_buffer.h)
-        const ZeroBuffer* z[] = {&m->z[ZERO_SHARED], &m->z[ZERO_EXPERTS], &m->z[ZERO_TP]};  // in the table's order
-        double s3 = m->zero == 3 ? f : 0, shared = (double)m->n_shared, experts = (double)m->n_experts;
         int last = ch->first + m->cfg.gpt.num_layers - 1, NH = m->cfg.gpt.num_heads;
         snprintf(chunk, sizeof(chunk), "chunk %d: ", c);
         if (P->v == 1) chunk[0] = '\0';  // a chunk named when a rank has several
-        snprintf(layers, sizeof(layers), "layers %d..%d, ", ch->first, last);
+        // --zero: the moments flat over each buffer's copies (m->batch, m->dpcp, m->tp.dpcpep)
         snprintf(name, sizeof(name), "%sGPT + routers", chunk);
         snprintf(slice, sizeof(slice), "layers %d..%d%s%s", ch->first, last, m->embeds ? ", embedding" : "",
                  m->has_head ? ", head" : "");
-        snprintf(ax[0], sizeof(ax[0]), "(%s, -)", pp);
-        snprintf(ax[1], sizeof(ax[1]), "(%s, -) flat/batch", pp);
-        shard_table_add(t, name, "", ax[0], ax[0], m->zero ? ax[1] : ax[0], slice,
-                        p3 * f * shared + s3 * (double)z[0]->S, g2 * f * shared, 2 * f * (double)z[0]->S);
+        snprintf(spec, sizeof(spec), "(%s, -)", pp);
+        zero_buffer_sharding(t, &m->z[ZERO_SHARED], name, "", spec, "batch", slice);
         snprintf(name, sizeof(name), "%sexperts", chunk);
         snprintf(slice, sizeof(slice), "experts %d..%d of %d", m->e0, m->e0 + m->E_local - 1, m->cfg.experts);
-        snprintf(ax[0], sizeof(ax[0]), "(%s, ep, -)", pp);
-        snprintf(ax[1], sizeof(ax[1]), "(%s, ep, -) flat/dpcp", pp);
-        shard_table_add(t, name, "(Lm, E, ...)", ax[0], ax[0], m->zero ? ax[1] : ax[0], slice,
-                        p3 * f * experts + s3 * (double)z[1]->S, g2 * f * experts, 2 * f * (double)z[1]->S);
+        snprintf(spec, sizeof(spec), "(%s, ep, -)", pp);
+        zero_buffer_sharding(t, &m->z[ZERO_EXPERTS], name, "(Lm, E, ...)", spec, "dpcp", slice);
         if (m->tp.tp > 1) {  // qkvw, qkvb by rows (my heads' q, k, v), attprojw by columns; a dense fc likewise
-            double sl = (double)m->tp.n;
             int h0 = m->tp.rank * NH / m->tp.tp, h1 = (m->tp.rank + 1) * NH / m->tp.tp - 1;
             snprintf(name, sizeof(name), "%sqkv, attproj%s", chunk, m->cfg.moe_every > 1 ? ", fc, fcproj" : "");
-            snprintf(slice, sizeof(slice), "%sheads %d..%d", layers, h0, h1);
-            snprintf(ax[0], sizeof(ax[0]), "(%s, tp, -)", pp);
-            snprintf(ax[1], sizeof(ax[1]), "(%s, tp, -) flat/dpcpep", pp);
-            shard_table_add(t, name, "(L, ...)", ax[0], ax[0], m->zero ? ax[1] : ax[0], slice,
-                            p3 * f * sl + s3 * (double)z[2]->S, g2 * f * sl, 2 * f * (double)z[2]->S);
+            snprintf(slice, sizeof(slice), "layers %d..%d, heads %d..%d", ch->first, last, h0, h1);
+            snprintf(spec, sizeof(spec), "(%s, tp, -)", pp);
+            zero_buffer_sharding(t, &m->z[ZERO_TP], name, "(L, ...)", spec, "dpcpep", slice);
         }
-        for (int b = 0; m->zero == 1 && b < m->nz; b++) pad += (double)(z[b]->full - z[b]->n), gsh += (double)z[b]->S;
     }
-    if (m0->zero > 1) zero_units_sharding(m0, t);
-    if (m0->zero == 1) {
-        shard_table_add(t, "ZeRO padding", "", "tails", "tails", NULL, "", f * pad, f * pad, 0);
-        shard_table_add(t, "ZeRO grad shard", "", NULL, "flat", NULL, "mine", 0, f * gsh, 0);
-    }
+    for (int c = 0; c < P->v; c++)
+        for (int b = 0; b < P->chunk[c].m.nz; b++) zero_buffer_sharding_engine(t, &P->chunk[c].m.z[b]);
     char title[80];
     snprintf(title, sizeof(title), "chapter 7, pp=%d x %d chunk%s, ep=%d, dp=%d, tp=%d", P->pp, P->v, P->v == 1 ? "" : "s",
              m0->ep, m0->dp->size, m0->tp.tp);
