@@ -91,7 +91,7 @@ void zero_buffer_sumsq(double* mine, const ZeroBuffer* z);
 // caller's map from its buffer to the model's tensors.
 typedef void (*ZeroBufferSlices)(void* ctx, CkptList* out, int write, CkptKind kind, int u0, int nu, float* data);
 // What this rank writes (own) and reads (need) of the buffer's training
-// state, so that the group writes each float once, in shards of one size:
+// state, so that the group writes each float once, spread evenly over it:
 // what is whole on every rank of g (without --zero every state; --zero 1
 // the parameters) rank r writes as the shard ZeRO-1 gives it, floats
 // [r S, (r + 1) S) of the buffer, and reads whole; what the engine shards

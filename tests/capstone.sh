@@ -288,6 +288,15 @@ c7_ckt=$TEST_TMPDIR/c7_ckt
 mpi_run $T_RUN 4 "$BUILD/capstone" $c7_flags --ep 2 --tp 2 --ckpt-dir "$c7_ckt" --save-every 4 --log "$TEST_TMPDIR/c7_ckt.jsonl"
 mpi_run $T_RUN 4 "$BUILD/capstone" $c7_flags --ep 2 --tp 2 --resume "$c7_ckt/step-00000004" --log "$TEST_TMPDIR/c7_ckt_res.jsonl"
 c7_resumed_same "ep x tp = 2 x 2" "$TEST_TMPDIR/c7_ckt.jsonl" "$TEST_TMPDIR/c7_ckt_res.jsonl"
+# ... written once and spread evenly: each buffer's copies write 1/N of it
+# (zero_buffer_ckpt: the replicated buffer over all four ranks, the experts
+# over tp, the tp slices over ep), so the four files are of one size
+sizes=$(sed -n 's/^file [0-9]* rank-[0-9]*\.bin bytes=\([0-9]*\) .*/\1/p' "$c7_ckt/step-00000004/MANIFEST" | sort -u)
+if [ "$(grep -c '^file [0-9]' "$c7_ckt/step-00000004/MANIFEST")" = 4 ] && [ -n "$sizes" ] && [ "$(echo "$sizes" | wc -l)" = 1 ]; then
+    pass "capstone: ep x tp = 2 x 2 writes its checkpoint as 4 files of one size ($sizes bytes), each buffer spread over its copies"
+else
+    fail "capstone: ep x tp = 2 x 2's checkpoint files" "sizes: $(grep '^file' "$c7_ckt/step-00000004/MANIFEST" | cut -d' ' -f3,4 | tr '\n' ' ')"
+fi
 for run in "1 tp2to1 one rank" "4 tp1to2 tp x cp = 2 x 2"; do
     read -r np tag where <<< "$run"
     if [ "$tag" = tp2to1 ]; then ck=$c7_ckt/step-00000004 src=$TEST_TMPDIR/c7_ckt.jsonl mesh=""
