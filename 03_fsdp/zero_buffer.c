@@ -1,9 +1,11 @@
 // zero_buffer.c: a buffer under a ZeRO stage over its group of copies
-// (zero_buffer.h): its units, its engine and its checkpoint lines. The
-// step's collectives are the caller's (capstone/main.c), and so are the
-// units' gathers and reduce-scatters, in its layer loop.
+// (zero_buffer.h): its units, its engine, its checkpoint lines and its
+// --show-sharding rows. The step's collectives are the caller's
+// (capstone/main.c), and so are the units' gathers and reduce-scatters, in
+// its layer loop.
 #include "zero_buffer.h"
 
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -129,31 +131,78 @@ static void cut_unit(void* ctx, CkptList* out, int unit, size_t lo, size_t n, Ck
     const UnitCut* c = ctx;
     (void)unit;
     for (int i = 0; i < c->full->n; i++) {
-        const CkptSlice* s = &c->full->s[i];
-        size_t at = (size_t)(s->data - c->origin);  // the slice's runs sit one after another in the unit
-        for (size_t j = 0; j < s->count; j++, at += s->len) {
-            size_t a = at > lo ? at : lo, b = at + s->len < lo + n ? at + s->len : lo + n;
+        CkptSlice s = c->full->s[i];
+        size_t at = (size_t)(s.data - c->origin);  // the slice's runs sit one after another in the unit
+        if (at >= lo && at + s.count * s.len <= lo + n) {  // all of it (a strided slice stays one)
+            s.kind = kind, s.data = base + (at - lo);
+            ckpt_add(out, s);
+            continue;
+        }
+        for (size_t j = 0; j < s.count; j++, at += s.len) {
+            size_t a = at > lo ? at : lo, b = at + s.len < lo + n ? at + s.len : lo + n;
             if (a >= b) continue;
-            ckpt_add(out, (CkptSlice){.tensor = s->tensor, .start = s->start + j * s->stride + (a - at), .len = b - a,
+            ckpt_add(out, (CkptSlice){.tensor = s.tensor, .start = s.start + j * s.stride + (a - at), .len = b - a,
                                       .count = 1, .kind = kind, .data = base + (a - lo)});
         }
     }
 }
 
 void zero_buffer_ckpt(CkptList* own, CkptList* need, const ZeroBuffer* z, ZeroBufferSlices slices, void* ctx) {
+    // whole on every rank: without --zero the three states, --zero 1 the
+    // parameters; rank r writes floats [r S, (r + 1) S) of each, as ZeRO-1 cuts
+    float* whole[CKPT_NUM_KINDS] = {z->params, z->m, z->v};
+    size_t N = (size_t)z->g->size, S = (z->n + N - 1) / N, lo = (size_t)z->g->rank * S;
+    if (lo > z->n) lo = z->n;
+    for (int k = 0; k < (z->zero == 0 ? CKPT_NUM_KINDS : z->zero == 1 ? 1 : 0); k++) {
+        CkptList full = {0};
+        slices(ctx, &full, 1, (CkptKind)k, 0, z->units, whole[k]);
+        UnitCut cut = {&full, whole[k]};
+        cut_unit(&cut, own, 0, lo, z->n - lo < S ? z->n - lo : S, (CkptKind)k, whole[k] + lo);
+        ckpt_list_free(&full);
+        slices(ctx, need, 0, (CkptKind)k, 0, z->units, whole[k]);
+    }
     const FSDP* f = &z->f;
-    for (int i = 0; i < f->n; i++) {
-        // the unit's parameters as slices, at offsets from a buffer of its
-        // size (nothing is read there): --zero 1 the full parameters, 2, 3
-        // the unit gradient buffer
+    for (int i = 0; z->zero && i < f->n; i++) {
+        // the engine's unit i (--zero 1: the whole buffer) as slices, at
+        // offsets from a buffer of its size (nothing is read there): --zero
+        // 1 the full parameters, 2, 3 the unit gradient buffer
+        int u0 = f->zero == 1 ? 0 : i, nu = f->zero == 1 ? z->units : 1;
         float* origin = f->zero == 1 ? f->full_params : f->unit_grads;
         for (int write = 1; write >= 0; write--) {
             CkptList full = {0};
-            slices(ctx, &full, write, i, origin);
+            slices(ctx, &full, write, CKPT_PARAMS, u0, nu, origin);
             UnitCut cut = {&full, origin};
             fsdp_ckpt_shard(f, i, write ? own : need, f->zero == 3 || (write && f->zero == 2), cut_unit, &cut);
             ckpt_list_free(&full);
         }
-        if (f->zero == 2) slices(ctx, need, 0, i, f->full_params + f->padded_off[i]);  // read whole
+        if (f->zero == 2) slices(ctx, need, 0, CKPT_PARAMS, u0, nu, f->full_params + f->padded_off[i]);  // read whole
     }
+}
+
+void zero_buffer_sharding(ShardTable* t, const ZeroBuffer* z, const char* name, const char* shape, const char* spec,
+                          const char* group, const char* slice) {
+    double f = sizeof(float), n = (double)z->n, S = (double)z->S;  // S = n without --zero
+    char flat[64];
+    snprintf(flat, sizeof(flat), "%s flat/%s", spec, group);
+    shard_table_add(t, name, shape, spec, spec, z->zero ? flat : spec, slice, f * (z->zero == 3 ? S : n),
+                    z->zero > 1 ? 0 : f * n, 2 * f * S);
+}
+
+void zero_buffer_sharding_engine(ShardTable* t, const ZeroBuffer* z) {
+    if (!z->zero) return;
+    const FSDP* e = &z->f;
+    double f = sizeof(float), pad = f * (double)(e->padded_total - z->n), tied = 0;
+    if (z->zero < 3)
+        shard_table_add(t, "ZeRO padding", "", "tails", z->zero == 1 ? "tails" : NULL, NULL, "", pad,
+                        z->zero == 1 ? pad : 0, 0);
+    if (z->zero == 3)
+        shard_table_add(t, "gather slots", "", "gathered", NULL, NULL, "2 x the largest unit",
+                        2 * f * (double)e->max_padded, 0, 0);
+    shard_table_add(t, "ZeRO grad shard", "", NULL, z->zero == 1 ? "flat" : "units/group", NULL, "mine", 0,
+                    f * (double)z->S, 0);
+    if (z->zero == 1) return;  // its full gradient is the buffer's row
+    for (int i = 0; i < e->n; i++)
+        if (e->own_grads[i]) tied += (double)(e->shard[i] * (size_t)e->dp->size);
+    shard_table_add(t, "unit gradient", "", NULL, "(-)", NULL, "the largest unit, wte's", 0,
+                    f * ((double)e->max_padded + tied), 0);
 }

@@ -28,6 +28,7 @@
 #include "ckpt.h"
 #include "comm.h"
 #include "fsdp.h"
+#include "sharding.h"
 
 typedef struct {
     const Comm* g;   // the ranks that hold identical copies of the buffer
@@ -84,17 +85,33 @@ float* zero_buffer_whole(ZeroBuffer* z);
 // else the whole buffer) to *mine, the tied copy left out.
 void zero_buffer_sumsq(double* mine, const ZeroBuffer* z);
 
-// Lists the engine's unit i (--zero 1: the whole buffer) as slices of the
-// global tensors (ckpt.h), kind CKPT_PARAMS, its values at data; write: the
-// list this rank writes, which leaves out what another rank writes (a tied
-// copy). The caller's map from its buffer to the model's tensors.
-typedef void (*ZeroBufferSlices)(void* ctx, CkptList* out, int write, int unit, float* data);
-// --zero: what this rank writes (own) and reads (need) of the buffer's
-// training state, unit by unit: its shard of each unit's moments
-// (fsdp_ckpt_shard, chapter 3's), and with --zero 2 and 3 of the
-// parameters, which --zero 3 reads as its shard and --zero 2 whole (every
-// rank holds them). --zero 1 lists no parameters: they are whole on every
-// rank, as without --zero, and the caller lists them so.
+// Lists the buffer's units [u0, u0 + nu) as slices of the global tensors
+// (ckpt.h), kind `kind`, their values at data; write: the list this rank
+// writes, which leaves out what another rank writes (a tied copy). The
+// caller's map from its buffer to the model's tensors.
+typedef void (*ZeroBufferSlices)(void* ctx, CkptList* out, int write, CkptKind kind, int u0, int nu, float* data);
+// What this rank writes (own) and reads (need) of the buffer's training
+// state, so that the group writes each float once, spread evenly over it:
+// what is whole on every rank of g (without --zero every state; --zero 1
+// the parameters) rank r writes as the shard ZeRO-1 gives it, floats
+// [r S, (r + 1) S) of the buffer, and reads whole; what the engine shards
+// (--zero 1 the moments, the engine's one unit the whole buffer; --zero 2
+// and 3 every unit's moments and parameters) each rank writes as its shard
+// of each unit (fsdp_ckpt_shard, chapter 3's), --zero 3 reads so too and
+// --zero 2 reads the parameters whole (every rank holds them).
 void zero_buffer_ckpt(CkptList* own, CkptList* need, const ZeroBuffer* z, ZeroBufferSlices slices, void* ctx);
+// --show-sharding (common/sharding.h): the buffer's row, named name: its
+// placement spec without ZeRO ("(pp, ep, -)"), under --zero its moments
+// "spec flat/group"; the bytes this rank holds of its parameters (--zero 3
+// the shard), its gradient (--zero 2, 3: none, the engine's rows hold it)
+// and its moments (the shard).
+void zero_buffer_sharding(ShardTable* t, const ZeroBuffer* z, const char* name, const char* shape, const char* spec,
+                          const char* group, const char* slice);
+// --zero: the engine's rows beyond the buffers', each buffer's bytes added
+// to the rows of the buffers before it: the padding of the shards' tails
+// (--zero 1 in the parameters and gradient, 2 in the parameters); --zero 3
+// the two gather slots; the gradient shard; --zero 2, 3 the unit gradient
+// buffer and a tied unit's own (the GPT's wte).
+void zero_buffer_sharding_engine(ShardTable* t, const ZeroBuffer* z);
 
 #endif

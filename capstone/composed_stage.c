@@ -169,96 +169,54 @@ void expert_stage_free(ExpertPipe* P) {
 // ---------------------------------------------------------------- checkpoints and --save
 
 // This rank's slices of the training state (ckpt.h), in the MoE model's own
-// global tensors (moe.h), so that nothing is written twice: the experts and
-// their moments exist once per dp x cp x tp replica, on the ep rank that
-// holds them, so replica 0 writes them, each ep rank its own E/ep; dp
-// replica 0 writes its stage's pieces of the replicated state (spread over
-// the ep ranks, 1/ep of each piece); every rank reads its pieces (the tied
-// copy of wte too) and its experts. With --tp, dp x cp x ep rank 0 of each
-// tp rank writes its slices of the chunk's layers (expert_tp_ckpt_add)
-// (strided slices of the global tensors). So pp2 resumes on pp1 and back,
-// tp2 x pp2 on any other mesh; E = 1, H = 4C is the dense GPT's checkpoint
-// (chapter 0 resumes it), as chapter 7's own (moe_model_ckpt_open).
-// Without the pipeline the rank's one chunk has the whole model's pieces.
-// --zero: each rank of a buffer's group writes and reads its shard of each
-// of the engine's units (zero_buffer_ckpt, chapter 3's), as slices of the
-// global tensors: --zero 1 of the moments, the one unit the chunk's whole
-// buffer (its pieces, the tied copy of wte read, not written: stage 0
-// writes it; its experts' layers; its tp slices); --zero 2, 3 (no pipeline)
-// of each layer's unit, its parameters too.
+// global tensors (moe.h), so that nothing is written twice and every rank
+// reads what it holds: each of a chunk's buffers through chapter 3's
+// zero_buffer_ckpt, which spreads the writing of what its group of copies
+// holds whole over the group (the replicated buffer over dp x cp x ep x tp,
+// the experts over dp x cp x tp, the tp slices over dp x cp x ep), and under
+// --zero writes and reads the engine's shards. A chunk's buffers as slices
+// of the global tensors: its pieces of the replicated floats (the tied copy
+// of wte read, not written: stage 0 writes it), its MoE layers' experts, its
+// layers' tp slices (strided slices of the global tensors). So pp2 resumes
+// on pp1 and back, tp2 x pp2 on any other mesh; E = 1, H = 4C is the dense
+// GPT's checkpoint (chapter 0 resumes it), as chapter 7's own
+// (moe_model_ckpt_open). Without the pipeline the rank's one chunk has the
+// whole model's pieces.
 typedef struct {
     const ExpertPipe* P;
     const XpChunk* ch;
     int b;
 } ChunkBuffer;
 
-// The engine's unit i of buffer b as slices of the global tensors, values
-// at data: the buffer's units [u0, u0 + nu) (--zero 1: all of them), a
+// Units [u0, u0 + nu) of buffer b (zero_buffer.h's ZeroBufferSlices): a
 // range of the replicated floats (cut by the chunk's pieces), MoE layers of
 // the experts, layers of the tp slices.
-static void unit_slices(void* ctx, CkptList* out, int write, int i, float* data) {
+static void unit_slices(void* ctx, CkptList* out, int write, CkptKind kind, int u0, int nu, float* data) {
     const ChunkBuffer* cb = ctx;
     const XpChunk* ch = cb->ch;
     const ExpertModel* m = &ch->m;
-    const ZeroBuffer* z = &m->z[cb->b];
     const MoeConfig* cfg = &cb->P->cfg;
-    int u0 = m->zero == 1 ? 0 : i, nu = m->zero == 1 ? z->units : 1;
     if (cb->b == ZERO_SHARED) {  // the floats [a, e) of the chunk's buffer, piece by piece
-        size_t a = z->unit_off[u0], e = z->unit_off[u0 + nu];
+        size_t a = m->z[cb->b].unit_off[u0], e = m->z[cb->b].unit_off[u0 + nu];
         for (int k = 0; k < ch->n_pieces; k++) {
             Piece pc = ch->piece[k];
             size_t lo = pc.local > a ? pc.local : a, hi = pc.local + pc.count < e ? pc.local + pc.count : e;
             if (lo < hi && !(write && pc.tied_copy))
-                moe_ckpt_add_shared(out, cfg, CKPT_PARAMS, pc.global + (lo - pc.local), hi - lo, data + (lo - a));
+                moe_ckpt_add_shared(out, cfg, kind, pc.global + (lo - pc.local), hi - lo, data + (lo - a));
         }
     }
-    if (cb->b == ZERO_EXPERTS)
-        moe_ckpt_add_expert_layers(out, cfg, CKPT_PARAMS, ch->moe0 + u0, nu, m->e0, m->E_local, data);
-    if (cb->b == ZERO_TP) expert_tp_ckpt_add(out, m, CKPT_PARAMS, u0, nu, data);
-}
-
-static void chunk_zero_ckpt(Ckpt* ck, const ExpertPipe* P, XpChunk* ch) {
-    for (int b = 0; b < ch->m.nz; b++) {
-        ChunkBuffer cb = {P, ch, b};
-        zero_buffer_ckpt(&ck->own, &ck->need, &ch->m.z[b], unit_slices, &cb);
-    }
+    if (cb->b == ZERO_EXPERTS) moe_ckpt_add_expert_layers(out, cfg, kind, ch->moe0 + u0, nu, m->e0, m->E_local, data);
+    if (cb->b == ZERO_TP) expert_tp_ckpt_add(out, m, kind, u0, nu, data);
 }
 
 void expert_stage_ckpt(Ckpt* ck, ExpertPipe* P) {
     // the whole model's tensors and routing settings (every chunk routes under the same flags)
     moe_ckpt_model(ck, &P->cfg, P->chunk[0].m.moe.capacity_factor, P->chunk[0].m.moe.aux_coef);
-    for (int c = 0; c < P->v; c++) {
-        ExpertModel* m = &P->chunk[c].m;
-        if (m->zero > 1) {  // --zero 2, 3 (no pipeline): each rank its shards of every unit
-            chunk_zero_ckpt(ck, P, &P->chunk[c]);
-            continue;
+    for (int c = 0; c < P->v; c++)
+        for (int b = 0; b < P->chunk[c].m.nz; b++) {
+            ChunkBuffer cb = {P, &P->chunk[c], b};
+            zero_buffer_ckpt(&ck->own, &ck->need, &P->chunk[c].m.z[b], unit_slices, &cb);
         }
-        float* shared[CKPT_NUM_KINDS] = {m->shared, m->m_s, m->v_s};
-        float* experts[CKPT_NUM_KINDS] = {m->experts, m->m_e, m->v_e};
-        for (int k = 0; k < (m->zero ? 1 : CKPT_NUM_KINDS); k++) {  // --zero 1: the moments' shards below
-            for (int i = 0; i < P->chunk[c].n_pieces; i++) {
-                Piece pc = P->chunk[c].piece[i];
-                size_t per = (pc.count + m->ep - 1) / m->ep, lo = (size_t)m->epc->rank * per;
-                if (lo > pc.count) lo = pc.count;
-                size_t n = pc.count - lo < per ? pc.count - lo : per;
-                if (m->dpcp->rank == 0 && !pc.tied_copy && n > 0)
-                    moe_ckpt_add_shared(&ck->own, &P->cfg, (CkptKind)k, pc.global + lo, n, shared[k] + pc.local + lo);
-                moe_ckpt_add_shared(&ck->need, &P->cfg, (CkptKind)k, pc.global, pc.count, shared[k] + pc.local);
-            }
-            if (m->dpcp->rank == 0)
-                moe_ckpt_add_expert_layers(&ck->own, &P->cfg, (CkptKind)k, P->chunk[c].moe0, P->chunk[c].n_moe, m->e0,
-                                           m->E_local, experts[k]);
-            moe_ckpt_add_expert_layers(&ck->need, &P->cfg, (CkptKind)k, P->chunk[c].moe0, P->chunk[c].n_moe, m->e0,
-                                       m->E_local, experts[k]);
-            if (m->tp.tp > 1) {
-                float* slices[CKPT_NUM_KINDS] = {m->tp.w, m->tp.m, m->tp.v};
-                int n = m->cfg.gpt.num_layers;
-                if (m->tp.dpcpep->rank == 0) expert_tp_ckpt_add(&ck->own, m, (CkptKind)k, 0, n, slices[k]);
-                expert_tp_ckpt_add(&ck->need, m, (CkptKind)k, 0, n, slices[k]);
-            }
-        }
-        if (m->zero) chunk_zero_ckpt(ck, P, &P->chunk[c]);
-    }
 }
 
 // --save FILE: chapter 7's writer (expert_model_save), which gathers the
@@ -303,76 +261,43 @@ void expert_stage_save(ExpertPipe* P, const char* path) {
     for (int b = 0; b < nb; b++) mem_free(*dev[b]), free(host[b]);
 }
 
-// --zero 2, 3: what the engines hold beyond the buffers' rows (the
-// parameters whole, or --zero 3's shards; no gradient): the gradient shards
-// and the unit gradient buffers; --zero 2 the padding of the parameters, 3
-// the two gather slots.
-static void zero_units_sharding(const ExpertModel* m, ShardTable* t) {
-    double f = sizeof(float), pad = 0, shard = 0, slots = 0, unit = 0;
-    for (int b = 0; b < m->nz; b++) {
-        const FSDP* e = &m->z[b].f;
-        pad += (double)(e->padded_total - m->z[b].n), shard += (double)e->shard_total;
-        slots += 2.0 * (double)e->max_padded;
-        unit += (double)e->max_padded + (e->own_grads[0] ? (double)(e->shard[0] * (size_t)e->dp->size) : 0.0);
-    }
-    if (m->zero == 2) shard_table_add(t, "ZeRO padding", "", "tails", NULL, NULL, "", f * pad, 0, 0);
-    if (m->zero == 3) shard_table_add(t, "gather slots", "", "gathered", NULL, NULL, "2 x the largest unit", f * slots, 0, 0);
-    shard_table_add(t, "ZeRO grad shard", "", NULL, "units/group", NULL, "mine", 0, f * shard, 0);
-    shard_table_add(t, "unit gradient", "", NULL, "(-)", NULL, "the largest unit, wte's", 0, f * unit, 0);
-}
-
-// --show-sharding: each chunk's replicated buffer (its layers, with the
-// slots of wte, wpe and lnf a model of its own has), its experts and its tp
-// slices (a rank's chunks named when it has several; the pp axis "-" at pp = 1).
+// --show-sharding: each chunk's buffers, a row each (chapter 3's
+// zero_buffer_sharding): the replicated buffer (its layers, with the slots
+// of wte, wpe and lnf a model of its own has), its experts and its tp
+// slices (a rank's chunks named when it has several; the pp axis "-" at
+// pp = 1); then the ZeRO engine's rows over every buffer.
 void expert_stage_show_sharding(const ExpertPipe* P, int show) {
     if (!show) return;
     ShardTable* t = xcalloc(1, sizeof(ShardTable));
     const ExpertModel* m0 = &P->chunk[0].m;
-    double f = sizeof(float), pad = 0, gsh = 0;  // --zero 1: each buffer's padding to N S and its gradient shard
-    // --zero 2: no whole gradient (the engines' rows below); 3: the parameters' shards only
-    double p3 = m0->zero == 3 ? 0 : 1, g2 = m0->zero > 1 ? 0 : 1;
     const char* pp = P->pp > 1 ? "pp" : "-";  // an axis of one rank keeps the dimension whole
-    char name[96], slice[96], chunk[24], layers[48], ax[2][48];  // fit any int
+    char name[96], slice[96], chunk[24], spec[48];  // fit any int
     for (int c = 0; c < P->v; c++) {
         const XpChunk* ch = &P->chunk[c];
         const ExpertModel* m = &ch->m;
-        // --zero 1: the moments flat over each buffer's copies (m->batch, m->dpcp, m->tp.dpcpep; zero_buffer.h)
-        const ZeroBuffer* z[] = {&m->z[ZERO_SHARED], &m->z[ZERO_EXPERTS], &m->z[ZERO_TP]};  // in the table's order
-        double s3 = m->zero == 3 ? f : 0, shared = (double)m->n_shared, experts = (double)m->n_experts;
         int last = ch->first + m->cfg.gpt.num_layers - 1, NH = m->cfg.gpt.num_heads;
         snprintf(chunk, sizeof(chunk), "chunk %d: ", c);
         if (P->v == 1) chunk[0] = '\0';  // a chunk named when a rank has several
-        snprintf(layers, sizeof(layers), "layers %d..%d, ", ch->first, last);
+        // --zero: the moments flat over each buffer's copies (m->batch, m->dpcp, m->tp.dpcpep)
         snprintf(name, sizeof(name), "%sGPT + routers", chunk);
         snprintf(slice, sizeof(slice), "layers %d..%d%s%s", ch->first, last, m->embeds ? ", embedding" : "",
                  m->has_head ? ", head" : "");
-        snprintf(ax[0], sizeof(ax[0]), "(%s, -)", pp);
-        snprintf(ax[1], sizeof(ax[1]), "(%s, -) flat/batch", pp);
-        shard_table_add(t, name, "", ax[0], ax[0], m->zero ? ax[1] : ax[0], slice,
-                        p3 * f * shared + s3 * (double)z[0]->S, g2 * f * shared, 2 * f * (double)z[0]->S);
+        snprintf(spec, sizeof(spec), "(%s, -)", pp);
+        zero_buffer_sharding(t, &m->z[ZERO_SHARED], name, "", spec, "batch", slice);
         snprintf(name, sizeof(name), "%sexperts", chunk);
         snprintf(slice, sizeof(slice), "experts %d..%d of %d", m->e0, m->e0 + m->E_local - 1, m->cfg.experts);
-        snprintf(ax[0], sizeof(ax[0]), "(%s, ep, -)", pp);
-        snprintf(ax[1], sizeof(ax[1]), "(%s, ep, -) flat/dpcp", pp);
-        shard_table_add(t, name, "(Lm, E, ...)", ax[0], ax[0], m->zero ? ax[1] : ax[0], slice,
-                        p3 * f * experts + s3 * (double)z[1]->S, g2 * f * experts, 2 * f * (double)z[1]->S);
+        snprintf(spec, sizeof(spec), "(%s, ep, -)", pp);
+        zero_buffer_sharding(t, &m->z[ZERO_EXPERTS], name, "(Lm, E, ...)", spec, "dpcp", slice);
         if (m->tp.tp > 1) {  // qkvw, qkvb by rows (my heads' q, k, v), attprojw by columns; a dense fc likewise
-            double sl = (double)m->tp.n;
             int h0 = m->tp.rank * NH / m->tp.tp, h1 = (m->tp.rank + 1) * NH / m->tp.tp - 1;
             snprintf(name, sizeof(name), "%sqkv, attproj%s", chunk, m->cfg.moe_every > 1 ? ", fc, fcproj" : "");
-            snprintf(slice, sizeof(slice), "%sheads %d..%d", layers, h0, h1);
-            snprintf(ax[0], sizeof(ax[0]), "(%s, tp, -)", pp);
-            snprintf(ax[1], sizeof(ax[1]), "(%s, tp, -) flat/dpcpep", pp);
-            shard_table_add(t, name, "(L, ...)", ax[0], ax[0], m->zero ? ax[1] : ax[0], slice,
-                            p3 * f * sl + s3 * (double)z[2]->S, g2 * f * sl, 2 * f * (double)z[2]->S);
+            snprintf(slice, sizeof(slice), "layers %d..%d, heads %d..%d", ch->first, last, h0, h1);
+            snprintf(spec, sizeof(spec), "(%s, tp, -)", pp);
+            zero_buffer_sharding(t, &m->z[ZERO_TP], name, "(L, ...)", spec, "dpcpep", slice);
         }
-        for (int b = 0; m->zero == 1 && b < m->nz; b++) pad += (double)(z[b]->full - z[b]->n), gsh += (double)z[b]->S;
     }
-    if (m0->zero > 1) zero_units_sharding(m0, t);
-    if (m0->zero == 1) {
-        shard_table_add(t, "ZeRO padding", "", "tails", "tails", NULL, "", f * pad, f * pad, 0);
-        shard_table_add(t, "ZeRO grad shard", "", NULL, "flat", NULL, "mine", 0, f * gsh, 0);
-    }
+    for (int c = 0; c < P->v; c++)
+        for (int b = 0; b < P->chunk[c].m.nz; b++) zero_buffer_sharding_engine(t, &P->chunk[c].m.z[b]);
     char title[80];
     snprintf(title, sizeof(title), "chapter 7, pp=%d x %d chunk%s, ep=%d, dp=%d, tp=%d", P->pp, P->v, P->v == 1 ? "" : "s",
              m0->ep, m0->dp->size, m0->tp.tp);

@@ -142,9 +142,10 @@ done
 
 # ---- training-state checkpoints across the compositions and chapters
 c7_sec_ck() {
-# with --cp: the cp ranks of a share hold the same parameters, so cp rank 0
-# writes (as dp replica 0 does): saved on ep x cp = 2 x 2, resumed there bit
-# for bit, and on one rank within the invariant's tolerance
+# with --cp: the cp ranks of a share hold the same parameters, so each
+# writes its part of them (zero_buffer_ckpt spreads what a buffer's copies
+# hold whole over them, as the dp ranks): saved on ep x cp = 2 x 2, resumed
+# there bit for bit, and on one rank within the invariant's tolerance
 c7_ckc=$TEST_TMPDIR/c7_ckc
 mpi_run $T_RUN 4 "$BUILD/capstone" $c7_flags --ep 2 --cp 2 --ckpt-dir "$c7_ckc" --save-every 4 --log "$TEST_TMPDIR/c7_ckc.jsonl"
 mpi_run $T_RUN 4 "$BUILD/capstone" $c7_flags --ep 2 --cp 2 --resume "$c7_ckc/step-00000004" --log "$TEST_TMPDIR/c7_ckc_res.jsonl"
@@ -189,19 +190,22 @@ mpi_run $T_RUN 1 "$BUILD/chapter-0" $INV_FLAGS --ckpt-dir "$TEST_TMPDIR/c7_ck0" 
 mpi_run $T_RUN 2 "$BUILD/capstone" $INV_FLAGS --experts 1 --top-k 1 --cp 2 --resume "$TEST_TMPDIR/c7_ck0/step-00000004" \
     --log "$TEST_TMPDIR/c7_ck0_c7.jsonl"
 c7_resumed_dense "E=1, k=1 on cp=2 resumes chapter 0's checkpoint of step 4 and continues chapter 0's run" "$TEST_TMPDIR/c7_ck0.jsonl" "$TEST_TMPDIR/c7_ck0_c7.jsonl" "chapter 0, world 1"
-# checkpoints whose replicated pieces do not split evenly over ep: on
+# checkpoints whose replicated buffers do not split evenly over ep: on
 # ep x pp = 3 x 2 (6 ranks, 3 experts, one a rank) each stage's ep ranks
-# write 1/3 of each of its pieces, and [wte wpe] (20,480 floats) and [lnfw
-# lnfb] (128) leave a remainder (expert_stage_ckpt's split rounds up, the
-# last rank writes less). Saved at step 4, resumed on one rank: every float
-# read once, whoever wrote it, and the 6-rank run continued
+# write 1/3 of its replicated buffer, cut across its pieces ([wte wpe], the
+# block, [lnfw lnfb]), with a remainder (zero_buffer_ckpt's split rounds
+# up, the last rank writes less; on the last stage the ranks whose part
+# holds the tied copy of wte leave it out). Saved at step 4,
+# resumed on one rank: every float read once, whoever wrote it, and the
+# 6-rank run continued
 c7_p3="$INV_FLAGS --experts 3 --top-k 2" c7_ckp3=$TEST_TMPDIR/c7_ckp3
 mpi_run $T_RUN 6 "$BUILD/capstone" $c7_p3 --microbatches 2 --ep 3 --pp 2 --ckpt-dir "$c7_ckp3" --save-every 4 --log "$TEST_TMPDIR/c7_ckp3.jsonl"
 mpi_run $T_RUN 1 "$BUILD/capstone" $c7_p3 --microbatches 2 --resume "$c7_ckp3/step-00000004" --log "$TEST_TMPDIR/c7_ckp3_1.jsonl"
-c7_resumed_near "the ep x pp = 3 x 2 checkpoint of step 4 (pieces of 20,480 and 128 floats split over 3 ep ranks) resumes on one rank and continues its run" \
+c7_resumed_near "the ep x pp = 3 x 2 checkpoint of step 4 (each stage's replicated buffer split over 3 ep ranks, unevenly) resumes on one rank and continues its run" \
     "$TEST_TMPDIR/c7_ckp3.jsonl" "$TEST_TMPDIR/c7_ckp3_1.jsonl" "chapter 7, world 6"
 # ... and without the pipeline (no --microbatches: expert_model_ckpt), ep=3's
-# ranks write 1/3 of the whole replicated buffer, 54,784 floats: ep=3
+# ranks write 1/3 of the whole replicated buffer, 54,784 floats (and each
+# its experts): ep=3
 # resumes the 3 x 2 checkpoint and saves at step 8, one rank resumes that
 # and continues ep=3's run
 mpi_run $T_RUN 3 "$BUILD/capstone" $c7_p3 --ep 3 --resume "$c7_ckp3/step-00000004" --ckpt-dir "$TEST_TMPDIR/c7_ckp3e" --save-every 4 \
@@ -284,6 +288,15 @@ c7_ckt=$TEST_TMPDIR/c7_ckt
 mpi_run $T_RUN 4 "$BUILD/capstone" $c7_flags --ep 2 --tp 2 --ckpt-dir "$c7_ckt" --save-every 4 --log "$TEST_TMPDIR/c7_ckt.jsonl"
 mpi_run $T_RUN 4 "$BUILD/capstone" $c7_flags --ep 2 --tp 2 --resume "$c7_ckt/step-00000004" --log "$TEST_TMPDIR/c7_ckt_res.jsonl"
 c7_resumed_same "ep x tp = 2 x 2" "$TEST_TMPDIR/c7_ckt.jsonl" "$TEST_TMPDIR/c7_ckt_res.jsonl"
+# ... written once and spread evenly: each buffer's copies write 1/N of it
+# (zero_buffer_ckpt: the replicated buffer over all four ranks, the experts
+# over tp, the tp slices over ep), so the four files are of one size
+sizes=$(sed -n 's/^file [0-9]* rank-[0-9]*\.bin bytes=\([0-9]*\) .*/\1/p' "$c7_ckt/step-00000004/MANIFEST" | sort -u)
+if [ "$(grep -c '^file [0-9]' "$c7_ckt/step-00000004/MANIFEST")" = 4 ] && [ -n "$sizes" ] && [ "$(echo "$sizes" | wc -l)" = 1 ]; then
+    pass "capstone: ep x tp = 2 x 2 writes its checkpoint as 4 files of one size ($sizes bytes), each buffer spread over its copies"
+else
+    fail "capstone: ep x tp = 2 x 2's checkpoint files" "sizes: $(grep '^file' "$c7_ckt/step-00000004/MANIFEST" | cut -d' ' -f3,4 | tr '\n' ' ')"
+fi
 for run in "1 tp2to1 one rank" "4 tp1to2 tp x cp = 2 x 2"; do
     read -r np tag where <<< "$run"
     if [ "$tag" = tp2to1 ]; then ck=$c7_ckt/step-00000004 src=$TEST_TMPDIR/c7_ckt.jsonl mesh=""
