@@ -237,24 +237,16 @@ void moe_model_embed_forward(MoeModel* m, const int* inputs, const int* targets)
                     m->shared + moe_wpe_offset(&m->cfg), m->B, m->T, m->cfg.gpt.channels);
 }
 
+// The GPT's head (model.h) on wte and [lnfw lnfb] where moe.h's layout puts them.
 float moe_model_head_forward(MoeModel* m) {
-    const GPTConfig* g = &m->cfg.gpt;
-    HeadActs h = gpt_acts_head(&m->acts, g, m->B, m->T);
-    float* lnf = m->shared + moe_lnf_offset(&m->cfg);
-    head_forward(g, m->shared + moe_wte_offset(&m->cfg), lnf, lnf + g->channels, &h,
-                 gpt_acts_block_output(&m->acts, g, g->num_layers - 1, m->B, m->T), m->acts.targets, m->B, m->T);
-    return gpt_acts_mean_loss(&m->acts, g);
+    const MoeConfig* c = &m->cfg;
+    return gpt_acts_head_forward(&m->acts, &c->gpt, m->shared + moe_wte_offset(c), m->shared + moe_lnf_offset(c));
 }
 
 void moe_model_head_backward(MoeModel* m) {
-    const GPTConfig* g = &m->cfg.gpt;
-    int B = m->B, T = m->T, C = g->channels;
-    HeadActs h = gpt_acts_head(&m->acts, g, B, T);
-    BlockScratch s = gpt_acts_scratch(&m->acts, g);
-    float *lnf = m->shared + moe_lnf_offset(&m->cfg), *dlnf = m->dshared + moe_lnf_offset(&m->cfg);
-    head_backward(g, m->shared + moe_wte_offset(&m->cfg), lnf, m->dshared + moe_wte_offset(&m->cfg), dlnf, dlnf + C,
-                  &h, gpt_acts_block_output(&m->acts, g, g->num_layers - 1, B, T), m->acts.targets,
-                  1.0f / (float)(B * T), s.dln, m->acts.dres, B, T);
+    const MoeConfig* c = &m->cfg;
+    gpt_acts_head_backward(&m->acts, &c->gpt, m->shared + moe_wte_offset(c), m->shared + moe_lnf_offset(c),
+                           m->dshared + moe_wte_offset(c), m->dshared + moe_lnf_offset(c));
 }
 
 void moe_model_embed_backward(MoeModel* m) {
