@@ -274,25 +274,12 @@ static void next_logits(void* ctx, const int* window, int t, float* row) {
     free(tokens);
 }
 
+// The step's layout (expert_pipe_load): microbatch mb of each batch is this
+// rank's b sequences of the batch's mb-th slice; the mean over dp x cp x ep.
 float expert_pipe_val_loss(void* ctx, const TrainSetup* setup, int n_batches) {
     ExpertPipe* P = ctx;
-    size_t per_epoch = data_batches_per_epoch(&setup->val, setup->B, setup->T);
-    if (per_epoch == 0) return -1.0f;
-    if ((size_t)n_batches > per_epoch) n_batches = (int)per_epoch;
-    double sum = 0.0;
-    for (int i = 0; i < n_batches; i++) {
-        expert_pipe_load(P, &setup->val, i);
-        for (int mb = 0; mb < P->M; mb++) {
-            size_t t0 = (size_t)mb * P->b * P->T;
-            sum += forward_only(P, P->inputs + t0, P->targets + t0);
-        }
-    }
-    // every rank of dp x cp x ep ran as many microbatches of the same size:
-    // the mean (as train_val_loss_with, the same bits without the pipeline)
-    double total = 0.0;
-    const Comm* batch = &P->chunk[0].m.batch;
-    MPI_CHECK(MPI_Allreduce(&sum, &total, 1, MPI_DOUBLE, MPI_SUM, batch->mpi));
-    return (float)(total / ((double)batch->size * n_batches * P->M));
+    return train_val_loss_pieces(setup, n_batches, forward_only, P, P->share * P->b, P->M, P->B / P->M, P->b,
+                                 &P->chunk[0].m.batch);
 }
 
 // ---------------------------------------------------------------- set-up and the end
