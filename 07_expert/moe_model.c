@@ -322,25 +322,26 @@ float* moe_gather_experts(const MoeConfig* cfg, const Comm* epc, const float* ex
     return all;
 }
 
-static void save(MoeModel* m, const char* path) {
-    float* all = m->dp->rank == 0 ? moe_gather_experts(&m->cfg, m->epc, m->experts, m->n_experts, m->E_local) : NULL;
+void moe_model_write(const char* path, const MoeConfig* cfg, const Comm* world, const float* shared, float* host,
+                     float* all) {
     char msg[1024];
     const char* bad = NULL;
-    if (m->world->rank == 0) {
-        float* shared = xmalloc(m->n_shared * sizeof(float));
-        mem_to_host(shared, m->shared, m->n_shared * sizeof(float));
-        bad = moe_checkpoint_write(path, &m->cfg, shared, all, msg, sizeof(msg));
-        free(shared);
+    if (world->rank == 0) {
+        size_t n = moe_num_shared(cfg);
+        if (!host) host = xmalloc(n * sizeof(float)), mem_to_host(host, shared, n * sizeof(float));
+        bad = moe_checkpoint_write(path, cfg, host, all, msg, sizeof(msg));
         if (!bad) printf("saved %s (mixture of experts, version %d)\n", path, MOE_CHECKPOINT_VERSION);
     }
-    free(all);
+    free(host), free(all);
     fail_if_any(bad != NULL, bad);
 }
 
 void moe_model_finish(MoeModel* m, const TrainArgs* args, MoeForward forward) {
     Forward f = {m, forward};
     if (args->sample > 0) train_sample_with(args, &m->cfg.gpt, m->T, next_logits, &f);
-    if (args->save) save(m, args->save);
+    if (args->save)  // every expert gathered over ep by dp replica 0 (every replica holds the same)
+        moe_model_write(args->save, &m->cfg, m->world, m->shared, NULL,
+                        m->dp->rank == 0 ? moe_gather_experts(&m->cfg, m->epc, m->experts, m->n_experts, m->E_local) : NULL);
 }
 
 // ---------------------------------------------------------------- training-state checkpoints

@@ -61,6 +61,12 @@ void moe_ckpt_model(Ckpt* ck, const MoeConfig* cfg, float capacity_factor, float
 // ep from each rank's n_experts floats (E_local experts a layer) to ep rank
 // 0's host memory (NULL on the others). Collective over epc.
 float* moe_gather_experts(const MoeConfig* cfg, const Comm* epc, const float* experts, size_t n_experts, int E_local);
+// --save FILE, the MoE file (moe.h) written by world rank 0 from the
+// replicated parameters (cfg's layout at tp = 1: on the device at shared, or
+// whole on the host, taken over) and every expert (all, taken over: the
+// gather's). Collective over the world (a failure ends every rank).
+void moe_model_write(const char* path, const MoeConfig* cfg, const Comm* world, const float* shared, float* host,
+                     float* all);
 
 // The chapter's flags and run_start (the shared flags, the dp x ep mesh);
 // --model FILE is read as an MoE file. 0: end at once (--help).
