@@ -221,8 +221,8 @@ float* moe_model_router(MoeModel* m, float* buffer, int l) { return moe_router_a
 float* moe_model_experts(MoeModel* m, float* buffer, int l) {
     return moe_expert_at(&m->cfg, buffer, moe_layer_index(&m->cfg, l), 0, m->E_local).fcw;
 }
-MoeLayer* moe_model_layer(MoeModel* m, int l) {
-    return &m->layers[m->recompute == RECOMPUTE_FULL ? 0 : moe_layer_index(&m->cfg, l)];
+MoeLayer* moe_model_layer(const MoeParallel* moe, MoeLayer* layers, int l) {
+    return &layers[moe->recompute == RECOMPUTE_FULL ? 0 : moe_layer_index(&moe->cfg, l)];
 }
 BlockActs moe_model_block_acts(MoeModel* m, int l) { return gpt_acts_block(&m->acts, &m->cfg.gpt, l, m->B, m->T); }
 

@@ -93,9 +93,11 @@ void moe_print_setup(const MoeConfig* c, int ndp, int nep, int E_local, float ca
 BlockParams moe_model_block(MoeModel* m, float* buffer, int l);
 float* moe_model_router(MoeModel* m, float* buffer, int l);
 float* moe_model_experts(MoeModel* m, float* buffer, int l);
-// Where MoE layer l's state lives, and where layer l's forward writes its
-// attention half (the kept fields in its store, the dropped in the transient).
-MoeLayer* moe_model_layer(MoeModel* m, int l);
+// Where MoE layer l's state lives among the layers' of moe (--recompute
+// full: one for all; the capstone's chunks too), and where layer l's forward
+// writes its attention half (the kept fields in its store, the dropped in
+// the transient).
+MoeLayer* moe_model_layer(const MoeParallel* moe, MoeLayer* layers, int l);
 BlockActs moe_model_block_acts(MoeModel* m, int l);
 
 // The parts that work token by token on my B x T tokens: the token ids to

@@ -24,10 +24,6 @@
 #include "report.h"
 #include "sharding.h"
 
-MoeLayer* expert_layer(ExpertModel* m, int l) {
-    return &m->layers[m->recompute == RECOMPUTE_FULL ? 0 : moe_layer_index(&m->cfg, l)];
-}
-
 BlockActs expert_block_acts(ExpertModel* m, int l) { return gpt_acts_block(&m->acts, &m->cfg.gpt, l, m->B, m->T); }
 
 // ---------------------------------------------------------------- --zero 2, 3: the units of a layer
