@@ -313,10 +313,6 @@ double pipe_bubble(const Pipeline* P);  // the mean bubble of the counted steps
 // layers, peak activation slots and early receives (rank 0's out holds them).
 // Collective over the world.
 void pipe_summary_fields(const Pipeline* P, const char* sched_name, double simulated, double formula, JsonBuf* out);
-// Every rank's n figures (mine[i] for keys[i]) gathered to world rank 0,
-// each key an array over the world's ranks in out (the capstone's summary
-// too). Collective over the world.
-void pipe_rank_fields(JsonBuf* out, const int* mine, const char* const* keys, int n);
 
 // --show-sharding: the layers of this rank's stages, the embedding on the
 // first, the final LayerNorm and the tied wte's copy on the last (sharding.h).
