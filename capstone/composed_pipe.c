@@ -83,10 +83,6 @@ static float* slot_buffer(void* ctx, int grad, int mb, int c) {
     return grad ? sl->acts.dres : sl->acts.encoded;
 }
 
-static void receive(ExpertPipe* P, int grad, int mb, int c) {
-    pipe_receive(P->link.in, P->link.pp, act_floats(P), grad, mb, c, slot_buffer, P, &P->link.early);
-}
-
 // ---------------------------------------------------------------- the actions
 
 // F: the chunk's input (the tokens' embedding on virtual stage 0, else the
@@ -98,7 +94,7 @@ static void receive(ExpertPipe* P, int grad, int mb, int c) {
 static float forward(ExpertPipe* P, int mb, int c, const int* inputs, const int* targets) {
     XpChunk* ch = &P->chunk[c];
     XpSlot* sl = chunk_slot_get(P, ch, mb);
-    if (ch->vstage > 0 && mb >= 0) receive(P, 0, mb, c);
+    if (ch->vstage > 0 && mb >= 0) pipe_receive(&P->link, 0, mb, c, slot_buffer, P);
     if (ch->vstage > 0 && mb < 0) comm_recv(P->link.pp, sl->acts.encoded, act_floats(P), pipe_prev(&P->link));
     slot_use(ch, sl);
     ch->m.moe.record = mb >= 0;
@@ -128,7 +124,7 @@ static float forward(ExpertPipe* P, int mb, int c, const int* inputs, const int*
 static void backward(ExpertPipe* P, int mb, int c) {
     XpChunk* ch = &P->chunk[c];
     XpSlot* sl = chunk_slot_find(ch, mb);
-    if (ch->vstage < P->S - 1) receive(P, 1, mb, c);
+    if (ch->vstage < P->S - 1) pipe_receive(&P->link, 1, mb, c, slot_buffer, P);
     slot_use(ch, sl);
     ch->m.wq = ch->m.split ? &sl->wq : NULL;
     P->backward(&ch->m);
