@@ -101,7 +101,7 @@ void slot_pool_add(SlotPool* p, void* slot, int mb) {
 void* slot_pool_find(const SlotPool* p, int mb) {
     for (int i = 0; i < p->n; i++)
         if (p->busy[i] && p->mb[i] == mb) return p->s[i];
-    return NULL;
+    FATAL("no activations kept for microbatch %d (a backward before its forward?)", mb);
 }
 
 void slot_pool_give(SlotPool* p, int mb) {
@@ -141,11 +141,7 @@ Slot* slot_get(Pipeline* P, int c, int mb) {
     return sl;
 }
 
-Slot* slot_find(Pipeline* P, int c, int mb) {
-    Slot* sl = slot_pool_find(&P->pool[c], mb);
-    if (!sl) FATAL("stage %d: no activations of microbatch %d chunk %d (a backward before its forward?)", P->stage, mb, c);
-    return sl;
-}
+Slot* slot_find(Pipeline* P, int c, int mb) { return slot_pool_find(&P->pool[c], mb); }
 
 static float* slot_store(const Pipeline* P, const Slot* sl, int j) {
     return sl->acts +

@@ -94,7 +94,7 @@ void slot_pool_free(SlotPool* p);  // the pool; the slots are the caller's to fr
 // the caller makes one and adds it, mb's (slot_pool_add).
 void* slot_pool_take(SlotPool* p, int mb);
 void slot_pool_add(SlotPool* p, void* slot, int mb);
-// The slot holding mb; NULL if none holds it.
+// The slot holding mb (none: a backward before its forward, a fatal error).
 void* slot_pool_find(const SlotPool* p, int mb);
 // mb's slot given back (after the microbatch's last backward action).
 void slot_pool_give(SlotPool* p, int mb);

@@ -62,12 +62,6 @@ static XpSlot* chunk_slot_get(ExpertPipe* P, XpChunk* ch, int mb) {
     return sl;
 }
 
-static XpSlot* chunk_slot_find(XpChunk* ch, int mb) {
-    XpSlot* sl = slot_pool_find(&ch->pool, mb);
-    if (!sl) FATAL("no activations kept for microbatch %d", mb);
-    return sl;
-}
-
 // ---------------------------------------------------------------- point to point
 // Chapter 5's (05_pipeline/main.c says why no list that the validator
 // accepts can deadlock): pipe_send, non-blocking from buffers of their own,
@@ -79,7 +73,7 @@ static XpSlot* chunk_slot_find(XpChunk* ch, int mb) {
 static float* slot_buffer(void* ctx, int grad, int mb, int c) {
     ExpertPipe* P = ctx;
     XpChunk* ch = &P->chunk[c];
-    XpSlot* sl = grad ? chunk_slot_find(ch, mb) : chunk_slot_get(P, ch, mb);
+    XpSlot* sl = grad ? slot_pool_find(&ch->pool, mb) : chunk_slot_get(P, ch, mb);
     return grad ? sl->acts.dres : sl->acts.encoded;
 }
 
@@ -123,7 +117,7 @@ static float forward(ExpertPipe* P, int mb, int c, const int* inputs, const int*
 // (composed_wgrad.c; the LayerNorms', embeddings' and tied head's stay here).
 static void backward(ExpertPipe* P, int mb, int c) {
     XpChunk* ch = &P->chunk[c];
-    XpSlot* sl = chunk_slot_find(ch, mb);
+    XpSlot* sl = slot_pool_find(&ch->pool, mb);
     if (ch->vstage < P->S - 1) pipe_receive(&P->link, 1, mb, c, slot_buffer, P);
     slot_use(ch, sl);
     ch->m.wq = ch->m.split ? &sl->wq : NULL;
@@ -135,7 +129,7 @@ static void backward(ExpertPipe* P, int mb, int c) {
 
 // W (zb): the queued weight gradients, no communication; then the slot is free.
 static void weights(ExpertPipe* P, int mb, int c) {
-    XpSlot* sl = chunk_slot_find(&P->chunk[c], mb);
+    XpSlot* sl = slot_pool_find(&P->chunk[c].pool, mb);
     wgrad_queue_run(&sl->wq);
     slot_pool_give(&P->chunk[c].pool, mb);
 }
