@@ -88,11 +88,9 @@ static float* slot_buffer(void* pipeline, int grad, int mb, int c) {
 
 // The input of F (grad 0) or B (grad 1) of (mb, chunk c), from the peer.
 static void receive(Pipeline* P, int grad, int mb, int c) {
-    size_t BTC = (size_t)P->micro_batch * P->seq * P->cfg->channels;
     // received now, not early: the time spent waiting for it is bubble, not
     // work, so the action's start is stamped again (run_schedule)
-    if (pipe_receive(P->link.in, P->pp, BTC, grad, mb, c, slot_buffer, P, &P->link.early))
-        device_stamp(&P->stamps, 2 * P->action);
+    if (pipe_receive(&P->link, grad, mb, c, slot_buffer, P)) device_stamp(&P->stamps, 2 * P->action);
 }
 // A send is pipe_send (non-blocking, from a buffer of its own: the slot may
 // be reused before the peer has received it); the step ends with

@@ -101,7 +101,7 @@ void slot_pool_add(SlotPool* p, void* slot, int mb) {
 void* slot_pool_find(const SlotPool* p, int mb) {
     for (int i = 0; i < p->n; i++)
         if (p->busy[i] && p->mb[i] == mb) return p->s[i];
-    return NULL;
+    FATAL("no activations kept for microbatch %d (a backward before its forward?)", mb);
 }
 
 void slot_pool_give(SlotPool* p, int mb) {
@@ -141,11 +141,7 @@ Slot* slot_get(Pipeline* P, int c, int mb) {
     return sl;
 }
 
-Slot* slot_find(Pipeline* P, int c, int mb) {
-    Slot* sl = slot_pool_find(&P->pool[c], mb);
-    if (!sl) FATAL("stage %d: no activations of microbatch %d chunk %d (a backward before its forward?)", P->stage, mb, c);
-    return sl;
-}
+Slot* slot_find(Pipeline* P, int c, int mb) { return slot_pool_find(&P->pool[c], mb); }
 
 static float* slot_store(const Pipeline* P, const Slot* sl, int j) {
     return sl->acts +
@@ -282,19 +278,18 @@ void pipe_incoming_free(Incoming in[2], int n) {
     for (int i = 0; i < n; i++) free(in[i].msg);
 }
 
-int pipe_receive(Incoming lists[2], const Comm* pp, size_t count, int grad, int mb, int c,
-                 PipeSlotBuffer slot_buffer, void* ctx, int* early) {
+int pipe_receive(PipeLink* l, int grad, int mb, int c, PipeSlotBuffer slot_buffer, void* ctx) {
     // EXERCISE 3: receive the input of an action from its peer: the messages that peer sent before it first, each into its own slot; one that came early is already there
-    int stage = pp->rank, peer = grad ? (stage + 1) % pp->size : (stage + pp->size - 1) % pp->size;
-    Incoming* in = lists[0].peer == peer ? &lists[0] : &lists[1];
+    int stage = l->pp->rank, n = l->pp->size, peer = grad ? (stage + 1) % n : (stage + n - 1) % n;
+    Incoming* in = l->in[0].peer == peer ? &l->in[0] : &l->in[1];
     // already here: it came early, before the one another action waited for
     for (int i = 0; i < in->next; i++)
         if (in->msg[i].grad == grad && in->msg[i].mb == mb && in->msg[i].chunk == c) return 0;
     while (in->next < in->n) {
         Message msg = in->msg[in->next++];
-        comm_recv(pp, slot_buffer(ctx, msg.grad, msg.mb, msg.chunk), count, peer);
+        comm_recv(l->pp, slot_buffer(ctx, msg.grad, msg.mb, msg.chunk), l->sends.count, peer);
         if (msg.grad == grad && msg.mb == mb && msg.chunk == c) return 1;  // the one the action waits for
-        (*early)++;  // another action's input, kept in its slot until that action runs
+        l->early++;  // another action's input, kept in its slot until that action runs
     }
     FATAL("stage %d: rank %d never sends the %s of microbatch %d", stage, peer, grad ? "gradient" : "activation", mb);
     // END EXERCISE 3

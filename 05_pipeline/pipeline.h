@@ -94,7 +94,7 @@ void slot_pool_free(SlotPool* p);  // the pool; the slots are the caller's to fr
 // the caller makes one and adds it, mb's (slot_pool_add).
 void* slot_pool_take(SlotPool* p, int mb);
 void slot_pool_add(SlotPool* p, void* slot, int mb);
-// The slot holding mb; NULL if none holds it.
+// The slot holding mb (none: a backward before its forward, a fatal error).
 void* slot_pool_find(const SlotPool* p, int mb);
 // mb's slot given back (after the microbatch's last backward action).
 void slot_pool_give(SlotPool* p, int mb);
@@ -138,23 +138,6 @@ typedef struct {
 int pipe_incoming_build(const Schedule* s, int stage, Incoming in[2]);
 void pipe_incoming_free(Incoming in[2], int n);
 
-// Where a message's payload goes on this rank: the buffer of the activation
-// (grad 0, the input of F(mb, chunk)) or of the gradient (grad 1, the input
-// of B(mb, chunk)), in the slot that (mb, chunk) holds or takes now.
-typedef float* (*PipeSlotBuffer)(void* ctx, int grad, int mb, int chunk);
-
-// The input of an action (05_pipeline/main.c says why in this order): the
-// activation of F(mb, chunk) from the stage before (grad 0) or the gradient
-// of B(mb, chunk) from the stage after (grad 1), count floats. The messages
-// that peer sent before it (in the order of its list: lists from
-// pipe_incoming_build) are received first, each into slot_buffer(ctx, ...),
-// and counted in *early; one that came early is already in its buffer.
-// pp: the pipeline's stages (this rank's stage is its rank). Returns 1 when
-// this call received the input (the action waited for it), 0 when it had
-// come early. Every step starts each lists[i].next at 0.
-int pipe_receive(Incoming lists[2], const Comm* pp, size_t count, int grad, int mb, int chunk,
-                 PipeSlotBuffer slot_buffer, void* ctx, int* early);
-
 // The schedule a pipeline runs: given (lists read from --schedule-file,
 // taken over), or kind's lists for pp stages, m microbatches and v chunks.
 // Every rank builds and checks every rank's list, so a list that could
@@ -178,6 +161,18 @@ void pipe_link_create(PipeLink* l, const Schedule* s, const Comm* pp, size_t cou
 void pipe_link_free(PipeLink* l);
 // A step's messages from the start: each neighbour's list read from its first.
 void pipe_link_begin(PipeLink* l);
+// Where a message's payload goes on this rank: the buffer of the activation
+// (grad 0, the input of F(mb, chunk)) or of the gradient (grad 1, the input
+// of B(mb, chunk)), in the slot that (mb, chunk) holds or takes now.
+typedef float* (*PipeSlotBuffer)(void* ctx, int grad, int mb, int chunk);
+// The input of an action (05_pipeline/main.c says why in this order): the
+// activation of F(mb, chunk) from the stage before (grad 0) or the gradient
+// of B(mb, chunk) from the stage after (grad 1), count floats. The messages
+// that peer sent before it (in the order of its list: l->in) are received
+// first, each into slot_buffer(ctx, ...), and counted in l->early; one that
+// came early is already in its buffer. Returns 1 when this call received the
+// input (the action waited for it), 0 when it had come early.
+int pipe_receive(PipeLink* l, int grad, int mb, int chunk, PipeSlotBuffer slot_buffer, void* ctx);
 // Non-blocking, from a buffer of its own (the slot it came from may be
 // reused before the peer has received it): count floats to stage peer.
 void pipe_send(PipeLink* l, const float* src, int peer);

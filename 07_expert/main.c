@@ -40,8 +40,8 @@ static void moe_block_forward(MoeModel* m, int l, BlockActs* a, const float* x) 
     BlockParams p = moe_model_block(m, m->shared, l);
     moe_attention_forward(&p, a, x, m->B, m->T, g->channels, g->num_heads);  // res2, ln2 (moe.h)
     // 1-5: route, count, dispatch, experts, combine; a->fcproj holds the gated sum
-    moe_layer_forward(&m->moe, moe_model_layer(m, l), l, a->ln2, moe_model_router(m, m->shared, l),
-                      moe_model_experts(m, m->experts, l), a->fcproj);
+    moe_layer_forward(&m->moe, moe_model_layer(&m->moe, m->layers, l), l, a->ln2,
+                      moe_model_router(m, m->shared, l), moe_model_experts(m, m->experts, l), a->fcproj);
     residual_forward(a->res3, a->res2, a->fcproj, (size_t)m->N * g->channels);
 }
 
@@ -60,7 +60,7 @@ static BlockActs moe_block_recompute(MoeModel* m, int l, const float* x) {
     BlockActs a = moe_model_block_acts(m, l);
     double t0 = trace_start();
     if (m->recompute == RECOMPUTE_SELECTIVE) {
-        moe_layer_recompute(&m->moe, moe_model_layer(m, l));
+        moe_layer_recompute(&m->moe, moe_model_layer(&m->moe, m->layers, l));
     } else if (m->recompute == RECOMPUTE_FULL) {
         // everything into the transient (its res3 too: the kept one stays);
         // the step's statistics were counted by the first forward
@@ -82,9 +82,9 @@ static void moe_block_backward(MoeModel* m, int l, const float* x) {
     BlockActs a = moe_block_recompute(m, l, x);
     BlockParams p = moe_model_block(m, m->shared, l), gp = moe_model_block(m, m->dshared, l);
     BlockScratch s = gpt_acts_scratch(&m->acts, g);
-    moe_layer_backward(&m->moe, moe_model_layer(m, l), l, m->acts.dres, a.ln2, moe_model_router(m, m->shared, l),
-                       moe_model_router(m, m->dshared, l), moe_model_experts(m, m->experts, l),
-                       moe_model_experts(m, m->dexperts, l), m->dln2);
+    moe_layer_backward(&m->moe, moe_model_layer(&m->moe, m->layers, l), l, m->acts.dres, a.ln2,
+                       moe_model_router(m, m->shared, l), moe_model_router(m, m->dshared, l),
+                       moe_model_experts(m, m->experts, l), moe_model_experts(m, m->dexperts, l), m->dln2);
     moe_attention_backward(&p, &gp, &a, &s, x, m->dln2, m->acts.dres, m->B, m->T, g->channels, g->num_heads);
     trace_compute(t0, "block %d backward", l);
 }

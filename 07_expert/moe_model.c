@@ -221,8 +221,8 @@ float* moe_model_router(MoeModel* m, float* buffer, int l) { return moe_router_a
 float* moe_model_experts(MoeModel* m, float* buffer, int l) {
     return moe_expert_at(&m->cfg, buffer, moe_layer_index(&m->cfg, l), 0, m->E_local).fcw;
 }
-MoeLayer* moe_model_layer(MoeModel* m, int l) {
-    return &m->layers[m->recompute == RECOMPUTE_FULL ? 0 : moe_layer_index(&m->cfg, l)];
+MoeLayer* moe_model_layer(const MoeParallel* moe, MoeLayer* layers, int l) {
+    return &layers[moe->recompute == RECOMPUTE_FULL ? 0 : moe_layer_index(&moe->cfg, l)];
 }
 BlockActs moe_model_block_acts(MoeModel* m, int l) { return gpt_acts_block(&m->acts, &m->cfg.gpt, l, m->B, m->T); }
 
@@ -237,24 +237,16 @@ void moe_model_embed_forward(MoeModel* m, const int* inputs, const int* targets)
                     m->shared + moe_wpe_offset(&m->cfg), m->B, m->T, m->cfg.gpt.channels);
 }
 
+// The GPT's head (model.h) on wte and [lnfw lnfb] where moe.h's layout puts them.
 float moe_model_head_forward(MoeModel* m) {
-    const GPTConfig* g = &m->cfg.gpt;
-    HeadActs h = gpt_acts_head(&m->acts, g, m->B, m->T);
-    float* lnf = m->shared + moe_lnf_offset(&m->cfg);
-    head_forward(g, m->shared + moe_wte_offset(&m->cfg), lnf, lnf + g->channels, &h,
-                 gpt_acts_block_output(&m->acts, g, g->num_layers - 1, m->B, m->T), m->acts.targets, m->B, m->T);
-    return gpt_acts_mean_loss(&m->acts, g);
+    const MoeConfig* c = &m->cfg;
+    return gpt_acts_head_forward(&m->acts, &c->gpt, m->shared + moe_wte_offset(c), m->shared + moe_lnf_offset(c));
 }
 
 void moe_model_head_backward(MoeModel* m) {
-    const GPTConfig* g = &m->cfg.gpt;
-    int B = m->B, T = m->T, C = g->channels;
-    HeadActs h = gpt_acts_head(&m->acts, g, B, T);
-    BlockScratch s = gpt_acts_scratch(&m->acts, g);
-    float *lnf = m->shared + moe_lnf_offset(&m->cfg), *dlnf = m->dshared + moe_lnf_offset(&m->cfg);
-    head_backward(g, m->shared + moe_wte_offset(&m->cfg), lnf, m->dshared + moe_wte_offset(&m->cfg), dlnf, dlnf + C,
-                  &h, gpt_acts_block_output(&m->acts, g, g->num_layers - 1, B, T), m->acts.targets,
-                  1.0f / (float)(B * T), s.dln, m->acts.dres, B, T);
+    const MoeConfig* c = &m->cfg;
+    gpt_acts_head_backward(&m->acts, &c->gpt, m->shared + moe_wte_offset(c), m->shared + moe_lnf_offset(c),
+                           m->dshared + moe_wte_offset(c), m->dshared + moe_lnf_offset(c));
 }
 
 void moe_model_embed_backward(MoeModel* m) {
@@ -330,25 +322,26 @@ float* moe_gather_experts(const MoeConfig* cfg, const Comm* epc, const float* ex
     return all;
 }
 
-static void save(MoeModel* m, const char* path) {
-    float* all = m->dp->rank == 0 ? moe_gather_experts(&m->cfg, m->epc, m->experts, m->n_experts, m->E_local) : NULL;
+void moe_model_write(const char* path, const MoeConfig* cfg, const Comm* world, const float* shared, float* host,
+                     float* all) {
     char msg[1024];
     const char* bad = NULL;
-    if (m->world->rank == 0) {
-        float* shared = xmalloc(m->n_shared * sizeof(float));
-        mem_to_host(shared, m->shared, m->n_shared * sizeof(float));
-        bad = moe_checkpoint_write(path, &m->cfg, shared, all, msg, sizeof(msg));
-        free(shared);
+    if (world->rank == 0) {
+        size_t n = moe_num_shared(cfg);
+        if (!host) host = xmalloc(n * sizeof(float)), mem_to_host(host, shared, n * sizeof(float));
+        bad = moe_checkpoint_write(path, cfg, host, all, msg, sizeof(msg));
         if (!bad) printf("saved %s (mixture of experts, version %d)\n", path, MOE_CHECKPOINT_VERSION);
     }
-    free(all);
+    free(host), free(all);
     fail_if_any(bad != NULL, bad);
 }
 
 void moe_model_finish(MoeModel* m, const TrainArgs* args, MoeForward forward) {
     Forward f = {m, forward};
     if (args->sample > 0) train_sample_with(args, &m->cfg.gpt, m->T, next_logits, &f);
-    if (args->save) save(m, args->save);
+    if (args->save)  // every expert gathered over ep by dp replica 0 (every replica holds the same)
+        moe_model_write(args->save, &m->cfg, m->world, m->shared, NULL,
+                        m->dp->rank == 0 ? moe_gather_experts(&m->cfg, m->epc, m->experts, m->n_experts, m->E_local) : NULL);
 }
 
 // ---------------------------------------------------------------- training-state checkpoints

@@ -61,6 +61,11 @@ void moe_ckpt_model(Ckpt* ck, const MoeConfig* cfg, float capacity_factor, float
 // ep from each rank's n_experts floats (E_local experts a layer) to ep rank
 // 0's host memory (NULL on the others). Collective over epc.
 float* moe_gather_experts(const MoeConfig* cfg, const Comm* epc, const float* experts, size_t n_experts, int E_local);
+// --save FILE: world rank 0 writes the MoE file (moe.h) from the replicated
+// parameters (cfg's layout at tp = 1, on the device at shared or whole on the
+// host) and every expert (all); host and all are freed. Collective over the world.
+void moe_model_write(const char* path, const MoeConfig* cfg, const Comm* world, const float* shared, float* host,
+                     float* all);
 
 // The chapter's flags and run_start (the shared flags, the dp x ep mesh);
 // --model FILE is read as an MoE file. 0: end at once (--help).
@@ -87,9 +92,10 @@ void moe_print_setup(const MoeConfig* c, int ndp, int nep, int E_local, float ca
 BlockParams moe_model_block(MoeModel* m, float* buffer, int l);
 float* moe_model_router(MoeModel* m, float* buffer, int l);
 float* moe_model_experts(MoeModel* m, float* buffer, int l);
-// Where MoE layer l's state lives, and where layer l's forward writes its
-// attention half (the kept fields in its store, the dropped in the transient).
-MoeLayer* moe_model_layer(MoeModel* m, int l);
+// Where MoE layer l's state lives in moe's layers (--recompute full: one for
+// all), and where layer l's forward writes its attention half (the kept
+// fields in its store, the dropped in the transient).
+MoeLayer* moe_model_layer(const MoeParallel* moe, MoeLayer* layers, int l);
 BlockActs moe_model_block_acts(MoeModel* m, int l);
 
 // The parts that work token by token on my B x T tokens: the token ids to

@@ -172,21 +172,12 @@ void expert_model_save(ExpertModel* m, const char* path) {
         m->shared = m->experts = m->tp.w = NULL;
         return;
     }
-    // every expert, gathered over ep by dp x cp x tp rank 0's ep group (chapter 7's gather)
+    // every expert, gathered over ep by dp x cp x tp rank 0's ep group, and
+    // the file written: chapter 7's. With --tp the whole shared buffer is
+    // assembled on tp rank 0 (world rank 0 is one)
     float* all = m->dpcp->rank == 0 ? moe_gather_experts(&m->cfg, m->epc, m->experts, m->n_experts, m->E_local) : NULL;
-    char msg[1024];
-    const char* bad = NULL;
+    float* gathered = m->tp.tp > 1 && m->tp.dpcpep->rank == 0 ? expert_tp_gather_whole(m) : NULL;
     MoeConfig whole = m->cfg;
     whole.tp = 1;
-    // with --tp, the whole shared buffer assembled on tp rank 0 (world rank 0 is one)
-    float* gathered = m->tp.tp > 1 && m->tp.dpcpep->rank == 0 ? expert_tp_gather_whole(m) : NULL;
-    if (m->world->rank == 0) {
-        float* shared = gathered ? gathered : xmalloc(m->n_shared * sizeof(float));
-        if (!gathered) mem_to_host(shared, m->shared, m->n_shared * sizeof(float));
-        bad = moe_checkpoint_write(path, &whole, shared, all, msg, sizeof(msg));
-        free(shared);
-        if (!bad) printf("saved %s (mixture of experts, version %d)\n", path, MOE_CHECKPOINT_VERSION);
-    }
-    free(all);
-    fail_if_any(bad != NULL, bad);
+    moe_model_write(path, &whole, m->world, m->shared, gathered, all);
 }

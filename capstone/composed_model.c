@@ -24,10 +24,6 @@
 #include "report.h"
 #include "sharding.h"
 
-MoeLayer* expert_layer(ExpertModel* m, int l) {
-    return &m->layers[m->recompute == RECOMPUTE_FULL ? 0 : moe_layer_index(&m->cfg, l)];
-}
-
 BlockActs expert_block_acts(ExpertModel* m, int l) { return gpt_acts_block(&m->acts, &m->cfg.gpt, l, m->B, m->T); }
 
 // ---------------------------------------------------------------- --zero 2, 3: the units of a layer
@@ -85,28 +81,22 @@ void expert_embed_forward(ExpertModel* m, const int* inputs, const int* targets)
                              u + moe_wpe_offset(&m->cfg), m->cfg.gpt.channels);  // chapter 6's (ring.c)
 }
 
+// The GPT's head (model.h) on wte (in unit 0, [wte wpe]) and the last unit,
+// [lnfw lnfb]; asked for in this order (--zero 3 gathers a unit when asked).
 float expert_head_forward(ExpertModel* m) {
     if (!m->has_head) return 0.0f;
-    const GPTConfig* g = &m->cfg.gpt;
-    int B = m->B, T = m->T, C = g->channels;
-    HeadActs h = gpt_acts_head(&m->acts, g, B, T);
-    float* lnf = zero_buffer_params(&m->z[ZERO_SHARED], g->num_layers + 1);  // the last unit: [lnfw lnfb]
-    head_forward(g, zero_buffer_params(&m->z[ZERO_SHARED], 0) + moe_wte_offset(&m->cfg), lnf, lnf + C, &h,
-                 gpt_acts_block_output(&m->acts, g, g->num_layers - 1, B, T), m->acts.targets, B, T);
-    return gpt_acts_mean_loss(&m->acts, g);
+    float* lnf = zero_buffer_params(&m->z[ZERO_SHARED], m->cfg.gpt.num_layers + 1);
+    float* wte = zero_buffer_params(&m->z[ZERO_SHARED], 0) + moe_wte_offset(&m->cfg);
+    return gpt_acts_head_forward(&m->acts, &m->cfg.gpt, wte, lnf);
 }
 
 void expert_head_backward(ExpertModel* m) {
     if (!m->has_head) return;  // acts.dres arrived from the stage after
-    const GPTConfig* g = &m->cfg.gpt;
-    int B = m->B, T = m->T, C = g->channels, L = g->num_layers;
-    HeadActs h = gpt_acts_head(&m->acts, g, B, T);
-    BlockScratch s = gpt_acts_scratch(&m->acts, g);
-    ZeroBuffer* z = &m->z[ZERO_SHARED];  // unit 0 [wte wpe], unit L + 1 [lnfw lnfb]
+    ZeroBuffer* z = &m->z[ZERO_SHARED];
+    size_t wte = moe_wte_offset(&m->cfg);
+    int L = m->cfg.gpt.num_layers;
     float *P = zero_buffer_params(z, 0), *G = zero_buffer_grads(z, 0), *lnf = zero_buffer_params(z, L + 1);
-    float *dlnf = zero_buffer_grads(z, L + 1), *wte = P + moe_wte_offset(&m->cfg);
-    head_backward(g, wte, lnf, G + moe_wte_offset(&m->cfg), dlnf, dlnf + C, &h, gpt_acts_block_output(&m->acts, g, L - 1, B, T),
-                  m->acts.targets, 1.0f / (float)(B * T), s.dln, m->acts.dres, B, T);
+    gpt_acts_head_backward(&m->acts, &m->cfg.gpt, P + wte, lnf, G + wte, zero_buffer_grads(z, L + 1));
 }
 
 void expert_embed_backward(ExpertModel* m) {

@@ -144,9 +144,8 @@ int expert_run_start(Run* run, ExpertFlags* flags, int argc, char** argv);
 // The config: the flags, or --model FILE's experts and widths (they win;
 // *flags follows), checked against the mesh (composed_rules.h) on every rank.
 MoeConfig expert_config(const Run* run, ExpertFlags* flags);
-// Where MoE layer l's state lives (--recompute full: one for all layers),
-// and where layer l's forward writes (model.h's store and transient).
-MoeLayer* expert_layer(ExpertModel* m, int l);
+// Where layer l's forward writes (model.h's store and transient); its MoE
+// layer's state is chapter 7's moe_model_layer(&m->moe, m->layers, l).
 BlockActs expert_block_acts(ExpertModel* m, int l);
 // The parts that work token by token on my rows: the tokens to the device
 // and their embeddings (a later pipeline chunk: the tokens only); the final

@@ -62,12 +62,6 @@ static XpSlot* chunk_slot_get(ExpertPipe* P, XpChunk* ch, int mb) {
     return sl;
 }
 
-static XpSlot* chunk_slot_find(XpChunk* ch, int mb) {
-    XpSlot* sl = slot_pool_find(&ch->pool, mb);
-    if (!sl) FATAL("no activations kept for microbatch %d", mb);
-    return sl;
-}
-
 // ---------------------------------------------------------------- point to point
 // Chapter 5's (05_pipeline/main.c says why no list that the validator
 // accepts can deadlock): pipe_send, non-blocking from buffers of their own,
@@ -79,12 +73,8 @@ static XpSlot* chunk_slot_find(XpChunk* ch, int mb) {
 static float* slot_buffer(void* ctx, int grad, int mb, int c) {
     ExpertPipe* P = ctx;
     XpChunk* ch = &P->chunk[c];
-    XpSlot* sl = grad ? chunk_slot_find(ch, mb) : chunk_slot_get(P, ch, mb);
+    XpSlot* sl = grad ? slot_pool_find(&ch->pool, mb) : chunk_slot_get(P, ch, mb);
     return grad ? sl->acts.dres : sl->acts.encoded;
-}
-
-static void receive(ExpertPipe* P, int grad, int mb, int c) {
-    pipe_receive(P->link.in, P->link.pp, act_floats(P), grad, mb, c, slot_buffer, P, &P->link.early);
 }
 
 // ---------------------------------------------------------------- the actions
@@ -98,7 +88,7 @@ static void receive(ExpertPipe* P, int grad, int mb, int c) {
 static float forward(ExpertPipe* P, int mb, int c, const int* inputs, const int* targets) {
     XpChunk* ch = &P->chunk[c];
     XpSlot* sl = chunk_slot_get(P, ch, mb);
-    if (ch->vstage > 0 && mb >= 0) receive(P, 0, mb, c);
+    if (ch->vstage > 0 && mb >= 0) pipe_receive(&P->link, 0, mb, c, slot_buffer, P);
     if (ch->vstage > 0 && mb < 0) comm_recv(P->link.pp, sl->acts.encoded, act_floats(P), pipe_prev(&P->link));
     slot_use(ch, sl);
     ch->m.moe.record = mb >= 0;
@@ -127,8 +117,8 @@ static float forward(ExpertPipe* P, int mb, int c, const int* inputs, const int*
 // (composed_wgrad.c; the LayerNorms', embeddings' and tied head's stay here).
 static void backward(ExpertPipe* P, int mb, int c) {
     XpChunk* ch = &P->chunk[c];
-    XpSlot* sl = chunk_slot_find(ch, mb);
-    if (ch->vstage < P->S - 1) receive(P, 1, mb, c);
+    XpSlot* sl = slot_pool_find(&ch->pool, mb);
+    if (ch->vstage < P->S - 1) pipe_receive(&P->link, 1, mb, c, slot_buffer, P);
     slot_use(ch, sl);
     ch->m.wq = ch->m.split ? &sl->wq : NULL;
     P->backward(&ch->m);
@@ -139,7 +129,7 @@ static void backward(ExpertPipe* P, int mb, int c) {
 
 // W (zb): the queued weight gradients, no communication; then the slot is free.
 static void weights(ExpertPipe* P, int mb, int c) {
-    XpSlot* sl = chunk_slot_find(&P->chunk[c], mb);
+    XpSlot* sl = slot_pool_find(&P->chunk[c].pool, mb);
     wgrad_queue_run(&sl->wq);
     slot_pool_give(&P->chunk[c].pool, mb);
 }
@@ -274,25 +264,12 @@ static void next_logits(void* ctx, const int* window, int t, float* row) {
     free(tokens);
 }
 
+// The step's layout (expert_pipe_load): microbatch mb of each batch is this
+// rank's b sequences of the batch's mb-th slice; the mean over dp x cp x ep.
 float expert_pipe_val_loss(void* ctx, const TrainSetup* setup, int n_batches) {
     ExpertPipe* P = ctx;
-    size_t per_epoch = data_batches_per_epoch(&setup->val, setup->B, setup->T);
-    if (per_epoch == 0) return -1.0f;
-    if ((size_t)n_batches > per_epoch) n_batches = (int)per_epoch;
-    double sum = 0.0;
-    for (int i = 0; i < n_batches; i++) {
-        expert_pipe_load(P, &setup->val, i);
-        for (int mb = 0; mb < P->M; mb++) {
-            size_t t0 = (size_t)mb * P->b * P->T;
-            sum += forward_only(P, P->inputs + t0, P->targets + t0);
-        }
-    }
-    // every rank of dp x cp x ep ran as many microbatches of the same size:
-    // the mean (as train_val_loss_with, the same bits without the pipeline)
-    double total = 0.0;
-    const Comm* batch = &P->chunk[0].m.batch;
-    MPI_CHECK(MPI_Allreduce(&sum, &total, 1, MPI_DOUBLE, MPI_SUM, batch->mpi));
-    return (float)(total / ((double)batch->size * n_batches * P->M));
+    return train_val_loss_pieces(setup, n_batches, forward_only, P, P->share * P->b, P->M, P->B / P->M, P->b,
+                                 &P->chunk[0].m.batch);
 }
 
 // ---------------------------------------------------------------- set-up and the end

@@ -43,7 +43,7 @@ static void moe_block_forward(ExpertModel* m, int l, BlockActs* a, const float* 
     BlockParams p = expert_block_params(m, l);  // with --tp, my slices of the attention's matrices
     expert_attention_forward(m, l, &p, a, x);  // with --cp, over the cp group
     // --zero 3: the layer's experts are its gathered unit
-    moe_layer_forward(&m->moe, expert_layer(m, l), l, a->ln2, expert_router(m, l),
+    moe_layer_forward(&m->moe, moe_model_layer(&m->moe, m->layers, l), l, a->ln2, expert_router(m, l),
                       zero_buffer_params(&m->z[ZERO_EXPERTS], mi), a->fcproj);
     residual_forward(a->res3, a->res2, a->fcproj, (size_t)m->N * m->cfg.gpt.channels);
 }
@@ -66,7 +66,7 @@ static BlockActs moe_block_recompute(ExpertModel* m, int l, const float* x) {
     // the same span as model.c's dense blocks (docs/tracing.md)
     double t0 = trace_start();
     if (m->recompute == RECOMPUTE_SELECTIVE) {
-        moe_layer_recompute(&m->moe, expert_layer(m, l));
+        moe_layer_recompute(&m->moe, moe_model_layer(&m->moe, m->layers, l));
     } else if (m->recompute == RECOMPUTE_FULL) {
         // everything into the transient (its res3 too: the kept one stays);
         // the step's statistics were counted by the first forward
@@ -88,8 +88,8 @@ static void moe_block_backward(ExpertModel* m, int l, const float* x) {
     BlockActs a = moe_block_recompute(m, l, x);
     BlockParams p = expert_block_params(m, l), g = expert_block_grads(m, l);
     BlockScratch s = gpt_acts_scratch(&m->acts, &m->cfg.gpt);
-    moe_layer_backward(&m->moe, expert_layer(m, l), l, m->acts.dres, a.ln2, expert_router(m, l),
-                       expert_router_grad(m, l), zero_buffer_params(&m->z[ZERO_EXPERTS], mi),
+    moe_layer_backward(&m->moe, moe_model_layer(&m->moe, m->layers, l), l, m->acts.dres, a.ln2,
+                       expert_router(m, l), expert_router_grad(m, l), zero_buffer_params(&m->z[ZERO_EXPERTS], mi),
                        zero_buffer_grads(&m->z[ZERO_EXPERTS], mi), m->dln2);
     expert_attention_backward(m, l, &p, &g, &a, &s, x, m->dln2, m->acts.dres);
     trace_compute(t0, "block %d backward", l);

@@ -575,6 +575,22 @@ double gpt_flops_per_token(const GPTConfig* cfg, int T) {
     return 6.0 * matmul_weights + 12.0 * L * (double)T * C;
 }
 
+float gpt_acts_head_forward(GPTActs* a, const GPTConfig* cfg, const float* wte, const float* lnf) {
+    HeadActs h = gpt_acts_head(a, cfg, a->B, a->T);
+    head_forward(cfg, wte, lnf, lnf + cfg->channels, &h,
+                 gpt_acts_block_output(a, cfg, cfg->num_layers - 1, a->B, a->T), a->targets, a->B, a->T);
+    return gpt_acts_mean_loss(a, cfg);
+}
+
+void gpt_acts_head_backward(GPTActs* a, const GPTConfig* cfg, const float* wte, const float* lnf, float* dwte,
+                            float* dlnf) {
+    int B = a->B, T = a->T;
+    HeadActs h = gpt_acts_head(a, cfg, B, T);
+    head_backward(cfg, wte, lnf, dwte, dlnf, dlnf + cfg->channels, &h,
+                  gpt_acts_block_output(a, cfg, cfg->num_layers - 1, B, T), a->targets, 1.0f / (float)(B * T),
+                  gpt_acts_scratch(a, cfg).dln, a->dres, B, T);
+}
+
 // ---------------------------------------------------------------- sampling
 
 // splitmix64: a tiny, well-mixed random number generator for sampling

@@ -246,6 +246,13 @@ BlockScratch gpt_acts_scratch(const GPTActs* a, const GPTConfig* cfg);
 void gpt_acts_load(GPTActs* a, const int* inputs, const int* targets);
 // Copies the per-token losses of the last head_forward to the host; their mean.
 float gpt_acts_mean_loss(GPTActs* a, const GPTConfig* cfg);
+// The head on the whole (B, T) batch the activations were made for, wherever
+// its parameters live: wte (Vp, C) and lnf ([lnfw lnfb], 2C). Forward reads
+// the last block's output, returns the mean loss (gpt_acts_mean_loss);
+// backward of that mean into dwte and dlnf (accumulated) and a->dres.
+float gpt_acts_head_forward(GPTActs* a, const GPTConfig* cfg, const float* wte, const float* lnf);
+void gpt_acts_head_backward(GPTActs* a, const GPTConfig* cfg, const float* wte, const float* lnf, float* dwte,
+                            float* dlnf);
 
 // The single-device model: every parameter, gradient and AdamW moment, and the
 // activations of a (B, T) batch. This is chapter 0's reference; the other

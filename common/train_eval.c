@@ -28,6 +28,11 @@ float train_val_loss(GPT* m, const TrainSetup* s, int n_batches) {
 
 float train_val_loss_with(const TrainSetup* s, int n_batches, TrainForward forward, void* ctx, int b0,
                           int count, int micro, const Comm* group) {
+    return train_val_loss_pieces(s, n_batches, forward, ctx, b0, (count + micro - 1) / micro, micro, micro, group);
+}
+
+float train_val_loss_pieces(const TrainSetup* s, int n_batches, TrainForward forward, void* ctx, int b0, int pieces,
+                            int stride, int micro, const Comm* group) {
     size_t per_epoch = data_batches_per_epoch(&s->val, s->B, s->T);
     if (per_epoch == 0) return -1.0f;
     if ((size_t)n_batches > per_epoch) n_batches = (int)per_epoch;
@@ -38,12 +43,11 @@ float train_val_loss_with(const TrainSetup* s, int n_batches, TrainForward forwa
     int* inputs = xmalloc(BT * sizeof(int));
     int* targets = xmalloc(BT * sizeof(int));
     double sum = 0.0;
-    int pieces = 0;
+    int runs = 0;
     for (int i = 0; i < n_batches; i++) {
-        for (int b = b0; b < b0 + count; b += micro) {
-            data_batch(&s->val, i, s->B, s->T, b, micro, inputs, targets);
+        for (int j = 0; j < pieces; j++, runs++) {
+            data_batch(&s->val, i, s->B, s->T, b0 + j * stride, micro, inputs, targets);
             sum += forward(ctx, inputs, targets);
-            pieces++;
         }
     }
     free(inputs);
@@ -52,9 +56,9 @@ float train_val_loss_with(const TrainSetup* s, int n_batches, TrainForward forwa
         // every rank runs as many pieces: the mean over all of them
         double total = 0.0;
         MPI_CHECK(MPI_Allreduce(&sum, &total, 1, MPI_DOUBLE, MPI_SUM, group->mpi));
-        return (float)(total / ((double)group->size * pieces));
+        return (float)(total / ((double)group->size * runs));
     }
-    return (float)(sum / pieces);
+    return (float)(sum / runs);
 }
 
 // Prints --sample N tokens, out (a->sample of them).

@@ -23,6 +23,11 @@ typedef float (*TrainForward)(void* ctx, const int* inputs, const int* targets);
 // validation data.
 float train_val_loss_with(const TrainSetup* s, int n_batches, TrainForward forward, void* ctx, int b0,
                           int count, int micro, const Comm* group);
+// The same with the pieces spread over the batch: piece j of each batch is
+// sequences [b0 + j stride, b0 + j stride + micro), j < pieces (a pipeline's
+// microbatches, each a slice of the whole batch: capstone/composed_pipe.c).
+float train_val_loss_pieces(const TrainSetup* s, int n_batches, TrainForward forward, void* ctx, int b0, int pieces,
+                            int stride, int micro, const Comm* group);
 
 // The end of a run: --sample N characters generated and --save FILE written
 // from params_host, the full parameters in the flat layout on the one rank

@@ -67,8 +67,8 @@ static float model_forward(MoeModel* m, const int* inputs, const int* targets) {
         BlockActs a = moe_model_block_acts(m, l);
         moe_attention_forward(&p, &a, gpt_acts_block_input(&m->acts, g, l, m->B, m->T), m->B, m->T, C, NH);
         long w0 = device_host_waits();
-        moe_layer_forward(&m->moe, moe_model_layer(m, l), l, a.ln2, moe_model_router(m, m->shared, l),
-                          moe_model_experts(m, m->experts, l), a.fcproj);
+        moe_layer_forward(&m->moe, moe_model_layer(&m->moe, m->layers, l), l, a.ln2,
+                          moe_model_router(m, m->shared, l), moe_model_experts(m, m->experts, l), a.fcproj);
         wait_tally(device_host_waits() - w0, &waits.fwd_min, &waits.fwd_max, &waits.n_fwd);
         residual_forward(a.res3, a.res2, a.fcproj, (size_t)m->N * C);
     }
@@ -89,9 +89,9 @@ static void model_backward(MoeModel* m) {
         BlockActs a = moe_model_block_acts(m, l);
         BlockScratch s = gpt_acts_scratch(&m->acts, g);
         long w0 = device_host_waits();
-        moe_layer_backward(&m->moe, moe_model_layer(m, l), l, m->acts.dres, a.ln2, moe_model_router(m, m->shared, l),
-                           moe_model_router(m, m->dshared, l), moe_model_experts(m, m->experts, l),
-                           moe_model_experts(m, m->dexperts, l), m->dln2);
+        moe_layer_backward(&m->moe, moe_model_layer(&m->moe, m->layers, l), l, m->acts.dres, a.ln2,
+                           moe_model_router(m, m->shared, l), moe_model_router(m, m->dshared, l),
+                           moe_model_experts(m, m->experts, l), moe_model_experts(m, m->dexperts, l), m->dln2);
         wait_tally(device_host_waits() - w0, &waits.bwd_min, &waits.bwd_max, &waits.n_bwd);
         moe_attention_backward(&p, &gp, &a, &s, x, m->dln2, m->acts.dres, m->B, m->T, C, NH);
     }
