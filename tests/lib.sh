@@ -190,7 +190,7 @@ profile_end() {
     local t1=${EPOCHREALTIME/[.,]/} w c
     profile_cpu
     w=$(( (t1 - PROFILE_T0 + 5000) / 10000 )) c=$(( (PROFILE_CPU - PROFILE_C0 + 5) / 10 ))  # centiseconds
-    printf '%s\t%d.%02d\t%d.%02d\t%s\t%s\n' "${0##*/}" $((w / 100)) $((w % 100)) $((c / 100)) $((c % 100)) "$1" "$2" >> "$TEST_PROFILE"
+    printf '%s\t%d.%02d\t%d.%02d\t%s\t%s\t%s\n' "${0##*/}" $((w / 100)) $((w % 100)) $((c / 100)) $((c % 100)) "$1" "$2" "$RC" >> "$TEST_PROFILE"
 }
 # PROFILE_CPU: the CPU milliseconds (user + sys) of the children this shell
 # has waited for, from the builtin `times` (written to a file: in a $(...)
