@@ -175,8 +175,9 @@ timed_out() { [ "$RC" = 124 ] || [ "$RC" = 137 ]; }
 
 # TEST_PROFILE=FILE: every mpi_run appends a line to FILE, tab-separated:
 # the script, the run's wall seconds, its CPU seconds (user + sys of mpirun
-# and the ranks: the children this shell waited for), its ranks and its
-# command. On a shared machine a run's CPU time says what it costs more than
+# and the ranks: the children this shell waited for), its ranks, its
+# command and its exit code (a failed run that waited for mpirun's 2 s of
+# stopping it shows as wall time without CPU time). On a shared machine a run's CPU time says what it costs more than
 # its wall time. tests/run.sh profiles every run into its scratch folder and
 # ends with the ten slowest; `sort -t$'\t' -k3 -rn FILE | head` lists the
 # dearest runs. Measured without a fork: $EPOCHREALTIME and the builtin
@@ -190,7 +191,7 @@ profile_end() {
     local t1=${EPOCHREALTIME/[.,]/} w c
     profile_cpu
     w=$(( (t1 - PROFILE_T0 + 5000) / 10000 )) c=$(( (PROFILE_CPU - PROFILE_C0 + 5) / 10 ))  # centiseconds
-    printf '%s\t%d.%02d\t%d.%02d\t%s\t%s\n' "${0##*/}" $((w / 100)) $((w % 100)) $((c / 100)) $((c % 100)) "$1" "$2" >> "$TEST_PROFILE"
+    printf '%s\t%d.%02d\t%d.%02d\t%s\t%s\t%s\n' "${0##*/}" $((w / 100)) $((w % 100)) $((c / 100)) $((c % 100)) "$1" "$2" "$RC" >> "$TEST_PROFILE"
 }
 # PROFILE_CPU: the CPU milliseconds (user + sys) of the children this shell
 # has waited for, from the builtin `times` (written to a file: in a $(...)
