@@ -120,6 +120,66 @@ void tp_check_mesh(const GPTConfig* cfg, int B, int dp, int tp) {
     if (bad) fail_all("%s", bad);
 }
 
+// ---------------------------------------------------------------- a buffer laid out by tiles
+
+// A piece of a tile: its rows [row, row + nrows) and columns [col, col +
+// ncols), counted in the tile, whose first float is float q of the buffer.
+typedef struct {
+    size_t row, nrows, col, ncols, q;
+} TilePiece;
+
+// The pieces of tile tl that the floats [q0, q1) of the buffer cover: at
+// most a partial first row, whole rows and a partial last row, so a rank
+// reaches only its part of a tile (an FSDP unit's shard ends mid-row).
+static int tile_pieces(const Tile* tl, size_t q0, size_t q1, TilePiece* p) {
+    size_t size = tl->nrows * tl->ncols, w = tl->ncols, n = 0;
+    if (q1 <= tl->off || q0 >= tl->off + size) return 0;
+    size_t a = q0 > tl->off ? q0 - tl->off : 0, b = q1 - tl->off < size ? q1 - tl->off : size;
+    while (a < b) {  // [a, b) of the tile's row-major storage
+        size_t col = a % w, len = col > 0 || b - a < w ? (w - col < b - a ? w - col : b - a) : w;
+        size_t rows = len == w ? (b - a) / w : 1;
+        p[n++] = (TilePiece){a / w, rows, col, len, tl->off + a};
+        a += rows * len;
+    }
+    return (int)n;
+}
+
+const char* tp_tiles_fill(const GPTConfig* cfg, const Tile* tiles, int n, size_t q0, size_t q1,
+                          const char* checkpoint, uint64_t seed, float* dst, char* msg, size_t msg_len) {
+    for (int i = 0; i < n; i++) {
+        const Tile* tl = &tiles[i];
+        TilePiece p[3];
+        for (int k = 0, np = tile_pieces(tl, q0, q1, p); k < np; k++) {
+            size_t row = tl->row0 + p[k].row, col = tl->col0 + p[k].col;
+            float* out = dst + (p[k].q - q0);
+            if (!checkpoint)
+                gpt_init_tile(out, cfg, seed, tl->t, tl->layer, row, p[k].nrows, col, p[k].ncols);
+            else if (checkpoint_read_tile(checkpoint, cfg, out, tl->t, tl->layer, row, p[k].nrows, col, p[k].ncols,
+                                          msg, msg_len))
+                return msg;  // checkpoint_read_tile's message
+        }
+    }
+    return NULL;
+}
+
+void tp_tiles_ckpt_add(CkptList* l, const GPTConfig* cfg, const Tile* tiles, int n, CkptKind kind, size_t q0,
+                       size_t q1, float* data, int skip_replicated) {
+    for (int i = 0; data && i < n; i++) {
+        const Tile* tl = &tiles[i];
+        TilePiece p[3];
+        size_t R, Cg;  // the tensor's per-layer global shape (rows, columns)
+        param_tensor_shape(cfg, tl->t, &R, &Cg);
+        for (int k = 0, np = skip_replicated && tl->replicated ? 0 : tile_pieces(tl, q0, q1, p); k < np; k++) {
+            size_t start = ((size_t)tl->layer * R + tl->row0 + p[k].row) * Cg + tl->col0 + p[k].col;
+            float* at = data + (p[k].q - q0);
+            if (p[k].ncols == Cg)  // whole global rows: one run
+                ckpt_add(l, (CkptSlice){kind, tl->t, start, p[k].nrows * Cg, 0, 1, at});
+            else
+                ckpt_add(l, (CkptSlice){kind, tl->t, start, p[k].ncols, Cg, p[k].nrows, at});
+        }
+    }
+}
+
 // ---------------------------------------------------------------- the tp rank's state
 
 // The unit a tile of the tp shard lies in (no tile straddles two).
@@ -158,52 +218,18 @@ BlockParams tp_block_grads_begin(TPModel* m, int l) {
 }
 
 // The engine's fill callback: floats [lo, lo + n) of a unit are a range of
-// this tp rank's shard; each tile that meets the range is initialised or read
-// for the part that lies inside it (a partial first row, whole rows, a
-// partial last row), so a rank builds or reads only its slices of its shard.
+// this tp rank's shard, so a rank builds or reads only its slices of it.
 typedef struct {
     const TPModel* m;
     const char* checkpoint;  // NULL: initialise from the seed
     uint64_t seed;
 } TileSource;
 
-static const char* fill_piece(const TileSource* src, const Tile* tl, size_t row, size_t nrows, size_t col,
-                              size_t ncols, float* dst, char* msg, size_t msg_len) {
-    const GPTConfig* c = &src->m->cfg;
-    if (src->checkpoint)
-        return checkpoint_read_tile(src->checkpoint, c, dst, tl->t, tl->layer, tl->row0 + row, nrows,
-                                    tl->col0 + col, ncols, msg, msg_len);
-    gpt_init_tile(dst, c, src->seed, tl->t, tl->layer, tl->row0 + row, nrows, tl->col0 + col, ncols);
-    return NULL;
-}
-
 static const char* fill_unit(void* ctx, int unit, size_t lo, size_t n, float* dst, char* msg, size_t msg_len) {
     const TileSource* src = ctx;
     const TPModel* m = src->m;
-    size_t a0 = m->unit_off[unit] + lo, b0 = a0 + n;  // the range in the tp shard
-    for (int i = 0; i < m->ntiles; i++) {
-        const Tile* tl = &m->tiles[i];
-        size_t size = tl->nrows * tl->ncols;
-        size_t a = a0 > tl->off ? a0 - tl->off : 0, b = b0 - tl->off < size ? b0 - tl->off : size;
-        if (b0 <= tl->off || a >= b) continue;
-        // [a, b) of the tile's row-major storage
-        float* out = dst + (tl->off + a - a0);
-        size_t w = tl->ncols, r = a / w, col = a % w;
-        const char* bad = NULL;
-        if (col > 0) {  // the tail of a first, partial row
-            size_t k = w - col < b - a ? w - col : b - a;
-            bad = fill_piece(src, tl, r, 1, col, k, out, msg, msg_len);
-            out += k, a += k, r++;
-        }
-        if (!bad && b - a >= w) {  // whole rows
-            size_t rows = (b - a) / w;
-            bad = fill_piece(src, tl, r, rows, 0, w, out, msg, msg_len);
-            out += rows * w, a += rows * w, r += rows;
-        }
-        if (!bad && a < b) bad = fill_piece(src, tl, r, 1, 0, b - a, out, msg, msg_len);  // a last partial row
-        if (bad) return bad;
-    }
-    return NULL;
+    size_t q0 = m->unit_off[unit] + lo;
+    return tp_tiles_fill(&m->cfg, m->tiles, m->ntiles, q0, q0 + n, src->checkpoint, src->seed, dst, msg, msg_len);
 }
 
 void tp_create(TPModel* m, const Run* run, int B, int zero, int prefetch, int reshard) {
@@ -469,42 +495,6 @@ float* tp_gather_full_model(const TPModel* m, const float* shard) {
 
 // ---------------------------------------------------------------- checkpoints
 
-// The floats [q0, q1) of this tp rank's shard, whose values sit at data (the
-// value of shard float q at data[q - q0]), as checkpoint slices of kind
-// `kind`: each tile meeting the range gives at most a partial first row,
-// whole rows (one strided slice: ncols of every global row) and a partial
-// last row. Replicated tiles are left out when `skip_replicated`.
-static void ckpt_add_shard_range(CkptList* l, const TPModel* m, CkptKind kind, size_t q0, size_t q1, float* data,
-                                 int skip_replicated) {
-    if (!data) return;
-    for (int i = 0; i < m->ntiles; i++) {
-        const Tile* tl = &m->tiles[i];
-        size_t size = tl->nrows * tl->ncols;
-        if (q1 <= tl->off || q0 >= tl->off + size || (skip_replicated && tl->replicated)) continue;
-        size_t a = q0 > tl->off ? q0 - tl->off : 0, b = q1 - tl->off < size ? q1 - tl->off : size;
-        size_t R, Cg;  // the tensor's per-layer global shape (rows, columns)
-        param_tensor_shape(&m->cfg, tl->t, &R, &Cg);
-        size_t w = tl->ncols, layer0 = (size_t)tl->layer * R * Cg;
-        while (a < b) {
-            size_t r = a / w, col = a % w, rows, len;
-            if (col > 0 || b - a < w) {  // a partial row
-                rows = 1;
-                len = (w - col < b - a) ? w - col : b - a;
-            } else {  // whole rows of the tile
-                rows = (b - a) / w;
-                len = w;
-            }
-            size_t start = layer0 + (tl->row0 + r) * Cg + tl->col0 + col;
-            float* at = data + (tl->off + a - q0);
-            if (len == Cg)  // whole global rows: one run
-                ckpt_add(l, (CkptSlice){kind, tl->t, start, rows * len, 0, 1, at});
-            else
-                ckpt_add(l, (CkptSlice){kind, tl->t, start, len, Cg, rows, at});
-            a += rows * len;
-        }
-    }
-}
-
 // The engine's map for fsdp_ckpt_shard (chapter 3's): floats of a unit are
 // floats of this tp rank's shard, cut by its tiles.
 typedef struct {
@@ -515,7 +505,7 @@ typedef struct {
 static void tile_slices(void* ctx, CkptList* out, int unit, size_t lo, size_t n, CkptKind kind, float* data) {
     const TileSlices* t = ctx;
     size_t q0 = t->m->unit_off[unit] + lo;
-    ckpt_add_shard_range(out, t->m, kind, q0, q0 + n, data, t->skip_replicated);
+    tp_tiles_ckpt_add(out, &t->m->cfg, t->m->tiles, t->m->ntiles, kind, q0, q0 + n, data, t->skip_replicated);
 }
 
 void tp_ckpt_lists(Ckpt* ck, const TPModel* m) {

@@ -74,6 +74,16 @@ int tp_shard_tiles(const GPTConfig* cfg, int tp, int r, Tile* out);
 // (the capstone) takes its slices from them.
 int tp_block_tiles(const GPTConfig* cfg, int tp, int r, int l, Tile* out);
 
+// A flat buffer laid out by n tiles (each row-major at its off: a tp shard,
+// the capstone's slices), its floats [q0, q1) at dst (float q at dst[q - q0]):
+// counter-based from seed, or read from the llm.c file checkpoint if given
+// (NULL or the message); as checkpoint slices of layer tile.layer's copy of
+// each tile.t, replicated tiles left out when skip_replicated.
+const char* tp_tiles_fill(const GPTConfig* cfg, const Tile* tiles, int n, size_t q0, size_t q1,
+                          const char* checkpoint, uint64_t seed, float* dst, char* msg, size_t msg_len);
+void tp_tiles_ckpt_add(CkptList* l, const GPTConfig* cfg, const Tile* tiles, int n, CkptKind kind, size_t q0,
+                       size_t q1, float* data, int skip_replicated);
+
 // Every split must be exact: whole sequences per dp rank, whole heads and
 // hidden units per tp rank, vocabulary rows for every tp rank. Collective:
 // one clear message from rank 0 and every rank exits when one does not.

@@ -107,14 +107,13 @@ static void between_whole(const ExpertModel* m, float* whole, float* shared, flo
 }
 
 // My slices' counter-based values alone, each from its place in the whole
-// tensor (gpt_init_tile), so my slices are the whole model's without making it.
+// tensor (chapter 4's tp_tiles_fill), so my slices are the whole model's
+// without making it.
 void expert_tp_init(ExpertModel* m, uint64_t seed) {
     float* w = xmalloc(m->tp.n * sizeof(float));
     Tile* tiles;
     int n = slice_tiles(m, m->tp.rank, &tiles);
-    for (int i = 0; i < n; i++)
-        gpt_init_tile(w + tiles[i].off, &m->cfg.gpt, seed, tiles[i].t, tiles[i].layer, tiles[i].row0, tiles[i].nrows,
-                      tiles[i].col0, tiles[i].ncols);
+    tp_tiles_fill(&m->cfg.gpt, tiles, n, 0, m->tp.n, NULL, seed, w, NULL, 0);
     free(tiles);
     zero_buffer_put(&m->z[ZERO_TP], w);
     free(w);
