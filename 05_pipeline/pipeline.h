@@ -167,11 +167,11 @@ void pipe_link_begin(PipeLink* l);
 typedef float* (*PipeSlotBuffer)(void* ctx, int grad, int mb, int chunk);
 // The input of an action (05_pipeline/main.c says why in this order): the
 // activation of F(mb, chunk) from the stage before (grad 0) or the gradient
-// of B(mb, chunk) from the stage after (grad 1), count floats. The messages
-// that peer sent before it (in the order of its list: l->in) are received
-// first, each into slot_buffer(ctx, ...), and counted in l->early; one that
-// came early is already in its buffer. Returns 1 when this call received the
-// input (the action waited for it), 0 when it had come early.
+// of B(mb, chunk) from the stage after (grad 1): the link's count floats.
+// The messages that peer sent before it (in its list's order: l->in) come
+// first, each into slot_buffer(ctx, ...), counted in l->early; one that
+// came early is already in its buffer. Returns 1 when this call received
+// the input (the action waited for it), 0 when it had come early.
 int pipe_receive(PipeLink* l, int grad, int mb, int chunk, PipeSlotBuffer slot_buffer, void* ctx);
 // Non-blocking, from a buffer of its own (the slot it came from may be
 // reused before the peer has received it): count floats to stage peer.

@@ -82,7 +82,7 @@ void expert_embed_forward(ExpertModel* m, const int* inputs, const int* targets)
 }
 
 // The GPT's head (model.h) on wte (in unit 0, [wte wpe]) and the last unit,
-// [lnfw lnfb]; asked for in this order (--zero 3 gathers a unit when asked).
+// [lnfw lnfb]; the last unit asked for first (--zero 3 gathers a unit when asked).
 float expert_head_forward(ExpertModel* m) {
     if (!m->has_head) return 0.0f;
     float* lnf = zero_buffer_params(&m->z[ZERO_SHARED], m->cfg.gpt.num_layers + 1);
