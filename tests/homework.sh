@@ -59,6 +59,20 @@ hw_marker_case "a number used twice" "EXERCISE 2 is marked 2 times" "$hw_ok// EX
 hw_marker_case "a gap in the numbers" "not 1..4" "$hw_ok// EXERCISE 4: c\n// END EXERCISE 4\n"
 hw_marker_case "nested regions" "regions do not nest" "// EXERCISE 1: a\n// EXERCISE 2: b\n// END EXERCISE 2\n// END EXERCISE 1\n"
 rm -rf "$hw_tmp"
+# every variant's sed script still changes its file, whichever of them this
+# run grades (by default one a chapter): a variant whose code moved would
+# lose nothing and be found only under HOMEWORK_BUGS=all
+hw_stale=""
+for v in tests/homework/bugs/chapter_*_ex*.sed; do
+    [ -e "$v" ] || continue
+    f=$(sed -n 's/^# file: //p' "$v")
+    if [ ! -f "$f" ] || sed -f "$v" "$f" | cmp -s - "$f"; then hw_stale="$hw_stale $(basename "$v") ($f)"; fi
+done
+if [ -z "$hw_stale" ]; then
+    pass "homework: every variant in tests/homework/bugs/ still changes its file ($(ls tests/homework/bugs/*.sed | wc -l) sed scripts)"
+else
+    fail "homework: variants whose sed script no longer changes its file (the code moved: update them)" "$hw_stale"
+fi
 # the comparison under a failed invariant check (tests/compare_losses.sh)
 # says where a run first leaves the reference, both figures side by side
 # (step 0's loss right and its norm wrong: the bug is in backward), and how
