@@ -177,11 +177,12 @@ timed_out() { [ "$RC" = 124 ] || [ "$RC" = 137 ]; }
 # the script, the run's wall seconds, its CPU seconds (user + sys of mpirun
 # and the ranks: the children this shell waited for), its ranks, its
 # command and its exit code (a failed run that waited for mpirun's 2 s of
-# stopping it shows as wall time without CPU time). On a shared machine a run's CPU time says what it costs more than
-# its wall time. tests/run.sh profiles every run into its scratch folder and
-# ends with the ten slowest; `sort -t$'\t' -k3 -rn FILE | head` lists the
-# dearest runs. Measured without a fork: $EPOCHREALTIME and the builtin
-# `times`, so profiling costs the run nothing but a file write.
+# stopping it shows as wall time without CPU time). On a shared machine a
+# run's CPU time says what it costs more than its wall time. tests/run.sh
+# profiles every run into its scratch folder and ends with the ten slowest;
+# `sort -t$'\t' -k3 -rn FILE | head` lists the dearest runs. Measured
+# without a fork: $EPOCHREALTIME and the builtin `times`, so profiling
+# costs the run nothing but a file write.
 profile_start() {
     PROFILE_T0=${EPOCHREALTIME/[.,]/}  # microseconds
     profile_cpu
