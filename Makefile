@@ -253,7 +253,7 @@ $(BIN)/tests/test_ops: $(OBJ)/tests/test_ops.o $(COMMON_OBJ)
 $(BIN)/tests/test_comm: $(OBJ)/tests/test_comm.o $(COMMON_OBJ)
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) -o $@ $^ $(LDLIBS)
-$(BIN)/tests/test_fsdp: $(OBJ)/tests/test_fsdp.o $(OBJ)/03_fsdp/fsdp.o $(COMMON_OBJ)
+$(BIN)/tests/test_fsdp: $(OBJ)/tests/test_fsdp.o $(OBJ)/03_fsdp/fsdp.o $(OBJ)/03_fsdp/zero_buffer.o $(COMMON_OBJ)
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) -o $@ $^ $(LDLIBS)
 $(OBJ)/tests/test_fsdp.o: CFLAGS += -I03_fsdp

@@ -181,8 +181,9 @@ help_case chapter-3 "--zero N"
 
 echo "== chapter 3's engine (03_fsdp/fsdp.c) and the train.h glue, over MPI"
 # test_fsdp: units of odd sizes through every ZeRO stage (gather, prefetch,
-# reduce-scatter, sumsq, the sharded step, gather to rank 0), and the mean,
-# norm and AdamW helpers; on 4 ranks the norm runs over a dp x tp mesh
+# reduce-scatter, sumsq, the sharded step, gather to rank 0), a ZeroBuffer's
+# checkpoint lines (every float written once, uneven and tiny buffers), and
+# the mean, norm and AdamW helpers; on 4 ranks the norm runs over a dp x tp mesh
 for np in 1 3 4; do
     out=$(timeout 120 $MPIRUN -np $np "$BUILD/tests/test_fsdp" 2>&1)
     rc=$?

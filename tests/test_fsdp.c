@@ -1,5 +1,6 @@
-// test_fsdp.c: the FSDP engine (03_fsdp/fsdp.h) on units of odd sizes, and
-// the training glue of common/train.h that talks across ranks. An MPI
+// test_fsdp.c: the FSDP engine (03_fsdp/fsdp.h) on units of odd sizes, the
+// checkpoint lines of a ZeroBuffer (03_fsdp/zero_buffer.h) at every stage,
+// and the training glue of common/train.h that talks across ranks. An MPI
 // program: run it on any number of ranks,
 //   mpirun -np 3 build/tests/test_fsdp
 // Rank 0 prints the checks; each check holds only if it holds on every rank.
@@ -8,7 +9,7 @@
 // global batch B, sequence T, micro-batches and experts, and says "mesh ok"
 // (or exits with its error).
 //
-// modules: 03_fsdp/fsdp
+// modules: 03_fsdp/fsdp 03_fsdp/zero_buffer
 // run by: tests/chapter_3.sh (on MPI ranks)
 #include <math.h>
 #include <stdio.h>
@@ -26,6 +27,7 @@
 #include "test.h"
 #include "train.h"
 #include "train_step.h"
+#include "zero_buffer.h"
 
 // ---------------------------------------------------------------- checks over every rank
 
@@ -221,6 +223,78 @@ static void test_engine(const Comm* dp, int zero, int prefetch, int reshard) {
     fsdp_free(&f);
 }
 
+// ---------------------------------------------------------------- a ZeroBuffer's checkpoint lines
+
+// The buffer as one global tensor (tensor 0), unit by unit (ZeroBufferSlices).
+static void buffer_slices(void* ctx, CkptList* out, int write, CkptKind kind, int u0, int nu, float* data) {
+    const ZeroBuffer* z = ctx;
+    (void)write;  // no tied copy to leave out
+    for (int u = u0; u < u0 + nu; u++)
+        ckpt_add(out, (CkptSlice){kind, 0, z->unit_off[u], z->unit_off[u + 1] - z->unit_off[u], 0, 1,
+                                  data + (z->unit_off[u] - z->unit_off[u0])});
+}
+
+// Adds each float of l's slices to cover[kind][float]; a params float whose
+// value is not the buffer's (g + 1) counts in *wrong.
+static void add_cover(const CkptList* l, int* cover, size_t n, int* wrong) {
+    for (int i = 0; i < l->n; i++) {
+        const CkptSlice* s = &l->s[i];
+        size_t nf = s->len * s->count;
+        float* v = xmalloc((nf > 0 ? nf : 1) * sizeof(float));
+        mem_to_host(v, s->data, nf * sizeof(float));
+        for (size_t j = 0; j < s->count; j++)
+            for (size_t k = 0; k < s->len; k++) {
+                size_t g = s->start + j * s->stride + k;
+                if (g >= n) { (*wrong)++; continue; }
+                cover[(size_t)s->kind * n + g]++;
+                if (s->kind == CKPT_PARAMS && v[j * s->len + k] != (float)(g + 1)) (*wrong)++;
+            }
+        free(v);
+    }
+}
+
+// zero_buffer_ckpt: whatever the stage, the group writes every float of
+// each state once (own), cut as ZeRO-1 shards what every rank holds whole,
+// also when the buffer does not split evenly or is smaller than the group;
+// without --zero every rank reads all of it (need).
+static void test_zero_buffer_ckpt(const Comm* g) {
+    static const size_t sizes[][3] = {{2, 0, 0}, {5, 1, 4}, {7, 3, 2}};  // units of each buffer (0: none)
+    char name[160], why[256];
+    for (int zero = 0; zero <= 3; zero++) {
+        int once = 1, whole = 1, wrong = 0;
+        for (int b = 0; b < 3; b++) {
+            size_t numel[3], n = 0;
+            int units = 0, own_grads[3] = {0};
+            for (int u = 0; u < 3 && sizes[b][u]; u++) numel[units++] = sizes[b][u], n += sizes[b][u];
+            ZeroBuffer z;
+            float *p, *gr, *m, *v;
+            zero_buffer_alloc(&z, zero, g, n, &p, &gr, &m, &v);
+            float* host = xmalloc(n * sizeof(float));
+            for (size_t k = 0; k < n; k++) host[k] = (float)(k + 1);
+            zero_buffer_put(&z, host);
+            zero_buffer_units(&z, units, numel, own_grads);
+            CkptList own = {0}, need = {0};
+            zero_buffer_ckpt(&own, &need, &z, buffer_slices, &z);
+            int* cover = xcalloc(CKPT_NUM_KINDS * n, sizeof(int));
+            int* all = xcalloc(CKPT_NUM_KINDS * n, sizeof(int));
+            add_cover(&own, cover, n, &wrong);
+            MPI_CHECK(MPI_Allreduce(cover, all, CKPT_NUM_KINDS * (int)n, MPI_INT, MPI_SUM, g->mpi));
+            for (size_t k = 0; k < CKPT_NUM_KINDS * n; k++) once = once && all[k] == 1;
+            memset(cover, 0, CKPT_NUM_KINDS * n * sizeof(int));
+            add_cover(&need, cover, n, &wrong);
+            for (size_t k = 0; zero == 0 && k < CKPT_NUM_KINDS * n; k++) whole = whole && cover[k] == 1;
+            free(cover), free(all), free(host);
+            ckpt_list_free(&own), ckpt_list_free(&need);
+            zero_buffer_free(&z);
+        }
+        snprintf(name, sizeof(name), "zero_buffer_ckpt --zero %d on %d ranks: buffers of 2, 10 and 12 floats", zero,
+                 g->size);
+        snprintf(why, sizeof(why), "every float written once: %d; read whole without --zero: %d; %d wrong", once,
+                 whole, wrong);
+        check_all(once && whole && wrong == 0, name, why);
+    }
+}
+
 // ---------------------------------------------------------------- train.h across ranks
 
 static void test_glue(const Mesh* mesh, const Comm* world, const Comm axes[NUM_AXES]) {
@@ -320,6 +394,7 @@ int main(int argc, char** argv) {
     test_engine(&dp, 3, 0, 1);
     test_engine(&dp, 3, 1, 0);
     test_engine(&dp, 3, 0, 0);
+    test_zero_buffer_ckpt(&dp);
     test_glue(&mesh, &world, axes);
     int all_passed = all_ranks(test_failures == 0);
     comm_destroy(&world, axes);
