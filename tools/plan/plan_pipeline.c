@@ -124,7 +124,7 @@ static void sends_bound(const Schedule* s, int S) {
 }
 
 const char* plan_check_pipeline(const PlanArgs* a, PlanInfo* info, char* msg, size_t len) {
-    int pp = a->mesh[AXIS_PP], ndp = a->mesh[AXIS_DP], m = a->microbatches ? a->microbatches : pp;
+    int pp = a->mesh[AXIS_PP], ndp = a->mesh[AXIS_DP], m = a->microbatches == ARG_NOT_GIVEN ? pp : a->microbatches;
     if (a->ranks != ndp * pp) return "--ranks: chapter 5 has the dp and pp axes only";
     // chapter 5's own rules and lines (05_pipeline/schedule.c); the batch over
     // dp x microbatches is train_mesh_problem's, after this (plan.c)
