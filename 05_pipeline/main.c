@@ -285,40 +285,27 @@ int main(int argc, char** argv) {
     const TrainArgs* args = &run.args;
     const TrainSetup* setup = &run.setup;
     const GPTConfig* cfg = &setup->cfg;
-    int kind = schedule_parse(sched_name);
-    if (kind < 0) fail_all("--schedule %s is not one of gpipe, 1f1b, interleaved, zb", sched_name);
+    int kind = schedule_parse(sched_name);  // -1: refused with the layout below
     int pp = run.mesh.size[AXIS_PP], ndp = run.mesh.size[AXIS_DP], L = cfg->num_layers;
     // a schedule of one's own: m and v are the file's
     Schedule from_file;
+    char why[512];
     if (sched_file) {
-        char why[512];
         const char* bad = schedule_read(&from_file, sched_file, pp, why, sizeof(why));
         if (bad) fail_all("%s", bad);
         if ((m != ARG_NOT_GIVEN && m != from_file.m) || (v != 1 && v != from_file.v))
             fail_all("--schedule-file %s runs %d microbatch%s of %d chunk%s: drop --microbatches and --virtual", sched_file,
                      from_file.m, from_file.m == 1 ? "" : "es", from_file.v, from_file.v == 1 ? "" : "s");
-        kind = SCHED_FILE, sched_name = schedule_name(SCHED_FILE), m = from_file.m, v = from_file.v;
+        kind = SCHED_FILE, m = from_file.m, v = from_file.v;
     }
     if (m == ARG_NOT_GIVEN) m = pp;
-    // sizes bounded before any product is formed: a dp rank's share of the
-    // batch is the most microbatches it can cut; 64 virtual stages at most
-    if (m < 1) fail_all("--microbatches must be positive (leave it out for pp = %d)", pp);
-    if (m > setup->B / ndp)
-        fail_all("--microbatches %d: a dp rank holds %d of the batch's %d sequences, at most that many microbatches: use --microbatches <= %d",
-                 m, setup->B / ndp, setup->B, setup->B / ndp);
-    if (v < 1) fail_all("--virtual must be >= 1");
-    if (v > 1 && kind != SCHED_INTERLEAVED && kind != SCHED_FILE) fail_all("--virtual %d needs --schedule interleaved", v);
-    if (v > 1 && pp == 1) fail_all("--virtual %d interleaves chunks over pp ranks: use --pp 2 or more", v);
-    if (v > PIPE_MAX_CHUNKS / pp)
-        fail_all("--virtual %d: pp x virtual is at most %d virtual stages: use --virtual <= %d", v, PIPE_MAX_CHUNKS,
-                 PIPE_MAX_CHUNKS / pp);
-    // the layers over the stages: every stage needs one; chunks must be equal
-    if (pp * v > L)
-        fail_all("the model's %d layers cannot fill pp=%d x %d chunk%s = %d stages (a stage without layers): use pp x virtual <= %d",
-                 L, pp, v, v == 1 ? "" : "s", pp * v, L);
-    if (v > 1 && L % (pp * v) != 0)
-        fail_all("--virtual %d: the model's %d layers do not cut into pp=%d x %d equal chunks: use pp x virtual dividing %d",
-                 v, L, pp, v, L);
+    // what the pipeline cannot run (05_pipeline/schedule.c, one function the
+    // capstone and the planner call too): an unknown schedule, m outside 1 to
+    // a dp rank's sequences, chunks without interleaving or on one rank, more
+    // than 64 stages, a stage without layers, unequal chunks
+    PipeLayout layout = {sched_name, sched_file != NULL, pp, m, v, L, setup->B, setup->B / ndp, 0};
+    if (pipe_layout_problem(&layout, why, sizeof(why))) fail_all("%s", why);
+    if (sched_file) sched_name = schedule_name(SCHED_FILE);
     // the batch over dp x microbatches (train_check_mesh); the layers over pp
     // are this chapter's own rule (uneven splits allowed), so the shared
     // check sees pp = 1

@@ -38,7 +38,6 @@
 #include "run.h"
 #include "train.h"
 
-#define PIPE_MAX_CHUNKS 64                   // virtual stages a run may have (pp x virtual)
 #define PIPE_MAX_PIECES (PIPE_MAX_CHUNKS + 3)  // every chunk, [wte wpe], [lnfw lnfb], the tied copy
 
 // ---------------------------------------------------------------- what a rank owns

@@ -407,3 +407,40 @@ void schedule_print(const Schedule* s) {
     free(start);
     fflush(stdout);
 }
+
+// ---------------------------------------------------------------- the layouts a run refuses
+
+const char* pipe_layout_problem(const PipeLayout* l, char* msg, size_t len) {
+    int kind = schedule_parse(l->schedule), pp = l->pp, m = l->m, v = l->v, L = l->layers;
+    if (kind < 0)
+        snprintf(msg, len, "--schedule %s is not one of gpipe, 1f1b, interleaved, zb", l->schedule);
+    // a dp rank's share of the batch is the most microbatches it can cut
+    else if (m < 1)
+        snprintf(msg, len, "--microbatches must be positive (leave it out for pp = %d)", pp);
+    else if (m > l->share)
+        snprintf(msg, len, "--microbatches %d: a dp rank holds %d of the batch's %d sequences, at most that many "
+                 "microbatches: use --microbatches <= %d", m, l->share, l->batch, l->share);
+    // chunks only where a schedule goes round the ranks more than once
+    else if (v < 1)
+        snprintf(msg, len, "--virtual must be >= 1");
+    else if (v > 1 && kind != SCHED_INTERLEAVED && !l->from_file)
+        snprintf(msg, len, "--virtual %d needs --schedule interleaved", v);
+    else if (v > 1 && pp == 1)
+        snprintf(msg, len, "--virtual %d interleaves chunks over pp ranks: use --pp 2 or more", v);
+    // bounded before pp x v is formed (--virtual 2147483647 overflowed it)
+    else if (v > PIPE_MAX_CHUNKS / pp)
+        snprintf(msg, len, "--virtual %d: pp x virtual is at most %d virtual stages: use --virtual <= %d", v,
+                 PIPE_MAX_CHUNKS, PIPE_MAX_CHUNKS / pp);
+    // the layers over the stages: every stage needs one; chunks must be equal
+    else if (pp * v > L)
+        snprintf(msg, len, "the model's %d layers cannot fill pp=%d x %d chunk%s = %d stages (a stage without layers): "
+                 "use pp x virtual <= %d", L, pp, v, v == 1 ? "" : "s", pp * v, L);
+    else if (v > 1 && L % (pp * v) != 0)
+        snprintf(msg, len, "--virtual %d: the model's %d layers do not cut into pp=%d x %d equal chunks: use pp x "
+                 "virtual dividing %d", v, L, pp, v, L);
+    else if (l->equal_stages && L % pp != 0)  // common/train.c's line, which such a run prints first
+        snprintf(msg, len, "the model's %d layers do not split over pp=%d ranks: use a pp that divides %d", L, pp, L);
+    else
+        return NULL;
+    return msg;
+}

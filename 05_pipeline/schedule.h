@@ -90,4 +90,28 @@ double schedule_bubble_formula(ScheduleKind kind, int pp, int m, int v);
 // "W3", ".2" suffix for chunk 2 when v > 1, "." idle).
 void schedule_print(const Schedule* s);
 
+// ---------------------------------------------------------------- the layouts a run refuses
+#define PIPE_MAX_CHUNKS 64  // virtual stages a run may have (pp x virtual)
+
+// A pipeline's layout as a run asks for it. Chapter 5, the capstone and the
+// planner check it with one function, so they refuse the same layouts with
+// the same line.
+typedef struct {
+    const char* schedule;  // --schedule's name
+    int from_file;         // 1: --schedule-file's lists run instead (its own m and v, any v)
+    int pp, m, v;          // ranks, microbatches per step of a share, chunks per rank
+    int layers;            // the model's L
+    int batch, share;      // the global batch, and the sequences of one dp rank's share
+    int equal_stages;      // 1: every stage the same layers, even at v = 1 (the capstone)
+} PipeLayout;
+
+// NULL when the pipeline can run the layout, else the message (in msg) that
+// rank 0 prints. It refuses, in this order: a schedule that is not one; m < 1
+// or m > share; v < 1; v > 1 without interleaving (or a file) or on pp = 1;
+// more than PIPE_MAX_CHUNKS stages (bounded before pp x v is formed); more
+// stages than L layers (a stage without layers); unequal chunks when v > 1,
+// and with equal_stages unequal stages. The batch over dp x m is
+// common/train.c's train_mesh_problem, which every chapter calls after it.
+const char* pipe_layout_problem(const PipeLayout* l, char* msg, size_t len);
+
 #endif

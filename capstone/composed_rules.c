@@ -4,31 +4,26 @@
 #include <stdio.h>
 
 #include "args.h"      // ARG_NOT_GIVEN
-#include "schedule.h"  // chapter 5's schedule_parse
+#include "schedule.h"  // chapter 5's pipe_layout_problem
 
 int composed_pipelined(const ComposedLayout* c) {
     return c->mesh[AXIS_PP] > 1 || c->microbatches != ARG_NOT_GIVEN || c->virtual_chunks != 1;
 }
 
 static const char* pipeline_problem(const ComposedLayout* c, char* msg, size_t len) {
-    int pp = c->mesh[AXIS_PP], tp = c->mesh[AXIS_TP], v = c->virtual_chunks, L = c->num_layers;
+    int pp = c->mesh[AXIS_PP], tp = c->mesh[AXIS_TP];
     int share = c->B / (c->mesh[AXIS_DP] * c->mesh[AXIS_EP]), per_rank = share / tp;
-    int m = c->microbatches == ARG_NOT_GIVEN ? pp : c->microbatches, kind = schedule_parse(c->schedule);
-    if (kind < 0) snprintf(msg, len, "--schedule %s is not one of gpipe, 1f1b, interleaved, zb", c->schedule);
-    else if (m < 1) snprintf(msg, len, "--microbatches must be positive (leave it out for pp = %d)", pp);
-    else if (tp > 1 && share % (m * tp) != 0)  // --tp: each tp rank whole sequences of each microbatch
+    int m = c->microbatches == ARG_NOT_GIVEN ? pp : c->microbatches;
+    // chapter 5's rules and lines (05_pipeline/schedule.c), with equal stages
+    // even at v = 1: the composition's stages are chunks of one size
+    PipeLayout layout = {c->schedule, 0, pp, m, c->virtual_chunks, c->num_layers, c->B, share, 1};
+    if (pipe_layout_problem(&layout, msg, len)) return msg;
+    if (tp > 1 && share % (m * tp) != 0)  // --tp: each tp rank whole sequences of each microbatch
         snprintf(msg, len, "--microbatches %d --tp %d: a microbatch of a dp x ep share (%d sequences) must split into tp=%d "
                  "ranks' whole sequences, so m x tp must divide %d: use other --microbatches or --batch", m, tp, share, tp, share);
     else if (per_rank % m != 0)
         snprintf(msg, len, "--microbatches %d does not divide a rank's %d sequences (the batch of %d over dp x ep x tp = %d "
                  "ranks): use a divisor of %d", m, per_rank, c->B, c->mesh[AXIS_DP] * c->mesh[AXIS_EP] * tp, per_rank);
-    else if (v < 1 || v > COMPOSED_MAX_CHUNKS / pp)
-        snprintf(msg, len, "--virtual %d: use 1 to %d chunks per rank", v, COMPOSED_MAX_CHUNKS / pp);
-    else if (v > 1 && kind != SCHED_INTERLEAVED) snprintf(msg, len, "--virtual %d needs --schedule interleaved", v);
-    else if (v > 1 && pp == 1) snprintf(msg, len, "--virtual %d interleaves chunks over pp ranks: use --pp 2 or more", v);
-    else if (L % (pp * v) != 0)
-        snprintf(msg, len, "the model's %d layers do not cut into pp=%d x %d chunk%s = %d equal stages: use pp x virtual "
-                 "dividing %d", L, pp, v, v == 1 ? "" : "s", pp * v, L);
     else if (c->ep_overlap > per_rank / m * (c->T / c->mesh[AXIS_CP]))
         snprintf(msg, len, "--ep-overlap %d: a microbatch has %d tokens per rank: use at most %d", c->ep_overlap,
                  per_rank / m * (c->T / c->mesh[AXIS_CP]), per_rank / m * (c->T / c->mesh[AXIS_CP]));

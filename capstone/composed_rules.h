@@ -9,8 +9,9 @@
 
 #include "context.h"  // chapter 6's CPMode, CPBalance, cp_mesh_problem
 #include "mesh.h"
+#include "schedule.h"  // chapter 5's PIPE_MAX_CHUNKS, pipe_layout_problem
 
-#define COMPOSED_MAX_CHUNKS 64  // virtual stages a run may have (pp x virtual), as chapter 5
+#define COMPOSED_MAX_CHUNKS PIPE_MAX_CHUNKS  // virtual stages a run may have (pp x virtual), chapter 5's
 
 // A layout of the capstone: the mesh, the batch and the model's sizes, and
 // the composition's flags (microbatches ARG_NOT_GIVEN when not given).
@@ -31,7 +32,9 @@ int composed_pipelined(const ComposedLayout* c);
 // NULL when the capstone trains this layout, else what does not fit (in msg
 // or a constant), in the order the capstone checks: the batch over dp x ep,
 // then over tp, chapter 6's cp rules, the ZeRO stage, and with the pipeline
-// the schedule, the microbatches, the chunks and the layers.
+// chapter 5's rules (pipe_layout_problem: the schedule, the microbatches, the
+// chunks, the layers, with equal stages), then the composition's own: a
+// microbatch's whole sequences per tp rank and the --ep-overlap chunk.
 const char* composed_layout_problem(const ComposedLayout* c, char* msg, size_t len);
 
 #endif

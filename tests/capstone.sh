@@ -866,8 +866,10 @@ jobs_run error_case capstone 4 "--tp 2 --pp 2 --batch 6" "a microbatch of a dp x
 # the pipeline: the layers over pp x virtual, the microbatches over a
 # rank's sequences, and what it does not compose with yet (issue #35)
 jobs_run error_case capstone 4 "--pp 4" "the model's 2 layers do not split over pp=4 ranks"
-jobs_run error_case capstone 2 "--pp 2 --microbatches 5" "--microbatches 5 does not divide a rank's 4 sequences"
-jobs_run error_case capstone 2 "--pp 2 --virtual 2 --schedule interleaved" "do not cut into pp=2 x 2 chunks = 4 equal stages"
+# (chapter 5's rules and lines, 05_pipeline/schedule.c, then the capstone's own)
+jobs_run error_case capstone 2 "--pp 2 --microbatches 5" "--microbatches 5: a dp rank holds 4 of the batch's 4 sequences"
+jobs_run error_case capstone 2 "--pp 2 --microbatches 3" "--microbatches 3 does not divide a rank's 4 sequences"
+jobs_run error_case capstone 2 "--pp 2 --virtual 2 --schedule interleaved" "the model's 2 layers cannot fill pp=2 x 2 chunks = 4 stages"
 jobs_run error_case capstone 2 "--pp 2 --virtual 2" "--virtual 2 needs --schedule interleaved"
 jobs_run error_case capstone 2 "--pp 2 --schedule fast" "--schedule fast is not one of gpipe, 1f1b, interleaved, zb"
 # --zero: 0 to 3; 2 and 3 not with the pipeline (the gradients accumulate

@@ -649,6 +649,19 @@ same_refusal 2 capstone --pp 2 --microbatches 3 -- --chapter 7 --ranks 2 --pp 2 
 same_refusal 2 capstone --pp 2 --model tiny6 --virtual 2 --schedule interleaved -- \
     --chapter 7 --ranks 2 --pp 2 --model tiny6 --virtual 2 --schedule interleaved
 same_refusal 4 capstone --dp 2 --tp 2 --batch 6 -- --chapter 7 --ranks 4 --dp 2 --tp 2 --batch 6
+# chapter 5's layout rules (05_pipeline/schedule.c, pipe_layout_problem):
+# one function chapter 5, the capstone and the planner call, so the same line
+same_refusal 2 chapter-5 --pp 2 --virtual 2 -- --chapter 5 --ranks 2 --pp 2 --virtual 2
+same_refusal 4 chapter-5 --pp 4 -- --chapter 5 --ranks 4 --pp 4
+same_refusal 2 chapter-5 --pp 2 --schedule interleaved --virtual 40 -- --chapter 5 --ranks 2 --pp 2 --schedule interleaved --virtual 40
+same_refusal 2 chapter-5 --pp 2 --model tiny6 --schedule interleaved --virtual 2 -- \
+    --chapter 5 --ranks 2 --pp 2 --model tiny6 --schedule interleaved --virtual 2
+same_refusal 2 chapter-5 --dp 2 --microbatches 5 -- --chapter 5 --ranks 2 --dp 2 --microbatches 5
+same_refusal 2 chapter-5 --pp 2 --microbatches 3 -- --chapter 5 --ranks 2 --pp 2 --microbatches 3
+same_refusal 4 capstone --pp 4 --model tiny6 -- --chapter 7 --ranks 4 --pp 4 --model tiny6
+# --microbatches 0 is refused, not read as "not given" (the planner planned it as pp)
+same_refusal 2 chapter-5 --pp 2 --microbatches 0 -- --chapter 5 --ranks 2 --pp 2 --microbatches 0
+same_refusal 2 capstone --pp 2 --microbatches 0 -- --chapter 7 --ranks 2 --pp 2 --microbatches 0
 plan_error "--ranks" --chapter 2 --ranks 4 --dp 2
 plan_error "not planned" --chapter 9
 plan_error "--zero" --chapter 3 --ranks 2 --dp 2 --zero 4

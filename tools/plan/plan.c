@@ -325,7 +325,7 @@ static PlanFn plan_pick(const PlanArgs* a, PlanInfo* info, char* msg, size_t len
         memcpy(size, a->mesh, sizeof(size));
         MeshNeeds needs = {0};
         if (a->chapter == 2) needs.microbatches = a->accum;
-        if (a->chapter == 5) size[AXIS_PP] = 1, needs.microbatches = a->microbatches ? a->microbatches : a->mesh[AXIS_PP];
+        if (a->chapter == 5) size[AXIS_PP] = 1, needs.microbatches = a->microbatches == ARG_NOT_GIVEN ? a->mesh[AXIS_PP] : a->microbatches;
         if (a->chapter == 7) needs.experts = a->experts;
         bad = train_mesh_problem(size, &a->cfg, a->B, a->T, &needs, msg, len);
         if (!bad && a->chapter == 6)  // then cp_create's own (06_sequence_context/context.c)
@@ -502,7 +502,7 @@ static void search_expert(const PlanArgs* base, double memory, const MachineProf
                         for (int x = 0; x < NUM_AXES; x++) a.mesh[x] = sizes[x];
                         a.virt = 1;
                         a.zero = zero;
-                        if (pp == 1) a.microbatches = 0;  // no pipeline: chapter 7's plain step
+                        if (pp == 1) a.microbatches = ARG_NOT_GIVEN;  // no pipeline: chapter 7's plain step
                         char what[160];
                         int len = snprintf(what, sizeof(what), base->capstone ? "capstone" : "chapter 7");
                         static const MeshAxis order[] = {AXIS_DP, AXIS_TP, AXIS_PP, AXIS_CP, AXIS_EP};
@@ -638,6 +638,7 @@ int main(int argc, char** argv) {
     a.prefetch = 1;
     a.reshard = 1;
     a.schedule = "1f1b";
+    a.microbatches = ARG_NOT_GIVEN;  // pp, as the chapters (0 is refused there, so here)
     a.virt = 1;
     a.cp_mode = "ring";
     a.cp_balance = "none";

@@ -28,7 +28,7 @@ typedef struct {
     int bucket_kb, accum;     // chapter 2
     int zero, prefetch, reshard;  // chapters 3, 4 (and 6's --sp, ZeRO-3 over dp)
     const char* schedule;     // chapter 5: gpipe | 1f1b | interleaved | zb
-    int microbatches, virt;   // chapter 5: --microbatches (0: pp), --virtual
+    int microbatches, virt;   // chapter 5: --microbatches (ARG_NOT_GIVEN: pp), --virtual
     int sp;                   // chapter 6: --sp (sequence parallelism on tp)
     const char* cp_mode;      // chapter 6: ring | ulysses
     const char* cp_balance;   // chapter 6: none | zigzag

@@ -49,7 +49,7 @@ static int dropless(const PlanArgs* a) { return !(a->capacity > 0) || a->capacit
 // names (layout_problem parses them).
 static ComposedLayout layout_of(const PlanArgs* a) {
     ComposedLayout c = {.B = a->B, .T = a->T, .num_layers = a->cfg.num_layers, .num_heads = a->cfg.num_heads,
-                        .zero = a->zero, .microbatches = a->microbatches ? a->microbatches : ARG_NOT_GIVEN,
+                        .zero = a->zero, .microbatches = a->microbatches,
                         .virtual_chunks = a->virt, .schedule = a->schedule, .ep_overlap = a->ep_overlap};
     for (int x = 0; x < NUM_AXES; x++) c.mesh[x] = a->mesh[x];
     return c;
@@ -100,7 +100,7 @@ const char* plan_check_expert(const PlanArgs* a, PlanInfo* info, char* msg, size
         info->comm_sum[COLL_ALLTOALL][AXIS_EP] = a->steps * (a->ranks / npp) * pairs * 2 * N * a->top_k * a->cfg.channels * sizeof(float);
     }
     // the lists: chapter 5's build and validation, as composed_stage.c's
-    return pipelined(a) ? plan_pipeline_lists(a, a->microbatches ? a->microbatches : npp, info, msg, len) : NULL;
+    return pipelined(a) ? plan_pipeline_lists(a, a->microbatches == ARG_NOT_GIVEN ? npp : a->microbatches, info, msg, len) : NULL;
 }
 
 // The three gradient groups expert_model_create makes, as the plan counts
@@ -214,7 +214,7 @@ static void plan_pipe(const PlanArgs* a, RankPlan* p, int r) {
     int coord[NUM_AXES];
     plan_coords(a, r, coord);
     int ndp = a->mesh[AXIS_DP], nep = a->mesh[AXIS_EP], pp = a->mesh[AXIS_PP], s = coord[AXIS_PP], v = a->virt;
-    int ncp = a->mesh[AXIS_CP], ntp = a->mesh[AXIS_TP], S = pp * v, M = a->microbatches ? a->microbatches : pp, T = a->T;
+    int ncp = a->mesh[AXIS_CP], ntp = a->mesh[AXIS_TP], S = pp * v, M = a->microbatches == ARG_NOT_GIVEN ? pp : a->microbatches, T = a->T;
     int b = a->B / (ndp * nep * ntp) / M;
     int C = g->channels, E = c.experts, k = c.top_k, H = c.hidden, El = E / nep, Lc = g->num_layers / S, NH = g->num_heads;
     // a microbatch's rows on a rank: T/cp positions of its b sequences

@@ -124,20 +124,12 @@ static void sends_bound(const Schedule* s, int S) {
 }
 
 const char* plan_check_pipeline(const PlanArgs* a, PlanInfo* info, char* msg, size_t len) {
-    int pp = a->mesh[AXIS_PP], ndp = a->mesh[AXIS_DP], L = a->cfg.num_layers, v = a->virt;
-    int m = a->microbatches ? a->microbatches : pp;
-    int kind = schedule_parse(a->schedule);
+    int pp = a->mesh[AXIS_PP], ndp = a->mesh[AXIS_DP], m = a->microbatches == ARG_NOT_GIVEN ? pp : a->microbatches;
     if (a->ranks != ndp * pp) return "--ranks: chapter 5 has the dp and pp axes only";
-    if (kind < 0) return snprintf(msg, len, "--schedule %s is not one of gpipe, 1f1b, interleaved, zb", a->schedule), msg;
-    if (m < 1) return "--microbatches must be positive";
-    if (a->B % ndp || m > a->B / ndp) return "--microbatches: a dp rank's share of --batch holds fewer sequences";
-    if (v < 1) return "--virtual must be >= 1";
-    if (v > 1 && kind != SCHED_INTERLEAVED) return "--virtual needs --schedule interleaved";
-    if (v > 1 && pp == 1) return "--virtual interleaves chunks over pp ranks: use --pp 2 or more";
-    if (v > PIPE_MAX_CHUNKS / pp) return "--virtual: pp x virtual is at most 64 virtual stages";
-    if (pp * v > L) return "--pp: the model's layers cannot fill pp x virtual stages";
-    if (v > 1 && L % (pp * v)) return "--virtual: the layers do not cut into pp x virtual equal chunks";
-    if (a->B % (ndp * m)) return "--microbatches: --batch must split into dp x microbatches";
+    // chapter 5's own rules and lines (05_pipeline/schedule.c); the batch over
+    // dp x microbatches is train_mesh_problem's, after this (plan.c)
+    PipeLayout layout = {a->schedule, 0, pp, m, a->virt, a->cfg.num_layers, a->B, a->B / ndp, 0};
+    if (pipe_layout_problem(&layout, msg, len)) return msg;
     return plan_pipeline_lists(a, m, info, msg, len);
 }
 
