@@ -11,8 +11,6 @@
 #include "mesh.h"
 #include "schedule.h"  // chapter 5's PIPE_MAX_CHUNKS, pipe_layout_problem
 
-#define COMPOSED_MAX_CHUNKS PIPE_MAX_CHUNKS  // virtual stages a run may have (pp x virtual), chapter 5's
-
 // A layout of the capstone: the mesh, the batch and the model's sizes, and
 // the composition's flags (microbatches ARG_NOT_GIVEN when not given).
 typedef struct {
