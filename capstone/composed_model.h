@@ -24,15 +24,6 @@
 #include "wgrad_queue.h"  // --schedule zb: WGradQueue
 #include "zero_buffer.h"  // chapter 3's ZeroBuffer: --zero
 
-// A split backward (--schedule zb; composed_wgrad.c): B computes what the
-// stage before waits for, the input gradients, through every exchange of
-// the layers (the MoE all-to-alls, the tp and cp collectives); the weight
-// gradients of the big matmuls (attention's qkv and proj, a dense layer's fc
-// and proj, the router, the experts' fc and proj) go into a queue
-// (common/wgrad_queue.h), each with a copy of its rows, and W runs it. The
-// small per-element weight gradients stay in B: the LayerNorms', the
-// embeddings' and the tied head's.
-
 // Context parallelism (--cp N): chapter 6's token layout and attention over
 // the cp group, in every MoE layer's attention half. A cp rank holds T/cp
 // positions of each of its B sequences (sh, ring.h: part-major rows); the
@@ -83,43 +74,28 @@ typedef struct {
     size_t n_shared, n_experts;
     float *shared, *dshared, *m_s, *v_s;
     float *experts, *dexperts, *m_e, *v_e;
-    // each buffer a ZeroBuffer (chapter 3's, 03_fsdp/zero_buffer.h) over the
-    // ranks that hold identical copies of it: the replicated buffer over its
-    // batch group (dp x cp x ep x tp), the experts over dpcp (dp x cp x tp,
-    // as DeepSpeed-MoE shards experts), the tp slices over tp.dpcpep. Its
-    // units, one per layer: [wte wpe] (a gradient of its own: the head opens
-    // it, the embedding closes it), each block's piece, [lnfw lnfb]; each MoE
-    // layer's E/ep experts; each layer's tp slices. zero 0: every rank all of
-    // them (the experts first: the norm sums them first, as without --zero);
-    // --zero 1 the moments sharded; --zero 2, 3 the engine holds the buffer,
-    // the flat pointers above (and tp's) are NULL, and a layer finds its
-    // parameters by unit (expert_block_params, expert_router,
-    // zero_buffer_params). --zero 2 and 3 are refused with the pipeline
-    // (composed_rules.c); with --pp --zero 1 shards each chunk's buffers (the
-    // last stage's copy of wte as any other floats, out of the norm: tied).
+    // each buffer a ZeroBuffer (chapter 3's, zero_buffer.h) over the ranks
+    // holding identical copies of it (DeepSpeed-MoE's layout for the
+    // experts), in units of a layer: [wte wpe], each block's piece, [lnfw
+    // lnfb]; each MoE layer's experts; each layer's tp slices. --zero 2, 3:
+    // the engine holds the buffer, the flat pointers above are NULL and a
+    // layer finds its parameters by unit (expert_block_params); refused with
+    // the pipeline (composed_rules.c)
     int zero, nz;     // nz: the buffers, 2, or 3 with --tp
     ZeroBuffer z[3];  // [ZERO_EXPERTS], [ZERO_SHARED], [ZERO_TP]
-    // activations: the GPT's (embedding, the blocks' attention halves and
-    // dense MLPs as --recompute keeps them, head, scratch, dres, token ids)
-    // and each MoE layer's own
+    // activations: the GPT's, as --recompute keeps them, and each MoE layer's
     GPTActs acts;
     RecomputeMode recompute;
-    // the MoE layers: chapter 7's engine (07_expert/moe_layer.h: the routing,
-    // the plan, the exchanges over ep, the step's statistics) and each
-    // layer's kept state (--recompute full: one for all)
+    // chapter 7's MoE engine over ep and each layer's kept state (--recompute full: one for all)
     MoeParallel moe;
     MoeLayer* layers;
     float* dln2;     // (N, C) an MoE layer's d ln2
-    // host staging (memory.h), used every step: my rows' inputs then targets
-    // (2, N) on their way to the device
+    // (2, N) host staging: my rows' inputs, then targets, on their way to the device
     int* rows_host;
-    // --pp (composed_pipe.c): this model is one pipeline chunk's layers; only
-    // the first embeds the tokens (the others' input, acts.encoded, arrives
-    // from the stage before) and only the last runs the head (the others'
-    // acts.dres arrives from the stage after). 1 and 1 without --pp.
+    // --pp: a chunk's model; only the first embeds, only the last runs the head
     int embeds, has_head;
-    // --schedule zb (composed_wgrad.c): split 1; wq, while B runs on a slot,
-    // that slot's queue (NULL: every weight gradient at once)
+    // --schedule zb (composed_wgrad.c): B defers the big matmuls' weight
+    // gradients to wq, the slot's queue that W runs (NULL: at once)
     int split;
     WGradQueue* wq;
 } ExpertModel;
@@ -211,7 +187,13 @@ void expert_tp_ckpt_add(CkptList* out, const ExpertModel* m, CkptKind kind, int 
 void expert_tp_free(ExpertModel* m);
 
 // ---------------------------------------------------------------- composed_wgrad.c
-// The split backward. expert_wgrad_enable: a chunk of a split schedule (a
+// The split backward (--schedule zb): B computes the input gradients the
+// stage before waits for, through every exchange (the MoE all-to-alls, tp's
+// and cp's collectives); the big matmuls' weight gradients (attention's,
+// a dense MLP's, the router's, the experts') go to a queue
+// (common/wgrad_queue.h) with copies of their rows, and W runs it. The
+// LayerNorms', embeddings' and tied head's stay in B.
+// expert_wgrad_enable: a chunk of a split schedule (a
 // dense layer then takes the composed backward at cp = tp = 1 too).
 // expert_wgrad_create: a (microbatch, chunk)'s queue, sized for every
 // deferred matmul's copies (the experts' at their most rows R); W runs it
