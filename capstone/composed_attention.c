@@ -43,13 +43,16 @@ static CPAttention over_cp(ExpertModel* m) {
                            &m->cp.buf);
 }
 
-// Layer l's kept ring / Ulysses state (expert_cp_create), w floats a row:
-// each layer's own, or one for every layer where --recompute full makes
-// the whole layer's forward again before its backward (so the lse, and
-// Ulysses' head-shard q|k|v and output too). Neither keeps probabilities:
-// selective has nothing of attention to redo.
-static float* kept(const ExpertModel* m, float* all, int l, int w) {
-    return all + (m->recompute == RECOMPUTE_FULL ? 0 : (size_t)l) * m->N * w;
+// Layer l's kept ring / Ulysses state (expert_cp_create) in chapter 6's
+// LayerActs (context.h; its a unused): each layer's own, or one for every
+// layer where --recompute full makes the whole layer's forward again
+// before its backward. Neither keeps probabilities: selective has nothing
+// of attention to redo.
+static LayerActs kept(const ExpertModel* m, int l) {
+    size_t i = m->recompute == RECOMPUTE_FULL ? 0 : (size_t)l, NC = (size_t)m->N * m->cfg.gpt.channels;
+    LayerActs k = {.lse = m->cp.lse + i * m->N * m->cfg.gpt.num_heads};
+    if (m->cp.qkv_h) k.qkv_h = m->cp.qkv_h + i * 3 * NC, k.y_h = m->cp.y_h + i * NC;
+    return k;
 }
 
 // a->qkv to a->atty on the attention's rows: at cp = 1 chapter 0's op, at
@@ -57,30 +60,26 @@ static float* kept(const ExpertModel* m, float* all, int l, int w) {
 // entry). Chapter 6's AttentionCore (sequence.h): ctx is the model.
 static void core_forward(void* ctx, int l, BlockActs* a) {
     ExpertModel* m = ctx;
-    const int C = m->cfg.gpt.channels, NH = m->cfg.gpt.num_heads;
-    const CPShard* sh = &m->tp.sh;
     CPAttention at = over_cp(m);
-    float* lse = sh->cp > 1 ? kept(m, m->cp.lse, l, NH) : a->lse;
-    if (sh->cp == 1)
-        attention_flash_forward(a->atty, lse, a->qkv, sh->B, sh->T, at.C, at.NH);
-    else if (m->cp.mode == CP_RING)
-        cp_ring_forward(&at, a->qkv, a->atty, lse);
-    else
-        cp_ulysses_forward(&at, a->qkv, a->atty, lse, kept(m, m->cp.qkv_h, l, 3 * C), kept(m, m->cp.y_h, l, C));
+    if (at.sh->cp == 1) {
+        attention_flash_forward(a->atty, a->lse, a->qkv, at.sh->B, at.sh->T, at.C, at.NH);
+        return;
+    }
+    LayerActs k = kept(m, l);
+    if (m->cp.mode == CP_RING) cp_ring_forward(&at, a->qkv, a->atty, k.lse);
+    else cp_ulysses_forward(&at, a->qkv, a->atty, k.lse, k.qkv_h, k.y_h);
 }
 
 static void core_backward(void* ctx, int l, const BlockActs* a, const float* datty, float* dqkv) {
     ExpertModel* m = ctx;
-    const int C = m->cfg.gpt.channels, NH = m->cfg.gpt.num_heads;
-    const CPShard* sh = &m->tp.sh;
     CPAttention at = over_cp(m);
-    const float* lse = sh->cp > 1 ? kept(m, m->cp.lse, l, NH) : a->lse;
-    if (sh->cp == 1)
-        attention_flash_backward(dqkv, datty, a->qkv, a->atty, lse, sh->B, sh->T, at.C, at.NH);
-    else if (m->cp.mode == CP_RING)
-        cp_ring_backward(&at, a->qkv, a->atty, lse, datty, dqkv);
-    else
-        cp_ulysses_backward(&at, kept(m, m->cp.qkv_h, l, 3 * C), kept(m, m->cp.y_h, l, C), lse, datty, dqkv);
+    if (at.sh->cp == 1) {
+        attention_flash_backward(dqkv, datty, a->qkv, a->atty, a->lse, at.sh->B, at.sh->T, at.C, at.NH);
+        return;
+    }
+    LayerActs k = kept(m, l);
+    if (m->cp.mode == CP_RING) cp_ring_backward(&at, a->qkv, a->atty, k.lse, datty, dqkv);
+    else cp_ulysses_backward(&at, k.qkv_h, k.y_h, k.lse, datty, dqkv);
 }
 
 // ---------------------------------------------------------------- the attention half: who runs it
@@ -136,10 +135,11 @@ void expert_attention_backward(ExpertModel* m, int l, const BlockParams* p, Bloc
 }
 
 // ---------------------------------------------------------------- a dense layer (--moe-every > 1)
-// model.h's block at cp = tp = 1; else the same attention half as an MoE
-// layer's (above), then the dense MLP into a: model.h's on my rows, or
-// with --tp chapter 6's (sequence.h: my 4C/tp hidden units of the group's
-// N tp rows, in a->fch, the same floats as N rows of 4C).
+// The same attention half as an MoE layer's (above), then the dense MLP
+// into a: model.h's on my rows (at cp = tp = 1 block_forward's ops in its
+// order: the same bits), or with --tp chapter 6's (sequence.h: my 4C/tp
+// hidden units of the group's N tp rows, in a->fch, the same floats as N
+// rows of 4C).
 static void dense_forward(ExpertModel* m, int l, const BlockParams* p, BlockActs* a) {
     const int N = m->N, C = m->cfg.gpt.channels;
     expert_attention_forward(m, l, p, a, gpt_acts_block_input(&m->acts, &m->cfg.gpt, l, m->B, m->T));
@@ -149,10 +149,6 @@ static void dense_forward(ExpertModel* m, int l, const BlockParams* p, BlockActs
 }
 
 void expert_dense_forward(ExpertModel* m, int l, const BlockParams* p) {
-    if (m->cp.sh.cp == 1 && m->tp.tp == 1) {
-        gpt_block_forward(&m->acts, &m->cfg.gpt, l, p, m->B, m->T);
-        return;
-    }
     double t0 = trace_start();
     BlockActs a = expert_block_acts(m, l);
     dense_forward(m, l, p, &a);
