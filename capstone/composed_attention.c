@@ -1,32 +1,19 @@
 // composed_attention.c: the attention half of a layer as the mesh composes
 // it (composed_model.h), and a dense layer (--moe-every > 1) around it.
 //
-// --tp (tensor parallelism with sequence parallelism, chapter 6's Megatron
-// layout on chapter 7's model): outside attention and a dense MLP every op
-// works token by token, so a tp rank runs the embedding, the LayerNorms, the
-// residuals, the router, the MoE layer and the head on its own N rows (B/tp
-// whole sequences of its share). Attention mixes the tokens of a sequence
-// and is split by heads: chapter 6's attention half (sp_attention_forward,
-// 06_sequence_context/sequence.c) all-gathers the group's rows, runs qkv
-// column-parallel (this rank's NH/tp heads) and attproj row-parallel, and
-// reduce-scatters the partial sums back to each rank's rows; under
-// --cp-balance zigzag it regroups the gathered rows into attention's order
-// (cp_shard_regroup, ring.c). What the capstone hands it: attention's core
-// (below), attprojb's gradient taken over my rows, and the zb queue as its
-// WeightGradHook. A dense layer's MLP is chapter 6's own too
-// (sp_mlp_forward): fc on my 4C/tp hidden units. The experts stay whole on
-// every tp rank (docs/07_expert.md says why).
-//
-// --cp (context parallelism): between qkv and attproj, chapter 6's ring or
-// Ulysses over the cp group (context.c: cp_ring_forward, cp_ulysses_forward
-// and their backwards, in its buffers, CPBuffers) on the attention's rows,
-// without chapter 6's --cp-overlap 0 and attention clock, which the
-// capstone does not measure. What stays here: which layer's state each call
-// reads and writes (--recompute) and the buffers.
-//
-// Without either, chapter 7's own attention half (moe.h). The collectives
-// of tp's attention and MLP are in 06_sequence_context/sequence.c, the
-// ring's and Ulysses' in context.c.
+// --tp: every op but attention and a dense MLP works token by token, so a
+// tp rank runs them on its own N rows (B/tp whole sequences of its share).
+// Attention mixes a sequence's tokens and is split by heads: chapter 6's
+// Megatron half (sp_attention_forward, sequence.h: the all-gather, my NH/tp
+// heads, the reduce-scatter; zigzag's rows regrouped), handed attention's
+// core (below), attprojb's gradient over my rows and the zb queue as its
+// WeightGradHook. A dense layer's MLP is chapter 6's too (sp_mlp_forward:
+// my 4C/tp hidden units); the experts stay whole (docs/07_expert.md says
+// why). --cp: between qkv and attproj, chapter 6's ring or Ulysses over the
+// cp group (context.c, in its CPBuffers), without its --cp-overlap 0 and
+// attention clock, which the capstone does not measure; what stays here is
+// which layer's state each call reads and writes (--recompute) and the
+// buffers. Without either, chapter 7's own attention half (moe.h).
 #include "composed_model.h"
 #include "memory.h"
 #include "sequence.h"  // chapter 6's Megatron attention and MLP halves: --tp
@@ -155,15 +142,13 @@ void expert_dense_forward(ExpertModel* m, int l, const BlockParams* p) {
     trace_compute(t0, "block %d forward", l);
 }
 
-// acts.dres: d res3 on entry, d x on return; the MLP's weight gradients
-// first, then the attention half's (expert_attention_backward). A split
-// backward (zb) takes this path at cp = tp = 1 too: model.c's block
-// computes its weight gradients inside, this one hands them to
-// expert_wgrad's hook (queued for W). At cp > 1, with --tp or split,
-// --recompute makes what it dropped again first, as model.h's
-// blocks do: selective gelu(fch) (attention kept its lse, no
-// probabilities), full the whole layer into the transient (its attention's
-// exchanges too: the ring or all-to-alls, tp's all-gather and reduce-scatter).
+// acts.dres: d res3 on entry, d x on return; the MLP's weight gradients,
+// then the attention half's, at once or (zb) queued for W. At cp = tp = 1
+// model.c's block, unless split (it computes its weight gradients inside);
+// else --recompute makes what it dropped again first, as model.h's blocks
+// do: selective gelu(fch) (attention kept its lse, no probabilities), full
+// the whole layer into the transient (its attention's exchanges too: the
+// ring or all-to-alls, tp's all-gather and reduce-scatter).
 void expert_dense_backward(ExpertModel* m, int l, const BlockParams* p, BlockParams* g) {
     const GPTConfig* cfg = &m->cfg.gpt;
     if (m->cp.sh.cp == 1 && m->tp.tp == 1 && !m->split) {
@@ -213,7 +198,7 @@ void expert_cp_create(ExpertModel* m) {
     if (cp->sh.cp == 1) return;
     // with --tp the attention's N tp rows of 1/tp of the channels and heads:
     // the same floats as my N rows of all of them. Each layer's state, or
-    // one layer's where --recompute full makes it again (kept_layer above)
+    // one layer's where --recompute full makes it again (kept above)
     const size_t Lf = m->recompute == RECOMPUTE_FULL ? 1 : (size_t)L;
     cp->lse = mem_alloc_floats(Lf * m->N * NH, MEM_ACTIVATIONS);
     if (cp->mode == CP_ULYSSES) {  // the head shard's q|k|v and output over whole sequences, per layer

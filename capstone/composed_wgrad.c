@@ -3,12 +3,7 @@
 // (common/wgrad_queue.h) one (microbatch, chunk) slot needs (composed_pipe.c),
 // and the weight gradients its B hands on.
 #include "composed_model.h"
-
-#include <stdlib.h>
-
-#include "errors.h"
 #include "memory.h"
-#include "trace.h"
 
 void expert_wgrad_enable(ExpertModel* m) {
     m->split = 1;
