@@ -233,7 +233,7 @@ void moe_attention_backward_out(const BlockParams* p, const BlockActs* a, const 
 
 void moe_attention_backward_in(const BlockParams* p, BlockParams* g, const BlockActs* a,
                                const BlockScratch* s, const float* x, const float* dln2, float* dres,
-                               int N, int C) {
+                               int N, int C, const WeightGradHook* wg) {
     size_t NC = (size_t)N * C;
     float* dattproj = s->dfch_gelu;
     float* dln1 = s->dfch_gelu + NC;
@@ -243,8 +243,8 @@ void moe_attention_backward_in(const BlockParams* p, BlockParams* g, const Block
     // then the weight half's five gradients of these tensors, in
     // block_backward's order
     layernorm_backward(NULL, g->ln2w, g->ln2b, dln2, a->res2, NULL, a->ln2_mean, a->ln2_rstd, N, C);
-    if (g->attprojw) matmul_backward(NULL, g->attprojw, g->attprojb, dattproj, a->atty, NULL, N, C, C);
-    if (g->qkvw) matmul_backward(NULL, g->qkvw, g->qkvb, s->dqkv, a->ln1, NULL, N, C, 3 * C);
+    weight_grad(wg, g->attprojw, g->attprojb, dattproj, a->atty, N, C, C);
+    weight_grad(wg, g->qkvw, g->qkvb, s->dqkv, a->ln1, N, C, 3 * C);
     layernorm_backward(NULL, g->ln1w, g->ln1b, dln1, x, NULL, a->ln1_mean, a->ln1_rstd, N, C);
 }
 
@@ -253,7 +253,7 @@ void moe_attention_backward(const BlockParams* p, BlockParams* g, const BlockAct
                             int B, int T, int C, int NH) {
     moe_attention_backward_out(p, a, s, dln2, dres, B * T, C);
     attention_flash_backward(s->dqkv, s->datty, a->qkv, a->atty, a->lse, B, T, C, NH);
-    moe_attention_backward_in(p, g, a, s, x, dln2, dres, B * T, C);
+    moe_attention_backward_in(p, g, a, s, x, dln2, dres, B * T, C, NULL);
 }
 
 void moe_expert_forward(const ExpertParams* p, float* out, float* fch, float* fch_gelu,

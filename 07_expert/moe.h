@@ -110,16 +110,16 @@ void moe_attention_backward(const BlockParams* p, BlockParams* g, const BlockAct
 // attproj, res2 and ln2. Backward: moe_attention_backward_out leaves d atty
 // in s->datty and zeroes s->dqkv (for attention's backward to fill), and
 // keeps d res2 (attproj's d-output) in s->dfch_gelu's first N C floats;
-// moe_attention_backward_in takes s->dqkv down to d x and the gradients
-// (g->attprojw, g->qkvw NULL: not those two matmuls' with their biases,
-// which a split backward takes itself, capstone/composed_wgrad.c).
+// moe_attention_backward_in takes s->dqkv down to d x and the gradients,
+// those of the two matmuls at once or handed to wg (model.h; the capstone's
+// split backward queues them, capstone/composed_wgrad.c).
 void moe_attention_in(const BlockParams* p, BlockActs* a, const float* x, int N, int C);
 void moe_attention_out(const BlockParams* p, BlockActs* a, const float* x, int N, int C);
 void moe_attention_backward_out(const BlockParams* p, const BlockActs* a, const BlockScratch* s,
                                 const float* dln2, float* dres, int N, int C);
 void moe_attention_backward_in(const BlockParams* p, BlockParams* g, const BlockActs* a,
                                const BlockScratch* s, const float* x, const float* dln2, float* dres,
-                               int N, int C);
+                               int N, int C, const WeightGradHook* wg);
 // One expert on its n rows: out (n, C) = fcproj(gelu(fc(in (n, C)))); fch,
 // fch_gelu (n, H) are kept for backward.
 void moe_expert_forward(const ExpertParams* p, float* out, float* fch, float* fch_gelu,

@@ -1,32 +1,19 @@
 // composed_attention.c: the attention half of a layer as the mesh composes
 // it (composed_model.h), and a dense layer (--moe-every > 1) around it.
 //
-// --tp (tensor parallelism with sequence parallelism, chapter 6's Megatron
-// layout on chapter 7's model): outside attention and a dense MLP every op
-// works token by token, so a tp rank runs the embedding, the LayerNorms, the
-// residuals, the router, the MoE layer and the head on its own N rows (B/tp
-// whole sequences of its share). Attention mixes the tokens of a sequence
-// and is split by heads: chapter 6's attention half (sp_attention_forward,
-// 06_sequence_context/sequence.c) all-gathers the group's rows, runs qkv
-// column-parallel (this rank's NH/tp heads) and attproj row-parallel, and
-// reduce-scatters the partial sums back to each rank's rows; under
-// --cp-balance zigzag it regroups the gathered rows into attention's order
-// (cp_shard_regroup, ring.c). What the capstone hands it: attention's core
-// (below), attprojb's gradient taken over my rows, and the zb queue as its
-// WeightGradHook. A dense layer's MLP is chapter 6's own too
-// (sp_mlp_forward): fc on my 4C/tp hidden units. The experts stay whole on
-// every tp rank (docs/07_expert.md says why).
-//
-// --cp (context parallelism): between qkv and attproj, chapter 6's ring or
-// Ulysses over the cp group (context.c: cp_ring_forward, cp_ulysses_forward
-// and their backwards, in its buffers, CPBuffers) on the attention's rows,
-// without chapter 6's --cp-overlap 0 and attention clock, which the
-// capstone does not measure. What stays here: which layer's state each call
-// reads and writes (--recompute) and the buffers.
-//
-// Without either, chapter 7's own attention half (moe.h). The collectives
-// of tp's attention and MLP are in 06_sequence_context/sequence.c, the
-// ring's and Ulysses' in context.c.
+// --tp: every op but attention and a dense MLP works token by token, so a
+// tp rank runs them on its own N rows (B/tp whole sequences of its share).
+// Attention mixes a sequence's tokens and is split by heads: chapter 6's
+// Megatron half (sp_attention_forward, sequence.h: the all-gather, my NH/tp
+// heads, the reduce-scatter; zigzag's rows regrouped), handed attention's
+// core (below), attprojb's gradient over my rows and the zb queue as its
+// WeightGradHook. A dense layer's MLP is chapter 6's too (sp_mlp_forward:
+// my 4C/tp hidden units); the experts stay whole (docs/07_expert.md says
+// why). --cp: between qkv and attproj, chapter 6's ring or Ulysses over the
+// cp group (context.c, in its CPBuffers), without its --cp-overlap 0 and
+// attention clock, which the capstone does not measure; what stays here is
+// which layer's state each call reads and writes (--recompute) and the
+// buffers. Without either, chapter 7's own attention half (moe.h).
 #include "composed_model.h"
 #include "memory.h"
 #include "sequence.h"  // chapter 6's Megatron attention and MLP halves: --tp
@@ -43,44 +30,43 @@ static CPAttention over_cp(ExpertModel* m) {
                            &m->cp.buf);
 }
 
-// Layer l's kept ring / Ulysses state: each layer's own, or one for every
-// layer where --recompute full makes the whole layer's forward again before
-// its backward (so the lse, and Ulysses' head-shard q|k|v and output too).
-// Neither keeps probabilities: selective has nothing of attention to redo.
-static size_t kept_layer(const ExpertModel* m, int l) { return m->recompute == RECOMPUTE_FULL ? 0 : (size_t)l; }
-static float* layer_lse(ExpertModel* m, int l) { return m->cp.lse + kept_layer(m, l) * m->N * m->cfg.gpt.num_heads; }
-static float* layer_qkv_h(ExpertModel* m, int l) {
-    return m->cp.qkv_h + kept_layer(m, l) * m->N * 3 * m->cfg.gpt.channels;
+// Layer l's kept ring / Ulysses state (expert_cp_create) in chapter 6's
+// LayerActs (context.h; its a unused): each layer's own, or one for every
+// layer where --recompute full makes the whole layer's forward again
+// before its backward. Neither keeps probabilities: selective has nothing
+// of attention to redo.
+static LayerActs kept(const ExpertModel* m, int l) {
+    size_t i = m->recompute == RECOMPUTE_FULL ? 0 : (size_t)l, NC = (size_t)m->N * m->cfg.gpt.channels;
+    LayerActs k = {.lse = m->cp.lse + i * m->N * m->cfg.gpt.num_heads};
+    if (m->cp.qkv_h) k.qkv_h = m->cp.qkv_h + i * 3 * NC, k.y_h = m->cp.y_h + i * NC;
+    return k;
 }
-static float* layer_y_h(ExpertModel* m, int l) { return m->cp.y_h + kept_layer(m, l) * m->N * m->cfg.gpt.channels; }
 
 // a->qkv to a->atty on the attention's rows: at cp = 1 chapter 0's op, at
 // cp > 1 the ring or Ulysses over cp; backward datty to dqkv (zero on
-// entry). Each keeps only the lse of the softmax (no probabilities):
-// --recompute selective has no attention to redo. Chapter 6's
-// AttentionCore (sequence.h): ctx is the model.
+// entry). Chapter 6's AttentionCore (sequence.h): ctx is the model.
 static void core_forward(void* ctx, int l, BlockActs* a) {
     ExpertModel* m = ctx;
-    const CPShard* sh = &m->tp.sh;
     CPAttention at = over_cp(m);
-    if (sh->cp == 1)
-        attention_flash_forward(a->atty, a->lse, a->qkv, sh->B, sh->T, at.C, at.NH);
-    else if (m->cp.mode == CP_RING)
-        cp_ring_forward(&at, a->qkv, a->atty, layer_lse(m, l));
-    else
-        cp_ulysses_forward(&at, a->qkv, a->atty, layer_lse(m, l), layer_qkv_h(m, l), layer_y_h(m, l));
+    if (at.sh->cp == 1) {
+        attention_flash_forward(a->atty, a->lse, a->qkv, at.sh->B, at.sh->T, at.C, at.NH);
+        return;
+    }
+    LayerActs k = kept(m, l);
+    if (m->cp.mode == CP_RING) cp_ring_forward(&at, a->qkv, a->atty, k.lse);
+    else cp_ulysses_forward(&at, a->qkv, a->atty, k.lse, k.qkv_h, k.y_h);
 }
 
 static void core_backward(void* ctx, int l, const BlockActs* a, const float* datty, float* dqkv) {
     ExpertModel* m = ctx;
-    const CPShard* sh = &m->tp.sh;
     CPAttention at = over_cp(m);
-    if (sh->cp == 1)
-        attention_flash_backward(dqkv, datty, a->qkv, a->atty, a->lse, sh->B, sh->T, at.C, at.NH);
-    else if (m->cp.mode == CP_RING)
-        cp_ring_backward(&at, a->qkv, a->atty, layer_lse(m, l), datty, dqkv);
-    else
-        cp_ulysses_backward(&at, layer_qkv_h(m, l), layer_y_h(m, l), layer_lse(m, l), datty, dqkv);
+    if (at.sh->cp == 1) {
+        attention_flash_backward(dqkv, datty, a->qkv, a->atty, a->lse, at.sh->B, at.sh->T, at.C, at.NH);
+        return;
+    }
+    LayerActs k = kept(m, l);
+    if (m->cp.mode == CP_RING) cp_ring_backward(&at, a->qkv, a->atty, k.lse, datty, dqkv);
+    else cp_ulysses_backward(&at, k.qkv_h, k.y_h, k.lse, datty, dqkv);
 }
 
 // ---------------------------------------------------------------- the attention half: who runs it
@@ -111,72 +97,58 @@ void expert_attention_forward(ExpertModel* m, int l, const BlockParams* p, Block
 }
 
 // dres: d res3 on entry (my rows), d x on return; dln2 (N, C) d ln2's output.
+// The two matmuls' weight gradients at once or (zb) queued for W
+// (composed_wgrad.c).
 void expert_attention_backward(ExpertModel* m, int l, const BlockParams* p, BlockParams* g, const BlockActs* a,
                                const BlockScratch* s, const float* x, const float* dln2, float* dres) {
     const int N = m->N, C = m->cfg.gpt.channels;
+    WeightGradHook wg = expert_wgrad(m, l);
     if (m->tp.tp > 1) {
         layernorm_backward(dres, g->ln2w, g->ln2b, dln2, a->res2, p->ln2w, a->ln2_mean, a->ln2_rstd, N, C);
         // attprojb, added once per row: its gradient over my rows of d res2
         // (the batch group's mean of the replicated gradients adds the other
-        // tp ranks' rows); chapter 6's the rest, the weight gradients at once
-        // or (zb) queued for W (composed_wgrad.c)
-        expert_wgrad(m, l, NULL, g->attprojb, dres, NULL, N, C / m->tp.tp, C);
+        // tp ranks' rows); chapter 6's the rest
+        weight_grad(&wg, NULL, g->attprojb, dres, NULL, N, C / m->tp.tp, C);
         BlockParams gs = *g;
         gs.attprojb = NULL;
         AttentionCore core = {core_forward, core_backward, m, l};
-        WeightGradHook wg = {expert_wgrad_hook, m, l};
         SpAttention v = over_tp(m, &core, &wg);
         sp_attention_backward(&v, p, &gs, a, s, x, dres, s->dln);
         return;
     }
     moe_attention_backward_out(p, a, s, dln2, dres, N, C);  // s->datty; s->dqkv zeroed; d res2 kept
     core_backward(m, l, a, s->datty, s->dqkv);
-    // the input half and the LayerNorms' weights; the two matmuls' weights
-    // at once or (zb) queued for W (composed_wgrad.c)
-    BlockParams gi = *g;
-    gi.attprojw = gi.attprojb = gi.qkvw = gi.qkvb = NULL;
-    moe_attention_backward_in(p, &gi, a, s, x, dln2, dres, N, C);
-    expert_wgrad(m, l, g->attprojw, g->attprojb, s->dfch_gelu, a->atty, N, C, C);
-    expert_wgrad(m, l, g->qkvw, g->qkvb, s->dqkv, a->ln1, N, C, 3 * C);
+    moe_attention_backward_in(p, g, a, s, x, dln2, dres, N, C, &wg);
 }
 
 // ---------------------------------------------------------------- a dense layer (--moe-every > 1)
-// model.h's block at cp = tp = 1; else the same attention half as an MoE
-// layer's (above), then the dense MLP into a: on my rows, or with --tp
-// chapter 6's (sequence.h: my 4C/tp hidden units of the group's N tp rows,
-// in a->fch, the same floats as N rows of 4C).
+// The same attention half as an MoE layer's (above), then the dense MLP
+// into a: model.h's on my rows (at cp = tp = 1 block_forward's ops in its
+// order: the same bits), or with --tp chapter 6's (sequence.h: my 4C/tp
+// hidden units of the group's N tp rows, in a->fch, the same floats as N
+// rows of 4C).
 static void dense_forward(ExpertModel* m, int l, const BlockParams* p, BlockActs* a) {
     const int N = m->N, C = m->cfg.gpt.channels;
     expert_attention_forward(m, l, p, a, gpt_acts_block_input(&m->acts, &m->cfg.gpt, l, m->B, m->T));
     if (m->tp.tp > 1) sp_mlp_forward(m->tp.tpc, p, a, m->tp.full, N, C);  // (N, C) my rows
-    else {
-        matmul_forward(a->fch, a->ln2, p->fcw, p->fcb, N, C, 4 * C);
-        gelu_forward(a->fch_gelu, a->fch, (size_t)N * 4 * C);
-        matmul_forward(a->fcproj, a->fch_gelu, p->fcprojw, p->fcprojb, N, 4 * C, C);
-    }
+    else mlp_forward(p, a, N, C);
     residual_forward(a->res3, a->res2, a->fcproj, (size_t)N * C);
 }
 
 void expert_dense_forward(ExpertModel* m, int l, const BlockParams* p) {
-    if (m->cp.sh.cp == 1 && m->tp.tp == 1) {
-        gpt_block_forward(&m->acts, &m->cfg.gpt, l, p, m->B, m->T);
-        return;
-    }
     double t0 = trace_start();
     BlockActs a = expert_block_acts(m, l);
     dense_forward(m, l, p, &a);
     trace_compute(t0, "block %d forward", l);
 }
 
-// acts.dres: d res3 on entry, d x on return; the MLP's weight gradients
-// first, then the attention half's (expert_attention_backward). A split
-// backward (zb) takes this path at cp = tp = 1 too: model.c's block
-// computes its weight gradients inside, this one passes them to
-// expert_wgrad (queued for W). At cp > 1, with --tp or split,
-// --recompute makes what it dropped again first, as model.h's
-// blocks do: selective gelu(fch) (attention kept its lse, no
-// probabilities), full the whole layer into the transient (its attention's
-// exchanges too: the ring or all-to-alls, tp's all-gather and reduce-scatter).
+// acts.dres: d res3 on entry, d x on return; the MLP's weight gradients,
+// then the attention half's, at once or (zb) queued for W. At cp = tp = 1
+// model.c's block, unless split (it computes its weight gradients inside);
+// else --recompute makes what it dropped again first, as model.h's blocks
+// do: selective gelu(fch) (attention kept its lse, no probabilities), full
+// the whole layer into the transient (its attention's exchanges too: the
+// ring or all-to-alls, tp's all-gather and reduce-scatter).
 void expert_dense_backward(ExpertModel* m, int l, const BlockParams* p, BlockParams* g) {
     const GPTConfig* cfg = &m->cfg.gpt;
     if (m->cp.sh.cp == 1 && m->tp.tp == 1 && !m->split) {
@@ -184,13 +156,12 @@ void expert_dense_backward(ExpertModel* m, int l, const BlockParams* p, BlockPar
         return;
     }
     const int N = m->N, C = cfg->channels;
-    const size_t N4C = (size_t)N * 4 * C;
     double t0 = trace_start();
     BlockActs a = expert_block_acts(m, l);
     if (m->recompute != RECOMPUTE_NONE) {
         double t1 = trace_start();
         if (m->recompute == RECOMPUTE_SELECTIVE) {
-            gelu_forward(a.fch_gelu, a.fch, N4C);
+            gelu_forward(a.fch_gelu, a.fch, (size_t)N * 4 * C);
         } else {
             a = block_acts_at(m->acts.transient, m->B, m->T, C, cfg->num_heads);
             dense_forward(m, l, p, &a);
@@ -199,29 +170,20 @@ void expert_dense_backward(ExpertModel* m, int l, const BlockParams* p, BlockPar
     }
     BlockScratch s = gpt_acts_scratch(&m->acts, cfg);
     float* dres = m->acts.dres;
+    WeightGradHook wg = expert_wgrad(m, l);
     if (m->tp.tp > 1) {
-        // chapter 6's, the weight gradients at once or (zb) queued; fcprojb's
-        // over my rows (the batch group's mean adds the rest, as attprojb's)
+        // chapter 6's; fcprojb's gradient over my rows (the batch group's
+        // mean adds the rest, as attprojb's)
         BlockParams gs = *g;
         gs.fcprojb = NULL;
-        WeightGradHook wg = {expert_wgrad_hook, m, l};
         sp_mlp_backward(m->tp.tpc, p, &gs, &a, m->dln2, dres, m->cp.dfch_gelu, m->cp.dfch, m->tp.full, m->tp.dfull, N,
                         C, &wg);
-        expert_wgrad(m, l, NULL, g->fcprojb, dres, NULL, N, C, C);
-    } else {
-        ops_zero(m->cp.dfch_gelu, N4C);
-        matmul_backward(m->cp.dfch_gelu, NULL, NULL, dres, NULL, p->fcprojw, N, 4 * C, C);
-        expert_wgrad(m, l, g->fcprojw, g->fcprojb, dres, a.fch_gelu, N, 4 * C, C);  // zb: queued for W
-        ops_zero(m->cp.dfch, N4C);
-        gelu_backward(m->cp.dfch, a.fch, m->cp.dfch_gelu, N4C);
-        ops_zero(m->dln2, (size_t)N * C);
-        matmul_backward(m->dln2, NULL, NULL, m->cp.dfch, NULL, p->fcw, N, C, 4 * C);
-        expert_wgrad(m, l, g->fcw, g->fcb, m->cp.dfch, a.ln2, N, C, 4 * C);
-    }
+        weight_grad(&wg, NULL, g->fcprojb, dres, NULL, N, C, C);
+    } else
+        mlp_backward(p, g, &a, m->dln2, dres, m->cp.dfch_gelu, m->cp.dfch, N, C, &wg);
     expert_attention_backward(m, l, p, g, &a, &s, gpt_acts_block_input(&m->acts, cfg, l, m->B, m->T), m->dln2, dres);
     trace_compute(t0, "block %d backward", l);
 }
-
 
 // ---------------------------------------------------------------- buffers
 
@@ -236,7 +198,7 @@ void expert_cp_create(ExpertModel* m) {
     if (cp->sh.cp == 1) return;
     // with --tp the attention's N tp rows of 1/tp of the channels and heads:
     // the same floats as my N rows of all of them. Each layer's state, or
-    // one layer's where --recompute full makes it again (kept_layer above)
+    // one layer's where --recompute full makes it again (kept above)
     const size_t Lf = m->recompute == RECOMPUTE_FULL ? 1 : (size_t)L;
     cp->lse = mem_alloc_floats(Lf * m->N * NH, MEM_ACTIVATIONS);
     if (cp->mode == CP_ULYSSES) {  // the head shard's q|k|v and output over whole sequences, per layer

@@ -197,13 +197,12 @@ void expert_tp_free(ExpertModel* m);
 // dense layer then takes the composed backward at cp = tp = 1 too).
 // expert_wgrad_create: a (microbatch, chunk)'s queue, sized for every
 // deferred matmul's copies (the experts' at their most rows R); W runs it
-// with wgrad_queue_run. expert_wgrad: dw (OC, C) += dout^T inp, db (OC) +=
-// the rows' sum of dout, at once, or with m->wq set queued there.
+// with wgrad_queue_run. expert_wgrad: layer l's WeightGradHook (model.h):
+// dw (OC, C) += dout^T inp, db (OC) += the rows' sum of dout, at once, or
+// with m->wq set queued there; expert_wgrad_hook its fn (ctx: the model).
 void expert_wgrad_enable(ExpertModel* m);
 void expert_wgrad_create(WGradQueue* q, const ExpertModel* m);
-void expert_wgrad(ExpertModel* m, int layer, float* dw, float* db, const float* dout, const float* inp, int N, int C,
-                  int OC);
-// expert_wgrad as the fn of a WeightGradHook (model.h; ctx: the ExpertModel).
+WeightGradHook expert_wgrad(ExpertModel* m, int layer);
 void expert_wgrad_hook(void* ctx, int layer, float* dw, float* db, const float* dout, const float* inp, int N, int C,
                        int OC);
 

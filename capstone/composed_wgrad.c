@@ -3,12 +3,7 @@
 // (common/wgrad_queue.h) one (microbatch, chunk) slot needs (composed_pipe.c),
 // and the weight gradients its B hands on.
 #include "composed_model.h"
-
-#include <stdlib.h>
-
-#include "errors.h"
 #include "memory.h"
-#include "trace.h"
 
 void expert_wgrad_enable(ExpertModel* m) {
     m->split = 1;
@@ -47,14 +42,12 @@ void expert_wgrad_create(WGradQueue* q, const ExpertModel* m) {
     wgrad_queue_create(q, wgrad_floats(m), m->cfg.gpt.num_layers * per_layer);
 }
 
-void expert_wgrad(ExpertModel* m, int layer, float* dw, float* db, const float* dout, const float* inp, int N, int C,
-                  int OC) {
+void expert_wgrad_hook(void* ctx, int layer, float* dw, float* db, const float* dout, const float* inp, int N, int C,
+                       int OC) {
+    ExpertModel* m = ctx;
     if (N == 0) return;  // an expert that received no row
     WeightGradHook h = {m->wq ? wgrad_queue_push : NULL, m->wq, layer};  // no queue: at once
     weight_grad(&h, dw, db, dout, inp, N, C, OC);
 }
 
-void expert_wgrad_hook(void* ctx, int layer, float* dw, float* db, const float* dout, const float* inp, int N, int C,
-                       int OC) {
-    expert_wgrad(ctx, layer, dw, db, dout, inp, N, C, OC);
-}
+WeightGradHook expert_wgrad(ExpertModel* m, int layer) { return (WeightGradHook){expert_wgrad_hook, m, layer}; }

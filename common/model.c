@@ -645,3 +645,27 @@ static void gpt_next_logits(void* ctx, const int* window, int t, float* row) {
 void gpt_sample(GPT* m, const int* prompt, int len, int* out, int n, uint64_t seed) {
     gpt_sample_with(gpt_next_logits, m, m->T, m->cfg.vocab_size, m->cfg.padded_vocab_size, prompt, len, out, n, seed);
 }
+
+// ---------------------------------------------------------------- the MLP half alone
+
+// block_forward's MLP lines (chapter 0's lesson reads the block whole)
+void mlp_forward(const BlockParams* p, BlockActs* a, int N, int C) {
+    matmul_forward(a->fch, a->ln2, p->fcw, p->fcb, N, C, 4 * C);
+    gelu_forward(a->fch_gelu, a->fch, (size_t)N * 4 * C);
+    matmul_forward(a->fcproj, a->fch_gelu, p->fcprojw, p->fcprojb, N, 4 * C, C);
+}
+
+// block_backward_input's MLP lines with each weight gradient beside its
+// matmul (the same ops on the same rows: the same bits).
+void mlp_backward(const BlockParams* p, BlockParams* g, const BlockActs* a, float* dln, const float* dout,
+                  float* dfch_gelu, float* dfch, int N, int C, const WeightGradHook* wg) {
+    size_t N4C = (size_t)N * 4 * C;
+    ops_zero(dfch_gelu, N4C);
+    matmul_backward(dfch_gelu, NULL, NULL, dout, NULL, p->fcprojw, N, 4 * C, C);
+    weight_grad(wg, g->fcprojw, g->fcprojb, dout, a->fch_gelu, N, 4 * C, C);
+    ops_zero(dfch, N4C);
+    gelu_backward(dfch, a->fch, dfch_gelu, N4C);
+    ops_zero(dln, (size_t)N * C);
+    matmul_backward(dln, NULL, NULL, dfch, NULL, p->fcw, N, C, 4 * C);
+    weight_grad(wg, g->fcw, g->fcb, dfch, a->ln2, N, C, 4 * C);
+}

@@ -125,6 +125,15 @@ typedef struct {
 void weight_grad(const WeightGradHook* h, float* dw, float* db, const float* dout, const float* inp, int N, int C,
                  int OC);
 
+// The MLP half on N rows, as block_forward runs it: a->fcproj (N, C) =
+// fcproj(gelu(fc(a->ln2))) through a->fch, a->fch_gelu (N, 4C). Backward:
+// from dout (N, C), d fcproj's output, WRITES d ln2 into dln (N, C); the
+// weight gradients at once or handed to wg (above); dfch_gelu, dfch (N, 4C)
+// scratch. The capstone's dense layers around its composed attention.
+void mlp_forward(const BlockParams* p, BlockActs* a, int N, int C);
+void mlp_backward(const BlockParams* p, BlockParams* g, const BlockActs* a, float* dln, const float* dout,
+                  float* dfch_gelu, float* dfch, int N, int C, const WeightGradHook* wg);
+
 // The head: final LayerNorm, LM head tied to wte, softmax cross-entropy.
 typedef struct {
     float *lnf, *lnf_mean, *lnf_rstd;    // (B,T,C), (B,T), (B,T)
