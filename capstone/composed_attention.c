@@ -176,11 +176,11 @@ void expert_dense_backward(ExpertModel* m, int l, const BlockParams* p, BlockPar
         // mean adds the rest, as attprojb's)
         BlockParams gs = *g;
         gs.fcprojb = NULL;
-        sp_mlp_backward(m->tp.tpc, p, &gs, &a, m->dln2, dres, m->cp.dfch_gelu, m->cp.dfch, m->tp.full, m->tp.dfull, N,
+        sp_mlp_backward(m->tp.tpc, p, &gs, &a, m->dln2, dres, s.dfch_gelu, s.dfch, m->tp.full, m->tp.dfull, N,
                         C, &wg);
         weight_grad(&wg, NULL, g->fcprojb, dres, NULL, N, C, C);
     } else
-        mlp_backward(p, g, &a, m->dln2, dres, m->cp.dfch_gelu, m->cp.dfch, N, C, &wg);
+        mlp_backward(p, g, &a, m->dln2, dres, s.dfch_gelu, s.dfch, N, C, &wg);
     expert_attention_backward(m, l, p, g, &a, &s, gpt_acts_block_input(&m->acts, cfg, l, m->B, m->T), m->dln2, dres);
     trace_compute(t0, "block %d backward", l);
 }
@@ -191,10 +191,6 @@ void expert_cp_create(ExpertModel* m) {
     ExpertCP* cp = &m->cp;
     const int C = m->cfg.gpt.channels, NH = m->cfg.gpt.num_heads, L = m->cfg.gpt.num_layers;
     const size_t NC = (size_t)m->N * C;
-    if ((cp->sh.cp > 1 || m->tp.tp > 1) && m->cfg.moe_every > 1) {  // a dense layer's MLP gradients (N, 4C)
-        cp->dfch_gelu = mem_alloc_floats(4 * NC, MEM_ACTIVATIONS);
-        cp->dfch = mem_alloc_floats(4 * NC, MEM_ACTIVATIONS);
-    }
     if (cp->sh.cp == 1) return;
     // with --tp the attention's N tp rows of 1/tp of the channels and heads:
     // the same floats as my N rows of all of them. Each layer's state, or
@@ -210,7 +206,7 @@ void expert_cp_create(ExpertModel* m) {
 
 void expert_cp_free(ExpertModel* m) {
     ExpertCP* cp = &m->cp;
-    float* bufs[] = {cp->lse, cp->qkv_h, cp->y_h, cp->dfch_gelu, cp->dfch};
+    float* bufs[] = {cp->lse, cp->qkv_h, cp->y_h};
     for (size_t i = 0; i < sizeof bufs / sizeof *bufs; i++)
         if (bufs[i]) mem_free(bufs[i]);
     cp_buffers_free(&cp->buf);

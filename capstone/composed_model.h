@@ -38,7 +38,6 @@ typedef struct {
     float* lse;                      // (L, N, NH) each layer's (ulysses: its head shard's, (B, T, NH/cp))
     float *qkv_h, *y_h;              // ulysses: (L, B, T, 3C/cp), (L, B, T, C/cp) each layer's
     CPBuffers buf;                   // chapter 6's: the ring's K/V blocks or the all-to-all's (context.h)
-    float *dfch_gelu, *dfch;         // --moe-every > 1: a dense layer's MLP gradients, (N, 4C) each
 } ExpertCP;
 
 // Tensor parallelism with sequence parallelism (--tp N): a tp rank holds

@@ -5,15 +5,7 @@
 #include "composed_model.h"
 #include "memory.h"
 
-void expert_wgrad_enable(ExpertModel* m) {
-    m->split = 1;
-    // a dense layer's MLP gradients: expert_cp_create made them at cp > 1 or tp > 1
-    size_t N4C = (size_t)m->N * 4 * m->cfg.gpt.channels;
-    if (m->cfg.moe_every > 1 && !m->cp.dfch) {
-        m->cp.dfch_gelu = mem_alloc_floats(N4C, MEM_ACTIVATIONS);
-        m->cp.dfch = mem_alloc_floats(N4C, MEM_ACTIVATIONS);
-    }
-}
+void expert_wgrad_enable(ExpertModel* m) { m->split = 1; }
 
 // Per layer of the chunk, every deferred matmul's dout and inp rows:
 // attention on the attention's rows Ng = N tp (my heads' C/tp channels),

@@ -261,15 +261,13 @@ static void plan_pipe(const PlanArgs* a, RankPlan* p, int r) {
             // per slot the queue's copies of what W reads (composed_wgrad.c's wgrad_floats):
             // per layer attention's qkv and proj on the tp group's N tp rows
             // (tp: the proj bias on my N), an MoE layer's router and at most R
-            // expert rows through fc and proj, a dense layer's fc and proj;
-            // a dense layer's (N, 4C) MLP gradients at cp = tp = 1 too
+            // expert rows through fc and proj, a dense layer's fc and proj
             double Ng = N * ntp, Cl = (double)C / ntp, q = 0;
             for (int l = 0; l < Lc; l++) {
                 q += Ng * (C + 3 * Cl) + Ng * (Cl + C) + (ntp > 1 ? NC : 0);
                 q += moe_is_moe_layer(&lc, l) ? N * (C + E) + 2 * R * (C + H) : 2 * (Ng * C + 4 * NC) + (ntp > 1 ? NC : 0);
             }
             acts += busy * q;
-            if (ncp == 1 && ntp == 1 && a->moe_every > 1) acts += 8 * NC;
         }
         // per slot the GPT's activations as --recompute keeps them and each
         // MoE layer's (expert_moe_layers_create: selective without send and
@@ -302,7 +300,6 @@ static void plan_pipe(const PlanArgs* a, RankPlan* p, int r) {
                 }
             }
         }
-        if ((ncp > 1 || ntp > 1) && a->moe_every > 1) acts += 8 * NC;  // a dense layer's MLP gradients
         if (ntp > 1) {
             // --tp (composed_tp.c): the (N tp, C) gathered rows and partial
             // sums; per layer of every microbatch an all-gather and a
@@ -443,7 +440,6 @@ void plan_chapter_7(const PlanArgs* a, RankPlan* p, int r) {
             }
         }
     }
-    if ((ncp > 1 || ntp > 1) && a->moe_every > 1) p->peak[MEM_ACTIVATIONS] += f * 8 * NC;  // a dense layer's MLP gradients
     // --tp (composed_tp.c): the group's rows gathered and a partial sum, (N tp,
     // C) each; per layer forward an all-gather and a reduce-scatter (twice
     // under --recompute full), backward two all-gathers (d attproj, ln1
