@@ -109,7 +109,7 @@ void expert_stage_create(ExpertPipe* P, Run* run, ExpertFlags* fl, const MoeConf
     int ep = mesh->size[AXIS_EP], El = cfg->experts / ep, e0 = mesh->coord[AXIS_EP] * El;
     size_t n_shared = moe_num_shared(cfg), n_exp = (size_t)moe_num_moe_layers(cfg) * El * moe_expert_numel(cfg);
     float* all_shared = xmalloc(n_shared * sizeof(float));
-    float* all_experts = xmalloc((n_exp ? n_exp : 1) * sizeof(float));
+    float* all_experts = xmalloc(n_exp * sizeof(float));
     if (run->setup.checkpoint) {
         char msg[1024];
         const char* bad = moe_checkpoint_read(run->setup.checkpoint, cfg, all_shared, all_experts, e0, El, msg, sizeof(msg));
@@ -223,7 +223,7 @@ void expert_stage_save(ExpertPipe* P, const char* path) {
     size_t n = moe_num_shared(&whole), per_layer = (size_t)whole.experts * moe_expert_numel(&whole);
     size_t n_all = (size_t)moe_num_moe_layers(&whole) * per_layer;
     float* host = xcalloc(n, sizeof(float));
-    float* all = xcalloc(n_all ? n_all : 1, sizeof(float));
+    float* all = xcalloc(n_all, sizeof(float));
     for (int c = 0; c < P->v; c++) {
         XpChunk* ch = &P->chunk[c];
         ExpertModel* m = &ch->m;

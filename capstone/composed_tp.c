@@ -109,7 +109,7 @@ static void between_whole(const ExpertModel* m, float* whole, float* shared, flo
 
 void expert_tp_put(ExpertModel* m, const float* whole) {
     float* shared = xmalloc(m->n_shared * sizeof(float));
-    float* slices = xmalloc((m->tp.n ? m->tp.n : 1) * sizeof(float));
+    float* slices = xmalloc(m->tp.n * sizeof(float));
     between_whole(m, (float*)whole, shared, slices, m->tp.rank, 0);
     zero_buffer_put(&m->z[ZERO_SHARED], shared);
     if (m->tp.tp > 1) zero_buffer_put(&m->z[ZERO_TP], slices);
@@ -127,7 +127,7 @@ float* expert_tp_whole(const ExpertModel* m, const float* shared, const float* s
         wc.tp = 1;
         whole = xmalloc(moe_num_shared(&wc) * sizeof(float));
         float* sh = xmalloc(m->n_shared * sizeof(float));
-        float* sl = xmalloc((t->n ? t->n * t->tp : 1) * sizeof(float));
+        float* sl = xmalloc(t->n * t->tp * sizeof(float));
         mem_to_host(sh, shared, m->n_shared * sizeof(float));
         mem_to_host(sl, all, t->n * t->tp * sizeof(float));
         for (int r = 0; r < t->tp; r++) between_whole(m, whole, sh, sl + (size_t)r * t->n, r, 1);
