@@ -6,14 +6,11 @@
 // Above them all, so none of them calls back into it.
 #include "composed_model.h"
 
-#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
-#include "errors.h"
 #include "memory.h"
 #include "mesh.h"
-#include "rank.h"
 #include "run.h"
 
 // ---------------------------------------------------------------- set-up
