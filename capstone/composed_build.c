@@ -1,19 +1,16 @@
-// composed_build.c: a rank's (or a pipeline chunk's) model built and freed,
-// and written to the MoE file (composed_model.h): the one place that puts
+// composed_build.c: a rank's (or a pipeline chunk's) model built from its
+// parameters' values and freed (composed_model.h): the one place that puts
 // every axis's buffers together, the replicated and expert buffers with
 // --zero (chapter 3's zero_buffer.h), the tp slices (composed_tp.c), the cp state
 // (composed_attention.c) and chapter 7's MoE layers (07_expert/moe_layer.c).
 // Above them all, so none of them calls back into it.
 #include "composed_model.h"
 
-#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
-#include "errors.h"
 #include "memory.h"
 #include "mesh.h"
-#include "rank.h"
 #include "run.h"
 
 // ---------------------------------------------------------------- set-up
@@ -46,11 +43,10 @@ static void zero_units(ExpertModel* m) {
 }
 
 void expert_model_create(ExpertModel* m, const MoeConfig* cfg, const ExpertFlags* flags, const Run* run, int embeds,
-                         int has_head) {
+                         int has_head, const float* shared, const float* experts) {
     const Mesh* mesh = &run->mesh;
     int B = run->setup.B / (mesh->size[AXIS_DP] * mesh->size[AXIS_EP]), T = run->setup.T, ncp = mesh->size[AXIS_CP];
     int ntp = mesh->size[AXIS_TP];
-    uint64_t seed = (uint64_t)run->args.seed;
     RecomputeMode recompute = (RecomputeMode)run->args.recompute;
     memset(m, 0, sizeof(*m));
     m->embeds = embeds, m->has_head = has_head;
@@ -91,13 +87,8 @@ void expert_model_create(ExpertModel* m, const MoeConfig* cfg, const ExpertFlags
     zero_buffer_alloc(&m->z[ZERO_EXPERTS], m->zero, m->dpcp, m->n_experts, &m->experts, &m->dexperts, &m->m_e, &m->v_e);
     expert_tp_create(m, run);  // --tp: my slices of the split tensors, the all-gather buffers
     m->nz = ntp > 1 ? 3 : 2;
-    float* host = xmalloc((m->n_shared > m->n_experts ? m->n_shared : m->n_experts) * sizeof(float));
-    moe_init_shared(host, &m->cfg, seed);  // with --tp without the tp slices: mine next
-    zero_buffer_put(&m->z[ZERO_SHARED], host);
-    if (ntp > 1) expert_tp_init(m, seed);
-    moe_init_experts(host, cfg, m->e0, m->E_local, seed);
-    zero_buffer_put(&m->z[ZERO_EXPERTS], host);
-    free(host);
+    expert_tp_put(m, shared);  // the replicated values, with --tp cut into the shared buffer and my slices
+    zero_buffer_put(&m->z[ZERO_EXPERTS], experts);
     GPTConfig acts_cfg = cfg->gpt;  // without the head, no logits (a pipeline stage's)
     if (!has_head) acts_cfg.vocab_size = acts_cfg.padded_vocab_size = 0;
     gpt_acts_create_recompute(&m->acts, &acts_cfg, B, m->T, recompute);
@@ -125,21 +116,6 @@ void expert_model_create(ExpertModel* m, const MoeConfig* cfg, const ExpertFlags
     m->layers = moe_layers_create(&m->moe, recompute == RECOMPUTE_FULL ? 1 : Lm);
     m->dln2 = mem_alloc_floats((size_t)N * C, MEM_ACTIVATIONS);
     m->rows_host = mem_alloc_host((size_t)N * 2 * sizeof(int));
-    const char* path = run->setup.checkpoint;
-    if (path) {  // --model FILE: the replicated parameters and my experts
-        char msg[1024];
-        float* shared = xmalloc(moe_num_shared(cfg) * sizeof(float));
-        float* mine = xmalloc((m->n_experts ? m->n_experts : 1) * sizeof(float));
-        const char* bad = moe_checkpoint_read(path, cfg, shared, mine, m->e0, m->E_local, msg, sizeof(msg));
-        fail_if_any(bad != NULL, bad);
-        if (ntp > 1)
-            expert_tp_load(m, shared);
-        else
-            zero_buffer_put(&m->z[ZERO_SHARED], shared);
-        zero_buffer_put(&m->z[ZERO_EXPERTS], mine);
-        free(shared);
-        free(mine);
-    }
     zero_units(m);  // each buffer's units; --zero: the engines take the values
 }
 
@@ -154,30 +130,4 @@ void expert_model_free(ExpertModel* m) {
     zero_buffer_free(&m->z[ZERO_SHARED]), zero_buffer_free(&m->z[ZERO_EXPERTS]), zero_buffer_free(&m->z[ZERO_TP]);
     if (m->dpcp == &m->dpcp_own) comm_destroy_group(&m->dpcp_own);
     comm_destroy_group(&m->batch);
-}
-
-// ---------------------------------------------------------------- the MoE file
-
-// --save FILE: rank 0 writes the replicated parameters and every expert,
-// gathered over ep (dp rank 0's ep group; every dp replica holds the same
-// experts). A host-side copy for the file, not part of training.
-void expert_model_save(ExpertModel* m, const char* path) {
-    if (m->zero > 1) {  // --zero 2, 3: each buffer whole on every rank for the file, then as it was
-        m->shared = zero_buffer_whole(&m->z[ZERO_SHARED]), m->experts = zero_buffer_whole(&m->z[ZERO_EXPERTS]);
-        if (m->nz > 2) m->tp.w = zero_buffer_whole(&m->z[ZERO_TP]);
-        m->zero = 0;
-        expert_model_save(m, path);
-        m->zero = m->z[ZERO_SHARED].f.zero;
-        mem_free(m->shared), mem_free(m->experts), mem_free(m->tp.w);
-        m->shared = m->experts = m->tp.w = NULL;
-        return;
-    }
-    // every expert, gathered over ep by dp x cp x tp rank 0's ep group, and
-    // the file written: chapter 7's. With --tp the whole shared buffer is
-    // assembled on tp rank 0 (world rank 0 is one)
-    float* all = m->dpcp->rank == 0 ? moe_gather_experts(&m->cfg, m->epc, m->experts, m->n_experts, m->E_local) : NULL;
-    float* gathered = m->tp.tp > 1 && m->tp.dpcpep->rank == 0 ? expert_tp_gather_whole(m) : NULL;
-    MoeConfig whole = m->cfg;
-    whole.tp = 1;
-    moe_model_write(path, &whole, m->world, m->shared, gathered, all);
 }

@@ -141,14 +141,13 @@ void expert_units_reduce(ExpertModel* m, int l);
 // ---------------------------------------------------------------- composed_build.c
 // This rank's model: its B/(dp ep tp) sequences of the global batch (T/cp
 // positions of each), the experts [e0, e0 + E/ep), every buffer allocated
-// and counted, the parameters initialised (counter-based) or read from
-// --model FILE; a pipeline chunk's (composed_stage.c: cfg its layers),
-// embeds and has_head as the fields say (1 and 1: the whole model).
+// and counted; a pipeline chunk's (composed_stage.c: cfg its layers),
+// embeds and has_head as the fields say (1 and 1: the whole model). Its
+// values (host): shared, its replicated floats in moe.h's layout at tp = 1,
+// and experts, its MoE layers' experts [e0, e0 + E/ep).
 void expert_model_create(ExpertModel* m, const MoeConfig* cfg, const ExpertFlags* flags, const Run* run, int embeds,
-                         int has_head);
+                         int has_head, const float* shared, const float* experts);
 void expert_model_free(ExpertModel* m);
-// --save FILE: the MoE file (moe.h) from world rank 0. Collective.
-void expert_model_save(ExpertModel* m, const char* path);
 
 // ---------------------------------------------------------------- composed_attention.c
 // The attention half of layer l (ln1 to ln2, moe.h) on my N rows: chapter
@@ -173,13 +172,14 @@ BlockParams expert_block_params(ExpertModel* m, int l);
 BlockParams expert_block_grads(ExpertModel* m, int l);
 float* expert_router(ExpertModel* m, int l);
 float* expert_router_grad(ExpertModel* m, int l);
-// --tp: the slices' buffers; my slices' counter-based init; the whole
-// shared buffer (host, moe.h's layout at tp = 1) cut into mine; and put
-// together again on tp rank 0 (NULL elsewhere; collective over tp).
+// --tp: the slices' buffers. expert_tp_put: the model's whole replicated
+// values (host, moe.h's layout at tp = 1) into the shared buffer and, with
+// --tp, cut into my slices. expert_tp_whole: put together again from the
+// shared buffer and the slices (device), on tp rank 0 (host; NULL
+// elsewhere); collective over tp.
 void expert_tp_create(ExpertModel* m, const Run* run);
-void expert_tp_init(ExpertModel* m, uint64_t seed);
-void expert_tp_load(ExpertModel* m, const float* whole);
-float* expert_tp_gather_whole(ExpertModel* m);
+void expert_tp_put(ExpertModel* m, const float* whole);
+float* expert_tp_whole(const ExpertModel* m, const float* shared, const float* slices);
 // Local layers [l0, l0 + n) of my slices (values at data, layer l0's first)
 // as slices of the checkpoint's global tensors: any tp resumes them.
 void expert_tp_ckpt_add(CkptList* out, const ExpertModel* m, CkptKind kind, int l0, int n, float* data);

@@ -90,14 +90,14 @@ static inline void slot_use(XpChunk* ch, XpSlot* sl) {
 
 // Every rank builds and validates every rank's list (chapter 5's), makes
 // its chunks (their parameters from the whole model's init or --model FILE,
-// piece by piece; without the pipeline chapter 7's model of its share), the
+// piece by piece, one chunk or many), the
 // embedding group and its incoming messages. Collective over the world.
 void expert_stage_create(ExpertPipe* P, Run* run, ExpertFlags* flags, const MoeConfig* cfg);
 void expert_stage_free(ExpertPipe* P);
 // This rank's slices of the training state, in the whole model's tensors
 // (--ckpt-dir, --resume): its chunks'.
 void expert_stage_ckpt(Ckpt* ck, ExpertPipe* P);
-// --save FILE: the whole model gathered over pp, written by world rank 0. Collective.
+// --save FILE: the whole model gathered over tp, ep and pp, written by world rank 0. Collective.
 void expert_stage_save(ExpertPipe* P, const char* path);
 // --show-sharding: each chunk's buffers. Collective when show is set.
 void expert_stage_show_sharding(const ExpertPipe* P, int show);

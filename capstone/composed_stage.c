@@ -52,21 +52,27 @@ static int chunk_pieces(Piece* piece, const MoeConfig* whole, const MoeConfig* l
 // Chunk c: virtual stage k = c pp + stage, layers [k L/S, (k+1) L/S), an
 // ExpertModel of them (so of B/(dp ep tp m) sequences), its pieces of the
 // whole model and its slots (the model's own activations are the first).
-// With one chunk, chapter 7's model of the whole (its own init or --model
-// FILE); else its parameters from the whole model's (all_shared: moe.h's
-// layout at tp = 1; with --tp, expert_tp_load cuts the chunk's copy of it
-// into the shared buffer and this tp rank's slices).
+// Its values are the whole model's (all_shared: moe.h's layout at tp = 1;
+// all_experts: this ep rank's), piece by piece in that layout (the rest
+// zero), which the model cuts into its buffers (with --tp, expert_tp_put:
+// the shared buffer and this tp rank's slices). One chunk: the whole.
 static void chunk_create(ExpertPipe* P, int c, const ExpertFlags* fl, const float* all_shared, const float* all_experts) {
     XpChunk* ch = &P->chunk[c];
     ch->vstage = c * P->pp + P->stage;
     LayerRange lr = stage_layers(P->cfg.gpt.num_layers, P->S, ch->vstage);  // chapter 5's split (even here)
     int embeds = ch->vstage == 0, head = ch->vstage == P->S - 1;
     ch->first = lr.first;
-    MoeConfig local = pipe_chunk_config(&P->cfg, ch->first, lr.count, embeds, head);
-    local.tp = 1;  // moe.h's layout at tp = 1, as --model FILE holds it (the model cuts out its tp slices)
+    MoeConfig local = pipe_chunk_config(&P->cfg, ch->first, lr.count, embeds, head), whole1 = P->cfg;
+    local.tp = whole1.tp = 1;  // moe.h's layout at tp = 1, as --model FILE holds it (the model cuts out its tp slices)
     for (int l = 0; l < ch->first; l++) ch->moe0 += moe_is_moe_layer(&P->cfg, l);
     ch->n_moe = moe_num_moe_layers(&local);
-    expert_model_create(&ch->m, &local, fl, &P->run_mb, embeds, head);
+    Piece one[4];
+    int n1 = chunk_pieces(one, &whole1, &local, ch->first, embeds, head);
+    float* host = xcalloc(moe_num_shared(&local), sizeof(float));
+    for (int i = 0; i < n1; i++) memcpy(host + one[i].local, all_shared + one[i].global, one[i].count * sizeof(float));
+    size_t per_layer = (size_t)(P->cfg.experts / P->run_mb.mesh.size[AXIS_EP]) * moe_expert_numel(&P->cfg);
+    expert_model_create(&ch->m, &local, fl, &P->run_mb, embeds, head, host, all_experts + (size_t)ch->moe0 * per_layer);
+    free(host);
     if (P->sched.split_backward) expert_wgrad_enable(&ch->m);  // zb: B and W (composed_wgrad.c)
     ch->n_pieces = chunk_pieces(ch->piece, &P->cfg, &ch->m.cfg, ch->first, embeds, head);
     XpSlot* own = xcalloc(1, sizeof(XpSlot));
@@ -75,19 +81,6 @@ static void chunk_create(ExpertPipe* P, int c, const ExpertFlags* fl, const floa
     slot_pool_create(&ch->pool, P->M);  // at most every microbatch in flight
     slot_pool_add(&ch->pool, own, -1);
     slot_pool_give(&ch->pool, -1);
-    if (P->S == 1) return;
-    // the values: the whole model's, piece by piece (the rest zero), in the layout at tp = 1
-    MoeConfig whole1 = P->cfg, local1 = ch->m.cfg;
-    whole1.tp = local1.tp = 1;
-    Piece one[4];
-    int n1 = chunk_pieces(one, &whole1, &local1, ch->first, embeds, head);
-    float* host = xcalloc(moe_num_shared(&local1), sizeof(float));
-    for (int i = 0; i < n1; i++) memcpy(host + one[i].local, all_shared + one[i].global, one[i].count * sizeof(float));
-    if (ch->m.tp.tp > 1) expert_tp_load(&ch->m, host);
-    else mem_to_device(ch->m.shared, host, ch->m.n_shared * sizeof(float));
-    free(host);
-    size_t per_layer = (size_t)ch->m.E_local * moe_expert_numel(&P->cfg);
-    mem_to_device(ch->m.experts, all_experts + (size_t)ch->moe0 * per_layer, ch->m.n_experts * sizeof(float));
     // the last stage's copy of wte: its gradient is stage 0's, counted there in the norm
     if (head && !embeds) ch->m.z[ZERO_SHARED].tied = param_tensor_numel(&P->cfg.gpt, P_WTE);
 }
@@ -111,22 +104,19 @@ void expert_stage_create(ExpertPipe* P, Run* run, ExpertFlags* fl, const MoeConf
     pipe_schedule_make(&P->sched, (ScheduleKind)kind, P->pp, P->M, P->v, NULL);
     P->run_mb = *run;
     P->run_mb.setup.B = run->setup.B / P->M;                       // a chunk's model holds one microbatch
-    if (P->S > 1) P->run_mb.setup.checkpoint = NULL;               // the parameters come from below
-    // the whole model's parameters on the host, then each chunk's pieces
+    // the whole model's replicated parameters and this ep rank's experts on
+    // the host (counter-based init or --model FILE), then each chunk's pieces
     int ep = mesh->size[AXIS_EP], El = cfg->experts / ep, e0 = mesh->coord[AXIS_EP] * El;
     size_t n_shared = moe_num_shared(cfg), n_exp = (size_t)moe_num_moe_layers(cfg) * El * moe_expert_numel(cfg);
-    float *all_shared = NULL, *all_experts = NULL;
-    if (P->S > 1) {
-        all_shared = xmalloc(n_shared * sizeof(float));
-        all_experts = xmalloc((n_exp ? n_exp : 1) * sizeof(float));
-        if (run->setup.checkpoint) {
-            char msg[1024];
-            const char* bad = moe_checkpoint_read(run->setup.checkpoint, cfg, all_shared, all_experts, e0, El, msg, sizeof(msg));
-            fail_if_any(bad != NULL, bad);
-        } else {
-            moe_init_shared(all_shared, cfg, (uint64_t)run->args.seed);
-            moe_init_experts(all_experts, cfg, e0, El, (uint64_t)run->args.seed);
-        }
+    float* all_shared = xmalloc(n_shared * sizeof(float));
+    float* all_experts = xmalloc(n_exp * sizeof(float));
+    if (run->setup.checkpoint) {
+        char msg[1024];
+        const char* bad = moe_checkpoint_read(run->setup.checkpoint, cfg, all_shared, all_experts, e0, El, msg, sizeof(msg));
+        fail_if_any(bad != NULL, bad);
+    } else {
+        moe_init_shared(all_shared, cfg, (uint64_t)run->args.seed);
+        moe_init_experts(all_experts, cfg, e0, El, (uint64_t)run->args.seed);
     }
     for (int c = 0; c < P->v; c++) chunk_create(P, c, fl, all_shared, all_experts);
     P->peak_slots = P->v;  // each chunk's own slot
@@ -219,46 +209,41 @@ void expert_stage_ckpt(Ckpt* ck, ExpertPipe* P) {
         }
 }
 
-// --save FILE: chapter 7's writer (expert_model_save), which gathers the
-// slices over tp and the experts over ep (world rank 0 is stage 0 and tp
-// rank 0: it writes). One chunk is the whole model; else each of the three
-// buffers is merged over pp from the stages' pieces (chapter 5's
-// pipe_pieces_merge: the replicated buffer by the chunks' pieces, the experts
-// by MoE layers, with --tp this tp rank's slices by layers) on a model of the
-// whole. Collective.
+// --save FILE, for any number of chunks: each chunk's buffers whole on the
+// device (--zero 2, 3: zero_buffer_whole), its experts gathered over ep by
+// dp x cp x tp rank 0's ep group (chapter 7's moe_gather_experts), its
+// replicated floats with the tp slices put back by tp rank 0
+// (expert_tp_whole), both in the file's layout; their pieces merged over pp
+// (chapter 5's pipe_pieces_merge: every other float zero) and written by
+// world rank 0 (stage 0, tp rank 0) through chapter 7's moe_model_write.
+// Collective.
 void expert_stage_save(ExpertPipe* P, const char* path) {
-    const MoeConfig* cfg = &P->cfg;
-    ExpertModel* m0 = &P->chunk[0].m;
-    if (P->S == 1) {
-        expert_model_save(m0, path);
-        return;
-    }
-    int tp = m0->tp.tp, nb = tp > 1 ? 3 : 2;  // the buffers: replicated, experts, tp slices
-    size_t per_layer = (size_t)m0->E_local * moe_expert_numel(cfg);
-    size_t n[3] = {moe_num_shared(cfg), (size_t)moe_num_moe_layers(cfg) * per_layer,
-                   tp > 1 ? moe_tp_offset(cfg, cfg->gpt.num_layers, tp) : 0};
-    float* host[3];
-    for (int b = 0; b < nb; b++) host[b] = xcalloc(n[b] ? n[b] : 1, sizeof(float));
+    MoeConfig whole = P->cfg;
+    whole.tp = 1;  // the file's layout
+    size_t n = moe_num_shared(&whole), per_layer = (size_t)whole.experts * moe_expert_numel(&whole);
+    size_t n_all = (size_t)moe_num_moe_layers(&whole) * per_layer;
+    float* host = xcalloc(n, sizeof(float));
+    float* all = xcalloc(n_all, sizeof(float));
     for (int c = 0; c < P->v; c++) {
-        const XpChunk* ch = &P->chunk[c];
-        Piece experts = {.global = (size_t)ch->moe0 * per_layer, .count = ch->m.n_experts};
-        Piece slices = {.global = tp > 1 ? moe_tp_offset(cfg, ch->first, tp) : 0, .count = ch->m.tp.n};
-        pipe_pieces_to_host(host[0], ch->m.shared, ch->piece, ch->n_pieces);
-        pipe_pieces_to_host(host[1], ch->m.experts, &experts, 1);
-        if (tp > 1) pipe_pieces_to_host(host[2], ch->m.tp.w, &slices, 1);
+        XpChunk* ch = &P->chunk[c];
+        ExpertModel* m = &ch->m;
+        float* w[3] = {NULL, NULL, NULL};  // the parameters of each buffer, whole
+        for (int b = 0; b < m->nz; b++) w[b] = m->zero > 1 ? zero_buffer_whole(&m->z[b]) : m->z[b].params;
+        float* experts = m->dpcp->rank == 0 ? moe_gather_experts(&m->cfg, m->epc, w[ZERO_EXPERTS], m->n_experts, m->E_local) : NULL;
+        if (experts && ch->n_moe) memcpy(all + (size_t)ch->moe0 * per_layer, experts, ch->n_moe * per_layer * sizeof(float));
+        float* mine = m->tp.tp == 1 || m->tp.dpcpep->rank == 0 ? expert_tp_whole(m, w[ZERO_SHARED], w[ZERO_TP]) : NULL;
+        MoeConfig local = m->cfg;
+        local.tp = 1;
+        Piece one[4];
+        int n1 = mine ? chunk_pieces(one, &whole, &local, ch->first, m->embeds, m->has_head) : 0;
+        for (int i = 0; i < n1; i++)
+            if (!one[i].tied_copy) memcpy(host + one[i].global, mine + one[i].local, one[i].count * sizeof(float));
+        free(experts), free(mine);
+        for (int b = 0; m->zero > 1 && b < m->nz; b++) mem_free(w[b]);
     }
-    ExpertModel whole = *m0;
-    whole.cfg = *cfg;
-    whole.n_shared = n[0], whole.n_experts = n[1];
-    if (tp > 1) whole.tp.n = n[2];
-    float** dev[3] = {&whole.shared, &whole.experts, &whole.tp.w};
-    for (int b = 0; b < nb; b++) {
-        pipe_pieces_merge(P->link.pp, host[b], n[b]);
-        *dev[b] = mem_alloc_floats(n[b] ? n[b] : 1, MEM_OTHER);
-        mem_to_device(*dev[b], host[b], n[b] * sizeof(float));
-    }
-    expert_model_save(&whole, path);
-    for (int b = 0; b < nb; b++) mem_free(*dev[b]), free(host[b]);
+    pipe_pieces_merge(P->link.pp, host, n);
+    pipe_pieces_merge(P->link.pp, all, n_all);
+    moe_model_write(path, &whole, P->chunk[0].m.world, NULL, host, all);
 }
 
 // --show-sharding: each chunk's buffers, a row each (chapter 3's

@@ -1,8 +1,8 @@
 // composed_tp.c: tensor parallelism's parameters in chapter 7's model (--tp
 // N, composed_model.h's ExpertTP): a tp rank's slices of every layer's qkvw,
 // qkvb and attprojw (and of a dense layer's fcw, fcb, fcprojw), chapter 4's
-// tiles of them (04_fsdp_tp/tp.h), their counter-based init, the whole model cut into them (--model
-// FILE) and put together again (--save), and the group's buffers. The
+// tiles of them (04_fsdp_tp/tp.h), the whole model's values cut into them
+// (init, --model FILE) and put together again (--save), and the group's buffers. The
 // attention half that runs on them, with every collective of tp's
 // attention, is composed_attention.c's.
 #include <stdlib.h>
@@ -81,13 +81,14 @@ static float* whole_tensor(const MoeConfig* whole_cfg, float* whole, ParamTensor
 // Between the whole model (moe.h's layout at tp = 1, host) and tp rank
 // rank's two buffers: the shared one is the whole without the tensors the
 // tiles split, the rest in the same order (moe.h), run by run between them;
-// the slices are the tiles. to_whole: --save's way; else --model FILE's.
+// the slices are the tiles (at tp = 1 none: the shared buffer is the whole).
+// to_whole: --save's way; else the values' way in.
 static void between_whole(const ExpertModel* m, float* whole, float* shared, float* slices, int rank, int to_whole) {
     MoeConfig wc = m->cfg;
     wc.tp = 1;
     const GPTConfig* g = &m->cfg.gpt;
-    Tile* tiles;
-    int n = slice_tiles(m, rank, &tiles);
+    Tile* tiles = NULL;
+    int n = m->tp.tp > 1 ? slice_tiles(m, rank, &tiles) : 0;
     size_t w = 0, s = 0;  // the next float of the whole and of the shared buffer
     for (int i = 0; i <= n; i++) {
         // the shared run up to tile i's tensor (to the end after the last),
@@ -106,45 +107,32 @@ static void between_whole(const ExpertModel* m, float* whole, float* shared, flo
     free(tiles);
 }
 
-// My slices' counter-based values alone, each from its place in the whole
-// tensor (chapter 4's tp_tiles_fill), so my slices are the whole model's
-// without making it.
-void expert_tp_init(ExpertModel* m, uint64_t seed) {
-    float* w = xmalloc(m->tp.n * sizeof(float));
-    Tile* tiles;
-    int n = slice_tiles(m, m->tp.rank, &tiles);
-    tp_tiles_fill(&m->cfg.gpt, tiles, n, 0, m->tp.n, NULL, seed, w, NULL, 0);
-    free(tiles);
-    zero_buffer_put(&m->z[ZERO_TP], w);
-    free(w);
-}
-
-void expert_tp_load(ExpertModel* m, const float* whole) {
+void expert_tp_put(ExpertModel* m, const float* whole) {
     float* shared = xmalloc(m->n_shared * sizeof(float));
     float* slices = xmalloc(m->tp.n * sizeof(float));
     between_whole(m, (float*)whole, shared, slices, m->tp.rank, 0);
     zero_buffer_put(&m->z[ZERO_SHARED], shared);
-    zero_buffer_put(&m->z[ZERO_TP], slices);
+    if (m->tp.tp > 1) zero_buffer_put(&m->z[ZERO_TP], slices);
     free(shared);
     free(slices);
 }
 
-float* expert_tp_gather_whole(ExpertModel* m) {
-    ExpertTP* t = &m->tp;
+float* expert_tp_whole(const ExpertModel* m, const float* shared, const float* slices) {
+    const ExpertTP* t = &m->tp;
     float* all = t->rank == 0 ? mem_alloc_floats(t->n * t->tp, MEM_OTHER) : NULL;
-    comm_gather(t->tpc, t->w, all, t->n, 0);
+    if (t->tp > 1) comm_gather(t->tpc, slices, all, t->n, 0);
     float* whole = NULL;
     if (t->rank == 0) {
         MoeConfig wc = m->cfg;
         wc.tp = 1;
         whole = xmalloc(moe_num_shared(&wc) * sizeof(float));
-        float* shared = xmalloc(m->n_shared * sizeof(float));
-        float* slices = xmalloc(t->n * t->tp * sizeof(float));
-        mem_to_host(shared, m->shared, m->n_shared * sizeof(float));
-        mem_to_host(slices, all, t->n * t->tp * sizeof(float));
-        for (int r = 0; r < t->tp; r++) between_whole(m, whole, shared, slices + (size_t)r * t->n, r, 1);
-        free(shared);
-        free(slices);
+        float* sh = xmalloc(m->n_shared * sizeof(float));
+        float* sl = xmalloc(t->n * t->tp * sizeof(float));
+        mem_to_host(sh, shared, m->n_shared * sizeof(float));
+        mem_to_host(sl, all, t->n * t->tp * sizeof(float));
+        for (int r = 0; r < t->tp; r++) between_whole(m, whole, sh, sl + (size_t)r * t->n, r, 1);
+        free(sh);
+        free(sl);
     }
     mem_free(all);
     return whole;
