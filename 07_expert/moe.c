@@ -151,39 +151,42 @@ ExpertParams moe_expert_at(const MoeConfig* c, float* experts, int m, int le, in
 // the router's tensor id for init_normal_at: past the GPT's 16
 #define ROUTER_TENSOR_ID NUM_PARAM_TENSORS
 
-void moe_init_shared(float* out, const MoeConfig* c, uint64_t seed) {
+// Floats [o, o + n) of the layout hold tensor t of layer l (the router:
+// ROUTER_TENSOR_ID); the ones in [lo, hi) go to out[. - lo].
+static void init_run(float* out, size_t lo, size_t hi, size_t o, size_t n, const GPTConfig* g, uint64_t seed, int t,
+                     int l) {
+    for (size_t i = o < lo ? lo - o : 0; i < n && o + i < hi; i++)
+        out[o + i - lo] = t == ROUTER_TENSOR_ID ? (float)(0.02 * init_normal_at(seed, t, l, i))
+                                                : gpt_init_value(g, seed, (ParamTensor)t, l, i);
+}
+
+void moe_init_shared(float* out, const MoeConfig* c, size_t lo, size_t n, uint64_t seed) {
     const GPTConfig* g = &c->gpt;
     int C = g->channels, L = g->num_layers;
-    size_t n = param_tensor_numel(g, P_WTE);
-    for (size_t i = 0; i < n; i++) out[moe_wte_offset(c) + i] = gpt_init_value(g, seed, P_WTE, 0, i);
-    n = param_tensor_numel(g, P_WPE);
-    for (size_t i = 0; i < n; i++) out[moe_wpe_offset(c) + i] = gpt_init_value(g, seed, P_WPE, 0, i);
+    size_t hi = lo + n;
+    init_run(out, lo, hi, moe_wte_offset(c), param_tensor_numel(g, P_WTE), g, seed, P_WTE, 0);
+    init_run(out, lo, hi, moe_wpe_offset(c), param_tensor_numel(g, P_WPE), g, seed, P_WPE, 0);
     for (int l = 0; l < L; l++) {
-        float* b = out + moe_block_offset(c, l);
+        size_t o = moe_block_offset(c, l);
         // the dense block's tensors in their order, the 8 of the attention
         // half alone in an MoE block
         ParamTensor last = moe_is_moe_layer(c, l) ? P_LN2B : P_FCPROJB;
         for (ParamTensor t = P_LN1W; t <= last; t++) {
             if (!in_shared(c, t)) continue;  // a tp rank's slices
-            size_t tn = param_tensor_numel(g, t);
-            for (size_t i = 0; i < tn; i++) *b++ = gpt_init_value(g, seed, t, l, i);
+            init_run(out, lo, hi, o, param_tensor_numel(g, t), g, seed, t, l);
+            o += param_tensor_numel(g, t);
         }
-        if (moe_is_moe_layer(c, l))
-            for (size_t i = 0; i < (size_t)c->experts * C; i++)
-                *b++ = (float)(0.02 * init_normal_at(seed, ROUTER_TENSOR_ID, l, i));
+        if (moe_is_moe_layer(c, l)) init_run(out, lo, hi, o, (size_t)c->experts * C, g, seed, ROUTER_TENSOR_ID, l);
     }
-    for (int i = 0; i < C; i++) {
-        out[moe_lnf_offset(c) + i] = gpt_init_value(g, seed, P_LNFW, 0, (size_t)i);
-        out[moe_lnf_offset(c) + C + i] = gpt_init_value(g, seed, P_LNFB, 0, (size_t)i);
-    }
+    init_run(out, lo, hi, moe_lnf_offset(c), (size_t)C, g, seed, P_LNFW, 0);
+    init_run(out, lo, hi, moe_lnf_offset(c) + C, (size_t)C, g, seed, P_LNFB, 0);
 }
 
-void moe_init_experts(float* out, const MoeConfig* c, int e0, int n_local, uint64_t seed) {
+void moe_init_experts(float* out, const MoeConfig* c, int l0, int n_layers, int e0, int n_local, uint64_t seed) {
     const GPTConfig* g = &c->gpt;
     size_t H = (size_t)c->hidden, C = (size_t)g->channels;
-    for (int l = 0; l < g->num_layers; l++) {
+    for (int l = l0, m = 0; l < l0 + n_layers; l++) {
         if (!moe_is_moe_layer(c, l)) continue;
-        int m = moe_layer_index(c, l);
         for (int le = 0; le < n_local; le++) {
             // expert e takes the dense MLP's init of "layer" l + e*L: expert
             // 0 is the dense model's MLP, the others differ
@@ -194,6 +197,7 @@ void moe_init_experts(float* out, const MoeConfig* c, int e0, int n_local, uint6
             for (size_t i = 0; i < C * H; i++) p.fcprojw[i] = gpt_init_value(g, seed, P_FCPROJW, layer, i);
             for (size_t i = 0; i < C; i++) p.fcprojb[i] = gpt_init_value(g, seed, P_FCPROJB, layer, i);
         }
+        m++;
     }
 }
 

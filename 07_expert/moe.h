@@ -86,11 +86,12 @@ typedef struct {
 ExpertParams moe_expert_at(const MoeConfig* c, float* experts, int m, int le, int n_local);
 
 // ---------------------------------------------------------------- init
-// The shared buffer (host memory; with c->tp > 1 without the split tensors),
-// and experts [e0, e0 + n_local) of every MoE layer (host memory, the layout
-// above).
-void moe_init_shared(float* out, const MoeConfig* c, uint64_t seed);
-void moe_init_experts(float* out, const MoeConfig* c, int e0, int n_local, uint64_t seed);
+// Counter-based, so a rank makes only what it holds: floats [lo, lo + n) of
+// the shared buffer (host memory; with c->tp > 1 without the split
+// tensors), and experts [e0, e0 + n_local) of the MoE layers among layers
+// [l0, l0 + n_layers) (host memory, the layout above, from the first).
+void moe_init_shared(float* out, const MoeConfig* c, size_t lo, size_t n, uint64_t seed);
+void moe_init_experts(float* out, const MoeConfig* c, int l0, int n_layers, int e0, int n_local, uint64_t seed);
 
 // ---------------------------------------------------------------- the block's pieces
 // The attention half and ln2, as block_forward computes them (same ops, same

@@ -179,8 +179,8 @@ void moe_model_create(MoeModel* m, const MoeConfig* cfg, const MoeFlags* flags, 
         const char* bad = moe_checkpoint_read(run->setup.checkpoint, cfg, shared, mine, m->e0, m->E_local, msg, sizeof(msg));
         fail_if_any(bad != NULL, bad);
     } else {
-        moe_init_shared(shared, cfg, seed);
-        moe_init_experts(mine, cfg, m->e0, m->E_local, seed);
+        moe_init_shared(shared, cfg, 0, m->n_shared, seed);
+        moe_init_experts(mine, cfg, 0, cfg->gpt.num_layers, m->e0, m->E_local, seed);
     }
     mem_to_device(m->shared, shared, m->n_shared * sizeof(float));
     mem_to_device(m->experts, mine, m->n_experts * sizeof(float));

@@ -19,7 +19,7 @@
 // slices of each layer. --zero: chapter 3's engine takes each buffer over
 // its group (2, 3: the tied wte's unit with a gradient of its own), and the
 // model's pointers are the engine's.
-static void zero_units(ExpertModel* m) {
+void expert_model_units(ExpertModel* m) {
     const MoeConfig* c = &m->cfg;
     int L = c->gpt.num_layers, Lm = moe_num_moe_layers(c);
     size_t* numel = xmalloc(sizeof(size_t) * (size_t)(L + 2));
@@ -43,7 +43,7 @@ static void zero_units(ExpertModel* m) {
 }
 
 void expert_model_create(ExpertModel* m, const MoeConfig* cfg, const ExpertFlags* flags, const Run* run, int embeds,
-                         int has_head, const float* shared, const float* experts) {
+                         int has_head) {
     const Mesh* mesh = &run->mesh;
     int B = run->setup.B / (mesh->size[AXIS_DP] * mesh->size[AXIS_EP]), T = run->setup.T, ncp = mesh->size[AXIS_CP];
     int ntp = mesh->size[AXIS_TP];
@@ -87,8 +87,6 @@ void expert_model_create(ExpertModel* m, const MoeConfig* cfg, const ExpertFlags
     zero_buffer_alloc(&m->z[ZERO_EXPERTS], m->zero, m->dpcp, m->n_experts, &m->experts, &m->dexperts, &m->m_e, &m->v_e);
     expert_tp_create(m, run);  // --tp: my slices of the split tensors, the all-gather buffers
     m->nz = ntp > 1 ? 3 : 2;
-    expert_tp_put(m, shared);  // the replicated values, with --tp cut into the shared buffer and my slices
-    zero_buffer_put(&m->z[ZERO_EXPERTS], experts);
     GPTConfig acts_cfg = cfg->gpt;  // without the head, no logits (a pipeline stage's)
     if (!has_head) acts_cfg.vocab_size = acts_cfg.padded_vocab_size = 0;
     gpt_acts_create_recompute(&m->acts, &acts_cfg, B, m->T, recompute);
@@ -116,7 +114,6 @@ void expert_model_create(ExpertModel* m, const MoeConfig* cfg, const ExpertFlags
     m->layers = moe_layers_create(&m->moe, recompute == RECOMPUTE_FULL ? 1 : Lm);
     m->dln2 = mem_alloc_floats((size_t)N * C, MEM_ACTIVATIONS);
     m->rows_host = mem_alloc_host((size_t)N * 2 * sizeof(int));
-    zero_units(m);  // each buffer's units; --zero: the engines take the values
 }
 
 void expert_model_free(ExpertModel* m) {

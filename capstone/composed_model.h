@@ -143,10 +143,11 @@ void expert_units_reduce(ExpertModel* m, int l);
 // positions of each), the experts [e0, e0 + E/ep), every buffer allocated
 // and counted; a pipeline chunk's (composed_stage.c: cfg its layers),
 // embeds and has_head as the fields say (1 and 1: the whole model). Its
-// values (host): shared, its replicated floats in moe.h's layout at tp = 1,
-// and experts, its MoE layers' experts [e0, e0 + E/ep).
+// values go in next (composed_stage.c's chunk_create), then
+// expert_model_units: each buffer's units; --zero: the engines take the values.
 void expert_model_create(ExpertModel* m, const MoeConfig* cfg, const ExpertFlags* flags, const Run* run, int embeds,
-                         int has_head, const float* shared, const float* experts);
+                         int has_head);
+void expert_model_units(ExpertModel* m);
 void expert_model_free(ExpertModel* m);
 
 // ---------------------------------------------------------------- composed_attention.c
@@ -172,12 +173,15 @@ BlockParams expert_block_params(ExpertModel* m, int l);
 BlockParams expert_block_grads(ExpertModel* m, int l);
 float* expert_router(ExpertModel* m, int l);
 float* expert_router_grad(ExpertModel* m, int l);
-// --tp: the slices' buffers. expert_tp_put: the model's whole replicated
+// --tp: the slices' buffers. expert_tp_init: my slices' counter-based
+// values alone, each tile at its place in the whole model (whole: its
+// config), as chapter 4 makes its tiles. expert_tp_put: the model's whole replicated
 // values (host, moe.h's layout at tp = 1) into the shared buffer and, with
 // --tp, cut into my slices. expert_tp_whole: put together again from the
 // shared buffer and the slices (device), on tp rank 0 (host; NULL
 // elsewhere); collective over tp.
 void expert_tp_create(ExpertModel* m, const Run* run);
+void expert_tp_init(ExpertModel* m, const GPTConfig* whole, uint64_t seed);
 void expert_tp_put(ExpertModel* m, const float* whole);
 float* expert_tp_whole(const ExpertModel* m, const float* shared, const float* slices);
 // Local layers [l0, l0 + n) of my slices (values at data, layer l0's first)

@@ -52,10 +52,12 @@ static int chunk_pieces(Piece* piece, const MoeConfig* whole, const MoeConfig* l
 // Chunk c: virtual stage k = c pp + stage, layers [k L/S, (k+1) L/S), an
 // ExpertModel of them (so of B/(dp ep tp m) sequences), its pieces of the
 // whole model and its slots (the model's own activations are the first).
-// Its values are the whole model's (all_shared: moe.h's layout at tp = 1;
+// Its values: --model FILE's (all_shared: moe.h's layout at tp = 1;
 // all_experts: this ep rank's), piece by piece in that layout (the rest
 // zero), which the model cuts into its buffers (with --tp, expert_tp_put:
-// the shared buffer and this tp rank's slices). One chunk: the whole.
+// the shared buffer and this tp rank's slices); else counter-based, each
+// value from its place in the whole model, only what this rank holds (its
+// pieces, its experts, its tp slices: no rank makes the whole model).
 static void chunk_create(ExpertPipe* P, int c, const ExpertFlags* fl, const float* all_shared, const float* all_experts) {
     XpChunk* ch = &P->chunk[c];
     ch->vstage = c * P->pp + P->stage;
@@ -66,15 +68,30 @@ static void chunk_create(ExpertPipe* P, int c, const ExpertFlags* fl, const floa
     local.tp = whole1.tp = 1;  // moe.h's layout at tp = 1, as --model FILE holds it (the model cuts out its tp slices)
     for (int l = 0; l < ch->first; l++) ch->moe0 += moe_is_moe_layer(&P->cfg, l);
     ch->n_moe = moe_num_moe_layers(&local);
-    Piece one[4];
-    int n1 = chunk_pieces(one, &whole1, &local, ch->first, embeds, head);
-    float* host = xcalloc(moe_num_shared(&local), sizeof(float));
-    for (int i = 0; i < n1; i++) memcpy(host + one[i].local, all_shared + one[i].global, one[i].count * sizeof(float));
-    size_t per_layer = (size_t)(P->cfg.experts / P->run_mb.mesh.size[AXIS_EP]) * moe_expert_numel(&P->cfg);
-    expert_model_create(&ch->m, &local, fl, &P->run_mb, embeds, head, host, all_experts + (size_t)ch->moe0 * per_layer);
-    free(host);
-    if (P->sched.split_backward) expert_wgrad_enable(&ch->m);  // zb: B and W (composed_wgrad.c)
-    ch->n_pieces = chunk_pieces(ch->piece, &P->cfg, &ch->m.cfg, ch->first, embeds, head);
+    expert_model_create(&ch->m, &local, fl, &P->run_mb, embeds, head);
+    ExpertModel* m = &ch->m;
+    ch->n_pieces = chunk_pieces(ch->piece, &P->cfg, &m->cfg, ch->first, embeds, head);
+    if (all_shared) {
+        Piece one[4];
+        int n1 = chunk_pieces(one, &whole1, &local, ch->first, embeds, head);
+        float* host = xcalloc(moe_num_shared(&local), sizeof(float));
+        for (int i = 0; i < n1; i++) memcpy(host + one[i].local, all_shared + one[i].global, one[i].count * sizeof(float));
+        expert_tp_put(m, host);
+        free(host);
+        zero_buffer_put(&m->z[ZERO_EXPERTS], all_experts + (size_t)ch->moe0 * m->E_local * moe_expert_numel(&P->cfg));
+    } else {
+        uint64_t seed = (uint64_t)P->run_mb.args.seed;
+        float* host = xcalloc(m->n_shared > m->n_experts ? m->n_shared : m->n_experts, sizeof(float));
+        for (int i = 0; i < ch->n_pieces; i++)
+            moe_init_shared(host + ch->piece[i].local, &P->cfg, ch->piece[i].global, ch->piece[i].count, seed);
+        zero_buffer_put(&m->z[ZERO_SHARED], host);
+        if (m->tp.tp > 1) expert_tp_init(m, &P->cfg.gpt, seed);
+        moe_init_experts(host, &P->cfg, ch->first, lr.count, m->e0, m->E_local, seed);
+        zero_buffer_put(&m->z[ZERO_EXPERTS], host);
+        free(host);
+    }
+    expert_model_units(m);  // --zero: the engines take the values
+    if (P->sched.split_backward) expert_wgrad_enable(m);  // zb: B and W (composed_wgrad.c)
     XpSlot* own = xcalloc(1, sizeof(XpSlot));
     *own = (XpSlot){.acts = ch->m.acts, .layers = ch->m.layers, .lse = ch->m.cp.lse, .qkv_h = ch->m.cp.qkv_h, .y_h = ch->m.cp.y_h};
     if (ch->m.split) expert_wgrad_create(&own->wq, &ch->m);
@@ -104,19 +121,17 @@ void expert_stage_create(ExpertPipe* P, Run* run, ExpertFlags* fl, const MoeConf
     pipe_schedule_make(&P->sched, (ScheduleKind)kind, P->pp, P->M, P->v, NULL);
     P->run_mb = *run;
     P->run_mb.setup.B = run->setup.B / P->M;                       // a chunk's model holds one microbatch
-    // the whole model's replicated parameters and this ep rank's experts on
-    // the host (counter-based init or --model FILE), then each chunk's pieces
+    // --model FILE: the whole model's replicated parameters and this ep
+    // rank's experts on the host, then each chunk's pieces
     int ep = mesh->size[AXIS_EP], El = cfg->experts / ep, e0 = mesh->coord[AXIS_EP] * El;
     size_t n_shared = moe_num_shared(cfg), n_exp = (size_t)moe_num_moe_layers(cfg) * El * moe_expert_numel(cfg);
-    float* all_shared = xmalloc(n_shared * sizeof(float));
-    float* all_experts = xmalloc(n_exp * sizeof(float));
+    float *all_shared = NULL, *all_experts = NULL;
     if (run->setup.checkpoint) {
+        all_shared = xmalloc(n_shared * sizeof(float));
+        all_experts = xmalloc(n_exp * sizeof(float));
         char msg[1024];
         const char* bad = moe_checkpoint_read(run->setup.checkpoint, cfg, all_shared, all_experts, e0, El, msg, sizeof(msg));
         fail_if_any(bad != NULL, bad);
-    } else {
-        moe_init_shared(all_shared, cfg, (uint64_t)run->args.seed);
-        moe_init_experts(all_experts, cfg, e0, El, (uint64_t)run->args.seed);
     }
     for (int c = 0; c < P->v; c++) chunk_create(P, c, fl, all_shared, all_experts);
     P->peak_slots = P->v;  // each chunk's own slot

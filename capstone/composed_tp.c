@@ -107,6 +107,17 @@ static void between_whole(const ExpertModel* m, float* whole, float* shared, flo
     free(tiles);
 }
 
+void expert_tp_init(ExpertModel* m, const GPTConfig* whole, uint64_t seed) {
+    Tile* tiles;
+    int n = slice_tiles(m, m->tp.rank, &tiles);
+    for (int i = 0; i < n; i++) tiles[i].layer += m->cfg.first_layer;  // a chunk's layers in the whole model
+    float* w = xmalloc(m->tp.n * sizeof(float));
+    tp_tiles_fill(whole, tiles, n, 0, m->tp.n, NULL, seed, w, NULL, 0);  // chapter 4's
+    zero_buffer_put(&m->z[ZERO_TP], w);
+    free(w);
+    free(tiles);
+}
+
 void expert_tp_put(ExpertModel* m, const float* whole) {
     float* shared = xmalloc(m->n_shared * sizeof(float));
     float* slices = xmalloc(m->tp.n * sizeof(float));
