@@ -9,8 +9,8 @@
 // main.c's forward and backward run on it unchanged: every ep rank of a
 // stage runs the same list, so the MoE layers' exchanges inside F and B meet
 // in the same order. Without the pipeline a rank's one chunk is chapter 7's
-// model of its share and 1f1b's list is its F, then its B. Why the
-// microbatches change the objective but not with the mesh: expert_pipe_load.
+// model of its share and 1f1b's list is its F, then its B. The objective
+// (the microbatches' mean) depends on m, not on the mesh: expert_pipe_load.
 #ifndef COMPOSED_PIPE_H
 #define COMPOSED_PIPE_H
 
