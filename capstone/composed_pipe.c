@@ -135,10 +135,7 @@ void expert_pipe_run(ExpertPipe* P) {
         moe_step_begin(&m->moe);  // chapter 7's: the exchanges' clocks from here (validation's dropped)
         // the gradients accumulate over the microbatches from zero (--zero 2,
         // 3: no pipeline, and each unit's gradient is zeroed as backward opens it)
-        if (m->zero > 1) continue;
-        mem_zero(m->dshared, m->n_shared * sizeof(float));
-        mem_zero(m->dexperts, m->n_experts * sizeof(float));
-        if (m->tp.tp > 1) mem_zero(m->tp.dw, m->tp.n * sizeof(float));
+        for (ZeroBuffer* z = m->z; m->zero < 2 && z < m->z + m->nz; z++) mem_zero(z->grads, z->n * sizeof(float));
     }
     P->loss_sum = P->aux = 0.0, P->dropped = 0;
     memset(P->routed, 0, (size_t)Lm * E * sizeof(long));
@@ -158,12 +155,9 @@ void expert_pipe_run(ExpertPipe* P) {
 // microbatches: x 1/m. Then the tied wte's two halves summed between the
 // first and the last stage (chapter 5's embedding group).
 void expert_pipe_accumulated(ExpertPipe* P) {
-    for (int c = 0; c < P->v && P->M > 1; c++) {
-        ExpertModel* m = &P->chunk[c].m;
-        ops_scale(m->dshared, m->n_shared, 1.0f / (float)P->M);
-        ops_scale(m->dexperts, m->n_experts, 1.0f / (float)P->M);
-        if (m->tp.tp > 1) ops_scale(m->tp.dw, m->tp.n, 1.0f / (float)P->M);
-    }
+    for (int c = 0; c < P->v && P->M > 1; c++)  // each buffer (--zero 1 too: the gradients are whole)
+        for (ZeroBuffer* z = P->chunk[c].m.z; z < P->chunk[c].m.z + P->chunk[c].m.nz; z++)
+            ops_scale(z->grads, z->n, 1.0f / (float)P->M);
     // chapter 5's sum (the other stages do nothing): the first stage's chunk 0
     // holds the lookup's half, the last stage's last chunk the head's
     ExpertModel* end = &P->chunk[P->stage == 0 ? 0 : P->v - 1].m;
