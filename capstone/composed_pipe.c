@@ -103,10 +103,8 @@ static float forward(ExpertPipe* P, int mb, int c, const int* inputs, const int*
 // B: the gradient of the chunk's output (from the head, or from the stage
 // after), chapter 7's backward of its layers (the exchanges reversed), d of
 // the input back to the stage before. With a split backward (zb) B is the
-// input half: every exchange of the layers stays in it (the MoE
-// all-to-alls, tp's and cp's collectives), and the big matmuls' weight
-// gradients go into the slot's queue with copies of what they read
-// (composed_wgrad.c; the LayerNorms', embeddings' and tied head's stay here).
+// input half (composed_model.h says which part stays in it), the rest into
+// the slot's queue.
 static void backward(ExpertPipe* P, int mb, int c) {
     XpChunk* ch = &P->chunk[c];
     XpSlot* sl = slot_pool_find(&ch->pool, mb);
