@@ -1,11 +1,6 @@
-// composed_pipe.c: the capstone's pipeline (composed_pipe.h), the executor
-// of chapter 5's lists on a rank's chunks for main.c's one training loop:
-// three actions F, B, W over (microbatch, chunk) on chapter 5's links and
-// slot pools. In the order of a step: the slots, the actions, the step's
-// parts main.c calls (the schedule run, the accumulation over the
-// microbatches and the tied embedding, the loss, the record), then the
-// tokens, validation, --sample, the set-up and the end. The gradient
-// groups, the norm and AdamW are main.c's.
+// composed_pipe.c: the capstone's pipeline executor (composed_pipe.h): three
+// actions F, B, W over (microbatch, chunk) on chapter 5's links and slot
+// pools, in the order of a step; the gradient groups, norm and AdamW are main.c's.
 #include "composed_pipe.h"
 
 #include <stdlib.h>
@@ -44,10 +39,9 @@ static XpSlot* chunk_slot_get(ExpertPipe* P, XpChunk* ch, int mb) {
     XpSlot* sl = slot_pool_take(&ch->pool, mb);
     if (sl) return sl;
     sl = xcalloc(1, sizeof(XpSlot));
-    // --recompute: the GPT's activations as the mode keeps them; selective
-    // keeps each MoE layer's routing, plan and rows (their send and
-    // fch_gelu buffers the model's one each), full none: every layer runs
-    // again before its backward in the model's one MoE layer state
+    // --recompute: the GPT's activations as the mode keeps them, and the MoE
+    // layers' state as main.c's moe_block_recompute reads it (full: none of
+    // a slot's own, every layer runs again in the model's one state)
     GPTConfig g = ch->m.cfg.gpt;  // as expert_model_create: no logits without the head
     if (!ch->m.has_head) g.vocab_size = g.padded_vocab_size = 0;
     gpt_acts_create_recompute(&sl->acts, &g, P->b, P->Tr, ch->m.recompute);
@@ -63,10 +57,8 @@ static XpSlot* chunk_slot_get(ExpertPipe* P, XpChunk* ch, int mb) {
 }
 
 // ---------------------------------------------------------------- point to point
-// Chapter 5's (05_pipeline/main.c says why no list that the validator
-// accepts can deadlock): pipe_send, non-blocking from buffers of their own,
-// and pipe_receive: a peer's messages taken in the order it sends them
-// (P->link.in, from its list), each into the slot where it belongs.
+// Chapter 5's pipe_send and pipe_receive (pipeline.h; 05_pipeline/main.c says
+// why no list that the validator accepts can deadlock).
 
 // Where a message goes: an activation into the slot of (mb, chunk c), taken
 // now if it came before its F; a gradient into the slot its F took.
@@ -111,10 +103,8 @@ static float forward(ExpertPipe* P, int mb, int c, const int* inputs, const int*
 // B: the gradient of the chunk's output (from the head, or from the stage
 // after), chapter 7's backward of its layers (the exchanges reversed), d of
 // the input back to the stage before. With a split backward (zb) B is the
-// input half: every exchange of the layers stays in it (the MoE
-// all-to-alls, tp's and cp's collectives), and the big matmuls' weight
-// gradients go into the slot's queue with copies of what they read
-// (composed_wgrad.c; the LayerNorms', embeddings' and tied head's stay here).
+// input half (composed_model.h says which part stays in it), the rest into
+// the slot's queue.
 static void backward(ExpertPipe* P, int mb, int c) {
     XpChunk* ch = &P->chunk[c];
     XpSlot* sl = slot_pool_find(&ch->pool, mb);
@@ -143,10 +133,7 @@ void expert_pipe_run(ExpertPipe* P) {
         moe_step_begin(&m->moe);  // chapter 7's: the exchanges' clocks from here (validation's dropped)
         // the gradients accumulate over the microbatches from zero (--zero 2,
         // 3: no pipeline, and each unit's gradient is zeroed as backward opens it)
-        if (m->zero > 1) continue;
-        mem_zero(m->dshared, m->n_shared * sizeof(float));
-        mem_zero(m->dexperts, m->n_experts * sizeof(float));
-        if (m->tp.tp > 1) mem_zero(m->tp.dw, m->tp.n * sizeof(float));
+        for (ZeroBuffer* z = m->z; m->zero < 2 && z < m->z + m->nz; z++) mem_zero(z->grads, z->n * sizeof(float));
     }
     P->loss_sum = P->aux = 0.0, P->dropped = 0;
     memset(P->routed, 0, (size_t)Lm * E * sizeof(long));
@@ -166,12 +153,9 @@ void expert_pipe_run(ExpertPipe* P) {
 // microbatches: x 1/m. Then the tied wte's two halves summed between the
 // first and the last stage (chapter 5's embedding group).
 void expert_pipe_accumulated(ExpertPipe* P) {
-    for (int c = 0; c < P->v && P->M > 1; c++) {
-        ExpertModel* m = &P->chunk[c].m;
-        ops_scale(m->dshared, m->n_shared, 1.0f / (float)P->M);
-        ops_scale(m->dexperts, m->n_experts, 1.0f / (float)P->M);
-        if (m->tp.tp > 1) ops_scale(m->tp.dw, m->tp.n, 1.0f / (float)P->M);
-    }
+    for (int c = 0; c < P->v && P->M > 1; c++)  // each buffer (--zero 1 too: the gradients are whole)
+        for (ZeroBuffer* z = P->chunk[c].m.z; z < P->chunk[c].m.z + P->chunk[c].m.nz; z++)
+            ops_scale(z->grads, z->n, 1.0f / (float)P->M);
     // chapter 5's sum (the other stages do nothing): the first stage's chunk 0
     // holds the lookup's half, the last stage's last chunk the head's
     ExpertModel* end = &P->chunk[P->stage == 0 ? 0 : P->v - 1].m;
@@ -179,31 +163,27 @@ void expert_pipe_accumulated(ExpertPipe* P) {
                             param_tensor_numel(&P->cfg.gpt, P_WTE));
 }
 
-// At pp = 1 the exchanges over pp are over one rank: they leave every value as it is.
-double expert_pipe_loss(ExpertPipe* P) {
+// The step's statistics, told over pp (at pp = 1 over one rank: every value
+// as it is): each stage holds its own MoE layers' (host integers and
+// doubles: plain MPI), and only the last stage saw the loss. At m = 1 and one
+// chunk they are chapter 7's record's bits (0.0 + aux and aux / 1 are aux).
+// Each chunk's exchanges' clocks go to its timed totals by chapter 7's
+// moe_step_record (the fields are the pipeline's, below); the summary's
+// a2a_hidden_share is chunk 0's.
+double expert_pipe_record(ExpertPipe* P, TrainLoop* loop, int step) {
     int E = P->cfg.experts, Lm = moe_num_moe_layers(&P->cfg);
-    // the routing statistics of every MoE layer: each stage holds its own
-    // layers' (host integers and doubles: plain MPI over pp)
     MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, &P->aux, 1, MPI_DOUBLE, MPI_SUM, P->link.pp->mpi));
     MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, &P->dropped, 1, MPI_LONG, MPI_SUM, P->link.pp->mpi));
     MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, P->routed, Lm * E, MPI_LONG, MPI_SUM, P->link.pp->mpi));
-    // only the last stage saw the loss: it tells its pipeline
     double loss = P->stage == P->pp - 1 ? P->loss_sum / P->M : 0.0;
     MPI_CHECK(MPI_Bcast(&loss, 1, MPI_DOUBLE, P->pp - 1, P->link.pp->mpi));
-    return loss;
-}
-
-// The step's statistics (at m = 1 and one chunk, chapter 7's record's bits:
-// 0.0 + aux and aux / 1 are aux). Each chunk's exchanges' clocks go to its
-// timed totals by chapter 7's moe_step_record (the fields are the
-// pipeline's, below); the summary's a2a_hidden_share is chunk 0's.
-void expert_pipe_record(ExpertPipe* P, TrainLoop* loop, int step) {
     for (int c = 0; c < P->v; c++) moe_step_record(&P->chunk[c].m.moe, loop, step, NULL);
     JsonBuf* fields = &loop->step_extra;
     P->dropped_total += P->dropped;
     json_add_double(fields, "aux_loss", P->aux / P->M, "%.7f");  // the mean over the microbatches
     json_add_int(fields, "dropped", P->dropped);
-    json_add_long_matrix(fields, "expert_tokens", P->routed, moe_num_moe_layers(&P->cfg), P->cfg.experts);
+    json_add_long_matrix(fields, "expert_tokens", P->routed, Lm, E);
+    return loss;
 }
 
 // ---------------------------------------------------------------- the tokens
@@ -311,14 +291,11 @@ void expert_pipe_create(ExpertPipe* P, Run* run, ExpertFlags* fl, const MoeConfi
                         ExpertBackward backward, Ckpt* ck) {
     memset(P, 0, sizeof(*P));
     P->forward = forward, P->backward = backward;
-    const TrainArgs* args = &run->args;
-    const TrainSetup* setup = &run->setup;
-    const Mesh* mesh = &run->mesh;
     expert_stage_create(P, run, fl, cfg);
     print_setup(P, run);
-    expert_stage_show_sharding(P, args->show_sharding);  // --show-sharding
+    expert_stage_show_sharding(P, run->args.show_sharding);
     // --ckpt-dir, --resume: this rank's slices, from whatever mesh saved them
-    ckpt_init(ck, args, setup, mesh, 7);
+    ckpt_init(ck, &run->args, &run->setup, &run->mesh, 7);
     expert_stage_ckpt(ck, P);
     ckpt_resume(ck);
 }

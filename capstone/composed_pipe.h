@@ -4,28 +4,13 @@
 // state, checkpoints, --save, --show-sharding), composed_pipe.c runs the
 // schedule's lists on them for main.c's one training loop.
 //
-// The layers are cut into S = pp x v virtual stages of L / S layers each
-// (chapter 5's split, even here); chunk c of pp rank r is virtual stage
-// k = c pp + r. Each chunk is an ExpertModel of its own layers, so
-// main.c's forward and backward run unchanged on it: the MoE layers'
-// all-to-all over ep happens inside F and B, and every ep rank of a stage
-// runs the same list of actions, so their exchanges meet in the same order.
-// With --schedule zb, B is the input half (every exchange still in it) and W
-// the weight gradients B queued (composed_wgrad.c). Virtual stage 0 embeds
-// the tokens; the last runs the head with a tied copy of wte whose gradient
-// is summed with stage 0's (chapter 5's embedding group). Without the
-// pipeline (pp = 1, no --microbatches, --virtual) it is a pipeline of one
-// stage and one microbatch: a rank's one chunk is chapter 7's model of its
-// share, and 1f1b's list is its F, then its B. Nothing else differs.
-//
-// The microbatches: a step's batch runs in m microbatches, each a slice of
-// the global batch split over the dp x ep ranks (with --cp, T/cp positions
-// of each sequence on a cp rank), and the gradients accumulate over them.
-// One MoE layer call sees one microbatch: its load-balancing loss and its
-// capacity are over that microbatch's tokens. So the objective is the mean
-// over the microbatches of (LM loss + aux_coef aux), which depends on m but
-// not on the mesh: the capstone on one rank with the same --microbatches is
-// the reference.
+// Chunk c of pp rank r is virtual stage c pp + r of S = pp x v, an
+// ExpertModel of its L / S layers (chapter 5's split, even here), so
+// main.c's forward and backward run on it unchanged: every ep rank of a
+// stage runs the same list, so the MoE layers' exchanges inside F and B meet
+// in the same order. Without the pipeline a rank's one chunk is chapter 7's
+// model of its share and 1f1b's list is its F, then its B. The objective
+// (the microbatches' mean) depends on m, not on the mesh: expert_pipe_load.
 #ifndef COMPOSED_PIPE_H
 #define COMPOSED_PIPE_H
 
@@ -117,11 +102,10 @@ void expert_pipe_run(ExpertPipe* P);
 // x 1/m over the microbatches; with pp > 1 the tied wte's halves summed
 // between the first and the last stage.
 void expert_pipe_accumulated(ExpertPipe* P);
-// The step's LM loss (the microbatches' mean, told by the last stage) and
-// the routing statistics summed over the stages.
-double expert_pipe_loss(ExpertPipe* P);
-// The step record's aux_loss, dropped, expert_tokens.
-void expert_pipe_record(ExpertPipe* P, TrainLoop* loop, int step);
+// The routing statistics summed over the stages, the step record's
+// aux_loss, dropped, expert_tokens; returns the step's LM loss (the
+// microbatches' mean, told by the last stage).
+double expert_pipe_record(ExpertPipe* P, TrainLoop* loop, int step);
 // TrainLoopSpec.val_loss (ctx: the ExpertPipe).
 float expert_pipe_val_loss(void* ctx, const TrainSetup* setup, int n_batches);
 // The summary's fields (the traffic, a2a_hidden_share; the schedule's with the pipeline).

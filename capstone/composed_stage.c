@@ -270,8 +270,8 @@ void expert_stage_show_sharding(const ExpertPipe* P, int show) {
     if (!show) return;
     ShardTable* t = xcalloc(1, sizeof(ShardTable));
     const ExpertModel* m0 = &P->chunk[0].m;
-    const char* pp = P->pp > 1 ? "pp" : "-";  // an axis of one rank keeps the dimension whole
-    char name[96], slice[96], chunk[24], spec[48];  // fit any int
+    int pp = P->pp > 1;  // an axis of one rank keeps the dimension whole: "-"
+    char name[96], slice[96], chunk[24];  // fit any int
     for (int c = 0; c < P->v; c++) {
         const XpChunk* ch = &P->chunk[c];
         const ExpertModel* m = &ch->m;
@@ -282,18 +282,17 @@ void expert_stage_show_sharding(const ExpertPipe* P, int show) {
         snprintf(name, sizeof(name), "%sGPT + routers", chunk);
         snprintf(slice, sizeof(slice), "layers %d..%d%s%s", ch->first, last, m->embeds ? ", embedding" : "",
                  m->has_head ? ", head" : "");
-        snprintf(spec, sizeof(spec), "(%s, -)", pp);
-        zero_buffer_sharding(t, &m->z[ZERO_SHARED], name, "", spec, "batch", slice);
+        zero_buffer_sharding(t, &m->z[ZERO_SHARED], name, "", pp ? "(pp, -)" : "(-, -)", "batch", slice);
         snprintf(name, sizeof(name), "%sexperts", chunk);
         snprintf(slice, sizeof(slice), "experts %d..%d of %d", m->e0, m->e0 + m->E_local - 1, m->cfg.experts);
-        snprintf(spec, sizeof(spec), "(%s, ep, -)", pp);
-        zero_buffer_sharding(t, &m->z[ZERO_EXPERTS], name, "(Lm, E, ...)", spec, "dpcp", slice);
+        zero_buffer_sharding(t, &m->z[ZERO_EXPERTS], name, "(Lm, E, ...)", pp ? "(pp, ep, -)" : "(-, ep, -)", "dpcp",
+                             slice);
         if (m->tp.tp > 1) {  // qkvw, qkvb by rows (my heads' q, k, v), attprojw by columns; a dense fc likewise
             int h0 = m->tp.rank * NH / m->tp.tp, h1 = (m->tp.rank + 1) * NH / m->tp.tp - 1;
             snprintf(name, sizeof(name), "%sqkv, attproj%s", chunk, m->cfg.moe_every > 1 ? ", fc, fcproj" : "");
             snprintf(slice, sizeof(slice), "layers %d..%d, heads %d..%d", ch->first, last, h0, h1);
-            snprintf(spec, sizeof(spec), "(%s, tp, -)", pp);
-            zero_buffer_sharding(t, &m->z[ZERO_TP], name, "(L, ...)", spec, "dpcpep", slice);
+            zero_buffer_sharding(t, &m->z[ZERO_TP], name, "(L, ...)", pp ? "(pp, tp, -)" : "(-, tp, -)", "dpcpep",
+                                 slice);
         }
     }
     for (int c = 0; c < P->v; c++)

@@ -1,25 +1,11 @@
-// The capstone: chapter 7's mixture-of-experts GPT trained on every axis at once.
-//
-// Chapter 7's program before it became the MoE lesson alone (issue 42): chapter 7's model
-// and MoE layer (07_expert/moe.h), dp and ep as there, with chapter 6's context parallelism,
-// tensor parallelism and chapter 5's pipeline composed around them. It trains chapter 7's
-// model, so its summaries and checkpoints say chapter 7: a checkpoint of chapter 0 or 7
-// resumes here on any mesh, and the capstone's there, wherever the model is the same.
+// The capstone: chapter 7's mixture-of-experts GPT trained on every axis at once
+// (dp, tp with sequence parallelism, pp, cp, ep, ZeRO) by the chapters' own modules;
+// this file is its step, in the order it runs (the map of capstone/: composed_model.h;
+// the lesson: docs/capstone.md; the flags: --help). It trains chapter 7's model, so its
+// summaries and checkpoints say chapter 7: a checkpoint of chapter 0 or 7 resumes here
+// on any mesh, and the capstone's there, wherever the model is the same.
 //
 //   mpirun -np 16 build/capstone --dp 2 --tp 2 --cp 2 --ep 2 --experts 4 --top-k 2
-//
-// --cp N: chapter 6's context parallelism; a share's cp ranks hold T/cp positions of its
-// sequences, attention meets the others' keys and values (composed_attention.c); the rest is per
-// token. --tp N: tensor parallelism with sequence parallelism: a tp rank holds B/tp of a
-// share's sequences, attention is split by heads (composed_attention.c). --pp N: chapter 5's stages
-// run this forward and backward, tp, cp, ep and dp inside; main's one loop runs every
-// mesh, the schedule's actions executed by composed_pipe.c.
-//
-// Each MoE layer is chapter 7's (07_expert/moe_layer.c: route, count, dispatch, experts,
-// combine over ep, --ep-overlap chunks; backward the two exchanges reversed), inside
-// the attention half this program composes (moe_block_forward). Gradients go to three
-// groups (reduce_gradients; --zero 1 shards the AdamW moments over each, 2
-// the gradients too, 3 the parameters: zero_buffer.h). Flags: composed_model.c.
 #include <stdlib.h>
 
 #include "memory.h"
@@ -224,9 +210,9 @@ int main(int argc, char** argv) {
         expert_pipe_run(&P);
         reduce_gradients(&P);  // the replicated parameters, the experts, the tp slices: three groups
         float norm = clip_and_step(&P, args, step);
-        // the language-model loss of the global batch (a host scalar: plain MPI)
-        float loss = (float)train_mean(batch, expert_pipe_loss(&P));  // dp x cp x ep: equal token counts
-        expert_pipe_record(&P, &loop, step);  // the record's aux_loss, dropped, expert_tokens
+        // the record's aux_loss, dropped, expert_tokens; the language-model loss of
+        // the global batch (a host scalar: plain MPI), dp x cp x ep: equal token counts
+        float loss = (float)train_mean(batch, expert_pipe_record(&P, &loop, step));
         train_loop_step(&loop, step, loss, norm);
     }
     JsonBuf summary = {0};
