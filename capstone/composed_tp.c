@@ -150,31 +150,20 @@ float* expert_tp_whole(const ExpertModel* m, const float* shared, const float* s
 }
 
 // Local layers [l0, l0 + n) of my slices (data: layer l0's first float) as
-// checkpoint slices of the global tensors (moe.h's table: a block tensor's
-// id is its ParamTensor, a dense layer's MLP indexed among the dense layers,
-// in the dense form by its layer). A tile of whole rows is one run, the q,
-// k and v tiles of one tensor one slice of three runs, a tile of columns a
-// run in each of its rows.
+// checkpoint slices of the global tensors, by chapter 4's tp_tiles_ckpt_add
+// once each tile names the layer moe.h's table indexes: a block tensor's
+// id is its ParamTensor, a dense layer's MLP indexed among the dense layers
+// (in the dense form by its layer).
 void expert_tp_ckpt_add(CkptList* out, const ExpertModel* m, CkptKind kind, int l0, int n, float* data) {
     const MoeConfig* c = &m->cfg;
     Tile* tiles;
-    int nt = slice_tiles(m, m->tp.rank, &tiles), k;
-    size_t first = moe_tp_offset(c, l0, m->tp.tp);
-    for (int i = 0; i < nt; i += k) {
-        const Tile* t = &tiles[i];
-        for (k = 1; i + k < nt && tiles[i + k].t == t->t && tiles[i + k].layer == t->layer; k++) {}
-        if (t->layer < l0 || t->layer >= l0 + n) continue;
-        size_t rows, cols, layer = (size_t)(c->first_layer + t->layer);
-        param_tensor_shape(&c->gpt, t->t, &rows, &cols);
-        if (t->t >= P_FCW && !moe_ckpt_dense(c)) layer -= layer / (size_t)c->moe_every;  // its dense index
-        CkptSlice s = {.kind = kind, .tensor = t->t, .start = (layer * rows + t->row0) * cols + t->col0,
-                       .len = t->ncols, .stride = cols, .count = t->nrows, .data = data + t->off - first};
-        if (t->ncols == cols) {  // whole rows
-            s.len = t->nrows * cols, s.count = (size_t)k;
-            s.stride = k > 1 ? (tiles[i + 1].row0 - t->row0) * cols : s.len;
-        }
-        ckpt_add(out, s);
+    int nt = slice_tiles(m, m->tp.rank, &tiles);
+    for (int i = 0; i < nt; i++) {
+        int layer = c->first_layer + tiles[i].layer;
+        tiles[i].layer = tiles[i].t >= P_FCW && !moe_ckpt_dense(c) ? layer - layer / c->moe_every : layer;
     }
+    tp_tiles_ckpt_add(out, &c->gpt, tiles, nt, kind, moe_tp_offset(c, l0, m->tp.tp), moe_tp_offset(c, l0 + n, m->tp.tp),
+                      data, 0);
     free(tiles);
 }
 
