@@ -143,18 +143,13 @@ void expert_dense_forward(ExpertModel* m, int l, const BlockParams* p) {
 }
 
 // acts.dres: d res3 on entry, d x on return; the MLP's weight gradients,
-// then the attention half's, at once or (zb) queued for W. At cp = tp = 1
-// model.c's block, unless split (it computes its weight gradients inside);
-// else --recompute makes what it dropped again first, as model.h's blocks
-// do: selective gelu(fch) (attention kept its lse, no probabilities), full
+// then the attention half's, at once or (zb) queued for W (at cp = tp = 1
+// the same ops as model.c's block, so the same bits). --recompute makes
+// what it dropped again first, as model.h's blocks do: selective gelu(fch) (attention kept its lse, no probabilities), full
 // the whole layer into the transient (its attention's exchanges too: the
 // ring or all-to-alls, tp's all-gather and reduce-scatter).
 void expert_dense_backward(ExpertModel* m, int l, const BlockParams* p, BlockParams* g) {
     const GPTConfig* cfg = &m->cfg.gpt;
-    if (m->cp.sh.cp == 1 && m->tp.tp == 1 && !m->split) {
-        gpt_block_backward(&m->acts, cfg, l, p, g, m->B, m->T);
-        return;
-    }
     const int N = m->N, C = cfg->channels;
     double t0 = trace_start();
     BlockActs a = expert_block_acts(m, l);

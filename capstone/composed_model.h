@@ -157,12 +157,12 @@ void expert_model_free(ExpertModel* m);
 void expert_attention_forward(ExpertModel* m, int l, const BlockParams* p, BlockActs* a, const float* x);
 void expert_attention_backward(ExpertModel* m, int l, const BlockParams* p, BlockParams* g, const BlockActs* a,
                                const BlockScratch* s, const float* x, const float* dln2, float* dres);
-// A dense layer (--moe-every > 1): model.h's block at cp = tp = 1 (and not
-// split), else the attention half and the dense MLP on my rows (backward:
-// acts.dres from d res3 to d x).
+// A dense layer (--moe-every > 1): the attention half above and the dense
+// MLP (model.h's, with --tp chapter 6's) on my rows (backward: acts.dres
+// from d res3 to d x).
 void expert_dense_forward(ExpertModel* m, int l, const BlockParams* p);
 void expert_dense_backward(ExpertModel* m, int l, const BlockParams* p, BlockParams* g);
-// The cp state and a dense layer's MLP gradients (m->N, m->cfg, m->cp.sh set).
+// The cp state (m->N, m->cfg, m->cp.sh set).
 void expert_cp_create(ExpertModel* m);
 void expert_cp_free(ExpertModel* m);
 
@@ -196,8 +196,7 @@ void expert_tp_free(ExpertModel* m);
 // a dense MLP's, the router's, the experts') go to a queue
 // (common/wgrad_queue.h) with copies of their rows, and W runs it. The
 // LayerNorms', embeddings' and tied head's stay in B.
-// expert_wgrad_enable: a chunk of a split schedule (a
-// dense layer then takes the composed backward at cp = tp = 1 too).
+// expert_wgrad_enable: a chunk of a split schedule.
 // expert_wgrad_create: a (microbatch, chunk)'s queue, sized for every
 // deferred matmul's copies (the experts' at their most rows R); W runs it
 // with wgrad_queue_run. expert_wgrad: layer l's WeightGradHook (model.h):
