@@ -17,14 +17,14 @@
 
 // ---------------------------------------------------------------- slots
 
-// The slot of (mb, chunk) (chapter 5's SlotPool): the one taken, else a
-// free one, else a new one (composed_build.c's expert_slot_create, beside
-// the first: --recompute full shares its layer state), so the peak of
-// slots made is the peak in flight.
+// The slot of (mb, chunk) (chapter 5's SlotPool, as its slot_get): the one
+// taken, else a free one, else a new one (composed_build.c's
+// expert_slot_create; --recompute full: sharing the first's layer state),
+// so the peak of slots made is the peak in flight.
 static ExpertSlot* chunk_slot_get(ExpertPipe* P, XpChunk* ch, int mb) {
     ExpertSlot* sl = slot_pool_take(&ch->pool, mb);
     if (sl) return sl;
-    sl = expert_slot_create(&ch->m, ch->pool.s[0]);
+    sl = expert_slot_create(&ch->m, ch->pool.n ? ch->pool.s[0] : NULL);
     slot_pool_add(&ch->pool, sl, mb);
     int total = 0;
     for (int c = 0; c < P->v; c++) total += P->chunk[c].pool.n;

@@ -29,7 +29,7 @@ typedef struct {
     int vstage, first, moe0, n_moe;  // its virtual stage, first layer, first MoE layer, MoE layers
     Piece piece[4];  // chapter 5's: its ranges of the whole model's replicated buffer (chunk_pieces)
     int n_pieces;
-    SlotPool pool;   // chapter 5's: which ExpertSlot holds which microbatch; slot 0 made with the chunk
+    SlotPool pool;   // chapter 5's: which ExpertSlot holds which microbatch, made as the list needs them
 } XpChunk;
 
 typedef struct {

@@ -51,7 +51,7 @@ static int chunk_pieces(Piece* piece, const MoeConfig* whole, const MoeConfig* l
 
 // Chunk c: virtual stage k = c pp + stage, layers [k L/S, (k+1) L/S), an
 // ExpertModel of them (so of B/(dp ep tp m) sequences), its pieces of the
-// whole model and its first slot.
+// whole model and its pool of slots.
 // Its values: --model FILE's (all_shared: moe.h's layout at tp = 1;
 // all_experts: this ep rank's), piece by piece in that layout (the rest
 // zero), which the model cuts into its buffers (with --tp, expert_tp_put:
@@ -92,10 +92,7 @@ static void chunk_create(ExpertPipe* P, int c, const ExpertFlags* fl, const floa
     }
     expert_model_units(m);  // --zero: the engines take the values
     m->split = P->sched.split_backward;  // zb: B and W (composed_wgrad.c)
-    m->slot = expert_slot_create(m, NULL);  // the first slot (composed_pipe.c makes more as the list needs)
-    slot_pool_create(&ch->pool, P->M);  // at most every microbatch in flight
-    slot_pool_add(&ch->pool, m->slot, -1);
-    slot_pool_give(&ch->pool, -1);
+    slot_pool_create(&ch->pool, P->M);  // at most every microbatch in flight (composed_pipe.c makes them)
     // the last stage's copy of wte: its gradient is stage 0's, counted there in the norm
     if (head && !embeds) ch->m.z[ZERO_SHARED].tied = param_tensor_numel(&P->cfg.gpt, P_WTE);
 }
@@ -132,7 +129,6 @@ void expert_stage_create(ExpertPipe* P, Run* run, ExpertFlags* fl, const MoeConf
         fail_if_any(bad != NULL, bad);
     }
     for (int c = 0; c < P->v; c++) chunk_create(P, c, fl, all_shared, all_experts);
-    P->peak_slots = P->v;  // each chunk's own slot
     free(all_shared);
     free(all_experts);
     P->total = n_shared + (size_t)moe_num_moe_layers(cfg) * cfg->experts * moe_expert_numel(cfg);
