@@ -39,16 +39,14 @@ typedef struct {
 } ExpertCP;
 
 // What one (microbatch, chunk) keeps from its forward to its backward (zb:
-// to its W), one type for the model's first slot and every further one
-// (expert_slot_create, composed_build.c): the GPT's activations as
-// --recompute keeps them (the chunk's input in acts.encoded, the output's
-// gradient in acts.dres), each MoE layer's routing, plan and rows, with
-// --cp each layer's log-sum-exp (the attention's backward needs nothing
-// else of the softmax; Ulysses' its head shard's q, k, v and output over
-// whole sequences too), with zb the queue its B fills for its W. --recompute
-// full keeps only the block inputs and makes each layer again before its
-// backward: one layer's MoE and cp state then, the first slot's, which
-// every slot of the chunk shares.
+// to its W), one type for every slot (expert_slot_create): the GPT's
+// activations as --recompute keeps them (the chunk's input in acts.encoded,
+// the output's gradient in acts.dres), each MoE layer's routing, plan and
+// rows, with --cp each layer's log-sum-exp (the attention's backward needs
+// nothing else of the softmax; Ulysses' its head shard's q, k, v and output
+// too), with zb the queue its B fills for W. --recompute full keeps only the
+// block inputs and makes each layer again just before its backward: one
+// layer's MoE and cp state then, the first slot's, shared by every slot.
 typedef struct {
     GPTActs acts;
     MoeLayer* layers;          // (Lm, or full 1) chapter 7's, as moe_model_layer indexes them
