@@ -12,8 +12,8 @@
 // why). --cp: between qkv and attproj, chapter 6's ring or Ulysses over the
 // cp group (context.c, in its CPBuffers), without its --cp-overlap 0 and
 // attention clock, which the capstone does not measure; what stays here is
-// which layer's state each call reads and writes (--recompute) and the
-// buffers. Without either, chapter 7's own attention half (moe.h).
+// which layer's state of the slot each call reads and writes (--recompute).
+// Without either, chapter 7's own attention half (moe.h).
 #include "composed_model.h"
 #include "memory.h"
 #include "sequence.h"  // chapter 6's Megatron attention and MLP halves: --tp
@@ -30,15 +30,16 @@ static CPAttention over_cp(ExpertModel* m) {
                            &m->cp.buf);
 }
 
-// Layer l's kept ring / Ulysses state (expert_cp_create) in chapter 6's
-// LayerActs (context.h; its a unused): each layer's own, or one for every
-// layer where --recompute full makes the whole layer's forward again
-// before its backward. Neither keeps probabilities: selective has nothing
-// of attention to redo.
+// Layer l's kept ring / Ulysses state (the slot's, expert_slot_create) in
+// chapter 6's LayerActs (context.h; its a unused): each layer's own, or one
+// for every layer where --recompute full makes the whole layer's forward
+// again before its backward. Neither keeps probabilities: selective has
+// nothing of attention to redo.
 static LayerActs kept(const ExpertModel* m, int l) {
+    const ExpertSlot* s = m->slot;
     size_t i = m->recompute == RECOMPUTE_FULL ? 0 : (size_t)l, NC = (size_t)m->N * m->cfg.gpt.channels;
-    LayerActs k = {.lse = m->cp.lse + i * m->N * m->cfg.gpt.num_heads};
-    if (m->cp.qkv_h) k.qkv_h = m->cp.qkv_h + i * 3 * NC, k.y_h = m->cp.y_h + i * NC;
+    LayerActs k = {.lse = s->lse + i * m->N * m->cfg.gpt.num_heads};
+    if (s->qkv_h) k.qkv_h = s->qkv_h + i * 3 * NC, k.y_h = s->y_h + i * NC;
     return k;
 }
 
@@ -129,7 +130,7 @@ void expert_attention_backward(ExpertModel* m, int l, const BlockParams* p, Bloc
 // rows of 4C).
 static void dense_forward(ExpertModel* m, int l, const BlockParams* p, BlockActs* a) {
     const int N = m->N, C = m->cfg.gpt.channels;
-    expert_attention_forward(m, l, p, a, gpt_acts_block_input(&m->acts, &m->cfg.gpt, l, m->B, m->T));
+    expert_attention_forward(m, l, p, a, gpt_acts_block_input(&m->slot->acts, &m->cfg.gpt, l, m->B, m->T));
     if (m->tp.tp > 1) sp_mlp_forward(m->tp.tpc, p, a, m->tp.full, N, C);  // (N, C) my rows
     else mlp_forward(p, a, N, C);
     residual_forward(a->res3, a->res2, a->fcproj, (size_t)N * C);
@@ -145,9 +146,10 @@ void expert_dense_forward(ExpertModel* m, int l, const BlockParams* p) {
 // acts.dres: d res3 on entry, d x on return; the MLP's weight gradients,
 // then the attention half's, at once or (zb) queued for W (at cp = tp = 1
 // the same ops as model.c's block, so the same bits). --recompute makes
-// what it dropped again first, as model.h's blocks do: selective gelu(fch) (attention kept its lse, no probabilities), full
-// the whole layer into the transient (its attention's exchanges too: the
-// ring or all-to-alls, tp's all-gather and reduce-scatter).
+// what it dropped again first, as model.h's blocks do: selective
+// gelu(fch) (attention kept its lse, no probabilities), full the whole
+// layer into the transient (its attention's exchanges too: the ring or
+// all-to-alls, tp's all-gather and reduce-scatter).
 void expert_dense_backward(ExpertModel* m, int l, const BlockParams* p, BlockParams* g) {
     const GPTConfig* cfg = &m->cfg.gpt;
     const int N = m->N, C = cfg->channels;
@@ -158,13 +160,13 @@ void expert_dense_backward(ExpertModel* m, int l, const BlockParams* p, BlockPar
         if (m->recompute == RECOMPUTE_SELECTIVE) {
             gelu_forward(a.fch_gelu, a.fch, (size_t)N * 4 * C);
         } else {
-            a = block_acts_at(m->acts.transient, m->B, m->T, C, cfg->num_heads);
+            a = block_acts_at(m->slot->acts.transient, m->B, m->T, C, cfg->num_heads);
             dense_forward(m, l, p, &a);
         }
         trace_compute(t1, "block %d recompute", l);
     }
-    BlockScratch s = gpt_acts_scratch(&m->acts, cfg);
-    float* dres = m->acts.dres;
+    BlockScratch s = gpt_acts_scratch(&m->slot->acts, cfg);
+    float* dres = m->slot->acts.dres;
     WeightGradHook wg = expert_wgrad(m, l);
     if (m->tp.tp > 1) {
         // chapter 6's; fcprojb's gradient over my rows (the batch group's
@@ -176,33 +178,6 @@ void expert_dense_backward(ExpertModel* m, int l, const BlockParams* p, BlockPar
         weight_grad(&wg, NULL, g->fcprojb, dres, NULL, N, C, C);
     } else
         mlp_backward(p, g, &a, m->dln2, dres, s.dfch_gelu, s.dfch, N, C, &wg);
-    expert_attention_backward(m, l, p, g, &a, &s, gpt_acts_block_input(&m->acts, cfg, l, m->B, m->T), m->dln2, dres);
+    expert_attention_backward(m, l, p, g, &a, &s, gpt_acts_block_input(&m->slot->acts, cfg, l, m->B, m->T), m->dln2, dres);
     trace_compute(t0, "block %d backward", l);
-}
-
-// ---------------------------------------------------------------- buffers
-
-void expert_cp_create(ExpertModel* m) {
-    ExpertCP* cp = &m->cp;
-    const int C = m->cfg.gpt.channels, NH = m->cfg.gpt.num_heads, L = m->cfg.gpt.num_layers;
-    const size_t NC = (size_t)m->N * C;
-    if (cp->sh.cp == 1) return;
-    // with --tp the attention's N tp rows of 1/tp of the channels and heads:
-    // the same floats as my N rows of all of them. Each layer's state, or
-    // one layer's where --recompute full makes it again (kept above)
-    const size_t Lf = m->recompute == RECOMPUTE_FULL ? 1 : (size_t)L;
-    cp->lse = mem_alloc_floats(Lf * m->N * NH, MEM_ACTIVATIONS);
-    if (cp->mode == CP_ULYSSES) {  // the head shard's q|k|v and output over whole sequences, per layer
-        cp->qkv_h = mem_alloc_floats(Lf * 3 * NC, MEM_ACTIVATIONS);
-        cp->y_h = mem_alloc_floats(Lf * NC, MEM_ACTIVATIONS);
-    }
-    cp_buffers_create(&cp->buf, cp->mode, m->N, C, NH);  // chapter 6's: the ring's or the all-to-all's
-}
-
-void expert_cp_free(ExpertModel* m) {
-    ExpertCP* cp = &m->cp;
-    float* bufs[] = {cp->lse, cp->qkv_h, cp->y_h};
-    for (size_t i = 0; i < sizeof bufs / sizeof *bufs; i++)
-        if (bufs[i]) mem_free(bufs[i]);
-    cp_buffers_free(&cp->buf);
 }

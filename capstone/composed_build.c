@@ -1,8 +1,9 @@
 // composed_build.c: a rank's (or a pipeline chunk's) model built from its
 // parameters' values and freed (composed_model.h): the one place that puts
 // every axis's buffers together, the replicated and expert buffers with
-// --zero (chapter 3's zero_buffer.h), the tp slices (composed_tp.c), the cp state
-// (composed_attention.c) and chapter 7's MoE layers (07_expert/moe_layer.c).
+// --zero (chapter 3's zero_buffer.h), the tp slices (composed_tp.c), chapter
+// 6's cp buffers and chapter 7's MoE engine (07_expert/moe_layer.c), and the
+// slots: what a microbatch keeps.
 // Above them all, so none of them calls back into it.
 #include "composed_model.h"
 
@@ -87,10 +88,10 @@ void expert_model_create(ExpertModel* m, const MoeConfig* cfg, const ExpertFlags
     zero_buffer_alloc(&m->z[ZERO_EXPERTS], m->zero, m->dpcp, m->n_experts, &m->experts, &m->dexperts, &m->m_e, &m->v_e);
     expert_tp_create(m, run);  // --tp: my slices of the split tensors, the all-gather buffers
     m->nz = ntp > 1 ? 3 : 2;
-    GPTConfig acts_cfg = cfg->gpt;  // without the head, no logits (a pipeline stage's)
-    if (!has_head) acts_cfg.vocab_size = acts_cfg.padded_vocab_size = 0;
-    gpt_acts_create_recompute(&m->acts, &acts_cfg, B, m->T, recompute);
-    expert_cp_create(m);
+    // --cp: chapter 6's ring or all-to-all buffers, one layer's scratch (with
+    // --tp the attention's N tp rows of 1/tp of the channels and heads: the
+    // same floats as my N rows of all of them)
+    if (ncp > 1) cp_buffers_create(&m->cp.buf, m->cp.mode, N, C, cfg->gpt.num_heads);
     // the MoE layers: chapter 7's engine over ep. Capacity keeps the first
     // slots in the global batch's order, cut into blocks: a run of len
     // positions of one sequence held by one cp rank (ring.h), nb per
@@ -107,24 +108,55 @@ void expert_model_create(ExpertModel* m, const MoeConfig* cfg, const ExpertFlags
     moe_parallel_create(&m->moe, &spec);
     free(row_block);
     // --schedule zb: the router's and the experts' weight gradients go to
-    // this chunk's queue (expert_wgrad: at once when no queue is set)
+    // the slot's queue (expert_wgrad: at once when not split)
     m->moe.wgrad = (WeightGradHook){expert_wgrad_hook, m, 0};
-    // --recompute full: one MoE layer's state, reused by every layer (each
-    // layer's forward runs again before its backward)
-    m->layers = moe_layers_create(&m->moe, recompute == RECOMPUTE_FULL ? 1 : Lm);
     m->dln2 = mem_alloc_floats((size_t)N * C, MEM_ACTIVATIONS);
     m->rows_host = mem_alloc_host((size_t)N * 2 * sizeof(int));
 }
 
 void expert_model_free(ExpertModel* m) {
     mem_free(m->dln2);  // the parameters' buffers are their ZeroBuffers' (zero_buffer_free below)
-    gpt_acts_free(&m->acts);
-    moe_layers_free(&m->moe, m->layers, m->recompute == RECOMPUTE_FULL ? 1 : moe_num_moe_layers(&m->cfg));
     moe_parallel_free(&m->moe);
     mem_free_host(m->rows_host);
-    expert_cp_free(m);
+    cp_buffers_free(&m->cp.buf);
     expert_tp_free(m);
     zero_buffer_free(&m->z[ZERO_SHARED]), zero_buffer_free(&m->z[ZERO_EXPERTS]), zero_buffer_free(&m->z[ZERO_TP]);
     if (m->dpcp == &m->dpcp_own) comm_destroy_group(&m->dpcp_own);
     comm_destroy_group(&m->batch);
+}
+
+// ---------------------------------------------------------------- slots
+// What composed_model.h's ExpertSlot keeps, and why --recompute full keeps
+// one layer's state for every slot; no logits without the head.
+ExpertSlot* expert_slot_create(const ExpertModel* m, const ExpertSlot* first) {
+    const GPTConfig* g = &m->cfg.gpt;
+    GPTConfig acts_cfg = *g;
+    if (!m->has_head) acts_cfg.vocab_size = acts_cfg.padded_vocab_size = 0;
+    ExpertSlot* s = xcalloc(1, sizeof(ExpertSlot));  // chapter 5's SlotPool: a slot never moves
+    gpt_acts_create_recompute(&s->acts, &acts_cfg, m->B, m->T, m->recompute);
+    if (m->split) expert_wgrad_create(&s->wq, m);
+    int full = m->recompute == RECOMPUTE_FULL;
+    if (full && first) {
+        *s = (ExpertSlot){s->acts, first->layers, first->lse, first->qkv_h, first->y_h, s->wq, 1};
+        return s;
+    }
+    s->layers = moe_layers_create(&m->moe, full ? 1 : moe_num_moe_layers(&m->cfg));
+    if (m->cp.sh.cp == 1) return s;
+    size_t L = full ? 1 : (size_t)g->num_layers, NC = (size_t)m->N * g->channels;
+    s->lse = mem_alloc_floats(L * m->N * g->num_heads, MEM_ACTIVATIONS);
+    if (m->cp.mode == CP_ULYSSES) {  // the head shard's q|k|v and output over whole sequences
+        s->qkv_h = mem_alloc_floats(L * 3 * NC, MEM_ACTIVATIONS);
+        s->y_h = mem_alloc_floats(L * NC, MEM_ACTIVATIONS);
+    }
+    return s;
+}
+
+void expert_slot_free(const ExpertModel* m, ExpertSlot* s) {
+    gpt_acts_free(&s->acts);
+    wgrad_queue_free(&s->wq);
+    if (!s->borrowed) {
+        moe_layers_free(&m->moe, s->layers, m->recompute == RECOMPUTE_FULL ? 1 : moe_num_moe_layers(&m->cfg));
+        mem_free(s->lse), mem_free(s->qkv_h), mem_free(s->y_h);
+    }
+    free(s);
 }

@@ -24,7 +24,7 @@
 #include "report.h"
 #include "sharding.h"
 
-BlockActs expert_block_acts(ExpertModel* m, int l) { return gpt_acts_block(&m->acts, &m->cfg.gpt, l, m->B, m->T); }
+BlockActs expert_block_acts(ExpertModel* m, int l) { return gpt_acts_block(&m->slot->acts, &m->cfg.gpt, l, m->B, m->T); }
 
 // ---------------------------------------------------------------- --zero 2, 3: the units of a layer
 
@@ -74,10 +74,10 @@ void expert_embed_forward(ExpertModel* m, const int* inputs, const int* targets)
     int* rows = m->rows_host;
     cp_shard_tokens(sh, rows, inputs);
     cp_shard_tokens(sh, rows + N, targets);
-    gpt_acts_load(&m->acts, rows, rows + N);
+    gpt_acts_load(&m->slot->acts, rows, rows + N);
     if (!m->embeds) return;  // a later pipeline stage: its input arrived in acts.encoded
     float* u = zero_buffer_params(&m->z[ZERO_SHARED], 0);  // unit 0: [wte wpe]
-    cp_shard_encoder_forward(sh, m->acts.encoded, m->acts.inputs, u + moe_wte_offset(&m->cfg),
+    cp_shard_encoder_forward(sh, m->slot->acts.encoded, m->slot->acts.inputs, u + moe_wte_offset(&m->cfg),
                              u + moe_wpe_offset(&m->cfg), m->cfg.gpt.channels);  // chapter 6's (ring.c)
 }
 
@@ -87,7 +87,7 @@ float expert_head_forward(ExpertModel* m) {
     if (!m->has_head) return 0.0f;
     float* lnf = zero_buffer_params(&m->z[ZERO_SHARED], m->cfg.gpt.num_layers + 1);
     float* wte = zero_buffer_params(&m->z[ZERO_SHARED], 0) + moe_wte_offset(&m->cfg);
-    return gpt_acts_head_forward(&m->acts, &m->cfg.gpt, wte, lnf);
+    return gpt_acts_head_forward(&m->slot->acts, &m->cfg.gpt, wte, lnf);
 }
 
 void expert_head_backward(ExpertModel* m) {
@@ -96,14 +96,14 @@ void expert_head_backward(ExpertModel* m) {
     size_t wte = moe_wte_offset(&m->cfg);
     int L = m->cfg.gpt.num_layers;
     float *P = zero_buffer_params(z, 0), *G = zero_buffer_grads(z, 0), *lnf = zero_buffer_params(z, L + 1);
-    gpt_acts_head_backward(&m->acts, &m->cfg.gpt, P + wte, lnf, G + wte, zero_buffer_grads(z, L + 1));
+    gpt_acts_head_backward(&m->slot->acts, &m->cfg.gpt, P + wte, lnf, G + wte, zero_buffer_grads(z, L + 1));
 }
 
 void expert_embed_backward(ExpertModel* m) {
     if (!m->embeds) return;
     float* G = zero_buffer_grads(&m->z[ZERO_SHARED], 0);  // unit 0's: the head's dwte is in it
-    cp_shard_encoder_backward(&m->cp.sh, G + moe_wte_offset(&m->cfg), G + moe_wpe_offset(&m->cfg), m->acts.dres,
-                              m->acts.inputs, m->cfg.gpt.channels);
+    cp_shard_encoder_backward(&m->cp.sh, G + moe_wte_offset(&m->cfg), G + moe_wpe_offset(&m->cfg), m->slot->acts.dres,
+                              m->slot->acts.inputs, m->cfg.gpt.channels);
 }
 
 // ---------------------------------------------------------------- the flags

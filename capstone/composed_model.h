@@ -1,7 +1,8 @@
 // composed_model.h: the capstone's model on one rank of the dp x tp x pp x
 // cp x ep mesh (or one pipeline chunk of it), the map of capstone/: the
 // buffers (the replicated parameters, this rank's experts, its tp slices,
-// their gradients and AdamW moments, the activations) and, file by file,
+// their gradients and AdamW moments), the slots (what a microbatch keeps
+// from its forward to its backward: ExpertSlot) and, file by file,
 // what builds and runs them. The layers are the chapters': chapter 7's
 // model layout, init and MoE layer (07_expert/moe.h, moe_layer.h), chapter
 // 6's sequence-parallel MLP, ring and Ulysses (sequence.h, context.h),
@@ -27,18 +28,33 @@
 // Context parallelism (--cp N): chapter 6's token layout and attention over
 // the cp group, in every MoE layer's attention half. A cp rank holds T/cp
 // positions of each of its B sequences (sh, ring.h: part-major rows); the
-// rest of the layer is per token. Each layer keeps its log-sum-exp (the
-// attention's backward needs nothing else of the softmax); Ulysses' layers
-// keep their head shard's q, k, v and output over whole sequences too.
+// rest of the layer is per token. What each layer's attention keeps for its
+// backward is the slot's (ExpertSlot); here chapter 6's exchange buffers.
 // cp = 1: sh is every position, nothing else is allocated.
 typedef struct {
     CPMode mode;
     CPShard sh;
     const Comm* cpc;                 // the ring / all-to-all group
-    float* lse;                      // (L, N, NH) each layer's (ulysses: its head shard's, (B, T, NH/cp))
-    float *qkv_h, *y_h;              // ulysses: (L, B, T, 3C/cp), (L, B, T, C/cp) each layer's
     CPBuffers buf;                   // chapter 6's: the ring's K/V blocks or the all-to-all's (context.h)
 } ExpertCP;
+
+// What one (microbatch, chunk) keeps from its forward to its backward (zb:
+// to its W), one type for every slot (expert_slot_create): the GPT's
+// activations as --recompute keeps them (the chunk's input in acts.encoded,
+// the output's gradient in acts.dres), each MoE layer's routing, plan and
+// rows, with --cp each layer's log-sum-exp (the attention's backward needs
+// nothing else of the softmax; Ulysses' its head shard's q, k, v and output
+// too), with zb the queue its B fills for W. --recompute full keeps only the
+// block inputs and makes each layer again just before its backward: one
+// layer's MoE and cp state then, the first slot's, shared by every slot.
+typedef struct {
+    GPTActs acts;
+    MoeLayer* layers;          // (Lm, or full 1) chapter 7's, as moe_model_layer indexes them
+    float* lse;                // (L or 1, N, NH) each layer's (ulysses: its head shard's, (B, T, NH/cp))
+    float *qkv_h, *y_h;        // ulysses: (L or 1, B, T, 3C/cp), (L or 1, B, T, C/cp)
+    WGradQueue wq;             // zb: the weight gradients its B queued (composed_wgrad.c)
+    int borrowed;              // full: layers, lse, qkv_h, y_h are the first slot's
+} ExpertSlot;
 
 // Tensor parallelism with sequence parallelism (--tp N): a tp rank holds
 // B/tp whole sequences of its share (its N rows) through every per-token
@@ -82,21 +98,19 @@ typedef struct {
     // the pipeline (composed_rules.c)
     int zero, nz;     // nz: the buffers, 2, or 3 with --tp
     ZeroBuffer z[3];  // [ZERO_EXPERTS], [ZERO_SHARED], [ZERO_TP]
-    // activations: the GPT's, as --recompute keeps them, and each MoE layer's
-    GPTActs acts;
+    // what a microbatch keeps: the slot it runs on (composed_pipe.c chooses it)
+    ExpertSlot* slot;
     RecomputeMode recompute;
-    // chapter 7's MoE engine over ep and each layer's kept state (--recompute full: one for all)
-    MoeParallel moe;
-    MoeLayer* layers;
-    float* dln2;     // (N, C) an MoE layer's d ln2
+    MoeParallel moe;  // chapter 7's MoE engine over ep
+    float* dln2;      // (N, C) an MoE layer's d ln2
     // (2, N) host staging: my rows' inputs, then targets, on their way to the device
     int* rows_host;
     // --pp: a chunk's model; only the first embeds, only the last runs the head
     int embeds, has_head;
     // --schedule zb (composed_wgrad.c): B defers the big matmuls' weight
-    // gradients to wq, the slot's queue that W runs (NULL: at once)
+    // gradients to the slot's queue, which W runs (0: at once; a dense
+    // layer then takes the composed backward at cp = tp = 1 too)
     int split;
-    WGradQueue* wq;
 } ExpertModel;
 
 // The capstone's flags, as parsed: chapter 7's (07_expert/moe_model.h) and the composition's.
@@ -119,8 +133,9 @@ int expert_run_start(Run* run, ExpertFlags* flags, int argc, char** argv);
 // The config: the flags, or --model FILE's experts and widths (they win;
 // *flags follows), checked against the mesh (composed_rules.h) on every rank.
 MoeConfig expert_config(const Run* run, ExpertFlags* flags);
-// Where layer l's forward writes (model.h's store and transient); its MoE
-// layer's state is chapter 7's moe_model_layer(&m->moe, m->layers, l).
+// Where layer l's forward writes (model.h's store and transient, the
+// slot's); its MoE layer's state is chapter 7's
+// moe_model_layer(&m->moe, m->slot->layers, l).
 BlockActs expert_block_acts(ExpertModel* m, int l);
 // The parts that work token by token on my rows: the tokens to the device
 // and their embeddings (a later pipeline chunk: the tokens only); the final
@@ -149,6 +164,12 @@ void expert_model_create(ExpertModel* m, const MoeConfig* cfg, const ExpertFlags
                          int has_head);
 void expert_model_units(ExpertModel* m);
 void expert_model_free(ExpertModel* m);
+// A slot of the model (its rows, layers, --recompute, cp mode, split),
+// counted; first: the chunk's first slot, whose layer state a slot shares
+// under --recompute full (NULL: this is the first). expert_slot_free frees
+// the slot and what it owns.
+ExpertSlot* expert_slot_create(const ExpertModel* m, const ExpertSlot* first);
+void expert_slot_free(const ExpertModel* m, ExpertSlot* s);
 
 // ---------------------------------------------------------------- composed_attention.c
 // The attention half of layer l (ln1 to ln2, moe.h) on my N rows: chapter
@@ -162,9 +183,6 @@ void expert_attention_backward(ExpertModel* m, int l, const BlockParams* p, Bloc
 // from d res3 to d x).
 void expert_dense_forward(ExpertModel* m, int l, const BlockParams* p);
 void expert_dense_backward(ExpertModel* m, int l, const BlockParams* p, BlockParams* g);
-// The cp state (m->N, m->cfg, m->cp.sh set).
-void expert_cp_create(ExpertModel* m);
-void expert_cp_free(ExpertModel* m);
 
 // ---------------------------------------------------------------- composed_tp.c
 // Layer l's parameters (gradients) with, under --tp, my slices of its split
@@ -195,14 +213,12 @@ void expert_tp_free(ExpertModel* m);
 // and cp's collectives); the big matmuls' weight gradients (attention's,
 // a dense MLP's, the router's, the experts') go to a queue
 // (common/wgrad_queue.h) with copies of their rows, and W runs it. The
-// LayerNorms', embeddings' and tied head's stay in B.
-// expert_wgrad_enable: a chunk of a split schedule.
+// LayerNorms', embeddings' and tied head's stay in B (m->split).
 // expert_wgrad_create: a (microbatch, chunk)'s queue, sized for every
 // deferred matmul's copies (the experts' at their most rows R); W runs it
 // with wgrad_queue_run. expert_wgrad: layer l's WeightGradHook (model.h):
 // dw (OC, C) += dout^T inp, db (OC) += the rows' sum of dout, at once, or
-// with m->wq set queued there; expert_wgrad_hook its fn (ctx: the model).
-void expert_wgrad_enable(ExpertModel* m);
+// split queued in the slot's; expert_wgrad_hook its fn (ctx: the model).
 void expert_wgrad_create(WGradQueue* q, const ExpertModel* m);
 WeightGradHook expert_wgrad(ExpertModel* m, int layer);
 void expert_wgrad_hook(void* ctx, int layer, float* dw, float* db, const float* dout, const float* inp, int N, int C,

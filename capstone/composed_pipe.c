@@ -17,38 +17,14 @@
 
 // ---------------------------------------------------------------- slots
 
-// --cp: a slot's own copy of what each layer's attention keeps for its
-// backward (the log-sum-exp; Ulysses: the head shard's q|k|v and output
-// too), as expert_cp_create sizes the model's; the rest of the
-// cp buffers is scratch of one layer, the chunk's model's.
-static void slot_cp_create(const XpChunk* ch, XpSlot* sl) {
-    const ExpertModel* m = &ch->m;
-    if (m->cp.sh.cp == 1) return;
-    size_t L = (size_t)m->cfg.gpt.num_layers, N = (size_t)m->N, C = (size_t)m->cfg.gpt.channels;
-    size_t NH = (size_t)m->cfg.gpt.num_heads;
-    sl->lse = mem_alloc_floats(L * N * NH, MEM_ACTIVATIONS);
-    if (m->cp.mode == CP_ULYSSES) {
-        sl->qkv_h = mem_alloc_floats(L * 3 * N * C, MEM_ACTIVATIONS);
-        sl->y_h = mem_alloc_floats(L * N * C, MEM_ACTIVATIONS);
-    }
-}
-
-// The slot of (mb, chunk) (chapter 5's SlotPool): the one taken, else a
-// free one, else a new one, so the peak of slots made is the peak in flight.
-static XpSlot* chunk_slot_get(ExpertPipe* P, XpChunk* ch, int mb) {
-    XpSlot* sl = slot_pool_take(&ch->pool, mb);
+// The slot of (mb, chunk) (chapter 5's SlotPool, as its slot_get): the one
+// taken, else a free one, else a new one (composed_build.c's
+// expert_slot_create; --recompute full: sharing the first's layer state),
+// so the peak of slots made is the peak in flight.
+static ExpertSlot* chunk_slot_get(ExpertPipe* P, XpChunk* ch, int mb) {
+    ExpertSlot* sl = slot_pool_take(&ch->pool, mb);
     if (sl) return sl;
-    sl = xcalloc(1, sizeof(XpSlot));
-    // --recompute: the GPT's activations as the mode keeps them, and the MoE
-    // layers' state as main.c's moe_block_recompute reads it (full: none of
-    // a slot's own, every layer runs again in the model's one state)
-    GPTConfig g = ch->m.cfg.gpt;  // as expert_model_create: no logits without the head
-    if (!ch->m.has_head) g.vocab_size = g.padded_vocab_size = 0;
-    gpt_acts_create_recompute(&sl->acts, &g, P->b, P->Tr, ch->m.recompute);
-    slot_cp_create(ch, sl);
-    XpSlot* own = ch->pool.s[0];
-    sl->layers = ch->m.recompute == RECOMPUTE_FULL ? own->layers : moe_layers_create(&ch->m.moe, ch->n_moe);
-    if (ch->m.split) expert_wgrad_create(&sl->wq, &ch->m);  // zb: what its W reads
+    sl = expert_slot_create(&ch->m, ch->pool.n ? ch->pool.s[0] : NULL);
     slot_pool_add(&ch->pool, sl, mb);
     int total = 0;
     for (int c = 0; c < P->v; c++) total += P->chunk[c].pool.n;
@@ -65,7 +41,7 @@ static XpSlot* chunk_slot_get(ExpertPipe* P, XpChunk* ch, int mb) {
 static float* slot_buffer(void* ctx, int grad, int mb, int c) {
     ExpertPipe* P = ctx;
     XpChunk* ch = &P->chunk[c];
-    XpSlot* sl = grad ? slot_pool_find(&ch->pool, mb) : chunk_slot_get(P, ch, mb);
+    ExpertSlot* sl = grad ? slot_pool_find(&ch->pool, mb) : chunk_slot_get(P, ch, mb);
     return grad ? sl->acts.dres : sl->acts.encoded;
 }
 
@@ -79,10 +55,10 @@ static float* slot_buffer(void* ctx, int grad, int mb, int c) {
 // receive and its routing is not counted. Returns the chunk's loss.
 static float forward(ExpertPipe* P, int mb, int c, const int* inputs, const int* targets) {
     XpChunk* ch = &P->chunk[c];
-    XpSlot* sl = chunk_slot_get(P, ch, mb);
+    ExpertSlot* sl = chunk_slot_get(P, ch, mb);
     if (ch->vstage > 0 && mb >= 0) pipe_receive(&P->link, 0, mb, c, slot_buffer, P);
     if (ch->vstage > 0 && mb < 0) comm_recv(P->link.pp, sl->acts.encoded, act_floats(P), pipe_prev(&P->link));
-    slot_use(ch, sl);
+    ch->m.slot = sl;  // the model works on the slot
     ch->m.moe.record = mb >= 0;
     ch->m.moe.aux = 0.0, ch->m.moe.dropped = 0;  // this forward's (the clocks run over the step: expert_pipe_run)
     float loss = P->forward(&ch->m, inputs, targets);
@@ -107,19 +83,17 @@ static float forward(ExpertPipe* P, int mb, int c, const int* inputs, const int*
 // the slot's queue.
 static void backward(ExpertPipe* P, int mb, int c) {
     XpChunk* ch = &P->chunk[c];
-    XpSlot* sl = slot_pool_find(&ch->pool, mb);
+    ExpertSlot* sl = slot_pool_find(&ch->pool, mb);
     if (ch->vstage < P->S - 1) pipe_receive(&P->link, 1, mb, c, slot_buffer, P);
-    slot_use(ch, sl);
-    ch->m.wq = ch->m.split ? &sl->wq : NULL;
+    ch->m.slot = sl;
     P->backward(&ch->m);
-    ch->m.wq = NULL;
     if (ch->vstage > 0) pipe_send(&P->link, sl->acts.dres, pipe_prev(&P->link));
     if (!ch->m.split) slot_pool_give(&ch->pool, mb);
 }
 
 // W (zb): the queued weight gradients, no communication; then the slot is free.
 static void weights(ExpertPipe* P, int mb, int c) {
-    XpSlot* sl = slot_pool_find(&P->chunk[c].pool, mb);
+    ExpertSlot* sl = slot_pool_find(&P->chunk[c].pool, mb);
     wgrad_queue_run(&sl->wq);
     slot_pool_give(&P->chunk[c].pool, mb);
 }
@@ -236,7 +210,7 @@ static void next_logits(void* ctx, const int* window, int t, float* row) {
     size_t r = 0;
     int owner = cp_shard_owner(sh, t - 1, &r);  // chapter 6's layout (ring.h)
     if (P->stage == P->pp - 1) {
-        HeadActs h = gpt_acts_head(&m->acts, &m->cfg.gpt, P->b, P->Tr);  // the last chunk's slot's (slot_use)
+        HeadActs h = gpt_acts_head(&m->slot->acts, &m->cfg.gpt, P->b, P->Tr);  // the slot it ran on
         if (sh->rank == owner) mem_to_host(row, h.logits + r * Vp, (size_t)Vp * sizeof(float));
         if (sh->cp > 1) MPI_CHECK(MPI_Bcast(row, Vp, MPI_FLOAT, owner, m->cp.cpc->mpi));
     }

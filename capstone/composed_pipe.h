@@ -24,23 +24,12 @@
 typedef float (*ExpertForward)(ExpertModel* m, const int* inputs, const int* targets);
 typedef void (*ExpertBackward)(ExpertModel* m);
 
-// What one (microbatch, chunk) keeps from its F to its B (zb: its W): the
-// chunk's activations (its input in acts.encoded), its MoE layers' routing,
-// plan and rows, with --cp its layers' attention state, with zb its queue.
-// The chunk's model works on a slot by pointing at it (slot_use).
-typedef struct {
-    GPTActs acts;
-    MoeLayer* layers;
-    float *lse, *qkv_h, *y_h;  // --cp: what each layer's attention keeps (composed_model.h's ExpertCP)
-    WGradQueue wq;             // zb: the weight gradients its B queued for its W (composed_wgrad.c)
-} XpSlot;
-
 typedef struct {
     ExpertModel m;   // the chunk's layers as a model (cfg.gpt.num_layers = L / S)
     int vstage, first, moe0, n_moe;  // its virtual stage, first layer, first MoE layer, MoE layers
     Piece piece[4];  // chapter 5's: its ranges of the whole model's replicated buffer (chunk_pieces)
     int n_pieces;
-    SlotPool pool;   // chapter 5's: which XpSlot holds which microbatch; slot 0 is the model's own
+    SlotPool pool;   // chapter 5's: which ExpertSlot holds which microbatch, made as the list needs them
 } XpChunk;
 
 typedef struct {
@@ -63,13 +52,6 @@ typedef struct {
 } ExpertPipe;
 
 static inline size_t act_floats(const ExpertPipe* P) { return (size_t)P->b * P->Tr * P->cfg.gpt.channels; }
-// A chunk's model works on a slot: its activations, MoE layer state and
-// (--cp) kept attention buffers are the slot's.
-static inline void slot_use(XpChunk* ch, XpSlot* sl) {
-    ch->m.acts = sl->acts;
-    ch->m.layers = sl->layers;
-    ch->m.cp.lse = sl->lse, ch->m.cp.qkv_h = sl->qkv_h, ch->m.cp.y_h = sl->y_h;
-}
 
 // ---------------------------------------------------------------- composed_stage.c
 

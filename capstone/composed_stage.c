@@ -51,7 +51,7 @@ static int chunk_pieces(Piece* piece, const MoeConfig* whole, const MoeConfig* l
 
 // Chunk c: virtual stage k = c pp + stage, layers [k L/S, (k+1) L/S), an
 // ExpertModel of them (so of B/(dp ep tp m) sequences), its pieces of the
-// whole model and its slots (the model's own activations are the first).
+// whole model and its pool of slots.
 // Its values: --model FILE's (all_shared: moe.h's layout at tp = 1;
 // all_experts: this ep rank's), piece by piece in that layout (the rest
 // zero), which the model cuts into its buffers (with --tp, expert_tp_put:
@@ -91,13 +91,8 @@ static void chunk_create(ExpertPipe* P, int c, const ExpertFlags* fl, const floa
         free(host);
     }
     expert_model_units(m);  // --zero: the engines take the values
-    if (P->sched.split_backward) expert_wgrad_enable(m);  // zb: B and W (composed_wgrad.c)
-    XpSlot* own = xcalloc(1, sizeof(XpSlot));
-    *own = (XpSlot){.acts = ch->m.acts, .layers = ch->m.layers, .lse = ch->m.cp.lse, .qkv_h = ch->m.cp.qkv_h, .y_h = ch->m.cp.y_h};
-    if (ch->m.split) expert_wgrad_create(&own->wq, &ch->m);
-    slot_pool_create(&ch->pool, P->M);  // at most every microbatch in flight
-    slot_pool_add(&ch->pool, own, -1);
-    slot_pool_give(&ch->pool, -1);
+    m->split = P->sched.split_backward;  // zb: B and W (composed_wgrad.c)
+    slot_pool_create(&ch->pool, P->M);  // at most every microbatch in flight (composed_pipe.c makes them)
     // the last stage's copy of wte: its gradient is stage 0's, counted there in the norm
     if (head && !embeds) ch->m.z[ZERO_SHARED].tied = param_tensor_numel(&P->cfg.gpt, P_WTE);
 }
@@ -134,7 +129,6 @@ void expert_stage_create(ExpertPipe* P, Run* run, ExpertFlags* fl, const MoeConf
         fail_if_any(bad != NULL, bad);
     }
     for (int c = 0; c < P->v; c++) chunk_create(P, c, fl, all_shared, all_experts);
-    P->peak_slots = P->v;  // each chunk's own slot
     free(all_shared);
     free(all_experts);
     P->total = n_shared + (size_t)moe_num_moe_layers(cfg) * cfg->experts * moe_expert_numel(cfg);
@@ -149,17 +143,7 @@ void expert_stage_create(ExpertPipe* P, Run* run, ExpertFlags* fl, const MoeConf
 void expert_stage_free(ExpertPipe* P) {
     for (int c = 0; c < P->v; c++) {
         XpChunk* ch = &P->chunk[c];
-        slot_use(ch, ch->pool.s[0]);  // the model frees its own (expert_model_free)
-        for (int i = 0; i < ch->pool.n; i++) {
-            XpSlot* sl = ch->pool.s[i];
-            if (i > 0) {  // slot 0 is the model's own
-                gpt_acts_free(&sl->acts);
-                if (ch->m.recompute != RECOMPUTE_FULL) moe_layers_free(&ch->m.moe, sl->layers, ch->n_moe);
-                mem_free(sl->lse), mem_free(sl->qkv_h), mem_free(sl->y_h);
-            }
-            wgrad_queue_free(&sl->wq);
-            free(sl);
-        }
+        for (int i = 0; i < ch->pool.n; i++) expert_slot_free(&ch->m, ch->pool.s[i]);
         slot_pool_free(&ch->pool);
         expert_model_free(&ch->m);
     }

@@ -1,11 +1,9 @@
 // composed_wgrad.c: the split backward of chapter 7's chunks (--schedule zb;
 // composed_model.h says what B and W do): how large a queue
-// (common/wgrad_queue.h) one (microbatch, chunk) slot needs (composed_pipe.c),
+// (common/wgrad_queue.h) one (microbatch, chunk) slot needs (expert_slot_create),
 // and the weight gradients its B hands on.
 #include "composed_model.h"
 #include "memory.h"
-
-void expert_wgrad_enable(ExpertModel* m) { m->split = 1; }
 
 // Per layer of the chunk, every deferred matmul's dout and inp rows:
 // attention on the attention's rows Ng = N tp (my heads' C/tp channels),
@@ -38,7 +36,7 @@ void expert_wgrad_hook(void* ctx, int layer, float* dw, float* db, const float* 
                        int OC) {
     ExpertModel* m = ctx;
     if (N == 0) return;  // an expert that received no row
-    WeightGradHook h = {m->wq ? wgrad_queue_push : NULL, m->wq, layer};  // no queue: at once
+    WeightGradHook h = {m->split ? wgrad_queue_push : NULL, &m->slot->wq, layer};  // not split: at once
     weight_grad(&h, dw, db, dout, inp, N, C, OC);
 }
 

@@ -29,7 +29,7 @@ static void moe_block_forward(ExpertModel* m, int l, BlockActs* a, const float* 
     BlockParams p = expert_block_params(m, l);  // with --tp, my slices of the attention's matrices
     expert_attention_forward(m, l, &p, a, x);  // with --cp, over the cp group
     // --zero 3: the layer's experts are its gathered unit
-    moe_layer_forward(&m->moe, moe_model_layer(&m->moe, m->layers, l), l, a->ln2, expert_router(m, l),
+    moe_layer_forward(&m->moe, moe_model_layer(&m->moe, m->slot->layers, l), l, a->ln2, expert_router(m, l),
                       zero_buffer_params(&m->z[ZERO_EXPERTS], mi), a->fcproj);
     residual_forward(a->res3, a->res2, a->fcproj, (size_t)m->N * m->cfg.gpt.channels);
 }
@@ -52,11 +52,11 @@ static BlockActs moe_block_recompute(ExpertModel* m, int l, const float* x) {
     // the same span as model.c's dense blocks (docs/tracing.md)
     double t0 = trace_start();
     if (m->recompute == RECOMPUTE_SELECTIVE) {
-        moe_layer_recompute(&m->moe, moe_model_layer(&m->moe, m->layers, l));
+        moe_layer_recompute(&m->moe, moe_model_layer(&m->moe, m->slot->layers, l));
     } else if (m->recompute == RECOMPUTE_FULL) {
         // everything into the transient (its res3 too: the kept one stays);
         // the step's statistics were counted by the first forward
-        a = block_acts_at(m->acts.transient, m->B, m->T, c->gpt.channels, c->gpt.num_heads);
+        a = block_acts_at(m->slot->acts.transient, m->B, m->T, c->gpt.channels, c->gpt.num_heads);
         int record = m->moe.record;
         m->moe.record = 0;
         moe_block_forward(m, l, &a, x);
@@ -73,11 +73,11 @@ static void moe_block_backward(ExpertModel* m, int l, const float* x) {
     double t0 = trace_start();
     BlockActs a = moe_block_recompute(m, l, x);
     BlockParams p = expert_block_params(m, l), g = expert_block_grads(m, l);
-    BlockScratch s = gpt_acts_scratch(&m->acts, &m->cfg.gpt);
-    moe_layer_backward(&m->moe, moe_model_layer(&m->moe, m->layers, l), l, m->acts.dres, a.ln2,
+    BlockScratch s = gpt_acts_scratch(&m->slot->acts, &m->cfg.gpt);
+    moe_layer_backward(&m->moe, moe_model_layer(&m->moe, m->slot->layers, l), l, m->slot->acts.dres, a.ln2,
                        expert_router(m, l), expert_router_grad(m, l), zero_buffer_params(&m->z[ZERO_EXPERTS], mi),
                        zero_buffer_grads(&m->z[ZERO_EXPERTS], mi), m->dln2);
-    expert_attention_backward(m, l, &p, &g, &a, &s, x, m->dln2, m->acts.dres);
+    expert_attention_backward(m, l, &p, &g, &a, &s, x, m->dln2, m->slot->acts.dres);
     trace_compute(t0, "block %d backward", l);
 }
 
@@ -95,7 +95,7 @@ static float model_forward(ExpertModel* m, const int* inputs, const int* targets
         if (moe_is_moe_layer(&m->cfg, l)) {
             BlockActs a = expert_block_acts(m, l);
             double t0 = trace_start();
-            moe_block_forward(m, l, &a, gpt_acts_block_input(&m->acts, g, l, B, T));
+            moe_block_forward(m, l, &a, gpt_acts_block_input(&m->slot->acts, g, l, B, T));
             trace_compute(t0, "block %d forward", l);
         } else {  // a dense layer: the GPT's block (with --cp, its attention over cp)
             BlockParams p = expert_block_params(m, l);
@@ -110,12 +110,12 @@ static void model_backward(ExpertModel* m) {
     const GPTConfig* g = &m->cfg.gpt;
     int B = m->B, T = m->T;
     expert_units_open(m, g->num_layers);  // --zero 2, 3: the units' gradients zeroed (3: the units gathered),
-    expert_head_backward(m);  // m->acts.dres: d loss / d the last layer's output
+    expert_head_backward(m);  // m->slot->acts.dres: d loss / d the last layer's output
     expert_units_reduce(m, g->num_layers);  // reduce-scattered as soon as made (wte's open until the embedding's)
     for (int l = g->num_layers - 1; l >= 0; l--) {
         expert_units_open(m, l);
         if (moe_is_moe_layer(&m->cfg, l)) {
-            moe_block_backward(m, l, gpt_acts_block_input(&m->acts, g, l, B, T));
+            moe_block_backward(m, l, gpt_acts_block_input(&m->slot->acts, g, l, B, T));
         } else {  // a dense layer: the GPT's block, recomputed as model.h says
             BlockParams p = expert_block_params(m, l), gp = expert_block_grads(m, l);
             expert_dense_backward(m, l, &p, &gp);

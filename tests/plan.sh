@@ -314,6 +314,9 @@ c7 8 --batch 24 --seq 32 --experts 4 --top-k 2 --ep 2 --tp 2 --pp 2 --schedule z
 c7 8 --batch 24 --seq 32 --experts 4 --top-k 2 --ep 2 --pp 2 --cp 2 --schedule zb
 # (and with --recompute full: each layer's ring exchanges of forward again)
 c7 8 --batch 24 --seq 32 --experts 4 --top-k 2 --ep 2 --pp 2 --cp 2 --schedule zb --recompute full
+# --recompute full with --cp on chunks of 3 layers: one layer's kept cp
+# state, the first slot's, for every slot (capstone/composed_build.c)
+c7 4 --batch 24 --seq 32 --experts 4 --top-k 2 --model tiny6 --pp 2 --cp 2 --cp-mode ulysses --recompute full
 c7 4 --batch 24 --seq 32 --experts 4 --top-k 3 --moe-every 2 --expert-hidden 96 --tp 2 --pp 2 --schedule zb --recompute selective --microbatches 4
 c7 4 --batch 24 --seq 32 --experts 2 --top-k 2 --capacity-factor 0.25 --ep 2 --pp 2 --ep-overlap 3
 c7 4 --batch 24 --seq 32 --experts 4 --top-k 2 --ep 2 --pp 2 --recompute selective

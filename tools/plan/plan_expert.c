@@ -270,17 +270,19 @@ static void plan_pipe(const PlanArgs* a, RankPlan* p, int r) {
             acts += busy * q;
         }
         // per slot the GPT's activations as --recompute keeps them and each
-        // MoE layer's (expert_moe_layers_create: selective without send and
-        // fch_gelu, the model's one each; full none, the model's one layer);
+        // MoE layer's (expert_slot_create: selective without send and
+        // fch_gelu, the model's one each; full none, the first slot's one layer);
         // per chunk the scratch every MoE layer shares (expert_model_create)
         double layer = 2 * N * E + 4 * Nk + R * C + R * H + E;  // without fch_gelu
         GPTConfig acts_cfg = held.gpt;  // no logits without the head
         if (!head) acts_cfg.vocab_size = acts_cfg.padded_vocab_size = 0;
         acts += busy * plan_acts_bytes(&acts_cfg, b, T / ncp, a->recompute) / f + 2 * R * C + 2 * R * H + Nk + N * E + N * C;
         if (ncp > 1) {
-            // --cp: per slot what each layer's attention keeps (slot_cp_create),
-            // per chunk the model's scratch and exchange buffers (expert_cp_create)
-            acts += busy * (ring ? Lc * N * NH : Lc * N * NH + Lc * 3 * NC + Lc * NC);
+            // --cp: per slot what each layer's attention keeps (expert_slot_create;
+            // --recompute full one layer's, shared by the chunk's slots), per
+            // chunk the model's scratch and exchange buffers (expert_model_create)
+            double kept = a->recompute == RECOMPUTE_FULL ? 1 : busy * Lc;
+            acts += kept * (ring ? N * NH : N * NH + 3 * NC + NC);
             acts += ring ? NC + 3 * N * NH : NC + 3 * NC;
             comm += ring ? 10 * NC : 6 * NC;
             // every layer of every microbatch, forward and backward (the
@@ -411,7 +413,7 @@ void plan_chapter_7(const PlanArgs* a, RankPlan* p, int r) {
     double moe = n * (2 * N * E + 4 * Nk + R * C + R * H + E) + gelu + 2 * R * C + 2 * R * H + Nk + N * E + N * C;
     p->peak[MEM_ACTIVATIONS] = plan_acts_bytes(g, B, T / ncp, a->recompute) + f * moe;
     p->peak[MEM_COMM] = f * (send + n * Nk * C + R * C + Nk * C);  // send, back, recv, dsend
-    // --cp (expert_cp_create): the per-layer lse; the ring's one pair's
+    // --cp (expert_slot_create, expert_model_create): the per-layer lse; the ring's one pair's
     // partials, its K/V and dK/dV buffers; or Ulysses' per-layer head-shard
     // q|k|v and output, its scratch and all-to-all buffers. One layer's
     // under --recompute full, which makes them again (Lf)
