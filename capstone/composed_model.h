@@ -7,7 +7,7 @@
 // model layout, init and MoE layer (07_expert/moe.h, moe_layer.h), chapter
 // 6's sequence-parallel MLP, ring and Ulysses (sequence.h, context.h),
 // chapter 3's ZeRO buffers under --zero (zero_buffer.h); the pipeline's chunks
-// and their checkpoint slices are composed_pipe.h's. The step that calls
+// and their checkpoint slices are composed_stage.h's. The step that calls
 // them, in the order it runs them, is capstone/main.c.
 #ifndef COMPOSED_MODEL_H
 #define COMPOSED_MODEL_H

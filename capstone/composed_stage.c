@@ -1,8 +1,8 @@
 // composed_stage.c: what a rank of the capstone's pipeline owns
-// (composed_pipe.h): its chunks' models, pieces and slots, the lists and
+// (composed_stage.h): its chunks' models, pieces and slots, the lists and
 // links (chapter 5's), checkpoints, --save and --show-sharding; with or
 // without the pipeline (one chunk).
-#include "composed_pipe.h"
+#include "composed_stage.h"
 
 #include <stdio.h>
 #include <stdlib.h>
