@@ -1,8 +1,8 @@
 // composed_model.c: chapter 7's model on a rank (composed_model.h): where
-// its pieces are, the per-token parts of the step, the flags, the set-up's
-// lines and --show-sharding (the checkpoint's slices: composed_stage.c; the
-// summary's MoE fields: chapter 7's moe_model_report).
-// Its buffers are built in composed_build.c.
+// its pieces are (--zero 2, 3: a layer's units), the per-token parts of the
+// step, the flags and the config. Its buffers are built in composed_build.c,
+// the set-up's lines and --show-sharding are the pipeline's (composed_pipe.c,
+// composed_stage.c).
 #include "composed_model.h"
 #include "composed_rules.h"
 
