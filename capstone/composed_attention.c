@@ -6,8 +6,8 @@
 // Attention mixes a sequence's tokens and is split by heads: chapter 6's
 // Megatron half (sp_attention_forward, sequence.h: the all-gather, my NH/tp
 // heads, the reduce-scatter; zigzag's rows regrouped), handed attention's
-// core (below), attprojb's gradient over my rows and the zb queue as its
-// WeightGradHook. A dense layer's MLP is chapter 6's too (sp_mlp_forward:
+// core (below) and the zb queue as its WeightGradHook (attprojb's gradient,
+// over my rows, is taken here). A dense layer's MLP is chapter 6's too (sp_mlp_forward:
 // my 4C/tp hidden units); the experts stay whole (docs/07_expert.md says
 // why). --cp: between qkv and attproj, chapter 6's ring or Ulysses over the
 // cp group (context.c, in its CPBuffers), without its --cp-overlap 0 and

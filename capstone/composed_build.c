@@ -1,5 +1,5 @@
-// composed_build.c: a rank's (or a pipeline chunk's) model built from its
-// parameters' values and freed (composed_model.h): the one place that puts
+// composed_build.c: a rank's (or a pipeline chunk's) model built (its values
+// go in at composed_stage.c's chunk_create) and freed (composed_model.h): the one place that puts
 // every axis's buffers together, the replicated and expert buffers with
 // --zero (chapter 3's zero_buffer.h), the tp slices (composed_tp.c), chapter
 // 6's cp buffers and chapter 7's MoE engine (07_expert/moe_layer.c), and the
@@ -60,7 +60,7 @@ void expert_model_create(ExpertModel* m, const MoeConfig* cfg, const ExpertFlags
     B /= ntp;
     m->B = B, m->T = T / ncp, m->N = B * (T / ncp);
     m->world = &run->world, m->dp = &run->axes[AXIS_DP], m->epc = &run->axes[AXIS_EP];
-    // the group's name in the summary is its axes ("dp+ep"; "dp+cp+ep" with --cp)
+    // the group's name in the summary is its axes ("dp+ep"; "dp+tp+cp+ep" with --tp, --cp)
     unsigned tpa = ntp > 1 ? 1u << AXIS_TP : 0u;
     comm_create_group(&m->batch, mesh, (1u << AXIS_DP) | (ncp > 1 ? 1u << AXIS_CP : 0u) | (1u << AXIS_EP) | tpa);
     m->dpcp = m->dp;

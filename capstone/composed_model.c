@@ -6,23 +6,13 @@
 #include "composed_model.h"
 #include "composed_rules.h"
 
-#include <math.h>
-#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <unistd.h>
 
 #include "errors.h"
-#include "rank.h"
-#include "runtime.h"
-#include "trace.h"
-#include "memory.h"
 #include "mesh.h"
 #include "run.h"
-#include "train_eval.h"
 #include "train_loop.h"
-#include "report.h"
-#include "sharding.h"
 
 BlockActs expert_block_acts(ExpertModel* m, int l) { return gpt_acts_block(&m->slot->acts, &m->cfg.gpt, l, m->B, m->T); }
 
@@ -122,7 +112,7 @@ int expert_run_start(Run* run, ExpertFlags* fl, int argc, char** argv) {
         {"virtual", ARG_INT, &fl->virtual_chunks, "chunks (virtual stages) per pp rank, --schedule interleaved only  [1]"},
         {"zero", ARG_INT, &fl->zero,
          "ZeRO stage over each buffer's copies: 0 none, 1 the AdamW moments sharded, 2 the gradients too, 3 the "
-         "parameters too (03_fsdp/zero_buffer.h; 2 and 3 not with --pp)  [0]"},
+         "parameters too (03_fsdp/zero_buffer.h; 2 and 3 not with the pipeline)  [0]"},
     };
     memcpy(extra + MOE_NUM_FLAGS, composition, sizeof(composition));
     return run_start(run, argc, argv, "build/capstone",

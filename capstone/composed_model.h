@@ -7,8 +7,9 @@
 // model layout, init and MoE layer (07_expert/moe.h, moe_layer.h), chapter
 // 6's sequence-parallel MLP, ring and Ulysses (sequence.h, context.h),
 // chapter 3's ZeRO buffers under --zero (zero_buffer.h); the pipeline's chunks
-// and their checkpoint slices are composed_stage.h's. The step that calls
-// them, in the order it runs them, is capstone/main.c.
+// and their checkpoint slices are composed_stage.h's, the schedule's F, B
+// and W on them composed_pipe.h's, the layouts refused composed_rules.h's.
+// The step that calls them, in the order it runs them, is capstone/main.c.
 #ifndef COMPOSED_MODEL_H
 #define COMPOSED_MODEL_H
 
@@ -26,7 +27,7 @@
 #include "zero_buffer.h"  // chapter 3's ZeroBuffer: --zero
 
 // Context parallelism (--cp N): chapter 6's token layout and attention over
-// the cp group, in every MoE layer's attention half. A cp rank holds T/cp
+// the cp group, in every layer's attention half. A cp rank holds T/cp
 // positions of each of its B sequences (sh, ring.h: part-major rows); the
 // rest of the layer is per token. What each layer's attention keeps for its
 // backward is the slot's (ExpertSlot); here chapter 6's exchange buffers.
@@ -108,8 +109,7 @@ typedef struct {
     // --pp: a chunk's model; only the first embeds, only the last runs the head
     int embeds, has_head;
     // --schedule zb (composed_wgrad.c): B defers the big matmuls' weight
-    // gradients to the slot's queue, which W runs (0: at once; a dense
-    // layer then takes the composed backward at cp = tp = 1 too)
+    // gradients to the slot's queue, which W runs (0: at once)
     int split;
 } ExpertModel;
 

@@ -9,7 +9,6 @@
 #include "errors.h"
 #include "memory.h"
 #include "rank.h"
-#include "trace.h"
 #include "run.h"
 #include "train_eval.h"
 #include "train_loop.h"
@@ -133,8 +132,9 @@ void expert_pipe_accumulated(ExpertPipe* P) {
     // chapter 5's sum (the other stages do nothing): the first stage's chunk 0
     // holds the lookup's half, the last stage's last chunk the head's
     ExpertModel* end = &P->chunk[P->stage == 0 ? 0 : P->v - 1].m;
-    pipe_sum_tied_embedding(&P->embed, P->link.pp, end->dshared + moe_wte_offset(&end->cfg),
-                            param_tensor_numel(&P->cfg.gpt, P_WTE));
+    if (P->pp > 1)  // (--zero 2, 3 refused with the pipeline: dshared is the buffer's)
+        pipe_sum_tied_embedding(&P->embed, P->link.pp, end->dshared + moe_wte_offset(&end->cfg),
+                                param_tensor_numel(&P->cfg.gpt, P_WTE));
 }
 
 // The step's statistics, told over pp (at pp = 1 over one rank: every value
@@ -219,7 +219,7 @@ static void next_logits(void* ctx, const int* window, int t, float* row) {
 }
 
 // The step's layout (expert_pipe_load): microbatch mb of each batch is this
-// rank's b sequences of the batch's mb-th slice; the mean over dp x cp x ep.
+// rank's b sequences of the batch's mb-th slice; the mean over dp x cp x ep x tp.
 float expert_pipe_val_loss(void* ctx, const TrainSetup* setup, int n_batches) {
     ExpertPipe* P = ctx;
     return train_val_loss_pieces(setup, n_batches, forward_only, P, P->share * P->b, P->M, P->B / P->M, P->b,

@@ -19,7 +19,7 @@
 // The config of a chunk's model: L / S layers, and the embedding's tables
 // only where the chunk uses them (wte on the first and the last, wpe on the
 // first). lnf's 2C floats stay on every chunk; a chunk without the head
-// keeps no logits in its slots (expert_model_create).
+// keeps no logits in its slots (expert_slot_create).
 static MoeConfig pipe_chunk_config(const MoeConfig* whole, int first, int layers, int embeds, int head) {
     MoeConfig local = *whole;
     local.gpt.num_layers = layers;

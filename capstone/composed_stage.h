@@ -34,7 +34,7 @@ typedef struct {
     const char* sched_name;
     int pp, stage, v, S, M, B, b, T, Tr, per_rank, share;  // Tr: a rank's positions of a sequence, T / cp
     PipeLink link;  // chapter 5's: the stages (link.pp), what each neighbour sends this rank, the send buffers
-    Comm embed;     // stage 0 and stage pp-1 of this (dp, cp, ep) coordinate
+    Comm embed;     // stage 0 and stage pp-1 of this (dp, tp, cp, ep) coordinate
     XpChunk chunk[PIPE_MAX_CHUNKS];  // chapter 5's bound on pp x virtual (schedule.h)
     int *inputs, *targets;  // host (m, b, T): this step's tokens of each microbatch on this rank
     double loss_sum, aux;   // the step's: losses (last stage), routing statistics of my layers

@@ -1,8 +1,9 @@
 // composed_tp.c: tensor parallelism's parameters in chapter 7's model (--tp
 // N, composed_model.h's ExpertTP): a tp rank's slices of every layer's qkvw,
 // qkvb and attprojw (and of a dense layer's fcw, fcb, fcprojw), chapter 4's
-// tiles of them (04_fsdp_tp/tp.h), the whole model's values cut into them
-// (init, --model FILE) and put together again (--save), and the group's buffers. The
+// tiles of them (04_fsdp_tp/tp.h), made counter-based (expert_tp_init) or
+// cut from --model FILE's values (expert_tp_put) and put together again
+// (--save), and the group's buffers. The
 // attention half that runs on them, with every collective of tp's
 // attention, is composed_attention.c's.
 #include <stdlib.h>

@@ -22,7 +22,7 @@
 // route, count, dispatch, experts, combine over ep, in --ep-overlap chunks). The
 // attention half around it is the composition's: with --cp over the cp group, with
 // --tp split by heads (expert_attention_forward). a: where the attention half and the
-// layer's output go (acts_of, or the transient when --recompute full runs the layer
+// layer's output go (expert_block_acts, or the transient when --recompute full runs the layer
 // again in backward).
 static void moe_block_forward(ExpertModel* m, int l, BlockActs* a, const float* x) {
     int mi = moe_layer_index(&m->cfg, l);
@@ -66,7 +66,7 @@ static BlockActs moe_block_recompute(ExpertModel* m, int l, const float* x) {
     return a;
 }
 
-// dres: d res3 on entry, d x on return: the MoE layer's backward (its two
+// m->slot->acts.dres: d res3 on entry, d x on return: the MoE layer's backward (its two
 // exchanges reversed, in the same chunks), then the attention half's.
 static void moe_block_backward(ExpertModel* m, int l, const float* x) {
     int mi = moe_layer_index(&m->cfg, l);
@@ -211,7 +211,7 @@ int main(int argc, char** argv) {
         reduce_gradients(&P);  // the replicated parameters, the experts, the tp slices: three groups
         float norm = clip_and_step(&P, args, step);
         // the record's aux_loss, dropped, expert_tokens; the language-model loss of
-        // the global batch (a host scalar: plain MPI), dp x cp x ep: equal token counts
+        // the global batch (a host scalar: plain MPI), dp x cp x ep x tp: equal token counts
         float loss = (float)train_mean(batch, expert_pipe_record(&P, &loop, step));
         train_loop_step(&loop, step, loss, norm);
     }
