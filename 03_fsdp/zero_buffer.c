@@ -13,18 +13,16 @@
 #include "memory.h"
 #include "ops.h"
 
-void zero_buffer_alloc(ZeroBuffer* z, int zero, const Comm* g, size_t n, float** params, float** grads, float** m,
-                       float** v) {
+void zero_buffer_alloc(ZeroBuffer* z, int zero, const Comm* g, size_t n) {
     *z = (ZeroBuffer){.g = g, .n = n, .S = n, .full = n, .zero = zero};
     if (zero) {  // the values on the host until zero_buffer_units hands each rank's shards to chapter 3's engine
-        z->staging = xcalloc(n ? n : 1, sizeof(float));
-        *params = *grads = *m = *v = NULL;
+        z->staging = xcalloc(n, sizeof(float));
         return;
     }
-    z->params = *params = mem_alloc_floats(n, MEM_PARAMS);
-    z->grads = z->dshard = *grads = mem_alloc_floats(n, MEM_GRADS);
-    z->m = *m = mem_alloc_floats(n, MEM_OPTIMIZER);
-    z->v = *v = mem_alloc_floats(n, MEM_OPTIMIZER);
+    z->params = mem_alloc_floats(n, MEM_PARAMS);
+    z->grads = z->dshard = mem_alloc_floats(n, MEM_GRADS);
+    z->m = mem_alloc_floats(n, MEM_OPTIMIZER);
+    z->v = mem_alloc_floats(n, MEM_OPTIMIZER);
 }
 
 void zero_buffer_free(ZeroBuffer* z) {

@@ -51,12 +51,11 @@ typedef struct {
 
 // One buffer of n floats held by the group g. zero 0: its parameters,
 // gradient and AdamW moments allocated and counted (memory.h), n floats
-// each, as every rank keeps all; --zero: nothing on the device yet (*params
+// each, as every rank keeps all; --zero: nothing on the device yet (z->params
 // etc. NULL), the values staged on the host (zero_buffer_put) until
 // zero_buffer_units hands them to the engine (so with --zero 3 no rank ever
 // holds the whole buffer on the device). Freed by zero_buffer_free.
-void zero_buffer_alloc(ZeroBuffer* z, int zero, const Comm* g, size_t n, float** params, float** grads, float** m,
-                       float** v);
+void zero_buffer_alloc(ZeroBuffer* z, int zero, const Comm* g, size_t n);
 void zero_buffer_free(ZeroBuffer* z);
 // The buffer's values (host, n floats): into its parameters, or (--zero,
 // before zero_buffer_units) into the staging.

@@ -36,11 +36,8 @@ void expert_model_units(ExpertModel* m) {
     if (m->nz > 2) zero_buffer_units(&m->z[ZERO_TP], L, numel, NULL);
     free(numel);
     free(own);
-    if (!m->zero) return;
-    const ZeroBuffer* z = m->z;
-    m->shared = z[ZERO_SHARED].params, m->dshared = z[ZERO_SHARED].grads, m->m_s = z[ZERO_SHARED].m, m->v_s = z[ZERO_SHARED].v;
-    m->experts = z[ZERO_EXPERTS].params, m->dexperts = z[ZERO_EXPERTS].grads, m->m_e = z[ZERO_EXPERTS].m, m->v_e = z[ZERO_EXPERTS].v;
-    m->tp.w = z[ZERO_TP].params, m->tp.dw = z[ZERO_TP].grads, m->tp.m = z[ZERO_TP].m, m->tp.v = z[ZERO_TP].v;
+    // the whole gradients the step's groups reduce (NULL under --zero 2, 3: the engine's shards)
+    m->dshared = m->z[ZERO_SHARED].grads, m->dexperts = m->z[ZERO_EXPERTS].grads, m->tp.dw = m->z[ZERO_TP].grads;
 }
 
 void expert_model_create(ExpertModel* m, const MoeConfig* cfg, const ExpertFlags* flags, const Run* run, int embeds,
@@ -84,8 +81,8 @@ void expert_model_create(ExpertModel* m, const MoeConfig* cfg, const ExpertFlags
     m->n_experts = (size_t)Lm * m->E_local * moe_expert_numel(cfg);
     // parameters, gradients, moments; --zero 1: the moments sharded over the copies
     m->zero = flags->zero;
-    zero_buffer_alloc(&m->z[ZERO_SHARED], m->zero, &m->batch, m->n_shared, &m->shared, &m->dshared, &m->m_s, &m->v_s);
-    zero_buffer_alloc(&m->z[ZERO_EXPERTS], m->zero, m->dpcp, m->n_experts, &m->experts, &m->dexperts, &m->m_e, &m->v_e);
+    zero_buffer_alloc(&m->z[ZERO_SHARED], m->zero, &m->batch, m->n_shared);
+    zero_buffer_alloc(&m->z[ZERO_EXPERTS], m->zero, m->dpcp, m->n_experts);
     expert_tp_create(m, run);  // --tp: my slices of the split tensors, the all-gather buffers
     m->nz = ntp > 1 ? 3 : 2;
     // --cp: chapter 6's ring or all-to-all buffers, one layer's scratch (with

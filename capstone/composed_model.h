@@ -69,7 +69,7 @@ typedef struct {
     Comm dpcpep_own;
     CPShard sh;              // attention's layout: the tp group's B tp sequences (cp.sh: my B)
     size_t n;                // floats of my slices: moe_tp_offset(L), (4C^2 + 3C) / tp a layer, + (8C^2 + 4C) / tp dense
-    float *w, *dw, *m, *v;   // per layer qkvw (3C/tp, C) qkvb (3C/tp) attprojw (C, C/tp) [fcw (4C/tp, C) fcb fcprojw (C, 4C/tp)]
+    float* dw;               // z[ZERO_TP]'s gradient; per layer qkvw (3C/tp, C) qkvb (3C/tp) attprojw (C, C/tp) [fcw (4C/tp, C) fcb fcprojw (C, 4C/tp)]
     float *full, *dfull;     // (N tp, C) every row of the group: a gathered LayerNorm output, a partial sum
 } ExpertTP;
 
@@ -86,10 +86,11 @@ typedef struct {
     Comm dpcp_own;         // that group, made when cp > 1 or tp > 1
     ExpertCP cp;
     ExpertTP tp;
-    // parameters: the replicated ones and my experts (moe.h's two buffers)
+    // parameters: the replicated ones and my experts (moe.h's two buffers,
+    // z[ZERO_SHARED] and z[ZERO_EXPERTS] below); their whole gradients, which
+    // the step's groups reduce (NULL under --zero 2, 3: the engine's shards)
     size_t n_shared, n_experts;
-    float *shared, *dshared, *m_s, *v_s;
-    float *experts, *dexperts, *m_e, *v_e;
+    float *dshared, *dexperts;
     // each buffer a ZeroBuffer (chapter 3's, zero_buffer.h) over the ranks
     // holding identical copies of it (DeepSpeed-MoE's layout for the
     // experts), in units of a layer: [wte wpe], each block's piece, [lnfw

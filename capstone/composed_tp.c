@@ -183,7 +183,7 @@ void expert_tp_create(ExpertModel* m, const Run* run) {
     t->dpcpep = &t->dpcpep_own;
     const int C = m->cfg.gpt.channels;
     t->n = moe_tp_offset(&m->cfg, m->cfg.gpt.num_layers, t->tp);
-    zero_buffer_alloc(&m->z[ZERO_TP], m->zero, t->dpcpep, t->n, &t->w, &t->dw, &t->m, &t->v);  // --zero: zero_buffer.h
+    zero_buffer_alloc(&m->z[ZERO_TP], m->zero, t->dpcpep, t->n);  // --zero: zero_buffer.h
     t->full = mem_alloc_floats((size_t)m->N * t->tp * C, MEM_ACTIVATIONS);
     t->dfull = mem_alloc_floats((size_t)m->N * t->tp * C, MEM_ACTIVATIONS);
 }

@@ -267,8 +267,7 @@ static void test_zero_buffer_ckpt(const Comm* g) {
             int units = 0, own_grads[3] = {0};
             for (int u = 0; u < 3 && sizes[b][u]; u++) numel[units++] = sizes[b][u], n += sizes[b][u];
             ZeroBuffer z;
-            float *p, *gr, *m, *v;
-            zero_buffer_alloc(&z, zero, g, n, &p, &gr, &m, &v);
+            zero_buffer_alloc(&z, zero, g, n);
             float* host = xmalloc(n * sizeof(float));
             for (size_t k = 0; k < n; k++) host[k] = (float)(k + 1);
             zero_buffer_put(&z, host);
