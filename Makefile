@@ -60,7 +60,7 @@ LDLIBS  := -lm -lpthread -lxxhash -lzstd
 COMMON_SRC := common/errors.c common/rank.c common/exercise.c common/atomic_file.c common/memory.c common/model_layout.c common/model.c common/wgrad_queue.c common/init.c \
               common/model_file.c common/data.c common/mesh.c common/runtime.c common/matmul_peak.c \
               common/args.c common/report.c common/train.c common/train_eval.c common/train_step.c common/run.c common/train_loop.c common/comm_stats.c common/comm_trace.c common/comm_groups.c common/paths.c \
-              common/ckpt.c common/ckpt_files.c common/ckpt_levels.c common/model_tp.c common/trace.c \
+              common/ckpt.c common/ckpt_files.c common/ckpt_levels.c common/ckpt_whole.c common/model_tp.c common/trace.c \
               common/optime.c common/watchdog.c common/watch_mpi.c common/sharding.c
 
 # the CPU backend: one file per op family (common/cpu/ops_*.c), the device, its clock, MPI

@@ -99,19 +99,6 @@ void zero_buffer_drop(ZeroBuffer* z) {
     if (z->zero > 1) fsdp_drop_gathered(&z->f);
 }
 
-float* zero_buffer_whole(ZeroBuffer* z) {
-    float* whole = mem_alloc_floats(z->n ? z->n : 1, MEM_OTHER);
-    float* unit = mem_alloc_floats(z->f.max_padded ? z->f.max_padded : 1, MEM_OTHER);
-    for (int i = 0; i < z->units; i++) {
-        comm_allgather(z->g, z->f.zero == 3 ? z->f.shard_params + z->f.shard_off[i]
-                                            : z->f.full_params + z->f.padded_off[i] + (size_t)z->g->rank * z->f.shard[i],
-                       unit, z->f.shard[i]);
-        ops_copy(whole + z->unit_off[i], unit, z->unit_off[i + 1] - z->unit_off[i]);
-    }
-    mem_free(unit);
-    return whole;
-}
-
 void zero_buffer_sumsq(double* mine, const ZeroBuffer* z) {
     size_t skip = z->tied > z->off ? z->tied - z->off : 0;  // the tied copy's floats in what I step
     if (skip < z->S) grad_sumsq(mine, z->dshard + skip, z->S - skip);

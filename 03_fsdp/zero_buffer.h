@@ -76,9 +76,6 @@ float* zero_buffer_grads(ZeroBuffer* z, int i);
 void zero_buffer_grads_begin(ZeroBuffer* z, int i);
 void zero_buffer_reduce(ZeroBuffer* z, int i);
 void zero_buffer_drop(ZeroBuffer* z);
-// The whole buffer (n floats, device, MEM_OTHER) on every rank of g, unit
-// by unit (--save's copy, not training's); free it. Collective over g.
-float* zero_buffer_whole(ZeroBuffer* z);
 
 // Adds the squares of the gradient I step (dshard: my shard with --zero,
 // else the whole buffer) to *mine, the tied copy left out.

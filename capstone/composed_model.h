@@ -194,15 +194,9 @@ float* expert_router(ExpertModel* m, int l);
 float* expert_router_grad(ExpertModel* m, int l);
 // --tp: the slices' buffers. expert_tp_init: my slices' counter-based
 // values alone, each tile at its place in the whole model (whole: its
-// config), as chapter 4 makes its tiles. expert_tp_put: the model's whole replicated
-// values (host, moe.h's layout at tp = 1) into the shared buffer and, with
-// --tp, cut into my slices. expert_tp_whole: put together again from the
-// shared buffer and the slices (device), on tp rank 0 (host; NULL
-// elsewhere); collective over tp.
+// config), as chapter 4 makes its tiles.
 void expert_tp_create(ExpertModel* m, const Run* run);
 void expert_tp_init(ExpertModel* m, const GPTConfig* whole, uint64_t seed);
-void expert_tp_put(ExpertModel* m, const float* whole);
-float* expert_tp_whole(const ExpertModel* m, const float* shared, const float* slices);
 // Local layers [l0, l0 + n) of my slices (values at data, layer l0's first)
 // as slices of the checkpoint's global tensors: any tp resumes them.
 void expert_tp_ckpt_add(CkptList* out, const ExpertModel* m, CkptKind kind, int l0, int n, float* data);

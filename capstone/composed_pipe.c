@@ -266,6 +266,7 @@ void expert_pipe_create(ExpertPipe* P, Run* run, ExpertFlags* fl, const MoeConfi
     memset(P, 0, sizeof(*P));
     P->forward = forward, P->backward = backward;
     expert_stage_create(P, run, fl, cfg);
+    if (run->setup.checkpoint) expert_stage_read(P, run->setup.checkpoint);  // --model FILE
     print_setup(P, run);
     expert_stage_show_sharding(P, run->args.show_sharding);
     // --ckpt-dir, --resume: this rank's slices, from whatever mesh saved them

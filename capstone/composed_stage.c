@@ -51,45 +51,31 @@ static int chunk_pieces(Piece* piece, const MoeConfig* whole, const MoeConfig* l
 
 // Chunk c: virtual stage k = c pp + stage, layers [k L/S, (k+1) L/S), an
 // ExpertModel of them (so of B/(dp ep tp m) sequences), its pieces of the
-// whole model and its pool of slots.
-// Its values: --model FILE's (all_shared: moe.h's layout at tp = 1;
-// all_experts: this ep rank's), piece by piece in that layout (the rest
-// zero), which the model cuts into its buffers (with --tp, expert_tp_put:
-// the shared buffer and this tp rank's slices); else counter-based, each
-// value from its place in the whole model, only what this rank holds (its
-// pieces, its experts, its tp slices: no rank makes the whole model).
-static void chunk_create(ExpertPipe* P, int c, const ExpertFlags* fl, const float* all_shared, const float* all_experts) {
+// whole model and its pool of slots. Its values counter-based, each value
+// from its place in the whole model, only what this rank holds (its pieces,
+// its experts, its tp slices: no rank makes the whole model); --model FILE
+// replaces them next (expert_stage_read).
+static void chunk_create(ExpertPipe* P, int c, const ExpertFlags* fl) {
     XpChunk* ch = &P->chunk[c];
     ch->vstage = c * P->pp + P->stage;
     LayerRange lr = stage_layers(P->cfg.gpt.num_layers, P->S, ch->vstage);  // chapter 5's split (even here)
     int embeds = ch->vstage == 0, head = ch->vstage == P->S - 1;
     ch->first = lr.first;
-    MoeConfig local = pipe_chunk_config(&P->cfg, ch->first, lr.count, embeds, head), whole1 = P->cfg;
-    local.tp = whole1.tp = 1;  // moe.h's layout at tp = 1, as --model FILE holds it (the model cuts out its tp slices)
+    MoeConfig local = pipe_chunk_config(&P->cfg, ch->first, lr.count, embeds, head);
     for (int l = 0; l < ch->first; l++) ch->moe0 += moe_is_moe_layer(&P->cfg, l);
     ch->n_moe = moe_num_moe_layers(&local);
     expert_model_create(&ch->m, &local, fl, &P->run_mb, embeds, head);
     ExpertModel* m = &ch->m;
     ch->n_pieces = chunk_pieces(ch->piece, &P->cfg, &m->cfg, ch->first, embeds, head);
-    if (all_shared) {
-        Piece one[4];
-        int n1 = chunk_pieces(one, &whole1, &local, ch->first, embeds, head);
-        float* host = xcalloc(moe_num_shared(&local), sizeof(float));
-        for (int i = 0; i < n1; i++) memcpy(host + one[i].local, all_shared + one[i].global, one[i].count * sizeof(float));
-        expert_tp_put(m, host);
-        free(host);
-        zero_buffer_put(&m->z[ZERO_EXPERTS], all_experts + (size_t)ch->moe0 * m->E_local * moe_expert_numel(&P->cfg));
-    } else {
-        uint64_t seed = (uint64_t)P->run_mb.args.seed;
-        float* host = xcalloc(m->n_shared > m->n_experts ? m->n_shared : m->n_experts, sizeof(float));
-        for (int i = 0; i < ch->n_pieces; i++)
-            moe_init_shared(host + ch->piece[i].local, &P->cfg, ch->piece[i].global, ch->piece[i].count, seed);
-        zero_buffer_put(&m->z[ZERO_SHARED], host);
-        if (m->tp.tp > 1) expert_tp_init(m, &P->cfg.gpt, seed);
-        moe_init_experts(host, &P->cfg, ch->first, lr.count, m->e0, m->E_local, seed);
-        zero_buffer_put(&m->z[ZERO_EXPERTS], host);
-        free(host);
-    }
+    uint64_t seed = (uint64_t)P->run_mb.args.seed;
+    float* host = xcalloc(m->n_shared > m->n_experts ? m->n_shared : m->n_experts, sizeof(float));
+    for (int i = 0; i < ch->n_pieces; i++)
+        moe_init_shared(host + ch->piece[i].local, &P->cfg, ch->piece[i].global, ch->piece[i].count, seed);
+    zero_buffer_put(&m->z[ZERO_SHARED], host);
+    if (m->tp.tp > 1) expert_tp_init(m, &P->cfg.gpt, seed);
+    moe_init_experts(host, &P->cfg, ch->first, lr.count, m->e0, m->E_local, seed);
+    zero_buffer_put(&m->z[ZERO_EXPERTS], host);
+    free(host);
     expert_model_units(m);  // --zero: the engines take the values
     m->split = P->sched.split_backward;  // zb: B and W (composed_wgrad.c)
     slot_pool_create(&ch->pool, P->M);  // at most every microbatch in flight (composed_pipe.c makes them)
@@ -116,22 +102,8 @@ void expert_stage_create(ExpertPipe* P, Run* run, ExpertFlags* fl, const MoeConf
     pipe_schedule_make(&P->sched, (ScheduleKind)kind, P->pp, P->M, P->v, NULL);
     P->run_mb = *run;
     P->run_mb.setup.B = run->setup.B / P->M;                       // a chunk's model holds one microbatch
-    // --model FILE: the whole model's replicated parameters and this ep
-    // rank's experts on the host, then each chunk's pieces
-    int ep = mesh->size[AXIS_EP], El = cfg->experts / ep, e0 = mesh->coord[AXIS_EP] * El;
-    size_t n_shared = moe_num_shared(cfg), n_exp = (size_t)moe_num_moe_layers(cfg) * El * moe_expert_numel(cfg);
-    float *all_shared = NULL, *all_experts = NULL;
-    if (run->setup.checkpoint) {
-        all_shared = xmalloc(n_shared * sizeof(float));
-        all_experts = xmalloc(n_exp * sizeof(float));
-        char msg[1024];
-        const char* bad = moe_checkpoint_read(run->setup.checkpoint, cfg, all_shared, all_experts, e0, El, msg, sizeof(msg));
-        fail_if_any(bad != NULL, bad);
-    }
-    for (int c = 0; c < P->v; c++) chunk_create(P, c, fl, all_shared, all_experts);
-    free(all_shared);
-    free(all_experts);
-    P->total = n_shared + (size_t)moe_num_moe_layers(cfg) * cfg->experts * moe_expert_numel(cfg);
+    for (int c = 0; c < P->v; c++) chunk_create(P, c, fl);
+    P->total = moe_num_shared(cfg) + (size_t)moe_num_moe_layers(cfg) * cfg->experts * moe_expert_numel(cfg);
     // what a rank shares with its neighbours and keeps for a step (chapter 5's)
     pipe_embedding_group(&P->embed, mesh);
     pipe_link_create(&P->link, &P->sched, &run->axes[AXIS_PP], act_floats(P));  // from every rank's lists
@@ -198,51 +170,80 @@ static void unit_slices(void* ctx, CkptList* out, int write, CkptKind kind, int 
     if (cb->b == ZERO_TP) expert_tp_ckpt_add(out, m, kind, u0, nu, data);
 }
 
-void expert_stage_ckpt(Ckpt* ck, ExpertPipe* P) {
-    // the whole model's tensors and routing settings (every chunk routes under the same flags)
-    moe_ckpt_model(ck, &P->cfg, P->chunk[0].m.moe.capacity_factor, P->chunk[0].m.moe.aux_coef);
+// What this rank writes (own) and reads (need) of the training state: each of its chunks' buffers.
+static void stage_slices(const ExpertPipe* P, CkptList* own, CkptList* need) {
     for (int c = 0; c < P->v; c++)
         for (int b = 0; b < P->chunk[c].m.nz; b++) {
             ChunkBuffer cb = {P, &P->chunk[c], b};
-            zero_buffer_ckpt(&ck->own, &ck->need, &P->chunk[c].m.z[b], unit_slices, &cb);
+            zero_buffer_ckpt(own, need, &P->chunk[c].m.z[b], unit_slices, &cb);
         }
 }
 
-// --save FILE, for any number of chunks: each chunk's buffers whole on the
-// device (--zero 2, 3: zero_buffer_whole), its experts gathered over ep by
-// dp x cp x tp rank 0's ep group (chapter 7's moe_gather_experts), its
-// replicated floats with the tp slices put back by tp rank 0
-// (expert_tp_whole), both in the file's layout; their pieces merged over pp
-// (chapter 5's pipe_pieces_merge: every other float zero) and written by
-// world rank 0 (stage 0, tp rank 0) through chapter 7's moe_model_write.
-// Collective.
+void expert_stage_ckpt(Ckpt* ck, ExpertPipe* P) {
+    // the whole model's tensors and routing settings (every chunk routes under the same flags)
+    moe_ckpt_model(ck, &P->cfg, P->chunk[0].m.moe.capacity_factor, P->chunk[0].m.moe.aux_coef);
+    stage_slices(P, &ck->own, &ck->need);
+}
+
+// A whole model file (moe.h's layout at tp = 1, host) as the checkpoint's
+// slices (the lists above name the same global tensors): its replicated
+// floats and the experts [e0, e0 + n) of every MoE layer.
+static void file_slices(CkptList* out, const MoeConfig* whole, float* shared, float* experts, int e0, int n) {
+    moe_ckpt_add_shared(out, whole, CKPT_PARAMS, 0, moe_num_shared(whole), shared);
+    moe_ckpt_add_expert_layers(out, whole, CKPT_PARAMS, 0, moe_num_moe_layers(whole), e0, n, experts);
+}
+
+// --model FILE: every rank reads the replicated floats and its ep rank's
+// experts, and takes what it holds as a resume would, by the checkpoint's
+// own lists: each float of what it reads of the parameters from the file's
+// slices (ckpt_copy), so any mesh reads any file with no code of its own
+// (the dense form's router, which no checkpoint holds, keeps its init).
+// Collective (a bad file ends every rank).
+void expert_stage_read(ExpertPipe* P, const char* path) {
+    MoeConfig whole = P->cfg;
+    whole.tp = 1;  // the file's layout
+    const ExpertModel* m = &P->chunk[0].m;
+    size_t n = moe_num_shared(&whole), n_exp = (size_t)moe_num_moe_layers(&whole) * m->E_local * moe_expert_numel(&whole);
+    float *shared = xmalloc(n * sizeof(float)), *experts = xmalloc(n_exp * sizeof(float) + 1);
+    char msg[1024];
+    const char* bad = moe_checkpoint_read(path, &whole, shared, experts, m->e0, m->E_local, msg, sizeof(msg));
+    fail_if_any(bad != NULL, bad);
+    CkptList file = {0}, own = {0}, need = {0};
+    file_slices(&file, &whole, shared, experts, m->e0, m->E_local);
+    stage_slices(P, &own, &need);
+    size_t want = 0;
+    for (int i = 0; i < need.n; i++)
+        if (need.s[i].kind == CKPT_PARAMS) want += need.s[i].len * need.s[i].count;
+    size_t found = ckpt_copy(&need, &file);
+    CHECK(found == want, "--model %s: %zu of the %zu parameters this rank holds found in the file", path, found, want);
+    ckpt_list_free(&file), ckpt_list_free(&own), ckpt_list_free(&need);
+    free(shared), free(experts);
+}
+
+// --save FILE, for any number of chunks: the checkpoint's own slices of the
+// parameters (each float of the model on one rank: ZeRO's shards, the
+// replicated buffer's spread over its copies) gathered into world rank 0's
+// file (ckpt_gather), written by chapter 7's moe_model_write. Rank 0 starts
+// from the counter-based init: the dense form's router, which no checkpoint
+// holds, is its init, as a resume would make it. Collective.
 void expert_stage_save(ExpertPipe* P, const char* path) {
     MoeConfig whole = P->cfg;
     whole.tp = 1;  // the file's layout
-    size_t n = moe_num_shared(&whole), per_layer = (size_t)whole.experts * moe_expert_numel(&whole);
-    size_t n_all = (size_t)moe_num_moe_layers(&whole) * per_layer;
-    float* host = xcalloc(n, sizeof(float));
-    float* all = xcalloc(n_all, sizeof(float));
-    for (int c = 0; c < P->v; c++) {
-        XpChunk* ch = &P->chunk[c];
-        ExpertModel* m = &ch->m;
-        float* w[3] = {NULL, NULL, NULL};  // the parameters of each buffer, whole
-        for (int b = 0; b < m->nz; b++) w[b] = m->zero > 1 ? zero_buffer_whole(&m->z[b]) : m->z[b].params;
-        float* experts = m->dpcp->rank == 0 ? moe_gather_experts(&m->cfg, m->epc, w[ZERO_EXPERTS], m->n_experts, m->E_local) : NULL;
-        if (experts && ch->n_moe) memcpy(all + (size_t)ch->moe0 * per_layer, experts, ch->n_moe * per_layer * sizeof(float));
-        float* mine = m->tp.tp == 1 || m->tp.dpcpep->rank == 0 ? expert_tp_whole(m, w[ZERO_SHARED], w[ZERO_TP]) : NULL;
-        MoeConfig local = m->cfg;
-        local.tp = 1;
-        Piece one[4];
-        int n1 = mine ? chunk_pieces(one, &whole, &local, ch->first, m->embeds, m->has_head) : 0;
-        for (int i = 0; i < n1; i++)
-            if (!one[i].tied_copy) memcpy(host + one[i].global, mine + one[i].local, one[i].count * sizeof(float));
-        free(experts), free(mine);
-        for (int b = 0; m->zero > 1 && b < m->nz; b++) mem_free(w[b]);
+    const Comm* world = P->chunk[0].m.world;
+    size_t n = moe_num_shared(&whole), n_all = (size_t)moe_num_moe_layers(&whole) * whole.experts * moe_expert_numel(&whole);
+    float *host = NULL, *all = NULL;
+    CkptList file = {0}, own = {0}, need = {0};
+    stage_slices(P, &own, &need);
+    if (world->rank == 0) {
+        host = xmalloc(n * sizeof(float)), all = xcalloc(n_all + 1, sizeof(float));
+        moe_init_shared(host, &whole, 0, n, (uint64_t)P->run_mb.args.seed);
+        file_slices(&file, &whole, host, all, 0, whole.experts);
     }
-    pipe_pieces_merge(P->link.pp, host, n);
-    pipe_pieces_merge(P->link.pp, all, n_all);
-    moe_model_write(path, &whole, P->chunk[0].m.world, NULL, host, all);
+    size_t found = ckpt_gather(&own, CKPT_PARAMS, world->mpi, &file);
+    CHECK(world->rank != 0 || found == file.floats, "--save: %zu of the file's %zu floats found on the ranks", found,
+          file.floats);
+    ckpt_list_free(&file), ckpt_list_free(&own), ckpt_list_free(&need);
+    moe_model_write(path, &whole, world, NULL, host, all);
 }
 
 // --show-sharding: each chunk's buffers, a row each (chapter 3's

@@ -47,14 +47,18 @@ static inline size_t act_floats(const ExpertPipe* P) { return (size_t)P->b * P->
 
 // Every rank builds and validates every rank's list (chapter 5's), makes
 // its chunks (one or many: their parameters counter-based, only what the
-// rank holds, or --model FILE's pieces), the embedding group and its
+// rank holds), the embedding group and its
 // incoming messages. Collective over the world.
 void expert_stage_create(ExpertPipe* P, Run* run, ExpertFlags* flags, const MoeConfig* cfg);
 void expert_stage_free(ExpertPipe* P);
 // This rank's slices of the training state, in the whole model's tensors
 // (--ckpt-dir, --resume): its chunks'.
 void expert_stage_ckpt(Ckpt* ck, ExpertPipe* P);
-// --save FILE: the whole model gathered over tp, ep and pp, written by world rank 0. Collective.
+// --model FILE: this rank's parameters from the file (after
+// expert_stage_create, before a resume). --save FILE: the whole model
+// gathered from every rank's slices of it, written by world rank 0. Both
+// through the checkpoint's slices (ckpt.h's ckpt_copy, ckpt_gather). Collective.
+void expert_stage_read(ExpertPipe* P, const char* path);
 void expert_stage_save(ExpertPipe* P, const char* path);
 // --show-sharding: each chunk's buffers. Collective when show is set.
 void expert_stage_show_sharding(const ExpertPipe* P, int show);

@@ -1,10 +1,9 @@
 // composed_tp.c: tensor parallelism's parameters in chapter 7's model (--tp
 // N, composed_model.h's ExpertTP): a tp rank's slices of every layer's qkvw,
 // qkvb and attprojw (and of a dense layer's fcw, fcb, fcprojw), chapter 4's
-// tiles of them (04_fsdp_tp/tp.h), made counter-based (expert_tp_init) or
-// cut from --model FILE's values (expert_tp_put) and put together again
-// (--save), and the group's buffers. The
-// attention half that runs on them, with every collective of tp's
+// tiles of them (04_fsdp_tp/tp.h), made counter-based (expert_tp_init) and
+// named to the checkpoint (expert_tp_ckpt_add: --save and --model FILE go
+// through it too), and the group's buffers. The attention half that runs on them, with every collective of tp's
 // attention, is composed_attention.c's.
 #include <stdlib.h>
 #include <string.h>
@@ -72,42 +71,6 @@ static int slice_tiles(const ExpertModel* m, int rank, Tile** tiles) {
     return n;
 }
 
-// Layer l's copy of tensor t in the whole model's buffer (moe.h's layout at
-// tp = 1): a block's tensors (an MoE block's first eight) sit as in the GPT's.
-static float* whole_tensor(const MoeConfig* whole_cfg, float* whole, ParamTensor t, int l) {
-    const GPTConfig* g = &whole_cfg->gpt;
-    return whole + moe_block_offset(whole_cfg, l) + gpt_tensor_offset(g, t, l) - gpt_block_offset(g, l);
-}
-
-// Between the whole model (moe.h's layout at tp = 1, host) and tp rank
-// rank's two buffers: the shared one is the whole without the tensors the
-// tiles split, the rest in the same order (moe.h), run by run between them;
-// the slices are the tiles (at tp = 1 none: the shared buffer is the whole).
-// to_whole: --save's way; else the values' way in.
-static void between_whole(const ExpertModel* m, float* whole, float* shared, float* slices, int rank, int to_whole) {
-    MoeConfig wc = m->cfg;
-    wc.tp = 1;
-    const GPTConfig* g = &m->cfg.gpt;
-    Tile* tiles = NULL;
-    int n = m->tp.tp > 1 ? slice_tiles(m, rank, &tiles) : 0;
-    size_t w = 0, s = 0;  // the next float of the whole and of the shared buffer
-    for (int i = 0; i <= n; i++) {
-        // the shared run up to tile i's tensor (to the end after the last),
-        // then past that tensor; its next tiles find it passed
-        float* t = i < n ? whole_tensor(&wc, whole, tiles[i].t, tiles[i].layer) : whole + moe_num_shared(&wc);
-        if (t >= whole + w) {
-            size_t k = (size_t)(t - (whole + w));
-            memcpy(to_whole ? whole + w : shared + s, to_whole ? shared + s : whole + w, k * sizeof(float));
-            s += k, w += k + (i < n ? param_tensor_numel(g, tiles[i].t) : 0);
-        }
-        if (i < n)
-            gpt_copy_tile(g, tiles[i].t, t, slices + tiles[i].off, tiles[i].row0, tiles[i].nrows, tiles[i].col0,
-                          tiles[i].ncols, to_whole);
-    }
-    CHECK(s == m->n_shared, "the shared buffer and the whole model disagree");
-    free(tiles);
-}
-
 void expert_tp_init(ExpertModel* m, const GPTConfig* whole, uint64_t seed) {
     Tile* tiles;
     int n = slice_tiles(m, m->tp.rank, &tiles);
@@ -117,37 +80,6 @@ void expert_tp_init(ExpertModel* m, const GPTConfig* whole, uint64_t seed) {
     zero_buffer_put(&m->z[ZERO_TP], w);
     free(w);
     free(tiles);
-}
-
-void expert_tp_put(ExpertModel* m, const float* whole) {
-    float* shared = xmalloc(m->n_shared * sizeof(float));
-    float* slices = xmalloc(m->tp.n * sizeof(float));
-    between_whole(m, (float*)whole, shared, slices, m->tp.rank, 0);
-    zero_buffer_put(&m->z[ZERO_SHARED], shared);
-    if (m->tp.tp > 1) zero_buffer_put(&m->z[ZERO_TP], slices);
-    free(shared);
-    free(slices);
-}
-
-float* expert_tp_whole(const ExpertModel* m, const float* shared, const float* slices) {
-    const ExpertTP* t = &m->tp;
-    float* all = t->rank == 0 ? mem_alloc_floats(t->n * t->tp, MEM_OTHER) : NULL;
-    if (t->tp > 1) comm_gather(t->tpc, slices, all, t->n, 0);
-    float* whole = NULL;
-    if (t->rank == 0) {
-        MoeConfig wc = m->cfg;
-        wc.tp = 1;
-        whole = xmalloc(moe_num_shared(&wc) * sizeof(float));
-        float* sh = xmalloc(m->n_shared * sizeof(float));
-        float* sl = xmalloc(t->n * t->tp * sizeof(float));
-        mem_to_host(sh, shared, m->n_shared * sizeof(float));
-        mem_to_host(sl, all, t->n * t->tp * sizeof(float));
-        for (int r = 0; r < t->tp; r++) between_whole(m, whole, sh, sl + (size_t)r * t->n, r, 1);
-        free(sh);
-        free(sl);
-    }
-    mem_free(all);
-    return whole;
 }
 
 // Local layers [l0, l0 + n) of my slices (data: layer l0's first float) as

@@ -95,6 +95,16 @@ void ckpt_list_free(CkptList* l);
 // floats found. ckpt_resume reads through it.
 typedef void (*CkptPieceFn)(void* ctx, size_t dst, size_t file_offset, size_t n);
 size_t ckpt_intersect(const CkptSlice* need, const CkptSlice* saved, size_t offset, CkptPieceFn fn, void* ctx);
+// A model held whole in memory as slices (ckpt_whole.c): a model file's
+// values, --save's buffer. ckpt_copy: every overlap of a slice of `to`
+// (device data) with one of `from` (host data) of the same kind and
+// tensor, copied (--model FILE into a rank's need list). ckpt_gather: the
+// slices of `kind` of every rank's `own` (device data) into rank 0's
+// `whole` (host data; unread elsewhere). Each returns the floats copied
+// (ckpt_gather: on rank 0, 0 elsewhere): to's or whole's floats when every
+// element is found once. ckpt_gather is collective over comm.
+size_t ckpt_copy(const CkptList* to, const CkptList* from);
+size_t ckpt_gather(const CkptList* own, CkptKind kind, MPI_Comm comm, const CkptList* whole);
 
 typedef struct Ckpt {  // named: train.h's loop holds a pointer to one
     // settings: the flags, the model and the run

@@ -1,7 +1,8 @@
 // test_ckpt.c: the checkpoint engine (common/ckpt.h) on layouts no chapter
 // uses yet: tensor-parallel tiles (column slices, row ranges per layer,
 // strided runs) saved and loaded against ZeRO-style flat ranges of uneven
-// sizes, and the whole state on every rank. An MPI program, any rank count:
+// sizes, and the whole state on every rank; a whole model in memory copied
+// into tiles and gathered from them. An MPI program, any rank count:
 //   mpirun -np 3 build/tests/test_ckpt
 // Every value is a function of (kind, tensor, global index), so a slice read
 // from the wrong place, or not at all, shows.
@@ -189,6 +190,30 @@ static void add_flat(CkptList* l, int shift) {
 }
 static void add_flat_shift3(CkptList* l) { add_flat(l, 3); }
 
+// Every whole tensor of the kinds [k0, k1), on the host: the truth, or zeros.
+static void add_whole_host(CkptList* l, int k0, int k1, int truthful) {
+    for (int k = k0; k < k1; k++)
+        for (ParamTensor t = 0; t < NUM_PARAM_TENSORS; t++) {
+            CkptSlice s = {.kind = k, .tensor = t, .start = 0, .len = numel_of(t), .count = 1};
+            s.data = xcalloc(s.len, sizeof(float));
+            for (size_t i = 0; truthful && i < s.len; i++) s.data[i] = truth(k, t, i);
+            ckpt_add(l, s);
+        }
+}
+
+// Every host slice of l holds the truth.
+static int host_slices_hold_truth(const CkptList* l) {
+    for (int i = 0; i < l->n; i++)
+        for (size_t j = 0; j < l->s[i].len; j++)
+            if (l->s[i].data[j] != truth(l->s[i].kind, l->s[i].tensor, l->s[i].start + j)) return 0;
+    return 1;
+}
+
+static void free_host_data(CkptList* l) {
+    for (int i = 0; i < l->n; i++) free(l->s[i].data);
+    ckpt_list_free(l);
+}
+
 static void zero_slices(CkptList* l) {
     for (int i = 0; i < l->n; i++) ops_zero(l->s[i].data, l->s[i].len * l->s[i].count);
 }
@@ -367,6 +392,38 @@ int main(int argc, char** argv) {
         if (rank == 0) check(ok, "ckpt: uneven flat ranges saved, every whole tensor loaded on every rank", "%s", why);
         free_data(&c.need);
         ckpt_finish(&c, NULL);
+    }
+    // a whole model in memory (ckpt_whole.c): its values into row tiles of
+    // every layer (--model FILE's way), and every rank's column tiles of the
+    // parameters gathered into rank 0's whole tensors (--save's way)
+    {
+        CkptList from = {0}, to = {0};
+        add_whole_host(&from, 0, CKPT_NUM_KINDS, 1);
+        add_row_tiles(&to);
+        zero_slices(&to);
+        size_t found = ckpt_copy(&to, &from);
+        int ok = all_ranks(found == to.floats && slices_hold_truth(&to));
+        if (rank == 0) check(ok, "ckpt_copy: whole host tensors into row tiles of every layer", "%s", why);
+        free_host_data(&from), free_data(&to), ckpt_list_free(&to);
+    }
+    {
+        CkptList own = {0}, whole = {0};
+        add_column_tiles(&own);
+        if (rank == 0) add_whole_host(&whole, CKPT_PARAMS, CKPT_M + 1, 0);  // m is not gathered: stays zero
+        size_t found = ckpt_gather(&own, CKPT_PARAMS, MPI_COMM_WORLD, &whole);
+        if (rank == 0) {
+            size_t params = 0;
+            for (int i = 0; i < whole.n; i++) params += whole.s[i].kind == CKPT_PARAMS ? whole.s[i].len : 0;
+            int zero = 1;
+            for (int i = 0; i < whole.n; i++)
+                for (size_t j = 0; whole.s[i].kind == CKPT_M && j < whole.s[i].len; j++) zero &= whole.s[i].data[j] == 0.0f;
+            whole.n /= 2;  // the parameters' slices: the first half
+            check(found == params && host_slices_hold_truth(&whole) && zero,
+                  "ckpt_gather: every rank's column tiles of the parameters into rank 0's whole tensors", "%s: %zu of %zu floats",
+                  why, found, params);
+            whole.n *= 2;
+        }
+        free_data(&own), ckpt_list_free(&own), free_host_data(&whole);
     }
     // the slice arithmetic: a flat range cut at tensor and layer boundaries
     {
