@@ -1,10 +1,6 @@
-// composed_build.c: a rank's (or a pipeline chunk's) model built (its values
-// go in at composed_stage.c's chunk_create) and freed (composed_model.h): the one place that puts
-// every axis's buffers together, the replicated and expert buffers with
-// --zero (chapter 3's zero_buffer.h), the tp slices (composed_tp.c), chapter
-// 6's cp buffers and chapter 7's MoE engine (07_expert/moe_layer.c), and the
-// slots: what a microbatch keeps.
-// Above them all, so none of them calls back into it.
+// composed_build.c: a rank's (or a pipeline chunk's) model built and freed
+// (composed_model.h), the one place that puts every axis's buffers
+// together, and its slots. Above them all: none of them calls back into it.
 #include "composed_model.h"
 
 #include <stdlib.h>
@@ -16,10 +12,8 @@
 
 // ---------------------------------------------------------------- set-up
 // Each buffer's units (zero_buffer.h): the replicated buffer's [wte wpe],
-// every block's piece and [lnfw lnfb]; the experts of each MoE layer; the tp
-// slices of each layer. --zero: chapter 3's engine takes each buffer over
-// its group (2, 3: the tied wte's unit with a gradient of its own), and the
-// model's pointers are the engine's.
+// every block's piece and [lnfw lnfb]; each MoE layer's experts; each
+// layer's tp slices. --zero 2, 3: the tied wte's unit with a gradient of its own.
 void expert_model_units(ExpertModel* m) {
     const MoeConfig* c = &m->cfg;
     int L = c->gpt.num_layers, Lm = moe_num_moe_layers(c);
@@ -123,8 +117,7 @@ void expert_model_free(ExpertModel* m) {
 }
 
 // ---------------------------------------------------------------- slots
-// What composed_model.h's ExpertSlot keeps, and why --recompute full keeps
-// one layer's state for every slot; no logits without the head.
+// composed_model.h's ExpertSlot; no logits without the head.
 ExpertSlot* expert_slot_create(const ExpertModel* m, const ExpertSlot* first) {
     const GPTConfig* g = &m->cfg.gpt;
     GPTConfig acts_cfg = *g;

@@ -203,17 +203,10 @@ void expert_tp_ckpt_add(CkptList* out, const ExpertModel* m, CkptKind kind, int 
 void expert_tp_free(ExpertModel* m);
 
 // ---------------------------------------------------------------- composed_wgrad.c
-// The split backward (--schedule zb): B computes the input gradients the
-// stage before waits for, through every exchange (the MoE all-to-alls, tp's
-// and cp's collectives); the big matmuls' weight gradients (attention's,
-// a dense MLP's, the router's, the experts') go to a queue
-// (common/wgrad_queue.h) with copies of their rows, and W runs it. The
-// LayerNorms', embeddings' and tied head's stay in B (m->split).
-// expert_wgrad_create: a (microbatch, chunk)'s queue, sized for every
-// deferred matmul's copies (the experts' at their most rows R); W runs it
-// with wgrad_queue_run. expert_wgrad: layer l's WeightGradHook (model.h):
-// dw (OC, C) += dout^T inp, db (OC) += the rows' sum of dout, at once, or
-// split queued in the slot's; expert_wgrad_hook its fn (ctx: the model).
+// The split backward (--schedule zb, m->split): the big matmuls' weight
+// gradients queued in the slot's WGradQueue for W. expert_wgrad_create: a
+// slot's queue, sized for every deferred matmul; expert_wgrad: layer l's
+// WeightGradHook (model.h), at once or queued; expert_wgrad_hook its fn.
 void expert_wgrad_create(WGradQueue* q, const ExpertModel* m);
 WeightGradHook expert_wgrad(ExpertModel* m, int layer);
 void expert_wgrad_hook(void* ctx, int layer, float* dw, float* db, const float* dout, const float* inp, int N, int C,

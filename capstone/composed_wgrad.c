@@ -1,7 +1,10 @@
-// composed_wgrad.c: the split backward of chapter 7's chunks (--schedule zb;
-// composed_model.h says what B and W do): how large a queue
-// (common/wgrad_queue.h) one (microbatch, chunk) slot needs (expert_slot_create),
-// and the weight gradients its B hands on.
+// composed_wgrad.c: the split backward of chapter 7's chunks (--schedule
+// zb). B computes the input gradients the stage before waits for, through
+// every exchange (the MoE all-to-alls, tp's and cp's collectives); the big
+// matmuls' weight gradients (attention's, a dense MLP's, the router's, the
+// experts') go with copies of their rows to the slot's queue
+// (common/wgrad_queue.h), which W runs. The LayerNorms', embeddings' and
+// tied head's stay in B. Here: how large a slot's queue is, and the hook.
 #include "composed_model.h"
 #include "memory.h"
 
