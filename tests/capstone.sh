@@ -569,6 +569,18 @@ if [ -n "$v0" ] && awk -v a="$v0" -v b="$v1" -v t=$TOL 'BEGIN { d = a - b; if (d
 else
     fail "capstone: MoE file from ep x pp = 2 x 2" "val loss $v0 after saving, '$v1' after loading; $(echo "$OUT" | grep error)"
 fi
+# ... and on meshes that cut it otherwise, through the same checkpoint
+# slices (ckpt_copy): tp x pp's slices of each stage, ZeRO-3's shards
+for mesh in "4 --tp 2 --pp 2" "2 --dp 2 --zero 3"; do
+    read -r ld_np ld_flags <<< "$mesh"
+    mpi_run $T_RUN $ld_np "$BUILD/capstone" --batch 24 --seq 32 --peak-gflops 10 --steps 0 $ld_flags --model "$TEST_TMPDIR/c7p.bin" --log "$TEST_TMPDIR/c7p_load2.jsonl"
+    v2=$(grep '"type":"val"' "$TEST_TMPDIR/c7p_load2.jsonl" | tail -1 | sed 's/.*"val_loss":\([-0-9.e]*\).*/\1/')
+    if [ $RC = 0 ] && [ -n "$v0" ] && awk -v a="$v0" -v b="$v2" -v t=$TOL 'BEGIN { d = a - b; if (d < 0) d = -d; exit !(b != "" && d <= t) }'; then
+        pass "capstone: the MoE file saved on ep x pp = 2 x 2 reads back on $ld_flags (val loss $v0 then $v2)"
+    else
+        fail "capstone: MoE file from ep x pp = 2 x 2 on $ld_flags" "exit $RC; val loss $v0 after saving, '$v2' after loading; $(echo "$OUT" | grep error)"
+    fi
+done
 # stages that start inside the --moe-every period: a chunk's local layer j
 # is global layer first_layer + j (07_expert/moe.h). tiny6 with k = 2 on
 # pp = 2 (stage 1 starts at layer 3, a dense layer after an MoE one) and
