@@ -58,23 +58,19 @@ size_t ckpt_gather(const CkptList* own, CkptKind kind, MPI_Comm comm, const Ckpt
           floats, n);
     uint64_t* shape = xmalloc(6 * (size_t)n * sizeof(uint64_t) + 1);
     float* values = xmalloc(floats * sizeof(float) + 1);
+    size_t at = 0;
     for (int i = 0, k = 0; i < own->n; i++) {
         const CkptSlice* s = &own->s[i];
         if (s->kind != (int)kind) continue;
         uint64_t row[6] = {(uint64_t)s->kind, (uint64_t)s->tensor, s->start, s->len, s->stride, s->count};
-        memcpy(shape + 6 * k, row, sizeof(row));
-        k++;
+        memcpy(shape + 6 * k++, row, sizeof(row));
+        mem_to_host(values + at, s->data, s->len * s->count * sizeof(float));
+        at += s->len * s->count;
     }
-    size_t at = 0;
-    for (int i = 0; i < own->n; i++)
-        if (own->s[i].kind == (int)kind) {
-            size_t f = own->s[i].len * own->s[i].count;
-            mem_to_host(values + at, own->s[i].data, f * sizeof(float));
-            at += f;
-        }
-    // rank 0 receives every rank's (host data: plain MPI), displacement by displacement
+    // rank 0 receives every rank's (host data: plain MPI): the two counts of
+    // each rank, then the shapes and the values, rank after rank
     int mine[2] = {6 * n, (int)floats};
-    int* counts = rank == 0 ? xmalloc(4 * (size_t)size * sizeof(int)) : NULL;  // shapes, values, then their offsets
+    int* counts = rank == 0 ? xmalloc(4 * (size_t)size * sizeof(int)) : NULL;  // (size, 2) gathered, then n_shape, n_vals
     MPI_CHECK(MPI_Gather(mine, 2, MPI_INT, counts, 2, MPI_INT, 0, comm));
     int *n_shape = NULL, *n_vals = NULL, *off_shape = NULL, *off_vals = NULL;
     size_t all_shapes = 0, all_values = 0;
