@@ -88,11 +88,11 @@ void ckpt_add_flat(CkptList* l, const GPTConfig* cfg, CkptKind kind, size_t lo, 
 // be NULL: a rank that keeps no AdamW state).
 void ckpt_add_state(CkptList* l, const GPTConfig* cfg, size_t lo, size_t n, float* params, float* m, float* v);
 void ckpt_list_free(CkptList* l);
-// The resharding's slice arithmetic, for tests/test_ckpt.c: for each overlap
+// The resharding's slice arithmetic (ckpt_resume's, ckpt_whole.c's, tests/test_ckpt.c's): for each overlap
 // of the runs of `need` with those of `saved` (a slice of the same tensor
 // whose values sit in a file from byte `offset` on, run after run),
 // fn(ctx, floats into need's data, byte in the file, floats). Returns the
-// floats found. ckpt_resume reads through it.
+// floats found.
 typedef void (*CkptPieceFn)(void* ctx, size_t dst, size_t file_offset, size_t n);
 size_t ckpt_intersect(const CkptSlice* need, const CkptSlice* saved, size_t offset, CkptPieceFn fn, void* ctx);
 // A model held whole in memory as slices (ckpt_whole.c): a model file's
