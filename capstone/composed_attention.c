@@ -1,19 +1,14 @@
-// composed_attention.c: the attention half of a layer as the mesh composes
-// it (composed_model.h), and a dense layer (--moe-every > 1) around it.
+// composed_attention.c: a layer's attention half as the mesh composes it,
+// and a dense layer (--moe-every > 1) around it.
 //
-// --tp: every op but attention and a dense MLP works token by token, so a
-// tp rank runs them on its own N rows (B/tp whole sequences of its share).
-// Attention mixes a sequence's tokens and is split by heads: chapter 6's
-// Megatron half (sp_attention_forward, sequence.h: the all-gather, my NH/tp
-// heads, the reduce-scatter; zigzag's rows regrouped), handed attention's
-// core (below) and the zb queue as its WeightGradHook (attprojb's gradient,
-// over my rows, is taken here). A dense layer's MLP is chapter 6's too (sp_mlp_forward:
-// my 4C/tp hidden units); the experts stay whole (docs/07_expert.md says
-// why). --cp: between qkv and attproj, chapter 6's ring or Ulysses over the
-// cp group (context.c, in its CPBuffers), without its --cp-overlap 0 and
-// attention clock, which the capstone does not measure; what stays here is
-// which layer's state of the slot each call reads and writes (--recompute).
-// Without either, chapter 7's own attention half (moe.h).
+// --tp: every op but attention and a dense MLP works token by token on my
+// N rows. Attention mixes a sequence's tokens and is split by heads:
+// chapter 6's Megatron half (sp_attention_forward: the all-gather, my NH/tp
+// heads, the reduce-scatter), handed attention's core (below) and the zb
+// queue. A dense MLP is chapter 6's too (my 4C/tp hidden units); the
+// experts stay whole (docs/07_expert.md says why). --cp: the core is
+// chapter 6's ring or Ulysses over the cp group; this file says which of
+// the slot's layer states it keeps. Neither: chapter 7's own (moe.h).
 #include "composed_model.h"
 #include "memory.h"
 #include "sequence.h"  // chapter 6's Megatron attention and MLP halves: --tp
@@ -21,20 +16,16 @@
 
 // ---------------------------------------------------------------- attention itself
 
-// Chapter 6's view of the attention's rows: with --tp the tp group's rows
-// (m->tp.sh, its B tp sequences) and this rank's NH/tp heads; at tp = 1 my
-// rows and every head.
+// The attention's rows as chapter 6 sees them: the tp group's (tp.sh) and
+// my NH/tp heads (tp = 1: my rows, every head).
 static CPAttention over_cp(ExpertModel* m) {
     const int tp = m->tp.tp;
     return cp_attention_on(m->cp.cpc, &m->tp.sh, m->N * tp, m->cfg.gpt.channels / tp, m->cfg.gpt.num_heads / tp,
                            &m->cp.buf);
 }
 
-// Layer l's kept ring / Ulysses state (the slot's, expert_slot_create) in
-// chapter 6's LayerActs (context.h; its a unused): each layer's own, or one
-// for every layer where --recompute full makes the whole layer's forward
-// again before its backward. Neither keeps probabilities: selective has
-// nothing of attention to redo.
+// Layer l's kept ring / Ulysses state in chapter 6's LayerActs (its a
+// unused): each layer's own, or under --recompute full one for all.
 static LayerActs kept(const ExpertModel* m, int l) {
     const ExpertSlot* s = m->slot;
     size_t i = m->recompute == RECOMPUTE_FULL ? 0 : (size_t)l, NC = (size_t)m->N * m->cfg.gpt.channels;
@@ -43,9 +34,8 @@ static LayerActs kept(const ExpertModel* m, int l) {
     return k;
 }
 
-// a->qkv to a->atty on the attention's rows: at cp = 1 chapter 0's op, at
-// cp > 1 the ring or Ulysses over cp; backward datty to dqkv (zero on
-// entry). Chapter 6's AttentionCore (sequence.h): ctx is the model.
+// Chapter 6's AttentionCore (ctx: the model): a->qkv to a->atty, at cp = 1
+// chapter 0's op, else the ring or Ulysses; backward datty to dqkv.
 static void core_forward(void* ctx, int l, BlockActs* a) {
     ExpertModel* m = ctx;
     CPAttention at = over_cp(m);
@@ -72,11 +62,9 @@ static void core_backward(void* ctx, int l, const BlockActs* a, const float* dat
 
 // ---------------------------------------------------------------- the attention half: who runs it
 
-// With --tp, chapter 6's attention half (sequence.h) over the tp group: my
-// N rows of its N tp, regrouped for attention under zigzag (my rows'
-// layout, cp.sh), with attention's core above. a->qkv (N tp, 3C/tp) and
-// a->atty (N tp, C/tp) hold every row of the group for my heads (the same
-// floats as N rows of 3C and C: the GPT's buffers).
+// With --tp, chapter 6's attention half over the tp group, my rows in cp.sh's
+// layout. a->qkv (N tp, 3C/tp) and a->atty (N tp, C/tp): the group's rows for
+// my heads (the same floats as the GPT's N rows of 3C and C).
 static SpAttention over_tp(ExpertModel* m, const AttentionCore* core, const WeightGradHook* wg) {
     const GPTConfig* c = &m->cfg.gpt;
     return (SpAttention){m->tp.tpc, m->N, m->tp.sh.T, c->channels, c->num_heads, m->tp.full, m->tp.dfull,
@@ -97,18 +85,15 @@ void expert_attention_forward(ExpertModel* m, int l, const BlockParams* p, Block
     moe_attention_out(p, a, x, N, C);
 }
 
-// dres: d res3 on entry (my rows), d x on return; dln2 (N, C) d ln2's output.
-// The two matmuls' weight gradients at once or (zb) queued for W
-// (composed_wgrad.c).
+// dres: d res3 on entry, d x on return; dln2 (N, C) d ln2's output.
 void expert_attention_backward(ExpertModel* m, int l, const BlockParams* p, BlockParams* g, const BlockActs* a,
                                const BlockScratch* s, const float* x, const float* dln2, float* dres) {
     const int N = m->N, C = m->cfg.gpt.channels;
     WeightGradHook wg = expert_wgrad(m, l);
     if (m->tp.tp > 1) {
         layernorm_backward(dres, g->ln2w, g->ln2b, dln2, a->res2, p->ln2w, a->ln2_mean, a->ln2_rstd, N, C);
-        // attprojb, added once per row: its gradient over my rows of d res2
-        // (the batch group's mean of the replicated gradients adds the other
-        // tp ranks' rows); chapter 6's the rest
+        // attprojb over my rows of d res2 (the batch group's mean adds the
+        // other tp ranks'); chapter 6's the rest
         weight_grad(&wg, NULL, g->attprojb, dres, NULL, N, C / m->tp.tp, C);
         BlockParams gs = *g;
         gs.attprojb = NULL;
@@ -123,11 +108,9 @@ void expert_attention_backward(ExpertModel* m, int l, const BlockParams* p, Bloc
 }
 
 // ---------------------------------------------------------------- a dense layer (--moe-every > 1)
-// The same attention half as an MoE layer's (above), then the dense MLP
-// into a: model.h's on my rows (at cp = tp = 1 block_forward's ops in its
-// order: the same bits), or with --tp chapter 6's (sequence.h: my 4C/tp
-// hidden units of the group's N tp rows, in a->fch, the same floats as N
-// rows of 4C).
+// The attention half above, then the dense MLP into a: model.h's (at
+// cp = tp = 1 block_forward's ops in its order: the same bits), or with
+// --tp chapter 6's (my 4C/tp hidden units of the group's rows).
 static void dense_forward(ExpertModel* m, int l, const BlockParams* p, BlockActs* a) {
     const int N = m->N, C = m->cfg.gpt.channels;
     expert_attention_forward(m, l, p, a, gpt_acts_block_input(&m->slot->acts, &m->cfg.gpt, l, m->B, m->T));
@@ -143,13 +126,10 @@ void expert_dense_forward(ExpertModel* m, int l, const BlockParams* p) {
     trace_compute(t0, "block %d forward", l);
 }
 
-// acts.dres: d res3 on entry, d x on return; the MLP's weight gradients,
-// then the attention half's, at once or (zb) queued for W (at cp = tp = 1
-// the same ops as model.c's block, so the same bits). --recompute makes
-// what it dropped again first, as model.h's blocks do: selective
-// gelu(fch) (attention kept its lse, no probabilities), full the whole
-// layer into the transient (its attention's exchanges too: the ring or
-// all-to-alls, tp's all-gather and reduce-scatter).
+// acts.dres: d res3 on entry, d x on return (at cp = tp = 1 model.c's ops:
+// the same bits). --recompute first remakes what it dropped, as model.h's
+// blocks do: selective gelu(fch), full the whole layer into the transient
+// (its exchanges too).
 void expert_dense_backward(ExpertModel* m, int l, const BlockParams* p, BlockParams* g) {
     const GPTConfig* cfg = &m->cfg.gpt;
     const int N = m->N, C = cfg->channels;
@@ -169,8 +149,7 @@ void expert_dense_backward(ExpertModel* m, int l, const BlockParams* p, BlockPar
     float* dres = m->slot->acts.dres;
     WeightGradHook wg = expert_wgrad(m, l);
     if (m->tp.tp > 1) {
-        // chapter 6's; fcprojb's gradient over my rows (the batch group's
-        // mean adds the rest, as attprojb's)
+        // chapter 6's; fcprojb over my rows, as attprojb
         BlockParams gs = *g;
         gs.fcprojb = NULL;
         sp_mlp_backward(m->tp.tpc, p, &gs, &a, m->dln2, dres, s.dfch_gelu, s.dfch, m->tp.full, m->tp.dfull, N,

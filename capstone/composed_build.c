@@ -1,6 +1,5 @@
-// composed_build.c: a rank's (or a pipeline chunk's) model built and freed
-// (composed_model.h), the one place that puts every axis's buffers
-// together, and its slots. Above them all: none of them calls back into it.
+// composed_build.c: a rank's (or a chunk's) model and its slots, built and
+// freed: the one place that puts every axis's buffers together.
 #include "composed_model.h"
 
 #include <stdlib.h>
@@ -11,9 +10,8 @@
 #include "run.h"
 
 // ---------------------------------------------------------------- set-up
-// Each buffer's units (zero_buffer.h): the replicated buffer's [wte wpe],
-// every block's piece and [lnfw lnfb]; each MoE layer's experts; each
-// layer's tp slices. --zero 2, 3: the tied wte's unit with a gradient of its own.
+// Each buffer's units (composed_model.h); --zero 2, 3: the tied wte's unit
+// with a gradient of its own.
 void expert_model_units(ExpertModel* m) {
     const MoeConfig* c = &m->cfg;
     int L = c->gpt.num_layers, Lm = moe_num_moe_layers(c);
@@ -30,25 +28,18 @@ void expert_model_units(ExpertModel* m) {
     if (m->nz > 2) zero_buffer_units(&m->z[ZERO_TP], L, numel, NULL);
     free(numel);
     free(own);
-    // the whole gradients the step's groups reduce (NULL under --zero 2, 3: the engine's shards)
     m->dshared = m->z[ZERO_SHARED].grads, m->dexperts = m->z[ZERO_EXPERTS].grads, m->tp.dw = m->z[ZERO_TP].grads;
 }
 
 void expert_model_create(ExpertModel* m, const MoeConfig* cfg, const ExpertFlags* flags, const Run* run, int embeds,
                          int has_head) {
     const Mesh* mesh = &run->mesh;
-    int B = run->setup.B / (mesh->size[AXIS_DP] * mesh->size[AXIS_EP]), T = run->setup.T, ncp = mesh->size[AXIS_CP];
-    int ntp = mesh->size[AXIS_TP];
-    RecomputeMode recompute = (RecomputeMode)run->args.recompute;
+    int ncp = mesh->size[AXIS_CP], ntp = mesh->size[AXIS_TP], T = run->setup.T;
+    int B = run->setup.B / (mesh->size[AXIS_DP] * mesh->size[AXIS_EP] * ntp);  // my sequences, T/cp positions of each
     memset(m, 0, sizeof(*m));
-    m->embeds = embeds, m->has_head = has_head;
-    m->recompute = recompute;
+    m->embeds = embeds, m->has_head = has_head, m->recompute = (RecomputeMode)run->args.recompute;
     m->cfg = *cfg;
     m->cfg.tp = ntp;  // with --tp the shared buffer leaves out the split tensors (moe.h)
-    // a cp rank holds T/cp positions of each of its B sequences, a tp rank
-    // B/tp of them: as the per-token parts of the model see it, B/tp
-    // sequences of T/cp
-    B /= ntp;
     m->B = B, m->T = T / ncp, m->N = B * (T / ncp);
     m->world = &run->world, m->dp = &run->axes[AXIS_DP], m->epc = &run->axes[AXIS_EP];
     // the group's name in the summary is its axes ("dp+ep"; "dp+tp+cp+ep" with --tp, --cp)
@@ -79,14 +70,11 @@ void expert_model_create(ExpertModel* m, const MoeConfig* cfg, const ExpertFlags
     zero_buffer_alloc(&m->z[ZERO_EXPERTS], m->zero, m->dpcp, m->n_experts);
     expert_tp_create(m, run);  // --tp: my slices of the split tensors, the all-gather buffers
     m->nz = ntp > 1 ? 3 : 2;
-    // --cp: chapter 6's ring or all-to-all buffers, one layer's scratch (with
-    // --tp the attention's N tp rows of 1/tp of the channels and heads: the
-    // same floats as my N rows of all of them)
+    // --cp: chapter 6's ring or all-to-all buffers, one layer's scratch
     if (ncp > 1) cp_buffers_create(&m->cp.buf, m->cp.mode, N, C, cfg->gpt.num_heads);
     // the MoE layers: chapter 7's engine over ep. Capacity keeps the first
-    // slots in the global batch's order, cut into blocks: a run of len
-    // positions of one sequence held by one cp rank (ring.h), nb per
-    // sequence, B sequences per share; my rows are part-major (ring.h)
+    // rows in the global batch's order, in blocks: a run of len positions
+    // of one sequence on one cp rank, nb per sequence (ring.h)
     const CPShard* sh = &m->cp.sh;
     int nb = sh->T / sh->len;
     int* row_block = xmalloc((size_t)N * sizeof(int));
@@ -95,18 +83,16 @@ void expert_model_create(ExpertModel* m, const MoeConfig* cfg, const ExpertFlags
                          cp_shard_pos(sh, sh->rank, row / (sh->B * sh->len)) / sh->len;
     MoeSpec spec = {.cfg = m->cfg, .N = N, .epc = m->epc, .batch = &m->batch, .chunks = flags->moe.ep_overlap,
                     .aux_coef = flags->moe.aux_coef, .capacity_factor = flags->moe.capacity,
-                    .n_blocks = m->batch.size / sh->cp * sh->B * nb, .row_block = row_block, .recompute = recompute};
+                    .n_blocks = m->batch.size / sh->cp * sh->B * nb, .row_block = row_block, .recompute = m->recompute};
     moe_parallel_create(&m->moe, &spec);
     free(row_block);
-    // --schedule zb: the router's and the experts' weight gradients go to
-    // the slot's queue (expert_wgrad: at once when not split)
-    m->moe.wgrad = (WeightGradHook){expert_wgrad_hook, m, 0};
+    m->moe.wgrad = expert_wgrad(m, 0);
     m->dln2 = mem_alloc_floats((size_t)N * C, MEM_ACTIVATIONS);
     m->rows_host = mem_alloc_host((size_t)N * 2 * sizeof(int));
 }
 
 void expert_model_free(ExpertModel* m) {
-    mem_free(m->dln2);  // the parameters' buffers are their ZeroBuffers' (zero_buffer_free below)
+    mem_free(m->dln2);
     moe_parallel_free(&m->moe);
     mem_free_host(m->rows_host);
     cp_buffers_free(&m->cp.buf);
@@ -117,7 +103,7 @@ void expert_model_free(ExpertModel* m) {
 }
 
 // ---------------------------------------------------------------- slots
-// composed_model.h's ExpertSlot; no logits without the head.
+// No logits without the head.
 ExpertSlot* expert_slot_create(const ExpertModel* m, const ExpertSlot* first) {
     const GPTConfig* g = &m->cfg.gpt;
     GPTConfig acts_cfg = *g;

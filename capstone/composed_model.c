@@ -1,8 +1,5 @@
-// composed_model.c: chapter 7's model on a rank (composed_model.h): where
-// its pieces are (--zero 2, 3: a layer's units), the per-token parts of the
-// step, the flags and the config. Its buffers are built in composed_build.c,
-// the set-up's lines and --show-sharding are the pipeline's (composed_pipe.c,
-// composed_stage.c).
+// composed_model.c: chapter 7's model on a rank: a layer's units (--zero 2,
+// 3), the per-token ends of the step, the flags and the config.
 #include "composed_model.h"
 #include "composed_rules.h"
 
@@ -18,10 +15,9 @@ BlockActs expert_block_acts(ExpertModel* m, int l) { return gpt_acts_block(&m->s
 
 // ---------------------------------------------------------------- --zero 2, 3: the units of a layer
 
-// Layer l's units, (buffer, unit) each: its piece of the replicated buffer
-// (l = -1: [wte wpe]; l = L: [lnfw lnfb], then wte's, which the head reads
-// and whose gradient the embedding's backward closes), its experts, its tp
-// slices. Returns how many.
+// Layer l's (buffer, unit)s: its piece of the replicated buffer (l = L:
+// then wte's, which the head reads), its experts, its tp slices. Returns
+// how many.
 static int layer_units(const ExpertModel* m, int l, int u[3][2]) {
     int L = m->cfg.gpt.num_layers, n = 0;
     u[n][0] = ZERO_SHARED, u[n++][1] = 1 + l;
@@ -55,9 +51,8 @@ void expert_units_reduce(ExpertModel* m, int l) {
 
 // ---------------------------------------------------------------- the per-token parts of the step
 
-// My rows of the B sequences (host (B, T) token arrays): at cp = 1 all of
-// them in order; at cp > 1 my positions, part-major (ring.h). Each part's
-// rows take wpe from its first position on.
+// My rows of the B sequences (host (B, T) tokens): at cp > 1 my positions,
+// part-major (ring.h), each part's rows taking wpe from its first position.
 void expert_embed_forward(ExpertModel* m, const int* inputs, const int* targets) {
     const CPShard* sh = &m->cp.sh;
     int N = m->N;
@@ -71,8 +66,8 @@ void expert_embed_forward(ExpertModel* m, const int* inputs, const int* targets)
                              u + moe_wpe_offset(&m->cfg), m->cfg.gpt.channels);  // chapter 6's (ring.c)
 }
 
-// The GPT's head (model.h) on wte (in unit 0, [wte wpe]) and the last unit,
-// [lnfw lnfb]; the last unit asked for first (--zero 3 gathers a unit when asked).
+// The GPT's head (model.h) on wte (unit 0) and [lnfw lnfb] (the last unit,
+// asked for first: --zero 3 gathers a unit when asked).
 float expert_head_forward(ExpertModel* m) {
     if (!m->has_head) return 0.0f;
     float* lnf = zero_buffer_params(&m->z[ZERO_SHARED], m->cfg.gpt.num_layers + 1);

@@ -1,15 +1,12 @@
-// composed_model.h: the capstone's model on one rank of the dp x tp x pp x
-// cp x ep mesh (or one pipeline chunk of it), the map of capstone/: the
-// buffers (the replicated parameters, this rank's experts, its tp slices,
-// their gradients and AdamW moments), the slots (what a microbatch keeps
-// from its forward to its backward: ExpertSlot) and, file by file,
-// what builds and runs them. The layers are the chapters': chapter 7's
-// model layout, init and MoE layer (07_expert/moe.h, moe_layer.h), chapter
-// 6's sequence-parallel MLP, ring and Ulysses (sequence.h, context.h),
-// chapter 3's ZeRO buffers under --zero (zero_buffer.h); the pipeline's chunks
-// and their checkpoint slices are composed_stage.h's, the schedule's F, B
-// and W on them composed_pipe.h's, the layouts refused composed_rules.h's.
-// The step that calls them, in the order it runs them, is capstone/main.c.
+// composed_model.h: the map of capstone/. The model on one rank of the
+// dp x tp x pp x cp x ep mesh (or one pipeline chunk of it): its buffers
+// (replicated parameters, my experts, my tp slices, as chapter 3's
+// ZeroBuffers), its slots (what a microbatch keeps from forward to
+// backward), and file by file what builds and runs them. The layers are the
+// chapters': chapter 7's MoE model and layer (moe.h, moe_layer.h), chapter
+// 6's Megatron halves, ring and Ulysses (sequence.h, context.h). The chunks
+// are composed_stage.h's, the schedule on them composed_pipe.h's, the
+// refused layouts composed_rules.h's; the step, in run order, main.c.
 #ifndef COMPOSED_MODEL_H
 #define COMPOSED_MODEL_H
 
@@ -26,12 +23,9 @@
 #include "wgrad_queue.h"  // --schedule zb: WGradQueue
 #include "zero_buffer.h"  // chapter 3's ZeroBuffer: --zero
 
-// Context parallelism (--cp N): chapter 6's token layout and attention over
-// the cp group, in every layer's attention half. A cp rank holds T/cp
-// positions of each of its B sequences (sh, ring.h: part-major rows); the
-// rest of the layer is per token. What each layer's attention keeps for its
-// backward is the slot's (ExpertSlot); here chapter 6's exchange buffers.
-// cp = 1: sh is every position, nothing else is allocated.
+// --cp N: a rank holds T/cp positions of each of its B sequences (sh,
+// ring.h); attention meets the cp group by chapter 6's ring or Ulysses, in
+// its exchange buffers. cp = 1: sh is every position, nothing allocated.
 typedef struct {
     CPMode mode;
     CPShard sh;
@@ -40,14 +34,12 @@ typedef struct {
 } ExpertCP;
 
 // What one (microbatch, chunk) keeps from its forward to its backward (zb:
-// to its W), one type for every slot (expert_slot_create): the GPT's
-// activations as --recompute keeps them (the chunk's input in acts.encoded,
-// the output's gradient in acts.dres), each MoE layer's routing, plan and
-// rows, with --cp each layer's log-sum-exp (the attention's backward needs
-// nothing else of the softmax; Ulysses' its head shard's q, k, v and output
-// too), with zb the queue its B fills for W. --recompute full keeps only the
-// block inputs and makes each layer again just before its backward: one
-// layer's MoE and cp state then, the first slot's, shared by every slot.
+// to its W): the GPT's activations as --recompute keeps them (the input in
+// acts.encoded, the output's gradient in acts.dres), each MoE layer's
+// routing and rows, with --cp each layer's log-sum-exp (Ulysses: its head
+// shard's q, k, v, output too), with zb the queue B fills for W.
+// --recompute full remakes each layer just before its backward, so one
+// layer's MoE and cp state, the first slot's, serves every slot.
 typedef struct {
     GPTActs acts;
     MoeLayer* layers;          // (Lm, or full 1) chapter 7's, as moe_model_layer indexes them
@@ -57,11 +49,10 @@ typedef struct {
     int borrowed;              // full: layers, lse, qkv_h, y_h are the first slot's
 } ExpertSlot;
 
-// Tensor parallelism with sequence parallelism (--tp N): a tp rank holds
-// B/tp whole sequences of its share (its N rows) through every per-token
-// part, and meets its tp group in attention and a dense layer's MLP, split
-// by heads and hidden units (composed_attention.c; the slices composed_tp.c).
-// tp = 1: nothing here is allocated and sh is cp.sh.
+// --tp N with sequence parallelism: a rank holds B/tp whole sequences of its
+// share through the per-token parts and meets its tp group in attention and
+// a dense MLP, split by heads and hidden units (composed_attention.c; the
+// slices composed_tp.c). tp = 1: nothing allocated, sh is cp.sh.
 typedef struct {
     int tp, rank;
     const Comm* tpc;         // the all-gather / reduce-scatter group
@@ -86,32 +77,23 @@ typedef struct {
     Comm dpcp_own;         // that group, made when cp > 1 or tp > 1
     ExpertCP cp;
     ExpertTP tp;
-    // parameters: the replicated ones and my experts (moe.h's two buffers,
-    // z[ZERO_SHARED] and z[ZERO_EXPERTS] below); their whole gradients, which
-    // the step's groups reduce (NULL under --zero 2, 3: the engine's shards)
+    // the whole gradients the step's groups reduce (NULL under --zero 2, 3)
     size_t n_shared, n_experts;
     float *dshared, *dexperts;
-    // each buffer a ZeroBuffer (chapter 3's, zero_buffer.h) over the ranks
-    // holding identical copies of it (DeepSpeed-MoE's layout for the
-    // experts), in units of a layer: [wte wpe], each block's piece, [lnfw
-    // lnfb]; each MoE layer's experts; each layer's tp slices. --zero 2, 3:
-    // the engine holds the buffer, the flat pointers above are NULL and a
-    // layer finds its parameters by unit (expert_block_params); refused with
-    // the pipeline (composed_rules.c)
+    // each buffer a ZeroBuffer (chapter 3's) over the ranks holding copies
+    // of it (DeepSpeed-MoE's layout for the experts), in units of a layer:
+    // [wte wpe], each block's piece, [lnfw lnfb]; each MoE layer's experts;
+    // each layer's tp slices. A layer finds its parameters by unit
+    // (expert_block_params): under --zero 3 the gathered copy
     int zero, nz;     // nz: the buffers, 2, or 3 with --tp
     ZeroBuffer z[3];  // [ZERO_EXPERTS], [ZERO_SHARED], [ZERO_TP]
-    // what a microbatch keeps: the slot it runs on (composed_pipe.c chooses it)
-    ExpertSlot* slot;
+    ExpertSlot* slot;  // the microbatch's it runs on (composed_pipe.c chooses it)
     RecomputeMode recompute;
     MoeParallel moe;  // chapter 7's MoE engine over ep
     float* dln2;      // (N, C) an MoE layer's d ln2
-    // (2, N) host staging: my rows' inputs, then targets, on their way to the device
-    int* rows_host;
-    // --pp: a chunk's model; only the first embeds, only the last runs the head
-    int embeds, has_head;
-    // --schedule zb (composed_wgrad.c): B defers the big matmuls' weight
-    // gradients to the slot's queue, which W runs (0: at once)
-    int split;
+    int* rows_host;   // (2, N) host: my rows' inputs, then targets
+    int embeds, has_head;  // --pp: only the first chunk embeds, only the last has the head
+    int split;  // --schedule zb: B queues the big weight gradients for W (composed_wgrad.c)
 } ExpertModel;
 
 // The capstone's flags, as parsed: chapter 7's (07_expert/moe_model.h) and the composition's.
@@ -120,96 +102,78 @@ typedef struct {
     const char *cp_mode_name, *cp_balance_name;  // --cp-mode, --cp-balance as given
     CPMode cp_mode;                              // parsed by expert_config
     CPBalance cp_balance;
-    // --pp with chapter 5's schedules (composed_pipe.h); microbatches
-    // ARG_NOT_GIVEN: pp (and no pipeline at pp = 1)
-    const char* schedule;
+    const char* schedule;  // --pp: chapter 5's; microbatches ARG_NOT_GIVEN: pp
     int microbatches, virtual_chunks;
     int zero;  // --zero: 0, 1 the AdamW moments sharded, 2 the gradients, 3 the parameters (zero_buffer.h)
 } ExpertFlags;
 
 // ---------------------------------------------------------------- composed_model.c
-// The flags (chapter 7's and the composition's) and run_start; returns 0
-// when the program should end at once (--help).
+// The flags and run_start; 0: end at once (--help).
 int expert_run_start(Run* run, ExpertFlags* flags, int argc, char** argv);
-// The config: the flags, or --model FILE's experts and widths (they win;
-// *flags follows), checked against the mesh (composed_rules.h) on every rank.
+// The config: the flags, or --model FILE's (they win), checked against the
+// mesh (composed_rules.h) on every rank.
 MoeConfig expert_config(const Run* run, ExpertFlags* flags);
-// Where layer l's forward writes (model.h's store and transient, the
-// slot's); its MoE layer's state is chapter 7's
-// moe_model_layer(&m->moe, m->slot->layers, l).
+// Where layer l's forward writes, in the slot it runs on.
 BlockActs expert_block_acts(ExpertModel* m, int l);
-// The parts that work token by token on my rows: the tokens to the device
-// and their embeddings (a later pipeline chunk: the tokens only); the final
-// LayerNorm, LM head and mean loss (no head: 0); their backwards, into and
-// from acts.dres (each nothing where the chunk has no head, no embedding).
+// The per-token ends on my rows: the tokens to the device and (the first
+// chunk) their embeddings; the final LayerNorm, LM head and mean loss (no
+// head: 0); their backwards, from and into acts.dres.
 void expert_embed_forward(ExpertModel* m, const int* inputs, const int* targets);
 float expert_head_forward(ExpertModel* m);
 void expert_head_backward(ExpertModel* m);
 void expert_embed_backward(ExpertModel* m);
-// --zero 2, 3: layer l's units in the three buffers (l = -1 the embedding's
-// [wte wpe], l = L the head's [lnfw lnfb] and wte): gather (--zero 3) before
-// its forward, open (gathered, gradients zeroed) before its backward,
-// reduce (reduce-scattered) after it. Nothing at lower stages.
+// --zero 2, 3: layer l's units in the three buffers (l = -1 [wte wpe], l = L
+// [lnfw lnfb] and wte): gather (3) before its forward, open (gathered,
+// gradients zeroed) before its backward, reduce-scatter after it.
 void expert_units_gather(ExpertModel* m, int l);
 void expert_units_open(ExpertModel* m, int l);
 void expert_units_reduce(ExpertModel* m, int l);
 
 // ---------------------------------------------------------------- composed_build.c
-// This rank's model: its B/(dp ep tp) sequences of the global batch (T/cp
-// positions of each), the experts [e0, e0 + E/ep), every buffer allocated
-// and counted; a pipeline chunk's (composed_stage.c: cfg its layers),
-// embeds and has_head as the fields say (1 and 1: the whole model). Its
-// values go in next (composed_stage.c's chunk_create), then
-// expert_model_units: each buffer's units; --zero: the engines take the values.
+// This rank's model (or a chunk's: cfg its layers): its B/(dp ep tp)
+// sequences (T/cp positions of each), the experts [e0, e0 + E/ep), every
+// buffer allocated and counted. Its values go in next (chunk_create), then
+// expert_model_units: each buffer's units (--zero: the engines take them).
 void expert_model_create(ExpertModel* m, const MoeConfig* cfg, const ExpertFlags* flags, const Run* run, int embeds,
                          int has_head);
 void expert_model_units(ExpertModel* m);
 void expert_model_free(ExpertModel* m);
-// A slot of the model (its rows, layers, --recompute, cp mode, split),
-// counted; first: the chunk's first slot, whose layer state a slot shares
-// under --recompute full (NULL: this is the first). expert_slot_free frees
-// the slot and what it owns.
+// A slot of the model, counted; first: the chunk's first slot, whose layer
+// state --recompute full shares (NULL: this is the first).
 ExpertSlot* expert_slot_create(const ExpertModel* m, const ExpertSlot* first);
 void expert_slot_free(const ExpertModel* m, ExpertSlot* s);
 
 // ---------------------------------------------------------------- composed_attention.c
-// The attention half of layer l (ln1 to ln2, moe.h) on my N rows: chapter
-// 7's own, with --tp around the tp group's heads, at cp > 1 chapter 6's ring
-// or Ulysses inside; backward with dln2 and dres as moe_attention_backward.
+// Layer l's attention half (ln1 to ln2, moe.h) on my N rows: chapter 7's,
+// with --tp chapter 6's over the tp group's heads, with --cp its ring or
+// Ulysses inside; backward's dln2 and dres as moe_attention_backward's.
 void expert_attention_forward(ExpertModel* m, int l, const BlockParams* p, BlockActs* a, const float* x);
 void expert_attention_backward(ExpertModel* m, int l, const BlockParams* p, BlockParams* g, const BlockActs* a,
                                const BlockScratch* s, const float* x, const float* dln2, float* dres);
-// A dense layer (--moe-every > 1): the attention half above and the dense
-// MLP (model.h's, with --tp chapter 6's) on my rows (backward: acts.dres
-// from d res3 to d x).
+// A dense layer (--moe-every > 1): that attention half and the dense MLP
+// (with --tp chapter 6's); backward takes acts.dres from d res3 to d x.
 void expert_dense_forward(ExpertModel* m, int l, const BlockParams* p);
 void expert_dense_backward(ExpertModel* m, int l, const BlockParams* p, BlockParams* g);
 
 // ---------------------------------------------------------------- composed_tp.c
-// Layer l's parameters (gradients) with, under --tp, my slices of its split
-// tensors; its router (E, C) and the router's gradient.
+// Layer l's parameters (gradients), under --tp with my slices; its router (E, C).
 BlockParams expert_block_params(ExpertModel* m, int l);
 BlockParams expert_block_grads(ExpertModel* m, int l);
 float* expert_router(ExpertModel* m, int l);
 float* expert_router_grad(ExpertModel* m, int l);
-// --tp: the slices' buffers. expert_tp_init: my slices' counter-based
-// values alone, each tile at its place in the whole model (whole: its
-// config), as chapter 4 makes its tiles.
+// --tp: the slices' buffers; their counter-based values, each of chapter
+// 4's tiles at its place in the whole model (whole: its config).
 void expert_tp_create(ExpertModel* m, const Run* run);
 void expert_tp_init(ExpertModel* m, const GPTConfig* whole, uint64_t seed);
-// Local layers [l0, l0 + n) of my slices (values at data, layer l0's first)
-// as slices of the checkpoint's global tensors: any tp resumes them.
+// Local layers [l0, l0 + n) of my slices (at data) as slices of the
+// checkpoint's global tensors: any tp resumes them.
 void expert_tp_ckpt_add(CkptList* out, const ExpertModel* m, CkptKind kind, int l0, int n, float* data);
 void expert_tp_free(ExpertModel* m);
 
 // ---------------------------------------------------------------- composed_wgrad.c
-// The split backward (--schedule zb, m->split): the big matmuls' weight
-// gradients queued in the slot's WGradQueue for W. expert_wgrad_create: a
-// slot's queue, sized for every deferred matmul; expert_wgrad: layer l's
-// WeightGradHook (model.h), at once or queued; expert_wgrad_hook its fn.
+// --schedule zb (m->split): a slot's queue, sized for every deferred
+// matmul; layer l's WeightGradHook (model.h), at once or queued for W.
 void expert_wgrad_create(WGradQueue* q, const ExpertModel* m);
 WeightGradHook expert_wgrad(ExpertModel* m, int layer);
-void expert_wgrad_hook(void* ctx, int layer, float* dw, float* db, const float* dout, const float* inp, int N, int C,
-                       int OC);
 
 #endif

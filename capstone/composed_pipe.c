@@ -1,6 +1,5 @@
-// composed_pipe.c: the capstone's pipeline executor (composed_pipe.h): three
-// actions F, B, W over (microbatch, chunk) on chapter 5's links and slot
-// pools, in the order of a step; the gradient groups, norm and AdamW are main.c's.
+// composed_pipe.c: the capstone's pipeline executor: the actions F, B, W of
+// (microbatch, chunk) on chapter 5's links and slot pools, in step order.
 #include "composed_pipe.h"
 
 #include <stdlib.h>
@@ -16,10 +15,8 @@
 
 // ---------------------------------------------------------------- slots
 
-// The slot of (mb, chunk) (chapter 5's SlotPool, as its slot_get): the one
-// taken, else a free one, else a new one (composed_build.c's
-// expert_slot_create; --recompute full: sharing the first's layer state),
-// so the peak of slots made is the peak in flight.
+// The slot of (mb, chunk), as chapter 5's slot_get: the one taken, else a
+// free one, else a new one, so the slots made are the peak in flight.
 static ExpertSlot* chunk_slot_get(ExpertPipe* P, XpChunk* ch, int mb) {
     ExpertSlot* sl = slot_pool_take(&ch->pool, mb);
     if (sl) return sl;
@@ -32,11 +29,9 @@ static ExpertSlot* chunk_slot_get(ExpertPipe* P, XpChunk* ch, int mb) {
 }
 
 // ---------------------------------------------------------------- point to point
-// Chapter 5's pipe_send and pipe_receive (pipeline.h; 05_pipeline/main.c says
-// why no list that the validator accepts can deadlock).
-
-// Where a message goes: an activation into the slot of (mb, chunk c), taken
-// now if it came before its F; a gradient into the slot its F took.
+// Chapter 5's pipe_send and pipe_receive. Where a message goes: an
+// activation into the slot of (mb, chunk c), taken now if it came before its
+// F; a gradient into the slot its F took.
 static float* slot_buffer(void* ctx, int grad, int mb, int c) {
     ExpertPipe* P = ctx;
     XpChunk* ch = &P->chunk[c];
@@ -46,12 +41,10 @@ static float* slot_buffer(void* ctx, int grad, int mb, int c) {
 
 // ---------------------------------------------------------------- the actions
 
-// F: the chunk's input (the tokens' embedding on virtual stage 0, else the
-// stage before's output), chapter 7's forward of the chunk's layers (each
-// MoE layer's all-to-all over ep inside), then the loss (the last virtual
-// stage) or the output on to the next stage. Microbatch -1 is validation's
-// or --sample's, outside the step's lists: its input comes by a blocking
-// receive and its routing is not counted. Returns the chunk's loss.
+// F: the chunk's input (embedded, or the stage before's output), the
+// forward of its layers, then the loss (the last stage) or the output on.
+// Microbatch -1 is validation's or --sample's, outside the step's lists: its
+// input comes by a blocking receive, its routing is not counted.
 static float forward(ExpertPipe* P, int mb, int c, const int* inputs, const int* targets) {
     XpChunk* ch = &P->chunk[c];
     ExpertSlot* sl = chunk_slot_get(P, ch, mb);
@@ -62,7 +55,7 @@ static float forward(ExpertPipe* P, int mb, int c, const int* inputs, const int*
     ch->m.moe.aux = 0.0, ch->m.moe.dropped = 0;  // this forward's (the clocks run over the step: expert_pipe_run)
     float loss = P->forward(&ch->m, inputs, targets);
     ch->m.moe.record = 1;
-    if (mb >= 0) {  // this microbatch's routing statistics of my MoE layers (global over dp x cp x ep)
+    if (mb >= 0) {  // its routing statistics of my MoE layers
         P->aux += ch->m.moe.aux, P->dropped += ch->m.moe.dropped;
         int E = P->cfg.experts;
         for (int i = 0; i < ch->n_moe * E; i++) P->routed[(size_t)ch->moe0 * E + i] += ch->m.moe.routed[i];
@@ -75,11 +68,9 @@ static float forward(ExpertPipe* P, int mb, int c, const int* inputs, const int*
     return loss;
 }
 
-// B: the gradient of the chunk's output (from the head, or from the stage
-// after), chapter 7's backward of its layers (the exchanges reversed), d of
-// the input back to the stage before. With a split backward (zb) B is the
-// input half (composed_model.h says which part stays in it), the rest into
-// the slot's queue.
+// B: the output's gradient (from the head or the stage after), backward of
+// the layers, d input back to the stage before. zb: the weight gradients
+// wait in the slot's queue for W.
 static void backward(ExpertPipe* P, int mb, int c) {
     XpChunk* ch = &P->chunk[c];
     ExpertSlot* sl = slot_pool_find(&ch->pool, mb);
@@ -104,8 +95,7 @@ void expert_pipe_run(ExpertPipe* P) {
     for (int c = 0; c < P->v; c++) {
         ExpertModel* m = &P->chunk[c].m;
         moe_step_begin(&m->moe);  // chapter 7's: the exchanges' clocks from here (validation's dropped)
-        // the gradients accumulate over the microbatches from zero (--zero 2,
-        // 3: no pipeline, and each unit's gradient is zeroed as backward opens it)
+        // gradients accumulate from zero (--zero 2, 3: zeroed as backward opens a unit)
         for (ZeroBuffer* z = m->z; m->zero < 2 && z < m->z + m->nz; z++) mem_zero(z->grads, z->n * sizeof(float));
     }
     P->loss_sum = P->aux = 0.0, P->dropped = 0;
@@ -121,29 +111,24 @@ void expert_pipe_run(ExpertPipe* P) {
     pipe_sends_wait(&P->link);
 }
 
-// Each microbatch's backward gave the gradient of its own mean (LM loss +
-// aux_coef aux); the step's objective is their mean over the m
-// microbatches: x 1/m. Then the tied wte's two halves summed between the
-// first and the last stage (chapter 5's embedding group).
+// Each microbatch's backward gave the gradient of its own mean; the step's
+// objective is their mean: x 1/m. Then the tied wte's halves summed
+// between the first and the last stage (chapter 5's embedding group).
 void expert_pipe_accumulated(ExpertPipe* P) {
     for (int c = 0; c < P->v && P->M > 1; c++)  // each buffer (--zero 1 too: the gradients are whole)
         for (ZeroBuffer* z = P->chunk[c].m.z; z < P->chunk[c].m.z + P->chunk[c].m.nz; z++)
             ops_scale(z->grads, z->n, 1.0f / (float)P->M);
-    // chapter 5's sum (the other stages do nothing): the first stage's chunk 0
-    // holds the lookup's half, the last stage's last chunk the head's
+    // the first stage's chunk 0 holds the lookup's half, the last's last chunk the head's
     ExpertModel* end = &P->chunk[P->stage == 0 ? 0 : P->v - 1].m;
     if (P->pp > 1)  // (--zero 2, 3 refused with the pipeline: dshared is the buffer's)
         pipe_sum_tied_embedding(&P->embed, P->link.pp, end->dshared + moe_wte_offset(&end->cfg),
                                 param_tensor_numel(&P->cfg.gpt, P_WTE));
 }
 
-// The step's statistics, told over pp (at pp = 1 over one rank: every value
-// as it is): each stage holds its own MoE layers' (host integers and
-// doubles: plain MPI), and only the last stage saw the loss. At m = 1 and one
-// chunk they are chapter 7's record's bits (0.0 + aux and aux / 1 are aux).
-// Each chunk's exchanges' clocks go to its timed totals by chapter 7's
-// moe_step_record (the fields are the pipeline's, below); the summary's
-// a2a_hidden_share is chunk 0's.
+// The step's statistics, summed over pp (host values: plain MPI): each
+// stage holds its own MoE layers', only the last saw the loss. At m = 1 and
+// one chunk, chapter 7's record's bits. Each chunk's exchange clocks go to
+// chapter 7's moe_step_record.
 double expert_pipe_record(ExpertPipe* P, TrainLoop* loop, int step) {
     int E = P->cfg.experts, Lm = moe_num_moe_layers(&P->cfg);
     MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, &P->aux, 1, MPI_DOUBLE, MPI_SUM, P->link.pp->mpi));
@@ -162,12 +147,10 @@ double expert_pipe_record(ExpertPipe* P, TrainLoop* loop, int step) {
 
 // ---------------------------------------------------------------- the tokens
 
-// Microbatch mb of a step is the global batch's sequences [mb B/m, (mb+1) B/m),
-// split over the dp x ep x tp ranks (b = B / (m dp ep tp) each, in share
-// order: a tp rank whole sequences of its dp x ep share's, as at pp = 1; a
-// share's cp ranks hold the same sequences), so that one MoE layer call sees
-// the same tokens on every mesh: its balance statistics and capacity are over
-// the microbatch, and chapter 7 on one rank with the same m is the reference.
+// Microbatch mb is the global batch's sequences [mb B/m, (mb+1) B/m), split
+// over the dp x ep x tp ranks in share order (b each; a share's cp ranks
+// hold the same sequences), so that an MoE layer sees the same tokens on
+// every mesh: chapter 7 on one rank with the same m is the reference.
 void expert_pipe_load(ExpertPipe* P, const TokenSet* d, long step) {
     int B = P->B, T = P->T;
     for (int mb = 0; mb < P->M; mb++) {
@@ -178,8 +161,8 @@ void expert_pipe_load(ExpertPipe* P, const TokenSet* d, long step) {
 
 // ---------------------------------------------------------------- validation
 
-// One microbatch through the stages, forward only: chunk after chunk (F of
-// microbatch -1); the loss goes from the last stage to its pipeline.
+// One microbatch forward through the stages (F of microbatch -1); the loss
+// from the last stage to its pipeline.
 static float forward_only(void* ctx, const int* inputs, const int* targets) {
     ExpertPipe* P = ctx;
     float loss = 0.0f;
@@ -193,10 +176,9 @@ static float forward_only(void* ctx, const int* inputs, const int* targets) {
     return (float)l;
 }
 
-// --sample: every rank runs each forward through the stages, share 0's first
-// sequence holding the window (as chapter 7's next_logits); the last stage's
-// row of position t-1 goes to stage 0 of its pipeline, where world rank 0
-// samples (host floats: plain MPI).
+// --sample: every rank runs each forward, share 0's first sequence holding
+// the window (as chapter 7's next_logits); position t-1's row goes from the
+// last stage (and its cp rank) to world rank 0, which samples.
 static void next_logits(void* ctx, const int* window, int t, float* row) {
     ExpertPipe* P = ctx;
     int Vp = P->cfg.gpt.padded_vocab_size;
@@ -218,8 +200,7 @@ static void next_logits(void* ctx, const int* window, int t, float* row) {
     free(tokens);
 }
 
-// The step's layout (expert_pipe_load): microbatch mb of each batch is this
-// rank's b sequences of the batch's mb-th slice; the mean over dp x cp x ep x tp.
+// The step's layout (expert_pipe_load); the mean over dp x cp x ep x tp.
 float expert_pipe_val_loss(void* ctx, const TrainSetup* setup, int n_batches) {
     ExpertPipe* P = ctx;
     return train_val_loss_pieces(setup, n_batches, forward_only, P, P->share * P->b, P->M, P->B / P->M, P->b,
@@ -228,9 +209,7 @@ float expert_pipe_val_loss(void* ctx, const TrainSetup* setup, int n_batches) {
 
 // ---------------------------------------------------------------- set-up and the end
 
-// The set-up's lines: the model and its experts over ep with dp, then a
-// line for each other axis in use (the pipeline's: more than one stage or
-// microbatch).
+// The set-up's lines: chapter 7's, then one per other axis in use.
 static void print_setup(const ExpertPipe* P, const Run* run) {
     const MoeConfig* c = &P->cfg;
     const ExpertModel* m = &P->chunk[0].m;
@@ -284,7 +263,7 @@ void expert_pipe_report(ExpertPipe* P, const ExpertFlags* fl, const TrainLoop* l
     json_add_int(summary, "microbatches", P->M);
     json_add_int(summary, "virtual", P->v);
     json_add_int(summary, "peak_slots", P->peak_slots);
-    // every rank's layers, as chapter 5's summary (tests/trace_check.py --pipeline reads them)
+    // every rank's layers, as chapter 5's summary (trace_check.py --pipeline reads them)
     int world = m0->world->size, mine = P->v * (P->cfg.gpt.num_layers / P->S);
     int* layers = xcalloc((size_t)world, sizeof(int));
     MPI_CHECK(MPI_Gather(&mine, 1, MPI_INT, layers, 1, MPI_INT, 0, MPI_COMM_WORLD));

@@ -1,14 +1,9 @@
-// composed_pipe.h: the capstone's pipeline executor (--pp, --schedule,
-// --microbatches, --virtual): chapter 5's schedules run on a rank's chunks
-// (composed_stage.h: what a rank owns) for main.c's one training loop.
-//
+// composed_pipe.h: the capstone's pipeline executor: chapter 5's schedules
+// on a rank's chunks (composed_stage.h) for main.c's one training loop.
 // Chunk c of pp rank r is virtual stage c pp + r of S = pp x v, an
-// ExpertModel of its L / S layers (chapter 5's split, even here), so
-// main.c's forward and backward run on it unchanged: every ep rank of a
-// stage runs the same list, so the MoE layers' exchanges inside F and B meet
-// in the same order. Without the pipeline a rank's one chunk is chapter 7's
-// model of its share and 1f1b's list is its F, then its B. The objective
-// (the microbatches' mean) depends on m, not on the mesh: expert_pipe_load.
+// ExpertModel of its L / S layers, so main.c's forward and backward run on
+// it unchanged; every ep rank of a stage runs the same list, so the MoE
+// exchanges meet in order. Without the pipeline: one chunk, F then B.
 #ifndef COMPOSED_PIPE_H
 #define COMPOSED_PIPE_H
 
@@ -16,22 +11,20 @@
 
 // ---------------------------------------------------------------- composed_pipe.c
 
-// The chunks, the schedule's lists, --show-sharding, the set-up's lines and
-// the checkpoint (opened, resumed). Collective.
+// The chunks, the schedule, the set-up's lines, --show-sharding, the
+// checkpoint (opened, resumed). Collective.
 void expert_pipe_create(ExpertPipe* P, Run* run, ExpertFlags* flags, const MoeConfig* cfg, ExpertForward forward,
                         ExpertBackward backward, Ckpt* ck);
 // Step `step`'s tokens of every microbatch of this rank.
 void expert_pipe_load(ExpertPipe* P, const TokenSet* d, long step);
-// The gradients zeroed, then the schedule's actions of this stage in order:
-// F and B (zb: and W) of each (microbatch, chunk), with the activations and
-// their gradients sent between the stages.
+// The gradients zeroed, then this stage's actions in order: F, B (zb: W) of
+// each (microbatch, chunk), activations and gradients sent between stages.
 void expert_pipe_run(ExpertPipe* P);
 // x 1/m over the microbatches; with pp > 1 the tied wte's halves summed
 // between the first and the last stage.
 void expert_pipe_accumulated(ExpertPipe* P);
-// The routing statistics summed over the stages, the step record's
-// aux_loss, dropped, expert_tokens; returns the step's LM loss (the
-// microbatches' mean, told by the last stage).
+// The step record's aux_loss, dropped, expert_tokens; returns the step's
+// LM loss (the microbatches' mean, from the last stage).
 double expert_pipe_record(ExpertPipe* P, TrainLoop* loop, int step);
 // TrainLoopSpec.val_loss (ctx: the ExpertPipe).
 float expert_pipe_val_loss(void* ctx, const TrainSetup* setup, int n_batches);

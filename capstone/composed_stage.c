@@ -1,7 +1,5 @@
 // composed_stage.c: what a rank of the capstone's pipeline owns
-// (composed_stage.h): its chunks' models, pieces and slots, the lists and
-// links (chapter 5's), checkpoints, --save and --show-sharding; with or
-// without the pipeline (one chunk).
+// (composed_stage.h), with or without the pipeline (one chunk).
 #include "composed_stage.h"
 
 #include <stdio.h>
@@ -16,10 +14,8 @@
 
 // ---------------------------------------------------------------- set-up
 
-// The config of a chunk's model: L / S layers, and the embedding's tables
-// only where the chunk uses them (wte on the first and the last, wpe on the
-// first). lnf's 2C floats stay on every chunk; a chunk without the head
-// keeps no logits in its slots (expert_slot_create).
+// A chunk's config: its layers, and the embedding's tables only where it
+// uses them (wte on the first and the last, wpe on the first).
 static MoeConfig pipe_chunk_config(const MoeConfig* whole, int first, int layers, int embeds, int head) {
     MoeConfig local = *whole;
     local.gpt.num_layers = layers;
@@ -29,13 +25,9 @@ static MoeConfig pipe_chunk_config(const MoeConfig* whole, int first, int layers
     return local;
 }
 
-// The pieces of a chunk (first layer `first`, its own config `local`) in
-// the whole model's buffer (`whole`): [wte wpe] on the first, the blocks,
-// [lnfw lnfb] and the tied copy of wte on the last (chapter 5's Piece: global
-// offset, count, local offset). With --tp both layouts leave out the tp
-// slices (moe.h), so the blocks stay one piece. A chunk's buffer is laid out
-// as a model of its own layers; only lnf's slot off the last chunk is not a
-// piece (it stays zero-gradient and unread).
+// A chunk's pieces of the whole model's replicated buffer (chapter 5's
+// Piece): [wte wpe] on the first, the blocks, [lnfw lnfb] and the tied copy
+// of wte on the last. lnf's slot off the last chunk is no piece (unread).
 static int chunk_pieces(Piece* piece, const MoeConfig* whole, const MoeConfig* local, int first, int embeds, int head) {
     size_t blk_l = moe_block_offset(local, 0), blk_n = moe_lnf_offset(local) - blk_l;
     size_t wte_n = param_tensor_numel(&whole->gpt, P_WTE);
@@ -49,12 +41,9 @@ static int chunk_pieces(Piece* piece, const MoeConfig* whole, const MoeConfig* l
     return n;
 }
 
-// Chunk c: virtual stage k = c pp + stage, layers [k L/S, (k+1) L/S), an
-// ExpertModel of them (so of B/(dp ep tp m) sequences), its pieces of the
-// whole model and its pool of slots. Its values counter-based, each value
-// from its place in the whole model, only what this rank holds (its pieces,
-// its experts, its tp slices: no rank makes the whole model); --model FILE
-// replaces them next (expert_stage_read).
+// Chunk c: virtual stage k = c pp + stage, an ExpertModel of its layers,
+// its pieces and its pool of slots. Its values counter-based, each from its
+// place in the whole model: only what this rank holds.
 static void chunk_create(ExpertPipe* P, int c, const ExpertFlags* fl) {
     XpChunk* ch = &P->chunk[c];
     ch->vstage = c * P->pp + P->stage;
@@ -85,24 +74,22 @@ static void chunk_create(ExpertPipe* P, int c, const ExpertFlags* fl) {
 
 void expert_stage_create(ExpertPipe* P, Run* run, ExpertFlags* fl, const MoeConfig* cfg) {
     const Mesh* mesh = &run->mesh;
-    int tp = mesh->size[AXIS_TP];
     P->cfg = *cfg;
-    P->cfg.tp = tp;  // the whole model's shared layout as the chunks hold it (moe.h: without the tp slices)
+    P->cfg.tp = mesh->size[AXIS_TP];  // the whole model's shared layout as the chunks hold it (moe.h: without the tp slices)
     P->pp = mesh->size[AXIS_PP], P->stage = mesh->coord[AXIS_PP];
     P->B = run->setup.B, P->T = run->setup.T, P->Tr = P->T / mesh->size[AXIS_CP];
-    // a rank's sequences: B/tp of its dp x ep share's, in world order (dp, ep, tp) as expert_model_create
-    P->per_rank = run->setup.B / (mesh->size[AXIS_DP] * mesh->size[AXIS_EP] * tp);
-    P->share = (mesh->coord[AXIS_DP] * mesh->size[AXIS_EP] + mesh->coord[AXIS_EP]) * tp + mesh->coord[AXIS_TP];
-    // the schedule's lists (chapter 5's, built and checked by every rank);
-    // expert_config refused every bad layout already (composed_rules.c)
+    // the schedule's lists (chapter 5's, built and checked by every rank;
+    // expert_config refused every bad layout already)
     int kind = schedule_parse(fl->schedule);  // without the pipeline 1f1b (expert_config): one F, one B
     P->sched_name = schedule_name((ScheduleKind)kind);
     P->M = fl->microbatches == ARG_NOT_GIVEN ? P->pp : fl->microbatches;
-    P->v = fl->virtual_chunks, P->S = P->pp * P->v, P->b = P->per_rank / P->M;
+    P->v = fl->virtual_chunks, P->S = P->pp * P->v;
     pipe_schedule_make(&P->sched, (ScheduleKind)kind, P->pp, P->M, P->v, NULL);
     P->run_mb = *run;
-    P->run_mb.setup.B = run->setup.B / P->M;                       // a chunk's model holds one microbatch
+    P->run_mb.setup.B = run->setup.B / P->M;  // a chunk's model holds one microbatch
     for (int c = 0; c < P->v; c++) chunk_create(P, c, fl);
+    // my sequences of a microbatch, and my share's place in the batch (expert_model_create's)
+    P->b = P->chunk[0].m.B, P->share = P->chunk[0].m.share, P->per_rank = P->b * P->M;
     P->total = moe_num_shared(cfg) + (size_t)moe_num_moe_layers(cfg) * cfg->experts * moe_expert_numel(cfg);
     // what a rank shares with its neighbours and keeps for a step (chapter 5's)
     pipe_embedding_group(&P->embed, mesh);
@@ -129,20 +116,14 @@ void expert_stage_free(ExpertPipe* P) {
 
 // ---------------------------------------------------------------- checkpoints and --save
 
-// This rank's slices of the training state (ckpt.h), in the MoE model's own
-// global tensors (moe.h), so that nothing is written twice and every rank
-// reads what it holds: each of a chunk's buffers through chapter 3's
-// zero_buffer_ckpt, which spreads the writing of what its group of copies
-// holds whole over the group (the replicated buffer over dp x cp x ep x tp,
-// the experts over dp x cp x tp, the tp slices over dp x cp x ep), and under
-// --zero writes and reads the engine's shards. A chunk's buffers as slices
-// of the global tensors: its pieces of the replicated floats (the tied copy
-// of wte read, not written: stage 0 writes it), its MoE layers' experts, its
-// layers' tp slices (strided slices of the global tensors). So pp2 resumes
-// on pp1 and back, tp2 x pp2 on any other mesh; E = 1, H = 4C is the dense
-// GPT's checkpoint (chapter 0 resumes it), as chapter 7's own
-// (moe_model_ckpt_open). Without the pipeline the rank's one chunk has the
-// whole model's pieces.
+// This rank's slices of the training state in the MoE model's global
+// tensors (moe.h), so that nothing is written twice and every rank reads
+// what it holds: each of a chunk's buffers through chapter 3's
+// zero_buffer_ckpt, which spreads the writing over the buffer's copies
+// (under --zero: the engine's shards). A chunk's buffers are its pieces of
+// the replicated floats (the tied wte read, not written), its MoE layers'
+// experts, its layers' tp slices. So any mesh resumes any other; E = 1,
+// H = 4C is the dense GPT's checkpoint (chapter 0 resumes it).
 typedef struct {
     const ExpertPipe* P;
     const XpChunk* ch;
@@ -150,8 +131,8 @@ typedef struct {
 } ChunkBuffer;
 
 // Units [u0, u0 + nu) of buffer b (zero_buffer.h's ZeroBufferSlices): a
-// range of the replicated floats (cut by the chunk's pieces), MoE layers of
-// the experts, layers of the tp slices.
+// range of the replicated floats cut by the chunk's pieces, MoE layers of
+// experts, layers of tp slices.
 static void unit_slices(void* ctx, CkptList* out, int write, CkptKind kind, int u0, int nu, float* data) {
     const ChunkBuffer* cb = ctx;
     const XpChunk* ch = cb->ch;
@@ -185,20 +166,17 @@ void expert_stage_ckpt(Ckpt* ck, ExpertPipe* P) {
     stage_slices(P, &ck->own, &ck->need);
 }
 
-// A whole model file (moe.h's layout at tp = 1, host) as the checkpoint's
-// slices (the lists above name the same global tensors): its replicated
-// floats and the experts [e0, e0 + n) of every MoE layer.
+// A whole model file (host, tp = 1) as the checkpoint's slices: its
+// replicated floats and the experts [e0, e0 + n) of every MoE layer.
 static void file_slices(CkptList* out, const MoeConfig* whole, float* shared, float* experts, int e0, int n) {
     moe_ckpt_add_shared(out, whole, CKPT_PARAMS, 0, moe_num_shared(whole), shared);
     moe_ckpt_add_expert_layers(out, whole, CKPT_PARAMS, 0, moe_num_moe_layers(whole), e0, n, experts);
 }
 
 // --model FILE: every rank reads the replicated floats and its ep rank's
-// experts, and takes what it holds as a resume would, by the checkpoint's
-// own lists: each float of what it reads of the parameters from the file's
-// slices (ckpt_copy), so any mesh reads any file with no code of its own
-// (the dense form's router, which no checkpoint holds, keeps its init).
-// Collective (a bad file ends every rank).
+// experts and copies what a resume would read from the file's slices
+// (ckpt_copy): any mesh reads any file with no code of its own (the dense
+// form's router, which no checkpoint holds, keeps its init).
 void expert_stage_read(ExpertPipe* P, const char* path) {
     MoeConfig whole = P->cfg;
     whole.tp = 1;  // the file's layout
@@ -220,12 +198,10 @@ void expert_stage_read(ExpertPipe* P, const char* path) {
     free(shared), free(experts);
 }
 
-// --save FILE, for any number of chunks: the checkpoint's own slices of the
-// parameters (each float of the model on one rank: ZeRO's shards, the
-// replicated buffer's spread over its copies) gathered into world rank 0's
-// file (ckpt_gather), written by chapter 7's moe_model_write. Rank 0 starts
-// from the counter-based init: the dense form's router, which no checkpoint
-// holds, is its init, as a resume would make it. Collective.
+// --save FILE: the checkpoint's own slices of the parameters (each float on
+// one rank) gathered into world rank 0's file (ckpt_gather), written by
+// chapter 7's moe_model_write. Rank 0 starts from the init: the dense
+// form's router, which no checkpoint holds, is its init, as on a resume.
 void expert_stage_save(ExpertPipe* P, const char* path) {
     MoeConfig whole = P->cfg;
     whole.tp = 1;  // the file's layout
@@ -247,10 +223,7 @@ void expert_stage_save(ExpertPipe* P, const char* path) {
 }
 
 // --show-sharding: each chunk's buffers, a row each (chapter 3's
-// zero_buffer_sharding): the replicated buffer (its layers, with the slots
-// of wte, wpe and lnf a model of its own has), its experts and its tp
-// slices (a rank's chunks named when it has several; the pp axis "-" at
-// pp = 1); then the ZeRO engine's rows over every buffer.
+// zero_buffer_sharding), then the ZeRO engine's rows.
 void expert_stage_show_sharding(const ExpertPipe* P, int show) {
     if (!show) return;
     ShardTable* t = xcalloc(1, sizeof(ShardTable));
@@ -263,7 +236,6 @@ void expert_stage_show_sharding(const ExpertPipe* P, int show) {
         int last = ch->first + m->cfg.gpt.num_layers - 1, NH = m->cfg.gpt.num_heads;
         snprintf(chunk, sizeof(chunk), "chunk %d: ", c);
         if (P->v == 1) chunk[0] = '\0';  // a chunk named when a rank has several
-        // --zero: the moments flat over each buffer's copies (m->batch, m->dpcp, m->tp.dpcpep)
         snprintf(name, sizeof(name), "%sGPT + routers", chunk);
         snprintf(slice, sizeof(slice), "layers %d..%d%s%s", ch->first, last, m->embeds ? ", embedding" : "",
                  m->has_head ? ", head" : "");

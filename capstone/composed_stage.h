@@ -1,8 +1,7 @@
-// composed_stage.h: what a rank of the capstone's pipeline owns, made and
-// kept by composed_stage.c: its chunks (one per virtual stage it holds, each
-// an ExpertModel of its layers, its pieces of the whole model and its slot
-// pool), the schedule's lists and chapter 5's links between the stages,
-// checkpoints, --save and --show-sharding. composed_pipe.c runs the lists.
+// composed_stage.h: what a rank of the capstone's pipeline owns: its chunks
+// (each an ExpertModel of its layers, its pieces of the whole model, its
+// slot pool), the schedule and chapter 5's links; its checkpoint slices,
+// --model, --save, --show-sharding. composed_pipe.c runs the schedule.
 #ifndef COMPOSED_STAGE_H
 #define COMPOSED_STAGE_H
 
@@ -45,19 +44,16 @@ typedef struct {
 
 static inline size_t act_floats(const ExpertPipe* P) { return (size_t)P->b * P->Tr * P->cfg.gpt.channels; }
 
-// Every rank builds and validates every rank's list (chapter 5's), makes
-// its chunks (one or many: their parameters counter-based, only what the
-// rank holds), the embedding group and its
-// incoming messages. Collective over the world.
+// Every rank builds and checks every rank's list (chapter 5's), makes its
+// chunks (counter-based: only what it holds), the embedding group and its
+// links. Collective.
 void expert_stage_create(ExpertPipe* P, Run* run, ExpertFlags* flags, const MoeConfig* cfg);
 void expert_stage_free(ExpertPipe* P);
-// This rank's slices of the training state, in the whole model's tensors
-// (--ckpt-dir, --resume): its chunks'.
+// This rank's slices of the training state, in the whole model's tensors.
 void expert_stage_ckpt(Ckpt* ck, ExpertPipe* P);
-// --model FILE: this rank's parameters from the file (after
-// expert_stage_create, before a resume). --save FILE: the whole model
-// gathered from every rank's slices of it, written by world rank 0. Both
-// through the checkpoint's slices (ckpt.h's ckpt_copy, ckpt_gather). Collective.
+// --model FILE: this rank's parameters from the file; --save FILE: every
+// rank's slices gathered and written by world rank 0. Both by the
+// checkpoint's slices (ckpt_copy, ckpt_gather). Collective.
 void expert_stage_read(ExpertPipe* P, const char* path);
 void expert_stage_save(ExpertPipe* P, const char* path);
 // --show-sharding: each chunk's buffers. Collective when show is set.

@@ -1,10 +1,7 @@
-// composed_tp.c: tensor parallelism's parameters in chapter 7's model (--tp
-// N, composed_model.h's ExpertTP): a tp rank's slices of every layer's qkvw,
-// qkvb and attprojw (and of a dense layer's fcw, fcb, fcprojw), chapter 4's
-// tiles of them (04_fsdp_tp/tp.h), made counter-based (expert_tp_init) and
-// named to the checkpoint (expert_tp_ckpt_add: --save and --model FILE go
-// through it too), and the group's buffers. The attention half that runs on them, with every collective of tp's
-// attention, is composed_attention.c's.
+// composed_tp.c: --tp's parameters: a rank's slices of every layer's qkvw,
+// qkvb, attprojw (and a dense layer's fcw, fcb, fcprojw) as chapter 4's
+// tiles (tp.h), made counter-based and named to the checkpoint; a layer's
+// parameters with them. What runs on them is composed_attention.c's.
 #include <stdlib.h>
 #include <string.h>
 
@@ -44,11 +41,9 @@ float* expert_router_grad(ExpertModel* m, int l) {
 
 // ---------------------------------------------------------------- the whole model and my slices
 
-// Tp rank `rank`'s slices as chapter 4's tiles (04_fsdp_tp/tp.h): of each
-// layer's tp shard the tiles that split a tensor, in chapter 4's block order
-// and packed, which is moe_tp_params's layout (a MoE layer's MLP is its
-// experts: no tiles). The replicated tiles are the shared buffer's. Returns
-// their number; *tiles to free.
+// Tp rank `rank`'s slices as chapter 4's tiles: each layer's split tiles in
+// chapter 4's order, packed (moe_tp_params's layout; an MoE layer's MLP is
+// its experts: no tiles). Returns their number; *tiles to free.
 static int slice_tiles(const ExpertModel* m, int rank, Tile** tiles) {
     const GPTConfig* g = &m->cfg.gpt;
     int per = tp_block_tiles(g, m->tp.tp, rank, 0, NULL), n = 0;
@@ -82,11 +77,9 @@ void expert_tp_init(ExpertModel* m, const GPTConfig* whole, uint64_t seed) {
     free(tiles);
 }
 
-// Local layers [l0, l0 + n) of my slices (data: layer l0's first float) as
-// checkpoint slices of the global tensors, by chapter 4's tp_tiles_ckpt_add
-// once each tile names the layer moe.h's table indexes: a block tensor's
-// id is its ParamTensor, a dense layer's MLP indexed among the dense layers
-// (in the dense form by its layer).
+// Chapter 4's tp_tiles_ckpt_add, once each tile names the layer moe.h's
+// tensors index: a dense layer's MLP among the dense layers (in the dense
+// form by its layer).
 void expert_tp_ckpt_add(CkptList* out, const ExpertModel* m, CkptKind kind, int l0, int n, float* data) {
     const MoeConfig* c = &m->cfg;
     Tile* tiles;

@@ -1,20 +1,15 @@
-// composed_wgrad.c: the split backward of chapter 7's chunks (--schedule
-// zb). B computes the input gradients the stage before waits for, through
-// every exchange (the MoE all-to-alls, tp's and cp's collectives); the big
+// composed_wgrad.c: the split backward (--schedule zb). B makes the input
+// gradients the stage before waits for, through every exchange; the big
 // matmuls' weight gradients (attention's, a dense MLP's, the router's, the
 // experts') go with copies of their rows to the slot's queue
-// (common/wgrad_queue.h), which W runs. The LayerNorms', embeddings' and
-// tied head's stay in B. Here: how large a slot's queue is, and the hook.
+// (wgrad_queue.h), which W runs. The small ones stay in B.
 #include "composed_model.h"
 #include "memory.h"
 
-// Per layer of the chunk, every deferred matmul's dout and inp rows:
-// attention on the attention's rows Ng = N tp (my heads' C/tp channels),
-// qkv (ln1 and d qkv) and proj (atty and d res2), with --tp the proj bias
-// on my N rows of d res2; an MoE layer's router (ln2 and d logits) and at
-// most R expert rows through fc (exp_in, d fch) and proj (fch_gelu, d out);
-// a dense layer's fc (ln2, d fch) and proj (fch_gelu, d res3): on the Ng
-// rows with --tp (N 4C floats of fch either way), and the proj bias on my N.
+// Every deferred matmul's inp and dout rows, per layer: attention's qkv and
+// proj on Ng = N tp rows of my C/tp channels (--tp: the proj bias on my N
+// rows); an MoE layer's router and at most R expert rows through fc and
+// proj; a dense layer's fc and proj (on Ng rows with --tp, and the bias).
 static size_t wgrad_floats(const ExpertModel* m) {
     const MoeConfig* c = &m->cfg;
     size_t N = (size_t)m->N, C = (size_t)c->gpt.channels, tp = (size_t)(m->tp.tp > 1 ? m->tp.tp : 1);
@@ -35,7 +30,7 @@ void expert_wgrad_create(WGradQueue* q, const ExpertModel* m) {
     wgrad_queue_create(q, wgrad_floats(m), m->cfg.gpt.num_layers * per_layer);
 }
 
-void expert_wgrad_hook(void* ctx, int layer, float* dw, float* db, const float* dout, const float* inp, int N, int C,
+static void wgrad_hook(void* ctx, int layer, float* dw, float* db, const float* dout, const float* inp, int N, int C,
                        int OC) {
     ExpertModel* m = ctx;
     if (N == 0) return;  // an expert that received no row
@@ -43,4 +38,4 @@ void expert_wgrad_hook(void* ctx, int layer, float* dw, float* db, const float* 
     weight_grad(&h, dw, db, dout, inp, N, C, OC);
 }
 
-WeightGradHook expert_wgrad(ExpertModel* m, int layer) { return (WeightGradHook){expert_wgrad_hook, m, layer}; }
+WeightGradHook expert_wgrad(ExpertModel* m, int layer) { return (WeightGradHook){wgrad_hook, m, layer}; }

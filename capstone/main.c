@@ -18,12 +18,10 @@
 
 // ---------------------------------------------------------------- one MoE block
 
-// The block with its MLP replaced by chapter 7's MoE layer (07_expert/moe_layer.c:
-// route, count, dispatch, experts, combine over ep, in --ep-overlap chunks). The
-// attention half around it is the composition's: with --cp over the cp group, with
-// --tp split by heads (expert_attention_forward). a: where the attention half and the
-// layer's output go (expert_block_acts, or the transient when --recompute full runs the layer
-// again in backward).
+// The block with its MLP replaced by chapter 7's MoE layer (route, count, dispatch,
+// experts, combine over ep). The attention half around it is the composition's: with
+// --cp over the cp group, with --tp split by heads. a: where the activations go (the
+// kept ones, or the transient when --recompute full runs the layer again).
 static void moe_block_forward(ExpertModel* m, int l, BlockActs* a, const float* x) {
     int mi = moe_layer_index(&m->cfg, l);
     BlockParams p = expert_block_params(m, l);  // with --tp, my slices of the attention's matrices
@@ -34,18 +32,9 @@ static void moe_block_forward(ExpertModel* m, int l, BlockActs* a, const float* 
     residual_forward(a->res3, a->res2, a->fcproj, (size_t)m->N * m->cfg.gpt.channels);
 }
 
-// --recompute: what layer l's forward did not keep, again, before its
-// backward (docs/recompute.md). Returns the activations backward reads.
-//   selective  keeps the router's choices, the plan and every row that
-//              crossed the network (exp_in, fch, back): no exchange is
-//              repeated. Recomputed: gelu(fch) of the experts' rows
-//              (attention kept its lse: no probabilities to rebuild).
-//   full       keeps only the layer's output; the whole layer runs again,
-//              the router included: the same ops on the same input choose
-//              the same experts, but the dispatch and combine all-to-all-v
-//              are issued again, 2 more per MoE layer per step (counted in
-//              the summary's alltoall bytes), as are the plan's small host
-//              exchanges and --cp's attention exchanges.
+// --recompute, as chapter 7's (07_expert/main.c): selective remakes gelu(fch) of the
+// experts' rows and repeats no exchange; full runs the whole layer again, its
+// all-to-alls (and --cp's, --tp's exchanges) too. Returns the activations backward reads.
 static BlockActs moe_block_recompute(ExpertModel* m, int l, const float* x) {
     const MoeConfig* c = &m->cfg;
     BlockActs a = expert_block_acts(m, l);
