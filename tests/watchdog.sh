@@ -68,8 +68,8 @@ done
 # a census that counts a brief wait as a stall)
 out=$(timeout -k 5 60 $MPIRUN -np 2 "$BUILD/tests/test_watchdog" brief 2>&1)
 rc=$?
-if [ $rc -eq 0 ] && ! echo "$out" | grep -q watchdog: && echo "$out" | grep -qE '^rank 0 waited in MPI_Recv while rank 1 made (1[5-9]|2[0-9]) brief waits'; then
-    pass "watchdog: rank 0 waits 4 timeouts while rank 1 makes many brief waits: no stall, the run ends normally ($(echo "$out" | grep -oE '[0-9]+ brief waits'))"
+if [ $rc -eq 0 ] && ! echo "$out" | grep -q watchdog: && echo "$out" | grep -q '^rank 0 waited in MPI_Recv while rank 1 made 20 brief waits'; then
+    pass "watchdog: rank 0 waits 4 timeouts while rank 1 makes 20 brief waits: no stall, the run ends normally"
 else
     fail "watchdog: brief waits beside a long one" "exit $rc (3 = ended by the watchdog); $(echo "$out" | grep -E 'error|waited' | head -2)"
 fi
