@@ -34,17 +34,13 @@ typedef struct {
     int top_k;      // k <= E experts per token
     int hidden;     // H, each expert's MLP width (default 4C)
     int moe_every;  // layer l is MoE iff (l + 1) % moe_every == 0
-    // tensor parallelism (the capstone's --tp, capstone/composed_tp.c): with tp > 1 the
-    // shared buffer leaves out every layer's qkvw, qkvb and attprojw and a
-    // dense layer's fcw, fcb and fcprojw (a tp
-    // rank holds its slices of them in a buffer of their own); 0 or 1: the
-    // whole model, as the file and the checkpoint's tensors name it
+    // the capstone's --tp: with tp > 1 the shared buffer leaves out the split
+    // tensors (qkvw, qkvb, attprojw; a dense layer's fcw, fcb, fcprojw), which
+    // a tp rank holds in a buffer of their own; 0 or 1: the whole model
     int tp;
-    // the global index of local layer 0: 0 for the whole model, a pipeline
-    // chunk's first layer for its own config (capstone/composed_stage.c), so that its
-    // local layer j is MoE or dense as global layer first_layer + j is, and
-    // its MoE layers are indexed from its first one. The init and the file
-    // functions take the whole model (first_layer 0).
+    // the global index of local layer 0: a pipeline chunk's first layer (the
+    // capstone's), so local layer j is MoE or dense as global layer
+    // first_layer + j. The init and the file functions take first_layer 0.
     int first_layer;
 } MoeConfig;
 
@@ -105,15 +101,12 @@ void moe_attention_forward(const BlockParams* p, BlockActs* a, const float* x, i
 void moe_attention_backward(const BlockParams* p, BlockParams* g, const BlockActs* a,
                             const BlockScratch* s, const float* x, const float* dln2, float* dres,
                             int B, int T, int C, int NH);
-// The two halves around attention itself, on N token rows (chapter 7's
-// context parallelism puts the cp group's attention between them):
-// moe_attention_in writes ln1 and qkv; moe_attention_out, from atty,
-// attproj, res2 and ln2. Backward: moe_attention_backward_out leaves d atty
-// in s->datty and zeroes s->dqkv (for attention's backward to fill), and
-// keeps d res2 (attproj's d-output) in s->dfch_gelu's first N C floats;
-// moe_attention_backward_in takes s->dqkv down to d x and the gradients,
-// those of the two matmuls at once or handed to wg (model.h; the capstone's
-// split backward queues them, capstone/composed_wgrad.c).
+// The two halves around attention itself, on N token rows (the capstone
+// puts cp's attention between them): _in writes ln1 and qkv; _out, from
+// atty, attproj, res2 and ln2. Backward: _backward_out leaves d atty in
+// s->datty, zeroes s->dqkv and keeps d res2 in s->dfch_gelu's first N C
+// floats; _backward_in takes s->dqkv down to d x and the gradients (the
+// two matmuls' at once or handed to wg, model.h).
 void moe_attention_in(const BlockParams* p, BlockActs* a, const float* x, int N, int C);
 void moe_attention_out(const BlockParams* p, BlockActs* a, const float* x, int N, int C);
 void moe_attention_backward_out(const BlockParams* p, const BlockActs* a, const BlockScratch* s,
@@ -173,13 +166,11 @@ void moe_ckpt_tensors(const MoeConfig* c, CkptTensor out[MOE_CKPT_TENSORS]);
 // change the model without changing every shape).
 void moe_ckpt_variant(const MoeConfig* c, char* out, size_t len);
 // 1: the model is the dense GPT's (E = 1, so k = 1, and H = 4C: the router's
-// softmax over one expert is exactly 1 whatever its weights, so its
-// gradient is 0 and it never changes a loss). Its checkpoint is then the
-// dense form, the GPT's 16 tensors and no variant line: the one expert's
-// four tensors are the MLP's of its layer, and the router is not saved
-// (nor read: it keeps its init). Chapter 0 resumes it, and it resumes any
-// dense chapter's. The lists below write that form; the caller sets the
-// GPT's table (ckpt_set_model with no table).
+// softmax over one expert is exactly 1, so it never changes a loss). Its
+// checkpoint is then the dense form, the GPT's 16 tensors: the expert's are
+// the MLP's, and the router is neither saved nor read (it keeps its init).
+// Chapter 0 resumes it, and it resumes any dense chapter's. The caller sets
+// the GPT's table (ckpt_set_model with no table).
 int moe_ckpt_dense(const MoeConfig* c);
 // The flat range [lo, lo + n) of the shared buffer (a replica or a piece of
 // it), values at data: one slice per (tensor, layer) piece it overlaps.
@@ -194,10 +185,9 @@ void moe_ckpt_add_expert_layers(CkptList* l, const MoeConfig* c, CkptKind kind, 
 
 // ---------------------------------------------------------------- tp slices
 // A tp rank's slices (the capstone's --tp: chapter 4's tiles that split a
-// tensor, capstone/composed_tp.c), per layer qkvw (3C/tp, C) qkvb (3C/tp)
-// attprojw (C, C/tp), a dense layer's fcw (4C/tp, C) fcb (4C/tp) fcprojw
-// (C, 4C/tp). Floats of layer l's: (4C^2 + 3C) / tp, a dense layer's
-// (12C^2 + 7C) / tp; and of layers [0, l)'s, where layer l's start.
+// tensor), per layer qkvw (3C/tp, C) qkvb (3C/tp) attprojw (C, C/tp), a dense
+// layer's fcw (4C/tp, C) fcb (4C/tp) fcprojw (C, 4C/tp): layer l's floats,
+// and where they start.
 size_t moe_tp_numel(const MoeConfig* c, int l, int tp);
 size_t moe_tp_offset(const MoeConfig* c, int l, int tp);
 // p with layer l's split tensors pointing into its tp slices at w.
