@@ -1,14 +1,15 @@
 // composed_attention.c: a layer's attention half as the mesh composes it,
 // and a dense layer (--moe-every > 1) around it.
 //
-// --tp: every op but attention and a dense MLP works token by token on my
-// N rows. Attention mixes a sequence's tokens and is split by heads:
-// chapter 6's Megatron half (sp_attention_forward: the all-gather, my NH/tp
-// heads, the reduce-scatter), handed attention's core (below) and the zb
-// queue. A dense MLP is chapter 6's too (my 4C/tp hidden units); the
-// experts stay whole (docs/07_expert.md says why). --cp: the core is
-// chapter 6's ring or Ulysses over the cp group; this file says which of
-// the slot's layer states it keeps. Neither: chapter 7's own (moe.h).
+// --tp (ExpertTP): attention mixes a sequence's tokens and is split by
+// heads: chapter 6's Megatron half (sp_attention_forward: the all-gather,
+// my NH/tp heads, the reduce-scatter), handed attention's core (below) and
+// the zb queue. A dense MLP is chapter 6's too (my 4C/tp hidden units); the
+// experts stay whole (docs/notes/07_composition.md says why). --cp: the
+// core is chapter 6's ring or Ulysses over the cp group (without its
+// --cp-overlap 0 and attention clock, which the capstone does not measure);
+// this file says which of the slot's layer states it keeps. Neither:
+// chapter 7's own (moe.h).
 #include "composed_model.h"
 #include "memory.h"
 #include "sequence.h"  // chapter 6's Megatron attention and MLP halves: --tp

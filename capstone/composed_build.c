@@ -10,8 +10,7 @@
 #include "run.h"
 
 // ---------------------------------------------------------------- set-up
-// Each buffer's units (composed_model.h); --zero 2, 3: the tied wte's unit
-// with a gradient of its own.
+// Each buffer's units (composed_model.h).
 void expert_model_units(ExpertModel* m) {
     const MoeConfig* c = &m->cfg;
     int L = c->gpt.num_layers, Lm = moe_num_moe_layers(c);
@@ -86,7 +85,7 @@ void expert_model_create(ExpertModel* m, const MoeConfig* cfg, const ExpertFlags
                     .n_blocks = m->batch.size / sh->cp * sh->B * nb, .row_block = row_block, .recompute = m->recompute};
     moe_parallel_create(&m->moe, &spec);
     free(row_block);
-    m->moe.wgrad = expert_wgrad(m, 0);
+    m->moe.wgrad = expert_wgrad(m, 0);  // the router's and experts' (zb: queued); moe_layer.c sets the layer
     m->dln2 = mem_alloc_floats((size_t)N * C, MEM_ACTIVATIONS);
     m->rows_host = mem_alloc_host((size_t)N * 2 * sizeof(int));
 }

@@ -15,9 +15,8 @@ BlockActs expert_block_acts(ExpertModel* m, int l) { return gpt_acts_block(&m->s
 
 // ---------------------------------------------------------------- --zero 2, 3: the units of a layer
 
-// Layer l's (buffer, unit)s: its piece of the replicated buffer (l = L:
-// then wte's, which the head reads), its experts, its tp slices. Returns
-// how many.
+// Layer l's (buffer, unit)s (composed_model.h): its piece of the replicated
+// buffer, its experts, its tp slices. Returns how many.
 static int layer_units(const ExpertModel* m, int l, int u[3][2]) {
     int L = m->cfg.gpt.num_layers, n = 0;
     u[n][0] = ZERO_SHARED, u[n++][1] = 1 + l;

@@ -40,6 +40,7 @@ typedef struct {
 // shard's q, k, v, output too), with zb the queue B fills for W.
 // --recompute full remakes each layer just before its backward, so one
 // layer's MoE and cp state, the first slot's, serves every slot.
+// expert_slot_create's first: that slot (NULL: this is the first).
 typedef struct {
     GPTActs acts;
     MoeLayer* layers;          // (Lm, or full 1) chapter 7's, as moe_model_layer indexes them
@@ -84,10 +85,10 @@ typedef struct {
     // of it (DeepSpeed-MoE's layout for the experts), in units of a layer:
     // [wte wpe], each block's piece, [lnfw lnfb]; each MoE layer's experts;
     // each layer's tp slices. A layer finds its parameters by unit
-    // (expert_block_params): under --zero 3 the gathered copy
+    // (expert_block_params)
     int zero, nz;     // nz: the buffers, 2, or 3 with --tp
     ZeroBuffer z[3];  // [ZERO_EXPERTS], [ZERO_SHARED], [ZERO_TP]
-    ExpertSlot* slot;  // the microbatch's it runs on (composed_pipe.c chooses it)
+    ExpertSlot* slot;  // the slot of the microbatch it runs on (composed_pipe.c chooses it)
     RecomputeMode recompute;
     MoeParallel moe;  // chapter 7's MoE engine over ep
     float* dln2;      // (N, C) an MoE layer's d ln2
@@ -102,8 +103,8 @@ typedef struct {
     const char *cp_mode_name, *cp_balance_name;  // --cp-mode, --cp-balance as given
     CPMode cp_mode;                              // parsed by expert_config
     CPBalance cp_balance;
-    const char* schedule;  // --pp: chapter 5's; microbatches ARG_NOT_GIVEN: pp
-    int microbatches, virtual_chunks;
+    const char* schedule;              // chapter 5's
+    int microbatches, virtual_chunks;  // microbatches ARG_NOT_GIVEN: pp
     int zero;  // --zero: 0, 1 the AdamW moments sharded, 2 the gradients, 3 the parameters (zero_buffer.h)
 } ExpertFlags;
 
@@ -130,16 +131,15 @@ void expert_units_open(ExpertModel* m, int l);
 void expert_units_reduce(ExpertModel* m, int l);
 
 // ---------------------------------------------------------------- composed_build.c
-// This rank's model (or a chunk's: cfg its layers): its B/(dp ep tp)
+// A chunk's model (cfg its layers; run its microbatch's): its B/(m dp ep tp)
 // sequences (T/cp positions of each), the experts [e0, e0 + E/ep), every
 // buffer allocated and counted. Its values go in next (chunk_create), then
-// expert_model_units: each buffer's units (--zero: the engines take them).
+// expert_model_units: each buffer's units (--zero: the engines take the values).
 void expert_model_create(ExpertModel* m, const MoeConfig* cfg, const ExpertFlags* flags, const Run* run, int embeds,
                          int has_head);
 void expert_model_units(ExpertModel* m);
 void expert_model_free(ExpertModel* m);
-// A slot of the model, counted; first: the chunk's first slot, whose layer
-// state --recompute full shares (NULL: this is the first).
+// A slot of the model, counted (first: see ExpertSlot).
 ExpertSlot* expert_slot_create(const ExpertModel* m, const ExpertSlot* first);
 void expert_slot_free(const ExpertModel* m, ExpertSlot* s);
 

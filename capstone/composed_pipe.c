@@ -42,7 +42,8 @@ static float* slot_buffer(void* ctx, int grad, int mb, int c) {
 // ---------------------------------------------------------------- the actions
 
 // F: the chunk's input (embedded, or the stage before's output), the
-// forward of its layers, then the loss (the last stage) or the output on.
+// forward of its layers, then the loss (the last virtual stage) or the
+// output on.
 // Microbatch -1 is validation's or --sample's, outside the step's lists: its
 // input comes by a blocking receive, its routing is not counted.
 static float forward(ExpertPipe* P, int mb, int c, const int* inputs, const int* targets) {
@@ -95,7 +96,7 @@ void expert_pipe_run(ExpertPipe* P) {
     for (int c = 0; c < P->v; c++) {
         ExpertModel* m = &P->chunk[c].m;
         moe_step_begin(&m->moe);  // chapter 7's: the exchanges' clocks from here (validation's dropped)
-        // gradients accumulate from zero (--zero 2, 3: zeroed as backward opens a unit)
+        // gradients accumulate from zero (--zero 2, 3: one microbatch, zeroed as backward opens a unit)
         for (ZeroBuffer* z = m->z; m->zero < 2 && z < m->z + m->nz; z++) mem_zero(z->grads, z->n * sizeof(float));
     }
     P->loss_sum = P->aux = 0.0, P->dropped = 0;
@@ -128,7 +129,7 @@ void expert_pipe_accumulated(ExpertPipe* P) {
 // The step's statistics, summed over pp (host values: plain MPI): each
 // stage holds its own MoE layers', only the last saw the loss. At m = 1 and
 // one chunk, chapter 7's record's bits. Each chunk's exchange clocks go to
-// chapter 7's moe_step_record.
+// chapter 7's moe_step_record; the summary's a2a_hidden_share is chunk 0's.
 double expert_pipe_record(ExpertPipe* P, TrainLoop* loop, int step) {
     int E = P->cfg.experts, Lm = moe_num_moe_layers(&P->cfg);
     MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, &P->aux, 1, MPI_DOUBLE, MPI_SUM, P->link.pp->mpi));
@@ -150,7 +151,8 @@ double expert_pipe_record(ExpertPipe* P, TrainLoop* loop, int step) {
 // Microbatch mb is the global batch's sequences [mb B/m, (mb+1) B/m), split
 // over the dp x ep x tp ranks in share order (b each; a share's cp ranks
 // hold the same sequences), so that an MoE layer sees the same tokens on
-// every mesh: chapter 7 on one rank with the same m is the reference.
+// every mesh (capacity and balance statistics are per microbatch): chapter 7
+// on one rank with the same m is the reference.
 void expert_pipe_load(ExpertPipe* P, const TokenSet* d, long step) {
     int B = P->B, T = P->T;
     for (int mb = 0; mb < P->M; mb++) {
@@ -177,8 +179,9 @@ static float forward_only(void* ctx, const int* inputs, const int* targets) {
 }
 
 // --sample: every rank runs each forward, share 0's first sequence holding
-// the window (as chapter 7's next_logits); position t-1's row goes from the
-// last stage (and its cp rank) to world rank 0, which samples.
+// the window (as chapter 7's next_logits); on the last stage the cp rank
+// holding position t-1 tells its cp group, then the row goes over pp to
+// world rank 0, which samples.
 static void next_logits(void* ctx, const int* window, int t, float* row) {
     ExpertPipe* P = ctx;
     int Vp = P->cfg.gpt.padded_vocab_size;

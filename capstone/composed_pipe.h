@@ -20,15 +20,14 @@ void expert_pipe_load(ExpertPipe* P, const TokenSet* d, long step);
 // The gradients zeroed, then this stage's actions in order: F, B (zb: W) of
 // each (microbatch, chunk), activations and gradients sent between stages.
 void expert_pipe_run(ExpertPipe* P);
-// x 1/m over the microbatches; with pp > 1 the tied wte's halves summed
-// between the first and the last stage.
+// The accumulated gradients as the step's (composed_pipe.c says how).
 void expert_pipe_accumulated(ExpertPipe* P);
-// The step record's aux_loss, dropped, expert_tokens; returns the step's
-// LM loss (the microbatches' mean, from the last stage).
+// The step record's fields; returns the step's LM loss (the microbatches'
+// mean, from the last stage).
 double expert_pipe_record(ExpertPipe* P, TrainLoop* loop, int step);
 // TrainLoopSpec.val_loss (ctx: the ExpertPipe).
 float expert_pipe_val_loss(void* ctx, const TrainSetup* setup, int n_batches);
-// The summary's fields (the traffic, a2a_hidden_share; the schedule's with the pipeline).
+// The summary's fields (the traffic, a2a_hidden_share, the schedule's).
 void expert_pipe_report(ExpertPipe* P, const ExpertFlags* flags, const TrainLoop* loop, JsonBuf* summary);
 // --sample, --save, and everything freed. Collective.
 void expert_pipe_finish(ExpertPipe* P, const TrainArgs* args);

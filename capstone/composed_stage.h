@@ -45,8 +45,7 @@ typedef struct {
 static inline size_t act_floats(const ExpertPipe* P) { return (size_t)P->b * P->Tr * P->cfg.gpt.channels; }
 
 // Every rank builds and checks every rank's list (chapter 5's), makes its
-// chunks (counter-based: only what it holds), the embedding group and its
-// links. Collective.
+// chunks, the embedding group and its links. Collective.
 void expert_stage_create(ExpertPipe* P, Run* run, ExpertFlags* flags, const MoeConfig* cfg);
 void expert_stage_free(ExpertPipe* P);
 // This rank's slices of the training state, in the whole model's tensors.

@@ -2,7 +2,8 @@
 // gradients the stage before waits for, through every exchange; the big
 // matmuls' weight gradients (attention's, a dense MLP's, the router's, the
 // experts') go with copies of their rows to the slot's queue
-// (wgrad_queue.h), which W runs. The small ones stay in B.
+// (wgrad_queue.h), which W runs. The LayerNorms', the embeddings' and the
+// tied head's stay in B.
 #include "composed_model.h"
 #include "memory.h"
 

@@ -19,7 +19,7 @@
 // ---------------------------------------------------------------- one MoE block
 
 // The block with its MLP replaced by chapter 7's MoE layer (route, count, dispatch,
-// experts, combine over ep). The attention half around it is the composition's: with
+// experts, combine over ep, in --ep-overlap chunks). The attention half around it is the composition's: with
 // --cp over the cp group, with --tp split by heads. a: where the activations go (the
 // kept ones, or the transient when --recompute full runs the layer again).
 static void moe_block_forward(ExpertModel* m, int l, BlockActs* a, const float* x) {
@@ -56,7 +56,7 @@ static BlockActs moe_block_recompute(ExpertModel* m, int l, const float* x) {
 }
 
 // m->slot->acts.dres: d res3 on entry, d x on return: the MoE layer's backward (its two
-// exchanges reversed, in the same chunks), then the attention half's.
+// exchanges reversed, in the same --ep-overlap chunks), then the attention half's.
 static void moe_block_backward(ExpertModel* m, int l, const float* x) {
     int mi = moe_layer_index(&m->cfg, l);
     double t0 = trace_start();
