@@ -642,18 +642,23 @@ double pipe_timeline(Pipeline* P, JsonLog* log, int step, int warmup) {
 double pipe_bubble(const Pipeline* P) { return P->bubble_n ? P->bubble_sum / P->bubble_n : 0.0; }
 
 void pipe_summary_fields(const Pipeline* P, const char* sched_name, double simulated, double formula, JsonBuf* out) {
-    // every rank's figures, (world, 3): its layers, peak slots, early receives
-    int world = 0;
-    MPI_CHECK(MPI_Comm_size(MPI_COMM_WORLD, &world));
-    int mine[3] = {0, P->peak_slots, P->link.early}, *all = xcalloc((size_t)world * 3, sizeof(int));
-    for (int c = 0; c < P->n_virtual; c++) mine[0] += P->layers[c].count;
-    MPI_CHECK(MPI_Gather(mine, 3, MPI_INT, all, 3, MPI_INT, 0, MPI_COMM_WORLD));
     json_add_string(out, "schedule", sched_name);
     json_add_int(out, "microbatches", P->n_micro);
     json_add_int(out, "virtual", P->n_virtual);
     json_add_double(out, "bubble_measured", pipe_bubble(P), "%.4f");
     json_add_double(out, "bubble_simulated", simulated, "%.4f");
     json_add_double(out, "bubble_formula", formula, "%.4f");
+    int layers = 0;
+    for (int c = 0; c < P->n_virtual; c++) layers += P->layers[c].count;
+    pipe_summary_ranks(layers, P->peak_slots, &P->link, out);
+}
+
+void pipe_summary_ranks(int layers, int peak_slots, const PipeLink* link, JsonBuf* out) {
+    // every rank's figures, (world, 3)
+    int world = 0;
+    MPI_CHECK(MPI_Comm_size(MPI_COMM_WORLD, &world));
+    int mine[3] = {layers, peak_slots, link->early}, *all = xcalloc((size_t)world * 3, sizeof(int));
+    MPI_CHECK(MPI_Gather(mine, 3, MPI_INT, all, 3, MPI_INT, 0, MPI_COMM_WORLD));
     static const char* keys[3] = {"layers", "activation_slots", "early_receives"};
     int* column = xmalloc((size_t)world * sizeof(int));
     for (int f = 0; f < 3; f++) {

@@ -307,6 +307,11 @@ double pipe_bubble(const Pipeline* P);  // the mean bubble of the counted steps
 // layers, peak activation slots and early receives (rank 0's out holds them).
 // Collective over the world.
 void pipe_summary_fields(const Pipeline* P, const char* sched_name, double simulated, double formula, JsonBuf* out);
+// Its per-rank part, for any executor on a PipeLink (the capstone's too):
+// this rank's layers and peak slots, the link's early receives, gathered to
+// rank 0 as "layers", "activation_slots", "early_receives". Collective over
+// the world.
+void pipe_summary_ranks(int layers, int peak_slots, const PipeLink* link, JsonBuf* out);
 
 // --show-sharding: the layers of this rank's stages, the embedding on the
 // first, the final LayerNorm and the tied wte's copy on the last (sharding.h).

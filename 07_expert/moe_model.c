@@ -297,51 +297,54 @@ static void next_logits(void* ctx, const int* window, int t, float* row) {
     free(tokens);
 }
 
-// --save FILE: rank 0 writes the replicated parameters and every expert,
-// gathered over ep (dp rank 0's ep group; every dp replica holds the same
-// experts). A host-side copy for the file, not part of training.
-float* moe_gather_experts(const MoeConfig* cfg, const Comm* epc, const float* experts, size_t n_experts, int E_local) {
-    int Lm = moe_num_moe_layers(cfg), E = cfg->experts, ep = epc->size;
-    size_t ne = moe_expert_numel(cfg);
-    // all ep ranks' buffers, rank after rank, then reordered to [layer][expert]
-    // (each rank holds [layer][its experts])
-    float* gathered = epc->rank == 0 ? mem_alloc_floats(n_experts * ep, MEM_OTHER) : NULL;
-    comm_gather(epc, experts, gathered, n_experts, 0);
-    float* all = NULL;
-    if (epc->rank == 0) {
-        float* host = xmalloc(n_experts * ep * sizeof(float));
-        mem_to_host(host, gathered, n_experts * ep * sizeof(float));
-        all = xmalloc((size_t)Lm * E * ne * sizeof(float));
-        for (int r = 0; r < ep; r++)
-            for (int l = 0; l < Lm; l++)
-                memcpy(all + ((size_t)l * E + (size_t)r * E_local) * ne, host + (size_t)r * n_experts + (size_t)l * E_local * ne,
-                       (size_t)E_local * ne * sizeof(float));
-        free(host);
-    }
-    mem_free(gathered);
-    return all;
+// ---------------------------------------------------------------- the MoE file through checkpoint slices
+
+// The file's parameters (cfg's layout at tp = 1, host) as checkpoint slices
+// (ckpt.h): the replicated floats and experts [e0, e0 + n) of every MoE layer.
+static void file_slices(CkptList* out, const MoeConfig* cfg, float* shared, float* experts, int e0, int n) {
+    moe_ckpt_add_shared(out, cfg, CKPT_PARAMS, 0, moe_num_shared(cfg), shared);
+    moe_ckpt_add_expert_layers(out, cfg, CKPT_PARAMS, 0, moe_num_moe_layers(cfg), e0, n, experts);
 }
 
-void moe_model_write(const char* path, const MoeConfig* cfg, const Comm* world, const float* shared, float* host,
-                     float* all) {
+void moe_model_read_slices(const char* path, const MoeConfig* cfg, int e0, int n, const CkptList* need) {
+    size_t ns = moe_num_shared(cfg), ne = (size_t)moe_num_moe_layers(cfg) * n * moe_expert_numel(cfg);
+    float *shared = xmalloc(ns * sizeof(float)), *experts = xmalloc(ne * sizeof(float) + 1);
+    char msg[1024];
+    const char* bad = moe_checkpoint_read(path, cfg, shared, experts, e0, n, msg, sizeof(msg));
+    fail_if_any(bad != NULL, bad);
+    CkptList file = {0};
+    file_slices(&file, cfg, shared, experts, e0, n);
+    size_t want = 0;
+    for (int i = 0; i < need->n; i++)
+        if (need->s[i].kind == CKPT_PARAMS) want += need->s[i].len * need->s[i].count;
+    size_t found = ckpt_copy(need, &file);
+    CHECK(found == want, "--model %s: %zu of the %zu parameters this rank holds found in the file", path, found, want);
+    ckpt_list_free(&file);
+    free(shared), free(experts);
+}
+
+void moe_model_save_slices(const char* path, const MoeConfig* cfg, const Comm* world, const CkptList* own,
+                           uint64_t seed) {
+    size_t n = moe_num_shared(cfg), n_all = (size_t)moe_num_moe_layers(cfg) * cfg->experts * moe_expert_numel(cfg);
+    float *host = NULL, *all = NULL;
+    CkptList file = {0};
+    if (world->rank == 0) {
+        host = xmalloc(n * sizeof(float)), all = xcalloc(n_all + 1, sizeof(float));
+        moe_init_shared(host, cfg, 0, n, seed);
+        file_slices(&file, cfg, host, all, 0, cfg->experts);
+    }
+    size_t found = ckpt_gather(own, CKPT_PARAMS, world->mpi, &file);
+    CHECK(world->rank != 0 || found == file.floats, "--save: %zu of the file's %zu floats found on the ranks", found,
+          file.floats);
+    ckpt_list_free(&file);
     char msg[1024];
     const char* bad = NULL;
     if (world->rank == 0) {
-        size_t n = moe_num_shared(cfg);
-        if (!host) host = xmalloc(n * sizeof(float)), mem_to_host(host, shared, n * sizeof(float));
         bad = moe_checkpoint_write(path, cfg, host, all, msg, sizeof(msg));
         if (!bad) printf("saved %s (mixture of experts, version %d)\n", path, MOE_CHECKPOINT_VERSION);
     }
     free(host), free(all);
     fail_if_any(bad != NULL, bad);
-}
-
-void moe_model_finish(MoeModel* m, const TrainArgs* args, MoeForward forward) {
-    Forward f = {m, forward};
-    if (args->sample > 0) train_sample_with(args, &m->cfg.gpt, m->T, next_logits, &f);
-    if (args->save)  // every expert gathered over ep by dp replica 0 (every replica holds the same)
-        moe_model_write(args->save, &m->cfg, m->world, m->shared, NULL,
-                        m->dp->rank == 0 ? moe_gather_experts(&m->cfg, m->epc, m->experts, m->n_experts, m->E_local) : NULL);
 }
 
 // ---------------------------------------------------------------- training-state checkpoints
@@ -378,9 +381,7 @@ void moe_ckpt_model(Ckpt* ck, const MoeConfig* cfg, float capacity_factor, float
     ckpt_add_identity(ck, settings);
 }
 
-void moe_model_ckpt_open(Ckpt* ck, MoeModel* m, const Run* run) {
-    ckpt_init(ck, &run->args, &run->setup, &run->mesh, 7);
-    moe_ckpt_model(ck, &m->cfg, m->moe.capacity_factor, m->moe.aux_coef);
+static void model_slices(const MoeModel* m, CkptList* own, CkptList* need) {
     float* shared[CKPT_NUM_KINDS] = {m->shared, m->m_s, m->v_s};
     float* experts[CKPT_NUM_KINDS] = {m->experts, m->m_e, m->v_e};
     size_t per = (m->n_shared + m->ep - 1) / m->ep, lo = (size_t)m->epc->rank * per;
@@ -388,13 +389,31 @@ void moe_model_ckpt_open(Ckpt* ck, MoeModel* m, const Run* run) {
     size_t n = m->n_shared - lo < per ? m->n_shared - lo : per;
     for (int k = 0; k < CKPT_NUM_KINDS; k++) {
         if (m->dp->rank == 0) {
-            moe_ckpt_add_shared(&ck->own, &m->cfg, (CkptKind)k, lo, n, shared[k] + lo);
-            moe_ckpt_add_experts(&ck->own, &m->cfg, (CkptKind)k, m->e0, m->E_local, experts[k]);
+            moe_ckpt_add_shared(own, &m->cfg, (CkptKind)k, lo, n, shared[k] + lo);
+            moe_ckpt_add_experts(own, &m->cfg, (CkptKind)k, m->e0, m->E_local, experts[k]);
         }
-        moe_ckpt_add_shared(&ck->need, &m->cfg, (CkptKind)k, 0, m->n_shared, shared[k]);
-        moe_ckpt_add_experts(&ck->need, &m->cfg, (CkptKind)k, m->e0, m->E_local, experts[k]);
+        moe_ckpt_add_shared(need, &m->cfg, (CkptKind)k, 0, m->n_shared, shared[k]);
+        moe_ckpt_add_experts(need, &m->cfg, (CkptKind)k, m->e0, m->E_local, experts[k]);
     }
+}
+
+void moe_model_ckpt_open(Ckpt* ck, MoeModel* m, const Run* run) {
+    ckpt_init(ck, &run->args, &run->setup, &run->mesh, 7);
+    moe_ckpt_model(ck, &m->cfg, m->moe.capacity_factor, m->moe.aux_coef);
+    model_slices(m, &ck->own, &ck->need);
     ckpt_resume(ck);
+}
+
+// After training. --save: each float from the rank whose checkpoint slice
+// holds it, as the capstone saves (moe_model_save_slices).
+void moe_model_finish(MoeModel* m, const TrainArgs* args, MoeForward forward) {
+    Forward f = {m, forward};
+    if (args->sample > 0) train_sample_with(args, &m->cfg.gpt, m->T, next_logits, &f);
+    if (!args->save) return;
+    CkptList own = {0}, need = {0};
+    model_slices(m, &own, &need);
+    moe_model_save_slices(args->save, &m->cfg, m->world, &own, (uint64_t)args->seed);
+    ckpt_list_free(&own), ckpt_list_free(&need);
 }
 
 // ---------------------------------------------------------------- the summary

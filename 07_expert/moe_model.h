@@ -57,15 +57,15 @@ MoeConfig moe_config_checked(const Run* run, MoeFlags* flags);
 // the dense GPT's at E = 1), and the routing settings that change the
 // trained model mixed into the run identity (ckpt_add_identity).
 void moe_ckpt_model(Ckpt* ck, const MoeConfig* cfg, float capacity_factor, float aux_coef);
-// For --save: every expert of every MoE layer, [layer][expert], gathered over
-// ep from each rank's n_experts floats (E_local experts a layer) to ep rank
-// 0's host memory (NULL on the others). Collective over epc.
-float* moe_gather_experts(const MoeConfig* cfg, const Comm* epc, const float* experts, size_t n_experts, int E_local);
-// --save FILE: world rank 0 writes the MoE file (moe.h) from the replicated
-// parameters (cfg's layout at tp = 1, on the device at shared or whole on the
-// host) and every expert (all); host and all are freed. Collective over the world.
-void moe_model_write(const char* path, const MoeConfig* cfg, const Comm* world, const float* shared, float* host,
-                     float* all);
+// The MoE file (moe.h, cfg at tp = 1) through a rank's checkpoint slices
+// (ckpt.h), one code for every mesh of chapter 7 and the capstone. --model:
+// the replicated floats and experts [e0, e0 + n) read, the parameters of
+// `need` copied from them. --save: each float from the `own` slice holding
+// it, into world rank 0's file over the init (seed: the dense form's router,
+// in no checkpoint, is its init, as on a resume). Collective.
+void moe_model_read_slices(const char* path, const MoeConfig* cfg, int e0, int n, const CkptList* need);
+void moe_model_save_slices(const char* path, const MoeConfig* cfg, const Comm* world, const CkptList* own,
+                           uint64_t seed);
 
 // The chapter's flags and run_start (the shared flags, the dp x ep mesh);
 // --model FILE is read as an MoE file. 0: end at once (--help).

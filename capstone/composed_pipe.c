@@ -265,13 +265,8 @@ void expert_pipe_report(ExpertPipe* P, const ExpertFlags* fl, const TrainLoop* l
     json_add_string(summary, "schedule", P->sched_name);
     json_add_int(summary, "microbatches", P->M);
     json_add_int(summary, "virtual", P->v);
-    json_add_int(summary, "peak_slots", P->peak_slots);
-    // every rank's layers, as chapter 5's summary (trace_check.py --pipeline reads them)
-    int world = m0->world->size, mine = P->v * (P->cfg.gpt.num_layers / P->S);
-    int* layers = xcalloc((size_t)world, sizeof(int));
-    MPI_CHECK(MPI_Gather(&mine, 1, MPI_INT, layers, 1, MPI_INT, 0, MPI_COMM_WORLD));
-    json_add_int_array(summary, "layers", layers, world);
-    free(layers);
+    // every rank's layers, slots and early receives, as chapter 5's summary (trace_check.py --pipeline reads them)
+    pipe_summary_ranks(P->v * (P->cfg.gpt.num_layers / P->S), P->peak_slots, &P->link, summary);
 }
 
 void expert_pipe_finish(ExpertPipe* P, const TrainArgs* args) {

@@ -1,6 +1,6 @@
 // composed_stage.c: what a rank of the capstone's pipeline owns
-// (composed_stage.h), with or without the pipeline (one chunk).
-#include "composed_stage.h"
+// (composed_pipe.h), with or without the pipeline (one chunk).
+#include "composed_pipe.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -166,60 +166,23 @@ void expert_stage_ckpt(Ckpt* ck, ExpertPipe* P) {
     stage_slices(P, &ck->own, &ck->need);
 }
 
-// A whole model file (host, tp = 1) as the checkpoint's slices: its
-// replicated floats and the experts [e0, e0 + n) of every MoE layer.
-static void file_slices(CkptList* out, const MoeConfig* whole, float* shared, float* experts, int e0, int n) {
-    moe_ckpt_add_shared(out, whole, CKPT_PARAMS, 0, moe_num_shared(whole), shared);
-    moe_ckpt_add_expert_layers(out, whole, CKPT_PARAMS, 0, moe_num_moe_layers(whole), e0, n, experts);
-}
-
-// --model FILE: every rank reads the replicated floats and its ep rank's
-// experts and copies what a resume would read from the file's slices
-// (ckpt_copy): any mesh reads any file with no code of its own (the dense
-// form's router, which no checkpoint holds, keeps its init).
+// The whole model's file at tp = 1, whatever the mesh (moe_model.h).
 void expert_stage_read(ExpertPipe* P, const char* path) {
     MoeConfig whole = P->cfg;
     whole.tp = 1;  // the file's layout
-    const ExpertModel* m = &P->chunk[0].m;
-    size_t n = moe_num_shared(&whole), n_exp = (size_t)moe_num_moe_layers(&whole) * m->E_local * moe_expert_numel(&whole);
-    float *shared = xmalloc(n * sizeof(float)), *experts = xmalloc(n_exp * sizeof(float) + 1);
-    char msg[1024];
-    const char* bad = moe_checkpoint_read(path, &whole, shared, experts, m->e0, m->E_local, msg, sizeof(msg));
-    fail_if_any(bad != NULL, bad);
-    CkptList file = {0}, own = {0}, need = {0};
-    file_slices(&file, &whole, shared, experts, m->e0, m->E_local);
+    CkptList own = {0}, need = {0};
     stage_slices(P, &own, &need);
-    size_t want = 0;
-    for (int i = 0; i < need.n; i++)
-        if (need.s[i].kind == CKPT_PARAMS) want += need.s[i].len * need.s[i].count;
-    size_t found = ckpt_copy(&need, &file);
-    CHECK(found == want, "--model %s: %zu of the %zu parameters this rank holds found in the file", path, found, want);
-    ckpt_list_free(&file), ckpt_list_free(&own), ckpt_list_free(&need);
-    free(shared), free(experts);
+    moe_model_read_slices(path, &whole, P->chunk[0].m.e0, P->chunk[0].m.E_local, &need);
+    ckpt_list_free(&own), ckpt_list_free(&need);
 }
 
-// --save FILE: the checkpoint's own slices of the parameters (each float on
-// one rank) gathered into world rank 0's file (ckpt_gather), written by
-// chapter 7's moe_model_write. Rank 0 starts from the init: the dense
-// form's router, which no checkpoint holds, is its init, as on a resume.
 void expert_stage_save(ExpertPipe* P, const char* path) {
     MoeConfig whole = P->cfg;
-    whole.tp = 1;  // the file's layout
-    const Comm* world = P->chunk[0].m.world;
-    size_t n = moe_num_shared(&whole), n_all = (size_t)moe_num_moe_layers(&whole) * whole.experts * moe_expert_numel(&whole);
-    float *host = NULL, *all = NULL;
-    CkptList file = {0}, own = {0}, need = {0};
+    whole.tp = 1;
+    CkptList own = {0}, need = {0};
     stage_slices(P, &own, &need);
-    if (world->rank == 0) {
-        host = xmalloc(n * sizeof(float)), all = xcalloc(n_all + 1, sizeof(float));
-        moe_init_shared(host, &whole, 0, n, (uint64_t)P->run_mb.args.seed);
-        file_slices(&file, &whole, host, all, 0, whole.experts);
-    }
-    size_t found = ckpt_gather(&own, CKPT_PARAMS, world->mpi, &file);
-    CHECK(world->rank != 0 || found == file.floats, "--save: %zu of the file's %zu floats found on the ranks", found,
-          file.floats);
-    ckpt_list_free(&file), ckpt_list_free(&own), ckpt_list_free(&need);
-    moe_model_write(path, &whole, world, NULL, host, all);
+    moe_model_save_slices(path, &whole, P->chunk[0].m.world, &own, (uint64_t)P->run_mb.args.seed);
+    ckpt_list_free(&own), ckpt_list_free(&need);
 }
 
 // --show-sharding: each chunk's buffers, a row each (chapter 3's

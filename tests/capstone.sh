@@ -476,8 +476,20 @@ c7_sec_pp() {
 # stage runs chapter 7's forward and backward on its layers, microbatch by
 # microbatch. E = 1, k = 1 is chapter 0's model under every schedule (tiny6
 # for interleaved: 6 layers in pp=2 x 3 chunks) and on dp x pp = 2 x 2.
+# Each stage's peak of activation slots is chapter 5's on the same list (the
+# executors share its slot pool): GPipe keeps all 4 microbatches, 1F1B pp - s
+# on stage s (Narayanan et al. 2021), zb what W's deferral holds.
+declare -A c7_slots_want=([gpipe]='[4,4]' [1f1b]='[2,1]' [zb]='')
 for s in gpipe 1f1b zb; do
     invariant --norm --val "capstone: E=1, k=1 on pp=2 ($s, 4 microbatches) is chapter 0's dense model" "$INV_FLAGS" 2 capstone "--experts 1 --top-k 1 --pp 2 --schedule $s --microbatches 4"
+    got=$(grep '"type":"summary"' "$INV_LOG" | grep -o '"activation_slots":\[[0-9,]*\]')
+    mpi_run $T_RUN 2 "$BUILD/chapter-5" $INV_FLAGS --pp 2 --schedule $s --microbatches 4 --log "$TEST_TMPDIR/c7_slots5.jsonl"
+    want=$(grep '"type":"summary"' "$TEST_TMPDIR/c7_slots5.jsonl" | grep -o '"activation_slots":\[[0-9,]*\]')
+    if [ -n "$got" ] && [ "$got" = "$want" ] && { [ -z "${c7_slots_want[$s]}" ] || [ "$got" = "\"activation_slots\":${c7_slots_want[$s]}" ]; }; then
+        pass "capstone: $s on pp=2, 4 microbatches: $got, chapter 5's"
+    else
+        fail "capstone: $s's activation slots" "capstone '$got', chapter 5 '$want', theory '${c7_slots_want[$s]}'"
+    fi
 done
 invariant --norm "capstone: E=1, k=1 on pp=2 (interleaved, 3 chunks a rank) is chapter 0's dense model" "$INV_FLAGS --model tiny6" 2 capstone "--experts 1 --top-k 1 --pp 2 --schedule interleaved --virtual 3 --microbatches 4"
 invariant --norm --val "capstone: E=1, k=1 on dp x pp = 2 x 2 is chapter 0's dense model" "$INV_FLAGS" 4 capstone "--experts 1 --top-k 1 --dp 2 --pp 2"

@@ -324,7 +324,7 @@ hw_class() {
         grep -q '^FAIL exercise 1: finite differences' build/grade-class-7-bob.log; then
         pass "homework: make grade-class CHAPTER=7: a correct exercise 1 with 2-4 stubbed earns 3 / 13, the P_e-for-f_e gradient and a region that does not build score 0 each, a region that hangs costs only its exercise, one line a folder and a CSV"
     else
-        fail "homework: make grade-class CHAPTER=7" "$(echo "$out" | tail -4 | tr '\n' ';') csv: $(tr '\n' ';' < "$csv" 2>/dev/null); bob: $(grep -E '^(FAIL|  )' build/grade-class-7-bob.log | head -4)"
+        fail "homework: make grade-class CHAPTER=7" "$(echo "$out" | tail -4 | tr '\n' ';') csv: $(tr '\n' ';' < "$csv" 2>/dev/null); bob: $(grep -E '^(FAIL|  )' build/grade-class-7-bob.log | head -4 | tr '\n' ';'); cyd: $(grep -E '^(FAIL|  )' build/grade-class-7-cyd.log | head -6 | tr '\n' ';')"
     fi
     # run inside a student tree, grade-class refuses (it would grade every
     # region against that tree's stubs: a complete submission scores 0)
