@@ -314,29 +314,16 @@ c7_capacity_hand "2 --ep 2" "4 --dp 2 --ep 2"
 # at every step are one rank's, to the slot
 c7_capacity_routed "4 --dp 2 --ep 2"
 
-# MoE routing is discontinuous (docs/07_expert.md): another mesh adds the
-# same numbers in another order, and once a token's k-th and (k+1)-th
-# router probabilities, or the last slot an expert keeps, are closer than
-# the last bits, the two runs route it to different experts and train
-# different models from there. 72 steps of capacity 1 at the default batch
-# on dp=1 and dp=2: the losses agree up to the first step whose
-# expert_tokens differ, and that difference is a near-tie (a slot or two).
-# Measured here, the routing first differs at step 64. The norms before it
-# differ by 3.2e-3 at most, at step 44, with the same routing (every slot's
-# expert and drop compared): the norm spikes there to 5.16, and every
-# gradient below the final LayerNorm differs by the same 1.2e-3 relative
-# (the final LayerNorm's own by 4e-5), so the difference enters through its
-# backward's 1/std. Between OpenBLAS's Haswell and native kernels that step
-# differs by 6.2e-3: the norm tolerance of this long run is 1e-2.
-c7_long="--steps 72 --peak-gflops 10 --experts 4 --top-k 2 --capacity-factor 1"
-mpi_run $T_RUN 1 "$BUILD/chapter-7" $c7_long --log "$TEST_TMPDIR/c7_long1.jsonl"
-mpi_run $T_RUN 2 "$BUILD/chapter-7" $c7_long --dp 2 --log "$TEST_TMPDIR/c7_long2.jsonl"
-a=""
-if [ $RC = 0 ] && a=$(bash tests/compare_routing.sh "$TEST_TMPDIR/c7_long1.jsonl" "$TEST_TMPDIR/c7_long2.jsonl" $TOL 1e-2 2>&1); then
-    pass "experts: 72 steps of capacity 1 on dp=2 follow dp=1 up to the first routing difference ($a)"
-else
-    fail "experts: 72 steps of capacity 1 on dp=2 against dp=1" "exit $RC; $a"
-fi
+# MoE routing is discontinuous: another mesh adds the same numbers in
+# another order, and a near-tie flips a slot to another expert. The
+# comparisons here are the invariant's short runs (INV_STEPS), too short for
+# the last bits to grow. A long run is no test: how far two meshes drift
+# depends on the BLAS kernel and the thread count, and a norm spike
+# amplifies it whatever the routing (72 steps of capacity 1, dp 2 against
+# dp 1: norms 2.58e-3 apart at step 44 with the AVX-512 kernels OpenBLAS
+# picks on the machine that measured it, 1.01e-2 with its Haswell ones,
+# where a slot flips at step 46). The measurement and its commands:
+# docs/notes/07_expert.md#routing-flips.
 
 }
 

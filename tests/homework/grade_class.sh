@@ -42,7 +42,10 @@ why_zero() {
             echo "not a student tree (no Makefile)"
         fi
     elif grep -q '^FAIL the build' "$log"; then
-        echo "no build: $(grep -m1 -E '[^ ]+:[0-9]+:[0-9]+: error' "$log" | sed 's/^ *//' | cut -c1-160)"
+        # the compiler's own words from the first line that has them: grade.sh's
+        # "FAIL the build: ..." line itself when the build printed no other
+        # line with "error" before it (make -j2 prints in no fixed order)
+        echo "no build: $(grep -m1 -oE '[^ ]+:[0-9]+:[0-9]+: error.*' "$log" | cut -c1-160)"
     elif grep -q 'markers missing' "$log"; then
         echo "exercise markers missing or changed"
     fi
