@@ -67,17 +67,22 @@ if [ "$(grep '"type":"step"' "$log1" | sed 's/,"ms".*//')" = "$(grep '"type":"st
 else
     fail "reference: two runs give bit-identical losses" "losses differ; command: $CMD"
 fi
-# the same bits at any thread count, by construction: every row's result is
-# that row's alone and every reduction's order is fixed (issue 41; the op-level
-# checks are tests/unit.sh's "rows:"). The runs above take tests/lib.sh's
-# OMP_NUM_THREADS=1; these say --threads.
+# Other thread counts train the same model within the invariant's tolerance,
+# not to the bit: OpenBLAS splits a gemm over the threads, and some of its
+# kernels sum the split's edge tiles in another order (with the Haswell
+# kernels, OPENBLAS_CORETYPE=Haswell, the step records of --threads 2 differ
+# from 1's in the last digits; with this machine's AVX-512 ones they did not:
+# docs/notes/bit_for_bit.md). The runs above take tests/lib.sh's
+# OMP_NUM_THREADS=1; these say --threads. A race between threads moves the
+# losses by far more than TOL.
 for thr in 2 4; do
     mpi_run $T_RUN 1 "$BUILD/chapter-0" --steps 12 --peak-gflops 10 --threads $thr --log "$TEST_TMPDIR/threads_$thr.jsonl"
-    if [ "$RC" = 0 ] && grep -q '"type":"step"' "$log1" && [ "$(grep '"type":"step"' "$log1" | sed 's/,"ms".*//')" = \
-        "$(grep '"type":"step"' "$TEST_TMPDIR/threads_$thr.jsonl" | sed 's/,"ms".*//')" ]; then
-        pass "reference: --threads $thr gives the 1-thread run's step records bit for bit"
+    a="" b=""
+    if [ "$RC" = 0 ] && a=$(bash tests/compare_losses.sh "$log1" "$TEST_TMPDIR/threads_$thr.jsonl" $TOL 2>&1) &&
+        b=$(bash tests/compare_losses.sh "$log1" "$TEST_TMPDIR/threads_$thr.jsonl" $TOL_NORM norm 2>&1); then
+        pass "reference: --threads $thr reproduces the 1-thread run ($a; ${b#* steps, })"
     else
-        fail "reference: --threads $thr gives the 1-thread run's step records bit for bit" "exit $RC; command: $CMD"
+        fail "reference: --threads $thr against 1 thread" "exit $RC; $a; $b; command: $CMD"
     fi
 done
 # save, then load the saved file as the model: the loaded model has the same
