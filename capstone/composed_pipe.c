@@ -248,7 +248,7 @@ void expert_pipe_create(ExpertPipe* P, Run* run, ExpertFlags* fl, const MoeConfi
     memset(P, 0, sizeof(*P));
     P->forward = forward, P->backward = backward;
     expert_stage_create(P, run, fl, cfg);
-    if (run->setup.checkpoint) expert_stage_read(P, run->setup.checkpoint);  // --model FILE
+    if (run->setup.checkpoint) expert_stage_file(P, run->setup.checkpoint, 0);  // --model FILE
     print_setup(P, run);
     expert_stage_show_sharding(P, run->args.show_sharding);
     // --ckpt-dir, --resume: this rank's slices, from whatever mesh saved them
@@ -271,6 +271,6 @@ void expert_pipe_report(ExpertPipe* P, const ExpertFlags* fl, const TrainLoop* l
 
 void expert_pipe_finish(ExpertPipe* P, const TrainArgs* args) {
     train_sample_with(args, &P->cfg.gpt, P->T, next_logits, P);  // --sample: every rank runs each forward
-    if (args->save) expert_stage_save(P, args->save);
+    if (args->save) expert_stage_file(P, args->save, 1);
     expert_stage_free(P);
 }

@@ -55,10 +55,9 @@ void expert_stage_create(ExpertPipe* P, Run* run, ExpertFlags* flags, const MoeC
 void expert_stage_free(ExpertPipe* P);
 // This rank's slices of the training state, in the whole model's tensors.
 void expert_stage_ckpt(Ckpt* ck, ExpertPipe* P);
-// --model FILE, --save FILE: chapter 7's, through this rank's checkpoint
-// slices. Collective.
-void expert_stage_read(ExpertPipe* P, const char* path);
-void expert_stage_save(ExpertPipe* P, const char* path);
+// --model FILE (save 0) or --save FILE (save 1): chapter 7's, through this
+// rank's checkpoint slices. Collective.
+void expert_stage_file(ExpertPipe* P, const char* path, int save);
 // --show-sharding: each chunk's buffers. Collective when show is set.
 void expert_stage_show_sharding(const ExpertPipe* P, int show);
 

@@ -167,21 +167,14 @@ void expert_stage_ckpt(Ckpt* ck, ExpertPipe* P) {
 }
 
 // The whole model's file at tp = 1, whatever the mesh (moe_model.h).
-void expert_stage_read(ExpertPipe* P, const char* path) {
+void expert_stage_file(ExpertPipe* P, const char* path, int save) {
     MoeConfig whole = P->cfg;
     whole.tp = 1;  // the file's layout
+    const ExpertModel* m = &P->chunk[0].m;
     CkptList own = {0}, need = {0};
     stage_slices(P, &own, &need);
-    moe_model_read_slices(path, &whole, P->chunk[0].m.e0, P->chunk[0].m.E_local, &need);
-    ckpt_list_free(&own), ckpt_list_free(&need);
-}
-
-void expert_stage_save(ExpertPipe* P, const char* path) {
-    MoeConfig whole = P->cfg;
-    whole.tp = 1;
-    CkptList own = {0}, need = {0};
-    stage_slices(P, &own, &need);
-    moe_model_save_slices(path, &whole, P->chunk[0].m.world, &own, (uint64_t)P->run_mb.args.seed);
+    if (save) moe_model_save_slices(path, &whole, m->world, &own, (uint64_t)P->run_mb.args.seed);
+    else moe_model_read_slices(path, &whole, m->e0, m->E_local, &need);
     ckpt_list_free(&own), ckpt_list_free(&need);
 }
 
