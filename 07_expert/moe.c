@@ -283,13 +283,6 @@ void moe_expert_backward_input(const ExpertParams* p, float* din, const float* d
     matmul_backward_input_rowwise(din, dfch, p->fcw, n, C, H);
 }
 
-void moe_expert_backward_weights(ExpertParams* g, const float* dout, const float* in, const float* fch_gelu,
-                                 const float* dfch, int n, int C, int H) {
-    if (n == 0) return;
-    matmul_backward(NULL, g->fcprojw, g->fcprojb, dout, fch_gelu, NULL, n, H, C);
-    matmul_backward(NULL, g->fcw, g->fcb, dfch, in, NULL, n, C, H);
-}
-
 double moe_flops_per_token(const MoeConfig* c, int T) {
     const GPTConfig* g = &c->gpt;
     double C = g->channels, L = g->num_layers, weights = (double)g->padded_vocab_size * C;

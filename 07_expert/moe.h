@@ -121,12 +121,10 @@ void moe_expert_forward(const ExpertParams* p, float* out, float* fch, float* fc
 // Backward in two halves, so that the rows can go in chunks and the weight
 // gradients see every row at once (in one order: the same bits whatever
 // the chunks). The input half, row by row: din (n, C) += d in, and dfch
-// (n, H) = d fch kept for the weight half; dfch_gelu (n, H) is scratch.
+// (n, H) = d fch kept for the weight half (moe_layer.c's
+// experts_backward_weights); dfch_gelu (n, H) is scratch.
 void moe_expert_backward_input(const ExpertParams* p, float* din, const float* dout, const float* fch,
                                float* dfch, float* dfch_gelu, int n, int C, int H);
-// The weight half over n rows: the expert's gradients accumulate into g.
-void moe_expert_backward_weights(ExpertParams* g, const float* dout, const float* in, const float* fch_gelu,
-                                 const float* dfch, int n, int C, int H);
 
 // FLOPs per token of a forward and backward (6 x the weights a token meets:
 // k experts in an MoE layer), plus attention as gpt_flops_per_token.

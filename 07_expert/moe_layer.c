@@ -9,6 +9,7 @@
 #include <string.h>
 
 #include "errors.h"
+#include "init.h"  // counter_hash: the routing signature
 #include "exercise.h"  // exercise_not_done, in a homework tree
 #include "memory.h"
 #include "ops.h"
@@ -180,6 +181,16 @@ static void plan_dispatch(MoeParallel* X, MoeLayer* L) {
     mem_to_device_queued(L->send_src, L->src_host, (size_t)L->n_send * sizeof(int));
 }
 
+// Layer l's (of the whole model) token-slots into X->routing, kept or not.
+static void routing_signature(MoeParallel* X, const MoeLayer* L, int l) {
+    int k = X->cfg.top_k, len = X->block_len;
+    for (int i = 0; i < X->N * k; i++) {
+        int t = i / k;
+        size_t token = X->token0 + (size_t)X->row_block[t] * len + t % len;
+        X->routing += counter_hash(0, 2 * L->idx_host[i] + (L->pos_host[i] >= 0), l, token);  // init.h's
+    }
+}
+
 // ---------------------------------------------------------------- the exchanges and the experts
 
 // A non-blocking all-to-all-v over ep (request i), and its wait. Blocked:
@@ -304,6 +315,7 @@ void moe_layer_forward(MoeParallel* X, MoeLayer* L, int l, const float* ln2, con
     moe_router_forward(L->probs, L->idx, L->gates, L->logits, N, E, k);
     // 2. count and exchange the counts
     plan_dispatch(X, L);
+    if (X->record) routing_signature(X, L, X->cfg.first_layer + l);
     // 3-5, chunk by chunk: while chunk i's experts run, chunk i+1's rows
     // travel to their experts and chunk i-1's outputs travel home
     dispatch_start(X, L, ln2, 0);
@@ -370,9 +382,12 @@ void moe_parallel_create(MoeParallel* X, const MoeSpec* s) {
     X->ep = s->epc->size;
     X->E_local = cfg->experts / X->ep;
     X->e0 = s->epc->rank * X->E_local;
-    X->n_blocks = s->n_blocks;
+    X->n_blocks = s->n_blocks, X->block_len = s->block_len;
     X->row_block = xmalloc((size_t)(s->N > 0 ? s->N : 1) * sizeof(int));
     memcpy(X->row_block, s->row_block, (size_t)s->N * sizeof(int));
+    for (int t = 0; t < s->N; t++)  // MoeSpec: runs of block_len rows, one block each
+        CHECK(s->block_len > 0 && s->N % s->block_len == 0 && s->row_block[t] == s->row_block[t - t % s->block_len],
+              "row_block is not in runs of block_len rows");
     int N = X->N, C = cfg->gpt.channels, H = cfg->hidden, E = cfg->experts, k = cfg->top_k, nc = X->chunks;
     // dropless: my experts may receive every slot of every token of my ep
     // group that can choose them (a token picks an expert at most once)
@@ -478,7 +493,7 @@ static void a2a_clocks_read(MoeParallel* X, double* blocked, double* inflight) {
 
 // A step starts: the exchanges since the last step's record (validation's) are dropped.
 void moe_step_begin(MoeParallel* X) {
-    X->aux = 0.0, X->dropped = 0;
+    X->aux = 0.0, X->dropped = 0, X->routing = 0;
     a2a_clocks_read(X, &X->a2a_blocked_s, &X->a2a_inflight_s);
     X->a2a_blocked_s = X->a2a_inflight_s = 0.0;
 }
@@ -494,6 +509,13 @@ void moe_step_record(MoeParallel* X, const TrainLoop* loop, int step, JsonBuf* f
     json_add_double(fields, "aux_loss", X->aux, "%.7f");
     json_add_int(fields, "dropped", X->dropped);
     json_add_long_matrix(fields, "expert_tokens", X->routed, moe_num_moe_layers(&X->cfg), X->cfg.experts);
+    json_add_hex64(fields, "routing", moe_step_routing(X));
+}
+
+uint64_t moe_step_routing(const MoeParallel* X) {
+    uint64_t sum = X->routing;  // unsigned: the sum wraps mod 2^64 on every rank alike (host data: plain MPI)
+    MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, &sum, 1, MPI_UINT64_T, MPI_SUM, X->batch->mpi));
+    return sum;
 }
 
 void moe_report(const MoeParallel* X, const TrainLoop* loop, JsonBuf* extra) {

@@ -71,8 +71,10 @@ typedef struct {
     float capacity_factor;  // 0: dropless
     // capacity keeps the first slots in the global batch's order: the batch
     // is cut into n_blocks blocks (runs of positions of one sequence), and
-    // row_block[t] is the block of my row t, in that order (N ints; copied)
-    int n_blocks;
+    // row_block[t] is the block of my row t, in that order (N ints; copied);
+    // my rows come in runs of block_len, one block each (so row t is token
+    // row_block[t] block_len + t % block_len: the routing signature's)
+    int n_blocks, block_len;
     const int* row_block;
     RecomputeMode recompute;  // selective: the layers share send and fch_gelu (moe_layer_recompute)
 } MoeSpec;
@@ -86,7 +88,7 @@ typedef struct {
     int chunks;
     const Comm *epc, *batch;
     float aux_coef, capacity_factor;
-    int n_blocks;
+    int n_blocks, block_len;
     int* row_block;
     RecomputeMode recompute;
     WeightGradHook wgrad;  // model.h's: the capstone's zero-bubble W queues them (fn NULL: at once)
@@ -108,6 +110,8 @@ typedef struct {
     double aux;       // the load-balancing loss (without aux_coef)
     long dropped;     // token-slots dropped by capacity
     long* routed;     // (L_moe, E) token-slots routed to each expert
+    uint64_t routing; // my token-slots' part of the routing signature (moe_step_routing)
+    size_t token0;    // the forward's first token in the step's batch (the capstone's microbatch mb: mb B/m T)
     long dropped_total;
     // seconds blocked in the exchanges' waits and in flight (start to the
     // end of the wait): this step's (read from the clocks by
@@ -143,9 +147,13 @@ int moe_chunk_start(const MoeParallel* X, int c);
 
 // After a training step: its routing statistics into the step record's
 // fields (aux_loss, dropped, expert_tokens per MoE layer and expert, over
-// the global batch; NULL: a caller that records them itself), the
-// exchanges' seconds into the timed totals when timed.
+// the global batch, and routing: moe_step_routing's; NULL: a caller that
+// records them itself; collective with fields), the exchanges' seconds.
 void moe_step_record(MoeParallel* X, const TrainLoop* loop, int step, JsonBuf* fields);
+// The step's routing signature over X->batch: a hash of each token-slot's
+// (layer, token, expert, kept) summed mod 2^64, so the same on any mesh that
+// routes alike, and changed when two tokens trade experts (the counts are not).
+uint64_t moe_step_routing(const MoeParallel* X);
 // After training: the all-to-all traffic per step (the mean over the
 // ranks), the dropped slots, the share of the exchanges' time compute hid,
 // printed and added to the summary. Collective over X->batch.

@@ -192,7 +192,7 @@ void moe_model_create(MoeModel* m, const MoeConfig* cfg, const MoeFlags* flags, 
     for (int r = 0; r < m->N; r++) row_block[r] = m->share * m->B + r / m->T;
     MoeSpec spec = {.cfg = *cfg, .N = m->N, .epc = m->epc, .batch = &m->batch, .chunks = flags->ep_overlap,
                     .aux_coef = flags->aux_coef, .capacity_factor = flags->capacity, .n_blocks = run->setup.B,
-                    .row_block = row_block, .recompute = m->recompute};
+                    .block_len = m->T, .row_block = row_block, .recompute = m->recompute};
     moe_parallel_create(&m->moe, &spec);
     free(row_block);
     // --recompute full: one MoE layer's state for all (each layer's forward runs again before its backward)

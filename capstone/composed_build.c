@@ -82,7 +82,8 @@ void expert_model_create(ExpertModel* m, const MoeConfig* cfg, const ExpertFlags
                          cp_shard_pos(sh, sh->rank, row / (sh->B * sh->len)) / sh->len;
     MoeSpec spec = {.cfg = m->cfg, .N = N, .epc = m->epc, .batch = &m->batch, .chunks = flags->moe.ep_overlap,
                     .aux_coef = flags->moe.aux_coef, .capacity_factor = flags->moe.capacity,
-                    .n_blocks = m->batch.size / sh->cp * sh->B * nb, .row_block = row_block, .recompute = m->recompute};
+                    .n_blocks = m->batch.size / sh->cp * sh->B * nb, .block_len = sh->len, .row_block = row_block,
+                    .recompute = m->recompute};
     moe_parallel_create(&m->moe, &spec);
     free(row_block);
     m->moe.wgrad = expert_wgrad(m, 0);  // the router's and experts' (zb: queued); moe_layer.c sets the layer

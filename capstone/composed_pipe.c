@@ -53,6 +53,7 @@ static float forward(ExpertPipe* P, int mb, int c, const int* inputs, const int*
     if (ch->vstage > 0 && mb < 0) comm_recv(P->link.pp, sl->acts.encoded, act_floats(P), pipe_prev(&P->link));
     ch->m.slot = sl;  // the model works on the slot
     ch->m.moe.record = mb >= 0;
+    ch->m.moe.token0 = mb >= 0 ? (size_t)mb * (P->B / P->M) * P->T : 0;  // the routing signature's token numbers
     ch->m.moe.aux = 0.0, ch->m.moe.dropped = 0;  // this forward's (the clocks run over the step: expert_pipe_run)
     float loss = P->forward(&ch->m, inputs, targets);
     ch->m.moe.record = 1;
@@ -137,12 +138,18 @@ double expert_pipe_record(ExpertPipe* P, TrainLoop* loop, int step) {
     MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, P->routed, Lm * E, MPI_LONG, MPI_SUM, P->link.pp->mpi));
     double loss = P->stage == P->pp - 1 ? P->loss_sum / P->M : 0.0;
     MPI_CHECK(MPI_Bcast(&loss, 1, MPI_DOUBLE, P->pp - 1, P->link.pp->mpi));
-    for (int c = 0; c < P->v; c++) moe_step_record(&P->chunk[c].m.moe, loop, step, NULL);
+    uint64_t routing = 0;  // each chunk's over its batch group, then the stages' (wrapping sums)
+    for (int c = 0; c < P->v; c++) {
+        moe_step_record(&P->chunk[c].m.moe, loop, step, NULL);
+        routing += moe_step_routing(&P->chunk[c].m.moe);
+    }
+    MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, &routing, 1, MPI_UINT64_T, MPI_SUM, P->link.pp->mpi));
     JsonBuf* fields = &loop->step_extra;
     P->dropped_total += P->dropped;
     json_add_double(fields, "aux_loss", P->aux / P->M, "%.7f");  // the mean over the microbatches
     json_add_int(fields, "dropped", P->dropped);
     json_add_long_matrix(fields, "expert_tokens", P->routed, Lm, E);
+    json_add_hex64(fields, "routing", routing);
     return loss;
 }
 

@@ -16,11 +16,15 @@ static uint64_t mix64(uint64_t z) {
     return z ^ (z >> 31);
 }
 
-double init_normal_at(uint64_t seed, int t, int layer, size_t index) {
+uint64_t counter_hash(uint64_t seed, int t, int layer, size_t index) {
     uint64_t h = mix64(seed + 0x9E3779B97F4A7C15ull);
     h = mix64(h ^ ((uint64_t)t + 1) * 0x9E3779B97F4A7C15ull);
     h = mix64(h ^ ((uint64_t)layer + 1) * 0xD1B54A32D192ED03ull);
-    h = mix64(h ^ (uint64_t)index);
+    return mix64(h ^ (uint64_t)index);
+}
+
+double init_normal_at(uint64_t seed, int t, int layer, size_t index) {
+    uint64_t h = counter_hash(seed, t, layer, index);
     // two 26-bit uniforms; u1 in (0, 1] so the log is finite
     double u1 = ((double)(h >> 38) + 1.0) / 67108864.0;
     double u2 = (double)((h >> 6) & 0x3FFFFFFull) / 67108864.0;

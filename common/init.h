@@ -19,6 +19,9 @@ void gpt_init_range(float* out, size_t start, size_t count, const GPTConfig* cfg
 // under the rule above (tensor ids >= NUM_PARAM_TENSORS name other models'
 // tensors, as the MoE router in 07_expert/moe.c).
 double init_normal_at(uint64_t seed, int t, int layer, size_t index);
+// The 64 bits that normal is made from: a hash of the four numbers (other
+// uses: chapter 7's routing signature, 07_expert/moe_layer.c).
+uint64_t counter_hash(uint64_t seed, int t, int layer, size_t index);
 // The initial value of one element (the rule above).
 float gpt_init_value(const GPTConfig* cfg, uint64_t seed, ParamTensor t, int layer, size_t index);
 

@@ -4,6 +4,7 @@
 #include <errno.h>
 #include <stdarg.h>
 #include <fcntl.h>
+#include <inttypes.h>
 #include <math.h>
 #include <mpi.h>
 #include <stdlib.h>
@@ -383,6 +384,11 @@ void json_add_string(JsonBuf* b, const char* key, const char* v) {
         else json_printf(b, "%c", *p);
     }
     json_printf(b, "\"");
+}
+
+void json_add_hex64(JsonBuf* b, const char* key, uint64_t v) {
+    json_key(b, key);
+    json_printf(b, "\"%016" PRIx64 "\"", v);
 }
 
 void json_add_bool(JsonBuf* b, const char* key, int v) {

@@ -3,6 +3,7 @@
 #ifndef REPORT_H
 #define REPORT_H
 
+#include <stdint.h>
 #include <stdio.h>
 
 #include "mesh.h"
@@ -93,6 +94,8 @@ void json_add_int(JsonBuf* b, const char* key, long long v);
 // fmt: one printf conversion of a double ("%.3f", "%g", "%.0f")
 void json_add_double(JsonBuf* b, const char* key, double v, const char* fmt);
 void json_add_string(JsonBuf* b, const char* key, const char* v);
+// v as a string of 16 hex digits (a hash: JSON numbers stop at 2^53)
+void json_add_hex64(JsonBuf* b, const char* key, uint64_t v);
 void json_add_bool(JsonBuf* b, const char* key, int v);
 void json_add_int_array(JsonBuf* b, const char* key, const int* v, int n);
 void json_add_long_array(JsonBuf* b, const char* key, const long* v, int n);

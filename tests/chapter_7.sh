@@ -410,6 +410,23 @@ c7_reference  # c7_flags, c7_ref (moe_lib.sh)
 # defect, docs/07_expert.md)
 c7_same "ep=2" 2 "--ep 2"
 c7_ep2=$C7_LOG
+# the step records' "routing" (moe_step_routing) is what compare_routing.sh
+# cuts at: a copy of the reference whose step 2 has another signature with
+# the same counts (two tokens traded experts) and whose later losses went
+# elsewhere is compared up to step 2, and a copy that differs at step 0 is
+# refused, however close its losses
+c7_traded=$TEST_TMPDIR/c7_traded.jsonl c7_step0=$TEST_TMPDIR/c7_step0.jsonl
+awk '/"type":"step"/ && /"step":[2-9],/ { sub(/"routing":"[0-9a-f]*"/, "\"routing\":\"0123456789abcdef\"") }
+     /"type":"step"/ && /"step":[3-9],/ { sub(/"loss":/, "\"loss\":1") } { print }' "$c7_ref" >"$c7_traded"
+sed '/"type":"step"/ s/"routing":"[0-9a-f]*"/"routing":"0123456789abcdef"/' "$c7_ref" >"$c7_step0"
+a=$(bash tests/compare_routing.sh "$c7_ref" "$c7_traded" $TOL $TOL_NORM 2>&1)
+b=$(bash tests/compare_routing.sh "$c7_ref" "$c7_step0" $TOL $TOL_NORM 2>&1)
+if [ $? != 0 ] && [ "${a%% steps*}" = 2 ] && echo "$a" | grep -q "first differs at step 2: tokens traded experts" &&
+    echo "$b" | grep -q "differs already at step 0"; then
+    pass "experts: compare_routing.sh cuts at the first step whose routing signature differs, equal counts or not ($a)"
+else
+    fail "experts: compare_routing.sh on a traded routing" "traded: '$a'; at step 0: '$b'"
+fi
 # the all-to-all bytes: per step, 2 MoE layers x 4 exchanges (dispatch,
 # combine, and both again in backward). Dispatch sends a rank's N k
 # token-slots, combine what its experts received; over the ranks the two

@@ -29,6 +29,7 @@
 
 #include "device.h"
 #include "errors.h"
+#include "init.h"  // counter_hash
 #include "memory.h"
 #include "mesh.h"
 #include "moe_model.h"
@@ -341,6 +342,23 @@ static double aux_by_hand(Fixture* f) {
     return aux;
 }
 
+// The routing signature (moe_step_routing: the step records' "routing") of
+// the forward's own routing, counted here: each token-slot's counter_hash
+// of (its expert and whether it was kept, its layer, its token), summed.
+// One rank: token t is row t.
+static uint64_t routing_by_hand(const Fixture* f) {
+    const MoeConfig* c = &f->m.cfg;
+    int k = c->top_k;
+    uint64_t sum = 0;
+    for (int l = 0, i = 0; l < c->gpt.num_layers; l++) {
+        if (!moe_is_moe_layer(c, l)) continue;
+        for (int s = 0; s < N * k; s++)
+            sum += counter_hash(0, 2 * f->m.layers[i].idx_host[s] + (f->m.layers[i].pos_host[s] >= 0), l, (size_t)(s / k));
+        i++;
+    }
+    return sum;
+}
+
 static void test_case(const MoeCase* mc) {
     MoeConfig cfg = {.gpt = small_cfg, .experts = mc->E, .top_k = mc->k, .hidden = H, .moe_every = mc->moe_every};
     Fixture f;
@@ -407,6 +425,7 @@ static void test_case(const MoeCase* mc) {
     routing(&f, f.route0);
     long dropped = m->moe.dropped;
     double aux = m->moe.aux, aux_ref = aux_by_hand(&f);
+    uint64_t routing_sig = moe_step_routing(&m->moe), routing_ref = routing_by_hand(&f);
     char name[256];
 
     // --ep-overlap 3: the layer's exchanges in 3 chunks of the 16 tokens
@@ -441,6 +460,9 @@ static void test_case(const MoeCase* mc) {
     // when a capacity is set (the cases are chosen so that some are)
     snprintf(name, sizeof(name), "moe %s: aux = sum over MoE layers of E sum_e f_e P_e (counted by hand)", mc->name);
     check(fabs(aux - aux_ref) <= 1e-6 * fabs(aux_ref), name, "chapter %.9f, by hand %.9f", aux, aux_ref);
+    snprintf(name, sizeof(name), "moe %s: the routing signature sums each token-slot's hash (counted by hand)", mc->name);
+    check(routing_sig == routing_ref, name, "chapter %016llx, by hand %016llx", (unsigned long long)routing_sig,
+          (unsigned long long)routing_ref);
     snprintf(name, sizeof(name), "moe %s: %s", mc->name,
              mc->capacity > 0 ? "the capacity drops some token-slots" : "dropless: no token-slot dropped");
     check(mc->capacity > 0 ? dropped > 0 : dropped == 0, name, "%ld slots dropped", dropped);
