@@ -381,6 +381,19 @@ portability:
 	@$(MAKE) --no-print-directory BACKEND=cpu all tests
 	@bash tests/run.sh portability
 
+# The whole of make test again with the OpenBLAS kernels of another CPU
+# family (OPENBLAS_CORETYPE=$(OTHER_KERNELS); Sandybridge's: AVX without FMA,
+# so other roundings than any recent CPU's kernels): a test whose claim holds
+# with one BLAS's bits only fails here, not on a student's laptop. Where the
+# CPU lacks AVX those kernels cannot run: a SKIP line. CI runs it.
+OTHER_KERNELS ?= Sandybridge
+.PHONY: test-kernels
+test-kernels:
+	@$(MAKE) --no-print-directory $(if $(filter -j% --jobserver%,$(MAKEFLAGS)),,-j$(NPROC)) BACKEND=cpu all tests
+	@if grep -qw avx /proc/cpuinfo 2>/dev/null; then \
+	    echo "== make test with OPENBLAS_CORETYPE=$(OTHER_KERNELS)"; OPENBLAS_CORETYPE=$(OTHER_KERNELS) bash tests/run.sh; \
+	else echo "SKIP make test-kernels: this CPU has no AVX, so OpenBLAS's $(OTHER_KERNELS) kernels cannot run"; fi
+
 # Fuzz the loaders a user feeds files to (checkpoint, token file, text) with
 # libFuzzer for FUZZ_SECONDS each (installs clang as root; not part of test).
 fuzz:
