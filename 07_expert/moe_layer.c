@@ -9,8 +9,8 @@
 #include <string.h>
 
 #include "errors.h"
-#include "init.h"  // counter_hash: the routing signature
 #include "exercise.h"  // exercise_not_done, in a homework tree
+#include "init.h"      // counter_hash: the routing signature
 #include "memory.h"
 #include "ops.h"
 #include "rank.h"
