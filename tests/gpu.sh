@@ -137,10 +137,16 @@ done
 # make gpu-check's harness, without a GPU (tests/gpu_check.sh in its cpu
 # mode: the same cases on the CPU build). Its case list holds every chapter
 # at 1-2 ranks and the risky cases at 4; a subset of that very list runs,
-# with a planted hang (a 10^6-step run given 8 s): the training case passes
-# against its CPU reference with a row in the table, the sanitizer case says
-# why it is skipped, and the hang is a TIMEOUT row with every rank's stacks,
-# taken before the ranks were killed.
+# with a planted hang: the training case passes against its CPU reference
+# with a row in the table, the sanitizer case says why it is skipped, and
+# the hang is a TIMEOUT row with every rank's stacks, taken before the ranks
+# were killed. The hang is a real one, so that where each rank waits is
+# known: the log is a named pipe no one reads, so rank 0 waits in open(2)
+# as it opens it and rank 1 in the collective after, both in the loop's
+# set-up (train_loop_begin). (A long run sampled at its limit is not: a rank
+# caught inside a BLAS kernel written without unwind tables, as OpenBLAS's
+# Sandybridge sgemm is, has no stack past it: gdb stopped there in 13 and 14
+# of 40 samples of a training rank in two tries under make test-kernels.)
 gc_list=$TEST_TMPDIR/gpu_check_list.txt
 bash tests/gpu_check.sh --list > "$gc_list"
 gc_missing=""
@@ -155,11 +161,12 @@ if [ -z "$gc_missing" ]; then
 else
     fail "make gpu-check's list" "missing:${gc_missing%,}"
 fi
-gc_cases=$TEST_TMPDIR/gpu_check_cases.txt gc_out=$TEST_TMPDIR/gpu_check
+gc_cases=$TEST_TMPDIR/gpu_check_cases.txt gc_out=$TEST_TMPDIR/gpu_check gc_fifo=$TEST_TMPDIR/gpu_check_hang.jsonl
+rm -f "$gc_fifo" && mkfifo "$gc_fifo"
 {
     grep -E '^train .*\| capstone pp=2 zb m=4 ' "$gc_list"
     grep -E '^memcheck ' "$gc_list"
-    echo "prog | 2 | planted hang | chapter-2 --dp 2 --steps 1000000 --batch 24 --seq 32 | | 8"
+    echo "prog | 2 | planted hang | chapter-2 --dp 2 --steps 3 --batch 24 --seq 32 --peak-gflops 10 --log $gc_fifo | | 8"
 } > "$gc_cases"
 gc_log=$TEST_TMPDIR/gpu_check.out
 env -u TEST_COUNTS GPU_CHECK_BACKEND=cpu GPU_CHECK_CASES="$gc_cases" GPU_CHECK_OUT="$gc_out" \
@@ -178,7 +185,8 @@ for r in 0 1; do
     # (a container without ptrace), the kernel's stacks from /proc
     gc_stack=$gc_out/cases/03-planted_hang/stack.rank$r.txt
     if grep -q '^Thread 1 ' "$gc_stack" 2>/dev/null; then
-        gc_need "^    rank $r: .* < main$"
+        if [ $r = 0 ]; then gc_need "^    rank 0: .*open.* < train_loop_begin < main$"
+        else gc_need "^    rank 1: .* < train_loop_begin < main$"; fi
     elif ! grep -q 'kernel stacks from /proc' "$gc_stack" 2>/dev/null; then
         gc_ok=0 gc_why="$gc_why no stack of rank $r;"
     fi
@@ -186,9 +194,30 @@ done
 [ -s "$gc_out.tar.gz" ] || { gc_ok=0; gc_why="$gc_why no $gc_out.tar.gz;"; }
 [ $gc_rc = 1 ] || { gc_ok=0; gc_why="$gc_why exit $gc_rc, not 1 (one failed case);"; }
 if [ $gc_ok = 1 ]; then
-    pass "make gpu-check on the CPU build (GPU_CHECK_BACKEND=cpu): a case of its list against its CPU reference, a skipped sanitizer, a planted hang as a TIMEOUT row with both ranks' stacks ($(grep -m1 "^    rank 1:" "$gc_log" | sed "s/^ *rank 1: .* < \([^<]* < [^<]* < main\)$/rank 1: ... \1/"))"
+    pass "make gpu-check on the CPU build (GPU_CHECK_BACKEND=cpu): a case of its list against its CPU reference, a skipped sanitizer, a planted hang (a log no one reads) as a TIMEOUT row with both ranks' stacks where they wait ($(grep -m1 "^    rank 0:" "$gc_log" | sed 's/^ *//'); $(grep -m1 "^    rank 1:" "$gc_log" | sed "s/^ *rank 1: .* < \([^<]* < [^<]* < main\)$/rank 1: ... \1/"))"
 else
     fail "make gpu-check on the CPU build" "${gc_why% ;}; $(tail -12 "$gc_log")"
+fi
+# ... and where gdb reads no stack (GPU_CHECK_GDB=false, as in a container
+# without ptrace), each rank's main thread from /proc: its wait channel, and
+# where the kernel lets us read it, rank 0's kernel stack in the pipe's open
+gc_out=$TEST_TMPDIR/gpu_check_proc gc_log=$TEST_TMPDIR/gpu_check_proc.out
+grep 'planted hang' "$gc_cases" > "$gc_cases.hang"
+env -u TEST_COUNTS GPU_CHECK_GDB=false GPU_CHECK_BACKEND=cpu GPU_CHECK_CASES="$gc_cases.hang" GPU_CHECK_OUT="$gc_out" \
+    timeout -k 10 $T_RUN bash tests/gpu_check.sh > "$gc_log" 2>&1
+gc_rc=$? gc_ok=1 gc_why=""
+gc_need '^TIMEOUT +2 +planted hang .*no end in 8 s: stacks in cases/01-planted_hang$'
+gc_need '^    rank 0: no gdb stack; main thread [0-9]+ chapter-2, wchan '
+gc_need '^    rank 1: no gdb stack; main thread [0-9]+ chapter-2, wchan '
+gc_stack=$gc_out/cases/01-planted_hang/stack.rank0.txt
+if grep -q '^\[<' "$gc_stack" 2>/dev/null && ! grep -q 'fifo_open' "$gc_stack"; then
+    gc_ok=0 gc_why="$gc_why rank 0's kernel stack has no fifo_open;"
+fi
+[ $gc_rc = 1 ] || { gc_ok=0; gc_why="$gc_why exit $gc_rc, not 1 (one failed case);"; }
+if [ $gc_ok = 1 ]; then
+    pass "make gpu-check without gdb's stacks: the planted hang's ranks from /proc ($(grep -m1 "^    rank 0:" "$gc_log" | sed 's/^ *//'))"
+else
+    fail "make gpu-check without gdb's stacks" "${gc_why% ;}; $(tail -8 "$gc_log")"
 fi
 
 finish
