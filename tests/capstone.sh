@@ -726,8 +726,9 @@ mpi_run $T_RUN 4 "$BUILD/capstone" $c7_flags --microbatches 2 --dp 2 --pp 2 --ze
 c7_resumed_same "--zero 1 on dp x pp = 2 x 2" "$c7_zpfull" "$TEST_TMPDIR/c7_zpres.jsonl"
 # and on another composition, tp x ep = 2 x 2 without --pp or --zero (the
 # moment shards of each stage's chunks read back as slices of the global
-# tensors), within the invariant's tolerance
-mpi_run $T_RUN 4 "$BUILD/capstone" $c7_flags --tp 2 --ep 2 --resume "$c7_ckzp/step-00000004" --log "$TEST_TMPDIR/c7_zpres_te.jsonl"
+# tensors) with the same 2 microbatches (the same objective: capacity and
+# the auxiliary loss are per microbatch), within the invariant's tolerance
+mpi_run $T_RUN 4 "$BUILD/capstone" $c7_flags --microbatches 2 --tp 2 --ep 2 --resume "$c7_ckzp/step-00000004" --log "$TEST_TMPDIR/c7_zpres_te.jsonl"
 c7_resumed_near "the --zero 1 checkpoint of dp x pp = 2 x 2 resumes on tp x ep = 2 x 2 and continues its run" "$c7_zpfull" "$TEST_TMPDIR/c7_zpres_te.jsonl"
 # the bytes per rank: the replicated buffer (54,912 floats) over its 4
 # copies, each rank's experts (2 layers x 2 experts x 33,088) over their 2
