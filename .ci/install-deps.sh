@@ -1,6 +1,6 @@
 #!/bin/bash
 # Installs the Debian packages the course needs, when they are missing
-# (an argument site, site-check or all: below; SETUP_QUIET=1: silent when
+# (an argument site, site-check, portability or all: below; SETUP_QUIET=1: silent when
 # nothing is missing).
 # As root it runs apt-get; otherwise it prints the one line to run.
 set -e
@@ -11,12 +11,16 @@ PACKAGES="make gcc gdb libc6-dev openmpi-bin libopenmpi-dev libhwloc-dev libopen
 # and make demo stay light. CI asks for all.
 SITE_PACKAGES="python3 pandoc python3-pygments"
 SITE_CHECK_PACKAGES="$SITE_PACKAGES chromium python3-websocket fonts-dejavu-core"
+# make portability's clang leg (the course built by clang, the cc of macOS):
+# also only when asked; without them that leg is a SKIP line.
+PORTABILITY_PACKAGES="clang libomp-dev"
 case "${1:-}" in
     "") ;;
     site) PACKAGES="$SITE_PACKAGES" ;;
     site-check) PACKAGES="$SITE_CHECK_PACKAGES" ;;
-    all) PACKAGES="$PACKAGES $SITE_CHECK_PACKAGES" ;;
-    *) echo "usage: $0 [site|site-check|all]" >&2; exit 2 ;;
+    portability) PACKAGES="$PORTABILITY_PACKAGES" ;;
+    all) PACKAGES="$PACKAGES $SITE_CHECK_PACKAGES $PORTABILITY_PACKAGES" ;;
+    *) echo "usage: $0 [site|site-check|portability|all]" >&2; exit 2 ;;
 esac
 missing=""
 for p in $PACKAGES; do

@@ -2,15 +2,21 @@
 # tests/portability.sh (`make portability`, or `make test CHAPTER=portability`;
 # CI runs it, .ci/run): what a student's other machine changes, on this one.
 # The last digits of a float that comes out of a reduction move with the CPU,
-# the BLAS kernel and the compiler's vectorisation; a two-machine `mpirun
-# --hostfile` talks over TCP, not shared memory. Three legs, each with the
-# docs' figures (make docs-check) and one invariant run per chapter (and
-# one of the capstone, build/capstone):
+# the BLAS kernel and the compiler (its vectorisation, its contraction into
+# FMAs); a two-machine `mpirun --hostfile` talks over TCP, not shared memory.
+# Four legs, each with one invariant run per chapter (and one of the
+# capstone, build/capstone), the first three with the docs' figures (make
+# docs-check):
 #
 #   haswell    OpenBLAS's AVX2 kernels (OPENBLAS_CORETYPE=Haswell) instead
 #              of the ones it picks for this CPU (AVX-512 on a recent x86-64)
 #   portable   a build without -march=native (make BUILD=build/portable
 #              ARCH=: gcc -O3 for the x86-64 baseline, SSE2 vectors only)
+#   clang      the programs and tests built by clang (OMPI_CC=clang mpicc,
+#              build/clang, -march=native): another compiler's vectorisation,
+#              and its contraction (clang fuses a*b+c inside an expression
+#              into one FMA; gcc in -std=c11 does not), as on macOS, whose cc
+#              is clang. A SKIP line where clang with OpenMP is missing
 #   tcp        Open MPI over TCP on the loopback (--mca btl self,tcp, pml
 #              ob1), the path of a multi-node run; the tests elsewhere pin
 #              shared memory (btl self,vader, tests/lib.sh). The arithmetic
@@ -31,14 +37,14 @@
 #
 # In each leg every chapter reproduces chapter 0's losses within the
 # invariant's tolerance (TOL, TOL_NORM: both runs on the same machine, as in
-# the chapter tests), and in the first two, chapter 0's reference itself
+# the chapter tests), and in the first three, chapter 0's reference itself
 # stays within that tolerance of the native build's: the drift across
 # machines is no larger than the drift across layouts.
 # Prints PASS/FAIL lines; tests/run.sh counts them. A few minutes on 2 cores.
 . "$(dirname "$0")/lib.sh"
 PORT_BUILD=${PORT_BUILD:-build/portable}
-case $PORT_BUILD in /*) PORT_DIR=$PORT_BUILD ;; *) PORT_DIR=$PWD/$PORT_BUILD ;; esac
-LEGS=${PORT_LEGS:-haswell portable tcp isa-v2 isa-v3 isa-v4}
+CLANG_BUILD=${CLANG_BUILD:-build/clang}
+LEGS=${PORT_LEGS:-haswell portable clang tcp isa-v2 isa-v3 isa-v4}
 
 # The native reference (this CPU's OpenBLAS kernels, -march=native) that the
 # other builds' references are compared with.
@@ -60,9 +66,9 @@ docs_leg() {
     fi
 }
 
-# docs_tree DIR: a copy of the repository's files (what docs-check reads) in
-# DIR with build/ pointing at the portable build, so the docs' commands
-# (build/chapter-N) run its programs
+# docs_tree DIR BUILD: a copy of the repository's files (what docs-check
+# reads) in DIR with build/ pointing at the build BUILD, so the docs'
+# commands (build/chapter-N) run its programs
 docs_tree() {
     mkdir -p "$1"
     if git rev-parse --is-inside-work-tree > /dev/null 2>&1; then
@@ -71,7 +77,7 @@ docs_tree() {
         tar --exclude=./build --exclude=./.git -cf - . | tar -xf - -C "$1"
     fi
     rm -rf "$1/build"
-    ln -s "$PORT_DIR" "$1/build"
+    case $2 in /*) ln -s "$2" "$1/build" ;; *) ln -s "$PWD/$2" "$1/build" ;; esac
 }
 
 # ref_drift LEG: this leg's chapter 0 reference against the native build's
@@ -212,7 +218,27 @@ leg() {
             fi
             pass "$L: make BUILD=$PORT_BUILD ARCH= all tests builds without -march=native"
             BUILD=$PORT_BUILD
-            docs_tree "$TEST_TMPDIR/tree"
+            docs_tree "$TEST_TMPDIR/tree" "$PORT_BUILD"
+            docs_leg "$L" "$TEST_TMPDIR/tree" ;;
+        clang)
+            if ! command -v clang > /dev/null 2>&1 ||
+                ! echo 'int main(void){return 0;}' | clang -x c -fopenmp -o /dev/null - > /dev/null 2>&1; then
+                skip "$L: a build by clang" "no clang with OpenMP here (Debian: apt-get install clang libomp-dev; .ci/install-deps.sh all installs them)"
+                echo "$passed $failed $skipped" > "$TEST_TMPDIR/counts"
+                return
+            fi
+            echo "== portability: clang: the course built by clang ($CLANG_BUILD)"
+            export OMPI_CC=clang
+            local log=$TEST_TMPDIR/build.log
+            if ! make --no-print-directory BACKEND=cpu BUILD="$CLANG_BUILD" all tests > "$log" 2>&1 ||
+                ! grep -q 'clang version' <(strings "$CLANG_BUILD/chapter-0"); then
+                fail "$L: OMPI_CC=clang make BUILD=$CLANG_BUILD all tests" "$(grep -m3 -E 'error|Error' "$log")"
+                echo "$passed $failed $skipped" > "$TEST_TMPDIR/counts"
+                return
+            fi
+            pass "$L: OMPI_CC=clang make BUILD=$CLANG_BUILD all tests builds with clang ($(clang --version | head -1))"
+            BUILD=$CLANG_BUILD
+            docs_tree "$TEST_TMPDIR/tree" "$CLANG_BUILD"
             docs_leg "$L" "$TEST_TMPDIR/tree" ;;
         tcp)
             export OMPI_MCA_pml=ob1 OMPI_MCA_btl=self,tcp OMPI_MCA_btl_tcp_if_include=lo
@@ -233,7 +259,7 @@ leg() {
             fi
             echo "$passed $failed $skipped" > "$TEST_TMPDIR/counts"
             return ;;
-        *) fail "portability" "no leg '$L' (PORT_LEGS: haswell portable tcp isa-v2 isa-v3 isa-v4)"; return ;;
+        *) fail "portability" "no leg '$L' (PORT_LEGS: haswell portable clang tcp isa-v2 isa-v3 isa-v4)"; return ;;
     esac
     chapters "$L"
     echo "$passed $failed $skipped" > "$TEST_TMPDIR/counts"

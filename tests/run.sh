@@ -13,7 +13,8 @@
 #                                  a word W is tests/W.sh
 #   bash tests/run.sh portability  what a full run leaves out: other BLAS
 #                                  kernels, a build without -march=native,
-#                                  TCP (`make portability`; CI runs it)
+#                                  one by clang, TCP (`make portability`;
+#                                  CI runs it)
 #
 # Every script sources tests/lib.sh and counts its own checks; this runner
 # sums them and ends with the one line "N passed, N failed, N skipped". It
