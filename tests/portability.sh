@@ -166,7 +166,7 @@ isa_build() {
     echo "== portability: $L: a build with $arch (build/isa-$level)"
     log=$TEST_TMPDIR/build.log
     if ! make --no-print-directory BACKEND=cpu BUILD="build/isa-$level" ARCH="$arch" all tests > "$log" 2>&1; then
-        fail "$L: make ARCH='$arch' all tests" "$(grep -m3 -E 'error|Error' "$log")"
+        fail "$L: make ARCH='$arch' all tests" "$(grep -m3 -E 'error:|\*\*\*' "$log")"
         return 1
     fi
     pass "$L: make BUILD=build/isa-$level ARCH='$arch' all tests builds"
@@ -213,7 +213,7 @@ leg() {
             echo "== portability: portable: gcc -O3 without -march=native ($PORT_BUILD)"
             local log=$TEST_TMPDIR/build.log
             if ! make --no-print-directory BACKEND=cpu BUILD="$PORT_BUILD" ARCH= all tests > "$log" 2>&1; then
-                fail "$L: make BUILD=$PORT_BUILD ARCH= all tests" "$(grep -m3 -E 'error|Error' "$log")"
+                fail "$L: make BUILD=$PORT_BUILD ARCH= all tests" "$(grep -m3 -E 'error:|\*\*\*' "$log")"
                 return
             fi
             pass "$L: make BUILD=$PORT_BUILD ARCH= all tests builds without -march=native"
@@ -223,7 +223,7 @@ leg() {
         clang)
             if ! command -v clang > /dev/null 2>&1 ||
                 ! echo 'int main(void){return 0;}' | clang -x c -fopenmp -o /dev/null - > /dev/null 2>&1; then
-                skip "$L: a build by clang" "no clang with OpenMP here (Debian: apt-get install clang libomp-dev; .ci/install-deps.sh all installs them)"
+                skip "$L: a build by clang" "no clang with OpenMP here (make portability installs clang libomp-dev as root: bash .ci/install-deps.sh portability)"
                 echo "$passed $failed $skipped" > "$TEST_TMPDIR/counts"
                 return
             fi
@@ -232,7 +232,7 @@ leg() {
             local log=$TEST_TMPDIR/build.log
             if ! make --no-print-directory BACKEND=cpu BUILD="$CLANG_BUILD" all tests > "$log" 2>&1 ||
                 ! grep -q 'clang version' <(strings "$CLANG_BUILD/chapter-0"); then
-                fail "$L: OMPI_CC=clang make BUILD=$CLANG_BUILD all tests" "$(grep -m3 -E 'error|Error' "$log")"
+                fail "$L: OMPI_CC=clang make BUILD=$CLANG_BUILD all tests" "$(grep -m3 -E 'error:|\*\*\*' "$log")"
                 echo "$passed $failed $skipped" > "$TEST_TMPDIR/counts"
                 return
             fi
