@@ -1,7 +1,7 @@
 #!/bin/bash
 # Installs the Debian packages the course needs, when they are missing
-# (an argument site, site-check, portability or all: below; SETUP_QUIET=1: silent when
-# nothing is missing).
+# (an argument site, site-check, portability or all: below; SETUP_QUIET=1:
+# silent when nothing is missing).
 # As root it runs apt-get; otherwise it prints the one line to run.
 set -e
 PACKAGES="make gcc gdb libc6-dev openmpi-bin libopenmpi-dev libhwloc-dev libopenblas-openmp-dev libxxhash-dev libzstd-dev gnuplot-nox fortunes python3 xxhash"
