@@ -1,5 +1,5 @@
 // composed_attention.c: a layer's attention half as the mesh composes it,
-// and a dense layer (--moe-every > 1) around it.
+// and a dense layer's MLP (--moe-every > 1).
 //
 // --tp (ExpertTP): attention mixes a sequence's tokens and is split by
 // heads: chapter 6's Megatron half (sp_attention_forward: the all-gather,
@@ -13,7 +13,6 @@
 #include "composed_model.h"
 #include "memory.h"
 #include "sequence.h"  // chapter 6's Megatron attention and MLP halves: --tp
-#include "trace.h"
 
 // ---------------------------------------------------------------- attention itself
 
@@ -108,56 +107,28 @@ void expert_attention_backward(ExpertModel* m, int l, const BlockParams* p, Bloc
     moe_attention_backward_in(p, g, a, s, x, dln2, dres, N, C, &wg);
 }
 
-// ---------------------------------------------------------------- a dense layer (--moe-every > 1)
-// The attention half above, then the dense MLP into a: model.h's (at
-// cp = tp = 1 block_forward's ops in its order: the same bits), or with
-// --tp chapter 6's (my 4C/tp hidden units of the group's rows).
-static void dense_forward(ExpertModel* m, int l, const BlockParams* p, BlockActs* a) {
+// ---------------------------------------------------------------- a dense layer's MLP (--moe-every > 1)
+// ln2 to a->fcproj: model.h's (at cp = tp = 1 block_forward's ops in its
+// order: the same bits), or with --tp chapter 6's (my 4C/tp hidden units of
+// the group's rows).
+void expert_mlp_forward(ExpertModel* m, const BlockParams* p, BlockActs* a) {
+    if (m->tp.tp > 1) sp_mlp_forward(m->tp.tpc, p, a, m->tp.full, m->N, m->cfg.gpt.channels);  // (N, C) my rows
+    else mlp_forward(p, a, m->N, m->cfg.gpt.channels);
+}
+
+// acts.dres (d res3, which the residual passes to fcproj) to m->dln2.
+void expert_mlp_backward(ExpertModel* m, int l, const BlockParams* p, BlockParams* g, const BlockActs* a,
+                         const BlockScratch* s) {
     const int N = m->N, C = m->cfg.gpt.channels;
-    expert_attention_forward(m, l, p, a, gpt_acts_block_input(&m->slot->acts, &m->cfg.gpt, l, m->B, m->T));
-    if (m->tp.tp > 1) sp_mlp_forward(m->tp.tpc, p, a, m->tp.full, N, C);  // (N, C) my rows
-    else mlp_forward(p, a, N, C);
-    residual_forward(a->res3, a->res2, a->fcproj, (size_t)N * C);
-}
-
-void expert_dense_forward(ExpertModel* m, int l, const BlockParams* p) {
-    double t0 = trace_start();
-    BlockActs a = expert_block_acts(m, l);
-    dense_forward(m, l, p, &a);
-    trace_compute(t0, "block %d forward", l);
-}
-
-// acts.dres: d res3 on entry, d x on return (at cp = tp = 1 model.c's ops:
-// the same bits). --recompute first remakes what it dropped, as model.h's
-// blocks do: selective gelu(fch), full the whole layer into the transient
-// (its exchanges too).
-void expert_dense_backward(ExpertModel* m, int l, const BlockParams* p, BlockParams* g) {
-    const GPTConfig* cfg = &m->cfg.gpt;
-    const int N = m->N, C = cfg->channels;
-    double t0 = trace_start();
-    BlockActs a = expert_block_acts(m, l);
-    if (m->recompute != RECOMPUTE_NONE) {
-        double t1 = trace_start();
-        if (m->recompute == RECOMPUTE_SELECTIVE) {
-            gelu_forward(a.fch_gelu, a.fch, (size_t)N * 4 * C);
-        } else {
-            a = block_acts_at(m->slot->acts.transient, m->B, m->T, C, cfg->num_heads);
-            dense_forward(m, l, p, &a);
-        }
-        trace_compute(t1, "block %d recompute", l);
-    }
-    BlockScratch s = gpt_acts_scratch(&m->slot->acts, cfg);
-    float* dres = m->slot->acts.dres;
+    const float* dres = m->slot->acts.dres;
     WeightGradHook wg = expert_wgrad(m, l);
-    if (m->tp.tp > 1) {
-        // chapter 6's; fcprojb over my rows, as attprojb
-        BlockParams gs = *g;
-        gs.fcprojb = NULL;
-        sp_mlp_backward(m->tp.tpc, p, &gs, &a, m->dln2, dres, s.dfch_gelu, s.dfch, m->tp.full, m->tp.dfull, N,
-                        C, &wg);
-        weight_grad(&wg, NULL, g->fcprojb, dres, NULL, N, C, C);
-    } else
-        mlp_backward(p, g, &a, m->dln2, dres, s.dfch_gelu, s.dfch, N, C, &wg);
-    expert_attention_backward(m, l, p, g, &a, &s, gpt_acts_block_input(&m->slot->acts, cfg, l, m->B, m->T), m->dln2, dres);
-    trace_compute(t0, "block %d backward", l);
+    if (m->tp.tp == 1) {
+        mlp_backward(p, g, a, m->dln2, dres, s->dfch_gelu, s->dfch, N, C, &wg);
+        return;
+    }
+    // chapter 6's; fcprojb over my rows, as attprojb
+    BlockParams gs = *g;
+    gs.fcprojb = NULL;
+    sp_mlp_backward(m->tp.tpc, p, &gs, a, m->dln2, dres, s->dfch_gelu, s->dfch, m->tp.full, m->tp.dfull, N, C, &wg);
+    weight_grad(&wg, NULL, g->fcprojb, dres, NULL, N, C, C);
 }

@@ -150,10 +150,11 @@ void expert_slot_free(const ExpertModel* m, ExpertSlot* s);
 void expert_attention_forward(ExpertModel* m, int l, const BlockParams* p, BlockActs* a, const float* x);
 void expert_attention_backward(ExpertModel* m, int l, const BlockParams* p, BlockParams* g, const BlockActs* a,
                                const BlockScratch* s, const float* x, const float* dln2, float* dres);
-// A dense layer (--moe-every > 1): that attention half and the dense MLP
-// (with --tp chapter 6's); backward takes acts.dres from d res3 to d x.
-void expert_dense_forward(ExpertModel* m, int l, const BlockParams* p);
-void expert_dense_backward(ExpertModel* m, int l, const BlockParams* p, BlockParams* g);
+// A dense layer's MLP (--moe-every > 1), with --tp chapter 6's: ln2 to
+// fcproj; backward acts.dres (d res3) to m->dln2.
+void expert_mlp_forward(ExpertModel* m, const BlockParams* p, BlockActs* a);
+void expert_mlp_backward(ExpertModel* m, int l, const BlockParams* p, BlockParams* g, const BlockActs* a,
+                         const BlockScratch* s);
 
 // ---------------------------------------------------------------- composed_tp.c
 // Layer l's parameters (gradients), under --tp with my slices; its router (E, C).

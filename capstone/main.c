@@ -16,56 +16,64 @@
 #include "composed_pipe.h"  // composed_model.h (run.h, train_loop.h), the chunks, the schedule
 #include "train_step.h"
 
-// ---------------------------------------------------------------- one MoE block
+// ---------------------------------------------------------------- one block
 
-// The block with its MLP replaced by chapter 7's MoE layer (route, count, dispatch,
-// experts, combine over ep, in --ep-overlap chunks). The attention half around it is the composition's: with
-// --cp over the cp group, with --tp split by heads. a: where the activations go (the
-// kept ones, or the transient when --recompute full runs the layer again).
-static void moe_block_forward(ExpertModel* m, int l, BlockActs* a, const float* x) {
-    int mi = moe_layer_index(&m->cfg, l);
-    BlockParams p = expert_block_params(m, l);  // with --tp, my slices of the attention's matrices
-    expert_attention_forward(m, l, &p, a, x);  // with --cp, over the cp group
-    // --zero 3: the layer's experts are its gathered unit
-    moe_layer_forward(&m->moe, moe_model_layer(&m->moe, m->slot->layers, l), l, a->ln2, expert_router(m, l),
-                      zero_buffer_params(&m->z[ZERO_EXPERTS], mi), a->fcproj);
+// A layer: the attention half, the composition's (composed_attention.c: with --cp over
+// the cp group, with --tp split by heads), then its MLP: in an MoE layer chapter 7's
+// MoE layer (route, count, dispatch, experts, combine over ep, in --ep-overlap chunks),
+// in a dense layer (--moe-every > 1) the GPT's (with --tp, chapter 6's). a: where the
+// activations go (the kept ones, or the transient when --recompute full runs the layer again).
+static void layer_forward(ExpertModel* m, int l, BlockActs* a, const float* x) {
+    BlockParams p = expert_block_params(m, l);  // with --tp, my slices of the split matrices
+    expert_attention_forward(m, l, &p, a, x);
+    if (moe_is_moe_layer(&m->cfg, l))  // --zero 3: the layer's experts are its gathered unit
+        moe_layer_forward(&m->moe, moe_model_layer(&m->moe, m->slot->layers, l), l, a->ln2, expert_router(m, l),
+                          zero_buffer_params(&m->z[ZERO_EXPERTS], moe_layer_index(&m->cfg, l)), a->fcproj);
+    else
+        expert_mlp_forward(m, &p, a);
     residual_forward(a->res3, a->res2, a->fcproj, (size_t)m->N * m->cfg.gpt.channels);
 }
 
-// --recompute, as chapter 7's (07_expert/main.c): selective remakes gelu(fch) of the
-// experts' rows and repeats no exchange; full runs the whole layer again, its
-// all-to-alls (and --cp's, --tp's exchanges) too. Returns the activations backward reads.
-static BlockActs moe_block_recompute(ExpertModel* m, int l, const float* x) {
+// --recompute, as chapter 7's (07_expert/main.c) and model.h's dense blocks: selective
+// remakes gelu(fch) (an MoE layer's of its experts' rows) and repeats no exchange; full
+// runs the whole layer again, its all-to-alls (and --cp's, --tp's exchanges) too.
+// Returns the activations backward reads.
+static BlockActs layer_recompute(ExpertModel* m, int l, const float* x) {
     const MoeConfig* c = &m->cfg;
     BlockActs a = expert_block_acts(m, l);
-    // the same span as model.c's dense blocks (docs/tracing.md)
-    double t0 = trace_start();
-    if (m->recompute == RECOMPUTE_SELECTIVE) {
+    if (m->recompute == RECOMPUTE_NONE) return a;
+    double t0 = trace_start();  // the same span as model.c's dense blocks (docs/tracing.md)
+    if (m->recompute == RECOMPUTE_SELECTIVE && moe_is_moe_layer(c, l)) {
         moe_layer_recompute(&m->moe, moe_model_layer(&m->moe, m->slot->layers, l));
-    } else if (m->recompute == RECOMPUTE_FULL) {
+    } else if (m->recompute == RECOMPUTE_SELECTIVE) {
+        gelu_forward(a.fch_gelu, a.fch, (size_t)m->N * 4 * c->gpt.channels);
+    } else {
         // everything into the transient (its res3 too: the kept one stays);
         // the step's statistics were counted by the first forward
         a = block_acts_at(m->slot->acts.transient, m->B, m->T, c->gpt.channels, c->gpt.num_heads);
         int record = m->moe.record;
         m->moe.record = 0;
-        moe_block_forward(m, l, &a, x);
+        layer_forward(m, l, &a, x);
         m->moe.record = record;
     }
-    if (m->recompute != RECOMPUTE_NONE) trace_compute(t0, "block %d recompute", l);
+    trace_compute(t0, "block %d recompute", l);
     return a;
 }
 
-// m->slot->acts.dres: d res3 on entry, d x on return: the MoE layer's backward (its two
-// exchanges reversed, in the same --ep-overlap chunks), then the attention half's.
-static void moe_block_backward(ExpertModel* m, int l, const float* x) {
-    int mi = moe_layer_index(&m->cfg, l);
+// m->slot->acts.dres: d res3 on entry, d x on return: the MLP's backward (an MoE
+// layer's two exchanges reversed, in the same --ep-overlap chunks), then the attention half's.
+static void layer_backward(ExpertModel* m, int l, const float* x) {
     double t0 = trace_start();
-    BlockActs a = moe_block_recompute(m, l, x);
+    BlockActs a = layer_recompute(m, l, x);
     BlockParams p = expert_block_params(m, l), g = expert_block_grads(m, l);
     BlockScratch s = gpt_acts_scratch(&m->slot->acts, &m->cfg.gpt);
-    moe_layer_backward(&m->moe, moe_model_layer(&m->moe, m->slot->layers, l), l, m->slot->acts.dres, a.ln2,
-                       expert_router(m, l), expert_router_grad(m, l), zero_buffer_params(&m->z[ZERO_EXPERTS], mi),
-                       zero_buffer_grads(&m->z[ZERO_EXPERTS], mi), m->dln2);
+    int mi = moe_layer_index(&m->cfg, l);
+    if (moe_is_moe_layer(&m->cfg, l))
+        moe_layer_backward(&m->moe, moe_model_layer(&m->moe, m->slot->layers, l), l, m->slot->acts.dres, a.ln2,
+                           expert_router(m, l), expert_router_grad(m, l), zero_buffer_params(&m->z[ZERO_EXPERTS], mi),
+                           zero_buffer_grads(&m->z[ZERO_EXPERTS], mi), m->dln2);
+    else
+        expert_mlp_backward(m, l, &p, &g, &a, &s);  // d ln2 into m->dln2
     expert_attention_backward(m, l, &p, &g, &a, &s, x, m->dln2, m->slot->acts.dres);
     trace_compute(t0, "block %d backward", l);
 }
@@ -76,20 +84,14 @@ static void moe_block_backward(ExpertModel* m, int l, const float* x) {
 // sequences (composed_model.c); the MoE layers meet the other ep ranks.
 static float model_forward(ExpertModel* m, const int* inputs, const int* targets) {
     const GPTConfig* g = &m->cfg.gpt;
-    int B = m->B, T = m->T;
     expert_units_gather(m, -1);  // --zero 3: each unit all-gathered over its buffer's group just before it runs
     expert_embed_forward(m, inputs, targets);
     for (int l = 0; l < g->num_layers; l++) {
         expert_units_gather(m, l);  // layer l's: its block's piece, its experts, its tp slices
-        if (moe_is_moe_layer(&m->cfg, l)) {
-            BlockActs a = expert_block_acts(m, l);
-            double t0 = trace_start();
-            moe_block_forward(m, l, &a, gpt_acts_block_input(&m->slot->acts, g, l, B, T));
-            trace_compute(t0, "block %d forward", l);
-        } else {  // a dense layer: the GPT's block (with --cp, its attention over cp)
-            BlockParams p = expert_block_params(m, l);
-            expert_dense_forward(m, l, &p);
-        }
+        BlockActs a = expert_block_acts(m, l);
+        double t0 = trace_start();
+        layer_forward(m, l, &a, gpt_acts_block_input(&m->slot->acts, g, l, m->B, m->T));
+        trace_compute(t0, "block %d forward", l);
     }
     expert_units_gather(m, g->num_layers);  // [lnfw lnfb] and wte
     return expert_head_forward(m);
@@ -97,18 +99,12 @@ static float model_forward(ExpertModel* m, const int* inputs, const int* targets
 
 static void model_backward(ExpertModel* m) {
     const GPTConfig* g = &m->cfg.gpt;
-    int B = m->B, T = m->T;
     expert_units_open(m, g->num_layers);  // --zero 2, 3: the units' gradients zeroed (3: the units gathered),
     expert_head_backward(m);  // m->slot->acts.dres: d loss / d the last layer's output
     expert_units_reduce(m, g->num_layers);  // reduce-scattered as soon as made (wte's open until the embedding's)
     for (int l = g->num_layers - 1; l >= 0; l--) {
         expert_units_open(m, l);
-        if (moe_is_moe_layer(&m->cfg, l)) {
-            moe_block_backward(m, l, gpt_acts_block_input(&m->slot->acts, g, l, B, T));
-        } else {  // a dense layer: the GPT's block, recomputed as model.h says
-            BlockParams p = expert_block_params(m, l), gp = expert_block_grads(m, l);
-            expert_dense_backward(m, l, &p, &gp);
-        }
+        layer_backward(m, l, gpt_acts_block_input(&m->slot->acts, g, l, m->B, m->T));
         expert_units_reduce(m, l);
     }
     expert_embed_backward(m);

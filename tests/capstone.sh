@@ -373,13 +373,14 @@ c7_sec_rc() {
 # kept lse), full runs each layer's forward again, its attention's ring or
 # all-to-alls too, and keeps one layer's lse and q|k|v. On ep x cp = 2 x 2,
 # ring and Ulysses (zigzag), and with a dense layer below an MoE layer
-# (--moe-every 2: expert_dense_backward's recompute); and that dense layer
+# (--moe-every 2 on tiny6: three dense layers, so one left out of the recompute
+# reads another's transient; capstone/main.c's layer_recompute); and that dense layer
 # under --tp (tp = 2, ep x tp = 2 x 2, tp x cp = 2 x 2): selective makes the probabilities of
 # the rank's heads and gelu(fch) again, full the whole layer, its tp
 # all-gather and reduce-scatter too. The step records of none, every field
 # the same bits, and less activation memory per rank at each mode (its
 # bytes are the planner's, tests/plan.sh).
-c7_dense="--steps 4 --batch 24 --seq 32 --peak-gflops 10 --experts 4 --top-k 3 --moe-every 2 --expert-hidden 96"
+c7_dense="--model tiny6 --steps 2 --batch 24 --seq 32 --peak-gflops 10 --experts 4 --top-k 3 --moe-every 2 --expert-hidden 96"
 for run in "ep x cp = 2 x 2 (ring)|4|$c7_flags --ep 2 --cp 2 --cp-mode ring" \
     "ep x cp = 2 x 2 (ulysses, zigzag)|4|$c7_flags --ep 2 --cp 2 --cp-mode ulysses --cp-balance zigzag" \
     "ep x cp = 2 x 2 (ring), a dense and an MoE layer|4|$c7_dense --ep 2 --cp 2" \
