@@ -394,15 +394,20 @@ portability:
 # The whole of make test again with the OpenBLAS kernels of another CPU
 # family (OPENBLAS_CORETYPE=$(OTHER_KERNELS); Sandybridge's: AVX without FMA,
 # so other roundings than any recent CPU's kernels): a test whose claim holds
-# with one BLAS's bits only fails here, not on a student's laptop. Where the
-# CPU lacks AVX those kernels cannot run: a SKIP line. CI runs it.
+# with one BLAS's bits only fails here, not on a student's laptop. Kernels
+# need what their CPU family has (Sandybridge's AVX, Haswell's AVX2,
+# SkylakeX's AVX-512; Nehalem's and Prescott's SSE any x86-64 CPU has):
+# where this CPU lacks it, or is no x86-64, a SKIP line. CI runs it.
 OTHER_KERNELS ?= Sandybridge
 .PHONY: test-kernels
 test-kernels:
 	@$(MAKE) --no-print-directory $(if $(filter -j% --jobserver%,$(MAKEFLAGS)),,-j$(NPROC)) BACKEND=cpu all tests
-	@if grep -qw avx /proc/cpuinfo 2>/dev/null; then \
+	@need=sse2; case "$(OTHER_KERNELS)" in \
+	    Sandybridge|Bulldozer|Piledriver|Steamroller) need=avx;; Haswell|Zen|Excavator) need=avx2;; \
+	    SkylakeX|Cooperlake|SapphireRapids) need=avx512f;; esac; \
+	if [ "$$(uname -m)" = x86_64 ] && grep -qw "$$need" /proc/cpuinfo 2>/dev/null; then \
 	    echo "== make test with OPENBLAS_CORETYPE=$(OTHER_KERNELS)"; OPENBLAS_CORETYPE=$(OTHER_KERNELS) bash tests/run.sh; \
-	else echo "SKIP make test-kernels: this CPU has no AVX, so OpenBLAS's $(OTHER_KERNELS) kernels cannot run"; fi
+	else echo "SKIP make test-kernels: OpenBLAS's $(OTHER_KERNELS) kernels need an x86-64 CPU with $$need, and this $$(uname -m) CPU has none"; fi
 
 # Fuzz the loaders a user feeds files to (checkpoint, token file, text) with
 # libFuzzer for FUZZ_SECONDS each (installs clang as root; not part of test).
