@@ -1,12 +1,16 @@
 """make_model.py FILE V Vp maxT L NH C: an llm.c model file (version 3, fp32)
-with random weights (normal, 0.02; LayerNorm weights near 1, biases near 0)
-and the padded rows of wte zero. tests/model_files.sh plans odd shapes with
-it, tests/gpu_check.sh the 8-layer model pp 4 interleaves."""
+with random weights (uniform with std 0.02, llm.c's init's; LayerNorm
+weights near 1, biases near 0) and the padded rows of wte zero.
+tests/model_files.sh plans odd shapes with it, tests/gpu_check.sh the
+8-layer model pp 4 interleaves, docs/attention.md a model of 1,024
+positions. Uniform, not normal: random.random is C, random.gauss Python,
+ten times slower (12 s on the 10.6M weights of docs/attention.md's model)."""
 import random, struct, sys
 path, (V, Vp, maxT, L, NH, C) = sys.argv[1], map(int, sys.argv[2:8])
 rng = random.Random(2026)
-w = lambda n: [rng.gauss(0.0, 0.02) for _ in range(n)]
-near = lambda n, c: [c + rng.gauss(0.0, 0.05) for _ in range(n)]
+u = rng.random  # [0, 1): std 1/sqrt(12), so (u - 1/2) sqrt(12) s has std s
+w = lambda n: [(u() - 0.5) * (12 ** 0.5 * 0.02) for _ in range(n)]
+near = lambda n, c: [c + (u() - 0.5) * (12 ** 0.5 * 0.05) for _ in range(n)]
 p = w(V * C) + [0.0] * ((Vp - V) * C) + w(maxT * C)          # wte (padded rows 0), wpe
 p += near(L * C, 1.0) + near(L * C, 0.0)                      # ln1w ln1b
 p += w(L * 3 * C * C) + near(L * 3 * C, 0.0)                  # qkvw qkvb
