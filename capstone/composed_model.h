@@ -5,8 +5,8 @@
 // backward), and file by file what builds and runs them. The layers are the
 // chapters': chapter 7's MoE model and layer (moe.h, moe_layer.h), chapter
 // 6's Megatron halves, ring and Ulysses (sequence.h, context.h). The chunks
-// and the schedule on them are composed_pipe.h's, the refused layouts
-// composed_rules.h's; the step, in run order, main.c.
+// and the schedule on them are composed_stage.h's and composed_pipe.h's,
+// the refused layouts composed_rules.h's; the step, in run order, main.c.
 #ifndef COMPOSED_MODEL_H
 #define COMPOSED_MODEL_H
 

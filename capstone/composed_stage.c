@@ -1,6 +1,6 @@
 // composed_stage.c: what a rank of the capstone's pipeline owns
-// (composed_pipe.h), with or without the pipeline (one chunk).
-#include "composed_pipe.h"
+// (composed_stage.h), with or without the pipeline (one chunk).
+#include "composed_stage.h"
 
 #include <stdio.h>
 #include <stdlib.h>
