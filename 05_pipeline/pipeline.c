@@ -251,7 +251,7 @@ SendBuf* send_pool_take(SendPool* s, const float* src) {
 // ---------------------------------------------------------------- point to point
 // The executor's receive: 05_pipeline/main.c says why no list the validator
 // accepts can deadlock and why a rank takes its peer's messages in the order
-// they were sent; the capstone's pipeline (capstone/composed_pipe.c) receives
+// they were sent; the capstone's pipeline (capstone/main.c) receives
 // through the same two functions into its own slots.
 
 int pipe_incoming_build(const Schedule* s, int stage, Incoming in[2]) {

@@ -14,7 +14,7 @@
 //     with the training-state checkpoint, validation through the stages, and
 //     the timelines of each step (the bubble).
 // Part of it does not care what a stage computes, and the capstone's
-// pipeline (capstone/composed_pipe.c) runs its MoE chunks on that part too:
+// pipeline (capstone/main.c's actions) runs its MoE chunks on that part too:
 // the schedule made and checked (pipe_schedule_make), the links between the
 // stages (PipeLink: receiving an action's input in the order its peer sends,
 // pipe_receive, exercise 3; pipe_send and pipe_sends_wait), which slot holds

@@ -5,8 +5,9 @@
 // backward), and file by file what builds and runs them. The layers are the
 // chapters': chapter 7's MoE model and layer (moe.h, moe_layer.h), chapter
 // 6's Megatron halves, ring and Ulysses (sequence.h, context.h). The chunks
-// and the schedule on them are composed_stage.h's and composed_pipe.h's,
-// the refused layouts composed_rules.h's; the step, in run order, main.c.
+// are composed_stage.h's, the step around the schedule's actions
+// composed_pipe.h's, the refused layouts composed_rules.h's; the step, in
+// run order, the schedule's actions included, main.c.
 #ifndef COMPOSED_MODEL_H
 #define COMPOSED_MODEL_H
 

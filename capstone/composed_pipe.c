@@ -1,5 +1,6 @@
-// composed_pipe.c: the capstone's pipeline executor: the actions F, B, W of
-// (microbatch, chunk) on chapter 5's links and slot pools, in step order.
+// composed_pipe.c: the step around main.c's actions F, B, W on a rank's
+// chunks: their slots, tokens and statistics, the gradients accumulated over
+// the microbatches; the set-up and the end (composed_pipe.h).
 #include "composed_pipe.h"
 
 #include <stdlib.h>
@@ -15,9 +16,9 @@
 
 // ---------------------------------------------------------------- slots
 
-// The slot of (mb, chunk), as chapter 5's slot_get: the one taken, else a
-// free one, else a new one, so the slots made are the peak in flight.
-static ExpertSlot* chunk_slot_get(ExpertPipe* P, XpChunk* ch, int mb) {
+// As chapter 5's slot_get: the one taken, else a free one, else a new one,
+// so the slots made are the peak in flight.
+ExpertSlot* expert_pipe_slot(ExpertPipe* P, XpChunk* ch, int mb) {
     ExpertSlot* sl = slot_pool_take(&ch->pool, mb);
     if (sl) return sl;
     sl = expert_slot_create(&ch->m, ch->pool.n ? ch->pool.s[0] : NULL);
@@ -28,89 +29,17 @@ static ExpertSlot* chunk_slot_get(ExpertPipe* P, XpChunk* ch, int mb) {
     return sl;
 }
 
-// ---------------------------------------------------------------- point to point
-// Chapter 5's pipe_send and pipe_receive. Where a message goes: an
-// activation into the slot of (mb, chunk c), taken now if it came before its
-// F; a gradient into the slot its F took.
-static float* slot_buffer(void* ctx, int grad, int mb, int c) {
-    ExpertPipe* P = ctx;
-    XpChunk* ch = &P->chunk[c];
-    ExpertSlot* sl = grad ? slot_pool_find(&ch->pool, mb) : chunk_slot_get(P, ch, mb);
-    return grad ? sl->acts.dres : sl->acts.encoded;
-}
+// ---------------------------------------------------------------- the step's statistics and gradients
 
-// ---------------------------------------------------------------- the actions
-
-// F: the chunk's input (embedded, or the stage before's output), the
-// forward of its layers, then the loss (the last virtual stage) or the
-// output on.
-// Microbatch -1 is validation's or --sample's, outside the step's lists: its
-// input comes by a blocking receive, its routing is not counted.
-static float forward(ExpertPipe* P, int mb, int c, const int* inputs, const int* targets) {
-    XpChunk* ch = &P->chunk[c];
-    ExpertSlot* sl = chunk_slot_get(P, ch, mb);
-    if (ch->vstage > 0 && mb >= 0) pipe_receive(&P->link, 0, mb, c, slot_buffer, P);
-    if (ch->vstage > 0 && mb < 0) comm_recv(P->link.pp, sl->acts.encoded, act_floats(P), pipe_prev(&P->link));
-    ch->m.slot = sl;  // the model works on the slot
-    ch->m.moe.record = mb >= 0;
-    ch->m.moe.token0 = mb >= 0 ? (size_t)mb * (P->B / P->M) * P->T : 0;  // the routing signature's token numbers
-    ch->m.moe.aux = 0.0, ch->m.moe.dropped = 0;  // this forward's (the clocks run over the step: expert_pipe_run)
-    float loss = P->forward(&ch->m, inputs, targets);
-    ch->m.moe.record = 1;
-    if (mb >= 0) {  // its routing statistics of my MoE layers
-        P->aux += ch->m.moe.aux, P->dropped += ch->m.moe.dropped;
-        int E = P->cfg.experts;
-        for (int i = 0; i < ch->n_moe * E; i++) P->routed[(size_t)ch->moe0 * E + i] += ch->m.moe.routed[i];
-    }
-    const GPTConfig* g = &ch->m.cfg.gpt;
-    if (ch->vstage < P->S - 1)
-        pipe_send(&P->link, gpt_acts_block_output(&sl->acts, g, g->num_layers - 1, P->b, P->Tr), pipe_next(&P->link));
-    else if (mb >= 0)
-        P->loss_sum += loss;
-    return loss;
-}
-
-// B: the output's gradient (from the head or the stage after), backward of
-// the layers, d input back to the stage before. zb: the weight gradients
-// wait in the slot's queue for W.
-static void backward(ExpertPipe* P, int mb, int c) {
-    XpChunk* ch = &P->chunk[c];
-    ExpertSlot* sl = slot_pool_find(&ch->pool, mb);
-    if (ch->vstage < P->S - 1) pipe_receive(&P->link, 1, mb, c, slot_buffer, P);
-    ch->m.slot = sl;
-    P->backward(&ch->m);
-    if (ch->vstage > 0) pipe_send(&P->link, sl->acts.dres, pipe_prev(&P->link));
-    if (!ch->m.split) slot_pool_give(&ch->pool, mb);
-}
-
-// W (zb): the queued weight gradients, no communication; then the slot is free.
-static void weights(ExpertPipe* P, int mb, int c) {
-    ExpertSlot* sl = slot_pool_find(&P->chunk[c].pool, mb);
-    wgrad_queue_run(&sl->wq);
-    slot_pool_give(&P->chunk[c].pool, mb);
-}
-
-// ---------------------------------------------------------------- the step
-
-void expert_pipe_run(ExpertPipe* P) {
-    int E = P->cfg.experts, Lm = moe_num_moe_layers(&P->cfg);
-    for (int c = 0; c < P->v; c++) {
-        ExpertModel* m = &P->chunk[c].m;
-        moe_step_begin(&m->moe);  // chapter 7's: the exchanges' clocks from here (validation's dropped)
-        // gradients accumulate from zero (--zero 2, 3: one microbatch, zeroed as backward opens a unit)
-        for (ZeroBuffer* z = m->z; m->zero < 2 && z < m->z + m->nz; z++) mem_zero(z->grads, z->n * sizeof(float));
-    }
+void expert_pipe_stats_begin(ExpertPipe* P) {
     P->loss_sum = P->aux = 0.0, P->dropped = 0;
-    memset(P->routed, 0, (size_t)Lm * E * sizeof(long));
-    pipe_link_begin(&P->link);
-    for (int i = 0; i < P->sched.n[P->stage]; i++) {
-        Action a = P->sched.list[P->stage][i];
-        size_t t0 = (size_t)a.mb * P->b * P->T;  // the microbatch's tokens
-        if (a.type == ACT_F) forward(P, a.mb, a.chunk, P->inputs + t0, P->targets + t0);
-        else if (a.type == ACT_B) backward(P, a.mb, a.chunk);
-        else weights(P, a.mb, a.chunk);
-    }
-    pipe_sends_wait(&P->link);
+    memset(P->routed, 0, (size_t)moe_num_moe_layers(&P->cfg) * P->cfg.experts * sizeof(long));
+}
+
+void expert_pipe_tally(ExpertPipe* P, const XpChunk* ch) {
+    P->aux += ch->m.moe.aux, P->dropped += ch->m.moe.dropped;
+    int E = P->cfg.experts;
+    for (int i = 0; i < ch->n_moe * E; i++) P->routed[(size_t)ch->moe0 * E + i] += ch->m.moe.routed[i];
 }
 
 // Each microbatch's backward gave the gradient of its own mean; the step's
@@ -168,55 +97,6 @@ void expert_pipe_load(ExpertPipe* P, const TokenSet* d, long step) {
     }
 }
 
-// ---------------------------------------------------------------- validation
-
-// One microbatch forward through the stages (F of microbatch -1); the loss
-// from the last stage to its pipeline.
-static float forward_only(void* ctx, const int* inputs, const int* targets) {
-    ExpertPipe* P = ctx;
-    float loss = 0.0f;
-    for (int c = 0; c < P->v; c++) {
-        loss = forward(P, -1, c, inputs, targets);
-        slot_pool_give(&P->chunk[c].pool, -1);
-    }
-    pipe_sends_wait(&P->link);
-    double l = loss;
-    MPI_CHECK(MPI_Bcast(&l, 1, MPI_DOUBLE, P->pp - 1, P->link.pp->mpi));
-    return (float)l;
-}
-
-// --sample: every rank runs each forward, share 0's first sequence holding
-// the window (as chapter 7's next_logits); on the last stage the cp rank
-// holding position t-1 tells its cp group, then the row goes over pp to
-// world rank 0, which samples.
-static void next_logits(void* ctx, const int* window, int t, float* row) {
-    ExpertPipe* P = ctx;
-    int Vp = P->cfg.gpt.padded_vocab_size;
-    size_t BT = (size_t)P->b * P->T;
-    int* tokens = xcalloc(2 * BT, sizeof(int));  // inputs, then targets (unused: zeros)
-    if (P->share == 0) memcpy(tokens, window, (size_t)t * sizeof(int));
-    forward_only(P, tokens, tokens + BT);
-    // with --cp, position t-1 lives on one cp rank: it tells its cp group
-    const ExpertModel* m = &P->chunk[P->v - 1].m;
-    const CPShard* sh = &m->cp.sh;
-    size_t r = 0;
-    int owner = cp_shard_owner(sh, t - 1, &r);  // chapter 6's layout (ring.h)
-    if (P->stage == P->pp - 1) {
-        HeadActs h = gpt_acts_head(&m->slot->acts, &m->cfg.gpt, P->b, P->Tr);  // the slot it ran on
-        if (sh->rank == owner) mem_to_host(row, h.logits + r * Vp, (size_t)Vp * sizeof(float));
-        if (sh->cp > 1) MPI_CHECK(MPI_Bcast(row, Vp, MPI_FLOAT, owner, m->cp.cpc->mpi));
-    }
-    MPI_CHECK(MPI_Bcast(row, Vp, MPI_FLOAT, P->pp - 1, P->link.pp->mpi));
-    free(tokens);
-}
-
-// The step's layout (expert_pipe_load); the mean over dp x cp x ep x tp.
-float expert_pipe_val_loss(void* ctx, const TrainSetup* setup, int n_batches) {
-    ExpertPipe* P = ctx;
-    return train_val_loss_pieces(setup, n_batches, forward_only, P, P->share * P->b, P->M, P->B / P->M, P->b,
-                                 &P->chunk[0].m.batch);
-}
-
 // ---------------------------------------------------------------- set-up and the end
 
 // The set-up's lines: chapter 7's, then one per other axis in use.
@@ -250,10 +130,8 @@ static void print_setup(const ExpertPipe* P, const Run* run) {
                m->T, sh->T, P->per_rank, ndp, sh->cp, nep);
 }
 
-void expert_pipe_create(ExpertPipe* P, Run* run, ExpertFlags* fl, const MoeConfig* cfg, ExpertForward forward,
-                        ExpertBackward backward, Ckpt* ck) {
+void expert_pipe_create(ExpertPipe* P, Run* run, ExpertFlags* fl, const MoeConfig* cfg, Ckpt* ck) {
     memset(P, 0, sizeof(*P));
-    P->forward = forward, P->backward = backward;
     expert_stage_create(P, run, fl, cfg);
     if (run->setup.checkpoint) expert_stage_file(P, run->setup.checkpoint, 0);  // --model FILE
     print_setup(P, run);
@@ -277,7 +155,7 @@ void expert_pipe_report(ExpertPipe* P, const ExpertFlags* fl, const TrainLoop* l
 }
 
 void expert_pipe_finish(ExpertPipe* P, const TrainArgs* args) {
-    train_sample_with(args, &P->cfg.gpt, P->T, next_logits, P);  // --sample: every rank runs each forward
     if (args->save) expert_stage_file(P, args->save, 1);
     expert_stage_free(P);
+    free(P);
 }

@@ -2,7 +2,7 @@
 // (chunk c of pp rank r is virtual stage c pp + r of S = pp x v, an
 // ExpertModel of its L / S layers, so main.c's forward and backward run on
 // it unchanged), the schedule (chapter 5's) and chapter 5's links, built by
-// composed_stage.c; composed_pipe.h runs the schedule on them. Without the
+// composed_stage.c; main.c runs the schedule on them. Without the
 // pipeline: one chunk, F then B.
 #ifndef COMPOSED_STAGE_H
 #define COMPOSED_STAGE_H
@@ -11,11 +11,6 @@
 #include "composed_rules.h"
 #include "pipeline.h"  // chapter 5's Piece, PipeLink, SlotPool, pipe_schedule_make
 #include "schedule.h"
-
-// main.c's whole-model forward (returns this rank's mean loss, 0 off the
-// last stage) and backward, which a chunk runs as they are.
-typedef float (*ExpertForward)(ExpertModel* m, const int* inputs, const int* targets);
-typedef void (*ExpertBackward)(ExpertModel* m);
 
 typedef struct {
     ExpertModel m;   // the chunk's layers as a model (cfg.gpt.num_layers = L / S)
@@ -29,8 +24,6 @@ typedef struct {
     size_t total;  // the whole model's parameters
     Run run_mb;    // the run as one microbatch sees it: setup.B = B / m
     MoeConfig cfg; // the whole model's
-    ExpertForward forward;
-    ExpertBackward backward;
     Schedule sched;
     const char* sched_name;
     int pp, stage, v, S, M, B, b, T, Tr, per_rank, share;  // Tr: a rank's positions of a sequence, T / cp

@@ -7,6 +7,7 @@
 //
 //   mpirun -np 16 build/capstone --dp 2 --tp 2 --cp 2 --ep 2 --experts 4 --top-k 2
 #include <stdlib.h>
+#include <string.h>
 
 #include "memory.h"
 #include "errors.h"
@@ -111,6 +112,88 @@ static void model_backward(ExpertModel* m) {
     expert_units_reduce(m, -1);  // [wte wpe]
 }
 
+// ---------------------------------------------------------------- the schedule's three actions
+// A rank's chunks (composed_stage.h) are its pipeline stages' layers, each an ExpertModel
+// that model_forward and model_backward run on as they are; without --pp one chunk, the
+// whole model. The sends and receives are chapter 5's (05_pipeline/pipeline.h): a send
+// non-blocking from a buffer of its own, a receive taking every message its peer sent
+// before the one needed, each into the slot where it belongs. Where a message goes: an
+// activation into the slot of (mb, chunk c), taken now if it came before its F; a
+// gradient into the slot its F took.
+static float* slot_buffer(void* ctx, int grad, int mb, int c) {
+    ExpertPipe* P = ctx;
+    XpChunk* ch = &P->chunk[c];
+    ExpertSlot* sl = grad ? slot_pool_find(&ch->pool, mb) : expert_pipe_slot(P, ch, mb);
+    return grad ? sl->acts.dres : sl->acts.encoded;
+}
+
+// F: the chunk's input (embedded, or the stage before's output), model_forward, then
+// the loss (the last virtual stage) or the output on. Microbatch -1 is validation's or
+// --sample's, outside the step's lists: its input comes by a blocking receive, its
+// routing is not counted.
+static float forward(ExpertPipe* P, int mb, int c, const int* inputs, const int* targets) {
+    XpChunk* ch = &P->chunk[c];
+    ExpertSlot* sl = expert_pipe_slot(P, ch, mb);
+    if (ch->vstage > 0 && mb >= 0) pipe_receive(&P->link, 0, mb, c, slot_buffer, P);
+    if (ch->vstage > 0 && mb < 0) comm_recv(P->link.pp, sl->acts.encoded, act_floats(P), pipe_prev(&P->link));
+    ch->m.slot = sl;  // the model works on the slot
+    ch->m.moe.record = mb >= 0;
+    ch->m.moe.token0 = mb >= 0 ? (size_t)mb * (P->B / P->M) * P->T : 0;  // the routing signature's token numbers
+    ch->m.moe.aux = 0.0, ch->m.moe.dropped = 0;  // this forward's (the clocks run over the step)
+    float loss = model_forward(&ch->m, inputs, targets);
+    ch->m.moe.record = 1;
+    if (mb >= 0) expert_pipe_tally(P, ch);  // its routing statistics of my MoE layers
+    const GPTConfig* g = &ch->m.cfg.gpt;
+    if (ch->vstage < P->S - 1)
+        pipe_send(&P->link, gpt_acts_block_output(&sl->acts, g, g->num_layers - 1, P->b, P->Tr), pipe_next(&P->link));
+    else if (mb >= 0)
+        P->loss_sum += loss;
+    return loss;
+}
+
+// B: the output's gradient (from the head or the stage after), model_backward, d input
+// back to the stage before. zb: the weight gradients wait in the slot's queue for W.
+static void backward(ExpertPipe* P, int mb, int c) {
+    XpChunk* ch = &P->chunk[c];
+    ExpertSlot* sl = slot_pool_find(&ch->pool, mb);
+    if (ch->vstage < P->S - 1) pipe_receive(&P->link, 1, mb, c, slot_buffer, P);
+    ch->m.slot = sl;
+    model_backward(&ch->m);
+    if (ch->vstage > 0) pipe_send(&P->link, sl->acts.dres, pipe_prev(&P->link));
+    if (!ch->m.split) slot_pool_give(&ch->pool, mb);
+}
+
+// W (--schedule zb): the queued weight gradients (composed_wgrad.c), no communication;
+// then the slot is free. (Chapter 5's W reads the stash of plain GPT blocks, which MoE
+// layers split over ep and attention split over tp and cp are not.)
+static void weights(ExpertPipe* P, int mb, int c) {
+    ExpertSlot* sl = slot_pool_find(&P->chunk[c].pool, mb);
+    wgrad_queue_run(&sl->wq);
+    slot_pool_give(&P->chunk[c].pool, mb);
+}
+
+// One step's forwards and backwards: this stage's list (chapter 5's schedule, built and
+// checked by every rank) in order. Every ep rank of a stage runs the same list, so the
+// MoE exchanges meet in order.
+static void run_schedule(ExpertPipe* P) {
+    for (int c = 0; c < P->v; c++) {
+        ExpertModel* m = &P->chunk[c].m;
+        moe_step_begin(&m->moe);  // chapter 7's: the exchanges' clocks from here (validation's dropped)
+        // gradients accumulate from zero (--zero 2, 3: one microbatch, zeroed as backward opens a unit)
+        for (ZeroBuffer* z = m->z; m->zero < 2 && z < m->z + m->nz; z++) mem_zero(z->grads, z->n * sizeof(float));
+    }
+    expert_pipe_stats_begin(P);  // the step's loss and routing statistics from zero
+    pipe_link_begin(&P->link);
+    for (int i = 0; i < P->sched.n[P->stage]; i++) {
+        Action a = P->sched.list[P->stage][i];
+        size_t t0 = (size_t)a.mb * P->b * P->T;  // the microbatch's tokens
+        if (a.type == ACT_F) forward(P, a.mb, a.chunk, P->inputs + t0, P->targets + t0);
+        else if (a.type == ACT_B) backward(P, a.mb, a.chunk);
+        else weights(P, a.mb, a.chunk);
+    }
+    pipe_sends_wait(&P->link);
+}
+
 // ---------------------------------------------------------------- the three gradient groups
 
 // Every rank's gradient is of ITS tokens' mean loss. The replicated
@@ -167,44 +250,90 @@ static float clip_and_step(ExpertPipe* P, const TrainArgs* args, int step) {
     return (float)norm;
 }
 
+// ---------------------------------------------------------------- validation and --sample
+
+// One microbatch forward through the stages (F of microbatch -1); the loss from the
+// last stage to its pipeline.
+static float forward_only(void* ctx, const int* inputs, const int* targets) {
+    ExpertPipe* P = ctx;
+    float loss = 0.0f;
+    for (int c = 0; c < P->v; c++) {
+        loss = forward(P, -1, c, inputs, targets);
+        slot_pool_give(&P->chunk[c].pool, -1);
+    }
+    pipe_sends_wait(&P->link);
+    double l = loss;
+    MPI_CHECK(MPI_Bcast(&l, 1, MPI_DOUBLE, P->pp - 1, P->link.pp->mpi));
+    return (float)l;
+}
+
+// The step's layout (expert_pipe_load); the mean over dp x cp x ep x tp.
+static float val_loss(void* ctx, const TrainSetup* setup, int n_batches) {
+    ExpertPipe* P = ctx;
+    return train_val_loss_pieces(setup, n_batches, forward_only, P, P->share * P->b, P->M, P->B / P->M, P->b,
+                                 &P->chunk[0].m.batch);
+}
+
+// --sample: every rank runs each forward, share 0's first sequence holding the window
+// (as chapter 7's next_logits); on the last stage the cp rank holding position t-1 tells
+// its cp group, then the row goes over pp to world rank 0, which samples.
+static void next_logits(void* ctx, const int* window, int t, float* row) {
+    ExpertPipe* P = ctx;
+    int Vp = P->cfg.gpt.padded_vocab_size;
+    size_t BT = (size_t)P->b * P->T;
+    int* tokens = xcalloc(2 * BT, sizeof(int));  // inputs, then targets (unused: zeros)
+    if (P->share == 0) memcpy(tokens, window, (size_t)t * sizeof(int));
+    forward_only(P, tokens, tokens + BT);
+    const ExpertModel* m = &P->chunk[P->v - 1].m;
+    const CPShard* sh = &m->cp.sh;
+    size_t r = 0;
+    int owner = cp_shard_owner(sh, t - 1, &r);  // chapter 6's layout (ring.h)
+    if (P->stage == P->pp - 1) {
+        HeadActs h = gpt_acts_head(&m->slot->acts, &m->cfg.gpt, P->b, P->Tr);  // the slot it ran on
+        if (sh->rank == owner) mem_to_host(row, h.logits + r * Vp, (size_t)Vp * sizeof(float));
+        if (sh->cp > 1) MPI_CHECK(MPI_Bcast(row, Vp, MPI_FLOAT, owner, m->cp.cpc->mpi));
+    }
+    MPI_CHECK(MPI_Bcast(row, Vp, MPI_FLOAT, P->pp - 1, P->link.pp->mpi));
+    free(tokens);
+}
+
 // ---------------------------------------------------------------- main
 
-// One loop for every mesh. Without --pp (and --microbatches) a rank has one
-// chunk, the whole model, and the schedule is one F and one B; with --pp a
-// rank's chunks are its stages' layers and the schedule (chapter 5's)
-// interleaves the microbatches' F and B, composed_pipe.c sending the
-// activations and their gradients between the stages.
+// One loop for every mesh. Without --pp (and --microbatches) a rank has one chunk, the
+// whole model, and the schedule is one F and one B; with --pp a rank's chunks are its
+// stages' layers and the schedule (chapter 5's) interleaves the microbatches' F and B.
 int main(int argc, char** argv) {
     ExpertFlags fl;  // --experts, --top-k, ..., --ep-overlap (composed_model.c)
     Run run;
     if (!expert_run_start(&run, &fl, argc, argv)) return 0;
     const TrainArgs* args = &run.args;
     MoeConfig cfg = expert_config(&run, &fl);  // the flags or --model FILE's, checked against the mesh
-    static ExpertPipe P;  // my chunks (each an ExpertModel: my experts, the replicated rest), the schedule
+    ExpertPipe* P = xcalloc(1, sizeof(ExpertPipe));  // my chunks (each an ExpertModel), the schedule, the links
     Ckpt ck;  // --ckpt-dir, --resume: this rank's slices, from whatever mesh saved them
-    expert_pipe_create(&P, &run, &fl, &cfg, model_forward, model_backward, &ck);
-    const Comm* batch = &P.chunk[0].m.batch;  // dp x cp x ep x tp: the ranks of one stage that share the batch
+    expert_pipe_create(P, &run, &fl, &cfg, &ck);
+    const Comm* batch = &P->chunk[0].m.batch;  // dp x cp x ep x tp: the ranks of one stage that share the batch
     TrainLoop loop;
     train_loop_begin(&loop, &run, &(TrainLoopSpec){
-        .chapter = 7, .num_params = P.total, .flops_per_token = moe_flops_per_token(&cfg, run.setup.T),
-        .rows = P.per_rank, .val_loss = expert_pipe_val_loss, .ctx = &P, .ckpt = &ck});
+        .chapter = 7, .num_params = P->total, .flops_per_token = moe_flops_per_token(&cfg, run.setup.T),
+        .rows = P->per_rank, .val_loss = val_loss, .ctx = P, .ckpt = &ck});
     for (int step = loop.start; step < loop.steps; step++) {
-        expert_pipe_load(&P, &run.setup.train, step);  // my share of the batch, in m microbatches
+        expert_pipe_load(P, &run.setup.train, step);  // my share of the batch, in m microbatches
         // the schedule's F and B of each (microbatch, chunk): model_forward (per MoE layer route,
         // plan, dispatch, experts, combine), model_backward (the two exchanges of each, reversed)
-        expert_pipe_run(&P);
-        reduce_gradients(&P);  // the replicated parameters, the experts, the tp slices: three groups
-        float norm = clip_and_step(&P, args, step);
+        run_schedule(P);
+        reduce_gradients(P);  // the replicated parameters, the experts, the tp slices: three groups
+        float norm = clip_and_step(P, args, step);
         // the record's aux_loss, dropped, expert_tokens; the language-model loss of
         // the global batch (a host scalar: plain MPI), dp x cp x ep x tp: equal token counts
-        float loss = (float)train_mean(batch, expert_pipe_record(&P, &loop, step));
+        float loss = (float)train_mean(batch, expert_pipe_record(P, &loop, step));
         train_loop_step(&loop, step, loss, norm);
     }
     JsonBuf summary = {0};
-    expert_pipe_report(&P, &fl, &loop, &summary);  // the traffic, a2a_hidden_share
+    expert_pipe_report(P, &fl, &loop, &summary);  // the traffic, a2a_hidden_share
     train_loop_end(&loop, &summary);  // the final validation and the summary
     json_free(&summary);
-    expert_pipe_finish(&P, args);  // --sample (every rank runs each forward), --save
+    train_sample_with(args, &P->cfg.gpt, P->T, next_logits, P);  // --sample: every rank runs each forward
+    expert_pipe_finish(P, args);  // --save, and everything freed
     run_finish(&run);
     return 0;
 }

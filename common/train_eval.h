@@ -25,7 +25,7 @@ float train_val_loss_with(const TrainSetup* s, int n_batches, TrainForward forwa
                           int count, int micro, const Comm* group);
 // The same with the pieces spread over the batch: piece j of each batch is
 // sequences [b0 + j stride, b0 + j stride + micro), j < pieces (a pipeline's
-// microbatches, each a slice of the whole batch: capstone/composed_pipe.c).
+// microbatches, each a slice of the whole batch: capstone/main.c).
 float train_val_loss_pieces(const TrainSetup* s, int n_batches, TrainForward forward, void* ctx, int b0, int pieces,
                             int stride, int micro, const Comm* group);
 

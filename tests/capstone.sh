@@ -473,7 +473,7 @@ fi
 
 # ---- pipeline parallelism
 c7_sec_pp() {
-# Pipeline parallelism (--pp, chapter 5's schedules, composed_pipe.c): each
+# Pipeline parallelism (--pp, chapter 5's schedules, capstone/main.c's actions): each
 # stage runs chapter 7's forward and backward on its layers, microbatch by
 # microbatch. E = 1, k = 1 is chapter 0's model under every schedule (tiny6
 # for interleaved: 6 layers in pp=2 x 3 chunks) and on dp x pp = 2 x 2.

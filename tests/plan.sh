@@ -287,7 +287,7 @@ c7 8 --batch 24 --seq 32 --experts 4 --top-k 2 --dp 2 --tp 2 --ep 2 --zero 3
 # reduce-scatter and an all-gather of each (tests/capstone.sh's meshes)
 c7 4 --batch 24 --seq 32 --experts 1 --top-k 1 --dp 2 --pp 2 --zero 1
 c7 4 --batch 24 --seq 32 --experts 4 --top-k 2 --dp 2 --pp 2 --microbatches 2 --zero 1
-# --pp (capstone/composed_pipe.c): each chunk a model of its layers, its
+# --pp (capstone/composed_stage.c, main.c): each chunk a model of its layers, its
 # slots the microbatches its list holds at once, chapter 5's send buffers
 # (a range), the tied wte's all-reduce, the norm over pp; --microbatches on
 # one rank; every schedule; capacity mode per microbatch with --ep-overlap

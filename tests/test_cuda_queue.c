@@ -928,7 +928,7 @@ static void moe_layer_program(Program* p, int ep, int s, int e, int nc, int forw
 // end of the lists, the tied embedding's all-reduce (first and last stage), the norm's
 // all-reduce and the loss's MPI_Bcast; after two steps a validation forward
 // (blocking sends). With ep > 1, the capstone's pipeline
-// (capstone/composed_pipe.c): the same, with moe MoE layers in each F and B
+// (capstone/main.c's actions): the same, with moe MoE layers in each F and B
 // (moe_layer_program) and the gradient all-reduces over ep and the world.
 static void pipe_programs(Sim* S, const Schedule* sc, int ep, int moe, int nc) {
     int pp = sc->pp, NS = pp * sc->v;

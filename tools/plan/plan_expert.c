@@ -19,7 +19,7 @@
 // (N k C + R C floats per exchange pair), and, dropless, the exact sum over
 // the ranks: every slot is sent once by dispatch and once back by combine.
 //
-// With --pp (or --microbatches: capstone/composed_pipe.c and composed_stage.c)
+// With --pp (or --microbatches: capstone/main.c and composed_stage.c)
 // each pp rank holds v chunks, each a model of L / (pp v) layers with the
 // embedding's tables where it uses them, one microbatch's activations per
 // slot and the slots a chunk's list holds at once; the send buffers are
