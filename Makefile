@@ -291,7 +291,7 @@ test:
 # README.md and docs/*.md (docs/TEMPLATE.md says what is checked); make test
 # runs it too. The checks run the CPU build's programs.
 docs-check:
-	@$(MAKE) --no-print-directory BACKEND=cpu all
+	@$(MAKE) --no-print-directory BACKEND=cpu all $(BUILD)/tests/libyield_sleep.so $(BUILD)/tests/topology_xml
 	@python3 tests/docs_check.py
 
 # The course as a website: every lesson, topic and note page, the plots in

@@ -39,11 +39,12 @@ says what is checked; in short:
    with d decimals too, by one unit in its last digit plus FLOAT_REL of its
    size. Integers (bytes, counts, steps) and all other text stay exact.
 
-The commands run first, DOCS_CHECK_JOBS (default 2) docs at a time, each
-doc's in order with a $DOCS_TMP of the doc's own (a later command may read
-what an earlier one left there; another doc's files are never seen, as when
-the doc is checked alone). A command that uses $DOCS_TMP is cached per doc,
-any other once per run. Then the docs are checked in order.
+The commands run first, DOCS_CHECK_JOBS (default 2) at a time, each with a
+$DOCS_TMP of its doc's own; a doc's commands that use it run in their order
+(a later command may read what an earlier one left there; another doc's
+files are never seen, as when the doc is checked alone). A command that
+uses $DOCS_TMP is cached per doc, any other once per run. Then the docs are
+checked in order.
 
 "A file of the repository" is a file git tracks or would track (not ignored,
 so nothing under build/); outside a git work tree, any file under the root.
@@ -257,6 +258,7 @@ class Checker:
         self.stubbed = []
         self.cache = {}
         self.tmp = tempfile.mkdtemp(prefix='docs-check.')
+        self.env = None  # the commands' environment, made by the first command (run_env)
         self.lock = threading.Lock()
         self.ran = 0
         self.run_seconds = 0.0
@@ -270,15 +272,29 @@ class Checker:
         commands left there: cached per doc. Any other: once per run."""
         return (rel, cmd) if 'DOCS_TMP' in cmd else ('', cmd)
 
+    def run_env(self):
+        """The tests' run environment (tests/run_env.sh: how threads and
+        waiting ranks yield, the topology file, the transport), which
+        changes how fast a run goes on a loaded machine, never what it
+        prints; the process's own where the tree has no such file."""
+        with self.lock:
+            if self.env is None:
+                self.env = dict(os.environ)
+                if os.path.isfile(os.path.join(self.repo.root, 'tests', 'run_env.sh')):
+                    p = subprocess.run(['bash', '-c', '. tests/run_env.sh && env -0'], cwd=self.repo.root,
+                                       env=dict(os.environ, TEST_TMPDIR=self.tmp), stdin=subprocess.DEVNULL,
+                                       capture_output=True)
+                    if p.returncode == 0:
+                        self.env = dict(v.split('=', 1) for v in p.stdout.decode(errors='replace').split('\0')
+                                        if '=' in v)
+            return self.env
+
     def run(self, rel, cmd):
         k = self.key(rel, cmd)
         if k not in self.cache:
             tmp = os.path.join(self.tmp, re.sub(r'[^A-Za-z0-9_.-]', '_', rel))
             os.makedirs(tmp, exist_ok=True)
-            env = dict(os.environ, DOCS_TMP=tmp)
-            # OpenMP threads that spin while they wait slow a loaded machine's
-            # runs several times over (tests/lib.sh); the figures are the same
-            env.setdefault('OMP_WAIT_POLICY', 'passive')
+            env = dict(self.run_env(), DOCS_TMP=tmp)
             t0 = time.time()
             try:
                 p = subprocess.run(['bash', '-c', cmd], cwd=self.repo.root, env=env,
@@ -301,9 +317,12 @@ class Checker:
             return None
 
     def prefetch(self, rels):
-        """Runs the check commands of the docs RELS, self.jobs docs at a time,
-        each doc's commands in their order, so that check() finds them cached.
-        A command of several docs (not using $DOCS_TMP) runs in the first."""
+        """Runs the check commands of the docs RELS, self.jobs at a time, so
+        that check() finds them cached. A doc's commands that use $DOCS_TMP
+        run in their order, one chain (a later one may read what an earlier
+        one left); any other command is a chain of its own, run once for
+        every doc that has it. The chains of several commands start first:
+        the longest work first keeps the jobs busy to the end."""
         chains, seen = [], set()
         for rel in rels:
             lines = self.read(rel)
@@ -311,11 +330,16 @@ class Checker:
                 continue
             chain = []
             for _, cmd, _ in Doc(rel, lines).checks:
-                if self.key(rel, cmd) not in seen:
-                    seen.add(self.key(rel, cmd))
+                if self.key(rel, cmd) in seen:
+                    continue
+                seen.add(self.key(rel, cmd))
+                if 'DOCS_TMP' in cmd:
                     chain.append(cmd)
+                else:
+                    chains.append((rel, [cmd]))
             if chain:
                 chains.append((rel, chain))
+        chains.sort(key=lambda c: -len(c[1]))  # stable: the docs' order among equals
         with ThreadPoolExecutor(self.jobs) as pool:
             for f in [pool.submit(lambda c: [self.run(c[0], cmd) for cmd in c[1]], c) for c in chains]:
                 f.result()

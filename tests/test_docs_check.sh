@@ -16,7 +16,8 @@
 # A decimal figure that differs by one unit in its last digit (the loss
 # 4.834765 quoted 4.834766), or by the relative tolerance, passes.
 # The correct tree's docs/README.md shows that each doc has a $DOCS_TMP of its
-# own and that a doc's commands run in order (the docs run in parallel).
+# own, that a doc's commands run in order (the docs run in parallel), and
+# that the commands take the environment the tree's tests/run_env.sh exports.
 # Prints PASS/FAIL lines; tests/run.sh counts them. Takes about a second.
 set -u
 cd "$(dirname "$0")/.."
@@ -69,7 +70,13 @@ count 1
 
 <!-- check: echo z >> "$DOCS_TMP/n"; wc -l < "$DOCS_TMP/n" -->
 count 2
+
+The commands run in the environment tests/run_env.sh exports:
+<!-- check: echo "probe ${DOCS_ENV_PROBE:-unset}" -->
+probe from run_env.sh
 EOF
+mkdir -p "$good/tests"
+echo 'export DOCS_ENV_PROBE="from run_env.sh"' > "$good/tests/run_env.sh"
 cat > "$good/docs/01_sum.md" <<'EOF'
 # Chapter 1: sums
 
