@@ -196,6 +196,12 @@ static const char* parse_flags(int argc, char** argv, TrainArgs* a, const ArgSpe
                      type == ARG_INT ? "an integer" : "a number", value);
             return msg;
         }
+        if (type == ARG_STRING && strlen(value) > ARGS_MAX_STRING) {
+            snprintf(msg, msg_len, "flag %s: its value is %zu characters long, more than the %d a path may have here (the "
+                     "files a run makes under it need the rest of the system's 4096): use a shorter path", flag,
+                     strlen(value), ARGS_MAX_STRING);
+            return msg;
+        }
     }
     return NULL;
 }

@@ -45,6 +45,10 @@ typedef struct {
 #define ARGS_MAX_SAMPLE 100000
 #define ARGS_MAX_THREADS 1024       // --threads: more is a typo, not a machine
 #define ARGS_MAX_VAL_BATCHES 100000  // --val-batches: each is a forward pass
+// A string flag's value at most: a path (--ckpt-dir, --log, ...) leaves room
+// for the names a run adds under it (node-K/step-N/rank-N.delta) in the
+// 4096 bytes a path may have, so no path the run makes is cut
+#define ARGS_MAX_STRING 3840
 // An int flag that was not given (so a chapter can tell 0 from "default").
 #define ARG_NOT_GIVEN (-2147483647 - 1)
 

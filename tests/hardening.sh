@@ -71,6 +71,26 @@ jobs_run error_case chapter-0 1 "--model $TEST_TMPDIR/nan.bin" "holds a weight t
 jobs_run error_case chapter-3 2 "--dp 2 --zero 3 --model $TEST_TMPDIR/inf.bin" "holds a weight that is not a number (Inf) at element 100 of tensor wte: the file is corrupt"
 jobs_run error_case chapter-5 2 "--pp 2 --model $TEST_TMPDIR/nan.bin" "(NaN) at element 5 of tensor qkvw of layer 1"
 jobs_wait  # the divergences and these error cases: 2 at a time
+# a path is at most ARGS_MAX_STRING (3840) characters, so that the names a
+# run adds under it fit the system's 4096: a directory of 3840 takes a
+# checkpoint and resumes it; one longer is refused at once (one of 4070 was
+# cut at the end of training: "cannot write the checkpoint manifest
+# '/tmp/ddd..." and no reason)
+long=$TEST_TMPDIR/long
+while [ ${#long} -lt 3600 ]; do long=$long/$(printf 'd%.0s' $(seq 199)); done
+long=$long/$(printf 'e%.0s' $(seq $((3840 - ${#long} - 1))))
+mkdir -p "$long"
+mpi_run --may-fail $T_SHORT 1 "$BUILD/chapter-0" --peak-gflops 10 --steps 1 --ckpt-dir "$long"
+mpi_run --may-fail $T_SHORT 1 "$BUILD/chapter-0" --peak-gflops 10 --steps 2 --resume "$long"
+r=$(echo "$OUT" | grep -c "^checkpoint: resumed from .*/step-00000001 (chapter 0, world 1): step 1")
+mpi_run --may-fail $T_SHORT 1 "$BUILD/chapter-0" --peak-gflops 10 --steps 1 --ckpt-dir "$long/x"
+n=$(echo "$OUT" | grep -c '^error: flag --ckpt-dir: its value is 3842 characters long, more than the 3840')
+if [ ${#long} = 3840 ] && [ "$r" = 1 ] && [ "$n" = 1 ] && [ $RC -ne 0 ] && ! timed_out; then
+    pass "hardening: a --ckpt-dir of 3840 characters saves and resumes, one of 3842 is refused before training"
+else
+    fail "hardening: path length" "${#long} characters; $r resumes; $n refusals; exit $RC"
+fi
+rm -rf "$TEST_TMPDIR/long"
 # the test scripts after `make all` without `make tests`: the programs of
 # make tests are missing; a script says what to build (it said "exited 127")
 mkdir -p "$TEST_TMPDIR/half"
