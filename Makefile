@@ -22,6 +22,7 @@
 #   make capstone      build/capstone's step: its collectives on a multi-axis mesh, per group, in order (docs/capstone.md)
 #   make setup         install the Debian packages (as root) or print the line
 #   make fuzz          fuzz the file loaders (libFuzzer, FUZZ_SECONDS each)
+#   make sweep-layouts the invariant on random capstone layouts (SWEEP_SECONDS, SWEEP_SEED)
 #   make sanitize      the tiny tests under ASan and UBSan (build/sanitize/)
 #   make portability   the docs and a run per chapter with OpenBLAS's Haswell kernels,
 #                      without -march=native (build/portable/), built by clang
@@ -413,6 +414,14 @@ test-kernels:
 # libFuzzer for FUZZ_SECONDS each (installs clang as root; not part of test).
 fuzz:
 	@bash tests/fuzz/run.sh
+
+# The invariant on random layouts of the capstone for SWEEP_SECONDS (default
+# 600) from SWEEP_SEED (default 1): dense against chapter 0, experts against
+# one rank (tests/layout_sweep.sh; not part of test).
+.PHONY: sweep-layouts
+sweep-layouts:
+	@$(MAKE) --no-print-directory $(if $(filter -j% --jobserver%,$(MAKEFLAGS)),,-j$(NPROC)) BACKEND=cpu all
+	@bash tests/layout_sweep.sh
 
 # What every program links: its sources and libraries (tests/fuzz/run.sh
 # builds the fuzz targets from these, so its list cannot fall behind).
