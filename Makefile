@@ -417,7 +417,8 @@ fuzz:
 
 # The invariant on random layouts of the capstone for SWEEP_SECONDS (default
 # 600) from SWEEP_SEED (default 1): dense against chapter 0, experts against
-# one rank (tests/layout_sweep.sh; not part of test).
+# one rank, each checkpoint resumed on another layout (tests/layout_sweep.sh;
+# not part of test).
 .PHONY: sweep-layouts
 sweep-layouts:
 	@$(MAKE) --no-print-directory $(if $(filter -j% --jobserver%,$(MAKEFLAGS)),,-j$(NPROC)) BACKEND=cpu all
