@@ -162,7 +162,7 @@ static void train_reference(const Run* run, int freeze) {
 int main(int argc, char** argv) {
     runtime_init(&argc, &argv);
     TrainArgs args;
-    char msg[1024];
+    char msg[ERROR_MAX];
     unsigned axes = (1u << AXIS_DP) | (1u << AXIS_TP) | (1u << AXIS_PP) | (1u << AXIS_CP) | (1u << AXIS_EP);
     // chapter 0's own flag: --freeze embeddings keeps wte and wpe fixed
     const char* freeze = "none";

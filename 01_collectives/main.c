@@ -312,7 +312,7 @@ int main(int argc, char** argv) {
         {"log", ARG_STRING, &log_path, "write the bench rows as JSONL to FILE"},
     };
     int n_flags = sizeof(flags) / sizeof(flags[0]);
-    char msg[1024];
+    char msg[ERROR_MAX];
     const char* bad = args_parse_only(argc, argv, flags, n_flags, msg, sizeof(msg));
     if (bad && !strcmp(bad, "help")) {
         if (world_rank() == 0)

@@ -57,7 +57,7 @@ void fsdp_create(FSDP* f, const Comm* dp, const FsdpSpec* spec, int zero, int pr
     units_make(f, spec, N);
     // this rank's shard of the initial parameters, on the host
     float* shard_host = xcalloc(f->shard_total, sizeof(float));
-    char msg[1024];
+    char msg[ERROR_MAX];
     const char* bad = NULL;
     for (int i = 0; i < f->n && !bad; i++) {
         size_t lo, hi;

@@ -331,7 +331,7 @@ int main(int argc, char** argv) {
     if (m < pp) print0("note: %d microbatch%s for %d stages: some stages always idle (bubble %.2f)\n", m, m == 1 ? "" : "es", pp,
                        schedule_bubble_formula(kind, pp, m, v));
     ScheduleSim sim;
-    char msg[1024];
+    char msg[ERROR_MAX];
     schedule_validate(&P.sched, &sim, msg, sizeof(msg));
     if (show && world_rank() == 0) schedule_print(&P.sched);
 

@@ -60,7 +60,7 @@ MoeConfig moe_config_checked(const Run* run, MoeFlags* f) {
     const TrainSetup* setup = &run->setup;
     MoeConfig cfg = {.gpt = setup->cfg, .experts = f->experts, .top_k = f->top_k,
                      .hidden = f->hidden > 0 ? f->hidden : 4 * setup->cfg.channels, .moe_every = f->moe_every};
-    char msg[1024];
+    char msg[ERROR_MAX];
     if (setup->checkpoint) {
         // the file's experts, router and widths win over the flags (run_start
         // read this header already, with read_gpt_config)
@@ -175,7 +175,7 @@ void moe_model_create(MoeModel* m, const MoeConfig* cfg, const MoeFlags* flags, 
     float* shared = xmalloc(m->n_shared * sizeof(float));
     float* mine = xmalloc((m->n_experts ? m->n_experts : 1) * sizeof(float));
     if (run->setup.checkpoint) {  // --model FILE: the replicated parameters and my experts
-        char msg[1024];
+        char msg[ERROR_MAX];
         const char* bad = moe_checkpoint_read(run->setup.checkpoint, cfg, shared, mine, m->e0, m->E_local, msg, sizeof(msg));
         fail_if_any(bad != NULL, bad);
     } else {
@@ -309,7 +309,7 @@ static void file_slices(CkptList* out, const MoeConfig* cfg, float* shared, floa
 void moe_model_read_slices(const char* path, const MoeConfig* cfg, int e0, int n, const CkptList* need) {
     size_t ns = moe_num_shared(cfg), ne = (size_t)moe_num_moe_layers(cfg) * n * moe_expert_numel(cfg);
     float *shared = xmalloc(ns * sizeof(float)), *experts = xmalloc(ne * sizeof(float) + 1);
-    char msg[1024];
+    char msg[ERROR_MAX];
     const char* bad = moe_checkpoint_read(path, cfg, shared, experts, e0, n, msg, sizeof(msg));
     fail_if_any(bad != NULL, bad);
     CkptList file = {0};
@@ -337,7 +337,7 @@ void moe_model_save_slices(const char* path, const MoeConfig* cfg, const Comm* w
     CHECK(world->rank != 0 || found == file.floats, "--save: %zu of the file's %zu floats found on the ranks", found,
           file.floats);
     ckpt_list_free(&file);
-    char msg[1024];
+    char msg[ERROR_MAX];
     const char* bad = NULL;
     if (world->rank == 0) {
         bad = moe_checkpoint_write(path, cfg, host, all, msg, sizeof(msg));

@@ -131,7 +131,7 @@ MoeConfig expert_config(const Run* run, ExpertFlags* f) {
                           .schedule = f->schedule, .cp_mode = f->cp_mode, .cp_balance = f->cp_balance,
                           .ep_overlap = f->moe.ep_overlap};
     for (int x = 0; x < NUM_AXES; x++) lay.mesh[x] = run->mesh.size[x];
-    char msg[1024];
+    char msg[ERROR_MAX];
     if (composed_layout_problem(&lay, msg, sizeof(msg))) fail_all("%s", msg);
     if (!composed_pipelined(&lay)) f->schedule = "1f1b";  // one stage, one microbatch: one F, then one B
     int world = lay.mesh[AXIS_DP] * lay.mesh[AXIS_EP] * lay.mesh[AXIS_TP];

@@ -200,7 +200,7 @@ void ckpt_init(Ckpt* c, const TrainArgs* a, const TrainSetup* s, const Mesh* mes
     c->incremental = a->incremental;
     c->local_lock_fd = -1;
     if (c->local) ckpt_nodes_init(c, a->ranks_per_node);
-    char msg[1024];
+    char msg[ERROR_MAX];
     const char* bad = NULL;
     if (c->local && c->local_index == 0) {  // a second run's first save would delete this one's .tmp
         char node_dir[4096];
@@ -222,7 +222,7 @@ void ckpt_init(Ckpt* c, const TrainArgs* a, const TrainSetup* s, const Mesh* mes
 // variant; a repeated call finds this run's own checkpoints and passes.
 static void refuse_foreign_dirs(Ckpt* c) {
     if ((!c->dir && !c->local) || c->resume) return;  // --resume names what to continue, whosever it is
-    char msg[1024];
+    char msg[ERROR_MAX];
     const char* bad = c->dir && c->rank == 0 ? foreign_dir("--ckpt-dir", c->dir, c->dir, c->run_id, msg, sizeof(msg)) : NULL;
     if (!bad && c->local && c->local_index == 0) {
         char node_dir[4096];
@@ -354,7 +354,7 @@ static void commit(Ckpt* c) {
     char* text = ckpt_gather_manifest(c, step, file, 3, &len);
     // a full save is the base of the deltas that follow: its manifest's checksum names it
     if (c->rank == 0 && !c->pending_delta) c->base_manifest_hash = ckpt_checksum(text, len);
-    char msg[1024];
+    char msg[ERROR_MAX];
     const char* bad = c->rank == 0 ? ckpt_install_manifest(c, c->dir, step, text, len, msg, sizeof(msg)) : NULL;
     free(text);
     fail_if_any(bad != NULL, bad);
@@ -420,7 +420,7 @@ static void save(Ckpt* c, int step, int local, int durable) {
         return;
     }
     // rank 0 makes the .tmp directory (a stale one from a crash goes first)
-    char msg[1024], tmp[4096];
+    char msg[ERROR_MAX], tmp[4096];
     const char* bad = NULL;
     ckpt_tmp_dir_of(c->dir, step, tmp, sizeof(tmp));
     if (c->rank == 0) {
@@ -535,7 +535,7 @@ static void base_dir_of(const char* dir, int base_step, char* base, size_t len) 
 // restores a file from a broken chain. Returns NULL or a message.
 static const char* chain_check(const Ckpt* c, const char* dir, const CkptManifest* m, const int* use, char* msg,
                                size_t msg_len) {
-    char base[4096], path[4096 + 96], why[1024];
+    char base[4096], path[4096 + 96], why[ERROR_MAX];
     base_dir_of(dir, m->base_step, base, sizeof(base));
     snprintf(path, sizeof(path), "%s/MANIFEST", base);
     size_t n = 0;
@@ -654,7 +654,7 @@ int ckpt_resume(Ckpt* c) {
     refuse_foreign_dirs(c);
     if (!c->resume) return 0;
     double t0 = now_seconds();
-    char msg[1024], dir[4096] = "";
+    char msg[ERROR_MAX], dir[4096] = "";
     const char* bad = NULL;
     // the newest checkpoint on level 3 (--resume, shared storage: rank 0
     // looks), and with --ckpt-local a newer or equal one complete or
@@ -685,7 +685,7 @@ int ckpt_resume(Ckpt* c) {
     }
     resume_fail_if_any(bad != NULL, bad);
     if (c->local) {
-        char dir1[4096], report[2048] = "", why[1024] = "";
+        char dir1[4096], report[2048] = "", why[ERROR_MAX] = "";
         int step1 = ckpt_local_pick(c, have3[1], &m, scratch, dir1, sizeof(dir1), report, sizeof(report), why, sizeof(why));
         level1 = step1 >= 0;
         if (level1) {

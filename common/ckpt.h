@@ -45,6 +45,7 @@
 #include "mesh.h"
 #include "model.h"
 #include "report.h"
+#include "errors.h"
 
 // train.h's (the model and batch a run resolved): ckpt_init reads its config
 // and batch. Only named here, so the training-state layer does not include
@@ -140,7 +141,7 @@ typedef struct Ckpt {  // named: train.h's loop holds a pointer to one
     size_t host_cap;
     size_t file_bytes;
     unsigned long long file_hash;
-    char file_err[1024];  // empty when the write succeeded
+    char file_err[ERROR_MAX];  // empty when the write succeeded
     char file_path[4096];
     // figures: saves, bytes, the time the training loop was stalled
     int saves;

@@ -12,6 +12,7 @@
 #include <xxhash.h>
 
 #include "ckpt.h"
+#include "errors.h"
 
 #define CKPT_FILE_MAGIC "GPTSTATE"
 #define CKPT_FILE_VERSION 2u  // 2: the header holds the checksum of the rank's slice list
@@ -52,7 +53,7 @@ void ckpt_fault_flip(const char* path);
 typedef struct {
     size_t bytes;
     unsigned long long hash;
-    char err[1024];  // empty when the write succeeded
+    char err[ERROR_MAX];  // empty when the write succeeded
 } CkptFileOut;
 void ckpt_file_header(const Ckpt* c, int step, unsigned char header[CKPT_HEADER_BYTES]);
 void ckpt_write_parts(const char* path, const void* const parts[2], const size_t sizes[2], int kill_here,

@@ -74,7 +74,7 @@ void ckpt_nodes_init(Ckpt* c, int ranks_per_node) {
     MPI_CHECK(MPI_Comm_split(MPI_COMM_WORLD, c->local_index, c->node, &c->group));
     MPI_CHECK(MPI_Comm_size(c->group, &c->group_size));
     MPI_CHECK(MPI_Comm_rank(c->group, &c->group_index));
-    char msg[1024];
+    char msg[ERROR_MAX];
     int alone = c->redundancy != CKPT_REDUNDANCY_NONE && c->group_size < 2;
     snprintf(msg, sizeof(msg), "--ckpt-redundancy %s keeps each rank's level-1 files on another node, but rank %d has no rank at its place (%d) on another node (%d node(s)): run on more nodes, or simulate them with --ranks-per-node",
              args_redundancy_name(c->redundancy), c->rank, c->local_index, c->nodes);
@@ -198,7 +198,7 @@ static void local_fail_if_any(const Ckpt* c, const char* tmp, int failed, const 
 // there before level 2 and the manifest.
 void ckpt_save_local(Ckpt* c, int step) {
     double t0 = now_seconds();
-    char base[4096], tmp[4096 + 32], msg[1024];
+    char base[4096], tmp[4096 + 32], msg[ERROR_MAX];
     const char* bad = NULL;
     ckpt_node_dir(c, c->node, base, sizeof(base));
     ckpt_tmp_dir_of(base, step, tmp, sizeof(tmp));
@@ -486,7 +486,7 @@ int ckpt_local_pick(Ckpt* c, int floor, CkptManifest* m, const char* scratch, ch
                       size_t report_len, char* why, size_t why_len) {
     int leader = node_leader(c, c->node) == c->rank;
     int picked = -1, below = INT_MAX;
-    char msg[1024];
+    char msg[ERROR_MAX];
     memset(m, 0, sizeof(*m));
     while (picked < 0) {
         // the newest step any node holds, below the last one tried
@@ -630,7 +630,7 @@ void ckpt_local_fetch(Ckpt* c, CkptManifest* m, const int* use, const char* scra
     for (int f = 0; f < n; f++) want[f] = use[f] && !m->files[f].path;
     int* wants = xmalloc(sizeof(int) * ((size_t)n + 1) * (size_t)c->world);
     MPI_CHECK(MPI_Allgather(want, n + 1, MPI_INT, wants, n + 1, MPI_INT, MPI_COMM_WORLD));
-    char msg[1024] = "";
+    char msg[ERROR_MAX] = "";
     for (int f = 0; f < n; f++)
         for (int q = 0; q < c->world; q++) {
             if (!wants[(size_t)q * (n + 1) + f]) continue;

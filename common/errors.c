@@ -13,7 +13,7 @@
 
 void fatal_at(const char* file, int line, const char* fmt, ...) {
     // the whole line in one write, so lines of several ranks do not interleave
-    char text[2048];
+    char text[ERROR_MAX];
     int n = snprintf(text, sizeof(text), "[rank %d] %s:%d: ", world_rank(), file, line);
     va_list ap;
     va_start(ap, fmt);

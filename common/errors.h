@@ -10,6 +10,11 @@
 #ifndef ERRORS_H
 #define ERRORS_H
 
+// The buffer a message is built in: room for three paths of the system's
+// 4096 bytes (a flag's value is at most ARGS_MAX_STRING, args.h) and the
+// words around them, so an error naming a long path keeps its reason.
+#define ERROR_MAX (3 * 4096 + 1024)
+
 // Prints "file:line: message" with the rank, then aborts every rank.
 void fatal_at(const char* file, int line, const char* fmt, ...)
     __attribute__((format(printf, 3, 4), noreturn));

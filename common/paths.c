@@ -38,8 +38,13 @@ const char* paths_check_writable(const PathArg* output, char* msg, size_t msg_le
     char* copy = strdup(output->path);
     const char* dir = dirname(copy);  // "." for a bare name
     const char* bad = NULL;
-    if (stat(dir, &st) != 0 || !S_ISDIR(st.st_mode)) {
-        snprintf(msg, msg_len, "cannot write %s '%s': its directory '%s' does not exist", output->flag, output->path, dir);
+    int found = stat(dir, &st) == 0, err = errno;
+    if (!found || !S_ISDIR(st.st_mode)) {
+        // a file where the path needs a directory: the file named, or one above it (ENOTDIR)
+        const char* why = found ? "is a file, not a directory"
+                        : err == ENOTDIR ? "does not exist: a file stands on its path"
+                        : err == ENOENT ? "does not exist" : strerror(err);
+        snprintf(msg, msg_len, "cannot write %s '%s': its directory '%s' %s", output->flag, output->path, dir, why);
         bad = msg;
     } else if (access(dir, W_OK | X_OK) != 0) {
         snprintf(msg, msg_len, "cannot write %s '%s': its directory '%s' is not writable (%s)", output->flag,

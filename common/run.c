@@ -23,7 +23,7 @@ int run_start(Run* r, int argc, char** argv, const char* program, const char* su
               const ArgSpec* extra, int n_extra, unsigned axes) {
     memset(r, 0, sizeof(*r));
     runtime_init(&argc, &argv);
-    char msg[1024];
+    char msg[ERROR_MAX];
     // every trainer from chapter 2 on takes --comm: the chapter's flags, then it
     ArgSpec* flags = xmalloc(sizeof(ArgSpec) * (size_t)(n_extra + 1));
     if (n_extra) memcpy(flags, extra, sizeof(ArgSpec) * (size_t)n_extra);

@@ -181,7 +181,7 @@ void trace_finish(void) {
         all = xmalloc(total ? total : 1);
     }
     MPI_CHECK(MPI_Gatherv(spans, mine, MPI_BYTE, all, counts, displs, MPI_BYTE, 0, MPI_COMM_WORLD));
-    char msg[1024] = "";
+    char msg[ERROR_MAX] = "";
     int failed = 0;
     if (rank == 0) {
         for (int r = 0; r < world; r++) counts[r] /= (int)sizeof(Span);

@@ -18,7 +18,7 @@ TrainConfigReader train_config_reader = NULL;
 
 void train_setup(TrainSetup* s, const TrainArgs* a) {
     memset(s, 0, sizeof(*s));
-    char msg[1024];
+    char msg[ERROR_MAX];
     // before anything is opened for writing: no output may be an input, and
     // --save must be writable now, not found unwritable after training
     PathArg inputs[] = {{"--model", a->model}, {"--data", a->data}, {"--val", a->val}};
@@ -91,7 +91,7 @@ void train_setup_free(TrainSetup* s) {
 }
 
 void train_load_checkpoint(const TrainSetup* s, float* params_host) {
-    char msg[1024];
+    char msg[ERROR_MAX];
     const char* bad = checkpoint_read_params(s->checkpoint, &s->cfg, params_host, msg, sizeof(msg));
     fail_if_any(bad != NULL, bad);
 }

@@ -99,7 +99,7 @@ void train_sample(GPT* m, const TrainArgs* a) {
 
 void train_save(const TrainArgs* a, const GPTConfig* cfg, const float* params_host, int writer) {
     if (!a->save) return;
-    char msg[1024];
+    char msg[ERROR_MAX];
     const char* bad = writer ? checkpoint_write(a->save, cfg, params_host, msg, sizeof(msg)) : NULL;
     fail_if_any(bad != NULL, bad);
     print0("saved %s\n", a->save);

@@ -21,7 +21,7 @@
 #include "report.h"
 
 void train_loop_open(JsonLog* log, int** inputs, int** targets, const TrainArgs* a, int rows, int T) {
-    char msg[1024];
+    char msg[ERROR_MAX];
     const char* bad = jsonl_open(log, a->log, msg, sizeof(msg));
     fail_if_any(bad != NULL, bad);
     // staging buffers (memory.h): the step's tokens go to the device from them

@@ -167,6 +167,8 @@ jobs_run error_case chapter-0 1 "--val $TEST_TMPDIR/text.bin" "not an llm.c toke
 jobs_run error_case chapter-0 1 "--seq 100" "longer than the model's 64 positions"
 jobs_run error_case chapter-0 1 "--log /nonexistent-dir/x.jsonl" "cannot write --log '/nonexistent-dir/x.jsonl': its directory '/nonexistent-dir' does not exist"
 jobs_run error_case chapter-0 1 "--save /nonexistent-dir/x.bin --steps 1" "cannot write --save '/nonexistent-dir/x.bin': its directory '/nonexistent-dir' does not exist"
+jobs_run error_case chapter-0 1 "--log $TEST_TMPDIR/short.txt/x.jsonl" "its directory '$TEST_TMPDIR/short.txt' is a file, not a directory"
+jobs_run error_case chapter-0 1 "--trace $TEST_TMPDIR/short.txt/a/x.json" "its directory '$TEST_TMPDIR/short.txt/a' does not exist: a file stands on its path"
 jobs_run error_case chapter-0 3 "--steps 5" "mpirun started 3 ranks: give axis sizes whose product is 3"
 jobs_wait  # the error cases are independent: 2 at a time
 # (a save that fails half way leaves nothing behind: test_model checks it

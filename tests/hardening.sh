@@ -91,6 +91,28 @@ else
     fail "hardening: path length" "${#long} characters; $r resumes; $n refusals; exit $RC"
 fi
 rm -rf "$TEST_TMPDIR/long"
+# an error that names a path of 3840 characters keeps its reason: the
+# messages were built in 1024 bytes and cut inside the path (ERROR_MAX,
+# errors.h); here a file stands where the path needs a directory
+touch "$TEST_TMPDIR/afile"
+long=$TEST_TMPDIR/afile
+while [ ${#long} -lt 3600 ]; do long=$long/$(printf 'd%.0s' $(seq 199)); done
+long=$long/$(printf 'e%.0s' $(seq $((3840 - ${#long} - 1))))
+kept=0
+for run in "chapter-0 --model" "chapter-0 --ckpt-dir" "capstone --save" "chapter-7 --log"; do
+    mpi_run --may-fail $T_SHORT 1 "$BUILD/${run% *}" --peak-gflops 10 --steps 1 "${run#* }" "$long"
+    line=$(echo "$OUT" | grep '^error: ')
+    case $line in
+        *"'$long': Not a directory"* | *"'$long': its directory '${long%/*}' does not exist: a file stands on its path") kept=$((kept + 1)) ;;
+        *) echo "  ${run}: $(echo "$line" | cut -c1-100)...$(echo "$line" | tail -c 100)" ;;
+    esac
+done
+if [ ${#long} = 3840 ] && [ $kept = 4 ]; then
+    pass "hardening: an error naming a path of 3840 characters ends with its reason (--model, --ckpt-dir, --save, --log)"
+else
+    fail "hardening: long paths in errors" "${#long} characters; $kept of 4 messages whole"
+fi
+rm -f "$TEST_TMPDIR/afile"
 # the test scripts after `make all` without `make tests`: the programs of
 # make tests are missing; a script says what to build (it said "exited 127")
 mkdir -p "$TEST_TMPDIR/half"

@@ -9,6 +9,7 @@
 #include <string.h>
 
 #include "data.h"
+#include "errors.h"
 
 int main(int argc, char** argv) {
     int help = argc >= 2 && !strcmp(argv[1], "--help");
@@ -19,7 +20,7 @@ int main(int argc, char** argv) {
                 argv[0]);
         return help ? 0 : 1;
     }
-    char msg[1024];
+    char msg[ERROR_MAX];
     TokenSet train, val;
     const char* bad = data_open(argv[1], &train, &val, msg, sizeof(msg));
     if (!bad && train.map) {

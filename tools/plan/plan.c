@@ -50,6 +50,7 @@
 #include "train.h"  // train_mesh_problem: the chapters' mesh check
 
 #include "plan.h"
+#include "errors.h"
 
 static void die(const char* fmt, const char* what) {
     fprintf(stderr, "error: ");
@@ -417,7 +418,7 @@ static int by_bus(const void* x, const void* y) {
 // Plans one layout; adds it to found[] if its fullest rank fits memory.
 static void consider(const PlanArgs* a, const char* what, double memory, const MachineProfile* prof,
                      Candidate* found, int* n, int cap, int* tried) {
-    char msg[1024];
+    char msg[ERROR_MAX];
     PlanInfo info;
     PlanFn fn = plan_pick(a, &info, msg, sizeof(msg));
     if (!fn) return;  // a layout the model or the mesh does not allow
@@ -696,7 +697,7 @@ int main(int argc, char** argv) {
         {"help", ARG_FLAG, &help, "this text"},
     };
     int n_flags = sizeof(flags) / sizeof(flags[0]);
-    char msg[1024];
+    char msg[ERROR_MAX];
     const char* bad = args_parse_only(argc, argv, flags, n_flags, msg, sizeof(msg));
     if (bad && !strcmp(bad, "help")) help = 1, bad = NULL;
     if (bad) die("%s", bad);
