@@ -21,11 +21,11 @@
 // lacks go over MPI.
 #include "ckpt.h"
 
-// Paths and messages live in fixed buffers (4 KiB, 1 KiB), which gcc warns
-// may cut at every snprintf (clang has no such warning, and stops at a
-// pragma that names one it does not know). No path is cut: a flag's is at
-// most ARGS_MAX_STRING (args.h), leaving room for the names added under
-// it; a long message is cut, still naming the start of its path.
+// Paths and messages live in fixed buffers (4 KiB, ERROR_MAX), which gcc
+// warns may cut at every snprintf (clang has no such warning, and stops at
+// a pragma that names one it does not know). Nothing is cut: a flag's path
+// is at most ARGS_MAX_STRING (args.h), leaving room for the names added
+// under it, and a message has room for three such paths (errors.h).
 #ifndef __clang__
 #pragma GCC diagnostic ignored "-Wformat-truncation"
 #endif

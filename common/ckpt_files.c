@@ -3,11 +3,8 @@
 // atomic install, the manifest parsed and checked, slices read back.
 #include "ckpt_files.h"
 
-// Paths and messages live in fixed buffers (4 KiB, 1 KiB), which gcc warns
-// may cut at every snprintf (clang has no such warning, and stops at a
-// pragma that names one it does not know). No path is cut: a flag's is at
-// most ARGS_MAX_STRING (args.h), leaving room for the names added under
-// it; a long message is cut, still naming the start of its path.
+// gcc's -Wformat-truncation off, as in ckpt.c, which says why no path or
+// message here is cut.
 #ifndef __clang__
 #pragma GCC diagnostic ignored "-Wformat-truncation"
 #endif
