@@ -173,7 +173,7 @@ static const char* parse_flags(int argc, char** argv, TrainArgs* a, const ArgSpe
             type = extra[k].type;
         }
         if (!dest) {
-            snprintf(msg, msg_len, "unknown flag %s (see --help for the flags of this chapter)", flag);
+            snprintf(msg, msg_len, "unknown flag %s (see --help for the flags of this %s)", flag, a ? "chapter" : "program");
             return msg;
         }
         if (type == ARG_FLAG) {
@@ -304,7 +304,7 @@ void args_usage(const char* program, const char* summary, const ArgSpec* extra, 
         }
     }
     if (n_extra) {
-        printf("\nthis chapter:\n");
+        printf("\n%s:\n", axes == ARGS_NO_SHARED ? "flags" : "this chapter");  // a tool (chapter 1 too) has no others
         for (int k = 0; k < n_extra; k++) print_flag(extra[k].name, extra[k].type, extra[k].help);
     }
     fflush(stdout);

@@ -665,7 +665,15 @@ same_refusal 4 capstone --pp 4 --model tiny6 -- --chapter 7 --ranks 4 --pp 4 --m
 # --microbatches 0 is refused, not read as "not given" (the planner planned it as pp)
 same_refusal 2 chapter-5 --pp 2 --microbatches 0 -- --chapter 5 --ranks 2 --pp 2 --microbatches 0
 same_refusal 2 capstone --pp 2 --microbatches 0 -- --chapter 7 --ranks 2 --pp 2 --microbatches 0
-plan_error "--ranks" --chapter 2 --ranks 4 --dp 2
+plan_error "--ranks 4: the mesh axes' product is 2 (dp 2 x tp 1 x pp 1 x cp 1 x ep 1): give --ranks 2 or other axes" --chapter 2 --ranks 4 --dp 2
+plan_error "unknown flag --gpus (see --help for the flags of this program)" --gpus 2
+# a tool's --help heads its flags "flags:" (it said "this chapter:")
+out=$("$BUILD/plan" --help 2>&1)
+if [ $? -eq 0 ] && echo "$out" | grep -A1 '^flags:$' | grep -q -- '--chapter S' && ! echo "$out" | grep -q 'this chapter'; then
+    pass "plan --help lists its flags under 'flags:'"
+else
+    fail "plan --help" "$(echo "$out" | head -8)"
+fi
 plan_error "not planned" --chapter 9
 plan_error "--zero" --chapter 3 --ranks 2 --dp 2 --zero 4
 plan_error "--dp-mode" --chapter 2 --ranks 2 --dp 2 --dp-mode rings

@@ -766,8 +766,11 @@ int main(int argc, char** argv) {
         world *= mesh[x];
         a.mesh[x] = mesh[x];
     }
-    if (a.ranks < 1 || (world != a.ranks && !do_search))
-        die("%s: the product of the mesh axes must equal --ranks", "--ranks");
+    if (a.ranks < 1 || (world != a.ranks && !do_search)) {
+        snprintf(msg, sizeof(msg), "--ranks %d: the mesh axes' product is %ld (dp %d x tp %d x pp %d x cp %d x ep %d): give --ranks %ld or other axes",
+                 a.ranks, world, mesh[AXIS_DP], mesh[AXIS_TP], mesh[AXIS_PP], mesh[AXIS_CP], mesh[AXIS_EP], world);
+        die("%s", msg);
+    }
     if (a.steps < 1) die("%s must be >= 1", "--steps");
     // bounded work: plan_run plans every rank's every step
     if ((double)a.ranks * a.steps > PLAN_MAX_RANK_STEPS) {
