@@ -56,7 +56,7 @@ static void balance_loss(MoeParallel* X, MoeLayer* L, int mi) {
 
 // Capacity mode: each expert keeps at most floor(f k N_global / E) slots, the
 // first in the global batch's order (block, position, slot, as on one rank);
-// the rest pass through the residual (f = 0: dropless). L->pos_host[i] = 0
+// the rest add nothing, the other gates kept (f = 0: dropless). L->pos_host[i] = 0
 // keeps slot i (token i / k, its (i % k)-th choice), -1 drops it;
 // L->cnt_send[e] = my kept slots of e. Returns the slots dropped, globally.
 static long plan_capacity(MoeParallel* X, MoeLayer* L) {
