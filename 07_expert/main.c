@@ -180,7 +180,7 @@ int main(int argc, char** argv) {
     moe_model_ckpt_open(&ck, &m, &run);
     TrainLoop loop;
     train_loop_begin(&loop, &run, &(TrainLoopSpec){
-        .chapter = 7, .num_params = moe_model_total_params(&m), .flops_per_token = moe_flops_per_token(&cfg, m.T),
+        .chapter = 7, .num_params = moe_num_params(&m.cfg), .flops_per_token = moe_flops_per_token(&cfg, m.T),
         .rows = m.B, .val_loss = val_loss, .ctx = &m, .ckpt = &ck});
     for (int step = loop.start; step < loop.steps; step++) {
         moe_model_load(&m, &run.setup.train, step, loop.inputs, loop.targets);  // my B of the batch's sequences

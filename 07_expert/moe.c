@@ -101,6 +101,9 @@ size_t moe_block_offset(const MoeConfig* c, int l) {
 
 size_t moe_lnf_offset(const MoeConfig* c) { return moe_block_offset(c, c->gpt.num_layers); }
 size_t moe_num_shared(const MoeConfig* c) { return moe_lnf_offset(c) + 2 * (size_t)c->gpt.channels; }
+size_t moe_num_params(const MoeConfig* c) {
+    return moe_num_shared(c) + (size_t)moe_num_moe_layers(c) * c->experts * moe_expert_numel(c);
+}
 
 BlockParams moe_block_params(const MoeConfig* c, float* shared, int l) {
     return moe_block_params_in(c, shared + moe_block_offset(c, l), l);

@@ -60,6 +60,7 @@ size_t moe_attn_numel(int C);  // 4C^2 + 8C: ln1w .. ln2b
 size_t moe_block_numel(const MoeConfig* c, int l);
 size_t moe_block_offset(const MoeConfig* c, int l);
 size_t moe_num_shared(const MoeConfig* c);
+size_t moe_num_params(const MoeConfig* c);  // all: the replicated ones and every MoE layer's experts
 size_t moe_wte_offset(const MoeConfig* c);   // 0
 size_t moe_wpe_offset(const MoeConfig* c);
 size_t moe_lnf_offset(const MoeConfig* c);   // lnfw, then lnfb

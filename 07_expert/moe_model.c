@@ -115,10 +115,6 @@ MoeConfig moe_model_config(const Run* run, MoeFlags* f) {
 
 // ---------------------------------------------------------------- set-up
 
-size_t moe_model_total_params(const MoeModel* m) {
-    return moe_num_shared(&m->cfg) + (size_t)moe_num_moe_layers(&m->cfg) * m->cfg.experts * moe_expert_numel(&m->cfg);
-}
-
 void moe_print_setup(const MoeConfig* c, int ndp, int nep, int E_local, float capacity_factor, size_t total,
                      int per_rank, const Run* run) {
     int E = c->experts;
@@ -199,7 +195,7 @@ void moe_model_create(MoeModel* m, const MoeConfig* cfg, const MoeFlags* flags, 
     m->layers = moe_layers_create(&m->moe, m->recompute == RECOMPUTE_FULL ? 1 : Lm);
     m->dln2 = mem_alloc_floats((size_t)m->N * C, MEM_ACTIVATIONS);
     m->rows_host = mem_alloc_host((size_t)m->N * 2 * sizeof(int));
-    moe_print_setup(&m->cfg, m->dp->size, m->ep, m->E_local, m->moe.capacity_factor, moe_model_total_params(m), m->B,
+    moe_print_setup(&m->cfg, m->dp->size, m->ep, m->E_local, m->moe.capacity_factor, moe_num_params(&m->cfg), m->B,
                     run);
     show_sharding(m, run->args.show_sharding);
 }

@@ -80,8 +80,6 @@ MoeConfig moe_model_config(const Run* run, MoeFlags* flags);
 // (counter-based, moe.h) or read from --model FILE; the start-up lines.
 void moe_model_create(MoeModel* m, const MoeConfig* cfg, const MoeFlags* flags, const Run* run);
 void moe_model_free(MoeModel* m);
-// All parameters: the replicated ones and every expert of every MoE layer.
-size_t moe_model_total_params(const MoeModel* m);
 // The start-up's first two lines: the experts over dp x ep, and the model's
 // `total` parameters (the replicated ones and the experts'), the batch.
 void moe_print_setup(const MoeConfig* c, int ndp, int nep, int E_local, float capacity_factor, size_t total,

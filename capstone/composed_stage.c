@@ -90,7 +90,7 @@ void expert_stage_create(ExpertPipe* P, Run* run, ExpertFlags* fl, const MoeConf
     for (int c = 0; c < P->v; c++) chunk_create(P, c, fl);
     // my sequences of a microbatch, and my share's place in the batch (expert_model_create's)
     P->b = P->chunk[0].m.B, P->share = P->chunk[0].m.share, P->per_rank = P->b * P->M;
-    P->total = moe_num_shared(cfg) + (size_t)moe_num_moe_layers(cfg) * cfg->experts * moe_expert_numel(cfg);
+    P->total = moe_num_params(cfg);
     // what a rank shares with its neighbours and keeps for a step (chapter 5's)
     pipe_embedding_group(&P->embed, mesh);
     pipe_link_create(&P->link, &P->sched, &run->axes[AXIS_PP], act_floats(P));  // from every rank's lists

@@ -575,6 +575,21 @@ else
     fail "the planner and the chapters agree" "${bad#; } (ran $n_run, refusals $n_ref)"
 fi
 
+# the header's parameters are the run's: chapter 7's and the capstone's
+# count every expert (the header printed the dense GPT's 120576)
+for run in "chapter-7 7 --ep 2 --experts 8 --top-k 2" "capstone capstone --tp 2 --experts 4 --moe-every 2 --expert-hidden 96"; do
+    set -- $run
+    bin=$1 ch=$2
+    shift 2
+    mpi_run $T_SHORT 2 "$BUILD/$bin" --peak-gflops 10 --steps 0 --batch 8 "$@"
+    ran=$(echo "$OUT" | grep -o '^model tiny: [0-9]* parameters' | grep -o '[0-9]* parameters')
+    planned=$("$BUILD/plan" --chapter $ch --ranks 2 --batch 8 "$@" 2>&1 | head -1 | grep -o '[0-9]* parameters')
+    if [ -n "$ran" ] && [ "$ran" = "$planned" ]; then
+        pass "plan --chapter $ch $*: the header's $planned are the run's"
+    else
+        fail "plan --chapter $ch $*: parameters" "the run: '$ran'; the plan: '$planned'"
+    fi
+done
 echo "== the planner's input"
 plan_error() {
     local expect=$1

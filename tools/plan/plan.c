@@ -203,7 +203,8 @@ static void print_table(const PlanArgs* a, const PlanInfo* info, const RankPlan*
     for (int x = 0; x < NUM_AXES; x++)
         if (a->mesh[x] > 1) printf(" %s %d", mesh_axis_name((MeshAxis)x), a->mesh[x]);
     printf(", model %s (L=%d C=%d NH=%d Vp=%d), %zu parameters, batch %d x %d\n", a->model_name,
-           a->cfg.num_layers, a->cfg.channels, a->cfg.num_heads, a->cfg.padded_vocab_size, gpt_num_params(&a->cfg),
+           a->cfg.num_layers, a->cfg.channels, a->cfg.num_heads, a->cfg.padded_vocab_size,
+           a->chapter == 7 ? plan_expert_params(a) : gpt_num_params(&a->cfg),
            a->B, a->T);
     printf("peak bytes per rank:\n  %-6s", "rank");
     for (int c = 0; c <= MEM_NUM_CATEGORIES; c++) printf(" %13s", category_name(c));

@@ -99,6 +99,8 @@ void plan_chapter_4(const PlanArgs* a, RankPlan* p, int r);
 void plan_chapter_5(const PlanArgs* a, RankPlan* p, int r);
 void plan_chapter_6(const PlanArgs* a, RankPlan* p, int r);
 void plan_chapter_7(const PlanArgs* a, RankPlan* p, int r);
+// Chapter 7's and the capstone's model: every parameter, the experts' too.
+size_t plan_expert_params(const PlanArgs* a);
 
 // The checks each chapter makes of its flags and mesh: NULL, or the
 // problem in msg. Fill info (the bubble, the bounded figures).

@@ -372,6 +372,11 @@ static void plan_pipe(const PlanArgs* a, RankPlan* p, int r) {
                                   comm_ring_factor(zg[q]));
 }
 
+size_t plan_expert_params(const PlanArgs* a) {
+    MoeConfig c = moe_of(a);
+    return moe_num_params(&c);
+}
+
 void plan_chapter_7(const PlanArgs* a, RankPlan* p, int r) {
     if (pipelined(a)) {
         plan_pipe(a, p, r);
