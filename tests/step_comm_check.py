@@ -9,7 +9,9 @@ usage: step_comm_check.py TRACE.json LOG.jsonl --layers L --chunks N --cp-mode r
 (--cp-mode none: a mesh without cp, whose steps have no cp traffic; --cp R:
 the ring's size, 2 unless told; --tp T: tensor parallelism, 1 unless told.
 P is the replicated count the run prints, of the whole model: with --tp a
-rank holds P - T S of it whole and S = L (4 C^2 + 3 C) / T in slices.)
+rank holds P - T S of it whole and S = L (4 C^2 + 3 C) / T in slices. Q is
+a rank's expert parameters: the run's "in experts" count / ep. N_rank is a
+rank's tokens, B T / (dp tp cp ep).)
 
 For every rank and every step of the trace (step_comm.py's listing, as --json --rank r --step s prints it):
 
