@@ -165,9 +165,10 @@ void tp_final_layernorm_forward(TPModel* m, const float* x);
 // Returns this rank's mean loss over its N tokens.
 float tp_head_forward(TPModel* m);
 
-// Starts this backward's gradients of unit 0 and unit L+1, turns the logits
-// into this slice's dlogits, accumulates this slice's dwte and writes the
-// PARTIAL dlnf (N,C) (this slice's share): the caller sums it over tp.
+// Starts this backward's gradients of unit 0 (the final LayerNorm's
+// backward starts unit L+1's), turns the logits into this slice's dlogits,
+// accumulates this slice's dwte and writes the PARTIAL dlnf (N,C) (this
+// slice's share): the caller sums it over tp.
 void tp_head_backward(TPModel* m, float* dlnf);
 // The final LayerNorm's backward: the whole dlnf (N,C) and its input x give
 // dres (N,C, overwritten) and the lnf gradients; under ZeRO-2/3 unit L+1's
