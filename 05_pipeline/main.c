@@ -328,11 +328,11 @@ int main(int argc, char** argv) {
     print0("model %s: %zu parameters, %d layers, global batch %d x %d\n", setup->model_name, gpt_num_params(cfg), L, B, T);
     pipe_print_layout(&P);
     pipe_show_sharding(&P, args->show_sharding);  // --show-sharding
-    if (m < pp) print0("note: %d microbatch%s for %d stages: some stages always idle (bubble %.2f)\n", m, m == 1 ? "" : "es", pp,
-                       schedule_bubble_formula(kind, pp, m, v));
     ScheduleSim sim;
     char msg[ERROR_MAX];
     schedule_validate(&P.sched, &sim, msg, sizeof(msg));
+    if (m < pp)  // the simulated bubble: the formulas of interleaved and ZB-H1 assume m >= pp
+        print0("note: %d microbatch%s for %d stages: some stages always idle (bubble %.2f)\n", m, m == 1 ? "" : "es", pp, sim.bubble);
     if (show && world_rank() == 0) schedule_print(&P.sched);
 
     // training-state checkpoints: --ckpt-dir, --save-every, --resume

@@ -184,6 +184,16 @@ else
     fail "--show-schedule" "exit $RC; command: $CMD; $(echo "$OUT" | grep -E '^(rank|bubble)')"
 fi
 
+# m < pp runs with a note of its bubble: the simulated one (interleaved's
+# formula assumes m >= pp: the note said 0.25 where the schedule idles 0.50)
+mpi_run $T_SHORT 2 "$BUILD/chapter-5" --pp 2 --schedule interleaved --virtual 3 --microbatches 1 --model tiny6 --batch 2 --steps 0 --show-schedule --peak-gflops 10
+if [ $RC = 0 ] && echo "$OUT" | grep -q '^note: 1 microbatch for 2 stages: some stages always idle (bubble 0.50)$' &&
+    echo "$OUT" | grep -q '^bubble: 0.500 of 2 rank x 18 units idle (formula 0.250)$'; then
+    pass "m < pp: the note gives the simulated bubble (interleaved pp=2 x 3 chunks, m=1: 0.50, its formula 0.25)"
+else
+    fail "m < pp note" "exit $RC; $(echo "$OUT" | grep -E '^(note|bubble)')"
+fi
+
 # bad input: one message, every rank non-zero, no hang
 jobs_run error_case chapter-5 4 "--pp 4 --peak-gflops 10" "the model's 2 layers cannot fill pp=4"
 jobs_run error_case chapter-5 2 "--pp 2 --model tiny6 --schedule interleaved --virtual 2 --peak-gflops 10" "do not cut into pp=2 x 2 equal chunks"
