@@ -213,7 +213,7 @@ void ckpt_init(Ckpt* c, const TrainArgs* a, const TrainSetup* s, const Mesh* mes
         bad = c->rank == 0 ? lock_dir(c->dir, "--ckpt-dir", &c->lock_fd, msg, sizeof(msg)) : NULL;
         fail_if_any(bad != NULL, bad);
     }
-    if (!c->dir && !c->local) return;
+    if (!c->dir && !c->local && !c->resume) return;  // a resume compares the identity
     run_identity(c, s);
 }
 
@@ -237,7 +237,7 @@ static void refuse_foreign_dirs(Ckpt* c) {
 
 void ckpt_add_identity(Ckpt* c, const char* what) {
     // every rank mixes in the same text, so every rank keeps the same run_id
-    if (!what || !what[0] || (!c->dir && !c->local)) return;
+    if (!what || !what[0] || (!c->dir && !c->local && !c->resume)) return;
     char text[512];
     int len = snprintf(text, sizeof(text), "run %016llx %s", c->run_id, what);
     if (len >= (int)sizeof(text)) len = (int)sizeof(text) - 1;

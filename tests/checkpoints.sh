@@ -316,6 +316,14 @@ if [ $rc -eq 0 ] && [ $? -eq 0 ] && echo "$out" | grep -q "^note: checkpoint '$C
 else
     fail "checkpoint: the same run again, or --resume of another run" "first exit $rc; $(echo "$out" | grep -E '^(error|note)' | head -2)"
 fi
+# this run's own checkpoint resumed without --ckpt-dir: no such note (a
+# resume alone took no identity, so every one was "another run's")
+out=$(timeout 60 $MPIRUN -np 1 "$BUILD/chapter-0" $CKF --steps 10 --resume "$CK/idA" 2>&1)
+if [ $? -eq 0 ] && echo "$out" | grep -q "checkpoint: resumed from $CK/idA/step-00000008" && ! echo "$out" | grep -q "another run's"; then
+    pass "checkpoint: a --resume of this run's checkpoint without --ckpt-dir says nothing of another run"
+else
+    fail "checkpoint: --resume alone of this run's checkpoint" "$(echo "$out" | grep -E '^(error|note)' | head -2)"
+fi
 }
 
 # --- bad checkpoints: one message naming the file, exit 1 on every rank,
