@@ -15,8 +15,8 @@
 //   overlapped  each bucket's all-reduce starts, non-blocking, at the first
 //               block boundary of backward after which all its gradients are
 //               final; the step waits for all
-//   ps          a parameter server, for contrast: rank 0 collects the summed
-//               gradients, steps alone, and broadcasts the new parameters
+//   ps          a parameter server, for contrast: rank 0 collects the mean
+//               gradient, steps alone, and broadcasts the new parameters
 //
 // --grad-accum K splits each rank's share into K micro-batches and
 // communicates only after the last one.
