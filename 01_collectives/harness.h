@@ -46,8 +46,8 @@ void buffers_fill(Buffers* b, int rank, int random);
 // Elements of out (b->recv, the hand-written result, or b->lib, the
 // library's) that differ from the exact result, summed over the group: none
 // may on integer data; on random data an element may be off by
-// p * FLT_EPSILON * (sum of |terms|), the worst case of p - 1 additions in
-// any order. Collective.
+// p * FLT_EPSILON * (sum of |terms|), at least twice the first-order bound
+// of p - 1 additions in any order. Collective.
 long count_wrong(const Comm* c, Algorithm a, const Buffers* b, const float* out, int root);
 
 // ---------------------------------------------------------------- checks of the library's own forms
