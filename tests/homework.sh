@@ -3,7 +3,8 @@
 # tests/homework/chapter_N.grade: the exercise markers are well formed; the
 # full tree scores every exercise; a fresh student tree builds under -Werror,
 # scores zero with the stub's error: line under each failed check, shows no
-# solution line in its docs and passes docs-check's references and quotes;
+# solution line in its docs and passes docs-check's references and quotes
+# (with HOMEWORK_BUGS=all, solved, it earns every point from its own grader);
 # the buggy variants of tests/homework/bugs/ lose their exercise's points;
 # make grade-class grades each exercise of a submission on its own.
 #
@@ -199,6 +200,21 @@ hw_student() {
             pass "homework: a stub stops the run: exit $RC, one line 'error: exercise 1 of chapter 1 is not done'"
         else
             fail "homework: a stub's run" "exit $RC; $(echo "$OUT" | head -4)"
+        fi
+    fi
+    # solved, the tree earns every point from its own grader: the chapter's
+    # exercise files back from the full tree, the later chapters still stubs
+    # (chapter 1's grader trained chapter 2 overlapped, a stub of chapter 1's
+    # tree: a solved tree scored 12 / 15). A full grading more: with all only
+    if [ "$hw_bugs" = all ]; then
+        local f
+        for f in $(grep -l "// EXERCISE [0-9]" "$(printf %02d "$ch")"_*/*.[ch]); do cp "$f" "$st/$f"; done
+        out=$(cd "$st" && BUILD=build bash tests/homework/grade.sh "$ch" 2>&1)
+        read -r s t <<< "$(hw_score "$out")"
+        if [ -n "${t:-}" ] && [ "$t" -gt 0 ] && [ "$s" = "$t" ]; then
+            pass "homework: the student tree of chapter $ch, solved, earns $s / $t from its own grader"
+        else
+            fail "homework: the student tree of chapter $ch, solved" "$(echo "$out" | grep -E '^FAIL|^  |^grade' | head -6)"
         fi
     fi
     rm -rf "$st"
