@@ -289,7 +289,7 @@ int main(int argc, char** argv) {
     int pp = run.mesh.size[AXIS_PP], ndp = run.mesh.size[AXIS_DP], L = cfg->num_layers;
     // a schedule of one's own: m and v are the file's
     Schedule from_file;
-    char why[512];
+    char why[ERROR_MAX];  // may name --schedule-file's path
     if (sched_file) {
         const char* bad = schedule_read(&from_file, sched_file, pp, why, sizeof(why));
         if (bad) fail_all("%s", bad);

@@ -371,7 +371,7 @@ void pipe_schedule_make(Schedule* s, ScheduleKind kind, int pp, int m, int v, Sc
 // ranks that hold fewer pieces).
 static void load_pieces(Pipeline* P, uint64_t seed) {
     const TrainSetup* setup = P->setup;
-    char msg[512];
+    char msg[ERROR_MAX];  // may name --model's path
     const char* bad = NULL;
     size_t most = 0;
     for (int k = 0; k < P->n_pieces; k++) most = P->piece[k].count > most ? P->piece[k].count : most;
