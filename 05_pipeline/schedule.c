@@ -2,6 +2,7 @@
 // and their ASCII timeline. See schedule.h.
 #include "schedule.h"
 
+#include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -151,7 +152,7 @@ const char* schedule_read(Schedule* s, const char* path, int pp, char* msg, size
         return msg;
     FILE* f = fopen(path, "r");
     if (!f) {
-        snprintf(msg, len, "cannot read --schedule-file '%s'", path);
+        snprintf(msg, len, "cannot read --schedule-file '%s': %s", path, strerror(errno));
         return msg;
     }
     s->kind = SCHED_FILE;

@@ -99,7 +99,7 @@ long=$TEST_TMPDIR/afile
 while [ ${#long} -lt 3600 ]; do long=$long/$(printf 'd%.0s' $(seq 199)); done
 long=$long/$(printf 'e%.0s' $(seq $((3840 - ${#long} - 1))))
 kept=0
-for run in "chapter-0 --model" "chapter-0 --ckpt-dir" "capstone --save" "chapter-7 --log"; do
+for run in "chapter-0 --model" "chapter-0 --ckpt-dir" "capstone --save" "chapter-7 --log" "chapter-5 --schedule-file"; do
     mpi_run --may-fail $T_SHORT 1 "$BUILD/${run% *}" --peak-gflops 10 --steps 1 "${run#* }" "$long"
     line=$(echo "$OUT" | grep '^error: ')
     case $line in
@@ -107,10 +107,10 @@ for run in "chapter-0 --model" "chapter-0 --ckpt-dir" "capstone --save" "chapter
         *) echo "  ${run}: $(echo "$line" | cut -c1-100)...$(echo "$line" | tail -c 100)" ;;
     esac
 done
-if [ ${#long} = 3840 ] && [ $kept = 4 ]; then
-    pass "hardening: an error naming a path of 3840 characters ends with its reason (--model, --ckpt-dir, --save, --log)"
+if [ ${#long} = 3840 ] && [ $kept = 5 ]; then
+    pass "hardening: an error naming a path of 3840 characters ends with its reason (--model, --ckpt-dir, --save, --log, --schedule-file)"
 else
-    fail "hardening: long paths in errors" "${#long} characters; $kept of 4 messages whole"
+    fail "hardening: long paths in errors" "${#long} characters; $kept of 5 messages whole"
 fi
 rm -f "$TEST_TMPDIR/afile"
 # the test scripts after `make all` without `make tests`: the programs of
