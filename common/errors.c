@@ -30,15 +30,30 @@ void fatal_at(const char* file, int line, const char* fmt, ...) {
     exit(1);
 }
 
+// "error: MESSAGE\n" in one write after the rank's buffered output: mpirun
+// forwards stdout and stderr apart, and a line longer than its 4 KiB pieces
+// came out with the stdout flushed at exit in its middle.
+static void write_error_line(const char* message) {
+    static char line[ERROR_MAX + 64];
+    int n = snprintf(line, sizeof(line), "error: %s\n", message);
+    size_t len = n < 0 ? 0 : (size_t)n < sizeof(line) ? (size_t)n : sizeof(line) - 1;
+    if (len && line[len - 1] != '\n') line[len - 1] = '\n';  // cut: still one line
+    fflush(stdout);
+    for (size_t done = 0; done < len;) {
+        ssize_t w = write(STDERR_FILENO, line + done, len - done);
+        if (w <= 0) break;  // nothing left to report a failed write of an error to
+        done += (size_t)w;
+    }
+}
+
 void fail_all(const char* fmt, ...) {
     if (world_rank() == 0) {
-        fprintf(stderr, "error: ");
+        static char message[ERROR_MAX];
         va_list ap;
         va_start(ap, fmt);
-        vfprintf(stderr, fmt, ap);
+        vsnprintf(message, sizeof(message), fmt, ap);
         va_end(ap);
-        fprintf(stderr, "\n");
-        fflush(stderr);
+        write_error_line(message);
     }
     int initialized = 0, finalized = 0;
     MPI_Initialized(&initialized);
@@ -59,10 +74,7 @@ void fail_if_any(int failed, const char* message) {
     MPI_Allreduce(&mine, &first, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD);
     watchdog_leave();
     if (first == size) return;
-    if (rank == first) {
-        fprintf(stderr, "error: %s\n", message ? message : "(no message)");
-        fflush(stderr);
-    }
+    if (rank == first) write_error_line(message ? message : "(no message)");
     watchdog_stop();
     MPI_Finalize();
     exit(1);
