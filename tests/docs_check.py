@@ -8,8 +8,9 @@ In a student tree of the homework (HOMEWORK.md at the root), a figure whose
 command stops at an exercise's stub ("exercise n of chapter N is not done")
 is listed as waiting for that exercise, not as a problem.
 
-Without files it reads every docs/*.md but docs/TEMPLATE.md (docs/notes/ are
-run records and are not read) and the top-level README.md. docs/TEMPLATE.md
+Without files it reads every docs/*.md but docs/TEMPLATE.md, every
+docs/notes/*.md (run records, which quote code too) and the top-level
+README.md. docs/TEMPLATE.md
 says what is checked; in short:
 
 1. Code references: every `path:N` or `path:N-M` in backquotes names a file of
