@@ -73,19 +73,23 @@ static void set_defaults(TrainArgs* a) {
 }
 
 // Parses value into dest by type; returns 0 if it is not a number, -1 if it
-// is a non-zero number too small for a float (it would become 0).
+// is a non-zero number too small for a float (it would become 0), -2 if it is
+// a number too large for its type.
 static int parse_value(const char* value, ArgType type, void* dest) {
     char* end = NULL;
     errno = 0;
     if (type == ARG_INT) {
         long v = strtol(value, &end, 10);
-        if (errno || end == value || *end || v < -2147483647L || v > 2147483647L) return 0;
+        if (end == value || *end) return 0;
+        if (errno == ERANGE || v < -2147483647L || v > 2147483647L) return -2;
         *(int*)dest = (int)v;
     } else if (type == ARG_FLOAT) {
         double v = strtod(value, &end);
-        // inf and nan parse as numbers, but no flag of the course means them
-        if (end != value && !*end && v != 0.0 && (float)v == 0.0f) return -1;
-        if (errno || end == value || *end || !isfinite((float)v)) return 0;
+        if (end == value || *end) return 0;
+        if ((errno == ERANGE && fabs(v) < 1.0) || (v != 0.0 && (float)v == 0.0f)) return -1;  // 1e-400, 1e-50
+        // "inf" and "nan" parse as numbers, but no flag of the course means them
+        if (errno == 0 && !isfinite(v)) return 0;
+        if (!isfinite((float)v)) return -2;  // 1e39: past the largest float
         *(float*)dest = (float)v;
     } else {
         *(const char**)dest = value;
@@ -186,9 +190,14 @@ static const char* parse_flags(int argc, char** argv, TrainArgs* a, const ArgSpe
         }
         const char* value = argv[++i];
         int parsed = parse_value(value, type, dest);
-        if (parsed < 0) {
+        if (parsed == -1) {
             snprintf(msg, msg_len, "flag %s: %s is too small for a float (it would be 0; the smallest positive float is about 1.4e-45)",
                      flag, value);
+            return msg;
+        }
+        if (parsed == -2) {
+            snprintf(msg, msg_len, "flag %s: %s is out of range for %s", flag, value,
+                     type == ARG_INT ? "an integer (-2147483647 to 2147483647)" : "a float (at most about 3.4e38 in size)");
             return msg;
         }
         if (!parsed) {

@@ -14,6 +14,7 @@
 #include "atomic_file.h"
 #include "errors.h"
 #include "memory.h"
+#include "paths.h"
 
 #define TOKENS_MAGIC 20240520
 #define TOKENS_VERSION 1
@@ -57,6 +58,7 @@ static char* read_file(const char* path, size_t* len) {
     return buf;
 }
 
+// (path is a regular file: data_open checks before it opens anything)
 static int is_token_file(const char* path) {
     FILE* f = fopen(path, "rb");
     if (!f) return 0;
@@ -68,16 +70,17 @@ static int is_token_file(const char* path) {
 
 const char* data_open_tokens(const char* path, TokenSet* set, char* msg, size_t msg_len) {
     memset(set, 0, sizeof(*set));
+    // before open(): opening a FIFO blocks until a writer comes, where no --timeout sees it
+    if (paths_check_regular("token file", path, "give an llm.c token file", msg, msg_len)) return msg;
     int fd = open(path, O_RDONLY);
     if (fd < 0) {
         snprintf(msg, msg_len, "cannot open token file '%s': %s", path, strerror(errno));
         return msg;
     }
     struct stat st;
-    if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
+    if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {  // replaced since the check
         close(fd);
-        snprintf(msg, msg_len, "token file '%s' is not a regular file%s: give an llm.c token file", path,
-                 S_ISDIR(st.st_mode) ? " but a directory" : "");
+        snprintf(msg, msg_len, "token file '%s' is not a regular file: give an llm.c token file", path);
         return msg;
     }
     size_t bytes = (size_t)st.st_size;
@@ -246,6 +249,8 @@ const char* data_open(const char* path, TokenSet* train, TokenSet* val, char* ms
     memset(train, 0, sizeof(*train));
     memset(val, 0, sizeof(*val));
     if (!path) return open_default_corpus(train, val, msg, msg_len);
+    // before any open(): opening a FIFO blocks until a writer comes, where no --timeout sees it
+    if (paths_check_regular("data file", path, "give a text file or an llm.c token file", msg, msg_len)) return msg;
     if (is_token_file(path)) return data_open_tokens(path, train, msg, msg_len);
     size_t len = 0;
     char* text = read_file(path, &len);

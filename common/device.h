@@ -15,6 +15,10 @@ void device_raw_free(void* ptr);
 // What the device's memory is called in messages: "host memory" on the CPU
 // backend, "GPU memory" on CUDA.
 const char* device_memory_name(void);
+// How many bytes the device has: the machine's physical memory on the CPU
+// backend, the GPU's total memory on CUDA (cudaMemGetInfo). mem_alloc refuses
+// a buffer that would take a rank past it.
+size_t device_memory_bytes(void);
 
 // Host threads for this rank's ops (OpenMP and the BLAS library).
 void device_set_threads(int n);

@@ -27,9 +27,20 @@ const char* mem_category_name(MemCategory c) {
 
 void* mem_alloc(size_t bytes, MemCategory category) {
     CHECK(category >= 0 && category < MEM_NUM_CATEGORIES, "bad memory category %d", category);
-    void* p = device_raw_alloc(bytes);
-    CHECK(p != NULL, "out of %s allocating %zu bytes of %s (in use: %zu bytes)", device_memory_name(),
-          bytes, mem_category_name(category), current_total);
+    // past the device's memory in all: refused, before malloc could overcommit
+    // it and the zeroing meet the kernel's out-of-memory killer, which ends a
+    // rank without a word (the count is this rank's buffers, not the node's)
+    static size_t device_bytes = 0;
+    if (!device_bytes) device_bytes = device_memory_bytes();
+    int fits = bytes <= device_bytes && current_total <= device_bytes - bytes;
+    void* p = fits ? device_raw_alloc(bytes) : NULL;
+    // what to change: the batch's buffers grow with --batch x --seq, the model's with its size
+    int batch_sized = category == MEM_ACTIVATIONS || category == MEM_COMM || category == MEM_OTHER;
+    CHECK(p != NULL, "out of %s allocating %zu bytes (%.1f GiB) of %s (in use: %zu bytes): %s; build/plan gives a "
+          "run's bytes per rank before it starts", device_memory_name(), bytes, (double)bytes / (1 << 30),
+          mem_category_name(category), current_total,
+          batch_sized ? "lower --batch or --seq, or split the batch over more ranks"
+                      : "use a smaller model, or more ranks to shard it over");
     if (num_live == cap_live) {
         cap_live = cap_live ? 2 * cap_live : 64;
         Allocation* grown = xmalloc((size_t)cap_live * sizeof(Allocation));

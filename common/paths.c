@@ -28,8 +28,31 @@ const char* paths_check_distinct(const PathArg* inputs, int n_in, const PathArg*
     return NULL;
 }
 
+// 0 if a new file can be made in dir, else errno: one is made and removed.
+// access(W_OK) is not enough: root passes it on /proc and on a read-only
+// mount, where the file could still not be created after training.
+static int try_create_in(const char* dir) {
+    size_t n = strlen(dir) + sizeof("/.write-test-XXXXXX");
+    char* name = malloc(n);
+    if (!name) return ENOMEM;
+    snprintf(name, n, "%s/.write-test-XXXXXX", dir);
+    int fd = mkstemp(name), err = fd < 0 ? errno : 0;
+    if (fd >= 0) {
+        close(fd);
+        unlink(name);
+    }
+    free(name);
+    return err;
+}
+
 const char* paths_check_writable(const PathArg* output, char* msg, size_t msg_len) {
     if (!output->path) return NULL;
+    size_t n = strlen(output->path);
+    if (n == 0 || output->path[n - 1] == '/') {
+        snprintf(msg, msg_len, "cannot write %s '%s': %s; give a file name", output->flag, output->path,
+                 n == 0 ? "the name is empty" : "it names a directory (it ends in '/')");
+        return msg;
+    }
     struct stat st;
     if (stat(output->path, &st) == 0 && S_ISDIR(st.st_mode)) {
         snprintf(msg, msg_len, "cannot write %s '%s': it is a directory; give a file name", output->flag, output->path);
@@ -46,9 +69,9 @@ const char* paths_check_writable(const PathArg* output, char* msg, size_t msg_le
                         : err == ENOENT ? "does not exist" : strerror(err);
         snprintf(msg, msg_len, "cannot write %s '%s': its directory '%s' %s", output->flag, output->path, dir, why);
         bad = msg;
-    } else if (access(dir, W_OK | X_OK) != 0) {
-        snprintf(msg, msg_len, "cannot write %s '%s': its directory '%s' is not writable (%s)", output->flag,
-                 output->path, dir, strerror(errno));
+    } else if ((err = try_create_in(dir)) != 0) {
+        snprintf(msg, msg_len, "cannot write %s '%s': its directory '%s' takes no new file (%s)", output->flag,
+                 output->path, dir, strerror(err));
         bad = msg;
     }
     free(copy);
@@ -57,14 +80,19 @@ const char* paths_check_writable(const PathArg* output, char* msg, size_t msg_le
 
 const char* paths_check_dir(const PathArg* dir, int output, char* msg, size_t msg_len) {
     if (!dir->path) return NULL;
+    if (!dir->path[0]) {
+        snprintf(msg, msg_len, "%s '': the name is empty; give a directory", dir->flag);
+        return msg;
+    }
     struct stat st;
     if (stat(dir->path, &st) == 0) {
         if (!S_ISDIR(st.st_mode)) {
             snprintf(msg, msg_len, "%s '%s' is a file, not a directory: give a directory", dir->flag, dir->path);
             return msg;
         }
-        if (output && access(dir->path, W_OK | X_OK) != 0) {
-            snprintf(msg, msg_len, "%s '%s' is not writable (%s)", dir->flag, dir->path, strerror(errno));
+        int err = output ? try_create_in(dir->path) : 0;
+        if (err) {
+            snprintf(msg, msg_len, "%s '%s' takes no new file (%s)", dir->flag, dir->path, strerror(err));
             return msg;
         }
         return NULL;
@@ -74,9 +102,14 @@ const char* paths_check_dir(const PathArg* dir, int output, char* msg, size_t ms
                  dir->flag, dir->path);
         return msg;
     }
-    // a new directory: its parent must exist and be writable (it is made at the first save)
-    PathArg as_file = {dir->flag, dir->path};
-    return paths_check_writable(&as_file, msg, msg_len);
+    // a new directory: its parent must exist and be writable (it is made at
+    // the first save); "ckpt/" names the directory "ckpt"
+    char* name = strdup(dir->path);
+    for (size_t n = strlen(name); n > 1 && name[n - 1] == '/'; n--) name[n - 1] = '\0';
+    PathArg as_file = {dir->flag, name};
+    const char* bad = paths_check_writable(&as_file, msg, msg_len);
+    free(name);
+    return bad;
 }
 
 const char* paths_check_regular(const char* flag, const char* path, const char* want, char* msg, size_t msg_len) {

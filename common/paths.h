@@ -17,8 +17,10 @@ typedef struct {
 const char* paths_check_distinct(const PathArg* inputs, int n_in, const PathArg* outputs, int n_out,
                                  char* msg, size_t msg_len);
 
-// An output file must be creatable: its directory exists and is writable, and
-// the path is not a directory. Returns NULL or a message naming the target.
+// An output file must be creatable: its name is not empty and does not end
+// in '/', it is not a directory, and its directory exists and takes a new
+// file now (one is made and removed: root passes access() on /proc). Returns
+// NULL or a message naming the target.
 const char* paths_check_writable(const PathArg* output, char* msg, size_t msg_len);
 
 // A directory named by a flag. An output directory (--ckpt-dir) must be a

@@ -105,13 +105,20 @@ const char* train_mesh_problem(const int size[NUM_AXES], const GPTConfig* c, int
     int experts = needs ? needs->experts : 0;
     // every check in one style: what, its value, the axis, the fix
 #define RANKS(n) (n), (n) == 1 ? "" : "s"
-    if (B % (dp * micro) != 0) {
+    long long split = (long long)dp * micro;  // (an int product overflows at --grad-accum 2^30)
+    if (micro > 1 && split > B && B >= dp) {
+        char batch[64] = "";  // the other fix, while it is a batch an int holds
+        if (split <= 2147483647LL) snprintf(batch, sizeof(batch), ", or a batch divisible by %lld", split);
+        snprintf(msg, len, "--batch %d over dp=%d rank%s leaves %d sequence%s a rank, too few for %d micro-batches: "
+                 "use at most %d micro-batch%s%s", B, RANKS(dp), RANKS(B / dp), micro, B / dp, B / dp == 1 ? "" : "es",
+                 batch);
+    } else if (B % split != 0) {
         if (micro == 1)
             snprintf(msg, len, "--batch %d does not split over dp=%d rank%s: use a batch divisible by %d", B, RANKS(dp),
                      dp);
         else
-            snprintf(msg, len, "--batch %d does not split over dp=%d rank%s x %d micro-batches: use a batch divisible by %d",
-                     B, RANKS(dp), micro, dp * micro);
+            snprintf(msg, len, "--batch %d does not split over dp=%d rank%s x %d micro-batches: use a batch divisible by %lld",
+                     B, RANKS(dp), micro, split);
     } else if (c->num_heads % tp != 0)
         snprintf(msg, len, "the model's %d heads do not split over tp=%d rank%s: use a tp that divides %d",
                  c->num_heads, RANKS(tp), c->num_heads);

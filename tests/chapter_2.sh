@@ -122,7 +122,13 @@ jobs_wait
 echo "== chapter 2: errors and --help"
 bad_inputs
 jobs_run error_case chapter-2 3 "--dp 3 --batch 4" "--batch 4 does not split over dp=3 ranks"
-jobs_run error_case chapter-2 2 "--dp 2 --batch 4 --grad-accum 3" "use a batch divisible by 6"
+jobs_run error_case chapter-2 2 "--dp 2 --batch 6 --grad-accum 2" "--batch 6 does not split over dp=2 ranks x 2 micro-batches: use a batch divisible by 4"
+jobs_run error_case chapter-2 2 "--dp 2 --batch 4 --grad-accum 3" "use at most 2 micro-batches, or a batch divisible by 6"
+# more micro-batches than a rank has sequences: refused, where dp x micro in
+# an int overflowed (2^30 x 4: a division by zero; 2^31-1 x 2: a run of
+# micro-batches of 0 sequences that never ended)
+jobs_run error_case chapter-2 4 "--dp 4 --batch 4 --grad-accum 1073741824" "too few for 1073741824 micro-batches: use at most 1 micro-batch"
+jobs_run error_case chapter-2 2 "--dp 2 --batch 4 --grad-accum 2147483647" "leaves 2 sequences a rank, too few for 2147483647 micro-batches: use at most 2 micro-batches"
 jobs_run error_case chapter-2 2 "--dp 2 --dp-mode rings" "--dp-mode rings is not one of"
 jobs_run error_case chapter-2 2 "--dp 2 --tp 1" "this chapter has no tp axis"
 jobs_run error_case chapter-2 2 "--dp 2 --model $TEST_TMPDIR/truncated.bin" "truncated or corrupt"

@@ -196,7 +196,8 @@ for np in 1 3 4; do
 done
 # train_check_mesh: one message style per axis (the tiny model: NH 4, L 2)
 jobs_run error_case tests/test_fsdp 3 "--check-mesh dp=3 4 64" "--batch 4 does not split over dp=3 ranks: use a batch divisible by 3"
-jobs_run error_case tests/test_fsdp 2 "--check-mesh dp=2 4 64 3" "--batch 4 does not split over dp=2 ranks x 3 micro-batches: use a batch divisible by 6"
+jobs_run error_case tests/test_fsdp 2 "--check-mesh dp=2 6 64 2" "--batch 6 does not split over dp=2 ranks x 2 micro-batches: use a batch divisible by 4"
+jobs_run error_case tests/test_fsdp 2 "--check-mesh dp=2 4 64 3" "--batch 4 over dp=2 ranks leaves 2 sequences a rank, too few for 3 micro-batches: use at most 2 micro-batches, or a batch divisible by 6"
 jobs_run error_case tests/test_fsdp 3 "--check-mesh tp=3 6 64" "the model's 4 heads do not split over tp=3 ranks: use a tp that divides 4"
 jobs_run error_case tests/test_fsdp 3 "--check-mesh tp=3 6 64 1 0 small" "the model's padded vocabulary of 256 does not split over tp=3 ranks: use a tp that divides 256"
 jobs_run error_case tests/test_fsdp 4 "--check-mesh pp=4 4 64" "the model's 2 layers do not split over pp=4 ranks: use a pp that divides 2"

@@ -50,7 +50,7 @@ jobs_run error_case chapter-0 1 "--seq 0" "--seq must be positive"
 jobs_run error_case chapter-0 1 "--threads 100000" "--threads must be between 0 (cores / ranks) and 1024"
 jobs_run error_case chapter-0 1 "--val-batches 2147483647" "--val-batches must be between 1 and 100000"
 jobs_run error_case chapter-0 1 "--lr 1e-50" "1e-50 is too small for a float"
-jobs_run error_case chapter-0 1 "--val $TEST_TMPDIR" "is not a regular file but a directory"
+jobs_run error_case chapter-0 1 "--val $TEST_TMPDIR" "token file '$TEST_TMPDIR' is a directory: give an llm.c token file"
 jobs_run error_case chapter-0 1 "--sample 1000000" "--sample must be between 0 and 100000"
 jobs_run error_case chapter-0 1 "--dp 65536 --tp 65536 --pp 65536 --cp 65536" "has 18446744073709551616 ranks but mpirun started 1"
 jobs_run error_case chapter-1 2 "--bench --op nosuch" "--op 'nosuch' matches no algorithm"
@@ -152,6 +152,67 @@ if [ $rc -ne 0 ] && echo "$out" | grep -q "writing '$TEST_TMPDIR/limited_train.b
 else
     fail "hardening: file-size limit" "exit $rc; $out; $(ls "$TEST_TMPDIR" | grep limited)"
 fi
+# the tokenizer: never its own input, both files or neither, an empty input
+# and missing arguments refused with an error line
+cp "$TEST_TMPDIR/short_val.txt" "$TEST_TMPDIR/tk_train.bin"
+out=$("$BUILD/tokenize" "$TEST_TMPDIR/tk_train.bin" "$TEST_TMPDIR/tk" 2>&1)
+rc=$?
+if [ $rc -ne 0 ] && echo "$out" | grep -q "^error: the output '$TEST_TMPDIR/tk_train.bin' is the same file as the input" &&
+    cmp -s "$TEST_TMPDIR/tk_train.bin" "$TEST_TMPDIR/short_val.txt"; then
+    pass "hardening: tokenize refuses to write over its input, which stays intact"
+else
+    fail "hardening: tokenize over its input" "exit $rc; $out"
+fi
+mkdir -p "$TEST_TMPDIR/tkd_val.bin"
+out=$("$BUILD/tokenize" "$TEST_TMPDIR/short_val.txt" "$TEST_TMPDIR/tkd" 2>&1)
+rc=$?
+if [ $rc -ne 0 ] && echo "$out" | grep -q "^error: cannot write the output '$TEST_TMPDIR/tkd_val.bin': it is a directory" &&
+    [ ! -e "$TEST_TMPDIR/tkd_train.bin" ]; then
+    pass "hardening: tokenize writes both files or neither"
+else
+    fail "hardening: tokenize both or neither" "exit $rc; $out; $(ls "$TEST_TMPDIR" | grep tkd)"
+fi
+: > "$TEST_TMPDIR/empty.txt"
+out=$("$BUILD/tokenize" "$TEST_TMPDIR/empty.txt" "$TEST_TMPDIR/tke" 2>&1)
+rc=$?
+out2=$("$BUILD/tokenize" 2>&1)
+rc2=$?
+if [ $rc -ne 0 ] && echo "$out" | grep -q "^error: the input is empty" && [ ! -e "$TEST_TMPDIR/tke_train.bin" ] &&
+    [ $rc2 -ne 0 ] && echo "$out2" | grep -q "^error: give an input file and an output prefix"; then
+    pass "hardening: tokenize refuses an empty input and missing arguments with an error line"
+else
+    fail "hardening: tokenize empty input / no arguments" "exit $rc: $out; exit $rc2: $out2"
+fi
+# a batch whose blocks' activations alone pass this machine's memory (small
+# keeps L (18C + NH + 4) T floats = 42,528,768 bytes a sequence in them at
+# T = 256, one buffer): a message that says what to change, on an abort of
+# every rank, before malloc could overcommit it and the zeroing meet the
+# kernel's out-of-memory killer, which ends a rank without a word
+mem_bytes=$(( $(awk '/^MemTotal:/ {print $2}' /proc/meminfo) * 1024 ))
+oom_batch=$(( mem_bytes / 42528768 + 2 ))
+if [ $(( oom_batch * 256 + 1 )) -gt 2319007 ]; then  # the default corpus's training tokens
+    skip "hardening: batch too large for memory" "this machine's memory needs a batch past the default corpus"
+else
+    out=$(timeout 60 $MPIRUN -np 1 "$BUILD/chapter-0" --model small --batch $oom_batch --seq 256 --steps 1 --peak-gflops 10 2>&1)
+    rc=$?
+    if [ $rc -ne 0 ] && [ $rc -ne 124 ] && echo "$out" | grep -q "out of host memory allocating [0-9]* bytes ([0-9.]* GiB) of activations .*: lower --batch or --seq"; then
+        pass "hardening: a batch past the machine's memory (--batch $oom_batch) ends every rank with what to change"
+    else
+        fail "hardening: batch too large for memory" "exit $rc; $(echo "$out" | grep -v '^--' | head -8)"
+    fi
+fi
+# the attention bench: sizes past the machine and an unwritable --log refused
+# before anything runs (the first was a segmentation fault)
+out=$("$BUILD/attention_bench" --batch 65536 --seq 32768 --reps 1 2>&1)
+rc=$?
+out2=$("$BUILD/attention_bench" --log "$TEST_TMPDIR" --reps 1 2>&1)
+rc2=$?
+if [ $rc -eq 1 ] && echo "$out" | grep -q "^error: --batch 65536 --seq 32768 .* GiB (.*), more than this machine's" &&
+    [ $rc2 -eq 1 ] && [ "$(echo "$out2" | head -1)" = "error: cannot write --log '$TEST_TMPDIR': it is a directory; give a file name" ]; then
+    pass "hardening: attention_bench refuses sizes past the machine and an unwritable --log up front"
+else
+    fail "hardening: attention_bench refusals" "exit $rc: $(echo "$out" | head -3); exit $rc2: $(echo "$out2" | head -3)"
+fi
 # an output that is an input is refused before anything is written (same
 # device and inode: a hard link counts), and the input is left intact
 "$BUILD/tokenize" "$TEST_TMPDIR/corpus.txt" "$TEST_TMPDIR/same" >/dev/null
@@ -161,6 +222,18 @@ jobs_run error_case chapter-0 1 "--data $TEST_TMPDIR/same_train.bin --log $TEST_
 jobs_run error_case chapter-0 1 "--model $CKPT --save $TEST_TMPDIR/hardlink.bin" "--save '$TEST_TMPDIR/hardlink.bin' is the same file as --model"
 jobs_run error_case chapter-3 2 "--dp 2 --model $CKPT --log $CKPT" "--log '$CKPT' is the same file as --model"
 jobs_run error_case chapter-0 1 "--save $TEST_TMPDIR" "it is a directory"
+# outputs that could not be made are refused before step 0, not after training
+jobs_run error_case chapter-3 2 "--dp 2 --save $TEST_TMPDIR/newdir/" "cannot write --save '$TEST_TMPDIR/newdir/': it names a directory (it ends in '/')"
+jobs_run error_case chapter-0 1 "--save /proc/m.bin" "cannot write --save '/proc/m.bin': its directory '/proc' takes no new file"
+jobs_run error_case chapter-7 1 "--trace /proc/t.json" "cannot write --trace '/proc/t.json': its directory '/proc' takes no new file"
+# a pipe as an input: refused before it is opened (opening blocks until a
+# writer comes, and no --timeout sees it)
+mkfifo "$TEST_TMPDIR/fifo"
+jobs_run error_case chapter-3 2 "--dp 2 --data $TEST_TMPDIR/fifo" "data file '$TEST_TMPDIR/fifo' is a pipe: give a text file or an llm.c token file"
+jobs_run error_case chapter-3 2 "--dp 2 --val $TEST_TMPDIR/fifo" "token file '$TEST_TMPDIR/fifo' is a pipe: give an llm.c token file"
+# numbers past their type: said so, not "needs a number"
+jobs_run error_case chapter-0 1 "--lr 1e39" "flag --lr: 1e39 is out of range for a float"
+jobs_run error_case chapter-0 1 "--steps 2147483648" "flag --steps: 2147483648 is out of range for an integer"
 jobs_wait  # independent (each refuses before it writes): 2 at a time
 if cmp -s "$TEST_TMPDIR/same_train.bin" "$TEST_TMPDIR/same_before.bin" && head -c 4 "$CKPT" | od -An -tu4 | grep -q 20240326; then
     pass "hardening: refused outputs left their inputs intact"

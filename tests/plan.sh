@@ -691,6 +691,8 @@ else
 fi
 plan_error "not planned" --chapter 9
 plan_error "--zero" --chapter 3 --ranks 2 --dp 2 --zero 4
+# more micro-batches than a rank has sequences: the run's own refusal (an int product divided by zero here)
+plan_error "too few for 1073741824 micro-batches: use at most 1 micro-batch" --chapter 2 --ranks 4 --dp 4 --grad-accum 1073741824
 plan_error "--dp-mode" --chapter 2 --ranks 2 --dp 2 --dp-mode rings
 # what chapter 2 refuses (tests/chapter_2.sh): more overlapped buckets than fit in flight
 plan_error "--bucket-kb 41: more than 1024 buckets in flight at once in --dp-mode overlapped; chapter 2 refuses it: use --bucket-kb 42 or more" \

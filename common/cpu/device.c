@@ -3,6 +3,7 @@
 #include <omp.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "device.h"
 #include "errors.h"
@@ -29,6 +30,8 @@ void device_raw_free(void* ptr) {
 }
 
 const char* device_memory_name(void) { return "host memory"; }
+
+size_t device_memory_bytes(void) { return (size_t)sysconf(_SC_PHYS_PAGES) * (size_t)sysconf(_SC_PAGESIZE); }
 
 void mem_to_device(void* dst_device, const void* src_host, size_t bytes) {
     if (bytes) host_waits++;

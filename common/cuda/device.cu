@@ -56,6 +56,13 @@ extern "C" void device_raw_free(void* ptr) {
 
 extern "C" const char* device_memory_name(void) { return "GPU memory"; }
 
+// cudaMemGetInfo(free, total): the current device's free and total bytes.
+extern "C" size_t device_memory_bytes(void) {
+    size_t free_bytes = 0, total_bytes = 0;
+    CUDA_CHECK(cudaMemGetInfo(&free_bytes, &total_bytes));
+    return total_bytes;
+}
+
 // The host threads left to a GPU rank: OpenMP's, for whatever host loops run.
 extern "C" void device_set_threads(int n) { omp_set_num_threads(n); }
 

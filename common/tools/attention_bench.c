@@ -23,11 +23,14 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "args.h"
 #include "device.h"
+#include "errors.h"
 #include "memory.h"
 #include "ops.h"
+#include "paths.h"
 #include "runtime.h"
 
 static double cpu_seconds(void) {
@@ -52,8 +55,8 @@ static double best(const double* x, int n) {
 
 // max |a - b| / max |b| over n device floats
 static double rel_diff(const float* a_dev, const float* b_dev, size_t n) {
-    float* a = malloc(n * sizeof(float));
-    float* b = malloc(n * sizeof(float));
+    float* a = xmalloc(n * sizeof(float));
+    float* b = xmalloc(n * sizeof(float));
     mem_to_host(a, a_dev, n * sizeof(float));
     mem_to_host(b, b_dev, n * sizeof(float));
     double d = 0.0, s = 0.0;
@@ -104,13 +107,28 @@ int main(int argc, char** argv) {
         fprintf(stderr, "error: --channels %d is not a multiple of --heads %d\n", C, NH);
         return 1;
     }
+    char msg[ERROR_MAX];
+    PathArg log_arg = {"--log", log_path};
+    if (paths_check_writable(&log_arg, msg, sizeof(msg))) {  // now, not after the bench
+        fprintf(stderr, "error: %s\n", msg);
+        return 1;
+    }
+    // every buffer below: the host copy, qkv, dqkv twice, out, dout, out twice, att and datt, lse
+    double need = 4.0 * (4.0 * B * T * 3 * C + 3.0 * B * T * C + 2.0 * B * NH * (double)T * T + (double)B * T * NH);
+    double machine = (double)sysconf(_SC_PHYS_PAGES) * (double)sysconf(_SC_PAGESIZE);
+    if (need > machine) {
+        fprintf(stderr, "error: --batch %d --seq %d --channels %d --heads %d need %.1f GiB (the full attention's (B, NH, T, "
+                "T) twice), more than this machine's %.1f GiB: lower --batch or --seq\n", B, T, C, NH, need / (1 << 30),
+                machine / (1 << 30));
+        return 1;
+    }
     runtime_init(&argc, &argv);
     int nthreads = runtime_set_threads(threads);
     const char* device = device_init(runtime_local_rank());
 
     const size_t nqkv = (size_t)B * T * 3 * C, nout = (size_t)B * T * C;
     const size_t natt = (size_t)B * NH * T * T, nlse = (size_t)B * T * NH;
-    float* h = malloc(nqkv * sizeof(float));
+    float* h = xmalloc(nqkv * sizeof(float));
     unsigned s = 12345u;
     for (size_t i = 0; i < nqkv; i++) {  // uniform in [-1, 1): scores of a few units
         s = s * 1664525u + 1013904223u;
@@ -131,8 +149,8 @@ int main(int argc, char** argv) {
 
     double* t[4];  // full fwd, full bwd, flash fwd, flash bwd
     double* cpu[2];  // full, flash: fwd + bwd, CPU time
-    for (int k = 0; k < 4; k++) t[k] = malloc((size_t)reps * sizeof(double));
-    for (int k = 0; k < 2; k++) cpu[k] = malloc((size_t)reps * sizeof(double));
+    for (int k = 0; k < 4; k++) t[k] = xmalloc((size_t)reps * sizeof(double));
+    for (int k = 0; k < 2; k++) cpu[k] = xmalloc((size_t)reps * sizeof(double));
     for (int r = -1; r < reps; r++) {  // r = -1: a warm-up of both, not counted
         for (int turn = 0; turn < 2; turn++) {
             int flash = (turn + (r & 1)) & 1;  // full first on even repetitions

@@ -10,10 +10,13 @@
 
 #include "data.h"
 #include "errors.h"
+#include "paths.h"
 
 int main(int argc, char** argv) {
     int help = argc >= 2 && !strcmp(argv[1], "--help");
     if (argc != 3 || help) {
+        if (!help) fprintf(stderr, "error: give an input file and an output prefix (%d argument%s given)\n", argc - 1,
+                           argc == 2 ? "" : "s");
         fprintf(help ? stdout : stderr,
                 "usage: %s INPUT.txt OUTPUT_PREFIX\n"
                 "writes OUTPUT_PREFIX_train.bin (first 90%%) and OUTPUT_PREFIX_val.bin (last 10%%)\n",
@@ -32,8 +35,18 @@ int main(int argc, char** argv) {
     char* val_path = malloc(len);
     snprintf(train_path, len, "%s_train.bin", argv[2]);
     snprintf(val_path, len, "%s_val.bin", argv[2]);
+    if (!bad && train.count == 0) bad = "the input is empty: there is nothing to tokenize";
+    // both outputs checked before either is written: never the input itself,
+    // never one file written and the other refused
+    PathArg input = {"the input", argv[1]};
+    PathArg outputs[] = {{"the output", train_path}, {"the output", val_path}};
+    if (!bad) bad = paths_check_distinct(&input, 1, outputs, 2, msg, sizeof(msg));
+    for (int o = 0; o < 2 && !bad; o++) bad = paths_check_writable(&outputs[o], msg, sizeof(msg));
     if (!bad) bad = data_write_tokens(train_path, train.tokens, train.count, msg, sizeof(msg));
-    if (!bad) bad = data_write_tokens(val_path, val.tokens, val.count, msg, sizeof(msg));
+    if (!bad && data_write_tokens(val_path, val.tokens, val.count, msg, sizeof(msg))) {
+        remove(train_path);  // both or neither (the val file's own write left nothing: atomic_file.h)
+        bad = msg;
+    }
     if (bad) {
         fprintf(stderr, "error: %s\n", bad);
         return 1;
