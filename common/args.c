@@ -3,6 +3,7 @@
 
 #include <errno.h>
 #include <math.h>
+#include <mpi.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -297,7 +298,10 @@ static void print_flag(const char* name, ArgType type, const char* help) {
 
 void args_usage(const char* program, const char* summary, const ArgSpec* extra, int n_extra,
                 unsigned axes) {
-    printf("usage: mpirun -np N %s [flags]\n%s\n", program, summary ? summary : "");
+    // a program that started MPI runs under mpirun; a tool that did not (the planner) on its own
+    int mpi = 0;
+    MPI_Initialized(&mpi);
+    printf("usage: %s%s [flags]\n%s\n", mpi ? "mpirun -np N " : "", program, summary ? summary : "");
     if (axes != ARGS_NO_SHARED) {
         printf("\nflags:\n");
         for (int k = 0; k < NUM_SHARED; k++)

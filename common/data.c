@@ -92,7 +92,8 @@ const char* data_open_tokens(const char* path, TokenSet* set, char* msg, size_t 
     }
     if (header[0] != TOKENS_MAGIC) {
         close(fd);
-        snprintf(msg, msg_len, "'%s' is not an llm.c token file: magic %d, expected %d", path, header[0], TOKENS_MAGIC);
+        snprintf(msg, msg_len, "'%s' is not an llm.c token file: magic %d, expected %d (make one with build/tokenize; a "
+                 "text file goes to --data, which splits off its own validation)", path, header[0], TOKENS_MAGIC);
         return msg;
     }
     if (header[1] != TOKENS_VERSION) {

@@ -42,7 +42,9 @@ const char* checkpoint_read_config(const char* path, GPTConfig* cfg, char* msg, 
         return msg;
     }
     if (header[0] != CKPT_MAGIC) {
-        snprintf(msg, msg_len, "'%s' is not an llm.c GPT-2 checkpoint: magic %d, expected %d", path, header[0], CKPT_MAGIC);
+        snprintf(msg, msg_len, "'%s' is not an llm.c GPT-2 checkpoint: magic %d, expected %d%s", path, header[0], CKPT_MAGIC,
+                 header[0] == 20240520 /* data.c's token files */ ? " (it is a token file: give it with --data or --val)"
+                                       : " (give a preset, --model tiny|small, or a file written by --save)");
         return msg;
     }
     if (header[1] == CKPT_VERSION_BF16) {

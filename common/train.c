@@ -65,7 +65,9 @@ void train_setup(TrainSetup* s, const TrainArgs* a) {
                  name, s->train.max_token, s->cfg.vocab_size);
         bad = msg;
     } else if (s->val.count > 0 && s->val.max_token >= s->cfg.vocab_size) {
-        snprintf(msg, sizeof(msg), "validation data holds token id %d but the model's vocabulary has %d",
+        snprintf(msg, sizeof(msg), "%s%s%s holds token id %d but the model's vocabulary has %d: give validation data "
+                 "made with the training data's tokenizer, or a model with a larger vocabulary",
+                 a->val ? "validation file '" : "the validation split of ", a->val ? a->val : name, a->val ? "'" : "",
                  s->val.max_token, s->cfg.vocab_size);
         bad = msg;
     } else if (data_batches_per_epoch(&s->train, s->B, s->T) == 0) {

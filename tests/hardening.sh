@@ -56,6 +56,10 @@ jobs_run error_case chapter-0 1 "--dp 65536 --tp 65536 --pp 65536 --cp 65536" "h
 jobs_run error_case chapter-1 2 "--bench --op nosuch" "--op 'nosuch' matches no algorithm"
 head -c 5000 "$TEST_TMPDIR/corpus.txt" > "$TEST_TMPDIR/short_val.txt"
 "$BUILD/tokenize" "$TEST_TMPDIR/short_val.txt" "$TEST_TMPDIR/short_val" >/dev/null
+# a validation token past the vocabulary: the file named, and what to do
+cp "$TEST_TMPDIR/short_val_val.bin" "$TEST_TMPDIR/bigtok.bin"
+printf '\x2c\x01' | dd of="$TEST_TMPDIR/bigtok.bin" bs=1 seek=$((1024 + 2 * 10)) conv=notrunc status=none  # token 10: 300
+jobs_run error_case chapter-0 1 "--val $TEST_TMPDIR/bigtok.bin" "validation file '$TEST_TMPDIR/bigtok.bin' holds token id 300 but the model's vocabulary has 256: give validation data"
 jobs_run error_case chapter-0 1 "--val $TEST_TMPDIR/short_val_val.bin --batch 8" "validation file '$TEST_TMPDIR/short_val_val.bin' has 500 tokens, fewer than one batch"
 jobs_run error_case chapter-0 1 "--data $CKPT" "is an llm.c model checkpoint, not training data"
 # a weight that is not a number is the file's fault, named where it sits

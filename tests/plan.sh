@@ -682,10 +682,12 @@ same_refusal 2 chapter-5 --pp 2 --microbatches 0 -- --chapter 5 --ranks 2 --pp 2
 same_refusal 2 capstone --pp 2 --microbatches 0 -- --chapter 7 --ranks 2 --pp 2 --microbatches 0
 plan_error "--ranks 4: the mesh axes' product is 2 (dp 2 x tp 1 x pp 1 x cp 1 x ep 1): give --ranks 2 or other axes" --chapter 2 --ranks 4 --dp 2
 plan_error "unknown flag --gpus (see --help for the flags of this program)" --gpus 2
-# a tool's --help heads its flags "flags:" (it said "this chapter:")
+# a tool's --help heads its flags "flags:" (it said "this chapter:"), and
+# its usage line has no mpirun (the planner runs on its own)
 out=$("$BUILD/plan" --help 2>&1)
-if [ $? -eq 0 ] && echo "$out" | grep -A1 '^flags:$' | grep -q -- '--chapter S' && ! echo "$out" | grep -q 'this chapter'; then
-    pass "plan --help lists its flags under 'flags:'"
+if [ $? -eq 0 ] && echo "$out" | grep -A1 '^flags:$' | grep -q -- '--chapter S' && ! echo "$out" | grep -q 'this chapter' &&
+    [ "$(echo "$out" | head -1)" = "usage: build/plan [flags]" ]; then
+    pass "plan --help: 'usage: build/plan [flags]', its flags under 'flags:'"
 else
     fail "plan --help" "$(echo "$out" | head -8)"
 fi
