@@ -601,11 +601,14 @@ void bench_row(JsonLog* log, Algorithm a, int p, size_t n, double th, double tl,
 }
 
 size_t bench_parse_bytes(const char* s) {
+    // decimal digits and an optional K, M or G: "64.9" or "0x40" would
+    // otherwise pass strtod and be cut or read in hex without a word
+    if (*s < '0' || *s > '9') return 0;
     char* end = NULL;
-    double v = strtod(s, &end);
-    if (end && (*end == 'K' || *end == 'k')) v *= 1024, end++;
-    else if (end && (*end == 'M' || *end == 'm')) v *= 1024 * 1024, end++;
-    else if (end && (*end == 'G' || *end == 'g')) v *= 1024.0 * 1024 * 1024, end++;
-    if (!end || *end || !(v >= 4 && v <= 1024.0 * 1024 * 1024)) return 0;
+    double v = (double)strtoull(s, &end, 10);
+    if (*end == 'K' || *end == 'k') v *= 1024, end++;
+    else if (*end == 'M' || *end == 'm') v *= 1024 * 1024, end++;
+    else if (*end == 'G' || *end == 'g') v *= 1024.0 * 1024 * 1024, end++;
+    if (*end || !(v >= 4 && v <= 1024.0 * 1024 * 1024)) return 0;
     return (size_t)v;
 }

@@ -266,7 +266,7 @@ static float train_step(Pipeline* P, const TrainArgs* args, long step, float* no
 // ---------------------------------------------------------------- main
 
 int main(int argc, char** argv) {
-    const char* sched_name = "1f1b";
+    const char* sched_name = NULL;  // --schedule; 1f1b when not given
     const char* sched_file = NULL;
     int m = ARG_NOT_GIVEN, v = 1, show = 0;
     ArgSpec extra[] = {
@@ -285,7 +285,7 @@ int main(int argc, char** argv) {
     const TrainArgs* args = &run.args;
     const TrainSetup* setup = &run.setup;
     const GPTConfig* cfg = &setup->cfg;
-    int kind = schedule_parse(sched_name);  // -1: refused with the layout below
+    int kind = schedule_parse(sched_name ? sched_name : "1f1b");  // -1: refused with the layout below
     int pp = run.mesh.size[AXIS_PP], ndp = run.mesh.size[AXIS_DP], L = cfg->num_layers;
     // a schedule of one's own: m and v are the file's
     Schedule from_file;
@@ -305,7 +305,7 @@ int main(int argc, char** argv) {
     // than 64 stages, a stage without layers, unequal chunks
     PipeLayout layout = {sched_name, sched_file != NULL, pp, m, v, L, setup->B, setup->B / ndp, 0};
     if (pipe_layout_problem(&layout, why, sizeof(why))) fail_all("%s", why);
-    if (sched_file) sched_name = schedule_name(SCHED_FILE);
+    sched_name = schedule_name((ScheduleKind)kind);  // "file", else --schedule's name
     // the batch over dp x microbatches (train_check_mesh); the layers over pp
     // are this chapter's own rule (uneven splits allowed), so the shared
     // check sees pp = 1

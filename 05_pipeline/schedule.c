@@ -412,8 +412,10 @@ void schedule_print(const Schedule* s) {
 // ---------------------------------------------------------------- the layouts a run refuses
 
 const char* pipe_layout_problem(const PipeLayout* l, char* msg, size_t len) {
-    int kind = schedule_parse(l->schedule), pp = l->pp, m = l->m, v = l->v, L = l->layers;
-    if (kind < 0)
+    int kind = schedule_parse(l->schedule ? l->schedule : "1f1b"), pp = l->pp, m = l->m, v = l->v, L = l->layers;
+    if (l->from_file && l->schedule)  // the file's lists are the whole schedule: --schedule would be dropped
+        snprintf(msg, len, "--schedule %s and --schedule-file: give one (the file is the schedule)", l->schedule);
+    else if (kind < 0)
         snprintf(msg, len, "--schedule %s is not one of gpipe, 1f1b, interleaved, zb", l->schedule);
     // a dp rank's share of the batch is the most microbatches it can cut
     else if (m < 1)

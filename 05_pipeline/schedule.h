@@ -97,7 +97,7 @@ void schedule_print(const Schedule* s);
 // planner check it with one function, so they refuse the same layouts with
 // the same line.
 typedef struct {
-    const char* schedule;  // --schedule's name
+    const char* schedule;  // --schedule's name (NULL: not given, 1f1b)
     int from_file;         // 1: --schedule-file's lists run instead (its own m and v, any v)
     int pp, m, v;          // ranks, microbatches per step of a share, chunks per rank
     int layers;            // the model's L

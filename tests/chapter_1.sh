@@ -100,6 +100,9 @@ done
 echo "== chapter 1: errors and --help"
 jobs_run error_case chapter-1 2 "--steps 3" "unknown flag --steps"
 jobs_run error_case chapter-1 2 "--max-bytes 12Q" "is not a size"
+# decimal digits only: strtod read "64.9" as 64 and "0x40" in hex
+jobs_run error_case chapter-1 2 "--max-bytes 64.9" "--max-bytes '64.9' is not a size from 4 to 1G"
+jobs_run error_case chapter-1 2 "--min-bytes 0x40" "--min-bytes '0x40' is not a size from 4 to 1G"
 jobs_run error_case chapter-1 1 "--bench --min-bytes 1M --max-bytes 1K" "larger than --max-bytes"
 jobs_run help_case chapter-1 "--trace"
 jobs_wait  # independent: 2 at a time (jobs_run, tests/lib.sh)

@@ -219,6 +219,8 @@ jobs_run error_case chapter-5 2 "--pp 2 --schedule-file $TEST_TMPDIR/pp_bad.sche
 jobs_run error_case chapter-5 2 "--pp 2 --schedule-file $TEST_TMPDIR/pp_short.sched --peak-gflops 10" "has no line for rank 1"
 jobs_run error_case chapter-5 2 "--pp 2 --schedule-file $TEST_TMPDIR/pp_before.sched --peak-gflops 10" "B(0, chunk 0) comes before its F"
 jobs_run error_case chapter-5 2 "--pp 2 --schedule-file $TEST_TMPDIR/pp_cycle.sched --peak-gflops 10" "deadlock: every rank waits"
+# a schedule file is the whole schedule: a --schedule beside it was dropped without a word
+jobs_run error_case chapter-5 2 "--pp 2 --schedule gpipe --schedule-file $TEST_TMPDIR/pp_reverse.sched --peak-gflops 10" "--schedule gpipe and --schedule-file: give one (the file is the schedule)"
 # not a file of text: a device never ends (read to its end it spun forever),
 # and a terminal escape in a line is refused by its column, never echoed
 printf 'rank 0: F0 \033[2J B0\nrank 1: F0 B0\n' > "$TEST_TMPDIR/pp_binary.sched"
