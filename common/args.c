@@ -42,7 +42,7 @@ static const SharedFlag shared_flags[] = {
     {"incremental", ARG_INT, "with --ckpt-dir, every K-th save full, xor deltas (zstd) between  [0: all full]"},
     {"ckpt-redundancy", ARG_STRING, "none | partner | xor: level 2, level-1 files kept across nodes  [none]"},
     {"val-every", ARG_INT, "validation loss every N steps, 0 = at the end only  [0]"},
-    {"val-batches", ARG_INT, "batches per validation loss  [4]"},
+    {"val-batches", ARG_INT, "batches per validation loss, at most what the data holds  [4]"},
     {"threads", ARG_INT, "threads per rank  [OMP_NUM_THREADS, else cores / ranks on the node]"},
     {"peak-gflops", ARG_FLOAT, "matmul peak for MFU in GFLOP/s  [measured at start-up]"},
     {"timeout", ARG_FLOAT, "end every rank when one waits this many seconds on a rank that stopped (0: never)  [300]"},
@@ -212,6 +212,10 @@ static const char* parse_flags(int argc, char** argv, TrainArgs* a, const ArgSpe
                      strlen(value), ARGS_MAX_STRING);
             return msg;
         }
+        // a checkpoint directory's trailing '/'s go, in place ("x/" saves
+        // x/step-N, not x//step-N; "/" stays "/")
+        if (a && (dest == (void*)&a->ckpt_dir || dest == (void*)&a->resume || dest == (void*)&a->ckpt_local))
+            for (size_t n = strlen(argv[i]); n > 1 && argv[i][n - 1] == '/'; n--) argv[i][n - 1] = '\0';
     }
     return NULL;
 }

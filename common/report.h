@@ -44,7 +44,7 @@ typedef struct {
     double tokens_per_s;       // global tokens per second
     double flops_per_token;
     double peak_gflops;        // this rank's measured (or given) matmul peak
-    float final_loss, val_loss;  // val_loss < 0: none
+    float final_loss, val_loss;  // final_loss NAN: no step ran (null); val_loss < 0: none
     // rank 0's milliseconds per timed step blocked in communication and in
     // non-blocking starts and tests (the step clock's); written only when
     // has_comm_ms (the training loop, train.h, sets all three)

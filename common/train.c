@@ -85,6 +85,12 @@ void train_setup(TrainSetup* s, const TrainArgs* a) {
     if (!a->val && s->val.count > 0 && data_batches_per_epoch(&s->val, s->B, s->T) == 0)
         print0("note: the validation split of %s (%zu tokens) is shorter than one batch (%d x %d + 1): no validation loss\n",
                name, s->val.count, s->B, s->T);
+    // fewer batches than --val-batches asks: each validation runs them all (train_eval.c)
+    size_t val_batches = data_batches_per_epoch(&s->val, s->B, s->T);
+    if (val_batches > 0 && val_batches < (size_t)a->val_batches)
+        print0("note: the validation data holds %zu batch%s of %d x %d tokens: each validation loss is over %s, "
+               "not --val-batches %d\n", val_batches, val_batches == 1 ? "" : "es", s->B, s->T,
+               val_batches == 1 ? "that one" : "those", a->val_batches);
 }
 
 void train_setup_free(TrainSetup* s) {

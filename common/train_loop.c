@@ -121,8 +121,11 @@ void train_loop_end(TrainLoop* L, const JsonBuf* extra) {
     // the training's figures, before the final validation adds its own
     RunFigures figures;
     report_gather(&figures, L->mesh, L->peak_gflops);
-    // the final model's validation loss (the loaded one's with --steps 0)
-    loop_validate(L, L->steps - 1);
+    // the final model's validation loss, labelled with the steps it has
+    // taken: the loaded one's with --steps 0, the checkpoint's when a resume
+    // left nothing to train (--resume past --steps)
+    int trained = L->steps > L->start;
+    loop_validate(L, (trained ? L->steps : L->start) - 1);
     const TrainSetup* s = L->setup;
     double ms = clock_ms_per_step(&L->clock);
     RunSummary summary = {
@@ -130,7 +133,7 @@ void train_loop_end(TrainLoop* L, const JsonBuf* extra) {
         .batch = s->B, .seq = s->T, .steps = L->steps, .ms_per_step = ms,
         .tokens_per_s = ms > 0 ? (double)s->B * s->T / (ms / 1e3) : 0.0,
         .flops_per_token = L->spec.flops_per_token, .peak_gflops = L->peak_gflops,
-        .final_loss = L->loss, .val_loss = L->val_loss,
+        .final_loss = trained ? L->loss : NAN, .val_loss = L->val_loss,  // NAN: null, no step ran
         .comm_wait_ms_per_step = clock_wait_ms_per_step(&L->clock),
         .comm_progress_ms_per_step = clock_progress_ms_per_step(&L->clock), .has_comm_ms = 1,
         .extra_json = extra ? json_fields(extra) : NULL};

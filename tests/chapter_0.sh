@@ -110,6 +110,18 @@ else
     fail "tokenize" "text: $from_text / tokens: $from_tokens"
 fi
 
+# --val-batches past what the validation file holds: said, and the loss is
+# over every batch it holds (the same as asking for exactly that many)
+mpi_run $T_SHORT 1 "$BUILD/chapter-0" --data "$TEST_TMPDIR/corpus_train.bin" --val "$TEST_TMPDIR/corpus_val.bin" --steps 0 --val-batches 1000 --peak-gflops 10
+held=$(echo "$OUT" | sed -n 's/^note: the validation data holds \([0-9]*\) batches of 4 x 64 tokens: each validation loss is over those, not --val-batches 1000$/\1/p')
+asked=$(echo "$OUT" | grep 'val loss')
+mpi_run $T_SHORT 1 "$BUILD/chapter-0" --data "$TEST_TMPDIR/corpus_train.bin" --val "$TEST_TMPDIR/corpus_val.bin" --steps 0 --val-batches "${held:-1}" --peak-gflops 10
+if [ -n "$held" ] && [ "$held" -lt 1000 ] && [ -n "$asked" ] && [ "$asked" = "$(echo "$OUT" | grep 'val loss')" ] && ! echo "$OUT" | grep -q '^note: the validation data'; then
+    pass "--val-batches 1000 on a validation file of $held batches says so, and validates over those $held ($asked)"
+else
+    fail "--val-batches past the validation file" "held '$held', losses '$asked' / '$(echo "$OUT" | grep 'val loss')'"
+fi
+
 # --sample N prints N generated characters after training, then a newline.
 # Counted through a file: the byte-level sampler may emit a NUL, which a shell
 # variable would drop.

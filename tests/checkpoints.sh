@@ -80,6 +80,27 @@ ck_c0() {
 ck_run ref 1 0 --ckpt-dir "$CK/c0" --save-every 4 --save "$CK/ref.bin"
 ck_run c0r 1 0 --resume "$CK/c0/step-00000004" --save "$CK/c0r.bin"
 ck_expect c0r "chapter 0 resumed at step 4 repeats the uninterrupted run bit for bit" ref 4 0 "$CK/ref.bin" "$CK/c0r.bin"
+# a resume past --steps trains nothing: the checkpoint's model validated
+# under its own step (the same floats, the same calls: the reference's last
+# record), no loss claimed
+ck_run c0e 1 0 --resume "$CK/c0/" --steps 5
+local ref_val end_val
+ref_val=$(grep '"type":"val"' "$CK/ref.jsonl" | tail -1)
+end_val=$(grep '"type":"val"' "$CK/c0e.jsonl")
+if [ -n "$ref_val" ] && [ "$end_val" = "$ref_val" ] && grep -q '"final_loss":null' "$CK/c0e.jsonl" &&
+    ! grep -q '"type":"step"' "$CK/c0e.jsonl" && grep -q "checkpoint is at step 8, --steps 5: nothing left to train" "$CK/c0e.out"; then
+    pass "checkpoint: a resume past --steps (step 8, --steps 5) trains nothing, validates the checkpoint's model as step 7 ($end_val) and logs final_loss null"
+else
+    fail "checkpoint: a resume past --steps" "val record '$end_val' (the reference's last: '$ref_val'), $(grep -o '"final_loss":[^,]*' "$CK/c0e.jsonl")"
+fi
+# a directory given with trailing '/'s names its checkpoints with one
+ck_run c0s 1 0 --steps 1 --ckpt-dir "$CK/c0s//"
+if grep -q "^checkpoint: resumed from $CK/c0/step-00000008 " "$CK/c0e.out" &&
+    grep -q "^checkpoint: saved $CK/c0s/step-00000001$" "$CK/c0s.out"; then
+    pass "checkpoint: --resume DIR/ and --ckpt-dir DIR// name DIR/step-N (one '/')"
+else
+    fail "checkpoint: trailing '/'s in directory flags" "$(grep -hE '^checkpoint: (resumed|saved)' "$CK/c0e.out" "$CK/c0s.out")"
+fi
 }
 
 # --- chapter 2, dp 2: rank 0 alone writes the replica
