@@ -171,6 +171,7 @@ static void check_async_errors(void) {
 }
 
 static void channels_pump(void);
+static void comm_streams_wait(void);
 
 // Waits for a stream (event NULL) or an event, as above.
 // The watchdog (watchdog.h) watches every such wait: a peer that stopped
@@ -255,7 +256,6 @@ static void decide_streams(void) {
     NCCL_CHECK(ncclGetVersion(&version));
     const char* env = getenv("NCCL_LAUNCH_ORDER_IMPLICIT");
     own_streams = version >= 22600 && !(env && strcmp(env, "0") == 0);
-    if (own_streams) setenv("NCCL_LAUNCH_ORDER_IMPLICIT", "1", 0);
     int driver = 0, built = own_streams ? nccl_build_cuda_version() : 0;
     CUDA_CHECK(cudaDriverGetVersion(&driver));  // what NCCL's ncclCudaDriverVersion reads (cuDriverGetVersion)
     if (own_streams && built == 0) {
@@ -268,6 +268,14 @@ static void decide_streams(void) {
                             "program's (%d) to decide NCCL's launch ordering\n", built);
     }
     use_channels = own_streams && (driver < built ? driver : built) >= 12030;
+    // every rank the same decision, the least capable rank's: channels are
+    // made by ncclCommSplit, collective over the world, and a message must
+    // meet its match on the same communicator. Nodes may differ in their
+    // driver, a rank in its environment.
+    int mine[2] = {own_streams, use_channels}, all[2];
+    MPI_CHECK(MPI_Allreduce(mine, all, 2, MPI_INT, MPI_MIN, MPI_COMM_WORLD));
+    own_streams = all[0], use_channels = all[1];
+    if (own_streams) setenv("NCCL_LAUNCH_ORDER_IMPLICIT", "1", 0);
 }
 
 // The compute stream's waits read on the GPU's clock since the last call:
@@ -285,6 +293,7 @@ static void shared_resources_create(void) {
     CUDA_CHECK(cudaEventCreateWithFlags(&compute_ready, cudaEventDisableTiming));
     CUDA_CHECK(cudaEventCreateWithFlags(&comm_done, cudaEventDisableTiming));
     cuda_compute_wait = device_wait_checked;
+    cuda_comm_wait = comm_streams_wait;
     comm_stats_device_waits(comm_device_wait_seconds);
     if (!own_streams) CUDA_CHECK(cudaStreamCreateWithFlags(&shared_stream, cudaStreamNonBlocking));
 }
@@ -379,7 +388,7 @@ static void connect_channels(NcclGroup* g) {
 // With channels (the world, pp and cp: the groups that send and receive),
 // the channels to and from the ring neighbours too.
 static void make_comm(Comm* c, MPI_Comm mpi, int axis, int channels) {
-    decide_streams();
+    decide_streams();  // decided already when the world's group came first; else every rank is here
     shared_resources_create();
     memset(c, 0, sizeof(*c));
     c->mpi = mpi;
@@ -461,6 +470,7 @@ static int gpu_shared_on_node(void) {
 }
 
 void comm_create(Comm* world, Comm axes[NUM_AXES], const Mesh* mesh) {
+    decide_streams();  // collective over the world (every rank calls comm_create)
     // NCCL needs one GPU per rank of a communicator; say so instead of hanging
     int gpus = 0;
     CUDA_CHECK(cudaGetDeviceCount(&gpus));
@@ -507,6 +517,7 @@ void comm_create_group(Comm* g, const Mesh* mesh, unsigned axes) {
 }
 
 void comm_create_group_ranks(Comm* g, const int* ranks, int n, const char* name) {
+    decide_streams();  // here too, before the non-members return: collective over the world
     int slot;
     MPI_Comm mpi = comm_group_split_ranks(ranks, n, name, &slot);
     if (mpi == MPI_COMM_NULL) {  // not a member
@@ -829,6 +840,18 @@ static void channels_drain(void) {
     if (n_waiting) poll_until(nothing_waits, NULL, "wait for the channels' waiting operations");
 }
 
+// device.cu's cuda_comm_wait, before a cudaFree (which synchronises the
+// whole device, unpolled): every waiting operation issued and every
+// communicator's and channel's stream idle, polled and watched.
+static int all_streams_idle(const void* unused) {
+    (void)unused;
+    if (n_waiting) return 0;
+    for (NcclGroup* g = live_groups; g; g = g->next)
+        if (!stream_idle(g->stream)) return 0;
+    return 1;
+}
+static void comm_streams_wait(void) { poll_until(all_streams_idle, NULL, "wait for the communication streams"); }
+
 // A blocking send or receive on channels: queued as begin_blocking does
 // (queue_on_channel orders it after the compute), then the compute stream
 // waits for the channels only, which hold this direction's transfers and
@@ -1067,10 +1090,23 @@ void comm_sendrecv(const Comm* c, const float* send, size_t send_n, int dest, fl
         end_channels(to, from);
         return;
     }
+    // A neighbour on one side only (more than two ranks): each direction
+    // where its peer expects it, the neighbour's on their channel, the
+    // other's on the group's communicator (the peer's own call makes the
+    // same choice for the same pair), in one group; the compute stream
+    // waits for both (end_blocking_p2p's, with the channel's wait inside).
+    channel_wait_free(to);
+    channel_wait_free(from);
     begin_blocking_p2p(c);
-    if (send_n) NCCL_CHECK(ncclSend(send, send_n, ncclFloat, dest, nccl_of(c), stream_of(c)));
-    if (recv_n) NCCL_CHECK(ncclRecv(recv, recv_n, ncclFloat, source, nccl_of(c), stream_of(c)));
-    end_blocking_p2p(c);
+    if (to) queue_on_channel(to, 1, (float*)send, send_n, NULL);
+    else if (send_n) NCCL_CHECK(ncclSend(send, send_n, ncclFloat, dest, nccl_of(c), stream_of(c)));
+    if (from) queue_on_channel(from, 0, recv, recv_n, NULL);
+    else if (recv_n) NCCL_CHECK(ncclRecv(recv, recv_n, ncclFloat, source, nccl_of(c), stream_of(c)));
+    NCCL_CHECK(ncclGroupEnd());
+    held_done();
+    if (to) compute_after(to->stream);
+    if (from) compute_after(from->stream);
+    end_blocking(c);
 }
 
 // Every rank's queued work is done, then the ranks meet.

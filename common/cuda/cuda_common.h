@@ -33,6 +33,10 @@ extern cublasHandle_t cuda_cublas;
 // synchronize) until the NCCL layer sets its polling wait, which also stops
 // the job on an asynchronous NCCL error (comm.c).
 extern void (*cuda_compute_wait)(void);
+// How a free waits for the communication streams before cudaFree's
+// device-wide synchronisation: NULL (nothing to wait for) until the NCCL
+// layer sets its polling wait for every stream it queued work on (comm.c).
+extern void (*cuda_comm_wait)(void);
 // Four floats of device memory for the comm layer's one-element handshakes
 // (connect_channels in comm.c): a static device array, as ops_columns.cu's, so not
 // one of the model's memory categories (device.cu).

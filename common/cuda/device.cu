@@ -21,6 +21,7 @@ extern "C" {
 
 cudaStream_t cuda_compute_stream = NULL;
 void (*cuda_compute_wait)(void) = NULL;
+void (*cuda_comm_wait)(void) = NULL;
 cublasHandle_t cuda_cublas = NULL;
 
 // ---------------------------------------------------------------- device.h
@@ -45,12 +46,19 @@ extern "C" void* device_raw_alloc(size_t bytes) {
 }
 
 // Queued work (a collective the host did not wait for) may still use the
-// block, and cudaFree only "may perform implicit synchronization" (its
-// documentation), unpolled: a collective stuck on a dead peer would hold it
-// forever. So device_synchronize first (polled, watched): the block is
-// free of queued work, and a dead peer ends the job with a message.
-extern "C" void device_raw_free(void* ptr) {
+// block, and cudaFree "may perform implicit synchronization" (its
+// documentation) of the whole device, unpolled: an operation stuck on a dead
+// peer, on any stream, would hold it forever. So every stream first, polled
+// and watched: the compute stream (device_synchronize), then the
+// communication layer's (cuda_comm_wait, comm.c). The block is free of
+// queued work, and a dead peer ends the job with a message.
+static void all_streams_wait(void) {
     device_synchronize();
+    if (cuda_comm_wait) cuda_comm_wait();
+}
+
+extern "C" void device_raw_free(void* ptr) {
+    all_streams_wait();
     CUDA_CHECK(cudaFree(ptr));
 }
 
@@ -69,17 +77,24 @@ extern "C" void device_set_threads(int n) { omp_set_num_threads(n); }
 // ---------------------------------------------------------------- memory.h
 // Copies go on the compute stream, so they come after the kernels queued
 // before them, and wait for completion, so the host buffer can be reused (or
-// read) as soon as the call returns, as with memcpy on the CPU. The wait is
-// device_synchronize's: the compute stream may wait for communication
-// (comm.c queues collectives stream-ordered), and a peer that died would
-// leave a plain cudaStreamSynchronize waiting forever; device_synchronize
-// polls for NCCL's errors under the watchdog.
+// read) as soon as the call returns, as with memcpy on the CPU. The compute
+// stream may wait for communication (comm.c queues collectives
+// stream-ordered), and a peer that died would leave a plain wait on it
+// waiting forever: so device_synchronize first, which polls for NCCL's
+// errors under the watchdog. Only then the copy: with pageable host memory
+// cudaMemcpyAsync itself waits, unpolled, for the stream ("API
+// synchronization behavior" in the CUDA Runtime API: to pageable memory it
+// "will return only once the copy has completed"; from it "the driver may
+// synchronize with the stream"), and the stream now holds the copy alone.
+static void copy_alone(void* dst, const void* src, size_t bytes, cudaMemcpyKind kind) {
+    device_synchronize();
+    CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, kind, cuda_compute_stream));
+    CUDA_CHECK(cudaStreamSynchronize(cuda_compute_stream));  // the copy only (pinned memory returns at once)
+}
 
 extern "C" void mem_to_device(void* dst_device, const void* src_host, size_t bytes) {
     if (bytes == 0) return;
-    CUDA_CHECK(cudaMemcpyAsync(dst_device, src_host, bytes, cudaMemcpyHostToDevice,
-                               cuda_compute_stream));
-    device_synchronize();
+    copy_alone(dst_device, src_host, bytes, cudaMemcpyHostToDevice);
 }
 
 static __device__ float handshake[4];
@@ -91,9 +106,7 @@ extern "C" float* cuda_handshake_floats(void) {
 
 extern "C" void mem_to_host(void* dst_host, const void* src_device, size_t bytes) {
     if (bytes == 0) return;
-    CUDA_CHECK(cudaMemcpyAsync(dst_host, src_device, bytes, cudaMemcpyDeviceToHost,
-                               cuda_compute_stream));
-    device_synchronize();
+    copy_alone(dst_host, src_device, bytes, cudaMemcpyDeviceToHost);
 }
 
 // Without the wait: from and to pinned memory cudaMemcpyAsync returns at once
@@ -114,9 +127,9 @@ extern "C" void mem_to_host_queued(void* dst_host, const void* src_device, size_
 // in the CUDA Runtime API). With pinned memory cudaMemcpyAsync may return
 // before the copy is done: the device_synchronize in mem_to_device and
 // mem_to_host is what lets a caller reuse the buffer at once. Freed after
-// a polled device_synchronize, as device_raw_free does: no queued work
-// reads the block after it (every copy waits anyway), and cudaFreeHost
-// cannot hang on a collective stuck on a dead peer.
+// every stream's polled wait, as device_raw_free's: no queued work reads
+// the block after it (every copy waits anyway), and cudaFreeHost cannot
+// hang on an operation stuck on a dead peer.
 extern "C" void* mem_alloc_host(size_t bytes) {
     if (!cuda_compute_stream)
         FATAL("mem_alloc_host(%zu bytes) before device_init: a pinned block would belong to GPU 0's context", bytes);
@@ -127,7 +140,7 @@ extern "C" void* mem_alloc_host(size_t bytes) {
 
 extern "C" void mem_free_host(void* ptr) {
     if (!ptr) return;
-    device_synchronize();
+    all_streams_wait();
     CUDA_CHECK(cudaFreeHost(ptr));
 }
 

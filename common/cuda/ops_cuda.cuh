@@ -42,9 +42,12 @@ extern "C" {
 #define THREADS 256
 
 // Blocks for a grid-stride loop over n elements: enough to fill any GPU,
-// never more than the x-dimension limit cares about.
+// never more than the x-dimension limit cares about, and at least one (a
+// launch of 0 blocks is an error, cudaErrorInvalidConfiguration; the loop
+// runs no turn for n = 0, as the CPU twin's).
 inline unsigned grid_for(size_t n) {
     size_t blocks = (n + THREADS - 1) / THREADS;
+    if (blocks == 0) blocks = 1;
     return (unsigned)(blocks < 65535 ? blocks : 65535);
 }
 
