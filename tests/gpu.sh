@@ -199,6 +199,42 @@ if [ $gc_ok = 1 ]; then
 else
     fail "make gpu-check on the CPU build" "${gc_why% ;}; $(tail -12 "$gc_log")"
 fi
+# the sanitizer rows' scoring, through a stand-in for compute-sanitizer
+# (GPU_CHECK_SANITIZER) that runs the program and ends as each tool does:
+# racecheck with "RACECHECK SUMMARY: N hazards displayed (E errors, W
+# warnings)", the others with "ERROR SUMMARY: N errors"; a run it reports
+# a hazard in fails (exit 99, --error-exitcode's)
+gc_san=$TEST_TMPDIR/sanitizer_standin.sh
+cat > "$gc_san" <<'STANDIN'
+#!/bin/bash
+tool=memcheck
+while [ "${1#--}" != "$1" ]; do [ "$1" = --tool ] && tool=$2; shift 2; done
+"$@" > /dev/null; rc=$?
+n=0; [ "${STANDIN_HAZARDS:-0}" != 0 ] && [ "$tool" = "$STANDIN_HAZARDS" ] && n=1 rc=99
+if [ "$tool" = racecheck ]; then echo "========= RACECHECK SUMMARY: $n hazards displayed ($n errors, 0 warnings)"
+else echo "========= ERROR SUMMARY: $n errors"; fi
+exit $rc
+STANDIN
+chmod +x "$gc_san"
+for k in memcheck racecheck initcheck synccheck; do echo "$k | 1 | stand-in $k | chapter-0 --steps 0 | | 60"; done > "$gc_cases.san"
+gc_out=$TEST_TMPDIR/gpu_check_san gc_log=$TEST_TMPDIR/gpu_check_san.out
+env -u TEST_COUNTS GPU_CHECK_SANITIZER="$gc_san" GPU_CHECK_BACKEND=cpu GPU_CHECK_CASES="$gc_cases.san" GPU_CHECK_OUT="$gc_out" \
+    timeout -k 10 $T_RUN bash tests/gpu_check.sh > "$gc_log" 2>&1
+gc_rc=$? gc_ok=1 gc_why=""
+for k in memcheck initcheck synccheck; do gc_need "^PASS +1 +stand-in $k .*ERROR SUMMARY: 0 errors"; done
+gc_need '^PASS +1 +stand-in racecheck .*RACECHECK SUMMARY: 0 hazards displayed'
+gc_need '^4 passed, 0 failed, 0 skipped$'
+[ $gc_rc = 0 ] || { gc_ok=0; gc_why="$gc_why exit $gc_rc, not 0;"; }
+gc_out=$TEST_TMPDIR/gpu_check_san2 gc_log=$TEST_TMPDIR/gpu_check_san2.out
+env -u TEST_COUNTS STANDIN_HAZARDS=racecheck GPU_CHECK_SANITIZER="$gc_san" GPU_CHECK_BACKEND=cpu GPU_CHECK_CASES="$gc_cases.san" \
+    GPU_CHECK_OUT="$gc_out" timeout -k 10 $T_RUN bash tests/gpu_check.sh > "$gc_log" 2>&1
+gc_need '^FAIL +1 +stand-in racecheck .*RACECHECK SUMMARY: 1 hazards displayed'
+gc_need '^3 passed, 1 failed, 0 skipped$'
+if [ $gc_ok = 1 ]; then
+    pass "make gpu-check's sanitizer rows: each tool's own summary line read (racecheck's 'RACECHECK SUMMARY: 0 hazards', the others' 'ERROR SUMMARY: 0 errors'), a reported hazard a FAIL"
+else
+    fail "make gpu-check's sanitizer rows" "${gc_why% ;}; $(tail -8 "$gc_log")"
+fi
 # ... and where gdb reads no stack (GPU_CHECK_GDB=false, as in a container
 # without ptrace), each rank's main thread from /proc: its wait channel, and
 # where the kernel lets us read it, rank 0's kernel stack in the pipe's open

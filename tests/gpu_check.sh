@@ -474,8 +474,11 @@ while IFS='|' read -r kind np name cmd envs lim; do
         note="$(grep -c '^PASS' "$out") PASS, $(grep -c '^FAIL' "$out") FAIL"
         [ $RC = 0 ] && ! grep -q '^FAIL' "$out" && ok=1 ;;
     memcheck|racecheck|initcheck|synccheck)
-        note=$(grep -o 'ERROR SUMMARY: .*' "$out" | tail -1)
-        [ $RC = 0 ] && echo "$note" | grep -q 'ERROR SUMMARY: 0 errors' && ok=1 ;;
+        # memcheck, initcheck and synccheck end with "ERROR SUMMARY: N
+        # errors"; racecheck with its own "RACECHECK SUMMARY: N hazards
+        # displayed (E errors, W warnings)"
+        note=$(grep -oE '(ERROR|RACECHECK) SUMMARY: .*' "$out" | tail -1)
+        [ $RC = 0 ] && echo "$note" | grep -qE '^(ERROR SUMMARY: 0 errors|RACECHECK SUMMARY: 0 hazards)' && ok=1 ;;
     kill)
         # the job ends (not a hang, not exit 0), and it was the kill that ended it
         if [ $RC != 0 ] && [ $RC != 124 ] && grep -q CKPT_KILL "$out"; then ok=1; note="ended with exit $RC"; fi ;;
