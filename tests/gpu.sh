@@ -11,7 +11,7 @@ echo "== GPU"
 # nvidia-smi lists a GPU and say "skipped" elsewhere.
 CUDA_BUILD=$BUILD/cuda  # the Makefile's BIN for BACKEND=cuda under BUILD
 nvcc_path=$(command -v nvcc 2>/dev/null || ls /usr/local/cuda/bin/nvcc 2>/dev/null)
-gpus=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU')
+gpus=$(visible_gpus)
 cuda_built=0
 if [ -z "$nvcc_path" ]; then
     skip "CUDA backend build" "nvcc not found"
@@ -24,7 +24,7 @@ else
 fi
 # the reason a GPU check cannot run here, or nothing when it can
 gpu_missing=""
-if [ "$gpus" = 0 ]; then gpu_missing="no GPU here (nvidia-smi -L lists none)"
+if [ "$gpus" = 0 ]; then gpu_missing="no GPU here (nvidia-smi -L lists none, or CUDA_VISIBLE_DEVICES hides them)"
 elif [ $cuda_built = 0 ]; then gpu_missing="the CUDA backend was not built (see above)"
 fi
 

@@ -175,11 +175,10 @@ if [ "$BACKEND" = cpu ]; then
     echo "GPU_CHECK_BACKEND=cpu: the GPU cases run on the CPU build (the harness, not the GPU, is checked)"
 elif [ "$BACKEND" = cuda ]; then
     DEV=$BUILD/cuda  # the Makefile's BIN for BACKEND=cuda under BUILD
-    gpus=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU')
-    gpus=${gpus:-0}
+    gpus=$(visible_gpus)  # tests/lib.sh: CUDA_VISIBLE_DEVICES counts
     if [ "$gpus" = 0 ]; then
-        missing="no GPU here (nvidia-smi -L lists none)"
-        echo "no GPU on this machine (nvidia-smi -L lists none): every case is skipped (GPU_CHECK_BACKEND=cpu runs them on the CPU)"
+        missing="no GPU here (nvidia-smi -L lists none, or CUDA_VISIBLE_DEVICES hides them)"
+        echo "no GPU here (nvidia-smi -L lists none, or CUDA_VISIBLE_DEVICES hides them): every case is skipped (GPU_CHECK_BACKEND=cpu runs them on the CPU)"
     elif ! make --no-print-directory -j"$(nproc 2>/dev/null || echo 2)" BUILD="$BUILD" BACKEND=cuda all \
             "$DEV/tests/test_ops" "$DEV/tests/test_comm" "$DEV/tests/test_fsdp" >"$OUT_DIR/cuda-build.log" 2>&1; then
         fail "CUDA build" "$(grep -E 'error' "$OUT_DIR/cuda-build.log" | head -3)"

@@ -52,6 +52,20 @@ finish() {
     [ $failed -eq 0 ]
 }
 
+# The GPUs this process may use: nvidia-smi -L lists the node's, and
+# CUDA_VISIBLE_DEVICES, where set, narrows them to its entries (an empty
+# value: none). 0 without nvidia-smi.
+visible_gpus() {
+    local n
+    n=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU')
+    if [ -n "${CUDA_VISIBLE_DEVICES+set}" ]; then
+        local listed
+        listed=$(echo "$CUDA_VISIBLE_DEVICES" | tr ',' '\n' | grep -c .)
+        [ "$listed" -lt "$n" ] && n=$listed
+    fi
+    echo "${n:-0}"
+}
+
 # Per-call limits of an MPI run, in seconds. A hang (a rank waiting for a
 # collective another rank never calls) fails after the limit instead of
 # stopping the suite. Generous: 8 ranks on a loaded 2-core machine start

@@ -14,6 +14,10 @@
 #include <cublas_v2.h>
 #include <cuda_runtime.h>
 #include <nccl.h>
+// ncclCommSplit, which makes comm.c's point-to-point channels, came with 2.18
+#if NCCL_VERSION_CODE < NCCL_VERSION(2, 18, 0)
+#error "the CUDA backend needs NCCL 2.18 or later (ncclCommSplit): docs/cuda.md, section 2"
+#endif
 #include <stddef.h>
 #include <stdint.h>
 
