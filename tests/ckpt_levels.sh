@@ -98,6 +98,14 @@ fi
 rm -rf "$LV/x3b/node-1" "$LV/x3b/node-2"
 error_case chapter-3 3 "--dp 3 --zero 3 $LVF --ckpt-local $LV/x3b --ranks-per-node 1 --resume $LV/x3b" \
     "cannot rebuild rank-00001.bin of node 1 from the xor parity: rank-00002.bin of node 2, in the same xor group, is lost too"
+# the refusal empties every node's lock (a run that ends leaves none to call stale)
+local locks
+locks=$(cat "$LV"/x3b/node-*/.lock 2>/dev/null)
+if ls "$LV"/x3b/node-*/.lock >/dev/null 2>&1 && [ -z "$locks" ]; then
+    pass "levels: the refused level-1 resume leaves its nodes' .lock files empty"
+else
+    fail "levels: the refused level-1 resume's locks" "$(ls "$LV"/x3b/node-*/.lock 2>&1 | head -3); text: $locks"
+fi
 }
 
 # --- partner copies (chapter 2: rank 0 alone has a file, its copy on node 1)
