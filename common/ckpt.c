@@ -499,16 +499,19 @@ static void restore_scratch_remove(void) {
     if (restore_scratch[0]) ckpt_remove_dir(restore_scratch);
     restore_scratch[0] = 0;
 }
-// fail_if_any for the resume (ckpt_levels.h) once scratch directories exist: if any rank
-// failed, every rank removes its own first, and lets go of the directories
-// it locked (a refused resume leaves no lock text for the next run to call
-// stale). The exit handler alone is not enough: once the failing rank has
-// exited, mpirun ends the ranks still in fail_if_any's MPI_Finalize before
-// their exit handlers run.
+// fail_if_any for the resume (ckpt_levels.h) once scratch directories
+// exist: if any rank failed, every rank removes its own first, and lets go
+// of the directories it locked (a refused resume leaves no lock text for
+// the next run to call stale). The exit handler alone is not enough: once
+// the failing rank has exited, mpirun ends the ranks still in fail_if_any's
+// MPI_Finalize before their exit handlers run.
 void ckpt_resume_fail_if_any(Ckpt* c, int failed, const char* msg) {
     int any = 0;
     MPI_CHECK(MPI_Allreduce(&failed, &any, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD));
-    if (any) restore_scratch_remove(), release_locks(c);
+    if (any) {
+        restore_scratch_remove();
+        release_locks(c);
+    }
     fail_if_any(failed, msg);
 }
 static void restore_scratch_keep(const char* dir) {
