@@ -499,13 +499,13 @@ static void restore_scratch_remove(void) {
     if (restore_scratch[0]) ckpt_remove_dir(restore_scratch);
     restore_scratch[0] = 0;
 }
-// fail_if_any for the resume (ckpt_levels.h) once scratch directories
+// fail_if_any for the resume once scratch directories
 // exist: if any rank failed, every rank removes its own first, and lets go
 // of the directories it locked (a refused resume leaves no lock text for
 // the next run to call stale). The exit handler alone is not enough: once
 // the failing rank has exited, mpirun ends the ranks still in fail_if_any's
 // MPI_Finalize before their exit handlers run.
-void ckpt_resume_fail_if_any(Ckpt* c, int failed, const char* msg) {
+static void resume_fail_if_any(Ckpt* c, int failed, const char* msg) {
     int any = 0;
     MPI_CHECK(MPI_Allreduce(&failed, &any, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD));
     if (any) {
@@ -688,7 +688,7 @@ int ckpt_resume(Ckpt* c) {
     } else {
         restore_scratch_keep(scratch);
     }
-    ckpt_resume_fail_if_any(c, bad != NULL, bad);
+    resume_fail_if_any(c, bad != NULL, bad);
     if (c->local) {
         char dir1[4096], report[2048] = "", why[ERROR_MAX] = "";
         int step1 = ckpt_local_pick(c, have3[1], &m, scratch, dir1, sizeof(dir1), report, sizeof(report), why, sizeof(why));
@@ -716,18 +716,18 @@ int ckpt_resume(Ckpt* c) {
                  c->resume);
         bad = msg;
     }
-    ckpt_resume_fail_if_any(c, bad != NULL, bad);
+    resume_fail_if_any(c, bad != NULL, bad);
     if (!level1) {
         MPI_CHECK(MPI_Bcast(dir, sizeof(dir), MPI_CHAR, 0, MPI_COMM_WORLD));
         bad = ckpt_read_manifest(dir, c, &m, msg, sizeof(msg));
-        ckpt_resume_fail_if_any(c, bad != NULL, bad);
+        resume_fail_if_any(c, bad != NULL, bad);
     }
     if (m.B != c->B || m.T != c->T) {
         snprintf(msg, sizeof(msg), "checkpoint '%s' was trained with batch %d x %d; this run has %d x %d: resume with --batch %d --seq %d (the data position and the losses depend on them)",
                  dir, m.B, m.T, c->B, c->T, m.B, m.T);
         bad = msg;
     }
-    ckpt_resume_fail_if_any(c, bad != NULL, bad);
+    resume_fail_if_any(c, bad != NULL, bad);
     if (!m.has_run_id || m.run_id != c->run_id)
         print0("note: checkpoint '%s' is another run's (%s): continuing from it, as --resume asks; this run's saves record this run\n",
                dir, m.has_run_id ? "other data or settings than this run's" : "it records no run");
@@ -751,7 +751,7 @@ int ckpt_resume(Ckpt* c) {
     // its scratch directory
     if (m.base_step >= 0) {
         bad = chain_check(c, dir, &m, use, msg, sizeof(msg));
-        ckpt_resume_fail_if_any(c, bad != NULL, bad);
+        resume_fail_if_any(c, bad != NULL, bad);
     }
     if (m.base_step >= 0)
         for (int f = 0; f < m.n_files && !bad; f++)
@@ -760,7 +760,7 @@ int ckpt_resume(Ckpt* c) {
     // byte anywhere is found; level 1: its node's first rank checked it
     for (int f = 0; f < m.n_files && !bad; f++)
         if (use[f] || (!level1 && f % c->world == c->rank)) bad = ckpt_verify_file(&m, f, msg, sizeof(msg));
-    ckpt_resume_fail_if_any(c, bad != NULL, bad);
+    resume_fail_if_any(c, bad != NULL, bad);
     // the reads: each needed slice assembled in a host buffer from every
     // saved slice it overlaps, then copied to the device
     size_t max_floats = 0;
@@ -804,7 +804,7 @@ int ckpt_resume(Ckpt* c) {
     free(stage);
     free(use);
     ckpt_manifest_free(&m);
-    ckpt_resume_fail_if_any(c, bad != NULL, bad);
+    resume_fail_if_any(c, bad != NULL, bad);
     c->start_step = m.step;
     c->load_s = now_seconds() - t0;
     if (level1) {

@@ -520,7 +520,7 @@ int ckpt_local_pick(Ckpt* c, int floor, CkptManifest* m, const char* scratch, ch
         size_t sizes[2] = {text_len, 0};
         ckpt_write_parts(mpath, parts, sizes, 0, &wrote);
         const char* bad = wrote.err[0] ? wrote.err : ckpt_read_manifest(scratch, c, m, msg, sizeof(msg));
-        ckpt_resume_fail_if_any(c, bad != NULL, bad);
+        fail_if_any(bad != NULL, bad);
         snprintf(dir, dir_len, "%s/node-%d/step-%08d", c->local, c->node_of[from], step);
         // what each node holds: its first rank checks every file and parity
         // the manifest names in its own directory
@@ -657,6 +657,6 @@ void ckpt_local_fetch(Ckpt* c, CkptManifest* m, const int* use, const char* scra
         }
     free(want);
     free(wants);
-    ckpt_resume_fail_if_any(c, msg[0] != 0, msg);
+    fail_if_any(msg[0] != 0, msg);
 }
 

@@ -22,9 +22,5 @@ int ckpt_local_pick(Ckpt* c, int floor, CkptManifest* m, const char* scratch, ch
 // The files this rank reads that its node lacks, from a rank whose node
 // has them, into scratch. Collective.
 void ckpt_local_fetch(Ckpt* c, CkptManifest* m, const int* use, const char* scratch);
-// ckpt.c's refusal of a resume, these two's too: when any rank fails, every
-// rank removes its scratch directory and empties the locks it holds, then
-// fail_if_any. Collective.
-void ckpt_resume_fail_if_any(Ckpt* c, int failed, const char* msg);
 
 #endif
