@@ -239,13 +239,19 @@ $(BUILD)/tests/$(1): $(BUILD)/obj/cpu/tests/$(1).o $(patsubst %,$(BUILD)/obj/cpu
 $(BUILD)/obj/cpu/tests/$(1).o: CFLAGS += $(patsubst %,-I%,$(sort $(dir $(call test_modules,$(1)))))
 endef
 $(foreach t,$(TESTS),$(eval $(call TEST_RULE,$(t))))
-tests: $(addprefix $(BUILD)/tests/,$(TESTS)) $(BUILD)/tests/libyield_sleep.so $(BUILD)/tests/topology_xml
+tests: $(addprefix $(BUILD)/tests/,$(TESTS)) $(BUILD)/tests/libyield_sleep.so $(BUILD)/tests/libfail_create.so \
+       $(BUILD)/tests/topology_xml
 # the test runner's sched_yield (tests/yield_sleep.c says why), preloaded into
 # the ranks by tests/lib.sh: built without OPT, so a sanitized build's copy
 # does not carry the sanitizer runtime (which must come first when preloaded)
 $(BUILD)/tests/libyield_sleep.so: tests/yield_sleep.c
 	@mkdir -p $(dir $@)
 	$(CC) -O2 -shared -fPIC -o $@ $<
+# a full disk for the files a test names (tests/fail_create.c), preloaded
+# into two runs by tests/ckpt_levels.sh; built without OPT, as the one above
+$(BUILD)/tests/libfail_create.so: tests/fail_create.c
+	@mkdir -p $(dir $@)
+	$(CC) -O2 -shared -fPIC -o $@ $< -ldl
 # the machine's topology as a file for the test runs' mpirun (tests/topology_xml.c
 # says why); hwloc comes with Open MPI's development package
 $(BUILD)/tests/topology_xml: tests/topology_xml.c

@@ -690,8 +690,10 @@ int ckpt_resume(Ckpt* c) {
     }
     resume_fail_if_any(c, bad != NULL, bad);
     if (c->local) {
-        char dir1[4096], report[2048] = "", why[ERROR_MAX] = "";
-        int step1 = ckpt_local_pick(c, have3[1], &m, scratch, dir1, sizeof(dir1), report, sizeof(report), why, sizeof(why));
+        char dir1[4096], report[2048] = "", why[ERROR_MAX] = "", err[ERROR_MAX] = "";
+        int step1 = ckpt_local_pick(c, have3[1], &m, scratch, dir1, sizeof(dir1), report, sizeof(report), why, sizeof(why),
+                                    err, sizeof(err));
+        resume_fail_if_any(c, err[0] != 0, err);
         level1 = step1 >= 0;
         if (level1) {
             snprintf(dir, sizeof(dir), "%s", dir1);
@@ -745,7 +747,10 @@ int ckpt_resume(Ckpt* c) {
         }
     // level 1: the files this rank reads that its node lacks come from a
     // rank whose node has them (every file was checked on its node)
-    if (level1) ckpt_local_fetch(c, &m, use, scratch);
+    if (level1) {
+        bad = ckpt_local_fetch(c, &m, use, scratch, msg, sizeof(msg));
+        resume_fail_if_any(c, bad != NULL, bad);
+    }
     // an incremental save: the chain checked first, on every rank, then the
     // full files this rank reads or checks restored from their deltas into
     // its scratch directory

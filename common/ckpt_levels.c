@@ -478,9 +478,11 @@ static int xor_rebuild(Ckpt* c, CkptManifest* m, int x, int fx, int step, const 
 // in scratch), with each file's path on this rank's node where its node
 // holds it (NULL where not), the rank that serves each file in m->holder;
 // what was found and rebuilt in report. -1 if none; why says what the newest
-// unusable one lacked. Collective; the same answer on every rank.
+// unusable one lacked. -1 too when this run cannot copy a manifest into
+// scratch: err says why on the ranks that failed (empty on the others).
+// Collective; the same answer on every rank.
 int ckpt_local_pick(Ckpt* c, int floor, CkptManifest* m, const char* scratch, char* dir, size_t dir_len, char* report,
-                      size_t report_len, char* why, size_t why_len) {
+                    size_t report_len, char* why, size_t why_len, char* err, size_t err_len) {
     int leader = node_leader(c, c->node) == c->rank;
     int picked = -1, below = INT_MAX;
     char msg[ERROR_MAX];
@@ -520,7 +522,15 @@ int ckpt_local_pick(Ckpt* c, int floor, CkptManifest* m, const char* scratch, ch
         size_t sizes[2] = {text_len, 0};
         ckpt_write_parts(mpath, parts, sizes, 0, &wrote);
         const char* bad = wrote.err[0] ? wrote.err : ckpt_read_manifest(scratch, c, m, msg, sizeof(msg));
-        fail_if_any(bad != NULL, bad);
+        // refused on every rank if on any: the caller's refusal (ckpt.c)
+        // speaks and lets go of the locks
+        int failed = bad != NULL, any = 0;
+        MPI_CHECK(MPI_Allreduce(&failed, &any, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD));
+        if (any) {
+            if (bad) snprintf(err, err_len, "%s", bad);
+            free(text);
+            return -1;
+        }
         snprintf(dir, dir_len, "%s/node-%d/step-%08d", c->local, c->node_of[from], step);
         // what each node holds: its first rank checks every file and parity
         // the manifest names in its own directory
@@ -620,14 +630,15 @@ int ckpt_local_pick(Ckpt* c, int floor, CkptManifest* m, const char* scratch, ch
 // The files this rank reads (use) that its node does not hold: each comes
 // from its server (m->holder) into scratch. Every rank walks the same
 // (file, rank) list in the same order, so each send meets its receive.
-// Collective.
-void ckpt_local_fetch(Ckpt* c, CkptManifest* m, const int* use, const char* scratch) {
+// NULL, or (in msg) why this rank could not write a file it received: the
+// caller refuses the resume (ckpt.c). Collective.
+const char* ckpt_local_fetch(Ckpt* c, CkptManifest* m, const int* use, const char* scratch, char* msg, size_t msg_len) {
     int n = m->n_files;
     int* want = xcalloc((size_t)n + 1, sizeof(int));
     for (int f = 0; f < n; f++) want[f] = use[f] && !m->files[f].path;
     int* wants = xmalloc(sizeof(int) * ((size_t)n + 1) * (size_t)c->world);
     MPI_CHECK(MPI_Allgather(want, n + 1, MPI_INT, wants, n + 1, MPI_INT, MPI_COMM_WORLD));
-    char msg[ERROR_MAX] = "";
+    msg[0] = 0;
     for (int f = 0; f < n; f++)
         for (int q = 0; q < c->world; q++) {
             if (!wants[(size_t)q * (n + 1) + f]) continue;
@@ -651,12 +662,12 @@ void ckpt_local_fetch(Ckpt* c, CkptManifest* m, const int* use, const char* scra
                 size_t sizes[2] = {bytes, 0};
                 CkptFileOut out;
                 ckpt_write_parts(m->files[f].path, parts, sizes, 0, &out);
-                if (out.err[0] && !msg[0]) snprintf(msg, sizeof(msg), "%s", out.err);
+                if (out.err[0] && !msg[0]) snprintf(msg, msg_len, "%s", out.err);
                 free(buf);
             }
         }
     free(want);
     free(wants);
-    fail_if_any(msg[0] != 0, msg);
+    return msg[0] ? msg : NULL;
 }
 

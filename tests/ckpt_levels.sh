@@ -312,7 +312,30 @@ else
 fi
 }
 
+# --- a level-1 resume that cannot write into its scratch directory (a full
+# disk there: tests/fail_create.c), first the manifest's copy, then a file
+# fetched from the other node (chapter 3's ZeRO-3 files read by chapter 2):
+# refused with the file named, every node's .lock empty, no scratch left
+lv_scratch() {
+local what locks left lib
+lib=$(cd "$BUILD/tests" && pwd)/libfail_create.so
+lv_run sf 2 3 --dp 2 --zero 3 --ckpt-local "$LV/sf" --local-every 4 --ranks-per-node 1
+for what in MANIFEST rank-00001.bin; do
+    rm -rf "$LV/sft" && mkdir -p "$LV/sft"
+    TMPDIR=$LV/sft TEST_FAIL_CREATE="*/ckpt-restore-*/$what" LD_PRELOAD=$lib \
+        error_case chapter-2 2 "--dp 2 $LVF --ckpt-local $LV/sf --ranks-per-node 1 --resume $LV/sf" "/$what': No space left on device"
+    locks=$(cat "$LV"/sf/node-*/.lock 2>/dev/null)
+    left=$(ls "$LV/sft")
+    if ls "$LV"/sf/node-*/.lock >/dev/null 2>&1 && [ -z "$locks" ] && [ -z "$left" ]; then
+        pass "levels: a level-1 resume refused at its scratch copy of $what leaves the .lock files empty and no scratch directory"
+    else
+        fail "levels: the scratch refusal at $what" "lock text: ${locks:-none}; left in TMPDIR: ${left:-nothing}"
+    fi
+done
+}
+
 jobs_run lv_inc
+jobs_run lv_scratch
 jobs_run lv_xor2
 jobs_run lv_xor3
 jobs_run lv_partner
