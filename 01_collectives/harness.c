@@ -130,6 +130,45 @@ long count_wrong(const Comm* c, Algorithm a, const Buffers* b, const float* out,
     return (long)total;
 }
 
+// The floats rank r lacks of algorithm a's result (n as in Buffers): any
+// algorithm made of messages receives at least that much, since every one
+// of them depends on data only other ranks hold (a partial sum may carry
+// many ranks' terms, but still one float per element it covers).
+static double floats_lacked(Algorithm a, size_t n, int p, int r, int root) {
+    if (p == 1) return 0.0;
+    switch (a) {
+        case ALG_ALLREDUCE_RING:
+        case ALG_ALLREDUCE_DOUBLING: return (double)n;
+        case ALG_REDUCE_SCATTER: return (double)chunk_size(n, p, r);
+        case ALG_ALLGATHER: return (double)(n - chunk_size(n, p, r));
+        case ALG_BROADCAST: return r == root ? 0.0 : (double)n;
+        case ALG_REDUCE: return r == root ? (double)n : 0.0;
+        case ALG_SCATTER: return r == root ? 0.0 : (double)(n / p);
+        case ALG_GATHER: return r == root ? (double)(n - n / p) : 0.0;
+        case ALG_ALLTOALL: return (double)(n - n / p);
+        default: return 0.0;
+    }
+}
+
+int check_point_to_point(const Comm* c, Algorithm a, size_t n, int root) {
+    double received = comm_count(COLL_RECV, c->axis).bytes / sizeof(float), lacked = floats_lacked(a, n, c->size, c->rank, root);
+    double collectives = 0.0;
+    for (int k = 0; k < NUM_COLLECTIVES; k++)
+        if (k != COLL_SEND && k != COLL_RECV && k != COLL_BARRIER) collectives += comm_count((Collective)k, c->axis).calls;
+    int failed = received < lacked || collectives > 0;
+    // the lowest failing rank's figures to rank 0 (through MPI itself, as count_wrong)
+    int me = failed ? c->rank : c->size, first = c->size;
+    MPI_CHECK(MPI_Allreduce(&me, &first, 1, MPI_INT, MPI_MIN, c->mpi));
+    if (first == c->size) return 1;
+    double figures[3] = {received, lacked, collectives};
+    MPI_CHECK(MPI_Bcast(figures, 3, MPI_DOUBLE, first, c->mpi));
+    print0("  FAIL %s n=%zu root=%d: rank %d received %.0f floats by point-to-point (comm_send, comm_recv, "
+           "comm_sendrecv) and ran %.0f collectives of the comm layer; an algorithm made of messages receives at "
+           "least the %.0f it lacks, and calls no collective (the library's, MPI's own included, is not the exercise)\n",
+           alg_names[a], n, root, first, figures[0], figures[2], figures[1]);
+    return 0;
+}
+
 // ---------------------------------------------------------------- checks of the library's own forms
 
 // All-to-all-v: every pair of ranks has its own count, 0 included. The

@@ -49,6 +49,12 @@ void buffers_fill(Buffers* b, int rank, int random);
 // p * FLT_EPSILON * (sum of |terms|), at least twice the first-order bound
 // of p - 1 additions in any order. Collective.
 long count_wrong(const Comm* c, Algorithm a, const Buffers* b, const float* out, int root);
+// 1 when the hand-written run of a just done (its messages counted since
+// comm_counts_reset) moved its data by the comm layer's point-to-point
+// calls: no rank ran a collective (comm_*'s; MPI's own moves floats this
+// count never sees) and each received at least the floats it lacked of the
+// result. Else a FAIL line from rank 0 and 0. Collective.
+int check_point_to_point(const Comm* c, Algorithm a, size_t n, int root);
 
 // ---------------------------------------------------------------- checks of the library's own forms
 // Each returns 1 when every rank passed (collective), and prints a FAIL line

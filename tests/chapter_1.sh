@@ -104,6 +104,9 @@ jobs_run error_case chapter-1 2 "--max-bytes 12Q" "is not a size"
 jobs_run error_case chapter-1 2 "--max-bytes 64.9" "--max-bytes '64.9' is not a size from 4 to 1G"
 jobs_run error_case chapter-1 2 "--min-bytes 0x40" "--min-bytes '0x40' is not a size from 4 to 1G"
 jobs_run error_case chapter-1 1 "--bench --min-bytes 1M --max-bytes 1K" "larger than --max-bytes"
+# --threads as every chapter checks it (common/args.c)
+jobs_run error_case chapter-1 2 "--check --op broadcast --threads -5" "--threads must be between 0 (cores / ranks) and 1024"
+jobs_run error_case chapter-1 1 "--check --op broadcast --threads 100000" "--threads must be between 0 (cores / ranks) and 1024"
 jobs_run help_case chapter-1 "--trace"
 jobs_wait  # independent: 2 at a time (jobs_run, tests/lib.sh)
 

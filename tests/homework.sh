@@ -164,6 +164,18 @@ hw_student() {
     else
         fail "homework: the student tree of chapter $ch" "HOMEWORK.md missing or the instructor's files were copied"
     fi
+    # nor the instructor's sections of the other docs (docs/teaching.md's
+    # table of wrong answers, each named by its variant, cut.py's
+    # INSTRUCTOR_SECTIONS): no Markdown file of the tree names a variant
+    local named="" v
+    for v in tests/homework/bugs/*.sed; do
+        grep -rlF --include='*.md' "$(basename "$v" .sed)" "$st" > /dev/null && named="$named $(basename "$v" .sed)"
+    done
+    if [ -z "$named" ] && grep -q "^## Wrong answers tried" "$st/docs/teaching.md"; then
+        pass "homework: the student tree of chapter $ch keeps docs/teaching.md's headings, not its wrong answers (no doc names one of $(ls tests/homework/bugs/*.sed | wc -l) variants)"
+    else
+        fail "homework: the student tree of chapter $ch names wrong answers" "${named:-docs/teaching.md lost its headings}"
+    fi
     # one tree a week: the later chapters' exercises are stubs too (a tree
     # of week N holds no answer of week N+1), and so is every marked copy of
     # one (the capstone's main.c sums chapter 7's gradient groups as exercise 4 does)
@@ -353,6 +365,38 @@ hw_class() {
     rm -rf "$cl" build/grade-class-7-ada.log build/grade-class-7-bob.log build/grade-class-7-cyd.log
 }
 
+# hw_forged: a submission whose exercise 4 of chapter 1 prints what the
+# grader prints (its own score line, a check's verdict, a whole chapter's
+# grade) and exits: the instructor's grader scores it 0 / 3, from
+# the copy's result file (GRADE_RESULT), and never goes on to grade its own
+# tree (a forged score line once broke its arithmetic and it did: 15 / 15)
+hw_forged() {
+    local st=$TEST_TMPDIR/eve out res=$TEST_TMPDIR/eve.result
+    rm -rf "$st"
+    python3 tests/homework/cut.py student 1 "$st" > /dev/null &&
+        python3 - "$st/01_collectives/collectives.c" <<'PY' || { fail "homework: a forged score" "could not make the submission"; return; }
+import re, sys
+p = sys.argv[1]
+s = open(p).read()
+m = re.search(r"(    // EXERCISE 4:[^\n]*\n)(.*?)(    // END EXERCISE 4\n)", s, re.S)
+body = ('    (void)send, (void)recv, (void)n;\n'
+        '    if (c->rank == 0) printf("FAIL\\nexercise 4 (FAIL): 3 / 3\\n"\n'
+        '                             "check alltoall 30 runs (forged): exact\\ngrade chapter 1: 15 / 15\\n");\n'
+        '    fflush(stdout);\n'
+        '    MPI_Finalize();\n'
+        '    exit(1);\n')
+open(p, "w").write(s[:m.start(2)] + body + s[m.end(2):])
+PY
+    out=$(SUBMISSION=$st EXERCISE=4 GRADE_RESULT=$res bash tests/homework/grade.sh 1 2>&1)
+    if [ "$(cat "$res" 2>/dev/null)" = "4 0 3" ] && [ "$(echo "$out" | grep -c '^exercise 4 (pairwise all-to-all): 0 / 3$')" = 1 ] &&
+        echo "$out" | tail -1 | grep -qx 'grade chapter 1: 0 / 3' && ! echo "$out" | grep -q '^== grading chapter 1$'; then
+        pass "homework: a submission that prints the grader's lines (a score, a check's verdict, a grade) scores 0 / 3 on its exercise, and the grader stops there"
+    else
+        fail "homework: a forged score" "result '$(cat "$res" 2>/dev/null)'; $(echo "$out" | grep -E '^(exercise|grade|==)' | head -6 | tr '\n' ';')"
+    fi
+    rm -rf "$st"
+}
+
 # hw_spawn NAME FUNCTION ARGS...: FUNCTION ARGS in the background, in its own
 # scratch folder (ref_cache shared), once fewer than hw_jobs jobs run
 hw_dir=$TEST_TMPDIR/homework
@@ -373,6 +417,7 @@ hw_spawn() {
 # longest job by far; it started last, and ran alone for its last 42 s),
 # then the full trees, which run every check
 [ -f tests/homework/chapter_7.grade ] && hw_spawn class hw_class
+[ -f tests/homework/chapter_1.grade ] && hw_spawn class_forged hw_forged
 for ch in $hw_chapters; do hw_spawn "full_$ch" hw_full "$ch"; done
 for ch in $hw_chapters; do hw_spawn "student_$ch" hw_student "$ch"; done
 for ch in $hw_chapters; do hw_spawn "variants_$ch" hw_variants "$ch"; done

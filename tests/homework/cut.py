@@ -57,6 +57,45 @@ COPY_CLOSE = re.compile(r"^\s*// END COPY OF CHAPTER (\d+) EXERCISE (\d+)\s*$")
 COPY_ANY = re.compile(r"//\s*(END\s+)?COPY OF\b")
 # kept out of a student tree (paths relative to the root)
 INSTRUCTOR_ONLY = ("docs/answers.md", "tests/homework/bugs/")
+# sections of a doc kept out of a student tree, their headings left (the
+# instructor's guide names every wrong answer the grader catches, and what
+# went wrong when the exercises were done: answers of this week and later ones)
+INSTRUCTOR_SECTIONS = {"docs/teaching.md": ("Wrong answers tried, and what catches each",
+                                            "Time, order and points per exercise")}
+
+
+def cut_sections(text, titles):
+    """text without the bodies of its `## title` sections named in titles."""
+    out, skipping = [], False
+    for line in text.split("\n"):
+        if line.startswith("## "):
+            if skipping:
+                out.append("")
+            skipping = line[3:].strip() in titles
+            out.append(line)
+            if skipping:
+                out += ["", "The instructor's copy of this section is not part of a homework tree: it",
+                        "names answers. HOMEWORK.md gives the order of this chapter's exercises."]
+            continue
+        if not skipping:
+            out.append(line)
+    return "\n".join(out)
+
+
+def exercise_order(chapter):
+    """The order column of chapter's row in docs/teaching.md's table of the
+    order in a student's own tree, or None."""
+    in_table = False
+    for line in open(os.path.join(ROOT, "docs", "teaching.md")):
+        if line.startswith("|") and "order in the student's own tree" in line:
+            in_table = True
+        elif in_table and not line.startswith("|"):
+            return None
+        elif in_table:
+            cells = [c.strip() for c in line.strip().strip("|").split("|")]
+            if cells and cells[0] == str(chapter):
+                return cells[-1]
+    return None
 
 
 def chapter_dir(n):
@@ -281,8 +320,9 @@ def homework_md(chapter, exs, maps, later=()):
             "and as its last line `grade chapter %d: S / %d`. Only exercise k:" % (chapter, total),
             "`make grade CHAPTER=%d EXERCISE=k`." % chapter, "",
             "Your own `make grade` runs your whole tree: an exercise's checks also run",
-            "through the exercises they depend on, and stop at those still stubbed",
-            "(docs/teaching.md lists the order). The instructor grades each exercise on",
+            "through the exercises they depend on, and stop at those still stubbed.",
+            "The order: %s." % (exercise_order(chapter) or "any"),
+            "The instructor grades each exercise on",
             "its own, with the other exercises taken from the solution, so partial work",
             "earns its points. Only the lines between an exercise's two markers are",
             "graded: keep all your code there, helpers included.", "",
@@ -454,7 +494,7 @@ def write_student(chapter, dest):
             shutil.copymode(src, dst)
         elif f.endswith(".md"):
             text = open(src).read()
-            new = student_doc(text, maps, solution)
+            new = student_doc(cut_sections(text, INSTRUCTOR_SECTIONS.get(f, ())), maps, solution)
             if new == text:
                 shutil.copy2(src, dst)
             else:

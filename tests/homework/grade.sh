@@ -16,6 +16,10 @@
 #                   exercise on its own: DIR's region k in a copy of this
 #                   tree, the other exercises this tree's solutions
 #   GRADE_NO_BUILD=1  use the programs already built (tests/homework.sh)
+#   GRADE_RESULT=FILE  also write "K GOT POINTS" per exercise graded into
+#                   FILE: the score a grading script reads (grade_class.sh,
+#                   SUBMISSION mode), from the grader itself, never from the
+#                   output of a program under test, which prints what it likes
 #
 # The helpers a .grade file calls (each returns 0 when its check passes):
 #   collective OP NP...         chapter-1 --check --op OP on each NP: exact
@@ -39,6 +43,10 @@ if [ ! -f "$spec" ]; then
     exit 2
 fi
 only=${EXERCISE:-}
+# the result file is the grader's: not in the environment of the programs it runs
+result=${GRADE_RESULT:-}
+unset GRADE_RESULT
+[ -z "$result" ] || : > "$result" || { echo "error: GRADE_RESULT=$result cannot be written" >&2; exit 2; }
 if [ -n "$only" ] && ! grep -q "^exercise $only " "$spec"; then
     echo "error: chapter $chapter has no exercise $only (it has $(sed -n 's/^exercise \([0-9]*\) .*/\1/p' "$spec" | tr '\n' ' '))" >&2
     exit 2
@@ -58,9 +66,11 @@ collective() {
     shift
     for np in "$@"; do
         mpi_run --may-fail $T_RUN "$np" "$BUILD/chapter-1" --check --op "$op"
-        if [ $RC -ne 0 ] || ! echo "$OUT" | grep -q '^check summary: .* match' || echo "$OUT" | grep -q 'FAILED'; then
+        if [ $RC -ne 0 ] || ! echo "$OUT" | grep -q '^check summary: .* match' || echo "$OUT" | grep -q 'FAILED' ||
+            ! echo "$OUT" | grep -qE "^check $op +[0-9]+ runs .*: exact"; then
             program_error
-            echo "  chapter-1 --check --op $op on $np ranks: exit $RC; $(echo "$OUT" | grep -E 'FAIL' | head -3)"
+            echo "  chapter-1 --check --op $op on $np ranks: exit $RC"
+            echo "$OUT" | grep -E 'FAIL' | head -3 | cut -c1-300 | sed 's/^ */    /'
             return 1
         fi
     done
@@ -278,21 +288,29 @@ if [ -n "${SUBMISSION:-}" ]; then
         [ -n "$only" ] && [ "$only" != "$k" ] && continue
         pts=$(sed -n "s/^exercise $k \([0-9]*\) .*/\1/p" "$spec")
         total=$((total + pts))
+        ex_title=$(sed -n "s/^exercise $k [0-9]* \"\(.*\)\"$/\1/p" "$spec")
         file=$(python3 tests/homework/cut.py splice "$chapter" "$k" "$sub" "$iso" 2>&1)
         if [ $? != 0 ]; then
             echo "FAIL exercise $k: $file"
-            echo "exercise $k: 0 / $pts"
+            echo "exercise $k ($ex_title): 0 / $pts"
+            [ -z "$result" ] || echo "$k 0 $pts" >> "$result"
             continue
         fi
         # BUILD=build: the copy's own build dir (a BUILD set outside would
-        # send the student's program over this tree's)
-        out=$(cd "$iso" && env -u SUBMISSION BUILD=build EXERCISE=$k TEST_TMPDIR=$TEST_TMPDIR/iso_$k bash -c 'mkdir -p "$TEST_TMPDIR"; bash tests/homework/grade.sh '"$chapter" 2>&1)
+        # send the student's program over this tree's); the copy's grader
+        # writes its score into inner (GRADE_RESULT above)
+        inner=$TEST_TMPDIR/iso_$k.result
+        rm -f "$inner"
+        out=$(cd "$iso" && env -u SUBMISSION BUILD=build EXERCISE=$k GRADE_RESULT="$inner" TEST_TMPDIR=$TEST_TMPDIR/iso_$k bash -c 'mkdir -p "$TEST_TMPDIR"; bash tests/homework/grade.sh '"$chapter" 2>&1)
         # a compiler message names the copy's file and line: the student's
         # own file and line instead (region k starts at its marker in both)
         rel=${file#"$iso"/}
         at_iso=$(grep -n "^ *// EXERCISE $k:" "$file" | head -1 | cut -d: -f1)
         at_sub=$(grep -n "^ *// EXERCISE $k:" "$sub/$rel" | head -1 | cut -d: -f1)
-        echo "$out" | grep -vE '^(== grading|grade chapter)' |
+        # the copy's checks as it printed them, but for its score lines: the
+        # score is this grader's line below (a line the student's program
+        # printed that looks like one is its output, not a score)
+        echo "$out" | grep -vE '^(== grading|grade chapter)|^exercise [0-9]+ .*: [0-9]+ / [0-9]+$' |
             awk -v f="$rel" -v d=$(( ${at_sub:-0} - ${at_iso:-0} )) -v dir="$sub" '{
                 while (match($0, "(^|[ /])" f ":[0-9]+")) {
                     pre = substr($0, 1, RSTART - 1); m = substr($0, RSTART, RLENGTH); post = substr($0, RSTART + RLENGTH)
@@ -301,8 +319,16 @@ if [ -n "${SUBMISSION:-}" ]; then
                     $0 = pre lead "\001" n post
                 }
                 gsub("\001", dir "/" f ":"); print }'
-        got=$(echo "$out" | sed -n "s/^exercise $k (.*): \([0-9]*\) \/ [0-9]*$/\1/p")
-        score=$((score + ${got:-0}))
+        got=0 rk="" rgot=""
+        [ -f "$inner" ] && read -r rk rgot _ < "$inner"
+        if [ "$rk" = "$k" ] && [[ "$rgot" =~ ^[0-9]+$ ]] && [ "$rgot" -le "$pts" ]; then
+            got=$rgot
+        else
+            echo "FAIL exercise $k: the copy's grader wrote no score (it stopped early: $(echo "$out" | tail -1 | cut -c1-200))"
+        fi
+        echo "exercise $k ($ex_title): $got / $pts"
+        [ -z "$result" ] || echo "$k $got $pts" >> "$result"
+        score=$((score + got))
         # this tree's region back, newer than the student's object
         python3 tests/homework/cut.py splice "$chapter" "$k" "$PWD" "$iso" > /dev/null
         touch "$file"
@@ -310,6 +336,12 @@ if [ -n "${SUBMISSION:-}" ]; then
     rm -rf "$iso"
     echo "grade chapter $chapter: $score / $total"
     exit 0
+fi
+# the block above ends in exit: a shell error that abandons it must stop
+# here, never go on to grade this (the solution's) tree in its place
+if [ -n "${SUBMISSION:-}" ]; then
+    echo "error: grading SUBMISSION=$SUBMISSION stopped early (a shell error above)" >&2
+    exit 2
 fi
 
 echo "== grading chapter $chapter$([ -n "$only" ] && echo ", exercise $only")"
@@ -331,5 +363,6 @@ for k in "${order[@]}"; do
     [ "${ok[$k]}" = 1 ] && got=${points[$k]}
     score=$((score + got)) total=$((total + points[$k]))
     echo "exercise $k (${title[$k]}): $got / ${points[$k]}"
+    [ -z "$result" ] || echo "$k $got ${points[$k]}" >> "$result"
 done
 echo "grade chapter $chapter: $score / $total"
