@@ -394,6 +394,23 @@ PY
     else
         fail "homework: a forged score" "result '$(cat "$res" 2>/dev/null)'; $(echo "$out" | grep -E '^(exercise|grade|==)' | head -6 | tr '\n' ';')"
     fi
+    # the graders' bad input: each a clear error and exit 2 (1 for cut.py), no run
+    local bad=""
+    mkdir -p "$TEST_TMPDIR/noclass" && touch "$TEST_TMPDIR/afile"
+    out=$(EXERCISE='.*' bash tests/homework/grade.sh 1 2>&1)
+    [ $? = 2 ] && echo "$out" | grep -q '^error: chapter 1 has no exercise \.\*' || bad="$bad EXERCISE='.*': $out;"
+    out=$(cd "$st" && SUBMISSION=$st bash tests/homework/grade.sh 1 2>&1)
+    [ $? = 2 ] && echo "$out" | grep -q "^error: SUBMISSION= grades in the instructor's full tree" || bad="$bad SUBMISSION in a student tree: $out;"
+    out=$(bash tests/homework/grade_class.sh 1 "$TEST_TMPDIR/noclass" "$TEST_TMPDIR/noclass.csv" 2>&1)
+    [ $? = 2 ] && echo "$out" | grep -q '^error: SUBMISSIONS=.* holds no folder' && [ ! -e "$TEST_TMPDIR/noclass.csv" ] ||
+        bad="$bad an empty SUBMISSIONS: $out;"
+    out=$(python3 tests/homework/cut.py student 1 "$TEST_TMPDIR/afile/hw" 2>&1)
+    [ $? = 1 ] && echo "$out" | grep -q '^error: DEST=.*afile is a file, not a folder' || bad="$bad DEST through a file: $out;"
+    if [ -z "$bad" ]; then
+        pass "homework: the graders refuse EXERCISE='.*', SUBMISSION= in a student tree, an empty SUBMISSIONS folder and a DEST through a file, each with one error line"
+    else
+        fail "homework: the graders' bad input" "$bad"
+    fi
     rm -rf "$st"
 }
 

@@ -469,6 +469,11 @@ def write_student(chapter, dest):
     if os.path.realpath(dest).startswith(os.path.realpath(ROOT) + os.sep) and not os.path.realpath(dest).startswith(
             os.path.realpath(os.path.join(ROOT, "build")) + os.sep):
         sys.exit("error: DEST=%s lies inside the repository; give a path outside it or under build/" % dest)
+    parent = dest
+    while not os.path.exists(parent):
+        parent = os.path.dirname(parent)
+    if not os.path.isdir(parent):
+        sys.exit("error: DEST=%s: %s is a file, not a folder; give another DEST" % (dest, parent))
     if os.path.exists(dest) and os.listdir(dest):
         sys.exit("error: DEST=%s exists and is not empty; remove it or give another DEST" % dest)
     exs = [dict(e, chapter=chapter) for e in exs]

@@ -47,7 +47,7 @@ only=${EXERCISE:-}
 result=${GRADE_RESULT:-}
 unset GRADE_RESULT
 [ -z "$result" ] || : > "$result" || { echo "error: GRADE_RESULT=$result cannot be written" >&2; exit 2; }
-if [ -n "$only" ] && ! grep -q "^exercise $only " "$spec"; then
+if [ -n "$only" ] && { ! [[ "$only" =~ ^[0-9]+$ ]] || ! grep -q "^exercise $only " "$spec"; }; then
     echo "error: chapter $chapter has no exercise $only (it has $(sed -n 's/^exercise \([0-9]*\) .*/\1/p' "$spec" | tr '\n' ' '))" >&2
     exit 2
 fi
@@ -274,6 +274,12 @@ check() {
 # costs only its own exercise.
 if [ -n "${SUBMISSION:-}" ]; then
     sub=$(cd "$SUBMISSION" 2>/dev/null && pwd) || { echo "error: SUBMISSION=$SUBMISSION is not a folder" >&2; exit 2; }
+    # the instructor's tree only (as grade_class.sh): in a student tree every
+    # region would be graded against that tree's stubs
+    if [ -f HOMEWORK.md ] || [ ! -d tests/homework/bugs ]; then
+        echo "error: SUBMISSION= grades in the instructor's full tree (this one is a student tree: HOMEWORK.md, no tests/homework/bugs/)" >&2
+        exit 2
+    fi
     iso=$TEST_TMPDIR/isolated
     rm -rf "$iso"
     mkdir -p "$iso"

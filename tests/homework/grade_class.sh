@@ -18,6 +18,7 @@ fi
 spec=tests/homework/chapter_$chapter.grade
 [ -f "$spec" ] || { echo "error: chapter $chapter has no grading entries ($spec)" >&2; exit 2; }
 [ -d "$dir" ] || { echo "error: SUBMISSIONS=$dir is not a folder" >&2; exit 2; }
+ls -d "$dir"/*/ > /dev/null 2>&1 || { echo "error: SUBMISSIONS=$dir holds no folder (one student tree per folder)" >&2; exit 2; }
 # the instructor's tree only: in a student tree (HOMEWORK.md at the root,
 # the exercises stubbed) every region spliced into it would be graded
 # against stubs, and a complete submission would score 0
