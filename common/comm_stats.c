@@ -54,6 +54,14 @@ void comm_tally_bytes(const Comm* c, Collective coll, double bytes, double bus_b
     k->bus_bytes += bus_bytes;
 }
 
+void comm_tally_calls(const Comm* c, Collective coll, double calls, double bytes, double bus_bytes) {
+    if (quiet || calls <= 0) return;
+    CommCount* k = &counts[coll][c->axis];
+    k->calls += calls;
+    k->bytes += calls * bytes;
+    k->bus_bytes += calls * bus_bytes;
+}
+
 double comm_ring_factor(const Comm* c) { return c->size > 1 ? (double)(c->size - 1) / c->size : 0.0; }
 
 void comm_add_wait(double seconds) {

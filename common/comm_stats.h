@@ -15,6 +15,10 @@
 void comm_tally(const Comm* c, Collective coll, size_t bytes, double factor);
 // Counts bytes sent and bus bytes separately (all-to-all-v: what leaves the rank).
 void comm_tally_bytes(const Comm* c, Collective coll, double bytes, double bus_bytes);
+// Counts `calls` identical calls at once, each of bytes and bus bytes
+// (not traced): the planner's equal buckets (tools/plan/plan_dense.c),
+// whose number grows with the model where one by one would take minutes.
+void comm_tally_calls(const Comm* c, Collective coll, double calls, double bytes, double bus_bytes);
 // (p - 1) / p for a group of p ranks, 0 for one rank.
 double comm_ring_factor(const Comm* c);
 // Adds seconds spent blocked in communication (and, with --trace, a wait

@@ -648,6 +648,18 @@ same_refusal() {  # NP CHAPTER-FLAGS... -- PLAN-FLAGS...: one error, the chapter
 }
 same_refusal 2 chapter-7 --ep 2 --model "$mf/dense.bin" -- --chapter 7 --ranks 2 --ep 2 --model "$mf/dense.bin"
 same_refusal 2 chapter-2 --dp 2 --model "$mf/moe.bin" -- --chapter 2 --ranks 2 --dp 2 --model "$mf/moe.bin"
+# an MoE header whose experts would pass 2^40 floats (moe.c's
+# moe_config_problem; their size_t count wrapped around to a file size that
+# a sparse file could match): refused by chapter 7 and the planner alike
+python3 - "$mf/huge_moe.bin" <<'PY'
+import struct, sys
+h = [20240326, 7001, 64, 256, 1300, 4, 64, 256, 256, 1, 2147483647, 1] + [0] * 244
+open(sys.argv[1], "wb").write(struct.pack("<256i", *h))
+PY
+same_refusal 1 chapter-7 --model "$mf/huge_moe.bin" -- --chapter 7 --ranks 1 --model "$mf/huge_moe.bin"
+run_err=$(echo "$OUT" | grep -m1 '^error: ')
+case $run_err in *"its experts' parameter count exceeds 2^40"*) pass "chapter 7 --model with experts past 2^40 floats: '$(echo "$run_err" | cut -c1-100)...'" ;;
+    *) fail "chapter 7 --model with experts past 2^40 floats" "${run_err:-no error line}" ;; esac
 # the mesh checks the chapters and the planner share (common/train.c's
 # train_mesh_problem, chapter 4's tp_mesh_problem): the same line
 same_refusal 3 chapter-4 --tp 3 --model tiny6 -- --chapter 4 --ranks 3 --tp 3 --model tiny6
@@ -706,6 +718,22 @@ plan_error "--batch 2147483647 x --seq 2147483647 tokens a step of this model: t
     --chapter 0 --batch 2147483647 --seq 2147483647 --max-seq 2147483647
 plan_error "the planner's figures could pass 2^62 bytes" --chapter 0 --batch 65536 --seq 32768 --max-seq 32768
 plan_error "--steps 2147483647 on 1 rank(s): the planner plans at most 1000000 rank-steps" --chapter 0 --steps 2147483647
+# chapter 7's experts count too: these wrapped past 2^64 (an all-reduce of
+# 9.9e18 bytes beside parameters of 4.7e19)
+plan_error "the planner's figures could pass 2^62 bytes" --chapter 7 --experts 256 --top-k 1 --expert-hidden 2147483647 \
+    --layers 1300 --channels 8192 --heads 64 --batch 1 --seq 8
+# 0 is a value, refused as the chapters refuse it (it was planned as the default)
+plan_error "--batch >= 1" --chapter 3 --ranks 1 --batch 0
+plan_error "1 <= --seq" --chapter 7 --ranks 1 --seq 0
+# chapter 2's buckets counted at once: 1 KiB buckets of a 7e9-parameter
+# model are P / 256 all-reduces of 4P bytes in all (one by one, minutes)
+out=$(timeout 60 "$BUILD/plan" --chapter 2 --ranks 2 --dp 2 --dp-mode bucketed --bucket-kb 1 --model llama3-8b-like --batch 2 --seq 64 --json 2>&1 | head -1)
+P=$(timeout 60 "$BUILD/plan" --chapter 2 --ranks 2 --dp 2 --dp-mode bucketed --model llama3-8b-like --batch 2 --seq 64 | sed -n 's/.*), \([0-9]*\) parameters,.*/\1/p')
+if [ -n "$P" ] && echo "$out" | grep -qF "\"allreduce\":{\"dp\":{\"calls\":[$(( (P + 255) / 256 )),$(( (P + 255) / 256 ))],\"bytes\":[$((4 * P)),$((4 * P))]"; then
+    pass "plan chapter 2 bucketed, 1 KiB buckets of $P parameters: $(( (P + 255) / 256 )) all-reduces of $((4 * P)) bytes in all per rank"
+else
+    fail "plan chapter 2 bucketed at scale" "P ${P:-?}; $(echo "$out" | grep -o '"allreduce":{[^}]*}' | cut -c1-200)"
+fi
 plan_error "--memory-per-rank" --search --ranks 2 --memory-per-rank lots
 plan_error "--schedule pipedream" --chapter 5 --ranks 2 --pp 2 --schedule pipedream
 plan_error "--virtual" --chapter 5 --ranks 2 --pp 2 --virtual 2
@@ -1015,11 +1043,26 @@ profile_error ":1: unknown key 'matmul_glops'" 'matmul_glops = 1\n'
 profile_error ":3: 'fast' is not a number" '# c\nname = x\nmemory_gbps = fast\n'
 profile_error ":2: 'overlap' must be from 0 to 1" 'matmul_gflops = 1\noverlap = 1.5\n'
 profile_error ":2: 'memory_gbps' given twice" 'memory_gbps = 1\nmemory_gbps = 2\n'
+profile_error ":2: 'ranks_per_node' must be a whole number >= 1, got 0.5" 'matmul_gflops = 1\nranks_per_node = 0.5\n'
 profile_error ":1: 'coll.allreduse.p2.alpha_us': no collective named 'allreduse'" 'coll.allreduse.p2.alpha_us = 1\n'
 profile_error "coll.allreduce.p2 has only one of alpha_us and busbw_gbps" 'coll.allreduce.p2.alpha_us = 1\n'
 profile_error "the profile 'x' has no attention_gflops" 'name = x\nmatmul_gflops = 1\nmemory_gbps = 1\n'
 profile_error ":2: byte 1 is not text" 'name = x\n\033[31mmatmul_gflops = 1\n'
 profile_error ":1: byte 5 is not text" 'name\001\377\033 = x\n'
+# --json with a profile whose name holds a quote and a backslash, and rates
+# so high that the step takes 0 ms: one JSON record that parses (the name
+# went in bare; tokens_per_s printed inf), the name as written, no figure inf
+qp=$TEST_TMPDIR/plan_quoted_$$.txt
+sed -e 's/^name = .*/name = my "fast" box \\ x/' -e 's/^matmul_gflops = .*/matmul_gflops = 1e308/' \
+    -e 's/^attention_gflops = .*/attention_gflops = 1e308/' -e 's/^memory_gbps = .*/memory_gbps = 1e308/' \
+    -e 's/^coll.allreduce.p2.alpha_us = .*/coll.allreduce.p2.alpha_us = 0/' \
+    -e 's/^coll.allreduce.p2.busbw_gbps = .*/coll.allreduce.p2.busbw_gbps = 1e308/' "$prof" > "$qp"
+out=$("$BUILD/plan" --chapter 2 --ranks 2 --dp 2 --json --profile "$qp" 2>&1 | grep '"plan_time"')
+if echo "$out" | python3 -c 'import json, sys; d = json.loads(sys.stdin.read(), parse_constant=lambda c: sys.exit(1)); sys.exit(d["profile"] != "my \"fast\" box \\ x")'; then
+    pass "plan --json --profile: a name with a quote and a backslash, and a 0 ms step, give a record that parses ($(echo "$out" | cut -c1-90)...)"
+else
+    fail "plan --json --profile: the record" "$out"
+fi
 # a device never ends: read line by line it spun at 100% CPU forever
 plan_error "--profile '/dev/zero' is a character device: give a text file" --chapter 0 --profile /dev/zero
 out=$("$BUILD/plan" --chapter 0 --profile "$TEST_TMPDIR/none.txt" 2>&1)

@@ -623,7 +623,7 @@ int main(int argc, char** argv) {
     const char* model = "tiny";
     const char* recompute = "none";
     int layers = ARG_NOT_GIVEN, channels = ARG_NOT_GIVEN, heads = ARG_NOT_GIVEN, vocab = ARG_NOT_GIVEN;
-    int max_seq = ARG_NOT_GIVEN, batch = 0, seq = 0, help = 0, do_search = 0;
+    int max_seq = ARG_NOT_GIVEN, batch = ARG_NOT_GIVEN, seq = ARG_NOT_GIVEN, help = 0, do_search = 0;
     const char* memory_arg = NULL;
     const char* chapter_name = NULL;
     const char* profile_path = NULL;  // the step-time model's machine (plan_time.h)
@@ -751,8 +751,8 @@ int main(int argc, char** argv) {
     if (bad) die("%s", bad);
     // train_setup's defaults (common/train.c)
     int small = !strcmp(model, "small");
-    a.B = batch ? batch : (small ? 8 : 4);
-    a.T = seq ? seq : (small ? 256 : (a.cfg.max_seq_len < 64 ? a.cfg.max_seq_len : 64));
+    a.B = batch != ARG_NOT_GIVEN ? batch : (small ? 8 : 4);  // 0 is given, and refused as the chapters do
+    a.T = seq != ARG_NOT_GIVEN ? seq : (small ? 256 : (a.cfg.max_seq_len < 64 ? a.cfg.max_seq_len : 64));
     if (a.B < 1 || a.T < 1 || a.T > a.cfg.max_seq_len) die("%s: needs 1 <= --seq <= maxT and --batch >= 1", "--batch/--seq");
     if (measure_attention) return plan_time_measure_attention(a.B, a.T, a.cfg.channels, a.cfg.num_heads);
     MachineProfile profile;
@@ -785,7 +785,13 @@ int main(int argc, char** argv) {
     // in doubles, bound the activations' elements (a few per FLOP at most)
     double tokens = (double)a.B * a.T, flops = plan_flops(&a.cfg, a.B, a.T, a.cfg.num_layers,
                                                           a.cfg.padded_vocab_size, 1, RECOMPUTE_FULL);
-    if (tokens > 2147483646.0 || 16.0 * (double)gpt_num_params(&a.cfg) + 4.0 * flops > 0x1p62) {
+    double params = (double)gpt_num_params(&a.cfg);
+    if (a.chapter == 7) {  // chapter 7's experts too (every layer counted: a bound), forward and backward
+        double C = a.cfg.channels, H = a.expert_hidden == ARG_NOT_GIVEN ? 4.0 * C : a.expert_hidden;
+        params += (double)a.experts * a.cfg.num_layers * (2.0 * H * C + H + C);
+        flops += 6.0 * tokens * a.top_k * a.cfg.num_layers * 2.0 * H * C;
+    }
+    if (tokens > 2147483646.0 || 16.0 * params + 4.0 * flops > 0x1p62) {
         snprintf(msg, sizeof(msg), "--batch %d x --seq %d tokens a step of this model: the planner's figures could pass 2^62 bytes (%.3g FLOPs a step); plan at most 2^31 - 2 tokens a step, and fewer with a large model",
                  a.B, a.T, flops);
         die("%s", msg);

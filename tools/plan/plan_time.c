@@ -13,6 +13,7 @@
 #include "model_layout.h"
 #include "ops.h"
 #include "paths.h"
+#include "report.h"  // JsonBuf: --json's line
 #include "runtime.h"
 
 // ---------------------------------------------------------------- the profile file
@@ -154,8 +155,8 @@ const char* plan_profile_read(const char* path, MachineProfile* p, char* msg, si
         if ((!strcmp(key, "compute_shared") && v != 0 && v != 1)) range = "0 or 1";
         else if (!strcmp(key, "overlap") && v > 1) range = "from 0 to 1";
         else if (!strcmp(key, "element_bytes") && v != 2 && v != 4) range = "2 or 4";
-        else if ((strstr(key, "gflops") || strstr(key, "gbps") || !strcmp(key, "ranks_per_node")) && v == 0)
-            range = "above 0";
+        else if ((strstr(key, "gflops") || strstr(key, "gbps")) && v == 0) range = "above 0";
+        else if (!strcmp(key, "ranks_per_node") && (v < 1 || v != floor(v) || v > 1e9)) range = "a whole number >= 1";
         if (range) {
             snprintf(msg, len, "%s:%d: '%s' must be %s, got %s", path, lineno, key, range, value);
             bad = msg;
@@ -525,16 +526,23 @@ int plan_time_print(const MachineProfile* p, const StepTime* per_rank, int ranks
     }
     const StepTime* t = &per_rank[slow];
     double tps = tokens_per_step / (t->total_ms / 1e3);
-    if (json) {
-        printf("{\"type\":\"plan_time\",\"profile\":\"%s\",\"ms_per_step\":%.3f,\"tokens_per_s\":%.1f,"
-               "\"tokens_per_s_per_rank\":%.1f,\"slowest_rank\":%d,\"matmul_ms\":%.3f,\"attention_ms\":%.3f,\"other_ms\":%.3f,"
-               "\"comm_ms\":%.3f,\"hidden_ms\":%.3f,\"exposed_comm_ms\":%.3f,\"bubble_ms\":%.3f",
-               p->name, t->total_ms, tps, tps / ranks, slow, t->matmul_ms, t->attention_ms, t->other_ms, t->comm_ms, t->hidden_ms,
-               t->exposed_ms, t->bubble_ms);
-        if (p->memory_gb != PT_UNKNOWN)
-            printf(",\"device_memory_bytes\":%.0f,\"peak_bytes\":%.0f,\"fits\":%s", p->memory_gb * 1e9, peak,
-                   peak <= p->memory_gb * 1e9 ? "true" : "false");
-        printf("}\n");
+    if (json) {  // report.h's JSON: the profile's name escaped, a figure that is not finite null
+        JsonBuf b = {0};
+        json_add_string(&b, "profile", p->name);
+        json_add_double(&b, "ms_per_step", t->total_ms, "%.3f");
+        json_add_double(&b, "tokens_per_s", tps, "%.1f");
+        json_add_double(&b, "tokens_per_s_per_rank", tps / ranks, "%.1f");
+        json_add_int(&b, "slowest_rank", slow);
+        const char* keys[] = {"matmul_ms", "attention_ms", "other_ms", "comm_ms", "hidden_ms", "exposed_comm_ms", "bubble_ms"};
+        double ms[] = {t->matmul_ms, t->attention_ms, t->other_ms, t->comm_ms, t->hidden_ms, t->exposed_ms, t->bubble_ms};
+        for (int k = 0; k < 7; k++) json_add_double(&b, keys[k], ms[k], "%.3f");
+        if (p->memory_gb != PT_UNKNOWN) {
+            json_add_double(&b, "device_memory_bytes", p->memory_gb * 1e9, "%.0f");
+            json_add_double(&b, "peak_bytes", peak, "%.0f");
+            json_add_bool(&b, "fits", peak <= p->memory_gb * 1e9);
+        }
+        printf("{\"type\":\"plan_time\",%s}\n", json_fields(&b));
+        json_free(&b);
         return 0;
     }
     printf("predicted step time, profile '%s' (model: docs/planner.md):\n", p->name);
