@@ -106,9 +106,14 @@ const char* tp_mesh_problem(const GPTConfig* cfg, int B, int dp, int tp, char* m
     else if ((4 * cfg->channels) % tp != 0)
         snprintf(msg, len, "the MLP's %d hidden units (4C) do not split over tp=%d ranks: use a tp that divides %d",
                  4 * cfg->channels, tp, 4 * cfg->channels);
-    else if (rows_last <= 0)
-        snprintf(msg, len, "the model's padded vocabulary of %d rows leaves the last of tp=%d ranks none: use a smaller tp",
-                 cfg->padded_vocab_size, tp);
+    else if (rows_last <= 0) {  // every rank from `first` on is past the last piece
+        int per = (cfg->padded_vocab_size + tp - 1) / tp, first = (cfg->padded_vocab_size + per - 1) / per;
+        char ranks[64];
+        if (first == tp - 1) snprintf(ranks, sizeof(ranks), "rank %d", first);
+        else snprintf(ranks, sizeof(ranks), "ranks %d to %d", first, tp - 1);
+        snprintf(msg, len, "the model's padded vocabulary of %d rows, %d a rank, leaves %s of tp=%d none: use a smaller tp",
+                 cfg->padded_vocab_size, per, ranks, tp);
+    }
     else
         return NULL;
     return msg;

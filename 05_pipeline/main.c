@@ -298,12 +298,13 @@ int main(int argc, char** argv) {
                      from_file.m, from_file.m == 1 ? "" : "es", from_file.v, from_file.v == 1 ? "" : "s");
         kind = SCHED_FILE, m = from_file.m, v = from_file.v;
     }
+    int m_given = m != ARG_NOT_GIVEN && !sched_file;
     if (m == ARG_NOT_GIVEN) m = pp;
     // what the pipeline cannot run (05_pipeline/schedule.c, one function the
     // capstone and the planner call too): an unknown schedule, m outside 1 to
     // a dp rank's sequences, chunks without interleaving or on one rank, more
     // than 64 stages, a stage without layers, unequal chunks
-    PipeLayout layout = {sched_name, sched_file != NULL, pp, m, v, L, setup->B, setup->B / ndp, 0};
+    PipeLayout layout = {sched_name, sched_file != NULL, pp, m, v, L, setup->B, setup->B / ndp, 0, m_given};
     if (pipe_layout_problem(&layout, why, sizeof(why))) fail_all("%s", why);
     sched_name = schedule_name((ScheduleKind)kind);  // "file", else --schedule's name
     // the batch over dp x microbatches (train_check_mesh); the layers over pp

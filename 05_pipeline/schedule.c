@@ -411,18 +411,39 @@ void schedule_print(const Schedule* s) {
 
 // ---------------------------------------------------------------- the layouts a run refuses
 
+const char* schedule_name_problem(const char* s, char* msg, size_t len) {
+    if (schedule_parse(s) >= 0) return NULL;
+    snprintf(msg, len, "--schedule %s is not one of gpipe, 1f1b, interleaved, zb", s);
+    return msg;
+}
+
+// What set the layout's m and v, for a refusal to name: the flag, the
+// schedule file, or (m) the default of one microbatch per stage.
+static void name_m(const PipeLayout* l, char* out, size_t len) {
+    if (l->from_file) snprintf(out, len, "--schedule-file's %d microbatches", l->m);
+    else if (l->m_given) snprintf(out, len, "--microbatches %d", l->m);
+    else snprintf(out, len, "--pp %d's default of %d microbatches (one per stage)", l->pp, l->m);
+}
+static void name_v(const PipeLayout* l, char* out, size_t len) {
+    snprintf(out, len, l->from_file ? "--schedule-file's %d chunks a rank" : "--virtual %d", l->v);
+}
+
 const char* pipe_layout_problem(const PipeLayout* l, char* msg, size_t len) {
+    char m_is[128], v_is[128];
+    name_m(l, m_is, sizeof(m_is));
+    name_v(l, v_is, sizeof(v_is));
     int kind = schedule_parse(l->schedule ? l->schedule : "1f1b"), pp = l->pp, m = l->m, v = l->v, L = l->layers;
     if (l->from_file && l->schedule)  // the file's lists are the whole schedule: --schedule would be dropped
         snprintf(msg, len, "--schedule %s and --schedule-file: give one (the file is the schedule)", l->schedule);
     else if (kind < 0)
-        snprintf(msg, len, "--schedule %s is not one of gpipe, 1f1b, interleaved, zb", l->schedule);
+        schedule_name_problem(l->schedule, msg, len);
     // a dp rank's share of the batch is the most microbatches it can cut
     else if (m < 1)
         snprintf(msg, len, "--microbatches must be positive (leave it out for pp = %d)", pp);
     else if (m > l->share)
-        snprintf(msg, len, "--microbatches %d: a dp rank holds %d of the batch's %d sequences, at most that many "
-                 "microbatches: use --microbatches <= %d", m, l->share, l->batch, l->share);
+        snprintf(msg, len, "%s: a dp rank holds %d of the batch's %d sequences, at most that many "
+                 "microbatches: use %s <= %d", m_is, l->share, l->batch, l->from_file ? "a file's microbatches" : "--microbatches",
+                 l->share);
     // chunks only where a schedule goes round the ranks more than once
     else if (v < 1)
         snprintf(msg, len, "--virtual must be >= 1");
@@ -432,15 +453,15 @@ const char* pipe_layout_problem(const PipeLayout* l, char* msg, size_t len) {
         snprintf(msg, len, "--virtual %d interleaves chunks over pp ranks: use --pp 2 or more", v);
     // bounded before pp x v is formed (--virtual 2147483647 overflowed it)
     else if (v > PIPE_MAX_CHUNKS / pp)
-        snprintf(msg, len, "--virtual %d: pp x virtual is at most %d virtual stages: use --virtual <= %d", v,
+        snprintf(msg, len, "%s: pp x virtual is at most %d virtual stages: use --virtual <= %d", v_is,
                  PIPE_MAX_CHUNKS, PIPE_MAX_CHUNKS / pp);
     // the layers over the stages: every stage needs one; chunks must be equal
     else if (pp * v > L)
         snprintf(msg, len, "the model's %d layers cannot fill pp=%d x %d chunk%s = %d stages (a stage without layers): "
                  "use pp x virtual <= %d", L, pp, v, v == 1 ? "" : "s", pp * v, L);
     else if (v > 1 && L % (pp * v) != 0)
-        snprintf(msg, len, "--virtual %d: the model's %d layers do not cut into pp=%d x %d equal chunks: use pp x "
-                 "virtual dividing %d", v, L, pp, v, L);
+        snprintf(msg, len, "%s: the model's %d layers do not cut into pp=%d x %d equal chunks: use pp x "
+                 "virtual dividing %d", v_is, L, pp, v, L);
     else if (l->equal_stages && L % pp != 0)  // common/train.c's line, which such a run prints first
         snprintf(msg, len, "the model's %d layers do not split over pp=%d ranks: use a pp that divides %d", L, pp, L);
     else

@@ -40,6 +40,9 @@ typedef struct {
 const char* schedule_name(ScheduleKind k);  // "gpipe", "1f1b", "interleaved", "zb", "file"
 // The kind named s; returns -1 if none.
 int schedule_parse(const char* s);
+// NULL when s names a schedule, else its refusal in msg (a run with one
+// stage refuses a name it would not use too: the capstone's)
+const char* schedule_name_problem(const char* s, char* msg, size_t len);
 
 // Builds the lists for pp ranks, m microbatches and v chunks per rank (v > 1
 // only for interleaved). Returns NULL, or a message when (pp, m, v) does not
@@ -103,6 +106,7 @@ typedef struct {
     int layers;            // the model's L
     int batch, share;      // the global batch, and the sequences of one dp rank's share
     int equal_stages;      // 1: every stage the same layers, even at v = 1 (the capstone)
+    int m_given;           // 1: m is --microbatches (0: pp's default, or the file's); the lines name what was given
 } PipeLayout;
 
 // NULL when the pipeline can run the layout, else the message (in msg) that

@@ -195,7 +195,7 @@ int main(int argc, char** argv) {
         train_loop_step(&loop, step, loss, norm);
     }
     JsonBuf summary = {0};
-    moe_model_report(&m.cfg, &fl, 0, &m.moe, &loop, &summary);  // no ZeRO here; the traffic, a2a_hidden_share
+    moe_model_report(&m.cfg, &fl, 0, &m.moe, m.moe.batch, &loop, &summary);  // no ZeRO here; the traffic, a2a_hidden_share
     train_loop_end(&loop, &summary);  // the final validation and the summary
     json_free(&summary);
     moe_model_finish(&m, args, model_forward);  // --sample (every rank runs each forward), --save

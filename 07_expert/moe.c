@@ -20,11 +20,8 @@ const char* moe_config_problem(const MoeConfig* c) {
     if (c->hidden < 1) return "--expert-hidden must be >= 1";
     if (c->moe_every < 1) return "--moe-every must be >= 1";
     if (moe_num_moe_layers(c) == 0) return "--moe-every is larger than the number of layers: no layer has experts";
-    // the experts' floats, in doubles: a crafted header (or --expert-hidden)
-    // must not wrap moe_num_params's size_t around to a size that passes the
-    // file-size check; the limit is gpt_config_problem's for the dense part
-    double H = c->hidden, C = c->gpt.channels;
-    if ((double)moe_num_moe_layers(c) * c->experts * (2.0 * H * C + H + C) > 0x1p40)
+    // in doubles: a crafted header must not wrap moe_num_params to a file size (gpt_config_problem's limit)
+    if ((double)moe_num_moe_layers(c) * c->experts * (2.0 * c->hidden + 1.0) * (c->gpt.channels + 1.0) > 0x1p40)
         return "the model is too large: its experts' parameter count exceeds 2^40 (--experts x --expert-hidden)";
     return NULL;
 }

@@ -149,7 +149,6 @@ const char* moe_checkpoint_read(const char* path, const MoeConfig* c, float* sha
 const char* moe_checkpoint_write(const char* path, const MoeConfig* c, const float* shared,
                                  const float* experts, char* msg, size_t len);
 
-
 // ---------------------------------------------------------------- training-state checkpoint (ckpt.h)
 // The model's tensors in a training-state checkpoint, each in its own
 // global index space (ckpt_set_model): the GPT's names and ids (ParamTensor)

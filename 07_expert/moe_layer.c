@@ -518,15 +518,15 @@ uint64_t moe_step_routing(const MoeParallel* X) {
     return sum;
 }
 
-void moe_report(const MoeParallel* X, const TrainLoop* loop, JsonBuf* extra) {
+void moe_report(const MoeParallel* X, const Comm* over, const TrainLoop* loop, JsonBuf* extra) {
     int trained = loop->steps - loop->start, timed = loop->clock.timed;
     // the all-to-all traffic of training. A rank sends its N k token-slots
     // in dispatch and, in combine, what its experts received: this varies by
     // rank, the mean over the ranks is N k C floats per exchange (a host
     // figure for the log: plain MPI)
     CommCount a2a = comm_count(COLL_ALLTOALL, AXIS_EP);
-    MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, &a2a.bytes, 1, MPI_DOUBLE, MPI_SUM, X->batch->mpi));
-    double per_step = trained > 0 ? a2a.bytes / X->batch->size / trained : 0.0;
+    MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, &a2a.bytes, 1, MPI_DOUBLE, MPI_SUM, over->mpi));
+    double per_step = trained > 0 ? a2a.bytes / over->size / trained : 0.0;
     print0("dispatch and combine: %.0f bytes sent per rank per step in all-to-all-v (mean over ranks), %ld token-slots dropped\n",
            per_step, X->dropped_total);
     json_add_double(extra, "alltoall_bytes_per_step", per_step, "%.0f");

@@ -154,9 +154,9 @@ void moe_step_record(MoeParallel* X, const TrainLoop* loop, int step, JsonBuf* f
 // (layer, token, expert, kept) summed mod 2^64, so the same on any mesh that
 // routes alike, and changed when two tokens trade experts (the counts are not).
 uint64_t moe_step_routing(const MoeParallel* X);
-// After training: the all-to-all traffic per step (the mean over the
-// ranks), the dropped slots, the share of the exchanges' time compute hid,
-// printed and added to the summary. Collective over X->batch.
-void moe_report(const MoeParallel* X, const TrainLoop* loop, JsonBuf* extra);
+// After training: the all-to-all traffic per step (the mean over the ranks
+// of over, every rank that trains), the dropped slots, the share of the
+// exchanges' time compute hid, printed and added to the summary. Collective over over.
+void moe_report(const MoeParallel* X, const Comm* over, const TrainLoop* loop, JsonBuf* extra);
 
 #endif

@@ -56,7 +56,7 @@ int moe_model_run_start(Run* run, MoeFlags* fl, int argc, char** argv) {
                      extra, MOE_NUM_FLAGS, (1u << AXIS_DP) | (1u << AXIS_EP));
 }
 
-MoeConfig moe_config_checked(const Run* run, MoeFlags* f) {
+MoeConfig moe_config_checked(const Run* run, MoeFlags* f, int microbatches) {
     const TrainSetup* setup = &run->setup;
     MoeConfig cfg = {.gpt = setup->cfg, .experts = f->experts, .top_k = f->top_k,
                      .hidden = f->hidden > 0 ? f->hidden : 4 * setup->cfg.channels, .moe_every = f->moe_every};
@@ -91,18 +91,19 @@ MoeConfig moe_config_checked(const Run* run, MoeFlags* f) {
                (double)cfg.experts / cfg.top_k);
         f->capacity = 0;
     }
-    double slots = (double)f->capacity * cfg.top_k * (double)setup->B * setup->T / cfg.experts;
+    double tokens = (double)(setup->B / (microbatches >= 1 ? microbatches : 1)) * setup->T;  // a forward's, a bad m refused later
+    double slots = (double)f->capacity * cfg.top_k * tokens / cfg.experts;
     if (f->capacity > 0 && slots < 1)
-        print0("warning: --capacity-factor %g gives each expert %.2f slots of the batch's %d tokens, so 0: every token's MoE output is dropped (use a factor of at least %g)\n",
-               f->capacity, slots, setup->B * setup->T, (double)cfg.experts / ((double)cfg.top_k * setup->B * setup->T));
+        print0("warning: --capacity-factor %g gives each expert %.2f slots of a forward's %.0f tokens, so 0: every token's MoE output is dropped (use a factor of at least %g)\n",
+               f->capacity, slots, tokens, (double)cfg.experts / ((double)cfg.top_k * tokens));
     if (!(f->aux_coef >= 0) || !isfinite(f->aux_coef)) fail_all("--aux-coef must be >= 0");
-    MeshNeeds needs = {.experts = cfg.experts};
+    MeshNeeds needs = {.experts = cfg.experts, .whole_vocab = 1};  // the capstone's tp splits no vocabulary
     train_check_mesh(&run->mesh, setup, &needs);
     return cfg;
 }
 
 MoeConfig moe_model_config(const Run* run, MoeFlags* f) {
-    MoeConfig cfg = moe_config_checked(run, f);
+    MoeConfig cfg = moe_config_checked(run, f, 1);
     const TrainSetup* setup = &run->setup;
     int world = run->mesh.size[AXIS_DP] * run->mesh.size[AXIS_EP];
     if (setup->B % world != 0)
@@ -414,7 +415,8 @@ void moe_model_finish(MoeModel* m, const TrainArgs* args, MoeForward forward) {
 
 // ---------------------------------------------------------------- the summary
 
-void moe_model_report(const MoeConfig* cfg, const MoeFlags* fl, int zero, const MoeParallel* moe, const TrainLoop* loop, JsonBuf* extra) {
+void moe_model_report(const MoeConfig* cfg, const MoeFlags* fl, int zero, const MoeParallel* moe, const Comm* over,
+                      const TrainLoop* loop, JsonBuf* extra) {
     json_add_int(extra, "zero", zero);
     json_add_int(extra, "experts", fl->experts);
     json_add_int(extra, "top_k", fl->top_k);
@@ -423,5 +425,5 @@ void moe_model_report(const MoeConfig* cfg, const MoeFlags* fl, int zero, const 
     json_add_double(extra, "aux_coef", fl->aux_coef, "%g");
     json_add_double(extra, "capacity_factor", fl->capacity, "%g");
     json_add_int(extra, "active_params", (long long)moe_active_params(cfg));
-    moe_report(moe, loop, extra);  // the traffic, the drops, the share of the exchanges hidden (moe_layer.c)
+    moe_report(moe, over, loop, extra);  // the traffic, the drops, the share of the exchanges hidden (moe_layer.c)
 }

@@ -49,10 +49,10 @@ typedef struct {
 void moe_flags_specs(MoeFlags* flags, ArgSpec out[MOE_NUM_FLAGS]);
 // The model's config from the flags or --model FILE's header (the file wins;
 // *flags updated to it), and the checks that do not depend on how the mesh
-// splits the batch (the config, the experts' memory, the capacity, the
-// balance coefficient, the mesh against the experts). Bad input ends every
-// rank with one message.
-MoeConfig moe_config_checked(const Run* run, MoeFlags* flags);
+// splits the batch (the config, the experts' memory, the capacity of a
+// forward of batch / microbatches, the balance coefficient, the mesh against
+// the experts). Bad input ends every rank with one message.
+MoeConfig moe_config_checked(const Run* run, MoeFlags* flags, int microbatches);
 // The MoE model's tensors in a training-state checkpoint (moe.h's table, or
 // the dense GPT's at E = 1), and the routing settings that change the
 // trained model mixed into the run identity (ckpt_add_identity).
@@ -117,7 +117,8 @@ void moe_model_finish(MoeModel* m, const TrainArgs* args, MoeForward forward);
 // --ckpt-dir, --resume: ckpt_init for chapter 7, this rank's slices in the
 // MoE model's global tensors (any dp x ep mesh resumes), the resume.
 void moe_model_ckpt_open(Ckpt* ck, MoeModel* m, const Run* run);
-// After training: the summary's MoE fields (zero: the ZeRO stage, the capstone's) and the exchanges' figures.
-void moe_model_report(const MoeConfig* cfg, const MoeFlags* fl, int zero, const MoeParallel* moe, const TrainLoop* loop, JsonBuf* summary);
+// After training: the summary's MoE fields (zero: the ZeRO stage, the capstone's) and the exchanges' figures (moe_report's).
+void moe_model_report(const MoeConfig* cfg, const MoeFlags* fl, int zero, const MoeParallel* moe, const Comm* over,
+                      const TrainLoop* loop, JsonBuf* summary);
 
 #endif

@@ -123,7 +123,9 @@ int expert_run_start(Run* run, ExpertFlags* fl, int argc, char** argv) {
 
 MoeConfig expert_config(const Run* run, ExpertFlags* f) {
     const TrainSetup* setup = &run->setup;
-    MoeConfig cfg = moe_config_checked(run, &f->moe);  // chapter 7's checks of the MoE flags and the file
+    // chapter 7's checks of the MoE flags and the file; the capacity is a microbatch's (m: pp when not given)
+    int m = f->microbatches != ARG_NOT_GIVEN ? f->microbatches : run->mesh.size[AXIS_PP];
+    MoeConfig cfg = moe_config_checked(run, &f->moe, m);
     // the layout: one function the planner calls too (composed_rules.h)
     cp_parse_flags(f->cp_mode_name, f->cp_balance_name, 1, &f->cp_mode, &f->cp_balance);
     ComposedLayout lay = {.B = setup->B, .T = setup->T, .num_layers = cfg.gpt.num_layers, .num_heads = cfg.gpt.num_heads,

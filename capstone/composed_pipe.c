@@ -59,7 +59,7 @@ void expert_pipe_accumulated(ExpertPipe* P) {
 // The step's statistics, summed over pp (host values: plain MPI): each
 // stage holds its own MoE layers', only the last saw the loss. At m = 1 and
 // one chunk, chapter 7's record's bits. Each chunk's exchange clocks go to
-// chapter 7's moe_step_record; the summary's a2a_hidden_share is chunk 0's.
+// chapter 7's moe_step_record; the summary's a2a_hidden_share sums them.
 double expert_pipe_record(ExpertPipe* P, TrainLoop* loop, int step) {
     int E = P->cfg.experts, Lm = moe_num_moe_layers(&P->cfg);
     MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, &P->aux, 1, MPI_DOUBLE, MPI_SUM, P->link.pp->mpi));
@@ -144,9 +144,17 @@ void expert_pipe_create(ExpertPipe* P, Run* run, ExpertFlags* fl, const MoeConfi
 
 void expert_pipe_report(ExpertPipe* P, const ExpertFlags* fl, const TrainLoop* loop, JsonBuf* summary) {
     ExpertModel* m0 = &P->chunk[0].m;
-    m0->moe.dropped_total = P->dropped_total;  // the whole model's, over the stages
-    // chapter 7's summary fields: the MoE's shape, the traffic, dropped_total, a2a_hidden_share
-    moe_model_report(&P->cfg, &fl->moe, m0->zero, &m0->moe, loop, summary);
+    // the whole model's drops, over the stages; the exchanges' clocks of
+    // every chunk of mine (a2a_hidden_share is rank 0's, as in chapter 7)
+    MoeParallel mine = m0->moe;
+    mine.dropped_total = P->dropped_total;
+    for (int c = 1; c < P->v; c++) {
+        mine.a2a_blocked_timed += P->chunk[c].m.moe.a2a_blocked_timed;
+        mine.a2a_inflight_timed += P->chunk[c].m.moe.a2a_inflight_timed;
+    }
+    // chapter 7's summary fields: the MoE's shape, dropped_total, a2a_hidden_share, and the
+    // traffic as the mean over every rank (each stage sends its own layers' exchanges)
+    moe_model_report(&P->cfg, &fl->moe, m0->zero, &mine, m0->world, loop, summary);
     json_add_string(summary, "schedule", P->sched_name);
     json_add_int(summary, "microbatches", P->M);
     json_add_int(summary, "virtual", P->v);

@@ -16,7 +16,8 @@ static const char* pipeline_problem(const ComposedLayout* c, char* msg, size_t l
     int m = c->microbatches == ARG_NOT_GIVEN ? pp : c->microbatches;
     // chapter 5's rules and lines (05_pipeline/schedule.c), with equal stages
     // even at v = 1: the composition's stages are chunks of one size
-    PipeLayout layout = {c->schedule, 0, pp, m, c->virtual_chunks, c->num_layers, c->B, share, 1};
+    PipeLayout layout = {c->schedule, 0, pp, m, c->virtual_chunks, c->num_layers, c->B, share, 1,
+                         c->microbatches != ARG_NOT_GIVEN};
     if (pipe_layout_problem(&layout, msg, len)) return msg;
     if (tp > 1 && share % (m * tp) != 0)  // --tp: each tp rank whole sequences of each microbatch
         snprintf(msg, len, "--microbatches %d --tp %d: a microbatch of a dp x ep share (%d sequences) must split into tp=%d "
@@ -49,6 +50,8 @@ const char* composed_layout_problem(const ComposedLayout* c, char* msg, size_t l
     else if (c->zero < 0 || c->zero > 3)
         snprintf(msg, len, "--zero %d: the stages are 0 (none), 1 (the AdamW moments), 2 (the gradients too) and 3 (the "
                  "parameters too)", c->zero);
+    else if (schedule_name_problem(c->schedule, msg, len))  // chapter 5's names, given with --pp or not
+        return msg;
     else if (c->zero > 1 && composed_pipelined(c))
         snprintf(msg, len, "--zero %d: not with the pipeline (--pp, --microbatches): the gradients accumulate over the "
                  "microbatches, so sharding them would cost a reduce-scatter per unit per microbatch (ZeRO-2 and 3 "

@@ -29,7 +29,8 @@ int composed_pipelined(const ComposedLayout* c);
 
 // NULL when the capstone trains this layout, else what does not fit (in msg
 // or a constant), in the order the capstone checks: the batch over dp x ep,
-// then over tp, chapter 6's cp rules, the ZeRO stage, and with the pipeline
+// then over tp, chapter 6's cp rules, the ZeRO stage, the schedule's name
+// (chapter 5's, refused unknown with or without --pp), and with the pipeline
 // chapter 5's rules (pipe_layout_problem: the schedule, the microbatches, the
 // chunks, the layers, with equal stages), then the composition's own: a
 // microbatch's whole sequences per tp rank and the --ep-overlap chunk.

@@ -130,7 +130,7 @@ const char* train_mesh_problem(const int size[NUM_AXES], const GPTConfig* c, int
     } else if (c->num_heads % tp != 0)
         snprintf(msg, len, "the model's %d heads do not split over tp=%d rank%s: use a tp that divides %d",
                  c->num_heads, RANKS(tp), c->num_heads);
-    else if (c->padded_vocab_size % tp != 0)
+    else if (!(needs && needs->whole_vocab) && c->padded_vocab_size % tp != 0)
         snprintf(msg, len, "the model's padded vocabulary of %d does not split over tp=%d rank%s: use a tp that divides %d",
                  c->padded_vocab_size, RANKS(tp), c->padded_vocab_size);
     else if (c->num_layers % pp != 0)

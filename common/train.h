@@ -43,10 +43,11 @@ void train_load_checkpoint(const TrainSetup* s, float* params_host);
 typedef struct {
     int microbatches;  // a dp rank's share of the batch runs in this many pieces (0: 1)
     int experts;       // MoE experts, split over ep (0: no experts)
+    int whole_vocab;   // 1: tp leaves the vocabulary whole (chapter 7's model: wte on every tp rank)
 } MeshNeeds;
 
 // One check for every chapter, one message style: the batch over dp x
-// microbatches, the heads and the padded vocabulary over tp, the layers over
+// microbatches, the heads and (but whole_vocab) the padded vocabulary over tp, the layers over
 // pp, the sequence over cp, the experts over ep. On a mismatch every rank
 // exits after rank 0 prints "X does not split over axis=N: use ...".
 // needs may be NULL.

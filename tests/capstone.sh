@@ -229,6 +229,18 @@ invariant --norm "capstone: E=1, k=1 on dp x tp = 2 x 2 is chapter 0's dense mod
 invariant --norm "capstone: E=1, k=1 on tp x cp = 2 x 2 (ring) is chapter 0's dense model" "$INV_FLAGS" 4 capstone "--experts 1 --top-k 1 --tp 2 --cp 2"
 invariant --norm "capstone: E=1, k=1 on tp x cp = 2 x 2 (ulysses, zigzag) is chapter 0's dense model" "$INV_FLAGS" 4 capstone "--experts 1 --top-k 1 --tp 2 --cp 2 --cp-mode ulysses --cp-balance zigzag"
 invariant --norm "capstone: E=1, k=1, --moe-every 2 on tp=2 is chapter 0's dense model" "$INV_FLAGS" 2 capstone "--experts 1 --top-k 1 --moe-every 2 --tp 2"
+# the vocabulary stays whole on every tp rank: 256 rows that do not split
+# over tp = 3 run (chapter 4's vocabulary-parallel rule refused them), on
+# an MoE file of 6 heads (tests/make_model.py: E = 2, k = 1) against one rank
+local m6=$TEST_TMPDIR/moe_6heads.bin a=""
+python3 tests/make_model.py "$m6" 250 256 64 2 6 48 2 1 96 1
+mpi_run $T_RUN 1 "$BUILD/capstone" $INV_FLAGS --batch 6 --model "$m6" --log "$m6.1.jsonl"
+mpi_run $T_RUN 3 "$BUILD/capstone" $INV_FLAGS --batch 6 --model "$m6" --tp 3 --log "$m6.3.jsonl"
+if [ $RC = 0 ] && a=$(bash tests/compare_routing.sh "$m6.1.jsonl" "$m6.3.jsonl" $TOL $TOL_NORM 2>&1); then
+    pass "capstone: tp=3 with a padded vocabulary of 256 (tp leaves it whole) reproduces one rank ($a)"
+else
+    fail "capstone: tp=3 with a vocabulary of 256" "exit $RC; $a; $(echo "$OUT" | grep -E 'error' | head -2)"
+fi
 c7_same "ep x tp = 2 x 2" 4 "--ep 2 --tp 2"
 c7_eptp=$C7_LOG
 c7_same "tp x cp = 2 x 2 (ulysses)" 4 "--tp 2 --cp 2 --cp-mode ulysses"
@@ -480,6 +492,28 @@ c7_sec_pp() {
 # Each stage's peak of activation slots is chapter 5's on the same list (the
 # executors share its slot pool): GPipe keeps all 4 microbatches, 1F1B pp - s
 # on stage s (Narayanan et al. 2021), zb what W's deferral holds.
+# The all-to-all bytes per step are the mean over every rank: with --pp each
+# stage sends its own layers' exchanges (tiny6, --moe-every 4: layer 3 alone,
+# on stage 1), so on pp 2 x ep 2 their sum is the 2 ranks' of one stage with
+# the same microbatches (it was stage 0's mean: 0). And the capacity warning
+# counts a microbatch's tokens: 0.04 x 64 / 4 = 0.64 slots an expert, so 0
+# (over the whole batch, 1.28, it said nothing while every slot was dropped).
+local a2a_pp a2a_one pf="--model tiny6 --steps 2 --batch 8 --seq 16 --experts 4 --top-k 2 --moe-every 4 --peak-gflops 10"
+mpi_run $T_RUN 4 "$BUILD/capstone" $pf --ep 2 --pp 2 --log "$TEST_TMPDIR/c7_a2a_pp.jsonl"
+a2a_pp=$(grep '"type":"summary"' "$TEST_TMPDIR/c7_a2a_pp.jsonl" | grep -o '"alltoall_bytes_per_step":[0-9]*' | cut -d: -f2)
+mpi_run $T_RUN 2 "$BUILD/capstone" $pf --ep 2 --microbatches 2 --log "$TEST_TMPDIR/c7_a2a_one.jsonl"
+a2a_one=$(grep '"type":"summary"' "$TEST_TMPDIR/c7_a2a_one.jsonl" | grep -o '"alltoall_bytes_per_step":[0-9]*' | cut -d: -f2)
+if [ -n "$a2a_pp" ] && [ "${a2a_one:-0}" -gt 0 ] && [ $((a2a_pp * 4)) = $((a2a_one * 2)) ]; then
+    pass "capstone: all-to-all bytes per step on pp 2 x ep 2 ($a2a_pp a rank, 4 ranks) sum to one stage's on ep 2 ($a2a_one, 2 ranks)"
+else
+    fail "capstone: all-to-all bytes with --pp" "pp 2 x ep 2: ${a2a_pp:-none} (x4), ep 2: ${a2a_one:-none} (x2)"
+fi
+mpi_run $T_RUN 1 "$BUILD/capstone" --steps 1 --batch 8 --seq 16 --experts 4 --top-k 1 --capacity-factor 0.04 --microbatches 2 --peak-gflops 10
+if [ $RC = 0 ] && echo "$OUT" | grep -q "^warning: --capacity-factor 0.04 gives each expert 0.64 slots of a forward's 64 tokens, so 0"; then
+    pass "capstone: a capacity factor that drops every slot of a microbatch warns (0.64 slots of a forward's 64 tokens)"
+else
+    fail "capstone: the capacity warning with --microbatches" "exit $RC; $(echo "$OUT" | grep -E 'warning|error' | head -2)"
+fi
 declare -A c7_slots_want=([gpipe]='[4,4]' [1f1b]='[2,1]' [zb]='')
 for s in gpipe 1f1b zb; do
     invariant --norm --val "capstone: E=1, k=1 on pp=2 ($s, 4 microbatches) is chapter 0's dense model" "$INV_FLAGS" 2 capstone "--experts 1 --top-k 1 --pp 2 --schedule $s --microbatches 4"
@@ -898,6 +932,8 @@ jobs_run error_case capstone 2 "--pp 2 --microbatches 3" "--microbatches 3 does 
 jobs_run error_case capstone 2 "--pp 2 --virtual 2 --schedule interleaved" "the model's 2 layers cannot fill pp=2 x 2 chunks = 4 stages"
 jobs_run error_case capstone 2 "--pp 2 --virtual 2" "--virtual 2 needs --schedule interleaved"
 jobs_run error_case capstone 2 "--pp 2 --schedule fast" "--schedule fast is not one of gpipe, 1f1b, interleaved, zb"
+# without --pp too: a name the run would not use is still a typo (it ran as 1f1b)
+jobs_run error_case capstone 2 "--dp 2 --schedule bogus" "--schedule bogus is not one of gpipe, 1f1b, interleaved, zb"
 # --zero: 0 to 3; 2 and 3 not with the pipeline (the gradients accumulate
 # over the microbatches: a reduce-scatter per unit per microbatch)
     # bit for bit by construction: the same calls on the same rows, recomputed

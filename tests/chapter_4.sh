@@ -241,7 +241,11 @@ h = [0] * 256; h[:3] = [20240520, 1, 2048]
 open('$TEST_TMPDIR/tokens6.bin', 'wb').write(struct.pack('256i', *h) + struct.pack('2048H', *[i % 6 for i in range(2048)]))
 "
 jobs_run error_case chapter-4 4 "--tp 4 --model $TEST_TMPDIR/vocab6.bin --data $TEST_TMPDIR/tokens6.bin --seq 8" \
-    "the model's padded vocabulary of 6 rows leaves the last of tp=4 ranks none"
+    "the model's padded vocabulary of 6 rows, 2 a rank, leaves rank 3 of tp=4 none: use a smaller tp"
+# two ranks past the last piece: 7 rows, 2 a rank, on tp = 6 (it said "the last")
+python3 tests/make_model.py "$TEST_TMPDIR/vocab7.bin" 7 7 16 1 6 12
+jobs_run error_case chapter-4 6 "--tp 6 --model $TEST_TMPDIR/vocab7.bin --data $TEST_TMPDIR/tokens6.bin --seq 8 --batch 6" \
+    "the model's padded vocabulary of 7 rows, 2 a rank, leaves ranks 4 to 5 of tp=6 none"
 
 jobs_run error_case chapter-4 2 "--tp 2 --recompute some" "--recompute some is not one of none, selective, full"
 jobs_wait  # the error cases and --help are independent: 2 at a time

@@ -219,6 +219,11 @@ jobs_run error_case chapter-5 2 "--pp 2 --schedule-file $TEST_TMPDIR/pp_bad.sche
 jobs_run error_case chapter-5 2 "--pp 2 --schedule-file $TEST_TMPDIR/pp_short.sched --peak-gflops 10" "has no line for rank 1"
 jobs_run error_case chapter-5 2 "--pp 2 --schedule-file $TEST_TMPDIR/pp_before.sched --peak-gflops 10" "B(0, chunk 0) comes before its F"
 jobs_run error_case chapter-5 2 "--pp 2 --schedule-file $TEST_TMPDIR/pp_cycle.sched --peak-gflops 10" "deadlock: every rank waits"
+# a refusal names what set m and v: the file, or pp's default (it said
+# "--virtual 2" and "--microbatches 2", flags that were never given)
+printf 'rank 0: F0 F0.1 B0.1 B0\nrank 1: F0 F0.1 B0.1 B0\n' > "$TEST_TMPDIR/pp_v2.sched"
+jobs_run error_case chapter-5 2 "--pp 2 --model tiny6 --schedule-file $TEST_TMPDIR/pp_v2.sched --peak-gflops 10" "--schedule-file's 2 chunks a rank: the model's 6 layers do not cut into pp=2 x 2 equal chunks"
+jobs_run error_case chapter-5 2 "--pp 2 --batch 1 --peak-gflops 10" "--pp 2's default of 2 microbatches (one per stage): a dp rank holds 1 of the batch's 1 sequences"
 # a schedule file is the whole schedule: a --schedule beside it was dropped without a word
 jobs_run error_case chapter-5 2 "--pp 2 --schedule gpipe --schedule-file $TEST_TMPDIR/pp_reverse.sched --peak-gflops 10" "--schedule gpipe and --schedule-file: give one (the file is the schedule)"
 # not a file of text: a device never ends (read to its end it spun forever),

@@ -470,7 +470,8 @@ jobs_wait  # independent: 2 at a time
 ref_checkpoint
 jobs_run error_case chapter-7 1 "--model $CKPT" "a dense llm.c file has no router and no experts"
 # sizes bounded by the machine and the model before any product is formed
-jobs_run error_case chapter-7 1 "--expert-hidden 2147483647" "--expert-hidden 2147483647: a rank's experts need"
+jobs_run error_case chapter-7 1 "--expert-hidden 2147483647" "the model is too large: its experts' parameter count exceeds 2^40"
+jobs_run error_case chapter-7 1 "--expert-hidden 100000000" "--expert-hidden 100000000: a rank's experts need"
 mpi_run $T_RUN 1 "$BUILD/chapter-7" --batch 4 --seq 16 --steps 1 --peak-gflops 10 --capacity-factor 1e30
 if [ $RC = 0 ] && echo "$OUT" | grep -q "^note: --capacity-factor 1e+30 >= E / k = 2 keeps every slot"; then
     pass "experts: a capacity factor past E / k is dropless, said in a note (no overflow)"

@@ -328,7 +328,7 @@ static PlanFn plan_pick(const PlanArgs* a, PlanInfo* info, char* msg, size_t len
         MeshNeeds needs = {0};
         if (a->chapter == 2) needs.microbatches = a->accum;
         if (a->chapter == 5) size[AXIS_PP] = 1, needs.microbatches = a->microbatches == ARG_NOT_GIVEN ? a->mesh[AXIS_PP] : a->microbatches;
-        if (a->chapter == 7) needs.experts = a->experts;
+        if (a->chapter == 7) needs.experts = a->experts, needs.whole_vocab = 1;
         bad = train_mesh_problem(size, &a->cfg, a->B, a->T, &needs, msg, len);
         if (!bad && a->chapter == 6)  // then cp_create's own (06_sequence_context/context.c)
             bad = cp_mesh_problem(strcmp(a->cp_mode, "ring") ? CP_ULYSSES : CP_RING,

@@ -128,7 +128,8 @@ const char* plan_check_pipeline(const PlanArgs* a, PlanInfo* info, char* msg, si
     if (a->ranks != ndp * pp) return "--ranks: chapter 5 has the dp and pp axes only";
     // chapter 5's own rules and lines (05_pipeline/schedule.c); the batch over
     // dp x microbatches is train_mesh_problem's, after this (plan.c)
-    PipeLayout layout = {a->schedule, 0, pp, m, a->virt, a->cfg.num_layers, a->B, a->B / ndp, 0};
+    PipeLayout layout = {a->schedule, 0, pp, m, a->virt, a->cfg.num_layers, a->B, a->B / ndp, 0,
+                         a->microbatches != ARG_NOT_GIVEN};
     if (pipe_layout_problem(&layout, msg, len)) return msg;
     return plan_pipeline_lists(a, m, info, msg, len);
 }
