@@ -6,6 +6,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "memory.h"
@@ -43,6 +44,10 @@ void tmpfile_guard_end(void) {
 }
 
 int atomic_open(AtomicFile* a, const char* path) {
+    // the rename replaces whatever the path names: never a device or a pipe
+    // (as root, --save /dev/null replaced /dev/null with a file)
+    struct stat st;
+    if (stat(path, &st) == 0 && !S_ISREG(st.st_mode)) return EINVAL;
     size_t len = strlen(path) + 32;
     a->path = path;
     a->tmp = xmalloc(len);

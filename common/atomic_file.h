@@ -14,7 +14,9 @@ void tmpfile_guard_begin(const char* tmp_path);
 void tmpfile_guard_end(void);
 
 // One atomic file write, with the guard above: atomic_open creates
-// PATH.tmp.PID and returns 0 or the errno; the caller writes to a->f and
+// PATH.tmp.PID and returns 0 or the errno (EINVAL when PATH names a device,
+// a pipe or a directory: the rename would replace it; the callers check
+// first, paths_check_regular); the caller writes to a->f and
 // passes to atomic_close whether every write succeeded. atomic_close renames
 // the temporary file over path, or removes it, and returns 0 or the errno of
 // what failed (the first failed write, the close, or the rename).

@@ -26,6 +26,12 @@ void train_setup(TrainSetup* s, const TrainArgs* a) {
     int n_in = sizeof(inputs) / sizeof(inputs[0]), n_out = sizeof(outputs) / sizeof(outputs[0]);
     const char* bad = paths_check_distinct(inputs, n_in, outputs, n_out, msg, sizeof(msg));
     for (int o = 0; o < n_out && !bad; o++) bad = paths_check_writable(&outputs[o], msg, sizeof(msg));
+    // --save and --trace are written beside their place and renamed over it
+    // (atomic_file.h): never over a device or a pipe (--log streams: /dev/stdout is fine)
+    for (int o = 1; o < n_out && !bad; o++)
+        if (outputs[o].path)
+            bad = paths_check_regular(outputs[o].flag, outputs[o].path, "give a file name (the file is written whole, "
+                                      "then renamed over it)", msg, sizeof(msg));
     // training-state checkpoints (ckpt.h): a directory to write, one to read
     PathArg ckpt_dir = {"--ckpt-dir", a->ckpt_dir}, resume = {"--resume", a->resume};
     PathArg ckpt_local = {"--ckpt-local", a->ckpt_local};

@@ -150,11 +150,30 @@ fi
 # target and leaves no temporary file (SIGXFSZ is ignored during the write)
 out=$( (ulimit -f 10; "$BUILD/tokenize" "$TEST_TMPDIR/corpus.txt" "$TEST_TMPDIR/limited") 2>&1)
 rc=$?
-if [ $rc -ne 0 ] && echo "$out" | grep -q "writing '$TEST_TMPDIR/limited_train.bin' failed: File too large" &&
-    [ -z "$(ls "$TEST_TMPDIR" | grep 'limited.*tmp')" ]; then
+if [ $rc -ne 0 ] && echo "$out" | grep -q "writing '$TEST_TMPDIR/limited_train.bin.new' failed: File too large" &&
+    [ -z "$(ls "$TEST_TMPDIR" | grep 'limited.*\(tmp\|new\)')" ]; then
     pass "hardening: a write past the file-size limit fails with a message and leaves no temporary file"
 else
     fail "hardening: file-size limit" "exit $rc; $out; $(ls "$TEST_TMPDIR" | grep limited)"
+fi
+# outputs written whole and renamed over their place are refused on a pipe
+# or a device, which the rename would replace (as root, --save /dev/null
+# replaced /dev/null with a file): a pipe here stands for both
+mkfifo "$TEST_TMPDIR/pipe"
+ln -s "$TEST_TMPDIR/pipe" "$TEST_TMPDIR/tkpipe_val.bin"
+bad=""
+for what in "--save" "--trace"; do
+    out=$(timeout 60 $MPIRUN -np 1 "$BUILD/chapter-0" --steps 1 --peak-gflops 10 $what "$TEST_TMPDIR/pipe" 2>&1)
+    [ $? = 1 ] && echo "$out" | grep -q "^error: $what '$TEST_TMPDIR/pipe' is a pipe: give a file name" || bad="$bad $what: $out;"
+done
+out=$(timeout 60 "$BUILD/attention_bench" --batch 1 --seq 16 --channels 8 --heads 2 --reps 1 --log "$TEST_TMPDIR/pipe" 2>&1)
+[ $? = 1 ] && echo "$out" | grep -q "^error: --log '$TEST_TMPDIR/pipe' is a pipe" || bad="$bad attention_bench: $out;"
+out=$(timeout 60 "$BUILD/tokenize" "$TEST_TMPDIR/short_val.txt" "$TEST_TMPDIR/tkpipe" 2>&1)
+[ $? = 1 ] && echo "$out" | grep -q "^error: the output '$TEST_TMPDIR/tkpipe_val.bin' is a pipe" || bad="$bad tokenize: $out;"
+if [ -z "$bad" ] && [ -p "$TEST_TMPDIR/pipe" ] && [ ! -e "$TEST_TMPDIR/tkpipe_train.bin" ]; then
+    pass "hardening: --save, --trace, attention_bench --log and tokenize refuse a pipe (a device alike) as a file to replace"
+else
+    fail "hardening: outputs over a pipe" "${bad:-the pipe was replaced}"
 fi
 # the tokenizer: never its own input, both files or neither, an empty input
 # and missing arguments refused with an error line
@@ -166,6 +185,19 @@ if [ $rc -ne 0 ] && echo "$out" | grep -q "^error: the output '$TEST_TMPDIR/tk_t
     pass "hardening: tokenize refuses to write over its input, which stays intact"
 else
     fail "hardening: tokenize over its input" "exit $rc; $out"
+fi
+# a second file that cannot be written (a full disk there: tests/fail_create.c)
+# leaves the pair that was there before, both files (it removed the new train
+# file, and with it the only one)
+"$BUILD/tokenize" "$TEST_TMPDIR/short_val.txt" "$TEST_TMPDIR/tkp" > /dev/null
+cp "$TEST_TMPDIR/tkp_train.bin" "$TEST_TMPDIR/tkp_train.before"
+out=$(TEST_FAIL_CREATE="*/tkp_val.bin*" LD_PRELOAD=$(cd "$BUILD/tests" && pwd)/libfail_create.so "$BUILD/tokenize" "$TEST_TMPDIR/corpus.txt" "$TEST_TMPDIR/tkp" 2>&1)
+rc=$?
+if [ $rc -ne 0 ] && echo "$out" | grep -q "No space left on device" && cmp -s "$TEST_TMPDIR/tkp_train.bin" "$TEST_TMPDIR/tkp_train.before" &&
+    [ -f "$TEST_TMPDIR/tkp_val.bin" ] && [ -z "$(ls "$TEST_TMPDIR" | grep 'tkp.*\(tmp\|new\)')" ]; then
+    pass "hardening: tokenize whose second file fails keeps the pair that was there, and leaves nothing new"
+else
+    fail "hardening: tokenize's failed second file" "exit $rc; $out; $(ls "$TEST_TMPDIR" | grep tkp | tr '\n' ' ')"
 fi
 mkdir -p "$TEST_TMPDIR/tkd_val.bin"
 out=$("$BUILD/tokenize" "$TEST_TMPDIR/short_val.txt" "$TEST_TMPDIR/tkd" 2>&1)

@@ -4,6 +4,8 @@
 #include <stdlib.h>
 #include <signal.h>
 #include <string.h>
+#include <errno.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -228,7 +230,23 @@ static void test_tmpfile_guard(void) {
     remove(tmp);
 }
 
+// atomic_open refuses a target that is not a regular file: its rename would
+// replace the pipe (or, as root, a device node) with a file.
+static void test_atomic_not_regular(void) {
+    const char* pipe_path = tmp_path("test_data_pipe");
+    remove(pipe_path);
+    AtomicFile a;
+    int made = mkfifo(pipe_path, 0600) == 0, err = made ? atomic_open(&a, pipe_path) : -1;
+    struct stat st;
+    int still = stat(pipe_path, &st) == 0 && S_ISFIFO(st.st_mode);
+    check(made && err == EINVAL && still, "data: atomic_open refuses a pipe (EINVAL) and leaves it a pipe",
+          "mkfifo %d, atomic_open %d, still a pipe %d", made, err, still);
+    if (err == 0) atomic_close(&a, 0);
+    remove(pipe_path);
+}
+
 int main(void) {
+    test_atomic_not_regular();
     test_tokenizer_and_files();
     test_text_split();
     test_not_text();

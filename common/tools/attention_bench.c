@@ -26,6 +26,7 @@
 #include <unistd.h>
 
 #include "args.h"
+#include "atomic_file.h"
 #include "device.h"
 #include "errors.h"
 #include "memory.h"
@@ -109,7 +110,9 @@ int main(int argc, char** argv) {
     }
     char msg[ERROR_MAX];
     PathArg log_arg = {"--log", log_path};
-    if (paths_check_writable(&log_arg, msg, sizeof(msg))) {  // now, not after the bench
+    // now, not after the bench; a file renamed over its place (never a device)
+    if (paths_check_writable(&log_arg, msg, sizeof(msg)) ||
+        (log_path && paths_check_regular("--log", log_path, "give a file name", msg, sizeof(msg)))) {
         fprintf(stderr, "error: %s\n", msg);
         return 1;
     }
@@ -199,20 +202,25 @@ int main(int argc, char** argv) {
     printf("  kept for backward: full %.1f MiB of probabilities (+ as much scratch), flash %.3f MiB of lse\n",
            natt * 4.0 / 1048576, nlse * 4.0 / 1048576);
     printf("  flash against full: out %.2g, dqkv %.2g (max difference / max value)\n", d_out, d_grad);
-    if (log_path) {
-        FILE* f = fopen(log_path, "w");
-        if (!f) {
-            fprintf(stderr, "error: cannot write %s\n", log_path);
+    if (log_path) {  // whole or not at all (atomic_file.h), and a failed write said
+        AtomicFile a;
+        int err = atomic_open(&a, log_path);
+        if (err) {
+            fprintf(stderr, "error: cannot write --log '%s': %s\n", log_path, strerror(err));
             return 1;
         }
-        fprintf(f,
+        FILE* f = a.f;
+        int ok = fprintf(f,
                 "{\"type\":\"attention\",\"B\":%d,\"T\":%d,\"C\":%d,\"NH\":%d,\"threads\":%d,\"reps\":%d,"
                 "\"full_fwd_ms\":%.3f,\"full_bwd_ms\":%.3f,\"flash_fwd_ms\":%.3f,\"flash_bwd_ms\":%.3f,"
                 "\"full_ms\":%.3f,\"flash_ms\":%.3f,\"full_best_ms\":%.3f,\"flash_best_ms\":%.3f,"
                 "\"ratio\":%.4f,\"full_cpu_ms\":%.3f,\"flash_cpu_ms\":%.3f,\"full_bytes\":%zu,\"flash_bytes\":%zu,\"out_diff\":%.3g,\"dqkv_diff\":%.3g}\n",
                 B, T, C, NH, nthreads, reps, med[0], med[1], med[2], med[3], med_both[0], med_both[1],
-                min_both[0], min_both[1], med_both[1] / med_both[0], med_cpu[0], med_cpu[1], natt * 4, nlse * 4, d_out, d_grad);
-        fclose(f);
+                min_both[0], min_both[1], med_both[1] / med_both[0], med_cpu[0], med_cpu[1], natt * 4, nlse * 4, d_out, d_grad) > 0;
+        if ((err = atomic_close(&a, ok))) {
+            fprintf(stderr, "error: writing --log '%s' failed: %s\n", log_path, strerror(err));
+            return 1;
+        }
     }
     for (int k = 0; k < 4; k++) free(t[k]);
     for (int k = 0; k < 2; k++) free(cpu[k]);

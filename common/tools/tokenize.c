@@ -42,11 +42,28 @@ int main(int argc, char** argv) {
     PathArg outputs[] = {{"the output", train_path}, {"the output", val_path}};
     if (!bad) bad = paths_check_distinct(&input, 1, outputs, 2, msg, sizeof(msg));
     for (int o = 0; o < 2 && !bad; o++) bad = paths_check_writable(&outputs[o], msg, sizeof(msg));
-    if (!bad) bad = data_write_tokens(train_path, train.tokens, train.count, msg, sizeof(msg));
-    if (!bad && data_write_tokens(val_path, val.tokens, val.count, msg, sizeof(msg))) {
-        remove(train_path);  // both or neither (the val file's own write left nothing: atomic_file.h)
+    for (int o = 0; o < 2 && !bad; o++)  // renamed over: never a device or a pipe
+        bad = paths_check_regular("the output", outputs[o].path, "give another prefix", msg, sizeof(msg));
+    // both or neither: each written whole beside its place (atomic_file.h),
+    // then both renamed into place, so a failed write leaves the pair that
+    // was there before (removing the new train file left no train file)
+    char* train_new = malloc(len + 4);
+    char* val_new = malloc(len + 4);
+    snprintf(train_new, len + 4, "%s.new", train_path);
+    snprintf(val_new, len + 4, "%s.new", val_path);
+    if (!bad) bad = data_write_tokens(train_new, train.tokens, train.count, msg, sizeof(msg));
+    if (!bad && data_write_tokens(val_new, val.tokens, val.count, msg, sizeof(msg))) {
+        remove(train_new);
         bad = msg;
     }
+    if (!bad && (rename(train_new, train_path) != 0 || rename(val_new, val_path) != 0)) {
+        snprintf(msg, sizeof(msg), "cannot rename the new token files into place ('%s', '%s')", train_path, val_path);
+        remove(train_new);
+        remove(val_new);
+        bad = msg;
+    }
+    free(train_new);
+    free(val_new);
     if (bad) {
         fprintf(stderr, "error: %s\n", bad);
         return 1;
