@@ -552,7 +552,10 @@ class Site:
 
     # ---- everything
     def build(self):
-        t0 = time.time()
+        # into OUT.partial, then renamed over OUT: a build that fails leaves
+        # the last site whole, never half of a new one
+        t0, final = time.time(), self.out
+        self.out = final + '.partial'
         if os.path.isdir(self.out):
             shutil.rmtree(self.out)
         os.makedirs(self.out)
@@ -609,6 +612,12 @@ class Site:
             dark = '\n'.join(l for l in dark.split('\n') if not re.match(r'\s*(pre|\.code)\s*\{|\s*\.code \.hll|'
                                                                           r'\s*td\.|\s*span\.|\s*\.code\s+\{', l))
             f.write('\n@media (prefers-color-scheme: dark) {\n%s\n}\n' % dark)
+        with open(os.path.join(self.out, SITE_MARK), 'w') as f:
+            f.write('a site tools/site/build.py wrote: --out may replace this folder\n')
+        if os.path.isdir(final):
+            shutil.rmtree(final)
+        os.rename(self.out, final)
+        self.out = final
         print('site: %d pages (%d docs, %d source files, %d traces), %d files copied, in %s/ (%.1f s)' % (
             written, len(self.docs), len(self.sources), len(self.traces), len(self.copies),
             os.path.relpath(self.out, os.getcwd()) if not os.path.relpath(self.out, os.getcwd()).startswith('..')
@@ -644,6 +653,26 @@ class Site:
             f.write(text)
 
 
+SITE_MARK = '.course-site'  # in every site this script wrote: the one folder outside build/ it replaces
+
+
+def out_problem(root, out):
+    """Why OUT must not be (re)written, or None: never a file, never the
+    checkout or a folder of it but build/, never a folder outside build/
+    that is not a site this script wrote (its old content is removed)."""
+    root, real = os.path.realpath(root), os.path.realpath(out)
+    build = os.path.join(root, 'build')
+    if os.path.exists(out) and not os.path.isdir(out):
+        return '--out %s is a file, not a folder' % out
+    if real == root or root.startswith(real + os.sep) or (
+            real.startswith(root + os.sep) and real != build and not real.startswith(build + os.sep)):
+        return '--out %s lies in the checkout outside build/ (its content would be replaced): give a path under build/ or outside it' % out
+    if (os.path.isdir(out) and os.listdir(out) and not real.startswith(build + os.sep)
+            and not os.path.exists(os.path.join(out, SITE_MARK))):
+        return '--out %s holds files that are not a site this script wrote: remove them or give another --out' % out
+    return None
+
+
 def main(argv):
     root = os.path.normpath(os.path.join(HERE, '..', '..'))
     out = None
@@ -661,15 +690,24 @@ def main(argv):
         else:
             print('site: unknown argument %s (see --help)' % argv[i], file=sys.stderr)
             return 2
+    if not os.path.isfile(os.path.join(root, 'docs', 'README.md')):
+        print('site: --root %s is not the course\'s checkout (no docs/README.md)' % root, file=sys.stderr)
+        return 1
+    out = os.path.abspath(out or os.path.join(root, 'build', 'site'))
+    bad = out_problem(root, out)
+    if bad:
+        print('site: %s' % bad, file=sys.stderr)
+        return 1
     for what, missing in (('pandoc', shutil.which('pandoc') is None), ('python3-pygments', highlight is None)):
         if missing:
             print('site: %s is missing: bash .ci/install-deps.sh site installs it' % what, file=sys.stderr)
             return 1
-    site = Site(root, os.path.abspath(out or os.path.join(root, 'build', 'site')))
+    site = Site(root, out)
     try:
         site.build()
-    except RuntimeError as e:
-        print('site: %s' % e, file=sys.stderr)
+    except (RuntimeError, OSError, ValueError) as e:  # ValueError: a trace that is not JSON, among others
+        print('site: %s: %s (the last site, if any, is left as it was)' % (type(e).__name__, e), file=sys.stderr)
+        shutil.rmtree(out + '.partial', ignore_errors=True)
         return 1
     return 0
 
