@@ -150,6 +150,27 @@ if [ -s "$tmp/mesh4.json" ]; then
         else
             fail "step_comm: the picture" "magic '$magic', $size bytes"
         fi
+        # a title with a quote and a backslash (it broke the gnuplot script
+        # and left a PNG of 0 bytes), an output nowhere and a --trim nowhere
+        # (a traceback): the picture, or one line and no file; and timeline.py
+        # (make timeline) alike, with a STEPS that is not FIRST:LAST
+        bad=""
+        rm -f "$tmp/q.png" "$tmp/t.png"
+        python3 docs/plots/step_comm.py "$tmp/mesh4.json" "$tmp/q.png" --title 'a "b" \ c' > /dev/null 2>&1 &&
+            [ "$(head -c 4 "$tmp/q.png" | od -An -tx1 | tr -d ' \n')" = 89504e47 ] || bad="$bad step_comm's quoted title;"
+        out=$(python3 docs/plots/step_comm.py "$tmp/mesh4.json" "$tmp/no/q.png" 2>&1 >/dev/null)
+        [ $? = 1 ] && ! echo "$out" | grep -q Traceback && [ ! -e "$tmp/no" ] || bad="$bad step_comm to a missing folder: $out;"
+        out=$(python3 docs/plots/step_comm.py "$tmp/mesh4.json" --trim "$tmp/no/t.json" 2>&1 >/dev/null)
+        [ $? = 1 ] && echo "$out" | grep -q "^step_comm: cannot write --trim" || bad="$bad --trim to a missing folder: $out;"
+        python3 docs/plots/timeline.py "$tmp/mesh4.json" "$tmp/t.png" "" "it's \"quoted\"" > /dev/null 2>&1 &&
+            [ "$(head -c 4 "$tmp/t.png" | od -An -tx1 | tr -d ' \n')" = 89504e47 ] || bad="$bad timeline's quoted title;"
+        out=$(python3 docs/plots/timeline.py "$tmp/mesh4.json" "$tmp/t2.png" abc 2>&1)
+        [ $? = 1 ] && echo "$out" | grep -q "^timeline: STEPS=abc: give FIRST:LAST" && [ ! -e "$tmp/t2.png" ] || bad="$bad STEPS=abc: $out;"
+        if [ -z "$bad" ]; then
+            pass "step_comm and timeline: a quoted title draws, a missing folder or bad STEPS is one error line and no file"
+        else
+            fail "step_comm and timeline: their input" "$bad"
+        fi
     fi
 fi
 if make -n --no-print-directory capstone DOCS=1 2>/dev/null | grep -q 'step_comm.py docs/plots/data/capstone/step1_rank0.json docs/plots/capstone_step.png' &&

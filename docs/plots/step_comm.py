@@ -34,9 +34,11 @@ the listing is for traces of the CPU backend.
 """
 import json
 import os
-import subprocess
 import sys
 import tempfile
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # beside this script, however it is loaded
+from gp import draw_png, gp_string  # noqa: E402 (docs/plots/gp.py)
 
 AXES = ["dp", "tp", "pp", "cp", "ep"]
 COLORS = {  # operation -> colour
@@ -207,9 +209,7 @@ def draw(out, title, ops):
         width = max(700, 160 + 38 * n)
         height = 200 + 150 * len(groups)
         gp = f"""
-set terminal pngcairo size {width},{height} font "sans,10"
-set output "{out}"
-set title "{title}" noenhanced
+set title {gp_string(title)} noenhanced
 set xlabel "collectives in the order the rank issues them"
 set xrange [0.4:{n + 0.6}]
 set yrange [0.4:{top + 0.6}]
@@ -218,15 +218,12 @@ set xtics 1 font ",8"
 set key outside right top vertical
 set border 3
 {chr(10).join(objs)}
-plot "{dat}" using 1:2:3:4:5:6:7 with boxxyerror fs solid 1.0 noborder lc rgb variable notitle, \\
-     "{dat}" using 1:2:8:9 with labels rotate by 90 font ",8" tc rgb variable notitle noenhanced, {legend}
+plot {gp_string(dat)} using 1:2:3:4:5:6:7 with boxxyerror fs solid 1.0 noborder lc rgb variable notitle, \\
+     {gp_string(dat)} using 1:2:8:9 with labels rotate by 90 font ",8" tc rgb variable notitle noenhanced, {legend}
 """
-        gpf = os.path.join(tmp, "step_comm.gp")
-        with open(gpf, "w") as f:
-            f.write(gp)
-        rc = subprocess.call(["gnuplot", gpf])
-        if rc != 0:
-            die(f"gnuplot failed ({rc})")
+        bad = draw_png(f'set terminal pngcairo size {width},{height} font "sans,10"', gp, out, os.path.join(tmp, "step_comm.gp"))
+        if bad:
+            die(bad)
 
 
 def main(argv):
@@ -241,10 +238,14 @@ def main(argv):
         die(f"cannot read the trace '{opts['trace']}': {e}")
     chosen, host, ops = collectives(events, opts["rank"], opts["step"])
     step = chosen["args"]["step"]
-    if opts["trim"]:
-        with open(opts["trim"], "w") as f:
-            json.dump({"traceEvents": [chosen] + host, "otherData": {"ranks": ranks}}, f, separators=(",", ":"))
-            f.write("\n")
+    if opts["trim"]:  # whole or not at all: beside its place, then renamed
+        try:
+            with open(opts["trim"] + ".tmp", "w") as f:
+                json.dump({"traceEvents": [chosen] + host, "otherData": {"ranks": ranks}}, f, separators=(",", ":"))
+                f.write("\n")
+            os.replace(opts["trim"] + ".tmp", opts["trim"])
+        except OSError as e:
+            die(f"cannot write --trim '{opts['trim']}': {e}")
     if opts["json"]:
         print(json.dumps({"rank": opts["rank"], "ranks": ranks, "step": step, "collectives": ops}))
     else:

@@ -12,9 +12,12 @@ default is the first two timed steps, or all steps if there are fewer.
 """
 import json
 import os
-import subprocess
+import re
 import sys
 import tempfile
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # beside this script, however it is loaded
+from gp import draw_png, gp_string  # noqa: E402 (docs/plots/gp.py)
 
 COLORS = {  # kind -> (rgb, legend)
     "forward": (0x88BBEE, "forward"),
@@ -38,14 +41,22 @@ def main(argv):
             events = json.load(f)["traceEvents"]
     except (OSError, ValueError, KeyError, TypeError) as e:
         sys.exit(f"timeline: cannot read the trace '{path}': {e}")
-    spans = [e for e in events if e.get("ph") == "X"]
-    ranks = sorted({e["pid"] for e in spans})
-    steps = sorted((e["args"]["step"], e["ts"], e["ts"] + e["dur"], e["args"].get("timed", 0))
-                   for e in spans if e["cat"] == "step" and e["pid"] == 0)
+    try:  # the course's spans (common/trace.c): pid, ts, dur, cat, name, args
+        spans = [e for e in events if e.get("ph") == "X"]
+        ranks = sorted({e["pid"] for e in spans})
+        steps = sorted((e["args"]["step"], e["ts"], e["ts"] + e["dur"], e["args"].get("timed", 0))
+                       for e in spans if e["cat"] == "step" and e["pid"] == 0)
+        for e in spans:
+            e["pid"], e["ts"], e["dur"], e["cat"], e["name"]
+    except (AttributeError, KeyError, TypeError) as e:
+        sys.exit(f"timeline: '{path}' is not a trace of the course's programs (--trace FILE): {type(e).__name__} {e}")
     if not steps:
         sys.exit(f"timeline: '{path}' holds no step spans")
     if window:
-        a, b = (int(x) for x in window.split(":"))
+        m = re.fullmatch(r"(\d+):(\d+)", window)
+        if not m:
+            sys.exit(f"timeline: STEPS={window}: give FIRST:LAST, e.g. 1:2")
+        a, b = int(m.group(1)), int(m.group(2))
     else:
         timed = [s[0] for s in steps if s[3]]
         a = timed[0] if timed else steps[0][0]
@@ -96,9 +107,7 @@ def main(argv):
                            for c, name in COLORS.values())
         height = max(260, 120 + 90 * len(ranks))
         gp = f"""
-set terminal pngcairo size 1200,{height} font "sans,10"
-set output "{out}"
-set title "{title}: steps {a}-{b}" noenhanced
+set title {gp_string(f"{title}: steps {a}-{b}")} noenhanced
 set xlabel "ms"
 set xrange [0:{(t_hi - t_lo) / 1000.0:.6f}]
 set yrange [0:{2 * len(ranks)}]
@@ -106,14 +115,11 @@ set ytics ({", ".join(ytics)})
 set key outside right top
 set grid xtics
 {step_lines}
-plot "{dat}" using 1:2:3:4:5:6:7 with boxxyerror fs solid 1.0 noborder lc rgb variable notitle, {legend}
+plot {gp_string(dat)} using 1:2:3:4:5:6:7 with boxxyerror fs solid 1.0 noborder lc rgb variable notitle, {legend}
 """
-        gpf = os.path.join(tmp, "timeline.gp")
-        with open(gpf, "w") as f:
-            f.write(gp)
-        rc = subprocess.call(["gnuplot", gpf])
-        if rc != 0:
-            sys.exit(f"timeline: gnuplot failed ({rc})")
+        bad = draw_png(f'set terminal pngcairo size 1200,{height} font "sans,10"', gp, out, os.path.join(tmp, "timeline.gp"))
+        if bad:
+            sys.exit(f"timeline: {bad}")
     print(f"timeline: {out} (steps {a}-{b} of {len(ranks)} rank{'s' if len(ranks) != 1 else ''})")
 
 
