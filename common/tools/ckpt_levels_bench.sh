@@ -19,6 +19,12 @@ cd "$(dirname "$0")/../.."
 BIN=${BIN:-build}
 out=${1:-docs/plots/data/ckpt}
 mkdir -p "$out"
+# every run logs into a folder of its own, moved over OUT_DIR's files only
+# when all 14 ran: a failure leaves the last measurements (and their date)
+final=$out
+out=$(mktemp -d "$final/.running.XXXXXX")
+trap 'rm -rf "$out"' EXIT
+failures=0
 D1=/dev/shm/ckpt_levels_bench.$$
 D3=${TMPDIR:-/tmp}/ckpt_levels_bench.$$
 F="--model small --steps 4 --batch 8 --seq 64 --peak-gflops 10 --dp 4 --zero 3"
@@ -48,7 +54,8 @@ for round in 1 2; do
         mkdir -p "$D1"
         t0=$(date +%s.%N)
         if ! res=$(bash tests/mpirun.sh -np 4 "$BIN/chapter-3" $F $(flags $m) --log "$out/${m}_r$round.jsonl" 2>&1); then
-            echo "failed: $m round $round: $(echo "$res" | grep -m1 '^error')" | tee -a "$out/runs.txt"
+            echo "failed: $m round $round: $(echo "$res" | grep -m1 '^error' || echo "$res" | tail -1)" | tee -a "$out/runs.txt"
+            failures=$((failures + 1))
             continue
         fi
         t1=$(date +%s.%N)
@@ -58,7 +65,18 @@ for round in 1 2; do
 done
 rm -rf "$D1" "$D3"
 echo "load at the end: $(cut -d' ' -f1-3 /proc/loadavg)" >> "$out/runs.txt"
-# the tables the plot is drawn from (docs/plots/ckpt_levels.sh), as printed
+if [ $failures -gt 0 ]; then
+    echo "ckpt-bench: $failures of 14 runs failed: $final keeps the measurements it had" >&2
+    exit 1
+fi
+mv -f "$out"/* "$final"/
+# the tables the plot is drawn from (docs/plots/ckpt_levels.sh reads DATA/ckpt), as printed
+if [ "$(basename "$final")" != ckpt ]; then
+    echo "ckpt-bench: the logs are in $final; docs/plots/ckpt_levels.sh draws from a folder named ckpt"
+    exit 0
+fi
 t=$(mktemp -d)
-bash docs/plots/ckpt_levels.sh "$(dirname "$out")" "$t" > /dev/null && cat "$t/ckpt_stall.dat" "$t/ckpt_bytes.dat"
+bash docs/plots/ckpt_levels.sh "$(dirname "$final")" "$t" > /dev/null && cat "$t/ckpt_stall.dat" "$t/ckpt_bytes.dat"
+rc=$?
 rm -rf "$t"
+exit $rc

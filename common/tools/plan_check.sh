@@ -81,7 +81,7 @@ while read -r file npf cmd; do
         failed=$((failed + 1))
         continue
     fi
-    row=$(python3 - "$log" "$plan" <<'PY'
+    if ! row=$(python3 - "$log" "$plan" 2>"$LOGS/$name.compare" <<'PY'
 import json, sys
 summ = [json.loads(l) for l in open(sys.argv[1]) if '"type":"summary"' in l][-1]
 recs = [json.loads(l) for l in sys.argv[2].splitlines() if l.startswith("{")]
@@ -90,7 +90,11 @@ t = [r for r in recs if r["type"] == "plan_time"][0]
 pred, meas = t["ms_per_step"], summ["ms_per_step"]
 print(f"{pred:.1f}\t{meas:.1f}\t{(pred - meas) / meas:+.3f}\t{max(plan['peak_bytes']['total'])}\t{max(summ['peak_bytes']['total'])}")
 PY
-)
+); then  # a log or a plan it cannot read is a failure, never a row (it counted as a match)
+        echo "plan-check: $name: cannot compare the plan with $log: $(tail -1 "$LOGS/$name.compare")" >&2
+        failed=$((failed + 1))
+        continue
+    fi
     printf '%s\t%s\t%s\t%s\n' "$name" "$ch" "$np" "$row" >> "$tmp"
     echo "$row" | awk -F'\t' -v n="$name" -v r="$np" '{ printf "%-24s %5d %12.1f %12.1f %+7.1f%% %14d %14d\n", n, r, $1, $2, 100 * $3, $4, $5 }'
     n=$((n + 1))
