@@ -17,13 +17,21 @@ KINDS = ["matmul", "attention", "layernorm", "gelu", "residual", "encoder",
 def main():
     if len(sys.argv) not in (2, 3):
         sys.exit(__doc__.strip())
-    path, rank = sys.argv[1], int(sys.argv[2]) if len(sys.argv) == 3 else 0
+    path, rank = sys.argv[1], sys.argv[2] if len(sys.argv) == 3 else "0"
+    if not rank.isdigit():
+        sys.exit(f"RANK={rank}: give a rank number")
+    rank = int(rank)
     summary = None
-    with open(path) as f:
-        for line in f:
-            rec = json.loads(line)
-            if rec.get("type") == "summary":
-                summary = rec
+    try:
+        with open(path) as f:
+            for n, line in enumerate(f, 1):
+                rec = json.loads(line)
+                if isinstance(rec, dict) and rec.get("type") == "summary":
+                    summary = rec
+    except OSError as e:
+        sys.exit(f"{path}: cannot read it: {e.strerror}")
+    except ValueError:
+        sys.exit(f"{path}:{n}: not a JSON line: give the --log FILE.jsonl of a run")
     if summary is None:
         sys.exit(f"{path}: no summary record (did the run finish?)")
     ops = summary.get("op_ms_per_step")

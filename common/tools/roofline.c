@@ -68,6 +68,15 @@ int main(int argc, char** argv) {
     runtime_init(&argc, &argv);
     int n = runtime_set_threads(threads);
     const char* device = device_init(runtime_local_rank());
+    // the largest shape's buffers (fc: N x C in, 4C x C weights, N x 4C out),
+    // refused now with this tool's flags (mem_alloc's message names a chapter's)
+    double need = 4.0 * (5.0 * N * C + 4.0 * C * C), have = (double)device_memory_bytes();
+    if (need > have) {
+        fprintf(stderr, "error: --tokens %d x --channels %d need %.1f GiB for the fc shape's buffers, more than this "
+                "%s's %.1f GiB: lower --tokens or --channels\n", N, C, need / (1 << 30), device, have / (1 << 30));
+        runtime_finalize();
+        return 1;
+    }
 
     int size = 0;
     double peak = measure_matmul_gflops_sized(&size);

@@ -14,11 +14,12 @@
 set -u
 cd "$(dirname "$0")/../.."
 data=$1 tables=$2
-files=$(ls "$data"/ch7/ch7_load_aux*.jsonl 2>/dev/null) || exit 0
-[ -n "$files" ] || exit 0
+# a glob, not a word-split list: a DATA_DIR with a space in its name works
+files=("$data"/ch7/ch7_load_aux*.jsonl)
+[ -e "${files[0]}" ] || exit 0
 mkdir -p "$tables"
 list=""
-for f in $files; do
+for f in "${files[@]}"; do
     c=$(basename "$f" .jsonl | sed 's/ch7_load_aux//')
     grep '"type":"step"' "$f" | sed 's/.*"step":\([0-9]*\),.*"expert_tokens":\[\[\([0-9,]*\)\].*/\1 \2/' |
         awk '{ n = split($2, t, ","); s = 0; for (i = 1; i <= n; i++) s += t[i]
