@@ -233,6 +233,9 @@ void report_summary_gathered(JsonLog* log, const Mesh* mesh, const RunSummary* s
     printf("throughput: %.1f ms/step, %.0f tokens/s, %.2f GFLOP/s, MFU %.1f%% of %.1f GFLOP/s %s\n",
            s->ms_per_step, s->tokens_per_s, s->tokens_per_s * s->flops_per_token / 1e9, 100.0 * mfu, peak_sum,
            peak_what);
+    if (mfu > 1.0 && peak_source && !strcmp(peak_source, "measured"))  // while other jobs held the cores
+        printf("note: MFU above 100%%: the measured peak (its denominator) is below what the steps reached, so it was "
+               "measured on a busy machine; give one with --peak-gflops (build/roofline prints it on a quiet one)\n");
     printf("peak memory per rank (MiB):\n  rank");
     for (int c = 0; c < MEM_NUM_CATEGORIES; c++) printf(" %11s", mem_category_name(c));
     printf(" %11s\n", "total");
