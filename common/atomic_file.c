@@ -45,7 +45,7 @@ void tmpfile_guard_end(void) {
 
 int atomic_open(AtomicFile* a, const char* path) {
     // the rename replaces whatever the path names: never a device or a pipe
-    // (as root, --save /dev/null replaced /dev/null with a file)
+    // (as root, a --save of /dev/null would replace /dev/null with a file)
     struct stat st;
     if (stat(path, &st) == 0 && !S_ISREG(st.st_mode)) return EINVAL;
     size_t len = strlen(path) + 32;

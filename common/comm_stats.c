@@ -48,10 +48,7 @@ void comm_tally(const Comm* c, Collective coll, size_t bytes, double factor) {
 void comm_tally_bytes(const Comm* c, Collective coll, double bytes, double bus_bytes) {
     if (quiet) return;  // inside a hand collective: counted once, as a whole
     comm_trace_operation(coll, c->axis, bytes);
-    CommCount* k = &counts[coll][c->axis];
-    k->calls += 1;
-    k->bytes += bytes;
-    k->bus_bytes += bus_bytes;
+    comm_tally_calls(c, coll, 1.0, bytes, bus_bytes);
 }
 
 void comm_tally_calls(const Comm* c, Collective coll, double calls, double bytes, double bus_bytes) {
