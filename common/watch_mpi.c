@@ -141,6 +141,29 @@ int MPI_Sendrecv(const void* send, int scount, MPI_Datatype stype, int dest, int
     return rc;
 }
 
+// A new communicator needs every member's colour or key: a collective that
+// blocks like any other (the capstone makes its groups after the watchdog starts).
+int MPI_Comm_split(MPI_Comm comm, int color, int key, MPI_Comm* out) {
+    int marked = watchdog_enter_mpi("MPI_Comm_split", group_of(comm), -1);
+    int rc = PMPI_Comm_split(comm, color, key, out);
+    watchdog_leave_mpi(marked);
+    return rc;
+}
+
+int MPI_Comm_split_type(MPI_Comm comm, int type, int key, MPI_Info info, MPI_Comm* out) {
+    int marked = watchdog_enter_mpi("MPI_Comm_split_type", group_of(comm), -1);
+    int rc = PMPI_Comm_split_type(comm, type, key, info, out);
+    watchdog_leave_mpi(marked);
+    return rc;
+}
+
+int MPI_Comm_dup(MPI_Comm comm, MPI_Comm* out) {
+    int marked = watchdog_enter_mpi("MPI_Comm_dup", group_of(comm), -1);
+    int rc = PMPI_Comm_dup(comm, out);
+    watchdog_leave_mpi(marked);
+    return rc;
+}
+
 int MPI_Wait(MPI_Request* req, MPI_Status* status) {
     int marked = watchdog_enter_mpi("MPI_Wait", "a request", -1);
     int rc = PMPI_Wait(req, status);

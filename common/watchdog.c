@@ -4,6 +4,7 @@
 #include <mpi.h>
 #include <pthread.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <time.h>
 
@@ -44,6 +45,8 @@ static pthread_t thread;
 static MPI_Comm census_comm = MPI_COMM_NULL;
 static int me = 0, world = 1;
 static pthread_t main_thread;  // the thread whose waits are marked
+static RankState* states;      // (world) a census's answers, one per rank
+static char* answered;         // (world)
 
 void watchdog_enter(const char* op, const char* group, int peer) {
     if (!running) return;
@@ -130,10 +133,8 @@ static void describe(char* out, size_t len, const RankState* s) {
 // Asks every other rank what it does; ends the job if one cannot answer or
 // if nobody can move. Returns when the job goes on (somebody is computing).
 static void census(int round) {
-    static RankState states[4096];
-    int n = world < 4096 ? world : 4096;
-    static char answered[4096];
-    memset(answered, 0, sizeof(answered));
+    int n = world;
+    memset(answered, 0, (size_t)n);
     my_state(&states[me], round);
     answered[me] = 1;
     int asked = 0;
@@ -226,7 +227,13 @@ void watchdog_start(double timeout_seconds) {
         if (me == 0) printf("note: this MPI gives no MPI_THREAD_MULTIPLE: the watchdog (--timeout) is off\n");
         return;
     }
-    MPI_Comm_dup(MPI_COMM_WORLD, &census_comm);
+    states = calloc((size_t)world, sizeof(RankState));
+    answered = calloc((size_t)world, 1);
+    if (!states || !answered) {  // a few bytes a rank: every rank would fail alike, and a job of half-watchdogs hangs
+        fprintf(stderr, "error: %s:%d: out of memory for the watchdog's census of %d ranks\n", __FILE__, __LINE__, world);
+        MPI_Abort(MPI_COMM_WORLD, 1);
+    }
+    PMPI_Comm_dup(MPI_COMM_WORLD, &census_comm);  // not through watch_mpi.c: the watchdog is not yet running
     main_thread = pthread_self();
     timeout_s = timeout_seconds;
     stop_flag = 0;
@@ -242,4 +249,6 @@ void watchdog_stop(void) {
     __atomic_store_n(&stop_flag, 1, __ATOMIC_RELEASE);
     pthread_join(thread, NULL);
     running = 0;
+    free(states), free(answered);
+    states = NULL, answered = NULL;
 }

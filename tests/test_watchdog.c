@@ -1,7 +1,7 @@
 // test_watchdog.c: a rank that stops while its peer sits in a plain MPI call
 // (not one of comm.c's marked waits) still ends the job (watch_mpi.c).
 // Two ranks, one blocking call named on the command line:
-//   mpirun -np 2 build/tests/test_watchdog allreduce|bcast|recv|gather|barrier
+//   mpirun -np 2 build/tests/test_watchdog allreduce|bcast|recv|gather|barrier|comm_split|comm_dup
 // Both start the watchdog with a 1 s timeout; rank 1 then stops itself with
 // SIGSTOP (alive to the kernel, dead to its peer) and rank 0 makes the call.
 // The job must end by MPI_Abort with the watchdog's message naming rank 1;
@@ -36,8 +36,11 @@ int main(int argc, char** argv) {
     MPI_Comm_size(MPI_COMM_WORLD, &size);
     const char* call = argc > 1 ? argv[1] : "";
     if (size != 2 || (strcmp(call, "allreduce") && strcmp(call, "bcast") && strcmp(call, "recv") &&
-                      strcmp(call, "gather") && strcmp(call, "barrier") && strcmp(call, "brief"))) {
-        if (rank == 0) fprintf(stderr, "usage: mpirun -np 2 test_watchdog allreduce|bcast|recv|gather|barrier|brief\n");
+                      strcmp(call, "gather") && strcmp(call, "barrier") && strcmp(call, "comm_split") &&
+                      strcmp(call, "comm_dup") && strcmp(call, "brief"))) {
+        if (rank == 0)
+            fprintf(stderr,
+                    "usage: mpirun -np 2 test_watchdog allreduce|bcast|recv|gather|barrier|comm_split|comm_dup|brief\n");
         MPI_Finalize();
         return 2;
     }
@@ -77,6 +80,9 @@ int main(int argc, char** argv) {
     if (!strcmp(call, "recv")) MPI_Recv(&x, 1, MPI_DOUBLE, 1, 0, MPI_COMM_WORLD, MPI_STATUS_IGNORE);
     if (!strcmp(call, "gather")) MPI_Gather(&x, 1, MPI_DOUBLE, both, 1, MPI_DOUBLE, 0, MPI_COMM_WORLD);
     if (!strcmp(call, "barrier")) MPI_Barrier(MPI_COMM_WORLD);
+    MPI_Comm made = MPI_COMM_NULL;  // a new group needs every member (the capstone makes its groups mid-set-up)
+    if (!strcmp(call, "comm_split")) MPI_Comm_split(MPI_COMM_WORLD, 0, rank, &made);
+    if (!strcmp(call, "comm_dup")) MPI_Comm_dup(MPI_COMM_WORLD, &made);
     // reached only if rank 1's stop went unnoticed and the call returned
     fprintf(stderr, "MPI_%s returned with rank 1 stopped\n", call);
     return 1;

@@ -46,18 +46,18 @@ wd_stop "a collective (chapter 2, dp 2)" 2 1 chapter-2 --dp 2
 wd_stop "a pipeline message (chapter 5, pp 2)" 2 0 chapter-5 --pp 2 --microbatches 4
 
 # a plain MPI call (a loss's mean, a stage's loss broadcast, a checkpoint's
-# "every writer done?"), not one of comm.c's marked waits: watch_mpi.c marks
-# it too, so a peer stopped there ends the job as well (tests/test_watchdog.c)
-for call in allreduce bcast recv gather barrier; do
+# "every writer done?", a new group), not one of comm.c's marked waits: watch_mpi.c
+# marks it too, so a peer stopped there ends the job as well (tests/test_watchdog.c)
+for call in allreduce bcast recv gather barrier comm_split comm_dup; do
     t0=$(date +%s)
     # -k: whatever is left of this run is killed with it (its own processes only)
     out=$(timeout -k 5 60 $MPIRUN -np 2 "$BUILD/tests/test_watchdog" $call 2>&1)
     rc=$? t1=$(date +%s)
     if [ $rc -ne 0 ] && [ $rc -ne 124 ] && [ "$(echo "$out" | grep -c '^error: watchdog')" = 1 ] &&
         echo "$out" | grep -q "^error: watchdog: rank 0 in MPI_${call^} .* rank 1 stopped progressing"; then
-        pass "watchdog: rank 0 in a plain MPI_$call, rank 1 stopped: every rank ended in $((t1 - t0)) s"
+        pass "watchdog: rank 0 in a plain MPI_${call^}, rank 1 stopped: every rank ended in $((t1 - t0)) s"
     else
-        fail "watchdog: a plain MPI_$call" "exit $rc (124 = hang) after $((t1 - t0)) s; $(echo "$out" | grep -E 'error|returned' | head -2)"
+        fail "watchdog: a plain MPI_${call^}" "exit $rc (124 = hang) after $((t1 - t0)) s; $(echo "$out" | grep -E 'error|returned' | head -2)"
     fi
 done
 
