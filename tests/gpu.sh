@@ -56,6 +56,21 @@ else
     skip "chapter 0 on the GPU vs the CPU reference (10 steps, 1e-4)" "$gpu_missing"
 fi
 
+# a head size whose flash-attention tiles pass every GPU's shared memory per
+# block (hs 512: 393,984 bytes for dk, dv; an H100 gives 232,448) ends with
+# one line naming the head size, not cudaFuncSetAttribute's "invalid argument"
+if [ -z "$gpu_missing" ]; then
+    python3 tests/make_model.py "$TEST_TMPDIR/hs512.bin" 250 256 64 1 1 512
+    mpi_run --may-fail $T_RUN 1 "$CUDA_BUILD/chapter-0" $INV_FLAGS --steps 1 --model "$TEST_TMPDIR/hs512.bin"
+    if [ "$RC" != 0 ] && [ "$(echo "$OUT" | grep -c '^error: .*flash attention at head size 512 (channels / heads) needs [0-9]* bytes of shared memory a block; this GPU gives a block at most [0-9]*')" = 1 ]; then
+        pass "a head size of 512 on the GPU: exit $RC, one line naming it and the shared memory"
+    else
+        fail "a head size of 512 on the GPU" "exit $RC; $(echo "$OUT" | grep -E '^error' | head -2)"
+    fi
+else
+    skip "a head size past the GPU's shared memory per block: one line naming it" "$gpu_missing"
+fi
+
 # the collectives on NCCL: hand-written and library against the exact results
 for np in 1 2; do
     if [ -n "$gpu_missing" ]; then

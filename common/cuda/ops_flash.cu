@@ -31,10 +31,22 @@
 // row of its own (past Tq or Tk) still loads and waits, and its step does
 // nothing.
 
-// Dynamic shared memory past 48 KiB must be asked for per kernel (large hs).
-static void flash_smem_limit(const void* kernel, size_t bytes) {
-    if (bytes > 48 * 1024)
-        CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)bytes));
+// Dynamic shared memory past 48 KiB must be asked for per kernel (large hs),
+// up to the device's opt-in limit (cudaDevAttrMaxSharedMemoryPerBlockOptin:
+// 163 KiB on an A100, 227 KiB on an H100). Past it the kernels cannot run:
+// the run ends naming the head size, not with cudaFuncSetAttribute's
+// "invalid argument" (the CPU twin has no such limit).
+static void flash_smem_limit(const void* kernel, size_t bytes, int hs) {
+    if (bytes <= 48 * 1024) return;
+    int device = 0, optin = 0;
+    CUDA_CHECK(cudaGetDevice(&device));
+    CUDA_CHECK(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device));
+    if (bytes > (size_t)optin)
+        fatal_at(__FILE__, __LINE__,
+                 "flash attention at head size %d (channels / heads) needs %zu bytes of shared memory a block; "
+                 "this GPU gives a block at most %d: a model with more heads (a smaller head size) runs here",
+                 hs, bytes, optin);
+    CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)bytes));
 }
 
 // Forward: block (query tile, h, b); thread r owns query row i0 + r, its
@@ -97,7 +109,7 @@ static dim3 flash_grid(int rows, int NH, int B) {
 // The forward of B batch rows: a's out and statistics, finished or partials.
 static void flash_forward(const FlashArgs* a, int B) {
     const size_t smem = flash_smem_floats(FLASH_FWD, flash_hs(a)) * sizeof(float);
-    flash_smem_limit((const void*)attention_flash_forward_kernel, smem);
+    flash_smem_limit((const void*)attention_flash_forward_kernel, smem, flash_hs(a));
     attention_flash_forward_kernel<<<flash_grid(a->Tq, a->NH, B), FLASH_TILE, smem, cuda_compute_stream>>>(*a);
     KERNEL_CHECK();
 }
@@ -109,11 +121,11 @@ static void flash_forward(const FlashArgs* a, int B) {
 static void flash_backward(const FlashArgs* a, int B) {
     const int hs = flash_hs(a);
     const size_t smem_kv = flash_smem_floats(FLASH_DKDV, hs) * sizeof(float);
-    flash_smem_limit((const void*)attention_flash_dkdv_kernel, smem_kv);
+    flash_smem_limit((const void*)attention_flash_dkdv_kernel, smem_kv, hs);
     attention_flash_dkdv_kernel<<<flash_grid(a->Tk, a->NH, B), FLASH_TILE, smem_kv, cuda_compute_stream>>>(*a);
     KERNEL_CHECK();
     const size_t smem_q = flash_smem_floats(FLASH_DQ, hs) * sizeof(float);
-    flash_smem_limit((const void*)attention_flash_dq_kernel, smem_q);
+    flash_smem_limit((const void*)attention_flash_dq_kernel, smem_q, hs);
     attention_flash_dq_kernel<<<flash_grid(a->Tq, a->NH, B), FLASH_TILE, smem_q, cuda_compute_stream>>>(*a);
     KERNEL_CHECK();
 }
