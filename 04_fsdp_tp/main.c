@@ -256,7 +256,7 @@ int main(int argc, char** argv) {
     if (zero == 3)
         snprintf(zero3, sizeof(zero3), ", prefetch %s, reshard %s", prefetch ? "on" : "off", reshard ? "on" : "off");
     print0("chapter 4: tp=%d x dp=%d; a tp rank holds %zu of %zu parameters (%d heads, %d hidden units, %d "
-           "vocabulary rows), ZeRO-%d shards them over dp: %zu per rank%s; %d sequences per dp group, device %s\n",
+           "vocabulary rows), ZeRO-%d shards them over dp: %zu per rank%s; %d sequences per dp rank, device %s\n",
            tp, dp, m.numel, P, cfg->num_heads / tp, 4 * cfg->channels / tp, m.Vl, zero, f->shard_total, zero3,
            micro, run.device);
     // (it recomputes after the gather of each block in backward)

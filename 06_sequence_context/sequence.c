@@ -497,7 +497,7 @@ void sp_print_setup(const SP* s, const Run* run) {
     const TPModel* m = &s->m;
     int L = m->cfg.num_layers;
     print0("chapter 6, sequence parallelism: tp=%d x dp=%d; a tp rank holds %zu of %zu parameters and runs "
-           "the LayerNorms and residuals on %d of its dp group's %d tokens; ZeRO-%d over dp, device %s\n",
+           "the LayerNorms and residuals on %d of its tp group's %d tokens; ZeRO-%d over dp, device %s\n",
            m->ntp, run->axes[AXIS_DP].size, m->numel, gpt_num_params(&m->cfg), s->Nl, s->N, s->zero, run->device);
     // what a layer keeps, from the allocator's counts: chapter 4's block
     // keeps its non-tensor-parallel part on every token, this one on Nl

@@ -47,7 +47,7 @@ typedef struct {
 } SP;
 
 // The rank's state on the run's dp x tp mesh (tp inner), B/dp sequences of
-// the global batch per dp group. FSDP over dp as in chapter 4: ZeRO stage
+// the global batch per dp rank (its tp group shares them). FSDP over dp as in chapter 4: ZeRO stage
 // `zero`, prefetch and reshard as chapter 3. Bad input (a cp axis, B*T not
 // divisible by tp, a mesh the model cannot split) ends every rank with one
 // message.
