@@ -273,7 +273,7 @@ int main(int argc, char** argv) {
         {"schedule", ARG_STRING, &sched_name, "gpipe | 1f1b | interleaved | zb  [1f1b]"},
         {"microbatches", ARG_INT, &m, "microbatches per step of each dp rank's share  [pp]"},
         {"virtual", ARG_INT, &v, "chunks (virtual stages) per rank, interleaved only  [1]"},
-        {"schedule-file", ARG_STRING, &sched_file,
+        {"schedule-file", ARG_INPUT, &sched_file,
          "FILE: every rank's actions from a text file, a schedule of your own (05_pipeline/schedule.h); instead of --schedule"},
         {"show-schedule", ARG_FLAG, &show, "print every rank's actions as an ASCII timeline before training"},
     };

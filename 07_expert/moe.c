@@ -12,6 +12,7 @@
 
 #include "atomic_file.h"
 #include "init.h"
+#include "model_file.h"  // model_file_open
 #include "ops.h"
 
 const char* moe_config_problem(const MoeConfig* c) {
@@ -311,11 +312,8 @@ size_t moe_active_params(const MoeConfig* c) {
 #define CKPT_MAGIC 20240326
 
 const char* moe_checkpoint_read_config(const char* path, MoeConfig* c, char* msg, size_t len) {
-    FILE* f = fopen(path, "rb");
-    if (!f) {
-        snprintf(msg, len, "cannot open checkpoint '%s': %s", path, strerror(errno));
-        return msg;
-    }
+    FILE* f = model_file_open(path, msg, len);  // a directory or a pipe refused
+    if (!f) return msg;
     int h[256];
     size_t got = fread(h, sizeof(int), 256, f);
     fclose(f);

@@ -190,6 +190,12 @@ static const char* parse_flags(int argc, char** argv, TrainArgs* a, const ArgSpe
             return msg;
         }
         const char* value = argv[++i];
+        // "--save --tf32" would write the model to a file named --tf32 and
+        // never set --tf32: a value that looks like a flag is the flag
+        if (!strncmp(value, "--", 2)) {
+            snprintf(msg, msg_len, "flag %s needs a value, got the flag %s (a file of that name: ./%s)", flag, value, value);
+            return msg;
+        }
         int parsed = parse_value(value, type, dest);
         if (parsed == -1) {
             snprintf(msg, msg_len, "flag %s: %s is too small for a float (it would be 0; the smallest positive float is about 1.4e-45)",
@@ -206,7 +212,8 @@ static const char* parse_flags(int argc, char** argv, TrainArgs* a, const ArgSpe
                      type == ARG_INT ? "an integer" : "a number", value);
             return msg;
         }
-        if (type == ARG_STRING && strlen(value) > ARGS_MAX_STRING) {
+        if (type == ARG_INPUT && a) a->input_flag = flag, a->input = value;  // train_setup checks it against the outputs
+        if ((type == ARG_STRING || type == ARG_INPUT) && strlen(value) > ARGS_MAX_STRING) {
             snprintf(msg, msg_len, "flag %s: its value is %zu characters long, more than the %d a path may have here (the "
                      "files a run makes under it need the rest of the system's 4096): use a shorter path", flag,
                      strlen(value), ARGS_MAX_STRING);

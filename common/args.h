@@ -40,6 +40,7 @@ typedef struct {
     const char* comm;      // --comm library|hand (chapters 2+: run_start adds the flag)
     float timeout;         // --timeout SECONDS: the watchdog's limit on one wait (watchdog.h; 0: off)
     int tf32;              // --tf32: TF32 tensor cores for cuBLAS's matmuls (CUDA; no effect on the CPU: device.h)
+    const char *input_flag, *input;  // a chapter's ARG_INPUT flag and its file as given (NULL: none)
 } TrainArgs;
 
 #define ARGS_MAX_SAMPLE 100000
@@ -52,8 +53,11 @@ typedef struct {
 // An int flag that was not given (so a chapter can tell 0 from "default").
 #define ARG_NOT_GIVEN (-2147483647 - 1)
 
-// ARG_FLAG takes no value and sets its int to 1.
-typedef enum { ARG_INT, ARG_FLOAT, ARG_STRING, ARG_FLAG } ArgType;
+// ARG_FLAG takes no value and sets its int to 1. ARG_INPUT is a string that
+// names a file the run reads (chapter 5's --schedule-file): train_setup
+// refuses an output (--log, --save, --trace) on it, as on --model and --data.
+// One such flag a program.
+typedef enum { ARG_INT, ARG_FLOAT, ARG_STRING, ARG_FLAG, ARG_INPUT } ArgType;
 
 // A chapter's own flag: --name VALUE stored in *dest.
 typedef struct {

@@ -10,28 +10,26 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/stat.h>
 #include <unistd.h>
 
 #include "atomic_file.h"
+#include "paths.h"
 
 #define CKPT_MAGIC 20240326
 #define CKPT_VERSION_FP32 3
 #define CKPT_VERSION_BF16 5
 
-const char* checkpoint_read_config(const char* path, GPTConfig* cfg, char* msg, size_t msg_len) {
-    struct stat st;
-    if (stat(path, &st) == 0 && !S_ISREG(st.st_mode)) {
-        snprintf(msg, msg_len, "checkpoint '%s' is not a regular file%s (give a preset, --model tiny|small, or an llm.c GPT-2 .bin file)",
-                 path, S_ISDIR(st.st_mode) ? " but a directory" : "");
-        return msg;
-    }
+FILE* model_file_open(const char* path, char* msg, size_t msg_len) {
+    const char* want = "give a preset, --model tiny|small, or a model file in llm.c's format";
+    if (paths_check_regular("checkpoint", path, want, msg, msg_len)) return NULL;
     FILE* f = fopen(path, "rb");
-    if (!f) {
-        snprintf(msg, msg_len, "cannot open checkpoint '%s': %s (give a preset, --model tiny|small, or an llm.c GPT-2 .bin file)",
-                 path, strerror(errno));
-        return msg;
-    }
+    if (!f) snprintf(msg, msg_len, "cannot open checkpoint '%s': %s (%s)", path, strerror(errno), want);
+    return f;
+}
+
+const char* checkpoint_read_config(const char* path, GPTConfig* cfg, char* msg, size_t msg_len) {
+    FILE* f = model_file_open(path, msg, msg_len);
+    if (!f) return msg;
     int header[256];
     size_t got = fread(header, sizeof(int), 256, f);
     fseek(f, 0, SEEK_END);

@@ -5,9 +5,14 @@
 #define MODEL_FILE_H
 
 #include <stddef.h>
+#include <stdio.h>
 
 #include "model_layout.h"
 
+// Opens a model file (--model FILE) to read; NULL with a message naming it
+// when it is not a regular file (a directory; a pipe, whose fopen would wait
+// for a writer forever) or cannot be opened. Chapter 7's reader opens with it too.
+FILE* model_file_open(const char* path, char* msg, size_t msg_len);
 // llm.c's GPT-2 file: 256 int32 header (magic 20240326, version 3 = fp32,
 // maxT, V, L, NH, C, Vp) then the 16 tensors, tensor-major.
 // Reads the header only; returns NULL or a message naming the problem.

@@ -3,14 +3,48 @@
 
 #include <errno.h>
 #include <libgen.h>
+#include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
+// The directory part of path made absolute (realpath) in out, and where its
+// last name starts in path; NULL when the directory does not exist.
+static const char* place_of(const char* path, char out[PATH_MAX], const char** name) {
+    const char* slash = strrchr(path, '/');
+    *name = slash ? slash + 1 : path;
+    char dir[PATH_MAX];
+    if (!slash) snprintf(dir, sizeof(dir), ".");
+    else if (slash == path) snprintf(dir, sizeof(dir), "/");
+    else if ((size_t)(slash - path) < sizeof(dir)) snprintf(dir, sizeof(dir), "%.*s", (int)(slash - path), path);
+    else return NULL;
+    return realpath(dir, out);
+}
+
+// 1 when two outputs would be one file: the same inode if both exist, else
+// the same name in the same directory.
+static int same_output(const char* a, const char* b) {
+    struct stat sa, sb;
+    int has_a = stat(a, &sa) == 0, has_b = stat(b, &sb) == 0;
+    if (has_a && has_b) return sa.st_dev == sb.st_dev && sa.st_ino == sb.st_ino;
+    if (has_a || has_b) return 0;
+    char da[PATH_MAX], db[PATH_MAX];
+    const char *na, *nb;
+    if (!place_of(a, da, &na) || !place_of(b, db, &nb)) return strcmp(a, b) == 0;
+    return strcmp(da, db) == 0 && strcmp(na, nb) == 0;
+}
+
 const char* paths_check_distinct(const PathArg* inputs, int n_in, const PathArg* outputs, int n_out,
                                  char* msg, size_t msg_len) {
+    for (int o = 0; o < n_out; o++)
+        for (int p = o + 1; p < n_out && outputs[o].path; p++)
+            if (outputs[p].path && same_output(outputs[o].path, outputs[p].path)) {
+                snprintf(msg, msg_len, "%s '%s' and %s '%s' are the same file: one would replace the other; give each its own path",
+                         outputs[o].flag, outputs[o].path, outputs[p].flag, outputs[p].path);
+                return msg;
+            }
     for (int o = 0; o < n_out; o++) {
         struct stat out;
         // an output that does not exist yet cannot be an input

@@ -12,8 +12,9 @@ typedef struct {
 } PathArg;
 
 // Refuses an output that is the same file as an input (same device and inode,
-// whatever the names: links and ../ tricks included). Returns NULL or a
-// message naming both flags.
+// whatever the names: links and ../ tricks included), and two outputs that
+// are one file (or, not yet made, one name in one directory): the second
+// written would replace the first. Returns NULL or a message naming both flags.
 const char* paths_check_distinct(const PathArg* inputs, int n_in, const PathArg* outputs, int n_out,
                                  char* msg, size_t msg_len);
 

@@ -21,7 +21,7 @@ void train_setup(TrainSetup* s, const TrainArgs* a) {
     char msg[ERROR_MAX];
     // before anything is opened for writing: no output may be an input, and
     // --save must be writable now, not found unwritable after training
-    PathArg inputs[] = {{"--model", a->model}, {"--data", a->data}, {"--val", a->val}};
+    PathArg inputs[] = {{"--model", a->model}, {"--data", a->data}, {"--val", a->val}, {a->input_flag, a->input}};
     PathArg outputs[] = {{"--log", a->log}, {"--save", a->save}, {"--trace", a->trace}};
     int n_in = sizeof(inputs) / sizeof(inputs[0]), n_out = sizeof(outputs) / sizeof(outputs[0]);
     const char* bad = paths_check_distinct(inputs, n_in, outputs, n_out, msg, sizeof(msg));

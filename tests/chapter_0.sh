@@ -171,7 +171,7 @@ jobs_run error_case chapter-0 1 "--model $TEST_TMPDIR/text.bin" "not an llm.c GP
 jobs_run error_case chapter-0 1 "--model $TEST_TMPDIR/truncated.bin" "truncated or corrupt"
 jobs_run error_case chapter-0 1 "--data $TEST_TMPDIR/nosuch.txt" "cannot open data file"
 jobs_run error_case chapter-0 1 "--data $TEST_TMPDIR" "data file '$TEST_TMPDIR' is a directory: give a text file"
-jobs_run error_case chapter-0 1 "--model $TEST_TMPDIR" "is not a regular file but a directory"
+jobs_run error_case chapter-0 1 "--model $TEST_TMPDIR" "checkpoint '$TEST_TMPDIR' is a directory: give a preset"
 jobs_run error_case chapter-0 1 "--lr inf" "--lr needs a number, got 'inf'"
 jobs_run error_case chapter-0 1 "--data $TEST_TMPDIR/short.txt" "fewer than one batch needs"
 jobs_run error_case chapter-0 1 "--val $TEST_TMPDIR/short.txt" "too short for its 1024-byte header"

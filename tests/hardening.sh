@@ -267,6 +267,28 @@ jobs_run error_case chapter-7 1 "--trace /proc/t.json" "cannot write --trace '/p
 mkfifo "$TEST_TMPDIR/fifo"
 jobs_run error_case chapter-3 2 "--dp 2 --data $TEST_TMPDIR/fifo" "data file '$TEST_TMPDIR/fifo' is a pipe: give a text file or an llm.c token file"
 jobs_run error_case chapter-3 2 "--dp 2 --val $TEST_TMPDIR/fifo" "token file '$TEST_TMPDIR/fifo' is a pipe: give an llm.c token file"
+# --model too, in every reader (chapter 7's, which the capstone and the planner use, hung)
+for bin in chapter-0 chapter-7 capstone; do
+    jobs_run error_case $bin 1 "--model $TEST_TMPDIR/fifo" "checkpoint '$TEST_TMPDIR/fifo' is a pipe: give a preset"
+done
+out=$(timeout 60 "$BUILD/plan" --chapter 7 --model "$TEST_TMPDIR/fifo" 2>&1)
+rc=$?
+if [ $rc = 1 ] && [ "$(echo "$out" | grep -c '^error: ')" = 1 ] && echo "$out" | grep -q "^error: checkpoint '$TEST_TMPDIR/fifo' is a pipe"; then
+    pass "hardening: plan --chapter 7 --model on a pipe: one error line"
+else
+    fail "hardening: plan --model on a pipe" "exit $rc (124 = hang): $(echo "$out" | head -3)"
+fi
+# two outputs that are one file (the second written replaced the first, and
+# the run said it saved both), however spelled, made or not; a chapter's own
+# input (chapter 5's --schedule-file) is an input like --data; a flag as a
+# value (--save --tf32 saved to a file named --tf32 and never set --tf32)
+echo x > "$TEST_TMPDIR/out_a.txt"
+ln -f "$TEST_TMPDIR/out_a.txt" "$TEST_TMPDIR/out_b.txt"
+printf 'rank 0: F0 F1 B0 B1\nrank 1: F0 F1 B0 B1\n' > "$TEST_TMPDIR/own.sched"
+jobs_run error_case chapter-0 1 "--log $TEST_TMPDIR/both.out --trace $TEST_TMPDIR/./both.out" "--log '$TEST_TMPDIR/both.out' and --trace '$TEST_TMPDIR/./both.out' are the same file"
+jobs_run error_case chapter-3 2 "--dp 2 --save $TEST_TMPDIR/out_a.txt --log $TEST_TMPDIR/out_b.txt" "--log '$TEST_TMPDIR/out_b.txt' and --save '$TEST_TMPDIR/out_a.txt' are the same file"
+jobs_run error_case chapter-5 2 "--pp 2 --schedule-file $TEST_TMPDIR/own.sched --log $TEST_TMPDIR/own.sched" "--log '$TEST_TMPDIR/own.sched' is the same file as --schedule-file"
+jobs_run error_case chapter-0 1 "--save --tf32" "flag --save needs a value, got the flag --tf32 (a file of that name: ./--tf32)"
 # numbers past their type: said so, not "needs a number"
 jobs_run error_case chapter-0 1 "--lr 1e39" "flag --lr: 1e39 is out of range for a float"
 jobs_run error_case chapter-0 1 "--steps 2147483648" "flag --steps: 2147483648 is out of range for an integer"
