@@ -774,7 +774,7 @@ int ckpt_resume(Ckpt* c) {
     float* stage = xmalloc((max_floats ? max_floats : 1) * sizeof(float));
     int* fds = xmalloc(sizeof(int) * ((size_t)m.n_files + 1));
     for (int f = 0; f < m.n_files; f++) {
-        fds[f] = use[f] ? open(m.files[f].path, O_RDONLY) : -1;
+        fds[f] = use[f] ? ckpt_open_read(m.files[f].path) : -1;
     }
     for (int i = 0; i < c->need.n && !bad; i++) {
         const CkptSlice* s = &c->need.s[i];

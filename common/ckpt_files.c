@@ -161,6 +161,27 @@ static unsigned long long own_slices_checksum(const CkptList* l) {
 
 // ---------------------------------------------------------------- small file helpers
 
+int ckpt_open_read(const char* path) {
+    int fd = open(path, O_RDONLY | O_NONBLOCK);  // a pipe's open returns at once
+    struct stat st = {0};
+    if (fd < 0) return -1;
+    if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
+        int err = S_ISDIR(st.st_mode) ? EISDIR : EINVAL;
+        close(fd);
+        errno = err;
+        return -1;
+    }
+    fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) & ~O_NONBLOCK);
+    return fd;
+}
+
+FILE* ckpt_fopen_read(const char* path) {
+    int fd = ckpt_open_read(path);
+    FILE* f = fd >= 0 ? fdopen(fd, "rb") : NULL;
+    if (fd >= 0 && !f) close(fd);
+    return f;
+}
+
 static int fsync_path(const char* path) {
     int fd = open(path, O_RDONLY);
     if (fd < 0) return -1;
@@ -285,7 +306,7 @@ static void prune(const char* dir, int keep) {
     for (int i = 0; i < n && i < keep; i++) {
         needed[i] = 1;
         snprintf(path, sizeof(path), "%s/step-%08d/MANIFEST", dir, steps[i]);
-        FILE* f = fopen(path, "r");
+        FILE* f = ckpt_fopen_read(path);
         char line[256];
         int base = -1;
         while (f && fgets(line, sizeof(line), f))
@@ -401,7 +422,7 @@ void ckpt_write_parts(const char* path, const void* const parts[2], const size_t
 // hook, die with half of it copied. No MPI here (the writer thread runs it).
 void ckpt_copy_file(const char* src, const char* dst, int kill_here, CkptFileOut* out) {
     out->err[0] = 0;
-    int in = open(src, O_RDONLY);
+    int in = ckpt_open_read(src);
     if (in < 0) {
         snprintf(out->err, sizeof(out->err), "cannot read the level-1 file '%s' to drain it to level 3: %s", src, strerror(errno));
         return;
@@ -706,9 +727,10 @@ const char* ckpt_read_manifest(const char* dir, const Ckpt* c, CkptManifest* m, 
     m->base_step = -1;  // a full save unless an incremental line says otherwise
     char path[4096 + 16];
     snprintf(path, sizeof(path), "%s/MANIFEST", dir);
-    FILE* f = fopen(path, "rb");
+    FILE* f = ckpt_fopen_read(path);
     if (!f) {
-        snprintf(msg, msg_len, "cannot open the checkpoint manifest '%s': %s", path, strerror(errno));
+        snprintf(msg, msg_len, "cannot open the checkpoint manifest '%s': %s", path,
+                 errno == EINVAL ? "not a regular file" : strerror(errno));
         return msg;
     }
     fseek(f, 0, SEEK_END);
@@ -884,10 +906,10 @@ const char* ckpt_check_manifest(const Ckpt* c, const char* dir, char* msg, size_
 // manifest says, and a header naming this step.
 const char* ckpt_verify_file(const CkptManifest* m, int i, char* msg, size_t msg_len) {
     const char* path = m->files[i].path;
-    int fd = open(path, O_RDONLY);
+    int fd = ckpt_open_read(path);
     if (fd < 0) {
         snprintf(msg, msg_len, "checkpoint file '%s' is missing or unreadable (%s): the checkpoint is incomplete; resume from another one",
-                 path, strerror(errno));
+                 path, errno == EINVAL ? "not a regular file" : strerror(errno));
         return msg;
     }
     struct stat st;
@@ -1006,7 +1028,7 @@ void ckpt_read_piece(void* ctx, size_t dst, size_t file_offset, size_t n) {
 
 // Reads a whole file into a new buffer of *n bytes; NULL if it cannot.
 unsigned char* ckpt_read_whole(const char* path, size_t* n) {
-    int fd = open(path, O_RDONLY);
+    int fd = ckpt_open_read(path);
     if (fd < 0) return NULL;
     struct stat st;
     if (fstat(fd, &st) != 0) {

@@ -42,6 +42,12 @@ int ckpt_has_manifest(const char* dir);
 void ckpt_tmp_dir_of(const char* base, int step, char* out, size_t len);
 void ckpt_remove_stale_tmp(const char* base);
 unsigned char* ckpt_read_whole(const char* path, size_t* n);
+// Opens a checkpoint's file to read, a regular file only: a pipe put where a
+// file belongs would block its open (and every rank behind it) forever.
+// -1 with errno, EINVAL for a pipe or a device, EISDIR for a directory;
+// ckpt_fopen_read the same as a FILE*.
+int ckpt_open_read(const char* path);
+FILE* ckpt_fopen_read(const char* path);
 
 // the CKPT_KILL test hook
 int ckpt_fault_fires(const Ckpt* c, const char* where, int step);

@@ -433,6 +433,21 @@ jobs_run ck_bad missing "a missing shard" "missing/rank-00002.bin' is missing" 1
 ck_copy manifest
 sed -i 's/^step 3$/step 4/' "$CK/manifest/MANIFEST"
 jobs_run ck_bad manifest "an edited manifest" "MANIFEST' is corrupt or truncated" 2 --dp 2
+# a pipe where a shard or the manifest belongs: its open waited for a writer
+# forever, every rank behind it (no watchdog sees an open)
+ck_copy pipe
+rm "$CK/pipe/rank-00001.bin" && mkfifo "$CK/pipe/rank-00001.bin"
+jobs_run ck_bad pipe "a pipe for a shard" "pipe/rank-00001.bin' is missing or unreadable (not a regular file)" 2 --dp 2
+# a fresh run's --ckpt-dir whose step-9 has a pipe for a manifest: the
+# check for another run's checkpoints read it and waited forever
+rm -rf "$CK/pipem" && mkdir -p "$CK/pipem/step-00000009" && mkfifo "$CK/pipem/step-00000009/MANIFEST"
+timeout 120 $MPIRUN -np 1 "$BUILD/chapter-0" $CKF --steps 2 --ckpt-dir "$CK/pipem" >"$CK/pipem.out" 2>&1
+rc=$?
+if [ $rc = 0 ] && grep -q "^checkpoint: saved $CK/pipem/step-00000002" "$CK/pipem.out"; then
+    pass "checkpoint: a pipe for a manifest in a fresh --ckpt-dir is no checkpoint: the run trains and saves"
+else
+    fail "checkpoint: a pipe for a manifest in --ckpt-dir" "exit $rc (124 = hang); $(grep -E '^error' "$CK/pipem.out" | head -2)"
+fi
 # ck_rehash MANIFEST SED-SCRIPT: edits a manifest with sed, sets its "slices"
 # count to the slice lines left, and writes its checksum line anew (XXH3-64
 # of the text before it, as xxhsum -H3 prints it), so that only the check
