@@ -359,20 +359,21 @@ const char* moe_checkpoint_read_config(const char* path, MoeConfig* c, char* msg
 
 const char* moe_checkpoint_read(const char* path, const MoeConfig* c, float* shared, float* experts,
                                 int e0, int n_local, char* msg, size_t len) {
-    FILE* f = fopen(path, "rb");
-    if (!f) {
-        snprintf(msg, len, "cannot open checkpoint '%s': %s", path, strerror(errno));
-        return msg;
-    }
+    FILE* f = model_file_open(path, msg, len);
+    if (!f) return msg;
     size_t ns = moe_num_shared(c), ne = moe_expert_numel(c);
     int ok = fseek(f, 256 * sizeof(int), SEEK_SET) == 0 && fread(shared, sizeof(float), ns, f) == ns;
-    for (int m = 0; ok && m < moe_num_moe_layers(c); m++) {
+    const char* bad = ok ? model_file_nonfinite(path, "the parameters beside the experts", shared, ns, 0, msg, len) : NULL;
+    for (int m = 0; ok && !bad && m < moe_num_moe_layers(c); m++) {
         // experts [e0, e0 + n_local) of layer m sit together: one seek, one read
         long off = (long)(256 * sizeof(int) + (ns + ((size_t)m * c->experts + e0) * ne) * sizeof(float));
         ok = fseek(f, off, SEEK_SET) == 0 &&
              fread(experts + (size_t)m * n_local * ne, sizeof(float), n_local * ne, f) == n_local * ne;
+        if (ok) bad = model_file_nonfinite(path, "an MoE layer's experts", experts + (size_t)m * n_local * ne,
+                                           n_local * ne, e0 * ne, msg, len);
     }
     fclose(f);
+    if (bad) return bad;
     if (!ok) {
         snprintf(msg, len, "checkpoint '%s' is shorter than its header says", path);
         return msg;

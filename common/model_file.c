@@ -72,21 +72,23 @@ const char* checkpoint_read_config(const char* path, GPTConfig* cfg, char* msg, 
     return NULL;
 }
 
-// A weight that is not a number (NaN, Inf) is the file's fault, not
-// training's: blamed on it at load time, before step 0 would report a
-// non-finite loss and advise a lower --lr. x holds elements first.. of
-// tensor t's layer l; NULL when all are finite.
-static const char* nonfinite_weight(const char* path, ParamTensor t, int l, const float* x, size_t n, size_t first,
-                                    char* msg, size_t msg_len) {
+const char* model_file_nonfinite(const char* path, const char* what, const float* x, size_t n, size_t first,
+                                 char* msg, size_t msg_len) {
     for (size_t i = 0; i < n; i++)
         if (!isfinite(x[i])) {
-            char layer[32] = "";
-            if (param_tensor_is_block(t)) snprintf(layer, sizeof(layer), " of layer %d", l);
-            snprintf(msg, msg_len, "checkpoint '%s' holds a weight that is not a number (%s) at element %zu of tensor %s%s: the file is corrupt or was saved from a diverged run; give a model file whose weights are all finite",
-                     path, isnan(x[i]) ? "NaN" : "Inf", first + i, param_tensor_name(t), layer);
+            snprintf(msg, msg_len, "checkpoint '%s' holds a weight that is not a number (%s) at element %zu of %s: the file is corrupt or was saved from a diverged run; give a model file whose weights are all finite",
+                     path, isnan(x[i]) ? "NaN" : "Inf", first + i, what);
             return msg;
         }
     return NULL;
+}
+
+const char* model_file_nonfinite_tensor(const char* path, ParamTensor t, int l, const float* x, size_t n,
+                                        size_t first, char* msg, size_t msg_len) {
+    char what[96];
+    if (param_tensor_is_block(t)) snprintf(what, sizeof(what), "tensor %s of layer %d", param_tensor_name(t), l);
+    else snprintf(what, sizeof(what), "tensor %s", param_tensor_name(t));
+    return model_file_nonfinite(path, what, x, n, first, msg, msg_len);
 }
 
 const char* checkpoint_read_params(const char* path, const GPTConfig* cfg, float* params,
@@ -107,7 +109,7 @@ const char* checkpoint_read_params(const char* path, const GPTConfig* cfg, float
                 snprintf(msg, msg_len, "checkpoint '%s' ended inside tensor %s", path, param_tensor_name(t));
                 return msg;
             }
-            if (nonfinite_weight(path, t, l, x, n, 0, msg, msg_len)) {
+            if (model_file_nonfinite_tensor(path, t, l, x, n, 0, msg, msg_len)) {
                 fclose(f);
                 return msg;
             }
@@ -139,7 +141,7 @@ const char* checkpoint_read_range(const char* path, const GPTConfig* cfg, float*
                 snprintf(msg, msg_len, "checkpoint '%s' ended inside tensor %s", path, param_tensor_name(t));
                 return msg;
             }
-            if (nonfinite_weight(path, t, l, out + (lo - start), hi - lo, lo - off, msg, msg_len)) {
+            if (model_file_nonfinite_tensor(path, t, l, out + (lo - start), hi - lo, lo - off, msg, msg_len)) {
                 fclose(f);
                 return msg;
             }

@@ -13,6 +13,15 @@
 // when it is not a regular file (a directory; a pipe, whose fopen would wait
 // for a writer forever) or cannot be opened. Chapter 7's reader opens with it too.
 FILE* model_file_open(const char* path, char* msg, size_t msg_len);
+// A weight that is not a number (NaN, Inf) is the file's fault, not
+// training's: every reader blames it at load time, before step 0 would
+// report a non-finite loss and advise a lower --lr. NULL when the n floats at
+// x, elements first.. of what ("tensor qkvw of layer 2"), are all finite.
+const char* model_file_nonfinite(const char* path, const char* what, const float* x, size_t n, size_t first,
+                                 char* msg, size_t msg_len);
+// The same for elements first.. of tensor t (of layer l when t is a block's).
+const char* model_file_nonfinite_tensor(const char* path, ParamTensor t, int l, const float* x, size_t n,
+                                        size_t first, char* msg, size_t msg_len);
 // llm.c's GPT-2 file: 256 int32 header (magic 20240326, version 3 = fp32,
 // maxT, V, L, NH, C, Vp) then the 16 tensors, tensor-major.
 // Reads the header only; returns NULL or a message naming the problem.

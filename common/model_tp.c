@@ -7,6 +7,7 @@
 
 #include "errors.h"
 #include "init.h"
+#include "model_file.h"  // model_file_nonfinite_tensor
 
 // One block's shard (gpt_block_numel_tp, block_params_at_tp and the
 // activation layouts) is in model.c, written once for every tp: tp = 1 is
@@ -66,6 +67,11 @@ const char* checkpoint_read_tile(const char* path, const GPTConfig* cfg, float* 
         if (fseek(f, pos, SEEK_SET) != 0 || fread(out + i * per_read, sizeof(float), per_read, f) != per_read) {
             fclose(f);
             snprintf(msg, msg_len, "checkpoint '%s' ended inside tensor %s", path, param_tensor_name(t));
+            return msg;
+        }
+        if (model_file_nonfinite_tensor(path, t, layer, out + i * per_read, per_read, (row0 + i) * cols + col0, msg,
+                                        msg_len)) {
+            fclose(f);
             return msg;
         }
     }

@@ -74,6 +74,23 @@ jobs_run error_case chapter-0 1 "--model $TEST_TMPDIR/nan.bin" "holds a weight t
 # a sharded read (chapter 3: each rank reads its own ranges) and a stage's (chapter 5)
 jobs_run error_case chapter-3 2 "--dp 2 --zero 3 --model $TEST_TMPDIR/inf.bin" "holds a weight that is not a number (Inf) at element 100 of tensor wte: the file is corrupt"
 jobs_run error_case chapter-5 2 "--pp 2 --model $TEST_TMPDIR/nan.bin" "(NaN) at element 5 of tensor qkvw of layer 1"
+# chapter 4's tiles (it said "training diverged at step 0: ... lower --lr"),
+# and chapter 7's reader (the capstone's too): an MoE file (tests/make_model.py,
+# E 4, H 128, C 64) with an Inf in wte and a NaN in its last float, the last
+# element of the last layer's experts (4 (2 H C + H + C) - 1 = 66303)
+jobs_run error_case chapter-4 2 "--tp 2 --model $TEST_TMPDIR/inf.bin" "(Inf) at element 100 of tensor wte: the file is corrupt"
+python3 tests/make_model.py "$TEST_TMPDIR/moe_nan.bin" 250 256 64 2 4 64 4 2 128 1
+python3 - "$TEST_TMPDIR/moe_nan.bin" <<'PYEOF'
+import os, struct, sys
+with open(sys.argv[1], "r+b") as f:
+    f.seek(1024 + 4 * 100); f.write(struct.pack("<f", float("inf")))
+    f.seek(os.path.getsize(sys.argv[1]) - 4); f.write(struct.pack("<f", float("nan")))
+PYEOF
+python3 tests/make_model.py "$TEST_TMPDIR/moe_nan2.bin" 250 256 64 2 4 64 4 2 128 1
+python3 -c "import os,struct,sys; f=open(sys.argv[1],'r+b'); f.seek(os.path.getsize(sys.argv[1])-4); f.write(struct.pack('<f',float('nan')))" "$TEST_TMPDIR/moe_nan2.bin"
+jobs_run error_case chapter-7 1 "--model $TEST_TMPDIR/moe_nan.bin" "(Inf) at element 100 of the parameters beside the experts: the file is corrupt"
+jobs_run error_case chapter-7 2 "--ep 2 --model $TEST_TMPDIR/moe_nan2.bin" "(NaN) at element 66303 of an MoE layer's experts: the file is corrupt"
+jobs_run error_case capstone 2 "--tp 2 --model $TEST_TMPDIR/moe_nan.bin" "(Inf) at element 100 of the parameters beside the experts"
 jobs_wait  # the divergences and these error cases: 2 at a time
 # a path is at most ARGS_MAX_STRING (3840) characters, so that the names a
 # run adds under it fit the system's 4096: a directory of 3840 takes a
