@@ -123,6 +123,18 @@ static void release_locks(Ckpt* c) {
     }
 }
 
+// A refusal (fail_all, fail_if_any: a refused resume, a diverged step) runs
+// this on every rank before it ends the run (errors_on_refusal): the locks of
+// the open checkpoint go, and a resume's scratch directory. (An exit handler
+// is not enough: once the failing rank has exited, mpirun ends the ranks
+// still in MPI_Finalize before their exit handlers run.)
+static Ckpt* refusal_ckpt = NULL;  // the open one, from ckpt_open to ckpt_close
+static void restore_scratch_remove(void);
+static void on_refusal(void) {
+    restore_scratch_remove();
+    if (refusal_ckpt) release_locks(refusal_ckpt);
+}
+
 // The checksum of a --model FILE's bytes, read in pieces (a GPT-2 file is
 // hundreds of MiB); 0 when it cannot be read (train_setup has read it already).
 static unsigned long long file_checksum(const char* path) {
@@ -199,6 +211,8 @@ void ckpt_init(Ckpt* c, const TrainArgs* a, const TrainSetup* s, const Mesh* mes
     c->redundancy = a->redundancy;
     c->incremental = a->incremental;
     c->local_lock_fd = -1;
+    refusal_ckpt = c;
+    errors_on_refusal(on_refusal);
     if (c->local) ckpt_nodes_init(c, a->ranks_per_node);
     char msg[ERROR_MAX];
     const char* bad = NULL;
@@ -229,10 +243,7 @@ static void refuse_foreign_dirs(Ckpt* c) {
         ckpt_node_dir(c, c->node, node_dir, sizeof(node_dir));
         bad = foreign_dir("--ckpt-local", c->local, node_dir, c->run_id, msg, sizeof(msg));
     }
-    int failed = bad != NULL, any = 0;
-    MPI_CHECK(MPI_Allreduce(&failed, &any, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD));
-    if (any) release_locks(c);  // refused: the directories are not this run's to hold
-    fail_if_any(failed, bad);
+    fail_if_any(bad != NULL, bad);  // refused: the locks go (on_refusal)
 }
 
 void ckpt_add_identity(Ckpt* c, const char* what) {
@@ -499,21 +510,6 @@ static void restore_scratch_remove(void) {
     if (restore_scratch[0]) ckpt_remove_dir(restore_scratch);
     restore_scratch[0] = 0;
 }
-// fail_if_any for the resume once scratch directories
-// exist: if any rank failed, every rank removes its own first, and lets go
-// of the directories it locked (a refused resume leaves no lock text for
-// the next run to call stale). The exit handler alone is not enough: once
-// the failing rank has exited, mpirun ends the ranks still in fail_if_any's
-// MPI_Finalize before their exit handlers run.
-static void resume_fail_if_any(Ckpt* c, int failed, const char* msg) {
-    int any = 0;
-    MPI_CHECK(MPI_Allreduce(&failed, &any, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD));
-    if (any) {
-        restore_scratch_remove();
-        release_locks(c);
-    }
-    fail_if_any(failed, msg);
-}
 static void restore_scratch_keep(const char* dir) {
     static int registered = 0;
     if (!registered) atexit(restore_scratch_remove);
@@ -688,12 +684,12 @@ int ckpt_resume(Ckpt* c) {
     } else {
         restore_scratch_keep(scratch);
     }
-    resume_fail_if_any(c, bad != NULL, bad);
+    fail_if_any(bad != NULL, bad);
     if (c->local) {
         char dir1[4096], report[2048] = "", why[ERROR_MAX] = "", err[ERROR_MAX] = "";
         int step1 = ckpt_local_pick(c, have3[1], &m, scratch, dir1, sizeof(dir1), report, sizeof(report), why, sizeof(why),
                                     err, sizeof(err));
-        resume_fail_if_any(c, err[0] != 0, err);
+        fail_if_any(err[0] != 0, err);
         level1 = step1 >= 0;
         if (level1) {
             snprintf(dir, sizeof(dir), "%s", dir1);
@@ -718,18 +714,18 @@ int ckpt_resume(Ckpt* c) {
                  c->resume);
         bad = msg;
     }
-    resume_fail_if_any(c, bad != NULL, bad);
+    fail_if_any(bad != NULL, bad);
     if (!level1) {
         MPI_CHECK(MPI_Bcast(dir, sizeof(dir), MPI_CHAR, 0, MPI_COMM_WORLD));
         bad = ckpt_read_manifest(dir, c, &m, msg, sizeof(msg));
-        resume_fail_if_any(c, bad != NULL, bad);
+        fail_if_any(bad != NULL, bad);
     }
     if (m.B != c->B || m.T != c->T) {
         snprintf(msg, sizeof(msg), "checkpoint '%s' was trained with batch %d x %d; this run has %d x %d: resume with --batch %d --seq %d (the data position and the losses depend on them)",
                  dir, m.B, m.T, c->B, c->T, m.B, m.T);
         bad = msg;
     }
-    resume_fail_if_any(c, bad != NULL, bad);
+    fail_if_any(bad != NULL, bad);
     if (!m.has_run_id || m.run_id != c->run_id)
         print0("note: checkpoint '%s' is another run's (%s): continuing from it, as --resume asks; this run's saves record this run\n",
                dir, m.has_run_id ? "other data or settings than this run's" : "it records no run");
@@ -749,14 +745,14 @@ int ckpt_resume(Ckpt* c) {
     // rank whose node has them (every file was checked on its node)
     if (level1) {
         bad = ckpt_local_fetch(c, &m, use, scratch, msg, sizeof(msg));
-        resume_fail_if_any(c, bad != NULL, bad);
+        fail_if_any(bad != NULL, bad);
     }
     // an incremental save: the chain checked first, on every rank, then the
     // full files this rank reads or checks restored from their deltas into
     // its scratch directory
     if (m.base_step >= 0) {
         bad = chain_check(c, dir, &m, use, msg, sizeof(msg));
-        resume_fail_if_any(c, bad != NULL, bad);
+        fail_if_any(bad != NULL, bad);
     }
     if (m.base_step >= 0)
         for (int f = 0; f < m.n_files && !bad; f++)
@@ -765,7 +761,7 @@ int ckpt_resume(Ckpt* c) {
     // byte anywhere is found; level 1: its node's first rank checked it
     for (int f = 0; f < m.n_files && !bad; f++)
         if (use[f] || (!level1 && f % c->world == c->rank)) bad = ckpt_verify_file(&m, f, msg, sizeof(msg));
-    resume_fail_if_any(c, bad != NULL, bad);
+    fail_if_any(bad != NULL, bad);
     // the reads: each needed slice assembled in a host buffer from every
     // saved slice it overlaps, then copied to the device
     size_t max_floats = 0;
@@ -809,7 +805,7 @@ int ckpt_resume(Ckpt* c) {
     free(stage);
     free(use);
     ckpt_manifest_free(&m);
-    resume_fail_if_any(c, bad != NULL, bad);
+    fail_if_any(bad != NULL, bad);
     c->start_step = m.step;
     c->load_s = now_seconds() - t0;
     if (level1) {
@@ -930,6 +926,7 @@ void ckpt_finish(Ckpt* c, JsonLog* log) {
     free(c->base_host);
     c->base_host = NULL;
     release_locks(c);
+    refusal_ckpt = NULL;
     if (c->group != MPI_COMM_NULL) MPI_Comm_free(&c->group);
     free(c->node_of);
     c->node_of = NULL;

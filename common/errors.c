@@ -46,6 +46,10 @@ static void write_error_line(const char* message) {
     }
 }
 
+static void (*refusal_cleanup)(void) = NULL;
+
+void errors_on_refusal(void (*cleanup)(void)) { refusal_cleanup = cleanup; }
+
 void fail_all(const char* fmt, ...) {
     if (world_rank() == 0) {
         static char message[ERROR_MAX];
@@ -55,6 +59,7 @@ void fail_all(const char* fmt, ...) {
         va_end(ap);
         write_error_line(message);
     }
+    if (refusal_cleanup) refusal_cleanup();
     int initialized = 0, finalized = 0;
     MPI_Initialized(&initialized);
     MPI_Finalized(&finalized);
@@ -75,6 +80,7 @@ void fail_if_any(int failed, const char* message) {
     watchdog_leave();
     if (first == size) return;
     if (rank == first) write_error_line(message ? message : "(no message)");
+    if (refusal_cleanup) refusal_cleanup();
     watchdog_stop();
     MPI_Finalize();
     exit(1);

@@ -41,4 +41,10 @@ void fail_all(const char* fmt, ...) __attribute__((format(printf, 1, 2), noretur
 // Returns normally when no rank failed. Collective over MPI_COMM_WORLD.
 void fail_if_any(int failed, const char* message);
 
+// What every rank does before a refusal above ends it (after the message,
+// before MPI_Finalize): a checkpoint lets go of its directories' locks and
+// removes its scratch files (ckpt.c), so a refused or diverged run leaves
+// nothing the next run would call stale. One function at a time; NULL: none.
+void errors_on_refusal(void (*cleanup)(void));
+
 #endif

@@ -12,7 +12,9 @@ echo "== hardening: divergence, log writes, input checks"
 # (--peak-gflops 10 on the runs that train: without it every rank first
 # measures the matmul peak, seconds of a loaded machine for a figure no check reads)
 # divergence stops every chapter with the step and the last finite loss;
-# the log stays valid JSON and a good checkpoint is not overwritten
+# the log stays valid JSON, a good checkpoint is not overwritten, and the
+# checkpoint directories' locks are let go of (their text was left, and the
+# next run called the diverged one stale)
 bash tests/mpirun.sh -np 1 "$BUILD/chapter-0" --steps 2 --peak-gflops 10 --save "$TEST_TMPDIR/good.bin" >/dev/null 2>&1
 cp "$TEST_TMPDIR/good.bin" "$TEST_TMPDIR/good_before.bin"
 # each chapter on its own copy of the good checkpoint and its own log, so
@@ -20,18 +22,19 @@ cp "$TEST_TMPDIR/good.bin" "$TEST_TMPDIR/good_before.bin"
 # diverged run ends through MPI_Finalize after its message: mpirun need not
 # wait to stop ranks that are left (error_case, tests/lib.sh)
 div_case() {  # PROGRAM NP FLAGS...
-    local bin=$1 np=$2 out rc n good=$TEST_TMPDIR/good_$1.bin div=$TEST_TMPDIR/div_$1.jsonl
+    local bin=$1 np=$2 out rc n good=$TEST_TMPDIR/good_$1.bin div=$TEST_TMPDIR/div_$1.jsonl ck=$TEST_TMPDIR/divck_$1
     shift 2
     cp "$TEST_TMPDIR/good.bin" "$good"
     out=$(OMPI_MCA_odls_base_sigkill_timeout=0 timeout 60 $MPIRUN -np "$np" "$BUILD/$bin" "$@" --steps 3 --peak-gflops 10 --lr 1e30 --clip 0 --log "$div" \
-          --save "$good" 2>&1)
+          --save "$good" --ckpt-dir "$ck" --ckpt-local "$ck.local" 2>&1)
     rc=$?
     n=$(echo "$out" | grep -c '^error: training diverged at step 1: .*the last finite loss was [0-9.]* at step 0')
     if [ $rc -ne 0 ] && [ $rc -ne 124 ] && [ "$n" = 1 ] && ! grep -qiE 'nan|inf' "$div" &&
-        cmp -s "$good" "$TEST_TMPDIR/good_before.bin"; then
-        pass "hardening: $bin on $np rank(s) stops at a non-finite loss (step, last finite loss; log valid; checkpoint kept)"
+        cmp -s "$good" "$TEST_TMPDIR/good_before.bin" && [ -e "$ck/.lock" ] && [ ! -s "$ck/.lock" ] &&
+        [ -e "$ck.local/node-0/.lock" ] && [ ! -s "$ck.local/node-0/.lock" ]; then
+        pass "hardening: $bin on $np rank(s) stops at a non-finite loss (step, last finite loss; log valid; checkpoint kept; locks let go of)"
     else
-        fail "hardening: $bin divergence" "exit $rc, $n matching error lines; log: $(head -c 300 "$div"); output: $(echo "$out" | grep -v '^step' | head -5)"
+        fail "hardening: $bin divergence" "exit $rc, $n matching error lines; log: $(head -c 300 "$div"); .lock: '$(cat "$ck/.lock" 2>/dev/null)', level 1: '$(cat "$ck.local/node-0/.lock" 2>/dev/null)'; output: $(echo "$out" | grep -v '^step' | head -5)"
     fi
 }
 for spec in "chapter-0 1" "chapter-2 2 --dp 2" "chapter-3 2 --dp 2" "chapter-5 2 --pp 2" "chapter-7 2 --ep 2"; do
