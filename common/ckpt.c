@@ -366,9 +366,10 @@ static void commit(Ckpt* c) {
     // a full save is the base of the deltas that follow: its manifest's checksum names it
     if (c->rank == 0 && !c->pending_delta) c->base_manifest_hash = ckpt_checksum(text, len);
     char msg[ERROR_MAX];
-    const char* bad = c->rank == 0 ? ckpt_install_manifest(c, c->dir, step, text, len, msg, sizeof(msg)) : NULL;
+    const char* bad = c->rank == 0 ? ckpt_install_manifest(c->dir, step, text, len, msg, sizeof(msg)) : NULL;
     free(text);
     fail_if_any(bad != NULL, bad);
+    if (c->rank == 0) ckpt_prune(c->dir, c->keep);
     if (has_file) {
         if (c->pending_delta) c->deltas++, c->delta_bytes_total += c->delta_bytes;
         else c->full_bytes_total += c->file_bytes;

@@ -271,8 +271,7 @@ const char* ckpt_latest(const char* dir, char* out, size_t out_len) {
     return out;
 }
 
-// Keeps the newest `keep` complete checkpoints of dir (0: all).
-static void prune(const char* dir, int keep) {
+void ckpt_prune(const char* dir, int keep) {
     if (keep <= 0) return;
     DIR* d = opendir(dir);
     if (!d) return;
@@ -329,7 +328,9 @@ static void prune(const char* dir, int keep) {
 // CKPT_KILL=step:S:R kills rank R with SIGKILL after step S; save:S:R kills
 // it halfway through writing its file of the checkpoint of step S; flip:S:R
 // changes one byte of its level-1 file of step S before level 3 drains it
-// (ckpt_fault_flip: the drain must notice). Only in a
+// (ckpt_fault_flip: the drain must notice); commit:S:R kills it 2 s after
+// the level-1 manifest of step S reached every node, before its node installs
+// it (the other nodes do in those 2 s). Only in a
 // run that did not resume, so a restarted job runs through. The tests and
 // docs/checkpoints.md use it to kill a rank at a known moment.
 int ckpt_fault_fires(const Ckpt* c, const char* where, int step) {
@@ -568,7 +569,7 @@ static char* manifest_text(const Ckpt* c, int step, const int* counts, const uin
 
 // Writes the manifest text into BASE/step-N.tmp, then renames that
 // directory to BASE/step-N. Returns NULL or a message.
-const char* ckpt_install_manifest(const Ckpt* c, const char* base, int step, const char* text, size_t len,
+const char* ckpt_install_manifest(const char* base, int step, const char* text, size_t len,
                                     char* msg, size_t msg_len) {
     char tmp[4096], final[4096], path[4096 + 16];
     ckpt_tmp_dir_of(base, step, tmp, sizeof(tmp));
@@ -613,7 +614,6 @@ const char* ckpt_install_manifest(const Ckpt* c, const char* base, int step, con
     }
     fsync_path(base);
     if (replacing) ckpt_remove_dir(old);
-    prune(base, c->keep);
     return NULL;
 }
 

@@ -68,8 +68,13 @@ void ckpt_copy_file(const char* src, const char* dst, int kill_here, CkptFileOut
 
 // the manifest: gathered on rank 0, installed (manifest last, then rename)
 char* ckpt_gather_manifest(const Ckpt* c, int step, const uint64_t file[5], int level, size_t* len);
-const char* ckpt_install_manifest(const Ckpt* c, const char* base, int step, const char* text, size_t len,
+const char* ckpt_install_manifest(const char* base, int step, const char* text, size_t len,
                                   char* msg, size_t msg_len);
+// Keeps the newest `keep` complete checkpoints of dir (0: all) and the full
+// saves their deltas need. Called once every rank (every node) has installed
+// the new one: a node that pruned before another had committed could leave
+// no step complete on all of them.
+void ckpt_prune(const char* dir, int keep);
 
 // a manifest read back: its files and slices
 typedef struct {

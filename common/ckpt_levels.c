@@ -252,9 +252,14 @@ void ckpt_save_local(Ckpt* c, int step) {
     MPI_CHECK(MPI_Bcast(&len64, 1, MPI_UINT64_T, 0, MPI_COMM_WORLD));
     if (c->rank != 0) text = xmalloc(len64 + 1);
     MPI_CHECK(MPI_Bcast(text, (int)len64, MPI_CHAR, 0, MPI_COMM_WORLD));
-    bad = c->local_index == 0 ? ckpt_install_manifest(c, base, step, text, (size_t)len64, msg, sizeof(msg)) : NULL;
+    if (ckpt_fault_fires(c, "commit", step)) {  // the test hook: this node dies uncommitted, the others commit
+        sleep(2);
+        ckpt_fault_kill();
+    }
+    bad = c->local_index == 0 ? ckpt_install_manifest(base, step, text, (size_t)len64, msg, sizeof(msg)) : NULL;
     free(text);
     local_fail_if_any(c, tmp, bad != NULL, bad);
+    if (c->local_index == 0) ckpt_prune(base, c->keep);  // every node holds step now
     c->local_saves++;
     c->local_s += now_seconds() - t0;
     print0("checkpoint: saved level 1 %s/node-*/step-%08d (redundancy %s)\n", c->local, step,

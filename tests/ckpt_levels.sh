@@ -108,6 +108,22 @@ else
 fi
 }
 
+# --- a node dies before it commits a level-1 step the others commit: with
+# --keep 1 they pruned their older step at once, and no step was complete
+# on every node ("rank-00001.bin of node 1 is on no node"); the older step
+# now goes only once every node holds the new one
+lv_commit() {
+CKPT_KILL=commit:3:1 lv_run cm 2 3 --dp 2 --zero 3 --ckpt-local "$LV/cm" --local-every 1 --ranks-per-node 1 --keep 1
+lv_run cmr 2 3 --dp 2 --zero 3 --ckpt-local "$LV/cm" --ranks-per-node 1 --resume "$LV/cm"
+if grep -q "CKPT_KILL: killing this rank" "$LV/cm.out" && [ -d "$LV/cm/node-0/step-00000003" ] &&
+    [ ! -d "$LV/cm/node-1/step-00000003" ] && grep -q "^checkpoint: resuming from level 1 (node-local), step 2" "$LV/cmr.out" &&
+    [ "$(lv_losses "$LV/cmr.jsonl" 2 | wc -l)" = 6 ]; then
+    pass "levels: node 1 died before committing step 3, node 0 committed it: step 2 kept on both (--keep 1), resumed"
+else
+    fail "levels: a node dead before its commit" "$(ls "$LV"/cm/node-* | tr '\n' ' '); $(grep -E '^error|resuming' "$LV/cmr.out" | head -2)"
+fi
+}
+
 # --- partner copies (chapter 2: rank 0 alone has a file, its copy on node 1)
 lv_partner() {
 lv_run p2 2 2 --dp 2 --ckpt-local "$LV/p2" --local-every 4 --ranks-per-node 1 --ckpt-redundancy partner --save "$LV/p2.bin"
@@ -339,6 +355,7 @@ jobs_run lv_scratch
 jobs_run lv_xor2
 jobs_run lv_xor3
 jobs_run lv_partner
+jobs_run lv_commit
 jobs_run lv_partner3
 jobs_run lv_both
 jobs_run lv_full
