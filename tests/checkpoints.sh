@@ -255,6 +255,37 @@ else
 fi
 }
 
+# both levels' newest steps corrupt (level 3's step 4, level 1's step 6):
+# the program falls back across level 1 by itself but not below level 3's
+# newest, so the supervisor, once the job refused level 3's step 4, names
+# the level-3 step left (none: the level-1 directory alone); it stopped with
+# "no restart" while level 1's step 3 was intact
+ck_sv_levels3() {
+local rc
+rm -rf "$CK/svm" "$CK/svm1" "$CK/svm.launches"
+cat >"$CK/svm_mpirun.sh" <<EOF
+#!/bin/bash
+echo x >>"$CK/svm.launches"
+if [ "\$(wc -l <"$CK/svm.launches")" = 2 ]; then
+    for f in "$CK/svm/step-00000004/rank-00000.bin" "$CK/svm1/node-0/step-00000006/rank-00000.bin"; do
+        printf '\\377' | dd of="\$f" bs=1 seek=5000 conv=notrunc 2>/dev/null
+    done
+fi
+exec bash "$PWD/tests/mpirun.sh" "\$@"
+EOF
+CKPT_KILL=step:6:0 MPIRUN="bash $CK/svm_mpirun.sh" timeout 240 bash common/tools/supervise.sh --np 1 --retries 1 -- \
+    "$BUILD/chapter-0" $CKF --ckpt-dir "$CK/svm" --save-every 4 --ckpt-local "$CK/svm1" --local-every 3 --keep 0 \
+    --log "$CK/svm.jsonl" >"$CK/svm.out" 2>&1
+rc=$?
+if [ $rc -eq 0 ] && grep -q "^supervise: skipping checkpoint $CK/svm/step-00000004, which the job refused: error: checkpoint file '$CK/svm/step-00000004/rank-00000.bin' is corrupt" "$CK/svm.out" &&
+    grep -q "^supervise: attempt 2 on 1 rank(s): .* --resume $CK/svm1$" "$CK/svm.out" &&
+    grep -q "checkpoint: resuming from level 1 (node-local), step 3" "$CK/svm.out"; then
+    ck_expect svm "the supervisor skips level 3's corrupt step 4 and the job level 1's corrupt step 6: resumed from level 1's step 3, continuing the reference bit for bit" ref 3 0
+else
+    fail "checkpoint: supervisor, both levels' newest corrupt" "exit $rc; $(grep -E '^supervise|^error|resuming|^note' "$CK/svm.out" | head -8)"
+fi
+}
+
 # a SIGTERM the supervisor did not send (a scheduler's, to mpirun) is a
 # failure to restart from, not a refusal of the input (mpirun exits 1 and
 # no rank prints an error: line); one sent to the supervisor ends the job
@@ -403,6 +434,7 @@ jobs_run ck_k2
 jobs_run ck_sv
 jobs_run ck_sv_fallback
 jobs_run ck_sv_levels
+jobs_run ck_sv_levels3
 jobs_run ck_sv_term
 jobs_run ck_identity
 jobs_run ck_identity_model

@@ -13,7 +13,9 @@
 # over when there is none. With --ckpt-local L in the command as well, a
 # restart adds --resume DIR whenever either level holds a complete step:
 # the program takes the newest usable step of level 1 or 3 and says which,
-# falling back across steps and levels with a note. MPIRUN overrides the
+# falling back across level-1 steps with a note; once a level-3 step was
+# refused, --resume names the newest level-3 step left (a newer level-1 step
+# still wins), or L when none is left (level 1 alone). MPIRUN overrides the
 # launcher (default: tests/mpirun.sh, which oversubscribes).
 #
 # What it retries: a crash or a kill, up to R times: any exit but 0, and
@@ -76,7 +78,9 @@ while :; do
     if [ $attempt -gt 0 ]; then
         resume=$(newest_usable)
         if [ -n "$local_dir" ] && { [ -n "$resume" ] || local_steps; }; then
-            resume=$dir  # the program picks the newest usable step of either level
+            # the program picks the newest usable step of either level, at or
+            # above the level-3 step it is given
+            if [ "$skipped" = $'\n' ]; then resume=$dir; elif [ -z "$resume" ]; then resume=$local_dir; fi
             args+=(--resume "$resume")
         elif [ -n "$resume" ]; then
             args+=(--resume "$resume")
@@ -100,9 +104,13 @@ while :; do
     [ $rc -eq 0 ] && { echo "supervise: attempt $((attempt + 1)) succeeded"; exit 0; }
     reason=$(grep -m1 '^error: ' "$log")
     if [ $rc -eq 1 ] && [ -n "$reason" ]; then  # a refusal says why; an exit 1 without a word is a kill (mpirun's on SIGTERM)
-        if [ -n "$resume" ] && [ "$resume" != "$dir" ] && [[ $reason == *"$resume"* ]]; then
-            echo "supervise: skipping checkpoint $resume, which the job refused: $reason" >&2
-            skipped+="$resume"$'\n'
+        refused=""  # the level-3 checkpoint the refusal names (its manifest, one of its files)
+        while read -r c; do
+            [ -n "$c" ] && [[ $reason == *"$c/"* ]] && [[ $skipped != *$'\n'"$c"$'\n'* ]] && { refused=$c; break; }
+        done < <(checkpoints "$dir")
+        if [ -n "$resume" ] && [ -n "$refused" ]; then
+            echo "supervise: skipping checkpoint $refused, which the job refused: $reason" >&2
+            skipped+="$refused"$'\n'
             continue
         fi
         echo "supervise: the job refused its input (exit 1: $reason); it would fail the same way again, so no restart" >&2
