@@ -2,6 +2,7 @@
 #include "atomic_file.h"
 
 #include <errno.h>
+#include <fcntl.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -62,10 +63,30 @@ int atomic_open(AtomicFile* a, const char* path) {
     return err;
 }
 
+// The directory that holds path, synced so that a rename in it is on disk
+// (a file system that cannot sync a directory, EINVAL, has nothing to do).
+static int sync_parent(const char* path) {
+    const char* slash = strrchr(path, '/');
+    char dir[4096];
+    if (!slash) snprintf(dir, sizeof(dir), ".");
+    else snprintf(dir, sizeof(dir), "%.*s", slash == path ? 1 : (int)(slash - path), path);
+    int fd = open(dir, O_RDONLY), err = 0;
+    if (fd < 0) return errno;
+    if (fsync(fd) != 0 && errno != EINVAL) err = errno;
+    close(fd);
+    return err;
+}
+
 int atomic_close(AtomicFile* a, int ok) {
     int err = ok ? 0 : (errno ? errno : EIO);  // what made a write fail
+    // the bytes on disk before the name: a rename that reaches the disk
+    // first leaves an empty or short file under the target's name after a
+    // power cut (delayed allocation); the directory after it
+    if (!err && fflush(a->f) != 0) err = errno;
+    if (!err && fsync(fileno(a->f)) != 0 && errno != EINVAL) err = errno;
     if (fclose(a->f) != 0 && !err) err = errno;
     if (!err && rename(a->tmp, a->path) != 0) err = errno;
+    if (!err) err = sync_parent(a->path);
     if (err) remove(a->tmp);
     tmpfile_guard_end();
     free(a->tmp);
