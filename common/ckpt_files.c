@@ -892,6 +892,27 @@ const char* ckpt_read_manifest(const char* dir, const Ckpt* c, CkptManifest* m, 
                  files_seen, m->n_files, slices_seen, m->n_slices, tensors_seen, CKPT_NUM_KINDS * n_tensors_of(c));
         bad = msg;
     }
+    // a file holds its slices back to back after its header, in the order
+    // listed (manifest_text writes them so), and nothing else: an offset
+    // the checksums do not cover, edited, would read other bytes
+    unsigned long long* slices_end = bad ? NULL : xcalloc((size_t)m->n_files + 1, sizeof(unsigned long long));
+    for (int f = 0; slices_end && f < m->n_files; f++) slices_end[f] = CKPT_HEADER_BYTES;
+    for (int j = 0; slices_end && !bad && j < m->n_slices; j++) {
+        const CkptSavedSlice* s = &m->slices[j];
+        if (s->offset != slices_end[s->file]) {
+            snprintf(msg, msg_len, "checkpoint manifest '%s': slice %d of %s starts at byte %zu, where the slices before it end at %llu",
+                     path, j, m->files[s->file].name, s->offset, slices_end[s->file]);
+            bad = msg;
+        }
+        slices_end[s->file] += (unsigned long long)s->len * s->count * sizeof(float);
+    }
+    for (int f = 0; slices_end && !bad && f < m->n_files; f++)
+        if (slices_end[f] != m->files[f].bytes) {
+            snprintf(msg, msg_len, "checkpoint manifest '%s': the slices of %s end at byte %llu, but the file has %llu",
+                     path, m->files[f].name, slices_end[f], m->files[f].bytes);
+            bad = msg;
+        }
+    free(slices_end);
     return bad;
 }
 

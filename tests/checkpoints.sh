@@ -515,6 +515,11 @@ ck_copy rename
 mv "$CK/rename/rank-00002.bin" "$CK/rename/rank-00005.bin"
 ck_rehash "$CK/rename/MANIFEST" 's/^file 2 rank-00002.bin /file 2 rank-00005.bin /'
 jobs_run ck_bad rename "a rank file under another rank's name" "was written by rank 2, but the manifest lists it as 'rank-00005.bin'" 4 --dp 4
+# a slice's offset moved 16 bytes into its file (the checksums cover every
+# other field of a slice): it resumed, reading other bytes, with other losses
+ck_copy offset
+ck_rehash "$CK/offset/MANIFEST" 's/ file=1 offset=64 / file=1 offset=80 /'
+jobs_run ck_bad offset "a slice's offset moved" "rank-00001.bin starts at byte 80, where the slices before it end at 64" 2 --dp 2
 # a checkpoint written with the first format's checksum (FNV over words)
 ck_copy v1
 ck_rehash "$CK/v1/MANIFEST" '1s/.*/gpt-training-state 1/'
