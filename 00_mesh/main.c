@@ -159,6 +159,15 @@ static void train_reference(const Run* run, int freeze) {
     gpt_free(&model);
 }
 
+// The flags a mesh of more than one rank uses: the axes, the threads, the
+// watchdog, the device's math; --steps 0 asks for no training.
+static int mesh_run_flag(const char* flag, const char* value) {
+    const char* used[] = {"--dp", "--tp", "--pp", "--cp", "--ep", "--threads", "--timeout", "--tf32"};
+    for (size_t k = 0; k < sizeof(used) / sizeof(used[0]); k++)
+        if (!strcmp(flag, used[k])) return 1;
+    return !strcmp(flag, "--steps") && !strcmp(value, "0");
+}
+
 int main(int argc, char** argv) {
     runtime_init(&argc, &argv);
     TrainArgs args;
@@ -205,6 +214,15 @@ int main(int argc, char** argv) {
         train_setup_free(&run.setup);
     } else {
         print0("the reference trains on one rank: mpirun -np 1 build/chapter-0 (later chapters train on the mesh)\n");
+        // the flags of a training run do nothing here: said, not ignored
+        // (a --save that wrote no file, a --model never opened)
+        char ignored[512] = "";
+        size_t n = 0;
+        for (int i = 1; i < argc && n < sizeof(ignored) - 64; i++)
+            if (!strncmp(argv[i], "--", 2) && !mesh_run_flag(argv[i], i + 1 < argc ? argv[i + 1] : ""))
+                n += (size_t)snprintf(ignored + n, sizeof(ignored) - n, "%s%s", n ? ", " : "", argv[i]);
+        if (n) print0("note: %s do%s nothing on a mesh of %d ranks (nothing is trained, read or written)\n", ignored,
+                      strchr(ignored, ',') ? "" : "es", mesh.world_size);
     }
     mesh_destroy(&mesh);
     runtime_finalize();

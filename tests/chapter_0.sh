@@ -184,6 +184,16 @@ jobs_run error_case chapter-0 1 "--log $TEST_TMPDIR/short.txt/x.jsonl" "its dire
 jobs_run error_case chapter-0 1 "--trace $TEST_TMPDIR/short.txt/a/x.json" "its directory '$TEST_TMPDIR/short.txt/a' does not exist: a file stands on its path"
 jobs_run error_case chapter-0 3 "--steps 5" "mpirun started 3 ranks: give axis sizes whose product is 3"
 jobs_wait  # the error cases are independent: 2 at a time
+# on a mesh of 2 ranks chapter 0 draws it and trains nothing: the training
+# flags given are named as doing nothing (they were passed over in silence:
+# a --save that wrote no file, a --model never opened), --steps 0 is not one
+mpi_run $T_SHORT 2 "$BUILD/chapter-0" --dp 2 --steps 0 --save "$TEST_TMPDIR/mesh_save.bin" --model /nonexistent.bin --log "$TEST_TMPDIR/mesh.jsonl"
+if [ "$RC" = 0 ] && echo "$OUT" | grep -qx "note: --save, --model, --log do nothing on a mesh of 2 ranks (nothing is trained, read or written)" &&
+    [ ! -e "$TEST_TMPDIR/mesh_save.bin" ] && [ ! -e "$TEST_TMPDIR/mesh.jsonl" ]; then
+    pass "chapter 0 on 2 ranks names the training flags it does not use (--save, --model, --log; --steps 0 not)"
+else
+    fail "chapter 0 on 2 ranks, training flags" "exit $RC; $(echo "$OUT" | grep -E 'note|error' | head -3)"
+fi
 # (a save that fails half way leaves nothing behind: test_model checks it
 # with a file-size limit, which an MPI job cannot start under)
 
