@@ -229,6 +229,19 @@ if [ $rc -eq 0 ] && grep -q "^supervise: skipping checkpoint $CK/svf/step-000000
 else
     fail "checkpoint: supervisor fallback" "exit $rc; $(grep -E '^supervise|^error' "$CK/svf.out" | head -6)"
 fi
+# its own flags: a --retries of "abc" restarted a failing job without end
+# (645 attempts in 10 s), a --np without a value stopped on an unbound variable
+local bad_flags=""
+for a in "--retries abc" "--np" "--np 0" "--fallback-np x"; do
+    out=$(timeout 20 bash common/tools/supervise.sh $a -- "$BUILD/chapter-0" --ckpt-dir "$CK/svx" 2>&1)
+    rc=$?
+    [ $rc = 2 ] && [ "$(echo "$out" | wc -l)" = 1 ] && echo "$out" | grep -q "^supervise.sh: ${a%% *} needs a" || bad_flags="$bad_flags [$a: exit $rc, $out]"
+done
+if [ -z "$bad_flags" ] && [ ! -e "$CK/svx" ]; then
+    pass "checkpoint: the supervisor refuses its own bad flags (--retries abc, --np without a value, --np 0, --fallback-np x) with one line, exit 2, nothing run"
+else
+    fail "checkpoint: the supervisor's own flags" "$bad_flags"
+fi
 out=$(timeout 120 bash common/tools/supervise.sh --np 2 --retries 3 -- "$BUILD/chapter-2" --dp 3 $CKF --ckpt-dir "$CK/svr" 2>&1)
 rc=$?
 if [ $rc -eq 1 ] && [ "$(echo "$out" | grep -c '^supervise: attempt')" = 1 ] && echo "$out" | grep -q "no restart"; then

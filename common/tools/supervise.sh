@@ -35,11 +35,23 @@ set -u
 here=$(cd "$(dirname "$0")/../.." && pwd)
 MPIRUN=${MPIRUN:-bash $here/tests/mpirun.sh}
 retries=3 np=1 fallback=""
+# number FLAG VALUE MIN: VALUE, a whole number >= MIN, or one error line and exit 2
+# (a --retries of "abc" made every comparison fail: restarts without end)
+number() {
+    [[ $2 =~ ^[0-9]+$ ]] && [ "$2" -ge "$3" ] && [ "$2" -le 1000000 ] && return
+    echo "supervise.sh: $1 needs a whole number from $3 to 1000000, got '$2'" >&2
+    exit 2
+}
 while [ $# -gt 0 ]; do
     case $1 in
-        --retries) retries=$2; shift 2 ;;
-        --np) np=$2; shift 2 ;;
-        --fallback-np) fallback=$2; shift 2 ;;
+        --retries | --np | --fallback-np)
+            [ $# -ge 2 ] || { echo "supervise.sh: $1 needs a value" >&2; exit 2; }
+            case $1 in
+                --retries) number "$1" "$2" 0; retries=$2 ;;
+                --np) number "$1" "$2" 1; np=$2 ;;
+                --fallback-np) number "$1" "$2" 1; fallback=$2 ;;
+            esac
+            shift 2 ;;
         --) shift; break ;;
         *) echo "supervise.sh: unknown option $1 (see the header of $0)" >&2; exit 2 ;;
     esac
