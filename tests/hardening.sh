@@ -228,6 +228,21 @@ if [ $rc -ne 0 ] && echo "$out" | grep -q "^error: cannot write the output '$TES
 else
     fail "hardening: tokenize both or neither" "exit $rc; $out; $(ls "$TEST_TMPDIR" | grep tkd)"
 fi
+# a prefix that names no file: empty (it wrote _train.bin here), ending in
+# '/' (dir/_train.bin), a flag (--help second wrote --help_train.bin)
+mkdir -p "$TEST_TMPDIR/tkx"
+bad="" tk=$(cd "$BUILD" && pwd)/tokenize
+for prefix in "" "$TEST_TMPDIR/tkx/" "--help"; do
+    out=$(cd "$TEST_TMPDIR/tkx" && "$tk" "$TEST_TMPDIR/short_val.txt" "$prefix" 2>&1)
+    rc=$?
+    if [ "$prefix" = --help ]; then [ $rc = 0 ] && echo "$out" | grep -q "^usage:" || bad="$bad [--help: $rc $out]"
+    else [ $rc = 1 ] && echo "$out" | grep -q "^error: the output prefix '$prefix' " || bad="$bad ['$prefix': $rc $out]"; fi
+done
+if [ -z "$bad" ] && [ -z "$(ls -A "$TEST_TMPDIR/tkx")" ]; then
+    pass "hardening: tokenize refuses an empty prefix or one ending in '/', and --help in any place prints the usage; nothing written"
+else
+    fail "hardening: tokenize's prefix" "$bad $(ls -A "$TEST_TMPDIR/tkx")"
+fi
 : > "$TEST_TMPDIR/empty.txt"
 out=$("$BUILD/tokenize" "$TEST_TMPDIR/empty.txt" "$TEST_TMPDIR/tke" 2>&1)
 rc=$?

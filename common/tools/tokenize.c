@@ -13,7 +13,8 @@
 #include "paths.h"
 
 int main(int argc, char** argv) {
-    int help = argc >= 2 && !strcmp(argv[1], "--help");
+    int help = 0;
+    for (int i = 1; i < argc; i++) help |= !strcmp(argv[i], "--help") || !strcmp(argv[i], "-h");
     if (argc != 3 || help) {
         if (!help) fprintf(stderr, "error: give an input file and an output prefix (%d argument%s given)\n", argc - 1,
                            argc == 2 ? "" : "s");
@@ -22,6 +23,13 @@ int main(int argc, char** argv) {
                 "writes OUTPUT_PREFIX_train.bin (first 90%%) and OUTPUT_PREFIX_val.bin (last 10%%)\n",
                 argv[0]);
         return help ? 0 : 1;
+    }
+    // the prefix names files: not empty, not a directory (prefix/_train.bin), not a flag
+    size_t plen = strlen(argv[2]);
+    if (plen == 0 || argv[2][plen - 1] == '/' || argv[2][0] == '-') {
+        fprintf(stderr, "error: the output prefix '%s' %s: give a path and a name, such as data/corpus\n", argv[2],
+                plen == 0 ? "is empty" : argv[2][0] == '-' ? "looks like a flag" : "ends in '/' (a directory, no name)");
+        return 1;
     }
     char msg[ERROR_MAX];
     TokenSet train, val;
