@@ -74,6 +74,17 @@ if [ $? -ne 0 ] && echo "$out" | grep -q "no summary record"; then
 else
     fail "op_breakdown.py without a summary" "$out"
 fi
+# a binary file (a traceback: UnboundLocalError), and --help (it took it for a file)
+out=$(python3 common/tools/op_breakdown.py "$BUILD/chapter-0" 2>&1)
+rc=$?
+out2=$(python3 common/tools/op_breakdown.py --help 2>&1)
+rc2=$?
+if [ $rc = 1 ] && [ "$out" = "$BUILD/chapter-0:1: not text: give the --log FILE.jsonl of a run" ] && [ $rc2 = 0 ] &&
+    echo "$out2" | grep -q "^usage: op_breakdown.py FILE.jsonl"; then
+    pass "op_breakdown.py on a binary file: one line, exit 1; --help prints the usage"
+else
+    fail "op_breakdown.py on a binary file, --help" "exit $rc: $out; exit $rc2: $(echo "$out2" | tail -2)"
+fi
 
 echo "== roofline (make bench-ref's first line)"
 # build/roofline measures through the ops: its figures must be positive, and

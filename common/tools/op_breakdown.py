@@ -15,13 +15,16 @@ KINDS = ["matmul", "attention", "layernorm", "gelu", "residual", "encoder",
 
 
 def main():
+    if len(sys.argv) >= 2 and sys.argv[1] in ("-h", "--help"):
+        print(__doc__.strip())
+        return
     if len(sys.argv) not in (2, 3):
         sys.exit(__doc__.strip())
     path, rank = sys.argv[1], sys.argv[2] if len(sys.argv) == 3 else "0"
     if not rank.isdigit():
         sys.exit(f"RANK={rank}: give a rank number")
     rank = int(rank)
-    summary = None
+    summary, n = None, 0
     try:
         with open(path) as f:
             for n, line in enumerate(f, 1):
@@ -30,6 +33,8 @@ def main():
                     summary = rec
     except OSError as e:
         sys.exit(f"{path}: cannot read it: {e.strerror}")
+    except UnicodeDecodeError:
+        sys.exit(f"{path}:{n + 1}: not text: give the --log FILE.jsonl of a run")
     except ValueError:
         sys.exit(f"{path}:{n}: not a JSON line: give the --log FILE.jsonl of a run")
     if summary is None:
