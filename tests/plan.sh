@@ -702,6 +702,18 @@ else
     fail "plan --help" "$(echo "$out" | head -8)"
 fi
 plan_error "not planned" --chapter 9
+# from the flag review: no --chapter ("--chapter -1 is not planned"), an
+# unlimited memory (inf was searched as a budget), an attention measurement
+# past the machine's memory (the allocator's abort after taking 8 GiB)
+plan_error "--chapter is needed: the chapter to plan" --memory-per-rank 8e6
+plan_error "--search: give the bytes a rank may hold" --search --ranks 2 --memory-per-rank inf
+plan_error "more than this device's" --measure-attention --max-seq 65536 --seq 65536 --batch 64
+# --expert-hidden 0 is chapter 7's 4C (the planner refused it)
+if [ "$("$BUILD/plan" --chapter 7 --expert-hidden 0 2>&1)" = "$("$BUILD/plan" --chapter 7 2>&1)" ]; then
+    pass "plan --chapter 7 --expert-hidden 0 plans chapter 7's default, 4C"
+else
+    fail "plan --expert-hidden 0" "$("$BUILD/plan" --chapter 7 --expert-hidden 0 2>&1 | head -2)"
+fi
 plan_error "--zero" --chapter 3 --ranks 2 --dp 2 --zero 4
 # more micro-batches than a rank has sequences: the run's own refusal (an int product divided by zero here)
 plan_error "too few for 1073741824 micro-batches: use at most 1 micro-batch" --chapter 2 --ranks 4 --dp 4 --grad-accum 1073741824

@@ -30,6 +30,7 @@
 // mesh of chapter 7's model) and lists those that fit --memory-per-rank,
 // fewest bus bytes per step first, or with --profile (plan_time.h) the
 // shortest predicted step first.
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -315,8 +316,11 @@ static PlanFn plan_pick(const PlanArgs* a, PlanInfo* info, char* msg, size_t len
             plan = plan_chapter_7;
             break;
         default:
-            snprintf(msg, len, "--chapter %d is not planned (the planner knows chapters 0, 2, 3, 4, 5, 6 and 7, and the capstone)",
-                     a->chapter);
+            if (a->chapter == -1)
+                snprintf(msg, len, "--chapter is needed: the chapter to plan (0, 2 to 7, or capstone), or --search over them");
+            else
+                snprintf(msg, len, "--chapter %d is not planned (the planner knows chapters 0, 2, 3, 4, 5, 6 and 7, and the capstone)",
+                         a->chapter);
             return NULL;
     }
     if (!bad && a->chapter != 4 && !(a->chapter == 6 && a->sp)) {
@@ -787,7 +791,7 @@ int main(int argc, char** argv) {
                                                           a.cfg.padded_vocab_size, 1, RECOMPUTE_FULL);
     double params = (double)gpt_num_params(&a.cfg);
     if (a.chapter == 7) {  // chapter 7's experts too (every layer counted: a bound), forward and backward
-        double C = a.cfg.channels, H = a.expert_hidden == ARG_NOT_GIVEN ? 4.0 * C : a.expert_hidden;
+        double C = a.cfg.channels, H = a.expert_hidden == ARG_NOT_GIVEN || a.expert_hidden == 0 ? 4.0 * C : a.expert_hidden;
         params += (double)a.experts * a.cfg.num_layers * (2.0 * H * C + H + C);
         flops += 6.0 * tokens * a.top_k * a.cfg.num_layers * 2.0 * H * C;
     }
@@ -801,7 +805,7 @@ int main(int argc, char** argv) {
         char* end = NULL;
         double memory = memory_arg ? strtod(memory_arg, &end) : 0.0;
         if (!memory_arg && profile_path && profile.memory_gb != PT_UNKNOWN) memory = profile.memory_gb * 1e9, end = "";
-        if ((!memory_arg && !end) || (end && *end) || !(memory > 0))
+        if ((!memory_arg && !end) || (end && *end) || !(memory > 0) || !isfinite(memory))
             die("%s: give the bytes a rank may hold, e.g. --memory-per-rank 4000000 (or a --profile with memory_gb)", "--search");
         if (a.chapter != -1 && a.chapter != 7)
             die("%s: without --chapter it searches chapters 0 and 2 to 6; --chapter 7 (or capstone) searches chapter 7's model's meshes", "--search");

@@ -38,7 +38,8 @@
 
 static MoeConfig moe_of(const PlanArgs* a) {
     MoeConfig c = {.gpt = a->cfg, .experts = a->experts, .top_k = a->top_k, .moe_every = a->moe_every};
-    c.hidden = a->expert_hidden == ARG_NOT_GIVEN ? 4 * a->cfg.channels : a->expert_hidden;
+    // as chapter 7: not given or 0, 4C
+    c.hidden = a->expert_hidden == ARG_NOT_GIVEN || a->expert_hidden == 0 ? 4 * a->cfg.channels : a->expert_hidden;
     return c;
 }
 

@@ -615,6 +615,17 @@ int plan_time_measure_attention(int B, int T, int C, int NH) {
     int threads = runtime_set_threads(0);
     const char* device = device_init(runtime_local_rank());
     size_t btc = (size_t)B * T * C, att = (size_t)B * NH * T * T;
+    // qkv and dqkv, out and dout, the (B, NH, T, T) probabilities and their
+    // gradient: refused up front past the device's memory (mem_alloc would
+    // end the run with an allocator's message, after taking what it could)
+    double need = 4.0 * (6.0 * (double)btc + 2.0 * (double)btc + 2.0 * (double)att);
+    if (need > (double)device_memory_bytes()) {
+        fprintf(stderr, "error: --measure-attention at --batch %d --seq %d --channels %d --heads %d needs %.1f GiB (the "
+                "(B, NH, T, T) probabilities and their gradient), more than this device's %.1f GiB: lower --batch or --seq\n",
+                B, T, C, NH, need / (1 << 30), (double)device_memory_bytes() / (1 << 30));
+        runtime_finalize();
+        return 1;
+    }
     float* qkv = mem_alloc_floats(3 * btc, MEM_OTHER);
     float* dqkv = mem_alloc_floats(3 * btc, MEM_OTHER);
     float* out = mem_alloc_floats(btc, MEM_OTHER);
