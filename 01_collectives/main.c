@@ -119,7 +119,7 @@ static void run_library(const Comm* c, Algorithm a, Buffers* b, int root) {
 
 // ---------------------------------------------------------------- --trace: who sends what to whom
 
-static void run_trace(const Comm* world) {
+static void run_trace(const Comm* world, const char* only) {
     int p = world->size;
     if (p > 8) {
         print0("--trace prints every message; it is meant for 2 to 8 ranks (this run has %d)\n", p);
@@ -138,6 +138,7 @@ static void run_trace(const Comm* world) {
     Buffers b;
     buffers_alloc(&b, (size_t)p * 2);
     for (int a = 0; a < NUM_ALGS; a++) {
+        if (strcmp(only, "all") != 0 && strstr(alg_names[a], only) == NULL) continue;  // --op
         buffers_fill(&b, world->rank, 0);
         hand_trace_enable(1);
         run_hand(world, (Algorithm)a, &b, 0);
@@ -308,7 +309,7 @@ int main(int argc, char** argv) {
         {"bench", ARG_FLAG, &do_bench, "nccl-tests-style table: hand-written vs library"},
         {"min-bytes", ARG_STRING, &min_size, "smallest bench size, e.g. 8, 64K, 1M  [8]"},
         {"max-bytes", ARG_STRING, &max_size, "largest bench size, up to 1G (256M is the usual top)  [4M]"},
-        {"op", ARG_STRING, &only, "check and bench only algorithms whose name contains this  [all]"},
+        {"op", ARG_STRING, &only, "trace, check and bench only algorithms whose name contains this  [all]"},
         {"iters", ARG_INT, &iters, "timed repetitions per size, at most  [20]"},
         {"threads", ARG_INT, &threads, "threads per rank  [cores / ranks on the node]"},
         {"log", ARG_STRING, &log_path, "write the bench rows as JSONL to FILE"},
@@ -333,6 +334,7 @@ int main(int argc, char** argv) {
     if (iters < 1) fail_all("--iters must be >= 1");
     if (threads < 0 || threads > ARGS_MAX_THREADS)  // as every chapter's --threads (common/args.c)
         fail_all("--threads must be between 0 (cores / ranks) and %d", ARGS_MAX_THREADS);
+    if (!only[0]) fail_all("--op '' names nothing: give part of an algorithm's name (or all)");
     int matched = 0;  // --op must name at least one algorithm
     for (int a = 0; a < NUM_ALGS; a++) matched += strcmp(only, "all") == 0 || strstr(alg_names[a], only) != NULL;
     if (!matched) {
@@ -353,7 +355,7 @@ int main(int argc, char** argv) {
     fail_if_any(bad != NULL, bad);
 
     print0("chapter 1: collectives by hand on %d rank%s\n", world.size, world.size == 1 ? "" : "s");
-    if (do_trace) run_trace(&world);
+    if (do_trace) run_trace(&world, only);
     int ok = 1;
     if (do_check) ok = run_check(&world, only);
     if (do_bench) run_bench(&world, min_bytes, max_bytes, iters, only, &log);

@@ -286,7 +286,9 @@ const char* args_parse(int argc, char** argv, TrainArgs* a, const ArgSpec* extra
     else if (a->val_batches < 1 || a->val_batches > ARGS_MAX_VAL_BATCHES)
         bad = "--val-batches must be between 1 and 100000 (each is a forward pass over a batch)";
     else if (a->threads < 0 || a->threads > ARGS_MAX_THREADS) bad = "--threads must be between 0 (cores / ranks) and 1024";
-    else if (a->peak_gflops < 0) bad = "--peak-gflops must be >= 0";
+    // a positive peak below 0.1 GFLOP/s is no machine's, and printed as 0.0
+    else if (a->peak_gflops < 0 || (a->peak_gflops > 0 && a->peak_gflops < 0.1f))
+        bad = "--peak-gflops must be 0 (measure it) or at least 0.1 GFLOP/s";
     else if (!(a->timeout == 0 || (a->timeout >= WATCHDOG_MIN_SECONDS && a->timeout <= 1e6)))
         bad = "--timeout must be 0 (no watchdog) or a number of seconds from 1 to 1000000 (shorter, a collective still running looks like a deadlock)";
     for (int ax = 0; ax < NUM_AXES && !bad; ax++)

@@ -23,6 +23,20 @@ if [ "$n" = 12 ] && echo "$OUT" | grep -q "step 2: rank 3 sends chunk 0 to rank 
 else
     fail "collectives: --trace" "$n ring lines; command: $CMD; $(echo "$OUT" | head -12)"
 fi
+# --op chooses what --trace shows too (it traced all nine)
+mpi_run $T_SHORT 2 "$BUILD/chapter-1" --trace --op broadcast
+if [ "$RC" = 0 ] && [ "$(echo "$OUT" | grep -c '^== ')" = 1 ] && echo "$OUT" | grep -q '^== broadcast: '; then
+    pass "collectives: --trace --op broadcast traces the broadcast alone"
+else
+    fail "collectives: --trace --op" "exit $RC; $(echo "$OUT" | grep '^== ' | tr '\n' ';')"
+fi
+# an empty --op matched every algorithm
+mpi_run --may-fail $T_SHORT 2 "$BUILD/chapter-1" --op ""
+if [ "$RC" = 1 ] && [ "$(echo "$OUT" | grep -c '^error: ')" = 1 ] && echo "$OUT" | grep -q "^error: --op '' names nothing"; then
+    pass "collectives: an empty --op is refused with one line"
+else
+    fail "collectives: an empty --op" "exit $RC; $(echo "$OUT" | head -3)"
+fi
 # the bench runs, finds nothing wrong, and writes the rows the plots read
 blog=$TEST_TMPDIR/bench.jsonl
 mpi_run $T_RUN 2 "$BUILD/chapter-1" --bench --min-bytes 8 --max-bytes 64K --iters 3 --log "$blog"
