@@ -149,9 +149,33 @@ static void ring_case(int B, int T, int C, int NH, int n, int zigzag) {
     free(part), free(qkv), free(dout), free(out), free(att), free(datt), free(dqkv), free(out_ring), free(dqkv_ring);
 }
 
+// Every position of a sequence maps back to the rank and row that hold it:
+// cp_shard_owner inverts cp_shard_pos (the capstone's --sample finds its row
+// of logits by it; no training path does, so only --sample's runs saw a
+// boundary off by one there, a planted bug's review found).
+static void owner_case(int B, int T, int n, int zigzag) {
+    int len = zigzag ? T / (2 * n) : T / n, parts = zigzag ? 2 : 1, wrong = 0, first = -1;
+    for (int r = 0; r < n; r++) {
+        CPShard s = {.cp = n, .rank = r, .parts = parts, .len = len, .B = B, .T = T};
+        for (int p = 0; p < parts; p++)
+            for (int t = 0; t < len; t++) {
+                int pos = cp_shard_pos(&s, r, p) + t;
+                size_t row = 0;
+                int owner = cp_shard_owner(&s, pos, &row);
+                if (owner != r || row != (size_t)p * B * len + (size_t)t) wrong++, first = first < 0 ? pos : first;
+            }
+    }
+    char name[160];
+    snprintf(name, sizeof name, "cp_shard_owner inverts cp_shard_pos on every position, T=%d cp=%d B=%d %s", T, n, B,
+             zigzag ? "zigzag" : "none");
+    check(wrong == 0, name, "%d positions map elsewhere, the first %d", wrong, first);
+}
+
 int main(int argc, char** argv) {
     runtime_init(&argc, &argv);
     device_init(0);
+    for (int n = 1; n <= 4; n++)
+        for (int zz = 0; zz < 2; zz++) owner_case(2, 24, n, zz);
     // (B, T, C, NH, cp): cp = 1 (the ring of one), 2, 3 (odd), 4; T with
     // parts of one position (T = 8, cp = 4, zigzag) up to 12 positions
     const int cases[][5] = {{2, 8, 16, 2, 1}, {2, 8, 16, 2, 2}, {1, 12, 8, 2, 3}, {2, 8, 16, 4, 4},
