@@ -1033,6 +1033,40 @@ case $verdict in
 esac
 plan_error "--search: without --chapter" --search --chapter 5 --ranks 2 --memory-per-rank 1e9
 
+# --search --profile where groups straddle nodes: 24 ranks on nodes of 8,
+# so dp 8 x tp 3's tp groups of the middle replicas span two nodes. The
+# search plans dp coordinates 0, 1 and the last only; each layout it lists
+# with dp > 3 must show the step its own plan predicts (the slowest rank
+# timed among the representatives alone was 1.825 ms where dp 8 x tp 3
+# --zero 3 --reshard 0's own plan says 2.589: rank 6's tp group crosses)
+out=$(python3 - "$BUILD/plan" tools/plan/profiles/h100-sxm.txt <<'PY'
+import json, re, subprocess, sys
+plan, prof = sys.argv[1], sys.argv[2]
+common = ["--ranks", "24", "--model", "small", "--batch", "48", "--seq", "64", "--profile", prof]
+out = subprocess.run([plan, "--search", "--memory-per-rank", "1e12"] + common, capture_output=True, text=True).stdout
+bad, n = [], 0
+for line in out.splitlines()[1:]:
+    m = re.match(r"  chapter (\d)((?: --\S+(?: [^-\s]\S*)?)*)\s+peak .* (\S+) ms$", line)
+    if not m:
+        bad.append("unparsed: " + line)
+        continue
+    flags = m.group(2).split()
+    if int(flags[flags.index("--dp") + 1]) <= 3:
+        continue  # every rank planned
+    own = subprocess.run([plan, "--chapter", m.group(1), "--json"] + flags + common, capture_output=True, text=True).stdout
+    recs = [json.loads(l) for l in own.splitlines() if l.startswith("{")]
+    ms = recs[1]["ms_per_step"] if len(recs) > 1 else None
+    n += 1
+    if ms is None or abs(ms - float(m.group(3))) > 5e-4 * ms + 5e-4:  # %.4g against the record's
+        bad.append(f"chapter {m.group(1)}{m.group(2)}: search {m.group(3)} ms, own {ms}")
+print(("BAD " + "; ".join(bad[:4])) if bad or n < 10 else f"ok {n}")
+PY
+)
+case $out in
+    ok*) pass "--search --profile, 24 ranks on nodes of 8: ${out#ok } layouts with dp > 3 each at its own plan's step (every rank timed on its replica's plan)" ;;
+    *) fail "--search --profile across nodes" "$out" ;;
+esac
+
 # profile_error EXPECT LINES: a profile with these lines is refused with one
 # error line naming the file's line and the problem
 profile_error() {

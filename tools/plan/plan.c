@@ -351,13 +351,30 @@ static PlanFn plan_pick(const PlanArgs* a, PlanInfo* info, char* msg, size_t len
 // same calls in every chapter (the batch splits evenly over dp, ZeRO's
 // shards are equal and padded), except chapter 2's parameter server, whose
 // dp rank 0 serves the others. So dp coordinates 0, 1 and the last stand
-// for all: the fullest and busiest rank is among them. tests/plan.sh
-// checks each listed layout against its own full plan.
+// for all: the fullest and busiest rank is among them. Not the slowest: a
+// step's time also depends on the nodes a rank's groups span, which its
+// place in the world decides (dp 8 x tp 3 on nodes of 8: a middle replica's
+// tp group straddles two), so every rank is timed, on its representative's
+// plan (predict_times). tests/plan.sh checks each listed layout against its
+// own full plan.
 static int plan_wanted(const PlanArgs* a, int r, int replicas_once) {
     if (!replicas_once || a->mesh[AXIS_DP] <= 3) return 1;
     int coord[NUM_AXES];
     plan_coords(a, r, coord);
     return coord[AXIS_DP] <= 1 || coord[AXIS_DP] == a->mesh[AXIS_DP] - 1;
+}
+
+// The planned rank that stands for rank r (plan_wanted's): r itself, or
+// the rank at dp coordinate 1 with r's other coordinates.
+static int plan_representative(const PlanArgs* a, int r, int replicas_once) {
+    if (plan_wanted(a, r, replicas_once)) return r;
+    Mesh mesh;
+    memset(&mesh, 0, sizeof(mesh));
+    for (int x = 0; x < NUM_AXES; x++) mesh.size[x] = a->mesh[x];
+    int coord[NUM_AXES];
+    mesh_coord_of(&mesh, r, coord);
+    coord[AXIS_DP] = 1;
+    return mesh_rank_at(&mesh, coord);
 }
 
 // Every rank's plan over a->steps steps (replicas_once: the representatives
@@ -378,7 +395,8 @@ static RankPlan* plan_run(const PlanArgs* a, PlanFn plan, int replicas_once) {
     return plans;
 }
 
-// The step time of every rank from its plan (plan_time.h) into times[];
+// The step time of every rank from its plan (plan_time.h; replicas_once:
+// its representative's) and the nodes its groups span, into times[];
 // returns NULL, or the figure the profile lacks.
 static const char* predict_times(const MachineProfile* prof, const PlanArgs* a, const PlanInfo* info,
                                  const RankPlan* plans, StepTime* times, int replicas_once) {
@@ -389,10 +407,10 @@ static const char* predict_times(const MachineProfile* prof, const PlanArgs* a, 
     plan_time_nodes_init(&nodes, prof, a->mesh, a->ranks);
     const char* missing = NULL;
     for (int r = 0; r < a->ranks && !missing; r++) {
-        if (!plan_wanted(a, r, replicas_once)) continue;
-        ch.plan_flops = plans[r].flops;
-        plan_time_rank(prof, &a->cfg, &ch, &nodes, r, plans[r].peak, (const CommCount(*)[COMM_MAX_SLOTS])plans[r].comm,
-                       a->steps, &times[r]);
+        const RankPlan* p = &plans[plan_representative(a, r, replicas_once)];
+        ch.plan_flops = p->flops;
+        plan_time_rank(prof, &a->cfg, &ch, &nodes, r, p->peak, (const CommCount(*)[COMM_MAX_SLOTS])p->comm, a->steps,
+                       &times[r]);
         missing = times[r].missing;
     }
     plan_time_nodes_free(&nodes);
@@ -444,7 +462,7 @@ static void consider(const PlanArgs* a, const char* what, double memory, const M
         const char* missing = predict_times(prof, a, &info, plans, times, 1);
         if (missing) die("--profile: the profile has no %s", missing);
         for (int r = 0; r < a->ranks; r++)
-            if (plan_wanted(a, r, 1) && times[r].total_ms > ms) ms = times[r].total_ms;
+            if (times[r].total_ms > ms) ms = times[r].total_ms;
         free(times);
     }
     free(plans);

@@ -72,10 +72,9 @@ static void plan_cp(const PlanArgs* a, RankPlan* p, int r) {
             // K/V one hop per block but the last, forward and backward; the
             // dK/dV partial sums cp hops in backward (none on one rank)
             int kv = (n - 1) * (forwards + 1), dkv = n > 1 ? n : 0;
-            for (int i = 0; i < kv + dkv; i++) {
-                comm_tally(&cp, COLL_RECV, 2 * NC * sizeof(float), 0.0);
-                comm_tally(&cp, COLL_SEND, 2 * NC * sizeof(float), 1.0);
-            }
+            double block = 2.0 * NC * sizeof(float);  // a K/V block (counted at once: cp hops a layer)
+            comm_tally_calls(&cp, COLL_RECV, kv + dkv, block, 0.0);
+            comm_tally_calls(&cp, COLL_SEND, kv + dkv, block, block);
         } else {
             // q|k|v to head shards and the output back, each forward; the
             // output's gradient to head shards and dq|dk|dv back

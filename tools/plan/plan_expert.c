@@ -290,11 +290,10 @@ static void plan_pipe(const PlanArgs* a, RankPlan* p, int r) {
             // forward's exchanges again under --recompute full)
             int passes = a->recompute == RECOMPUTE_FULL ? 3 : 2;
             for (int l = 0; l < M * Lc; l++) {
-                if (ring) {
-                    for (int i = 0; i < passes * (ncp - 1) + ncp; i++) {
-                        comm_tally(&cpg, COLL_RECV, 2 * (size_t)NC * sizeof(float), 0.0);
-                        comm_tally(&cpg, COLL_SEND, 2 * (size_t)NC * sizeof(float), 1.0);
-                    }
+                if (ring) {  // (hops counted at once: cp of them a layer, for every rank of a search)
+                    double hops = passes * (ncp - 1) + ncp, kv = 2.0 * NC * sizeof(float);
+                    comm_tally_calls(&cpg, COLL_RECV, hops, kv, 0.0);
+                    comm_tally_calls(&cpg, COLL_SEND, hops, kv, kv);
                 } else {
                     for (int i = 0; i < passes; i++) {
                         comm_tally(&cpg, COLL_ALLTOALL, 3 * (size_t)NC * sizeof(float), comm_ring_factor(&cpg));
@@ -435,11 +434,11 @@ void plan_chapter_7(const PlanArgs* a, RankPlan* p, int r) {
         for (int l = 0; l < L; l++) {
             if (ring) {
                 // K/V one hop per block but the last, forward (twice under
-                // full) and backward; the dK/dV partial sums cp hops in backward
-                for (int i = 0; i < passes * (ncp - 1) + ncp; i++) {
-                    comm_tally(&cpg, COLL_RECV, 2 * (size_t)NC * sizeof(float), 0.0);
-                    comm_tally(&cpg, COLL_SEND, 2 * (size_t)NC * sizeof(float), 1.0);
-                }
+                // full) and backward; the dK/dV partial sums cp hops in
+                // backward (counted at once: a search plans thousands of hops)
+                double hops = passes * (ncp - 1) + ncp, kv = 2.0 * NC * sizeof(float);
+                comm_tally_calls(&cpg, COLL_RECV, hops, kv, 0.0);
+                comm_tally_calls(&cpg, COLL_SEND, hops, kv, kv);
             } else {
                 for (int i = 0; i < passes; i++) {
                     comm_tally(&cpg, COLL_ALLTOALL, 3 * (size_t)NC * sizeof(float), comm_ring_factor(&cpg));
