@@ -254,6 +254,8 @@ int main(int argc, char** argv) {
     if (!found) fail_all("--dp-mode %s is not one of naive, bucketed, overlapped, ps", mode_name);
     if (accum < 1) fail_all("--grad-accum must be >= 1");
     if (bucket_kb < 1) fail_all("--bucket-kb must be >= 1");
+    int bucketed = mode == MODE_BUCKETED || mode == MODE_OVERLAPPED;
+    args_note_unused(argc, argv, "bucket-kb", !bucketed, "only --dp-mode bucketed and overlapped cut the gradients into buckets");
     const TrainArgs* args = &run.args;
     const TrainSetup* setup = &run.setup;
     const Comm* dpc = &run.axes[AXIS_DP];
@@ -296,9 +298,10 @@ int main(int argc, char** argv) {
     dp.buckets.grads = model.grads;
     sharding_show_replicated(&setup->cfg, mode != MODE_PS || dpc->rank == 0, args->show_sharding, "chapter 2");
 
-    print0("chapter 2: data parallel, dp=%d, mode %s, %d bucket%s of %d KiB, %d micro-batch%s of %d sequence%s per rank, device %s\n",
-           ndp, mode_names[mode], dp.buckets.n, dp.buckets.n == 1 ? "" : "s", bucket_kb, accum,
-           accum == 1 ? "" : "es", micro, micro == 1 ? "" : "s", run.device);
+    char buckets[64] = "";  // naive and ps send none
+    if (bucketed) snprintf(buckets, sizeof(buckets), "%d bucket%s of %d KiB, ", dp.buckets.n, dp.buckets.n == 1 ? "" : "s", bucket_kb);
+    print0("chapter 2: data parallel, dp=%d, mode %s, %s%d micro-batch%s of %d sequence%s per rank, device %s\n", ndp,
+           mode_names[mode], buckets, accum, accum == 1 ? "" : "es", micro, micro == 1 ? "" : "s", run.device);
     train_print_recompute((RecomputeMode)args->recompute, NULL);
     print0("model %s: %zu parameters, global batch %d x %d\n", setup->model_name, model.num_params, B, T);
     // every replica holds the same model: each validates on its own copy

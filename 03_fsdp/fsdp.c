@@ -112,7 +112,7 @@ void fsdp_check_flags(int zero, int prefetch, int reshard) {
         fail_all("--prefetch and --reshard take 0 or 1");
     // ZeRO-1/2 keep the full parameters all the time: nothing is freed after
     // forward, so there is nothing to keep instead (--prefetch 0 is allowed
-    // there and does nothing: no unit is ever gathered in forward)
+    // there and does nothing, as main.c notes: no unit is gathered in forward)
     if (reshard == 0 && zero != 3)
         fail_all("--reshard 0 applies to --zero 3 only: ZeRO-%d never frees parameters; drop --reshard or use --zero 3",
                  zero);

@@ -276,6 +276,7 @@ int main(int argc, char** argv) {
                    sizeof(extra) / sizeof(extra[0]), 1u << AXIS_DP))
         return 0;
     fsdp_check_flags(zero, prefetch, reshard);  // --zero 1..3, --prefetch and --reshard 0 or 1
+    args_note_unused(argc, argv, "prefetch", zero != 3, "ZeRO-1 and 2 gather no parameters in forward (--zero 3 does)");
     const TrainArgs* args = &run.args;
     const TrainSetup* setup = &run.setup;
     const Comm* dpc = &run.axes[AXIS_DP];

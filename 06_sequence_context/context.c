@@ -112,6 +112,14 @@ void cp_parse_flags(const char* mode_name, const char* balance_name, int overlap
     if (overlap != 0 && overlap != 1) fail_all("--cp-overlap %d is not 0 or 1", overlap);
 }
 
+void cp_note_unused(int argc, char** argv, int ncp, CPMode mode) {
+    const char* off = "context parallelism is off (--cp N turns it on)";
+    args_note_unused(argc, argv, "cp-mode", ncp == 1, off);
+    args_note_unused(argc, argv, "cp-balance", ncp == 1, off);
+    args_note_unused(argc, argv, "cp-overlap", ncp == 1 || mode == CP_ULYSSES,
+                     "only the ring (--cp N, --cp-mode ring) has a K/V block in flight to overlap");
+}
+
 const char* cp_mesh_problem(CPMode mode, CPBalance balance, int T, int num_heads, int ncp, char* msg, size_t len) {
     if (balance == BALANCE_ZIGZAG && T % (2 * ncp) != 0)
         snprintf(msg, len, "--seq %d does not split into 2 x cp = %d zigzag half-chunks: use a sequence length divisible by "

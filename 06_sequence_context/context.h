@@ -112,6 +112,10 @@ typedef struct {
 void cp_parse_flags(const char* mode_name, const char* balance_name, int overlap, CPMode* mode, CPBalance* balance);
 // What cp_create refuses of the mesh (zigzag's 2 x cp half-chunks, Ulysses'
 // heads over cp): NULL, or the message in msg. The planner calls it too.
+// Rank 0's notes for the cp flags given that this run does not use
+// (args_note_unused): --cp-mode, --cp-balance without --cp N; --cp-overlap
+// without the ring.
+void cp_note_unused(int argc, char** argv, int ncp, CPMode mode);
 const char* cp_mesh_problem(CPMode mode, CPBalance balance, int T, int num_heads, int ncp, char* msg, size_t len);
 
 // This rank's model: B sequences of T tokens per step from sequence b0 of

@@ -109,7 +109,7 @@ int expert_run_start(Run* run, ExpertFlags* fl, int argc, char** argv) {
          "parameters too (03_fsdp/zero_buffer.h; 2 and 3 not with the pipeline)  [0]"},
     };
     memcpy(extra + MOE_NUM_FLAGS, composition, sizeof(composition));
-    return run_start(run, argc, argv, "build/capstone",
+    int go = run_start(run, argc, argv, "build/capstone",
                      "The capstone: chapter 7's mixture of experts on every axis at once: experts sharded over ep\n"
                      "(route, count, all-to-all-v dispatch, experts, all-to-all-v combine); with --cp, chapter 6's\n"
                      "context parallelism in attention; with --tp, tensor parallelism with sequence parallelism\n"
@@ -117,6 +117,12 @@ int expert_run_start(Run* run, ExpertFlags* fl, int argc, char** argv) {
                      "schedules; with --zero, ZeRO over each buffer's copies.",
                      extra, sizeof(extra) / sizeof(extra[0]),
                      (1u << AXIS_DP) | (1u << AXIS_TP) | (1u << AXIS_PP) | (1u << AXIS_CP) | (1u << AXIS_EP));
+    if (!go) return 0;
+    // a flag of an axis that is off: said, not ignored (no --cp-overlap here: the mode does not matter)
+    cp_note_unused(argc, argv, run->mesh.size[AXIS_CP], CP_RING);
+    args_note_unused(argc, argv, "schedule", run->mesh.size[AXIS_PP] == 1 && fl->microbatches == ARG_NOT_GIVEN,
+                     "one stage of one microbatch runs one F, then one B (--pp N or --microbatches M pipelines)");
+    return 1;
 }
 
 // ---------------------------------------------------------------- the config

@@ -9,6 +9,7 @@
 #include <string.h>
 
 #include "model.h"
+#include "rank.h"
 #include "watchdog.h"
 
 typedef struct {
@@ -33,7 +34,7 @@ static const SharedFlag shared_flags[] = {
     {"save", ARG_STRING, "after training, write the model to FILE.bin (llm.c format)"},
     {"ckpt-dir", ARG_STRING, "write training-state checkpoints under DIR (at the end, and every --save-every)"},
     {"save-every", ARG_INT, "with --ckpt-dir, a checkpoint every N steps too  [0: at the end only]"},
-    {"keep", ARG_INT, "keep the N newest checkpoints in --ckpt-dir, 0 = all  [3]"},
+    {"keep", ARG_INT, "keep the N newest checkpoints in --ckpt-dir (--ckpt-local: on each node), 0 = all  [3]"},
     {"async-save", ARG_FLAG, "write checkpoints from a background thread while training goes on"},
     {"resume", ARG_STRING, "resume from the latest complete checkpoint in DIR (any chapter, any mesh)"},
     {"ckpt-local", ARG_STRING, "level 1: node-local checkpoints under DIR/node-K (e.g. /dev/shm/run)"},
@@ -68,7 +69,7 @@ static void set_defaults(TrainArgs* a) {
     a->seed = 1337;
     a->timeout = WATCHDOG_DEFAULT_SECONDS;
     a->val_batches = 4;
-    a->keep = 3;
+    a->keep = ARG_NOT_GIVEN;  // 3 unless given (given, it needs a checkpoint directory)
     a->comm = "library";
     for (int i = 0; i < NUM_AXES; i++) a->mesh[i] = 1;
 }
@@ -227,6 +228,16 @@ static const char* parse_flags(int argc, char** argv, TrainArgs* a, const ArgSpe
     return NULL;
 }
 
+void args_note_unused(int argc, char** argv, const char* name, int unused, const char* why) {
+    if (!unused) return;
+    // exact tokens: args_parse refuses a value that starts with "--"
+    for (int i = 1; i < argc; i++)
+        if (!strncmp(argv[i], "--", 2) && !strcmp(argv[i] + 2, name)) {
+            print0("note: --%s does nothing here: %s\n", name, why);
+            return;
+        }
+}
+
 const char* args_parse_only(int argc, char** argv, const ArgSpec* flags, int n_flags, char* msg,
                             size_t msg_len) {
     return parse_flags(argc, argv, NULL, flags, n_flags, 0, msg, msg_len);
@@ -270,7 +281,9 @@ const char* args_parse(int argc, char** argv, TrainArgs* a, const ArgSpec* extra
     else if (a->sample < 0 || a->sample > ARGS_MAX_SAMPLE)
         bad = "--sample must be between 0 and 100000 (characters generated one forward pass each)";
     else if (a->save_every < 0) bad = "--save-every must be >= 0";
-    else if (a->keep < 0) bad = "--keep must be >= 0 (0 keeps every checkpoint)";
+    else if (a->keep != ARG_NOT_GIVEN && a->keep < 0) bad = "--keep must be >= 0 (0 keeps every checkpoint)";
+    else if (a->keep != ARG_NOT_GIVEN && !a->ckpt_dir && !a->ckpt_local)
+        bad = "--keep needs --ckpt-dir or --ckpt-local DIR (it prunes their checkpoints)";
     else if ((a->save_every > 0 || a->async_save) && !a->ckpt_dir)
         bad = "--save-every and --async-save need --ckpt-dir DIR (where the checkpoints go)";
     else if (a->local_every < 0) bad = "--local-every must be >= 0";
@@ -297,6 +310,7 @@ const char* args_parse(int argc, char** argv, TrainArgs* a, const ArgSpec* extra
         snprintf(msg, msg_len, "%s", bad);
         return msg;
     }
+    if (a->keep == ARG_NOT_GIVEN) a->keep = 3;
     if (a->batch == ARG_NOT_GIVEN) a->batch = 0;
     if (a->seq == ARG_NOT_GIVEN) a->seq = 0;
     return NULL;

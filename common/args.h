@@ -77,6 +77,11 @@ const char* args_parse(int argc, char** argv, TrainArgs* a, const ArgSpec* extra
 const char* args_parse_only(int argc, char** argv, const ArgSpec* flags, int n_flags, char* msg,
                             size_t msg_len);
 
+// Rank 0 notes a flag given on the command line that this run does not use
+// (unused: the mode or the axis it belongs to is off), with why: said, not
+// ignored, so a sweep may pass one set of flags to every mode.
+void args_note_unused(int argc, char** argv, const char* name, int unused, const char* why);
+
 // "none", "partner", "xor" for TrainArgs.redundancy
 const char* args_redundancy_name(int redundancy);
 

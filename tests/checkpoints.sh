@@ -638,6 +638,7 @@ ck_flag() {  # DESCRIPTION EXPECTED-TEXT FLAGS...
     fi
 }
 jobs_run ck_flag "--save-every without --ckpt-dir" "--save-every and --async-save need --ckpt-dir DIR" --save-every 2
+jobs_run ck_flag "--keep without a checkpoint directory" "--keep needs --ckpt-dir or --ckpt-local DIR" --keep 2
 jobs_run ck_flag "--resume of a directory that does not exist" "--resume '$CK/nosuch' does not exist" --resume "$CK/nosuch"
 jobs_run ck_flag "--ckpt-dir naming a file" "--ckpt-dir '$CK/ref.bin' is a file, not a directory" --ckpt-dir "$CK/ref.bin"
 jobs_wait

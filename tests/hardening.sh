@@ -341,6 +341,32 @@ for i in $(seq 1 100); do grep -q '"type":"step"' "$TEST_TMPDIR/shared.jsonl" 2>
 error_case chapter-0 1 "--steps 1 --peak-gflops 10 --log $TEST_TMPDIR/shared.jsonl" "is being written by another run"
 kill $first 2>/dev/null
 wait $first 2>/dev/null
+# a flag of a mode or an axis that is off is said on rank 0, not refused (a
+# sweep passes one set of flags to every mode): one note naming the flag,
+# exit 0, and none where the run uses the flag. They were passed over in
+# silence, and chapter 2's set-up line gave naive mode buckets it never sends
+note_case() {  # PROGRAM NP FLAG-NAME WANT(1 note, 0 none) FLAGS...
+    local bin=$1 np=$2 flag=$3 want=$4 out rc n
+    shift 4
+    out=$(timeout 60 $MPIRUN -np "$np" "$BUILD/$bin" --steps 0 --peak-gflops 10 "$@" 2>&1)
+    rc=$?
+    n=$(echo "$out" | grep -c -- "^note: --$flag does nothing here: ")
+    if [ $rc -eq 0 ] && [ "$n" = "$want" ] && { [ "$bin" != chapter-2 ] || [ "$want" = 0 ] || ! echo "$out" | grep '^chapter 2:' | grep -q 'bucket'; }; then
+        pass "hardening: $bin $*: $([ "$want" = 1 ] && echo "one note that --$flag does nothing" || echo "no note for --$flag")"
+    else
+        fail "hardening: $bin $* (--$flag, $want note)" "exit $rc, $n notes: $(echo "$out" | grep -E '^(note|error|chapter 2:)' | head -3)"
+    fi
+}
+jobs_run note_case chapter-2 2 bucket-kb 1 --dp 2 --dp-mode naive --bucket-kb 64
+jobs_run note_case chapter-2 2 bucket-kb 0 --dp 2 --dp-mode bucketed --bucket-kb 64
+jobs_run note_case chapter-3 2 prefetch 1 --dp 2 --zero 2 --prefetch 0
+jobs_run note_case chapter-3 2 prefetch 0 --dp 2 --zero 3 --prefetch 0
+jobs_run note_case chapter-6 2 cp-balance 1 --dp 2 --cp-balance zigzag
+jobs_run note_case chapter-6 2 cp-overlap 1 --cp 2 --cp-mode ulysses --cp-overlap 0
+jobs_run note_case chapter-6 2 cp-overlap 0 --cp 2 --cp-overlap 0
+jobs_run note_case capstone 2 schedule 1 --dp 2 --schedule gpipe
+jobs_run note_case capstone 2 schedule 0 --dp 2 --microbatches 2 --schedule gpipe
+jobs_wait
 # objects depend on the flags: a new OPT rebuilds, the same OPT does not
 fb="$TEST_TMPDIR/flagbuild"
 obj="$fb/obj/cpu/common/comm_stats.o"
