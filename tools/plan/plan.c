@@ -401,8 +401,9 @@ static RankPlan* plan_run(const PlanArgs* a, PlanFn plan, int replicas_once) {
 static const char* predict_times(const MachineProfile* prof, const PlanArgs* a, const PlanInfo* info,
                                  const RankPlan* plans, StepTime* times, int replicas_once) {
     PtChapter ch = {.chapter = a->chapter, .dp = a->mesh[AXIS_DP], .tp = a->mesh[AXIS_TP], .B = a->B, .T = a->T,
-                    .recompute = a->recompute, .dp_mode = a->dp_mode, .zero = a->zero, .prefetch = a->prefetch,
-                    .pp = a->mesh[AXIS_PP], .cp = a->mesh[AXIS_CP], .ep = a->mesh[AXIS_EP], .bubble = info->bubble};
+                    .recompute = a->recompute, .dp_mode = a->dp_mode, .zero = a->zero, .prefetch = a->prefetch, .sp = a->sp,
+                    .pp = a->mesh[AXIS_PP], .cp = a->mesh[AXIS_CP], .ep = a->mesh[AXIS_EP], .bubble = info->bubble,
+                    .early_buckets = a->chapter == 2 ? plan_early_buckets(&a->cfg, a->bucket_kb) : 0};
     PtNodes nodes;  // the nodes each group spans, listed once for the layout
     plan_time_nodes_init(&nodes, prof, a->mesh, a->ranks);
     const char* missing = NULL;
@@ -438,9 +439,10 @@ static int by_bus(const void* x, const void* y) {
     return a->bus < b->bus ? -1 : a->bus > b->bus ? 1 : (a->peak > b->peak) - (a->peak < b->peak);
 }
 
-// Plans one layout; adds it to found[] if its fullest rank fits memory.
+// Plans one layout; adds it to found[] if its fullest rank fits memory, and
+// the time model's notes its ranks needed to *notes (plan_time_print_notes).
 static void consider(const PlanArgs* a, const char* what, double memory, const MachineProfile* prof,
-                     Candidate* found, int* n, int cap, int* tried) {
+                     Candidate* found, int* n, int cap, int* tried, StepTime* notes) {
     char msg[ERROR_MAX];
     PlanInfo info;
     PlanFn fn = plan_pick(a, &info, msg, sizeof(msg));
@@ -463,6 +465,7 @@ static void consider(const PlanArgs* a, const char* what, double memory, const M
         if (missing) die("--profile: the profile has no %s", missing);
         for (int r = 0; r < a->ranks; r++)
             if (times[r].total_ms > ms) ms = times[r].total_ms;
+        if (peak <= memory) plan_time_add_notes(notes, times, a->ranks);
         free(times);
     }
     free(plans);
@@ -476,9 +479,9 @@ static void consider(const PlanArgs* a, const char* what, double memory, const M
     }
 }
 
-// The found layouts in the key's order, one line each.
+// The found layouts in the key's order, one line each; the time model's notes.
 static void search_print(const PlanArgs* base, double memory, const MachineProfile* prof, Candidate* found, int n,
-                         int tried) {
+                         int tried, const StepTime* notes) {
     qsort(found, (size_t)n, sizeof(Candidate), prof ? by_time : by_bus);
     printf("search: %d of %d layouts of %d rank%s fit %.0f bytes per rank (peak of the fullest rank), %s first\n", n,
            tried, base->ranks, base->ranks == 1 ? "" : "s", memory,
@@ -491,17 +494,20 @@ static void search_print(const PlanArgs* base, double memory, const MachineProfi
         if (prof) printf("  %11.4g ms", found[i].ms);
         printf("\n");
     }
+    plan_time_print_notes(notes);
 }
 
 // --search --chapter 7: every dp x tp x pp x cp x ep of --ranks, with pp
 // each of chapter 5's schedules (gpipe, 1f1b, zb; --microbatches as given,
 // else pp, one chunk a rank), with cp the ring and Ulysses; the model's
 // flags (--experts, --top-k, --capacity-factor, --recompute, --ep-overlap,
-// --cp-balance ...) as given. A mesh chapter 7 refuses (plan_check_expert:
-// heads, layers, experts, the batch's and a microbatch's splits) is left
-// out of the count.
+// --cp-balance, --microbatches at pp 1 too, where they accumulate ...) as
+// given. A layout the capstone refuses (plan_check_expert: heads, layers,
+// experts, the batch's and a microbatch's splits, --zero 2 and 3 with
+// microbatches) is left out of the count.
 static void search_expert(const PlanArgs* base, double memory, const MachineProfile* prof) {
     static Candidate found[4096];
+    StepTime notes = {0};
     int n = 0, tried = 0, cap = (int)(sizeof(found) / sizeof(found[0])), R = base->ranks;
     static const char* schedules[] = {"gpipe", "1f1b", "zb", "interleaved"};
     static const char* cp_modes[] = {"ring", "ulysses"};
@@ -526,7 +532,6 @@ static void search_expert(const PlanArgs* base, double memory, const MachineProf
                         for (int x = 0; x < NUM_AXES; x++) a.mesh[x] = sizes[x];
                         a.virt = 1;
                         a.zero = zero;
-                        if (pp == 1) a.microbatches = ARG_NOT_GIVEN;  // no pipeline: chapter 7's plain step
                         char what[160];
                         int len = snprintf(what, sizeof(what), base->capstone ? "capstone" : "chapter 7");
                         static const MeshAxis order[] = {AXIS_DP, AXIS_TP, AXIS_PP, AXIS_CP, AXIS_EP};
@@ -549,10 +554,10 @@ static void search_expert(const PlanArgs* base, double memory, const MachineProf
                             len += snprintf(what + len, sizeof(what) - len, " --cp-mode %s", a.cp_mode);
                         }
                         if (zero) snprintf(what + len, sizeof(what) - len, " --zero %d", zero);
-                        consider(&a, what, memory, prof, found, &n, cap, &tried);
+                        consider(&a, what, memory, prof, found, &n, cap, &tried, &notes);
                     }
                 }
-    search_print(base, memory, prof, found, n, tried);
+    search_print(base, memory, prof, found, n, tried, &notes);
 }
 
 static void search(const PlanArgs* base, double memory, const MachineProfile* prof) {
@@ -561,6 +566,7 @@ static void search(const PlanArgs* base, double memory, const MachineProfile* pr
         return;
     }
     Candidate found[512];
+    StepTime notes = {0};
     int n = 0, tried = 0, cap = (int)(sizeof(found) / sizeof(found[0]));
     static const char* modes[] = {"naive", "bucketed", "overlapped", "ps"};
     for (int ch = 0; ch <= 4; ch++)
@@ -592,7 +598,7 @@ static void search(const PlanArgs* base, double memory, const MachineProfile* pr
                     if (k > 0 || ch == 1) continue;
                     snprintf(what, sizeof(what), "chapter 0");
                 }
-                consider(&a, what, memory, prof, found, &n, cap, &tried);
+                consider(&a, what, memory, prof, found, &n, cap, &tried, &notes);
             }
         }
     // chapter 5: dp x pp with each schedule (microbatches: the chapter's
@@ -631,13 +637,40 @@ static void search(const PlanArgs* base, double memory, const MachineProfile* pr
                 a.sp = 1;
                 snprintf(what, sizeof(what), "chapter 6 --dp %d --tp %d --sp", a.mesh[AXIS_DP], split);
             }
-            consider(&a, what, memory, prof, found, &n, cap, &tried);
+            consider(&a, what, memory, prof, found, &n, cap, &tried, &notes);
         }
     }
-    search_print(base, memory, prof, found, n, tried);
+    search_print(base, memory, prof, found, n, tried, &notes);
 }
 
 static int parse_int_or(int v, int dflt) { return v == ARG_NOT_GIVEN ? dflt : v; }
+
+// The chapters (bit c; 7: chapter 7 and the capstone) whose programs take
+// each chapter's own flag. One given for a chapter that has no such flag is
+// said, not planned over in silence (its program would refuse it).
+static const struct {
+    const char* name;
+    unsigned chapters;
+} chapter_flags[] = {
+    {"dp-mode", 1u << 2}, {"bucket-kb", 1u << 2}, {"grad-accum", 1u << 2},
+    {"zero", 1u << 3 | 1u << 4 | 1u << 7}, {"prefetch", 1u << 3 | 1u << 4}, {"reshard", 1u << 3 | 1u << 4},
+    {"schedule", 1u << 5 | 1u << 7}, {"microbatches", 1u << 5 | 1u << 7}, {"virtual", 1u << 5 | 1u << 7},
+    {"sp", 1u << 6}, {"cp-mode", 1u << 6 | 1u << 7}, {"cp-balance", 1u << 6 | 1u << 7},
+    {"experts", 1u << 7}, {"top-k", 1u << 7}, {"expert-hidden", 1u << 7}, {"moe-every", 1u << 7},
+    {"capacity-factor", 1u << 7}, {"ep-overlap", 1u << 7},
+};
+
+static void note_other_chapters_flags(int argc, char** argv, int chapter) {
+    for (size_t k = 0; k < sizeof(chapter_flags) / sizeof(chapter_flags[0]); k++) {
+        if (chapter_flags[k].chapters & (1u << chapter)) continue;
+        for (int i = 1; i < argc; i++)
+            if (!strncmp(argv[i], "--", 2) && !strcmp(argv[i] + 2, chapter_flags[k].name)) {
+                fprintf(stderr, "note: --%s does nothing for --chapter %d: no such flag in that chapter (see --help)\n",
+                        chapter_flags[k].name, chapter);
+                break;
+            }
+    }
+}
 
 int main(int argc, char** argv) {
     PlanArgs a;
@@ -729,7 +762,7 @@ int main(int argc, char** argv) {
     } else if (chapter_name) {
         char* end = NULL;
         long c = strtol(chapter_name, &end, 10);
-        if (end == chapter_name || *end || c < 0 || c > 99)
+        if (end == chapter_name || *end || c < 0 || c > 7 || c == 1)  // (before the mesh: its error would mislead)
             die("--chapter %s is not planned (the planner knows chapters 0, 2, 3, 4, 5, 6 and 7, and the capstone)", chapter_name);
         a.chapter = (int)c;
     }
@@ -833,6 +866,7 @@ int main(int argc, char** argv) {
     PlanInfo info;
     PlanFn plan = plan_pick(&a, &info, msg, sizeof(msg));
     if (!plan) die("%s", msg);
+    note_other_chapters_flags(argc, argv, a.chapter);
     RankPlan* plans = plan_run(&a, plan, 0);
     StepTime* times = NULL;
     if (profile_path) {  // the step time (plan_time.h): every rank from its plan, the slowest sets the step

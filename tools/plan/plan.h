@@ -70,6 +70,10 @@ typedef void (*PlanFn)(const PlanArgs*, RankPlan*, int);
 // A group of `size` ranks on counter slot `axis` (an axis, or a named
 // group's slot from comm_slot_for), as the counters see it: no MPI.
 Comm plan_group(int axis, int size, int rank);
+// Chapter 2's buckets of bucket_kb KiB (cut from the buffer's end) that lie
+// wholly above block 0, so a block's hook starts them before backward ends
+// (its summary's early_buckets_per_step): the others hold wte or wpe.
+double plan_early_buckets(const GPTConfig* cfg, int bucket_kb);
 // This rank's coordinate on every axis of the mesh a->mesh.
 void plan_coords(const PlanArgs* a, int r, int coord[NUM_AXES]);
 // The bytes gpt_acts_create_recompute allocates (model.c) for B x T tokens.

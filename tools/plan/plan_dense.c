@@ -114,6 +114,11 @@ void plan_chapter_2(const PlanArgs* a, RankPlan* p, int r) {
     }
 }
 
+double plan_early_buckets(const GPTConfig* cfg, int bucket_kb) {
+    size_t bucket = (size_t)bucket_kb * 1024 / sizeof(float);
+    return (double)((gpt_num_params(cfg) - gpt_block_offset(cfg, 0)) / bucket);
+}
+
 // ---------------------------------------------------------------- chapter 3: FSDP
 
 // The ZeRO-3 gathers of one step: the order fsdp_unit_params and

@@ -2,6 +2,7 @@
 #include "plan_time.h"
 
 #include <ctype.h>
+#include <errno.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -93,7 +94,8 @@ const char* plan_profile_read(const char* path, MachineProfile* p, char* msg, si
     unsigned char* seen = calloc(n_figures, 1);
     FILE* f = fopen(path, "r");
     if (!f || !seen) {
-        snprintf(msg, len, "%s: cannot read the profile", path);
+        snprintf(msg, len, "%s: cannot read the profile (%s): make profile writes this machine's to "
+                 "build/profile.txt; tools/plan/profiles/ holds GPUs'", path, strerror(f ? ENOMEM : errno));
         free(seen);
         if (f) fclose(f);
         return msg;
@@ -185,6 +187,14 @@ const char* plan_profile_read(const char* path, MachineProfile* p, char* msg, si
 
 // ---------------------------------------------------------------- the work of a step
 
+// Tp rank `rank`'s rows of the padded vocabulary over tp (chapter 4's split:
+// ceil(Vp/tp) each, the last fewer).
+static double vocab_rows(double Vp, int tp, int rank) {
+    if (tp <= 1) return Vp;
+    double per = ceil(Vp / tp), left = Vp - rank * per;
+    return left < per ? left : per;
+}
+
 // Chapters 5 to 7 (plan_time.h): the plan's FLOPs, split into attention and
 // the matmuls by the count the other chapters use.
 static int work_from_plan(const GPTConfig* cfg, const PtChapter* ch, double opt_params, double grad_params,
@@ -198,6 +208,7 @@ static int work_from_plan(const GPTConfig* cfg, const PtChapter* ch, double opt_
         Vl = ch->pp_rank == ch->pp - 1 ? Vp : 0;  // the head on the last (its last chunk's)
     }
     if (ch->chapter == 6 || ch->chapter == 7) n /= ch->cp;  // chapter 7 composes cp too
+    if (ch->chapter == 6 && ch->sp) Vl = vocab_rows(Vp, ch->tp, ch->tp_rank);  // chapter 4's vocabulary-parallel head
     // chapter 7's tp is sequence-parallel attention (composed_attention.c): a rank
     // keeps B / (dp ep tp) whole sequences and runs every op on them at full
     // width, its heads' attention over the group's gathered rows: the same
@@ -207,7 +218,6 @@ static int work_from_plan(const GPTConfig* cfg, const PtChapter* ch, double opt_
     w->attention_flops = ch->recompute == RECOMPUTE_FULL ? attn * 4.0 / 3.0 : attn;
     w->matmul_flops = ch->plan_flops - w->attention_flops;
     if (w->matmul_flops < 0) w->matmul_flops = 0;
-    if (ch->recompute == RECOMPUTE_SELECTIVE) w->attention_flops += 2.0 * n * Lr * T * C / tp;
     w->memory_bytes = 4.0 * (n * (Lr * (18.0 * C + 20.0 * C / tp) + 4.0 * Vl) + 7.0 * opt_params + grad_params);
     w->ranks_on_node = 1;
     w->bubble = ch->chapter == 5 || ch->chapter == 7 ? ch->bubble : 0;  // 0 without a pipeline
@@ -223,19 +233,16 @@ int plan_time_work(const GPTConfig* cfg, const PtChapter* ch, double opt_params,
     int dp = ch->chapter == 0 ? 1 : ch->dp;
     double n = (double)ch->B / dp * T;
     // the rank's rows of the padded vocabulary (chapter 4: ceil(Vp/tp), the last fewer)
-    double Vp = cfg->padded_vocab_size, Vl = Vp;
-    if (tp > 1) {
-        double per = ceil(Vp / tp), left = Vp - ch->tp_rank * per;
-        Vl = left < per ? left : per;
-    }
+    double Vp = cfg->padded_vocab_size, Vl = vocab_rows(Vp, (int)tp, ch->tp_rank);
     double block = 12.0 * L * C * C / tp;
     w->matmul_flops = 6.0 * n * (block + Vl * C);
     w->attention_flops = 12.0 * n * L * T * C / tp;
+    // full reruns each block's forward; selective only a GELU, which is
+    // element-wise (the flash attention keeps its lse: no attention to redo,
+    // docs/recompute.md), and the model counts no recomputed traffic
     if (ch->recompute == RECOMPUTE_FULL) {
         w->matmul_flops += 2.0 * n * block;
         w->attention_flops += 4.0 * n * L * T * C / tp;
-    } else if (ch->recompute == RECOMPUTE_SELECTIVE) {
-        w->attention_flops += 2.0 * n * L * T * C / tp;
     }
     // layernorms (2 per block: 2C forward, 4C backward each) and residuals
     // (2 per block, 3C each) on every tp rank; GELU (4C/tp wide: 2 forward,
@@ -247,17 +254,19 @@ int plan_time_work(const GPTConfig* cfg, const PtChapter* ch, double opt_params,
     return 1;
 }
 
-void plan_time_add_coll(StepWork* w, const PtChapter* ch, Collective coll, int group, int nodes, double calls,
-                        double bus_bytes) {
+void plan_time_add_coll(StepWork* w, const PtChapter* ch, Collective coll, int on_dp, int group, int nodes,
+                        double calls, double bus_bytes) {
     if (w->n_coll >= PT_MAX_COLLS || calls <= 0) return;
     double hide = 0;
-    // chapter 2 overlapped: every bucket is started as backward produces it
-    // and waited for after the last one, which nothing follows
-    if (ch->chapter == 2 && ch->dp_mode && !strcmp(ch->dp_mode, "overlapped") && coll == COLL_ALLREDUCE)
-        hide = (calls - 1) / calls;
-    // ZeRO-3 with prefetch: each unit's gather starts while the unit before computes
-    if ((ch->chapter == 3 || ch->chapter == 4) && ch->zero == 3 && ch->prefetch && coll == COLL_ALLGATHER)
-        hide = (calls - 1) / calls;
+    // chapter 2 overlapped: a bucket starts as backward makes its gradients
+    // final, all waited for at the end; those holding wte or wpe start only
+    // at the embedding's hook, the end of backward, with nothing to hide behind
+    if (ch->chapter == 2 && ch->dp_mode && !strcmp(ch->dp_mode, "overlapped") && coll == COLL_ALLREDUCE && on_dp)
+        hide = (ch->early_buckets < calls ? ch->early_buckets : calls) / calls;
+    // ZeRO-3 with prefetch (chapter 6's --sp runs chapter 4's engine so):
+    // each unit's gather over dp starts while the unit before computes
+    int zero3 = ((ch->chapter == 3 || ch->chapter == 4) && ch->zero == 3 && ch->prefetch) || (ch->chapter == 6 && ch->sp);
+    if (zero3 && coll == COLL_ALLGATHER && on_dp) hide = (calls - 1) / calls;
     PtColl* c = &w->coll[w->n_coll++];
     c->coll = coll;
     c->group = group;
@@ -495,23 +504,44 @@ void plan_time_rank(const MachineProfile* p, const GPTConfig* cfg, const PtChapt
     mesh_coord_of(&m, r, coord);
     ch.tp_rank = coord[AXIS_TP];
     ch.pp_rank = coord[AXIS_PP];
-    for (int c = 0; c < NUM_COLLECTIVES; c++)
-        if (c == COLL_ALLREDUCE) ch.bucket_calls = (int)(comm[c][AXIS_DP].calls / steps);
     StepWork w;
     if (!plan_time_work(cfg, &ch, peak[MEM_OPTIMIZER] / 8.0, peak[MEM_GRADS] / 4.0, &w)) {
         memset(t, 0, sizeof(*t));
         t->missing = "a chapter the time model knows (0, 2 to 7)";
         return;
     }
+    // the ranks sharing r's node (a CPU's cores): ranks_per_node a node in
+    // world-rank order, the last node holding what is left
+    double rpn = p->ranks_per_node;
     w.ranks_on_node = ranks;
+    if (rpn != PT_UNKNOWN && rpn >= 1) {
+        double first = floor(r / rpn) * rpn;
+        w.ranks_on_node = (int)(ranks - first < rpn ? ranks - first : rpn);
+    }
     for (int c = 0; c < NUM_COLLECTIVES; c++)
         for (int x = 0; x < COMM_MAX_SLOTS; x++) {
             const CommCount* q = &comm[c][x];
             if (q->calls == 0) continue;
             int group = slot_group_size(x, mesh), spans = slot_group_nodes(nodes, x, r);
-            plan_time_add_coll(&w, &ch, (Collective)c, group, spans, q->calls / steps, q->bus_bytes / steps);
+            plan_time_add_coll(&w, &ch, (Collective)c, x == AXIS_DP, group, spans, q->calls / steps, q->bus_bytes / steps);
         }
     plan_time_predict(p, &w, t);
+}
+
+void plan_time_add_notes(StepTime* into, const StepTime* t, int n) {
+    for (int r = 0; r < n; r++) {
+        into->used_nearest_fit |= t[r].used_nearest_fit;
+        into->used_link_model |= t[r].used_link_model;
+        into->unknown_latency |= t[r].unknown_latency;
+        into->used_tree |= t[r].used_tree;
+    }
+}
+
+void plan_time_print_notes(const StepTime* t) {
+    if (t->used_nearest_fit) printf("  note: a group size without its own fit was timed with the nearest size's\n");
+    if (t->used_link_model) printf("  note: collectives without a fit were timed by the link model\n");
+    if (t->unknown_latency) printf("  note: a link latency is unknown in the profile: taken as 0 (the time is a lower bound)\n");
+    if (t->used_tree) printf("  note: an all-reduce across nodes was priced as NCCL's tree, faster there than its ring\n");
 }
 
 int plan_time_print(const MachineProfile* p, const StepTime* per_rank, int ranks, double tokens_per_step,
@@ -559,10 +589,9 @@ int plan_time_print(const MachineProfile* p, const StepTime* per_rank, int ranks
         r = last + 1;
     }
     printf("  step %.1f ms (rank %d, the slowest): %.0f tokens/s, %.0f per rank\n", t->total_ms, slow, tps, tps / ranks);
-    if (t->used_nearest_fit) printf("  note: a group size without its own fit was timed with the nearest size's\n");
-    if (t->used_link_model) printf("  note: collectives without a fit were timed by the link model\n");
-    if (t->unknown_latency) printf("  note: a link latency is unknown in the profile: taken as 0 (the time is a lower bound)\n");
-    if (t->used_tree) printf("  note: an all-reduce across nodes was priced as NCCL's tree, faster there than its ring\n");
+    StepTime notes = {0};  // any rank's, not only the slowest's
+    plan_time_add_notes(&notes, per_rank, ranks);
+    plan_time_print_notes(&notes);
     // the plan counts the course's 4-byte floats: a bf16 run (element_bytes
     // 2) holds some categories in half of that, so over budget here is the
     // fp32 run's verdict

@@ -27,7 +27,8 @@
 //   step     = matmul + attention + other + exposed + bubble
 //
 // hideable is the time of the collectives a chapter starts without waiting
-// (chapter 2's overlapped buckets but the last, chapter 3 and 4's prefetched
+// (chapter 2's overlapped buckets but those the embedding's hook starts at
+// backward's end, chapter 3 and 4's (and --sp's) prefetched
 // ZeRO-3 gathers but the first); overlap (0..1) is the profile's figure for
 // how much of that the machine can run under compute (0 on a CPU, where the
 // same cores copy the bytes and MPI progresses only inside its calls).
@@ -107,14 +108,16 @@ typedef struct {
     RecomputeMode recompute;
     const char* dp_mode;   // chapter 2
     int zero, prefetch;    // chapters 3 and 4
-    int bucket_calls;      // chapter 2: all-reduce calls per step (the buckets)
+    int sp;                // chapter 6 --sp: chapter 4's model (ZeRO-3 with prefetch, the vocabulary over tp)
+    double early_buckets;  // chapter 2 overlapped: the buckets started before backward ends (plan_early_buckets)
 } PtChapter;
 
 // FLOPs and memory-bound bytes of one rank's step (chapters 0, 2, 3, 4):
 //   tokens n   = B / dp * T
 //   matmul     = 6 n (12 L C^2 / tp + Vl C)       Vl: the rank's vocabulary rows
 //   attention  = 12 n L T C / tp                   (gpt_flops_per_token's count)
-//   recompute  full: + 2 n 12 L C^2 / tp + 4 n L T C / tp; selective: + 2 n L T C / tp
+//   recompute  full: + 2 n 12 L C^2 / tp + 4 n L T C / tp; selective: nothing
+//              counted (a GELU again: flash attention keeps its lse)
 //   memory     = 4 [n (L (18 C + 20 C / tp) + 4 Vl) + 7 P_opt + P_grad] bytes
 // opt_params and grad_params are the floats the rank's AdamW steps and its
 // gradient buffer holds (the plan's optimizer bytes / 8, grads bytes / 4).
@@ -124,22 +127,25 @@ typedef struct {
 //                B / (dp cp ep tp) * T (7: its tp is sequence-parallel
 //                attention, a rank's own sequences, so tp = 1 below);
 //                Lr layers = L / pp (5, and 7 with --pp), else L
-//   attention  = 12 n Lr T C / tp (x 4/3 under full recompute, + 2 n Lr T C / tp
-//                under selective; tp: chapter 6's), matmul = the plan's FLOPs - that
+//   attention  = 12 n Lr T C / tp (x 4/3 under full recompute; tp: chapter
+//                6's), matmul = the plan's FLOPs - that
 //   memory     = as above with n and Lr; Vl = Vp on the rank holding the head
 //                (with --pp: the last pp rank), 0 elsewhere
 //   bubble     = the plan's (chapter 5, chapter 7 with --pp); no collective
-//                of 5 to 7 counts as hideable (the model's time is an upper
-//                bound there); the tied wte's all-reduce is a group of 2
+//                of 5 to 7 but --sp's ZeRO-3 gathers (chapter 4's engine)
+//                counts as hideable (the model's time is an upper bound
+//                there); the tied wte's all-reduce is a group of 2; --sp's
+//                Vl its vocabulary rows, as chapter 4's
 // Returns 0 and leaves w alone for a chapter it does not know.
 int plan_time_work(const GPTConfig* cfg, const PtChapter* ch, double opt_params, double grad_params,
                    StepWork* w);
 
 // Adds a collective of the plan (calls and bus bytes per step) on a group of
-// `group` ranks on `nodes` nodes; its hideable share follows the chapter
-// (see above).
-void plan_time_add_coll(StepWork* w, const PtChapter* ch, Collective coll, int group, int nodes, double calls,
-                        double bus_bytes);
+// `group` ranks on `nodes` nodes (on_dp: the data-parallel axis, whose
+// collectives alone can be hideable); its hideable share follows the
+// chapter (see above).
+void plan_time_add_coll(StepWork* w, const PtChapter* ch, Collective coll, int on_dp, int group, int nodes,
+                        double calls, double bus_bytes);
 
 // ---------------------------------------------------------------- the link model
 // A collective without a fit, priced from the profile's links as NCCL's own
@@ -204,6 +210,11 @@ void plan_time_rank(const MachineProfile* p, const GPTConfig* cfg, const PtChapt
 // whether it fits (json: "device_memory_bytes", "peak_bytes", "fits").
 // Returns 1 if the profile lacked a figure the model needed (the error line
 // says which).
+// The time model's notes that any of n ranks' times needed (the nearest
+// size's fit, the link model, an unknown latency, NCCL's tree) into *into;
+// and printed, one line each.
+void plan_time_add_notes(StepTime* into, const StepTime* t, int n);
+void plan_time_print_notes(const StepTime* t);
 int plan_time_print(const MachineProfile* p, const StepTime* per_rank, int ranks, double tokens_per_step,
                     double peak, int peak_rank, int json);
 
