@@ -607,7 +607,8 @@ double bench_copy_gbps(const Comm* world, JsonLog* log) {
 
 void bench_header(int p) {
     print0("\n# nccl-tests-style table, %d ranks, float sum, times in us, bandwidths in GB/s\n"
-           "# algbw = size / time; busbw = algbw * (2(p-1)/p all-reduce, (p-1)/p gather/scatter/all-to-all, 1 broadcast/reduce)\n", p);
+           "# algbw = size / time; busbw = algbw * (2(p-1)/p all-reduce, (p-1)/p gather/scatter/all-to-all, 1 broadcast/reduce)\n"
+           "# hand/lib = the hand-written busbw over the library's (lib time / hand time: above 1, by hand is faster)\n", p);
 }
 
 void bench_alg_header(Algorithm a) {

@@ -45,7 +45,7 @@ static const SharedFlag shared_flags[] = {
     {"val-every", ARG_INT, "validation loss every N steps, 0 = at the end only  [0]"},
     {"val-batches", ARG_INT, "batches per validation loss, at most what the data holds  [4]"},
     {"threads", ARG_INT, "threads per rank  [OMP_NUM_THREADS, else cores / ranks on the node]"},
-    {"peak-gflops", ARG_FLOAT, "matmul peak for MFU in GFLOP/s  [measured at start-up]"},
+    {"peak-gflops", ARG_FLOAT, "one rank's matmul peak for MFU in GFLOP/s (MFU divides by the ranks' sum)  [measured at start-up]"},
     {"timeout", ARG_FLOAT, "end every rank when one waits this many seconds on a rank that stopped (0: never)  [300]"},
     {"recompute", ARG_STRING, "none | selective | full: activations kept for backward  [none]"},
     {"trace", ARG_STRING, "write every rank's timeline to FILE.json (Chrome trace events)"},

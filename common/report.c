@@ -230,9 +230,16 @@ void report_summary_gathered(JsonLog* log, const Mesh* mesh, const RunSummary* s
     const char* peak_what = !peak_source                   ? "matmul peak"
                             : !strcmp(peak_source, "flag") ? "matmul peak given by --peak-gflops"
                                                            : "measured matmul peak";
-    printf("throughput: %.1f ms/step, %.0f tokens/s, %.2f GFLOP/s, MFU %.1f%% of %.1f GFLOP/s %s\n",
+    // a rank's peak (--peak-gflops is one rank's): the sum over n ranks said as such
+    char ranks[64] = "";
+    double first = all[MEM_NUM_CATEGORIES + 1];
+    int equal = 1;
+    for (int r = 1; r < n; r++) equal &= all[(size_t)r * width + MEM_NUM_CATEGORIES + 1] == first;
+    if (n > 1 && equal) snprintf(ranks, sizeof(ranks), " (%d ranks x %.1f)", n, first);
+    else if (n > 1) snprintf(ranks, sizeof(ranks), " (summed over %d ranks)", n);
+    printf("throughput: %.1f ms/step, %.0f tokens/s, %.2f GFLOP/s, MFU %.1f%% of %.1f GFLOP/s %s%s\n",
            s->ms_per_step, s->tokens_per_s, s->tokens_per_s * s->flops_per_token / 1e9, 100.0 * mfu, peak_sum,
-           peak_what);
+           peak_what, ranks);
     if (mfu > 1.0 && peak_source && !strcmp(peak_source, "measured"))  // while other jobs held the cores
         printf("note: MFU above 100%%: the measured peak (its denominator) is below what the steps reached, so it was "
                "measured on a busy machine; give one with --peak-gflops (build/roofline prints it on a quiet one)\n");
