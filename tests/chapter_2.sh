@@ -140,8 +140,10 @@ jobs_run error_case chapter-2 2 "--dp 2 --dp-mode overlapped --bucket-kb 7 --mod
 jobs_run error_case chapter-2 2 "--dp 2 --dp-mode overlapped --bucket-kb 41 --model small --batch 2 --seq 32" "use --bucket-kb 42 or more"
 dp_fewest_buckets() {
     mpi_run $T_RUN 2 "$BUILD/chapter-2" --dp 2 --dp-mode overlapped --bucket-kb 42 --model small --batch 2 --seq 32 --steps 2 --peak-gflops 10
-    if [ $RC = 0 ] && echo "$OUT" | grep -q "mode overlapped, 1009 buckets of 42 KiB" && echo "$OUT" | grep -q "bit-identical on every rank"; then
-        pass "chapter 2 overlapped, --bucket-kb 42 on small: 1009 buckets in flight at once, 2 steps, replicas bit-identical"
+    # (and --peak-gflops is one rank's: the MFU's denominator is said as the two ranks' sum)
+    if [ $RC = 0 ] && echo "$OUT" | grep -q "mode overlapped, 1009 buckets of 42 KiB" && echo "$OUT" | grep -q "bit-identical on every rank" &&
+        echo "$OUT" | grep -q "of 20.0 GFLOP/s matmul peak given by --peak-gflops (2 ranks x 10.0)$"; then
+        pass "chapter 2 overlapped, --bucket-kb 42 on small: 1009 buckets in flight at once, 2 steps, replicas bit-identical; the peak 2 ranks x 10.0"
     else
         fail "chapter 2 overlapped at the fewest KiB that fit" "exit $RC; $(echo "$OUT" | grep -E '^error|buckets' | head -2)"
     fi
