@@ -552,6 +552,8 @@ search_run() {
             bad="the planner plans it, $prog refuses: $flags ($run_line)"
         elif [ "$RC" = 0 ] || timed_out || [ -z "$run_line" ]; then
             bad="planner refuses, $prog runs ($RC): $flags ($plan_line)"
+        elif [ "$plan_line" != "$run_line" ]; then  # composed_rules.h: the same line (the planner had its own words)
+            bad="other lines: $flags: the planner '$plan_line', $prog '$run_line'"
         fi
     fi
     echo "$kind $bad" > "$PLAN_SEARCH/$n"
@@ -572,7 +574,7 @@ for f in "$PLAN_SEARCH"/*; do
 done
 [ "$((n_run + n_ref))" = "$n" ] || bad="$bad; $((n - n_run - n_ref)) of the $n runs left no verdict"
 if [ -z "$bad" ] && [ $n_run -gt 0 ] && [ $n_ref -gt 0 ]; then
-    pass "$n_run of --search's layouts on 2, 4 and 8 ranks run (1 step each); the $n_ref meshes the planner refuses are refused by the program too"
+    pass "$n_run of --search's layouts on 2, 4 and 8 ranks run (1 step each); the $n_ref meshes the planner refuses are refused by the program too, with the same error line"
 else
     fail "the planner and the chapters agree" "${bad#; } (ran $n_run, refusals $n_ref)"
 fi
@@ -765,12 +767,12 @@ plan_error "--schedule pipedream" --chapter 5 --ranks 2 --pp 2 --schedule pipedr
 plan_error "--virtual" --chapter 5 --ranks 2 --pp 2 --virtual 2
 plan_error "--cp-mode star" --chapter 6 --ranks 2 --cp 2 --cp-mode star
 plan_error "--sp" --chapter 6 --ranks 4 --tp 2 --cp 2 --sp
-plan_error "--ep" --chapter 7 --ranks 3 --ep 3 --experts 4
+plan_error "the model's 4 experts do not split over ep=3 ranks" --chapter 7 --ranks 3 --ep 3 --experts 4
 plan_error "--ep-overlap" --chapter 7 --ranks 2 --ep 2 --batch 24 --seq 32 --ep-overlap 385
 plan_error "--zero 3: not with the pipeline" --chapter 7 --ranks 4 --dp 2 --pp 2 --zero 3
 plan_error "--zero 4: the stages are 0 (none)" --chapter 7 --ranks 2 --dp 2 --zero 4
 plan_error "--tp 4: each tp rank takes whole sequences of its share" --chapter 7 --ranks 4 --tp 4 --batch 6
-plan_error "--tp: tp must divide the model's heads" --chapter 7 --ranks 3 --tp 3 --batch 6
+plan_error "the model's 4 heads do not split over tp=3 ranks" --chapter 7 --ranks 3 --tp 3 --batch 6
 plan_error "--microbatches 2 --tp 2: a microbatch of a dp x ep share" --chapter 7 --ranks 4 --tp 2 --pp 2 --batch 6
 plan_error "--microbatches 5 does not divide a rank's 24 sequences" --chapter 7 --ranks 2 --pp 2 --batch 24 --microbatches 5
 

@@ -79,13 +79,16 @@ const char* plan_check_expert(const PlanArgs* a, PlanInfo* info, char* msg, size
     int ndp = a->mesh[AXIS_DP], nep = a->mesh[AXIS_EP], ncp = a->mesh[AXIS_CP], ntp = a->mesh[AXIS_TP];
     int npp = a->mesh[AXIS_PP];
     if (a->ranks != ndp * ntp * npp * ncp * nep) return "--ranks: chapter 7's mesh is dp x tp x pp x cp x ep";
-    if (ntp > 1 && a->cfg.num_heads % ntp) return "--tp: tp must divide the model's heads";
-    if (ncp > 1 && a->T % ncp) return "--seq: the sequence must split over cp";
+    // in the capstone's order, with its lines: chapter 7's checks of the
+    // model (moe_config_checked), the mesh's (common/train.c), then the
+    // composition's (composed_rules.h)
     MoeConfig c = moe_of(a);
     const char* bad = moe_config_problem(&c);
     if (bad) return snprintf(msg, len, "%s", bad), msg;
-    if (a->experts % nep) return "--ep: the experts must split over ep";
-    if (a->capacity < 0) return "--capacity-factor must be >= 0";
+    if (a->capacity < 0) return "--capacity-factor must be >= 0 (0: dropless)";
+    MeshNeeds needs = {.experts = a->experts, .whole_vocab = 1};  // moe_config_checked's
+    bad = train_mesh_problem(a->mesh, &a->cfg, a->B, a->T, &needs, msg, len);
+    if (bad) return bad;
     bad = layout_problem(a, msg, len);  // the capstone's own refusals, its lines
     if (bad) return bad;
     // chapter 7's own line (07_expert/moe.c)
