@@ -346,13 +346,26 @@ hw_class() {
     local bob_line
     bob_line=$(grep -n 'this does not compile' "$cl/bob/07_expert/moe_layer.c" | cut -d: -f1)
     if grep -qx 'name,ex1/3,ex2/3,ex3/4,ex4/3,total,note' "$csv" && grep -qx '"ada",3,0,0,0,3,""' "$csv" &&
-        grep -qx '"cyd",3,0,0,0,3,""' "$csv" && grep -q 'a hang' build/grade-class-7-cyd.log &&
+        grep -qx '"cyd",3,0,0,0,3,""' "$csv" && grep -q 'a hang' "$TEST_TMPDIR/class-cyd.log" &&
         grep -q "^\"bob\",0,0,0,0,0,\"no build: $cl/bob/07_expert/moe_layer.c:$bob_line:" "$csv" &&
-        grep -q 'FAIL the build' build/grade-class-7-bob.log &&
-        grep -q '^FAIL exercise 1: finite differences' build/grade-class-7-bob.log; then
+        grep -q 'FAIL the build' "$TEST_TMPDIR/class-bob.log" &&
+        grep -q '^FAIL exercise 1: finite differences' "$TEST_TMPDIR/class-bob.log"; then
         pass "homework: make grade-class CHAPTER=7: a correct exercise 1 with 2-4 stubbed earns 3 / 13, the P_e-for-f_e gradient and a region that does not build score 0 each, a region that hangs costs only its exercise, one line a folder and a CSV"
     else
-        fail "homework: make grade-class CHAPTER=7" "$(echo "$out" | tail -4 | tr '\n' ';') csv: $(tr '\n' ';' < "$csv" 2>/dev/null); bob: $(grep -E '^(FAIL|  )' build/grade-class-7-bob.log | head -4 | tr '\n' ';'); cyd: $(grep -E '^(FAIL|  )' build/grade-class-7-cyd.log | head -6 | tr '\n' ';')"
+        fail "homework: make grade-class CHAPTER=7" "$(echo "$out" | tail -4 | tr '\n' ';') csv: $(tr '\n' ';' < "$csv" 2>/dev/null); bob: $(grep -E '^(FAIL|  )' "$TEST_TMPDIR/class-bob.log" | head -4 | tr '\n' ';'); cyd: $(grep -E '^(FAIL|  )' "$TEST_TMPDIR/class-cyd.log" | head -6 | tr '\n' ';')"
+    fi
+    # a second run given a CSV another is writing stops at once (they mixed
+    # their rows, and a section got another's score); the lock held here
+    # stands for the first run
+    exec 8> "$csv.lock"
+    flock 8
+    out=$(bash tests/homework/grade_class.sh 7 "$cl" "$csv" 2>&1)
+    local rc=$?
+    exec 8>&-
+    if [ $rc = 2 ] && [ "$out" = "error: another make grade-class is writing $csv now: wait for it to end, or give this one CSV=another file" ]; then
+        pass "homework: a second make grade-class on one CSV stops with an error"
+    else
+        fail "homework: grade-class, one CSV twice" "exit $rc: $out"
     fi
     # run inside a student tree, grade-class refuses (it would grade every
     # region against that tree's stubs: a complete submission scores 0)
@@ -362,7 +375,7 @@ hw_class() {
     else
         fail "homework: make grade-class in a student tree" "$out"
     fi
-    rm -rf "$cl" build/grade-class-7-ada.log build/grade-class-7-bob.log build/grade-class-7-cyd.log
+    rm -rf "$cl" "$TEST_TMPDIR"/class-*.log
 }
 
 # hw_forged: a submission whose exercise 4 of chapter 1 prints what the

@@ -7,7 +7,9 @@
 # tree's solutions), so a region that fails to build or hangs (each run has
 # its time limit) scores 0 for that exercise alone and the other folders go on.
 # Prints one line per folder, name, points per exercise and total, and
-# writes the same as CSV (default build/grade-class-N.csv).
+# writes the same as CSV (default build/grade-class-N.csv), each folder's
+# checks beside it (the CSV's name less .csv, -NAME.log). One run a CSV at a
+# time (a lock beside it): two runs given one CSV mixed their rows and logs.
 set -u
 chapter=${1:-} dir=${2:-}
 cd "$(dirname "$0")/../.."
@@ -52,19 +54,25 @@ why_zero() {
     fi
 }
 csv=${3:-build/grade-class-$chapter.csv}
+logs=${csv%.csv}  # the logs' prefix: build/grade-class-N-NAME.log by default
+mkdir -p "$(dirname "$csv")"
+exec 9> "$csv.lock"
+if ! flock -n 9; then
+    echo "error: another make grade-class is writing $csv now: wait for it to end, or give this one CSV=another file" >&2
+    exit 2
+fi
 exs=$(sed -n 's/^exercise \([0-9]*\) .*/\1/p' "$spec")
 head="name$(for k in $exs; do printf ',ex%s/%s' "$k" "$(sed -n "s/^exercise $k \([0-9]*\) .*/\1/p" "$spec")"; done),total,note"
-mkdir -p "$(dirname "$csv")"
 echo "$head" > "$csv.tmp"
 echo "$head" | tr ',' '\t'
 n=0
 for sub in "$dir"/*/; do
     [ -d "$sub" ] || continue
     name=$(basename "$sub")
-    log=build/grade-class-$chapter-$name.log
+    log=$logs-$name.log
     # the scores from grade.sh's result file, not from the log: the log holds
     # what the student's programs printed too
-    res=build/grade-class-$chapter-$name.result
+    res=$logs-$name.result
     rm -f "$res"
     SUBMISSION=$sub GRADE_RESULT=$res bash tests/homework/grade.sh "$chapter" > "$log" 2>&1 < /dev/null
     row=$name sum=0
@@ -81,4 +89,4 @@ for sub in "$dir"/*/; do
     n=$((n + 1))
 done
 mv "$csv.tmp" "$csv"
-echo "graded $n submissions of chapter $chapter: $csv (each folder's checks in build/grade-class-$chapter-NAME.log)"
+echo "graded $n submissions of chapter $chapter: $csv (each folder's checks in $logs-NAME.log)"
