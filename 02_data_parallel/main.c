@@ -333,7 +333,7 @@ int main(int argc, char** argv) {
     json_add_string(&summary, "dp_mode", mode_names[mode]);
     json_add_int(&summary, "bucket_kb", bucket_kb);
     json_add_int(&summary, "grad_accum", accum);
-    json_add_int(&summary, "buckets", dp.buckets.n);
+    json_add_int(&summary, "buckets", bucketed ? dp.buckets.n : 0);  // naive and ps send none
     json_add_bool(&summary, "replicas_identical", same);
     json_add_double(&summary, "early_buckets_per_step", early, "%g");
     train_loop_end(&loop, &summary);  // the final validation and the summary

@@ -231,6 +231,7 @@ int main(int argc, char** argv) {
         return 0;
     fsdp_check_flags(zero, prefetch, reshard);  // --zero 1..3, --prefetch and --reshard 0 or 1
     args_note_unused(argc, argv, "prefetch", zero != 3, "ZeRO-1 and 2 gather no parameters in forward (--zero 3 does)");
+    args_note_unused(argc, argv, "reshard", zero != 3, "ZeRO-1 and 2 keep the whole parameters (--zero 3 frees them)");
     const TrainArgs* args = &run.args;
     const TrainSetup* setup = &run.setup;
     const GPTConfig* cfg = &setup->cfg;

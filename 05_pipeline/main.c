@@ -314,6 +314,8 @@ int main(int argc, char** argv) {
     flat.size[AXIS_PP] = 1;
     MeshNeeds needs = {.microbatches = m};
     train_check_mesh(&flat, setup, &needs);
+    args_note_unused(argc, argv, "schedule", pp == 1 && m == 1 && kind != SCHED_ZB,
+                     "one stage of one microbatch runs F, then B, in every schedule but zb (which adds W)");
 
     Pipeline P;
     pipe_create(&P, &run, (ScheduleKind)kind, m, v, sched_file ? &from_file : NULL);

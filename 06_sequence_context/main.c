@@ -267,6 +267,7 @@ int main(int argc, char** argv) {
     CPBalance balance = BALANCE_NONE;
     cp_parse_flags(mode_name, balance_name, overlap, &mode, &balance);
     cp_note_unused(argc, argv, run.mesh.size[AXIS_CP], mode);  // a flag of an axis or mode that is off: said
+    if (run.mesh.size[AXIS_CP] == 1) mode = CP_RING, balance = BALANCE_NONE;  // and off: one rank's plain attention
     if (!sp && run.mesh.size[AXIS_TP] > 1)
         fail_all("--tp %d without --sp: tensor parallelism is chapter 4's; here it comes with sequence "
                  "parallelism, --tp N --sp", run.mesh.size[AXIS_TP]);

@@ -120,7 +120,8 @@ int expert_run_start(Run* run, ExpertFlags* fl, int argc, char** argv) {
     if (!go) return 0;
     // a flag of an axis that is off: said, not ignored (no --cp-overlap here: the mode does not matter)
     cp_note_unused(argc, argv, run->mesh.size[AXIS_CP], CP_RING);
-    args_note_unused(argc, argv, "schedule", run->mesh.size[AXIS_PP] == 1 && fl->microbatches == ARG_NOT_GIVEN,
+    args_note_unused(argc, argv, "schedule",
+                     run->mesh.size[AXIS_PP] == 1 && fl->microbatches == ARG_NOT_GIVEN && fl->virtual_chunks == 1,
                      "one stage of one microbatch runs one F, then one B (--pp N or --microbatches M pipelines)");
     return 1;
 }

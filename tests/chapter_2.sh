@@ -65,6 +65,9 @@ dp_accounting() {
     # only overlapped mode may start an all-reduce before backward has ended
     early=0; [ $mode = overlapped ] && early=$dp_early
     echo "$sum" | grep -qE "\"early_buckets_per_step\":$early[,}]" || ok=0
+    # the buckets the mode sends: naive and ps none, whatever --bucket-kb says
+    nb=0; case $mode in bucketed | overlapped) nb=$dp_nb ;; esac
+    echo "$sum" | grep -qE "\"buckets\":$nb[,}]" || ok=0
     case $mode in
         bucketed | overlapped) want="$want, $early of $dp_nb buckets started before backward ended" ;;
     esac

@@ -364,6 +364,12 @@ jobs_run note_case chapter-3 2 prefetch 0 --dp 2 --zero 3 --prefetch 0
 jobs_run note_case chapter-6 2 cp-balance 1 --dp 2 --cp-balance zigzag
 jobs_run note_case chapter-6 2 cp-overlap 1 --cp 2 --cp-mode ulysses --cp-overlap 0
 jobs_run note_case chapter-6 2 cp-overlap 0 --cp 2 --cp-overlap 0
+jobs_run note_case chapter-3 2 reshard 1 --dp 2 --zero 2 --reshard 1
+# at cp 1 the balance is off, so zigzag's half-chunks no longer refuse
+# --seq 63 after the note said it did nothing
+jobs_run note_case chapter-6 1 cp-balance 1 --cp-balance zigzag --seq 63
+jobs_run note_case chapter-5 1 schedule 1 --schedule gpipe
+jobs_run note_case chapter-5 1 schedule 0 --schedule zb
 jobs_run note_case capstone 2 schedule 1 --dp 2 --schedule gpipe
 jobs_run note_case capstone 2 schedule 0 --dp 2 --microbatches 2 --schedule gpipe
 jobs_wait

@@ -645,7 +645,8 @@ static void search(const PlanArgs* base, double memory, const MachineProfile* pr
 
 static int parse_int_or(int v, int dflt) { return v == ARG_NOT_GIVEN ? dflt : v; }
 
-// The chapters (bit c; 7: chapter 7 and the capstone) whose programs take
+// The chapters (bit c; 7: chapter 7 and the capstone, one planner: --chapter
+// 7 plans the capstone's compositions too) whose programs take
 // each chapter's own flag. One given for a chapter that has no such flag is
 // said, not planned over in silence (its program would refuse it).
 static const struct {
@@ -660,13 +661,13 @@ static const struct {
     {"capacity-factor", 1u << 7}, {"ep-overlap", 1u << 7},
 };
 
-static void note_other_chapters_flags(int argc, char** argv, int chapter) {
+static void note_other_chapters_flags(int argc, char** argv, int chapter, const char* name) {
     for (size_t k = 0; k < sizeof(chapter_flags) / sizeof(chapter_flags[0]); k++) {
         if (chapter_flags[k].chapters & (1u << chapter)) continue;
         for (int i = 1; i < argc; i++)
             if (!strncmp(argv[i], "--", 2) && !strcmp(argv[i] + 2, chapter_flags[k].name)) {
-                fprintf(stderr, "note: --%s does nothing for --chapter %d: no such flag in that chapter (see --help)\n",
-                        chapter_flags[k].name, chapter);
+                fprintf(stderr, "note: --%s does nothing for --chapter %s: no such flag in that chapter (see --help)\n",
+                        chapter_flags[k].name, name);
                 break;
             }
     }
@@ -866,7 +867,7 @@ int main(int argc, char** argv) {
     PlanInfo info;
     PlanFn plan = plan_pick(&a, &info, msg, sizeof(msg));
     if (!plan) die("%s", msg);
-    note_other_chapters_flags(argc, argv, a.chapter);
+    note_other_chapters_flags(argc, argv, a.chapter, chapter_name);
     RankPlan* plans = plan_run(&a, plan, 0);
     StepTime* times = NULL;
     if (profile_path) {  // the step time (plan_time.h): every rank from its plan, the slowest sets the step
