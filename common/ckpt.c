@@ -173,15 +173,32 @@ static void run_identity(Ckpt* c, const TrainSetup* s) {
     c->data_tokens = (size_t)v[2];
 }
 
-// A fresh run (no --resume) on a directory holding another run's complete
-// checkpoints would prune them by step or be pruned for them, and a later
-// restart could resume the other run's model: refused, saying how to go on.
-static const char* foreign_dir(const char* flag, const char* dir, const char* base, unsigned long long id, char* msg,
-                               size_t len) {
-    int step = ckpt_foreign_step(base, id);
+// What a run continues: the run id and step of the checkpoint it resumed
+// (a fresh run: step -1), and whether the directory checked is the one it
+// resumed from (its older steps are the history this run continues).
+typedef struct {
+    unsigned long long id;
+    int step, here;
+} Resumed;
+
+// A run on a directory holding another run's complete checkpoints would
+// prune them by step or be pruned for them, and a later restart could
+// resume the other run's model: refused, saying how to go on. A resumed run
+// owns, besides its own, the steps up to the one it resumed of the run it
+// continues (of any run, in the directory it resumed from).
+static const char* foreign_dir(const char* flag, const char* dir, const char* base, unsigned long long id,
+                               const Resumed* from, char* msg, size_t len) {
+    int step = ckpt_foreign_step(base, id, from->id, from->step, from->here);
     if (step < 0) return NULL;
-    snprintf(msg, len, "%s '%s' holds another run's checkpoints (%s/step-%08d: other data or settings than this run's): give this run its own %s, or continue that run with --resume %s",
-             flag, dir, base, step, flag, dir);
+    if (from->step < 0)
+        snprintf(msg, len, "%s '%s' holds another run's checkpoints (%s/step-%08d: other data or settings than this run's): give this run its own %s, or continue that run with --resume %s",
+                 flag, dir, base, step, flag, dir);
+    else if (step > from->step)
+        snprintf(msg, len, "%s '%s' holds %s/step-%08d, newer than the step %d this run resumes and saved with other data or settings than this run's: a restart would resume it, and --keep would prune this run's saves for it: give this run its own %s",
+                 flag, dir, base, step, from->step, flag);
+    else
+        snprintf(msg, len, "%s '%s' holds another run's checkpoints (%s/step-%08d: other data or settings than this run's and the run it resumes): --keep would prune them for this run's saves: give this run its own %s",
+                 flag, dir, base, step, flag);
     return msg;
 }
 
@@ -231,19 +248,32 @@ void ckpt_init(Ckpt* c, const TrainArgs* a, const TrainSetup* s, const Mesh* mes
     run_identity(c, s);
 }
 
-// A fresh run's directories hold no other run's checkpoints (foreign_dir).
+// The run's directories hold no other run's checkpoints (foreign_dir).
 // Called by ckpt_resume, after ckpt_set_model has given the identity its
-// variant; a repeated call finds this run's own checkpoints and passes.
-static void refuse_foreign_dirs(Ckpt* c) {
-    if ((!c->dir && !c->local) || c->resume) return;  // --resume names what to continue, whosever it is
+// variant (and a resume has read what it continues); a repeated call finds
+// this run's own checkpoints and passes.
+static void refuse_foreign_dirs(Ckpt* c, const Resumed* from) {
+    if (!c->dir && !c->local) return;
     char msg[ERROR_MAX];
-    const char* bad = c->dir && c->rank == 0 ? foreign_dir("--ckpt-dir", c->dir, c->dir, c->run_id, msg, sizeof(msg)) : NULL;
+    const char* bad = c->dir && c->rank == 0 ? foreign_dir("--ckpt-dir", c->dir, c->dir, c->run_id, from, msg, sizeof(msg)) : NULL;
     if (!bad && c->local && c->local_index == 0) {
         char node_dir[4096];
         ckpt_node_dir(c, c->node, node_dir, sizeof(node_dir));
-        bad = foreign_dir("--ckpt-local", c->local, node_dir, c->run_id, msg, sizeof(msg));
+        Resumed local = *from;
+        local.here = 1;  // a resume reads its node's directory too (ckpt_local_pick)
+        bad = foreign_dir("--ckpt-local", c->local, node_dir, c->run_id, &local, msg, sizeof(msg));
     }
     fail_if_any(bad != NULL, bad);  // refused: the locks go (on_refusal)
+}
+
+// Whether checkpoint directory `dir` (base/step-N) sits in `base`.
+static int sits_in(const char* dir, const char* base) {
+    char parent[4096], a[PATH_MAX], b[PATH_MAX];
+    snprintf(parent, sizeof(parent), "%s", dir);
+    char* slash = strrchr(parent, '/');
+    if (!slash) return 0;
+    *slash = 0;
+    return realpath(parent, a) && realpath(base, b) && !strcmp(a, b);
 }
 
 void ckpt_add_identity(Ckpt* c, const char* what) {
@@ -653,8 +683,10 @@ static const char* delta_restore(const char* dir, CkptManifest* m, int f, const 
 }
 
 int ckpt_resume(Ckpt* c) {
-    refuse_foreign_dirs(c);
-    if (!c->resume) return 0;
+    if (!c->resume) {
+        refuse_foreign_dirs(c, &(Resumed){0, -1, 0});
+        return 0;
+    }
     double t0 = now_seconds();
     char msg[ERROR_MAX], dir[4096] = "";
     const char* bad = NULL;
@@ -727,6 +759,9 @@ int ckpt_resume(Ckpt* c) {
         bad = msg;
     }
     fail_if_any(bad != NULL, bad);
+    // where this run saves: its own checkpoints and the history it continues
+    Resumed from = {m.has_run_id ? m.run_id : 0, m.step, c->rank == 0 && c->dir && !level1 && sits_in(dir, c->dir)};
+    refuse_foreign_dirs(c, &from);
     if (!m.has_run_id || m.run_id != c->run_id)
         print0("note: checkpoint '%s' is another run's (%s): continuing from it, as --resume asks; this run's saves record this run\n",
                dir, m.has_run_id ? "other data or settings than this run's" : "it records no run");

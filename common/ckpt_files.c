@@ -206,7 +206,8 @@ void ckpt_remove_dir(const char* path) {
     rmdir(path);
 }
 
-int ckpt_foreign_step(const char* base, unsigned long long run_id) {
+int ckpt_foreign_step(const char* base, unsigned long long run_id, unsigned long long resumed_id, int upto,
+                      int any_upto) {
     DIR* d = opendir(base);
     if (!d) return -1;
     int newest = -1, step;
@@ -227,7 +228,10 @@ int ckpt_foreign_step(const char* base, unsigned long long run_id) {
         text[n] = 0;
         unsigned long long id = 0;
         const char* line = strstr(text, "\nrun id=");
-        if (!line || sscanf(line + 1, "run id=%llx", &id) != 1 || id != run_id) newest = step;
+        int has_id = line && sscanf(line + 1, "run id=%llx", &id) == 1;
+        int own = has_id && id == run_id;
+        int history = step <= upto && (any_upto || (has_id && id == resumed_id));
+        if (!own && !history) newest = step;
         free(text);
     }
     closedir(d);

@@ -35,8 +35,11 @@ unsigned long long ckpt_checksum_end(XXH3_state_t* s);
 void ckpt_remove_dir(const char* path);
 // The newest complete checkpoint (step-N with a MANIFEST) in base that
 // another run saved (its manifest's run id is not `run_id`, or it has
-// none), or -1.
-int ckpt_foreign_step(const char* base, unsigned long long run_id);
+// none), or -1. A resumed run (upto >= 0) also owns the steps up to `upto`
+// that the run it resumes saved (run id `resumed_id`) or, with `any_upto`
+// (base is where it resumed from), any run saved: the history it continues.
+int ckpt_foreign_step(const char* base, unsigned long long run_id, unsigned long long resumed_id, int upto,
+                      int any_upto);
 int ckpt_parse_step_name(const char* name, int* step);
 int ckpt_has_manifest(const char* dir);
 void ckpt_tmp_dir_of(const char* base, int step, char* out, size_t len);

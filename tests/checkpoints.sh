@@ -389,6 +389,32 @@ if [ $? -eq 0 ] && echo "$out" | grep -q "checkpoint: resumed from $CK/idA/step-
 else
     fail "checkpoint: --resume alone of this run's checkpoint" "$(echo "$out" | grep -E '^(error|note)' | head -2)"
 fi
+# a resumed run saves beside its own checkpoints and the history it
+# continues, no other run's: another run's newer step in its --ckpt-dir (a
+# restart resumed that one, --keep 1 pruned every save of this run for it,
+# all with exit 0) or older one (pruned for this run's) is refused, so is
+# its own directory's newer step of other settings; the directory it resumed
+# from, older steps of other settings included, is its own to go on in
+rm -rf "$CK/idB" "$CK/idC" "$CK/idH"
+mpi_run $T_RUN 1 "$BUILD/chapter-0" $CKF --steps 4 --seed 7 --ckpt-dir "$CK/idB"
+cp -r "$CK/idB" "$CK/idC"
+before=$(ls "$CK/idA" "$CK/idC" | tr '\n' ' ')
+error_case chapter-0 1 "$CKF --seed 7 --resume $CK/idB --ckpt-dir $CK/idA --save-every 1 --keep 1" \
+    "--ckpt-dir '$CK/idA' holds $CK/idA/step-00000008, newer than the step 4 this run resumes and saved with other data or settings than this run's"
+error_case chapter-0 1 "$CKF --resume $CK/idA --ckpt-dir $CK/idC --save-every 1" \
+    "--ckpt-dir '$CK/idC' holds another run's checkpoints ($CK/idC/step-00000004: other data or settings than this run's and the run it resumes)"
+error_case chapter-0 1 "$CKF --lr 3e-3 --resume $CK/idA/step-00000004 --ckpt-dir $CK/idA --save-every 1" \
+    "--ckpt-dir '$CK/idA' holds $CK/idA/step-00000008, newer than the step 4 this run resumes"
+cp -r "$CK/idA" "$CK/idH"
+mpi_run $T_RUN 1 "$BUILD/chapter-0" $CKF --steps 10 --lr 3e-3 --resume "$CK/idH" --ckpt-dir "$CK/idH" --save-every 1
+rc=$RC
+out=$(timeout 60 $MPIRUN -np 1 "$BUILD/chapter-0" $CKF --steps 11 --lr 3e-3 --resume "$CK/idH" --ckpt-dir "$CK/idH" --save-every 1 2>&1)
+if [ $rc -eq 0 ] && [ $? -eq 0 ] && [ "$(ls "$CK/idA" "$CK/idC" | tr '\n' ' ')" = "$before" ] &&
+    echo "$out" | grep -q "checkpoint: resumed from $CK/idH/step-00000010" && [ -d "$CK/idH/step-00000011" ]; then
+    pass "checkpoint: a resume refuses another run's checkpoints where it saves, newer or older, and its own directory's newer step of other settings (nothing changed); it goes on where it resumed, older steps of other settings there"
+else
+    fail "checkpoint: a resume's --ckpt-dir" "first exit $rc; dirs $(ls "$CK/idA" "$CK/idC" | tr '\n' ' ') (were $before); $(echo "$out" | grep -E '^(error|note|checkpoint)' | head -3)"
+fi
 }
 
 # --- bad checkpoints: one message naming the file, exit 1 on every rank,
