@@ -153,13 +153,15 @@ static float forward(TPModel* m, const int* inputs, const int* targets) {
     size_t NC = (size_t)N * c->channels;
     // vocabulary-parallel embedding: each rank's token rows (zero for tokens
     // it does not hold), wpe on tp rank 0; g forward sums them
+    double t0 = trace_start();
     float* x = tp_embed_forward(m, inputs, targets);
     g_forward(m, x, NC);
+    trace_compute(t0, "embedding forward");
     for (int l = 0; l < L; l++) {
         BlockParams p = tp_block_params(m, l);
         fsdp_prefetch(&m->f, l + 2);  // the next block, or [lnfw lnfb] after the last
         BlockActs a = tp_acts(m, l);
-        double t0 = trace_start();  // the spans of every chapter (docs/tracing.md)
+        t0 = trace_start();  // the spans of every chapter (docs/tracing.md)
         block_forward_tp(m, &p, &a, x);
         trace_compute(t0, "block %d forward", l);
         x = a.res3;
@@ -167,8 +169,11 @@ static float forward(TPModel* m, const int* inputs, const int* targets) {
     // the head: final LayerNorm (replicated), then f forward (identity) and
     // this rank's slice of the logits with the vocabulary-parallel
     // cross-entropy (its all-gather of per-rank max, sum and target logit)
+    t0 = trace_start();
     tp_final_layernorm_forward(m, x);
-    return tp_head_forward(m);
+    float loss = tp_head_forward(m);
+    trace_compute(t0, "head forward");
+    return loss;
 }
 
 // tp_block_grads_begin(m, l) gives the zeroed buffer block l's gradient
@@ -181,10 +186,12 @@ static void backward(TPModel* m) {
     size_t NC = (size_t)N * c->channels;
     BlockScratch s = block_scratch_at_tp(m->scratch, m->B, m->T, c->channels, c->num_heads, m->ntp);
     // the head: this slice's dlogits, its dwte and its share of dlnf ...
+    double t0 = trace_start();
     tp_head_backward(m, s.dln);
     // ... f backward (all-reduce): every vocabulary slice adds to dlnf
     f_backward(m, s.dln, NC);
     tp_final_layernorm_backward(m, s.dln, tp_acts(m, L - 1).res3, m->dres);
+    trace_compute(t0, "head backward");
     // the blocks, last to first: gather (prefetching the one before),
     // backward with its tp all-reduces, reduce-scatter over dp
     for (int l = L - 1; l >= 0; l--) {
@@ -193,7 +200,7 @@ static void backward(TPModel* m) {
         BlockParams g = tp_block_grads_begin(m, l);
         BlockActs a = tp_acts(m, l);
         const float* x = l > 0 ? tp_acts(m, l - 1).res3 : m->encoded;
-        double t0 = trace_start();
+        t0 = trace_start();
         // --recompute: what forward did not keep, again (docs/recompute.md)
         if (m->recompute == RECOMPUTE_SELECTIVE) {
             tp_recompute_selective(m, &a);  // GELU on this rank's slice: no collective
@@ -207,7 +214,9 @@ static void backward(TPModel* m) {
         if (f->zero > 1) fsdp_reduce_grads(f, 1 + l);
     }
     // the embedding: dres is whole on every rank (g backward: identity)
+    t0 = trace_start();
     tp_embed_backward(m, m->dres);
+    trace_compute(t0, "embedding backward");
 }
 
 // The validation loss runs the same forward (same gathers and tp collectives).

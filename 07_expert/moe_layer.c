@@ -240,7 +240,7 @@ static void experts_forward(MoeParallel* X, MoeLayer* L, int l, int c, float* ex
                                b.n, C, H);
         }
     }
-    trace_compute(t0, "block %d experts chunk %d", l, c);
+    trace_compute(t0, "block %d experts chunk %d", X->cfg.first_layer + l, c);
 }
 
 // Backward's input half on chunk c: the row gradients (X->recv) copied into
@@ -259,7 +259,7 @@ static void experts_backward_input(MoeParallel* X, MoeLayer* L, int l, int c, fl
                                       X->dfch_gelu + b.r * H, b.n, C, H);
         }
     }
-    trace_compute(t0, "block %d experts chunk %d backward", l, c);
+    trace_compute(t0, "block %d experts chunk %d backward", X->cfg.first_layer + l, c);
 }
 
 // Layer l's weight gradient: at once, or handed to X->wgrad (model.h's
@@ -268,7 +268,7 @@ static void layer_weight_grad(MoeParallel* X, int l, float* dw, float* db, const
                               int C, int OC) {
     if (N == 0) return;  // an expert that received no row
     WeightGradHook h = X->wgrad;
-    h.layer = l;
+    h.layer = X->cfg.first_layer + l;  // the model's layer: the W span's name
     weight_grad(&h, dw, db, dout, inp, N, C, OC);
 }
 
@@ -284,7 +284,7 @@ static void experts_backward_weights(MoeParallel* X, MoeLayer* L, int l, float* 
         layer_weight_grad(X, l, g.fcprojw, g.fcprojb, X->xbuf + r0 * C, L->fch_gelu + r0 * H, n, H, C);
         layer_weight_grad(X, l, g.fcw, g.fcb, X->dfch + r0 * H, L->exp_in + r0 * C, n, C, H);
     }
-    trace_compute(t0, "block %d experts weights", l);
+    trace_compute(t0, "block %d experts weights", X->cfg.first_layer + l);
 }
 
 // ---------------------------------------------------------------- the layer, in chunks

@@ -39,4 +39,7 @@ static void wgrad_hook(void* ctx, int layer, float* dw, float* db, const float* 
     weight_grad(&h, dw, db, dout, inp, N, C, OC);
 }
 
-WeightGradHook expert_wgrad(ExpertModel* m, int layer) { return (WeightGradHook){wgrad_hook, m, layer}; }
+// layer: the chunk's; the hook (and W's span) names the model's
+WeightGradHook expert_wgrad(ExpertModel* m, int layer) {
+    return (WeightGradHook){wgrad_hook, m, m->cfg.first_layer + layer};
+}

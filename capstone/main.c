@@ -57,7 +57,7 @@ static BlockActs layer_recompute(ExpertModel* m, int l, const float* x) {
         layer_forward(m, l, &a, x);
         m->moe.record = record;
     }
-    trace_compute(t0, "block %d recompute", l);
+    trace_compute(t0, "block %d recompute", m->cfg.first_layer + l);
     return a;
 }
 
@@ -76,7 +76,7 @@ static void layer_backward(ExpertModel* m, int l, const float* x) {
     else
         expert_mlp_backward(m, l, &p, &g, &a, &s);  // d ln2 into m->dln2
     expert_attention_backward(m, l, &p, &g, &a, &s, x, m->dln2, m->slot->acts.dres);
-    trace_compute(t0, "block %d backward", l);
+    trace_compute(t0, "block %d backward", m->cfg.first_layer + l);
 }
 
 // ---------------------------------------------------------------- the whole model
@@ -92,7 +92,7 @@ static float model_forward(ExpertModel* m, const int* inputs, const int* targets
         BlockActs a = expert_block_acts(m, l);
         double t0 = trace_start();
         layer_forward(m, l, &a, gpt_acts_block_input(&m->slot->acts, g, l, m->B, m->T));
-        trace_compute(t0, "block %d forward", l);
+        trace_compute(t0, "block %d forward", m->cfg.first_layer + l);
     }
     expert_units_gather(m, g->num_layers);  // [lnfw lnfb] and wte
     return expert_head_forward(m);

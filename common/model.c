@@ -310,18 +310,11 @@ void head_forward(const GPTConfig* cfg, const float* wte, const float* lnfw, con
     trace_compute(t0, "head forward");
 }
 
-void head_backward(const GPTConfig* cfg, const float* wte, const float* lnfw, float* dwte,
-                   float* dlnfw, float* dlnfb, HeadActs* h, const float* x, const int* targets,
-                   float dloss, float* dln, float* dres, int B, int T) {
-    double t0 = trace_start();
-    head_backward_input(cfg, wte, lnfw, h, x, targets, dloss, dln, dres, B, T);
-    head_backward_weights(cfg, dwte, dlnfw, dlnfb, h, x, dln, B, T);
-    trace_compute(t0, "head backward");
-}
-
-void head_backward_input(const GPTConfig* cfg, const float* wte, const float* lnfw, HeadActs* h,
-                         const float* x, const int* targets, float dloss, float* dlnf,
-                         float* dres, int B, int T) {
+// The two halves, untimed: head_backward runs both in one span, a split
+// backward (chapter 5's zb) each in its own.
+static void head_input_grad(const GPTConfig* cfg, const float* wte, const float* lnfw, HeadActs* h,
+                            const float* x, const int* targets, float dloss, float* dlnf, float* dres,
+                            int B, int T) {
     int N = B * T, C = cfg->channels, Vp = cfg->padded_vocab_size;
     // dlogits overwrite the logits: the fused softmax cross-entropy never
     // stores the probabilities
@@ -333,12 +326,36 @@ void head_backward_input(const GPTConfig* cfg, const float* wte, const float* ln
     layernorm_backward(dres, NULL, NULL, dlnf, x, lnfw, h->lnf_mean, h->lnf_rstd, N, C);
 }
 
-void head_backward_weights(const GPTConfig* cfg, float* dwte, float* dlnfw, float* dlnfb,
-                           const HeadActs* h, const float* x, const float* dlnf, int B, int T) {
+static void head_weight_grad(const GPTConfig* cfg, float* dwte, float* dlnfw, float* dlnfb,
+                             const HeadActs* h, const float* x, const float* dlnf, int B, int T) {
     int N = B * T, C = cfg->channels, Vp = cfg->padded_vocab_size;
     // dwte (Vp, C) += dlogits^T @ lnf: the LM head's share of the tied embedding
     matmul_backward(NULL, dwte, NULL, h->logits, h->lnf, NULL, N, C, Vp);
     layernorm_backward(NULL, dlnfw, dlnfb, dlnf, x, NULL, h->lnf_mean, h->lnf_rstd, N, C);
+}
+
+void head_backward(const GPTConfig* cfg, const float* wte, const float* lnfw, float* dwte,
+                   float* dlnfw, float* dlnfb, HeadActs* h, const float* x, const int* targets,
+                   float dloss, float* dln, float* dres, int B, int T) {
+    double t0 = trace_start();
+    head_input_grad(cfg, wte, lnfw, h, x, targets, dloss, dln, dres, B, T);
+    head_weight_grad(cfg, dwte, dlnfw, dlnfb, h, x, dln, B, T);
+    trace_compute(t0, "head backward");
+}
+
+void head_backward_input(const GPTConfig* cfg, const float* wte, const float* lnfw, HeadActs* h,
+                         const float* x, const int* targets, float dloss, float* dlnf,
+                         float* dres, int B, int T) {
+    double t0 = trace_start();
+    head_input_grad(cfg, wte, lnfw, h, x, targets, dloss, dlnf, dres, B, T);
+    trace_compute(t0, "head backward");
+}
+
+void head_backward_weights(const GPTConfig* cfg, float* dwte, float* dlnfw, float* dlnfb,
+                           const HeadActs* h, const float* x, const float* dlnf, int B, int T) {
+    double t0 = trace_start();
+    head_weight_grad(cfg, dwte, dlnfw, dlnfb, h, x, dlnf, B, T);
+    trace_compute(t0, "head backward weights");
 }
 
 // ---------------------------------------------------------------- activations of the whole model

@@ -161,7 +161,8 @@ void head_backward(const GPTConfig* cfg, const float* wte, const float* lnfw, fl
 // accumulates dwte (the tied LM head's share), dlnfw and dlnfb from them and
 // x, h->lnf, h->lnf_mean, h->lnf_rstd; it reads no parameter. dwte also
 // takes encoder_backward's share: the fused order (head first) is needed
-// for bit-identical sums.
+// for bit-identical sums. Traced as "head backward" and "head backward
+// weights" (head_backward: one "head backward").
 void head_backward_input(const GPTConfig* cfg, const float* wte, const float* lnfw, HeadActs* h,
                          const float* x, const int* targets, float dloss, float* dlnf,
                          float* dres, int B, int T);

@@ -96,7 +96,7 @@ rc_trace c4 "chapter 4 dp=2 x tp=2" --layers 2
 rc_run c5 4 chapter-5 --pp 2 --dp 2 --schedule 1f1b --recompute full --steps 3 --trace "$TEST_TMPDIR/rc_c5.json"
 rc_trace c5 "chapter 5 pp=2 x dp=2 1f1b, recompute full" --pipeline --recompute full
 rc_run c5zb 4 chapter-5 --pp 2 --dp 2 --schedule zb --recompute selective --steps 3 --trace "$TEST_TMPDIR/rc_c5zb.json"
-rc_trace c5zb "chapter 5 pp=2 x dp=2 zb, recompute selective" --pipeline --split --recompute selective
+rc_trace c5zb "chapter 5 pp=2 x dp=2 zb, recompute selective" --pipeline --split --split-head --recompute selective
 rc_run c7 4 chapter-7 --ep 2 --dp 2 --recompute full --steps 3 --trace "$TEST_TMPDIR/rc_c7.json"
 rc_trace c7 "chapter 7 ep=2 x dp=2, recompute full" --layers 2 --recompute full
 # the capstone (chapter 7's model) on the composed mesh dp x cp x ep =
@@ -148,6 +148,14 @@ if python3 tests/trace_check.py "$TEST_TMPDIR/rc_c5zb.json" "$TEST_TMPDIR/rc_c5z
     pass "trace: the checker finds a pipeline step with spans its schedule does not run"
 else
     fail "trace: the checker on a pipeline trace without --split" "no FAIL line for the span counts"
+fi
+# ... and on the head's spans: chapter 5's zb W holds a "head backward
+# weights" on the last stage, which the capstone's (head in B) does not
+if a=$(python3 tests/trace_check.py "$TEST_TMPDIR/rc_c5zb.json" "$TEST_TMPDIR/rc_c5zb.jsonl" --pipeline --split \
+    --recompute selective 2>&1); echo "$a" | grep -q "^FAIL every step .*head forward, backward, backward weights spans \[2, 2, 2\]; want \[2, 2, 0\]"; then
+    pass "trace: the checker counts the head's spans on the last stage (zb's W: head backward weights)"
+else
+    fail "trace: the checker on the head's spans" "$(echo "$a" | grep '^FAIL' | head -2)"
 fi
 # the checker can fail: the first block 0 forward made to last past its step
 sed '0,/\("name":"block 0 forward","cat":"compute","ph":"X","ts":[0-9.]*,"dur":\)/s//\199999999/' \

@@ -2,7 +2,7 @@
 """Checks a --trace file against the run's JSONL log (docs/tracing.md).
 
 usage: trace_check.py TRACE.json LOG.jsonl --layers L [--micro K] [--recompute MODE]
-       trace_check.py TRACE.json LOG.jsonl --pipeline [--split] [--recompute MODE]
+       trace_check.py TRACE.json LOG.jsonl --pipeline [--split [--split-head]] [--recompute MODE]
 
   --pipeline  chapter 5: each rank holds only its stage's layers and runs each
               of them once per microbatch, so L is the summary's "layers" of
@@ -10,6 +10,9 @@ usage: trace_check.py TRACE.json LOG.jsonl --layers L [--micro K] [--recompute M
   --split     the schedule splits backward (zb): each layer's B holds its
               "block l backward" span and its W a "block l backward weights"
               span, and --recompute recomputes before both (2 K L recompute)
+  --split-head  the head's backward is split too (chapter 5): its B holds
+              "head backward", its W "head backward weights" (the capstone
+              keeps the head's weight gradients in B: no such span)
 
   1. the file is one JSON object whose "traceEvents" are Chrome trace events;
      the complete events ("ph":"X") carry name, cat, ts, dur, pid, tid, and
@@ -21,7 +24,9 @@ usage: trace_check.py TRACE.json LOG.jsonl --layers L [--micro K] [--recompute M
      forward" and as many "block l backward" spans, and L "block l
      recompute" spans per micro-batch unless --recompute none (with --split
      K x L "block l backward weights" and twice the recompute spans, else
-     none of those), and the "optimizer";
+     none of those), K "head forward" and K "head backward" spans (with
+     --split-head K "head backward weights") on the ranks that run the last
+     block and none elsewhere, and the "optimizer";
   4. rank 0's totals over the timed steps equal the summary's figures per
      step: the step spans its ms_per_step, the wait spans its
      comm_wait_ms_per_step and the comm spans its comm_progress_ms_per_step.
@@ -56,7 +61,7 @@ def main(argv):
     pos = []
     i = 1
     while i < len(argv):
-        if argv[i] in ("--pipeline", "--split"):
+        if argv[i] in ("--pipeline", "--split", "--split-head"):
             args[argv[i]] = True
             i += 1
         elif argv[i].startswith("--"):
@@ -66,7 +71,7 @@ def main(argv):
             pos.append(argv[i])
             i += 1
     trace_path, log_path = pos
-    pipeline, split = "--pipeline" in args, "--split" in args
+    pipeline, split, split_head = "--pipeline" in args, "--split" in args, "--split-head" in args
     L, K = (0 if pipeline else int(args["--layers"])), int(args["--micro"])
     recompute = args["--recompute"] != "none"
 
@@ -121,7 +126,10 @@ def main(argv):
                 stack = [(t0, t1, e)]
     check(nested, "every rank's host row is well nested and in-flight rows do not overlap", bad)
 
-    # 3: the spans of each step
+    # 3: the spans of each step. The head runs on the ranks that hold the
+    # last block (a pipeline's last stage; every rank otherwise)
+    last_block = max((int(m.group(1)) for e in spans
+                      for m in [re.fullmatch(r"block (\d+) forward", e["name"])] if m), default=-1)
     counts_ok = True
     bad = ""
     for pid in range(world):
@@ -132,8 +140,16 @@ def main(argv):
             counts_ok = False
             bad = f"rank {pid}: {len(step_spans)} step spans, want {steps}"
             continue
+        has_head = any(e["name"] == f"block {last_block} forward" for _, _, e in host)
         for s0, s1, st in step_spans:
             inside = [e["name"] for t0, t1, e in host if s0 <= t0 and t1 <= s1 and e["cat"] == "compute"]
+            heads = [inside.count(n) for n in ("head forward", "head backward", "head backward weights")]
+            want_heads = [K if has_head else 0, K if has_head else 0, K if has_head and split_head else 0]
+            if heads != want_heads:
+                counts_ok = False
+                bad = (f"rank {pid} {st['name']}: head forward, backward, backward weights spans {heads}; "
+                       f"want {want_heads}")
+                continue
             fwd = sum(1 for n in inside if re.fullmatch(r"block \d+ forward", n))
             bwd = sum(1 for n in inside if re.fullmatch(r"block \d+ backward", n))
             rec = sum(1 for n in inside if re.fullmatch(r"block \d+ recompute", n))
@@ -149,7 +165,8 @@ def main(argv):
     check(counts_ok, f"every step of every rank holds {K}x{ltext} block forward and backward spans"
           + (", as many backward weights spans" if split else "")
           + ((f", {'2x' if split else ''}{K}x{ltext} recompute spans") if recompute else ", no recompute span")
-          + " and the optimizer", bad)
+          + ", the head's (forward, backward" + (", backward weights" if split_head else "")
+          + f") {K} each where block {last_block} runs, and the optimizer", bad)
 
     # 4: rank 0's totals over the timed steps against the summary
     host = rows[(0, 0)]
