@@ -165,10 +165,9 @@ $(foreach d,$(CHAPTER_DIRS),$(eval $(call CHAPTER_RULE,$(d))))
 # build/capstone trains chapter 7's MoE model on every axis at once (dp, ep,
 # tp, cp, pp, --zero; docs/capstone.md). It is no chapter, so it sits in its
 # own capstone/, outside the chapters' rule: it links capstone/*.c (the
-# composed engine, copied from chapter 7 when issue 42 made chapter 7 the
-# MoE lesson alone) and the chapters' modules named in capstone/modules, as
-# a chapter names them. It never links 07_expert/expert_*.o, whose copies
-# capstone/composed_*.c are: the same functions, so the names would collide.
+# composition: the model on the mesh, the chunks, the step around the
+# schedule's actions) and the chapters' modules named in capstone/modules,
+# as a chapter names them; what it runs is theirs.
 CAPSTONE_SRC := $(wildcard capstone/*.c)
 CAPSTONE_MODULES := $(if $(wildcard capstone/modules),$(shell cat capstone/modules))
 .PHONY: capstone-bin

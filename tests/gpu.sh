@@ -16,9 +16,11 @@ cuda_built=0
 if [ -z "$nvcc_path" ]; then
     skip "CUDA backend build" "nvcc not found"
 # (on every core: after a change to common/ the whole backend recompiles)
-elif make --no-print-directory -j"$(nproc 2>/dev/null || echo 2)" BUILD="$BUILD" BACKEND=cuda all "$CUDA_BUILD/tests/test_ops" >"$TEST_TMPDIR/cuda-build.log" 2>&1; then
+# (the tests make gpu-check runs on a GPU too: a CUDA-only error in them shows here)
+elif make --no-print-directory -j"$(nproc 2>/dev/null || echo 2)" BUILD="$BUILD" BACKEND=cuda all "$CUDA_BUILD/tests/test_ops" \
+        "$CUDA_BUILD/tests/test_comm" "$CUDA_BUILD/tests/test_fsdp" >"$TEST_TMPDIR/cuda-build.log" 2>&1; then
     cuda_built=1
-    pass "CUDA backend compiles and links (make BUILD=$BUILD BACKEND=cuda all $CUDA_BUILD/tests/test_ops)"
+    pass "CUDA backend compiles and links (make BUILD=$BUILD BACKEND=cuda all, and the tests make gpu-check runs: test_ops, test_comm, test_fsdp)"
 else
     fail "CUDA backend build" "$(grep -E 'error|warning' "$TEST_TMPDIR/cuda-build.log" | head -5; tail -3 "$TEST_TMPDIR/cuda-build.log")"
 fi

@@ -296,6 +296,13 @@ EOF
             echo "$out" | grep -qE '\*\*\* End of error message|^grep: |No such file'; }; then
             fail "homework: variant $name's crash report" "want '$crash', no MPI banner, no grep error; got: $(echo "$out" | grep -A3 '^FAIL' | head -4 | cut -c1-200)"
         fi
+        # docs/teaching.md's table names the variant and the check that fails first
+        local want
+        want=$(grep -F "(\`$name\`) |" docs/teaching.md | sed 's/.*(`[a-z0-9_]*`) | \(.*\) |$/\1/')
+        if [ -z "$want" ] || [ "$(echo "$out" | grep '^FAIL exercise' | head -1)" != "FAIL exercise $ex: $want" ]; then
+            fail "homework: variant $name in docs/teaching.md's table of wrong answers" \
+                "the table's first check '${want:-(no row)}', the grader's: $(echo "$out" | grep '^FAIL exercise' | head -1)"
+        fi
         if [ -n "${t:-}" ] && [ "$s" = 0 ] && [ "$t" -gt 0 ] && ! echo "$out" | grep -q '^FAIL the build'; then
             pass "homework: variant $name ($(sed -n '2p' "$v" | sed 's/^# //')...) scores $s / $t on exercise $ex: $(echo "$out" | grep '^FAIL' | head -1 | cut -c1-110)"
         else

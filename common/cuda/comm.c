@@ -11,8 +11,8 @@
 // dp prefetch. Before an operation is queued, its group's stream waits (an
 // event) for all compute queued so far, so the operation sees the results
 // of the kernels that came before it in the program. Everything is
-// stream-ordered, as NCCL's own calls are; the host waits only in comm_barrier
-// and when a group is freed:
+// stream-ordered, as NCCL's own calls are; the host waits in comm_barrier,
+// when a group is freed, and for the channels' turns and drains below:
 //   - blocking calls record an event behind the operation and make the
 //     compute stream wait for it (cudaStreamWaitEvent): when they return,
 //     the result is in place for every later kernel, copy and operation

@@ -7,7 +7,7 @@
 //
 // A failed call is a bug or a broken system, never bad input: the macros
 // print "[rank r] file:line: call failed: reason" and abort every rank
-// (fatal_at, common.h), so no rank is left waiting in a collective.
+// (fatal_at, errors.h), so no rank is left waiting in a collective.
 #ifndef CUDA_COMMON_H
 #define CUDA_COMMON_H
 
@@ -28,8 +28,8 @@ extern "C" {
 #include "errors.h"
 
 // All compute (kernels, cuBLAS, copies, memsets) runs in order on this one
-// stream. The communication layer has a stream of its own and orders itself
-// against this one with events (comm.c). Created by device_init.
+// stream. The communication layer has streams of its own (one per group
+// and per channel) and orders them against this one with events (comm.c). Created by device_init.
 extern cudaStream_t cuda_compute_stream;
 // The one cuBLAS handle, bound to the compute stream. Created by device_init.
 extern cublasHandle_t cuda_cublas;

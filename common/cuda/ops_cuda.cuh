@@ -41,8 +41,8 @@ extern "C" {
 // Threads per block. A power of two: the tree reductions halve it.
 #define THREADS 256
 
-// Blocks for a grid-stride loop over n elements: enough to fill any GPU,
-// never more than the x-dimension limit cares about, and at least one (a
+// Blocks for a grid-stride loop over n elements: enough to fill any GPU
+// (65535: more only adds blocks that find no work), and at least one (a
 // launch of 0 blocks is an error, cudaErrorInvalidConfiguration; the loop
 // runs no turn for n = 0, as the CPU twin's).
 inline unsigned grid_for(size_t n) {

@@ -33,9 +33,9 @@ void attention_backward(float* dqkv, float* datt, const float* dout, const float
 //   dv_j += p_ij dout_i,  ds_ij = p_ij (dout_i . v_j - D_i),
 //   dq_i += ds_ij k_j / sqrt(hs),  dk_j += ds_ij q_i / sqrt(hs)
 // into dqkv (B, T, 3C). Each call takes its own working memory, a few tiles
-// of up to 128 x 64 floats and of 64 keys by hs: on the CPU per thread (host
-// memory, as the chunk ops' tiles), on the GPU in shared memory; nothing
-// grows with T.
+// that do not grow with T: on the CPU per thread (host memory, as the chunk
+// ops' tiles: up to 128 x 64 floats and 64 keys by hs), on the GPU in a
+// block's shared memory (tiles of 32 rows by hs + 1 floats, FLASH_TILE).
 // A row's out, lse and dq are a function of that row's query, the keys and
 // values it sees and (backward) its dout, out and lse, whatever B, T past
 // the row, the other rows and the thread count (tests/test_rows.c); dk and
