@@ -372,8 +372,13 @@ static int xor_rebuild(Ckpt* c, CkptManifest* m, int x, int fx, int step, const 
     for (int j = 0; j < g && !bad; j++) {
         int f = file_of[members[j]];
         if (j == gx || f < 0 || file_holder[j] >= 0) continue;
-        snprintf(msg, msg_len, "cannot rebuild %s of node %d from the xor parity: %s of node %d, in the same xor group, is lost too (xor rebuilds one lost node per group)",
-                 lost->name, m->node_of[x], m->files[f].name, m->node_of[members[j]]);
+        int node = m->node_of[members[j]];
+        if (node_leader(c, node) < 0)  // not deleted: this run has no rank there to read it
+            snprintf(msg, msg_len, "cannot rebuild %s of node %d from the xor parity: %s of node %d, in the same xor group, is out of reach too: this run has no rank on node %d (it runs on %d node(s), the save on %d), and xor rebuilds one lost node per group: resume on the save's %d nodes, or from a level-3 checkpoint",
+                     lost->name, m->node_of[x], m->files[f].name, node, node, c->nodes, m->nodes, m->nodes);
+        else
+            snprintf(msg, msg_len, "cannot rebuild %s of node %d from the xor parity: %s of node %d, in the same xor group, is lost too (xor rebuilds one lost node per group)",
+                     lost->name, m->node_of[x], m->files[f].name, node);
         bad = msg;
     }
     for (int k = 0; k < g - 1 && !bad; k++) {

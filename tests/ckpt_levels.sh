@@ -69,6 +69,7 @@ lv_xor3() {
 local out
 lv_run x3 3 3 --dp 3 --zero 3 --ckpt-local "$LV/x3" --local-every 4 --ranks-per-node 1 --ckpt-redundancy xor
 cp -r "$LV/x3" "$LV/x3b"
+cp -r "$LV/x3" "$LV/x3c"
 # every node's loss is rebuilt to the checksum its manifest names (a resume
 # with nothing left to train still rebuilds and checks every file)
 local n ok=1 why=""
@@ -98,6 +99,10 @@ fi
 rm -rf "$LV/x3b/node-1" "$LV/x3b/node-2"
 error_case chapter-3 3 "--dp 3 --zero 3 $LVF --ckpt-local $LV/x3b --ranks-per-node 1 --resume $LV/x3b" \
     "cannot rebuild rank-00001.bin of node 1 from the xor parity: rank-00002.bin of node 2, in the same xor group, is lost too"
+# a save of 3 nodes resumed on 1: nodes 1 and 2 are there, but no rank of
+# this run can read them (said so, not "lost")
+error_case chapter-3 1 "$LVF --ckpt-local $LV/x3c --ranks-per-node 1 --resume $LV/x3c" \
+    "cannot rebuild rank-00001.bin of node 1 from the xor parity: rank-00002.bin of node 2, in the same xor group, is out of reach too: this run has no rank on node 2 (it runs on 1 node(s), the save on 3)"
 # the refusal empties every node's lock (a run that ends leaves none to call stale)
 local locks
 locks=$(cat "$LV"/x3b/node-*/.lock 2>/dev/null)
