@@ -5,8 +5,9 @@
 
 // ---------------------------------------------------------------- attention in O(T) memory
 // FlashAttention's algorithm (Dao et al. 2022, "FlashAttention: Fast and
-// Memory-Efficient Exact Attention with IO-Awareness"; the loop order of its
-// backward from Dao 2023, "FlashAttention-2"), on the online softmax of
+// Memory-Efficient Exact Attention with IO-Awareness", its backward's loop
+// order too; the one log-sum-exp a row keeps for backward from Dao 2023,
+// "FlashAttention-2"), on the online softmax of
 // Milakov & Gimelshein 2018 ("Online normalizer calculation for softmax"):
 // the scores of a tile of queries against one block of FLASH_BK keys live
 // in a tile of the thread's own, are folded into each row's
@@ -256,7 +257,7 @@ void attention_flash_forward(float* out, float* lse, const float* qkv, int B, in
 
 // The backward of one (batch, head) over query rows 0..Tq-1 and keys
 // 0..Tk-1 of a kv chunk (positions as in attention_chunk_backward), in
-// FlashAttention-2's order: each block of keys meets every tile of queries
+// FlashAttention's order (both versions'): each block of keys meets every tile of queries
 // that sees it, so dk and dv of the block build up in dk_acc, dv_acc and
 // are added once; dq is added to block by block. dout and out rows every
 // o_stride floats, lse every lse_stride.
