@@ -123,6 +123,7 @@ static void train_reference(const Run* run, int freeze) {
     ckpt_init(&ck, args, setup, &run->mesh, 0);
     ckpt_add_state(&ck.own, cfg, 0, model.num_params, model.params, model.m, model.v);
     ckpt_add_state(&ck.need, cfg, 0, model.num_params, model.params, model.m, model.v);
+    if (freeze) ckpt_add_identity(&ck, "freeze embeddings");  // another model trains: another run
     ckpt_resume(&ck);
     print0("model %s: L=%d C=%d NH=%d V=%d (padded %d) maxT=%d, %zu parameters\n",
            setup->model_name, cfg->num_layers, cfg->channels, cfg->num_heads, cfg->vocab_size,

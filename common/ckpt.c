@@ -399,7 +399,7 @@ static void commit(Ckpt* c) {
     const char* bad = c->rank == 0 ? ckpt_install_manifest(c->dir, step, text, len, msg, sizeof(msg)) : NULL;
     free(text);
     fail_if_any(bad != NULL, bad);
-    if (c->rank == 0) ckpt_prune(c->dir, c->keep);
+    if (c->rank == 0) ckpt_prune(c->dir, c->keep, step);
     if (has_file) {
         if (c->pending_delta) c->deltas++, c->delta_bytes_total += c->delta_bytes;
         else c->full_bytes_total += c->file_bytes;
@@ -693,16 +693,22 @@ int ckpt_resume(Ckpt* c) {
     // the newest checkpoint on level 3 (--resume, shared storage: rank 0
     // looks), and with --ckpt-local a newer or equal one complete or
     // rebuildable on level 1 (every node looks at its own directory)
-    int have3[2] = {0, -1};  // a level-3 checkpoint is there; its step (-1: unusable)
+    int have3[3] = {0, -1, 0};  // a level-3 checkpoint is there; its step (-1: unusable); it has a run id,
+    unsigned long long id3 = 0;  // this one
     if (c->rank == 0) {
         have3[0] = ckpt_latest(c->resume, dir, sizeof(dir)) != NULL;
         if (have3[0]) {
             CkptManifest m3;
-            if (!ckpt_read_manifest(dir, c, &m3, msg, sizeof(msg))) have3[1] = m3.step;
+            if (!ckpt_read_manifest(dir, c, &m3, msg, sizeof(msg))) {
+                have3[1] = m3.step;
+                have3[2] = m3.has_run_id;
+                id3 = m3.run_id;
+            }
             ckpt_manifest_free(&m3);
         }
     }
-    MPI_CHECK(MPI_Bcast(have3, 2, MPI_INT, 0, MPI_COMM_WORLD));
+    MPI_CHECK(MPI_Bcast(have3, 3, MPI_INT, 0, MPI_COMM_WORLD));
+    MPI_CHECK(MPI_Bcast(&id3, 1, MPI_UNSIGNED_LONG_LONG, 0, MPI_COMM_WORLD));
     CkptManifest m;
     int level1 = 0;
     // a private directory: a level-1 manifest's copy, files from other
@@ -720,7 +726,7 @@ int ckpt_resume(Ckpt* c) {
     fail_if_any(bad != NULL, bad);
     if (c->local) {
         char dir1[4096], report[2048] = "", why[ERROR_MAX] = "", err[ERROR_MAX] = "";
-        int step1 = ckpt_local_pick(c, have3[1], &m, scratch, dir1, sizeof(dir1), report, sizeof(report), why, sizeof(why),
+        int step1 = ckpt_local_pick(c, have3[1], have3[2] ? &id3 : NULL, &m, scratch, dir1, sizeof(dir1), report, sizeof(report), why, sizeof(why),
                                     err, sizeof(err));
         fail_if_any(err[0] != 0, err);
         level1 = step1 >= 0;

@@ -275,7 +275,7 @@ const char* ckpt_latest(const char* dir, char* out, size_t out_len) {
     return out;
 }
 
-void ckpt_prune(const char* dir, int keep) {
+void ckpt_prune(const char* dir, int keep, int newest) {
     if (keep <= 0) return;
     DIR* d = opendir(dir);
     if (!d) return;
@@ -284,7 +284,7 @@ void ckpt_prune(const char* dir, int keep) {
     struct dirent* e;
     while ((e = readdir(d)) != NULL) {
         int step;
-        if (!ckpt_parse_step_name(e->d_name, &step)) continue;
+        if (!ckpt_parse_step_name(e->d_name, &step) || step > newest) continue;
         if (n == cap) {
             cap = cap ? 2 * cap : 16;
             int* grown = xmalloc(sizeof(int) * (size_t)cap);

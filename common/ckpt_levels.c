@@ -259,7 +259,7 @@ void ckpt_save_local(Ckpt* c, int step) {
     bad = c->local_index == 0 ? ckpt_install_manifest(base, step, text, (size_t)len64, msg, sizeof(msg)) : NULL;
     free(text);
     local_fail_if_any(c, tmp, bad != NULL, bad);
-    if (c->local_index == 0) ckpt_prune(base, c->keep);  // every node holds step now
+    if (c->local_index == 0) ckpt_prune(base, c->keep, step);  // every node holds step now
     c->local_saves++;
     c->local_s += now_seconds() - t0;
     print0("checkpoint: saved level 1 %s/node-*/step-%08d (redundancy %s)\n", c->local, step,
@@ -491,8 +491,9 @@ static int xor_rebuild(Ckpt* c, CkptManifest* m, int x, int fx, int step, const 
 // unusable one lacked. -1 too when this run cannot copy a manifest into
 // scratch: err says why on the ranks that failed (empty on the others).
 // Collective; the same answer on every rank.
-int ckpt_local_pick(Ckpt* c, int floor, CkptManifest* m, const char* scratch, char* dir, size_t dir_len, char* report,
-                    size_t report_len, char* why, size_t why_len, char* err, size_t err_len) {
+int ckpt_local_pick(Ckpt* c, int floor, const unsigned long long* level3_id, CkptManifest* m, const char* scratch,
+                    char* dir, size_t dir_len, char* report, size_t report_len, char* why, size_t why_len, char* err,
+                    size_t err_len) {
     int leader = node_leader(c, c->node) == c->rank;
     int picked = -1, below = INT_MAX;
     char msg[ERROR_MAX];
@@ -540,6 +541,17 @@ int ckpt_local_pick(Ckpt* c, int floor, CkptManifest* m, const char* scratch, ch
             if (bad) snprintf(err, err_len, "%s", bad);
             free(text);
             return -1;
+        }
+        // another run's step (neither this run's nor level 3's, which this
+        // run continues) is not taken: a stale --ckpt-local would decide
+        // what the restart trains (the same text on every rank: one choice)
+        if (!m->has_run_id || (m->run_id != c->run_id && !(level3_id && m->run_id == *level3_id))) {
+            if (!why[0])
+                snprintf(why, why_len, "level-1 step %d was saved by another run (other data or settings than this run's and level 3's)",
+                         step);
+            free(text);
+            ckpt_manifest_free(m);
+            continue;
         }
         snprintf(dir, dir_len, "%s/node-%d/step-%08d", c->local, c->node_of[from], step);
         // what each node holds: its first rank checks every file and parity

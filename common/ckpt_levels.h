@@ -16,10 +16,12 @@ void ckpt_node_dir(const Ckpt* c, int node, char* out, size_t len);
 // A level-1 save (with level 2) of the state in c->host. Collective.
 void ckpt_save_local(Ckpt* c, int step);
 // The newest level-1 step complete or rebuildable on this run's nodes, not
-// older than floor, its manifest in *m; -1 if none (err, when a rank could
-// not copy the manifest into scratch: the caller refuses). Collective.
-int ckpt_local_pick(Ckpt* c, int floor, CkptManifest* m, const char* scratch, char* dir, size_t dir_len, char* report,
-                    size_t report_len, char* why, size_t why_len, char* err, size_t err_len);
+// older than floor, saved by this run or by the run of level 3's newest
+// (level3_id; NULL: none), its manifest in *m; -1 if none (err, when a rank
+// could not copy the manifest into scratch: the caller refuses). Collective.
+int ckpt_local_pick(Ckpt* c, int floor, const unsigned long long* level3_id, CkptManifest* m, const char* scratch,
+                    char* dir, size_t dir_len, char* report, size_t report_len, char* why, size_t why_len, char* err,
+                    size_t err_len);
 // The files this rank reads that its node lacks, from a rank whose node
 // has them, into scratch; NULL, or why not in msg (the caller refuses).
 // Collective.

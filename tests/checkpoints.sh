@@ -415,6 +415,28 @@ if [ $rc -eq 0 ] && [ $? -eq 0 ] && [ "$(ls "$CK/idA" "$CK/idC" | tr '\n' ' ')" 
 else
     fail "checkpoint: a resume's --ckpt-dir" "first exit $rc; dirs $(ls "$CK/idA" "$CK/idC" | tr '\n' ' ') (were $before); $(echo "$out" | grep -E '^(error|note|checkpoint)' | head -3)"
 fi
+# a level-1 step of another run in --ckpt-local is not taken for this run's
+# level 3 (it was, as if --resume had named it), and, newer than the step
+# resumed, refused there; --freeze embeddings trains another model: another run
+rm -rf "$CK/idX" "$CK/idL2" "$CK/idF"
+mpi_run $T_RUN 1 "$BUILD/chapter-0" $CKF --steps 6 --seed 7 --ckpt-local "$CK/idL2" --local-every 2
+mpi_run $T_RUN 1 "$BUILD/chapter-0" $CKF --steps 4 --ckpt-dir "$CK/idX"
+error_case chapter-0 1 "$CKF --resume $CK/idX --ckpt-local $CK/idL2" \
+    "--ckpt-local '$CK/idL2' holds $CK/idL2/node-0/step-00000006, newer than the step 4 this run resumes"
+mpi_run $T_RUN 1 "$BUILD/chapter-0" $CKF --steps 4 --ckpt-dir "$CK/idF"
+error_case chapter-0 1 "$CKF --freeze embeddings --ckpt-dir $CK/idF" "--ckpt-dir '$CK/idF' holds another run's checkpoints"
+# --keep prunes up to the step just saved: a run resumed from step 4
+# because step 8 is corrupt keeps its own saves (pruning by number kept
+# the corrupt step 8 alone, and the next restart had nothing to resume)
+rm -rf "$CK/idP"
+mpi_run $T_RUN 1 "$BUILD/chapter-0" $CKF --ckpt-dir "$CK/idP" --save-every 4
+printf 'x' | dd of="$CK/idP/step-00000008/rank-00000.bin" bs=1 seek=200 conv=notrunc 2>/dev/null
+mpi_run $T_RUN 1 "$BUILD/chapter-0" $CKF --steps 7 --resume "$CK/idP/step-00000004" --ckpt-dir "$CK/idP" --save-every 1 --keep 1
+if [ $RC = 0 ] && [ "$(ls "$CK/idP" | tr '\n' ' ')" = "step-00000007 step-00000008 " ]; then
+    pass "checkpoint: --keep 1 after a resume from step 4 (step 8 corrupt) keeps its own newest save and leaves step 8 (step-00000007 step-00000008)"
+else
+    fail "checkpoint: --keep after a resume below a newer step" "exit $RC; left: $(ls "$CK/idP" | tr '\n' ' ')"
+fi
 }
 
 # --- bad checkpoints: one message naming the file, exit 1 on every rank,
