@@ -229,6 +229,25 @@ if [ $rc -eq 0 ] && grep -q "^supervise: skipping checkpoint $CK/svf/step-000000
 else
     fail "checkpoint: supervisor fallback" "exit $rc; $(grep -E '^supervise|^error' "$CK/svf.out" | head -6)"
 fi
+# a delta whose full save is gone is skipped too (the refusal quotes the
+# checkpoint itself, 'D/step-N', not one of its files: the supervisor
+# matched only the latter and gave up, "no restart")
+cat >"$CK/svd_mpirun.sh" <<EOF
+#!/bin/bash
+# the second launch finds the full save of step 6 gone (step 8 is a delta on it)
+echo x >>"$CK/svd.launches"
+[ "\$(wc -l <"$CK/svd.launches")" = 2 ] && rm -rf "$CK/svd/step-00000006"
+exec bash "$PWD/tests/mpirun.sh" "\$@"
+EOF
+CKPT_KILL=step:9:0 MPIRUN="bash $CK/svd_mpirun.sh" timeout 240 bash common/tools/supervise.sh --np 1 --retries 1 -- \
+    "$BUILD/chapter-0" $CKF --steps 10 --ckpt-dir "$CK/svd" --save-every 2 --incremental 2 --keep 0 >"$CK/svd.out" 2>&1
+rc=$?
+if [ $rc -eq 0 ] && grep -q "^supervise: skipping checkpoint $CK/svd/step-00000008, which the job refused: error: checkpoint '$CK/svd/step-00000008' is a delta against the full save of step 6, but" "$CK/svd.out" &&
+    grep -q "resumed from $CK/svd/step-00000004 " "$CK/svd.out"; then
+    pass "checkpoint: the supervisor skips a delta whose full save is gone (step 8 on step 6) and resumes from the delta before it (step 4 on step 2)"
+else
+    fail "checkpoint: supervisor and a broken delta chain" "exit $rc; $(grep -E '^supervise|^error' "$CK/svd.out" | head -6)"
+fi
 # its own flags: a --retries of "abc" restarted a failing job without end
 # (645 attempts in 10 s), a --np without a value stopped on an unbound variable
 local bad_flags=""
