@@ -238,10 +238,12 @@ void ckpt_init(Ckpt* c, const TrainArgs* a, const TrainSetup* s, const Mesh* mes
         ckpt_node_dir(c, c->node, node_dir, sizeof(node_dir));
         mkdir(c->local, 0755);
         bad = lock_dir(node_dir, "--ckpt-local", &c->local_lock_fd, msg, sizeof(msg));
+        if (!bad) ckpt_restore_replaced(node_dir);  // ours now: a crash's half replacement undone
     }
     fail_if_any(bad != NULL, bad);
     if (c->dir) {
         bad = c->rank == 0 ? lock_dir(c->dir, "--ckpt-dir", &c->lock_fd, msg, sizeof(msg)) : NULL;
+        if (c->rank == 0 && !bad) ckpt_restore_replaced(c->dir);  // ours now: a crash's half replacement undone
         fail_if_any(bad != NULL, bad);
     }
     if (!c->dir && !c->local && !c->resume) return;  // a resume compares the identity

@@ -679,6 +679,26 @@ void ckpt_remove_stale_tmp(const char* base) {
     if (d) closedir(d);
 }
 
+void ckpt_restore_replaced(const char* base) {
+    DIR* d = opendir(base);
+    struct dirent* e;
+    char old[4096 + 256], final[4096 + 256];
+    while (d && (e = readdir(d)) != NULL) {
+        size_t nl = strlen(e->d_name);
+        int step;
+        char name[32];
+        if (nl != 17 || strcmp(e->d_name + 13, ".old")) continue;
+        snprintf(name, sizeof(name), "%.13s", e->d_name);
+        if (!ckpt_parse_step_name(name, &step)) continue;
+        snprintf(old, sizeof(old), "%s/%s", base, e->d_name);
+        snprintf(final, sizeof(final), "%s/%s", base, name);
+        struct stat st;
+        if (stat(final, &st) == 0) ckpt_remove_dir(old);
+        else if (rename(old, final) == 0) fsync_path(base);
+    }
+    if (d) closedir(d);
+}
+
 // ---------------------------------------------------------------- load
 
 // Sets f->path (allocated: a manifest may list many files, each path long).

@@ -44,6 +44,10 @@ int ckpt_parse_step_name(const char* name, int* step);
 int ckpt_has_manifest(const char* dir);
 void ckpt_tmp_dir_of(const char* base, int step, char* out, size_t len);
 void ckpt_remove_stale_tmp(const char* base);
+// A step-N.old without its step-N is a checkpoint a crash caught being
+// replaced (ckpt_install_manifest moves it aside for two renames): it comes
+// back. One beside its step-N, the replaced one a crash left: removed.
+void ckpt_restore_replaced(const char* base);
 unsigned char* ckpt_read_whole(const char* path, size_t* n);
 // Opens a checkpoint's file to read, a regular file only: a pipe put where a
 // file belongs would block its open (and every rank behind it) forever.

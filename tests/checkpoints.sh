@@ -456,6 +456,20 @@ if [ $RC = 0 ] && [ "$(ls "$CK/idP" | tr '\n' ' ')" = "step-00000007 step-000000
 else
     fail "checkpoint: --keep after a resume below a newer step" "exit $RC; left: $(ls "$CK/idP" | tr '\n' ' ')"
 fi
+# a crash between the two renames that replace a step (the old one aside,
+# the new one in) left step-N.old and no step-N, which nothing read back: a
+# run that takes the directory restores it (and drops a .old beside its step)
+rm -rf "$CK/idR"
+mpi_run $T_RUN 1 "$BUILD/chapter-0" $CKF --ckpt-dir "$CK/idR" --save-every 4
+mv "$CK/idR/step-00000008" "$CK/idR/step-00000008.old"
+cp -r "$CK/idR/step-00000004" "$CK/idR/step-00000004.old"
+mpi_run $T_RUN 1 "$BUILD/chapter-0" $CKF --resume "$CK/idR" --ckpt-dir "$CK/idR"
+if [ $RC = 0 ] && echo "$OUT" | grep -q "resumed from $CK/idR/step-00000008 " &&
+    [ "$(ls "$CK/idR" | tr '\n' ' ')" = "step-00000004 step-00000008 " ]; then
+    pass "checkpoint: a step a crash left moved aside (step-00000008.old, no step-00000008) comes back and is resumed; a stale .old beside its step is removed"
+else
+    fail "checkpoint: a half-replaced step" "exit $RC; left: $(ls "$CK/idR" | tr '\n' ' '); $(echo "$OUT" | grep -E '^(error|checkpoint)' | head -2)"
+fi
 }
 
 # --- bad checkpoints: one message naming the file, exit 1 on every rank,
