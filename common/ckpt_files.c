@@ -192,6 +192,11 @@ static int fsync_path(const char* path) {
 
 // Removes a directory of plain files (a checkpoint or a stale .tmp).
 void ckpt_remove_dir(const char* path) {
+    // the manifest first: a crash halfway leaves no directory that looks
+    // complete (a reader takes a step-N with a MANIFEST)
+    char manifest[4096 + 16];
+    snprintf(manifest, sizeof(manifest), "%s/MANIFEST", path);
+    unlink(manifest);
     DIR* d = opendir(path);
     if (d) {
         struct dirent* e;
