@@ -194,7 +194,7 @@ static const char* foreign_dir(const char* flag, const char* dir, const char* ba
         snprintf(msg, len, "%s '%s' holds another run's checkpoints (%s/step-%08d: other data or settings than this run's): give this run its own %s, or continue that run with --resume %s",
                  flag, dir, base, step, flag, dir);
     else if (step > from->step)
-        snprintf(msg, len, "%s '%s' holds %s/step-%08d, newer than the step %d this run resumes and saved with other data or settings than this run's: a restart would resume it, and --keep would prune this run's saves for it: give this run its own %s",
+        snprintf(msg, len, "%s '%s' holds %s/step-%08d, newer than the step %d this run resumes and saved with other data or settings than this run's: a restart could resume it, and --keep would prune this run's saves for it: give this run its own %s",
                  flag, dir, base, step, from->step, flag);
     else
         snprintf(msg, len, "%s '%s' holds another run's checkpoints (%s/step-%08d: other data or settings than this run's and the run it resumes): --keep would prune them for this run's saves: give this run its own %s",
@@ -222,6 +222,7 @@ void ckpt_init(Ckpt* c, const TrainArgs* a, const TrainSetup* s, const Mesh* mes
     MPI_CHECK(MPI_Comm_size(MPI_COMM_WORLD, &c->world));
     MPI_CHECK(MPI_Comm_rank(MPI_COMM_WORLD, &c->rank));
     c->lock_fd = -1;
+    c->last_saved = c->local_last_saved = -1;
     c->group = MPI_COMM_NULL;
     c->local = a->ckpt_local;
     c->local_every = a->local_every;
@@ -238,12 +239,12 @@ void ckpt_init(Ckpt* c, const TrainArgs* a, const TrainSetup* s, const Mesh* mes
         ckpt_node_dir(c, c->node, node_dir, sizeof(node_dir));
         mkdir(c->local, 0755);
         bad = lock_dir(node_dir, "--ckpt-local", &c->local_lock_fd, msg, sizeof(msg));
-        if (!bad) ckpt_restore_replaced(node_dir);  // ours now: a crash's half replacement undone
+        if (!bad) ckpt_restore_replaced(node_dir);  // locked for this run: a crash's half replacement undone
     }
     fail_if_any(bad != NULL, bad);
     if (c->dir) {
         bad = c->rank == 0 ? lock_dir(c->dir, "--ckpt-dir", &c->lock_fd, msg, sizeof(msg)) : NULL;
-        if (c->rank == 0 && !bad) ckpt_restore_replaced(c->dir);  // ours now: a crash's half replacement undone
+        if (c->rank == 0 && !bad) ckpt_restore_replaced(c->dir);  // locked for this run: a crash's half replacement undone
         fail_if_any(bad != NULL, bad);
     }
     if (!c->dir && !c->local && !c->resume) return;  // a resume compares the identity
@@ -262,7 +263,10 @@ static void refuse_foreign_dirs(Ckpt* c, const Resumed* from) {
         char node_dir[4096];
         ckpt_node_dir(c, c->node, node_dir, sizeof(node_dir));
         Resumed local = *from;
-        local.here = 1;  // a resume reads its node's directory too (ckpt_local_pick)
+        // node-local and read by every resume (ckpt_local_pick): its older
+        // steps of any run count as history (a continued run's restart finds
+        // its earlier run's there); a newer one of other settings does not
+        local.here = 1;
         bad = foreign_dir("--ckpt-local", c->local, node_dir, c->run_id, &local, msg, sizeof(msg));
     }
     fail_if_any(bad != NULL, bad);  // refused: the locks go (on_refusal)
@@ -401,7 +405,8 @@ static void commit(Ckpt* c) {
     const char* bad = c->rank == 0 ? ckpt_install_manifest(c->dir, step, text, len, msg, sizeof(msg)) : NULL;
     free(text);
     fail_if_any(bad != NULL, bad);
-    if (c->rank == 0) ckpt_prune(c->dir, c->keep, step);
+    if (c->rank == 0) ckpt_prune(c->dir, c->keep, step, c->last_saved);
+    if (c->last_saved >= 0) c->last_saved = step;
     if (has_file) {
         if (c->pending_delta) c->deltas++, c->delta_bytes_total += c->delta_bytes;
         else c->full_bytes_total += c->file_bytes;
@@ -697,8 +702,10 @@ int ckpt_resume(Ckpt* c) {
     // rebuildable on level 1 (every node looks at its own directory)
     int have3[3] = {0, -1, 0};  // a level-3 checkpoint is there; its step (-1: unusable); it has a run id,
     unsigned long long id3 = 0;  // this one
+    char dir3[4096] = "";  // rank 0: level 3's newest, where --resume points
     if (c->rank == 0) {
         have3[0] = ckpt_latest(c->resume, dir, sizeof(dir)) != NULL;
+        if (have3[0]) snprintf(dir3, sizeof(dir3), "%s", dir);
         if (have3[0]) {
             CkptManifest m3;
             if (!ckpt_read_manifest(dir, c, &m3, msg, sizeof(msg))) {
@@ -768,8 +775,10 @@ int ckpt_resume(Ckpt* c) {
     }
     fail_if_any(bad != NULL, bad);
     // where this run saves: its own checkpoints and the history it continues
-    Resumed from = {m.has_run_id ? m.run_id : 0, m.step, c->rank == 0 && c->dir && !level1 && sits_in(dir, c->dir)};
+    // (here: --resume names this directory's checkpoints, whichever level's step was taken)
+    Resumed from = {m.has_run_id ? m.run_id : 0, m.step, c->rank == 0 && c->dir && dir3[0] && sits_in(dir3, c->dir)};
     refuse_foreign_dirs(c, &from);
+    c->last_saved = c->local_last_saved = m.step;  // the steps after it, until this run saves, are another branch's
     if (!m.has_run_id || m.run_id != c->run_id)
         print0("note: checkpoint '%s' is another run's (%s): continuing from it, as --resume asks; this run's saves record this run\n",
                dir, m.has_run_id ? "other data or settings than this run's" : "it records no run");

@@ -143,6 +143,10 @@ typedef struct Ckpt {  // named: train.h's loop holds a pointer to one
     unsigned long long file_hash;
     char file_err[ERROR_MAX];  // empty when the write succeeded
     char file_path[4096];
+    // a resumed run's last save on each level (the step it resumed until its
+    // first): a step between it and the next save is another branch's, which
+    // this run passed (ckpt_prune); -1 for a fresh run
+    int last_saved, local_last_saved;
     // figures: saves, bytes, the time the training loop was stalled
     int saves;
     double stall_s;   // main thread inside ckpt calls for saves, in the training loop

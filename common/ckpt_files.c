@@ -280,7 +280,7 @@ const char* ckpt_latest(const char* dir, char* out, size_t out_len) {
     return out;
 }
 
-void ckpt_prune(const char* dir, int keep, int newest) {
+void ckpt_prune(const char* dir, int keep, int newest, int passed) {
     if (keep <= 0) return;
     DIR* d = opendir(dir);
     if (!d) return;
@@ -311,6 +311,12 @@ void ckpt_prune(const char* dir, int keep, int newest) {
             }
     char* needed = xcalloc((size_t)n + 1, 1);
     char path[4096 + 32];
+    // a branch left behind and passed now: not one of the newest
+    int m = 0;
+    for (int i = 0; i < n; i++)
+        if (passed < 0 || steps[i] <= passed || steps[i] == newest) steps[m++] = steps[i];
+        else snprintf(path, sizeof(path), "%s/step-%08d", dir, steps[i]), ckpt_remove_dir(path);
+    n = m;
     for (int i = 0; i < n && i < keep; i++) {
         needed[i] = 1;
         snprintf(path, sizeof(path), "%s/step-%08d/MANIFEST", dir, steps[i]);

@@ -78,13 +78,16 @@ char* ckpt_gather_manifest(const Ckpt* c, int step, const uint64_t file[5], int 
 const char* ckpt_install_manifest(const char* base, int step, const char* text, size_t len,
                                   char* msg, size_t msg_len);
 // Keeps the newest `keep` complete checkpoints of dir up to `step`, the one
-// just installed (0: all), and the full saves their deltas need. A step
-// after it stays: a resumed run left it behind (corrupt, or another branch),
-// and saves over it when it gets there; pruning by number alone deleted the
-// run's own saves for it. Called once every rank (every node) has installed
-// the new one: a node that pruned before another had committed could leave
-// no step complete on all of them.
-void ckpt_prune(const char* dir, int keep, int step);
+// just installed (0: all, and nothing removed), and the full saves their
+// deltas need. A step after it stays; a step after `passed` and before
+// `step` (passed >= 0: a resumed run's previous save, or the step it
+// resumed) is a branch the run left behind (corrupt, or abandoned) and has
+// now passed: removed. Pruning by
+// number alone kept such a step and deleted the run's own saves for it.
+// Called once every rank (every node) has installed the new one: a node
+// that pruned before another had committed could leave no step complete on
+// all of them.
+void ckpt_prune(const char* dir, int keep, int step, int passed);
 
 // a manifest read back: its files and slices
 typedef struct {

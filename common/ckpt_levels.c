@@ -259,7 +259,8 @@ void ckpt_save_local(Ckpt* c, int step) {
     bad = c->local_index == 0 ? ckpt_install_manifest(base, step, text, (size_t)len64, msg, sizeof(msg)) : NULL;
     free(text);
     local_fail_if_any(c, tmp, bad != NULL, bad);
-    if (c->local_index == 0) ckpt_prune(base, c->keep, step);  // every node holds step now
+    if (c->local_index == 0) ckpt_prune(base, c->keep, step, c->local_last_saved);  // every node holds step now
+    if (c->local_last_saved >= 0) c->local_last_saved = step;
     c->local_saves++;
     c->local_s += now_seconds() - t0;
     print0("checkpoint: saved level 1 %s/node-*/step-%08d (redundancy %s)\n", c->local, step,

@@ -394,11 +394,12 @@ fi
 mpi_run $T_RUN 1 "$BUILD/chapter-0" $CKF --ckpt-dir "$CK/idA" --save-every 2
 rc=$RC
 out=$(timeout 60 $MPIRUN -np 1 "$BUILD/chapter-0" $CKF --steps 10 --data "$CK/other.txt" --resume "$CK/idA" 2>&1)
-if [ $rc -eq 0 ] && [ $? -eq 0 ] && echo "$out" | grep -q "^note: checkpoint '$CK/idA/step-00000008' is another run's (other data or settings than this run's): continuing from it, as --resume asks" &&
+rc2=$?
+if [ $rc -eq 0 ] && [ $rc2 -eq 0 ] && echo "$out" | grep -q "^note: checkpoint '$CK/idA/step-00000008' is another run's (other data or settings than this run's): continuing from it, as --resume asks" &&
     echo "$out" | grep -q "checkpoint: resumed from $CK/idA/step-00000008"; then
     pass "checkpoint: the same run fresh again is not refused; an explicit --resume of another run's checkpoint goes on with a note"
 else
-    fail "checkpoint: the same run again, or --resume of another run" "first exit $rc; $(echo "$out" | grep -E '^(error|note)' | head -2)"
+    fail "checkpoint: the same run again, or --resume of another run" "exits $rc, $rc2; $(echo "$out" | grep -E '^(error|note)' | head -2)"
 fi
 # this run's own checkpoint resumed without --ckpt-dir: no such note (a
 # resume alone took no identity, so every one was "another run's")
@@ -428,11 +429,12 @@ cp -r "$CK/idA" "$CK/idH"
 mpi_run $T_RUN 1 "$BUILD/chapter-0" $CKF --steps 10 --lr 3e-3 --resume "$CK/idH" --ckpt-dir "$CK/idH" --save-every 1
 rc=$RC
 out=$(timeout 60 $MPIRUN -np 1 "$BUILD/chapter-0" $CKF --steps 11 --lr 3e-3 --resume "$CK/idH" --ckpt-dir "$CK/idH" --save-every 1 2>&1)
-if [ $rc -eq 0 ] && [ $? -eq 0 ] && [ "$(ls "$CK/idA" "$CK/idC" | tr '\n' ' ')" = "$before" ] &&
+rc2=$?
+if [ $rc -eq 0 ] && [ $rc2 -eq 0 ] && [ "$(ls "$CK/idA" "$CK/idC" | tr '\n' ' ')" = "$before" ] &&
     echo "$out" | grep -q "checkpoint: resumed from $CK/idH/step-00000010" && [ -d "$CK/idH/step-00000011" ]; then
     pass "checkpoint: a resume refuses another run's checkpoints where it saves, newer or older, and its own directory's newer step of other settings (nothing changed); it goes on where it resumed, older steps of other settings there"
 else
-    fail "checkpoint: a resume's --ckpt-dir" "first exit $rc; dirs $(ls "$CK/idA" "$CK/idC" | tr '\n' ' ') (were $before); $(echo "$out" | grep -E '^(error|note|checkpoint)' | head -3)"
+    fail "checkpoint: a resume's --ckpt-dir" "exits $rc, $rc2; dirs $(ls "$CK/idA" "$CK/idC" | tr '\n' ' ') (were $before); $(echo "$out" | grep -E '^(error|note|checkpoint)' | head -3)"
 fi
 # a level-1 step of another run in --ckpt-local is not taken for this run's
 # level 3 (it was, as if --resume had named it), and, newer than the step
@@ -444,6 +446,18 @@ error_case chapter-0 1 "$CKF --resume $CK/idX --ckpt-local $CK/idL2" \
     "--ckpt-local '$CK/idL2' holds $CK/idL2/node-0/step-00000006, newer than the step 4 this run resumes"
 mpi_run $T_RUN 1 "$BUILD/chapter-0" $CKF --steps 4 --ckpt-dir "$CK/idF"
 error_case chapter-0 1 "$CKF --freeze embeddings --ckpt-dir $CK/idF" "--ckpt-dir '$CK/idF' holds another run's checkpoints"
+# a continued run (other --lr) whose restart takes its own level-1 step,
+# newer than level 3's: the --ckpt-dir that --resume names holds the run it
+# continued, its history (refused when only a level-3 pick counted it)
+rm -rf "$CK/idK" "$CK/idKL"
+mpi_run $T_RUN 1 "$BUILD/chapter-0" $CKF --ckpt-dir "$CK/idK" --save-every 4
+mpi_run $T_RUN 1 "$BUILD/chapter-0" $CKF --steps 10 --lr 3e-3 --resume "$CK/idK" --ckpt-local "$CK/idKL" --local-every 2
+mpi_run $T_RUN 1 "$BUILD/chapter-0" $CKF --steps 12 --lr 3e-3 --resume "$CK/idK" --ckpt-dir "$CK/idK" --ckpt-local "$CK/idKL"
+if [ $RC = 0 ] && echo "$OUT" | grep -q "checkpoint: resuming from level 1 (node-local), step 10"; then
+    pass "checkpoint: a continued run's restart from its own level-1 step goes on beside the run it continued in the --ckpt-dir --resume names"
+else
+    fail "checkpoint: a continued run's level-1 restart" "exit $RC; $(echo "$OUT" | grep -E '^(error|checkpoint|note)' | head -3)"
+fi
 # --keep prunes up to the step just saved: a run resumed from step 4
 # because step 8 is corrupt keeps its own saves (pruning by number kept
 # the corrupt step 8 alone, and the next restart had nothing to resume)
@@ -455,6 +469,15 @@ if [ $RC = 0 ] && [ "$(ls "$CK/idP" | tr '\n' ' ')" = "step-00000007 step-000000
     pass "checkpoint: --keep 1 after a resume from step 4 (step 8 corrupt) keeps its own newest save and leaves step 8 (step-00000007 step-00000008)"
 else
     fail "checkpoint: --keep after a resume below a newer step" "exit $RC; left: $(ls "$CK/idP" | tr '\n' ' ')"
+fi
+# ... and once its saves pass the step it left (save 9 after 7), that step
+# is removed: it is not this run's line, and kept it would count as one of
+# the newest (--keep 2 kept 9 and the corrupt 8)
+mpi_run $T_RUN 1 "$BUILD/chapter-0" $CKF --steps 10 --resume "$CK/idP/step-00000007" --ckpt-dir "$CK/idP" --save-every 3 --keep 2
+if [ $RC = 0 ] && [ "$(ls "$CK/idP" | tr '\n' ' ')" = "step-00000009 step-00000010 " ]; then
+    pass "checkpoint: a step left behind is removed once the run's saves pass it (--keep 2: step-00000009 step-00000010)"
+else
+    fail "checkpoint: a passed step left behind" "exit $RC; left: $(ls "$CK/idP" | tr '\n' ' ')"
 fi
 # a crash between the two renames that replace a step (the old one aside,
 # the new one in) left step-N.old and no step-N, which nothing read back: a

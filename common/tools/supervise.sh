@@ -116,9 +116,10 @@ while :; do
     [ $rc -eq 0 ] && { echo "supervise: attempt $((attempt + 1)) succeeded"; exit 0; }
     reason=$(grep -m1 '^error: ' "$log")
     if [ $rc -eq 1 ] && [ -n "$reason" ]; then  # a refusal says why; an exit 1 without a word is a kill (mpirun's on SIGTERM)
-        refused=""  # the newest level-3 checkpoint the refusal names (one of its files, or itself quoted: a delta's chain)
+        refused=""  # the newest level-3 checkpoint the refusal names: one of its files, or (a delta's broken chain) itself
         while read -r c; do
-            [ -n "$c" ] && [[ $reason == *"$c/"* || $reason == *"$c'"* ]] && [[ $skipped != *$'\n'"$c"$'\n'* ]] && { refused=$c; break; }
+            [ -n "$c" ] && [[ $reason == *"$c/"* || ( $reason == *"is a delta against"* && $reason == *"$c'"* ) ]] &&
+                [[ $skipped != *$'\n'"$c"$'\n'* ]] && { refused=$c; break; }
         done < <(checkpoints "$dir")
         if [ -n "$resume" ] && [ -n "$refused" ]; then
             echo "supervise: skipping checkpoint $refused, which the job refused: $reason" >&2
