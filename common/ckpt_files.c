@@ -245,8 +245,15 @@ int ckpt_foreign_step(const char* base, unsigned long long run_id, unsigned long
 
 // "step-00000006" and nothing more: a complete checkpoint's name; its step.
 int ckpt_parse_step_name(const char* name, int* step) {
-    int n = 0, used = 0;
-    if (strlen(name) != 13 || sscanf(name, "step-%8d%n", &n, &used) != 1 || used != 13) return 0;
+    // eight digits and nothing else: sscanf's %d also takes a sign or
+    // spaces, and "step-+0000012" taken for step 12 let a prune rebuild the
+    // name and delete step-00000012
+    if (strlen(name) != 13 || strncmp(name, "step-", 5)) return 0;
+    int n = 0;
+    for (int i = 5; i < 13; i++) {
+        if (name[i] < '0' || name[i] > '9') return 0;
+        n = 10 * n + (name[i] - '0');
+    }
     *step = n;
     return 1;
 }

@@ -14,6 +14,7 @@
 #include <string.h>
 
 #include "ckpt.h"
+#include "ckpt_files.h"
 #include "errors.h"
 #include "memory.h"
 #include "runtime.h"
@@ -336,6 +337,12 @@ int main(int argc, char** argv) {
     MPI_CHECK(MPI_Comm_rank(MPI_COMM_WORLD, &rank));
     gpt_preset("tiny", &cfg);
     if (rank == 0) check_checksum();
+    if (rank == 0) {  // a checkpoint's name: "step-" and eight digits, nothing else
+        int s = -1, good = ckpt_parse_step_name("step-00000012", &s) && s == 12;
+        const char* bad[] = {"step-+0000012", "step-   12345", "step--0000001", "step-0000001", "step-000000012", "step-0000001x"};
+        for (int i = 0; i < 6; i++) good &= !ckpt_parse_step_name(bad[i], &s);
+        check(good, "ckpt: a step directory's name is step- and eight digits (no sign, no spaces, no other length)", "");
+    }
     char name[64], dir_a[256], dir_b[256];
     snprintf(name, sizeof(name), "test_ckpt_cols_%d", R);
     snprintf(dir_a, sizeof(dir_a), "%s", tmp_path(name));
