@@ -463,13 +463,17 @@ static int xor_rebuild(Ckpt* c, CkptManifest* m, int x, int fx, int step, const 
         size_t psizes[2] = {lost->bytes, 0};
         CkptFileOut out;
         ckpt_write_parts(tmp, parts, psizes, 0, &out);
-        if (out.err[0] || rename(tmp, path) != 0) {
-            snprintf(msg, msg_len, "cannot write the rebuilt '%s': %s", path, out.err[0] ? out.err : strerror(errno));
-            bad = msg;
-        } else if (out.hash != lost->hash) {
+        // checked before it takes the lost file's name: a wrong image never
+        // sits where a later restart would look for the file
+        if (!out.err[0] && out.hash != lost->hash) {
             snprintf(msg, msg_len, "the rebuilt '%s' does not match the manifest's checksum: the xor group's files are not of one save",
                      path);
             bad = msg;
+            unlink(tmp);
+        } else if (out.err[0] || rename(tmp, path) != 0) {
+            snprintf(msg, msg_len, "cannot write the rebuilt '%s': %s", path, out.err[0] ? out.err : strerror(errno));
+            bad = msg;
+            unlink(tmp);
         }
     }
     free(image);
