@@ -49,7 +49,7 @@ const char* mesh_create(Mesh* m, const int sizes[NUM_AXES], char* msg, size_t ms
         mesh_describe(m, shape, sizeof(shape));
         if (product == 1)
             snprintf(msg, msg_len,
-                     "no mesh axis was given (a mesh of 1 rank) but mpirun started %d ranks: give axis sizes whose product is %d (--dp %d, for example) or run with -np 1",
+                     "the mesh is 1 rank (every axis of size 1) but mpirun started %d ranks: give axis sizes whose product is %d (--dp %d, for example) or run with -np 1",
                      m->world_size, m->world_size, m->world_size);
         else
             snprintf(msg, msg_len,

@@ -79,7 +79,7 @@ static int try_create_in(const char* dir) {
     return err;
 }
 
-const char* paths_check_writable(const PathArg* output, char* msg, size_t msg_len) {
+const char* paths_check_writable(const PathArg* output, int in_place, char* msg, size_t msg_len) {
     if (!output->path) return NULL;
     size_t n = strlen(output->path);
     if (n == 0 || output->path[n - 1] == '/') {
@@ -92,16 +92,27 @@ const char* paths_check_writable(const PathArg* output, char* msg, size_t msg_le
         snprintf(msg, msg_len, "cannot write %s '%s': it is a directory; give a file name", output->flag, output->path);
         return msg;
     }
+    if (in_place && stat(output->path, &st) == 0) return NULL;
     char* copy = strdup(output->path);
     const char* dir = dirname(copy);  // "." for a bare name
     const char* bad = NULL;
+    const char* slash = strrchr(output->path, '/');
+    size_t name = strlen(slash ? slash + 1 : output->path);
+    // written as NAME.tmp.PID beside its place first (atomic_file.c)
+    size_t extra = in_place ? 0 : strlen(".tmp.") + 10;
     int found = stat(dir, &st) == 0, err = errno;
+    long name_max = found ? pathconf(dir, _PC_NAME_MAX) : -1;
     if (!found || !S_ISDIR(st.st_mode)) {
         // a file where the path needs a directory: the file named, or one above it (ENOTDIR)
         const char* why = found ? "is a file, not a directory"
                         : err == ENOTDIR ? "does not exist: a file stands on its path"
                         : err == ENOENT ? "does not exist" : strerror(err);
         snprintf(msg, msg_len, "cannot write %s '%s': its directory '%s' %s", output->flag, output->path, dir, why);
+        bad = msg;
+    } else if (name_max > 0 && name + extra > (size_t)name_max) {
+        snprintf(msg, msg_len, "cannot write %s '%s': its name is %zu bytes%s, and its directory's file system takes "
+                 "names of %ld at most: give a shorter name", output->flag, output->path, name,
+                 extra ? " (written first beside it as NAME.tmp.PID, 15 more)" : "", name_max);
         bad = msg;
     } else if ((err = try_create_in(dir)) != 0) {
         snprintf(msg, msg_len, "cannot write %s '%s': its directory '%s' takes no new file (%s)", output->flag,
@@ -141,7 +152,7 @@ const char* paths_check_dir(const PathArg* dir, int output, char* msg, size_t ms
     char* name = strdup(dir->path);
     for (size_t n = strlen(name); n > 1 && name[n - 1] == '/'; n--) name[n - 1] = '\0';
     PathArg as_file = {dir->flag, name};
-    const char* bad = paths_check_writable(&as_file, msg, msg_len);
+    const char* bad = paths_check_writable(&as_file, 1, msg, msg_len);  // made by mkdir, no .tmp name
     free(name);
     return bad;
 }

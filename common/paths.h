@@ -20,9 +20,12 @@ const char* paths_check_distinct(const PathArg* inputs, int n_in, const PathArg*
 
 // An output file must be creatable: its name is not empty and does not end
 // in '/', it is not a directory, and its directory exists and takes a new
-// file now (one is made and removed: root passes access() on /proc). Returns
-// NULL or a message naming the target.
-const char* paths_check_writable(const PathArg* output, char* msg, size_t msg_len);
+// file now (one is made and removed: root passes access() on /proc), whose
+// name fits with the ".tmp.PID" it is first written as. An output opened
+// where it is (in_place: --log), not written beside it and renamed, needs
+// no new file in its directory when it exists (--log /dev/stdout): its open
+// at start-up says what fails. Returns NULL or a message naming the target.
+const char* paths_check_writable(const PathArg* output, int in_place, char* msg, size_t msg_len);
 
 // A directory named by a flag. An output directory (--ckpt-dir) must be a
 // writable directory or creatable in a writable one, never a file; an input

@@ -29,18 +29,28 @@ const char* jsonl_open(JsonLog* log, const char* path, char* msg, size_t msg_len
     if (!path || world_rank() != 0) return NULL;
     // Opened without truncating, then locked: a second run given the same
     // log fails here instead of interleaving its records with the first's.
-    int fd = open(path, O_WRONLY | O_CREAT, 0644);
+    // Without waiting: a pipe that no process reads would block open() for
+    // ever, where no --timeout sees it (then the log is written blocking).
+    int fd = open(path, O_WRONLY | O_CREAT | O_NONBLOCK, 0644);
+    if (fd < 0 && errno == ENXIO) {
+        snprintf(msg, msg_len, "cannot write log file '%s': it is a pipe that no process reads; start its reader first, "
+                 "or give --log a file", path);
+        return msg;
+    }
     if (fd < 0) {
         snprintf(msg, msg_len, "cannot write log file '%s': %s", path, strerror(errno));
         return msg;
     }
+    fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) & ~O_NONBLOCK);
     if (flock(fd, LOCK_EX | LOCK_NB) != 0) {
         close(fd);
         snprintf(msg, msg_len, "log file '%s' is being written by another run: give each run its own --log", path);
         return msg;
     }
     struct stat st;  // truncate a regular file (not /dev/stdout or a pipe)
-    if ((fstat(fd, &st) == 0 && S_ISREG(st.st_mode) && ftruncate(fd, 0) != 0) || !(log->f = fdopen(fd, "w"))) {
+    int regular = fstat(fd, &st) == 0 && S_ISREG(st.st_mode);
+    log->good = regular ? 0 : -1;
+    if ((regular && ftruncate(fd, 0) != 0) || !(log->f = fdopen(fd, "w"))) {
         snprintf(msg, msg_len, "cannot write log file '%s': %s", path, strerror(errno));
         close(fd);
         return msg;
@@ -60,8 +70,17 @@ static void log_failed(const char* doing, const char* path) {
     MPI_Abort(MPI_COMM_WORLD, 1);
 }
 
+// A failed write leaves no half record behind: a regular file is cut back
+// to its last whole one (and its descriptor closed, so that no flush at the
+// exit appends the rest), which JSONL readers can still read.
 static void check_log(JsonLog* log, int ok) {
-    if (ok && fflush(log->f) == 0 && !ferror(log->f)) return;
+    if (ok && fflush(log->f) == 0 && !ferror(log->f)) {
+        if (log->good >= 0) log->good = ftell(log->f);
+        return;
+    }
+    int err = errno;
+    if (log->good >= 0 && ftruncate(fileno(log->f), log->good) == 0) close(fileno(log->f));
+    errno = err;
     log_failed("writing", log->path);
 }
 
@@ -369,10 +388,10 @@ static void json_printf(JsonBuf* b, const char* fmt, ...) {
 // ,"key": (the comma only between fields)
 static void json_key(JsonBuf* b, const char* key) { json_printf(b, "%s\"%s\":", b->len ? "," : "", key); }
 
+// Formatted straight into the buffer: "%.3f" of a huge figure is hundreds of digits.
 static void json_double_value(JsonBuf* b, double v, const char* fmt) {
-    char num[64];
-    json_number(num, sizeof(num), fmt, v);
-    json_printf(b, "%s", num);
+    if (isfinite(v)) json_printf(b, fmt, v);
+    else json_printf(b, "null");
 }
 
 void json_add_int(JsonBuf* b, const char* key, long long v) {

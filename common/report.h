@@ -11,6 +11,7 @@
 typedef struct {
     FILE* f;           // rank 0's --log file, or NULL
     const char* path;  // its name, for messages
+    long good;         // a regular file: its length after the last whole record (-1: a pipe, a terminal)
 } JsonLog;
 
 // Rank 0 opens path (NULL: no log). Returns NULL or a message.

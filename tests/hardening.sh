@@ -302,6 +302,17 @@ jobs_run error_case chapter-7 1 "--trace /proc/t.json" "cannot write --trace '/p
 mkfifo "$TEST_TMPDIR/fifo"
 jobs_run error_case chapter-3 2 "--dp 2 --data $TEST_TMPDIR/fifo" "data file '$TEST_TMPDIR/fifo' is a pipe: give a text file or an llm.c token file"
 jobs_run error_case chapter-3 2 "--dp 2 --val $TEST_TMPDIR/fifo" "token file '$TEST_TMPDIR/fifo' is a pipe: give an llm.c token file"
+# a pipe as --log with no reader: opening it for writing blocked rank 0 in
+# open() for ever (no MPI wait: no --timeout saw it), the others in the step
+jobs_run error_case chapter-3 2 "--dp 2 --log $TEST_TMPDIR/fifo" "cannot write log file '$TEST_TMPDIR/fifo': it is a pipe that no process reads"
+# an output name that fits alone but not as the NAME.tmp.PID it is written
+# as first: refused at start-up (it failed after training); a file output
+# that is a checkpoint directory too (it failed at the end, "Invalid argument")
+long=$TEST_TMPDIR/$(printf 'a%.0s' $(seq 1 245))
+jobs_run error_case chapter-3 2 "--dp 2 --save $long" "cannot write --save '$long': its name is 245 bytes (written first beside it as NAME.tmp.PID, 15 more)"
+jobs_run error_case chapter-0 1 "--trace $long" "cannot write --trace '$long': its name is 245 bytes"
+jobs_run error_case chapter-3 2 "--dp 2 --save $TEST_TMPDIR/both_ckpt --ckpt-dir $TEST_TMPDIR/both_ckpt" "--save '$TEST_TMPDIR/both_ckpt' and --ckpt-dir '$TEST_TMPDIR/both_ckpt' are the same file"
+jobs_run error_case chapter-0 1 "--log $TEST_TMPDIR/both_local --ckpt-local $TEST_TMPDIR/both_local" "--log '$TEST_TMPDIR/both_local' and --ckpt-local '$TEST_TMPDIR/both_local' are the same file"
 # --model too, in every reader (chapter 7's, which the capstone and the planner use, hung)
 for bin in chapter-0 chapter-7 capstone; do
     jobs_run error_case $bin 1 "--model $TEST_TMPDIR/fifo" "checkpoint '$TEST_TMPDIR/fifo' is a pipe: give a preset"
@@ -341,6 +352,29 @@ for i in $(seq 1 100); do grep -q '"type":"step"' "$TEST_TMPDIR/shared.jsonl" 2>
 error_case chapter-0 1 "--steps 1 --peak-gflops 10 --log $TEST_TMPDIR/shared.jsonl" "is being written by another run"
 kill $first 2>/dev/null
 wait $first 2>/dev/null
+# --log is opened where it is, never renamed over: a file that exists needs
+# no new file in its directory (--log /proc/self/fd/1, the run's own
+# stdout, was refused: "'/proc/self/fd' takes no new file"); and --model's
+# preset name is no file even where one of that name is (--log tiny in a
+# directory holding ./tiny was "the same file as --model 'tiny'")
+out=$(timeout 60 $MPIRUN -np 1 "$BUILD/chapter-0" --steps 2 --peak-gflops 10 --log /proc/self/fd/1 2>&1)
+rc=$?
+if [ $rc = 0 ] && [ "$(echo "$out" | grep -c '^{"type":"step"')" = 2 ]; then
+    pass "hardening: --log /proc/self/fd/1 streams the records to the run's stdout (2 step records)"
+else
+    fail "hardening: --log /proc/self/fd/1" "exit $rc: $(echo "$out" | grep -E 'error|type' | head -3)"
+fi
+mkdir -p "$TEST_TMPDIR/preset_dir" && : > "$TEST_TMPDIR/preset_dir/tiny"
+root=$PWD bin=$BUILD/chapter-0
+case $bin in /*) ;; *) bin=$root/$bin ;; esac
+out=$(cd "$TEST_TMPDIR/preset_dir" && timeout 60 bash "$root/tests/mpirun.sh" -np 1 "$bin" --steps 1 \
+    --peak-gflops 10 --model tiny --log tiny 2>&1)
+rc=$?
+if [ $rc = 0 ] && grep -q '"type":"summary"' "$TEST_TMPDIR/preset_dir/tiny"; then
+    pass "hardening: --model tiny (a preset) beside a file named tiny: --log tiny is no input, the run logs to it"
+else
+    fail "hardening: --model preset beside a file of its name" "exit $rc: $(echo "$out" | grep error | head -2)"
+fi
 # a flag of a mode or an axis that is off is said on rank 0, not refused (a
 # sweep passes one set of flags to every mode): one note naming the flag,
 # exit 0, and none where the run uses the flag. They were passed over in

@@ -111,7 +111,7 @@ int main(int argc, char** argv) {
     char msg[ERROR_MAX];
     PathArg log_arg = {"--log", log_path};
     // now, not after the bench; a file renamed over its place (never a device)
-    if (paths_check_writable(&log_arg, msg, sizeof(msg)) ||
+    if (paths_check_writable(&log_arg, 0, msg, sizeof(msg)) ||
         (log_path && paths_check_regular("--log", log_path, "give a file name", msg, sizeof(msg)))) {
         fprintf(stderr, "error: %s\n", msg);
         return 1;

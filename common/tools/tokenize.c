@@ -49,7 +49,7 @@ int main(int argc, char** argv) {
     PathArg input = {"the input", argv[1]};
     PathArg outputs[] = {{"the output", train_path}, {"the output", val_path}};
     if (!bad) bad = paths_check_distinct(&input, 1, outputs, 2, msg, sizeof(msg));
-    for (int o = 0; o < 2 && !bad; o++) bad = paths_check_writable(&outputs[o], msg, sizeof(msg));
+    for (int o = 0; o < 2 && !bad; o++) bad = paths_check_writable(&outputs[o], 0, msg, sizeof(msg));
     for (int o = 0; o < 2 && !bad; o++)  // renamed over: never a device or a pipe
         bad = paths_check_regular("the output", outputs[o].path, "give another prefix", msg, sizeof(msg));
     // both or neither: each written whole beside its place (atomic_file.h),
