@@ -451,6 +451,9 @@ const char* pipe_layout_problem(const PipeLayout* l, char* msg, size_t len) {
         snprintf(msg, len, "--virtual %d needs --schedule interleaved", v);
     else if (v > 1 && pp == 1)
         snprintf(msg, len, "--virtual %d interleaves chunks over pp ranks: use --pp 2 or more", v);
+    else if (pp > PIPE_MAX_CHUNKS)
+        snprintf(msg, len, "--pp %d: a pipeline has at most %d stages: use --pp <= %d", pp, PIPE_MAX_CHUNKS,
+                 PIPE_MAX_CHUNKS);
     // bounded before pp x v is formed (--virtual 2147483647 overflowed it)
     else if (v > PIPE_MAX_CHUNKS / pp)
         snprintf(msg, len, "%s: pp x virtual is at most %d virtual stages: use --virtual <= %d", v_is,

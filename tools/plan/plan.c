@@ -30,6 +30,7 @@
 // mesh of chapter 7's model) and lists those that fit --memory-per-rank,
 // fewest bus bytes per step first, or with --profile (plan_time.h) the
 // shortest predicted step first.
+#include <limits.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -410,6 +411,11 @@ static const char* predict_times(const MachineProfile* prof, const PlanArgs* a, 
     for (int r = 0; r < a->ranks && !missing; r++) {
         const RankPlan* p = &plans[plan_representative(a, r, replicas_once)];
         ch.plan_flops = p->flops;
+        if ((a->chapter == 5 || a->chapter == 7) && a->mesh[AXIS_PP] > 1) {
+            int coord[NUM_AXES];
+            plan_coords(a, r, coord);
+            ch.pp_next_share = plan_pipeline_next_share(coord[AXIS_PP]);
+        }
         plan_time_rank(prof, &a->cfg, &ch, &nodes, r, p->peak, (const CommCount(*)[COMM_MAX_SLOTS])p->comm, a->steps,
                        &times[r]);
         missing = times[r].missing;
@@ -498,8 +504,9 @@ static void search_print(const PlanArgs* base, double memory, const MachineProfi
 }
 
 // --search --chapter 7: every dp x tp x pp x cp x ep of --ranks, with pp
-// each of chapter 5's schedules (gpipe, 1f1b, zb; --microbatches as given,
-// else pp, one chunk a rank), with cp the ring and Ulysses; the model's
+// each of chapter 5's schedules (gpipe, 1f1b, zb, one chunk a rank, and
+// interleaved with the fewest chunks that cut the layers evenly;
+// --microbatches as given, else pp), with cp the ring and Ulysses; the model's
 // flags (--experts, --top-k, --capacity-factor, --recompute, --ep-overlap,
 // --cp-balance, --microbatches at pp 1 too, where they accumulate ...) as
 // given. A layout the capstone refuses (plan_check_expert: heads, layers,
@@ -602,7 +609,8 @@ static void search(const PlanArgs* base, double memory, const MachineProfile* pr
             }
         }
     // chapter 5: dp x pp with each schedule (microbatches: the chapter's
-    // default; interleaved with --virtual 2, two chunks a rank); chapter 6:
+    // default; interleaved with the fewest chunks a rank that cut the layers
+    // evenly); chapter 6:
     // dp x cp, the ring and Ulysses, and dp x tp with sequence parallelism
     static const char* schedules[] = {"gpipe", "1f1b", "zb", "interleaved"};
     static const char* cp_modes[] = {"ring", "ulysses"};
@@ -732,14 +740,14 @@ int main(int argc, char** argv) {
         {"bucket-kb", ARG_INT, &a.bucket_kb, "(chapter 2)  [1024]"},
         {"grad-accum", ARG_INT, &a.accum, "(chapter 2)  [1]"},
         {"zero", ARG_INT, &a.zero, "(chapters 3, 4) 1 | 2 | 3  [3]; (chapter 7) 0 | 1 | 2 | 3  [0]"},
-        {"prefetch", ARG_INT, &a.prefetch, "(chapter 3) 0 | 1  [1]"},
-        {"reshard", ARG_INT, &a.reshard, "(chapter 3) 0 | 1  [1]"},
+        {"prefetch", ARG_INT, &a.prefetch, "(chapters 3, 4) 0 | 1  [1]"},
+        {"reshard", ARG_INT, &a.reshard, "(chapters 3, 4) 0 | 1  [1]"},
         {"schedule", ARG_STRING, &a.schedule, "(chapters 5, 7) gpipe | 1f1b | interleaved | zb  [1f1b]"},
         {"microbatches", ARG_INT, &a.microbatches, "(chapters 5, 7) microbatches per step of each rank's share  [pp]"},
         {"virtual", ARG_INT, &a.virt, "(chapters 5, 7) chunks per rank, interleaved  [1]"},
         {"sp", ARG_FLAG, &a.sp, "(chapter 6) sequence parallelism on tp"},
-        {"cp-mode", ARG_STRING, &a.cp_mode, "(chapter 6) ring | ulysses  [ring]"},
-        {"cp-balance", ARG_STRING, &a.cp_balance, "(chapter 6) none | zigzag  [none]"},
+        {"cp-mode", ARG_STRING, &a.cp_mode, "(chapters 6, 7) ring | ulysses  [ring]"},
+        {"cp-balance", ARG_STRING, &a.cp_balance, "(chapters 6, 7) none | zigzag  [none]"},
         {"experts", ARG_INT, &a.experts, "(chapter 7) experts per MoE layer  [4]"},
         {"top-k", ARG_INT, &a.top_k, "(chapter 7) experts per token  [2]"},
         {"expert-hidden", ARG_INT, &a.expert_hidden, "(chapter 7) each expert's MLP width  [4C]"},
@@ -800,8 +808,14 @@ int main(int argc, char** argv) {
     a.cfg.num_heads = parse_int_or(heads, a.cfg.num_heads);
     a.cfg.max_seq_len = parse_int_or(max_seq, a.cfg.max_seq_len);
     if (vocab != ARG_NOT_GIVEN) {
+        long padded = vocab <= 0 ? vocab : ((long)vocab + 127) / 128 * 128;  // in a long: near INT_MAX it passes an int
+        if (padded > INT_MAX) {
+            snprintf(msg, sizeof(msg), "--vocab %d: padded to a multiple of 128 it is %ld, more than an int holds: use --vocab <= %d",
+                     vocab, padded, INT_MAX / 128 * 128);
+            die("%s", msg);
+        }
         a.cfg.vocab_size = vocab;
-        a.cfg.padded_vocab_size = vocab <= 0 ? vocab : (vocab + 127) / 128 * 128;
+        a.cfg.padded_vocab_size = (int)padded;
     }
     bad = gpt_config_problem(&a.cfg);
     if (bad) die("%s", bad);
@@ -831,8 +845,8 @@ int main(int argc, char** argv) {
     if (a.steps < 1) die("%s must be >= 1", "--steps");
     // bounded work: plan_run plans every rank's every step
     if ((double)a.ranks * a.steps > PLAN_MAX_RANK_STEPS) {
-        snprintf(msg, sizeof(msg), "--steps %d on %d rank(s): the planner plans at most %.0f rank-steps (--ranks x --steps, one by one): give fewer --steps",
-                 a.steps, a.ranks, PLAN_MAX_RANK_STEPS);
+        snprintf(msg, sizeof(msg), "--steps %d on %d rank(s): the planner plans at most %.0f rank-steps (--ranks x --steps, one by one): give fewer %s",
+                 a.steps, a.ranks, PLAN_MAX_RANK_STEPS, a.steps > 1 ? "--steps" : "--ranks");
         die("%s", msg);
     }
     // bounded arithmetic: the figures are size_t products of the sizes, so
@@ -861,9 +875,13 @@ int main(int argc, char** argv) {
             die("%s: give the bytes a rank may hold, e.g. --memory-per-rank 4000000 (or a --profile with memory_gb)", "--search");
         if (a.chapter != -1 && a.chapter != 7)
             die("%s: without --chapter it searches chapters 0 and 2 to 6; --chapter 7 (or capstone) searches chapter 7's model's meshes", "--search");
+        // said, not dropped in silence: the list is text, each layout planned for one step
+        if (a.json) fprintf(stderr, "note: --json does nothing with --search: the layouts are listed as text\n");
+        if (a.steps != 1) fprintf(stderr, "note: --steps does nothing with --search: each layout is planned for one step\n");
         search(&a, memory, profile_path ? &profile : NULL);
         return 0;
     }
+    if (memory_arg) fprintf(stderr, "note: --memory-per-rank does nothing without --search: the plan's peaks are printed whole\n");
     PlanInfo info;
     PlanFn plan = plan_pick(&a, &info, msg, sizeof(msg));
     if (!plan) die("%s", msg);

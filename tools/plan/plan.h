@@ -116,10 +116,13 @@ const char* plan_check_expert(const PlanArgs* a, PlanInfo* info, char* msg, size
 // built and validated for a->mesh's pp, m microbatches, a->virt chunks and
 // a->schedule, with the bubble into info; then the lists, the most send
 // buffers stage s holds at once, and stage s's messages of one step (each
-// `floats` long) tallied on the pp axis.
+// `floats` long) tallied on the pp axis; the share of them that go to the
+// next stage (F's outputs; the rest, B's input gradients, to the stage
+// before), for the time model's links (0 when the stage sends nothing).
 const char* plan_pipeline_lists(const PlanArgs* a, int m, PlanInfo* info, char* msg, size_t len);
 const Schedule* plan_pipeline_schedule(void);
 int plan_pipeline_sends_most(int stage);
 void plan_pipeline_messages(int pp, int s, size_t floats);
+double plan_pipeline_next_share(int stage);
 
 #endif

@@ -171,6 +171,17 @@ const char* plan_pipeline_lists(const PlanArgs* a, int m, PlanInfo* info, char* 
 const Schedule* plan_pipeline_schedule(void) { return &pl.sched; }
 int plan_pipeline_sends_most(int stage) { return pl.sends_most[stage]; }
 
+double plan_pipeline_next_share(int s) {
+    int pp = pl.sched.pp, next = 0, all = 0;
+    for (int i = 0; pl.built && i < pl.sched.n[s]; i++) {
+        int to = sends_to(&pl.sched.list[s][i], s, pp, pl.S);
+        if (to < 0) continue;
+        all++;
+        next += to > pl.sched.list[s][i].chunk * pp + s;
+    }
+    return all ? (double)next / all : 0.0;
+}
+
 void plan_pipeline_messages(int pp, int s, size_t floats) {
     Comm ppc = plan_group(AXIS_PP, pp, s);
     for (int i = 0; i < pl.sched.n[s]; i++) {

@@ -218,7 +218,8 @@ static int work_from_plan(const GPTConfig* cfg, const PtChapter* ch, double opt_
     w->attention_flops = ch->recompute == RECOMPUTE_FULL ? attn * 4.0 / 3.0 : attn;
     w->matmul_flops = ch->plan_flops - w->attention_flops;
     if (w->matmul_flops < 0) w->matmul_flops = 0;
-    w->memory_bytes = 4.0 * (n * (Lr * (18.0 * C + 20.0 * C / tp) + 4.0 * Vl) + 7.0 * opt_params + grad_params);
+    // chapter 6's --sp keeps the LayerNorms and residual adds on its n / tp tokens
+    w->memory_bytes = 4.0 * (n * (Lr * (18.0 * C / tp + 20.0 * C / tp) + 4.0 * Vl) + 7.0 * opt_params + grad_params);
     w->ranks_on_node = 1;
     w->bubble = ch->chapter == 5 || ch->chapter == 7 ? ch->bubble : 0;  // 0 without a pipeline
     return 1;
@@ -492,6 +493,13 @@ static int slot_group_nodes(PtNodes* n, int slot, int r) {
     return count[r];
 }
 
+// The nodes ranks r and q sit on: 1 or 2 (1 when the profile has no ranks_per_node).
+static int pair_nodes(const PtNodes* n, int r, int q) {
+    double rpn = n->ranks_per_node;
+    if (rpn == PT_UNKNOWN || rpn < 1) return 1;
+    return (int)(r / rpn) == (int)(q / rpn) ? 1 : 2;
+}
+
 void plan_time_rank(const MachineProfile* p, const GPTConfig* cfg, const PtChapter* ch_in, PtNodes* nodes, int r,
                     const double* peak, const CommCount (*comm)[COMM_MAX_SLOTS], int steps, StepTime* t) {
     const int* mesh = nodes->mesh;
@@ -523,9 +531,23 @@ void plan_time_rank(const MachineProfile* p, const GPTConfig* cfg, const PtChapt
             const CommCount* q = &comm[c][x];
             if (q->calls == 0) continue;
             int group = slot_group_size(x, mesh), spans = slot_group_nodes(nodes, x, r);
+            if (c == COLL_SEND && x == AXIS_PP && ch.pp > 1) {
+                // a stage's messages go to its two neighbours, each over the
+                // link between the pair (one node or two), not the pp group's
+                for (int dir = 0; dir < 2; dir++) {
+                    int at[NUM_AXES];
+                    memcpy(at, coord, sizeof(at));
+                    at[AXIS_PP] = (coord[AXIS_PP] + (dir ? ch.pp - 1 : 1)) % ch.pp;
+                    double share = dir ? 1.0 - ch.pp_next_share : ch.pp_next_share;
+                    plan_time_add_coll(&w, &ch, COLL_SEND, 0, 2, pair_nodes(nodes, r, mesh_rank_at(&m, at)),
+                                       share * q->calls / steps, share * q->bus_bytes / steps);
+                }
+                continue;
+            }
             plan_time_add_coll(&w, &ch, (Collective)c, x == AXIS_DP, group, spans, q->calls / steps, q->bus_bytes / steps);
         }
     plan_time_predict(p, &w, t);
+    t->one_node = t->used_link_model && ranks > 1 && (rpn == PT_UNKNOWN || rpn < 1);
 }
 
 void plan_time_add_notes(StepTime* into, const StepTime* t, int n) {
@@ -534,6 +556,7 @@ void plan_time_add_notes(StepTime* into, const StepTime* t, int n) {
         into->used_link_model |= t[r].used_link_model;
         into->unknown_latency |= t[r].unknown_latency;
         into->used_tree |= t[r].used_tree;
+        into->one_node |= t[r].one_node;
     }
 }
 
@@ -542,6 +565,9 @@ void plan_time_print_notes(const StepTime* t) {
     if (t->used_link_model) printf("  note: collectives without a fit were timed by the link model\n");
     if (t->unknown_latency) printf("  note: a link latency is unknown in the profile: taken as 0 (the time is a lower bound)\n");
     if (t->used_tree) printf("  note: an all-reduce across nodes was priced as NCCL's tree, faster there than its ring\n");
+    if (t->one_node)
+        printf("  note: the profile has no ranks_per_node: every group was priced on one node's links (a lower bound "
+               "across nodes)\n");
 }
 
 int plan_time_print(const MachineProfile* p, const StepTime* per_rank, int ranks, double tokens_per_step,

@@ -104,6 +104,7 @@ typedef struct {
     int pp, cp, ep, pp_rank;  // chapters 5 to 7
     double plan_flops;     // chapters 5 to 7: the plan's FLOPs of this rank per step (plan.h's RankPlan)
     double bubble;         // chapters 5 and 7: the schedule's bubble fraction (plan.h's PlanInfo)
+    double pp_next_share;  // chapters 5 and 7: the share of the rank's pp messages to the next stage (plan_time_rank)
     int B, T;              // global batch, sequence length
     RecomputeMode recompute;
     const char* dp_mode;   // chapter 2
@@ -135,7 +136,8 @@ typedef struct {
 //                of 5 to 7 but --sp's ZeRO-3 gathers (chapter 4's engine)
 //                counts as hideable (the model's time is an upper bound
 //                there); the tied wte's all-reduce is a group of 2; --sp's
-//                Vl its vocabulary rows, as chapter 4's
+//                Vl its vocabulary rows, as chapter 4's, and its LayerNorms
+//                and residual adds on its n / tp tokens (18 C / tp)
 // Returns 0 and leaves w alone for a chapter it does not know.
 int plan_time_work(const GPTConfig* cfg, const PtChapter* ch, double opt_params, double grad_params,
                    StepWork* w);
@@ -178,6 +180,7 @@ typedef struct {
     int used_nearest_fit;   // some group size had no fit: the nearest size's was used
     int unknown_latency;    // a latency the link model needed is unknown: taken as 0
     int used_tree;          // the link model priced an all-reduce as a tree (faster than the ring)
+    int one_node;           // the link model without ranks_per_node: every group on one node's links
     const char* missing;    // a figure the model needs and the profile lacks, else NULL
 } StepTime;
 
