@@ -361,7 +361,10 @@ class Site:
                 elif t == 'Code':
                     acc.append(c[1])
                 elif t == 'RawBlock' or t == 'RawInline':
-                    acc.append(re.sub(r'<[^>]+>', '', html.unescape(c[1])) if t == 'RawBlock' else '')
+                    # tags out first, then entities (an &lt; in code is text);
+                    # a comment (a docs-check command) is not on the page
+                    raw = '' if t == 'RawInline' or c[1].lstrip().startswith('<!--') else c[1]
+                    acc.append(html.unescape(re.sub(r'<[^>]+>', '', raw)))
                 elif isinstance(c, (list, dict)):
                     text(c, acc)
                 if t in ('Para', 'Plain', 'RawBlock', 'Header'):
@@ -454,7 +457,8 @@ class Site:
             text = f.read()
         if text.endswith('\n'):
             text = text[:-1]
-        code = highlight(text + '\n', lexer_for(rel, text), HtmlFormatter(nowrap=True)).rstrip('\n').split('\n')
+        code = highlight(text + '\n', lexer_for(rel, text), HtmlFormatter(nowrap=True))
+        code = (code[:-1] if code.endswith('\n') else code).split('\n')  # one newline: a file's blank last lines stay
         n = len(self.repo.lines(rel))
         if len(code) != n:  # a lexer that changed the line count: plain text keeps the anchors true
             code = [html.escape(l) for l in self.repo.lines(rel)]
@@ -532,7 +536,7 @@ class Site:
             relative(site_path('docs/tracing.md', self.repo), page), html.escape(self.short('docs/tracing.md')))
             if 'docs/tracing.md' in self.docs else '')
         parts.append('<p>%s.</p>' % '; '.join(a for a in about if a))
-        parts.append('<p class="help">Drag or swipe sideways to pan, the wheel or + and − to zoom, pick a step, '
+        parts.append('<p class="help">Drag or swipe sideways to pan, Ctrl and the wheel or + and − to zoom, pick a step, '
                      'tap a span for its name and length. The same file opens in <code>chrome://tracing</code> or '
                      'Perfetto: '
                      '<a href="%s" download>%s.json</a>.</p>' % (relative(site_path(t['json'], self.repo), page), name))

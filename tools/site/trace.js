@@ -2,9 +2,9 @@
 // ("traceEvents", complete "X" spans and "M" names, as common/trace.c writes
 // them) inlined in the page as <script id="trace-data">, with no library and
 // no network. One row per rank and thread, spans nested in lanes; drag or
-// swipe sideways to pan (a vertical swipe scrolls the page), the wheel, the
-// buttons or a pinch where the browser passes it on to zoom, tap a span for
-// its name and length.
+// swipe sideways to pan (a vertical swipe or wheel scrolls the page), Ctrl
+// and the wheel, the buttons or a pinch where the browser passes it on to
+// zoom, tap a span for its name and length.
 (function () {
   'use strict';
   // the colours of the committed figures (docs/plots/timeline.py), by the same kinds
@@ -98,7 +98,8 @@
     [1, 2, 5, 10].some(function (m) { if (span / (step * m) <= (width - LABEL) / 90) { step *= m; return true; } });
     ctx.fillStyle = '#555';
     ctx.strokeStyle = '#e4e4e4';
-    for (var tk = Math.ceil(view.t0 / step) * step; tk <= view.t1; tk += step) {
+    // ticks at round times from the trace's start (lo), which the labels count from
+    for (var tk = lo + Math.ceil((view.t0 - lo) / step) * step; tk <= view.t1; tk += step) {
       var px = x(tk);
       ctx.beginPath(); ctx.moveTo(px, AXIS - 4); ctx.lineTo(px, height); ctx.stroke();
       ctx.fillText(fmt(tk - lo), px + 2, AXIS / 2);
@@ -187,9 +188,13 @@
   }
   canvas.addEventListener('pointerup', up);
   canvas.addEventListener('pointercancel', up);
+  // the wheel scrolls the page; with Ctrl (or a pinch, which browsers send
+  // as Ctrl + wheel) it zooms, and sideways it pans
   canvas.addEventListener('wheel', function (ev) {
+    var sideways = Math.abs(ev.deltaX) > Math.abs(ev.deltaY);
+    if (!sideways && !ev.ctrlKey && !ev.metaKey) return;
     ev.preventDefault();
-    if (Math.abs(ev.deltaX) > Math.abs(ev.deltaY)) pan(-ev.deltaX);
+    if (sideways) pan(-ev.deltaX);
     else zoom(Math.exp(ev.deltaY * 0.002), ev.offsetX);
   }, {passive: false});
 
