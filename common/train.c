@@ -21,24 +21,27 @@ void train_setup(TrainSetup* s, const TrainArgs* a) {
     char msg[ERROR_MAX];
     // before anything is opened for writing: no output may be an input, and
     // --save must be writable now, not found unwritable after training
-    // (--model a preset's name is no file, even where a file of that name is)
+    // (--model a preset's name is no file, even where a file of that name is).
+    // Rank 0 alone writes --log, --save and --trace, so it alone checks them
+    // (a directory on its node only is fine); every rank writes checkpoints
+    int writer = world_rank() == 0;
     GPTConfig preset;
     const char* model_file = gpt_preset(a->model, &preset) ? NULL : a->model;
     PathArg inputs[] = {{"--model", model_file}, {"--data", a->data}, {"--val", a->val}, {a->input_flag, a->input}};
     PathArg outputs[] = {{"--log", a->log}, {"--save", a->save}, {"--trace", a->trace}};  // --log opened in place
     int n_in = sizeof(inputs) / sizeof(inputs[0]), n_out = sizeof(outputs) / sizeof(outputs[0]);
-    const char* bad = paths_check_distinct(inputs, n_in, outputs, n_out, msg, sizeof(msg));
+    const char* bad = writer ? paths_check_distinct(inputs, n_in, outputs, n_out, msg, sizeof(msg)) : NULL;
     // nor may a file output be a checkpoint directory (each would break the other)
     const char* ckpt_dirs[][2] = {{"--ckpt-dir", a->ckpt_dir}, {"--ckpt-local", a->ckpt_local}};
-    for (int d = 0; d < 2 && !bad; d++)
+    for (int d = 0; d < 2 && !bad && writer; d++)
         for (int o = 0; o < n_out && !bad && ckpt_dirs[d][1]; o++) {
             PathArg pair[] = {outputs[o], {ckpt_dirs[d][0], ckpt_dirs[d][1]}};
             bad = paths_check_distinct(NULL, 0, pair, 2, msg, sizeof(msg));
         }
-    for (int o = 0; o < n_out && !bad; o++) bad = paths_check_writable(&outputs[o], o == 0, msg, sizeof(msg));
+    for (int o = 0; o < n_out && !bad && writer; o++) bad = paths_check_writable(&outputs[o], o == 0, msg, sizeof(msg));
     // --save and --trace are written beside their place and renamed over it
     // (atomic_file.h): never over a device or a pipe (--log streams: /dev/stdout is fine)
-    for (int o = 1; o < n_out && !bad; o++)
+    for (int o = 1; o < n_out && !bad && writer; o++)
         if (outputs[o].path)
             bad = paths_check_regular(outputs[o].flag, outputs[o].path, "give a file name (the file is written whole, "
                                       "then renamed over it)", msg, sizeof(msg));
