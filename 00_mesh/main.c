@@ -208,6 +208,7 @@ int main(int argc, char** argv) {
         // reference does not use)
         Run run = {.args = args, .mesh = mesh, .device = device};
         train_setup(&run.setup, &args);
+        train_note_unused(argc, argv, &run.setup);  // --val-every with no validation data, ...
         run.peak_gflops = report_matmul_peak(args.peak_gflops);
         trace_open(args.trace);
         train_reference(&run, !strcmp(freeze, "embeddings"));

@@ -51,6 +51,7 @@ int run_start(Run* r, int argc, char** argv, const char* program, const char* su
     if (tf32_note) print0("note: %s\n", tf32_note);
     comm_create(&r->world, r->axes, &r->mesh);
     train_setup(&r->setup, &r->args);
+    train_note_unused(argc, argv, &r->setup);
     r->peak_gflops = report_matmul_peak(r->args.peak_gflops);
     comm_counts_reset();
     trace_open(r->args.trace);

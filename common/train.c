@@ -174,3 +174,10 @@ void train_check_mesh(const Mesh* mesh, const TrainSetup* s, const MeshNeeds* ne
     const char* bad = train_mesh_problem(mesh->size, &s->cfg, s->B, s->T, needs, msg, sizeof(msg));
     if (bad) fail_all("%s", bad);
 }
+
+void train_note_unused(int argc, char** argv, const TrainSetup* s) {
+    // said, not passed over in silence (train_setup notes a split too short to use)
+    const char* no_val = "there is no validation data (a token file has no validation split: give --val FILE)";
+    args_note_unused(argc, argv, "val-every", s->val.count == 0, no_val);
+    args_note_unused(argc, argv, "val-batches", s->val.count == 0, no_val);
+}

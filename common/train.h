@@ -26,6 +26,9 @@ typedef struct TrainSetup {  // named: ckpt.h takes a pointer to one
 // batch fits the data). On any problem, every rank exits non-zero after one
 // clear message: it never returns half set up.
 void train_setup(TrainSetup* s, const TrainArgs* a);
+// Notes on rank 0 for flags the set-up leaves nothing to do: --val-every and
+// --val-batches without validation data (a token file alone has no split).
+void train_note_unused(int argc, char** argv, const TrainSetup* s);
 // A chapter whose checkpoint file is not llm.c's (chapter 7's MoE file) sets
 // this before run_start: train_setup then reads --model FILE's config with
 // it instead of checkpoint_read_config (NULL or a message, as that one).

@@ -406,6 +406,11 @@ jobs_run note_case chapter-5 1 schedule 1 --schedule gpipe
 jobs_run note_case chapter-5 1 schedule 0 --schedule zb
 jobs_run note_case capstone 2 schedule 1 --dp 2 --schedule gpipe
 jobs_run note_case capstone 2 schedule 0 --dp 2 --microbatches 2 --schedule gpipe
+# validation flags with no validation data (a token file alone has no split):
+# the run validated never and said nothing
+jobs_run note_case chapter-0 1 val-every 1 --data "$TEST_TMPDIR/short_val_train.bin" --val-every 2
+jobs_run note_case chapter-3 2 val-batches 1 --dp 2 --data "$TEST_TMPDIR/short_val_train.bin" --val-batches 2
+jobs_run note_case chapter-0 1 val-every 0 --val-every 2
 jobs_wait
 # objects depend on the flags: a new OPT rebuilds, the same OPT does not
 fb="$TEST_TMPDIR/flagbuild"
