@@ -158,9 +158,10 @@ done
 # with a row in the table, the sanitizer case says why it is skipped, and
 # the hang is a TIMEOUT row with every rank's stacks, taken before the ranks
 # were killed. The hang is a real one, so that where each rank waits is
-# known: the log is a named pipe no one reads, so rank 0 waits in open(2)
-# as it opens it and rank 1 in the collective after, both in the loop's
-# set-up (train_loop_begin). (A long run sampled at its limit is not: a rank
+# known: the log is a named pipe whose reader stopped reading (its buffer
+# full), so rank 0 waits in write(2) as it logs step 0 and rank 1 in a
+# collective of step 1. (A pipe no process reads at all is refused at its
+# open, jsonl_open.) (A long run sampled at its limit is not: a rank
 # caught inside a BLAS kernel written without unwind tables, as OpenBLAS's
 # Sandybridge sgemm is, has no stack past it: gdb stopped there in 13 and 14
 # of 40 samples of a training rank in two tries under make test-kernels.)
@@ -180,6 +181,22 @@ else
 fi
 gc_cases=$TEST_TMPDIR/gpu_check_cases.txt gc_out=$TEST_TMPDIR/gpu_check gc_fifo=$TEST_TMPDIR/gpu_check_hang.jsonl
 rm -f "$gc_fifo" && mkfifo "$gc_fifo"
+# the reader that stopped: it holds the pipe open and fills its buffer, then
+# sleeps until killed (after both hangs below)
+python3 -c '
+import os, sys, time
+fd = os.open(sys.argv[1], os.O_RDWR | os.O_NONBLOCK)
+for size in (4096, 1):
+    try:
+        while True:
+            os.write(fd, b"x" * size)
+    except BlockingIOError:
+        pass
+print("full", flush=True)
+time.sleep(600)
+' "$gc_fifo" > "$TEST_TMPDIR/gpu_check_filler.out" &
+gc_filler=$!
+for i in $(seq 1 100); do grep -q full "$TEST_TMPDIR/gpu_check_filler.out" && break; sleep 0.1; done
 {
     grep -E '^train .*\| capstone pp=2 zb m=4 ' "$gc_list"
     grep -E '^memcheck ' "$gc_list"
@@ -202,9 +219,9 @@ for r in 0 1; do
     # (a container without ptrace), the kernel's stacks from /proc
     gc_stack=$gc_out/cases/03-planted_hang/stack.rank$r.txt
     if grep -q '^Thread 1 ' "$gc_stack" 2>/dev/null; then
-        # (train_loop_open is static: clang inlines it into train_loop_begin)
-        if [ $r = 0 ]; then gc_need "^    rank 0: .* < jsonl_open < (train_loop_open < )?train_loop_begin < main$"
-        else gc_need "^    rank 1: .* < train_loop_begin < main$"; fi
+        # (check_log is static: inlined or not)
+        if [ $r = 0 ]; then gc_need "^    rank 0: .*write.* < report_step_extra < train_loop_step < main$"
+        else gc_need "^    rank 1: .*(MPI_|comm_).* < main$"; fi
     elif ! grep -q 'kernel stacks from /proc' "$gc_stack" 2>/dev/null; then
         gc_ok=0 gc_why="$gc_why no stack of rank $r;"
     fi
@@ -212,7 +229,7 @@ done
 [ -s "$gc_out.tar.gz" ] || { gc_ok=0; gc_why="$gc_why no $gc_out.tar.gz;"; }
 [ $gc_rc = 1 ] || { gc_ok=0; gc_why="$gc_why exit $gc_rc, not 1 (one failed case);"; }
 if [ $gc_ok = 1 ]; then
-    pass "make gpu-check on the CPU build (GPU_CHECK_BACKEND=cpu): a case of its list against its CPU reference, a skipped sanitizer, a planted hang (a log no one reads) as a TIMEOUT row with both ranks' stacks where they wait ($(grep -m1 "^    rank 0:" "$gc_log" | sed 's/^ *//'); $(grep -m1 "^    rank 1:" "$gc_log" | sed "s/^ *rank 1: .* < \([^<]* < [^<]* < main\)$/rank 1: ... \1/"))"
+    pass "make gpu-check on the CPU build (GPU_CHECK_BACKEND=cpu): a case of its list against its CPU reference, a skipped sanitizer, a planted hang (a log whose reader stopped) as a TIMEOUT row with both ranks' stacks where they wait ($(grep -m1 "^    rank 0:" "$gc_log" | sed 's/^ *//'); $(grep -m1 "^    rank 1:" "$gc_log" | sed "s/^ *rank 1: .* < \([^<]* < [^<]* < main\)$/rank 1: ... \1/"))"
 else
     fail "make gpu-check on the CPU build" "${gc_why% ;}; $(tail -12 "$gc_log")"
 fi
@@ -254,7 +271,7 @@ else
 fi
 # ... and where gdb reads no stack (GPU_CHECK_GDB=false, as in a container
 # without ptrace), each rank's main thread from /proc: its wait channel, and
-# where the kernel lets us read it, rank 0's kernel stack in the pipe's open
+# where the kernel lets us read it, rank 0's kernel stack in the pipe's write
 gc_out=$TEST_TMPDIR/gpu_check_proc gc_log=$TEST_TMPDIR/gpu_check_proc.out
 grep 'planted hang' "$gc_cases" > "$gc_cases.hang"
 env -u TEST_COUNTS GPU_CHECK_GDB=false GPU_CHECK_BACKEND=cpu GPU_CHECK_CASES="$gc_cases.hang" GPU_CHECK_OUT="$gc_out" \
@@ -264,9 +281,11 @@ gc_need '^TIMEOUT +2 +planted hang .*no end in 8 s: stacks in cases/01-planted_h
 gc_need '^    rank 0: no gdb stack; main thread [0-9]+ chapter-2, wchan '
 gc_need '^    rank 1: no gdb stack; main thread [0-9]+ chapter-2, wchan '
 gc_stack=$gc_out/cases/01-planted_hang/stack.rank0.txt
-if grep -q '^\[<' "$gc_stack" 2>/dev/null && ! grep -q 'fifo_open' "$gc_stack"; then
-    gc_ok=0 gc_why="$gc_why rank 0's kernel stack has no fifo_open;"
+if grep -q '^\[<' "$gc_stack" 2>/dev/null && ! grep -q 'pipe_write' "$gc_stack"; then
+    gc_ok=0 gc_why="$gc_why rank 0's kernel stack has no pipe_write;"
 fi
+kill $gc_filler 2>/dev/null
+wait $gc_filler 2>/dev/null
 [ $gc_rc = 1 ] || { gc_ok=0; gc_why="$gc_why exit $gc_rc, not 1 (one failed case);"; }
 if [ $gc_ok = 1 ]; then
     pass "make gpu-check without gdb's stacks: the planted hang's ranks from /proc ($(grep -m1 "^    rank 0:" "$gc_log" | sed 's/^ *//'))"
