@@ -62,7 +62,8 @@ for field in '"other":\[' '"tokens_per_s":' '"mfu":' '"mesh":{"dp":1'; do
 done
 mpi_run $T_RUN 1 "$BUILD/chapter-0" --steps 12 --peak-gflops 10 --log "$log2"
 # bit for bit by construction: the same program, the same calls on the same data in the same order
-if [ "$(grep '"type":"step"' "$log1" | sed 's/,"ms".*//')" = "$(grep '"type":"step"' "$log2" | sed 's/,"ms".*//')" ]; then
+if [ "$RC" = 0 ] && [ -n "$(grep '"type":"step"' "$log1")" ] &&
+    [ "$(grep '"type":"step"' "$log1" | sed 's/,"ms".*//')" = "$(grep '"type":"step"' "$log2" | sed 's/,"ms".*//')" ]; then
     pass "reference: two runs give bit-identical losses"
 else
     fail "reference: two runs give bit-identical losses" "losses differ; command: $CMD"

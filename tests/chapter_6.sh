@@ -109,10 +109,10 @@ cp_recompute_case ulysses full 2 "" "$ULY2"
 # the same sums in the same order, so the same bits as the overlapped ring
 invariant --norm --val --expect "overlap off" "cp=2 ring --cp-overlap 0" "$INV_FLAGS" 2 chapter-6 "--cp 2 --cp-overlap 0"
 # bit for bit by construction: the same calls on the same blocks in the same order, only the waits move
-if [ "$(cp_steps "$INV_LOG")" = "$(cp_steps "$RING2")" ]; then
+if [ -n "$(cp_steps "$INV_LOG")" ] && [ "$(cp_steps "$INV_LOG")" = "$(cp_steps "$RING2")" ]; then
     pass "cp=2 ring --cp-overlap 0: the same losses and norms as overlapped, bit for bit"
 else
-    fail "cp=2 ring --cp-overlap 0: the losses and norms differ from the overlapped ring's"
+    fail "cp=2 ring --cp-overlap 0" "the losses and norms differ from the overlapped ring's (or a log is empty)"
 fi
 
 # Training-state checkpoints: the cp=2 zigzag ring run saves at step 5 (world

@@ -22,6 +22,15 @@ lv_run() {  # NAME NP CHAPTER FLAGS...: output in $LV/NAME.out, log $LV/NAME.jso
 
 # lv_losses FILE FIRST: "step loss norm" lines of the steps from FIRST on
 lv_losses() { grep '"type":"step"' "$1" | sed 's/.*"step":\([0-9]*\).*"loss":\([-0-9.e]*\).*"norm":\([-0-9.e]*\).*/\1 \2 \3/' | awk -v f="$2" '$1 >= f'; }
+# lv_near REF RUN FIRST: the same steps from FIRST on, losses within LV_TOL
+# and norms within TOL_NORM (another chapter and mesh: the float's last
+# digits move); prints the largest differences, exit 0 when within
+lv_near() {
+    paste -d' ' <(lv_losses "$LV/$1.jsonl" "$3") <(lv_losses "$LV/$2.jsonl" "$3") |
+        awk -v tl="$LV_TOL" -v tn="$TOL_NORM" '{ n++; dl = $2 - $5; dn = $3 - $6; if (dl < 0) dl = -dl; if (dn < 0) dn = -dn
+             if ($1 != $4 || NF != 6) bad = 1; if (dl > ml) ml = dl; if (dn > mn) mn = dn }
+             END { printf "%d steps, max |dloss| %.1e, |dnorm| %.1e", n, ml, mn; exit !(n > 0 && !bad && ml <= tl && mn <= tn) }'
+}
 
 # lv_same REF RUN FIRST WHAT: the resumed run printed the level line, logged
 # the same losses and norms as REF from FIRST on, and saved the same weights
@@ -223,10 +232,10 @@ else
     fail "levels: the delta chain" "$(grep -E '^error|resumed' "$LV/i3r.out" | head -2)"
 fi
 lv_run i0 1 0 --resume "$LV/i3/step-00000007"
-if grep -q "checkpoint: resumed from" "$LV/i0.out" && [ "$(lv_losses "$LV/i3.jsonl" 7 | cut -d' ' -f1)" = "$(lv_losses "$LV/i0.jsonl" 7 | cut -d' ' -f1)" ]; then
-    pass "levels: the delta resumes on another chapter and mesh (chapter 0)"
+if grep -q "checkpoint: resumed from" "$LV/i0.out" && near=$(lv_near i3 i0 7); then
+    pass "levels: the delta resumes on another chapter and mesh (chapter 0: $near, within $LV_TOL and $TOL_NORM)"
 else
-    fail "levels: the delta on chapter 0" "$(grep -E '^error' "$LV/i0.out" | head -2)"
+    fail "levels: the delta on chapter 0" "${near:-} $(grep -E '^error' "$LV/i0.out" | head -2)"
 fi
 # another run's full save of step 5 in its place; then none at all
 lv_run i3o 2 3 --dp 2 --zero 3 --seed 7 --steps 5 --ckpt-dir "$LV/i3o"

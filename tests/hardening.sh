@@ -29,7 +29,9 @@ div_case() {  # PROGRAM NP FLAGS...
           --save "$good" --ckpt-dir "$ck" --ckpt-local "$ck.local" 2>&1)
     rc=$?
     n=$(echo "$out" | grep -c '^error: training diverged at step 1: .*the last finite loss was [0-9.]* at step 0')
-    if [ $rc -ne 0 ] && [ $rc -ne 124 ] && [ "$n" = 1 ] && ! grep -qiE 'nan|inf' "$div" &&
+    # the log: records up to the last finite step, each one JSON, none non-finite
+    if [ $rc -ne 0 ] && [ $rc -ne 124 ] && [ "$n" = 1 ] && grep -q '"type":"step"' "$div" && ! grep -qiE 'nan|inf' "$div" &&
+        python3 -c 'import json, sys; [json.loads(l) for l in open(sys.argv[1])]' "$div" 2>/dev/null &&
         cmp -s "$good" "$TEST_TMPDIR/good_before.bin" && [ -e "$ck/.lock" ] && [ ! -s "$ck/.lock" ] &&
         [ -e "$ck.local/node-0/.lock" ] && [ ! -s "$ck.local/node-0/.lock" ]; then
         pass "hardening: $bin on $np rank(s) stops at a non-finite loss (step, last finite loss; log valid; checkpoint kept; locks let go of)"

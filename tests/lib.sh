@@ -417,17 +417,23 @@ cpu_build_copy() {
 # than TEST_JOBS run; it sees the script's variables as they were when it
 # started, and what it sets is lost. jobs_wait waits for every job, then
 # prints each one's output in the order they started and counts its
-# PASS/FAIL/SKIP lines. A job's mpi_run and invariant files carry its number
+# PASS/FAIL/SKIP lines; a job that ended before its function returned (an
+# unbound variable under set -u, an exit) fails, since the checks after that
+# point never ran. A job's mpi_run and invariant files carry its number
 # (TEST_JOB); the reference cache is safe to share; make the other shared
 # files (ref_checkpoint, bad_inputs) before starting jobs that use them.
 TEST_JOB=
 TEST_JOBS=${TEST_JOBS:-2}
 JOBS_STARTED=0
 JOBS_SHOWN=0
+JOB_WHAT=()
 jobs_run() {
     while [ "$(jobs -rp | wc -l)" -ge "$TEST_JOBS" ]; do wait -n; done
     JOBS_STARTED=$((JOBS_STARTED + 1))
-    (TEST_JOB=.j$JOBS_STARTED; "$@") > "$TEST_TMPDIR/job_$JOBS_STARTED.out" 2>&1 < /dev/null &
+    local done=$TEST_TMPDIR/job_$JOBS_STARTED.done
+    rm -f "$done"
+    (TEST_JOB=.j$JOBS_STARTED; "$@"; echo > "$done") > "$TEST_TMPDIR/job_$JOBS_STARTED.out" 2>&1 < /dev/null &
+    JOB_WHAT[$JOBS_STARTED]="$*"
 }
 jobs_wait() {
     local i f
@@ -438,7 +444,9 @@ jobs_wait() {
         passed=$((passed + $(grep -c '^PASS' "$f")))
         failed=$((failed + $(grep -c '^FAIL' "$f")))
         skipped=$((skipped + $(grep -c '^SKIP' "$f")))
-        rm -f "$f"
+        [ -e "$TEST_TMPDIR/job_$i.done" ] ||
+            fail "job '${JOB_WHAT[$i]:0:160}'" "it ended before its checks did (an error of the test script): $(tail -2 "$f" | tr '\n' ' ')"
+        rm -f "$f" "$TEST_TMPDIR/job_$i.done"
     done
     JOBS_SHOWN=$JOBS_STARTED
 }

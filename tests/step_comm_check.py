@@ -99,6 +99,11 @@ def main(argv):
     ranks = sorted({e["pid"] for e in events if e.get("ph") == "X"})
     steps = sorted({e["args"]["step"] for e in events if e.get("ph") == "X" and e["cat"] == "step" and e["pid"] == 0})
     problems = []
+    # every rank of the run, each with its steps: a trace that lost a rank (or
+    # every span) is not checked on what is left
+    if ranks != list(range(summary["world_size"])) or not steps:
+        problems.append(f"the trace holds ranks {ranks} and {len(steps)} steps of rank 0, not the run's "
+                        f"{summary['world_size']} ranks with a step each")
     cp_ops = {"send", "recv"} if mode == "ring" else {"alltoall"} if mode == "ulysses" else set()
     tp, ncp = int(o.get("tp", 1)), int(o.get("cp", 2 if cp_ops else 1))
     # the groups composed_model.c and composed_tp.c create, named by their axes in mesh order

@@ -5,6 +5,7 @@
 #ifndef TEST_H
 #define TEST_H
 
+#include <math.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -29,6 +30,11 @@ static void check(int ok, const char* name, const char* fmt, ...) {
     }
     fflush(stdout);
 }
+
+// The larger of two errors, and NaN when either is: fmax and "if (d > worst)"
+// drop a NaN, so an op that wrote NaN would pass every bound; a NaN kept
+// fails every check (NaN < tol is false).
+static inline double err_max(double a, double b) { return isnan(a) || isnan(b) ? NAN : a > b ? a : b; }
 
 static int test_exit_code(void) { return test_failures == 0 ? 0 : 1; }
 

@@ -80,7 +80,7 @@ static double unit_diff(FSDP* f, int i, const float* want) {
     double d = 0.0;
     for (size_t k = 0; k < padded; k++) {
         double e = fabs((double)got[k] - (k < f->numel[i] ? (double)want[k] : 0.0));
-        if (e > d) d = e;
+        d = err_max(d, e);
     }
     free(got);
     return d;
@@ -119,7 +119,7 @@ static void test_engine(const Comm* dp, int zero, int prefetch, int reshard) {
             int next = pass == 0 ? i + 1 : i - 1;
             if (next >= 0 && next < N_UNITS) fsdp_prefetch(&f, next);
             double d = unit_diff(&f, i, want);
-            if (d > worst) worst = d;
+            worst = err_max(worst, d);
         }
     worst = max_all(worst);
     snprintf(sub, sizeof(sub), "%s: every unit gathers whole, padding zero", name);
@@ -145,7 +145,7 @@ static void test_engine(const Comm* dp, int zero, int prefetch, int reshard) {
             size_t at = (size_t)r * f.shard[i] + k;
             double mean = at < unit_numel[i] ? 0.5 * (N + 1) * unit_value(i, at) : 0.0;
             double d = fabs(shard[f.shard_off[i] + k] - mean) / (fabs(mean) + 1.0);
-            if (d > worst) worst = d;
+            worst = err_max(worst, d);
             sumsq_want += mean * mean;
             if (i == 2 && at >= 3 && at < 10) range_want += mean * mean;
         }
@@ -192,7 +192,7 @@ static void test_engine(const Comm* dp, int zero, int prefetch, int reshard) {
         memcpy(expect + off, want, n * sizeof(float));
         off += n;
         double d = unit_diff(&f, i, want);
-        if (d > worst) worst = d;
+        worst = err_max(worst, d);
     }
     // values below 5, where a float's ulp is 4.8e-7: the two updates may
     // round their (equal up to an ulp) gradients apart by a few ulps
@@ -205,7 +205,7 @@ static void test_engine(const Comm* dp, int zero, int prefetch, int reshard) {
     float* all = fsdp_gather_host(&f);
     worst = 0.0;
     if (r == 0)
-        for (size_t k = 0; k < total; k++) worst = fmax(worst, fabs((double)all[k] - expect[k]));
+        for (size_t k = 0; k < total; k++) worst = err_max(worst, fabs((double)all[k] - expect[k]));
     ok = (r == 0) == (all != NULL);
     snprintf(sub, sizeof(sub), "%s: gather_host concatenates the units on rank 0", name);
     snprintf(why, sizeof(why), "max difference %g, rank 0 has it: %d", worst, ok);

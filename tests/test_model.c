@@ -111,7 +111,7 @@ static void test_whole_model_gradient(void) {
             // difference itself carries ~1e-5 of absolute noise
             double err = fabs(fd - gd) / (fabs(gd) + 1e-2);
             if (getenv("FD_VERBOSE")) printf("  %-9s l%d gd %+.6e fd %+.6e rel %.2e\n", param_tensor_name(t), l, gd, fd, err);
-            if (err > worst) {
+            if (isnan(err) || err > worst) {  // a NaN kept (err_max's reason)
                 worst = err;
                 worst_name = param_tensor_name(t);
             }
@@ -447,7 +447,7 @@ static void test_backward_hook_and_loss_scale(void) {
     double worst = 0.0;
     for (size_t i = 0; i < m.num_params; i++) {
         double d = fabs(m.grads[i] - 0.25 * g1[i]);
-        if (d > worst) worst = d;
+        worst = err_max(worst, d);
     }
     check(worst < 1e-7, "model: loss_scale multiplies the gradients", "max |g - 0.25 g1| = %g", worst);
     free(g1);
@@ -870,7 +870,7 @@ static void test_tp_block(void) {
     for (int r = 0; r < TP; r++) {
         ops_copy(A[r].fcproj, sum, NC);
         residual_forward(A[r].res3, A[r].res2, A[r].fcproj, NC);
-        for (size_t i = 0; i < NC; i++) fwd = fmax(fwd, fabs(A[r].res3[i] - a.res3[i]));
+        for (size_t i = 0; i < NC; i++) fwd = err_max(fwd, fabs(A[r].res3[i] - a.res3[i]));
     }
     check(fwd < 1e-5, "tp block: forward on 2 ranks (column/row-parallel, g all-reduces) equals block_forward",
           "max |diff| %g", fwd);
@@ -904,22 +904,22 @@ static void test_tp_block(void) {
     for (int r = 0; r < TP; r++) {
         ops_copy(S[r].dln, sum, NC);
         layernorm_backward(dr[r], G[r].ln1w, G[r].ln1b, S[r].dln, x, P[r].ln1w, A[r].ln1_mean, A[r].ln1_rstd, N, C);
-        for (size_t i = 0; i < NC; i++) bwd = fmax(bwd, fabs(dr[r][i] - dres[i]));
+        for (size_t i = 0; i < NC; i++) bwd = err_max(bwd, fabs(dr[r][i] - dres[i]));
         // every gradient against the same tile of the whole block's
         for (int k = 0; k < 3; k++) {
-            for (size_t i = 0; i < Cl * C; i++) bwd = fmax(bwd, fabs(G[r].qkvw[k * Cl * C + i] - pg.qkvw[(k * C + r * Cl) * C + i]));
-            for (size_t i = 0; i < Cl; i++) bwd = fmax(bwd, fabs(G[r].qkvb[k * Cl + i] - pg.qkvb[k * C + r * Cl + i]));
+            for (size_t i = 0; i < Cl * C; i++) bwd = err_max(bwd, fabs(G[r].qkvw[k * Cl * C + i] - pg.qkvw[(k * C + r * Cl) * C + i]));
+            for (size_t i = 0; i < Cl; i++) bwd = err_max(bwd, fabs(G[r].qkvb[k * Cl + i] - pg.qkvb[k * C + r * Cl + i]));
         }
         for (size_t i = 0; i < C; i++) {
-            for (size_t j = 0; j < Cl; j++) bwd = fmax(bwd, fabs(G[r].attprojw[i * Cl + j] - pg.attprojw[i * C + r * Cl + j]));
-            for (size_t j = 0; j < Fl; j++) bwd = fmax(bwd, fabs(G[r].fcprojw[i * Fl + j] - pg.fcprojw[i * 4 * C + r * Fl + j]));
+            for (size_t j = 0; j < Cl; j++) bwd = err_max(bwd, fabs(G[r].attprojw[i * Cl + j] - pg.attprojw[i * C + r * Cl + j]));
+            for (size_t j = 0; j < Fl; j++) bwd = err_max(bwd, fabs(G[r].fcprojw[i * Fl + j] - pg.fcprojw[i * 4 * C + r * Fl + j]));
         }
-        for (size_t i = 0; i < Fl * C; i++) bwd = fmax(bwd, fabs(G[r].fcw[i] - pg.fcw[r * Fl * C + i]));
-        for (size_t i = 0; i < Fl; i++) bwd = fmax(bwd, fabs(G[r].fcb[i] - pg.fcb[r * Fl + i]));
+        for (size_t i = 0; i < Fl * C; i++) bwd = err_max(bwd, fabs(G[r].fcw[i] - pg.fcw[r * Fl * C + i]));
+        for (size_t i = 0; i < Fl; i++) bwd = err_max(bwd, fabs(G[r].fcb[i] - pg.fcb[r * Fl + i]));
         float* rs[] = {G[r].ln1w, G[r].ln1b, G[r].attprojb, G[r].ln2w, G[r].ln2b, G[r].fcprojb};
         float* rw[] = {pg.ln1w, pg.ln1b, pg.attprojb, pg.ln2w, pg.ln2b, pg.fcprojb};
         for (int k = 0; k < 6; k++)
-            for (size_t i = 0; i < C; i++) bwd = fmax(bwd, fabs(rs[k][i] - rw[k][i]));
+            for (size_t i = 0; i < C; i++) bwd = err_max(bwd, fabs(rs[k][i] - rw[k][i]));
     }
     check(bwd < 1e-5, "tp block: backward on 2 ranks (f all-reduces) gives block_backward's dx and every gradient's slice",
           "max |diff| %g", bwd);
@@ -988,7 +988,7 @@ static void test_tp_head(void) {
     float* losses = mem_alloc_floats(N, MEM_OTHER);
     crossentropy_loss(losses, partials, partials + N, partials + 2 * N, N);
     double fwd = 0.0;
-    for (int n = 0; n < N; n++) fwd = fmax(fwd, fabs(losses[n] - h.losses[n]));
+    for (int n = 0; n < N; n++) fwd = err_max(fwd, fabs(losses[n] - h.losses[n]));
     check(fwd < 1e-5, "tp head: losses from 3 uneven vocabulary shards (partials merged) equal head_forward's",
           "max |diff| %g", fwd);
     float* dln_sum = mem_alloc_floats((size_t)N * C, MEM_OTHER);
@@ -1005,10 +1005,10 @@ static void test_tp_head(void) {
     float* dlnf_tp = mem_alloc_floats(2 * (size_t)C, MEM_OTHER);
     layernorm_backward(dres_tp, dlnf_tp, dlnf_tp + C, dln_sum, x, lnf, sh[0].lnf_mean, sh[0].lnf_rstd, N, C);
     double bwd = 0.0;
-    for (int i = 0; i < N * C; i++) bwd = fmax(bwd, fabs(dres_tp[i] - dres[i]));
-    for (int i = 0; i < 2 * C; i++) bwd = fmax(bwd, fabs(dlnf_tp[i] - dlnf[i]));
+    for (int i = 0; i < N * C; i++) bwd = err_max(bwd, fabs(dres_tp[i] - dres[i]));
+    for (int i = 0; i < 2 * C; i++) bwd = err_max(bwd, fabs(dlnf_tp[i] - dlnf[i]));
     for (int k = 0; k < S; k++)
-        for (int i = 0; i < rows[k] * C; i++) bwd = fmax(bwd, fabs(sdw[k][i] - dwte[(size_t)v0s[k] * C + i]));
+        for (int i = 0; i < rows[k] * C; i++) bwd = err_max(bwd, fabs(sdw[k][i] - dwte[(size_t)v0s[k] * C + i]));
     check(bwd < 1e-6, "tp head: dres, dlnfw, dlnfb and every shard's dwte rows equal head_backward's",
           "max |diff| %g", bwd);
     float* all[] = {wte, lnf, x, hbuf, dwte, dlnf, dln, dres, partials, losses, dln_sum, dln_k, dres_tp, dlnf_tp,

@@ -183,7 +183,7 @@ static double routing_margin(const Fixture* f) {
             for (int e = 0; e < E; e++) {
                 double x = logits[(size_t)t * E + e];
                 if (chosen >> e & 1) kth = fmin(kth, x);
-                else next = fmax(next, x);
+                else next = err_max(next, x);
             }
             margin = fmin(margin, kth - next);
         }
@@ -313,7 +313,7 @@ static double check_pieces(Fixture* f, const Piece* pieces, int n_pieces, const 
         double err = same ? fabs(fd - gd) / (fabs(gd) + floor_abs) : INFINITY;
         if (getenv("FD_VERBOSE"))
             printf("  %-28s gd %+.6e fd %+.6e rel %.2e%s\n", p->name, gd, fd, err, same ? "" : " (routing changed)");
-        if (err > worst || !same) {
+        if (isnan(err) || err > worst || !same) {  // a NaN kept (err_max's reason)
             worst = err;
             snprintf(worst_name, len, "%s%s", p->name, same ? "" : " (every direction tried changed the routing)");
         }
@@ -502,7 +502,7 @@ static void test_case(const MoeCase* mc) {
         for (int l = 0; l < cfg.gpt.num_layers; l++)
             if (moe_is_moe_layer(&cfg, l)) {
                 size_t off = moe_router_at(&cfg, m->shared, l) - m->shared;
-                for (int i = 0; i < cfg.experts * cfg.gpt.channels; i++) router = fmax(router, fabs(g0_s[off + i]));
+                for (int i = 0; i < cfg.experts * cfg.gpt.channels; i++) router = err_max(router, fabs(g0_s[off + i]));
             }
         snprintf(name, sizeof(name), "moe %s: k = 1, the LM loss gives the router no gradient (the gate is p / p = 1)", mc->name);
         check(router == 0.0, name, "the router's gradient at aux-coef 0 reaches %.3e", router);

@@ -85,7 +85,7 @@ static double dot_d(const double* a, const double* b, size_t n) {
 
 static double max_abs(const double* x, size_t n) {
     double m = 0.0;
-    for (size_t i = 0; i < n; i++) m = fmax(m, fabs(x[i]));
+    for (size_t i = 0; i < n; i++) m = err_max(m, fabs(x[i]));
     return m;
 }
 
@@ -96,7 +96,7 @@ static double max_abs_diff(const float* a, const double* b, size_t n) {
     for (size_t i = 0; i < n; i++) {
         double d = fabs((double)a[i] - b[i]);
         if (isnan(d)) return NAN;
-        if (d > m) m = d;
+        m = err_max(m, d);
     }
     return m;
 }
@@ -112,8 +112,8 @@ static double rel_err_ff(const float* a, const float* b, size_t n) {
     for (size_t i = 0; i < n; i++) {
         double d = fabs((double)a[i] - (double)b[i]);
         if (isnan(d)) return NAN;
-        if (d > m) m = d;
-        s = fmax(s, fabs((double)b[i]));
+        m = err_max(m, d);
+        s = err_max(s, fabs((double)b[i]));
     }
     return m / (s + 1e-6);
 }
@@ -125,8 +125,8 @@ static double accum_err(const float* got, const float* base, const float* delta,
         double want = (double)base[i] + (double)delta[i];
         double d = fabs((double)got[i] - want);
         if (isnan(d)) return NAN;
-        if (d > m) m = d;
-        s = fmax(s, fabs(want));
+        m = err_max(m, d);
+        s = err_max(s, fabs(want));
     }
     return m / (s + 1e-6);
 }
@@ -347,7 +347,7 @@ static void test_encoder(void) {
         buf_prefill(&dwpe);
         encoder_backward(dwte.dev, dwpe.dev + off * C, r.dev, tokens_dev, B, T, C);
         snprintf(name, sizeof name, "encoder_backward accumulates (wpe offset %d)", off);
-        check_err(name, fmax(buf_accum_err(&dwte), buf_accum_err(&dwpe)), ACC_TOL);
+        check_err(name, err_max(buf_accum_err(&dwte), buf_accum_err(&dwpe)), ACC_TOL);
     }
     case_end();
 }
@@ -390,7 +390,7 @@ static void test_encoder_vocab(void) {
         Buf dw = buf_zeros(rows[k] * C), dp = buf_zeros(T * C);
         encoder_backward_vocab(dw.dev, dp.dev, r.dev, tokens_dev, B, T, C, v0s[k], rows[k]);
         memcpy(shard_dwte.h + v0s[k] * C, buf_fetch(&dw), rows[k] * C * sizeof(float));
-        dwpe_err = fmax(dwpe_err, rel_err_ff(buf_fetch(&dp), dwpe.h, T * C));
+        dwpe_err = err_max(dwpe_err, rel_err_ff(buf_fetch(&dp), dwpe.h, T * C));
     }
     check(zero_rows_ok, "encoder_forward_vocab: held tokens give their row, others exactly 0",
           "a shard wrote a row it does not hold");
@@ -545,7 +545,7 @@ static void test_matmul(void) {
     fd_gradient(matmul_objective, &ctx, inp.d, N * C, g_inp);
     fd_gradient(matmul_objective, &ctx, w.d, OC * C, g_w);
     check_err("matmul_backward dbias=NULL, dinp and dw vs FD",
-              fmax(rel_err(buf_fetch(&dinp3), g_inp, N * C), rel_err(buf_fetch(&dw3), g_w, OC * C)), BWD_TOL);
+              err_max(rel_err(buf_fetch(&dinp3), g_inp, N * C), rel_err(buf_fetch(&dw3), g_w, OC * C)), BWD_TOL);
     case_end();
 }
 
@@ -591,7 +591,7 @@ static void attention_ref(double* out, double* att, const double* qkv, int B, in
                     double s = 0.0;
                     for (int i = 0; i < hs; i++) s += q[i] * k[i];
                     a[t2] = s * scale;
-                    mx = fmax(mx, a[t2]);
+                    mx = err_max(mx, a[t2]);
                 }
                 double sum = 0.0;
                 for (int t2 = 0; t2 <= t; t2++) {
@@ -636,7 +636,7 @@ static void test_attention(void) {
     double e = 0.0;
     for (int bh = 0; bh < B * NH; bh++)
         for (int t = 0; t < T; t++)
-            e = fmax(e, max_abs_diff(att.h + (bh * T + t) * T, att.d + (bh * T + t) * T, (size_t)t + 1));
+            e = err_max(e, max_abs_diff(att.h + (bh * T + t) * T, att.d + (bh * T + t) * T, (size_t)t + 1));
     check_err("attention_forward att (causal part)", e, FWD_TOL);
 
     Buf dqkv = buf_zeros(QKV), datt = buf_zeros(ATT);
@@ -694,7 +694,7 @@ static void attention_lse_ref(double* lse, const double* qkv, int B, int T, int 
                 for (int j = 0; j <= t; j++) {
                     const double* k = qkv + ((size_t)b * T + j) * 3 * C + C + h * hs;
                     s[j] = dot_d(q, k, (size_t)hs) * scale;
-                    mx = fmax(mx, s[j]);
+                    mx = err_max(mx, s[j]);
                 }
                 double sum = 0.0;
                 for (int j = 0; j <= t; j++) sum += exp(s[j] - mx);
@@ -719,7 +719,7 @@ static void attention_grad_ref(double* dqkv, const double* dout, const double* q
                 double mx = -INFINITY, p[1024];
                 for (int j = 0; j <= t; j++) {
                     p[j] = dot_d(q, qkv + ((size_t)b * T + j) * 3 * C + C + h * hs, (size_t)hs) * scale;
-                    mx = fmax(mx, p[j]);
+                    mx = err_max(mx, p[j]);
                 }
                 double sum = 0.0;
                 for (int j = 0; j <= t; j++) sum += (p[j] = exp(p[j] - mx));
@@ -750,10 +750,10 @@ static double qkv_part_err(const float* got, const double* want, size_t rows, in
             size_t i = r * 3 * C + (size_t)part * C + c;
             double d = fabs((double)got[i] - want[i]);
             if (isnan(d)) return NAN;
-            m = fmax(m, d);
-            s = fmax(s, fabs(want[i]));
+            m = err_max(m, d);
+            s = err_max(s, fabs(want[i]));
         }
-    return m / (fmax(s, max_abs(want, rows * 3 * C)) + 1e-6);
+    return m / (err_max(s, max_abs(want, rows * 3 * C)) + 1e-6);
 }
 
 static void flash_case(int B, int T, int C, int NH, double scale, int with_fd) {
@@ -937,7 +937,7 @@ static void test_residual(void) {
     buf_prefill(&da);
     buf_prefill(&db);
     residual_backward(da.dev, db.dev, r.dev, N);
-    check_err("residual_backward accumulates", fmax(buf_accum_err(&da), buf_accum_err(&db)), ACC_TOL);
+    check_err("residual_backward accumulates", err_max(buf_accum_err(&da), buf_accum_err(&db)), ACC_TOL);
     case_end();
 }
 
@@ -950,7 +950,7 @@ static void crossentropy_ref(double* losses, double* rowmax, double* sumexp, dou
     for (int n = 0; n < N; n++) {
         const double* l = logits + n * width;
         double mx = -INFINITY;
-        for (int i = 0; i < nvalid; i++) mx = fmax(mx, l[i]);
+        for (int i = 0; i < nvalid; i++) mx = err_max(mx, l[i]);
         double s = 0.0;
         for (int i = 0; i < nvalid; i++) s += exp(l[i] - mx);
         int k = targets[n] - v0;
@@ -1084,12 +1084,12 @@ static void test_crossentropy_shards(void) {
     for (int n = 0; n < N; n++) max_ok &= m1.h[n] == m.h[n] && m2.h[n] == m.h[n];
     check(max_ok, "crossentropy_merge rowmax equals unsharded rowmax", "merged max differs");
     check_err("crossentropy_merge sumexp equals unsharded sumexp",
-              fmax(rel_err_ff(buf_fetch(&s1), s.h, N), rel_err_ff(buf_fetch(&s2), s.h, N)), FWD_TOL);
+              err_max(rel_err_ff(buf_fetch(&s1), s.h, N), rel_err_ff(buf_fetch(&s2), s.h, N)), FWD_TOL);
     Buf loss1 = buf_zeros(N), loss2 = buf_zeros(N);
     crossentropy_loss(loss1.dev, m1.dev, s1.dev, t1.dev, N);
     crossentropy_loss(loss2.dev, m2.dev, s2.dev, t2.dev, N);
     check_err("crossentropy merged loss equals unsharded loss",
-              fmax(rel_err_ff(buf_fetch(&loss1), loss.h, N), rel_err_ff(buf_fetch(&loss2), loss.h, N)), FWD_TOL);
+              err_max(rel_err_ff(buf_fetch(&loss1), loss.h, N), rel_err_ff(buf_fetch(&loss2), loss.h, N)), FWD_TOL);
     check_err("crossentropy merged loss vs double", rel_err(loss1.h, loss.d, N), FWD_TOL);
 
     // Backward per shard with the global statistics.
@@ -1146,9 +1146,9 @@ static void test_adamw(void) {
         // The parameter error is measured in units of the step size lr: a
         // correct fp32 update is off by a few ulps of p (~1e-7 / 0.05 ~ 1e-5
         // of a step after 3 steps); a wrong formula by 1e-3 of a step or more.
-        ep = fmax(ep, max_abs_diff(p, p_d, N) / lr);
-        em = fmax(em, rel_err(m, m_d, N));
-        ev = fmax(ev, rel_err(v, v_d, N));
+        ep = err_max(ep, max_abs_diff(p, p_d, N) / lr);
+        em = err_max(em, rel_err(m, m_d, N));
+        ev = err_max(ev, rel_err(v, v_d, N));
     }
     check_err("adamw_update params over 3 steps (error / lr)", ep, 1e-4);
     check_err("adamw_update m over 3 steps", em, FWD_TOL);
@@ -1311,7 +1311,7 @@ static void test_null_gradients(void) {
     residual_backward(da.dev, NULL, dout.dev, N * C);
     residual_backward(NULL, db3.dev, dout.dev, N * C);
     check_err("residual_backward one side NULL",
-              fmax(rel_err_ff(buf_fetch(&da), dout.h, N * C), rel_err_ff(buf_fetch(&db3), dout.h, N * C)), ACC_TOL);
+              err_max(rel_err_ff(buf_fetch(&da), dout.h, N * C), rel_err_ff(buf_fetch(&db3), dout.h, N * C)), ACC_TOL);
 
     // Layernorm last: with only dinp, then only dw/db.
     Buf lw = buf_random(C, 1.0), lb = buf_random(C, 1.0);
@@ -1323,8 +1323,8 @@ static void test_null_gradients(void) {
     layernorm_backward(di2.dev, NULL, NULL, dout.dev, inp.dev, lw.dev, mean.dev, rstd.dev, N, C);
     layernorm_backward(NULL, dw2.dev, db2.dev, dout.dev, inp.dev, lw.dev, mean.dev, rstd.dev, N, C);
     check_err("layernorm_backward with NULL gradients",
-              fmax(rel_err_ff(buf_fetch(&di2), buf_fetch(&di), N * C),
-                   fmax(rel_err_ff(buf_fetch(&dw2), buf_fetch(&dw), C), rel_err_ff(buf_fetch(&db2), buf_fetch(&db), C))),
+              err_max(rel_err_ff(buf_fetch(&di2), buf_fetch(&di), N * C),
+                   err_max(rel_err_ff(buf_fetch(&dw2), buf_fetch(&dw), C), rel_err_ff(buf_fetch(&db2), buf_fetch(&db), C))),
               ACC_TOL);
     case_end();
 }
@@ -1621,7 +1621,7 @@ static void attention_chunks_ref(double* out_ch, const double* q_ch, const doubl
                                 for (int x = 0; x < hs; x++) sc += q[x] * k[x];
                                 sc *= scale;
                                 if (pass == 0) {
-                                    mx = fmax(mx, sc);
+                                    mx = err_max(mx, sc);
                                 } else {
                                     double e = exp(sc - mx);
                                     sum += e;
@@ -1922,7 +1922,7 @@ typedef struct {
 static void router_ref(double* probs, double* gates, const double* logits, const int* idx, int N, int E, int k) {
     for (int n = 0; n < N; n++) {
         double mx = -INFINITY, sum = 0.0;
-        for (int e = 0; e < E; e++) mx = fmax(mx, logits[n * E + e]);
+        for (int e = 0; e < E; e++) mx = err_max(mx, logits[n * E + e]);
         for (int e = 0; e < E; e++) sum += probs[n * E + e] = exp(logits[n * E + e] - mx);
         for (int e = 0; e < E; e++) probs[n * E + e] /= sum;
         double s = 0.0;

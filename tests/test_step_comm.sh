@@ -109,9 +109,17 @@ PY
 }
 if [ -s "$tmp/mesh4.json" ]; then
     for how in group swap drop tp-order tp-bytes slices; do
-        tamper $how "$tmp/$how.json"
-        if out=$(python3 tests/step_comm_check.py "$tmp/$how.json" "$tmp/mesh4.jsonl" $CHECK 2>&1); then
+        # the defect made (a tamper that found nothing to change would leave
+        # no file, or the same one), then a FAIL line of the check itself
+        rm -f "$tmp/$how.json"
+        if ! tamper $how "$tmp/$how.json" || ! [ -s "$tmp/$how.json" ] ||
+            python3 -c 'import json, sys; sys.exit(json.load(open(sys.argv[1])) != json.load(open(sys.argv[2])))' \
+                "$tmp/mesh4.json" "$tmp/$how.json"; then
+            fail "step_comm: the trace with $how" "the tamper made no changed trace"
+        elif out=$(python3 tests/step_comm_check.py "$tmp/$how.json" "$tmp/mesh4.jsonl" $CHECK 2>&1); then
             fail "step_comm: the check on a trace with $how" "passed: $out"
+        elif ! echo "$out" | grep -q '^FAIL '; then
+            fail "step_comm: the check on a trace with $how" "failed without a FAIL line of its own: $(echo "$out" | tail -2 | tr '\n' ' ')"
         else
             pass "step_comm: the check fails on a trace with $how ($(echo "$out" | head -1 | cut -c1-120))"
         fi
@@ -180,3 +188,5 @@ if make -n --no-print-directory capstone DOCS=1 2>/dev/null | grep -q 'step_comm
 else
     fail "step_comm: make capstone" "$(make -n --no-print-directory capstone DOCS=1 2>&1 | tail -2 | tr '\n' ' ')"
 fi
+# the last line: plots.sh fails a run that ended before it (an error of this script)
+echo "END of tests/test_step_comm.sh"
