@@ -821,6 +821,7 @@ int ckpt_resume(Ckpt* c) {
     for (int i = 0; i < c->need.n; i++)
         if (c->need.s[i].len * c->need.s[i].count > max_floats) max_floats = c->need.s[i].len * c->need.s[i].count;
     float* stage = xmalloc((max_floats ? max_floats : 1) * sizeof(float));
+    unsigned char* seen = xmalloc(max_floats ? max_floats : 1);
     int* fds = xmalloc(sizeof(int) * ((size_t)m.n_files + 1));
     for (int f = 0; f < m.n_files; f++) {
         fds[f] = use[f] ? ckpt_open_read(m.files[f].path) : -1;
@@ -828,7 +829,8 @@ int ckpt_resume(Ckpt* c) {
     for (int i = 0; i < c->need.n && !bad; i++) {
         const CkptSlice* s = &c->need.s[i];
         size_t found = 0, want = s->len * s->count;
-        CkptReadCtx r = {.dst = stage};
+        CkptReadCtx r = {.dst = stage, .seen = seen};
+        memset(seen, 0, want);
         for (int j = 0; j < m.n_slices && !r.failed; j++) {
             const CkptSavedSlice* v = &m.slices[j];
             if (v->kind != s->kind || v->tensor != s->tensor) continue;
@@ -841,6 +843,11 @@ int ckpt_resume(Ckpt* c) {
         snprintf(name, sizeof(name), "%s.%s", ckpt_kind_names[s->kind], ckpt_tensor_name_of(c, s->tensor));
         if (r.failed) {
             snprintf(msg, sizeof(msg), "reading %s from checkpoint '%s' (file %s) failed", name, dir, r.path);
+            bad = msg;
+        } else if (r.twice) {
+            // the count below cannot tell an element saved twice and one missing from every element once
+            snprintf(msg, sizeof(msg), "checkpoint '%s' saves %zu elements of %s twice (slices of two writers overlap, "
+                     "elements %zu.. of it): its save was wrong; resume from another checkpoint", dir, r.twice, name, s->start);
             bad = msg;
         } else if (found != want) {
             // saved slices are disjoint, so every element must be found once
@@ -855,6 +862,7 @@ int ckpt_resume(Ckpt* c) {
         if (fds[f] >= 0) close(fds[f]);
     restore_scratch_remove();
     free(fds);
+    free(seen);
     free(stage);
     free(use);
     ckpt_manifest_free(&m);

@@ -1080,6 +1080,7 @@ size_t ckpt_intersect(const CkptSlice* need, const CkptSlice* saved, size_t offs
 void ckpt_read_piece(void* ctx, size_t dst, size_t file_offset, size_t n) {
     CkptReadCtx* r = ctx;
     size_t want = n * sizeof(float), done = 0;
+    for (size_t i = 0; r->seen && i < n; i++) r->twice += r->seen[dst + i]++ != 0;
     while (done < want && !r->failed) {
         ssize_t got = pread(r->fd, (char*)(r->dst + dst) + done, want - done, (off_t)(file_offset + done));
         if (got < 0 && errno == EINTR) continue;

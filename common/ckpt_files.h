@@ -133,6 +133,8 @@ typedef struct {
     const char* path;
     int failed;
     size_t bytes;
+    unsigned char* seen;  // per element of dst: read already (NULL: not tracked)
+    size_t twice;         // elements read from two saved slices: slices that overlap
 } CkptReadCtx;
 void ckpt_read_piece(void* ctx, size_t dst, size_t file_offset, size_t n);
 

@@ -213,6 +213,19 @@ mpi_run $T_RUN 3 "$BUILD/capstone" $c7_p3 --ep 3 --resume "$c7_ckp3/step-0000000
 mpi_run $T_RUN 1 "$BUILD/capstone" $c7_p3 --resume "$TEST_TMPDIR/c7_ckp3e/step-00000008" --log "$TEST_TMPDIR/c7_ckp3_31.jsonl"
 c7_resumed_near "ep=3's checkpoint of step 8 (54,784 replicated floats split over 3 ep ranks, no pipeline) resumes on one rank and continues ep=3's run" \
     "$TEST_TMPDIR/c7_ckp3_3.jsonl" "$TEST_TMPDIR/c7_ckp3_31.jsonl" "chapter 7, world 3" 8
+# a column-split slice cut by a shard boundary: with --moe-every 2 a dense
+# layer's tp slices hold fcprojw (C, 4C/tp), and over the 4 copies of
+# dp x ep = 2 x 2 one writer's part of the tp buffer ends inside it, so
+# zero_buffer_ckpt cuts that strided slice in runs (a run placed at the
+# wrong stride landed on the other tp rank's columns: the count of floats
+# still balanced, and the resume trained other weights). Saved on
+# dp x tp x ep = 2 x 2 x 2 at step 4, resumed on one rank
+c7_cks=$TEST_TMPDIR/c7_cks
+mpi_run $T_RUN 8 "$BUILD/capstone" $c7_flags --moe-every 2 --dp 2 --tp 2 --ep 2 --ckpt-dir "$c7_cks" --save-every 4 \
+    --log "$TEST_TMPDIR/c7_cks.jsonl"
+mpi_run $T_RUN 1 "$BUILD/capstone" $c7_flags --moe-every 2 --resume "$c7_cks/step-00000004" --log "$TEST_TMPDIR/c7_cks_1.jsonl"
+c7_resumed_near "the dp x tp x ep = 2 x 2 x 2 checkpoint of step 4 with a dense layer (fcprojw's column slices cut between writers) resumes on one rank and continues its run" \
+    "$TEST_TMPDIR/c7_cks.jsonl" "$TEST_TMPDIR/c7_cks_1.jsonl" "chapter 7, world 8"
 }
 
 # ---- tensor parallelism
@@ -904,6 +917,19 @@ fi
 # microbatches is one rank with the same --microbatches.
 c7m_ref=$TEST_TMPDIR/c7m_ref.jsonl
 mpi_run $T_RUN 1 "$BUILD/capstone" $c7_flags --microbatches 2 --log "$c7m_ref"
+# ... whose step 0 routes every token as without microbatches (the same
+# parameters and tokens; no capacity: nothing depends on the split), so its
+# routing signature and counts are the one-batch run's: the signature
+# numbers a microbatch's tokens from its place in the batch (a signature
+# that numbered each microbatch from 0 went unseen, both sides alike)
+mpi_run $T_RUN 1 "$BUILD/capstone" $c7_flags --microbatches 4 --steps 1 --log "$TEST_TMPDIR/c7m4_ref.jsonl"
+step0() { grep '"type":"step"' "$1" | head -1 | grep -o '"expert_tokens".*"routing":"[0-9a-f]*"'; }
+if [ -n "$(step0 "$c7_ref")" ] && [ "$(step0 "$c7_ref")" = "$(step0 "$c7m_ref")" ] &&
+    [ "$(step0 "$c7_ref")" = "$(step0 "$TEST_TMPDIR/c7m4_ref.jsonl")" ]; then
+    pass "capstone: one rank's step 0 in 2 and in 4 microbatches has the one-batch run's routing signature and counts ($(step0 "$c7_ref" | grep -o '"routing":.*'))"
+else
+    fail "capstone: the routing signature over microbatches" "1: $(step0 "$c7_ref"); 2: $(step0 "$c7m_ref"); 4: $(step0 "$TEST_TMPDIR/c7m4_ref.jsonl")"
+fi
 # the one-rank file at step 0 that the tp, ep x tp x pp and --zero
 # sections' --save runs must equal byte for byte
 mpi_run $T_RUN 1 "$BUILD/capstone" --steps 0 --batch 24 --seq 32 --peak-gflops 10 --experts 4 --top-k 2 --save "$TEST_TMPDIR/c7_tp_init1.bin"
