@@ -753,6 +753,20 @@ plan_error "--steps 2147483647 on 1 rank(s): the planner plans at most 1000000 r
 plan_error "--steps 1 on 2000000 rank(s): the planner plans at most 1000000 rank-steps (--ranks x --steps, one by one): give fewer --ranks" \
     --chapter 3 --ranks 2000000 --dp 2000000
 plan_error "--pp 100: a pipeline has at most 64 stages: use --pp <= 64" --chapter 5 --ranks 100 --pp 100 --layers 100 --batch 100
+# flags the planner does not use for what was asked: said on stderr, one
+# note each, and the plan or the list still printed (they were dropped in
+# silence: --json with --search printed text, --zero 1 with --search
+# listed every stage, --memory-per-rank without --search bounded nothing)
+notes=$("$BUILD/plan" --search --ranks 2 --memory-per-rank 1e9 --zero 1 --json 2>&1 >/dev/null)
+plain=$("$BUILD/plan" --chapter 0 --memory-per-rank 1e9 2>&1 >/dev/null)
+if [ "$(echo "$notes" | grep -c '^note: ')" = 2 ] && echo "$notes" | grep -q '^note: --json does nothing with --search' &&
+    echo "$notes" | grep -q '^note: --zero does nothing with --search: it tries each value itself' &&
+    [ "$plain" = "note: --memory-per-rank does nothing without --search: the plan's peaks are printed whole" ] &&
+    "$BUILD/plan" --search --ranks 2 --memory-per-rank 1e9 --zero 1 2>/dev/null | grep -q '^  chapter 3 --dp 2 --zero 2'; then
+    pass "plan: --json and --zero with --search, --memory-per-rank without it: one note each, the list and the plan printed"
+else
+    fail "plan: notes for flags that do nothing" "search: $notes; plan: $plain"
+fi
 plan_error "--vocab 2147483647: padded to a multiple of 128 it is 2147483648, more than an int holds: use --vocab <= 2147483520" \
     --chapter 0 --vocab 2147483647
 # chapter 7's experts count too: these wrapped past 2^64 (an all-reduce of

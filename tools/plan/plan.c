@@ -878,6 +878,15 @@ int main(int argc, char** argv) {
         // said, not dropped in silence: the list is text, each layout planned for one step
         if (a.json) fprintf(stderr, "note: --json does nothing with --search: the layouts are listed as text\n");
         if (a.steps != 1) fprintf(stderr, "note: --steps does nothing with --search: each layout is planned for one step\n");
+        // what the search sets itself, layout by layout: a value given is not the one planned
+        static const char* tried[] = {"dp", "tp", "pp", "cp", "ep", "zero", "reshard", "dp-mode", "schedule", "virtual",
+                                      "cp-mode"};
+        for (size_t k = 0; k < sizeof(tried) / sizeof(tried[0]); k++)
+            for (int i = 1; i < argc; i++)
+                if (!strncmp(argv[i], "--", 2) && !strcmp(argv[i] + 2, tried[k])) {
+                    fprintf(stderr, "note: --%s does nothing with --search: it tries each value itself\n", tried[k]);
+                    break;
+                }
         search(&a, memory, profile_path ? &profile : NULL);
         return 0;
     }
