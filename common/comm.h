@@ -173,6 +173,10 @@ void comm_recv(const Comm* c, float* buf, size_t count, int peer);
 // Sends to one peer while receiving from another (a ring step), without deadlock.
 void comm_sendrecv(const Comm* c, const float* send, size_t send_count, int dest, float* recv,
                    size_t recv_count, int source);
+// On the CUDA backend it also waits for every communication stream, so no
+// rank may call it while a message it posted (comm_irecv, comm_isend) still
+// waits for its peer: MPI's barrier would not wait for that message, this
+// one would, for ever.
 void comm_barrier(const Comm* c);
 
 // ---------------------------------------------------------------- non-blocking

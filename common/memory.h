@@ -25,6 +25,9 @@ const char* mem_category_name(MemCategory c);
 // Device memory, zero-filled. Aborts with a message if the device is full.
 void* mem_alloc(size_t bytes, MemCategory category);
 float* mem_alloc_floats(size_t count, MemCategory category);
+// On the CUDA backend a free waits for every stream first (cudaFree may
+// synchronise the device): never free while a posted message waits for its
+// peer (comm.h's comm_barrier has the same rule).
 void mem_free(void* ptr);
 
 // Bytes allocated now and at peak, per category and in total.

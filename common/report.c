@@ -84,6 +84,12 @@ static void check_log(JsonLog* log, int ok) {
     log_failed("writing", log->path);
 }
 
+// Rank 0's writes of a record are a marked wait (watchdog.h), as a message
+// is: a --log pipe whose reader stopped reading blocks rank 0 there, its
+// peers wait for it in their next collective, and the watchdog ends the
+// job naming the write instead of letting it hang (a write to a file ends).
+static void log_wait_enter(void) { watchdog_enter("write to --log", "", -1); }
+
 void jsonl_close(JsonLog* log) {
     if (log->f && fclose(log->f) != 0) log_failed("closing", log->path);
     log->f = NULL;
@@ -126,12 +132,14 @@ void report_step_extra(JsonLog* log, int step, int steps, float loss, float norm
            loss, norm, ms, tokens_per_s);
     fflush(stdout);
     if (log->f) {
+        log_wait_enter();
         int ok = fprintf(log->f,
                          "{\"type\":\"step\",\"step\":%d,\"loss\":%.7f,\"norm\":%.6f,\"ms\":%.3f,"
                          "\"tokens_per_s\":%.1f%s%s}\n",
                          step, loss, norm, ms, tokens_per_s, extra_json ? "," : "",
                          extra_json ? extra_json : "") > 0;
         check_log(log, ok);
+        watchdog_leave();
     }
 }
 
@@ -144,7 +152,9 @@ void report_val(JsonLog* log, int step, float val_loss) {
     if (log->f) {
         char v[64];
         json_number(v, sizeof(v), "%.7f", val_loss);
+        log_wait_enter();
         check_log(log, fprintf(log->f, "{\"type\":\"val\",\"step\":%d,\"val_loss\":%s}\n", step, v) > 0);
+        watchdog_leave();
     }
 }
 
@@ -275,6 +285,7 @@ void report_summary_gathered(JsonLog* log, const Mesh* mesh, const RunSummary* s
 
     if (log->f) {
         FILE* f = log->f;
+        log_wait_enter();
         fprintf(f, "{\"type\":\"summary\",\"chapter\":%d,\"world_size\":%d,\"mesh\":{", s->chapter, n);
         for (int a = 0; a < NUM_AXES; a++)
             fprintf(f, "%s\"%s\":%d", a ? "," : "", mesh_axis_name(a), mesh->size[a]);
@@ -352,6 +363,7 @@ void report_summary_gathered(JsonLog* log, const Mesh* mesh, const RunSummary* s
         fprintf(f, "}");
         if (s->extra_json && s->extra_json[0]) fprintf(f, ",%s", s->extra_json);
         check_log(log, fprintf(f, "}\n") > 0);
+        watchdog_leave();
     }
     free(all);
     free(comm_all);
@@ -470,7 +482,9 @@ void json_clear(JsonBuf* b) {
 void report_record(JsonLog* log, const char* type, const JsonBuf* fields) {
     if (!log || !log->f) return;
     const char* f = json_fields(fields);
+    log_wait_enter();
     check_log(log, fprintf(log->f, "{\"type\":\"%s\"%s%s}\n", type, *f ? "," : "", f) > 0);
+    watchdog_leave();
 }
 
 void json_free(JsonBuf* b) {

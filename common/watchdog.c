@@ -126,8 +126,10 @@ static void describe(char* out, size_t len, const RankState* s) {
     else if (s->peer >= 0)
         snprintf(out, len, "rank %d in %s with rank %d of group %s for %.0f s", s->rank, s->op, s->peer, s->group,
                  s->waited);
-    else
+    else if (s->group[0])
         snprintf(out, len, "rank %d in %s on group %s for %.0f s", s->rank, s->op, s->group, s->waited);
+    else  // a wait on no group: a write to the --log (report.c)
+        snprintf(out, len, "rank %d in %s for %.0f s", s->rank, s->op, s->waited);
 }
 
 // Asks every other rank what it does; ends the job if one cannot answer or
@@ -179,6 +181,9 @@ static void census(int round) {
     } else {
         for (int r = 0; r < n; r++)
             if (!states[r].waiting || states[r].waited < timeout_s) return;  // somebody is still moving
+        // every rank's census finds the same: rank 0, alive and waiting
+        // past the timeout too, says it (one message, not one per rank)
+        if (me != 0) return;
         size_t len = (size_t)snprintf(msg, sizeof(msg),
                                       "watchdog: every rank has waited more than %g s at step %d and none can move (a deadlock):",
                                       timeout_s, states[me].step);

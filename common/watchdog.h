@@ -4,7 +4,9 @@
 // A thread on every rank watches its own main thread. The main thread marks
 // every wait on other ranks (a collective, a message, a request's wait):
 // watchdog_enter before, watchdog_leave after (comm.c names its waits; every
-// other blocking MPI call is marked by watch_mpi.c). When one wait has lasted
+// other blocking MPI call is marked by watch_mpi.c; rank 0's write of a --log
+// record is marked too, by report.c: a pipe whose reader stopped blocks
+// there, and its peers wait for it). When one wait has lasted
 // --timeout seconds, the thread asks every rank, over a communicator of its
 // own, what it is doing (a census). A rank whose process is stopped or
 // dead cannot answer: the job ends with one message naming it, the wait,
@@ -32,7 +34,8 @@ void watchdog_stop(void);
 
 // The main thread's marks around a wait: op names it ("allreduce", "recv"),
 // group the communicator's name ("dp", "world"), peer the other rank of a
-// message (-1 for a collective). Waits nest; the outermost one is reported.
+// message (-1 for a collective); group "" for a wait on no group (a write
+// to the --log). Waits nest; the outermost one is reported.
 // op and group must outlive the wait (string literals, a Comm's name).
 void watchdog_enter(const char* op, const char* group, int peer);
 void watchdog_leave(void);

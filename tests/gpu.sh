@@ -180,23 +180,9 @@ else
     fail "make gpu-check's list" "missing:${gc_missing%,}"
 fi
 gc_cases=$TEST_TMPDIR/gpu_check_cases.txt gc_out=$TEST_TMPDIR/gpu_check gc_fifo=$TEST_TMPDIR/gpu_check_hang.jsonl
-rm -f "$gc_fifo" && mkfifo "$gc_fifo"
-# the reader that stopped: it holds the pipe open and fills its buffer, then
-# sleeps until killed (after both hangs below)
-python3 -c '
-import os, sys, time
-fd = os.open(sys.argv[1], os.O_RDWR | os.O_NONBLOCK)
-for size in (4096, 1):
-    try:
-        while True:
-            os.write(fd, b"x" * size)
-    except BlockingIOError:
-        pass
-print("full", flush=True)
-time.sleep(600)
-' "$gc_fifo" > "$TEST_TMPDIR/gpu_check_filler.out" &
-gc_filler=$!
-for i in $(seq 1 100); do grep -q full "$TEST_TMPDIR/gpu_check_filler.out" && break; sleep 0.1; done
+# the reader that stopped, killed after both hangs below
+stalled_pipe "$gc_fifo"
+gc_filler=$FILLER_PID
 {
     grep -E '^train .*\| capstone pp=2 zb m=4 ' "$gc_list"
     grep -E '^memcheck ' "$gc_list"

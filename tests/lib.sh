@@ -97,7 +97,7 @@ own_rank_pid() {
 }
 # is_own PID: PID is still a process of this test run (it inherited this
 # run's TEST_TMPDIR), not another process that reused the number.
-is_own() { tr '\0' '\n' < "/proc/$1/environ" 2>/dev/null | grep -qxF "TEST_TMPDIR=$TEST_TMPDIR"; }
+is_own() { { tr '\0' '\n' < "/proc/$1/environ"; } 2>/dev/null | grep -qxF "TEST_TMPDIR=$TEST_TMPDIR"; }
 # own_kill PID: SIGKILL to PID and everything below it (a stopped rank
 # included), deepest first, so no process is left to its parent's timeout.
 own_kill() {
@@ -105,6 +105,28 @@ own_kill() {
     tree=$(own_tree "$1" | tac)
     [ -n "$tree" ] && kill -9 $tree 2>/dev/null
     return 0
+}
+
+# stalled_pipe FIFO: a reader that stopped reading, in the background
+# (FILLER_PID): it holds FIFO open and fills the pipe's buffer, then sleeps
+# until killed, so a program's next write to FIFO blocks. Returns once full.
+stalled_pipe() {
+    rm -f "$1" && mkfifo "$1"
+    python3 -c '
+import os, sys, time
+fd = os.open(sys.argv[1], os.O_RDWR | os.O_NONBLOCK)
+for size in (4096, 1):
+    try:
+        while True:
+            os.write(fd, b"x" * size)
+    except BlockingIOError:
+        pass
+print("full", flush=True)
+time.sleep(600)
+' "$1" > "$1.filler" &
+    FILLER_PID=$!
+    local i
+    for i in $(seq 1 100); do grep -q full "$1.filler" && break; sleep 0.1; done
 }
 
 # not_built PROGRAM: nothing when PROGRAM is built; else prints the

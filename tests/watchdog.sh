@@ -4,7 +4,8 @@
 # message naming it, the wait and the step, in a collective (chapter 2) and
 # in a pipeline message (chapter 5); a run much slower than its timeout but
 # alive is left alone, and so is a rank making many brief waits while its
-# peer waits longer than the timeout; a bad --timeout is refused. A plain MPI call outside
+# peer waits longer than the timeout; a bad --timeout is refused; rank 0
+# blocked writing to a --log pipe whose reader stopped ends the job too. A plain MPI call outside
 # the comm layer is watched too (tests/test_watchdog.c).
 # A topic script of tests/run.sh (make test CHAPTER=watchdog runs it alone).
 . "$(dirname "$0")/lib.sh"
@@ -44,6 +45,24 @@ decoy2=$!
 decoy5=$!
 wd_stop "a collective (chapter 2, dp 2)" 2 1 chapter-2 --dp 2
 wd_stop "a pipeline message (chapter 5, pp 2)" 2 0 chapter-5 --pp 2 --microbatches 4
+
+# a --log pipe whose reader stopped: rank 0 blocks in its write of a step
+# record while rank 1 waits in the next all-reduce. The write is a marked
+# wait (common/report.c), so the watchdog ends the job naming it; unmarked,
+# rank 0 answered "computing" and the job hung
+stalled_pipe "$TEST_TMPDIR/wd_log.fifo"
+t0=$(date +%s)
+out=$(timeout -k 5 60 $MPIRUN -np 2 "$BUILD/chapter-2" --dp 2 --steps 100000 --peak-gflops 10 --timeout 2 \
+    --log "$TEST_TMPDIR/wd_log.fifo" 2>&1)
+rc=$? t1=$(date +%s)
+kill $FILLER_PID 2>/dev/null
+wait $FILLER_PID 2>/dev/null
+if [ $rc -ne 0 ] && [ $rc -ne 124 ] && [ "$(echo "$out" | grep -c '^error: watchdog')" = 1 ] &&
+    echo "$out" | grep -q "^error: watchdog: every rank has waited more than 2 s at step [0-9]* and none can move (a deadlock): rank 0 in write to --log for [0-9]* s; rank 1 in allreduce on group dp for [0-9]* s: ending every rank$"; then
+    pass "watchdog: a --log pipe whose reader stopped: rank 0 in its write, every rank ended in $((t1 - t0)) s with one message naming it"
+else
+    fail "watchdog: a --log pipe whose reader stopped" "exit $rc (124 = hang) after $((t1 - t0)) s; $(echo "$out" | grep -E '^error' | head -2)"
+fi
 
 # a plain MPI call (a loss's mean, a stage's loss broadcast, a checkpoint's
 # "every writer done?", a new group), not one of comm.c's marked waits: watch_mpi.c

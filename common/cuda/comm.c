@@ -269,6 +269,24 @@ static void decide_streams(void) {
                             "program's (%d) to decide NCCL's launch ordering\n", built);
     }
     use_channels = own_streams && (driver < built ? driver : built) >= 12030;
+    // Two settings order kernels by their ends again, and the channels would
+    // deadlock: NCCL_COMM_SPLIT_SHARE_RESOURCES=1 gives each split-off
+    // channel its parent's one internal stream (NCCL's init.cc), and
+    // CUDA_LAUNCH_BLOCKING=1 returns from a receive's launch only when it
+    // has ended, before the host could issue the send that feeds the peer's.
+    // The held path groups a send with its receive: it takes over.
+    const char* serial[2] = {"NCCL_COMM_SPLIT_SHARE_RESOURCES", "CUDA_LAUNCH_BLOCKING"};
+    for (int i = 0; i < 2 && use_channels; i++) {
+        const char* set = getenv(serial[i]);
+        if (set && strcmp(set, "0") != 0) {
+            use_channels = 0;
+            int rank = 0;
+            MPI_CHECK(MPI_Comm_rank(MPI_COMM_WORLD, &rank));
+            if (rank == 0)
+                fprintf(stderr, "note: %s=%s orders NCCL's kernels by their ends: point-to-point messages are held and "
+                                "grouped, without channels (docs/notes/cuda.md)\n", serial[i], set);
+        }
+    }
     // every rank the same decision, the least capable rank's: channels are
     // made by ncclCommSplit, collective over the world, and a message must
     // meet its match on the same communicator. Nodes may differ in their

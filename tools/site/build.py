@@ -476,10 +476,9 @@ class Site:
         back = ''
         refs = self.backlinks.get(rel, [])
         if refs:
-            seen = []
-            for doc, lo, hi in refs:
-                if (doc, lo, hi) not in seen:
-                    seen.append((doc, lo, hi))
+            # the docs render on two threads, so refs arrive in either order: sort them
+            order = {d: k for k, d in enumerate(self.docs)}
+            seen = sorted(set(refs), key=lambda r: (order.get(r[0], len(order)), r[0], r[1], r[2]))
             items = ', '.join('<a href="%s">%s</a> (<a href="#L%d%s">%s</a>)' % (
                 relative(site_path(d, self.repo), page), html.escape(self.short(d)), lo,
                 '-L%d' % hi if hi > lo else '', '%d-%d' % (lo, hi) if hi > lo else lo) for d, lo, hi in seen[:40])
