@@ -16,7 +16,7 @@
 // cut into chunks, at 1, 2 and 4 threads, and each row must equal its
 // alone-result bit for bit. A vector width or alignment that changed a sum's
 // order would show here on any CPU that has it; CI runs this program at
-// several instruction-set levels (make isa-check).
+// several instruction-set levels (make portability).
 //
 // The reductions the chapters report are checked the same way: the
 // gradient's sum of squares (the norm) at 1, 2 and 4 threads and misaligned.
