@@ -96,12 +96,13 @@ else ifeq ($(BACKEND),cuda)
   BIN := $(BUILD)/cuda
   CUDA_HOME ?= $(patsubst %/bin/nvcc,%,$(HAVE_NVCC))
   NVCC      ?= $(CUDA_HOME)/bin/nvcc
-  # real code for A100 (sm_80) and H100 (sm_90), and sm_90's PTX for newer
-  # GPUs to compile at load; nvcc's own default (sm_75) would make an H100
-  # JIT-compile every kernel at the first launch. It costs build time: a full
-  # `make -j2 BACKEND=cuda all` took 33.3 s against 27.5 s (docs/cuda.md).
-  CUDA_ARCH ?= -gencode arch=compute_80,code=sm_80 -gencode arch=compute_90,code=sm_90 \
-               -gencode arch=compute_90,code=compute_90
+  # real code for T4 and RTX 20xx (sm_75: the free notebook GPUs students
+  # start on), A100 (sm_80) and H100 (sm_90), and sm_90's PTX for newer GPUs
+  # to compile at load; nvcc's own default (sm_75 alone) would make an H100
+  # JIT-compile every kernel at the first launch. Each target costs build
+  # time: sm_75's added 16% of a full build's CPU time (docs/cuda.md).
+  CUDA_ARCH ?= -gencode arch=compute_75,code=sm_75 -gencode arch=compute_80,code=sm_80 \
+               -gencode arch=compute_90,code=sm_90 -gencode arch=compute_90,code=compute_90
   # --fmad=false: no fused multiply-adds, as gcc compiles the CPU twin, so the
   # two backends round the same formulas alike (reduction orders still differ).
   # -lineinfo: line tables for the device code, without changing its
