@@ -306,7 +306,7 @@ int main(int argc, char** argv) {
     // --sample / --save from the whole model assembled on rank 0
     float* shard = fsdp_gather_host(f);  // this tp rank's whole shard, on dp rank 0
     int agree = tp_replicas_agree(&m, shard);
-    print0("replicated tensors (LayerNorms, row-parallel biases, wpe, lnf): %s on every tp rank\n",
+    print0("replicated tensors (LayerNorms, row-parallel biases, wpe, lnf) and losses: %s on every tp rank\n",
            agree ? "bit-identical" : "DIFFERENT");
     float* full = train_wants_params(args) ? tp_gather_full_model(&m, shard) : NULL;
     train_finish_params(args, cfg, T, full);

@@ -439,8 +439,10 @@ float tp_val_loss(TPModel* m, const TrainSetup* s, int n_batches, TrainForward f
 }
 
 // A bitwise fingerprint of the replicated tensors in this tp rank's whole
-// shard (host, on dp rank 0): equal on every tp rank iff their copies agree
-// exactly. Returns 1 when they do, on every rank. Plain MPI, uncounted.
+// shard (host, on dp rank 0) and of the last forward's per-token losses
+// (the merge in rank order gives every tp rank the same ones): equal on
+// every tp rank iff they agree exactly. Returns 1 when they do, on every
+// rank. Plain MPI, uncounted.
 int tp_replicas_agree(const TPModel* m, const float* shard) {
     int mine = 1, all = 0;
     if (shard) {
@@ -453,6 +455,11 @@ int tp_replicas_agree(const TPModel* m, const float* shard) {
                 memcpy(&bits, shard + tl->off + k, sizeof(bits));
                 h = h * 1099511628211ull + bits + 1;
             }
+        }
+        for (int n = 0; n < m->B * m->T; n++) {
+            unsigned int bits;
+            memcpy(&bits, m->losses_host + n, sizeof(bits));
+            h = h * 1099511628211ull + bits + 1;
         }
         MPI_CHECK(MPI_Allreduce(&h, &lo, 1, MPI_UNSIGNED_LONG_LONG, MPI_MIN, m->tp->mpi));
         MPI_CHECK(MPI_Allreduce(&h, &hi, 1, MPI_UNSIGNED_LONG_LONG, MPI_MAX, m->tp->mpi));

@@ -536,7 +536,7 @@ int sp_finish(SP* s, const TrainArgs* args, int ln_agree) {
     int agree = tp_replicas_agree(m, shard);
     print0("LayerNorm gradients (summed over tp): %s\n",
            ln_agree ? "bit-identical on every tp rank at every step" : "DIFFERENT between tp ranks");
-    print0("replicated tensors (LayerNorms, row-parallel biases, wpe, lnf): %s on every tp rank\n",
+    print0("replicated tensors (LayerNorms, row-parallel biases, wpe, lnf) and losses: %s on every tp rank\n",
            agree ? "bit-identical" : "DIFFERENT");
     float* full = train_wants_params(args) ? tp_gather_full_model(m, shard) : NULL;
     train_finish_params(args, &m->cfg, m->T, full);  // --sample, --save: the whole model on rank 0

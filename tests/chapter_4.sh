@@ -3,7 +3,7 @@
 # issue ((dp, tp) = (1,2), (2,1), (2,2), (1,4) on tiny, (1,3) on small: its
 # 6 heads, and a vocabulary of 256 rows split unevenly), with the gradient
 # norms (replicated tensors counted once) and the validation loss;
-# replicated tensors bit-identical on every tp rank; memory and every
+# replicated tensors and the losses bit-identical on every tp rank; memory and every
 # collective per rank against docs/04_fsdp_tp.md's formulas; the other ZeRO
 # stages over dp; --save against chapter 0's file; a checkpoint read tile by
 # tile; training-state checkpoints (resume on the same mesh bit for bit, on

@@ -200,8 +200,8 @@ sp_case() {
     # bit-identical by construction: every tp rank receives the same all-reduced bytes and runs the same ops on them
     invariant --norm --val --expect "LayerNorm gradients (summed over tp): bit-identical on every tp rank at every step" \
         "$name" "$INV_FLAGS" $np chapter-6 "--dp $dp --tp $tp --sp ${3:-}"
-    echo "$OUT" | grep -qF "replicated tensors (LayerNorms, row-parallel biases, wpe, lnf): bit-identical on every tp rank" &&
-        pass "$name: replicated tensors bit-identical on every tp rank" ||
+    echo "$OUT" | grep -qF "replicated tensors (LayerNorms, row-parallel biases, wpe, lnf) and losses: bit-identical on every tp rank" &&
+        pass "$name: replicated tensors and losses bit-identical on every tp rank" ||
         fail "$name: replicas" "$(echo "$OUT" | grep replicated)"
     cp "$INV_LOG" "$TEST_TMPDIR/sp_dp${dp}_tp${tp}.jsonl"
     sum=$(grep '"type":"summary"' "$INV_LOG")
