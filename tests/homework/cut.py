@@ -58,9 +58,11 @@ COPY_ANY = re.compile(r"//\s*(END\s+)?COPY OF\b")
 # kept out of a student tree (paths relative to the root)
 INSTRUCTOR_ONLY = ("docs/answers.md", "tests/homework/bugs/")
 # sections of a doc kept out of a student tree, their headings left (the
-# instructor's guide names every wrong answer the grader catches, and what
-# went wrong when the exercises were done: answers of this week and later ones)
-INSTRUCTOR_SECTIONS = {"docs/teaching.md": ("Wrong answers tried, and what catches each",
+# instructor's guide names where the tree still shows an answer, every wrong
+# answer the grader catches, and what went wrong when the exercises were
+# done: answers of this week and later ones)
+INSTRUCTOR_SECTIONS = {"docs/teaching.md": ("What a student tree still shows",
+                                            "Wrong answers tried, and what catches each",
                                             "Time, order and points per exercise")}
 
 
