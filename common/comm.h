@@ -63,6 +63,8 @@ typedef struct {
     void* device_event;  // CUDA backend: the event recorded after the operation
     int* mpi_counts;     // CPU backend: comm_ialltoallv's int counts and displacements,
                          // which MPI reads until completion (freed then)
+    const Comm* recv_comm;  // CPU backend: a comm_irecv's group and count,
+    size_t recv_floats;     // checked against the message on completion
     int coll, axis;      // what it is, its bytes and when it started, for the trace (trace.h)
     double bytes, t_start;
 } CommRequest;
@@ -168,6 +170,8 @@ void comm_alltoall(const Comm* c, const float* send, float* recv, size_t count);
 void comm_alltoallv(const Comm* c, const float* send, const size_t* send_counts,
                     const size_t* send_displs, float* recv, const size_t* recv_counts,
                     const size_t* recv_displs);
+// A receive's count must be its send's, as NCCL requires: MPI would take
+// a shorter message, the CPU backend ends the job naming both ranks.
 void comm_send(const Comm* c, const float* buf, size_t count, int peer);
 void comm_recv(const Comm* c, float* buf, size_t count, int peer);
 // Sends to one peer while receiving from another (a ring step), without deadlock.

@@ -1,6 +1,7 @@
 #!/bin/bash
 # The comm layer beyond one axis: groups over several mesh axes and over
-# listed ranks (tests/test_comm.c on 4 ranks), their summary keys, and the
+# listed ranks (tests/test_comm.c on 4 ranks), their summary keys, a message
+# shorter than its receive refused (NCCL's rule, on the CPU), and the
 # progress call that moves non-blocking MPI operations while compute runs.
 . "$(dirname "$0")/lib.sh"
 # test_comm on 4 ranks: every group over every set of axes of a 2x2 (dp x
@@ -25,6 +26,18 @@ else
     fail "summary keys for groups" "$(grep -o '"comm":{.\{0,300\}' "$comm_log" 2>/dev/null)"
 fi
 error_case tests/test_comm 4 "--bad-list" "comm_create_group_ranks: rank 0 is listed twice"
+# a message shorter than the receive posted for it: MPI takes it, NCCL would
+# not match the two, so the CPU backend ends the job naming both ranks
+for mode in recv sendrecv irecv; do
+    out=$(timeout -k 5 60 $MPIRUN -np 4 "$BUILD/tests/test_comm" --short-message $mode 2>&1)
+    rc=$?
+    if [ $rc -ne 0 ] && [ $rc -ne 124 ] &&
+        echo "$out" | grep -q "^\[rank 1\] .*: rank 1 of group world received 3 floats from its rank 0 where the receive posted 4: a send and its receive must have the same count"; then
+        pass "comm_$mode: a message of 3 floats into a receive of 4 ends the job, both ranks named"
+    else
+        fail "comm_$mode with a short message" "exit $rc (124 = hang); $(echo "$out" | grep -E 'rank|error' | head -2)"
+    fi
+done
 reference "--steps 10 --batch 24 --seq 32 --peak-gflops 10"
 ref=$REF
 for us in 1 0; do

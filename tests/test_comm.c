@@ -296,11 +296,14 @@ static void test_wait_clocks(const Comm* world) {
 int main(int argc, char** argv) {
     runtime_init(&argc, &argv);
     const char* log_path = NULL;
+    const char* short_message = NULL;
     int bad_list = 0;
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--log") && i + 1 < argc) log_path = argv[++i];
         else if (!strcmp(argv[i], "--bad-list")) bad_list = 1;
-        else fail_all("test_comm: unknown argument '%s' (takes --log FILE and --bad-list)", argv[i]);
+        else if (!strcmp(argv[i], "--short-message") && i + 1 < argc) short_message = argv[++i];
+        else fail_all("test_comm: unknown argument '%s' (takes --log FILE, --bad-list, --short-message recv|sendrecv|irecv)",
+                      argv[i]);
     }
     int n = 0;
     MPI_CHECK(MPI_Comm_size(MPI_COMM_WORLD, &n));
@@ -314,6 +317,24 @@ int main(int argc, char** argv) {
         Comm g;
         comm_create_group_ranks(&g, ranks, 3, "bad");  // must not return
         fail_all("test_comm --bad-list: a list with rank 0 twice was accepted");
+    }
+    if (short_message) {
+        // rank 0 sends 3 floats where rank 1 posted a receive of 4: NCCL
+        // would not match them, so the CPU backend ends the job (comm.c's
+        // check_received) instead of taking the short message
+        float* buf = mem_alloc_floats(4, MEM_OTHER);
+        int mode = !strcmp(short_message, "recv") ? 0 : !strcmp(short_message, "sendrecv") ? 1 : 2;
+        if (world.rank == 0 && mode == 1) comm_sendrecv(&world, buf, 3, 1, buf, 3, 1);
+        else if (world.rank == 0) comm_send(&world, buf, 3, 1);
+        if (world.rank == 1 && mode == 0) comm_recv(&world, buf, 4, 0);
+        if (world.rank == 1 && mode == 1) comm_sendrecv(&world, buf, 3, 0, buf, 4, 0);
+        if (world.rank == 1 && mode == 2) {
+            CommRequest req;
+            comm_irecv(&world, buf, 4, 0, &req);
+            comm_wait(&req);
+        }
+        MPI_CHECK(MPI_Barrier(MPI_COMM_WORLD));
+        fail_all("test_comm --short-message %s: a message shorter than its receive was taken", short_message);
     }
     comm_counts_reset();
     test_mesh((const int[NUM_AXES]){[AXIS_DP] = 2, [AXIS_TP] = 2}, "dp=2 x tp=2");

@@ -334,10 +334,25 @@ void comm_send(const Comm* c, const float* buf, size_t n, int peer) {
     wait_end(t0);
 }
 
+// A message must be as long as the receive posted for it. MPI accepts a
+// shorter one; NCCL does not (an ncclRecv's count is its ncclSend's), so on
+// the CUDA backend the same code would hang or corrupt: caught here, on the
+// CPU, with both ranks named.
+static void check_received(const Comm* c, const MPI_Status* st, size_t posted) {
+    int got = 0;
+    MPI_CHECK(MPI_Get_count(st, MPI_FLOAT, &got));
+    if ((size_t)got != posted)
+        FATAL("rank %d of group %s received %d floats from its rank %d where the receive posted %zu: a send and its "
+              "receive must have the same count (NCCL's rule)", c->rank, comm_axis_name(c->axis), got, st->MPI_SOURCE,
+              posted);
+}
+
 void comm_recv(const Comm* c, float* buf, size_t n, int peer) {
     comm_tally(c, COLL_RECV, n * sizeof(float), 0.0);
     double t0 = wait_begin(c, COLL_RECV, peer);
-    MPI_CHECK(MPI_Recv(buf, as_int(n), MPI_FLOAT, peer, p2p_tag, c->mpi, MPI_STATUS_IGNORE));
+    MPI_Status st;
+    MPI_CHECK(MPI_Recv(buf, as_int(n), MPI_FLOAT, peer, p2p_tag, c->mpi, &st));
+    check_received(c, &st, n);
     wait_end(t0);
 }
 
@@ -346,8 +361,10 @@ void comm_sendrecv(const Comm* c, const float* send, size_t send_n, int dest, fl
     comm_tally(c, COLL_SEND, send_n * sizeof(float), 1.0);
     comm_tally(c, COLL_RECV, recv_n * sizeof(float), 0.0);
     double t0 = wait_begin(c, COLL_RECV, source);
+    MPI_Status st;
     MPI_CHECK(MPI_Sendrecv(send, as_int(send_n), MPI_FLOAT, dest, p2p_tag, recv, as_int(recv_n),
-                           MPI_FLOAT, source, p2p_tag, c->mpi, MPI_STATUS_IGNORE));
+                           MPI_FLOAT, source, p2p_tag, c->mpi, &st));
+    check_received(c, &st, recv_n);
     wait_end(t0);
 }
 
@@ -517,6 +534,8 @@ void comm_irecv(const Comm* c, float* buf, size_t n, int peer, CommRequest* req)
     comm_tally(c, COLL_RECV, n * sizeof(float), 0.0);
     double t0 = start(req);
     MPI_CHECK(MPI_Irecv(buf, as_int(n), MPI_FLOAT, peer, p2p_tag, c->mpi, &req->mpi));
+    req->recv_floats = n;
+    req->recv_comm = c;
     track(req);
     comm_add_progress(now_seconds() - t0);
 }
@@ -527,7 +546,9 @@ void comm_wait(CommRequest* req) {
     untrack(req);
     watchdog_enter(collective_name((Collective)req->coll), comm_axis_name(req->axis), -1);
     double t0 = now_seconds();
-    MPI_CHECK(MPI_Wait(&req->mpi, MPI_STATUS_IGNORE));
+    MPI_Status st;
+    MPI_CHECK(MPI_Wait(&req->mpi, &st));
+    if (req->recv_comm) check_received(req->recv_comm, &st, req->recv_floats);
     comm_add_wait(now_seconds() - t0);
     watchdog_leave();
     comm_request_done(req);
@@ -543,8 +564,10 @@ int comm_test(CommRequest* req) {
     comm_request_current(req);
     double t0 = now_seconds();
     untrack(req);
-    MPI_CHECK(MPI_Test(&req->mpi, &done, MPI_STATUS_IGNORE));
+    MPI_Status st;
+    MPI_CHECK(MPI_Test(&req->mpi, &done, &st));
     if (done) {
+        if (req->recv_comm) check_received(req->recv_comm, &st, req->recv_floats);
         comm_request_done(req);
         if (req->scale_buf) ops_scale(req->scale_buf, req->scale_count, req->scale);
         free(req->mpi_counts);
