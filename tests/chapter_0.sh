@@ -1,6 +1,7 @@
 #!/bin/bash
-# Chapter 0: the mesh and the reference trainer (and the tokenizer), bad
-# input ending every rank with one message, --help.
+# Chapter 0: the mesh and the reference trainer (and the tokenizer, and
+# validation's cadence and data, which every chapter shares), bad input
+# ending every rank with one message, --help.
 . "$(dirname "$0")/lib.sh"
 
 echo "== chapter 0: the mesh"
@@ -121,6 +122,23 @@ if [ -n "$held" ] && [ "$held" -lt 1000 ] && [ -n "$asked" ] && [ "$asked" = "$(
     pass "--val-batches 1000 on a validation file of $held batches says so, and validates over those $held ($asked)"
 else
     fail "--val-batches past the validation file" "held '$held', losses '$asked' / '$(echo "$OUT" | grep 'val loss')'"
+fi
+
+# validation's cadence and its data: --val-every 5 over 10 steps validates
+# after steps 4 and 9 (the last) only, and on the --val file: the training
+# file given as --val gives another loss (every chapter compares its
+# validation with chapter 0's, which runs this same code: only an absolute
+# check sees it)
+mpi_run $T_SHORT 1 "$BUILD/chapter-0" --data "$TEST_TMPDIR/corpus_train.bin" --val "$TEST_TMPDIR/corpus_val.bin" --steps 10 --val-every 5 --val-batches 2 --peak-gflops 10 --log "$TEST_TMPDIR/cadence.jsonl"
+cadence=$(val_records "$TEST_TMPDIR/cadence.jsonl" | awk '{ print $1 }' | paste -sd ' ')
+mpi_run $T_SHORT 1 "$BUILD/chapter-0" --data "$TEST_TMPDIR/corpus_train.bin" --val "$TEST_TMPDIR/corpus_val.bin" --steps 0 --val-batches 2 --peak-gflops 10
+on_val=$(echo "$OUT" | grep 'val loss')
+mpi_run $T_SHORT 1 "$BUILD/chapter-0" --data "$TEST_TMPDIR/corpus_train.bin" --val "$TEST_TMPDIR/corpus_train.bin" --steps 0 --val-batches 2 --peak-gflops 10
+on_train=$(echo "$OUT" | grep 'val loss')
+if [ "$cadence" = "4 9" ] && [ -n "$on_val" ] && [ -n "$on_train" ] && [ "$on_val" != "$on_train" ]; then
+    pass "--val-every 5 over 10 steps validates after steps 4 and 9 only; --val is what it validates on ($on_val, the training file's: ${on_train##* })"
+else
+    fail "validation's cadence and data" "records after steps '$cadence' (want '4 9'); --val the validation file: '$on_val', the training file: '$on_train'"
 fi
 
 # --sample N prints N generated characters after training, then a newline.

@@ -5,9 +5,9 @@
 
 echo "== chapter 2: data parallel"
 # the invariant: every mode, dp = 1..4, with and without gradient accumulation,
-# reproduces the reference's losses and gradient norms (the norm before
-# clipping, as chapter 0 logs it; TOL and TOL_NORM in tests/lib.sh); every run
-# ends with bit-identical replicas.
+# reproduces the reference's losses, gradient norms (the norm before
+# clipping, as chapter 0 logs it; TOL and TOL_NORM in tests/lib.sh) and
+# validation loss; every run ends with bit-identical replicas.
 dp_steps=$INV_STEPS; dp_B=$INV_BATCH; dp_T=$INV_SEQ
 reference "$INV_FLAGS"
 if [ "$(cat "$REF.rc")" = 0 ] && [ "$(grep -c '"type":"step"' "$REF")" = $dp_steps ]; then
@@ -79,7 +79,9 @@ dp_accounting() {
 }
 dp_case() {  # MODE NP ACC: one layout's invariant and accounting
     # bit-identical replicas by construction: every replica applies the same all-reduced bytes from the same start
-    invariant --norm --expect "bit-identical on every rank" "data parallel $1 dp=$2 grad-accum=$3" \
+    # and chapter 0's validation loss: each rank validates its slice of every
+    # validation batch, micro-batch by micro-batch under --grad-accum
+    invariant --norm --val --expect "bit-identical on every rank" "data parallel $1 dp=$2 grad-accum=$3" \
         "$INV_FLAGS" $2 chapter-2 "--dp $2 --dp-mode $1 --grad-accum $3 --bucket-kb 64"
     dp_accounting $1 $2 $3 "$INV_LOG"
 }

@@ -65,6 +65,10 @@ head -c 5000 "$TEST_TMPDIR/corpus.txt" > "$TEST_TMPDIR/short_val.txt"
 cp "$TEST_TMPDIR/short_val_val.bin" "$TEST_TMPDIR/bigtok.bin"
 printf '\x2c\x01' | dd of="$TEST_TMPDIR/bigtok.bin" bs=1 seek=$((1024 + 2 * 10)) conv=notrunc status=none  # token 10: 300
 jobs_run error_case chapter-0 1 "--val $TEST_TMPDIR/bigtok.bin" "validation file '$TEST_TMPDIR/bigtok.bin' holds token id 300 but the model's vocabulary has 256: give validation data"
+# the same in the file's last token (500 tokens: the last at 1024 + 2 * 499)
+cp "$TEST_TMPDIR/short_val_val.bin" "$TEST_TMPDIR/bigtok_last.bin"
+printf '\x2c\x01' | dd of="$TEST_TMPDIR/bigtok_last.bin" bs=1 seek=$((1024 + 2 * 499)) conv=notrunc status=none
+jobs_run error_case chapter-0 1 "--val $TEST_TMPDIR/bigtok_last.bin" "validation file '$TEST_TMPDIR/bigtok_last.bin' holds token id 300 but the model's vocabulary has 256"
 jobs_run error_case chapter-0 1 "--val $TEST_TMPDIR/short_val_val.bin --batch 8" "validation file '$TEST_TMPDIR/short_val_val.bin' has 500 tokens, fewer than one batch"
 jobs_run error_case chapter-0 1 "--data $CKPT" "is an llm.c model checkpoint, not training data"
 # a weight that is not a number is the file's fault, named where it sits

@@ -92,6 +92,15 @@ static void test_text_split(void) {
           "train %zu, val %zu", train.count, val.count);
     data_close(&train);
     data_close(&val);
+    // a length that is no multiple of 10: val is the last len/10 bytes,
+    // rounded down (95 bytes: 86 and 9), not 90% rounded
+    write_bytes(path, text, 95);
+    bad = data_open(path, &train, &val, msg, sizeof(msg));
+    check(bad == NULL && train.count == 86 && val.count == 9 && val.tokens[0] == (uint16_t)text[86],
+          "data: a 95-byte text splits into 86 train and 9 val tokens (val = the last len/10)",
+          "train %zu, val %zu", train.count, val.count);
+    data_close(&train);
+    data_close(&val);
     remove(path);
 }
 
@@ -105,6 +114,14 @@ static void test_batches(void) {
     size_t per_epoch = data_batches_per_epoch(&set, B, T);
     check(per_epoch == (n - 1) / (size_t)(B * T), "data: whole batches per epoch = (count - 1) / (B*T)",
           "%zu", per_epoch);
+    // a batch reads B*T + 1 tokens (the targets one ahead): 5 batches' worth
+    // of tokens exactly holds 4 whole ones, one token more holds 5
+    TokenSet exact = {.tokens = tokens, .count = 5 * (size_t)(B * T), .max_token = 10006};
+    size_t k4 = data_batches_per_epoch(&exact, B, T);
+    exact.count++;
+    size_t k5 = data_batches_per_epoch(&exact, B, T);
+    check(k4 == 4 && k5 == 5, "data: 5*B*T tokens hold 4 whole batches (the last target is one past), 5*B*T + 1 hold 5",
+          "%zu and %zu", k4, k5);
     int* in = malloc(sizeof(int) * B * T);
     int* tg = malloc(sizeof(int) * B * T);
     int ok_pos = 1, ok_split = 1;
