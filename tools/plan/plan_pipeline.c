@@ -158,11 +158,11 @@ const char* plan_pipeline_lists(const PlanArgs* a, int m, PlanInfo* info, char* 
         }
     }
     sends_bound(&pl.sched, pl.S);
-    // the bubble of the lists with F = B = W = one unit (the chapter's
+    // the bubble of the lists with F one unit, a whole B two (the chapter's
     // "bubble_simulated"), next to the closed form
     info->bubble = sim.bubble;
     static char how[160];
-    snprintf(how, sizeof(how), "the lists run with F = B = W = 1 unit; closed form %.4f",
+    snprintf(how, sizeof(how), "the lists run with F = 1 unit, a whole B 2 (split: B = W = 1); closed form %.4f",
              schedule_bubble_formula((ScheduleKind)kind, pp, m, v));
     info->bubble_how = how;
     return NULL;
