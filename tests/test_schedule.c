@@ -2,9 +2,10 @@
 // of (pp, m, v), without training: every list is valid (one F, B and, for zb,
 // W per microbatch-chunk, in order; no deadlock; every message received),
 // the peak microbatches in flight match the memory formulas (GPipe: m on
-// every stage; 1F1B: min(pp - s, m) on stage s; ZB-H1: min(pp, m)), and the
-// simulated bubble of GPipe and 1F1B is (pp-1)/(m+pp-1). Then the validator
-// must catch broken lists.
+// every stage; 1F1B: min(pp - s, m) on stage s; ZB-H1: min(pp, m);
+// interleaved: its warm-up 2(pp - s - 1) + (v - 1) pp plus one, at most m v),
+// and the simulated bubble of GPipe and 1F1B is (pp-1)/(m+pp-1), ZB-H1's
+// (pp-1)/(3m+pp-1) once m >= pp. Then the validator must catch broken lists.
 //   build/tests/test_schedule [--show SCHEDULE PP M V]
 //
 // modules: 05_pipeline/schedule
@@ -41,11 +42,17 @@ static int grid(ScheduleKind kind) {
                         if (kind == SCHED_GPIPE) want = m;
                         if (kind == SCHED_1F1B) want = pp - r < m ? pp - r : m;
                         if (kind == SCHED_ZB) want = pp < m ? pp : m;
+                        if (kind == SCHED_INTERLEAVED) {  // Megatron's warm-up, then one more F before the first B
+                            int warmup = m == pp ? m * v : (pp - r - 1) * 2 + (v - 1) * pp;
+                            want = warmup + 1 < m * v ? warmup + 1 : m * v;
+                        }
                         if (want >= 0 && p != want)
                             snprintf(detail, sizeof(detail), "rank %d holds %d microbatches at peak, want %d", r, p, want);
                     }
                     double f = schedule_bubble_formula(kind, pp, m, v);
-                    if ((kind == SCHED_GPIPE || kind == SCHED_1F1B) && fabs(sim.bubble - f) > 1e-12)
+                    // exact: GPipe's and 1F1B's at every m, ZB-H1's once m >= pp (the paper's (pp-1)/(3m+pp-1))
+                    int exact = kind == SCHED_GPIPE || kind == SCHED_1F1B || (kind == SCHED_ZB && m >= pp);
+                    if (exact && fabs(sim.bubble - f) > 1e-12)
                         snprintf(detail, sizeof(detail), "simulated bubble %.4f, formula %.4f", sim.bubble, f);
                     // the split backward never makes the bubble worse than 1F1B's
                     if (kind == SCHED_ZB && sim.bubble > schedule_bubble_formula(SCHED_1F1B, pp, m, 1) + 1e-12)
