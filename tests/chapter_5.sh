@@ -43,6 +43,37 @@ pp_acts() {
         }
         print "[" out "]" }'
 }
+# timeline_check LOG DP: every timeline record names its rank's place
+# (dp varies fastest, mesh.h: stage rank / DP, dp rank rank % DP), and the
+# summary's bubble_measured is the mean over the timed steps (1..9) of each
+# step's 1 - busy / (ranks x span), recomputed from the records' times (the
+# same stamps, rounded to the microsecond: within 2e-3)
+timeline_check() {
+    python3 - "$1" "$2" <<'PY'
+import json, sys
+recs = [json.loads(l) for l in open(sys.argv[1]) if '"type":"timeline"' in l or '"type":"summary"' in l]
+dp = int(sys.argv[2])
+steps = {}
+for r in recs:
+    if r["type"] != "timeline":
+        continue
+    if r["stage"] != r["rank"] // dp or r["dp"] != r["rank"] % dp:
+        sys.exit("rank %d logged as stage %d, dp %d" % (r["rank"], r["stage"], r["dp"]))
+    steps.setdefault(r["step"], []).append(r["actions"])
+bubbles = []
+for step in sorted(steps):
+    acts = [a for rank in steps[step] for a in rank]
+    t0, t1 = min(a[3] for a in acts), max(a[4] for a in acts)
+    busy = sum(a[4] - a[3] for a in acts)
+    if step > 0:
+        bubbles.append(1 - busy / (len(steps[step]) * (t1 - t0)))
+want = sum(bubbles) / len(bubbles)
+got = [r for r in recs if r["type"] == "summary"][-1]["bubble_measured"]
+if abs(got - want) > 2e-3:
+    sys.exit("bubble_measured %.4f, the timelines' %.4f" % (got, want))
+print("bubble_measured %.4f, the timelines' %.4f" % (got, want))
+PY
+}
 # pp_case MODEL B DP PP M SCHED V LAYERS [RECOMPUTE]: the invariant (losses,
 # norms and the validation loss, which runs forward through the stages on
 # each dp rank's share), the timelines, and (v = 1) the activation bytes of
@@ -55,10 +86,10 @@ pp_case() {
         "--dp $dp --pp $pp --schedule $sched --virtual $v --microbatches $m --recompute $rc"
     # each rank logs its timeline every step, and the summary the measured bubble
     n=$(grep -c '"type":"timeline"' "$INV_LOG")
-    if [ "$n" = $((10 * dp * pp)) ] && grep -q '"bubble_measured":' "$INV_LOG"; then
-        pass "$name: a timeline per rank per step and the measured bubble in the log"
+    if [ "$n" = $((10 * dp * pp)) ] && got=$(timeline_check "$INV_LOG" $dp 2>&1); then
+        pass "$name: a timeline per rank per step, each rank's stage and dp rank, and the measured bubble ($got)"
     else
-        fail "$name: timelines" "$n timeline records, want $((10 * dp * pp)); command: $CMD"
+        fail "$name: timelines" "$n timeline records, want $((10 * dp * pp)); ${got:-}; command: $CMD"
     fi
     [ $v = 1 ] || return 0
     want=$(pp_acts $B $dp $pp $m $sched $rc $(echo $layers | tr ',' ' '))
@@ -174,6 +205,22 @@ ck5_case c0r "chapter 0 resumed from chapter 5 pp=2's step 5 continues chapter 0
 mpi_run $T_RUN 1 "$BUILD/chapter-0" $CK5_FLAGS --ckpt-dir "$CK5/c0" --save-every 5
 ck5_case dp2pp2 "chapter 5 dp=2 x pp=2 resumed from chapter 0's step 5 continues chapter 0's losses" "$REF" $TOL \
     4 chapter-5 --dp 2 --pp 2 --resume "$CK5/c0/step-00000005"
+
+# --save gathers every stage's pieces where chapter 0 has them: an untrained
+# model saved from pp=2 and from interleaved pp=3 x 2 chunks (one layer a
+# chunk, the last stage's tied wte copy not written) is chapter 0's file byte
+# for byte (init is counter-based and the gather a copy: the same bits by
+# construction); a piece at its local offset fails here
+mpi_run $T_SHORT 1 "$BUILD/chapter-0" --model tiny6 --steps 0 --peak-gflops 10 --save "$CK5/init0.bin"
+for mesh in "2 --pp 2" "3 --pp 3 --schedule interleaved --virtual 2 --microbatches 2"; do
+    np=${mesh%% *}
+    mpi_run $T_SHORT "$np" "$BUILD/chapter-5" --model tiny6 --steps 0 --peak-gflops 10 ${mesh#* } --save "$CK5/init_pp$np.bin"
+    if [ $RC = 0 ] && [ -s "$CK5/init0.bin" ] && cmp -s "$CK5/init0.bin" "$CK5/init_pp$np.bin"; then
+        pass "pipeline: --save of the untrained tiny6 from ${mesh#* } = chapter 0's file, byte for byte"
+    else
+        fail "pipeline: untrained --save from ${mesh#* }" "exit $RC; $(cmp "$CK5/init0.bin" "$CK5/init_pp$np.bin" 2>&1 | head -1)"
+    fi
+done
 
 # --show-schedule: the simulated timeline before training
 mpi_run $T_SHORT 2 "$BUILD/chapter-5" --pp 2 --microbatches 3 --batch 6 --schedule zb --steps 0 --show-schedule --peak-gflops 10

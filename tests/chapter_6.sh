@@ -1,7 +1,8 @@
 #!/bin/bash
 # Chapter 6: context parallelism. Ring attention over a simulated ring
 # against whole-sequence attention (test_ring); the invariant for ring (none
-# and zigzag) and Ulysses on cp = 2 and 4 and for dp x cp = 2 x 2; the cp
+# and zigzag) and Ulysses on cp = 2 and 4 (Ulysses over zigzag at cp = 2)
+# and for dp x cp = 2 x 2; the cp
 # traffic, the gradient all-reduce and the memory per rank against their
 # formulas; --recompute (the same bits, memory and traffic per formula); bad
 # meshes and flags; --help.
@@ -21,6 +22,8 @@ invariant --norm --val "cp=2 ulysses" "$INV_FLAGS" 2 chapter-6 "--cp 2 --cp-mode
 ULY2=$INV_LOG
 invariant --norm --val "cp=4 ulysses" "$INV_FLAGS" 4 chapter-6 "--cp 4 --cp-mode ulysses"
 ULY4=$INV_LOG
+# Ulysses over zigzag's layout: its all-to-alls move each rank's two parts
+invariant --norm --val "cp=2 ulysses zigzag" "$INV_FLAGS" 2 chapter-6 "--cp 2 --cp-mode ulysses --cp-balance zigzag"
 invariant --norm --val "dp=2 x cp=2 ring zigzag" "$INV_FLAGS" 4 chapter-6 "--dp 2 --cp 2 --cp-balance zigzag"
 # weight decay, as chapter 0 applies it to every parameter
 invariant --val "cp=2 ring --wd 0.1" "$INV_FLAGS --wd 0.1" 2 chapter-6 "--cp 2"
@@ -115,12 +118,14 @@ else
     fail "cp=2 ring --cp-overlap 0" "the losses and norms differ from the overlapped ring's (or a log is empty)"
 fi
 
-# Training-state checkpoints: the cp=2 zigzag ring run saves at step 5 (world
-# rank 0 writes the replica's state); cp=4 Ulysses resumes it and continues
-# chapter 0's losses (steps 5..9) within TOL and its norms within TOL_NORM.
+# Training-state checkpoints: the dp=2 x cp=2 zigzag ring run saves at step 5
+# (world rank 0 alone writes the replica's state: with dp = 2 a cp group's
+# rank 0 is not enough, its save would hold every float twice); cp=4 Ulysses
+# resumes it and continues chapter 0's losses (steps 5..9) within TOL and its
+# norms within TOL_NORM.
 CK6=$TEST_TMPDIR/ck6
-invariant "checkpoint: cp=2 ring zigzag saving at step 5" "--steps 5 --batch $INV_BATCH --seq $INV_SEQ --peak-gflops 10" 2 \
-    chapter-6 "--cp 2 --cp-balance zigzag --ckpt-dir $CK6"
+invariant "checkpoint: dp=2 x cp=2 ring zigzag saving at step 5" "--steps 5 --batch $INV_BATCH --seq $INV_SEQ --peak-gflops 10" 4 \
+    chapter-6 "--dp 2 --cp 2 --cp-balance zigzag --ckpt-dir $CK6"
 reference "$INV_FLAGS"
 mpi_run $T_RUN 4 "$BUILD/chapter-6" $INV_FLAGS --cp 4 --cp-mode ulysses --resume "$CK6/step-00000005" --log "$TEST_TMPDIR/ck6r.jsonl"
 cmp=$(awk -v tol=$TOL -v ntol=$TOL_NORM '
@@ -136,7 +141,7 @@ cmp=$(awk -v tol=$TOL -v ntol=$TOL_NORM '
     "$REF" "$TEST_TMPDIR/ck6r.jsonl" 2>&1)
 cmp_rc=$?
 if [ $RC = 0 ] && [ $cmp_rc = 0 ] && echo "$OUT" | grep -q "checkpoint: resumed from"; then
-    pass "checkpoint: cp=4 ulysses resumed from cp=2 ring's step 5 continues chapter 0's losses and norms ($cmp)"
+    pass "checkpoint: cp=4 ulysses resumed from dp=2 x cp=2 ring's step 5 continues chapter 0's losses and norms ($cmp)"
 else
     fail "checkpoint: cp=4 ulysses resumed" "exit $RC; $cmp; command: $CMD; $(echo "$OUT" | grep -E 'error' | head -3)"
 fi

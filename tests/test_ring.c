@@ -171,11 +171,45 @@ static void owner_case(int B, int T, int n, int zigzag) {
     check(wrong == 0, name, "%d positions map elsewhere, the first %d", wrong, first);
 }
 
+// Every (query part, key part) pair of every two ranks: cp_pair_scores
+// counts its unmasked scores (k <= q, counted one by one here), and
+// cp_pair_visible skips exactly the pairs with none (a pair skipped with
+// scores would lose them; one computed without any wastes a block and
+// miscounts the summary's skipped pairs). The scores add up to a causal
+// sequence's T(T+1)/2.
+static void pairs_case(int T, int n, int zigzag) {
+    int len = zigzag ? T / (2 * n) : T / n, parts = zigzag ? 2 : 1, wrong = 0;
+    long total = 0;
+    char first[160] = "";
+    for (int r = 0; r < n; r++)
+        for (int src = 0; src < n; src++)
+            for (int qp = 0; qp < parts; qp++)
+                for (int kp = 0; kp < parts; kp++) {
+                    CPShard s = {.cp = n, .rank = r, .parts = parts, .len = len, .B = 1, .T = T};
+                    int q0 = cp_shard_pos(&s, r, qp), k0 = cp_shard_pos(&s, src, kp);
+                    long seen = 0;
+                    for (int i = 0; i < len; i++)
+                        for (int j = 0; j < len; j++) seen += k0 + j <= q0 + i;
+                    total += seen;
+                    if (cp_pair_scores(&s, q0, k0) != seen || cp_pair_visible(&s, q0, k0) != (seen > 0)) {
+                        if (!wrong)
+                            snprintf(first, sizeof first, "queries at %d, keys at %d: cp_pair_scores %ld, counted %ld, visible %d",
+                                     q0, k0, cp_pair_scores(&s, q0, k0), seen, cp_pair_visible(&s, q0, k0));
+                        wrong++;
+                    }
+                }
+    char name[160];
+    snprintf(name, sizeof name, "cp_pair_scores and cp_pair_visible on every pair of parts, T=%d cp=%d %s", T, n,
+             zigzag ? "zigzag" : "none");
+    check(wrong == 0 && total == (long)T * (T + 1) / 2, name, "%d pairs wrong (first: %s), %ld scores in all, want %ld",
+          wrong, first, total, (long)T * (T + 1) / 2);
+}
+
 int main(int argc, char** argv) {
     runtime_init(&argc, &argv);
     device_init(0);
     for (int n = 1; n <= 4; n++)
-        for (int zz = 0; zz < 2; zz++) owner_case(2, 24, n, zz);
+        for (int zz = 0; zz < 2; zz++) owner_case(2, 24, n, zz), pairs_case(24, n, zz);
     // (B, T, C, NH, cp): cp = 1 (the ring of one), 2, 3 (odd), 4; T with
     // parts of one position (T = 8, cp = 4, zigzag) up to 12 positions
     const int cases[][5] = {{2, 8, 16, 2, 1}, {2, 8, 16, 2, 2}, {1, 12, 8, 2, 3}, {2, 8, 16, 4, 4},
