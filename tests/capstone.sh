@@ -60,14 +60,14 @@ c7_resumed_dense() {
 }
 c7_act() { grep '"type":"summary"' "$1" | sed 's/.*"activations":\[\([0-9]*\),.*/\1/'; }
 c7m_same() {  # NAME NP FLAGS: against one rank with --microbatches 2, aux_loss too
-    local log=$TEST_TMPDIR/c7m_$2_$(echo "$1" | tr -cd 'a-z0-9').jsonl a="" b=""
+    local log=$TEST_TMPDIR/c7m_$2_$(echo "$1" | tr -cd 'a-z0-9').jsonl a="" b="" v=""
     mpi_run $T_RUN "$2" "$BUILD/capstone" $c7_flags --microbatches 2 $3 --log "$log"
     C7_LOG=$log
     if [ $RC = 0 ] && a=$(bash tests/compare_routing.sh "$c7m_ref" "$log" $TOL $TOL_NORM 2>&1) &&
-        b=$(bash tests/compare_losses.sh "$c7m_ref" "$log" $TOL aux_loss 2>&1); then
-        pass "capstone: $1 with 2 microbatches reproduces one rank's ($a; aux_loss ${b#* steps, })"
+        b=$(bash tests/compare_losses.sh "$c7m_ref" "$log" $TOL aux_loss 2>&1) && v=$(c7_val_same "$c7m_ref" "$log" "$a"); then
+        pass "capstone: $1 with 2 microbatches reproduces one rank's ($a; aux_loss ${b#* steps, }; $v)"
     else
-        fail "capstone: $1 with 2 microbatches" "exit $RC; $a; $b; command: $CMD; $(echo "$OUT" | grep -E 'error' | head -3)"
+        fail "capstone: $1 with 2 microbatches" "exit $RC; $a; $b; $v; command: $CMD; $(echo "$OUT" | grep -E 'error' | head -3)"
     fi
 }
 c7_align() {  # NAME NP FLAGS MESH [EXTRA]: MESH against one rank
@@ -521,15 +521,27 @@ if [ -n "$a2a_pp" ] && [ "${a2a_one:-0}" -gt 0 ] && [ $((a2a_pp * 4)) = $((a2a_o
 else
     fail "capstone: all-to-all bytes with --pp" "pp 2 x ep 2: ${a2a_pp:-none} (x4), ep 2: ${a2a_one:-none} (x2)"
 fi
-mpi_run $T_RUN 1 "$BUILD/capstone" --steps 1 --batch 8 --seq 16 --experts 4 --top-k 1 --capacity-factor 0.04 --microbatches 2 --peak-gflops 10
-if [ $RC = 0 ] && echo "$OUT" | grep -q "^warning: --capacity-factor 0.04 gives each expert 0.64 slots of a forward's 64 tokens, so 0"; then
-    pass "capstone: a capacity factor that drops every slot of a microbatch warns (0.64 slots of a forward's 64 tokens)"
+mpi_run $T_RUN 1 "$BUILD/capstone" --steps 2 --batch 8 --seq 16 --experts 4 --top-k 1 --capacity-factor 0.04 --microbatches 2 --peak-gflops 10 --log "$TEST_TMPDIR/c7_drop_all.jsonl"
+# ...and every slot is dropped: 8 x 16 tokens x k = 1 x 2 MoE layers = 256 a
+# step, each microbatch's counted once (a count carried from the first
+# microbatch into the second would say 384)
+dropped=$(grep '"type":"step"' "$TEST_TMPDIR/c7_drop_all.jsonl" | grep -o '"dropped":[0-9]*' | cut -d: -f2 | paste -sd ' ')
+if [ $RC = 0 ] && echo "$OUT" | grep -q "^warning: --capacity-factor 0.04 gives each expert 0.64 slots of a forward's 64 tokens, so 0" &&
+    [ "$dropped" = "256 256" ]; then
+    pass "capstone: a capacity factor that drops every slot of a microbatch warns (0.64 slots of a forward's 64 tokens) and drops all 256 slots a step"
 else
-    fail "capstone: the capacity warning with --microbatches" "exit $RC; $(echo "$OUT" | grep -E 'warning|error' | head -2)"
+    fail "capstone: the capacity warning with --microbatches" "exit $RC; dropped per step '$dropped', want '256 256'; $(echo "$OUT" | grep -E 'warning|error' | head -2)"
 fi
 declare -A c7_slots_want=([gpipe]='[4,4]' [1f1b]='[2,1]' [zb]='')
 for s in gpipe 1f1b zb; do
     invariant --norm --val "capstone: E=1, k=1 on pp=2 ($s, 4 microbatches) is chapter 0's dense model" "$INV_FLAGS" 2 capstone "--experts 1 --top-k 1 --pp 2 --schedule $s --microbatches 4"
+    # one expert: aux_loss is 1 per MoE layer in every microbatch, so their mean 2 (tiny: 2 layers)
+    n=$(grep '"type":"step"' "$INV_LOG" | grep -c '"aux_loss":2.0000000,"dropped":0,')
+    if [ "$n" = "$INV_STEPS" ]; then
+        pass "capstone: E=1 on pp=2 ($s, 4 microbatches) logs aux_loss 2 (the microbatches' mean of 1 per MoE layer), no drop, at each of the $INV_STEPS steps"
+    else
+        fail "capstone: E=1 aux_loss with microbatches ($s)" "$n of $INV_STEPS steps log aux_loss 2.0000000 and no drop: $(grep -m1 '"type":"step"' "$INV_LOG" | grep -o '"aux_loss":[^,]*,"dropped":[0-9]*')"
+    fi
     got=$(grep '"type":"summary"' "$INV_LOG" | grep -o '"activation_slots":\[[0-9,]*\]')
     mpi_run $T_RUN 2 "$BUILD/chapter-5" $INV_FLAGS --pp 2 --schedule $s --microbatches 4 --log "$TEST_TMPDIR/c7_slots5.jsonl"
     want=$(grep '"type":"summary"' "$TEST_TMPDIR/c7_slots5.jsonl" | grep -o '"activation_slots":\[[0-9,]*\]')
@@ -882,7 +894,9 @@ c7_zg=$((c7_zp + 4 * (54912 / 4 + 132352 / 2)))
 # The MoE model (E = 4, k = 2) on one rank is the reference of the meshes.
 c7_reference  # c7_flags, c7_ref (moe_lib.sh)
 # c7_same NAME NP FLAGS: the run reproduces the ep = 1 losses and norms up
-# to the first step whose routing differs (tests/compare_routing.sh: a
+# to the first step whose routing differs, and with the routing the same at
+# every step its validation losses (each dp share validates its own
+# sequences) (tests/compare_routing.sh: a
 # near-tie decided by the last bits of another summation order is not a
 # defect, docs/07_expert.md). ep = 2 (its all-to-all bytes and parameter
 # memory) and ep = 4 are chapter 7's, tests/chapter_7.sh; the capstone's own

@@ -405,7 +405,9 @@ jobs_run c7_sec_e1
 # The MoE model (E = 4, k = 2) on one rank is the reference of the meshes.
 c7_reference  # c7_flags, c7_ref (moe_lib.sh)
 # c7_same NAME NP FLAGS: the run reproduces the ep = 1 losses and norms up
-# to the first step whose routing differs (tests/compare_routing.sh: a
+# to the first step whose routing differs, and with the routing the same at
+# every step its validation losses (each dp share validates its own
+# sequences) (tests/compare_routing.sh: a
 # near-tie decided by the last bits of another summation order is not a
 # defect, docs/07_expert.md)
 c7_same "ep=2" 2 "--ep 2"

@@ -4,7 +4,8 @@
 // through the router, the top-k gates (k = 1 and k = 2), the capacity drop
 // and the load-balancing loss with its coefficient; and aux itself against
 // a count made here; and the host's waits for the device in each MoE
-// layer (device_host_waits): one a forward, none a backward.
+// layer (device_host_waits): one a forward, none a backward; and the FLOPs
+// and parameters a token meets (top-k experts, not all) against hand counts.
 //
 // It links the chapter's modules (07_expert/moe_layer.c: balance_loss,
 // plan_capacity, the layer's forward and backward; moe.c; moe_model.c), so
@@ -567,8 +568,33 @@ static void test_case(const MoeCase* mc) {
     moe_model_free(m);
 }
 
+// What a token meets, counted by hand: on tiny (L = 2, C = 64, Vp = 256, 120,576
+// parameters dense) with E = 4 experts of H = 4C, one expert a token (k = 1)
+// runs the dense MLP's FLOPs and parameters, plus the router's E C a layer;
+// k = 2 adds one expert's 2HC + H + C = 33,088 a layer. Absolute figures: the
+// planner calls the same functions, so a count of every expert as active
+// (E for k) would move both sides of its comparison with the runs.
+static void test_active_counts(void) {
+    GPTConfig tiny;
+    check(gpt_preset("tiny", &tiny), "preset tiny exists", "missing");
+    MoeConfig c = {.gpt = tiny, .experts = 4, .top_k = 1, .hidden = 4 * tiny.channels, .moe_every = 1};
+    // tiny at T = 64: 786,432 (test_model.c's) + 6 L E C = 3,072
+    double f1 = moe_flops_per_token(&c, 64);
+    size_t p1 = moe_active_params(&c), all = moe_num_params(&c);
+    c.top_k = 2;
+    // k = 2: + 6 L 2 H C = 393,216
+    double f2 = moe_flops_per_token(&c, 64);
+    size_t p2 = moe_active_params(&c);
+    check(f1 == 789504.0 && f2 == 1182720.0, "MoE flops per token, tiny E=4 at T=64: 789,504 at k=1, 1,182,720 at k=2",
+          "got %.0f and %.0f", f1, f2);
+    check(p1 == 121088 && p2 == 187264 && all == 319616,
+          "MoE parameters, tiny E=4: active 121,088 at k=1 and 187,264 at k=2, 319,616 in all",
+          "got %zu, %zu and %zu", p1, p2, all);
+}
+
 int main(int argc, char** argv) {
     runtime_init(&argc, &argv);
+    test_active_counts();
     run.device = device_init(runtime_local_rank());
     char msg[256];
     int sizes[NUM_AXES] = {0};  // one rank: every axis of size 1
