@@ -427,18 +427,26 @@ int sp_layernorm_grads_agree(const SP* s) {
 
 // ---------------------------------------------------------------- set-up
 
+const char* sp_mesh_problem(const GPTConfig* cfg, int B, int T, int dp, int tp, int cp, char* msg, size_t len) {
+    if (cp > 1)
+        return snprintf(msg, len, "--sp runs on a dp x tp mesh and --cp %d asks for context parallelism: use one "
+                        "of the two", cp), msg;
+    const char* bad = tp_mesh_problem(cfg, B, dp, tp, msg, len);  // chapter 4's
+    if (bad) return bad;
+    int Bl = B / dp;
+    if (((long)Bl * T) % tp != 0)
+        return snprintf(msg, len, "--sp splits the %d x %d = %d tokens of a dp rank's batch over tp=%d ranks, which "
+                        "does not divide them: use a --batch or --seq that makes (batch/dp) x seq divisible by %d",
+                        Bl, T, Bl * T, tp, tp), msg;
+    return NULL;
+}
+
 void sp_create(SP* s, const Run* run, int zero, int prefetch, int reshard) {
-    const GPTConfig* cfg = &run->setup.cfg;
     int tp = run->axes[AXIS_TP].size, dp = run->axes[AXIS_DP].size, T = run->setup.T;
-    if (run->axes[AXIS_CP].size > 1)
-        fail_all("--sp runs on a dp x tp mesh and --cp %d asks for context parallelism: use one of the two",
-                 run->axes[AXIS_CP].size);
-    tp_check_mesh(cfg, run->setup.B, dp, tp);
+    char msg[ERROR_MAX];
+    const char* bad = sp_mesh_problem(&run->setup.cfg, run->setup.B, T, dp, tp, run->axes[AXIS_CP].size, msg, sizeof(msg));
+    if (bad) fail_all("%s", bad);
     int B = run->setup.B / dp;
-    if (((long)B * T) % tp != 0)
-        fail_all("--sp splits the %d x %d = %d tokens of a dp rank's batch over tp=%d ranks, which does not "
-                 "divide them: use a --batch or --seq that makes (batch/dp) x seq divisible by %d",
-                 B, T, B * T, tp, tp);
     memset(s, 0, sizeof(*s));
     s->zero = zero, s->prefetch = prefetch, s->reshard = reshard;
     TPModel* m = &s->m;

@@ -50,8 +50,10 @@ typedef struct {
 // the global batch per dp rank (its tp group shares them). FSDP over dp as in chapter 4: ZeRO stage
 // `zero`, prefetch and reshard as chapter 3. Bad input (a cp axis, B*T not
 // divisible by tp, a mesh the model cannot split) ends every rank with one
-// message.
+// message: sp_mesh_problem's, which the planner asks too (NULL, or the
+// message in msg).
 void sp_create(SP* s, const Run* run, int zero, int prefetch, int reshard);
+const char* sp_mesh_problem(const GPTConfig* cfg, int B, int T, int dp, int tp, int cp, char* msg, size_t len);
 void sp_free(SP* s);
 // The start-up lines: the mesh, what a layer keeps against chapter 4.
 void sp_print_setup(const SP* s, const Run* run);

@@ -10,8 +10,8 @@
 # "comm_bounds" (chapter 7's all-to-all of routed tokens) must make the same
 # calls and at most the plan's bytes per rank, and where the plan gives their
 # sum over the ranks (dropless), exactly that. The plan's FLOPs per step, summed over
-# the ranks, equal the summary's flops_per_token x batch x seq (without
-# --recompute full, which adds a forward). The same runs print
+# the ranks, equal the summary's flops_per_token x batch x seq, plus with
+# --recompute full the blocks' forward again (twice with chapter 5's zb). The same runs print
 # --show-sharding's table (common/sharding.h), whose totals per rank of
 # params, grads and AdamW state must equal the summary's too.
 . "$(dirname "$0")/lib.sh"
@@ -90,6 +90,11 @@ def check(log, plan_text, table, flags):
         elif hi != v:
             bad.append(f"peak_bytes.{cat}: run {v}, plan {hi}")
     run_c, plan_c = json.loads(json.dumps(summ["comm"])), json.loads(json.dumps(plan["comm"]))
+    # chapter 7 without drops (no --capacity-factor, or one of E/k or more)
+    # sends every slot: the plan gives the exact sum; with k = E every token
+    # goes to every expert, so each rank's bytes are the bound itself
+    E, k, cf = summ.get("experts"), summ.get("top_k"), summ.get("capacity_factor", 0)
+    dropless = E is not None and (cf == 0 or cf >= E / k)
     for coll, axis, total in plan.get("comm_bounds", []):
         r, q = run_c.get(coll, {}).pop(axis, None), plan_c.get(coll, {}).pop(axis, None)
         if r is None or q is None or r["calls"] != q["calls"] or \
@@ -97,13 +102,26 @@ def check(log, plan_text, table, flags):
             bad.append(f"comm.{coll}.{axis}: run {r}, plan at most {q}")
         elif total and sum(r["bytes"]) != total:
             bad.append(f"comm.{coll}.{axis}: run's bytes sum to {sum(r['bytes'])}, plan {total}")
+        elif dropless and not total:
+            bad.append(f"comm.{coll}.{axis}: no drop (capacity {cf}, E {E}, k {k}), but the plan gives no exact sum")
+        elif dropless and k == E and r["bytes"] != q["bytes"]:
+            bad.append(f"comm.{coll}.{axis}: k = E routes every token everywhere: run {r['bytes']}, plan {q['bytes']}")
     run_c = {k: v for k, v in run_c.items() if v}
     plan_c = {k: v for k, v in plan_c.items() if v}
     if plan_c != run_c:
         bad.append(f"comm: run {json.dumps(summ['comm'])}, plan {json.dumps(plan['comm'])}")
     want = summ["flops_per_token"] * summ["batch"] * summ["seq"]
-    if "--recompute full" not in flags and sum(plan["flops_per_step"]) != want:
-        bad.append(f"FLOPs per step: plan {plan['flops_per_step']} summed, run {want}")
+    if "--recompute full" in flags:
+        # one forward of the blocks again (chapter 5's zb W runs it once
+        # more from its stash; the capstone's W runs queued matmuls): per
+        # token the summary's flops_per_token without the head's 6 Vp C,
+        # over 3 (forward 2 of forward + backward's 6)
+        Vp, C = {"tiny": (256, 64), "tiny6": (256, 64), "small": (256, 384)}[summ["model"]]
+        forwards = 2 if "--schedule zb" in flags and summ["chapter"] == 5 else 1
+        want += forwards * summ["batch"] * summ["seq"] * (summ["flops_per_token"] - 6 * Vp * C) // 3
+    if sum(plan["flops_per_step"]) != want:
+        bad.append(f"FLOPs per step: plan {plan['flops_per_step']} summed, run {want}"
+                   f"{' with the recompute forwards' if '--recompute full' in flags else ''}")
     return "; ".join(bad)
 
 
@@ -145,6 +163,8 @@ for z in 1 2 3; do
 done
 jobs_run same_as_run 2 4 --tp 2 --recompute full
 jobs_run same_as_run 4 4 --tp 4 --zero 3 --reshard 0 --recompute selective
+# a vocabulary tp does not divide (small's Vp 256 over 3): 86, 86, 84 rows
+jobs_run same_as_run 3 4 --tp 3 --model small --batch 2 --seq 32
 # chapter 5: the meshes, schedules and recompute modes of tests/chapter_5.sh
 # (pp_case: 32 tokens a sequence), its dp x pp run, and the defaults
 jobs_run same_as_run 2 5 --pp 2
@@ -245,6 +265,12 @@ c7 2 --batch 24 --seq 32 --experts 1 --top-k 1 --moe-every 2 --tp 2
 c7 8 --batch 24 --seq 32 --experts 4 --top-k 2 --dp 2 --tp 2 --ep 2
 c7 4 --batch 24 --seq 32 --experts 4 --top-k 2 --ep 2 --tp 2 --recompute selective
 c7 4 --batch 24 --seq 32 --experts 4 --top-k 2 --ep 2 --tp 2 --recompute full
+# k = E: every token to every expert, each rank's all-to-all bytes the bound
+c7 4 --batch 24 --seq 32 --experts 4 --top-k 4 --ep 4
+# interleaved chunks with dense layers between the MoE ones: which chunk
+# holds an MoE layer follows the layer's place (stage s, chunk c: layers of
+# virtual stage c pp + s)
+c7 2 --experts 4 --top-k 2 --pp 2 --model tiny6 --schedule interleaved --virtual 3 --microbatches 4 --moe-every 2
 # --tp with --recompute in a dense layer (--moe-every 2): selective one
 # layer's probabilities and gelu(fch), full one layer's everything and its
 # tp all-gathers and reduce-scatter again (with --cp: its ring or all-to-alls)
@@ -404,12 +430,13 @@ fi
 # the stated order (fewest bus bytes; with --profile the shortest step,
 # each the step the layout's own plan predicts, to the search's 4 printed
 # digits)
-search7() {
+search7() {  # MODEL [PROFILE]
     python3 - "$BUILD/plan" "$@" <<'PY'
 import itertools, json, re, subprocess, sys
-plan, prof = sys.argv[1], (sys.argv[2] if len(sys.argv) > 2 else None)
-R, B, T, L, NH, E = 8, 24, 32, 2, 4, 4  # tiny: L 2, NH 4
-model = ["--experts", str(E), "--top-k", "2", "--batch", str(B), "--seq", str(T)]
+plan, name, prof = sys.argv[1], sys.argv[2], (sys.argv[3] if len(sys.argv) > 3 else None)
+R, B, T, NH, E = 8, 24, 32, 4, 4
+L = {"tiny": 2, "tiny6": 6}[name]  # tiny6: interleaved layouts too
+model = ["--model", name, "--experts", str(E), "--top-k", "2", "--batch", str(B), "--seq", str(T)]
 def valid(dp, tp, pp, cp, ep, mode):
     if NH % tp or B % (dp * ep * tp) or E % ep or T % cp:
         return False
@@ -485,11 +512,13 @@ n_out = sum(1 for v in own.values() if v[0] > budget)
 print(("BAD " + "; ".join(bad[:5])) if bad else f"ok {len(layouts)} layouts enumerated, {len(listed)} fit {budget} bytes, {n_out} do not")
 PY
 }
-verdict=$(search7)
-case $verdict in
-    ok*) pass "--search --chapter 7: ${verdict#ok }, each with its own plan's peak and bus bytes, fewest bus bytes first" ;;
-    *) fail "--search --chapter 7" "$verdict" ;;
-esac
+for m in tiny tiny6; do
+    verdict=$(search7 $m)
+    case $verdict in
+        ok*) pass "--search --chapter 7 --model $m: ${verdict#ok }, each with its own plan's peak and bus bytes, fewest bus bytes first" ;;
+        *) fail "--search --chapter 7 --model $m" "$verdict" ;;
+    esac
+done
 
 echo "== the planner refuses what the chapters refuse, and they run what it lists"
 # A sample of --search's layouts (every 15th, at 1 step: the search lists
@@ -668,6 +697,9 @@ case $run_err in *"its experts' parameter count exceeds 2^40"*) pass "chapter 7 
 # train_mesh_problem, chapter 4's tp_mesh_problem): the same line
 same_refusal 3 chapter-4 --tp 3 --model tiny6 -- --chapter 4 --ranks 3 --tp 3 --model tiny6
 same_refusal 3 chapter-6 --tp 3 --sp --model tiny6 -- --chapter 6 --ranks 3 --tp 3 --sp --model tiny6
+# --sp's own (06_sequence_context/sequence.c, sp_mesh_problem): a dp rank's tokens over tp, no cp
+same_refusal 4 chapter-6 --dp 2 --tp 2 --sp --batch 2 --seq 63 -- --chapter 6 --ranks 4 --dp 2 --tp 2 --sp --batch 2 --seq 63
+same_refusal 4 chapter-6 --cp 2 --tp 2 --sp -- --chapter 6 --ranks 4 --cp 2 --tp 2 --sp
 same_refusal 4 chapter-2 --dp 4 --batch 6 -- --chapter 2 --ranks 4 --dp 4 --batch 6
 # chapter 6's own rules (06_sequence_context/context.c, cp_mesh_problem)
 same_refusal 2 chapter-6 --cp 2 --cp-balance zigzag --seq 34 -- --chapter 6 --ranks 2 --cp 2 --cp-balance zigzag --seq 34
@@ -681,6 +713,9 @@ same_refusal 2 capstone --pp 2 --microbatches 3 -- --chapter 7 --ranks 2 --pp 2 
 same_refusal 2 capstone --pp 2 --model tiny6 --virtual 2 --schedule interleaved -- \
     --chapter 7 --ranks 2 --pp 2 --model tiny6 --virtual 2 --schedule interleaved
 same_refusal 4 capstone --dp 2 --tp 2 --batch 6 -- --chapter 7 --ranks 4 --dp 2 --tp 2 --batch 6
+# --ep-overlap's chunks of a rank's tokens: B/(dp ep tp) sequences of T/cp positions
+same_refusal 4 capstone --ep 2 --cp 2 --experts 4 --top-k 2 --batch 24 --seq 32 --ep-overlap 200 -- \
+    --chapter 7 --ranks 4 --ep 2 --cp 2 --experts 4 --top-k 2 --batch 24 --seq 32 --ep-overlap 200
 # chapter 5's layout rules (05_pipeline/schedule.c, pipe_layout_problem):
 # one function chapter 5, the capstone and the planner call, so the same line
 same_refusal 2 chapter-5 --pp 2 --virtual 2 -- --chapter 5 --ranks 2 --pp 2 --virtual 2
@@ -739,6 +774,12 @@ plan_error "--dp-mode" --chapter 2 --ranks 2 --dp 2 --dp-mode rings
 # what chapter 2 refuses (tests/chapter_2.sh): more overlapped buckets than fit in flight
 plan_error "--bucket-kb 41: more than 1024 buckets in flight at once in --dp-mode overlapped; chapter 2 refuses it: use --bucket-kb 42 or more" \
     --chapter 2 --ranks 2 --dp 2 --dp-mode overlapped --bucket-kb 41 --model small --batch 2 --seq 32
+# ...and plans the first size it names, which chapter 2 runs
+if out=$("$BUILD/plan" --chapter 2 --ranks 2 --dp 2 --dp-mode overlapped --bucket-kb 42 --model small --batch 2 --seq 32 2>&1); then
+    pass "plan --chapter 2 --dp-mode overlapped --bucket-kb 42: planned, the least size chapter 2 runs"
+else
+    fail "plan --bucket-kb 42" "$(echo "$out" | head -2)"
+fi
 plan_error "--bucket-kb must be >= 1" --chapter 2 --ranks 2 --dp 2 --bucket-kb 0
 # bounded arithmetic and work: sizes whose products pass 64 bits (they
 # printed a wrapped total, 18446684734443266048) and 2^31 steps (minutes)
@@ -888,6 +929,8 @@ link=$TEST_TMPDIR/plan_profile_link_$$.txt
 grep -v '^coll\.' "$prof" > "$link"
 printf 'element_bytes = 2\nranks_per_node = 8\nlink.intra.gbps = 4\nlink.intra.latency_us = 30\n' >> "$link"
 plan_time_check "$link" none --chapter 3 --ranks 2 --dp 2 --zero 1
+# ZeRO-3's prefetched gathers are hideable, but this profile's overlap is 0: nothing hides
+plan_time_check "$link" hide --chapter 3 --ranks 2 --dp 2 --zero 3
 
 # across nodes (ranks_per_node 2: a dp group of 8 ranks sits on 4 nodes):
 # the link model's ring with its intra- and inter-node steps, and for an
@@ -1057,7 +1100,8 @@ for rank in range(ranks):
     n = B / size["dp"] * T / (size["cp"] if ch in (6, 7) else 1) / (size["ep"] * size["tp"] if ch == 7 else 1)
     pp_rank = rank // (ranks // size["pp"])  # pp: the slowest axis of the rank order (common/mesh.c)
     Lr, Vl = (L / size["pp"], Vp if pp_rank == size["pp"] - 1 else 0) if ch in (5, 7) and size["pp"] > 1 else (L, Vp)
-    attention = 12 * n * Lr * T * C
+    # --recompute full runs each layer's forward again: its attention too (4 of the 12)
+    attention = 12 * n * Lr * T * C * (4 / 3 if "full" in flags else 1)
     matmul = plan["flops_per_step"][rank] - attention
     opt = plan["peak_bytes"]["optimizer"][rank] / 8
     grads = plan["peak_bytes"]["grads"][rank] / 4
@@ -1087,6 +1131,7 @@ plan_time_check_57 --chapter 5 --ranks 2 --pp 2
 plan_time_check_57 --chapter 5 --ranks 2 --pp 2 --schedule gpipe --microbatches 4
 plan_time_check_57 --chapter 6 --ranks 2 --cp 2 --batch 24 --seq 32
 plan_time_check_57 --chapter 6 --ranks 2 --cp 2 --cp-mode ulysses --batch 24 --seq 32
+plan_time_check_57 --chapter 6 --ranks 2 --cp 2 --batch 24 --seq 32 --recompute full
 plan_time_check_57 --chapter 7 --ranks 2 --ep 2 --batch 24 --seq 32
 plan_time_check_57 --chapter 7 --ranks 4 --ep 2 --cp 2 --batch 24 --seq 32
 plan_time_check_57 --chapter 7 --ranks 4 --ep 2 --pp 2 --batch 24 --seq 32
@@ -1162,7 +1207,7 @@ else
     fail "plan --profile: a part-filled node" "$(echo "$out" | grep -E '^  rank')"
 fi
 
-verdict=$(search7 "$link")
+verdict=$(search7 tiny "$link")
 case $verdict in
     ok*) pass "--search --chapter 7 --profile: ${verdict#ok }, each with its own plan's step, shortest first" ;;
     *) fail "--search --chapter 7 --profile" "$verdict" ;;

@@ -15,7 +15,7 @@
 #include "model_layout.h"
 #include "model_tp.h"
 #include "plan.h"
-#include "tp.h"  // tp_mesh_problem
+#include "tp.h"
 #include "sequence.h"
 
 const char* plan_check_context(const PlanArgs* a, PlanInfo* info, char* msg, size_t len) {
@@ -27,13 +27,7 @@ const char* plan_check_context(const PlanArgs* a, PlanInfo* info, char* msg, siz
         return snprintf(msg, len, "--cp-mode %s is not one of ring, ulysses", a->cp_mode), msg;
     if (!zigzag && strcmp(a->cp_balance, "none"))
         return snprintf(msg, len, "--cp-balance %s is not one of none, zigzag", a->cp_balance), msg;
-    if (a->sp) {  // the batch over dp: tp_mesh_problem, as sp_create checks it
-        if (ncp > 1) return "--sp runs on a dp x tp mesh: drop --cp";
-        const char* bad = tp_mesh_problem(&a->cfg, a->B, ndp, ntp, msg, len);  // chapter 4's check, as sp_create makes it
-        if (bad) return bad;
-        if (((long)a->B / ndp * T) % ntp) return "--sp: (batch/dp) x seq must split over tp";
-        return NULL;
-    }
+    if (a->sp) return sp_mesh_problem(&a->cfg, a->B, T, ndp, ntp, ncp, msg, len);  // sp_create's check
     if (ntp > 1) return "--tp without --sp: tensor parallelism is chapter 4's";
     // the batch over dp and the sequence over cp: plan.c's
     // train_mesh_problem, then cp_create's own rules (cp_mesh_problem), in
