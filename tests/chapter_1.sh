@@ -32,6 +32,18 @@ if [ "$RC" = 0 ] && [ "$(echo "$OUT" | grep -c '^== ')" = 1 ] && echo "$OUT" | g
 else
     fail "collectives: --trace --op" "exit $RC; $(echo "$OUT" | grep '^== ' | tr '\n' ';')"
 fi
+# the pairwise all-to-all's messages, each named as it moves: at step s rank
+# r sends its block for rank r+s+1 there and receives its own block (r)
+# from rank r-s-1 (mod p), on 3 ranks
+mpi_run $T_SHORT 3 "$BUILD/chapter-1" --trace --op alltoall
+want=$(for s in 0 1; do for r in 0 1 2; do
+    echo "  step $s: rank $r sends its block $(((r + s + 1) % 3)) to rank $(((r + s + 1) % 3)), receives block $r of rank $(((r - s + 2) % 3))"
+done; done)
+if [ $RC = 0 ] && [ "$(echo "$OUT" | grep '^  step ' | sort)" = "$(echo "$want" | sort)" ]; then
+    pass "collectives: --trace --op alltoall on 3 ranks names each of the 6 messages' blocks and peers"
+else
+    fail "collectives: --trace --op alltoall" "exit $RC; $(diff <(echo "$OUT" | grep '^  step ' | sort) <(echo "$want" | sort) | head -4)"
+fi
 # an empty --op matched every algorithm
 mpi_run --may-fail $T_SHORT 2 "$BUILD/chapter-1" --op ""
 if [ "$RC" = 1 ] && [ "$(echo "$OUT" | grep -c '^error: ')" = 1 ] && echo "$OUT" | grep -q "^error: --op '' names nothing"; then

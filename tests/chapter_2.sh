@@ -96,6 +96,17 @@ for mode in naive bucketed overlapped ps; do
     done
 done
 
+# a bucket size that divides the gradients exactly (tiny's 4P = 482,304
+# bytes = 3 x 157 KiB): 3 buckets, 3 all-reduces a step, no empty fourth
+mpi_run $T_SHORT 2 "$BUILD/chapter-2" --dp 2 --dp-mode bucketed --bucket-kb 157 --steps 2 --batch 4 --seq 32 --peak-gflops 10 --log "$TEST_TMPDIR/dp_exact.jsonl"
+sum=$(grep '"type":"summary"' "$TEST_TMPDIR/dp_exact.jsonl")
+if [ $RC = 0 ] && [ $((3 * 157 * 1024)) = $((4 * dp_P)) ] && echo "$sum" | grep -qE '"buckets":3[,}]' &&
+    echo "$sum" | grep -qF '"allreduce":{"dp":{"calls":[6,6],'; then
+    pass "data parallel bucketed --bucket-kb 157 (4P in exactly 3 buckets): 3 buckets, 3 all-reduces a step"
+else
+    fail "data parallel: buckets that divide 4P" "exit $RC; $(echo "$sum" | grep -o '"buckets":[0-9]*\|"allreduce":{"dp":{"calls":[^]]*]')"
+fi
+
 # without clipping a missing or doubled gradient average moves the losses
 # (with clipping on every step, the clip hides it); and weight decay
 for extra in "--clip 0" "--wd 0.1"; do

@@ -86,6 +86,13 @@ tp_case() {
     else
         fail "$name: memory" "want $want_mem; got $(echo "$sum" | sed 's/.*"peak_bytes":{\([^}]*\)}.*/\1/')"
     fi
+    # ZeRO-3 with prefetch and resharding (the default): chapter 3's count,
+    # 2L of the 2L + 3 gathers a step started ahead (each block's twice)
+    if echo "$sum" | grep -qE "\"gathers_prefetched_per_step\":$((2 * $4))[,}]"; then
+        pass "$name: $((2 * $4)) unit gathers per step started ahead by prefetch (2L)"
+    else
+        fail "$name: prefetch" "want $((2 * $4)); got $(echo "$sum" | grep -o '"gathers_prefetched_per_step":[^,}]*')"
+    fi
 }
 tiny_sizes="256 256 64 2 4 64"  # Vp V maxT L NH C
 for mesh in "1 2" "2 1" "2 2" "1 4"; do

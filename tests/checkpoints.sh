@@ -1,6 +1,7 @@
 #!/bin/bash
 # Training-state checkpoints (common/ckpt.c, docs/checkpoints.md): resume
-# equality on chapters 0, 2 and 3; the reshard matrix; a rank killed during a
+# equality on chapters 0, 2 (the parameter server too) and 3 (each ZeRO
+# stage, padded shards at dp 3); the reshard matrix; a rank killed during a
 # step and during a save, then resumed (and under the supervisor); corrupt,
 # truncated and missing files and mismatched manifests; async = sync content.
 # A topic script of tests/run.sh (make test CHAPTER=checkpoints runs it alone).
@@ -105,14 +106,29 @@ fi
 
 # --- chapter 2, dp 2: rank 0 alone writes the replica
 ck_c2() {
-ck_run c2 2 2 --dp 2 --ckpt-dir "$CK/c2" --save-every 4 --save "$CK/c2.bin"
-ck_run c2r 2 2 --dp 2 --resume "$CK/c2/step-00000004" --save "$CK/c2r.bin"
+# (64 KiB buckets: 6 of tiny's 8 start before backward ends, chapter_2.sh)
+ck_run c2 2 2 --dp 2 --bucket-kb 64 --ckpt-dir "$CK/c2" --save-every 4 --save "$CK/c2.bin"
+ck_run c2r 2 2 --dp 2 --bucket-kb 64 --resume "$CK/c2/step-00000004" --save "$CK/c2r.bin"
 ck_expect c2r "chapter 2 dp=2 resumed at step 4 repeats its uninterrupted run bit for bit" c2 4 0 "$CK/c2.bin" "$CK/c2r.bin"
 if [ "$(ls "$CK/c2/step-00000004")" = "$(printf 'MANIFEST\nrank-00000.bin')" ]; then
     pass "checkpoint: chapter 2's replicas are written once, by dp rank 0 (MANIFEST, rank-00000.bin)"
 else
     fail "checkpoint: chapter 2 writes one replica" "$(ls "$CK/c2/step-00000004" | tr '\n' ' ')"
 fi
+# the summary's per-step counts are of the steps this run trained (4 of 8)
+local e0 e1
+e0=$(grep '"type":"summary"' "$CK/c2.jsonl" | grep -o '"early_buckets_per_step":[0-9.]*')
+e1=$(grep '"type":"summary"' "$CK/c2r.jsonl" | grep -o '"early_buckets_per_step":[0-9.]*')
+if [ "$e0" = '"early_buckets_per_step":6' ] && [ "$e0" = "$e1" ]; then
+    pass "checkpoint: chapter 2 resumed at step 4 reports the uninterrupted run's $e0"
+else
+    fail "checkpoint: chapter 2's per-step counts after a resume" "uninterrupted '$e0', resumed '$e1'"
+fi
+# the parameter server on 3 ranks: every rank reads its state back (the
+# server its moments, the workers the parameters)
+ck_run ps 3 2 --dp 3 --dp-mode ps --ckpt-dir "$CK/ps" --save-every 4 --save "$CK/ps.bin"
+ck_run psr 3 2 --dp 3 --dp-mode ps --resume "$CK/ps/step-00000004" --save "$CK/psr.bin"
+ck_expect psr "chapter 2 --dp-mode ps dp=3 resumed at step 4 repeats its uninterrupted run bit for bit" ps 4 0 "$CK/ps.bin" "$CK/psr.bin"
 }
 
 # --- chapter 3, dp 4, ZeRO-3: every rank writes its shard
@@ -144,13 +160,26 @@ ck_expect z3 "chapter 3 dp=2 ZeRO-1 -> dp=3 ZeRO-3 at step 4 continues the refer
 
 # --- async: the thread writes the same bytes the sync save writes
 ck_z1() {
-ck_run z1 2 3 --dp 2 --zero 1 --ckpt-dir "$CK/z1" --save-every 4
+ck_run z1 2 3 --dp 2 --zero 1 --ckpt-dir "$CK/z1" --save-every 4 --save "$CK/z1.bin"
 ck_run z1a 2 3 --dp 2 --zero 1 --ckpt-dir "$CK/z1a" --save-every 4 --async-save
 if diff -r "$CK/z1" "$CK/z1a" >/dev/null && grep -q "2 saves (async)" "$CK/z1a.out" && [ "$(ls "$CK/z1a" | wc -l)" = 2 ]; then
     pass "checkpoint: --async-save writes byte-identical files and manifests to the sync save (ZeRO-1, dp=2, steps 4 and 8)"
 else
     fail "checkpoint: async content" "$(diff -rq "$CK/z1" "$CK/z1a" | head -3); $(grep 'saves' "$CK/z1a.out")"
 fi
+}
+# --- each ZeRO stage resumed on its own mesh: every rank reads back what it
+# holds (ZeRO-1 and 2 the whole parameters on every dp rank, ZeRO-3 at dp 3
+# its padded shard)
+ck_same_mesh() {
+ck_run z1r 2 3 --dp 2 --zero 1 --resume "$CK/z1/step-00000004" --save "$CK/z1r.bin"
+ck_expect z1r "chapter 3 dp=2 ZeRO-1 resumed at step 4 repeats its uninterrupted run bit for bit" z1 4 0 "$CK/z1.bin" "$CK/z1r.bin"
+ck_run z2 2 3 --dp 2 --zero 2 --ckpt-dir "$CK/z2" --save-every 4 --save "$CK/z2.bin"
+ck_run z2r 2 3 --dp 2 --zero 2 --resume "$CK/z2/step-00000004" --save "$CK/z2r.bin"
+ck_expect z2r "chapter 3 dp=2 ZeRO-2 resumed at step 4 repeats its uninterrupted run bit for bit" z2 4 0 "$CK/z2.bin" "$CK/z2r.bin"
+ck_run z33 3 3 --dp 3 --zero 3 --ckpt-dir "$CK/z33" --save-every 4 --save "$CK/z33.bin"
+ck_run z33r 3 3 --dp 3 --zero 3 --resume "$CK/z33/step-00000004" --save "$CK/z33r.bin"
+ck_expect z33r "chapter 3 dp=3 ZeRO-3 (padded shards) resumed at step 4 repeats its uninterrupted run bit for bit" z33 4 0 "$CK/z33.bin" "$CK/z33r.bin"
 }
 # the first round: the runs that save
 for np in 2 3; do jobs_run ck_engine $np; done
@@ -546,6 +575,7 @@ error_case chapter-0 1 "--model $CK/start2.bin $CKF --ckpt-dir $CK/idM --save-ev
 
 jobs_run ck_m
 jobs_run ck_z3
+jobs_run ck_same_mesh
 jobs_run ck_k1
 jobs_run ck_k2
 jobs_run ck_sv

@@ -382,11 +382,15 @@ fi
 # holds its heads' q, k and v rows of qkvw (3 x (C/tp) x C = 6144 floats of
 # tiny's C = 64 at tp 2) and of qkvb (3 x 32), not the q tile alone
 mpi_run $T_SHORT 2 "$BUILD/chapter-4" --tp 2 --steps 0 --peak-gflops 10 --show-sharding
+# and names each matrix's split as Megatron makes it: qkvw and fcw by rows
+# (column-parallel), attprojw and fcprojw by columns (row-parallel)
 if [ $RC -eq 0 ] && echo "$OUT" | grep -q '^  qkvw .* 3 tiles: 6144 of 6144 ' &&
-    echo "$OUT" | grep -q '^  qkvb .* 3 tiles: 96 of 96 '; then
-    pass "--show-sharding in chapter 4: qkvw's and qkvb's rows count the rank's q, k and v tiles (6144 and 96 floats a layer)"
+    echo "$OUT" | grep -q '^  qkvb .* 3 tiles: 96 of 96 ' &&
+    echo "$OUT" | grep -q '^  qkvw  *(L, 3C, C)  *(tp, -) ' && echo "$OUT" | grep -q '^  fcw  *(L, 4C, C)  *(tp, -) ' &&
+    echo "$OUT" | grep -q '^  attprojw  *(L, C, C)  *(-, tp) ' && echo "$OUT" | grep -q '^  fcprojw  *(L, C, 4C)  *(-, tp) '; then
+    pass "--show-sharding in chapter 4: qkvw's and qkvb's rows count the rank's q, k and v tiles (6144 and 96 floats a layer); qkvw, fcw split (tp, -), attprojw, fcprojw (-, tp)"
 else
-    fail "--show-sharding in chapter 4 (every tile of qkvw)" "exit $RC; $(echo "$OUT" | grep -E '^  qkv')"
+    fail "--show-sharding in chapter 4 (every tile of qkvw, each split)" "exit $RC; $(echo "$OUT" | grep -E '^  (qkv|attproj|fc)')"
 fi
 
 echo "== --search --memory-per-rank"
