@@ -15,5 +15,10 @@ double measure_matmul_gflops_sized(int* size);
 // The same for matmul_forward's out (N, OC) = inp (N, C) @ w^T: the best of
 // five calls after a warm-up (build/roofline measures a block's shapes).
 double measure_matmul_gflops_at(int N, int C, int OC);
+// The same for another of ops.h's products of that shape, (N, C) in, (N, OC)
+// out: the BLAS call above, matmul_forward_rowwise, or
+// matmul_backward_input_rowwise (its dinp (N, OC) from a dout (N, C)).
+typedef enum { MATMUL_BLAS, MATMUL_ROWWISE, MATMUL_ROWWISE_BACKWARD } MatmulProduct;
+double measure_product_gflops_at(MatmulProduct product, int N, int C, int OC);
 
 #endif

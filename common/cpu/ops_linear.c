@@ -57,35 +57,48 @@ void matmul_backward(float* dinp, float* dw, float* dbias, const float* dout,
 // ---------------------------------------------------------------- linear, row by row
 // out (R, J) = a (R, K) @ b (K, J), each element summed over k in order, a
 // multiply then an add (C11 without fp-contract: no fused multiply-add),
-// then written (+ bias) or added into out. A tile of RW_MR rows by RW_NR
-// columns keeps its sums in registers as vectors of 8 columns (gcc's vector
-// extension: 8 lanes whatever the instruction set, two SSE registers or one
-// AVX register each): the lanes run across the tile's columns, so no sum is
-// ever split across lanes, and the edge tiles, in plain C, add each element
-// in the same order as the full ones.
-// The tile fits the register file: 8 x 32 floats in 32 AVX registers (or
-// in 16, where gcc's spills to L1 cost little: 2/3 of OpenBLAS's speed at
-// 384 x 1536, measured), 4 x 8 in 8 pairs of SSE registers. A row's bits do
-// not depend on it: each element adds the same products in the same order.
-#ifdef __AVX__
+// then written (+ bias) or added into out. That order is the whole contract;
+// what follows only decides how fast the machine walks it.
+// - A tile of RW_MR rows by RW_NR columns keeps its sums in registers as
+//   vectors of 8 columns (gcc's vector extension: 8 lanes whatever the
+//   instruction set, two SSE registers or one AVX register each): the lanes
+//   run across the tile's columns, so no sum is ever split across lanes, and
+//   the edge tiles, in plain C, add each element in the same order as the
+//   full ones. The tile fills the register file but for the two vectors of b
+//   and the product in flight: 6 x 16 floats in 12 of AVX's 16 registers,
+//   8 x 32 in 32 of AVX-512's, 4 x 8 in 8 pairs of SSE registers.
+// - b is first copied into panels of RW_NR columns (panel p: columns
+//   [p NR, p NR + nr) of every k, contiguous), so a tile reads one stream as
+//   it walks k instead of a row of b every J floats.
+// - The rows go in blocks of RW_RB tiles: a block's rows of a stay in cache
+//   while they meet every panel.
+// A row's bits depend on none of it: each element adds the same products in
+// the same order. build/roofline times these products beside the BLAS call
+// (docs/notes/07_expert.md: what the tile, the panels and the blocks gave).
+#if defined(__AVX512F__)
 #define RW_MR 8
 #define RW_NR 32
+#elif defined(__AVX__)
+#define RW_MR 6
+#define RW_NR 16
 #else
 #define RW_MR 4
 #define RW_NR 8
 #endif
+#define RW_RB 4
 typedef float Lanes8 __attribute__((vector_size(8 * sizeof(float))));
 // the same 8 floats read where a float may sit (4-byte aligned, and allowed
 // to alias the float buffers it reads)
 typedef float Lanes8Load __attribute__((vector_size(8 * sizeof(float)), aligned(4), may_alias));
 
-static void rows_times_tile(float* out, int ldo, const float* a, int lda, const float* b, int ldb,
-                            int K, const float* bias, int accumulate) {
+// b: the tile's panel, (K, RW_NR) contiguous
+static void rows_times_tile(float* out, int ldo, const float* a, int lda, const float* b, int K,
+                            const float* bias, int accumulate) {
     Lanes8 acc[RW_MR][RW_NR / 8];
     for (int r = 0; r < RW_MR; r++)
         for (int v = 0; v < RW_NR / 8; v++) acc[r][v] = (Lanes8){0};
     for (int k = 0; k < K; k++) {
-        const Lanes8Load* bk = (const Lanes8Load*)(b + (size_t)k * ldb);
+        const Lanes8Load* bk = (const Lanes8Load*)(b + (size_t)k * RW_NR);
         for (int r = 0; r < RW_MR; r++) {
             float x = a[(size_t)r * lda + k];
             for (int v = 0; v < RW_NR / 8; v++) acc[r][v] += x * bk[v];
@@ -100,30 +113,53 @@ static void rows_times_tile(float* out, int ldo, const float* a, int lda, const 
     }
 }
 
-static void rows_times_edge(float* out, int ldo, const float* a, int lda, const float* b, int ldb, int mr,
-                            int nr, int K, const float* bias, int accumulate) {
+// b: the tile's panel, (K, nr) contiguous
+static void rows_times_edge(float* out, int ldo, const float* a, int lda, const float* b, int mr, int nr,
+                            int K, const float* bias, int accumulate) {
     for (int r = 0; r < mr; r++)
         for (int j = 0; j < nr; j++) {
             float sum = 0.0f;
-            for (int k = 0; k < K; k++) sum += a[(size_t)r * lda + k] * b[(size_t)k * ldb + j];
+            for (int k = 0; k < K; k++) sum += a[(size_t)r * lda + k] * b[(size_t)k * nr + j];
             float* o = out + (size_t)r * ldo + j;
             *o = accumulate ? *o + sum : (bias ? sum + bias[j] : sum);
         }
 }
 
-static void rows_times_matrix(float* out, int ldo, const float* a, int lda, const float* b, int ldb,
-                              int R, int K, int J, const float* bias, int accumulate) {
-    #pragma omp parallel for collapse(2) schedule(static)
+// b (K, J) in panels of RW_NR columns (the last one nr wide), from w: its
+// element (k, j) is w[j K + k] when w_is_transposed (a weight (OC, C) read
+// as (C, OC)), else w[k J + j]. A working buffer of the call (K x J floats,
+// as attention's tiles: host memory, not counted), its cost K J against R K J.
+static float* pack_panels(const float* w, int K, int J, int w_is_transposed) {
+    float* panels = xmalloc((size_t)K * J * sizeof(float));
+    #pragma omp parallel for schedule(static)
     for (int j0 = 0; j0 < J; j0 += RW_NR) {
-        for (int r0 = 0; r0 < R; r0 += RW_MR) {
-            int mr = R - r0 < RW_MR ? R - r0 : RW_MR, nr = J - j0 < RW_NR ? J - j0 : RW_NR;
-            float* o = out + (size_t)r0 * ldo + j0;
-            const float* ar = a + (size_t)r0 * lda;
+        int nr = J - j0 < RW_NR ? J - j0 : RW_NR;
+        float* p = panels + (size_t)j0 * K;
+        for (int k = 0; k < K; k++)
+            for (int j = 0; j < nr; j++)
+                p[(size_t)k * nr + j] = w_is_transposed ? w[(size_t)(j0 + j) * K + k] : w[(size_t)k * J + j0 + j];
+    }
+    return panels;
+}
+
+static void rows_times_matrix(float* out, int ldo, const float* a, int lda, const float* panels, int R, int K,
+                              int J, const float* bias, int accumulate) {
+    const int block = RW_MR * RW_RB;
+    #pragma omp parallel for collapse(2) schedule(static)
+    for (int rb = 0; rb < R; rb += block) {
+        for (int j0 = 0; j0 < J; j0 += RW_NR) {
+            int nr = J - j0 < RW_NR ? J - j0 : RW_NR;
+            const float* b = panels + (size_t)j0 * K;
             const float* bias_j = bias ? bias + j0 : NULL;
-            if (mr == RW_MR && nr == RW_NR)
-                rows_times_tile(o, ldo, ar, lda, b + j0, ldb, K, bias_j, accumulate);
-            else
-                rows_times_edge(o, ldo, ar, lda, b + j0, ldb, mr, nr, K, bias_j, accumulate);
+            for (int r0 = rb; r0 < R && r0 < rb + block; r0 += RW_MR) {
+                int mr = R - r0 < RW_MR ? R - r0 : RW_MR;
+                float* o = out + (size_t)r0 * ldo + j0;
+                const float* ar = a + (size_t)r0 * lda;
+                if (mr == RW_MR && nr == RW_NR)
+                    rows_times_tile(o, ldo, ar, lda, b, K, bias_j, accumulate);
+                else
+                    rows_times_edge(o, ldo, ar, lda, b, mr, nr, K, bias_j, accumulate);
+            }
         }
     }
 }
@@ -133,15 +169,9 @@ void matmul_forward_rowwise(float* out, const float* inp, const float* w, const 
     if (N <= 0 || OC <= 0) return;
     progress();
     double t0 = optime_start();
-    // w^T (C, OC), so that one input channel's weights for every output are
-    // contiguous: a working buffer of the call (C x OC floats, as attention's
-    // tiles: host memory, not counted), its cost C*OC against N*C*OC
-    float* wt = xmalloc((size_t)C * OC * sizeof(float));
-    #pragma omp parallel for
-    for (int c = 0; c < C; c++)
-        for (int o = 0; o < OC; o++) wt[(size_t)c * OC + o] = w[(size_t)o * C + c];
-    rows_times_matrix(out, OC, inp, C, wt, OC, N, C, OC, bias, 0);
-    free(wt);
+    float* panels = pack_panels(w, C, OC, 1);  // b = w^T (C, OC): one channel's weights for every output
+    rows_times_matrix(out, OC, inp, C, panels, N, C, OC, bias, 0);
+    free(panels);
     optime_stop(OPK_MATMUL, OP_FWD, t0);
 }
 
@@ -150,7 +180,8 @@ void matmul_backward_input_rowwise(float* dinp, const float* dout, const float* 
     if (N <= 0 || C <= 0) return;
     progress();
     double t0 = optime_start();
-    // w (OC, C) already holds one output's weights for every channel contiguously
-    rows_times_matrix(dinp, C, dout, OC, w, C, N, OC, C, NULL, 1);
+    float* panels = pack_panels(w, OC, C, 0);  // b = w (OC, C): one output's weights for every channel
+    rows_times_matrix(dinp, C, dout, OC, panels, N, OC, C, NULL, 1);
+    free(panels);
     optime_stop(OPK_MATMUL, OP_BWD, t0);
 }

@@ -6,7 +6,9 @@
 // - the matmul peak: the best of a few 1536^3 sgemms (what the chapters'
 //   MFU divides by), then matmul_forward at the four shapes of a block of a
 //   model with C channels over N tokens (the small preset and its B 8 x T 256
-//   by default), forward only;
+//   by default), forward only; and the row-by-row products chapter 7's
+//   experts use (matmul_forward_rowwise, matmul_backward_input_rowwise) at
+//   the MLP's two shapes;
 // - the copy bandwidth: ops_copy of 256 MiB, counted as bytes read plus
 //   bytes written.
 // Their ratio is the ridge point: an op that does fewer flops per byte it
@@ -88,6 +90,13 @@ int main(int argc, char** argv) {
     for (int k = 0; k < 4; k++)
         printf("    %-8s C %5d -> OC %5d:           %8.1f GFLOP/s\n", names[k], ins[k], outs[k],
                measure_matmul_gflops_at(N, ins[k], outs[k]));
+    // chapter 7's experts multiply row by row (ops.h: each row's bits whatever
+    // the rows beside it), at the MLP's two shapes, forward and d input
+    printf("  the row-by-row products (chapter 7's experts), N %d tokens:\n", N);
+    for (int k = 2; k < 4; k++)
+        printf("    %-8s C %5d -> OC %5d: %6.1f forward, %6.1f d input GFLOP/s\n", names[k], ins[k], outs[k],
+               measure_product_gflops_at(MATMUL_ROWWISE, N, ins[k], outs[k]),
+               measure_product_gflops_at(MATMUL_ROWWISE_BACKWARD, N, outs[k], ins[k]));
     double bw = roof_copy((size_t)64 << 20);
     printf("  copy, 256 MiB (read + write):          %8.1f GB/s\n", bw);
     printf("  ridge point, peak / copy bandwidth:    %8.1f flop per byte\n", peak / bw);
