@@ -103,11 +103,15 @@ ridge = num(r"ridge point, peak / copy bandwidth:")
 shapes = re.findall(r"^    (qkv|attproj|fc|fcproj) +C +[0-9]+ -> OC +[0-9]+: +([0-9.]+) GFLOP/s$", text, re.M)
 if [s for s, _ in shapes] != ["qkv", "attproj", "fc", "fcproj"] or not all(float(v) > 0 for _, v in shapes):
     sys.exit(f"shape rows {shapes}")
+rows = re.findall(r"^    (fc|fcproj) +C +([0-9]+) -> OC +([0-9]+): +([0-9.]+) forward, +([0-9.]+) d input GFLOP/s$", text, re.M)
+if [(s, int(c), int(o)) for s, c, o, _, _ in rows] != [("fc", 64, 256), ("fcproj", 256, 64)] or \
+        not all(float(f) > 0 and float(d) > 0 for _, _, _, f, d in rows):
+    sys.exit(f"row-by-row rows {rows}")
 if peak <= 0 or bw <= 0 or abs(ridge - peak / bw) > 0.05 + 0.01 * ridge:
     sys.exit(f"peak {peak}, bandwidth {bw}, ridge {ridge}")
 print("ok")' 2>&1)
 if [ $RC -eq 0 ] && [ "$why" = ok ]; then
-    pass "roofline prints the matmul peak, a block's four shapes, the copy bandwidth and their ratio"
+    pass "roofline prints the matmul peak, a block's four shapes, the row-by-row products at fc and fcproj, the copy bandwidth and their ratio"
 else
     fail "roofline" "exit $RC; $why; $(echo "$OUT" | head -12)"
 fi
