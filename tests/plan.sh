@@ -932,6 +932,10 @@ plan_time_check "$gpu" hide --chapter 2 --ranks 2 --dp 2 --dp-mode overlapped --
 link=$TEST_TMPDIR/plan_profile_link_$$.txt
 grep -v '^coll\.' "$prof" > "$link"
 printf 'element_bytes = 2\nranks_per_node = 8\nlink.intra.gbps = 4\nlink.intra.latency_us = 30\n' >> "$link"
+# chapter 7's experts' row-by-row products at their own rate (chapters 0 to 6 have none)
+link_blas=$TEST_TMPDIR/plan_profile_link_blas_$$.txt
+cp "$link" "$link_blas"
+echo 'rowwise_gflops = 25' >> "$link"
 plan_time_check "$link" none --chapter 3 --ranks 2 --dp 2 --zero 1
 # ZeRO-3's prefetched gathers are hideable, but this profile's overlap is 0: nothing hides
 plan_time_check "$link" hide --chapter 3 --ranks 2 --dp 2 --zero 3
@@ -1083,9 +1087,9 @@ fi
 # collective on the link model (point-to-point: one latency per send); the
 # slowest rank's step, evaluated here from the plan's --json record
 plan_time_check_57() {
-    local out verdict
-    out=$("$BUILD/plan" "$@" --json --profile "$link" 2>&1)
-    verdict=$(python3 - "$link" "$out" "$@" <<'PY'
+    local out verdict profile=${PROFILE57:-$link}
+    out=$("$BUILD/plan" "$@" --json --profile "$profile" 2>&1)
+    verdict=$(python3 - "$profile" "$out" "$@" <<'PY'
 import sys
 sys.path.insert(0, "tests")
 from plan_profile import flag, link_seconds, plan_records, read_profile  # tests/plan_profile.py
@@ -1107,10 +1111,23 @@ for rank in range(ranks):
     # --recompute full runs each layer's forward again: its attention too (4 of the 12)
     attention = 12 * n * Lr * T * C * (4 / 3 if "full" in flags else 1)
     matmul = plan["flops_per_step"][rank] - attention
+    # chapter 7's experts multiply row by row (ops.h) at rowwise_gflops (else
+    # matmul_gflops): in each of the rank's MoE layers (l + 1 a multiple of
+    # --moe-every), the forward and input-gradient products of its tokens' k
+    # slots, 2 k H C each, 4 of them (6: full recompute's forward again)
+    rowwise = 0.0
+    if ch == 7:
+        k, every = flag(flags, "--top-k", 2), flag(flags, "--moe-every", 1)
+        H = flag(flags, "--expert-hidden", 4 * C)
+        first = pp_rank * Lr if size["pp"] > 1 else 0
+        moe_layers = sum(1 for l in range(int(first), int(first + Lr)) if (l + 1) % every == 0)
+        rowwise = n * moe_layers * 2 * k * H * C * (6 if "full" in flags else 4)
+    rate = float(prof.get("rowwise_gflops", prof["matmul_gflops"]))
     opt = plan["peak_bytes"]["optimizer"][rank] / 8
     grads = plan["peak_bytes"]["grads"][rank] / 4
     memory = 4 * (n * (Lr * (18 * C + 20 * C) + 4 * Vl) + 7 * opt + grads)
-    compute = (matmul / float(prof["matmul_gflops"]) + attention / float(prof["attention_gflops"])) * r_shared / 1e9
+    compute = ((matmul - rowwise) / float(prof["matmul_gflops"]) + rowwise / rate
+               + attention / float(prof["attention_gflops"])) * r_shared / 1e9
     other = memory * s * r_shared / float(prof["memory_gbps"]) / 1e9
     comm = 0.0
     for coll, axes in plan["comm"].items():
@@ -1141,6 +1158,8 @@ plan_time_check_57 --chapter 7 --ranks 4 --ep 2 --cp 2 --batch 24 --seq 32
 plan_time_check_57 --chapter 7 --ranks 4 --ep 2 --pp 2 --batch 24 --seq 32
 plan_time_check_57 --chapter 7 --ranks 4 --tp 2 --pp 2 --batch 24 --seq 32 --schedule gpipe
 plan_time_check_57 --chapter 7 --ranks 8 --dp 2 --tp 2 --pp 2 --batch 24 --seq 32
+plan_time_check_57 --chapter 7 --ranks 4 --ep 2 --pp 2 --batch 24 --seq 32 --moe-every 2 --top-k 1 --expert-hidden 96 --recompute full
+PROFILE57=$link_blas plan_time_check_57 --chapter 7 --ranks 2 --ep 2 --batch 24 --seq 32
 
 # --search --profile: the layouts ranked by predicted step time, each the
 # time build/plan --profile predicts for that layout alone (5 of them

@@ -5,7 +5,9 @@
 # command it came from:
 #   - build/roofline: the matmul rate at the four shapes of a block of the
 #     small preset over 2048 tokens (their FLOP-weighted harmonic mean: the
-#     time a block's matmuls take at those rates), and the copy bandwidth;
+#     time a block's matmuls take at those rates), the row-by-row products
+#     chapter 7's experts run (the same mean of their four rates), and the
+#     copy bandwidth;
 #   - build/plan --measure-attention: attention forward + backward at the
 #     small preset's B 8 x T 256;
 #   - chapter 1's bench (build/chapter-1 --bench) on 2, 3 and 4 ranks, and a
@@ -51,6 +53,12 @@ copy = float(re.search(r"copy.*?([0-9.]+) GB/s", roof).group(1))
 # a block's matmul flops per shape: qkv 3C^2, attproj C^2, fc 4C^2, fcproj 4C^2
 weights = {"qkv": 3, "attproj": 1, "fc": 4, "fcproj": 4}
 block = sum(weights.values()) / sum(w / shapes[k] for k, w in weights.items())
+# the row-by-row products (chapter 7's experts): forward and input gradient at
+# fc and fcproj, four products of equal FLOPs (H = 4C): their harmonic mean
+rowwise = [float(x) for m in re.finditer(r"^\s+(?:fc|fcproj)\s.*?([0-9.]+) forward,\s+([0-9.]+) d input GFLOP/s", roof, re.M)
+           for x in m.groups()]
+if len(rowwise) != 4:
+    sys.exit("error: build/roofline printed no row-by-row products at fc and fcproj")
 attention = open(f"{tmp}/attention.txt").read().strip()
 lines = [
     f"# machine profile of this machine: bash common/tools/measure_profile.sh (make profile), {when}",
@@ -62,6 +70,8 @@ lines = [
     f"info.matmul_peak_gflops = {peak:.1f}  # build/roofline: matmul peak, 1536 x 1536 x 1536",
     f"matmul_gflops = {block:.1f}  # build/roofline: FLOP-weighted harmonic mean of qkv {shapes['qkv']}, attproj "
     f"{shapes['attproj']}, fc {shapes['fc']}, fcproj {shapes['fcproj']} GFLOP/s (small preset, 2048 tokens)",
+    f"rowwise_gflops = {len(rowwise) / sum(1 / x for x in rowwise):.1f}  # build/roofline: harmonic mean of the "
+    f"row-by-row products (chapter 7's experts), forward and d input at fc and fcproj: {', '.join(map(str, rowwise))} GFLOP/s",
     attention,
     f"memory_gbps = {copy:.1f}  # build/roofline: copy of 256 MiB, bytes read + written",
 ]

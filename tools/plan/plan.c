@@ -411,6 +411,7 @@ static const char* predict_times(const MachineProfile* prof, const PlanArgs* a, 
     for (int r = 0; r < a->ranks && !missing; r++) {
         const RankPlan* p = &plans[plan_representative(a, r, replicas_once)];
         ch.plan_flops = p->flops;
+        ch.plan_rowwise_flops = p->rowwise_flops;
         if ((a->chapter == 5 || a->chapter == 7) && a->mesh[AXIS_PP] > 1) {
             int coord[NUM_AXES];
             plan_coords(a, r, coord);

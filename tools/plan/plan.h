@@ -51,6 +51,7 @@ typedef struct {
     int ranged[MEM_NUM_CATEGORIES];
     CommCount comm[NUM_COLLECTIVES][COMM_MAX_SLOTS];
     double flops;
+    double rowwise_flops;  // of flops: ops.h's row-by-row products (chapter 7's experts, plan_expert.c)
 } RankPlan;
 
 // What a whole plan shares: the pipeline's bubble fraction (chapter 5; 0

@@ -46,6 +46,16 @@ static MoeConfig moe_of(const PlanArgs* a) {
 // dropless: no --capacity-factor, or one of E / k or more (composed_model.c)
 static int dropless(const PlanArgs* a) { return !(a->capacity > 0) || a->capacity >= (double)a->experts / a->top_k; }
 
+// Of a token's FLOPs in c's layers, those of ops.h's row-by-row products
+// (moe.c's moe_expert_forward and _backward_input): in each MoE layer its k
+// experts' two forward products and their two input gradients, 2 k H C
+// each (the weight gradients are BLAS's); --recompute full runs the two
+// forward ones again. The rest of the matmuls run on BLAS.
+static double rowwise_flops_per_token(const MoeConfig* c, RecomputeMode mode) {
+    double product = 2.0 * c->top_k * c->hidden * c->gpt.channels;
+    return moe_num_moe_layers(c) * product * (mode == RECOMPUTE_FULL ? 6.0 : 4.0);
+}
+
 // The layout as the capstone sees it (composed_rules.h), without cp's
 // names (layout_problem parses them).
 static ComposedLayout layout_of(const PlanArgs* a) {
@@ -237,7 +247,7 @@ static void plan_pipe(const PlanArgs* a, RankPlan* p, int r) {
     int ndup[3] = {a->zero ? batch.size : 1, a->zero ? dp.size : 1, a->zero ? same.size : 1};
     Comm* zg[3] = {&batch, &dp, ntp > 1 ? &same : NULL};
     double nbuf[64][3];  // --virtual: at most 64 chunks (composed_rules.h)
-    p->flops = 0;
+    p->flops = p->rowwise_flops = 0;
     for (int ch = 0; ch < v; ch++) {
         MoeConfig lc = c;  // the chunk's layers (its FLOPs), and as composed_stage.c holds them
         lc.gpt.num_layers = Lc;
@@ -347,6 +357,7 @@ static void plan_pipe(const PlanArgs* a, RankPlan* p, int r) {
         p->flops += N * M * (moe_flops_per_token(&lc, T) - (head ? 0.0 : 6.0 * g->padded_vocab_size * C));
         if (a->recompute == RECOMPUTE_FULL)  // the blocks' forward again, not the head's
             p->flops += N * M * (moe_flops_per_token(&lc, T) / 3.0 - 2.0 * g->padded_vocab_size * C);
+        p->rowwise_flops += N * M * rowwise_flops_per_token(&lc, a->recompute);
     }
     for (int ch = 0; a->zero && ch < v; ch++)
         for (int q = 0; q < 3; q++)
@@ -515,4 +526,5 @@ void plan_chapter_7(const PlanArgs* a, RankPlan* p, int r) {
     p->flops = N * moe_flops_per_token(&c, T);
     if (a->recompute == RECOMPUTE_FULL)  // the blocks' forward again, not the head's
         p->flops += N * (moe_flops_per_token(&c, T) / 3.0 - 2.0 * g->padded_vocab_size * C);
+    p->rowwise_flops = N * rowwise_flops_per_token(&c, a->recompute);
 }

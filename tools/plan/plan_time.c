@@ -35,6 +35,7 @@ static double* pt_field(MachineProfile* p, const char* key) {
         {"compute_shared", offsetof(MachineProfile, compute_shared)},
         {"ranks_per_node", offsetof(MachineProfile, ranks_per_node)},
         {"matmul_gflops", offsetof(MachineProfile, matmul_gflops)},
+        {"rowwise_gflops", offsetof(MachineProfile, rowwise_gflops)},
         {"attention_gflops", offsetof(MachineProfile, attention_gflops)},
         {"memory_gbps", offsetof(MachineProfile, memory_gbps)},
         {"overlap", offsetof(MachineProfile, overlap)},
@@ -79,7 +80,7 @@ static double* pt_coll_field(MachineProfile* p, const char* key, char* why, size
 // plan_profile_read walks the figures as one array of doubles
 _Static_assert(sizeof(MachineProfile) ==
                    offsetof(MachineProfile, compute_shared) +
-                       sizeof(double) * (13 + 2 * NUM_COLLECTIVES * (PT_MAX_GROUP + 1)),
+                       sizeof(double) * (14 + 2 * NUM_COLLECTIVES * (PT_MAX_GROUP + 1)),
                "MachineProfile: every field after the name is a double");
 
 const char* plan_profile_read(const char* path, MachineProfile* p, char* msg, size_t len) {
@@ -218,6 +219,7 @@ static int work_from_plan(const GPTConfig* cfg, const PtChapter* ch, double opt_
     w->attention_flops = ch->recompute == RECOMPUTE_FULL ? attn * 4.0 / 3.0 : attn;
     w->matmul_flops = ch->plan_flops - w->attention_flops;
     if (w->matmul_flops < 0) w->matmul_flops = 0;
+    w->rowwise_flops = ch->plan_rowwise_flops < w->matmul_flops ? ch->plan_rowwise_flops : w->matmul_flops;
     // chapter 6's --sp keeps the LayerNorms and residual adds on its n / tp tokens
     w->memory_bytes = 4.0 * (n * (Lr * (18.0 * C / tp + 20.0 * C / tp) + 4.0 * Vl) + 7.0 * opt_params + grad_params);
     w->ranks_on_node = 1;
@@ -366,7 +368,10 @@ void plan_time_predict(const MachineProfile* p, const StepWork* w, StepTime* t) 
     else if (p->attention_gflops == PT_UNKNOWN) t->missing = "attention_gflops";
     else if (p->memory_gbps == PT_UNKNOWN) t->missing = "memory_gbps";
     if (t->missing) return;
-    double matmul = w->matmul_flops * r / (p->matmul_gflops * 1e9);
+    // chapter 7's experts multiply row by row (ops.h), at their own rate when
+    // the profile has it (build/roofline measures it; a datasheet has none)
+    double rowwise_gflops = p->rowwise_gflops != PT_UNKNOWN ? p->rowwise_gflops : p->matmul_gflops;
+    double matmul = ((w->matmul_flops - w->rowwise_flops) / p->matmul_gflops + w->rowwise_flops / rowwise_gflops) * r / 1e9;
     double attention = w->attention_flops * r / (p->attention_gflops * 1e9);
     double other = w->memory_bytes * s * r / (p->memory_gbps * 1e9);
     double comm = 0, hideable = 0;

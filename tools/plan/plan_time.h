@@ -10,7 +10,10 @@
 //              share the node's cores and memory bus), else 1 (a GPU each)
 //   s        = element_bytes / 4 (the course moves 4-byte floats; a bf16
 //              run moves 2)
-//   matmul   = matmul_flops    * r / matmul_gflops
+//   matmul   = (matmul_flops - rowwise_flops) * r / matmul_gflops
+//              + rowwise_flops * r / rowwise_gflops (chapter 7's experts'
+//              row-by-row products, ops.h; a profile without the figure
+//              prices them at matmul_gflops)
 //   attention= attention_flops * r / attention_gflops
 //   other    = memory_bytes * s * r / memory_gbps        (memory-bound ops)
 //   comm(c,p)= calls * alpha(c,p) + bus_bytes * s / busbw(c,p)
@@ -52,6 +55,7 @@ typedef struct {
     double compute_shared;       // 1: all ranks of a node share one device (CPU); 0: one device per rank
     double ranks_per_node;       // ranks one node holds (the link model: which link a group uses)
     double matmul_gflops;        // the matmul rate the model divides by (per device)
+    double rowwise_gflops;       // ops.h's row-by-row products (chapter 7's experts); unknown: matmul_gflops
     double attention_gflops;     // attention, counted as gpt_flops_per_token counts it
     double memory_gbps;          // bytes read plus written per second (copy bandwidth)
     double overlap;              // 0..1: how much hideable communication runs under compute
@@ -89,6 +93,7 @@ typedef struct {
 
 typedef struct {
     double matmul_flops, attention_flops;  // per rank per step
+    double rowwise_flops;                  // of matmul_flops: ops.h's row-by-row products, at rowwise_gflops
     double memory_bytes;                   // of the memory-bound ops, 4-byte elements
     int ranks_on_node;                     // ranks sharing one device when compute_shared
     double bubble;                         // pipeline bubble fraction (0 without a pipeline)
@@ -103,6 +108,7 @@ typedef struct {
     int dp, tp, tp_rank;   // the rank's mesh
     int pp, cp, ep, pp_rank;  // chapters 5 to 7
     double plan_flops;     // chapters 5 to 7: the plan's FLOPs of this rank per step (plan.h's RankPlan)
+    double plan_rowwise_flops;  // chapter 7: of those, its experts' row-by-row products (RankPlan.rowwise_flops)
     double bubble;         // chapters 5 and 7: the schedule's bubble fraction (plan.h's PlanInfo)
     double pp_next_share;  // chapters 5 and 7: the share of the rank's pp messages to the next stage (plan_time_rank)
     int B, T;              // global batch, sequence length
@@ -129,7 +135,10 @@ typedef struct {
 //                attention, a rank's own sequences, so tp = 1 below);
 //                Lr layers = L / pp (5, and 7 with --pp), else L
 //   attention  = 12 n Lr T C / tp (x 4/3 under full recompute; tp: chapter
-//                6's), matmul = the plan's FLOPs - that
+//                6's), matmul = the plan's FLOPs - that, and of it
+//                rowwise = the plan's row-by-row FLOPs (7: each MoE layer's
+//                experts' two forward products and their two input
+//                gradients, 8 k H C a token; 12 under full recompute)
 //   memory     = as above with n and Lr; Vl = Vp on the rank holding the head
 //                (with --pp: the last pp rank), 0 elsewhere
 //   bubble     = the plan's (chapter 5, chapter 7 with --pp); no collective
