@@ -459,6 +459,59 @@ static void test_sumsq(void) {
     mem_free(s), mem_free(buf), free(g);
 }
 
+// The row-by-row products' contract itself (ops/linear.h): each element the
+// sum over k in order, a multiply then an add, then + bias (forward) or added
+// into dinp (backward), written here as the plain loop that states it (the
+// product a statement of its own: no contraction into a fused multiply-add).
+// The full tiles, a call's last rows and the last panel's columns must all
+// give these bits; the row tests above compare a row only with itself alone,
+// which an order that changed everywhere at once would pass.
+static void test_rowwise_order(const float* w, const float* b, const float* w_dev, const float* b_dev, int C,
+                               int OC) {
+    int N = ROWS;
+    float *x = host_random((size_t)N * C, 1.0f), *d = host_random((size_t)N * OC, 1.0f);
+    float* prior = host_random((size_t)N * C, 1.0f);  // what dinp holds before the call adds into it
+    float *x_dev = dev_from(x, (size_t)N * C), *d_dev = dev_from(d, (size_t)N * OC);
+    float *o_dev = dev_from(d, (size_t)N * OC), *g_dev = dev_from(prior, (size_t)N * C);
+    set_threads(2);
+    matmul_forward_rowwise(o_dev, x_dev, w_dev, b_dev, N, C, OC);
+    matmul_backward_input_rowwise(g_dev, d_dev, w_dev, N, C, OC);
+    float *out = xmalloc((size_t)N * OC * sizeof(float)), *dinp = xmalloc((size_t)N * C * sizeof(float));
+    mem_to_host(out, o_dev, (size_t)N * OC * sizeof(float));
+    mem_to_host(dinp, g_dev, (size_t)N * C * sizeof(float));
+    int bad = 0;
+    char why[200] = "";
+    for (int n = 0; n < N && !bad; n++)
+        for (int o = 0; o < OC && !bad; o++) {
+            float sum = 0.0f;
+            for (int c = 0; c < C; c++) {
+                float product = x[(size_t)n * C + c] * w[(size_t)o * C + c];
+                sum = sum + product;
+            }
+            float want = sum + b[o];
+            if (memcmp(&want, &out[(size_t)n * OC + o], sizeof(float)))
+                bad = 1, snprintf(why, sizeof(why), "forward row %d column %d: %.9g, the loop %.9g", n, o,
+                                  out[(size_t)n * OC + o], want);
+        }
+    for (int n = 0; n < N && !bad; n++)
+        for (int c = 0; c < C && !bad; c++) {
+            float sum = 0.0f;
+            for (int o = 0; o < OC; o++) {
+                float product = d[(size_t)n * OC + o] * w[(size_t)o * C + c];
+                sum = sum + product;
+            }
+            float want = prior[(size_t)n * C + c] + sum;
+            if (memcmp(&want, &dinp[(size_t)n * C + c], sizeof(float)))
+                bad = 1, snprintf(why, sizeof(why), "input gradient row %d column %d: %.9g, the loop %.9g", n, c,
+                                  dinp[(size_t)n * C + c], want);
+        }
+    check(!bad, "rows: matmul_forward_rowwise and matmul_backward_input_rowwise equal the plain in-order loop "
+          "bit for bit (53 rows, C 67, OC 45: full tiles, a call's last rows, the last panel's columns)", "%s", why);
+    set_threads(1);
+    mem_free(x_dev), mem_free(d_dev), mem_free(o_dev), mem_free(g_dev);
+    free(x), free(d), free(prior), free(out), free(dinp);
+}
+
 int main(int argc, char** argv) {
     runtime_init(&argc, &argv);
     device_init(0);
@@ -513,6 +566,7 @@ int main(int argc, char** argv) {
     for (size_t i = 0; i < sizeof(ops) / sizeof(ops[0]); i++) test_row_op(&ops[i]);
     test_flash_prefix(CA, NH);
     test_flash_prefix(128, 2);
+    test_rowwise_order(w, b, w_dev, b_dev, C, OC);
     test_sumsq();
     mem_free(w_dev), mem_free(b_dev), mem_free(lw_dev), mem_free(lb_dev);
     free(w), free(b), free(lw), free(lb);

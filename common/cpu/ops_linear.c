@@ -63,10 +63,12 @@ void matmul_backward(float* dinp, float* dw, float* dbias, const float* dout,
 //   vectors of 8 columns (gcc's vector extension: 8 lanes whatever the
 //   instruction set, two SSE registers or one AVX register each): the lanes
 //   run across the tile's columns, so no sum is ever split across lanes, and
-//   the edge tiles, in plain C, add each element in the same order as the
-//   full ones. The tile fills the register file but for the two vectors of b
-//   and the product in flight: 6 x 16 floats in 12 of AVX's 16 registers,
-//   8 x 32 in 32 of AVX-512's, 4 x 8 in 8 pairs of SSE registers.
+//   a tile of fewer rows (a call's last R % RW_MR) runs the same vector loop
+//   over its rows, and the columns past the last full panel, in plain C, add
+//   each element in the same order. The tile fills the register file but
+//   for the two vectors of b and the product in flight: 6 x 16 floats in 12
+//   of the 16 AVX registers (AVX-512's 32 would take a larger tile, not timed
+//   here), 4 x 8 in 8 pairs of SSE registers.
 // - b is first copied into panels of RW_NR columns (panel p: columns
 //   [p NR, p NR + nr) of every k, contiguous), so a tile reads one stream as
 //   it walks k instead of a row of b every J floats.
@@ -74,11 +76,9 @@ void matmul_backward(float* dinp, float* dw, float* dbias, const float* dout,
 //   while they meet every panel.
 // A row's bits depend on none of it: each element adds the same products in
 // the same order. build/roofline times these products beside the BLAS call
-// (docs/notes/07_expert.md: what the tile, the panels and the blocks gave).
-#if defined(__AVX512F__)
-#define RW_MR 8
-#define RW_NR 32
-#elif defined(__AVX__)
+// (docs/notes/07_expert.md: what the tile, the panels and the blocks gave
+// together).
+#if defined(__AVX__)
 #define RW_MR 6
 #define RW_NR 16
 #else
@@ -91,20 +91,23 @@ typedef float Lanes8 __attribute__((vector_size(8 * sizeof(float))));
 // to alias the float buffers it reads)
 typedef float Lanes8Load __attribute__((vector_size(8 * sizeof(float)), aligned(4), may_alias));
 
-// b: the tile's panel, (K, RW_NR) contiguous
-static void rows_times_tile(float* out, int ldo, const float* a, int lda, const float* b, int K,
-                            const float* bias, int accumulate) {
+// mr (1 to RW_MR) rows of a times b, the tile's panel, (K, RW_NR)
+// contiguous. Inlined into the two callers below, so that the full tile's
+// mr is the constant RW_MR and its sums stay in registers.
+static inline __attribute__((always_inline)) void rows_times_panel(float* out, int ldo, const float* a, int lda,
+                                                                   const float* b, int mr, int K, const float* bias,
+                                                                   int accumulate) {
     Lanes8 acc[RW_MR][RW_NR / 8];
-    for (int r = 0; r < RW_MR; r++)
+    for (int r = 0; r < mr; r++)
         for (int v = 0; v < RW_NR / 8; v++) acc[r][v] = (Lanes8){0};
     for (int k = 0; k < K; k++) {
         const Lanes8Load* bk = (const Lanes8Load*)(b + (size_t)k * RW_NR);
-        for (int r = 0; r < RW_MR; r++) {
+        for (int r = 0; r < mr; r++) {
             float x = a[(size_t)r * lda + k];
             for (int v = 0; v < RW_NR / 8; v++) acc[r][v] += x * bk[v];
         }
     }
-    for (int r = 0; r < RW_MR; r++) {
+    for (int r = 0; r < mr; r++) {
         float* o = out + (size_t)r * ldo;
         for (int j = 0; j < RW_NR; j++) {
             float sum = acc[r][j / 8][j % 8];
@@ -113,7 +116,18 @@ static void rows_times_tile(float* out, int ldo, const float* a, int lda, const 
     }
 }
 
-// b: the tile's panel, (K, nr) contiguous
+static void rows_times_tile(float* out, int ldo, const float* a, int lda, const float* b, int K, const float* bias,
+                            int accumulate) {
+    rows_times_panel(out, ldo, a, lda, b, RW_MR, K, bias, accumulate);
+}
+
+// a call's last R % RW_MR rows, through the same vector loop
+static void rows_times_short(float* out, int ldo, const float* a, int lda, const float* b, int mr, int K,
+                             const float* bias, int accumulate) {
+    rows_times_panel(out, ldo, a, lda, b, mr, K, bias, accumulate);
+}
+
+// the last panel, nr < RW_NR columns: b (K, nr) contiguous
 static void rows_times_edge(float* out, int ldo, const float* a, int lda, const float* b, int mr, int nr,
                             int K, const float* bias, int accumulate) {
     for (int r = 0; r < mr; r++)
@@ -157,6 +171,8 @@ static void rows_times_matrix(float* out, int ldo, const float* a, int lda, cons
                 const float* ar = a + (size_t)r0 * lda;
                 if (mr == RW_MR && nr == RW_NR)
                     rows_times_tile(o, ldo, ar, lda, b, K, bias_j, accumulate);
+                else if (nr == RW_NR)
+                    rows_times_short(o, ldo, ar, lda, b, mr, K, bias_j, accumulate);
                 else
                     rows_times_edge(o, ldo, ar, lda, b, mr, nr, K, bias_j, accumulate);
             }
