@@ -56,8 +56,10 @@ void matmul_backward(float* dinp, float* dw, float* dbias, const float* dout,
 
 // ---------------------------------------------------------------- linear, row by row
 // out (R, J) = a (R, K) @ b (K, J), each element summed over k in order, a
-// multiply then an add (C11 without fp-contract: no fused multiply-add),
-// then written (+ bias) or added into out. That order is the whole contract;
+// multiply then an add, then written (+ bias) or added into out. The product
+// is a statement of its own: a compiler may fuse a*b+c written as one
+// expression into a fused multiply-add (clang does, gcc in -std=c11 does
+// not), never across two statements, so every compiler adds these bits. That order is the whole contract;
 // what follows only decides how fast the machine walks it.
 // - A tile of RW_MR rows by RW_NR columns keeps its sums in registers as
 //   vectors of 8 columns (gcc's vector extension: 8 lanes whatever the
@@ -104,7 +106,10 @@ static inline __attribute__((always_inline)) void rows_times_panel(float* out, i
         const Lanes8Load* bk = (const Lanes8Load*)(b + (size_t)k * RW_NR);
         for (int r = 0; r < mr; r++) {
             float x = a[(size_t)r * lda + k];
-            for (int v = 0; v < RW_NR / 8; v++) acc[r][v] += x * bk[v];
+            for (int v = 0; v < RW_NR / 8; v++) {
+                Lanes8 product = x * bk[v];
+                acc[r][v] += product;
+            }
         }
     }
     for (int r = 0; r < mr; r++) {
@@ -133,7 +138,10 @@ static void rows_times_edge(float* out, int ldo, const float* a, int lda, const 
     for (int r = 0; r < mr; r++)
         for (int j = 0; j < nr; j++) {
             float sum = 0.0f;
-            for (int k = 0; k < K; k++) sum += a[(size_t)r * lda + k] * b[(size_t)k * nr + j];
+            for (int k = 0; k < K; k++) {
+                float product = a[(size_t)r * lda + k] * b[(size_t)k * nr + j];
+                sum += product;
+            }
             float* o = out + (size_t)r * ldo + j;
             *o = accumulate ? *o + sum : (bias ? sum + bias[j] : sum);
         }
