@@ -59,8 +59,9 @@ void matmul_backward(float* dinp, float* dw, float* dbias, const float* dout,
 // multiply then an add, then written (+ bias) or added into out. The product
 // is a statement of its own: a compiler may fuse a*b+c written as one
 // expression into a fused multiply-add (clang does, gcc in -std=c11 does
-// not), never across two statements, so every compiler adds these bits. That order is the whole contract;
-// what follows only decides how fast the machine walks it.
+// not), never across two statements, so every compiler adds these bits.
+// That order is the whole contract; what follows only decides how fast the
+// machine walks it.
 // - A tile of RW_MR rows by RW_NR columns keeps its sums in registers as
 //   vectors of 8 columns (gcc's vector extension: 8 lanes whatever the
 //   instruction set, two SSE registers or one AVX register each): the lanes
