@@ -45,21 +45,24 @@ static inline int chunk_keys_visible(int i, int q0, int k0, int Tk) {
 // The products of the attention tiles: out (R, J) = a (R, K) @ b (K, J),
 // written or added into out, each element one chain over k in order, a
 // multiply then an add, as rows_times_matrix. Its own register tile, sized
-// for the attention's shapes (J = 64 keys or hs, K = hs or up to 64 keys):
-// FL_MR rows by FL_NR columns of accumulators that stay in registers (the
-// 8 x 32 tile of rows_times_tile needs 32 registers for its sums alone and
-// spills on these short products). Rows past the last full tile and
+// for the attention's shapes (J = 64 keys or hs, K = hs or up to 64 keys,
+// R = a group of FLASH_SUB = 16 rows or keys): FL_MR rows by FL_NR columns
+// of accumulators that stay in registers. 8 rows divide a group, and a
+// vector of b that 8 rows multiply stays in a register: with AVX2's 4 rows
+// by 2 vectors, gcc read b again from memory for every row (12 loads a k
+// instead of 6) and the flash op took 1.37 of full attention's time where
+// 8 by 1 takes 1.2 (docs/attention.md). Rows past the last full tile and
 // columns past the last full vector take narrower paths that add the same
 // products in the same order, so an element's bits never depend on where
-// its row or column falls.
+// its row or column falls: the tile's shape moves no bit.
 #if defined(__AVX512F__)
 #define FL_W 16   // 32 registers of 16 floats: 8 sums, 1 of b, 1 broadcast
 #define FL_MR 8
 #define FL_NR 16
 #elif defined(__AVX__)
-#define FL_W 8    // 16 registers of 8 floats: 8 sums, 2 of b, 1 broadcast
-#define FL_MR 4
-#define FL_NR 16
+#define FL_W 8    // 16 registers of 8 floats: 8 sums, 1 of b, 1 broadcast
+#define FL_MR 8
+#define FL_NR 8
 #else
 #define FL_W 8    // 16 registers of 4 floats, a vector of 8 in two: 8 sums, 2 of b, 1 broadcast
 #define FL_MR 4
