@@ -23,6 +23,12 @@ size_t device_memory_bytes(void);
 // Host threads for this rank's ops (OpenMP and the BLAS library).
 void device_set_threads(int n);
 
+// What the backend needs in the environment before anything starts the
+// device, MPI_Init included (a CUDA-aware MPI may start CUDA in it): called
+// first by runtime_init. CUDA: CUDA_MODULE_LOADING=EAGER unless the user
+// set it (device.cu says why; comm.c turns the channels off otherwise).
+// Nothing on the CPU.
+void device_environment(void);
 // Picks and prepares this rank's device (the GPU of its node-local rank on
 // CUDA; nothing on the CPU). Returns a printable name.
 const char* device_init(int local_rank);

@@ -22,6 +22,7 @@ void runtime_init(int* argc, char*** argv) {
     // waits in a collective (watchdog.h): that needs MPI_THREAD_MULTIPLE,
     // which Open MPI gives; with less the watchdog stays off
     int provided = MPI_THREAD_SINGLE;
+    device_environment();  // before MPI: a CUDA-aware MPI may start CUDA
     MPI_Init_thread(argc, argv, MPI_THREAD_MULTIPLE, &provided);
     MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_RETURN);
     // ranks that share memory are the ranks of one node

@@ -174,8 +174,12 @@ done
 grep -E '^train *\| *4 \|.*--pp 4 --schedule interleaved' "$gc_list" >/dev/null || gc_missing="$gc_missing pp 4 interleaved,"
 grep -E '^train *\| *4 \|.*chapter-6 .*--cp 4' "$gc_list" >/dev/null || gc_missing="$gc_missing cp 4 ring,"
 for k in memcheck racecheck kill; do grep -q "^$k " "$gc_list" || gc_missing="$gc_missing $k,"; done
+# each setting that turns comm.c's channels off, on a multi-rank case (the held path it falls back to)
+for v in CUDA_LAUNCH_BLOCKING=1 NCCL_COMM_SPLIT_SHARE_RESOURCES=1 CUDA_MODULE_LOADING=LAZY; do
+    grep -E "^train *\| *[2-9] \|.*\| *$v *\$" "$gc_list" >/dev/null || gc_missing="$gc_missing $v,"
+done
 if [ -z "$gc_missing" ]; then
-    pass "make gpu-check's list: chapters 0-7 and the capstone at 1-2 ranks, pp 4 interleaved and cp 4 ring at 4, memcheck, racecheck, a killed rank ($(wc -l < "$gc_list") cases)"
+    pass "make gpu-check's list: chapters 0-7 and the capstone at 1-2 ranks, pp 4 interleaved and cp 4 ring at 4, memcheck, racecheck, a killed rank, the three settings without channels ($(wc -l < "$gc_list") cases)"
 else
     fail "make gpu-check's list" "missing:${gc_missing%,}"
 fi

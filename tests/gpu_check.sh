@@ -106,6 +106,7 @@ train     | 2 | chapter 5 interleaved, shared stream, NCCL buffer | chapter-5 $T
 train     | 2 | chapter 6 cp=2 ring, shared stream, NCCL buffer   | chapter-6 $TRAIN --cp 2 | NCCL_LAUNCH_ORDER_IMPLICIT=0 NCCL_BUFFSIZE=4194304
 train     | 2 | chapter 6 cp=2 ring, CUDA_LAUNCH_BLOCKING (no channels) | chapter-6 $TRAIN --cp 2 | CUDA_LAUNCH_BLOCKING=1
 train     | 2 | chapter 5 interleaved, split comms share resources (no channels) | chapter-5 $TRAIN $P5 --pp 2 --schedule interleaved --virtual 3 --microbatches 4 | NCCL_COMM_SPLIT_SHARE_RESOURCES=1
+train     | 2 | chapter 5 1f1b, lazy module loading (no channels) | chapter-5 $TRAIN $P5 --pp 2 --schedule 1f1b --microbatches 4 | CUDA_MODULE_LOADING=LAZY
 kill      | 2 | chapter 2 dp=2, rank 1 killed at step 3       | chapter-2 --dp 2 --steps 50 --ckpt-dir $OUT_DIR/kill_ckpt --save-every 2 | CKPT_KILL=step:3:1
 speed     | 1 | chapter 0 small (speed)                       | chapter-0 --model small --batch 16 --seq 256 --steps 5 |
 speed     | 1 | chapter 0 small --tf32 (speed, beside fp32)   | chapter-0 --model small --batch 16 --seq 256 --steps 5 --tf32 |

@@ -29,6 +29,8 @@ void device_raw_free(void* ptr) {
     free(ptr);
 }
 
+void device_environment(void) {}
+
 const char* device_memory_name(void) { return "host memory"; }
 
 size_t device_memory_bytes(void) { return (size_t)sysconf(_SC_PHYS_PAGES) * (size_t)sysconf(_SC_PAGESIZE); }

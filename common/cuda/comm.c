@@ -269,22 +269,29 @@ static void decide_streams(void) {
                             "program's (%d) to decide NCCL's launch ordering\n", built);
     }
     use_channels = own_streams && (driver < built ? driver : built) >= 12030;
-    // Two settings order kernels by their ends again, and the channels would
-    // deadlock: NCCL_COMM_SPLIT_SHARE_RESOURCES=1 gives each split-off
-    // channel its parent's one internal stream (NCCL's init.cc), and
-    // CUDA_LAUNCH_BLOCKING=1 returns from a receive's launch only when it
-    // has ended, before the host could issue the send that feeds the peer's.
-    // The held path groups a send with its receive: it takes over.
-    const char* serial[2] = {"NCCL_COMM_SPLIT_SHARE_RESOURCES", "CUDA_LAUNCH_BLOCKING"};
-    for (int i = 0; i < 2 && use_channels; i++) {
-        const char* set = getenv(serial[i]);
-        if (set && strcmp(set, "0") != 0) {
+    // Three settings make a launch wait for a posted receive, and the
+    // channels would deadlock: NCCL_COMM_SPLIT_SHARE_RESOURCES=1 gives each
+    // split-off channel its parent's one internal stream (NCCL's init.cc),
+    // CUDA_LAUNCH_BLOCKING=1 returns from a receive's launch only when it has
+    // ended, before the host could issue the send that feeds the peer's, and
+    // lazy module loading (a CUDA_MODULE_LOADING other than the EAGER that
+    // device_environment sets) may hold a kernel's first launch until the
+    // device's work, the receive included, has ended. The held path groups a
+    // send with its receive: it takes over.
+    // each variable, and its one value (besides unset) under which the channels are safe
+    static const struct {
+        const char *name, *safe;
+    } waits[3] = {{"NCCL_COMM_SPLIT_SHARE_RESOURCES", "0"}, {"CUDA_LAUNCH_BLOCKING", "0"},
+                  {"CUDA_MODULE_LOADING", "EAGER"}};
+    for (int i = 0; i < 3 && use_channels; i++) {
+        const char* set = getenv(waits[i].name);
+        if (set && strcmp(set, waits[i].safe) != 0) {
             use_channels = 0;
             int rank = 0;
             MPI_CHECK(MPI_Comm_rank(MPI_COMM_WORLD, &rank));
             if (rank == 0)
-                fprintf(stderr, "note: %s=%s orders NCCL's kernels by their ends: point-to-point messages are held and "
-                                "grouped, without channels (docs/notes/cuda.md)\n", serial[i], set);
+                fprintf(stderr, "note: %s=%s can make a launch wait for a posted receive: point-to-point messages "
+                                "are held and grouped, without channels (docs/notes/cuda.md)\n", waits[i].name, set);
         }
     }
     // every rank the same decision, the least capable rank's: channels are

@@ -150,6 +150,18 @@ extern "C" void mem_zero(void* device_ptr, size_t bytes) {
     CUDA_CHECK(cudaMemsetAsync(device_ptr, 0, bytes, cuda_compute_stream));
 }
 
+// Since CUDA 12.2 the runtime loads a kernel's module at the kernel's first
+// launch (lazy loading, the Programming Guide's section of that name), and
+// that load may wait for the work already on the device. comm.c posts a
+// receive early, on a channel of its own, where its kernel spins until the
+// peer's host issues the matching send: a first launch (a backward kernel,
+// a new cuBLAS shape) behind such a receive would hold this host until the
+// receive ends, while the peer's host, held the same way, cannot issue the
+// send that ends it. Eager loading loads every module when CUDA starts, so
+// no launch waits. Set before CUDA starts, which is when it is read; a
+// user's own setting stays, and without EAGER comm.c uses no channels.
+extern "C" void device_environment(void) { setenv("CUDA_MODULE_LOADING", "EAGER", 0); }
+
 // Every rank calls this. Without a usable GPU every rank stops with one
 // message (fail_if_any is collective over MPI_COMM_WORLD); else this rank
 // takes GPU (local_rank mod count) of its node: one rank per GPU when mpirun

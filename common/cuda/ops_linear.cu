@@ -37,11 +37,12 @@ __global__ void __launch_bounds__(COL_THREADS) bias_backward_kernel(float* dbias
 
 extern "C" void matmul_backward(float* dinp, float* dw, float* dbias, const float* dout,
                                 const float* inp, const float* w, int N, int C, int OC) {
-    if (N <= 0 || C <= 0 || OC <= 0) return;
-    // dinp (N, C) += dout (N, OC) @ w (OC, C)
-    if (dinp) sgemm_rm(0, 0, N, C, OC, 1.0f, dout, OC, w, C, 1.0f, dinp, C);
+    if (N <= 0 || OC <= 0) return;
+    // dinp (N, C) += dout (N, OC) @ w (OC, C); C = 0: nothing, but dbias
+    // is still added, as on the CPU
+    if (dinp && C > 0) sgemm_rm(0, 0, N, C, OC, 1.0f, dout, OC, w, C, 1.0f, dinp, C);
     // dw (OC, C) += dout^T (OC, N) @ inp (N, C)
-    if (dw) sgemm_rm(1, 0, OC, C, N, 1.0f, dout, OC, inp, C, 1.0f, dw, C);
+    if (dw && C > 0) sgemm_rm(1, 0, OC, C, N, 1.0f, dout, OC, inp, C, 1.0f, dw, C);
     if (dbias) {
         dim3 grid = column_grid(N, OC);
         float* partials = column_partials();
