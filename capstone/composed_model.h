@@ -4,10 +4,11 @@
 // ZeroBuffers), its slots (what a microbatch keeps from forward to
 // backward), and file by file what builds and runs them. The layers are the
 // chapters': chapter 7's MoE model and layer (moe.h, moe_layer.h), chapter
-// 6's Megatron halves, ring and Ulysses (sequence.h, context.h). The chunks
-// are composed_stage.h's, the step around the schedule's actions
-// composed_pipe.h's, the refused layouts composed_rules.h's; the step, in
-// run order, the schedule's actions included, main.c.
+// 6's Megatron halves, ring and Ulysses (sequence.h, context.h). A rank's
+// chunks, the schedule and the step around its actions are composed_pipe.h's
+// (set up and freed by composed_stage.c), the refused layouts
+// composed_rules.h's; the step, in run order, the schedule's actions
+// included, main.c.
 #ifndef COMPOSED_MODEL_H
 #define COMPOSED_MODEL_H
 
@@ -17,6 +18,7 @@
 #include "moe.h"
 #include "moe_layer.h"   // chapter 7's MoE layer over ep: MoeParallel, MoeLayer
 #include "moe_model.h"  // chapter 7's flags, config checks, checkpoint tensors, --save's gather
+#include "pipeline.h"   // chapter 5's Piece, SlotPool
 #include "ring.h"       // chapter 6's CPShard
 #include "run.h"
 #include "train_eval.h"
@@ -95,6 +97,10 @@ typedef struct {
     float* dln2;      // (N, C) an MoE layer's d ln2
     int* rows_host;   // (2, N) host: my rows' inputs, then targets
     int embeds, has_head;  // --pp: only the first chunk embeds, only the last has the head
+    int moe0;              // --pp: the whole model's MoE layers before this chunk's first
+    Piece piece[3];        // chapter 5's: the chunk's ranges of the whole model's replicated
+    int n_pieces;          // buffer (chunk_pieces, composed_stage.c)
+    SlotPool pool;         // chapter 5's: which ExpertSlot holds which microbatch, made as the list needs them
     int split;  // --schedule zb: B queues the big weight gradients for W (composed_wgrad.c)
 } ExpertModel;
 

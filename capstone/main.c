@@ -113,7 +113,7 @@ static void model_backward(ExpertModel* m) {
 }
 
 // ---------------------------------------------------------------- the schedule's three actions
-// A rank's chunks (composed_stage.h) are its pipeline stages' layers, each an ExpertModel
+// A rank's chunks (composed_pipe.h) are its pipeline stages' layers, each an ExpertModel
 // that model_forward and model_backward run on as they are; without --pp one chunk, the
 // whole model. The sends and receives are chapter 5's (05_pipeline/pipeline.h): a send
 // non-blocking from a buffer of its own, a receive taking every message its peer sent
@@ -122,8 +122,8 @@ static void model_backward(ExpertModel* m) {
 // gradient into the slot its F took.
 static float* slot_buffer(void* ctx, int grad, int mb, int c) {
     ExpertPipe* P = ctx;
-    XpChunk* ch = &P->chunk[c];
-    ExpertSlot* sl = grad ? slot_pool_find(&ch->pool, mb) : expert_pipe_slot(P, ch, mb);
+    ExpertModel* m = &P->chunk[c];
+    ExpertSlot* sl = grad ? slot_pool_find(&m->pool, mb) : expert_pipe_slot(m, mb);
     return grad ? sl->acts.dres : sl->acts.encoded;
 }
 
@@ -132,19 +132,19 @@ static float* slot_buffer(void* ctx, int grad, int mb, int c) {
 // --sample's, outside the step's lists: its input comes by a blocking receive, its
 // routing is not counted.
 static float forward(ExpertPipe* P, int mb, int c, const int* inputs, const int* targets) {
-    XpChunk* ch = &P->chunk[c];
-    ExpertSlot* sl = expert_pipe_slot(P, ch, mb);
-    if (ch->vstage > 0 && mb >= 0) pipe_receive(&P->link, 0, mb, c, slot_buffer, P);
-    if (ch->vstage > 0 && mb < 0) comm_recv(P->link.pp, sl->acts.encoded, act_floats(P), pipe_prev(&P->link));
-    ch->m.slot = sl;  // the model works on the slot
-    ch->m.moe.record = mb >= 0;
-    ch->m.moe.token0 = mb >= 0 ? (size_t)mb * (P->B / P->M) * P->T : 0;  // the routing signature's token numbers
-    ch->m.moe.aux = 0.0, ch->m.moe.dropped = 0;  // this forward's (the clocks run over the step)
-    float loss = model_forward(&ch->m, inputs, targets);
-    ch->m.moe.record = 1;
-    if (mb >= 0) expert_pipe_tally(P, ch);  // its routing statistics of my MoE layers
-    const GPTConfig* g = &ch->m.cfg.gpt;
-    if (ch->vstage < P->S - 1)
+    ExpertModel* m = &P->chunk[c];
+    ExpertSlot* sl = expert_pipe_slot(m, mb);
+    if (!m->embeds && mb >= 0) pipe_receive(&P->link, 0, mb, c, slot_buffer, P);
+    if (!m->embeds && mb < 0) comm_recv(P->link.pp, sl->acts.encoded, act_floats(P), pipe_prev(&P->link));
+    m->slot = sl;  // the model works on the slot
+    m->moe.record = mb >= 0;
+    m->moe.token0 = mb >= 0 ? (size_t)mb * (P->B / P->M) * P->T : 0;  // the routing signature's token numbers
+    m->moe.aux = 0.0, m->moe.dropped = 0;  // this forward's (the clocks run over the step)
+    float loss = model_forward(m, inputs, targets);
+    m->moe.record = 1;
+    if (mb >= 0) expert_pipe_tally(P, m);  // its routing statistics of my MoE layers
+    const GPTConfig* g = &m->cfg.gpt;
+    if (!m->has_head)
         pipe_send(&P->link, gpt_acts_block_output(&sl->acts, g, g->num_layers - 1, P->b, P->Tr), pipe_next(&P->link));
     else if (mb >= 0)
         P->loss_sum += loss;
@@ -154,13 +154,13 @@ static float forward(ExpertPipe* P, int mb, int c, const int* inputs, const int*
 // B: the output's gradient (from the head or the stage after), model_backward, d input
 // back to the stage before. zb: the weight gradients wait in the slot's queue for W.
 static void backward(ExpertPipe* P, int mb, int c) {
-    XpChunk* ch = &P->chunk[c];
-    ExpertSlot* sl = slot_pool_find(&ch->pool, mb);
-    if (ch->vstage < P->S - 1) pipe_receive(&P->link, 1, mb, c, slot_buffer, P);
-    ch->m.slot = sl;
-    model_backward(&ch->m);
-    if (ch->vstage > 0) pipe_send(&P->link, sl->acts.dres, pipe_prev(&P->link));
-    if (!ch->m.split) slot_pool_give(&ch->pool, mb);
+    ExpertModel* m = &P->chunk[c];
+    ExpertSlot* sl = slot_pool_find(&m->pool, mb);
+    if (!m->has_head) pipe_receive(&P->link, 1, mb, c, slot_buffer, P);
+    m->slot = sl;
+    model_backward(m);
+    if (!m->embeds) pipe_send(&P->link, sl->acts.dres, pipe_prev(&P->link));
+    if (!m->split) slot_pool_give(&m->pool, mb);
 }
 
 // W (--schedule zb): the queued weight gradients (composed_wgrad.c), no communication;
@@ -177,7 +177,7 @@ static void weights(ExpertPipe* P, int mb, int c) {
 // MoE exchanges meet in order.
 static void run_schedule(ExpertPipe* P) {
     for (int c = 0; c < P->v; c++) {
-        ExpertModel* m = &P->chunk[c].m;
+        ExpertModel* m = &P->chunk[c];
         moe_step_begin(&m->moe);  // chapter 7's: the exchanges' clocks from here (validation's dropped)
         // gradients accumulate from zero (--zero 2, 3: one microbatch, zeroed as backward opens a unit)
         for (ZeroBuffer* z = m->z; m->zero < 2 && z < m->z + m->nz; z++) mem_zero(z->grads, z->n * sizeof(float));
@@ -222,7 +222,7 @@ static void reduce_chunk(ExpertModel* m) {
 // (a pipeline stage's layers; the whole model without --pp) over its groups.
 static void reduce_gradients(ExpertPipe* P) {
     expert_pipe_accumulated(P);  // x 1/m over the microbatches; --pp: the tied wte's halves summed
-    for (int c = 0; c < P->v; c++) reduce_chunk(&P->chunk[c].m);
+    for (int c = 0; c < P->v; c++) reduce_chunk(&P->chunk[c]);
 }
 
 // The global norm: each gradient once, summed over ep, dp x cp x tp and the
@@ -233,17 +233,17 @@ static void reduce_gradients(ExpertPipe* P) {
 static float clip_and_step(ExpertPipe* P, const TrainArgs* args, int step) {
     double* mine = train_sumsq_begin();  // on the device, read once by train_global_norm
     for (int c = 0; c < P->v; c++) {
-        ExpertModel* m = &P->chunk[c].m;
+        ExpertModel* m = &P->chunk[c];
         for (ZeroBuffer* z = m->z; z < m->z + m->nz; z++)  // the experts, the replicated buffer, the tp slices
             if (m->zero || z->g->rank == 0) zero_buffer_sumsq(mine, z);
     }
-    const Comm* groups[] = {P->chunk[0].m.epc, P->chunk[0].m.dpcp, P->link.pp};
+    const Comm* groups[] = {P->chunk[0].epc, P->chunk[0].dpcp, P->link.pp};
     double norm = train_global_norm(mine, groups, P->pp > 1 ? 3 : 2);  // pp = 1: no call the summary would count
     float scale = grad_clip_scale(norm, args->clip);
     AdamWConfig ac = train_adamw(args);
     double t0 = trace_start();
     for (int c = 0; c < P->v; c++)
-        for (ZeroBuffer* z = P->chunk[c].m.z; z < P->chunk[c].m.z + P->chunk[c].m.nz; z++)
+        for (ZeroBuffer* z = P->chunk[c].z; z < P->chunk[c].z + P->chunk[c].nz; z++)
             if (z->zero) fsdp_step(&z->f, ac, step + 1, scale);  // --zero: chapter 3's (1, 2: then all-gathered)
             else adamw_update(z->params, z->dshard, z->m, z->v, z->S, ac, step + 1, scale);
     trace_compute(t0, "optimizer");
@@ -271,7 +271,7 @@ static float forward_only(void* ctx, const int* inputs, const int* targets) {
 static float val_loss(void* ctx, const TrainSetup* setup, int n_batches) {
     ExpertPipe* P = ctx;
     return train_val_loss_pieces(setup, n_batches, forward_only, P, P->share * P->b, P->M, P->B / P->M, P->b,
-                                 &P->chunk[0].m.batch);
+                                 &P->chunk[0].batch);
 }
 
 // --sample: every rank runs each forward, share 0's first sequence holding the window
@@ -284,7 +284,7 @@ static void next_logits(void* ctx, const int* window, int t, float* row) {
     int* tokens = xcalloc(2 * BT, sizeof(int));  // inputs, then targets (unused: zeros)
     if (P->share == 0) memcpy(tokens, window, (size_t)t * sizeof(int));
     forward_only(P, tokens, tokens + BT);
-    const ExpertModel* m = &P->chunk[P->v - 1].m;
+    const ExpertModel* m = &P->chunk[P->v - 1];
     const CPShard* sh = &m->cp.sh;
     size_t r = 0;
     int owner = cp_shard_owner(sh, t - 1, &r);  // chapter 6's layout (ring.h)
@@ -311,7 +311,7 @@ int main(int argc, char** argv) {
     ExpertPipe* P = xcalloc(1, sizeof(ExpertPipe));  // my chunks (each an ExpertModel), the schedule, the links
     Ckpt ck;  // --ckpt-dir, --resume: this rank's slices, from whatever mesh saved them
     expert_pipe_create(P, &run, &fl, &cfg, &ck);
-    const Comm* batch = &P->chunk[0].m.batch;  // dp x cp x ep x tp: the ranks of one stage that share the batch
+    const Comm* batch = &P->chunk[0].batch;  // dp x cp x ep x tp: the ranks of one stage that share the batch
     TrainLoop loop;
     train_loop_begin(&loop, &run, &(TrainLoopSpec){
         .chapter = 7, .num_params = P->total, .flops_per_token = moe_flops_per_token(&cfg, run.setup.T),
