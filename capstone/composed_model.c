@@ -143,8 +143,5 @@ MoeConfig expert_config(const Run* run, ExpertFlags* f) {
     char msg[ERROR_MAX];
     if (composed_layout_problem(&lay, msg, sizeof(msg))) fail_all("%s", msg);
     if (!composed_pipelined(&lay)) f->schedule = "1f1b";  // one stage, one microbatch: one F, then one B
-    int world = lay.mesh[AXIS_DP] * lay.mesh[AXIS_EP] * lay.mesh[AXIS_TP];
-    long tokens = (long)(setup->B / world) * (setup->T / lay.mesh[AXIS_CP]);  // a rank's per MoE layer
-    if (moe_overlap_problem(f->moe.ep_overlap, tokens, msg, sizeof(msg))) fail_all("%s", msg);
     return cfg;
 }

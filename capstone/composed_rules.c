@@ -4,16 +4,22 @@
 #include <stdio.h>
 
 #include "args.h"      // ARG_NOT_GIVEN
+#include "moe.h"       // chapter 7's moe_overlap_problem
 #include "schedule.h"  // chapter 5's pipe_layout_problem
 
 int composed_pipelined(const ComposedLayout* c) {
     return c->mesh[AXIS_PP] > 1 || c->microbatches != ARG_NOT_GIVEN || c->virtual_chunks != 1;
 }
 
+// The microbatches of a step: --microbatches, else pp (without the pipeline 1).
+static int microbatches(const ComposedLayout* c) {
+    return c->microbatches == ARG_NOT_GIVEN ? c->mesh[AXIS_PP] : c->microbatches;
+}
+
 static const char* pipeline_problem(const ComposedLayout* c, char* msg, size_t len) {
     int pp = c->mesh[AXIS_PP], tp = c->mesh[AXIS_TP];
     int share = c->B / (c->mesh[AXIS_DP] * c->mesh[AXIS_EP]), per_rank = share / tp;
-    int m = c->microbatches == ARG_NOT_GIVEN ? pp : c->microbatches;
+    int m = microbatches(c);
     // chapter 5's rules and lines (05_pipeline/schedule.c), with equal stages
     // even at v = 1: the composition's stages are chunks of one size
     PipeLayout layout = {c->schedule, 0, pp, m, c->virtual_chunks, c->num_layers, c->B, share, 1,
@@ -25,9 +31,6 @@ static const char* pipeline_problem(const ComposedLayout* c, char* msg, size_t l
     else if (per_rank % m != 0)
         snprintf(msg, len, "--microbatches %d does not divide a rank's %d sequences (the batch of %d over dp x ep x tp = %d "
                  "ranks): use a divisor of %d", m, per_rank, c->B, c->mesh[AXIS_DP] * c->mesh[AXIS_EP] * tp, per_rank);
-    else if (c->ep_overlap > per_rank / m * (c->T / c->mesh[AXIS_CP]))
-        snprintf(msg, len, "--ep-overlap %d: a microbatch has %d tokens per rank: use at most %d", c->ep_overlap,
-                 per_rank / m * (c->T / c->mesh[AXIS_CP]), per_rank / m * (c->T / c->mesh[AXIS_CP]));
     else
         return NULL;
     return msg;
@@ -56,9 +59,9 @@ const char* composed_layout_problem(const ComposedLayout* c, char* msg, size_t l
         snprintf(msg, len, "--zero %d: not with the pipeline (--pp, --microbatches): the gradients accumulate over the "
                  "microbatches, so sharding them would cost a reduce-scatter per unit per microbatch (ZeRO-2 and 3 "
                  "are incompatible with pipeline parallelism, as DeepSpeed says): use --zero 1", c->zero);
-    else if (composed_pipelined(c))
-        return pipeline_problem(c, msg, len);
-    else
-        return NULL;
+    else if (composed_pipelined(c) && pipeline_problem(c, msg, len))
+        return msg;
+    else  // chapter 7's rule and line, on the tokens of one forward: a rank's of a microbatch
+        return moe_overlap_problem(c->ep_overlap, (long)(c->B / world / tp / microbatches(c)) * (c->T / cp), msg, len);
     return msg;
 }

@@ -33,7 +33,8 @@ int composed_pipelined(const ComposedLayout* c);
 // (chapter 5's, refused unknown with or without --pp), and with the pipeline
 // chapter 5's rules (pipe_layout_problem: the schedule, the microbatches, the
 // chunks, the layers, with equal stages), then the composition's own: a
-// microbatch's whole sequences per tp rank and the --ep-overlap chunk.
+// microbatch's whole sequences per tp rank; last chapter 7's --ep-overlap
+// rule (moe_overlap_problem) on the tokens of one forward.
 const char* composed_layout_problem(const ComposedLayout* c, char* msg, size_t len);
 
 #endif

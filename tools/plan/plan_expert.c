@@ -99,11 +99,8 @@ const char* plan_check_expert(const PlanArgs* a, PlanInfo* info, char* msg, size
     MeshNeeds needs = {.experts = a->experts, .whole_vocab = 1};  // moe_config_checked's
     bad = train_mesh_problem(a->mesh, &a->cfg, a->B, a->T, &needs, msg, len);
     if (bad) return bad;
-    bad = layout_problem(a, msg, len);  // the capstone's own refusals, its lines
+    bad = layout_problem(a, msg, len);  // the capstone's own refusals and --ep-overlap's, their lines
     if (bad) return bad;
-    // chapter 7's own line (07_expert/moe.c)
-    long tokens = (long)(a->B / (ndp * nep * ntp)) * (a->T / ncp);
-    if (moe_overlap_problem(a->ep_overlap, tokens, msg, len)) return msg;
     // the all-to-all's bytes depend on the routing: each rank's a bound;
     // dropless, their sum over the ranks is exact (every slot goes out once
     // and comes back once per exchange pair)
