@@ -282,15 +282,20 @@ int main(int argc, char** argv) {
     // chapter 4's FSDP over dp, ZeRO-3) or context parallelism (dp x cp)
     SP s;
     CPModel cp;
-    Ckpt ck;  // training-state checkpoints (--ckpt-dir, --resume)
-    ckpt_init(&ck, args, setup, &run.mesh, 6);
     if (sp) {
         sp_create(&s, &run, 3, 1, 1);
-        sp_ckpt(&ck, &s);
-        sp_print_setup(&s, &run);
     } else {
         train_check_mesh(&run.mesh, setup, NULL);
         cp_create(&cp, &run, mode, balance, overlap, per_dp, b0);
+    }
+    // training-state checkpoints (--ckpt-dir, --resume), opened once the
+    // mesh is accepted: a refused one leaves no lock behind
+    Ckpt ck;
+    ckpt_init(&ck, args, setup, &run.mesh, 6);
+    if (sp) {
+        sp_ckpt(&ck, &s);
+        sp_print_setup(&s, &run);
+    } else {
         cp_ckpt(&ck, &cp, run.mesh.rank);
         cp_print_setup(&cp, &run);
     }

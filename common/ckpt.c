@@ -124,13 +124,20 @@ static void release_locks(Ckpt* c) {
 }
 
 // A refusal (fail_all, fail_if_any: a refused resume, a diverged step) runs
-// this on every rank before it ends the run (errors_on_refusal): the locks of
-// the open checkpoint go, and a resume's scratch directory. (An exit handler
-// is not enough: once the failing rank has exited, mpirun ends the ranks
-// still in MPI_Finalize before their exit handlers run.)
+// this on every rank before it ends the run (errors_on_refusal), at the same
+// point of the run on every rank (both are collective): a save still being
+// written in the background (--async-save, a drain) is finished and
+// committed, as the step after it would have (it holds a step that ended
+// well: a diverged step is refused before it is saved, and its .tmp
+// directory would be left without a manifest); then the locks of the open
+// checkpoint go, and a resume's scratch directory. (An exit handler is not
+// enough: once the failing rank has exited, mpirun ends the ranks still in
+// MPI_Finalize before their exit handlers run.)
 static Ckpt* refusal_ckpt = NULL;  // the open one, from ckpt_open to ckpt_close
 static void restore_scratch_remove(void);
+static void join_and_commit(Ckpt* c);
 static void on_refusal(void) {
+    if (refusal_ckpt) join_and_commit(refusal_ckpt);  // a refusal inside the commit: none pending (commit)
     restore_scratch_remove();
     if (refusal_ckpt) release_locks(refusal_ckpt);
 }
@@ -382,6 +389,7 @@ static void* writer_thread(void* arg) {
 // save. Gathers the slice lists and file figures on rank 0, which writes the
 // manifest and renames the directory.
 static void commit(Ckpt* c) {
+    c->pending = 0;  // from here a refusal (below, or a failed write) commits nothing again (on_refusal)
     int step = c->pending_step;
     int has_file = c->own.n > 0;
     // a failed write on any rank: the .tmp directory goes, the previous
@@ -411,7 +419,6 @@ static void commit(Ckpt* c) {
         if (c->pending_delta) c->deltas++, c->delta_bytes_total += c->delta_bytes;
         else c->full_bytes_total += c->file_bytes;
     }
-    c->pending = 0;
     c->saves++;
     c->drains += c->pending_drain;
     print0("checkpoint: saved %s/step-%08d%s\n", c->dir, step, c->pending_drain ? " (drained from level 1)" : "");

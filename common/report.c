@@ -120,7 +120,7 @@ void report_step_extra(JsonLog* log, int step, int steps, float loss, float norm
     if (diverged) {
         char last[128] = "the first step of this run";  // its loss may be finite: the norm is not
         if (last_step >= 0) snprintf(last, sizeof(last), "the last finite loss was %.6f at step %d", last_loss, last_step);
-        snprintf(msg, sizeof(msg), "training diverged at step %d: loss %g, gradient norm %g (%s); nothing was saved: lower --lr or keep --clip on",
+        snprintf(msg, sizeof(msg), "training diverged at step %d: loss %g, gradient norm %g (%s); the diverged state was not saved: lower --lr or keep --clip on",
                  step, loss, norm, last);
     }
     fail_if_any(diverged, msg);

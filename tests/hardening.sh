@@ -42,6 +42,49 @@ div_case() {  # PROGRAM NP FLAGS...
 for spec in "chapter-0 1" "chapter-2 2 --dp 2" "chapter-3 2 --dp 2" "chapter-5 2 --pp 2" "chapter-7 2 --ep 2"; do
     jobs_run div_case $spec
 done
+# a divergence while the step before's save is still being written in the
+# background (--async-save, or a drain from level 1): the save is finished
+# and committed, as a sync save is at once, not left as a .tmp directory
+# without a manifest, and a run resumes from it
+div_async_case() {  # PROGRAM NP FLAGS...
+    local bin=$1 np=$2 out rc ck=$TEST_TMPDIR/divasync_$1_$2
+    shift 2
+    out=$(OMPI_MCA_odls_base_sigkill_timeout=0 timeout 60 $MPIRUN -np "$np" "$BUILD/$bin" "$@" --steps 3 --peak-gflops 10 --lr 1e30 --clip 0 \
+          --ckpt-dir "$ck" --save-every 1 2>&1)
+    rc=$?
+    local resumed
+    resumed=$(timeout 60 $MPIRUN -np "$np" "$BUILD/$bin" "$@" --steps 2 --peak-gflops 10 --ckpt-dir "$ck" --resume "$ck" 2>&1)
+    if [ $rc -ne 0 ] && [ $rc -ne 124 ] && echo "$out" | grep -q '^error: training diverged at step 1: ' &&
+        [ -f "$ck/step-00000001/MANIFEST" ] && [ -z "$(ls -d "$ck"/*.tmp 2>/dev/null)" ] &&
+        echo "$resumed" | grep -q "checkpoint: resumed from .*/step-00000001 (chapter .*: step 1,"; then
+        pass "hardening: $bin on $np rank(s) $* diverging with a save in flight commits that save (step 1: its MANIFEST, no .tmp left, resumed from)"
+    else
+        fail "hardening: $bin divergence with a save in flight ($*)" "exit $rc; $(ls -a "$ck" 2>&1 | tr '\n' ' '); $(echo "$out" | grep -E '^error|checkpoint' | head -3); resume: $(echo "$resumed" | grep -E '^error|checkpoint' | head -2)"
+    fi
+}
+jobs_run div_async_case chapter-0 1 --async-save
+jobs_run div_async_case chapter-3 2 --dp 2 --async-save
+jobs_run div_async_case chapter-5 2 --pp 2 --ckpt-local "$TEST_TMPDIR/divasync_local" --local-every 1
+# a mesh refused at start-up writes nothing: no checkpoint directory, no
+# lock (chapter 6 opened its checkpoint before its mesh checks and left
+# both levels' .lock files)
+refused_writes_nothing() {  # NAME PROGRAM NP PHRASE FLAGS...
+    local name=$1 bin=$2 np=$3 phrase=$4 d=$TEST_TMPDIR/refused_$1
+    shift 4
+    mkdir -p "$d"
+    OMPI_MCA_odls_base_sigkill_timeout=0 mpi_run --may-fail $T_SHORT "$np" "$BUILD/$bin" --peak-gflops 10 "$@" \
+        --ckpt-dir "$d/ck" --ckpt-local "$d/local"
+    if [ $RC -ne 0 ] && ! timed_out && [ "$(echo "$OUT" | grep -c '^error: ')" = 1 ] && echo "$OUT" | grep -qF -- "$phrase" &&
+        [ ! -e "$d/ck" ] && [ ! -e "$d/local" ]; then
+        pass "hardening: $bin on $np rank(s), $*: refused ('$phrase') with no checkpoint directory or lock written"
+    else
+        fail "hardening: $bin refusal writes nothing ($*)" "exit $RC; left: $(cd "$d" 2>/dev/null && find . | tr '\n' ' '); $(echo "$OUT" | grep '^error' | head -2)"
+    fi
+}
+jobs_run refused_writes_nothing ch6cp chapter-6 2 "--seq 33" --cp 2 --seq 33
+jobs_run refused_writes_nothing ch6sp chapter-6 2 "does not divide them" --tp 2 --sp --batch 3 --seq 33
+jobs_run refused_writes_nothing ch3 chapter-3 2 "--batch 3" --dp 2 --batch 3
+jobs_run refused_writes_nothing ch7 chapter-7 2 "3 experts do not split" --ep 2 --experts 3
 # a log that cannot be written ends the run (here: a full disk)
 out=$(timeout 60 $MPIRUN -np 2 "$BUILD/chapter-2" --dp 2 --steps 2 --peak-gflops 10 --log /dev/full 2>&1)
 rc=$?
