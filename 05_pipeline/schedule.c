@@ -212,6 +212,10 @@ const char* schedule_read(Schedule* s, const char* path, int pp, char* msg, size
         if (!seen[r]) {
             snprintf(msg, len, "--schedule-file %s has no line for rank %d (it needs one per rank of pp=%d)", path, r, pp);
             bad = msg;
+        } else if (s->n[r] == 0) {  // else the microbatch count would be 0, and blamed on --microbatches
+            snprintf(msg, len, "--schedule-file %s: rank %d's line has no action: every rank runs an F and a B of each "
+                     "microbatch (F0 B0 ...)", path, r);
+            bad = msg;
         }
     free(cap);
     free(seen);
