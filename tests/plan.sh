@@ -1331,6 +1331,11 @@ profile_error ":2: expected 'key = value'" 'matmul_gflops = 1\nmatmul_gflops 2\n
 profile_error ":1: unknown key 'matmul_glops'" 'matmul_glops = 1\n'
 profile_error ":3: 'fast' is not a number" '# c\nname = x\nmemory_gbps = fast\n'
 profile_error ":2: 'overlap' must be from 0 to 1" 'matmul_gflops = 1\noverlap = 1.5\n'
+# rates and times of a real machine: a subnormal rate made the step inf or nan ms, a planned run, exit 0
+profile_error ":1: 'link.intra.gbps' must be from 1e-6 to 1e9, got 1e-320" 'link.intra.gbps = 1e-320\n'
+profile_error ":1: 'matmul_gflops' must be from 1e-6 to 1e9, got 0" 'matmul_gflops = 0\n'
+profile_error ":1: 'coll.allreduce.p2.busbw_gbps' must be from 1e-6 to 1e9, got 2e9" 'coll.allreduce.p2.busbw_gbps = 2e9\n'
+profile_error ":1: 'link.intra.latency_us' must be at most 1e9 (a thousand seconds), got 1e306" 'link.intra.latency_us = 1e306\n'
 profile_error ":2: 'memory_gbps' given twice" 'memory_gbps = 1\nmemory_gbps = 2\n'
 profile_error ":2: 'ranks_per_node' must be a whole number >= 1, got 0.5" 'matmul_gflops = 1\nranks_per_node = 0.5\n'
 profile_error ":1: 'coll.allreduse.p2.alpha_us': no collective named 'allreduse'" 'coll.allreduse.p2.alpha_us = 1\n'
@@ -1339,13 +1344,14 @@ profile_error "the profile 'x' has no attention_gflops" 'name = x\nmatmul_gflops
 profile_error ":2: byte 1 is not text" 'name = x\n\033[31mmatmul_gflops = 1\n'
 profile_error ":1: byte 5 is not text" 'name\001\377\033 = x\n'
 # --json with a profile whose name holds a quote and a backslash, and rates
-# so high that the step takes 0 ms: one JSON record that parses (the name
-# went in bare; tokens_per_s printed inf), the name as written, no figure inf
+# at the profile's bound (1e9 GFLOP/s, GB/s), so the step takes next to no
+# time: one JSON record that parses (the name went in bare; at 1e308, now
+# refused, tokens_per_s printed inf), the name as written, no figure inf
 qp=$TEST_TMPDIR/plan_quoted_$$.txt
-sed -e 's/^name = .*/name = my "fast" box \\ x/' -e 's/^matmul_gflops = .*/matmul_gflops = 1e308/' \
-    -e 's/^attention_gflops = .*/attention_gflops = 1e308/' -e 's/^memory_gbps = .*/memory_gbps = 1e308/' \
+sed -e 's/^name = .*/name = my "fast" box \\ x/' -e 's/^matmul_gflops = .*/matmul_gflops = 1e9/' \
+    -e 's/^attention_gflops = .*/attention_gflops = 1e9/' -e 's/^memory_gbps = .*/memory_gbps = 1e9/' \
     -e 's/^coll.allreduce.p2.alpha_us = .*/coll.allreduce.p2.alpha_us = 0/' \
-    -e 's/^coll.allreduce.p2.busbw_gbps = .*/coll.allreduce.p2.busbw_gbps = 1e308/' "$prof" > "$qp"
+    -e 's/^coll.allreduce.p2.busbw_gbps = .*/coll.allreduce.p2.busbw_gbps = 1e9/' "$prof" > "$qp"
 out=$("$BUILD/plan" --chapter 2 --ranks 2 --dp 2 --json --profile "$qp" 2>&1 | grep '"plan_time"')
 if echo "$out" | python3 -c 'import json, sys; d = json.loads(sys.stdin.read(), parse_constant=lambda c: sys.exit(1)); sys.exit(d["profile"] != "my \"fast\" box \\ x")'; then
     pass "plan --json --profile: a name with a quote and a backslash, and a 0 ms step, give a record that parses ($(echo "$out" | cut -c1-90)...)"
