@@ -294,6 +294,47 @@ static void test_zero_buffer_ckpt(const Comm* g) {
     }
 }
 
+// zero_buffer_sumsq: the group's sum counts every float of the buffer's
+// gradient once but its first `tied` (a copy of a weight another rank
+// counts: the last pipeline stage's wte), wherever the tied floats end
+// against the shards (--zero 1: rank r steps floats [r S, r S + S), so the
+// copy may end before, inside or past a rank's shard); without --zero every
+// rank holds all, and one counts it (the capstone's rule).
+static void test_zero_buffer_sumsq(const Comm* g) {
+    const size_t n = 23;
+    char name[160], why[160];
+    for (int zero = 0; zero <= 1; zero++) {
+        int ok = 1;
+        double worst = 0.0;
+        for (size_t tied = 0; tied <= n; tied += 4) {
+            ZeroBuffer z;
+            zero_buffer_alloc(&z, zero, g, n);
+            float* host = xcalloc(n, sizeof(float));
+            zero_buffer_put(&z, host);
+            zero_buffer_units(&z, 1, &n, NULL);
+            z.tied = tied;
+            // my shard of the reduced gradient: float i of the buffer is i + 1 (the padding past n: 0)
+            float* mine_host = xcalloc(z.S, sizeof(float));
+            for (size_t j = 0; j < z.S; j++) mine_host[j] = z.off + j < n ? (float)(z.off + j + 1) : 0.0f;
+            mem_to_device(z.dshard, mine_host, z.S * sizeof(float));
+            double* sumsq = train_sumsq_begin();
+            if (zero || g->rank == 0) zero_buffer_sumsq(sumsq, &z);
+            double norm = train_global_norm(sumsq, &g, 1), want = 0.0;
+            for (size_t i = tied; i < n; i++) want += (double)(i + 1) * (double)(i + 1);
+            double err = fabs(norm * norm - want) / (want > 0 ? want : 1.0);
+            if (err > worst) worst = err;
+            ok = ok && err <= 1e-12;
+            free(mine_host), free(host);
+            zero_buffer_free(&z);
+        }
+        snprintf(name, sizeof(name), "zero_buffer_sumsq --zero %d on %d ranks: 23 floats, the first 0, 4, ..., 20 tied",
+                 zero, g->size);
+        snprintf(why, sizeof(why), "the norm's square against the sum of squares of floats [tied, 23): worst relative "
+                 "error %.2e", worst);
+        check_all(ok, name, why);
+    }
+}
+
 // ---------------------------------------------------------------- train.h across ranks
 
 static void test_glue(const Mesh* mesh, const Comm* world, const Comm axes[NUM_AXES]) {
@@ -394,6 +435,7 @@ int main(int argc, char** argv) {
     test_engine(&dp, 3, 1, 0);
     test_engine(&dp, 3, 0, 0);
     test_zero_buffer_ckpt(&dp);
+    test_zero_buffer_sumsq(&dp);
     test_glue(&mesh, &world, axes);
     int all_passed = all_ranks(test_failures == 0);
     comm_destroy(&world, axes);
