@@ -6,7 +6,7 @@
 // chapters': chapter 7's MoE model and layer (moe.h, moe_layer.h), chapter
 // 6's Megatron halves, ring and Ulysses (sequence.h, context.h). A rank's
 // chunks, the schedule and the step around its actions are composed_pipe.h's
-// (set up and freed by composed_stage.c), the refused layouts
+// (set up, checkpointed and freed by composed_stage.c), the refused layouts
 // composed_rules.h's; the step, in run order, the schedule's actions
 // included, main.c.
 #ifndef COMPOSED_MODEL_H
@@ -91,7 +91,7 @@ typedef struct {
     // (expert_block_params)
     int zero, nz;     // nz: the buffers, 2, or 3 with --tp
     ZeroBuffer z[3];  // [ZERO_EXPERTS], [ZERO_SHARED], [ZERO_TP]
-    ExpertSlot* slot;  // the slot of the microbatch it runs on (composed_pipe.c chooses it)
+    ExpertSlot* slot;  // the slot of the microbatch it runs on (main.c's F and B point it there)
     RecomputeMode recompute;
     MoeParallel moe;  // chapter 7's MoE engine over ep
     float* dln2;      // (N, C) an MoE layer's d ln2

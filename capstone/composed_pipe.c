@@ -14,8 +14,9 @@
 // ---------------------------------------------------------------- slots
 
 // As chapter 5's slot_get: the one taken, else a free one, else a new one.
-// A slot is made only when every one is busy and never freed until the end,
-// so the slots made are the peak in flight (expert_pipe_report counts them).
+// A slot is made only when every one of the chunk's is busy and never freed
+// until the end, so a chunk's slots made are its peak in flight
+// (expert_pipe_report sums them).
 ExpertSlot* expert_pipe_slot(ExpertModel* m, int mb) {
     ExpertSlot* sl = slot_pool_take(&m->pool, mb);
     if (sl) return sl;
@@ -113,7 +114,9 @@ void expert_pipe_report(ExpertPipe* P, const ExpertFlags* fl, const TrainLoop* l
     json_add_int(summary, "microbatches", P->M);
     json_add_int(summary, "virtual", P->v);
     // every rank's layers, slots and early receives, as chapter 5's summary (trace_check.py --pipeline reads them)
-    int slots = 0;  // made only when all were busy, never freed: the peak in flight (expert_pipe_slot)
+    // each chunk's slots made (its pool's peak in flight: made only when all were busy, never freed), summed:
+    // the slots allocated, above the rank's peak in flight when its chunks peak at different times (--virtual > 1)
+    int slots = 0;
     for (int c = 0; c < P->v; c++) slots += P->chunk[c].pool.n;
     pipe_summary_ranks(P->v * (P->cfg.gpt.num_layers / P->S), slots, &P->link, summary);
 }

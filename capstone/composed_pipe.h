@@ -1,12 +1,13 @@
 // composed_pipe.h: what a rank of the capstone's pipeline owns and the step
 // around the schedule's actions. It owns its chunks (chunk c of pp rank r is
 // virtual stage c pp + r of S = pp x v, an ExpertModel of its L / S layers,
-// so main.c's forward and backward run on it unchanged), the schedule and
-// the links (chapter 5's), set up, checkpointed and freed by
-// composed_stage.c. Around main.c's F, B, W, composed_pipe.c keeps the slot
-// of a (microbatch, chunk), the tokens, the statistics and the gradients
-// accumulated over the microbatches. Without the pipeline: one chunk, F
-// then B.
+// so main.c's model_forward and model_backward run on it unchanged), the
+// schedule and the links (chapter 5's), set up, checkpointed and freed by
+// composed_stage.c. Around main.c's F, B, W, composed_pipe.c takes or makes
+// the slot of a (microbatch, chunk) from the chunk's pool, loads the tokens,
+// adds up the statistics, scales the gradients accumulated over the
+// microbatches, and fills the step record and the summary. Without the
+// pipeline: one chunk, F then B.
 #ifndef COMPOSED_PIPE_H
 #define COMPOSED_PIPE_H
 

@@ -23,15 +23,15 @@ typedef struct {
     int ep_overlap;
 } ComposedLayout;
 
-// 1 when the step runs chapter 5's pipeline: --pp > 1, or --microbatches or
-// --virtual given (a pipeline of one stage accumulates microbatches).
+// 1 when the step runs chapter 5's pipeline: --pp > 1, --microbatches given,
+// or --virtual other than 1 (a pipeline of one stage accumulates microbatches).
 int composed_pipelined(const ComposedLayout* c);
 
-// NULL when the capstone trains this layout, else what does not fit (in msg
-// or a constant), in the order the capstone checks: the batch over dp x ep,
-// then over tp, chapter 6's cp rules, the ZeRO stage, the schedule's name
-// (chapter 5's, refused unknown with or without --pp), and with the pipeline
-// chapter 5's rules (pipe_layout_problem: the schedule, the microbatches, the
+// NULL when the capstone trains this layout, else what does not fit (in
+// msg), in the order the capstone checks: the batch over dp x ep, then over
+// tp, chapter 6's cp rules, the ZeRO stage's range, the schedule's name
+// (chapter 5's, refused unknown with or without --pp), ZeRO 2 and 3 with the
+// pipeline, and with the pipeline chapter 5's rules (pipe_layout_problem: the schedule, the microbatches, the
 // chunks, the layers, with equal stages), then the composition's own: a
 // microbatch's whole sequences per tp rank; last chapter 7's --ep-overlap
 // rule (moe_overlap_problem) on the tokens of one forward.
