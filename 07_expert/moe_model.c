@@ -66,8 +66,9 @@ MoeConfig moe_config_checked(const Run* run, MoeFlags* f, int microbatches) {
         // read this header already, with read_gpt_config)
         const char* bad = moe_checkpoint_read_config(setup->checkpoint, &cfg, msg, sizeof(msg));
         fail_if_any(bad != NULL, bad);
-        print0("--model %s: E=%d, top-%d, H=%d, every %d layer%s MoE (from the file)\n", setup->checkpoint, cfg.experts,
-               cfg.top_k, cfg.hidden, cfg.moe_every, cfg.moe_every == 1 ? "" : "s");
+        print0("--model %s: E=%d, top-%d, H=%d, every %d layer%s MoE (from the file, over any --experts, --top-k, "
+               "--expert-hidden, --moe-every)\n", setup->checkpoint, cfg.experts, cfg.top_k, cfg.hidden, cfg.moe_every,
+               cfg.moe_every == 1 ? "" : "s");
         f->experts = cfg.experts, f->top_k = cfg.top_k, f->moe_every = cfg.moe_every;
     }
     const char* bad = moe_config_problem(&cfg);

@@ -329,13 +329,16 @@ c7_capacity_routed "4 --dp 2 --ep 2"
 
 # ---- the MoE file, a padded vocabulary, --sample
 c7_sec_file() {
-# The MoE file: saved on ep=2, read on ep=4 and one rank, the same model
+# The MoE file: saved on ep=2, read on ep=4 and one rank, the same model;
+# the file's E and top-k win over the flags given, and the run says so
 mpi_run $T_RUN 2 "$BUILD/chapter-7" $c7_flags --steps 3 --ep 2 --save "$TEST_TMPDIR/c7.bin" --log "$TEST_TMPDIR/c7_save.jsonl"
 v0=$(c7_val "$TEST_TMPDIR/c7_save.jsonl")
-mpi_run $T_RUN 4 "$BUILD/chapter-7" --batch 24 --seq 32 --peak-gflops 10 --steps 0 --ep 4 --model "$TEST_TMPDIR/c7.bin" --log "$TEST_TMPDIR/c7_load.jsonl"
+mpi_run $T_RUN 4 "$BUILD/chapter-7" --batch 24 --seq 32 --peak-gflops 10 --steps 0 --ep 4 --experts 8 --top-k 1 \
+    --model "$TEST_TMPDIR/c7.bin" --log "$TEST_TMPDIR/c7_load.jsonl"
 v1=$(c7_val "$TEST_TMPDIR/c7_load.jsonl")
-if [ -n "$v0" ] && awk -v a="$v0" -v b="$v1" -v t=$TOL 'BEGIN { d = a - b; if (d < 0) d = -d; exit !(b != "" && d <= t) }'; then
-    pass "experts: the MoE file saved on ep=2 reads back on ep=4 (val loss $v0 then $v1)"
+if [ -n "$v0" ] && awk -v a="$v0" -v b="$v1" -v t=$TOL 'BEGIN { d = a - b; if (d < 0) d = -d; exit !(b != "" && d <= t) }' &&
+    echo "$OUT" | grep -q "E=4, top-2, .*(from the file, over any --experts, --top-k, --expert-hidden, --moe-every)"; then
+    pass "experts: the MoE file saved on ep=2 reads back on ep=4 (val loss $v0 then $v1), its E=4 top-2 over the flags' --experts 8 --top-k 1, said"
 else
     fail "experts: MoE file" "val loss $v0 after saving, '$v1' after loading; $(echo "$OUT" | grep error)"
 fi
