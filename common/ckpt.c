@@ -127,9 +127,10 @@ static void release_locks(Ckpt* c) {
 // this on every rank before it ends the run (errors_on_refusal), at the same
 // point of the run on every rank (both are collective): a save still being
 // written in the background (--async-save, a drain) is finished and
-// committed, as the step after it would have (it holds a step that ended
-// well: a diverged step is refused before it is saved, and its .tmp
-// directory would be left without a manifest); then the locks of the open
+// committed, as a sync save would already have been (it holds the state
+// after a step whose loss and norm were finite: a diverged step is refused
+// before it is saved), not left as a .tmp directory without a manifest;
+// then the locks of the open
 // checkpoint go, and a resume's scratch directory. (An exit handler is not
 // enough: once the failing rank has exited, mpirun ends the ranks still in
 // MPI_Finalize before their exit handlers run.)

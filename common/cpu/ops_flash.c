@@ -50,11 +50,11 @@ static inline int chunk_keys_visible(int i, int q0, int k0, int Tk) {
 // of accumulators that stay in registers. 8 rows divide a group, and a
 // vector of b that 8 rows multiply stays in a register: with AVX2's 4 rows
 // by 2 vectors, gcc read b again from memory for every row (12 loads a k
-// instead of 6) and the flash op took 1.37 of full attention's time where
-// 8 by 1 takes 1.2 (docs/attention.md). Rows past the last full tile and
-// columns past the last full vector take narrower paths that add the same
-// products in the same order, so an element's bits never depend on where
-// its row or column falls: the tile's shape moves no bit.
+// instead of 6) and the flash op took 1.43 of full attention's CPU time
+// where 8 by 1 takes 1.215 (medians, docs/attention.md). Rows past the
+// last full tile and columns past the last full vector take narrower paths
+// that add the same products in the same order, so an element's bits never
+// depend on where its row or column falls: the tile's shape moves no bit.
 #if defined(__AVX512F__)
 #define FL_W 16   // 32 registers of 16 floats: 8 sums, 1 of b, 1 broadcast
 #define FL_MR 8

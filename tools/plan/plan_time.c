@@ -161,7 +161,7 @@ const char* plan_profile_read(const char* path, MachineProfile* p, char* msg, si
         // rates of a real device: a subnormal one divided a step into inf or nan
         else if ((strstr(key, "gflops") || strstr(key, "gbps")) && (v < 1e-6 || v > 1e9))
             range = "from 1e-6 to 1e9";
-        else if ((strstr(key, "_us") || strstr(key, "_ms")) && v > 1e9) range = "at most 1e9 (a thousand seconds)";
+        else if (strstr(key, "_us") && v > 1e9) range = "at most 1e9 (a thousand seconds)";
         else if (!strcmp(key, "ranks_per_node") && (v < 1 || v != floor(v) || v > 1e9)) range = "a whole number >= 1";
         if (range) {
             snprintf(msg, len, "%s:%d: '%s' must be %s, got %s", path, lineno, key, range, value);
