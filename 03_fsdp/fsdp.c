@@ -15,7 +15,7 @@
 // ---------------------------------------------------------------- units and shards
 
 static void units_make(FSDP* f, const FsdpSpec* spec, int N) {
-    // EXERCISE 1: the shard layout: each unit's shard size S = ceil(n / N), where each rank's shard and each padded unit start, the totals
+    // EXERCISE 1: the shard layout: f->n and its per-unit arrays (allocated here), each unit's shard S = ceil(n / N), where each rank's shard and each padded unit start, the totals
     f->n = spec->n_units;
     f->numel = xmalloc(sizeof(size_t) * f->n);
     f->shard = xmalloc(sizeof(size_t) * f->n);
