@@ -171,8 +171,8 @@ void hand_allreduce_doubling(const Comm* c, float* buf, size_t n, float* tmp) {
 
 // ---------------------------------------------------------------- binomial-tree broadcast
 // Ranks are numbered relative to the root (v = r - root). In round k the 2^k
-// ranks that have the data (v < 2^k) each send it to v + 2^k. log2(p) rounds
-// instead of the root's p-1 sends.
+// ranks that have the data (v < 2^k) each send it to v + 2^k, if that is
+// below p. ceil(log2 p) rounds instead of the root's p-1 sends.
 void hand_broadcast_tree(const Comm* c, float* buf, size_t n, int root) {
     // EXERCISE 1: binomial-tree broadcast: root's buffer to every rank in ceil(log2 p) rounds
     int p = c->size, v = mod(c->rank - root, p);

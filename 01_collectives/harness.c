@@ -170,27 +170,74 @@ static double floats_most(Algorithm a, size_t n, int p, int r, int root) {
     }
 }
 
+// Which algorithm ran, where results alone cannot tell (-1: nothing checked).
+// A binomial-tree broadcast takes ceil(log2 p) rounds of at most one send a
+// rank: a linear one (the root sends p-1 times) ends right too. Recursive
+// doubling moves, over all ranks, rem = p - 2^m buffers folded in, 2^m
+// swapped in each of its m steps and rem handed back: a tree reduce and
+// broadcast moves 2(p-1) n instead.
+static double sent_most(Algorithm a, size_t n, int p) {
+    int rounds = 0;
+    while ((1 << rounds) < p) rounds++;
+    return a == ALG_BROADCAST ? (double)rounds * (double)n : -1.0;
+}
+static double received_in_all(Algorithm a, size_t n, int p) {
+    int pow2 = 1, m = 0;
+    while (pow2 * 2 <= p) pow2 *= 2, m++;
+    return a == ALG_ALLREDUCE_DOUBLING ? (double)(2 * (p - pow2) + pow2 * m) * (double)n : -1.0;
+}
+
+// Why a rank's run was not the exercise's, most telling first (NONE: it was).
+typedef enum { MSG_NONE, MSG_COLLECTIVE, MSG_LACKED, MSG_TOO_MANY, MSG_SENT, MSG_IN_ALL } MessageFault;
+
 int check_point_to_point(const Comm* c, Algorithm a, size_t n, int root) {
-    double received = comm_count(COLL_RECV, c->axis).bytes / sizeof(float), lacked = floats_lacked(a, n, c->size, c->rank, root);
-    double most = floats_most(a, n, c->size, c->rank, root);
-    double collectives = 0.0;
+    double received = comm_count(COLL_RECV, c->axis).bytes / sizeof(float);
+    double sent = comm_count(COLL_SEND, c->axis).bytes / sizeof(float);
+    double lacked = floats_lacked(a, n, c->size, c->rank, root), most = floats_most(a, n, c->size, c->rank, root);
+    double collectives = 0.0, in_all = 0.0, want_in_all = received_in_all(a, n, c->size);
     for (int k = 0; k < NUM_COLLECTIVES; k++)
         if (k != COLL_SEND && k != COLL_RECV && k != COLL_BARRIER) collectives += comm_count((Collective)k, c->axis).calls;
-    int failed = received < lacked || (most >= 0 && received > most) || collectives > 0;
-    // the lowest failing rank's figures to rank 0 (through MPI itself, as count_wrong)
-    int me = failed ? c->rank : c->size, first = c->size;
+    // bookkeeping through MPI itself, as count_wrong
+    MPI_CHECK(MPI_Allreduce(&received, &in_all, 1, MPI_DOUBLE, MPI_SUM, c->mpi));
+    double sent_bound = sent_most(a, n, c->size);
+    MessageFault fault = MSG_NONE;
+    if (collectives > 0) fault = MSG_COLLECTIVE;
+    else if (received < lacked) fault = MSG_LACKED;
+    else if (most >= 0 && received > most) fault = MSG_TOO_MANY;
+    else if (sent_bound >= 0 && sent > sent_bound) fault = MSG_SENT;
+    else if (want_in_all >= 0 && in_all != want_in_all) fault = MSG_IN_ALL;
+    // the lowest failing rank's figures to rank 0
+    int me = fault != MSG_NONE ? c->rank : c->size, first = c->size;
     MPI_CHECK(MPI_Allreduce(&me, &first, 1, MPI_INT, MPI_MIN, c->mpi));
     if (first == c->size) return 1;
-    double figures[4] = {received, lacked, collectives, most};
-    MPI_CHECK(MPI_Bcast(figures, 4, MPI_DOUBLE, first, c->mpi));
-    if (figures[3] >= 0 && figures[0] > figures[3] && figures[2] == 0)
-        print0("  FAIL %s n=%zu root=%d: rank %d received %.0f floats, more than the %.0f of the lesson's steps (a "
-               "step too many? the ring takes p-1)\n", alg_names[a], n, root, first, figures[0], figures[3]);
-    else
-        print0("  FAIL %s n=%zu root=%d: rank %d received %.0f floats by point-to-point (comm_send, comm_recv, "
-               "comm_sendrecv) and ran %.0f collectives of the comm layer; an algorithm made of messages receives at "
-               "least the %.0f it lacks, and calls no collective (the library's, MPI's own included, is not the exercise)\n",
-               alg_names[a], n, root, first, figures[0], figures[2], figures[1]);
+    double f[6] = {(double)fault, received, lacked, collectives, most, sent};
+    MPI_CHECK(MPI_Bcast(f, 6, MPI_DOUBLE, first, c->mpi));
+    print0("  FAIL %s n=%zu", alg_names[a], n);
+    if (alg_rooted(a)) print0(" root=%d", root);
+    print0(": ");
+    switch ((MessageFault)f[0]) {
+        case MSG_COLLECTIVE:
+            print0("rank %d called %.0f collectives of the comm layer: build it of comm_send, comm_recv and "
+                   "comm_sendrecv alone (the library is what it is checked against, not the exercise)\n", first, f[3]);
+            break;
+        case MSG_LACKED:
+            print0("rank %d received %.0f of the %.0f floats of the result it lacks by comm_send, comm_recv and "
+                   "comm_sendrecv: a message missing or sent to the wrong rank (or moved by MPI itself, which is "
+                   "not the exercise)\n", first, f[1], f[2]);
+            break;
+        case MSG_TOO_MANY:
+            print0("rank %d received %.0f floats, more than the %.0f of the lesson's steps (a step too many? the ring "
+                   "takes p-1)\n", first, f[1], f[4]);
+            break;
+        case MSG_SENT:
+            print0("rank %d sent %.0f floats, more than the %.0f of ceil(log2 p) tree rounds with one send each (the "
+                   "root sending to every rank?)\n", first, f[5], sent_bound);
+            break;
+        default:
+            print0("the ranks received %.0f floats in all, where recursive doubling moves %.0f: the p - 2^m extra "
+                   "ranks' buffers folded in, 2^m ranks swapping theirs at each of m steps, the results handed back "
+                   "(a reduce, then a broadcast?)\n", in_all, want_in_all);
+    }
     return 0;
 }
 

@@ -52,8 +52,11 @@ long count_wrong(const Comm* c, Algorithm a, const Buffers* b, const float* out,
 // 1 when the hand-written run of a just done (its messages counted since
 // comm_counts_reset) moved its data by the comm layer's point-to-point
 // calls: no rank ran a collective (comm_*'s; MPI's own moves floats this
-// count never sees) and each received at least the floats it lacked of the
-// result. Else a FAIL line from rank 0 and 0. Collective.
+// count never sees), each received at least the floats it lacked of the
+// result and no more than the lesson's steps move, and where the result
+// cannot tell the algorithm (a tree broadcast from a linear one, recursive
+// doubling from a tree reduce and broadcast) the traffic can. Else a FAIL
+// line from rank 0, why, and 0. Collective.
 int check_point_to_point(const Comm* c, Algorithm a, size_t n, int root);
 
 // ---------------------------------------------------------------- checks of the library's own forms

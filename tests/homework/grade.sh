@@ -70,7 +70,7 @@ collective() {
             ! echo "$OUT" | grep -qE "^check $op +[0-9]+ runs .*: exact"; then
             program_error
             echo "  chapter-1 --check --op $op on $np ranks: exit $RC"
-            echo "$OUT" | grep -E 'FAIL' | head -3 | cut -c1-300 | sed 's/^ */    /'
+            echo "$OUT" | grep -E 'FAIL' | head -3 | cut -c1-600 | sed 's/^ */    /'
             return 1
         fi
     done
@@ -112,11 +112,14 @@ train() {
     return 0
 }
 
-# program_error: the first error: line of the last run ($OUT), whole; a
-# hang or a crash said as such
+# program_error: the first error: line of the last run ($OUT), whole (or,
+# with none, the first "[rank N] file:line: ..." of a check that stopped
+# it); a hang or a crash said as such
 program_error() {
     local e
     e=$(echo "$OUT" | grep -m1 '^error:')
+    # else a check inside the program that stopped it (FATAL, CHECK: errors.h)
+    [ -n "$e" ] || e=$(echo "$OUT" | grep -m1 -E '^\[rank [0-9]+\] ')
     [ -n "$e" ] && echo "  $e"
     if timed_out; then
         echo "  no end within the time limit (exit $RC): a hang"
