@@ -138,7 +138,7 @@ static void train_reference(const Run* run, int freeze) {
     if (frozen) print0("frozen: wte and wpe, %zu of %zu parameters\n", frozen, model.num_params);
 
     // the loop: each step reads batch `step` and trains on it; the loop
-    // object times it, reports it, validates and checkpoints (train.h)
+    // object times it, reports it, validates and checkpoints (train_loop.h)
     TrainLoop loop;
     train_loop_begin(&loop, run, &(TrainLoopSpec){
         .chapter = 0, .num_params = model.num_params, .flops_per_token = gpt_flops_per_token(cfg, T),

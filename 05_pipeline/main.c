@@ -345,7 +345,7 @@ int main(int argc, char** argv) {
     ckpt_resume(&ck);  // --resume: this rank's pieces, from whatever mesh saved them
 
     // the loop: each step runs the schedule and the optimizer; the loop
-    // object times it, reports it, validates and checkpoints (train.h)
+    // object times it, reports it, validates and checkpoints (train_loop.h)
     MPI_CHECK(MPI_Barrier(MPI_COMM_WORLD));  // the timelines start together
     TrainLoop loop;
     train_loop_begin(&loop, &run, &(TrainLoopSpec){

@@ -280,7 +280,7 @@ void pipe_embedding_group(Comm* embed, const Mesh* mesh);
 void pipe_sum_tied_embedding(const Comm* embed, const Comm* pp, float* mine, size_t n);
 // The validation loss through the stages (forward only), the mean over dp;
 // -1 without validation data. Collective over the world. A TrainValLoss
-// (train.h), ctx the Pipeline.
+// (train_loop.h), ctx the Pipeline.
 float pipe_val_loss(void* pipeline, const TrainSetup* setup, int n_batches);
 // A buffer's whole on the host from every stage's pieces of it, for a file
 // or a sample (not training): each stage copies its pieces of its device

@@ -70,7 +70,7 @@ float sp_optimizer_step(SP* s, const TrainArgs* args, int step);
 // 1 on every rank iff, after this backward's reductions, every tp rank holds
 // bit-identical LayerNorm weight gradients. Plain MPI, uncounted.
 int sp_layernorm_grads_agree(const SP* s);
-// A TrainValLoss (train.h): ctx is the SP.
+// A TrainValLoss (train_loop.h): ctx is the SP.
 float sp_val_loss(void* ctx, const TrainSetup* setup, int n_batches);
 // The training-state checkpoint's lists: chapter 4's (the same tiles over
 // the same FSDP), so any chapter's mesh resumes them.

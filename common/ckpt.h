@@ -107,7 +107,7 @@ size_t ckpt_intersect(const CkptSlice* need, const CkptSlice* saved, size_t offs
 size_t ckpt_copy(const CkptList* to, const CkptList* from);
 size_t ckpt_gather(const CkptList* own, CkptKind kind, MPI_Comm comm, const CkptList* whole);
 
-typedef struct Ckpt {  // named: train.h's loop holds a pointer to one
+typedef struct Ckpt {  // named: train_loop.h's loop holds a pointer to one
     // settings: the flags, the model and the run
     const char* dir;   // --ckpt-dir (NULL: no saves)
     const char* resume;

@@ -2,7 +2,7 @@
 // (common/cpu/ops_*.c) read the clock at their start and end and add the
 // difference to their kind's counter: two clock reads (tens of nanoseconds)
 // per op call, a few hundred calls a step, so it is always on. The step
-// clock (train.h) snapshots the counters around each timed step, so the
+// clock (train_loop.c) snapshots the counters around each timed step, so the
 // figures cover exactly the steps the summary's ms per step covers; the
 // summary record writes them ("op_ms_per_step", per rank), and
 // common/tools/op_breakdown.py prints them next to the step time.

@@ -334,7 +334,8 @@ hw_class() {
         sed -i 's|^\(    // EXERCISE 2: .*\)$|\1\n    this does not compile;|' "$cl/bob/07_expert/moe_layer.c" &&
         python3 tests/homework/cut.py student 7 "$cl/cyd" > /dev/null &&
         python3 tests/homework/cut.py splice 7 1 . "$cl/cyd" > /dev/null &&
-        sed -i 's|^\(    // EXERCISE 4: .*\)$|\1\n    { extern unsigned int sleep(unsigned int); for (;;) sleep(1); }|' "$cl/cyd/07_expert/main.c" || {
+        sed -i 's|^\(    // EXERCISE 4: .*\)$|\1\n    { extern unsigned int sleep(unsigned int); for (;;) sleep(1); }|' "$cl/cyd/07_expert/main.c" &&
+        mkdir -p "$cl/dee" && echo "not unpacked" > "$cl/dee/dee.zip" || {
         fail "homework: grade-class" "could not make the submissions"
         return
     }
@@ -357,10 +358,11 @@ hw_class() {
     bob_line=$(grep -n 'this does not compile' "$cl/bob/07_expert/moe_layer.c" | cut -d: -f1)
     if grep -qx 'name,ex1/3,ex2/3,ex3/4,ex4/3,total,note' "$csv" && grep -qx '"ada",3,0,0,0,3,""' "$csv" &&
         grep -qx '"cyd",3,0,0,0,3,""' "$csv" && grep -q 'a hang' "$TEST_TMPDIR/class-cyd.log" &&
+        grep -qx '"dee",0,0,0,0,0,"an archive inside, not a tree: unpack dee.zip"' "$csv" &&
         grep -q "^\"bob\",0,0,0,0,0,\"no build: $cl/bob/07_expert/moe_layer.c:$bob_line:" "$csv" &&
         grep -q 'FAIL the build' "$TEST_TMPDIR/class-bob.log" &&
         grep -q '^FAIL exercise 1: finite differences' "$TEST_TMPDIR/class-bob.log"; then
-        pass "homework: make grade-class CHAPTER=7: a correct exercise 1 with 2-4 stubbed earns 3 / 13, the P_e-for-f_e gradient and a region that does not build score 0 each, a region that hangs costs only its exercise, one line a folder and a CSV"
+        pass "homework: make grade-class CHAPTER=7: a correct exercise 1 with 2-4 stubbed earns 3 / 13, the P_e-for-f_e gradient and a region that does not build score 0 each, a region that hangs costs only its exercise, a folder holding a zip is told to unpack it, one line a folder and a CSV"
     else
         fail "homework: make grade-class CHAPTER=7" "$(echo "$out" | tail -4 | tr '\n' ';') csv: $(tr '\n' ';' < "$csv" 2>/dev/null); bob: $(grep -E '^(FAIL|  )' "$TEST_TMPDIR/class-bob.log" | head -4 | tr '\n' ';'); cyd: $(grep -E '^(FAIL|  )' "$TEST_TMPDIR/class-cyd.log" | head -6 | tr '\n' ';')"
     fi
@@ -437,6 +439,54 @@ PY
     rm -rf "$st"
 }
 
+# hw_tamper: a chapter 2 submission whose programs attack the grader instead
+# of doing the exercises: exercise 1 writes a score where the copy's grader
+# kept its result file (beside its TEST_TMPDIR) and prints a score line,
+# exercise 2 rewrites the cached reference log its run is compared with,
+# exercise 3 rewrites the copy's grade.sh (which graded exercise 4 next:
+# 3 / 3 for an empty exercise 4 before each exercise had a fresh copy).
+# Every exercise scores 0, and the log says what was changed.
+hw_tamper() {
+    local st=$TEST_TMPDIR/mallory res=$TEST_TMPDIR/mallory.result out
+    rm -rf "$st"
+    python3 tests/homework/cut.py student 2 "$st" > /dev/null &&
+        python3 - "$st/02_data_parallel/main.c" <<'PY' || { fail "homework: a submission that tampers" "could not make it"; return; }
+import re, sys
+p = sys.argv[1]
+s = open(p).read()
+bodies = {
+    1: '    (void)dp; (void)m;\n'
+       '    const char* t = getenv("TEST_TMPDIR");\n'
+       '    char path[4096];\n'
+       '    snprintf(path, sizeof path, "%s.result", t ? t : ".");\n'
+       '    FILE* f = fopen(path, "w");\n'
+       '    if (f) fprintf(f, "1 2 2\\n"), fclose(f);\n'
+       '    printf("grade-result 0 1 2 2\\nexercise 1 (naive averaging): 2 / 2\\n");\n',
+    2: '        (void)args; (void)step; (void)m; (void)dp;\n'
+       '        *norm = 0.0f;\n'
+       '        if (system("for f in \\"$TEST_TMPDIR\\"/ref_cache/*.jsonl; do echo >> \\"$f\\"; done")) {}\n',
+    3: '    (void)ctx; (void)boundary;\n'
+       '    FILE* f = fopen("tests/homework/grade.sh", "w");\n'
+       '    if (f) fprintf(f, "echo \\"grade-result 0 4 3 3\\"\\n"), fclose(f);\n',
+    4: '    (void)bs;\n',
+}
+for k, body in bodies.items():
+    m = re.search(r"( *// EXERCISE %d:[^\n]*\n)(.*?)( *// END EXERCISE %d\n)" % (k, k), s, re.S)
+    s = s[:m.start(2)] + body + s[m.end(2):]
+open(p, "w").write(s)
+PY
+    out=$(SUBMISSION=$st GRADE_RESULT=$res bash tests/homework/grade.sh 2 2>&1)
+    if [ "$(tr '\n' ';' < "$res" 2>/dev/null)" = "1 0 2;2 0 3;3 0 4;4 0 3;" ] &&
+        echo "$out" | sed -n '/^FAIL exercise 2:/,/^exercise 2 /p' | grep -q "the program changed the reference's log" &&
+        echo "$out" | grep -q "^FAIL exercise 3: the programs under test changed the grader's files in their copy: tests/homework/grade.sh" &&
+        echo "$out" | tail -1 | grep -qx 'grade chapter 2: 0 / 12'; then
+        pass "homework: a submission that writes a score file, rewrites the reference log and rewrites the copy's grader scores 0 / 12, each said"
+    else
+        fail "homework: a submission that tampers with the grader" "result '$(tr '\n' ';' < "$res" 2>/dev/null)'; $(echo "$out" | grep -E '^(FAIL|exercise|grade)' | cut -c1-160 | head -10 | tr '\n' ';')"
+    fi
+    rm -rf "$st"
+}
+
 # hw_spawn NAME FUNCTION ARGS...: FUNCTION ARGS in the background, in its own
 # scratch folder (ref_cache shared), once fewer than hw_jobs jobs run
 hw_dir=$TEST_TMPDIR/homework
@@ -458,6 +508,7 @@ hw_spawn() {
 # then the full trees, which run every check
 [ -f tests/homework/chapter_7.grade ] && hw_spawn class hw_class
 [ -f tests/homework/chapter_1.grade ] && hw_spawn class_forged hw_forged
+[ -f tests/homework/chapter_2.grade ] && hw_spawn class_tamper hw_tamper
 for ch in $hw_chapters; do hw_spawn "full_$ch" hw_full "$ch"; done
 for ch in $hw_chapters; do hw_spawn "student_$ch" hw_student "$ch"; done
 for ch in $hw_chapters; do hw_spawn "variants_$ch" hw_variants "$ch"; done

@@ -20,7 +20,7 @@ void adamw_update(float* params, const float* grads, float* m, float* v, size_t 
 // slices (chapter 4: one per tile) never waits for the device per slice and
 // reads the total once. The caller zeroes it for the step
 // (train_sumsq_begin) and sums it across ranks before taking the square
-// root, so clipping sees the global norm (train_global_norm, train.h).
+// root, so clipping sees the global norm (train_global_norm, train_step.h).
 void grad_sumsq(double* sumsq, const float* grads, size_t n);
 // The clip factor for a global norm: clip / norm if norm > clip, else 1
 // (clip <= 0 disables clipping).

@@ -46,6 +46,15 @@ only=${EXERCISE:-}
 # the result file is the grader's: not in the environment of the programs it runs
 result=${GRADE_RESULT:-}
 unset GRADE_RESULT
+# SUBMISSION mode's copies: a secret on stdin (never in the environment, a
+# file or a command line the programs under test could read), to be shown
+# with each score line; the programs get no stdin
+nonce=""
+if [ -n "${GRADE_NONCE_ON_STDIN:-}" ]; then
+    unset GRADE_NONCE_ON_STDIN
+    read -r nonce
+    exec < /dev/null
+fi
 [ -z "$result" ] || : > "$result" || { echo "error: GRADE_RESULT=$result cannot be written" >&2; exit 2; }
 if [ -n "$only" ] && { ! [[ "$only" =~ ^[0-9]+$ ]] || ! grep -q "^exercise $only " "$spec"; }; then
     echo "error: chapter $chapter has no exercise $only (it has $(sed -n 's/^exercise \([0-9]*\) .*/\1/p' "$spec" | tr '\n' ' '))" >&2
@@ -283,14 +292,19 @@ if [ -n "${SUBMISSION:-}" ]; then
         echo "error: SUBMISSION= grades in the instructor's full tree (this one is a student tree: HOMEWORK.md, no tests/homework/bugs/)" >&2
         exit 2
     fi
-    iso=$TEST_TMPDIR/isolated
-    rm -rf "$iso"
-    mkdir -p "$iso"
-    if ! python3 tests/homework/cut.py copy "$iso" > "$TEST_TMPDIR/grade_copy" 2>&1; then
+    # this tree as it is (its build too), copied afresh for each exercise:
+    # what one exercise's programs write into their copy never reaches the
+    # next exercise's
+    pristine=$TEST_TMPDIR/pristine iso=$TEST_TMPDIR/isolated
+    rm -rf "$pristine" "$iso"
+    mkdir -p "$pristine"
+    if ! python3 tests/homework/cut.py copy "$pristine" > "$TEST_TMPDIR/grade_copy" 2>&1; then
         echo "error: could not copy the tree: $(head -2 "$TEST_TMPDIR/grade_copy")" >&2
         exit 2
     fi
-    [ -d "$BUILD" ] && cpu_build_copy "$BUILD" "$iso/build"
+    [ -d "$BUILD" ] && cpu_build_copy "$BUILD" "$pristine/build"
+    # the copies' graders show their scores with this secret (GRADE_NONCE_ON_STDIN)
+    nonce=$(od -An -tx1 -N16 /dev/urandom | tr -d ' \n')
     echo "== grading chapter $chapter of $sub, each exercise on its own (the others: this tree's solutions)"
     score=0 total=0
     for k in $(sed -n 's/^exercise \([0-9]*\) .*/\1/p' "$spec"); do
@@ -298,6 +312,8 @@ if [ -n "${SUBMISSION:-}" ]; then
         pts=$(sed -n "s/^exercise $k \([0-9]*\) .*/\1/p" "$spec")
         total=$((total + pts))
         ex_title=$(sed -n "s/^exercise $k [0-9]* \"\(.*\)\"$/\1/p" "$spec")
+        rm -rf "$iso"
+        cp -a "$pristine" "$iso"
         file=$(python3 tests/homework/cut.py splice "$chapter" "$k" "$sub" "$iso" 2>&1)
         if [ $? != 0 ]; then
             echo "FAIL exercise $k: $file"
@@ -306,11 +322,8 @@ if [ -n "${SUBMISSION:-}" ]; then
             continue
         fi
         # BUILD=build: the copy's own build dir (a BUILD set outside would
-        # send the student's program over this tree's); the copy's grader
-        # writes its score into inner (GRADE_RESULT above)
-        inner=$TEST_TMPDIR/iso_$k.result
-        rm -f "$inner"
-        out=$(cd "$iso" && env -u SUBMISSION BUILD=build EXERCISE=$k GRADE_RESULT="$inner" TEST_TMPDIR=$TEST_TMPDIR/iso_$k bash -c 'mkdir -p "$TEST_TMPDIR"; bash tests/homework/grade.sh '"$chapter" 2>&1)
+        # send the student's program over this tree's)
+        out=$(cd "$iso" && printf '%s\n' "$nonce" | env -u SUBMISSION GRADE_NONCE_ON_STDIN=1 BUILD=build EXERCISE=$k TEST_TMPDIR=$TEST_TMPDIR/iso_$k bash -c 'mkdir -p "$TEST_TMPDIR"; bash tests/homework/grade.sh '"$chapter" 2>&1)
         # a compiler message names the copy's file and line: the student's
         # own file and line instead (region k starts at its marker in both)
         rel=${file#"$iso"/}
@@ -319,7 +332,7 @@ if [ -n "${SUBMISSION:-}" ]; then
         # the copy's checks as it printed them, but for its score lines: the
         # score is this grader's line below (a line the student's program
         # printed that looks like one is its output, not a score)
-        echo "$out" | grep -vE '^(== grading|grade chapter)|^exercise [0-9]+ .*: [0-9]+ / [0-9]+$' |
+        echo "$out" | grep -vE '^(== grading|grade chapter|grade-result )|^exercise [0-9]+ .*: [0-9]+ / [0-9]+$' |
             awk -v f="$rel" -v d=$(( ${at_sub:-0} - ${at_iso:-0} )) -v dir="$sub" '{
                 while (match($0, "(^|[ /])" f ":[0-9]+")) {
                     pre = substr($0, 1, RSTART - 1); m = substr($0, RSTART, RLENGTH); post = substr($0, RSTART + RLENGTH)
@@ -329,8 +342,15 @@ if [ -n "${SUBMISSION:-}" ]; then
                 }
                 gsub("\001", dir "/" f ":"); print }'
         got=0 rk="" rgot=""
-        [ -f "$inner" ] && read -r rk rgot _ < "$inner"
-        if [ "$rk" = "$k" ] && [[ "$rgot" =~ ^[0-9]+$ ]] && [ "$rgot" -le "$pts" ]; then
+        read -r _ _ rk rgot _ <<< "$(echo "$out" | grep -F "grade-result $nonce " | tail -1)"
+        # the grader's own files in the copy, as this tree has them: a
+        # program that rewrote one (a check, a script, the reference
+        # program's source) earns nothing
+        changed=$(diff -rq -x build "$pristine" "$iso" 2>&1 | grep -v "^Only in $iso" | grep -vF "$iso/$rel differ" |
+            sed -E "s|^Files $pristine/(.*) and .* differ\$|\\1|; s|^Only in $pristine/?(.*): (.*)|\\1/\\2 (deleted)|" | head -3 | tr '\n' ' ')
+        if [ -n "$changed" ]; then
+            echo "FAIL exercise $k: the programs under test changed the grader's files in their copy: $changed"
+        elif [ "$rk" = "$k" ] && [[ "$rgot" =~ ^[0-9]+$ ]] && [ "$rgot" -le "$pts" ]; then
             got=$rgot
         else
             echo "FAIL exercise $k: the copy's grader wrote no score (it stopped early: $(echo "$out" | tail -1 | cut -c1-200))"
@@ -338,11 +358,8 @@ if [ -n "${SUBMISSION:-}" ]; then
         echo "exercise $k ($ex_title): $got / $pts"
         [ -z "$result" ] || echo "$k $got $pts" >> "$result"
         score=$((score + got))
-        # this tree's region back, newer than the student's object
-        python3 tests/homework/cut.py splice "$chapter" "$k" "$PWD" "$iso" > /dev/null
-        touch "$file"
     done
-    rm -rf "$iso"
+    rm -rf "$iso" "$pristine"
     echo "grade chapter $chapter: $score / $total"
     exit 0
 fi
@@ -373,5 +390,6 @@ for k in "${order[@]}"; do
     score=$((score + got)) total=$((total + points[$k]))
     echo "exercise $k (${title[$k]}): $got / ${points[$k]}"
     [ -z "$result" ] || echo "$k $got ${points[$k]}" >> "$result"
+    [ -z "$nonce" ] || echo "grade-result $nonce $k $got ${points[$k]}"
 done
 echo "grade chapter $chapter: $score / $total"

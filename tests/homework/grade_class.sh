@@ -32,13 +32,15 @@ fi
 csv_field() { local q=${1//\"/\"\"}; printf '"%s"' "$q"; }
 # why_zero SUB LOG: a note for a score of 0, else nothing
 why_zero() {
-    local sub=$1 log=$2 inner
+    local sub=$1 log=$2 inner archive
     if [ -z "$(ls -A "$sub" 2>/dev/null)" ]; then
         echo "empty folder"
     elif [ ! -f "$sub/Makefile" ]; then
         inner=$(find "$sub" -mindepth 2 -maxdepth 3 -name Makefile -printf '%h\n' 2>/dev/null | head -1)
-        if ls "$sub"/*.zip "$sub"/*.tar* > /dev/null 2>&1; then
-            echo "an archive inside, not a tree: unpack $(basename "$(ls "$sub"/*.zip "$sub"/*.tar* 2>/dev/null | head -1)")"
+        # either kind alone (ls of both patterns fails when one matches nothing)
+        archive=$(compgen -G "$sub/*.zip" || compgen -G "$sub/*.tar*")
+        if [ -n "$archive" ]; then
+            echo "an archive inside, not a tree: unpack $(basename "$(echo "$archive" | head -1)")"
         elif [ -n "$inner" ]; then
             echo "the tree is one level down, in ${inner#$sub}"
         else
