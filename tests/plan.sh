@@ -489,7 +489,8 @@ listed = []
 for line in out.splitlines()[1:]:
     if line.startswith("  note: "):
         continue  # the time model's notes (plan_time_print_notes), after the list
-    m = re.match(r"  chapter 7((?: --\S+ \S+)*)\s+peak\s+(\d+) bytes\s+bus\s+(\d+) bytes per step(?:\s+(\S+) ms)?$", line)
+    program = "capstone" if line.startswith("  capstone") else "chapter 7"  # the program the line is a command for
+    m = re.match(r"  (?:chapter 7|capstone)((?: --\S+ \S+)*)\s+peak\s+(\d+) bytes\s+bus\s+(\d+) bytes per step(?:\s+(\S+) ms)?$", line)
     if not m:
         bad.append(f"unparsed: {line}")
         continue
@@ -497,6 +498,9 @@ for line in out.splitlines()[1:]:
     x = tuple(int(f.get(a, 1)) for a in ("dp", "tp", "pp", "cp", "ep")) + (f.get("schedule"), f.get("cp-mode"),
                                                                           int(f.get("zero", 0)),
                                                                           int(f["virtual"]) if "virtual" in f else None)
+    # a line is a command: chapter 7 trains dp x ep, the rest is the capstone's
+    if (program == "capstone") != (x[1] > 1 or x[2] > 1 or x[3] > 1 or x[7] > 0):
+        bad.append(f"{x} named {program}")
     listed.append(x)
     if x not in own:
         bad.append(f"listed but not valid: {x}")
@@ -659,11 +663,13 @@ fi
 # --chapter capstone names the program that runs the compositions: chapter
 # 7's model, its planner, the same plan; the text says which program
 out=$("$BUILD/plan" --chapter capstone --ranks 4 --tp 2 --pp 2 --batch 8 --json 2>&1)
-want=$("$BUILD/plan" --chapter 7 --ranks 4 --tp 2 --pp 2 --batch 8 --json 2>&1)
+want=$("$BUILD/plan" --chapter 7 --ranks 4 --tp 2 --pp 2 --batch 8 --json 2>/dev/null)
+note=$("$BUILD/plan" --chapter 7 --ranks 4 --tp 2 --pp 2 --batch 8 2>&1 >/dev/null)
 head=$("$BUILD/plan" --chapter capstone --ranks 4 --tp 2 --pp 2 --batch 8 2>&1 | head -1)
 case "$head" in "plan: the capstone (chapter 7's model) on 4 ranks, mesh tp 2 pp 2,"*) named=1 ;; *) named=0 ;; esac
-if [ -n "$out" ] && [ "$out" = "$want" ] && [ $named = 1 ]; then
-    pass "plan --chapter capstone: chapter 7's model's plan, named as the capstone ($(echo "$head" | cut -c1-60)...)"
+if [ -n "$out" ] && [ "$out" = "$want" ] && [ $named = 1 ] &&
+    [ "$note" = "note: chapter 7 trains on dp and ep: this layout is build/capstone's, the same model on every axis, and is planned as the capstone" ]; then
+    pass "plan --chapter capstone: chapter 7's model's plan, named as the capstone ($(echo "$head" | cut -c1-60)...); --chapter 7 on tp x pp says it plans the capstone"
 else
     fail "plan --chapter capstone" "$(echo "$head" | cut -c1-120) / json equal: $([ "$out" = "$want" ] && echo yes || echo no)"
 fi
@@ -763,8 +769,28 @@ fi
 # unlimited memory (inf was searched as a budget), an attention measurement
 # past the machine's memory (the allocator's abort after taking 8 GiB)
 plan_error "--chapter is needed: the chapter to plan" --memory-per-rank 8e6
-plan_error "--search: give the bytes a rank may hold" --search --ranks 2 --memory-per-rank inf
-plan_error "more than this device's" --measure-attention --max-seq 65536 --seq 65536 --batch 64
+plan_error "--memory-per-rank inf: give a positive number of bytes" --search --ranks 2 --memory-per-rank inf
+plan_error "--memory-per-rank 8GB: give a positive number of bytes" --search --ranks 2 --memory-per-rank 8GB
+plan_error "--search: give the bytes a rank may hold" --search --ranks 2
+# a search that lists nothing says why: every layout refused (the most
+# common refusal: 8 ranks' batch over 7), or none fits (the least peak)
+out=$("$BUILD/plan" --search --ranks 7 --memory-per-rank 1e9 --model small 2>&1)
+least=$("$BUILD/plan" --search --ranks 2 --memory-per-rank 1000 --model small 2>&1)
+if echo "$out" | grep -q "^  none planned: each of the 23 layouts was refused; the most common refusal ([0-9]*), of chapter [0-9] --dp 7.*: --batch: the batch must split over dp$" &&
+    echo "$least" | grep -q "^  none fits: the smallest peak is [0-9]* bytes (chapter "; then
+    pass "plan --search with nothing to list says why: $(echo "$out" | sed -n 2p | cut -c3-90)...; $(echo "$least" | sed -n 2p | cut -c3-60)..."
+else
+    fail "plan --search with nothing to list" "$(echo "$out" | tr '\n' ';') / $(echo "$least" | tr '\n' ';')"
+fi
+plan_error "--model llama3-70b: no such file, nor a preset of the planner: tiny, tiny6, small, gpt2-124m" --chapter 0 --model llama3-70b
+# each refusal names the flag at fault (they said "--ranks" for an axis, and
+# "--batch/--seq ... maxT" for either without the limit)
+plan_error "--tp 2: chapter 3 has the dp axis only: drop it" --chapter 3 --ranks 4 --dp 2 --tp 2
+plan_error "--pp 2: chapter 4 has the dp and tp axes only: drop it" --chapter 4 --ranks 4 --dp 2 --pp 2
+plan_error "--ranks 0: give 1 or more ranks" --chapter 0 --ranks 0
+plan_error "--seq 65: the model's positions are 1 to 64 (its maxT; --max-seq sets it)" --chapter 0 --seq 65
+plan_error "--batch 0: give 1 or more sequences a step" --chapter 0 --batch 0
+plan_error "more than this device's" --measure-attention --model small --max-seq 65536 --seq 65536 --batch 256
 # --expert-hidden 0 is chapter 7's 4C (the planner refused it)
 if [ "$("$BUILD/plan" --chapter 7 --expert-hidden 0 2>&1)" = "$("$BUILD/plan" --chapter 7 2>&1)" ]; then
     pass "plan --chapter 7 --expert-hidden 0 plans chapter 7's default, 4C"
@@ -819,8 +845,8 @@ plan_error "--vocab 2147483647: padded to a multiple of 128 it is 2147483648, mo
 plan_error "the planner's figures could pass 2^62 bytes" --chapter 7 --experts 256 --top-k 1 --expert-hidden 2147483647 \
     --layers 1300 --channels 8192 --heads 64 --batch 1 --seq 8
 # 0 is a value, refused as the chapters refuse it (it was planned as the default)
-plan_error "--batch >= 1" --chapter 3 --ranks 1 --batch 0
-plan_error "1 <= --seq" --chapter 7 --ranks 1 --seq 0
+plan_error "--batch 0: give 1 or more sequences a step" --chapter 3 --ranks 1 --batch 0
+plan_error "--seq 0: the model's positions are 1 to 64" --chapter 7 --ranks 1 --seq 0
 # chapter 2's buckets counted at once: 1 KiB buckets of a 7e9-parameter
 # model are P / 256 all-reduces of 4P bytes in all (one by one, minutes)
 out=$(timeout 60 "$BUILD/plan" --chapter 2 --ranks 2 --dp 2 --dp-mode bucketed --bucket-kb 1 --model llama3-8b-like --batch 2 --seq 64 --json 2>&1 | head -1)
@@ -1341,6 +1367,8 @@ profile_error ":2: 'ranks_per_node' must be a whole number >= 1, got 0.5" 'matmu
 profile_error ":1: 'coll.allreduse.p2.alpha_us': no collective named 'allreduse'" 'coll.allreduse.p2.alpha_us = 1\n'
 profile_error "coll.allreduce.p2 has only one of alpha_us and busbw_gbps" 'coll.allreduce.p2.alpha_us = 1\n'
 profile_error "the profile 'x' has no attention_gflops" 'name = x\nmatmul_gflops = 1\nmemory_gbps = 1\n'
+# a profile with no name is named by its file (it said "the profile ''")
+profile_error "/plan_bad_" 'matmul_gflops = 1\n'
 profile_error ":2: byte 1 is not text" 'name = x\n\033[31mmatmul_gflops = 1\n'
 profile_error ":1: byte 5 is not text" 'name\001\377\033 = x\n'
 # --json with a profile whose name holds a quote and a backslash, and rates

@@ -8,8 +8,8 @@
 #     time a block's matmuls take at those rates), the row-by-row products
 #     chapter 7's experts run (the same mean of their four rates), and the
 #     copy bandwidth;
-#   - build/plan --measure-attention: attention forward + backward at the
-#     small preset's B 8 x T 256;
+#   - build/plan --measure-attention: the chapters' attention
+#     (attention_flash_*), forward + backward at the small preset's B 8 x T 256;
 #   - chapter 1's bench (build/chapter-1 --bench) on 2, 3 and 4 ranks, and a
 #     fit of time = alpha + bus_bytes / busbw to the library's times (the
 #     chapters call the library) from 64 KiB to 64 MiB: 1 / busbw is the

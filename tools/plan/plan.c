@@ -35,6 +35,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "args.h"
 #include "comm.h"
@@ -262,6 +263,17 @@ static void print_table(const PlanArgs* a, const PlanInfo* info, const RankPlan*
 // its time, about a second.
 #define PLAN_MAX_RANK_STEPS 1e6
 
+// The flag of the first axis above 1 that the chapter has not (allowed: a
+// bit per axis), as given ("--tp 2"), for the refusal to name.
+static const char* extra_axis(const PlanArgs* a, unsigned allowed, char* buf, size_t len) {
+    for (int x = 0; x < NUM_AXES; x++)
+        if (a->mesh[x] > 1 && !(allowed & (1u << x))) {
+            snprintf(buf, len, "--%s %d", mesh_axis_name((MeshAxis)x), a->mesh[x]);
+            return buf;
+        }
+    return "--ranks";
+}
+
 // The chapter's planner for these flags, or NULL and msg saying what does
 // not fit (the checks the chapter itself makes of its mesh and flags); info
 // gets what the whole plan shares.
@@ -270,14 +282,15 @@ static PlanFn plan_pick(const PlanArgs* a, PlanInfo* info, char* msg, size_t len
     info->bubble_how = "";
     int N = a->mesh[AXIS_DP], world = a->ranks;
     const char* bad = NULL;
+    char axis[32];
     PlanFn plan = NULL;
     switch (a->chapter) {
         case 0:
-            if (world != 1) bad = "--ranks: chapter 0 trains on one rank";
+            if (world != 1) snprintf(msg, len, "%s: chapter 0 trains on one rank: drop it", extra_axis(a, 0, axis, sizeof(axis))), bad = msg;
             plan = plan_chapter_0;
             break;
         case 2:
-            if (world != N) bad = "--ranks: chapter 2 has the dp axis only";
+            if (world != N) snprintf(msg, len, "%s: chapter 2 has the dp axis only: drop it", extra_axis(a, 1u << AXIS_DP, axis, sizeof(axis))), bad = msg;
             else if (strcmp(a->dp_mode, "naive") && strcmp(a->dp_mode, "bucketed") &&
                      strcmp(a->dp_mode, "overlapped") && strcmp(a->dp_mode, "ps"))
                 bad = "--dp-mode: not one of naive, bucketed, overlapped, ps";
@@ -294,9 +307,11 @@ static PlanFn plan_pick(const PlanArgs* a, PlanInfo* info, char* msg, size_t len
             break;
         case 3:
         case 4:
-            if (a->chapter == 3 && world != N) bad = "--ranks: chapter 3 has the dp axis only";
+            if (a->chapter == 3 && world != N)
+                snprintf(msg, len, "%s: chapter 3 has the dp axis only: drop it", extra_axis(a, 1u << AXIS_DP, axis, sizeof(axis))), bad = msg;
             else if (a->chapter == 4 && world != N * a->mesh[AXIS_TP])
-                bad = "--ranks: chapter 4 has the dp and tp axes only";
+                snprintf(msg, len, "%s: chapter 4 has the dp and tp axes only: drop it",
+                         extra_axis(a, (1u << AXIS_DP) | (1u << AXIS_TP), axis, sizeof(axis))), bad = msg;
             else if (a->zero < 1 || a->zero > 3) bad = "--zero: the ZeRO stages are 1, 2 and 3";
             else if ((a->prefetch != 0 && a->prefetch != 1) || (a->reshard != 0 && a->reshard != 1))
                 bad = "--prefetch and --reshard take 0 or 1";
@@ -436,6 +451,34 @@ typedef struct {
     double peak, bus, ms;
 } Candidate;
 
+// What a search met beside the layouts that fit: those planned, the time
+// model's notes, the refusals (none planned: the most common, and a layout
+// it refused) and the smallest peak (none fits: how far).
+#define SEARCH_REASONS 16
+typedef struct {
+    int tried, refused;
+    StepTime notes;
+    struct {
+        char msg[ERROR_MAX], what[160];
+        int count;
+    } reason[SEARCH_REASONS];
+    int n_reasons;
+    Candidate least;
+} SearchTally;
+
+static void tally_refusal(SearchTally* t, const char* what, const char* msg) {
+    t->refused++;
+    for (int i = 0; i < t->n_reasons; i++)
+        if (!strcmp(t->reason[i].msg, msg)) {
+            t->reason[i].count++;
+            return;
+        }
+    if (t->n_reasons == SEARCH_REASONS) return;  // the common ones are met early
+    snprintf(t->reason[t->n_reasons].msg, sizeof(t->reason[0].msg), "%s", msg);
+    snprintf(t->reason[t->n_reasons].what, sizeof(t->reason[0].what), "%s", what);
+    t->reason[t->n_reasons++].count = 1;
+}
+
 static int by_time(const void* x, const void* y) {
     const Candidate *a = x, *b = y;
     return a->ms < b->ms ? -1 : a->ms > b->ms ? 1 : (a->peak > b->peak) - (a->peak < b->peak);
@@ -449,12 +492,15 @@ static int by_bus(const void* x, const void* y) {
 // Plans one layout; adds it to found[] if its fullest rank fits memory, and
 // the time model's notes its ranks needed to *notes (plan_time_print_notes).
 static void consider(const PlanArgs* a, const char* what, double memory, const MachineProfile* prof,
-                     Candidate* found, int* n, int cap, int* tried, StepTime* notes) {
+                     Candidate* found, int* n, int cap, SearchTally* tally) {
     char msg[ERROR_MAX];
     PlanInfo info;
     PlanFn fn = plan_pick(a, &info, msg, sizeof(msg));
-    if (!fn) return;  // a layout the model or the mesh does not allow
-    (*tried)++;
+    if (!fn) {  // a layout the model or the mesh does not allow
+        tally_refusal(tally, what, msg);
+        return;
+    }
+    tally->tried++;
     RankPlan* plans = plan_run(a, fn, 1);
     double peak = 0, bus = 0, ms = 0;
     for (int r = 0; r < a->ranks; r++) {
@@ -472,10 +518,14 @@ static void consider(const PlanArgs* a, const char* what, double memory, const M
         if (missing) die("--profile: the profile has no %s", missing);
         for (int r = 0; r < a->ranks; r++)
             if (times[r].total_ms > ms) ms = times[r].total_ms;
-        if (peak <= memory) plan_time_add_notes(notes, times, a->ranks);
+        if (peak <= memory) plan_time_add_notes(&tally->notes, times, a->ranks);
         free(times);
     }
     free(plans);
+    if (tally->tried == 1 || peak < tally->least.peak) {
+        snprintf(tally->least.what, sizeof(tally->least.what), "%s", what);
+        tally->least.peak = peak;
+    }
     if (peak <= memory && *n == cap) die("%s: more layouts fit than it can list; give fewer --ranks", "--search");
     if (peak <= memory) {
         snprintf(found[*n].what, sizeof(found[*n].what), "%s", what);
@@ -488,11 +538,20 @@ static void consider(const PlanArgs* a, const char* what, double memory, const M
 
 // The found layouts in the key's order, one line each; the time model's notes.
 static void search_print(const PlanArgs* base, double memory, const MachineProfile* prof, Candidate* found, int n,
-                         int tried, const StepTime* notes) {
+                         const SearchTally* tally) {
     qsort(found, (size_t)n, sizeof(Candidate), prof ? by_time : by_bus);
     printf("search: %d of %d layouts of %d rank%s fit %.0f bytes per rank (peak of the fullest rank), %s first\n", n,
-           tried, base->ranks, base->ranks == 1 ? "" : "s", memory,
+           tally->tried, base->ranks, base->ranks == 1 ? "" : "s", memory,
            prof ? "the shortest predicted step (the slowest rank's)" : "fewest bus bytes per step (the busiest rank)");
+    if (tally->tried == 0 && tally->refused) {
+        int top = 0;
+        for (int i = 1; i < tally->n_reasons; i++)
+            if (tally->reason[i].count > tally->reason[top].count) top = i;
+        printf("  none planned: each of the %d layouts was refused; the most common refusal (%d), of %s: %s\n",
+               tally->refused, tally->reason[top].count, tally->reason[top].what, tally->reason[top].msg);
+    }
+    else if (n == 0 && tally->tried)
+        printf("  none fits: the smallest peak is %.0f bytes (%s)\n", tally->least.peak, tally->least.what);
     int width = 48;
     for (int i = 0; i < n; i++)
         if ((int)strlen(found[i].what) > width) width = (int)strlen(found[i].what);
@@ -501,7 +560,7 @@ static void search_print(const PlanArgs* base, double memory, const MachineProfi
         if (prof) printf("  %11.4g ms", found[i].ms);
         printf("\n");
     }
-    plan_time_print_notes(notes);
+    plan_time_print_notes(&tally->notes);
 }
 
 // --search --chapter 7: every dp x tp x pp x cp x ep of --ranks, with pp
@@ -515,8 +574,8 @@ static void search_print(const PlanArgs* base, double memory, const MachineProfi
 // microbatches) is left out of the count.
 static void search_expert(const PlanArgs* base, double memory, const MachineProfile* prof) {
     static Candidate found[4096];
-    StepTime notes = {0};
-    int n = 0, tried = 0, cap = (int)(sizeof(found) / sizeof(found[0])), R = base->ranks;
+    SearchTally tally = {0};
+    int n = 0, cap = (int)(sizeof(found) / sizeof(found[0])), R = base->ranks;
     static const char* schedules[] = {"gpipe", "1f1b", "zb", "interleaved"};
     static const char* cp_modes[] = {"ring", "ulysses"};
     for (int dp = 1; dp <= R; dp++)
@@ -541,7 +600,10 @@ static void search_expert(const PlanArgs* base, double memory, const MachineProf
                         a.virt = 1;
                         a.zero = zero;
                         char what[160];
-                        int len = snprintf(what, sizeof(what), base->capstone ? "capstone" : "chapter 7");
+                        // chapter 7 trains dp x ep; the other axes and ZeRO compose the same
+                        // model in the capstone, named so: the line is a command to run
+                        int composed = tp > 1 || pp > 1 || cp > 1 || zero > 0;
+                        int len = snprintf(what, sizeof(what), base->capstone || composed ? "capstone" : "chapter 7");
                         static const MeshAxis order[] = {AXIS_DP, AXIS_TP, AXIS_PP, AXIS_CP, AXIS_EP};
                         for (int i = 0; i < 5; i++)
                             if (sizes[order[i]] > 1)
@@ -562,10 +624,10 @@ static void search_expert(const PlanArgs* base, double memory, const MachineProf
                             len += snprintf(what + len, sizeof(what) - len, " --cp-mode %s", a.cp_mode);
                         }
                         if (zero) snprintf(what + len, sizeof(what) - len, " --zero %d", zero);
-                        consider(&a, what, memory, prof, found, &n, cap, &tried, &notes);
+                        consider(&a, what, memory, prof, found, &n, cap, &tally);
                     }
                 }
-    search_print(base, memory, prof, found, n, tried, &notes);
+    search_print(base, memory, prof, found, n, &tally);
 }
 
 static void search(const PlanArgs* base, double memory, const MachineProfile* prof) {
@@ -574,8 +636,8 @@ static void search(const PlanArgs* base, double memory, const MachineProfile* pr
         return;
     }
     Candidate found[512];
-    StepTime notes = {0};
-    int n = 0, tried = 0, cap = (int)(sizeof(found) / sizeof(found[0]));
+    SearchTally tally = {0};
+    int n = 0, cap = (int)(sizeof(found) / sizeof(found[0]));
     static const char* modes[] = {"naive", "bucketed", "overlapped", "ps"};
     for (int ch = 0; ch <= 4; ch++)
         for (int tp = 1; tp <= base->ranks; tp++) {
@@ -606,7 +668,7 @@ static void search(const PlanArgs* base, double memory, const MachineProfile* pr
                     if (k > 0 || ch == 1) continue;
                     snprintf(what, sizeof(what), "chapter 0");
                 }
-                consider(&a, what, memory, prof, found, &n, cap, &tried, &notes);
+                consider(&a, what, memory, prof, found, &n, cap, &tally);
             }
         }
     // chapter 5: dp x pp with each schedule (microbatches: the chapter's
@@ -646,10 +708,10 @@ static void search(const PlanArgs* base, double memory, const MachineProfile* pr
                 a.sp = 1;
                 snprintf(what, sizeof(what), "chapter 6 --dp %d --tp %d --sp", a.mesh[AXIS_DP], split);
             }
-            consider(&a, what, memory, prof, found, &n, cap, &tried, &notes);
+            consider(&a, what, memory, prof, found, &n, cap, &tally);
         }
     }
-    search_print(base, memory, prof, found, n, tried, &notes);
+    search_print(base, memory, prof, found, n, &tally);
 }
 
 static int parse_int_or(int v, int dflt) { return v == ARG_NOT_GIVEN ? dflt : v; }
@@ -788,6 +850,11 @@ int main(int argc, char** argv) {
     // the model: a preset, or a checkpoint's header; then explicit sizes
     a.model_name = model;
     if (!gpt_preset(model, &a.cfg) && !plan_time_preset(model, &a.cfg)) {
+        if (access(model, F_OK) != 0) {  // the reader's "cannot open" would name the chapters' presets only
+            snprintf(msg, sizeof(msg), "--model %s: no such file, nor a preset of the planner: tiny, tiny6, small, "
+                     "gpt2-124m, gpt2-350m, gpt2-1.5b, llama3-8b-like (--layers, --channels, --heads resize one)", model);
+            die("%s", msg);
+        }
         // a file: the reader the chapter itself uses, so the planner takes
         // what the chapter takes and refuses what it refuses: chapter 7 (and
         // the capstone) read an MoE file, whose experts, router and widths
@@ -808,6 +875,12 @@ int main(int argc, char** argv) {
     a.cfg.channels = parse_int_or(channels, a.cfg.channels);
     a.cfg.num_heads = parse_int_or(heads, a.cfg.num_heads);
     a.cfg.max_seq_len = parse_int_or(max_seq, a.cfg.max_seq_len);
+    static char resized[1024];  // the header says the sizes are not the preset's (or file's) own
+    if (layers != ARG_NOT_GIVEN || channels != ARG_NOT_GIVEN || heads != ARG_NOT_GIVEN || max_seq != ARG_NOT_GIVEN ||
+        vocab != ARG_NOT_GIVEN) {
+        snprintf(resized, sizeof(resized), "%s, resized", model);
+        a.model_name = resized;
+    }
     if (vocab != ARG_NOT_GIVEN) {
         long padded = vocab <= 0 ? vocab : ((long)vocab + 127) / 128 * 128;  // in a long: near INT_MAX it passes an int
         if (padded > INT_MAX) {
@@ -824,7 +897,12 @@ int main(int argc, char** argv) {
     int small = !strcmp(model, "small");
     a.B = batch != ARG_NOT_GIVEN ? batch : (small ? 8 : 4);  // 0 is given, and refused as the chapters do
     a.T = seq != ARG_NOT_GIVEN ? seq : (small ? 256 : (a.cfg.max_seq_len < 64 ? a.cfg.max_seq_len : 64));
-    if (a.B < 1 || a.T < 1 || a.T > a.cfg.max_seq_len) die("%s: needs 1 <= --seq <= maxT and --batch >= 1", "--batch/--seq");
+    if (a.B < 1) snprintf(msg, sizeof(msg), "--batch %d: give 1 or more sequences a step", a.B), die("%s", msg);
+    if (a.T < 1 || a.T > a.cfg.max_seq_len) {
+        snprintf(msg, sizeof(msg), "--seq %d: the model's positions are 1 to %d (its maxT; --max-seq sets it)", a.T,
+                 a.cfg.max_seq_len);
+        die("%s", msg);
+    }
     if (measure_attention) return plan_time_measure_attention(a.B, a.T, a.cfg.channels, a.cfg.num_heads);
     MachineProfile profile;
     if (profile_path && (bad = plan_profile_read(profile_path, &profile, msg, sizeof(msg)))) die("%s", bad);
@@ -838,12 +916,23 @@ int main(int argc, char** argv) {
         world *= mesh[x];
         a.mesh[x] = mesh[x];
     }
-    if (a.ranks < 1 || (world != a.ranks && !do_search)) {
+    if (a.ranks < 1) snprintf(msg, sizeof(msg), "--ranks %d: give 1 or more ranks", a.ranks), die("%s", msg);
+    if (world != a.ranks && !do_search) {
         snprintf(msg, sizeof(msg), "--ranks %d: the mesh axes' product is %ld (dp %d x tp %d x pp %d x cp %d x ep %d): give --ranks %ld or other axes",
                  a.ranks, world, mesh[AXIS_DP], mesh[AXIS_TP], mesh[AXIS_PP], mesh[AXIS_CP], mesh[AXIS_EP], world);
         die("%s", msg);
     }
     if (a.steps < 1) die("%s must be >= 1", "--steps");
+    // chapter 7 trains dp x ep: a layout with other axes, ZeRO or a
+    // pipeline's flags is build/capstone's (the same model), planned as it
+    // and said so (--json: its "chapter" stays 7, the model's)
+    if (a.chapter == 7 && !a.capstone && !do_search && !a.json &&
+        (a.mesh[AXIS_TP] > 1 || a.mesh[AXIS_PP] > 1 || a.mesh[AXIS_CP] > 1 || a.zero > 0 ||
+         a.microbatches != ARG_NOT_GIVEN || a.virt != 1)) {
+        fprintf(stderr, "note: chapter 7 trains on dp and ep: this layout is build/capstone's, the same model on "
+                        "every axis, and is planned as the capstone\n");
+        a.capstone = 1;
+    }
     // bounded work: plan_run plans every rank's every step
     if ((double)a.ranks * a.steps > PLAN_MAX_RANK_STEPS) {
         snprintf(msg, sizeof(msg), "--steps %d on %d rank(s): the planner plans at most %.0f rank-steps (--ranks x --steps, one by one): give fewer %s",
@@ -872,8 +961,10 @@ int main(int argc, char** argv) {
         char* end = NULL;
         double memory = memory_arg ? strtod(memory_arg, &end) : 0.0;
         if (!memory_arg && profile_path && profile.memory_gb != PT_UNKNOWN) memory = profile.memory_gb * 1e9, end = "";
-        if ((!memory_arg && !end) || (end && *end) || !(memory > 0) || !isfinite(memory))
+        if (!memory_arg && !end)
             die("%s: give the bytes a rank may hold, e.g. --memory-per-rank 4000000 (or a --profile with memory_gb)", "--search");
+        if ((end && *end) || !(memory > 0) || !isfinite(memory))
+            die("--memory-per-rank %s: give a positive number of bytes, e.g. 4000000 or 8e9", memory_arg ? memory_arg : "");
         if (a.chapter != -1 && a.chapter != 7)
             die("%s: without --chapter it searches chapters 0 and 2 to 6; --chapter 7 (or capstone) searches chapter 7's model's meshes", "--search");
         // said, not dropped in silence: the list is text, each layout planned for one step

@@ -186,6 +186,7 @@ const char* plan_profile_read(const char* path, MachineProfile* p, char* msg, si
     if (!bad && p->element_bytes == PT_UNKNOWN) p->element_bytes = 4;
     if (!bad && p->compute_shared == PT_UNKNOWN) p->compute_shared = 0;
     if (!bad && p->overlap == PT_UNKNOWN) p->overlap = 0;
+    if (!bad && !p->name[0]) snprintf(p->name, sizeof(p->name), "%s", path);  // unnamed: its file names it
     return bad;
 }
 
@@ -631,12 +632,13 @@ int plan_time_print(const MachineProfile* p, const StepTime* per_rank, int ranks
     // fp32 run's verdict
     if (p->memory_gb != PT_UNKNOWN) {
         double have = p->memory_gb * 1e9;
+        const char* fp32 = p->element_bytes != 4 ? " (in the course's fp32 bytes)" : "";
         if (peak <= have)
-            printf("device memory: fits: the fullest rank (%d) peaks at %.2f GB of the device's %.0f GB\n", peak_rank,
-                   peak / 1e9, p->memory_gb);
+            printf("device memory: fits: the fullest rank (%d) peaks at %.2f GB of the device's %.0f GB%s\n", peak_rank,
+                   peak / 1e9, p->memory_gb, fp32);
         else
-            printf("device memory: OVER BUDGET: the fullest rank (%d) peaks at %.2f GB, %.2f GB over the device's %.0f GB\n",
-                   peak_rank, peak / 1e9, (peak - have) / 1e9, p->memory_gb);
+            printf("device memory: OVER BUDGET: the fullest rank (%d) peaks at %.2f GB, %.2f GB over the device's %.0f GB%s\n",
+                   peak_rank, peak / 1e9, (peak - have) / 1e9, p->memory_gb, fp32);
     }
     return 0;
 }
@@ -677,14 +679,15 @@ int plan_time_measure_attention(int B, int T, int C, int NH) {
     runtime_init(&argc, &argv);
     int threads = runtime_set_threads(0);
     const char* device = device_init(runtime_local_rank());
-    size_t btc = (size_t)B * T * C, att = (size_t)B * NH * T * T;
-    // qkv and dqkv, out and dout, the (B, NH, T, T) probabilities and their
-    // gradient: refused up front past the device's memory (mem_alloc would
-    // end the run with an allocator's message, after taking what it could)
-    double need = 4.0 * (6.0 * (double)btc + 2.0 * (double)btc + 2.0 * (double)att);
+    size_t btc = (size_t)B * T * C, bth = (size_t)B * T * NH;
+    // the chapters' attention (attention_flash_*: no (B, NH, T, T) buffer):
+    // qkv and dqkv, out and dout, the log-sum-exp; refused up front past the
+    // device's memory (mem_alloc would end the run with an allocator's
+    // message, after taking what it could)
+    double need = 4.0 * (8.0 * (double)btc + (double)bth);
     if (need > (double)device_memory_bytes()) {
-        fprintf(stderr, "error: --measure-attention at --batch %d --seq %d --channels %d --heads %d needs %.1f GiB (the "
-                "(B, NH, T, T) probabilities and their gradient), more than this device's %.1f GiB: lower --batch or --seq\n",
+        fprintf(stderr, "error: --measure-attention at --batch %d --seq %d --channels %d --heads %d needs %.1f GiB "
+                "(q, k, v, the output and their gradients), more than this device's %.1f GiB: lower --batch or --seq\n",
                 B, T, C, NH, need / (1 << 30), (double)device_memory_bytes() / (1 << 30));
         runtime_finalize();
         return 1;
@@ -693,8 +696,7 @@ int plan_time_measure_attention(int B, int T, int C, int NH) {
     float* dqkv = mem_alloc_floats(3 * btc, MEM_OTHER);
     float* out = mem_alloc_floats(btc, MEM_OTHER);
     float* dout = mem_alloc_floats(btc, MEM_OTHER);
-    float* probs = mem_alloc_floats(att, MEM_OTHER);
-    float* dprobs = mem_alloc_floats(att, MEM_OTHER);
+    float* lse = mem_alloc_floats(bth, MEM_OTHER);
     // zeros: the softmax stays finite whatever the allocator left, and the
     // ops do the same work on any values
     ops_zero(qkv, 3 * btc);
@@ -704,23 +706,24 @@ int plan_time_measure_attention(int B, int T, int C, int NH) {
     for (int r = 0; r < 4; r++) {  // the first warms threads and pages
         device_synchronize();
         double t0 = now_seconds();
-        attention_forward(out, probs, qkv, B, T, C, NH);
-        attention_backward(dqkv, dprobs, dout, qkv, probs, B, T, C, NH);
+        attention_flash_forward(out, lse, qkv, B, T, C, NH);
+        attention_flash_backward(dqkv, dout, qkv, out, lse, B, T, C, NH);
         device_synchronize();
         double dt = now_seconds() - t0;
         if (r > 0 && dt < best) best = dt;
     }
-    // forward 4 T C and backward 8 T C per token and layer: gpt_flops_per_token's count
+    // forward 4 T C and backward 8 T C per token and layer: gpt_flops_per_token's
+    // count (the backward's recomputed scores are the op's cost, not the model's)
     double flops = 12.0 * (double)B * T * T * C;
     printf("attention_gflops = %.1f  # build/plan --measure-attention --batch %d --seq %d --channels %d "
-           "--heads %d: attention_forward + attention_backward, best of 3, %s, %d thread(s), 12 B T^2 C flops\n",
+           "--heads %d: attention_flash_forward + attention_flash_backward, best of 3, %s, %d thread(s), 12 B T^2 C "
+           "flops\n",
            flops / best / 1e9, B, T, C, NH, device, threads);
     mem_free(qkv);
     mem_free(dqkv);
     mem_free(out);
     mem_free(dout);
-    mem_free(probs);
-    mem_free(dprobs);
+    mem_free(lse);
     runtime_finalize();
     return 0;
 }

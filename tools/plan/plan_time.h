@@ -237,8 +237,9 @@ int plan_time_print(const MachineProfile* p, const StepTime* per_rank, int ranks
 // llama3-8b-like). Planner-only: the chapters' --model keeps its presets.
 int plan_time_preset(const char* name, GPTConfig* cfg);
 
-// build/plan --measure-attention: times attention_forward + backward on one
-// device at B x T with C channels over NH heads and prints the profile line.
+// build/plan --measure-attention: times attention_flash_forward + backward
+// (the chapters' attention) on one device at B x T with C channels over NH
+// heads and prints the profile line.
 int plan_time_measure_attention(int B, int T, int C, int NH);
 
 #endif
