@@ -38,7 +38,7 @@ static size_t n_spans = 0, cap_spans = 0;
 static pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
 
 const char* trace_kind_name(TraceKind k) {
-    static const char* names[TRACE_NUM_KINDS] = {"compute", "comm", "wait", "inflight", "step"};
+    static const char* names[TRACE_NUM_KINDS] = {"compute", "comm", "wait", "inflight", "step", "validation"};
     return k >= 0 && k < TRACE_NUM_KINDS ? names[k] : "?";
 }
 

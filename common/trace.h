@@ -21,16 +21,21 @@
 //             that completed it, on its own row (tid 1, 2, ...: several may
 //             be in flight at once); pipeline sends and receives are these
 //   step      the StepClock's step, from clock_begin to clock_end: the same
-//             clock reads, so the spans add up to the summary's figures
+//             clock reads, so the spans add up to the summary's figures;
+//             named by the run's step number (a resumed run's continue)
+//   validation  the validation loss's forwards between steps (the loop:
+//             "validation after step s"), outside every step
 // The host rows (tid 0) nest: a span either holds another or misses it.
 // On the CUDA backend a compute span ends with a device synchronize when
 // tracing, so it covers the kernels, not only their launch.
 #ifndef TRACE_H
 #define TRACE_H
 
-typedef enum { TRACE_COMPUTE, TRACE_COMM, TRACE_WAIT, TRACE_INFLIGHT, TRACE_STEP, TRACE_NUM_KINDS } TraceKind;
+typedef enum {
+    TRACE_COMPUTE, TRACE_COMM, TRACE_WAIT, TRACE_INFLIGHT, TRACE_STEP, TRACE_VALIDATION, TRACE_NUM_KINDS
+} TraceKind;
 
-// "compute", "comm", "wait", "inflight", "step": the events' "cat"
+// "compute", "comm", "wait", "inflight", "step", "validation": the events' "cat"
 const char* trace_kind_name(TraceKind k);
 
 // Collective over MPI_COMM_WORLD: path NULL turns tracing off; else every

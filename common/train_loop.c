@@ -48,10 +48,10 @@ void clock_begin(StepClock* c) {
     optime_step_begin();
 }
 
-double clock_end(StepClock* c, int step, int steps) {
+double clock_end(StepClock* c, int step, int first, int steps) {
     device_synchronize();
     double t1 = now_seconds(), dt = t1 - c->t0;
-    int timed = step > 0 || steps == 1;
+    int timed = step > first || steps - first == 1;
     char name[32];
     snprintf(name, sizeof(name), "step %d", step);
     // the same two clock reads as the step's time: the trace's timed step
@@ -96,14 +96,20 @@ int train_loop_timed(const TrainLoop* L, int step) { return step > L->start || L
 // there is validation data.
 static void loop_validate(TrainLoop* L, int step) {
     if (!L->spec.val_loss) return;
+    double t0 = trace_start();
     float v = L->spec.val_loss(L->spec.ctx, L->setup, L->args->val_batches);
+    if (trace_enabled()) {  // its forwards' spans, held by one of their own
+        char name[48];
+        snprintf(name, sizeof(name), "validation after step %d", step);
+        trace_span(TRACE_VALIDATION, t0, now_seconds(), 0, -1, 0, name);
+    }
     if (v < 0) return;
     L->val_loss = v;
     report_val(&L->log, step, v);
 }
 
 void train_loop_step(TrainLoop* L, int step, float loss, float norm) {
-    double dt = clock_end(&L->clock, step - L->start, L->steps - L->start);
+    double dt = clock_end(&L->clock, step, L->start, L->steps);
     double tokens = (double)L->setup->B * L->setup->T;
     report_step_extra(&L->log, step, L->steps, loss, norm, 1e3 * dt, tokens / dt,
                       L->step_extra.len ? json_fields(&L->step_extra) : NULL);

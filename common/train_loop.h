@@ -16,8 +16,9 @@ typedef struct {
     int timed;
 } StepClock;
 void clock_begin(StepClock* c);
-// Ends step `step` of `steps`; returns its seconds.
-double clock_end(StepClock* c, int step, int steps);
+// Ends step `step` of the run's [first, steps) (first: a resumed run's
+// first step, else 0), the trace's span named by it; returns its seconds.
+double clock_end(StepClock* c, int step, int first, int steps);
 double clock_ms_per_step(const StepClock* c);
 double clock_wait_ms_per_step(const StepClock* c);      // blocked in communication
 double clock_progress_ms_per_step(const StepClock* c);  // in non-blocking starts and tests

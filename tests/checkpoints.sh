@@ -258,6 +258,23 @@ if [ $rc -eq 0 ] && grep -q "^supervise: skipping checkpoint $CK/svf/step-000000
 else
     fail "checkpoint: supervisor fallback" "exit $rc; $(grep -E '^supervise|^error' "$CK/svf.out" | head -6)"
 fi
+# a requeued job's command carries its own --resume DIR: a corrupt newest
+# step is skipped on the first attempt too (the supervisor took no resume
+# of its own there, and stopped at the refusal), and the restart resumes
+# from the supervisor's choice, not the command's DIR again
+rm -rf "$CK/svq"
+CKPT_KILL=step:5:0 bash tests/mpirun.sh -np 1 "$BUILD/chapter-0" $CKF --ckpt-dir "$CK/svq" --save-every 2 --keep 0 > /dev/null 2>&1
+printf '\377' | dd of="$CK/svq/step-00000004/rank-00000.bin" bs=1 seek=5000 conv=notrunc 2>/dev/null
+timeout 240 bash common/tools/supervise.sh --np 1 --retries 0 -- \
+    "$BUILD/chapter-0" $CKF --ckpt-dir "$CK/svq" --resume "$CK/svq" --save-every 2 --keep 0 --log "$CK/svq.jsonl" >"$CK/svq.out" 2>&1
+rc=$?
+if [ $rc -eq 0 ] && grep -q "^supervise: skipping checkpoint $CK/svq/step-00000004, which the job refused" "$CK/svq.out" &&
+    grep -q "^supervise: attempt 1 on 1 rank(s): .* --resume $CK/svq/step-00000002$" "$CK/svq.out" &&
+    grep -q "resumed from $CK/svq/step-00000002 " "$CK/svq.out"; then
+    ck_expect svq "a requeued command's own --resume: the supervisor skips its corrupt newest step on the first attempt and resumes from step 2, the reference bit for bit" ref 2 0
+else
+    fail "checkpoint: supervisor and the command's own --resume" "exit $rc; $(grep -E '^supervise|^error' "$CK/svq.out" | head -6)"
+fi
 # a delta whose full save is gone is skipped too (the refusal quotes the
 # checkpoint itself, 'D/step-N', not one of its files: the supervisor
 # matched only the latter and gave up, "no restart")

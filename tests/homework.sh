@@ -444,7 +444,10 @@ PY
 # kept its result file (beside its TEST_TMPDIR) and prints a score line,
 # exercise 2 rewrites the cached reference log its run is compared with,
 # exercise 3 rewrites the copy's grade.sh (which graded exercise 4 next:
-# 3 / 3 for an empty exercise 4 before each exercise had a fresh copy).
+# 3 / 3 for an empty exercise 4 before each exercise had a fresh copy),
+# exercise 4 appends scores to the result file its ancestors' environment
+# names (/proc shows a process's environment as it started: the grader's
+# unset does not hide it).
 # Every exercise scores 0, and the log says what was changed.
 hw_tamper() {
     local st=$TEST_TMPDIR/mallory res=$TEST_TMPDIR/mallory.result out
@@ -468,7 +471,27 @@ bodies = {
     3: '    (void)ctx; (void)boundary;\n'
        '    FILE* f = fopen("tests/homework/grade.sh", "w");\n'
        '    if (f) fprintf(f, "echo \\"grade-result 0 4 3 3\\"\\n"), fclose(f);\n',
-    4: '    (void)bs;\n',
+    4: '    (void)bs;\n'
+       '    extern int getppid(void);\n'
+       '    for (int pid = getppid(); pid > 1;) {  // up its ancestors, to the grader\n'
+       '        char path[64], env[65536];\n'
+       '        snprintf(path, sizeof path, "/proc/%d/environ", pid);\n'
+       '        FILE* f = fopen(path, "r");\n'
+       '        size_t n = f ? fread(env, 1, sizeof env - 1, f) : 0;\n'
+       '        if (f) fclose(f);\n'
+       '        env[n] = 0;\n'
+       '        for (size_t i = 0; i < n; i += strlen(env + i) + 1)\n'
+       '            if (!strncmp(env + i, "GRADE_RESULT=", 13)) {\n'
+       '                FILE* r = fopen(env + i + 13, "a");\n'
+       '                if (r) fputs("1 2 2\\n2 3 3\\n", r), fclose(r);\n'
+       '            }\n'
+       '        snprintf(path, sizeof path, "/proc/%d/stat", pid);\n'
+       '        f = fopen(path, "r");\n'
+       '        int up = 0;\n'
+       '        if (f && fscanf(f, "%*d %*s %*c %d", &up) != 1) up = 0;\n'
+       '        if (f) fclose(f);\n'
+       '        pid = up;\n'
+       '    }\n',
 }
 for k, body in bodies.items():
     m = re.search(r"( *// EXERCISE %d:[^\n]*\n)(.*?)( *// END EXERCISE %d\n)" % (k, k), s, re.S)

@@ -772,6 +772,8 @@ plan_error "--chapter is needed: the chapter to plan" --memory-per-rank 8e6
 plan_error "--memory-per-rank inf: give a positive number of bytes" --search --ranks 2 --memory-per-rank inf
 plan_error "--memory-per-rank 8GB: give a positive number of bytes" --search --ranks 2 --memory-per-rank 8GB
 plan_error "--search: give the bytes a rank may hold" --search --ranks 2
+sed 's/^memory_gb = .*/memory_gb = 0/' tools/plan/profiles/a100-sxm.txt > "$TEST_TMPDIR/plan_mem0.txt"
+plan_error "its memory_gb is 0: give --memory-per-rank" --search --ranks 2 --profile "$TEST_TMPDIR/plan_mem0.txt"
 # a search that lists nothing says why: every layout refused (the most
 # common refusal: 8 ranks' batch over 7), or none fits (the least peak)
 out=$("$BUILD/plan" --search --ranks 7 --memory-per-rank 1e9 --model small 2>&1)

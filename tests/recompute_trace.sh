@@ -167,6 +167,21 @@ if ! python3 tests/trace_check.py "$TEST_TMPDIR/rc_broken.json" "$TEST_TMPDIR/rc
 else
     pass "trace: the checker finds a span that crosses its neighbour"
 fi
+# a resumed run's trace numbers its steps as its log does (it named them
+# from 0: the timeline of steps 4..5 found none), and validation between
+# steps is a span of its own holding its forwards (they lay outside every
+# step, unmarked)
+rc_run c0ck 1 chapter-0 --ckpt-dir "$TEST_TMPDIR/rc_ck" --save-every 3
+rc_run c0res 1 chapter-0 --resume "$TEST_TMPDIR/rc_ck/step-00000003" --val-every 2 --trace "$TEST_TMPDIR/rc_c0res.json"
+rc_trace c0res "chapter 0 resumed at step 3, --val-every 2" --layers 2
+names=$(python3 -c 'import json, sys
+spans = [e for e in json.load(open(sys.argv[1]))["traceEvents"] if e.get("ph") == "X" and e["cat"] in ("step", "validation")]
+print(";".join(e["name"] for e in sorted(spans, key=lambda e: e["ts"])))' "$TEST_TMPDIR/rc_c0res.json" 2>&1)
+if [ "$names" = "step 3;validation after step 3;step 4;step 5;validation after step 5" ]; then
+    pass "trace: a resumed run's steps keep the log's numbers, and each validation is a span between them ($names)"
+else
+    fail "trace: a resumed run's step and validation spans" "$names"
+fi
 error_case chapter-2 2 "--dp 2 --recompute some" "--recompute some is not one of none, selective, full"
 error_case chapter-3 2 "--dp 2 --trace /nonexistent-dir/t.json" "cannot write --trace '/nonexistent-dir/t.json'"
 finish

@@ -20,7 +20,8 @@ usage: trace_check.py TRACE.json LOG.jsonl --layers L [--micro K] [--recompute M
   2. on every rank the host row (tid 0) is well nested (two spans either
      hold one another or do not meet) and every in-flight row holds spans
      that do not overlap; times are compared as integer nanoseconds;
-  3. every rank has one step span per step, each holding K x L "block l
+  3. every rank has one step span per step the log records, numbered as
+     the log numbers it (a resumed run's from its first step on), each holding K x L "block l
      forward" and as many "block l backward" spans, and L "block l
      recompute" spans per micro-batch unless --recompute none (with --split
      K x L "block l backward weights" and twice the recompute spans, else
@@ -82,13 +83,16 @@ def main(argv):
             check(False, "trace is valid JSON", str(e))
             return
     summary = None
+    logged = []  # the steps this run took: a resumed run's continue the numbers
     with open(log_path) as f:
         for line in f:
             rec = json.loads(line, parse_float=Decimal)
             if rec.get("type") == "summary":
                 summary = rec
+            elif rec.get("type") == "step":
+                logged.append(rec["step"])
     world = summary["world_size"] if "world_size" in summary else len(summary["peak_bytes"]["params"])
-    steps = summary["steps"]
+    steps = len(logged)
     # layers per rank: the same L everywhere, or each pipeline stage's own
     layers = summary["layers"] if pipeline else [L] * world
     if pipeline:
@@ -136,9 +140,10 @@ def main(argv):
         L = layers[pid] if pid < len(layers) else 0
         host = rows[(pid, 0)]
         step_spans = [s for s in host if s[2]["cat"] == "step"]
-        if len(step_spans) != steps:
+        if sorted(int(st["args"]["step"]) for _, _, st in step_spans) != logged:
             counts_ok = False
-            bad = f"rank {pid}: {len(step_spans)} step spans, want {steps}"
+            bad = (f"rank {pid}: step spans {sorted(int(st['args']['step']) for _, _, st in step_spans)}, "
+                   f"want the log's steps {logged}")
             continue
         has_head = any(e["name"] == f"block {last_block} forward" for _, _, e in host)
         for s0, s1, st in step_spans:

@@ -26,7 +26,9 @@
 # attempt resumed from (its manifest or one of its files is corrupt,
 # truncated or missing), that checkpoint is skipped, with the reason
 # printed, and the attempt is made again from the next older one; skipping
-# does not use up a retry. A SIGTERM or SIGINT to the supervisor itself
+# does not use up a retry. The first attempt too, when the command carries
+# its own --resume (a requeued job's): the supervisor's choice replaces it
+# once a checkpoint was skipped. A SIGTERM or SIGINT to the supervisor itself
 # goes to the job and ends both, with no restart; one to the job alone (a
 # scheduler's) is a failure like a kill and is retried. Exits with the
 # job's status: 0 once an attempt succeeds, else the status of the last
@@ -64,6 +66,18 @@ for ((i = 0; i < ${#cmd[@]} - 1; i++)); do
     [ "${cmd[$i]}" = --ckpt-local ] && local_dir=${cmd[$((i + 1))]}
 done
 [ -n "$dir" ] || { echo "supervise.sh: the command needs --ckpt-dir DIR (where restarts resume from)" >&2; exit 2; }
+# the command's own --resume (a requeued job's): the first attempt resumes
+# as it says, so a refusal of the checkpoint it picked is skipped as a
+# restart's is; from then on the supervisor's choice replaces it
+own_resume="" plain=()
+for ((i = 0; i < ${#cmd[@]}; i++)); do
+    if [ "${cmd[$i]}" = --resume ] && [ $i -lt $((${#cmd[@]} - 1)) ]; then
+        own_resume=${cmd[$((i + 1))]}
+        i=$((i + 1))
+    else
+        plain+=("${cmd[$i]}")
+    fi
+done
 
 # the complete checkpoints of DIR, newest first: step-N directories with
 # their MANIFEST (written last, so its presence means the save finished)
@@ -86,8 +100,9 @@ trap 'stopping=TERM; [ -n "$job" ] && kill -TERM "$job" 2>/dev/null' TERM
 trap 'stopping=INT; [ -n "$job" ] && kill -INT "$job" 2>/dev/null' INT
 while :; do
     args=("${cmd[@]//\{np\}/$n}")
-    resume=""
-    if [ $attempt -gt 0 ]; then
+    resume=$own_resume
+    if [ $attempt -gt 0 ] || [ "$skipped" != $'\n' ]; then
+        args=("${plain[@]//\{np\}/$n}")
         resume=$(newest_usable)
         if [ -n "$local_dir" ] && { [ -n "$resume" ] || local_steps; }; then
             # the program picks the newest usable step of either level, at or

@@ -303,12 +303,13 @@ if [ -n "${SUBMISSION:-}" ]; then
         exit 2
     fi
     [ -d "$BUILD" ] && cpu_build_copy "$BUILD" "$pristine/build"
-    # the copies' graders show their scores with this secret (GRADE_NONCE_ON_STDIN)
-    nonce=$(od -An -tx1 -N16 /dev/urandom | tr -d ' \n')
     echo "== grading chapter $chapter of $sub, each exercise on its own (the others: this tree's solutions)"
-    score=0 total=0
+    score=0 total=0 scores=""
     for k in $(sed -n 's/^exercise \([0-9]*\) .*/\1/p' "$spec"); do
         [ -n "$only" ] && [ "$only" != "$k" ] && continue
+        # the copy's grader shows its score with this secret (GRADE_NONCE_ON_STDIN),
+        # new for each exercise: a program left over from the last one never saw it
+        nonce=$(od -An -tx1 -N16 /dev/urandom | tr -d ' \n')
         pts=$(sed -n "s/^exercise $k \([0-9]*\) .*/\1/p" "$spec")
         total=$((total + pts))
         ex_title=$(sed -n "s/^exercise $k [0-9]* \"\(.*\)\"$/\1/p" "$spec")
@@ -318,12 +319,12 @@ if [ -n "${SUBMISSION:-}" ]; then
         if [ $? != 0 ]; then
             echo "FAIL exercise $k: $file"
             echo "exercise $k ($ex_title): 0 / $pts"
-            [ -z "$result" ] || echo "$k 0 $pts" >> "$result"
+            scores+="$k 0 $pts"$'\n'
             continue
         fi
         # BUILD=build: the copy's own build dir (a BUILD set outside would
         # send the student's program over this tree's)
-        out=$(cd "$iso" && printf '%s\n' "$nonce" | env -u SUBMISSION GRADE_NONCE_ON_STDIN=1 BUILD=build EXERCISE=$k TEST_TMPDIR=$TEST_TMPDIR/iso_$k bash -c 'mkdir -p "$TEST_TMPDIR"; bash tests/homework/grade.sh '"$chapter" 2>&1)
+        out=$(cd "$iso" && printf '%s\n' "$nonce" | env -u SUBMISSION GRADE_NONCE_ON_STDIN=1 BUILD=build EXERCISE=$k TEST_TMPDIR="$TEST_TMPDIR/iso_$k" bash -c 'mkdir -p "$TEST_TMPDIR"; bash tests/homework/grade.sh '"$chapter" 2>&1)
         # a compiler message names the copy's file and line: the student's
         # own file and line instead (region k starts at its marker in both)
         rel=${file#"$iso"/}
@@ -341,8 +342,11 @@ if [ -n "${SUBMISSION:-}" ]; then
                     $0 = pre lead "\001" n post
                 }
                 gsub("\001", dir "/" f ":"); print }'
-        got=0 rk="" rgot=""
-        read -r _ _ rk rgot _ <<< "$(echo "$out" | grep -F "grade-result $nonce " | tail -1)"
+        # matched in the shell: a grep's command line would show the secret
+        got=0 rk="" rgot="" tag="" secret="" k2="" g2=""
+        while read -r tag secret k2 g2 _; do
+            [ "$tag" = grade-result ] && [ "$secret" = "$nonce" ] && rk=$k2 rgot=$g2
+        done <<< "$out"
         # the grader's own files in the copy, as this tree has them: a
         # program that rewrote one (a check, a script, the reference
         # program's source) earns nothing
@@ -356,9 +360,13 @@ if [ -n "${SUBMISSION:-}" ]; then
             echo "FAIL exercise $k: the copy's grader wrote no score (it stopped early: $(echo "$out" | tail -1 | cut -c1-200))"
         fi
         echo "exercise $k ($ex_title): $got / $pts"
-        [ -z "$result" ] || echo "$k $got $pts" >> "$result"
+        scores+="$k $got $pts"$'\n'
         score=$((score + got))
     done
+    # written once, whole, after every program of the submission ran: a
+    # line one of them appended (the path is in this grader's environment,
+    # which /proc shows) is overwritten
+    [ -z "$result" ] || printf '%s' "$scores" > "$result"
     rm -rf "$iso" "$pristine"
     echo "grade chapter $chapter: $score / $total"
     exit 0

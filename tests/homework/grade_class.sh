@@ -77,14 +77,19 @@ for sub in "$dir"/*/; do
     res=$logs-$name.result
     rm -f "$res"
     SUBMISSION=$sub GRADE_RESULT=$res bash tests/homework/grade.sh "$chapter" > "$log" 2>&1 < /dev/null
-    row=$name sum=0
+    row=$name sum=0 note=""
+    # grade.sh writes one line an exercise, once, at its end: any other line
+    # (an exercise twice) was written by something else, and scores nothing
+    if [ -f "$res" ] && [ -n "$(awk '{ n[$1]++ } END { for (k in n) if (n[k] > 1) print k }' "$res")" ]; then
+        : > "$res"
+        note="its result file named an exercise twice (a program wrote to it): nothing counted"
+    fi
     for k in $exs; do
         got=$(awk -v k="$k" '$1 == k && $2 ~ /^[0-9]+$/ { g = $2 } END { print g + 0 }' "$res" 2>/dev/null)
         row="$row,${got:-0}" sum=$((sum + ${got:-0}))
     done
     rm -f "$res"
-    note=""
-    [ "$sum" = 0 ] && note=$(why_zero "$sub" "$log")
+    [ "$sum" = 0 ] && [ -z "$note" ] && note=$(why_zero "$sub" "$log")
     # the CSV quotes the name and the note (a folder named "Doe, Jane")
     echo "$(csv_field "$name")${row#"$name"},$sum,$(csv_field "$note")" >> "$csv.tmp"
     printf '%s\t%s\t%s\t%s\n' "$name" "$(echo "${row#"$name,"}" | tr ',' '\t')" "$sum" "$note"

@@ -963,8 +963,9 @@ int main(int argc, char** argv) {
         if (!memory_arg && profile_path && profile.memory_gb != PT_UNKNOWN) memory = profile.memory_gb * 1e9, end = "";
         if (!memory_arg && !end)
             die("%s: give the bytes a rank may hold, e.g. --memory-per-rank 4000000 (or a --profile with memory_gb)", "--search");
+        if (!memory_arg && !(memory > 0)) die("--profile %s: its memory_gb is 0: give --memory-per-rank", profile_path);
         if ((end && *end) || !(memory > 0) || !isfinite(memory))
-            die("--memory-per-rank %s: give a positive number of bytes, e.g. 4000000 or 8e9", memory_arg ? memory_arg : "");
+            die("--memory-per-rank %s: give a positive number of bytes, e.g. 4000000 or 8e9", memory_arg);
         if (a.chapter != -1 && a.chapter != 7)
             die("%s: without --chapter it searches chapters 0 and 2 to 6; --chapter 7 (or capstone) searches chapter 7's model's meshes", "--search");
         // said, not dropped in silence: the list is text, each layout planned for one step
